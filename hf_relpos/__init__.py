@@ -1,0 +1,43 @@
+"""hf_relpos: relative position self-attention (Shaw et al. 2018, Transformer-XL, DiSAN) for Hugging Face
+encoder-decoder Transformers, with a pluggable registry of position schemes."""
+
+from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+
+from .configuration_relpos import RelPosTransformerConfig
+from .modeling_relpos import (
+    RelPosTransformerForConditionalGeneration,
+    RelPosTransformerModel,
+    RelPosTransformerPreTrainedModel,
+    shift_tokens_right,
+)
+from .positions import (
+    ATTENTION_REGISTRY,
+    PositionScheme,
+    attention_core,
+    register_attention,
+    rel_shift,
+    relative_position_index,
+    sinusoids,
+)
+
+AutoConfig.register(RelPosTransformerConfig.model_type, RelPosTransformerConfig, exist_ok=True)
+AutoModel.register(RelPosTransformerConfig, RelPosTransformerModel, exist_ok=True)
+AutoModelForSeq2SeqLM.register(RelPosTransformerConfig, RelPosTransformerForConditionalGeneration, exist_ok=True)
+RelPosTransformerConfig.register_for_auto_class()
+RelPosTransformerModel.register_for_auto_class("AutoModel")
+RelPosTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+
+__all__ = [
+    "ATTENTION_REGISTRY",
+    "PositionScheme",
+    "RelPosTransformerConfig",
+    "RelPosTransformerForConditionalGeneration",
+    "RelPosTransformerModel",
+    "RelPosTransformerPreTrainedModel",
+    "attention_core",
+    "register_attention",
+    "rel_shift",
+    "relative_position_index",
+    "shift_tokens_right",
+    "sinusoids",
+]

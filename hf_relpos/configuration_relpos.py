@@ -1,0 +1,114 @@
+"""RelPosTransformerConfig: a Marian/BART-style encoder-decoder config whose self-attention position scheme is chosen
+from the registry by `attention_type`."""
+
+from __future__ import annotations
+
+from transformers import PreTrainedConfig
+
+from .positions import ATTENTION_REGISTRY, get_scheme_class
+from .positions_absolute import AbsolutePositions
+from .positions_directional import DirectionalPositions
+from .positions_shaw import ShawPositions
+from .positions_xl import XLPositions
+
+BUILTIN_SCHEMES = (AbsolutePositions, ShawPositions, XLPositions, DirectionalPositions)
+LAYER_NORM_POSITIONS = ("pre", "post")
+
+
+class RelPosTransformerConfig(PreTrainedConfig):
+    r"""Configuration of `RelPosTransformerModel` / `RelPosTransformerForConditionalGeneration`.
+
+    Field names follow Marian/BART. Position fields:
+
+    - `attention_type`: a registered scheme (`absolute`, `shaw`, `xl`, `directional`, or one you registered with
+      `hf_relpos.register_attention`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
+    - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
+    - Shaw: `max_relative_position` (clipping distance k), `use_relative_keys` (a^K), `use_relative_values` (a^V),
+      `relative_embeddings_shared_across_heads` (True as in the paper; False = one table per head).
+    - Transformer-XL: `clamp_len` (largest distance encoded; None = no clamping), `untie_relative_biases` (u, v per
+      layer when True, shared by all layers of a stack when False).
+    - directional (DiSAN): `directional_heads` (pattern of "forward"/"backward"/"both" cycled over the heads; None =
+      first half forward, second half backward), `directional_disable_diagonal` (DiSAN's diag-disabled masks).
+
+    `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output
+    projection (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
+    """
+
+    model_type = "relpos_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "num_attention_heads": "encoder_attention_heads",
+        "hidden_size": "d_model",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 32768
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    init_std: float = 0.02
+    scale_embedding: bool = True
+    max_position_embeddings: int = 1024
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    pad_token_id: int | None = 0
+    eos_token_id: int | None = 1
+    bos_token_id: int | None = 2
+    decoder_start_token_id: int | None = 2
+    tie_word_embeddings: bool = True
+    attention_type: str = "shaw"
+    layer_norm_position: str = "post"
+    max_relative_position: int = 16
+    use_relative_keys: bool = True
+    use_relative_values: bool = True
+    relative_embeddings_shared_across_heads: bool = True
+    clamp_len: int | None = None
+    untie_relative_biases: bool = True
+    directional_heads: list[str] | None = None
+    directional_disable_diagonal: bool = True
+    mem_len: int = 0
+
+    def __post_init__(self, **kwargs) -> None:
+        self._validate_relpos()
+        super().__post_init__(**kwargs)
+
+    def _validate_relpos(self) -> None:
+        """One clear ValueError per bad value, naming the field and what is allowed."""
+        get_scheme_class(self.attention_type)
+        if self.layer_norm_position not in LAYER_NORM_POSITIONS:
+            raise ValueError(
+                f"layer_norm_position must be one of {list(LAYER_NORM_POSITIONS)}, got {self.layer_norm_position!r}"
+            )
+        for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",
+                     "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
+            _require_int(name, getattr(self, name), minimum=1)
+        for name in ("encoder_layers", "decoder_layers", "max_relative_position", "mem_len"):
+            _require_int(name, getattr(self, name), minimum=0)
+        if self.clamp_len is not None:
+            _require_int("clamp_len", self.clamp_len, minimum=0)
+        for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
+            heads = getattr(self, heads_field)
+            if self.d_model % heads:
+                raise ValueError(f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads})")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+        for name in ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
+                raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
+        ATTENTION_REGISTRY[self.attention_type].check_config(self)
+
+
+def _require_int(name: str, value: object, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")

@@ -1,0 +1,499 @@
+"""RelPosTransformer: a Marian-shaped encoder-decoder whose self-attention position scheme comes from the registry.
+
+Read top to bottom: attention -> layers -> stacks -> base model -> heads. The model never tests a scheme's name:
+each stack holds one `PositionScheme` (`config.attention_type`) that embeds (`embed`) and attends (`attend`);
+cross-attention uses the plain `attention_core` with no positions (Shaw et al. 2018, sec. 3).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.nn import CrossEntropyLoss
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+
+from .configuration_relpos import RelPosTransformerConfig
+from .positions import PositionScheme, attention_core, get_scheme_class
+
+
+def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Teacher-forcing decoder inputs: labels shifted one step right behind the start token; -100 becomes pad."""
+    if pad_token_id is None or decoder_start_token_id is None:
+        raise ValueError("config.pad_token_id and config.decoder_start_token_id must be set to train with labels")
+    shifted = input_ids.new_zeros(input_ids.shape)
+    shifted[:, 1:] = input_ids[:, :-1].clone()
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """[B, m] 1/0 mask -> boolean [B, 1, 1, m] (True = real key), or None when nothing is padded."""
+    if attention_mask is None:
+        return None
+    return attention_mask.bool()[:, None, None, :]
+
+
+def causal_mask(
+    query_length: int, key_length: int, past_length: int, key_padding: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """Boolean [B|1, 1, n, m]: query i (absolute position past_length + i) may see keys j <= past_length + i."""
+    query_positions = torch.arange(past_length, past_length + query_length, device=device)[:, None]
+    allowed = (torch.arange(key_length, device=device)[None, :] <= query_positions)[None, None]
+    return allowed if key_padding is None else allowed & key_padding
+
+
+class RelPosAttention(nn.Module):
+    """Multi-head attention. Self-attention delegates the scaled dot product to the stack's position scheme;
+    cross-attention (`is_cross_attention`) runs the plain core."""
+
+    def __init__(self, config: RelPosTransformerConfig, num_heads: int, layer_idx: int, is_cross_attention: bool):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.d_model // num_heads
+        self.layer_idx = layer_idx
+        self.is_cross_attention = is_cross_attention
+        self.dropout = config.attention_dropout
+        self.q_proj = nn.Linear(config.d_model, config.d_model)
+        self.k_proj = nn.Linear(config.d_model, config.d_model)
+        self.v_proj = nn.Linear(config.d_model, config.d_model)
+        self.out_proj = nn.Linear(config.d_model, config.d_model)
+
+    def _heads(self, states: torch.Tensor) -> torch.Tensor:
+        return states.view(*states.shape[:-1], self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        allowed: torch.Tensor | None,
+        positions: PositionScheme | None = None,
+        key_value_states: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        query_offset: int = 0,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        query = self._heads(self.q_proj(hidden_states))
+        cache = past_key_values
+        if isinstance(past_key_values, EncoderDecoderCache):
+            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
+
+        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
+            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        else:
+            source = key_value_states if self.is_cross_attention else hidden_states
+            key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)
+                if self.is_cross_attention:
+                    past_key_values.is_updated[self.layer_idx] = True
+
+        dropout = self.dropout if self.training else 0.0
+        if positions is None:
+            output, weights = attention_core(
+                query, key, value, allowed, dropout=dropout,
+                use_sdpa=self.config._attn_implementation != "eager", output_attentions=output_attentions,
+            )
+        else:
+            output, weights = positions.attend(
+                self.layer_idx, query, key, value, allowed, query_offset, dropout, output_attentions
+            )
+        output = output.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)
+        return self.out_proj(output), weights
+
+
+class RelPosFeedForward(nn.Module):
+    """FFN(x) = act(x W1 + b1) W2 + b2 (Vaswani et al. 2017, eq. 2)."""
+
+    def __init__(self, config: RelPosTransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+        self.activation_fn = ACT2FN[config.activation_function]
+        self.activation_dropout = config.activation_dropout
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        hidden_states = self.activation_fn(self.fc1(hidden_states))
+        hidden_states = nn.functional.dropout(hidden_states, p=self.activation_dropout, training=self.training)
+        return self.fc2(hidden_states)
+
+
+class RelPosLayer(GradientCheckpointingLayer):
+    """One encoder or decoder layer: self-attention, optional cross-attention, feed-forward, each wrapped as
+    Post-LN `LN(x + Dropout(f(x)))` (Vaswani et al. 2017) or Pre-LN `x + Dropout(f(LN(x)))` (Xiong et al. 2020)."""
+
+    def __init__(self, config: RelPosTransformerConfig, layer_idx: int, num_heads: int, ffn_dim: int, cross: bool):
+        super().__init__()
+        self.pre_norm = config.layer_norm_position == "pre"
+        self.dropout = config.dropout
+        self.self_attn = RelPosAttention(config, num_heads, layer_idx, is_cross_attention=False)
+        self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
+        self.encoder_attn = RelPosAttention(config, num_heads, layer_idx, is_cross_attention=True) if cross else None
+        self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model) if cross else None
+        self.feed_forward = RelPosFeedForward(config, ffn_dim)
+        self.final_layer_norm = nn.LayerNorm(config.d_model)
+
+    def _residual(self, hidden_states: torch.Tensor, norm: nn.LayerNorm, sublayer) -> tuple[torch.Tensor, object]:
+        output, extra = sublayer(norm(hidden_states) if self.pre_norm else hidden_states)
+        hidden_states = hidden_states + nn.functional.dropout(output, p=self.dropout, training=self.training)
+        return (hidden_states if self.pre_norm else norm(hidden_states)), extra
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        self_allowed: torch.Tensor | None,
+        positions: PositionScheme,
+        encoder_hidden_states: torch.Tensor | None = None,
+        cross_allowed: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        query_offset: int = 0,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        hidden_states, self_weights = self._residual(
+            hidden_states,
+            self.self_attn_layer_norm,
+            lambda x: self.self_attn(
+                x, self_allowed, positions, past_key_values=past_key_values, query_offset=query_offset,
+                output_attentions=output_attentions,
+            ),
+        )
+        cross_weights = None
+        if self.encoder_attn is not None and encoder_hidden_states is not None:
+            hidden_states, cross_weights = self._residual(
+                hidden_states,
+                self.encoder_attn_layer_norm,
+                lambda x: self.encoder_attn(
+                    x, cross_allowed, key_value_states=encoder_hidden_states, past_key_values=past_key_values,
+                    output_attentions=output_attentions,
+                ),
+            )
+        hidden_states, _ = self._residual(
+            hidden_states, self.final_layer_norm, lambda x: (self.feed_forward(x), None)
+        )
+        return hidden_states, self_weights, cross_weights
+
+
+class RelPosStack(nn.Module):
+    """Token embedding -> scheme embedding -> dropout -> layers (-> final LayerNorm for Pre-LN).
+
+    The encoder is bidirectional; a decoder (`is_decoder`) is causal, caches keys/values and, with `cross`, attends
+    to the encoder output.
+    """
+
+    def __init__(self, config: RelPosTransformerConfig, is_decoder: bool, cross: bool):
+        super().__init__()
+        self.config = config
+        self.is_decoder = is_decoder
+        num_layers = config.decoder_layers if is_decoder else config.encoder_layers
+        num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
+        ffn_dim = config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim
+        self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.positions = get_scheme_class(config.attention_type)(
+            config, num_layers, num_heads, config.d_model // num_heads, is_causal=is_decoder
+        )
+        self.layers = nn.ModuleList(
+            [RelPosLayer(config, idx, num_heads, ffn_dim, cross=cross) for idx in range(num_layers)]
+        )
+        self.layer_norm = nn.LayerNorm(config.d_model) if config.layer_norm_position == "pre" else None
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int) -> torch.Tensor:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length)
+        return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training)
+
+    def run_layers(
+        self,
+        hidden_states: torch.Tensor,
+        self_allowed: torch.Tensor | None,
+        output_attentions: bool,
+        output_hidden_states: bool,
+        encoder_hidden_states: torch.Tensor | None = None,
+        cross_allowed: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        query_offset: int = 0,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None]:
+        all_hidden, all_self, all_cross = [], [], []
+        for layer in self.layers:
+            if output_hidden_states:
+                all_hidden.append(hidden_states)
+            hidden_states, self_weights, cross_weights = layer(
+                hidden_states,
+                self_allowed,
+                self.positions,
+                encoder_hidden_states,
+                cross_allowed,
+                past_key_values=past_key_values,
+                query_offset=query_offset,
+                output_attentions=output_attentions,
+            )
+            all_self.append(self_weights)
+            all_cross.append(cross_weights)
+        if self.layer_norm is not None:
+            hidden_states = self.layer_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden.append(hidden_states)
+        return (
+            hidden_states,
+            tuple(all_hidden) if output_hidden_states else None,
+            tuple(all_self) if output_attentions else None,
+            tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+        )
+
+
+class RelPosEncoder(RelPosStack):
+    def __init__(self, config: RelPosTransformerConfig):
+        super().__init__(config, is_decoder=False, cross=False)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length=0)
+        hidden_states, all_hidden, all_self, _ = self.run_layers(
+            hidden_states, padding_mask(attention_mask), bool(output_attentions), bool(output_hidden_states)
+        )
+        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
+
+
+class RelPosDecoder(RelPosStack):
+    def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
+        super().__init__(config, is_decoder=True, cross=cross)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if use_cache and past_key_values is None:
+            past_key_values = (
+                EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+                if encoder_hidden_states is not None
+                else DynamicCache(config=self.config)
+            )
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embed(input_ids, inputs_embeds, past_length)
+        query_length = hidden_states.size(1)
+        self_allowed = causal_mask(
+            query_length, past_length + query_length, past_length, padding_mask(attention_mask), hidden_states.device
+        )
+        hidden_states, all_hidden, all_self, all_cross = self.run_layers(
+            hidden_states,
+            self_allowed,
+            bool(output_attentions),
+            bool(output_hidden_states),
+            encoder_hidden_states=encoder_hidden_states,
+            cross_allowed=padding_mask(encoder_attention_mask),
+            past_key_values=past_key_values,
+            query_offset=past_length,
+        )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=hidden_states,
+            past_key_values=past_key_values if use_cache else None,
+            hidden_states=all_hidden,
+            attentions=all_self,
+            cross_attentions=all_cross,
+        )
+
+
+class RelPosTransformerPreTrainedModel(PreTrainedModel):
+    config: RelPosTransformerConfig
+    config_class = RelPosTransformerConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _supports_sdpa = True
+    _no_split_modules = ["RelPosLayer"]
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, d_model^-0.5) as in
+        Vaswani et al./fairseq so that scaled embeddings and tied logits start at unit scale, and each position
+        scheme's own parameters."""
+        if isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        else:
+            super()._init_weights(module)
+        if isinstance(module, PositionScheme):
+            module.init_parameters(self.config.init_std)
+
+
+class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
+    """Encoder-decoder without a head; with `tie_word_embeddings` both stacks share `shared` (a joint vocabulary)."""
+
+    _tied_weights_keys = {
+        "encoder.embed_tokens.weight": "shared.weight",
+        "decoder.embed_tokens.weight": "shared.weight",
+    }
+
+    def __init__(self, config: RelPosTransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = RelPosEncoder(config)
+        self.decoder = RelPosDecoder(config)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.shared = value
+        self.encoder.embed_tokens = value
+        self.decoder.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                inputs_embeds=inputs_embeds,
+                output_attentions=output_attentions,
+                output_hidden_states=output_hidden_states,
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=self.config.use_cache if use_cache is None else use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel, GenerationMixin):
+    """Encoder-decoder with a language-model head for translation; `labels` -> cross-entropy loss (-100 ignored)."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+
+    def __init__(self, config: RelPosTransformerConfig):
+        super().__init__(config)
+        self.model = RelPosTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = shift_tokens_right(
+                    labels, self.config.pad_token_id, self.config.decoder_start_token_id
+                )
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss()(logits.float().view(-1, logits.size(-1)), labels.view(-1))
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)

@@ -1,0 +1,90 @@
+"""`shaw`: relation-aware self-attention (Shaw, Uszkoreit, Vaswani 2018)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .positions import PositionScheme, attention_core, register_attention, relative_position_index
+
+
+@register_attention("shaw")
+class ShawPositions(PositionScheme):
+    """e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z) (eq. 5), z_i = sum_j alpha_ij (v_j + a^V_ij) (eq. 3),
+    a^K_ij = w^K_clip(j-i,k), a^V_ij = w^V_clip(j-i,k) (eq. 4).
+
+    Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values, shared across heads (paper) or one table per head.
+    Efficient form: q_i . w^K_r for the 2k+1 distances r, gathered by the index table (O(n (2k+1) d + n^2)); the
+    a^V term sums each row's probabilities into 2k+1 distance buckets, then multiplies by w^V. No n x n x d tensor.
+    """
+
+    def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.max_relative_position = config.max_relative_position
+        table_shape = (num_layers, 2 * self.max_relative_position + 1, head_dim)
+        if not config.relative_embeddings_shared_across_heads:
+            table_shape = (num_layers, num_heads, *table_shape[1:])
+        self.relative_keys = nn.Parameter(torch.empty(table_shape)) if config.use_relative_keys else None
+        self.relative_values = nn.Parameter(torch.empty(table_shape)) if config.use_relative_values else None
+
+    def init_parameters(self, std: float) -> None:
+        for tables in (self.relative_keys, self.relative_values):
+            if tables is not None:
+                init.normal_(tables, mean=0.0, std=std)
+
+    def attend(
+        self,
+        layer_idx: int,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        allowed: torch.Tensor | None,
+        query_offset: int,
+        dropout: float = 0.0,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        batch, heads, query_length, head_dim = query.shape
+        key_length = key.size(-2)
+        index = relative_position_index(
+            query_length, key_length, self.max_relative_position, query_offset, device=query.device
+        ).expand(batch, heads, query_length, key_length)
+        scale = head_dim**-0.5
+
+        score_bias = None
+        if self.relative_keys is not None:
+            query_by_distance = _times_table(query, self.relative_keys[layer_idx])
+            score_bias = torch.gather(query_by_distance, -1, index) * scale
+
+        value_term = None
+        if self.relative_values is not None:
+            relative_values = self.relative_values[layer_idx]
+            buckets = 2 * self.max_relative_position + 1
+
+            def value_term(probabilities: torch.Tensor) -> torch.Tensor:
+                by_distance = probabilities.new_zeros(batch, heads, query_length, buckets)
+                by_distance.scatter_add_(-1, index, probabilities)
+                return _times_table(by_distance, relative_values, transpose=False)
+
+        return attention_core(
+            query,
+            key,
+            value,
+            allowed,
+            score_bias=score_bias,
+            scale=scale,
+            dropout=dropout,
+            use_sdpa=self.use_sdpa,
+            output_attentions=output_attentions,
+            value_term=value_term,
+        )
+
+
+def _times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
+    """x [B, H, n, *] times a distance table [2k+1, d] or [H, 2k+1, d] (transposed: x . w_r for every r)."""
+    if table.dim() == 2:
+        return torch.matmul(x, table.t().to(x.dtype) if transpose else table.to(x.dtype))
+    equation = "bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd"
+    return torch.einsum(equation, x, table.to(x.dtype))
