@@ -4,6 +4,7 @@ from the registry by `attention_type`."""
 from __future__ import annotations
 
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 from .positions import ATTENTION_REGISTRY, get_scheme_class
 from .positions_absolute import AbsolutePositions
@@ -87,6 +88,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"layer_norm_position must be one of {list(LAYER_NORM_POSITIONS)}, got {self.layer_norm_position!r}"
             )
+        if self.activation_function not in ACT2FN:
+            raise ValueError(f"activation_function must be one of {sorted(ACT2FN)}, got {self.activation_function!r}")
         for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",
                      "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
             _require_int(name, getattr(self, name), minimum=1)

@@ -1,0 +1,201 @@
+"""Each position scheme against a naive reference written straight from its paper's equations (float64 loops)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_config
+
+import hf_relpos
+from hf_relpos.modeling_relpos import causal_mask, padding_mask
+from hf_relpos.positions import get_scheme_class
+
+BATCH, HEADS, HEAD_DIM = 2, 4, 8
+
+
+def test_relative_position_index_matches_the_paper_table():
+    index = hf_relpos.relative_position_index(10, 10, 3)
+    assert index[0].tolist() == [3, 4, 5, 6, 6, 6, 6, 6, 6, 6]
+    assert index[9].tolist() == [0, 0, 0, 0, 0, 0, 0, 1, 2, 3]
+    for i in range(10):
+        for j in range(10):
+            assert index[i, j] == max(-3, min(3, j - i)) + 3
+
+
+def test_relative_position_index_offset_is_the_absolute_query_position():
+    full = hf_relpos.relative_position_index(7, 7, 2)
+    assert torch.equal(hf_relpos.relative_position_index(1, 7, 2, query_offset=6), full[6:7])
+    assert torch.equal(hf_relpos.relative_position_index(3, 7, 2, query_offset=4), full[4:7])
+
+
+def test_relative_position_index_never_out_of_range_for_long_inputs():
+    index = hf_relpos.relative_position_index(3000, 3000, 16)
+    assert index.min() == 0 and index.max() == 32
+
+
+def test_rel_shift_aligns_every_distance():
+    n, m, offset = 4, 9, 5
+    largest = offset + n - 1
+    distances = torch.arange(largest, offset - m, -1)
+    table = distances.to(torch.float64)[None, :].expand(n, -1).clone()
+    shifted = hf_relpos.rel_shift(table, m)
+    for t in range(n):
+        for j in range(m):
+            assert shifted[t, j] == offset + t - j
+
+
+def make_scheme(attention_type: str, is_causal: bool, eager: bool, **overrides):
+    config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
+    config._attn_implementation = "eager" if eager else "sdpa"
+    scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
+    for parameter in scheme.parameters():
+        torch.nn.init.normal_(parameter, std=0.5)
+    return scheme
+
+
+def inputs(query_length: int, key_length: int, seed: int = 1):
+    generator = torch.Generator().manual_seed(seed)
+    make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64)  # noqa: E731
+    return make(query_length), make(key_length), make(key_length)
+
+
+def masks(query_length: int, key_length: int, is_causal: bool) -> torch.Tensor:
+    """Padding (second sequence loses its last two keys) and, for a decoder, the causal mask with offset."""
+    key_padding = torch.ones(BATCH, key_length, dtype=torch.long)
+    key_padding[1, -2:] = 0
+    if is_causal:
+        return causal_mask(query_length, key_length, key_length - query_length, padding_mask(key_padding), "cpu")
+    return padding_mask(key_padding).expand(BATCH, 1, query_length, key_length)
+
+
+def naive_softmax_attention(scores, allowed, values_for):
+    """z_i = sum_j alpha_ij values_for(i, j), alpha = softmax over allowed j; zeros when no j is allowed."""
+    out = torch.zeros(BATCH, HEADS, scores.size(2), HEAD_DIM, dtype=torch.float64)
+    for b in range(BATCH):
+        for h in range(HEADS):
+            for i in range(scores.size(2)):
+                keys = [j for j in range(scores.size(3)) if allowed[b, h, i, j]]
+                if not keys:
+                    continue
+                weights = torch.softmax(torch.stack([scores[b, h, i, j] for j in keys]), dim=0)
+                for weight, j in zip(weights, keys, strict=True):
+                    out[b, h, i] += weight * values_for(b, h, i, j)
+    return out
+
+
+def naive_shaw(scheme, layer, q, k, v, allowed, offset):
+    """Shaw et al. eqs. 2-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij)."""
+    kmax = scheme.max_relative_position
+
+    def table(tables, h, i, j):
+        if tables is None:
+            return torch.zeros(HEAD_DIM, dtype=torch.float64)
+        per_layer = tables[layer]
+        per_head = per_layer[h] if per_layer.dim() == 3 else per_layer
+        return per_head[max(-kmax, min(kmax, j - (i + offset))) + kmax]
+
+    scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
+    for b in range(BATCH):
+        for h in range(HEADS):
+            for i in range(q.size(2)):
+                for j in range(k.size(2)):
+                    a_key = table(scheme.relative_keys, h, i, j)
+                    scores[b, h, i, j] = q[b, h, i] @ (k[b, h, j] + a_key) / math.sqrt(HEAD_DIM)
+    return naive_softmax_attention(
+        scores, allowed.expand(BATCH, HEADS, -1, -1),
+        lambda b, h, i, j: v[b, h, j] + table(scheme.relative_values, h, i, j),
+    )
+
+
+def sinusoid_by_loop(distance: int, dim: int) -> torch.Tensor:
+    half = dim // 2
+    return torch.tensor(
+        [math.sin(distance / 10000 ** (t / half)) for t in range(half)]
+        + [math.cos(distance / 10000 ** (t / half)) for t in range(half)],
+        dtype=torch.float64,
+    )
+
+
+def naive_xl(scheme, layer, q, k, v, allowed, offset):
+    """Dai et al. eq. in sec. 3.3: A_ij = q_i.k_j + q_i.W_kR R_(i-j) + u.k_j + v.W_kR R_(i-j), scaled by 1/sqrt(d)."""
+    projection = scheme.position_projections[layer].weight
+    bias_layer = layer if scheme.content_bias.size(0) > 1 else 0
+    u, v_bias = scheme.content_bias[bias_layer], scheme.position_bias[bias_layer]
+    clamp = scheme.clamp_len
+    scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
+    for i in range(q.size(2)):
+        for j in range(k.size(2)):
+            distance = max(-clamp, min(clamp, i + offset - j))
+            relative = (projection @ sinusoid_by_loop(distance, scheme.config.d_model)).view(HEADS, HEAD_DIM)
+            for b in range(BATCH):
+                for h in range(HEADS):
+                    term_a = q[b, h, i] @ k[b, h, j]
+                    term_b = q[b, h, i] @ relative[h]
+                    term_c = u[h] @ k[b, h, j]
+                    term_d = v_bias[h] @ relative[h]
+                    scores[b, h, i, j] = (term_a + term_b + term_c + term_d) / math.sqrt(HEAD_DIM)
+    return naive_softmax_attention(scores, allowed.expand(BATCH, HEADS, -1, -1), lambda b, h, i, j: v[b, h, j])
+
+
+def disan_allowed(direction: str, i: int, j: int, disable_diagonal: bool) -> bool:
+    """Shen et al. (2018) masks: M_ij = 0 (attend) iff j < i (forward), j > i (backward), j != i (diag-disabled)."""
+    if i == j:
+        return not disable_diagonal
+    return {"forward": j < i, "backward": j > i, "both": True}[direction]
+
+
+def naive_directional(scheme, layer, q, k, v, allowed, offset):
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    combined = allowed.expand(BATCH, HEADS, -1, -1).clone()
+    for h, direction in enumerate(scheme.head_directions):
+        for i in range(q.size(2)):
+            for j in range(k.size(2)):
+                combined[:, h, i, j] &= disan_allowed(direction, i + offset, j, scheme.disable_diagonal)
+    return naive_softmax_attention(scores, combined, lambda b, h, i, j: v[b, h, j])
+
+
+def naive_absolute(scheme, layer, q, k, v, allowed, offset):
+    scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    return naive_softmax_attention(scores, allowed.expand(BATCH, HEADS, -1, -1), lambda b, h, i, j: v[b, h, j])
+
+
+CASES = [
+    ("shaw", naive_shaw, {}),
+    ("shaw", naive_shaw, {"use_relative_values": False}),
+    ("shaw", naive_shaw, {"use_relative_keys": False}),
+    ("shaw", naive_shaw, {"relative_embeddings_shared_across_heads": False}),
+    ("shaw", naive_shaw, {"max_relative_position": 0}),
+    ("xl", naive_xl, {}),
+    ("xl", naive_xl, {"untie_relative_biases": False, "clamp_len": 2}),
+    ("directional", naive_directional, {}),
+    ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"]}),
+    ("directional", naive_directional, {"directional_disable_diagonal": False}),
+    ("absolute", naive_absolute, {}),
+]
+
+
+@pytest.mark.parametrize("eager", [True, False], ids=["eager", "sdpa"])
+@pytest.mark.parametrize(
+    "is_causal, query_length, key_length", [(False, 6, 6), (True, 6, 6), (True, 2, 7)], ids=["encoder", "decoder", "cached"]
+)
+@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations(attention_type, reference, overrides, is_causal, query_length, key_length, eager):
+    scheme = make_scheme(attention_type, is_causal, eager, **overrides)
+    q, k, v = inputs(query_length, key_length)
+    allowed = masks(query_length, key_length, is_causal)
+    offset = key_length - query_length
+    for layer in range(2):
+        fast, _ = scheme.attend(layer, q, k, v, allowed, offset)
+        expected = reference(scheme, layer, q, k, v, allowed, offset)
+        assert (fast - expected).abs().max().item() < 1e-6
+
+
+def test_shaw_attention_weights_returned_in_eager_and_rows_sum_to_one():
+    scheme = make_scheme("shaw", False, eager=False)
+    q, k, v = inputs(5, 5)
+    _, weights = scheme.attend(0, q, k, v, masks(5, 5, False), 0, output_attentions=True)
+    assert weights.shape == (BATCH, HEADS, 5, 5)
+    assert torch.allclose(weights.sum(-1), torch.ones(BATCH, HEADS, 5, dtype=torch.float64))
+    assert torch.all(weights[1, :, :, -2:] == 0)
