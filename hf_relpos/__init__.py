@@ -1,10 +1,11 @@
 """hf_relpos: relative position self-attention (Shaw et al. 2018, Transformer-XL, DiSAN) for Hugging Face
 encoder-decoder Transformers, with a pluggable registry of position schemes."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import (
+    RelPosTransformerForCausalLM,
     RelPosTransformerForConditionalGeneration,
     RelPosTransformerModel,
     RelPosTransformerPreTrainedModel,
@@ -23,14 +24,17 @@ from .positions import (
 AutoConfig.register(RelPosTransformerConfig.model_type, RelPosTransformerConfig, exist_ok=True)
 AutoModel.register(RelPosTransformerConfig, RelPosTransformerModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(RelPosTransformerConfig, RelPosTransformerForConditionalGeneration, exist_ok=True)
+AutoModelForCausalLM.register(RelPosTransformerConfig, RelPosTransformerForCausalLM, exist_ok=True)
 RelPosTransformerConfig.register_for_auto_class()
 RelPosTransformerModel.register_for_auto_class("AutoModel")
 RelPosTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
+RelPosTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 
 __all__ = [
     "ATTENTION_REGISTRY",
     "PositionScheme",
     "RelPosTransformerConfig",
+    "RelPosTransformerForCausalLM",
     "RelPosTransformerForConditionalGeneration",
     "RelPosTransformerModel",
     "RelPosTransformerPreTrainedModel",

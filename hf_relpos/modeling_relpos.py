@@ -7,7 +7,9 @@ cross-attention uses the plain `attention_core` with no positions (Shaw et al. 2
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -20,6 +22,7 @@ from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
     BaseModelOutputWithPastAndCrossAttentions,
+    CausalLMOutputWithPast,
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
@@ -83,7 +86,10 @@ class RelPosAttention(nn.Module):
         past_key_values: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
+        memory: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`memory` [B, M, d] (Transformer-XL): keys and values over [memory; current segment], queries over the
+        current segment only."""
         query = self._heads(self.q_proj(hidden_states))
         cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
@@ -93,6 +99,8 @@ class RelPosAttention(nn.Module):
             key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
+            if memory is not None:
+                source = torch.cat([memory.to(source.dtype), source], dim=1)
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)
@@ -159,13 +167,16 @@ class RelPosLayer(GradientCheckpointingLayer):
         past_key_values: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
+        memory: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        if memory is not None and self.pre_norm:
+            memory = self.self_attn_layer_norm(memory)
         hidden_states, self_weights = self._residual(
             hidden_states,
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
                 x, self_allowed, positions, past_key_values=past_key_values, query_offset=query_offset,
-                output_attentions=output_attentions,
+                output_attentions=output_attentions, memory=memory,
             ),
         )
         cross_weights = None
@@ -232,9 +243,13 @@ class RelPosStack(nn.Module):
         cross_allowed: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         query_offset: int = 0,
-    ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None]:
-        all_hidden, all_self, all_cross = [], [], []
-        for layer in self.layers:
+        memory: list[torch.Tensor] | None = None,
+    ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
+        """Returns the output, optional per-layer hidden states / attentions / cross-attentions, and the inputs of
+        every layer (what Transformer-XL keeps as memory)."""
+        all_hidden, all_self, all_cross, layer_inputs = [], [], [], []
+        for idx, layer in enumerate(self.layers):
+            layer_inputs.append(hidden_states)
             if output_hidden_states:
                 all_hidden.append(hidden_states)
             hidden_states, self_weights, cross_weights = layer(
@@ -246,6 +261,7 @@ class RelPosStack(nn.Module):
                 past_key_values=past_key_values,
                 query_offset=query_offset,
                 output_attentions=output_attentions,
+                memory=None if memory is None else memory[idx],
             )
             all_self.append(self_weights)
             all_cross.append(cross_weights)
@@ -258,6 +274,7 @@ class RelPosStack(nn.Module):
             tuple(all_hidden) if output_hidden_states else None,
             tuple(all_self) if output_attentions else None,
             tuple(all_cross) if output_attentions and encoder_hidden_states is not None else None,
+            layer_inputs,
         )
 
 
@@ -276,13 +293,30 @@ class RelPosEncoder(RelPosStack):
         **kwargs,
     ) -> BaseModelOutput:
         hidden_states = self.embed(input_ids, inputs_embeds, past_length=0)
-        hidden_states, all_hidden, all_self, _ = self.run_layers(
+        hidden_states, all_hidden, all_self, _, _ = self.run_layers(
             hidden_states, padding_mask(attention_mask), bool(output_attentions), bool(output_hidden_states)
         )
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
 
+@dataclass
+class RelPosDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
+    """Decoder output plus `mems`: per layer, the last `mem_len` layer inputs, detached (Transformer-XL memory)."""
+
+    mems: tuple[torch.Tensor, ...] | None = None
+
+
+@dataclass
+class RelPosCausalLMOutput(CausalLMOutputWithPast):
+    """Causal LM output plus `mems` (Transformer-XL memory); in memory mode `mems` is also the generation cache."""
+
+    mems: tuple[torch.Tensor, ...] | None = None
+
+
 class RelPosDecoder(RelPosStack):
+    """Causal decoder. With a KV cache (`past_key_values`) or a Transformer-XL memory (`mems`, the detached inputs
+    of every layer for the previous positions), queries start at position `past_length` and see every earlier key."""
+
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
         super().__init__(config, is_decoder=True, cross=cross)
 
@@ -298,21 +332,39 @@ class RelPosDecoder(RelPosStack):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+        mem_len: int | None = None,
         **kwargs,
-    ) -> BaseModelOutputWithPastAndCrossAttentions:
-        if use_cache and past_key_values is None:
+    ) -> RelPosDecoderOutput:
+        """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
+        is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache."""
+        mem_len = self.config.mem_len if mem_len is None else mem_len
+        if mems is not None and past_key_values is not None and past_key_values.get_seq_length() > 0:
+            raise ValueError("Pass either mems (Transformer-XL memory) or past_key_values (KV cache), not both")
+        if mems is not None:
+            if len(mems) != len(self.layers):
+                raise ValueError(f"mems must hold one tensor per layer ({len(self.layers)}), got {len(mems)}")
+            past_key_values = None
+        elif use_cache and past_key_values is None:
             past_key_values = (
                 EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
                 if encoder_hidden_states is not None
                 else DynamicCache(config=self.config)
             )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length += mems[0].size(1) if mems is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
         query_length = hidden_states.size(1)
+        key_length = past_length + query_length
+        if attention_mask is not None and attention_mask.size(1) != key_length:
+            if attention_mask.size(1) == query_length:
+                attention_mask = torch.cat([attention_mask.new_ones(attention_mask.size(0), past_length), attention_mask], 1)
+            else:
+                attention_mask = attention_mask[:, -key_length:]
         self_allowed = causal_mask(
-            query_length, past_length + query_length, past_length, padding_mask(attention_mask), hidden_states.device
+            query_length, key_length, past_length, padding_mask(attention_mask), hidden_states.device
         )
-        hidden_states, all_hidden, all_self, all_cross = self.run_layers(
+        hidden_states, all_hidden, all_self, all_cross, layer_inputs = self.run_layers(
             hidden_states,
             self_allowed,
             bool(output_attentions),
@@ -321,13 +373,22 @@ class RelPosDecoder(RelPosStack):
             cross_allowed=padding_mask(encoder_attention_mask),
             past_key_values=past_key_values,
             query_offset=past_length,
+            memory=mems,
         )
-        return BaseModelOutputWithPastAndCrossAttentions(
+        new_mems = None
+        if mem_len > 0:
+            previous = mems if mems is not None else [None] * len(layer_inputs)
+            new_mems = tuple(
+                (layer_input if old is None else torch.cat([old.to(layer_input.dtype), layer_input], 1))[:, -mem_len:].detach()
+                for old, layer_input in zip(previous, layer_inputs, strict=True)
+            )
+        return RelPosDecoderOutput(
             last_hidden_state=hidden_states,
             past_key_values=past_key_values if use_cache else None,
             hidden_states=all_hidden,
             attentions=all_self,
             cross_attentions=all_cross,
+            mems=new_mems,
         )
 
 
@@ -497,3 +558,97 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationMixin):
+    """Decoder-only language model with the same blocks and registry (decoder_* config fields).
+
+    With `config.mem_len` M > 0 it runs Transformer-XL's segment-level recurrence: `forward` takes and returns
+    `mems` (per layer, the last M layer inputs, detached: SG(h_tau) in Dai et al. 2019, eq. in sec. 3.2), keys and
+    values span [mems; segment], queries the segment, and positions are offset by the memory length. In `generate`
+    the memory is the cache (and is reordered for beam search). With M = 0 it is a plain causal LM with a KV cache.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "decoder.embed_tokens.weight"}
+
+    def __init__(self, config: RelPosTransformerConfig):
+        config = copy.deepcopy(config)
+        config.is_encoder_decoder = False
+        config.is_decoder = True
+        super().__init__(config)
+        self.decoder = RelPosDecoder(config, cross=False)
+        self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.decoder.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.decoder.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        past_key_values: Cache | list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+        mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        mem_len: int | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> RelPosCausalLMOutput:
+        """`labels` are the input ids (shifted inside, -100 ignored); `mems` continue the previous segment."""
+        if isinstance(past_key_values, (list, tuple)):
+            mems, past_key_values = past_key_values, None
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        memory_mode = (self.config.mem_len if mem_len is None else mem_len) > 0
+        if memory_mode and isinstance(past_key_values, Cache) and past_key_values.get_seq_length() == 0:
+            past_key_values = None
+        outputs = self.decoder(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache and not memory_mode and labels is None,
+            output_attentions=output_attentions,
+            output_hidden_states=output_hidden_states,
+            mems=mems,
+            mem_len=mem_len,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)
+        loss = None
+        if labels is not None:
+            shifted = logits[:, :-1].float()
+            loss = CrossEntropyLoss()(shifted.reshape(-1, shifted.size(-1)), labels[:, 1:].reshape(-1))
+        return RelPosCausalLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            mems=outputs.mems,
+            hidden_states=outputs.hidden_states,
+            attentions=outputs.attentions,
+        )
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
+        """`generate` stores returned `mems` as the cache even with `use_cache=False`; drop them then, so an uncached
+        step really recomputes the whole sequence."""
+        if not kwargs.get("use_cache", True):
+            past_key_values = None
+        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+
+    def _reorder_cache(self, past, beam_idx: torch.Tensor):
+        """Beam search: reorder the memory (a tuple of tensors) or the KV cache along the batch."""
+        if isinstance(past, Cache):
+            past.reorder_cache(beam_idx)
+            return past
+        return tuple(memory.index_select(0, beam_idx.to(memory.device)) for memory in past)

@@ -1,0 +1,119 @@
+"""Transformer-XL segment-level recurrence in RelPosTransformerForCausalLM."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import SCHEMES, tiny_config
+from transformers import AutoModelForCausalLM
+
+import hf_relpos
+
+SEGMENT = 6
+
+
+def causal_lm(attention_type: str = "xl", seed: int = 0, **overrides) -> hf_relpos.RelPosTransformerForCausalLM:
+    torch.manual_seed(seed)
+    config = tiny_config(attention_type, **{"mem_len": SEGMENT, **overrides})
+    return hf_relpos.RelPosTransformerForCausalLM(config).eval()
+
+
+def stream(length: int, batch: int = 2) -> torch.Tensor:
+    return torch.randint(4, 40, (batch, length), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+@pytest.mark.parametrize("segments, mem_len", [(2, SEGMENT), (3, 2 * SEGMENT), (2, 3 * SEGMENT)])
+def test_segments_with_memory_equal_one_long_segment(segments, mem_len, layer_norm_position):
+    model = causal_lm(mem_len=mem_len, layer_norm_position=layer_norm_position).double()
+    tokens = stream(segments * SEGMENT)
+    with torch.no_grad():
+        whole = model(input_ids=tokens, mem_len=0).logits
+        mems = None
+        for index in range(segments):
+            piece = tokens[:, index * SEGMENT : (index + 1) * SEGMENT]
+            out = model(input_ids=piece, mems=mems)
+            assert (out.logits - whole[:, index * SEGMENT : (index + 1) * SEGMENT]).abs().max() < 1e-5
+            mems = out.mems
+            assert all(m.size(1) == min(mem_len, (index + 1) * SEGMENT) for m in mems)
+
+
+def test_memory_shorter_than_the_context_forgets_it():
+    model = causal_lm(mem_len=2).double()
+    tokens = stream(2 * SEGMENT)
+    with torch.no_grad():
+        whole = model(input_ids=tokens, mem_len=0).logits
+        first = model(input_ids=tokens[:, :SEGMENT])
+        second = model(input_ids=tokens[:, SEGMENT:], mems=first.mems)
+    assert (second.logits - whole[:, SEGMENT:]).abs().max() > 1e-3
+
+
+def test_no_gradient_flows_into_the_memory():
+    model = causal_lm().train()
+    tokens = stream(2 * SEGMENT)
+    first_embeds = model.get_input_embeddings()(tokens[:, :SEGMENT]).detach().requires_grad_(True)
+    first = model(inputs_embeds=first_embeds)
+    assert all(not memory.requires_grad for memory in first.mems)
+    second = model(input_ids=tokens[:, SEGMENT:], mems=first.mems, labels=tokens[:, SEGMENT:])
+    second.loss.backward()
+    assert first_embeds.grad is None
+    assert model.decoder.positions.content_bias.grad.abs().sum() > 0
+
+
+def test_longer_memory_at_evaluation_than_in_training():
+    model = causal_lm(mem_len=SEGMENT).double()
+    tokens = stream(3 * SEGMENT)
+    with torch.no_grad():
+        whole = model(input_ids=tokens, mem_len=0).logits
+        mems = None
+        for index in range(3):
+            out = model(input_ids=tokens[:, index * SEGMENT : (index + 1) * SEGMENT], mems=mems, mem_len=3 * SEGMENT)
+            mems = out.mems
+        assert mems[0].size(1) == 3 * SEGMENT
+        assert (out.logits - whole[:, 2 * SEGMENT :]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+def test_generation_with_mems_as_the_cache_equals_uncached(num_beams):
+    model = causal_lm(mem_len=64)
+    prompt = stream(5)
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=num_beams,
+                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        with_memory = model.generate(input_ids=prompt, use_cache=True, **kwargs)
+        uncached = model.generate(input_ids=prompt, use_cache=False, **kwargs)
+    assert torch.equal(with_memory.sequences, uncached.sequences)
+    assert (torch.stack(with_memory.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(attention_type):
+    model = causal_lm(attention_type, mem_len=0)
+    prompt = stream(4)
+    kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        cached = model.generate(input_ids=prompt, use_cache=True, **kwargs)
+        uncached = model.generate(input_ids=prompt, use_cache=False, **kwargs)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+
+
+def test_causal_lm_round_trips_through_auto_class(tmp_path):
+    model = causal_lm()
+    model.save_pretrained(tmp_path)
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert isinstance(reloaded, hf_relpos.RelPosTransformerForCausalLM)
+    tokens = stream(SEGMENT)
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=tokens).logits, model(input_ids=tokens).logits)
+
+
+def test_mems_and_a_filled_kv_cache_together_are_refused():
+    model = causal_lm(mem_len=0)
+    tokens = stream(SEGMENT)
+    with torch.no_grad():
+        cache = model(input_ids=tokens, use_cache=True).past_key_values
+        mems = model(input_ids=tokens, mem_len=SEGMENT).mems
+        with pytest.raises(ValueError, match="mems"):
+            model.decoder(input_ids=tokens, past_key_values=cache, mems=mems)
