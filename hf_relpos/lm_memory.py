@@ -1,0 +1,108 @@
+"""Training and evaluating `RelPosTransformerForCausalLM` over a long token stream with Transformer-XL memory.
+
+The stream is cut into `batch_size` parallel rows (Dai et al.'s batchify); step t reads segment t of every row, so
+row r of batch t continues row r of batch t-1 and the memory returned by one step is the right context for the next.
+Targets are the next tokens of the stream, including the one after each segment's last position, so every token is
+predicted exactly once per epoch.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.utils.data import Dataset, SequentialSampler
+from transformers import Trainer
+
+
+class SegmentedStream(Dataset):
+    """Item k = segment k // batch_size of row k % batch_size: `input_ids` [L], `targets` [L], `segment` index.
+
+    Read sequentially with batch size `batch_size`, batch t holds segment t of every row. The tail that does not
+    fill a whole segment in every row is dropped (as in Transformer-XL's LMOrderedIterator).
+    """
+
+    def __init__(self, tokens: torch.Tensor, batch_size: int, segment_length: int) -> None:
+        if tokens.dim() != 1:
+            raise ValueError(f"tokens must be a 1-D stream, got shape {tuple(tokens.shape)}")
+        row_length = (tokens.numel() - 1) // batch_size
+        self.segments_per_row = row_length // segment_length
+        if self.segments_per_row == 0:
+            raise ValueError(
+                f"a stream of {tokens.numel()} tokens is too short for batch_size={batch_size} x "
+                f"segment_length={segment_length}"
+            )
+        usable = self.segments_per_row * segment_length
+        rows = torch.stack([tokens[r * row_length : r * row_length + usable + 1] for r in range(batch_size)])
+        self.inputs, self.targets = rows[:, :-1], rows[:, 1:]
+        self.batch_size = batch_size
+        self.segment_length = segment_length
+
+    def __len__(self) -> int:
+        return self.batch_size * self.segments_per_row
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor | int]:
+        row, segment = index % self.batch_size, index // self.batch_size
+        window = slice(segment * self.segment_length, (segment + 1) * self.segment_length)
+        return {"input_ids": self.inputs[row, window], "targets": self.targets[row, window], "segment": segment}
+
+
+def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+
+
+class MemoryTrainer(Trainer):
+    """A `Trainer` that carries Transformer-XL `mems` from one step to the next (one memory for training, one for
+    evaluation), resetting it when a batch starts a new pass over the stream. Use it with `SegmentedStream` and
+    `per_device_train_batch_size` (and eval batch size) equal to the stream's `batch_size`; single process."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.args.world_size > 1:
+            raise ValueError("MemoryTrainer carries one memory per stream row and runs in a single process only")
+        self._memory: dict[bool, tuple[torch.Tensor, ...] | None] = {True: None, False: None}
+
+    def _get_collator_with_removed_columns(self, data_collator, description: str | None = None):
+        """Keep `targets` and `segment`, which the model's forward does not take but `compute_loss` needs."""
+        return data_collator
+
+    def _get_train_sampler(self, *args, **kwargs) -> SequentialSampler:
+        return SequentialSampler(self.train_dataset)
+
+    def _get_eval_sampler(self, eval_dataset: Dataset) -> SequentialSampler:
+        return SequentialSampler(eval_dataset)
+
+    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+        targets, segment = inputs.pop("targets"), inputs.pop("segment")
+        training = model.training
+        if bool((segment == 0).all()):
+            self._memory[training] = None
+        outputs = model(input_ids=inputs["input_ids"], mems=self._memory[training])
+        self._memory[training] = outputs.mems
+        loss = next_token_loss(outputs.logits, targets)
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+        with torch.no_grad():
+            loss = self.compute_loss(model, self._prepare_inputs(inputs))
+        return loss.detach(), None, None
+
+
+@torch.no_grad()
+def stream_perplexity(
+    model, tokens: torch.Tensor, segment_length: int, mem_len: int, batch_size: int = 1
+) -> float:
+    """Perplexity of `tokens` read in consecutive segments of `segment_length`, each seeing the previous `mem_len`
+    positions through the memory (mem_len=0: segments are independent). Every predicted token counts once."""
+    model.eval()
+    stream = SegmentedStream(tokens, batch_size, segment_length)
+    device = next(model.parameters()).device
+    total_loss, total_tokens, mems = 0.0, 0, None
+    for segment in range(stream.segments_per_row):
+        window = slice(segment * segment_length, (segment + 1) * segment_length)
+        inputs, targets = stream.inputs[:, window].to(device), stream.targets[:, window].to(device)
+        outputs = model(input_ids=inputs, mems=mems, mem_len=mem_len)
+        mems = outputs.mems if mem_len > 0 else None
+        total_loss += next_token_loss(outputs.logits, targets).item() * targets.numel()
+        total_tokens += targets.numel()
+    return math.exp(total_loss / total_tokens)
