@@ -111,7 +111,7 @@ class RelPosAttention(nn.Module):
         if positions is None:
             output, weights = attention_core(
                 query, key, value, allowed, dropout=dropout,
-                use_sdpa=self.config._attn_implementation != "eager", output_attentions=output_attentions,
+                kernel=self.config._attn_implementation or "sdpa", output_attentions=output_attentions,
             )
         else:
             output, weights = positions.attend(
@@ -398,7 +398,13 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
     _supports_sdpa = True
+    _supports_flex_attn = True
     _no_split_modules = ["RelPosLayer"]
+
+    @classmethod
+    def _can_set_attn_implementation(cls) -> bool:
+        """Every attention call reads `config._attn_implementation`, so `set_attn_implementation` works at any time."""
+        return True
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -1,8 +1,8 @@
 """Position-scheme registry and the pieces every scheme shares.
 
 A position scheme says *what* order information enters self-attention (an embedding-level encoding, an additive
-score bias, a value term, a mask); `attention_core` says *how* the scaled dot product runs (eager or
-`torch.nn.functional.scaled_dot_product_attention`). One scheme instance serves one stack (the encoder's or the
+score bias, a value term, a mask); `attention_core` says *how* the scaled dot product runs (eager,
+`torch.nn.functional.scaled_dot_product_attention` or FlexAttention: `config._attn_implementation`). One scheme instance serves one stack (the encoder's or the
 decoder's self-attention) and owns the parameters of all its layers, so parameters shared across layers
 (Transformer-XL's tied u, v) need no special case.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,15 +89,40 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     return padded.reshape(*batch, query_length, distance_length)[..., :key_length]
 
 
+@dataclass
+class RelativeBias:
+    """A score bias that depends on (query i, key j) only through a bucket: bias[b, h, i, j] = table[b, h, i, bucket(i, j)].
+
+    `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
+    distance d). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the scheme has
+    a cheaper way, such as XL's rel-shift, else by a gather); the FlexAttention kernel reads `table` through `bucket`
+    inside its score_mod and never builds the n x m float tensor.
+    """
+
+    table: torch.Tensor
+    bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    key_length: int
+    densify: Callable[[], torch.Tensor] | None = None
+
+    def dense(self) -> torch.Tensor:
+        if self.densify is not None:
+            return self.densify()
+        batch, heads, query_length, _ = self.table.shape
+        queries = torch.arange(query_length, device=self.table.device)[:, None]
+        keys = torch.arange(self.key_length, device=self.table.device)[None, :]
+        index = self.bucket(queries, keys).expand(batch, heads, query_length, self.key_length)
+        return torch.gather(self.table, -1, index)
+
+
 def attention_core(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
     allowed: torch.Tensor | None,
-    score_bias: torch.Tensor | None = None,
+    score_bias: torch.Tensor | RelativeBias | None = None,
     scale: float | None = None,
     dropout: float = 0.0,
-    use_sdpa: bool = True,
+    kernel: str = "sdpa",
     output_attentions: bool = False,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -104,10 +130,16 @@ def attention_core(
 
     `allowed` is a boolean mask broadcastable to [B, H, n, m] (True = may attend). Masked scores take the dtype's
     minimum, never -inf, and a query with nothing to attend to outputs zeros, so neither outputs nor gradients
-    become NaN. `value_term(probabilities)` adds a term computed from the probabilities (Shaw's a^V); it forces the
-    eager path, as does `output_attentions`.
+    become NaN. `kernel` is `config._attn_implementation`: "sdpa" (default), "eager" or "flex_attention".
+    `value_term(probabilities)` adds a term computed from the probabilities (Shaw's a^V); it forces the eager path,
+    as does `output_attentions`. FlexAttention has no dropout, so attention dropout in training runs on SDPA.
     """
     scale = query.size(-1) ** -0.5 if scale is None else scale
+    eager = kernel == "eager" or value_term is not None or output_attentions
+    if kernel == "flex_attention" and not eager and dropout == 0.0:
+        return _flex_attention(query, key, value, allowed, score_bias, scale), None
+    if isinstance(score_bias, RelativeBias):
+        score_bias = score_bias.dense()
     has_any = None
     additive = None if score_bias is None else score_bias.to(query.dtype)
     if allowed is not None:
@@ -116,7 +148,7 @@ def attention_core(
         bias = additive if additive is not None else torch.zeros((), dtype=query.dtype, device=query.device)
         additive = torch.where(allowed, bias, torch.finfo(query.dtype).min)
 
-    if use_sdpa and value_term is None and not output_attentions:
+    if not eager:
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=additive, dropout_p=dropout, scale=scale
         )
@@ -132,6 +164,64 @@ def attention_core(
     if value_term is not None:
         output = output + value_term(dropped)
     return output, probabilities
+
+
+_compiled_flex_attention: Callable | None = None
+
+
+def _flex_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    allowed: torch.Tensor | None,
+    score_bias: torch.Tensor | RelativeBias | None,
+    scale: float,
+) -> torch.Tensor:
+    """FlexAttention (torch.nn.attention.flex_attention): a score_mod that reads the bias table by bucket and a
+    block mask from `allowed` (compiled on CUDA; the unfused reference implementation elsewhere)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    global _compiled_flex_attention
+    batch, heads, query_length, _ = query.shape
+    key_length = key.size(-2)
+    score_mod = None
+    if isinstance(score_bias, RelativeBias):
+        table, bucket = score_bias.table.to(query.dtype), score_bias.bucket
+
+        def score_mod(score, b, h, q, kv):
+            return score + table[b, h, q, bucket(q, kv)]
+    elif score_bias is not None:
+        dense = score_bias.to(query.dtype).expand(batch, heads, query_length, key_length)
+
+        def score_mod(score, b, h, q, kv):
+            return score + dense[b, h, q, kv]
+
+    block_mask = None
+    if allowed is not None:
+        mask_heads = allowed.size(1)
+        full = allowed.expand(batch, mask_heads, query_length, key_length)
+        block_mask = getattr(allowed, "_flex_block_mask", None)
+        if block_mask is None:
+            if mask_heads == 1:
+                def mask_mod(b, h, q, kv):
+                    return full[b, 0, q, kv]
+            else:
+                def mask_mod(b, h, q, kv):
+                    return full[b, h, q, kv]
+            block_mask = create_block_mask(
+                mask_mod, batch, mask_heads if mask_heads > 1 else None, query_length, key_length,
+                device=query.device, _compile=query.is_cuda,
+            )
+            allowed._flex_block_mask = block_mask
+    attend = flex_attention
+    if query.is_cuda:
+        if _compiled_flex_attention is None:
+            _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+        attend = _compiled_flex_attention
+    output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
+    if allowed is not None:
+        output = output * allowed.any(dim=-1, keepdim=True)
+    return output
 
 
 class PositionScheme(nn.Module):
@@ -176,9 +266,10 @@ class PositionScheme(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Scaled dot-product attention of layer `layer_idx` with this scheme's position information."""
         return attention_core(
-            query, key, value, allowed, dropout=dropout, use_sdpa=self.use_sdpa, output_attentions=output_attentions
+            query, key, value, allowed, dropout=dropout, kernel=self.kernel, output_attentions=output_attentions
         )
 
     @property
-    def use_sdpa(self) -> bool:
-        return getattr(self.config, "_attn_implementation", None) != "eager"
+    def kernel(self) -> str:
+        """How the scaled dot product runs: `config._attn_implementation` ("sdpa", "eager" or "flex_attention")."""
+        return getattr(self.config, "_attn_implementation", None) or "sdpa"

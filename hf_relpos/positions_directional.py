@@ -67,5 +67,5 @@ class DirectionalPositions(PositionScheme):
         directional = self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device)
         allowed = directional if allowed is None else allowed & directional
         return attention_core(
-            query, key, value, allowed, dropout=dropout, use_sdpa=self.use_sdpa, output_attentions=output_attentions
+            query, key, value, allowed, dropout=dropout, kernel=self.kernel, output_attentions=output_attentions
         )

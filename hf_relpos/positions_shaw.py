@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .positions import PositionScheme, attention_core, register_attention, relative_position_index
+from .positions import PositionScheme, RelativeBias, attention_core, register_attention, relative_position_index
 
 
 @register_attention("shaw")
@@ -48,24 +48,25 @@ class ShawPositions(PositionScheme):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         batch, heads, query_length, head_dim = query.shape
         key_length = key.size(-2)
-        index = relative_position_index(
-            query_length, key_length, self.max_relative_position, query_offset, device=query.device
-        ).expand(batch, heads, query_length, key_length)
+        kmax, offset = self.max_relative_position, query_offset
         scale = head_dim**-0.5
 
         score_bias = None
         if self.relative_keys is not None:
-            query_by_distance = _times_table(query, self.relative_keys[layer_idx])
-            score_bias = torch.gather(query_by_distance, -1, index) * scale
+            score_bias = RelativeBias(
+                table=_times_table(query, self.relative_keys[layer_idx]) * scale,
+                bucket=lambda i, j: (j - i - offset).clamp(-kmax, kmax) + kmax,
+                key_length=key_length,
+            )
 
         value_term = None
         if self.relative_values is not None:
             relative_values = self.relative_values[layer_idx]
-            buckets = 2 * self.max_relative_position + 1
+            index = relative_position_index(query_length, key_length, kmax, offset, device=query.device)
 
             def value_term(probabilities: torch.Tensor) -> torch.Tensor:
-                by_distance = probabilities.new_zeros(batch, heads, query_length, buckets)
-                by_distance.scatter_add_(-1, index, probabilities)
+                by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * kmax + 1)
+                by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
                 return _times_table(by_distance, relative_values, transpose=False)
 
         return attention_core(
@@ -76,7 +77,7 @@ class ShawPositions(PositionScheme):
             score_bias=score_bias,
             scale=scale,
             dropout=dropout,
-            use_sdpa=self.use_sdpa,
+            kernel=self.kernel,
             output_attentions=output_attentions,
             value_term=value_term,
         )

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .positions import PositionScheme, attention_core, register_attention, rel_shift, sinusoids
+from .positions import PositionScheme, RelativeBias, attention_core, register_attention, rel_shift, sinusoids
 
 
 @register_attention("xl")
@@ -60,7 +60,14 @@ class XLPositions(PositionScheme):
             query + self.position_bias[bias_idx][:, None, :].to(query.dtype), projected.permute(1, 2, 0)
         )
         scale = head_dim**-0.5
-        score_bias = rel_shift(position_scores, key_length) * scale
+        position_scores = position_scores * scale
+        last_distance_index = distance_count - 1
+        score_bias = RelativeBias(
+            table=position_scores,
+            bucket=lambda i, j: (query_length - 1 - i + j).clamp(max=last_distance_index),
+            key_length=key_length,
+            densify=lambda: rel_shift(position_scores, key_length),
+        )
         return attention_core(
             query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
             key,
@@ -69,6 +76,6 @@ class XLPositions(PositionScheme):
             score_bias=score_bias,
             scale=scale,
             dropout=dropout,
-            use_sdpa=self.use_sdpa,
+            kernel=self.kernel,
             output_attentions=output_attentions,
         )

@@ -46,9 +46,9 @@ def test_rel_shift_aligns_every_distance():
             assert shifted[t, j] == offset + t - j
 
 
-def make_scheme(attention_type: str, is_causal: bool, eager: bool, **overrides):
+def make_scheme(attention_type: str, is_causal: bool, kernel: str, **overrides):
     config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
-    config._attn_implementation = "eager" if eager else "sdpa"
+    config._attn_implementation = kernel
     scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
     for parameter in scheme.parameters():
         torch.nn.init.normal_(parameter, std=0.5)
@@ -176,24 +176,26 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("eager", [True, False], ids=["eager", "sdpa"])
+@pytest.mark.parametrize("kernel", ["eager", "sdpa", "flex_attention"])
 @pytest.mark.parametrize(
     "is_causal, query_length, key_length", [(False, 6, 6), (True, 6, 6), (True, 2, 7)], ids=["encoder", "decoder", "cached"]
 )
 @pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_scheme_matches_naive_equations(attention_type, reference, overrides, is_causal, query_length, key_length, eager):
-    scheme = make_scheme(attention_type, is_causal, eager, **overrides)
+def test_scheme_matches_naive_equations(attention_type, reference, overrides, is_causal, query_length, key_length, kernel):
+    """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_flex_attention_cuda) is exact."""
+    scheme = make_scheme(attention_type, is_causal, kernel, **overrides)
     q, k, v = inputs(query_length, key_length)
     allowed = masks(query_length, key_length, is_causal)
     offset = key_length - query_length
     for layer in range(2):
-        fast, _ = scheme.attend(layer, q, k, v, allowed, offset)
+        with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
+            fast, _ = scheme.attend(layer, q, k, v, allowed, offset)
         expected = reference(scheme, layer, q, k, v, allowed, offset)
         assert (fast - expected).abs().max().item() < 1e-6
 
 
 def test_shaw_attention_weights_returned_in_eager_and_rows_sum_to_one():
-    scheme = make_scheme("shaw", False, eager=False)
+    scheme = make_scheme("shaw", False, "sdpa")
     q, k, v = inputs(5, 5)
     _, weights = scheme.attend(0, q, k, v, masks(5, 5, False), 0, output_attentions=True)
     assert weights.shape == (BATCH, HEADS, 5, 5)

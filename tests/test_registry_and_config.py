@@ -27,7 +27,7 @@ class LearnedAlibi(PositionScheme):
         distance = (queries[:, None] - torch.arange(key.size(-2), device=query.device)[None, :]).abs()
         bias = -self.slopes[layer_idx][:, None, None] * distance
         return attention_core(query, key, value, allowed, score_bias=bias, dropout=dropout,
-                              use_sdpa=self.use_sdpa, output_attentions=output_attentions)
+                              kernel=self.kernel, output_attentions=output_attentions)
 
 
 def test_user_registered_scheme_trains_and_round_trips(tmp_path):
