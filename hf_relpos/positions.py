@@ -80,13 +80,17 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
 
     `scores[..., t, p]` holds query t against the distance `D_max - p`, with `D_max = query_offset + n - 1` (the
     largest distance). Returns `out[..., t, j] = scores[..., t, n - 1 - t + j]`, i.e. query t against key j at
-    distance `query_offset + t - j`, by padding one column and re-viewing the memory: no gather, no n x n x d tensor.
+    distance `query_offset + t - j`. The paper pads a column and re-views the memory; the same skew is a strided
+    view (row stride D - 1, offset n - 1) of the contiguous scores: no gather, no copy, no n x n x d tensor.
     Entries whose distance lies outside the range that `scores` covers are arbitrary and must be masked.
     """
     *batch, query_length, distance_length = scores.shape
-    padded = torch.nn.functional.pad(scores, (1, 0))
-    padded = padded.view(*batch, distance_length + 1, query_length)[..., 1:, :]
-    return padded.reshape(*batch, query_length, distance_length)[..., :key_length]
+    scores = scores.contiguous()
+    return scores.as_strided(
+        (*batch, query_length, key_length),
+        (*scores.stride()[:-2], distance_length - 1, 1),
+        scores.storage_offset() + query_length - 1,
+    )
 
 
 @dataclass
@@ -143,16 +147,21 @@ def attention_core(
     has_any = None
     additive = None if score_bias is None else score_bias.to(query.dtype)
     if allowed is not None:
+        allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
         has_any = allowed.any(dim=-1, keepdim=True)
         allowed = allowed | ~has_any
-        bias = additive if additive is not None else torch.zeros((), dtype=query.dtype, device=query.device)
-        additive = torch.where(allowed, bias, torch.finfo(query.dtype).min)
 
     if not eager:
+        if allowed is not None:
+            # A boolean 4-D mask keeps SDPA's fused kernels; a bias needs the additive form.
+            additive = allowed if additive is None else torch.where(allowed, additive, torch.finfo(query.dtype).min)
         output = torch.nn.functional.scaled_dot_product_attention(
             query, key, value, attn_mask=additive, dropout_p=dropout, scale=scale
         )
         return (output if has_any is None else output * has_any), None
+    if allowed is not None:
+        bias = additive if additive is not None else torch.zeros((), dtype=query.dtype, device=query.device)
+        additive = torch.where(allowed, bias, torch.finfo(query.dtype).min)
     scores = torch.matmul(query, key.transpose(-1, -2)) * scale
     if additive is not None:
         scores = scores + additive if allowed is None else torch.where(allowed, scores + additive, additive)

@@ -30,10 +30,40 @@ class XLPositions(PositionScheme):
         bias_count = num_layers if config.untie_relative_biases else 1
         self.content_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
         self.position_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
+        self._inference_tables: dict[int, tuple] = {}
 
     def init_parameters(self, std: float) -> None:
         init.normal_(self.content_bias, mean=0.0, std=std)
         init.normal_(self.position_bias, mean=0.0, std=std)
+
+    def _projected_encodings(
+        self, layer_idx: int, largest_distance: int, count: int, dtype: torch.dtype, device: torch.device
+    ) -> torch.Tensor:
+        """W_kR R_d for d = largest_distance, largest_distance - 1, ... (`count` of them), clamped to clamp_len.
+
+        At inference the projections of all distances in [-span, span] are kept per layer (keyed by the weight's
+        version, so any update invalidates them): a cached decoding step gathers rows instead of projecting again.
+        """
+        distances = torch.arange(largest_distance, largest_distance - count, -1, device=device)
+        if self.clamp_len is not None:
+            distances = distances.clamp(-self.clamp_len, self.clamp_len)
+        projection = self.position_projections[layer_idx]
+        if torch.is_grad_enabled():
+            return projection(sinusoids(distances, self.config.d_model, dtype))
+        weight = projection.weight
+        key = (id(weight), weight._version, dtype, weight.device)
+        needed = max(abs(largest_distance), abs(largest_distance - count + 1))
+        if self.clamp_len is not None:
+            needed = min(needed, self.clamp_len)
+        cached = self._inference_tables.get(layer_idx)
+        if cached is None or cached[0] != key or cached[1] < needed:
+            span = max(needed, 2 * cached[1] if cached is not None and cached[0] == key else 0, 64)
+            if self.clamp_len is not None:
+                span = min(span, self.clamp_len)
+            positions = torch.arange(-span, span + 1, device=weight.device)
+            cached = (key, span, projection(sinusoids(positions, self.config.d_model, dtype)))
+            self._inference_tables[layer_idx] = cached
+        return cached[2].index_select(0, distances + cached[1])
 
     def attend(
         self,
@@ -51,11 +81,9 @@ class XLPositions(PositionScheme):
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
         largest_distance = query_offset + query_length - 1
         distance_count = key_length if self.is_causal else query_length + key_length - 1
-        distances = torch.arange(largest_distance, largest_distance - distance_count, -1, device=query.device)
-        if self.clamp_len is not None:
-            distances = distances.clamp(-self.clamp_len, self.clamp_len)
-        encodings = sinusoids(distances, self.config.d_model, query.dtype)
-        projected = self.position_projections[layer_idx](encodings).view(distance_count, heads, head_dim)
+        projected = self._projected_encodings(
+            layer_idx, largest_distance, distance_count, query.dtype, query.device
+        ).view(distance_count, heads, head_dim)
         position_scores = torch.matmul(
             query + self.position_bias[bias_idx][:, None, :].to(query.dtype), projected.permute(1, 2, 0)
         )

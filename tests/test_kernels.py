@@ -93,3 +93,20 @@ def test_eager_attention_weights_are_returned(attention_type):
     assert out.cross_attentions[0].shape == (3, 4, 4, 9)
     assert len(out.encoder_hidden_states) == 3
     assert torch.all(out.encoder_attentions[0][1, :, :, 6:] == 0)
+
+
+def test_xl_inference_table_follows_weight_updates():
+    """XL keeps projected encodings at inference; an optimizer step must invalidate them."""
+    model = model_with("sdpa", "xl")
+    input_ids, attention_mask = batch()
+
+    def logits(no_grad: bool):
+        with torch.set_grad_enabled(not no_grad):
+            return model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids).logits.detach()
+
+    model.eval()
+    assert torch.allclose(logits(no_grad=True), logits(no_grad=False), atol=1e-6)
+    with torch.no_grad():  # an in-place update, as an optimizer step or load_state_dict makes
+        for parameter in model.parameters():
+            parameter.add_(0.1 * torch.randn_like(parameter))
+    assert torch.allclose(logits(no_grad=True), logits(no_grad=False), atol=1e-6)
