@@ -1,0 +1,334 @@
+"""Training throughput and peak memory of every position scheme, relative to `absolute` in the same run (issue #5).
+
+Two benchmarks, each forward + backward at a fixed token count per batch (batch = tokens // length):
+  attention  one encoder self-attention layer alone (`RelPosAttention` + the stack's `PositionScheme`)
+  model      the full encoder-decoder (`RelPosTransformerForConditionalGeneration` with labels)
+The schemes run round-robin (the starting scheme rotates each round), so load drift hits them alike; each row gives
+the median tokens/s and the median over rounds of the speed ratio to `absolute` in the same round.
+
+    python -m benchmarks.bench_training --quick          # CPU-sized subset
+    python -m benchmarks.bench_training --dtype bfloat16  # the full suite (on a GPU)
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from benchmarks.common import (
+    BASELINE,
+    SHAPES,
+    Shape,
+    add_common_arguments,
+    autocast,
+    check_arguments,
+    environment,
+    environment_lines,
+    fit_quadratic_memory,
+    make_config,
+    markdown_table,
+    paired_ratio,
+    peak_memory,
+    round_robin,
+    write_report,
+)
+from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.modeling_relpos import RelPosEncoder
+
+BENCHMARKS = ("attention", "model")
+MIB = 2**20
+
+
+@dataclass
+class Case:
+    """One scheme at one shape and length: `step()` runs one forward + backward of `tokens` tokens."""
+
+    module: nn.Module
+    step: Callable[[], None]
+    tokens: int
+
+
+def attention_case(scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str) -> Case:
+    """Self-attention of an encoder's first layer with the encoder's position scheme (embed + attend)."""
+    stack = RelPosEncoder(make_config(scheme, shape, layers=1))
+    stack.positions.init_parameters(stack.config.init_std)
+    module = nn.ModuleDict({"positions": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()
+    inputs = torch.randn(batch, length, shape.d_model, device=device, requires_grad=True)
+
+    def step() -> None:
+        module.zero_grad(set_to_none=True)
+        inputs.grad = None
+        with autocast(device, dtype):
+            hidden = module["positions"].embed(inputs, 0)
+            output, _ = module["attention"](hidden, None, module["positions"])
+        output.float().sum().backward()
+
+    return Case(module, step, batch * length)
+
+
+def model_case(
+    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, layers: int, vocab_size: int
+) -> Case:
+    """The full encoder-decoder on random source/target ids of `length` tokens each (training mode, dropout on)."""
+    torch.manual_seed(0)
+    model = RelPosTransformerForConditionalGeneration(make_config(scheme, shape, layers, vocab_size)).to(device).train()
+    source = torch.randint(4, vocab_size, (batch, length), device=device)
+    labels = torch.randint(4, vocab_size, (batch, length), device=device)
+
+    def step() -> None:
+        model.zero_grad(set_to_none=True)
+        with autocast(device, dtype):
+            loss = model(input_ids=source, labels=labels).loss
+        loss.backward()
+
+    return Case(model, step, 2 * batch * length)
+
+
+def measure(cases: dict[str, Case], args: argparse.Namespace) -> dict[str, dict[str, float]]:
+    """Round-robin timing, then one peak-memory measurement per scheme (gradients cleared before it)."""
+    seconds = round_robin({name: case.step for name, case in cases.items()}, args.warmup, args.repeats, args.device)
+    results = {}
+    for name, case in cases.items():
+        case.module.zero_grad(set_to_none=True)
+        results[name] = {
+            "tokens_per_s": case.tokens / statistics.median(seconds[name]),
+            "ratio": paired_ratio(seconds[name], seconds[BASELINE]),
+            "peak_bytes": peak_memory(case.step, args.device),
+            "seconds": seconds[name],
+        }
+    return results
+
+
+def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """One row per benchmark, shape, length and scheme."""
+    rows = []
+    for benchmark in args.benchmarks:
+        tokens = args.tokens if benchmark == "attention" else args.model_tokens
+        lengths = args.lengths if benchmark == "attention" else args.model_lengths
+        for shape_name in args.shapes:
+            shape = SHAPES[shape_name]
+            layers = 1 if benchmark == "attention" else args.layers or shape.layers
+            for length in lengths:
+                batch = max(tokens // length, 1)
+                torch.manual_seed(0)
+                if benchmark == "attention":
+                    cases = {s: attention_case(s, shape, length, batch, args.device, args.dtype) for s in args.schemes}
+                else:
+                    vocab_size = args.vocab_size or shape.vocab_size
+                    cases = {
+                        s: model_case(s, shape, length, batch, args.device, args.dtype, layers, vocab_size)
+                        for s in args.schemes
+                    }
+                results = measure(cases, args)
+                baseline_peak = results[BASELINE]["peak_bytes"]
+                for scheme, result in results.items():
+                    rows.append(
+                        {
+                            "benchmark": benchmark,
+                            "shape": shape_name,
+                            "layers": layers,
+                            "length": length,
+                            "batch": batch,
+                            "scheme": scheme,
+                            "tokens_per_s": result["tokens_per_s"],
+                            "ratio": result["ratio"],
+                            "peak_mib": result["peak_bytes"] / MIB,
+                            "memory_overhead": result["peak_bytes"] / baseline_peak - 1.0,
+                            "seconds": result["seconds"],
+                        }
+                    )
+                    print(format_row(rows[-1]), flush=True)
+                del cases, results
+                gc.collect()
+    return rows
+
+
+def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Per benchmark, shape and scheme: how peak memory grows with the length.
+
+    `bytes_per_score` is the fitted n^2 memory beyond absolute's, per self-attention score element (batch x heads x
+    n x n x self-attention layers): a few bytes for extra n x n tensors, >= head_dim x element size for an
+    n x n x d one. `peak_ratio_2n` is peak(2n) / peak(n) at the two longest lengths, and `exponent` the growth of
+    the per-sequence peak between them (peak / batch ~ n^exponent).
+    """
+    element_size = 2 if args.dtype == "bfloat16" else 4
+    growth = []
+    groups = sorted({(row["benchmark"], row["shape"]) for row in rows}, key=str)
+    for benchmark, shape_name in groups:
+        shape = SHAPES[shape_name]
+        fits = {}
+        for scheme in args.schemes:
+            series = sorted(
+                (r for r in rows if (r["benchmark"], r["shape"], r["scheme"]) == (benchmark, shape_name, scheme)),
+                key=lambda r: r["length"],
+            )
+            lengths, batches = [r["length"] for r in series], [r["batch"] for r in series]
+            peaks = [r["peak_mib"] * MIB for r in series]
+            tokens = max(b * n for b, n in zip(batches, lengths, strict=True))
+            fits[scheme] = (series, fit_quadratic_memory(lengths, batches, peaks, tokens)[1] if len(series) > 1 else 0.0)
+        for scheme, (series, quadratic) in fits.items():
+            self_attention_layers = series[0]["layers"] * (1 if benchmark == "attention" else 2)
+            per_score = (quadratic - fits[BASELINE][1]) / (shape.heads * self_attention_layers)
+            entry = {"benchmark": benchmark, "shape": shape_name, "scheme": scheme, "extra_bytes_per_score": per_score}
+            if len(series) > 1:
+                last, before = series[-1], series[-2]
+                peak_ratio = last["peak_mib"] / before["peak_mib"]
+                entry["peak_ratio_2n"] = peak_ratio
+                entry["exponent"] = math.log(peak_ratio * before["batch"] / last["batch"], last["length"] / before["length"])
+            entry["n2d_threshold_bytes"] = (shape.d_model // shape.heads) * element_size
+            entry["grows_like"] = "n^2" if per_score < entry["n2d_threshold_bytes"] else "n^2 d"
+            growth.append(entry)
+    return growth
+
+
+def format_row(row: dict[str, Any]) -> str:
+    return (
+        f"{row['benchmark']:9} {row['shape']:5} n={row['length']:<5} batch={row['batch']:<4} {row['scheme']:11} "
+        f"{row['tokens_per_s']:10.0f} tok/s  x{row['ratio']:.3f}  peak {row['peak_mib']:8.1f} MiB "
+        f"({row['memory_overhead']:+.1%})"
+    )
+
+
+def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: list[dict[str, Any]]) -> str:
+    header = ["benchmark", "shape", "layers", "n", "batch", "scheme", "tokens/s", "ratio to absolute", "peak MiB",
+              "memory vs absolute"]
+    table = [
+        [r["benchmark"], r["shape"], r["layers"], r["length"], r["batch"], r["scheme"], f"{r['tokens_per_s']:.0f}",
+         f"{r['ratio']:.3f}", f"{r['peak_mib']:.1f}", f"{r['memory_overhead']:+.1%}"]
+        for r in rows
+    ]
+    growth_table = [
+        [g["benchmark"], g["shape"], g["scheme"], f"{g.get('peak_ratio_2n', float('nan')):.2f}",
+         f"{g.get('exponent', float('nan')):.2f}", f"{g['extra_bytes_per_score']:.1f}", g["n2d_threshold_bytes"],
+         g["grows_like"]]
+        for g in growth
+    ]
+    return "\n".join(
+        [
+            "# Training throughput (forward + backward) and peak memory",
+            "",
+            *environment_lines(meta),
+            f"- tokens per batch: {meta['tokens']} (attention), {meta['model_tokens']} source + as many target "
+            f"(model); full model: {meta['model_layers']} vocabulary {meta['vocab_size']}",
+            f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, schemes round-robin; tokens/s = median; "
+            "ratio = median over rounds of absolute's time / the scheme's time in the same round",
+            f"- peak memory: {meta['memory_method']}",
+            "",
+            markdown_table(header, table),
+            "",
+            "## Memory growth with length",
+            "",
+            "peak(2n)/peak(n) at the two longest lengths (fixed tokens), exponent of the per-sequence peak "
+            "(peak/batch ~ n^e), and the fitted n^2 memory beyond absolute's per self-attention score element "
+            "(an n x n x d tensor would cost >= the threshold).",
+            "",
+            markdown_table(
+                ["benchmark", "shape", "scheme", "peak(2n)/peak(n)", "exponent", "extra bytes / score",
+                 "n^2 d threshold", "grows like"],
+                growth_table,
+            ),
+        ]
+    )
+
+
+def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
+    """Ratio to absolute (left) and peak memory (right) against the length, one line per scheme and series."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, (ratio_axis, memory_axis) = plt.subplots(1, 2, figsize=(13, 5))
+    series = sorted({(r["benchmark"], r["shape"]) for r in rows}, key=str)
+    styles = ["-", "--", ":", "-."]
+    colors = {scheme: f"C{idx}" for idx, scheme in enumerate(schemes)}
+    for (benchmark, shape), style in zip(series, styles * len(series), strict=False):
+        for scheme in schemes:
+            points = sorted(
+                (r["length"], r["ratio"], r["peak_mib"])
+                for r in rows
+                if (r["benchmark"], r["shape"], r["scheme"]) == (benchmark, shape, scheme)
+            )
+            lengths, ratios, peaks = zip(*points, strict=True)
+            label = f"{scheme} ({benchmark}, {shape})"
+            if scheme != BASELINE:
+                ratio_axis.plot(lengths, ratios, style, marker="o", color=colors[scheme], label=label)
+            memory_axis.plot(lengths, peaks, style, marker="o", color=colors[scheme], label=label)
+    ratio_axis.axhline(1.0, color="grey", linewidth=0.8)
+    ratio_axis.set(xscale="log", xlabel="length n", ylabel="training tokens/s relative to absolute",
+                   title="Speed ratio to absolute (same run)")
+    memory_axis.set(xscale="log", yscale="log", xlabel="length n", ylabel="peak MiB (forward + backward)",
+                    title="Peak memory at a fixed token count")
+    for axis in (ratio_axis, memory_axis):
+        axis.set_xticks(sorted({r["length"] for r in rows}), labels=[str(n) for n in sorted({r["length"] for r in rows})])
+        axis.grid(alpha=0.3)
+    memory_axis.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_common_arguments(parser)
+    parser.add_argument("--benchmarks", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
+    parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=["base", "small"])
+    parser.add_argument("--lengths", nargs="+", type=int, help="attention benchmark (default 64 .. 1024)")
+    parser.add_argument("--model-lengths", nargs="+", type=int, help="model benchmark (default: --lengths)")
+    parser.add_argument("--tokens", type=int, help="tokens per batch, attention benchmark (default 16384)")
+    parser.add_argument("--model-tokens", type=int, help="source tokens per batch, model benchmark (default --tokens)")
+    parser.add_argument("--layers", type=int, help="full model: layers per stack (default: the shape's, base 6)")
+    parser.add_argument("--vocab-size", type=int, help="full model: vocabulary (default: the shape's, base 32768)")
+    args = parser.parse_args(argv)
+    check_arguments(args)
+    # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to
+    # n = 256 (512 source tokens), 1 warm-up + 4 timed rounds.
+    quick = args.quick
+    args.lengths = args.lengths or [64, 128, 256, 512, 1024]
+    args.model_lengths = args.model_lengths or ([64, 128, 256] if quick else args.lengths)
+    args.tokens = args.tokens or (2048 if quick else 16384)
+    args.model_tokens = args.model_tokens or (512 if quick else args.tokens)
+    args.layers = args.layers or (1 if quick else None)
+    args.vocab_size = args.vocab_size or (8000 if quick else None)
+    args.warmup = 1 if args.warmup is None and quick else 3 if args.warmup is None else args.warmup
+    args.repeats = 4 if args.repeats is None and quick else 10 if args.repeats is None else args.repeats
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Runs the benchmarks, writes training.{md,json,png} into --out and returns the JSON data."""
+    args = parse_args(argv)
+    torch.manual_seed(0)
+    meta = environment(args.device, args.dtype) | {
+        "tokens": args.tokens,
+        "model_tokens": args.model_tokens,
+        "model_layers": f"{args.layers} + {args.layers} layers" if args.layers else "the shape's layers (base 6 + 6),",
+        "vocab_size": args.vocab_size or "of the shape (base 32768)",
+        "warmup": args.warmup,
+        "repeats": args.repeats,
+        "memory_method": "torch.cuda.max_memory_allocated above the pre-step allocation"
+        if args.device == "cuda"
+        else "running sum of the torch profiler's allocator events (profile_memory=True), max above the start",
+    }
+    rows = run_benchmarks(args)
+    growth = memory_growth(rows, args)
+    data = {"meta": meta, "training": rows, "memory_growth": growth}
+    markdown = render_markdown(meta, rows, growth)
+    markdown_path, json_path = write_report(args.out, "training", markdown, data)
+    plot(rows, args.schemes, args.out / "training.png")
+    print(markdown)
+    print(f"\nwrote {markdown_path}, {json_path}, {args.out / 'training.png'}")
+    return data
+
+
+if __name__ == "__main__":
+    main()

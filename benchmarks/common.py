@@ -1,0 +1,221 @@
+"""Shared pieces of the benchmark suite: schemes, shapes, devices, round-robin timing, peak memory, reports."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import gc
+import json
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hf_relpos
+
+# Benchmark label -> config overrides. "shaw" is the paper's a^K + a^V; "shaw-k" drops the a^V term.
+SCHEMES: dict[str, dict[str, Any]] = {
+    "absolute": {"attention_type": "absolute"},
+    "shaw": {"attention_type": "shaw"},
+    "shaw-k": {"attention_type": "shaw", "use_relative_values": False},
+    "xl": {"attention_type": "xl"},
+    "directional": {"attention_type": "directional"},
+}
+BASELINE = "absolute"
+DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Model dimensions; `layers` is per stack (encoder and decoder)."""
+
+    d_model: int
+    heads: int
+    ffn_dim: int
+    layers: int
+    vocab_size: int
+
+
+SHAPES: dict[str, Shape] = {
+    "base": Shape(d_model=512, heads=8, ffn_dim=2048, layers=6, vocab_size=32768),  # WMT base (Vaswani et al.)
+    "small": Shape(d_model=256, heads=4, ffn_dim=1024, layers=3, vocab_size=8000),
+    "tiny": Shape(d_model=32, heads=4, ffn_dim=64, layers=1, vocab_size=64),  # smoke tests only
+}
+
+
+def make_config(
+    scheme: str, shape: Shape, layers: int | None = None, vocab_size: int | None = None
+) -> hf_relpos.RelPosTransformerConfig:
+    """Config of `shape` with the position scheme of benchmark label `scheme`, layers/vocabulary optionally reduced."""
+    layers = shape.layers if layers is None else layers
+    return hf_relpos.RelPosTransformerConfig(
+        vocab_size=shape.vocab_size if vocab_size is None else vocab_size,
+        d_model=shape.d_model,
+        encoder_layers=layers,
+        decoder_layers=layers,
+        encoder_attention_heads=shape.heads,
+        decoder_attention_heads=shape.heads,
+        encoder_ffn_dim=shape.ffn_dim,
+        decoder_ffn_dim=shape.ffn_dim,
+        **SCHEMES[scheme],
+    )
+
+
+def add_common_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --dtype, --out, --quick, --schemes, --warmup, --repeats (shared by every benchmark script)."""
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument(
+        "--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16 = autocast (weights stay fp32)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")
+    parser.add_argument("--schemes", nargs="+", choices=tuple(SCHEMES), default=list(SCHEMES))
+    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds before the timed ones")
+    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (the median is reported)")
+    parser.add_argument("--threads", type=int, help="CPU: torch.set_num_threads (default: torch's choice)")
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    if BASELINE not in args.schemes:
+        args.schemes.insert(0, BASELINE)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
+def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:
+    """bf16 autocast for --dtype bfloat16, nothing for float32."""
+    if dtype == "bfloat16":
+        return torch.autocast(device_type=device, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def timed(run: Callable[[], Any], device: str) -> float:
+    """Wall-clock seconds of one call, with the GPU queue drained before and after."""
+    synchronize(device)
+    start = time.perf_counter()
+    run()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def round_robin(runs: dict[str, Callable[[], Any]], warmup: int, repeats: int, device: str) -> dict[str, list[float]]:
+    """Seconds per call for every entry, `repeats` timed rounds after `warmup` untimed ones.
+
+    Each round runs every entry once, and the starting entry rotates from round to round, so that load drift (other
+    processes on the machine, thermal or clock changes) hits all entries alike.
+    """
+    names = list(runs)
+    seconds: dict[str, list[float]] = {name: [] for name in names}
+    for round_idx in range(warmup + repeats):
+        shift = round_idx % len(names)
+        for name in names[shift:] + names[:shift]:
+            elapsed = timed(runs[name], device)
+            if round_idx >= warmup:
+                seconds[name].append(elapsed)
+    return seconds
+
+
+def paired_ratio(seconds: list[float], baseline_seconds: list[float]) -> float:
+    """Median over rounds of baseline time / this time: the speed relative to the baseline in the same round."""
+    return statistics.median(base / own for base, own in zip(baseline_seconds, seconds, strict=True))
+
+
+def peak_memory(run: Callable[[], Any], device: str) -> int:
+    """Peak bytes of torch tensor memory allocated by one call, above what was allocated before it.
+
+    CUDA: the caching allocator's `max_memory_allocated`. CPU: the profiler's allocator events
+    (`profile_memory=True` records every tensor allocation and free with its size and time); their running sum's
+    maximum is the peak. Unlike RSS, this counts exactly the tensors, ignores the allocator's and the OS's page
+    reuse, and does not depend on what other processes do.
+    """
+    gc.collect()
+    if device == "cuda":
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        run()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    with torch.profiler.profile(activities=activities, profile_memory=True) as profiler:
+        run()
+    events = [event for event in profiler.profiler.kineto_results.events() if event.name() == "[memory]"]
+    events.sort(key=lambda event: event.start_ns())
+    current = peak = 0
+    for event in events:
+        current += event.nbytes()
+        peak = max(peak, current)
+    return peak
+
+
+def fit_quadratic_memory(lengths: list[int], batches: list[int], peaks: list[float], tokens: int) -> tuple[float, float]:
+    """Least-squares fit of peak = a * tokens + c * batch * n^2; returns (a, c) in bytes.
+
+    With a fixed token count per batch, a is the per-token (linear) memory and c the memory per sequence and squared
+    length: an n x n score tensor costs c = heads * element size, an n x n x d one c = heads * d * element size.
+    """
+    rows = torch.tensor([[float(tokens), float(b * n * n)] for n, b in zip(lengths, batches, strict=True)])
+    solution = torch.linalg.lstsq(rows.double(), torch.tensor(peaks, dtype=torch.float64)[:, None]).solution
+    return float(solution[0]), float(solution[1])
+
+
+def environment(device: str, dtype: str) -> dict[str, Any]:
+    """Device, processor, versions, date and command line of this run (the header of every report)."""
+    if device == "cuda":
+        device_name = torch.cuda.get_device_name()
+    else:
+        device_name = cpu_model_name()
+    return {
+        "command": " ".join(["python -m benchmarks." + Path(sys.argv[0]).stem, *sys.argv[1:]]),
+        "device": device,
+        "device_name": device_name,
+        "cpu_threads": torch.get_num_threads(),
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
+        "python": platform.python_version(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def cpu_model_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def write_report(out: Path, stem: str, markdown: str, data: dict[str, Any]) -> tuple[Path, Path]:
+    """Writes `stem`.md and `stem`.json into `out`; returns their paths."""
+    out.mkdir(parents=True, exist_ok=True)
+    markdown_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
+    markdown_path.write_text(markdown + "\n")
+    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    return markdown_path, json_path
+
+
+def environment_lines(meta: dict[str, Any]) -> Iterator[str]:
+    yield f"- command: `{meta['command']}`"
+    yield f"- device: {meta['device']} ({meta['device_name']}, {meta['cpu_threads']} CPU threads), dtype {meta['dtype']}"
+    yield f"- torch {meta['torch']}, transformers {meta['transformers']}, python {meta['python']}, {meta['date']}"

@@ -1,0 +1,57 @@
+"""Smoke tests of the benchmark suite (benchmarks/): tiny shapes, one round, no timing assertions."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import bench_decoding, bench_training
+from benchmarks.common import SCHEMES
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads() -> Iterator[None]:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def _table_rows(markdown: str, scheme: str) -> list[str]:
+    return [line for line in markdown.splitlines() if line.startswith("|") and f"| {scheme} |" in line]
+
+
+def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--lengths", "8", "16", "--tokens", "32",
+            "--layers", "1", "--vocab-size", "64", "--warmup", "0", "--repeats", "2", "--out", str(tmp_path)]
+    data = bench_training.main(argv)
+    assert data == json.loads((tmp_path / "training.json").read_text())
+    assert (tmp_path / "training.png").stat().st_size > 0
+    markdown = (tmp_path / "training.md").read_text()
+    for benchmark in bench_training.BENCHMARKS:
+        for length in (8, 16):
+            rows = {r["scheme"]: r for r in data["training"] if (r["benchmark"], r["length"]) == (benchmark, length)}
+            assert sorted(rows) == sorted(SCHEMES)
+            assert rows["absolute"]["ratio"] == 1.0 and rows["absolute"]["memory_overhead"] == 0.0
+            assert all(r["tokens_per_s"] > 0 and r["ratio"] > 0 and r["peak_mib"] > 0 for r in rows.values())
+    for scheme in SCHEMES:
+        assert len(_table_rows(markdown, scheme)) == 2 * 2 + 2  # (attention, model) x 2 lengths + 2 growth rows
+    assert {(g["benchmark"], g["scheme"]) for g in data["memory_growth"]} == {
+        (b, s) for b in bench_training.BENCHMARKS for s in SCHEMES
+    }
+
+
+def test_decoding_benchmark_reports_every_scheme(tmp_path: Path) -> None:
+    argv = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1", "--source-length", "4",
+            "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
+    data = bench_decoding.main(argv)
+    assert data == json.loads((tmp_path / "decoding.json").read_text())
+    rows = {r["scheme"]: r for r in data["decoding"]}
+    assert sorted(rows) == sorted(SCHEMES)
+    assert rows["absolute"]["cached_ratio_to_absolute"] == 1.0
+    assert all(r["cached_tokens_per_s"] > 0 and r["uncached_tokens_per_s"] > 0 for r in rows.values())
+    markdown = (tmp_path / "decoding.md").read_text()
+    assert all(len(_table_rows(markdown, scheme)) == 1 for scheme in SCHEMES)
