@@ -401,6 +401,17 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _no_split_modules = ["RelPosLayer"]
 
+    remote_auto_classes: dict[str, str] = {}
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """Records every Auto class this checkpoint loads into (HF records only the saved class) in `auto_map`, so
+        `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone."""
+        auto_map = dict(getattr(self.config, "auto_map", None) or {})
+        for auto_class, model_class in self.remote_auto_classes.items():
+            auto_map.setdefault(auto_class, f"modeling_relpos.{model_class}")
+        self.config.auto_map = auto_map
+        return super().save_pretrained(save_directory, *args, **kwargs)
+
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
         """Every attention call reads `config._attn_implementation`, so `set_attn_implementation` works at any time."""
@@ -424,6 +435,10 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
     """Encoder-decoder without a head; with `tie_word_embeddings` both stacks share `shared` (a joint vocabulary)."""
 
+    remote_auto_classes = {
+        "AutoModel": "RelPosTransformerModel",
+        "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
+    }
     _tied_weights_keys = {
         "encoder.embed_tokens.weight": "shared.weight",
         "decoder.embed_tokens.weight": "shared.weight",
@@ -496,6 +511,10 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
 class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel, GenerationMixin):
     """Encoder-decoder with a language-model head for translation; `labels` -> cross-entropy loss (-100 ignored)."""
 
+    remote_auto_classes = {
+        "AutoModel": "RelPosTransformerModel",
+        "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
+    }
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
 
     def __init__(self, config: RelPosTransformerConfig):
@@ -575,6 +594,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     the memory is the cache (and is reordered for beam search). With M = 0 it is a plain causal LM with a KV cache.
     """
 
+    remote_auto_classes = {"AutoModelForCausalLM": "RelPosTransformerForCausalLM"}
     _tied_weights_keys = {"lm_head.weight": "decoder.embed_tokens.weight"}
 
     def __init__(self, config: RelPosTransformerConfig):

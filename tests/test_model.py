@@ -182,7 +182,7 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
         import sys
         sys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError
         import torch
-        from transformers import AutoModelForSeq2SeqLM
+        from transformers import AutoModel, AutoModelForSeq2SeqLM
         try:
             import hf_relpos
             raise SystemExit("hf_relpos was importable")
@@ -190,6 +190,8 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
             pass
         model = AutoModelForSeq2SeqLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
         assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        base = AutoModel.from_pretrained({str(folder)!r}, trust_remote_code=True)
+        assert type(base).__name__ == "RelPosTransformerModel", type(base)
         lengths = [7, 4, 2]
         input_ids = torch.zeros(3, 7, dtype=torch.long)
         attention_mask = torch.zeros(3, 7, dtype=torch.long)
@@ -210,7 +212,11 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
     )
     assert "REMOTE_OK" in result.stdout, result.stderr[-3000:]
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
-    assert auto_map["AutoModelForSeq2SeqLM"] == "modeling_relpos.RelPosTransformerForConditionalGeneration"
+    assert auto_map == {
+        "AutoConfig": "configuration_relpos.RelPosTransformerConfig",
+        "AutoModel": "modeling_relpos.RelPosTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_relpos.RelPosTransformerForConditionalGeneration",
+    }
 
 
 def reversal_batch(count: int = 24, seed: int = 0):
