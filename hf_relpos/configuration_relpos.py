@@ -77,6 +77,14 @@ class RelPosTransformerConfig(PreTrainedConfig):
     directional_disable_diagonal: bool = True
     mem_len: int = 0
 
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> RelPosTransformerConfig:
+        """Refuses another model's config (transformers only warns), so no folder loads as the wrong model."""
+        model_type = config_dict.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
+        return super().from_dict(config_dict, **kwargs)
+
     def __post_init__(self, **kwargs) -> None:
         self._validate_relpos()
         super().__post_init__(**kwargs)

@@ -403,6 +403,26 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     remote_auto_classes: dict[str, str] = {}
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_missing_weights: bool = False, **kwargs):
+        """`PreTrainedModel.from_pretrained`, reading safetensors only, that raises instead of filling weights missing
+        from the folder with random values (transformers only warns). `allow_missing_weights=True` restores the
+        default, e.g. to start a new head from an encoder-decoder checkpoint."""
+        kwargs.setdefault("use_safetensors", True)
+        return_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(
+            pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+        )
+        missing = sorted(info["missing_keys"])
+        if missing and not allow_missing_weights:
+            shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+            raise ValueError(
+                f"{pretrained_model_name_or_path} lacks {len(missing)} weight(s) of {cls.__name__} ({shown}): an "
+                "incomplete or foreign checkpoint would load with random weights. Pass allow_missing_weights=True "
+                "to initialise them on purpose."
+            )
+        return (model, info) if return_info else model
+
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Records every Auto class this checkpoint loads into (HF records only the saved class) in `auto_map`, so
         `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone."""

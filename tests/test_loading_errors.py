@@ -1,0 +1,95 @@
+"""Model folders that are incomplete, corrupt or foreign fail loudly instead of loading random weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+from conftest import tiny_model
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
+
+import hf_relpos
+
+Model = hf_relpos.RelPosTransformerForConditionalGeneration
+
+
+@pytest.fixture
+def saved(tmp_path):
+    folder = tmp_path / "model"
+    tiny_model("shaw").save_pretrained(folder)
+    return folder
+
+
+def test_missing_weights_file_is_a_clear_error(saved):
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(OSError, match="model.safetensors|safetensors"):
+        Model.from_pretrained(saved)
+
+
+def test_truncated_weights_file_is_an_error(saved):
+    weights = saved / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(Exception, match="deserializing header"):
+        Model.from_pretrained(saved)
+
+
+def test_weights_missing_from_the_file_are_refused_not_randomised(saved):
+    tensors = load_file(saved / "model.safetensors")
+    dropped = [name for name in tensors if "positions.relative_keys" in name]
+    save_file({k: v for k, v in tensors.items() if k not in dropped}, saved / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="relative_keys"):
+        Model.from_pretrained(saved)
+    model, info = Model.from_pretrained(saved, allow_missing_weights=True, output_loading_info=True)
+    assert set(info["missing_keys"]) == set(dropped)
+
+
+def test_weights_of_the_wrong_shape_are_refused(saved):
+    config = json.loads((saved / "config.json").read_text())
+    config["max_relative_position"] = 5
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(Exception, match="size|shape"):
+        Model.from_pretrained(saved)
+
+
+def test_config_of_another_model_type_is_refused(tmp_path):
+    marian = MarianMTModel(MarianConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                        encoder_attention_heads=2, decoder_attention_heads=2,
+                                        encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=32,
+                                        pad_token_id=0, decoder_start_token_id=0))
+    marian.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="marian"):
+        Model.from_pretrained(tmp_path)
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), MarianMTModel)
+
+
+def test_pickled_weights_are_never_read(saved):
+    """A pytorch_model.bin beside (or instead of) safetensors is ignored: weights load only from safetensors."""
+    state = load_file(saved / "model.safetensors")
+    (saved / "model.safetensors").unlink()
+    torch.save(state, saved / "pytorch_model.bin")
+    with pytest.raises(OSError):
+        Model.from_pretrained(saved)
+
+
+def test_remote_code_folder_without_trust_remote_code_says_why(saved, tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["hf_relpos"] = None
+        from transformers import AutoModelForSeq2SeqLM
+        try:
+            AutoModelForSeq2SeqLM.from_pretrained({str(saved)!r})
+        except Exception as error:
+            print("ERROR:", error)
+        """
+    )
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=300, stdin=subprocess.DEVNULL)
+    assert "ERROR:" in result.stdout and "trust_remote_code" in result.stdout, result.stdout + result.stderr[-2000:]
