@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import torch
 from conftest import tiny_config
@@ -84,3 +88,18 @@ def test_stream_perplexity_with_full_memory_equals_one_long_pass():
     whole = math.exp(next_token_loss(logits, stream[None, 1:31]).item())
     assert math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=30), whole, rel_tol=1e-9)
     assert not math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=0), whole, rel_tol=1e-6)
+
+
+def test_xl_perplexity_experiment_runs_end_to_end(tmp_path):
+    """The docs/results.md perplexity command, shrunk: every variant and context gets a finite perplexity."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "xl_perplexity.py"
+    command = [sys.executable, str(script), "--steps", "3", "--d-model", "16", "--layers", "1", "--heads", "2",
+               "--segment", "8", "--contexts", "8", "16", "--eval-tokens", "400", "--batch-size", "2",
+               "--out", str(tmp_path)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 0, result.stderr[-3000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    for variant in ("xl+memory", "xl", "absolute"):
+        assert set(results[variant]["perplexity"]) == {"8", "16"}
+        assert all(math.isfinite(p) and p > 1 for p in results[variant]["perplexity"].values())
+    assert (tmp_path / "perplexity_vs_context.png").stat().st_size > 0
