@@ -3,6 +3,9 @@ from the registry by `attention_type`."""
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
@@ -86,6 +89,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     def __post_init__(self, **kwargs) -> None:
+        _refuse_misspelled_fields(kwargs)
         self._validate_relpos()
         super().__post_init__(**kwargs)
 
@@ -118,6 +122,16 @@ class RelPosTransformerConfig(PreTrainedConfig):
             if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
                 raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
         ATTENTION_REGISTRY[self.attention_type].check_config(self)
+
+
+def _refuse_misspelled_fields(extra: dict) -> None:
+    """transformers keeps unknown config keys (for its own bookkeeping); a near-miss of one of our fields is a typo
+    that would silently fall back to the default, so it is an error."""
+    own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)]
+    for key in extra:
+        match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
+        if match:
+            raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
 
 
 def _require_int(name: str, value: object, minimum: int) -> None:

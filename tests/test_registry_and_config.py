@@ -74,6 +74,8 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"attention_type": "directional", "directional_heads": ["sideways"]}, "directional_heads"),
         ({"attention_type": "directional", "directional_heads": []}, "directional_heads"),
         ({"d_model": "512"}, "d_model"),
+        ({"max_relativ_position": 8}, "max_relative_position"),
+        ({"use_relative_value": False}, "use_relative_values"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
@@ -87,3 +89,8 @@ def test_unknown_scheme_error_lists_the_registered_ones():
         tiny_config("rope")
     for name in ("absolute", "shaw", "xl", "directional"):
         assert name in str(error.value)
+
+
+def test_hf_bookkeeping_keys_are_still_accepted():
+    config = tiny_config(auto_map={"AutoConfig": "configuration_relpos.RelPosTransformerConfig"}, name_or_path="x")
+    assert config.auto_map["AutoConfig"].endswith("RelPosTransformerConfig")

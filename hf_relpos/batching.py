@@ -1,0 +1,115 @@
+"""Token-budget batching (Vaswani et al. 2017: "each training batch contained ... approximately 25000 source tokens
+and 25000 target tokens"), safe under data parallelism.
+
+`TokenBudgetBatchSampler` yields the *global* list of batches of one epoch, the same on every process (same seed, same
+epoch). Handed to a `DataLoader` as `batch_sampler` and prepared by accelerate, it is wrapped in
+`accelerate.data_loader.BatchSamplerShard`, which deals the batches round-robin: process r gets batches r, r + P,
+r + 2P, ... The sampler therefore never shards by itself (no double sharding), and it makes the number of batches a
+multiple of the number of processes P by splitting its largest batches (never by repeating examples), so accelerate
+has nothing to pad: every example is used exactly once per epoch, on exactly one process.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+
+
+class TokenBudgetBatchSampler:
+    """Batches of example indices whose padded size fits `max_tokens` on both sides.
+
+    A batch of n examples costs n * (longest source) source tokens and n * (longest target) target tokens once padded;
+    both stay <= `max_tokens`. Examples are sorted by (source length, target length), ties broken by a seeded shuffle,
+    cut greedily into batches, and the batch order is shuffled each epoch (`set_epoch`). The cut points depend only on
+    the sorted lengths, so every epoch has the same number of batches, which the Trainer needs for its step counts.
+    """
+
+    def __init__(
+        self,
+        source_lengths: Sequence[int],
+        target_lengths: Sequence[int],
+        max_tokens: int,
+        num_processes: int = 1,
+        shuffle: bool = True,
+        seed: int = 0,
+    ) -> None:
+        if len(source_lengths) != len(target_lengths):
+            raise ValueError(
+                f"source_lengths ({len(source_lengths)}) and target_lengths ({len(target_lengths)}) differ in length"
+            )
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens_per_batch must be a positive integer, got {max_tokens}")
+        if num_processes < 1:
+            raise ValueError(f"num_processes must be a positive integer, got {num_processes}")
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        longest = np.maximum(self.source_lengths, self.target_lengths)
+        too_long = np.flatnonzero(longest > max_tokens)
+        if too_long.size:
+            first = int(too_long[0])
+            raise ValueError(
+                f"max_tokens_per_batch={max_tokens} is smaller than {too_long.size} single example(s), e.g. example "
+                f"{first} with {self.source_lengths[first]} source and {self.target_lengths[first]} target tokens; "
+                "raise max_tokens_per_batch or lower max_source_length/max_target_length"
+            )
+        self.max_tokens = max_tokens
+        self.num_processes = num_processes
+        self.shuffle = shuffle
+        self.seed = seed
+        self.epoch = 0
+        self._num_batches = len(self._batches_for_epoch(0))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Choose the epoch whose shuffle `__iter__` yields (called by the Trainer / accelerate each epoch)."""
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self._num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        yield from self._batches_for_epoch(self.epoch)
+
+    def _batches_for_epoch(self, epoch: int) -> list[list[int]]:
+        generator = np.random.default_rng([self.seed, epoch])
+        if self.shuffle:
+            tie_break = generator.permutation(len(self.source_lengths))
+        else:
+            tie_break = np.arange(len(self.source_lengths))
+        by_length = tie_break[np.lexsort((self.target_lengths[tie_break], self.source_lengths[tie_break]))]
+        batches = _split_to_multiple(self._cut_batches(by_length), self.num_processes)
+        if self.shuffle:
+            return [batches[i] for i in generator.permutation(len(batches))]
+        return batches
+
+    def _cut_batches(self, order: np.ndarray) -> list[list[int]]:
+        batches: list[list[int]] = []
+        current: list[int] = []
+        longest_in_batch = 0
+        for index in order.tolist():
+            longest = max(longest_in_batch, int(self.source_lengths[index]), int(self.target_lengths[index]))
+            if current and (len(current) + 1) * longest > self.max_tokens:
+                batches.append(current)
+                current, longest = [], max(int(self.source_lengths[index]), int(self.target_lengths[index]))
+            current.append(index)
+            longest_in_batch = longest
+        if current:
+            batches.append(current)
+        return batches
+
+
+def _split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]]:
+    """Halve the largest batches until the batch count is a multiple of `multiple` (halves still fit the budget)."""
+    batches = list(batches)
+    while len(batches) % multiple:
+        largest = max(range(len(batches)), key=lambda position: len(batches[position]))
+        batch = batches[largest]
+        if len(batch) < 2:
+            raise ValueError(
+                f"cannot split {sum(map(len, batches))} training examples into a multiple of {multiple} non-empty "
+                "batches (one per process); use more data or fewer processes"
+            )
+        middle = len(batch) // 2
+        batches[largest : largest + 1] = [batch[:middle], batch[middle:]]
+    return batches
+

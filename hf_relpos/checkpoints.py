@@ -1,0 +1,146 @@
+"""Checkpoint averaging (Vaswani et al. 2017: the last 5 checkpoints for base models, the last 20 for big ones).
+
+    python -m hf_relpos.checkpoints outputs/run --last_n 5 --output_dir outputs/run/averaged
+
+The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last) or the
+checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
+the config, generation config and tokenizer of the newest checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
+WEIGHTS_FILE = "model.safetensors"
+WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
+TRAINER_STATE_FILES = re.compile(
+    r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
+    r"|pytorch_model.*)$"
+)
+PROVENANCE_FILE = "averaged_checkpoints.json"
+
+
+def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The `checkpoint-<step>` folders of a training output folder, oldest first."""
+    output_dir = Path(output_dir)
+    found = [(int(match.group(1)), path) for path in output_dir.iterdir()
+             if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int) -> list[Path]:
+    if isinstance(paths_or_output_dir, (str, os.PathLike)):
+        paths_or_output_dir = [paths_or_output_dir]
+    paths = [Path(path) for path in paths_or_output_dir]
+    for path in paths:
+        if not path.is_dir():
+            raise ValueError(f"{str(path)!r} is not a folder")
+    if len(paths) == 1 and not _has_weights(paths[0]):
+        checkpoints = find_checkpoints(paths[0])
+        if not checkpoints:
+            raise ValueError(f"{str(paths[0])!r} holds neither model weights nor checkpoint-<step> folders")
+    else:
+        checkpoints = paths
+    if last_n < 1:
+        raise ValueError(f"last_n must be a positive integer, got {last_n}")
+    if last_n > len(checkpoints):
+        raise ValueError(f"last_n={last_n} but only {len(checkpoints)} checkpoint(s): {[str(p) for p in checkpoints]}")
+    selected = checkpoints[-last_n:]
+    for checkpoint in selected:
+        if not _has_weights(checkpoint):
+            raise ValueError(f"{str(checkpoint)!r} has no {WEIGHTS_FILE} (or {WEIGHTS_INDEX_FILE})")
+    return selected
+
+
+def _has_weights(folder: Path) -> bool:
+    return (folder / WEIGHTS_FILE).is_file() or (folder / WEIGHTS_INDEX_FILE).is_file()
+
+
+def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint saved as one safetensors file or as shards with an index."""
+    if (checkpoint / WEIGHTS_FILE).is_file():
+        return load_file(checkpoint / WEIGHTS_FILE)
+    index = json.loads((checkpoint / WEIGHTS_INDEX_FILE).read_text())
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        weights.update(load_file(checkpoint / shard))
+    return weights
+
+
+def average_checkpoints(
+    paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int, output_dir: str | os.PathLike
+) -> Path:
+    """Average the parameters of the last `last_n` checkpoints into a new model folder `output_dir` and return it.
+
+    Floating-point tensors are averaged in float64 and cast back to their dtype; other tensors (integer buffers) are
+    taken from the newest checkpoint. All checkpoints must hold the same tensor names and shapes. `output_dir` must
+    not exist yet or be empty; it is filled through a temporary folder, so a failure leaves nothing half-written.
+    """
+    checkpoints = _select_checkpoints(paths_or_output_dir, last_n)
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()):
+        raise ValueError(f"output_dir {str(output_dir)!r} already exists and is not empty")
+    newest = load_weights(checkpoints[-1])
+    sums = {name: tensor.to(torch.float64) for name, tensor in newest.items() if tensor.is_floating_point()}
+    for checkpoint in checkpoints[:-1]:
+        weights = load_weights(checkpoint)
+        if weights.keys() != newest.keys():
+            difference = sorted(weights.keys() ^ newest.keys())
+            raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in tensors: {difference[:10]}")
+        for name, total in sums.items():
+            if weights[name].shape != total.shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(weights[name].shape)} in {str(checkpoint)!r} "
+                                 f"but {tuple(total.shape)} in {str(checkpoints[-1])!r}")
+            total += weights[name].to(torch.float64)
+    averaged = {name: (sums[name] / len(checkpoints)).to(tensor.dtype) if name in sums else tensor
+                for name, tensor in newest.items()}
+
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        for item in checkpoints[-1].iterdir():
+            if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
+                shutil.copy2(item, staging / item.name)
+        save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / WEIGHTS_FILE,
+                  metadata={"format": "pt"})
+        provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
+        (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+        if output_dir.exists():
+            output_dir.rmdir()
+        os.replace(staging, output_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return output_dir
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_relpos.checkpoints",
+        description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
+    )
+    parser.add_argument("inputs", nargs="+", help="a training output folder, or checkpoint folders (oldest first)")
+    parser.add_argument("--last_n", type=int, default=5, help="how many of the newest checkpoints to average")
+    parser.add_argument("--output_dir", required=True, help="new folder for the averaged model")
+    args = parser.parse_args(argv)
+    try:
+        written = average_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n,
+                                      args.output_dir)
+    except ValueError as error:
+        parser.error(str(error))
+    print(f"averaged {args.last_n} checkpoint(s) into {written}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,341 @@
+"""Parallel data for translation: loading (Hub dataset, local files, or the generated demo corpus), schema checks,
+tokenization with length filtering or truncation, and source-length ordering for fast evaluation.
+
+Every split is reduced to two text columns, `source` and `target`, before tokenization. Accepted schemas are the WMT one,
+`{"translation": {"en": "...", "de": "..."}}`, and flat language columns (`en`, `de`).
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from datasets import Dataset, DatasetDict, load_dataset
+from transformers import PreTrainedTokenizerBase
+
+from .demo_corpus import write_demo_corpus
+
+logger = logging.getLogger(__name__)
+
+DEMO_DATASET_NAME = "demo"
+DEMO_DATA_FOLDER = "demo_data"
+FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
+OVERLONG_PAIR_POLICIES = ("filter", "truncate")
+TRANSLATION_COLUMN = "translation"
+SPLITS = ("train", "validation", "test")
+
+
+class DatasetSchemaError(ValueError):
+    """A data file or dataset does not have the fields translation needs."""
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel text comes from and how it is cut to length."""
+
+    dataset_name: str | None = field(
+        default="wmt/wmt14",
+        metadata={"help": "Hub dataset id (e.g. wmt/wmt14, bentrevett/multi30k), or 'demo' for the generated corpus. "
+                          "Ignored when any of train_file/validation_file/test_file is given."},
+    )
+    dataset_config_name: str | None = field(default="de-en", metadata={"help": "Hub dataset configuration."})
+    source_lang: str = field(default="en", metadata={"help": "Source language key, e.g. en."})
+    target_lang: str = field(default="de", metadata={"help": "Target language key, e.g. de."})
+    train_file: str | None = field(default=None, metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv)."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file."})
+    test_file: str | None = field(default=None, metadata={"help": "Local test file."})
+    validation_split_name: str = field(default="validation", metadata={"help": "Hub split used for evaluation."})
+    test_split_name: str = field(default="test", metadata={"help": "Hub split used for prediction."})
+    max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "Keep only the first N validation pairs."})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "Keep only the first N test pairs."})
+    max_source_length: int = field(default=256, metadata={"help": "Longest source, in tokens (with </s>)."})
+    max_target_length: int = field(default=256, metadata={"help": "Longest target, in tokens (with </s>)."})
+    overlong_pairs: str = field(
+        default="filter",
+        metadata={"help": "Training pairs over max_source_length/max_target_length: 'filter' drops them, 'truncate' "
+                          "cuts them. Evaluation pairs are never dropped, only truncated on the source side."},
+    )
+    preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    demo_train_pairs: int = field(default=8000, metadata={"help": "Demo corpus: training pairs."})
+    demo_validation_pairs: int = field(default=300, metadata={"help": "Demo corpus: validation pairs."})
+    demo_test_pairs: int = field(default=300, metadata={"help": "Demo corpus: test pairs."})
+    demo_seed: int = field(default=1234, metadata={"help": "Demo corpus: generator seed."})
+
+    def __post_init__(self) -> None:
+        if self.overlong_pairs not in OVERLONG_PAIR_POLICIES:
+            raise ValueError(f"overlong_pairs must be one of {list(OVERLONG_PAIR_POLICIES)}, got {self.overlong_pairs!r}")
+        if self.source_lang == self.target_lang:
+            raise ValueError(f"source_lang and target_lang must differ, both are {self.source_lang!r}")
+        for name in ("max_source_length", "max_target_length"):
+            if getattr(self, name) < 2:
+                raise ValueError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)}")
+        for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be a positive integer or null, got {value}")
+        for name in ("train_file", "validation_file", "test_file"):
+            path = getattr(self, name)
+            if path is not None and Path(path).suffix.lower() not in FILE_FORMATS:
+                raise ValueError(f"{name} {path!r} must end in one of {sorted(FILE_FORMATS)}")
+
+    @property
+    def uses_local_files(self) -> bool:
+        return any((self.train_file, self.validation_file, self.test_file))
+
+
+def load_parallel_splits(
+    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike, cache_dir: str | None = None
+) -> dict[str, Dataset]:
+    """The requested splits (of `SPLITS`) as datasets with `source` and `target` text columns, sample caps applied.
+
+    Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
+    """
+    if data_args.dataset_name == DEMO_DATASET_NAME and not data_args.uses_local_files:
+        paths = write_demo_corpus(
+            demo_directory, data_args.demo_train_pairs, data_args.demo_validation_pairs, data_args.demo_test_pairs,
+            seed=data_args.demo_seed,
+        )
+        files = {split: str(paths[split]) for split in splits}
+    elif data_args.uses_local_files:
+        files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
+        if data_args.dataset_name:
+            logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
+    else:
+        files = None
+    missing = [split for split in splits if files is not None and files.get(split) is None]
+    if missing:
+        needed = " or ".join(f"{split}_file" for split in missing)
+        raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) but no {needed} was given")
+    if files is not None:
+        loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang) for split in splits}
+    else:
+        loaded = _load_hub_splits(data_args, splits, cache_dir)
+    caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
+            "test": data_args.max_predict_samples}
+    for split, dataset in loaded.items():
+        cap = caps[split]
+        if cap is not None and cap < len(dataset):
+            loaded[split] = dataset.select(range(cap))
+    return loaded
+
+
+def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
+    hub_split_names = {"train": "train", "validation": data_args.validation_split_name, "test": data_args.test_split_name}
+    dataset_dict: DatasetDict = load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
+    origin = f"dataset {data_args.dataset_name!r}" + (
+        f" (config {data_args.dataset_config_name!r})" if data_args.dataset_config_name else ""
+    )
+    result = {}
+    for split in splits:
+        name = hub_split_names[split]
+        if name not in dataset_dict:
+            raise DatasetSchemaError(f"{origin} has no split {name!r}; its splits are {sorted(dataset_dict)}")
+        result[split] = to_source_target(
+            dataset_dict[name], data_args.source_lang, data_args.target_lang, f"{origin}, split {name!r}"
+        )
+    return result
+
+
+def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origin: str) -> Dataset:
+    """Map a Hub dataset in the WMT or the flat schema to `source`/`target` columns, checking the languages exist."""
+    columns = dataset.column_names
+    if TRANSLATION_COLUMN in columns:
+        feature = dataset.features[TRANSLATION_COLUMN]
+        languages = list(getattr(feature, "languages", None) or (dataset[0][TRANSLATION_COLUMN] if len(dataset) else {}))
+        _require_languages(languages, source_lang, target_lang, f"{origin}, field '{TRANSLATION_COLUMN}'")
+
+        def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
+            pairs = batch[TRANSLATION_COLUMN]
+            return {"source": [_text(pair.get(source_lang)) for pair in pairs],
+                    "target": [_text(pair.get(target_lang)) for pair in pairs]}
+    else:
+        _require_languages(columns, source_lang, target_lang, f"{origin}, columns")
+
+        def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
+            return {"source": [_text(text) for text in batch[source_lang]],
+                    "target": [_text(text) for text in batch[target_lang]]}
+    return dataset.map(extract, batched=True, remove_columns=columns, desc="Selecting language pair")
+
+
+def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str) -> None:
+    missing = [lang for lang in (source_lang, target_lang) if lang not in available]
+    if missing:
+        raise DatasetSchemaError(
+            f"{where}: no {' or '.join(repr(lang) for lang in missing)} (found {sorted(available)}); expected "
+            f"'{TRANSLATION_COLUMN}': {{'{source_lang}': ..., '{target_lang}': ...}} or flat columns "
+            f"'{source_lang}' and '{target_lang}' (set source_lang/target_lang)"
+        )
+
+
+def _text(value: Any) -> str:
+    return "" if value is None else str(value)
+
+
+def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str) -> Dataset:
+    """Read a .jsonl/.json/.csv/.tsv parallel file into `source`/`target` columns; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
+    file_format = FILE_FORMATS.get(path.suffix.lower())
+    if file_format is None:
+        raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}")
+    sources: list[str] = []
+    targets: list[str] = []
+    for location, record in _records(path, file_format):
+        if not isinstance(record, dict):
+            raise DatasetSchemaError(f"{location}: expected an object with the texts, got {type(record).__name__}")
+        texts = record.get(TRANSLATION_COLUMN, record) if file_format in ("jsonl", "json") else record
+        if not isinstance(texts, dict):
+            raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
+        where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
+        _require_languages(list(texts), source_lang, target_lang, where)
+        for lang, column in ((source_lang, sources), (target_lang, targets)):
+            value = texts[lang]
+            if value is not None and not isinstance(value, str):
+                raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
+            column.append(value or "")
+    return Dataset.from_dict({"source": sources, "target": targets})
+
+
+def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each example; location is "file:line" (or "file: record N" for a JSON array)."""
+    if file_format == "jsonl":
+        with open(path, encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, start=1):
+                if line.strip():
+                    try:
+                        yield f"{path}:{line_number}", json.loads(line)
+                    except json.JSONDecodeError as error:
+                        raise DatasetSchemaError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+    elif file_format == "json":
+        with open(path, encoding="utf-8") as handle:
+            try:
+                content = json.load(handle)
+            except json.JSONDecodeError as error:
+                raise DatasetSchemaError(f"{path}:{error.lineno}: invalid JSON ({error.msg})") from None
+        records = content.get("data") if isinstance(content, dict) else content
+        if not isinstance(records, list):
+            raise DatasetSchemaError(f"{path}: a .json file must hold a list of records or {{\"data\": [records]}}")
+        for index, record in enumerate(records):
+            yield f"{path}: record {index}", record
+    else:
+        with open(path, encoding="utf-8", newline="") as handle:
+            reader = csv.DictReader(handle, delimiter="\t" if file_format == "tsv" else ",")
+            for row in reader:
+                if None in row:
+                    raise DatasetSchemaError(f"{path}:{reader.line_num}: more fields than the header has")
+                yield f"{path}:{reader.line_num}", row
+
+
+@dataclass
+class LengthReport:
+    """What tokenization did to one split, for the log."""
+
+    split: str
+    total: int
+    empty: int = 0
+    overlong: int = 0
+    dropped: int = 0
+
+    def describe(self, policy: str) -> str:
+        kept = self.total - self.dropped
+        return (f"{self.split}: kept {kept} of {self.total} pairs ({self.empty} with an empty side dropped, "
+                f"{self.overlong} over the length limits {'dropped' if policy == 'filter' else 'truncated'})")
+
+
+def tokenize_training_pairs(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments
+) -> tuple[Dataset, LengthReport]:
+    """Tokenize training pairs; drop pairs with an empty side, and filter or truncate the overlong ones."""
+    report = LengthReport("train", len(dataset))
+    non_empty = dataset.filter(
+        lambda batch: [bool(s.strip()) and bool(t.strip()) for s, t in zip(batch["source"], batch["target"], strict=True)],
+        batched=True, num_proc=data_args.preprocessing_num_workers, desc="Dropping empty pairs",
+    )
+    report.empty = len(dataset) - len(non_empty)
+    tokenized = _tokenize(non_empty, tokenizer, data_args.preprocessing_num_workers)
+    overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
+    report.overlong = int(overlong.sum())
+    if data_args.overlong_pairs == "filter":
+        tokenized = tokenized.select(np.flatnonzero(~overlong))
+    else:
+        tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
+                              tokenizer.eos_token_id, data_args.preprocessing_num_workers)
+    report.dropped = report.empty + (report.overlong if data_args.overlong_pairs == "filter" else 0)
+    logger.info(report.describe(data_args.overlong_pairs))
+    return tokenized, report
+
+
+def tokenize_evaluation_pairs(
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str
+) -> tuple[Dataset, LengthReport]:
+    """Tokenize evaluation pairs without dropping any (the test set stays whole); overlong ones are truncated."""
+    tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers)
+    overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
+    report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
+    if report.overlong:
+        tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
+                              tokenizer.eos_token_id, data_args.preprocessing_num_workers)
+    logger.info(report.describe("truncate"))
+    return tokenized, report
+
+
+def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None) -> Dataset:
+    def encode(batch: dict[str, list[str]]) -> dict[str, list]:
+        sources = tokenizer(batch["source"])["input_ids"]
+        targets = tokenizer(text_target=batch["target"])["input_ids"]
+        return {"input_ids": sources, "labels": targets,
+                "source_length": [len(ids) for ids in sources], "target_length": [len(ids) for ids in targets]}
+
+    return dataset.map(encode, batched=True, num_proc=num_proc, desc="Tokenizing")
+
+
+def _overlong_mask(dataset: Dataset, max_source_length: int, max_target_length: int) -> np.ndarray:
+    source_lengths, target_lengths = example_lengths(dataset)
+    return (source_lengths > max_source_length) | (target_lengths > max_target_length)
+
+
+def _truncate(dataset: Dataset, max_source_length: int, max_target_length: int, eos_token_id: int,
+              num_proc: int | None) -> Dataset:
+    """Cut token sequences to the limits, keeping the final </s>."""
+    def cut(batch: dict[str, list]) -> dict[str, list]:
+        sources = [ids if len(ids) <= max_source_length else ids[: max_source_length - 1] + [eos_token_id]
+                   for ids in batch["input_ids"]]
+        targets = [ids if len(ids) <= max_target_length else ids[: max_target_length - 1] + [eos_token_id]
+                   for ids in batch["labels"]]
+        return {"input_ids": sources, "labels": targets,
+                "source_length": [len(ids) for ids in sources], "target_length": [len(ids) for ids in targets]}
+
+    return dataset.map(cut, batched=True, num_proc=num_proc, desc="Truncating")
+
+
+def example_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts (source, target) per example, from the columns written at tokenization."""
+    columns = dataset.with_format("numpy")
+    return np.asarray(columns["source_length"], dtype=np.int64), np.asarray(columns["target_length"], dtype=np.int64)
+
+
+def sort_by_source_length(dataset: Dataset) -> tuple[Dataset, np.ndarray]:
+    """The dataset sorted longest source first (similar lengths batch together, so beam search pads little), and the
+    original position of each sorted example, for `restore_order`."""
+    source_lengths, _ = example_lengths(dataset)
+    order = np.argsort(-source_lengths, kind="stable")
+    return dataset.select(order), order
+
+
+def restore_order(items_in_sorted_order: list[Any], order: np.ndarray) -> list[Any]:
+    """Undo `sort_by_source_length`: item i of the result belongs to example i of the original dataset."""
+    if len(items_in_sorted_order) != len(order):
+        raise ValueError(f"{len(items_in_sorted_order)} items for {len(order)} examples")
+    restored: list[Any] = [None] * len(order)
+    for sorted_position, original_position in enumerate(order.tolist()):
+        restored[original_position] = items_in_sorted_order[sorted_position]
+    return restored

@@ -1,0 +1,240 @@
+"""Loading parallel text: file formats and schemas, clear schema errors, length filtering, order restoration, and the
+generated demo corpus."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+from datasets import Dataset, DatasetDict, Features, Translation
+
+import hf_relpos.data as data_module
+from hf_relpos.data import (
+    DataArguments,
+    DatasetSchemaError,
+    load_parallel_splits,
+    read_local_pairs,
+    restore_order,
+    sort_by_source_length,
+    tokenize_evaluation_pairs,
+    tokenize_training_pairs,
+)
+from hf_relpos.demo_corpus import generate_demo_splits, random_sentence_pair, write_demo_corpus
+from hf_relpos.tokenization import train_joint_tokenizer
+
+PAIRS = [("A small cat.", "Eine kleine Katze."), ("Good morning!", "Guten Morgen!"), ("Two dogs.", "Zwei Hunde.")]
+
+
+def write_jsonl(path, records):
+    path.write_text("".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("layout", ["wmt_jsonl", "flat_jsonl", "json_list", "json_data", "csv", "tsv"])
+def test_every_file_format_and_schema_reads_the_same_pairs(tmp_path, layout):
+    wmt = [{"translation": {"en": en, "de": de}} for en, de in PAIRS]
+    flat = [{"en": en, "de": de, "id": i} for i, (en, de) in enumerate(PAIRS)]
+    if layout == "wmt_jsonl":
+        path = write_jsonl(tmp_path / "data.jsonl", wmt)
+    elif layout == "flat_jsonl":
+        path = write_jsonl(tmp_path / "data.jsonl", flat)
+    elif layout == "json_list":
+        path = tmp_path / "data.json"
+        path.write_text(json.dumps(wmt), encoding="utf-8")
+    elif layout == "json_data":
+        path = tmp_path / "data.json"
+        path.write_text(json.dumps({"data": flat}), encoding="utf-8")
+    else:
+        separator = "\t" if layout == "tsv" else ","
+        path = tmp_path / f"data.{layout}"
+        rows = [f"de{separator}en"] + [f'"{de}"{separator}"{en}"' for en, de in PAIRS]
+        path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    dataset = read_local_pairs(path, "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == PAIRS
+    reverse = read_local_pairs(path, "de", "en")
+    assert reverse["source"] == [de for _, de in PAIRS]
+
+
+def test_missing_language_names_the_file_and_line(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [{"translation": {"en": "a", "de": "b"}},
+                                                   {"translation": {"en": "c", "fr": "d"}}])
+    with pytest.raises(DatasetSchemaError, match=r"train\.jsonl:2, field 'translation': no 'de' "
+                                                 r"\(found \['en', 'fr'\]\)"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_missing_column_in_csv_names_the_columns(tmp_path):
+    path = tmp_path / "train.csv"
+    path.write_text("english,german\nhello,hallo\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.csv:2, fields: no 'en' or 'de' \(found \['english', 'german'\]\)"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_invalid_json_line_is_reported(tmp_path):
+    path = tmp_path / "train.jsonl"
+    path.write_text('{"en": "a", "de": "b"}\n{"en": "c", \n', encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.jsonl:2: invalid JSON"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_non_string_text_is_reported(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": 5}])
+    with pytest.raises(DatasetSchemaError, match=r"train\.jsonl:1: 'de' must be a string, got int"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_missing_file_and_missing_split_are_reported(tmp_path):
+    with pytest.raises(DatasetSchemaError, match="does not exist"):
+        read_local_pairs(tmp_path / "nope.jsonl", "en", "de")
+    train = write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}])
+    arguments = DataArguments(train_file=str(train))
+    with pytest.raises(DatasetSchemaError, match="no validation_file was given"):
+        load_parallel_splits(arguments, ("train", "validation"), tmp_path / "demo")
+
+
+def test_argument_values_are_checked():
+    with pytest.raises(ValueError, match=r"overlong_pairs must be one of \['filter', 'truncate'\]"):
+        DataArguments(overlong_pairs="drop")
+    with pytest.raises(ValueError, match="must end in one of"):
+        DataArguments(train_file="train.parquet")
+    with pytest.raises(ValueError, match="source_lang and target_lang must differ"):
+        DataArguments(source_lang="de", target_lang="de")
+
+
+def test_sample_caps_keep_the_first_pairs(tmp_path):
+    records = [{"translation": {"en": f"s{i}", "de": f"t{i}"}} for i in range(10)]
+    path = write_jsonl(tmp_path / "train.jsonl", records)
+    arguments = DataArguments(train_file=str(path), validation_file=str(path), max_train_samples=4,
+                              max_eval_samples=2)
+    splits = load_parallel_splits(arguments, ("train", "validation"), tmp_path / "demo")
+    assert splits["train"]["source"] == ["s0", "s1", "s2", "s3"]
+    assert splits["validation"]["target"] == ["t0", "t1"]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    english, german = zip(*[random_sentence_pair(random.Random(i)) for i in range(300)], strict=True)
+    return train_joint_tokenizer(list(english) + list(german), vocab_size=400)
+
+
+def overlong_corpus(tmp_path):
+    long_text = " ".join(["Hund"] * 40)
+    records = [{"en": "The dog.", "de": "Der Hund."}, {"en": "", "de": "Leer."}, {"en": "Empty.", "de": "   "},
+               {"en": long_text, "de": "Kurz."}, {"en": "Short.", "de": long_text}, {"en": "A cat.", "de": "Katze."}]
+    return read_local_pairs(write_jsonl(tmp_path / "train.jsonl", records), "en", "de")
+
+
+def test_training_pairs_are_filtered_and_counted(tmp_path, tokenizer):
+    dataset = overlong_corpus(tmp_path)
+    arguments = DataArguments(max_source_length=16, max_target_length=16, overlong_pairs="filter")
+    tokenized, report = tokenize_training_pairs(dataset, tokenizer, arguments)
+    assert (report.total, report.empty, report.overlong, report.dropped) == (6, 2, 2, 4)
+    assert tokenized["source"] == ["The dog.", "A cat."]
+    assert all(ids[-1] == tokenizer.eos_token_id for ids in list(tokenized["input_ids"]) + list(tokenized["labels"]))
+    assert tokenized["source_length"] == [len(ids) for ids in tokenized["input_ids"]]
+
+
+def test_training_pairs_can_be_truncated_instead(tmp_path, tokenizer):
+    dataset = overlong_corpus(tmp_path)
+    arguments = DataArguments(max_source_length=16, max_target_length=12, overlong_pairs="truncate")
+    tokenized, report = tokenize_training_pairs(dataset, tokenizer, arguments)
+    assert (report.empty, report.overlong, report.dropped) == (2, 2, 2)
+    assert len(tokenized) == 4
+    assert max(map(len, tokenized["input_ids"])) == 16 and max(map(len, tokenized["labels"])) == 12
+    assert all(ids[-1] == tokenizer.eos_token_id for ids in list(tokenized["input_ids"]) + list(tokenized["labels"]))
+
+
+def test_evaluation_pairs_are_never_dropped(tmp_path, tokenizer):
+    dataset = overlong_corpus(tmp_path)
+    arguments = DataArguments(max_source_length=16, max_target_length=16)
+    tokenized, report = tokenize_evaluation_pairs(dataset, tokenizer, arguments, "test")
+    assert len(tokenized) == 6 and report.dropped == 0 and report.overlong == 2
+    assert max(map(len, tokenized["input_ids"])) == 16
+
+
+def test_sorting_by_length_and_restoring_order_round_trip(tmp_path, tokenizer):
+    dataset = overlong_corpus(tmp_path)
+    tokenized, _ = tokenize_evaluation_pairs(dataset, tokenizer, DataArguments(), "test")
+    sorted_dataset, order = sort_by_source_length(tokenized)
+    lengths = sorted_dataset["source_length"]
+    assert lengths == sorted(lengths, reverse=True)
+    assert restore_order(list(sorted_dataset["source"]), order) == list(dataset["source"])
+    with pytest.raises(ValueError):
+        restore_order(["x"], np.array([0, 1]))
+
+
+def test_demo_corpus_is_deterministic_and_splits_are_disjoint():
+    first = generate_demo_splits(300, 50, 50, seed=3)
+    assert first == generate_demo_splits(300, 50, 50, seed=3)
+    assert first != generate_demo_splits(300, 50, 50, seed=4)
+    sources = [{english for english, _ in first[split]} for split in ("train", "validation", "test")]
+    assert [len(s) for s in sources] == [300, 50, 50]
+    assert sources[0].isdisjoint(sources[1]) and sources[0].isdisjoint(sources[2]) and sources[1].isdisjoint(sources[2])
+
+
+def test_demo_corpus_reorders_words_like_german():
+    pairs = [pair for split in generate_demo_splits(3000, 0, 0, seed=0).values() for pair in split]
+    german = " ".join(de for _, de in pairs)
+    assert any(ch in german for ch in "äöü") and "ß" in german
+    fronted = [(en, de) for en, de in pairs if en.startswith("Today the ") and ", " not in en]
+    assert fronted and all(de.split()[0] == "Heute" and de.split()[1] not in ("der", "die", "das", "ein", "eine")
+                           for _, de in fronted), "V2: the verb follows the fronted adverb"
+    because = [(en, de) for en, de in pairs
+               if ", because" in en and not any(modal in en.split(", because")[1] for modal in MODALS)]
+    assert because and all(de.split(", weil ")[1].rstrip(".").split()[-1] in VERB_FORMS for _, de in because), \
+        "subordinate clauses end in the finite verb"
+    separable = [(en, de) for en, de in pairs if en.split(",")[0].split()[2:3] == ["opens"]]
+    assert separable and all(de.split(",")[0].rstrip(".").endswith(" auf") for _, de in separable), \
+        "a separable verb leaves its particle at the end of the main clause"
+
+
+MODALS = (" can ", " must ", " wants to ")
+VERB_FORMS = {"sieht", "findet", "mag", "trägt", "grüßt", "malt", "aufmacht", "zumacht", "aufhebt", "anruft",
+              "zurückbringt"}
+
+
+def test_demo_corpus_files_use_the_wmt_schema(tmp_path):
+    paths = write_demo_corpus(tmp_path / "demo", 20, 5, 5, seed=1)
+    assert sorted(paths) == ["test", "train", "validation"]
+    assert not list((tmp_path / "demo").glob("*.partial"))
+    first = json.loads(paths["train"].read_text(encoding="utf-8").splitlines()[0])
+    assert set(first["translation"]) == {"en", "de"}
+    assert len(read_local_pairs(paths["validation"], "en", "de")) == 5
+
+
+def wmt_like_hub_dataset():
+    """What `load_dataset("wmt/wmt14", "de-en")` returns, in miniature (a `Translation` feature)."""
+    features = Features({"translation": Translation(languages=["de", "en"])})
+    split = Dataset.from_dict({"translation": [{"de": de, "en": en} for en, de in PAIRS]}, features=features)
+    return DatasetDict({"train": split, "validation": split.select([0]), "test": split.select([1, 2])})
+
+
+def test_hub_loading_path_maps_the_wmt_schema(monkeypatch, tmp_path):
+    requested = []
+
+    def fake_load_dataset(name, config_name, cache_dir=None):
+        requested.append((name, config_name))
+        return wmt_like_hub_dataset()
+
+    monkeypatch.setattr(data_module, "load_dataset", fake_load_dataset)
+    splits = load_parallel_splits(DataArguments(), ("train", "validation", "test"), tmp_path / "demo")
+    assert requested == [("wmt/wmt14", "de-en")]
+    assert list(zip(splits["train"]["source"], splits["train"]["target"], strict=True)) == PAIRS
+    assert splits["test"]["target"] == [PAIRS[1][1], PAIRS[2][1]]
+    reverse = load_parallel_splits(DataArguments(source_lang="de", target_lang="en"), ("train",), tmp_path / "demo")
+    assert reverse["train"]["target"] == [en for en, _ in PAIRS]
+    with pytest.raises(DatasetSchemaError, match=r"'de-en'\), split 'train', field 'translation': no 'fr' \(found \['de', 'en'\]\)"):
+        load_parallel_splits(DataArguments(target_lang="fr"), ("train",), tmp_path / "demo")
+    with pytest.raises(DatasetSchemaError, match=r"has no split 'newstest2015'; its splits are"):
+        load_parallel_splits(DataArguments(test_split_name="newstest2015"), ("test",), tmp_path / "demo")
+
+
+def test_hub_loading_path_maps_flat_language_columns(monkeypatch, tmp_path):
+    """bentrevett/multi30k has flat `en`/`de` columns and no configuration."""
+    flat = Dataset.from_dict({"en": [en for en, _ in PAIRS], "de": [de for _, de in PAIRS]})
+    monkeypatch.setattr(data_module, "load_dataset", lambda name, config_name, cache_dir=None: DatasetDict(train=flat))
+    arguments = DataArguments(dataset_name="bentrevett/multi30k", dataset_config_name=None)
+    splits = load_parallel_splits(arguments, ("train",), tmp_path / "demo")
+    assert list(zip(splits["train"]["source"], splits["train"]["target"], strict=True)) == PAIRS
+    with pytest.raises(DatasetSchemaError, match=r"dataset 'x' \(config 'de-en'\), split 'train', columns: no 'cs' \(found \['de', 'en'\]\)"):
+        load_parallel_splits(DataArguments(dataset_name="x", source_lang="cs"), ("train",), tmp_path / "demo")

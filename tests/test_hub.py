@@ -1,0 +1,361 @@
+"""Model cards, Hub pushes (the Hub client patched at HfApi.create_repo / create_commit: no network), the translation
+pipeline, and loading a pushed folder in fresh processes with hf_relpos and with remote code only."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+from huggingface_hub import HfApi, ModelCard
+from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.hf_api import RepoUrl
+from transformers import pipeline
+
+import hf_relpos
+from hf_relpos import hub
+from hf_relpos.metrics import score_translations
+from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
+from hf_relpos.training import parse_arguments
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+PAIRS = [
+    ("the cat sleeps", "die Katze schläft"),
+    ("the dog sees the cat", "der Hund sieht die Katze"),
+    ("the small bird sings", "der kleine Vogel singt"),
+    ("the house is red", "das Haus ist rot"),
+    ("the tree is big", "der Baum ist groß"),
+    ("the cat sees the bird", "die Katze sieht den Vogel"),
+]
+CODE_FILES = {"configuration_relpos.py", "modeling_relpos.py", "positions.py", "positions_absolute.py",
+              "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
+MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+               *CODE_FILES}
+RESULTS = {
+    "eval": {"eval_bleu": 27.3456, "eval_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+             "eval_chrf": 56.789, "eval_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+             "eval_samples": 3000},
+    "test": {"test_bleu": 28.4049, "test_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+             "test_chrf": 57.1234, "test_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+             "test_samples": 3003},
+}
+SCHEME_SETTINGS = {
+    "absolute": {},
+    "shaw": {"max_relative_position": 8, "use_relative_values": False,
+             "relative_embeddings_shared_across_heads": False},
+    "xl": {"clamp_len": 32, "untie_relative_biases": False},
+    "directional": {"directional_heads": ["forward", "backward", "both"], "directional_disable_diagonal": False},
+}
+SCHEME_TEXT = {
+    "absolute": ["PE_{(p,\\,2i)}", "sin"],
+    "shaw": ["| `max_relative_position` (k) | 8 |", "one table per head", "2k+1 = 17", "a^K_{ij}", "$a^K$ ("],
+    "xl": ["| `clamp_len` | 32 |", "clamped to ±32", "shared by all layers of a stack (tied)", "W_{k,R} R_{i-j}"],
+    "directional": ["forward, backward, both, forward", "forward: j ≤ i", "M^h_{ij}"],
+}
+BIBTEX_KEYS = {"absolute": set(), "shaw": {"shaw2018self"}, "xl": {"dai2019transformerxl"},
+               "directional": {"shen2018disan"}}
+
+
+# --------------------------------------------------------------------------------------------------- fixtures
+
+@pytest.fixture(scope="module")
+def trained_folder(tmp_path_factory) -> Path:
+    """A tiny Shaw model that has memorised PAIRS, saved with its tokenizer and the results files of an evaluation,
+    as train_translation.py leaves them."""
+    torch.manual_seed(0)
+    tokenizer = train_joint_tokenizer((text for pair in PAIRS * 4 for text in pair), vocab_size=200)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
+        layer_norm_position="pre", **special_token_ids(tokenizer),
+    )
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    sources = tokenizer([source for source, _ in PAIRS], padding=True, return_tensors="pt")
+    labels = tokenizer([target for _, target in PAIRS], padding=True, return_tensors="pt").input_ids
+    labels[labels == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains fastest on one thread
+    try:
+        for _ in range(100):
+            loss = model(**sources, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
+    model.eval()
+    model.generation_config.max_length = 20
+    hypotheses = tokenizer.batch_decode(model.generate(**sources), skip_special_tokens=True)
+    assert hypotheses == [target for _, target in PAIRS], hypotheses
+
+    folder = tmp_path_factory.mktemp("trained") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    scores = score_translations(hypotheses, [target for _, target in PAIRS])
+    for prefix in ("eval", "test"):
+        metrics = {f"{prefix}_{name}": value for name, value in scores.items()} | {f"{prefix}_samples": len(PAIRS)}
+        (folder / f"{prefix}_results.json").write_text(json.dumps(metrics, indent=4, sort_keys=True))
+    (folder / "eval_hypotheses.txt").write_text("\n".join(hypotheses) + "\n")
+    (folder / "demo_data").mkdir()
+    (folder / "demo_data" / "train.jsonl").write_text("{}\n")
+    return folder
+
+
+@pytest.fixture
+def output_folder(trained_folder, tmp_path) -> Path:
+    """A fresh copy of the trained folder, for tests that push it."""
+    return Path(shutil.copytree(trained_folder, tmp_path / "output"))
+
+
+@pytest.fixture
+def fake_hub(monkeypatch) -> SimpleNamespace:
+    """Replaces the Hub client's network calls: records created repos and each commit's files (name -> bytes)."""
+    recorded = SimpleNamespace(repos=[], commits=[])
+
+    def create_repo(self, repo_id, *, private=None, exist_ok=False, **kwargs):
+        recorded.repos.append({"repo_id": repo_id, "private": private, "exist_ok": exist_ok})
+        return RepoUrl(f"https://huggingface.co/{repo_id}")
+
+    def create_commit(self, repo_id, operations, *, commit_message=None, **kwargs):
+        files = {}
+        for operation in operations:
+            with operation.as_file() as handle:
+                files[operation.path_in_repo] = handle.read()
+        recorded.commits.append({"repo_id": repo_id, "files": files, "message": commit_message})
+        return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123")
+
+    def no_remote_card(cls, repo_id_or_path, *args, **kwargs):
+        raise EntryNotFoundError(f"{repo_id_or_path} has no README.md")
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(ModelCard, "load", classmethod(no_remote_card))
+    return recorded
+
+
+def folder_snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
+
+
+def tiny_config(attention_type: str) -> hf_relpos.RelPosTransformerConfig:
+    return hf_relpos.RelPosTransformerConfig(
+        vocab_size=100, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type=attention_type,
+        **SCHEME_SETTINGS[attention_type],
+    )
+
+
+# --------------------------------------------------------------------------------------------------- model cards
+
+@pytest.mark.parametrize("attention_type", list(SCHEME_SETTINGS))
+def test_card_metadata_and_body_for_each_scheme(attention_type):
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
+    text = hub.render_model_card(tiny_config(attention_type), recipe, RESULTS, repo_id="me/relpos-model")
+    card = ModelCard(text)
+    data = card.data
+    assert data.language == ["en", "de"]
+    assert data.license == "apache-2.0"
+    assert data.library_name == "transformers"
+    assert data.pipeline_tag == "translation"
+    assert data.datasets == ["wmt/wmt14"]
+    assert data.metrics == ["sacrebleu", "chrf"]
+    assert {"translation", attention_type} <= set(data.tags)
+    assert ("relative-position" in data.tags) == (attention_type != "absolute")
+
+    results = {(result.dataset_split, result.metric_type): result for result in data.eval_results}
+    assert set(results) == {(split, metric) for split in ("validation", "test") for metric in ("sacrebleu", "chrf")}
+    test_bleu = results["test", "sacrebleu"]
+    assert test_bleu.metric_value == 28.40
+    assert test_bleu.metric_args == {"signature": RESULTS["test"]["test_bleu_signature"]}
+    assert (test_bleu.task_type, test_bleu.dataset_type) == ("translation", "wmt/wmt14")
+    assert test_bleu.dataset_config == "de-en"
+    assert test_bleu.dataset_name == "WMT14 newstest2014"
+    assert results["test", "chrf"].metric_value == 57.12
+    assert results["validation", "sacrebleu"].dataset_name == "WMT14 newstest2013"
+
+    body = card.text
+    for expected in SCHEME_TEXT[attention_type]:
+        assert expected in body, expected
+    signature_cell = "`" + RESULTS["test"]["test_bleu_signature"].replace("|", "\\|") + "`"  # pipes escaped in tables
+    for expected in ("## Training", "| `learning_rate` | 0.0007 |", "| `warmup_steps` | 4000 |", "## Results",
+                     f"| WMT14 newstest2014 (3003 pairs) | 28.40 | 57.12 | {signature_cell} |",
+                     "first 1000 pairs", "## How to use", 'from_pretrained("me/relpos-model", trust_remote_code=True)',
+                     "import hf_relpos", 'pipeline("translation", model="me/relpos-model", trust_remote_code=True)',
+                     "## Intended use and limitations", "Post-LN"):
+        assert expected in body, expected
+    cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@inproceedings")}
+    assert cited == {"vaswani2017attention"} | BIBTEX_KEYS[attention_type]
+
+
+def test_card_without_results_has_no_model_index():
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml")
+    card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe, recipe_name="multi30k_small_xl"))
+    assert "model-index" not in card.content and card.data.eval_results is None
+    assert card.data.datasets == ["bentrevett/multi30k"]
+    assert "No results yet" in card.text and "python train_translation.py configs/multi30k_small_xl.yaml" in card.text
+
+
+def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
+    recipe = {"train_file": "data/train.jsonl", "test_file": "data/news_test.jsonl", "source_lang": "de",
+              "target_lang": "en", "dataset_name": "wmt/wmt14"}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, {"test": RESULTS["test"]}))
+    assert card.data.language == ["de", "en"] and card.data.datasets is None
+    (result, _) = card.data.eval_results
+    assert (result.dataset_type, result.dataset_name, result.dataset_split) == ("custom", "news_test.jsonl", "test")
+
+
+def test_recipe_cards_in_model_cards_are_current(tmp_path):
+    """model_cards/ holds `python -m hf_relpos.hub render-cards configs/ --out model_cards/` as it renders today."""
+    rendered = hub.render_recipe_cards([REPO_ROOT / "configs"], tmp_path)
+    names = {path.name for path in rendered}
+    assert {"wmt14_en_de_base_shaw.md", "wmt14_en_de_big_shaw.md", "multi30k_small_directional.md"} <= names
+    for path in rendered:
+        committed = REPO_ROOT / "model_cards" / path.name
+        assert committed.is_file() and committed.read_text() == path.read_text(), f"re-render {committed}"
+    big = ModelCard((tmp_path / "wmt14_en_de_big_shaw.md").read_text())
+    assert "| `max_relative_position` (k) | 8 |" in big.text
+    assert "| dropout / attention / activation dropout | 0.3 / 0.0 / 0.0 |" in big.text
+
+
+# --------------------------------------------------------------------------------------------------- pushing
+
+def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):
+    before = folder_snapshot(output_folder)
+    url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)
+
+    assert url == "https://huggingface.co/me/tiny-shaw/commit/0123"
+    assert fake_hub.repos == [{"repo_id": "me/tiny-shaw", "private": True, "exist_ok": True}]
+    (commit,) = fake_hub.commits
+    files = commit["files"]
+    assert set(files) == MODEL_FILES | {"README.md", "pipeline_relpos.py"}
+    assert files["model.safetensors"] == before["model.safetensors"]
+    assert files["tokenizer.json"] == before["tokenizer.json"]
+    config = json.loads(files["config.json"])
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_relpos.RelPosTransformerConfig",
+        "AutoModel": "modeling_relpos.RelPosTransformerModel",
+        "AutoModelForSeq2SeqLM": "modeling_relpos.RelPosTransformerForConditionalGeneration",
+    }
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
+
+    card = ModelCard(files["README.md"].decode())
+    written = json.loads(before["test_results.json"])
+    test_bleu = next(r for r in card.data.eval_results if r.dataset_split == "test" and r.metric_type == "sacrebleu")
+    assert test_bleu.metric_value == round(written["test_bleu"], 2) == 100.0
+    assert test_bleu.metric_args == {"signature": written["test_bleu_signature"]}
+    assert card.data.model_name == "tiny-shaw" and "shaw" in card.data.tags
+
+    after = folder_snapshot(output_folder)  # the folder now matches the repository
+    assert {name: after[name] for name in ("README.md", "pipeline_relpos.py", "config.json")} == {
+        name: files[name] for name in ("README.md", "pipeline_relpos.py", "config.json")}
+    assert {name: data for name, data in after.items() if name not in files} == {
+        name: data for name, data in before.items() if name not in files}
+
+
+@pytest.mark.parametrize("failing_call", ["create_repo", "create_commit"])
+def test_failed_upload_leaves_folder_intact_and_names_the_repo(output_folder, fake_hub, monkeypatch, failing_call):
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("huggingface.co is unreachable")
+
+    monkeypatch.setattr(HfApi, failing_call, unreachable)
+    before = folder_snapshot(output_folder)
+    with pytest.raises(hub.HubPushError, match=r"'me/tiny-shaw' failed \(ConnectionError: huggingface.co is unre"):
+        hub.push_model_folder(output_folder, "me/tiny-shaw")
+    assert folder_snapshot(output_folder) == before
+    assert not (output_folder / "README.md").exists()
+    assert not list(output_folder.glob(".*"))  # no temporary files either
+
+
+def test_incomplete_folder_is_refused_before_any_upload(output_folder, fake_hub):
+    (output_folder / "tokenizer.json").unlink()
+    with pytest.raises(ValueError, match="lacks tokenizer.json"):
+        hub.push_model_folder(output_folder, "me/tiny-shaw")
+    assert fake_hub.repos == [] and fake_hub.commits == []
+
+
+def test_training_hook_pushes_output_dir_with_the_run_recipe(output_folder, fake_hub):
+    """What train_translation.py calls after evaluation when the YAML says push_to_hub: true."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder),
+                                 "--push_to_hub", "true", "--hub_model_id", "me/demo-shaw", "--learning_rate", "0.003"])
+    hub.push_training_output(*arguments)
+    (commit,) = fake_hub.commits
+    assert commit["repo_id"] == "me/demo-shaw"
+    card = ModelCard(commit["files"]["README.md"].decode())
+    assert "| `learning_rate` | 0.003 |" in card.text and "| `max_tokens_per_batch` | 512 |" in card.text
+    assert "trained on hf_relpos demo corpus" in card.text and card.data.datasets is None
+    assert {r.dataset_split for r in card.data.eval_results} == {"validation", "test"}
+
+
+def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("xl"))
+    model.push_to_hub("me/plain-push")
+    (commit,) = fake_hub.commits
+    assert set(commit["files"]) == {"model.safetensors", "config.json", "generation_config.json", "README.md",
+                                    *CODE_FILES}
+    assert json.loads(commit["files"]["config.json"])["auto_map"]["AutoModelForSeq2SeqLM"] == (
+        "modeling_relpos.RelPosTransformerForConditionalGeneration")
+
+
+# --------------------------------------------------------------------------------------------------- pipeline, loading
+
+def test_translation_pipeline_translates_a_saved_folder(trained_folder, tmp_path):
+    folder = Path(shutil.copytree(trained_folder, tmp_path / "model"))
+    with pytest.raises(KeyError, match="translation has been removed"):  # transformers 5 alone
+        pipeline("translation", model=str(folder))
+    hub.add_translation_pipeline(folder)
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        pipeline("translation", model=str(folder))
+    translator = pipeline("translation", model=str(folder), pipeline_class=hub.TranslationPipeline, device="cpu")
+    assert translator(PAIRS[1][0]) == [{"translation_text": PAIRS[1][1]}]
+    assert translator([source for source, _ in PAIRS], batch_size=3) == [
+        {"translation_text": target} for _, target in PAIRS]
+    assert translator(PAIRS[0][0], num_beams=2, num_return_sequences=2)[0] == {"translation_text": PAIRS[0][1]}
+
+
+LOAD_SCRIPT = """
+import sys
+if {block}:
+    sys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError
+else:
+    import hf_relpos
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+folder, remote = {folder!r}, {block}
+tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=remote or None)
+model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=remote or None).eval()
+print("MODULE", type(model).__module__)
+inputs = tokenizer({sources!r}, padding=True, return_tensors="pt")
+print("GENERATE", tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))
+if remote:
+    translator = pipeline("translation", model=folder, trust_remote_code=True, device="cpu")
+    print("PIPELINE", [output["translation_text"] for output in translator({sources!r})])
+"""
+
+
+@pytest.mark.parametrize("remote_only", [False, True], ids=["hf_relpos_installed", "trust_remote_code_only"])
+def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_only):
+    folder = Path(shutil.copytree(trained_folder, tmp_path / "model"))
+    hub.add_translation_pipeline(folder)
+    sources = [source for source, _ in PAIRS]
+    script = LOAD_SCRIPT.format(block=remote_only, folder=str(folder), sources=sources)
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "Do you wish to run the custom code" not in result.stdout
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.split(" ")[0].isupper())
+    expected = str([target for _, target in PAIRS])
+    assert lines["GENERATE"] == expected
+    if remote_only:
+        assert lines["MODULE"].startswith("transformers_modules")
+        assert lines["PIPELINE"] == expected
+    else:
+        assert lines["MODULE"] == "hf_relpos.modeling_relpos"

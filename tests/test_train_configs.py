@@ -1,0 +1,71 @@
+"""The shipped YAML recipes parse, and hold the paper settings they claim."""
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_relpos.training import parse_arguments
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SCHEMES = ("absolute", "shaw", "xl", "directional")
+
+
+def parse(name: str, *flags: str):
+    return parse_arguments([str(CONFIGS / name), *flags])
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_wmt14_base_recipes(scheme):
+    model_args, data_args, training_args = parse(f"wmt14_en_de_base_{scheme}.yaml")
+    model = model_args.model_config
+    assert model["attention_type"] == scheme and model["layer_norm_position"] == "post"
+    assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (512, 6, 6)
+    assert (model["encoder_attention_heads"], model["encoder_ffn_dim"], model["dropout"]) == (8, 2048, 0.1)
+    assert model["tie_word_embeddings"] is True
+    assert scheme != "shaw" or model["max_relative_position"] == 16
+    assert (data_args.dataset_name, data_args.dataset_config_name) == ("wmt/wmt14", "de-en")
+    assert (data_args.source_lang, data_args.target_lang) == ("en", "de")
+    assert model_args.tokenizer_vocab_size == 32768
+    assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
+    assert training_args.lr_scheduler_type == "inverse_sqrt" and training_args.warmup_steps == 4000
+    assert training_args.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5, rel=0.01)
+    assert training_args.label_smoothing_factor == 0.1 and training_args.weight_decay == 0.0
+    assert (training_args.generation_num_beams, training_args.generation_length_penalty,
+            training_args.generation_max_length_offset) == (4, 0.6, 50)
+    assert training_args.max_tokens_per_batch * 8 == 25000
+
+
+def test_wmt14_big_recipe():
+    model_args, _, training_args = parse("wmt14_en_de_big_shaw.yaml", "--bf16", "false")  # bf16 needs a GPU
+    model = model_args.model_config
+    assert (model["d_model"], model["encoder_attention_heads"], model["encoder_ffn_dim"]) == (1024, 16, 4096)
+    assert (model["dropout"], model["max_relative_position"]) == (0.3, 8)
+    assert training_args.learning_rate == pytest.approx(1024**-0.5 * 4000**-0.5, rel=0.01)
+    assert training_args.save_total_limit == 20
+
+
+def test_multi30k_recipes_differ_only_in_the_scheme():
+    texts = {scheme: yaml.safe_load((CONFIGS / f"multi30k_small_{scheme}.yaml").read_text()) for scheme in SCHEMES}
+    for scheme, config in texts.items():
+        assert config["model"].pop("attention_type") == scheme
+        assert config.pop("output_dir") == f"outputs/multi30k_small_{scheme}"
+    assert all(config == texts["shaw"] for config in texts.values())
+    model_args, data_args, _ = parse("multi30k_small_shaw.yaml")
+    assert data_args.dataset_name == "bentrevett/multi30k" and data_args.dataset_config_name is None
+    _, local, _ = parse("multi30k_small_shaw.yaml", "--train_file", "t.jsonl", "--validation_file", "v.jsonl")
+    assert local.uses_local_files
+
+
+def test_demo_recipe_uses_the_generated_corpus():
+    _, data_args, training_args = parse("demo.yaml")
+    assert data_args.dataset_name == "demo" and training_args.do_train and training_args.do_predict
+    assert training_args.cpu_threads == 1 and training_args.max_tokens_per_batch == 512
+
+
+@pytest.mark.parametrize("name", ["multi_gpu.yaml", "fsdp.yaml"])
+def test_accelerate_configs_are_valid(name):
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / "accelerate" / name))
+    assert config.num_processes == 8 and config.distributed_type.value in ("MULTI_GPU", "FSDP")

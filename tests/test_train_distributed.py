@@ -1,0 +1,112 @@
+"""Data-parallel training on CPU: `accelerate launch --multi_gpu --num_processes 2` runs two gloo processes
+(`use_cpu: true` makes accelerate pick the CPU/gloo backend). Both ranks must train on disjoint token-budget batches
+covering the data, and only the main process may write the model."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from hf_relpos.demo_corpus import write_demo_corpus
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Runs train_translation.py's main() in each process, recording what that rank trained on and saved.
+WORKER = '''
+import json, os, sys
+from accelerate import PartialState
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from hf_relpos import training
+
+record = {"steps": 0, "saved": []}
+original_training_step = training.TranslationTrainer.training_step
+original_model_save = PreTrainedModel.save_pretrained
+original_tokenizer_save = PreTrainedTokenizerBase.save_pretrained
+
+def training_step(self, model, inputs, *args, **kwargs):
+    record["steps"] += 1
+    return original_training_step(self, model, inputs, *args, **kwargs)
+
+def model_save(self, *args, **kwargs):
+    record["saved"].append("model")
+    return original_model_save(self, *args, **kwargs)
+
+def tokenizer_save(self, *args, **kwargs):
+    record["saved"].append("tokenizer")
+    return original_tokenizer_save(self, *args, **kwargs)
+
+training.TranslationTrainer.training_step = training_step
+PreTrainedModel.save_pretrained = model_save
+PreTrainedTokenizerBase.save_pretrained = tokenizer_save
+original_get_train_dataloader = training.TranslationTrainer.get_train_dataloader
+
+def get_train_dataloader(self):
+    loader = original_get_train_dataloader(self)
+    record["epoch_batches"] = [list(map(int, batch)) for batch in loader.batch_sampler]
+    return loader
+
+training.TranslationTrainer.get_train_dataloader = get_train_dataloader
+training.main(sys.argv[1:])
+state = PartialState()
+record.update(rank=state.process_index, world_size=state.num_processes, backend=state.backend)
+with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
+    json.dump(record, handle)
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
+    corpus = write_demo_corpus(tmp_path / "corpus", 60, 6, 4, seed=2)
+    output_dir = tmp_path / "out"
+    config = {
+        "model": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
+                  "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+                  "max_relative_position": 4},
+        "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
+        "tokenizer_vocab_size": 200, "output_dir": str(output_dir),
+        "do_train": True, "do_eval": True, "num_train_epochs": 1, "max_tokens_per_batch": 300,
+        "learning_rate": 1.0e-3, "per_device_eval_batch_size": 4, "generation_num_beams": 1,
+        "generation_max_length_offset": 3, "save_strategy": "no", "logging_steps": 1, "report_to": "none",
+        "use_cpu": True, "disable_tqdm": True, "seed": 1, "ddp_find_unused_parameters": False,
+    }
+    config_path = tmp_path / "ddp.yaml"
+    config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    environment = dict(os.environ, RECORD_DIR=str(records), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    completed = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+         str(worker), str(config_path)],
+        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
+    )
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "world size 2, process 0" in completed.stdout
+
+    ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [(r["rank"], r["world_size"], r["backend"]) for r in ranks] == [(0, 2, "gloo"), (1, 2, "gloo")]
+    assert ranks[0]["steps"] > 0 and ranks[0]["steps"] == ranks[1]["steps"] == len(ranks[0]["epoch_batches"])
+    examples = [{index for batch in r["epoch_batches"] for index in batch} for r in ranks]
+    assert examples[0].isdisjoint(examples[1]), "each rank trains on its own batches"
+    assert examples[0] | examples[1] == set(range(60)), "together the ranks cover the epoch"
+    assert sum(len(batch) for r in ranks for batch in r["epoch_batches"]) == 60, "no example repeated"
+
+    assert "model" in ranks[0]["saved"] and ranks[1]["saved"] == []
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "eval_results.json").is_file()
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == ranks[0]["steps"]
+    eval_lines = (output_dir / "eval_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    assert len(eval_lines) == 6

@@ -1,0 +1,35 @@
+"""sacreBLEU/chrF scoring and decoding of generated ids."""
+
+import numpy as np
+import pytest
+
+from hf_relpos.metrics import decode_token_ids, generated_lengths, score_translations
+from hf_relpos.tokenization import train_joint_tokenizer
+
+
+def test_scores_match_sacrebleu_and_carry_signatures():
+    references = ["Der Hund sieht die Katze.", "Heute macht die Frau die Tür auf."]
+    perfect = score_translations(references, references)
+    assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
+    assert perfect["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert perfect["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
+    partial = score_translations(["Der Hund sieht die Maus.", "Die Frau macht die Tür auf."], references)
+    assert 0.0 < partial["bleu"] < 100.0 and 0.0 < partial["chrf"] < 100.0
+    swapped = score_translations(references[::-1], references)
+    assert swapped["bleu"] < partial["bleu"]
+    with pytest.raises(ValueError, match="pair up line by line"):
+        score_translations(["a"], references)
+
+
+def test_decoding_ignores_padding_and_special_tokens():
+    tokenizer = train_joint_tokenizer(["Der Hund sieht die Katze."] * 5, vocab_size=60)
+    ids = tokenizer(["Der Hund", "die Katze."])["input_ids"]
+    rows = np.full((2, 8), -100)
+    rows[0, : len(ids[0]) + 1] = [2] + ids[0]
+    rows[1, : len(ids[1]) + 1] = [2] + ids[1]
+    assert decode_token_ids(rows, tokenizer) == ["Der Hund", "die Katze."]
+
+
+def test_generated_lengths_stop_at_the_first_end_token():
+    rows = np.array([[2, 7, 8, 1, 1, 1], [2, 7, 1, 0, 0, 0], [2, 7, 8, 9, -100, -100], [2, 7, 8, 9, 10, 11]])
+    assert generated_lengths(rows, eos_token_id=1, pad_token_id=0).tolist() == [2, 1, 3, 5]

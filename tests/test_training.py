@@ -1,0 +1,302 @@
+"""train_translation.py end to end on tiny generated corpora: argument parsing and errors, training, evaluation,
+prediction, predict-only runs, checkpoint averaging and resuming."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
+
+import hf_relpos  # noqa: F401 - registers the model with the Auto classes
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.batching import TokenBudgetBatchSampler
+from hf_relpos.checkpoints import average_checkpoints
+from hf_relpos.checkpoints import main as average_main
+from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.training import (
+    ConfigError,
+    SamplerEpochCallback,
+    TranslationTrainer,
+    TranslationTrainingArguments,
+    parse_arguments,
+    run,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SIGNATURE_PREFIX = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
+
+TINY_CONFIG = {
+    "model": {
+        "attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+        "max_relative_position": 4, "dropout": 0.0,
+    },
+    "source_lang": "en", "target_lang": "de",
+    "tokenizer_vocab_size": 300,
+    "max_source_length": 48, "max_target_length": 48,
+    "do_train": True, "do_eval": True, "do_predict": True,
+    "max_tokens_per_batch": 400,
+    "max_steps": 6,
+    "learning_rate": 1.0e-3, "lr_scheduler_type": "inverse_sqrt", "warmup_steps": 2,
+    "optim": "adamw_torch", "adam_beta2": 0.98, "adam_epsilon": 1.0e-9, "label_smoothing_factor": 0.1,
+    "per_device_eval_batch_size": 8, "generation_num_beams": 2, "generation_max_length_offset": 5,
+    "logging_steps": 2, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 3,
+    "disable_tqdm": True, "cpu_threads": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"), 120, 12, 10, seed=5)
+
+
+def write_config(path: Path, corpus: dict[str, Path], output_dir: Path, **overrides) -> Path:
+    config = {**TINY_CONFIG, "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
+              "test_file": str(corpus["test"]), "output_dir": str(output_dir), **overrides}
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus) -> tuple[Path, dict]:
+    """One tiny training run (6 steps, token budget), evaluated and predicted, shared by several tests."""
+    folder = tmp_path_factory.mktemp("trained")
+    config = write_config(folder / "tiny.yaml", corpus, folder / "out")
+    return folder / "out", run([str(config)])
+
+
+# --- parsing -------------------------------------------------------------------------------------------------------
+
+
+def test_yaml_fills_the_arguments_and_flags_override(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", dataset_config_name=None)
+    model_args, data_args, training_args = parse_arguments([
+        str(config), "--learning_rate", "3e-4", "--model.d_model", "64", "--attention_type", "xl",
+        "--do_predict", "false", "--max-train-samples=50", "--report_to", "none",
+    ])
+    assert training_args.learning_rate == pytest.approx(3e-4)
+    assert training_args.warmup_steps == 2 and training_args.lr_scheduler_type == "inverse_sqrt"
+    assert training_args.adam_beta2 == pytest.approx(0.98) and training_args.adam_epsilon == pytest.approx(1e-9)
+    assert training_args.do_train and not training_args.do_predict
+    assert training_args.max_tokens_per_batch == 400 and training_args.generation_num_beams == 2
+    assert model_args.model_config["d_model"] == 64 and model_args.model_config["attention_type"] == "xl"
+    assert model_args.model_config["encoder_layers"] == 1
+    assert data_args.max_train_samples == 50 and data_args.train_file == str(corpus["train"])
+    assert data_args.dataset_config_name is None
+
+
+def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", attention_type="directional")
+    model_args, _, _ = parse_arguments([str(config)])
+    assert model_args.model_config["attention_type"] == "directional"
+
+
+@pytest.mark.parametrize(
+    ("extra_yaml", "flags", "message"),
+    [
+        ({"learning_rat": 0.1}, [], r"unknown key\(s\): learning_rat \(did you mean learning_rate\?\)"),
+        ({}, ["--no_such_flag", "1"], r"unknown key\(s\): --no_such_flag"),
+        ({"model": {**TINY_CONFIG["model"], "d_modle": 8}}, [], r"model\.d_modle \(did you mean d_model\?\)"),
+        ({"model": {**TINY_CONFIG["model"], "vocab_size": 8}}, [], r"unknown key\(s\): model\.vocab_size"),
+        ({}, ["--learning_rate", "fast"], r"argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
+        ({}, ["--attention_type", "rope"], r"model: attention_type must be one of"),
+        ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
+        ({"source_lang": None}, [], r"source_lang cannot be null"),
+        ({"do_train": False}, [], r"need model_name_or_path"),
+    ],
+)
+def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flags, message):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **extra_yaml)
+    with pytest.raises(ConfigError, match=message):
+        parse_arguments([str(config), *flags])
+
+
+def test_command_line_error_exits_with_one_line_and_writes_nothing(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", learning_rat=0.1)
+    completed = subprocess.run([sys.executable, str(REPO / "train_translation.py"), str(config)],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        "train_translation.py: error: " + completed.stderr.split("error: ", 1)[1].strip()
+    ]
+    assert "unknown key(s): learning_rat (did you mean learning_rate?)" in completed.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_missing_language_stops_before_anything_is_written(tmp_path, corpus):
+    bad_train = tmp_path / "train.jsonl"
+    bad_train.write_text('{"translation": {"en": "Hello.", "fr": "Bonjour."}}\n', encoding="utf-8")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_file=str(bad_train))
+    with pytest.raises(ValueError, match=r"train\.jsonl:1, field 'translation': no 'de'"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+# --- end to end ----------------------------------------------------------------------------------------------------
+
+
+def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus):
+    output_dir, results = trained
+    for prefix in ("eval", "test"):
+        saved = json.loads((output_dir / f"{prefix}_results.json").read_text())
+        assert 0.0 <= saved[f"{prefix}_bleu"] <= 100.0 and 0.0 <= saved[f"{prefix}_chrf"] <= 100.0
+        assert saved[f"{prefix}_bleu_signature"].startswith(SIGNATURE_PREFIX)
+        assert saved[f"{prefix}_bleu"] == pytest.approx(results[prefix][f"{prefix}_bleu"])
+    expected_lines = {"eval": 12, "test": 10}
+    for prefix, count in expected_lines.items():
+        lines = (output_dir / f"{prefix}_hypotheses.txt").read_text(encoding="utf-8").split("\n")
+        assert lines[-1] == "" and len(lines) - 1 == count
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 6
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    assert isinstance(model, RelPosTransformerForConditionalGeneration)
+    assert model.config.vocab_size == len(tokenizer) and model.config.attention_type == "shaw"
+    assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
+    assert not list(output_dir.glob(".tokenizer.*"))
+
+
+def test_generation_length_is_source_length_plus_offset_per_batch(trained):
+    output_dir, _ = trained
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    arguments = TranslationTrainingArguments(output_dir=str(output_dir / "unused"), generation_max_length_offset=50,
+                                             use_cpu=True, report_to="none")
+    trainer = TranslationTrainer(model=model, args=arguments, processing_class=tokenizer, evaluation_sets={})
+    assert trainer.max_new_tokens(17) == 67
+    arguments.generation_max_length = 40
+    assert trainer.max_new_tokens(17) == 40
+
+
+def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):
+    model_dir, results = trained
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "predict", model_name_or_path=str(model_dir),
+                          do_train=False, do_eval=False)
+    predicted = run([str(config)])
+    assert set(predicted) == {"test"}
+    assert predicted["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
+    assert (tmp_path / "predict" / "test_hypotheses.txt").read_text() == (model_dir / "test_hypotheses.txt").read_text()
+    assert not (tmp_path / "predict" / "model.safetensors").exists()
+
+
+def test_plain_batch_size_and_saved_tokenizer_reuse(tmp_path, corpus):
+    """Without a token budget the Trainer batches by per_device_train_batch_size; a second run in the same
+    output_dir reuses the tokenizer instead of training a new one."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_tokens_per_batch=None,
+                          per_device_train_batch_size=4, max_steps=2, do_eval=False, do_predict=False,
+                          tokenizer_vocab_size=250)
+    run([str(config)])
+    tokenizer_file = output_dir / "tokenizer.json"
+    first = tokenizer_file.read_text()
+    run([str(config), "--tokenizer_vocab_size", "280"])
+    assert tokenizer_file.read_text() == first
+    assert len(AutoTokenizer.from_pretrained(output_dir)) == 250
+
+
+# --- checkpoints ---------------------------------------------------------------------------------------------------
+
+
+def tiny_model(seed: int) -> RelPosTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = RelPosTransformerConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, max_relative_position=4)
+    return RelPosTransformerForConditionalGeneration(config)
+
+
+def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
+    run_dir = tmp_path / "run"
+    models = [tiny_model(seed) for seed in range(4)]
+    for step, model in zip((100, 200, 300, 1000), models, strict=True):
+        model.save_pretrained(run_dir / f"checkpoint-{step}")
+        (run_dir / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"not copied")
+    averaged_dir = average_checkpoints(run_dir, last_n=3, output_dir=tmp_path / "averaged")
+    averaged = RelPosTransformerForConditionalGeneration.from_pretrained(averaged_dir)
+    newest = [dict(model.named_parameters()) for model in models[1:]]
+    for name, parameter in averaged.named_parameters():
+        expected = (newest[0][name] + newest[1][name] + newest[2][name]) / 3
+        torch.testing.assert_close(parameter, expected, rtol=0, atol=1e-6)
+    assert not (averaged_dir / "optimizer.pt").exists()
+    provenance = json.loads((averaged_dir / "averaged_checkpoints.json").read_text())
+    assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-200", "checkpoint-300",
+                                                                        "checkpoint-1000"]
+    with pytest.raises(ValueError, match="already exists and is not empty"):
+        average_checkpoints(run_dir, last_n=2, output_dir=averaged_dir)
+    with pytest.raises(ValueError, match="last_n=5 but only 4"):
+        average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")
+
+
+def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
+    folders = []
+    for seed in range(2):
+        tiny_model(seed).save_pretrained(tmp_path / f"c{seed}")
+        folders.append(str(tmp_path / f"c{seed}"))
+    average_main([*folders, "--last_n", "2", "--output_dir", str(tmp_path / "avg")])
+    first, second = (load_file(Path(folder) / "model.safetensors") for folder in folders)
+    averaged = load_file(tmp_path / "avg" / "model.safetensors")
+    assert averaged.keys() == first.keys()
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)
+
+
+def test_resume_continues_from_the_saved_step(tmp_path, corpus):
+    """A run resumed from checkpoint-5 (mid-way through the second epoch) ends with the same weights as the
+    uninterrupted run: optimizer, schedule, data order and epoch all continue from the saved step."""
+    common = {"max_steps": 8, "save_strategy": "steps", "save_steps": 5, "do_eval": False, "do_predict": False,
+              "max_train_samples": 40}
+    full = write_config(tmp_path / "full.yaml", corpus, tmp_path / "full", **common)
+    run([str(full)])
+    state = json.loads((tmp_path / "full" / "checkpoint-5" / "trainer_state.json").read_text())
+    assert state["global_step"] == 5 and 1.0 < state["epoch"] < 2.0
+    resumed = write_config(tmp_path / "resumed.yaml", corpus, tmp_path / "resumed", **common,
+                           resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-5"),
+                           tokenizer_name=str(tmp_path / "full"))
+    results = run([str(resumed)])
+    assert json.loads((tmp_path / "resumed" / "trainer_state.json").read_text())["global_step"] == 8
+    assert results["train"]["epoch"] == pytest.approx(json.loads(
+        (tmp_path / "full" / "trainer_state.json").read_text())["epoch"])
+    expected = load_file(tmp_path / "full" / "model.safetensors")
+    actual = load_file(tmp_path / "resumed" / "model.safetensors")
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ConfigError, match="no checkpoint-<step> folder"):
+        run([str(resumed), "--output_dir", str(tmp_path / "fresh"), "--resume_from_checkpoint", "last"])
+    untrained = load_file(tmp_path / "full" / "checkpoint-5" / "model.safetensors")
+    assert any(not torch.equal(untrained[name], tensor) for name, tensor in expected.items())
+
+
+def test_epoch_callback_sets_the_sampler_epoch_on_resume():
+    sampler = TokenBudgetBatchSampler([3] * 10, [3] * 10, max_tokens=9)
+    callback = SamplerEpochCallback(sampler)
+    for epoch, expected in ((0.0, 0), (1.6667, 1), (2.0, 2), (2.9999999, 2)):
+        callback.on_epoch_begin(None, TrainerState(epoch=epoch), None)
+        assert sampler.epoch == expected
+
+
+# --- the embedded demo ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_demo_learns_the_reordering_grammar(tmp_path):
+    """`python train_translation.py configs/demo.yaml`: the tiny model must really learn the word order.
+    Threshold: sacreBLEU > 80 on dev and test (it reaches ~99 in about 90 s on 2 CPU cores)."""
+    output_dir = tmp_path / "demo"
+    results = run([str(REPO / "configs" / "demo.yaml"), "--output_dir", str(output_dir)])
+    assert results["eval"]["eval_bleu"] > 80 and results["test"]["test_bleu"] > 80
+    hypotheses = (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    references = [json.loads(line)["translation"]["de"]
+                  for line in (output_dir / "demo_data" / "test.jsonl").read_text(encoding="utf-8").splitlines()]
+    assert len(hypotheses) == len(references)
+    exact = sum(hypothesis == reference for hypothesis, reference in zip(hypotheses, references, strict=True))
+    assert exact > 0.5 * len(references), "line i of the hypotheses translates line i of the sources"
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    inputs = tokenizer(["Today the man opens the door."], return_tensors="pt")
+    translation = tokenizer.decode(model.generate(**inputs)[0], skip_special_tokens=True)
+    assert translation == "Heute macht der Mann die Tür auf."
