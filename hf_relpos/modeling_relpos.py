@@ -601,6 +601,15 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             encoder_attentions=outputs.encoder_attentions,
         )
 
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`, refusing a beam wider than the vocabulary (which would fail deep inside
+        beam search's top-k)."""
+        generation_config = kwargs.get("generation_config") or self.generation_config
+        num_beams = kwargs.get("num_beams") or generation_config.num_beams or 1
+        if num_beams > self.config.vocab_size:
+            raise ValueError(f"num_beams ({num_beams}) must not exceed the vocabulary size ({self.config.vocab_size})")
+        return super().generate(*args, **kwargs)
+
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 

@@ -93,3 +93,18 @@ def test_remote_code_folder_without_trust_remote_code_says_why(saved, tmp_path):
     result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=300, stdin=subprocess.DEVNULL)
     assert "ERROR:" in result.stdout and "trust_remote_code" in result.stdout, result.stdout + result.stderr[-2000:]
+
+
+def test_beam_wider_than_the_vocabulary_is_a_clear_error():
+    model = tiny_model("shaw")
+    with pytest.raises(ValueError, match="num_beams"):
+        model.generate(input_ids=torch.tensor([[5, 6, 1]]), num_beams=41, max_new_tokens=3)
+
+
+@pytest.mark.parametrize("attention_type", ["absolute", "shaw", "xl", "directional"])
+def test_a_source_of_only_the_end_token_translates(attention_type):
+    """An empty source string tokenizes to just `</s>`; generation still runs and returns finite scores."""
+    model = tiny_model(attention_type)
+    out = model.generate(input_ids=torch.tensor([[1]]), max_new_tokens=4, num_beams=2, output_scores=True,
+                         return_dict_in_generate=True)
+    assert out.sequences.shape[0] == 1 and all(torch.isfinite(score).any() for score in out.scores)
