@@ -29,6 +29,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .pipeline_relpos import TranslationPipeline
+from .positions_directional import DirectionalPositions
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
@@ -361,9 +362,12 @@ def _xl_scheme(config: RelPosTransformerConfig) -> str:
 
 
 def _directional_scheme(config: RelPosTransformerConfig) -> str:
-    heads = config.encoder_attention_heads
-    pattern = config.directional_heads or ["forward"] * (heads // 2) + ["backward"] * (heads - heads // 2)
-    per_head = ", ".join(pattern[head % len(pattern)] for head in range(heads))
+    def directions(heads: int, is_causal: bool) -> str:
+        scheme = DirectionalPositions(config, 0, heads, config.d_model // heads, is_causal=is_causal)
+        return ", ".join(scheme.head_directions)
+
+    encoder_heads = directions(config.encoder_attention_heads, is_causal=False)
+    decoder_heads = directions(config.decoder_attention_heads, is_causal=True)
     if config.directional_disable_diagonal:
         masks = "forward: j < i, backward: j > i, both: j ≠ i (DiSAN's diag-disabled masks)"
     else:
@@ -377,7 +381,8 @@ def _directional_scheme(config: RelPosTransformerConfig) -> str:
         f"Allowed keys: {masks}. The masks combine with padding and, in the decoder, the causal mask; a query left "
         "with no key outputs zeros.\n\n"
         "| setting | value |\n| --- | --- |\n"
-        f"| `directional_heads` | {config.directional_heads} (per encoder head: {per_head}) |\n"
+        f"| `directional_heads` | {config.directional_heads} (encoder heads: {encoder_heads}; decoder heads: "
+        f"{decoder_heads}) |\n"
         f"| `directional_disable_diagonal` | {config.directional_disable_diagonal} |"
     )
 

@@ -16,14 +16,20 @@ class DirectionalPositions(PositionScheme):
     """Per-head masks: forward M_ij = 0 iff j < i, backward iff j > i, both iff j != i (DiSAN's diag-disabled
     masks); with `directional_disable_diagonal=False` the diagonal is allowed too (j <= i, j >= i, all).
 
-    `directional_heads` is a pattern cycled over the heads; the default gives the first half of the heads the
-    forward mask and the second half the backward one. The masks combine with padding (and, in a decoder, the
-    causal mask); a query left with no key outputs zeros (`attention_core`).
+    `directional_heads` is a pattern cycled over the heads; the default gives the first half of the encoder's heads
+    the forward mask and the second half the backward one, and every head of a causal stack (decoder) the forward
+    one: under the causal mask a backward head would see nothing. The masks combine with padding (and, in a
+    decoder, the causal mask); a query left with no key outputs zeros (`attention_core`).
     """
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
-        pattern = config.directional_heads or ["forward"] * (num_heads // 2) + ["backward"] * (num_heads - num_heads // 2)
+        if config.directional_heads:
+            pattern = config.directional_heads
+        elif is_causal:
+            pattern = ["forward"]
+        else:
+            pattern = ["forward"] * (num_heads // 2) + ["backward"] * (num_heads - num_heads // 2)
         self.head_directions = [pattern[head % len(pattern)] for head in range(num_heads)]
         self.disable_diagonal = config.directional_disable_diagonal
 

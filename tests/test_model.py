@@ -66,6 +66,14 @@ def test_directional_first_forward_token_outputs_zero_attention():
     assert torch.all(out[:, :, 0] == 0) and torch.all(out[:, :, 1:].abs().sum(-1) > 0)
 
 
+def test_directional_default_heads_split_the_encoder_and_all_look_back_in_the_decoder():
+    model = tiny_model("directional")
+    assert model.model.encoder.positions.head_directions == ["forward", "forward", "backward", "backward"]
+    assert model.model.decoder.positions.head_directions == ["forward"] * 4
+    explicit = tiny_model("directional", directional_heads=["backward", "both"])
+    assert explicit.model.decoder.positions.head_directions == ["backward", "both", "backward", "both"]
+
+
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
 @pytest.mark.parametrize("attention_type", SCHEMES)
 def test_training_reduces_loss_and_reaches_position_parameters(attention_type, layer_norm_position):
