@@ -11,6 +11,7 @@ from .modeling_relpos import (
     RelPosTransformerPreTrainedModel,
     shift_tokens_right,
 )
+from .pipeline_relpos import TranslationPipeline, register_translation_task
 from .positions import (
     ATTENTION_REGISTRY,
     PositionScheme,
@@ -29,6 +30,7 @@ RelPosTransformerConfig.register_for_auto_class()
 RelPosTransformerModel.register_for_auto_class("AutoModel")
 RelPosTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
 RelPosTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+register_translation_task()
 
 __all__ = [
     "ATTENTION_REGISTRY",
@@ -38,6 +40,7 @@ __all__ = [
     "RelPosTransformerForConditionalGeneration",
     "RelPosTransformerModel",
     "RelPosTransformerPreTrainedModel",
+    "TranslationPipeline",
     "attention_core",
     "register_attention",
     "rel_shift",

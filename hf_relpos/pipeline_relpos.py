@@ -1,11 +1,13 @@
 """`pipeline("translation")` for hf_relpos models: transformers 5 removed the built-in translation task.
 
-Flat on purpose: hf_relpos.hub ships this file with every pushed or trained model folder and declares it in
-config.json (`custom_pipelines`), so that
+`import hf_relpos` puts the task back into transformers' pipeline registry (`register_translation_task`), so
+`pipeline("translation", model=FOLDER)` translates with a saved folder. Flat on purpose: hf_relpos.hub ships this
+file with every pushed model and declares it in config.json (`custom_pipelines`), so that where hf_relpos is not
+installed
 
-    pipeline("translation", model=REPO_OR_FOLDER, trust_remote_code=True)("A sentence.")
+    pipeline("translation", model=REPO, trust_remote_code=True)("A sentence.")
 
-translates; with hf_relpos installed, `pipeline("translation", model=..., pipeline_class=TranslationPipeline)`.
+translates too (transformers then requires `trust_remote_code=True` for such a repo even with hf_relpos installed).
 """
 
 from __future__ import annotations
@@ -45,3 +47,13 @@ class TranslationPipeline(Pipeline):
         output_ids = model_outputs["output_ids"]
         texts = self.tokenizer.batch_decode(output_ids.reshape(-1, output_ids.shape[-1]), skip_special_tokens=True)
         return [{"translation_text": text.strip()} for text in texts]
+
+
+def register_translation_task() -> None:
+    """Restore the "translation" task that transformers 5 removed, served by `TranslationPipeline`."""
+    from transformers import AutoModelForSeq2SeqLM, pipelines
+
+    pipelines.REMOVED_TASKS.pop("translation", None)
+    pipelines.PIPELINE_REGISTRY.register_pipeline(
+        "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
+    )

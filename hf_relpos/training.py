@@ -56,7 +56,7 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .hub import HubPushError, add_translation_pipeline, push_training_output
+from .hub import HubPushError, push_training_output
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .tokenization import (
@@ -561,8 +561,6 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
         trainer.save_model()
-        if training_args.should_save:
-            add_translation_pipeline(training_args.output_dir)
         metrics = dict(train_result.metrics, train_samples=len(train_dataset))
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
