@@ -81,6 +81,15 @@ class RelPosTransformerConfig(PreTrainedConfig):
     mem_len: int = 0
 
     @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
+        """Like `PreTrainedConfig.from_pretrained`, but a folder without config.json is an error (transformers
+        silently returns the default config, which could pair a checkpoint with the wrong architecture)."""
+        config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **dict(kwargs))
+        if not config_dict:
+            raise OSError(f"{pretrained_model_name_or_path} has no config.json: it is not a saved hf_relpos model")
+        return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> RelPosTransformerConfig:
         """Refuses another model's config (transformers only warns), so no folder loads as the wrong model."""
         model_type = config_dict.get("model_type", cls.model_type)

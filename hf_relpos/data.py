@@ -124,7 +124,20 @@ def load_parallel_splits(
         cap = caps[split]
         if cap is not None and cap < len(dataset):
             loaded[split] = dataset.select(range(cap))
+        origin = f"{split} file {files[split]!r}" if files is not None else f"{data_args.dataset_name!r} {split} split"
+        _require_text(loaded[split], origin, data_args.source_lang, data_args.target_lang)
     return loaded
+
+
+def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: str) -> None:
+    """A split with no pairs, or whose source or target side is empty on every line, is an error (usually the wrong
+    language key or column)."""
+    if len(dataset) == 0:
+        raise DatasetSchemaError(f"{origin} holds no pairs")
+    for column, lang in (("source", source_lang), ("target", target_lang)):
+        if not any(text.strip() for text in dataset[column]):
+            raise DatasetSchemaError(f"{origin}: the {column} side ({lang!r}) is empty on every one of its "
+                                     f"{len(dataset)} lines")
 
 
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
@@ -271,6 +284,12 @@ def tokenize_training_pairs(
                               tokenizer.eos_token_id, data_args.preprocessing_num_workers)
     report.dropped = report.empty + (report.overlong if data_args.overlong_pairs == "filter" else 0)
     logger.info(report.describe(data_args.overlong_pairs))
+    if len(tokenized) == 0:
+        raise DatasetSchemaError(
+            f"no training pairs left after filtering: {report.describe(data_args.overlong_pairs)}; raise "
+            f"max_source_length ({data_args.max_source_length}) / max_target_length ({data_args.max_target_length}) "
+            f"or set overlong_pairs: truncate"
+        )
     return tokenized, report
 
 
@@ -281,6 +300,10 @@ def tokenize_evaluation_pairs(
     tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers)
     overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
     report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
+    long_sources = int((example_lengths(tokenized)[0] > data_args.max_source_length).sum())
+    if long_sources:
+        logger.warning("%s: %d source(s) longer than max_source_length=%d tokens are truncated to it for translation "
+                       "(the references stay whole)", split, long_sources, data_args.max_source_length)
     if report.overlong:
         tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
                               tokenizer.eos_token_id, data_args.preprocessing_num_workers)

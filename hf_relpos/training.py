@@ -41,9 +41,16 @@ from transformers import (
     TrainingArguments,
     set_seed,
 )
-from transformers.trainer_utils import PredictionOutput, get_last_checkpoint, seed_worker
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 
 from .batching import TokenBudgetBatchSampler
+from .checkpoints import (
+    TRAINER_STATE_FILE,
+    WEIGHTS_FILE,
+    WEIGHTS_INDEX_FILE,
+    is_complete_checkpoint,
+    last_complete_checkpoint,
+)
 from .configuration_relpos import RelPosTransformerConfig
 from .data import (
     DEMO_DATA_FOLDER,
@@ -59,6 +66,7 @@ from .data import (
 from .hub import HubPushError, push_training_output
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents
 from .tokenization import (
     has_saved_tokenizer,
     load_tokenizer,
@@ -74,6 +82,10 @@ DERIVED_CONFIG_FIELDS = frozenset({
     "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
 })
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
+# The final model is saved here inside output_dir, then moved into output_dir file by file (weights last).
+FINAL_MODEL_STAGING = ".final-model-staging"
+# Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
+CHECKPOINT_SIZE_FACTOR = 3
 
 
 class ConfigError(ValueError):
@@ -343,6 +355,31 @@ class TranslationTrainer(Seq2SeqTrainer):
             )
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
 
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
+        """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """Stop with `NonFiniteLossError` (naming the step) on a NaN/inf loss, before the optimizer applies it. The
+        Trainer's `logging_nan_inf_filter` would otherwise leave it out of the logged loss without a word."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            raise NonFiniteLossError(float(loss.detach().float().mean()), self.state.global_step + 1,
+                                     self.state.epoch or 0.0)
+        return loss
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """A rewritten checkpoint folder (a resumed run reaching the step of an older attempt) loses its state file
+        first, so that it does not count as complete until the Trainer writes the new one, last."""
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
+        super()._save_checkpoint(model, trial)
+
     def get_train_dataloader(self) -> DataLoader:
         """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list; accelerate deals the
         batches round-robin to the processes (the sampler itself never shards)."""
@@ -468,6 +505,7 @@ def _build_model(
         except (ValueError, TypeError) as error:
             raise ConfigError(f"{MODEL_SECTION}: {error}") from None
         model = RelPosTransformerForConditionalGeneration(config)
+    _check_num_beams(training_args, model.config.vocab_size)
     generation = model.generation_config
     generation.num_beams = training_args.generation_num_beams or 1
     if generation.num_beams > 1:
@@ -479,6 +517,56 @@ def _build_model(
     for name, value in special_token_ids(tokenizer).items():
         setattr(generation, name, value)
     return model
+
+
+def _check_num_beams(training_args: TranslationTrainingArguments, vocab_size: int) -> None:
+    if (training_args.generation_num_beams or 1) > vocab_size:
+        raise ConfigError(f"generation_num_beams ({training_args.generation_num_beams}) is larger than the "
+                          f"vocabulary ({vocab_size} tokens)")
+
+
+def _estimated_weight_bytes(model_args: ModelArguments) -> int | None:
+    """Bytes of the model's weights, from its config (a model built on the meta device, no memory used); None when
+    the config cannot be read here (the model loading reports why, later)."""
+    try:
+        if model_args.model_name_or_path is None:
+            config = RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
+        else:
+            config = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path,
+                                                             cache_dir=model_args.cache_dir, **model_args.model_config)
+    except (OSError, ValueError, TypeError):
+        return None
+    with torch.device("meta"):
+        model = RelPosTransformerForConditionalGeneration(config)
+    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+
+
+def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArguments) -> int:
+    """Free space a run needs in output_dir, roughly: the final model, plus, when checkpointing, `save_total_limit`
+    + 1 checkpoints (the new one is written before the oldest is deleted; 1 without a limit) of weights and optimizer
+    state. Tokenizer, results and data files are small next to it."""
+    if not training_args.do_train:
+        return 0
+    checkpoints = 0
+    if training_args.save_strategy != "no":
+        checkpoints = training_args.save_total_limit + 1 if training_args.save_total_limit else 1
+    return weight_bytes * (1 + CHECKPOINT_SIZE_FACTOR * checkpoints)
+
+
+def save_final_model(trainer: TranslationTrainer) -> None:
+    """`trainer.save_model()`, written to a staging folder inside output_dir and moved in file by file with the
+    weights (model.safetensors, or the shard index) removed first and moved last: a kill mid-way leaves a folder
+    without weights, which `from_pretrained` refuses, never one that mixes old and new files."""
+    output_dir = Path(trainer.args.output_dir)
+    staging = output_dir / FINAL_MODEL_STAGING
+    if trainer.args.should_save:
+        shutil.rmtree(staging, ignore_errors=True)
+    trainer.save_model(str(staging))
+    if trainer.args.should_save:
+        weights = WEIGHTS_INDEX_FILE if (staging / WEIGHTS_INDEX_FILE).is_file() else WEIGHTS_FILE
+        for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):
+            (output_dir / name).unlink(missing_ok=True)
+        move_folder_contents(staging, output_dir, last=weights)
 
 
 def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
@@ -497,19 +585,26 @@ def _report(trainer: TranslationTrainer, prefix: str, metrics: dict[str, Any]) -
               f"({metrics[f'{prefix}_bleu_signature']})", flush=True)
 
 
+def _last_complete_checkpoint(output_dir: str, setting: str) -> Path:
+    last = last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        raise ConfigError(f"resume_from_checkpoint={setting}: no checkpoint-<step> folder in {output_dir} is complete")
+    return last
+
+
 def _resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
-    """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest one in output_dir."""
+    """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
+    (a checkpoint whose writing was cut short is skipped)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
         return None
     if resume_from.lower() in ("true", "last"):
-        output_dir = training_args.output_dir
-        last = get_last_checkpoint(output_dir) if os.path.isdir(output_dir) else None
-        if last is None:
-            raise ConfigError(f"resume_from_checkpoint={resume_from}: no checkpoint-<step> folder in {output_dir}")
-        return last
+        return str(_last_complete_checkpoint(training_args.output_dir, resume_from))
     if not os.path.isdir(resume_from):
         raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder")
+    if not is_complete_checkpoint(resume_from):
+        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a complete checkpoint (its "
+                          f"{TRAINER_STATE_FILE}, written last, is missing or cut short); use an older checkpoint")
     return resume_from
 
 
@@ -527,6 +622,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.cpu_threads is not None:
         torch.set_num_threads(training_args.cpu_threads)
     set_seed(training_args.seed)
+    check_output_dir(training_args.output_dir, required_disk_bytes(_estimated_weight_bytes(model_args) or 0,
+                                                                   training_args))
 
     needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
     splits = tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
@@ -538,11 +635,13 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
 
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer, newly_trained = _obtain_tokenizer(model_args, training_args, raw.get("train"))
-        if newly_trained and training_args.should_save:
-            save_tokenizer(tokenizer, training_args.output_dir)
         train_dataset = tokenize_training_pairs(raw["train"], tokenizer, data_args)[0] if "train" in raw else None
         evaluation_sets = {prefix: _prepare_evaluation_set(raw[split], tokenizer, data_args, split)
                            for prefix, split in (("eval", "validation"), ("test", "test")) if split in raw}
+        if newly_trained:
+            _check_num_beams(training_args, len(tokenizer))  # the new model's vocabulary; before anything is saved
+            if training_args.should_save:
+                save_tokenizer(tokenizer, training_args.output_dir)
 
     model = _build_model(model_args, tokenizer, data_args, training_args)
     logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.attention_type,
@@ -560,7 +659,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
-        trainer.save_model()
+        save_final_model(trainer)
         metrics = dict(train_result.metrics, train_samples=len(train_dataset))
         trainer.log_metrics("train", metrics)
         trainer.save_metrics("train", metrics)
@@ -585,6 +684,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: `python train_translation.py configs/NAME.yaml [--name value ...]`."""
     try:
         run(sys.argv[1:] if argv is None else argv)
-    except (ConfigError, DatasetSchemaError, HubPushError) as error:
+    except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError) as error:
         print(f"train_translation.py: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except NonFiniteLossError as error:
+        print(f"train_translation.py: error: {error}", file=sys.stderr)
+        sys.exit(1)

@@ -108,3 +108,11 @@ def test_a_source_of_only_the_end_token_translates(attention_type):
     out = model.generate(input_ids=torch.tensor([[1]]), max_new_tokens=4, num_beams=2, output_scores=True,
                          return_dict_in_generate=True)
     assert out.sequences.shape[0] == 1 and all(torch.isfinite(score).any() for score in out.scores)
+
+
+def test_folder_without_config_is_an_error_not_a_default_model(saved):
+    (saved / "config.json").unlink()
+    with pytest.raises(OSError, match="config.json"):
+        hf_relpos.RelPosTransformerConfig.from_pretrained(saved)
+    with pytest.raises(OSError, match="config.json"):
+        Model.from_pretrained(saved)

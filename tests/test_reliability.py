@@ -1,0 +1,523 @@
+"""Fault injection for train_translation.py (issue #8): killed and resumed runs, kills while writing, unusable output
+folders, a failing rank, bad input, non-finite losses, and safetensors-only weights. See docs/reliability.md."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+import torch
+import yaml
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM, TrainerState
+
+import hf_relpos
+import hf_relpos.safety as safety_module
+from hf_relpos.checkpoints import is_complete_checkpoint, last_complete_checkpoint
+from hf_relpos.data import DatasetSchemaError
+from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.safety import NonFiniteLossError, OutputDirError, check_output_dir
+from hf_relpos.tokenization import train_joint_tokenizer
+from hf_relpos.training import (
+    ConfigError,
+    TranslationTrainer,
+    TranslationTrainingArguments,
+    main,
+    parse_arguments,
+    required_disk_bytes,
+    run,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "train_translation.py"
+Model = hf_relpos.RelPosTransformerForConditionalGeneration
+
+TINY = {
+    "model": {
+        "attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
+        "max_relative_position": 4, "dropout": 0.1,
+    },
+    "source_lang": "en", "target_lang": "de", "tokenizer_vocab_size": 200,
+    "max_source_length": 48, "max_target_length": 48,
+    "do_train": True, "do_eval": False, "do_predict": False,
+    "max_tokens_per_batch": 300, "max_steps": 4,
+    "learning_rate": 1.0e-3, "lr_scheduler_type": "inverse_sqrt", "warmup_steps": 3, "optim": "adamw_torch",
+    "per_device_eval_batch_size": 8, "generation_num_beams": 2, "generation_max_length_offset": 4,
+    "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 7,
+    "disable_tqdm": True, "cpu_threads": 1, "dataloader_pin_memory": False,
+}
+SUBPROCESS_ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"), 60, 6, 4, seed=5)
+
+
+def write_config(path: Path, corpus: dict[str, Path], output_dir: Path, **overrides) -> Path:
+    config = {**TINY, "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
+              "test_file": str(corpus["test"]), "output_dir": str(output_dir), **overrides}
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+def write_jsonl(path: Path, pairs: list[tuple[str, str]]) -> Path:
+    path.write_text("".join(json.dumps({"translation": {"en": en, "de": de}}, ensure_ascii=False) + "\n"
+                            for en, de in pairs), encoding="utf-8")
+    return path
+
+
+def learning_rate_and_loss_per_step(output_dir: Path) -> list[tuple[int, float, float]]:
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    return [(entry["step"], entry["learning_rate"], entry["loss"]) for entry in state["log_history"] if "loss" in entry]
+
+
+def assert_same_weights(expected_folder: Path, actual_folder: Path) -> None:
+    expected = load_file(expected_folder / "model.safetensors")
+    actual = load_file(actual_folder / "model.safetensors")
+    assert actual.keys() == expected.keys()
+    different = [name for name, tensor in expected.items() if not torch.equal(actual[name], tensor)]
+    assert not different, f"tensors differ: {different}"
+
+
+def assert_safetensors_only(folder: Path) -> None:
+    assert (folder / "model.safetensors").is_file()
+    assert not list(folder.glob("pytorch_model*")) and not list(folder.glob("*.bin.index.json"))
+
+
+# --- kill and resume -----------------------------------------------------------------------------------------------
+
+# Runs the real train_translation.py with each training step slowed down (numerics untouched), so that the test can
+# SIGKILL it between two checkpoints.
+SLOW_STEPS = '''
+import runpy, sys, time
+from hf_relpos import training
+
+original_training_step = training.TranslationTrainer.training_step
+
+def training_step(self, *args, **kwargs):
+    time.sleep(0.15)
+    return original_training_step(self, *args, **kwargs)
+
+training.TranslationTrainer.training_step = training_step
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_to_bitwise_the_same_weights(tmp_path, corpus):
+    """SIGKILL after checkpoint-5 is complete, resume with "last": same weights (torch.equal), same learning rate and
+    loss at every step (the loss per step pins the data order and dropout), as the uninterrupted run."""
+    common = {"max_steps": 15, "save_strategy": "steps", "save_steps": 5}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+
+    config = write_config(tmp_path / "killed.yaml", corpus, tmp_path / "killed", **common)
+    (tmp_path / "slow.py").write_text(SLOW_STEPS, encoding="utf-8")
+    log = open(tmp_path / "killed.log", "w")
+    process = subprocess.Popen([sys.executable, str(tmp_path / "slow.py"), str(SCRIPT), str(config)],
+                               stdout=log, stderr=subprocess.STDOUT, env=SUBPROCESS_ENV, cwd=tmp_path)
+    first_checkpoint = tmp_path / "killed" / "checkpoint-5"
+    deadline = time.monotonic() + 120
+    while not is_complete_checkpoint(first_checkpoint) and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    process.send_signal(signal.SIGKILL)
+    assert process.wait(timeout=30) == -signal.SIGKILL, (tmp_path / "killed.log").read_text()[-3000:]
+    log.close()
+    assert is_complete_checkpoint(first_checkpoint)
+    assert not (tmp_path / "killed" / "model.safetensors").exists(), "killed before the end of training"
+    assert_safetensors_only(first_checkpoint)
+
+    completed = subprocess.run([sys.executable, str(SCRIPT), str(config), "--resume_from_checkpoint", "last"],
+                               capture_output=True, text=True, env=SUBPROCESS_ENV, cwd=tmp_path, timeout=180)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert_same_weights(tmp_path / "reference", tmp_path / "killed")
+    resumed_log = learning_rate_and_loss_per_step(tmp_path / "killed")
+    assert [step for step, _, _ in resumed_log] == list(range(1, 16))
+    assert resumed_log == learning_rate_and_loss_per_step(tmp_path / "reference")
+    for checkpoint in (tmp_path / "killed").glob("checkpoint-*"):
+        assert_safetensors_only(checkpoint)
+
+
+# --- kill while writing --------------------------------------------------------------------------------------------
+
+# Dies (os._exit, like a SIGKILL: no cleanup runs) while writing checkpoint-4's weights, leaving half a file.
+DIE_WHILE_WRITING = '''
+import os, runpy, sys
+import transformers.modeling_utils as modeling_utils
+
+original_save = modeling_utils.safe_save_file
+
+def save_file(tensors, filename, *args, **kwargs):
+    original_save(tensors, filename, *args, **kwargs)
+    if "checkpoint-4" in str(filename):
+        size = os.path.getsize(filename)
+        with open(filename, "r+b") as handle:
+            handle.truncate(size // 2)
+        os._exit(137)
+
+modeling_utils.safe_save_file = save_file
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+@pytest.mark.slow
+def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6, save_strategy="steps",
+                          save_steps=2, save_total_limit=1)
+    (tmp_path / "die.py").write_text(DIE_WHILE_WRITING, encoding="utf-8")
+    completed = subprocess.run([sys.executable, str(tmp_path / "die.py"), str(SCRIPT), str(config)],
+                               capture_output=True, text=True, env=SUBPROCESS_ENV, cwd=tmp_path, timeout=180)
+    assert completed.returncode == 137, completed.stdout[-3000:] + completed.stderr[-3000:]
+    output_dir = tmp_path / "out"
+    previous, partial = output_dir / "checkpoint-2", output_dir / "checkpoint-4"
+    assert partial.is_dir() and not is_complete_checkpoint(partial)
+    assert is_complete_checkpoint(previous), "save_total_limit=1 must not delete it before checkpoint-4 is complete"
+    assert last_complete_checkpoint(output_dir) == previous
+    Model.from_pretrained(previous)
+    with pytest.raises(Exception, match="deserializing header|incomplete|truncat"):
+        Model.from_pretrained(partial)
+    with pytest.raises(ConfigError, match="not a complete checkpoint"):
+        run([str(config), "--resume_from_checkpoint", str(partial)])
+
+    results = run([str(config), "--resume_from_checkpoint", "true"])  # picks checkpoint-2, rewrites checkpoint-4
+    assert results["train"]["epoch"] > 0
+    assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 6
+    assert [path.name for path in output_dir.glob("checkpoint-*")] == ["checkpoint-6"]
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(output_dir), Model)
+
+
+def test_trainer_resume_true_skips_an_incomplete_checkpoint(tmp_path, corpus):
+    """`TranslationTrainer.train(resume_from_checkpoint=True)` (the Python API) also ignores a half-written one."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=2, save_strategy="steps",
+                          save_steps=2)
+    run([str(config)])
+    partial = tmp_path / "out" / "checkpoint-9"
+    partial.mkdir()
+    (partial / "trainer_state.json").write_text('{"global_step": 9, "log_his')
+    model_args, data_args, arguments = parse_arguments([str(config)])
+    resumed_from = []
+    trainer = TranslationTrainer(model=Model.from_pretrained(tmp_path / "out"), args=arguments, evaluation_sets={})
+    trainer._load_from_checkpoint = lambda folder, *args: resumed_from.append(Path(folder).name)
+    trainer._inner_training_loop = lambda *args, **kwargs: None
+    trainer.train(resume_from_checkpoint=True)
+    assert resumed_from == ["checkpoint-2"]
+
+
+def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path, corpus, monkeypatch):
+    """The final model is written to a staging folder, then moved in file by file with the weights removed first
+    and moved last. A crash while writing leaves no loadable model in a fresh output_dir, and the previous model
+    untouched in a reused one; a crash while moving leaves a folder that does not load."""
+    import transformers.modeling_utils as modeling_utils
+
+    original_save = modeling_utils.safe_save_file
+
+    def crash_while_writing(tensors, filename, *args, **kwargs):
+        original_save(tensors, filename, *args, **kwargs)
+        with open(filename, "r+b") as handle:
+            handle.truncate(os.path.getsize(filename) // 2)
+        raise KeyboardInterrupt("simulated kill while writing the final model")
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2)
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_utils, "safe_save_file", crash_while_writing)
+        with pytest.raises(KeyboardInterrupt):
+            run([str(config)])
+    assert not (output_dir / "config.json").exists() and not (output_dir / "model.safetensors").exists()
+    assert_does_not_load(output_dir)
+
+    run([str(config)])
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(output_dir), Model)
+    assert not (output_dir / ".final-model-staging").exists()
+    previous = load_file(output_dir / "model.safetensors")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(modeling_utils, "safe_save_file", crash_while_writing)
+        with pytest.raises(KeyboardInterrupt):
+            run([str(config), "--max_steps", "3"])
+    reloaded = Model.from_pretrained(output_dir).state_dict()
+    assert all(torch.equal(reloaded[name], tensor) for name, tensor in previous.items() if name in reloaded)
+
+    original_replace = os.replace
+    moved = []
+
+    def crash_while_moving(source, destination):
+        if len(moved) == 1:
+            raise KeyboardInterrupt("simulated kill while moving the final model in")
+        moved.append(destination)
+        original_replace(source, destination)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(safety_module.os, "replace", crash_while_moving)
+        with pytest.raises(KeyboardInterrupt):
+            run([str(config), "--max_steps", "3"])
+    assert not (output_dir / "model.safetensors").exists()
+    assert_does_not_load(output_dir)
+
+
+def assert_does_not_load(folder: Path) -> None:
+    with pytest.raises(OSError, match="no config.json|no file named model.safetensors"):
+        Model.from_pretrained(folder)
+    with pytest.raises((OSError, ValueError), match="config.json|model.safetensors"):
+        AutoModelForSeq2SeqLM.from_pretrained(folder)
+
+
+# --- output folder -------------------------------------------------------------------------------------------------
+
+
+def test_output_dir_under_a_file_is_one_error_before_data_is_read(tmp_path, corpus):
+    blocker = tmp_path / "blocker"
+    blocker.write_text("a file, not a folder")
+    config = write_config(tmp_path / "c.yaml", corpus, blocker / "out", train_file=str(tmp_path / "missing.jsonl"))
+    with pytest.raises(OutputDirError, match=re.escape(f"{str(blocker)!r} is a file, not a folder")):
+        run([str(config)])
+    completed = subprocess.run([sys.executable, str(SCRIPT), str(config)], capture_output=True, text=True,
+                               env=SUBPROCESS_ENV, cwd=tmp_path, timeout=120)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().startswith("train_translation.py: error: output_dir ")
+    assert "is a file, not a folder" in completed.stderr
+
+
+def test_read_only_output_dir_is_detected(tmp_path):
+    folder = tmp_path / "read_only"
+    folder.mkdir()
+    folder.chmod(0o500)
+    try:
+        if os.access(folder, os.W_OK):
+            pytest.skip("running as root: permissions do not block writes (the file-parent test covers the probe)")
+        with pytest.raises(OutputDirError, match="is not writable: cannot create files in"):
+            check_output_dir(folder / "out")
+    finally:
+        folder.chmod(0o700)
+
+
+def test_preflight_probe_leaves_nothing_behind(tmp_path):
+    check_output_dir(tmp_path / "new" / "out")
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "existing").mkdir()
+    check_output_dir(tmp_path / "existing")
+    assert list((tmp_path / "existing").iterdir()) == []
+
+
+def test_full_disk_is_detected_before_training(tmp_path, corpus, monkeypatch):
+    monkeypatch.setattr(safety_module.shutil, "disk_usage", lambda path: DiskUsage(10**6, 10**6 - 1000, 1000))
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", save_strategy="steps", save_steps=2,
+                          save_total_limit=2)
+    with pytest.raises(OutputDirError, match=r"only 1\.0 KB free on its disk, but the run needs about [\d.]+ MB"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+class DiskUsage(NamedTuple):
+    total: int
+    used: int
+    free: int
+
+
+def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path):
+    def arguments(**values) -> TranslationTrainingArguments:
+        return TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, **values)
+
+    assert required_disk_bytes(100, arguments(do_train=True, save_strategy="no")) == 100
+    assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps")) == 100 + 3 * 100
+    assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps", save_total_limit=2)) == 1000
+    assert required_disk_bytes(100, arguments(do_train=False, do_predict=True)) == 0
+
+
+# --- a failing rank ------------------------------------------------------------------------------------------------
+
+# Rank 1 raises in its second training step; rank 0 is then waiting for it in the gradient all-reduce.
+FAILING_RANK = '''
+import os, runpy, sys
+from hf_relpos import training
+
+original_training_step = training.TranslationTrainer.training_step
+
+def training_step(self, *args, **kwargs):
+    if self.args.process_index == 1 and self.state.global_step == 1:
+        raise RuntimeError("injected failure on rank 1 at step 2")
+    return original_training_step(self, *args, **kwargs)
+
+training.TranslationTrainer.training_step = training_step
+sys.argv = [sys.argv[1], *sys.argv[2:]]
+runpy.run_path(sys.argv[0], run_name="__main__")
+'''
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_one_failing_rank_stops_the_whole_job_with_its_error(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6,
+                          ddp_find_unused_parameters=False, ddp_timeout=120)
+    (tmp_path / "fail.py").write_text(FAILING_RANK, encoding="utf-8")
+    started = time.monotonic()
+    completed = subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
+         "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
+         str(tmp_path / "fail.py"), str(SCRIPT), str(config)],
+        capture_output=True, text=True, env=SUBPROCESS_ENV, cwd=tmp_path, timeout=180,
+    )
+    output = completed.stdout + completed.stderr
+    assert completed.returncode != 0
+    assert "injected failure on rank 1 at step 2" in output, output[-4000:]
+    assert time.monotonic() - started < 180
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# --- bad input -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("train_text", "message"),
+    [
+        (None, r"data file '.*missing\.jsonl' does not exist"),
+        ('{"translation": {"en": "a", "de": "b"}}\n{"translation": {"en": "c",\n', r"bad\.jsonl:2: invalid JSON"),
+        ('{"translation": {"en": "a", "fr": "b"}}\n', r"bad\.jsonl:1, field 'translation': no 'de'"),
+        ('{"translation": {"en": "", "de": "b"}}\n{"translation": {"en": " ", "de": "c"}}\n',
+         r"train file '.*bad\.jsonl': the source side \('en'\) is empty on every one of its 2 lines"),
+        ('{"translation": {"en": "a", "de": ""}}\n', r"the target side \('de'\) is empty on every one of its 1 lines"),
+        ("\n", r"train file '.*bad\.jsonl' holds no pairs"),
+    ],
+    ids=["missing_file", "malformed_json_line", "missing_language", "empty_source", "empty_target", "empty_file"],
+)
+def test_bad_training_data_is_one_error_and_writes_nothing(tmp_path, corpus, train_text, message):
+    train = tmp_path / ("missing.jsonl" if train_text is None else "bad.jsonl")
+    if train_text is not None:
+        train.write_text(train_text, encoding="utf-8")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_file=str(train))
+    with pytest.raises(DatasetSchemaError, match=message):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_corpus_empty_after_length_filtering_is_one_error_and_writes_nothing(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_source_length=2, max_target_length=2)
+    with pytest.raises(DatasetSchemaError, match=r"no training pairs left after filtering: train: kept 0 of 60 pairs "
+                                                 r".*raise max_source_length \(2\)"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path, corpus):
+    small_model = tmp_path / "small_model"
+    Model(hf_relpos.RelPosTransformerConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                            encoder_attention_heads=2, decoder_attention_heads=2,
+                                            encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(small_model)
+    texts = corpus["train"].read_text(encoding="utf-8").splitlines()
+    tokenizer = train_joint_tokenizer(texts, 200)
+    tokenizer.save_pretrained(tmp_path / "tokenizer")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", model_name_or_path=str(small_model),
+                          tokenizer_name=str(tmp_path / "tokenizer"), model={})
+    with pytest.raises(ConfigError, match=rf"the tokenizer has {len(tokenizer)} tokens but the model only 40"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus) -> Path:
+    folder = tmp_path_factory.mktemp("trained")
+    config = write_config(folder / "c.yaml", corpus, folder / "out", max_steps=4)
+    run([str(config)])
+    return folder / "out"
+
+
+def test_more_beams_than_vocabulary_is_an_error_before_generating(tmp_path, corpus, trained):
+    vocabulary = AutoModelForSeq2SeqLM.from_pretrained(trained).config.vocab_size
+    predict = write_config(tmp_path / "p.yaml", corpus, tmp_path / "predict", model_name_or_path=str(trained),
+                           do_train=False, do_predict=True, model={}, generation_num_beams=vocabulary + 1)
+    with pytest.raises(ConfigError, match=rf"generation_num_beams \({vocabulary + 1}\) is larger than the vocabulary "
+                                          rf"\({vocabulary} tokens\)"):
+        run([str(predict)])
+    assert not (tmp_path / "predict").exists()
+    scratch = write_config(tmp_path / "s.yaml", corpus, tmp_path / "scratch", generation_num_beams=5000)
+    with pytest.raises(ConfigError, match=r"generation_num_beams \(5000\) is larger than the vocabulary"):
+        run([str(scratch)])
+    assert not (tmp_path / "scratch").exists(), "no tokenizer saved before the error"
+
+
+def test_empty_and_overlong_sources_translate_with_a_warning(tmp_path, corpus, trained, capsys):
+    """An empty source translates (to whatever the model says after </s> alone); a source over max_source_length is
+    cut to it for the model, with a warning, and still gets its line of output."""
+    long_source = " ".join(["the man sees the dog"] * 40)
+    test_file = write_jsonl(tmp_path / "test.jsonl", [("", "Hallo."), (long_source, "Der Mann."), ("A dog.", "Ein Hund.")])
+    config = write_config(tmp_path / "p.yaml", corpus, tmp_path / "predict", model_name_or_path=str(trained),
+                          do_train=False, do_predict=True, model={}, test_file=str(test_file), max_source_length=16)
+    results = run([str(config)])
+    assert results["test"]["test_samples"] == 3
+    assert "test: 1 source(s) longer than max_source_length=16 tokens are truncated" in capsys.readouterr().out
+    lines = (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")
+    assert len(lines) == 4 and lines[-1] == ""
+
+
+# --- numerical health ----------------------------------------------------------------------------------------------
+
+
+def test_nan_loss_stops_training_naming_the_step_and_keeps_the_checkpoint(tmp_path, corpus, monkeypatch):
+    original_compute_loss = TranslationTrainer.compute_loss
+
+    def compute_loss(self, *args, **kwargs):
+        loss = original_compute_loss(self, *args, **kwargs)
+        if self.state.global_step == 2:  # the third step
+            return (loss[0] * float("nan"), *loss[1:]) if isinstance(loss, tuple) else loss * float("nan")
+        return loss
+
+    monkeypatch.setattr(TranslationTrainer, "compute_loss", compute_loss)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6, save_strategy="steps",
+                          save_steps=2)
+    with pytest.raises(NonFiniteLossError, match=r"training loss is nan at step 3 \(epoch [\d.]+\)") as raised:
+        run([str(config)])
+    assert raised.value.step == 3
+    output_dir = tmp_path / "out"
+    assert not (output_dir / "model.safetensors").exists() and not (output_dir / "config.json").exists()
+    assert [path.name for path in output_dir.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert is_complete_checkpoint(output_dir / "checkpoint-2")
+    assert_safetensors_only(output_dir / "checkpoint-2")
+    weights = load_file(output_dir / "checkpoint-2" / "model.safetensors")
+    assert all(torch.isfinite(tensor).all() for tensor in weights.values())
+    assert TrainerState.load_from_json(str(output_dir / "checkpoint-2" / "trainer_state.json")).global_step == 2
+
+
+def test_diverging_learning_rate_exits_with_the_step(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", learning_rate=1.0e30, warmup_steps=0,
+                          lr_scheduler_type="constant", max_steps=8)
+    with pytest.raises(SystemExit) as exited:
+        main([str(config)])
+    assert exited.value.code == 1
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert re.fullmatch(r"train_translation.py: error: training loss is (nan|inf|-inf) at step [2-8] .*", error), error
+    assert not (tmp_path / "out" / "model.safetensors").exists()
+
+
+# --- security ------------------------------------------------------------------------------------------------------
+
+
+def test_no_package_module_unpickles_weights():
+    """Weights are read with safetensors only: no torch.load / pickle anywhere in the package. (The Trainer itself
+    torch.loads optimizer, scheduler and random states when resuming; that is training state, not weights.)"""
+    offenders = []
+    for source in sorted(Path(hf_relpos.__file__).parent.glob("*.py")):
+        text = source.read_text(encoding="utf-8")
+        offenders += [f"{source.name}: {match}" for match in re.findall(r"torch\.load\(|\bpickle\b|weights_only", text)]
+    assert offenders == []
+
+
+def test_saved_models_and_checkpoints_hold_safetensors_only(trained):
+    assert_safetensors_only(trained)
