@@ -1,0 +1,376 @@
+"""Length generalization of the position schemes on sequence reversal, plus Shaw et al.'s ablations.
+
+Task: reverse a sequence of letters (`c a b a </s>` -> `a b a c </s>`, 26 letters, repeats allowed). Position
+matters (a bag of words cannot solve it, and with repeats the content of a letter does not say where it stands), and
+the rule is the same at every length: output t is source position n + 1 - t. A model has to carry "how far from the
+end of the source am I" in its encoder states and "how many letters have I written" in its decoder states; absolute
+encodings give both directly for the lengths seen in training, relative schemes have to build them from offsets
+(clipped at k for Shaw). Models are trained on lengths 1-20 and evaluated, greedy, on fresh sequences of lengths 1-20,
+21-40 and 41-80 (exact-match accuracy and corpus sacreBLEU on the space-joined letters).
+
+Runs, all with the same model size, steps, batches (the same data stream) and seeds:
+  - schemes:  absolute, shaw (k=16, a^K and a^V), xl, directional
+  - k:        shaw with clipping distance k in {0, 1, 2, 4, 16} (Shaw et al. 2018, Table 2)
+  - aK_aV:    shaw with a^K / a^V on and off (Table 3)
+
+Example (the figures in docs/results.md):
+  python experiments/length_generalization.py --out docs/results/length_generalization
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import multiprocessing
+import platform
+import string
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from sacrebleu.metrics import BLEU
+from tokenizers import Tokenizer, models, pre_tokenizers, processors
+from transformers import PreTrainedTokenizerFast
+
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.tokenization import wrap_tokenizer
+
+PAD, EOS, BOS, UNK = 0, 1, 2, 3
+SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>"]
+SYMBOLS = list(string.ascii_lowercase)
+VOCAB_SIZE = len(SPECIAL_TOKENS) + len(SYMBOLS)
+TRAIN_LENGTHS = (1, 20)
+BUCKETS = ((1, 20), (21, 40), (41, 80))
+K_VALUES = (0, 1, 2, 4, 16)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One trained configuration: a name, the scheme, its config overrides and the result groups it belongs to."""
+
+    name: str
+    attention_type: str
+    overrides: dict = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+
+
+def run_specs() -> list[RunSpec]:
+    """The main comparison and both ablations; the full Shaw model (k=16, a^K and a^V) is shared by all three."""
+    specs = [
+        RunSpec("absolute", "absolute", {}, ("schemes",)),
+        RunSpec("shaw", "shaw", {"max_relative_position": 16}, ("schemes", "k", "aK_aV")),
+        RunSpec("xl", "xl", {}, ("schemes",)),
+        RunSpec("directional", "directional", {}, ("schemes",)),
+    ]
+    specs += [
+        RunSpec(f"shaw k={k}", "shaw", {"max_relative_position": k}, ("k",)) for k in K_VALUES if k != 16
+    ]
+    for keys, values in ((True, False), (False, True), (False, False)):
+        name = "shaw " + {(True, False): "a^K only", (False, True): "a^V only", (False, False): "no a^K, no a^V"}[
+            (keys, values)
+        ]
+        overrides = {"max_relative_position": 16, "use_relative_keys": keys, "use_relative_values": values}
+        specs.append(RunSpec(name, "shaw", overrides, ("aK_aV",)))
+    return specs
+
+
+def sample_sequences(generator: torch.Generator, count: int, min_length: int, max_length: int) -> list[list[int]]:
+    """`count` sequences of letter ids drawn uniformly (repeats allowed), lengths uniform in [min_length, max_length]."""
+    lengths = torch.randint(min_length, max_length + 1, (count,), generator=generator)
+    first_symbol = len(SPECIAL_TOKENS)
+    return [
+        torch.randint(first_symbol, first_symbol + len(SYMBOLS), (int(length),), generator=generator).tolist()
+        for length in lengths
+    ]
+
+
+def pad(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max(len(row) for row in rows)
+    return torch.tensor([row + [value] * (width - len(row)) for row in rows], dtype=torch.long)
+
+
+def make_batch(sequences: list[list[int]]) -> dict[str, torch.Tensor]:
+    """Source = the sequence + </s> (as a translation tokenizer encodes it); labels = the reversed sequence + </s>,
+    padded with -100."""
+    input_ids = pad([sequence + [EOS] for sequence in sequences], PAD)
+    return {
+        "input_ids": input_ids,
+        "attention_mask": (input_ids != PAD).long(),
+        "labels": pad([sequence[::-1] + [EOS] for sequence in sequences], -100),
+    }
+
+
+def to_text(ids: list[int]) -> str:
+    return " ".join(SYMBOLS[i - len(SPECIAL_TOKENS)] if i >= len(SPECIAL_TOKENS) else SPECIAL_TOKENS[i] for i in ids)
+
+
+def letter_tokenizer() -> PreTrainedTokenizerFast:
+    """The task's vocabulary as a tokenizer (one letter = one token, "</s>" appended), saved with the models so
+    that `python -m hf_relpos.viz MODEL --sentence "c a b a"` works."""
+    vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS + SYMBOLS)}
+    tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", EOS)])
+    return wrap_tokenizer(tokenizer)
+
+
+def build_model(spec: RunSpec, args: argparse.Namespace, seed: int) -> RelPosTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    config = RelPosTransformerConfig(
+        vocab_size=VOCAB_SIZE, d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
+        encoder_attention_heads=args.heads, decoder_attention_heads=args.heads, encoder_ffn_dim=4 * args.d_model,
+        decoder_ffn_dim=4 * args.d_model, dropout=0.0, layer_norm_position="pre", attention_type=spec.attention_type,
+        pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, **spec.overrides,
+    )
+    return RelPosTransformerForConditionalGeneration(config)
+
+
+def train(model: RelPosTransformerForConditionalGeneration, args: argparse.Namespace, seed: int) -> list[float]:
+    """AdamW, linear warm-up then cosine decay; the batch stream depends on the seed only (same data for every run).
+    Returns the mean training loss of each tenth of the run."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.learning_rate, betas=(0.9, 0.98), weight_decay=0.0)
+    warmup = max(args.steps // 10, 1)
+
+    def lr_factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        return 0.5 * (1.0 + math.cos(math.pi * (step - warmup) / max(args.steps - warmup, 1)))
+
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor)
+    generator = torch.Generator().manual_seed(seed)
+    model.train()
+    losses, window = [], []
+    chunk = max(args.steps // 10, 1)
+    for step in range(args.steps):
+        batch = make_batch(sample_sequences(generator, args.batch_size, *TRAIN_LENGTHS))
+        loss = model(**batch).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        window.append(loss.item())
+        if len(window) == chunk or step == args.steps - 1:
+            losses.append(sum(window) / len(window))
+            window = []
+    return losses
+
+
+def eval_sets(args: argparse.Namespace) -> dict[str, list[list[int]]]:
+    """Fixed test sequences per bucket (from `eval_seed`, independent of the training seed)."""
+    generator = torch.Generator().manual_seed(args.eval_seed)
+    return {f"{low}-{high}": sample_sequences(generator, args.eval_size, low, high) for low, high in BUCKETS}
+
+
+@torch.no_grad()
+def evaluate(
+    model: RelPosTransformerForConditionalGeneration, sets: dict[str, list[list[int]]], args: argparse.Namespace
+) -> tuple[dict[str, dict], str]:
+    """Greedy decoding (`model.generate`, batched); exact match and sacreBLEU per bucket, and BLEU's signature."""
+    model.eval()
+    results = {}
+    for bucket, sequences in sets.items():
+        hypotheses = []
+        for start in range(0, len(sequences), args.eval_batch_size):
+            chunk = sequences[start : start + args.eval_batch_size]
+            batch = make_batch(chunk)
+            generated = model.generate(
+                input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False, num_beams=1,
+                max_new_tokens=max(len(sequence) for sequence in chunk) + 5,
+            )
+            for row in generated[:, 1:].tolist():
+                hypotheses.append(row[: row.index(EOS)] if EOS in row else row)
+        references = [sequence[::-1] for sequence in sequences]
+        bleu = BLEU()
+        score = bleu.corpus_score([to_text(h) for h in hypotheses], [[to_text(r) for r in references]])
+        exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
+        results[bucket] = {"accuracy": exact, "bleu": score.score, "n": len(references)}
+    return results, bleu.get_signature().format()
+
+
+def summarize(per_seed: list[dict[str, dict]]) -> dict[str, dict]:
+    """Mean, min and max over seeds of accuracy and BLEU, per bucket."""
+    summary = {}
+    for bucket in per_seed[0]:
+        summary[bucket] = {}
+        for metric in ("accuracy", "bleu"):
+            values = [result[bucket][metric] for result in per_seed]
+            summary[bucket][metric] = sum(values) / len(values)
+            summary[bucket][f"{metric}_min"] = min(values)
+            summary[bucket][f"{metric}_max"] = max(values)
+    return summary
+
+
+def cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def cell(summary: dict, metric: str, seeds: int) -> str:
+    value = summary[metric]
+    if metric == "accuracy":
+        text = f"{100 * value:.1f}"
+        spread = f" ({100 * summary['accuracy_min']:.1f}-{100 * summary['accuracy_max']:.1f})"
+    else:
+        text = f"{value:.1f}"
+        spread = f" ({summary['bleu_min']:.1f}-{summary['bleu_max']:.1f})"
+    return text + (spread if seeds > 1 else "")
+
+
+def markdown(results: dict) -> str:
+    """One table per group: exact-match accuracy (%) and BLEU per bucket."""
+    buckets = [f"{low}-{high}" for low, high in BUCKETS]
+    seeds = len(results["settings"]["seeds"])
+    titles = {
+        "schemes": "Position schemes",
+        "k": "Shaw clipping distance k (a^K and a^V)",
+        "aK_aV": "Shaw a^K / a^V (k = 16)",
+    }
+    header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
+    lines = [
+        "# Length generalization on sequence reversal",
+        "",
+        f"Trained on lengths {TRAIN_LENGTHS[0]}-{TRAIN_LENGTHS[1]}; exact-match accuracy (%) and sacreBLEU per test "
+        f"length bucket, greedy decoding, {results['settings']['eval_size']} sequences per bucket, "
+        f"seeds {results['settings']['seeds']}" + (" (mean, min-max in brackets)." if seeds > 1 else "."),
+        f"BLEU signature: `{results['bleu_signature']}`.",
+    ]
+    for group, title in titles.items():
+        lines += ["", f"## {title}", "", header + " | train s |", "|" + " --- |" * (2 * len(buckets) + 2)]
+        for run in results["runs"]:
+            if group in run["groups"]:
+                accuracy = " | ".join(cell(run["summary"][b], "accuracy", seeds) for b in buckets)
+                bleu = " | ".join(cell(run["summary"][b], "bleu", seeds) for b in buckets)
+                lines.append(f"| {run['name']} | {accuracy} | {bleu} | {run['train_seconds']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+METRICS = (("accuracy", "exact-match accuracy", (-0.03, 1.03)), ("bleu", "sacreBLEU", (-3, 103)))
+
+
+def plot(results: dict, out: Path) -> list[Path]:
+    """Accuracy (left) and BLEU (right) panels: accuracy_by_length.png (one line per scheme), k_ablation.png (against
+    k, one line per bucket) and relative_ablation.png (one line per a^K / a^V setting)."""
+    from matplotlib.figure import Figure
+
+    buckets = [f"{low}-{high}" for low, high in BUCKETS]
+    runs = results["runs"]
+    k_runs = sorted(
+        (run for run in runs if "k" in run["groups"]), key=lambda run: run["overrides"]["max_relative_position"]
+    )
+    figures = {
+        "accuracy_by_length.png": ("position schemes", "test length (training: 1-20, shaded)", [
+            (run["name"], buckets, [run["summary"][b] for b in buckets]) for run in runs if "schemes" in run["groups"]
+        ]),
+        "k_ablation.png": ("Shaw clipping distance (a^K and a^V)", "clipping distance k", [
+            (f"length {b}", [str(run["overrides"]["max_relative_position"]) for run in k_runs],
+             [run["summary"][b] for run in k_runs]) for b in buckets
+        ]),
+        "relative_ablation.png": ("Shaw a^K / a^V (k = 16)", "test length (training: 1-20, shaded)", [
+            (run["name"], buckets, [run["summary"][b] for b in buckets]) for run in runs if "aK_aV" in run["groups"]
+        ]),
+    }
+    paths = []
+    for filename, (title, xlabel, lines) in figures.items():
+        figure = Figure(figsize=(10, 3.8))
+        for axes, (metric, ylabel, ylim) in zip(figure.subplots(1, 2), METRICS, strict=True):
+            for label, xs, summaries in lines:
+                axes.plot(xs, [summary[metric] for summary in summaries], marker="o", label=label)
+            if xlabel.startswith("test length"):
+                axes.axvspan(-0.3, 0.3, color="0.9", zorder=0)
+            axes.set(xlabel=xlabel, ylabel=ylabel, ylim=ylim, title=f"reversal: {title}")
+        axes.legend(fontsize=8)
+        figure.tight_layout()
+        paths.append(out / filename)
+        figure.savefig(paths[-1], dpi=90)
+    return paths
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, Markdown and PNG files")
+    parser.add_argument("--quick", action="store_true", help="tiny smoke run (seconds): small model, few steps")
+    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--d-model", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--eval-size", type=int, default=200, help="test sequences per length bucket")
+    parser.add_argument("--eval-batch-size", type=int, default=100)
+    parser.add_argument("--eval-seed", type=int, default=1234)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (tiny models run best on one)")
+    parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time (one per core)")
+    parser.add_argument("--only", nargs="+", help="run only these run names (default: all)")
+    parser.add_argument("--save-models", type=Path, help="save each run's first-seed model under this folder")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.steps, args.d_model, args.layers, args.heads, args.eval_size, args.seeds = 4, 16, 1, 2, 6, [1]
+    return args
+
+
+def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, list[list[int]]]) -> dict:
+    """Every seed of one run spec: train, score per bucket, save the first seed's model when asked."""
+    torch.set_num_threads(args.threads)
+    per_seed, losses, seconds, signature = [], [], 0.0, ""
+    for seed in args.seeds:
+        model = build_model(spec, args, seed)
+        started = time.perf_counter()
+        losses.append(train(model, args, seed))
+        seconds += time.perf_counter() - started
+        result, signature = evaluate(model, sets, args)
+        per_seed.append(result)
+        if args.save_models and seed == args.seeds[0]:
+            folder = args.save_models / spec.name.replace(" ", "_").replace("^", "").replace(",", "")
+            model.save_pretrained(folder)
+            letter_tokenizer().save_pretrained(folder)
+    run = {
+        "name": spec.name, "attention_type": spec.attention_type, "overrides": spec.overrides,
+        "groups": list(spec.groups), "train_seconds": seconds / len(args.seeds), "loss_curves": losses,
+        "per_seed": per_seed, "summary": summarize(per_seed), "bleu_signature": signature,
+    }
+    accuracies = "  ".join(f"{b}: {run['summary'][b]['accuracy']:.3f}" for b in run["summary"])
+    print(f"{spec.name:<20} loss {losses[0][-1]:.3f}  {accuracies}  ({run['train_seconds']:.0f}s/seed)", flush=True)
+    return run
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    specs = [spec for spec in run_specs() if not args.only or spec.name in args.only]
+    sets = eval_sets(args)
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
+        runs = list(pool.map(train_and_evaluate, specs, [args] * len(specs), [sets] * len(specs)))
+    signature = runs[0].pop("bleu_signature")
+    for run in runs[1:]:
+        run.pop("bleu_signature")
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    results = {
+        "task": f"sequence reversal over {len(SYMBOLS)} letters (repeats allowed)",
+        "train_lengths": list(TRAIN_LENGTHS),
+        "buckets": [f"{low}-{high}" for low, high in BUCKETS],
+        "settings": settings,
+        "device": {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__},
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "bleu_signature": signature,
+        "runs": runs,
+    }
+    (args.out / "length_generalization.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "length_generalization.md").write_text(markdown(results))
+    plot(results, args.out)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,185 @@
+"""Multi30k En->De: the four position schemes trained with `train_translation.py` on identical settings.
+
+Each run is `configs/multi30k_small_<scheme>.yaml` (the four files differ only in `attention_type`) with the same
+overrides for every scheme: local data files, seed, step cap, evaluation schedule, CPU threads. The joint BPE
+tokenizer is trained once, up front, on the training pairs and passed to every run, so every scheme sees the same token
+ids; `--jobs N` runs N trainings at once (one per core with `--threads 1`). A run whose folder under --work already
+holds `test_results.json` is reused, not retrained (delete the folder to retrain), so an interrupted comparison picks
+up where it stopped. Afterwards the script reads each run's `trainer_state.json` (log_history), `train_results.json`
+and `test_results.json` and writes a JSON, a Markdown table and a PNG of validation BLEU and loss against steps, one
+line per scheme.
+
+Reduced CPU run (the figures in docs/results.md, about 50 minutes on 2 cores):
+  python experiments/multi30k_compare.py --data ../shared/data/multi30k --work /tmp/multi30k \
+      --out docs/results/multi30k --max-steps 1200 --warmup-steps 300 --eval-steps 300 --logging-steps 50 \
+      --max-eval-samples 200 --threads 1 --jobs 2 \
+      -- --model.d_model 128 --model.encoder_ffn_dim 512 --model.decoder_ffn_dim 512 --max_tokens_per_batch 2048
+Options after `--` go to every `train_translation.py` call unchanged (e.g. `-- --model.d_model 128`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMES = ("absolute", "shaw", "xl", "directional")
+
+
+def prepare_tokenizer(args: argparse.Namespace) -> Path:
+    """Train the joint tokenizer on every source and target sentence of train.jsonl (or reuse it) under --work."""
+    from hf_relpos.tokenization import has_saved_tokenizer, train_joint_tokenizer
+
+    folder = args.work / "tokenizer"
+    if not has_saved_tokenizer(folder):
+        pairs = [json.loads(line)["translation"] for line in (args.data / "train.jsonl").open() if line.strip()]
+        texts = [pair[language] for pair in pairs for language in ("en", "de")]
+        train_joint_tokenizer(texts, args.tokenizer_vocab_size).save_pretrained(folder)
+    return folder
+
+
+def train_command(scheme: str, seed: int, output_dir: Path, tokenizer: Path, args: argparse.Namespace) -> list[str]:
+    command = [
+        sys.executable, str(ROOT / "train_translation.py"), str(ROOT / "configs" / f"multi30k_small_{scheme}.yaml"),
+        "--train_file", str(args.data / "train.jsonl"), "--validation_file", str(args.data / "validation.jsonl"),
+        "--test_file", str(args.data / "test.jsonl"), "--output_dir", str(output_dir), "--seed", str(seed),
+        "--max_steps", str(args.max_steps), "--eval_strategy", "steps", "--eval_steps", str(args.eval_steps),
+        "--logging_steps", str(args.logging_steps), "--save_strategy", "no", "--warmup_steps", str(args.warmup_steps),
+        "--max_eval_samples", str(args.max_eval_samples), "--cpu_threads", str(args.threads),
+        "--tokenizer_name", str(tokenizer),
+    ]
+    return command + args.extra
+
+
+def train(scheme: str, seed: int, tokenizer: Path, args: argparse.Namespace) -> None:
+    """One `train_translation.py` run, its output in <work>/<scheme>_seed<seed>.log; skipped when already finished."""
+    output_dir = args.work / f"{scheme}_seed{seed}"
+    if (output_dir / "test_results.json").is_file():
+        print(f"{scheme} seed {seed}: reusing the finished run in {output_dir}", flush=True)
+        return
+    with open(args.work / f"{scheme}_seed{seed}.log", "w") as handle:
+        subprocess.run(train_command(scheme, seed, output_dir, tokenizer, args), check=True,
+                       stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+
+
+def read_run(output_dir: Path) -> dict:
+    """Curves from trainer_state.json's log_history, training seconds and the test scores of one finished run."""
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    test = json.loads((output_dir / "test_results.json").read_text())
+    return {
+        "seconds": json.loads((output_dir / "train_results.json").read_text())["train_runtime"],
+        "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry],
+        "eval_loss": [[entry["step"], entry["eval_loss"]] for entry in history if "eval_loss" in entry],
+        "eval_bleu": [[entry["step"], entry["eval_bleu"]] for entry in history if "eval_bleu" in entry],
+        "test_bleu": test["test_bleu"],
+        "test_chrf": test.get("test_chrf"),
+        "test_bleu_signature": test.get("test_bleu_signature"),
+    }
+
+
+def markdown(results: dict) -> str:
+    seeds = results["settings"]["seeds"]
+    lines = [
+        "# Multi30k En->De, reduced CPU run",
+        "",
+        f"Test sacreBLEU (beam 4, full test set) after {results['settings']['max_steps']} steps; seeds {seeds}.",
+        f"Signature: `{results['signature']}`.",
+        "",
+        "| scheme | test BLEU (mean) | per seed | spread (max-min) | test chrF (mean) | last val BLEU | train s / run |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for scheme, summary in results["schemes"].items():
+        bleus = summary["test_bleu"]
+        chrf = summary["test_chrf"]
+        lines.append(
+            f"| {scheme} | {statistics.mean(bleus):.2f} | {', '.join(f'{b:.2f}' for b in bleus)} | "
+            f"{max(bleus) - min(bleus):.2f} | {statistics.mean(chrf):.2f} | "
+            f"{statistics.mean(summary['last_eval_bleu']):.2f} | {statistics.mean(summary['seconds']):.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: dict, path: Path) -> None:
+    """Validation BLEU (left) and training / validation loss (right) against steps; first seed, one colour per scheme."""
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(11, 4))
+    bleu_axes, loss_axes = figure.subplots(1, 2)
+    for index, (scheme, summary) in enumerate(results["schemes"].items()):
+        run = summary["runs"][0]
+        colour = f"C{index}"
+        bleu_axes.plot(*zip(*run["eval_bleu"], strict=True), marker="o", color=colour, label=scheme)
+        loss_axes.plot(*zip(*run["train_loss"], strict=True), color=colour, label=f"{scheme} train")
+        loss_axes.plot(*zip(*run["eval_loss"], strict=True), color=colour, linestyle="--", marker="o",
+                       label=f"{scheme} validation")
+    bleu_axes.set(xlabel="step", ylabel="validation sacreBLEU (beam 4)", title="Multi30k En->De: validation BLEU")
+    loss_axes.set(xlabel="step", ylabel="loss (label-smoothed train, validation)", title="loss")
+    bleu_axes.legend()
+    loss_axes.legend(fontsize=7, ncol=2)
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    argv = sys.argv[1:] if argv is None else argv
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="folder with train/validation/test.jsonl")
+    parser.add_argument("--work", type=Path, required=True, help="folder for the runs' output_dirs (not committed)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, Markdown and PNG")
+    parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--max-steps", type=int, default=400)
+    parser.add_argument("--warmup-steps", type=int, default=100)
+    parser.add_argument("--eval-steps", type=int, default=100)
+    parser.add_argument("--logging-steps", type=int, default=25)
+    parser.add_argument("--max-eval-samples", type=int, default=200, help="validation sentences scored during training")
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run")
+    parser.add_argument("--jobs", type=int, default=1, help="runs trained at the same time")
+    parser.add_argument("--tokenizer-vocab-size", type=int, default=8000, help="as tokenizer_vocab_size in the configs")
+    parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
+    args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    args.extra = extra
+
+    jobs = [(scheme, seed) for seed in args.seeds for scheme in args.schemes]
+    if not args.collect_only:
+        args.work.mkdir(parents=True, exist_ok=True)
+        tokenizer = prepare_tokenizer(args)
+        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+            for future in [pool.submit(train, *job, tokenizer, args) for job in jobs]:
+                future.result()
+    schemes: dict[str, dict] = {}
+    for scheme, seed in jobs:
+        run = read_run(args.work / f"{scheme}_seed{seed}")
+        summary = schemes.setdefault(scheme, {"runs": [], "test_bleu": [], "test_chrf": [], "last_eval_bleu": [],
+                                              "seconds": []})
+        summary["runs"].append(run)
+        summary["test_bleu"].append(run["test_bleu"])
+        summary["test_chrf"].append(run["test_chrf"])
+        summary["last_eval_bleu"].append(run["eval_bleu"][-1][1])
+        summary["seconds"].append(run["seconds"])
+        print(f"{scheme} seed {seed}: test BLEU {run['test_bleu']:.2f}", flush=True)
+
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    first = next(iter(schemes.values()))["runs"][0]
+    results = {
+        "settings": settings,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "signature": first["test_bleu_signature"],
+        "schemes": schemes,
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "multi30k.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "multi30k.md").write_text(markdown(results))
+    plot(results, args.out / "multi30k_curves.png")
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,97 @@
+"""The experiments end to end in smoke configurations: length generalization (--quick) and the Multi30k comparison
+(on the embedded demo corpus, a few steps)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from hf_relpos.demo_corpus import write_demo_corpus
+
+EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
+EXPERIMENT = EXPERIMENTS / "length_generalization.py"
+SCHEMES = {"absolute", "shaw", "xl", "directional"}
+K_VALUES = {0, 1, 2, 4, 16}
+BUCKETS = ["1-20", "21-40", "41-80"]
+
+
+def test_quick_run_writes_json_markdown_and_plots(tmp_path):
+    subprocess.run([sys.executable, str(EXPERIMENT), "--quick", "--out", str(tmp_path)], check=True, timeout=300)
+    results = json.loads((tmp_path / "length_generalization.json").read_text())
+    assert results["buckets"] == BUCKETS
+    assert results["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    runs = results["runs"]
+    assert {run["attention_type"] for run in runs if "schemes" in run["groups"]} == SCHEMES
+    assert {run["overrides"]["max_relative_position"] for run in runs if "k" in run["groups"]} == K_VALUES
+    switches = {
+        (run["overrides"].get("use_relative_keys", True), run["overrides"].get("use_relative_values", True))
+        for run in runs
+        if "aK_aV" in run["groups"]
+    }
+    assert switches == {(True, True), (True, False), (False, True), (False, False)}
+    for run in runs:
+        for result in [run["summary"], *run["per_seed"]]:
+            assert list(result) == BUCKETS
+            for bucket in BUCKETS:
+                assert 0.0 <= result[bucket]["accuracy"] <= 1.0
+                assert 0.0 <= result[bucket]["bleu"] <= 100.0
+
+    table = (tmp_path / "length_generalization.md").read_text()
+    for run in runs:
+        assert f"| {run['name']} |" in table
+    for bucket in BUCKETS:
+        assert f"acc {bucket}" in table and f"BLEU {bucket}" in table
+    for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png"):
+        assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
+
+
+def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_report(tmp_path):
+    data = tmp_path / "data"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    out = tmp_path / "out"
+    command = [
+        sys.executable, str(EXPERIMENTS / "multi30k_compare.py"), "--data", str(data), "--work", str(tmp_path / "work"),
+        "--out", str(out), "--schemes", "absolute", "shaw", "--max-steps", "2", "--warmup-steps", "1",
+        "--eval-steps", "1", "--logging-steps", "1", "--max-eval-samples", "4", "--jobs", "2",
+        "--tokenizer-vocab-size", "120", "--",
+        "--model.d_model", "16", "--model.encoder_layers", "1", "--model.decoder_layers", "1",
+        "--model.encoder_attention_heads", "2", "--model.decoder_attention_heads", "2",
+        "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32", "--max_tokens_per_batch", "256",
+        "--max_predict_samples", "4", "--generation_num_beams", "2",
+    ]
+    subprocess.run(command, check=True, timeout=600)
+    results = json.loads((out / "multi30k.json").read_text())
+    assert list(results["schemes"]) == ["absolute", "shaw"]
+    assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    vocabularies = set()
+    for scheme, summary in results["schemes"].items():
+        run = summary["runs"][0]
+        assert [step for step, _ in run["eval_bleu"]] == [1, 2]
+        assert 0.0 <= run["test_bleu"] <= 100.0 and summary["seconds"][0] > 0
+        vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
+        assert f"| {scheme} |" in (out / "multi30k.md").read_text()
+    assert len(vocabularies) == 1
+    assert (out / "multi30k_curves.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source(monkeypatch):
+    spec = importlib.util.spec_from_file_location("length_generalization", EXPERIMENT)
+    task = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, task)
+    spec.loader.exec_module(task)
+    sequences = task.sample_sequences(torch.Generator().manual_seed(0), 50, 41, 80)
+    assert all(41 <= len(sequence) <= 80 for sequence in sequences)
+    assert {len(sequence) for sequence in sequences} != {41}
+    symbol_ids = range(len(task.SPECIAL_TOKENS), task.VOCAB_SIZE)
+    assert set().union(*sequences) == set(symbol_ids)
+    batch = task.make_batch(sequences[:2])
+    first = sequences[0]
+    assert batch["labels"][0, : len(first) + 1].tolist() == first[::-1] + [task.EOS]
+    assert batch["input_ids"][0, : len(first) + 1].tolist() == first + [task.EOS]
+    tokenizer = task.letter_tokenizer()
+    assert tokenizer(task.to_text(first))["input_ids"] == first + [task.EOS]

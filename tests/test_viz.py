@@ -1,0 +1,72 @@
+"""Visualization helpers: attention maps and Shaw relative-embedding heatmaps on tiny random models."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("matplotlib")
+
+from conftest import SCHEMES, tiny_model  # noqa: E402
+
+from hf_relpos.tokenization import train_joint_tokenizer  # noqa: E402
+from hf_relpos.viz import (  # noqa: E402
+    encoder_attentions,
+    main,
+    plot_attention_maps,
+    plot_relative_embeddings,
+    relative_similarities,
+)
+
+PNG_MAGIC = b"\x89PNG"
+
+
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_attention_maps_have_one_map_per_layer_and_head(attention_type, tmp_path):
+    model = tiny_model(attention_type)
+    model.set_attn_implementation("sdpa")
+    weights = encoder_attentions(model, [5, 6, 7, 8, 9, 1])
+    assert weights.shape == (2, 4, 6, 6)
+    assert model.config._attn_implementation == "sdpa"  # restored after the eager call
+    rows = weights.sum(-1)
+    # every row sums to 1, except DiSAN's queries with no allowed key (all-zero rows)
+    assert torch.all((rows - 1).abs().lt(1e-5) | rows.eq(0))
+    figure = plot_attention_maps(model, [5, 6, 7, 8, 9, 1], out_path=tmp_path / "maps.png")
+    assert len(figure.axes) == 2 * 4 + 1  # layers x heads, plus the colour bar
+    assert (tmp_path / "maps.png").read_bytes().startswith(PNG_MAGIC)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_relative_embeddings_similarity_per_layer(shared, tmp_path):
+    model = tiny_model("shaw", relative_embeddings_shared_across_heads=shared)
+    similarities = relative_similarities(model)
+    assert set(similarities) == {"w^K", "w^V"}
+    for similarity in similarities.values():
+        assert similarity.shape == (2, 7, 7)  # layers, 2k+1, 2k+1 with k = 3
+        assert torch.allclose(torch.diagonal(similarity, dim1=-2, dim2=-1), torch.ones(2, 7), atol=1e-5)
+        assert torch.allclose(similarity, similarity.transpose(-1, -2), atol=1e-6)
+    figure = plot_relative_embeddings(model, tmp_path / "relative.png")
+    assert len(figure.axes) == 2 * 2 + 1
+    assert (tmp_path / "relative.png").read_bytes().startswith(PNG_MAGIC)
+
+
+def test_relative_embeddings_with_keys_only_and_without_tables():
+    assert set(relative_similarities(tiny_model("shaw", use_relative_values=False))) == {"w^K"}
+    with pytest.raises(ValueError, match="no learned relative tables"):
+        relative_similarities(tiny_model("xl"))
+
+
+def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path):
+    tokenizer = train_joint_tokenizer(["the dog sees the cat", "der Hund sieht die Katze"] * 5, vocab_size=40)
+    model = tiny_model("shaw", vocab_size=len(tokenizer))
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    written = main([str(tmp_path / "model"), "--sentence", "the dog sees the cat", "--out", str(tmp_path / "a")])
+    assert [path.name for path in written] == ["attention_maps.png", "relative_embeddings.png"]
+    assert all(path.read_bytes().startswith(PNG_MAGIC) for path in written)
+
+    tiny_model("directional").save_pretrained(tmp_path / "plain")
+    written = main([str(tmp_path / "plain"), "--token-ids", "5", "6", "7", "1", "--out", str(tmp_path / "b")])
+    assert [path.name for path in written] == ["attention_maps.png"]
+    with pytest.raises(SystemExit):
+        main([str(tmp_path / "plain"), "--sentence", "no tokenizer here", "--out", str(tmp_path / "c")])
