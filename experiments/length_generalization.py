@@ -1,4 +1,4 @@
-"""Length generalization of the position schemes on sequence reversal, plus Shaw et al.'s ablations.
+r"""Length generalization of the position schemes on sequence reversal, plus Shaw et al.'s ablations.
 
 Task: reverse a sequence of letters (`c a b a </s>` -> `a b a c </s>`, 26 letters, repeats allowed). Position
 matters (a bag of words cannot solve it, and with repeats the content of a letter does not say where it stands), and
@@ -14,7 +14,8 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
   - aK_aV:    shaw with a^K / a^V on and off (Table 3)
 
 Example (the figures in docs/results.md):
-  python experiments/length_generalization.py --out docs/results/length_generalization
+  python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
+      --save-models /tmp/lg_models
 """
 
 from __future__ import annotations

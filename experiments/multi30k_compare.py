@@ -1,4 +1,4 @@
-"""Multi30k En->De: the four position schemes trained with `train_translation.py` on identical settings.
+r"""Multi30k En->De: the four position schemes trained with `train_translation.py` on identical settings.
 
 Each run is `configs/multi30k_small_<scheme>.yaml` (the four files differ only in `attention_type`) with the same
 overrides for every scheme: local data files, seed, step cap, evaluation schedule, CPU threads. The joint BPE
@@ -9,10 +9,10 @@ up where it stopped. Afterwards the script reads each run's `trainer_state.json`
 and `test_results.json` and writes a JSON, a Markdown table and a PNG of validation BLEU and loss against steps, one
 line per scheme.
 
-Reduced CPU run (the figures in docs/results.md, about 50 minutes on 2 cores):
+Reduced CPU run (the figures in docs/results.md, about 35 minutes per seed on 2 idle cores):
   python experiments/multi30k_compare.py --data ../shared/data/multi30k --work /tmp/multi30k \
-      --out docs/results/multi30k --max-steps 1200 --warmup-steps 300 --eval-steps 300 --logging-steps 50 \
-      --max-eval-samples 200 --threads 1 --jobs 2 \
+      --out docs/results/multi30k --seeds 1 2 --max-steps 1200 --warmup-steps 300 --eval-steps 300 \
+      --logging-steps 50 --max-eval-samples 200 --threads 1 --jobs 2 \
       -- --model.d_model 128 --model.encoder_ffn_dim 512 --model.decoder_ffn_dim 512 --max_tokens_per_batch 2048
 Options after `--` go to every `train_translation.py` call unchanged (e.g. `-- --model.d_model 128`).
 """
@@ -79,6 +79,7 @@ def read_run(output_dir: Path) -> dict:
         "eval_bleu": [[entry["step"], entry["eval_bleu"]] for entry in history if "eval_bleu" in entry],
         "test_bleu": test["test_bleu"],
         "test_chrf": test.get("test_chrf"),
+        "test_length_ratio": test.get("test_length_ratio"),
         "test_bleu_signature": test.get("test_bleu_signature"),
     }
 
@@ -91,8 +92,9 @@ def markdown(results: dict) -> str:
         f"Test sacreBLEU (beam 4, full test set) after {results['settings']['max_steps']} steps; seeds {seeds}.",
         f"Signature: `{results['signature']}`.",
         "",
-        "| scheme | test BLEU (mean) | per seed | spread (max-min) | test chrF (mean) | last val BLEU | train s / run |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        "| scheme | test BLEU (mean) | per seed | spread (max-min) | test chrF (mean) | hyp/ref length | best val BLEU "
+        "| last val BLEU | train s / run |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for scheme, summary in results["schemes"].items():
         bleus = summary["test_bleu"]
@@ -100,6 +102,7 @@ def markdown(results: dict) -> str:
         lines.append(
             f"| {scheme} | {statistics.mean(bleus):.2f} | {', '.join(f'{b:.2f}' for b in bleus)} | "
             f"{max(bleus) - min(bleus):.2f} | {statistics.mean(chrf):.2f} | "
+            f"{statistics.mean(summary['test_length_ratio']):.2f} | {statistics.mean(summary['best_eval_bleu']):.2f} | "
             f"{statistics.mean(summary['last_eval_bleu']):.2f} | {statistics.mean(summary['seconds']):.0f} |"
         )
     return "\n".join(lines) + "\n"
@@ -157,11 +160,13 @@ def main(argv: list[str] | None = None) -> dict:
     schemes: dict[str, dict] = {}
     for scheme, seed in jobs:
         run = read_run(args.work / f"{scheme}_seed{seed}")
-        summary = schemes.setdefault(scheme, {"runs": [], "test_bleu": [], "test_chrf": [], "last_eval_bleu": [],
-                                              "seconds": []})
+        summary = schemes.setdefault(scheme, {"runs": [], "test_bleu": [], "test_chrf": [], "test_length_ratio": [],
+                                              "best_eval_bleu": [], "last_eval_bleu": [], "seconds": []})
         summary["runs"].append(run)
         summary["test_bleu"].append(run["test_bleu"])
         summary["test_chrf"].append(run["test_chrf"])
+        summary["test_length_ratio"].append(run["test_length_ratio"])
+        summary["best_eval_bleu"].append(max(bleu for _, bleu in run["eval_bleu"]))
         summary["last_eval_bleu"].append(run["eval_bleu"][-1][1])
         summary["seconds"].append(run["seconds"])
         print(f"{scheme} seed {seed}: test BLEU {run['test_bleu']:.2f}", flush=True)
