@@ -64,7 +64,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = {}
     for scheme in args.schemes:
         torch.manual_seed(0)
-        config = make_config(scheme, shape, args.layers, args.vocab_size)
+        config = make_config(scheme, shape, args.layers, args.vocab_size, args.kernel)
         model = RelPosTransformerForConditionalGeneration(config).to(args.device).eval()
         source = torch.randint(4, config.vocab_size, (args.batch, args.source_length), device=args.device)
         for use_cache in (True, False):
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     meta = environment(args.device, args.dtype) | {
         key: getattr(args, key)
-        for key in ("shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "warmup", "repeats")
+        for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "warmup", "repeats")
     }
     rows = run_benchmark(args)
     data = {"meta": meta, "decoding": rows}

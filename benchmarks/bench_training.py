@@ -57,9 +57,11 @@ class Case:
     tokens: int
 
 
-def attention_case(scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str) -> Case:
+def attention_case(
+    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, kernel: str = "sdpa"
+) -> Case:
     """Self-attention of an encoder's first layer with the encoder's position scheme (embed + attend)."""
-    stack = RelPosEncoder(make_config(scheme, shape, layers=1))
+    stack = RelPosEncoder(make_config(scheme, shape, layers=1, kernel=kernel))
     stack.positions.init_parameters(stack.config.init_std)
     module = nn.ModuleDict({"positions": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()
     inputs = torch.randn(batch, length, shape.d_model, device=device, requires_grad=True)
@@ -76,11 +78,13 @@ def attention_case(scheme: str, shape: Shape, length: int, batch: int, device: s
 
 
 def model_case(
-    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, layers: int, vocab_size: int
+    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, layers: int, vocab_size: int,
+    kernel: str = "sdpa",
 ) -> Case:
     """The full encoder-decoder on random source/target ids of `length` tokens each (training mode, dropout on)."""
     torch.manual_seed(0)
-    model = RelPosTransformerForConditionalGeneration(make_config(scheme, shape, layers, vocab_size)).to(device).train()
+    config = make_config(scheme, shape, layers, vocab_size, kernel)
+    model = RelPosTransformerForConditionalGeneration(config).to(device).train()
     source = torch.randint(4, vocab_size, (batch, length), device=device)
     labels = torch.randint(4, vocab_size, (batch, length), device=device)
 
@@ -121,11 +125,13 @@ def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
                 batch = max(tokens // length, 1)
                 torch.manual_seed(0)
                 if benchmark == "attention":
-                    cases = {s: attention_case(s, shape, length, batch, args.device, args.dtype) for s in args.schemes}
+                    cases = {s: attention_case(s, shape, length, batch, args.device, args.dtype, args.kernel)
+                             for s in args.schemes}
                 else:
                     vocab_size = args.vocab_size or shape.vocab_size
                     cases = {
-                        s: model_case(s, shape, length, batch, args.device, args.dtype, layers, vocab_size)
+                        s: model_case(s, shape, length, batch, args.device, args.dtype, layers, vocab_size,
+                                      args.kernel)
                         for s in args.schemes
                     }
                 results = measure(cases, args)
@@ -309,6 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     torch.manual_seed(0)
     meta = environment(args.device, args.dtype) | {
+        "kernel": args.kernel,
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,
         "model_layers": f"{args.layers} + {args.layers} layers" if args.layers else "the shape's layers (base 6 + 6),",

@@ -29,6 +29,7 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "directional": {"attention_type": "directional"},
 }
 BASELINE = "absolute"
+KERNELS = ("sdpa", "eager", "flex_attention")
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -51,11 +52,12 @@ SHAPES: dict[str, Shape] = {
 
 
 def make_config(
-    scheme: str, shape: Shape, layers: int | None = None, vocab_size: int | None = None
+    scheme: str, shape: Shape, layers: int | None = None, vocab_size: int | None = None, kernel: str = "sdpa"
 ) -> hf_relpos.RelPosTransformerConfig:
-    """Config of `shape` with the position scheme of benchmark label `scheme`, layers/vocabulary optionally reduced."""
+    """Config of `shape` with the position scheme of benchmark label `scheme`, layers/vocabulary optionally reduced,
+    attention running through `kernel` ("sdpa", "eager" or "flex_attention")."""
     layers = shape.layers if layers is None else layers
-    return hf_relpos.RelPosTransformerConfig(
+    config = hf_relpos.RelPosTransformerConfig(
         vocab_size=shape.vocab_size if vocab_size is None else vocab_size,
         d_model=shape.d_model,
         encoder_layers=layers,
@@ -66,13 +68,20 @@ def make_config(
         decoder_ffn_dim=shape.ffn_dim,
         **SCHEMES[scheme],
     )
+    config._attn_implementation = kernel
+    return config
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --dtype, --out, --quick, --schemes, --warmup, --repeats (shared by every benchmark script)."""
+    """--device, --dtype, --kernel, --out, --quick, --schemes, --warmup, --repeats (shared by every benchmark
+    script)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16 = autocast (weights stay fp32)"
+    )
+    parser.add_argument(
+        "--kernel", choices=KERNELS, default="sdpa",
+        help="attention kernel of every scheme (flex_attention: compiled on CUDA; Shaw's a^V term always runs eager)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
     parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")
@@ -217,5 +226,6 @@ def write_report(out: Path, stem: str, markdown: str, data: dict[str, Any]) -> t
 
 def environment_lines(meta: dict[str, Any]) -> Iterator[str]:
     yield f"- command: `{meta['command']}`"
-    yield f"- device: {meta['device']} ({meta['device_name']}, {meta['cpu_threads']} CPU threads), dtype {meta['dtype']}"
+    yield (f"- device: {meta['device']} ({meta['device_name']}, {meta['cpu_threads']} CPU threads), dtype "
+           f"{meta['dtype']}, attention kernel {meta['kernel']}")
     yield f"- torch {meta['torch']}, transformers {meta['transformers']}, python {meta['python']}, {meta['date']}"

@@ -2,8 +2,8 @@
 
     python -m hf_relpos.checkpoints outputs/run --last_n 5 --output_dir outputs/run/averaged
 
-The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last) or the
-checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
+The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last, also when
+the folder holds the final model) or the checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
 the config, generation config and tokenizer of the newest checkpoint.
 """
 
@@ -70,11 +70,10 @@ def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | 
     for path in paths:
         if not path.is_dir():
             raise ValueError(f"{str(path)!r} is not a folder")
-    if len(paths) == 1 and not _has_weights(paths[0]):
-        checkpoints = find_checkpoints(paths[0])
-        if not checkpoints:
+    checkpoints = find_checkpoints(paths[0]) if len(paths) == 1 else []
+    if not checkpoints:
+        if len(paths) == 1 and not _has_weights(paths[0]):
             raise ValueError(f"{str(paths[0])!r} holds neither model weights nor checkpoint-<step> folders")
-    else:
         checkpoints = paths
     if last_n < 1:
         raise ValueError(f"last_n must be a positive integer, got {last_n}")

@@ -17,6 +17,8 @@ from .positions_xl import XLPositions
 
 BUILTIN_SCHEMES = (AbsolutePositions, ShawPositions, XLPositions, DirectionalPositions)
 LAYER_NORM_POSITIONS = ("pre", "post")
+BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "use_relative_keys", "use_relative_values",
+                  "relative_embeddings_shared_across_heads", "untie_relative_biases", "directional_disable_diagonal")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -91,11 +93,15 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> RelPosTransformerConfig:
-        """Refuses another model's config (transformers only warns), so no folder loads as the wrong model."""
+        """Refuses another model's config (transformers only warns), so no folder loads as the wrong model, and
+        validates again after the keyword overrides (transformers sets those after `__post_init__` has run)."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        config._validate_relpos()
+        return loaded
 
     def __post_init__(self, **kwargs) -> None:
         _refuse_misspelled_fields(kwargs)
@@ -122,6 +128,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
             heads = getattr(self, heads_field)
             if self.d_model % heads:
                 raise ValueError(f"d_model ({self.d_model}) must be divisible by {heads_field} ({heads})")
+        for name in BOOLEAN_FIELDS:
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
+            raise ValueError(f"init_std must be a positive number, got {self.init_std!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,18 +200,23 @@ def write_demo_corpus(
 ) -> dict[str, Path]:
     """Write `{train,validation,test}.jsonl` in the WMT schema (`{"translation": {"en": ..., "de": ...}}`).
 
-    Each file is written to a temporary name and renamed, so an interrupted run never leaves half a file.
+    Each file is written to a temporary file of its own (several processes may write the same corpus at once) and
+    renamed, so an interrupted run never leaves half a file; a failed write removes its temporary file.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, pairs in generate_demo_splits(num_train, num_validation, num_test, seed).items():
         path = directory / f"{split}.jsonl"
-        partial_path = path.with_suffix(".jsonl.partial")
-        with open(partial_path, "w", encoding="utf-8") as handle:
-            for english, german in pairs:
-                record = {"translation": {SOURCE_LANG: english, TARGET_LANG: german}}
-                handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-        os.replace(partial_path, path)
+        descriptor, partial_name = tempfile.mkstemp(prefix=f".{split}.", suffix=".partial", dir=directory)
+        try:
+            with open(descriptor, "w", encoding="utf-8") as handle:
+                for english, german in pairs:
+                    record = {"translation": {SOURCE_LANG: english, TARGET_LANG: german}}
+                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
+            os.replace(partial_name, path)
+        except BaseException:
+            Path(partial_name).unlink(missing_ok=True)
+            raise
         paths[split] = path
     return paths

@@ -524,7 +524,9 @@ def _limitations_section(config: RelPosTransformerConfig, recipe: dict, source: 
         items.append("Multi30k holds short image captions; expect poor quality on news, dialogue or technical text.")
     if recipe.get("dataset_name") == "demo":
         items.append("The demo corpus is a small generated German-like language, not real German.")
-    if config.attention_type == "directional":
+    if config.attention_type == "directional" and "backward" in DirectionalPositions(
+            config, 0, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads,
+            is_causal=True).head_directions:
         items.append("In the decoder the causal mask leaves backward heads without keys, so they output zeros.")
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 

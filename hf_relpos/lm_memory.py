@@ -60,6 +60,11 @@ class MemoryTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if self.args.world_size > 1:
             raise ValueError("MemoryTrainer carries one memory per stream row and runs in a single process only")
+        for split, dataset, batch_size in (("train", self.train_dataset, self.args.per_device_train_batch_size),
+                                           ("eval", self.eval_dataset, self.args.per_device_eval_batch_size)):
+            if isinstance(dataset, SegmentedStream) and batch_size != dataset.batch_size:
+                raise ValueError(f"per_device_{split}_batch_size ({batch_size}) must equal the stream's batch_size "
+                                 f"({dataset.batch_size}): each batch row carries the memory of one stream row")
         self._memory: dict[bool, tuple[torch.Tensor, ...] | None] = {True: None, False: None}
 
     def _get_collator_with_removed_columns(self, data_collator, description: str | None = None):

@@ -620,7 +620,9 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     With `config.mem_len` M > 0 it runs Transformer-XL's segment-level recurrence: `forward` takes and returns
     `mems` (per layer, the last M layer inputs, detached: SG(h_tau) in Dai et al. 2019, eq. in sec. 3.2), keys and
     values span [mems; segment], queries the segment, and positions are offset by the memory length. In `generate`
-    the memory is the cache (and is reordered for beam search). With M = 0 it is a plain causal LM with a KV cache.
+    the memory is the cache (and is reordered for beam search): it equals uncached generation while prompt plus new
+    tokens fit in M, and beyond that each step sees the last M states only (XL's bounded context). With M = 0 it is a
+    plain causal LM with a KV cache.
     """
 
     remote_auto_classes = {"AutoModelForCausalLM": "RelPosTransformerForCausalLM"}

@@ -46,7 +46,7 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
 def relative_position_index(
     query_length: int, key_length: int, max_relative_position: int, query_offset: int = 0, device: Any = None
 ) -> torch.LongTensor:
-    """Shaw et al. (2018) eq. 3-4 index table: entry [i, j] = clip(j - i', k) + k with i' = i + query_offset.
+    """Shaw et al. (2018) sec. 3.2 index table: entry [i, j] = clip(j - i', k) + k with i' = i + query_offset.
 
     `query_offset` is the number of cached positions before the first query, so an incremental decoding step sees
     its true distance to every key.

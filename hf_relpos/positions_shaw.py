@@ -13,12 +13,14 @@ from .positions import PositionScheme, RelativeBias, attention_core, register_at
 
 @register_attention("shaw")
 class ShawPositions(PositionScheme):
-    """e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z) (eq. 5), z_i = sum_j alpha_ij (v_j + a^V_ij) (eq. 3),
-    a^K_ij = w^K_clip(j-i,k), a^V_ij = w^V_clip(j-i,k) (eq. 4).
+    """Shaw et al. (2018): e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z) (eq. 4), z_i = sum_j alpha_ij (v_j + a^V_ij)
+    (eq. 3), a^K_ij = w^K_clip(j-i,k), a^V_ij = w^V_clip(j-i,k) (sec. 3.2).
 
-    Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values, shared across heads (paper) or one table per head.
-    Efficient form: q_i . w^K_r for the 2k+1 distances r, gathered by the index table (O(n (2k+1) d + n^2)); the
-    a^V term sums each row's probabilities into 2k+1 distance buckets, then multiplies by w^V. No n x n x d tensor.
+    Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values,
+    shared across heads (paper) or one table per head. Efficient form (eq. 5, sec. 3.3): e_ij split into
+    q_i k_j^T + q_i (a^K_ij)^T, the second term as q_i . w^K_r for the 2k+1 distances r, gathered by the index table
+    (O(n (2k+1) d + n^2)); the a^V term sums each row's probabilities into 2k+1 distance buckets, then multiplies by
+    w^V. No n x n x d tensor.
     """
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:

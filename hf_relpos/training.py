@@ -26,6 +26,7 @@ import numpy as np
 import torch
 import yaml
 from datasets import Dataset
+from safetensors import SafetensorError
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -305,11 +306,30 @@ def _check_consistency(
         raise ConfigError(f"cpu_threads must be a positive integer or null, got {training_args.cpu_threads}")
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
-    if model_args.model_name_or_path is None:
-        try:
+    try:
+        if model_args.model_name_or_path is None:
             RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
-        except (ValueError, TypeError) as error:
-            raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+        else:
+            RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+                                                    **model_args.model_config)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"model_name_or_path: {error}") from None
+
+
+def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
+    """Every training pair must fit the token budget on its own; checked before the tokenizer is saved."""
+    budget = training_args.max_tokens_per_batch
+    if budget is None:
+        return
+    source_lengths, target_lengths = example_lengths(train_dataset)
+    longest = np.maximum(source_lengths, target_lengths)
+    too_long = int((longest > budget).sum())
+    if too_long:
+        raise ConfigError(f"max_tokens_per_batch={budget} is smaller than {too_long} training pair(s) (the longest "
+                          f"has {int(longest.max())} tokens); raise max_tokens_per_batch or lower "
+                          f"max_source_length/max_target_length")
 
 
 @dataclass
@@ -417,7 +437,7 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def max_new_tokens(self, longest_source: int) -> int:
         """Vaswani et al.: output length <= input length + 50, here per batch; capped by generation_max_length and
-        by the decoder's position limit."""
+        by `max_position_embeddings` (the longest target the model is configured for)."""
         limit = longest_source + self.args.generation_max_length_offset
         if self.args.generation_max_length is not None:
             limit = min(limit, self.args.generation_max_length)
@@ -459,10 +479,13 @@ def _obtain_tokenizer(
     model_args: ModelArguments, training_args: TranslationTrainingArguments, train_split: Dataset | None
 ) -> tuple[PreTrainedTokenizerBase, bool]:
     """(tokenizer, newly trained?): tokenizer_name, else the model's, else output_dir's, else train one."""
-    if model_args.tokenizer_name is not None:
-        return load_tokenizer(model_args.tokenizer_name), False
-    if model_args.model_name_or_path is not None:
-        return load_tokenizer(model_args.model_name_or_path), False
+    for field_name in ("tokenizer_name", "model_name_or_path"):
+        name_or_path = getattr(model_args, field_name)
+        if name_or_path is not None:
+            try:
+                return load_tokenizer(name_or_path), False
+            except (OSError, ValueError) as error:
+                raise ConfigError(f"{field_name} {name_or_path!r}: cannot load its tokenizer: {error}") from None
     if has_saved_tokenizer(training_args.output_dir):
         logger.info("Reusing the tokenizer saved in %s", training_args.output_dir)
         return load_tokenizer(training_args.output_dir), False
@@ -491,9 +514,15 @@ def _build_model(
     training_args: TranslationTrainingArguments,
 ) -> RelPosTransformerForConditionalGeneration:
     if model_args.model_name_or_path is not None:
-        model = RelPosTransformerForConditionalGeneration.from_pretrained(
-            model_args.model_name_or_path, cache_dir=model_args.cache_dir, **model_args.model_config
-        )
+        try:
+            model = RelPosTransformerForConditionalGeneration.from_pretrained(
+                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **model_args.model_config
+            )
+        except SafetensorError as error:
+            raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: its weights file is corrupt or "
+                              f"incomplete ({error})") from None
+        except (OSError, ValueError, RuntimeError) as error:
+            raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}") from None
         if model.config.vocab_size < len(tokenizer):
             raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model only "
                               f"{model.config.vocab_size} embeddings")
@@ -636,6 +665,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     with training_args.main_process_first(desc="tokenizer"):
         tokenizer, newly_trained = _obtain_tokenizer(model_args, training_args, raw.get("train"))
         train_dataset = tokenize_training_pairs(raw["train"], tokenizer, data_args)[0] if "train" in raw else None
+        if train_dataset is not None:
+            _check_token_budget(train_dataset, training_args)
         evaluation_sets = {prefix: _prepare_evaluation_set(raw[split], tokenizer, data_args, split)
                            for prefix, split in (("eval", "validation"), ("test", "test")) if split in raw}
         if newly_trained:

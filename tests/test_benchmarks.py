@@ -44,10 +44,23 @@ def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
     }
 
 
-def test_decoding_benchmark_reports_every_scheme(tmp_path: Path) -> None:
+@pytest.mark.parametrize("kernel", ["sdpa", "flex_attention"])
+def test_decoding_benchmark_reports_every_scheme(tmp_path: Path, kernel: str, monkeypatch) -> None:
+    """Also with --kernel flex_attention (unfused on CPU, forward only): every model generates through it."""
+    used = []
+    make_config = bench_decoding.make_config
+
+    def recording_make_config(*args, **kwargs):
+        config = make_config(*args, **kwargs)
+        used.append(config._attn_implementation)
+        return config
+
+    monkeypatch.setattr(bench_decoding, "make_config", recording_make_config)
     argv = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1", "--source-length", "4",
-            "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--out", str(tmp_path)]
+            "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--kernel", kernel, "--out", str(tmp_path)]
     data = bench_decoding.main(argv)
+    assert used == [kernel] * len(SCHEMES) and data["meta"]["kernel"] == kernel
+    assert f"attention kernel {kernel}" in (tmp_path / "decoding.md").read_text()
     assert data == json.loads((tmp_path / "decoding.json").read_text())
     rows = {r["scheme"]: r for r in data["decoding"]}
     assert sorted(rows) == sorted(SCHEMES)

@@ -202,6 +202,31 @@ def test_demo_corpus_files_use_the_wmt_schema(tmp_path):
     assert len(read_local_pairs(paths["validation"], "en", "de")) == 5
 
 
+def test_demo_corpus_written_by_several_processes_at_once_is_whole(tmp_path):
+    """Under `main_process_first` every non-main rank writes the demo corpus at the same time."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(lambda _: write_demo_corpus(tmp_path / "demo", 300, 20, 20, seed=1), range(4)))
+    expected = write_demo_corpus(tmp_path / "alone", 300, 20, 20, seed=1)
+    for path in expected.values():
+        assert (tmp_path / "demo" / path.name).read_bytes() == path.read_bytes()
+    assert sorted(item.name for item in (tmp_path / "demo").iterdir()) == ["test.jsonl", "train.jsonl",
+                                                                            "validation.jsonl"]
+
+
+def test_failed_demo_corpus_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    import hf_relpos.demo_corpus as demo_corpus
+
+    def failing_dumps(*args, **kwargs):
+        raise OSError("disk gone")
+
+    monkeypatch.setattr(demo_corpus.json, "dumps", failing_dumps)
+    with pytest.raises(OSError, match="disk gone"):
+        write_demo_corpus(tmp_path / "demo", 20, 5, 5, seed=1)
+    assert list((tmp_path / "demo").iterdir()) == []
+
+
 def wmt_like_hub_dataset():
     """What `load_dataset("wmt/wmt14", "de-en")` returns, in miniature (a `Translation` feature)."""
     features = Features({"translation": Translation(languages=["de", "en"])})

@@ -23,7 +23,7 @@ import hf_relpos
 from hf_relpos import hub
 from hf_relpos.metrics import score_translations
 from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
-from hf_relpos.training import parse_arguments
+from hf_relpos.training import parse_arguments, run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
@@ -195,6 +195,18 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS[attention_type]
 
 
+@pytest.mark.parametrize(("decoder_heads", "warned"), [(None, False), (["forward", "backward"], True)])
+def test_directional_card_warns_of_silent_decoder_heads_only_when_there_are_some(decoder_heads, warned):
+    """The default decoder heads are all forward; an explicit backward head in the causal decoder outputs zeros."""
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=100, d_model=48, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type="directional",
+        directional_heads=decoder_heads,
+    )
+    text = hub.render_model_card(config, {}, None)
+    assert ("causal mask leaves backward heads without keys" in text) == warned
+
+
 def test_card_without_results_has_no_model_index():
     recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml")
     card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe, recipe_name="multi30k_small_xl"))
@@ -292,6 +304,28 @@ def test_training_hook_pushes_output_dir_with_the_run_recipe(output_folder, fake
     assert "| `learning_rate` | 0.003 |" in card.text and "| `max_tokens_per_batch` | 512 |" in card.text
     assert "trained on hf_relpos demo corpus" in card.text and card.data.datasets is None
     assert {r.dataset_split for r in card.data.eval_results} == {"validation", "test"}
+
+
+def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake_hub):
+    """`push_to_hub: true` in a real (tiny) run: one commit after scoring, with the model, its code, the tokenizer
+    and a card whose model-index carries the BLEU that this run's evaluation wrote."""
+    output_dir = tmp_path / "run"
+    run([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_dir), "--push_to_hub", "true",
+         "--hub_model_id", "me/tiny-demo", "--demo_train_pairs", "60", "--demo_validation_pairs", "6",
+         "--demo_test_pairs", "5", "--max_steps", "2", "--model.d_model", "32", "--model.encoder_layers", "1",
+         "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "64", "--model.decoder_ffn_dim", "64",
+         "--generation_num_beams", "1", "--generation_max_length_offset", "3", "--cpu_threads", "1",
+         "--disable_tqdm", "true"])
+    (commit,) = fake_hub.commits
+    assert commit["repo_id"] == "me/tiny-demo"
+    assert set(commit["files"]) == MODEL_FILES | {"README.md", "pipeline_relpos.py"}
+    assert commit["files"]["model.safetensors"] == (output_dir / "model.safetensors").read_bytes()
+    written = json.loads((output_dir / "test_results.json").read_text())
+    card = ModelCard(commit["files"]["README.md"].decode())
+    test_bleu = next(r for r in card.data.eval_results if r.dataset_split == "test" and r.metric_type == "sacrebleu")
+    assert test_bleu.metric_value == round(written["test_bleu"], 2)
+    assert test_bleu.metric_args == {"signature": written["test_bleu_signature"]}
+    assert not any(name.startswith("checkpoint-") for name in commit["files"])
 
 
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import tiny_config
 from transformers import TrainingArguments
@@ -52,23 +53,44 @@ def trainer_for(model, tmp_path, learning_rate: float, steps: int) -> MemoryTrai
 
 
 def test_trainer_carries_memory_between_steps(tmp_path):
-    """With learning rate 0 the Trainer's step losses equal a manual loop that feeds each step the previous mems."""
+    """With learning rate 0 the Trainer feeds each step exactly the mems a manual loop gets from the previous step,
+    and its step losses equal the loop's."""
     model = xl_lm()
     trainer = trainer_for(model, tmp_path, learning_rate=0.0, steps=5)
+    received = []
+    forward = model.forward
+
+    def recording_forward(*args, **kwargs):
+        received.append(kwargs.get("mems"))
+        return forward(*args, **kwargs)
+
+    model.forward = recording_forward
     trainer.train()
+    del model.forward
     logged = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     data = SegmentedStream(tokens(), BATCH, SEGMENT)
     model.eval()
-    mems, expected = None, []
+    mems, expected_mems, expected = None, [], []
     with torch.no_grad():
         for step in range(5):
+            expected_mems.append(mems)
             batch = [data[step * BATCH + row] for row in range(BATCH)]
             outputs = model(input_ids=torch.stack([b["input_ids"] for b in batch]), mems=mems)
             mems = outputs.mems
             expected.append(next_token_loss(outputs.logits, torch.stack([b["targets"] for b in batch])).item())
-    assert len(logged) == 5
+    assert len(logged) == 5 and len(received) == 5
+    assert received[0] is None
+    for got, want in zip(received[1:], expected_mems[1:], strict=True):
+        assert len(got) == len(want) and all(torch.allclose(g, w, atol=1e-6) for g, w in zip(got, want, strict=True))
+        assert not any(g.requires_grad for g in got)
     assert all(math.isclose(a, b, rel_tol=1e-3) for a, b in zip(logged, expected, strict=True))
-    assert trainer._memory[True][0].shape == (BATCH, SEGMENT, model.config.d_model)
+
+
+def test_trainer_batch_size_must_match_the_stream(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=BATCH + 1, report_to=[],
+                             use_cpu=True)
+    with pytest.raises(ValueError, match=r"per_device_train_batch_size \(3\) must equal the stream's batch_size \(2\)"):
+        MemoryTrainer(model=xl_lm(), args=args, train_dataset=SegmentedStream(tokens(), BATCH, SEGMENT))
 
 
 def test_trainer_learns_and_evaluates_with_memory(tmp_path):

@@ -138,8 +138,10 @@ def test_inputs_far_longer_than_training_run(attention_type):
     model = tiny_model(attention_type)
     input_ids = torch.randint(4, 40, (1, 1000))
     with torch.no_grad():
-        out = model.generate(input_ids=input_ids, max_new_tokens=3, min_new_tokens=3, do_sample=False)
-    assert out.shape == (1, 4)
+        out = model.generate(input_ids=input_ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    assert out.sequences.shape == (1, 4)
+    assert all(torch.isfinite(step).all() for step in out.logits)
 
 
 def test_absolute_positions_extend_past_max_position_embeddings():

@@ -86,7 +86,7 @@ def naive_softmax_attention(scores, allowed, values_for):
 
 
 def naive_shaw(scheme, layer, q, k, v, allowed, offset):
-    """Shaw et al. eqs. 2-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij)."""
+    """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij)."""
     kmax = scheme.max_relative_position
 
     def table(tables, h, i, j):
@@ -127,7 +127,7 @@ def naive_xl(scheme, layer, q, k, v, allowed, offset):
     scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
     for i in range(q.size(2)):
         for j in range(k.size(2)):
-            distance = max(-clamp, min(clamp, i + offset - j))
+            distance = i + offset - j if clamp is None else max(-clamp, min(clamp, i + offset - j))
             relative = (projection @ sinusoid_by_loop(distance, scheme.config.d_model)).view(HEADS, HEAD_DIM)
             for b in range(BATCH):
                 for h in range(HEADS):
@@ -169,6 +169,7 @@ CASES = [
     ("shaw", naive_shaw, {"max_relative_position": 0}),
     ("xl", naive_xl, {}),
     ("xl", naive_xl, {"untie_relative_biases": False, "clamp_len": 2}),
+    ("xl", naive_xl, {"clamp_len": None}),
     ("directional", naive_directional, {}),
     ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"]}),
     ("directional", naive_directional, {"directional_disable_diagonal": False}),

@@ -76,11 +76,27 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"d_model": "512"}, "d_model"),
         ({"max_relativ_position": 8}, "max_relative_position"),
         ({"use_relative_value": False}, "use_relative_values"),
+        ({"use_relative_keys": "no"}, "use_relative_keys"),
+        ({"untie_relative_biases": "x"}, "untie_relative_biases"),
+        ({"init_std": -1.0}, "init_std"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
     with pytest.raises(ValueError) as error:
         tiny_config(**overrides)
+    assert field in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "overrides, field",
+    [({"layer_norm_position": "sandwich"}, "layer_norm_position"), ({"dropout": 1.5}, "dropout"),
+     ({"max_relative_position": -1}, "max_relative_position"), ({"pad_token_id": 999}, "pad_token_id")],
+)
+def test_overrides_given_to_from_pretrained_are_validated(tmp_path, overrides, field):
+    """transformers sets from_pretrained's keyword overrides after the config is built; they are checked too."""
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config()).save_pretrained(tmp_path)
+    with pytest.raises(ValueError) as error:
+        hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path, **overrides)
     assert field in str(error.value)
 
 

@@ -3,6 +3,7 @@ folders, a failing rank, bad input, non-finite losses, and safetensors-only weig
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -291,17 +292,32 @@ def test_output_dir_under_a_file_is_one_error_before_data_is_read(tmp_path, corp
     assert "is a file, not a folder" in completed.stderr
 
 
-def test_read_only_output_dir_is_detected(tmp_path):
+def test_read_only_output_dir_is_detected(tmp_path, monkeypatch):
+    """A folder without write permission (when not root), else one on which file creation fails as on a read-only
+    mount: the probe's OSError is reported before training."""
     folder = tmp_path / "read_only"
     folder.mkdir()
     folder.chmod(0o500)
     try:
         if os.access(folder, os.W_OK):
-            pytest.skip("running as root: permissions do not block writes (the file-parent test covers the probe)")
+            def read_only_mkdtemp(*args, **kwargs):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+
+            monkeypatch.setattr(safety_module.tempfile, "mkdtemp", read_only_mkdtemp)
         with pytest.raises(OutputDirError, match="is not writable: cannot create files in"):
             check_output_dir(folder / "out")
     finally:
         folder.chmod(0o700)
+
+
+def test_full_disk_while_probing_is_detected(tmp_path, monkeypatch):
+    def full_disk_write(self, data):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk_write)
+    with pytest.raises(OutputDirError, match=r"is not writable: cannot create files in .*No space left on device"):
+        check_output_dir(tmp_path / "out")
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_preflight_probe_leaves_nothing_behind(tmp_path):

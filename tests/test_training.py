@@ -184,6 +184,62 @@ def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpu
     assert not (tmp_path / "predict" / "model.safetensors").exists()
 
 
+def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained, corpus, tmp_path):
+    model_dir, _ = trained
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "tuned", model_name_or_path=str(model_dir),
+                          model={"dropout": 0.2}, max_steps=2, learning_rate=1.0e-7, warmup_steps=0,
+                          do_eval=False, do_predict=False)
+    run([str(config)])
+    tuned = load_file(tmp_path / "tuned" / "model.safetensors")
+    start = load_file(model_dir / "model.safetensors")
+    assert tuned.keys() == start.keys()
+    assert max((tuned[name] - start[name]).abs().max().item() for name in start) < 1e-4
+    assert RelPosTransformerConfig.from_pretrained(tmp_path / "tuned").dropout == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(
+    ("model_overrides", "message"),
+    [
+        ({"layer_norm_position": "sandwich"}, r"model: layer_norm_position must be one of \['pre', 'post'\]"),
+        ({"max_relative_position": -1}, r"model: max_relative_position must be an integer >= 0, got -1"),
+        ({"dropout": 1.5}, r"model: dropout must be a number in \[0, 1\), got 1\.5"),
+    ],
+)
+def test_fine_tuning_overrides_are_validated_before_anything_is_written(trained, corpus, tmp_path, model_overrides,
+                                                                        message):
+    model_dir, _ = trained
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "tuned", model_name_or_path=str(model_dir),
+                          model=model_overrides)
+    with pytest.raises(ConfigError, match=message):
+        run([str(config)])
+    assert not (tmp_path / "tuned").exists()
+
+
+def test_token_budget_smaller_than_a_pair_stops_before_the_tokenizer_is_saved(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_tokens_per_batch=5)
+    with pytest.raises(ConfigError, match=r"max_tokens_per_batch=5 is smaller than \d+ training pair"):
+        run([str(config)])
+    assert not list((tmp_path / "out").glob("tokenizer*"))
+
+
+def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus, tmp_path):
+    model_dir, _ = trained
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for item in model_dir.iterdir():
+        if item.is_file():
+            (broken / item.name).write_bytes(item.read_bytes())
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "predict", model_name_or_path=str(broken),
+                          do_train=False, do_eval=False)
+    completed = subprocess.run([sys.executable, str(REPO / "train_translation.py"), str(config)],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "Traceback" not in completed.stderr
+    assert f"model_name_or_path {str(broken)!r}: its weights file is corrupt or incomplete" in completed.stderr
+
+
 def test_plain_batch_size_and_saved_tokenizer_reuse(tmp_path, corpus):
     """Without a token budget the Trainer batches by per_device_train_batch_size; a second run in the same
     output_dir reuses the tokenizer instead of training a new one."""
@@ -211,11 +267,13 @@ def tiny_model(seed: int) -> RelPosTransformerForConditionalGeneration:
 
 
 def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
+    """A finished run's folder: the checkpoints, and the final model at the top level (which is not averaged)."""
     run_dir = tmp_path / "run"
     models = [tiny_model(seed) for seed in range(4)]
     for step, model in zip((100, 200, 300, 1000), models, strict=True):
         model.save_pretrained(run_dir / f"checkpoint-{step}")
         (run_dir / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"not copied")
+    tiny_model(99).save_pretrained(run_dir)
     averaged_dir = average_checkpoints(run_dir, last_n=3, output_dir=tmp_path / "averaged")
     averaged = RelPosTransformerForConditionalGeneration.from_pretrained(averaged_dir)
     newest = [dict(model.named_parameters()) for model in models[1:]]
