@@ -105,24 +105,49 @@ def markdown(results: dict) -> str:
             f"{statistics.mean(summary['test_length_ratio']):.2f} | {statistics.mean(summary['best_eval_bleu']):.2f} | "
             f"{statistics.mean(summary['last_eval_bleu']):.2f} | {statistics.mean(summary['seconds']):.0f} |"
         )
+    lines += [
+        "",
+        f"Validation loss (label-smoothed) at the last evaluation, per seed {', '.join(map(str, seeds))}:",
+        "",
+        "| scheme | validation loss per seed | mean |",
+        "| --- | --- | --- |",
+    ]
+    for scheme, summary in results["schemes"].items():
+        losses = [run["eval_loss"][-1][1] for run in summary["runs"]]
+        lines.append(f"| {scheme} | {' / '.join(f'{loss:.3f}' for loss in losses)} | {statistics.mean(losses):.3f} |")
     return "\n".join(lines) + "\n"
 
 
+def seed_band(runs: list[dict], key: str) -> tuple[list[int], list[float], list[float], list[float]]:
+    """Steps, mean, min and max over seeds of one logged curve (steps common to every seed)."""
+    curves = [dict(run[key]) for run in runs]
+    steps = sorted(set.intersection(*(set(curve) for curve in curves)))
+    values = [[curve[step] for curve in curves] for step in steps]
+    return steps, [statistics.mean(v) for v in values], [min(v) for v in values], [max(v) for v in values]
+
+
 def plot(results: dict, path: Path) -> None:
-    """Validation BLEU (left) and training / validation loss (right) against steps; first seed, one colour per scheme."""
+    """Validation BLEU (left) and training / validation loss (right) against steps: the mean over seeds, with the
+    min-max band across seeds shaded; one colour per scheme."""
     from matplotlib.figure import Figure
 
     figure = Figure(figsize=(11, 4))
     bleu_axes, loss_axes = figure.subplots(1, 2)
     for index, (scheme, summary) in enumerate(results["schemes"].items()):
-        run = summary["runs"][0]
         colour = f"C{index}"
-        bleu_axes.plot(*zip(*run["eval_bleu"], strict=True), marker="o", color=colour, label=scheme)
-        loss_axes.plot(*zip(*run["train_loss"], strict=True), color=colour, label=f"{scheme} train")
-        loss_axes.plot(*zip(*run["eval_loss"], strict=True), color=colour, linestyle="--", marker="o",
-                       label=f"{scheme} validation")
-    bleu_axes.set(xlabel="step", ylabel="validation sacreBLEU (beam 4)", title="Multi30k En->De: validation BLEU")
-    loss_axes.set(xlabel="step", ylabel="loss (label-smoothed train, validation)", title="loss")
+        for axes, key, style, label in (
+            (bleu_axes, "eval_bleu", {"marker": "o"}, scheme),
+            (loss_axes, "train_loss", {}, f"{scheme} train"),
+            (loss_axes, "eval_loss", {"marker": "o", "linestyle": "--"}, f"{scheme} validation"),
+        ):
+            steps, mean, low, high = seed_band(summary["runs"], key)
+            axes.plot(steps, mean, color=colour, label=label, **style)
+            axes.fill_between(steps, low, high, color=colour, alpha=0.15, linewidth=0)
+    seeds = len(results["settings"]["seeds"])
+    band = f"mean of {seeds} seeds, band min-max" if seeds > 1 else "one seed"
+    bleu_axes.set(xlabel="step", ylabel="validation sacreBLEU (beam 4)",
+                  title=f"Multi30k En->De: validation BLEU ({band})")
+    loss_axes.set(xlabel="step", ylabel="loss (label-smoothed train, validation)", title=f"loss ({band})")
     bleu_axes.legend()
     loss_axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()

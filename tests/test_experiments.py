@@ -74,7 +74,9 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert [step for step, _ in run["eval_bleu"]] == [1, 2]
         assert 0.0 <= run["test_bleu"] <= 100.0 and summary["seconds"][0] > 0
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
-        assert f"| {scheme} |" in (out / "multi30k.md").read_text()
+        table = (out / "multi30k.md").read_text()
+        assert f"| {scheme} | {summary['test_bleu'][0]:.2f} |" in table
+        assert f"| {scheme} | {run['eval_loss'][-1][1]:.3f} |" in table
     assert len(vocabularies) == 1
     assert (out / "multi30k_curves.png").read_bytes().startswith(b"\x89PNG")
 
