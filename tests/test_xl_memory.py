@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
 import pytest
 import torch
 from conftest import SCHEMES, tiny_config
@@ -117,3 +123,41 @@ def test_mems_and_a_filled_kv_cache_together_are_refused():
         mems = model(input_ids=tokens, mem_len=SEGMENT).mems
         with pytest.raises(ValueError, match="mems"):
             model.decoder(input_ids=tokens, past_key_values=cache, mems=mems)
+
+
+def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
+    model = causal_lm()
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokens = stream(2 * SEGMENT)
+    with torch.no_grad():
+        first = model(input_ids=tokens[:, :SEGMENT])
+        second = model(input_ids=tokens[:, SEGMENT:], mems=first.mems)
+    torch.save({"tokens": tokens, "logits": second.logits, "mems": second.mems}, tmp_path / "expected.pt")
+    script = textwrap.dedent(
+        f"""
+        import sys
+        sys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError
+        import torch
+        from transformers import AutoModelForCausalLM
+        model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        expected = torch.load({str(tmp_path / "expected.pt")!r})
+        tokens = expected["tokens"]
+        with torch.no_grad():
+            first = model(input_ids=tokens[:, :{SEGMENT}])
+            second = model(input_ids=tokens[:, {SEGMENT}:], mems=first.mems)
+        assert torch.equal(second.logits, expected["logits"]), (second.logits - expected["logits"]).abs().max()
+        assert all(torch.equal(a, b) for a, b in zip(second.mems, expected["mems"], strict=True))
+        print("REMOTE_OK")
+        """
+    )
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    result = subprocess.run(
+        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert "REMOTE_OK" in result.stdout, result.stderr[-3000:]
+    assert json.loads((folder / "config.json").read_text())["auto_map"] == {
+        "AutoConfig": "configuration_relpos.RelPosTransformerConfig",
+        "AutoModelForCausalLM": "modeling_relpos.RelPosTransformerForCausalLM",
+    }
