@@ -43,6 +43,7 @@ from benchmarks.common import (
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.modeling_relpos import RelPosEncoder
+from hf_relpos.viz import require_matplotlib
 
 BENCHMARKS = ("attention", "model")
 MIB = 2**20
@@ -313,6 +314,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmarks, writes training.{md,json,png} into --out and returns the JSON data."""
     args = parse_args(argv)
+    require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
     meta = environment(args.device, args.dtype) | {
         "kernel": args.kernel,

@@ -39,6 +39,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.tokenization import wrap_tokenizer
+from hf_relpos.viz import require_matplotlib
 
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>"]
@@ -247,12 +248,23 @@ def markdown(results: dict) -> str:
     ]
     for group, title in titles.items():
         lines += ["", f"## {title}", "", header + " | train s |", "|" + " --- |" * (2 * len(buckets) + 2)]
-        for run in results["runs"]:
-            if group in run["groups"]:
-                accuracy = " | ".join(cell(run["summary"][b], "accuracy", seeds) for b in buckets)
-                bleu = " | ".join(cell(run["summary"][b], "bleu", seeds) for b in buckets)
-                lines.append(f"| {run['name']} | {accuracy} | {bleu} | {run['train_seconds']:.0f} |")
+        for label, run in group_rows(results["runs"], group):
+            accuracy = " | ".join(cell(run["summary"][b], "accuracy", seeds) for b in buckets)
+            bleu = " | ".join(cell(run["summary"][b], "bleu", seeds) for b in buckets)
+            lines.append(f"| {label} | {accuracy} | {bleu} | {run['train_seconds']:.0f} |")
     return "\n".join(lines) + "\n"
+
+
+def group_rows(runs: list[dict], group: str) -> list[tuple[str, dict]]:
+    """The runs of one result group with their row labels: the k group in increasing k, each labelled with its k
+    (the full Shaw model is "shaw k=16" there and "shaw a^K + a^V" in the a^K / a^V group)."""
+    members = [run for run in runs if group in run["groups"]]
+    if group == "k":
+        members.sort(key=lambda run: run["overrides"]["max_relative_position"])
+        return [(f"shaw k={run['overrides']['max_relative_position']}", run) for run in members]
+    if group == "aK_aV":
+        return [("shaw a^K + a^V" if run["name"] == "shaw" else run["name"], run) for run in members]
+    return [(run["name"], run) for run in members]
 
 
 METRICS = (("accuracy", "exact-match accuracy", (-0.03, 1.03)), ("bleu", "sacreBLEU", (-3, 103)))
@@ -265,19 +277,17 @@ def plot(results: dict, out: Path) -> list[Path]:
 
     buckets = [f"{low}-{high}" for low, high in BUCKETS]
     runs = results["runs"]
-    k_runs = sorted(
-        (run for run in runs if "k" in run["groups"]), key=lambda run: run["overrides"]["max_relative_position"]
-    )
+    k_runs = [run for _, run in group_rows(runs, "k")]
     figures = {
         "accuracy_by_length.png": ("position schemes", "test length (training: 1-20, shaded)", [
-            (run["name"], buckets, [run["summary"][b] for b in buckets]) for run in runs if "schemes" in run["groups"]
+            (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "schemes")
         ]),
         "k_ablation.png": ("Shaw clipping distance (a^K and a^V)", "clipping distance k", [
             (f"length {b}", [str(run["overrides"]["max_relative_position"]) for run in k_runs],
              [run["summary"][b] for run in k_runs]) for b in buckets
         ]),
         "relative_ablation.png": ("Shaw a^K / a^V (k = 16)", "test length (training: 1-20, shaded)", [
-            (run["name"], buckets, [run["summary"][b] for b in buckets]) for run in runs if "aK_aV" in run["groups"]
+            (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "aK_aV")
         ]),
     }
     paths = []
@@ -347,6 +357,7 @@ def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     args.out.mkdir(parents=True, exist_ok=True)
     specs = [spec for spec in run_specs() if not args.only or spec.name in args.only]
     sets = eval_sets(args)

@@ -6,12 +6,12 @@ tokenizer is trained once, up front, on the training pairs and passed to every r
 ids; `--jobs N` runs N trainings at once (one per core with `--threads 1`). A run whose folder under --work already
 holds `test_results.json` is reused, not retrained (delete the folder to retrain), so an interrupted comparison picks
 up where it stopped. Afterwards the script reads each run's `trainer_state.json` (log_history), `train_results.json`
-and `test_results.json` and writes a JSON, a Markdown table and a PNG of validation BLEU and loss against steps, one
-line per scheme.
+and `test_results.json` and writes a JSON, Markdown tables (test BLEU/chrF per seed, mean and spread; validation loss
+per seed) and a PNG of validation BLEU and loss against steps, one colour per scheme (mean over seeds, min-max band).
 
 Reduced CPU run (the figures in docs/results.md, about 35 minutes per seed on 2 idle cores):
-  python experiments/multi30k_compare.py --data ../shared/data/multi30k --work /tmp/multi30k \
-      --out docs/results/multi30k --seeds 1 2 --max-steps 1200 --warmup-steps 300 --eval-steps 300 \
+  python experiments/multi30k_compare.py --data ../shared/data/multi30k --work /tmp/multi30k_v2 \
+      --out docs/results/multi30k --seeds 1 2 3 --max-steps 1200 --warmup-steps 300 --eval-steps 300 \
       --logging-steps 50 --max-eval-samples 200 --threads 1 --jobs 2 \
       -- --model.d_model 128 --model.encoder_ffn_dim 512 --model.decoder_ffn_dim 512 --max_tokens_per_batch 2048
 Options after `--` go to every `train_translation.py` call unchanged (e.g. `-- --model.d_model 128`).
@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -28,8 +30,25 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hf_relpos.viz import require_matplotlib
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")
+
+
+def device_description() -> str:
+    """The accelerator the runs see (CUDA device name) or the CPU model, for the results' metadata."""
+    import torch
+
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"CPU: {line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"CPU: {platform.processor() or 'unknown'}, {os.cpu_count()} cores"
 
 
 def prepare_tokenizer(args: argparse.Namespace) -> Path:
@@ -173,6 +192,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--tokenizer-vocab-size", type=int, default=8000, help="as tokenizer_vocab_size in the configs")
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
     args = parser.parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     args.extra = extra
 
     jobs = [(scheme, seed) for seed in args.seeds for scheme in args.schemes]
@@ -201,6 +221,7 @@ def main(argv: list[str] | None = None) -> dict:
     results = {
         "settings": settings,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device_description(),
         "signature": first["test_bleu_signature"],
         "schemes": schemes,
     }

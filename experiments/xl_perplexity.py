@@ -23,6 +23,7 @@ from transformers import TrainingArguments
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForCausalLM
 from hf_relpos.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
+from hf_relpos.viz import require_matplotlib
 
 BYTE_OFFSET = 4
 
@@ -101,6 +102,7 @@ def main() -> None:
     parser.add_argument("--eval-tokens", type=int, default=60000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
 
     tokens = encode(read_text(args))
     evaluation, training = tokens[: args.eval_tokens], tokens[args.eval_tokens :]

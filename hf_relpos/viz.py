@@ -18,6 +18,14 @@ import torch
 from torch import nn
 
 
+def require_matplotlib() -> None:
+    """Raise one clear ImportError naming the `viz` extra when matplotlib is missing (plots are optional)."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as error:
+        raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install 'hf_relpos[viz]'") from error
+
+
 def _stack(model: nn.Module, stack: str) -> nn.Module:
     """The encoder or decoder stack of a model with a head (`model.model`) or of a base model."""
     base = getattr(model, "model", model)
@@ -69,6 +77,7 @@ def plot_attention_maps(
     `tokenizer_or_tokens` is a tokenizer (then `sentence` is the text) or a sequence of token ids. Returns the
     matplotlib Figure; saves it as PNG when `out_path` is given.
     """
+    require_matplotlib()
     from matplotlib.figure import Figure
 
     ids, labels = encode_sentence(tokenizer_or_tokens, sentence)
@@ -124,6 +133,7 @@ def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = Non
 
     Returns the matplotlib Figure; saves it as PNG when `out_path` is given.
     """
+    require_matplotlib()
     from matplotlib.figure import Figure
 
     similarities = relative_similarities(model, stack)

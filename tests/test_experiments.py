@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from hf_relpos.demo_corpus import write_demo_corpus
@@ -67,6 +69,7 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
     subprocess.run(command, check=True, timeout=600)
     results = json.loads((out / "multi30k.json").read_text())
     assert list(results["schemes"]) == ["absolute", "shaw"]
+    assert results["device"].startswith("CPU: ")
     assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     vocabularies = set()
     for scheme, summary in results["schemes"].items():
@@ -81,11 +84,62 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
     assert (out / "multi30k_curves.png").read_bytes().startswith(b"\x89PNG")
 
 
-def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source(monkeypatch):
+def load_task(monkeypatch):
     spec = importlib.util.spec_from_file_location("length_generalization", EXPERIMENT)
     task = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, task)
     spec.loader.exec_module(task)
+    return task
+
+
+class ReversingModel:
+    """Stands in for a trained model: `generate` returns <s>, the reversed source and </s> (right-padded), except for
+    the sources listed in `wrong`, whose first output letter is replaced by the next letter."""
+
+    def __init__(self, task, wrong: set[tuple[int, ...]]):
+        self.task, self.wrong = task, wrong
+
+    def eval(self):
+        return self
+
+    def generate(self, input_ids, attention_mask, max_new_tokens, **kwargs):
+        rows, first_symbol = [], len(self.task.SPECIAL_TOKENS)
+        for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True):
+            source = [token for token, keep in zip(ids, mask, strict=True) if keep][:-1]  # drop the source's </s>
+            output = source[::-1]
+            if tuple(source) in self.wrong:
+                output[0] = first_symbol + (output[0] - first_symbol + 1) % len(self.task.SYMBOLS)
+            assert len(output) + 1 <= max_new_tokens
+            rows.append([self.task.BOS] + output + [self.task.EOS])
+        return self.task.pad(rows, self.task.PAD)
+
+
+def test_scoring_counts_exact_matches_and_bleu_per_bucket_and_summarizes_seeds(monkeypatch):
+    task = load_task(monkeypatch)
+    generator = torch.Generator().manual_seed(1)
+    sets = {"1-20": task.sample_sequences(generator, 5, 3, 20), "21-40": task.sample_sequences(generator, 4, 21, 40)}
+    args = argparse.Namespace(eval_batch_size=2)
+    perfect, signature = task.evaluate(ReversingModel(task, set()), sets, args)
+    assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert perfect == {
+        "1-20": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 5},
+        "21-40": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 4},
+    }
+    wrong = {tuple(sets["21-40"][0])}
+    flawed, _ = task.evaluate(ReversingModel(task, wrong), sets, args)
+    assert flawed["1-20"] == perfect["1-20"]
+    assert flawed["21-40"]["accuracy"] == 0.75
+    assert 50.0 < flawed["21-40"]["bleu"] < 100.0
+    summary = task.summarize([perfect, flawed])
+    assert summary["21-40"] == {
+        "accuracy": 0.875, "accuracy_min": 0.75, "accuracy_max": 1.0,
+        "bleu": pytest.approx((100.0 + flawed["21-40"]["bleu"]) / 2), "bleu_min": flawed["21-40"]["bleu"],
+        "bleu_max": pytest.approx(100.0),
+    }
+
+
+def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source(monkeypatch):
+    task = load_task(monkeypatch)
     sequences = task.sample_sequences(torch.Generator().manual_seed(0), 50, 41, 80)
     assert all(41 <= len(sequence) <= 80 for sequence in sequences)
     assert {len(sequence) for sequence in sequences} != {41}

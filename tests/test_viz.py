@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -16,6 +18,7 @@ from hf_relpos.viz import (  # noqa: E402
     plot_attention_maps,
     plot_relative_embeddings,
     relative_similarities,
+    require_matplotlib,
 )
 
 PNG_MAGIC = b"\x89PNG"
@@ -28,9 +31,13 @@ def test_attention_maps_have_one_map_per_layer_and_head(attention_type, tmp_path
     weights = encoder_attentions(model, [5, 6, 7, 8, 9, 1])
     assert weights.shape == (2, 4, 6, 6)
     assert model.config._attn_implementation == "sdpa"  # restored after the eager call
-    rows = weights.sum(-1)
-    # every row sums to 1, except DiSAN's queries with no allowed key (all-zero rows)
-    assert torch.all((rows - 1).abs().lt(1e-5) | rows.eq(0))
+    expected_rows = torch.ones(2, 4, 6)
+    if attention_type == "directional":
+        # DiSAN with the diagonal disabled: the forward heads (0, 1) have no key for the first query, the backward
+        # heads (2, 3) none for the last; those rows are zero, every other row sums to 1
+        expected_rows[:, :2, 0] = 0
+        expected_rows[:, 2:, -1] = 0
+    assert torch.allclose(weights.sum(-1), expected_rows, atol=1e-5)
     figure = plot_attention_maps(model, [5, 6, 7, 8, 9, 1], out_path=tmp_path / "maps.png")
     assert len(figure.axes) == 2 * 4 + 1  # layers x heads, plus the colour bar
     assert (tmp_path / "maps.png").read_bytes().startswith(PNG_MAGIC)
@@ -41,10 +48,15 @@ def test_relative_embeddings_similarity_per_layer(shared, tmp_path):
     model = tiny_model("shaw", relative_embeddings_shared_across_heads=shared)
     similarities = relative_similarities(model)
     assert set(similarities) == {"w^K", "w^V"}
-    for similarity in similarities.values():
+    tables = {"w^K": model.model.encoder.positions.relative_keys, "w^V": model.model.encoder.positions.relative_values}
+    for name, similarity in similarities.items():
         assert similarity.shape == (2, 7, 7)  # layers, 2k+1, 2k+1 with k = 3
-        assert torch.allclose(torch.diagonal(similarity, dim1=-2, dim2=-1), torch.ones(2, 7), atol=1e-5)
-        assert torch.allclose(similarity, similarity.transpose(-1, -2), atol=1e-6)
+        table = tables[name].detach()
+        for layer in range(2):
+            heads = table[layer] if not shared else table[layer].unsqueeze(0)  # [H or 1, 2k+1, d_z]
+            for distance, other in ((0, 6), (2, 3), (5, 1)):
+                expected = torch.nn.functional.cosine_similarity(heads[:, distance], heads[:, other], dim=-1).mean()
+                assert torch.allclose(similarity[layer, distance, other], expected, atol=1e-6)
     figure = plot_relative_embeddings(model, tmp_path / "relative.png")
     assert len(figure.axes) == 2 * 2 + 1
     assert (tmp_path / "relative.png").read_bytes().startswith(PNG_MAGIC)
@@ -70,3 +82,11 @@ def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path)
     assert [path.name for path in written] == ["attention_maps.png"]
     with pytest.raises(SystemExit):
         main([str(tmp_path / "plain"), "--sentence", "no tokenizer here", "--out", str(tmp_path / "c")])
+
+
+def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing matplotlib now raises ImportError
+    with pytest.raises(ImportError, match=r"hf_relpos\[viz\]"):
+        require_matplotlib()
+    with pytest.raises(ImportError, match=r"hf_relpos\[viz\]"):
+        plot_relative_embeddings(tiny_model("shaw"))
