@@ -721,3 +721,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     except NonFiniteLossError as error:
         print(f"train_translation.py: error: {error}", file=sys.stderr)
         sys.exit(1)
+    close_process_group()
+
+
+def close_process_group() -> None:
+    """Under `accelerate launch`: wait for every rank, then destroy the process group, so that no rank exits (and
+    tears gloo/NCCL down in the interpreter's shutdown, which can abort with SIGABRT) while another still runs."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.barrier()
+        torch.distributed.destroy_process_group()

@@ -52,8 +52,10 @@ def get_train_dataloader(self):
 
 training.TranslationTrainer.get_train_dataloader = get_train_dataloader
 training.main(sys.argv[1:])
+import torch.distributed
 state = PartialState()
-record.update(rank=state.process_index, world_size=state.num_processes, backend=state.backend)
+record.update(rank=state.process_index, world_size=state.num_processes, backend=state.backend,
+              group_open_after_main=torch.distributed.is_initialized())
 with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
     json.dump(record, handle)
 '''
@@ -98,6 +100,7 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
 
     ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [(r["rank"], r["world_size"], r["backend"]) for r in ranks] == [(0, 2, "gloo"), (1, 2, "gloo")]
+    assert [r["group_open_after_main"] for r in ranks] == [False, False], "main() closes the process group"
     assert ranks[0]["steps"] > 0 and ranks[0]["steps"] == ranks[1]["steps"] == len(ranks[0]["epoch_batches"])
     examples = [{index for batch in r["epoch_batches"] for index in batch} for r in ranks]
     assert examples[0].isdisjoint(examples[1]), "each rank trains on its own batches"
