@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import hf_relpos
+from hf_relpos.environment import cpu_model_name
 
 # Benchmark label -> config overrides. "shaw" is the paper's a^K + a^V; "shaw-k" drops the a^V term.
 SCHEMES: dict[str, dict[str, Any]] = {
@@ -199,14 +200,6 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
         "python": platform.python_version(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
-
-
-def cpu_model_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown CPU"
 
 
 def markdown_table(header: list[str], rows: list[list[Any]]) -> str:

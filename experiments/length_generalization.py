@@ -24,7 +24,6 @@ import argparse
 import json
 import math
 import multiprocessing
-import platform
 import string
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -38,6 +37,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.environment import cpu_model_name
 from hf_relpos.tokenization import wrap_tokenizer
 from hf_relpos.viz import require_matplotlib
 
@@ -207,16 +207,6 @@ def summarize(per_seed: list[dict[str, dict]]) -> dict[str, dict]:
     return summary
 
 
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def cell(summary: dict, metric: str, seeds: int) -> str:
     value = summary[metric]
     if metric == "accuracy":
@@ -373,7 +363,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_lengths": list(TRAIN_LENGTHS),
         "buckets": [f"{low}-{high}" for low, high in BUCKETS],
         "settings": settings,
-        "device": {"cpu": cpu_name(), "threads": args.threads, "torch": torch.__version__},
+        "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bleu_signature": signature,
         "runs": runs,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -30,6 +29,9 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timezone
 from pathlib import Path
 
+import torch
+
+from hf_relpos.environment import cpu_model_name
 from hf_relpos.viz import require_matplotlib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,17 +40,9 @@ SCHEMES = ("absolute", "shaw", "xl", "directional")
 
 def device_description() -> str:
     """The accelerator the runs see (CUDA device name) or the CPU model, for the results' metadata."""
-    import torch
-
     if torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"CPU: {line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
-    except OSError:
-        pass
-    return f"CPU: {platform.processor() or 'unknown'}, {os.cpu_count()} cores"
+    return f"CPU: {cpu_model_name()}, {os.cpu_count()} cores"
 
 
 def prepare_tokenizer(args: argparse.Namespace) -> Path:
