@@ -12,9 +12,10 @@ from __future__ import annotations
 import json
 import os
 import random
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from .safety import write_text_atomic
 
 SOURCE_LANG = "en"
 TARGET_LANG = "de"
@@ -200,23 +201,15 @@ def write_demo_corpus(
 ) -> dict[str, Path]:
     """Write `{train,validation,test}.jsonl` in the WMT schema (`{"translation": {"en": ..., "de": ...}}`).
 
-    Each file is written to a temporary file of its own (several processes may write the same corpus at once) and
-    renamed, so an interrupted run never leaves half a file; a failed write removes its temporary file.
+    Each file is written atomically (`write_text_atomic`: several processes may write the same corpus at once), so an
+    interrupted run never leaves half a file and a failed write leaves no temporary file.
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     paths = {}
     for split, pairs in generate_demo_splits(num_train, num_validation, num_test, seed).items():
         path = directory / f"{split}.jsonl"
-        descriptor, partial_name = tempfile.mkstemp(prefix=f".{split}.", suffix=".partial", dir=directory)
-        try:
-            with open(descriptor, "w", encoding="utf-8") as handle:
-                for english, german in pairs:
-                    record = {"translation": {SOURCE_LANG: english, TARGET_LANG: german}}
-                    handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-            os.replace(partial_name, path)
-        except BaseException:
-            Path(partial_name).unlink(missing_ok=True)
-            raise
+        records = ({"translation": {SOURCE_LANG: english, TARGET_LANG: german}} for english, german in pairs)
+        write_text_atomic(path, "".join(json.dumps(record, ensure_ascii=False) + "\n" for record in records))
         paths[split] = path
     return paths

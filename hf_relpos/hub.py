@@ -16,7 +16,6 @@ import dataclasses
 import enum
 import json
 import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +29,7 @@ from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .pipeline_relpos import TranslationPipeline
 from .positions_directional import DirectionalPositions
+from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
@@ -658,12 +658,9 @@ def _config_json(config: Mapping[str, Any]) -> str:
 
 
 def _write_files(folder: Path, texts: Mapping[str, str]) -> None:
-    """Write each file through a temporary file and an atomic rename, so none is ever left half-written."""
+    """Write each file atomically (`write_text_atomic`), so none is ever left half-written."""
     for name, text in texts.items():
-        handle, temporary = tempfile.mkstemp(prefix=f".{name}.", dir=folder)
-        with os.fdopen(handle, "w", encoding="utf-8") as stream:
-            stream.write(text)
-        os.replace(temporary, folder / name)
+        write_text_atomic(folder / name, text)
 
 
 # --------------------------------------------------------------------------------------------------- command line

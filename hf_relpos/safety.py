@@ -1,6 +1,6 @@
 """Fault handling for training runs: an output-folder preflight (writable, enough free space), the error raised on a
 non-finite training loss, and moving a staged model folder into place so that a kill mid-way never leaves a folder
-that loads as if complete. See docs/reliability.md."""
+that loads as if complete; text files written atomically. See docs/reliability.md."""
 
 from __future__ import annotations
 
@@ -80,3 +80,18 @@ def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, 
             raise ValueError(f"{str(item)!r}: only files can be moved into {str(target)!r}")
         os.replace(item, target / item.name)
     staging.rmdir()
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` to `path` through a temporary file of its own in the same folder and an atomic `os.replace`: the
+    file is either the old one or the whole new one, even with several processes writing it at once; a failed write
+    removes its temporary file."""
+    path = Path(path)
+    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    try:
+        with open(descriptor, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise

@@ -537,3 +537,15 @@ def test_no_package_module_unpickles_weights():
 
 def test_saved_models_and_checkpoints_hold_safetensors_only(trained):
     assert_safetensors_only(trained)
+
+
+def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp_path):
+    path = tmp_path / "card.md"
+    safety_module.write_text_atomic(path, "old ü\n")
+    with pytest.raises(UnicodeEncodeError):
+        safety_module.write_text_atomic(path, "new \ud800\n")  # a lone surrogate fails half-way through the write
+    assert path.read_text(encoding="utf-8") == "old ü\n"
+    assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
+    safety_module.write_text_atomic(path, "new\n")
+    assert path.read_text(encoding="utf-8") == "new\n"
+    assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
