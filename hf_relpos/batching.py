@@ -16,6 +16,21 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 
+def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int) -> None:
+    """ValueError naming the budget and the first offender when an example alone exceeds `max_tokens` on either side
+    (no batch could hold it)."""
+    source_lengths = np.asarray(source_lengths, dtype=np.int64)
+    target_lengths = np.asarray(target_lengths, dtype=np.int64)
+    too_long = np.flatnonzero(np.maximum(source_lengths, target_lengths) > max_tokens)
+    if too_long.size:
+        first = int(too_long[0])
+        raise ValueError(
+            f"max_tokens_per_batch={max_tokens} is smaller than {too_long.size} training pair(s), e.g. example "
+            f"{first} with {source_lengths[first]} source and {target_lengths[first]} target tokens; "
+            "raise max_tokens_per_batch or lower max_source_length/max_target_length"
+        )
+
+
 class TokenBudgetBatchSampler:
     """Batches of example indices whose padded size fits `max_tokens` on both sides.
 
@@ -44,15 +59,7 @@ class TokenBudgetBatchSampler:
             raise ValueError(f"num_processes must be a positive integer, got {num_processes}")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
-        longest = np.maximum(self.source_lengths, self.target_lengths)
-        too_long = np.flatnonzero(longest > max_tokens)
-        if too_long.size:
-            first = int(too_long[0])
-            raise ValueError(
-                f"max_tokens_per_batch={max_tokens} is smaller than {too_long.size} single example(s), e.g. example "
-                f"{first} with {self.source_lengths[first]} source and {self.target_lengths[first]} target tokens; "
-                "raise max_tokens_per_batch or lower max_source_length/max_target_length"
-            )
+        check_examples_fit(self.source_lengths, self.target_lengths, max_tokens)
         self.max_tokens = max_tokens
         self.num_processes = num_processes
         self.shuffle = shuffle

@@ -44,7 +44,7 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 
-from .batching import TokenBudgetBatchSampler
+from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
     TRAINER_STATE_FILE,
     WEIGHTS_FILE,
@@ -320,16 +320,12 @@ def _check_consistency(
 
 def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
     """Every training pair must fit the token budget on its own; checked before the tokenizer is saved."""
-    budget = training_args.max_tokens_per_batch
-    if budget is None:
+    if training_args.max_tokens_per_batch is None:
         return
-    source_lengths, target_lengths = example_lengths(train_dataset)
-    longest = np.maximum(source_lengths, target_lengths)
-    too_long = int((longest > budget).sum())
-    if too_long:
-        raise ConfigError(f"max_tokens_per_batch={budget} is smaller than {too_long} training pair(s) (the longest "
-                          f"has {int(longest.max())} tokens); raise max_tokens_per_batch or lower "
-                          f"max_source_length/max_target_length")
+    try:
+        check_examples_fit(*example_lengths(train_dataset), training_args.max_tokens_per_batch)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 @dataclass
