@@ -28,7 +28,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .pipeline_relpos import TranslationPipeline
-from .positions_directional import DirectionalPositions
+from .positions_directional import head_directions
 from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
@@ -362,12 +362,8 @@ def _xl_scheme(config: RelPosTransformerConfig) -> str:
 
 
 def _directional_scheme(config: RelPosTransformerConfig) -> str:
-    def directions(heads: int, is_causal: bool) -> str:
-        scheme = DirectionalPositions(config, 0, heads, config.d_model // heads, is_causal=is_causal)
-        return ", ".join(scheme.head_directions)
-
-    encoder_heads = directions(config.encoder_attention_heads, is_causal=False)
-    decoder_heads = directions(config.decoder_attention_heads, is_causal=True)
+    encoder_heads = ", ".join(head_directions(config, config.encoder_attention_heads, is_causal=False))
+    decoder_heads = ", ".join(head_directions(config, config.decoder_attention_heads, is_causal=True))
     if config.directional_disable_diagonal:
         masks = "forward: j < i, backward: j > i, both: j ≠ i (DiSAN's diag-disabled masks)"
     else:
@@ -524,9 +520,8 @@ def _limitations_section(config: RelPosTransformerConfig, recipe: dict, source: 
         items.append("Multi30k holds short image captions; expect poor quality on news, dialogue or technical text.")
     if recipe.get("dataset_name") == "demo":
         items.append("The demo corpus is a small generated German-like language, not real German.")
-    if config.attention_type == "directional" and "backward" in DirectionalPositions(
-            config, 0, config.decoder_attention_heads, config.d_model // config.decoder_attention_heads,
-            is_causal=True).head_directions:
+    if config.attention_type == "directional" and "backward" in head_directions(
+            config, config.decoder_attention_heads, is_causal=True):
         items.append("In the decoder the causal mask leaves backward heads without keys, so they output zeros.")
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 

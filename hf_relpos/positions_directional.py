@@ -11,6 +11,18 @@ from .positions import PositionScheme, attention_core, register_attention
 DIRECTIONS = ("forward", "backward", "both")
 
 
+def head_directions(config: Any, num_heads: int, is_causal: bool) -> list[str]:
+    """Each head's direction: `directional_heads` cycled over the heads; by default the first half forward and the
+    second half backward, or every head forward in a causal stack (the decoder)."""
+    if config.directional_heads:
+        pattern = config.directional_heads
+    elif is_causal:
+        pattern = ["forward"]
+    else:
+        pattern = ["forward"] * (num_heads // 2) + ["backward"] * (num_heads - num_heads // 2)
+    return [pattern[head % len(pattern)] for head in range(num_heads)]
+
+
 @register_attention("directional")
 class DirectionalPositions(PositionScheme):
     """Per-head masks: forward M_ij = 0 iff j < i, backward iff j > i, both iff j != i (DiSAN's diag-disabled
@@ -24,13 +36,7 @@ class DirectionalPositions(PositionScheme):
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
-        if config.directional_heads:
-            pattern = config.directional_heads
-        elif is_causal:
-            pattern = ["forward"]
-        else:
-            pattern = ["forward"] * (num_heads // 2) + ["backward"] * (num_heads - num_heads // 2)
-        self.head_directions = [pattern[head % len(pattern)] for head in range(num_heads)]
+        self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
 
     @classmethod
