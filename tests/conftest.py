@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -37,6 +43,15 @@ def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTr
 def tiny_model(attention_type: str = "shaw", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(attention_type, **overrides)).eval()
+
+
+def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    """Run `script` in a fresh Python in which importing hf_relpos fails (a machine with transformers only), offline
+    and with its own remote-code module cache under `tmp_path`."""
+    blocked = 'import sys\nsys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError\n'
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", blocked + textwrap.dedent(script)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
 @pytest.fixture(autouse=True)

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import run_without_hf_relpos, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -78,20 +74,14 @@ def test_pickled_weights_are_never_read(saved):
 
 
 def test_remote_code_folder_without_trust_remote_code_says_why(saved, tmp_path):
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["hf_relpos"] = None
+    script = f"""
         from transformers import AutoModelForSeq2SeqLM
         try:
             AutoModelForSeq2SeqLM.from_pretrained({str(saved)!r})
         except Exception as error:
             print("ERROR:", error)
         """
-    )
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True,
-                            timeout=300, stdin=subprocess.DEVNULL)
+    result = run_without_hf_relpos(script, tmp_path)
     assert "ERROR:" in result.stdout and "trust_remote_code" in result.stdout, result.stdout + result.stderr[-2000:]
 
 

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
-from conftest import RELATIVE_SCHEMES, SCHEMES, tiny_config, tiny_model
+from conftest import RELATIVE_SCHEMES, SCHEMES, run_without_hf_relpos, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
@@ -187,10 +183,7 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     torch.save(logits_of(model), tmp_path / "expected.pt")
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError
+    script = f"""
         import torch
         from transformers import AutoModel, AutoModelForSeq2SeqLM
         try:
@@ -215,11 +208,7 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
         assert torch.equal(logits, expected), (logits - expected).abs().max()
         print("REMOTE_OK")
         """
-    )
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_without_hf_relpos(script, tmp_path)
     assert "REMOTE_OK" in result.stdout, result.stderr[-3000:]
     auto_map = json.loads((folder / "config.json").read_text())["auto_map"]
     assert auto_map == {

@@ -3,14 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
-from conftest import SCHEMES, tiny_config
+from conftest import SCHEMES, run_without_hf_relpos, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_relpos
@@ -134,10 +130,7 @@ def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
         first = model(input_ids=tokens[:, :SEGMENT])
         second = model(input_ids=tokens[:, SEGMENT:], mems=first.mems)
     torch.save({"tokens": tokens, "logits": second.logits, "mems": second.mems}, tmp_path / "expected.pt")
-    script = textwrap.dedent(
-        f"""
-        import sys
-        sys.modules["hf_relpos"] = None  # importing hf_relpos now raises ImportError
+    script = f"""
         import torch
         from transformers import AutoModelForCausalLM
         model = AutoModelForCausalLM.from_pretrained({str(folder)!r}, trust_remote_code=True).eval()
@@ -151,11 +144,7 @@ def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
         assert all(torch.equal(a, b) for a, b in zip(second.mems, expected["mems"], strict=True))
         print("REMOTE_OK")
         """
-    )
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    result = subprocess.run(
-        [sys.executable, "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
-    )
+    result = run_without_hf_relpos(script, tmp_path)
     assert "REMOTE_OK" in result.stdout, result.stderr[-3000:]
     assert json.loads((folder / "config.json").read_text())["auto_map"] == {
         "AutoConfig": "configuration_relpos.RelPosTransformerConfig",
