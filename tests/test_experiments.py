@@ -151,3 +151,87 @@ def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source
     assert batch["input_ids"][0, : len(first) + 1].tolist() == first + [task.EOS]
     tokenizer = task.letter_tokenizer()
     assert tokenizer(task.to_text(first))["input_ids"] == first + [task.EOS]
+
+
+VS_MARIAN = EXPERIMENTS / "vs_marian.py"
+TINY_VS_MARIAN = [
+    "--max-steps", "2", "--warmup-steps", "1", "--vocab-size", "120", "--d-model", "16", "--layers", "1",
+    "--heads", "2", "--ffn-dim", "32", "--max-tokens-per-batch", "256", "--batch-size", "8", "--beams", "2",
+    "--max-new-tokens", "6", "--logging-steps", "1", "--max-eval-samples", "4",
+]
+
+
+def load_vs_marian(monkeypatch):
+    spec = importlib.util.spec_from_file_location("vs_marian", VS_MARIAN)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path):
+    data = tmp_path / "data"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    work, out = tmp_path / "work", tmp_path / "out"
+    common = [sys.executable, str(VS_MARIAN), "--data", str(data), "--work", str(work), "--out", str(out),
+              "--rows", "peer", "--row", "post-hf=absolute --init hf --model.layer_norm_position post", *TINY_VS_MARIAN]
+    subprocess.run([*common, "--seeds", "1", "2"], check=True, timeout=600)
+    results = json.loads((out / "vs_marian.json").read_text())
+    assert list(results["rows"]) == ["peer", "post-hf"]
+    assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    for name, row in results["rows"].items():
+        assert row["seeds"] == [1, 2]
+        assert all(0.0 <= bleu <= 100.0 for bleu in row["test_bleu"] + row["validation_bleu"])
+        for seed in (1, 2):
+            hypotheses = (work / name / f"seed{seed}" / "test_hypotheses.txt").read_text().splitlines()
+            assert len(hypotheses) == 4
+    table = (out / "vs_marian.md").read_text()
+    peer = results["rows"]["peer"]
+    bleus = peer["test_bleu"]
+    assert (f"| peer | HF MarianMTModel, plain Seq2SeqTrainer | 1, 2 | {sum(bleus) / 2:.2f} "
+            f"({min(bleus):.2f}-{max(bleus):.2f}) |") in table
+    assert "| post-hf | multi30k_small_absolute.yaml --model.layer_norm_position post --init hf | 1, 2 |" in table
+    run = json.loads((work / "post-hf" / "seed1" / "run.json").read_text())
+    assert run["argv"][-2:] == ["--model_name_or_path", str(work / "post-hf" / "seed1" / "init")]
+    assert ["--max_steps", "2"] == run["argv"][run["argv"].index("--max_steps"):][:2]
+    config = json.loads((work / "post-hf" / "seed1" / "model" / "config.json").read_text())
+    assert (config["layer_norm_position"], config["d_model"], config["attention_type"]) == ("post", 16, "absolute")
+
+    (out / "vs_marian.md").unlink()
+    subprocess.run([*common, "--seeds", "1", "2", "--collect-only"], check=True, timeout=300)
+    assert (out / "vs_marian.md").read_text() == table
+    missing = subprocess.run([*common, "--seeds", "3", "--collect-only"], capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
+
+
+def test_vs_marian_hf_init_draws_embeddings_like_transformers(tmp_path, monkeypatch):
+    from hf_relpos import RelPosTransformerForConditionalGeneration
+
+    vs_marian = load_vs_marian(monkeypatch)
+    data = tmp_path / "data"
+    write_demo_corpus(data, 200, 4, 4, seed=3)
+    args, (row,) = vs_marian.parse_command_line([
+        "--data", str(data), "--rows", "absolute", *TINY_VS_MARIAN, "--d-model", "64", "--vocab-size", "300",
+    ])
+    argv = vs_marian.recipe_argv(row, tmp_path / "run", 1, args)
+    vs_marian.write_hf_initialised_model(argv, tmp_path / "init", 1, args)
+    model = RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path / "init")
+    embeddings = model.get_input_embeddings().weight
+    assert embeddings[model.config.pad_token_id].abs().max() == 0
+    assert embeddings[1:].std().item() == pytest.approx(model.config.init_std, rel=0.05)
+    default = RelPosTransformerForConditionalGeneration(model.config).get_input_embeddings().weight
+    assert default[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+
+
+def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
+    vs_marian = load_vs_marian(monkeypatch)
+    row = vs_marian.parse_row("b64=absolute --init hf --max_tokens_per_batch null --per_device_train_batch_size 64")
+    assert row == vs_marian.Row("b64", "absolute", ("--max_tokens_per_batch", "null",
+                                                    "--per_device_train_batch_size", "64"), "hf")
+    assert vs_marian.parse_row("peer").is_peer
+    for bad, message in (("nonesuch", "unknown row"), ("x=absolute --init fairseq", "--init must be one of"),
+                         ("x=peer --seed 2", "the peer has no flags")):
+        with pytest.raises(SystemExit, match=message):
+            vs_marian.parse_row(bad)
+    with pytest.raises(SystemExit, match="lacks train.jsonl"):
+        vs_marian.parse_command_line(["--data", str(tmp_path)])

@@ -1,0 +1,521 @@
+r"""Translation quality at an equal budget: HF MarianMT (the peer) against hf_relpos recipes on Multi30k En->De
+(issue #17).
+
+Rows are named. `peer` is a `MarianMTModel` trained with the plain `Seq2SeqTrainer`, as the issue specifies:
+MarianConfig d_model 256, 3+3 layers, FFN 1024, 4 heads, dropout 0.1, attention dropout 0.1, activation dropout 0,
+gelu, Post-LN, scaled and shared+tied embeddings; its own BPE tokenizer (NFKC, Metaspace, 8000 pieces on both sides
+of train, `</s>` appended); `Seq2SeqTrainingArguments(max_steps=1500, per_device_train_batch_size=64,
+learning_rate=1e-3, warmup_steps=400, lr_scheduler_type="inverse_sqrt", adam_beta2=0.98, label_smoothing_factor=0.1,
+weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`. Every other row is an hf_relpos recipe trained through
+`train_translation.py`'s own code path (`hf_relpos.training.run`) with the same budget (`--max_steps 1500
+--warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags. The predefined rows
+are listed by `--list`; `--row "NAME=RECIPE --flag value ..."` adds one (RECIPE: a scheme, for
+configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init hf` on a row
+is not a train_translation.py flag: it starts the row from weights initialised the way transformers' `PreTrainedModel`
+(and so Marian) does it, every linear and embedding N(0, init_std), handed to the pipeline as `--model_name_or_path`.
+
+Every trained model is decoded by the same function (beam 4, length penalty 0.6, at most 80 new tokens, batches of
+64 sorted by source length) and scored by the same sacreBLEU metric object (cased, 13a) on validation and test2016.
+A finished run (`<work>/<row>/seed<S>/run.json`) is reused, so rows can be trained by separate invocations (one per
+core) and the table collected afterwards with `--collect-only`. The table (mean and min-max over seeds) goes to
+`<out>/vs_marian.{json,md}`.
+
+  python experiments/vs_marian.py --data ../shared/data/multi30k --work /tmp/vs_marian --out docs/results/vs_marian \
+      --rows peer absolute-marian --seeds 1 2 3 --threads 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import (
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    set_seed,
+)
+
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.environment import cpu_model_name
+from hf_relpos.metrics import score_translations
+from hf_relpos.tokenization import (
+    EOS_TOKEN,
+    SPECIAL_TOKENS,
+    WORD_START,
+    load_tokenizer,
+    special_token_ids,
+    train_joint_tokenizer,
+    wrap_tokenizer,
+)
+from hf_relpos.training import parse_arguments, run
+
+ROOT = Path(__file__).resolve().parents[1]
+PEER = "peer"
+INIT_CHOICES = ("recipe", "hf")
+MARIAN_ARCHITECTURE = "--model.layer_norm_position post --model.activation_function gelu --model.attention_dropout 0.1"
+SPLITS = {"validation": "validation.jsonl", "test": "test.jsonl"}
+
+
+@dataclass(frozen=True)
+class Row:
+    """One system of the table: the peer, or an hf_relpos recipe with train_translation.py flags (and an init)."""
+
+    name: str
+    recipe: str = PEER
+    flags: tuple[str, ...] = ()
+    init: str = "recipe"
+
+    @property
+    def is_peer(self) -> bool:
+        return self.recipe == PEER
+
+    def describe(self) -> str:
+        if self.is_peer:
+            return "HF MarianMTModel, plain Seq2SeqTrainer"
+        recipe = self.recipe if self.recipe.endswith((".yaml", ".yml")) else f"multi30k_small_{self.recipe}.yaml"
+        return " ".join([recipe, *self.flags, *(["--init", self.init] if self.init != "recipe" else [])])
+
+
+def _row(name: str, recipe: str, flags: str = "", init: str = "recipe") -> Row:
+    return Row(name, recipe, tuple(shlex.split(flags)), init)
+
+
+# The predefined rows: the recipes as they are, and the one-difference-at-a-time ablations of docs/results.md.
+ROWS = {row.name: row for row in [
+    Row(PEER),
+    *(_row(scheme, scheme) for scheme in ("absolute", "shaw", "xl", "directional")),
+    _row("absolute-marian", "absolute", MARIAN_ARCHITECTURE),
+]}
+
+
+def parse_row(spec: str) -> Row:
+    """`NAME=RECIPE [--init hf] [train_translation.py flags]` -> Row; a bare NAME picks a predefined row."""
+    if "=" not in spec.split(" ", 1)[0]:
+        if spec not in ROWS:
+            raise SystemExit(f"vs_marian.py: unknown row {spec!r}; predefined rows: {sorted(ROWS)} "
+                             "(or NAME=RECIPE --flag value ...)")
+        return ROWS[spec]
+    head, *flags = shlex.split(spec)
+    name, recipe = head.split("=", 1)
+    init = "recipe"
+    if "--init" in flags:
+        position = flags.index("--init")
+        init = flags[position + 1] if position + 1 < len(flags) else ""
+        del flags[position : position + 2]
+        if init not in INIT_CHOICES:
+            raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(INIT_CHOICES)}, got {init!r}")
+    if recipe == PEER:
+        raise SystemExit(f"vs_marian.py: row {name!r}: the peer has no flags; use the predefined row {PEER!r}")
+    return Row(name, recipe, tuple(flags), init)
+
+
+def read_pairs(path: Path, source_lang: str, target_lang: str) -> tuple[list[str], list[str]]:
+    """Sources and references of a `{"translation": {...}}` jsonl file, in file order."""
+    pairs = [json.loads(line)["translation"] for line in path.open(encoding="utf-8") if line.strip()]
+    return [pair[source_lang] for pair in pairs], [pair[target_lang] for pair in pairs]
+
+
+def train_peer_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTokenizerBase:
+    """The peer's tokenizer: `tokenizers` BPE with an NFKC normaliser, Metaspace pre-tokenizer and decoder, the
+    trainer's defaults otherwise, `</s>` appended; the special tokens of hf_relpos (so ids line up)."""
+    tokenizer = Tokenizer(models.BPE(unk_token=SPECIAL_TOKENS[3]))
+    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    tokenizer.decoder = decoders.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=list(SPECIAL_TOKENS), show_progress=False)
+    tokenizer.train_from_iterator(texts, trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS_TOKEN}", pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}",
+        special_tokens=[(EOS_TOKEN, tokenizer.token_to_id(EOS_TOKEN))],
+    )
+    return wrap_tokenizer(tokenizer)
+
+
+def peer_config(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) -> MarianConfig:
+    """The issue's MarianConfig; the decoder starts from the pad token (Marian's convention), and no `</s>` is forced
+    at the length limit (MarianConfig's default forces one; hf_relpos does not, and decoding must be the same)."""
+    return MarianConfig(
+        vocab_size=len(tokenizer), d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
+        encoder_attention_heads=args.heads, decoder_attention_heads=args.heads, encoder_ffn_dim=args.ffn_dim,
+        decoder_ffn_dim=args.ffn_dim, dropout=0.1, attention_dropout=0.1, activation_dropout=0.0,
+        max_position_embeddings=256, scale_embedding=True, share_encoder_decoder_embeddings=True,
+        tie_word_embeddings=True, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        forced_eos_token_id=None, decoder_start_token_id=tokenizer.pad_token_id, bos_token_id=None,
+    )
+
+
+def train_peer(folder: Path, seed: int, args: argparse.Namespace) -> dict:
+    """Tokenizer, MarianMTModel and a plain Seq2SeqTrainer run; the model and tokenizer are saved in `folder`."""
+    sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
+    tokenizer = train_peer_tokenizer([*sources, *targets], args.vocab_size)
+    set_seed(seed)
+    model = MarianMTModel(peer_config(tokenizer, args))
+    train_dataset = Dataset.from_dict({"source": sources, "target": targets}).map(
+        lambda batch: tokenizer(batch["source"], text_target=batch["target"]), batched=True,
+        remove_columns=["source", "target"],
+    )
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=str(folder / "trainer"), max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
+        learning_rate=1e-3, warmup_steps=args.warmup_steps, lr_scheduler_type="inverse_sqrt", adam_beta2=0.98,
+        label_smoothing_factor=0.1, weight_decay=0.0, seed=seed, save_strategy="no", report_to="none",
+        logging_steps=args.logging_steps, disable_tqdm=True,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    )
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    model.save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    history = trainer.state.log_history
+    return {"train_seconds": seconds, "train_loss": [[entry["step"], entry["loss"]] for entry in history
+                                                      if "loss" in entry]}
+
+
+def recipe_path(recipe: str) -> Path:
+    return Path(recipe) if recipe.endswith((".yaml", ".yml")) else ROOT / "configs" / f"multi30k_small_{recipe}.yaml"
+
+
+def recipe_argv(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> list[str]:
+    """train_translation.py arguments of one hf_relpos run: the recipe, the shared budget and size, the row's flags
+    (last, so they win), training only (the script decodes)."""
+    return [
+        str(recipe_path(row.recipe)),
+        "--train_file", str(args.data / "train.jsonl"), "--source_lang", args.source_lang,
+        "--target_lang", args.target_lang, "--output_dir", str(folder / "model"), "--seed", str(seed),
+        "--max_steps", str(args.max_steps), "--warmup_steps", str(args.warmup_steps),
+        "--max_tokens_per_batch", str(args.max_tokens_per_batch), "--tokenizer_vocab_size", str(args.vocab_size),
+        "--model.d_model", str(args.d_model), "--model.encoder_layers", str(args.layers),
+        "--model.decoder_layers", str(args.layers), "--model.encoder_attention_heads", str(args.heads),
+        "--model.decoder_attention_heads", str(args.heads), "--model.encoder_ffn_dim", str(args.ffn_dim),
+        "--model.decoder_ffn_dim", str(args.ffn_dim),
+        "--do_eval", "false", "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no",
+        "--logging_steps", str(args.logging_steps), "--cpu_threads", str(args.threads), "--report_to", "none",
+        "--disable_tqdm", "true", *row.flags,
+    ]
+
+
+def write_hf_initialised_model(argv: list[str], folder: Path, seed: int, args: argparse.Namespace) -> None:
+    """The row's model (config from the recipe and flags, tokenizer as the pipeline trains it) with every linear and
+    embedding N(0, init_std), the padding row zero, as transformers' `PreTrainedModel._init_weights` (so Marian)
+    initialises them; hf_relpos draws only its token embeddings differently, N(0, d_model^-0.5)."""
+    model_args, _, _ = parse_arguments(argv)
+    sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
+    tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
+    set_seed(seed)
+    config = RelPosTransformerConfig(**model_args.model_config, vocab_size=len(tokenizer),
+                                     **special_token_ids(tokenizer))
+    model = RelPosTransformerForConditionalGeneration(config)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, torch.nn.Embedding):
+                torch.nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
+                if module.padding_idx is not None:
+                    module.weight[module.padding_idx].zero_()
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+
+def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> dict:
+    argv = recipe_argv(row, folder, seed, args)
+    if row.init == "hf":
+        write_hf_initialised_model(argv, folder / "init", seed, args)
+        argv += ["--model_name_or_path", str(folder / "init")]
+    started = time.perf_counter()
+    results = run(argv)
+    seconds = time.perf_counter() - started
+    history = json.loads((folder / "model" / "trainer_state.json").read_text())["log_history"]
+    return {"train_seconds": seconds, "train_runtime": results["train"]["train_runtime"], "argv": argv,
+            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
+
+
+def load_trained(folder: Path, is_peer: bool) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    if is_peer:
+        return MarianMTModel.from_pretrained(folder), load_tokenizer(folder)
+    return RelPosTransformerForConditionalGeneration.from_pretrained(folder), load_tokenizer(folder)
+
+
+@dataclass(frozen=True)
+class Decoding:
+    """Beam size, length penalty (transformers': log-probability / length^penalty) and the length limit: at most
+    `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's rule,
+    Vaswani et al.'s input length + 50)."""
+
+    beams: int
+    length_penalty: float
+    max_new_tokens: int = 80
+    source_offset: int | None = None
+
+
+PIPELINE_DECODING = "train_translation.py --do_train false --do_predict (its own evaluation path, same settings)"
+
+
+def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], decoding: Decoding,
+              batch_size: int) -> list[str]:
+    """Beam search with one explicit GenerationConfig for every model, batches sorted by source length."""
+    model.eval()
+    encoded = tokenizer(list(sources))["input_ids"]
+    order = sorted(range(len(sources)), key=lambda index: -len(encoded[index]))
+    hypotheses = [""] * len(sources)
+    with torch.inference_mode():
+        for start in range(0, len(order), batch_size):
+            indices = order[start : start + batch_size]
+            batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt")
+            limit = decoding.max_new_tokens
+            if decoding.source_offset is not None:
+                limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
+            generation = GenerationConfig(
+                num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
+                early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=model.config.eos_token_id,
+                decoder_start_token_id=model.config.decoder_start_token_id,
+            )
+            generated = model.generate(**batch, generation_config=generation)
+            for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
+                hypotheses[index] = text.strip()
+    return hypotheses
+
+
+def table_decoding(args: argparse.Namespace) -> Decoding:
+    return Decoding(args.beams, args.length_penalty, args.max_new_tokens)
+
+
+def decoding_variants(args: argparse.Namespace) -> dict[str, Decoding]:
+    """The decoding study: the table's decoding, then one setting changed at a time."""
+    table = table_decoding(args)
+    return {
+        f"beam {table.beams}, lp {table.length_penalty}, max {table.max_new_tokens} new (the table's)": table,
+        "max source + 50 new (train_translation.py's limit)": replace(table, source_offset=50),
+        "lp 1.0": replace(table, length_penalty=1.0),
+        "lp 0.0": replace(table, length_penalty=0.0),
+        "greedy": replace(table, beams=1),
+    }
+
+
+def evaluate(model_folder: Path, is_peer: bool, decoding: Decoding, args: argparse.Namespace,
+             hypotheses_folder: Path | None = None) -> dict:
+    """BLEU (signature, length ratio) on validation and test, optionally writing the hypotheses."""
+    model, tokenizer = load_trained(model_folder, is_peer)
+    scores = {}
+    for split, file_name in SPLITS.items():
+        sources, references = read_pairs(args.data / file_name, args.source_lang, args.target_lang)
+        limit = args.max_eval_samples or len(sources)
+        started = time.perf_counter()
+        hypotheses = translate(model, tokenizer, sources[:limit], decoding, args.eval_batch_size)
+        seconds = time.perf_counter() - started
+        if hypotheses_folder is not None:
+            (hypotheses_folder / f"{split}_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
+        scores[split] = {**score_translations(hypotheses, references[:limit]), "decode_seconds": seconds}
+    return scores
+
+
+def pipeline_scores(model_folder: Path, work: Path, args: argparse.Namespace) -> dict:
+    """Validation and test BLEU of a trained hf_relpos model through train_translation.py's own evaluation (batches
+    sorted by source length, `TranslationTrainer.prediction_step`), with the table's decoding settings."""
+    results = run([
+        "--model_name_or_path", str(model_folder),
+        "--do_train", "false", "--do_eval", "true", "--do_predict", "true", "--output_dir", str(work),
+        "--validation_file", str(args.data / SPLITS["validation"]), "--test_file", str(args.data / SPLITS["test"]),
+        "--source_lang", args.source_lang, "--target_lang", args.target_lang,
+        "--generation_num_beams", str(args.beams), "--generation_length_penalty", str(args.length_penalty),
+        "--generation_max_length", str(args.max_new_tokens), "--generation_max_length_offset", str(args.max_new_tokens),
+        "--per_device_eval_batch_size", str(args.eval_batch_size), "--cpu_threads", str(args.threads),
+        "--report_to", "none", "--disable_tqdm", "true",
+        *(["--max_eval_samples", str(args.max_eval_samples), "--max_predict_samples", str(args.max_eval_samples)]
+          if args.max_eval_samples else []),
+    ])
+    return {split: {"bleu": results[prefix][f"{prefix}_bleu"], "length_ratio": results[prefix][f"{prefix}_length_ratio"]}
+            for split, prefix in (("validation", "eval"), ("test", "test"))}
+
+
+def row_record(row: Row) -> dict:
+    """The row as stored in run.json (JSON types: the flags as a list)."""
+    return json.loads(json.dumps(asdict(row)))
+
+
+def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
+    """Train (unless `run.json` already exists), decode and score one row and seed; returns the run record."""
+    folder = args.work / row.name / f"seed{seed}"
+    record_path = folder / "run.json"
+    if record_path.is_file():
+        record = json.loads(record_path.read_text())
+        if record["row"] != row_record(row):
+            raise SystemExit(f"vs_marian.py: {record_path} was trained as {record['row']}, not {row_record(row)}; "
+                             "rename the row or delete the folder")
+        return record
+    if args.collect_only:
+        raise SystemExit(f"vs_marian.py: --collect-only: {row.name} seed {seed} has no {record_path}")
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
+    started = time.perf_counter()
+    training = train_peer(folder, seed, args) if row.is_peer else train_recipe(row, folder, seed, args)
+    scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
+    record = {"row": row_record(row), "seed": seed, "wall_seconds": time.perf_counter() - started, **training,
+              "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
+          f"{scores['validation']['bleu']:.2f}", flush=True)
+    return record
+
+
+def spread(values: Sequence[float], digits: int = 2) -> str:
+    """`mean (min-max)`, or the value alone for one seed."""
+    mean = f"{statistics.mean(values):.{digits}f}"
+    return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def summarize(rows: list[Row], records: dict[str, list[dict]]) -> dict:
+    summary = {}
+    for row in rows:
+        runs = records[row.name]
+        summary[row.name] = {
+            "system": row.describe(), "seeds": [run["seed"] for run in runs],
+            **{f"{split}_{key}": [run["scores"][split][key] for run in runs]
+               for split in SPLITS for key in ("bleu", "length_ratio")},
+            "wall_minutes": [run["wall_seconds"] / 60 for run in runs],
+        }
+    return summary
+
+
+def markdown(results: dict) -> str:
+    settings = results["settings"]
+    lines = [
+        "# HF MarianMT (peer) against hf_relpos at an equal budget, Multi30k En->De",
+        "",
+        f"{settings['max_steps']} steps ({settings['warmup_steps']} warm-up), peer batches of "
+        f"{settings['batch_size']} pairs, hf_relpos `--max_tokens_per_batch {settings['max_tokens_per_batch']}`; "
+        f"beam {settings['beams']}, length penalty {settings['length_penalty']}, at most "
+        f"{settings['max_new_tokens']} new tokens. Mean over seeds (min-max). Device: {results['device']}.",
+        f"sacreBLEU signature: `{results['signature']}`.",
+        "",
+        "| row | system | seeds | test2016 BLEU | validation BLEU | test hyp/ref | validation hyp/ref | wall min |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, row in results["rows"].items():
+        lines.append(
+            f"| {name} | {row['system']} | {', '.join(map(str, row['seeds']))} | {spread(row['test_bleu'])} | "
+            f"{spread(row['validation_bleu'])} | {spread(row['test_length_ratio'], 3)} | "
+            f"{spread(row['validation_length_ratio'], 3)} | {spread(row['wall_minutes'], 0)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
+    """Every decoding variant (and, for hf_relpos rows, the pipeline's own evaluation) on the finished runs."""
+    study: dict[str, dict] = {}
+    for row in rows:
+        for seed in args.seeds:
+            folder = args.work / row.name / f"seed{seed}"
+            if not (folder / "run.json").is_file():
+                raise SystemExit(f"vs_marian.py: --decoding-study needs the finished run {folder}")
+            variants = {name: evaluate(folder / "model", row.is_peer, decoding, args)
+                        for name, decoding in decoding_variants(args).items()}
+            if not row.is_peer:
+                variants[PIPELINE_DECODING] = pipeline_scores(folder / "model", folder / "pipeline_evaluation", args)
+            study[f"{row.name} seed {seed}"] = variants
+    lines = ["# Decoding study: the same trained models, decoded differently", "",
+             "| run | decoding | test2016 BLEU | validation BLEU | test hyp/ref | validation hyp/ref |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for run_name, variants in study.items():
+        for name, scores in variants.items():
+            lines.append(f"| {run_name} | {name} | {scores['test']['bleu']:.2f} | {scores['validation']['bleu']:.2f} | "
+                         f"{scores['test']['length_ratio']:.3f} | {scores['validation']['length_ratio']:.3f} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "decoding.json").write_text(json.dumps(study, indent=1) + "\n")
+    (args.out / "decoding.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return study
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Row]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k",
+                        help="folder with train/validation/test.jsonl")
+    parser.add_argument("--work", type=Path, default=Path("/tmp/vs_marian"), help="run folders (not committed)")
+    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "vs_marian")
+    parser.add_argument("--rows", nargs="+", default=[PEER, "absolute-marian"], help="predefined row names")
+    parser.add_argument("--row", action="append", default=[], metavar="'NAME=RECIPE [--flag value ...]'",
+                        help="an extra hf_relpos row (RECIPE: scheme or .yaml; --init hf for Marian's init)")
+    parser.add_argument("--list", action="store_true", help="print the predefined rows and exit")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
+    parser.add_argument("--decoding-study", action="store_true",
+                        help="decode the finished runs of the rows with every variant (no training); decoding.md")
+    parser.add_argument("--source-lang", default="en")
+    parser.add_argument("--target-lang", default="de")
+    parser.add_argument("--max-steps", type=int, default=1500)
+    parser.add_argument("--warmup-steps", type=int, default=400)
+    parser.add_argument("--batch-size", type=int, default=64, help="peer: pairs per step")
+    parser.add_argument("--max-tokens-per-batch", type=int, default=1024, help="hf_relpos: token budget per step")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--layers", type=int, default=3, help="encoder and decoder layers each")
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--ffn-dim", type=int, default=1024)
+    parser.add_argument("--beams", type=int, default=4)
+    parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument("--max-new-tokens", type=int, default=80)
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--max-eval-samples", type=int, default=None, help="score only the first N pairs (smoke)")
+    parser.add_argument("--logging-steps", type=int, default=50)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    args = parser.parse_args(argv)
+    if args.list:
+        for row in ROWS.values():
+            print(f"{row.name}: {row.describe()}")
+        raise SystemExit(0)
+    rows = [parse_row(name) for name in args.rows] + [parse_row(spec) for spec in args.row]
+    names = [row.name for row in rows]
+    duplicates = sorted({name for name in names if names.count(name) > 1})
+    if duplicates:
+        raise SystemExit(f"vs_marian.py: row name(s) {duplicates} given twice")
+    missing = [name for name in ("train.jsonl", *SPLITS.values()) if not (args.data / name).is_file()]
+    if missing:
+        raise SystemExit(f"vs_marian.py: --data {args.data} lacks {', '.join(missing)}")
+    return args, rows
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args, rows = parse_command_line(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    if args.decoding_study:
+        return decoding_study(rows, args)
+    records = {row.name: [run_one(row, seed, args) for seed in args.seeds] for row in rows}
+    first = records[rows[0].name][0]
+    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    results = {
+        "settings": settings,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run",
+        "signature": first["scores"]["test"]["bleu_signature"],
+        "rows": summarize(rows, records),
+        "runs": records,
+    }
+    table = markdown(results)
+    print(table)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "vs_marian.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "vs_marian.md").write_text(table)
+    return results
+
+
+if __name__ == "__main__":
+    main()
