@@ -10,9 +10,10 @@ weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`. Every other row is an h
 `train_translation.py`'s own code path (`hf_relpos.training.run`) with the same budget (`--max_steps 1500
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags. The predefined rows
 are listed by `--list`; `--row "NAME=RECIPE --flag value ..."` adds one (RECIPE: a scheme, for
-configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init hf` on a row
-is not a train_translation.py flag: it starts the row from weights initialised the way transformers' `PreTrainedModel`
-(and so Marian) does it, every linear and embedding N(0, init_std), handed to the pipeline as `--model_name_or_path`.
+configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init` on a row is
+not a train_translation.py flag: `--init hf` starts the row from token embeddings drawn N(0, init_std) as
+transformers' `PreTrainedModel` (and so Marian) draws them, `--init vaswani` from N(0, d_model^-0.5) (Vaswani et al.,
+fairseq); the model is built by the recipe otherwise, saved, and handed to the pipeline as `--model_name_or_path`.
 
 Every trained model is decoded by the same function (beam 4, length penalty 0.6, at most 80 new tokens, batches of
 64 sorted by source length) and scored by the same sacreBLEU metric object (cased, 13a) on validation and test2016.
@@ -31,6 +32,7 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -68,8 +70,10 @@ from hf_relpos.training import parse_arguments, run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"
-INIT_CHOICES = ("recipe", "hf")
+# Token-embedding std of each --init choice (None: as the recipe's model draws it).
+EMBEDDING_INIT_STD = {"recipe": None, "hf": lambda config: config.init_std, "vaswani": lambda config: config.d_model**-0.5}
 MARIAN_ARCHITECTURE = "--model.layer_norm_position post --model.activation_function gelu --model.attention_dropout 0.1"
+SENTENCE_BATCHES = "--max_tokens_per_batch null --per_device_train_batch_size 64"   # the peer's batching
 SPLITS = {"validation": "validation.jsonl", "test": "test.jsonl"}
 
 
@@ -102,11 +106,15 @@ ROWS = {row.name: row for row in [
     Row(PEER),
     *(_row(scheme, scheme) for scheme in ("absolute", "shaw", "xl", "directional")),
     _row("absolute-marian", "absolute", MARIAN_ARCHITECTURE),
+    _row("marian-matched", "absolute", f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8", init="hf"),
+    _row("marian+hf-init", "absolute", MARIAN_ARCHITECTURE, init="hf"),
+    _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES}"),
+    _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8"),
 ]}
 
 
 def parse_row(spec: str) -> Row:
-    """`NAME=RECIPE [--init hf] [train_translation.py flags]` -> Row; a bare NAME picks a predefined row."""
+    """`NAME=RECIPE [--init hf|vaswani] [train_translation.py flags]` -> Row; a bare NAME picks a predefined row."""
     if "=" not in spec.split(" ", 1)[0]:
         if spec not in ROWS:
             raise SystemExit(f"vs_marian.py: unknown row {spec!r}; predefined rows: {sorted(ROWS)} "
@@ -119,8 +127,8 @@ def parse_row(spec: str) -> Row:
         position = flags.index("--init")
         init = flags[position + 1] if position + 1 < len(flags) else ""
         del flags[position : position + 2]
-        if init not in INIT_CHOICES:
-            raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(INIT_CHOICES)}, got {init!r}")
+        if init not in EMBEDDING_INIT_STD:
+            raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(EMBEDDING_INIT_STD)}, got {init!r}")
     if recipe == PEER:
         raise SystemExit(f"vs_marian.py: row {name!r}: the peer has no flags; use the predefined row {PEER!r}")
     return Row(name, recipe, tuple(flags), init)
@@ -214,10 +222,9 @@ def recipe_argv(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> 
     ]
 
 
-def write_hf_initialised_model(argv: list[str], folder: Path, seed: int, args: argparse.Namespace) -> None:
-    """The row's model (config from the recipe and flags, tokenizer as the pipeline trains it) with every linear and
-    embedding N(0, init_std), the padding row zero, as transformers' `PreTrainedModel._init_weights` (so Marian)
-    initialises them; hf_relpos draws only its token embeddings differently, N(0, d_model^-0.5)."""
+def write_initialised_model(argv: list[str], init: str, folder: Path, seed: int, args: argparse.Namespace) -> None:
+    """The row's model (config from the recipe and flags, tokenizer as the pipeline trains it), its token embeddings
+    redrawn N(0, std) with the padding row zero (`EMBEDDING_INIT_STD[init]`), saved to `folder`."""
     model_args, _, _ = parse_arguments(argv)
     sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
     tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
@@ -225,10 +232,11 @@ def write_hf_initialised_model(argv: list[str], folder: Path, seed: int, args: a
     config = RelPosTransformerConfig(**model_args.model_config, vocab_size=len(tokenizer),
                                      **special_token_ids(tokenizer))
     model = RelPosTransformerForConditionalGeneration(config)
+    std = EMBEDDING_INIT_STD[init](config)
     with torch.no_grad():
         for module in model.modules():
             if isinstance(module, torch.nn.Embedding):
-                torch.nn.init.normal_(module.weight, mean=0.0, std=config.init_std)
+                torch.nn.init.normal_(module.weight, mean=0.0, std=std)
                 if module.padding_idx is not None:
                     module.weight[module.padding_idx].zero_()
     model.save_pretrained(folder)
@@ -237,8 +245,8 @@ def write_hf_initialised_model(argv: list[str], folder: Path, seed: int, args: a
 
 def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> dict:
     argv = recipe_argv(row, folder, seed, args)
-    if row.init == "hf":
-        write_hf_initialised_model(argv, folder / "init", seed, args)
+    if row.init != "recipe":
+        write_initialised_model(argv, row.init, folder / "init", seed, args)
         argv += ["--model_name_or_path", str(folder / "init")]
     started = time.perf_counter()
     results = run(argv)
@@ -346,6 +354,12 @@ def pipeline_scores(model_folder: Path, work: Path, args: argparse.Namespace) ->
             for split, prefix in (("validation", "eval"), ("test", "test"))}
 
 
+def source_version() -> str:
+    """`git describe --always --dirty` of the repository the script runs from (which code trained a run)."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
+    return described.stdout.strip() or "unknown"
+
+
 def row_record(row: Row) -> dict:
     """The row as stored in run.json (JSON types: the flags as a list)."""
     return json.loads(json.dumps(asdict(row)))
@@ -368,7 +382,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     started = time.perf_counter()
     training = train_peer(folder, seed, args) if row.is_peer else train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
-    record = {"row": row_record(row), "seed": seed, "wall_seconds": time.perf_counter() - started, **training,
+    record = {"row": row_record(row), "seed": seed, "source_version": source_version(), "wall_seconds": time.perf_counter() - started, **training,
               "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
@@ -453,7 +467,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "vs_marian")
     parser.add_argument("--rows", nargs="+", default=[PEER, "absolute-marian"], help="predefined row names")
     parser.add_argument("--row", action="append", default=[], metavar="'NAME=RECIPE [--flag value ...]'",
-                        help="an extra hf_relpos row (RECIPE: scheme or .yaml; --init hf for Marian's init)")
+                        help="an extra hf_relpos row (RECIPE: scheme or .yaml; --init hf|vaswani: token-embedding init)")
     parser.add_argument("--list", action="store_true", help="print the predefined rows and exit")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")

@@ -204,7 +204,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
 
 
-def test_vs_marian_hf_init_draws_embeddings_like_transformers(tmp_path, monkeypatch):
+def test_vs_marian_init_choices_redraw_the_token_embeddings(tmp_path, monkeypatch):
     from hf_relpos import RelPosTransformerForConditionalGeneration
 
     vs_marian = load_vs_marian(monkeypatch)
@@ -214,13 +214,13 @@ def test_vs_marian_hf_init_draws_embeddings_like_transformers(tmp_path, monkeypa
         "--data", str(data), "--rows", "absolute", *TINY_VS_MARIAN, "--d-model", "64", "--vocab-size", "300",
     ])
     argv = vs_marian.recipe_argv(row, tmp_path / "run", 1, args)
-    vs_marian.write_hf_initialised_model(argv, tmp_path / "init", 1, args)
-    model = RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path / "init")
-    embeddings = model.get_input_embeddings().weight
-    assert embeddings[model.config.pad_token_id].abs().max() == 0
-    assert embeddings[1:].std().item() == pytest.approx(model.config.init_std, rel=0.05)
-    default = RelPosTransformerForConditionalGeneration(model.config).get_input_embeddings().weight
-    assert default[1:].std().item() == pytest.approx(64**-0.5, rel=0.05)
+    for init, expected_std in (("hf", 0.02), ("vaswani", 64**-0.5)):
+        vs_marian.write_initialised_model(argv, init, tmp_path / init, 1, args)
+        model = RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path / init)
+        embeddings = model.get_input_embeddings().weight
+        assert embeddings[model.config.pad_token_id].abs().max() == 0
+        assert embeddings[1:].std().item() == pytest.approx(expected_std, rel=0.05)
+        assert model.lm_head.weight.data_ptr() == embeddings.data_ptr()
 
 
 def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
