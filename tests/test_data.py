@@ -114,7 +114,7 @@ def test_sample_caps_keep_the_first_pairs(tmp_path):
 @pytest.fixture(scope="module")
 def tokenizer():
     english, german = zip(*[random_sentence_pair(random.Random(i)) for i in range(300)], strict=True)
-    return train_joint_tokenizer(list(english) + list(german), vocab_size=400)
+    return train_joint_tokenizer(list(english) + list(german), vocab_size=656)
 
 
 def overlong_corpus(tmp_path):
