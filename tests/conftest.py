@@ -57,3 +57,47 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+# Sentence pairs a tiny model memorises in a few seconds (`memorised_model_folder`).
+MEMORISED_PAIRS = (
+    ("The cat sleeps.", "Die Katze schläft."),
+    ("The dog sees the cat.", "Der Hund sieht die Katze."),
+    ("The small bird sings.", "Der kleine Vogel singt."),
+    ("The house is red.", "Das Haus ist rot."),
+    ("The tree is big.", "Der Baum ist groß."),
+    ("The cat sees the bird.", "Die Katze sieht den Vogel."),
+)
+
+
+@pytest.fixture(scope="session")
+def memorised_model_folder(tmp_path_factory) -> Path:
+    """A tiny Shaw model that translates each source of MEMORISED_PAIRS into its target exactly, saved with its
+    tokenizer as a model folder (generation config: greedy, max_length 20)."""
+    from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = train_joint_tokenizer([text for pair in MEMORISED_PAIRS * 4 for text in pair], vocab_size=456)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
+        layer_norm_position="pre", **special_token_ids(tokenizer),
+    )
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    sources = tokenizer([source for source, _ in MEMORISED_PAIRS], padding=True, return_tensors="pt")
+    labels = tokenizer([target for _, target in MEMORISED_PAIRS], padding=True, return_tensors="pt").input_ids
+    labels[labels == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = model(**sources, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.generation_config.max_length = 20
+    hypotheses = tokenizer.batch_decode(model.generate(**sources), skip_special_tokens=True)
+    assert hypotheses == [target for _, target in MEMORISED_PAIRS], hypotheses
+    folder = tmp_path_factory.mktemp("memorised") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
