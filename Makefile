@@ -1,5 +1,5 @@
 # Two entry points, each doing all set-up on a fresh machine:
-#   make demo   trains and scores the embedded demo (no download)
+#   make demo   trains and scores the embedded demo (no download); each run starts afresh in outputs/demo
 #   make test   runs lint and the test suite
 # torch is pinned first so pip never pulls a different (CUDA) build; override with TORCH_SPEC=... for GPU wheels.
 PYTHON ?= python3
@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: $(VENV)/.installed
-	$(BIN)/python train_translation.py configs/demo.yaml
+	$(BIN)/python train_translation.py configs/demo.yaml --overwrite_output_dir true
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
