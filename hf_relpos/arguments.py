@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import functools
 import inspect
 import os
 import re
@@ -167,7 +168,12 @@ def config_field_help(name: str) -> str:
             return item.metadata["help"]
     own_docstring = inspect.getdoc(RelPosTransformerConfig) or ""
     return (_docstring_arguments(own_docstring).get(name) or _backtick_description(own_docstring, name)
-            or _docstring_arguments(inspect.getdoc(MarianConfig) or "").get(name, ""))
+            or _marian_field_docs().get(name, ""))
+
+
+@functools.cache
+def _marian_field_docs() -> dict[str, str]:
+    return _docstring_arguments(inspect.getdoc(MarianConfig) or "")
 
 
 # --------------------------------------------------------------------------------------------------- the parser

@@ -23,7 +23,7 @@ import huggingface_hub.constants
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
 from huggingface_hub import HfApi
-from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
+from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 from transformers import PreTrainedTokenizerBase
 
 from .demo_corpus import write_demo_corpus
@@ -193,9 +193,14 @@ def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_di
 
 def check_hub_dataset(name: str) -> None:
     """One quick request (no retries) that the Hub dataset exists and is reachable, so that an unreachable Hub is one
-    clear error at once instead of `load_dataset`'s retries and a ConnectionError traceback."""
+    clear error at once instead of `load_dataset`'s retries and a ConnectionError traceback. A local folder, or a name
+    that is no Hub id, is left to `load_dataset`."""
+    if os.path.exists(name):
+        return
     try:
         HfApi().dataset_info(name, timeout=HUB_TIMEOUT_SECONDS)
+    except HFValidationError:
+        return
     except RepositoryNotFoundError:
         raise DatasetSchemaError(f"dataset {name!r} is not on the Hugging Face Hub (or it is private: log in with "
                                  "`hf auth login`); check dataset_name, or give local files") from None

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 from huggingface_hub import ModelCard
+from huggingface_hub.errors import RepositoryNotFoundError
 from transformers import AutoTokenizer, GenerationConfig
 
 import hf_relpos.arguments as arguments_module
@@ -304,6 +305,21 @@ def test_an_unreachable_hub_dataset_is_one_error_without_retries(tmp_path, monke
         "service not known); connect to the network, set HF_HUB_OFFLINE=1 to use a copy in the local cache, or give "
         "local files (train_file, validation_file, test_file)")
     assert not (tmp_path / "out").exists()
+
+
+def test_the_hub_probe_names_a_missing_dataset_and_leaves_local_ones_alone(tmp_path, monkeypatch):
+    def missing(self, repo_id, **kwargs):
+        if repo_id == str(tmp_path):
+            raise AssertionError("a local folder is no Hub dataset")
+        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # as huggingface_hub raises it for a 404
+        Exception.__init__(error, f"404 Client Error: {repo_id}")
+        raise error
+
+    monkeypatch.setattr(data_module.HfApi, "dataset_info", missing)
+    with pytest.raises(DatasetSchemaError, match=r"dataset 'me/no-such-data' is not on the Hugging Face Hub \(or it "
+                                                 r"is private: log in with `hf auth login`\)"):
+        data_module.check_hub_dataset("me/no-such-data")
+    data_module.check_hub_dataset(str(tmp_path))
 
 
 def test_an_uncached_hub_dataset_offline_is_one_error_line(tmp_path):
