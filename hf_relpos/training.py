@@ -67,6 +67,7 @@ from .data import (
 from .hub import HubPushError, push_training_output
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .positions import scheme_config_fields
 from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents
 from .tokenization import (
     has_saved_tokenizer,
@@ -157,9 +158,10 @@ def _argument_fields() -> dict[str, tuple[type, dataclasses.Field]]:
 
 
 def model_config_fields() -> set[str]:
-    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set."""
+    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set,
+    including those the registered position schemes declare."""
     inherited = {item.name for item in dataclasses.fields(PreTrainedConfig)}
-    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited
+    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited | set(scheme_config_fields())
     return own - DERIVED_CONFIG_FIELDS
 
 
