@@ -28,13 +28,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     Field names follow Marian/BART. Position fields:
 
-    - `attention_type`: a registered scheme (`absolute`, `shaw`, `xl`, `directional`, or one you registered with
+    - `attention_type`: a scheme of `hf_relpos.ATTENTION_REGISTRY` (the built-in ones, or one registered with
       `hf_relpos.register_attention`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
-    - Each registered scheme's own fields (`PositionScheme.config_fields`: default, help, validation), top-level
-      attributes of every config: Shaw's `max_relative_position`, `use_relative_keys`, `use_relative_values`,
-      `relative_embeddings_shared_across_heads`; Transformer-XL's `clamp_len`, `untie_relative_biases`; DiSAN's
-      `directional_heads`, `directional_disable_diagonal`; and those of schemes registered from user code.
+    - The fields every registered scheme declares (`PositionScheme.config_fields`, with their defaults, help and
+      validation; e.g. Shaw's `max_relative_position`): top-level attributes of every config, saved in config.json.
     - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none).
 
     `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output

@@ -78,10 +78,24 @@ class XLPositions(PositionScheme):
         bias_count = num_layers if config.untie_relative_biases else 1
         self.content_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
         self.position_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
+        self._sinusoid_tables: dict[torch.device, torch.Tensor] = {}
 
     def init_parameters(self, std: float) -> None:
         init.normal_(self.content_bias, mean=0.0, std=std)
         init.normal_(self.position_bias, mean=0.0, std=std)
+
+    def encodings(self, distances: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """R_d [len(distances), d_model], read from a float64 table of the sinusoids of every distance up to the
+        largest one seen (doubled as needed). The table depends on positions only, never on a weight, so it cannot go
+        stale; it spares the per-layer sin/cos, which costs as much as a cached decoding step's position scores."""
+        span = int(distances.abs().max())
+        table = self._sinusoid_tables.get(distances.device)
+        if table is None or table.size(0) < 2 * span + 1:
+            covered = 0 if table is None else table.size(0) // 2
+            span = max(span, 2 * covered, 64)
+            table = sinusoids(torch.arange(-span, span + 1, device=distances.device), self.config.d_model, torch.float64)
+            self._sinusoid_tables[distances.device] = table
+        return table.index_select(0, distances + table.size(0) // 2).to(dtype)
 
     def position_scores(
         self, layer_idx: int, position_query: torch.Tensor, largest_distance: int, count: int
@@ -96,13 +110,15 @@ class XLPositions(PositionScheme):
         distances = torch.arange(largest_distance, largest_distance - count, -1, device=position_query.device)
         if self.clamp_len is not None:
             distances = distances.clamp(-self.clamp_len, self.clamp_len)
-        encodings = sinusoids(distances, self.config.d_model, position_query.dtype)
+        encodings = self.encodings(distances, position_query.dtype)
         weight = self.position_projections[layer_idx].weight.to(position_query.dtype)
         model_dim = weight.size(1)
         queries = batch * query_length
         if queries * (model_dim + heads * count) < count * (model_dim + queries):
-            projected_queries = torch.einsum("bhnk,hkd->bhnd", position_query, weight.view(heads, head_dim, model_dim))
-            return torch.matmul(projected_queries, encodings.t())
+            by_head = position_query.transpose(0, 1).reshape(heads, queries, head_dim)
+            projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
+            scores = torch.matmul(projected_queries, encodings.t())
+            return scores.view(heads, batch, query_length, count).transpose(0, 1)
         projected = (encodings @ weight.t()).view(count, heads, head_dim)
         return torch.matmul(position_query, projected.permute(1, 2, 0))
 
