@@ -11,6 +11,7 @@ import torch
 from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
+from hf_relpos import AttentionTerms, PositionScheme, register_attention
 from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for
 from hf_relpos.positions import get_scheme_class
 
@@ -219,6 +220,28 @@ def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shap
     offset = key_length - query_length
     expected = naive_absolute(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
                               offset)
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@register_attention("test_query_key_transform")
+class QueryKeyTransform(PositionScheme):
+    """Replaces queries and keys only (q -> 2q, k -> k + 1), as RoPE's rotations will: nothing a kernel must take."""
+
+    def terms(self, layer_idx, query, key, query_offset):
+        return AttentionTerms(query=2 * query, key=key + 1)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("kernel", [*KERNELS, TRANSFORMERS_KERNEL])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_replaced_queries_and_keys_run_on_every_kernel(shape, kernel, padded):
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention("test_query_key_transform", is_causal, kernel)
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
+    offset = key_length - query_length
+    scores = torch.matmul(2 * q, (k + 1).transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
+    expected = naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 

@@ -9,7 +9,7 @@ import torch
 from conftest import tiny_config
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_attention
+from hf_relpos import AttentionTerms, PositionScheme, hub, integer_field, register_attention
 from hf_relpos.training import parse_arguments
 
 
@@ -66,6 +66,16 @@ def test_a_registered_schemes_config_field_has_its_default_validation_and_a_plac
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["test_alibi_exponent"] == 2
     assert hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path).test_alibi_exponent == 2
+
+
+def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
+    """No `card` on the class: a generic title, and still the settings table from its fields and the note that its
+    code must be importable where the model is loaded."""
+    text = hub.render_model_card(tiny_config("test_alibi", test_alibi_exponent=2))
+    for expected in ("uses the `test_alibi` position scheme", "## Position scheme: `test_alibi`",
+                     "| `test_alibi_exponent` (e) | 2 | initial slopes 2^(-e h) |",
+                     "(`test_registry_and_config.LearnedAlibi`); its code must be importable"):
+        assert expected in text, expected
 
 
 def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):
