@@ -29,6 +29,7 @@ from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK,
 from .configuration_relpos import RelPosTransformerConfig
 from .data import DataArguments
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .positions import scheme_config_fields
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
 MODEL_SECTION = "model"
@@ -122,9 +123,10 @@ Arguments = tuple[ModelArguments, DataArguments, TranslationTrainingArguments]
 
 
 def model_config_fields() -> set[str]:
-    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set."""
+    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set,
+    including those the registered position schemes declare."""
     inherited = {item.name for item in dataclasses.fields(PreTrainedConfig)}
-    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited
+    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited | set(scheme_config_fields())
     return own - DERIVED_CONFIG_FIELDS
 
 
@@ -161,8 +163,12 @@ def _backtick_description(docstring: str, name: str) -> str:
 
 
 def config_field_help(name: str) -> str:
-    """Help for a model config field, read at run time: the field's own `help` metadata, else the docstring of
-    RelPosTransformerConfig, else MarianConfig's (whose field names and meanings it follows)."""
+    """Help for a model config field, read at run time: the declaring position scheme's `SchemeField.help`, the
+    field's own `help` metadata, else the docstring of RelPosTransformerConfig, else MarianConfig's (whose field
+    names and meanings it follows)."""
+    scheme_field = scheme_config_fields().get(name)
+    if scheme_field is not None:
+        return scheme_field.help
     for item in dataclasses.fields(RelPosTransformerConfig):
         if item.name == name and item.metadata.get("help"):
             return item.metadata["help"]

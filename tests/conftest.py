@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import hf_relpos
 
@@ -19,6 +23,12 @@ torch.set_num_threads(1)
 
 SCHEMES = ("absolute", "shaw", "xl", "directional")
 RELATIVE_SCHEMES = ("shaw", "xl", "directional")
+
+# A kernel of transformers' own, not hf_relpos': its SDPA function and mask under another name, standing in for
+# flash_attention_2/3 and Hub kernels (which need a GPU and packages this machine lacks).
+TRANSFORMERS_KERNEL = "transformers_sdpa_for_tests"
+AttentionInterface.register(TRANSFORMERS_KERNEL, sdpa_attention_forward)
+AttentionMaskInterface.register(TRANSFORMERS_KERNEL, sdpa_mask)
 
 
 def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTransformerConfig:
@@ -38,6 +48,16 @@ def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTr
     )
     values.update(overrides)
     return hf_relpos.RelPosTransformerConfig(**values)
+
+
+def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017) sec. 3.5 for one position, term by term in float64: [sin(p / 10000^(2i/d)) | cos(...)]."""
+    half = dim // 2
+    return torch.tensor(
+        [math.sin(position / 10000 ** (t / half)) for t in range(half)]
+        + [math.cos(position / 10000 ** (t / half)) for t in range(half)],
+        dtype=torch.float64,
+    )
 
 
 def tiny_model(attention_type: str = "shaw", seed: int = 0, **overrides):

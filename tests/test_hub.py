@@ -34,8 +34,8 @@ PAIRS = [
     ("the tree is big", "der Baum ist groß"),
     ("the cat sees the bird", "die Katze sieht den Vogel"),
 ]
-CODE_FILES = {"configuration_relpos.py", "modeling_relpos.py", "positions.py", "positions_absolute.py",
-              "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
+CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "modeling_relpos.py", "positions.py",
+              "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                *CODE_FILES}
 RESULTS = {
