@@ -20,7 +20,7 @@ from transformers import AutoTokenizer, GenerationConfig
 import hf_relpos.arguments as arguments_module
 import hf_relpos.data as data_module
 import hf_relpos.preflight as preflight_module
-from hf_relpos import RelPosTransformerConfig
+from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig
 from hf_relpos.arguments import ConfigError, model_config_fields, parse_arguments
 from hf_relpos.data import DataArguments, DatasetSchemaError
 from hf_relpos.demo_corpus import write_demo_corpus
@@ -87,10 +87,13 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
     sections = dict(zip([heading.split(" (")[0].rstrip(":") for heading in headings],
                         re.split("|".join(re.escape(heading) for heading in headings), text)[1:], strict=True))
     architecture = sections["model: architecture"]
-    for name in model_config_fields():
+    registered_by_tests = {field.name for scheme in ATTENTION_REGISTRY.values()
+                           if not scheme.__module__.startswith("hf_relpos") for field in scheme.config_fields}
+    for name in model_config_fields() - registered_by_tests:  # the script's fresh process has the built-in schemes
         assert f"--model.{name} [VALUE]" in architecture, name
     assert re.search(r"--model\.max_relative_position \[VALUE\], --max_relative_position \[VALUE\]\s+clipping "
-                     r"distance k \(default: 16\)\n", architecture)
+                     r"distance:\s+relative\s+distances\s+beyond\s+±k\s+share\s+one\s+vector\s+\(default:\s+16\)\n",
+                     architecture)  # the help text the Shaw scheme declares for its field
     assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+Size of the encoder layers.*\(default: 512\)",
                      architecture)
     assert re.search(r"--tokenizer_vocab_size TOKENIZER_VOCAB_SIZE, --tokenizer-vocab-size TOKENIZER_VOCAB_SIZE\s+"
