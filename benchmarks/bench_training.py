@@ -61,7 +61,7 @@ class Case:
 def attention_case(
     scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, kernel: str = "sdpa"
 ) -> Case:
-    """Self-attention of an encoder's first layer with the encoder's position scheme (embed + attend)."""
+    """Self-attention of an encoder's first layer with the encoder's position scheme (embed + terms + kernel)."""
     stack = RelPosEncoder(make_config(scheme, shape, layers=1, kernel=kernel))
     stack.positions.init_parameters(stack.config.init_std)
     module = nn.ModuleDict({"positions": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()

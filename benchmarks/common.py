@@ -82,7 +82,7 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kernel", choices=KERNELS, default="sdpa",
-        help="attention kernel of every scheme (flex_attention: compiled on CUDA; Shaw's a^V term always runs eager)",
+        help="attention kernel of every scheme (flex_attention: compiled on CUDA; Shaw's a^V term needs the explicit softmax)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
     parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")

@@ -65,7 +65,7 @@ def train_command(scheme: str, seed: int, output_dir: Path, tokenizer: Path, arg
         "--max_steps", str(args.max_steps), "--eval_strategy", "steps", "--eval_steps", str(args.eval_steps),
         "--logging_steps", str(args.logging_steps), "--save_strategy", "no", "--warmup_steps", str(args.warmup_steps),
         "--max_eval_samples", str(args.max_eval_samples), "--cpu_threads", str(args.threads),
-        "--tokenizer_name", str(tokenizer),
+        "--tokenizer_name", str(tokenizer), "--overwrite_output_dir", "true",  # an unfinished run starts again
     ]
     return command + args.extra
 

@@ -3,22 +3,24 @@ from the registry by `attention_type`."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import ATTENTION_REGISTRY, get_scheme_class
-from .positions_absolute import AbsolutePositions
-from .positions_directional import DirectionalPositions
-from .positions_shaw import ShawPositions
-from .positions_xl import XLPositions
+from .positions import get_scheme_class, scheme_config_fields
 
-BUILTIN_SCHEMES = (AbsolutePositions, ShawPositions, XLPositions, DirectionalPositions)
+# The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
+# copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
+from .positions_absolute import AbsolutePositions  # noqa: F401
+from .positions_directional import DirectionalPositions  # noqa: F401
+from .positions_shaw import ShawPositions  # noqa: F401
+from .positions_xl import XLPositions  # noqa: F401
+
 LAYER_NORM_POSITIONS = ("pre", "post")
-BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "use_relative_keys", "use_relative_values",
-                  "relative_embeddings_shared_across_heads", "untie_relative_biases", "directional_disable_diagonal")
+BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -26,15 +28,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     Field names follow Marian/BART. Position fields:
 
-    - `attention_type`: a registered scheme (`absolute`, `shaw`, `xl`, `directional`, or one you registered with
+    - `attention_type`: a scheme of `hf_relpos.ATTENTION_REGISTRY` (the built-in ones, or one registered with
       `hf_relpos.register_attention`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
-    - Shaw: `max_relative_position` (clipping distance k), `use_relative_keys` (a^K), `use_relative_values` (a^V),
-      `relative_embeddings_shared_across_heads` (True as in the paper; False = one table per head).
-    - Transformer-XL: `clamp_len` (largest distance encoded; None = no clamping), `untie_relative_biases` (u, v per
-      layer when True, shared by all layers of a stack when False).
-    - directional (DiSAN): `directional_heads` (pattern of "forward"/"backward"/"both" cycled over the heads; None =
-      first half forward, second half backward), `directional_disable_diagonal` (DiSAN's diag-disabled masks).
+    - The fields every registered scheme declares (`PositionScheme.config_fields`, with their defaults, help and
+      validation; e.g. Shaw's `max_relative_position`): top-level attributes of every config, saved in config.json.
+    - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none).
 
     `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output
     projection (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
@@ -72,14 +71,6 @@ class RelPosTransformerConfig(PreTrainedConfig):
     tie_word_embeddings: bool = True
     attention_type: str = "shaw"
     layer_norm_position: str = "post"
-    max_relative_position: int = 16
-    use_relative_keys: bool = True
-    use_relative_values: bool = True
-    relative_embeddings_shared_across_heads: bool = True
-    clamp_len: int | None = None
-    untie_relative_biases: bool = True
-    directional_heads: list[str] | None = None
-    directional_disable_diagonal: bool = True
     mem_len: int = 0
 
     @classmethod
@@ -104,6 +95,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return loaded
 
     def __post_init__(self, **kwargs) -> None:
+        for name, field in scheme_config_fields().items():
+            if name in self.__dataclass_fields__:
+                raise ValueError(f"a position scheme declares config field {name!r}, which RelPosTransformerConfig "
+                                 "already has")
+            setattr(self, name, kwargs.pop(name) if name in kwargs else copy.deepcopy(field.default))
         _refuse_misspelled_fields(kwargs)
         self._validate_relpos()
         super().__post_init__(**kwargs)
@@ -120,10 +116,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",
                      "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
             _require_int(name, getattr(self, name), minimum=1)
-        for name in ("encoder_layers", "decoder_layers", "max_relative_position", "mem_len"):
+        for name in ("encoder_layers", "decoder_layers", "mem_len"):
             _require_int(name, getattr(self, name), minimum=0)
-        if self.clamp_len is not None:
-            _require_int("clamp_len", self.clamp_len, minimum=0)
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)
             if self.d_model % heads:
@@ -141,13 +135,15 @@ class RelPosTransformerConfig(PreTrainedConfig):
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
                 raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
-        ATTENTION_REGISTRY[self.attention_type].check_config(self)
+        for name, field in scheme_config_fields().items():
+            field.check(getattr(self, name))
+        get_scheme_class(self.attention_type).check_config(self)
 
 
 def _refuse_misspelled_fields(extra: dict) -> None:
     """transformers keeps unknown config keys (for its own bookkeeping); a near-miss of one of our fields is a typo
     that would silently fall back to the default, so it is an error."""
-    own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)]
+    own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_config_fields())
     for key in extra:
         match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
         if match:

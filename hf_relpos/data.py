@@ -2,7 +2,9 @@
 tokenization with length filtering or truncation, and source-length ordering for fast evaluation.
 
 Every split is reduced to two text columns, `source` and `target`, before tokenization. Accepted schemas are the WMT one,
-`{"translation": {"en": "...", "de": "..."}}`, and flat language columns (`en`, `de`).
+`{"translation": {"en": "...", "de": "..."}}`, and flat language columns (`en`, `de`). A test file may be source-only
+(a `.txt` file with one source per line, or records without the target language): its `target` column is all None,
+and it is translated but not scored.
 """
 
 from __future__ import annotations
@@ -16,8 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets.config
+import huggingface_hub.constants
 import numpy as np
 from datasets import Dataset, DatasetDict, load_dataset
+from huggingface_hub import HfApi
+from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 from transformers import PreTrainedTokenizerBase
 
 from .demo_corpus import write_demo_corpus
@@ -26,19 +32,25 @@ logger = logging.getLogger(__name__)
 
 DEMO_DATASET_NAME = "demo"
 DEMO_DATA_FOLDER = "demo_data"
-FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv"}
+FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
+SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
+# Dropping this share of the training pairs or more (empty, or over the length limits) is logged as a warning.
+HEAVY_LOSS_SHARE = 0.1
+HUB_TIMEOUT_SECONDS = 10
 OVERLONG_PAIR_POLICIES = ("filter", "truncate")
 TRANSLATION_COLUMN = "translation"
 SPLITS = ("train", "validation", "test")
 
 
 class DatasetSchemaError(ValueError):
-    """A data file or dataset does not have the fields translation needs."""
+    """A data file or dataset does not have the fields translation needs, or cannot be loaded."""
 
 
 @dataclass
 class DataArguments:
     """Where the parallel text comes from and how it is cut to length."""
+
+    _argument_group_name = "data"
 
     dataset_name: str | None = field(
         default="wmt/wmt14",
@@ -50,7 +62,11 @@ class DataArguments:
     target_lang: str = field(default="de", metadata={"help": "Target language key, e.g. de."})
     train_file: str | None = field(default=None, metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv)."})
     validation_file: str | None = field(default=None, metadata={"help": "Local validation file."})
-    test_file: str | None = field(default=None, metadata={"help": "Local test file."})
+    test_file: str | None = field(
+        default=None,
+        metadata={"help": "Local test file; may be source-only (.txt, one sentence per line, or records without the "
+                          "target language): translated into test_hypotheses.txt, not scored."},
+    )
     validation_split_name: str = field(default="validation", metadata={"help": "Hub split used for evaluation."})
     test_split_name: str = field(default="test", metadata={"help": "Hub split used for prediction."})
     max_train_samples: int | None = field(default=None, metadata={"help": "Keep only the first N training pairs."})
@@ -85,6 +101,9 @@ class DataArguments:
             path = getattr(self, name)
             if path is not None and Path(path).suffix.lower() not in FILE_FORMATS:
                 raise ValueError(f"{name} {path!r} must end in one of {sorted(FILE_FORMATS)}")
+            if path is not None and name != "test_file" and FILE_FORMATS[Path(path).suffix.lower()] in SOURCE_ONLY_FORMATS:
+                raise ValueError(f"{name} {path!r}: a .txt file holds sources only; training and validation need "
+                                 "pairs (.jsonl, .json, .csv or .tsv)")
 
     @property
     def uses_local_files(self) -> bool:
@@ -115,7 +134,8 @@ def load_parallel_splits(
         needed = " or ".join(f"{split}_file" for split in missing)
         raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) but no {needed} was given")
     if files is not None:
-        loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang) for split in splits}
+        loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang,
+                                          allow_source_only=split == "test") for split in splits}
     else:
         loaded = _load_hub_splits(data_args, splits, cache_dir)
     caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
@@ -129,12 +149,18 @@ def load_parallel_splits(
     return loaded
 
 
+def has_references(dataset: Dataset) -> bool:
+    """Whether a split has target texts (False for a source-only test file)."""
+    return any(text is not None for text in dataset["target"])
+
+
 def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: str) -> None:
     """A split with no pairs, or whose source or target side is empty on every line, is an error (usually the wrong
     language key or column)."""
     if len(dataset) == 0:
         raise DatasetSchemaError(f"{origin} holds no pairs")
-    for column, lang in (("source", source_lang), ("target", target_lang)):
+    sides = (("source", source_lang), ("target", target_lang)) if has_references(dataset) else (("source", source_lang),)
+    for column, lang in sides:
         if not any(text.strip() for text in dataset[column]):
             raise DatasetSchemaError(f"{origin}: the {column} side ({lang!r}) is empty on every one of its "
                                      f"{len(dataset)} lines")
@@ -142,10 +168,18 @@ def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: 
 
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
     hub_split_names = {"train": "train", "validation": data_args.validation_split_name, "test": data_args.test_split_name}
-    dataset_dict: DatasetDict = load_dataset(data_args.dataset_name, data_args.dataset_config_name, cache_dir=cache_dir)
     origin = f"dataset {data_args.dataset_name!r}" + (
         f" (config {data_args.dataset_config_name!r})" if data_args.dataset_config_name else ""
     )
+    offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
+    if not offline:
+        check_hub_dataset(data_args.dataset_name)
+    try:
+        dataset_dict: DatasetDict = load_dataset(data_args.dataset_name, data_args.dataset_config_name,
+                                                 cache_dir=cache_dir)
+    except (ConnectionError, OSError, ValueError) as error:
+        hint = " (HF_HUB_OFFLINE is set: only a dataset in the local cache loads)" if offline else ""
+        raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}") from None
     result = {}
     for split in splits:
         name = hub_split_names[split]
@@ -155,6 +189,29 @@ def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_di
             dataset_dict[name], data_args.source_lang, data_args.target_lang, f"{origin}, split {name!r}"
         )
     return result
+
+
+def check_hub_dataset(name: str) -> None:
+    """One quick request (no retries) that the Hub dataset exists and is reachable, so that an unreachable Hub is one
+    clear error at once instead of `load_dataset`'s retries and a ConnectionError traceback. A local folder, or a name
+    that is no Hub id, is left to `load_dataset`."""
+    if os.path.exists(name):
+        return
+    try:
+        HfApi().dataset_info(name, timeout=HUB_TIMEOUT_SECONDS)
+    except HFValidationError:
+        return
+    except RepositoryNotFoundError:
+        raise DatasetSchemaError(f"dataset {name!r} is not on the Hugging Face Hub (or it is private: log in with "
+                                 "`hf auth login`); check dataset_name, or give local files") from None
+    except GatedRepoError:
+        raise DatasetSchemaError(f"dataset {name!r} is gated: accept its conditions on its Hub page and log in with "
+                                 "`hf auth login`") from None
+    except Exception as error:  # noqa: BLE001 - connection, DNS, proxy, timeout: the Hub cannot be used now
+        raise DatasetSchemaError(
+            f"dataset {name!r}: the Hugging Face Hub cannot be reached ({type(error).__name__}: "
+            f"{' '.join(str(error).split())}); connect to the network, set HF_HUB_OFFLINE=1 to use a copy in the "
+            "local cache, or give local files (train_file, validation_file, test_file)") from None
 
 
 def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origin: str) -> Dataset:
@@ -179,7 +236,7 @@ def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origi
 
 
 def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str) -> None:
-    missing = [lang for lang in (source_lang, target_lang) if lang not in available]
+    missing = [lang for lang in dict.fromkeys((source_lang, target_lang)) if lang not in available]
     if missing:
         raise DatasetSchemaError(
             f"{where}: no {' or '.join(repr(lang) for lang in missing)} (found {sorted(available)}); expected "
@@ -192,35 +249,54 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str) -> Dataset:
-    """Read a .jsonl/.json/.csv/.tsv parallel file into `source`/`target` columns; errors name the file and line."""
+def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
+                     allow_source_only: bool = False) -> Dataset:
+    """Read a .jsonl/.json/.csv/.tsv parallel file into `source`/`target` columns; errors name the file and line.
+
+    With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept) or a file whose records
+    all lack the target language is read with a `target` column of None."""
     path = Path(path)
     if not path.is_file():
         raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
     file_format = FILE_FORMATS.get(path.suffix.lower())
     if file_format is None:
         raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}")
+    if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
+        raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
     sources: list[str] = []
-    targets: list[str] = []
-    for location, record in _records(path, file_format):
+    targets: list[str | None] = []
+    first_without_target = first_with_target = None
+    for location, record in _records(path, file_format, source_lang):
         if not isinstance(record, dict):
             raise DatasetSchemaError(f"{location}: expected an object with the texts, got {type(record).__name__}")
         texts = record.get(TRANSLATION_COLUMN, record) if file_format in ("jsonl", "json") else record
         if not isinstance(texts, dict):
             raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
         where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
-        _require_languages(list(texts), source_lang, target_lang, where)
+        source_only = allow_source_only and target_lang not in texts
+        _require_languages(list(texts), source_lang, source_lang if source_only else target_lang, where)
+        if source_only:
+            first_without_target = first_without_target or where
+        else:
+            first_with_target = first_with_target or where
         for lang, column in ((source_lang, sources), (target_lang, targets)):
-            value = texts[lang]
+            value = texts.get(lang)
             if value is not None and not isinstance(value, str):
                 raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
-            column.append(value or "")
+            column.append(None if source_only and lang == target_lang else value or "")
+    if first_without_target and first_with_target:
+        raise DatasetSchemaError(f"{first_without_target}: no {target_lang!r}, although {first_with_target} has one; "
+                                 "a test file is either parallel on every line or source-only")
     return Dataset.from_dict({"source": sources, "target": targets})
 
 
-def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
+def _records(path: Path, file_format: str, source_lang: str) -> Iterator[tuple[str, Any]]:
     """(location, record) for each example; location is "file:line" (or "file: record N" for a JSON array)."""
-    if file_format == "jsonl":
+    if file_format == "txt":
+        with open(path, encoding="utf-8") as handle:
+            for line_number, line in enumerate(handle, start=1):
+                yield f"{path}:{line_number}", {source_lang: line.rstrip("\r\n")}
+    elif file_format == "jsonl":
         with open(path, encoding="utf-8") as handle:
             for line_number, line in enumerate(handle, start=1):
                 if line.strip():
@@ -284,12 +360,15 @@ def tokenize_training_pairs(
                               tokenizer.eos_token_id, data_args.preprocessing_num_workers)
     report.dropped = report.empty + (report.overlong if data_args.overlong_pairs == "filter" else 0)
     logger.info(report.describe(data_args.overlong_pairs))
+    advice = (f"raise max_source_length ({data_args.max_source_length}) / max_target_length "
+              f"({data_args.max_target_length}) or set overlong_pairs: truncate")
     if len(tokenized) == 0:
         raise DatasetSchemaError(
-            f"no training pairs left after filtering: {report.describe(data_args.overlong_pairs)}; raise "
-            f"max_source_length ({data_args.max_source_length}) / max_target_length ({data_args.max_target_length}) "
-            f"or set overlong_pairs: truncate"
+            f"no training pairs left after filtering: {report.describe(data_args.overlong_pairs)}; {advice}"
         )
+    if report.dropped >= HEAVY_LOSS_SHARE * report.total:
+        logger.warning("%.1f%% of the training pairs are dropped: %s; %s", 100 * report.dropped / report.total,
+                       report.describe(data_args.overlong_pairs), advice)
     return tokenized, report
 
 
@@ -314,7 +393,7 @@ def tokenize_evaluation_pairs(
 def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None) -> Dataset:
     def encode(batch: dict[str, list[str]]) -> dict[str, list]:
         sources = tokenizer(batch["source"])["input_ids"]
-        targets = tokenizer(text_target=batch["target"])["input_ids"]
+        targets = tokenizer(text_target=[text or "" for text in batch["target"]])["input_ids"]  # None: source-only
         return {"input_ids": sources, "labels": targets,
                 "source_length": [len(ids) for ids in sources], "target_length": [len(ids) for ids in targets]}
 

@@ -28,7 +28,7 @@ from transformers.dynamic_module_utils import get_relative_import_files
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .pipeline_relpos import TranslationPipeline
-from .positions_directional import head_directions
+from .positions import PositionScheme, SchemeCard, get_scheme_class
 from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
@@ -50,47 +50,15 @@ KNOWN_DATASETS = {
     "wmt/wmt14": {"title": "WMT14", "validation": "newstest2013", "test": "newstest2014"},
     "bentrevett/multi30k": {"title": "Multi30k", "validation": "validation", "test": "test2016 (Flickr)"},
 }
-SCHEME_NAMES = {
-    "absolute": "sinusoidal absolute positions (Vaswani et al. 2017)",
-    "shaw": "relative position representations (Shaw et al. 2018)",
-    "xl": "Transformer-XL relative attention (Dai et al. 2019)",
-    "directional": "DiSAN directional self-attention masks (Shen et al. 2018)",
-}
-SCHEME_CITATIONS = {"absolute": (), "shaw": ("shaw2018",), "xl": ("dai2019",), "directional": ("shen2018",)}
-
-BIBTEX = {
-    "vaswani2017": """@inproceedings{vaswani2017attention,
+# The Transformer itself, cited by every card; each scheme's own citations come from its `SchemeCard`.
+VASWANI_BIBTEX = """@inproceedings{vaswani2017attention,
   title     = {Attention Is All You Need},
   author    = {Vaswani, Ashish and Shazeer, Noam and Parmar, Niki and Uszkoreit, Jakob and Jones, Llion and
                Gomez, Aidan N. and Kaiser, {\\L}ukasz and Polosukhin, Illia},
   booktitle = {Advances in Neural Information Processing Systems},
   volume    = {30},
   year      = {2017}
-}""",
-    "shaw2018": """@inproceedings{shaw2018self,
-  title     = {Self-Attention with Relative Position Representations},
-  author    = {Shaw, Peter and Uszkoreit, Jakob and Vaswani, Ashish},
-  booktitle = {Proceedings of the 2018 Conference of the North American Chapter of the Association for
-               Computational Linguistics: Human Language Technologies, Volume 2 (Short Papers)},
-  pages     = {464--468},
-  year      = {2018}
-}""",
-    "dai2019": """@inproceedings{dai2019transformerxl,
-  title     = {Transformer-{XL}: Attentive Language Models beyond a Fixed-Length Context},
-  author    = {Dai, Zihang and Yang, Zhilin and Yang, Yiming and Carbonell, Jaime and Le, Quoc and
-               Salakhutdinov, Ruslan},
-  booktitle = {Proceedings of the 57th Annual Meeting of the Association for Computational Linguistics},
-  pages     = {2978--2988},
-  year      = {2019}
-}""",
-    "shen2018": """@inproceedings{shen2018disan,
-  title     = {{DiSAN}: Directional Self-Attention Network for {RNN}/{CNN}-Free Language Understanding},
-  author    = {Shen, Tao and Zhou, Tianyi and Long, Guodong and Jiang, Jing and Pan, Shirui and Zhang, Chengqi},
-  booktitle = {Proceedings of the Thirty-Second AAAI Conference on Artificial Intelligence},
-  pages     = {5446--5455},
-  year      = {2018}
-}""",
-}
+}"""
 
 # Recipe fields shown in the card's training table, in this order (the YAML names, so they map back to a config).
 TRAINING_FIELDS = (
@@ -206,7 +174,7 @@ def _card_metadata(
     config: RelPosTransformerConfig, recipe: dict, results: dict, model_name: str, source: str, target: str
 ) -> ModelCardData:
     scheme = config.attention_type
-    tags = ["translation", *(["relative-position"] if scheme != "absolute" else []), scheme, "hf_relpos"]
+    tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     dataset = recipe.get("dataset_name")
     on_hub = _on_hub(recipe)
     eval_results = []
@@ -276,7 +244,7 @@ def _split_title(recipe: Mapping[str, Any], split: str) -> str:
 def _title_section(
     config: RelPosTransformerConfig, recipe: dict, model_name: str, source: str, target: str, recipe_name: str | None
 ) -> str:
-    scheme = SCHEME_NAMES.get(config.attention_type, f"the `{config.attention_type}` position scheme")
+    scheme = _scheme_card(config).title
     trained_on = f", trained on {_dataset_title(recipe)}" if recipe else ""
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
@@ -288,104 +256,40 @@ def _title_section(
     )
 
 
+def _scheme_card(config: RelPosTransformerConfig) -> SchemeCard:
+    """The scheme's own card text, or a generic one for a scheme registered without it."""
+    scheme_class = get_scheme_class(config.attention_type)
+    if scheme_class.card is not None:
+        return scheme_class.card
+    return SchemeCard(title=f"the `{config.attention_type}` position scheme")
+
+
+def _is_packaged(scheme_class: type[PositionScheme]) -> bool:
+    """Whether the scheme ships with hf_relpos (and so with a saved model's remote code)."""
+    return scheme_class.__module__.split(".")[0] in (PositionScheme.__module__.split(".")[0], "transformers_modules")
+
+
 def _scheme_section(config: RelPosTransformerConfig) -> str:
-    describe = {"absolute": _absolute_scheme, "shaw": _shaw_scheme, "xl": _xl_scheme,
-                "directional": _directional_scheme}
-    body = describe.get(config.attention_type, _custom_scheme)(config)
+    scheme_class = get_scheme_class(config.attention_type)
+    parts = [_scheme_card(config).describe(config)]
+    if scheme_class.config_fields:
+        rows = [(f"`{field.name}`" + (f" ({field.symbol})" if field.symbol else ""), getattr(config, field.name),
+                 field.help) for field in scheme_class.config_fields]
+        parts.append(_table(("setting", "value", "meaning"), rows))
+    if not _is_packaged(scheme_class):
+        parts.append(f"`{config.attention_type}` is a scheme registered with `hf_relpos.register_attention` "
+                     f"(`{scheme_class.__module__}.{scheme_class.__qualname__}`); its code must be importable wherever "
+                     "this model is loaded.")
     if config.layer_norm_position == "pre":
         norm = "Pre-LN blocks: LayerNorm before each sub-layer, x + Sublayer(LayerNorm(x)) (Xiong et al. 2020)."
     else:
         norm = "Post-LN blocks: LayerNorm(x + Sublayer(x)) after each sub-layer (Vaswani et al. 2017)."
+    body = "\n\n".join(part for part in parts if part)
     return (
         f"## Position scheme: `{config.attention_type}`\n\n{body}\n\n"
         "Positions enter self-attention only (encoder and decoder); cross-attention has no position term, as in Shaw "
         f"et al. (2018). {norm}"
     )
-
-
-def _absolute_scheme(config: RelPosTransformerConfig) -> str:
-    scale = "the token embeddings scaled by √d_model" if config.scale_embedding else "the token embeddings"
-    return (
-        f"Sinusoidal absolute position encodings (Vaswani et al. 2017, sec. 3.5) are added to {scale}; attention "
-        "itself has no position term:\n\n"
-        "$$PE_{(p,\\,2i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
-        "PE_{(p,\\,2i+1)} = \\cos\\left(p / 10000^{2i/d}\\right)$$\n\n"
-        "They are computed on the fly, so any length has encodings; a cached decoding step gets its true position."
-    )
-
-
-def _shaw_scheme(config: RelPosTransformerConfig) -> str:
-    k = config.max_relative_position
-    head_dim = config.d_model // config.encoder_attention_heads
-    key_term = " + a^K_{ij}" if config.use_relative_keys else ""
-    value_term = " + a^V_{ij}" if config.use_relative_values else ""
-    tables = [name for name, used in (("a^K", config.use_relative_keys), ("a^V", config.use_relative_values)) if used]
-    if config.relative_embeddings_shared_across_heads:
-        sharing = "one table shared by all heads of a layer, as in the paper"
-    else:
-        sharing = "one table per head"
-    learned = (f"Each self-attention layer learns 2k+1 = {2 * k + 1} vectors of size d_z = {head_dim} for "
-               f"{' and '.join(f'${name}$' for name in tables)} ({sharing}); distances beyond k = {k} are clipped "
-               "to ±k." if tables else "Both relative terms are off, so attention has no position information.")
-    return (
-        "Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018): the edge between query position i and key "
-        "position j carries learned vectors a^K and a^V that depend only on the clipped distance j − i.\n\n"
-        f"$$e_{{ij}} = \\frac{{x_i W^Q \\left(x_j W^K{key_term}\\right)^\\top}}{{\\sqrt{{d_z}}}}, \\qquad "
-        f"z_i = \\sum_j \\alpha_{{ij}} \\left(x_j W^V{value_term}\\right)$$\n\n"
-        "$$a^K_{ij} = w^K_{\\mathrm{clip}(j-i,\\,k)}, \\quad a^V_{ij} = w^V_{\\mathrm{clip}(j-i,\\,k)}, \\quad "
-        "\\mathrm{clip}(x, k) = \\max(-k, \\min(k, x))$$\n\n"
-        f"{learned}\n\n"
-        "| setting | value |\n| --- | --- |\n"
-        f"| `max_relative_position` (k) | {k} |\n"
-        f"| `use_relative_keys` (a^K) | {config.use_relative_keys} |\n"
-        f"| `use_relative_values` (a^V) | {config.use_relative_values} |\n"
-        f"| `relative_embeddings_shared_across_heads` | {config.relative_embeddings_shared_across_heads} |"
-    )
-
-
-def _xl_scheme(config: RelPosTransformerConfig) -> str:
-    clamp = (f"clamped to ±{config.clamp_len}" if config.clamp_len is not None else "not clamped (`clamp_len: null`)")
-    biases = ("u and v are learned per layer (untied)" if config.untie_relative_biases
-              else "u and v are shared by all layers of a stack (tied)")
-    return (
-        "Transformer-XL relative attention (Dai et al. 2019, sec. 3.3): content and position terms, with a global "
-        "content bias u and position bias v per head, scaled by 1/√d_head:\n\n"
-        "$$A_{ij} = \\underbrace{q_i^\\top k_j}_{(a)} + \\underbrace{q_i^\\top W_{k,R} R_{i-j}}_{(b)} + "
-        "\\underbrace{u^\\top k_j}_{(c)} + \\underbrace{v^\\top W_{k,R} R_{i-j}}_{(d)}$$\n\n"
-        f"R is the parameter-free sinusoid of the distance i − j, {clamp}; W_{{k,R}} is learned per layer; {biases}. "
-        "The encoder sees both signs of i − j, the decoder only i − j ≥ 0. The (b)+(d) terms are computed for every "
-        "distance once and aligned with the rel-shift trick.\n\n"
-        "| setting | value |\n| --- | --- |\n"
-        f"| `clamp_len` | {config.clamp_len} |\n"
-        f"| `untie_relative_biases` | {config.untie_relative_biases} |"
-    )
-
-
-def _directional_scheme(config: RelPosTransformerConfig) -> str:
-    encoder_heads = ", ".join(head_directions(config, config.encoder_attention_heads, is_causal=False))
-    decoder_heads = ", ".join(head_directions(config, config.decoder_attention_heads, is_causal=True))
-    if config.directional_disable_diagonal:
-        masks = "forward: j < i, backward: j > i, both: j ≠ i (DiSAN's diag-disabled masks)"
-    else:
-        masks = "forward: j ≤ i, backward: j ≥ i, both: every j (the diagonal allowed)"
-    return (
-        "DiSAN directional self-attention (Shen et al. 2018, sec. 3.2): each head h attends through a direction mask "
-        "M^h, which is the only order information the model has (no position encodings are added):\n\n"
-        "$$\\mathrm{head}_h(i) = \\sum_j \\mathrm{softmax}_j\\!\\left(\\frac{q_i^\\top k_j}{\\sqrt{d_{head}}} + "
-        "M^h_{ij}\\right) v_j, \\qquad M^h_{ij} = 0 \\text{ if key } j \\text{ is allowed for query } i, "
-        "\\ -\\infty \\text{ otherwise}$$\n\n"
-        f"Allowed keys: {masks}. The masks combine with padding and, in the decoder, the causal mask; a query left "
-        "with no key outputs zeros.\n\n"
-        "| setting | value |\n| --- | --- |\n"
-        f"| `directional_heads` | {config.directional_heads} (encoder heads: {encoder_heads}; decoder heads: "
-        f"{decoder_heads}) |\n"
-        f"| `directional_disable_diagonal` | {config.directional_disable_diagonal} |"
-    )
-
-
-def _custom_scheme(config: RelPosTransformerConfig) -> str:
-    return (f"`{config.attention_type}` is a scheme registered with `hf_relpos.register_attention`; its code must be "
-            "importable wherever this model is loaded.")
 
 
 def _architecture_section(config: RelPosTransformerConfig) -> str:
@@ -520,15 +424,12 @@ def _limitations_section(config: RelPosTransformerConfig, recipe: dict, source: 
         items.append("Multi30k holds short image captions; expect poor quality on news, dialogue or technical text.")
     if recipe.get("dataset_name") == "demo":
         items.append("The demo corpus is a small generated German-like language, not real German.")
-    if config.attention_type == "directional" and "backward" in head_directions(
-            config, config.decoder_attention_heads, is_causal=True):
-        items.append("In the decoder the causal mask leaves backward heads without keys, so they output zeros.")
+    items += _scheme_card(config).limitations_for(config)
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 
 
 def _citation_section(config: RelPosTransformerConfig) -> str:
-    keys = ("vaswani2017", *SCHEME_CITATIONS.get(config.attention_type, ()))
-    entries = "\n\n".join(BIBTEX[key] for key in keys)
+    entries = "\n\n".join(dict.fromkeys((VASWANI_BIBTEX, *_scheme_card(config).bibtex)))
     return f"## Citation\n\n```bibtex\n{entries}\n```"
 
 

@@ -14,6 +14,8 @@ import torch
 from torch.utils.data import Dataset, SequentialSampler
 from transformers import Trainer
 
+from .modeling_relpos import token_cross_entropy
+
 
 class SegmentedStream(Dataset):
     """Item k = segment k // batch_size of row k % batch_size: `input_ids` [L], `targets` [L], `segment` index.
@@ -48,7 +50,8 @@ class SegmentedStream(Dataset):
 
 
 def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return torch.nn.functional.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+    """Mean cross-entropy of `targets`, in promote_types(logits dtype, float32) (a float64 model stays float64)."""
+    return token_cross_entropy(logits, targets)
 
 
 class MemoryTrainer(Trainer):

@@ -1,8 +1,10 @@
 """RelPosTransformer: a Marian-shaped encoder-decoder whose self-attention position scheme comes from the registry.
 
-Read top to bottom: attention -> layers -> stacks -> base model -> heads. The model never tests a scheme's name:
-each stack holds one `PositionScheme` (`config.attention_type`) that embeds (`embed`) and attends (`attend`);
-cross-attention uses the plain `attention_core` with no positions (Shaw et al. 2018, sec. 3).
+Read top to bottom: masks -> attention -> layers -> stacks -> base model -> heads. The model never tests a scheme's
+name: each stack holds one `PositionScheme` (`config.attention_type`) that embeds (`embed`) and says what each
+self-attention layer adds (`terms`); the attention module runs the kernel `config._attn_implementation` names,
+through `RELPOS_ATTENTION_FUNCTIONS` (attention_functions.py). Cross-attention has no positions (Shaw et al. 2018,
+sec. 3).
 """
 
 from __future__ import annotations
@@ -13,11 +15,17 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from torch.nn import CrossEntropyLoss
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.loss.loss_utils import fixed_cross_entropy
+from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
+    bidirectional_mask_function,
+    causal_mask_function,
+    sdpa_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -26,9 +34,11 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.utils.generic import can_return_tuple
 
+from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
-from .positions import PositionScheme, attention_core, get_scheme_class
+from .positions import AttentionTerms, PositionScheme, get_scheme_class
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -41,33 +51,75 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-def padding_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """[B, m] 1/0 mask -> boolean [B, 1, 1, m] (True = real key), or None when nothing is padded."""
-    if attention_mask is None:
-        return None
-    return attention_mask.bool()[:, None, None, :]
-
-
-def causal_mask(
-    query_length: int, key_length: int, past_length: int, key_padding: torch.Tensor | None, device: torch.device
+def token_cross_entropy(
+    logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: torch.Tensor | int | None = None
 ) -> torch.Tensor:
-    """Boolean [B|1, 1, n, m]: query i (absolute position past_length + i) may see keys j <= past_length + i."""
-    query_positions = torch.arange(past_length, past_length + query_length, device=device)[:, None]
-    allowed = (torch.arange(key_length, device=device)[None, :] <= query_positions)[None, None]
-    return allowed if key_padding is None else allowed & key_padding
+    """Cross-entropy of `labels` (-100 ignored), in promote_types(logits dtype, float32): the mean over the labelled
+    tokens, or, given the Trainer's `num_items_in_batch` (the labelled tokens of all micro-batches of one optimizer
+    step, over all processes), their sum divided by it (transformers' `fixed_cross_entropy`), so that gradient
+    accumulation and data parallelism weigh every token alike."""
+    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+    return fixed_cross_entropy(
+        logits.reshape(-1, logits.size(-1)), labels.reshape(-1).to(logits.device), num_items_in_batch
+    )
+
+
+def attention_mask_for(
+    config: RelPosTransformerConfig,
+    batch_size: int,
+    query_length: int,
+    key_length: int,
+    query_offset: int,
+    padding: torch.Tensor | None,
+    causal: bool,
+    device: torch.device,
+) -> torch.Tensor | None:
+    """The mask of one stack's self- or cross-attention from `transformers.masking_utils`, in the form its kernel
+    reads: for hf_relpos' kernels a boolean [B, 1, n, m] (True = may attend; None when nothing is masked), else what
+    the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
+    `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask."""
+    kernel = config._attn_implementation
+    build = sdpa_mask if kernel in (None, *RELPOS_KERNELS) else ALL_MASK_ATTENTION_FUNCTIONS.get(kernel)
+    if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
+        return None
+    return build(
+        batch_size=batch_size,
+        q_length=query_length,
+        kv_length=key_length,
+        q_offset=query_offset,
+        mask_function=causal_mask_function if causal else bidirectional_mask_function,
+        attention_mask=None if padding is None else padding.to(device=device, dtype=torch.bool),
+        allow_is_causal_skip=False,
+        allow_is_bidirectional_skip=not causal,
+        device=device,
+    )
+
+
+def _as_4d(tensor: torch.Tensor | None) -> torch.Tensor | None:
+    """A mask or bias broadcastable to [B, H, n, m] with its missing leading dimensions made explicit."""
+    if tensor is None or tensor.dim() == 4:
+        return tensor
+    return tensor.reshape((1,) * (4 - tensor.dim()) + tuple(tensor.shape))
 
 
 class RelPosAttention(nn.Module):
-    """Multi-head attention. Self-attention delegates the scaled dot product to the stack's position scheme;
-    cross-attention (`is_cross_attention`) runs the plain core."""
+    """Multi-head attention. For self-attention the stack's position scheme says what enters (`terms`); the kernel
+    `config._attn_implementation` runs it, looked up in `RELPOS_ATTENTION_FUNCTIONS` (hf_relpos' eager, SDPA and
+    FlexAttention functions, transformers' for every other name). A kernel of transformers' runs a scheme only when
+    the scheme adds no score bias, mask or value term; otherwise it is a ValueError, never a silent substitution."""
 
-    def __init__(self, config: RelPosTransformerConfig, num_heads: int, layer_idx: int, is_cross_attention: bool):
+    def __init__(
+        self, config: RelPosTransformerConfig, num_heads: int, layer_idx: int, is_cross_attention: bool,
+        is_causal: bool = False,
+    ):
         super().__init__()
         self.config = config
         self.num_heads = num_heads
         self.head_dim = config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5
         self.layer_idx = layer_idx
         self.is_cross_attention = is_cross_attention
+        self.is_causal = is_causal and not is_cross_attention  # read by transformers' flash kernels
         self.dropout = config.attention_dropout
         self.q_proj = nn.Linear(config.d_model, config.d_model)
         self.k_proj = nn.Linear(config.d_model, config.d_model)
@@ -80,7 +132,7 @@ class RelPosAttention(nn.Module):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        allowed: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
         positions: PositionScheme | None = None,
         key_value_states: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
@@ -88,8 +140,8 @@ class RelPosAttention(nn.Module):
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """`memory` [B, M, d] (Transformer-XL): keys and values over [memory; current segment], queries over the
-        current segment only."""
+        """`attention_mask` comes from `attention_mask_for`; `memory` [B, M, d] (Transformer-XL): keys and values over
+        [memory; current segment], queries over the current segment only, at positions after `query_offset`."""
         query = self._heads(self.q_proj(hidden_states))
         cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
@@ -107,18 +159,43 @@ class RelPosAttention(nn.Module):
                 if self.is_cross_attention:
                     past_key_values.is_updated[self.layer_idx] = True
 
-        dropout = self.dropout if self.training else 0.0
-        if positions is None:
-            output, weights = attention_core(
-                query, key, value, allowed, dropout=dropout,
-                kernel=self.config._attn_implementation or "sdpa", output_attentions=output_attentions,
+        output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions)
+        return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+
+    def attend(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        positions: PositionScheme | None = None,
+        query_offset: int = 0,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The scaled dot product of per-head queries [B, H, n, d] and keys/values [B, H, m, d] with what `positions`
+        adds, on the kernel `config._attn_implementation` names; returns [B, n, H, d] and the weights (eager)."""
+        terms = AttentionTerms() if positions is None else positions.terms(self.layer_idx, query, key, query_offset)
+        query = query if terms.query is None else terms.query
+        key = key if terms.key is None else terms.key
+        kernel = self.config._attn_implementation
+        attention = RELPOS_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
+        extra = {}
+        if kernel in (None, *RELPOS_KERNELS):
+            if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
+                scheme_mask = _as_4d(terms.mask)
+                attention_mask = scheme_mask if attention_mask is None else attention_mask & scheme_mask
+            extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
+                     "value_term": terms.value_term}
+        elif terms.additions():
+            raise ValueError(
+                f"attention_type {positions.name!r} adds {' and '.join(terms.additions())} to attention, which "
+                f"attn_implementation {kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and "
+                f"{kernel!r} only with schemes that add none (e.g. 'absolute')"
             )
-        else:
-            output, weights = positions.attend(
-                self.layer_idx, query, key, value, allowed, query_offset, dropout, output_attentions
-            )
-        output = output.transpose(1, 2).reshape(*hidden_states.shape[:-1], -1)
-        return self.out_proj(output), weights
+        return attention(
+            self, query, key, value, attention_mask, scaling=self.scaling,
+            dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,
+        )
 
 
 class RelPosFeedForward(nn.Module):
@@ -141,11 +218,14 @@ class RelPosLayer(GradientCheckpointingLayer):
     """One encoder or decoder layer: self-attention, optional cross-attention, feed-forward, each wrapped as
     Post-LN `LN(x + Dropout(f(x)))` (Vaswani et al. 2017) or Pre-LN `x + Dropout(f(LN(x)))` (Xiong et al. 2020)."""
 
-    def __init__(self, config: RelPosTransformerConfig, layer_idx: int, num_heads: int, ffn_dim: int, cross: bool):
+    def __init__(
+        self, config: RelPosTransformerConfig, layer_idx: int, num_heads: int, ffn_dim: int, cross: bool,
+        is_causal: bool,
+    ):
         super().__init__()
         self.pre_norm = config.layer_norm_position == "pre"
         self.dropout = config.dropout
-        self.self_attn = RelPosAttention(config, num_heads, layer_idx, is_cross_attention=False)
+        self.self_attn = RelPosAttention(config, num_heads, layer_idx, is_cross_attention=False, is_causal=is_causal)
         self.self_attn_layer_norm = nn.LayerNorm(config.d_model)
         self.encoder_attn = RelPosAttention(config, num_heads, layer_idx, is_cross_attention=True) if cross else None
         self.encoder_attn_layer_norm = nn.LayerNorm(config.d_model) if cross else None
@@ -160,10 +240,10 @@ class RelPosLayer(GradientCheckpointingLayer):
     def forward(
         self,
         hidden_states: torch.Tensor,
-        self_allowed: torch.Tensor | None,
+        self_mask: torch.Tensor | None,
         positions: PositionScheme,
         encoder_hidden_states: torch.Tensor | None = None,
-        cross_allowed: torch.Tensor | None = None,
+        cross_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
@@ -175,7 +255,7 @@ class RelPosLayer(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
-                x, self_allowed, positions, past_key_values=past_key_values, query_offset=query_offset,
+                x, self_mask, positions, past_key_values=past_key_values, query_offset=query_offset,
                 output_attentions=output_attentions, memory=memory,
             ),
         )
@@ -185,7 +265,7 @@ class RelPosLayer(GradientCheckpointingLayer):
                 hidden_states,
                 self.encoder_attn_layer_norm,
                 lambda x: self.encoder_attn(
-                    x, cross_allowed, key_value_states=encoder_hidden_states, past_key_values=past_key_values,
+                    x, cross_mask, key_value_states=encoder_hidden_states, past_key_values=past_key_values,
                     output_attentions=output_attentions,
                 ),
             )
@@ -215,7 +295,7 @@ class RelPosStack(nn.Module):
             config, num_layers, num_heads, config.d_model // num_heads, is_causal=is_decoder
         )
         self.layers = nn.ModuleList(
-            [RelPosLayer(config, idx, num_heads, ffn_dim, cross=cross) for idx in range(num_layers)]
+            [RelPosLayer(config, idx, num_heads, ffn_dim, cross=cross, is_causal=is_decoder) for idx in range(num_layers)]
         )
         self.layer_norm = nn.LayerNorm(config.d_model) if config.layer_norm_position == "pre" else None
 
@@ -236,11 +316,11 @@ class RelPosStack(nn.Module):
     def run_layers(
         self,
         hidden_states: torch.Tensor,
-        self_allowed: torch.Tensor | None,
+        self_mask: torch.Tensor | None,
         output_attentions: bool,
         output_hidden_states: bool,
         encoder_hidden_states: torch.Tensor | None = None,
-        cross_allowed: torch.Tensor | None = None,
+        cross_mask: torch.Tensor | None = None,
         past_key_values: Cache | None = None,
         query_offset: int = 0,
         memory: list[torch.Tensor] | None = None,
@@ -254,10 +334,10 @@ class RelPosStack(nn.Module):
                 all_hidden.append(hidden_states)
             hidden_states, self_weights, cross_weights = layer(
                 hidden_states,
-                self_allowed,
+                self_mask,
                 self.positions,
                 encoder_hidden_states,
-                cross_allowed,
+                cross_mask,
                 past_key_values=past_key_values,
                 query_offset=query_offset,
                 output_attentions=output_attentions,
@@ -282,6 +362,7 @@ class RelPosEncoder(RelPosStack):
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config, is_decoder=False, cross=False)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -289,12 +370,14 @@ class RelPosEncoder(RelPosStack):
         inputs_embeds: torch.Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> BaseModelOutput:
+    ) -> BaseModelOutput | tuple:
         hidden_states = self.embed(input_ids, inputs_embeds, past_length=0)
+        batch_size, length = hidden_states.shape[:2]
+        self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
+                                       device=hidden_states.device)
         hidden_states, all_hidden, all_self, _, _ = self.run_layers(
-            hidden_states, padding_mask(attention_mask), bool(output_attentions), bool(output_hidden_states)
+            hidden_states, self_mask, bool(output_attentions), bool(output_hidden_states)
         )
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
@@ -320,6 +403,7 @@ class RelPosDecoder(RelPosStack):
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
         super().__init__(config, is_decoder=True, cross=cross)
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -331,11 +415,10 @@ class RelPosDecoder(RelPosStack):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
         **kwargs,
-    ) -> RelPosDecoderOutput:
+    ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
@@ -354,23 +437,27 @@ class RelPosDecoder(RelPosStack):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
         hidden_states = self.embed(input_ids, inputs_embeds, past_length)
-        query_length = hidden_states.size(1)
+        batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
         if attention_mask is not None and attention_mask.size(1) != key_length:
             if attention_mask.size(1) == query_length:
                 attention_mask = torch.cat([attention_mask.new_ones(attention_mask.size(0), past_length), attention_mask], 1)
             else:
                 attention_mask = attention_mask[:, -key_length:]
-        self_allowed = causal_mask(
-            query_length, key_length, past_length, padding_mask(attention_mask), hidden_states.device
-        )
+        device = hidden_states.device
+        self_mask = attention_mask_for(self.config, batch_size, query_length, key_length, past_length, attention_mask,
+                                       causal=True, device=device)
+        cross_mask = None
+        if encoder_hidden_states is not None:
+            cross_mask = attention_mask_for(self.config, batch_size, query_length, encoder_hidden_states.size(1), 0,
+                                            encoder_attention_mask, causal=False, device=device)
         hidden_states, all_hidden, all_self, all_cross, layer_inputs = self.run_layers(
             hidden_states,
-            self_allowed,
+            self_mask,
             bool(output_attentions),
             bool(output_hidden_states),
             encoder_hidden_states=encoder_hidden_states,
-            cross_allowed=padding_mask(encoder_attention_mask),
+            cross_mask=cross_mask,
             past_key_values=past_key_values,
             query_offset=past_length,
             memory=mems,
@@ -399,6 +486,7 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_flex_attn = True
+    _supports_flash_attn = True  # for schemes that add nothing to attention (RelPosAttention checks)
     _no_split_modules = ["RelPosLayer"]
 
     remote_auto_classes: dict[str, str] = {}
@@ -479,6 +567,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -492,9 +581,8 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         **kwargs,
-    ) -> Seq2SeqModelOutput:
+    ) -> Seq2SeqModelOutput | tuple:
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -502,6 +590,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
                 inputs_embeds=inputs_embeds,
                 output_attentions=output_attentions,
                 output_hidden_states=output_hidden_states,
+                return_dict=True,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
@@ -515,6 +604,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
@@ -536,6 +626,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
     }
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    accepts_loss_kwargs = True  # the loss honours the Trainer's num_items_in_batch
 
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config)
@@ -549,6 +640,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -563,9 +655,11 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
         **kwargs,
-    ) -> Seq2SeqLMOutput:
+    ) -> Seq2SeqLMOutput | tuple:
+        """`labels` [B, T] (-100 ignored) give the loss; `num_items_in_batch` (passed by the Trainer) is the number of
+        labelled tokens in the whole optimizer step, see `token_cross_entropy`."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -584,11 +678,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.float().view(-1, logits.size(-1)), labels.view(-1))
+            loss = token_cross_entropy(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -627,6 +722,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
 
     remote_auto_classes = {"AutoModelForCausalLM": "RelPosTransformerForCausalLM"}
     _tied_weights_keys = {"lm_head.weight": "decoder.embed_tokens.weight"}
+    accepts_loss_kwargs = True  # the loss honours the Trainer's num_items_in_batch
 
     def __init__(self, config: RelPosTransformerConfig):
         config = copy.deepcopy(config)
@@ -649,6 +745,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -661,10 +758,11 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         mem_len: int | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
+        num_items_in_batch: torch.Tensor | int | None = None,
         **kwargs,
-    ) -> RelPosCausalLMOutput:
-        """`labels` are the input ids (shifted inside, -100 ignored); `mems` continue the previous segment."""
+    ) -> RelPosCausalLMOutput | tuple:
+        """`labels` are the input ids (shifted inside, -100 ignored; `num_items_in_batch` as in the seq2seq model);
+        `mems` continue the previous segment."""
         if isinstance(past_key_values, (list, tuple)):
             mems, past_key_values = past_key_values, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -681,12 +779,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             output_hidden_states=output_hidden_states,
             mems=mems,
             mem_len=mem_len,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            shifted = logits[:, :-1].float()
-            loss = CrossEntropyLoss()(shifted.reshape(-1, shifted.size(-1)), labels[:, 1:].reshape(-1))
+            loss = token_cross_entropy(logits[:, :-1], labels[:, 1:], num_items_in_batch)
         return RelPosCausalLMOutput(
             loss=loss,
             logits=logits,

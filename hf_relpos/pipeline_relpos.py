@@ -12,15 +12,52 @@ translates too (transformers then requires `trust_remote_code=True` for such a r
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from typing import Any
 
-from transformers import Pipeline
+from transformers.pipelines.base import ChunkPipeline
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+SENTENCE_END = ".!?…。！？"
+CLOSING = "\"'”’»)]"
+WHITESPACE = re.compile(r"\s+")
+# Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
+MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
 
 
-class TranslationPipeline(Pipeline):
+def split_into_sentences(text: str) -> list[tuple[str, str]]:
+    """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
+    break, or at . ! ? … (and CJK 。！？), closing quotes or brackets allowed, followed by whitespace and no
+    lowercase letter ("e.g. the" is not split)."""
+    pieces = []
+    start = 0
+    for match in WHITESPACE.finditer(text):
+        before = text[max(start, match.start() - 4):match.start()].rstrip(CLOSING)
+        after = text[match.end():match.end() + 1]
+        if match.start() > start and ("\n" in match.group() or (before.endswith(tuple(SENTENCE_END))
+                                                                 and not after.islower())):
+            pieces.append((text[start:match.start()], match.group()))
+            start = match.end()
+    pieces.append((text[start:], ""))
+    return pieces
+
+
+class TranslationPipeline(ChunkPipeline):
     """`pipeline("translation")` for encoder-decoder models: text (or a list of texts) in,
-    `[{"translation_text": ...}]` out. Generation settings (`num_beams`, `max_new_tokens`, ...) come from the
-    model's generation_config.json unless passed as keyword arguments."""
+    `[{"translation_text": ...}]` out (one dict per `num_return_sequences`).
+
+    The models are trained on sentences, so a text is translated sentence by sentence (`split_sentences=False`
+    translates it in one piece) and the translations are joined with the whitespace that separated the sentences:
+    a long text is translated in full, never cut to a first fragment. An empty (or blank) text or sentence translates
+    to "". Generation settings (`num_beams`, `max_new_tokens`, ...) come from the model's generation_config.json
+    unless passed as keyword arguments; a translation that reaches the length limit before its end token is
+    reported once with a warning. Of the old `TranslationPipeline` arguments, `truncation` is passed to the tokenizer
+    and `clean_up_tokenization_spaces` to decoding; `src_lang`/`tgt_lang` (languages of a multilingual model) are an
+    error, as is `return_tensors` (the ids of one text are those of several sentences).
+    """
 
     _load_processor = False
     _load_image_processor = False
@@ -34,19 +71,57 @@ class TranslationPipeline(Pipeline):
             return [output[0] for output in outputs]
         return outputs
 
-    def _sanitize_parameters(self, **generate_kwargs: Any) -> tuple[dict, dict, dict]:
-        return {}, {"generate_kwargs": generate_kwargs}, {}
+    def _sanitize_parameters(
+        self, truncation: bool | str | None = None, split_sentences: bool | None = None,
+        clean_up_tokenization_spaces: bool | None = None, **generate_kwargs: Any,
+    ) -> tuple[dict, dict, dict]:
+        given = [name for name in MULTILINGUAL_ARGUMENTS if generate_kwargs.pop(name, None) is not None]
+        if given:
+            raise ValueError(f"{'/'.join(given)} choose the languages of a multilingual model (mBART, M2M100); this "
+                             "model translates one fixed language pair, so they cannot be honoured: leave them out")
+        if generate_kwargs.pop("return_tensors", None) or generate_kwargs.pop("return_text", True) is False:
+            raise ValueError("return_tensors / return_text=False: this pipeline returns text only (a text is "
+                             "translated sentence by sentence); call model.generate for token ids")
+        preprocess = {name: value for name, value in (("truncation", truncation),
+                                                      ("split_sentences", split_sentences)) if value is not None}
+        postprocess = {} if clean_up_tokenization_spaces is None else {
+            "clean_up_tokenization_spaces": clean_up_tokenization_spaces}
+        return preprocess, {"generate_kwargs": generate_kwargs}, postprocess
 
-    def preprocess(self, text: str) -> dict:
-        return self.tokenizer(text, return_tensors="pt")
+    def preprocess(self, text: str, truncation: bool | str = False, split_sentences: bool = True) -> Iterator[dict]:
+        if not isinstance(text, str):
+            raise TypeError(f"the translation pipeline takes a text or a list of texts, got {type(text).__name__}")
+        pieces = split_into_sentences(text) if split_sentences else [(text, "")]
+        for index, (sentence, separator) in enumerate(pieces):
+            encoded = self.tokenizer(sentence, truncation=truncation, return_tensors="pt")
+            yield {**encoded, "blank": not sentence.strip(), "separator": separator, "is_last": index == len(pieces) - 1}
 
     def _forward(self, model_inputs: dict, generate_kwargs: dict) -> dict:
-        return {"output_ids": self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))}
+        extras = {name: model_inputs.pop(name) for name in ("blank", "separator", "is_last")}
+        batch_size = model_inputs["input_ids"].shape[0]
+        output_ids = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1]), **extras}
 
-    def postprocess(self, model_outputs: dict) -> list[dict[str, str]]:
-        output_ids = model_outputs["output_ids"]
-        texts = self.tokenizer.batch_decode(output_ids.reshape(-1, output_ids.shape[-1]), skip_special_tokens=True)
-        return [{"translation_text": text.strip()} for text in texts]
+    def postprocess(self, outputs: list[dict], clean_up_tokenization_spaces: bool = False) -> list[dict[str, str]]:
+        translations = [""] * outputs[0]["output_ids"].shape[1]
+        for output in outputs:
+            for index, ids in enumerate(output["output_ids"][0]):
+                if output["blank"]:
+                    text = ""
+                else:
+                    self._warn_if_cut(ids)
+                    text = self.tokenizer.decode(ids, skip_special_tokens=True,
+                                                 clean_up_tokenization_spaces=clean_up_tokenization_spaces).strip()
+                translations[index] += text + output["separator"]
+        return [{"translation_text": translation} for translation in translations]
+
+    def _warn_if_cut(self, ids: Any) -> None:
+        eos_token_id = self.model.generation_config.eos_token_id
+        ended = set(ids.tolist()) & set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+        if not ended:
+            logger.warning_once(
+                "A translation reached the maximum length before its end token and is cut: pass a larger "
+                "max_new_tokens (or max_length) to the pipeline call.")
 
 
 def register_translation_task() -> None:

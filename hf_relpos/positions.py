@@ -1,10 +1,14 @@
-"""Position-scheme registry and the pieces every scheme shares.
+"""Position-scheme registry, the scheme contract, and the pieces every scheme shares.
 
-A position scheme says *what* order information enters self-attention (an embedding-level encoding, an additive
-score bias, a value term, a mask); `attention_core` says *how* the scaled dot product runs (eager,
-`torch.nn.functional.scaled_dot_product_attention` or FlexAttention: `config._attn_implementation`). One scheme instance serves one stack (the encoder's or the
-decoder's self-attention) and owns the parameters of all its layers, so parameters shared across layers
-(Transformer-XL's tied u, v) need no special case.
+A position scheme says *what* order information enters self-attention and never runs attention itself:
+`embed` adds an embedding-level encoding, and `terms` returns, per layer, an `AttentionTerms` record (score bias,
+extra mask, value term, replaced queries/keys). `RelPosAttention` (modeling_relpos.py) hands that record to the kernel
+that `config._attn_implementation` names (attention_functions.py). One scheme instance serves one stack (the
+encoder's or the decoder's self-attention) and owns the parameters of all its layers, so parameters shared across
+layers (Transformer-XL's tied u, v) need no special case.
+
+A scheme class is also the single source of truth for what is specific to it: its config fields (`config_fields`:
+defaults, validation, help) and what a model card says about it (`card`: title, equation, citation).
 """
 
 from __future__ import annotations
@@ -29,6 +33,12 @@ def register_attention(name: str) -> Callable[[type[PositionScheme]], type[Posit
         existing = ATTENTION_REGISTRY.get(name)
         if existing is not None and existing.__qualname__ != scheme_class.__qualname__:
             raise ValueError(f"attention_type {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
+        for field in scheme_class.config_fields:
+            for other_name, other in ATTENTION_REGISTRY.items():
+                declared = {f.name: f for f in other.config_fields}.get(field.name)
+                if other_name != name and declared is not None and declared != field:
+                    raise ValueError(f"config field {field.name!r} of scheme {name!r} is already declared differently "
+                                     f"by scheme {other_name!r}")
         scheme_class.name = name
         ATTENTION_REGISTRY[name] = scheme_class
         return scheme_class
@@ -41,6 +51,73 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
     if name not in ATTENTION_REGISTRY:
         raise ValueError(f"attention_type must be one of {sorted(ATTENTION_REGISTRY)}, got {name!r}")
     return ATTENTION_REGISTRY[name]
+
+
+def scheme_config_fields() -> dict[str, SchemeField]:
+    """The config fields declared by the registered schemes, by name: each is a top-level config attribute (saved
+    in config.json), present on every config whatever its `attention_type`."""
+    return {field.name: field for scheme in ATTENTION_REGISTRY.values() for field in scheme.config_fields}
+
+
+@dataclass(frozen=True)
+class SchemeField:
+    """One config field a scheme declares: its default, what it does (`help`, shown in model cards), and its
+    validation (`valid(value)`; `allowed` completes the error "NAME must be ..."). `symbol` is the paper's name for
+    it (e.g. "k"), shown next to the field in model cards."""
+
+    name: str
+    default: Any
+    help: str
+    allowed: str
+    valid: Callable[[Any], bool]
+    symbol: str = ""
+
+    def check(self, value: Any) -> None:
+        """Raise ValueError naming the field and what is allowed, unless `value` is valid."""
+        if not self.valid(value):
+            raise ValueError(f"{self.name} must be {self.allowed}, got {value!r}")
+
+
+def boolean_field(name: str, default: bool, help: str, symbol: str = "") -> SchemeField:
+    """A true/false scheme setting."""
+    return SchemeField(name, default, help, "true or false", lambda value: isinstance(value, bool), symbol)
+
+
+def integer_field(
+    name: str, default: int | None, help: str, minimum: int = 0, optional: bool = False, symbol: str = ""
+) -> SchemeField:
+    """An integer scheme setting >= `minimum` (or None when `optional`)."""
+
+    def valid(value: Any) -> bool:
+        if value is None:
+            return optional
+        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+    allowed = f"an integer >= {minimum}" + (" or null" if optional else "")
+    return SchemeField(name, default, help, allowed, valid, symbol)
+
+
+@dataclass(frozen=True)
+class SchemeCard:
+    """What a model card says about a scheme.
+
+    `title` completes "self-attention uses ...", e.g. "relative position representations (Shaw et al. 2018)";
+    `description` is Markdown (the equation, what is learned), fixed or computed from the config; `bibtex` holds the
+    entries to cite beyond the Transformer itself; `tags` are Hub tags (e.g. "relative-position"); `limitations`
+    returns extra bullet points for a config. The card's settings table comes from the scheme's `config_fields`.
+    """
+
+    title: str
+    description: str | Callable[[Any], str] = ""
+    bibtex: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
+    limitations: Callable[[Any], list[str]] | None = None
+
+    def describe(self, config: Any) -> str:
+        return self.description(config) if callable(self.description) else self.description
+
+    def limitations_for(self, config: Any) -> list[str]:
+        return self.limitations(config) if self.limitations is not None else []
 
 
 def relative_position_index(
@@ -118,130 +195,51 @@ class RelativeBias:
         return torch.gather(self.table, -1, index)
 
 
-def attention_core(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    allowed: torch.Tensor | None,
-    score_bias: torch.Tensor | RelativeBias | None = None,
-    scale: float | None = None,
-    dropout: float = 0.0,
-    kernel: str = "sdpa",
-    output_attentions: bool = False,
-    value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """softmax(q k^T * scale + score_bias, masked by `allowed`) v, for [B, H, n, d] inputs.
+@dataclass
+class AttentionTerms:
+    """What a position scheme contributes to one self-attention call; every field is optional and the empty record
+    is plain attention, softmax(q k^T / sqrt(d) + mask) v.
 
-    `allowed` is a boolean mask broadcastable to [B, H, n, m] (True = may attend). Masked scores take the dtype's
-    minimum, never -inf, and a query with nothing to attend to outputs zeros, so neither outputs nor gradients
-    become NaN. `kernel` is `config._attn_implementation`: "sdpa" (default), "eager" or "flex_attention".
-    `value_term(probabilities)` adds a term computed from the probabilities (Shaw's a^V); it forces the eager path,
-    as does `output_attentions`. FlexAttention has no dropout, so attention dropout in training runs on SDPA.
+    - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u; a rotation such as
+      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`.
+    - `score_bias`: added to the scaled scores, a tensor broadcastable to [B, H, n, m] or a bucketed `RelativeBias`.
+    - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality
+      (DiSAN's per-head direction masks). A query left with no key outputs zeros.
+    - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
+      [B, H, n, m] after dropout (Shaw's a^V).
+
+    Score biases, masks and value terms need hf_relpos' own kernels ("eager", "sdpa", "flex_attention"); a record
+    with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
     """
-    scale = query.size(-1) ** -0.5 if scale is None else scale
-    eager = kernel == "eager" or value_term is not None or output_attentions
-    if kernel == "flex_attention" and not eager and dropout == 0.0:
-        return _flex_attention(query, key, value, allowed, score_bias, scale), None
-    if isinstance(score_bias, RelativeBias):
-        score_bias = score_bias.dense()
-    has_any = None
-    additive = None if score_bias is None else score_bias.to(query.dtype)
-    if allowed is not None:
-        allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))
-        has_any = allowed.any(dim=-1, keepdim=True)
-        allowed = allowed | ~has_any
 
-    if not eager:
-        if allowed is not None:
-            # A boolean 4-D mask keeps SDPA's fused kernels; a bias needs the additive form.
-            additive = allowed if additive is None else torch.where(allowed, additive, torch.finfo(query.dtype).min)
-        output = torch.nn.functional.scaled_dot_product_attention(
-            query, key, value, attn_mask=additive, dropout_p=dropout, scale=scale
-        )
-        return (output if has_any is None else output * has_any), None
-    if allowed is not None:
-        bias = additive if additive is not None else torch.zeros((), dtype=query.dtype, device=query.device)
-        additive = torch.where(allowed, bias, torch.finfo(query.dtype).min)
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scale
-    if additive is not None:
-        scores = scores + additive if allowed is None else torch.where(allowed, scores + additive, additive)
-    probabilities = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
-    if has_any is not None:
-        probabilities = probabilities * has_any
-    dropped = torch.nn.functional.dropout(probabilities, p=dropout, training=dropout > 0)
-    output = torch.matmul(dropped, value)
-    if value_term is not None:
-        output = output + value_term(dropped)
-    return output, probabilities
+    query: torch.Tensor | None = None
+    key: torch.Tensor | None = None
+    score_bias: torch.Tensor | RelativeBias | None = None
+    mask: torch.Tensor | None = None
+    value_term: Callable[[torch.Tensor], torch.Tensor] | None = None
 
-
-_compiled_flex_attention: Callable | None = None
-
-
-def _flex_attention(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    allowed: torch.Tensor | None,
-    score_bias: torch.Tensor | RelativeBias | None,
-    scale: float,
-) -> torch.Tensor:
-    """FlexAttention (torch.nn.attention.flex_attention): a score_mod that reads the bias table by bucket and a
-    block mask from `allowed` (compiled on CUDA; the unfused reference implementation elsewhere)."""
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    global _compiled_flex_attention
-    batch, heads, query_length, _ = query.shape
-    key_length = key.size(-2)
-    score_mod = None
-    if isinstance(score_bias, RelativeBias):
-        table, bucket = score_bias.table.to(query.dtype), score_bias.bucket
-
-        def score_mod(score, b, h, q, kv):
-            return score + table[b, h, q, bucket(q, kv)]
-    elif score_bias is not None:
-        dense = score_bias.to(query.dtype).expand(batch, heads, query_length, key_length)
-
-        def score_mod(score, b, h, q, kv):
-            return score + dense[b, h, q, kv]
-
-    block_mask = None
-    if allowed is not None:
-        mask_heads = allowed.size(1)
-        full = allowed.expand(batch, mask_heads, query_length, key_length)
-        block_mask = getattr(allowed, "_flex_block_mask", None)
-        if block_mask is None:
-            if mask_heads == 1:
-                def mask_mod(b, h, q, kv):
-                    return full[b, 0, q, kv]
-            else:
-                def mask_mod(b, h, q, kv):
-                    return full[b, h, q, kv]
-            block_mask = create_block_mask(
-                mask_mod, batch, mask_heads if mask_heads > 1 else None, query_length, key_length,
-                device=query.device, _compile=query.is_cuda,
-            )
-            allowed._flex_block_mask = block_mask
-    attend = flex_attention
-    if query.is_cuda:
-        if _compiled_flex_attention is None:
-            _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-        attend = _compiled_flex_attention
-    output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scale)
-    if allowed is not None:
-        output = output * allowed.any(dim=-1, keepdim=True)
-    return output
+    def additions(self) -> list[str]:
+        """What this record adds that only hf_relpos' kernels take (empty for plain attention)."""
+        named = (("a score bias", self.score_bias), ("an attention mask", self.mask), ("a value term", self.value_term))
+        return [name for name, term in named if term is not None]
 
 
 class PositionScheme(nn.Module):
     """How order enters the self-attention of one stack (encoder or decoder); subclass and `@register_attention`.
 
-    Subclasses own the parameters of all `num_layers` layers and override `embed` (embedding-level encodings) and/or
-    `attend` (score biases, value terms, masks). `attend` receives per-head projections [B, H, n, d] and keys/values
-    that already include any cache, `query_offset` being the number of cached positions.
+    A subclass owns the parameters of all `num_layers` layers and overrides what it needs:
+
+    - `embed(inputs_embeds, past_length)`: an embedding-level encoding (absolute sinusoids).
+    - `terms(layer_idx, query, key, query_offset) -> AttentionTerms`: what layer `layer_idx` adds to attention, given
+      its per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or memory) and the
+      number of cached positions before the first query (`query_offset`), so a decoding step sees true distances.
+    - `config_fields`: the config fields it reads (`SchemeField`), `check_config` for checks across fields,
+      `init_parameters(std)`, and `card` (`SchemeCard`) for model cards.
     """
 
     name: str = ""
+    config_fields: tuple[SchemeField, ...] = ()
+    card: SchemeCard | None = None
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__()
@@ -253,7 +251,8 @@ class PositionScheme(nn.Module):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
-        """Raise ValueError for config values this scheme cannot use (called by the config at construction)."""
+        """Raise ValueError for combinations of config values this scheme cannot use (each field alone is checked by
+        its `SchemeField`)."""
 
     def init_parameters(self, std: float) -> None:
         """Initialise this scheme's own parameters (called by `PreTrainedModel._init_weights`)."""
@@ -262,23 +261,6 @@ class PositionScheme(nn.Module):
         """Embedding-level position encoding; identity for purely relative schemes."""
         return inputs_embeds
 
-    def attend(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        allowed: torch.Tensor | None,
-        query_offset: int,
-        dropout: float = 0.0,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Scaled dot-product attention of layer `layer_idx` with this scheme's position information."""
-        return attention_core(
-            query, key, value, allowed, dropout=dropout, kernel=self.kernel, output_attentions=output_attentions
-        )
-
-    @property
-    def kernel(self) -> str:
-        """How the scaled dot product runs: `config._attn_implementation` ("sdpa", "eager" or "flex_attention")."""
-        return getattr(self.config, "_attn_implementation", None) or "sdpa"
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+        """What layer `layer_idx`'s self-attention gets from this scheme; nothing by default."""
+        return AttentionTerms()

@@ -2,9 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-from .positions import PositionScheme, register_attention, sinusoids
+from .positions import PositionScheme, SchemeCard, register_attention, sinusoids
+
+
+def describe(config: Any) -> str:
+    """The model-card text: the sinusoid equations."""
+    scale = "the token embeddings scaled by √d_model" if config.scale_embedding else "the token embeddings"
+    return (
+        f"Sinusoidal absolute position encodings (Vaswani et al. 2017, sec. 3.5) are added to {scale}; attention "
+        "itself has no position term:\n\n"
+        "$$PE_{(p,\\,2i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
+        "PE_{(p,\\,2i+1)} = \\cos\\left(p / 10000^{2i/d}\\right)$$\n\n"
+        "They are computed on the fly, so any length has encodings; a cached decoding step gets its true position."
+    )
 
 
 @register_attention("absolute")
@@ -12,8 +26,10 @@ class AbsolutePositions(PositionScheme):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), added to the embeddings.
 
     Computed on the fly for positions `past_length .. past_length + n - 1`, so any length works and a cached
-    decoding step gets its true position. Attention itself has no position term.
+    decoding step gets its true position. Attention itself has no position term, so every kernel runs it.
     """
+
+    card = SchemeCard(title="sinusoidal absolute positions (Vaswani et al. 2017)", description=describe)
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor:
         positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)

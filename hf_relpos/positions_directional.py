@@ -6,9 +6,17 @@ from typing import Any
 
 import torch
 
-from .positions import PositionScheme, attention_core, register_attention
+from .positions import AttentionTerms, PositionScheme, SchemeCard, SchemeField, boolean_field, register_attention
 
 DIRECTIONS = ("forward", "backward", "both")
+
+SHEN_BIBTEX = """@inproceedings{shen2018disan,
+  title     = {{DiSAN}: Directional Self-Attention Network for {RNN}/{CNN}-Free Language Understanding},
+  author    = {Shen, Tao and Zhou, Tianyi and Long, Guodong and Jiang, Jing and Pan, Shirui and Zhang, Chengqi},
+  booktitle = {Proceedings of the Thirty-Second AAAI Conference on Artificial Intelligence},
+  pages     = {5446--5455},
+  year      = {2018}
+}"""
 
 
 def head_directions(config: Any, num_heads: int, is_causal: bool) -> list[str]:
@@ -23,6 +31,37 @@ def head_directions(config: Any, num_heads: int, is_causal: bool) -> list[str]:
     return [pattern[head % len(pattern)] for head in range(num_heads)]
 
 
+def describe(config: Any) -> str:
+    """The model-card text: the masked softmax, the allowed keys and each head's direction in this config."""
+    encoder_heads = ", ".join(head_directions(config, config.encoder_attention_heads, is_causal=False))
+    decoder_heads = ", ".join(head_directions(config, config.decoder_attention_heads, is_causal=True))
+    if config.directional_disable_diagonal:
+        masks = "forward: j < i, backward: j > i, both: j ≠ i (DiSAN's diag-disabled masks)"
+    else:
+        masks = "forward: j ≤ i, backward: j ≥ i, both: every j (the diagonal allowed)"
+    return (
+        "DiSAN directional self-attention (Shen et al. 2018, sec. 3.2): each head h attends through a direction mask "
+        "M^h, which is the only order information the model has (no position encodings are added):\n\n"
+        "$$\\mathrm{head}_h(i) = \\sum_j \\mathrm{softmax}_j\\!\\left(\\frac{q_i^\\top k_j}{\\sqrt{d_{head}}} + "
+        "M^h_{ij}\\right) v_j, \\qquad M^h_{ij} = 0 \\text{ if key } j \\text{ is allowed for query } i, "
+        "\\ -\\infty \\text{ otherwise}$$\n\n"
+        f"Allowed keys: {masks}. Encoder heads: {encoder_heads}; decoder heads: {decoder_heads}. The masks combine "
+        "with padding and, in the decoder, the causal mask; a query left with no key outputs zeros."
+    )
+
+
+def limitations(config: Any) -> list[str]:
+    """A backward head in the causal decoder can see no key at all."""
+    if "backward" in head_directions(config, config.decoder_attention_heads, is_causal=True):
+        return ["In the decoder the causal mask leaves backward heads without keys, so they output zeros."]
+    return []
+
+
+def _valid_pattern(pattern: Any) -> bool:
+    return pattern is None or (isinstance(pattern, (list, tuple)) and len(pattern) > 0
+                               and all(direction in DIRECTIONS for direction in pattern))
+
+
 @register_attention("directional")
 class DirectionalPositions(PositionScheme):
     """Per-head masks: forward M_ij = 0 iff j < i, backward iff j > i, both iff j != i (DiSAN's diag-disabled
@@ -31,24 +70,31 @@ class DirectionalPositions(PositionScheme):
     `directional_heads` is a pattern cycled over the heads; the default gives the first half of the encoder's heads
     the forward mask and the second half the backward one, and every head of a causal stack (decoder) the forward
     one: under the causal mask a backward head would see nothing. The masks combine with padding (and, in a
-    decoder, the causal mask); a query left with no key outputs zeros (`attention_core`).
+    decoder, the causal mask); a query left with no key outputs zeros.
     """
+
+    config_fields = (
+        SchemeField("directional_heads", None,
+                    "pattern of directions cycled over the heads (null: encoder half forward, half backward; decoder "
+                    "forward)", f"null or a non-empty list of {list(DIRECTIONS)}", _valid_pattern),
+        boolean_field("directional_disable_diagonal", True,
+                      "a head never attends to its own position (DiSAN's diag-disabled masks)"),
+    )
+    card = SchemeCard(
+        title="DiSAN directional self-attention masks (Shen et al. 2018)",
+        description=describe,
+        bibtex=(SHEN_BIBTEX,),
+        tags=("relative-position",),
+        limitations=limitations,
+    )
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
 
-    @classmethod
-    def check_config(cls, config: Any) -> None:
-        pattern = config.directional_heads
-        if pattern is None:
-            return
-        if not isinstance(pattern, (list, tuple)) or not pattern or any(d not in DIRECTIONS for d in pattern):
-            raise ValueError(f"directional_heads must be a non-empty list of {list(DIRECTIONS)}, got {pattern!r}")
-
     def direction_mask(self, query_length: int, key_length: int, query_offset: int, device: Any) -> torch.Tensor:
-        """Boolean [H, n, m]: head h's query i (absolute position i + query_offset) may attend to key j."""
+        """Boolean [1, H, n, m]: head h's query i (absolute position i + query_offset) may attend to key j."""
         query_positions = torch.arange(query_offset, query_offset + query_length, device=device)[:, None]
         key_positions = torch.arange(key_length, device=device)[None, :]
         if self.disable_diagonal:
@@ -63,21 +109,7 @@ class DirectionalPositions(PositionScheme):
                 "backward": key_positions >= query_positions,
                 "both": torch.ones(query_length, key_length, dtype=torch.bool, device=device),
             }
-        return torch.stack([by_direction[direction] for direction in self.head_directions])
+        return torch.stack([by_direction[direction] for direction in self.head_directions])[None]
 
-    def attend(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        allowed: torch.Tensor | None,
-        query_offset: int,
-        dropout: float = 0.0,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        directional = self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device)
-        allowed = directional if allowed is None else allowed & directional
-        return attention_core(
-            query, key, value, allowed, dropout=dropout, kernel=self.kernel, output_attentions=output_attentions
-        )
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+        return AttentionTerms(mask=self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device))

@@ -8,7 +8,50 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .positions import PositionScheme, RelativeBias, attention_core, register_attention, relative_position_index
+from .positions import (
+    AttentionTerms,
+    PositionScheme,
+    RelativeBias,
+    SchemeCard,
+    boolean_field,
+    integer_field,
+    register_attention,
+    relative_position_index,
+)
+
+SHAW_BIBTEX = """@inproceedings{shaw2018self,
+  title     = {Self-Attention with Relative Position Representations},
+  author    = {Shaw, Peter and Uszkoreit, Jakob and Vaswani, Ashish},
+  booktitle = {Proceedings of the 2018 Conference of the North American Chapter of the Association for
+               Computational Linguistics: Human Language Technologies, Volume 2 (Short Papers)},
+  pages     = {464--468},
+  year      = {2018}
+}"""
+
+
+def describe(config: Any) -> str:
+    """The model-card text: eqs. 3-4 with the terms this config uses, and what each layer learns."""
+    k = config.max_relative_position
+    head_dim = config.d_model // config.encoder_attention_heads
+    key_term = " + a^K_{ij}" if config.use_relative_keys else ""
+    value_term = " + a^V_{ij}" if config.use_relative_values else ""
+    tables = [name for name, used in (("a^K", config.use_relative_keys), ("a^V", config.use_relative_values)) if used]
+    if config.relative_embeddings_shared_across_heads:
+        sharing = "one table shared by all heads of a layer, as in the paper"
+    else:
+        sharing = "one table per head"
+    learned = (f"Each self-attention layer learns 2k+1 = {2 * k + 1} vectors of size d_z = {head_dim} for "
+               f"{' and '.join(f'${name}$' for name in tables)} ({sharing}); distances beyond k = {k} are clipped "
+               "to ±k." if tables else "Both relative terms are off, so attention has no position information.")
+    return (
+        "Relation-aware self-attention (Shaw, Uszkoreit and Vaswani 2018): the edge between query position i and key "
+        "position j carries learned vectors a^K and a^V that depend only on the clipped distance j − i.\n\n"
+        f"$$e_{{ij}} = \\frac{{x_i W^Q \\left(x_j W^K{key_term}\\right)^\\top}}{{\\sqrt{{d_z}}}}, \\qquad "
+        f"z_i = \\sum_j \\alpha_{{ij}} \\left(x_j W^V{value_term}\\right)$$\n\n"
+        "$$a^K_{ij} = w^K_{\\mathrm{clip}(j-i,\\,k)}, \\quad a^V_{ij} = w^V_{\\mathrm{clip}(j-i,\\,k)}, \\quad "
+        "\\mathrm{clip}(x, k) = \\max(-k, \\min(k, x))$$\n\n"
+        f"{learned}"
+    )
 
 
 @register_attention("shaw")
@@ -18,10 +61,25 @@ class ShawPositions(PositionScheme):
 
     Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values,
     shared across heads (paper) or one table per head. Efficient form (eq. 5, sec. 3.3): e_ij split into
-    q_i k_j^T + q_i (a^K_ij)^T, the second term as q_i . w^K_r for the 2k+1 distances r, gathered by the index table
-    (O(n (2k+1) d + n^2)); the a^V term sums each row's probabilities into 2k+1 distance buckets, then multiplies by
-    w^V. No n x n x d tensor.
+    q_i k_j^T + q_i (a^K_ij)^T, the second term a `RelativeBias` of q_i . w^K_r for the 2k+1 distances r, read by the
+    index table (O(n (2k+1) d + n^2)); the a^V value term sums each row's probabilities into 2k+1 distance buckets,
+    then multiplies by w^V. No n x n x d tensor.
     """
+
+    config_fields = (
+        integer_field("max_relative_position", 16, "clipping distance: relative distances beyond ±k share one vector",
+                      symbol="k"),
+        boolean_field("use_relative_keys", True, "add a^K_ij to the keys (eq. 4)", symbol="a^K"),
+        boolean_field("use_relative_values", True, "add a^V_ij to the values (eq. 3)", symbol="a^V"),
+        boolean_field("relative_embeddings_shared_across_heads", True,
+                      "one table per layer shared by its heads (the paper); false: one table per head"),
+    )
+    card = SchemeCard(
+        title="relative position representations (Shaw et al. 2018)",
+        description=describe,
+        bibtex=(SHAW_BIBTEX,),
+        tags=("relative-position",),
+    )
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
@@ -37,26 +95,15 @@ class ShawPositions(PositionScheme):
             if tables is not None:
                 init.normal_(tables, mean=0.0, std=std)
 
-    def attend(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        allowed: torch.Tensor | None,
-        query_offset: int,
-        dropout: float = 0.0,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
         batch, heads, query_length, head_dim = query.shape
         key_length = key.size(-2)
         kmax, offset = self.max_relative_position, query_offset
-        scale = head_dim**-0.5
 
         score_bias = None
         if self.relative_keys is not None:
             score_bias = RelativeBias(
-                table=_times_table(query, self.relative_keys[layer_idx]) * scale,
+                table=_times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5,
                 bucket=lambda i, j: (j - i - offset).clamp(-kmax, kmax) + kmax,
                 key_length=key_length,
             )
@@ -71,18 +118,7 @@ class ShawPositions(PositionScheme):
                 by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
                 return _times_table(by_distance, relative_values, transpose=False)
 
-        return attention_core(
-            query,
-            key,
-            value,
-            allowed,
-            score_bias=score_bias,
-            scale=scale,
-            dropout=dropout,
-            kernel=self.kernel,
-            output_attentions=output_attentions,
-            value_term=value_term,
-        )
+        return AttentionTerms(score_bias=score_bias, value_term=value_term)
 
 
 def _times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:

@@ -8,7 +8,42 @@ import torch
 from torch import nn
 from transformers import initialization as init
 
-from .positions import PositionScheme, RelativeBias, attention_core, register_attention, rel_shift, sinusoids
+from .positions import (
+    AttentionTerms,
+    PositionScheme,
+    RelativeBias,
+    SchemeCard,
+    boolean_field,
+    integer_field,
+    register_attention,
+    rel_shift,
+    sinusoids,
+)
+
+DAI_BIBTEX = """@inproceedings{dai2019transformerxl,
+  title     = {Transformer-{XL}: Attentive Language Models beyond a Fixed-Length Context},
+  author    = {Dai, Zihang and Yang, Zhilin and Yang, Yiming and Carbonell, Jaime and Le, Quoc and
+               Salakhutdinov, Ruslan},
+  booktitle = {Proceedings of the 57th Annual Meeting of the Association for Computational Linguistics},
+  pages     = {2978--2988},
+  year      = {2019}
+}"""
+
+
+def describe(config: Any) -> str:
+    """The model-card text: the four terms of A_ij and how R, u and v are set up in this config."""
+    clamp = (f"clamped to ±{config.clamp_len}" if config.clamp_len is not None else "not clamped (`clamp_len: null`)")
+    biases = ("u and v are learned per layer (untied)" if config.untie_relative_biases
+              else "u and v are shared by all layers of a stack (tied)")
+    return (
+        "Transformer-XL relative attention (Dai et al. 2019, sec. 3.3): content and position terms, with a global "
+        "content bias u and position bias v per head, scaled by 1/√d_head:\n\n"
+        "$$A_{ij} = \\underbrace{q_i^\\top k_j}_{(a)} + \\underbrace{q_i^\\top W_{k,R} R_{i-j}}_{(b)} + "
+        "\\underbrace{u^\\top k_j}_{(c)} + \\underbrace{v^\\top W_{k,R} R_{i-j}}_{(d)}$$\n\n"
+        f"R is the parameter-free sinusoid of the distance i − j, {clamp}; W_{{k,R}} is learned per layer; {biases}. "
+        "The encoder sees both signs of i − j, the decoder only i − j ≥ 0. The (b)+(d) terms are computed for every "
+        "distance once and aligned with the rel-shift trick."
+    )
 
 
 @register_attention("xl")
@@ -16,10 +51,23 @@ class XLPositions(PositionScheme):
     """A_ij = q_i.k_j (a) + q_i.W_kR R_(i-j) (b) + u.k_j (c) + v.W_kR R_(i-j) (d), scaled by 1/sqrt(d).
 
     R is the parameter-free sinusoid of the distance i - j, clamped to [-clamp_len, clamp_len]; W_kR is per layer;
-    u = `content_bias`, v = `position_bias`, per layer (`untie_relative_biases`) or shared by the stack's layers. Terms (a)+(c) = (q + u).k run as
-    the attention product; (b)+(d) = (q + v).W_kR R for every distance, aligned by `rel_shift`. Bidirectional
-    distances in the encoder, causal (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
+    u = `content_bias`, v = `position_bias`, per layer (`untie_relative_biases`) or shared by the stack's layers.
+    Terms (a)+(c) = (q + u).k are the attention product (the query the terms return); (b)+(d) = (q + v).W_kR R for
+    every distance form a `RelativeBias`, aligned by `rel_shift`. Bidirectional distances in the encoder, causal
+    (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
     """
+
+    config_fields = (
+        integer_field("clamp_len", None, "largest distance |i - j| encoded in R (null: no clamping)", optional=True),
+        boolean_field("untie_relative_biases", True,
+                      "u and v per layer; false: shared by all layers of a stack (the paper's tied biases)"),
+    )
+    card = SchemeCard(
+        title="Transformer-XL relative attention (Dai et al. 2019)",
+        description=describe,
+        bibtex=(DAI_BIBTEX,),
+        tags=("relative-position",),
+    )
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
@@ -30,65 +78,59 @@ class XLPositions(PositionScheme):
         bias_count = num_layers if config.untie_relative_biases else 1
         self.content_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
         self.position_bias = nn.Parameter(torch.empty(bias_count, num_heads, head_dim))
-        self._inference_tables: dict[int, tuple] = {}
+        self._sinusoid_tables: dict[torch.device, torch.Tensor] = {}
 
     def init_parameters(self, std: float) -> None:
         init.normal_(self.content_bias, mean=0.0, std=std)
         init.normal_(self.position_bias, mean=0.0, std=std)
 
-    def _projected_encodings(
-        self, layer_idx: int, largest_distance: int, count: int, dtype: torch.dtype, device: torch.device
-    ) -> torch.Tensor:
-        """W_kR R_d for d = largest_distance, largest_distance - 1, ... (`count` of them), clamped to clamp_len.
+    def encodings(self, distances: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """R_d [len(distances), d_model], read from a float64 table of the sinusoids of every distance up to the
+        largest one seen (doubled as needed). The table depends on positions only, never on a weight, so it cannot go
+        stale; it spares the per-layer sin/cos, which costs as much as a cached decoding step's position scores."""
+        span = int(distances.abs().max())
+        table = self._sinusoid_tables.get(distances.device)
+        if table is None or table.size(0) < 2 * span + 1:
+            covered = 0 if table is None else table.size(0) // 2
+            span = max(span, 2 * covered, 64)
+            table = sinusoids(torch.arange(-span, span + 1, device=distances.device), self.config.d_model, torch.float64)
+            self._sinusoid_tables[distances.device] = table
+        return table.index_select(0, distances + table.size(0) // 2).to(dtype)
 
-        At inference the projections of all distances in [-span, span] are kept per layer (keyed by the weight's
-        version, so any update invalidates them): a cached decoding step gathers rows instead of projecting again.
+    def position_scores(
+        self, layer_idx: int, position_query: torch.Tensor, largest_distance: int, count: int
+    ) -> torch.Tensor:
+        """(q + v) . W_kR R_d [B, H, n, count] for d = largest_distance, largest_distance - 1, ... (clamped).
+
+        Two orders of the same product, the cheaper one for the shapes at hand: project the `count` encodings
+        (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
+        (W_kR^T (q + v), then dot each R_d: cached decoding, where one query meets every earlier distance).
         """
-        distances = torch.arange(largest_distance, largest_distance - count, -1, device=device)
+        batch, heads, query_length, head_dim = position_query.shape
+        distances = torch.arange(largest_distance, largest_distance - count, -1, device=position_query.device)
         if self.clamp_len is not None:
             distances = distances.clamp(-self.clamp_len, self.clamp_len)
-        projection = self.position_projections[layer_idx]
-        if torch.is_grad_enabled():
-            return projection(sinusoids(distances, self.config.d_model, dtype))
-        weight = projection.weight
-        key = (id(weight), weight._version, dtype, weight.device)
-        needed = max(abs(largest_distance), abs(largest_distance - count + 1))
-        if self.clamp_len is not None:
-            needed = min(needed, self.clamp_len)
-        cached = self._inference_tables.get(layer_idx)
-        if cached is None or cached[0] != key or cached[1] < needed:
-            span = max(needed, 2 * cached[1] if cached is not None and cached[0] == key else 0, 64)
-            if self.clamp_len is not None:
-                span = min(span, self.clamp_len)
-            positions = torch.arange(-span, span + 1, device=weight.device)
-            cached = (key, span, projection(sinusoids(positions, self.config.d_model, dtype)))
-            self._inference_tables[layer_idx] = cached
-        return cached[2].index_select(0, distances + cached[1])
+        encodings = self.encodings(distances, position_query.dtype)
+        weight = self.position_projections[layer_idx].weight.to(position_query.dtype)
+        model_dim = weight.size(1)
+        queries = batch * query_length
+        if queries * (model_dim + heads * count) < count * (model_dim + queries):
+            by_head = position_query.transpose(0, 1).reshape(heads, queries, head_dim)
+            projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
+            scores = torch.matmul(projected_queries, encodings.t())
+            return scores.view(heads, batch, query_length, count).transpose(0, 1)
+        projected = (encodings @ weight.t()).view(count, heads, head_dim)
+        return torch.matmul(position_query, projected.permute(1, 2, 0))
 
-    def attend(
-        self,
-        layer_idx: int,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        allowed: torch.Tensor | None,
-        query_offset: int,
-        dropout: float = 0.0,
-        output_attentions: bool = False,
-    ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        batch, heads, query_length, head_dim = query.shape
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+        query_length, head_dim = query.shape[-2:]
         key_length = key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
-        largest_distance = query_offset + query_length - 1
         distance_count = key_length if self.is_causal else query_length + key_length - 1
-        projected = self._projected_encodings(
-            layer_idx, largest_distance, distance_count, query.dtype, query.device
-        ).view(distance_count, heads, head_dim)
-        position_scores = torch.matmul(
-            query + self.position_bias[bias_idx][:, None, :].to(query.dtype), projected.permute(1, 2, 0)
-        )
-        scale = head_dim**-0.5
-        position_scores = position_scores * scale
+        position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
+        position_scores = self.position_scores(
+            layer_idx, position_query, query_offset + query_length - 1, distance_count
+        ) * head_dim**-0.5
         last_distance_index = distance_count - 1
         score_bias = RelativeBias(
             table=position_scores,
@@ -96,14 +138,5 @@ class XLPositions(PositionScheme):
             key_length=key_length,
             densify=lambda: rel_shift(position_scores, key_length),
         )
-        return attention_core(
-            query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
-            key,
-            value,
-            allowed,
-            score_bias=score_bias,
-            scale=scale,
-            dropout=dropout,
-            kernel=self.kernel,
-            output_attentions=output_attentions,
-        )
+        return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
+                              score_bias=score_bias)

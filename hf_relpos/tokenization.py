@@ -1,16 +1,27 @@
 """One joint (source + target) subword tokenizer, trained with the `tokenizers` library.
 
-SentencePiece-like: NFC normalisation, a Metaspace pre-tokenizer that marks word starts with "▁", BPE merges, and a
-Metaspace decoder, so `decode(encode(text))` gives the detokenized text back (what sacreBLEU needs). Every encoding
-ends with "</s>". Special token ids are fixed: "<pad>"=0, "</s>"=1, "<s>"=2 (decoder start), "<unk>"=3.
+SentencePiece-like: a Unicode normaliser (`NORMALIZER`), a Metaspace pre-tokenizer that marks word starts with "▁",
+BPE merges with byte fallback, and a decoder that joins the bytes back into characters and the pieces into words.
+So `decode(encode(text)) == normalised text` for every text that does not start with a space (what sacreBLEU needs):
+a character outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`,
+never dropped or turned into `<unk>`. Every encoding ends with "</s>". Special token ids are fixed: "<pad>"=0,
+"</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tokens follow (4-259), then the learned pieces.
+
+The normaliser is NFC: it composes characters ("a" + combining diaeresis -> "ä") and changes nothing a reader would
+see, so every reference character can be produced by the model. NFKC would also fold compatibility characters
+("²" -> "2", "…" -> "...", "ﬁ" -> "fi", full-width forms), sharing more pieces but making those characters
+impossible to output. The choice is the one line `NORMALIZER = ...`; it is recorded with every trained tokenizer.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
@@ -19,35 +30,62 @@ logger = logging.getLogger(__name__)
 
 PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN = "<pad>", "</s>", "<s>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
+BYTE_TOKENS = tuple(f"<0x{value:02X}>" for value in range(256))
 WORD_START = "▁"
 TOKENIZER_FILE = "tokenizer.json"
+# How the tokenizer was trained, written next to it: a saved tokenizer is reused only for the same settings.
+TOKENIZER_SETTINGS_FILE = "tokenizer_training.json"
+MIN_FREQUENCY = 2
+NORMALIZER = normalizers.NFC()
 
 
 def train_joint_tokenizer(
-    texts: Iterable[str], vocab_size: int, min_frequency: int = 2
+    texts: Iterable[str], vocab_size: int, min_frequency: int = MIN_FREQUENCY
 ) -> PreTrainedTokenizerFast:
-    """Train a BPE tokenizer on `texts` (source and target sentences together) and wrap it for transformers.
+    """Train a BPE tokenizer with byte fallback on `texts` (source and target sentences together) and wrap it for
+    transformers.
 
-    `vocab_size` counts the four special tokens; a small corpus may yield fewer pieces than asked for.
+    `vocab_size` counts everything, as SentencePiece does: the 4 special tokens, the 256 byte tokens and the learned
+    pieces (characters first, at most `vocab_size` - 260 of them, the rarest left to the byte tokens; then merges). A
+    small corpus may yield fewer pieces than asked for.
     """
-    if vocab_size <= len(SPECIAL_TOKENS):
-        raise ValueError(f"tokenizer_vocab_size must be larger than {len(SPECIAL_TOKENS)}, got {vocab_size}")
-    tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
-    tokenizer.normalizer = normalizers.NFC()
+    reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
+    if vocab_size <= reserved:
+        raise ValueError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "
+                         f"{len(BYTE_TOKENS)} byte-fallback tokens), got {vocab_size}")
+    tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
+    tokenizer.normalizer = NORMALIZER
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
-    tokenizer.decoder = decoders.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    tokenizer.decoder = decoders.Sequence([
+        decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme="always"),
+    ])
+    pieces = vocab_size - len(BYTE_TOKENS)
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
+        vocab_size=pieces,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
+        limit_alphabet=pieces - len(SPECIAL_TOKENS),
         show_progress=False,
     )
     tokenizer.train_from_iterator(_non_empty(texts), trainer=trainer)
+    tokenizer = _with_byte_tokens(tokenizer)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS_TOKEN}", pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}", special_tokens=[(EOS_TOKEN, eos_id)]
     )
     return wrap_tokenizer(tokenizer)
+
+
+def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
+    """The trained BPE model with the 256 byte tokens placed after the special tokens (the learned pieces move up by
+    256), as byte fallback needs them in the vocabulary."""
+    spec = json.loads(tokenizer.to_str())
+    vocab = spec["model"]["vocab"]
+    special = len(SPECIAL_TOKENS)
+    shifted = {token: index if index < special else index + len(BYTE_TOKENS) for token, index in vocab.items()}
+    shifted.update({token: special + offset for offset, token in enumerate(BYTE_TOKENS)})
+    spec["model"]["vocab"] = shifted
+    return Tokenizer.from_str(json.dumps(spec))
 
 
 def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
@@ -67,6 +105,47 @@ def _non_empty(texts: Iterable[str]) -> Iterator[str]:
     for text in texts:
         if text:
             yield text
+
+
+def tokenizer_settings(texts: Iterable[str], vocab_size: int, data: str) -> dict[str, Any]:
+    """What determines a trained tokenizer: the training texts (their SHA-256 and count), the vocabulary size and the
+    training recipe; `data` says in words where the texts came from (for messages only)."""
+    digest = hashlib.sha256()
+    count = 0
+    for text in texts:
+        digest.update(text.encode("utf-8") + b"\n")
+        count += 1
+    return {"tokenizer_vocab_size": vocab_size, "min_frequency": MIN_FREQUENCY, "normalizer": type(NORMALIZER).__name__,
+            "byte_fallback": True, "training_texts": count, "training_texts_sha256": digest.hexdigest(), "data": data}
+
+
+def save_tokenizer_settings(settings: dict[str, Any], directory: str | os.PathLike) -> None:
+    (Path(directory) / TOKENIZER_SETTINGS_FILE).write_text(json.dumps(settings, indent=2) + "\n", encoding="utf-8")
+
+
+def load_tokenizer_settings(directory: str | os.PathLike) -> dict[str, Any] | None:
+    """The settings recorded next to a tokenizer trained by this package, or None (not recorded, or unreadable)."""
+    try:
+        return json.loads((Path(directory) / TOKENIZER_SETTINGS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def settings_differences(saved: dict[str, Any] | None, wanted: dict[str, Any]) -> list[str]:
+    """How a saved tokenizer's settings differ from the wanted ones, in words (empty when they match)."""
+    if saved is None:
+        return ["its training settings are not recorded"]
+    differences = []
+    for name, value in wanted.items():
+        if name == "data" or saved.get(name) == value:
+            continue
+        if name.startswith("training_texts"):
+            if "training text" not in " ".join(differences):
+                differences.append(f"training text differs (saved: {saved.get('data')}, {saved.get('training_texts')} "
+                                   f"texts; now: {wanted['data']}, {wanted['training_texts']} texts)")
+        else:
+            differences.append(f"{name} {saved.get(name)!r} -> {value!r}")
+    return differences
 
 
 def has_saved_tokenizer(directory: str | os.PathLike) -> bool:

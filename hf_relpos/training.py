@@ -6,16 +6,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
-import json
 import logging
 import math
 import os
 import shutil
 import sys
 import tempfile
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -24,18 +20,15 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
+from accelerate import PartialState
 from datasets import Dataset
 from safetensors import SafetensorError
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import (
     DataCollatorForSeq2Seq,
     EvalPrediction,
-    HfArgumentParser,
-    PreTrainedConfig,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
-    Seq2SeqTrainingArguments,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -44,6 +37,15 @@ from transformers import (
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 
+from .arguments import (
+    MODEL_SECTION,
+    PROGRAM,
+    ConfigError,
+    ModelArguments,
+    TranslationTrainingArguments,
+    model_config_fields,  # noqa: F401 - public here too: training.model_config_fields()
+    parse_arguments,
+)
 from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
     TRAINER_STATE_FILE,
@@ -55,267 +57,48 @@ from .checkpoints import (
 from .configuration_relpos import RelPosTransformerConfig
 from .data import (
     DEMO_DATA_FOLDER,
+    DEMO_DATASET_NAME,
     DataArguments,
     DatasetSchemaError,
     example_lengths,
+    has_references,
     load_parallel_splits,
     restore_order,
     sort_by_source_length,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .hub import HubPushError, push_training_output
+from .hub import CARD_FILE, HubPushError, load_results, push_training_output, recipe_from_arguments, render_model_card
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
-from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents
+from .preflight import (
+    PreflightError,
+    ProcessGroupError,
+    check_hub_login,
+    check_process_group,
+    check_rerun,
+    remove_previous_run,
+)
+from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents, write_text_atomic
 from .tokenization import (
+    TOKENIZER_FILE,
     has_saved_tokenizer,
     load_tokenizer,
+    load_tokenizer_settings,
+    save_tokenizer_settings,
+    settings_differences,
     special_token_ids,
+    tokenizer_settings,
     train_joint_tokenizer,
 )
 
 logger = logging.getLogger(__name__)
 
-MODEL_SECTION = "model"
-# Config fields set from the tokenizer or by transformers itself; a YAML `model:` section may not set them.
-DERIVED_CONFIG_FIELDS = frozenset({
-    "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
-})
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
 # The final model is saved here inside output_dir, then moved into output_dir file by file (weights last).
 FINAL_MODEL_STAGING = ".final-model-staging"
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
-
-
-class ConfigError(ValueError):
-    """A YAML file or command-line flag is wrong; raised before anything is trained or written."""
-
-
-@dataclass
-class ModelArguments:
-    """Which model and tokenizer to start from. The YAML `model:` section holds `RelPosTransformerConfig` fields."""
-
-    model_name_or_path: str | None = field(
-        default=None,
-        metadata={"help": "Saved model folder or Hub id to fine-tune or evaluate; null trains from scratch."},
-    )
-    tokenizer_name: str | None = field(
-        default=None,
-        metadata={"help": "Saved tokenizer folder or Hub id; null reuses the model's or output_dir's tokenizer, or "
-                          "trains a joint BPE tokenizer on the training split."},
-    )
-    tokenizer_vocab_size: int = field(default=8000, metadata={"help": "Vocabulary size of a newly trained tokenizer."})
-    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub datasets and models."})
-    model_config: dict[str, Any] = field(default_factory=dict, init=False)
-
-
-@dataclass
-class TranslationTrainingArguments(Seq2SeqTrainingArguments):
-    """`Seq2SeqTrainingArguments` plus token-budget batching and paper-style decoding."""
-
-    max_tokens_per_batch: int | None = field(
-        default=None,
-        metadata={"help": "Token budget per device and batch (padded size: examples x longest source and x longest "
-                          "target). null batches by per_device_train_batch_size."},
-    )
-    generation_length_penalty: float = field(
-        default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
-    )
-    generation_max_length_offset: int = field(
-        default=50,
-        metadata={"help": "Generate at most (longest source in the batch, in tokens) + this many tokens "
-                          "(Vaswani et al.: input length + 50); generation_max_length, when set, caps it."},
-    )
-    cpu_threads: int | None = field(
-        default=None,
-        metadata={"help": "torch.set_num_threads for CPU work; 1 is fastest for tiny models and on busy machines. "
-                          "null keeps torch's default."},
-    )
-    predict_with_generate: bool = field(default=True, metadata={"help": "Score generated translations (BLEU)."})
-    generation_num_beams: int | None = field(default=4, metadata={"help": "Beam size (Vaswani et al.: 4)."})
-
-
-ARGUMENT_CLASSES = (ModelArguments, DataArguments, TranslationTrainingArguments)
-
-
-class _RaisingArgumentParser(HfArgumentParser):
-    """argparse reports bad values by printing the whole usage and exiting; raise one `ConfigError` instead."""
-
-    def error(self, message: str) -> typing.NoReturn:
-        raise ConfigError(message)
-
-
-def _argument_fields() -> dict[str, tuple[type, dataclasses.Field]]:
-    fields = {}
-    for argument_class in ARGUMENT_CLASSES:
-        for item in dataclasses.fields(argument_class):
-            if item.init:
-                fields[item.name] = (argument_class, item)
-    return fields
-
-
-def model_config_fields() -> set[str]:
-    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set."""
-    inherited = {item.name for item in dataclasses.fields(PreTrainedConfig)}
-    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited
-    return own - DERIVED_CONFIG_FIELDS
-
-
-def _split_command_line(argv: Sequence[str]) -> list[tuple[str, list[str]]]:
-    """`--name value ...`, `--name=value` and bare `--flag` into (name, values) pairs, in order (`-` in a name
-    reads as `_`, as in HfArgumentParser)."""
-    pairs: list[tuple[str, list[str]]] = []
-    for token in argv:
-        if token.startswith("--") and len(token) > 2:
-            name, equals, value = token[2:].partition("=")
-            pairs.append((name.replace("-", "_"), [value] if equals else []))
-        elif not pairs:
-            raise ConfigError(f"unexpected argument {token!r}: give one YAML file first, then --name value flags")
-        else:
-            pairs[-1][1].append(token)
-    return pairs
-
-
-def _suggest(key: str, candidates: set[str]) -> str:
-    bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.")
-    close = difflib.get_close_matches(bare, sorted(candidates), n=1)
-    return f"{key} (did you mean {close[0]}?)" if close else key
-
-
-def _yaml_value_to_tokens(value: Any) -> list[str]:
-    if isinstance(value, bool):
-        return [str(value).lower()]
-    if isinstance(value, dict):
-        return [json.dumps(value)]
-    if isinstance(value, list):
-        return [str(item) for item in value]
-    return [str(value)]
-
-
-def _is_optional(argument_class: type, name: str) -> bool:
-    return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
-
-
-def parse_arguments(
-    argv: Sequence[str],
-) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
-    """Parse `CONFIG.yaml [--name value ...]`: the YAML fills the argument dataclasses, flags override it.
-
-    A `model:` mapping in the YAML (or flat keys / `--model.NAME` flags naming config fields) becomes
-    `ModelArguments.model_config`. Unknown keys, bad values and nulls for non-optional fields raise one `ConfigError`.
-    """
-    argv = list(argv)
-    yaml_values: dict[str, Any] = {}
-    if argv and not argv[0].startswith("--"):
-        yaml_values = _read_yaml(argv.pop(0))
-    model_config = yaml_values.pop(MODEL_SECTION, None) or {}
-    if not isinstance(model_config, dict):
-        raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
-    argument_fields = _argument_fields()
-    config_fields = model_config_fields()
-
-    values: dict[str, list[str] | None] = {}
-    unknown: list[str] = []
-    for name, value in yaml_values.items():
-        if name in argument_fields:
-            values[name] = None if value is None else _yaml_value_to_tokens(value)
-        elif name in config_fields:
-            model_config[name] = value
-        else:
-            unknown.append(name)
-    for name, tokens in _split_command_line(argv):
-        config_name = name.removeprefix(f"{MODEL_SECTION}.")
-        if name in argument_fields:
-            values[name] = None if tokens in (["null"], ["None"]) else tokens
-        elif config_name in config_fields:
-            model_config[config_name] = yaml.safe_load(" ".join(tokens)) if tokens else True
-        else:
-            unknown.append(f"--{name}")
-    unknown += [f"{MODEL_SECTION}.{key}" for key in sorted(set(model_config) - config_fields)]
-    if unknown:
-        described = [_suggest(key, set(argument_fields) | config_fields) for key in unknown]
-        raise ConfigError(
-            f"unknown key(s): {', '.join(described)}. Allowed: the fields of "
-            f"{', '.join(c.__name__ for c in ARGUMENT_CLASSES)}, and under '{MODEL_SECTION}:' the "
-            f"RelPosTransformerConfig fields {sorted(config_fields)}"
-        )
-    return _build_arguments(values, model_config, argument_fields)
-
-
-def _read_yaml(path: str) -> dict[str, Any]:
-    if not path.endswith((".yaml", ".yml")):
-        raise ConfigError(f"the first argument must be a .yaml config file, got {path!r}")
-    if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist")
-    try:
-        with open(path, encoding="utf-8") as handle:
-            content = yaml.safe_load(handle)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {error}") from None
-    if content is None:
-        return {}
-    if not isinstance(content, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of field: value")
-    return content
-
-
-def _build_arguments(
-    values: dict[str, list[str] | None], model_config: dict[str, Any], argument_fields: dict[str, tuple[type, Any]]
-) -> tuple[ModelArguments, DataArguments, TranslationTrainingArguments]:
-    parser = _RaisingArgumentParser(ARGUMENT_CLASSES)
-    tokens: list[str] = []
-    nulls: set[str] = set()
-    for name, value_tokens in values.items():
-        if value_tokens is None:
-            argument_class = argument_fields[name][0]
-            if not _is_optional(argument_class, name):
-                raise ConfigError(f"{name} cannot be null")
-            nulls.add(name)
-        else:
-            tokens += [f"--{name}", *value_tokens]
-    namespace = vars(parser.parse_args(tokens))
-    namespace.update({name: None for name in nulls})
-    built = []
-    for argument_class in ARGUMENT_CLASSES:
-        names = {item.name for item in dataclasses.fields(argument_class) if item.init}
-        try:
-            built.append(argument_class(**{name: namespace[name] for name in names}))
-        except ValueError as error:
-            raise ConfigError(str(error)) from None
-    model_args, data_args, training_args = built
-    model_args.model_config = model_config
-    _check_consistency(model_args, data_args, training_args)
-    return model_args, data_args, training_args
-
-
-def _check_consistency(
-    model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments
-) -> None:
-    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
-        raise ConfigError("nothing to do: set at least one of do_train, do_eval, do_predict")
-    if not training_args.do_train and model_args.model_name_or_path is None:
-        raise ConfigError("do_eval/do_predict without do_train need model_name_or_path (a trained model)")
-    if model_args.tokenizer_vocab_size <= 4:
-        raise ConfigError(f"tokenizer_vocab_size must be larger than 4, got {model_args.tokenizer_vocab_size}")
-    if training_args.max_tokens_per_batch is not None and training_args.max_tokens_per_batch < 1:
-        raise ConfigError(f"max_tokens_per_batch must be a positive integer or null, got "
-                          f"{training_args.max_tokens_per_batch}")
-    if training_args.cpu_threads is not None and training_args.cpu_threads < 1:
-        raise ConfigError(f"cpu_threads must be a positive integer or null, got {training_args.cpu_threads}")
-    if training_args.generation_max_length_offset < 0:
-        raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
-    try:
-        if model_args.model_name_or_path is None:
-            RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
-        else:
-            RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-                                                    **model_args.model_config)
-    except (ValueError, TypeError) as error:
-        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
-    except OSError as error:
-        raise ConfigError(f"model_name_or_path: {error}") from None
 
 
 def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
@@ -331,11 +114,12 @@ def _check_token_budget(train_dataset: Dataset, training_args: TranslationTraini
 @dataclass
 class EvaluationSet:
     """A split to translate and score: tokenized examples sorted by source length (`order[i]` is the file position of
-    sorted example i), and the raw reference texts in file order."""
+    sorted example i), and the raw source and reference texts in file order."""
 
     dataset: Dataset
     order: np.ndarray
-    references: list[str]
+    references: list[str] | None  # None for a source-only file: translations are written, nothing is scored
+    sources: list[str]
     hypotheses: list[str] = field(default_factory=list)
 
 
@@ -397,8 +181,9 @@ class TranslationTrainer(Seq2SeqTrainer):
         super()._save_checkpoint(model, trial)
 
     def get_train_dataloader(self) -> DataLoader:
-        """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list; accelerate deals the
-        batches round-robin to the processes (the sampler itself never shards)."""
+        """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own
+        loader settings (workers, pinning, persistence, prefetching, start method); accelerate deals the batches
+        round-robin to the processes (the sampler itself never shards)."""
         if self.token_budget_sampler is None:
             return super().get_train_dataloader()
         dataset = self._remove_unused_columns(self.train_dataset, description="training")
@@ -408,6 +193,10 @@ class TranslationTrainer(Seq2SeqTrainer):
             collate_fn=self.data_collator,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers,
+            prefetch_factor=self.args.dataloader_prefetch_factor,
+            multiprocessing_context=self.args.dataloader_multiprocessing_context,
+            in_order=self.args.dataloader_in_order,
             worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers,
                                    rank=self.args.process_index),
         )
@@ -432,11 +221,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
 
     def max_new_tokens(self, longest_source: int) -> int:
-        """Vaswani et al.: output length <= input length + 50, here per batch; capped by generation_max_length and
-        by `max_position_embeddings` (the longest target the model is configured for)."""
+        """Vaswani et al.: output length <= input length + 50, here per batch; capped by generation_max_length
+        (generate's max_length, which counts the decoder start token) and by `max_position_embeddings` (the longest
+        target the model is configured for)."""
         limit = longest_source + self.args.generation_max_length_offset
         if self.args.generation_max_length is not None:
-            limit = min(limit, self.args.generation_max_length)
+            limit = min(limit, self.args.generation_max_length - 1)
         return max(1, min(limit, self.model.config.max_position_embeddings - 1))
 
     def prediction_step(
@@ -456,8 +246,13 @@ class TranslationTrainer(Seq2SeqTrainer):
         # Under data parallelism the gathered predictions end with repeats of the first examples: drop them.
         generated = np.asarray(prediction.predictions)[: len(evaluation_set.order)]
         hypotheses = restore_order(decode_token_ids(generated, self.processing_class), evaluation_set.order)
+        # An empty source translates to nothing (the model would invent a sentence after </s> alone).
+        hypotheses = [hypothesis if source.strip() else "" for hypothesis, source in
+                      zip(hypotheses, evaluation_set.sources, strict=True)]
         evaluation_set.hypotheses = hypotheses
-        scores = score_translations(hypotheses, evaluation_set.references)
+        scores: dict[str, float | str] = {}
+        if evaluation_set.references is not None:
+            scores = score_translations(hypotheses, evaluation_set.references)
         lengths = generated_lengths(generated, self.processing_class.eos_token_id, self.processing_class.pad_token_id)
         scores["gen_len"] = float(lengths.mean()) if len(lengths) else 0.0
         return scores
@@ -468,38 +263,71 @@ def _prepare_evaluation_set(
 ) -> EvaluationSet:
     tokenized, _ = tokenize_evaluation_pairs(dataset, tokenizer, data_args, split)
     sorted_dataset, order = sort_by_source_length(tokenized)
-    return EvaluationSet(sorted_dataset, order, list(dataset["target"]))
+    return EvaluationSet(sorted_dataset, order, list(dataset["target"]) if has_references(dataset) else None,
+                         sources=list(dataset["source"]))
+
+
+def describe_training_data(data_args: DataArguments) -> str:
+    """Where the training pairs come from, in words (recorded with a trained tokenizer)."""
+    if data_args.train_file:
+        origin = f"train_file {str(Path(data_args.train_file).resolve())!r}"
+    elif data_args.dataset_name == DEMO_DATASET_NAME:
+        origin = f"demo corpus (demo_seed {data_args.demo_seed}, {data_args.demo_train_pairs} pairs)"
+    else:
+        origin = f"dataset {data_args.dataset_name!r} ({data_args.dataset_config_name})"
+    cap = f", first {data_args.max_train_samples} pairs" if data_args.max_train_samples else ""
+    return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}"
 
 
 def _obtain_tokenizer(
-    model_args: ModelArguments, training_args: TranslationTrainingArguments, train_split: Dataset | None
-) -> tuple[PreTrainedTokenizerBase, bool]:
-    """(tokenizer, newly trained?): tokenizer_name, else the model's, else output_dir's, else train one."""
+    model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+    train_split: Dataset | None, retrain: bool, resuming: bool,
+) -> tuple[PreTrainedTokenizerBase, dict[str, Any] | None]:
+    """(tokenizer, settings to save with it when newly trained): tokenizer_name, else the model's, else the one in
+    output_dir if it was trained with this run's settings (any when resuming), else a new one. `retrain` ignores the
+    one in output_dir (a fresh run)."""
     for field_name in ("tokenizer_name", "model_name_or_path"):
         name_or_path = getattr(model_args, field_name)
         if name_or_path is not None:
             try:
-                return load_tokenizer(name_or_path), False
+                return load_tokenizer(name_or_path), None
             except (OSError, ValueError) as error:
                 raise ConfigError(f"{field_name} {name_or_path!r}: cannot load its tokenizer: {error}") from None
-    if has_saved_tokenizer(training_args.output_dir):
-        logger.info("Reusing the tokenizer saved in %s", training_args.output_dir)
-        return load_tokenizer(training_args.output_dir), False
     if train_split is None:
         raise ConfigError("no tokenizer_name or model_name_or_path, and no training split to train a tokenizer on")
+    output_dir = training_args.output_dir
+    texts = (text for column in ("source", "target") for text in train_split[column])
+    settings = tokenizer_settings(texts, model_args.tokenizer_vocab_size, describe_training_data(data_args))
+    if has_saved_tokenizer(output_dir) and not retrain:
+        differences = settings_differences(load_tokenizer_settings(output_dir), settings)
+        if differences and not resuming:
+            raise ConfigError(
+                f"output_dir {output_dir!r} holds a tokenizer trained with other settings than this run's "
+                f"({'; '.join(differences)}): train a new one with --overwrite_output_dir true (a fresh run), use "
+                f"it as it is with --tokenizer_name {output_dir}, or choose another output_dir")
+        if differences:
+            logger.warning("Resuming with the tokenizer saved in %s (the checkpoints need it), although %s",
+                           output_dir, "; ".join(differences))
+        else:
+            logger.info("Reusing the tokenizer saved in %s (trained with this run's settings)", output_dir)
+        return load_tokenizer(output_dir), None
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     texts = (text for column in ("source", "target") for text in train_split[column])
-    return train_joint_tokenizer(texts, model_args.tokenizer_vocab_size), True
+    return train_joint_tokenizer(texts, model_args.tokenizer_vocab_size), settings
 
 
-def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike) -> None:
-    """Save next to the model; files are staged and moved in, tokenizer.json (the reuse marker) last."""
+def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike,
+                   settings: dict[str, Any] | None = None) -> None:
+    """Save next to the model with its training settings; files are staged and moved in, tokenizer.json (the reuse
+    marker) last."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=output_dir))
     try:
         tokenizer.save_pretrained(staging)
-        for item in sorted(staging.iterdir(), key=lambda path: path.name == "tokenizer.json"):
+        if settings is not None:
+            save_tokenizer_settings(settings, staging)
+        for item in sorted(staging.iterdir(), key=lambda path: path.name == TOKENIZER_FILE):
             os.replace(item, output_dir / item.name)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
@@ -538,7 +366,8 @@ def _build_model(
     # Lengths as max_length (decoder start token included), never max_new_tokens, which would override the
     # per-batch max_length of TranslationTrainer.prediction_step.
     generation.max_new_tokens = None
-    generation.max_length = data_args.max_source_length + training_args.generation_max_length_offset + 1
+    generation.max_length = training_args.generation_max_length or (
+        data_args.max_source_length + training_args.generation_max_length_offset + 1)
     for name, value in special_token_ids(tokenizer).items():
         setattr(generation, name, value)
     return model
@@ -601,11 +430,19 @@ def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
 
 
 def _report(trainer: TranslationTrainer, prefix: str, metrics: dict[str, Any]) -> None:
+    evaluation_set = trainer.evaluation_sets[prefix]
+    if evaluation_set.references is None:
+        metrics.pop(f"{prefix}_loss", None)  # against no reference: meaningless
     trainer.log_metrics(prefix, metrics)
     trainer.save_metrics(prefix, metrics)
-    if trainer.is_world_process_zero() and f"{prefix}_bleu" in metrics:
-        _write_hypotheses(Path(trainer.args.output_dir) / HYPOTHESES_FILE.format(prefix=prefix),
-                          trainer.evaluation_sets[prefix].hypotheses)
+    if not trainer.is_world_process_zero() or not trainer.args.predict_with_generate:
+        return
+    path = Path(trainer.args.output_dir) / HYPOTHESES_FILE.format(prefix=prefix)
+    _write_hypotheses(path, evaluation_set.hypotheses)
+    if evaluation_set.references is None:
+        print(f"{prefix}: the source-only file has no references, so BLEU and chrF are skipped; "
+              f"{len(evaluation_set.hypotheses)} translations written to {path}", flush=True)
+    else:
         print(f"{prefix}: sacreBLEU {metrics[f'{prefix}_bleu']:.2f}  chrF {metrics[f'{prefix}_chrf']:.2f}  "
               f"({metrics[f'{prefix}_bleu_signature']})", flush=True)
 
@@ -634,7 +471,9 @@ def _resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> s
 
 
 def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """Parse, prepare, train/evaluate/predict; returns the metrics of each stage run ("train", "eval", "test")."""
+    """Parse, check, prepare, train/evaluate/predict; returns the metrics of each stage run ("train", "eval",
+    "test"). Every check that can fail (arguments, environment, output_dir, data, tokenizer, model) runs before
+    anything is written to output_dir."""
     model_args, data_args, training_args = parse_arguments(argv)
     # hf_relpos.hub pushes once, after scoring, with the rendered card; the Trainer's own pushes would upload
     # checkpoints and a generic card before evaluation.
@@ -643,34 +482,49 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                         stream=sys.stdout, force=True)
     if not training_args.should_log:
         logging.getLogger().setLevel(logging.WARNING)
+    check_process_group(training_args.world_size)
     logger.info("world size %d, process %d", training_args.world_size, training_args.process_index)
     if training_args.cpu_threads is not None:
         torch.set_num_threads(training_args.cpu_threads)
     set_seed(training_args.seed)
-    check_output_dir(training_args.output_dir, required_disk_bytes(_estimated_weight_bytes(model_args) or 0,
-                                                                   training_args))
+    output_dir = training_args.output_dir
+    check_output_dir(output_dir, required_disk_bytes(_estimated_weight_bytes(model_args) or 0, training_args))
+    resume_from = _resolve_resume_checkpoint(training_args)
+    fresh_run = training_args.do_train and training_args.overwrite_output_dir
+    if training_args.do_train:
+        check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None)
+    if push_to_hub and training_args.should_save:
+        logger.info("push_to_hub: logged in to the Hugging Face Hub as %s", check_hub_login(training_args.hub_token))
 
     needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
     splits = tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
                                                ("test", training_args.do_predict)) if wanted)
-    resume_from = _resolve_resume_checkpoint(training_args)
     with training_args.main_process_first(desc="loading data"):
-        raw = load_parallel_splits(data_args, splits, Path(training_args.output_dir) / DEMO_DATA_FOLDER,
+        raw = load_parallel_splits(data_args, splits, Path(output_dir) / DEMO_DATA_FOLDER,
                                    cache_dir=model_args.cache_dir)
 
     with training_args.main_process_first(desc="tokenizer"):
-        tokenizer, newly_trained = _obtain_tokenizer(model_args, training_args, raw.get("train"))
+        tokenizer, new_tokenizer_settings = _obtain_tokenizer(
+            model_args, data_args, training_args, raw.get("train"), retrain=fresh_run and training_args.should_save,
+            resuming=resume_from is not None)
         train_dataset = tokenize_training_pairs(raw["train"], tokenizer, data_args)[0] if "train" in raw else None
         if train_dataset is not None:
             _check_token_budget(train_dataset, training_args)
         evaluation_sets = {prefix: _prepare_evaluation_set(raw[split], tokenizer, data_args, split)
                            for prefix, split in (("eval", "validation"), ("test", "test")) if split in raw}
-        if newly_trained:
-            _check_num_beams(training_args, len(tokenizer))  # the new model's vocabulary; before anything is saved
-            if training_args.should_save:
-                save_tokenizer(tokenizer, training_args.output_dir)
-
-    model = _build_model(model_args, tokenizer, data_args, training_args)
+        model = _build_model(model_args, tokenizer, data_args, training_args)
+        if training_args.should_save:  # the first write of the run: every check has passed
+            if fresh_run:
+                removed = remove_previous_run(output_dir)
+                if removed:
+                    logger.info("overwrite_output_dir: removed the previous run from %s (%s)", output_dir,
+                                ", ".join(removed))
+            if new_tokenizer_settings is not None:
+                save_tokenizer(tokenizer, output_dir, new_tokenizer_settings)
+    if model_args.model_config and model_args.model_name_or_path is not None:
+        log = logger.info if training_args.do_train else logger.warning
+        log("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,
+            ", ".join(f"{name}={value!r}" for name, value in model_args.model_config.items()))
     logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.attention_type,
                 model.num_parameters() / 1e6)
     trainer = TranslationTrainer(
@@ -702,27 +556,40 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         metrics = dict(prediction.metrics, test_samples=len(evaluation_sets["test"].order))
         _report(trainer, "test", metrics)
         results["test"] = metrics
+    if training_args.do_train and training_args.should_save:
+        write_model_card(model, model_args, data_args, training_args)
     if push_to_hub and training_args.should_save:
         push_training_output(model_args, data_args, training_args)
     return results
+
+
+def write_model_card(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
+                     data_args: DataArguments, training_args: TranslationTrainingArguments) -> Path:
+    """output_dir/README.md: the model card of this run (recipe and scores), as run_translation's
+    `create_model_card` writes one, so a folder uploaded by hand is documented."""
+    path = Path(training_args.output_dir) / CARD_FILE
+    card = render_model_card(model.config, recipe_from_arguments(model_args, data_args, training_args),
+                             load_results(training_args.output_dir), repo_id=training_args.hub_model_id)
+    write_text_atomic(path, card)
+    return path
 
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: `python train_translation.py configs/NAME.yaml [--name value ...]`."""
     try:
         run(sys.argv[1:] if argv is None else argv)
-    except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError) as error:
-        print(f"train_translation.py: error: {error}", file=sys.stderr)
+    except ProcessGroupError as error:
+        if torch.distributed.get_rank() == 0:  # all processes stop here: one line is enough
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        sys.exit(2)
+    except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError, PreflightError) as error:
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteLossError as error:
-        print(f"train_translation.py: error: {error}", file=sys.stderr)
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(1)
-    close_process_group()
-
-
-def close_process_group() -> None:
-    """Under `accelerate launch`: wait for every rank, then destroy the process group, so that no rank exits (and
-    tears gloo/NCCL down in the interpreter's shutdown, which can abort with SIGABRT) while another still runs."""
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        torch.distributed.barrier()
-        torch.distributed.destroy_process_group()
+    # Under accelerate launch: no rank may exit (and tear gloo/NCCL down in the interpreter's shutdown, which can
+    # abort with SIGABRT) while another still runs.
+    state = PartialState()
+    state.wait_for_everyone()
+    state.destroy_process_group()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import sys
@@ -10,6 +11,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 import hf_relpos
 
@@ -19,6 +23,12 @@ torch.set_num_threads(1)
 
 SCHEMES = ("absolute", "shaw", "xl", "directional")
 RELATIVE_SCHEMES = ("shaw", "xl", "directional")
+
+# A kernel of transformers' own, not hf_relpos': its SDPA function and mask under another name, standing in for
+# flash_attention_2/3 and Hub kernels (which need a GPU and packages this machine lacks).
+TRANSFORMERS_KERNEL = "transformers_sdpa_for_tests"
+AttentionInterface.register(TRANSFORMERS_KERNEL, sdpa_attention_forward)
+AttentionMaskInterface.register(TRANSFORMERS_KERNEL, sdpa_mask)
 
 
 def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTransformerConfig:
@@ -40,6 +50,16 @@ def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTr
     return hf_relpos.RelPosTransformerConfig(**values)
 
 
+def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:
+    """Vaswani et al. (2017) sec. 3.5 for one position, term by term in float64: [sin(p / 10000^(2i/d)) | cos(...)]."""
+    half = dim // 2
+    return torch.tensor(
+        [math.sin(position / 10000 ** (t / half)) for t in range(half)]
+        + [math.cos(position / 10000 ** (t / half)) for t in range(half)],
+        dtype=torch.float64,
+    )
+
+
 def tiny_model(attention_type: str = "shaw", seed: int = 0, **overrides):
     torch.manual_seed(seed)
     return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(attention_type, **overrides)).eval()
@@ -57,3 +77,47 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
+
+
+# Sentence pairs a tiny model memorises in a few seconds (`memorised_model_folder`).
+MEMORISED_PAIRS = (
+    ("The cat sleeps.", "Die Katze schläft."),
+    ("The dog sees the cat.", "Der Hund sieht die Katze."),
+    ("The small bird sings.", "Der kleine Vogel singt."),
+    ("The house is red.", "Das Haus ist rot."),
+    ("The tree is big.", "Der Baum ist groß."),
+    ("The cat sees the bird.", "Die Katze sieht den Vogel."),
+)
+
+
+@pytest.fixture(scope="session")
+def memorised_model_folder(tmp_path_factory) -> Path:
+    """A tiny Shaw model that translates each source of MEMORISED_PAIRS into its target exactly, saved with its
+    tokenizer as a model folder (generation config: greedy, max_length 20)."""
+    from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
+
+    torch.manual_seed(0)
+    tokenizer = train_joint_tokenizer([text for pair in MEMORISED_PAIRS * 4 for text in pair], vocab_size=456)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
+        layer_norm_position="pre", **special_token_ids(tokenizer),
+    )
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    sources = tokenizer([source for source, _ in MEMORISED_PAIRS], padding=True, return_tensors="pt")
+    labels = tokenizer([target for _, target in MEMORISED_PAIRS], padding=True, return_tensors="pt").input_ids
+    labels[labels == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(150):
+        loss = model(**sources, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.eval()
+    model.generation_config.max_length = 20
+    hypotheses = tokenizer.batch_decode(model.generate(**sources), skip_special_tokens=True)
+    assert hypotheses == [target for _, target in MEMORISED_PAIRS], hypotheses
+    folder = tmp_path_factory.mktemp("memorised") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

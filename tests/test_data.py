@@ -114,7 +114,7 @@ def test_sample_caps_keep_the_first_pairs(tmp_path):
 @pytest.fixture(scope="module")
 def tokenizer():
     english, german = zip(*[random_sentence_pair(random.Random(i)) for i in range(300)], strict=True)
-    return train_joint_tokenizer(list(english) + list(german), vocab_size=400)
+    return train_joint_tokenizer(list(english) + list(german), vocab_size=656)
 
 
 def overlong_corpus(tmp_path):
@@ -241,6 +241,7 @@ def test_hub_loading_path_maps_the_wmt_schema(monkeypatch, tmp_path):
         requested.append((name, config_name))
         return wmt_like_hub_dataset()
 
+    monkeypatch.setattr(data_module, "check_hub_dataset", lambda name: None)  # no network: the Hub is not asked
     monkeypatch.setattr(data_module, "load_dataset", fake_load_dataset)
     splits = load_parallel_splits(DataArguments(), ("train", "validation", "test"), tmp_path / "demo")
     assert requested == [("wmt/wmt14", "de-en")]
@@ -257,6 +258,7 @@ def test_hub_loading_path_maps_the_wmt_schema(monkeypatch, tmp_path):
 def test_hub_loading_path_maps_flat_language_columns(monkeypatch, tmp_path):
     """bentrevett/multi30k has flat `en`/`de` columns and no configuration."""
     flat = Dataset.from_dict({"en": [en for en, _ in PAIRS], "de": [de for _, de in PAIRS]})
+    monkeypatch.setattr(data_module, "check_hub_dataset", lambda name: None)
     monkeypatch.setattr(data_module, "load_dataset", lambda name, config_name, cache_dir=None: DatasetDict(train=flat))
     arguments = DataArguments(dataset_name="bentrevett/multi30k", dataset_config_name=None)
     splits = load_parallel_splits(arguments, ("train",), tmp_path / "demo")

@@ -60,7 +60,7 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         sys.executable, str(EXPERIMENTS / "multi30k_compare.py"), "--data", str(data), "--work", str(tmp_path / "work"),
         "--out", str(out), "--schemes", "absolute", "shaw", "--max-steps", "2", "--warmup-steps", "1",
         "--eval-steps", "1", "--logging-steps", "1", "--max-eval-samples", "4", "--jobs", "2",
-        "--tokenizer-vocab-size", "120", "--",
+        "--tokenizer-vocab-size", "376", "--",
         "--model.d_model", "16", "--model.encoder_layers", "1", "--model.decoder_layers", "1",
         "--model.encoder_attention_heads", "2", "--model.decoder_attention_heads", "2",
         "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32", "--max_tokens_per_batch", "256",

@@ -20,7 +20,7 @@ from huggingface_hub.hf_api import RepoUrl
 from transformers import pipeline
 
 import hf_relpos
-from hf_relpos import hub
+from hf_relpos import hub, preflight
 from hf_relpos.metrics import score_translations
 from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
 from hf_relpos.training import parse_arguments, run
@@ -34,8 +34,8 @@ PAIRS = [
     ("the tree is big", "der Baum ist groß"),
     ("the cat sees the bird", "die Katze sieht den Vogel"),
 ]
-CODE_FILES = {"configuration_relpos.py", "modeling_relpos.py", "positions.py", "positions_absolute.py",
-              "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
+CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "modeling_relpos.py", "positions.py",
+              "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                *CODE_FILES}
 RESULTS = {
@@ -70,7 +70,7 @@ def trained_folder(tmp_path_factory) -> Path:
     """A tiny Shaw model that has memorised PAIRS, saved with its tokenizer and the results files of an evaluation,
     as train_translation.py leaves them."""
     torch.manual_seed(0)
-    tokenizer = train_joint_tokenizer((text for pair in PAIRS * 4 for text in pair), vocab_size=200)
+    tokenizer = train_joint_tokenizer((text for pair in PAIRS * 4 for text in pair), vocab_size=456)
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
@@ -117,7 +117,8 @@ def output_folder(trained_folder, tmp_path) -> Path:
 
 @pytest.fixture
 def fake_hub(monkeypatch) -> SimpleNamespace:
-    """Replaces the Hub client's network calls: records created repos and each commit's files (name -> bytes)."""
+    """Replaces the Hub client's network calls: records created repos and each commit's files (name -> bytes); the
+    login check of train_translation.py sees the user "me"."""
     recorded = SimpleNamespace(repos=[], commits=[])
 
     def create_repo(self, repo_id, *, private=None, exist_ok=False, **kwargs):
@@ -137,6 +138,8 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "me"})
+    monkeypatch.setattr(preflight, "get_token", lambda: "hf_fake_token")
     monkeypatch.setattr(ModelCard, "load", classmethod(no_remote_card))
     return recorded
 

@@ -1,14 +1,15 @@
-"""Kernels (eager, SDPA, FlexAttention) agree at model level, and mixed precision works for every scheme."""
+"""Kernels (eager, SDPA, FlexAttention, transformers' own) at model level, and mixed precision for every scheme."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SCHEMES, tiny_config
+from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config
 
 import hf_relpos
 
 FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {})]
+MODEL_SCHEMES = [*FLEX_SCHEMES, ("shaw", {})]
 
 
 def batch(device: str = "cpu"):
@@ -27,17 +28,48 @@ def model_with(kernel: str, attention_type: str, device: str = "cpu", **override
     return model
 
 
-@pytest.mark.parametrize("attention_type, overrides", FLEX_SCHEMES, ids=[s for s, _ in FLEX_SCHEMES])
-def test_flex_attention_matches_eager_at_model_level(attention_type, overrides):
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=["absolute", "shaw-k", "xl", "directional",
+                                                                         "shaw"])
+def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides, padded):
+    """Loss and logits of a float64 model agree to float64 precision on every kernel, with and without a padding
+    mask (the loss stays float64 too)."""
     input_ids, attention_mask = batch()
-    logits = {}
+    inputs = dict(input_ids=input_ids, labels=input_ids, attention_mask=attention_mask if padded else None)
+    outputs = {}
     for kernel in ("eager", "sdpa", "flex_attention"):
-        model = model_with(kernel, attention_type, **overrides).eval()
+        model = model_with(kernel, attention_type, **overrides).double().eval()
         assert model.config._attn_implementation == kernel
         with torch.no_grad():
-            logits[kernel] = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).logits
-    assert (logits["sdpa"] - logits["eager"]).abs().max() < 1e-5
-    assert (logits["flex_attention"] - logits["eager"]).abs().max() < 1e-5
+            outputs[kernel] = model(**inputs)
+        assert outputs[kernel].loss.dtype == torch.float64
+    for kernel in ("sdpa", "flex_attention"):
+        assert (outputs[kernel].logits - outputs["eager"].logits).abs().max() < 1e-12
+        assert abs(outputs[kernel].loss.item() - outputs["eager"].loss.item()) < 1e-12
+
+
+def test_a_transformers_kernel_runs_absolute_and_refuses_a_relative_scheme():
+    """Kernels of transformers' (flash_attention_2/3, Hub kernels; here its SDPA under another name) take the
+    model-level mask from masking_utils and run a scheme that adds nothing to attention; any other scheme is a clear
+    error, not a silent substitution."""
+    input_ids, attention_mask = batch()
+    reference = model_with("sdpa", "absolute").double().eval()
+    model = model_with(TRANSFORMERS_KERNEL, "absolute").double().eval()
+    with torch.no_grad():
+        for inputs in (dict(input_ids=input_ids, attention_mask=attention_mask), dict(input_ids=input_ids)):
+            expected = reference(**inputs, decoder_input_ids=input_ids).logits
+            assert (model(**inputs, decoder_input_ids=input_ids).logits - expected).abs().max() < 1e-12
+    shaw = model_with(TRANSFORMERS_KERNEL, "shaw")
+    with pytest.raises(ValueError, match=f"attention_type 'shaw' adds a score bias and a value term to attention, "
+                                         f"which attn_implementation '{TRANSFORMERS_KERNEL}' cannot take"):
+        shaw(input_ids=input_ids, decoder_input_ids=input_ids)
+
+
+def test_an_unknown_kernel_name_is_an_error_not_sdpa():
+    model = model_with("sdpa", "absolute")
+    model.config._attn_implementation = "no_such_kernel"
+    with pytest.raises(KeyError, match="no_such_kernel"):
+        model(input_ids=batch()[0], decoder_input_ids=batch()[0])
 
 
 def test_flex_attention_selected_at_load_time(tmp_path):
@@ -95,18 +127,16 @@ def test_eager_attention_weights_are_returned(attention_type):
     assert torch.all(out.encoder_attentions[0][1, :, :, 6:] == 0)
 
 
-def test_xl_inference_table_follows_weight_updates():
-    """XL keeps projected encodings at inference; an optimizer step must invalidate them."""
-    model = model_with("sdpa", "xl")
+def test_xl_follows_data_writes_to_its_weights():
+    """Nothing derived from the weights outlives a forward pass: after `.data` writes (EMA, manual averaging; they
+    bump no version counter) the model computes exactly what a fresh model with those weights computes."""
+    model = model_with("sdpa", "xl").eval()
     input_ids, attention_mask = batch()
-
-    def logits(no_grad: bool):
-        with torch.set_grad_enabled(not no_grad):
-            return model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids).logits.detach()
-
-    model.eval()
-    assert torch.allclose(logits(no_grad=True), logits(no_grad=False), atol=1e-6)
-    with torch.no_grad():  # an in-place update, as an optimizer step or load_state_dict makes
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids)
+    with torch.no_grad():
+        model(**inputs)
         for parameter in model.parameters():
-            parameter.add_(0.1 * torch.randn_like(parameter))
-    assert torch.allclose(logits(no_grad=True), logits(no_grad=False), atol=1e-6)
+            parameter.data.mul_(0.9).add_(0.01)
+        fresh = model_with("sdpa", "xl").eval()
+        fresh.load_state_dict(model.state_dict())
+        assert torch.equal(model(**inputs).logits, fresh(**inputs).logits)

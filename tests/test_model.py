@@ -6,10 +6,12 @@ import json
 
 import pytest
 import torch
-from conftest import RELATIVE_SCHEMES, SCHEMES, run_without_hf_relpos, tiny_config, tiny_model
+from conftest import RELATIVE_SCHEMES, SCHEMES, run_without_hf_relpos, sinusoid_by_loop, tiny_config, tiny_model
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
+from hf_relpos import PositionScheme, register_attention
+from hf_relpos.modeling_relpos import RelPosAttention
 
 
 def padded_batch():
@@ -53,13 +55,17 @@ def test_no_nan_for_length_one_and_fully_padded_rows(attention_type, layer_norm_
             assert parameter.grad is None or torch.isfinite(parameter.grad).all(), name
 
 
-def test_directional_first_forward_token_outputs_zero_attention():
-    """A forward head's first query has no earlier key (diagonal disabled): its attention output is exactly 0."""
+@pytest.mark.parametrize("kernel", ["eager", "sdpa", "flex_attention"])
+def test_directional_first_forward_token_outputs_zero_attention(kernel):
+    """A forward head's first query has no earlier key (diagonal disabled): its attention output is exactly 0, on every
+    kernel, also without any padding mask."""
     config = tiny_config("directional", directional_heads=["forward"])
+    config._attn_implementation = kernel
     scheme = hf_relpos.ATTENTION_REGISTRY["directional"](config, 1, 4, 8, is_causal=False)
+    attention = RelPosAttention(config, 4, 0, is_cross_attention=False)
     q, k, v = (torch.randn(1, 4, 5, 8) for _ in range(3))
-    out, _ = scheme.attend(0, q, k, v, None, 0)
-    assert torch.all(out[:, :, 0] == 0) and torch.all(out[:, :, 1:].abs().sum(-1) > 0)
+    out, _ = attention.attend(q, k, v, None, scheme, 0)
+    assert torch.all(out[:, 0] == 0) and torch.all(out[:, 1:].abs().sum(-1) > 0)
 
 
 def test_directional_default_heads_split_the_encoder_and_all_look_back_in_the_decoder():
@@ -141,10 +147,25 @@ def test_inputs_far_longer_than_training_run(attention_type):
 
 
 def test_absolute_positions_extend_past_max_position_embeddings():
-    model = tiny_model("absolute", max_position_embeddings=16)
+    """`max_position_embeddings` bounds no table: positions at and beyond it get their own sinusoid (Vaswani et al.,
+    sec. 3.5), in the encoder and in cached decoding, and generation runs past it with the cache equal to without."""
+    model = tiny_model("absolute", max_position_embeddings=16).double()
+    limit, dim = model.config.max_position_embeddings, model.config.d_model
+    length = 2 * limit + 8
+    encodings = model.model.encoder.positions.embed(torch.zeros(1, length, dim, dtype=torch.float64), 0)[0]
+    for position in (limit - 1, limit, length - 1):
+        assert (encodings[position] - sinusoid_by_loop(position, dim)).abs().max() < 1e-12
+    assert torch.cdist(encodings, encodings).add(torch.eye(length)).min() > 1e-3  # no two positions share a code
+    step = model.model.decoder.positions.embed(torch.zeros(1, 1, dim, dtype=torch.float64), limit + 5)[0, 0]
+    assert (step - sinusoid_by_loop(limit + 5, dim)).abs().max() < 1e-12
+    source = torch.randint(4, 40, (1, length), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(max_new_tokens=limit + 4, min_new_tokens=limit + 4, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True)
     with torch.no_grad():
-        out = model(input_ids=torch.randint(4, 40, (1, 40)), decoder_input_ids=torch.tensor([[2]]))
-    assert torch.isfinite(out.logits).all()
+        cached = model.generate(input_ids=source, use_cache=True, **kwargs)
+        uncached = model.generate(input_ids=source, use_cache=False, **kwargs)
+    assert cached.sequences.shape == (1, limit + 5) and torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-12
 
 
 def test_tied_embeddings_share_one_matrix_and_untied_do_not():
@@ -218,34 +239,89 @@ def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
     }
 
 
-def reversal_batch(count: int = 24, seed: int = 0):
+def reversal_task(pairs: int = 12, seed: int = 0):
+    """Reversal of `pairs` random token sequences (lengths 3-8, distinct tokens) and of each one reversed: rows 2p and
+    2p + 1 hold the same tokens in opposite orders, so their targets differ while their bags of tokens are equal."""
     generator = torch.Generator().manual_seed(seed)
-    input_ids = torch.zeros(count, 8, dtype=torch.long)
-    attention_mask = torch.zeros(count, 8, dtype=torch.long)
-    labels = torch.full((count, 9), -100, dtype=torch.long)
-    for row in range(count):
+    input_ids = torch.zeros(2 * pairs, 8, dtype=torch.long)
+    attention_mask = torch.zeros(2 * pairs, 8, dtype=torch.long)
+    labels = torch.full((2 * pairs, 9), -100, dtype=torch.long)
+    for pair in range(pairs):
         length = int(torch.randint(3, 9, (1,), generator=generator))
-        tokens = torch.randint(4, 40, (length,), generator=generator)
-        input_ids[row, :length], attention_mask[row, :length] = tokens, 1
-        labels[row, :length], labels[row, length] = tokens.flip(0), 1
+        tokens = torch.randperm(36, generator=generator)[:length] + 4
+        for row, source in ((2 * pair, tokens), (2 * pair + 1, tokens.flip(0))):
+            input_ids[row, :length], attention_mask[row, :length] = source, 1
+            labels[row, :length], labels[row, length] = source.flip(0), 1
     return input_ids, attention_mask, labels
 
 
-REVERSAL_LOSS_THRESHOLD = 0.1
-
-
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_tiny_model_overfits_reversal(attention_type):
-    """Reversal needs positions: a model that learns it to a low loss really uses its scheme."""
+def train_and_reverse(attention_type: str) -> tuple[list[bool], torch.Tensor]:
+    """Train a tiny model on the reversal task (300 full-batch Adam steps), then translate its sources greedily:
+    whether each row's output is exactly its target, and the outputs."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(
         tiny_config(attention_type, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, max_relative_position=8)
     ).train()
-    input_ids, attention_mask, labels = reversal_batch()
+    input_ids, attention_mask, labels = reversal_task()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
     for _ in range(300):
         optimizer.zero_grad()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-        loss.backward()
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
         optimizer.step()
-    assert loss.item() < REVERSAL_LOSS_THRESHOLD
+    with torch.no_grad():
+        outputs = model.eval().generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=9,
+                                        do_sample=False, num_beams=1)[:, 1:]
+    lengths = attention_mask.sum(-1).tolist()
+    exact = [outputs[row, : n + 1].tolist() == labels[row, : n + 1].tolist() for row, n in enumerate(lengths)]
+    return exact, outputs
+
+
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_type):
+    """Reversal needs order: every source also appears reversed, with the opposite target. A model that gets all of
+    them right tells the two orders apart, i.e. really uses its scheme (a position-blind one cannot, see below)."""
+    exact, _ = train_and_reverse(attention_type)
+    assert all(exact)
+
+
+@register_attention("test_no_positions")
+class NoPositions(PositionScheme):
+    """A scheme that adds nothing: the encoder is a bag of tokens."""
+
+
+def test_a_position_blind_model_fails_the_reversal_task():
+    """Without positions the encoder is permutation-equivariant and cross-attention sums over it, so a source and its
+    reversal give the decoder the same input: identical translations, at most one of each pair right."""
+    exact, outputs = train_and_reverse("test_no_positions")
+    assert sum(exact) <= len(exact) // 2
+    assert all(torch.equal(outputs[2 * pair], outputs[2 * pair + 1]) for pair in range(len(exact) // 2))
+
+
+def return_dict_cases():
+    """(model, inputs) for every model class, each with labels where it has a head."""
+    source, attention_mask, _ = padded_batch()
+    causal = hf_relpos.RelPosTransformerForCausalLM(tiny_config("xl", mem_len=3)).eval()
+    return [
+        (tiny_model("shaw"), dict(input_ids=source, attention_mask=attention_mask, labels=source[:, :4])),
+        (hf_relpos.RelPosTransformerModel(tiny_config("xl")).eval(),
+         dict(input_ids=source, attention_mask=attention_mask, decoder_input_ids=source[:, :4])),
+        (causal, dict(input_ids=source, labels=source)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(3), ids=["seq2seq", "base", "causal_lm"])
+def test_return_dict_false_returns_the_output_as_a_tuple(case):
+    """`return_dict=False` (argument or config) gives `ModelOutput.to_tuple()`, as every transformers model does."""
+    model, inputs = return_dict_cases()[case]
+    with torch.no_grad():
+        expected = model(**inputs).to_tuple()
+        as_argument = model(**inputs, return_dict=False)
+        model.config.return_dict = False
+        from_config = model(**inputs)
+        encoder = model.get_encoder()(input_ids=inputs["input_ids"]) if hasattr(model, "get_encoder") else None
+    assert isinstance(as_argument, tuple) and isinstance(from_config, tuple) and len(as_argument) == len(expected)
+    for got, want in zip(as_argument, expected, strict=True):
+        assert torch.equal(got, want) if torch.is_tensor(want) else type(got) is type(want)
+    assert torch.equal(from_config[0], expected[0])
+    if encoder is not None:
+        assert isinstance(encoder, tuple)

@@ -1,4 +1,6 @@
-"""Each position scheme against a naive reference written straight from its paper's equations (float64 loops)."""
+"""Each position scheme against a naive reference written straight from its paper's equations (float64 loops), on
+every kernel, with and without padding, in the encoder, the decoder and a cached decoding step, at float64 precision
+(1e-12: a float32 step anywhere fails)."""
 
 from __future__ import annotations
 
@@ -6,13 +8,16 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
-from hf_relpos.modeling_relpos import causal_mask, padding_mask
+from hf_relpos import AttentionTerms, PositionScheme, register_attention
+from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for
 from hf_relpos.positions import get_scheme_class
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
+TOLERANCE = 1e-12
+KERNELS = ["eager", "sdpa", "flex_attention"]
 
 
 def test_relative_position_index_matches_the_paper_table():
@@ -46,13 +51,14 @@ def test_rel_shift_aligns_every_distance():
             assert shifted[t, j] == offset + t - j
 
 
-def make_scheme(attention_type: str, is_causal: bool, kernel: str, **overrides):
+def make_attention(attention_type: str, is_causal: bool, kernel: str, **overrides):
+    """Layer 1's float64 self-attention module with its stack's scheme (random parameters, two layers)."""
     config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
     config._attn_implementation = kernel
     scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
     for parameter in scheme.parameters():
         torch.nn.init.normal_(parameter, std=0.5)
-    return scheme
+    return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
 
 
 def inputs(query_length: int, key_length: int, seed: int = 1):
@@ -61,13 +67,24 @@ def inputs(query_length: int, key_length: int, seed: int = 1):
     return make(query_length), make(key_length), make(key_length)
 
 
-def masks(query_length: int, key_length: int, is_causal: bool) -> torch.Tensor:
-    """Padding (second sequence loses its last two keys) and, for a decoder, the causal mask with offset."""
-    key_padding = torch.ones(BATCH, key_length, dtype=torch.long)
-    key_padding[1, -2:] = 0
-    if is_causal:
-        return causal_mask(query_length, key_length, key_length - query_length, padding_mask(key_padding), "cpu")
-    return padding_mask(key_padding).expand(BATCH, 1, query_length, key_length)
+def key_padding(key_length: int, padded: bool) -> torch.Tensor | None:
+    """The [B, m] 1/0 key mask: the second sequence loses its last two keys."""
+    if not padded:
+        return None
+    mask = torch.ones(BATCH, key_length, dtype=torch.long)
+    mask[1, -2:] = 0
+    return mask
+
+
+def naive_allowed(query_length: int, key_length: int, offset: int, is_causal: bool, padded: bool) -> torch.Tensor:
+    """[B, H, n, m]: key j is real and, in a decoder, not after query i (at absolute position i + offset)."""
+    allowed = torch.ones(BATCH, HEADS, query_length, key_length, dtype=torch.bool)
+    for b in range(BATCH):
+        for i in range(query_length):
+            for j in range(key_length):
+                if (padded and b == 1 and j >= key_length - 2) or (is_causal and j > i + offset):
+                    allowed[b, :, i, j] = False
+    return allowed
 
 
 def naive_softmax_attention(scores, allowed, values_for):
@@ -103,19 +120,7 @@ def naive_shaw(scheme, layer, q, k, v, allowed, offset):
                 for j in range(k.size(2)):
                     a_key = table(scheme.relative_keys, h, i, j)
                     scores[b, h, i, j] = q[b, h, i] @ (k[b, h, j] + a_key) / math.sqrt(HEAD_DIM)
-    return naive_softmax_attention(
-        scores, allowed.expand(BATCH, HEADS, -1, -1),
-        lambda b, h, i, j: v[b, h, j] + table(scheme.relative_values, h, i, j),
-    )
-
-
-def sinusoid_by_loop(distance: int, dim: int) -> torch.Tensor:
-    half = dim // 2
-    return torch.tensor(
-        [math.sin(distance / 10000 ** (t / half)) for t in range(half)]
-        + [math.cos(distance / 10000 ** (t / half)) for t in range(half)],
-        dtype=torch.float64,
-    )
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j] + table(scheme.relative_values, h, i, j))
 
 
 def naive_xl(scheme, layer, q, k, v, allowed, offset):
@@ -136,7 +141,7 @@ def naive_xl(scheme, layer, q, k, v, allowed, offset):
                     term_c = u[h] @ k[b, h, j]
                     term_d = v_bias[h] @ relative[h]
                     scores[b, h, i, j] = (term_a + term_b + term_c + term_d) / math.sqrt(HEAD_DIM)
-    return naive_softmax_attention(scores, allowed.expand(BATCH, HEADS, -1, -1), lambda b, h, i, j: v[b, h, j])
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
 
 
 def disan_allowed(direction: str, i: int, j: int, disable_diagonal: bool) -> bool:
@@ -148,7 +153,7 @@ def disan_allowed(direction: str, i: int, j: int, disable_diagonal: bool) -> boo
 
 def naive_directional(scheme, layer, q, k, v, allowed, offset):
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
-    combined = allowed.expand(BATCH, HEADS, -1, -1).clone()
+    combined = allowed.clone()
     for h, direction in enumerate(scheme.head_directions):
         for i in range(q.size(2)):
             for j in range(k.size(2)):
@@ -158,7 +163,7 @@ def naive_directional(scheme, layer, q, k, v, allowed, offset):
 
 def naive_absolute(scheme, layer, q, k, v, allowed, offset):
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
-    return naive_softmax_attention(scores, allowed.expand(BATCH, HEADS, -1, -1), lambda b, h, i, j: v[b, h, j])
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
 
 
 CASES = [
@@ -175,30 +180,105 @@ CASES = [
     ("directional", naive_directional, {"directional_disable_diagonal": False}),
     ("absolute", naive_absolute, {}),
 ]
+SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
 
 
-@pytest.mark.parametrize("kernel", ["eager", "sdpa", "flex_attention"])
-@pytest.mark.parametrize(
-    "is_causal, query_length, key_length", [(False, 6, 6), (True, 6, 6), (True, 2, 7)], ids=["encoder", "decoder", "cached"]
-)
-@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_scheme_matches_naive_equations(attention_type, reference, overrides, is_causal, query_length, key_length, kernel):
-    """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_flex_attention_cuda) is exact."""
-    scheme = make_scheme(attention_type, is_causal, kernel, **overrides)
+def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False):
+    """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`."""
     q, k, v = inputs(query_length, key_length)
-    allowed = masks(query_length, key_length, is_causal)
     offset = key_length - query_length
-    for layer in range(2):
-        with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
-            fast, _ = scheme.attend(layer, q, k, v, allowed, offset)
-        expected = reference(scheme, layer, q, k, v, allowed, offset)
-        assert (fast - expected).abs().max().item() < 1e-6
+    mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
+                              key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
+    with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
+        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions)
+    return (q, k, v), output.transpose(1, 2), weights
 
 
-def test_shaw_attention_weights_returned_in_eager_and_rows_sum_to_one():
-    scheme = make_scheme("shaw", False, "sdpa")
-    q, k, v = inputs(5, 5)
-    _, weights = scheme.attend(0, q, k, v, masks(5, 5, False), 0, output_attentions=True)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations(attention_type, reference, overrides, shape, kernel, padded):
+    """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_kernels.py) is exact in float64."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention(attention_type, is_causal, kernel, **overrides)
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
+    offset = key_length - query_length
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
+    expected = reference(scheme, 1, q, k, v, allowed, offset)
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, padded):
+    """`absolute` adds nothing to attention, so any kernel of transformers' runs it (here transformers' own SDPA
+    function registered under another name, standing in for flash_attention_2/3 and Hub kernels)."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention("absolute", is_causal, TRANSFORMERS_KERNEL)
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
+    offset = key_length - query_length
+    expected = naive_absolute(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
+                              offset)
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@register_attention("test_query_key_transform")
+class QueryKeyTransform(PositionScheme):
+    """Replaces queries and keys only (q -> 2q, k -> k + 1), as RoPE's rotations will: nothing a kernel must take."""
+
+    def terms(self, layer_idx, query, key, query_offset):
+        return AttentionTerms(query=2 * query, key=key + 1)
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("kernel", [*KERNELS, TRANSFORMERS_KERNEL])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_replaced_queries_and_keys_run_on_every_kernel(shape, kernel, padded):
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention("test_query_key_transform", is_causal, kernel)
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
+    offset = key_length - query_length
+    scores = torch.matmul(2 * q, (k + 1).transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
+    expected = naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("attention_type, added", [("shaw", "a score bias and a value term"), ("xl", "a score bias"),
+                                                    ("directional", "an attention mask")])
+def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, added):
+    attention, scheme = make_attention(attention_type, False, TRANSFORMERS_KERNEL)
+    with pytest.raises(ValueError) as error:
+        fast_attention(attention, scheme, 4, 4, False, padded=False)
+    message = str(error.value)
+    assert f"attention_type {attention_type!r} adds {added}" in message and TRANSFORMERS_KERNEL in message
+    assert "['eager', 'sdpa', 'flex_attention']" in message
+
+
+def test_xl_position_scores_in_both_orders_match_the_loop():
+    """`XLPositions.position_scores` projects the distances (many queries) or the queries (few, as in cached
+    decoding); both orders give (q + v) . W_kR R_d exactly."""
+    attention, scheme = make_attention("xl", True, "eager", clamp_len=None)
+    projection = scheme.position_projections[0].weight
+    for batch, query_length, count in [(2, 6, 6), (1, 1, 40)]:  # 12 queries vs 6 distances; 1 query vs 40
+        position_query = torch.randn(batch, HEADS, query_length, HEAD_DIM, dtype=torch.float64)
+        largest = query_length + 3
+        scores = scheme.position_scores(0, position_query, largest, count)
+        for p in range(count):
+            relative = (projection @ sinusoid_by_loop(largest - p, scheme.config.d_model)).view(HEADS, HEAD_DIM)
+            expected = torch.einsum("bhnd,hd->bhn", position_query, relative)
+            assert (scores[..., p] - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_attention_weights_are_returned_on_request_and_rows_sum_to_one(kernel):
+    """The weights need the probabilities: every hf_relpos kernel computes them explicitly when asked."""
+    attention, scheme = make_attention("shaw", False, kernel)
+    _, output, weights = fast_attention(attention, scheme, 5, 5, False, padded=True, output_attentions=True)
     assert weights.shape == (BATCH, HEADS, 5, 5)
-    assert torch.allclose(weights.sum(-1), torch.ones(BATCH, HEADS, 5, dtype=torch.float64))
+    assert (weights.sum(-1) - 1).abs().max().item() < TOLERANCE
     assert torch.all(weights[1, :, :, -2:] == 0)
+    attention_without, _ = make_attention("shaw", False, kernel)
+    _, expected, _ = fast_attention(attention_without, scheme, 5, 5, False, padded=True)
+    assert (output - expected).abs().max().item() < TOLERANCE

@@ -2,32 +2,37 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_config
 
 import hf_relpos
-from hf_relpos import PositionScheme, attention_core, register_attention
+from hf_relpos import AttentionTerms, PositionScheme, hub, integer_field, register_attention
+from hf_relpos.training import parse_arguments
 
 
 @register_attention("test_alibi")
 class LearnedAlibi(PositionScheme):
-    """ALiBi (Press et al. 2022) with a learned slope per layer and head: score bias -m_h |i - j|."""
+    """ALiBi (Press et al. 2022) with a learned slope per layer and head: score bias -m_h |i - j|, m_h starting at
+    2^(-e h) for heads h = 1..H with e = `test_alibi_exponent`."""
+
+    config_fields = (integer_field("test_alibi_exponent", 1, "initial slopes 2^(-e h)", minimum=1, symbol="e"),)
 
     def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.slopes = torch.nn.Parameter(torch.empty(num_layers, num_heads))
 
     def init_parameters(self, std):
+        exponents = self.config.test_alibi_exponent * torch.arange(1, self.num_heads + 1, dtype=torch.float32)
         with torch.no_grad():
-            self.slopes.copy_(2.0 ** -torch.arange(1, self.num_heads + 1, dtype=torch.float32).repeat(self.num_layers, 1))
+            self.slopes.copy_((2.0 ** -exponents).repeat(self.num_layers, 1))
 
-    def attend(self, layer_idx, query, key, value, allowed, query_offset, dropout=0.0, output_attentions=False):
+    def terms(self, layer_idx, query, key, query_offset):
         queries = torch.arange(query_offset, query_offset + query.size(-2), device=query.device)
         distance = (queries[:, None] - torch.arange(key.size(-2), device=query.device)[None, :]).abs()
-        bias = -self.slopes[layer_idx][:, None, None] * distance
-        return attention_core(query, key, value, allowed, score_bias=bias, dropout=dropout,
-                              kernel=self.kernel, output_attentions=output_attentions)
+        return AttentionTerms(score_bias=-self.slopes[layer_idx][:, None, None] * distance)
 
 
 def test_user_registered_scheme_trains_and_round_trips(tmp_path):
@@ -46,6 +51,46 @@ def test_user_registered_scheme_trains_and_round_trips(tmp_path):
     with torch.no_grad():
         expected = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
         assert torch.equal(reloaded(input_ids=input_ids, decoder_input_ids=input_ids).logits, expected)
+
+
+def test_a_registered_schemes_config_field_has_its_default_validation_and_a_place_in_config_json(tmp_path):
+    config = tiny_config("test_alibi", test_alibi_exponent=2)
+    assert tiny_config("shaw").test_alibi_exponent == 1
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    assert torch.equal(model.model.decoder.positions.slopes[0], torch.tensor([0.25, 0.0625, 0.015625, 0.00390625]))
+    for bad in (0, "2", True, None):
+        with pytest.raises(ValueError, match=r"test_alibi_exponent must be an integer >= 1, got"):
+            tiny_config("test_alibi", test_alibi_exponent=bad)
+    with pytest.raises(ValueError, match="did you mean 'test_alibi_exponent'"):
+        tiny_config("test_alibi", test_alibi_exponnt=2)
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["test_alibi_exponent"] == 2
+    assert hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path).test_alibi_exponent == 2
+
+
+def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
+    """No `card` on the class: a generic title, and still the settings table from its fields and the note that its
+    code must be importable where the model is loaded."""
+    text = hub.render_model_card(tiny_config("test_alibi", test_alibi_exponent=2))
+    for expected in ("uses the `test_alibi` position scheme", "## Position scheme: `test_alibi`",
+                     "| `test_alibi_exponent` (e) | 2 | initial slopes 2^(-e h) |",
+                     "(`test_registry_and_config.LearnedAlibi`); its code must be importable"):
+        assert expected in text, expected
+
+
+def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model:\n  attention_type: test_alibi\n  test_alibi_exponent: 3\n"
+                      f"output_dir: {tmp_path / 'out'}\ndataset_name: demo\ndo_train: true\n")
+    model_args, _, _ = parse_arguments([str(recipe), "--model.d_model", "64"])
+    assert model_args.model_config["test_alibi_exponent"] == 3
+
+
+def test_a_field_declared_differently_by_two_schemes_is_refused():
+    clash = type("Clash", (PositionScheme,), {"config_fields": (integer_field("max_relative_position", 8, "other"),)})
+    with pytest.raises(ValueError, match="'max_relative_position' of scheme 'test_clash' is already declared"):
+        register_attention("test_clash")(clash)
+    assert "test_clash" not in hf_relpos.ATTENTION_REGISTRY
 
 
 def test_registering_a_different_class_under_a_taken_name_is_refused():

@@ -48,7 +48,7 @@ TINY = {
         "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
         "max_relative_position": 4, "dropout": 0.1,
     },
-    "source_lang": "en", "target_lang": "de", "tokenizer_vocab_size": 200,
+    "source_lang": "en", "target_lang": "de", "tokenizer_vocab_size": 456,
     "max_source_length": 48, "max_target_length": 48,
     "do_train": True, "do_eval": False, "do_predict": False,
     "max_tokens_per_batch": 300, "max_steps": 4,
@@ -220,7 +220,8 @@ def test_trainer_resume_true_skips_an_incomplete_checkpoint(tmp_path, corpus):
 def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path, corpus, monkeypatch):
     """The final model is written to a staging folder, then moved in file by file with the weights removed first
     and moved last. A crash while writing leaves no loadable model in a fresh output_dir, and the previous model
-    untouched in a reused one; a crash while moving leaves a folder that does not load."""
+    untouched in a reused one (a run resumed to train further); a crash while moving leaves a folder that does not
+    load."""
     import transformers.modeling_utils as modeling_utils
 
     original_save = modeling_utils.safe_save_file
@@ -240,15 +241,16 @@ def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path
     assert not (output_dir / "config.json").exists() and not (output_dir / "model.safetensors").exists()
     assert_does_not_load(output_dir)
 
-    run([str(config)])
+    run([str(config), "--save_strategy", "steps", "--save_steps", "2"])
     assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(output_dir), Model)
     assert not (output_dir / ".final-model-staging").exists()
     previous = load_file(output_dir / "model.safetensors")
 
+    train_further = [str(config), "--max_steps", "3", "--resume_from_checkpoint", "last"]
     with monkeypatch.context() as patch:
         patch.setattr(modeling_utils, "safe_save_file", crash_while_writing)
         with pytest.raises(KeyboardInterrupt):
-            run([str(config), "--max_steps", "3"])
+            run(train_further)
     reloaded = Model.from_pretrained(output_dir).state_dict()
     assert all(torch.equal(reloaded[name], tensor) for name, tensor in previous.items() if name in reloaded)
 
@@ -264,7 +266,7 @@ def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path
     with monkeypatch.context() as patch:
         patch.setattr(safety_module.os, "replace", crash_while_moving)
         with pytest.raises(KeyboardInterrupt):
-            run([str(config), "--max_steps", "3"])
+            run(train_further)
     assert not (output_dir / "model.safetensors").exists()
     assert_does_not_load(output_dir)
 
@@ -438,7 +440,7 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path, corpu
                                             encoder_attention_heads=2, decoder_attention_heads=2,
                                             encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(small_model)
     texts = corpus["train"].read_text(encoding="utf-8").splitlines()
-    tokenizer = train_joint_tokenizer(texts, 200)
+    tokenizer = train_joint_tokenizer(texts, 456)
     tokenizer.save_pretrained(tmp_path / "tokenizer")
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", model_name_or_path=str(small_model),
                           tokenizer_name=str(tmp_path / "tokenizer"), model={})
@@ -470,8 +472,8 @@ def test_more_beams_than_vocabulary_is_an_error_before_generating(tmp_path, corp
 
 
 def test_empty_and_overlong_sources_translate_with_a_warning(tmp_path, corpus, trained, capsys):
-    """An empty source translates (to whatever the model says after </s> alone); a source over max_source_length is
-    cut to it for the model, with a warning, and still gets its line of output."""
+    """An empty source translates to an empty line (the model would invent a sentence after </s> alone); a source
+    over max_source_length is cut to it for the model, with a warning, and still gets its line of output."""
     long_source = " ".join(["the man sees the dog"] * 40)
     test_file = write_jsonl(tmp_path / "test.jsonl", [("", "Hallo."), (long_source, "Der Mann."), ("A dog.", "Ein Hund.")])
     config = write_config(tmp_path / "p.yaml", corpus, tmp_path / "predict", model_name_or_path=str(trained),
@@ -480,7 +482,7 @@ def test_empty_and_overlong_sources_translate_with_a_warning(tmp_path, corpus, t
     assert results["test"]["test_samples"] == 3
     assert "test: 1 source(s) longer than max_source_length=16 tokens are truncated" in capsys.readouterr().out
     lines = (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")
-    assert len(lines) == 4 and lines[-1] == ""
+    assert len(lines) == 4 and lines[0] == "" and lines[1] != "" and lines[-1] == ""
 
 
 # --- numerical health ----------------------------------------------------------------------------------------------

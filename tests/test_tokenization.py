@@ -1,10 +1,13 @@
 """The joint BPE tokenizer: exact detokenization, fixed special ids, save/load through AutoTokenizer."""
 
+import json
 import unicodedata
 
 import pytest
+from conftest import run_without_hf_relpos
 from transformers import AutoTokenizer
 
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
 
 GERMAN = [
@@ -23,7 +26,7 @@ ENGLISH = [
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    return train_joint_tokenizer((GERMAN + ENGLISH) * 20, vocab_size=300)
+    return train_joint_tokenizer((GERMAN + ENGLISH) * 20, vocab_size=556)
 
 
 def test_round_trip_gives_back_the_detokenized_text(tokenizer):
@@ -54,9 +57,9 @@ def test_special_token_ids_are_fixed(tokenizer):
 
 
 def test_vocabulary_size_is_configurable(tokenizer):
-    assert len(tokenizer) == 300
-    small = train_joint_tokenizer((GERMAN + ENGLISH) * 20, vocab_size=150)
-    assert len(small) == 150
+    assert len(tokenizer) == 556
+    small = train_joint_tokenizer((GERMAN + ENGLISH) * 20, vocab_size=406)
+    assert len(small) == 406
 
 
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizer, tmp_path):
@@ -71,5 +74,67 @@ def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizer, tmp_path):
 
 
 def test_too_small_vocabulary_is_rejected():
-    with pytest.raises(ValueError, match="tokenizer_vocab_size"):
-        train_joint_tokenizer(GERMAN, vocab_size=4)
+    with pytest.raises(ValueError, match=r"tokenizer_vocab_size must be larger than 260 \(4 special and 256 "
+                                         r"byte-fallback tokens\), got 260"):
+        train_joint_tokenizer(GERMAN, vocab_size=260)
+
+
+# Characters a German-English training text rarely has: dashes and typographic quotes, emoji (also a modifier
+# sequence), other scripts, accents on capitals, fractions, control characters.
+RARE_TEXTS = [
+    "3,5 km/h — Straße!",
+    "Emoji 🙂 👍🏽 and «ñandú» ¿qué? ‰ ½ § ©",
+    "Ελληνικά, русский, 中文, עברית, हिन्दी",
+    "ÅNGSTRÖM – ‘quoted’ … ™ ǅ",
+    "tab\there, line\nbreak, double  space ",
+]
+
+
+@pytest.mark.parametrize("text", RARE_TEXTS)
+def test_no_character_is_lost(tokenizer, text):
+    """Byte fallback: a character outside the learned alphabet becomes its UTF-8 bytes, so decode(encode(x)) is x
+    after normalisation (NFC), never x with characters missing or <unk>."""
+    ids = tokenizer(text)["input_ids"]
+    assert tokenizer.unk_token_id not in ids
+    assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
+
+
+def test_byte_tokens_follow_the_special_tokens(tokenizer):
+    assert [tokenizer.convert_ids_to_tokens(index) for index in (4, 5, 259)] == ["<0x00>", "<0x01>", "<0xFF>"]
+    dash = tokenizer("—", add_special_tokens=False)["input_ids"]
+    assert tokenizer.convert_ids_to_tokens(dash)[-3:] == ["<0xE2>", "<0x80>", "<0x94>"]
+
+
+def test_rare_characters_of_the_training_text_are_left_to_byte_fallback():
+    """The learned alphabet is limited to the pieces the vocabulary has room for: a tiny vocabulary still encodes
+    every character, the rarest ones as bytes."""
+    tokenizer = train_joint_tokenizer((GERMAN + ENGLISH) * 20, vocab_size=280)
+    assert len(tokenizer) == 280
+    for text in GERMAN + ENGLISH:
+        assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+
+
+TOKENIZER_WITHOUT_HF_RELPOS = """
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained({folder!r}, trust_remote_code=False)
+for text in {texts!r}:
+    assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text, text
+print("ROUND TRIP OK", type(tokenizer).__name__, len(tokenizer))
+"""
+
+
+def test_saved_tokenizer_loads_without_hf_relpos_and_without_custom_code(tokenizer, tmp_path):
+    """Next to a model whose config.json declares remote code, in a process without hf_relpos and with stdin closed:
+    AutoTokenizer loads the tokenizer without running (or being asked about) any custom code."""
+    folder = tmp_path / "model"
+    RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    assert "AutoConfig" in json.loads((folder / "config.json").read_text())["auto_map"]
+    texts = [unicodedata.normalize("NFC", text) for text in RARE_TEXTS + GERMAN]
+    completed = run_without_hf_relpos(TOKENIZER_WITHOUT_HF_RELPOS.format(folder=str(folder), texts=texts), tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "ROUND TRIP OK" in completed.stdout and str(len(tokenizer)) in completed.stdout
+    assert "custom code" not in completed.stdout + completed.stderr
+    assert not (tmp_path / "modules").exists(), "no remote code was copied into the module cache"

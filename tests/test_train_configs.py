@@ -58,8 +58,9 @@ def test_multi30k_recipes_differ_only_in_the_scheme():
 
 
 def test_demo_recipe_uses_the_generated_corpus():
-    _, data_args, training_args = parse("demo.yaml")
+    model_args, data_args, training_args = parse("demo.yaml")
     assert data_args.dataset_name == "demo" and training_args.do_train and training_args.do_predict
+    assert model_args.tokenizer_vocab_size == 400 + 256  # 400 pieces as before byte fallback
     assert training_args.cpu_threads == 1 and training_args.max_tokens_per_batch == 512
 
 
@@ -69,3 +70,12 @@ def test_accelerate_configs_are_valid(name):
 
     config = load_config_from_file(str(CONFIGS / "accelerate" / name))
     assert config.num_processes == 8 and config.distributed_type.value in ("MULTI_GPU", "FSDP")
+
+
+def test_cpu_accelerate_config_launches_two_processes():
+    """accelerate launches several processes only for a multi-device type; use_cpu there would start one process.
+    The Trainer is told the CPU by train_translation.py's --use_cpu true (tests/test_train_distributed.py runs it)."""
+    from accelerate.commands.config.config_args import load_config_from_file
+
+    config = load_config_from_file(str(CONFIGS / "accelerate" / "cpu_2proc.yaml"))
+    assert (config.num_processes, config.distributed_type.value, config.use_cpu) == (2, "MULTI_GPU", False)

@@ -1,6 +1,7 @@
-"""Data-parallel training on CPU: `accelerate launch --multi_gpu --num_processes 2` runs two gloo processes
-(`use_cpu: true` makes accelerate pick the CPU/gloo backend). Both ranks must train on disjoint token-budget batches
-covering the data, and only the main process may write the model."""
+"""Data-parallel training on CPU: `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml
+train_translation.py CONFIG --use_cpu true` runs two gloo processes (`--use_cpu true` makes the Trainer pick the
+CPU/gloo backend). Both ranks must train on disjoint token-budget batches covering the data, and only the main process
+may write the model. Without `--use_cpu true` on a machine without GPUs, the run stops before writing anything."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 from hf_relpos.demo_corpus import write_demo_corpus
@@ -67,8 +69,11 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.slow
-def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
+CPU_CONFIG = REPO / "configs" / "accelerate" / "cpu_2proc.yaml"
+
+
+def write_config(tmp_path: Path) -> tuple[Path, Path]:
+    """(YAML of a tiny two-process run, its output_dir)."""
     corpus = write_demo_corpus(tmp_path / "corpus", 60, 6, 4, seed=2)
     output_dir = tmp_path / "out"
     config = {
@@ -76,25 +81,35 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
                   "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
                   "max_relative_position": 4},
         "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
-        "tokenizer_vocab_size": 200, "output_dir": str(output_dir),
+        "tokenizer_vocab_size": 456, "output_dir": str(output_dir),
         "do_train": True, "do_eval": True, "num_train_epochs": 1, "max_tokens_per_batch": 300,
         "learning_rate": 1.0e-3, "per_device_eval_batch_size": 4, "generation_num_beams": 1,
         "generation_max_length_offset": 3, "save_strategy": "no", "logging_steps": 1, "report_to": "none",
-        "use_cpu": True, "disable_tqdm": True, "seed": 1, "ddp_find_unused_parameters": False,
+        "disable_tqdm": True, "seed": 1, "ddp_find_unused_parameters": False,
     }
     config_path = tmp_path / "ddp.yaml"
     config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return config_path, output_dir
+
+
+def launch(tmp_path: Path, script: Path, *arguments: str) -> subprocess.CompletedProcess:
+    """The documented command: accelerate launch --config_file configs/accelerate/cpu_2proc.yaml SCRIPT ..."""
+    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG), "--main_process_port",
+         str(free_port()), str(script), *arguments],
+        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
+    )
+
+
+@pytest.mark.slow
+def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
+    config_path, output_dir = write_config(tmp_path)
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
     records = tmp_path / "records"
     records.mkdir()
-    environment = dict(os.environ, RECORD_DIR=str(records), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
-    completed = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-         "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         str(worker), str(config_path)],
-        capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
-    )
+    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true")
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "world size 2, process 0" in completed.stdout
 
@@ -113,3 +128,21 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
     assert state["global_step"] == ranks[0]["steps"]
     eval_lines = (output_dir / "eval_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     assert len(eval_lines) == 6
+
+
+@pytest.mark.slow
+def test_processes_the_trainer_does_not_use_stop_before_anything_is_written(tmp_path):
+    """Without --use_cpu true on a machine without GPUs, accelerate starts two processes in one gloo group but the
+    Trainer runs each on its own (world size 1): each would train alone and write the same output_dir."""
+    if torch.cuda.is_available():
+        pytest.skip("with GPUs the Trainer uses the process group")
+    config_path, output_dir = write_config(tmp_path)
+    completed = launch(tmp_path, REPO / "train_translation.py", str(config_path))
+    assert completed.returncode != 0
+    errors = [line for line in completed.stderr.splitlines() if line.startswith("train_translation.py: error:")]
+    assert errors == [
+        "train_translation.py: error: a torch.distributed process group of 2 processes is initialised, but the "
+        "Trainer uses world size 1: each process would train alone and write the same output_dir. On CPU, pass "
+        "--use_cpu true (accelerate launch --config_file configs/accelerate/cpu_2proc.yaml train_translation.py "
+        "CONFIG.yaml --use_cpu true); on GPUs, check that CUDA is available"], completed.stderr[-3000:]
+    assert not output_dir.exists()

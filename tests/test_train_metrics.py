@@ -22,7 +22,7 @@ def test_scores_match_sacrebleu_and_carry_signatures():
 
 
 def test_decoding_ignores_padding_and_special_tokens():
-    tokenizer = train_joint_tokenizer(["Der Hund sieht die Katze."] * 5, vocab_size=60)
+    tokenizer = train_joint_tokenizer(["Der Hund sieht die Katze."] * 5, vocab_size=316)
     ids = tokenizer(["Der Hund", "die Katze."])["input_ids"]
     rows = np.full((2, 8), -100)
     rows[0, : len(ids[0]) + 1] = [2] + ids[0]

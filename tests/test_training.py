@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
 
@@ -18,6 +19,7 @@ from hf_relpos.batching import TokenBudgetBatchSampler
 from hf_relpos.checkpoints import average_checkpoints
 from hf_relpos.checkpoints import main as average_main
 from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.safety import OutputDirError
 from hf_relpos.training import (
     ConfigError,
     SamplerEpochCallback,
@@ -37,7 +39,7 @@ TINY_CONFIG = {
         "max_relative_position": 4, "dropout": 0.0,
     },
     "source_lang": "en", "target_lang": "de",
-    "tokenizer_vocab_size": 300,
+    "tokenizer_vocab_size": 556,
     "max_source_length": 48, "max_target_length": 48,
     "do_train": True, "do_eval": True, "do_predict": True,
     "max_tokens_per_batch": 400,
@@ -169,8 +171,8 @@ def test_generation_length_is_source_length_plus_offset_per_batch(trained):
                                              use_cpu=True, report_to="none")
     trainer = TranslationTrainer(model=model, args=arguments, processing_class=tokenizer, evaluation_sets={})
     assert trainer.max_new_tokens(17) == 67
-    arguments.generation_max_length = 40
-    assert trainer.max_new_tokens(17) == 40
+    arguments.generation_max_length = 40  # generate's max_length: the decoder start token counts
+    assert trainer.max_new_tokens(17) == 39
 
 
 def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):
@@ -240,19 +242,29 @@ def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus,
     assert f"model_name_or_path {str(broken)!r}: its weights file is corrupt or incomplete" in completed.stderr
 
 
-def test_plain_batch_size_and_saved_tokenizer_reuse(tmp_path, corpus):
-    """Without a token budget the Trainer batches by per_device_train_batch_size; a second run in the same
-    output_dir reuses the tokenizer instead of training a new one."""
+def test_plain_batch_size_and_a_rerun_needs_resume_or_overwrite(tmp_path, corpus):
+    """Without a token budget the Trainer batches by per_device_train_batch_size. A second run into the same
+    output_dir is refused (it would silently train from step 0 over the model); with --overwrite_output_dir true it is
+    a fresh run: the tokenizer is trained again (here with the new vocabulary size) and the old checkpoints go."""
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_tokens_per_batch=None,
                           per_device_train_batch_size=4, max_steps=2, do_eval=False, do_predict=False,
-                          tokenizer_vocab_size=250)
+                          tokenizer_vocab_size=506, save_strategy="steps", save_steps=1)
     run([str(config)])
-    tokenizer_file = output_dir / "tokenizer.json"
-    first = tokenizer_file.read_text()
-    run([str(config), "--tokenizer_vocab_size", "280"])
-    assert tokenizer_file.read_text() == first
-    assert len(AutoTokenizer.from_pretrained(output_dir)) == 250
+    assert {path.name for path in output_dir.glob("checkpoint-*")} == {"checkpoint-1", "checkpoint-2"}
+    before = {path.name: path.stat().st_mtime_ns for path in output_dir.iterdir()}
+    with pytest.raises(OutputDirError) as refused:
+        run([str(config), "--tokenizer_vocab_size", "536"])
+    message = str(refused.value)
+    assert f"output_dir {str(output_dir)!r} already holds a trained model or checkpoints" in message
+    assert "continue from its newest checkpoint with --resume_from_checkpoint last" in message
+    assert "train from scratch with --overwrite_output_dir true" in message
+    assert {path.name: path.stat().st_mtime_ns for path in output_dir.iterdir()} == before
+
+    run([str(config), "--tokenizer_vocab_size", "536", "--overwrite_output_dir", "true", "--save_strategy", "no"])
+    assert len(AutoTokenizer.from_pretrained(output_dir)) == 536
+    assert RelPosTransformerConfig.from_pretrained(output_dir).vocab_size == 536
+    assert not list(output_dir.glob("checkpoint-*"))
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------
@@ -327,6 +339,19 @@ def test_resume_continues_from_the_saved_step(tmp_path, corpus):
         run([str(resumed), "--output_dir", str(tmp_path / "fresh"), "--resume_from_checkpoint", "last"])
     untrained = load_file(tmp_path / "full" / "checkpoint-5" / "model.safetensors")
     assert any(not torch.equal(untrained[name], tensor) for name, tensor in expected.items())
+
+
+def test_token_budget_loader_keeps_the_trainers_loader_settings(tmp_path):
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 1]] * 8, "labels": [[7, 1]] * 8, "source_length": [3] * 8,
+                                 "target_length": [2] * 8})
+    arguments = TranslationTrainingArguments(
+        output_dir=str(tmp_path), max_tokens_per_batch=9, dataloader_num_workers=1, dataloader_persistent_workers=True,
+        dataloader_prefetch_factor=3, dataloader_multiprocessing_context="spawn", use_cpu=True, report_to="none")
+    trainer = TranslationTrainer(model=tiny_model(0), args=arguments, train_dataset=dataset, evaluation_sets={})
+    loader = trainer.get_train_dataloader()
+    assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (1, True, 3)
+    assert loader.multiprocessing_context.get_start_method() == "spawn"
+    assert sorted(len(batch) for batch in loader.batch_sampler) == [2, 3, 3]
 
 
 def test_epoch_callback_sets_the_sampler_epoch_on_resume():

@@ -69,7 +69,7 @@ def test_relative_embeddings_with_keys_only_and_without_tables():
 
 
 def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path):
-    tokenizer = train_joint_tokenizer(["the dog sees the cat", "der Hund sieht die Katze"] * 5, vocab_size=40)
+    tokenizer = train_joint_tokenizer(["the dog sees the cat", "der Hund sieht die Katze"] * 5, vocab_size=296)
     model = tiny_model("shaw", vocab_size=len(tokenizer))
     model.save_pretrained(tmp_path / "model")
     tokenizer.save_pretrained(tmp_path / "model")

@@ -1,0 +1,464 @@
+"""The arguments of train_translation.py: three argument dataclasses, the model config fields of the YAML's `model:`
+section, and one parser for both.
+
+`python train_translation.py CONFIG.yaml [--FIELD VALUE ...]`: the YAML file is loaded into the defaults of an
+`HfArgumentParser` (the pattern of TRL's `TrlParser`), so flags override it and `--help` shows every field with the
+value this run would use. Everything that is wrong with the arguments alone is one `ConfigError`, raised before
+anything is read, trained or written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import functools
+import inspect
+import os
+import re
+import typing
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import yaml
+from transformers import HfArgumentParser, MarianConfig, PreTrainedConfig, Seq2SeqTrainingArguments
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+
+from .configuration_relpos import RelPosTransformerConfig
+from .data import DataArguments
+from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .positions import scheme_config_fields
+from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
+
+MODEL_SECTION = "model"
+# Config fields set from the tokenizer or by transformers itself; a YAML `model:` section may not set them.
+DERIVED_CONFIG_FIELDS = frozenset({
+    "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
+})
+NULL_TOKENS = ("null", "None")
+PROGRAM = "train_translation.py"
+# report_to integrations with an hf_relpos extra that installs their package.
+REPORTING_EXTRAS = ("tensorboard", "wandb")
+
+
+class ConfigError(ValueError):
+    """A YAML file or command-line flag is wrong; raised before anything is trained or written."""
+
+
+@dataclass
+class ModelArguments:
+    """Which model and tokenizer to start from. The YAML `model:` section holds `RelPosTransformerConfig` fields."""
+
+    _argument_group_name = "model: where to start from"
+
+    model_name_or_path: str | None = field(
+        default=None,
+        metadata={"help": "Saved model folder or Hub id to fine-tune or evaluate; null trains from scratch. Its saved "
+                          "config is the architecture: model: fields that would change the weights' shapes are "
+                          "refused, others (e.g. dropout) override it."},
+    )
+    tokenizer_name: str | None = field(
+        default=None,
+        metadata={"help": "Saved tokenizer folder or Hub id, used as it is; null takes the model's tokenizer, or the "
+                          "one saved in output_dir when it was trained with this run's settings, or trains a joint "
+                          "BPE tokenizer on the training split."},
+    )
+    tokenizer_vocab_size: int = field(
+        default=8000,
+        metadata={"help": "Vocabulary size of a newly trained tokenizer, 4 special and 256 byte-fallback tokens "
+                          "included (as SentencePiece counts)."},
+    )
+    cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub datasets and models."})
+    model_config: dict[str, Any] = field(default_factory=dict, init=False)
+
+
+@dataclass
+class TranslationTrainingArguments(Seq2SeqTrainingArguments):
+    """`Seq2SeqTrainingArguments` plus token-budget batching, paper-style decoding and safe reruns."""
+
+    _argument_group_name = "training: Seq2SeqTrainingArguments and hf_relpos's additions"
+
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={"help": "Train from scratch in an output_dir that holds a trained model or checkpoints: the "
+                          "tokenizer is trained again, and the old model, checkpoints and results are removed once "
+                          "the new run starts writing. Without it such a folder is refused (or resume with "
+                          "resume_from_checkpoint: last)."},
+    )
+    max_tokens_per_batch: int | None = field(
+        default=None,
+        metadata={"help": "Token budget per device and batch (padded size: examples x longest source and x longest "
+                          "target). null batches by per_device_train_batch_size."},
+    )
+    generation_length_penalty: float = field(
+        default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
+    )
+    generation_max_length_offset: int = field(
+        default=50,
+        metadata={"help": "Generate at most (longest source in the batch, in tokens) + this many tokens "
+                          "(Vaswani et al.: input length + 50); generation_max_length, when set, caps it."},
+    )
+    generation_max_length: int | None = field(
+        default=None,
+        metadata={"help": "Cap on the generated length in tokens, the decoder start token included (generate's "
+                          "max_length); saved as max_length in the model's generation_config.json. null: no cap "
+                          "beyond source length + generation_max_length_offset, and the saved max_length is "
+                          "max_source_length + generation_max_length_offset + 1."},
+    )
+    cpu_threads: int | None = field(
+        default=None,
+        metadata={"help": "torch.set_num_threads for CPU work; 1 is fastest for tiny models and on busy machines. "
+                          "null keeps torch's default."},
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "Score generated translations (BLEU)."})
+    generation_num_beams: int | None = field(
+        default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
+    )
+
+
+ARGUMENT_CLASSES = (ModelArguments, DataArguments, TranslationTrainingArguments)
+Arguments = tuple[ModelArguments, DataArguments, TranslationTrainingArguments]
+
+
+def model_config_fields() -> set[str]:
+    """The `RelPosTransformerConfig` fields a YAML `model:` section (or a flat key / `--model.NAME` flag) may set,
+    including those the registered position schemes declare."""
+    inherited = {item.name for item in dataclasses.fields(PreTrainedConfig)}
+    own = {item.name for item in dataclasses.fields(RelPosTransformerConfig)} - inherited | set(scheme_config_fields())
+    return own - DERIVED_CONFIG_FIELDS
+
+
+def _argument_fields() -> dict[str, type]:
+    """Every init field of the argument dataclasses, by name, with the class that holds it."""
+    return {item.name: argument_class for argument_class in ARGUMENT_CLASSES
+            for item in dataclasses.fields(argument_class) if item.init}
+
+
+# --------------------------------------------------------------------------------------------------- help texts
+
+def _docstring_arguments(docstring: str) -> dict[str, str]:
+    """The entries of a transformers-style "Args:" docstring section: `name (`type`, ...):` then indented text."""
+    entries = {}
+    for match in re.finditer(r"^( +)(\w+) \(`[^\n]*\):\n((?:\1 +\S[^\n]*\n?)+)", docstring, flags=re.MULTILINE):
+        entries[match.group(2)] = " ".join(match.group(3).split())
+    return entries
+
+
+def _backtick_description(docstring: str, name: str) -> str:
+    """What a prose docstring says right after `name`: its parenthesis, or the rest of its bullet after a colon."""
+    match = re.search(rf"`{name}`(?: \(|: )", docstring)
+    if match is None:
+        return ""
+    rest = docstring[match.end():]
+    if match.group(0).endswith("("):
+        depth = 1
+        for position, character in enumerate(rest):
+            depth += {"(": 1, ")": -1}.get(character, 0)
+            if depth == 0:
+                return " ".join(rest[:position].split())
+        return ""
+    return " ".join(re.split(r"\n\s*-|\n\n", rest, maxsplit=1)[0].split())
+
+
+def config_field_help(name: str) -> str:
+    """Help for a model config field, read at run time: the declaring position scheme's `SchemeField.help`, the
+    field's own `help` metadata, else the docstring of RelPosTransformerConfig, else MarianConfig's (whose field
+    names and meanings it follows)."""
+    scheme_field = scheme_config_fields().get(name)
+    if scheme_field is not None:
+        return scheme_field.help
+    for item in dataclasses.fields(RelPosTransformerConfig):
+        if item.name == name and item.metadata.get("help"):
+            return item.metadata["help"]
+    own_docstring = inspect.getdoc(RelPosTransformerConfig) or ""
+    return (_docstring_arguments(own_docstring).get(name) or _backtick_description(own_docstring, name)
+            or _marian_field_docs().get(name, ""))
+
+
+@functools.cache
+def _marian_field_docs() -> dict[str, str]:
+    return _docstring_arguments(inspect.getdoc(MarianConfig) or "")
+
+
+# --------------------------------------------------------------------------------------------------- the parser
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    """Defaults after each field's help; the description and epilog keep their line breaks."""
+
+
+DESCRIPTION = f"""\
+Train, evaluate and score a RelPosTransformer translation model with the Hugging Face Seq2SeqTrainer.
+
+The YAML file (first argument) fills the fields below; flags after it override the YAML: --FIELD VALUE or
+--FIELD=VALUE, a bare --FLAG for true, null for an optional field. Model architecture fields go in the YAML's
+'{MODEL_SECTION}:' section or on the command line as --{MODEL_SECTION}.FIELD VALUE (or --FIELD VALUE when no other
+field has that name). With a YAML file before --help, the defaults shown are the YAML's values."""
+
+EPILOG = f"""\
+examples:
+  {PROGRAM} configs/demo.yaml --overwrite_output_dir true
+  {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --max_steps 1000 --model.dropout 0.2
+  {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --resume_from_checkpoint last
+  {PROGRAM} configs/demo.yaml --model_name_or_path outputs/demo --do_train false --output_dir outputs/demo_eval
+  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {PROGRAM} configs/NAME.yaml
+
+See docs/training.md for every recipe."""
+
+
+class TranslationArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` over the three argument dataclasses plus the model config fields (`--model.NAME`), whose
+    errors are one `ConfigError` (argparse would print the usage and exit) and whose `--help` exits 0."""
+
+    def __init__(self, model_values: dict[str, Any] | None = None) -> None:
+        super().__init__(prog=PROGRAM, usage=f"{PROGRAM} CONFIG.yaml [--FIELD VALUE ...] [--{MODEL_SECTION}.FIELD "
+                                             "VALUE ...]", description=DESCRIPTION, epilog=EPILOG,
+                         formatter_class=_HelpFormatter, allow_abbrev=False)
+        self.dataclass_types = list(ARGUMENT_CLASSES)
+        model_arguments, data_arguments, training_arguments = ARGUMENT_CLASSES
+        self._add_dataclass_arguments(model_arguments)
+        self._add_model_config_arguments(model_values or {})
+        self._add_dataclass_arguments(data_arguments)
+        self._add_dataclass_arguments(training_arguments)
+        self._accept_null_for_optional_fields()
+
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+    def _add_model_config_arguments(self, model_values: dict[str, Any]) -> None:
+        group = self.add_argument_group(
+            f"model: architecture (RelPosTransformerConfig; the YAML's '{MODEL_SECTION}:' section, or "
+            f"--{MODEL_SECTION}.FIELD VALUE; values are read as YAML, e.g. [forward, backward])")
+        defaults = RelPosTransformerConfig()
+        argument_fields = _argument_fields()
+        for name in sorted(model_config_fields()):
+            plain = name not in argument_fields  # a training field of the same name (use_cache) keeps the plain flag
+            value = model_values.get(name, getattr(defaults, name, None))
+            help_text = config_field_help(name).replace("%", "%%")
+            common = dict(dest=f"{MODEL_SECTION}.{name}", type=_yaml_value, nargs="?", const=True,
+                          default=argparse.SUPPRESS, metavar="VALUE")
+            group.add_argument(f"--{MODEL_SECTION}.{name}", *[f"--{name}"] * plain, **common,
+                               help=f"{help_text} (default: {_yaml_text(value)})".lstrip())
+            dashed = name.replace("_", "-")
+            if dashed != name:  # --model.d-model as HfArgumentParser accepts --max-train-samples; not listed
+                group.add_argument(f"--{MODEL_SECTION}.{dashed}", *[f"--{dashed}"] * plain, **common,
+                                   help=argparse.SUPPRESS)
+
+    def _accept_null_for_optional_fields(self) -> None:
+        """`--name null` (or None) sets an optional field to None, as `name: null` does in the YAML."""
+        optional = {name for name, argument_class in _argument_fields().items() if _is_optional(argument_class, name)}
+        for action in self._actions:
+            if action.dest in optional and action.type is not None:
+                action.type = _or_null(action.type)
+
+
+def _or_null(convert: Callable[[str], Any]) -> Callable[[str], Any]:
+    def convert_or_null(text: str) -> Any:
+        return None if text in NULL_TOKENS else convert(text)
+
+    convert_or_null.__name__ = getattr(convert, "__name__", "value")  # argparse names it in "invalid int value"
+    return convert_or_null
+
+
+def _yaml_value(text: str) -> Any:
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a YAML value ({error.problem})") from None
+
+
+def _yaml_text(value: Any) -> str:
+    return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
+
+
+def _is_optional(argument_class: type, name: str) -> bool:
+    return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
+
+
+def _suggest(key: str, candidates: set[str]) -> str:
+    bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.").partition("=")[0]
+    close = difflib.get_close_matches(bare, sorted(candidates), n=1)
+    return f"{key} (did you mean {close[0]}?)" if close else key
+
+
+def _read_yaml(path: str) -> dict[str, Any]:
+    if not path.endswith((".yaml", ".yml")):
+        raise ConfigError(f"the first argument must be a .yaml config file, got {path!r} (see --help)")
+    if not os.path.isfile(path):
+        raise ConfigError(f"config file {path!r} does not exist")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            content = yaml.safe_load(handle)
+    except yaml.YAMLError as error:
+        raise ConfigError(f"{path}: invalid YAML: {error}") from None
+    if content is None:
+        return {}
+    if not isinstance(content, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping of field: value")
+    return content
+
+
+def _as_default(value: Any) -> Any:
+    """A YAML scalar as argparse would read it from the command line (so it is converted and checked by the field's
+    type, as a flag is); lists and mappings stay as they are."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, (int, float)):
+        return str(value)
+    return value
+
+
+def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(argument field defaults, model config) from a YAML mapping; unknown keys and nulls of required fields are
+    one ConfigError."""
+    model_config = yaml_values.pop(MODEL_SECTION, None) or {}
+    if not isinstance(model_config, dict):
+        raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
+    argument_fields = _argument_fields()
+    config_fields = model_config_fields()
+    defaults: dict[str, Any] = {}
+    unknown = [f"{MODEL_SECTION}.{key}" for key in model_config if key not in config_fields]
+    for name, value in yaml_values.items():
+        if name in argument_fields:
+            if value is None and not _is_optional(argument_fields[name], name):
+                raise ConfigError(f"{name} cannot be null")
+            defaults[name] = _as_default(value)
+        elif name in config_fields:
+            model_config[name] = value
+        else:
+            unknown.append(name)
+    if unknown:
+        _raise_unknown(unknown)
+    return defaults, dict(model_config)
+
+
+def _raise_unknown(keys: Sequence[str]) -> typing.NoReturn:
+    candidates = set(_argument_fields()) | model_config_fields()
+    described = [_suggest(key, candidates) for key in keys]
+    raise ConfigError(f"unknown key(s): {', '.join(described)}; {PROGRAM} --help lists every field (the config "
+                      f"fields under '{MODEL_SECTION}:')")
+
+
+def parse_arguments(argv: Sequence[str]) -> Arguments:
+    """Parse `CONFIG.yaml [--name value ...]`: the YAML fills the argument dataclasses, flags override it.
+
+    A `model:` mapping in the YAML (or flat keys / `--model.NAME` flags naming config fields) becomes
+    `ModelArguments.model_config`. No arguments, `-h` or `--help` print the usage and exit 0. Unknown keys, bad values
+    and nulls for non-optional fields raise one `ConfigError`.
+    """
+    argv = list(argv) or ["--help"]
+    yaml_values = _read_yaml(argv.pop(0)) if not argv[0].startswith("-") else {}
+    defaults, model_config = _split_yaml(yaml_values)
+    parser = TranslationArgumentParser(model_config)
+    parser.set_defaults(**defaults)
+    namespace, remaining = parser.parse_known_args(argv)
+    if remaining:
+        flags = [token for token in remaining if token.startswith("-")]
+        if not flags:
+            raise ConfigError(f"unexpected argument {remaining[0]!r}: give one YAML file first, then --name value "
+                              "flags")
+        _raise_unknown(flags)
+    values = vars(namespace)
+    for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]:
+        model_config[dest.removeprefix(f"{MODEL_SECTION}.")] = values.pop(dest)
+    built = []
+    for argument_class in ARGUMENT_CLASSES:
+        names = {item.name for item in dataclasses.fields(argument_class) if item.init}
+        try:
+            built.append(argument_class(**{name: values[name] for name in names}))
+        except (ValueError, TypeError) as error:
+            raise ConfigError(str(error)) from None
+    model_args, data_args, training_args = built
+    model_args.model_config = model_config
+    check_arguments(model_args, data_args, training_args)
+    model_args.model_config = check_model_config(model_args)
+    return model_args, data_args, training_args
+
+
+# --------------------------------------------------------------------------------------------------- checks
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments,
+                    training_args: TranslationTrainingArguments) -> None:
+    """What can be wrong with the arguments alone (no files, no network), as one ConfigError."""
+    if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
+        raise ConfigError("nothing to do: set at least one of do_train, do_eval, do_predict")
+    if not training_args.do_train and model_args.model_name_or_path is None:
+        raise ConfigError("do_eval/do_predict without do_train need model_name_or_path (a trained model)")
+    reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
+    if model_args.tokenizer_vocab_size <= reserved:
+        raise ConfigError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "
+                          f"{len(BYTE_TOKENS)} byte-fallback tokens), got {model_args.tokenizer_vocab_size}")
+    if training_args.overwrite_output_dir and training_args.resume_from_checkpoint is not None:
+        raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
+                          "contradict each other: choose one")
+    for name in ("max_tokens_per_batch", "cpu_threads", "generation_num_beams", "generation_max_length"):
+        value = getattr(training_args, name)
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be a positive integer or null, got {value}")
+    if training_args.generation_max_length_offset < 0:
+        raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
+    check_reporting_integrations(training_args.report_to)
+
+
+def check_model_config(model_args: ModelArguments) -> dict[str, Any]:
+    """The `model:` section as it applies to this run, checked: the fields of a new config, or, with
+    `model_name_or_path`, the overrides of its saved config (the saved config is the architecture: fields that would
+    change the shapes of its weights are refused, those equal to the saved value are dropped)."""
+    try:
+        if model_args.model_name_or_path is None:
+            RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
+            return model_args.model_config
+        saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+        RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
+                                                **model_args.model_config)
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+    except OSError as error:
+        raise ConfigError(f"model_name_or_path: {error}") from None
+    overrides = {name: value for name, value in model_args.model_config.items() if getattr(saved, name) != value}
+    saved_shapes = weight_shapes(saved)
+    if weight_shapes(_with_overrides(saved, overrides)) != saved_shapes:
+        reshaping = [name for name in overrides if _changes_shapes(saved, name, overrides[name], saved_shapes)]
+        described = ", ".join(f"{name}={_yaml_text(overrides[name])} (saved: {_yaml_text(getattr(saved, name))})"
+                              for name in reshaping or overrides)
+        raise ConfigError(
+            f"model_name_or_path {model_args.model_name_or_path!r}: its saved config is the architecture, but "
+            f"{MODEL_SECTION}: {described} would change the shapes of its weights; remove them from the "
+            f"'{MODEL_SECTION}:' section or the flags (or set the saved values)")
+    return overrides
+
+
+def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
+    return RelPosTransformerConfig.from_dict({**config.to_dict(), **overrides})
+
+
+def _changes_shapes(saved: RelPosTransformerConfig, name: str, value: Any,
+                    saved_shapes: dict[str, tuple[int, ...]]) -> bool:
+    """Whether overriding this one field changes the weights' shapes (a value valid only together with other shape
+    changes, such as a head count that divides only the new d_model, counts as changing them)."""
+    try:
+        return weight_shapes(_with_overrides(saved, {name: value})) != saved_shapes
+    except ValueError:
+        return True
+
+
+def weight_shapes(config: RelPosTransformerConfig) -> dict[str, tuple[int, ...]]:
+    """Name -> shape of every tensor in the model's state dict, from a model built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = RelPosTransformerForConditionalGeneration(config)
+    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+
+
+def check_reporting_integrations(report_to: Sequence[str]) -> None:
+    """Each `report_to` integration must exist and have its package installed (the Trainer would only fail when it is
+    built, after the tokenizer is written)."""
+    available = set(get_available_reporting_integrations())
+    for name in report_to:
+        if name not in INTEGRATION_TO_CALLBACK:
+            raise ConfigError(f"report_to {name!r} is not an integration; choose from "
+                              f"{sorted(INTEGRATION_TO_CALLBACK)} or none")
+        if name not in available:
+            install = f"pip install 'hf_relpos[{name}]'" if name in REPORTING_EXTRAS else f"install the {name} package"
+            raise ConfigError(f"report_to {name} needs the {name} package, which is not installed: {install}, or "
+                              f"set report_to: none")

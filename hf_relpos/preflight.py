@@ -1,0 +1,110 @@
+"""Checks of the environment a training run needs, made before anything is read, trained or written: that every
+process of a launched job takes part in training, that a rerun does not silently overwrite a trained model, and that
+the Hub login a `push_to_hub` run needs exists. Each failure is one `PreflightError` line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from huggingface_hub import HfApi, get_token
+
+from .checkpoints import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, find_checkpoints, last_complete_checkpoint
+from .safety import OutputDirError
+
+CHECKPOINT_GLOB = "checkpoint-*"
+# Files of a finished model: a folder holding one of them loads (or half-loads) as a trained model.
+FINISHED_MODEL_FILES = (WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "config.json")
+
+
+class PreflightError(RuntimeError):
+    """The environment cannot run this job as asked; raised before anything is written."""
+
+
+class ProcessGroupError(PreflightError):
+    """The processes of a launched job would not train together; every process raises it."""
+
+
+def check_process_group(trainer_world_size: int) -> None:
+    """A job launched with N processes (an initialised torch.distributed group of N) whose Trainer runs on one
+    process would train N independent copies that all write the same output_dir: the case of
+    `accelerate launch --multi_gpu` on a machine without GPUs, where the Trainer picks no distributed backend unless
+    told `use_cpu: true`."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return
+    group_size = torch.distributed.get_world_size()
+    if group_size != trainer_world_size:
+        raise ProcessGroupError(
+            f"a torch.distributed process group of {group_size} processes is initialised, but the Trainer uses world "
+            f"size {trainer_world_size}: each process would train alone and write the same output_dir. On CPU, "
+            f"pass --use_cpu true (accelerate launch --config_file configs/accelerate/cpu_2proc.yaml "
+            f"train_translation.py CONFIG.yaml --use_cpu true); on GPUs, check that CUDA is available")
+
+
+def previous_run(output_dir: str | os.PathLike) -> list[str]:
+    """What a finished or interrupted training run left in `output_dir`: model files and checkpoint folders."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [name for name in FINISHED_MODEL_FILES if (folder / name).is_file()]
+    return found + [path.name for path in find_checkpoints(folder)]
+
+
+def check_rerun(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
+    """A training run into a folder that holds a trained model or checkpoints must say what it means: resume, or
+    start again (`overwrite_output_dir`). Silently training from step 0 over them loses them."""
+    if overwrite or resuming:
+        return
+    found = previous_run(output_dir)
+    if found:
+        shown = ", ".join(found[:4]) + (f" and {len(found) - 4} more" if len(found) > 4 else "")
+        if last_complete_checkpoint(output_dir) is not None:
+            resume = "continue from its newest checkpoint with --resume_from_checkpoint last"
+        else:
+            resume = ("it has no complete checkpoint to continue from with --resume_from_checkpoint last "
+                      "(save_strategy: steps keeps some); train on from its model with --model_name_or_path")
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} already holds a trained model or checkpoints ({shown}): {resume}, train "
+            f"from scratch with --overwrite_output_dir true (the old model and checkpoints are removed when the new "
+            f"run starts writing), or choose another output_dir")
+
+
+def check_hub_login(token: str | None) -> str:
+    """The Hub user a `push_to_hub` run will push as, checked before training (the push happens after it); raises
+    PreflightError when there is no valid login or the Hub cannot be reached."""
+    token = token or get_token()
+    if token is None:
+        raise PreflightError("push_to_hub needs a Hugging Face login and none was found: run `hf auth login` (or set "
+                             "HF_TOKEN, or hub_token) before training, or set push_to_hub: false")
+    try:
+        return HfApi(token=token).whoami()["name"]
+    except Exception as error:  # noqa: BLE001 - any failure here means the push after training would fail too
+        raise PreflightError(f"push_to_hub: the Hugging Face login could not be checked ({type(error).__name__}: "
+                             f"{' '.join(str(error).split())}); fix it before training, or set push_to_hub: "
+                             f"false") from None
+
+
+# What a run of train_translation.py writes into output_dir and a fresh run (overwrite_output_dir) removes first; the
+# generated demo corpus stays (it is regenerated identically from demo_seed).
+PREVIOUS_RUN_PATTERNS = (
+    CHECKPOINT_GLOB, "model*.safetensors", WEIGHTS_INDEX_FILE, "config.json", "generation_config.json",
+    "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "*_results.json", "*_hypotheses.txt",
+    "trainer_state.json", "training_args.bin", "README.md", ".final-model-staging",
+)
+
+
+def remove_previous_run(output_dir: str | os.PathLike) -> list[str]:
+    """Delete what an earlier run left in `output_dir` (model, checkpoints, tokenizer, results, card); returns the
+    names removed. Called by a fresh run only when every check has passed and it starts writing."""
+    folder = Path(output_dir)
+    removed = []
+    for pattern in PREVIOUS_RUN_PATTERNS:
+        for path in sorted(folder.glob(pattern)):
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+            removed.append(path.name)
+    return removed

@@ -1,0 +1,135 @@
+"""Translate a file (or stdin) with a saved model, line by line, optionally scoring against references.
+
+    python -m hf_relpos.translate MODEL_DIR --input SRC.txt --output HYP.txt [--reference REF.txt]
+    cat SRC.txt | python -m hf_relpos.translate MODEL_DIR > HYP.txt
+
+One output line per input line, in input order; a blank input line gives a blank output line. Lines are sorted by
+length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
+and beam size, length penalty and maximum length default to the model's generation_config.json. A progress bar goes
+to stderr. With `--reference`, corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
+stdout when the translations go to a file, else to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import TextIO
+
+import torch
+from tqdm import tqdm
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+
+from .metrics import score_translations
+
+PROGRAM = "python -m hf_relpos.translate"
+
+
+def read_lines(handle: TextIO) -> list[str]:
+    """The lines of a text stream without their line ends (a final newline ends the last line, it starts none)."""
+    return [line.removesuffix("\n") for line in handle]
+
+
+def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Indices of `lengths` in batches, longest first, whose padded size (count x longest) stays within `max_tokens`;
+    a line longer than `max_tokens` forms a batch of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for index in sorted(range(len(lengths)), key=lambda position: -lengths[position]):
+        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(index)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def translate_lines(
+    lines: Sequence[str], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096,
+    progress: bool = True, **generate_kwargs,
+) -> list[str]:
+    """One translation per line, in order; blank lines give "" (nothing is generated for them)."""
+    wanted = [index for index, line in enumerate(lines) if line.strip()]
+    encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
+    translations = [""] * len(lines)
+    cut = 0
+    eos_token_id = model.generation_config.eos_token_id
+    with tqdm(total=len(wanted), desc="translating", unit="line", file=sys.stderr, disable=not progress) as bar:
+        for batch in token_batches([len(ids) for ids in encoded], max_tokens):
+            inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
+            with torch.inference_mode():
+                output_ids = model.generate(**inputs.to(model.device), **generate_kwargs)
+            for position, ids in zip(batch, output_ids, strict=True):
+                cut += int(eos_token_id not in ids.tolist())
+                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
+                translations[wanted[position]] = " ".join(text.splitlines())
+            bar.update(len(batch))
+    if cut:
+        print(f"{PROGRAM}: warning: {cut} translation(s) reached the maximum length before their end token and are "
+              f"cut; raise --max_length", file=sys.stderr)
+    return translations
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("model", help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir)")
+    parser.add_argument("--input", help="source text, one sentence per line (default: stdin)")
+    parser.add_argument("--output", help="where the translations go, one per line (default: stdout)")
+    parser.add_argument("--reference", help="reference translations, one per line: print sacreBLEU and chrF")
+    parser.add_argument("--num_beams", type=int, help="beam size (default: the model's generation config)")
+    parser.add_argument("--length_penalty", type=float,
+                        help="beam-search length penalty (default: the model's generation config)")
+    parser.add_argument("--max_length", type=int,
+                        help="longest translation in tokens, decoder start included (default: the model's generation "
+                             "config)")
+    parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("num_beams", "max_length", "max_tokens"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be a positive integer, got {value}")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model)
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device).eval()
+        if args.input is None:
+            sources = read_lines(sys.stdin)
+        else:
+            with open(args.input, encoding="utf-8") as handle:
+                sources = read_lines(handle)
+        references = None
+        if args.reference is not None:
+            with open(args.reference, encoding="utf-8") as handle:
+                references = read_lines(handle)
+    except (OSError, ValueError) as error:
+        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
+    if references is not None and len(references) != len(sources):
+        parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
+    generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length")
+                       if (value := getattr(args, name)) is not None}
+    translations = translate_lines(sources, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
+    text = "".join(line + "\n" for line in translations)
+    if args.output is None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    else:
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    if references is not None:
+        scores = score_translations(translations, references)
+        report = sys.stderr if args.output is None else sys.stdout
+        print(f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
+              f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report, flush=True)
+
+
+if __name__ == "__main__":
+    main()

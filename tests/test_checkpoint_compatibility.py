@@ -1,0 +1,67 @@
+"""Checkpoints saved before the attention redesign (issue #16) load into the same function.
+
+tests/fixtures/legacy_checkpoints/ holds tiny models saved by hf_relpos at commit c74c95a, with the logits that code
+computed (see tests/fixtures/make_legacy_checkpoints.py, which wrote them).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+
+import hf_relpos
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_checkpoints"
+SEQ2SEQ = ("absolute", "shaw", "xl", "directional")
+
+
+def legacy_inputs() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The batch make_legacy_checkpoints.py computed its logits on."""
+    input_ids = torch.tensor([[5, 9, 4, 12, 7], [8, 6, 11, 0, 0]])
+    return input_ids, (input_ids != 0).long(), torch.tensor([[2, 7, 12], [2, 11, 6]])
+
+
+@pytest.mark.parametrize("name", SEQ2SEQ)
+def test_seq2seq_checkpoint_of_the_old_layout_loads_every_weight_and_gives_its_logits(name):
+    folder = FIXTURES / name
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder, dtype=torch.float32).eval()
+    assert isinstance(model, hf_relpos.RelPosTransformerForConditionalGeneration)
+    saved = load_file(folder / "model.safetensors")
+    state = model.state_dict()
+    for key, tensor in saved.items():
+        assert torch.equal(state[key], tensor.float()), key
+    input_ids, attention_mask, decoder_input_ids = legacy_inputs()
+    with torch.no_grad():
+        logits = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    expected = load_file(FIXTURES / "expected_logits.safetensors")[name]
+    assert (logits - expected).abs().max() < 1e-5  # float32 rounding differs by CPU kernel (0 to 5e-7 measured)
+
+
+def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
+    model = AutoModelForCausalLM.from_pretrained(FIXTURES / "xl_causal_lm", dtype=torch.float32).eval()
+    input_ids, _, _ = legacy_inputs()
+    with torch.no_grad():
+        first = model(input_ids=input_ids[:, :3])
+        logits = model(input_ids=input_ids[:, 3:], mems=first.mems).logits
+    assert (logits - load_file(FIXTURES / "expected_logits.safetensors")["xl_causal_lm"]).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("name", [*SEQ2SEQ, "xl_causal_lm"])
+def test_config_json_keeps_the_keys_of_the_old_layout(name, tmp_path):
+    """Scheme fields stay top-level config.json keys: a checkpoint saved today has exactly the old file's keys (plus
+    the fields of schemes that other tests registered in this process)."""
+    folder = FIXTURES / name
+    old = json.loads((folder / "config.json").read_text())
+    model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
+    model_class.from_pretrained(folder).save_pretrained(tmp_path)
+    new = json.loads((tmp_path / "config.json").read_text())
+    registered_by_tests = {field.name for scheme in hf_relpos.ATTENTION_REGISTRY.values()
+                           if not scheme.__module__.startswith("hf_relpos.") for field in scheme.config_fields}
+    assert set(new) - registered_by_tests == set(old)
+    assert {key: new[key] for key in old if key != "transformers_version"} == {
+        key: value for key, value in old.items() if key != "transformers_version"}

@@ -1,0 +1,121 @@
+"""The loss follows the Trainer's contract: `num_items_in_batch` makes every labelled token of an optimizer step weigh
+the same under gradient accumulation, with and without label smoothing, and a float64 model has a float64 loss."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments, default_data_collator
+
+import hf_relpos
+from hf_relpos import shift_tokens_right
+
+LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
+
+
+def seq2seq_examples() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(4)
+    examples = []
+    for count in LABELLED:
+        labels = torch.randint(4, 40, (5,), generator=generator)
+        labels[count:] = -100
+        examples.append({
+            "input_ids": torch.randint(4, 40, (6,), generator=generator),
+            "attention_mask": torch.ones(6, dtype=torch.long),
+            "decoder_input_ids": shift_tokens_right(labels[None], 0, 2)[0],
+            "labels": labels,
+        })
+    return examples
+
+
+def causal_examples() -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(5)
+    examples = []
+    for count in LABELLED:
+        input_ids = torch.randint(4, 40, (6,), generator=generator)
+        labels = input_ids.clone()
+        labels[count + 1:] = -100  # position 0 is never a target: `count` targets
+        examples.append({"input_ids": input_ids, "labels": labels})
+    return examples
+
+
+def token_losses(model, batch: dict[str, torch.Tensor], label_smoothing: float) -> tuple[torch.Tensor, int]:
+    """Sum over the labelled tokens of (1 - eps) (-log p_label) + eps mean_v (-log p_v), and their number."""
+    inputs = {key: value for key, value in batch.items() if key != "labels"}
+    logits, labels = model(**inputs).logits, batch["labels"]
+    if isinstance(model, hf_relpos.RelPosTransformerForCausalLM):
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    log_probs = torch.log_softmax(logits, dim=-1)
+    labelled = labels != -100
+    nll = -log_probs.gather(-1, labels.clamp(min=0)[..., None])[..., 0]
+    smooth = -log_probs.mean(-1)
+    per_token = (1 - label_smoothing) * nll + label_smoothing * smooth
+    return per_token[labelled].sum(), int(labelled.sum())
+
+
+def trainer_gradient(model, examples, label_smoothing: float, tmp_path) -> dict[str, torch.Tensor]:
+    """One optimizer step of plain SGD (lr 1, no clipping) over two accumulated micro-batches of two examples: the
+    parameter change is minus the gradient the Trainer applied."""
+    seq2seq = not isinstance(model, hf_relpos.RelPosTransformerForCausalLM)
+    arguments_class = Seq2SeqTrainingArguments if seq2seq else TrainingArguments
+    args = arguments_class(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, gradient_accumulation_steps=2, max_steps=1,
+        learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+        label_smoothing_factor=label_smoothing, report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True,
+        seed=0, dataloader_num_workers=0,
+    )
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    trainer_class = Seq2SeqTrainer if seq2seq else Trainer
+    trainer_class(model=model, args=args, train_dataset=examples, data_collator=default_data_collator).train()
+    return {name: before[name] - parameter.detach() for name, parameter in model.named_parameters()}
+
+
+def reference_gradient(model, examples, label_smoothing: float) -> dict[str, torch.Tensor]:
+    """The gradient of the mean loss over all labelled tokens of all four examples, in one batch."""
+    model.zero_grad()
+    total, count = token_losses(model, default_data_collator(examples), label_smoothing)
+    (total / count).backward()
+    return {name: parameter.grad.detach().clone() for name, parameter in model.named_parameters()}
+
+
+def tiny_float64(model_class):
+    torch.manual_seed(0)
+    return model_class(tiny_config("shaw")).double().train()
+
+
+@pytest.mark.parametrize(
+    "model_class, label_smoothing",
+    [(hf_relpos.RelPosTransformerForConditionalGeneration, 0.0),
+     (hf_relpos.RelPosTransformerForConditionalGeneration, 0.1),
+     (hf_relpos.RelPosTransformerForCausalLM, 0.0)],  # transformers' LabelSmoother shifts only its own causal LMs
+    ids=["seq2seq", "seq2seq-label_smoothing", "causal_lm"],
+)
+def test_gradient_accumulation_weighs_every_token_alike(model_class, label_smoothing, tmp_path):
+    """The Trainer counts the labelled tokens of both micro-batches (`num_items_in_batch`); the model's loss (or
+    the Trainer's LabelSmoother, which takes over the loss when label_smoothing_factor > 0) divides by that count,
+    so the applied gradient is the one of the mean over all tokens of the step."""
+    examples = seq2seq_examples() if model_class is hf_relpos.RelPosTransformerForConditionalGeneration else (
+        causal_examples())
+    expected = reference_gradient(tiny_float64(model_class), examples, label_smoothing)
+    applied = trainer_gradient(tiny_float64(model_class), examples, label_smoothing, tmp_path)
+    # the LabelSmoother sums its smoothing term in float32, so the smoothed case is float32-exact only
+    tolerance = 1e-12 if label_smoothing == 0 else 1e-6
+    for name, gradient in expected.items():
+        assert (applied[name] - gradient).abs().max() < tolerance * max(1.0, gradient.abs().max().item()), name
+
+
+@pytest.mark.parametrize("model_class", [hf_relpos.RelPosTransformerForConditionalGeneration,
+                                         hf_relpos.RelPosTransformerForCausalLM], ids=["seq2seq", "causal_lm"])
+def test_loss_is_the_token_sum_over_num_items_in_batch_and_stays_float64(model_class):
+    model = tiny_float64(model_class).eval()
+    examples = seq2seq_examples() if model_class is hf_relpos.RelPosTransformerForConditionalGeneration else (
+        causal_examples())
+    batch = default_data_collator(examples)
+    with torch.no_grad():
+        total, count = token_losses(model, batch, 0.0)
+        mean = model(**batch).loss
+        scaled = model(**batch, num_items_in_batch=torch.tensor(50)).loss
+    assert mean.dtype == torch.float64 and model.accepts_loss_kwargs
+    assert abs(mean.item() - total.item() / count) < 1e-12
+    assert abs(scaled.item() - total.item() / 50) < 1e-12

@@ -1,0 +1,75 @@
+"""The translation pipeline (`pipeline("translation")`, restored by `import hf_relpos`): long texts are translated in
+full, sentence by sentence; empty text gives empty text; the old TranslationPipeline keyword arguments."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+from conftest import MEMORISED_PAIRS
+from transformers import pipeline
+
+from hf_relpos.pipeline_relpos import split_into_sentences
+
+SOURCES = [source for source, _ in MEMORISED_PAIRS]
+TARGETS = [target for _, target in MEMORISED_PAIRS]
+
+
+@pytest.fixture(scope="module")
+def translator(memorised_model_folder):
+    return pipeline("translation", model=str(memorised_model_folder), device="cpu")
+
+
+def test_a_long_text_is_translated_in_full(translator):
+    """Six sentences in one text (a model trained on single sentences stops after about one): every sentence is
+    translated, joined by the whitespace that separated the sources (a line break stays a line break)."""
+    text = " ".join(SOURCES[:3]) + "\n" + " ".join(SOURCES[3:])
+    assert translator(text) == [{"translation_text": " ".join(TARGETS[:3]) + "\n" + " ".join(TARGETS[3:])}]
+    assert translator([text, SOURCES[0]], batch_size=4) == [
+        {"translation_text": " ".join(TARGETS[:3]) + "\n" + " ".join(TARGETS[3:])}, {"translation_text": TARGETS[0]}]
+
+
+@pytest.mark.parametrize("text", ["", "   ", "\n"])
+def test_empty_text_translates_to_empty_text(translator, text):
+    assert translator(text) == [{"translation_text": ""}]
+    assert translator([text, SOURCES[1]]) == [{"translation_text": ""}, {"translation_text": TARGETS[1]}]
+
+
+def test_one_piece_when_asked_and_a_cut_translation_is_reported_once(translator, caplog):
+    assert translator(SOURCES[2], split_sentences=False) == [{"translation_text": TARGETS[2]}]
+    logging.Logger.warning_once.cache_clear()  # transformers' once-per-process memory
+    with caplog.at_level(logging.WARNING):
+        cut = translator(SOURCES[1], max_new_tokens=2)[0]["translation_text"]
+        translator(SOURCES[2], max_new_tokens=2)
+        translator(SOURCES[0])
+    assert TARGETS[1].startswith(cut) and cut != TARGETS[1]
+    warnings = [record.getMessage() for record in caplog.records if "reached the maximum length" in record.getMessage()]
+    assert warnings == ["A translation reached the maximum length before its end token and is cut: pass a larger "
+                        "max_new_tokens (or max_length) to the pipeline call."]
+
+
+def test_old_translation_pipeline_arguments(translator):
+    assert translator(SOURCES[3], truncation=True) == [{"translation_text": TARGETS[3]}]
+    assert translator(SOURCES[3], clean_up_tokenization_spaces=True) == [{"translation_text": TARGETS[3]}]
+    with pytest.raises(ValueError, match=r"src_lang/tgt_lang choose the languages of a multilingual model"):
+        translator(SOURCES[3], src_lang="en", tgt_lang="de")
+    with pytest.raises(ValueError, match=r"tgt_lang choose the languages"):
+        translator(SOURCES[3], tgt_lang="de")
+    with pytest.raises(ValueError, match=r"return_tensors / return_text=False: this pipeline returns text only"):
+        translator(SOURCES[3], return_tensors=True)
+
+
+@pytest.mark.parametrize(
+    ("text", "pieces"),
+    [
+        ("A b. C d! E? F", [("A b.", " "), ("C d!", " "), ("E?", " "), ("F", "")]),
+        ("He said: \"Go.\" Then left.", [("He said: \"Go.\"", " "), ("Then left.", "")]),
+        ("Take e.g. the bus. Or walk.", [("Take e.g. the bus.", " "), ("Or walk.", "")]),
+        ("one line\n\ntwo", [("one line", "\n\n"), ("two", "")]),
+        ("  lead. Next", [("  lead.", " "), ("Next", "")]),
+        ("", [("", "")]),
+    ],
+)
+def test_sentence_splitting_keeps_every_character(text, pieces):
+    assert split_into_sentences(text) == pieces
+    assert "".join(sentence + space for sentence, space in pieces) == text

@@ -1,0 +1,96 @@
+"""`python -m hf_relpos.translate MODEL_DIR`: a file (or stdin) translated line by line, batched by tokens, scored
+against references with sacreBLEU and chrF."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import MEMORISED_PAIRS
+
+from hf_relpos.metrics import score_translations
+from hf_relpos.translate import main, token_batches
+
+REPO = Path(__file__).resolve().parents[1]
+SOURCES = [source for source, _ in MEMORISED_PAIRS]
+TARGETS = [target for _, target in MEMORISED_PAIRS]
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_file_to_file_keeps_every_line_and_scores_against_references(memorised_model_folder, tmp_path, capsys):
+    sources = [SOURCES[4], "", SOURCES[0], SOURCES[1], "   ", *SOURCES[2:4], SOURCES[5]]
+    expected = [TARGETS[4], "", TARGETS[0], TARGETS[1], "", *TARGETS[2:4], TARGETS[5]]
+    references = [TARGETS[4], "", TARGETS[0], "Der Hund sieht eine Katze.", "", *TARGETS[2:4], TARGETS[5]]
+    source_file = write_lines(tmp_path / "src.txt", sources)
+    write_lines(tmp_path / "ref.txt", references)
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"),
+          "--reference", str(tmp_path / "ref.txt"), "--max_tokens", "16"])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8") == "".join(line + "\n" for line in expected)
+    printed = capsys.readouterr()
+    scores = score_translations(expected, references)
+    assert printed.out.splitlines() == [f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})",
+                                        f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})"]
+    assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    assert "translating" in printed.err  # the progress bar, on stderr
+
+
+def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
+    completed = subprocess.run(
+        [sys.executable, "-m", "hf_relpos.translate", str(memorised_model_folder), "--no_progress"],
+        input="".join(line + "\n" for line in SOURCES), capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout.split("\n") == [*TARGETS, ""]
+
+
+def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):
+    folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "max_length": 3}))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
+    cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
+    assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
+    assert "2 translation(s) reached the maximum length before their end token" in capsys.readouterr().err
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
+          "--max_length", "20", "--num_beams", "2", "--length_penalty", "1.0"])
+    assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
+
+
+def test_token_batches_hold_the_budget_and_cover_every_line():
+    lengths = [3, 9, 1, 4, 4, 12, 2, 7]
+    batches = token_batches(lengths, max_tokens=10)
+    assert sorted(index for batch in batches for index in batch) == list(range(len(lengths)))
+    for batch in batches:
+        assert len(batch) == 1 or len(batch) * max(lengths[index] for index in batch) <= 10
+    assert [5] in batches  # longer than the budget: alone
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
+    (["--input", "missing.txt"], "No such file or directory"),
+])
+def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), *flags])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_reference_with_another_line_count_is_refused(memorised_model_folder, tmp_path, capsys):
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    write_lines(tmp_path / "ref.txt", TARGETS[:2])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(tmp_path / "ref.txt")])
+    assert exited.value.code == 2
+    assert "3 source lines but 2 reference lines" in capsys.readouterr().err

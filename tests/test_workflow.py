@@ -1,0 +1,406 @@
+"""The everyday loop around train_translation.py (issue #19): --help, safe reruns, evaluating a saved model with the
+recipe YAML, source-only test files, checks that fire before anything is written, the model card and the saved
+generation settings."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from huggingface_hub import ModelCard
+from huggingface_hub.errors import RepositoryNotFoundError
+from transformers import AutoTokenizer, GenerationConfig
+
+import hf_relpos.arguments as arguments_module
+import hf_relpos.data as data_module
+import hf_relpos.preflight as preflight_module
+from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig
+from hf_relpos.arguments import ConfigError, model_config_fields, parse_arguments
+from hf_relpos.data import DataArguments, DatasetSchemaError
+from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.preflight import PreflightError
+from hf_relpos.training import ModelArguments, TranslationTrainer, TranslationTrainingArguments, run
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "train_translation.py"
+# COLUMNS: argparse wraps --help to the terminal width; one line per field keeps the checks simple.
+ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error", COLUMNS="1000")
+TINY = {
+    "model": {"attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+              "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
+              "decoder_ffn_dim": 64, "max_relative_position": 4, "dropout": 0.1},
+    "source_lang": "en", "target_lang": "de", "tokenizer_vocab_size": 456,
+    "max_source_length": 48, "max_target_length": 48,
+    "do_train": True, "do_eval": False, "do_predict": True,
+    "max_tokens_per_batch": 300, "max_steps": 3, "learning_rate": 1.0e-3, "warmup_steps": 1,
+    "per_device_eval_batch_size": 8, "generation_num_beams": 2, "generation_max_length_offset": 4,
+    "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 7,
+    "disable_tqdm": True, "cpu_threads": 1, "dataloader_pin_memory": False,
+}
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> dict[str, Path]:
+    return write_demo_corpus(tmp_path_factory.mktemp("corpus"), 60, 6, 5, seed=3)
+
+
+def write_config(path: Path, corpus: dict[str, Path], output_dir: Path, **overrides) -> Path:
+    config = {**TINY, "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
+              "test_file": str(corpus["test"]), "output_dir": str(output_dir), **overrides}
+    path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus) -> tuple[Path, Path, dict]:
+    """A run trained with a --model override (k=2 where the YAML says 4) and --generation_max_length: (output_dir,
+    its YAML, results)."""
+    folder = tmp_path_factory.mktemp("trained")
+    config = write_config(folder / "recipe.yaml", corpus, folder / "out")
+    results = run([str(config), "--model.max_relative_position", "2", "--generation_max_length", "30"])
+    return folder / "out", config, results
+
+
+def run_script(*arguments: str, cwd: Path, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPT), *arguments], capture_output=True, text=True, cwd=cwd,
+                          env=env or ENV, timeout=300, stdin=subprocess.DEVNULL)
+
+
+# --- 1. --help -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("flags", [["--help"], ["-h"], []], ids=["help", "h", "no_arguments"])
+def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
+    completed = run_script(*flags, cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    text = completed.stdout
+    assert text.startswith("usage: train_translation.py CONFIG.yaml [--FIELD VALUE ...] [--model.FIELD VALUE ...]")
+    assert "The YAML file (first argument) fills the fields below; flags after it override the YAML" in text
+    headings = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert [heading.split(":")[0] for heading in headings[1:5]] == ["model", "model", "data", "training"]
+    sections = dict(zip([heading.split(" (")[0].rstrip(":") for heading in headings],
+                        re.split("|".join(re.escape(heading) for heading in headings), text)[1:], strict=True))
+    architecture = sections["model: architecture"]
+    registered_by_tests = {field.name for scheme in ATTENTION_REGISTRY.values()
+                           if not scheme.__module__.startswith("hf_relpos") for field in scheme.config_fields}
+    for name in model_config_fields() - registered_by_tests:  # the script's fresh process has the built-in schemes
+        assert f"--model.{name} [VALUE]" in architecture, name
+    assert re.search(r"--model\.max_relative_position \[VALUE\], --max_relative_position \[VALUE\]\s+clipping "
+                     r"distance:\s+relative\s+distances\s+beyond\s+±k\s+share\s+one\s+vector\s+\(default:\s+16\)\n",
+                     architecture)  # the help text the Shaw scheme declares for its field
+    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+Size of the encoder layers.*\(default: 512\)",
+                     architecture)
+    assert re.search(r"--tokenizer_vocab_size TOKENIZER_VOCAB_SIZE, --tokenizer-vocab-size TOKENIZER_VOCAB_SIZE\s+"
+                     r"Vocabulary size .*\(default: 8000\)\n", sections["model: where to start from"])
+    for name, help_start in (("max_source_length", "Longest source, in tokens"),
+                             ("overlong_pairs", "Training pairs over")):
+        assert re.search(rf"--{name} \S+, --\S+ \S+\s+{help_start}.*\(default: \S+\)\n", sections["data"]), name
+    training = sections["training: Seq2SeqTrainingArguments and hf_relpos's additions"]
+    for name in ("learning_rate", "overwrite_output_dir", "max_tokens_per_batch", "generation_max_length"):
+        assert f"--{name} " in training, name
+    assert re.search(r"--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE\s+The initial learning rate "
+                     r".*\(default: 5e-05\)\n", training)
+    assert not list(tmp_path.iterdir())
+
+
+def test_help_after_a_yaml_shows_its_values_as_defaults(tmp_path):
+    completed = run_script(str(REPO / "configs" / "demo.yaml"), "--help", cwd=tmp_path)
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+Size .*\(default: 128\)\n", completed.stdout)
+    assert re.search(r"--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE\s+.*\(default: 0\.002\)\n", completed.stdout)
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("flags", "parsed"), [
+    (["--model.d-model", "48"], {"d_model": 48}),
+    (["--model.directional_heads", "[forward, backward]", "--attention_type=directional"],
+     {"directional_heads": ["forward", "backward"], "attention_type": "directional"}),
+    (["--use_relative_values"], {"use_relative_values": True}),
+])
+def test_model_flags_are_read_as_yaml(tmp_path, corpus, flags, parsed):
+    model_args, _, _ = parse_arguments([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), *flags])
+    assert {name: model_args.model_config[name] for name in parsed} == parsed
+
+
+def test_optional_fields_take_null_and_prefixes_are_not_guessed(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_train_samples=10)
+    _, data_args, training_args = parse_arguments([str(config), "--max_train_samples", "null",
+                                                   "--max_tokens_per_batch", "None"])
+    assert data_args.max_train_samples is None and training_args.max_tokens_per_batch is None
+    with pytest.raises(ConfigError, match=r"unknown key\(s\): --learning_rat \(did you mean learning_rate\?\)"):
+        parse_arguments([str(config), "--learning_rat", "0.1"])  # argparse would take it as --learning_rate
+    with pytest.raises(ConfigError, match=r"argument --max_steps/--max-steps: invalid int value: '1\.5'"):
+        parse_arguments([str(write_config(tmp_path / "d.yaml", corpus, tmp_path / "out", max_steps=1.5))])
+
+
+# --- 2. safe reruns ------------------------------------------------------------------------------------------------
+
+
+def test_a_rerun_into_a_trained_folder_is_one_error_line(trained, tmp_path):
+    output_dir, config, _ = trained
+    completed = run_script(str(config), cwd=tmp_path)
+    assert completed.returncode == 2
+    assert completed.stderr.strip().splitlines() == [
+        f"train_translation.py: error: output_dir {str(output_dir)!r} already holds a trained model or checkpoints "
+        "(model.safetensors, config.json): it has no complete checkpoint to continue from with "
+        "--resume_from_checkpoint last (save_strategy: steps keeps some); train on from its model with "
+        "--model_name_or_path, train from scratch with --overwrite_output_dir true (the old model and checkpoints are "
+        "removed when the new run starts writing), or choose another output_dir"]
+
+
+def test_overwrite_removes_the_old_run_only_once_the_new_one_starts_writing(tmp_path, corpus):
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, save_strategy="steps", save_steps=1,
+                          do_predict=False)
+    run([str(config)])
+    old = sorted(path.name for path in output_dir.iterdir())
+    assert {"checkpoint-1", "checkpoint-2", "checkpoint-3", "model.safetensors", "tokenizer.json"} <= set(old)
+    with pytest.raises(DatasetSchemaError):
+        run([str(config), "--overwrite_output_dir", "true", "--train_file", str(tmp_path / "missing.jsonl")])
+    assert sorted(path.name for path in output_dir.iterdir()) == old, "a run that failed its checks removed nothing"
+    with pytest.raises(ConfigError, match="overwrite_output_dir .* and resume_from_checkpoint .* contradict"):
+        run([str(config), "--overwrite_output_dir", "true", "--resume_from_checkpoint", "last"])
+
+    run([str(config), "--overwrite_output_dir", "true", "--save_strategy", "no", "--tokenizer_vocab_size", "430"])
+    assert not list(output_dir.glob("checkpoint-*"))
+    assert len(AutoTokenizer.from_pretrained(output_dir)) == 430
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == 3 and state["max_steps"] == 3
+
+
+def test_a_stale_tokenizer_is_never_reused_silently(tmp_path, corpus, monkeypatch):
+    """A run that died before its first checkpoint leaves only its tokenizer; a rerun reuses it only when it was
+    trained with the same settings (data and vocabulary size), or when asked for by tokenizer_name."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, do_predict=False)
+
+    def die(self, *args, **kwargs):
+        raise KeyboardInterrupt("killed before the first checkpoint")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationTrainer, "train", die)
+        with pytest.raises(KeyboardInterrupt):
+            run([str(config)])
+    saved = (output_dir / "tokenizer.json").read_text()
+    settings = json.loads((output_dir / "tokenizer_training.json").read_text())
+    assert settings["tokenizer_vocab_size"] == 456 and settings["normalizer"] == "NFC" and settings["byte_fallback"]
+
+    with pytest.raises(ConfigError) as stale:
+        run([str(config), "--tokenizer_vocab_size", "430", "--max_train_samples", "40"])
+    message = str(stale.value)
+    assert f"output_dir {str(output_dir)!r} holds a tokenizer trained with other settings than this run's" in message
+    assert "tokenizer_vocab_size 456 -> 430" in message and "training text differs" in message
+    assert "--overwrite_output_dir true" in message and f"--tokenizer_name {output_dir}" in message
+    assert (output_dir / "tokenizer.json").read_text() == saved
+
+    run([str(config), "--tokenizer_vocab_size", "430", "--tokenizer_name", str(output_dir)])  # asked for
+    assert len(AutoTokenizer.from_pretrained(output_dir)) == 456
+
+
+# --- 3. evaluating a saved model with the recipe -------------------------------------------------------------------
+
+
+def test_evaluation_with_the_recipe_refuses_shape_changes_in_one_line(trained, tmp_path):
+    output_dir, config, _ = trained
+    with pytest.raises(ConfigError) as refused:
+        parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
+                         "--output_dir", str(tmp_path / "eval"), "--model.encoder_ffn_dim", "96"])
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message == (
+        f"model_name_or_path {str(output_dir)!r}: its saved config is the architecture, but model: "
+        "encoder_ffn_dim=96 (saved: 64), max_relative_position=4 (saved: 2) would change the shapes of its weights; "
+        "remove them from the 'model:' section or the flags (or set the saved values)")
+
+
+def test_evaluation_takes_the_saved_architecture_and_fine_tuning_overrides(trained, tmp_path, capsys):
+    output_dir, config, results = trained
+    model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
+                                        "--model.max_relative_position", "2", "--model.dropout", "0.3"])
+    assert model_args.model_config == {"dropout": 0.3}  # the other model: keys equal the saved config
+    evaluated = run([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
+                     "--model.max_relative_position", "2", "--model.dropout", "0.3",
+                     "--output_dir", str(tmp_path / "eval"), "--generation_max_length", "30"])
+    assert evaluated["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
+    assert (tmp_path / "eval" / "test_hypotheses.txt").read_text() == (output_dir / "test_hypotheses.txt").read_text()
+    assert f"WARNING hf_relpos.training: model: overrides of the saved config of {output_dir}: dropout=0.3" in (
+        capsys.readouterr().out)
+
+
+# --- 4. source-only test files -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["txt", "jsonl"])
+def test_predict_on_a_source_only_file_writes_hypotheses_and_skips_bleu(trained, corpus, tmp_path, capsys, kind):
+    output_dir, config, _ = trained
+    sources = [json.loads(line)["translation"]["en"] for line in corpus["test"].read_text().splitlines()]
+    sources.insert(2, "")
+    if kind == "txt":
+        test_file = tmp_path / "sources.txt"
+        test_file.write_text("\n".join(sources) + "\n", encoding="utf-8")
+    else:
+        test_file = tmp_path / "sources.jsonl"
+        test_file.write_text("".join(json.dumps({"en": source}) + "\n" for source in sources), encoding="utf-8")
+    predicted = run([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
+                     "--test_file", str(test_file), "--output_dir", str(tmp_path / "predict"),
+                     "--model.max_relative_position", "2", "--generation_max_length", "30"])
+    assert "test_bleu" not in predicted["test"] and "test_loss" not in predicted["test"]
+    hypotheses = (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")
+    assert len(hypotheses) == len(sources) + 1 and hypotheses[2] == "" and hypotheses[-1] == ""
+    reference_run = (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+    assert hypotheses[:2] + hypotheses[3:-1] == reference_run
+    assert "the source-only file has no references, so BLEU and chrF are skipped" in capsys.readouterr().out
+
+
+def test_a_txt_file_cannot_train(tmp_path, corpus):
+    with pytest.raises(ConfigError, match=r"train_file '.*s\.txt': a \.txt file holds sources only"):
+        parse_arguments([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_file="s.txt"))])
+
+
+# --- 6. checks before anything is written --------------------------------------------------------------------------
+
+
+def test_zero_beams_is_an_error_before_training(tmp_path, corpus):
+    completed = run_script(str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")),
+                           "--generation_num_beams", "0", cwd=tmp_path)
+    assert completed.returncode == 2
+    assert completed.stderr.strip() == (
+        "train_translation.py: error: generation_num_beams must be a positive integer or null, got 0")
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("integration", ["tensorboard", "wandb"])
+def test_a_reporting_integration_without_its_package_is_an_error(tmp_path, corpus, monkeypatch, integration):
+    monkeypatch.setattr(arguments_module, "get_available_reporting_integrations", lambda: [])
+    with pytest.raises(ConfigError, match=rf"report_to {integration} needs the {integration} package, which is not "
+                                          rf"installed: pip install 'hf_relpos\[{integration}\]', or set report_to: "
+                                          "none"):
+        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), "--report_to", integration])
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(ConfigError, match=r"report_to 'tensorbord' is not an integration"):
+        parse_arguments([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), "--report_to",
+                         "tensorbord"])
+
+
+def test_an_unreachable_hub_dataset_is_one_error_without_retries(tmp_path, monkeypatch):
+    def unreachable(self, repo_id, **kwargs):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    def never(*args, **kwargs):
+        raise AssertionError("load_dataset must not be tried (its retries take half a minute)")
+
+    monkeypatch.setattr(data_module.HfApi, "dataset_info", unreachable)
+    monkeypatch.setattr(data_module, "load_dataset", never)
+    config = {key: value for key, value in TINY.items()} | {"dataset_name": "bentrevett/multi30k",
+                                                            "dataset_config_name": None,
+                                                            "output_dir": str(tmp_path / "out")}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(DatasetSchemaError) as unreachable_error:
+        run([str(tmp_path / "c.yaml")])
+    assert str(unreachable_error.value) == (
+        "dataset 'bentrevett/multi30k': the Hugging Face Hub cannot be reached (ConnectionError: [Errno -2] Name or "
+        "service not known); connect to the network, set HF_HUB_OFFLINE=1 to use a copy in the local cache, or give "
+        "local files (train_file, validation_file, test_file)")
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_hub_probe_names_a_missing_dataset_and_leaves_local_ones_alone(tmp_path, monkeypatch):
+    def missing(self, repo_id, **kwargs):
+        if repo_id == str(tmp_path):
+            raise AssertionError("a local folder is no Hub dataset")
+        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # as huggingface_hub raises it for a 404
+        Exception.__init__(error, f"404 Client Error: {repo_id}")
+        raise error
+
+    monkeypatch.setattr(data_module.HfApi, "dataset_info", missing)
+    with pytest.raises(DatasetSchemaError, match=r"dataset 'me/no-such-data' is not on the Hugging Face Hub \(or it "
+                                                 r"is private: log in with `hf auth login`\)"):
+        data_module.check_hub_dataset("me/no-such-data")
+    data_module.check_hub_dataset(str(tmp_path))
+
+
+def test_an_uncached_hub_dataset_offline_is_one_error_line(tmp_path):
+    config = dict(TINY, dataset_name="hf-relpos-tests/not-cached", dataset_config_name=None,
+                  output_dir=str(tmp_path / "out"))
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(config))
+    completed = run_script(str(tmp_path / "c.yaml"), cwd=tmp_path,
+                           env=dict(ENV, HF_HUB_OFFLINE="1", HF_DATASETS_CACHE=str(tmp_path / "cache")))
+    assert completed.returncode == 2
+    (line,) = completed.stderr.strip().splitlines()
+    assert line.startswith("train_translation.py: error: dataset 'hf-relpos-tests/not-cached' could not be loaded "
+                           "(HF_HUB_OFFLINE is set: only a dataset in the local cache loads): ")
+    assert not (tmp_path / "out").exists()
+
+
+def test_push_to_hub_checks_the_login_before_training(tmp_path, corpus, monkeypatch):
+    monkeypatch.setattr(preflight_module, "get_token", lambda: None)
+    with pytest.raises(PreflightError, match=r"push_to_hub needs a Hugging Face login and none was found: run `hf "
+                                             r"auth login`"):
+        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), "--push_to_hub", "true"])
+    assert not (tmp_path / "out").exists()
+
+    def rejected(self, *args, **kwargs):
+        raise OSError("401 Client Error: Invalid credentials")
+
+    monkeypatch.setattr(preflight_module.HfApi, "whoami", rejected)
+    with pytest.raises(PreflightError, match=r"push_to_hub: the Hugging Face login could not be checked \(OSError: "
+                                             r"401 Client Error: Invalid credentials\)"):
+        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), "--push_to_hub", "true",
+             "--hub_token", "hf_invalid"])
+    assert not (tmp_path / "out").exists()
+
+
+def test_dropping_a_large_share_of_the_training_pairs_is_a_warning(tmp_path, corpus, capsys):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_source_length=12, max_target_length=12,
+                          max_steps=1, do_predict=False)
+    run([str(config)])
+    (warning,) = [line for line in capsys.readouterr().out.splitlines() if "of the training pairs are dropped" in line]
+    assert re.search(r" WARNING hf_relpos\.data: \d+\.\d% of the training pairs are dropped: train: kept \d+ of 60 "
+                     r"pairs \(0 with an empty side dropped, \d+ over the length limits dropped\); raise "
+                     r"max_source_length \(12\) / max_target_length \(12\) or set overlong_pairs: truncate$", warning)
+
+
+# --- 7. the model card ---------------------------------------------------------------------------------------------
+
+
+def test_the_output_dir_has_the_model_card_with_this_runs_results(trained):
+    output_dir, _, results = trained
+    card = ModelCard((output_dir / "README.md").read_text(encoding="utf-8"))
+    assert card.data.pipeline_tag == "translation" and card.data.language == ["en", "de"]
+    (bleu,) = [result for result in card.data.eval_results if result.metric_type == "sacrebleu"]
+    assert bleu.dataset_split == "test" and bleu.metric_value == round(results["test"]["test_bleu"], 2)
+    assert "| `max_relative_position` (k) | 2 |" in card.text
+
+
+# --- 8. the saved generation settings ------------------------------------------------------------------------------
+
+
+def test_the_saved_generation_config_holds_the_requested_max_length(trained, tmp_path, corpus):
+    output_dir, _, _ = trained
+    generation = GenerationConfig.from_pretrained(output_dir)
+    assert (generation.max_length, generation.num_beams, generation.length_penalty) == (30, 2, 0.6)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    run([str(config)])  # no generation_max_length: max_source_length + offset + the decoder start token
+    assert GenerationConfig.from_pretrained(tmp_path / "out").max_length == 48 + 4 + 1
+
+
+def test_argument_classes_are_the_ones_training_exports():
+    assert (ModelArguments, DataArguments, TranslationTrainingArguments) == arguments_module.ARGUMENT_CLASSES
+    assert RelPosTransformerConfig.model_type == "relpos_transformer"
+
+
+def test_shape_changes_valid_only_together_are_named(trained, tmp_path):
+    """d_model 48 with 3 heads: 3 heads alone do not divide the saved d_model 32; both are named."""
+    output_dir, config, _ = trained
+    with pytest.raises(ConfigError, match=r"model: d_model=48 \(saved: 32\), decoder_attention_heads=3 \(saved: 2\), "
+                                          r"encoder_attention_heads=3 \(saved: 2\), max_relative_position=4 \(saved: "
+                                          r"2\) would change the shapes"):
+        parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
+                         "--model.d_model", "48", "--model.encoder_attention_heads", "3",
+                         "--model.decoder_attention_heads", "3"])
