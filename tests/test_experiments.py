@@ -155,7 +155,7 @@ def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source
 
 VS_MARIAN = EXPERIMENTS / "vs_marian.py"
 TINY_VS_MARIAN = [
-    "--max-steps", "2", "--warmup-steps", "1", "--vocab-size", "120", "--d-model", "16", "--layers", "1",
+    "--max-steps", "2", "--warmup-steps", "1", "--vocab-size", "400", "--d-model", "16", "--layers", "1",
     "--heads", "2", "--ffn-dim", "32", "--max-tokens-per-batch", "256", "--batch-size", "8", "--beams", "2",
     "--max-new-tokens", "6", "--logging-steps", "1", "--max-eval-samples", "4",
 ]
