@@ -117,6 +117,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
     )
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.use_cpu or not torch.accelerator.is_available():
+            self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
+
 
 ARGUMENT_CLASSES = (ModelArguments, DataArguments, TranslationTrainingArguments)
 Arguments = tuple[ModelArguments, DataArguments, TranslationTrainingArguments]

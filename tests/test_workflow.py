@@ -404,3 +404,13 @@ def test_shape_changes_valid_only_together_are_named(trained, tmp_path):
         parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
                          "--model.d_model", "48", "--model.encoder_attention_heads", "3",
                          "--model.decoder_attention_heads", "3"])
+
+
+def test_cpu_runs_do_not_pin_dataloader_memory(tmp_path, corpus, monkeypatch):
+    """Without an accelerator there is nothing to pin to (torch warns once per DataLoader); with one, the Trainer's
+    default stays."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", use_cpu=False, dataloader_pin_memory=True)
+    for accelerator_available in (False, True):
+        monkeypatch.setattr(arguments_module.torch.accelerator, "is_available", lambda available=accelerator_available: available)
+        *_, training_args = parse_arguments([str(config)])
+        assert training_args.dataloader_pin_memory is accelerator_available
