@@ -102,8 +102,10 @@ def naive_softmax_attention(scores, allowed, values_for):
     return out
 
 
-def naive_shaw(scheme, layer, q, k, v, allowed, offset):
-    """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij)."""
+def naive_shaw(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij).
+
+    Every reference takes the absolute position of query i (`query_at[i]`) and key j (`key_at[j]`)."""
     kmax = scheme.max_relative_position
 
     def table(tables, h, i, j):
@@ -111,7 +113,7 @@ def naive_shaw(scheme, layer, q, k, v, allowed, offset):
             return torch.zeros(HEAD_DIM, dtype=torch.float64)
         per_layer = tables[layer]
         per_head = per_layer[h] if per_layer.dim() == 3 else per_layer
-        return per_head[max(-kmax, min(kmax, j - (i + offset))) + kmax]
+        return per_head[max(-kmax, min(kmax, key_at[j] - query_at[i])) + kmax]
 
     scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
     for b in range(BATCH):
@@ -123,7 +125,7 @@ def naive_shaw(scheme, layer, q, k, v, allowed, offset):
     return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j] + table(scheme.relative_values, h, i, j))
 
 
-def naive_xl(scheme, layer, q, k, v, allowed, offset):
+def naive_xl(scheme, layer, q, k, v, allowed, query_at, key_at):
     """Dai et al. eq. in sec. 3.3: A_ij = q_i.k_j + q_i.W_kR R_(i-j) + u.k_j + v.W_kR R_(i-j), scaled by 1/sqrt(d)."""
     projection = scheme.position_projections[layer].weight
     bias_layer = layer if scheme.content_bias.size(0) > 1 else 0
@@ -132,7 +134,8 @@ def naive_xl(scheme, layer, q, k, v, allowed, offset):
     scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
     for i in range(q.size(2)):
         for j in range(k.size(2)):
-            distance = i + offset - j if clamp is None else max(-clamp, min(clamp, i + offset - j))
+            distance = query_at[i] - key_at[j]
+            distance = distance if clamp is None else max(-clamp, min(clamp, distance))
             relative = (projection @ sinusoid_by_loop(distance, scheme.config.d_model)).view(HEADS, HEAD_DIM)
             for b in range(BATCH):
                 for h in range(HEADS):
@@ -151,17 +154,18 @@ def disan_allowed(direction: str, i: int, j: int, disable_diagonal: bool) -> boo
     return {"forward": j < i, "backward": j > i, "both": True}[direction]
 
 
-def naive_directional(scheme, layer, q, k, v, allowed, offset):
+def naive_directional(scheme, layer, q, k, v, allowed, query_at, key_at):
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
     combined = allowed.clone()
     for h, direction in enumerate(scheme.head_directions):
         for i in range(q.size(2)):
             for j in range(k.size(2)):
-                combined[:, h, i, j] &= disan_allowed(direction, i + offset, j, scheme.disable_diagonal)
+                combined[:, h, i, j] &= disan_allowed(direction, query_at[i], key_at[j], scheme.disable_diagonal)
     return naive_softmax_attention(scores, combined, lambda b, h, i, j: v[b, h, j])
 
 
-def naive_absolute(scheme, layer, q, k, v, allowed, offset):
+def naive_absolute(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """Plain attention: `absolute` adds its sinusoids to the embeddings (tested in test_model.py), `none` nothing."""
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
     return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
 
@@ -183,14 +187,15 @@ CASES = [
 SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
 
 
-def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False):
+def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
+                   key_positions=None):
     """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`."""
     q, k, v = inputs(query_length, key_length)
     offset = key_length - query_length
     mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
                               key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
     with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
-        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions)
+        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions, key_positions)
     return (q, k, v), output.transpose(1, 2), weights
 
 
@@ -205,21 +210,41 @@ def test_scheme_matches_naive_equations(attention_type, reference, overrides, sh
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
     allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
-    expected = reference(scheme, 1, q, k, v, allowed, offset)
+    expected = reference(scheme, 1, q, k, v, allowed, range(offset, key_length), range(key_length))
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations_at_randomized_positions(attention_type, reference, overrides, shape, kernel):
+    """Randomized positions (`position_randomization_max`, Ruoss et al. 2023): given the keys' positions, a sorted
+    subset of 0 .. 39 with gaps, each scheme computes its paper equation at those positions, on every kernel."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention(attention_type, is_causal, kernel, **overrides)
+    key_positions = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:key_length].sort().values
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, True,
+                                        key_positions=key_positions)
+    offset = key_length - query_length
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, True)
+    positions = key_positions.tolist()
+    expected = reference(scheme, 1, q, k, v, allowed, positions[offset:], positions)
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("attention_type", ["absolute"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, padded):
-    """`absolute` adds nothing to attention, so any kernel of transformers' runs it (here transformers' own SDPA
-    function registered under another name, standing in for flash_attention_2/3 and Hub kernels)."""
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, attention_type, padded):
+    """`absolute` and `none` add nothing to attention, `rope` only replaces queries and keys, so any kernel of
+    transformers' runs them (here transformers' own SDPA function registered under another name, standing in for
+    flash_attention_2/3 and Hub kernels)."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention("absolute", is_causal, TRANSFORMERS_KERNEL)
+    attention, scheme = make_attention(attention_type, is_causal, TRANSFORMERS_KERNEL)
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
     expected = naive_absolute(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
-                              offset)
+                              range(offset, key_length), range(key_length))
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
