@@ -15,8 +15,12 @@ from .positions import get_scheme_class, scheme_config_fields
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
 from .positions_absolute import AbsolutePositions  # noqa: F401
+from .positions_alibi import AlibiPositions  # noqa: F401
 from .positions_directional import DirectionalPositions  # noqa: F401
+from .positions_none import NoPositions  # noqa: F401
+from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
+from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
 
 LAYER_NORM_POSITIONS = ("pre", "post")

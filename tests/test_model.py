@@ -6,11 +6,18 @@ import json
 
 import pytest
 import torch
-from conftest import RELATIVE_SCHEMES, SCHEMES, run_without_hf_relpos, sinusoid_by_loop, tiny_config, tiny_model
+from conftest import (
+    ORDER_AWARE_SCHEMES,
+    RELATIVE_SCHEMES,
+    SCHEMES,
+    run_without_hf_relpos,
+    sinusoid_by_loop,
+    tiny_config,
+    tiny_model,
+)
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos import PositionScheme, register_attention
 from hf_relpos.modeling_relpos import RelPosAttention
 
 
@@ -92,7 +99,7 @@ def test_training_reduces_loss_and_reaches_position_parameters(attention_type, l
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     scheme_parameters = {n: p for n, p in model.named_parameters() if ".positions." in n}
-    if attention_type in ("shaw", "xl"):
+    if attention_type in ("shaw", "xl", "t5"):
         assert scheme_parameters
     for name, parameter in scheme_parameters.items():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -199,8 +206,9 @@ def test_save_load_round_trip_with_package_and_auto_classes(attention_type, tmp_
     assert torch.equal(base.shared.weight, model.model.shared.weight)
 
 
-def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
-    model = tiny_model("shaw")
+@pytest.mark.parametrize("attention_type", ["shaw", "none", "alibi", "t5", "rope"])
+def test_remote_code_loads_without_hf_relpos_installed(attention_type, tmp_path):
+    model = tiny_model(attention_type)
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     torch.save(logits_of(model), tmp_path / "expected.pt")
@@ -276,7 +284,7 @@ def train_and_reverse(attention_type: str) -> tuple[list[bool], torch.Tensor]:
     return exact, outputs
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
+@pytest.mark.parametrize("attention_type", ORDER_AWARE_SCHEMES)
 def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_type):
     """Reversal needs order: every source also appears reversed, with the opposite target. A model that gets all of
     them right tells the two orders apart, i.e. really uses its scheme (a position-blind one cannot, see below)."""
@@ -284,15 +292,27 @@ def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_ty
     assert all(exact)
 
 
-@register_attention("test_no_positions")
-class NoPositions(PositionScheme):
-    """A scheme that adds nothing: the encoder is a bag of tokens."""
+def test_alibi_encoder_is_mirror_equivariant():
+    """ALiBi's encoder bias -m_h |i - j| does not change when the sequence is reversed, so without a marker at one end
+    (such as `</s>`) the encoder states of a reversed input are the reversed states: a source and its reversal look
+    alike to cross-attention, which is why `alibi` is not in ORDER_AWARE_SCHEMES."""
+    model = tiny_model("alibi").double()
+    source = torch.randint(4, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = model.get_encoder()(input_ids=source).last_hidden_state
+        mirrored = model.get_encoder()(input_ids=source.flip(1)).last_hidden_state
+    assert (mirrored - states.flip(1)).abs().max() < 1e-12
+    shaw = tiny_model("shaw").double()
+    with torch.no_grad():
+        states = shaw.get_encoder()(input_ids=source).last_hidden_state
+        mirrored = shaw.get_encoder()(input_ids=source.flip(1)).last_hidden_state
+    assert (mirrored - states.flip(1)).abs().max() > 1e-3  # a direction-aware scheme is not
 
 
 def test_a_position_blind_model_fails_the_reversal_task():
-    """Without positions the encoder is permutation-equivariant and cross-attention sums over it, so a source and its
-    reversal give the decoder the same input: identical translations, at most one of each pair right."""
-    exact, outputs = train_and_reverse("test_no_positions")
+    """Without positions (`none`) the encoder is permutation-equivariant and cross-attention sums over it, so a source
+    and its reversal give the decoder the same input: identical translations, at most one of each pair right."""
+    exact, outputs = train_and_reverse("none")
     assert sum(exact) <= len(exact) // 2
     assert all(torch.equal(outputs[2 * pair], outputs[2 * pair + 1]) for pair in range(len(exact) // 2))
 
