@@ -227,7 +227,8 @@ class AttentionTerms:
     is plain attention, softmax(q k^T / sqrt(d) + mask) v.
 
     - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u; a rotation such as
-      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`.
+      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`
+      (or all at the randomized `positions`, see `PositionScheme`).
     - `score_bias`: added to the scaled scores, a tensor broadcastable to [B, H, n, m] or a bucketed `RelativeBias`.
     - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality
       (DiSAN's per-head direction masks). A query left with no key outputs zeros.
