@@ -9,7 +9,8 @@ encodings give both directly for the lengths seen in training, relative schemes 
 21-40 and 41-80 (exact-match accuracy and corpus sacreBLEU on the space-joined letters).
 
 Runs, all with the same model size, steps, batches (the same data stream) and seeds:
-  - schemes:  absolute, shaw (k=16, a^K and a^V), xl, directional
+  - schemes:  absolute, shaw (k=16, a^K and a^V), xl, directional, none, alibi, t5, rope
+  - randomized: absolute and rope trained at randomized positions (Ruoss et al. 2023, position_randomization_max)
   - k:        shaw with clipping distance k in {0, 1, 2, 4, 16} (Shaw et al. 2018, Table 2)
   - aK_aV:    shaw with a^K / a^V on and off (Table 3)
 
@@ -48,6 +49,8 @@ VOCAB_SIZE = len(SPECIAL_TOKENS) + len(SYMBOLS)
 TRAIN_LENGTHS = (1, 20)
 BUCKETS = ((1, 20), (21, 40), (41, 80))
 K_VALUES = (0, 1, 2, 4, 16)
+RANDOMIZATION_MAX = 128  # Ruoss et al. (2023): training positions drawn from 0 .. L-1, L > the longest test input
+RANDOMIZED_SCHEMES = ("absolute", "rope")
 
 
 @dataclass(frozen=True)
@@ -67,6 +70,15 @@ def run_specs() -> list[RunSpec]:
         RunSpec("shaw", "shaw", {"max_relative_position": 16}, ("schemes", "k", "aK_aV")),
         RunSpec("xl", "xl", {}, ("schemes",)),
         RunSpec("directional", "directional", {}, ("schemes",)),
+        RunSpec("none", "none", {}, ("schemes",)),
+        RunSpec("alibi", "alibi", {}, ("schemes",)),
+        RunSpec("t5", "t5", {}, ("schemes",)),
+        RunSpec("rope", "rope", {}, ("schemes",)),
+    ]
+    specs += [
+        RunSpec(f"{scheme} randomized L={RANDOMIZATION_MAX}", scheme, {"position_randomization_max": RANDOMIZATION_MAX},
+                ("randomized",))
+        for scheme in RANDOMIZED_SCHEMES
     ]
     specs += [
         RunSpec(f"shaw k={k}", "shaw", {"max_relative_position": k}, ("k",)) for k in K_VALUES if k != 16
@@ -226,6 +238,7 @@ def markdown(results: dict) -> str:
         "schemes": "Position schemes",
         "k": "Shaw clipping distance k (a^K and a^V)",
         "aK_aV": "Shaw a^K / a^V (k = 16)",
+        "randomized": f"Randomized positions in training (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
@@ -237,6 +250,8 @@ def markdown(results: dict) -> str:
         f"BLEU signature: `{results['bleu_signature']}`.",
     ]
     for group, title in titles.items():
+        if not group_rows(results["runs"], group):
+            continue
         lines += ["", f"## {title}", "", header + " | train s |", "|" + " --- |" * (2 * len(buckets) + 2)]
         for label, run in group_rows(results["runs"], group):
             accuracy = " | ".join(cell(run["summary"][b], "accuracy", seeds) for b in buckets)
@@ -261,8 +276,9 @@ METRICS = (("accuracy", "exact-match accuracy", (-0.03, 1.03)), ("bleu", "sacreB
 
 
 def plot(results: dict, out: Path) -> list[Path]:
-    """Accuracy (left) and BLEU (right) panels: accuracy_by_length.png (one line per scheme), k_ablation.png (against
-    k, one line per bucket) and relative_ablation.png (one line per a^K / a^V setting)."""
+    """Accuracy (left) and BLEU (right) panels: accuracy_by_length.png (one line per scheme, dashed for randomized
+    positions), k_ablation.png (against k, one line per bucket) and relative_ablation.png (one line per a^K / a^V
+    setting); a figure whose runs were not run is left out."""
     from matplotlib.figure import Figure
 
     buckets = [f"{low}-{high}" for low, high in BUCKETS]
@@ -270,7 +286,8 @@ def plot(results: dict, out: Path) -> list[Path]:
     k_runs = [run for _, run in group_rows(runs, "k")]
     figures = {
         "accuracy_by_length.png": ("position schemes", "test length (training: 1-20, shaded)", [
-            (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "schemes")
+            (label, buckets, [run["summary"][b] for b in buckets])
+            for label, run in group_rows(runs, "schemes") + group_rows(runs, "randomized")
         ]),
         "k_ablation.png": ("Shaw clipping distance (a^K and a^V)", "clipping distance k", [
             (f"length {b}", [str(run["overrides"]["max_relative_position"]) for run in k_runs],
@@ -282,10 +299,13 @@ def plot(results: dict, out: Path) -> list[Path]:
     }
     paths = []
     for filename, (title, xlabel, lines) in figures.items():
+        if not lines or not lines[0][1]:
+            continue
         figure = Figure(figsize=(10, 3.8))
         for axes, (metric, ylabel, ylim) in zip(figure.subplots(1, 2), METRICS, strict=True):
             for label, xs, summaries in lines:
-                axes.plot(xs, [summary[metric] for summary in summaries], marker="o", label=label)
+                axes.plot(xs, [summary[metric] for summary in summaries], marker="o", label=label,
+                          linestyle="--" if "randomized" in label else "-")
             if xlabel.startswith("test length"):
                 axes.axvspan(-0.3, 0.3, color="0.9", zorder=0)
             axes.set(xlabel=xlabel, ylabel=ylabel, ylim=ylim, title=f"reversal: {title}")

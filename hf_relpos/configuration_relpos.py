@@ -15,8 +15,12 @@ from .positions import get_scheme_class, scheme_config_fields
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
 from .positions_absolute import AbsolutePositions  # noqa: F401
+from .positions_alibi import AlibiPositions  # noqa: F401
 from .positions_directional import DirectionalPositions  # noqa: F401
+from .positions_none import NoPositions  # noqa: F401
+from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
+from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
 
 LAYER_NORM_POSITIONS = ("pre", "post")
@@ -34,6 +38,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - The fields every registered scheme declares (`PositionScheme.config_fields`, with their defaults, help and
       validation; e.g. Shaw's `max_relative_position`): top-level attributes of every config, saved in config.json.
     - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none).
+    - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
+      stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
+      instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default).
 
     `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output
     projection (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
@@ -72,6 +79,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     attention_type: str = "shaw"
     layer_norm_position: str = "post"
     mem_len: int = 0
+    position_randomization_max: int | None = None
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
@@ -118,6 +126,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
             _require_int(name, getattr(self, name), minimum=1)
         for name in ("encoder_layers", "decoder_layers", "mem_len"):
             _require_int(name, getattr(self, name), minimum=0)
+        randomization = self.position_randomization_max
+        if randomization is not None and (isinstance(randomization, bool) or not isinstance(randomization, int)
+                                          or randomization < 1):
+            raise ValueError(f"position_randomization_max must be null (off) or an integer >= 1, got {randomization!r}")
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)
             if self.d_model % heads:

@@ -38,7 +38,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
-from .positions import AttentionTerms, PositionScheme, get_scheme_class
+from .positions import AttentionTerms, PositionScheme, get_scheme_class, random_positions
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -139,9 +139,11 @@ class RelPosAttention(nn.Module):
         query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attention_mask` comes from `attention_mask_for`; `memory` [B, M, d] (Transformer-XL): keys and values over
-        [memory; current segment], queries over the current segment only, at positions after `query_offset`."""
+        [memory; current segment], queries over the current segment only, at positions after `query_offset`;
+        `key_positions` [m]: randomized positions of the keys (None: the ordinary ones, see `PositionScheme`)."""
         query = self._heads(self.q_proj(hidden_states))
         cache = past_key_values
         if isinstance(past_key_values, EncoderDecoderCache):
@@ -159,7 +161,8 @@ class RelPosAttention(nn.Module):
                 if self.is_cross_attention:
                     past_key_values.is_updated[self.layer_idx] = True
 
-        output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions)
+        output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions,
+                                      key_positions)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
     def attend(
@@ -171,10 +174,14 @@ class RelPosAttention(nn.Module):
         positions: PositionScheme | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The scaled dot product of per-head queries [B, H, n, d] and keys/values [B, H, m, d] with what `positions`
         adds, on the kernel `config._attn_implementation` names; returns [B, n, H, d] and the weights (eager)."""
-        terms = AttentionTerms() if positions is None else positions.terms(self.layer_idx, query, key, query_offset)
+        terms = AttentionTerms()
+        if positions is not None:
+            randomized = {} if key_positions is None else {"positions": key_positions}
+            terms = positions.terms(self.layer_idx, query, key, query_offset, **randomized)
         query = query if terms.query is None else terms.query
         key = key if terms.key is None else terms.key
         kernel = self.config._attn_implementation
@@ -248,6 +255,7 @@ class RelPosLayer(GradientCheckpointingLayer):
         query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         if memory is not None and self.pre_norm:
             memory = self.self_attn_layer_norm(memory)
@@ -256,7 +264,7 @@ class RelPosLayer(GradientCheckpointingLayer):
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
                 x, self_mask, positions, past_key_values=past_key_values, query_offset=query_offset,
-                output_attentions=output_attentions, memory=memory,
+                output_attentions=output_attentions, memory=memory, key_positions=key_positions,
             ),
         )
         cross_weights = None
@@ -305,13 +313,23 @@ class RelPosStack(nn.Module):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
-    def embed(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int) -> torch.Tensor:
+    def embed(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The embedded tokens, and the positions of every key of this stack's self-attention [past_length + n]:
+        None (the ordinary 0 .. m-1) unless `position_randomization_max` is set and the stack is training, then a
+        sorted random subset of 0 .. position_randomization_max - 1 (Ruoss et al. 2023)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length)
-        return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training)
+        key_positions, randomized = None, {}
+        if self.training and self.config.position_randomization_max is not None:
+            key_positions = random_positions(past_length + inputs_embeds.size(1), self.config.position_randomization_max,
+                                             device=inputs_embeds.device)
+            randomized = {"positions": key_positions[past_length:]}
+        hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
+        return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training), key_positions
 
     def run_layers(
         self,
@@ -324,6 +342,7 @@ class RelPosStack(nn.Module):
         past_key_values: Cache | None = None,
         query_offset: int = 0,
         memory: list[torch.Tensor] | None = None,
+        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
         """Returns the output, optional per-layer hidden states / attentions / cross-attentions, and the inputs of
         every layer (what Transformer-XL keeps as memory)."""
@@ -342,6 +361,7 @@ class RelPosStack(nn.Module):
                 query_offset=query_offset,
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
+                key_positions=key_positions,
             )
             all_self.append(self_weights)
             all_cross.append(cross_weights)
@@ -372,12 +392,12 @@ class RelPosEncoder(RelPosStack):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length=0)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0)
         batch_size, length = hidden_states.shape[:2]
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
                                        device=hidden_states.device)
         hidden_states, all_hidden, all_self, _, _ = self.run_layers(
-            hidden_states, self_mask, bool(output_attentions), bool(output_hidden_states)
+            hidden_states, self_mask, bool(output_attentions), bool(output_hidden_states), key_positions=key_positions
         )
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
@@ -436,7 +456,7 @@ class RelPosDecoder(RelPosStack):
             )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
-        hidden_states = self.embed(input_ids, inputs_embeds, past_length)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
         if attention_mask is not None and attention_mask.size(1) != key_length:
@@ -461,6 +481,7 @@ class RelPosDecoder(RelPosStack):
             past_key_values=past_key_values,
             query_offset=past_length,
             memory=mems,
+            key_positions=key_positions,
         )
         new_mems = None
         if mem_len > 0:

@@ -83,6 +83,15 @@ def boolean_field(name: str, default: bool, help: str, symbol: str = "") -> Sche
     return SchemeField(name, default, help, "true or false", lambda value: isinstance(value, bool), symbol)
 
 
+def number_field(name: str, default: float, help: str, symbol: str = "") -> SchemeField:
+    """A positive real-valued scheme setting (an int is accepted too)."""
+
+    def valid(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+    return SchemeField(name, default, help, "a positive number", valid, symbol)
+
+
 def integer_field(
     name: str, default: int | None, help: str, minimum: int = 0, optional: bool = False, symbol: str = ""
 ) -> SchemeField:
@@ -134,6 +143,23 @@ def relative_position_index(
     key_positions = torch.arange(key_length, device=device)
     distance = key_positions[None, :] - query_positions[:, None]
     return distance.clamp(-max_relative_position, max_relative_position) + max_relative_position
+
+
+def query_and_key_positions(
+    query_length: int, key_length: int, positions: torch.Tensor | None, device: Any = None
+) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """The absolute positions of the queries [n] and keys [m] of one attention call: `positions` (the keys'
+    positions, queries being the last n keys) or, when None, the ordinary 0 .. m-1."""
+    keys = torch.arange(key_length, device=device) if positions is None else positions
+    return keys[key_length - query_length :], keys
+
+
+def random_positions(length: int, position_range: int, device: Any = None) -> torch.LongTensor:
+    """Ruoss et al. (2023) randomized positions: a uniformly drawn, sorted subset of `length` of 0 .. range-1."""
+    if length > position_range:
+        raise ValueError(f"position_randomization_max ({position_range}) must be at least the sequence length in "
+                         f"training ({length}): raise it or train on shorter sequences")
+    return torch.randperm(position_range, device=device)[:length].sort().values
 
 
 def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -201,7 +227,8 @@ class AttentionTerms:
     is plain attention, softmax(q k^T / sqrt(d) + mask) v.
 
     - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u; a rotation such as
-      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`.
+      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`
+      (or all at the randomized `positions`, see `PositionScheme`).
     - `score_bias`: added to the scaled scores, a tensor broadcastable to [B, H, n, m] or a bucketed `RelativeBias`.
     - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality
       (DiSAN's per-head direction masks). A query left with no key outputs zeros.
@@ -229,12 +256,22 @@ class PositionScheme(nn.Module):
 
     A subclass owns the parameters of all `num_layers` layers and overrides what it needs:
 
-    - `embed(inputs_embeds, past_length)`: an embedding-level encoding (absolute sinusoids).
-    - `terms(layer_idx, query, key, query_offset) -> AttentionTerms`: what layer `layer_idx` adds to attention, given
-      its per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or memory) and the
-      number of cached positions before the first query (`query_offset`), so a decoding step sees true distances.
+    - `embed(inputs_embeds, past_length, positions=None)`: an embedding-level encoding (absolute sinusoids).
+    - `terms(layer_idx, query, key, query_offset, positions=None) -> AttentionTerms`: what layer `layer_idx` adds to
+      attention, given its per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or
+      memory) and the number of cached positions before the first query (`query_offset`), so a decoding step sees
+      true distances.
     - `config_fields`: the config fields it reads (`SchemeField`), `check_config` for checks across fields,
       `init_parameters(std)`, and `card` (`SchemeCard`) for model cards.
+
+    Positions. By default the tokens of a call sit at the ordinary positions: key j at j, query i at
+    `query_offset + i`. With `config.position_randomization_max` = L set, a stack in training mode draws its
+    positions instead as a sorted random subset of 0 .. L-1 (Ruoss et al. 2023; `random_positions`, one draw per
+    batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n], to `terms` those of
+    the m keys [m] (the queries are the last n of them). `positions=None` always means the ordinary positions, so
+    evaluation and generation are unchanged. A scheme reads both cases through `query_and_key_positions`, and so
+    takes randomized positions without further code; fast paths that rely on consecutive positions (XL's rel-shift)
+    apply only when `positions` is None.
     """
 
     name: str = ""
@@ -257,10 +294,13 @@ class PositionScheme(nn.Module):
     def init_parameters(self, std: float) -> None:
         """Initialise this scheme's own parameters (called by `PreTrainedModel._init_weights`)."""
 
-    def embed(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor:
+    def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding-level position encoding; identity for purely relative schemes."""
         return inputs_embeds
 
-    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
         """What layer `layer_idx`'s self-attention gets from this scheme; nothing by default."""
         return AttentionTerms()

@@ -25,12 +25,13 @@ def describe(config: Any) -> str:
 class AbsolutePositions(PositionScheme):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), added to the embeddings.
 
-    Computed on the fly for positions `past_length .. past_length + n - 1`, so any length works and a cached
+    Computed on the fly for positions `past_length .. past_length + n - 1` (or the randomized `positions`), so any length works and a cached
     decoding step gets its true position. Attention itself has no position term, so every kernel runs it.
     """
 
     card = SchemeCard(title="sinusoidal absolute positions (Vaswani et al. 2017)", description=describe)
 
-    def embed(self, inputs_embeds: torch.Tensor, past_length: int) -> torch.Tensor:
-        positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
+    def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
+        if positions is None:
+            positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
         return inputs_embeds + sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)

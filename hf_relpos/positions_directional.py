@@ -6,7 +6,15 @@ from typing import Any
 
 import torch
 
-from .positions import AttentionTerms, PositionScheme, SchemeCard, SchemeField, boolean_field, register_attention
+from .positions import (
+    AttentionTerms,
+    PositionScheme,
+    SchemeCard,
+    SchemeField,
+    boolean_field,
+    query_and_key_positions,
+    register_attention,
+)
 
 DIRECTIONS = ("forward", "backward", "both")
 
@@ -93,10 +101,14 @@ class DirectionalPositions(PositionScheme):
         self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
 
-    def direction_mask(self, query_length: int, key_length: int, query_offset: int, device: Any) -> torch.Tensor:
-        """Boolean [1, H, n, m]: head h's query i (absolute position i + query_offset) may attend to key j."""
-        query_positions = torch.arange(query_offset, query_offset + query_length, device=device)[:, None]
-        key_positions = torch.arange(key_length, device=device)[None, :]
+    def direction_mask(
+        self, query_length: int, key_length: int, query_offset: int, device: Any, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Boolean [1, H, n, m]: head h's query i (absolute position i + query_offset, or its randomized position)
+        may attend to key j. The masks compare positions only by order, so randomized (sorted) positions give the
+        same masks."""
+        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, device)
+        query_positions, key_positions = query_positions[:, None], key_positions[None, :]
         if self.disable_diagonal:
             by_direction = {
                 "forward": key_positions < query_positions,
@@ -111,5 +123,9 @@ class DirectionalPositions(PositionScheme):
             }
         return torch.stack([by_direction[direction] for direction in self.head_directions])[None]
 
-    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
-        return AttentionTerms(mask=self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device))
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
+        return AttentionTerms(mask=self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device,
+                                                       positions))

@@ -15,6 +15,7 @@ from .positions import (
     SchemeCard,
     boolean_field,
     integer_field,
+    query_and_key_positions,
     register_attention,
     relative_position_index,
 )
@@ -95,23 +96,34 @@ class ShawPositions(PositionScheme):
             if tables is not None:
                 init.normal_(tables, mean=0.0, std=std)
 
-    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
         batch, heads, query_length, head_dim = query.shape
         key_length = key.size(-2)
-        kmax, offset = self.max_relative_position, query_offset
+        kmax = self.max_relative_position
+        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
+
+        def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+            return (key_positions[j] - query_positions[i]).clamp(-kmax, kmax) + kmax
 
         score_bias = None
         if self.relative_keys is not None:
             score_bias = RelativeBias(
                 table=_times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5,
-                bucket=lambda i, j: (j - i - offset).clamp(-kmax, kmax) + kmax,
+                bucket=bucket,
                 key_length=key_length,
             )
 
         value_term = None
         if self.relative_values is not None:
             relative_values = self.relative_values[layer_idx]
-            index = relative_position_index(query_length, key_length, kmax, offset, device=query.device)
+            if positions is None:
+                index = relative_position_index(query_length, key_length, kmax, query_offset, device=query.device)
+            else:
+                index = bucket(torch.arange(query_length, device=query.device)[:, None],
+                               torch.arange(key_length, device=query.device)[None, :])
 
             def value_term(probabilities: torch.Tensor) -> torch.Tensor:
                 by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * kmax + 1)

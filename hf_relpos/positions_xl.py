@@ -15,6 +15,7 @@ from .positions import (
     SchemeCard,
     boolean_field,
     integer_field,
+    query_and_key_positions,
     register_attention,
     rel_shift,
     sinusoids,
@@ -122,21 +123,35 @@ class XLPositions(PositionScheme):
         projected = (encodings @ weight.t()).view(count, heads, head_dim)
         return torch.matmul(position_query, projected.permute(1, 2, 0))
 
-    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int) -> AttentionTerms:
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
         query_length, head_dim = query.shape[-2:]
         key_length = key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
-        distance_count = key_length if self.is_causal else query_length + key_length - 1
         position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
+        if positions is None:  # consecutive positions: the distances of query t are a window of one list (rel-shift)
+            distance_count = key_length if self.is_causal else query_length + key_length - 1
+            largest_distance = query_offset + query_length - 1
+            bucket = lambda i, j: (query_length - 1 - i + j).clamp(max=distance_count - 1)  # noqa: E731
+        else:  # randomized positions: every distance between the smallest and the largest, read by the bucket
+            query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
+            largest_distance = int(query_positions[-1] - key_positions[0])
+            smallest_distance = 0 if self.is_causal else int(query_positions[0] - key_positions[-1])
+            distance_count = largest_distance - smallest_distance + 1
+
+            def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+                return (largest_distance - query_positions[i] + key_positions[j]).clamp(max=distance_count - 1)
+
         position_scores = self.position_scores(
-            layer_idx, position_query, query_offset + query_length - 1, distance_count
+            layer_idx, position_query, largest_distance, distance_count
         ) * head_dim**-0.5
-        last_distance_index = distance_count - 1
         score_bias = RelativeBias(
             table=position_scores,
-            bucket=lambda i, j: (query_length - 1 - i + j).clamp(max=last_distance_index),
+            bucket=bucket,
             key_length=key_length,
-            densify=lambda: rel_shift(position_scores, key_length),
+            densify=(lambda: rel_shift(position_scores, key_length)) if positions is None else None,
         )
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
                               score_bias=score_bias)

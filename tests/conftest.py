@@ -21,8 +21,11 @@ import hf_relpos
 # slower than one: pin one so the suite's time does not depend on what else runs.
 torch.set_num_threads(1)
 
-SCHEMES = ("absolute", "shaw", "xl", "directional")
-RELATIVE_SCHEMES = ("shaw", "xl", "directional")
+SCHEMES = ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
+RELATIVE_SCHEMES = ("shaw", "xl", "directional", "alibi", "t5", "rope")
+# Schemes whose encoder tells a sequence from its reversal without an end marker: not the position-blind control, and
+# not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant).
+ORDER_AWARE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("none", "alibi"))
 
 # A kernel of transformers' own, not hf_relpos': its SDPA function and mask under another name, standing in for
 # flash_attention_2/3 and Hub kernels (which need a GPU and packages this machine lacks).

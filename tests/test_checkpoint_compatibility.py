@@ -51,10 +51,22 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
     assert (logits - load_file(FIXTURES / "expected_logits.safetensors")["xl_causal_lm"]).abs().max() < 1e-5
 
 
+# Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes), with
+# the defaults an old checkpoint loads with.
+FIELDS_ADDED_SINCE_THE_FIXTURES = {
+    "position_randomization_max": None,
+    "relative_attention_num_buckets": 32,
+    "relative_attention_max_distance": 128,
+    "rope_theta": 10000.0,
+    "rotary_dim": None,
+}
+
+
 @pytest.mark.parametrize("name", [*SEQ2SEQ, "xl_causal_lm"])
 def test_config_json_keeps_the_keys_of_the_old_layout(name, tmp_path):
     """Scheme fields stay top-level config.json keys: a checkpoint saved today has exactly the old file's keys (plus
-    the fields of schemes that other tests registered in this process)."""
+    the fields added since the fixtures were made, at their defaults, and those of schemes that other tests
+    registered in this process)."""
     folder = FIXTURES / name
     old = json.loads((folder / "config.json").read_text())
     model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
@@ -62,6 +74,7 @@ def test_config_json_keeps_the_keys_of_the_old_layout(name, tmp_path):
     new = json.loads((tmp_path / "config.json").read_text())
     registered_by_tests = {field.name for scheme in hf_relpos.ATTENTION_REGISTRY.values()
                            if not scheme.__module__.startswith("hf_relpos.") for field in scheme.config_fields}
-    assert set(new) - registered_by_tests == set(old)
+    assert set(new) - registered_by_tests == set(old) | set(FIELDS_ADDED_SINCE_THE_FIXTURES)
+    assert {key: new[key] for key in FIELDS_ADDED_SINCE_THE_FIXTURES} == FIELDS_ADDED_SINCE_THE_FIXTURES
     assert {key: new[key] for key in old if key != "transformers_version"} == {
         key: value for key, value in old.items() if key != "transformers_version"}

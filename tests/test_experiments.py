@@ -17,7 +17,7 @@ from hf_relpos.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EXPERIMENT = EXPERIMENTS / "length_generalization.py"
-SCHEMES = {"absolute", "shaw", "xl", "directional"}
+SCHEMES = {"absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"}
 K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
 
@@ -30,6 +30,9 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     runs = results["runs"]
     assert {run["attention_type"] for run in runs if "schemes" in run["groups"]} == SCHEMES
     assert {run["overrides"]["max_relative_position"] for run in runs if "k" in run["groups"]} == K_VALUES
+    randomized = [run for run in runs if "randomized" in run["groups"]]
+    assert {run["attention_type"] for run in randomized} == {"absolute", "rope"}
+    assert all(run["overrides"] == {"position_randomization_max": 128} for run in randomized)
     switches = {
         (run["overrides"].get("use_relative_keys", True), run["overrides"].get("use_relative_values", True))
         for run in runs

@@ -35,7 +35,8 @@ PAIRS = [
     ("the cat sees the bird", "die Katze sieht den Vogel"),
 ]
 CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "modeling_relpos.py", "positions.py",
-              "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py"}
+              "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py",
+              "positions_none.py", "positions_alibi.py", "positions_t5.py", "positions_rope.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                *CODE_FILES}
 RESULTS = {
@@ -52,15 +53,28 @@ SCHEME_SETTINGS = {
              "relative_embeddings_shared_across_heads": False},
     "xl": {"clamp_len": 32, "untie_relative_biases": False},
     "directional": {"directional_heads": ["forward", "backward", "both"], "directional_disable_diagonal": False},
+    "none": {},
+    "alibi": {"encoder_attention_heads": 6, "decoder_attention_heads": 4},
+    "t5": {"relative_attention_num_buckets": 16, "relative_attention_max_distance": 64},
+    "rope": {"rope_theta": 500.0, "rotary_dim": 6},
 }
 SCHEME_TEXT = {
     "absolute": ["PE_{(p,\\,2i)}", "sin"],
     "shaw": ["| `max_relative_position` (k) | 8 |", "one table per head", "2k+1 = 17", "a^K_{ij}", "$a^K$ ("],
     "xl": ["| `clamp_len` | 32 |", "clamped to ±32", "shared by all layers of a stack (tied)", "W_{k,R} R_{i-j}"],
     "directional": ["forward, backward, both, forward", "forward: j ≤ i", "M^h_{ij}"],
+    "none": ["No position information", "permutation-equivariant"],
+    "alibi": ["m_h\\,|i - j|", "encoder 0.25, 0.0625, 0.01562, 0.003906, 0.5, 0.125;",  # 6 heads: 4 + 2 interleaved
+              "decoder 0.25, 0.0625, 0.01562, 0.003906."],
+    "t5": ["| `relative_attention_num_buckets` | 16 |", "| `relative_attention_max_distance` | 64 |",
+           "offsets below 4 (encoder, per sign) or 8 (decoder)", "b_h\\!\\left(\\mathrm{bucket}(j - i)\\right)"],
+    "rope": ["| `rope_theta` (θ) | 500.0 |", "| `rotary_dim` | 6 |", "base θ = 500", "the first 6 dimensions",
+             "R_{\\Theta,j-i}"],
 }
 BIBTEX_KEYS = {"absolute": set(), "shaw": {"shaw2018self"}, "xl": {"dai2019transformerxl"},
-               "directional": {"shen2018disan"}}
+               "directional": {"shen2018disan"}, "none": {"kazemnejad2023impact"}, "alibi": {"press2022train"},
+               "t5": {"raffel2020exploring"}, "rope": {"su2024roformer"}}
+UNTAGGED_AS_RELATIVE = {"absolute", "none"}
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
@@ -149,11 +163,9 @@ def folder_snapshot(folder: Path) -> dict[str, bytes]:
 
 
 def tiny_config(attention_type: str) -> hf_relpos.RelPosTransformerConfig:
-    return hf_relpos.RelPosTransformerConfig(
-        vocab_size=100, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type=attention_type,
-        **SCHEME_SETTINGS[attention_type],
-    )
+    values = dict(vocab_size=100, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                  decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type=attention_type)
+    return hf_relpos.RelPosTransformerConfig(**values | SCHEME_SETTINGS[attention_type])
 
 
 # --------------------------------------------------------------------------------------------------- model cards
@@ -171,7 +183,7 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
     assert data.datasets == ["wmt/wmt14"]
     assert data.metrics == ["sacrebleu", "chrf"]
     assert {"translation", attention_type} <= set(data.tags)
-    assert ("relative-position" in data.tags) == (attention_type != "absolute")
+    assert ("relative-position" in data.tags) == (attention_type not in UNTAGGED_AS_RELATIVE)
 
     results = {(result.dataset_split, result.metric_type): result for result in data.eval_results}
     assert set(results) == {(split, metric) for split in ("validation", "test") for metric in ("sacrebleu", "chrf")}
@@ -194,7 +206,7 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
                      "import hf_relpos", 'pipeline("translation", model="me/relpos-model", trust_remote_code=True)',
                      "## Intended use and limitations", "Post-LN"):
         assert expected in body, expected
-    cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@inproceedings")}
+    cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS[attention_type]
 
 

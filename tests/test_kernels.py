@@ -8,7 +8,8 @@ from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config
 
 import hf_relpos
 
-FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {})]
+FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {}),
+                ("none", {}), ("alibi", {}), ("t5", {}), ("rope", {"rotary_dim": 4})]
 MODEL_SCHEMES = [*FLEX_SCHEMES, ("shaw", {})]
 
 
@@ -30,7 +31,7 @@ def model_with(kernel: str, attention_type: str, device: str = "cpu", **override
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=["absolute", "shaw-k", "xl", "directional",
-                                                                         "shaw"])
+                                                                         "none", "alibi", "t5", "rope-partial", "shaw"])
 def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides, padded):
     """Loss and logits of a float64 model agree to float64 precision on every kernel, with and without a padding
     mask (the loss stays float64 too)."""
@@ -48,13 +49,14 @@ def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides,
         assert abs(outputs[kernel].loss.item() - outputs["eager"].loss.item()) < 1e-12
 
 
-def test_a_transformers_kernel_runs_absolute_and_refuses_a_relative_scheme():
+@pytest.mark.parametrize("attention_type", ["absolute", "none", "rope"])
+def test_a_transformers_kernel_runs_absolute_and_refuses_a_relative_scheme(attention_type):
     """Kernels of transformers' (flash_attention_2/3, Hub kernels; here its SDPA under another name) take the
-    model-level mask from masking_utils and run a scheme that adds nothing to attention; any other scheme is a clear
-    error, not a silent substitution."""
+    model-level mask from masking_utils and run a scheme that adds nothing to attention or only replaces queries and
+    keys (RoPE); any other scheme is a clear error, not a silent substitution."""
     input_ids, attention_mask = batch()
-    reference = model_with("sdpa", "absolute").double().eval()
-    model = model_with(TRANSFORMERS_KERNEL, "absolute").double().eval()
+    reference = model_with("sdpa", attention_type).double().eval()
+    model = model_with(TRANSFORMERS_KERNEL, attention_type).double().eval()
     with torch.no_grad():
         for inputs in (dict(input_ids=input_ids, attention_mask=attention_mask), dict(input_ids=input_ids)):
             expected = reference(**inputs, decoder_input_ids=input_ids).logits

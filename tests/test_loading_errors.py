@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import run_without_hf_relpos, tiny_model
+from conftest import SCHEMES, run_without_hf_relpos, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -91,7 +91,7 @@ def test_beam_wider_than_the_vocabulary_is_a_clear_error():
         model.generate(input_ids=torch.tensor([[5, 6, 1]]), num_beams=41, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("attention_type", ["absolute", "shaw", "xl", "directional"])
+@pytest.mark.parametrize("attention_type", SCHEMES)
 def test_a_source_of_only_the_end_token_translates(attention_type):
     """An empty source string tokenizes to just `</s>`; generation still runs and returns finite scores."""
     model = tiny_model(attention_type)

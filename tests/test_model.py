@@ -6,11 +6,18 @@ import json
 
 import pytest
 import torch
-from conftest import RELATIVE_SCHEMES, SCHEMES, run_without_hf_relpos, sinusoid_by_loop, tiny_config, tiny_model
+from conftest import (
+    ORDER_AWARE_SCHEMES,
+    RELATIVE_SCHEMES,
+    SCHEMES,
+    run_without_hf_relpos,
+    sinusoid_by_loop,
+    tiny_config,
+    tiny_model,
+)
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos import PositionScheme, register_attention
 from hf_relpos.modeling_relpos import RelPosAttention
 
 
@@ -92,7 +99,7 @@ def test_training_reduces_loss_and_reaches_position_parameters(attention_type, l
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     scheme_parameters = {n: p for n, p in model.named_parameters() if ".positions." in n}
-    if attention_type in ("shaw", "xl"):
+    if attention_type in ("shaw", "xl", "t5"):
         assert scheme_parameters
     for name, parameter in scheme_parameters.items():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -199,8 +206,9 @@ def test_save_load_round_trip_with_package_and_auto_classes(attention_type, tmp_
     assert torch.equal(base.shared.weight, model.model.shared.weight)
 
 
-def test_remote_code_loads_without_hf_relpos_installed(tmp_path):
-    model = tiny_model("shaw")
+@pytest.mark.parametrize("attention_type", ["shaw", "none", "alibi", "t5", "rope"])
+def test_remote_code_loads_without_hf_relpos_installed(attention_type, tmp_path):
+    model = tiny_model(attention_type)
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     torch.save(logits_of(model), tmp_path / "expected.pt")
@@ -276,7 +284,7 @@ def train_and_reverse(attention_type: str) -> tuple[list[bool], torch.Tensor]:
     return exact, outputs
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
+@pytest.mark.parametrize("attention_type", ORDER_AWARE_SCHEMES)
 def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_type):
     """Reversal needs order: every source also appears reversed, with the opposite target. A model that gets all of
     them right tells the two orders apart, i.e. really uses its scheme (a position-blind one cannot, see below)."""
@@ -284,15 +292,27 @@ def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_ty
     assert all(exact)
 
 
-@register_attention("test_no_positions")
-class NoPositions(PositionScheme):
-    """A scheme that adds nothing: the encoder is a bag of tokens."""
+def test_alibi_encoder_is_mirror_equivariant():
+    """ALiBi's encoder bias -m_h |i - j| does not change when the sequence is reversed, so without a marker at one end
+    (such as `</s>`) the encoder states of a reversed input are the reversed states: a source and its reversal look
+    alike to cross-attention, which is why `alibi` is not in ORDER_AWARE_SCHEMES."""
+    model = tiny_model("alibi").double()
+    source = torch.randint(4, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = model.get_encoder()(input_ids=source).last_hidden_state
+        mirrored = model.get_encoder()(input_ids=source.flip(1)).last_hidden_state
+    assert (mirrored - states.flip(1)).abs().max() < 1e-12
+    shaw = tiny_model("shaw").double()
+    with torch.no_grad():
+        states = shaw.get_encoder()(input_ids=source).last_hidden_state
+        mirrored = shaw.get_encoder()(input_ids=source.flip(1)).last_hidden_state
+    assert (mirrored - states.flip(1)).abs().max() > 1e-3  # a direction-aware scheme is not
 
 
 def test_a_position_blind_model_fails_the_reversal_task():
-    """Without positions the encoder is permutation-equivariant and cross-attention sums over it, so a source and its
-    reversal give the decoder the same input: identical translations, at most one of each pair right."""
-    exact, outputs = train_and_reverse("test_no_positions")
+    """Without positions (`none`) the encoder is permutation-equivariant and cross-attention sums over it, so a source
+    and its reversal give the decoder the same input: identical translations, at most one of each pair right."""
+    exact, outputs = train_and_reverse("none")
     assert sum(exact) <= len(exact) // 2
     assert all(torch.equal(outputs[2 * pair], outputs[2 * pair + 1]) for pair in range(len(exact) // 2))
 
@@ -325,3 +345,88 @@ def test_return_dict_false_returns_the_output_as_a_tuple(case):
     assert torch.equal(from_config[0], expected[0])
     if encoder is not None:
         assert isinstance(encoder, tuple)
+
+
+class RecordedPositions:
+    """Records the positions each stack's scheme receives (`embed`'s and `terms`' `positions`, None = ordinary)."""
+
+    def __init__(self, model, monkeypatch):
+        self.calls: list[tuple[str, str, torch.Tensor | None]] = []
+        for stack_name in ("encoder", "decoder"):
+            scheme = getattr(model.model, stack_name).positions
+            embed, terms = scheme.embed, scheme.terms
+
+            def recorded_embed(inputs_embeds, past_length, positions=None, _embed=embed, _stack=stack_name):
+                self.calls.append((_stack, "embed", positions))
+                return _embed(inputs_embeds, past_length, **({} if positions is None else {"positions": positions}))
+
+            def recorded_terms(layer_idx, query, key, query_offset, positions=None, _terms=terms, _stack=stack_name):
+                self.calls.append((_stack, "terms", positions))
+                return _terms(layer_idx, query, key, query_offset,
+                              **({} if positions is None else {"positions": positions}))
+
+            monkeypatch.setattr(scheme, "embed", recorded_embed)
+            monkeypatch.setattr(scheme, "terms", recorded_terms)
+
+
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_position_randomization_is_off_by_default_and_in_evaluation(attention_type, monkeypatch):
+    """Without `position_randomization_max` training passes no positions (every scheme computes what it did before
+    the option existed, and no random number is drawn); with it, evaluation and generation use the ordinary
+    positions, so a model with it set computes exactly what the same weights without it compute."""
+    input_ids, attention_mask, _ = padded_batch()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids.flip(-1))
+    assert tiny_config(attention_type).position_randomization_max is None
+    plain = tiny_model(attention_type).train()
+    randomized = tiny_model(attention_type, position_randomization_max=64).train()
+    randomized.load_state_dict(plain.state_dict())
+    recorded = RecordedPositions(plain, monkeypatch)
+    state = torch.get_rng_state()
+    plain(**inputs).loss.backward()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert recorded.calls and all(positions is None for _, _, positions in recorded.calls)
+    with torch.no_grad():
+        plain.eval(), randomized.eval()
+        assert torch.equal(randomized(**inputs).logits, plain(**inputs).logits)
+        kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, do_sample=False)
+        assert torch.equal(randomized.generate(**kwargs), plain.generate(**kwargs))
+
+
+def test_position_randomization_draws_sorted_positions_in_range_in_training_only(monkeypatch):
+    """Ruoss et al. (2023): in training each stack's tokens sit at a sorted random subset of 0 .. L-1 (embed gets the
+    tokens' positions, every layer's terms the same key positions); in evaluation every scheme gets None (0 .. n-1)."""
+    model = tiny_model("shaw", position_randomization_max=30).train()
+    recorded = RecordedPositions(model, monkeypatch)
+    input_ids, attention_mask, _ = padded_batch()
+    draws = []
+    for _ in range(3):
+        recorded.calls.clear()
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5]).loss.backward()
+        for stack, length in (("encoder", 7), ("decoder", 5)):
+            calls = [positions for name, _, positions in recorded.calls if name == stack]
+            assert len(calls) == 1 + 2  # embed, then the terms of both layers
+            positions = calls[0]
+            assert positions.shape == (length,) and positions.dtype == torch.long
+            assert 0 <= positions.min() and positions.max() < 30
+            assert torch.all(positions[1:] > positions[:-1])  # sorted, distinct
+            assert all(torch.equal(other, positions) for other in calls[1:])
+            draws.append(positions)
+    assert len({tuple(draw.tolist()) for draw in draws}) > 2  # random, not one fixed subset
+    model.eval()
+    recorded.calls.clear()
+    with torch.no_grad():
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5])
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3)
+    assert recorded.calls and all(positions is None for _, _, positions in recorded.calls)
+
+
+def test_position_randomization_shorter_than_a_training_sequence_is_a_clear_error():
+    model = tiny_model("shaw", position_randomization_max=4).train()
+    with pytest.raises(ValueError, match=r"position_randomization_max \(4\) must be at least the sequence length"):
+        model(input_ids=torch.randint(4, 40, (1, 6)), labels=torch.randint(4, 40, (1, 2)))
+
+
+@pytest.mark.parametrize("value", [0, -3, 2.5, True, "64"])
+def test_position_randomization_max_is_validated(value):
+    with pytest.raises(ValueError, match="position_randomization_max must be null"):
+        tiny_config(position_randomization_max=value)

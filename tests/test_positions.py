@@ -14,6 +14,7 @@ import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_attention
 from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for
 from hf_relpos.positions import get_scheme_class
+from hf_relpos.positions_t5 import relative_position_bucket
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 TOLERANCE = 1e-12
@@ -102,8 +103,10 @@ def naive_softmax_attention(scores, allowed, values_for):
     return out
 
 
-def naive_shaw(scheme, layer, q, k, v, allowed, offset):
-    """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij)."""
+def naive_shaw(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij).
+
+    Every reference takes the absolute position of query i (`query_at[i]`) and key j (`key_at[j]`)."""
     kmax = scheme.max_relative_position
 
     def table(tables, h, i, j):
@@ -111,7 +114,7 @@ def naive_shaw(scheme, layer, q, k, v, allowed, offset):
             return torch.zeros(HEAD_DIM, dtype=torch.float64)
         per_layer = tables[layer]
         per_head = per_layer[h] if per_layer.dim() == 3 else per_layer
-        return per_head[max(-kmax, min(kmax, j - (i + offset))) + kmax]
+        return per_head[max(-kmax, min(kmax, key_at[j] - query_at[i])) + kmax]
 
     scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
     for b in range(BATCH):
@@ -123,7 +126,7 @@ def naive_shaw(scheme, layer, q, k, v, allowed, offset):
     return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j] + table(scheme.relative_values, h, i, j))
 
 
-def naive_xl(scheme, layer, q, k, v, allowed, offset):
+def naive_xl(scheme, layer, q, k, v, allowed, query_at, key_at):
     """Dai et al. eq. in sec. 3.3: A_ij = q_i.k_j + q_i.W_kR R_(i-j) + u.k_j + v.W_kR R_(i-j), scaled by 1/sqrt(d)."""
     projection = scheme.position_projections[layer].weight
     bias_layer = layer if scheme.content_bias.size(0) > 1 else 0
@@ -132,7 +135,8 @@ def naive_xl(scheme, layer, q, k, v, allowed, offset):
     scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
     for i in range(q.size(2)):
         for j in range(k.size(2)):
-            distance = i + offset - j if clamp is None else max(-clamp, min(clamp, i + offset - j))
+            distance = query_at[i] - key_at[j]
+            distance = distance if clamp is None else max(-clamp, min(clamp, distance))
             relative = (projection @ sinusoid_by_loop(distance, scheme.config.d_model)).view(HEADS, HEAD_DIM)
             for b in range(BATCH):
                 for h in range(HEADS):
@@ -151,18 +155,104 @@ def disan_allowed(direction: str, i: int, j: int, disable_diagonal: bool) -> boo
     return {"forward": j < i, "backward": j > i, "both": True}[direction]
 
 
-def naive_directional(scheme, layer, q, k, v, allowed, offset):
+def naive_directional(scheme, layer, q, k, v, allowed, query_at, key_at):
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
     combined = allowed.clone()
     for h, direction in enumerate(scheme.head_directions):
         for i in range(q.size(2)):
             for j in range(k.size(2)):
-                combined[:, h, i, j] &= disan_allowed(direction, i + offset, j, scheme.disable_diagonal)
+                combined[:, h, i, j] &= disan_allowed(direction, query_at[i], key_at[j], scheme.disable_diagonal)
     return naive_softmax_attention(scores, combined, lambda b, h, i, j: v[b, h, j])
 
 
-def naive_absolute(scheme, layer, q, k, v, allowed, offset):
+def naive_absolute(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """Plain attention: `absolute` adds its sinusoids to the embeddings (tested in test_model.py), `none` nothing."""
     scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(HEAD_DIM)
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
+
+
+def paper_alibi_slopes(n):
+    """`get_slopes` from the ALiBi paper's reference code (Press et al. 2022, github.com/ofirpress/attention_with_linear_biases)."""
+    def get_slopes_power_of_2(n):
+        start = 2 ** (-2 ** -(math.log2(n) - 3))
+        ratio = start
+        return [start * ratio**i for i in range(n)]
+
+    if math.log2(n).is_integer():
+        return get_slopes_power_of_2(n)
+    closest_power_of_2 = 2 ** math.floor(math.log2(n))
+    return get_slopes_power_of_2(closest_power_of_2) + paper_alibi_slopes(2 * closest_power_of_2)[0::2][
+        : n - closest_power_of_2
+    ]
+
+
+def naive_alibi(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """Press et al. (2022) sec. 3: softmax(q_i k_j / sqrt(d) - m_h |i - j|), the causal mask doing the rest."""
+    slopes = paper_alibi_slopes(HEADS)
+    scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
+    for b in range(BATCH):
+        for h in range(HEADS):
+            for i in range(q.size(2)):
+                for j in range(k.size(2)):
+                    distance = abs(query_at[i] - key_at[j])
+                    scores[b, h, i, j] = q[b, h, i] @ k[b, h, j] / math.sqrt(HEAD_DIM) - slopes[h] * distance
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
+
+
+def t5_bucket_by_loop(relative_position: int, bidirectional: bool, num_buckets: int, max_distance: int) -> int:
+    """Raffel et al. (2020) sec. 2.1 for one offset j - i: "ranges that increase in size logarithmically up to an offset
+    of max_distance beyond which we assign all relative positions to the same embedding"; half the buckets exact, half
+    logarithmic, split by sign when bidirectional (mesh-tensorflow's layout)."""
+    bucket, distance = 0, -relative_position  # i - j
+    if bidirectional:
+        num_buckets //= 2
+        if distance < 0:
+            bucket, distance = num_buckets, -distance
+    else:
+        distance = max(distance, 0)
+    exact = num_buckets // 2
+    if distance < exact:
+        return bucket + distance
+    logarithmic = exact + int(math.log(distance / exact) / math.log(max_distance / exact) * (num_buckets - exact))
+    return bucket + min(logarithmic, num_buckets - 1)
+
+
+def naive_t5(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """e_ij = q_i k_j / sqrt(d) + b_h(bucket(j - i)), one table for every layer."""
+    table = scheme.relative_attention_bias.weight
+    scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
+    for i in range(q.size(2)):
+        for j in range(k.size(2)):
+            bucket = t5_bucket_by_loop(key_at[j] - query_at[i], not scheme.is_causal, scheme.num_buckets,
+                                       scheme.max_distance)
+            for b in range(BATCH):
+                for h in range(HEADS):
+                    scores[b, h, i, j] = q[b, h, i] @ k[b, h, j] / math.sqrt(HEAD_DIM) + table[bucket, h]
+    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
+
+
+def rotation_by_loop(position: int, theta: float, rotary_dim: int) -> torch.Tensor:
+    """RoFormer eq. 34: the block-diagonal R_{Theta,m}, a 2x2 rotation by m theta_t in the plane (2t, 2t+1), theta_t =
+    theta^(-2t/d_rot), identity on the dimensions past `rotary_dim`."""
+    rotation = torch.eye(HEAD_DIM, dtype=torch.float64)
+    for t in range(rotary_dim // 2):
+        angle = position * theta ** (-2 * t / rotary_dim)
+        rotation[2 * t, 2 * t], rotation[2 * t, 2 * t + 1] = math.cos(angle), -math.sin(angle)
+        rotation[2 * t + 1, 2 * t], rotation[2 * t + 1, 2 * t + 1] = math.sin(angle), math.cos(angle)
+    return rotation
+
+
+def naive_rope(scheme, layer, q, k, v, allowed, query_at, key_at):
+    """e_ij = (R_{Theta,i} q_i)^T (R_{Theta,j} k_j) / sqrt(d) (RoFormer eq. 16)."""
+    theta, rotary_dim = scheme.config.rope_theta, scheme.config.rotary_dim or HEAD_DIM
+    scores = torch.zeros(BATCH, HEADS, q.size(2), k.size(2), dtype=torch.float64)
+    for i in range(q.size(2)):
+        for j in range(k.size(2)):
+            rotate_query = rotation_by_loop(query_at[i], theta, rotary_dim)
+            rotate_key = rotation_by_loop(key_at[j], theta, rotary_dim)
+            for b in range(BATCH):
+                for h in range(HEADS):
+                    scores[b, h, i, j] = (rotate_query @ q[b, h, i]) @ (rotate_key @ k[b, h, j]) / math.sqrt(HEAD_DIM)
     return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
 
 
@@ -179,18 +269,25 @@ CASES = [
     ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"]}),
     ("directional", naive_directional, {"directional_disable_diagonal": False}),
     ("absolute", naive_absolute, {}),
+    ("none", naive_absolute, {}),
+    ("alibi", naive_alibi, {}),
+    ("t5", naive_t5, {}),
+    ("t5", naive_t5, {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 5}),
+    ("rope", naive_rope, {}),
+    ("rope", naive_rope, {"rotary_dim": 4, "rope_theta": 100.0}),
 ]
 SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
 
 
-def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False):
+def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
+                   key_positions=None):
     """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`."""
     q, k, v = inputs(query_length, key_length)
     offset = key_length - query_length
     mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
                               key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
     with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
-        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions)
+        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions, key_positions)
     return (q, k, v), output.transpose(1, 2), weights
 
 
@@ -205,21 +302,67 @@ def test_scheme_matches_naive_equations(attention_type, reference, overrides, sh
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
     allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
-    expected = reference(scheme, 1, q, k, v, allowed, offset)
+    expected = reference(scheme, 1, q, k, v, allowed, range(offset, key_length), range(key_length))
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, padded):
-    """`absolute` adds nothing to attention, so any kernel of transformers' runs it (here transformers' own SDPA
-    function registered under another name, standing in for flash_attention_2/3 and Hub kernels)."""
+@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations_at_randomized_positions(attention_type, reference, overrides, shape, kernel):
+    """Randomized positions (`position_randomization_max`, Ruoss et al. 2023): given the keys' positions, a sorted
+    subset of 0 .. 39 with gaps, each scheme computes its paper equation at those positions, on every kernel."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention("absolute", is_causal, TRANSFORMERS_KERNEL)
+    attention, scheme = make_attention(attention_type, is_causal, kernel, **overrides)
+    key_positions = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:key_length].sort().values
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, True,
+                                        key_positions=key_positions)
+    offset = key_length - query_length
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, True)
+    positions = key_positions.tolist()
+    expected = reference(scheme, 1, q, k, v, allowed, positions[offset:], positions)
+    assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("heads", range(1, 65))
+def test_alibi_slopes_are_the_papers_for_every_head_count(heads):
+    """Geometric 2^(-8h/H) for powers of 2; other head counts interleave two sequences, as the paper's code does."""
+    assert hf_relpos.positions_alibi.alibi_slopes(heads) == pytest.approx(paper_alibi_slopes(heads), rel=1e-13, abs=0)
+
+
+def test_alibi_slopes_for_eight_heads_are_the_papers_example():
+    """Press et al. (2022) sec. 3: "For models with 8 heads, the slopes ... are 1/2^1, 1/2^2, ..., 1/2^8"."""
+    assert hf_relpos.positions_alibi.alibi_slopes(8) == [2.0**-h for h in range(1, 9)]
+
+
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 5), (16, 64), (64, 500), (5, 7), (33, 17)])
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "unidirectional"])
+def test_t5_relative_position_bucket_matches_the_paper_loop_and_transformers(bidirectional, num_buckets, max_distance):
+    from transformers.models.t5.modeling_t5 import T5Attention
+
+    relative_position = torch.arange(-1000, 1001)[:, None] + torch.zeros(1, 3, dtype=torch.long)  # any shape
+    buckets = relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance)
+    expected = T5Attention._relative_position_bucket(relative_position, bidirectional, num_buckets, max_distance)
+    assert torch.equal(buckets, expected)
+    for offset, bucket in zip(relative_position[:, 0].tolist(), buckets[:, 0].tolist(), strict=True):
+        assert bucket == t5_bucket_by_loop(offset, bidirectional, num_buckets, max_distance), offset
+    assert 0 <= buckets.min() and buckets.max() < num_buckets
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("attention_type", ["absolute", "none", "rope"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, attention_type, padded):
+    """`absolute` and `none` add nothing to attention, `rope` only replaces queries and keys, so any kernel of
+    transformers' runs them (here transformers' own SDPA function registered under another name, standing in for
+    flash_attention_2/3 and Hub kernels)."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention(attention_type, is_causal, TRANSFORMERS_KERNEL)
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
-    expected = naive_absolute(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
-                              offset)
+    reference = naive_rope if attention_type == "rope" else naive_absolute
+    expected = reference(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
+                              range(offset, key_length), range(key_length))
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
@@ -246,7 +389,8 @@ def test_replaced_queries_and_keys_run_on_every_kernel(shape, kernel, padded):
 
 
 @pytest.mark.parametrize("attention_type, added", [("shaw", "a score bias and a value term"), ("xl", "a score bias"),
-                                                    ("directional", "an attention mask")])
+                                                    ("directional", "an attention mask"), ("alibi", "a score bias"),
+                                                    ("t5", "a score bias")])
 def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, added):
     attention, scheme = make_attention(attention_type, False, TRANSFORMERS_KERNEL)
     with pytest.raises(ValueError) as error:

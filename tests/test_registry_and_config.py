@@ -103,7 +103,7 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        ({"attention_type": "rope"}, "attention_type"),
+        ({"attention_type": "sandwich"}, "attention_type"),
         ({"max_relative_position": -1}, "max_relative_position"),
         ({"d_model": 30}, "d_model"),
         ({"decoder_attention_heads": 5}, "decoder_attention_heads"),
@@ -147,8 +147,8 @@ def test_overrides_given_to_from_pretrained_are_validated(tmp_path, overrides, f
 
 def test_unknown_scheme_error_lists_the_registered_ones():
     with pytest.raises(ValueError) as error:
-        tiny_config("rope")
-    for name in ("absolute", "shaw", "xl", "directional"):
+        tiny_config("sandwich")
+    for name in ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"):
         assert name in str(error.value)
 
 

@@ -106,7 +106,7 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({"model": {**TINY_CONFIG["model"], "d_modle": 8}}, [], r"model\.d_modle \(did you mean d_model\?\)"),
         ({"model": {**TINY_CONFIG["model"], "vocab_size": 8}}, [], r"unknown key\(s\): model\.vocab_size"),
         ({}, ["--learning_rate", "fast"], r"argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
-        ({}, ["--attention_type", "rope"], r"model: attention_type must be one of"),
+        ({}, ["--attention_type", "sandwich"], r"model: attention_type must be one of"),
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),

@@ -1,0 +1,69 @@
+"""`alibi`: attention with linear biases (Press, Smith, Lewis 2022)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .positions import AttentionTerms, PositionScheme, SchemeCard, query_and_key_positions, register_attention
+
+PRESS_BIBTEX = """@inproceedings{press2022train,
+  title     = {Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation},
+  author    = {Press, Ofir and Smith, Noah A. and Lewis, Mike},
+  booktitle = {International Conference on Learning Representations},
+  year      = {2022}
+}"""
+
+
+def alibi_slopes(num_heads: int) -> list[float]:
+    """The paper's head slopes: for H a power of 2 the geometric sequence m_h = 2^(-8 h / H), h = 1..H; otherwise
+    those of the largest power of 2 below H, then every other slope of twice that power (the paper's code)."""
+    if num_heads & (num_heads - 1) == 0:
+        return [2.0 ** (-8.0 * head / num_heads) for head in range(1, num_heads + 1)]
+    closest = 2 ** math.floor(math.log2(num_heads))
+    return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
+
+
+@register_attention("alibi")
+class AlibiPositions(PositionScheme):
+    """ALiBi (Press et al. 2022, sec. 3): softmax(q_i k^T / sqrt(d) - m_h |i - j|) with fixed slopes `alibi_slopes`.
+
+    No encoding is added to the embeddings and nothing is learned. The encoder penalises the distance in both
+    directions (|i - j|, symmetric); in the decoder the causal mask leaves j <= i, where the bias is the paper's
+    -m_h (i - j). The bias is one [1, H, n, m] tensor per call, in promote_types(dtype, float32).
+    """
+
+    card = SchemeCard(
+        title="ALiBi linear distance biases (Press et al. 2022)",
+        description=lambda config: (
+            "Attention with linear biases (ALiBi; Press, Smith and Lewis 2022): no position is embedded; each head h "
+            "subtracts a fixed multiple of the query-key distance from its scores,\n\n"
+            "$$\\mathrm{softmax}_j\\!\\left(\\frac{q_i^\\top k_j}{\\sqrt{d_{head}}} - m_h\\,|i - j|\\right), \\qquad "
+            "m_h = 2^{-8h/H}$$\n\n"
+            "with the paper's geometric slopes (for a head count H that is not a power of 2, those of the power below "
+            "and every other slope of the power above, as in the paper's code). Encoder: symmetric |i − j|; decoder: "
+            f"causal, j ≤ i. Slopes: encoder {_slope_text(config.encoder_attention_heads)}; decoder "
+            f"{_slope_text(config.decoder_attention_heads)}. Nothing is learned."
+        ),
+        bibtex=(PRESS_BIBTEX,),
+        tags=("relative-position", "alibi"),
+    )
+
+    def __init__(self, config, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.slopes = alibi_slopes(num_heads)
+
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
+        query_positions, key_positions = query_and_key_positions(query.size(-2), key.size(-2), positions, query.device)
+        dtype = torch.promote_types(query.dtype, torch.float32)
+        distance = (query_positions[:, None] - key_positions[None, :]).abs().to(dtype)
+        slopes = torch.tensor(self.slopes, dtype=dtype, device=query.device)
+        return AttentionTerms(score_bias=(-slopes[:, None, None] * distance)[None])
+
+
+def _slope_text(num_heads: int) -> str:
+    return ", ".join(f"{slope:.4g}" for slope in alibi_slopes(num_heads))

@@ -1,0 +1,130 @@
+"""`t5`: T5's bucketed relative position bias (Raffel et al. 2020, sec. 2.1)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import initialization as init
+
+from .positions import (
+    AttentionTerms,
+    PositionScheme,
+    RelativeBias,
+    SchemeCard,
+    integer_field,
+    query_and_key_positions,
+    register_attention,
+)
+
+RAFFEL_BIBTEX = """@article{raffel2020exploring,
+  title   = {Exploring the Limits of Transfer Learning with a Unified Text-to-Text Transformer},
+  author  = {Raffel, Colin and Shazeer, Noam and Roberts, Adam and Lee, Katherine and Narang, Sharan and
+             Matena, Michael and Zhou, Yanqi and Li, Wei and Liu, Peter J.},
+  journal = {Journal of Machine Learning Research},
+  volume  = {21},
+  number  = {140},
+  pages   = {1--67},
+  year    = {2020}
+}"""
+
+
+def relative_position_bucket(
+    relative_position: torch.Tensor, bidirectional: bool = True, num_buckets: int = 32, max_distance: int = 128
+) -> torch.Tensor:
+    """T5's bucket of each relative position j - i (Raffel et al. 2020; mesh-tensorflow's `_relative_position_bucket`,
+    as transformers' `T5Attention._relative_position_bucket`).
+
+    Bidirectional: half the buckets for j - i > 0, half for j - i <= 0; unidirectional (a decoder): every j > i
+    shares bucket 0. Within a half of `b` buckets, distances below b/2 get one bucket each, larger ones share
+    logarithmically wider buckets up to `max_distance`, beyond which all share the last. The logarithm runs in
+    float32 as in T5, so bucket edges equal T5's (and a T5 checkpoint's) exactly.
+    """
+    relative_buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        relative_buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_position = relative_position.abs()
+    else:
+        relative_position = -torch.clamp(relative_position, max=0)
+    max_exact = num_buckets // 2
+    is_small = relative_position < max_exact
+    if_large = max_exact + (
+        torch.log(relative_position.float() / max_exact) / math.log(max_distance / max_exact) * (num_buckets - max_exact)
+    ).to(torch.long)
+    if_large = torch.clamp(if_large, max=num_buckets - 1)
+    return relative_buckets + torch.where(is_small, relative_position, if_large)
+
+
+def describe(config: Any) -> str:
+    """The model-card text: the bucketed bias and this config's bucket layout."""
+    buckets, distance = config.relative_attention_num_buckets, config.relative_attention_max_distance
+    return (
+        "T5 relative position bias (Raffel et al. 2020, sec. 2.1): each head h adds a learned scalar for the bucket "
+        "of the offset j − i to its scores; no position is embedded:\n\n"
+        "$$e_{ij} = \\frac{q_i^\\top k_j}{\\sqrt{d_{head}}} + b_h\\!\\left(\\mathrm{bucket}(j - i)\\right)$$\n\n"
+        f"{buckets} buckets: offsets below {buckets // 4} (encoder, per sign) or {buckets // 2} (decoder) get one "
+        f"bucket each, larger ones logarithmically wider buckets up to {distance}, beyond which all share one. The "
+        "encoder's buckets are bidirectional (half for j > i), the decoder's unidirectional. One table of "
+        "buckets × heads scalars per stack, shared by all its layers as in T5."
+    )
+
+
+@register_attention("t5")
+class T5Positions(PositionScheme):
+    """e_ij = q_i k_j^T / sqrt(d) + b_h(bucket(j - i)) with `relative_position_bucket` (bidirectional in the encoder,
+    unidirectional in a decoder) and one learned scalar per bucket and head, shared by every layer of the stack (T5
+    computes it in the first layer and passes it on). A `RelativeBias` of the table read through the [n, m] bucket
+    index: FlexAttention reads it in its score_mod, eager/SDPA get it dense.
+
+    Unlike T5 itself, whose attention has no 1/sqrt(d) (folded into its initialisation), the scores here keep the
+    scaling every other scheme uses, so the schemes compare on equal terms.
+    """
+
+    config_fields = (
+        integer_field("relative_attention_num_buckets", 32, "buckets of relative positions (T5)", minimum=4),
+        integer_field("relative_attention_max_distance", 128,
+                      "offsets at and beyond this share the last bucket (T5)", minimum=1),
+    )
+    card = SchemeCard(
+        title="T5 bucketed relative position biases (Raffel et al. 2020)",
+        description=describe,
+        bibtex=(RAFFEL_BIBTEX,),
+        tags=("relative-position",),
+    )
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        exact = config.relative_attention_num_buckets // 2  # offsets with a bucket each in a decoder
+        if config.relative_attention_max_distance <= exact:
+            raise ValueError(f"relative_attention_max_distance must be an integer > relative_attention_num_buckets // 2 "
+                             f"({exact}), got {config.relative_attention_max_distance}")
+
+    def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.num_buckets = config.relative_attention_num_buckets
+        self.max_distance = config.relative_attention_max_distance
+        self.relative_attention_bias = nn.Embedding(self.num_buckets, num_heads)
+
+    def init_parameters(self, std: float) -> None:
+        init.normal_(self.relative_attention_bias.weight, mean=0.0, std=std)
+
+    def terms(
+        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
+        positions: torch.Tensor | None = None,
+    ) -> AttentionTerms:
+        batch, heads, query_length, _ = query.shape
+        key_length = key.size(-2)
+        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
+        index = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
+                                         bidirectional=not self.is_causal, num_buckets=self.num_buckets,
+                                         max_distance=self.max_distance)
+        weight = self.relative_attention_bias.weight.to(query.dtype)  # [R, H]
+        return AttentionTerms(score_bias=RelativeBias(
+            table=weight.t()[None, :, None, :].expand(batch, heads, query_length, self.num_buckets),
+            bucket=lambda i, j: index[i, j],
+            key_length=key_length,
+            densify=lambda: weight[index].permute(2, 0, 1)[None],
+        ))
