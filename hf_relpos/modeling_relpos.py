@@ -538,6 +538,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
         if isinstance(module, PositionScheme):
             module.init_parameters(self.config.init_std)
+        if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
+            init.zeros_(module.final_logits_bias)
 
 
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
@@ -626,13 +628,26 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
     }
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]  # checkpoints saved before it existed: zeros
     accepts_loss_kwargs = True  # the loss honours the Trainer's num_items_in_batch
 
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config)
         self.model = RelPosTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))  # Marian/BART's logit bias
         self.post_init()
+
+    @classmethod
+    def from_marian(
+        cls, model_or_path, attention_type: str, **config_overrides
+    ) -> RelPosTransformerForConditionalGeneration:
+        """A `MarianMTModel` (or the folder / Hub id of one) as this model with `attention_type`: same weights,
+        config and generation config; see `hf_relpos.convert.marian_to_relpos`. Needs the installed package (the
+        conversion is not part of the remote code saved with a model)."""
+        from hf_relpos.convert import marian_to_relpos
+
+        return marian_to_relpos(model_or_path, attention_type, **config_overrides)
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -680,7 +695,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, num_items_in_batch)
