@@ -116,7 +116,7 @@ def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Pat
         "--output_dir", str(output_dir), "--max_steps", str(args.finetune_steps), "--do_eval", "false",
         "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no", "--seed", str(args.seed),
         "--cpu_threads", str(args.threads), "--overwrite_output_dir", "true", "--logging_steps", "50",
-        "--warmup_steps", str(max(1, args.finetune_steps // 10)),
+        "--warmup_steps", str(max(1, args.finetune_steps // 10)), "--max_tokens_per_batch", str(args.finetune_max_tokens),
     ]
     with open(output_dir.with_suffix(".log"), "w") as handle:
         subprocess.run(command, check=True, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
@@ -155,6 +155,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schemes", nargs="+", default=["shaw"], help="relative schemes to convert to")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--finetune-steps", type=int, default=300)
+    parser.add_argument("--finetune-max-tokens", type=int, default=1024,
+                        help="fine-tuning batches: padded tokens per side (~64 sentences, Marian's batch)")
     parser.add_argument("--test-sentences", type=int, default=500)
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--layers", type=int, default=3)
@@ -179,7 +181,7 @@ def main(argv: list[str] | None = None) -> None:
         args.d_model, args.layers, args.heads, args.tokenizer_vocab_size = 32, 1, 2, 400
         args.train_steps, args.finetune_steps, args.test_sentences = min(args.train_steps, 4), min(
             args.finetune_steps, 2), min(args.test_sentences, 10)
-        args.max_new_tokens = 20
+        args.max_new_tokens, args.finetune_max_tokens = 20, 256
     elif args.data is None:
         parser.error("--data is required (or --quick)")
 

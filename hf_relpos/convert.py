@@ -64,8 +64,8 @@ def marian_config_to_relpos(marian_config: MarianConfig, attention_type: str,
     fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
     if isinstance(fields["eos_token_id"], list):
         raise ValueError(f"eos_token_id must be one id, got {fields['eos_token_id']!r}")
-    return RelPosTransformerConfig(**fields, attention_type=attention_type, layer_norm_position="post",
-                                   **config_overrides)
+    return RelPosTransformerConfig(**{**fields, "attention_type": attention_type, "layer_norm_position": "post",
+                                      **config_overrides})
 
 
 def marian_state_to_relpos(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
