@@ -655,6 +655,15 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """`PreTrainedModel.resize_token_embeddings`, with `final_logits_bias` cut or zero-extended alike (BART's)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        old_bias, new_size = self.final_logits_bias, embeddings.weight.size(0)
+        new_bias = old_bias.new_zeros(1, new_size)
+        new_bias[:, : min(new_size, old_bias.size(1))] = old_bias[:, :new_size]
+        self.register_buffer("final_logits_bias", new_bias)
+        return embeddings
+
     @can_return_tuple
     def forward(
         self,

@@ -220,3 +220,33 @@ def test_train_translation_fine_tunes_a_converted_model_as_it_is(marian_folder, 
     assert finetuned.generation_config.decoder_start_token_id == PAD  # not the tokenizer's <s>
     assert finetuned.model.encoder.positions.relative_keys.abs().sum() > 0  # the new tables learned
     assert 0.0 <= json.loads((output / "test_results.json").read_text())["test_bleu"] <= 100.0
+
+
+def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="shaw")
+    bias = converted.final_logits_bias.clone()
+    converted.resize_token_embeddings(64)
+    assert converted.final_logits_bias.shape == (1, 64) and torch.equal(converted.final_logits_bias[:, :60], bias)
+    assert not converted.final_logits_bias[:, 60:].any()
+    converted.resize_token_embeddings(50)
+    assert torch.equal(converted.final_logits_bias, bias[:, :50])
+    assert logits(converted, padded_batch(50)).shape[-1] == 50
+
+
+@pytest.mark.slow
+def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
+    """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
+    train_translation.py, score; absolute right after the conversion scores exactly as Marian."""
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
+                    str(tmp_path / "work"), "--out", str(out)], check=True, timeout=900, cwd=REPO,
+                   capture_output=True)
+    results = json.loads((out / "marian_conversion.json").read_text())
+    assert list(results["schemes"]) == ["absolute", "shaw"]
+    absolute = results["schemes"]["absolute"]["converted"]
+    assert absolute["first_hypotheses"] == results["marian"]["first_hypotheses"]
+    assert absolute["bleu"] == results["marian"]["bleu"]
+    for run in results["schemes"].values():
+        assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
+    table = (out / "marian_conversion.md").read_text()
+    assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
