@@ -41,6 +41,12 @@ SHARED_CONFIG_FIELDS = (
     "attention_dropout", "activation_dropout", "init_std", "scale_embedding", "max_position_embeddings", "use_cache",
     "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "tie_word_embeddings",
 )
+# Fields that define Marian's weights and computation: an override would break the mapping or the model.
+FIELDS_FROM_MARIAN = (
+    *(name for name in SHARED_CONFIG_FIELDS
+      if name not in ("dropout", "attention_dropout", "activation_dropout", "init_std", "use_cache")),
+    "layer_norm_position",
+)
 # Marian's module names that differ from ours.
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
 
@@ -61,6 +67,11 @@ def marian_config_to_relpos(marian_config: MarianConfig, attention_type: str,
         if getattr(marian_config, layerdrop, 0.0):
             logger.warning("%s=%s is dropped: hf_relpos has no LayerDrop (inference is unchanged)", layerdrop,
                            getattr(marian_config, layerdrop))
+    fixed = sorted(set(config_overrides) & set(FIELDS_FROM_MARIAN))
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
+                         "dropout, attention_dropout, activation_dropout, init_std, use_cache, attn_implementation "
+                         "and the position scheme's fields")
     fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
     if isinstance(fields["eos_token_id"], list):
         raise ValueError(f"eos_token_id must be one id, got {fields['eos_token_id']!r}")

@@ -122,6 +122,9 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
         RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="sinusoid")
     with pytest.raises(ValueError, match="max_relative_position"):
         RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", max_relative_position=-1)
+    with pytest.raises(ValueError, match="d_model, layer_norm_position come.s. from the Marian model"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", d_model=64,
+                                                              layer_norm_position="pre")
 
 
 @pytest.mark.parametrize(
