@@ -9,9 +9,11 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
    --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept).
 4. Score each stage on the first `--test-sentences` test sentences (sacreBLEU, greedy unless `--num-beams`).
 
-Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 shared CPU cores, 1 thread):
+Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 CPU cores shared with other jobs,
+1 thread, about 45 minutes):
   nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_conversion \
-      --out docs/results/marian_conversion --train-steps 600 --finetune-steps 300 --test-sentences 500
+      --out docs/results/marian_conversion --d-model 128 --learning-rate 1e-3 --train-steps 300 \
+      --finetune-steps 150 --test-sentences 500
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
 

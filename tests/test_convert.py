@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import SCHEMES
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
@@ -111,6 +112,15 @@ def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(sch
     converted.train()
     converted(**batch, labels=batch["decoder_input_ids"]).loss.backward()
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in scheme_parameters)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_registered_scheme_takes_every_marian_weight(scheme):
+    """Whatever the scheme, the Marian weights all land (strict mapping inside `from_marian`) and the model runs;
+    only the scheme's own parameters are new, and they start where `start_neutral` puts them."""
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type=scheme)
+    assert converted.config.attention_type == scheme
+    assert torch.isfinite(logits(converted, padded_batch())).all()
 
 
 def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
