@@ -263,3 +263,12 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
         assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
     table = (out / "marian_conversion.md").read_text()
     assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
+
+
+def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
+    """Recipe cards describe the architecture a recipe trains; a fine-tuning recipe has none of its own (rendering
+    one would describe a default d_model 512 model that the converted Marian is not)."""
+    from hf_relpos.hub import render_recipe_cards
+
+    rendered = {path.name for path in render_recipe_cards([REPO / "configs"], tmp_path)}
+    assert "multi30k_small_shaw.md" in rendered and "finetune_marian_en_de_shaw.md" not in rendered
