@@ -10,6 +10,7 @@ sec. 3).
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -643,11 +644,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         cls, model_or_path, attention_type: str, **config_overrides
     ) -> RelPosTransformerForConditionalGeneration:
         """A `MarianMTModel` (or the folder / Hub id of one) as this model with `attention_type`: same weights,
-        config and generation config; see `hf_relpos.convert.marian_to_relpos`. Needs the installed package (the
-        conversion is not part of the remote code saved with a model)."""
-        from hf_relpos.convert import marian_to_relpos
-
-        return marian_to_relpos(model_or_path, attention_type, **config_overrides)
+        config and generation config; see `hf_relpos.convert.marian_to_relpos`. Needs the installed package: the
+        conversion is no part of the remote code saved with a model, so it is imported by name at call time (an
+        import statement here would make transformers require hf_relpos to load any saved model)."""
+        return importlib.import_module("hf_relpos.convert").marian_to_relpos(
+            model_or_path, attention_type, **config_overrides
+        )
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
