@@ -10,9 +10,9 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
 4. Score each stage on the first `--test-sentences` test sentences (sacreBLEU, greedy unless `--num-beams`).
 
 Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 CPU cores shared with other jobs,
-1 thread, about 45 minutes):
-  nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_conversion \
-      --out docs/results/marian_conversion --d-model 128 --learning-rate 1e-3 --train-steps 300 \
+1 thread, 30 and 22 minutes), with --train-steps 300 and 600:
+  nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_600 \
+      --out docs/results/marian_conversion/train600 --d-model 128 --learning-rate 1e-3 --train-steps 600 \
       --finetune-steps 150 --test-sentences 500
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
@@ -156,14 +156,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
     parser.add_argument("--schemes", nargs="+", default=["shaw"], help="relative schemes to convert to")
     parser.add_argument("--train-steps", type=int, default=600)
-    parser.add_argument("--finetune-steps", type=int, default=300)
+    parser.add_argument("--finetune-steps", type=int, default=150)
     parser.add_argument("--finetune-max-tokens", type=int, default=1024,
                         help="fine-tuning batches: padded tokens per side (~64 sentences, Marian's batch)")
     parser.add_argument("--test-sentences", type=int, default=500)
-    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--d-model", type=int, default=128)
     parser.add_argument("--layers", type=int, default=3)
     parser.add_argument("--heads", type=int, default=4)
-    parser.add_argument("--learning-rate", type=float, default=7e-4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--tokenizer-vocab-size", type=int, default=8000)
     parser.add_argument("--num-beams", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=80)
