@@ -440,7 +440,9 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
 
 
 def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
-    """Render `<out>/<recipe>.md` for each recipe YAML (a folder stands for its *.yaml files)."""
+    """Render `<out>/<recipe>.md` for each recipe YAML (a folder stands for its *.yaml files). A recipe that
+    fine-tunes a saved model (`model_name_or_path`) has no architecture of its own and gets no card here: its model's
+    config is known only when it trains (train_translation.py writes that card)."""
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
@@ -449,6 +451,8 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     written = []
     for path in recipes:
         recipe = load_recipe(path)
+        if recipe.get("model_name_or_path"):
+            continue
         card = render_model_card(config_from_recipe(recipe), recipe, recipe_name=path.stem)
         target = out / f"{path.stem}.md"
         target.write_text(card, encoding="utf-8")

@@ -10,6 +10,7 @@ sec. 3).
 from __future__ import annotations
 
 import copy
+import importlib
 import math
 from dataclasses import dataclass
 
@@ -559,6 +560,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
         if isinstance(module, PositionScheme):
             module.init_parameters(self.config.init_std)
+        if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
+            init.zeros_(module.final_logits_bias)
 
 
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
@@ -647,19 +650,42 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
     }
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]  # checkpoints saved before it existed: zeros
     accepts_loss_kwargs = True  # the loss honours the Trainer's num_items_in_batch
 
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config)
         self.model = RelPosTransformerModel(config)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
+        self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))  # Marian/BART's logit bias
         self.post_init()
+
+    @classmethod
+    def from_marian(
+        cls, model_or_path, attention_type: str, **config_overrides
+    ) -> RelPosTransformerForConditionalGeneration:
+        """A `MarianMTModel` (or the folder / Hub id of one) as this model with `attention_type`: same weights,
+        config and generation config; see `hf_relpos.convert.marian_to_relpos`. Needs the installed package: the
+        conversion is no part of the remote code saved with a model, so it is imported by name at call time (an
+        import statement here would make transformers require hf_relpos to load any saved model)."""
+        return importlib.import_module("hf_relpos.convert").marian_to_relpos(
+            model_or_path, attention_type, **config_overrides
+        )
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
+
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """`PreTrainedModel.resize_token_embeddings`, with `final_logits_bias` cut or zero-extended alike (BART's)."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        old_bias, new_size = self.final_logits_bias, embeddings.weight.size(0)
+        new_bias = old_bias.new_zeros(1, new_size)
+        new_bias[:, : min(new_size, old_bias.size(1))] = old_bias[:, :new_size]
+        self.register_buffer("final_logits_bias", new_bias)
+        return embeddings
 
     @can_return_tuple
     def forward(
@@ -701,7 +727,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             output_hidden_states=output_hidden_states,
             return_dict=True,
         )
-        logits = self.lm_head(outputs.last_hidden_state)
+        logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
         loss = None
         if labels is not None:
             loss = token_cross_entropy(logits, labels, num_items_in_batch)

@@ -262,7 +262,8 @@ class PositionScheme(nn.Module):
       memory) and the number of cached positions before the first query (`query_offset`), so a decoding step sees
       true distances.
     - `config_fields`: the config fields it reads (`SchemeField`), `check_config` for checks across fields,
-      `init_parameters(std)`, and `card` (`SchemeCard`) for model cards.
+      `init_parameters(std)`, `start_neutral()` (parameters for switching a trained model to this scheme), and
+      `card` (`SchemeCard`) for model cards.
 
     Positions. By default the tokens of a call sit at the ordinary positions: key j at j, query i at
     `query_offset + i`. With `config.position_randomization_max` = L set, a stack in training mode draws its
@@ -293,6 +294,14 @@ class PositionScheme(nn.Module):
 
     def init_parameters(self, std: float) -> None:
         """Initialise this scheme's own parameters (called by `PreTrainedModel._init_weights`)."""
+
+    def start_neutral(self) -> None:
+        """Set this scheme's parameters so that it changes attention as little as it can: the start when a trained
+        model switches to this scheme (`hf_relpos.convert`). Default: every parameter zero, which removes additive
+        terms exactly (Shaw's a^K, a^V; Transformer-XL's u, v and W_kR); override where zero is not neutral."""
+        with torch.no_grad():
+            for parameter in self.parameters():
+                parameter.zero_()
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding-level position encoding; identity for purely relative schemes."""

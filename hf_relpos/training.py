@@ -368,8 +368,10 @@ def _build_model(
     generation.max_new_tokens = None
     generation.max_length = training_args.generation_max_length or (
         data_args.max_source_length + training_args.generation_max_length_offset + 1)
+    # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
+    # model starts decoding with pad, not with the tokenizer's bos/eos).
     for name, value in special_token_ids(tokenizer).items():
-        setattr(generation, name, value)
+        setattr(generation, name, value if model_args.model_name_or_path is None else getattr(model.config, name))
     return model
 
 

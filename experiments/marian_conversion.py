@@ -1,0 +1,225 @@
+r"""What switching a trained MarianMT model to relative positions costs, and what fine-tuning wins back.
+
+1. Train a small `MarianMTModel` (transformers' own class, Post-LN, sinusoidal positions) on the training pairs with
+   `Seq2SeqTrainer` for `--train-steps` steps, with a joint BPE tokenizer trained on the same pairs; Marian's
+   convention: decoding starts with the pad token.
+2. Convert it with `hf_relpos.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each scheme
+   of `--schemes` (sinusoids removed, the scheme's parameters neutral).
+3. Fine-tune every converted model with `train_translation.py configs/finetune_marian_en_de_shaw.yaml
+   --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept).
+4. Score each stage on the first `--test-sentences` test sentences (sacreBLEU, greedy unless `--num-beams`).
+
+Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 CPU cores shared with other jobs,
+1 thread, 30 and 22 minutes), with --train-steps 300 and 600:
+  nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_600 \
+      --out docs/results/marian_conversion/train600 --d-model 128 --learning-rate 1e-3 --train-steps 600 \
+      --finetune-steps 150 --test-sentences 500
+Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+FINETUNE_CONFIG = ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"
+
+
+def read_pairs(path: Path, source: str, target: str, limit: int | None = None) -> list[tuple[str, str]]:
+    pairs = []
+    for line in path.open(encoding="utf-8"):
+        if line.strip():
+            record = json.loads(line)["translation"]
+            pairs.append((record[source], record[target]))
+            if limit is not None and len(pairs) == limit:
+                break
+    return pairs
+
+
+def train_marian(args: argparse.Namespace, tokenizer, train_pairs: list[tuple[str, str]]) -> Path:
+    """A MarianMTModel trained with Seq2SeqTrainer, saved with its tokenizer in <work>/marian (reused if there)."""
+    from datasets import Dataset
+    from transformers import (
+        DataCollatorForSeq2Seq,
+        MarianConfig,
+        MarianMTModel,
+        Seq2SeqTrainer,
+        Seq2SeqTrainingArguments,
+    )
+
+    folder = args.work / "marian"
+    if (folder / "model.safetensors").is_file():
+        print(f"reusing the trained Marian model in {folder}", flush=True)
+        return folder
+    config = MarianConfig(
+        vocab_size=len(tokenizer), d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
+        encoder_attention_heads=args.heads, decoder_attention_heads=args.heads, encoder_ffn_dim=4 * args.d_model,
+        decoder_ffn_dim=4 * args.d_model, activation_function="swish", scale_embedding=True, dropout=0.1,
+        max_position_embeddings=256, pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id, forced_eos_token_id=None, bos_token_id=None,
+    )
+    torch.manual_seed(args.seed)
+    model = MarianMTModel(config)
+    sources, targets = zip(*train_pairs, strict=True)
+    encoded = tokenizer(list(sources), text_target=list(targets), truncation=True, max_length=128)
+    dataset = Dataset.from_dict({"input_ids": encoded["input_ids"], "labels": encoded["labels"]})
+    training_args = Seq2SeqTrainingArguments(
+        output_dir=str(args.work / "marian_trainer"), max_steps=args.train_steps, per_device_train_batch_size=64,
+        learning_rate=args.learning_rate, lr_scheduler_type="inverse_sqrt", warmup_steps=args.train_steps // 4,
+        adam_beta2=0.98, weight_decay=0.0, label_smoothing_factor=0.1, logging_steps=50, save_strategy="no",
+        report_to="none", use_cpu=True, seed=args.seed, dataloader_num_workers=0,
+    )
+    trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=dataset,
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    trainer.train()
+    model.generation_config.max_length = 128
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.Namespace, marian: bool = False) -> dict:
+    """sacreBLEU / chrF of a saved model on `test_pairs` (greedy or `--num-beams`, at most source length + 50)."""
+    from transformers import AutoTokenizer, MarianMTModel
+
+    from hf_relpos import RelPosTransformerForConditionalGeneration
+    from hf_relpos.metrics import score_translations
+    from hf_relpos.translate import translate_lines
+
+    model_class = MarianMTModel if marian else RelPosTransformerForConditionalGeneration
+    model = model_class.from_pretrained(str(model_folder)).eval()
+    tokenizer = AutoTokenizer.from_pretrained(str(model_folder))
+    sources, references = zip(*test_pairs, strict=True)
+    started = time.perf_counter()
+    hypotheses = translate_lines(list(sources), model, tokenizer, max_tokens=2048, progress=False,
+                                 num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+    scores = score_translations(hypotheses, list(references))
+    return {"bleu": scores["bleu"], "chrf": scores["chrf"], "length_ratio": scores["length_ratio"],
+            "signature": scores["bleu_signature"], "seconds": time.perf_counter() - started,
+            "first_hypotheses": hypotheses[:3]}
+
+
+def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Path:
+    """`train_translation.py --model_name_or_path CONVERTED` with the recipe's settings and --finetune-steps."""
+    if (output_dir / "model.safetensors").is_file():
+        print(f"reusing the fine-tuned model in {output_dir}", flush=True)
+        return output_dir
+    command = [
+        sys.executable, str(ROOT / "train_translation.py"), str(FINETUNE_CONFIG),
+        "--model_name_or_path", str(converted), "--train_file", str(args.data / "train.jsonl"),
+        "--output_dir", str(output_dir), "--max_steps", str(args.finetune_steps), "--do_eval", "false",
+        "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no", "--seed", str(args.seed),
+        "--cpu_threads", str(args.threads), "--overwrite_output_dir", "true", "--logging_steps", "50",
+        "--warmup_steps", str(max(1, args.finetune_steps // 10)), "--max_tokens_per_batch", str(args.finetune_max_tokens),
+    ]
+    with open(output_dir.with_suffix(".log"), "w") as handle:
+        subprocess.run(command, check=True, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
+    return output_dir
+
+
+def markdown(results: dict) -> str:
+    settings = results["settings"]
+    lines = [
+        "# Relative positions for a trained MarianMT model (Multi30k En->De)" if not settings["quick"] else
+        "# Relative positions for a trained MarianMT model (generated demo corpus, --quick)",
+        "",
+        f"MarianMTModel d_model {settings['d_model']}, {settings['layers']}+{settings['layers']} layers, trained "
+        f"{settings['train_steps']} steps; each converted model fine-tuned {settings['finetune_steps']} steps with "
+        f"`train_translation.py` ({Path(settings['finetune_config']).name}). sacreBLEU on the first "
+        f"{settings['test_sentences']} test sentences, {'greedy' if settings['num_beams'] == 1 else 'beam ' + str(settings['num_beams'])}.",
+        f"Signature: `{results['marian']['signature']}`.",
+        "",
+        "| attention_type | Marian (before) | converted, step 0 | after fine-tuning | chrF after | "
+        "fine-tuning s |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for scheme, run in results["schemes"].items():
+        lines.append(
+            f"| {scheme} | {results['marian']['bleu']:.2f} | {run['converted']['bleu']:.2f} | "
+            f"{run['finetuned']['bleu']:.2f} | {run['finetuned']['chrf']:.2f} | {run['finetune_seconds']:.0f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, help="folder with {train,test}.jsonl (Multi30k); not with --quick")
+    parser.add_argument("--work", type=Path, required=True, help="models and logs (reused when present)")
+    parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
+    parser.add_argument("--schemes", nargs="+", default=["shaw"], help="relative schemes to convert to")
+    parser.add_argument("--train-steps", type=int, default=600)
+    parser.add_argument("--finetune-steps", type=int, default=150)
+    parser.add_argument("--finetune-max-tokens", type=int, default=1024,
+                        help="fine-tuning batches: padded tokens per side (~64 sentences, Marian's batch)")
+    parser.add_argument("--test-sentences", type=int, default=500)
+    parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=3)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--learning-rate", type=float, default=1e-3)
+    parser.add_argument("--tokenizer-vocab-size", type=int, default=8000)
+    parser.add_argument("--num-beams", type=int, default=1)
+    parser.add_argument("--max-new-tokens", type=int, default=80)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true",
+                        help="smoke run: generated demo corpus in <work>/data, a tiny model, a few steps")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    args.work.mkdir(parents=True, exist_ok=True)
+    if args.quick:
+        from hf_relpos.demo_corpus import write_demo_corpus
+
+        args.data = args.work / "data"
+        write_demo_corpus(args.data, 200, 10, 10, seed=1)
+        args.d_model, args.layers, args.heads, args.tokenizer_vocab_size = 32, 1, 2, 400
+        args.train_steps, args.finetune_steps, args.test_sentences = min(args.train_steps, 4), min(
+            args.finetune_steps, 2), min(args.test_sentences, 10)
+        args.max_new_tokens, args.finetune_max_tokens = 20, 256
+    elif args.data is None:
+        parser.error("--data is required (or --quick)")
+
+    from hf_relpos.convert import convert_marian
+    from hf_relpos.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
+
+    train_pairs = read_pairs(args.data / "train.jsonl", "en", "de")
+    test_pairs = read_pairs(args.data / "test.jsonl", "en", "de", limit=args.test_sentences)
+    tokenizer_folder = args.work / "tokenizer"
+    if not has_saved_tokenizer(tokenizer_folder):
+        texts = [text for pair in train_pairs for text in pair]
+        train_joint_tokenizer(texts, args.tokenizer_vocab_size).save_pretrained(tokenizer_folder)
+    tokenizer = load_tokenizer(tokenizer_folder)
+
+    marian_folder = train_marian(args, tokenizer, train_pairs)
+    results = {"settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+               | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
+               "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}
+    print(f"Marian: BLEU {results['marian']['bleu']:.2f}", flush=True)
+    for scheme in ["absolute", *args.schemes]:
+        converted = args.work / f"converted_{scheme}"
+        if not (converted / "model.safetensors").is_file():
+            convert_marian(marian_folder, converted, scheme)
+        run = {"converted": bleu(converted, test_pairs, args)}
+        print(f"{scheme}: BLEU {run['converted']['bleu']:.2f} right after the conversion", flush=True)
+        started = time.perf_counter()
+        finetuned = finetune(converted, args.work / f"finetuned_{scheme}", args)
+        run["finetune_seconds"] = time.perf_counter() - started
+        run["finetuned"] = bleu(finetuned, test_pairs, args)
+        print(f"{scheme}: BLEU {run['finetuned']['bleu']:.2f} after {args.finetune_steps} steps", flush=True)
+        results["schemes"][scheme] = run
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    (args.out / "marian_conversion.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()

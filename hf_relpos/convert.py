@@ -1,0 +1,215 @@
+"""Bring a pretrained MarianMT model to hf_relpos: `python -m hf_relpos.convert marian SRC OUT --attention_type shaw`.
+
+Marian (transformers' `MarianMTModel`) is the architecture hf_relpos generalises: Post-LN blocks, sinusoidal absolute
+positions added to the (scaled) token embeddings, one embedding matrix shared by encoder, decoder and output
+projection, a `final_logits_bias`. Its field names are already ours; what moves is
+`layers.N.fc{1,2}` -> `layers.N.feed_forward.fc{1,2}`, and the sinusoid tables go (they are parameter-free: the
+`absolute` scheme computes the same [sin | cos] layout on the fly, checked here against the source's table).
+
+- `attention_type="absolute"` reproduces the Marian model: same logits (float32 rounding), same beam search.
+- Any other scheme removes the sinusoids and starts its own parameters neutral (`PositionScheme.start_neutral`:
+  e.g. Shaw's tables and Transformer-XL's u, v, W_kR at zero), so the switch costs exactly the absolute positions and
+  adds nothing; fine-tuning (`train_translation.py --model_name_or_path OUT`) teaches the new terms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
+
+from .configuration_relpos import RelPosTransformerConfig
+from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .positions import ATTENTION_REGISTRY, sinusoids
+
+logger = logging.getLogger(__name__)
+
+# MarianConfig fields that carry over unchanged (the names are shared).
+SHARED_CONFIG_FIELDS = (
+    "vocab_size", "d_model", "encoder_layers", "decoder_layers", "encoder_attention_heads",
+    "decoder_attention_heads", "encoder_ffn_dim", "decoder_ffn_dim", "activation_function", "dropout",
+    "attention_dropout", "activation_dropout", "init_std", "scale_embedding", "max_position_embeddings", "use_cache",
+    "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "tie_word_embeddings",
+)
+# Fields that define Marian's weights and computation: an override would break the mapping or the model.
+FIELDS_FROM_MARIAN = (
+    *(name for name in SHARED_CONFIG_FIELDS
+      if name not in ("dropout", "attention_dropout", "activation_dropout", "init_std", "use_cache")),
+    "layer_norm_position",
+)
+# Marian's module names that differ from ours.
+RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
+
+
+def marian_config_to_relpos(marian_config: MarianConfig, attention_type: str,
+                            **config_overrides: Any) -> RelPosTransformerConfig:
+    """The RelPosTransformerConfig of a Marian model with `attention_type` (Post-LN, as Marian); `config_overrides`
+    set any other field (a scheme's settings, dropout, ...). Marian features hf_relpos lacks are errors."""
+    if not marian_config.share_encoder_decoder_embeddings:
+        raise ValueError("share_encoder_decoder_embeddings must be true: hf_relpos shares one embedding matrix between "
+                         "encoder and decoder, this Marian model has separate source and target vocabularies")
+    if marian_config.decoder_vocab_size not in (None, marian_config.vocab_size):
+        raise ValueError(f"decoder_vocab_size ({marian_config.decoder_vocab_size}) must equal vocab_size "
+                         f"({marian_config.vocab_size}): hf_relpos has one joint vocabulary")
+    if getattr(marian_config, "normalize_before", False) or getattr(marian_config, "add_final_layer_norm", False):
+        raise ValueError("normalize_before / add_final_layer_norm must be false: only Marian's Post-LN blocks convert")
+    for layerdrop in ("encoder_layerdrop", "decoder_layerdrop"):
+        if getattr(marian_config, layerdrop, 0.0):
+            logger.warning("%s=%s is dropped: hf_relpos has no LayerDrop (inference is unchanged)", layerdrop,
+                           getattr(marian_config, layerdrop))
+    fixed = sorted(set(config_overrides) & set(FIELDS_FROM_MARIAN))
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
+                         "dropout, attention_dropout, activation_dropout, init_std, use_cache, attn_implementation "
+                         "and the position scheme's fields")
+    fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
+    if isinstance(fields["eos_token_id"], list):
+        raise ValueError(f"eos_token_id must be one id, got {fields['eos_token_id']!r}")
+    return RelPosTransformerConfig(**{**fields, "attention_type": attention_type, "layer_norm_position": "post",
+                                      **config_overrides})
+
+
+def marian_state_to_relpos(marian_state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Marian's weights under our names, without its sinusoid tables (parameter-free, recomputed by `absolute`)."""
+    converted = {}
+    for name, tensor in marian_state.items():
+        if ".embed_positions." in name:
+            continue
+        for marian_part, own_part in RENAMED_MODULES:
+            name = name.replace(marian_part, own_part)
+        converted[name] = tensor
+    return converted
+
+
+def check_marian_positions(marian: MarianMTModel) -> None:
+    """Marian's sinusoid table must be the [sin | cos] layout `positions.sinusoids` computes (true for even
+    d_model; Marian puts one more sine than cosine when d_model is odd)."""
+    for stack in (marian.model.encoder, marian.model.decoder):
+        table = stack.embed_positions.weight
+        expected = sinusoids(torch.arange(table.size(0)), table.size(1), torch.float64)
+        if not torch.allclose(table.double(), expected, atol=1e-6, rtol=0.0):
+            raise ValueError(f"d_model ({table.size(1)}): this Marian model's sinusoid layout differs from "
+                             "hf_relpos' [sin | cos] halves (only an even d_model converts)")
+
+
+def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention_type: str,
+                     **config_overrides: Any) -> RelPosTransformerForConditionalGeneration:
+    """`RelPosTransformerForConditionalGeneration` with the weights, config and generation config of a
+    `MarianMTModel` (an instance, a folder or a Hub id). Every Marian weight is copied (strictly: nothing left
+    over, nothing but the position scheme's own parameters new); those start neutral (`start_neutral`)."""
+    marian = _load_marian(model_or_path)
+    check_marian_positions(marian)
+    config = marian_config_to_relpos(marian.config, attention_type, **config_overrides)
+    model = RelPosTransformerForConditionalGeneration(config).to(marian.dtype)
+    state = marian_state_to_relpos(marian.state_dict())
+    if "final_logits_bias" not in state:
+        state["final_logits_bias"] = torch.zeros_like(model.final_logits_bias)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    scheme_weights = {name for name in model.state_dict() if ".positions." in name}
+    if unexpected or set(missing) - scheme_weights:
+        raise ValueError(f"the Marian weights do not map onto {type(model).__name__}: unmapped "
+                         f"{sorted(unexpected)[:5]}, missing {sorted(set(missing) - scheme_weights)[:5]}")
+    for stack in (model.model.encoder, model.model.decoder):
+        stack.positions.start_neutral()
+    model.generation_config = copy.deepcopy(marian.generation_config)
+    return model.train(marian.training)
+
+
+def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, attention_type: str,
+                   **config_overrides: Any) -> Path:
+    """Convert the Marian model in `source` (folder or Hub id) and save it, with its tokenizer and generation config,
+    in `output_dir`, which must not exist yet (or be empty). Everything is checked and written in a sibling temporary
+    folder first, then renamed into place: an error leaves nothing behind."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
+        raise ValueError(f"output_dir {str(output_dir)!r} exists and is not empty; choose a new folder")
+    model_type = AutoConfig.from_pretrained(str(source)).model_type
+    if model_type != "marian":
+        raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.convert marian needs 'marian'")
+    tokenizer = _load_tokenizer(source)
+    model = marian_to_relpos(source, attention_type, **config_overrides)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        if output_dir.exists():
+            output_dir.rmdir()
+        os.replace(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return output_dir
+
+
+def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTModel:
+    if isinstance(model_or_path, MarianMTModel):
+        return model_or_path
+    if isinstance(model_or_path, torch.nn.Module):
+        raise ValueError(f"model_or_path must be a MarianMTModel or its folder / Hub id, got "
+                         f"{type(model_or_path).__name__}")
+    return MarianMTModel.from_pretrained(str(model_or_path)).eval()
+
+
+def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
+    try:
+        return AutoTokenizer.from_pretrained(str(source))
+    except (OSError, ValueError, ImportError) as error:
+        raise ValueError(f"{source}: cannot load its tokenizer, which the converted model needs ({error}); "
+                         "Marian's own tokenizer needs `pip install sentencepiece`") from None
+
+
+def _override(text: str) -> tuple[str, Any]:
+    """`FIELD=VALUE` with VALUE read as YAML (16, true, 0.1, null, a string)."""
+    field, separator, value = text.partition("=")
+    if not separator or not field:
+        raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    return field.strip(), yaml.safe_load(value)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_relpos.convert",
+        description="Convert a pretrained model to hf_relpos (weights, config, tokenizer, generation config).",
+    )
+    sources = parser.add_subparsers(dest="source_type", required=True, metavar="{marian}")
+    marian = sources.add_parser(
+        "marian", help="a transformers MarianMTModel (e.g. Helsinki-NLP/opus-mt-en-de)",
+        description="Convert a MarianMTModel folder or Hub id. attention_type absolute reproduces the model exactly; "
+                    "any other scheme replaces the sinusoidal positions, its own parameters starting neutral.",
+    )
+    marian.add_argument("source", help="folder or Hub id of a MarianMTModel with its tokenizer")
+    marian.add_argument("output_dir", help="new folder for the converted model (must not exist or be empty)")
+    marian.add_argument("--attention_type", required=True, choices=sorted(ATTENTION_REGISTRY),
+                        help="position scheme of the converted model")
+    marian.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
+                        metavar="FIELD=VALUE",
+                        help="any other RelPosTransformerConfig field, e.g. --set max_relative_position=16 "
+                             "(repeatable; VALUE read as YAML)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    arguments = build_parser().parse_args(argv)
+    try:
+        output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.attention_type,
+                                    **dict(arguments.overrides))
+    except (OSError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    print(f"saved {arguments.attention_type} model, tokenizer and generation config to {output_dir}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+"""A MarianMT model converted to hf_relpos (`from_marian`, `python -m hf_relpos.convert marian`): with `absolute` it is
+the same model (logits, beam search); with a relative scheme the sinusoids go and the scheme starts neutral; the
+converted folder fine-tunes with train_translation.py as it is."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import SCHEMES
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
+
+from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.convert import convert_marian, main
+from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.tokenization import train_joint_tokenizer
+from hf_relpos.training import parse_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+PAD, EOS = 0, 1  # train_joint_tokenizer's <pad> and </s>
+# Schemes whose additive terms vanish at zero parameters: the switch then removes exactly Marian's sinusoids.
+ZERO_IS_NEUTRAL = ("shaw", "xl")
+
+
+def marian_model(vocab_size: int = 60, **overrides) -> MarianMTModel:
+    """A random MarianMTModel with Marian's conventions (scaled embeddings, swish, decoding starts with pad), weights
+    large enough that beam search does not just repeat one token, and a non-zero final_logits_bias."""
+    values = dict(
+        vocab_size=vocab_size, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=64,
+        activation_function="swish", scale_embedding=True, pad_token_id=PAD, eos_token_id=EOS,
+        decoder_start_token_id=PAD, forced_eos_token_id=EOS, bos_token_id=None, dropout=0.1, init_std=0.5,
+    )
+    values.update(overrides)
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(**values)).eval()
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.5)
+        for name, parameter in model.named_parameters():
+            if "layer_norm" in name:
+                parameter.add_(torch.randn_like(parameter) * 0.1)
+    return model
+
+
+def padded_batch(vocab_size: int = 60) -> dict[str, torch.Tensor]:
+    torch.manual_seed(1)
+    input_ids = torch.randint(2, vocab_size, (3, 9))
+    input_ids[:, -1] = EOS
+    input_ids[1, 6:], input_ids[1, 5] = PAD, EOS
+    decoder_input_ids = torch.randint(2, vocab_size, (3, 7))
+    decoder_input_ids[:, 0] = PAD
+    return {"input_ids": input_ids, "attention_mask": (input_ids != PAD).long(), "decoder_input_ids": decoder_input_ids}
+
+
+def logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(**batch).logits
+
+
+def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
+    marian = marian_model()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type="absolute")
+    assert not converted.training and converted.config.layer_norm_position == "post"
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
+    # A random model with tied embeddings repeats its last token; banning repeated bigrams makes the search real.
+    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
+                "no_repeat_ngram_size": 2}
+    for num_beams in (1, 4):
+        expected = marian.generate(**generate, num_beams=num_beams)
+        assert len(set(expected[:, 1:].flatten().tolist())) > 4
+        assert torch.equal(converted.generate(**generate, num_beams=num_beams), expected)
+    assert converted.generation_config.decoder_start_token_id == PAD
+    assert converted.generation_config.forced_eos_token_id == EOS
+
+
+def test_every_marian_weight_is_copied_and_final_logits_bias_is_used():
+    marian = marian_model()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type="absolute")
+    source, target = marian.state_dict(), converted.state_dict()
+    for name, tensor in source.items():
+        if ".embed_positions." not in name:
+            own = name.replace(".fc1.", ".feed_forward.fc1.").replace(".fc2.", ".feed_forward.fc2.")
+            assert torch.equal(target[own], tensor), name
+    assert converted.model.shared.weight.data_ptr() == converted.lm_head.weight.data_ptr()  # still tied
+    batch = padded_batch()
+    with torch.no_grad():
+        converted.final_logits_bias.zero_()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() > 0.1
+
+
+@pytest.mark.parametrize("scheme", ZERO_IS_NEUTRAL)
+def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(scheme):
+    """Converted to a relative scheme, the model is Marian without its position table (zero parameters add nothing),
+    and the new parameters still receive gradient. In float64, where both compute the same sums in the same order."""
+    marian = marian_model().double()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type=scheme)
+    scheme_parameters = [p for stack in (converted.model.encoder, converted.model.decoder)
+                         for p in stack.positions.parameters()]
+    assert scheme_parameters and all(not p.any() for p in scheme_parameters)
+    batch = padded_batch()
+    with torch.no_grad():
+        for stack in (marian.model.encoder, marian.model.decoder):
+            stack.embed_positions.weight.zero_()
+    assert converted.dtype == torch.float64
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-12
+    converted.train()
+    converted(**batch, labels=batch["decoder_input_ids"]).loss.backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in scheme_parameters)
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_every_registered_scheme_takes_every_marian_weight(scheme):
+    """Whatever the scheme, the Marian weights all land (strict mapping inside `from_marian`) and the model runs;
+    only the scheme's own parameters are new, and they start where `start_neutral` puts them."""
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type=scheme)
+    assert converted.config.attention_type == scheme
+    assert torch.isfinite(logits(converted, padded_batch())).all()
+
+
+def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
+    converted = RelPosTransformerForConditionalGeneration.from_marian(
+        marian_model(), attention_type="shaw", max_relative_position=5, dropout=0.0)
+    assert converted.config.max_relative_position == 5 and converted.config.dropout == 0.0
+    assert converted.model.encoder.positions.relative_keys.shape[1] == 11
+    with pytest.raises(ValueError, match="attention_type must be one of"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="sinusoid")
+    with pytest.raises(ValueError, match="max_relative_position"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", max_relative_position=-1)
+    with pytest.raises(ValueError, match="d_model, layer_norm_position come.s. from the Marian model"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", d_model=64,
+                                                              layer_norm_position="pre")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings must be true"),
+        ({"decoder_vocab_size": 70}, r"decoder_vocab_size \(70\) must equal vocab_size \(60\)"),
+        ({"d_model": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3}, r"d_model \(33\)"),
+    ],
+)
+def test_marian_features_hf_relpos_lacks_are_refused(overrides, message):
+    """Separate vocabularies, or an odd d_model (Marian puts one more sine than cosine there)."""
+    with pytest.raises(ValueError, match=message):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(**overrides), attention_type="absolute")
+
+
+@pytest.fixture(scope="module")
+def marian_folder(tmp_path_factory) -> Path:
+    """A saved MarianMTModel with its tokenizer (a joint BPE on the demo corpus), as a Hub folder holds them."""
+    folder = tmp_path_factory.mktemp("marian")
+    write_demo_corpus(folder / "data", 60, 6, 6, seed=2)
+    texts = [text for line in (folder / "data" / "train.jsonl").read_text().splitlines()
+             for text in json.loads(line)["translation"].values()]
+    tokenizer = train_joint_tokenizer(texts, 320)
+    assert (tokenizer.pad_token_id, tokenizer.eos_token_id) == (PAD, EOS)
+    marian_model(vocab_size=len(tokenizer)).save_pretrained(folder / "model")
+    tokenizer.save_pretrained(folder / "model")
+    return folder
+
+
+def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_path):
+    output = tmp_path / "shaw"
+    completed = subprocess.run(
+        [sys.executable, "-m", "hf_relpos.convert", "marian", str(marian_folder / "model"), str(output),
+         "--attention_type", "shaw", "--set", "max_relative_position=6"],
+        capture_output=True, text=True, timeout=300, cwd=REPO,
+    )
+    assert completed.returncode == 0, completed.stderr
+    loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output)
+    assert (loaded.config.attention_type, loaded.config.max_relative_position) == ("shaw", 6)
+    assert json.loads((output / "generation_config.json").read_text())["decoder_start_token_id"] == PAD
+    source_tokenizer = AutoTokenizer.from_pretrained(marian_folder / "model")
+    assert AutoTokenizer.from_pretrained(output)("Der Mann.").input_ids == source_tokenizer("Der Mann.").input_ids
+    expected = RelPosTransformerForConditionalGeneration.from_marian(marian_folder / "model", "shaw",
+                                                                   max_relative_position=6)
+    batch = padded_batch(len(source_tokenizer))
+    assert torch.equal(logits(loaded.eval(), batch), logits(expected, batch))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["shaw"]  # no staging folder left
+
+
+def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, capsys):
+    output = tmp_path / "out"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "rotary"])
+    assert exit_info.value.code == 2
+    assert "argument --attention_type: invalid choice: 'rotary' (choose from" in capsys.readouterr().err
+    assert main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "shaw",
+                 "--set", "max_relative_position=-1"]) == 2
+    assert "max_relative_position" in capsys.readouterr().err
+    assert main(["marian", str(marian_folder / "data"), str(output), "--attention_type", "shaw"]) == 2
+    assert "error:" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    output.mkdir()
+    (output / "keep.txt").write_text("x")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        convert_marian(marian_folder / "model", output, "absolute")
+    assert [path.name for path in tmp_path.iterdir()] == ["out"] and [p.name for p in output.iterdir()] == ["keep.txt"]
+
+
+def test_finetune_recipe_parses_and_names_no_architecture(marian_folder, tmp_path):
+    recipe = REPO / "configs" / "finetune_marian_en_de_shaw.yaml"
+    assert yaml.safe_load(recipe.read_text())["model_name_or_path"] == "outputs/opus-mt-en-de-shaw"
+    converted = convert_marian(marian_folder / "model", tmp_path / "converted", "shaw")
+    model_args, data_args, training_args = parse_arguments([str(recipe), "--model_name_or_path", str(converted)])
+    assert "attention_type" not in model_args.model_config and "d_model" not in model_args.model_config
+    assert (data_args.source_lang, data_args.target_lang) == ("en", "de")
+    assert training_args.generation_num_beams == 4
+
+
+@pytest.mark.slow
+def test_train_translation_fine_tunes_a_converted_model_as_it_is(marian_folder, tmp_path):
+    converted = convert_marian(marian_folder / "model", tmp_path / "converted", "shaw")
+    data = marian_folder / "data"
+    output = tmp_path / "finetuned"
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "train_translation.py"), str(REPO / "configs" / "finetune_marian_en_de_shaw.yaml"),
+         "--model_name_or_path", str(converted), "--train_file", str(data / "train.jsonl"),
+         "--validation_file", str(data / "validation.jsonl"), "--test_file", str(data / "test.jsonl"),
+         "--output_dir", str(output), "--max_steps", "3", "--eval_strategy", "no", "--save_strategy", "no",
+         "--max_tokens_per_batch", "256", "--warmup_steps", "1", "--do_eval", "false", "--cpu_threads", "1"],
+        capture_output=True, text=True, timeout=600, cwd=REPO,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    finetuned = RelPosTransformerForConditionalGeneration.from_pretrained(output)
+    assert finetuned.config.attention_type == "shaw" and finetuned.config.decoder_start_token_id == PAD
+    assert finetuned.generation_config.decoder_start_token_id == PAD  # not the tokenizer's <s>
+    assert finetuned.model.encoder.positions.relative_keys.abs().sum() > 0  # the new tables learned
+    assert 0.0 <= json.loads((output / "test_results.json").read_text())["test_bleu"] <= 100.0
+
+
+def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="shaw")
+    bias = converted.final_logits_bias.clone()
+    converted.resize_token_embeddings(64)
+    assert converted.final_logits_bias.shape == (1, 64) and torch.equal(converted.final_logits_bias[:, :60], bias)
+    assert not converted.final_logits_bias[:, 60:].any()
+    converted.resize_token_embeddings(50)
+    assert torch.equal(converted.final_logits_bias, bias[:, :50])
+    assert logits(converted, padded_batch(50)).shape[-1] == 50
+
+
+@pytest.mark.slow
+def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
+    """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
+    train_translation.py, score; absolute right after the conversion scores exactly as Marian."""
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
+                    str(tmp_path / "work"), "--out", str(out)], check=True, timeout=900, cwd=REPO,
+                   capture_output=True)
+    results = json.loads((out / "marian_conversion.json").read_text())
+    assert list(results["schemes"]) == ["absolute", "shaw"]
+    absolute = results["schemes"]["absolute"]["converted"]
+    assert absolute["first_hypotheses"] == results["marian"]["first_hypotheses"]
+    assert absolute["bleu"] == results["marian"]["bleu"]
+    for run in results["schemes"].values():
+        assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
+    table = (out / "marian_conversion.md").read_text()
+    assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
+
+
+def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
+    """Recipe cards describe the architecture a recipe trains; a fine-tuning recipe has none of its own (rendering
+    one would describe a default d_model 512 model that the converted Marian is not)."""
+    from hf_relpos.hub import render_recipe_cards
+
+    rendered = {path.name for path in render_recipe_cards([REPO / "configs"], tmp_path)}
+    assert "multi30k_small_shaw.md" in rendered and "finetune_marian_en_de_shaw.md" not in rendered
