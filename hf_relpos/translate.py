@@ -72,10 +72,20 @@ def translate_lines(
     return translations
 
 
+class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """Appends "(default: X)" only to options with a default; the others say in their help what happens instead."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None or action.default is False:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+                                     formatter_class=DefaultsWhereSetFormatter)
     parser.add_argument("model", help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir)")
+    parser.add_argument("input_file", nargs="?", metavar="INPUT", help="source text file (the same as --input)")
     parser.add_argument("--input", help="source text, one sentence per line (default: stdin)")
     parser.add_argument("--output", help="where the translations go, one per line (default: stdout)")
     parser.add_argument("--reference", help="reference translations, one per line: print sacreBLEU and chrF")
@@ -94,6 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.input_file is not None:
+        if args.input is not None and args.input != args.input_file:
+            parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
+        args.input = args.input_file
     for name in ("num_beams", "max_length", "max_tokens"):
         value = getattr(args, name)
         if value is not None and value < 1:

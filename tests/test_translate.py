@@ -78,6 +78,8 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
     (["--input", "missing.txt"], "No such file or directory"),
+    (["missing.txt"], "No such file or directory"),
+    (["a.txt", "--input", "b.txt"], "two source files: INPUT 'a.txt' and --input 'b.txt'; give one"),
 ])
 def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -85,6 +87,20 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
         main([str(memorised_model_folder), *flags])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_the_source_file_may_follow_the_model_folder(memorised_model_folder, tmp_path, capsys):
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
+    main([str(memorised_model_folder), str(source_file), "--no_progress"])
+    assert capsys.readouterr().out.splitlines() == TARGETS[:2]
+
+
+def test_help_shows_defaults_only_where_an_option_has_one(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "(default: None)" not in shown and "(default: False)" not in shown
+    assert "(default: stdin)" in shown and "(default: 4096)" in shown
 
 
 def test_reference_with_another_line_count_is_refused(memorised_model_folder, tmp_path, capsys):
