@@ -93,33 +93,46 @@ MEMORISED_PAIRS = (
 )
 
 
-@pytest.fixture(scope="session")
-def memorised_model_folder(tmp_path_factory) -> Path:
-    """A tiny Shaw model that translates each source of MEMORISED_PAIRS into its target exactly, saved with its
-    tokenizer as a model folder (generation config: greedy, max_length 20)."""
+def train_memorising_model(pairs, steps: int):
+    """A tiny Shaw model (and its joint tokenizer) trained with Adam on `pairs` until greedy decoding reproduces each
+    target exactly (asserted); returns the model in eval mode (generation max_length 20), the tokenizer and the
+    hypotheses."""
     from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
 
     torch.manual_seed(0)
-    tokenizer = train_joint_tokenizer([text for pair in MEMORISED_PAIRS * 4 for text in pair], vocab_size=456)
+    tokenizer = train_joint_tokenizer([text for pair in list(pairs) * 4 for text in pair], vocab_size=456)
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
         decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
         layer_norm_position="pre", **special_token_ids(tokenizer),
     )
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
-    sources = tokenizer([source for source, _ in MEMORISED_PAIRS], padding=True, return_tensors="pt")
-    labels = tokenizer([target for _, target in MEMORISED_PAIRS], padding=True, return_tensors="pt").input_ids
+    sources = tokenizer([source for source, _ in pairs], padding=True, return_tensors="pt")
+    labels = tokenizer([target for _, target in pairs], padding=True, return_tensors="pt").input_ids
     labels[labels == tokenizer.pad_token_id] = -100
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(150):
-        loss = model(**sources, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # a model this small trains fastest on one thread
+    try:
+        for _ in range(steps):
+            loss = model(**sources, labels=labels).loss
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    finally:
+        torch.set_num_threads(threads)
     model.eval()
     model.generation_config.max_length = 20
     hypotheses = tokenizer.batch_decode(model.generate(**sources), skip_special_tokens=True)
-    assert hypotheses == [target for _, target in MEMORISED_PAIRS], hypotheses
+    assert hypotheses == [target for _, target in pairs], hypotheses
+    return model, tokenizer, hypotheses
+
+
+@pytest.fixture(scope="session")
+def memorised_model_folder(tmp_path_factory) -> Path:
+    """A tiny Shaw model that translates each source of MEMORISED_PAIRS into its target exactly, saved with its
+    tokenizer as a model folder (generation config: greedy, max_length 20)."""
+    model, tokenizer, _ = train_memorising_model(MEMORISED_PAIRS, steps=150)
     folder = tmp_path_factory.mktemp("memorised") / "model"
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-import torch
+from conftest import train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
@@ -22,7 +22,6 @@ from transformers import pipeline
 import hf_relpos
 from hf_relpos import hub, preflight
 from hf_relpos.metrics import score_translations
-from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
 from hf_relpos.training import parse_arguments, run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -83,32 +82,7 @@ UNTAGGED_AS_RELATIVE = {"absolute", "none"}
 def trained_folder(tmp_path_factory) -> Path:
     """A tiny Shaw model that has memorised PAIRS, saved with its tokenizer and the results files of an evaluation,
     as train_translation.py leaves them."""
-    torch.manual_seed(0)
-    tokenizer = train_joint_tokenizer((text for pair in PAIRS * 4 for text in pair), vocab_size=456)
-    config = hf_relpos.RelPosTransformerConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
-        layer_norm_position="pre", **special_token_ids(tokenizer),
-    )
-    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
-    sources = tokenizer([source for source, _ in PAIRS], padding=True, return_tensors="pt")
-    labels = tokenizer([target for _, target in PAIRS], padding=True, return_tensors="pt").input_ids
-    labels[labels == tokenizer.pad_token_id] = -100
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # a model this small trains fastest on one thread
-    try:
-        for _ in range(100):
-            loss = model(**sources, labels=labels).loss
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-    finally:
-        torch.set_num_threads(threads)
-    model.eval()
-    model.generation_config.max_length = 20
-    hypotheses = tokenizer.batch_decode(model.generate(**sources), skip_special_tokens=True)
-    assert hypotheses == [target for _, target in PAIRS], hypotheses
+    model, tokenizer, hypotheses = train_memorising_model(PAIRS, steps=100)
 
     folder = tmp_path_factory.mktemp("trained") / "model"
     model.save_pretrained(folder)
