@@ -87,12 +87,17 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
     assert (out / "multi30k_curves.png").read_bytes().startswith(b"\x89PNG")
 
 
+def load_experiment(script: Path, monkeypatch):
+    """The experiment script imported as a module (registered in sys.modules for the test's duration)."""
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_task(monkeypatch):
-    spec = importlib.util.spec_from_file_location("length_generalization", EXPERIMENT)
-    task = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, task)
-    spec.loader.exec_module(task)
-    return task
+    return load_experiment(EXPERIMENT, monkeypatch)
 
 
 class ReversingModel:
@@ -165,11 +170,7 @@ TINY_VS_MARIAN = [
 
 
 def load_vs_marian(monkeypatch):
-    spec = importlib.util.spec_from_file_location("vs_marian", VS_MARIAN)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
+    return load_experiment(VS_MARIAN, monkeypatch)
 
 
 def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path):
