@@ -119,7 +119,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.use_cpu or not torch.accelerator.is_available():
+        if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
 
 
