@@ -11,9 +11,10 @@ weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`. Every other row is an h
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags. The predefined rows
 are listed by `--list`; `--row "NAME=RECIPE --flag value ..."` adds one (RECIPE: a scheme, for
 configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init` on a row is
-not a train_translation.py flag: `--init hf` starts the row from token embeddings drawn N(0, init_std) as
-transformers' `PreTrainedModel` (and so Marian) draws them, `--init vaswani` from N(0, d_model^-0.5) (Vaswani et al.,
-fairseq); the model is built by the recipe otherwise, saved, and handed to the pipeline as `--model_name_or_path`.
+shorthand for the token-embedding init: `--init hf` draws them N(0, 0.02) as transformers' Marian does
+(`--model.embedding_init_std 0.02`), `--init vaswani` N(0, d_model^-0.5) (Vaswani et al., fairseq;
+`--model.embedding_init_std null`). Runs before 2026-11-23 16:00 UTC drew the same distribution by re-initialising a
+saved starting model instead (a different random stream).
 
 Every trained model is decoded by the same function (beam 4, length penalty 0.6, at most 80 new tokens, batches of
 64 sorted by source length) and scored by the same sacreBLEU metric object (cased, 13a) on validation and test2016.
@@ -54,7 +55,7 @@ from transformers import (
     set_seed,
 )
 
-from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.environment import cpu_model_name
 from hf_relpos.metrics import score_translations
 from hf_relpos.tokenization import (
@@ -62,16 +63,15 @@ from hf_relpos.tokenization import (
     SPECIAL_TOKENS,
     WORD_START,
     load_tokenizer,
-    special_token_ids,
-    train_joint_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.training import parse_arguments, run
+from hf_relpos.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"
-# Token-embedding std of each --init choice (None: as the recipe's model draws it).
-EMBEDDING_INIT_STD = {"recipe": None, "hf": lambda config: config.init_std, "vaswani": lambda config: config.d_model**-0.5}
+# train_translation.py flags of each --init choice (the token-embedding init).
+EMBEDDING_INIT_FLAGS = {"recipe": (), "hf": ("--model.embedding_init_std", "0.02"),
+                        "vaswani": ("--model.embedding_init_std", "null")}
 MARIAN_ARCHITECTURE = "--model.layer_norm_position post --model.activation_function gelu --model.attention_dropout 0.1"
 SENTENCE_BATCHES = "--max_tokens_per_batch null --per_device_train_batch_size 64"   # the peer's batching
 SPLITS = {"validation": "validation.jsonl", "test": "test.jsonl"}
@@ -127,8 +127,8 @@ def parse_row(spec: str) -> Row:
         position = flags.index("--init")
         init = flags[position + 1] if position + 1 < len(flags) else ""
         del flags[position : position + 2]
-        if init not in EMBEDDING_INIT_STD:
-            raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(EMBEDDING_INIT_STD)}, got {init!r}")
+        if init not in EMBEDDING_INIT_FLAGS:
+            raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(EMBEDDING_INIT_FLAGS)}, got {init!r}")
     if recipe == PEER:
         raise SystemExit(f"vs_marian.py: row {name!r}: the peer has no flags; use the predefined row {PEER!r}")
     return Row(name, recipe, tuple(flags), init)
@@ -218,36 +218,12 @@ def recipe_argv(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> 
         "--model.decoder_ffn_dim", str(args.ffn_dim),
         "--do_eval", "false", "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no",
         "--logging_steps", str(args.logging_steps), "--cpu_threads", str(args.threads), "--report_to", "none",
-        "--disable_tqdm", "true", *row.flags,
+        "--disable_tqdm", "true", *row.flags, *EMBEDDING_INIT_FLAGS[row.init],
     ]
-
-
-def write_initialised_model(argv: list[str], init: str, folder: Path, seed: int, args: argparse.Namespace) -> None:
-    """The row's model (config from the recipe and flags, tokenizer as the pipeline trains it), its token embeddings
-    redrawn N(0, std) with the padding row zero (`EMBEDDING_INIT_STD[init]`), saved to `folder`."""
-    model_args, _, _ = parse_arguments(argv)
-    sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
-    tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
-    set_seed(seed)
-    config = RelPosTransformerConfig(**model_args.model_config, vocab_size=len(tokenizer),
-                                     **special_token_ids(tokenizer))
-    model = RelPosTransformerForConditionalGeneration(config)
-    std = EMBEDDING_INIT_STD[init](config)
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, torch.nn.Embedding):
-                torch.nn.init.normal_(module.weight, mean=0.0, std=std)
-                if module.padding_idx is not None:
-                    module.weight[module.padding_idx].zero_()
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
 
 
 def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> dict:
     argv = recipe_argv(row, folder, seed, args)
-    if row.init != "recipe":
-        write_initialised_model(argv, row.init, folder / "init", seed, args)
-        argv += ["--model_name_or_path", str(folder / "init")]
     started = time.perf_counter()
     results = run(argv)
     seconds = time.perf_counter() - started

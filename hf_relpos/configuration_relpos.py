@@ -37,6 +37,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
     - The fields every registered scheme declares (`PositionScheme.config_fields`, with their defaults, help and
       validation; e.g. Shaw's `max_relative_position`): top-level attributes of every config, saved in config.json.
+    - `embedding_init_std`: std of the token embeddings at initialisation; null (the default) draws them
+      N(0, d_model^-0.5) (Vaswani et al. 2017, fairseq: scaled by sqrt(d_model) they start at the sinusoids' unit
+      size), a number N(0, embedding_init_std) (transformers' Marian/BART draw them at init_std, 0.02).
     - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none).
     - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
       stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
@@ -67,6 +70,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     attention_dropout: float = 0.0
     activation_dropout: float = 0.0
     init_std: float = 0.02
+    embedding_init_std: float | None = None
     scale_embedding: bool = True
     max_position_embeddings: int = 1024
     use_cache: bool = True
@@ -139,6 +143,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
         if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
             raise ValueError(f"init_std must be a positive number, got {self.init_std!r}")
+        embedding_std = self.embedding_init_std
+        if embedding_std is not None and (isinstance(embedding_std, bool) or not isinstance(embedding_std, (int, float))
+                                          or not embedding_std > 0):
+            raise ValueError(f"embedding_init_std must be null (d_model^-0.5) or a positive number, got "
+                             f"{embedding_std!r}")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:

@@ -549,11 +549,12 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, d_model^-0.5) as in
-        Vaswani et al./fairseq so that scaled embeddings and tied logits start at unit scale, and each position
-        scheme's own parameters."""
+        """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, embedding_init_std) or, when
+        that is null, N(0, d_model^-0.5) as in Vaswani et al./fairseq (scaled embeddings and tied logits start at
+        unit scale), and each position scheme's own parameters."""
         if isinstance(module, nn.Embedding):
-            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5)
+            embedding_std = self.config.embedding_init_std
+            init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5 if embedding_std is None else embedding_std)
             if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
                 init.zeros_(module.weight[module.padding_idx])
         else:

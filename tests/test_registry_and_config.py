@@ -124,6 +124,8 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"use_relative_keys": "no"}, "use_relative_keys"),
         ({"untie_relative_biases": "x"}, "untie_relative_biases"),
         ({"init_std": -1.0}, "init_std"),
+        ({"embedding_init_std": 0.0}, "embedding_init_std"),
+        ({"embedding_init_std": "small"}, "embedding_init_std"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
@@ -143,6 +145,17 @@ def test_overrides_given_to_from_pretrained_are_validated(tmp_path, overrides, f
     with pytest.raises(ValueError) as error:
         hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path, **overrides)
     assert field in str(error.value)
+
+
+@pytest.mark.parametrize("embedding_init_std", [None, 0.02])
+def test_token_embeddings_start_at_embedding_init_std_or_d_model_to_the_minus_half(embedding_init_std):
+    torch.manual_seed(0)
+    config = tiny_config(d_model=64, vocab_size=4000, embedding_init_std=embedding_init_std)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    embeddings = model.get_input_embeddings().weight
+    expected = 64**-0.5 if embedding_init_std is None else embedding_init_std
+    assert embeddings[1:].std().item() == pytest.approx(expected, rel=0.02)
+    assert embeddings[config.pad_token_id].abs().max() == 0
 
 
 def test_unknown_scheme_error_lists_the_registered_ones():
