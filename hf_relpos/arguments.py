@@ -190,7 +190,13 @@ def _marian_field_docs() -> dict[str, str]:
 # --------------------------------------------------------------------------------------------------- the parser
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
-    """Defaults after each field's help; the description and epilog keep their line breaks."""
+    """Defaults after each field's help, an unset one as "null" (how the YAML and the command line write it); the
+    description and epilog keep their line breaks."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        if action.default is None and action.help and "%(default)" not in action.help:
+            return f"{action.help} (default: null)"
+        return super()._get_help_string(action)
 
 
 DESCRIPTION = f"""\

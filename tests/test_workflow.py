@@ -106,6 +106,9 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
         assert f"--{name} " in training, name
     assert re.search(r"--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE\s+The initial learning rate "
                      r".*\(default: 5e-05\)\n", training)
+    assert "(default: None)" not in text  # an unset field reads as the YAML writes it
+    assert re.search(r"--max_train_samples MAX_TRAIN_SAMPLES, --max-train-samples MAX_TRAIN_SAMPLES\s+.*"
+                     r"\(default: null\)\n", sections["data"])
     assert not list(tmp_path.iterdir())
 
 
