@@ -306,6 +306,8 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("dropout / attention / activation dropout",
          f"{config.dropout} / {config.attention_dropout} / {config.activation_dropout}"),
         ("embeddings scaled by √d_model", config.scale_embedding),
+        ("token embeddings at initialisation", "N(0, d_model^-0.5)" if config.embedding_init_std is None
+         else f"N(0, {config.embedding_init_std})"),
         ("tied source, target and output embeddings", config.tie_word_embeddings),
         ("vocabulary", config.vocab_size),
     ]

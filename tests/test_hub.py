@@ -224,6 +224,9 @@ def test_recipe_cards_in_model_cards_are_current(tmp_path):
     big = ModelCard((tmp_path / "wmt14_en_de_big_shaw.md").read_text())
     assert "| `max_relative_position` (k) | 8 |" in big.text
     assert "| dropout / attention / activation dropout | 0.3 / 0.0 / 0.0 |" in big.text
+    assert "| token embeddings at initialisation | N(0, d_model^-0.5) |" in big.text
+    small = ModelCard((tmp_path / "multi30k_small_shaw.md").read_text())
+    assert "| token embeddings at initialisation | N(0, 0.02) |" in small.text
 
 
 # --------------------------------------------------------------------------------------------------- pushing
