@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from collections.abc import Sequence
 from typing import TextIO
 
@@ -101,6 +102,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def missing_local_folder(model: str) -> Path | None:
+    """The existing folder that lacks `model` when `model` is meant as a local path (its parent folder exists, or it
+    starts like a path: '.', '/', '~'), so a mistyped folder is one error instead of a Hub lookup; else None."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None
+    if model.startswith((".", "/", "~")) or len(path.parts) != 2 or path.parent.is_dir():
+        return next((parent for parent in path.parents if parent.is_dir()), Path("."))
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -112,6 +124,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
+    missing_folder = missing_local_folder(args.model)
+    if missing_folder is not None:
+        parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
+                       f"'{missing_folder}')\n")
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device).eval()

@@ -89,6 +89,18 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("model", ["outputs/dmeo", "./dmeo", "runs/a/b"])
+def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, capsys, monkeypatch, model):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    monkeypatch.setattr("hf_relpos.translate.AutoTokenizer.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
+    with pytest.raises(SystemExit) as exited:
+        main([model])
+    assert exited.value.code == 2
+    assert f"no model folder {model!r}" in capsys.readouterr().err
+
+
 def test_the_source_file_may_follow_the_model_folder(memorised_model_folder, tmp_path, capsys):
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
     main([str(memorised_model_folder), str(source_file), "--no_progress"])
