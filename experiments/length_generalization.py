@@ -11,6 +11,8 @@ encodings give both directly for the lengths seen in training, relative schemes 
 Runs, all with the same model size, steps, batches (the same data stream) and seeds:
   - schemes:  absolute, shaw (k=16, a^K and a^V), xl, directional, none, alibi, t5, rope
   - randomized: absolute and rope trained at randomized positions (Ruoss et al. 2023, position_randomization_max)
+  - eval_randomized: absolute, rope and alibi trained at randomized positions and evaluated at randomized positions
+              too, as in Ruoss et al.'s code (position_randomization_at_inference)
   - k:        shaw with clipping distance k in {0, 1, 2, 4, 16} (Shaw et al. 2018, Table 2)
   - aK_aV:    shaw with a^K / a^V on and off (Table 3)
 
@@ -51,6 +53,7 @@ BUCKETS = ((1, 20), (21, 40), (41, 80))
 K_VALUES = (0, 1, 2, 4, 16)
 RANDOMIZATION_MAX = 128  # Ruoss et al. (2023): training positions drawn from 0 .. L-1, L > the longest test input
 RANDOMIZED_SCHEMES = ("absolute", "rope")
+EVAL_RANDOMIZED_SCHEMES = ("absolute", "rope", "alibi")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,12 @@ def run_specs() -> list[RunSpec]:
         RunSpec(f"{scheme} randomized L={RANDOMIZATION_MAX}", scheme, {"position_randomization_max": RANDOMIZATION_MAX},
                 ("randomized",))
         for scheme in RANDOMIZED_SCHEMES
+    ]
+    specs += [
+        RunSpec(f"{scheme} randomized L={RANDOMIZATION_MAX} eval-randomized", scheme,
+                {"position_randomization_max": RANDOMIZATION_MAX, "position_randomization_at_inference": True},
+                ("eval_randomized",))
+        for scheme in EVAL_RANDOMIZED_SCHEMES
     ]
     specs += [
         RunSpec(f"shaw k={k}", "shaw", {"max_relative_position": k}, ("k",)) for k in K_VALUES if k != 16
@@ -160,7 +169,11 @@ def train(model: RelPosTransformerForConditionalGeneration, args: argparse.Names
     losses, window = [], []
     chunk = max(args.steps // 10, 1)
     for step in range(args.steps):
-        batch = make_batch(sample_sequences(generator, args.batch_size, *TRAIN_LENGTHS))
+        lengths = TRAIN_LENGTHS
+        if args.one_length_batches:
+            length = int(torch.randint(TRAIN_LENGTHS[0], TRAIN_LENGTHS[1] + 1, (), generator=generator))
+            lengths = (length, length)
+        batch = make_batch(sample_sequences(generator, args.batch_size, *lengths))
         loss = model(**batch).loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -184,26 +197,42 @@ def eval_sets(args: argparse.Namespace) -> dict[str, list[list[int]]]:
 def evaluate(
     model: RelPosTransformerForConditionalGeneration, sets: dict[str, list[list[int]]], args: argparse.Namespace
 ) -> tuple[dict[str, dict], str]:
-    """Greedy decoding (`model.generate`, batched); exact match and sacreBLEU per bucket, and BLEU's signature."""
+    """Greedy decoding (`model.generate`, batched); exact match and sacreBLEU per bucket, and BLEU's signature.
+    Randomized positions at inference (one draw per batch and stack) come from torch's generator seeded here with
+    `eval_seed`; nothing else in evaluation is random."""
     model.eval()
+    torch.manual_seed(args.eval_seed)
     results = {}
     for bucket, sequences in sets.items():
-        hypotheses = []
-        for start in range(0, len(sequences), args.eval_batch_size):
-            chunk = sequences[start : start + args.eval_batch_size]
+        hypotheses = [None] * len(sequences)
+        for indices in eval_batches(sequences, args):
+            chunk = [sequences[index] for index in indices]
             batch = make_batch(chunk)
             generated = model.generate(
                 input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], do_sample=False, num_beams=1,
                 max_new_tokens=max(len(sequence) for sequence in chunk) + 5,
             )
-            for row in generated[:, 1:].tolist():
-                hypotheses.append(row[: row.index(EOS)] if EOS in row else row)
+            for index, row in zip(indices, generated[:, 1:].tolist(), strict=True):
+                hypotheses[index] = row[: row.index(EOS)] if EOS in row else row
         references = [sequence[::-1] for sequence in sequences]
         bleu = BLEU()
         score = bleu.corpus_score([to_text(h) for h in hypotheses], [[to_text(r) for r in references]])
         exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
         results[bucket] = {"accuracy": exact, "bleu": score.score, "n": len(references)}
     return results, bleu.get_signature().format()
+
+
+def eval_batches(sequences: list[list[int]], args: argparse.Namespace) -> list[list[int]]:
+    """Indices of the evaluation batches (at most `eval_batch_size` each): consecutive sequences, or with
+    `one_length_batches` sequences of one length each (as that option trains)."""
+    if not args.one_length_batches:
+        indices = list(range(len(sequences)))
+        return [indices[start : start + args.eval_batch_size] for start in range(0, len(indices), args.eval_batch_size)]
+    by_length: dict[int, list[int]] = {}
+    for index, sequence in enumerate(sequences):
+        by_length.setdefault(len(sequence), []).append(index)
+    return [group[start : start + args.eval_batch_size] for _, group in sorted(by_length.items())
+            for start in range(0, len(group), args.eval_batch_size)]
 
 
 def summarize(per_seed: list[dict[str, dict]]) -> dict[str, dict]:
@@ -239,6 +268,7 @@ def markdown(results: dict) -> str:
         "k": "Shaw clipping distance k (a^K and a^V)",
         "aK_aV": "Shaw a^K / a^V (k = 16)",
         "randomized": f"Randomized positions in training (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
+        "eval_randomized": f"Randomized positions in training and evaluation (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
@@ -288,6 +318,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         "accuracy_by_length.png": ("position schemes", "test length (training: 1-20, shaded)", [
             (label, buckets, [run["summary"][b] for b in buckets])
             for label, run in group_rows(runs, "schemes") + group_rows(runs, "randomized")
+            + group_rows(runs, "eval_randomized")
         ]),
         "k_ablation.png": ("Shaw clipping distance (a^K and a^V)", "clipping distance k", [
             (f"length {b}", [str(run["overrides"]["max_relative_position"]) for run in k_runs],
@@ -333,6 +364,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (tiny models run best on one)")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time (one per core)")
     parser.add_argument("--only", nargs="+", help="run only these run names (default: all)")
+    parser.add_argument("--one-length-batches", action="store_true",
+                        help="every training batch holds sequences of one length, drawn uniformly from the training "
+                             "lengths (as Ruoss et al. 2023 train), and every evaluation batch one length; default: "
+                             "lengths mixed within a batch")
     parser.add_argument("--save-models", type=Path, help="save each run's first-seed model under this folder")
     args = parser.parse_args(argv)
     if args.quick:

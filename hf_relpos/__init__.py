@@ -15,6 +15,7 @@ from .pipeline_relpos import TranslationPipeline, register_translation_task
 from .positions import (
     ATTENTION_REGISTRY,
     AttentionTerms,
+    PositionDraw,
     PositionScheme,
     RelativeBias,
     SchemeCard,
@@ -43,6 +44,7 @@ register_translation_task()
 __all__ = [
     "ATTENTION_REGISTRY",
     "AttentionTerms",
+    "PositionDraw",
     "PositionScheme",
     "RelPosTransformerConfig",
     "RelPosTransformerForCausalLM",

@@ -24,7 +24,7 @@ from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
 
 LAYER_NORM_POSITIONS = ("pre", "post")
-BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings")
+BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -44,6 +44,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
       stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
       instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default).
+    - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
+      (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
+      decoder in `generate`, which keeps one draw for the whole output (`PositionDraw`, made for generate's
+      max_length) so that cached and uncached decoding agree; draws come from torch's global generator, so
+      `torch.manual_seed` makes them reproducible.
 
     `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output
     projection (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
@@ -84,6 +89,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     layer_norm_position: str = "post"
     mem_len: int = 0
     position_randomization_max: int | None = None
+    position_randomization_at_inference: bool = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
@@ -141,6 +147,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in BOOLEAN_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.position_randomization_at_inference and randomization is None:
+            raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
+                             "randomized positions), which is null")
         if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
             raise ValueError(f"init_std must be a positive number, got {self.init_std!r}")
         embedding_std = self.embedding_init_std

@@ -39,7 +39,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
-from .positions import AttentionTerms, PositionScheme, get_scheme_class, random_positions
+from .positions import AttentionTerms, PositionDraw, PositionScheme, get_scheme_class, random_positions
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -315,22 +315,39 @@ class RelPosStack(nn.Module):
         self.embed_tokens = value
 
     def embed(
-        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
+        draw: PositionDraw | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The embedded tokens, and the positions of every key of this stack's self-attention [past_length + n]:
-        None (the ordinary 0 .. m-1) unless `position_randomization_max` is set and the stack is training, then a
-        sorted random subset of 0 .. position_randomization_max - 1 (Ruoss et al. 2023)."""
+        """The embedded tokens, and the positions of every key of this stack's self-attention [past_length + n]
+        (`key_positions`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
-        key_positions, randomized = None, {}
-        if self.training and self.config.position_randomization_max is not None:
-            key_positions = random_positions(past_length + inputs_embeds.size(1), self.config.position_randomization_max,
-                                             device=inputs_embeds.device)
-            randomized = {"positions": key_positions[past_length:]}
+        key_positions = self.key_positions(past_length, inputs_embeds.size(1), draw, inputs_embeds.device)
+        randomized = {} if key_positions is None else {"positions": key_positions[past_length:]}
         hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
         return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training), key_positions
+
+    def key_positions(
+        self, past_length: int, length: int, draw: PositionDraw | None, device: torch.device
+    ) -> torch.Tensor | None:
+        """The positions of the past_length + n keys: the first ones of `draw` when given; else None (the ordinary
+        0 .. m-1) unless `position_randomization_max` is set and the stack is training (or
+        `position_randomization_at_inference` is set), then a fresh sorted random subset of
+        0 .. position_randomization_max - 1 (Ruoss et al. 2023)."""
+        if draw is not None:
+            return draw.first(past_length + length).to(device)
+        randomize = self.training or self.config.position_randomization_at_inference
+        if self.config.position_randomization_max is None or not randomize:
+            return None
+        if past_length and not self.training:
+            raise ValueError(
+                "position_randomization_at_inference: a decoding step after cached positions must reuse the positions "
+                "they were computed with; pass the decoder's positions for the whole output (decoder_positions="
+                "PositionDraw(...), or positions= for the causal LM), as generate() does itself"
+            )
+        return random_positions(past_length + length, self.config.position_randomization_max, device=device)
 
     def run_layers(
         self,
@@ -438,10 +455,13 @@ class RelPosDecoder(RelPosStack):
         output_hidden_states: bool | None = None,
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
+        positions: PositionDraw | None = None,
         **kwargs,
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
-        is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache."""
+        is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
+        `positions`: the positions of the whole output, of which this call's tokens take entries past_length ..
+        past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if mems is not None and past_key_values is not None and past_key_values.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or past_key_values (KV cache), not both")
@@ -457,7 +477,7 @@ class RelPosDecoder(RelPosStack):
             )
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
-        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, positions)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
         if attention_mask is not None and attention_mask.size(1) != key_length:
@@ -606,8 +626,11 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        decoder_positions: PositionDraw | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
+        """`decoder_positions`: the decoder's positions for the whole output (`PositionDraw`; None: drawn or ordinary,
+        see `RelPosStack.key_positions`)."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -629,6 +652,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            positions=decoder_positions,
             return_dict=True,
         )
         return Seq2SeqModelOutput(
@@ -704,10 +728,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        decoder_positions: PositionDraw | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """`labels` [B, T] (-100 ignored) give the loss; `num_items_in_batch` (passed by the Trainer) is the number of
-        labelled tokens in the whole optimizer step, see `token_cross_entropy`."""
+        labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` as in
+        `RelPosTransformerModel.forward`."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -726,6 +752,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             use_cache=use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            decoder_positions=decoder_positions,
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
@@ -746,15 +773,37 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, refusing a beam wider than the vocabulary (which would fail deep inside
-        beam search's top-k)."""
+        beam search's top-k); with `position_randomization_at_inference` it first draws the decoder's positions for
+        the whole output (`draw_output_positions`), unless `decoder_positions` is given."""
         generation_config = kwargs.get("generation_config") or self.generation_config
         num_beams = kwargs.get("num_beams") or generation_config.num_beams or 1
         if num_beams > self.config.vocab_size:
             raise ValueError(f"num_beams ({num_beams}) must not exceed the vocabulary size ({self.config.vocab_size})")
+        if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
+            decoder_input_ids = kwargs.get("decoder_input_ids")
+            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
+            kwargs["decoder_positions"] = draw_output_positions(self, prompt_length, kwargs)
         return super().generate(*args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+
+def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_kwargs: dict) -> PositionDraw:
+    """One sorted random subset of 0 .. position_randomization_max - 1 (Ruoss et al. 2023) for the longest sequence
+    that `generate(**generate_kwargs)` may produce: the prompt plus `max_new_tokens`, else `max_length` (as
+    transformers resolves them). Every decoding step reads its first entries, so a shorter output sits at the first
+    positions of this draw."""
+    generation_config = copy.deepcopy(generate_kwargs.get("generation_config") or model.generation_config)
+    generation_config.update(**{key: generate_kwargs[key] for key in ("max_length", "max_new_tokens")
+                                if generate_kwargs.get(key) is not None})
+    length = (prompt_length + generation_config.max_new_tokens if generation_config.max_new_tokens is not None
+              else generation_config.max_length)
+    position_range = model.config.position_randomization_max
+    if length > position_range:
+        raise ValueError(f"position_randomization_max ({position_range}) must be at least the longest output generate "
+                         f"may produce ({length} tokens): raise it or lower max_new_tokens / max_length")
+    return PositionDraw(random_positions(length, position_range, device=model.device))
 
 
 class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationMixin):
@@ -807,10 +856,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
+        positions: PositionDraw | None = None,
         **kwargs,
     ) -> RelPosCausalLMOutput | tuple:
         """`labels` are the input ids (shifted inside, -100 ignored; `num_items_in_batch` as in the seq2seq model);
-        `mems` continue the previous segment."""
+        `mems` continue the previous segment; `positions` those of the whole sequence (`PositionDraw`, see
+        `RelPosDecoder.forward`)."""
         if isinstance(past_key_values, (list, tuple)):
             mems, past_key_values = past_key_values, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -827,6 +878,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             output_hidden_states=output_hidden_states,
             mems=mems,
             mem_len=mem_len,
+            positions=positions,
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
@@ -841,6 +893,19 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
         )
+
+    def generate(self, *args, **kwargs):
+        """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
+        whole sequence (`draw_output_positions`), unless `positions` is given. Not with a Transformer-XL memory,
+        which drops its oldest positions."""
+        if self.config.position_randomization_at_inference and kwargs.get("positions") is None:
+            if self.config.mem_len > 0:
+                raise ValueError("position_randomization_at_inference does not work with a Transformer-XL memory "
+                                 f"(mem_len={self.config.mem_len}) in generate: set mem_len to 0")
+            prompt = kwargs.get("input_ids", args[0] if args else None)
+            prompt = kwargs.get("inputs_embeds") if prompt is None else prompt
+            kwargs["positions"] = draw_output_positions(self, 0 if prompt is None else prompt.size(1), kwargs)
+        return super().generate(*args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
         """`generate` stores returned `mems` as the cache even with `use_cache=False`; drop them then, so an uncached

@@ -155,11 +155,41 @@ def query_and_key_positions(
 
 
 def random_positions(length: int, position_range: int, device: Any = None) -> torch.LongTensor:
-    """Ruoss et al. (2023) randomized positions: a uniformly drawn, sorted subset of `length` of 0 .. range-1."""
+    """Ruoss et al. (2023) randomized positions: a uniformly drawn, sorted subset of `length` of 0 .. range-1, from
+    torch's global random number generator (reproducible under `torch.manual_seed`)."""
     if length > position_range:
-        raise ValueError(f"position_randomization_max ({position_range}) must be at least the sequence length in "
-                         f"training ({length}): raise it or train on shorter sequences")
+        raise ValueError(f"position_randomization_max ({position_range}) must be at least the sequence length "
+                         f"({length}): raise it or use shorter sequences")
     return torch.randperm(position_range, device=device)[:length].sort().values
+
+
+@dataclass(frozen=True)
+class PositionDraw:
+    """The positions of a decoder's tokens for a whole output, drawn once: token t sits at `positions[t]`.
+
+    With `position_randomization_at_inference` (Ruoss et al. 2023 randomize at evaluation too), `generate` draws one
+    sorted subset of 0 .. L-1 for the longest output it may produce and hands it to every decoding step; a step over
+    tokens past_length .. past_length + n - 1 reads the first past_length + n entries (`first`), so cached keys keep
+    the positions they were computed with and cached decoding equals uncached decoding. A record, not a tensor:
+    `generate` expands tensor arguments along the batch for beam search, and one draw serves the whole batch (as a
+    training draw does).
+    """
+
+    positions: torch.LongTensor
+
+    def __post_init__(self) -> None:
+        positions = self.positions
+        if not torch.is_tensor(positions) or positions.dim() != 1 or positions.is_floating_point():
+            raise ValueError(f"decoder_positions must hold a 1-D integer tensor, got {positions!r}")
+        if positions.numel() and (positions[0] < 0 or bool((positions[1:] <= positions[:-1]).any())):
+            raise ValueError(f"decoder_positions must be non-negative and strictly increasing, got {positions.tolist()}")
+
+    def first(self, length: int) -> torch.LongTensor:
+        """The positions of the first `length` tokens."""
+        if length > self.positions.numel():
+            raise ValueError(f"decoder_positions hold {self.positions.numel()} positions, but the decoder reached "
+                             f"{length} tokens: draw them for the longest output")
+        return self.positions[:length]
 
 
 def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -269,8 +299,9 @@ class PositionScheme(nn.Module):
     `query_offset + i`. With `config.position_randomization_max` = L set, a stack in training mode draws its
     positions instead as a sorted random subset of 0 .. L-1 (Ruoss et al. 2023; `random_positions`, one draw per
     batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n], to `terms` those of
-    the m keys [m] (the queries are the last n of them). `positions=None` always means the ordinary positions, so
-    evaluation and generation are unchanged. A scheme reads both cases through `query_and_key_positions`, and so
+    the m keys [m] (the queries are the last n of them). With `config.position_randomization_at_inference` as well,
+    evaluation draws them too, and generation keeps one decoder draw for the whole output (`PositionDraw`).
+    `positions=None` always means the ordinary positions. A scheme reads both cases through `query_and_key_positions`, and so
     takes randomized positions without further code; fast paths that rely on consecutive positions (XL's rel-shift)
     apply only when `positions` is None.
     """

@@ -33,6 +33,10 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     randomized = [run for run in runs if "randomized" in run["groups"]]
     assert {run["attention_type"] for run in randomized} == {"absolute", "rope"}
     assert all(run["overrides"] == {"position_randomization_max": 128} for run in randomized)
+    eval_randomized = [run for run in runs if "eval_randomized" in run["groups"]]
+    assert {run["attention_type"] for run in eval_randomized} == {"absolute", "rope", "alibi"}
+    assert all(run["overrides"] == {"position_randomization_max": 128, "position_randomization_at_inference": True}
+               for run in eval_randomized)
     switches = {
         (run["overrides"].get("use_relative_keys", True), run["overrides"].get("use_relative_values", True))
         for run in runs
@@ -126,7 +130,7 @@ def test_scoring_counts_exact_matches_and_bleu_per_bucket_and_summarizes_seeds(m
     task = load_task(monkeypatch)
     generator = torch.Generator().manual_seed(1)
     sets = {"1-20": task.sample_sequences(generator, 5, 3, 20), "21-40": task.sample_sequences(generator, 4, 21, 40)}
-    args = argparse.Namespace(eval_batch_size=2)
+    args = argparse.Namespace(eval_batch_size=2, eval_seed=0, one_length_batches=False)
     perfect, signature = task.evaluate(ReversingModel(task, set()), sets, args)
     assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     assert perfect == {
@@ -138,12 +142,26 @@ def test_scoring_counts_exact_matches_and_bleu_per_bucket_and_summarizes_seeds(m
     assert flawed["1-20"] == perfect["1-20"]
     assert flawed["21-40"]["accuracy"] == 0.75
     assert 50.0 < flawed["21-40"]["bleu"] < 100.0
+    one_length = argparse.Namespace(eval_batch_size=2, eval_seed=0, one_length_batches=True)
+    assert task.evaluate(ReversingModel(task, wrong), sets, one_length)[0] == flawed  # same scores, other batches
     summary = task.summarize([perfect, flawed])
     assert summary["21-40"] == {
         "accuracy": 0.875, "accuracy_min": 0.75, "accuracy_max": 1.0,
         "bleu": pytest.approx((100.0 + flawed["21-40"]["bleu"]) / 2), "bleu_min": flawed["21-40"]["bleu"],
         "bleu_max": pytest.approx(100.0),
     }
+
+
+def test_one_length_evaluation_batches_hold_one_length_each_and_cover_every_sequence(monkeypatch):
+    task = load_task(monkeypatch)
+    sequences = task.sample_sequences(torch.Generator().manual_seed(2), 40, 1, 5)
+    for one_length in (False, True):
+        args = argparse.Namespace(eval_batch_size=3, one_length_batches=one_length)
+        batches = task.eval_batches(sequences, args)
+        assert sorted(index for batch in batches for index in batch) == list(range(40))
+        assert all(len(batch) <= 3 for batch in batches)
+        lengths = [{len(sequences[index]) for index in batch} for batch in batches]
+        assert all(len(batch_lengths) == 1 for batch_lengths in lengths) == one_length
 
 
 def test_reversal_task_samples_the_bucket_lengths_and_labels_the_reversed_source(monkeypatch):

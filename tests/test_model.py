@@ -377,6 +377,7 @@ def test_position_randomization_is_off_by_default_and_in_evaluation(attention_ty
     input_ids, attention_mask, _ = padded_batch()
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids.flip(-1))
     assert tiny_config(attention_type).position_randomization_max is None
+    assert tiny_config(attention_type, position_randomization_max=64).position_randomization_at_inference is False
     plain = tiny_model(attention_type).train()
     randomized = tiny_model(attention_type, position_randomization_max=64).train()
     randomized.load_state_dict(plain.state_dict())
@@ -389,7 +390,9 @@ def test_position_randomization_is_off_by_default_and_in_evaluation(attention_ty
         plain.eval(), randomized.eval()
         assert torch.equal(randomized(**inputs).logits, plain(**inputs).logits)
         kwargs = dict(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=5, do_sample=False)
+        state = torch.get_rng_state()
         assert torch.equal(randomized.generate(**kwargs), plain.generate(**kwargs))
+        assert torch.equal(torch.get_rng_state(), state)  # nothing drawn at inference by default
 
 
 def test_position_randomization_draws_sorted_positions_in_range_in_training_only(monkeypatch):
@@ -430,3 +433,136 @@ def test_position_randomization_shorter_than_a_training_sequence_is_a_clear_erro
 def test_position_randomization_max_is_validated(value):
     with pytest.raises(ValueError, match="position_randomization_max must be null"):
         tiny_config(position_randomization_max=value)
+
+
+# ------------------------------------------- randomized positions at inference (position_randomization_at_inference)
+
+ORDER_ONLY = ("directional", "none")  # DiSAN's masks compare positions by order only; NoPE ignores them
+
+
+def randomized_at_inference(attention_type: str = "shaw", seed: int = 1, **overrides):
+    return tiny_model(attention_type, seed=seed, position_randomization_max=40,
+                      position_randomization_at_inference=True, **overrides)
+
+
+def seeded_generate(model, seed: int, use_cache: bool, num_beams: int):
+    torch.manual_seed(seed)
+    return generate(model, use_cache, num_beams)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_randomized_inference_cached_generation_equals_uncached(attention_type, num_beams):
+    """Ruoss et al. (2023) randomize at evaluation too: under one seed (so one encoder draw and one decoder draw for
+    the whole output), cached and uncached greedy / beam search give the same tokens and logits; the positions are
+    really random (another seed, or the same weights at ordinary positions, give other logits, except for the schemes
+    that read only the order of positions)."""
+    model = randomized_at_inference(attention_type).double()
+    cached, uncached = seeded_generate(model, 7, True, num_beams), seeded_generate(model, 7, False, num_beams)
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-12
+    again = seeded_generate(model, 7, True, num_beams)
+    assert torch.equal(torch.stack(again.logits), torch.stack(cached.logits))  # reproducible under a seed
+    other_seed = seeded_generate(model, 8, True, num_beams)
+    model.config.position_randomization_at_inference = False
+    ordinary = seeded_generate(model, 7, True, num_beams)
+    for other in (other_seed, ordinary):
+        assert torch.equal(torch.stack(other.logits), torch.stack(cached.logits)) == (attention_type in ORDER_ONLY)
+
+
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_randomized_inference_decoding_steps_reuse_one_draw(attention_type):
+    """Given one `PositionDraw`, the logits of a whole teacher-forced output equal those of step-by-step cached
+    decoding (float64): each step reads the first past_length + n positions, past keys keep theirs."""
+    model = randomized_at_inference(attention_type).double()
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(2))
+    draw = hf_relpos.PositionDraw(torch.tensor([1, 4, 5, 11, 20, 33, 38]))
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+        inputs = dict(encoder_outputs=encoder_outputs, attention_mask=attention_mask, decoder_positions=draw)
+        whole = model(decoder_input_ids=decoder_input_ids, use_cache=False, **inputs).logits
+        cache, steps = None, []
+        for start, end in ((0, 2), (2, 3), (3, 4), (4, 6)):  # a two-token prompt, then single tokens and a pair
+            out = model(decoder_input_ids=decoder_input_ids[:, start:end], past_key_values=cache, use_cache=True,
+                        **inputs)
+            cache = out.past_key_values
+            steps.append(out.logits)
+    assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
+    with torch.no_grad():
+        consecutive = model(decoder_input_ids=decoder_input_ids, use_cache=False, **{
+            **inputs, "decoder_positions": hf_relpos.PositionDraw(torch.arange(6))}).logits
+        model.config.position_randomization_at_inference = False
+        ordinary = model(decoder_input_ids=decoder_input_ids, encoder_outputs=encoder_outputs,
+                         attention_mask=attention_mask).logits
+    assert (consecutive - ordinary).abs().max() < 1e-12  # the draw 0 .. n-1 is the ordinary positions
+
+
+def test_randomized_inference_draws_sorted_positions_in_range_once_per_generate(monkeypatch):
+    """In generate, the encoder gets one sorted draw in 0 .. L-1 and the decoder one draw for the longest output
+    (prompt + max_new_tokens): every cached step's keys are a prefix of it and its new token the next entry. A
+    teacher-forced evaluation call draws afresh for both stacks, as training does."""
+    model = randomized_at_inference("shaw")
+    recorded = RecordedPositions(model, monkeypatch)
+    input_ids, attention_mask, _ = padded_batch()
+    with torch.no_grad():
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=6, min_new_tokens=6,
+                       do_sample=False)
+    encoder = [positions for stack, _, positions in recorded.calls if stack == "encoder"]
+    decoder_keys = [positions for stack, kind, positions in recorded.calls if stack == "decoder" and kind == "terms"]
+    decoder_tokens = [positions for stack, kind, positions in recorded.calls if stack == "decoder" and kind == "embed"]
+    assert len(encoder) == 3 and all(torch.equal(positions, encoder[0]) for positions in encoder)
+    draw = decoder_keys[-1]
+    assert draw.numel() == 6  # the start token and 5 fed back; generate may produce 7 tokens in all
+    for positions in (encoder[0], draw):
+        assert 0 <= positions.min() and positions.max() < 40 and torch.all(positions[1:] > positions[:-1])
+    assert [keys.numel() for keys in decoder_keys] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]  # 2 layers per step
+    assert all(torch.equal(keys, draw[: keys.numel()]) for keys in decoder_keys)
+    assert torch.equal(torch.cat(decoder_tokens), draw)
+    recorded.calls.clear()
+    with torch.no_grad():
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5])
+    assert all(positions is not None for _, _, positions in recorded.calls) and len(recorded.calls) == 6
+
+
+def test_randomized_inference_causal_lm_cached_generation_equals_uncached():
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForCausalLM(tiny_config(
+        "rope", position_randomization_max=40, position_randomization_at_inference=True)).eval().double()
+    prompt = torch.randint(4, 40, (2, 5), generator=torch.Generator().manual_seed(4))
+    results = []
+    for use_cache in (True, False):
+        torch.manual_seed(3)
+        with torch.no_grad():
+            results.append(model.generate(input_ids=prompt, max_new_tokens=6, min_new_tokens=6, do_sample=False,
+                                          use_cache=use_cache, output_logits=True, return_dict_in_generate=True))
+    assert torch.equal(results[0].sequences, results[1].sequences)
+    assert (torch.stack(results[0].logits) - torch.stack(results[1].logits)).abs().max() < 1e-12
+
+
+def test_randomized_inference_errors_name_the_field():
+    with pytest.raises(ValueError, match="position_randomization_at_inference needs position_randomization_max"):
+        tiny_config(position_randomization_at_inference=True)
+    with pytest.raises(ValueError, match="position_randomization_at_inference must be true or false"):
+        tiny_config(position_randomization_max=8, position_randomization_at_inference="yes")
+    model = randomized_at_inference()
+    input_ids, attention_mask, _ = padded_batch()
+    with torch.no_grad(), pytest.raises(ValueError, match=r"position_randomization_max \(40\) must be at least the "
+                                                           r"longest output generate may produce \(41 tokens\)"):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=40)
+    with torch.no_grad():
+        first = model(input_ids=input_ids, decoder_input_ids=torch.full((3, 1), 2), use_cache=True)
+        with pytest.raises(ValueError, match="position_randomization_at_inference: a decoding step after cached"):
+            model(encoder_outputs=(first.encoder_last_hidden_state,), decoder_input_ids=torch.full((3, 1), 5),
+                  past_key_values=first.past_key_values, use_cache=True)
+        with pytest.raises(ValueError, match="decoder_positions hold 1 positions, but the decoder reached 2 tokens"):
+            model(input_ids=input_ids, decoder_input_ids=torch.full((3, 2), 5),
+                  decoder_positions=hf_relpos.PositionDraw(torch.tensor([3])))
+    for bad in (torch.tensor([3, 3]), torch.tensor([-1, 2]), torch.tensor([[1, 2]]), torch.tensor([0.0, 1.0])):
+        with pytest.raises(ValueError, match="decoder_positions must"):
+            hf_relpos.PositionDraw(bad)
+    torch.manual_seed(0)
+    memory_lm = hf_relpos.RelPosTransformerForCausalLM(tiny_config(
+        "xl", mem_len=4, position_randomization_max=40, position_randomization_at_inference=True)).eval()
+    with torch.no_grad(), pytest.raises(ValueError, match="does not work with a Transformer-XL memory"):
+        memory_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2)
