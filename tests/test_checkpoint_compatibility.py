@@ -56,6 +56,7 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
 FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,
     "position_randomization_at_inference": False,
+    "embedding_init_std": None,
     "relative_attention_num_buckets": 32,
     "relative_attention_max_distance": 128,
     "rope_theta": 10000.0,
