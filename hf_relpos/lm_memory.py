@@ -63,6 +63,9 @@ class MemoryTrainer(Trainer):
         super().__init__(*args, **kwargs)
         if self.args.world_size > 1:
             raise ValueError("MemoryTrainer carries one memory per stream row and runs in a single process only")
+        if self.args.label_smoothing_factor:
+            raise ValueError(f"label_smoothing_factor must be 0 for MemoryTrainer (its loss is the plain next-token "
+                             f"cross-entropy of the stream), got {self.args.label_smoothing_factor}")
         for split, dataset, batch_size in (("train", self.train_dataset, self.args.per_device_train_batch_size),
                                            ("eval", self.eval_dataset, self.args.per_device_eval_batch_size)):
             if isinstance(dataset, SegmentedStream) and batch_size != dataset.batch_size:

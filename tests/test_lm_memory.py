@@ -93,6 +93,13 @@ def test_trainer_batch_size_must_match_the_stream(tmp_path):
         MemoryTrainer(model=xl_lm(), args=args, train_dataset=SegmentedStream(tokens(), BATCH, SEGMENT))
 
 
+def test_trainer_refuses_label_smoothing_it_would_ignore(tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_train_batch_size=BATCH, report_to=[],
+                             use_cpu=True, label_smoothing_factor=0.1)
+    with pytest.raises(ValueError, match=r"label_smoothing_factor must be 0 for MemoryTrainer .*got 0.1"):
+        MemoryTrainer(model=xl_lm(), args=args, train_dataset=SegmentedStream(tokens(), BATCH, SEGMENT))
+
+
 def test_trainer_learns_and_evaluates_with_memory(tmp_path):
     model = xl_lm()
     trainer = trainer_for(model, tmp_path, learning_rate=3e-3, steps=30)
