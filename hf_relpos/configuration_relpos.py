@@ -150,13 +150,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if self.position_randomization_at_inference and randomization is None:
             raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
                              "randomized positions), which is null")
-        if isinstance(self.init_std, bool) or not isinstance(self.init_std, (int, float)) or not self.init_std > 0:
-            raise ValueError(f"init_std must be a positive number, got {self.init_std!r}")
-        embedding_std = self.embedding_init_std
-        if embedding_std is not None and (isinstance(embedding_std, bool) or not isinstance(embedding_std, (int, float))
-                                          or not embedding_std > 0):
-            raise ValueError(f"embedding_init_std must be null (d_model^-0.5) or a positive number, got "
-                             f"{embedding_std!r}")
+        _require_positive_number("init_std", self.init_std)
+        _require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -183,3 +178,12 @@ def _refuse_misspelled_fields(extra: dict) -> None:
 def _require_int(name: str, value: object, minimum: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def _require_positive_number(name: str, value: object, null_means: str | None = None) -> None:
+    """`value` must be a number > 0, or null when the field has a `null_means` (what null stands for)."""
+    if value is None and null_means is not None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
