@@ -55,7 +55,7 @@ from transformers import (
     set_seed,
 )
 
-from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
 from hf_relpos.environment import cpu_model_name
 from hf_relpos.metrics import score_translations
 from hf_relpos.tokenization import (
@@ -107,6 +107,13 @@ def _row(name: str, recipe: str, flags: str = "", init: str = "recipe") -> Row:
     return Row(name, recipe, tuple(shlex.split(flags)), init)
 
 
+def _matched_row(scheme: str) -> Row:
+    """`<scheme>-matched`: the scheme in the marian-matched setting, from its own recipe where it has one."""
+    if scheme in RECIPE_SCHEMES:
+        return _row(f"{scheme}-matched", scheme, MARIAN_MATCHED, init="hf")
+    return _row(f"{scheme}-matched", "absolute", f"--model.attention_type {scheme} {MARIAN_MATCHED}", init="hf")
+
+
 # The predefined rows: the recipes as they are, and the one-difference-at-a-time ablations of docs/results.md.
 ROWS = {row.name: row for row in [
     Row(PEER),
@@ -117,9 +124,7 @@ ROWS = {row.name: row for row in [
     _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} {SENTENCE_BATCHES}",
          init="vaswani"),
     _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8", init="vaswani"),
-    *(_row(f"{scheme}-matched", scheme, MARIAN_MATCHED, init="hf") for scheme in RECIPE_SCHEMES[1:]),
-    *(_row(f"{scheme}-matched", "absolute", f"--model.attention_type {scheme} {MARIAN_MATCHED}", init="hf")
-      for scheme in ("none", "alibi", "t5", "rope")),
+    *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched
 ]}
 
 
