@@ -8,6 +8,12 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
 3. Fine-tune every converted model with `train_translation.py configs/finetune_marian_en_de_shaw.yaml
    --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept).
 4. Score each stage on the first `--test-sentences` test sentences (sacreBLEU, greedy unless `--num-beams`).
+5. With `--eval-every N`, the recovery curve: BLEU on the first `--eval-sentences` validation pairs at the start of
+   fine-tuning and every N steps (the Trainer's own evaluation, one decoding for every point), and the first step at
+   which each relative scheme reaches what `absolute` scored at step 0 there (Marian's own level).
+
+`--marian-model FOLDER` converts an already trained MarianMTModel (with its tokenizer) instead of training one, e.g.
+the peer of experiments/vs_marian.py (<work>/peer/seed1/model).
 
 Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 CPU cores shared with other jobs,
 1 thread, 30 and 22 minutes), with --train-steps 300 and 600:
@@ -108,7 +114,9 @@ def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.N
 
 
 def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Path:
-    """`train_translation.py --model_name_or_path CONVERTED` with the recipe's settings and --finetune-steps."""
+    """`train_translation.py --model_name_or_path CONVERTED` with the recipe's settings and --finetune-steps; with
+    `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
+    `--eval-every` steps (kept in output_dir/trainer_state.json)."""
     if (output_dir / "model.safetensors").is_file():
         print(f"reusing the fine-tuned model in {output_dir}", flush=True)
         return output_dir
@@ -116,13 +124,33 @@ def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Pat
         sys.executable, str(ROOT / "train_translation.py"), str(FINETUNE_CONFIG),
         "--model_name_or_path", str(converted), "--train_file", str(args.data / "train.jsonl"),
         "--output_dir", str(output_dir), "--max_steps", str(args.finetune_steps), "--do_eval", "false",
-        "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no", "--seed", str(args.seed),
+        "--do_predict", "false", "--save_strategy", "no", "--seed", str(args.seed),
         "--cpu_threads", str(args.threads), "--overwrite_output_dir", "true", "--logging_steps", "50",
         "--warmup_steps", str(max(1, args.finetune_steps // 10)), "--max_tokens_per_batch", str(args.finetune_max_tokens),
     ]
+    if args.eval_every:
+        command += [
+            "--eval_strategy", "steps", "--eval_steps", str(args.eval_every), "--eval_on_start", "true",
+            "--validation_file", str(args.data / "validation.jsonl"), "--max_eval_samples", str(args.eval_sentences),
+            "--generation_num_beams", str(args.num_beams),
+        ]
+    else:
+        command += ["--eval_strategy", "no"]
     with open(output_dir.with_suffix(".log"), "w") as handle:
         subprocess.run(command, check=True, stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
     return output_dir
+
+
+def recovery_curve(finetuned: Path) -> list[dict[str, float]]:
+    """The validation scores the Trainer logged during fine-tuning, in step order."""
+    state = json.loads((finetuned / "trainer_state.json").read_text())
+    return [{"step": entry["step"], "bleu": entry["eval_bleu"], "chrf": entry["eval_chrf"]}
+            for entry in state["log_history"] if "eval_bleu" in entry]
+
+
+def recovered_at(curve: list[dict[str, float]], level: float) -> int | None:
+    """The first evaluated step whose BLEU reaches `level`; None if none does."""
+    return next((point["step"] for point in curve if point["bleu"] >= level), None)
 
 
 def markdown(results: dict) -> str:
@@ -146,6 +174,25 @@ def markdown(results: dict) -> str:
             f"| {scheme} | {results['marian']['bleu']:.2f} | {run['converted']['bleu']:.2f} | "
             f"{run['finetuned']['bleu']:.2f} | {run['finetuned']['chrf']:.2f} | {run['finetune_seconds']:.0f} |"
         )
+    if "recovery" in results:
+        recovery = results["recovery"]
+        schemes = list(results["schemes"])
+        steps = [point["step"] for point in results["schemes"]["absolute"]["curve"]]
+        lines += [
+            "",
+            f"Recovery curve: BLEU on the first {settings['eval_sentences']} validation pairs during fine-tuning. "
+            f"`absolute` scores {recovery['level']:.2f} at step 0 (Marian's level); first step at which each scheme "
+            "reaches it: " + ", ".join(f"{scheme} {'not reached' if step is None else step}"
+                                       for scheme, step in recovery["recovered_at"].items()) + ".",
+            "",
+            "| step | " + " | ".join(schemes) + " |",
+            "| --- |" + " --- |" * len(schemes),
+        ]
+        by_scheme = {scheme: {point["step"]: point["bleu"] for point in run["curve"]}
+                     for scheme, run in results["schemes"].items()}
+        for step in steps:
+            lines.append(f"| {step} | " + " | ".join(
+                f"{by_scheme[scheme][step]:.2f}" if step in by_scheme[scheme] else "-" for scheme in schemes) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -157,6 +204,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schemes", nargs="+", default=["shaw"], help="relative schemes to convert to")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--finetune-steps", type=int, default=150)
+    parser.add_argument("--marian-model", type=Path,
+                        help="a trained MarianMTModel folder with its tokenizer, converted instead of training one")
+    parser.add_argument("--eval-every", type=int, default=0,
+                        help="score the validation pairs every N fine-tuning steps (and at step 0); 0: off")
+    parser.add_argument("--eval-sentences", type=int, default=500, help="validation pairs scored by --eval-every")
     parser.add_argument("--finetune-max-tokens", type=int, default=1024,
                         help="fine-tuning batches: padded tokens per side (~64 sentences, Marian's batch)")
     parser.add_argument("--test-sentences", type=int, default=500)
@@ -183,6 +235,7 @@ def main(argv: list[str] | None = None) -> None:
         args.d_model, args.layers, args.heads, args.tokenizer_vocab_size = 32, 1, 2, 400
         args.train_steps, args.finetune_steps, args.test_sentences = min(args.train_steps, 4), min(
             args.finetune_steps, 2), min(args.test_sentences, 10)
+        args.eval_sentences = min(args.eval_sentences, 10)
         args.max_new_tokens, args.finetune_max_tokens = 20, 256
     elif args.data is None:
         parser.error("--data is required (or --quick)")
@@ -192,13 +245,14 @@ def main(argv: list[str] | None = None) -> None:
 
     train_pairs = read_pairs(args.data / "train.jsonl", "en", "de")
     test_pairs = read_pairs(args.data / "test.jsonl", "en", "de", limit=args.test_sentences)
-    tokenizer_folder = args.work / "tokenizer"
-    if not has_saved_tokenizer(tokenizer_folder):
-        texts = [text for pair in train_pairs for text in pair]
-        train_joint_tokenizer(texts, args.tokenizer_vocab_size).save_pretrained(tokenizer_folder)
-    tokenizer = load_tokenizer(tokenizer_folder)
-
-    marian_folder = train_marian(args, tokenizer, train_pairs)
+    if args.marian_model is None:
+        tokenizer_folder = args.work / "tokenizer"
+        if not has_saved_tokenizer(tokenizer_folder):
+            texts = [text for pair in train_pairs for text in pair]
+            train_joint_tokenizer(texts, args.tokenizer_vocab_size).save_pretrained(tokenizer_folder)
+        marian_folder = train_marian(args, load_tokenizer(tokenizer_folder), train_pairs)
+    else:
+        marian_folder = args.marian_model
     results = {"settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
                | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}
@@ -214,7 +268,14 @@ def main(argv: list[str] | None = None) -> None:
         run["finetune_seconds"] = time.perf_counter() - started
         run["finetuned"] = bleu(finetuned, test_pairs, args)
         print(f"{scheme}: BLEU {run['finetuned']['bleu']:.2f} after {args.finetune_steps} steps", flush=True)
+        if args.eval_every:
+            run["curve"] = recovery_curve(finetuned)
         results["schemes"][scheme] = run
+    if args.eval_every:
+        level = results["schemes"]["absolute"]["curve"][0]["bleu"]
+        results["recovery"] = {"level": level, "recovered_at": {
+            scheme: recovered_at(run["curve"], level) for scheme, run in results["schemes"].items()
+            if scheme != "absolute"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     (args.out / "marian_conversion.md").write_text(markdown(results))

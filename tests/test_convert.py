@@ -249,20 +249,38 @@ def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
 @pytest.mark.slow
 def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
-    train_translation.py, score; absolute right after the conversion scores exactly as Marian."""
+    train_translation.py, score; absolute right after the conversion scores exactly as Marian. A second run converts
+    that trained Marian (--marian-model) and records the recovery curve (--eval-every)."""
+    def run_experiment(work: Path, out: Path, *options: str) -> dict:
+        subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
+                        str(work), "--out", str(out), *options], check=True, timeout=900, cwd=REPO,
+                       capture_output=True)
+        return json.loads((out / "marian_conversion.json").read_text())
+
     out = tmp_path / "out"
-    subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
-                    str(tmp_path / "work"), "--out", str(out)], check=True, timeout=900, cwd=REPO,
-                   capture_output=True)
-    results = json.loads((out / "marian_conversion.json").read_text())
+    results = run_experiment(tmp_path / "work", out)
     assert list(results["schemes"]) == ["absolute", "shaw"]
     absolute = results["schemes"]["absolute"]["converted"]
     assert absolute["first_hypotheses"] == results["marian"]["first_hypotheses"]
     assert absolute["bleu"] == results["marian"]["bleu"]
     for run in results["schemes"].values():
         assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
+        assert "curve" not in run
     table = (out / "marian_conversion.md").read_text()
     assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
+
+    reused = run_experiment(tmp_path / "work_reused", tmp_path / "out_reused", "--marian-model",
+                            str(tmp_path / "work" / "marian"), "--eval-every", "1")
+    assert reused["marian"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
+    assert not (tmp_path / "work_reused" / "marian").exists() and not (tmp_path / "work_reused" / "tokenizer").exists()
+    for scheme, run in reused["schemes"].items():
+        assert [point["step"] for point in run["curve"]] == [0, 1, 2], scheme
+    level = reused["schemes"]["absolute"]["curve"][0]["bleu"]
+    assert reused["recovery"]["level"] == level
+    shaw_curve = reused["schemes"]["shaw"]["curve"]
+    assert reused["recovery"]["recovered_at"]["shaw"] == next(
+        (point["step"] for point in shaw_curve if point["bleu"] >= level), None)
+    assert "| 0 | " + f"{level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in (tmp_path / "out_reused" / "marian_conversion.md").read_text()
 
 
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
