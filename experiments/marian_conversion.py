@@ -159,8 +159,9 @@ def markdown(results: dict) -> str:
         "# Relative positions for a trained MarianMT model (Multi30k En->De)" if not settings["quick"] else
         "# Relative positions for a trained MarianMT model (generated demo corpus, --quick)",
         "",
-        f"MarianMTModel d_model {settings['d_model']}, {settings['layers']}+{settings['layers']} layers, trained "
-        f"{settings['train_steps']} steps; each converted model fine-tuned {settings['finetune_steps']} steps with "
+        (f"MarianMTModel from {settings['marian_model']}" if settings["marian_model"] else
+         f"MarianMTModel d_model {settings['d_model']}, {settings['layers']}+{settings['layers']} layers, trained "
+         f"{settings['train_steps']} steps") + f"; each converted model fine-tuned {settings['finetune_steps']} steps with "
         f"`train_translation.py` ({Path(settings['finetune_config']).name}). sacreBLEU on the first "
         f"{settings['test_sentences']} test sentences, {'greedy' if settings['num_beams'] == 1 else 'beam ' + str(settings['num_beams'])}.",
         f"Signature: `{results['marian']['signature']}`.",
@@ -253,6 +254,8 @@ def main(argv: list[str] | None = None) -> None:
         marian_folder = train_marian(args, load_tokenizer(tokenizer_folder), train_pairs)
     else:
         marian_folder = args.marian_model
+        for name in ("d_model", "layers", "heads", "train_steps", "learning_rate", "tokenizer_vocab_size"):
+            setattr(args, name, None)  # set by the given model, not by this run
     results = {"settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
                | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}

@@ -280,7 +280,9 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     shaw_curve = reused["schemes"]["shaw"]["curve"]
     assert reused["recovery"]["recovered_at"]["shaw"] == next(
         (point["step"] for point in shaw_curve if point["bleu"] >= level), None)
-    assert "| 0 | " + f"{level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in (tmp_path / "out_reused" / "marian_conversion.md").read_text()
+    table = (tmp_path / "out_reused" / "marian_conversion.md").read_text()
+    assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table
+    assert f"| 0 | {level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in table
 
 
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
