@@ -113,11 +113,26 @@ def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.N
             "first_hypotheses": hypotheses[:3]}
 
 
+def evaluation_steps(args: argparse.Namespace) -> list[int]:
+    """The steps the Trainer evaluates at with `--eval-every`: 0, every N steps, and the last step."""
+    if not args.eval_every:
+        return []
+    steps = list(range(0, args.finetune_steps + 1, args.eval_every))
+    return steps if steps[-1] == args.finetune_steps else [*steps, args.finetune_steps]
+
+
 def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Path:
     """`train_translation.py --model_name_or_path CONVERTED` with the recipe's settings and --finetune-steps; with
     `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
-    `--eval-every` steps (kept in output_dir/trainer_state.json)."""
+    `--eval-every` steps (kept in output_dir/trainer_state.json). A finished run in output_dir is reused only if it
+    has the same number of steps and evaluations."""
     if (output_dir / "model.safetensors").is_file():
+        state = json.loads((output_dir / "trainer_state.json").read_text())
+        evaluated = [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry]
+        if state["max_steps"] != args.finetune_steps or evaluated != evaluation_steps(args):
+            raise SystemExit(f"marian_conversion.py: {output_dir} holds a run of {state['max_steps']} steps evaluated at "
+                             f"steps {evaluated}; this run asks for {args.finetune_steps} steps evaluated at "
+                             f"{evaluation_steps(args)}: remove that folder or choose another --work")
         print(f"reusing the fine-tuned model in {output_dir}", flush=True)
         return output_dir
     command = [

@@ -285,6 +285,32 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     assert f"| 0 | {level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in table
 
 
+def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_and_evaluations(tmp_path, monkeypatch):
+    """A finished fine-tuning run in --work is reused when its steps and evaluation steps are the ones asked for, and
+    refused with the folder named otherwise (a stale recovery curve must not be reported as this run's)."""
+    import argparse
+
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+    finished = tmp_path / "finetuned_shaw"
+    finished.mkdir()
+    (finished / "model.safetensors").write_bytes(b"")
+    history = [{"step": step, "eval_bleu": 1.0, "eval_chrf": 1.0} for step in (0, 4, 8, 10)]
+    (finished / "trainer_state.json").write_text(json.dumps({"max_steps": 10, "log_history": history}))
+
+    def args(finetune_steps: int, eval_every: int) -> argparse.Namespace:
+        return argparse.Namespace(finetune_steps=finetune_steps, eval_every=eval_every)
+
+    assert module.evaluation_steps(args(10, 4)) == [0, 4, 8, 10]
+    assert module.evaluation_steps(args(8, 4)) == [0, 4, 8]
+    assert module.evaluation_steps(args(10, 0)) == []
+    assert module.finetune(tmp_path / "converted", finished, args(10, 4)) == finished
+    for finetune_steps, eval_every in ((12, 4), (10, 5), (10, 0)):
+        with pytest.raises(SystemExit, match="finetuned_shaw holds a run of 10 steps evaluated at steps"):
+            module.finetune(tmp_path / "converted", finished, args(finetune_steps, eval_every))
+
+
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
     """Recipe cards describe the architecture a recipe trains; a fine-tuning recipe has none of its own (rendering
     one would describe a default d_model 512 model that the converted Marian is not)."""
