@@ -83,13 +83,17 @@ def boolean_field(name: str, default: bool, help: str, symbol: str = "") -> Sche
     return SchemeField(name, default, help, "true or false", lambda value: isinstance(value, bool), symbol)
 
 
-def number_field(name: str, default: float, help: str, symbol: str = "") -> SchemeField:
-    """A positive real-valued scheme setting (an int is accepted too)."""
+def number_field(
+    name: str, default: float | None, help: str, optional: bool = False, symbol: str = ""
+) -> SchemeField:
+    """A positive real-valued scheme setting (an int is accepted too; None when `optional`)."""
 
     def valid(value: Any) -> bool:
+        if value is None:
+            return optional
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
-    return SchemeField(name, default, help, "a positive number", valid, symbol)
+    return SchemeField(name, default, help, "a positive number" + (" or null" if optional else ""), valid, symbol)
 
 
 def integer_field(

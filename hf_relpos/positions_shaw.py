@@ -15,6 +15,7 @@ from .positions import (
     SchemeCard,
     boolean_field,
     integer_field,
+    number_field,
     query_and_key_positions,
     register_attention,
     relative_position_index,
@@ -74,6 +75,8 @@ class ShawPositions(PositionScheme):
         boolean_field("use_relative_values", True, "add a^V_ij to the values (eq. 3)", symbol="a^V"),
         boolean_field("relative_embeddings_shared_across_heads", True,
                       "one table per layer shared by its heads (the paper); false: one table per head"),
+        number_field("relative_embedding_init_std", None,
+                     "std of the a^K and a^V tables at initialisation; null: init_std", optional=True),
     )
     card = SchemeCard(
         title="relative position representations (Shaw et al. 2018)",
@@ -85,6 +88,7 @@ class ShawPositions(PositionScheme):
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.max_relative_position = config.max_relative_position
+        self.table_init_std = config.relative_embedding_init_std
         table_shape = (num_layers, 2 * self.max_relative_position + 1, head_dim)
         if not config.relative_embeddings_shared_across_heads:
             table_shape = (num_layers, num_heads, *table_shape[1:])
@@ -92,9 +96,10 @@ class ShawPositions(PositionScheme):
         self.relative_values = nn.Parameter(torch.empty(table_shape)) if config.use_relative_values else None
 
     def init_parameters(self, std: float) -> None:
+        """N(0, relative_embedding_init_std) tables, or N(0, std) (the model's init_std) when that is null."""
         for tables in (self.relative_keys, self.relative_values):
             if tables is not None:
-                init.normal_(tables, mean=0.0, std=std)
+                init.normal_(tables, mean=0.0, std=std if self.table_init_std is None else self.table_init_std)
 
     def terms(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,

@@ -61,6 +61,7 @@ FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "relative_attention_max_distance": 128,
     "rope_theta": 10000.0,
     "rotary_dim": None,
+    "relative_embedding_init_std": None,
 }
 
 

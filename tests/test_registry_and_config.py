@@ -126,6 +126,7 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"init_std": -1.0}, "init_std"),
         ({"embedding_init_std": 0.0}, "embedding_init_std"),
         ({"embedding_init_std": "small"}, "embedding_init_std"),
+        ({"relative_embedding_init_std": -0.1}, "relative_embedding_init_std"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
@@ -156,6 +157,19 @@ def test_token_embeddings_start_at_embedding_init_std_or_d_model_to_the_minus_ha
     expected = 64**-0.5 if embedding_init_std is None else embedding_init_std
     assert embeddings[1:].std().item() == pytest.approx(expected, rel=0.02)
     assert embeddings[config.pad_token_id].abs().max() == 0
+
+
+@pytest.mark.parametrize("relative_embedding_init_std", [None, 0.17])
+def test_shaw_tables_start_at_relative_embedding_init_std_or_init_std(relative_embedding_init_std):
+    torch.manual_seed(0)
+    config = tiny_config(d_model=64, max_relative_position=64, init_std=0.03,
+                         relative_embedding_init_std=relative_embedding_init_std)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    expected = 0.03 if relative_embedding_init_std is None else relative_embedding_init_std
+    for stack in (model.model.encoder, model.model.decoder):
+        for tables in (stack.positions.relative_keys, stack.positions.relative_values):
+            assert tables.std().item() == pytest.approx(expected, rel=0.05)
+            assert tables.mean().abs().item() < expected * 0.1
 
 
 def test_unknown_scheme_error_lists_the_registered_ones():
