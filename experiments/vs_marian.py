@@ -125,9 +125,10 @@ ROWS = {row.name: row for row in [
          init="vaswani"),
     _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8", init="vaswani"),
     *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched
-    # shaw-matched with the a^K/a^V tables drawn at tensor2tensor's scale (uniform_unit_scaling over 2k+1 = 33
-    # rows: uniform(±sqrt(3/33)), std 0.17) instead of init_std 0.02.
-    _row("shaw-matched+t2t-table-init", "shaw", f"{MARIAN_MATCHED} --model.relative_embedding_init_std 0.17", init="hf"),
+    # shaw-matched with the a^K/a^V tables drawn at tensor2tensor's scale instead of init_std 0.02: its
+    # uniform_unit_scaling initialiser is fan-average variance scaling, std sqrt(1 / ((33 + 64) / 2)) = 0.14 for
+    # the 33 x 64 tables.
+    _row("shaw-matched+t2t-table-init", "shaw", f"{MARIAN_MATCHED} --model.relative_embedding_init_std 0.14", init="hf"),
 ]}
 
 
