@@ -15,6 +15,7 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
               too, as in Ruoss et al.'s code (position_randomization_at_inference)
   - k:        shaw with clipping distance k in {0, 1, 2, 4, 16} (Shaw et al. 2018, Table 2)
   - aK_aV:    shaw with a^K / a^V on and off (Table 3)
+  - table_init: shaw with its a^K / a^V tables drawn at tensor2tensor's scale (relative_embedding_init_std)
 
 Example (the figures in docs/results.md):
   python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
@@ -54,6 +55,7 @@ K_VALUES = (0, 1, 2, 4, 16)
 RANDOMIZATION_MAX = 128  # Ruoss et al. (2023): training positions drawn from 0 .. L-1, L > the longest test input
 RANDOMIZED_SCHEMES = ("absolute", "rope")
 EVAL_RANDOMIZED_SCHEMES = ("absolute", "rope", "alibi")
+SHAW_T2T_TABLE_STD = 0.2  # tensor2tensor's fan-average init for a 33 x 16 table (k = 16, head size 64 / 4): sqrt(2 / 49)
 
 
 @dataclass(frozen=True)
@@ -67,7 +69,8 @@ class RunSpec:
 
 
 def run_specs() -> list[RunSpec]:
-    """The main comparison and both ablations; the full Shaw model (k=16, a^K and a^V) is shared by all three."""
+    """The main comparison and the Shaw ablations; the full Shaw model (k=16, a^K and a^V) is shared by the first
+    three groups."""
     specs = [
         RunSpec("absolute", "absolute", {}, ("schemes",)),
         RunSpec("shaw", "shaw", {"max_relative_position": 16}, ("schemes", "k", "aK_aV")),
@@ -98,6 +101,9 @@ def run_specs() -> list[RunSpec]:
         ]
         overrides = {"max_relative_position": 16, "use_relative_keys": keys, "use_relative_values": values}
         specs.append(RunSpec(name, "shaw", overrides, ("aK_aV",)))
+    specs.append(RunSpec(f"shaw table-init {SHAW_T2T_TABLE_STD}", "shaw",
+                         {"max_relative_position": 16, "relative_embedding_init_std": SHAW_T2T_TABLE_STD},
+                         ("table_init",)))
     return specs
 
 
@@ -269,6 +275,7 @@ def markdown(results: dict) -> str:
         "aK_aV": "Shaw a^K / a^V (k = 16)",
         "randomized": f"Randomized positions in training (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
         "eval_randomized": f"Randomized positions in training and evaluation (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
+        "table_init": f"Shaw tables drawn at std {SHAW_T2T_TABLE_STD} (tensor2tensor's scale) instead of init_std",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
