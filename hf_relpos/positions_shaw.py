@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -76,7 +77,8 @@ class ShawPositions(PositionScheme):
         boolean_field("relative_embeddings_shared_across_heads", True,
                       "one table per layer shared by its heads (the paper); false: one table per head"),
         number_field("relative_embedding_init_std", None,
-                     "std of the a^K and a^V tables at initialisation; null: init_std", optional=True),
+                     "std of the a^K and a^V tables at initialisation; null: sqrt(2 / (2k + 1 + d_z)), the scale "
+                     "of Tensor2Tensor's default initialiser (the paper's code)", optional=True),
     )
     card = SchemeCard(
         title="relative position representations (Shaw et al. 2018)",
@@ -96,10 +98,16 @@ class ShawPositions(PositionScheme):
         self.relative_values = nn.Parameter(torch.empty(table_shape)) if config.use_relative_values else None
 
     def init_parameters(self, std: float) -> None:
-        """N(0, relative_embedding_init_std) tables, or N(0, std) (the model's init_std) when that is null."""
+        """N(0, relative_embedding_init_std) tables. Null draws them at the variance of Shaw et al.'s Tensor2Tensor
+        code, whose default initialiser (uniform_unit_scaling: fan-average variance scaling) gives a (2k + 1) x d_z
+        table variance 2 / (2k + 1 + d_z). The linears' `std` (init_std) is not used: at 0.02 the relative terms start
+        an order of magnitude below the content terms, and Shaw trains worse (docs/results.md, sections 1 and 5)."""
+        table_std = self.table_init_std
+        if table_std is None:
+            table_std = math.sqrt(2.0 / (2 * self.max_relative_position + 1 + self.head_dim))
         for tables in (self.relative_keys, self.relative_values):
             if tables is not None:
-                init.normal_(tables, mean=0.0, std=std if self.table_init_std is None else self.table_init_std)
+                init.normal_(tables, mean=0.0, std=table_std)
 
     def terms(
         self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,

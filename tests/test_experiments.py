@@ -45,6 +45,8 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert switches == {(True, True), (True, False), (False, True), (False, False)}
     table_init = [run for run in runs if "table_init" in run["groups"]]
     assert [run["overrides"] for run in table_init] == [{"max_relative_position": 16, "relative_embedding_init_std": 0.2}]
+    assert all(run["overrides"]["relative_embedding_init_std"] == 0.02
+               for run in runs if run["attention_type"] == "shaw" and run not in table_init)
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS

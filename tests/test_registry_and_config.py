@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -159,13 +160,15 @@ def test_token_embeddings_start_at_embedding_init_std_or_d_model_to_the_minus_ha
     assert embeddings[config.pad_token_id].abs().max() == 0
 
 
-@pytest.mark.parametrize("relative_embedding_init_std", [None, 0.17])
-def test_shaw_tables_start_at_relative_embedding_init_std_or_init_std(relative_embedding_init_std):
+@pytest.mark.parametrize("relative_embedding_init_std", [None, 0.03])
+def test_shaw_tables_start_at_relative_embedding_init_std_or_tensor2tensor_scale(relative_embedding_init_std):
     torch.manual_seed(0)
-    config = tiny_config(d_model=64, max_relative_position=64, init_std=0.03,
-                         relative_embedding_init_std=relative_embedding_init_std)
+    config = tiny_config(d_model=64, encoder_attention_heads=4, decoder_attention_heads=4, max_relative_position=64,
+                         init_std=0.05, relative_embedding_init_std=relative_embedding_init_std)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
-    expected = 0.03 if relative_embedding_init_std is None else relative_embedding_init_std
+    head_dim = 64 // 4
+    tensor2tensor_std = math.sqrt(2 / (2 * 64 + 1 + head_dim))   # fan-average variance of a (2k + 1) x d_z table
+    expected = tensor2tensor_std if relative_embedding_init_std is None else relative_embedding_init_std
     for stack in (model.model.encoder, model.model.decoder):
         for tables in (stack.positions.relative_keys, stack.positions.relative_values):
             assert tables.std().item() == pytest.approx(expected, rel=0.05)
