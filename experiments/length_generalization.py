@@ -61,6 +61,11 @@ SHAW_T2T_TABLE_STD = 0.2  # tensor2tensor's fan-average init for a 33 x 16 table
 SHAW_TABLE_STD = 0.02
 
 
+def shaw_overrides(**overrides) -> dict:
+    """A Shaw run's config overrides, its tables at SHAW_TABLE_STD unless the run sets relative_embedding_init_std."""
+    return {"relative_embedding_init_std": SHAW_TABLE_STD, **overrides}
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One trained configuration: a name, the scheme, its config overrides and the result groups it belongs to."""
@@ -76,8 +81,7 @@ def run_specs() -> list[RunSpec]:
     three groups."""
     specs = [
         RunSpec("absolute", "absolute", {}, ("schemes",)),
-        RunSpec("shaw", "shaw", {"max_relative_position": 16, "relative_embedding_init_std": SHAW_TABLE_STD},
-                ("schemes", "k", "aK_aV")),
+        RunSpec("shaw", "shaw", shaw_overrides(max_relative_position=16), ("schemes", "k", "aK_aV")),
         RunSpec("xl", "xl", {}, ("schemes",)),
         RunSpec("directional", "directional", {}, ("schemes",)),
         RunSpec("none", "none", {}, ("schemes",)),
@@ -97,18 +101,16 @@ def run_specs() -> list[RunSpec]:
         for scheme in EVAL_RANDOMIZED_SCHEMES
     ]
     specs += [
-        RunSpec(f"shaw k={k}", "shaw", {"max_relative_position": k, "relative_embedding_init_std": SHAW_TABLE_STD}, ("k",))
-        for k in K_VALUES if k != 16
+        RunSpec(f"shaw k={k}", "shaw", shaw_overrides(max_relative_position=k), ("k",)) for k in K_VALUES if k != 16
     ]
     for keys, values in ((True, False), (False, True), (False, False)):
         name = "shaw " + {(True, False): "a^K only", (False, True): "a^V only", (False, False): "no a^K, no a^V"}[
             (keys, values)
         ]
-        overrides = {"max_relative_position": 16, "use_relative_keys": keys, "use_relative_values": values,
-                     "relative_embedding_init_std": SHAW_TABLE_STD}
+        overrides = shaw_overrides(max_relative_position=16, use_relative_keys=keys, use_relative_values=values)
         specs.append(RunSpec(name, "shaw", overrides, ("aK_aV",)))
     specs.append(RunSpec(f"shaw table-init {SHAW_T2T_TABLE_STD}", "shaw",
-                         {"max_relative_position": 16, "relative_embedding_init_std": SHAW_T2T_TABLE_STD},
+                         shaw_overrides(max_relative_position=16, relative_embedding_init_std=SHAW_T2T_TABLE_STD),
                          ("table_init",)))
     return specs
 
