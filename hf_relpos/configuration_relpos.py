@@ -55,7 +55,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "relpos_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache", "mems"]  # the cache under both names (5.24 renamed it)
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",

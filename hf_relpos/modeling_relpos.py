@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import importlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import torch
 from torch import nn
@@ -41,6 +41,20 @@ from transformers.utils.generic import can_return_tuple
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
 from .positions import AttentionTerms, PositionDraw, PositionScheme, get_scheme_class, random_positions
+
+# transformers 5.24 renamed the KV cache, argument and output field, from `past_key_values` to `cache`; the model
+# serves both: it returns the cache under the installed version's field name and accepts either argument name.
+CACHE_FIELD = "cache" if "cache" in {field.name for field in fields(Seq2SeqLMOutput)} else "past_key_values"
+
+
+def cache_argument(cache: Cache | tuple | None, past_key_values: Cache | tuple | None) -> Cache | tuple | None:
+    """The cache passed as `cache` (transformers >= 5.24) or as `past_key_values` (its name before), not both."""
+    if past_key_values is None:
+        return cache
+    if cache is not None:
+        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), "
+                         "not both")
+    return past_key_values
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -137,7 +151,7 @@ class RelPosAttention(nn.Module):
         attention_mask: torch.Tensor | None,
         positions: PositionScheme | None = None,
         key_value_states: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
@@ -147,21 +161,21 @@ class RelPosAttention(nn.Module):
         [memory; current segment], queries over the current segment only, at positions after `query_offset`;
         `key_positions` [m]: randomized positions of the keys (None: the ordinary ones, see `PositionScheme`)."""
         query = self._heads(self.q_proj(hidden_states))
-        cache = past_key_values
-        if isinstance(past_key_values, EncoderDecoderCache):
-            cache = past_key_values.cross_attention_cache if self.is_cross_attention else past_key_values.self_attention_cache
+        layer_cache = cache
+        if isinstance(cache, EncoderDecoderCache):
+            layer_cache = cache.cross_attention_cache if self.is_cross_attention else cache.self_attention_cache
 
-        if self.is_cross_attention and cache is not None and past_key_values.is_updated.get(self.layer_idx):
-            key, value = cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+        if self.is_cross_attention and layer_cache is not None and cache.is_updated.get(self.layer_idx):
+            key, value = layer_cache.layers[self.layer_idx].keys, layer_cache.layers[self.layer_idx].values
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
             if memory is not None:
                 source = torch.cat([memory.to(source.dtype), source], dim=1)
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)
+            if layer_cache is not None:
+                key, value = layer_cache.update(key, value, self.layer_idx)
                 if self.is_cross_attention:
-                    past_key_values.is_updated[self.layer_idx] = True
+                    cache.is_updated[self.layer_idx] = True
 
         output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions,
                                       key_positions)
@@ -253,7 +267,7 @@ class RelPosLayer(GradientCheckpointingLayer):
         positions: PositionScheme,
         encoder_hidden_states: torch.Tensor | None = None,
         cross_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
@@ -265,7 +279,7 @@ class RelPosLayer(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
-                x, self_mask, positions, past_key_values=past_key_values, query_offset=query_offset,
+                x, self_mask, positions, cache=cache, query_offset=query_offset,
                 output_attentions=output_attentions, memory=memory, key_positions=key_positions,
             ),
         )
@@ -275,7 +289,7 @@ class RelPosLayer(GradientCheckpointingLayer):
                 hidden_states,
                 self.encoder_attn_layer_norm,
                 lambda x: self.encoder_attn(
-                    x, cross_mask, key_value_states=encoder_hidden_states, past_key_values=past_key_values,
+                    x, cross_mask, key_value_states=encoder_hidden_states, cache=cache,
                     output_attentions=output_attentions,
                 ),
             )
@@ -358,7 +372,7 @@ class RelPosStack(nn.Module):
         output_hidden_states: bool,
         encoder_hidden_states: torch.Tensor | None = None,
         cross_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         query_offset: int = 0,
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
@@ -376,7 +390,7 @@ class RelPosStack(nn.Module):
                 self.positions,
                 encoder_hidden_states,
                 cross_mask,
-                past_key_values=past_key_values,
+                cache=cache,
                 query_offset=query_offset,
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
@@ -436,7 +450,7 @@ class RelPosCausalLMOutput(CausalLMOutputWithPast):
 
 
 class RelPosDecoder(RelPosStack):
-    """Causal decoder. With a KV cache (`past_key_values`) or a Transformer-XL memory (`mems`, the detached inputs
+    """Causal decoder. With a KV cache (`cache`) or a Transformer-XL memory (`mems`, the detached inputs
     of every layer for the previous positions), queries start at position `past_length` and see every earlier key."""
 
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
@@ -449,7 +463,7 @@ class RelPosDecoder(RelPosStack):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
@@ -457,26 +471,29 @@ class RelPosDecoder(RelPosStack):
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
         positions: PositionDraw | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `positions`: the positions of the whole output, of which this call's tokens take entries past_length ..
-        past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
+        past_length + n - 1 (None: see `RelPosStack.key_positions`). `past_key_values`: `cache` under its name
+        before transformers 5.24."""
+        cache = cache_argument(cache, past_key_values)
         mem_len = self.config.mem_len if mem_len is None else mem_len
-        if mems is not None and past_key_values is not None and past_key_values.get_seq_length() > 0:
-            raise ValueError("Pass either mems (Transformer-XL memory) or past_key_values (KV cache), not both")
+        if mems is not None and cache is not None and cache.get_seq_length() > 0:
+            raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
         if mems is not None:
             if len(mems) != len(self.layers):
                 raise ValueError(f"mems must hold one tensor per layer ({len(self.layers)}), got {len(mems)}")
-            past_key_values = None
-        elif use_cache and past_key_values is None:
-            past_key_values = (
+            cache = None
+        elif use_cache and cache is None:
+            cache = (
                 EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
                 if encoder_hidden_states is not None
                 else DynamicCache(config=self.config)
             )
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        past_length = cache.get_seq_length() if cache is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, positions)
         batch_size, query_length = hidden_states.shape[:2]
@@ -500,7 +517,7 @@ class RelPosDecoder(RelPosStack):
             bool(output_hidden_states),
             encoder_hidden_states=encoder_hidden_states,
             cross_mask=cross_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             query_offset=past_length,
             memory=mems,
             key_positions=key_positions,
@@ -514,11 +531,11 @@ class RelPosDecoder(RelPosStack):
             )
         return RelPosDecoderOutput(
             last_hidden_state=hidden_states,
-            past_key_values=past_key_values if use_cache else None,
             hidden_states=all_hidden,
             attentions=all_self,
             cross_attentions=all_cross,
             mems=new_mems,
+            **{CACHE_FIELD: cache if use_cache else None},
         )
 
 
@@ -621,17 +638,18 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         decoder_positions: PositionDraw | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
         """`decoder_positions`: the decoder's positions for the whole output (`PositionDraw`; None: drawn or ordinary,
-        see `RelPosStack.key_positions`)."""
+        see `RelPosStack.key_positions`); `past_key_values`: `cache` under its name before transformers 5.24."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -648,7 +666,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache_argument(cache, past_key_values),
             inputs_embeds=decoder_inputs_embeds,
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
@@ -658,13 +676,13 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
+            **{CACHE_FIELD: getattr(decoder_outputs, CACHE_FIELD)},
         )
 
 
@@ -721,7 +739,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -730,11 +748,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         decoder_positions: PositionDraw | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """`labels` [B, T] (-100 ignored) give the loss; `num_items_in_batch` (passed by the Trainer) is the number of
         labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` as in
-        `RelPosTransformerModel.forward`."""
+        `RelPosTransformerModel.forward`, as is `past_key_values`."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -747,7 +766,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache_argument(cache, past_key_values),
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -763,13 +782,13 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
+            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
         )
 
     def generate(self, *args, **kwargs):
@@ -848,7 +867,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
-        past_key_values: Cache | list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
+        cache: Cache | list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -858,21 +877,25 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         positions: PositionDraw | None = None,
+        past_key_values: Cache | list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         **kwargs,
     ) -> RelPosCausalLMOutput | tuple:
         """`labels` are the input ids (shifted inside, -100 ignored; `num_items_in_batch` as in the seq2seq model);
         `mems` continue the previous segment; `positions` those of the whole sequence (`PositionDraw`, see
-        `RelPosDecoder.forward`)."""
-        if isinstance(past_key_values, (list, tuple)):
-            mems, past_key_values = past_key_values, None
+        `RelPosDecoder.forward`). In memory mode (`mem_len` > 0) the returned cache is `mems`, and a tuple passed as
+        `cache` is taken as `mems` (how `generate` hands it back); `past_key_values`: `cache` under its name before
+        transformers 5.24."""
+        cache = cache_argument(cache, past_key_values)
+        if isinstance(cache, (list, tuple)):
+            mems, cache = cache, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
         memory_mode = (self.config.mem_len if mem_len is None else mem_len) > 0
-        if memory_mode and isinstance(past_key_values, Cache) and past_key_values.get_seq_length() == 0:
-            past_key_values = None
+        if memory_mode and isinstance(cache, Cache) and cache.get_seq_length() == 0:
+            cache = None
         outputs = self.decoder(
             input_ids=input_ids,
             attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache and not memory_mode and labels is None,
             output_attentions=output_attentions,
@@ -889,10 +912,10 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         return RelPosCausalLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
             mems=outputs.mems,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
+            **{CACHE_FIELD: outputs.mems if memory_mode else getattr(outputs, CACHE_FIELD)},
         )
 
     def generate(self, *args, **kwargs):
@@ -908,12 +931,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             kwargs["positions"] = draw_output_positions(self, 0 if prompt is None else prompt.size(1), kwargs)
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, past_key_values=None, **kwargs) -> dict:
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
         """`generate` stores returned `mems` as the cache even with `use_cache=False`; drop them then, so an uncached
         step really recomputes the whole sequence."""
         if not kwargs.get("use_cache", True):
-            past_key_values = None
-        return super().prepare_inputs_for_generation(input_ids, past_key_values=past_key_values, **kwargs)
+            kwargs.pop(CACHE_FIELD, None)
+        return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
     def _reorder_cache(self, past, beam_idx: torch.Tensor):
         """Beam search: reorder the memory (a tuple of tensors) or the KV cache along the batch."""

@@ -18,7 +18,7 @@ from conftest import (
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos.modeling_relpos import RelPosAttention
+from hf_relpos.modeling_relpos import CACHE_FIELD, RelPosAttention
 
 
 def padded_batch():
@@ -140,6 +140,29 @@ def test_cached_generation_equals_uncached(attention_type, num_beams):
     cached, uncached = generate(model, True, num_beams), generate(model, False, num_beams)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("argument", ["cache", "past_key_values"])
+def test_the_kv_cache_is_taken_under_its_names_since_and_before_transformers_5_24(argument):
+    """transformers 5.24 renamed `past_key_values` to `cache`: step-by-step decoding that hands the returned cache back
+    under either name gives the teacher-forced logits (float64); both names at once are refused."""
+    model = tiny_model("shaw", seed=1).double()
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        inputs = dict(encoder_outputs=model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask),
+                      attention_mask=attention_mask)
+        whole = model(decoder_input_ids=decoder_input_ids, use_cache=False, **inputs).logits
+        cache, steps = None, []
+        for step in range(decoder_input_ids.size(1)):
+            out = model(decoder_input_ids=decoder_input_ids[:, step:step + 1], use_cache=True, **inputs,
+                        **{argument: cache})
+            cache = getattr(out, CACHE_FIELD)
+            steps.append(out.logits)
+        assert cache.get_seq_length() == decoder_input_ids.size(1)
+        assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
+        with pytest.raises(ValueError, match="Pass the cache as `cache` or as `past_key_values`"):
+            model(decoder_input_ids=decoder_input_ids[:, :1], cache=cache, past_key_values=cache, **inputs)
 
 
 @pytest.mark.parametrize("attention_type", RELATIVE_SCHEMES)
@@ -484,9 +507,8 @@ def test_randomized_inference_decoding_steps_reuse_one_draw(attention_type):
         whole = model(decoder_input_ids=decoder_input_ids, use_cache=False, **inputs).logits
         cache, steps = None, []
         for start, end in ((0, 2), (2, 3), (3, 4), (4, 6)):  # a two-token prompt, then single tokens and a pair
-            out = model(decoder_input_ids=decoder_input_ids[:, start:end], past_key_values=cache, use_cache=True,
-                        **inputs)
-            cache = out.past_key_values
+            out = model(decoder_input_ids=decoder_input_ids[:, start:end], cache=cache, use_cache=True, **inputs)
+            cache = getattr(out, CACHE_FIELD)
             steps.append(out.logits)
     assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
     with torch.no_grad():
@@ -554,7 +576,7 @@ def test_randomized_inference_errors_name_the_field():
         first = model(input_ids=input_ids, decoder_input_ids=torch.full((3, 1), 2), use_cache=True)
         with pytest.raises(ValueError, match="position_randomization_at_inference: a decoding step after cached"):
             model(encoder_outputs=(first.encoder_last_hidden_state,), decoder_input_ids=torch.full((3, 1), 5),
-                  past_key_values=first.past_key_values, use_cache=True)
+                  cache=getattr(first, CACHE_FIELD), use_cache=True)
         with pytest.raises(ValueError, match="decoder_positions hold 1 positions, but the decoder reached 2 tokens"):
             model(input_ids=input_ids, decoder_input_ids=torch.full((3, 2), 5),
                   decoder_positions=hf_relpos.PositionDraw(torch.tensor([3])))

@@ -10,6 +10,7 @@ from conftest import SCHEMES, run_without_hf_relpos, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_relpos
+from hf_relpos.modeling_relpos import CACHE_FIELD
 
 SEGMENT = 6
 TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails
@@ -116,10 +117,10 @@ def test_mems_and_a_filled_kv_cache_together_are_refused():
     model = causal_lm(mem_len=0)
     tokens = stream(SEGMENT)
     with torch.no_grad():
-        cache = model(input_ids=tokens, use_cache=True).past_key_values
+        cache = getattr(model(input_ids=tokens, use_cache=True), CACHE_FIELD)
         mems = model(input_ids=tokens, mem_len=SEGMENT).mems
         with pytest.raises(ValueError, match="mems"):
-            model.decoder(input_ids=tokens, past_key_values=cache, mems=mems)
+            model.decoder(input_ids=tokens, cache=cache, mems=mems)
 
 
 def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
