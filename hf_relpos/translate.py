@@ -129,22 +129,24 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing_folder is not None:
         parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
                        f"'{missing_folder}')\n")
+    texts = {}
+    for flag, path in (("--input", args.input), ("--reference", args.reference)):
+        if path is not None:
+            try:
+                with open(path, encoding="utf-8") as handle:
+                    texts[flag] = read_lines(handle)
+            except (OSError, ValueError) as error:
+                reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+                parser.exit(2, f"{PROGRAM}: error: {flag} {path!r}: {' '.join(str(reason).split())}\n")
+    sources = texts["--input"] if args.input is not None else read_lines(sys.stdin)
+    references = texts.get("--reference")
+    if references is not None and len(references) != len(sources):
+        parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
         model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device).eval()
-        if args.input is None:
-            sources = read_lines(sys.stdin)
-        else:
-            with open(args.input, encoding="utf-8") as handle:
-                sources = read_lines(handle)
-        references = None
-        if args.reference is not None:
-            with open(args.reference, encoding="utf-8") as handle:
-                references = read_lines(handle)
     except (OSError, ValueError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
-    if references is not None and len(references) != len(sources):
-        parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length")
                        if (value := getattr(args, name)) is not None}
     translations = translate_lines(sources, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)

@@ -77,8 +77,9 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
-    (["--input", "missing.txt"], "No such file or directory"),
-    (["missing.txt"], "No such file or directory"),
+    (["--input", "missing.txt"], "--input 'missing.txt': No such file or directory"),
+    (["missing.txt"], "--input 'missing.txt': No such file or directory"),
+    (["--reference", "missing.txt"], "--reference 'missing.txt': No such file or directory"),
     (["a.txt", "--input", "b.txt"], "two source files: INPUT 'a.txt' and --input 'b.txt'; give one"),
 ])
 def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
@@ -87,6 +88,16 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
         main([str(memorised_model_folder), *flags])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
+                                                                 monkeypatch):
+    monkeypatch.setattr("hf_relpos.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before reading the source file"))
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(tmp_path / "missing.txt")])
+    assert exited.value.code == 2
+    assert "--input" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("model", ["outputs/dmeo", "./dmeo", "runs/a/b"])
