@@ -272,7 +272,11 @@ class RelPosLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
         key_positions: torch.Tensor | None = None,
+        past_key_values: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+        """The cache comes under the installed transformers' name (`CACHE_FIELD`): that is the keyword
+        `GradientCheckpointingLayer` drops while checkpointing, so the backward replay never writes it twice."""
+        cache = cache_argument(cache, past_key_values)
         if memory is not None and self.pre_norm:
             memory = self.self_attn_layer_norm(memory)
         hidden_states, self_weights = self._residual(
@@ -390,11 +394,11 @@ class RelPosStack(nn.Module):
                 self.positions,
                 encoder_hidden_states,
                 cross_mask,
-                cache=cache,
                 query_offset=query_offset,
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
                 key_positions=key_positions,
+                **{CACHE_FIELD: cache},
             )
             all_self.append(self_weights)
             all_cross.append(cross_weights)

@@ -165,6 +165,25 @@ def test_the_kv_cache_is_taken_under_its_names_since_and_before_transformers_5_2
             model(decoder_input_ids=decoder_input_ids[:, :1], cache=cache, past_key_values=cache, **inputs)
 
 
+def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
+    """Under gradient checkpointing `GradientCheckpointingLayer` withholds the cache from each layer (by the name the
+    installed transformers uses), so recomputing a layer in the backward pass cannot write its keys a second time:
+    the returned cache stays empty and the gradients equal those of a run without checkpointing or cache."""
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model("shaw", seed=1, dropout=0.0, attention_dropout=0.0).double().train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+                    use_cache=checkpointing)
+        out.logits.square().sum().backward()
+        gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
+    assert getattr(out, CACHE_FIELD).get_seq_length() == 0
+    assert (gradients[0] - gradients[1]).abs().max() < 1e-12
+
+
 @pytest.mark.parametrize("attention_type", RELATIVE_SCHEMES)
 def test_inputs_far_longer_than_training_run(attention_type):
     model = tiny_model(attention_type)
