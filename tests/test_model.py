@@ -175,7 +175,7 @@ def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
     for checkpointing in (False, True):
         model = tiny_model("shaw", seed=1, dropout=0.0, attention_dropout=0.0).double().train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
+            model.activation_checkpointing_enable()
         out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                     use_cache=checkpointing)
         out.logits.square().sum().backward()
