@@ -55,7 +55,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "relpos_transformer"
-    keys_to_ignore_at_inference = ["past_key_values", "cache", "mems"]  # the cache under both names (5.24 renamed it)
+    # outputs the Trainer leaves out of eval predictions: the KV cache under both names (5.24 renamed it), XL memory
+    keys_to_ignore_at_inference = ["past_key_values", "cache", "mems"]
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
         "hidden_size": "d_model",
