@@ -83,6 +83,16 @@ MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
 RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional")   # the schemes with a configs/multi30k_small_*.yaml
+# A row flag value replaced by the folder of the peer's own tokenizer (trained once under --work): the tokenizer row.
+PEER_TOKENIZER = "@peer-tokenizer"
+# marian-matched with one difference to the peer put back at a time (issue #17's list): each row changes one thing.
+MATCHED_SINGLE_FACTORS = {
+    "pre-ln": "--model.layer_norm_position pre",
+    "relu": "--model.activation_function relu",
+    "attention-dropout-0": "--model.attention_dropout 0.0",
+    "token-batches": "--max_tokens_per_batch 1024",   # the recipes' length-sorted token-budget batches
+    "peer-tokenizer": f"--tokenizer_name {PEER_TOKENIZER}",   # the peer's NFKC BPE instead of hf_relpos's
+}
 SPLITS = {"validation": "validation.jsonl", "test": "test.jsonl"}
 
 
@@ -128,6 +138,8 @@ ROWS = {row.name: row for row in [
     _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} {SENTENCE_BATCHES}",
          init="vaswani"),
     _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8", init="vaswani"),
+    *(_row(f"matched+{factor}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
+      for factor, flags in MATCHED_SINGLE_FACTORS.items()),
     *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched
     # shaw-matched with the a^K/a^V tables drawn at tensor2tensor's scale instead of 0.02: its uniform_unit_scaling
     # initialiser is fan-average variance scaling, std sqrt(1 / ((33 + 64) / 2)) = 0.14 for the 33 x 64 tables
@@ -241,8 +253,18 @@ def recipe_argv(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> 
         "--model.decoder_ffn_dim", str(args.ffn_dim),
         "--do_eval", "false", "--do_predict", "false", "--eval_strategy", "no", "--save_strategy", "no",
         "--logging_steps", str(args.logging_steps), "--cpu_threads", str(args.threads), "--report_to", "none",
-        "--disable_tqdm", "true", *row.flags, *EMBEDDING_INIT_FLAGS[row.init],
+        "--disable_tqdm", "true", *(peer_tokenizer(args) if flag == PEER_TOKENIZER else flag for flag in row.flags),
+        *EMBEDDING_INIT_FLAGS[row.init],
     ]
+
+
+def peer_tokenizer(args: argparse.Namespace) -> str:
+    """The folder of the peer's tokenizer under --work, trained and saved on first use (a row's `@peer-tokenizer`)."""
+    folder = args.work / "peer_tokenizer"
+    if not (folder / "tokenizer.json").is_file():
+        sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
+        train_peer_tokenizer([*sources, *targets], args.vocab_size).save_pretrained(folder)
+    return str(folder)
 
 
 def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) -> dict:
