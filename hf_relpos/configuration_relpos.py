@@ -44,6 +44,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
       stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
       instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default).
+    - `self_attention_window`: local self-attention for every scheme: query i attends only to the keys j with
+      |i - j| <= self_attention_window (in the decoder also j <= i), in the encoder and the decoder; cross-attention
+      still sees the whole source (null = the whole sequence, the default). With a relative scheme a token's
+      states then depend on its neighbourhood only, never on the length of the sequence (docs/results.md section 1:
+      length generalization). Mistral's `sliding_window`, made symmetric in the encoder.
     - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
       (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
       decoder in `generate`, which keeps one draw for the whole output (`PositionDraw`, made for generate's
@@ -90,6 +95,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     layer_norm_position: str = "post"
     mem_len: int = 0
     position_randomization_max: int | None = None
+    self_attention_window: int | None = None
     position_randomization_at_inference: bool = False
 
     @classmethod
@@ -138,9 +144,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in ("encoder_layers", "decoder_layers", "mem_len"):
             _require_int(name, getattr(self, name), minimum=0)
         randomization = self.position_randomization_max
-        if randomization is not None and (isinstance(randomization, bool) or not isinstance(randomization, int)
-                                          or randomization < 1):
-            raise ValueError(f"position_randomization_max must be null (off) or an integer >= 1, got {randomization!r}")
+        _require_int("position_randomization_max", randomization, minimum=1, null_means="off")
+        _require_int("self_attention_window", self.self_attention_window, minimum=1, null_means="the whole sequence")
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)
             if self.d_model % heads:
@@ -176,9 +181,13 @@ def _refuse_misspelled_fields(extra: dict) -> None:
             raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
 
 
-def _require_int(name: str, value: object, minimum: int) -> None:
+def _require_int(name: str, value: object, minimum: int, null_means: str | None = None) -> None:
+    """`value` must be an integer >= `minimum`, or null when the field has a `null_means` (what null stands for)."""
+    if value is None and null_means is not None:
+        return
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def _require_positive_number(name: str, value: object, null_means: str | None = None) -> None:

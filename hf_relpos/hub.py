@@ -305,6 +305,8 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("`layer_norm_position`", config.layer_norm_position),
         ("dropout / attention / activation dropout",
          f"{config.dropout} / {config.attention_dropout} / {config.activation_dropout}"),
+        ("self-attention window", "the whole sequence" if config.self_attention_window is None
+         else f"keys within {config.self_attention_window} positions of the query"),
         ("embeddings scaled by √d_model", config.scale_embedding),
         ("token embeddings at initialisation", "N(0, d_model^-0.5)" if config.embedding_init_std is None
          else f"N(0, {config.embedding_init_std})"),

@@ -23,9 +23,11 @@ from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
+    and_masks,
     bidirectional_mask_function,
     causal_mask_function,
     sdpa_mask,
+    sliding_window_bidirectional_overlay,
 )
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -89,24 +91,33 @@ def attention_mask_for(
     padding: torch.Tensor | None,
     causal: bool,
     device: torch.device,
+    window: int | None = None,
 ) -> torch.Tensor | None:
     """The mask of one stack's self- or cross-attention from `transformers.masking_utils`, in the form its kernel
     reads: for hf_relpos' kernels a boolean [B, 1, n, m] (True = may attend; None when nothing is masked), else what
     the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
-    `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask."""
+    `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask;
+    `window` (`config.self_attention_window`) keeps only the keys j with |i - j| <= window."""
     kernel = config._attn_implementation
-    build = sdpa_mask if kernel in (None, *RELPOS_KERNELS) else ALL_MASK_ATTENTION_FUNCTIONS.get(kernel)
+    local = kernel in (None, *RELPOS_KERNELS)
+    if window is not None and not local:
+        raise ValueError(f"self_attention_window runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; "
+                         "set self_attention_window to null or use one of those")
+    build = sdpa_mask if local else ALL_MASK_ATTENTION_FUNCTIONS.get(kernel)
     if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
         return None
+    mask_function = causal_mask_function if causal else bidirectional_mask_function
+    if window is not None:
+        mask_function = and_masks(mask_function, sliding_window_bidirectional_overlay(window))
     return build(
         batch_size=batch_size,
         q_length=query_length,
         kv_length=key_length,
         q_offset=query_offset,
-        mask_function=causal_mask_function if causal else bidirectional_mask_function,
+        mask_function=mask_function,
         attention_mask=None if padding is None else padding.to(device=device, dtype=torch.bool),
         allow_is_causal_skip=False,
-        allow_is_bidirectional_skip=not causal,
+        allow_is_bidirectional_skip=not causal and window is None,
         device=device,
     )
 
@@ -432,7 +443,7 @@ class RelPosEncoder(RelPosStack):
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0)
         batch_size, length = hidden_states.shape[:2]
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
-                                       device=hidden_states.device)
+                                       device=hidden_states.device, window=self.config.self_attention_window)
         hidden_states, all_hidden, all_self, _, _ = self.run_layers(
             hidden_states, self_mask, bool(output_attentions), bool(output_hidden_states), key_positions=key_positions
         )
@@ -509,7 +520,7 @@ class RelPosDecoder(RelPosStack):
                 attention_mask = attention_mask[:, -key_length:]
         device = hidden_states.device
         self_mask = attention_mask_for(self.config, batch_size, query_length, key_length, past_length, attention_mask,
-                                       causal=True, device=device)
+                                       causal=True, device=device, window=self.config.self_attention_window)
         cross_mask = None
         if encoder_hidden_states is not None:
             cross_mask = attention_mask_for(self.config, batch_size, query_length, encoder_hidden_states.size(1), 0,

@@ -51,10 +51,11 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
     assert (logits - load_file(FIXTURES / "expected_logits.safetensors")["xl_causal_lm"]).abs().max() < 1e-5
 
 
-# Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes), with
-# the defaults an old checkpoint loads with.
+# Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes, the
+# self-attention window), with the defaults an old checkpoint loads with.
 FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,
+    "self_attention_window": None,
     "position_randomization_at_inference": False,
     "embedding_init_std": None,
     "relative_attention_num_buckets": 32,
