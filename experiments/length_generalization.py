@@ -16,6 +16,9 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
   - k:        shaw with clipping distance k in {0, 1, 2, 4, 16} (Shaw et al. 2018, Table 2)
   - aK_aV:    shaw with a^K / a^V on and off (Table 3)
   - table_init: shaw with its a^K / a^V tables drawn at tensor2tensor's scale (relative_embedding_init_std)
+  - window:   every scheme with local self-attention (self_attention_window = 2; Shaw with k = 2 and its tables at
+              the default scale): no state can count the tokens of a sequence, so the model has to reverse by
+              matching each letter's neighbours, which does not depend on the length
 
 Example (the figures in docs/results.md):
   python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
@@ -59,6 +62,7 @@ SHAW_T2T_TABLE_STD = 0.2  # tensor2tensor's fan-average init for a 33 x 16 table
 # Every other Shaw run draws its tables at 0.02 (init_std), the default when docs/results.md section 1 was measured;
 # Tensor2Tensor's scale is the default now, and "shaw table-init 0.2" is the comparison.
 SHAW_TABLE_STD = 0.02
+WINDOW = 2  # self_attention_window of the window group: every key within 2 positions of the query
 
 
 def shaw_overrides(**overrides) -> dict:
@@ -112,6 +116,12 @@ def run_specs() -> list[RunSpec]:
     specs.append(RunSpec(f"shaw table-init {SHAW_T2T_TABLE_STD}", "shaw",
                          shaw_overrides(max_relative_position=16, relative_embedding_init_std=SHAW_T2T_TABLE_STD),
                          ("table_init",)))
+    specs += [
+        RunSpec(f"{scheme} window={WINDOW}", scheme,
+                {"self_attention_window": WINDOW, **({"max_relative_position": WINDOW} if scheme == "shaw" else {})},
+                ("window",))
+        for scheme in ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
+    ]
     return specs
 
 
@@ -284,6 +294,7 @@ def markdown(results: dict) -> str:
         "randomized": f"Randomized positions in training (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
         "eval_randomized": f"Randomized positions in training and evaluation (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
         "table_init": f"Shaw tables drawn at std {SHAW_T2T_TABLE_STD} (tensor2tensor's scale) instead of {SHAW_TABLE_STD}",
+        "window": f"Local self-attention (self_attention_window = {WINDOW})",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
@@ -341,6 +352,9 @@ def plot(results: dict, out: Path) -> list[Path]:
         ]),
         "relative_ablation.png": ("Shaw a^K / a^V (k = 16)", "test length (training: 1-20, shaded)", [
             (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "aK_aV")
+        ]),
+        "window_by_length.png": (f"self_attention_window = {WINDOW}", "test length (training: 1-20, shaded)", [
+            (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "window")
         ]),
     }
     paths = []

@@ -45,8 +45,13 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert switches == {(True, True), (True, False), (False, True), (False, False)}
     table_init = [run for run in runs if "table_init" in run["groups"]]
     assert [run["overrides"] for run in table_init] == [{"max_relative_position": 16, "relative_embedding_init_std": 0.2}]
+    window = [run for run in runs if "window" in run["groups"]]
+    assert {run["attention_type"] for run in window} == SCHEMES
+    assert all(run["overrides"]["self_attention_window"] == 2 for run in window)
+    assert [run["overrides"] for run in window if run["attention_type"] == "shaw"] == [
+        {"self_attention_window": 2, "max_relative_position": 2}]  # tables at the default scale
     assert all(run["overrides"]["relative_embedding_init_std"] == 0.02
-               for run in runs if run["attention_type"] == "shaw" and run not in table_init)
+               for run in runs if run["attention_type"] == "shaw" and run not in table_init + window)
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS
@@ -59,7 +64,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert f"| {run['name']} |" in table
     for bucket in BUCKETS:
         assert f"acc {bucket}" in table and f"BLEU {bucket}" in table
-    for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png"):
+    for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png", "window_by_length.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
