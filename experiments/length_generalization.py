@@ -18,7 +18,8 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
   - table_init: shaw with its a^K / a^V tables drawn at tensor2tensor's scale (relative_embedding_init_std)
   - window:   every scheme with local self-attention (self_attention_window = 2; Shaw with k = 2 and its tables at
               the default scale): no state can count the tokens of a sequence, so the model has to reverse by
-              matching each letter's neighbours, which does not depend on the length
+              matching each letter's neighbours, which does not depend on the length; and the same Shaw model
+              without the window
 
 Example (the figures in docs/results.md):
   python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
@@ -122,6 +123,7 @@ def run_specs() -> list[RunSpec]:
                 ("window",))
         for scheme in ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
     ]
+    specs.append(RunSpec(f"shaw k={WINDOW}, no window", "shaw", {"max_relative_position": WINDOW}, ("window",)))
     return specs
 
 
