@@ -92,6 +92,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Token budget per device and batch (padded size: examples x longest source and x longest "
                           "target). null batches by per_device_train_batch_size."},
     )
+    length_pool_factor: int | None = field(
+        default=None,
+        metadata={"help": "With max_tokens_per_batch: sort by length only within random pools of about this many "
+                          "batches' worth of tokens, drawn afresh each pass (OpenNMT-py's pool_factor): batches mix "
+                          "lengths and change every pass, at the cost of more padding (fewer pairs per batch; raise "
+                          "max_tokens_per_batch to keep them). null sorts the whole corpus (fairseq): the least "
+                          "padding, one length per batch."},
+    )
     generation_length_penalty: float = field(
         default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
     )
@@ -403,10 +411,14 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
     if training_args.overwrite_output_dir and training_args.resume_from_checkpoint is not None:
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")
-    for name in ("max_tokens_per_batch", "cpu_threads", "generation_num_beams", "generation_max_length"):
+    for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
+                 "generation_max_length"):
         value = getattr(training_args, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a positive integer or null, got {value}")
+    if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
+        raise ConfigError("length_pool_factor pools token-budget batches: set max_tokens_per_batch too, or "
+                          "length_pool_factor: null")
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)

@@ -6,7 +6,14 @@ epoch). Handed to a `DataLoader` as `batch_sampler` and prepared by accelerate, 
 `accelerate.data_loader.BatchSamplerShard`, which deals the batches round-robin: process r gets batches r, r + P,
 r + 2P, ... The sampler therefore never shards by itself (no double sharding), and it makes the number of batches a
 multiple of the number of processes P by splitting its largest batches (never by repeating examples), so accelerate
-has nothing to pad: every example is used exactly once per epoch, on exactly one process.
+has nothing to pad.
+
+Two ways to group lengths. By default the whole corpus is sorted (fairseq): the least padding, every example used
+exactly once per epoch, but each batch holds pairs of one length and the same length strata come back every epoch.
+With `pool_factor` (OpenNMT-py's option of that name) each pass over the data is shuffled, cut into pools of about
+`pool_factor` batches' worth of tokens, and sorted only within a pool, so batches mix lengths and change composition
+every pass; the passes then form one stream of batches, cut into epochs of a fixed number of batches (the Trainer
+needs a fixed length), so every example is used exactly once per pass, and an epoch ends within a pass.
 """
 
 from __future__ import annotations
@@ -38,6 +45,10 @@ class TokenBudgetBatchSampler:
     both stay <= `max_tokens`. Examples are sorted by (source length, target length), ties broken by a seeded shuffle,
     cut greedily into batches, and the batch order is shuffled each epoch (`set_epoch`). The cut points depend only on
     the sorted lengths, so every epoch has the same number of batches, which the Trainer needs for its step counts.
+
+    With `pool_factor`, the sort runs within random pools of examples whose longer sides sum to about
+    `pool_factor * max_tokens` tokens, drawn afresh each pass; epoch e is batches [e * N, (e + 1) * N) of the stream of
+    passes, N the batch count of the first pass rounded down to a multiple of `num_processes`.
     """
 
     def __init__(
@@ -48,6 +59,7 @@ class TokenBudgetBatchSampler:
         num_processes: int = 1,
         shuffle: bool = True,
         seed: int = 0,
+        pool_factor: int | None = None,
     ) -> None:
         if len(source_lengths) != len(target_lengths):
             raise ValueError(
@@ -57,6 +69,10 @@ class TokenBudgetBatchSampler:
             raise ValueError(f"max_tokens_per_batch must be a positive integer, got {max_tokens}")
         if num_processes < 1:
             raise ValueError(f"num_processes must be a positive integer, got {num_processes}")
+        if pool_factor is not None and pool_factor < 1:
+            raise ValueError(f"length_pool_factor must be a positive integer or null, got {pool_factor}")
+        if pool_factor is not None and not shuffle:
+            raise ValueError("length_pool_factor draws random pools: it needs shuffle=True")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
         check_examples_fit(self.source_lengths, self.target_lengths, max_tokens)
@@ -64,8 +80,14 @@ class TokenBudgetBatchSampler:
         self.num_processes = num_processes
         self.shuffle = shuffle
         self.seed = seed
+        self.pool_factor = pool_factor
         self.epoch = 0
-        self._num_batches = len(self._batches_for_epoch(0))
+        self._pass_sizes: list[int] = []   # batches in each pass generated so far (pooled stream)
+        self._pass_cache: dict[int, list[list[int]]] = {}
+        if pool_factor is None:
+            self._num_batches = len(self._batches_for_epoch(0))
+        else:
+            self._num_batches = len(self._pass(0)) // num_processes * num_processes
 
     def set_epoch(self, epoch: int) -> None:
         """Choose the epoch whose shuffle `__iter__` yields (called by the Trainer / accelerate each epoch)."""
@@ -75,7 +97,49 @@ class TokenBudgetBatchSampler:
         return self._num_batches
 
     def __iter__(self) -> Iterator[list[int]]:
-        yield from self._batches_for_epoch(self.epoch)
+        if self.pool_factor is None:
+            yield from self._batches_for_epoch(self.epoch)
+        else:
+            yield from self._stream_slice(self.epoch * self._num_batches, (self.epoch + 1) * self._num_batches)
+
+    def _stream_slice(self, start: int, stop: int) -> list[list[int]]:
+        """Batches [start, stop) of the concatenated passes."""
+        batches: list[list[int]] = []
+        pass_start = 0
+        pass_index = 0
+        while pass_start < stop:
+            size = self._pass_size(pass_index)
+            if pass_start + size > start:
+                batches.extend(self._pass(pass_index)[max(start - pass_start, 0) : stop - pass_start])
+            pass_start += size
+            pass_index += 1
+        return batches
+
+    def _pass_size(self, pass_index: int) -> int:
+        while len(self._pass_sizes) <= pass_index:
+            self._pass(len(self._pass_sizes))
+        return self._pass_sizes[pass_index]
+
+    def _pass(self, pass_index: int) -> list[list[int]]:
+        """One pass over the data in pooled batches: shuffle, cut into pools of ~pool_factor * max_tokens tokens (of
+        the longer side), sort each pool by (source, target) length, cut each greedily, shuffle the pass's batches."""
+        if pass_index not in self._pass_cache:
+            generator = np.random.default_rng([self.seed, pass_index])
+            order = generator.permutation(len(self.source_lengths))
+            longer_side = np.maximum(self.source_lengths, self.target_lengths)[order]
+            pool = (np.cumsum(longer_side) - longer_side) // (self.pool_factor * self.max_tokens)
+            by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], pool))
+            pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
+            batches = [batch for members in pools for batch in self._cut_batches(members)]
+            if len(batches) < self.num_processes:
+                batches = _split_to_multiple(batches, self.num_processes)
+            self._pass_cache = {
+                pass_index: [batches[i] for i in generator.permutation(len(batches))],
+                **{index: cached for index, cached in self._pass_cache.items() if index == pass_index - 1},
+            }
+            if pass_index == len(self._pass_sizes):
+                self._pass_sizes.append(len(batches))
+        return self._pass_cache[pass_index]
 
     def _batches_for_epoch(self, epoch: int) -> list[list[int]]:
         generator = np.random.default_rng([self.seed, epoch])

@@ -62,7 +62,7 @@ VASWANI_BIBTEX = """@inproceedings{vaswani2017attention,
 
 # Recipe fields shown in the card's training table, in this order (the YAML names, so they map back to a config).
 TRAINING_FIELDS = (
-    "max_steps", "num_train_epochs", "max_tokens_per_batch", "per_device_train_batch_size",
+    "max_steps", "num_train_epochs", "max_tokens_per_batch", "length_pool_factor", "per_device_train_batch_size",
     "gradient_accumulation_steps", "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
     "learning_rate", "lr_scheduler_type", "warmup_steps", "label_smoothing_factor", "max_grad_norm", "bf16", "fp16",
     "seed",

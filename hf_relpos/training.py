@@ -152,6 +152,7 @@ class TranslationTrainer(Seq2SeqTrainer):
                 source_lengths, target_lengths, self.args.max_tokens_per_batch,
                 num_processes=self.accelerator.num_processes,
                 seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+                pool_factor=self.args.length_pool_factor,
             )
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
 

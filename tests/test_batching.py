@@ -2,6 +2,7 @@
 
 import random
 
+import numpy as np
 import pytest
 import torch
 from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
@@ -112,3 +113,90 @@ def test_example_over_budget_is_one_clear_error():
 def test_too_few_examples_for_the_processes_is_an_error():
     with pytest.raises(ValueError, match="one per process"):
         TokenBudgetBatchSampler([5, 6], [5, 6], max_tokens=100, num_processes=3)
+
+
+# --- pooled batches (length_pool_factor) ---------------------------------------------------------------------------
+
+
+def stream(sampler: TokenBudgetBatchSampler, epochs: int) -> list[list[int]]:
+    batches = []
+    for epoch in range(epochs):
+        sampler.set_epoch(epoch)
+        batches.extend(sampler)
+    return batches
+
+
+@pytest.mark.parametrize("num_processes", [1, 2, 3])
+def test_pooled_epochs_have_a_fixed_length_and_use_each_example_once_per_pass(num_processes):
+    """Epochs are slices of a stream of passes: each has len(sampler) batches (a multiple of the processes), every
+    batch fits the budget, and after any number of epochs every example has been used m or m + 1 times."""
+    sources, targets = random_lengths(997)
+    sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=300, num_processes=num_processes, seed=3,
+                                      pool_factor=2)
+    assert len(sampler) % num_processes == 0
+    for epochs in (1, 2, 5):
+        batches = stream(sampler, epochs)
+        assert len(batches) == epochs * len(sampler)
+        assert all(padded_cost(batch, sources) <= 300 and padded_cost(batch, targets) <= 300 for batch in batches)
+        counts = np.bincount([index for batch in batches for index in batch], minlength=997)
+        assert counts.max() - counts.min() <= 1 and counts.min() >= epochs - 1
+
+
+def test_first_pooled_pass_is_one_use_of_every_example():
+    sources, targets = random_lengths(500)
+    sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=250, seed=1, pool_factor=3)
+    batches = stream(sampler, 4)
+    used = np.cumsum([len(batch) for batch in batches])
+    first_pass = int(np.searchsorted(used, 500)) + 1
+    assert used[first_pass - 1] == 500, "the first pass ends on a batch boundary"
+    assert sorted(index for batch in batches[:first_pass] for index in batch) == list(range(500))
+
+
+def test_pools_mix_lengths_and_change_batches_every_pass():
+    """Sorting within pools of ~pool_factor batches: batches spread over more lengths the smaller the pool, and,
+    unlike the corpus-wide sort, batches are new every pass."""
+    sources, targets = random_lengths(3000)
+
+    def mean_spread(sampler: TokenBudgetBatchSampler) -> float:
+        batches = list(sampler)
+        return sum(max(sources[i] for i in b) - min(sources[i] for i in b) for b in batches) / len(batches)
+    spreads = [mean_spread(TokenBudgetBatchSampler(sources, targets, max_tokens=400, seed=0, pool_factor=factor))
+               for factor in (1, 4, 32)]
+    assert spreads[0] > spreads[1] > spreads[2] > mean_spread(TokenBudgetBatchSampler(sources, targets, 400, seed=0))
+    pooled = TokenBudgetBatchSampler(sources, targets, max_tokens=400, seed=0, pool_factor=2)
+    epochs = stream(pooled, 2)
+    first, second = set(map(frozenset, epochs[: len(pooled)])), set(map(frozenset, epochs[len(pooled) :]))
+    assert len(first & second) < 0.05 * len(first)
+
+
+def test_pooled_epochs_do_not_depend_on_the_epochs_iterated_before():
+    """A resumed run asks for epoch e directly: it must get what an uninterrupted run got."""
+    sources, targets = random_lengths(400)
+    uninterrupted = TokenBudgetBatchSampler(sources, targets, max_tokens=200, seed=4, pool_factor=2)
+    expected = stream(uninterrupted, 4)[3 * len(uninterrupted):]
+    resumed = TokenBudgetBatchSampler(sources, targets, max_tokens=200, seed=4, pool_factor=2)
+    resumed.set_epoch(3)
+    assert list(resumed) == expected
+    assert list(TokenBudgetBatchSampler(sources, targets, max_tokens=200, seed=5, pool_factor=2)) != stream(
+        uninterrupted, 1)
+
+
+def test_two_ranks_get_disjoint_pooled_batches():
+    sources, targets = random_lengths(301)
+    shards = []
+    for rank in range(2):
+        sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=250, num_processes=2, seed=5, pool_factor=2)
+        sampler.set_epoch(1)
+        shards.append(list(BatchSamplerShard(sampler, num_processes=2, process_index=rank, even_batches=True)))
+    assert len(shards[0]) == len(shards[1]) == len(sampler) // 2
+    rank_examples = [[index for batch in shard for index in batch] for shard in shards]
+    assert len(set(rank_examples[0] + rank_examples[1])) == len(rank_examples[0]) + len(rank_examples[1])
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"pool_factor": 0}, "length_pool_factor must be a positive integer or null, got 0"),
+    ({"pool_factor": 2, "shuffle": False}, "length_pool_factor draws random pools: it needs shuffle=True"),
+])
+def test_bad_pool_factor_is_one_clear_error(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        TokenBudgetBatchSampler([5, 6, 7], [5, 6, 7], max_tokens=20, **kwargs)

@@ -224,6 +224,17 @@ def test_token_budget_smaller_than_a_pair_stops_before_the_tokenizer_is_saved(tm
     assert not list((tmp_path / "out").glob("tokenizer*"))
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"length_pool_factor": 0}, r"length_pool_factor must be a positive integer or null, got 0"),
+    ({"length_pool_factor": 4, "max_tokens_per_batch": None},
+     r"length_pool_factor pools token-budget batches: set max_tokens_per_batch too, or length_pool_factor: null"),
+])
+def test_bad_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus, overrides, message):
+    with pytest.raises(ConfigError, match=message):
+        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **overrides))])
+    assert not (tmp_path / "out").exists()
+
+
 def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus, tmp_path):
     model_dir, _ = trained
     broken = tmp_path / "broken"
@@ -315,11 +326,13 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
         torch.testing.assert_close(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)
 
 
-def test_resume_continues_from_the_saved_step(tmp_path, corpus):
+@pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],
+                         ids=["sorted-batches", "pooled-batches"])
+def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):
     """A run resumed from checkpoint-5 (mid-way through the second epoch) ends with the same weights as the
     uninterrupted run: optimizer, schedule, data order and epoch all continue from the saved step."""
     common = {"max_steps": 8, "save_strategy": "steps", "save_steps": 5, "do_eval": False, "do_predict": False,
-              "max_train_samples": 40}
+              "max_train_samples": 40, **batching}
     full = write_config(tmp_path / "full.yaml", corpus, tmp_path / "full", **common)
     run([str(full)])
     state = json.loads((tmp_path / "full" / "checkpoint-5" / "trainer_state.json").read_text())
