@@ -131,6 +131,23 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
 
 
 @pytest.mark.slow
+def test_two_process_training_with_pooled_batches_splits_each_epoch(tmp_path):
+    """length_pool_factor: an epoch is a fixed-length slice of the stream of pooled passes; the ranks still train
+    the same number of steps on disjoint batches of that slice (the first epoch lies within the first pass: each
+    example at most once)."""
+    config_path, _ = write_config(tmp_path)
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    (tmp_path / "records").mkdir()
+    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--length_pool_factor", "1")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "records" / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks[0]["steps"] > 0 and ranks[0]["steps"] == ranks[1]["steps"] == len(ranks[0]["epoch_batches"])
+    examples = [index for r in ranks for batch in r["epoch_batches"] for index in batch]
+    assert len(examples) == len(set(examples)), "no example twice in one epoch, across both ranks"
+
+
+@pytest.mark.slow
 def test_processes_the_trainer_does_not_use_stop_before_anything_is_written(tmp_path):
     """Without --use_cpu true on a machine without GPUs, accelerate starts two processes in one gloo group but the
     Trainer runs each on its own (world size 1): each would train alone and write the same output_dir."""
