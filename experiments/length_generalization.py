@@ -20,6 +20,7 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
               the default scale): no state can count the tokens of a sequence, so the model has to reverse by
               matching each letter's neighbours, which does not depend on the length; and the same Shaw model
               without the window
+  - window_size: Shaw with local self-attention of size w and clipping distance k = w, for w in {1, 2, 3, 4, 6, 8}
 
 Example (the figures in docs/results.md):
   python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
@@ -64,6 +65,7 @@ SHAW_T2T_TABLE_STD = 0.2  # tensor2tensor's fan-average init for a 33 x 16 table
 # Tensor2Tensor's scale is the default now, and "shaw table-init 0.2" is the comparison.
 SHAW_TABLE_STD = 0.02
 WINDOW = 2  # self_attention_window of the window group: every key within 2 positions of the query
+WINDOW_SIZES = (1, 2, 3, 4, 6, 8)  # the window_size group: Shaw with window w and k = w
 
 
 def shaw_overrides(**overrides) -> dict:
@@ -120,8 +122,13 @@ def run_specs() -> list[RunSpec]:
     specs += [
         RunSpec(f"{scheme} window={WINDOW}", scheme,
                 {"self_attention_window": WINDOW, **({"max_relative_position": WINDOW} if scheme == "shaw" else {})},
-                ("window",))
+                ("window", "window_size") if scheme == "shaw" else ("window",))
         for scheme in ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
+    ]
+    specs += [
+        RunSpec(f"shaw window={size}", "shaw", {"self_attention_window": size, "max_relative_position": size},
+                ("window_size",))
+        for size in WINDOW_SIZES if size != WINDOW
     ]
     specs.append(RunSpec(f"shaw k={WINDOW}, no window", "shaw", {"max_relative_position": WINDOW}, ("window",)))
     return specs
@@ -297,6 +304,7 @@ def markdown(results: dict) -> str:
         "eval_randomized": f"Randomized positions in training and evaluation (Ruoss et al. 2023), L = {RANDOMIZATION_MAX}",
         "table_init": f"Shaw tables drawn at std {SHAW_T2T_TABLE_STD} (tensor2tensor's scale) instead of {SHAW_TABLE_STD}",
         "window": f"Local self-attention (self_attention_window = {WINDOW})",
+        "window_size": "Shaw with local self-attention: window size w (and k = w)",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
@@ -325,6 +333,9 @@ def group_rows(runs: list[dict], group: str) -> list[tuple[str, dict]]:
     if group == "k":
         members.sort(key=lambda run: run["overrides"]["max_relative_position"])
         return [(f"shaw k={run['overrides']['max_relative_position']}", run) for run in members]
+    if group == "window_size":
+        members.sort(key=lambda run: run["overrides"]["self_attention_window"])
+        return [(f"shaw window={run['overrides']['self_attention_window']}", run) for run in members]
     if group == "aK_aV":
         return [("shaw a^K + a^V" if run["name"] == "shaw" else run["name"], run) for run in members]
     return [(run["name"], run) for run in members]
@@ -342,6 +353,7 @@ def plot(results: dict, out: Path) -> list[Path]:
     buckets = [f"{low}-{high}" for low, high in BUCKETS]
     runs = results["runs"]
     k_runs = [run for _, run in group_rows(runs, "k")]
+    window_runs = [run for _, run in group_rows(runs, "window_size")]
     figures = {
         "accuracy_by_length.png": ("position schemes", "test length (training: 1-20, shaded)", [
             (label, buckets, [run["summary"][b] for b in buckets])
@@ -357,6 +369,10 @@ def plot(results: dict, out: Path) -> list[Path]:
         ]),
         "window_by_length.png": (f"self_attention_window = {WINDOW}", "test length (training: 1-20, shaded)", [
             (label, buckets, [run["summary"][b] for b in buckets]) for label, run in group_rows(runs, "window")
+        ]),
+        "window_size_ablation.png": ("Shaw, window w and k = w", "self-attention window w", [
+            (f"length {b}", [str(run["overrides"]["self_attention_window"]) for run in window_runs],
+             [run["summary"][b] for run in window_runs]) for b in buckets
         ]),
     }
     paths = []

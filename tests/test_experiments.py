@@ -50,8 +50,12 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert [run["overrides"] for run in window if run["attention_type"] == "shaw"] == [
         {"self_attention_window": 2, "max_relative_position": 2}, {"max_relative_position": 2}]  # default table scale
     assert all(run["overrides"]["self_attention_window"] == 2 for run in window if "no window" not in run["name"])
+    window_sizes = [run for run in runs if "window_size" in run["groups"]]
+    assert sorted(run["overrides"]["self_attention_window"] for run in window_sizes) == [1, 2, 3, 4, 6, 8]
+    assert all(run["attention_type"] == "shaw" and run["overrides"]["max_relative_position"]
+               == run["overrides"]["self_attention_window"] for run in window_sizes)
     assert all(run["overrides"]["relative_embedding_init_std"] == 0.02
-               for run in runs if run["attention_type"] == "shaw" and run not in table_init + window)
+               for run in runs if run["attention_type"] == "shaw" and run not in table_init + window + window_sizes)
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS
@@ -64,7 +68,8 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert f"| {run['name']} |" in table
     for bucket in BUCKETS:
         assert f"acc {bucket}" in table and f"BLEU {bucket}" in table
-    for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png", "window_by_length.png"):
+    for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png", "window_by_length.png",
+                 "window_size_ablation.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
