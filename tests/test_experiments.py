@@ -265,3 +265,26 @@ def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
             vs_marian.parse_row(bad)
     with pytest.raises(SystemExit, match="lacks train.jsonl"):
         vs_marian.parse_command_line(["--data", str(tmp_path)])
+
+
+def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
+    """One row per budget and pool factor; the corpus-wide sort pads least and every budget is respected."""
+    from hf_relpos.tokenization import train_joint_tokenizer
+
+    corpus = write_demo_corpus(tmp_path / "data", 200, 4, 4, seed=1)
+    pairs = [json.loads(line)["translation"] for line in corpus["train"].read_text(encoding="utf-8").splitlines()]
+    train_joint_tokenizer([text for pair in pairs for text in pair.values()], vocab_size=300).save_pretrained(
+        tmp_path / "tokenizer")
+    statistics = load_experiment(EXPERIMENTS / "batch_statistics.py", monkeypatch)
+    statistics.main(["--train-file", str(corpus["train"]), "--tokenizer", str(tmp_path / "tokenizer"),
+                     "--budgets", "200", "400", "--pool-factors", "none", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith(("| 200", "| 400"))]
+    assert [(row[0], row[1]) for row in rows] == [("| 200", "null"), ("| 200", "1"), ("| 400", "null"), ("| 400", "1")]
+    padding = {(row[0], row[1]): float(row[5].rstrip(" %|")) for row in rows}
+    assert padding[("| 200", "null")] < padding[("| 200", "1")] and padding[("| 400", "null")] < padding[("| 400", "1")]
+    sources, targets = statistics.read_lengths(corpus["train"], str(tmp_path / "tokenizer"), "en", "de")
+    assert len(sources) == 200 and (sources >= 2).all() and (targets >= 2).all()
+    for pool_factor in (None, 1):
+        row = statistics.statistics(sources, targets, 400, pool_factor, seed=1)
+        assert row["batches"] * row["pairs"] == pytest.approx(200)  # the first epoch uses every pair once
+        assert row["padded_tokens"] <= 2 * 400

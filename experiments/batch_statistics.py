@@ -1,0 +1,73 @@
+r"""What a token budget holds: pairs per batch and padding for `max_tokens_per_batch` x `length_pool_factor`.
+
+Tokenizes the training pairs of a WMT14-schema JSONL file (`{"translation": {"en": ..., "de": ...}}`) with a trained
+tokenizer, builds the epoch-0 batches of `hf_relpos.batching.TokenBudgetBatchSampler` for every budget and pool factor
+asked for, and prints one Markdown table: batches per epoch, pairs per batch, padded source + target tokens per batch,
+and the share of those that are padding. Use it to pick a budget that holds the pairs per step you want.
+
+The figures in docs/training.md (the tokenizer of a vs_marian.py run, trained on Multi30k's training pairs):
+  python experiments/batch_statistics.py --train-file ../shared/data/multi30k/train.jsonl \
+      --tokenizer /tmp/vs_marian/marian-matched/seed1/model --budgets 1024 1536 2048 --pool-factors none 1 4 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoTokenizer
+
+from hf_relpos.batching import TokenBudgetBatchSampler
+
+
+def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str) -> tuple[np.ndarray, np.ndarray]:
+    """Token counts of every pair's source and target, as train_translation.py tokenizes them (with `</s>`)."""
+    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
+    pairs = [json.loads(line)["translation"] for line in train_file.open(encoding="utf-8") if line.strip()]
+    sources = tokenizer([pair[source] for pair in pairs])["input_ids"]
+    targets = tokenizer(text_target=[pair[target] for pair in pairs])["input_ids"]
+    return np.array([len(ids) for ids in sources]), np.array([len(ids) for ids in targets])
+
+
+def statistics(source_lengths: np.ndarray, target_lengths: np.ndarray, budget: int, pool_factor: int | None,
+               seed: int) -> dict[str, float]:
+    """Batches per epoch, mean pairs and padded tokens per batch, and the padding share of the first epoch."""
+    batches = list(TokenBudgetBatchSampler(source_lengths, target_lengths, budget, seed=seed, pool_factor=pool_factor))
+    padded = sum(len(batch) * (source_lengths[batch].max() + target_lengths[batch].max()) for batch in batches)
+    real = sum(source_lengths[batch].sum() + target_lengths[batch].sum() for batch in batches)
+    return {"batches": len(batches), "pairs": sum(map(len, batches)) / len(batches),
+            "padded_tokens": padded / len(batches), "padding": 1 - real / padded}
+
+
+def parse_pool_factor(text: str) -> int | None:
+    return None if text.lower() in ("none", "null") else int(text)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--train-file", type=Path, required=True, help="JSONL file in the WMT14 schema")
+    parser.add_argument("--tokenizer", required=True, help="folder of a trained tokenizer (e.g. a model's output_dir)")
+    parser.add_argument("--source-lang", default="en")
+    parser.add_argument("--target-lang", default="de")
+    parser.add_argument("--budgets", type=int, nargs="+", default=[1024, 2048, 4096], help="max_tokens_per_batch")
+    parser.add_argument("--pool-factors", type=parse_pool_factor, nargs="+", default=[None, 1, 4, 8],
+                        help="length_pool_factor values; none sorts the whole corpus")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    source_lengths, target_lengths = read_lengths(args.train_file, args.tokenizer, args.source_lang, args.target_lang)
+    print(f"{len(source_lengths)} pairs; mean tokens: source {source_lengths.mean():.1f}, "
+          f"target {target_lengths.mean():.1f}\n")
+    print("| max_tokens_per_batch | length_pool_factor | batches per epoch | pairs per batch | padded tokens per batch "
+          "| padding |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for budget in args.budgets:
+        for pool_factor in args.pool_factors:
+            row = statistics(source_lengths, target_lengths, budget, pool_factor, args.seed)
+            print(f"| {budget} | {pool_factor if pool_factor is not None else 'null'} | {row['batches']} | "
+                  f"{row['pairs']:.1f} | {row['padded_tokens']:.0f} | {100 * row['padding']:.1f} % |")
+
+
+if __name__ == "__main__":
+    main()
