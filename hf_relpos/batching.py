@@ -46,8 +46,8 @@ class TokenBudgetBatchSampler:
     cut greedily into batches, and the batch order is shuffled each epoch (`set_epoch`). The cut points depend only on
     the sorted lengths, so every epoch has the same number of batches, which the Trainer needs for its step counts.
 
-    With `pool_factor`, the sort runs within random pools of examples whose longer sides sum to about
-    `pool_factor * max_tokens` tokens, drawn afresh each pass; epoch e is batches [e * N, (e + 1) * N) of the stream of
+    With `pool_factor`, the sort (by the longer side first) runs within random pools of examples whose longer sides
+    sum to about `pool_factor * max_tokens` tokens, drawn afresh each pass; epoch e is batches [e * N, (e + 1) * N) of the stream of
     passes, N the batch count of the first pass rounded down to a multiple of `num_processes`.
     """
 
@@ -83,7 +83,7 @@ class TokenBudgetBatchSampler:
         self.pool_factor = pool_factor
         self.epoch = 0
         self._pass_sizes: list[int] = []   # batches in each pass generated so far (pooled stream)
-        self._pass_cache: dict[int, list[list[int]]] = {}
+        self._last_pass: tuple[int, list[list[int]]] | None = None   # (index, batches) of the pass built last
         if pool_factor is None:
             self._num_batches = len(self._batches_for_epoch(0))
         else:
@@ -122,24 +122,22 @@ class TokenBudgetBatchSampler:
 
     def _pass(self, pass_index: int) -> list[list[int]]:
         """One pass over the data in pooled batches: shuffle, cut into pools of ~pool_factor * max_tokens tokens (of
-        the longer side), sort each pool by (source, target) length, cut each greedily, shuffle the pass's batches."""
-        if pass_index not in self._pass_cache:
+        the longer side), sort each pool by (longer side, source, target) length (the longer side is what the budget
+        counts), cut each greedily, shuffle the pass's batches."""
+        if self._last_pass is None or self._last_pass[0] != pass_index:
             generator = np.random.default_rng([self.seed, pass_index])
             order = generator.permutation(len(self.source_lengths))
             longer_side = np.maximum(self.source_lengths, self.target_lengths)[order]
             pool = (np.cumsum(longer_side) - longer_side) // (self.pool_factor * self.max_tokens)
-            by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], pool))
+            by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], longer_side, pool))
             pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
             batches = [batch for members in pools for batch in self._cut_batches(members)]
             if len(batches) < self.num_processes:
                 batches = _split_to_multiple(batches, self.num_processes)
-            self._pass_cache = {
-                pass_index: [batches[i] for i in generator.permutation(len(batches))],
-                **{index: cached for index, cached in self._pass_cache.items() if index == pass_index - 1},
-            }
             if pass_index == len(self._pass_sizes):
                 self._pass_sizes.append(len(batches))
-        return self._pass_cache[pass_index]
+            self._last_pass = (pass_index, [batches[i] for i in generator.permutation(len(batches))])
+        return self._last_pass[1]
 
     def _batches_for_epoch(self, epoch: int) -> list[list[int]]:
         generator = np.random.default_rng([self.seed, epoch])
