@@ -13,7 +13,7 @@ exactly once per epoch, but each batch holds pairs of one length and the same le
 With `pool_factor` (OpenNMT-py's option of that name) each pass over the data is shuffled, cut into pools of about
 `pool_factor` batches' worth of tokens, and sorted only within a pool, so batches mix lengths and change composition
 every pass; the passes then form one stream of batches, cut into epochs of a fixed number of batches (the Trainer
-needs a fixed length), so every example is used exactly once per pass, and an epoch ends within a pass.
+needs a fixed length): every example is used exactly once per pass, and a pass boundary can fall inside an epoch.
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ class TokenBudgetBatchSampler:
     the sorted lengths, so every epoch has the same number of batches, which the Trainer needs for its step counts.
 
     With `pool_factor`, the sort (by the longer side first) runs within random pools of examples whose longer sides
-    sum to about `pool_factor * max_tokens` tokens, drawn afresh each pass; epoch e is batches [e * N, (e + 1) * N) of the stream of
-    passes, N the batch count of the first pass rounded down to a multiple of `num_processes`.
+    sum to about `pool_factor * max_tokens` tokens, drawn afresh each pass; epoch e is batches [e * N, (e + 1) * N)
+    of the stream of passes, N the batch count of the first pass rounded down to a multiple of `num_processes`.
     """
 
     def __init__(
