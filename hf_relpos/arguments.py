@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import functools
 import inspect
+import logging
 import os
 import re
 import typing
@@ -98,7 +99,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "batches' worth of tokens, drawn afresh each pass (OpenNMT-py's pool_factor): batches mix "
                           "lengths and change every pass, at the cost of more padding (fewer pairs per batch; raise "
                           "max_tokens_per_batch to keep them). null sorts the whole corpus (fairseq): the least "
-                          "padding, one length per batch."},
+                          "padding, one length per batch. Ignored (with a warning) without max_tokens_per_batch."},
     )
     generation_length_penalty: float = field(
         default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
@@ -417,8 +418,9 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a positive integer or null, got {value}")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
-        raise ConfigError("length_pool_factor pools token-budget batches: set max_tokens_per_batch too, or "
-                          "length_pool_factor: null")
+        logging.getLogger(__name__).warning(
+            "length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
+            "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)

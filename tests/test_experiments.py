@@ -288,3 +288,16 @@ def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys
         row = statistics.statistics(sources, targets, 400, pool_factor, seed=1)
         assert row["batches"] * row["pairs"] == pytest.approx(200)  # the first epoch uses every pair once
         assert row["padded_tokens"] <= 2 * 400
+
+
+def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
+    """A recipe change must not break a row's flags (e.g. pools in the recipe, sentence batches in the row)."""
+    from hf_relpos.training import parse_arguments
+
+    vs_marian = load_vs_marian(monkeypatch)
+    for row in vs_marian.ROWS.values():
+        if row.is_peer:
+            continue
+        recipe = row.recipe if row.recipe.endswith(".yaml") else f"multi30k_small_{row.recipe}.yaml"
+        flags = [flag if flag != vs_marian.PEER_TOKENIZER else "tokenizer-folder" for flag in row.flags]
+        parse_arguments([str(EXPERIMENTS.parent / "configs" / recipe), *flags])

@@ -224,15 +224,20 @@ def test_token_budget_smaller_than_a_pair_stops_before_the_tokenizer_is_saved(tm
     assert not list((tmp_path / "out").glob("tokenizer*"))
 
 
-@pytest.mark.parametrize(("overrides", "message"), [
-    ({"length_pool_factor": 0}, r"length_pool_factor must be a positive integer or null, got 0"),
-    ({"length_pool_factor": 4, "max_tokens_per_batch": None},
-     r"length_pool_factor pools token-budget batches: set max_tokens_per_batch too, or length_pool_factor: null"),
-])
-def test_bad_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus, overrides, message):
-    with pytest.raises(ConfigError, match=message):
-        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **overrides))])
+def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus):
+    with pytest.raises(ConfigError, match=r"length_pool_factor must be a positive integer or null, got 0"):
+        run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=0))])
     assert not (tmp_path / "out").exists()
+
+
+def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp_path, corpus, caplog):
+    """A recipe's pools do not stop a sentence-batch override (`--max_tokens_per_batch null`)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=4)
+    with caplog.at_level("WARNING"):
+        _, _, training_args = parse_arguments([str(config), "--max_tokens_per_batch", "null",
+                                               "--per_device_train_batch_size", "8"])
+    assert training_args.max_tokens_per_batch is None and training_args.length_pool_factor == 4
+    assert "length_pool_factor=4 has no effect without max_tokens_per_batch" in caplog.text
 
 
 def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus, tmp_path):
