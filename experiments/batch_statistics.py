@@ -13,22 +13,22 @@ The figures in docs/training.md (the tokenizer of a vs_marian.py run, trained on
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import numpy as np
-from transformers import AutoTokenizer
 
 from hf_relpos.batching import TokenBudgetBatchSampler
+from hf_relpos.data import DataArguments, example_lengths, read_local_pairs, tokenize_training_pairs
+from hf_relpos.tokenization import load_tokenizer
 
 
 def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str) -> tuple[np.ndarray, np.ndarray]:
-    """Token counts of every pair's source and target, as train_translation.py tokenizes them (with `</s>`)."""
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_folder)
-    pairs = [json.loads(line)["translation"] for line in train_file.open(encoding="utf-8") if line.strip()]
-    sources = tokenizer([pair[source] for pair in pairs])["input_ids"]
-    targets = tokenizer(text_target=[pair[target] for pair in pairs])["input_ids"]
-    return np.array([len(ids) for ids in sources]), np.array([len(ids) for ids in targets])
+    """Token counts of every training pair's source and target, read and tokenized by train_translation.py's own
+    functions (with `</s>`; empty pairs dropped and overlong ones handled at the default length limits)."""
+    pairs = read_local_pairs(train_file, source, target)
+    data_args = DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
+    tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
+    return example_lengths(tokenized)
 
 
 def statistics(source_lengths: np.ndarray, target_lengths: np.ndarray, budget: int, pool_factor: int | None,
