@@ -147,10 +147,8 @@ ROWS = {row.name: row for row in [
     _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} {SENTENCE_BATCHES}",
          init="vaswani"),
     _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8", init="vaswani"),
-    *(_row(f"matched+{factor}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
-      for factor, flags in MATCHED_SINGLE_FACTORS.items()),
-    *(_row(f"matched+{variant}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
-      for variant, flags in POOLED_TOKEN_BATCHES.items()),
+    *(_row(f"matched+{change}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
+      for change, flags in {**MATCHED_SINGLE_FACTORS, **POOLED_TOKEN_BATCHES}.items()),
     *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched
     # shaw-matched with the a^K/a^V tables drawn at tensor2tensor's scale instead of 0.02: its uniform_unit_scaling
     # initialiser is fan-average variance scaling, std sqrt(1 / ((33 + 64) / 2)) = 0.14 for the 33 x 64 tables

@@ -33,6 +33,8 @@ from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .positions import scheme_config_fields
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
+logger = logging.getLogger(__name__)
+
 MODEL_SECTION = "model"
 # Config fields set from the tokenizer or by transformers itself; a YAML `model:` section may not set them.
 DERIVED_CONFIG_FIELDS = frozenset({
@@ -418,9 +420,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a positive integer or null, got {value}")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
-        logging.getLogger(__name__).warning(
-            "length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
-            "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
+        logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
+                       "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)
