@@ -6,7 +6,8 @@ the rule is the same at every length: output t is source position n + 1 - t. A m
 end of the source am I" in its encoder states and "how many letters have I written" in its decoder states; absolute
 encodings give both directly for the lengths seen in training, relative schemes have to build them from offsets
 (clipped at k for Shaw). Models are trained on lengths 1-20 and evaluated, greedy, on fresh sequences of lengths 1-20,
-21-40 and 41-80 (exact-match accuracy and corpus sacreBLEU on the space-joined letters).
+21-40 and 41-80 (exact-match accuracy and corpus sacreBLEU on the space-joined letters; exact match also per class
+of the source's longest repeated run of letters: no repeated pair, a repeated pair, a repeated triple or longer).
 
 Runs, all with the same model size, steps, batches (the same data stream) and seeds:
   - schemes:  absolute, shaw (k=16, a^K and a^V), xl, directional, none, alibi, t5, rope
@@ -21,6 +22,9 @@ Runs, all with the same model size, steps, batches (the same data stream) and se
               matching each letter's neighbours, which does not depend on the length; and the same Shaw model
               without the window
   - window_size: Shaw with local self-attention of size w and clipping distance k = w, for w in {1, 2, 3, 4, 6, 8}
+  - length_scaling: shaw, rope and t5 with the window and log-length scaled cross-attention
+              (cross_attention_length_scaling, Chiang & Cholak 2022): the softmax that picks the next source letter
+              keeps its sharpness on sources longer than any seen in training
 
 Example (the figures in docs/results.md):
   python experiments/length_generalization.py --out docs/results/length_generalization --seeds 1 2 \
@@ -66,6 +70,9 @@ SHAW_T2T_TABLE_STD = 0.2  # tensor2tensor's fan-average init for a 33 x 16 table
 SHAW_TABLE_STD = 0.02
 WINDOW = 2  # self_attention_window of the window group: every key within 2 positions of the query
 WINDOW_SIZES = (1, 2, 3, 4, 6, 8)  # the window_size group: Shaw with window w and k = w
+# Sources classed by their longest repeated run of letters: a reversal by local matching ("the letter whose right-hand
+# neighbours were just written") is ambiguous where a run of letters occurs twice in the source.
+REPEAT_CLASSES = ("no repeated pair", "repeated pair", "repeated triple+")
 
 
 def shaw_overrides(**overrides) -> dict:
@@ -131,6 +138,12 @@ def run_specs() -> list[RunSpec]:
         for size in WINDOW_SIZES if size != WINDOW
     ]
     specs.append(RunSpec(f"shaw k={WINDOW}, no window", "shaw", {"max_relative_position": WINDOW}, ("window",)))
+    specs += [
+        RunSpec(f"{scheme} window={WINDOW} length-scaled", scheme,
+                {"self_attention_window": WINDOW, "cross_attention_length_scaling": True,
+                 **({"max_relative_position": WINDOW} if scheme == "shaw" else {})}, ("length_scaling",))
+        for scheme in ("shaw", "rope", "t5")
+    ]
     return specs
 
 
@@ -142,6 +155,23 @@ def sample_sequences(generator: torch.Generator, count: int, min_length: int, ma
         torch.randint(first_symbol, first_symbol + len(SYMBOLS), (int(length),), generator=generator).tolist()
         for length in lengths
     ]
+
+
+def longest_repeat(sequence: list[int]) -> int:
+    """Length of the longest run of consecutive letters that occurs at least twice in `sequence` (overlapping
+    occurrences count: `a a a` repeats `a a`); 0 when no letter repeats."""
+    size = 0
+    while size < len(sequence) - 1:
+        runs = [tuple(sequence[start : start + size + 1]) for start in range(len(sequence) - size)]
+        if len(set(runs)) == len(runs):
+            break
+        size += 1
+    return size
+
+
+def repeat_class(sequence: list[int]) -> str:
+    """The REPEAT_CLASSES entry of a source sequence."""
+    return REPEAT_CLASSES[min(max(longest_repeat(sequence) - 1, 0), len(REPEAT_CLASSES) - 1)]
 
 
 def pad(rows: list[list[int]], value: int) -> torch.Tensor:
@@ -250,8 +280,13 @@ def evaluate(
         references = [sequence[::-1] for sequence in sequences]
         bleu = BLEU()
         score = bleu.corpus_score([to_text(h) for h in hypotheses], [[to_text(r) for r in references]])
-        exact = sum(h == r for h, r in zip(hypotheses, references, strict=True)) / len(references)
-        results[bucket] = {"accuracy": exact, "bleu": score.score, "n": len(references)}
+        correct = [h == r for h, r in zip(hypotheses, references, strict=True)]
+        by_repeat = {name: {"correct": 0, "n": 0} for name in REPEAT_CLASSES}
+        for sequence, right in zip(sequences, correct, strict=True):
+            by_repeat[repeat_class(sequence)]["correct"] += right
+            by_repeat[repeat_class(sequence)]["n"] += 1
+        results[bucket] = {"accuracy": sum(correct) / len(correct), "bleu": score.score, "n": len(references),
+                           "by_repeat": by_repeat}
     return results, bleu.get_signature().format()
 
 
@@ -269,7 +304,8 @@ def eval_batches(sequences: list[list[int]], args: argparse.Namespace) -> list[l
 
 
 def summarize(per_seed: list[dict[str, dict]]) -> dict[str, dict]:
-    """Mean, min and max over seeds of accuracy and BLEU, per bucket."""
+    """Mean, min and max over seeds of accuracy and BLEU, per bucket; exact matches per repeat class summed over
+    seeds."""
     summary = {}
     for bucket in per_seed[0]:
         summary[bucket] = {}
@@ -278,6 +314,10 @@ def summarize(per_seed: list[dict[str, dict]]) -> dict[str, dict]:
             summary[bucket][metric] = sum(values) / len(values)
             summary[bucket][f"{metric}_min"] = min(values)
             summary[bucket][f"{metric}_max"] = max(values)
+        summary[bucket]["by_repeat"] = {
+            name: {key: sum(result[bucket]["by_repeat"][name][key] for result in per_seed) for key in ("correct", "n")}
+            for name in REPEAT_CLASSES
+        }
     return summary
 
 
@@ -305,6 +345,7 @@ def markdown(results: dict) -> str:
         "table_init": f"Shaw tables drawn at std {SHAW_T2T_TABLE_STD} (tensor2tensor's scale) instead of {SHAW_TABLE_STD}",
         "window": f"Local self-attention (self_attention_window = {WINDOW})",
         "window_size": "Shaw with local self-attention: window size w (and k = w)",
+        "length_scaling": f"Local self-attention (window {WINDOW}) and cross-attention logits times log(source length)",
     }
     header = "| run | " + " | ".join(f"acc {b}" for b in buckets) + " | " + " | ".join(f"BLEU {b}" for b in buckets)
     lines = [
@@ -323,7 +364,24 @@ def markdown(results: dict) -> str:
             accuracy = " | ".join(cell(run["summary"][b], "accuracy", seeds) for b in buckets)
             bleu = " | ".join(cell(run["summary"][b], "bleu", seeds) for b in buckets)
             lines.append(f"| {label} | {accuracy} | {bleu} | {run['train_seconds']:.0f} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + repeat_table(results["runs"], buckets)) + "\n"
+
+
+def repeat_table(runs: list[dict], buckets: list[str]) -> list[str]:
+    """Exact match (%) per bucket and repeat class, pooled over seeds; the class sizes (per seed) in the header."""
+    sizes = {b: {name: runs[0]["per_seed"][0][b]["by_repeat"][name]["n"] for name in REPEAT_CLASSES} for b in buckets}
+    columns = [f"{b}: {name} (n={sizes[b][name]})" for b in buckets for name in REPEAT_CLASSES]
+    lines = ["", "## Exact match by the source's longest repeated run of letters", "",
+             "Pooled over seeds; a source in \"repeated pair\" holds some pair of adjacent letters twice, none three.",
+             "", "| run | " + " | ".join(columns) + " |", "|" + " --- |" * (len(columns) + 1)]
+    for run in runs:
+        cells = []
+        for b in buckets:
+            for name in REPEAT_CLASSES:
+                counts = run["summary"][b]["by_repeat"][name]
+                cells.append(f"{100 * counts['correct'] / counts['n']:.1f}" if counts["n"] else "-")
+        lines.append(f"| {run['name']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def group_rows(runs: list[dict], group: str) -> list[tuple[str, dict]]:

@@ -24,7 +24,8 @@ from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
 
 LAYER_NORM_POSITIONS = ("pre", "post")
-BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference")
+BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
+                  "cross_attention_length_scaling")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -49,6 +50,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
       still sees the whole source (null = the whole sequence, the default). With a relative scheme a token's
       states then depend on its neighbourhood only, never on the length of the sequence (docs/results.md section 1:
       length generalization). Mistral's `sliding_window`, made symmetric in the encoder.
+    - `cross_attention_length_scaling`: multiply the cross-attention logits of each example by log m, m = its number
+      of source tokens (Chiang & Cholak 2022, "Overcoming a Theoretical Limitation of Self-Attention"; the
+      "scalable softmax" of Nakanishi 2025). A key whose logit leads the m - 1 others by d gets 1 / (1 + (m - 1)
+      e^-d) of plain softmax, less and less as the source grows; scaled, 1 / (1 + (m - 1) m^-d), which tends to 1
+      for d > 1 (false = off, the default).
     - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
       (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
       decoder in `generate`, which keeps one draw for the whole output (`PositionDraw`, made for generate's
@@ -97,6 +103,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     position_randomization_max: int | None = None
     self_attention_window: int | None = None
     position_randomization_at_inference: bool = False
+    cross_attention_length_scaling: bool = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:

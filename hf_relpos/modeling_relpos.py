@@ -188,9 +188,22 @@ class RelPosAttention(nn.Module):
                 if self.is_cross_attention:
                     cache.is_updated[self.layer_idx] = True
 
+        if self.is_cross_attention and self.config.cross_attention_length_scaling:
+            query = query * self.log_key_counts(attention_mask, key.size(-2), query.dtype)
         output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions,
                                       key_positions)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+
+    def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
+        """log m per query, m = the keys it may attend to ([B, 1, n, 1] from the boolean mask; every key when there
+        is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype."""
+        kernel = self.config._attn_implementation
+        if kernel not in (None, *RELPOS_KERNELS):
+            raise ValueError(f"cross_attention_length_scaling runs with attn_implementation {list(RELPOS_KERNELS)}, got "
+                             f"{kernel!r}; set cross_attention_length_scaling to false or use one of those")
+        if attention_mask is None:
+            return torch.tensor(key_length, dtype=dtype).log()
+        return attention_mask.sum(-1, keepdim=True).clamp(min=1).to(dtype).log()  # a fully padded source: 0, not NaN
 
     def attend(
         self,

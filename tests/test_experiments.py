@@ -54,8 +54,12 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert sorted(run["overrides"]["self_attention_window"] for run in window_sizes) == [1, 2, 3, 4, 6, 8]
     assert all(run["attention_type"] == "shaw" and run["overrides"]["max_relative_position"]
                == run["overrides"]["self_attention_window"] for run in window_sizes)
-    assert all(run["overrides"]["relative_embedding_init_std"] == 0.02
-               for run in runs if run["attention_type"] == "shaw" and run not in table_init + window + window_sizes)
+    length_scaled = [run for run in runs if "length_scaling" in run["groups"]]
+    assert {run["attention_type"] for run in length_scaled} == {"shaw", "rope", "t5"}
+    assert all(run["overrides"]["self_attention_window"] == 2 and run["overrides"]["cross_attention_length_scaling"]
+               for run in length_scaled)
+    assert all(run["overrides"]["relative_embedding_init_std"] == 0.02 for run in runs
+               if run["attention_type"] == "shaw" and run not in table_init + window + window_sizes + length_scaled)
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS
@@ -68,6 +72,8 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert f"| {run['name']} |" in table
     for bucket in BUCKETS:
         assert f"acc {bucket}" in table and f"BLEU {bucket}" in table
+    repeat_rows = table.split("## Exact match by the source's longest repeated run of letters")[1]
+    assert all(f"| {run['name']} |" in repeat_rows for run in runs)
     for name in ("accuracy_by_length.png", "k_ablation.png", "relative_ablation.png", "window_by_length.png",
                  "window_size_ablation.png"):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
@@ -147,14 +153,20 @@ def test_scoring_counts_exact_matches_and_bleu_per_bucket_and_summarizes_seeds(m
     args = argparse.Namespace(eval_batch_size=2, eval_seed=0, one_length_batches=False)
     perfect, signature = task.evaluate(ReversingModel(task, set()), sets, args)
     assert signature.startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    classes = {bucket: [task.repeat_class(sequence) for sequence in sequences] for bucket, sequences in sets.items()}
+    counts = {bucket: {name: {"correct": names.count(name), "n": names.count(name)} for name in task.REPEAT_CLASSES}
+              for bucket, names in classes.items()}
     assert perfect == {
-        "1-20": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 5},
-        "21-40": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 4},
+        "1-20": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 5, "by_repeat": counts["1-20"]},
+        "21-40": {"accuracy": 1.0, "bleu": pytest.approx(100.0), "n": 4, "by_repeat": counts["21-40"]},
     }
     wrong = {tuple(sets["21-40"][0])}
     flawed, _ = task.evaluate(ReversingModel(task, wrong), sets, args)
     assert flawed["1-20"] == perfect["1-20"]
     assert flawed["21-40"]["accuracy"] == 0.75
+    wrong_class = classes["21-40"][0]
+    assert flawed["21-40"]["by_repeat"][wrong_class]["correct"] == counts["21-40"][wrong_class]["correct"] - 1
+    assert sum(entry["n"] for entry in flawed["21-40"]["by_repeat"].values()) == 4
     assert 50.0 < flawed["21-40"]["bleu"] < 100.0
     one_length = argparse.Namespace(eval_batch_size=2, eval_seed=0, one_length_batches=True)
     assert task.evaluate(ReversingModel(task, wrong), sets, one_length)[0] == flawed  # same scores, other batches
@@ -163,7 +175,19 @@ def test_scoring_counts_exact_matches_and_bleu_per_bucket_and_summarizes_seeds(m
         "accuracy": 0.875, "accuracy_min": 0.75, "accuracy_max": 1.0,
         "bleu": pytest.approx((100.0 + flawed["21-40"]["bleu"]) / 2), "bleu_min": flawed["21-40"]["bleu"],
         "bleu_max": pytest.approx(100.0),
+        "by_repeat": {name: {"correct": counts["21-40"][name]["correct"] + flawed["21-40"]["by_repeat"][name]["correct"],
+                             "n": 2 * counts["21-40"][name]["n"]} for name in task.REPEAT_CLASSES},
     }
+
+
+@pytest.mark.parametrize(("letters", "longest"), [
+    ("", 0), ("a", 0), ("abc", 0), ("aba", 1), ("abab", 2), ("aaa", 2), ("abcxabcyab", 3), ("xyzabcdabcd", 4),
+])
+def test_longest_repeat_is_the_longest_run_of_letters_occurring_twice(monkeypatch, letters, longest):
+    task = load_task(monkeypatch)
+    sequence = [task.SYMBOLS.index(letter) + len(task.SPECIAL_TOKENS) for letter in letters]
+    assert task.longest_repeat(sequence) == longest
+    assert task.repeat_class(sequence) == task.REPEAT_CLASSES[min(max(longest - 1, 0), 2)]
 
 
 def test_one_length_evaluation_batches_hold_one_length_each_and_cover_every_sequence(monkeypatch):
