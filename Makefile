@@ -22,12 +22,13 @@ demo: $(VENV)/.installed
 
 # The float64 oracle tests again under the CPU kernels torch picks on other machines: a pass must not depend on them.
 NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_kernels.py \
-	tests/test_loss.py tests/test_window.py
+	tests/test_loss.py tests/test_window.py tests/test_length_scaling.py
 
 # transformers 5.24 renamed the KV cache from past_key_values to cache; the model serves both names, so its model,
 # generation and memory tests run again under the last release before the rename (shadowing the installed one).
 COMPAT_TRANSFORMERS := transformers==5.23.0
-COMPAT_TESTS := tests/test_model.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_convert.py tests/test_window.py
+COMPAT_TESTS := tests/test_model.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_convert.py tests/test_window.py \
+	tests/test_length_scaling.py
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
