@@ -68,6 +68,21 @@ def tiny_model(attention_type: str = "shaw", seed: int = 0, **overrides):
     return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(attention_type, **overrides)).eval()
 
 
+def assert_cached_generation_equals_uncached(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                                            num_beams: int) -> None:
+    """generate with and without the KV cache (10 tokens, greedy or beam search): the same tokens, logits within
+    float32 noise."""
+    results = []
+    for use_cache in (True, False):
+        with torch.no_grad():
+            results.append(model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
+                                          do_sample=False, max_new_tokens=10, min_new_tokens=10, use_cache=use_cache,
+                                          output_logits=True, return_dict_in_generate=True))
+    cached, uncached = results
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+
+
 def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedProcess:
     """Run `script` in a fresh Python in which importing hf_relpos fails (a machine with transformers only), offline
     and with its own remote-code module cache under `tmp_path`."""

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config, tiny_model
+from conftest import SCHEMES, TRANSFORMERS_KERNEL, assert_cached_generation_equals_uncached, tiny_config, tiny_model
 
 import hf_relpos
 from hf_relpos.hub import render_model_card
@@ -87,15 +87,7 @@ def test_a_padded_source_scores_as_it_does_alone(attention_type):
 def test_scaled_cached_generation_equals_uncached(attention_type, num_beams):
     model = tiny_model(attention_type, seed=1, cross_attention_length_scaling=True)
     input_ids, attention_mask = sources()
-    results = []
-    for use_cache in (True, False):
-        with torch.no_grad():
-            results.append(model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
-                                          do_sample=False, max_new_tokens=10, min_new_tokens=10, use_cache=use_cache,
-                                          output_logits=True, return_dict_in_generate=True))
-    cached, uncached = results
-    assert torch.equal(cached.sequences, uncached.sequences)
-    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+    assert_cached_generation_equals_uncached(model, input_ids, attention_mask, num_beams)
 
 
 def test_a_fully_padded_source_row_stays_finite():

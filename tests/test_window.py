@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import RELATIVE_SCHEMES, SCHEMES, TRANSFORMERS_KERNEL, tiny_config, tiny_model
+from conftest import (
+    RELATIVE_SCHEMES,
+    SCHEMES,
+    TRANSFORMERS_KERNEL,
+    assert_cached_generation_equals_uncached,
+    tiny_config,
+    tiny_model,
+)
 
 import hf_relpos
 from hf_relpos.hub import render_model_card
@@ -107,15 +114,7 @@ def test_windowed_cached_generation_equals_uncached(attention_type, num_beams):
     input_ids = sources()
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 5:] = 0
-    results = []
-    for use_cache in (True, False):
-        with torch.no_grad():
-            results.append(model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams,
-                                          do_sample=False, max_new_tokens=10, min_new_tokens=10, use_cache=use_cache,
-                                          output_logits=True, return_dict_in_generate=True))
-    cached, uncached = results
-    assert torch.equal(cached.sequences, uncached.sequences)
-    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
+    assert_cached_generation_equals_uncached(model, input_ids, attention_mask, num_beams)
 
 
 @pytest.mark.parametrize("value", [0, -1, 2.5, True, "4"])
