@@ -283,8 +283,9 @@ def evaluate(
         correct = [h == r for h, r in zip(hypotheses, references, strict=True)]
         by_repeat = {name: {"correct": 0, "n": 0} for name in REPEAT_CLASSES}
         for sequence, right in zip(sequences, correct, strict=True):
-            by_repeat[repeat_class(sequence)]["correct"] += right
-            by_repeat[repeat_class(sequence)]["n"] += 1
+            counts = by_repeat[repeat_class(sequence)]
+            counts["correct"] += right
+            counts["n"] += 1
         results[bucket] = {"accuracy": sum(correct) / len(correct), "bleu": score.score, "n": len(references),
                            "by_repeat": by_repeat}
     return results, bleu.get_signature().format()

@@ -82,6 +82,18 @@ def token_cross_entropy(
     )
 
 
+def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
+    """Whether `config._attn_implementation` is one of hf_relpos' kernels (None: the default, eager)."""
+    return config._attn_implementation in (None, *RELPOS_KERNELS)
+
+
+def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str) -> None:
+    """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs."""
+    if not runs_on_relpos_kernel(config):
+        raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got "
+                         f"{config._attn_implementation!r}; set {field} to {off_value} or use one of those")
+
+
 def attention_mask_for(
     config: RelPosTransformerConfig,
     batch_size: int,
@@ -98,12 +110,9 @@ def attention_mask_for(
     the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
     `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask;
     `window` (`config.self_attention_window`) keeps only the keys j with |i - j| <= window."""
-    kernel = config._attn_implementation
-    local = kernel in (None, *RELPOS_KERNELS)
-    if window is not None and not local:
-        raise ValueError(f"self_attention_window runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; "
-                         "set self_attention_window to null or use one of those")
-    build = sdpa_mask if local else ALL_MASK_ATTENTION_FUNCTIONS.get(kernel)
+    if window is not None:
+        require_relpos_kernel(config, "self_attention_window", "null")
+    build = sdpa_mask if runs_on_relpos_kernel(config) else ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation)
     if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
         return None
     mask_function = causal_mask_function if causal else bidirectional_mask_function
@@ -197,10 +206,7 @@ class RelPosAttention(nn.Module):
     def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
         """log m per query, m = the keys it may attend to ([B, 1, n, 1] from the boolean mask; every key when there
         is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype."""
-        kernel = self.config._attn_implementation
-        if kernel not in (None, *RELPOS_KERNELS):
-            raise ValueError(f"cross_attention_length_scaling runs with attn_implementation {list(RELPOS_KERNELS)}, got "
-                             f"{kernel!r}; set cross_attention_length_scaling to false or use one of those")
+        require_relpos_kernel(self.config, "cross_attention_length_scaling", "false")
         if attention_mask is None:
             return torch.tensor(key_length, dtype=dtype).log()
         return attention_mask.sum(-1, keepdim=True).clamp(min=1).to(dtype).log()  # a fully padded source: 0, not NaN
@@ -227,7 +233,7 @@ class RelPosAttention(nn.Module):
         kernel = self.config._attn_implementation
         attention = RELPOS_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
         extra = {}
-        if kernel in (None, *RELPOS_KERNELS):
+        if runs_on_relpos_kernel(self.config):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
                 scheme_mask = _as_4d(terms.mask)
                 attention_mask = scheme_mask if attention_mask is None else attention_mask & scheme_mask
