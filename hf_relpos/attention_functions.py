@@ -66,6 +66,21 @@ def eager_attention_forward(
     return output.transpose(1, 2).contiguous(), probabilities
 
 
+SDPA_MASK_ALIGNMENT_BYTES = 16
+
+
+def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The additive mask itself, or a contiguous copy when its data does not start on a 16-byte boundary.
+
+    SDPA's memory-efficient CUDA kernel reads the mask in 16-byte vectors and pads only misaligned row strides: a
+    view that starts off the boundary (Transformer-XL's rel-shift, `positions.rel_shift`) stops it with "CUDA
+    error: misaligned address" (torch 2.11, H100, bf16, a batch without padding).
+    """
+    if mask.data_ptr() % SDPA_MASK_ALIGNMENT_BYTES == 0:
+        return mask
+    return mask.clone(memory_format=torch.contiguous_format)
+
+
 def sdpa_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -93,6 +108,8 @@ def sdpa_attention_forward(
     if score_bias is not None:
         bias = dense_bias(score_bias, query.dtype)
         attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.finfo(query.dtype).min)
+        if query.device.type != "cpu":
+            attn_mask = aligned_mask(attn_mask)
     output = nn.functional.scaled_dot_product_attention(
         query, key, value, attn_mask=attn_mask, dropout_p=dropout, scale=scaling
     )

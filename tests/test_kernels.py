@@ -7,6 +7,8 @@ import torch
 from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config
 
 import hf_relpos
+from hf_relpos.attention_functions import SDPA_MASK_ALIGNMENT_BYTES, aligned_mask
+from hf_relpos.positions import rel_shift
 
 FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {}),
                 ("none", {}), ("alibi", {}), ("t5", {}), ("rope", {"rotary_dim": 4})]
@@ -95,6 +97,33 @@ def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_typ
     assert torch.allclose(results["flex_attention"][0], results["eager"][0], atol=1e-4)
     for name, grad in results["eager"][1].items():
         assert torch.allclose(results["flex_attention"][1][name], grad, atol=1e-3, rtol=1e-3), name
+
+
+def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_keeps_aligned_masks():
+    """XL's decoding bias on an H100 (bf16, 32 unpadded source tokens): a rel-shift view 62 bytes into its storage,
+    which stopped SDPA's memory-efficient kernel with "misaligned address"."""
+    scores = torch.randn(2, 8, 32, 63, dtype=torch.bfloat16)
+    shifted = rel_shift(scores, 32)
+    assert shifted.data_ptr() % SDPA_MASK_ALIGNMENT_BYTES != 0
+    aligned = aligned_mask(shifted)
+    assert aligned.data_ptr() % SDPA_MASK_ALIGNMENT_BYTES == 0
+    assert aligned.is_contiguous() and torch.equal(aligned, shifted)
+    fresh = torch.randn(2, 8, 32, 32, dtype=torch.bfloat16)
+    assert aligned_mask(fresh) is fresh
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the misaligned-address failure is a CUDA kernel's")
+@pytest.mark.parametrize("attention_type", SCHEMES)
+def test_sdpa_on_cuda_under_bf16_matches_eager_on_an_unpadded_batch(attention_type):
+    """Every scheme's score bias reaches SDPA's CUDA kernels without padding (XL's rel-shift view once did not)."""
+    input_ids = torch.randint(4, 40, (4, 32), generator=torch.Generator().manual_seed(0)).cuda()
+    logits = {}
+    for kernel in ("eager", "sdpa"):
+        model = model_with(kernel, attention_type, device="cuda").eval()
+        with torch.autocast("cuda", dtype=torch.bfloat16), torch.inference_mode():
+            logits[kernel] = model(input_ids=input_ids, decoder_input_ids=input_ids).logits.float()
+            model.generate(input_ids=input_ids, max_new_tokens=8, num_beams=2)
+    assert torch.allclose(logits["sdpa"], logits["eager"], atol=5e-2, rtol=5e-2)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
