@@ -213,8 +213,9 @@ def peer_config(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) ->
     )
 
 
-def train_peer(folder: Path, seed: int, args: argparse.Namespace) -> dict:
-    """Tokenizer, MarianMTModel and a plain Seq2SeqTrainer run; the model and tokenizer are saved in `folder`."""
+def train_peer(folder: Path, seed: int, args: argparse.Namespace, **training_overrides: object) -> dict:
+    """Tokenizer, MarianMTModel and a plain Seq2SeqTrainer run; the model and tokenizer are saved in `folder`.
+    `training_overrides` replace Seq2SeqTrainingArguments fields (experiments/convergence.py: epochs, checkpoints)."""
     sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
     tokenizer = train_peer_tokenizer([*sources, *targets], args.vocab_size)
     set_seed(seed)
@@ -223,12 +224,13 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace) -> dict:
         lambda batch: tokenizer(batch["source"], text_target=batch["target"]), batched=True,
         remove_columns=["source", "target"],
     )
-    training_args = Seq2SeqTrainingArguments(
+    settings = dict(
         output_dir=str(folder / "trainer"), max_steps=args.max_steps, per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3, warmup_steps=args.warmup_steps, lr_scheduler_type="inverse_sqrt", adam_beta2=0.98,
         label_smoothing_factor=0.1, weight_decay=0.0, seed=seed, save_strategy="no", report_to="none",
         logging_steps=args.logging_steps, disable_tqdm=True,
     )
+    training_args = Seq2SeqTrainingArguments(**{**settings, **training_overrides})
     trainer = Seq2SeqTrainer(
         model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
@@ -286,10 +288,9 @@ def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) ->
             "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
 
 
-def load_trained(folder: Path, is_peer: bool) -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
-    if is_peer:
-        return MarianMTModel.from_pretrained(folder), load_tokenizer(folder)
-    return RelPosTransformerForConditionalGeneration.from_pretrained(folder), load_tokenizer(folder)
+def load_trained(folder: Path, is_peer: bool, device: str = "cpu") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:
+    model_class = MarianMTModel if is_peer else RelPosTransformerForConditionalGeneration
+    return model_class.from_pretrained(folder).to(device), load_tokenizer(folder)
 
 
 @dataclass(frozen=True)
@@ -317,7 +318,7 @@ def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
-            batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt")
+            batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt").to(model.device)
             limit = decoding.max_new_tokens
             if decoding.source_offset is not None:
                 limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
@@ -351,7 +352,7 @@ def decoding_variants(args: argparse.Namespace) -> dict[str, Decoding]:
 def evaluate(model_folder: Path, is_peer: bool, decoding: Decoding, args: argparse.Namespace,
              hypotheses_folder: Path | None = None) -> dict:
     """BLEU (signature, length ratio) on validation and test, optionally writing the hypotheses."""
-    model, tokenizer = load_trained(model_folder, is_peer)
+    model, tokenizer = load_trained(model_folder, is_peer, args.device)
     scores = {}
     for split, file_name in SPLITS.items():
         sources, references = read_pairs(args.data / file_name, args.source_lang, args.target_lang)
@@ -521,6 +522,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     parser.add_argument("--max-eval-samples", type=int, default=None, help="score only the first N pairs (smoke)")
     parser.add_argument("--logging-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    parser.add_argument("--device", default="cpu", help="where the models decode (training: the Trainer's choice)")
     args = parser.parse_args(argv)
     if args.list:
         for row in ROWS.values():

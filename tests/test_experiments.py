@@ -291,6 +291,53 @@ def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
         vs_marian.parse_command_line(["--data", str(tmp_path)])
 
 
+CONVERGENCE = EXPERIMENTS / "convergence.py"
+
+
+def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
+    from safetensors.torch import load_file
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    work, out = tmp_path / "work", tmp_path / "out"
+    command = [
+        sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(work), "--out", str(out),
+        "--systems", "peer", "absolute", "--epochs", "2", "--last-n", "2", "--vocab-size", "400", "--d-model", "16",
+        "--layers", "1", "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4", "--device", "cpu",
+        "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
+        "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
+        "--max_tokens_per_batch", "256", "--warmup_steps", "1",
+    ]
+    subprocess.run(command, check=True, timeout=600)
+    results = json.loads((out / "convergence.json").read_text())
+    assert list(results["systems"]) == ["peer", "absolute"]
+    for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"), ("absolute", work / "absolute" / "seed1" / "model")):
+        row = results["systems"][system]
+        assert row["seeds"] == [1]
+        assert all(0.0 <= bleu <= 100.0 for bleu in row["averaged_test_bleu"] + row["final_validation_bleu"])
+        folders = sorted(checkpoints.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
+        assert len(folders) == 2 and int(folders[-1].name.split("-")[1]) == row["steps"][0]
+        first, second = (load_file(folder / "model.safetensors") for folder in folders)
+        averaged = load_file(work / system / "seed1" / "averaged" / "model.safetensors")
+        assert first.keys() == averaged.keys()
+        assert all(torch.allclose(averaged[name], (first[name] + second[name]) / 2) for name in averaged)
+        assert any(not torch.equal(first[name], second[name]) for name in first)   # the two epochs differ
+        for weights in ("final", "averaged"):
+            hypotheses = work / system / "seed1" / f"{weights}_hypotheses" / "test_hypotheses.txt"
+            assert hypotheses.read_bytes().count(b"\n") == 4   # an untrained model may emit "\\r"
+    run = json.loads((work / "absolute" / "seed1" / "run.json").read_text())
+    assert run["argv"][run["argv"].index("--save_strategy") + 1] == "epoch"
+    table = (out / "convergence.md").read_text()
+    assert "| peer | 1 |" in table and "| absolute | 1 |" in table
+
+    (out / "convergence.md").unlink()
+    subprocess.run([*command[:command.index("--recipe-flags")], "--collect-only"], check=True, timeout=300)
+    assert (out / "convergence.md").read_text() == table
+    missing = subprocess.run([*command[:command.index("--recipe-flags")], "--seeds", "2", "--collect-only"],
+                             capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "peer seed 2 has no" in missing.stderr
+
+
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
     """One row per budget and pool factor; the corpus-wide sort pads least and every budget is respected."""
     from hf_relpos.tokenization import train_joint_tokenizer
