@@ -85,11 +85,12 @@ class XLPositions(PositionScheme):
         init.normal_(self.content_bias, mean=0.0, std=std)
         init.normal_(self.position_bias, mean=0.0, std=std)
 
-    def encodings(self, distances: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-        """R_d [len(distances), d_model], read from a float64 table of the sinusoids of every distance up to the
-        largest one seen (doubled as needed). The table depends on positions only, never on a weight, so it cannot go
-        stale; it spares the per-layer sin/cos, which costs as much as a cached decoding step's position scores."""
-        span = int(distances.abs().max())
+    def encodings(self, distances: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
+        """R_d [len(distances), d_model] for distances |d| <= span, read from a float64 table of the sinusoids of
+        every distance up to the largest one seen (doubled as needed). The table depends on positions only, never on
+        a weight, so it cannot go stale; it spares the per-layer sin/cos, which costs as much as a cached decoding
+        step's position scores. `span` comes from the caller's integers: reading it off `distances` would make the
+        CPU wait for the GPU in every layer."""
         table = self._sinusoid_tables.get(distances.device)
         if table is None or table.size(0) < 2 * span + 1:
             covered = 0 if table is None else table.size(0) // 2
@@ -109,9 +110,11 @@ class XLPositions(PositionScheme):
         """
         batch, heads, query_length, head_dim = position_query.shape
         distances = torch.arange(largest_distance, largest_distance - count, -1, device=position_query.device)
+        span = max(abs(largest_distance), abs(largest_distance - count + 1))
         if self.clamp_len is not None:
             distances = distances.clamp(-self.clamp_len, self.clamp_len)
-        encodings = self.encodings(distances, position_query.dtype)
+            span = min(span, self.clamp_len)
+        encodings = self.encodings(distances, span, position_query.dtype)
         weight = self.position_projections[layer_idx].weight.to(position_query.dtype)
         model_dim = weight.size(1)
         queries = batch * query_length

@@ -402,12 +402,13 @@ def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, ad
 
 def test_xl_position_scores_in_both_orders_match_the_loop():
     """`XLPositions.position_scores` projects the distances (many queries) or the queries (few, as in cached
-    decoding); both orders give (q + v) . W_kR R_d exactly."""
+    decoding); both orders give (q + v) . W_kR R_d exactly, also for distances beyond the sinusoid table's first
+    size (64), which grows from the span its caller computes."""
     attention, scheme = make_attention("xl", True, "eager", clamp_len=None)
     projection = scheme.position_projections[0].weight
-    for batch, query_length, count in [(2, 6, 6), (1, 1, 40)]:  # 12 queries vs 6 distances; 1 query vs 40
+    # 12 queries vs 6 distances; 1 query vs 40; distances down to -295; a decoding step 200 tokens in
+    for batch, query_length, count, largest in [(2, 6, 6, 9), (1, 1, 40, 4), (1, 1, 300, 4), (1, 1, 201, 200)]:
         position_query = torch.randn(batch, HEADS, query_length, HEAD_DIM, dtype=torch.float64)
-        largest = query_length + 3
         scores = scheme.position_scores(0, position_query, largest, count)
         for p in range(count):
             relative = (projection @ sinusoid_by_loop(largest - p, scheme.config.d_model)).view(HEADS, HEAD_DIM)
