@@ -30,10 +30,12 @@ from vs_marian import (
     SPLITS,
     Decoding,
     evaluate,
+    json_settings,
     recipe_path,
     source_version,
     spread,
     train_peer,
+    write_results,
 )
 
 from hf_relpos.checkpoints import average_checkpoints
@@ -191,18 +193,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
     records = {system: [run_one(system, seed, args) for seed in args.seeds] for system in args.systems}
     first = records[args.systems[0]][0]
     results = {
-        "settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()},
+        "settings": json_settings(args),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "device": first["device"],
         "signature": first["scores"]["averaged"]["test"]["bleu_signature"],
         "systems": summarize(records),
         "runs": records,
     }
-    table = markdown(results)
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "convergence.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "convergence.md").write_text(table)
+    write_results(args.out, "convergence", results, markdown(results))
     return results
 
 

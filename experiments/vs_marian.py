@@ -385,6 +385,19 @@ def pipeline_scores(model_folder: Path, work: Path, args: argparse.Namespace) ->
             for split, prefix in (("validation", "eval"), ("test", "test"))}
 
 
+def write_results(out: Path, stem: str, results: dict, table: str) -> None:
+    """Print the Markdown table and write it and the results to `<out>/<stem>.md` and `<out>/<stem>.json`."""
+    print(table)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
+    (out / f"{stem}.md").write_text(table)
+
+
+def json_settings(args: argparse.Namespace) -> dict:
+    """The command line's arguments as JSON values (paths as strings)."""
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+
+
 def source_version() -> str:
     """`git describe --always --dirty` of the repository the script runs from (which code trained a run)."""
     described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
@@ -483,10 +496,7 @@ def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
         for name, scores in variants.items():
             lines.append(f"| {run_name} | {name} | {scores['test']['bleu']:.2f} | {scores['validation']['bleu']:.2f} | "
                          f"{scores['test']['length_ratio']:.3f} | {scores['validation']['length_ratio']:.3f} |")
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "decoding.json").write_text(json.dumps(study, indent=1) + "\n")
-    (args.out / "decoding.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results(args.out, "decoding", study, "\n".join(lines) + "\n")
     return study
 
 
@@ -546,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return decoding_study(rows, args)
     records = {row.name: [run_one(row, seed, args) for seed in args.seeds] for row in rows}
     first = records[rows[0].name][0]
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    settings = json_settings(args)
     results = {
         "settings": settings,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -555,11 +565,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "rows": summarize(rows, records),
         "runs": records,
     }
-    table = markdown(results)
-    print(table)
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "vs_marian.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "vs_marian.md").write_text(table)
+    write_results(args.out, "vs_marian", results, markdown(results))
     return results
 
 
