@@ -230,6 +230,28 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     )
 
 
+def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_position: int,
+                      query_offset: int = 0) -> torch.Tensor:
+    """out[..., i, j] = table[..., i, clip(j - i', k) + k], i' = i + query_offset: Shaw et al.'s (2018) a^K term
+    (eq. 5) for every key, without a gather. A gather's backward is a scatter-add whose indices repeat across the
+    whole row (every key beyond distance k adds into one of the two edge buckets), which serialises on a GPU
+    (pytorch/pytorch#53491). Instead the 2k + 1 columns are widened to one per relative position, the edge columns
+    repeated by `expand` (their gradient is a sum), skewed by `rel_shift` and copied out (the widened tensor is not
+    kept alive by the result)."""
+    query_length = table.size(-2)
+    k = max_relative_position
+    columns = query_length + key_length - 1   # column p: key position minus query position = p - largest
+    largest = query_offset + query_length - 1
+    first, last = max(0, largest - k), min(columns - 1, largest + k)   # the columns within [-k, k]
+    edge_shape = table.shape[:-1]
+    widened = torch.cat([
+        table[..., :1].expand(*edge_shape, first),
+        table[..., first - largest + k : last - largest + k + 1],
+        table[..., -1:].expand(*edge_shape, columns - 1 - last),
+    ], dim=-1)
+    return rel_shift(widened, key_length).contiguous()
+
+
 @dataclass
 class RelativeBias:
     """A score bias that depends on (query i, key j) only through a bucket: bias[b, h, i, j] = table[b, h, i, bucket(i, j)].

@@ -15,6 +15,7 @@ from .positions import (
     RelativeBias,
     SchemeCard,
     boolean_field,
+    clipped_rel_shift,
     integer_field,
     number_field,
     query_and_key_positions,
@@ -123,10 +124,12 @@ class ShawPositions(PositionScheme):
 
         score_bias = None
         if self.relative_keys is not None:
+            table = _times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
             score_bias = RelativeBias(
-                table=_times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5,
+                table=table,
                 bucket=bucket,
                 key_length=key_length,
+                densify=(lambda: clipped_rel_shift(table, key_length, kmax, query_offset)) if positions is None else None,
             )
 
         value_term = None

@@ -52,6 +52,27 @@ def test_rel_shift_aligns_every_distance():
             assert shifted[t, j] == offset + t - j
 
 
+@pytest.mark.parametrize("n, m, k, offset", [(1, 1, 0, 0), (1, 12, 3, 11), (5, 5, 2, 0), (5, 5, 16, 0),
+                                              (3, 10, 2, 7), (4, 9, 0, 5), (6, 6, 1, 0), (2, 30, 4, 28)])
+def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_gradient_sums_per_bucket(n, m, k, offset):
+    """Shaw's gather-free a^K bias against an explicit loop over clip(j - i', k) + k (Shaw et al. 2018, eq. 5), values
+    and gradients in float64."""
+    generator = torch.Generator().manual_seed(n * 100 + m)
+    table = torch.randn(2, 3, n, 2 * k + 1, generator=generator, dtype=torch.float64, requires_grad=True)
+    upstream = torch.randn(2, 3, n, m, generator=generator, dtype=torch.float64)
+    shifted = hf_relpos.positions.clipped_rel_shift(table, m, k, offset)
+    expected = torch.empty(2, 3, n, m, dtype=torch.float64)
+    expected_grad = torch.zeros_like(table)
+    for i in range(n):
+        for j in range(m):
+            bucket = max(-k, min(k, j - (i + offset))) + k
+            expected[:, :, i, j] = table[:, :, i, bucket]
+            expected_grad[:, :, i, bucket] += upstream[:, :, i, j]
+    torch.testing.assert_close(shifted, expected.detach(), rtol=0, atol=0)
+    (shifted * upstream).sum().backward()
+    torch.testing.assert_close(table.grad, expected_grad, rtol=0, atol=1e-12)
+
+
 def make_attention(attention_type: str, is_causal: bool, kernel: str, **overrides):
     """Layer 1's float64 self-attention module with its stack's scheme (random parameters, two layers)."""
     config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
