@@ -70,9 +70,7 @@ def train_peer_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tupl
                                    logging_steps=50)
     training = train_peer(folder, seed, peer_args, num_train_epochs=args.epochs, save_strategy="epoch",
                           save_total_limit=args.last_n)
-    state = json.loads(max((folder / "trainer").glob("checkpoint-*/trainer_state.json"),
-                           key=lambda path: int(path.parent.name.split("-")[1])).read_text())
-    return {**training, "steps": state["global_step"]}, folder / "trainer"
+    return training, folder / "trainer"
 
 
 def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:

@@ -241,8 +241,8 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, **training_ove
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
     history = trainer.state.log_history
-    return {"train_seconds": seconds, "train_loss": [[entry["step"], entry["loss"]] for entry in history
-                                                      if "loss" in entry]}
+    return {"train_seconds": seconds, "steps": trainer.state.global_step,
+            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
 
 
 def recipe_path(recipe: str) -> Path:

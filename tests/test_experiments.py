@@ -297,6 +297,8 @@ CONVERGENCE = EXPERIMENTS / "convergence.py"
 def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
     from safetensors.torch import load_file
 
+    from hf_relpos.checkpoints import find_checkpoints
+
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
     work, out = tmp_path / "work", tmp_path / "out"
@@ -315,8 +317,8 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
         row = results["systems"][system]
         assert row["seeds"] == [1]
         assert all(0.0 <= bleu <= 100.0 for bleu in row["averaged_test_bleu"] + row["final_validation_bleu"])
-        folders = sorted(checkpoints.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1]))
-        assert len(folders) == 2 and int(folders[-1].name.split("-")[1]) == row["steps"][0]
+        folders = find_checkpoints(checkpoints)
+        assert [folder.name for folder in folders][-1:] == [f"checkpoint-{row['steps'][0]}"] and len(folders) == 2
         first, second = (load_file(folder / "model.safetensors") for folder in folders)
         averaged = load_file(work / system / "seed1" / "averaged" / "model.safetensors")
         assert first.keys() == averaged.keys()
