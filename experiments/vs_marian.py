@@ -74,9 +74,11 @@ EMBEDDING_INIT_FLAGS = {"recipe": (), "hf": ("--model.embedding_init_std", "0.02
                         "vaswani": ("--model.embedding_init_std", "null")}
 MARIAN_ARCHITECTURE = "--model.layer_norm_position post --model.activation_function gelu --model.attention_dropout 0.1"
 SENTENCE_BATCHES = "--max_tokens_per_batch null --per_device_train_batch_size 64"   # the peer's batching
-# The ablation rows start from the recipes as they were before issue #17 changed them (their Adam epsilon; their
-# token-embedding init is `--init vaswani`).
-RECIPE_BEFORE_ISSUE_17 = "--adam_epsilon 1e-9"
+# The recipes' token batches before issue #17 pooled them: sorted by length over the whole corpus (no pools).
+CORPUS_SORTED_TOKEN_BATCHES = "--length_pool_factor null"
+# The ablation rows start from the recipes as they were before issue #17 changed them (their Adam epsilon and
+# batches; their token-embedding init is `--init vaswani`).
+RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 # Flags a `<scheme>-matched` row adds so that it still trains what its stored runs trained after a default changed:
 # shaw-matched ran when the a^K/a^V tables started at init_std (0.02), before Tensor2Tensor's scale became the default.
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
@@ -90,7 +92,7 @@ MATCHED_SINGLE_FACTORS = {
     "pre-ln": "--model.layer_norm_position pre",
     "relu": "--model.activation_function relu",
     "attention-dropout-0": "--model.attention_dropout 0.0",
-    "token-batches": "--max_tokens_per_batch 1024",   # the recipes' length-sorted token-budget batches
+    "token-batches": f"--max_tokens_per_batch 1024 {CORPUS_SORTED_TOKEN_BATCHES}",   # the recipes' batches before pools
     "peer-tokenizer": f"--tokenizer_name {PEER_TOKENIZER}",   # the peer's NFKC BPE instead of hf_relpos's
 }
 # Token-budget batches whose lengths are grouped only within random pools (--length_pool_factor), pools sorted by
@@ -146,7 +148,8 @@ ROWS = {row.name: row for row in [
     _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
     _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} {SENTENCE_BATCHES}",
          init="vaswani"),
-    _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} --adam_epsilon 1e-8", init="vaswani"),
+    _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} --adam_epsilon 1e-8",
+         init="vaswani"),
     *(_row(f"matched+{change}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
       for change, flags in {**MATCHED_SINGLE_FACTORS, **POOLED_TOKEN_BATCHES}.items()),
     *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched

@@ -374,3 +374,21 @@ def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
         recipe = row.recipe if row.recipe.endswith(".yaml") else f"multi30k_small_{row.recipe}.yaml"
         flags = [flag if flag != vs_marian.PEER_TOKENIZER else "tokenizer-folder" for flag in row.flags]
         parse_arguments([str(EXPERIMENTS.parent / "configs" / recipe), *flags])
+
+
+@pytest.mark.parametrize(("row_name", "tokens", "pool_factor"), [
+    ("absolute-marian", 1024, None), ("marian+hf-init", 1024, None), ("marian+adam-eps-1e-8", 1024, None),
+    ("matched+token-batches", 1024, None), ("matched+random-token-batches", 2048, 1),
+    ("matched+pooled-1280-token-batches", 1280, 4), ("absolute", 1024, 4), ("marian-matched", None, 4),
+])
+def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, tokens, pool_factor, monkeypatch, tmp_path):
+    """The ablation rows batch as the recipes did before issue #17 (corpus-wide length sort), whatever pools the
+    recipes use now; the recipe rows use the recipes' pools at the shared token budget."""
+    from hf_relpos.training import parse_arguments
+
+    vs_marian = load_vs_marian(monkeypatch)
+    data = tmp_path / "data"
+    write_demo_corpus(data, 20, 4, 4, seed=3)
+    args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", row_name])
+    _, _, training_args = parse_arguments(vs_marian.recipe_argv(vs_marian.ROWS[row_name], tmp_path / "run", 1, args))
+    assert (training_args.max_tokens_per_batch, training_args.length_pool_factor) == (tokens, pool_factor)
