@@ -83,7 +83,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"convergence.py: --collect-only: {system} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{system} seed {seed}: training", flush=True)
-    started = time.perf_counter()
+    version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system == PEER
     if is_peer:
         training, checkpoints = train_peer_epochs(folder, seed, args)
@@ -95,7 +95,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         hypotheses = folder / f"{weights}_hypotheses"
         hypotheses.mkdir(exist_ok=True)
         scores[weights] = evaluate(model_folder, is_peer, RECIPE_DECODING, args, hypotheses_folder=hypotheses)
-    record = {"system": system, "seed": seed, "source_version": source_version(), "device": args.device_name,
+    record = {"system": system, "seed": seed, "source_version": version, "device": args.device_name,
               "wall_seconds": time.perf_counter() - started, **training, "scores": scores,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")

@@ -426,10 +426,10 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"vs_marian.py: --collect-only: {row.name} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
-    started = time.perf_counter()
+    version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
     training = train_peer(folder, seed, args) if row.is_peer else train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
-    record = {"row": row_record(row), "seed": seed, "source_version": source_version(), "wall_seconds": time.perf_counter() - started, **training,
+    record = {"row": row_record(row), "seed": seed, "source_version": version, "wall_seconds": time.perf_counter() - started, **training,
               "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
