@@ -379,7 +379,8 @@ def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
 @pytest.mark.parametrize(("row_name", "tokens", "pool_factor"), [
     ("absolute-marian", 1024, None), ("marian+hf-init", 1024, None), ("marian+adam-eps-1e-8", 1024, None),
     ("matched+token-batches", 1024, None), ("matched+random-token-batches", 2048, 1),
-    ("matched+pooled-1280-token-batches", 1280, 4), ("absolute", 1024, 4), ("marian-matched", None, 4),
+    ("matched+pooled-1280-token-batches", 1280, 4), ("absolute", 1280, 4), ("shaw", 1280, 4),
+    ("marian-matched", None, 4),
 ])
 def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, tokens, pool_factor, monkeypatch, tmp_path):
     """The ablation rows batch as the recipes did before issue #17 (corpus-wide length sort), whatever pools the
@@ -392,3 +393,24 @@ def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, toke
     args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", row_name])
     _, _, training_args = parse_arguments(vs_marian.recipe_argv(vs_marian.ROWS[row_name], tmp_path / "run", 1, args))
     assert (training_args.max_tokens_per_batch, training_args.length_pool_factor) == (tokens, pool_factor)
+
+
+def test_vs_marian_absolute_row_trains_what_matched_pooled_1280_token_batches_trained(monkeypatch, tmp_path):
+    """The recipe row `absolute` and the ablation row that led to the recipes' pools parse to the same model config
+    and training arguments (the flags but the per-step sentence count, which token batches ignore): the ablation
+    row's seeds are the recipe's at the equal budget."""
+    from hf_relpos.training import parse_arguments
+
+    vs_marian = load_vs_marian(monkeypatch)
+    data = tmp_path / "data"
+    write_demo_corpus(data, 20, 4, 4, seed=3)
+    args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", "absolute"])
+    parsed = {}
+    for name in ("absolute", "matched+pooled-1280-token-batches"):
+        model_args, data_args, training_args = parse_arguments(
+            vs_marian.recipe_argv(vs_marian.ROWS[name], tmp_path / "run", 1, args))
+        settings = training_args.to_dict()
+        settings.pop("per_device_train_batch_size")
+        parsed[name] = (model_args.model_config, vars(data_args), settings)
+    assert parsed["absolute"] == parsed["matched+pooled-1280-token-batches"]
+    assert parsed["absolute"][2]["max_tokens_per_batch"] == 1280
