@@ -467,7 +467,8 @@ def markdown(results: dict) -> str:
         "# HF MarianMT (peer) against hf_relpos at an equal budget, Multi30k En->De",
         "",
         f"{settings['max_steps']} steps ({settings['warmup_steps']} warm-up), peer batches of "
-        f"{settings['batch_size']} pairs, hf_relpos `--max_tokens_per_batch {settings['max_tokens_per_batch']}`; "
+        f"{settings['batch_size']} pairs, hf_relpos `--max_tokens_per_batch {settings['max_tokens_per_batch']}` "
+        "(a row's own flags, in its system column, win); "
         f"beam {settings['beams']}, length penalty {settings['length_penalty']}, at most "
         f"{settings['max_new_tokens']} new tokens. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
