@@ -264,16 +264,23 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
 
 
-def test_vs_marian_init_choices_set_the_token_embedding_init_of_the_trained_config(tmp_path, monkeypatch):
+def parsed_row_arguments(vs_marian, row, tmp_path: Path, *options: str):
+    """train_translation.py's parsed (model, data, training) arguments of one vs_marian row's seed-1 run, with the
+    script's own `options` (the data folder is a small demo corpus: the arguments only need its files to exist)."""
     from hf_relpos.training import parse_arguments
 
-    vs_marian = load_vs_marian(monkeypatch)
     data = tmp_path / "data"
-    write_demo_corpus(data, 200, 4, 4, seed=3)
-    args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", "absolute", *TINY_VS_MARIAN])
+    if not data.is_dir():
+        write_demo_corpus(data, 20, 4, 4, seed=3)
+    args, _ = vs_marian.parse_command_line(["--data", str(data), *options])
+    return parse_arguments(vs_marian.recipe_argv(row, tmp_path / "run", 1, args))
+
+
+def test_vs_marian_init_choices_set_the_token_embedding_init_of_the_trained_config(tmp_path, monkeypatch):
+    vs_marian = load_vs_marian(monkeypatch)
     for init, expected_std in (("hf", 0.02), ("vaswani", None)):
         row = vs_marian.parse_row(f"x=absolute --init {init}")
-        model_args, _, _ = parse_arguments(vs_marian.recipe_argv(row, tmp_path / "run", 1, args))
+        model_args, _, _ = parsed_row_arguments(vs_marian, row, tmp_path, *TINY_VS_MARIAN)
         assert model_args.model_config["embedding_init_std"] == expected_std
 
 
@@ -384,14 +391,9 @@ def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
 ])
 def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, tokens, pool_factor, monkeypatch, tmp_path):
     """The ablation rows batch as the recipes did before issue #17 (corpus-wide length sort), whatever pools the
-    recipes use now; the recipe rows use the recipes' pools at the shared token budget."""
-    from hf_relpos.training import parse_arguments
-
+    recipes use now; the recipe rows use the recipes' pools at 1280 tokens (the peer's 64 pairs per batch)."""
     vs_marian = load_vs_marian(monkeypatch)
-    data = tmp_path / "data"
-    write_demo_corpus(data, 20, 4, 4, seed=3)
-    args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", row_name])
-    _, _, training_args = parse_arguments(vs_marian.recipe_argv(vs_marian.ROWS[row_name], tmp_path / "run", 1, args))
+    _, _, training_args = parsed_row_arguments(vs_marian, vs_marian.ROWS[row_name], tmp_path)
     assert (training_args.max_tokens_per_batch, training_args.length_pool_factor) == (tokens, pool_factor)
 
 
@@ -399,16 +401,10 @@ def test_vs_marian_absolute_row_trains_what_matched_pooled_1280_token_batches_tr
     """The recipe row `absolute` and the ablation row that led to the recipes' pools parse to the same model config
     and training arguments (the flags but the per-step sentence count, which token batches ignore): the ablation
     row's seeds are the recipe's at the equal budget."""
-    from hf_relpos.training import parse_arguments
-
     vs_marian = load_vs_marian(monkeypatch)
-    data = tmp_path / "data"
-    write_demo_corpus(data, 20, 4, 4, seed=3)
-    args, _ = vs_marian.parse_command_line(["--data", str(data), "--rows", "absolute"])
     parsed = {}
     for name in ("absolute", "matched+pooled-1280-token-batches"):
-        model_args, data_args, training_args = parse_arguments(
-            vs_marian.recipe_argv(vs_marian.ROWS[name], tmp_path / "run", 1, args))
+        model_args, data_args, training_args = parsed_row_arguments(vs_marian, vs_marian.ROWS[name], tmp_path)
         settings = training_args.to_dict()
         settings.pop("per_device_train_batch_size")
         parsed[name] = (model_args.model_config, vars(data_args), settings)
