@@ -42,7 +42,8 @@ from benchmarks.common import (
     write_report,
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.modeling_relpos import RelPosEncoder
+from hf_relpos.modeling_relpos import RelPosEncoder, with_scheme_mask
+from hf_relpos.positions import PositionContext
 from hf_relpos.viz import require_matplotlib
 
 BENCHMARKS = ("attention", "model")
@@ -72,7 +73,9 @@ def attention_case(
         inputs.grad = None
         with autocast(device, dtype):
             hidden = module["positions"].embed(inputs, 0)
-            output, _ = module["attention"](hidden, None, module["positions"])
+            context = module["positions"].prepare(PositionContext(length, length, 0, None, hidden.device, hidden.dtype))
+            mask = with_scheme_mask(stack.config, module["positions"], context, None)
+            output, _ = module["attention"](hidden, mask, module["positions"], position_context=context)
         output.float().sum().backward()
 
     return Case(module, step, batch * length)

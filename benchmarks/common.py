@@ -28,6 +28,10 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "shaw-k": {"attention_type": "shaw", "use_relative_values": False},
     "xl": {"attention_type": "xl"},
     "directional": {"attention_type": "directional"},
+    "t5": {"attention_type": "t5"},
+    "alibi": {"attention_type": "alibi"},
+    "rope": {"attention_type": "rope"},
+    "none": {"attention_type": "none"},
 }
 BASELINE = "absolute"
 KERNELS = ("sdpa", "eager", "flex_attention")

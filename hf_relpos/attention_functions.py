@@ -13,13 +13,15 @@ None, and output [B, n, H, d] as in transformers.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 from transformers.modeling_utils import AttentionInterface
 
-from .positions import RelativeBias
+from .positions import RelativeBias, RelativeValues
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention")
 
@@ -121,6 +123,140 @@ def sdpa_attention_forward(
 _compiled_flex_attention: Callable | None = None
 
 
+def flex_kernel(query: torch.Tensor) -> Callable:
+    """FlexAttention, compiled (fused) on CUDA; the unfused reference elsewhere (no backward on CPU)."""
+    global _compiled_flex_attention
+    from torch.nn.attention.flex_attention import flex_attention
+
+    if not query.is_cuda:
+        return flex_attention
+    if _compiled_flex_attention is None:
+        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
+    return _compiled_flex_attention
+
+
+def flex_score_mod(
+    score_bias: torch.Tensor | RelativeBias | None, batch: int, heads: int, query_length: int, key_length: int,
+    dtype: torch.dtype,
+) -> Callable | None:
+    """The score bias as a FlexAttention score_mod: a `RelativeBias` table read through its bucket (no n x m float
+    tensor), or a dense bias read per entry."""
+    if isinstance(score_bias, RelativeBias):
+        table, bucket = score_bias.table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
+
+        def score_mod(score, b, h, q, kv):
+            return score + table[b, h, q, bucket(q, kv)]
+        return score_mod
+    if score_bias is not None:
+        dense = score_bias.to(dtype).expand(batch, heads, query_length, key_length)
+
+        def score_mod(score, b, h, q, kv):
+            return score + dense[b, h, q, kv]
+        return score_mod
+    return None
+
+
+def flex_block_mask(
+    attention_mask: torch.Tensor | None, batch: int, query_length: int, key_length: int, device: torch.device,
+    keys_from: int | None = None,
+) -> Any:
+    """The boolean mask [B, 1|H, n, m] as a FlexAttention `BlockMask` (blocks with no allowed entry are skipped),
+    built once per mask tensor and kept on it, so every layer of a forward shares it. `keys_from` = c further keeps
+    only the keys j >= i + c (the right edge of Shaw's a^V); None when nothing is masked."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if attention_mask is None:
+        return None if keys_from is None else keys_from_block_mask(query_length, key_length, keys_from, device)
+    built = attention_mask.__dict__.setdefault("_flex_block_masks", {})
+    if keys_from in built:
+        return built[keys_from]
+    mask_heads = attention_mask.size(1)
+    full = attention_mask.expand(batch, mask_heads, query_length, key_length)
+    if mask_heads == 1:
+        def in_mask(b, h, q, kv):
+            return full[b, 0, q, kv]
+    else:
+        def in_mask(b, h, q, kv):
+            return full[b, h, q, kv]
+    allowed = in_mask
+    if keys_from is not None:
+        def allowed(b, h, q, kv):
+            return in_mask(b, h, q, kv) & (kv >= q + keys_from)
+    block_mask = create_block_mask(allowed, batch, mask_heads if mask_heads > 1 else None, query_length, key_length,
+                                   device=device, _compile=device.type == "cuda")
+    built[keys_from] = block_mask
+    return block_mask
+
+
+@functools.lru_cache(maxsize=16)
+def keys_from_block_mask(query_length: int, key_length: int, keys_from: int, device: torch.device) -> Any:
+    """The `BlockMask` of the keys j >= i + `keys_from` alone, for every batch entry and head (built once per
+    shape)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return create_block_mask(lambda b, h, q, kv: kv >= q + keys_from, None, None, query_length, key_length,
+                             device=device, _compile=device.type == "cuda")
+
+
+def relative_value_masses(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    scaling: float,
+    score_bias: torch.Tensor | RelativeBias | None,
+    attention_mask: torch.Tensor | None,
+    log_normalizer: torch.Tensor,
+    right_log_mass: torch.Tensor | None,
+    values: RelativeValues,
+) -> torch.Tensor:
+    """M[b, h, i, r] = sum_{j: clip(j - i', k) = r - k} p_ij (what `RelativeValues.mass_by_distance` sums from P)
+    without P, from the row log-sum-exp `log_normalizer` [B, H, n] of the scores s_ij:
+
+    - band, |j - i'| < k: p_ij = exp(s_ij - lse_i), from the 2k - 1 scores on the diagonals j = i' + r;
+    - right edge, j - i' >= k: exp(lse^right_i - lse_i), `right_log_mass` the log-sum-exp over those keys alone
+      (None: no such key, as in a causal stack);
+    - left edge, j - i' <= -k: the rest, 1 - band - right (0 for a query with no key).
+
+    Gradients reach q, k and the bias through the band scores and both log-sum-exps. Queries at consecutive
+    positions i' = i + query_offset, keys at 0 .. m-1.
+    """
+    k, offset = values.max_relative_position, values.query_offset
+    batch, heads, query_length, _ = query.shape
+    key_length = key.size(-2)
+    has_key = torch.isfinite(log_normalizer)
+    safe_normalizer = torch.where(has_key, log_normalizer, torch.zeros_like(log_normalizer))
+    total = has_key.to(query.dtype)
+    if k == 0:
+        return total[..., None]
+    band = []
+    for distance in range(offset - k + 1, offset + k):  # key j = i + distance
+        first, last = max(0, -distance), min(query_length, key_length - distance)
+        if last <= first:
+            band.append(query.new_zeros(batch, heads, query_length))
+            continue
+        scores = (query[:, :, first:last] * key[:, :, first + distance:last + distance]).sum(-1) * scaling
+        if isinstance(score_bias, RelativeBias):
+            rows = torch.arange(first, last, device=query.device)
+            column = score_bias.bucket(rows, rows + distance)
+            table = score_bias.table.expand(batch, heads, -1, -1)[:, :, first:last]
+            scores = scores + table.gather(-1, column[None, None, :, None].expand(batch, heads, -1, 1)).squeeze(-1)
+        elif score_bias is not None:
+            dense = score_bias.expand(batch, heads, query_length, key_length)
+            scores = scores + dense.diagonal(distance, -2, -1)
+        if attention_mask is not None:
+            allowed = attention_mask.expand(batch, -1, query_length, key_length).diagonal(distance, -2, -1)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        probabilities = torch.exp(scores - safe_normalizer[:, :, first:last])
+        band.append(nn.functional.pad(probabilities, (first, query_length - last)))
+    band = torch.stack(band, dim=-1)
+    if right_log_mass is None:
+        right = torch.zeros_like(total)
+    else:
+        reached = torch.isfinite(right_log_mass) & has_key
+        right = torch.exp(torch.where(reached, right_log_mass, safe_normalizer) - safe_normalizer) * reached
+    left = total - right - band.sum(-1)
+    return torch.cat([left[..., None], band, right[..., None]], dim=-1)
+
+
 def flex_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
@@ -134,56 +270,41 @@ def flex_attention_forward(
     output_attentions: bool = False,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FlexAttention (torch.nn.attention.flex_attention; compiled on CUDA, the unfused reference elsewhere): a
-    score_mod that reads a `RelativeBias` table by bucket (no n x m bias tensor) and a block mask from the boolean
-    mask. A value term or `output_attentions` runs `eager_attention_forward`, as in `sdpa_attention_forward`.
+    """FlexAttention (compiled on CUDA, the unfused reference elsewhere): a score_mod that reads a `RelativeBias`
+    table by bucket (no n x m bias tensor), a block mask from the boolean mask, and Shaw's value term
+    (`RelativeValues` at consecutive positions) from the row log-sum-exp (`relative_value_masses`) instead of the
+    probabilities. Any other value term, or `output_attentions`, runs `eager_attention_forward` (the same equation).
     FlexAttention has no dropout: attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager)."""
-    if value_term is not None or output_attentions:
+    fused_values = isinstance(value_term, RelativeValues) and value_term.consecutive
+    if (value_term is not None and not fused_values) or output_attentions:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
                                        value_term)
     if dropout > 0:
         raise ValueError(f"attn_implementation 'flex_attention' has no attention dropout, got attention_dropout="
                          f"{dropout} in training: set attention_dropout to 0 or use 'sdpa' or 'eager'")
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    global _compiled_flex_attention
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     batch, heads, query_length, _ = query.shape
     key_length = key.size(-2)
-    score_mod = None
-    if isinstance(score_bias, RelativeBias):
-        table, bucket = score_bias.table.to(query.dtype), score_bias.bucket
+    score_mod = flex_score_mod(score_bias, batch, heads, query_length, key_length, query.dtype)
+    block_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device)
+    attend = flex_kernel(query)
+    from torch.nn.attention.flex_attention import AuxRequest
 
-        def score_mod(score, b, h, q, kv):
-            return score + table[b, h, q, bucket(q, kv)]
-    elif score_bias is not None:
-        dense = score_bias.to(query.dtype).expand(batch, heads, query_length, key_length)
-
-        def score_mod(score, b, h, q, kv):
-            return score + dense[b, h, q, kv]
-
-    block_mask = None
-    if attention_mask is not None:
-        block_mask = getattr(attention_mask, "_flex_block_mask", None)  # built once per mask, shared by the layers
-        if block_mask is None:
-            mask_heads = attention_mask.size(1)
-            full = attention_mask.expand(batch, mask_heads, query_length, key_length)
-            if mask_heads == 1:
-                def mask_mod(b, h, q, kv):
-                    return full[b, 0, q, kv]
-            else:
-                def mask_mod(b, h, q, kv):
-                    return full[b, h, q, kv]
-            block_mask = create_block_mask(
-                mask_mod, batch, mask_heads if mask_heads > 1 else None, query_length, key_length,
-                device=query.device, _compile=query.is_cuda,
-            )
-            attention_mask._flex_block_mask = block_mask
-    attend = flex_attention
-    if query.is_cuda:
-        if _compiled_flex_attention is None:
-            _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-        attend = _compiled_flex_attention
-    output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    if not fused_values:
+        output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    else:
+        output, aux = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                             return_aux=AuxRequest(lse=True))
+        log_normalizer = aux.lse
+        right_log_mass = None
+        keys_from = value_term.query_offset + value_term.max_relative_position
+        if value_term.max_relative_position > 0 and not getattr(module, "is_causal", False) and keys_from < key_length:
+            right_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device, keys_from)
+            right_log_mass = attend(query, key, value, score_mod=score_mod, block_mask=right_mask, scale=scaling,
+                                    return_aux=AuxRequest(lse=True))[1].lse
+        masses = relative_value_masses(query, key, scaling, score_bias, attention_mask, log_normalizer,
+                                       right_log_mass, value_term)
+        output = output + value_term.from_masses(masses.to(output.dtype))
     if attention_mask is not None:
         output = output * attention_mask.any(dim=-1, keepdim=True)
     return output.transpose(1, 2).contiguous(), None

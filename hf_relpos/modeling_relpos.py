@@ -42,7 +42,14 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
-from .positions import AttentionTerms, PositionDraw, PositionScheme, get_scheme_class, random_positions
+from .positions import (
+    AttentionTerms,
+    PositionContext,
+    PositionDraw,
+    PositionScheme,
+    get_scheme_class,
+    random_positions,
+)
 
 # transformers 5.24 renamed the KV cache, argument and output field, from `past_key_values` to `cache`; the model
 # serves both: it returns the cache under the installed version's field name and accepts either argument name.
@@ -131,6 +138,28 @@ def attention_mask_for(
     )
 
 
+def refuse_kernel(positions: PositionScheme, additions: list[str], kernel: str) -> None:
+    """The ValueError for a transformers kernel asked to run a scheme that adds `additions` to attention."""
+    raise ValueError(
+        f"attention_type {positions.name!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+        f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes that "
+        "add none (e.g. 'absolute')"
+    )
+
+
+def with_scheme_mask(
+    config: RelPosTransformerConfig, positions: PositionScheme, context: PositionContext, mask: torch.Tensor | None
+) -> torch.Tensor | None:
+    """A stack's self-attention `mask` (from `attention_mask_for`) and the scheme's mask for every layer
+    (`context.mask`), combined once per forward."""
+    if context.mask is None:
+        return mask
+    if not runs_on_relpos_kernel(config):
+        refuse_kernel(positions, ["an attention mask"], config._attn_implementation)
+    scheme_mask = _as_4d(context.mask)
+    return scheme_mask if mask is None else mask & scheme_mask
+
+
 def _as_4d(tensor: torch.Tensor | None) -> torch.Tensor | None:
     """A mask or bias broadcastable to [B, H, n, m] with its missing leading dimensions made explicit."""
     if tensor is None or tensor.dim() == 4:
@@ -172,14 +201,13 @@ class RelPosAttention(nn.Module):
         positions: PositionScheme | None = None,
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
-        key_positions: torch.Tensor | None = None,
+        position_context: PositionContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attention_mask` comes from `attention_mask_for`; `memory` [B, M, d] (Transformer-XL): keys and values over
-        [memory; current segment], queries over the current segment only, at positions after `query_offset`;
-        `key_positions` [m]: randomized positions of the keys (None: the ordinary ones, see `PositionScheme`)."""
+        [memory; current segment], queries over the current segment only; `position_context`: the stack call's
+        positions, prepared by `positions` (self-attention only)."""
         query = self._heads(self.q_proj(hidden_states))
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
@@ -192,6 +220,8 @@ class RelPosAttention(nn.Module):
             if memory is not None:
                 source = torch.cat([memory.to(source.dtype), source], dim=1)
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
+            if positions is not None:
+                key = positions.transform_new_keys(self.layer_idx, key, position_context)
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if self.is_cross_attention:
@@ -199,8 +229,8 @@ class RelPosAttention(nn.Module):
 
         if self.is_cross_attention and self.config.cross_attention_length_scaling:
             query = query * self.log_key_counts(attention_mask, key.size(-2), query.dtype)
-        output, weights = self.attend(query, key, value, attention_mask, positions, query_offset, output_attentions,
-                                      key_positions)
+        output, weights = self.attend(query, key, value, attention_mask, positions, position_context,
+                                      output_attentions)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
     def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
@@ -218,16 +248,16 @@ class RelPosAttention(nn.Module):
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
         positions: PositionScheme | None = None,
-        query_offset: int = 0,
+        position_context: PositionContext | None = None,
         output_attentions: bool = False,
-        key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The scaled dot product of per-head queries [B, H, n, d] and keys/values [B, H, m, d] with what `positions`
-        adds, on the kernel `config._attn_implementation` names; returns [B, n, H, d] and the weights (eager)."""
+        """The scaled dot product of per-head queries [B, H, n, d] and keys/values [B, H, m, d] (keys as
+        `positions.transform_new_keys` left them) with what `positions` adds given the stack call's
+        `position_context`, on the kernel `config._attn_implementation` names; returns [B, n, H, d] and the weights
+        (eager)."""
         terms = AttentionTerms()
         if positions is not None:
-            randomized = {} if key_positions is None else {"positions": key_positions}
-            terms = positions.terms(self.layer_idx, query, key, query_offset, **randomized)
+            terms = positions.terms(self.layer_idx, query, key, position_context)
         query = query if terms.query is None else terms.query
         key = key if terms.key is None else terms.key
         kernel = self.config._attn_implementation
@@ -240,11 +270,7 @@ class RelPosAttention(nn.Module):
             extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
                      "value_term": terms.value_term}
         elif terms.additions():
-            raise ValueError(
-                f"attention_type {positions.name!r} adds {' and '.join(terms.additions())} to attention, which "
-                f"attn_implementation {kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and "
-                f"{kernel!r} only with schemes that add none (e.g. 'absolute')"
-            )
+            refuse_kernel(positions, terms.additions(), kernel)
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,
@@ -298,10 +324,9 @@ class RelPosLayer(GradientCheckpointingLayer):
         encoder_hidden_states: torch.Tensor | None = None,
         cross_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
-        key_positions: torch.Tensor | None = None,
+        position_context: PositionContext | None = None,
         past_key_values: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The cache comes under the installed transformers' name (`CACHE_FIELD`): that is the keyword
@@ -313,8 +338,8 @@ class RelPosLayer(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
-                x, self_mask, positions, cache=cache, query_offset=query_offset,
-                output_attentions=output_attentions, memory=memory, key_positions=key_positions,
+                x, self_mask, positions, cache=cache, output_attentions=output_attentions, memory=memory,
+                position_context=position_context,
             ),
         )
         cross_weights = None
@@ -411,8 +436,15 @@ class RelPosStack(nn.Module):
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
-        """Returns the output, optional per-layer hidden states / attentions / cross-attentions, and the inputs of
-        every layer (what Transformer-XL keeps as memory)."""
+        """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`), then runs the
+        layers. Returns the output, optional per-layer hidden states / attentions / cross-attentions, and the inputs
+        of every layer (what Transformer-XL keeps as memory)."""
+        query_length = hidden_states.size(1)
+        key_length = query_offset + query_length
+        position_context = self.positions.prepare(PositionContext(
+            query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype
+        ))
+        self_mask = with_scheme_mask(self.config, self.positions, position_context, self_mask)
         all_hidden, all_self, all_cross, layer_inputs = [], [], [], []
         for idx, layer in enumerate(self.layers):
             layer_inputs.append(hidden_states)
@@ -424,10 +456,9 @@ class RelPosStack(nn.Module):
                 self.positions,
                 encoder_hidden_states,
                 cross_mask,
-                query_offset=query_offset,
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
-                key_positions=key_positions,
+                position_context=position_context,
                 **{CACHE_FIELD: cache},
             )
             all_self.append(self_weights)

@@ -1,9 +1,11 @@
 """Position-scheme registry, the scheme contract, and the pieces every scheme shares.
 
 A position scheme says *what* order information enters self-attention and never runs attention itself:
-`embed` adds an embedding-level encoding, and `terms` returns, per layer, an `AttentionTerms` record (score bias,
-extra mask, value term, replaced queries/keys). `RelPosAttention` (modeling_relpos.py) hands that record to the kernel
-that `config._attn_implementation` names (attention_functions.py). One scheme instance serves one stack (the
+`embed` adds an embedding-level encoding; `prepare` computes, once per stack call, everything that depends on the
+positions only (a `PositionContext`: index tables, masks, rotation angles, sinusoids); `transform_new_keys` maps the
+keys a call computes before they are cached (RoPE's rotation); and `terms` returns, per layer, an `AttentionTerms`
+record (score bias, extra mask, value term, replaced queries/keys). `RelPosAttention` (modeling_relpos.py) hands that
+record to the kernel that `config._attn_implementation` names (attention_functions.py). One scheme instance serves one stack (the
 encoder's or the decoder's self-attention) and owns the parameters of all its layers, so parameters shared across
 layers (Transformer-XL's tied u, v) need no special case.
 
@@ -15,8 +17,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
@@ -257,24 +259,68 @@ class RelativeBias:
     """A score bias that depends on (query i, key j) only through a bucket: bias[b, h, i, j] = table[b, h, i, bucket(i, j)].
 
     `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
-    distance d). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the scheme has
-    a cheaper way, such as XL's rel-shift, else by a gather); the FlexAttention kernel reads `table` through `bucket`
-    inside its score_mod and never builds the n x m float tensor.
+    distance d; T5: the bucket table, expanded). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels
+    (by `densify` when the scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a
+    record shared by every layer (T5) is expanded once per forward. The FlexAttention kernel reads `table` through
+    `bucket` inside its score_mod and never builds the n x m float tensor.
     """
 
     table: torch.Tensor
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
     densify: Callable[[], torch.Tensor] | None = None
+    _dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
-        if self.densify is not None:
-            return self.densify()
-        batch, heads, query_length, _ = self.table.shape
-        queries = torch.arange(query_length, device=self.table.device)[:, None]
-        keys = torch.arange(self.key_length, device=self.table.device)[None, :]
-        index = self.bucket(queries, keys).expand(batch, heads, query_length, self.key_length)
-        return torch.gather(self.table, -1, index)
+        if self._dense is None:
+            if self.densify is not None:
+                self._dense = self.densify()
+            else:
+                batch, heads, query_length, _ = self.table.shape
+                queries = torch.arange(query_length, device=self.table.device)[:, None]
+                keys = torch.arange(self.key_length, device=self.table.device)[None, :]
+                index = self.bucket(queries, keys).expand(batch, heads, query_length, self.key_length)
+                self._dense = torch.gather(self.table, -1, index)
+        return self._dense
+
+
+@dataclass
+class RelativeValues:
+    """Shaw et al.'s (2018) value term, eq. 3: z_i += sum_j p_ij w_clip(j - i', k), i' = i + `query_offset`, for the
+    attention probabilities p [B, H, n, m] and a table `table` [2k+1, d] (shared by the heads) or [H, 2k+1, d].
+
+    `mass_by_distance(p)` sums each row's probabilities into the 2k+1 clipped distances (a scatter-add over
+    `index` [n, m], the bucket of every query-key pair); calling the record gives the term. A kernel that never forms
+    p (FlexAttention) computes the same masses from the row log-sum-exp instead (`attention_functions`), which needs
+    consecutive positions (`consecutive`: False under randomized positions).
+    """
+
+    table: torch.Tensor
+    max_relative_position: int
+    query_offset: int
+    index: torch.Tensor
+    consecutive: bool
+
+    def mass_by_distance(self, probabilities: torch.Tensor) -> torch.Tensor:
+        """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k."""
+        batch, heads, query_length, key_length = probabilities.shape
+        by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * self.max_relative_position + 1)
+        return by_distance.scatter_add_(-1, self.index.expand(batch, heads, query_length, key_length), probabilities)
+
+    def from_masses(self, masses: torch.Tensor) -> torch.Tensor:
+        """sum_r M[..., r] w_r: [B, H, n, d]."""
+        return times_table(masses, self.table, transpose=False)
+
+    def __call__(self, probabilities: torch.Tensor) -> torch.Tensor:
+        return self.from_masses(self.mass_by_distance(probabilities))
+
+
+def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
+    """x [B, H, n, *] times a distance table [R, d] or [H, R, d] (transposed: x . w_r for every r)."""
+    if table.dim() == 2:
+        return torch.matmul(x, table.t().to(x.dtype) if transpose else table.to(x.dtype))
+    equation = "bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd"
+    return torch.einsum(equation, x, table.to(x.dtype))
 
 
 @dataclass
@@ -282,14 +328,15 @@ class AttentionTerms:
     """What a position scheme contributes to one self-attention call; every field is optional and the empty record
     is plain attention, softmax(q k^T / sqrt(d) + mask) v.
 
-    - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u; a rotation such as
-      RoPE). Keys here include the cached ones, at positions 0 .. m-1; queries start at position `query_offset`
-      (or all at the randomized `positions`, see `PositionScheme`).
+    - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u). Keys here include
+      the cached ones, at positions 0 .. m-1; queries start at position `query_offset` (or all at the randomized
+      `positions`, see `PositionScheme`).
     - `score_bias`: added to the scaled scores, a tensor broadcastable to [B, H, n, m] or a bucketed `RelativeBias`.
-    - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality
-      (DiSAN's per-head direction masks). A query left with no key outputs zeros.
+    - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality.
+      A query left with no key outputs zeros. (A mask that is the same in every layer belongs in
+      `PositionContext.mask`, combined once per forward.)
     - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
-      [B, H, n, m] after dropout (Shaw's a^V).
+      [B, H, n, m] after dropout (Shaw's a^V, a `RelativeValues`).
 
     Score biases, masks and value terms need hf_relpos' own kernels ("eager", "sdpa", "flex_attention"); a record
     with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
@@ -307,16 +354,50 @@ class AttentionTerms:
         return [name for name, term in named if term is not None]
 
 
+ContextType = TypeVar("ContextType", bound="PositionContext")
+
+
+@dataclass(frozen=True)
+class PositionContext:
+    """The positions of one stack call, built once per forward by `PositionScheme.prepare` and read by every layer.
+
+    The call's n queries sit at `query_offset` .. `query_offset` + n - 1 and its m keys (cached ones and
+    Transformer-XL memory included) at 0 .. m-1, or, with randomized positions, the keys at `positions` [m] and the
+    queries at its last n entries. `dtype` is the dtype of the stack's hidden states. `mask` is a boolean mask
+    broadcastable to [B, H, n, m] that the scheme adds to every layer's self-attention (DiSAN's directions; True =
+    may attend); the stack combines it with padding and causality once. Schemes keep what else they precompute in a
+    subclass (`extend`).
+    """
+
+    query_length: int
+    key_length: int
+    query_offset: int
+    positions: torch.Tensor | None
+    device: torch.device
+    dtype: torch.dtype
+    mask: torch.Tensor | None = None
+
+    def query_and_key_positions(self) -> tuple[torch.LongTensor, torch.LongTensor]:
+        """The queries' [n] and keys' [m] absolute positions."""
+        return query_and_key_positions(self.query_length, self.key_length, self.positions, self.device)
+
+    def extend(self, context_class: type[ContextType], **extra: Any) -> ContextType:
+        """This context as an instance of the subclass `context_class`, with its extra fields."""
+        return context_class(**{field.name: getattr(self, field.name) for field in fields(PositionContext)}, **extra)
+
+
 class PositionScheme(nn.Module):
     """How order enters the self-attention of one stack (encoder or decoder); subclass and `@register_attention`.
 
     A subclass owns the parameters of all `num_layers` layers and overrides what it needs:
 
     - `embed(inputs_embeds, past_length, positions=None)`: an embedding-level encoding (absolute sinusoids).
-    - `terms(layer_idx, query, key, query_offset, positions=None) -> AttentionTerms`: what layer `layer_idx` adds to
-      attention, given its per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or
-      memory) and the number of cached positions before the first query (`query_offset`), so a decoding step sees
-      true distances.
+    - `prepare(context) -> PositionContext`: once per stack call, everything that depends on the positions only
+      (index tables, masks, angles), returned in the context (a subclass of it, see `PositionContext.extend`).
+    - `transform_new_keys(layer_idx, key, context)`: the keys [B, H, c, d] this call computed (the last c of the m
+      keys), before they enter the KV cache (RoPE rotates them here, so a cached step rotates only its new key).
+    - `terms(layer_idx, query, key, context) -> AttentionTerms`: what layer `layer_idx` adds to attention, given its
+      per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or memory).
     - `config_fields`: the config fields it reads (`SchemeField`), `check_config` for checks across fields,
       `init_parameters(std)`, `start_neutral()` (parameters for switching a trained model to this scheme), and
       `card` (`SchemeCard`) for model cards.
@@ -324,12 +405,12 @@ class PositionScheme(nn.Module):
     Positions. By default the tokens of a call sit at the ordinary positions: key j at j, query i at
     `query_offset + i`. With `config.position_randomization_max` = L set, a stack in training mode draws its
     positions instead as a sorted random subset of 0 .. L-1 (Ruoss et al. 2023; `random_positions`, one draw per
-    batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n], to `terms` those of
-    the m keys [m] (the queries are the last n of them). With `config.position_randomization_at_inference` as well,
-    evaluation draws them too, and generation keeps one decoder draw for the whole output (`PositionDraw`).
-    `positions=None` always means the ordinary positions. A scheme reads both cases through `query_and_key_positions`, and so
-    takes randomized positions without further code; fast paths that rely on consecutive positions (XL's rel-shift)
-    apply only when `positions` is None.
+    batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n], to `prepare` (in
+    the context) those of the m keys [m] (the queries are the last n of them). With
+    `config.position_randomization_at_inference` as well, evaluation draws them too, and generation keeps one decoder
+    draw for the whole output (`PositionDraw`). `positions=None` always means the ordinary positions. A scheme reads
+    both cases through `PositionContext.query_and_key_positions`, and so takes randomized positions without further
+    code; fast paths that rely on consecutive positions (XL's rel-shift) apply only when `positions` is None.
     """
 
     name: str = ""
@@ -364,9 +445,14 @@ class PositionScheme(nn.Module):
         """Embedding-level position encoding; identity for purely relative schemes."""
         return inputs_embeds
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
+    def prepare(self, context: PositionContext) -> PositionContext:
+        """What every layer of this stack call shares; nothing beyond the positions by default."""
+        return context
+
+    def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: PositionContext) -> torch.Tensor:
+        """The keys computed by this call, as they enter the cache and attention; unchanged by default."""
+        return key
+
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: PositionContext) -> AttentionTerms:
         """What layer `layer_idx`'s self-attention gets from this scheme; nothing by default."""
         return AttentionTerms()

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
-from .positions import AttentionTerms, PositionScheme, SchemeCard, query_and_key_positions, register_attention
+from .positions import AttentionTerms, PositionContext, PositionScheme, SchemeCard, register_attention
 
 PRESS_BIBTEX = """@inproceedings{press2022train,
   title     = {Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation},
@@ -54,15 +55,23 @@ class AlibiPositions(PositionScheme):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.slopes = alibi_slopes(num_heads)
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        query_positions, key_positions = query_and_key_positions(query.size(-2), key.size(-2), positions, query.device)
-        dtype = torch.promote_types(query.dtype, torch.float32)
+    def prepare(self, context: PositionContext) -> PositionContext:
+        """The bias -m_h |i - j| [1, H, n, m] in promote_types(dtype, float32), shared by the layers."""
+        query_positions, key_positions = context.query_and_key_positions()
+        dtype = torch.promote_types(context.dtype, torch.float32)
         distance = (query_positions[:, None] - key_positions[None, :]).abs().to(dtype)
-        slopes = torch.tensor(self.slopes, dtype=dtype, device=query.device)
-        return AttentionTerms(score_bias=(-slopes[:, None, None] * distance)[None])
+        slopes = torch.tensor(self.slopes, dtype=dtype, device=context.device)
+        return context.extend(AlibiContext, bias=(-slopes[:, None, None] * distance)[None])
+
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: AlibiContext) -> AttentionTerms:
+        return AttentionTerms(score_bias=context.bias)
+
+
+@dataclass(frozen=True)
+class AlibiContext(PositionContext):
+    """`bias` [1, H, n, m]: -m_h |i - j|."""
+
+    bias: torch.Tensor | None = None
 
 
 def _slope_text(num_heads: int) -> str:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
 
 from .positions import (
-    AttentionTerms,
+    PositionContext,
     PositionScheme,
     SchemeCard,
     SchemeField,
     boolean_field,
-    query_and_key_positions,
     register_attention,
 )
 
@@ -101,13 +101,10 @@ class DirectionalPositions(PositionScheme):
         self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
 
-    def direction_mask(
-        self, query_length: int, key_length: int, query_offset: int, device: Any, positions: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Boolean [1, H, n, m]: head h's query i (absolute position i + query_offset, or its randomized position)
-        may attend to key j. The masks compare positions only by order, so randomized (sorted) positions give the
-        same masks."""
-        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, device)
+    def direction_mask(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
+        """Boolean [1, H, n, m]: head h's query at `query_positions[i]` may attend to the key at `key_positions[j]`.
+        The masks compare positions only by order, so randomized (sorted) positions give the same masks."""
+        query_length, key_length, device = query_positions.numel(), key_positions.numel(), query_positions.device
         query_positions, key_positions = query_positions[:, None], key_positions[None, :]
         if self.disable_diagonal:
             by_direction = {
@@ -123,9 +120,7 @@ class DirectionalPositions(PositionScheme):
             }
         return torch.stack([by_direction[direction] for direction in self.head_directions])[None]
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        return AttentionTerms(mask=self.direction_mask(query.size(-2), key.size(-2), query_offset, query.device,
-                                                       positions))
+    def prepare(self, context: PositionContext) -> PositionContext:
+        """The direction masks, shared by the layers."""
+        query_positions, key_positions = context.query_and_key_positions()
+        return replace(context, mask=self.direction_mask(query_positions, key_positions))

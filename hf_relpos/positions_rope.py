@@ -2,17 +2,18 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from .positions import (
     AttentionTerms,
+    PositionContext,
     PositionScheme,
     SchemeCard,
     integer_field,
     number_field,
-    query_and_key_positions,
     register_attention,
 )
 
@@ -53,8 +54,9 @@ class RotaryPositions(PositionScheme):
 
     Only the first `rotary_dim` dimensions of a head are rotated (all when null; GPT-NeoX's partial rotary). It
     replaces queries and keys and adds nothing else, so every kernel runs it, transformers' flash kernels included.
-    Cached keys arrive unrotated and are rotated with their own positions 0 .. m-1, queries with `query_offset + i`,
-    so a cached decoding step sees the true offsets. Angles are computed in float64.
+    Keys are rotated once, as they are computed (`transform_new_keys`), so the KV cache holds rotated keys and a
+    cached decoding step rotates only its own key and query, at their true positions. Angles are computed in float64
+    once per stack call.
     """
 
     config_fields = (
@@ -83,20 +85,40 @@ class RotaryPositions(PositionScheme):
         self.rotary_dim = rotary_dims(config, head_dim)
         self.theta = float(config.rope_theta)
 
-    def rotate(self, states: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """R_{Theta,p} x for each row x [..., len(positions), d] at position p."""
-        rotary = self.rotary_dim
-        exponents = torch.arange(0, rotary, 2, device=states.device, dtype=torch.float64) / rotary
+    def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin of p theta_t [len(positions), d_rot / 2], computed in float64, returned in `dtype`."""
+        exponents = torch.arange(0, self.rotary_dim, 2, device=positions.device, dtype=torch.float64) / self.rotary_dim
         angles = positions.to(torch.float64)[:, None] * self.theta ** (-exponents)[None, :]
-        cos, sin = angles.cos().to(states.dtype), angles.sin().to(states.dtype)
+        return angles.cos().to(dtype), angles.sin().to(dtype)
+
+    def rotate(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """R_{Theta,p} x for each row x [..., len(cos), d], given the cos and sin of its angles."""
+        rotary = self.rotary_dim
+        cos, sin = cos.to(states.dtype), sin.to(states.dtype)
         pairs = states[..., :rotary].unflatten(-1, (rotary // 2, 2))
         even, odd = pairs[..., 0], pairs[..., 1]
         rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
         return torch.cat([rotated, states[..., rotary:]], dim=-1)
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        query_positions, key_positions = query_and_key_positions(query.size(-2), key.size(-2), positions, query.device)
-        return AttentionTerms(query=self.rotate(query, query_positions), key=self.rotate(key, key_positions))
+    def prepare(self, context: PositionContext) -> RopeContext:
+        """The rotation angles of every key position (the queries' are the last n), shared by the layers."""
+        _, key_positions = context.query_and_key_positions()
+        cos, sin = self.angles(key_positions, context.dtype)
+        return context.extend(RopeContext, cos=cos, sin=sin)
+
+    def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
+        """The c keys of this call sit at the last c key positions: rotated once, before they are cached."""
+        count = key.size(-2)
+        return self.rotate(key, context.cos[-count:], context.sin[-count:])
+
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: RopeContext) -> AttentionTerms:
+        count = query.size(-2)
+        return AttentionTerms(query=self.rotate(query, context.cos[-count:], context.sin[-count:]))
+
+
+@dataclass(frozen=True)
+class RopeContext(PositionContext):
+    """`cos`, `sin` [m, d_rot / 2]: the rotation angles of the m key positions."""
+
+    cos: torch.Tensor | None = None
+    sin: torch.Tensor | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,16 +12,17 @@ from transformers import initialization as init
 
 from .positions import (
     AttentionTerms,
+    PositionContext,
     PositionScheme,
     RelativeBias,
+    RelativeValues,
     SchemeCard,
     boolean_field,
     clipped_rel_shift,
     integer_field,
     number_field,
-    query_and_key_positions,
     register_attention,
-    relative_position_index,
+    times_table,
 )
 
 SHAW_BIBTEX = """@inproceedings{shaw2018self,
@@ -65,9 +67,10 @@ class ShawPositions(PositionScheme):
 
     Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values,
     shared across heads (paper) or one table per head. Efficient form (eq. 5, sec. 3.3): e_ij split into
-    q_i k_j^T + q_i (a^K_ij)^T, the second term a `RelativeBias` of q_i . w^K_r for the 2k+1 distances r, read by the
-    index table (O(n (2k+1) d + n^2)); the a^V value term sums each row's probabilities into 2k+1 distance buckets,
-    then multiplies by w^V. No n x n x d tensor.
+    q_i k_j^T + q_i (a^K_ij)^T, the second term a `RelativeBias` of q_i . w^K_r for the 2k+1 distances r, laid out
+    over the keys by `clipped_rel_shift` (eager, SDPA) or read per query-key pair inside FlexAttention's score_mod
+    (O(n (2k+1) d + n^2)); the a^V value term (`RelativeValues`) sums each row's probabilities into the 2k+1
+    distance buckets, then multiplies by w^V. No n x n x d tensor.
     """
 
     config_fields = (
@@ -102,7 +105,7 @@ class ShawPositions(PositionScheme):
         """N(0, relative_embedding_init_std) tables. Null draws them at the variance of Shaw et al.'s Tensor2Tensor
         code, whose default initialiser (uniform_unit_scaling: fan-average variance scaling) gives a (2k + 1) x d_z
         table variance 2 / (2k + 1 + d_z). The linears' `std` (init_std) is not used: at 0.02 the relative terms start
-        an order of magnitude below the content terms, and Shaw trains worse (docs/results.md, sections 1 and 5)."""
+        an order of magnitude below the content terms."""
         table_std = self.table_init_std
         if table_std is None:
             table_std = math.sqrt(2.0 / (2 * self.max_relative_position + 1 + self.head_dim))
@@ -110,48 +113,40 @@ class ShawPositions(PositionScheme):
             if tables is not None:
                 init.normal_(tables, mean=0.0, std=table_std)
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        batch, heads, query_length, head_dim = query.shape
-        key_length = key.size(-2)
+    def prepare(self, context: PositionContext) -> ShawContext:
+        """The bucket clip(j - i', k) + k of every query-key pair, shared by the layers."""
         kmax = self.max_relative_position
-        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
+        query_positions, key_positions = context.query_and_key_positions()
+        index = (key_positions[None, :] - query_positions[:, None]).clamp(-kmax, kmax) + kmax
+        return context.extend(ShawContext, index=index)
 
-        def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-            return (key_positions[j] - query_positions[i]).clamp(-kmax, kmax) + kmax
-
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
+        head_dim, key_length = query.size(-1), key.size(-2)
+        kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
+        index = context.index
         score_bias = None
         if self.relative_keys is not None:
-            table = _times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
+            table = times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
+            if consecutive:
+                def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+                    return (j - i - offset).clamp(-kmax, kmax) + kmax
+            else:
+                def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+                    return index[i, j]
             score_bias = RelativeBias(
                 table=table,
                 bucket=bucket,
                 key_length=key_length,
-                densify=(lambda: clipped_rel_shift(table, key_length, kmax, query_offset)) if positions is None else None,
+                densify=(lambda: clipped_rel_shift(table, key_length, kmax, offset)) if consecutive else None,
             )
-
         value_term = None
         if self.relative_values is not None:
-            relative_values = self.relative_values[layer_idx]
-            if positions is None:
-                index = relative_position_index(query_length, key_length, kmax, query_offset, device=query.device)
-            else:
-                index = bucket(torch.arange(query_length, device=query.device)[:, None],
-                               torch.arange(key_length, device=query.device)[None, :])
-
-            def value_term(probabilities: torch.Tensor) -> torch.Tensor:
-                by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * kmax + 1)
-                by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
-                return _times_table(by_distance, relative_values, transpose=False)
-
+            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, index, consecutive)
         return AttentionTerms(score_bias=score_bias, value_term=value_term)
 
 
-def _times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
-    """x [B, H, n, *] times a distance table [2k+1, d] or [H, 2k+1, d] (transposed: x . w_r for every r)."""
-    if table.dim() == 2:
-        return torch.matmul(x, table.t().to(x.dtype) if transpose else table.to(x.dtype))
-    equation = "bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd"
-    return torch.einsum(equation, x, table.to(x.dtype))
+@dataclass(frozen=True)
+class ShawContext(PositionContext):
+    """`index` [n, m]: clip(j - i', k) + k for query i and key j."""
+
+    index: torch.Tensor | None = None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -11,11 +12,11 @@ from transformers import initialization as init
 
 from .positions import (
     AttentionTerms,
+    PositionContext,
     PositionScheme,
     RelativeBias,
     SchemeCard,
     integer_field,
-    query_and_key_positions,
     register_attention,
 )
 
@@ -111,20 +112,27 @@ class T5Positions(PositionScheme):
     def init_parameters(self, std: float) -> None:
         init.normal_(self.relative_attention_bias.weight, mean=0.0, std=std)
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        batch, heads, query_length, _ = query.shape
-        key_length = key.size(-2)
-        query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
+    def prepare(self, context: PositionContext) -> PositionContext:
+        """The bias of every query-key pair, shared by the layers (as T5 computes it once per stack)."""
+        query_positions, key_positions = context.query_and_key_positions()
         index = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
                                          bidirectional=not self.is_causal, num_buckets=self.num_buckets,
                                          max_distance=self.max_distance)
-        weight = self.relative_attention_bias.weight.to(query.dtype)  # [R, H]
-        return AttentionTerms(score_bias=RelativeBias(
-            table=weight.t()[None, :, None, :].expand(batch, heads, query_length, self.num_buckets),
+        weight = self.relative_attention_bias.weight.to(context.dtype)  # [R, H]
+        bias = RelativeBias(
+            table=weight.t()[None, :, None, :].expand(1, self.num_heads, context.query_length, self.num_buckets),
             bucket=lambda i, j: index[i, j],
-            key_length=key_length,
+            key_length=context.key_length,
             densify=lambda: weight[index].permute(2, 0, 1)[None],
-        ))
+        )
+        return context.extend(T5Context, bias=bias)
+
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: T5Context) -> AttentionTerms:
+        return AttentionTerms(score_bias=context.bias)
+
+
+@dataclass(frozen=True)
+class T5Context(PositionContext):
+    """`bias`: the stack's bucketed bias, one record for every layer (expanded to [1, H, n, m] at most once)."""
+
+    bias: RelativeBias | None = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -10,12 +12,12 @@ from transformers import initialization as init
 
 from .positions import (
     AttentionTerms,
+    PositionContext,
     PositionScheme,
     RelativeBias,
     SchemeCard,
     boolean_field,
     integer_field,
-    query_and_key_positions,
     register_attention,
     rel_shift,
     sinusoids,
@@ -88,9 +90,8 @@ class XLPositions(PositionScheme):
     def encodings(self, distances: torch.Tensor, span: int, dtype: torch.dtype) -> torch.Tensor:
         """R_d [len(distances), d_model] for distances |d| <= span, read from a float64 table of the sinusoids of
         every distance up to the largest one seen (doubled as needed). The table depends on positions only, never on
-        a weight, so it cannot go stale; it spares the per-layer sin/cos, which costs as much as a cached decoding
-        step's position scores. `span` comes from the caller's integers: reading it off `distances` would make the
-        CPU wait for the GPU in every layer."""
+        a weight, so it cannot go stale. `span` comes from the caller's integers: reading it off `distances` would
+        make the CPU wait for the GPU."""
         table = self._sinusoid_tables.get(distances.device)
         if table is None or table.size(0) < 2 * span + 1:
             covered = 0 if table is None else table.size(0) // 2
@@ -99,22 +100,41 @@ class XLPositions(PositionScheme):
             self._sinusoid_tables[distances.device] = table
         return table.index_select(0, distances + table.size(0) // 2).to(dtype)
 
-    def position_scores(
-        self, layer_idx: int, position_query: torch.Tensor, largest_distance: int, count: int
-    ) -> torch.Tensor:
-        """(q + v) . W_kR R_d [B, H, n, count] for d = largest_distance, largest_distance - 1, ... (clamped).
+    def prepare(self, context: PositionContext) -> XLContext:
+        """The distances of the call, largest first, their bucket per query-key pair and their encodings R_d."""
+        query_length, key_length = context.query_length, context.key_length
+        if context.positions is None:  # consecutive positions: the distances of query t are a window of one list
+            distance_count = key_length if self.is_causal else query_length + key_length - 1
+            largest_distance = context.query_offset + query_length - 1
+
+            def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+                return (query_length - 1 - i + j).clamp(max=distance_count - 1)
+        else:  # randomized positions: every distance between the smallest and the largest, read by the bucket
+            query_positions, key_positions = context.query_and_key_positions()
+            largest_distance = int(query_positions[-1] - key_positions[0])
+            smallest_distance = 0 if self.is_causal else int(query_positions[0] - key_positions[-1])
+            distance_count = largest_distance - smallest_distance + 1
+
+            def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+                return (largest_distance - query_positions[i] + key_positions[j]).clamp(max=distance_count - 1)
+
+        distances = torch.arange(largest_distance, largest_distance - distance_count, -1, device=context.device)
+        span = max(abs(largest_distance), abs(largest_distance - distance_count + 1))
+        if self.clamp_len is not None:
+            distances = distances.clamp(-self.clamp_len, self.clamp_len)
+            span = min(span, self.clamp_len)
+        return context.extend(XLContext, bucket=bucket, encodings=self.encodings(distances, span, context.dtype))
+
+    def position_scores(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor) -> torch.Tensor:
+        """(q + v) . W_kR R_d [B, H, n, count] for the `count` encodings R_d [count, d_model].
 
         Two orders of the same product, the cheaper one for the shapes at hand: project the `count` encodings
         (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
         (W_kR^T (q + v), then dot each R_d: cached decoding, where one query meets every earlier distance).
         """
         batch, heads, query_length, head_dim = position_query.shape
-        distances = torch.arange(largest_distance, largest_distance - count, -1, device=position_query.device)
-        span = max(abs(largest_distance), abs(largest_distance - count + 1))
-        if self.clamp_len is not None:
-            distances = distances.clamp(-self.clamp_len, self.clamp_len)
-            span = min(span, self.clamp_len)
-        encodings = self.encodings(distances, span, position_query.dtype)
+        encodings = encodings.to(position_query.dtype)
+        count = encodings.size(0)
         weight = self.position_projections[layer_idx].weight.to(position_query.dtype)
         model_dim = weight.size(1)
         queries = batch * query_length
@@ -126,35 +146,25 @@ class XLPositions(PositionScheme):
         projected = (encodings @ weight.t()).view(count, heads, head_dim)
         return torch.matmul(position_query, projected.permute(1, 2, 0))
 
-    def terms(
-        self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, query_offset: int,
-        positions: torch.Tensor | None = None,
-    ) -> AttentionTerms:
-        query_length, head_dim = query.shape[-2:]
-        key_length = key.size(-2)
+    def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
+        head_dim, key_length = query.size(-1), key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
         position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
-        if positions is None:  # consecutive positions: the distances of query t are a window of one list (rel-shift)
-            distance_count = key_length if self.is_causal else query_length + key_length - 1
-            largest_distance = query_offset + query_length - 1
-            bucket = lambda i, j: (query_length - 1 - i + j).clamp(max=distance_count - 1)  # noqa: E731
-        else:  # randomized positions: every distance between the smallest and the largest, read by the bucket
-            query_positions, key_positions = query_and_key_positions(query_length, key_length, positions, query.device)
-            largest_distance = int(query_positions[-1] - key_positions[0])
-            smallest_distance = 0 if self.is_causal else int(query_positions[0] - key_positions[-1])
-            distance_count = largest_distance - smallest_distance + 1
-
-            def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-                return (largest_distance - query_positions[i] + key_positions[j]).clamp(max=distance_count - 1)
-
-        position_scores = self.position_scores(
-            layer_idx, position_query, largest_distance, distance_count
-        ) * head_dim**-0.5
+        position_scores = self.position_scores(layer_idx, position_query, context.encodings) * head_dim**-0.5
         score_bias = RelativeBias(
             table=position_scores,
-            bucket=bucket,
+            bucket=context.bucket,
             key_length=key_length,
-            densify=(lambda: rel_shift(position_scores, key_length)) if positions is None else None,
+            densify=(lambda: rel_shift(position_scores, key_length)) if context.positions is None else None,
         )
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
                               score_bias=score_bias)
+
+
+@dataclass(frozen=True)
+class XLContext(PositionContext):
+    """`encodings` [count, d_model]: R_d for the call's distances, largest first; `bucket(i, j)`: the
+    column of query i's position scores that holds its distance to key j."""
+
+    bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    encodings: torch.Tensor | None = None

@@ -18,7 +18,8 @@ from conftest import (
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos.modeling_relpos import CACHE_FIELD, RelPosAttention
+from hf_relpos.modeling_relpos import CACHE_FIELD, RelPosAttention, with_scheme_mask
+from hf_relpos.positions import PositionContext
 
 
 def padded_batch():
@@ -71,7 +72,8 @@ def test_directional_first_forward_token_outputs_zero_attention(kernel):
     scheme = hf_relpos.ATTENTION_REGISTRY["directional"](config, 1, 4, 8, is_causal=False)
     attention = RelPosAttention(config, 4, 0, is_cross_attention=False)
     q, k, v = (torch.randn(1, 4, 5, 8) for _ in range(3))
-    out, _ = attention.attend(q, k, v, None, scheme, 0)
+    context = scheme.prepare(PositionContext(5, 5, 0, None, q.device, q.dtype))
+    out, _ = attention.attend(q, k, v, with_scheme_mask(config, scheme, context, None), scheme, context)
     assert torch.all(out[:, 0] == 0) and torch.all(out[:, 1:].abs().sum(-1) > 0)
 
 
@@ -402,10 +404,9 @@ class RecordedPositions:
                 self.calls.append((_stack, "embed", positions))
                 return _embed(inputs_embeds, past_length, **({} if positions is None else {"positions": positions}))
 
-            def recorded_terms(layer_idx, query, key, query_offset, positions=None, _terms=terms, _stack=stack_name):
-                self.calls.append((_stack, "terms", positions))
-                return _terms(layer_idx, query, key, query_offset,
-                              **({} if positions is None else {"positions": positions}))
+            def recorded_terms(layer_idx, query, key, context, _terms=terms, _stack=stack_name):
+                self.calls.append((_stack, "terms", context.positions))
+                return _terms(layer_idx, query, key, context)
 
             monkeypatch.setattr(scheme, "embed", recorded_embed)
             monkeypatch.setattr(scheme, "terms", recorded_terms)

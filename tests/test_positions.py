@@ -12,8 +12,8 @@ from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_attention
-from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for
-from hf_relpos.positions import get_scheme_class
+from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
+from hf_relpos.positions import PositionContext, get_scheme_class
 from hf_relpos.positions_t5 import relative_position_bucket
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -307,8 +307,11 @@ def fast_attention(attention, scheme, query_length, key_length, is_causal, padde
     offset = key_length - query_length
     mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
                               key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
+    context = scheme.prepare(PositionContext(query_length, key_length, offset, key_positions, q.device, q.dtype))
+    mask = with_scheme_mask(attention.config, scheme, context, mask)
     with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
-        output, weights = attention.attend(q, k, v, mask, scheme, offset, output_attentions, key_positions)
+        keys = scheme.transform_new_keys(1, k, context)
+        output, weights = attention.attend(q, keys, v, mask, scheme, context, output_attentions)
     return (q, k, v), output.transpose(1, 2), weights
 
 
@@ -391,7 +394,7 @@ def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shap
 class QueryKeyTransform(PositionScheme):
     """Replaces queries and keys only (q -> 2q, k -> k + 1), as RoPE's rotations will: nothing a kernel must take."""
 
-    def terms(self, layer_idx, query, key, query_offset):
+    def terms(self, layer_idx, query, key, context):
         return AttentionTerms(query=2 * query, key=key + 1)
 
 
@@ -430,7 +433,9 @@ def test_xl_position_scores_in_both_orders_match_the_loop():
     # 12 queries vs 6 distances; 1 query vs 40; distances down to -295; a decoding step 200 tokens in
     for batch, query_length, count, largest in [(2, 6, 6, 9), (1, 1, 40, 4), (1, 1, 300, 4), (1, 1, 201, 200)]:
         position_query = torch.randn(batch, HEADS, query_length, HEAD_DIM, dtype=torch.float64)
-        scores = scheme.position_scores(0, position_query, largest, count)
+        distances = torch.arange(largest, largest - count, -1)
+        encodings = scheme.encodings(distances, max(abs(largest), abs(largest - count + 1)), torch.float64)
+        scores = scheme.position_scores(0, position_query, encodings)
         for p in range(count):
             relative = (projection @ sinusoid_by_loop(largest - p, scheme.config.d_model)).view(HEADS, HEAD_DIM)
             expected = torch.einsum("bhnd,hd->bhn", position_query, relative)

@@ -30,8 +30,8 @@ class LearnedAlibi(PositionScheme):
         with torch.no_grad():
             self.slopes.copy_((2.0 ** -exponents).repeat(self.num_layers, 1))
 
-    def terms(self, layer_idx, query, key, query_offset):
-        queries = torch.arange(query_offset, query_offset + query.size(-2), device=query.device)
+    def terms(self, layer_idx, query, key, context):
+        queries = torch.arange(context.query_offset, context.query_offset + query.size(-2), device=query.device)
         distance = (queries[:, None] - torch.arange(key.size(-2), device=query.device)[None, :]).abs()
         return AttentionTerms(score_bias=-self.slopes[layer_idx][:, None, None] * distance)
 
