@@ -26,6 +26,7 @@ from torch import nn
 
 from benchmarks.common import (
     BASELINE,
+    KERNELS,
     SHAPES,
     Shape,
     add_common_arguments,
@@ -101,19 +102,32 @@ def model_case(
     return Case(model, step, 2 * batch * length)
 
 
-def measure(cases: dict[str, Case], args: argparse.Namespace) -> dict[str, dict[str, float]]:
-    """Round-robin timing, then one peak-memory measurement per scheme (gradients cleared before it)."""
+def series_labels(args: argparse.Namespace) -> list[tuple[str, str, str]]:
+    """(label, scheme, kernel) of every measured series: the scheme's name for one kernel, scheme@kernel for several."""
+    if len(args.kernels) == 1:
+        return [(scheme, scheme, args.kernels[0]) for scheme in args.schemes]
+    return [(f"{scheme}@{kernel}", scheme, kernel) for kernel in args.kernels for scheme in args.schemes]
+
+
+def baseline_labels(args: argparse.Namespace) -> list[str]:
+    return [label for label, scheme, _ in series_labels(args) if scheme == BASELINE]
+
+
+def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], str]:
+    """Round-robin timing, then one peak-memory measurement per series (gradients cleared before it). Ratios are to
+    absolute on its fastest kernel (the returned label)."""
     seconds = round_robin({name: case.step for name, case in cases.items()}, args.warmup, args.repeats, args.device)
+    baseline = min(baseline_labels(args), key=lambda label: statistics.median(seconds[label]))
     results = {}
     for name, case in cases.items():
         case.module.zero_grad(set_to_none=True)
         results[name] = {
             "tokens_per_s": case.tokens / statistics.median(seconds[name]),
-            "ratio": paired_ratio(seconds[name], seconds[BASELINE]),
+            "ratio": paired_ratio(seconds[name], seconds[baseline]),
             "peak_bytes": peak_memory(case.step, args.device),
             "seconds": seconds[name],
         }
-    return results
+    return results, baseline
 
 
 def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
@@ -128,18 +142,16 @@ def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
             for length in lengths:
                 batch = max(tokens // length, 1)
                 torch.manual_seed(0)
-                if benchmark == "attention":
-                    cases = {s: attention_case(s, shape, length, batch, args.device, args.dtype, args.kernel)
-                             for s in args.schemes}
-                else:
-                    vocab_size = args.vocab_size or shape.vocab_size
-                    cases = {
-                        s: model_case(s, shape, length, batch, args.device, args.dtype, layers, vocab_size,
-                                      args.kernel)
-                        for s in args.schemes
-                    }
-                results = measure(cases, args)
-                baseline_peak = results[BASELINE]["peak_bytes"]
+                vocab_size = args.vocab_size or shape.vocab_size
+                cases = {
+                    label: attention_case(scheme, shape, length, batch, args.device, args.dtype, kernel)
+                    if benchmark == "attention"
+                    else model_case(scheme, shape, length, batch, args.device, args.dtype, layers, vocab_size, kernel)
+                    for label, scheme, kernel in series_labels(args)
+                }
+                results, baseline = measure(cases, args)
+                baseline_peak = results[baseline]["peak_bytes"]
+                kernels = {label: kernel for label, _, kernel in series_labels(args)}
                 for scheme, result in results.items():
                     rows.append(
                         {
@@ -149,6 +161,9 @@ def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "length": length,
                             "batch": batch,
                             "scheme": scheme,
+                            "kernel": kernels[scheme],
+                            "baseline": baseline,
+                            "baseline_kernel": kernels[baseline],
                             "tokens_per_s": result["tokens_per_s"],
                             "ratio": result["ratio"],
                             "peak_mib": result["peak_bytes"] / MIB,
@@ -176,7 +191,7 @@ def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
     for benchmark, shape_name in groups:
         shape = SHAPES[shape_name]
         fits = {}
-        for scheme in args.schemes:
+        for scheme, _, _ in series_labels(args):
             series = sorted(
                 (r for r in rows if (r["benchmark"], r["shape"], r["scheme"]) == (benchmark, shape_name, scheme)),
                 key=lambda r: r["length"],
@@ -187,7 +202,7 @@ def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
             fits[scheme] = (series, fit_quadratic_memory(lengths, batches, peaks, tokens)[1] if len(series) > 1 else 0.0)
         for scheme, (series, quadratic) in fits.items():
             self_attention_layers = series[0]["layers"] * (1 if benchmark == "attention" else 2)
-            per_score = (quadratic - fits[BASELINE][1]) / (shape.heads * self_attention_layers)
+            per_score = (quadratic - fits[baseline_labels(args)[0]][1]) / (shape.heads * self_attention_layers)
             entry = {"benchmark": benchmark, "shape": shape_name, "scheme": scheme, "extra_bytes_per_score": per_score}
             if len(series) > 1:
                 last, before = series[-1], series[-2]
@@ -202,7 +217,7 @@ def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
 
 def format_row(row: dict[str, Any]) -> str:
     return (
-        f"{row['benchmark']:9} {row['shape']:5} n={row['length']:<5} batch={row['batch']:<4} {row['scheme']:11} "
+        f"{row['benchmark']:9} {row['shape']:5} n={row['length']:<5} batch={row['batch']:<4} {row['scheme']:22} "
         f"{row['tokens_per_s']:10.0f} tok/s  x{row['ratio']:.3f}  peak {row['peak_mib']:8.1f} MiB "
         f"({row['memory_overhead']:+.1%})"
     )
@@ -210,10 +225,11 @@ def format_row(row: dict[str, Any]) -> str:
 
 def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: list[dict[str, Any]]) -> str:
     header = ["benchmark", "shape", "layers", "n", "batch", "scheme", "tokens/s", "ratio to absolute", "peak MiB",
-              "memory vs absolute"]
+              "memory vs absolute", "kernel", "absolute's kernel"]
     table = [
         [r["benchmark"], r["shape"], r["layers"], r["length"], r["batch"], r["scheme"], f"{r['tokens_per_s']:.0f}",
-         f"{r['ratio']:.3f}", f"{r['peak_mib']:.1f}", f"{r['memory_overhead']:+.1%}"]
+         f"{r['ratio']:.3f}", f"{r['peak_mib']:.1f}", f"{r['memory_overhead']:+.1%}", r["kernel"],
+         r["baseline_kernel"]]
         for r in rows
     ]
     growth_table = [
@@ -230,7 +246,8 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             f"- tokens per batch: {meta['tokens']} (attention), {meta['model_tokens']} source + as many target "
             f"(model); full model: {meta['model_layers']} vocabulary {meta['vocab_size']}",
             f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, schemes round-robin; tokens/s = median; "
-            "ratio = median over rounds of absolute's time / the scheme's time in the same round",
+            "ratio = median over rounds of absolute's time / the scheme's time in the same round, absolute on its "
+            "fastest kernel of the run",
             f"- peak memory: {meta['memory_method']}",
             "",
             markdown_table(header, table),
@@ -251,6 +268,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
 
 
 def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
+    """`schemes`: the series labels (scheme, or scheme@kernel)."""
     """Ratio to absolute (left) and peak memory (right) against the length, one line per scheme and series."""
     import matplotlib
 
@@ -270,7 +288,7 @@ def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
             )
             lengths, ratios, peaks = zip(*points, strict=True)
             label = f"{scheme} ({benchmark}, {shape})"
-            if scheme != BASELINE:
+            if not scheme.startswith(BASELINE):
                 ratio_axis.plot(lengths, ratios, style, marker="o", color=colors[scheme], label=label)
             memory_axis.plot(lengths, peaks, style, marker="o", color=colors[scheme], label=label)
     ratio_axis.axhline(1.0, color="grey", linewidth=0.8)
@@ -298,7 +316,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--model-tokens", type=int, help="source tokens per batch, model benchmark (default --tokens)")
     parser.add_argument("--layers", type=int, help="full model: layers per stack (default: the shape's, base 6)")
     parser.add_argument("--vocab-size", type=int, help="full model: vocabulary (default: the shape's, base 32768)")
+    parser.add_argument("--kernels", nargs="+", choices=KERNELS,
+                        help="measure every scheme on each of these kernels in one round-robin (default: --kernel); "
+                        "ratios are then to absolute on its fastest kernel")
     args = parser.parse_args(argv)
+    args.kernels = args.kernels or [args.kernel]
     check_arguments(args)
     # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to
     # n = 256 (512 source tokens), 1 warm-up + 4 timed rounds.
@@ -320,7 +342,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
     meta = environment(args.device, args.dtype) | {
-        "kernel": args.kernel,
+        "kernel": args.kernel if len(args.kernels) == 1 else " / ".join(args.kernels),
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,
         "model_layers": f"{args.layers} + {args.layers} layers" if args.layers else "the shape's layers (base 6 + 6),",
@@ -336,7 +358,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     data = {"meta": meta, "training": rows, "memory_growth": growth}
     markdown = render_markdown(meta, rows, growth)
     markdown_path, json_path = write_report(args.out, "training", markdown, data)
-    plot(rows, args.schemes, args.out / "training.png")
+    plot(rows, [label for label, _, _ in series_labels(args)], args.out / "training.png")
     print(markdown)
     print(f"\nwrote {markdown_path}, {json_path}, {args.out / 'training.png'}")
     return data

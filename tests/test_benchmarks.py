@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,3 +69,18 @@ def test_decoding_benchmark_reports_every_scheme(tmp_path: Path, kernel: str, mo
     assert all(r["cached_tokens_per_s"] > 0 and r["uncached_tokens_per_s"] > 0 for r in rows.values())
     markdown = (tmp_path / "decoding.md").read_text()
     assert all(len(_table_rows(markdown, scheme)) == 1 for scheme in SCHEMES)
+
+
+def test_training_benchmark_compares_kernels_with_absolute_on_its_fastest(tmp_path: Path) -> None:
+    """--kernels: every scheme on each kernel in one round-robin; each ratio is to absolute on its fastest kernel."""
+    argv = ["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--lengths", "8", "--tokens", "16",
+            "--benchmarks", "attention", "--schemes", "absolute", "shaw", "--kernels", "sdpa", "eager",
+            "--warmup", "0", "--repeats", "3", "--out", str(tmp_path)]
+    rows = {r["scheme"]: r for r in bench_training.main(argv)["training"]}
+    assert sorted(rows) == ["absolute@eager", "absolute@sdpa", "shaw@eager", "shaw@sdpa"]
+    assert {r["kernel"] for r in rows.values()} == {"sdpa", "eager"}
+    baseline = rows["absolute@sdpa"]["baseline"]
+    assert baseline in ("absolute@sdpa", "absolute@eager") and all(r["baseline"] == baseline for r in rows.values())
+    assert rows[baseline]["ratio"] == 1.0
+    other = "absolute@eager" if baseline == "absolute@sdpa" else "absolute@sdpa"
+    assert statistics.median(rows[other]["seconds"]) >= statistics.median(rows[baseline]["seconds"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config
@@ -13,6 +15,7 @@ from hf_relpos.positions import rel_shift
 FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {}),
                 ("none", {}), ("alibi", {}), ("t5", {}), ("rope", {"rotary_dim": 4})]
 MODEL_SCHEMES = [*FLEX_SCHEMES, ("shaw", {})]
+MODEL_SCHEME_IDS = ["absolute", "shaw-k", "xl", "directional", "none", "alibi", "t5", "rope-partial", "shaw"]
 
 
 def batch(device: str = "cpu"):
@@ -32,8 +35,7 @@ def model_with(kernel: str, attention_type: str, device: str = "cpu", **override
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=["absolute", "shaw-k", "xl", "directional",
-                                                                         "none", "alibi", "t5", "rope-partial", "shaw"])
+@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
 def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides, padded):
     """Loss and logits of a float64 model agree to float64 precision on every kernel, with and without a padding
     mask (the loss stays float64 too)."""
@@ -84,19 +86,62 @@ def test_flex_attention_selected_at_load_time(tmp_path):
     assert loaded.config._attn_implementation == "flex_attention"
 
 
+def pronounced(model):
+    """The model with its position terms made large: scheme parameters N(0, 0.5) and self-attention queries and
+    keys scaled up, so that every term moves the logits well above float32 (and bf16) rounding."""
+    with torch.no_grad():
+        for stack in (model.model.encoder, model.model.decoder):
+            for parameter in stack.positions.parameters():
+                parameter.normal_(0.0, 0.5, generator=torch.Generator(parameter.device).manual_seed(0))
+            for layer in stack.layers:
+                layer.self_attn.q_proj.weight.mul_(8.0)
+                layer.self_attn.k_proj.weight.mul_(8.0)
+    return model
+
+
+def without_positions(model, device: str = "cpu"):
+    """The same weights under attention_type 'none': the model with every term of its scheme removed."""
+    config = copy.deepcopy(model.config)
+    config.attention_type = "none"
+    plain = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(device)
+    plain.load_state_dict(model.state_dict(), strict=False)
+    plain.set_attn_implementation("eager")
+    return plain.train(model.training)
+
+
+@pytest.fixture
+def exact_float32_matmuls():
+    """float32 matrix products without TF32, so kernels can be compared at float32 precision."""
+    previous = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
-@pytest.mark.parametrize("attention_type, overrides", FLEX_SCHEMES, ids=[s for s, _ in FLEX_SCHEMES])
-def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides):
+@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
+def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides, exact_float32_matmuls):
+    """The fused path (compiled FlexAttention; Shaw's a^V from the log-sum-exp) against eager in float32 on a padded
+    batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
+    by 250 times that (so a dropped bias, mask or value term fails)."""
     input_ids, attention_mask = batch("cuda")
     results = {}
     for kernel in ("eager", "flex_attention"):
-        model = model_with(kernel, attention_type, device="cuda", **overrides).train()
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss
-        loss.backward()
-        results[kernel] = (loss.detach(), {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None})
-    assert torch.allclose(results["flex_attention"][0], results["eager"][0], atol=1e-4)
-    for name, grad in results["eager"][1].items():
-        assert torch.allclose(results["flex_attention"][1][name], grad, atol=1e-3, rtol=1e-3), name
+        model = pronounced(model_with(kernel, attention_type, device="cuda", **overrides)).train()
+        output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
+        output.loss.backward()
+        results[kernel] = (output.logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters()
+                                                    if p.grad is not None})
+    logits, grads = results["eager"]
+    assert (results["flex_attention"][0] - logits).abs().max().item() < 2e-5
+    for name, grad in grads.items():
+        error = (results["flex_attention"][1][name] - grad).abs().max().item()
+        assert error <= 1e-4 * grad.abs().max().item() + 1e-7, (name, error)
+    if attention_type != "none":
+        with torch.no_grad():
+            plain = without_positions(model, "cuda")(input_ids=input_ids, attention_mask=attention_mask,
+                                                     labels=input_ids).logits
+        assert (plain - logits).abs().max().item() > 5e-3
 
 
 def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_keeps_aligned_masks():
@@ -114,16 +159,25 @@ def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_k
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the misaligned-address failure is a CUDA kernel's")
 @pytest.mark.parametrize("attention_type", SCHEMES)
-def test_sdpa_on_cuda_under_bf16_matches_eager_on_an_unpadded_batch(attention_type):
-    """Every scheme's score bias reaches SDPA's CUDA kernels without padding (XL's rel-shift view once did not)."""
+def test_sdpa_on_cuda_matches_eager_on_an_unpadded_batch(attention_type, exact_float32_matmuls):
+    """Every scheme's score bias reaches SDPA's CUDA kernels without padding (XL's rel-shift view once did not): in
+    float32 the logits agree with eager to 2e-5, far below what the scheme's terms contribute; under bf16 autocast
+    forward and beam search run and stay within bf16 rounding of the float32 logits."""
     input_ids = torch.randint(4, 40, (4, 32), generator=torch.Generator().manual_seed(0)).cuda()
     logits = {}
     for kernel in ("eager", "sdpa"):
-        model = model_with(kernel, attention_type, device="cuda").eval()
-        with torch.autocast("cuda", dtype=torch.bfloat16), torch.inference_mode():
-            logits[kernel] = model(input_ids=input_ids, decoder_input_ids=input_ids).logits.float()
-            model.generate(input_ids=input_ids, max_new_tokens=8, num_beams=2)
-    assert torch.allclose(logits["sdpa"], logits["eager"], atol=5e-2, rtol=5e-2)
+        model = pronounced(model_with(kernel, attention_type, device="cuda")).eval()
+        with torch.inference_mode():
+            logits[kernel] = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                low_precision = model(input_ids=input_ids, decoder_input_ids=input_ids).logits.float()
+                model.generate(input_ids=input_ids, max_new_tokens=8, num_beams=2)
+        assert (low_precision - logits[kernel]).abs().max().item() < 0.05 * logits[kernel].abs().max().item()
+    assert (logits["sdpa"] - logits["eager"]).abs().max().item() < 2e-5
+    if attention_type != "none":
+        with torch.inference_mode():
+            plain = without_positions(model, "cuda")(input_ids=input_ids, decoder_input_ids=input_ids).logits
+        assert (plain - logits["eager"]).abs().max().item() > 5e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
