@@ -5,6 +5,9 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
+# LENGTHS (default "128 512 1024"), TRAINING_LIMIT (seconds per length, default 95) and DECODING=0 (skip decoding)
+# shorten it when less GPU time is left.
+#
 # Writes into OUT_DIR: environment.txt (commit, GPU, versions), cuda_tests.txt, training_n{128,512,1024}/ and
 # decoding/ (each the benchmark's .md/.json/.png), and log.txt with everything printed. Run from the repository
 # root with the package importable (PYTHONPATH=. or an install).
@@ -36,11 +39,11 @@ cat "$out/environment.txt"
 step 170 cuda-tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda \
     2>&1 | tee "$out/cuda_tests.txt"
 
-for length in 128 512 1024; do
-    step 95 "training n=$length" "$python" -m benchmarks.bench_training --device cuda --dtype bfloat16 \
+for length in ${LENGTHS:-128 512 1024}; do
+    step "${TRAINING_LIMIT:-95}" "training n=$length" "$python" -m benchmarks.bench_training --device cuda --dtype bfloat16 \
         --benchmarks model --shapes base --lengths "$length" --tokens 16384 --kernels sdpa flex_attention \
         --warmup 2 --repeats 5 --out "$out/training_n$length"
 done
 
-step 60 decoding "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
+[ "${DECODING:-1}" = 1 ] && step 60 decoding "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
     --out "$out/decoding"

@@ -121,6 +121,7 @@ def sdpa_attention_forward(
 
 
 _compiled_flex_attention: Callable | None = None
+FLEX_RECOMPILE_LIMIT = 64
 
 
 def flex_kernel(query: torch.Tensor) -> Callable:
@@ -131,6 +132,9 @@ def flex_kernel(query: torch.Tensor) -> Callable:
     if not query.is_cuda:
         return flex_attention
     if _compiled_flex_attention is None:
+        # One compiled kernel per score_mod and mask pattern (each scheme, encoder and decoder, a^V's edge pass):
+        # more than Dynamo's default limit of 8 per function, past which it would fall back to the unfused kernel.
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
         _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex_attention
 

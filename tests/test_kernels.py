@@ -121,13 +121,13 @@ def exact_float32_matmuls():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
 @pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
 def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides, exact_float32_matmuls):
-    """The fused path (compiled FlexAttention; Shaw's a^V from the log-sum-exp) against eager in float32 on a padded
-    batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
+    """The fused path (compiled FlexAttention, which needs a head dimension >= 16; Shaw's a^V from the log-sum-exp)
+    against eager in float32 on a padded batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
     by 250 times that (so a dropped bias, mask or value term fails)."""
     input_ids, attention_mask = batch("cuda")
     results = {}
     for kernel in ("eager", "flex_attention"):
-        model = pronounced(model_with(kernel, attention_type, device="cuda", **overrides)).train()
+        model = pronounced(model_with(kernel, attention_type, device="cuda", d_model=64, **overrides)).train()
         output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
         output.loss.backward()
         results[kernel] = (output.logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters()
