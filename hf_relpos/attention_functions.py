@@ -139,6 +139,21 @@ def flex_kernel(query: torch.Tensor) -> Callable:
     return _compiled_flex_attention
 
 
+def with_log_sum_exp(
+    attend: Callable, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, score_mod: Callable | None,
+    block_mask: Any, scaling: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """FlexAttention's output and row log-sum-exp [B, H, n] (-inf for a query with no key), through `return_aux`
+    where torch has it, else `return_lse`."""
+    from torch.nn.attention import flex_attention as flex
+
+    if hasattr(flex, "AuxRequest"):
+        output, aux = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
+                             return_aux=flex.AuxRequest(lse=True))
+        return output, aux.lse
+    return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling, return_lse=True)
+
+
 def flex_score_mod(
     score_bias: torch.Tensor | RelativeBias | None, batch: int, heads: int, query_length: int, key_length: int,
     dtype: torch.dtype,
@@ -292,20 +307,15 @@ def flex_attention_forward(
     score_mod = flex_score_mod(score_bias, batch, heads, query_length, key_length, query.dtype)
     block_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device)
     attend = flex_kernel(query)
-    from torch.nn.attention.flex_attention import AuxRequest
-
     if not fused_values:
         output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
     else:
-        output, aux = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling,
-                             return_aux=AuxRequest(lse=True))
-        log_normalizer = aux.lse
+        output, log_normalizer = with_log_sum_exp(attend, query, key, value, score_mod, block_mask, scaling)
         right_log_mass = None
         keys_from = value_term.query_offset + value_term.max_relative_position
         if value_term.max_relative_position > 0 and not getattr(module, "is_causal", False) and keys_from < key_length:
             right_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device, keys_from)
-            right_log_mass = attend(query, key, value, score_mod=score_mod, block_mask=right_mask, scale=scaling,
-                                    return_aux=AuxRequest(lse=True))[1].lse
+            _, right_log_mass = with_log_sum_exp(attend, query, key, value, score_mod, right_mask, scaling)
         masses = relative_value_masses(query, key, scaling, score_bias, attention_mask, log_normalizer,
                                        right_log_mass, value_term)
         output = output + value_term.from_masses(masses.to(output.dtype))
