@@ -237,10 +237,18 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             longest_source = int(inputs["attention_mask"].sum(dim=-1).max())
-            gen_kwargs["max_length"] = self.max_new_tokens(longest_source) + 1  # + the decoder start token
+            gen_kwargs.pop("max_length", None)  # generation_max_length, which max_new_tokens() folds in
+            gen_kwargs["max_new_tokens"] = self.max_new_tokens(longest_source)
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        # Seq2SeqTrainer writes generate's defaults (max_length 20) into the model's generation config; a max_length
+        # saved next to its max_new_tokens would make every generate(max_new_tokens=...) warn that both are set.
+        generation = self.model.generation_config
+        max_length = generation.max_length
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            generation.max_length = max_length
 
     def _compute_translation_metrics(self, prediction: EvalPrediction) -> dict[str, float | str]:
         evaluation_set = self.evaluation_sets[self._active_prefix]
@@ -338,14 +346,17 @@ def _build_model(
     model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments,
     training_args: TranslationTrainingArguments,
 ) -> RelPosTransformerForConditionalGeneration:
+    kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
     if model_args.model_name_or_path is not None:
         try:
             model = RelPosTransformerForConditionalGeneration.from_pretrained(
-                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **model_args.model_config
+                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **kernel, **model_args.model_config
             )
         except SafetensorError as error:
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: its weights file is corrupt or "
                               f"incomplete ({error})") from None
+        except ImportError as error:  # a transformers kernel whose package is missing (flash_attention_2, ...)
+            raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
         except (OSError, ValueError, RuntimeError) as error:
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}") from None
         if model.config.vocab_size < len(tokenizer):
@@ -354,21 +365,26 @@ def _build_model(
     else:
         try:
             config = RelPosTransformerConfig(
-                **model_args.model_config, vocab_size=len(tokenizer), **special_token_ids(tokenizer)
+                **model_args.model_config, vocab_size=len(tokenizer), **special_token_ids(tokenizer), **kernel
             )
         except (ValueError, TypeError) as error:
             raise ConfigError(f"{MODEL_SECTION}: {error}") from None
-        model = RelPosTransformerForConditionalGeneration(config)
+        try:
+            model = RelPosTransformerForConditionalGeneration(config)
+        except (ImportError, ValueError) as error:  # a kernel whose package is missing (flash_attention_2, ...)
+            if not kernel:
+                raise
+            raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
     _check_num_beams(training_args, model.config.vocab_size)
     generation = model.generation_config
     generation.num_beams = training_args.generation_num_beams or 1
     if generation.num_beams > 1:
         generation.length_penalty = training_args.generation_length_penalty
-    # Lengths as max_length (decoder start token included), never max_new_tokens, which would override the
-    # per-batch max_length of TranslationTrainer.prediction_step.
-    generation.max_new_tokens = None
-    generation.max_length = training_args.generation_max_length or (
-        data_args.max_source_length + training_args.generation_max_length_offset + 1)
+    # The length cap as max_new_tokens, generate's own knob: a saved max_length would make every
+    # generate(max_new_tokens=...) call warn that both are set. generation_max_length counts the decoder start token.
+    generation.max_length = None
+    generation.max_new_tokens = (training_args.generation_max_length - 1 if training_args.generation_max_length
+                                 else data_args.max_source_length + training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
     for name, value in special_token_ids(tokenizer).items():

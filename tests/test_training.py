@@ -2,8 +2,10 @@
 prediction, predict-only runs, checkpoint averaging and resuming."""
 
 import json
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import yaml
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
+from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
@@ -173,6 +176,32 @@ def test_generation_length_is_source_length_plus_offset_per_batch(trained):
     assert trainer.max_new_tokens(17) == 67
     arguments.generation_max_length = 40  # generate's max_length: the decoder start token counts
     assert trainer.max_new_tokens(17) == 39
+
+
+def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path, corpus, capfd, caplog):
+    """The saved generation config caps lengths with max_new_tokens, never max_length (with both set, generate warns
+    at every call), also after evaluations during training (Seq2SeqTrainer fills generate's defaults into it)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False,
+                          eval_strategy="steps", eval_steps=3)
+    run([str(config)])
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert "max_length" not in saved and saved["max_new_tokens"] == 48 + 5
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    inputs = tokenizer(["The man sees the dog."], return_tensors="pt")
+    capfd.readouterr()
+    caplog.clear()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        transformers_logging.enable_propagation()
+        try:
+            short = model.generate(**inputs, max_new_tokens=3, num_beams=1, min_new_tokens=3)
+            model.generate(**inputs)
+        finally:
+            transformers_logging.disable_propagation()
+    printed = capfd.readouterr().err + caplog.text + " ".join(str(warning.message) for warning in caught)
+    assert "max_length" not in printed and "max_new_tokens" not in printed
+    assert short.shape[-1] == 1 + 3  # the decoder start token and 3 new tokens: max_new_tokens took effect
 
 
 def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):
