@@ -27,6 +27,7 @@ import yaml
 from transformers import HfArgumentParser, MarianConfig, PreTrainedConfig, Seq2SeqTrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import is_torch_bf16_gpu_available
 
 from .attention_functions import RELPOS_KERNELS
 from .configuration_relpos import RelPosTransformerConfig
@@ -156,7 +157,18 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
     )
 
+    bf16_if_supported: bool = field(
+        default=False,
+        metadata={"help": "Train with bf16 autocast (the Trainer's bf16) where the GPU supports it (Ampere or newer), "
+                          "in float32 elsewhere (CPU, use_cpu, older GPUs), so one recipe runs on both. bf16: true "
+                          "forces bf16 (an error where it is unsupported)."},
+    )
+
     def __post_init__(self) -> None:
+        if self.bf16_if_supported and not (self.bf16 or self.fp16):
+            self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+            logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
+                        "float32 (no GPU with bf16 here, or use_cpu)")
         super().__post_init__()
         if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
