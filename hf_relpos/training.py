@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -99,6 +102,68 @@ HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
 FINAL_MODEL_STAGING = ".final-model-staging"
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
+# Processes waiting for the main one's data loading and tokenizer training look for its marker file this often, and
+# say that they still wait this often.
+TURN_POLL_SECONDS = 2.0
+TURN_LOG_SECONDS = 300.0
+
+
+def _wait_for_files(paths: Sequence[Path], failed: Path, desc: str, poll_seconds: float) -> None:
+    """Return once every file in `paths` exists; `ProcessGroupError` as soon as `failed` does. No time limit."""
+    started = last_log = time.monotonic()
+    while not all(path.exists() for path in paths):
+        if failed.exists():
+            raise ProcessGroupError(f"another process failed during {desc}; its error is above")
+        if time.monotonic() - last_log >= TURN_LOG_SECONDS:
+            last_log = time.monotonic()
+            logger.info("still waiting for the main process to finish %s (%.0f min)", desc,
+                        (last_log - started) / 60)
+        time.sleep(poll_seconds)
+
+
+@contextlib.contextmanager
+def local_main_first(prefix: Path, local_rank: int, local_world_size: int, desc: str,
+                     poll_seconds: float = TURN_POLL_SECONDS) -> Iterator[None]:
+    """The block runs on local rank 0 first, then on the other local ranks (which read what it saved or cached), and
+    every rank leaves it once all have run it. The turns are marker files `prefix.RANK.done`, polled without a time
+    limit, not a collective bounded by `ddp_timeout`: training a tokenizer on WMT's 9M sentences can take longer
+    than its 1800 s. A rank whose block raises writes `prefix.failed`, on which the waiting ranks stop."""
+    failed = prefix.with_name(f"{prefix.name}.failed")
+
+    def done(rank: int) -> Path:
+        return prefix.with_name(f"{prefix.name}.{rank}.done")
+
+    if local_rank != 0:
+        _wait_for_files([done(0)], failed, desc, poll_seconds)
+    try:
+        yield
+    except BaseException:
+        failed.touch()
+        raise
+    done(local_rank).touch()
+    _wait_for_files([done(rank) for rank in range(local_world_size)], failed, desc, poll_seconds)
+
+
+@contextlib.contextmanager
+def main_process_first_without_timeout(training_args: TranslationTrainingArguments, desc: str) -> Iterator[None]:
+    """`TrainingArguments.main_process_first` (the local main process runs the block first: downloads, tokenizer
+    training, tokenization caches), with the other processes waiting for it through `local_main_first`'s marker
+    files in the temporary folder instead of in a barrier that `ddp_timeout` would end; one barrier follows, when
+    every process has run the block."""
+    if training_args.world_size <= 1 or not torch.distributed.is_initialized():
+        yield
+        return
+    state = training_args.distributed_state
+    token = [uuid.uuid4().hex]
+    torch.distributed.broadcast_object_list(token, src=0)  # one name for this launch's marker files
+    prefix = Path(tempfile.gettempdir()) / f"hf_relpos-{token[0]}-{desc.replace(' ', '-')}"
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
+    with local_main_first(prefix, state.local_process_index, local_world_size, desc):
+        yield
+    torch.distributed.barrier()
+    if state.is_local_main_process:
+        for rank in range(local_world_size):
+            prefix.with_name(f"{prefix.name}.{rank}.done").unlink(missing_ok=True)
 
 
 def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
@@ -518,11 +583,11 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
     splits = tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
                                                ("test", training_args.do_predict)) if wanted)
-    with training_args.main_process_first(desc="loading data"):
+    with main_process_first_without_timeout(training_args, desc="loading data"):
         raw = load_parallel_splits(data_args, splits, Path(output_dir) / DEMO_DATA_FOLDER,
                                    cache_dir=model_args.cache_dir)
 
-    with training_args.main_process_first(desc="tokenizer"):
+    with main_process_first_without_timeout(training_args, desc="tokenizer training and tokenization"):
         tokenizer, new_tokenizer_settings = _obtain_tokenizer(
             model_args, data_args, training_args, raw.get("train"), retrain=fresh_run and training_args.should_save,
             resuming=resume_from is not None)

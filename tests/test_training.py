@@ -430,3 +430,57 @@ def test_demo_learns_the_reordering_grammar(tmp_path):
     inputs = tokenizer(["Today the man opens the door."], return_tensors="pt")
     translation = tokenizer.decode(model.generate(**inputs)[0], skip_special_tokens=True)
     assert translation == "Heute macht der Mann die Tür auf."
+
+
+# --- the main process first, without ddp_timeout -------------------------------------------------------------------
+
+
+def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dict[int, BaseException]]:
+    """Run `local_main_first` on one thread per local rank; returns the event log and each rank's exception."""
+    import threading
+
+    from hf_relpos.training import local_main_first
+
+    events: list[str] = []
+    errors: dict[int, BaseException] = {}
+
+    def rank_thread(rank: int) -> None:
+        try:
+            with local_main_first(prefix, rank, len(blocks), "tokenizer training", poll_seconds=0.01):
+                events.append(f"{rank} starts")
+                blocks[rank]()
+                events.append(f"{rank} ends")
+            events.append(f"{rank} leaves")
+        except BaseException as error:  # noqa: BLE001 - recorded for the assertions
+            errors[rank] = error
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in sorted(blocks, reverse=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return events, errors
+
+
+def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr("hf_relpos.training.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
+    events, errors = run_ranks(tmp_path / "turn", {0: lambda: time.sleep(0.4), 1: lambda: None, 2: lambda: None})
+    assert not errors
+    assert events[:2] == ["0 starts", "0 ends"]  # the others start only once the main rank has ended
+    assert {event for event in events[2:] if "leaves" not in event} == {"1 starts", "1 ends", "2 starts", "2 ends"}
+    leaving = [index for index, event in enumerate(events) if "leaves" in event]
+    assert min(leaving) > max(index for index, event in enumerate(events) if "ends" in event)  # after all have run it
+
+
+def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
+    from hf_relpos.preflight import ProcessGroupError
+
+    def fail() -> None:
+        raise ValueError("no such data file")
+
+    events, errors = run_ranks(tmp_path / "turn", {0: fail, 1: lambda: None})
+    assert isinstance(errors[0], ValueError)
+    assert isinstance(errors[1], ProcessGroupError) and "failed during tokenizer training" in str(errors[1])
+    assert events == ["0 starts"]
