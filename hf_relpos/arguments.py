@@ -157,6 +157,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
     )
 
+    prepare_only: bool = field(
+        default=False,
+        metadata={"help": "Load the data, train and save the tokenizer in output_dir and tokenize, then stop before "
+                          "training: a separate first step (one process, e.g. on a CPU machine) whose tokenizer a "
+                          "later run with the same data settings reuses. Needs do_train (the tokenizer is trained "
+                          "on the training split)."},
+    )
     bf16_if_supported: bool = field(
         default=False,
         metadata={"help": "Train with bf16 autocast (the Trainer's bf16) where the GPU supports it (Ampere or newer), "
@@ -459,6 +466,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         value = getattr(training_args, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a positive integer or null, got {value}")
+    if training_args.prepare_only and not training_args.do_train:
+        raise ConfigError("prepare_only trains the tokenizer on the training split: it needs do_train")
     if training_args.generation_max_length == 1:
         raise ConfigError("generation_max_length must be at least 2 (it counts the decoder start token), got 1")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:

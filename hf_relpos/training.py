@@ -605,6 +605,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                                 ", ".join(removed))
             if new_tokenizer_settings is not None:
                 save_tokenizer(tokenizer, output_dir, new_tokenizer_settings)
+    if training_args.prepare_only:
+        logger.info("prepare_only: data loaded and tokenized, tokenizer in %s; stopping before training", output_dir)
+        return {}
     if model_args.model_config and model_args.model_name_or_path is not None:
         log = logger.info if training_args.do_train else logger.warning
         log("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,

@@ -484,3 +484,16 @@ def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
     assert isinstance(errors[0], ValueError)
     assert isinstance(errors[1], ProcessGroupError) and "failed during tokenizer training" in str(errors[1])
     assert events == ["0 starts"]
+
+
+def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path, corpus, monkeypatch):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_eval=False, do_predict=False)
+    assert run([str(config), "--prepare_only", "true"]) == {}
+    assert (tmp_path / "out" / "tokenizer.json").is_file() and not (tmp_path / "out" / "model.safetensors").exists()
+    monkeypatch.setattr("hf_relpos.training.train_joint_tokenizer",
+                        lambda *args, **kwargs: pytest.fail("trained the tokenizer again"))
+    assert "train" in run([str(config)])
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="prepare_only trains the tokenizer on the training split: it needs do_train"):
+        parse_arguments([str(config), "--prepare_only", "true", "--do_train", "false", "--do_eval", "true",
+                         "--model_name_or_path", "x"])
