@@ -396,3 +396,38 @@ def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
     path.write_bytes(b"PAR1")
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
+
+
+def docs_command(starts_with: str) -> str:
+    from pathlib import Path
+
+    training_md = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+    (line,) = [line for line in training_md.read_text(encoding="utf-8").splitlines() if line.startswith(starts_with)]
+    return line
+
+
+def test_the_documented_jsonl_conversion_writes_the_plain_text_pair(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    pairs = [pair for pair in TRICKY if "\u2028" not in pair[0]] + [("Two\nlines", "Zwei\nZeilen")]
+    write_jsonl(tmp_path / "train.jsonl", [{"translation": {"en": en, "de": de}} for en, de in pairs])
+    arguments = shlex.split(docs_command("python -c 'import json,sys;"))
+    subprocess.run([sys.executable, *arguments[1:-3], str(tmp_path / "train"), "en", "de"], check=True)
+    dataset = read_local_pairs(tmp_path / "train", "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == pairs[:-1] + [("Two lines", "Zwei Zeilen")]
+
+
+def test_the_documented_tsv_conversion_writes_the_plain_text_pair(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("cut") is None:
+        pytest.skip("no cut here")
+    pairs = [pair for pair in TRICKY if "\u2028" not in pair[0] and "\x0c" not in pair[0]]
+    (tmp_path / "corpus.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in pairs), encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    subprocess.run(docs_command("cut -f1 corpus.tsv"), shell=True, check=True, cwd=tmp_path)
+    dataset = read_local_pairs(tmp_path / "data" / "train", "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == pairs
