@@ -150,8 +150,12 @@ def main_process_first_without_timeout(training_args: TranslationTrainingArgumen
     training, tokenization caches), with the other processes waiting for it through `local_main_first`'s marker
     files in the temporary folder instead of in a barrier that `ddp_timeout` would end; one barrier follows, when
     every process has run the block."""
-    if training_args.world_size <= 1 or not torch.distributed.is_initialized():
+    if training_args.world_size <= 1:
         yield
+        return
+    if not torch.distributed.is_initialized():  # other launchers (XLA): transformers' own turns
+        with training_args.main_process_first(desc=desc):
+            yield
         return
     state = training_args.distributed_state
     token = [uuid.uuid4().hex]
