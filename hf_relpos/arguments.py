@@ -26,7 +26,10 @@ import torch
 import yaml
 from transformers import HfArgumentParser, MarianConfig, PreTrainedConfig, Seq2SeqTrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import is_torch_bf16_gpu_available
 
+from .attention_functions import RELPOS_KERNELS
 from .configuration_relpos import RelPosTransformerConfig
 from .data import DataArguments
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
@@ -74,7 +77,32 @@ class ModelArguments:
                           "included (as SentencePiece counts)."},
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub datasets and models."})
+    attn_implementation: str | None = field(
+        default=None,
+        metadata={"help": "Attention kernel, transformers' attn_implementation (passed to from_pretrained or to the "
+                          "new model's config; not saved with the model): eager, sdpa or flex_attention (hf_relpos' "
+                          "kernels, which run every scheme), or a transformers kernel such as flash_attention_2 "
+                          "(only for schemes that add no bias, mask or value term to attention, e.g. absolute, "
+                          "rope). null: the model's default (sdpa)."},
+    )
     model_config: dict[str, Any] = field(default_factory=dict, init=False)
+
+    def __post_init__(self) -> None:
+        if self.attn_implementation is not None:
+            check_attn_implementation(self.attn_implementation)
+
+
+def attention_implementations() -> list[str]:
+    """The kernels an `attn_implementation` may name: hf_relpos' own and those transformers has registered."""
+    return sorted({*RELPOS_KERNELS, "eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()})
+
+
+def check_attn_implementation(name: str) -> str:
+    """`name` when it is a known kernel, else one ValueError naming the allowed values."""
+    allowed = attention_implementations()
+    if name not in allowed:
+        raise ValueError(f"attn_implementation must be one of {allowed}, got {name!r}")
+    return name
 
 
 @dataclass
@@ -114,9 +142,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     generation_max_length: int | None = field(
         default=None,
         metadata={"help": "Cap on the generated length in tokens, the decoder start token included (generate's "
-                          "max_length); saved as max_length in the model's generation_config.json. null: no cap "
-                          "beyond source length + generation_max_length_offset, and the saved max_length is "
-                          "max_source_length + generation_max_length_offset + 1."},
+                          "max_length); saved as max_new_tokens = this - 1 in the model's generation_config.json "
+                          "(max_length is left unset there: with both, generate(max_new_tokens=...) warns). null: no "
+                          "cap beyond source length + generation_max_length_offset, and the saved max_new_tokens is "
+                          "max_source_length + generation_max_length_offset."},
     )
     cpu_threads: int | None = field(
         default=None,
@@ -128,7 +157,25 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
     )
 
+    prepare_only: bool = field(
+        default=False,
+        metadata={"help": "Load the data, train and save the tokenizer in output_dir and tokenize, then stop before "
+                          "training: a separate first step (one process, e.g. on a CPU machine) whose tokenizer a "
+                          "later run with the same data settings reuses. Needs do_train (the tokenizer is trained "
+                          "on the training split)."},
+    )
+    bf16_if_supported: bool = field(
+        default=False,
+        metadata={"help": "Train with bf16 autocast (the Trainer's bf16) where the GPU supports it (Ampere or newer), "
+                          "in float32 elsewhere (CPU, use_cpu, older GPUs), so one recipe runs on both. bf16: true "
+                          "forces bf16 (an error where it is unsupported)."},
+    )
+
     def __post_init__(self) -> None:
+        if self.bf16_if_supported and not (self.bf16 or self.fp16):
+            self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
+            logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
+                        "float32 (no GPU with bf16 here, or use_cpu)")
         super().__post_init__()
         if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
@@ -419,6 +466,10 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         value = getattr(training_args, name)
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be a positive integer or null, got {value}")
+    if training_args.prepare_only and not training_args.do_train:
+        raise ConfigError("prepare_only trains the tokenizer on the training split: it needs do_train")
+    if training_args.generation_max_length == 1:
+        raise ConfigError("generation_max_length must be at least 2 (it counts the decoder start token), got 1")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
         logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)

@@ -2,9 +2,17 @@
 tokenization with length filtering or truncation, and source-length ordering for fast evaluation.
 
 Every split is reduced to two text columns, `source` and `target`, before tokenization. Accepted schemas are the WMT one,
-`{"translation": {"en": "...", "de": "..."}}`, and flat language columns (`en`, `de`). A test file may be source-only
-(a `.txt` file with one source per line, or records without the target language): its `target` column is all None,
-and it is translated but not scored.
+`{"translation": {"en": "...", "de": "..."}}`, flat language columns (`en`, `de`), and plain-text files by prefix as
+fairseq and OpenNMT-py read them: `data/train` names `data/train.en` and `data/train.de`, line i of one the translation
+of line i of the other. A test file may be source-only (a `.txt` file with one source per line, a prefix with only the
+source-language file, or records without the target language): its `target` column is all None, and it is translated
+but not scored.
+
+Line-based files (plain text, `.tsv`, `.txt`) are split at "\n" only (a "\r" before it is dropped), so a line count is
+`wc -l`'s and a stray "\r" or U+2028 inside a sentence cannot shift one side against the other. A `.tsv` file has no
+quoting: fields are split at tabs and a `"` is text (csv-style quoting would eat the quotes of a sentence that starts
+with one), so a tab inside a sentence is an error. Empty lines are kept in place on both sides: training drops the
+pairs with an empty side (counted in the log), evaluation keeps them (an empty source translates to an empty line).
 """
 
 from __future__ import annotations
@@ -34,6 +42,7 @@ DEMO_DATASET_NAME = "demo"
 DEMO_DATA_FOLDER = "demo_data"
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
+BYTE_ORDER_MARK = "\ufeff"
 # Dropping this share of the training pairs or more (empty, or over the length limits) is logged as a warning.
 HEAVY_LOSS_SHARE = 0.1
 HUB_TIMEOUT_SECONDS = 10
@@ -60,12 +69,17 @@ class DataArguments:
     dataset_config_name: str | None = field(default="de-en", metadata={"help": "Hub dataset configuration."})
     source_lang: str = field(default="en", metadata={"help": "Source language key, e.g. en."})
     target_lang: str = field(default="de", metadata={"help": "Target language key, e.g. de."})
-    train_file: str | None = field(default=None, metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv)."})
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file."})
+    train_file: str | None = field(
+        default=None,
+        metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv), or the prefix of two plain-text files, one "
+                          "sentence per line: data/train reads data/train.SOURCE_LANG and data/train.TARGET_LANG."},
+    )
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file or plain-text prefix."})
     test_file: str | None = field(
         default=None,
-        metadata={"help": "Local test file; may be source-only (.txt, one sentence per line, or records without the "
-                          "target language): translated into test_hypotheses.txt, not scored."},
+        metadata={"help": "Local test file or plain-text prefix; may be source-only (.txt, one sentence per line, a "
+                          "prefix with only the source-language file, or records without the target language): "
+                          "translated into test_hypotheses.txt, not scored."},
     )
     validation_split_name: str = field(default="validation", metadata={"help": "Hub split used for evaluation."})
     test_split_name: str = field(default="test", metadata={"help": "Hub split used for prediction."})
@@ -99,11 +113,10 @@ class DataArguments:
                 raise ValueError(f"{name} must be a positive integer or null, got {value}")
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
-            if path is not None and Path(path).suffix.lower() not in FILE_FORMATS:
-                raise ValueError(f"{name} {path!r} must end in one of {sorted(FILE_FORMATS)}")
-            if path is not None and name != "test_file" and FILE_FORMATS[Path(path).suffix.lower()] in SOURCE_ONLY_FORMATS:
+            if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:
                 raise ValueError(f"{name} {path!r}: a .txt file holds sources only; training and validation need "
-                                 "pairs (.jsonl, .json, .csv or .tsv)")
+                                 "pairs (.jsonl, .json, .csv, .tsv, or a prefix of plain-text files PREFIX."
+                                 f"{self.source_lang} + PREFIX.{self.target_lang})")
 
     @property
     def uses_local_files(self) -> bool:
@@ -249,18 +262,30 @@ def _text(value: Any) -> str:
     return "" if value is None else str(value)
 
 
+def plain_text_files(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> tuple[Path, Path]:
+    """The two plain-text files a prefix names, fairseq-style: `data/train` -> `data/train.en`, `data/train.de`."""
+    return tuple(Path(f"{prefix}.{lang}") for lang in (source_lang, target_lang))
+
+
 def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
                      allow_source_only: bool = False) -> Dataset:
-    """Read a .jsonl/.json/.csv/.tsv parallel file into `source`/`target` columns; errors name the file and line.
+    """Read a .jsonl/.json/.csv/.tsv parallel file, or the plain-text pair `path.SOURCE_LANG` + `path.TARGET_LANG`
+    when `path` is no file and does not end in one of those suffixes (`data/train`, `corpus.tok.bpe`), into
+    `source`/`target` columns; errors name the file and line.
 
-    With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept) or a file whose records
-    all lack the target language is read with a `target` column of None."""
+    With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept), a prefix with only the
+    source-language file, or a file whose records all lack the target language is read with a `target` column of
+    None."""
     path = Path(path)
-    if not path.is_file():
-        raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
     file_format = FILE_FORMATS.get(path.suffix.lower())
+    if not path.is_file():
+        if file_format is not None:
+            raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
+        return _read_plain_text_pair(path, source_lang, target_lang, allow_source_only)
     if file_format is None:
-        raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}")
+        raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)} (or name the "
+                                 f"prefix of plain-text files {str(path)}.{source_lang} + {str(path)}.{target_lang}, "
+                                 "and not be a file itself)")
     if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
         raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
     sources: list[str] = []
@@ -290,12 +315,49 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
     return Dataset.from_dict({"source": sources, "target": targets})
 
 
+def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allow_source_only: bool) -> Dataset:
+    """`prefix.SOURCE_LANG` and `prefix.TARGET_LANG`, line by line (one error when their line counts differ); with
+    `allow_source_only`, the source file alone when the target file does not exist."""
+    source_path, target_path = plain_text_files(prefix, source_lang, target_lang)
+    missing = [str(candidate) for candidate in (source_path, target_path) if not candidate.is_file()]
+    if missing == [str(target_path)] and allow_source_only:
+        sources = list(_lines(source_path))
+        return Dataset.from_dict({"source": sources, "target": [None] * len(sources)})
+    if missing:
+        raise DatasetSchemaError(
+            f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
+            f"({source_path} + {target_path}: {' and '.join(missing)} missing); give a "
+            f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist")
+    sources, targets = list(_lines(source_path)), list(_lines(target_path))
+    if len(sources) != len(targets):
+        raise DatasetSchemaError(
+            f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; parallel plain-text files "
+            "need one line per sentence, line i of one the translation of line i of the other")
+    return Dataset.from_dict({"source": sources, "target": targets})
+
+
+def _lines(path: Path) -> Iterator[str]:
+    """The lines of a UTF-8 text file without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them
+    (a final "\n" ends the last line, it starts none); a byte order mark at the start is dropped."""
+    with open(path, "rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise DatasetSchemaError(f"{path}:{line_number}: not UTF-8 text ({error.reason} at byte "
+                                         f"{error.start} of the line)") from None
+            if line_number == 1:
+                line = line.removeprefix(BYTE_ORDER_MARK)
+            yield line.removesuffix("\n").removesuffix("\r")
+
+
 def _records(path: Path, file_format: str, source_lang: str) -> Iterator[tuple[str, Any]]:
     """(location, record) for each example; location is "file:line" (or "file: record N" for a JSON array)."""
     if file_format == "txt":
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                yield f"{path}:{line_number}", {source_lang: line.rstrip("\r\n")}
+        for line_number, line in enumerate(_lines(path), start=1):
+            yield f"{path}:{line_number}", {source_lang: line}
+    elif file_format == "tsv":
+        yield from _tsv_records(path)
     elif file_format == "jsonl":
         with open(path, encoding="utf-8") as handle:
             for line_number, line in enumerate(handle, start=1):
@@ -316,12 +378,31 @@ def _records(path: Path, file_format: str, source_lang: str) -> Iterator[tuple[s
         for index, record in enumerate(records):
             yield f"{path}: record {index}", record
     else:
-        with open(path, encoding="utf-8", newline="") as handle:
-            reader = csv.DictReader(handle, delimiter="\t" if file_format == "tsv" else ",")
+        with open(path, encoding="utf-8-sig", newline="") as handle:
+            reader = csv.DictReader(handle)
             for row in reader:
                 if None in row:
                     raise DatasetSchemaError(f"{path}:{reader.line_num}: more fields than the header has")
                 yield f"{path}:{reader.line_num}", row
+
+
+def _tsv_records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """Rows of a tab-separated file whose first line names the columns (e.g. `en<TAB>de`), split at tabs with no
+    quoting: every character but the tab and the line end is text. A row with another number of fields than the
+    header (a tab inside a sentence, or a missing field) is an error naming the line; an empty line is skipped."""
+    lines = enumerate(_lines(path), start=1)
+    header = next((line.split("\t") for _, line in lines), None)
+    if header is None:
+        return
+    for line_number, line in lines:
+        if not line:
+            continue
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise DatasetSchemaError(
+                f"{path}:{line_number}: {len(fields)} tab-separated fields, but the header has {len(header)} "
+                f"({', '.join(header)}); a .tsv file has no quoting, so a sentence may not contain a tab")
+        yield f"{path}:{line_number}", dict(zip(header, fields, strict=True))
 
 
 @dataclass

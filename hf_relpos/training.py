@@ -6,13 +6,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import shutil
 import sys
 import tempfile
-from collections.abc import Sequence
+import time
+import uuid
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -99,6 +102,72 @@ HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
 FINAL_MODEL_STAGING = ".final-model-staging"
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
+# Processes waiting for the main one's data loading and tokenizer training look for its marker file this often, and
+# say that they still wait this often.
+TURN_POLL_SECONDS = 2.0
+TURN_LOG_SECONDS = 300.0
+
+
+def _wait_for_files(paths: Sequence[Path], failed: Path, desc: str, poll_seconds: float) -> None:
+    """Return once every file in `paths` exists; `ProcessGroupError` as soon as `failed` does. No time limit."""
+    started = last_log = time.monotonic()
+    while not all(path.exists() for path in paths):
+        if failed.exists():
+            raise ProcessGroupError(f"another process failed during {desc}; its error is above")
+        if time.monotonic() - last_log >= TURN_LOG_SECONDS:
+            last_log = time.monotonic()
+            logger.info("still waiting for the main process to finish %s (%.0f min)", desc,
+                        (last_log - started) / 60)
+        time.sleep(poll_seconds)
+
+
+@contextlib.contextmanager
+def local_main_first(prefix: Path, local_rank: int, local_world_size: int, desc: str,
+                     poll_seconds: float = TURN_POLL_SECONDS) -> Iterator[None]:
+    """The block runs on local rank 0 first, then on the other local ranks (which read what it saved or cached), and
+    every rank leaves it once all have run it. The turns are marker files `prefix.RANK.done`, polled without a time
+    limit, not a collective bounded by `ddp_timeout`: training a tokenizer on WMT's 9M sentences can take longer
+    than its 1800 s. A rank whose block raises writes `prefix.failed`, on which the waiting ranks stop."""
+    failed = prefix.with_name(f"{prefix.name}.failed")
+
+    def done(rank: int) -> Path:
+        return prefix.with_name(f"{prefix.name}.{rank}.done")
+
+    if local_rank != 0:
+        _wait_for_files([done(0)], failed, desc, poll_seconds)
+    try:
+        yield
+    except BaseException:
+        failed.touch()
+        raise
+    done(local_rank).touch()
+    _wait_for_files([done(rank) for rank in range(local_world_size)], failed, desc, poll_seconds)
+
+
+@contextlib.contextmanager
+def main_process_first_without_timeout(training_args: TranslationTrainingArguments, desc: str) -> Iterator[None]:
+    """`TrainingArguments.main_process_first` (the local main process runs the block first: downloads, tokenizer
+    training, tokenization caches), with the other processes waiting for it through `local_main_first`'s marker
+    files in the temporary folder instead of in a barrier that `ddp_timeout` would end; one barrier follows, when
+    every process has run the block."""
+    if training_args.world_size <= 1:
+        yield
+        return
+    if not torch.distributed.is_initialized():  # other launchers (XLA): transformers' own turns
+        with training_args.main_process_first(desc=desc):
+            yield
+        return
+    state = training_args.distributed_state
+    token = [uuid.uuid4().hex]
+    torch.distributed.broadcast_object_list(token, src=0)  # one name for this launch's marker files
+    prefix = Path(tempfile.gettempdir()) / f"hf_relpos-{token[0]}-{desc.replace(' ', '-')}"
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", state.num_processes))
+    with local_main_first(prefix, state.local_process_index, local_world_size, desc):
+        yield
+    torch.distributed.barrier()
+    if state.is_local_main_process:
+        for rank in range(local_world_size):
+            prefix.with_name(f"{prefix.name}.{rank}.done").unlink(missing_ok=True)
 
 
 def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
@@ -237,10 +306,18 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             longest_source = int(inputs["attention_mask"].sum(dim=-1).max())
-            gen_kwargs["max_length"] = self.max_new_tokens(longest_source) + 1  # + the decoder start token
+            gen_kwargs.pop("max_length", None)  # generation_max_length, which max_new_tokens() folds in
+            gen_kwargs["max_new_tokens"] = self.max_new_tokens(longest_source)
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
-        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        # Seq2SeqTrainer writes generate's defaults (max_length 20) into the model's generation config; a max_length
+        # saved next to its max_new_tokens would make every generate(max_new_tokens=...) warn that both are set.
+        generation = self.model.generation_config
+        max_length = generation.max_length
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            generation.max_length = max_length
 
     def _compute_translation_metrics(self, prediction: EvalPrediction) -> dict[str, float | str]:
         evaluation_set = self.evaluation_sets[self._active_prefix]
@@ -338,14 +415,17 @@ def _build_model(
     model_args: ModelArguments, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments,
     training_args: TranslationTrainingArguments,
 ) -> RelPosTransformerForConditionalGeneration:
+    kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
     if model_args.model_name_or_path is not None:
         try:
             model = RelPosTransformerForConditionalGeneration.from_pretrained(
-                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **model_args.model_config
+                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **kernel, **model_args.model_config
             )
         except SafetensorError as error:
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: its weights file is corrupt or "
                               f"incomplete ({error})") from None
+        except ImportError as error:  # a transformers kernel whose package is missing (flash_attention_2, ...)
+            raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
         except (OSError, ValueError, RuntimeError) as error:
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}") from None
         if model.config.vocab_size < len(tokenizer):
@@ -354,21 +434,26 @@ def _build_model(
     else:
         try:
             config = RelPosTransformerConfig(
-                **model_args.model_config, vocab_size=len(tokenizer), **special_token_ids(tokenizer)
+                **model_args.model_config, vocab_size=len(tokenizer), **special_token_ids(tokenizer), **kernel
             )
         except (ValueError, TypeError) as error:
             raise ConfigError(f"{MODEL_SECTION}: {error}") from None
-        model = RelPosTransformerForConditionalGeneration(config)
+        try:
+            model = RelPosTransformerForConditionalGeneration(config)
+        except (ImportError, ValueError) as error:  # a kernel whose package is missing (flash_attention_2, ...)
+            if not kernel:
+                raise
+            raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
     _check_num_beams(training_args, model.config.vocab_size)
     generation = model.generation_config
     generation.num_beams = training_args.generation_num_beams or 1
     if generation.num_beams > 1:
         generation.length_penalty = training_args.generation_length_penalty
-    # Lengths as max_length (decoder start token included), never max_new_tokens, which would override the
-    # per-batch max_length of TranslationTrainer.prediction_step.
-    generation.max_new_tokens = None
-    generation.max_length = training_args.generation_max_length or (
-        data_args.max_source_length + training_args.generation_max_length_offset + 1)
+    # The length cap as max_new_tokens, generate's own knob: a saved max_length would make every
+    # generate(max_new_tokens=...) call warn that both are set. generation_max_length counts the decoder start token.
+    generation.max_length = None
+    generation.max_new_tokens = (training_args.generation_max_length - 1 if training_args.generation_max_length
+                                 else data_args.max_source_length + training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
     for name, value in special_token_ids(tokenizer).items():
@@ -502,11 +587,11 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
     splits = tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
                                                ("test", training_args.do_predict)) if wanted)
-    with training_args.main_process_first(desc="loading data"):
+    with main_process_first_without_timeout(training_args, desc="loading data"):
         raw = load_parallel_splits(data_args, splits, Path(output_dir) / DEMO_DATA_FOLDER,
                                    cache_dir=model_args.cache_dir)
 
-    with training_args.main_process_first(desc="tokenizer"):
+    with main_process_first_without_timeout(training_args, desc="tokenizer training and tokenization"):
         tokenizer, new_tokenizer_settings = _obtain_tokenizer(
             model_args, data_args, training_args, raw.get("train"), retrain=fresh_run and training_args.should_save,
             resuming=resume_from is not None)
@@ -524,6 +609,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                                 ", ".join(removed))
             if new_tokenizer_settings is not None:
                 save_tokenizer(tokenizer, output_dir, new_tokenizer_settings)
+    if training_args.prepare_only:
+        logger.info("prepare_only: data loaded and tokenized, tokenizer in %s; stopping before training", output_dir)
+        return {}
     if model_args.model_config and model_args.model_name_or_path is not None:
         log = logger.info if training_args.do_train else logger.warning
         log("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,

@@ -1,7 +1,9 @@
 """Translate a file (or stdin) with a saved model, line by line, optionally scoring against references.
 
-    python -m hf_relpos.translate MODEL_DIR --input SRC.txt --output HYP.txt [--reference REF.txt]
-    cat SRC.txt | python -m hf_relpos.translate MODEL_DIR > HYP.txt
+    hf-relpos-translate MODEL_DIR --input SRC.txt --output HYP.txt [--reference REF.txt]
+    cat SRC.txt | hf-relpos-translate MODEL_DIR --device cuda --dtype bfloat16 > HYP.txt
+
+(`python -m hf_relpos.translate` is the same program.)
 
 One output line per input line, in input order; a blank input line gives a blank output line. Lines are sorted by
 length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
@@ -13,6 +15,7 @@ stdout when the translations go to a file, else to stderr.
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,9 +25,11 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .arguments import attention_implementations, check_attn_implementation
 from .metrics import score_translations
 
-PROGRAM = "python -m hf_relpos.translate"
+PROGRAM = "hf-relpos-translate"
+DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
 def read_lines(handle: TextIO) -> list[str]:
@@ -97,9 +102,40 @@ def build_parser() -> argparse.ArgumentParser:
                         help="longest translation in tokens, decoder start included (default: the model's generation "
                              "config)")
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
+                        help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="dtype of the weights and computation (default: the dtype the weights were saved in, "
+                             "float32 for a trained folder)")
+    parser.add_argument("--attn_implementation", type=attn_implementation, metavar="KERNEL",
+                        help=f"attention kernel, one of {attention_implementations()} (default: the model's, sdpa); "
+                             "flash kernels only run schemes that add nothing to attention (e.g. absolute, rope)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
+
+
+def device_name(text: str) -> str:
+    """cpu, cuda, cuda:N, or auto (the first CUDA GPU when there is one, else the CPU); a GPU that is not there is
+    one error."""
+    if text == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    match = re.fullmatch(r"cuda(?::(\d+))?", text)
+    if text != "cpu" and match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not one of auto, cpu, cuda, cuda:N")
+    if match is not None:
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        index = int(match.group(1) or 0)
+        if index >= count:
+            raise argparse.ArgumentTypeError(f"{text!r}: this machine has {count} CUDA GPU(s)"
+                                             + (f" (cuda:0 to cuda:{count - 1})" if count else "; use cpu or auto"))
+    return text
+
+
+def attn_implementation(text: str) -> str:
+    try:
+        return check_attn_implementation(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def missing_local_folder(model: str) -> Path | None:
@@ -142,13 +178,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     references = texts.get("--reference")
     if references is not None and len(references) != len(sources):
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
+    loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model).to(args.device).eval()
-    except (OSError, ValueError) as error:
+        model = AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
+    except (OSError, ValueError, ImportError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length")
                        if (value := getattr(args, name)) is not None}
+    if args.max_length is not None:
+        generate_kwargs["max_new_tokens"] = None  # the saved cap is max_new_tokens, which would win over max_length
     translations = translate_lines(sources, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
     text = "".join(line + "\n" for line in translations)
     if args.output is None:

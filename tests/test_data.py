@@ -44,11 +44,13 @@ def test_every_file_format_and_schema_reads_the_same_pairs(tmp_path, layout):
     elif layout == "json_data":
         path = tmp_path / "data.json"
         path.write_text(json.dumps({"data": flat}), encoding="utf-8")
-    else:
-        separator = "\t" if layout == "tsv" else ","
-        path = tmp_path / f"data.{layout}"
-        rows = [f"de{separator}en"] + [f'"{de}"{separator}"{en}"' for en, de in PAIRS]
+    elif layout == "csv":
+        path = tmp_path / "data.csv"
+        rows = ["de,en"] + [f'"{de}","{en}"' for en, de in PAIRS]  # RFC 4180 quoting
         path.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    else:
+        path = tmp_path / "data.tsv"
+        path.write_text("\n".join(["de\ten"] + [f"{de}\t{en}" for en, de in PAIRS]) + "\n", encoding="utf-8")
     dataset = read_local_pairs(path, "en", "de")
     assert list(zip(dataset["source"], dataset["target"], strict=True)) == PAIRS
     reverse = read_local_pairs(path, "de", "en")
@@ -95,8 +97,8 @@ def test_missing_file_and_missing_split_are_reported(tmp_path):
 def test_argument_values_are_checked():
     with pytest.raises(ValueError, match=r"overlong_pairs must be one of \['filter', 'truncate'\]"):
         DataArguments(overlong_pairs="drop")
-    with pytest.raises(ValueError, match="must end in one of"):
-        DataArguments(train_file="train.parquet")
+    with pytest.raises(ValueError, match=r"a \.txt file holds sources only; .* PREFIX\.en \+ PREFIX\.de"):
+        DataArguments(validation_file="valid.txt")
     with pytest.raises(ValueError, match="source_lang and target_lang must differ"):
         DataArguments(source_lang="de", target_lang="de")
 
@@ -265,3 +267,167 @@ def test_hub_loading_path_maps_flat_language_columns(monkeypatch, tmp_path):
     assert list(zip(splits["train"]["source"], splits["train"]["target"], strict=True)) == PAIRS
     with pytest.raises(DatasetSchemaError, match=r"dataset 'x' \(config 'de-en'\), split 'train', columns: no 'cs' \(found \['de', 'en'\]\)"):
         load_parallel_splits(DataArguments(dataset_name="x", source_lang="cs"), ("train",), tmp_path / "demo")
+
+
+# --- plain-text pairs by prefix, TSV without quoting, tricky characters ----------------------------------------------
+
+TRICKY = [
+    ('He said "hello" and left.', 'Er sagte „hallo“ und ging.'),
+    ('"Quoted at the start," she said', '"Am Anfang zitiert", sagte sie'),
+    ("It's O'Brien's", "Das ist O'Briens"),
+    ("a single \" quote", "ein einzelnes \" Zeichen"),
+    ("Pages 3–5 — see above", "Seiten 3–5 — siehe oben"),
+    ("Café, naïve, résumé", "Straße, Größe, Übermaß, ÄÖÜ äöü ß"),
+    ("Emoji 🙂 and 👍🏽 and 🇩🇪", "Emoji 🙂 und 👍🏽 und 🇩🇪"),
+    ("A line\u2028separator and a form\x0cfeed", "Ein Zeilen\u2028trenner und ein Seiten\x0cvorschub"),
+    ("", "Nur Ziel."),
+    ("Only source.", ""),
+    ("", ""),
+    ("  spaced  ", "  mit Leerzeichen  "),
+]
+
+
+def write_plain(prefix, pairs, source_lang="en", target_lang="de", line_end="\n"):
+    for lang, side in ((source_lang, 0), (target_lang, 1)):
+        text = "".join(pair[side] + line_end for pair in pairs)
+        (prefix.parent / f"{prefix.name}.{lang}").write_bytes(text.encode("utf-8"))
+    return prefix
+
+
+@pytest.mark.parametrize("line_end", ["\n", "\r\n"])
+def test_plain_text_pair_by_prefix_round_trips_every_character(tmp_path, line_end):
+    prefix = write_plain(tmp_path / "train", TRICKY, line_end=line_end)
+    dataset = read_local_pairs(prefix, "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == TRICKY
+    reverse = read_local_pairs(prefix, "de", "en")
+    assert reverse["source"] == [de for _, de in TRICKY]
+
+
+def test_plain_text_prefix_with_dots_and_a_byte_order_mark(tmp_path):
+    prefix = tmp_path / "corpus.tok.bpe"
+    write_plain(prefix, PAIRS)
+    source = tmp_path / "corpus.tok.bpe.en"
+    source.write_bytes(b"\xef\xbb\xbf" + source.read_bytes())
+    dataset = read_local_pairs(prefix, "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == PAIRS
+
+
+def test_plain_text_line_counts_must_match(tmp_path):
+    prefix = write_plain(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_text("Eine kleine Katze.\nGuten Morgen!\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.en has 3 lines but .*train\.de has 2; parallel"):
+        read_local_pairs(prefix, "en", "de")
+
+
+def test_plain_text_prefix_with_a_missing_side(tmp_path):
+    prefix = tmp_path / "test"
+    (tmp_path / "test.en").write_text("One.\n\nTwo.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"'.*test' does not exist, nor does the plain-text pair .*test\.de "
+                                                 r"missing"):
+        read_local_pairs(prefix, "en", "de")
+    source_only = read_local_pairs(prefix, "en", "de", allow_source_only=True)
+    assert source_only["source"] == ["One.", "", "Two."] and source_only["target"] == [None, None, None]
+    with pytest.raises(DatasetSchemaError, match=r"nope\.en and .*nope\.de missing"):
+        read_local_pairs(tmp_path / "nope", "en", "de", allow_source_only=True)
+
+
+def test_plain_text_that_is_not_utf8_names_file_and_line(tmp_path):
+    prefix = write_plain(tmp_path / "train", PAIRS)
+    (tmp_path / "train.de").write_bytes("Eine Katze.\nGr\xf6\xdfe\n".encode("latin-1"))
+    with pytest.raises(DatasetSchemaError, match=r"train\.de:2: not UTF-8 text"):
+        read_local_pairs(prefix, "en", "de")
+
+
+def test_plain_text_empty_lines_stay_aligned_and_training_drops_them(tmp_path, tokenizer):
+    """An empty line on either side keeps its place (no shift); training drops the pair, evaluation keeps it."""
+    prefix = write_plain(tmp_path / "train", TRICKY)
+    arguments = DataArguments(train_file=str(prefix), validation_file=str(prefix), test_file=str(prefix))
+    splits = load_parallel_splits(arguments, ("train", "validation", "test"), tmp_path / "demo")
+    assert len(splits["train"]) == len(splits["validation"]) == len(TRICKY)
+    tokenized, report = tokenize_training_pairs(splits["train"], tokenizer, arguments)
+    assert report.empty == 3
+    assert list(zip(tokenized["source"], tokenized["target"], strict=True)) == [
+        pair for pair in TRICKY if pair[0].strip() and pair[1].strip()]
+    evaluation, _ = tokenize_evaluation_pairs(splits["validation"], tokenizer, arguments, "validation")
+    assert len(evaluation) == len(TRICKY)
+
+
+def test_tsv_has_no_quoting_and_round_trips_every_character(tmp_path):
+    path = tmp_path / "train.tsv"
+    rows = ["id\ten\tde"] + [f"{index}\t{en}\t{de}" for index, (en, de) in enumerate(TRICKY)]
+    path.write_text("\n".join(rows[:5]) + "\n\n" + "\n".join(rows[5:]) + "\n", encoding="utf-8")  # one empty line
+    dataset = read_local_pairs(path, "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == TRICKY
+
+
+def test_tsv_with_a_tab_inside_a_sentence_is_refused(tmp_path):
+    path = tmp_path / "train.tsv"
+    path.write_text("en\tde\nA cat.\tEine Katze.\nA\ttab.\tEin Tab.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.tsv:3: 3 tab-separated fields, but the header has 2 "
+                                                 r"\(en, de\); .* may not contain a tab"):
+        read_local_pairs(path, "en", "de")
+    path.write_text("en\tde\nA cat.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.tsv:2: 1 tab-separated fields"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_csv_quoting_round_trips_quotes_and_commas(tmp_path):
+    import csv
+
+    path = tmp_path / "train.csv"
+    with open(path, "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["en", "de"])
+        writer.writerows(pair for pair in TRICKY if pair[0] or pair[1])
+        writer.writerow(["a, b", "c, d"])
+    dataset = read_local_pairs(path, "en", "de")
+    expected = [pair for pair in TRICKY if pair[0] or pair[1]] + [("a, b", "c, d")]
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == expected
+
+
+def test_jsonl_round_trips_every_character(tmp_path):
+    path = write_jsonl(tmp_path / "train.jsonl", [{"translation": {"en": en, "de": de}} for en, de in TRICKY])
+    dataset = read_local_pairs(path, "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == TRICKY
+
+
+def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
+    path = tmp_path / "train.parquet"
+    path.write_bytes(b"PAR1")
+    with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
+        read_local_pairs(path, "en", "de")
+
+
+def docs_command(starts_with: str) -> str:
+    from pathlib import Path
+
+    training_md = Path(__file__).resolve().parents[1] / "docs" / "training.md"
+    (line,) = [line for line in training_md.read_text(encoding="utf-8").splitlines() if line.startswith(starts_with)]
+    return line
+
+
+def test_the_documented_jsonl_conversion_writes_the_plain_text_pair(tmp_path):
+    import shlex
+    import subprocess
+    import sys
+
+    pairs = [pair for pair in TRICKY if "\u2028" not in pair[0]] + [("Two\nlines", "Zwei\nZeilen")]
+    write_jsonl(tmp_path / "train.jsonl", [{"translation": {"en": en, "de": de}} for en, de in pairs])
+    arguments = shlex.split(docs_command("python -c 'import json,sys;"))
+    subprocess.run([sys.executable, *arguments[1:-3], str(tmp_path / "train"), "en", "de"], check=True)
+    dataset = read_local_pairs(tmp_path / "train", "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == pairs[:-1] + [("Two lines", "Zwei Zeilen")]
+
+
+def test_the_documented_tsv_conversion_writes_the_plain_text_pair(tmp_path):
+    import shutil
+    import subprocess
+
+    if shutil.which("cut") is None:
+        pytest.skip("no cut here")
+    pairs = [pair for pair in TRICKY if "\u2028" not in pair[0] and "\x0c" not in pair[0]]
+    (tmp_path / "corpus.tsv").write_text("".join(f"{en}\t{de}\n" for en, de in pairs), encoding="utf-8")
+    (tmp_path / "data").mkdir()
+    subprocess.run(docs_command("cut -f1 corpus.tsv"), shell=True, check=True, cwd=tmp_path)
+    dataset = read_local_pairs(tmp_path / "data" / "train", "en", "de")
+    assert list(zip(dataset["source"], dataset["target"], strict=True)) == pairs

@@ -4,11 +4,20 @@ from pathlib import Path
 
 import pytest
 import yaml
+from transformers.utils import is_torch_bf16_gpu_available
 
 from hf_relpos.training import parse_arguments
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SCHEMES = ("absolute", "shaw", "xl", "directional")
+SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
+# What each scheme's WMT14 base recipe sets beyond attention_type (the papers' values, or the scheme's defaults).
+SCHEME_FIELDS = {
+    "absolute": {}, "alibi": {}, "directional": {},
+    "shaw": {"max_relative_position": 16, "use_relative_keys": True, "use_relative_values": True},
+    "xl": {"clamp_len": 1000, "untie_relative_biases": True},
+    "rope": {"rope_theta": 10000.0, "rotary_dim": None},
+    "t5": {"relative_attention_num_buckets": 32, "relative_attention_max_distance": 128},
+}
 
 
 def parse(name: str, *flags: str):
@@ -23,7 +32,7 @@ def test_wmt14_base_recipes(scheme):
     assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (512, 6, 6)
     assert (model["encoder_attention_heads"], model["encoder_ffn_dim"], model["dropout"]) == (8, 2048, 0.1)
     assert model["tie_word_embeddings"] is True
-    assert scheme != "shaw" or model["max_relative_position"] == 16
+    assert {name: model[name] for name in SCHEME_FIELDS[scheme]} == SCHEME_FIELDS[scheme]
     assert (data_args.dataset_name, data_args.dataset_config_name) == ("wmt/wmt14", "de-en")
     assert (data_args.source_lang, data_args.target_lang) == ("en", "de")
     assert model_args.tokenizer_vocab_size == 32768
@@ -34,10 +43,12 @@ def test_wmt14_base_recipes(scheme):
     assert (training_args.generation_num_beams, training_args.generation_length_penalty,
             training_args.generation_max_length_offset) == (4, 0.6, 50)
     assert training_args.max_tokens_per_batch * 8 == 25000
-
+    assert training_args.bf16_if_supported and training_args.bf16 == is_torch_bf16_gpu_available()
+    header = (CONFIGS / f"wmt14_en_de_base_{scheme}.yaml").read_text().splitlines()[1]
+    assert header.endswith(f"wmt14_en_de_base_{scheme}.yaml --gradient_accumulation_steps 8   # one GPU")
 
 def test_wmt14_big_recipe():
-    model_args, _, training_args = parse("wmt14_en_de_big_shaw.yaml", "--bf16", "false")  # bf16 needs a GPU
+    model_args, _, training_args = parse("wmt14_en_de_big_shaw.yaml")  # bf16_if_supported: parses on a CPU too
     model = model_args.model_config
     assert (model["d_model"], model["encoder_attention_heads"], model["encoder_ffn_dim"]) == (1024, 16, 4096)
     assert (model["dropout"], model["max_relative_position"]) == (0.3, 8)
@@ -79,3 +90,26 @@ def test_cpu_accelerate_config_launches_two_processes():
 
     config = load_config_from_file(str(CONFIGS / "accelerate" / "cpu_2proc.yaml"))
     assert (config.num_processes, config.distributed_type.value, config.use_cpu) == (2, "MULTI_GPU", False)
+
+
+def test_bf16_if_supported_turns_bf16_on_only_where_the_gpu_has_it(monkeypatch):
+    import transformers.training_args
+
+    import hf_relpos.arguments
+
+    for module in (hf_relpos.arguments, transformers.training_args):
+        monkeypatch.setattr(module, "is_torch_bf16_gpu_available", lambda: False)
+    assert not parse("wmt14_en_de_base_shaw.yaml")[2].bf16
+    for module in (hf_relpos.arguments, transformers.training_args):
+        monkeypatch.setattr(module, "is_torch_bf16_gpu_available", lambda: True)
+    assert parse("wmt14_en_de_base_shaw.yaml")[2].bf16
+    assert not parse("wmt14_en_de_base_shaw.yaml", "--bf16_if_supported", "false")[2].bf16
+    assert not parse("wmt14_en_de_base_shaw.yaml", "--use_cpu", "true")[2].bf16
+    assert not parse("demo.yaml")[2].bf16  # off unless a recipe asks for it
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml") if not path.name.startswith("finetune")))
+def test_every_recipe_parses_with_a_valid_model_config(name):
+    """parse_arguments builds the recipe's RelPosTransformerConfig, so each scheme checks its own fields here."""
+    model_args, _, _ = parse(name)
+    assert model_args.model_config["attention_type"] in name or name == "demo.yaml"

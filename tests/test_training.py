@@ -2,8 +2,10 @@
 prediction, predict-only runs, checkpoint averaging and resuming."""
 
 import json
+import logging
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -12,6 +14,7 @@ import yaml
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
+from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
@@ -173,6 +176,32 @@ def test_generation_length_is_source_length_plus_offset_per_batch(trained):
     assert trainer.max_new_tokens(17) == 67
     arguments.generation_max_length = 40  # generate's max_length: the decoder start token counts
     assert trainer.max_new_tokens(17) == 39
+
+
+def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path, corpus, capfd, caplog):
+    """The saved generation config caps lengths with max_new_tokens, never max_length (with both set, generate warns
+    at every call), also after evaluations during training (Seq2SeqTrainer fills generate's defaults into it)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False,
+                          eval_strategy="steps", eval_steps=3)
+    run([str(config)])
+    saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
+    assert "max_length" not in saved and saved["max_new_tokens"] == 48 + 5
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    inputs = tokenizer(["The man sees the dog."], return_tensors="pt")
+    capfd.readouterr()
+    caplog.clear()
+    with warnings.catch_warnings(record=True) as caught, caplog.at_level(logging.WARNING):
+        warnings.simplefilter("always")
+        transformers_logging.enable_propagation()
+        try:
+            short = model.generate(**inputs, max_new_tokens=3, num_beams=1, min_new_tokens=3)
+            model.generate(**inputs)
+        finally:
+            transformers_logging.disable_propagation()
+    printed = capfd.readouterr().err + caplog.text + " ".join(str(warning.message) for warning in caught)
+    assert "max_length" not in printed and "max_new_tokens" not in printed
+    assert short.shape[-1] == 1 + 3  # the decoder start token and 3 new tokens: max_new_tokens took effect
 
 
 def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):
@@ -401,3 +430,70 @@ def test_demo_learns_the_reordering_grammar(tmp_path):
     inputs = tokenizer(["Today the man opens the door."], return_tensors="pt")
     translation = tokenizer.decode(model.generate(**inputs)[0], skip_special_tokens=True)
     assert translation == "Heute macht der Mann die Tür auf."
+
+
+# --- the main process first, without ddp_timeout -------------------------------------------------------------------
+
+
+def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dict[int, BaseException]]:
+    """Run `local_main_first` on one thread per local rank; returns the event log and each rank's exception."""
+    import threading
+
+    from hf_relpos.training import local_main_first
+
+    events: list[str] = []
+    errors: dict[int, BaseException] = {}
+
+    def rank_thread(rank: int) -> None:
+        try:
+            with local_main_first(prefix, rank, len(blocks), "tokenizer training", poll_seconds=0.01):
+                events.append(f"{rank} starts")
+                blocks[rank]()
+                events.append(f"{rank} ends")
+            events.append(f"{rank} leaves")
+        except BaseException as error:  # noqa: BLE001 - recorded for the assertions
+            errors[rank] = error
+
+    threads = [threading.Thread(target=rank_thread, args=(rank,)) for rank in sorted(blocks, reverse=True)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    return events, errors
+
+
+def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monkeypatch):
+    import time
+
+    monkeypatch.setattr("hf_relpos.training.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
+    events, errors = run_ranks(tmp_path / "turn", {0: lambda: time.sleep(0.4), 1: lambda: None, 2: lambda: None})
+    assert not errors
+    assert events[:2] == ["0 starts", "0 ends"]  # the others start only once the main rank has ended
+    assert {event for event in events[2:] if "leaves" not in event} == {"1 starts", "1 ends", "2 starts", "2 ends"}
+    leaving = [index for index, event in enumerate(events) if "leaves" in event]
+    assert min(leaving) > max(index for index, event in enumerate(events) if "ends" in event)  # after all have run it
+
+
+def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
+    from hf_relpos.preflight import ProcessGroupError
+
+    def fail() -> None:
+        raise ValueError("no such data file")
+
+    events, errors = run_ranks(tmp_path / "turn", {0: fail, 1: lambda: None})
+    assert isinstance(errors[0], ValueError)
+    assert isinstance(errors[1], ProcessGroupError) and "failed during tokenizer training" in str(errors[1])
+    assert events == ["0 starts"]
+
+
+def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path, corpus, monkeypatch):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_eval=False, do_predict=False)
+    assert run([str(config), "--prepare_only", "true"]) == {}
+    assert (tmp_path / "out" / "tokenizer.json").is_file() and not (tmp_path / "out" / "model.safetensors").exists()
+    monkeypatch.setattr("hf_relpos.training.train_joint_tokenizer",
+                        lambda *args, **kwargs: pytest.fail("trained the tokenizer again"))
+    assert "train" in run([str(config)])
+    assert (tmp_path / "out" / "model.safetensors").is_file()
+    with pytest.raises(ConfigError, match="prepare_only trains the tokenizer on the training split: it needs do_train"):
+        parse_arguments([str(config), "--prepare_only", "true", "--do_train", "false", "--do_eval", "true",
+                         "--model_name_or_path", "x"])

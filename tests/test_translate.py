@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 from conftest import MEMORISED_PAIRS
 
 from hf_relpos.metrics import score_translations
@@ -81,6 +82,10 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
     (["missing.txt"], "--input 'missing.txt': No such file or directory"),
     (["--reference", "missing.txt"], "--reference 'missing.txt': No such file or directory"),
     (["a.txt", "--input", "b.txt"], "two source files: INPUT 'a.txt' and --input 'b.txt'; give one"),
+    (["--dtype", "fp16"], "argument --dtype: invalid choice: 'fp16' (choose from "),
+    (["--device", "gpu"], "argument --device: 'gpu' is not one of auto, cpu, cuda, cuda:N"),
+    (["--device", "cuda:64"], "argument --device: 'cuda:64': this machine has"),
+    (["--attn_implementation", "flash"], "argument --attn_implementation: attn_implementation must be one of ['eager', "),
 ])
 def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -133,3 +138,22 @@ def test_reference_with_another_line_count_is_refused(memorised_model_folder, tm
         main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(tmp_path / "ref.txt")])
     assert exited.value.code == 2
     assert "3 source lines but 2 reference lines" in capsys.readouterr().err
+
+
+def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, tmp_path, capsys, monkeypatch):
+    from transformers import AutoModelForSeq2SeqLM
+
+    loaded = []
+    load = AutoModelForSeq2SeqLM.from_pretrained
+    monkeypatch.setattr("hf_relpos.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: loaded.append(load(*args, **kwargs)) or loaded[-1])
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    main([str(memorised_model_folder), str(source_file), "--no_progress", "--dtype", "float64", "--device", "cpu",
+          "--attn_implementation", "eager"])
+    assert capsys.readouterr().out.splitlines() == TARGETS[:3]
+    (model,) = loaded
+    assert model.dtype == torch.float64 and model.device.type == "cpu"
+    assert model.config._attn_implementation == "eager"
+    main([str(memorised_model_folder), str(source_file), "--no_progress", "--device", "auto"])
+    assert loaded[-1].dtype == torch.float32  # the saved dtype
+    assert loaded[-1].device.type == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -385,12 +385,16 @@ def test_the_output_dir_has_the_model_card_with_this_runs_results(trained):
 
 
 def test_the_saved_generation_config_holds_the_requested_max_length(trained, tmp_path, corpus):
+    """As max_new_tokens (generation_max_length counts the decoder start token), never max_length: with both saved,
+    every generate(max_new_tokens=...) call warns."""
     output_dir, _, _ = trained
     generation = GenerationConfig.from_pretrained(output_dir)
-    assert (generation.max_length, generation.num_beams, generation.length_penalty) == (30, 2, 0.6)
+    assert (generation.max_new_tokens, generation.num_beams, generation.length_penalty) == (29, 2, 0.6)
+    assert generation.max_length is None
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
-    run([str(config)])  # no generation_max_length: max_source_length + offset + the decoder start token
-    assert GenerationConfig.from_pretrained(tmp_path / "out").max_length == 48 + 4 + 1
+    run([str(config)])  # no generation_max_length: max_source_length + offset
+    generation = GenerationConfig.from_pretrained(tmp_path / "out")
+    assert (generation.max_new_tokens, generation.max_length) == (48 + 4, None)
 
 
 def test_argument_classes_are_the_ones_training_exports():

@@ -1,0 +1,97 @@
+"""The console commands installed with the package ([project.scripts]): each target is a callable main whose
+`--help` exits 0, and `--attn_implementation` is checked on the training command line and in recipes."""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+
+import pytest
+
+from hf_relpos.arguments import attention_implementations
+from hf_relpos.training import ConfigError, parse_arguments
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = {"hf-relpos-train": "hf_relpos.training:main", "hf-relpos-translate": "hf_relpos.translate:main",
+           "hf-relpos-convert": "hf_relpos.convert:main"}
+
+
+def script_targets() -> dict[str, str]:
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    with open(REPO / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle)["project"]["scripts"]
+
+
+def resolve(target: str):
+    module_name, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def test_pyproject_declares_the_three_commands():
+    assert script_targets() == SCRIPTS
+
+
+@pytest.mark.parametrize(("name", "shown"), [
+    ("hf-relpos-train", "--attn_implementation"),
+    ("hf-relpos-translate", "--dtype"),
+    ("hf-relpos-convert", "marian"),
+])
+def test_every_command_has_a_working_help(name, shown, capsys):
+    main = resolve(script_targets()[name])
+    assert callable(main)
+    with pytest.raises(SystemExit) as exited:
+        main(["--help"])
+    assert exited.value.code == 0
+    assert shown in capsys.readouterr().out
+
+
+def test_train_translation_script_is_the_same_main():
+    namespace: dict = {}
+    exec((REPO / "train_translation.py").read_text(encoding="utf-8").replace('if __name__ == "__main__"', "if False"),
+         namespace)
+    assert namespace["main"] is resolve(SCRIPTS["hf-relpos-train"])
+
+
+def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text((REPO / "configs" / "demo.yaml").read_text(encoding="utf-8") + "attn_implementation: eager\n",
+                      encoding="utf-8")
+    assert parse_arguments([str(recipe)])[0].attn_implementation == "eager"
+    assert parse_arguments([str(recipe), "--attn_implementation", "flex_attention"])[0].attn_implementation == \
+        "flex_attention"
+    assert parse_arguments([str(REPO / "configs" / "demo.yaml")])[0].attn_implementation is None
+    with pytest.raises(ConfigError, match=r"attn_implementation must be one of \[.*'sdpa'.*\], got 'flash'"):
+        parse_arguments([str(recipe), "--attn_implementation", "flash"])
+    assert {"eager", "sdpa", "flex_attention", "flash_attention_2"} <= set(attention_implementations())
+
+
+@pytest.mark.parametrize("kernel", ["eager", "flex_attention"])
+def test_the_model_is_built_with_the_requested_kernel(kernel, tmp_path):
+    from hf_relpos.tokenization import train_joint_tokenizer
+    from hf_relpos.training import _build_model
+
+    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
+    model_args, data_args, training_args = parse_arguments(
+        [str(REPO / "configs" / "demo.yaml"), "--attn_implementation", kernel, "--output_dir", str(tmp_path)])
+    model = _build_model(model_args, tokenizer, data_args, training_args)
+    assert model.config._attn_implementation == kernel
+    model.save_pretrained(tmp_path / "saved")
+    model_args, data_args, training_args = parse_arguments(
+        [str(REPO / "configs" / "demo.yaml"), "--model_name_or_path", str(tmp_path / "saved"), "--attn_implementation",
+         "eager", "--output_dir", str(tmp_path)])
+    assert _build_model(model_args, tokenizer, data_args, training_args).config._attn_implementation == "eager"
+
+
+def test_a_kernel_whose_package_is_missing_is_one_config_error(tmp_path):
+    from transformers.utils import is_flash_attn_2_available
+
+    from hf_relpos.tokenization import train_joint_tokenizer
+    from hf_relpos.training import _build_model
+
+    if is_flash_attn_2_available():
+        pytest.skip("flash-attn is installed here")
+    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
+    arguments = parse_arguments([str(REPO / "configs" / "demo.yaml"), "--attn_implementation", "flash_attention_2",
+                                 "--output_dir", str(tmp_path)])
+    with pytest.raises(ConfigError, match=r"attn_implementation 'flash_attention_2': .*FlashAttention2"):
+        _build_model(arguments[0], tokenizer, arguments[1], arguments[2])
