@@ -318,3 +318,93 @@ def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path)
 
     rendered = {path.name for path in render_recipe_cards([REPO / "configs"], tmp_path)}
     assert "multi30k_small_shaw.md" in rendered and "finetune_marian_en_de_shaw.md" not in rendered
+
+
+# keep_absolute_positions: the relative scheme on top of Marian's own sinusoids, starting neutral.
+NEUTRAL_ON_TOP = ("shaw", "xl", "t5", "none")   # terms that vanish at start_neutral (none has no terms)
+NOT_NEUTRAL = {"rope": "it transforms the queries and it transforms the keys", "alibi": "it adds a non-zero score bias",
+               "directional": "it masks query-key pairs"}
+
+
+def float64_marian() -> MarianMTModel:
+    """`marian_model()` in float64 with its sinusoid tables computed in float64 (Marian stores them rounded to
+    float32, which a float64 comparison at 1e-12 would see)."""
+    from hf_relpos.positions import sinusoids
+
+    marian = marian_model().double()
+    with torch.no_grad():
+        for stack in (marian.model.encoder, marian.model.decoder):
+            table = stack.embed_positions.weight
+            table.copy_(sinusoids(torch.arange(table.size(0)), table.size(1), torch.float64))
+    return marian
+
+
+@pytest.mark.parametrize("scheme", NEUTRAL_ON_TOP)
+def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search(scheme):
+    marian = float64_marian()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, scheme, keep_absolute_positions=True)
+    assert converted.config.keep_absolute_positions and converted.dtype == torch.float64
+    assert all(not p.any() for stack in (converted.model.encoder, converted.model.decoder)
+               for p in stack.positions.parameters())
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-12
+    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
+                "no_repeat_ngram_size": 2}
+    for num_beams in (1, 4):
+        expected = marian.generate(**generate, num_beams=num_beams)
+        assert len(set(expected[:, 1:].flatten().tolist())) > 4
+        assert torch.equal(converted.generate(**generate, num_beams=num_beams), expected)
+
+
+def test_hybrid_conversion_in_float32_generates_as_marian():
+    """The float32 model as saved: Marian's float32-rounded table against the sinusoids computed on the fly."""
+    marian = marian_model()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, "shaw", keep_absolute_positions=True)
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-4   # float32 rounding of |logits| ~ 5
+    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
+                "no_repeat_ngram_size": 2, "num_beams": 4}
+    assert torch.equal(converted.generate(**generate), marian.generate(**generate))
+
+
+@pytest.mark.parametrize(("scheme", "learned"), [
+    ("shaw", ("relative_keys", "relative_values")), ("xl", ("position_projections",)),
+    ("t5", ("relative_attention_bias",)),
+])
+def test_hybrid_relative_terms_get_gradients_from_the_neutral_start(scheme, learned):
+    """Zero tables are neutral, not dead: one backward pass reaches a^K and a^V (Shaw), W_kR (XL), the bucket biases
+    (T5) in both stacks."""
+    converted = RelPosTransformerForConditionalGeneration.from_marian(float64_marian(), scheme,
+                                                                    keep_absolute_positions=True).train()
+    batch = padded_batch()
+    converted(**batch, labels=batch["decoder_input_ids"]).loss.backward()
+    for stack in (converted.model.encoder, converted.model.decoder):
+        for name, parameter in stack.positions.named_parameters():
+            if name.startswith(learned):
+                assert parameter.grad is not None and parameter.grad.abs().sum() > 0, (scheme, name)
+
+
+@pytest.mark.parametrize("scheme", sorted(NOT_NEUTRAL))
+def test_hybrid_conversion_refuses_schemes_without_an_exact_neutral_start(scheme):
+    with pytest.raises(ValueError, match=rf"attention_type '{scheme}' cannot be added to the kept absolute positions: "
+                                         rf"after start_neutral\(\) {NOT_NEUTRAL[scheme]}"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), scheme, keep_absolute_positions=True)
+
+
+def test_hybrid_conversion_of_absolute_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="keep_absolute_positions must be false with attention_type 'absolute'"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "absolute", keep_absolute_positions=True)
+
+
+def test_cli_keep_absolute_positions_writes_the_hybrid(marian_folder, tmp_path):
+    output = tmp_path / "hybrid"
+    assert main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "xl",
+                 "--keep_absolute_positions"]) == 0
+    assert json.loads((output / "config.json").read_text())["keep_absolute_positions"] is True
+    loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
+    marian = MarianMTModel.from_pretrained(marian_folder / "model").eval()
+    batch = padded_batch(marian.config.vocab_size)
+    assert (logits(loaded, batch) - logits(marian, batch)).abs().max() < 1e-4
+    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "rope"), "--attention_type", "rope",
+                 "--keep_absolute_positions"]) == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hybrid"]
