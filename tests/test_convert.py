@@ -249,8 +249,9 @@ def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
 @pytest.mark.slow
 def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
-    train_translation.py, score; absolute right after the conversion scores exactly as Marian. A second run converts
-    that trained Marian (--marian-model) and records the recovery curve (--eval-every)."""
+    train_translation.py, score; absolute and the hybrid (shaw+absolute) right after the conversion translate exactly
+    as Marian, also on the long-sentence bucket. A second run converts that trained Marian (--marian-model), fine-tunes
+    with two seeds and records the recovery curve (--eval-every)."""
     def run_experiment(work: Path, out: Path, *options: str) -> dict:
         subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
                         str(work), "--out", str(out), *options], check=True, timeout=900, cwd=REPO,
@@ -258,31 +259,60 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
         return json.loads((out / "marian_conversion.json").read_text())
 
     out = tmp_path / "out"
-    results = run_experiment(tmp_path / "work", out)
-    assert list(results["schemes"]) == ["absolute", "shaw"]
-    absolute = results["schemes"]["absolute"]["converted"]
-    assert absolute["first_hypotheses"] == results["marian"]["first_hypotheses"]
-    assert absolute["bleu"] == results["marian"]["bleu"]
+    results = run_experiment(tmp_path / "work", out, "--schemes", "shaw+absolute", "--long-pairs", "2")
+    assert list(results["schemes"]) == ["absolute", "shaw+absolute"]
+    hybrid = results["schemes"]["shaw+absolute"]
+    assert (hybrid["attention_type"], hybrid["keep_absolute_positions"]) == ("shaw", True)
+    assert results["long_bucket"]["pairs"] == 2
     for run in results["schemes"].values():
-        assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
-        assert "curve" not in run
+        assert run["converted"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
+        assert run["converted"]["bleu"] == results["marian"]["bleu"]
+        assert run["converted_long"]["first_hypotheses"] == results["marian_long"]["first_hypotheses"]
+        assert list(run["seeds"]) == ["1"]
+        seed = run["seeds"]["1"]
+        assert 0.0 <= seed["finetuned"]["bleu"] <= 100.0 and seed["finetune_seconds"] > 0
+        assert 0.0 <= seed["finetuned_long"]["bleu"] <= 100.0 and "curve" not in seed
+        assert run["summary"]["finetuned_bleu"] == [seed["finetuned"]["bleu"], 0.0]
     table = (out / "marian_conversion.md").read_text()
-    assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
+    assert (f"| shaw+absolute | {results['marian']['bleu']:.2f} | {hybrid['converted']['bleu']:.2f} | "
+            f"{hybrid['seeds']['1']['finetuned']['bleu']:.2f} |") in table
+    assert "Long-sentence bucket: 2 sources longer than the longest training source" in table
 
     reused = run_experiment(tmp_path / "work_reused", tmp_path / "out_reused", "--marian-model",
-                            str(tmp_path / "work" / "marian"), "--eval-every", "1")
+                            str(tmp_path / "work" / "marian"), "--eval-every", "1", "--seeds", "1", "2")
     assert reused["marian"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
     assert not (tmp_path / "work_reused" / "marian").exists() and not (tmp_path / "work_reused" / "tokenizer").exists()
     for scheme, run in reused["schemes"].items():
-        assert [point["step"] for point in run["curve"]] == [0, 1, 2], scheme
-    level = reused["schemes"]["absolute"]["curve"][0]["bleu"]
+        assert list(run["seeds"]) == ["1", "2"], scheme
+        for seed in run["seeds"].values():
+            assert [point["step"] for point in seed["curve"]] == [0, 1, 2], scheme
+        mean = [sum(seed["curve"][index]["bleu"] for seed in run["seeds"].values()) / 2 for index in range(3)]
+        assert [point["bleu"] for point in run["summary"]["curve"]] == pytest.approx(mean)
+    level = reused["schemes"]["absolute"]["summary"]["curve"][0]["bleu"]
     assert reused["recovery"]["level"] == level
-    shaw_curve = reused["schemes"]["shaw"]["curve"]
+    shaw_curve = reused["schemes"]["shaw"]["summary"]["curve"]
     assert reused["recovery"]["recovered_at"]["shaw"] == next(
         (point["step"] for point in shaw_curve if point["bleu"] >= level), None)
     table = (tmp_path / "out_reused" / "marian_conversion.md").read_text()
-    assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table
+    assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table and "mean ± sd over seeds 1, 2" in table
     assert f"| 0 | {level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in table
+
+
+def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
+    """The long bucket joins consecutive test pairs until a source outgrows every training source; `--schemes`
+    entries are NAME or NAME+absolute."""
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+    train = [("a b c", "x"), ("a b c d", "x y")]          # longest source: 4 words
+    test = [("one two three", "1"), ("four five", "2"), ("six seven eight nine ten", "3"), ("x", "4"), ("y", "5")]
+    assert module.long_pairs(train, test, 5) == [("one two three four five", "1 2"),
+                                                 ("six seven eight nine ten", "3")]
+    assert module.long_pairs(train, test, 1) == [("one two three four five", "1 2")]
+    assert module.long_pairs(train, test, 0) == []
+    assert module.scheme_of("shaw") == ("shaw", False) and module.scheme_of("xl+absolute") == ("xl", True)
+    with pytest.raises(SystemExit, match="'shaw\\+rope' must be NAME or NAME\\+absolute"):
+        module.scheme_of("shaw+rope")
 
 
 def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_and_evaluations(tmp_path, monkeypatch):
@@ -305,10 +335,10 @@ def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_
     assert module.evaluation_steps(args(10, 4)) == [0, 4, 8, 10]
     assert module.evaluation_steps(args(8, 4)) == [0, 4, 8]
     assert module.evaluation_steps(args(10, 0)) == []
-    assert module.finetune(tmp_path / "converted", finished, args(10, 4)) == finished
+    assert module.finetune(tmp_path / "converted", finished, args(10, 4), seed=1) == finished
     for finetune_steps, eval_every in ((12, 4), (10, 5), (10, 0)):
         with pytest.raises(SystemExit, match="finetuned_shaw holds a run of 10 steps evaluated at steps"):
-            module.finetune(tmp_path / "converted", finished, args(finetune_steps, eval_every))
+            module.finetune(tmp_path / "converted", finished, args(finetune_steps, eval_every), seed=1)
 
 
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
