@@ -308,14 +308,14 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("self-attention window", "the whole sequence" if config.self_attention_window is None
          else f"keys within {config.self_attention_window} positions of the query"),
         ("cross-attention logits", "times log(source length)" if config.cross_attention_length_scaling else "unscaled"),
-        ("`keep_absolute_positions`", "sinusoidal absolute positions added to the embeddings as well"
-         if config.keep_absolute_positions else False),
         ("embeddings scaled by √d_model", config.scale_embedding),
         ("token embeddings at initialisation", "N(0, d_model^-0.5)" if config.embedding_init_std is None
          else f"N(0, {config.embedding_init_std})"),
         ("tied source, target and output embeddings", config.tie_word_embeddings),
         ("vocabulary", config.vocab_size),
     ]
+    if config.keep_absolute_positions:
+        rows.append(("`keep_absolute_positions`", "sinusoidal absolute positions added to the embeddings as well"))
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 
