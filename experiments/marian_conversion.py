@@ -3,14 +3,19 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
 1. Train a small `MarianMTModel` (transformers' own class, Post-LN, sinusoidal positions) on the training pairs with
    `Seq2SeqTrainer` for `--train-steps` steps, with a joint BPE tokenizer trained on the same pairs; Marian's
    convention: decoding starts with the pad token.
-2. Convert it with `hf_relpos.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each scheme
-   of `--schemes` (sinusoids removed, the scheme's parameters neutral).
+2. Convert it with `hf_relpos.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each entry
+   of `--schemes`: a scheme name (sinusoids removed, the scheme's parameters neutral) or `NAME+absolute`, the hybrid
+   (`keep_absolute_positions`: Marian's sinusoids kept, the scheme added on top starting neutral, exact at step 0).
 3. Fine-tune every converted model with `train_translation.py configs/finetune_marian_en_de_shaw.yaml
-   --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept).
+   --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept), once per seed
+   of `--seeds`.
 4. Score each stage on the first `--test-sentences` test sentences (sacreBLEU, greedy unless `--num-beams`).
 5. With `--eval-every N`, the recovery curve: BLEU on the first `--eval-sentences` validation pairs at the start of
    fine-tuning and every N steps (the Trainer's own evaluation, one decoding for every point), and the first step at
-   which each relative scheme reaches what `absolute` scored at step 0 there (Marian's own level).
+   which each relative scheme's mean curve reaches what `absolute` scored at step 0 there (Marian's own level).
+6. With `--long-pairs N`, a long-sentence bucket: N sources longer (in words) than the longest training source, made
+   of consecutive test pairs joined until they are (Multi30k's test2016 has no single sentence that long), scored
+   at every stage with up to `--long-max-new-tokens` tokens.
 
 `--marian-model FOLDER` converts an already trained MarianMTModel (with its tokenizer) instead of training one, e.g.
 the peer of experiments/vs_marian.py (<work>/peer/seed1/model).
@@ -20,6 +25,11 @@ Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 C
   nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_600 \
       --out docs/results/marian_conversion/train600 --d-model 128 --learning-rate 1e-3 --train-steps 600 \
       --finetune-steps 150 --test-sentences 500
+Issue #38, the hybrid against absolute kept and shaw, three seeds (section 5's peer, as the recovery curve):
+  python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_hybrid \
+      --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer/seed1/model \
+      --schemes shaw shaw+absolute xl+absolute --seeds 1 2 3 --finetune-steps 600 --eval-every 100 \
+      --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --threads 2
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
 
@@ -92,8 +102,37 @@ def train_marian(args: argparse.Namespace, tokenizer, train_pairs: list[tuple[st
     return folder
 
 
-def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.Namespace, marian: bool = False) -> dict:
-    """sacreBLEU / chrF of a saved model on `test_pairs` (greedy or `--num-beams`, at most source length + 50)."""
+def long_pairs(train_pairs: list[tuple[str, str]], test_pairs: list[tuple[str, str]],
+               count: int) -> list[tuple[str, str]]:
+    """Up to `count` pairs whose source has more words than any training source: consecutive test pairs joined
+    (source to source, target to target, with a space) until the joined source is that long, then the next ones."""
+    if count == 0:
+        return []
+    longest = max(len(source.split()) for source, _ in train_pairs)
+    bucket, sources, targets = [], [], []
+    for source, target in test_pairs:
+        sources.append(source)
+        targets.append(target)
+        if sum(len(text.split()) for text in sources) > longest:
+            bucket.append((" ".join(sources), " ".join(targets)))
+            sources, targets = [], []
+            if len(bucket) == count:
+                break
+    return bucket
+
+
+def scheme_of(entry: str) -> tuple[str, bool]:
+    """`--schemes` entry -> (attention_type, keep_absolute_positions): "shaw" or "shaw+absolute" (the hybrid)."""
+    name, _, kept = entry.partition("+")
+    if kept not in ("", "absolute"):
+        raise SystemExit(f"marian_conversion.py: --schemes entry {entry!r} must be NAME or NAME+absolute")
+    return name, kept == "absolute"
+
+
+def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.Namespace, marian: bool = False,
+         max_new_tokens: int | None = None) -> dict:
+    """sacreBLEU / chrF of a saved model on `test_pairs` (greedy or `--num-beams`, at most `max_new_tokens`, by
+    default `--max-new-tokens`)."""
     from transformers import AutoTokenizer, MarianMTModel
 
     from hf_relpos import RelPosTransformerForConditionalGeneration
@@ -106,7 +145,7 @@ def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.N
     sources, references = zip(*test_pairs, strict=True)
     started = time.perf_counter()
     hypotheses = translate_lines(list(sources), model, tokenizer, max_tokens=2048, progress=False,
-                                 num_beams=args.num_beams, max_new_tokens=args.max_new_tokens)
+                                 num_beams=args.num_beams, max_new_tokens=max_new_tokens or args.max_new_tokens)
     scores = score_translations(hypotheses, list(references))
     return {"bleu": scores["bleu"], "chrf": scores["chrf"], "length_ratio": scores["length_ratio"],
             "signature": scores["bleu_signature"], "seconds": time.perf_counter() - started,
@@ -121,8 +160,9 @@ def evaluation_steps(args: argparse.Namespace) -> list[int]:
     return steps if steps[-1] == args.finetune_steps else [*steps, args.finetune_steps]
 
 
-def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Path:
-    """`train_translation.py --model_name_or_path CONVERTED` with the recipe's settings and --finetune-steps; with
+def finetune(converted: Path, output_dir: Path, args: argparse.Namespace, seed: int) -> Path:
+    """`train_translation.py --model_name_or_path CONVERTED --seed SEED` with the recipe's settings and
+    --finetune-steps; with
     `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
     `--eval-every` steps (kept in output_dir/trainer_state.json). A finished run in output_dir is reused only if it
     has the same number of steps and evaluations."""
@@ -139,7 +179,7 @@ def finetune(converted: Path, output_dir: Path, args: argparse.Namespace) -> Pat
         sys.executable, str(ROOT / "train_translation.py"), str(FINETUNE_CONFIG),
         "--model_name_or_path", str(converted), "--train_file", str(args.data / "train.jsonl"),
         "--output_dir", str(output_dir), "--max_steps", str(args.finetune_steps), "--do_eval", "false",
-        "--do_predict", "false", "--save_strategy", "no", "--seed", str(args.seed),
+        "--do_predict", "false", "--save_strategy", "no", "--seed", str(seed),
         "--cpu_threads", str(args.threads), "--overwrite_output_dir", "true", "--logging_steps", "50",
         "--warmup_steps", str(max(1, args.finetune_steps // 10)), "--max_tokens_per_batch", str(args.finetune_max_tokens),
     ]
@@ -168,8 +208,32 @@ def recovered_at(curve: list[dict[str, float]], level: float) -> int | None:
     return next((point["step"] for point in curve if point["bleu"] >= level), None)
 
 
+def mean_and_sd(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (0 for one value)."""
+    mean = sum(values) / len(values)
+    variance = sum((value - mean) ** 2 for value in values) / (len(values) - 1) if len(values) > 1 else 0.0
+    return mean, variance**0.5
+
+
+def summarise(run: dict) -> dict:
+    """Mean and sd over the seeds of a scheme's fine-tuned test (and long-bucket) BLEU and chrF, and its mean curve."""
+    seeds = list(run["seeds"].values())
+    summary = {}
+    for key in ("finetuned", "finetuned_long"):
+        if key in seeds[0]:
+            for metric in ("bleu", "chrf"):
+                summary[f"{key}_{metric}"] = mean_and_sd([seed[key][metric] for seed in seeds])
+    if "curve" in seeds[0]:
+        steps = [point["step"] for point in seeds[0]["curve"]]
+        summary["curve"] = [{"step": step, "bleu": mean_and_sd([seed["curve"][index]["bleu"] for seed in seeds])[0]}
+                            for index, step in enumerate(steps)]
+    return summary
+
+
 def markdown(results: dict) -> str:
     settings = results["settings"]
+    seeds = settings["seeds"]
+    spread = f" (mean ± sd over seeds {', '.join(map(str, seeds))})" if len(seeds) > 1 else f" (seed {seeds[0]})"
     lines = [
         "# Relative positions for a trained MarianMT model (Multi30k En->De)" if not settings["quick"] else
         "# Relative positions for a trained MarianMT model (generated demo corpus, --quick)",
@@ -177,7 +241,7 @@ def markdown(results: dict) -> str:
         (f"MarianMTModel from {settings['marian_model']}" if settings["marian_model"] else
          f"MarianMTModel d_model {settings['d_model']}, {settings['layers']}+{settings['layers']} layers, trained "
          f"{settings['train_steps']} steps") + f"; each converted model fine-tuned {settings['finetune_steps']} steps with "
-        f"`train_translation.py` ({Path(settings['finetune_config']).name}). sacreBLEU on the first "
+        f"`train_translation.py` ({Path(settings['finetune_config']).name}){spread}. sacreBLEU on the first "
         f"{settings['test_sentences']} test sentences, {'greedy' if settings['num_beams'] == 1 else 'beam ' + str(settings['num_beams'])}.",
         f"Signature: `{results['marian']['signature']}`.",
         "",
@@ -185,28 +249,47 @@ def markdown(results: dict) -> str:
         "fine-tuning s |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
+
+    def figure(value: tuple[float, float]) -> str:
+        return f"{value[0]:.2f} ± {value[1]:.2f}" if len(seeds) > 1 else f"{value[0]:.2f}"
+
     for scheme, run in results["schemes"].items():
+        seconds = sum(seed["finetune_seconds"] for seed in run["seeds"].values()) / len(run["seeds"])
         lines.append(
             f"| {scheme} | {results['marian']['bleu']:.2f} | {run['converted']['bleu']:.2f} | "
-            f"{run['finetuned']['bleu']:.2f} | {run['finetuned']['chrf']:.2f} | {run['finetune_seconds']:.0f} |"
+            f"{figure(run['summary']['finetuned_bleu'])} | {figure(run['summary']['finetuned_chrf'])} | {seconds:.0f} |"
         )
+    if "long_bucket" in results:
+        bucket = results["long_bucket"]
+        lines += [
+            "",
+            f"Long-sentence bucket: {bucket['pairs']} sources longer than the longest training source "
+            f"({bucket['longest_training_source_words']} words; consecutive test pairs joined, mean "
+            f"{bucket['mean_source_words']:.1f} words), at most {settings['long_max_new_tokens']} new tokens.",
+            "",
+            "| attention_type | Marian (before) | converted, step 0 | after fine-tuning |",
+            "| --- | --- | --- | --- |",
+        ]
+        for scheme, run in results["schemes"].items():
+            lines.append(f"| {scheme} | {results['marian_long']['bleu']:.2f} | {run['converted_long']['bleu']:.2f} | "
+                         f"{figure(run['summary']['finetuned_long_bleu'])} |")
     if "recovery" in results:
         recovery = results["recovery"]
         schemes = list(results["schemes"])
-        steps = [point["step"] for point in results["schemes"]["absolute"]["curve"]]
         lines += [
             "",
-            f"Recovery curve: BLEU on the first {settings['eval_sentences']} validation pairs during fine-tuning. "
-            f"`absolute` scores {recovery['level']:.2f} at step 0 (Marian's level); first step at which each scheme "
-            "reaches it: " + ", ".join(f"{scheme} {'not reached' if step is None else step}"
-                                       for scheme, step in recovery["recovered_at"].items()) + ".",
+            f"Recovery curve: BLEU on the first {settings['eval_sentences']} validation pairs during fine-tuning"
+            f"{' (mean over the seeds)' if len(seeds) > 1 else ''}. `absolute` scores {recovery['level']:.2f} at step "
+            "0 (Marian's level); first step at which each scheme reaches it: "
+            + ", ".join(f"{scheme} {'not reached' if step is None else step}"
+                        for scheme, step in recovery["recovered_at"].items()) + ".",
             "",
             "| step | " + " | ".join(schemes) + " |",
             "| --- |" + " --- |" * len(schemes),
         ]
-        by_scheme = {scheme: {point["step"]: point["bleu"] for point in run["curve"]}
+        by_scheme = {scheme: {point["step"]: point["bleu"] for point in run["summary"]["curve"]}
                      for scheme, run in results["schemes"].items()}
-        for step in steps:
+        for step in by_scheme["absolute"]:
             lines.append(f"| {step} | " + " | ".join(
                 f"{by_scheme[scheme][step]:.2f}" if step in by_scheme[scheme] else "-" for scheme in schemes) + " |")
     return "\n".join(lines) + "\n"
@@ -217,7 +300,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, help="folder with {train,test}.jsonl (Multi30k); not with --quick")
     parser.add_argument("--work", type=Path, required=True, help="models and logs (reused when present)")
     parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
-    parser.add_argument("--schemes", nargs="+", default=["shaw"], help="relative schemes to convert to")
+    parser.add_argument("--schemes", nargs="+", default=["shaw"],
+                        help="relative schemes to convert to: NAME, or NAME+absolute for the hybrid (Marian's "
+                             "sinusoids kept, keep_absolute_positions)")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--finetune-steps", type=int, default=150)
     parser.add_argument("--marian-model", type=Path,
@@ -236,10 +321,18 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-beams", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=80)
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="seed of the Marian model trained here")
+    parser.add_argument("--seeds", type=int, nargs="+", help="fine-tuning seeds, one run each (default: --seed)")
+    parser.add_argument("--long-pairs", type=int, default=0,
+                        help="size of the long-sentence bucket (joined consecutive test pairs); 0: off")
+    parser.add_argument("--long-max-new-tokens", type=int, default=160,
+                        help="new-token limit on the long bucket (keep the decoder within Marian's position table)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: generated demo corpus in <work>/data, a tiny model, a few steps")
     args = parser.parse_args(argv)
+    args.seeds = args.seeds or [args.seed]
+    for entry in args.schemes:
+        scheme_of(entry)
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -252,7 +345,7 @@ def main(argv: list[str] | None = None) -> None:
         args.train_steps, args.finetune_steps, args.test_sentences = min(args.train_steps, 4), min(
             args.finetune_steps, 2), min(args.test_sentences, 10)
         args.eval_sentences = min(args.eval_sentences, 10)
-        args.max_new_tokens, args.finetune_max_tokens = 20, 256
+        args.max_new_tokens, args.finetune_max_tokens, args.long_max_new_tokens = 20, 256, 40
     elif args.data is None:
         parser.error("--data is required (or --quick)")
 
@@ -271,29 +364,45 @@ def main(argv: list[str] | None = None) -> None:
         marian_folder = args.marian_model
         for name in ("d_model", "layers", "heads", "train_steps", "learning_rate", "tokenizer_vocab_size"):
             setattr(args, name, None)  # set by the given model, not by this run
+    bucket = long_pairs(train_pairs, read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
     results = {"settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
                | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}
     print(f"Marian: BLEU {results['marian']['bleu']:.2f}", flush=True)
-    for scheme in ["absolute", *args.schemes]:
-        converted = args.work / f"converted_{scheme}"
+    if bucket:
+        results["long_bucket"] = {
+            "pairs": len(bucket), "longest_training_source_words": max(len(source.split()) for source, _ in train_pairs),
+            "mean_source_words": sum(len(source.split()) for source, _ in bucket) / len(bucket)}
+        results["marian_long"] = bleu(marian_folder, bucket, args, marian=True, max_new_tokens=args.long_max_new_tokens)
+    for entry in dict.fromkeys(["absolute", *args.schemes]):
+        attention_type, keep_absolute_positions = scheme_of(entry)
+        converted = args.work / f"converted_{entry}"
         if not (converted / "model.safetensors").is_file():
-            convert_marian(marian_folder, converted, scheme)
-        run = {"converted": bleu(converted, test_pairs, args)}
-        print(f"{scheme}: BLEU {run['converted']['bleu']:.2f} right after the conversion", flush=True)
-        started = time.perf_counter()
-        finetuned = finetune(converted, args.work / f"finetuned_{scheme}", args)
-        run["finetune_seconds"] = time.perf_counter() - started
-        run["finetuned"] = bleu(finetuned, test_pairs, args)
-        print(f"{scheme}: BLEU {run['finetuned']['bleu']:.2f} after {args.finetune_steps} steps", flush=True)
-        if args.eval_every:
-            run["curve"] = recovery_curve(finetuned)
-        results["schemes"][scheme] = run
+            convert_marian(marian_folder, converted, attention_type,
+                           **({"keep_absolute_positions": True} if keep_absolute_positions else {}))
+        run = {"attention_type": attention_type, "keep_absolute_positions": keep_absolute_positions,
+               "converted": bleu(converted, test_pairs, args), "seeds": {}}
+        if bucket:
+            run["converted_long"] = bleu(converted, bucket, args, max_new_tokens=args.long_max_new_tokens)
+        print(f"{entry}: BLEU {run['converted']['bleu']:.2f} right after the conversion", flush=True)
+        for seed in args.seeds:
+            started = time.perf_counter()
+            finetuned = finetune(converted, args.work / f"finetuned_{entry}_seed{seed}", args, seed)
+            by_seed = {"finetune_seconds": time.perf_counter() - started, "finetuned": bleu(finetuned, test_pairs, args)}
+            if bucket:
+                by_seed["finetuned_long"] = bleu(finetuned, bucket, args, max_new_tokens=args.long_max_new_tokens)
+            if args.eval_every:
+                by_seed["curve"] = recovery_curve(finetuned)
+            run["seeds"][str(seed)] = by_seed
+            print(f"{entry}, seed {seed}: BLEU {by_seed['finetuned']['bleu']:.2f} after {args.finetune_steps} steps",
+                  flush=True)
+        run["summary"] = summarise(run)
+        results["schemes"][entry] = run
     if args.eval_every:
-        level = results["schemes"]["absolute"]["curve"][0]["bleu"]
+        level = results["schemes"]["absolute"]["summary"]["curve"][0]["bleu"]
         results["recovery"] = {"level": level, "recovered_at": {
-            scheme: recovered_at(run["curve"], level) for scheme, run in results["schemes"].items()
-            if scheme != "absolute"}}
+            entry: recovered_at(run["summary"]["curve"], level) for entry, run in results["schemes"].items()
+            if entry != "absolute"}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
     (args.out / "marian_conversion.md").write_text(markdown(results))

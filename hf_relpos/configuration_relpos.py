@@ -10,7 +10,7 @@ import difflib
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import get_scheme_class, scheme_config_fields
+from .positions import PositionScheme, get_scheme_class, scheme_config_fields
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -25,7 +25,7 @@ from .positions_xl import XLPositions  # noqa: F401
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
-                  "cross_attention_length_scaling")
+                  "cross_attention_length_scaling", "keep_absolute_positions")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -55,6 +55,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
       "scalable softmax" of Nakanishi 2025). A key whose logit leads the m - 1 others by d gets 1 / (1 + (m - 1)
       e^-d) of plain softmax, less and less as the source grows; scaled, 1 / (1 + (m - 1) m^-d), which tends to 1
       for d > 1 (false = off, the default).
+    - `keep_absolute_positions`: add the sinusoidal absolute positions of the `absolute` scheme (Vaswani et al. 2017,
+      sec. 3.5; Marian's) to the scaled token embeddings under any other scheme, whose terms then come on top of them
+      (false = off, the default). A scheme with an embedding-level encoding of its own (`absolute`) refuses it: the
+      encodings would be added twice. Converting a trained MarianMT model with it
+      (`hf_relpos.convert --keep_absolute_positions`) keeps what the model learned to read; the relative terms start
+      neutral and fine-tuning can only add (docs/conversion.md).
     - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
       (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
       decoder in `generate`, which keeps one draw for the whole output (`PositionDraw`, made for generate's
@@ -104,6 +110,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     self_attention_window: int | None = None
     position_randomization_at_inference: bool = False
     cross_attention_length_scaling: bool = False
+    keep_absolute_positions: bool = False
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
@@ -160,6 +167,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in BOOLEAN_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
+        if self.keep_absolute_positions and get_scheme_class(self.attention_type).embed is not PositionScheme.embed:
+            raise ValueError(f"keep_absolute_positions must be false with attention_type {self.attention_type!r}: that "
+                             "scheme adds an embedding-level position encoding of its own, so the sinusoids would be "
+                             "added twice (keep_absolute_positions adds them under a scheme that has none)")
         if self.position_randomization_at_inference and randomization is None:
             raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
                              "randomized positions), which is null")

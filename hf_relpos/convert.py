@@ -10,6 +10,10 @@ projection, a `final_logits_bias`. Its field names are already ours; what moves 
 - Any other scheme removes the sinusoids and starts its own parameters neutral (`PositionScheme.start_neutral`:
   e.g. Shaw's tables and Transformer-XL's u, v, W_kR at zero), so the switch costs exactly the absolute positions and
   adds nothing; fine-tuning (`train_translation.py --model_name_or_path OUT`) teaches the new terms.
+- `keep_absolute_positions=True` (`--keep_absolute_positions`) keeps the sinusoids and adds the scheme on top of
+  them, starting neutral: the converted model is the Marian model (same logits, same beam search) and fine-tuning
+  can only add. Only a scheme whose neutral start changes nothing converts so (Shaw, Transformer-XL, T5: zero
+  parameters add zero terms); one that still rotates queries and keys, adds fixed biases or masks pairs is refused.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
-from .positions import ATTENTION_REGISTRY, sinusoids
+from .positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, RelativeBias, sinusoids
 
 logger = logging.getLogger(__name__)
 
@@ -102,11 +106,47 @@ def check_marian_positions(marian: MarianMTModel) -> None:
                              "hf_relpos' [sin | cos] halves (only an even d_model converts)")
 
 
+def neutrality_gaps(scheme: PositionScheme) -> list[str]:
+    """What `scheme`, as it stands, still changes in the attention of its stack, found on a random float64 probe
+    (batch 2, 5 tokens, every layer): an embedding-level encoding, replaced queries or keys, a non-zero score bias, a
+    mask, a non-zero value term. Empty when the scheme leaves every layer plain softmax(q k^T / sqrt(d)) v."""
+    probe = copy.deepcopy(scheme).to(torch.float64)
+    generator = torch.Generator().manual_seed(0)
+    length, heads, head_dim = 5, probe.num_heads, probe.head_dim
+
+    def random(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator, dtype=torch.float64)
+
+    embeds = random(2, length, heads * head_dim)
+    gaps = [] if torch.equal(probe.embed(embeds, 0), embeds) else ["it adds an embedding-level encoding"]
+    query, key = random(2, heads, length, head_dim), random(2, heads, length, head_dim)
+    probabilities = random(2, heads, length, length).softmax(-1)
+    with torch.no_grad():
+        context = probe.prepare(PositionContext(length, length, 0, None, query.device, query.dtype))
+        for layer_idx in range(probe.num_layers):
+            new_keys = probe.transform_new_keys(layer_idx, key, context)
+            terms = probe.terms(layer_idx, query, new_keys, context)
+            bias = terms.score_bias.dense() if isinstance(terms.score_bias, RelativeBias) else terms.score_bias
+            masks = [mask for mask in (context.mask, terms.mask) if mask is not None]
+            found = (
+                ("it transforms the queries", terms.query is not None and not torch.equal(terms.query, query)),
+                ("it transforms the keys", not torch.equal(new_keys, key)
+                 or terms.key is not None and not torch.equal(terms.key, key)),
+                ("it adds a non-zero score bias", bias is not None and bool(bias.any())),
+                ("it masks query-key pairs", any(not bool(mask.all()) for mask in masks)),
+                ("it adds a non-zero value term",
+                 terms.value_term is not None and bool(terms.value_term(probabilities).any())),
+            )
+            gaps += [gap for gap, present in found if present and gap not in gaps]
+    return gaps
+
+
 def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention_type: str,
                      **config_overrides: Any) -> RelPosTransformerForConditionalGeneration:
     """`RelPosTransformerForConditionalGeneration` with the weights, config and generation config of a
     `MarianMTModel` (an instance, a folder or a Hub id). Every Marian weight is copied (strictly: nothing left
-    over, nothing but the position scheme's own parameters new); those start neutral (`start_neutral`)."""
+    over, nothing but the position scheme's own parameters new); those start neutral (`start_neutral`). With
+    `keep_absolute_positions=True` the sinusoids stay and a scheme that is not exactly neutral then is refused."""
     marian = _load_marian(model_or_path)
     check_marian_positions(marian)
     config = marian_config_to_relpos(marian.config, attention_type, **config_overrides)
@@ -121,6 +161,13 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention
                          f"{sorted(unexpected)[:5]}, missing {sorted(set(missing) - scheme_weights)[:5]}")
     for stack in (model.model.encoder, model.model.decoder):
         stack.positions.start_neutral()
+        gaps = neutrality_gaps(stack.positions) if config.keep_absolute_positions else []
+        if gaps:
+            raise ValueError(
+                f"attention_type {attention_type!r} cannot be added to the kept absolute positions: after "
+                f"start_neutral() {' and '.join(gaps)}, so the converted model would not reproduce the Marian model; "
+                "choose a scheme whose terms vanish at its neutral start (learned additive terms at zero: shaw, xl, "
+                "t5), or convert without keep_absolute_positions")
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model.train(marian.training)
 
@@ -165,7 +212,7 @@ def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(source))
     except (OSError, ValueError, ImportError) as error:
         raise ValueError(f"{source}: cannot load its tokenizer, which the converted model needs ({error}); "
-                         "Marian's own tokenizer needs `pip install sentencepiece`") from None
+                         "Marian's own tokenizer (MarianTokenizer) needs sentencepiece: pip install 'hf_relpos[marian]'") from None
 
 
 def _override(text: str) -> tuple[str, Any]:
@@ -185,12 +232,17 @@ def build_parser() -> argparse.ArgumentParser:
     marian = sources.add_parser(
         "marian", help="a transformers MarianMTModel (e.g. Helsinki-NLP/opus-mt-en-de)",
         description="Convert a MarianMTModel folder or Hub id. attention_type absolute reproduces the model exactly; "
-                    "any other scheme replaces the sinusoidal positions, its own parameters starting neutral.",
+                    "any other scheme replaces the sinusoidal positions, its own parameters starting neutral; with "
+                    "--keep_absolute_positions the scheme is added to the sinusoids instead, and the converted model "
+                    "reproduces the Marian model exactly.",
     )
     marian.add_argument("source", help="folder or Hub id of a MarianMTModel with its tokenizer")
     marian.add_argument("output_dir", help="new folder for the converted model (must not exist or be empty)")
     marian.add_argument("--attention_type", required=True, choices=sorted(ATTENTION_REGISTRY),
                         help="position scheme of the converted model")
+    marian.add_argument("--keep_absolute_positions", action="store_true",
+                        help="keep Marian's sinusoidal positions and add the scheme on top of them, starting neutral "
+                             "(the config field keep_absolute_positions; for shaw, xl, t5, none)")
     marian.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
                         metavar="FIELD=VALUE",
                         help="any other RelPosTransformerConfig field, e.g. --set max_relative_position=16 "
@@ -201,13 +253,16 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     arguments = build_parser().parse_args(argv)
+    overrides = dict(arguments.overrides)
+    if arguments.keep_absolute_positions:
+        overrides["keep_absolute_positions"] = True
     try:
-        output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.attention_type,
-                                    **dict(arguments.overrides))
+        output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.attention_type, **overrides)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"saved {arguments.attention_type} model, tokenizer and generation config to {output_dir}")
+    kept = " on top of the kept absolute positions" if overrides.get("keep_absolute_positions") else ""
+    print(f"saved {arguments.attention_type} model{kept}, tokenizer and generation config to {output_dir}")
     return 0
 
 

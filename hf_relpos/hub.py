@@ -314,6 +314,8 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("tied source, target and output embeddings", config.tie_word_embeddings),
         ("vocabulary", config.vocab_size),
     ]
+    if config.keep_absolute_positions:
+        rows.append(("`keep_absolute_positions`", "sinusoidal absolute positions added to the embeddings as well"))
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 

@@ -47,6 +47,7 @@ from .positions import (
     PositionContext,
     PositionDraw,
     PositionScheme,
+    add_sinusoids,
     get_scheme_class,
     random_positions,
 )
@@ -359,7 +360,8 @@ class RelPosLayer(GradientCheckpointingLayer):
 
 
 class RelPosStack(nn.Module):
-    """Token embedding -> scheme embedding -> dropout -> layers (-> final LayerNorm for Pre-LN).
+    """Token embedding -> scheme embedding (+ sinusoids with `keep_absolute_positions`) -> dropout -> layers (-> final
+    LayerNorm for Pre-LN).
 
     The encoder is bidirectional; a decoder (`is_decoder`) is causal, caches keys/values and, with `cross`, attends
     to the encoder output.
@@ -401,6 +403,8 @@ class RelPosStack(nn.Module):
         key_positions = self.key_positions(past_length, inputs_embeds.size(1), draw, inputs_embeds.device)
         randomized = {} if key_positions is None else {"positions": key_positions[past_length:]}
         hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
+        if self.config.keep_absolute_positions:
+            hidden_states = add_sinusoids(hidden_states, past_length, **randomized)
         return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training), key_positions
 
     def key_positions(

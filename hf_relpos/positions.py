@@ -214,6 +214,17 @@ def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.floa
     return encoding.to(dtype)
 
 
+def add_sinusoids(
+    inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None
+) -> torch.Tensor:
+    """inputs_embeds [B, n, d] + the `sinusoids` of positions past_length .. past_length + n - 1 (or `positions`):
+    Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and `keep_absolute_positions`' under any other
+    scheme."""
+    if positions is None:
+        positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
+    return inputs_embeds + sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
+
+
 def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     """Transformer-XL's relative shift (Dai et al. 2019, appendix B).
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .positions import PositionScheme, SchemeCard, register_attention, sinusoids
+from .positions import PositionScheme, SchemeCard, add_sinusoids, register_attention
 
 
 def describe(config: Any) -> str:
@@ -32,6 +32,4 @@ class AbsolutePositions(PositionScheme):
     card = SchemeCard(title="sinusoidal absolute positions (Vaswani et al. 2017)", description=describe)
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        if positions is None:
-            positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
-        return inputs_embeds + sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
+        return add_sinusoids(inputs_embeds, past_length, positions)

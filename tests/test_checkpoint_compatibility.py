@@ -52,7 +52,8 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
 
 
 # Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes, the
-# self-attention window; log-length scaled cross-attention), with the defaults an old checkpoint loads with.
+# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions), with the defaults an
+# old checkpoint loads with.
 FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,
     "self_attention_window": None,
@@ -64,6 +65,7 @@ FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "rotary_dim": None,
     "relative_embedding_init_std": None,
     "cross_attention_length_scaling": False,
+    "keep_absolute_positions": False,
 }
 
 

@@ -249,8 +249,9 @@ def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
 @pytest.mark.slow
 def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
-    train_translation.py, score; absolute right after the conversion scores exactly as Marian. A second run converts
-    that trained Marian (--marian-model) and records the recovery curve (--eval-every)."""
+    train_translation.py, score; absolute and the hybrid (shaw+absolute) right after the conversion translate exactly
+    as Marian, also on the long-sentence bucket. A second run converts that trained Marian (--marian-model), fine-tunes
+    with two seeds and records the recovery curve (--eval-every)."""
     def run_experiment(work: Path, out: Path, *options: str) -> dict:
         subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
                         str(work), "--out", str(out), *options], check=True, timeout=900, cwd=REPO,
@@ -258,31 +259,60 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
         return json.loads((out / "marian_conversion.json").read_text())
 
     out = tmp_path / "out"
-    results = run_experiment(tmp_path / "work", out)
-    assert list(results["schemes"]) == ["absolute", "shaw"]
-    absolute = results["schemes"]["absolute"]["converted"]
-    assert absolute["first_hypotheses"] == results["marian"]["first_hypotheses"]
-    assert absolute["bleu"] == results["marian"]["bleu"]
+    results = run_experiment(tmp_path / "work", out, "--schemes", "shaw+absolute", "--long-pairs", "2")
+    assert list(results["schemes"]) == ["absolute", "shaw+absolute"]
+    hybrid = results["schemes"]["shaw+absolute"]
+    assert (hybrid["attention_type"], hybrid["keep_absolute_positions"]) == ("shaw", True)
+    assert results["long_bucket"]["pairs"] == 2
     for run in results["schemes"].values():
-        assert 0.0 <= run["finetuned"]["bleu"] <= 100.0 and run["finetune_seconds"] > 0
-        assert "curve" not in run
+        assert run["converted"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
+        assert run["converted"]["bleu"] == results["marian"]["bleu"]
+        assert run["converted_long"]["first_hypotheses"] == results["marian_long"]["first_hypotheses"]
+        assert list(run["seeds"]) == ["1"]
+        seed = run["seeds"]["1"]
+        assert 0.0 <= seed["finetuned"]["bleu"] <= 100.0 and seed["finetune_seconds"] > 0
+        assert 0.0 <= seed["finetuned_long"]["bleu"] <= 100.0 and "curve" not in seed
+        assert run["summary"]["finetuned_bleu"] == [seed["finetuned"]["bleu"], 0.0]
     table = (out / "marian_conversion.md").read_text()
-    assert f"| shaw | {results['marian']['bleu']:.2f} | {results['schemes']['shaw']['converted']['bleu']:.2f} |" in table
+    assert (f"| shaw+absolute | {results['marian']['bleu']:.2f} | {hybrid['converted']['bleu']:.2f} | "
+            f"{hybrid['seeds']['1']['finetuned']['bleu']:.2f} |") in table
+    assert "Long-sentence bucket: 2 sources longer than the longest training source" in table
 
     reused = run_experiment(tmp_path / "work_reused", tmp_path / "out_reused", "--marian-model",
-                            str(tmp_path / "work" / "marian"), "--eval-every", "1")
+                            str(tmp_path / "work" / "marian"), "--eval-every", "1", "--seeds", "1", "2")
     assert reused["marian"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
     assert not (tmp_path / "work_reused" / "marian").exists() and not (tmp_path / "work_reused" / "tokenizer").exists()
     for scheme, run in reused["schemes"].items():
-        assert [point["step"] for point in run["curve"]] == [0, 1, 2], scheme
-    level = reused["schemes"]["absolute"]["curve"][0]["bleu"]
+        assert list(run["seeds"]) == ["1", "2"], scheme
+        for seed in run["seeds"].values():
+            assert [point["step"] for point in seed["curve"]] == [0, 1, 2], scheme
+        mean = [sum(seed["curve"][index]["bleu"] for seed in run["seeds"].values()) / 2 for index in range(3)]
+        assert [point["bleu"] for point in run["summary"]["curve"]] == pytest.approx(mean)
+    level = reused["schemes"]["absolute"]["summary"]["curve"][0]["bleu"]
     assert reused["recovery"]["level"] == level
-    shaw_curve = reused["schemes"]["shaw"]["curve"]
+    shaw_curve = reused["schemes"]["shaw"]["summary"]["curve"]
     assert reused["recovery"]["recovered_at"]["shaw"] == next(
         (point["step"] for point in shaw_curve if point["bleu"] >= level), None)
     table = (tmp_path / "out_reused" / "marian_conversion.md").read_text()
-    assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table
+    assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table and "mean ± sd over seeds 1, 2" in table
     assert f"| 0 | {level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in table
+
+
+def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
+    """The long bucket joins consecutive test pairs until a source outgrows every training source; `--schemes`
+    entries are NAME or NAME+absolute."""
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+    train = [("a b c", "x"), ("a b c d", "x y")]          # longest source: 4 words
+    test = [("one two three", "1"), ("four five", "2"), ("six seven eight nine ten", "3"), ("x", "4"), ("y", "5")]
+    assert module.long_pairs(train, test, 5) == [("one two three four five", "1 2"),
+                                                 ("six seven eight nine ten", "3")]
+    assert module.long_pairs(train, test, 1) == [("one two three four five", "1 2")]
+    assert module.long_pairs(train, test, 0) == []
+    assert module.scheme_of("shaw") == ("shaw", False) and module.scheme_of("xl+absolute") == ("xl", True)
+    with pytest.raises(SystemExit, match="'shaw\\+rope' must be NAME or NAME\\+absolute"):
+        module.scheme_of("shaw+rope")
 
 
 def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_and_evaluations(tmp_path, monkeypatch):
@@ -305,10 +335,10 @@ def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_
     assert module.evaluation_steps(args(10, 4)) == [0, 4, 8, 10]
     assert module.evaluation_steps(args(8, 4)) == [0, 4, 8]
     assert module.evaluation_steps(args(10, 0)) == []
-    assert module.finetune(tmp_path / "converted", finished, args(10, 4)) == finished
+    assert module.finetune(tmp_path / "converted", finished, args(10, 4), seed=1) == finished
     for finetune_steps, eval_every in ((12, 4), (10, 5), (10, 0)):
         with pytest.raises(SystemExit, match="finetuned_shaw holds a run of 10 steps evaluated at steps"):
-            module.finetune(tmp_path / "converted", finished, args(finetune_steps, eval_every))
+            module.finetune(tmp_path / "converted", finished, args(finetune_steps, eval_every), seed=1)
 
 
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
@@ -318,3 +348,93 @@ def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path)
 
     rendered = {path.name for path in render_recipe_cards([REPO / "configs"], tmp_path)}
     assert "multi30k_small_shaw.md" in rendered and "finetune_marian_en_de_shaw.md" not in rendered
+
+
+# keep_absolute_positions: the relative scheme on top of Marian's own sinusoids, starting neutral.
+NEUTRAL_ON_TOP = ("shaw", "xl", "t5", "none")   # terms that vanish at start_neutral (none has no terms)
+NOT_NEUTRAL = {"rope": "it transforms the queries and it transforms the keys", "alibi": "it adds a non-zero score bias",
+               "directional": "it masks query-key pairs"}
+
+
+def float64_marian() -> MarianMTModel:
+    """`marian_model()` in float64 with its sinusoid tables computed in float64 (Marian stores them rounded to
+    float32, which a float64 comparison at 1e-12 would see)."""
+    from hf_relpos.positions import sinusoids
+
+    marian = marian_model().double()
+    with torch.no_grad():
+        for stack in (marian.model.encoder, marian.model.decoder):
+            table = stack.embed_positions.weight
+            table.copy_(sinusoids(torch.arange(table.size(0)), table.size(1), torch.float64))
+    return marian
+
+
+@pytest.mark.parametrize("scheme", NEUTRAL_ON_TOP)
+def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search(scheme):
+    marian = float64_marian()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, scheme, keep_absolute_positions=True)
+    assert converted.config.keep_absolute_positions and converted.dtype == torch.float64
+    assert all(not p.any() for stack in (converted.model.encoder, converted.model.decoder)
+               for p in stack.positions.parameters())
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-12
+    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
+                "no_repeat_ngram_size": 2}
+    for num_beams in (1, 4):
+        expected = marian.generate(**generate, num_beams=num_beams)
+        assert len(set(expected[:, 1:].flatten().tolist())) > 4
+        assert torch.equal(converted.generate(**generate, num_beams=num_beams), expected)
+
+
+def test_hybrid_conversion_in_float32_generates_as_marian():
+    """The float32 model as saved: Marian's float32-rounded table against the sinusoids computed on the fly."""
+    marian = marian_model()
+    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, "shaw", keep_absolute_positions=True)
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-4   # float32 rounding of |logits| ~ 5
+    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
+                "no_repeat_ngram_size": 2, "num_beams": 4}
+    assert torch.equal(converted.generate(**generate), marian.generate(**generate))
+
+
+@pytest.mark.parametrize(("scheme", "learned"), [
+    ("shaw", ("relative_keys", "relative_values")), ("xl", ("position_projections",)),
+    ("t5", ("relative_attention_bias",)),
+])
+def test_hybrid_relative_terms_get_gradients_from_the_neutral_start(scheme, learned):
+    """Zero tables are neutral, not dead: one backward pass reaches a^K and a^V (Shaw), W_kR (XL), the bucket biases
+    (T5) in both stacks."""
+    converted = RelPosTransformerForConditionalGeneration.from_marian(float64_marian(), scheme,
+                                                                    keep_absolute_positions=True).train()
+    batch = padded_batch()
+    converted(**batch, labels=batch["decoder_input_ids"]).loss.backward()
+    for stack in (converted.model.encoder, converted.model.decoder):
+        for name, parameter in stack.positions.named_parameters():
+            if name.startswith(learned):
+                assert parameter.grad is not None and parameter.grad.abs().sum() > 0, (scheme, name)
+
+
+@pytest.mark.parametrize("scheme", sorted(NOT_NEUTRAL))
+def test_hybrid_conversion_refuses_schemes_without_an_exact_neutral_start(scheme):
+    with pytest.raises(ValueError, match=rf"attention_type '{scheme}' cannot be added to the kept absolute positions: "
+                                         rf"after start_neutral\(\) {NOT_NEUTRAL[scheme]}"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), scheme, keep_absolute_positions=True)
+
+
+def test_hybrid_conversion_of_absolute_is_refused_by_the_config():
+    with pytest.raises(ValueError, match="keep_absolute_positions must be false with attention_type 'absolute'"):
+        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "absolute", keep_absolute_positions=True)
+
+
+def test_cli_keep_absolute_positions_writes_the_hybrid(marian_folder, tmp_path):
+    output = tmp_path / "hybrid"
+    assert main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "xl",
+                 "--keep_absolute_positions"]) == 0
+    assert json.loads((output / "config.json").read_text())["keep_absolute_positions"] is True
+    loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
+    marian = MarianMTModel.from_pretrained(marian_folder / "model").eval()
+    batch = padded_batch(marian.config.vocab_size)
+    assert (logits(loaded, batch) - logits(marian, batch)).abs().max() < 1e-4
+    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "rope"), "--attention_type", "rope",
+                 "--keep_absolute_positions"]) == 2
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["hybrid"]

@@ -1,0 +1,144 @@
+"""`python -m hf_relpos.convert marian FOLDER OUT` on a folder laid out as a Hub MarianMT checkpoint (opus-mt-en-de:
+config.json with Marian's legacy keys, model.safetensors or pytorch_model.bin, source.spm / target.spm SentencePiece
+models, vocab.json, tokenizer_config.json, generation_config.json), built here from two tiny SentencePiece models: the
+converted folder's tokenizer works, and the model scores and generates as Marian."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sentencepiece
+import torch
+from test_convert import marian_model
+from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer
+
+from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.convert import main
+from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.positions import sinusoids
+
+REPO = Path(__file__).resolve().parents[1]
+# Keys of opus-mt-en-de's config.json that MarianConfig does not use (kept in Hub checkpoints from the Marian port).
+LEGACY_CONFIG = {"add_bias_logits": False, "add_final_layer_norm": False, "normalize_before": False,
+                 "normalize_embedding": False, "static_position_embeddings": True, "classif_dropout": 0.0,
+                 "gradient_checkpointing": False}
+
+
+def train_sentencepiece(texts: list[str], path: Path) -> None:
+    """A 60-piece unigram model, Marian's special ids (<unk> 0, </s> 1, no <s>, no <pad>)."""
+    model = io.BytesIO()
+    sentencepiece.SentencePieceTrainer.train(
+        sentence_iterator=iter(texts), model_writer=model, vocab_size=60, model_type="unigram", character_coverage=1.0,
+        unk_id=0, eos_id=1, bos_id=-1, pad_id=-1, minloglevel=2)
+    path.write_bytes(model.getvalue())
+
+
+@pytest.fixture(scope="module")
+def hub_folder(tmp_path_factory) -> Path:
+    """The opus-mt layout: one joint vocab.json over the pieces of both SentencePiece models, </s> = 0, <unk> = 1,
+    <pad> last, decoding started with <pad>, generation_config with beam 4 and <pad> banned."""
+    folder = tmp_path_factory.mktemp("opus-mt-en-de-tiny")
+    write_demo_corpus(folder / "data", 60, 6, 6, seed=2)
+    pairs = [json.loads(line)["translation"] for line in (folder / "data" / "train.jsonl").read_text().splitlines()]
+    model_folder = folder / "model"
+    model_folder.mkdir()
+    train_sentencepiece([pair["en"] for pair in pairs], model_folder / "source.spm")
+    train_sentencepiece([pair["de"] for pair in pairs], model_folder / "target.spm")
+    vocab = {"</s>": 0, "<unk>": 1}
+    for name in ("source.spm", "target.spm"):
+        processor = sentencepiece.SentencePieceProcessor(model_file=str(model_folder / name))
+        for index in range(processor.get_piece_size()):
+            vocab.setdefault(processor.id_to_piece(index), len(vocab))
+    vocab["<pad>"] = pad = len(vocab)
+    (model_folder / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False))
+    tokenizer = MarianTokenizer(vocab=str(model_folder / "vocab.json"), source_spm=str(model_folder / "source.spm"),
+                                target_spm=str(model_folder / "target.spm"), source_lang="en", target_lang="de")
+    tokenizer.save_pretrained(model_folder)
+    marian = marian_model(vocab_size=len(vocab), pad_token_id=pad, eos_token_id=0, decoder_start_token_id=pad,
+                          forced_eos_token_id=0, bos_token_id=0, max_position_embeddings=256)
+    marian.generation_config.update(num_beams=4, max_length=40, bad_words_ids=[[pad]], forced_eos_token_id=0)
+    marian.save_pretrained(model_folder)
+    config = json.loads((model_folder / "config.json").read_text())
+    (model_folder / "config.json").write_text(json.dumps({**config, **LEGACY_CONFIG}, indent=2))
+    assert {"config.json", "model.safetensors", "source.spm", "target.spm", "vocab.json", "tokenizer_config.json",
+            "generation_config.json"} <= {path.name for path in model_folder.iterdir()}
+    return folder
+
+
+def convert(source: Path, output: Path, *options: str) -> Path:
+    completed = subprocess.run([sys.executable, "-m", "hf_relpos.convert", "marian", str(source), str(output), *options],
+                               capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return output
+
+
+def float64_marian(folder: Path) -> MarianMTModel:
+    """The saved Marian model in float64, its sinusoid tables computed in float64 (stored rounded to float32)."""
+    marian = MarianMTModel.from_pretrained(folder).eval().double()
+    with torch.no_grad():
+        for stack in (marian.model.encoder, marian.model.decoder):
+            table = stack.embed_positions.weight
+            table.copy_(sinusoids(torch.arange(table.size(0)), table.size(1), torch.float64))
+    return marian
+
+
+def sentences(folder: Path, split: str = "test") -> list[str]:
+    return [json.loads(line)["translation"]["en"] for line in (folder / "data" / f"{split}.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("options", [("--attention_type", "shaw", "--keep_absolute_positions"),
+                                     ("--attention_type", "absolute")])
+def test_hub_folder_converts_with_a_working_tokenizer_same_logits_and_same_translations(hub_folder, tmp_path, options):
+    source = hub_folder / "model"
+    output = convert(source, tmp_path / "converted", *options)
+    assert {"source.spm", "target.spm", "vocab.json", "tokenizer_config.json", "generation_config.json",
+            "model.safetensors", "config.json"} <= {path.name for path in output.iterdir()}
+
+    # (b) the converted folder's tokenizer is Marian's, and encodes and decodes as the source folder's does
+    tokenizer, source_tokenizer = AutoTokenizer.from_pretrained(output), AutoTokenizer.from_pretrained(source)
+    assert isinstance(tokenizer, MarianTokenizer)
+    english, german = sentences(hub_folder), ["Die alte Frau mag den großen König."]
+    encoded = tokenizer(english, text_target=german * len(english))
+    assert encoded == source_tokenizer(english, text_target=german * len(english))
+    assert tokenizer.batch_decode(encoded["input_ids"], skip_special_tokens=True) == english
+    assert tokenizer.decode(encoded["labels"][0], skip_special_tokens=True) == german[0]
+
+    # (a) the same logits as Marian in float64, on a padded batch
+    inputs = tokenizer(english[:3], text_target=german * 3, padding=True, return_tensors="pt")
+    assert (inputs["attention_mask"] == 0).any()
+    labels = inputs.pop("labels")
+    decoder_input_ids = torch.cat([torch.full_like(labels[:, :1], tokenizer.pad_token_id), labels[:, :-1]], dim=1)
+    loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
+    with torch.no_grad():
+        expected = float64_marian(source)(**inputs, decoder_input_ids=decoder_input_ids).logits
+        actual = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval().double()(
+            **inputs, decoder_input_ids=decoder_input_ids).logits
+    assert (actual - expected).abs().max() < 1e-12
+
+    # (c) the same translations, with the generation config carried over (beam 4, <pad> banned, forced </s>)
+    marian = MarianMTModel.from_pretrained(source).eval()
+    assert loaded.generation_config.num_beams == 4 and loaded.generation_config.bad_words_ids == [[tokenizer.pad_token_id]]
+    for num_beams in (1, 4):
+        generated = loaded.generate(**inputs, num_beams=num_beams, no_repeat_ngram_size=2)
+        assert len(set(generated[:, 1:].flatten().tolist())) > 4
+        assert torch.equal(generated, marian.generate(**inputs, num_beams=num_beams, no_repeat_ngram_size=2))
+
+
+def test_hub_folder_with_pytorch_model_bin_converts(hub_folder, tmp_path):
+    """Older Hub checkpoints hold pytorch_model.bin instead of model.safetensors."""
+    source = tmp_path / "bin"
+    shutil.copytree(hub_folder / "model", source)
+    marian = MarianMTModel.from_pretrained(source)
+    (source / "model.safetensors").unlink()
+    torch.save(marian.state_dict(), source / "pytorch_model.bin")
+    output = tmp_path / "converted"
+    assert main(["marian", str(source), str(output), "--attention_type", "xl", "--keep_absolute_positions"]) == 0
+    loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
+    inputs = AutoTokenizer.from_pretrained(output)(sentences(hub_folder)[:2], padding=True, return_tensors="pt")
+    assert torch.equal(loaded.generate(**inputs, max_new_tokens=10), marian.eval().generate(**inputs, max_new_tokens=10))
