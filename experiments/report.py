@@ -264,7 +264,8 @@ def stale_passages(documents: Iterable[Path] = DOCUMENTS) -> list[str]:
         fresh = render(text, rendered, path.name)
         old = {match["name"]: match["body"] for match in PASSAGE.finditer(text)}
         new = {match["name"]: match["body"] for match in PASSAGE.finditer(fresh)}
-        stale += [f"{path.relative_to(ROOT)}: {name}" for name in old if old[name] != new[name]]
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        stale += [f"{shown}: {name}" for name in old if old[name] != new[name]]
     return stale
 
 
