@@ -111,7 +111,7 @@ def readme_quality() -> str:
         ])
     peer = recipes["peer"]
     rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]),
-                 seeds_and_spread(peer["validation_bleu"]), "(its own settings, column 2)",
+                 seeds_and_spread(peer["validation_bleu"]), "no recipe",
                  seeds_and_spread(converged_peer["averaged_test_bleu"]), "`experiments/vs_marian.py`"])
     return table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
                   "recipe at the equal budget: test2016", "converged (last 5 averaged): test2016", "recipe"], rows)
