@@ -184,11 +184,19 @@ def results_recipes_equal_budget() -> str:
 
 
 def results_convergence() -> str:
+    """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
+    caption also quotes pairs per step, which no record measured)."""
     passages = []
     for path in ("convergence/recipes_seeds_1_2/convergence.json", "convergence/peer_seed_1/convergence.json"):
         record = read(path)
-        passages.append(provenance(record, path, convergence_command(record)) + "\n"
-                        + without_title(convergence.markdown(record)))
+        settings, decoding = record["settings"], convergence.RECIPE_DECODING
+        caption = (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; the "
+                   "recipes as committed at the runs' code version, the peer with vs_marian.py's sentence batches and "
+                   f"{settings['peer_warmup_steps']} warm-up steps. Decoding for every model: beam {decoding.beams}, "
+                   f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
+                   "new tokens. Mean over seeds (min-max).\n\n")
+        rows = "".join(line for line in convergence.markdown(record).splitlines(keepends=True) if line.startswith("|"))
+        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + rows)
     return "\n".join(passages)
 
 
