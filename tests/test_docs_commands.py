@@ -239,6 +239,10 @@ def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_pa
     translate = [token if token != "bfloat16" else "float32" for token in translate]
     translated = run(translate)
     assert translated.returncode == 0, translated.stderr[-3000:]
-    hypotheses = (tmp_path / "hyp.de").read_text(encoding="utf-8").splitlines()
-    assert len(hypotheses) == len((data / "test.de").read_text(encoding="utf-8").splitlines())
-    assert "BLEU" in translated.stdout and "test_bleu" in test_results
+    from sacrebleu.metrics import BLEU
+
+    hypotheses = (tmp_path / "hyp.de").read_bytes().decode("utf-8").split("\n")[:-1]
+    references = (data / "test.de").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) and "test_bleu" in test_results
+    printed = float(re.search(r"sacreBLEU (\d+\.\d+)", translated.stdout).group(1))
+    assert printed == round(BLEU().corpus_score(hypotheses, [references]).score, 2)
