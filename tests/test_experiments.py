@@ -10,6 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,16 @@ EXPERIMENT = EXPERIMENTS / "length_generalization.py"
 SCHEMES = {"absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"}
 K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
+
+
+def independent_bleu(hypotheses_file: Path, test_file: Path, target: str = "de") -> float:
+    """Corpus BLEU of a hypotheses file (one line each) against the first as many references of a WMT-schema JSONL
+    file, by sacreBLEU's own metric object (not hf_relpos.metrics)."""
+    from sacrebleu.metrics import BLEU
+
+    hypotheses = hypotheses_file.read_bytes().decode("utf-8").split("\n")[:-1]   # a line may hold a bare "\r"
+    references = [json.loads(line)["translation"][target] for line in test_file.read_text(encoding="utf-8").splitlines()]
+    return BLEU().corpus_score(hypotheses, [references[: len(hypotheses)]]).score
 
 
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
@@ -63,9 +74,18 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS
-            for bucket in BUCKETS:
-                assert 0.0 <= result[bucket]["accuracy"] <= 1.0
-                assert 0.0 <= result[bucket]["bleu"] <= 100.0
+        for bucket in BUCKETS:
+            for result in run["per_seed"]:   # the accuracy is the exact matches counted by repeat class
+                classes = result[bucket]["by_repeat"].values()
+                correct, total = sum(entry["correct"] for entry in classes), sum(entry["n"] for entry in classes)
+                assert total == result[bucket]["n"] and result[bucket]["accuracy"] == correct / total
+                if correct == total:
+                    assert result[bucket]["bleu"] == pytest.approx(100.0)
+            summary = run["summary"][bucket]
+            for metric in ("accuracy", "bleu"):
+                values = [result[bucket][metric] for result in run["per_seed"]]
+                assert (summary[metric], summary[f"{metric}_min"], summary[f"{metric}_max"]) == pytest.approx(
+                    (sum(values) / len(values), min(values), max(values)))
 
     table = (tmp_path / "length_generalization.md").read_text()
     for run in runs:
@@ -102,7 +122,9 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
     for scheme, summary in results["schemes"].items():
         run = summary["runs"][0]
         assert [step for step, _ in run["eval_bleu"]] == [1, 2]
-        assert 0.0 <= run["test_bleu"] <= 100.0 and summary["seconds"][0] > 0
+        assert run["test_bleu"] == pytest.approx(independent_bleu(tmp_path / "work" / f"{scheme}_seed1" /
+                                                                  "test_hypotheses.txt", data / "test.jsonl"))
+        assert summary["seconds"][0] > 0
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
         table = (out / "multi30k.md").read_text()
         assert f"| {scheme} | {summary['test_bleu'][0]:.2f} |" in table
@@ -229,7 +251,7 @@ def load_vs_marian(monkeypatch):
     return load_experiment(VS_MARIAN, monkeypatch)
 
 
-def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path):
+def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path, monkeypatch):
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
     work, out = tmp_path / "work", tmp_path / "out"
@@ -239,12 +261,24 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     results = json.loads((out / "vs_marian.json").read_text())
     assert list(results["rows"]) == ["peer", "post-hf"]
     assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
+    vs_marian = load_experiment(VS_MARIAN, monkeypatch)
+    settings, _ = vs_marian.parse_command_line(["--data", str(data), *TINY_VS_MARIAN])
+    test_sources, _ = vs_marian.read_pairs(data / "test.jsonl", "en", "de")
     for name, row in results["rows"].items():
         assert row["seeds"] == [1, 2]
-        assert all(0.0 <= bleu <= 100.0 for bleu in row["test_bleu"] + row["validation_bleu"])
-        for seed in (1, 2):
-            hypotheses = (work / name / f"seed{seed}" / "test_hypotheses.txt").read_text().splitlines()
+        for index, seed in enumerate((1, 2)):
+            folder = work / name / f"seed{seed}"
+            for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
+                assert row[f"{split}_bleu"][index] == pytest.approx(
+                    independent_bleu(folder / f"{split}_hypotheses.txt", data / file_name))
+            hypotheses = (folder / "test_hypotheses.txt").read_bytes().decode("utf-8").split("\n")[:-1]
             assert len(hypotheses) == 4
+            # the peer and the hf_relpos row: one decoding function, the table's settings, the table's hypotheses
+            model, tokenizer = vs_marian.load_trained(folder / "model", is_peer=name == "peer")
+            assert type(model).__name__ == ("MarianMTModel" if name == "peer" else
+                                            "RelPosTransformerForConditionalGeneration")
+            assert vs_marian.translate(model, tokenizer, test_sources[:4], vs_marian.table_decoding(settings),
+                                       settings.eval_batch_size) == hypotheses
     table = (out / "vs_marian.md").read_text()
     peer = results["rows"]["peer"]
     bleus = peer["test_bleu"]
@@ -323,7 +357,10 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"), ("absolute", work / "absolute" / "seed1" / "model")):
         row = results["systems"][system]
         assert row["seeds"] == [1]
-        assert all(0.0 <= bleu <= 100.0 for bleu in row["averaged_test_bleu"] + row["final_validation_bleu"])
+        for weights in ("final", "averaged"):
+            for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
+                assert row[f"{weights}_{split}_bleu"][0] == pytest.approx(independent_bleu(
+                    work / system / "seed1" / f"{weights}_hypotheses" / f"{split}_hypotheses.txt", data / file_name))
         folders = find_checkpoints(checkpoints)
         assert [folder.name for folder in folders][-1:] == [f"checkpoint-{row['steps'][0]}"] and len(folders) == 2
         first, second = (load_file(folder / "model.safetensors") for folder in folders)
@@ -349,6 +386,7 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
 
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
     """One row per budget and pool factor; the corpus-wide sort pads least and every budget is respected."""
+    from hf_relpos.batching import TokenBudgetBatchSampler
     from hf_relpos.tokenization import train_joint_tokenizer
 
     corpus = write_demo_corpus(tmp_path / "data", 200, 4, 4, seed=1)
@@ -366,8 +404,16 @@ def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys
     assert len(sources) == 200 and (sources >= 2).all() and (targets >= 2).all()
     for pool_factor in (None, 1):
         row = statistics.statistics(sources, targets, 400, pool_factor, seed=1)
-        assert row["batches"] * row["pairs"] == pytest.approx(200)  # the first epoch uses every pair once
+        batches = list(TokenBudgetBatchSampler(sources, targets, 400, seed=1, pool_factor=pool_factor))
+        assert sorted(index for batch in batches for index in batch) == list(range(200))   # each pair once
+        assert row["batches"] == len(batches) and row["pairs"] == pytest.approx(200 / len(batches))
         assert row["padded_tokens"] <= 2 * 400
+
+    # by hand: (source, target) lengths (2, 2), (2, 2), (4, 2), (4, 4) and 8 tokens a side: sorted by length, the
+    # batches are {0, 1} (2 x 2 tokens a side) and {2, 3} (2 x 4); padded to 2 x (2 + 2) and 2 x (4 + 4) = 24 tokens,
+    # of which 8 + 14 are real
+    row = statistics.statistics(np.array([2, 2, 4, 4]), np.array([2, 2, 2, 4]), 8, None, seed=1)
+    assert row == pytest.approx({"batches": 2, "pairs": 2.0, "padded_tokens": 12.0, "padding": 1 - 22 / 24})
 
 
 def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):

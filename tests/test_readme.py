@@ -1,4 +1,5 @@
-"""The README's Python examples run as written (each in a fresh process, in an empty folder)."""
+"""The Python examples of the README and of the pages split from it (docs/internals.md, docs/extending.md) run as
+written (each in a fresh process, in an empty folder)."""
 
 import re
 import subprocess
@@ -8,12 +9,14 @@ from pathlib import Path
 import pytest
 from huggingface_hub import ModelCard
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", ROOT / "docs" / "internals.md", ROOT / "docs" / "extending.md"]
+BLOCKS = [block for page in PAGES
+          for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)]
 SELF_CONTAINED = [block for block in BLOCKS if "outputs/" not in block]
 
 
-def test_the_readme_has_self_contained_examples():
+def test_the_docs_have_self_contained_examples():
     assert len(SELF_CONTAINED) >= 2 and any("register_attention" in block for block in SELF_CONTAINED)
 
 
@@ -25,7 +28,7 @@ def test_readme_example_runs(block, tmp_path):
 
 
 def test_the_readme_custom_scheme_gets_a_complete_model_card(tmp_path):
-    """The ALiBi example registers a scheme from user code; the card it prints names it, shows its equation, its
+    """The ALiBi example (docs/extending.md) registers a scheme from user code; the card it prints names it, shows its equation, its
     settings from the config and its citation, all taken from the class (hub.py knows no scheme by name)."""
     (block,) = [block for block in SELF_CONTAINED if "register_attention" in block]
     completed = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path,

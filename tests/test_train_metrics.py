@@ -2,21 +2,30 @@
 
 import numpy as np
 import pytest
+from sacrebleu.metrics import BLEU, CHRF
 
 from hf_relpos.metrics import decode_token_ids, generated_lengths, score_translations
 from hf_relpos.tokenization import train_joint_tokenizer
 
 
 def test_scores_match_sacrebleu_and_carry_signatures():
-    references = ["Der Hund sieht die Katze.", "Heute macht die Frau die Tür auf."]
+    references = ["Der Hund sieht die Katze.", "Heute macht die Frau die Tür auf.", "Zwei Männer „spielen“ Fußball."]
     perfect = score_translations(references, references)
     assert perfect["bleu"] == pytest.approx(100.0) and perfect["chrf"] == pytest.approx(100.0)
-    assert perfect["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert perfect["chrf_signature"].startswith("nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:")
-    partial = score_translations(["Der Hund sieht die Maus.", "Die Frau macht die Tür auf."], references)
-    assert 0.0 < partial["bleu"] < 100.0 and 0.0 < partial["chrf"] < 100.0
+    hypotheses = ["Der Hund sieht die Maus.", "Die Frau macht die Tür auf.", "Zwei Männer spielen Fussball."]
+    partial = score_translations(hypotheses, references)
+    bleu, chrf = BLEU(), CHRF()   # sacreBLEU's defaults: cased, 13a tokenization, exponential smoothing; chrF2
+    expected_bleu, expected_chrf = bleu.corpus_score(hypotheses, [references]), chrf.corpus_score(hypotheses, [references])
+    assert 0.0 < expected_bleu.score < 100.0 and 0.0 < expected_chrf.score < 100.0
+    assert partial["bleu"] == pytest.approx(expected_bleu.score, abs=1e-9)
+    assert partial["chrf"] == pytest.approx(expected_chrf.score, abs=1e-9)
+    assert partial["brevity_penalty"] == pytest.approx(expected_bleu.bp, abs=1e-9)
+    assert partial["length_ratio"] == pytest.approx(expected_bleu.sys_len / expected_bleu.ref_len, abs=1e-9)
+    assert (partial["bleu_signature"], partial["chrf_signature"]) == (str(bleu.get_signature()),
+                                                                      str(chrf.get_signature()))
+    assert partial["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     swapped = score_translations(references[::-1], references)
-    assert swapped["bleu"] < partial["bleu"]
+    assert swapped["bleu"] == pytest.approx(bleu.corpus_score(references[::-1], [references]).score, abs=1e-9)
     with pytest.raises(ValueError, match="pair up line by line"):
         score_translations(["a"], references)
 

@@ -1,0 +1,300 @@
+r"""Every figure README.md and docs/ quote, rendered from the committed records under docs/results/.
+
+A generated passage sits between `<!-- generated: NAME -->` and `<!-- end: NAME -->` in a Markdown file; this script
+re-renders each from its records (with the experiments' own table writers: vs_marian.py, convergence.py,
+benchmarks/bench_*.py) and writes the files back. `--check` writes nothing and exits 1 naming every passage whose text
+differs from its records (tests/test_docs_figures.py runs it). A figure outside such a passage is not allowed in the
+README or docs/ pages other than docs/archive/ (kept as it was written, history).
+
+  python experiments/report.py           # rewrite the generated passages of README.md and docs/*.md
+  python experiments/report.py --check   # exit 1 when a passage and its records disagree
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
+
+import convergence  # noqa: E402
+import vs_marian  # noqa: E402
+
+from benchmarks import bench_decoding, bench_training  # noqa: E402
+
+RESULTS = ROOT / "docs" / "results"
+DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+PASSAGE = re.compile(r"(<!-- generated: (?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.DOTALL)
+
+SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none")
+# The row of vs_marian/eight_schemes_three_seeds that trained each scheme at the equal budget, Marian's architecture.
+EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-table-init",
+                     **{scheme: f"{scheme}-matched" for scheme in SCHEMES[2:]}}
+# The recipe file of each scheme (`none`, the position-blind control, has none).
+RECIPES = {scheme: f"configs/multi30k_small_{scheme}.yaml" for scheme in SCHEMES if scheme != "none"}
+UNMEASURED = "not measured"
+
+
+def read(relative: str) -> dict:
+    return json.loads((RESULTS / relative).read_text(encoding="utf-8"))
+
+
+def seeds_and_spread(values: list[float], digits: int = 2) -> str:
+    """`mean (min-max), N seeds` (vs_marian.spread plus the seed count)."""
+    count = f"{len(values)} seed{'s' if len(values) > 1 else ''}"
+    return f"{vs_marian.spread(values, digits)}, {count}"
+
+
+def table(header: list[str], rows: Iterable[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def code_versions(runs: Iterable[dict]) -> str:
+    """The distinct `git describe` of the code that trained the runs (`-dirty`: with uncommitted changes)."""
+    versions = sorted({run.get("source_version") or "not recorded" for run in runs})
+    return ", ".join(f"`{version}`" for version in versions)
+
+
+def provenance(record: dict, path: str, command: str) -> str:
+    """Date, hardware, code versions and the command of one record (what a reader needs to rerun it)."""
+    runs = [run for system_runs in record["runs"].values() for run in system_runs]
+    dates = sorted(run["date"][:10] for run in runs)
+    return (f"Record [`{path}`](results/{path}), collected {record['date'][:10]} (runs {dates[0]} to {dates[-1]}); "
+            f"{record['device']}; code {code_versions(runs)}; torch / transformers versions not recorded; "
+            f"`{record['signature']}`. Command: `{command}`.\n")
+
+
+def without_title(markdown: str) -> str:
+    """An experiment's report without its `# title` line and the blank line after it."""
+    lines = markdown.splitlines(keepends=True)
+    return "".join(lines[2:]) if lines[0].startswith("# ") else markdown
+
+
+def vs_marian_command(record: dict) -> str:
+    settings = record["settings"]
+    return (f"python experiments/vs_marian.py --rows {' '.join(settings['rows'])} "
+            f"--seeds {' '.join(map(str, settings['seeds']))}")
+
+
+def convergence_command(record: dict) -> str:
+    settings = record["settings"]
+    return (f"python experiments/convergence.py --systems {' '.join(settings['systems'])} "
+            f"--seeds {' '.join(map(str, settings['seeds']))} --device cuda")
+
+
+# --- the README's tables -------------------------------------------------------------------------------------------
+
+def readme_quality() -> str:
+    """One row per scheme (and the peer): equal-budget, recipe-as-is and converged test2016 BLEU."""
+    schemes = read("vs_marian/eight_schemes_three_seeds/vs_marian.json")["rows"]
+    recipes = read("vs_marian/recipes_equal_budget/vs_marian.json")["rows"]
+    recipe_absolute = read("vs_marian/recipe_absolute_seed1/vs_marian.json")["rows"]["absolute"]
+    converged = read("convergence/recipes_seeds_1_2/convergence.json")["systems"]
+    converged_peer = read("convergence/peer_seed_1/convergence.json")["systems"]["peer"]
+    rows = []
+    for scheme in SCHEMES:
+        equal = schemes[EQUAL_BUDGET_ROWS[scheme]]
+        recipe = recipe_absolute if scheme == "absolute" else recipes.get(scheme)
+        rows.append([
+            f"`{scheme}`", seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]),
+            seeds_and_spread(recipe["test_bleu"]) if recipe else UNMEASURED,
+            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) if scheme in converged else UNMEASURED,
+            f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
+        ])
+    peer = recipes["peer"]
+    rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]),
+                 seeds_and_spread(peer["validation_bleu"]), "no recipe",
+                 seeds_and_spread(converged_peer["averaged_test_bleu"]), "`experiments/vs_marian.py`"])
+    return table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
+                  "recipe at the equal budget: test2016", "converged (last 5 averaged): test2016", "recipe"], rows)
+
+
+def kernels(scheme: str) -> str:
+    """The kernels a scheme runs on: hf_relpos' own three, plus transformers' when it adds nothing to attention but
+    replaced queries/keys (`AttentionTerms.additions()` empty in both stacks)."""
+    import torch
+
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+
+    config = RelPosTransformerConfig(attention_type=scheme, vocab_size=16, d_model=16, encoder_layers=1,
+                                     decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                                     encoder_ffn_dim=16, decoder_ffn_dim=16)
+    model = RelPosTransformerForConditionalGeneration(config).model
+    query = key = torch.zeros(1, 2, 3, 8)
+    additions = [name for stack in (model.encoder, model.decoder)
+                 for name in stack.positions.terms(0, query, key, 0).additions()]
+    return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
+
+
+def h100_model_rows(scheme: str) -> list[dict]:
+    rows = read("benchmarks_h100/training.json")["training"]
+    return [row for row in rows if (row["benchmark"], row["shape"], row["scheme"]) == ("model", "base", scheme)]
+
+
+def readme_cost() -> str:
+    """Per scheme: H100 training speed and memory against absolute (base model), cached decoding, kernels."""
+    meta = read("benchmarks_h100/training.json")["meta"]
+    decoding = {row["scheme"]: row for row in read("benchmarks_h100/decoding.json")["decoding"]}
+    rows = []
+    for scheme in SCHEMES:
+        measured = h100_model_rows(scheme)
+        if scheme == "absolute":
+            speed, memory, cached = "1 (the baseline)", "0 (the baseline)", "1 (the baseline)"
+        elif measured:
+            ratios = [row["ratio"] for row in measured]
+            at_128 = next(row for row in measured if row["length"] == 128)
+            speed = f"{min(ratios):.2f}-{max(ratios):.2f}x (n = 128: {at_128['ratio']:.2f}x)"
+            memory = f"{at_128['memory_overhead']:+.1%}"
+            cached = f"{decoding[scheme]['cached_ratio_to_absolute']:.2f}x"
+        else:
+            speed = memory = cached = UNMEASURED
+        rows.append([f"`{scheme}`", speed, memory, cached, kernels(scheme)])
+    baseline = h100_model_rows("absolute")
+    lengths = sorted(row["length"] for row in baseline)
+    caption = (f"{meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch {meta['torch']}, "
+               f"transformers {meta['transformers']}, {meta['date'][:10]}; training: the base model "
+               f"({baseline[0]['layers']} + {baseline[0]['layers']} layers), n = {lengths[0]}-{lengths[-1]}, "
+               f"{meta['model_tokens']} source tokens a batch; ratios to `absolute` in the same round.\n\n")
+    return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute (n = 128)",
+                            "cached decoding vs absolute", "kernels"], rows)
+
+
+# --- docs/results.md ----------------------------------------------------------------------------------------------
+
+def results_equal_budget_schemes() -> str:
+    path = "vs_marian/eight_schemes_three_seeds/vs_marian.json"
+    record = read(path)
+    return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
+
+
+def results_recipes_equal_budget() -> str:
+    passages = []
+    for path in ("vs_marian/recipes_equal_budget/vs_marian.json", "vs_marian/recipe_absolute_seed1/vs_marian.json"):
+        record = read(path)
+        passages.append(provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record)))
+    return "\n".join(passages)
+
+
+def results_convergence() -> str:
+    """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
+    caption also quotes pairs per step, which no record measured)."""
+    passages = []
+    for path in ("convergence/recipes_seeds_1_2/convergence.json", "convergence/peer_seed_1/convergence.json"):
+        record = read(path)
+        settings, decoding = record["settings"], convergence.RECIPE_DECODING
+        caption = (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; the "
+                   "recipes as committed at the runs' code version, the peer with vs_marian.py's sentence batches and "
+                   f"{settings['peer_warmup_steps']} warm-up steps. Decoding for every model: beam {decoding.beams}, "
+                   f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
+                   "new tokens. Mean over seeds (min-max).\n\n")
+        rows = "".join(line for line in convergence.markdown(record).splitlines(keepends=True) if line.startswith("|"))
+        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + rows)
+    return "\n".join(passages)
+
+
+LENGTH_SCALED = "length_generalization_issue18/window2_d128_length_scaled_seed{}/length_generalization.json"
+
+
+def results_length_generalization() -> str:
+    """Exact-match accuracy per seed of Shaw, window 2, d_model 128, cross-attention length scaling."""
+    rows, by_bucket = [], {}
+    for seed in range(1, 7):
+        record = read(LENGTH_SCALED.format(seed))
+        (run,) = record["runs"]
+        summary = run["summary"]
+        rows.append([str(seed), record["date"][:10], *(f"{100 * summary[bucket]['accuracy']:.1f} %"
+                                                       for bucket in record["buckets"])])
+        for bucket in record["buckets"]:
+            by_bucket.setdefault(bucket, []).append(100 * summary[bucket]["accuracy"])
+    rows.append(["mean", "", *(f"{statistics.mean(values):.1f} %" for values in by_bucket.values())])
+    settings = record["settings"]
+    caption = (f"`{run['name']}`: {settings['steps']} steps, d_model {settings['d_model']}, {settings['layers']} + "
+               f"{settings['layers']} layers, trained on lengths {record['train_lengths'][0]}-"
+               f"{record['train_lengths'][1]}; {settings['eval_size']} sequences per bucket drawn with evaluation seed "
+               f"{settings['eval_seed']}; {record['device']['cpu']}, torch {record['device']['torch']}. Records: "
+               f"[`{LENGTH_SCALED.format('N').rsplit('/', 1)[0]}`](results/length_generalization_issue18/).\n\n")
+    return caption + table(["seed", "date", *(f"exact match {bucket}" for bucket in by_bucket)], rows)
+
+
+# --- docs/benchmarks.md -------------------------------------------------------------------------------------------
+
+def benchmark_report(stem: str, renderer: Callable[..., str]) -> Callable[[], str]:
+    def render() -> str:
+        path = f"{stem}.json"
+        record = read(path)
+        body = renderer(record["meta"], record.get("training", record.get("decoding")),
+                        *((record["memory_growth"],) if "memory_growth" in record else ()))
+        return f"Record: [`{path}`](results/{path}).\n\n" + without_title(body.replace("\n## ", "\n#### ")) + "\n"
+    return render
+
+
+PASSAGES: dict[str, Callable[[], str]] = {
+    "readme_quality": readme_quality,
+    "readme_cost": readme_cost,
+    "results_equal_budget_schemes": results_equal_budget_schemes,
+    "results_recipes_equal_budget": results_recipes_equal_budget,
+    "results_convergence": results_convergence,
+    "results_length_generalization": results_length_generalization,
+    "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
+    "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
+    "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),
+    "benchmarks_cpu_decoding": benchmark_report("benchmarks/issue16/decoding_after", bench_decoding.render_markdown),
+}
+
+
+def render(text: str, rendered: dict[str, str], source: str) -> str:
+    """`text` with every generated passage replaced by its rendering; an unknown name is an error."""
+    def replace(match: re.Match) -> str:
+        name = match["name"]
+        if name not in PASSAGES:
+            raise SystemExit(f"report.py: {source} has a passage '{name}' this script cannot render; "
+                             f"known: {', '.join(PASSAGES)}")
+        if name not in rendered:
+            rendered[name] = PASSAGES[name]()
+        return match[1] + rendered[name] + match[4]
+    return PASSAGE.sub(replace, text)
+
+
+def stale_passages(documents: Iterable[Path] = DOCUMENTS) -> list[str]:
+    """`file: passage` for every generated passage whose text is not what its records render."""
+    rendered: dict[str, str] = {}
+    stale = []
+    for path in documents:
+        text = path.read_text(encoding="utf-8")
+        fresh = render(text, rendered, path.name)
+        old = {match["name"]: match["body"] for match in PASSAGE.finditer(text)}
+        new = {match["name"]: match["body"] for match in PASSAGE.finditer(fresh)}
+        shown = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+        stale += [f"{shown}: {name}" for name in old if old[name] != new[name]]
+    return stale
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 if a passage is out of date")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_passages()
+        for passage in stale:
+            print(f"out of date: {passage} (run python experiments/report.py)")
+        return 1 if stale else 0
+    rendered: dict[str, str] = {}
+    for path in DOCUMENTS:
+        text = path.read_text(encoding="utf-8")
+        fresh = render(text, rendered, path.name)
+        if fresh != text:
+            path.write_text(fresh, encoding="utf-8")
+            print(f"rewrote {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

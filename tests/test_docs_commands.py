@@ -1,0 +1,248 @@
+"""Every command in the ```bash blocks of README.md and docs/*.md is checked: `--help` commands run, every other
+command's program exists and its arguments parse with that program's own parser (recipes and accelerate configs must
+exist); one slow test runs the README's own-data quickstart end to end on the demo corpus. docs/archive/ is history,
+kept as written, and not checked."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import re
+import shlex
+import subprocess
+import sys
+from functools import cache
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+NOT_CHECKED = {"cat", "cd", "git", "ls", "export"}   # shell helpers around the documented commands
+
+
+def pyproject_table(name: str) -> dict[str, str]:
+    """The `key = value` lines of one table of pyproject.toml (keys unquoted; tomllib needs Python 3.11)."""
+    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
+    table = re.search(rf"^\[{re.escape(name)}\]\n(.*?)(?=^\[|\Z)", text, re.MULTILINE | re.DOTALL)
+    lines = table.group(1).splitlines() if table else []
+    return {key.strip().strip('"'): value.strip() for key, _, value in (line.partition("=") for line in lines)
+            if value and not key.startswith((" ", "#"))}
+
+
+def documented_commands() -> list[tuple[str, list[str]]]:
+    """(page, argv) for each command of each ```bash block: continuation lines joined, comments dropped, pipelines
+    split into their commands, redirections dropped; synopsis lines (`[--field value ...]`) skipped."""
+    commands = []
+    for page in PAGES:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                tokens = shlex.split(line, comments=True)
+                if not tokens or any(token.startswith("[") for token in tokens):
+                    continue
+                while "|" in tokens:
+                    commands.append((page.name, tokens[: tokens.index("|")]))
+                    tokens = tokens[tokens.index("|") + 1 :]
+                commands.append((page.name, tokens[: tokens.index(">")] if ">" in tokens else tokens))
+    return commands
+
+
+COMMANDS = documented_commands()
+
+
+def console_script(name: str) -> str:
+    """`module:function` of a console command the package installs ([project.scripts])."""
+    scripts = pyproject_table("project.scripts")
+    assert name in scripts, f"{name} is not a console script of pyproject.toml ({sorted(scripts)})"
+    return scripts[name].strip('"')
+
+
+TRAINING = "hf_relpos.training:main"   # what train_translation.py runs
+
+
+def program_and_arguments(argv: list[str]) -> tuple[str, list[str]]:
+    """The program a documented command runs (`MODULE` for `python -m MODULE`, `MODULE:FUNCTION` for a console script
+    or train_translation.py, a script path) and its arguments: `python ...`, `accelerate launch [options] SCRIPT.py`,
+    `hf-relpos-*`; ('', argv) for anything else."""
+    argv = [token for token in argv if not re.fullmatch(r"[A-Z_]+=.*", token)]   # leading VAR=value assignments
+    if argv and Path(argv[0]).name in ("python", "python3"):
+        if argv[1] == "-m":
+            return argv[2], argv[3:]
+        script = ROOT / argv[1]
+        assert script.is_file(), f"{argv[1]} does not exist"
+        return (TRAINING if argv[1] == "train_translation.py" else str(script)), argv[2:]
+    if argv[:2] == ["accelerate", "launch"]:
+        options = argv[2:]
+        config = options[options.index("--config_file") + 1]
+        assert (ROOT / config).is_file(), f"accelerate config {config} does not exist"
+        script = next(index for index, token in enumerate(options) if token.endswith(".py"))
+        return program_and_arguments(["python", *options[script:]])
+    if argv and argv[0].startswith("hf-relpos-"):
+        return console_script(argv[0]), argv[1:]
+    return "", argv
+
+
+def launcher(program: str) -> list[str]:
+    """The command line that runs `program` as documented."""
+    if ":" in program:
+        module, function = program.split(":")
+        return [sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())"]
+    return [sys.executable, program] if program.endswith(".py") else [sys.executable, "-m", program]
+
+
+@cache
+def help_text(program: str, subcommand: str | None) -> str:
+    completed = subprocess.run([*launcher(program), *([subcommand] if subcommand else []), "--help"],
+                               capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert completed.returncode == 0 and completed.stdout, completed.stderr[-2000:]
+    return completed.stdout
+
+
+def recipe_outputs() -> dict[str, Path]:
+    """output_dir -> recipe, for the recipes in configs/ (a documented command reusing a recipe's output)."""
+    return {recipe_values(recipe).get("output_dir"): recipe for recipe in sorted((ROOT / "configs").glob("*.yaml"))}
+
+
+def recipe_values(recipe: str | Path | None) -> dict:
+    import yaml
+
+    return yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) if recipe else {}
+
+
+def check_training_arguments(arguments: list[str], work: Path) -> None:
+    """train_translation.py's own `parse_arguments`, run in `work`: the local `model_name_or_path` folder the command
+    or its recipe names is made there first (holding the config of the recipe whose output_dir it is, else of the
+    command's recipe). On a machine without a GPU, the command is parsed with `--bf16 false` (the Trainer refuses bf16
+    without one)."""
+    import torch
+
+    from hf_relpos import RelPosTransformerConfig
+    from hf_relpos.training import parse_arguments
+
+    arguments = [str(ROOT / token) if token.startswith("configs/") else token for token in arguments]
+    recipe = arguments[0] if arguments[0].endswith(".yaml") else None
+    folder = (arguments[arguments.index("--model_name_or_path") + 1] if "--model_name_or_path" in arguments
+              else recipe_values(recipe).get("model_name_or_path"))
+    if folder:
+        source = recipe_outputs().get(folder, recipe)
+        RelPosTransformerConfig(**recipe_values(source).get("model", {})).save_pretrained(work / folder)
+    if not torch.cuda.is_available():
+        arguments = [*arguments, "--bf16", "false"]
+    parse_arguments(arguments)
+
+
+def check_arguments(program: str, arguments: list[str], work: Path) -> None:
+    """Parse `arguments` with the program's own parser: train_translation.py's `parse_arguments` (which also reads
+    the recipe), a `build_parser()` or `parse_args(argv)` of the module, else every flag must be in its --help. A
+    `--device cuda` command is parsed as its CPU twin on a machine without a GPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        arguments = ["cpu" if token == "cuda" else token for token in arguments]
+    if program == TRAINING:
+        check_training_arguments(arguments, work)
+        return
+    module = program.split(":")[0]
+    loaded = importlib.import_module(module) if not module.endswith(".py") else None
+    if hasattr(loaded, "build_parser"):
+        loaded.build_parser().parse_args(arguments)
+    elif hasattr(loaded, "parse_args"):
+        loaded.parse_args(arguments)
+    else:
+        subcommand = arguments[0] if arguments and not arguments[0].startswith("-") else None
+        text = help_text(program, subcommand if subcommand and "{" in help_text(program, None) else None)
+        for flag in (token.split("=")[0] for token in arguments if token.startswith("--")):
+            assert flag in text, f"{flag} is not an option of {program}"
+
+
+def check_make(arguments: list[str]) -> None:
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    for argument in arguments:
+        if "=" in argument:
+            assert re.search(rf"^{argument.split('=')[0]} \?=", makefile, re.MULTILINE), argument
+        else:
+            assert re.search(rf"^{argument}:", makefile, re.MULTILINE), f"make has no target {argument}"
+
+
+def check_pip(arguments: list[str]) -> None:
+    """Extras named in `pip install` (`.[train]`, `hf_relpos[train]`) must be extras of pyproject.toml."""
+    extras = pyproject_table("project.optional-dependencies")
+    for argument in arguments:
+        for extra in re.findall(r"\[([^\]]+)\]", argument):
+            for name in extra.split(","):
+                assert name in extras, f"pip install {argument}: no extra {name!r} in pyproject.toml"
+
+
+@pytest.mark.parametrize("page,argv", COMMANDS, ids=[f"{page}:{' '.join(argv)[:60]}" for page, argv in COMMANDS])
+def test_documented_command_parses(page, argv, tmp_path, monkeypatch):
+    if argv[0] == "make":
+        check_make(argv[1:])
+    elif argv[:2] == ["pip", "install"]:
+        check_pip(argv[2:])
+    elif Path(argv[0]).name in NOT_CHECKED:
+        pass
+    else:
+        program, arguments = program_and_arguments(argv)
+        assert program, f"{page}: no rule checks {argv[0]!r}"
+        if program == "pytest":
+            assert all((ROOT / path).exists() for path in arguments if path.startswith("tests/"))
+        elif "--help" in arguments:
+            assert help_text(program, None)
+        else:
+            monkeypatch.chdir(tmp_path)
+            check_arguments(program, arguments, tmp_path)
+
+
+def test_the_readme_documents_the_commands_a_user_needs():
+    readme = [argv for page, argv in COMMANDS if page == "README.md"]
+    programs = {argv[0] if argv[0] != "make" else f"make {argv[1]}" for argv in readme}
+    assert {"make demo", "make test", "hf-relpos-train", "hf-relpos-translate"} <= programs
+
+
+def test_make_demo_runs_what_the_readme_says_it_runs():
+    makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
+    recipe = re.search(r"^demo:.*\n\t(.*)$", makefile, re.MULTILINE).group(1)
+    command = recipe.replace("$(BIN)/python", "python")
+    assert f"`{command}`" in (ROOT / "README.md").read_text(encoding="utf-8")
+
+
+@pytest.mark.slow
+def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_path):
+    """The README's own-data path on the demo corpus written as data/{train,valid,test}.{en,de}: its training command
+    (the recipe shrunk to a few steps of a tiny model), then its translate command scoring the test set."""
+    from hf_relpos.demo_corpus import write_demo_corpus
+
+    corpus = write_demo_corpus(tmp_path / "jsonl", 120, 8, 8, seed=3)
+    data = tmp_path / "data"
+    data.mkdir()
+    for split, prefix in (("train", "train"), ("validation", "valid"), ("test", "test")):
+        pairs = [json.loads(line)["translation"] for line in corpus[split].read_text(encoding="utf-8").splitlines()]
+        for language in ("en", "de"):
+            (data / f"{prefix}.{language}").write_text("".join(f"{pair[language]}\n" for pair in pairs),
+                                                       encoding="utf-8")
+    readme = [argv for page, argv in COMMANDS if page == "README.md"]
+    train = next(argv for argv in readme if argv[0] == "hf-relpos-train" and "--help" not in argv)
+    translate = next(argv for argv in readme if argv[0] == "hf-relpos-translate")
+    tiny = ["--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
+            "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
+            "--max_steps", "3", "--warmup_steps", "1", "--max_tokens_per_batch", "512", "--eval_strategy", "no",
+            "--save_strategy", "no", "--num_train_epochs", "1", "--generation_num_beams", "1", "--cpu_threads", "1"]
+
+    def run(argv: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run([*launcher(console_script(argv[0])), *argv[1:]], capture_output=True, text=True,
+                              cwd=tmp_path, timeout=600)
+
+    trained = run([*train, *tiny])
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    test_results = json.loads((tmp_path / "outputs" / "my_model" / "test_results.json").read_text())
+    translate = [token if token != "cuda" else "cpu" for token in translate]
+    translate = [token if token != "bfloat16" else "float32" for token in translate]
+    translated = run(translate)
+    assert translated.returncode == 0, translated.stderr[-3000:]
+    from sacrebleu.metrics import BLEU
+
+    hypotheses = (tmp_path / "hyp.de").read_bytes().decode("utf-8").split("\n")[:-1]
+    references = (data / "test.de").read_text(encoding="utf-8").splitlines()
+    assert len(hypotheses) == len(references) and "test_bleu" in test_results
+    printed = float(re.search(r"sacreBLEU (\d+\.\d+)", translated.stdout).group(1))
+    assert printed == round(BLEU().corpus_score(hypotheses, [references]).score, 2)
