@@ -15,9 +15,11 @@ from .pipeline_relpos import TranslationPipeline, register_translation_task
 from .positions import (
     ATTENTION_REGISTRY,
     AttentionTerms,
+    PositionContext,
     PositionDraw,
     PositionScheme,
     RelativeBias,
+    RelativeValues,
     SchemeCard,
     SchemeField,
     boolean_field,
@@ -44,6 +46,7 @@ register_translation_task()
 __all__ = [
     "ATTENTION_REGISTRY",
     "AttentionTerms",
+    "PositionContext",
     "PositionDraw",
     "PositionScheme",
     "RelPosTransformerConfig",
@@ -52,6 +55,7 @@ __all__ = [
     "RelPosTransformerModel",
     "RelPosTransformerPreTrainedModel",
     "RelativeBias",
+    "RelativeValues",
     "SchemeCard",
     "SchemeField",
     "TranslationPipeline",
