@@ -136,7 +136,19 @@ def flex_kernel(query: torch.Tensor) -> Callable:
         # more than Dynamo's default limit of 8 per function, past which it would fall back to the unfused kernel.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
         _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    return _compiled_flex_attention
+    return without_autocast(_compiled_flex_attention)
+
+
+def without_autocast(attend: Callable) -> Callable:
+    """`attend` run with autocast off: the queries, keys and values keep the dtype the projections gave them (bf16
+    under bf16 autocast), so autocast never sends a bf16 model's FlexAttention to float32, whose default forward
+    tiles can exceed an H100/H200's shared memory."""
+
+    def run(query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        with torch.autocast(query.device.type, enabled=False):
+            return attend(query, *args, **kwargs)
+
+    return run
 
 
 def with_log_sum_exp(
