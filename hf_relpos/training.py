@@ -29,6 +29,7 @@ from transformers import (
     EvalPrediction,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
+    Trainer,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -134,6 +135,17 @@ class SamplerEpochCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.sampler.set_epoch(math.floor(state.epoch or 0.0))
+
+
+class CausalLMTrainer(Trainer):
+    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
+    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
+    causal LMs of transformers' own model table)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.label_smoother is not None and self.compute_loss_func is None:
+            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 class TranslationTrainer(Seq2SeqTrainer):
