@@ -29,7 +29,7 @@ from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK,
 
 from .configuration_relpos import RelPosTransformerConfig
 from .data import DataArguments
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import meta_model
 from .positions import scheme_config_fields
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
@@ -493,9 +493,7 @@ def _changes_shapes(saved: RelPosTransformerConfig, name: str, value: Any,
 
 def weight_shapes(config: RelPosTransformerConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor in the model's state dict, from a model built on the meta device (no memory)."""
-    with torch.device("meta"):
-        model = RelPosTransformerForConditionalGeneration(config)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    return {name: tuple(tensor.shape) for name, tensor in meta_model(config).state_dict().items()}
 
 
 def check_reporting_integrations(report_to: Sequence[str]) -> None:

@@ -20,27 +20,29 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
 from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.tokenization_utils_base import (
+    ADDED_TOKENS_FILE,
+    FULL_TOKENIZER_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_CONFIG_FILE,
+)
+from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from .configuration_relpos import RelPosTransformerConfig
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import meta_model
 from .pipeline_relpos import TranslationPipeline
 from .positions import PositionScheme, SchemeCard, get_scheme_class
 from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
-CONFIG_FILE = "config.json"
 PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
-REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-OPTIONAL_TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json")
+REQUIRED_TOKENIZER_FILES = (FULL_TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
+OPTIONAL_TOKENIZER_FILES = (SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE)
 RESULT_PREFIXES = {"eval": "validation", "test": "test"}  # results-file prefix -> split
 RECIPE_TEMPLATE_NAME = "REPO_ID"
 
@@ -95,9 +97,9 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
     """Write `pipeline_relpos.py` into a saved model folder and declare it in its config.json, so that
     `pipeline("translation", model=folder, trust_remote_code=True)` translates."""
     folder = Path(folder)
-    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     config_text = _config_json(with_translation_pipeline(config))
-    _write_files(folder, {PIPELINE_FILE: pipeline_source(), CONFIG_FILE: config_text})
+    _write_files(folder, {PIPELINE_FILE: pipeline_source(), CONFIG_NAME: config_text})
 
 
 # --------------------------------------------------------------------------------------------------- model cards
@@ -293,8 +295,7 @@ def _scheme_section(config: RelPosTransformerConfig) -> str:
 
 
 def _architecture_section(config: RelPosTransformerConfig) -> str:
-    with torch.device("meta"):
-        parameters = RelPosTransformerForConditionalGeneration(config).num_parameters()
+    parameters = meta_model(config).num_parameters()
     rows = [
         ("parameters", f"{parameters / 1e6:.1f}M"),
         ("`d_model`", config.d_model),
@@ -471,26 +472,26 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
     code, tokenizer. Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
     folder = Path(folder)
-    config_path = folder / CONFIG_FILE
+    config_path = folder / CONFIG_NAME
     if not config_path.is_file():
-        raise ValueError(f"{folder} has no {CONFIG_FILE}: save the model there with save_pretrained first")
+        raise ValueError(f"{folder} has no {CONFIG_NAME}: save the model there with save_pretrained first")
     config = json.loads(config_path.read_text(encoding="utf-8"))
     auto_map = config.get("auto_map") or {}
     if config.get("model_type") != RelPosTransformerConfig.model_type or "AutoModelForSeq2SeqLM" not in auto_map:
         raise ValueError(f"{config_path} is not a RelPosTransformer config with an auto_map for AutoModelForSeq2SeqLM; "
                          "save the model with hf_relpos imported")
-    names = {CONFIG_FILE, *REQUIRED_TOKENIZER_FILES}
-    if (folder / WEIGHTS_INDEX_FILE).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX_FILE).read_text(encoding="utf-8"))
-        names |= {WEIGHTS_INDEX_FILE, *index["weight_map"].values()}
+    names = {CONFIG_NAME, *REQUIRED_TOKENIZER_FILES}
+    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        index = json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text(encoding="utf-8"))
+        names |= {SAFE_WEIGHTS_INDEX_NAME, *index["weight_map"].values()}
     else:
-        names.add(WEIGHTS_FILE)
+        names.add(SAFE_WEIGHTS_NAME)
     for reference in auto_map.values():
         module_file = folder / f"{reference.split('.')[0]}.py"
         names.add(module_file.name)
         if module_file.is_file():
             names |= {Path(path).name for path in get_relative_import_files(str(module_file))}
-    names |= {name for name in (GENERATION_CONFIG_FILE, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
+    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
     missing = sorted(name for name in names if not (folder / name).is_file())
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
@@ -521,12 +522,12 @@ def push_model_folder(
     """
     folder = Path(folder)
     files = files_to_push(folder)
-    config = json.loads(files[CONFIG_FILE].read_text(encoding="utf-8"))
+    config = json.loads(files[CONFIG_NAME].read_text(encoding="utf-8"))
     if card is None:
         results = load_results(folder) if results is None else results
         card = render_model_card(config, recipe, results, repo_id=repo_id, recipe_name=recipe_name)
     generated = {
-        CONFIG_FILE: _config_json(with_translation_pipeline(config)),
+        CONFIG_NAME: _config_json(with_translation_pipeline(config)),
         PIPELINE_FILE: pipeline_source(),
         CARD_FILE: card,
     }

@@ -799,9 +799,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         beam search's top-k); with `position_randomization_at_inference` it first draws the decoder's positions for
         the whole output (`draw_output_positions`), unless `decoder_positions` is given."""
         generation_config = kwargs.get("generation_config") or self.generation_config
-        num_beams = kwargs.get("num_beams") or generation_config.num_beams or 1
-        if num_beams > self.config.vocab_size:
-            raise ValueError(f"num_beams ({num_beams}) must not exceed the vocabulary size ({self.config.vocab_size})")
+        check_num_beams(kwargs.get("num_beams") or generation_config.num_beams or 1, self.config.vocab_size)
         if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
             decoder_input_ids = kwargs.get("decoder_input_ids")
             prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
@@ -945,3 +943,15 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             past.reorder_cache(beam_idx)
             return past
         return tuple(memory.index_select(0, beam_idx.to(memory.device)) for memory in past)
+
+
+def check_num_beams(num_beams: int, vocab_size: int, name: str = "num_beams") -> None:
+    """Refuse a beam wider than the vocabulary (beam search's top-k would fail deep inside `generate`)."""
+    if num_beams > vocab_size:
+        raise ValueError(f"{name} ({num_beams}) is larger than the vocabulary ({vocab_size} tokens)")
+
+
+def meta_model(config: RelPosTransformerConfig) -> RelPosTransformerForConditionalGeneration:
+    """The translation model of `config` on the meta device: its parameter shapes and count, no memory used."""
+    with torch.device("meta"):
+        return RelPosTransformerForConditionalGeneration(config)

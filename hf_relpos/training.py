@@ -37,6 +37,7 @@ from transformers import (
     set_seed,
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from .arguments import (
     MODEL_SECTION,
@@ -44,14 +45,11 @@ from .arguments import (
     ConfigError,
     ModelArguments,
     TranslationTrainingArguments,
-    model_config_fields,  # noqa: F401 - public here too: training.model_config_fields()
     parse_arguments,
 )
 from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
     TRAINER_STATE_FILE,
-    WEIGHTS_FILE,
-    WEIGHTS_INDEX_FILE,
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
@@ -71,7 +69,7 @@ from .data import (
 )
 from .hub import CARD_FILE, HubPushError, load_results, push_training_output, recipe_from_arguments, render_model_card
 from .metrics import decode_token_ids, generated_lengths, score_translations
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from .preflight import (
     PreflightError,
     ProcessGroupError,
@@ -80,7 +78,14 @@ from .preflight import (
     check_rerun,
     remove_previous_run,
 )
-from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents, write_text_atomic
+from .safety import (
+    FINAL_MODEL_STAGING,
+    NonFiniteLossError,
+    OutputDirError,
+    check_output_dir,
+    move_folder_contents,
+    write_text_atomic,
+)
 from .tokenization import (
     TOKENIZER_FILE,
     has_saved_tokenizer,
@@ -96,8 +101,6 @@ from .tokenization import (
 logger = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
-# The final model is saved here inside output_dir, then moved into output_dir file by file (weights last).
-FINAL_MODEL_STAGING = ".final-model-staging"
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
 
@@ -389,9 +392,10 @@ def _build_model(
 
 
 def _check_num_beams(training_args: TranslationTrainingArguments, vocab_size: int) -> None:
-    if (training_args.generation_num_beams or 1) > vocab_size:
-        raise ConfigError(f"generation_num_beams ({training_args.generation_num_beams}) is larger than the "
-                          f"vocabulary ({vocab_size} tokens)")
+    try:
+        check_num_beams(training_args.generation_num_beams or 1, vocab_size, name="generation_num_beams")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _estimated_weight_bytes(model_args: ModelArguments) -> int | None:
@@ -405,9 +409,7 @@ def _estimated_weight_bytes(model_args: ModelArguments) -> int | None:
                                                              cache_dir=model_args.cache_dir, **model_args.model_config)
     except (OSError, ValueError, TypeError):
         return None
-    with torch.device("meta"):
-        model = RelPosTransformerForConditionalGeneration(config)
-    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    return sum(parameter.numel() * parameter.element_size() for parameter in meta_model(config).parameters())
 
 
 def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArguments) -> int:
@@ -432,8 +434,8 @@ def save_final_model(trainer: TranslationTrainer) -> None:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.save_model(str(staging))
     if trainer.args.should_save:
-        weights = WEIGHTS_INDEX_FILE if (staging / WEIGHTS_INDEX_FILE).is_file() else WEIGHTS_FILE
-        for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):
+        weights = SAFE_WEIGHTS_INDEX_NAME if (staging / SAFE_WEIGHTS_INDEX_NAME).is_file() else SAFE_WEIGHTS_NAME
+        for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)
         move_folder_contents(staging, output_dir, last=weights)
 

@@ -608,3 +608,16 @@ def test_randomized_inference_errors_name_the_field():
         "xl", mem_len=4, position_randomization_max=40, position_randomization_at_inference=True)).eval()
     with torch.no_grad(), pytest.raises(ValueError, match="does not work with a Transformer-XL memory"):
         memory_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2)
+
+
+def test_generate_refuses_a_beam_wider_than_the_vocabulary():
+    """One check for the model and train_translation.py (`check_num_beams`): beam search's top-k would fail deep
+    inside `generate`; here it is one error naming the argument. A beam as wide as the vocabulary runs."""
+    model = tiny_model("shaw", seed=1).eval()
+    input_ids, attention_mask, _ = padded_batch()
+    vocabulary = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"^num_beams \({vocabulary + 1}\) is larger than the vocabulary "
+                                         rf"\({vocabulary} tokens\)$"):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary + 1, max_new_tokens=2)
+    output = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary, max_new_tokens=2)
+    assert output.shape[0] == input_ids.shape[0]
