@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import math
 import os
@@ -67,7 +68,8 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .hub import CARD_FILE, HubPushError, load_results, push_training_output, recipe_from_arguments, render_model_card
+from .environment import cpu_model_name
+from .hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from .preflight import (
@@ -573,22 +575,98 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         metrics = dict(prediction.metrics, test_samples=len(evaluation_sets["test"].order))
         _report(trainer, "test", metrics)
         results["test"] = metrics
-    if training_args.do_train and training_args.should_save:
-        write_model_card(model, model_args, data_args, training_args)
-    if push_to_hub and training_args.should_save:
-        push_training_output(model_args, data_args, training_args)
+    if training_args.should_save and (training_args.do_train or push_to_hub):
+        record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+        if training_args.do_train:
+            write_model_card(model, record, training_args)
+        if push_to_hub:
+            push_training_output(record, training_args)
     return results
 
 
-def write_model_card(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
-                     data_args: DataArguments, training_args: TranslationTrainingArguments) -> Path:
-    """output_dir/README.md: the model card of this run (recipe and scores), as run_translation's
+def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+               training_seconds: float | None = None) -> RunRecord:
+    """This run as its model card describes it: the recipe fields from the parsed arguments, the processes, the
+    hardware and (after training) the training time."""
+    steps_or_epochs = ({"max_steps": training_args.max_steps} if training_args.max_steps > 0
+                       else {"num_train_epochs": training_args.num_train_epochs})
+    return RunRecord(
+        model=dict(model_args.model_config),
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        validation_split_name=data_args.validation_split_name,
+        test_split_name=data_args.test_split_name,
+        dataset_name=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        test_file=data_args.test_file,
+        max_train_samples=data_args.max_train_samples,
+        max_eval_samples=data_args.max_eval_samples,
+        max_predict_samples=data_args.max_predict_samples,
+        max_source_length=data_args.max_source_length,
+        max_target_length=data_args.max_target_length,
+        overlong_pairs=data_args.overlong_pairs,
+        model_name_or_path=model_args.model_name_or_path,
+        tokenizer_name=model_args.tokenizer_name,
+        tokenizer_vocab_size=model_args.tokenizer_vocab_size,
+        **steps_or_epochs,
+        max_tokens_per_batch=training_args.max_tokens_per_batch,
+        length_pool_factor=training_args.length_pool_factor,
+        per_device_train_batch_size=(training_args.per_device_train_batch_size
+                                     if training_args.max_tokens_per_batch is None else None),
+        gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+        optim=_plain(training_args.optim),
+        adam_beta1=training_args.adam_beta1,
+        adam_beta2=training_args.adam_beta2,
+        adam_epsilon=training_args.adam_epsilon,
+        weight_decay=training_args.weight_decay,
+        learning_rate=training_args.learning_rate,
+        lr_scheduler_type=_plain(training_args.lr_scheduler_type),
+        warmup_steps=training_args.warmup_steps,
+        label_smoothing_factor=training_args.label_smoothing_factor,
+        max_grad_norm=training_args.max_grad_norm,
+        bf16=training_args.bf16,
+        fp16=training_args.fp16,
+        seed=training_args.seed,
+        generation_num_beams=training_args.generation_num_beams,
+        generation_length_penalty=training_args.generation_length_penalty,
+        generation_max_length_offset=training_args.generation_max_length_offset,
+        devices=training_args.world_size,
+        hardware=_hardware_name(training_args),
+        training_seconds=training_seconds,
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _hardware_name(training_args: TranslationTrainingArguments) -> str:
+    """The accelerator this process trained on (its name), else the CPU's."""
+    device = training_args.device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type.upper() if device.type != "cpu" else f"CPU: {cpu_model_name()}"
+
+
+def write_model_card(model: RelPosTransformerForConditionalGeneration, record: RunRecord,
+                     training_args: TranslationTrainingArguments) -> Path:
+    """output_dir/README.md: the model card of this run (recipe, run facts and scores), as run_translation's
     `create_model_card` writes one, so a folder uploaded by hand is documented."""
     path = Path(training_args.output_dir) / CARD_FILE
-    card = render_model_card(model.config, recipe_from_arguments(model_args, data_args, training_args),
-                             load_results(training_args.output_dir), repo_id=training_args.hub_model_id)
+    card = render_model_card(model.config, record, load_results(training_args.output_dir),
+                             repo_id=training_args.hub_model_id)
     write_text_atomic(path, card)
     return path
+
+
+def push_training_output(record: RunRecord, training_args: TranslationTrainingArguments) -> str:
+    """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_model_id` (default: the output
+    folder's name) with the card of this run."""
+    folder = Path(training_args.output_dir)
+    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name, recipe=record,
+                             token=training_args.hub_token, private=training_args.hub_private_repo)
 
 
 def main(argv: Sequence[str] | None = None) -> None:
