@@ -49,10 +49,15 @@ RESULT_PREFIXES = {"eval": "validation", "test": "test"}  # results-file prefix 
 RECIPE_TEMPLATE_NAME = "REPO_ID"
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "ru": "Russian", "ro": "Romanian"}
-# Hub datasets the recipes use: a display name and what their validation/test splits are.
+# Datasets the recipes use: a display name, what their validation/test splits are, and what a card's limitations
+# section says about a model trained on them.
 KNOWN_DATASETS = {
     "wmt/wmt14": {"title": "WMT14", "validation": "newstest2013", "test": "newstest2014"},
-    "bentrevett/multi30k": {"title": "Multi30k", "validation": "validation", "test": "test2016 (Flickr)"},
+    "bentrevett/multi30k": {"title": "Multi30k", "validation": "validation", "test": "test2016 (Flickr)",
+                            "limitation": "Multi30k holds short image captions; expect poor quality on news, dialogue "
+                                          "or technical text."},
+    "demo": {"title": "hf_relpos demo corpus",
+             "limitation": "The demo corpus is a small generated German-like language, not real German."},
 }
 # The Transformer itself, cited by every card; each scheme's own citations come from its `SchemeCard`.
 VASWANI_BIBTEX = """@inproceedings{vaswani2017attention,
@@ -375,8 +380,6 @@ def _language(code: str) -> str:
 def _dataset_title(record: RunRecord) -> str:
     if _uses_local_files(record):
         return "local parallel files"
-    if record.dataset_name == "demo":
-        return "hf_relpos demo corpus"
     return KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
 
 
@@ -620,10 +623,8 @@ def _limitations_section(config: RelPosTransformerConfig, record: RunRecord) -> 
     if record.max_source_length:
         items.append(f"Training pairs were at most {record.max_source_length} source and "
                      f"{record.max_target_length} target tokens; much longer inputs are out of distribution.")
-    if record.dataset_name == "bentrevett/multi30k":
-        items.append("Multi30k holds short image captions; expect poor quality on news, dialogue or technical text.")
-    if record.dataset_name == "demo":
-        items.append("The demo corpus is a small generated German-like language, not real German.")
+    if "limitation" in KNOWN_DATASETS.get(record.dataset_name, {}):
+        items.append(KNOWN_DATASETS[record.dataset_name]["limitation"])
     items += _scheme_card(config).limitations_for(config)
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 
