@@ -1,7 +1,6 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   trains and scores the embedded demo (no download); each run starts afresh in outputs/demo
-#   make test   runs lint and the test suite (the numerics tests also under two other CPU capabilities, the model
-#               tests also under the last transformers release before the KV cache was renamed)
+#   make test   runs lint and the test suite (the numerics tests also under two other CPU capabilities)
 # torch is pinned first so pip never pulls a different (CUDA) build; override with TORCH_SPEC=... for GPU wheels.
 PYTHON ?= python3
 VENV ?= .venv
@@ -12,7 +11,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet -e ".[dev,viz]"
+	$(BIN)/pip install --quiet -e ".[train,dev,viz]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -24,20 +23,11 @@ demo: $(VENV)/.installed
 NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_kernels.py \
 	tests/test_loss.py tests/test_window.py tests/test_length_scaling.py
 
-# transformers 5.24 renamed the KV cache from past_key_values to cache; the model serves both names, so its model,
-# generation and memory tests run again under the last release before the rename (shadowing the installed one).
-COMPAT_TRANSFORMERS := transformers==5.23.0
-COMPAT_TESTS := tests/test_model.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_convert.py tests/test_window.py \
-	tests/test_length_scaling.py
-
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -ra
 	for capability in default avx2; do \
 		ATEN_CPU_CAPABILITY=$$capability $(BIN)/python -m pytest -q -m "not slow" $(NUMERICS_TESTS) || exit 1; \
 	done
-	rm -rf $(VENV)/compat
-	$(BIN)/pip install --quiet --no-deps --target $(VENV)/compat "$(COMPAT_TRANSFORMERS)"
-	PYTHONPATH=$(VENV)/compat $(BIN)/python -m pytest -q -m "not slow" $(COMPAT_TESTS)
 
 .PHONY: install demo test

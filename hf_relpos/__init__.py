@@ -1,5 +1,9 @@
-"""hf_relpos: relative position self-attention (Shaw et al. 2018, Transformer-XL, DiSAN) for Hugging Face
-encoder-decoder Transformers, with a pluggable registry of position schemes."""
+"""hf_relpos: relative position self-attention (Shaw et al. 2018, Transformer-XL, DiSAN, T5, ALiBi, RoPE) for
+Hugging Face encoder-decoder Transformers, with a pluggable registry of position schemes.
+
+Importing it registers the models with the Auto classes (their public `register`) and the "translation" pipeline
+task; it needs torch and transformers only. The translation application (`hf_relpos.training`, train_translation.py,
+scoring, model cards) needs the `hf_relpos[train]` extra."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 

@@ -32,7 +32,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from .attention_functions import RELPOS_KERNELS
 from .configuration_relpos import RelPosTransformerConfig
 from .data import DataArguments
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import meta_model
 from .positions import scheme_config_fields
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
@@ -63,7 +63,9 @@ class ModelArguments:
         default=None,
         metadata={"help": "Saved model folder or Hub id to fine-tune or evaluate; null trains from scratch. Its saved "
                           "config is the architecture: model: fields that would change the weights' shapes are "
-                          "refused, others (e.g. dropout) override it."},
+                          "refused, others (e.g. dropout) override it. Without training (do_train false) the "
+                          "recipe file's model: fields are ignored (one warning names those that differ); only "
+                          "--model.FIELD flags override."},
     )
     tokenizer_name: str | None = field(
         default=None,
@@ -429,8 +431,11 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
                               "flags")
         _raise_unknown(flags)
     values = vars(namespace)
+    from_command_line = set()
     for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]:
-        model_config[dest.removeprefix(f"{MODEL_SECTION}.")] = values.pop(dest)
+        name = dest.removeprefix(f"{MODEL_SECTION}.")
+        model_config[name] = values.pop(dest)
+        from_command_line.add(name)
     built = []
     for argument_class in ARGUMENT_CLASSES:
         names = {item.name for item in dataclasses.fields(argument_class) if item.init}
@@ -441,7 +446,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args, data_args, training_args = built
     model_args.model_config = model_config
     check_arguments(model_args, data_args, training_args)
-    model_args.model_config = check_model_config(model_args)
+    model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     return model_args, data_args, training_args
 
 
@@ -478,22 +483,39 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
     check_reporting_integrations(training_args.report_to)
 
 
-def check_model_config(model_args: ModelArguments) -> dict[str, Any]:
+def check_model_config(model_args: ModelArguments, from_command_line: set[str] | None = None,
+                       training: bool = True) -> dict[str, Any]:
     """The `model:` section as it applies to this run, checked: the fields of a new config, or, with
-    `model_name_or_path`, the overrides of its saved config (the saved config is the architecture: fields that would
-    change the shapes of its weights are refused, those equal to the saved value are dropped)."""
+    `model_name_or_path`, the overrides of its saved config. The saved config is the architecture: fields equal to
+    the saved value are dropped; fields that would change the shapes of its weights are refused. Without training
+    (`training=False`) only the `--model.*` flags of `from_command_line` override the saved config: the recipe file's
+    differing fields are ignored, with one warning that names them."""
     try:
         if model_args.model_name_or_path is None:
             RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
             return model_args.model_config
         saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
-        RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir,
-                                                **model_args.model_config)
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{MODEL_SECTION}: {error}") from None
     except OSError as error:
         raise ConfigError(f"model_name_or_path: {error}") from None
-    overrides = {name: value for name, value in model_args.model_config.items() if getattr(saved, name) != value}
+    requested = model_args.model_config
+    if not training:
+        from_command_line = from_command_line or set()
+        ignored = {name: value for name, value in requested.items()
+                   if name not in from_command_line and getattr(saved, name, None) != value}
+        if ignored:
+            logger.warning(
+                "model_name_or_path %r: its saved config is the architecture; the recipe's %s: %s differ from it and "
+                "are ignored", model_args.model_name_or_path, MODEL_SECTION,
+                ", ".join(f"{name}={_yaml_text(value)} (saved: {_yaml_text(getattr(saved, name, None))})"
+                          for name, value in ignored.items()))
+        requested = {name: value for name, value in requested.items() if name in from_command_line}
+    try:
+        RelPosTransformerConfig.from_dict({**saved.to_dict(), **requested})
+    except (ValueError, TypeError) as error:
+        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+    overrides = {name: value for name, value in requested.items() if getattr(saved, name, None) != value}
     saved_shapes = weight_shapes(saved)
     if weight_shapes(_with_overrides(saved, overrides)) != saved_shapes:
         reshaping = [name for name in overrides if _changes_shapes(saved, name, overrides[name], saved_shapes)]
@@ -522,9 +544,7 @@ def _changes_shapes(saved: RelPosTransformerConfig, name: str, value: Any,
 
 def weight_shapes(config: RelPosTransformerConfig) -> dict[str, tuple[int, ...]]:
     """Name -> shape of every tensor in the model's state dict, from a model built on the meta device (no memory)."""
-    with torch.device("meta"):
-        model = RelPosTransformerForConditionalGeneration(config)
-    return {name: tuple(tensor.shape) for name, tensor in model.state_dict().items()}
+    return {name: tuple(tensor.shape) for name, tensor in meta_model(config).state_dict().items()}
 
 
 def check_reporting_integrations(report_to: Sequence[str]) -> None:

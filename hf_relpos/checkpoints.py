@@ -14,16 +14,16 @@ import json
 import os
 import re
 import shutil
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+from .safety import staged_folder
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
     r"|pytorch_model.*)$"
@@ -82,19 +82,19 @@ def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | 
     selected = checkpoints[-last_n:]
     for checkpoint in selected:
         if not _has_weights(checkpoint):
-            raise ValueError(f"{str(checkpoint)!r} has no {WEIGHTS_FILE} (or {WEIGHTS_INDEX_FILE})")
+            raise ValueError(f"{str(checkpoint)!r} has no {SAFE_WEIGHTS_NAME} (or {SAFE_WEIGHTS_INDEX_NAME})")
     return selected
 
 
 def _has_weights(folder: Path) -> bool:
-    return (folder / WEIGHTS_FILE).is_file() or (folder / WEIGHTS_INDEX_FILE).is_file()
+    return (folder / SAFE_WEIGHTS_NAME).is_file() or (folder / SAFE_WEIGHTS_INDEX_NAME).is_file()
 
 
 def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
     """All tensors of a checkpoint saved as one safetensors file or as shards with an index."""
-    if (checkpoint / WEIGHTS_FILE).is_file():
-        return load_file(checkpoint / WEIGHTS_FILE)
-    index = json.loads((checkpoint / WEIGHTS_INDEX_FILE).read_text())
+    if (checkpoint / SAFE_WEIGHTS_NAME).is_file():
+        return load_file(checkpoint / SAFE_WEIGHTS_NAME)
+    index = json.loads((checkpoint / SAFE_WEIGHTS_INDEX_NAME).read_text())
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(set(index["weight_map"].values())):
         weights.update(load_file(checkpoint / shard))
@@ -129,22 +129,14 @@ def average_checkpoints(
     averaged = {name: (sums[name] / len(checkpoints)).to(tensor.dtype) if name in sums else tensor
                 for name, tensor in newest.items()}
 
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    with staged_folder(output_dir) as staging:
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
                 shutil.copy2(item, staging / item.name)
-        save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / WEIGHTS_FILE,
+        save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
         provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
         (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
-        if output_dir.exists():
-            output_dir.rmdir()
-        os.replace(staging, output_dir)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
     return output_dir
 
 

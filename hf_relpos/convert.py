@@ -22,9 +22,7 @@ import argparse
 import copy
 import logging
 import os
-import shutil
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +33,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 from .configuration_relpos import RelPosTransformerConfig
 from .modeling_relpos import RelPosTransformerForConditionalGeneration
 from .positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, RelativeBias, sinusoids
+from .safety import staged_folder
 
 logger = logging.getLogger(__name__)
 
@@ -185,16 +184,9 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, att
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.convert marian needs 'marian'")
     tokenizer = _load_tokenizer(source)
     model = marian_to_relpos(source, attention_type, **config_overrides)
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
-    try:
+    with staged_folder(output_dir) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        if output_dir.exists():
-            output_dir.rmdir()
-        os.replace(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return output_dir
 
 

@@ -19,7 +19,6 @@ from .safety import write_text_atomic
 
 SOURCE_LANG = "en"
 TARGET_LANG = "de"
-SPLIT_NAMES = ("train", "validation", "test")
 
 
 @dataclass(frozen=True)

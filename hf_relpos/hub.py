@@ -1,6 +1,8 @@
 """Model cards and Hugging Face Hub uploads for hf_relpos translation models.
 
-    python -m hf_relpos.hub render-cards configs/ --out model_cards/             # one card per recipe
+    python -m hf_relpos.hub render-cards configs/ --out model_cards/ \\
+        --records docs/results/convergence/recipes_seeds_1_2/convergence.json \\
+        docs/results/vs_marian/recipes_equal_budget/vs_marian.json        # one card per recipe, with its measurements
     python -m hf_relpos.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
 
 `render_model_card` writes a README.md (YAML metadata that `huggingface_hub.ModelCard` parses, then the scheme, the
@@ -13,42 +15,49 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import enum
 import json
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 import yaml
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
 from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.tokenization_utils_base import (
+    ADDED_TOKENS_FILE,
+    FULL_TOKENIZER_FILE,
+    SPECIAL_TOKENS_MAP_FILE,
+    TOKENIZER_CONFIG_FILE,
+)
+from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from .configuration_relpos import RelPosTransformerConfig
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import meta_model
 from .pipeline_relpos import TranslationPipeline
 from .positions import PositionScheme, SchemeCard, get_scheme_class
 from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
-CONFIG_FILE = "config.json"
 PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
-WEIGHTS_FILE = "model.safetensors"
-WEIGHTS_INDEX_FILE = "model.safetensors.index.json"
-GENERATION_CONFIG_FILE = "generation_config.json"
-REQUIRED_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
-OPTIONAL_TOKENIZER_FILES = ("special_tokens_map.json", "added_tokens.json")
+REQUIRED_TOKENIZER_FILES = (FULL_TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
+OPTIONAL_TOKENIZER_FILES = (SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE)
 RESULT_PREFIXES = {"eval": "validation", "test": "test"}  # results-file prefix -> split
 RECIPE_TEMPLATE_NAME = "REPO_ID"
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "ru": "Russian", "ro": "Romanian"}
-# Hub datasets the recipes use: a display name and what their validation/test splits are.
+# Datasets the recipes use: a display name, what their validation/test splits are, and what a card's limitations
+# section says about a model trained on them.
 KNOWN_DATASETS = {
     "wmt/wmt14": {"title": "WMT14", "validation": "newstest2013", "test": "newstest2014"},
-    "bentrevett/multi30k": {"title": "Multi30k", "validation": "validation", "test": "test2016 (Flickr)"},
+    "bentrevett/multi30k": {"title": "Multi30k", "validation": "validation", "test": "test2016 (Flickr)",
+                            "limitation": "Multi30k holds short image captions; expect poor quality on news, dialogue "
+                                          "or technical text."},
+    "demo": {"title": "hf_relpos demo corpus",
+             "limitation": "The demo corpus is a small generated German-like language, not real German."},
 }
 # The Transformer itself, cited by every card; each scheme's own citations come from its `SchemeCard`.
 VASWANI_BIBTEX = """@inproceedings{vaswani2017attention,
@@ -59,21 +68,6 @@ VASWANI_BIBTEX = """@inproceedings{vaswani2017attention,
   volume    = {30},
   year      = {2017}
 }"""
-
-# Recipe fields shown in the card's training table, in this order (the YAML names, so they map back to a config).
-TRAINING_FIELDS = (
-    "max_steps", "num_train_epochs", "max_tokens_per_batch", "length_pool_factor", "per_device_train_batch_size",
-    "gradient_accumulation_steps", "optim", "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay",
-    "learning_rate", "lr_scheduler_type", "warmup_steps", "label_smoothing_factor", "max_grad_norm", "bf16", "fp16",
-    "seed",
-)
-DATA_FIELDS = (
-    "dataset_name", "dataset_config_name", "train_file", "validation_file", "test_file", "max_train_samples",
-    "max_eval_samples", "max_predict_samples", "max_source_length", "max_target_length", "overlong_pairs",
-    "model_name_or_path", "tokenizer_name", "tokenizer_vocab_size",
-)
-DECODING_FIELDS = ("generation_num_beams", "generation_length_penalty", "generation_max_length_offset")
-
 
 class HubPushError(RuntimeError):
     """An upload to the Hub failed; the local folder was left as it was."""
@@ -95,9 +89,9 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
     """Write `pipeline_relpos.py` into a saved model folder and declare it in its config.json, so that
     `pipeline("translation", model=folder, trust_remote_code=True)` translates."""
     folder = Path(folder)
-    config = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
+    config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     config_text = _config_json(with_translation_pipeline(config))
-    _write_files(folder, {PIPELINE_FILE: pipeline_source(), CONFIG_FILE: config_text})
+    _write_files(folder, {PIPELINE_FILE: pipeline_source(), CONFIG_NAME: config_text})
 
 
 # --------------------------------------------------------------------------------------------------- model cards
@@ -108,23 +102,179 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
         return yaml.safe_load(handle) or {}
 
 
-def recipe_from_arguments(model_args: Any, data_args: Any, training_args: Any) -> dict[str, Any]:
-    """The recipe (YAML field names) of a `train_translation.py` run, from its parsed argument dataclasses."""
-    recipe: dict[str, Any] = {"model": dict(model_args.model_config), **dataclasses.asdict(data_args)}
-    for name in ("model_name_or_path", "tokenizer_name", "tokenizer_vocab_size"):
-        recipe[name] = getattr(model_args, name)
-    for name in (*TRAINING_FIELDS, *DECODING_FIELDS):
-        value = getattr(training_args, name, None)
-        recipe[name] = value.value if isinstance(value, enum.Enum) else value
-    recipe.pop("num_train_epochs" if training_args.max_steps > 0 else "max_steps")
-    if recipe["max_tokens_per_batch"] is not None:
-        recipe.pop("per_device_train_batch_size")
-    return recipe
+DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "setting"
+
+
+def _recipe_field(section: str, default: Any = None) -> Any:
+    """A field that is also a train_translation.py argument of that name; `section` is the card table it is listed
+    in (`SETTING`: used in the text, in no table)."""
+    return dataclasses.field(default=default, metadata={"section": section})
+
+
+@dataclass(frozen=True)
+class MeasuredScores:
+    """One evaluation set's corpus scores over seeds (one value per seed)."""
+
+    evaluation_set: str
+    bleu: tuple[float, ...]
+    chrf: tuple[float, ...]
+    signature: str
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Models trained with a recipe, as a committed record of runs reports them (`measurements_from_record`)."""
+
+    record: str               # the record file, as cited in the card
+    title: str                # what the experiment measured
+    setup: str                # its settings, as the record's report states them
+    trained_as: str           # the recipe and the flags the runs added
+    seeds: tuple[int, ...]
+    steps: tuple[int, ...]
+    hardware: str
+    devices: int
+    batch: str                # what one optimizer update holds
+    training_minutes: tuple[float, ...]
+    date: str
+    scores: tuple[MeasuredScores, ...]
+
+
+@dataclass
+class RunRecord:
+    """A training run, or a recipe before any run, as its model card describes it.
+
+    The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
+    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.training.run_record` from a
+    finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
+    its recipe complete the card.
+    """
+
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe's `model:` section
+    source_lang: str = _recipe_field(SETTING, "en")
+    target_lang: str = _recipe_field(SETTING, "de")
+    validation_split_name: str = _recipe_field(SETTING, "validation")
+    test_split_name: str = _recipe_field(SETTING, "test")
+    dataset_name: str | None = _recipe_field(DATA)
+    dataset_config_name: str | None = _recipe_field(DATA)
+    train_file: str | None = _recipe_field(DATA)
+    validation_file: str | None = _recipe_field(DATA)
+    test_file: str | None = _recipe_field(DATA)
+    max_train_samples: int | None = _recipe_field(DATA)
+    max_eval_samples: int | None = _recipe_field(DATA)
+    max_predict_samples: int | None = _recipe_field(DATA)
+    max_source_length: int | None = _recipe_field(DATA)
+    max_target_length: int | None = _recipe_field(DATA)
+    overlong_pairs: str | None = _recipe_field(DATA)
+    model_name_or_path: str | None = _recipe_field(DATA)
+    tokenizer_name: str | None = _recipe_field(DATA)
+    tokenizer_vocab_size: int | None = _recipe_field(DATA)
+    max_steps: int | None = _recipe_field(OPTIMISATION)
+    num_train_epochs: float | None = _recipe_field(OPTIMISATION)
+    max_tokens_per_batch: int | None = _recipe_field(OPTIMISATION)
+    length_pool_factor: int | None = _recipe_field(OPTIMISATION)
+    per_device_train_batch_size: int | None = _recipe_field(OPTIMISATION)
+    gradient_accumulation_steps: int | None = _recipe_field(OPTIMISATION)
+    optim: str | None = _recipe_field(OPTIMISATION)
+    adam_beta1: float | None = _recipe_field(OPTIMISATION)
+    adam_beta2: float | None = _recipe_field(OPTIMISATION)
+    adam_epsilon: float | None = _recipe_field(OPTIMISATION)
+    weight_decay: float | None = _recipe_field(OPTIMISATION)
+    learning_rate: float | None = _recipe_field(OPTIMISATION)
+    lr_scheduler_type: str | None = _recipe_field(OPTIMISATION)
+    warmup_steps: int | None = _recipe_field(OPTIMISATION)
+    label_smoothing_factor: float | None = _recipe_field(OPTIMISATION)
+    max_grad_norm: float | None = _recipe_field(OPTIMISATION)
+    bf16: bool | None = _recipe_field(OPTIMISATION)
+    fp16: bool | None = _recipe_field(OPTIMISATION)
+    seed: int | None = _recipe_field(OPTIMISATION)
+    generation_num_beams: int | None = _recipe_field(DECODING)
+    generation_length_penalty: float | None = _recipe_field(DECODING)
+    generation_max_length_offset: int | None = _recipe_field(DECODING)
+    devices: int | None = None            # processes that trained it together (data parallel)
+    hardware: str | None = None           # e.g. the GPU's name
+    training_seconds: float | None = None
+    measurements: list[Measurement] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def recipe_fields(cls, section: str | None = None) -> tuple[str, ...]:
+        """The names of the fields that come from the recipe (of one card section, if given), in card order."""
+        return tuple(item.name for item in dataclasses.fields(cls)
+                     if "section" in item.metadata and section in (None, item.metadata["section"]))
+
+    @classmethod
+    def from_recipe(cls, recipe: Mapping[str, Any]) -> RunRecord:
+        """The record of a recipe YAML (its `model:` section and the argument fields it sets)."""
+        return cls(model=dict(recipe.get("model") or {}),
+                   **{name: recipe[name] for name in cls.recipe_fields() if name in recipe})
 
 
 def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
     """The model config a recipe trains (the vocabulary size is the tokenizer's, taken from the recipe)."""
     return RelPosTransformerConfig(**recipe.get("model", {}), vocab_size=recipe.get("tokenizer_vocab_size", 8000))
+
+
+def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: RunRecord) -> list[Measurement]:
+    """The runs of `recipe_name` (a configs/ file stem) in a committed experiment record (the JSON that
+    experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
+    `Measurement` per system of the record; `record` is the recipe's own (for its dataset and batch)."""
+    path = Path(path)
+    data = json.loads(path.read_text(encoding="utf-8"))
+    report = path.with_suffix(".md").read_text(encoding="utf-8").split("\n\n")
+    settings = data.get("settings", {})
+    measurements = []
+    for system, runs in data.get("runs", {}).items():
+        runs = [run for run in runs if run.get("argv") and Path(run["argv"][0]).stem == recipe_name]
+        if not runs:
+            continue
+        described = data.get("rows", {}).get(system, {}).get("system")
+        trained_as = described or " ".join([f"{recipe_name}.yaml", *settings.get("recipe_flags", [])])
+        variants = [""] if "test" in runs[0]["scores"] else sorted(runs[0]["scores"], key=lambda name: name != "averaged")
+        scores = []
+        for variant in variants:
+            for split in ("test", "validation"):
+                per_seed = [(run["scores"] if not variant else run["scores"][variant])[split] for run in runs]
+                label = _split_title(record, split) + {"averaged": f", average of the last {settings.get('last_n')} "
+                                                                   "checkpoints", "final": ", final weights"}.get(
+                    variant, f", {variant}" if variant else "")
+                scores.append(MeasuredScores(label, tuple(score["bleu"] for score in per_seed),
+                                             tuple(score["chrf"] for score in per_seed),
+                                             per_seed[0]["bleu_signature"]))
+        measurements.append(Measurement(
+            record=path.as_posix(), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
+            trained_as=trained_as, seeds=tuple(run["seed"] for run in runs),
+            steps=tuple(run.get("steps") or settings.get("max_steps") for run in runs),
+            hardware=data["device"], devices=1, batch=_update_size(record, runs[0]["argv"]),
+            training_minutes=tuple(run["train_seconds"] / 60 for run in runs), date=data["date"][:10],
+            scores=tuple(scores)))
+    return measurements
+
+
+def _flag(argv: Sequence[str], name: str, default: Any) -> Any:
+    """The value of the last `--name VALUE` in a recorded command line (as argparse takes the last), else default."""
+    values = [argv[index + 1] for index, token in enumerate(argv[:-1]) if token == f"--{name}"]
+    if not values:
+        return default
+    return None if values[-1] in ("null", "None") else int(values[-1])
+
+
+def _update_size(record: RunRecord, argv: Sequence[str]) -> str:
+    tokens = _flag(argv, "max_tokens_per_batch", record.max_tokens_per_batch)
+    pairs = _flag(argv, "per_device_train_batch_size", record.per_device_train_batch_size)
+    accumulation = _flag(argv, "gradient_accumulation_steps", record.gradient_accumulation_steps or 1)
+    return _batch_sentence(tokens, pairs, accumulation, 1)
+
+
+def _batch_sentence(tokens: int | None, pairs: int | None, accumulation: int, devices: int | None) -> str:
+    """Effective batch = per-device batch x devices x gradient accumulation, in tokens or in pairs."""
+    per_device, unit = (tokens, "tokens (padded, on the source and on the target side each)") if tokens else (
+        pairs, "sentence pairs")
+    if per_device is None:
+        return ""
+    if devices is None:
+        return (f"{per_device * accumulation} {unit} per update and device ({per_device} per step x {accumulation} "
+                "accumulation step(s)), times the number of devices")
+    return (f"{per_device * devices * accumulation} {unit} per update ({per_device} per device and step x "
+            f"{devices} device(s) x {accumulation} accumulation step(s))")
 
 
 def load_results(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
@@ -139,54 +289,56 @@ def load_results(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
 
 def render_model_card(
     config: RelPosTransformerConfig | Mapping[str, Any],
-    recipe: Mapping[str, Any] | None = None,
+    record: RunRecord | Mapping[str, Any] | None = None,
     results: Mapping[str, Mapping[str, Any]] | None = None,
     *,
     repo_id: str | None = None,
     recipe_name: str | None = None,
+    published: bool = False,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
-    `config` is the model's config (or its config.json dict), `recipe` the training recipe (a configs/*.yaml dict or
-    `recipe_from_arguments`), `results` maps "eval"/"test" to the dicts of `{eval,test}_results.json`.
+    `config` is the model's config (or its config.json dict), `record` the run (`RunRecord`, or a configs/*.yaml dict
+    read with `RunRecord.from_recipe`; None: not recorded), `results` maps "eval"/"test" to the dicts of
+    `{eval,test}_results.json`; `published`: the card goes with the trained weights to the Hub repository `repo_id`.
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
-    recipe = dict(recipe or {})
+    recorded = record is not None
+    if not isinstance(record, RunRecord):
+        record = RunRecord.from_recipe(record or {})
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     model_name = (repo_id or recipe_name or f"relpos-{config.attention_type}").split("/")[-1]
-    source, target = recipe.get("source_lang", "en"), recipe.get("target_lang", "de")
-    metadata = _card_metadata(config, recipe, results, model_name, source, target)
+    metadata = _card_metadata(config, record, results, model_name)
     sections = [
-        _title_section(config, recipe, model_name, source, target, recipe_name),
+        _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
-        _training_section(recipe, recipe_name),
-        _results_section(recipe, results),
-        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, source),
-        _limitations_section(config, recipe, source, target),
+        _training_section(record if recorded else None, recipe_name),
+        _results_section(record, results, trained=recorded and (bool(results) or record.training_seconds is not None),
+                         published_as=repo_id if published else None),
+        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang),
+        _limitations_section(config, record),
         _citation_section(config),
     ]
     return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
 
 
-def _card_metadata(
-    config: RelPosTransformerConfig, recipe: dict, results: dict, model_name: str, source: str, target: str
-) -> ModelCardData:
+def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str) -> ModelCardData:
     scheme = config.attention_type
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
-    dataset = recipe.get("dataset_name")
-    on_hub = _on_hub(recipe)
+    source, target = record.source_lang, record.target_lang
+    on_hub = _on_hub(record)
     eval_results = []
     for prefix, values in results.items():
         split = RESULT_PREFIXES[prefix]
         common = {
             "task_type": "translation",
             "task_name": f"Translation {source}-{target}",
-            "dataset_type": dataset if on_hub else "custom",
-            "dataset_name": _split_title(recipe, split),
-            "dataset_config": recipe.get("dataset_config_name") if on_hub else None,
-            "dataset_split": recipe.get(f"{split}_split_name", split) if on_hub else split,
+            "dataset_type": record.dataset_name if on_hub else "custom",
+            "dataset_name": _split_title(record, split),
+            "dataset_config": record.dataset_config_name if on_hub else None,
+            "dataset_split": _split_name(record, split) if on_hub else split,
         }
         eval_results.append(EvalResult(**common, metric_type="sacrebleu", metric_name="sacreBLEU",
                                        metric_value=round(values[f"{prefix}_bleu"], 2),
@@ -201,51 +353,48 @@ def _card_metadata(
         library_name="transformers",
         pipeline_tag="translation",
         tags=tags,
-        datasets=[dataset] if on_hub else None,
+        datasets=[record.dataset_name] if on_hub else None,
         metrics=["sacrebleu", "chrf"],
         model_name=model_name,
         eval_results=eval_results or None,
     )
 
 
-def _uses_local_files(recipe: Mapping[str, Any]) -> bool:
-    return any(recipe.get(name) for name in ("train_file", "validation_file", "test_file"))
+def _split_name(record: RunRecord, split: str) -> str:
+    return record.validation_split_name if split == "validation" else record.test_split_name
 
 
-def _on_hub(recipe: Mapping[str, Any]) -> bool:
-    """Whether the recipe's data is a Hub dataset (an owner/name id, no local files)."""
-    return "/" in (recipe.get("dataset_name") or "") and not _uses_local_files(recipe)
+def _uses_local_files(record: RunRecord) -> bool:
+    return any((record.train_file, record.validation_file, record.test_file))
 
 
-def _without(name: str, fields: Sequence[str]) -> tuple[str, ...]:
-    return tuple(field for field in fields if field != name)
+def _on_hub(record: RunRecord) -> bool:
+    """Whether the run's data is a Hub dataset (an owner/name id, no local files)."""
+    return "/" in (record.dataset_name or "") and not _uses_local_files(record)
 
 
 def _language(code: str) -> str:
     return LANGUAGE_NAMES.get(code, code)
 
 
-def _dataset_title(recipe: Mapping[str, Any]) -> str:
-    if _uses_local_files(recipe):
+def _dataset_title(record: RunRecord) -> str:
+    if _uses_local_files(record):
         return "local parallel files"
-    dataset = recipe.get("dataset_name")
-    if dataset == "demo":
-        return "hf_relpos demo corpus"
-    return KNOWN_DATASETS.get(dataset, {}).get("title", dataset or "unrecorded data")
+    return KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
 
 
-def _split_title(recipe: Mapping[str, Any], split: str) -> str:
-    if _uses_local_files(recipe):
-        return Path(recipe.get(f"{split}_file") or split).name
-    known = KNOWN_DATASETS.get(recipe.get("dataset_name"), {})
-    return f"{_dataset_title(recipe)} {known.get(split, split)}"
+def _split_title(record: RunRecord, split: str) -> str:
+    if _uses_local_files(record):
+        return Path((record.validation_file if split == "validation" else record.test_file) or split).name
+    known = KNOWN_DATASETS.get(record.dataset_name, {})
+    return f"{_dataset_title(record)} {known.get(split, split)}"
 
 
-def _title_section(
-    config: RelPosTransformerConfig, recipe: dict, model_name: str, source: str, target: str, recipe_name: str | None
-) -> str:
+def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, model_name: str,
+                   recipe_name: str | None) -> str:
     scheme = _scheme_card(config).title
-    trained_on = f", trained on {_dataset_title(recipe)}" if recipe else ""
+    source, target = (record.source_lang, record.target_lang) if record else ("en", "de")
+    trained_on = f", trained on {_dataset_title(record)}" if record else ""
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
         f"# {model_name}\n\n"
@@ -293,8 +442,7 @@ def _scheme_section(config: RelPosTransformerConfig) -> str:
 
 
 def _architecture_section(config: RelPosTransformerConfig) -> str:
-    with torch.device("meta"):
-        parameters = RelPosTransformerForConditionalGeneration(config).num_parameters()
+    parameters = meta_model(config).num_parameters()
     rows = [
         ("parameters", f"{parameters / 1e6:.1f}M"),
         ("`d_model`", config.d_model),
@@ -319,65 +467,114 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 
-def _training_section(recipe: dict, recipe_name: str | None) -> str:
-    if not recipe:
+def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
+    if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     command = f"python train_translation.py configs/{recipe_name}.yaml" if recipe_name else None
-    source, target = recipe.get("source_lang", "en"), recipe.get("target_lang", "de")
+    source, target = record.source_lang, record.target_lang
+    data_fields = RunRecord.recipe_fields(DATA)
+    if not _on_hub(record):
+        data_fields = tuple(name for name in data_fields if name != "dataset_config_name")
+    run_facts = _run_facts(record)
     lines = [
         "## Training",
         "",
-        f"Data: {_dataset_title(recipe)}, {_language(source)} (`{source}`) → {_language(target)} (`{target}`). "
-        + _tokenizer_sentence(recipe),
+        f"Data: {_dataset_title(record)}, {_language(source)} (`{source}`) → {_language(target)} (`{target}`). "
+        + _tokenizer_sentence(record),
         "",
         *([f"Command (from the hf_relpos repository): `{command}`", ""] if command else []),
-        _recipe_table("Data", recipe, DATA_FIELDS if _on_hub(recipe) else _without("dataset_config_name", DATA_FIELDS)),
+        _record_table("Data", record, data_fields),
         "",
-        _recipe_table("Optimisation", recipe, TRAINING_FIELDS),
+        _record_table("Optimisation", record, RunRecord.recipe_fields(OPTIMISATION)),
         "",
-        _recipe_table("Decoding for evaluation", recipe, DECODING_FIELDS),
+        _record_table("Decoding for evaluation", record, RunRecord.recipe_fields(DECODING)),
         "",
         "The maximum output length is the longest source in the batch plus `generation_max_length_offset` tokens "
-        "(Vaswani et al.: input length + 50). `max_tokens_per_batch` is the padded source and target token budget "
-        "per device and step.",
+        "(Vaswani et al.: input length + 50). `max_tokens_per_batch` is the token budget per device and step (padded, "
+        "on the source and on the target side each).",
+        *(["", run_facts] if run_facts else []),
     ]
     return "\n".join(lines)
 
 
-def _tokenizer_sentence(recipe: Mapping[str, Any]) -> str:
-    if recipe.get("tokenizer_name") or recipe.get("model_name_or_path"):
-        return f"Tokenizer: reused from `{recipe.get('tokenizer_name') or recipe.get('model_name_or_path')}`."
-    return (f"Tokenizer: one joint source+target BPE vocabulary of {recipe.get('tokenizer_vocab_size')} pieces trained "
+def _run_facts(record: RunRecord) -> str:
+    """Effective batch, hardware and training time, where known."""
+    accumulation = record.gradient_accumulation_steps or 1
+    batch = _batch_sentence(record.max_tokens_per_batch, record.per_device_train_batch_size, accumulation,
+                            record.devices)
+    facts = [f"Effective batch: {batch}."] if batch else []
+    if record.hardware:
+        facts.append(f"Hardware: {record.hardware}" + (f", {record.devices} process(es)." if record.devices else "."))
+    if record.training_seconds is not None:
+        facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes.")
+    return " ".join(facts)
+
+
+def _tokenizer_sentence(record: RunRecord) -> str:
+    if record.tokenizer_name or record.model_name_or_path:
+        return f"Tokenizer: reused from `{record.tokenizer_name or record.model_name_or_path}`."
+    return (f"Tokenizer: one joint source+target BPE vocabulary of {record.tokenizer_vocab_size} pieces trained "
             "on the training split (NFC, SentencePiece-style ▁ word starts, `<pad>`=0, `</s>`=1, `<s>`=2, `<unk>`=3).")
 
 
-def _recipe_table(title: str, recipe: Mapping[str, Any], fields: Sequence[str]) -> str:
-    rows = [(f"`{name}`", recipe[name]) for name in fields if recipe.get(name) is not None]
+def _record_table(title: str, record: RunRecord, names: Sequence[str]) -> str:
+    rows = [(f"`{name}`", getattr(record, name)) for name in names if getattr(record, name) is not None]
     return f"**{title}**\n\n" + (_table(("setting", "value"), rows) if rows else "(defaults)")
 
 
-def _results_section(recipe: dict, results: dict) -> str:
-    if not results:
-        return ("## Results\n\nNo results yet: this card was rendered from the recipe, before training. A model "
-                "pushed with `hf_relpos.hub.push_model_folder` carries the scores of its run.")
-    rows = []
-    for prefix, values in results.items():
-        split = RESULT_PREFIXES[prefix]
-        count = values.get(f"{prefix}_samples")
-        rows.append((
-            _split_title(recipe, split) + (f" ({count} pairs)" if count else ""),
-            f"{values[f'{prefix}_bleu']:.2f}",
-            f"{values[f'{prefix}_chrf']:.2f}" if f"{prefix}_chrf" in values else "",
-            f"`{values.get(f'{prefix}_bleu_signature', '')}`",
-        ))
-    caveat = ""
-    if recipe.get("max_eval_samples") and "eval" in results:
-        caveat = f" The validation score covers the first {recipe['max_eval_samples']} pairs only."
-    return (
-        "## Results\n\n"
-        "Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of beam-search translations against the raw, "
-        f"detokenized references.{caveat}\n\n" + _table(("evaluation set", "sacreBLEU", "chrF", "BLEU signature"), rows)
-    )
+def _spread(values: Sequence[float], digits: int = 2) -> str:
+    """The mean, with the range over seeds when they differ."""
+    mean = sum(values) / len(values)
+    if min(values) == max(values):
+        return f"{mean:.{digits}f}"
+    return f"{mean:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+
+
+def _results_section(record: RunRecord, results: dict, trained: bool, published_as: str | None) -> str:
+    parts = ["## Results"]
+    if results:
+        rows = []
+        for prefix, values in results.items():
+            split = RESULT_PREFIXES[prefix]
+            count = values.get(f"{prefix}_samples")
+            rows.append((
+                _split_title(record, split) + (f" ({count} pairs)" if count else ""),
+                f"{values[f'{prefix}_bleu']:.2f}",
+                f"{values[f'{prefix}_chrf']:.2f}" if f"{prefix}_chrf" in values else "",
+                f"`{values.get(f'{prefix}_bleu_signature', '')}`",
+            ))
+        caveat = ""
+        if record.max_eval_samples and "eval" in results:
+            caveat = f" The validation score covers the first {record.max_eval_samples} pairs only."
+        parts.append("Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of beam-search translations of this "
+                     f"model against the raw, detokenized references.{caveat}\n\n"
+                     + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
+    for measurement in record.measurements:
+        rows = [(f"{scores.evaluation_set}, seeds {', '.join(map(str, measurement.seeds))}", _spread(scores.bleu),
+                 _spread(scores.chrf), f"`{scores.signature}`") for scores in measurement.scores]
+        parts.append(
+            f"**{measurement.title}** (record: `{measurement.record}`, {measurement.date})\n\n"
+            f"Trained as `{measurement.trained_as}`; {_spread(measurement.steps, 0)} steps; effective batch "
+            f"{measurement.batch}; hardware: {measurement.hardware}; training time "
+            f"{_spread(measurement.training_minutes, 1)} minutes per run. Setup as the record reports it: "
+            f"{measurement.setup}\n\nMean over seeds (min-max):\n\n"
+            + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
+    if not results and not record.measurements:
+        if trained:
+            parts.append("Not measured: this run wrote no scores.")
+        elif record.dataset_name == "demo":
+            parts.append("Not recorded: `make demo` trains this recipe in minutes and prints its scores; no run of it "
+                         "is committed.")
+        else:
+            parts.append("Never trained in the hf_relpos repository: no record there (docs/results) holds a run of "
+                         "this recipe, so this card reports no scores.")
+    if published_as:
+        parts.append(f"The trained weights are published as [`{published_as}`](https://huggingface.co/{published_as}).")
+    else:
+        parts.append("No published checkpoint: these weights were not pushed to the Hugging Face Hub with this card."
+                     if trained else "No published checkpoint: hf_relpos publishes no trained weights of this "
+                     "recipe; train them with the command above.")
+    return "\n\n".join(parts)
 
 
 def _usage_section(repo_id: str, source: str) -> str:
@@ -414,7 +611,8 @@ translator("{example}")  # [{{"translation_text": "..."}}]
 ```"""
 
 
-def _limitations_section(config: RelPosTransformerConfig, recipe: dict, source: str, target: str) -> str:
+def _limitations_section(config: RelPosTransformerConfig, record: RunRecord) -> str:
+    source, target = record.source_lang, record.target_lang
     items = [
         f"Intended for research on position representations and for {_language(source)}→{_language(target)} "
         "sentence translation in the training domain; it is not a general-purpose or production translation system.",
@@ -424,13 +622,11 @@ def _limitations_section(config: RelPosTransformerConfig, recipe: dict, source: 
         "It reproduces the biases of its training data (e.g. gender stereotypes in the target language) and has "
         "no content filtering.",
     ]
-    if recipe.get("max_source_length"):
-        items.append(f"Training pairs were at most {recipe['max_source_length']} source and "
-                     f"{recipe.get('max_target_length')} target tokens; much longer inputs are out of distribution.")
-    if recipe.get("dataset_name") == "bentrevett/multi30k":
-        items.append("Multi30k holds short image captions; expect poor quality on news, dialogue or technical text.")
-    if recipe.get("dataset_name") == "demo":
-        items.append("The demo corpus is a small generated German-like language, not real German.")
+    if record.max_source_length:
+        items.append(f"Training pairs were at most {record.max_source_length} source and "
+                     f"{record.max_target_length} target tokens; much longer inputs are out of distribution.")
+    if "limitation" in KNOWN_DATASETS.get(record.dataset_name, {}):
+        items.append(KNOWN_DATASETS[record.dataset_name]["limitation"])
     items += _scheme_card(config).limitations_for(config)
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 
@@ -446,10 +642,12 @@ def _table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join(lines)
 
 
-def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLike) -> list[Path]:
-    """Render `<out>/<recipe>.md` for each recipe YAML (a folder stands for its *.yaml files). A recipe that
-    fine-tunes a saved model (`model_name_or_path`) has no architecture of its own and gets no card here: its model's
-    config is known only when it trains (train_translation.py writes that card)."""
+def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLike,
+                        records: Sequence[str | os.PathLike] = ()) -> list[Path]:
+    """Render `<out>/<recipe>.md` for each recipe YAML (a folder stands for its *.yaml files), with the runs of the
+    recipe found in the experiment `records` (`measurements_from_record`). A recipe that fine-tunes a saved model
+    (`model_name_or_path`) has no architecture of its own and gets no card here: its model's config is known only
+    when it trains (train_translation.py writes that card)."""
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
@@ -460,7 +658,10 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         recipe = load_recipe(path)
         if recipe.get("model_name_or_path"):
             continue
-        card = render_model_card(config_from_recipe(recipe), recipe, recipe_name=path.stem)
+        record = RunRecord.from_recipe(recipe)
+        record.measurements = [measurement for record_path in records
+                               for measurement in measurements_from_record(record_path, path.stem, record)]
+        card = render_model_card(config_from_recipe(recipe), record, recipe_name=path.stem)
         target = out / f"{path.stem}.md"
         target.write_text(card, encoding="utf-8")
         written.append(target)
@@ -473,26 +674,26 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
     code, tokenizer. Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
     folder = Path(folder)
-    config_path = folder / CONFIG_FILE
+    config_path = folder / CONFIG_NAME
     if not config_path.is_file():
-        raise ValueError(f"{folder} has no {CONFIG_FILE}: save the model there with save_pretrained first")
+        raise ValueError(f"{folder} has no {CONFIG_NAME}: save the model there with save_pretrained first")
     config = json.loads(config_path.read_text(encoding="utf-8"))
     auto_map = config.get("auto_map") or {}
     if config.get("model_type") != RelPosTransformerConfig.model_type or "AutoModelForSeq2SeqLM" not in auto_map:
         raise ValueError(f"{config_path} is not a RelPosTransformer config with an auto_map for AutoModelForSeq2SeqLM; "
                          "save the model with hf_relpos imported")
-    names = {CONFIG_FILE, *REQUIRED_TOKENIZER_FILES}
-    if (folder / WEIGHTS_INDEX_FILE).is_file():
-        index = json.loads((folder / WEIGHTS_INDEX_FILE).read_text(encoding="utf-8"))
-        names |= {WEIGHTS_INDEX_FILE, *index["weight_map"].values()}
+    names = {CONFIG_NAME, *REQUIRED_TOKENIZER_FILES}
+    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        index = json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text(encoding="utf-8"))
+        names |= {SAFE_WEIGHTS_INDEX_NAME, *index["weight_map"].values()}
     else:
-        names.add(WEIGHTS_FILE)
+        names.add(SAFE_WEIGHTS_NAME)
     for reference in auto_map.values():
         module_file = folder / f"{reference.split('.')[0]}.py"
         names.add(module_file.name)
         if module_file.is_file():
             names |= {Path(path).name for path in get_relative_import_files(str(module_file))}
-    names |= {name for name in (GENERATION_CONFIG_FILE, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
+    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
     missing = sorted(name for name in names if not (folder / name).is_file())
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
@@ -504,7 +705,7 @@ def push_model_folder(
     folder: str | os.PathLike,
     repo_id: str,
     *,
-    recipe: Mapping[str, Any] | None = None,
+    recipe: RunRecord | Mapping[str, Any] | None = None,
     results: Mapping[str, Mapping[str, Any]] | None = None,
     recipe_name: str | None = None,
     card: str | None = None,
@@ -516,19 +717,20 @@ def push_model_folder(
     commit URL.
 
     Pushed: the files of `files_to_push`, `pipeline_relpos.py`, config.json declaring that pipeline, and README.md
-    (`card`, or rendered from the config, `recipe` and `results`; `results` default to the folder's
+    (`card`, or rendered from the config, `recipe` (a `RunRecord` or a recipe YAML dict) and `results`; `results`
+    default to the folder's
     `{eval,test}_results.json`). The folder is only read until the commit succeeds; then README.md,
     pipeline_relpos.py and config.json are written into it, so it matches the repository. A failed upload raises
     `HubPushError` naming the repository and leaves the folder byte-for-byte as it was.
     """
     folder = Path(folder)
     files = files_to_push(folder)
-    config = json.loads(files[CONFIG_FILE].read_text(encoding="utf-8"))
+    config = json.loads(files[CONFIG_NAME].read_text(encoding="utf-8"))
     if card is None:
         results = load_results(folder) if results is None else results
-        card = render_model_card(config, recipe, results, repo_id=repo_id, recipe_name=recipe_name)
+        card = render_model_card(config, recipe, results, repo_id=repo_id, recipe_name=recipe_name, published=True)
     generated = {
-        CONFIG_FILE: _config_json(with_translation_pipeline(config)),
+        CONFIG_NAME: _config_json(with_translation_pipeline(config)),
         PIPELINE_FILE: pipeline_source(),
         CARD_FILE: card,
     }
@@ -545,19 +747,6 @@ def push_model_folder(
                            f"({type(error).__name__}: {error}); nothing in {folder} was changed") from error
     _write_files(folder, generated)
     return commit.commit_url
-
-
-def push_training_output(model_args: Any, data_args: Any, training_args: Any) -> str:
-    """The `push_to_hub: true` hook of train_translation.py: push `output_dir` (model, tokenizer, results) to
-    `hub_model_id` (default: the output folder's name) with a card rendered from the run's arguments."""
-    folder = Path(training_args.output_dir)
-    return push_model_folder(
-        folder,
-        training_args.hub_model_id or folder.resolve().name,
-        recipe=recipe_from_arguments(model_args, data_args, training_args),
-        token=training_args.hub_token,
-        private=training_args.hub_private_repo,
-    )
 
 
 def _config_json(config: Mapping[str, Any]) -> str:
@@ -578,6 +767,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     render = commands.add_parser("render-cards", help="render model_cards/<recipe>.md for recipe YAML files")
     render.add_argument("paths", nargs="+", help="recipe .yaml files or folders of them")
     render.add_argument("--out", default="model_cards", help="output folder (default: model_cards)")
+    render.add_argument("--records", nargs="*", default=[],
+                        help="experiment records (JSON) whose runs of a recipe go into its card's results")
     push = commands.add_parser("push", help="push a trained model folder with its card")
     push.add_argument("folder")
     push.add_argument("repo_id")
@@ -585,7 +776,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     push.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
     if args.command == "render-cards":
-        for path in render_recipe_cards(args.paths, args.out):
+        for path in render_recipe_cards(args.paths, args.out, args.records):
             print(path)
     else:
         recipe = load_recipe(args.recipe) if args.recipe else None

@@ -10,9 +10,8 @@ sec. 3).
 from __future__ import annotations
 
 import copy
-import importlib
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,7 +36,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
@@ -51,20 +50,6 @@ from .positions import (
     get_scheme_class,
     random_positions,
 )
-
-# transformers 5.24 renamed the KV cache, argument and output field, from `past_key_values` to `cache`; the model
-# serves both: it returns the cache under the installed version's field name and accepts either argument name.
-CACHE_FIELD = "cache" if "cache" in {field.name for field in fields(Seq2SeqLMOutput)} else "past_key_values"
-
-
-def cache_argument(cache: Cache | tuple | None, past_key_values: Cache | tuple | None) -> Cache | tuple | None:
-    """The cache passed as `cache` (transformers >= 5.24) or as `past_key_values` (its name before), not both."""
-    if past_key_values is None:
-        return cache
-    if cache is not None:
-        raise ValueError("Pass the cache as `cache` or as `past_key_values` (its name before transformers 5.24), "
-                         "not both")
-    return past_key_values
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -328,11 +313,9 @@ class RelPosLayer(GradientCheckpointingLayer):
         output_attentions: bool = False,
         memory: torch.Tensor | None = None,
         position_context: PositionContext | None = None,
-        past_key_values: Cache | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
-        """The cache comes under the installed transformers' name (`CACHE_FIELD`): that is the keyword
-        `GradientCheckpointingLayer` drops while checkpointing, so the backward replay never writes it twice."""
-        cache = cache_argument(cache, past_key_values)
+        """The cache comes as the keyword `cache`: `GradientCheckpointingLayer` drops it while checkpointing, so the
+        backward replay never writes it twice."""
         if memory is not None and self.pre_norm:
             memory = self.self_attn_layer_norm(memory)
         hidden_states, self_weights = self._residual(
@@ -463,7 +446,7 @@ class RelPosStack(nn.Module):
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
                 position_context=position_context,
-                **{CACHE_FIELD: cache},
+                cache=cache,
             )
             all_self.append(self_weights)
             all_cross.append(cross_weights)
@@ -525,6 +508,7 @@ class RelPosDecoder(RelPosStack):
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
         super().__init__(config, is_decoder=True, cross=cross)
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
@@ -540,15 +524,12 @@ class RelPosDecoder(RelPosStack):
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
         positions: PositionDraw | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `positions`: the positions of the whole output, of which this call's tokens take entries past_length ..
-        past_length + n - 1 (None: see `RelPosStack.key_positions`). `past_key_values`: `cache` under its name
-        before transformers 5.24."""
-        cache = cache_argument(cache, past_key_values)
+        past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
@@ -604,7 +585,7 @@ class RelPosDecoder(RelPosStack):
             attentions=all_self,
             cross_attentions=all_cross,
             mems=new_mems,
-            **{CACHE_FIELD: cache if use_cache else None},
+            cache=cache if use_cache else None,
         )
 
 
@@ -699,6 +680,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         self.encoder.embed_tokens = value
         self.decoder.embed_tokens = value
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
@@ -714,11 +696,10 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         decoder_positions: PositionDraw | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
         """`decoder_positions`: the decoder's positions for the whole output (`PositionDraw`; None: drawn or ordinary,
-        see `RelPosStack.key_positions`); `past_key_values`: `cache` under its name before transformers 5.24."""
+        see `RelPosStack.key_positions`)."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -735,7 +716,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            cache=cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
@@ -751,7 +732,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             encoder_last_hidden_state=encoder_outputs.last_hidden_state,
             encoder_hidden_states=encoder_outputs.hidden_states,
             encoder_attentions=encoder_outputs.attentions,
-            **{CACHE_FIELD: getattr(decoder_outputs, CACHE_FIELD)},
+            cache=decoder_outputs.cache,
         )
 
 
@@ -773,18 +754,6 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         self.register_buffer("final_logits_bias", torch.zeros(1, config.vocab_size))  # Marian/BART's logit bias
         self.post_init()
 
-    @classmethod
-    def from_marian(
-        cls, model_or_path, attention_type: str, **config_overrides
-    ) -> RelPosTransformerForConditionalGeneration:
-        """A `MarianMTModel` (or the folder / Hub id of one) as this model with `attention_type`: same weights,
-        config and generation config; see `hf_relpos.convert.marian_to_relpos`. Needs the installed package: the
-        conversion is no part of the remote code saved with a model, so it is imported by name at call time (an
-        import statement here would make transformers require hf_relpos to load any saved model)."""
-        return importlib.import_module("hf_relpos.convert").marian_to_relpos(
-            model_or_path, attention_type, **config_overrides
-        )
-
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
 
@@ -800,6 +769,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         self.register_buffer("final_logits_bias", new_bias)
         return embeddings
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
@@ -817,12 +787,11 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         decoder_positions: PositionDraw | None = None,
-        past_key_values: Cache | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """`labels` [B, T] (-100 ignored) give the loss; `num_items_in_batch` (passed by the Trainer) is the number of
         labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` as in
-        `RelPosTransformerModel.forward`, as is `past_key_values`."""
+        `RelPosTransformerModel.forward`."""
         if labels is not None:
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -835,7 +804,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            cache=cache_argument(cache, past_key_values),
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -857,7 +826,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             encoder_last_hidden_state=outputs.encoder_last_hidden_state,
             encoder_hidden_states=outputs.encoder_hidden_states,
             encoder_attentions=outputs.encoder_attentions,
-            **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)},
+            cache=outputs.cache,
         )
 
     def generate(self, *args, **kwargs):
@@ -865,9 +834,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         beam search's top-k); with `position_randomization_at_inference` it first draws the decoder's positions for
         the whole output (`draw_output_positions`), unless `decoder_positions` is given."""
         generation_config = kwargs.get("generation_config") or self.generation_config
-        num_beams = kwargs.get("num_beams") or generation_config.num_beams or 1
-        if num_beams > self.config.vocab_size:
-            raise ValueError(f"num_beams ({num_beams}) must not exceed the vocabulary size ({self.config.vocab_size})")
+        check_num_beams(kwargs.get("num_beams") or generation_config.num_beams or 1, self.config.vocab_size)
         if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
             decoder_input_ids = kwargs.get("decoder_input_ids")
             prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
@@ -931,6 +898,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
@@ -946,15 +914,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         positions: PositionDraw | None = None,
-        past_key_values: Cache | list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         **kwargs,
     ) -> RelPosCausalLMOutput | tuple:
         """`labels` are the input ids (shifted inside, -100 ignored; `num_items_in_batch` as in the seq2seq model);
         `mems` continue the previous segment; `positions` those of the whole sequence (`PositionDraw`, see
         `RelPosDecoder.forward`). In memory mode (`mem_len` > 0) the returned cache is `mems`, and a tuple passed as
-        `cache` is taken as `mems` (how `generate` hands it back); `past_key_values`: `cache` under its name before
-        transformers 5.24."""
-        cache = cache_argument(cache, past_key_values)
+        `cache` is taken as `mems` (how `generate` hands it back)."""
         if isinstance(cache, (list, tuple)):
             mems, cache = cache, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -984,7 +949,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             mems=outputs.mems,
             hidden_states=outputs.hidden_states,
             attentions=outputs.attentions,
-            **{CACHE_FIELD: outputs.mems if memory_mode else getattr(outputs, CACHE_FIELD)},
+            cache=outputs.mems if memory_mode else outputs.cache,
         )
 
     def generate(self, *args, **kwargs):
@@ -1004,7 +969,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         """`generate` stores returned `mems` as the cache even with `use_cache=False`; drop them then, so an uncached
         step really recomputes the whole sequence."""
         if not kwargs.get("use_cache", True):
-            kwargs.pop(CACHE_FIELD, None)
+            kwargs.pop("cache", None)
         return super().prepare_inputs_for_generation(input_ids, **kwargs)
 
     def _reorder_cache(self, past, beam_idx: torch.Tensor):
@@ -1015,7 +980,13 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         return tuple(memory.index_select(0, beam_idx.to(memory.device)) for memory in past)
 
 
-# The Trainer's LabelSmoother shifts the labels only for the causal LMs named in this mapping (Trainer.compute_loss;
-# AutoModelForCausalLM.register does not add to it): listed, label_smoothing_factor > 0 scores token t against label
-# t + 1 as the model's own loss does. Here rather than in __init__ so that remote code (trust_remote_code) gets it.
-MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(RelPosTransformerConfig.model_type, RelPosTransformerForCausalLM.__name__)
+def check_num_beams(num_beams: int, vocab_size: int, name: str = "num_beams") -> None:
+    """Refuse a beam wider than the vocabulary (beam search's top-k would fail deep inside `generate`)."""
+    if num_beams > vocab_size:
+        raise ValueError(f"{name} ({num_beams}) is larger than the vocabulary ({vocab_size} tokens)")
+
+
+def meta_model(config: RelPosTransformerConfig) -> RelPosTransformerForConditionalGeneration:
+    """The translation model of `config` on the meta device: its parameter shapes and count, no memory used."""
+    with torch.device("meta"):
+        return RelPosTransformerForConditionalGeneration(config)

@@ -28,6 +28,13 @@ WHITESPACE = re.compile(r"\s+")
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
 
 
+def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None) -> bool:
+    """Whether generated ids (a sequence or 1-d tensor) hold no end token: generation stopped at its length limit and
+    the translation is cut."""
+    ends = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
+    return not ends & set(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)
+
+
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
     break, or at . ! ? … (and CJK 。！？), closing quotes or brackets allowed, followed by whitespace and no
@@ -116,9 +123,7 @@ class TranslationPipeline(ChunkPipeline):
         return [{"translation_text": translation} for translation in translations]
 
     def _warn_if_cut(self, ids: Any) -> None:
-        eos_token_id = self.model.generation_config.eos_token_id
-        ended = set(ids.tolist()) & set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
-        if not ended:
+        if reached_length_limit(ids, self.model.generation_config.eos_token_id):
             logger.warning_once(
                 "A translation reached the maximum length before its end token and is cut: pass a larger "
                 "max_new_tokens (or max_length) to the pipeline call.")

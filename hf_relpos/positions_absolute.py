@@ -15,8 +15,8 @@ def describe(config: Any) -> str:
     return (
         f"Sinusoidal absolute position encodings (Vaswani et al. 2017, sec. 3.5) are added to {scale}; attention "
         "itself has no position term:\n\n"
-        "$$PE_{(p,\\,2i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
-        "PE_{(p,\\,2i+1)} = \\cos\\left(p / 10000^{2i/d}\\right)$$\n\n"
+        "$$PE_{(p,\\,i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
+        "PE_{(p,\\,d/2+i)} = \\cos\\left(p / 10000^{2i/d}\\right), \\qquad 0 \\le i < d/2$$\n\n"
         "They are computed on the fly, so any length has encodings; a cached decoding step gets its true position."
     )
 

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import HfApi, get_token
+from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from .checkpoints import WEIGHTS_FILE, WEIGHTS_INDEX_FILE, find_checkpoints, last_complete_checkpoint
-from .safety import OutputDirError
+from .checkpoints import TRAINER_STATE_FILE, find_checkpoints, last_complete_checkpoint
+from .safety import FINAL_MODEL_STAGING, OutputDirError
 
 CHECKPOINT_GLOB = "checkpoint-*"
 # Files of a finished model: a folder holding one of them loads (or half-loads) as a trained model.
-FINISHED_MODEL_FILES = (WEIGHTS_FILE, WEIGHTS_INDEX_FILE, "config.json")
+FINISHED_MODEL_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, CONFIG_NAME)
 
 
 class PreflightError(RuntimeError):
@@ -89,9 +90,9 @@ def check_hub_login(token: str | None) -> str:
 # What a run of train_translation.py writes into output_dir and a fresh run (overwrite_output_dir) removes first; the
 # generated demo corpus stays (it is regenerated identically from demo_seed).
 PREVIOUS_RUN_PATTERNS = (
-    CHECKPOINT_GLOB, "model*.safetensors", WEIGHTS_INDEX_FILE, "config.json", "generation_config.json",
+    CHECKPOINT_GLOB, "model*.safetensors", SAFE_WEIGHTS_INDEX_NAME, CONFIG_NAME, GENERATION_CONFIG_NAME,
     "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "*_results.json", "*_hypotheses.txt",
-    "trainer_state.json", "training_args.bin", "README.md", ".final-model-staging",
+    TRAINER_STATE_FILE, "training_args.bin", "README.md", FINAL_MODEL_STAGING,
 )
 
 

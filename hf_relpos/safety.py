@@ -7,7 +7,12 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+# train_translation.py saves the final model here inside output_dir, then moves it in (`move_folder_contents`).
+FINAL_MODEL_STAGING = ".final-model-staging"
 
 
 class OutputDirError(ValueError):
@@ -80,6 +85,22 @@ def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, 
             raise ValueError(f"{str(item)!r}: only files can be moved into {str(target)!r}")
         os.replace(item, target / item.name)
     staging.rmdir()
+
+
+@contextmanager
+def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
+    """A new temporary folder beside `output_dir` to fill; when the block ends without an error it is renamed to
+    `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written."""
+    output_dir = Path(output_dir)
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    try:
+        yield staging
+        if output_dir.exists():
+            output_dir.rmdir()
+        os.replace(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:

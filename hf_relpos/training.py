@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import enum
 import logging
 import math
 import os
@@ -32,6 +33,7 @@ from transformers import (
     EvalPrediction,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
+    Trainer,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -39,6 +41,7 @@ from transformers import (
     set_seed,
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from .arguments import (
     MODEL_SECTION,
@@ -46,14 +49,11 @@ from .arguments import (
     ConfigError,
     ModelArguments,
     TranslationTrainingArguments,
-    model_config_fields,  # noqa: F401 - public here too: training.model_config_fields()
     parse_arguments,
 )
 from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
     TRAINER_STATE_FILE,
-    WEIGHTS_FILE,
-    WEIGHTS_INDEX_FILE,
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
@@ -71,9 +71,10 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .hub import CARD_FILE, HubPushError, load_results, push_training_output, recipe_from_arguments, render_model_card
+from .environment import cpu_model_name
+from .hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
 from .metrics import decode_token_ids, generated_lengths, score_translations
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
+from .modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from .preflight import (
     PreflightError,
     ProcessGroupError,
@@ -82,7 +83,14 @@ from .preflight import (
     check_rerun,
     remove_previous_run,
 )
-from .safety import NonFiniteLossError, OutputDirError, check_output_dir, move_folder_contents, write_text_atomic
+from .safety import (
+    FINAL_MODEL_STAGING,
+    NonFiniteLossError,
+    OutputDirError,
+    check_output_dir,
+    move_folder_contents,
+    write_text_atomic,
+)
 from .tokenization import (
     TOKENIZER_FILE,
     has_saved_tokenizer,
@@ -98,8 +106,6 @@ from .tokenization import (
 logger = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
-# The final model is saved here inside output_dir, then moved into output_dir file by file (weights last).
-FINAL_MODEL_STAGING = ".final-model-staging"
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
 # Processes waiting for the main one's data loading and tokenizer training look for its marker file this often, and
@@ -203,6 +209,17 @@ class SamplerEpochCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.sampler.set_epoch(math.floor(state.epoch or 0.0))
+
+
+class CausalLMTrainer(Trainer):
+    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
+    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
+    causal LMs of transformers' own model table)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.label_smoother is not None and self.compute_loss_func is None:
+            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 class TranslationTrainer(Seq2SeqTrainer):
@@ -462,9 +479,10 @@ def _build_model(
 
 
 def _check_num_beams(training_args: TranslationTrainingArguments, vocab_size: int) -> None:
-    if (training_args.generation_num_beams or 1) > vocab_size:
-        raise ConfigError(f"generation_num_beams ({training_args.generation_num_beams}) is larger than the "
-                          f"vocabulary ({vocab_size} tokens)")
+    try:
+        check_num_beams(training_args.generation_num_beams or 1, vocab_size, name="generation_num_beams")
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _estimated_weight_bytes(model_args: ModelArguments) -> int | None:
@@ -478,9 +496,7 @@ def _estimated_weight_bytes(model_args: ModelArguments) -> int | None:
                                                              cache_dir=model_args.cache_dir, **model_args.model_config)
     except (OSError, ValueError, TypeError):
         return None
-    with torch.device("meta"):
-        model = RelPosTransformerForConditionalGeneration(config)
-    return sum(parameter.numel() * parameter.element_size() for parameter in model.parameters())
+    return sum(parameter.numel() * parameter.element_size() for parameter in meta_model(config).parameters())
 
 
 def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArguments) -> int:
@@ -505,8 +521,8 @@ def save_final_model(trainer: TranslationTrainer) -> None:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.save_model(str(staging))
     if trainer.args.should_save:
-        weights = WEIGHTS_INDEX_FILE if (staging / WEIGHTS_INDEX_FILE).is_file() else WEIGHTS_FILE
-        for name in (WEIGHTS_FILE, WEIGHTS_INDEX_FILE):
+        weights = SAFE_WEIGHTS_INDEX_NAME if (staging / SAFE_WEIGHTS_INDEX_NAME).is_file() else SAFE_WEIGHTS_NAME
+        for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)
         move_folder_contents(staging, output_dir, last=weights)
 
@@ -647,22 +663,98 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         metrics = dict(prediction.metrics, test_samples=len(evaluation_sets["test"].order))
         _report(trainer, "test", metrics)
         results["test"] = metrics
-    if training_args.do_train and training_args.should_save:
-        write_model_card(model, model_args, data_args, training_args)
-    if push_to_hub and training_args.should_save:
-        push_training_output(model_args, data_args, training_args)
+    if training_args.should_save and (training_args.do_train or push_to_hub):
+        record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+        if training_args.do_train:
+            write_model_card(model, record, training_args)
+        if push_to_hub:
+            push_training_output(record, training_args)
     return results
 
 
-def write_model_card(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
-                     data_args: DataArguments, training_args: TranslationTrainingArguments) -> Path:
-    """output_dir/README.md: the model card of this run (recipe and scores), as run_translation's
+def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+               training_seconds: float | None = None) -> RunRecord:
+    """This run as its model card describes it: the recipe fields from the parsed arguments, the processes, the
+    hardware and (after training) the training time."""
+    steps_or_epochs = ({"max_steps": training_args.max_steps} if training_args.max_steps > 0
+                       else {"num_train_epochs": training_args.num_train_epochs})
+    return RunRecord(
+        model=dict(model_args.model_config),
+        source_lang=data_args.source_lang,
+        target_lang=data_args.target_lang,
+        validation_split_name=data_args.validation_split_name,
+        test_split_name=data_args.test_split_name,
+        dataset_name=data_args.dataset_name,
+        dataset_config_name=data_args.dataset_config_name,
+        train_file=data_args.train_file,
+        validation_file=data_args.validation_file,
+        test_file=data_args.test_file,
+        max_train_samples=data_args.max_train_samples,
+        max_eval_samples=data_args.max_eval_samples,
+        max_predict_samples=data_args.max_predict_samples,
+        max_source_length=data_args.max_source_length,
+        max_target_length=data_args.max_target_length,
+        overlong_pairs=data_args.overlong_pairs,
+        model_name_or_path=model_args.model_name_or_path,
+        tokenizer_name=model_args.tokenizer_name,
+        tokenizer_vocab_size=model_args.tokenizer_vocab_size,
+        **steps_or_epochs,
+        max_tokens_per_batch=training_args.max_tokens_per_batch,
+        length_pool_factor=training_args.length_pool_factor,
+        per_device_train_batch_size=(training_args.per_device_train_batch_size
+                                     if training_args.max_tokens_per_batch is None else None),
+        gradient_accumulation_steps=training_args.gradient_accumulation_steps,
+        optim=_plain(training_args.optim),
+        adam_beta1=training_args.adam_beta1,
+        adam_beta2=training_args.adam_beta2,
+        adam_epsilon=training_args.adam_epsilon,
+        weight_decay=training_args.weight_decay,
+        learning_rate=training_args.learning_rate,
+        lr_scheduler_type=_plain(training_args.lr_scheduler_type),
+        warmup_steps=training_args.warmup_steps,
+        label_smoothing_factor=training_args.label_smoothing_factor,
+        max_grad_norm=training_args.max_grad_norm,
+        bf16=training_args.bf16,
+        fp16=training_args.fp16,
+        seed=training_args.seed,
+        generation_num_beams=training_args.generation_num_beams,
+        generation_length_penalty=training_args.generation_length_penalty,
+        generation_max_length_offset=training_args.generation_max_length_offset,
+        devices=training_args.world_size,
+        hardware=_hardware_name(training_args),
+        training_seconds=training_seconds,
+    )
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _hardware_name(training_args: TranslationTrainingArguments) -> str:
+    """The accelerator this process trained on (its name), else the CPU's."""
+    device = training_args.device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type.upper() if device.type != "cpu" else f"CPU: {cpu_model_name()}"
+
+
+def write_model_card(model: RelPosTransformerForConditionalGeneration, record: RunRecord,
+                     training_args: TranslationTrainingArguments) -> Path:
+    """output_dir/README.md: the model card of this run (recipe, run facts and scores), as run_translation's
     `create_model_card` writes one, so a folder uploaded by hand is documented."""
     path = Path(training_args.output_dir) / CARD_FILE
-    card = render_model_card(model.config, recipe_from_arguments(model_args, data_args, training_args),
-                             load_results(training_args.output_dir), repo_id=training_args.hub_model_id)
+    card = render_model_card(model.config, record, load_results(training_args.output_dir),
+                             repo_id=training_args.hub_model_id)
     write_text_atomic(path, card)
     return path
+
+
+def push_training_output(record: RunRecord, training_args: TranslationTrainingArguments) -> str:
+    """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_model_id` (default: the output
+    folder's name) with the card of this run."""
+    folder = Path(training_args.output_dir)
+    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name, recipe=record,
+                             token=training_args.hub_token, private=training_args.hub_private_repo)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

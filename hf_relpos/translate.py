@@ -27,6 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 
 from .arguments import attention_implementations, check_attn_implementation
 from .metrics import score_translations
+from .pipeline_relpos import reached_length_limit
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -68,7 +69,7 @@ def translate_lines(
             with torch.inference_mode():
                 output_ids = model.generate(**inputs.to(model.device), **generate_kwargs)
             for position, ids in zip(batch, output_ids, strict=True):
-                cut += int(eos_token_id not in ids.tolist())
+                cut += reached_length_limit(ids, eos_token_id)
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 translations[wanted[position]] = " ".join(text.splitlines())
             bar.update(len(batch))

@@ -1,4 +1,4 @@
-"""A MarianMT model converted to hf_relpos (`from_marian`, `python -m hf_relpos.convert marian`): with `absolute` it is
+"""A MarianMT model converted to hf_relpos (`marian_to_relpos`, `python -m hf_relpos.convert marian`): with `absolute` it is
 the same model (logits, beam search); with a relative scheme the sinusoids go and the scheme starts neutral; the
 converted folder fine-tunes with train_translation.py as it is."""
 
@@ -16,7 +16,7 @@ from conftest import SCHEMES
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.convert import convert_marian, main
+from hf_relpos.convert import convert_marian, main, marian_to_relpos
 from hf_relpos.demo_corpus import write_demo_corpus
 from hf_relpos.tokenization import train_joint_tokenizer
 from hf_relpos.training import parse_arguments
@@ -64,7 +64,7 @@ def logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
     marian = marian_model()
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type="absolute")
+    converted = marian_to_relpos(marian, attention_type="absolute")
     assert not converted.training and converted.config.layer_norm_position == "post"
     batch = padded_batch()
     assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
@@ -81,7 +81,7 @@ def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
 
 def test_every_marian_weight_is_copied_and_final_logits_bias_is_used():
     marian = marian_model()
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type="absolute")
+    converted = marian_to_relpos(marian, attention_type="absolute")
     source, target = marian.state_dict(), converted.state_dict()
     for name, tensor in source.items():
         if ".embed_positions." not in name:
@@ -99,7 +99,7 @@ def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(sch
     """Converted to a relative scheme, the model is Marian without its position table (zero parameters add nothing),
     and the new parameters still receive gradient. In float64, where both compute the same sums in the same order."""
     marian = marian_model().double()
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, attention_type=scheme)
+    converted = marian_to_relpos(marian, attention_type=scheme)
     scheme_parameters = [p for stack in (converted.model.encoder, converted.model.decoder)
                          for p in stack.positions.parameters()]
     assert scheme_parameters and all(not p.any() for p in scheme_parameters)
@@ -116,24 +116,24 @@ def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(sch
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_every_registered_scheme_takes_every_marian_weight(scheme):
-    """Whatever the scheme, the Marian weights all land (strict mapping inside `from_marian`) and the model runs;
+    """Whatever the scheme, the Marian weights all land (strict mapping inside `marian_to_relpos`) and the model runs;
     only the scheme's own parameters are new, and they start where `start_neutral` puts them."""
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type=scheme)
+    converted = marian_to_relpos(marian_model(), attention_type=scheme)
     assert converted.config.attention_type == scheme
     assert torch.isfinite(logits(converted, padded_batch())).all()
 
 
 def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
-    converted = RelPosTransformerForConditionalGeneration.from_marian(
+    converted = marian_to_relpos(
         marian_model(), attention_type="shaw", max_relative_position=5, dropout=0.0)
     assert converted.config.max_relative_position == 5 and converted.config.dropout == 0.0
     assert converted.model.encoder.positions.relative_keys.shape[1] == 11
     with pytest.raises(ValueError, match="attention_type must be one of"):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="sinusoid")
+        marian_to_relpos(marian_model(), attention_type="sinusoid")
     with pytest.raises(ValueError, match="max_relative_position"):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", max_relative_position=-1)
+        marian_to_relpos(marian_model(), "shaw", max_relative_position=-1)
     with pytest.raises(ValueError, match="d_model, layer_norm_position come.s. from the Marian model"):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "shaw", d_model=64,
+        marian_to_relpos(marian_model(), "shaw", d_model=64,
                                                               layer_norm_position="pre")
 
 
@@ -148,7 +148,7 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
 def test_marian_features_hf_relpos_lacks_are_refused(overrides, message):
     """Separate vocabularies, or an odd d_model (Marian puts one more sine than cosine there)."""
     with pytest.raises(ValueError, match=message):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(**overrides), attention_type="absolute")
+        marian_to_relpos(marian_model(**overrides), attention_type="absolute")
 
 
 @pytest.fixture(scope="module")
@@ -178,7 +178,7 @@ def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_pat
     assert json.loads((output / "generation_config.json").read_text())["decoder_start_token_id"] == PAD
     source_tokenizer = AutoTokenizer.from_pretrained(marian_folder / "model")
     assert AutoTokenizer.from_pretrained(output)("Der Mann.").input_ids == source_tokenizer("Der Mann.").input_ids
-    expected = RelPosTransformerForConditionalGeneration.from_marian(marian_folder / "model", "shaw",
+    expected = marian_to_relpos(marian_folder / "model", "shaw",
                                                                    max_relative_position=6)
     batch = padded_batch(len(source_tokenizer))
     assert torch.equal(logits(loaded.eval(), batch), logits(expected, batch))
@@ -241,7 +241,7 @@ def test_train_translation_fine_tunes_a_converted_model_as_it_is(marian_folder, 
 
 
 def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian_model(), attention_type="shaw")
+    converted = marian_to_relpos(marian_model(), attention_type="shaw")
     bias = converted.final_logits_bias.clone()
     converted.resize_token_embeddings(64)
     assert converted.final_logits_bias.shape == (1, 64) and torch.equal(converted.final_logits_bias[:, :60], bias)
@@ -377,7 +377,7 @@ def float64_marian() -> MarianMTModel:
 @pytest.mark.parametrize("scheme", NEUTRAL_ON_TOP)
 def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search(scheme):
     marian = float64_marian()
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, scheme, keep_absolute_positions=True)
+    converted = marian_to_relpos(marian, scheme, keep_absolute_positions=True)
     assert converted.config.keep_absolute_positions and converted.dtype == torch.float64
     assert all(not p.any() for stack in (converted.model.encoder, converted.model.decoder)
                for p in stack.positions.parameters())
@@ -394,7 +394,7 @@ def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search
 def test_hybrid_conversion_in_float32_generates_as_marian():
     """The float32 model as saved: Marian's float32-rounded table against the sinusoids computed on the fly."""
     marian = marian_model()
-    converted = RelPosTransformerForConditionalGeneration.from_marian(marian, "shaw", keep_absolute_positions=True)
+    converted = marian_to_relpos(marian, "shaw", keep_absolute_positions=True)
     batch = padded_batch()
     assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-4   # float32 rounding of |logits| ~ 5
     generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
@@ -409,7 +409,7 @@ def test_hybrid_conversion_in_float32_generates_as_marian():
 def test_hybrid_relative_terms_get_gradients_from_the_neutral_start(scheme, learned):
     """Zero tables are neutral, not dead: one backward pass reaches a^K and a^V (Shaw), W_kR (XL), the bucket biases
     (T5) in both stacks."""
-    converted = RelPosTransformerForConditionalGeneration.from_marian(float64_marian(), scheme,
+    converted = marian_to_relpos(float64_marian(), scheme,
                                                                     keep_absolute_positions=True).train()
     batch = padded_batch()
     converted(**batch, labels=batch["decoder_input_ids"]).loss.backward()
@@ -423,12 +423,12 @@ def test_hybrid_relative_terms_get_gradients_from_the_neutral_start(scheme, lear
 def test_hybrid_conversion_refuses_schemes_without_an_exact_neutral_start(scheme):
     with pytest.raises(ValueError, match=rf"attention_type '{scheme}' cannot be added to the kept absolute positions: "
                                          rf"after start_neutral\(\) {NOT_NEUTRAL[scheme]}"):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), scheme, keep_absolute_positions=True)
+        marian_to_relpos(marian_model(), scheme, keep_absolute_positions=True)
 
 
 def test_hybrid_conversion_of_absolute_is_refused_by_the_config():
     with pytest.raises(ValueError, match="keep_absolute_positions must be false with attention_type 'absolute'"):
-        RelPosTransformerForConditionalGeneration.from_marian(marian_model(), "absolute", keep_absolute_positions=True)
+        marian_to_relpos(marian_model(), "absolute", keep_absolute_positions=True)
 
 
 def test_cli_keep_absolute_positions_writes_the_hybrid(marian_folder, tmp_path):

@@ -22,7 +22,7 @@ from transformers import pipeline
 import hf_relpos
 from hf_relpos import hub, preflight
 from hf_relpos.metrics import score_translations
-from hf_relpos.training import parse_arguments, run
+from hf_relpos.training import parse_arguments, push_training_output, run, run_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
@@ -58,7 +58,7 @@ SCHEME_SETTINGS = {
     "rope": {"rope_theta": 500.0, "rotary_dim": 6},
 }
 SCHEME_TEXT = {
-    "absolute": ["PE_{(p,\\,2i)}", "sin"],
+    "absolute": ["PE_{(p,\\,i)} = \\sin", "PE_{(p,\\,d/2+i)} = \\cos", "0 \\le i < d/2"],
     "shaw": ["| `max_relative_position` (k) | 8 |", "one table per head", "2k+1 = 17", "a^K_{ij}", "$a^K$ ("],
     "xl": ["| `clamp_len` | 32 |", "clamped to ±32", "shared by all layers of a stack (tied)", "W_{k,R} R_{i-j}"],
     "directional": ["forward, backward, both, forward", "forward: j ≤ i", "M^h_{ij}"],
@@ -74,6 +74,9 @@ BIBTEX_KEYS = {"absolute": set(), "shaw": {"shaw2018self"}, "xl": {"dai2019trans
                "directional": {"shen2018disan"}, "none": {"kazemnejad2023impact"}, "alibi": {"press2022train"},
                "t5": {"raffel2020exploring"}, "rope": {"su2024roformer"}}
 UNTAGGED_AS_RELATIVE = {"absolute", "none"}
+# The committed experiment records whose runs of a recipe go into its card (`render-cards --records`).
+RECIPE_RECORDS = ["docs/results/convergence/recipes_seeds_1_2/convergence.json",
+                  "docs/results/vs_marian/recipes_equal_budget/vs_marian.json"]
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
@@ -201,7 +204,9 @@ def test_card_without_results_has_no_model_index():
     card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe, recipe_name="multi30k_small_xl"))
     assert "model-index" not in card.content and card.data.eval_results is None
     assert card.data.datasets == ["bentrevett/multi30k"]
-    assert "No results yet" in card.text and "python train_translation.py configs/multi30k_small_xl.yaml" in card.text
+    assert "python train_translation.py configs/multi30k_small_xl.yaml" in card.text
+    assert "Never trained in the hf_relpos repository" in card.text  # no record given
+    assert "No published checkpoint: hf_relpos publishes no trained weights of this recipe" in card.text
 
 
 def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
@@ -213,9 +218,11 @@ def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
     assert (result.dataset_type, result.dataset_name, result.dataset_split) == ("custom", "news_test.jsonl", "test")
 
 
-def test_recipe_cards_in_model_cards_are_current(tmp_path):
-    """model_cards/ holds `python -m hf_relpos.hub render-cards configs/ --out model_cards/` as it renders today."""
-    rendered = hub.render_recipe_cards([REPO_ROOT / "configs"], tmp_path)
+def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
+    """model_cards/ holds `python -m hf_relpos.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
+    it renders today."""
+    monkeypatch.chdir(REPO_ROOT)  # the cards cite the records by their paths in the repository
+    rendered = hub.render_recipe_cards(["configs"], tmp_path, RECIPE_RECORDS)
     names = {path.name for path in rendered}
     assert {"wmt14_en_de_base_shaw.md", "wmt14_en_de_big_shaw.md", "multi30k_small_directional.md"} <= names
     for path in rendered:
@@ -227,6 +234,83 @@ def test_recipe_cards_in_model_cards_are_current(tmp_path):
     assert "| token embeddings at initialisation | N(0, d_model^-0.5) |" in big.text
     small = ModelCard((tmp_path / "multi30k_small_shaw.md").read_text())
     assert "| token embeddings at initialisation | N(0, 0.02) |" in small.text
+
+
+def record_runs(record: str, recipe: str) -> dict[str, list[dict]]:
+    """The runs of a recipe in a committed record, by system."""
+    runs = json.loads((REPO_ROOT / record).read_text())["runs"]
+    of_recipe = {system: [run for run in group if "argv" in run and Path(run["argv"][0]).stem == recipe]
+                 for system, group in runs.items()}
+    return {system: group for system, group in of_recipe.items() if group}
+
+
+@pytest.mark.parametrize("scheme", ["absolute", "shaw", "xl", "directional"])
+def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(scheme, monkeypatch):
+    """A multi30k_small card's results come from the committed records, each table citing its record: mean (min-max)
+    test BLEU and chrF over the record's seeds, the BLEU signature, the batch per update, the device and the training
+    minutes per run; and it says that no checkpoint is published."""
+    monkeypatch.chdir(REPO_ROOT)
+    name = f"multi30k_small_{scheme}"
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
+    record = hub.RunRecord.from_recipe(recipe)
+    record.measurements = [measurement for path in RECIPE_RECORDS
+                           for measurement in hub.measurements_from_record(path, name, record)]
+    text = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), record, recipe_name=name)).text
+    convergence = record_runs(RECIPE_RECORDS[0], name)[scheme]
+    bleu = [run["scores"]["averaged"]["test"]["bleu"] for run in convergence]
+    chrf = [run["scores"]["averaged"]["test"]["chrf"] for run in convergence]
+    minutes = [run["train_seconds"] / 60 for run in convergence]
+    assert (f"| Multi30k test2016 (Flickr), average of the last 5 checkpoints, seeds 1, 2 | {sum(bleu) / 2:.2f} "
+            f"({min(bleu):.2f}-{max(bleu):.2f}) | {sum(chrf) / 2:.2f} ({min(chrf):.2f}-{max(chrf):.2f}) | "
+            "`nrefs:1\\|case:mixed\\|eff:no\\|tok:13a\\|smooth:exp\\|version:2.6.0` |") in text
+    assert f"(record: `{RECIPE_RECORDS[0]}`, 2026-11-25)" in text
+    assert (f"effective batch {recipe['max_tokens_per_batch']} tokens (padded, on the source and on the target side "
+            f"each) per update ({recipe['max_tokens_per_batch']} per device and step x 1 device(s) x 1 accumulation "
+            "step(s)); hardware: NVIDIA H100 80GB HBM3") in text
+    assert f"training time {sum(minutes) / 2:.1f} ({min(minutes):.1f}-{max(minutes):.1f}) minutes per run" in text
+    ((system, equal_budget),) = record_runs(RECIPE_RECORDS[1], name).items()
+    test_bleu = [run["scores"]["test"]["bleu"] for run in equal_budget]
+    assert f"| Multi30k test2016 (Flickr), seeds 1, 2, 3 | {sum(test_bleu) / 3:.2f} (" in text
+    assert f"(record: `{RECIPE_RECORDS[1]}`, 2026-11-25)" in text
+    assert "effective batch 1280 tokens" in text and "hardware: CPU: Intel(R) Xeon(R) Processor" in text
+    assert "No published checkpoint" in text and "Never trained" not in text
+
+
+def test_unmeasured_recipe_cards_say_they_were_never_trained(monkeypatch):
+    monkeypatch.chdir(REPO_ROOT)
+    for name in ("wmt14_en_de_base_shaw", "wmt14_en_de_big_shaw"):
+        recipe = hub.load_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
+        record = hub.RunRecord.from_recipe(recipe)
+        record.measurements = [measurement for path in RECIPE_RECORDS
+                               for measurement in hub.measurements_from_record(path, name, record)]
+        assert record.measurements == []
+        text = hub.render_model_card(hub.config_from_recipe(recipe), record, recipe_name=name)
+        assert "Never trained in the hf_relpos repository: no record there (docs/results) holds a run" in text
+        assert "No published checkpoint: hf_relpos publishes no trained weights of this recipe" in text
+        assert (f"Effective batch: {recipe['max_tokens_per_batch']} tokens (padded, on the source and on the target "
+                f"side each) per update and device ({recipe['max_tokens_per_batch']} per step x "
+                f"{recipe['gradient_accumulation_steps']} accumulation step(s)), times the number of devices.") in text
+
+
+def test_the_record_fields_are_train_translation_arguments():
+    """The card lists a record field under its name as a train_translation.py argument: every recipe field of
+    `RunRecord` is one (a renamed argument fails here, not silently on every card), and `run_record` fills them all
+    from parsed arguments, with the run's devices and hardware."""
+    from hf_relpos.arguments import _argument_fields
+    from hf_relpos.training import run_record
+
+    assert set(hub.RunRecord.recipe_fields()) <= set(_argument_fields())
+    model_args, data_args, training_args = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"),
+                                                            "--gradient_accumulation_steps", "3"])
+    record = run_record(model_args, data_args, training_args, training_seconds=90.0)
+    assert record.model == model_args.model_config and record.dataset_name == "demo"
+    assert (record.max_tokens_per_batch, record.gradient_accumulation_steps, record.devices) == (512, 3, 1)
+    assert record.hardware.startswith("CPU: ")
+    text = hub.render_model_card(hf_relpos.RelPosTransformerConfig(**model_args.model_config), record)
+    assert ("Effective batch: 1536 tokens (padded, on the source and on the target side each) per update (512 per "
+            "device and step x 1 device(s) x 3 accumulation step(s)).") in text
+    assert f"Hardware: {record.hardware}, 1 process(es). Training time: 1.5 minutes." in text
+    assert "No published checkpoint: these weights were not pushed to the Hugging Face Hub" in text
 
 
 # --------------------------------------------------------------------------------------------------- pushing
@@ -289,13 +373,14 @@ def test_training_hook_pushes_output_dir_with_the_run_recipe(output_folder, fake
     """What train_translation.py calls after evaluation when the YAML says push_to_hub: true."""
     arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder),
                                  "--push_to_hub", "true", "--hub_model_id", "me/demo-shaw", "--learning_rate", "0.003"])
-    hub.push_training_output(*arguments)
+    push_training_output(run_record(*arguments), arguments[2])
     (commit,) = fake_hub.commits
     assert commit["repo_id"] == "me/demo-shaw"
     card = ModelCard(commit["files"]["README.md"].decode())
     assert "| `learning_rate` | 0.003 |" in card.text and "| `max_tokens_per_batch` | 512 |" in card.text
     assert "trained on hf_relpos demo corpus" in card.text and card.data.datasets is None
     assert {r.dataset_split for r in card.data.eval_results} == {"validation", "test"}
+    assert "The trained weights are published as [`me/demo-shaw`](https://huggingface.co/me/demo-shaw)." in card.text
 
 
 def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake_hub):

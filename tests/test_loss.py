@@ -6,10 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import tiny_config
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments, default_data_collator
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainingArguments, default_data_collator
 
 import hf_relpos
 from hf_relpos import shift_tokens_right
+from hf_relpos.training import CausalLMTrainer
 
 LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
 
@@ -66,7 +67,7 @@ def trainer_gradient(model, examples, label_smoothing: float, tmp_path) -> dict[
         seed=0, dataloader_num_workers=0,
     )
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
-    trainer_class = Seq2SeqTrainer if seq2seq else Trainer
+    trainer_class = Seq2SeqTrainer if seq2seq else CausalLMTrainer
     trainer_class(model=model, args=args, train_dataset=examples, data_collator=default_data_collator).train()
     return {name: before[name] - parameter.detach() for name, parameter in model.named_parameters()}
 
@@ -95,8 +96,8 @@ def tiny_float64(model_class):
 def test_gradient_accumulation_weighs_every_token_alike(model_class, label_smoothing, tmp_path):
     """The Trainer counts the labelled tokens of both micro-batches (`num_items_in_batch`); the model's loss (or
     the Trainer's LabelSmoother, which takes over the loss when label_smoothing_factor > 0) divides by that count,
-    so the applied gradient is the one of the mean over all tokens of the step. The LabelSmoother scores the causal
-    LM's token t against label t+1 as the model's own loss does (it shifts for the causal LMs transformers lists)."""
+    so the applied gradient is the one of the mean over all tokens of the step. Under `CausalLMTrainer` the
+    LabelSmoother scores the causal LM's token t against label t+1 as the model's own loss does."""
     examples = seq2seq_examples() if model_class is hf_relpos.RelPosTransformerForConditionalGeneration else (
         causal_examples())
     expected = reference_gradient(tiny_float64(model_class), examples, label_smoothing)

@@ -18,7 +18,7 @@ from conftest import (
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos.modeling_relpos import CACHE_FIELD, RelPosAttention, with_scheme_mask
+from hf_relpos.modeling_relpos import RelPosAttention, with_scheme_mask
 from hf_relpos.positions import PositionContext
 
 
@@ -145,9 +145,10 @@ def test_cached_generation_equals_uncached(attention_type, num_beams):
 
 
 @pytest.mark.parametrize("argument", ["cache", "past_key_values"])
-def test_the_kv_cache_is_taken_under_its_names_since_and_before_transformers_5_24(argument):
-    """transformers 5.24 renamed `past_key_values` to `cache`: step-by-step decoding that hands the returned cache back
-    under either name gives the teacher-forced logits (float64); both names at once are refused."""
+def test_the_kv_cache_is_taken_as_cache_and_under_its_deprecated_name(argument):
+    """The cache argument is `cache`, as in transformers' own models; `past_key_values` is still taken (deprecated,
+    as Marian takes it): step-by-step decoding that hands the returned cache back under either name gives the
+    teacher-forced logits (float64); both names at once are refused."""
     model = tiny_model("shaw", seed=1).double()
     input_ids, attention_mask, _ = padded_batch()
     decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(3))
@@ -159,17 +160,17 @@ def test_the_kv_cache_is_taken_under_its_names_since_and_before_transformers_5_2
         for step in range(decoder_input_ids.size(1)):
             out = model(decoder_input_ids=decoder_input_ids[:, step:step + 1], use_cache=True, **inputs,
                         **{argument: cache})
-            cache = getattr(out, CACHE_FIELD)
+            cache = out.cache
             steps.append(out.logits)
         assert cache.get_seq_length() == decoder_input_ids.size(1)
         assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
-        with pytest.raises(ValueError, match="Pass the cache as `cache` or as `past_key_values`"):
+        with pytest.raises(ValueError, match="Both `past_key_values` and `cache` are set"):
             model(decoder_input_ids=decoder_input_ids[:, :1], cache=cache, past_key_values=cache, **inputs)
 
 
 def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
-    """Under gradient checkpointing `GradientCheckpointingLayer` withholds the cache from each layer (by the name the
-    installed transformers uses), so recomputing a layer in the backward pass cannot write its keys a second time:
+    """Under gradient checkpointing `GradientCheckpointingLayer` withholds the cache (`cache=`) from each layer, so
+    recomputing a layer in the backward pass cannot write its keys a second time:
     the returned cache stays empty and the gradients equal those of a run without checkpointing or cache."""
     input_ids, attention_mask, _ = padded_batch()
     decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
@@ -182,7 +183,7 @@ def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
                     use_cache=checkpointing)
         out.logits.square().sum().backward()
         gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
-    assert getattr(out, CACHE_FIELD).get_seq_length() == 0
+    assert out.cache.get_seq_length() == 0
     assert (gradients[0] - gradients[1]).abs().max() < 1e-12
 
 
@@ -528,7 +529,7 @@ def test_randomized_inference_decoding_steps_reuse_one_draw(attention_type):
         cache, steps = None, []
         for start, end in ((0, 2), (2, 3), (3, 4), (4, 6)):  # a two-token prompt, then single tokens and a pair
             out = model(decoder_input_ids=decoder_input_ids[:, start:end], cache=cache, use_cache=True, **inputs)
-            cache = getattr(out, CACHE_FIELD)
+            cache = out.cache
             steps.append(out.logits)
     assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
     with torch.no_grad():
@@ -596,7 +597,7 @@ def test_randomized_inference_errors_name_the_field():
         first = model(input_ids=input_ids, decoder_input_ids=torch.full((3, 1), 2), use_cache=True)
         with pytest.raises(ValueError, match="position_randomization_at_inference: a decoding step after cached"):
             model(encoder_outputs=(first.encoder_last_hidden_state,), decoder_input_ids=torch.full((3, 1), 5),
-                  cache=getattr(first, CACHE_FIELD), use_cache=True)
+                  cache=first.cache, use_cache=True)
         with pytest.raises(ValueError, match="decoder_positions hold 1 positions, but the decoder reached 2 tokens"):
             model(input_ids=input_ids, decoder_input_ids=torch.full((3, 2), 5),
                   decoder_positions=hf_relpos.PositionDraw(torch.tensor([3])))
@@ -608,3 +609,16 @@ def test_randomized_inference_errors_name_the_field():
         "xl", mem_len=4, position_randomization_max=40, position_randomization_at_inference=True)).eval()
     with torch.no_grad(), pytest.raises(ValueError, match="does not work with a Transformer-XL memory"):
         memory_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2)
+
+
+def test_generate_refuses_a_beam_wider_than_the_vocabulary():
+    """One check for the model and train_translation.py (`check_num_beams`): beam search's top-k would fail deep
+    inside `generate`; here it is one error naming the argument. A beam as wide as the vocabulary runs."""
+    model = tiny_model("shaw", seed=1).eval()
+    input_ids, attention_mask, _ = padded_batch()
+    vocabulary = model.config.vocab_size
+    with pytest.raises(ValueError, match=rf"^num_beams \({vocabulary + 1}\) is larger than the vocabulary "
+                                         rf"\({vocabulary} tokens\)$"):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary + 1, max_new_tokens=2)
+    output = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary, max_new_tokens=2)
+    assert output.shape[0] == input_ids.shape[0]

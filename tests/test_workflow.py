@@ -5,6 +5,7 @@ generation settings."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import subprocess
@@ -209,7 +210,8 @@ def test_a_stale_tokenizer_is_never_reused_silently(tmp_path, corpus, monkeypatc
 # --- 3. evaluating a saved model with the recipe -------------------------------------------------------------------
 
 
-def test_evaluation_with_the_recipe_refuses_shape_changes_in_one_line(trained, tmp_path):
+def test_evaluation_refuses_a_command_line_flag_that_changes_the_shapes_in_one_line(trained, tmp_path):
+    """Only the flag is named: the recipe's differing max_relative_position is ignored when evaluating."""
     output_dir, config, _ = trained
     with pytest.raises(ConfigError) as refused:
         parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
@@ -218,17 +220,37 @@ def test_evaluation_with_the_recipe_refuses_shape_changes_in_one_line(trained, t
     assert "\n" not in message
     assert message == (
         f"model_name_or_path {str(output_dir)!r}: its saved config is the architecture, but model: "
-        "encoder_ffn_dim=96 (saved: 64), max_relative_position=4 (saved: 2) would change the shapes of its weights; "
+        "encoder_ffn_dim=96 (saved: 64) would change the shapes of its weights; "
         "remove them from the 'model:' section or the flags (or set the saved values)")
 
 
-def test_evaluation_takes_the_saved_architecture_and_fine_tuning_overrides(trained, tmp_path, capsys):
+def test_evaluation_ignores_the_recipes_differing_model_fields_with_one_warning(trained, caplog):
+    """The recipe says max_relative_position 4, the saved model has 2 (its other model: fields are the saved values):
+    that field is named, in one warning, and nothing overrides the saved config."""
+    output_dir, config, _ = trained
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.arguments"):
+        model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train",
+                                            "false"])
+    assert model_args.model_config == {}
+    warnings = [record.getMessage() for record in caplog.records if record.name == "hf_relpos.arguments"]
+    assert warnings == [f"model_name_or_path {str(output_dir)!r}: its saved config is the architecture; the recipe's "
+                        "model: max_relative_position=4 (saved: 2) differ from it and are ignored"]
+
+
+def test_fine_tuning_refuses_the_recipes_shape_changes(trained, tmp_path):
+    """Training from a saved model: a recipe field that would change the weights' shapes is still an error."""
+    output_dir, config, _ = trained
+    with pytest.raises(ConfigError, match=r"model: max_relative_position=4 \(saved: 2\) would change the shapes"):
+        parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--output_dir", str(tmp_path / "ft")])
+
+
+def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trained, tmp_path, capsys):
     output_dir, config, results = trained
     model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
-                                        "--model.max_relative_position", "2", "--model.dropout", "0.3"])
-    assert model_args.model_config == {"dropout": 0.3}  # the other model: keys equal the saved config
+                                        "--model.dropout", "0.3"])
+    assert model_args.model_config == {"dropout": 0.3}  # the flag; the recipe's max_relative_position is ignored
     evaluated = run([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
-                     "--model.max_relative_position", "2", "--model.dropout", "0.3",
+                     "--model.dropout", "0.3",
                      "--output_dir", str(tmp_path / "eval"), "--generation_max_length", "30"])
     assert evaluated["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
     assert (tmp_path / "eval" / "test_hypotheses.txt").read_text() == (output_dir / "test_hypotheses.txt").read_text()
@@ -406,8 +428,7 @@ def test_shape_changes_valid_only_together_are_named(trained, tmp_path):
     """d_model 48 with 3 heads: 3 heads alone do not divide the saved d_model 32; both are named."""
     output_dir, config, _ = trained
     with pytest.raises(ConfigError, match=r"model: d_model=48 \(saved: 32\), decoder_attention_heads=3 \(saved: 2\), "
-                                          r"encoder_attention_heads=3 \(saved: 2\), max_relative_position=4 \(saved: "
-                                          r"2\) would change the shapes"):
+                                          r"encoder_attention_heads=3 \(saved: 2\) would change the shapes"):
         parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",
                          "--model.d_model", "48", "--model.encoder_attention_heads", "3",
                          "--model.decoder_attention_heads", "3"])

@@ -10,7 +10,6 @@ from conftest import SCHEMES, run_without_hf_relpos, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_relpos
-from hf_relpos.modeling_relpos import CACHE_FIELD
 
 SEGMENT = 6
 TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails
@@ -117,7 +116,7 @@ def test_mems_and_a_filled_kv_cache_together_are_refused():
     model = causal_lm(mem_len=0)
     tokens = stream(SEGMENT)
     with torch.no_grad():
-        cache = getattr(model(input_ids=tokens, use_cache=True), CACHE_FIELD)
+        cache = model(input_ids=tokens, use_cache=True).cache
         mems = model(input_ids=tokens, mem_len=SEGMENT).mems
         with pytest.raises(ValueError, match="mems"):
             model.decoder(input_ids=tokens, cache=cache, mems=mems)

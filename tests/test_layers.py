@@ -1,0 +1,169 @@
+"""The package's layers: the model unit (what `save_pretrained` copies as remote code) imports only torch,
+transformers, the standard library and itself; the package has no import cycle; `import hf_relpos` changes no table
+of transformers' and, with the training stack (datasets, sacrebleu, accelerate) not installed, still loads, saves
+and generates."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "hf_relpos"
+REPO = PACKAGE.parent
+MODEL_UNIT = ("configuration_relpos", "modeling_relpos", "attention_functions", "positions",
+              *sorted(path.stem for path in PACKAGE.glob("positions_*.py")))
+MODEL_UNIT_DEPENDENCIES = {"torch", "transformers"}
+TRAINING_STACK = ("datasets", "sacrebleu", "accelerate")
+
+
+def imports_of(module: str) -> list[tuple[int, str, int]]:
+    """(line, imported name, relative level) of every import statement in hf_relpos/<module>.py, at any depth; a
+    relative `from . import name` yields the name, `from .module import name` the module."""
+    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name, 0) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module != "__future__":
+            if node.module is None:
+                found += [(node.lineno, alias.name, node.level) for alias in node.names]
+            else:
+                found.append((node.lineno, node.module, node.level))
+    return found
+
+
+def package_dependencies(module: str) -> set[str]:
+    """The hf_relpos modules that hf_relpos/<module>.py imports (relatively or as hf_relpos.<module>)."""
+    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    dependencies = set()
+    for _, name, level in imports_of(module):
+        parts = name.split(".")
+        if level == 1:
+            dependencies.add(parts[0])
+        elif parts[0] == PACKAGE.name and len(parts) > 1:
+            dependencies.add(parts[1])
+    return dependencies & modules - {"__init__"}
+
+
+def test_the_model_unit_imports_only_torch_transformers_the_standard_library_and_itself():
+    """Remote code copies the model unit's files alone, flat: anything else it imported would be missing there."""
+    assert set(MODEL_UNIT) >= {"positions_shaw", "positions_absolute"}
+    wrong = []
+    for module in MODEL_UNIT:
+        for line, name, level in imports_of(module):
+            top = name.split(".")[0]
+            if level == 1:
+                allowed = top in MODEL_UNIT
+            else:
+                allowed = level == 0 and (top in MODEL_UNIT_DEPENDENCIES or top in sys.stdlib_module_names)
+            if not allowed:
+                wrong.append(f"hf_relpos/{module}.py:{line} imports {'.' * level}{name}")
+    assert not wrong, "the model unit imports outside torch, transformers, the stdlib and itself:\n" + "\n".join(wrong)
+
+
+def test_the_package_has_no_import_cycle():
+    graph = {path.stem: package_dependencies(path.stem) for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
+    assert graph["training"] >= {"arguments", "hub"}  # the parse finds imports
+    visiting, done = [], set()
+
+    def visit(module: str) -> None:
+        if module in done:
+            return
+        if module in visiting:
+            cycle = visiting[visiting.index(module):] + [module]
+            pytest.fail("import cycle: " + " -> ".join(cycle))
+        visiting.append(module)
+        for dependency in sorted(graph[module]):
+            visit(dependency)
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+def run_python(*parts: str) -> str:
+    """Run the code parts (each dedented), one after the other, in a fresh interpreter at the repository root."""
+    code = "\n".join(textwrap.dedent(part) for part in parts)
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout
+
+
+def test_import_leaves_transformers_tables_alone_and_registers_through_the_auto_classes():
+    """`MODEL_FOR_CAUSAL_LM_MAPPING_NAMES` keeps its content and type; the Auto classes still find the models (their
+    public `register`)."""
+    output = run_python("""
+        from transformers.models.auto import modeling_auto
+        table = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        before, kind = dict(table), type(table)
+        import hf_relpos
+        from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
+        after = modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+        assert after is table and type(after) is kind and dict(after) == before, "the mapping changed"
+        assert hf_relpos.RelPosTransformerConfig.model_type not in after
+        config = hf_relpos.RelPosTransformerConfig(d_model=16, encoder_layers=1, decoder_layers=1,
+            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=20)
+        print(type(AutoModelForCausalLM.from_config(config)).__name__,
+              type(AutoModelForSeq2SeqLM.from_config(config)).__name__)
+    """)
+    assert output.split() == ["RelPosTransformerForCausalLM", "RelPosTransformerForConditionalGeneration"]
+
+
+MODEL_ROUND_TRIP = """
+    import sys, tempfile
+    import torch
+    import hf_relpos
+    from transformers import AutoModelForSeq2SeqLM
+    config = hf_relpos.RelPosTransformerConfig(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, vocab_size=20, pad_token_id=0,
+        eos_token_id=1, bos_token_id=2, decoder_start_token_id=2)
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    inputs = torch.tensor([[5, 6, 7, 1]])
+    expected = model.generate(inputs, num_beams=2, max_new_tokens=5)
+    assert torch.equal(loaded.generate(inputs, num_beams=2, max_new_tokens=5), expected)
+    print(" ".join(sorted(name for name in {TRAINING_STACK} if name in sys.modules)))
+"""
+
+
+def test_the_model_needs_no_training_stack():
+    """`import hf_relpos`, `from_config`, `save_pretrained`, `from_pretrained` and beam search import neither
+    datasets nor sacrebleu (accelerate is transformers' own optional import, see the next test)."""
+    imported = run_python(MODEL_ROUND_TRIP.replace("{TRAINING_STACK}", repr(TRAINING_STACK))).split()
+    assert "datasets" not in imported and "sacrebleu" not in imported
+
+
+def test_the_model_works_where_the_training_stack_is_not_installed():
+    """The same round trip with datasets, sacrebleu and accelerate hidden from the import system (as if
+    `pip install hf_relpos` without the [train] extra): nothing fails. Importing the training app there fails with
+    the missing package's name."""
+    blocker = f"""
+        import importlib.machinery, sys
+        HIDDEN = {TRAINING_STACK!r}
+
+        class WithoutTrainingStack(importlib.machinery.PathFinder):
+            @classmethod
+            def find_spec(cls, name, path=None, target=None):
+                return None if name.partition(".")[0] in HIDDEN else super().find_spec(name, path, target)
+
+        sys.meta_path = [WithoutTrainingStack if finder is importlib.machinery.PathFinder else finder
+                         for finder in sys.meta_path]
+    """
+    imported = run_python(blocker, MODEL_ROUND_TRIP.replace("{TRAINING_STACK}", repr(TRAINING_STACK))).split()
+    assert imported == []
+    output = run_python(blocker, """
+        try:
+            import hf_relpos.training
+        except ModuleNotFoundError as error:
+            print(error.name)
+    """)
+    assert output.strip() in TRAINING_STACK
