@@ -226,10 +226,10 @@ def format_row(row: dict[str, Any]) -> str:
 def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: list[dict[str, Any]]) -> str:
     header = ["benchmark", "shape", "layers", "n", "batch", "scheme", "tokens/s", "ratio to absolute", "peak MiB",
               "memory vs absolute", "kernel", "absolute's kernel"]
-    table = [
+    table = [  # records written before --kernels have one kernel for every row (meta)
         [r["benchmark"], r["shape"], r["layers"], r["length"], r["batch"], r["scheme"], f"{r['tokens_per_s']:.0f}",
-         f"{r['ratio']:.3f}", f"{r['peak_mib']:.1f}", f"{r['memory_overhead']:+.1%}", r["kernel"],
-         r["baseline_kernel"]]
+         f"{r['ratio']:.3f}", f"{r['peak_mib']:.1f}", f"{r['memory_overhead']:+.1%}",
+         r.get("kernel", meta["kernel"]), r.get("baseline_kernel", meta["kernel"])]
         for r in rows
     ]
     growth_table = [
