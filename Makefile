@@ -25,6 +25,7 @@ NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
+	$(BIN)/lint-imports
 	$(BIN)/python -m pytest -ra
 	for capability in default avx2; do \
 		ATEN_CPU_CAPABILITY=$$capability $(BIN)/python -m pytest -q -m "not slow" $(NUMERICS_TESTS) || exit 1; \

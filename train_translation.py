@@ -7,7 +7,7 @@
 See docs/training.md for every recipe and field.
 """
 
-from hf_relpos.training import main
+from hf_relpos.translation.training import main
 
 if __name__ == "__main__":
     main()

@@ -43,9 +43,9 @@ from benchmarks.common import (
     write_report,
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.modeling_relpos import RelPosEncoder, with_scheme_mask
-from hf_relpos.positions import PositionContext
-from hf_relpos.viz import require_matplotlib
+from hf_relpos.model.modeling_relpos import RelPosEncoder, with_scheme_mask
+from hf_relpos.model.positions import PositionContext
+from hf_relpos.tools.viz import require_matplotlib
 
 BENCHMARKS = ("attention", "model")
 MIB = 2**20

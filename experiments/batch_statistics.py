@@ -1,7 +1,7 @@
 r"""What a token budget holds: pairs per batch and padding for `max_tokens_per_batch` x `length_pool_factor`.
 
 Tokenizes the training pairs of a WMT14-schema JSONL file (`{"translation": {"en": ..., "de": ...}}`) with a trained
-tokenizer, builds the epoch-0 batches of `hf_relpos.batching.TokenBudgetBatchSampler` for every budget and pool factor
+tokenizer, builds the epoch-0 batches of `hf_relpos.translation.batching.TokenBudgetBatchSampler` for every budget and pool factor
 asked for, and prints one Markdown table: batches per epoch, pairs per batch, padded source + target tokens per batch,
 and the share of those that are padding. Use it to pick a budget that holds the pairs per step you want.
 
@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from hf_relpos.batching import TokenBudgetBatchSampler
-from hf_relpos.data import DataArguments, example_lengths, read_local_pairs, tokenize_training_pairs
-from hf_relpos.tokenization import load_tokenizer
+from hf_relpos.translation.batching import TokenBudgetBatchSampler
+from hf_relpos.translation.data import DataArguments, example_lengths, read_local_pairs, tokenize_training_pairs
+from hf_relpos.translation.tokenization import load_tokenizer
 
 
 def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str) -> tuple[np.ndarray, np.ndarray]:

@@ -3,7 +3,7 @@ r"""Issue #17 item 4: the multi30k_small_* recipes trained to convergence, again
 Each recipe trains as it is (its epochs, about 230 pairs a step, inverse-sqrt schedule) with a checkpoint at the end of
 every epoch; the peer (HF MarianMTModel and the plain Seq2SeqTrainer with the issue's hyperparameters: batches of 64
 pairs, learning rate 1e-3, 400 warm-up steps) trains for the same number of epochs, also with a checkpoint per epoch.
-Then the last `--last-n` checkpoints of each are averaged (Vaswani et al. 2017; `hf_relpos.checkpoints`), and the final
+Then the last `--last-n` checkpoints of each are averaged (Vaswani et al. 2017; `hf_relpos.tools.average`), and the final
 and the averaged weights are decoded alike with the recipes' decoding (beam 4, length penalty 1.0, at most the
 longest source + 50 new tokens) and scored with cased sacreBLEU on validation and test2016. One table: mean (min-max)
 over seeds. Finished runs (`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate
@@ -38,9 +38,9 @@ from vs_marian import (
     write_results,
 )
 
-from hf_relpos.checkpoints import average_checkpoints
-from hf_relpos.environment import cpu_model_name
-from hf_relpos.training import run
+from hf_relpos.tools.average import average_checkpoints
+from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.training import run
 
 SYSTEMS = (PEER, *RECIPE_SCHEMES)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)

@@ -50,9 +50,9 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.environment import cpu_model_name
-from hf_relpos.tokenization import wrap_tokenizer
-from hf_relpos.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.tokenization import wrap_tokenizer
 
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>"]
@@ -196,7 +196,7 @@ def to_text(ids: list[int]) -> str:
 
 def letter_tokenizer() -> PreTrainedTokenizerFast:
     """The task's vocabulary as a tokenizer (one letter = one token, "</s>" appended), saved with the models so
-    that `python -m hf_relpos.viz MODEL --sentence "c a b a"` works."""
+    that `python -m hf_relpos.tools.viz MODEL --sentence "c a b a"` works."""
     vocabulary = {token: index for index, token in enumerate(SPECIAL_TOKENS + SYMBOLS)}
     tokenizer = Tokenizer(models.WordLevel(vocabulary, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

@@ -3,7 +3,7 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
 1. Train a small `MarianMTModel` (transformers' own class, Post-LN, sinusoidal positions) on the training pairs with
    `Seq2SeqTrainer` for `--train-steps` steps, with a joint BPE tokenizer trained on the same pairs; Marian's
    convention: decoding starts with the pad token.
-2. Convert it with `hf_relpos.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each entry
+2. Convert it with `hf_relpos.tools.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each entry
    of `--schemes`: a scheme name (sinusoids removed, the scheme's parameters neutral) or `NAME+absolute`, the hybrid
    (`keep_absolute_positions`: Marian's sinusoids kept, the scheme added on top starting neutral, exact at step 0).
 3. Fine-tune every converted model with `train_translation.py configs/finetune_marian_en_de_shaw.yaml
@@ -136,8 +136,8 @@ def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.N
     from transformers import AutoTokenizer, MarianMTModel
 
     from hf_relpos import RelPosTransformerForConditionalGeneration
-    from hf_relpos.metrics import score_translations
-    from hf_relpos.translate import translate_lines
+    from hf_relpos.tools.translate import translate_lines
+    from hf_relpos.translation.metrics import score_translations
 
     model_class = MarianMTModel if marian else RelPosTransformerForConditionalGeneration
     model = model_class.from_pretrained(str(model_folder)).eval()
@@ -337,7 +337,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
     if args.quick:
-        from hf_relpos.demo_corpus import write_demo_corpus
+        from hf_relpos.translation.demo_corpus import write_demo_corpus
 
         args.data = args.work / "data"
         write_demo_corpus(args.data, 200, 10, 10, seed=1)
@@ -349,8 +349,8 @@ def main(argv: list[str] | None = None) -> None:
     elif args.data is None:
         parser.error("--data is required (or --quick)")
 
-    from hf_relpos.convert import convert_marian
-    from hf_relpos.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
+    from hf_relpos.tools.convert import convert_marian
+    from hf_relpos.translation.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
 
     train_pairs = read_pairs(args.data / "train.jsonl", "en", "de")
     test_pairs = read_pairs(args.data / "test.jsonl", "en", "de", limit=args.test_sentences)

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
-from hf_relpos.environment import cpu_model_name
-from hf_relpos.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.translation.environment import cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")
@@ -47,7 +47,7 @@ def device_description() -> str:
 
 def prepare_tokenizer(args: argparse.Namespace) -> Path:
     """Train the joint tokenizer on every source and target sentence of train.jsonl (or reuse it) under --work."""
-    from hf_relpos.tokenization import has_saved_tokenizer, train_joint_tokenizer
+    from hf_relpos.translation.tokenization import has_saved_tokenizer, train_joint_tokenizer
 
     folder = args.work / "tokenizer"
     if not has_saved_tokenizer(folder):

@@ -7,7 +7,7 @@ gelu, Post-LN, scaled and shared+tied embeddings; its own BPE tokenizer (NFKC, M
 of train, `</s>` appended); `Seq2SeqTrainingArguments(max_steps=1500, per_device_train_batch_size=64,
 learning_rate=1e-3, warmup_steps=400, lr_scheduler_type="inverse_sqrt", adam_beta2=0.98, label_smoothing_factor=0.1,
 weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`. Every other row is an hf_relpos recipe trained through
-`train_translation.py`'s own code path (`hf_relpos.training.run`) with the same budget (`--max_steps 1500
+`train_translation.py`'s own code path (`hf_relpos.translation.training.run`) with the same budget (`--max_steps 1500
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags; the recipe rows
 (`absolute`, `shaw`, `xl`, `directional`) raise the budget to 1280 tokens, where their pooled batches hold the
 peer's 64 pairs. The predefined rows
@@ -58,16 +58,16 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
-from hf_relpos.environment import cpu_model_name
-from hf_relpos.metrics import score_translations
-from hf_relpos.tokenization import (
+from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
     WORD_START,
     load_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.training import run
+from hf_relpos.translation.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"

@@ -22,8 +22,8 @@ import torch
 from transformers import TrainingArguments
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForCausalLM
-from hf_relpos.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
-from hf_relpos.viz import require_matplotlib
+from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
+from hf_relpos.tools.viz import require_matplotlib
 
 BYTE_OFFSET = 4
 

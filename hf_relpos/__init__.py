@@ -2,21 +2,20 @@
 Hugging Face encoder-decoder Transformers, with a pluggable registry of position schemes.
 
 Importing it registers the models with the Auto classes (their public `register`) and the "translation" pipeline
-task; it needs torch and transformers only. The translation application (`hf_relpos.training`, train_translation.py,
+task; it needs torch and transformers only. The translation application (`hf_relpos.translation.training`, train_translation.py,
 scoring, model cards) needs the `hf_relpos[train]` extra."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
-from .configuration_relpos import RelPosTransformerConfig
-from .modeling_relpos import (
+from .model.configuration_relpos import RelPosTransformerConfig
+from .model.modeling_relpos import (
     RelPosTransformerForCausalLM,
     RelPosTransformerForConditionalGeneration,
     RelPosTransformerModel,
     RelPosTransformerPreTrainedModel,
     shift_tokens_right,
 )
-from .pipeline_relpos import TranslationPipeline, register_translation_task
-from .positions import (
+from .model.positions import (
     ATTENTION_REGISTRY,
     AttentionTerms,
     PositionContext,
@@ -36,6 +35,7 @@ from .positions import (
     relative_position_index,
     sinusoids,
 )
+from .publish.pipeline_relpos import TranslationPipeline, register_translation_task
 
 AutoConfig.register(RelPosTransformerConfig.model_type, RelPosTransformerConfig, exist_ok=True)
 AutoModel.register(RelPosTransformerConfig, RelPosTransformerModel, exist_ok=True)

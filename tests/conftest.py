@@ -112,7 +112,7 @@ def train_memorising_model(pairs, steps: int):
     """A tiny Shaw model (and its joint tokenizer) trained with Adam on `pairs` until greedy decoding reproduces each
     target exactly (asserted); returns the model in eval mode (generation max_length 20), the tokenizer and the
     hypotheses."""
-    from hf_relpos.tokenization import special_token_ids, train_joint_tokenizer
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
 
     torch.manual_seed(0)
     tokenizer = train_joint_tokenizer([text for pair in list(pairs) * 4 for text in pair], vocab_size=456)

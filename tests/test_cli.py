@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 
-from hf_relpos.arguments import attention_implementations
-from hf_relpos.training import ConfigError, parse_arguments
+from hf_relpos.translation.arguments import attention_implementations
+from hf_relpos.translation.training import ConfigError, parse_arguments
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPTS = {"hf-relpos-train": "hf_relpos.training:main", "hf-relpos-translate": "hf_relpos.translate:main",
-           "hf-relpos-convert": "hf_relpos.convert:main"}
+SCRIPTS = {"hf-relpos-train": "hf_relpos.translation.training:main", "hf-relpos-translate": "hf_relpos.tools.translate:main",
+           "hf-relpos-convert": "hf_relpos.tools.convert:main", "hf-relpos-average": "hf_relpos.tools.average:main"}
 
 
 def script_targets() -> dict[str, str]:
@@ -27,7 +27,7 @@ def resolve(target: str):
     return getattr(importlib.import_module(module_name), attribute)
 
 
-def test_pyproject_declares_the_three_commands():
+def test_pyproject_declares_the_four_commands():
     assert script_targets() == SCRIPTS
 
 
@@ -35,6 +35,7 @@ def test_pyproject_declares_the_three_commands():
     ("hf-relpos-train", "--attn_implementation"),
     ("hf-relpos-translate", "--dtype"),
     ("hf-relpos-convert", "marian"),
+    ("hf-relpos-average", "--last_n"),
 ])
 def test_every_command_has_a_working_help(name, shown, capsys):
     main = resolve(script_targets()[name])
@@ -67,8 +68,8 @@ def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):
 
 @pytest.mark.parametrize("kernel", ["eager", "flex_attention"])
 def test_the_model_is_built_with_the_requested_kernel(kernel, tmp_path):
-    from hf_relpos.tokenization import train_joint_tokenizer
-    from hf_relpos.training import _build_model
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.training import _build_model
 
     tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
     model_args, data_args, training_args = parse_arguments(
@@ -85,8 +86,8 @@ def test_the_model_is_built_with_the_requested_kernel(kernel, tmp_path):
 def test_a_kernel_whose_package_is_missing_is_one_config_error(tmp_path):
     from transformers.utils import is_flash_attn_2_available
 
-    from hf_relpos.tokenization import train_joint_tokenizer
-    from hf_relpos.training import _build_model
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.training import _build_model
 
     if is_flash_attn_2_available():
         pytest.skip("flash-attn is installed here")

@@ -1,4 +1,4 @@
-"""A MarianMT model converted to hf_relpos (`marian_to_relpos`, `python -m hf_relpos.convert marian`): with `absolute` it is
+"""A MarianMT model converted to hf_relpos (`marian_to_relpos`, `python -m hf_relpos.tools.convert marian`): with `absolute` it is
 the same model (logits, beam search); with a relative scheme the sinusoids go and the scheme starts neutral; the
 converted folder fine-tunes with train_translation.py as it is."""
 
@@ -16,10 +16,10 @@ from conftest import SCHEMES
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.convert import convert_marian, main, marian_to_relpos
-from hf_relpos.demo_corpus import write_demo_corpus
-from hf_relpos.tokenization import train_joint_tokenizer
-from hf_relpos.training import parse_arguments
+from hf_relpos.tools.convert import convert_marian, main, marian_to_relpos
+from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.training import parse_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 PAD, EOS = 0, 1  # train_joint_tokenizer's <pad> and </s>
@@ -168,7 +168,7 @@ def marian_folder(tmp_path_factory) -> Path:
 def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_path):
     output = tmp_path / "shaw"
     completed = subprocess.run(
-        [sys.executable, "-m", "hf_relpos.convert", "marian", str(marian_folder / "model"), str(output),
+        [sys.executable, "-m", "hf_relpos.tools.convert", "marian", str(marian_folder / "model"), str(output),
          "--attention_type", "shaw", "--set", "max_relative_position=6"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
@@ -349,7 +349,7 @@ def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_
 def test_the_fine_tuning_recipe_gets_no_card_of_a_default_architecture(tmp_path):
     """Recipe cards describe the architecture a recipe trains; a fine-tuning recipe has none of its own (rendering
     one would describe a default d_model 512 model that the converted Marian is not)."""
-    from hf_relpos.hub import render_recipe_cards
+    from hf_relpos.publish.hub import render_recipe_cards
 
     rendered = {path.name for path in render_recipe_cards([REPO / "configs"], tmp_path)}
     assert "multi30k_small_shaw.md" in rendered and "finetune_marian_en_de_shaw.md" not in rendered
@@ -364,7 +364,7 @@ NOT_NEUTRAL = {"rope": "it transforms the queries and it transforms the keys", "
 def float64_marian() -> MarianMTModel:
     """`marian_model()` in float64 with its sinusoid tables computed in float64 (Marian stores them rounded to
     float32, which a float64 comparison at 1e-12 would see)."""
-    from hf_relpos.positions import sinusoids
+    from hf_relpos.model.positions import sinusoids
 
     marian = marian_model().double()
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""`python -m hf_relpos.convert marian FOLDER OUT` on a folder laid out as a Hub MarianMT checkpoint (opus-mt-en-de:
+"""`python -m hf_relpos.tools.convert marian FOLDER OUT` on a folder laid out as a Hub MarianMT checkpoint (opus-mt-en-de:
 config.json with Marian's legacy keys, model.safetensors or pytorch_model.bin, source.spm / target.spm SentencePiece
 models, vocab.json, tokenizer_config.json, generation_config.json), built here from two tiny SentencePiece models: the
 converted folder's tokenizer works, and the model scores and generates as Marian."""
@@ -19,9 +19,9 @@ from test_convert import marian_model
 from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.convert import main
-from hf_relpos.demo_corpus import write_demo_corpus
-from hf_relpos.positions import sinusoids
+from hf_relpos.model.positions import sinusoids
+from hf_relpos.tools.convert import main
+from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 # Keys of opus-mt-en-de's config.json that MarianConfig does not use (kept in Hub checkpoints from the Marian port).
@@ -72,7 +72,7 @@ def hub_folder(tmp_path_factory) -> Path:
 
 
 def convert(source: Path, output: Path, *options: str) -> Path:
-    completed = subprocess.run([sys.executable, "-m", "hf_relpos.convert", "marian", str(source), str(output), *options],
+    completed = subprocess.run([sys.executable, "-m", "hf_relpos.tools.convert", "marian", str(source), str(output), *options],
                                capture_output=True, text=True, timeout=300, cwd=REPO)
     assert completed.returncode == 0, completed.stderr[-3000:]
     return output

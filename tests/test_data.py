@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, Features, Translation
 
-import hf_relpos.data as data_module
-from hf_relpos.data import (
+import hf_relpos.translation.data as data_module
+from hf_relpos.translation.data import (
     DataArguments,
     DatasetSchemaError,
     load_parallel_splits,
@@ -19,8 +19,8 @@ from hf_relpos.data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from hf_relpos.demo_corpus import generate_demo_splits, random_sentence_pair, write_demo_corpus
-from hf_relpos.tokenization import train_joint_tokenizer
+from hf_relpos.translation.demo_corpus import generate_demo_splits, random_sentence_pair, write_demo_corpus
+from hf_relpos.translation.tokenization import train_joint_tokenizer
 
 PAIRS = [("A small cat.", "Eine kleine Katze."), ("Good morning!", "Guten Morgen!"), ("Two dogs.", "Zwei Hunde.")]
 
@@ -218,7 +218,7 @@ def test_demo_corpus_written_by_several_processes_at_once_is_whole(tmp_path):
 
 
 def test_failed_demo_corpus_write_leaves_no_partial_file(tmp_path, monkeypatch):
-    import hf_relpos.demo_corpus as demo_corpus
+    import hf_relpos.translation.demo_corpus as demo_corpus
 
     def failing_dumps(*args, **kwargs):
         raise OSError("disk gone")

@@ -58,7 +58,7 @@ def console_script(name: str) -> str:
     return scripts[name].strip('"')
 
 
-TRAINING = "hf_relpos.training:main"   # what train_translation.py runs
+TRAINING = "hf_relpos.translation.training:main"   # what train_translation.py runs
 
 
 def program_and_arguments(argv: list[str]) -> tuple[str, list[str]]:
@@ -118,7 +118,7 @@ def check_training_arguments(arguments: list[str], work: Path) -> None:
     import torch
 
     from hf_relpos import RelPosTransformerConfig
-    from hf_relpos.training import parse_arguments
+    from hf_relpos.translation.training import parse_arguments
 
     arguments = [str(ROOT / token) if token.startswith("configs/") else token for token in arguments]
     recipe = arguments[0] if arguments[0].endswith(".yaml") else None
@@ -214,7 +214,7 @@ def test_make_demo_runs_what_the_readme_says_it_runs():
 def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_path):
     """The README's own-data path on the demo corpus written as data/{train,valid,test}.{en,de}: its training command
     (the recipe shrunk to a few steps of a tiny model), then its translate command scoring the test set."""
-    from hf_relpos.demo_corpus import write_demo_corpus
+    from hf_relpos.translation.demo_corpus import write_demo_corpus
 
     corpus = write_demo_corpus(tmp_path / "jsonl", 120, 8, 8, seed=3)
     data = tmp_path / "data"

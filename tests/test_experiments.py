@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EXPERIMENT = EXPERIMENTS / "length_generalization.py"
@@ -25,7 +25,7 @@ BUCKETS = ["1-20", "21-40", "41-80"]
 
 def independent_bleu(hypotheses_file: Path, test_file: Path, target: str = "de") -> float:
     """Corpus BLEU of a hypotheses file (one line each) against the first as many references of a WMT-schema JSONL
-    file, by sacreBLEU's own metric object (not hf_relpos.metrics)."""
+    file, by sacreBLEU's own metric object (not hf_relpos.translation.metrics)."""
     from sacrebleu.metrics import BLEU
 
     hypotheses = hypotheses_file.read_bytes().decode("utf-8").split("\n")[:-1]   # a line may hold a bare "\r"
@@ -301,7 +301,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
 def parsed_row_arguments(vs_marian, row, tmp_path: Path, *options: str):
     """train_translation.py's parsed (model, data, training) arguments of one vs_marian row's seed-1 run, with the
     script's own `options` (the data folder is a small demo corpus: the arguments only need its files to exist)."""
-    from hf_relpos.training import parse_arguments
+    from hf_relpos.translation.training import parse_arguments
 
     data = tmp_path / "data"
     if not data.is_dir():
@@ -338,7 +338,7 @@ CONVERGENCE = EXPERIMENTS / "convergence.py"
 def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
     from safetensors.torch import load_file
 
-    from hf_relpos.checkpoints import find_checkpoints
+    from hf_relpos.translation.checkpoints import find_checkpoints
 
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
@@ -386,8 +386,8 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
 
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
     """One row per budget and pool factor; the corpus-wide sort pads least and every budget is respected."""
-    from hf_relpos.batching import TokenBudgetBatchSampler
-    from hf_relpos.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.batching import TokenBudgetBatchSampler
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
 
     corpus = write_demo_corpus(tmp_path / "data", 200, 4, 4, seed=1)
     pairs = [json.loads(line)["translation"] for line in corpus["train"].read_text(encoding="utf-8").splitlines()]
@@ -418,7 +418,7 @@ def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys
 
 def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
     """A recipe change must not break a row's flags (e.g. pools in the recipe, sentence batches in the row)."""
-    from hf_relpos.training import parse_arguments
+    from hf_relpos.translation.training import parse_arguments
 
     vs_marian = load_vs_marian(monkeypatch)
     for row in vs_marian.ROWS.values():

@@ -8,9 +8,9 @@ import torch
 from conftest import SCHEMES, tiny_config
 
 import hf_relpos
-from hf_relpos import attention_functions
-from hf_relpos.attention_functions import relative_value_masses
-from hf_relpos.positions import PositionContext, RelativeBias, RelativeValues, clipped_rel_shift
+from hf_relpos.model import attention_functions
+from hf_relpos.model.attention_functions import relative_value_masses
+from hf_relpos.model.positions import PositionContext, RelativeBias, RelativeValues, clipped_rel_shift
 
 BATCH, HEADS, HEAD_DIM = 2, 3, 5
 TOLERANCE = 1e-12
@@ -129,13 +129,13 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
     """The KV cache holds rotated keys: a decoding step rotates one query and one key per layer, never the cache."""
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("rope")).eval()
     rotated_lengths = []
-    rotate = hf_relpos.positions_rope.RotaryPositions.rotate
+    rotate = hf_relpos.model.positions_rope.RotaryPositions.rotate
 
     def recorded(self, states, cos, sin):
         rotated_lengths.append(states.size(-2))
         return rotate(self, states, cos, sin)
 
-    monkeypatch.setattr(hf_relpos.positions_rope.RotaryPositions, "rotate", recorded)
+    monkeypatch.setattr(hf_relpos.model.positions_rope.RotaryPositions, "rotate", recorded)
     input_ids = torch.randint(4, 40, (1, 6))
     with torch.no_grad():
         out = model(input_ids=input_ids, decoder_input_ids=input_ids[:, :3], use_cache=True)

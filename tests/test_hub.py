@@ -20,9 +20,10 @@ from huggingface_hub.hf_api import RepoUrl
 from transformers import pipeline
 
 import hf_relpos
-from hf_relpos import hub, preflight
-from hf_relpos.metrics import score_translations
-from hf_relpos.training import parse_arguments, push_training_output, run, run_record
+from hf_relpos.publish import hub
+from hf_relpos.translation import preflight
+from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.training import parse_arguments, push_training_output, run, run_record
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
@@ -219,7 +220,7 @@ def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
 
 
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
-    """model_cards/ holds `python -m hf_relpos.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
+    """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""
     monkeypatch.chdir(REPO_ROOT)  # the cards cite the records by their paths in the repository
     rendered = hub.render_recipe_cards(["configs"], tmp_path, RECIPE_RECORDS)
@@ -296,8 +297,8 @@ def test_the_record_fields_are_train_translation_arguments():
     """The card lists a record field under its name as a train_translation.py argument: every recipe field of
     `RunRecord` is one (a renamed argument fails here, not silently on every card), and `run_record` fills them all
     from parsed arguments, with the run's devices and hardware."""
-    from hf_relpos.arguments import _argument_fields
-    from hf_relpos.training import run_record
+    from hf_relpos.translation.arguments import _argument_fields
+    from hf_relpos.translation.training import run_record
 
     assert set(hub.RunRecord.recipe_fields()) <= set(_argument_fields())
     model_args, data_args, training_args = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"),
@@ -469,4 +470,4 @@ def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_onl
         assert lines["MODULE"].startswith("transformers_modules")
         assert lines["PIPELINE"] == expected
     else:
-        assert lines["MODULE"] == "hf_relpos.modeling_relpos"
+        assert lines["MODULE"] == "hf_relpos.model.modeling_relpos"

@@ -10,7 +10,7 @@ import torch
 from conftest import assert_cached_generation_equals_uncached, tiny_config, tiny_model
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.hub import render_model_card
+from hf_relpos.publish.hub import render_model_card
 
 
 def batch() -> dict[str, torch.Tensor]:

@@ -9,8 +9,8 @@ import torch
 from conftest import SCHEMES, TRANSFORMERS_KERNEL, tiny_config
 
 import hf_relpos
-from hf_relpos.attention_functions import SDPA_MASK_ALIGNMENT_BYTES, aligned_mask
-from hf_relpos.positions import rel_shift
+from hf_relpos.model.attention_functions import SDPA_MASK_ALIGNMENT_BYTES, aligned_mask
+from hf_relpos.model.positions import rel_shift
 
 FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {}),
                 ("none", {}), ("alibi", {}), ("t5", {}), ("rope", {"rotary_dim": 4})]

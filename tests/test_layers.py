@@ -15,16 +15,16 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "hf_relpos"
 REPO = PACKAGE.parent
-MODEL_UNIT = ("configuration_relpos", "modeling_relpos", "attention_functions", "positions",
-              *sorted(path.stem for path in PACKAGE.glob("positions_*.py")))
+MODEL_FOLDER = PACKAGE / "model"
+MODEL_UNIT = tuple(sorted(path.stem for path in MODEL_FOLDER.glob("*.py") if path.stem != "__init__"))
 MODEL_UNIT_DEPENDENCIES = {"torch", "transformers"}
 TRAINING_STACK = ("datasets", "sacrebleu", "accelerate")
 
 
-def imports_of(module: str) -> list[tuple[int, str, int]]:
-    """(line, imported name, relative level) of every import statement in hf_relpos/<module>.py, at any depth; a
-    relative `from . import name` yields the name, `from .module import name` the module."""
-    tree = ast.parse((PACKAGE / f"{module}.py").read_text(encoding="utf-8"))
+def imports_of(path: Path) -> list[tuple[int, str, int]]:
+    """(line, imported name, relative level) of every import statement in the file, at any depth; a relative
+    `from . import name` yields the name, `from .module import name` the module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -37,38 +37,45 @@ def imports_of(module: str) -> list[tuple[int, str, int]]:
     return found
 
 
+def package_modules() -> dict[str, Path]:
+    """Every module of the package by dotted name below hf_relpos ("model.positions", "translation.training")."""
+    return {".".join(path.relative_to(PACKAGE).with_suffix("").parts): path for path in PACKAGE.rglob("*.py")
+            if path.stem != "__init__"}
+
+
 def package_dependencies(module: str) -> set[str]:
-    """The hf_relpos modules that hf_relpos/<module>.py imports (relatively or as hf_relpos.<module>)."""
-    modules = {path.stem for path in PACKAGE.glob("*.py")}
+    """The package modules that `module` imports (relatively, or as hf_relpos.<...>)."""
+    modules = package_modules()
+    folder = module.split(".")[:-1]
     dependencies = set()
-    for _, name, level in imports_of(module):
-        parts = name.split(".")
-        if level == 1:
-            dependencies.add(parts[0])
-        elif parts[0] == PACKAGE.name and len(parts) > 1:
-            dependencies.add(parts[1])
-    return dependencies & modules - {"__init__"}
+    for _, name, level in imports_of(modules[module]):
+        if level:
+            base = folder[: len(folder) - (level - 1)]
+            dependencies.add(".".join([*base, *name.split(".")]))
+        elif name.startswith(f"{PACKAGE.name}."):
+            dependencies.add(name.removeprefix(f"{PACKAGE.name}."))
+    return dependencies & set(modules)
 
 
 def test_the_model_unit_imports_only_torch_transformers_the_standard_library_and_itself():
     """Remote code copies the model unit's files alone, flat: anything else it imported would be missing there."""
-    assert set(MODEL_UNIT) >= {"positions_shaw", "positions_absolute"}
+    assert set(MODEL_UNIT) >= {"configuration_relpos", "modeling_relpos", "positions_shaw", "positions_absolute"}
     wrong = []
     for module in MODEL_UNIT:
-        for line, name, level in imports_of(module):
+        for line, name, level in imports_of(MODEL_FOLDER / f"{module}.py"):
             top = name.split(".")[0]
             if level == 1:
                 allowed = top in MODEL_UNIT
             else:
                 allowed = level == 0 and (top in MODEL_UNIT_DEPENDENCIES or top in sys.stdlib_module_names)
             if not allowed:
-                wrong.append(f"hf_relpos/{module}.py:{line} imports {'.' * level}{name}")
+                wrong.append(f"hf_relpos/model/{module}.py:{line} imports {'.' * level}{name}")
     assert not wrong, "the model unit imports outside torch, transformers, the stdlib and itself:\n" + "\n".join(wrong)
 
 
 def test_the_package_has_no_import_cycle():
-    graph = {path.stem: package_dependencies(path.stem) for path in PACKAGE.glob("*.py") if path.stem != "__init__"}
-    assert graph["training"] >= {"arguments", "hub"}  # the parse finds imports
+    graph = {module: package_dependencies(module) for module in package_modules()}
+    assert graph["translation.training"] >= {"translation.arguments", "publish.hub", "model.modeling_relpos"}
     visiting, done = [], set()
 
     def visit(module: str) -> None:
@@ -162,7 +169,7 @@ def test_the_model_works_where_the_training_stack_is_not_installed():
     assert imported == []
     output = run_python(blocker, """
         try:
-            import hf_relpos.training
+            import hf_relpos.translation.training
         except ModuleNotFoundError as error:
             print(error.name)
     """)

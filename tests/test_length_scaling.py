@@ -11,8 +11,8 @@ import torch
 from conftest import SCHEMES, TRANSFORMERS_KERNEL, assert_cached_generation_equals_uncached, tiny_config, tiny_model
 
 import hf_relpos
-from hf_relpos.hub import render_model_card
-from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for
+from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for
+from hf_relpos.publish.hub import render_model_card
 
 
 def cross_attention_by_loop(attention: RelPosAttention, states: torch.Tensor, source: torch.Tensor,

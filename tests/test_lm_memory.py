@@ -14,7 +14,7 @@ from conftest import tiny_config
 from transformers import TrainingArguments
 
 import hf_relpos
-from hf_relpos.lm_memory import MemoryTrainer, SegmentedStream, next_token_loss, stream_perplexity
+from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, next_token_loss, stream_perplexity
 
 BATCH, SEGMENT = 2, 5
 

@@ -18,8 +18,8 @@ from conftest import (
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos.modeling_relpos import RelPosAttention, with_scheme_mask
-from hf_relpos.positions import PositionContext
+from hf_relpos.model.modeling_relpos import RelPosAttention, with_scheme_mask
+from hf_relpos.model.positions import PositionContext
 
 
 def padded_batch():

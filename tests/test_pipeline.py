@@ -9,7 +9,7 @@ import pytest
 from conftest import MEMORISED_PAIRS
 from transformers import pipeline
 
-from hf_relpos.pipeline_relpos import split_into_sentences
+from hf_relpos.publish.pipeline_relpos import split_into_sentences
 
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
 TARGETS = [target for _, target in MEMORISED_PAIRS]

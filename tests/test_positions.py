@@ -12,9 +12,9 @@ from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_attention
-from hf_relpos.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.positions import PositionContext, get_scheme_class
-from hf_relpos.positions_t5 import relative_position_bucket
+from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
+from hf_relpos.model.positions import PositionContext, get_scheme_class
+from hf_relpos.model.positions_t5 import relative_position_bucket
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 TOLERANCE = 1e-12
@@ -60,7 +60,7 @@ def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_grad
     generator = torch.Generator().manual_seed(n * 100 + m)
     table = torch.randn(2, 3, n, 2 * k + 1, generator=generator, dtype=torch.float64, requires_grad=True)
     upstream = torch.randn(2, 3, n, m, generator=generator, dtype=torch.float64)
-    shifted = hf_relpos.positions.clipped_rel_shift(table, m, k, offset)
+    shifted = hf_relpos.model.positions.clipped_rel_shift(table, m, k, offset)
     expected = torch.empty(2, 3, n, m, dtype=torch.float64)
     expected_grad = torch.zeros_like(table)
     for i in range(n):
@@ -351,12 +351,12 @@ def test_scheme_matches_naive_equations_at_randomized_positions(attention_type, 
 @pytest.mark.parametrize("heads", range(1, 65))
 def test_alibi_slopes_are_the_papers_for_every_head_count(heads):
     """Geometric 2^(-8h/H) for powers of 2; other head counts interleave two sequences, as the paper's code does."""
-    assert hf_relpos.positions_alibi.alibi_slopes(heads) == pytest.approx(paper_alibi_slopes(heads), rel=1e-13, abs=0)
+    assert hf_relpos.model.positions_alibi.alibi_slopes(heads) == pytest.approx(paper_alibi_slopes(heads), rel=1e-13, abs=0)
 
 
 def test_alibi_slopes_for_eight_heads_are_the_papers_example():
     """Press et al. (2022) sec. 3: "For models with 8 heads, the slopes ... are 1/2^1, 1/2^2, ..., 1/2^8"."""
-    assert hf_relpos.positions_alibi.alibi_slopes(8) == [2.0**-h for h in range(1, 9)]
+    assert hf_relpos.model.positions_alibi.alibi_slopes(8) == [2.0**-h for h in range(1, 9)]
 
 
 @pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 5), (16, 64), (64, 500), (5, 7), (33, 17)])

@@ -10,8 +10,9 @@ import torch
 from conftest import tiny_config
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionScheme, hub, integer_field, register_attention
-from hf_relpos.training import parse_arguments
+from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_attention
+from hf_relpos.publish import hub
+from hf_relpos.translation.training import parse_arguments
 
 
 @register_attention("test_alibi")

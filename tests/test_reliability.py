@@ -22,13 +22,14 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, TrainerState
 
 import hf_relpos
-import hf_relpos.safety as safety_module
-from hf_relpos.checkpoints import is_complete_checkpoint, last_complete_checkpoint
-from hf_relpos.data import DatasetSchemaError
-from hf_relpos.demo_corpus import write_demo_corpus
-from hf_relpos.safety import NonFiniteLossError, OutputDirError, check_output_dir
-from hf_relpos.tokenization import train_joint_tokenizer
-from hf_relpos.training import (
+import hf_relpos.publish.files as files_module
+import hf_relpos.translation.safety as safety_module
+from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
+from hf_relpos.translation.data import DatasetSchemaError
+from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.safety import NonFiniteLossError, OutputDirError, check_output_dir
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.training import (
     ConfigError,
     TranslationTrainer,
     TranslationTrainingArguments,
@@ -102,7 +103,7 @@ def assert_safetensors_only(folder: Path) -> None:
 # SIGKILL it between two checkpoints.
 SLOW_STEPS = '''
 import runpy, sys, time
-from hf_relpos import training
+from hf_relpos.translation import training
 
 original_training_step = training.TranslationTrainer.training_step
 
@@ -360,7 +361,7 @@ def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path)
 # Rank 1 raises in its second training step; rank 0 is then waiting for it in the gradient all-reduce.
 FAILING_RANK = '''
 import os, runpy, sys
-from hf_relpos import training
+from hf_relpos.translation import training
 
 original_training_step = training.TranslationTrainer.training_step
 
@@ -543,11 +544,11 @@ def test_saved_models_and_checkpoints_hold_safetensors_only(trained):
 
 def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp_path):
     path = tmp_path / "card.md"
-    safety_module.write_text_atomic(path, "old ü\n")
+    files_module.write_text_atomic(path, "old ü\n")
     with pytest.raises(UnicodeEncodeError):
-        safety_module.write_text_atomic(path, "new \ud800\n")  # a lone surrogate fails half-way through the write
+        files_module.write_text_atomic(path, "new \ud800\n")  # a lone surrogate fails half-way through the write
     assert path.read_text(encoding="utf-8") == "old ü\n"
     assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
-    safety_module.write_text_atomic(path, "new\n")
+    files_module.write_text_atomic(path, "new\n")
     assert path.read_text(encoding="utf-8") == "new\n"
     assert [item.name for item in tmp_path.iterdir()] == ["card.md"]

@@ -8,7 +8,7 @@ from conftest import run_without_hf_relpos
 from transformers import AutoTokenizer
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
+from hf_relpos.translation.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
 
 GERMAN = [
     "Die Straße ist 3,5 km lang – sagte Jürgen: „Größer!“",

@@ -6,7 +6,7 @@ import pytest
 import yaml
 from transformers.utils import is_torch_bf16_gpu_available
 
-from hf_relpos.training import parse_arguments
+from hf_relpos.translation.training import parse_arguments
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
@@ -95,12 +95,12 @@ def test_cpu_accelerate_config_launches_two_processes():
 def test_bf16_if_supported_turns_bf16_on_only_where_the_gpu_has_it(monkeypatch):
     import transformers.training_args
 
-    import hf_relpos.arguments
+    import hf_relpos.translation.arguments
 
-    for module in (hf_relpos.arguments, transformers.training_args):
+    for module in (hf_relpos.translation.arguments, transformers.training_args):
         monkeypatch.setattr(module, "is_torch_bf16_gpu_available", lambda: False)
     assert not parse("wmt14_en_de_base_shaw.yaml")[2].bf16
-    for module in (hf_relpos.arguments, transformers.training_args):
+    for module in (hf_relpos.translation.arguments, transformers.training_args):
         monkeypatch.setattr(module, "is_torch_bf16_gpu_available", lambda: True)
     assert parse("wmt14_en_de_base_shaw.yaml")[2].bf16
     assert not parse("wmt14_en_de_base_shaw.yaml", "--bf16_if_supported", "false")[2].bf16

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from hf_relpos.demo_corpus import write_demo_corpus
+from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,7 @@ WORKER = '''
 import json, os, sys
 from accelerate import PartialState
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from hf_relpos import training
+from hf_relpos.translation import training
 
 record = {"steps": 0, "saved": []}
 original_training_step = training.TranslationTrainer.training_step

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from hf_relpos.metrics import decode_token_ids, generated_lengths, score_translations
-from hf_relpos.tokenization import train_joint_tokenizer
+from hf_relpos.translation.metrics import decode_token_ids, generated_lengths, score_translations
+from hf_relpos.translation.tokenization import train_joint_tokenizer
 
 
 def test_scores_match_sacrebleu_and_carry_signatures():

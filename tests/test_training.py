@@ -18,12 +18,12 @@ from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.batching import TokenBudgetBatchSampler
-from hf_relpos.checkpoints import average_checkpoints
-from hf_relpos.checkpoints import main as average_main
-from hf_relpos.demo_corpus import write_demo_corpus
-from hf_relpos.safety import OutputDirError
-from hf_relpos.training import (
+from hf_relpos.tools.average import average_checkpoints
+from hf_relpos.tools.average import main as average_main
+from hf_relpos.translation.batching import TokenBudgetBatchSampler
+from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.safety import OutputDirError
+from hf_relpos.translation.training import (
     ConfigError,
     SamplerEpochCallback,
     TranslationTrainer,
@@ -254,7 +254,7 @@ def test_token_budget_smaller_than_a_pair_stops_before_the_tokenizer_is_saved(tm
 
 
 def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus):
-    with pytest.raises(ConfigError, match=r"length_pool_factor must be a positive integer or null, got 0"):
+    with pytest.raises(ConfigError, match=r"length_pool_factor must be null \(not set\) or an integer >= 1, got 0"):
         run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=0))])
     assert not (tmp_path / "out").exists()
 
@@ -439,7 +439,7 @@ def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dic
     """Run `local_main_first` on one thread per local rank; returns the event log and each rank's exception."""
     import threading
 
-    from hf_relpos.training import local_main_first
+    from hf_relpos.translation.training import local_main_first
 
     events: list[str] = []
     errors: dict[int, BaseException] = {}
@@ -465,7 +465,7 @@ def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dic
 def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monkeypatch):
     import time
 
-    monkeypatch.setattr("hf_relpos.training.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
+    monkeypatch.setattr("hf_relpos.translation.training.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
     events, errors = run_ranks(tmp_path / "turn", {0: lambda: time.sleep(0.4), 1: lambda: None, 2: lambda: None})
     assert not errors
     assert events[:2] == ["0 starts", "0 ends"]  # the others start only once the main rank has ended
@@ -475,7 +475,7 @@ def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monke
 
 
 def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
-    from hf_relpos.preflight import ProcessGroupError
+    from hf_relpos.translation.preflight import ProcessGroupError
 
     def fail() -> None:
         raise ValueError("no such data file")
@@ -490,7 +490,7 @@ def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path,
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_eval=False, do_predict=False)
     assert run([str(config), "--prepare_only", "true"]) == {}
     assert (tmp_path / "out" / "tokenizer.json").is_file() and not (tmp_path / "out" / "model.safetensors").exists()
-    monkeypatch.setattr("hf_relpos.training.train_joint_tokenizer",
+    monkeypatch.setattr("hf_relpos.translation.training.train_joint_tokenizer",
                         lambda *args, **kwargs: pytest.fail("trained the tokenizer again"))
     assert "train" in run([str(config)])
     assert (tmp_path / "out" / "model.safetensors").is_file()

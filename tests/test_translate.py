@@ -1,4 +1,4 @@
-"""`python -m hf_relpos.translate MODEL_DIR`: a file (or stdin) translated line by line, batched by tokens, scored
+"""`python -m hf_relpos.tools.translate MODEL_DIR`: a file (or stdin) translated line by line, batched by tokens, scored
 against references with sacreBLEU and chrF."""
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ import pytest
 import torch
 from conftest import MEMORISED_PAIRS
 
-from hf_relpos.metrics import score_translations
-from hf_relpos.translate import main, token_batches
+from hf_relpos.tools.translate import main, token_batches
+from hf_relpos.translation.metrics import score_translations
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
@@ -46,7 +46,7 @@ def test_file_to_file_keeps_every_line_and_scores_against_references(memorised_m
 
 def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
     completed = subprocess.run(
-        [sys.executable, "-m", "hf_relpos.translate", str(memorised_model_folder), "--no_progress"],
+        [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress"],
         input="".join(line + "\n" for line in SOURCES), capture_output=True, text=True, cwd=tmp_path, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
     assert completed.returncode == 0, completed.stderr[-3000:]
@@ -97,7 +97,7 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
 
 def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
                                                                  monkeypatch):
-    monkeypatch.setattr("hf_relpos.translate.AutoModelForSeq2SeqLM.from_pretrained",
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
                         lambda *args, **kwargs: pytest.fail("loaded the model before reading the source file"))
     with pytest.raises(SystemExit) as exited:
         main([str(memorised_model_folder), "--input", str(tmp_path / "missing.txt")])
@@ -109,7 +109,7 @@ def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model
 def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, capsys, monkeypatch, model):
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
-    monkeypatch.setattr("hf_relpos.translate.AutoTokenizer.from_pretrained",
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoTokenizer.from_pretrained",
                         lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
     with pytest.raises(SystemExit) as exited:
         main([model])
@@ -145,7 +145,7 @@ def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, t
 
     loaded = []
     load = AutoModelForSeq2SeqLM.from_pretrained
-    monkeypatch.setattr("hf_relpos.translate.AutoModelForSeq2SeqLM.from_pretrained",
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
                         lambda *args, **kwargs: loaded.append(load(*args, **kwargs)) or loaded[-1])
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
     main([str(memorised_model_folder), str(source_file), "--no_progress", "--dtype", "float64", "--device", "cpu",

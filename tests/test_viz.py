@@ -11,8 +11,7 @@ pytest.importorskip("matplotlib")
 
 from conftest import SCHEMES, tiny_model  # noqa: E402
 
-from hf_relpos.tokenization import train_joint_tokenizer  # noqa: E402
-from hf_relpos.viz import (  # noqa: E402
+from hf_relpos.tools.viz import (  # noqa: E402
     encoder_attentions,
     main,
     plot_attention_maps,
@@ -20,6 +19,7 @@ from hf_relpos.viz import (  # noqa: E402
     relative_similarities,
     require_matplotlib,
 )
+from hf_relpos.translation.tokenization import train_joint_tokenizer  # noqa: E402
 
 PNG_MAGIC = b"\x89PNG"
 

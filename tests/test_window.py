@@ -15,8 +15,8 @@ from conftest import (
 )
 
 import hf_relpos
-from hf_relpos.hub import render_model_card
-from hf_relpos.modeling_relpos import attention_mask_for
+from hf_relpos.model.modeling_relpos import attention_mask_for
+from hf_relpos.publish.hub import render_model_card
 
 WINDOW = 2
 

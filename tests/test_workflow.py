@@ -18,15 +18,15 @@ from huggingface_hub import ModelCard
 from huggingface_hub.errors import RepositoryNotFoundError
 from transformers import AutoTokenizer, GenerationConfig
 
-import hf_relpos.arguments as arguments_module
-import hf_relpos.data as data_module
-import hf_relpos.preflight as preflight_module
+import hf_relpos.translation.arguments as arguments_module
+import hf_relpos.translation.data as data_module
+import hf_relpos.translation.preflight as preflight_module
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig
-from hf_relpos.arguments import ConfigError, model_config_fields, parse_arguments
-from hf_relpos.data import DataArguments, DatasetSchemaError
-from hf_relpos.demo_corpus import write_demo_corpus
-from hf_relpos.preflight import PreflightError
-from hf_relpos.training import ModelArguments, TranslationTrainer, TranslationTrainingArguments, run
+from hf_relpos.translation.arguments import ConfigError, model_config_fields, parse_arguments
+from hf_relpos.translation.data import DataArguments, DatasetSchemaError
+from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.preflight import PreflightError
+from hf_relpos.translation.training import ModelArguments, TranslationTrainer, TranslationTrainingArguments, run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "train_translation.py"
@@ -228,11 +228,11 @@ def test_evaluation_ignores_the_recipes_differing_model_fields_with_one_warning(
     """The recipe says max_relative_position 4, the saved model has 2 (its other model: fields are the saved values):
     that field is named, in one warning, and nothing overrides the saved config."""
     output_dir, config, _ = trained
-    with caplog.at_level(logging.WARNING, logger="hf_relpos.arguments"):
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
         model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train",
                                             "false"])
     assert model_args.model_config == {}
-    warnings = [record.getMessage() for record in caplog.records if record.name == "hf_relpos.arguments"]
+    warnings = [record.getMessage() for record in caplog.records if record.name == "hf_relpos.translation.arguments"]
     assert warnings == [f"model_name_or_path {str(output_dir)!r}: its saved config is the architecture; the recipe's "
                         "model: max_relative_position=4 (saved: 2) differ from it and are ignored"]
 
@@ -254,7 +254,7 @@ def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trai
                      "--output_dir", str(tmp_path / "eval"), "--generation_max_length", "30"])
     assert evaluated["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
     assert (tmp_path / "eval" / "test_hypotheses.txt").read_text() == (output_dir / "test_hypotheses.txt").read_text()
-    assert f"WARNING hf_relpos.training: model: overrides of the saved config of {output_dir}: dropout=0.3" in (
+    assert f"WARNING hf_relpos.translation.training: model: overrides of the saved config of {output_dir}: dropout=0.3" in (
         capsys.readouterr().out)
 
 
@@ -296,7 +296,7 @@ def test_zero_beams_is_an_error_before_training(tmp_path, corpus):
                            "--generation_num_beams", "0", cwd=tmp_path)
     assert completed.returncode == 2
     assert completed.stderr.strip() == (
-        "train_translation.py: error: generation_num_beams must be a positive integer or null, got 0")
+        "train_translation.py: error: generation_num_beams must be null (not set) or an integer >= 1, got 0")
     assert not (tmp_path / "out").exists()
 
 
@@ -386,7 +386,7 @@ def test_dropping_a_large_share_of_the_training_pairs_is_a_warning(tmp_path, cor
                           max_steps=1, do_predict=False)
     run([str(config)])
     (warning,) = [line for line in capsys.readouterr().out.splitlines() if "of the training pairs are dropped" in line]
-    assert re.search(r" WARNING hf_relpos\.data: \d+\.\d% of the training pairs are dropped: train: kept \d+ of 60 "
+    assert re.search(r" WARNING hf_relpos\.translation\.data: \d+\.\d% of the training pairs are dropped: train: kept \d+ of 60 "
                      r"pairs \(0 with an empty side dropped, \d+ over the length limits dropped\); raise "
                      r"max_source_length \(12\) / max_target_length \(12\) or set overlong_pairs: truncate$", warning)
 

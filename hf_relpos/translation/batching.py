@@ -22,6 +22,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from ..model.positions import require_int
+
 
 def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int) -> None:
     """ValueError naming the budget and the first offender when an example alone exceeds `max_tokens` on either side
@@ -65,12 +67,9 @@ class TokenBudgetBatchSampler:
             raise ValueError(
                 f"source_lengths ({len(source_lengths)}) and target_lengths ({len(target_lengths)}) differ in length"
             )
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens_per_batch must be a positive integer, got {max_tokens}")
-        if num_processes < 1:
-            raise ValueError(f"num_processes must be a positive integer, got {num_processes}")
-        if pool_factor is not None and pool_factor < 1:
-            raise ValueError(f"length_pool_factor must be a positive integer or null, got {pool_factor}")
+        require_int("max_tokens_per_batch", max_tokens, minimum=1)
+        require_int("num_processes", num_processes, minimum=1)
+        require_int("length_pool_factor", pool_factor, minimum=1, null_means="one global length sort")
         if pool_factor is not None and not shuffle:
             raise ValueError("length_pool_factor draws random pools: it needs shuffle=True")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)

@@ -3,7 +3,7 @@
     hf-relpos-translate MODEL_DIR --input SRC.txt --output HYP.txt [--reference REF.txt]
     cat SRC.txt | hf-relpos-translate MODEL_DIR --device cuda --dtype bfloat16 > HYP.txt
 
-(`python -m hf_relpos.translate` is the same program.)
+(`python -m hf_relpos.tools.translate` is the same program.)
 
 One output line per input line, in input order; a blank input line gives a blank output line. Lines are sorted by
 length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
@@ -25,9 +25,9 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
-from .arguments import attention_implementations, check_attn_implementation
-from .metrics import score_translations
-from .pipeline_relpos import reached_length_limit
+from ..publish.pipeline_relpos import reached_length_limit
+from ..translation.arguments import attention_implementations, check_attn_implementation
+from ..translation.metrics import score_translations
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")

@@ -34,6 +34,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 from transformers import PreTrainedTokenizerBase
 
+from ..model.positions import require_int
 from .demo_corpus import write_demo_corpus
 
 logger = logging.getLogger(__name__)
@@ -108,9 +109,7 @@ class DataArguments:
             if getattr(self, name) < 2:
                 raise ValueError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)}")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
-            value = getattr(self, name)
-            if value is not None and value < 1:
-                raise ValueError(f"{name} must be a positive integer or null, got {value}")
+            require_int(name, getattr(self, name), minimum=1, null_means="every example")
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
             if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:

@@ -1,4 +1,4 @@
-"""Bring a pretrained MarianMT model to hf_relpos: `python -m hf_relpos.convert marian SRC OUT --attention_type shaw`.
+"""Bring a pretrained MarianMT model to hf_relpos: `python -m hf_relpos.tools.convert marian SRC OUT --attention_type shaw`.
 
 Marian (transformers' `MarianMTModel`) is the architecture hf_relpos generalises: Post-LN blocks, sinusoidal absolute
 positions added to the (scaled) token embeddings, one embedding matrix shared by encoder, decoder and output
@@ -30,10 +30,10 @@ import torch
 import yaml
 from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
 
-from .configuration_relpos import RelPosTransformerConfig
-from .modeling_relpos import RelPosTransformerForConditionalGeneration
-from .positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, RelativeBias, sinusoids
-from .safety import staged_folder
+from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from ..model.positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, RelativeBias, sinusoids
+from ..publish.files import staged_folder
 
 logger = logging.getLogger(__name__)
 
@@ -181,7 +181,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, att
         raise ValueError(f"output_dir {str(output_dir)!r} exists and is not empty; choose a new folder")
     model_type = AutoConfig.from_pretrained(str(source)).model_type
     if model_type != "marian":
-        raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.convert marian needs 'marian'")
+        raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")
     tokenizer = _load_tokenizer(source)
     model = marian_to_relpos(source, attention_type, **config_overrides)
     with staged_folder(output_dir) as staging:
@@ -217,7 +217,7 @@ def _override(text: str) -> tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_relpos.convert",
+        prog="python -m hf_relpos.tools.convert",
         description="Convert a pretrained model to hf_relpos (weights, config, tokenizer, generation config).",
     )
     sources = parser.add_subparsers(dest="source_type", required=True, metavar="{marian}")

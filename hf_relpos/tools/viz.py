@@ -4,7 +4,7 @@ matplotlib is the optional `viz` extra (`pip install hf_relpos[viz]`); it is imp
 which draw on `matplotlib.figure.Figure` objects (no pyplot, no global backend change) and return them.
 
 Command line, for a saved model folder (tokenizer from the folder, or `--token-ids`):
-  python -m hf_relpos.viz MODEL_DIR --sentence "a b c d" --out DIR
+  python -m hf_relpos.tools.viz MODEL_DIR --sentence "a b c d" --out DIR
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def main(argv: list[str] | None = None) -> list[Path]:
 
     import hf_relpos  # noqa: F401  (registers the model with the Auto classes)
 
-    parser = argparse.ArgumentParser(prog="python -m hf_relpos.viz", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m hf_relpos.tools.viz", description=main.__doc__)
     parser.add_argument("model_dir", type=Path)
     parser.add_argument("--sentence", help="source sentence (tokenized with the tokenizer saved in MODEL_DIR)")
     parser.add_argument("--token-ids", type=int, nargs="+", help="source token ids, when the folder has no tokenizer")

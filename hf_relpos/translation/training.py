@@ -43,6 +43,10 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
+from ..publish.files import move_folder_contents, write_text_atomic
+from ..publish.hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
 from .arguments import (
     MODEL_SECTION,
     PROGRAM,
@@ -57,7 +61,6 @@ from .checkpoints import (
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
-from .configuration_relpos import RelPosTransformerConfig
 from .data import (
     DEMO_DATA_FOLDER,
     DEMO_DATASET_NAME,
@@ -72,9 +75,7 @@ from .data import (
     tokenize_training_pairs,
 )
 from .environment import cpu_model_name
-from .hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
 from .metrics import decode_token_ids, generated_lengths, score_translations
-from .modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from .preflight import (
     PreflightError,
     ProcessGroupError,
@@ -88,8 +89,6 @@ from .safety import (
     NonFiniteLossError,
     OutputDirError,
     check_output_dir,
-    move_folder_contents,
-    write_text_atomic,
 )
 from .tokenization import (
     TOKENIZER_FILE,
@@ -579,7 +578,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     "test"). Every check that can fail (arguments, environment, output_dir, data, tokenizer, model) runs before
     anything is written to output_dir."""
     model_args, data_args, training_args = parse_arguments(argv)
-    # hf_relpos.hub pushes once, after scoring, with the rendered card; the Trainer's own pushes would upload
+    # hf_relpos.publish.hub pushes once, after scoring, with the rendered card; the Trainer's own pushes would upload
     # checkpoints and a generic card before evaluation.
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO,

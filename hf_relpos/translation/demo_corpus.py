@@ -15,7 +15,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from .safety import write_text_atomic
+from ..publish.files import write_text_atomic
 
 SOURCE_LANG = "en"
 TARGET_LANG = "de"

@@ -98,6 +98,21 @@ def number_field(
     return SchemeField(name, default, help, "a positive number" + (" or null" if optional else ""), valid, symbol)
 
 
+def is_int_at_least(value: Any, minimum: int) -> bool:
+    """Whether `value` is an integer (not a bool) >= `minimum`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def require_int(name: str, value: Any, minimum: int, null_means: str | None = None) -> None:
+    """Raise ValueError naming `name` unless `value` is an integer >= `minimum`, or None when the field has a
+    `null_means` (what null stands for): the one integer check of the package's config and arguments."""
+    if value is None and null_means is not None:
+        return
+    if not is_int_at_least(value, minimum):
+        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
 def integer_field(
     name: str, default: int | None, help: str, minimum: int = 0, optional: bool = False, symbol: str = ""
 ) -> SchemeField:
@@ -106,7 +121,7 @@ def integer_field(
     def valid(value: Any) -> bool:
         if value is None:
             return optional
-        return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        return is_int_at_least(value, minimum)
 
     allowed = f"an integer >= {minimum}" + (" or null" if optional else "")
     return SchemeField(name, default, help, allowed, valid, symbol)
@@ -446,7 +461,7 @@ class PositionScheme(nn.Module):
 
     def start_neutral(self) -> None:
         """Set this scheme's parameters so that it changes attention as little as it can: the start when a trained
-        model switches to this scheme (`hf_relpos.convert`). Default: every parameter zero, which removes additive
+        model switches to this scheme (`hf_relpos.tools.convert`). Default: every parameter zero, which removes additive
         terms exactly (Shaw's a^K, a^V; Transformer-XL's u, v and W_kR); override where zero is not neutral."""
         with torch.no_grad():
             for parameter in self.parameters():

@@ -10,7 +10,7 @@ import difflib
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import PositionScheme, get_scheme_class, scheme_config_fields
+from .positions import PositionScheme, get_scheme_class, require_int, scheme_config_fields
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -48,8 +48,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `self_attention_window`: local self-attention for every scheme: query i attends only to the keys j with
       |i - j| <= self_attention_window (in the decoder also j <= i), in the encoder and the decoder; cross-attention
       still sees the whole source (null = the whole sequence, the default). With a relative scheme a token's
-      states then depend on its neighbourhood only, never on the length of the sequence (docs/results.md section 1:
-      length generalization). Mistral's `sliding_window`, made symmetric in the encoder.
+      states then depend on its neighbourhood only, never on the length of the sequence. Mistral's `sliding_window`,
+      made symmetric in the encoder.
     - `cross_attention_length_scaling`: multiply the cross-attention logits of each example by log m, m = its number
       of source tokens (Chiang & Cholak 2022, "Overcoming a Theoretical Limitation of Self-Attention"; the
       "scalable softmax" of Nakanishi 2025). A key whose logit leads the m - 1 others by d gets 1 / (1 + (m - 1)
@@ -59,7 +59,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
       sec. 3.5; Marian's) to the scaled token embeddings under any other scheme, whose terms then come on top of them
       (false = off, the default). A scheme with an embedding-level encoding of its own (`absolute`) refuses it: the
       encodings would be added twice. Converting a trained MarianMT model with it
-      (`hf_relpos.convert --keep_absolute_positions`) keeps what the model learned to read; the relative terms start
+      (`hf_relpos.tools.convert --keep_absolute_positions`) keeps what the model learned to read; the relative terms start
       neutral and fine-tuning can only add (docs/conversion.md).
     - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
       (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
@@ -154,12 +154,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
             raise ValueError(f"activation_function must be one of {sorted(ACT2FN)}, got {self.activation_function!r}")
         for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",
                      "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
-            _require_int(name, getattr(self, name), minimum=1)
+            require_int(name, getattr(self, name), minimum=1)
         for name in ("encoder_layers", "decoder_layers", "mem_len"):
-            _require_int(name, getattr(self, name), minimum=0)
+            require_int(name, getattr(self, name), minimum=0)
         randomization = self.position_randomization_max
-        _require_int("position_randomization_max", randomization, minimum=1, null_means="off")
-        _require_int("self_attention_window", self.self_attention_window, minimum=1, null_means="the whole sequence")
+        require_int("position_randomization_max", randomization, minimum=1, null_means="off")
+        require_int("self_attention_window", self.self_attention_window, minimum=1, null_means="the whole sequence")
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)
             if self.d_model % heads:
@@ -197,15 +197,6 @@ def _refuse_misspelled_fields(extra: dict) -> None:
         match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
         if match:
             raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
-
-
-def _require_int(name: str, value: object, minimum: int, null_means: str | None = None) -> None:
-    """`value` must be an integer >= `minimum`, or null when the field has a `null_means` (what null stands for)."""
-    if value is None and null_means is not None:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def _require_positive_number(name: str, value: object, null_means: str | None = None) -> None:

@@ -1,7 +1,7 @@
 """`pipeline("translation")` for hf_relpos models: transformers 5 removed the built-in translation task.
 
 `import hf_relpos` puts the task back into transformers' pipeline registry (`register_translation_task`), so
-`pipeline("translation", model=FOLDER)` translates with a saved folder. Flat on purpose: hf_relpos.hub ships this
+`pipeline("translation", model=FOLDER)` translates with a saved folder. Flat on purpose: hf_relpos.publish.hub ships this
 file with every pushed model and declares it in config.json (`custom_pipelines`), so that where hf_relpos is not
 installed
 

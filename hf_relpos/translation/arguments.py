@@ -29,11 +29,11 @@ from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK,
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_bf16_gpu_available
 
-from .attention_functions import RELPOS_KERNELS
-from .configuration_relpos import RelPosTransformerConfig
+from ..model.attention_functions import RELPOS_KERNELS
+from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.modeling_relpos import meta_model
+from ..model.positions import require_int, scheme_config_fields
 from .data import DataArguments
-from .modeling_relpos import meta_model
-from .positions import scheme_config_fields
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -468,9 +468,10 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
                           "contradict each other: choose one")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
                  "generation_max_length"):
-        value = getattr(training_args, name)
-        if value is not None and value < 1:
-            raise ConfigError(f"{name} must be a positive integer or null, got {value}")
+        try:
+            require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     if training_args.prepare_only and not training_args.do_train:
         raise ConfigError("prepare_only trains the tokenizer on the training split: it needs do_train")
     if training_args.generation_max_length == 1:

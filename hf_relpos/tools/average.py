@@ -1,6 +1,6 @@
 """Checkpoint averaging (Vaswani et al. 2017: the last 5 checkpoints for base models, the last 20 for big ones).
 
-    python -m hf_relpos.checkpoints outputs/run --last_n 5 --output_dir outputs/run/averaged
+    python -m hf_relpos.tools.average outputs/run --last_n 5 --output_dir outputs/run/averaged
 
 The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last, also when
 the folder holds the final model) or the checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
@@ -21,46 +21,14 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from .safety import staged_folder
+from ..publish.files import staged_folder
+from ..translation.checkpoints import find_checkpoints
 
-CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
     r"|pytorch_model.*)$"
 )
 PROVENANCE_FILE = "averaged_checkpoints.json"
-TRAINER_STATE_FILE = "trainer_state.json"
-
-
-def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
-    """The `checkpoint-<step>` folders of a training output folder, oldest first."""
-    output_dir = Path(output_dir)
-    found = [(int(match.group(1)), path) for path in output_dir.iterdir()
-             if path.is_dir() and (match := CHECKPOINT_PATTERN.match(path.name))]
-    return [path for _, path in sorted(found)]
-
-
-def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
-    """Whether a Trainer checkpoint folder was written to the end.
-
-    The Trainer writes `trainer_state.json` last (after weights, optimizer, scheduler and random states) and deletes
-    older checkpoints only after it; a folder whose state file is missing, cut short, or for another step is
-    incomplete (the step is checked when the folder is named `checkpoint-<step>`). `TranslationTrainer` removes a
-    stale state file before it rewrites a checkpoint folder.
-    """
-    folder = Path(folder)
-    try:
-        state = json.loads((folder / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    match = CHECKPOINT_PATTERN.match(folder.name)
-    return isinstance(state, dict) and (match is None or state.get("global_step") == int(match.group(1)))
-
-
-def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
-    """The newest complete `checkpoint-<step>` folder of a training output folder (incomplete ones are skipped)."""
-    complete = [path for path in find_checkpoints(output_dir) if is_complete_checkpoint(path)]
-    return complete[-1] if complete else None
 
 
 def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int) -> list[Path]:
@@ -142,7 +110,7 @@ def average_checkpoints(
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_relpos.checkpoints",
+        prog="hf-relpos-average",
         description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
     )
     parser.add_argument("inputs", nargs="+", help="a training output folder, or checkpoint folders (oldest first)")

@@ -1,9 +1,9 @@
 """Model cards and Hugging Face Hub uploads for hf_relpos translation models.
 
-    python -m hf_relpos.hub render-cards configs/ --out model_cards/ \\
+    python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ \\
         --records docs/results/convergence/recipes_seeds_1_2/convergence.json \\
         docs/results/vs_marian/recipes_equal_budget/vs_marian.json        # one card per recipe, with its measurements
-    python -m hf_relpos.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
+    python -m hf_relpos.publish.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
 
 `render_model_card` writes a README.md (YAML metadata that `huggingface_hub.ModelCard` parses, then the scheme, the
 training recipe, the results, usage, limitations and BibTeX). `push_model_folder` uploads a saved model folder with
@@ -33,11 +33,11 @@ from transformers.tokenization_utils_base import (
 )
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from .configuration_relpos import RelPosTransformerConfig
-from .modeling_relpos import meta_model
+from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.modeling_relpos import meta_model
+from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
+from .files import write_text_atomic
 from .pipeline_relpos import TranslationPipeline
-from .positions import PositionScheme, SchemeCard, get_scheme_class
-from .safety import write_text_atomic
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
@@ -144,7 +144,7 @@ class RunRecord:
     """A training run, or a recipe before any run, as its model card describes it.
 
     The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
-    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.training.run_record` from a
+    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.training.run_record` from a
     finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
     its recipe complete the card.
     """
@@ -762,7 +762,7 @@ def _write_files(folder: Path, texts: Mapping[str, str]) -> None:
 # --------------------------------------------------------------------------------------------------- command line
 
 def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m hf_relpos.hub", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m hf_relpos.publish.hub", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render = commands.add_parser("render-cards", help="render model_cards/<recipe>.md for recipe YAML files")
     render.add_argument("paths", nargs="+", help="recipe .yaml files or folders of them")

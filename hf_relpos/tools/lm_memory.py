@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import Dataset, SequentialSampler
 from transformers import Trainer
 
-from .modeling_relpos import token_cross_entropy
+from ..model.modeling_relpos import token_cross_entropy
 
 
 class SegmentedStream(Dataset):
