@@ -117,8 +117,9 @@ def train_memorising_model(pairs, steps: int):
     torch.manual_seed(0)
     tokenizer = train_joint_tokenizer([text for pair in list(pairs) * 4 for text in pair], vocab_size=456)
     config = hf_relpos.RelPosTransformerConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_relative_position=4,
+        attention_type="shaw", vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
+        max_relative_position=4,
         layer_norm_position="pre", **special_token_ids(tokenizer),
     )
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)

@@ -62,19 +62,24 @@ def logits(model, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         return model(**batch).logits
 
 
-def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
-    marian = marian_model()
-    converted = marian_to_relpos(marian, attention_type="absolute")
-    assert not converted.training and converted.config.layer_norm_position == "post"
-    batch = padded_batch()
-    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
-    # A random model with tied embeddings repeats its last token; banning repeated bigrams makes the search real.
+def assert_generates_as_marian(converted, marian, batch: dict[str, torch.Tensor]) -> None:
+    """Greedy and beam-4 search give Marian's tokens. A random model with tied embeddings repeats its last token;
+    banning repeated bigrams makes the search real (checked: the output holds more than four distinct tokens)."""
     generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
                 "no_repeat_ngram_size": 2}
     for num_beams in (1, 4):
         expected = marian.generate(**generate, num_beams=num_beams)
         assert len(set(expected[:, 1:].flatten().tolist())) > 4
         assert torch.equal(converted.generate(**generate, num_beams=num_beams), expected)
+
+
+def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
+    marian = marian_model()
+    converted = marian_to_relpos(marian, attention_type="absolute")
+    assert not converted.training and converted.config.layer_norm_position == "post"
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
+    assert_generates_as_marian(converted, marian, batch)
     assert converted.generation_config.decoder_start_token_id == PAD
     assert converted.generation_config.forced_eos_token_id == EOS
 
@@ -383,12 +388,7 @@ def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search
                for p in stack.positions.parameters())
     batch = padded_batch()
     assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-12
-    generate = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "max_new_tokens": 12,
-                "no_repeat_ngram_size": 2}
-    for num_beams in (1, 4):
-        expected = marian.generate(**generate, num_beams=num_beams)
-        assert len(set(expected[:, 1:].flatten().tolist())) > 4
-        assert torch.equal(converted.generate(**generate, num_beams=num_beams), expected)
+    assert_generates_as_marian(converted, marian, batch)
 
 
 def test_hybrid_conversion_in_float32_generates_as_marian():

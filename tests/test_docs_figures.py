@@ -81,3 +81,12 @@ def test_the_readme_recommendation_holds_in_the_records(report):
     assert min(equal["directional"]["test_bleu"]) <= max(equal["absolute"]["test_bleu"])
     xl, directional = converged["xl"]["averaged_test_bleu"], converged["directional"]["averaged_test_bleu"]
     assert min(directional) <= max(xl) and min(xl) <= max(directional)
+
+
+def test_the_default_attention_type_is_the_recommended_scheme():
+    """README 'Which scheme' recommends `xl` and names it the default: the config's default follows the records."""
+    from hf_relpos import RelPosTransformerConfig
+
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "**Recommendation: `xl`**, the default `attention_type`" in readme
+    assert RelPosTransformerConfig().attention_type == "xl"
