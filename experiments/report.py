@@ -250,6 +250,10 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
     "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),
     "benchmarks_cpu_decoding": benchmark_report("benchmarks/issue16/decoding_after", bench_decoding.render_markdown),
+    "benchmarks_prepare_decoding_before": benchmark_report("benchmarks/prepare_stage/decoding_before",
+                                                           bench_decoding.render_markdown),
+    "benchmarks_prepare_decoding_after": benchmark_report("benchmarks/prepare_stage/decoding_after",
+                                                          bench_decoding.render_markdown),
 }
 
 

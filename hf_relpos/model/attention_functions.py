@@ -76,7 +76,7 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
 
     SDPA's memory-efficient CUDA kernel reads the mask in 16-byte vectors and pads only misaligned row strides: a
     view that starts off the boundary (Transformer-XL's rel-shift, `positions.rel_shift`) stops it with "CUDA
-    error: misaligned address" (torch 2.11, H100, bf16, a batch without padding).
+    error: misaligned address".
     """
     if mask.data_ptr() % SDPA_MASK_ALIGNMENT_BYTES == 0:
         return mask
