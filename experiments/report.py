@@ -254,6 +254,10 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                            bench_decoding.render_markdown),
     "benchmarks_prepare_decoding_after": benchmark_report("benchmarks/prepare_stage/decoding_after",
                                                           bench_decoding.render_markdown),
+    "benchmarks_prepare_training_before": benchmark_report("benchmarks/prepare_stage/training_before",
+                                                           bench_training.render_markdown),
+    "benchmarks_prepare_training_after": benchmark_report("benchmarks/prepare_stage/training_after",
+                                                          bench_training.render_markdown),
 }
 
 
