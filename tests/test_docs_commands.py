@@ -224,6 +224,7 @@ def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_pa
         for language in ("en", "de"):
             (data / f"{prefix}.{language}").write_text("".join(f"{pair[language]}\n" for pair in pairs),
                                                        encoding="utf-8")
+    (tmp_path / "configs").symlink_to(ROOT / "configs")  # the README's commands run from the repository root
     readme = [argv for page, argv in COMMANDS if page == "README.md"]
     train = next(argv for argv in readme if argv[0] == "hf-relpos-train" and "--help" not in argv)
     translate = next(argv for argv in readme if argv[0] == "hf-relpos-translate")
