@@ -135,8 +135,8 @@ def flex_kernel(query: torch.Tensor) -> Callable:
         # One compiled kernel per score_mod and mask pattern (each scheme, encoder and decoder, a^V's edge pass):
         # more than Dynamo's default limit of 8 per function, past which it would fall back to the unfused kernel.
         torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        _compiled_flex_attention = torch.compile(flex_attention, dynamic=False)
-    return without_autocast(_compiled_flex_attention)
+        _compiled_flex_attention = without_autocast(torch.compile(flex_attention, dynamic=False))
+    return _compiled_flex_attention
 
 
 def without_autocast(attend: Callable) -> Callable:

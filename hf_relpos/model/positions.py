@@ -15,6 +15,7 @@ defaults, validation, help) and what a model card says about it (`card`: title, 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -295,7 +296,7 @@ class RelativeBias:
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
     densify: Callable[[], torch.Tensor] | None = None
-    _dense: torch.Tensor | None = None
+    _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
 
     def dense(self) -> torch.Tensor:
         if self._dense is None:

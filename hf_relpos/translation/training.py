@@ -126,6 +126,11 @@ def _wait_for_files(paths: Sequence[Path], failed: Path, desc: str, poll_seconds
         time.sleep(poll_seconds)
 
 
+def turn_marker(prefix: Path, rank: int) -> Path:
+    """The file local rank `rank` writes when it has run a `local_main_first` block."""
+    return prefix.with_name(f"{prefix.name}.{rank}.done")
+
+
 @contextlib.contextmanager
 def local_main_first(prefix: Path, local_rank: int, local_world_size: int, desc: str,
                      poll_seconds: float = TURN_POLL_SECONDS) -> Iterator[None]:
@@ -136,7 +141,7 @@ def local_main_first(prefix: Path, local_rank: int, local_world_size: int, desc:
     failed = prefix.with_name(f"{prefix.name}.failed")
 
     def done(rank: int) -> Path:
-        return prefix.with_name(f"{prefix.name}.{rank}.done")
+        return turn_marker(prefix, rank)
 
     if local_rank != 0:
         _wait_for_files([done(0)], failed, desc, poll_seconds)
@@ -172,7 +177,7 @@ def main_process_first_without_timeout(training_args: TranslationTrainingArgumen
     torch.distributed.barrier()
     if state.is_local_main_process:
         for rank in range(local_world_size):
-            prefix.with_name(f"{prefix.name}.{rank}.done").unlink(missing_ok=True)
+            turn_marker(prefix, rank).unlink(missing_ok=True)
 
 
 def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
