@@ -22,23 +22,52 @@ from hf_relpos.translation.data import DataArguments, example_lengths, read_loca
 from hf_relpos.translation.tokenization import load_tokenizer
 
 
-def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str) -> tuple[np.ndarray, np.ndarray]:
+def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str,
+                 data_args: DataArguments | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token counts of every training pair's source and target, read and tokenized by train_translation.py's own
-    functions (with `</s>`; empty pairs dropped and overlong ones handled at the default length limits)."""
+    functions (with `</s>`; empty pairs dropped and overlong ones handled as `data_args` says, by default at the default
+    length limits)."""
     pairs = read_local_pairs(train_file, source, target)
-    data_args = DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
+    data_args = data_args or DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
     tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
     return example_lengths(tokenized)
+
+
+def batch_figures(batches: list[np.ndarray], source_lengths: np.ndarray, target_lengths: np.ndarray) -> dict[str, float]:
+    """Number of batches, mean pairs and padded source + target tokens per batch, and the padding share."""
+    padded = sum(len(batch) * (source_lengths[batch].max() + target_lengths[batch].max()) for batch in batches)
+    real = sum(source_lengths[batch].sum() + target_lengths[batch].sum() for batch in batches)
+    return {"batches": len(batches), "pairs": sum(map(len, batches)) / len(batches),
+            "padded_tokens": float(padded / len(batches)), "padding": float(1 - real / padded)}
+
+
+def training_batches(source_lengths: np.ndarray, target_lengths: np.ndarray, count: int, seed: int,
+                     budget: int | None, pool_factor: int | None, batch_size: int) -> list[np.ndarray]:
+    """The first `count` training batches of one process: with a token budget, the ones
+    `TokenBudgetBatchSampler` deals epoch after epoch (the very batches the Trainer draws); without one, random
+    batches of `batch_size` pairs (a draw from the distribution of the Trainer's RandomSampler, not its stream)."""
+    batches: list[np.ndarray] = []
+    if budget is None:
+        generator = np.random.default_rng(seed)
+        while len(batches) < count:
+            order = generator.permutation(len(source_lengths))
+            batches += [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+        return batches[:count]
+    sampler = TokenBudgetBatchSampler(source_lengths, target_lengths, budget, seed=seed, pool_factor=pool_factor)
+    epoch = 0
+    while len(batches) < count:
+        sampler.set_epoch(epoch)
+        batches += [np.asarray(batch) for batch in sampler]
+        epoch += 1
+    return batches[:count]
 
 
 def statistics(source_lengths: np.ndarray, target_lengths: np.ndarray, budget: int, pool_factor: int | None,
                seed: int) -> dict[str, float]:
     """Batches per epoch, mean pairs and padded tokens per batch, and the padding share of the first epoch."""
-    batches = list(TokenBudgetBatchSampler(source_lengths, target_lengths, budget, seed=seed, pool_factor=pool_factor))
-    padded = sum(len(batch) * (source_lengths[batch].max() + target_lengths[batch].max()) for batch in batches)
-    real = sum(source_lengths[batch].sum() + target_lengths[batch].sum() for batch in batches)
-    return {"batches": len(batches), "pairs": sum(map(len, batches)) / len(batches),
-            "padded_tokens": padded / len(batches), "padding": 1 - real / padded}
+    batches = [np.asarray(batch) for batch in
+               TokenBudgetBatchSampler(source_lengths, target_lengths, budget, seed=seed, pool_factor=pool_factor)]
+    return batch_figures(batches, source_lengths, target_lengths)
 
 
 def parse_pool_factor(text: str) -> int | None:

@@ -63,12 +63,20 @@ def code_versions(runs: Iterable[dict]) -> str:
     return ", ".join(f"`{version}`" for version in versions)
 
 
+def release_versions(runs: Iterable[dict]) -> str:
+    """The distinct torch / transformers releases the runs trained with ("not recorded" for runs older than the
+    record field)."""
+    versions = sorted({f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}"
+                       if "versions" in run else "not recorded" for run in runs})
+    return "; ".join(versions)
+
+
 def provenance(record: dict, path: str, command: str) -> str:
     """Date, hardware, code versions and the command of one record (what a reader needs to rerun it)."""
     runs = [run for system_runs in record["runs"].values() for run in system_runs]
     dates = sorted(run["date"][:10] for run in runs)
     return (f"Record [`{path}`](results/{path}), collected {record['date'][:10]} (runs {dates[0]} to {dates[-1]}); "
-            f"{record['device']}; code {code_versions(runs)}; torch / transformers versions not recorded; "
+            f"{record['device']}; code {code_versions(runs)}; releases: {release_versions(runs)}; "
             f"`{record['signature']}`. Command: `{command}`.\n")
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import statistics
 import subprocess
@@ -43,7 +44,10 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import sacrebleu
 import torch
+import transformers
+from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
@@ -58,6 +62,8 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
+from hf_relpos.translation.arguments import parse_arguments
+from hf_relpos.translation.data import DataArguments
 from hf_relpos.translation.environment import cpu_model_name
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
@@ -148,6 +154,9 @@ def _matched_row(scheme: str) -> Row:
 ROWS = {row.name: row for row in [
     Row(PEER),
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
+    # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs
+    *(_row(f"{scheme}+attention-dropout-0", scheme, f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.0")
+      for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
     _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
@@ -412,6 +421,33 @@ def source_version() -> str:
     return described.stdout.strip() or "unknown"
 
 
+def software_versions() -> dict[str, str]:
+    """The releases a run trained and was scored with."""
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
+
+
+def run_batches(row: Row, folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None) -> dict:
+    """Pairs and padding of a run's updates, from its own tokenizer and settings (experiments/batch_statistics.py):
+    a recipe's token-budget batches are the very batches its Trainer drew; the peer's batches of `--batch-size`
+    pairs a draw of the same random distribution."""
+    if row.is_peer:
+        data_args = DataArguments(train_file=str(args.data / "train.jsonl"), source_lang=args.source_lang,
+                                  target_lang=args.target_lang)
+        steps, budget, pool_factor, batch_size, accumulation = args.max_steps, None, None, args.batch_size, 1
+    else:
+        _, data_args, training_args = parse_arguments(argv)
+        steps, budget, pool_factor = training_args.max_steps, training_args.max_tokens_per_batch, training_args.length_pool_factor
+        batch_size, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
+    sources, targets = read_lengths(Path(data_args.train_file), str(folder / "model"), args.source_lang,
+                                    args.target_lang, data_args)
+    batches = training_batches(sources, targets, steps * accumulation, seed, budget, pool_factor, batch_size)
+    figures = batch_figures(batches, sources, targets)
+    return {"pairs_per_update": figures["pairs"] * accumulation, "padded_tokens_per_batch": figures["padded_tokens"],
+            "padding": figures["padding"], "batches": figures["batches"], "token_budget": budget,
+            "length_pool_factor": pool_factor, "gradient_accumulation_steps": accumulation}
+
+
 def row_record(row: Row) -> dict:
     """The row as stored in run.json (JSON types: the flags as a list)."""
     return json.loads(json.dumps(asdict(row)))
@@ -434,7 +470,10 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
     training = train_peer(folder, seed, args) if row.is_peer else train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
-    record = {"row": row_record(row), "seed": seed, "source_version": version, "wall_seconds": time.perf_counter() - started, **training,
+    wall_seconds = time.perf_counter() - started
+    record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
+              "wall_seconds": wall_seconds, **training,
+              "batches": run_batches(row, folder, seed, args, training.get("argv")),
               "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
@@ -457,6 +496,8 @@ def summarize(rows: list[Row], records: dict[str, list[dict]]) -> dict:
             **{f"{split}_{key}": [run["scores"][split][key] for run in runs]
                for split in SPLITS for key in ("bleu", "length_ratio")},
             "wall_minutes": [run["wall_seconds"] / 60 for run in runs],
+            "pairs_per_update": [run["batches"]["pairs_per_update"] for run in runs if "batches" in run],
+            "padding": [run["batches"]["padding"] for run in runs if "batches" in run],
         }
     return summary
 
@@ -473,14 +514,17 @@ def markdown(results: dict) -> str:
         f"{settings['max_new_tokens']} new tokens. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
-        "| row | system | seeds | test2016 BLEU | validation BLEU | test hyp/ref | validation hyp/ref | wall min |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| row | system | seeds | test2016 BLEU | validation BLEU | test hyp/ref | validation hyp/ref | pairs/update "
+        "| padding % | wall min |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in results["rows"].items():
+        pairs = spread(row["pairs_per_update"], 1) if row.get("pairs_per_update") else "not recorded"
+        padding = spread([100 * share for share in row["padding"]], 1) if row.get("padding") else "not recorded"
         lines.append(
             f"| {name} | {row['system']} | {', '.join(map(str, row['seeds']))} | {spread(row['test_bleu'])} | "
             f"{spread(row['validation_bleu'])} | {spread(row['test_length_ratio'], 3)} | "
-            f"{spread(row['validation_length_ratio'], 3)} | {spread(row['wall_minutes'], 0)} |"
+            f"{spread(row['validation_length_ratio'], 3)} | {pairs} | {padding} | {spread(row['wall_minutes'], 0)} |"
         )
     return "\n".join(lines) + "\n"
 

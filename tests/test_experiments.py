@@ -135,6 +135,7 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
 
 def load_experiment(script: Path, monkeypatch):
     """The experiment script imported as a module (registered in sys.modules for the test's duration)."""
+    monkeypatch.syspath_prepend(str(script.parent))   # its sibling scripts, as when it runs as a script
     spec = importlib.util.spec_from_file_location(script.stem, script)
     module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, spec.name, module)
@@ -290,6 +291,14 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     config = json.loads((work / "post-hf" / "seed1" / "model" / "config.json").read_text())
     assert (config["layer_norm_position"], config["d_model"], config["attention_type"]) == ("post", 16, "absolute")
     assert config["embedding_init_std"] == 0.02
+    # each run records its releases and the batches of its updates: the peer's 8 pairs, the recipe's token budget
+    # (per side: source and target padded tokens together within twice the budget)
+    peer_run = json.loads((work / "peer" / "seed1" / "run.json").read_text())
+    assert run["versions"]["torch"] == torch.__version__ == peer_run["versions"]["torch"]
+    assert peer_run["batches"]["pairs_per_update"] == 8 and peer_run["batches"]["batches"] == 2
+    assert run["batches"]["batches"] == 2 and run["batches"]["token_budget"] == 256
+    assert 0 < run["batches"]["padded_tokens_per_batch"] <= 2 * 256 and 0 <= run["batches"]["padding"] < 1
+    assert f"| {peer_run['batches']['pairs_per_update']:.1f}" in table
 
     (out / "vs_marian.md").unlink()
     subprocess.run([*common, "--seeds", "1", "2", "--collect-only"], check=True, timeout=300)
