@@ -70,7 +70,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
         for use_cache in (True, False):
             runs[(scheme, use_cache)] = generation(model, source, args.new_tokens, use_cache, args.dtype)
     keys = list(runs)
-    seconds = round_robin({f"{s}/{c}": runs[(s, c)] for s, c in keys}, args.warmup, args.repeats, args.device)
+    seconds = round_robin({f"{s}/{c}": runs[(s, c)] for s, c in keys}, args.warmup, args.repeats, args.device, args.clock)
     tokens = args.batch * args.new_tokens
     speed = {key: tokens / statistics.median(seconds[f"{key[0]}/{key[1]}"]) for key in keys}
     rows = []
@@ -146,7 +146,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark, writes decoding.{md,json} into --out and returns the JSON data."""
     args = parse_args(argv)
-    meta = environment(args.device, args.dtype) | {
+    meta = environment(args.device, args.dtype, args.clock) | {
         key: getattr(args, key)
         for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "warmup", "repeats")
     }

@@ -116,7 +116,7 @@ def baseline_labels(args: argparse.Namespace) -> list[str]:
 def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], str]:
     """Round-robin timing, then one peak-memory measurement per series (gradients cleared before it). Ratios are to
     absolute on its fastest kernel (the returned label)."""
-    seconds = round_robin({name: case.step for name, case in cases.items()}, args.warmup, args.repeats, args.device)
+    seconds = round_robin({name: case.step for name, case in cases.items()}, args.warmup, args.repeats, args.device, args.clock)
     baseline = min(baseline_labels(args), key=lambda label: statistics.median(seconds[label]))
     results = {}
     for name, case in cases.items():
@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
-    meta = environment(args.device, args.dtype) | {
+    meta = environment(args.device, args.dtype, args.clock) | {
         "kernel": args.kernel if len(args.kernels) == 1 else " / ".join(args.kernels),
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,

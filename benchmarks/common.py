@@ -9,6 +9,7 @@ import gc
 import json
 import platform
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -94,6 +95,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup", type=int, default=None, help="untimed rounds before the timed ones")
     parser.add_argument("--repeats", type=int, default=None, help="timed rounds (the median is reported)")
     parser.add_argument("--threads", type=int, help="CPU: torch.set_num_threads (default: torch's choice)")
+    parser.add_argument(
+        "--clock", choices=CLOCKS, default="wall",
+        help="wall: elapsed seconds; cpu: the CPU seconds of the timing thread (CPU, --threads 1 only), which other "
+             "processes on a shared machine do not inflate",
+    )
 
 
 def check_arguments(args: argparse.Namespace) -> None:
@@ -101,6 +107,9 @@ def check_arguments(args: argparse.Namespace) -> None:
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
     if BASELINE not in args.schemes:
         args.schemes.insert(0, BASELINE)
+    if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
+        raise SystemExit("--clock cpu: needs --device cpu and --threads 1 (the CPU time of the one thread that runs "
+                         f"every operator); got --device {args.device} --threads {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -117,16 +126,21 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
-def timed(run: Callable[[], Any], device: str) -> float:
-    """Wall-clock seconds of one call, with the GPU queue drained before and after."""
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}
+
+
+def timed(run: Callable[[], Any], device: str, clock: str = "wall") -> float:
+    """Seconds of one call on `clock` (CLOCKS), with the GPU queue drained before and after."""
+    now = CLOCKS[clock]
     synchronize(device)
-    start = time.perf_counter()
+    start = now()
     run()
     synchronize(device)
-    return time.perf_counter() - start
+    return now() - start
 
 
-def round_robin(runs: dict[str, Callable[[], Any]], warmup: int, repeats: int, device: str) -> dict[str, list[float]]:
+def round_robin(runs: dict[str, Callable[[], Any]], warmup: int, repeats: int, device: str,
+                clock: str = "wall") -> dict[str, list[float]]:
     """Seconds per call for every entry, `repeats` timed rounds after `warmup` untimed ones.
 
     Each round runs every entry once, and the starting entry rotates from round to round, so that load drift (other
@@ -137,7 +151,7 @@ def round_robin(runs: dict[str, Callable[[], Any]], warmup: int, repeats: int, d
     for round_idx in range(warmup + repeats):
         shift = round_idx % len(names)
         for name in names[shift:] + names[:shift]:
-            elapsed = timed(runs[name], device)
+            elapsed = timed(runs[name], device, clock)
             if round_idx >= warmup:
                 seconds[name].append(elapsed)
     return seconds
@@ -187,8 +201,15 @@ def fit_quadratic_memory(lengths: list[int], batches: list[int], peaks: list[flo
     return float(solution[0]), float(solution[1])
 
 
-def environment(device: str, dtype: str) -> dict[str, Any]:
-    """Device, processor, versions, date and command line of this run (the header of every report)."""
+def source_version() -> str:
+    """`git describe --always --dirty` of this checkout ("unknown" outside a git checkout)."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parents[1],
+                               capture_output=True, text=True)
+    return described.stdout.strip() or "unknown"
+
+
+def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
+    """Device, processor, versions, code, clock, date and command line of this run (the header of every report)."""
     if device == "cuda":
         device_name = torch.cuda.get_device_name()
     else:
@@ -202,6 +223,8 @@ def environment(device: str, dtype: str) -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "python": platform.python_version(),
+        "code": source_version(),
+        "clock": clock,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }
 
@@ -226,3 +249,5 @@ def environment_lines(meta: dict[str, Any]) -> Iterator[str]:
     yield (f"- device: {meta['device']} ({meta['device_name']}, {meta['cpu_threads']} CPU threads), dtype "
            f"{meta['dtype']}, attention kernel {meta['kernel']}")
     yield f"- torch {meta['torch']}, transformers {meta['transformers']}, python {meta['python']}, {meta['date']}"
+    if "code" in meta:   # records before these fields: wall clock, code version not recorded
+        yield f"- code `{meta['code']}`, clock: {meta['clock']}"

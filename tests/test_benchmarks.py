@@ -84,3 +84,21 @@ def test_training_benchmark_compares_kernels_with_absolute_on_its_fastest(tmp_pa
     assert rows[baseline]["ratio"] == 1.0
     other = "absolute@eager" if baseline == "absolute@sdpa" else "absolute@sdpa"
     assert statistics.median(rows[other]["seconds"]) >= statistics.median(rows[baseline]["seconds"])
+
+
+def test_cpu_clock_times_the_one_thread_and_is_recorded_with_the_code_version(tmp_path: Path, monkeypatch) -> None:
+    """--clock cpu reads the timing thread's CPU time (time.thread_time), and the record says which clock and code;
+    with more than one thread (or a GPU) it is one clear error, as the other threads' time would be missed."""
+    from benchmarks import common
+
+    calls = []
+    monkeypatch.setitem(common.CLOCKS, "cpu", lambda: calls.append(1) or float(len(calls)))
+    argv = ["--device", "cpu", "--shapes", "tiny", "--lengths", "8", "--tokens", "16", "--benchmarks", "attention",
+            "--schemes", "absolute", "xl", "--warmup", "0", "--repeats", "2", "--clock", "cpu", "--out", str(tmp_path)]
+    data = bench_training.main([*argv, "--threads", "1"])
+    assert len(calls) == 2 * 2 * 2   # start and stop of 2 schemes x 2 rounds, every one on the CPU clock
+    assert all(r["seconds"] == [1.0, 1.0] for r in data["training"])
+    assert data["meta"]["clock"] == "cpu" and data["meta"]["code"] != ""
+    assert f"- code `{data['meta']['code']}`, clock: cpu" in (tmp_path / "training.md").read_text()
+    with pytest.raises(SystemExit, match="--clock cpu: needs --device cpu and --threads 1"):
+        bench_training.main([*argv, "--threads", "2"])
