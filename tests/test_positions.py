@@ -13,7 +13,7 @@ from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_attention
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.model.positions import PositionContext, get_scheme_class
+from hf_relpos.model.positions import QUERY_BLOCK, PositionContext, clipped_rel_shift, get_scheme_class
 from hf_relpos.model.positions_t5 import relative_position_bucket
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -426,8 +426,8 @@ def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, ad
 
 def test_xl_position_scores_in_both_orders_match_the_loop():
     """`XLPositions.position_scores` projects the distances (many queries) or the queries (few, as in cached
-    decoding); both orders give (q + v) . W_kR R_d exactly, also for distances beyond the sinusoid table's first
-    size (64), which grows from the span its caller computes."""
+    decoding); both orders give (q + v) . W_kR R_d / sqrt(d) exactly, also for distances beyond the sinusoid table's
+    first size (64), which grows from the span its caller computes."""
     attention, scheme = make_attention("xl", True, "eager", clamp_len=None)
     projection = scheme.position_projections[0].weight
     # 12 queries vs 6 distances; 1 query vs 40; distances down to -295; a decoding step 200 tokens in
@@ -438,8 +438,53 @@ def test_xl_position_scores_in_both_orders_match_the_loop():
         scores = scheme.position_scores(0, position_query, encodings)
         for p in range(count):
             relative = (projection @ sinusoid_by_loop(largest - p, scheme.config.d_model)).view(HEADS, HEAD_DIM)
-            expected = torch.einsum("bhnd,hd->bhn", position_query, relative)
+            expected = torch.einsum("bhnd,hd->bhn", position_query, relative) / math.sqrt(HEAD_DIM)
             assert (scores[..., p] - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("query_length, key_length, offset", [
+    (5, 5, 0), (QUERY_BLOCK, QUERY_BLOCK, 0), (QUERY_BLOCK + 1, QUERY_BLOCK + 1, 0), (2 * QUERY_BLOCK + 7, 150, 13),
+    (1, 150, 149), (150, 40, 0),
+])
+@pytest.mark.parametrize("k", [0, 1, 3, 70, 300])
+def test_clipped_rel_shift_of_query_blocks_is_the_clipped_gather(query_length, key_length, offset, k):
+    """Shaw's dense a^K bias, built QUERY_BLOCK queries at a time: table[i, clip(j - i - offset, k) + k] for every
+    key, its gradient the scatter-add into the 2k + 1 buckets (float64, 1e-12), at block edges, with a query offset
+    (cached decoding), fewer keys than queries and k beyond the sequence."""
+    table = torch.randn(2, 3, query_length, 2 * k + 1, dtype=torch.float64, requires_grad=True)
+    dense = clipped_rel_shift(table, key_length, k, offset)
+    relative = torch.arange(key_length)[None, :] - torch.arange(offset, offset + query_length)[:, None]
+    index = (relative.clamp(-k, k) + k).expand(2, 3, query_length, key_length)
+    expected = torch.gather(table, -1, index)
+    assert torch.equal(dense, expected)
+    upstream = torch.randn_like(dense)
+    (grad,) = torch.autograd.grad((dense * upstream).sum(), table)
+    (expected_grad,) = torch.autograd.grad((expected * upstream).sum(), table)
+    assert (grad - expected_grad).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("length", [5, QUERY_BLOCK, QUERY_BLOCK + 1, 2 * QUERY_BLOCK + 7])
+def test_xl_dense_bias_of_query_blocks_matches_the_equation_with_gradients(length):
+    """The encoder's dense (b)+(d) bias is computed QUERY_BLOCK queries at a time, each block against only the
+    distances it meets: equal to (q_i + v) . W_kR R_(i-j) / sqrt(d) from the sinusoids by loop, and so are the
+    gradients of the queries, W_kR and v (float64, 1e-12), also across block edges."""
+    attention, scheme = make_attention("xl", False, "eager", clamp_len=None)
+    q, k, _ = inputs(length, length)
+    q.requires_grad_(True)
+    context = scheme.prepare(PositionContext(length, length, 0, None, q.device, q.dtype))
+    dense = scheme.terms(1, q, k, context).score_bias.dense()
+    weight, v_biases = scheme.position_projections[1].weight, scheme.position_bias
+    relative = torch.stack([(weight @ sinusoid_by_loop(d, scheme.config.d_model)).view(HEADS, HEAD_DIM)
+                            for d in range(length - 1, -length, -1)])   # distance length - 1 - p
+    distance_index = (length - 1 - torch.arange(length)[:, None] + torch.arange(length)[None, :])
+    expected = torch.einsum("bhid,ijhd->bhij", q + v_biases[1][:, None, :], relative[distance_index]) / math.sqrt(HEAD_DIM)
+    assert dense.shape == (BATCH, HEADS, length, length)
+    assert (dense - expected).abs().max().item() < TOLERANCE
+    upstream = torch.randn_like(dense)
+    fast = torch.autograd.grad((dense * upstream).sum(), (q, weight, v_biases))
+    slow = torch.autograd.grad((expected * upstream).sum(), (q, weight, v_biases))
+    for fast_grad, slow_grad in zip(fast, slow, strict=True):
+        assert (fast_grad - slow_grad).abs().max().item() < TOLERANCE * max(1.0, slow_grad.abs().max().item())
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -173,7 +173,7 @@ def flex_score_mod(
     """The score bias as a FlexAttention score_mod: a `RelativeBias` table read through its bucket (no n x m float
     tensor), or a dense bias read per entry."""
     if isinstance(score_bias, RelativeBias):
-        table, bucket = score_bias.table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
+        table, bucket = score_bias.full_table().to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
 
         def score_mod(score, b, h, q, kv):
             return score + table[b, h, q, bucket(q, kv)]
@@ -268,7 +268,7 @@ def relative_value_masses(
         if isinstance(score_bias, RelativeBias):
             rows = torch.arange(first, last, device=query.device)
             column = score_bias.bucket(rows, rows + distance)
-            table = score_bias.table.expand(batch, heads, -1, -1)[:, :, first:last]
+            table = score_bias.full_table().expand(batch, heads, -1, -1)[:, :, first:last]
             scores = scores + table.gather(-1, column[None, None, :, None].expand(batch, heads, -1, 1)).squeeze(-1)
         elif score_bias is not None:
             dense = score_bias.expand(batch, heads, query_length, key_length)

@@ -259,26 +259,45 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     )
 
 
+QUERY_BLOCK = 64   # queries per block of a dense relative bias (`query_blocks`)
+
+
+def query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, slice]]:
+    """(first query, block size, columns) of each block of QUERY_BLOCK queries of a relative bias whose column p
+    stands for the relative position p - (n - 1) - query_offset (key minus query, largest distance first, n + m - 1
+    columns). Queries [a, a + b) meet only columns n - a - b .. n - a + m - 2: b + m - 1 of them, so a dense bias built
+    block by block reads and skews n (b + m - 1) entries instead of n (n + m - 1), half at n = m >> b."""
+    blocks = []
+    for first in range(0, query_length, QUERY_BLOCK):
+        size = min(QUERY_BLOCK, query_length - first)
+        blocks.append((first, size, slice(query_length - first - size, query_length - first + key_length - 1)))
+    return blocks
+
+
 def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_position: int,
                       query_offset: int = 0) -> torch.Tensor:
     """out[..., i, j] = table[..., i, clip(j - i', k) + k], i' = i + query_offset: Shaw et al.'s (2018) a^K term
     (eq. 5) for every key, without a gather. A gather's backward is a scatter-add whose indices repeat across the
     whole row (every key beyond distance k adds into one of the two edge buckets), which serialises on a GPU
-    (pytorch/pytorch#53491). Instead the 2k + 1 columns are widened to one per relative position, the edge columns
-    repeated by `expand` (their gradient is a sum), skewed by `rel_shift` and copied out (the widened tensor is not
-    kept alive by the result)."""
+    (pytorch/pytorch#53491). Instead, block by block of queries (`query_blocks`), the 2k + 1 columns are widened to
+    one per relative position the block meets, the edge columns repeated by `expand` (their gradient is a sum),
+    skewed by `rel_shift` and copied out (the widened tensors are not kept alive by the result)."""
     query_length = table.size(-2)
     k = max_relative_position
-    columns = query_length + key_length - 1   # column p: key position minus query position = p - largest
-    largest = query_offset + query_length - 1
-    first, last = max(0, largest - k), min(columns - 1, largest + k)   # the columns within [-k, k]
-    edge_shape = table.shape[:-1]
-    widened = torch.cat([
-        table[..., :1].expand(*edge_shape, first),
-        table[..., first - largest + k : last - largest + k + 1],
-        table[..., -1:].expand(*edge_shape, columns - 1 - last),
-    ], dim=-1)
-    return rel_shift(widened, key_length).contiguous()
+    largest = query_offset + query_length - 1   # column p: key position minus query position = p - largest
+    blocks = []
+    for first_query, size, columns in query_blocks(query_length, key_length):
+        rows = table[..., first_query : first_query + size, :]
+        # columns up to largest - k hold bucket 0, from largest + k bucket 2k, between them bucket p - largest + k
+        band_first, band_last = max(columns.start, largest - k), min(columns.stop - 1, largest + k)
+        edge_shape = rows.shape[:-1]
+        widened = torch.cat([
+            rows[..., :1].expand(*edge_shape, max(0, min(columns.stop, band_first) - columns.start)),
+            rows[..., band_first - largest + k : band_last - largest + k + 1],
+            rows[..., -1:].expand(*edge_shape, max(0, columns.stop - max(columns.start, band_last + 1))),
+        ], dim=-1)
+        blocks.append(rel_shift(widened, key_length))
+    return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
 
 
 @dataclass
@@ -286,28 +305,35 @@ class RelativeBias:
     """A score bias that depends on (query i, key j) only through a bucket: bias[b, h, i, j] = table[b, h, i, bucket(i, j)].
 
     `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
-    distance d; T5: the bucket table, expanded). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels
-    (by `densify` when the scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a
-    record shared by every layer (T5) is expanded once per forward. The FlexAttention kernel reads `table` through
-    `bucket` inside its score_mod and never builds the n x m float tensor.
+    distance d; T5: the bucket table, expanded), or a function computing it when a kernel first asks
+    (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
+    scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a record shared by every
+    layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
+    score_mod and never builds the n x m float tensor.
     """
 
-    table: torch.Tensor
+    table: torch.Tensor | Callable[[], torch.Tensor]
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
     densify: Callable[[], torch.Tensor] | None = None
     _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
+
+    def full_table(self) -> torch.Tensor:
+        if callable(self.table):
+            self.table = self.table()
+        return self.table
 
     def dense(self) -> torch.Tensor:
         if self._dense is None:
             if self.densify is not None:
                 self._dense = self.densify()
             else:
-                batch, heads, query_length, _ = self.table.shape
-                queries = torch.arange(query_length, device=self.table.device)[:, None]
-                keys = torch.arange(self.key_length, device=self.table.device)[None, :]
+                table = self.full_table()
+                batch, heads, query_length, _ = table.shape
+                queries = torch.arange(query_length, device=table.device)[:, None]
+                keys = torch.arange(self.key_length, device=table.device)[None, :]
                 index = self.bucket(queries, keys).expand(batch, heads, query_length, self.key_length)
-                self._dense = torch.gather(self.table, -1, index)
+                self._dense = torch.gather(table, -1, index)
         return self._dense
 
 

@@ -18,6 +18,7 @@ from .positions import (
     SchemeCard,
     boolean_field,
     integer_field,
+    query_blocks,
     register_attention,
     rel_shift,
     sinusoids,
@@ -125,8 +126,13 @@ class XLPositions(PositionScheme):
             span = min(span, self.clamp_len)
         return context.extend(XLContext, bucket=bucket, encodings=self.encodings(distances, span, context.dtype))
 
+    def scaled_projection(self, layer_idx: int, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
+        """W_kR / sqrt(d) [H * d, d_model]: the score scale folded into the (small) weight, not the [B, H, n, count]
+        scores."""
+        return self.position_projections[layer_idx].weight.to(dtype) * head_dim**-0.5
+
     def position_scores(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor) -> torch.Tensor:
-        """(q + v) . W_kR R_d [B, H, n, count] for the `count` encodings R_d [count, d_model].
+        """(q + v) . W_kR R_d / sqrt(d) [B, H, n, count] for the `count` encodings R_d [count, d_model].
 
         Two orders of the same product, the cheaper one for the shapes at hand: project the `count` encodings
         (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
@@ -135,7 +141,7 @@ class XLPositions(PositionScheme):
         batch, heads, query_length, head_dim = position_query.shape
         encodings = encodings.to(position_query.dtype)
         count = encodings.size(0)
-        weight = self.position_projections[layer_idx].weight.to(position_query.dtype)
+        weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
         model_dim = weight.size(1)
         queries = batch * query_length
         if queries * (model_dim + heads * count) < count * (model_dim + queries):
@@ -143,20 +149,44 @@ class XLPositions(PositionScheme):
             projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
             scores = torch.matmul(projected_queries, encodings.t())
             return scores.view(heads, batch, query_length, count).transpose(0, 1)
-        projected = (encodings @ weight.t()).view(count, heads, head_dim)
-        return torch.matmul(position_query, projected.permute(1, 2, 0))
+        return torch.matmul(position_query, self.projected_encodings(weight, encodings, heads))
+
+    @staticmethod
+    def projected_encodings(weight: torch.Tensor, encodings: torch.Tensor, heads: int) -> torch.Tensor:
+        """W_kR R_d / sqrt(d) per head: [H, d, count]."""
+        return (encodings @ weight.t()).view(encodings.size(0), heads, -1).permute(1, 2, 0)
+
+    def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor,
+                              key_length: int) -> torch.Tensor:
+        """The dense (b)+(d) bias [B, H, n, m] of bidirectional, consecutive positions, a block of queries at a time
+        (`query_blocks`): each block is multiplied with only the distances it meets (`encodings` [n + m - 1,
+        d_model], largest first) and aligned by `rel_shift`."""
+        query_length, heads, head_dim = position_query.size(-2), position_query.size(1), position_query.size(-1)
+        weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
+        projected = self.projected_encodings(weight, encodings.to(position_query.dtype), heads)
+        blocks = [
+            rel_shift(torch.matmul(position_query[:, :, first : first + size], projected[..., columns]), key_length)
+            for first, size, columns in query_blocks(query_length, key_length)
+        ]
+        return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
-        head_dim, key_length = query.size(-1), key.size(-2)
+        key_length = key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
         position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
-        position_scores = self.position_scores(layer_idx, position_query, context.encodings) * head_dim**-0.5
-        score_bias = RelativeBias(
-            table=position_scores,
-            bucket=context.bucket,
-            key_length=key_length,
-            densify=(lambda: rel_shift(position_scores, key_length)) if context.positions is None else None,
-        )
+        encodings = context.encodings
+
+        def table() -> torch.Tensor:
+            return self.position_scores(layer_idx, position_query, encodings)
+
+        densify = None
+        if context.positions is None and not self.is_causal:
+            def densify() -> torch.Tensor:
+                return self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
+        elif context.positions is None:
+            def densify() -> torch.Tensor:
+                return rel_shift(score_bias.full_table(), key_length)
+        score_bias = RelativeBias(table=table, bucket=context.bucket, key_length=key_length, densify=densify)
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
                               score_bias=score_bias)
 
