@@ -475,10 +475,53 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "lengths (as Ruoss et al. 2023 train), and every evaluation batch one length; default: "
                              "lengths mixed within a batch")
     parser.add_argument("--save-models", type=Path, help="save each run's first-seed model under this folder")
+    parser.add_argument("--evaluate-saved", type=Path, metavar="FOLDER",
+                        help="train nothing: score the models that --save-models wrote to FOLDER (the runs of --only) "
+                             "on the sets of --eval-seed. Settings are chosen looking at one evaluation seed "
+                             "(1234 so far); the table to report comes from another seed's sets, never looked at")
     args = parser.parse_args(argv)
     if args.quick:
         args.steps, args.d_model, args.layers, args.heads, args.eval_size, args.seeds = 4, 16, 1, 2, 6, [1]
     return args
+
+
+def saved_model_folder(root: Path, spec: RunSpec) -> Path:
+    return root / spec.name.replace(" ", "_").replace("^", "").replace(",", "")
+
+
+def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
+    """Score saved models (no training) on the sets of `--eval-seed`; writes saved_models.{json,md} to --out."""
+    torch.set_num_threads(args.threads)
+    sets = eval_sets(args)
+    runs, signature = [], ""
+    for spec in specs:
+        folder = saved_model_folder(args.evaluate_saved, spec)
+        if not (folder / "config.json").is_file():
+            raise SystemExit(f"length_generalization.py: --evaluate-saved: no saved model of {spec.name!r} in {folder}")
+        model = RelPosTransformerForConditionalGeneration.from_pretrained(folder)
+        result, signature = evaluate(model, sets, args)
+        runs.append({"name": spec.name, "model": str(folder), "result": result})
+    results = {"buckets": [f"{low}-{high}" for low, high in BUCKETS], "settings": json_settings(args),
+               "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "bleu_signature": signature,
+               "runs": runs}
+    lines = [f"# Saved models scored on evaluation seed {args.eval_seed}", "",
+             f"{args.eval_size} sequences per bucket, greedy; exact match (%) and BLEU (`{signature}`).", "",
+             "| run | " + " | ".join(f"acc {b} | BLEU {b}" for b in results["buckets"]) + " |",
+             "|" + " --- |" * (2 * len(results["buckets"]) + 1)]
+    for run in runs:
+        cells = " | ".join(f"{100 * run['result'][b]['accuracy']:.1f} | {run['result'][b]['bleu']:.1f}"
+                           for b in results["buckets"])
+        lines.append(f"| {run['name']} | {cells} |")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "saved_models.json").write_text(json.dumps(results, indent=1) + "\n")
+    (args.out / "saved_models.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return results
+
+
+def json_settings(args: argparse.Namespace) -> dict:
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
 
 
 def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, list[list[int]]]) -> dict:
@@ -493,7 +536,7 @@ def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, 
         result, signature = evaluate(model, sets, args)
         per_seed.append(result)
         if args.save_models and seed == args.seeds[0]:
-            folder = args.save_models / spec.name.replace(" ", "_").replace("^", "").replace(",", "")
+            folder = saved_model_folder(args.save_models, spec)
             model.save_pretrained(folder)
             letter_tokenizer().save_pretrained(folder)
     run = {
@@ -508,9 +551,11 @@ def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, 
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    specs = [spec for spec in run_specs() if not args.only or spec.name in args.only]
+    if args.evaluate_saved:
+        return evaluate_saved(args, specs)
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     args.out.mkdir(parents=True, exist_ok=True)
-    specs = [spec for spec in run_specs() if not args.only or spec.name in args.only]
     sets = eval_sets(args)
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=args.jobs, mp_context=context) as pool:
@@ -518,7 +563,7 @@ def main(argv: list[str] | None = None) -> dict:
     signature = runs[0].pop("bleu_signature")
     for run in runs[1:]:
         run.pop("bleu_signature")
-    settings = {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
+    settings = json_settings(args)
     results = {
         "task": f"sequence reversal over {len(SYMBOLS)} letters (repeats allowed)",
         "train_lengths": list(TRAIN_LENGTHS),

@@ -247,6 +247,24 @@ def benchmark_report(stem: str, renderer: Callable[..., str]) -> Callable[[], st
     return render
 
 
+SAVED_MODEL = "length_generalization_issue18/window2_d128_length_scaled_seed1_saved_model"
+
+
+def results_length_generalization_fresh_sets() -> str:
+    """The seed-1 model scored on the selection sets (evaluation seed 1234) and on sets never looked at."""
+    rows = []
+    for purpose, seed in (("chose the settings", 1234), ("never looked at", 2026)):
+        record = read(f"{SAVED_MODEL}/eval_seed_{seed}/saved_models.json")
+        (run,) = record["runs"]
+        rows.append([str(record["settings"]["eval_seed"]), purpose, str(record["settings"]["eval_size"]),
+                     *(f"{100 * run['result'][bucket]['accuracy']:.1f} %" for bucket in record["buckets"])])
+    caption = (f"`{run['name']}`, training seed 1, scored without training (`--evaluate-saved`) on two evaluation "
+               f"seeds' sets; {record['device']['cpu']}, torch {record['device']['torch']}. Records and commands: "
+               f"[`{SAVED_MODEL}`](results/{SAVED_MODEL}/).\n\n")
+    return caption + table(["evaluation seed", "its sets", "sequences per bucket",
+                            *(f"exact match {bucket}" for bucket in record["buckets"])], rows)
+
+
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
@@ -254,6 +272,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_convergence": results_convergence,
     "results_length_generalization": results_length_generalization,
+    "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
     "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
     "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),

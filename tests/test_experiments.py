@@ -213,6 +213,27 @@ def test_longest_repeat_is_the_longest_run_of_letters_occurring_twice(monkeypatc
     assert task.repeat_class(sequence) == task.REPEAT_CLASSES[min(max(longest - 1, 0), 2)]
 
 
+def test_saved_models_score_as_in_training_on_its_sets_and_afresh_on_another_seed(tmp_path):
+    """--evaluate-saved scores a saved model without training: on the training run's evaluation seed it reproduces
+    that run's figures; on another seed it scores other sequences; a run with no saved model is one clear error."""
+    run_name = "shaw window=2 length-scaled"
+    common = [sys.executable, str(EXPERIMENT), "--quick", "--only", run_name]
+    subprocess.run([*common, "--out", str(tmp_path / "trained"), "--save-models", str(tmp_path / "models")],
+                   check=True, timeout=300)
+    (trained,) = json.loads((tmp_path / "trained" / "length_generalization.json").read_text())["runs"]
+    scored = {}
+    for seed in (1234, 99):
+        subprocess.run([*common, "--out", str(tmp_path / f"seed{seed}"), "--evaluate-saved", str(tmp_path / "models"),
+                        "--eval-seed", str(seed)], check=True, timeout=300)
+        (scored[seed],) = json.loads((tmp_path / f"seed{seed}" / "saved_models.json").read_text())["runs"]
+    assert scored[1234]["result"] == trained["per_seed"][0]
+    assert scored[99]["result"] != scored[1234]["result"]   # other sequences, other BLEU
+    assert f"| {run_name} |" in (tmp_path / "seed99" / "saved_models.md").read_text()
+    missing = subprocess.run([sys.executable, str(EXPERIMENT), "--quick", "--only", "xl", "--out", str(tmp_path / "x"),
+                              "--evaluate-saved", str(tmp_path / "models")], capture_output=True, text=True, timeout=300)
+    assert missing.returncode != 0 and "no saved model of 'xl'" in missing.stderr
+
+
 def test_one_length_evaluation_batches_hold_one_length_each_and_cover_every_sequence(monkeypatch):
     task = load_task(monkeypatch)
     sequences = task.sample_sequences(torch.Generator().manual_seed(2), 40, 1, 5)
