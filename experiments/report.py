@@ -194,6 +194,12 @@ def results_recipes_equal_budget() -> str:
     return "\n".join(passages)
 
 
+def results_attention_dropout() -> str:
+    path = "vs_marian/attention_dropout_xl/vs_marian.json"
+    record = read(path)
+    return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
+
+
 def results_convergence() -> str:
     """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
     caption also quotes pairs per step, which no record measured)."""
@@ -247,6 +253,28 @@ def benchmark_report(stem: str, renderer: Callable[..., str]) -> Callable[[], st
     return render
 
 
+def training_before_after(before_stem: str, after_stem: str) -> Callable[[], str]:
+    """Two bench_training records of the same command side by side: each scheme's ratio to absolute (and tokens/s)
+    per benchmark and length, with both runs' code versions, clocks and commands."""
+    def render() -> str:
+        records = [read(f"{stem}.json") for stem in (before_stem, after_stem)]
+        lines = []
+        for label, stem, record in zip(("Before", "After"), (before_stem, after_stem), records, strict=True):
+            meta = record["meta"]
+            lines.append(f"- {label}: record [`{stem}.json`](results/{stem}.json), code `{meta['code']}`, clock "
+                         f"{meta['clock']}, {meta['device_name']}, {meta['cpu_threads']} thread(s), torch "
+                         f"{meta['torch']}; `{meta['command']}`")
+        keyed = [{(r["benchmark"], r["shape"], r["length"], r["batch"], r["scheme"]): r for r in record["training"]}
+                 for record in records]
+        rows = [[*map(str, key[:4]), key[4], f"{before['ratio']:.3f}", f"{keyed[1][key]['ratio']:.3f}",
+                 f"{before['tokens_per_s']:.0f}", f"{keyed[1][key]['tokens_per_s']:.0f}"]
+                for key, before in keyed[0].items() if key in keyed[1]]
+        return "\n".join(lines) + "\n\n" + table(
+            ["benchmark", "shape", "n", "batch", "scheme", "ratio before", "ratio after", "tokens/s before",
+             "tokens/s after"], rows)
+    return render
+
+
 SAVED_MODEL = "length_generalization_issue18/window2_d128_length_scaled_seed1_saved_model"
 
 
@@ -271,8 +299,11 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_convergence": results_convergence,
+    "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
+    "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
+                                                     "benchmarks/query_blocks/training_after"),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
     "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
     "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),
