@@ -299,7 +299,6 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_convergence": results_convergence,
-    "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
