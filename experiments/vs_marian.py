@@ -71,12 +71,17 @@ from hf_relpos.translation.tokenization import (
     SPECIAL_TOKENS,
     WORD_START,
     load_tokenizer,
+    train_joint_tokenizer,
     wrap_tokenizer,
 )
 from hf_relpos.translation.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"
+# The peer trained with the recipes' tokenizer (hf_relpos' BPE: NFC, 256 byte tokens, trained as train_translation.py
+# trains it) instead of its own, so that a comparison with the recipes differs in the model and trainer only.
+PEER_WITH_RECIPE_TOKENIZER = "peer-with-recipe-tokenizer"
+PEER_RECIPES = (PEER, PEER_WITH_RECIPE_TOKENIZER)
 # train_translation.py flags of each --init choice (the token-embedding init).
 EMBEDDING_INIT_FLAGS = {"recipe": (), "hf": ("--model.embedding_init_std", "0.02"),
                         "vaswani": ("--model.embedding_init_std", "null")}
@@ -129,9 +134,11 @@ class Row:
 
     @property
     def is_peer(self) -> bool:
-        return self.recipe == PEER
+        return self.recipe in PEER_RECIPES
 
     def describe(self) -> str:
+        if self.recipe == PEER_WITH_RECIPE_TOKENIZER:
+            return "HF MarianMTModel, plain Seq2SeqTrainer, hf_relpos' tokenizer"
         if self.is_peer:
             return "HF MarianMTModel, plain Seq2SeqTrainer"
         recipe = self.recipe if self.recipe.endswith((".yaml", ".yml")) else f"multi30k_small_{self.recipe}.yaml"
@@ -153,6 +160,7 @@ def _matched_row(scheme: str) -> Row:
 # The predefined rows: the recipes as they are, and the one-difference-at-a-time ablations of docs/results.md.
 ROWS = {row.name: row for row in [
     Row(PEER),
+    Row("peer+recipe-tokenizer", PEER_WITH_RECIPE_TOKENIZER),
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
     # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs
     *(_row(f"{scheme}+attention-dropout-0", scheme, f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.0")
@@ -190,7 +198,7 @@ def parse_row(spec: str) -> Row:
         del flags[position : position + 2]
         if init not in EMBEDDING_INIT_FLAGS:
             raise SystemExit(f"vs_marian.py: row {name!r}: --init must be one of {list(EMBEDDING_INIT_FLAGS)}, got {init!r}")
-    if recipe == PEER:
+    if recipe in PEER_RECIPES:
         raise SystemExit(f"vs_marian.py: row {name!r}: the peer has no flags; use the predefined row {PEER!r}")
     return Row(name, recipe, tuple(flags), init)
 
@@ -230,11 +238,14 @@ def peer_config(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) ->
     )
 
 
-def train_peer(folder: Path, seed: int, args: argparse.Namespace, **training_overrides: object) -> dict:
-    """Tokenizer, MarianMTModel and a plain Seq2SeqTrainer run; the model and tokenizer are saved in `folder`.
-    `training_overrides` replace Seq2SeqTrainingArguments fields (experiments/convergence.py: epochs, checkpoints)."""
+def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = PEER,
+               **training_overrides: object) -> dict:
+    """Tokenizer (the peer's own, or the recipes' for PEER_WITH_RECIPE_TOKENIZER), MarianMTModel and a plain
+    Seq2SeqTrainer run; the model and tokenizer are saved in `folder`. `training_overrides` replace
+    Seq2SeqTrainingArguments fields (experiments/convergence.py: epochs, checkpoints)."""
     sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
-    tokenizer = train_peer_tokenizer([*sources, *targets], args.vocab_size)
+    train_tokenizer = {PEER: train_peer_tokenizer, PEER_WITH_RECIPE_TOKENIZER: train_joint_tokenizer}[recipe]
+    tokenizer = train_tokenizer([*sources, *targets], args.vocab_size)
     set_seed(seed)
     model = MarianMTModel(peer_config(tokenizer, args))
     train_dataset = Dataset.from_dict({"source": sources, "target": targets}).map(
@@ -468,7 +479,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
     version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
-    training = train_peer(folder, seed, args) if row.is_peer else train_recipe(row, folder, seed, args)
+    training = train_peer(folder, seed, args, row.recipe) if row.is_peer else train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),

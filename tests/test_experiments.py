@@ -327,6 +327,17 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     missing = subprocess.run([*common, "--seeds", "3", "--collect-only"], capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
 
+    # the peer with the recipes' tokenizer: the very vocabulary and merges train_translation.py trained for post-hf
+    subprocess.run([*common[: common.index("--rows")], "--rows", "peer+recipe-tokenizer", *TINY_VS_MARIAN,
+                    "--seeds", "1"], check=True, timeout=600)
+    peer_tokenizer, recipe_tokenizer = (
+        json.loads((work / name / "seed1" / "model" / "tokenizer.json").read_text())["model"]
+        for name in ("peer+recipe-tokenizer", "post-hf"))
+    own_tokenizer = json.loads((work / "peer" / "seed1" / "model" / "tokenizer.json").read_text())["model"]
+    assert peer_tokenizer == recipe_tokenizer != own_tokenizer
+    model, _ = vs_marian.load_trained(work / "peer+recipe-tokenizer" / "seed1" / "model", is_peer=True)
+    assert type(model).__name__ == "MarianMTModel"
+
 
 def parsed_row_arguments(vs_marian, row, tmp_path: Path, *options: str):
     """train_translation.py's parsed (model, data, training) arguments of one vs_marian row's seed-1 run, with the
