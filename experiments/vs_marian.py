@@ -6,7 +6,8 @@ MarianConfig d_model 256, 3+3 layers, FFN 1024, 4 heads, dropout 0.1, attention 
 gelu, Post-LN, scaled and shared+tied embeddings; its own BPE tokenizer (NFKC, Metaspace, 8000 pieces on both sides
 of train, `</s>` appended); `Seq2SeqTrainingArguments(max_steps=1500, per_device_train_batch_size=64,
 learning_rate=1e-3, warmup_steps=400, lr_scheduler_type="inverse_sqrt", adam_beta2=0.98, label_smoothing_factor=0.1,
-weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`. Every other row is an hf_relpos recipe trained through
+weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`; `peer+recipe-tokenizer` is the same with the recipes' own
+tokenizer (hf_relpos' BPE, trained as train_translation.py trains it). Every other row is an hf_relpos recipe trained through
 `train_translation.py`'s own code path (`hf_relpos.translation.training.run`) with the same budget (`--max_steps 1500
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags; the recipe rows
 (`absolute`, `shaw`, `xl`, `directional`) raise the budget to 1280 tokens, where their pooled batches hold the
