@@ -171,22 +171,22 @@ class XLPositions(PositionScheme):
         return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
+        """(a)+(c) as the query q + u; (b)+(d) as a `RelativeBias` whose table (every distance, for FlexAttention)
+        and dense form (consecutive positions: query blocks in the encoder, the rel-shifted table in a decoder, whose
+        table already holds one column per key) are computed only when a kernel asks."""
         key_length = key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
         position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
         encodings = context.encodings
-
-        def table() -> torch.Tensor:
-            return self.position_scores(layer_idx, position_query, encodings)
-
-        densify = None
-        if context.positions is None and not self.is_causal:
-            def densify() -> torch.Tensor:
-                return self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
+        score_bias = RelativeBias(
+            table=lambda: self.position_scores(layer_idx, position_query, encodings),
+            bucket=context.bucket,
+            key_length=key_length,
+        )
+        if context.positions is None and self.is_causal:
+            score_bias.densify = lambda: rel_shift(score_bias.full_table(), key_length)
         elif context.positions is None:
-            def densify() -> torch.Tensor:
-                return rel_shift(score_bias.full_table(), key_length)
-        score_bias = RelativeBias(table=table, bucket=context.bucket, key_length=key_length, densify=densify)
+            score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
                               score_bias=score_bias)
 
