@@ -275,21 +275,29 @@ def training_before_after(before_stem: str, after_stem: str) -> Callable[[], str
     return render
 
 
-SAVED_MODEL = "length_generalization_issue18/window2_d128_length_scaled_seed1_saved_model"
+SAVED_MODELS = "length_generalization_issue18/window2_d128_length_scaled_saved_models"
 
 
 def results_length_generalization_fresh_sets() -> str:
-    """The seed-1 model scored on the selection sets (evaluation seed 1234) and on sets never looked at."""
-    rows = []
-    for purpose, seed in (("chose the settings", 1234), ("never looked at", 2026)):
-        record = read(f"{SAVED_MODEL}/eval_seed_{seed}/saved_models.json")
-        (run,) = record["runs"]
-        rows.append([str(record["settings"]["eval_seed"]), purpose, str(record["settings"]["eval_size"]),
-                     *(f"{100 * run['result'][bucket]['accuracy']:.1f} %" for bucket in record["buckets"])])
-    caption = (f"`{run['name']}`, training seed 1, scored without training (`--evaluate-saved`) on two evaluation "
-               f"seeds' sets; {record['device']['cpu']}, torch {record['device']['torch']}. Records and commands: "
-               f"[`{SAVED_MODEL}`](results/{SAVED_MODEL}/).\n\n")
-    return caption + table(["evaluation seed", "its sets", "sequences per bucket",
+    """Each saved model (one per training seed) on the selection sets (evaluation seed 1234) and on sets never looked
+    at (2026), with the mean over the seeds."""
+    rows, by_column = [], {}
+    seed_folders = sorted((RESULTS / SAVED_MODELS).glob("seed*"), key=lambda folder: int(folder.name[4:]))
+    for folder in seed_folders:
+        for purpose, seed in (("chose the settings", 1234), ("never looked at", 2026)):
+            record = read(f"{SAVED_MODELS}/{folder.name}/eval_seed_{seed}/saved_models.json")
+            (run,) = record["runs"]
+            accuracies = [100 * run["result"][bucket]["accuracy"] for bucket in record["buckets"]]
+            by_column.setdefault(seed, []).append(accuracies)
+            rows.append([folder.name[4:], str(seed), purpose, str(record["settings"]["eval_size"]),
+                         *(f"{value:.1f} %" for value in accuracies)])
+    for seed, purpose in ((1234, "chose the settings"), (2026, "never looked at")):
+        means = [statistics.mean(column) for column in zip(*by_column[seed], strict=True)]
+        rows.append([f"mean of {len(by_column[seed])}", str(seed), purpose, "", *(f"{value:.1f} %" for value in means)])
+    caption = (f"`{run['name']}`, one saved model per training seed, scored without training (`--evaluate-saved`) on "
+               f"two evaluation seeds' sets; {record['device']['cpu']}, torch {record['device']['torch']}. Records and "
+               f"commands: [`{SAVED_MODELS}`](results/{SAVED_MODELS}/).\n\n")
+    return caption + table(["training seed", "evaluation seed", "its sets", "sequences per bucket",
                             *(f"exact match {bucket}" for bucket in record["buckets"])], rows)
 
 
