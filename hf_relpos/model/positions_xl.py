@@ -45,8 +45,9 @@ def describe(config: Any) -> str:
         "$$A_{ij} = \\underbrace{q_i^\\top k_j}_{(a)} + \\underbrace{q_i^\\top W_{k,R} R_{i-j}}_{(b)} + "
         "\\underbrace{u^\\top k_j}_{(c)} + \\underbrace{v^\\top W_{k,R} R_{i-j}}_{(d)}$$\n\n"
         f"R is the parameter-free sinusoid of the distance i − j, {clamp}; W_{{k,R}} is learned per layer; {biases}. "
-        "The encoder sees both signs of i − j, the decoder only i − j ≥ 0. The (b)+(d) terms are computed for every "
-        "distance once and aligned with the rel-shift trick."
+        "The encoder sees both signs of i − j, the decoder only i − j ≥ 0. W_{k,R} R is projected once per distance, and "
+        "the (b)+(d) scores are aligned with the rel-shift trick, a block of queries at a time against only the "
+        "distances the block meets."
     )
 
 
@@ -57,7 +58,8 @@ class XLPositions(PositionScheme):
     R is the parameter-free sinusoid of the distance i - j, clamped to [-clamp_len, clamp_len]; W_kR is per layer;
     u = `content_bias`, v = `position_bias`, per layer (`untie_relative_biases`) or shared by the stack's layers.
     Terms (a)+(c) = (q + u).k are the attention product (the query the terms return); (b)+(d) = (q + v).W_kR R for
-    every distance form a `RelativeBias`, aligned by `rel_shift`. Bidirectional distances in the encoder, causal
+    every distance form a `RelativeBias`, aligned by `rel_shift` (in the encoder a block of queries at a time,
+    `blocked_position_bias`). Bidirectional distances in the encoder, causal
     (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
     """
 
