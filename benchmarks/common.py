@@ -9,7 +9,6 @@ import gc
 import json
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -20,7 +19,7 @@ from typing import Any
 import torch
 
 import hf_relpos
-from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.environment import cpu_model_name, source_version
 
 # Benchmark label -> config overrides. "shaw" is the paper's a^K + a^V; "shaw-k" drops the a^V term.
 SCHEMES: dict[str, dict[str, Any]] = {
@@ -201,13 +200,6 @@ def fit_quadratic_memory(lengths: list[int], batches: list[int], peaks: list[flo
     return float(solution[0]), float(solution[1])
 
 
-def source_version() -> str:
-    """`git describe --always --dirty` of this checkout ("unknown" outside a git checkout)."""
-    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=Path(__file__).resolve().parents[1],
-                               capture_output=True, text=True)
-    return described.stdout.strip() or "unknown"
-
-
 def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
     """Device, processor, versions, code, clock, date and command line of this run (the header of every report)."""
     if device == "cuda":
@@ -223,7 +215,7 @@ def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "python": platform.python_version(),
-        "code": source_version(),
+        "code": source_version(Path(__file__).resolve().parents[1]),
         "clock": clock,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }

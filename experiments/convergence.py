@@ -27,19 +27,18 @@ import torch
 from vs_marian import (
     PEER,
     RECIPE_SCHEMES,
+    ROOT,
     SPLITS,
     Decoding,
     evaluate,
-    json_settings,
     recipe_path,
-    source_version,
     spread,
     train_peer,
     write_results,
 )
 
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.environment import cpu_model_name, json_settings, source_version
 from hf_relpos.translation.training import run
 
 SYSTEMS = (PEER, *RECIPE_SCHEMES)
@@ -83,7 +82,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"convergence.py: --collect-only: {system} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{system} seed {seed}: training", flush=True)
-    version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
+    version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system == PEER
     if is_peer:
         training, checkpoints = train_peer_epochs(folder, seed, args)

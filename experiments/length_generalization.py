@@ -51,7 +51,7 @@ from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.tools.viz import require_matplotlib
-from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.environment import cpu_model_name, json_settings
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
@@ -518,10 +518,6 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
     (args.out / "saved_models.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return results
-
-
-def json_settings(args: argparse.Namespace) -> dict:
-    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
 
 
 def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, list[list[int]]]) -> dict:

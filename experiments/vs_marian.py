@@ -37,7 +37,6 @@ import os
 import platform
 import shlex
 import statistics
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -65,7 +64,7 @@ from transformers import (
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments
-from hf_relpos.translation.environment import cpu_model_name
+from hf_relpos.translation.environment import cpu_model_name, json_settings, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
@@ -422,17 +421,6 @@ def write_results(out: Path, stem: str, results: dict, table: str) -> None:
     (out / f"{stem}.md").write_text(table)
 
 
-def json_settings(args: argparse.Namespace) -> dict:
-    """The command line's arguments as JSON values (paths as strings)."""
-    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-
-
-def source_version() -> str:
-    """`git describe --always --dirty` of the repository the script runs from (which code trained a run)."""
-    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True)
-    return described.stdout.strip() or "unknown"
-
-
 def software_versions() -> dict[str, str]:
     """The releases a run trained and was scored with."""
     return {"python": platform.python_version(), "torch": torch.__version__,
@@ -479,7 +467,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"vs_marian.py: --collect-only: {row.name} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
-    version, started = source_version(), time.perf_counter()   # the code that trains, not the code at the end
+    version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     training = train_peer(folder, seed, args, row.recipe) if row.is_peer else train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started

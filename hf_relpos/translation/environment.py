@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import platform
+import subprocess
 from pathlib import Path
 
 
@@ -14,3 +16,14 @@ def cpu_model_name() -> str:
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown CPU"
+
+
+def source_version(checkout: Path) -> str:
+    """`git describe --always --dirty` of the git checkout at `checkout` (which code ran; "unknown" outside one)."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=checkout, capture_output=True, text=True)
+    return described.stdout.strip() or "unknown"
+
+
+def json_settings(args: argparse.Namespace) -> dict:
+    """A script's parsed command line as JSON values (paths as strings), for its report's settings."""
+    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
