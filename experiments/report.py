@@ -92,6 +92,12 @@ def vs_marian_command(record: dict) -> str:
             f"--seeds {' '.join(map(str, settings['seeds']))}")
 
 
+def vs_marian_passage(path: str) -> str:
+    """One vs_marian.py record: its provenance, then the script's own table."""
+    record = read(path)
+    return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
+
+
 def convergence_command(record: dict) -> str:
     settings = record["settings"]
     return (f"python experiments/convergence.py --systems {' '.join(settings['systems'])} "
@@ -183,23 +189,16 @@ def readme_cost() -> str:
 # --- docs/results.md ----------------------------------------------------------------------------------------------
 
 def results_equal_budget_schemes() -> str:
-    path = "vs_marian/eight_schemes_three_seeds/vs_marian.json"
-    record = read(path)
-    return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
+    return vs_marian_passage("vs_marian/eight_schemes_three_seeds/vs_marian.json")
 
 
 def results_recipes_equal_budget() -> str:
-    passages = []
-    for path in ("vs_marian/recipes_equal_budget/vs_marian.json", "vs_marian/recipe_absolute_seed1/vs_marian.json"):
-        record = read(path)
-        passages.append(provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record)))
-    return "\n".join(passages)
+    return "\n".join(vs_marian_passage(path) for path in ("vs_marian/recipes_equal_budget/vs_marian.json",
+                                                            "vs_marian/recipe_absolute_seed1/vs_marian.json"))
 
 
 def results_attention_dropout() -> str:
-    path = "vs_marian/attention_dropout_xl/vs_marian.json"
-    record = read(path)
-    return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
+    return vs_marian_passage("vs_marian/attention_dropout_xl/vs_marian.json")
 
 
 def results_convergence() -> str:

@@ -259,19 +259,22 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     )
 
 
-QUERY_BLOCK = 64   # queries per block of a dense relative bias (`query_blocks`)
+QUERY_BLOCK = 64   # queries per block of a dense relative bias (`dense_by_query_blocks`)
 
 
-def query_blocks(query_length: int, key_length: int) -> list[tuple[int, int, slice]]:
-    """(first query, block size, columns) of each block of QUERY_BLOCK queries of a relative bias whose column p
-    stands for the relative position p - (n - 1) - query_offset (key minus query, largest distance first, n + m - 1
-    columns). Queries [a, a + b) meet only columns n - a - b .. n - a + m - 2: b + m - 1 of them, so a dense bias built
-    block by block reads and skews n (b + m - 1) entries instead of n (n + m - 1), half at n = m >> b."""
+def dense_by_query_blocks(query_length: int, key_length: int,
+                          block: Callable[[int, int, slice], torch.Tensor]) -> torch.Tensor:
+    """A dense relative bias [..., n, m] built QUERY_BLOCK queries at a time. Its columns p stand for the relative
+    position p - (n - 1) - query_offset (key minus query, largest distance first, n + m - 1 columns); queries
+    [a, a + b) meet only columns n - a - b .. n - a + m - 2, so `block(a, b, columns)` returns just those b + m - 1
+    columns [..., b, b + m - 1], which `rel_shift` skews to [..., b, m]: n (b + m - 1) entries read and skewed
+    instead of n (n + m - 1), half at n = m >> b."""
     blocks = []
     for first in range(0, query_length, QUERY_BLOCK):
         size = min(QUERY_BLOCK, query_length - first)
-        blocks.append((first, size, slice(query_length - first - size, query_length - first + key_length - 1)))
-    return blocks
+        columns = slice(query_length - first - size, query_length - first + key_length - 1)
+        blocks.append(rel_shift(block(first, size, columns), key_length))
+    return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
 
 
 def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_position: int,
@@ -279,25 +282,25 @@ def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_positio
     """out[..., i, j] = table[..., i, clip(j - i', k) + k], i' = i + query_offset: Shaw et al.'s (2018) a^K term
     (eq. 5) for every key, without a gather. A gather's backward is a scatter-add whose indices repeat across the
     whole row (every key beyond distance k adds into one of the two edge buckets), which serialises on a GPU
-    (pytorch/pytorch#53491). Instead, block by block of queries (`query_blocks`), the 2k + 1 columns are widened to
+    (pytorch/pytorch#53491). Instead, block by block of queries (`dense_by_query_blocks`), the 2k + 1 columns are widened to
     one per relative position the block meets, the edge columns repeated by `expand` (their gradient is a sum),
     skewed by `rel_shift` and copied out (the widened tensors are not kept alive by the result)."""
     query_length = table.size(-2)
     k = max_relative_position
     largest = query_offset + query_length - 1   # column p: key position minus query position = p - largest
-    blocks = []
-    for first_query, size, columns in query_blocks(query_length, key_length):
+
+    def widened(first_query: int, size: int, columns: slice) -> torch.Tensor:
         rows = table[..., first_query : first_query + size, :]
         # columns up to largest - k hold bucket 0, from largest + k bucket 2k, between them bucket p - largest + k
         band_first, band_last = max(columns.start, largest - k), min(columns.stop - 1, largest + k)
         edge_shape = rows.shape[:-1]
-        widened = torch.cat([
+        return torch.cat([
             rows[..., :1].expand(*edge_shape, max(0, min(columns.stop, band_first) - columns.start)),
             rows[..., band_first - largest + k : band_last - largest + k + 1],
             rows[..., -1:].expand(*edge_shape, max(0, columns.stop - max(columns.start, band_last + 1))),
         ], dim=-1)
-        blocks.append(rel_shift(widened, key_length))
-    return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
+
+    return dense_by_query_blocks(query_length, key_length, widened)
 
 
 @dataclass

@@ -17,8 +17,8 @@ from .positions import (
     RelativeBias,
     SchemeCard,
     boolean_field,
+    dense_by_query_blocks,
     integer_field,
-    query_blocks,
     register_attention,
     rel_shift,
     sinusoids,
@@ -161,16 +161,15 @@ class XLPositions(PositionScheme):
     def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor,
                               key_length: int) -> torch.Tensor:
         """The dense (b)+(d) bias [B, H, n, m] of bidirectional, consecutive positions, a block of queries at a time
-        (`query_blocks`): each block is multiplied with only the distances it meets (`encodings` [n + m - 1,
+        (`dense_by_query_blocks`): each block is multiplied with only the distances it meets (`encodings` [n + m - 1,
         d_model], largest first) and aligned by `rel_shift`."""
         query_length, heads, head_dim = position_query.size(-2), position_query.size(1), position_query.size(-1)
         weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
         projected = self.projected_encodings(weight, encodings.to(position_query.dtype), heads)
-        blocks = [
-            rel_shift(torch.matmul(position_query[:, :, first : first + size], projected[..., columns]), key_length)
-            for first, size, columns in query_blocks(query_length, key_length)
-        ]
-        return torch.cat(blocks, dim=-2) if len(blocks) > 1 else blocks[0].contiguous()
+        return dense_by_query_blocks(
+            query_length, key_length,
+            lambda first, size, columns: torch.matmul(position_query[:, :, first : first + size], projected[..., columns]),
+        )
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
         """(a)+(c) as the query q + u; (b)+(d) as a `RelativeBias` whose table (every distance, for FlexAttention)
