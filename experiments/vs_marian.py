@@ -10,7 +10,7 @@ weight_decay=0.0, seed=S)` and `DataCollatorForSeq2Seq`; `peer+recipe-tokenizer`
 tokenizer (hf_relpos' BPE, trained as train_translation.py trains it). Every other row is an hf_relpos recipe trained through
 `train_translation.py`'s own code path (`hf_relpos.translation.training.run`) with the same budget (`--max_steps 1500
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags; the recipe rows
-(`absolute`, `shaw`, `xl`, `directional`) raise the budget to 1280 tokens, where their pooled batches hold the
+(one per configs/multi30k_small_*.yaml: `absolute`, `shaw`, `xl`, `directional`, `rope`, `alibi`, `t5`) raise the budget to 1280 tokens, where their pooled batches hold the
 peer's 64 pairs. The predefined rows
 are listed by `--list`; `--row "NAME=RECIPE --flag value ..."` adds one (RECIPE: a scheme, for
 configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init` on a row is
@@ -97,7 +97,11 @@ RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
-RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional")   # the schemes with a configs/multi30k_small_*.yaml
+# The schemes with a configs/multi30k_small_*.yaml (tests/test_experiments.py checks the list against configs/).
+RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
+# The `<scheme>-matched` rows trained from the scheme's own recipe; the others (rope, alibi, t5, none) ran from
+# absolute's recipe with --model.attention_type before those recipes existed, and keep doing so.
+MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")
 # A row flag value replaced by the folder of the peer's own tokenizer (trained once under --work): the tokenizer row.
 PEER_TOKENIZER = "@peer-tokenizer"
 # marian-matched with one difference to the peer put back at a time (issue #17's list): each row changes one thing.
@@ -152,7 +156,7 @@ def _row(name: str, recipe: str, flags: str = "", init: str = "recipe") -> Row:
 def _matched_row(scheme: str) -> Row:
     """`<scheme>-matched`: the scheme in the marian-matched setting, from its own recipe where it has one."""
     flags = f"{MARIAN_MATCHED} {MATCHED_ROW_PINS.get(scheme, '')}".strip()
-    if scheme in RECIPE_SCHEMES:
+    if scheme in MATCHED_FROM_OWN_RECIPE:
         return _row(f"{scheme}-matched", scheme, flags, init="hf")
     return _row(f"{scheme}-matched", "absolute", f"--model.attention_type {scheme} {flags}", init="hf")
 

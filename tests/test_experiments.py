@@ -470,11 +470,20 @@ def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
         parse_arguments([str(EXPERIMENTS.parent / "configs" / recipe), *flags])
 
 
+def test_vs_marian_has_a_recipe_row_for_every_multi30k_recipe(monkeypatch):
+    vs_marian = load_vs_marian(monkeypatch)
+    configs = {path.stem.removeprefix("multi30k_small_")
+               for path in (EXPERIMENTS.parent / "configs").glob("multi30k_small_*.yaml")}
+    assert set(vs_marian.RECIPE_SCHEMES) == configs
+    for scheme in configs:
+        assert vs_marian.ROWS[scheme] == vs_marian.Row(scheme, scheme, ("--max_tokens_per_batch", "1280"))
+
+
 @pytest.mark.parametrize(("row_name", "tokens", "pool_factor"), [
     ("absolute-marian", 1024, None), ("marian+hf-init", 1024, None), ("marian+adam-eps-1e-8", 1024, None),
     ("matched+token-batches", 1024, None), ("matched+random-token-batches", 2048, 1),
     ("matched+pooled-1280-token-batches", 1280, 4), ("absolute", 1280, 4), ("shaw", 1280, 4),
-    ("marian-matched", None, 4),
+    ("rope", 1280, 4), ("marian-matched", None, 4),
 ])
 def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, tokens, pool_factor, monkeypatch, tmp_path):
     """The ablation rows batch as the recipes did before issue #17 (corpus-wide length sort), whatever pools the
