@@ -25,11 +25,12 @@ Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 C
   nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_600 \
       --out docs/results/marian_conversion/train600 --d-model 128 --learning-rate 1e-3 --train-steps 600 \
       --finetune-steps 150 --test-sentences 500
-Issue #38, the hybrid against absolute kept and shaw, three seeds (section 5's peer, as the recovery curve):
+Issue #38, the hybrid against absolute kept and shaw, three seeds (section 5's peer on the recipes' tokenizer,
+vs_marian.py's peer+recipe-tokenizer row):
   python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_hybrid \
-      --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer/seed1/model \
+      --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model \
       --schemes shaw shaw+absolute xl+absolute --seeds 1 2 3 --finetune-steps 600 --eval-every 100 \
-      --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --threads 2
+      --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --num-beams 4 --threads 1
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
 
@@ -41,6 +42,7 @@ import os
 import subprocess
 import sys
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
@@ -230,6 +232,38 @@ def summarise(run: dict) -> dict:
     return summary
 
 
+def provenance(results: dict) -> str:
+    """Code version, releases and device of a record (absent from records older than these fields)."""
+    if "source_version" not in results:
+        return ""
+    versions = results["versions"]
+    return (f" Code `{results['source_version']}`; torch {versions['torch']}, transformers {versions['transformers']}; "
+            f"{results['device']}; {results['date'][:10]}.")
+
+
+def paired_differences(results: dict) -> list[str]:
+    """Each scheme minus `absolute` kept, seed by seed (the same fine-tuning seed: the same batches), on the test
+    sentences and the long-sentence bucket."""
+    seeds = results["settings"]["seeds"]
+    if len(seeds) < 2:
+        return []
+    absolute = results["schemes"]["absolute"]["seeds"]
+    lines = ["", f"Minus `absolute` kept, seed by seed ({', '.join(map(str, seeds))}; the same seed draws the same "
+             "batches):", "", "| attention_type | test BLEU | long-bucket BLEU |", "| --- | --- | --- |"]
+    for scheme, run in results["schemes"].items():
+        if scheme == "absolute":
+            continue
+        cells = []
+        for key in ("finetuned", "finetuned_long"):
+            if key not in absolute[str(seeds[0])]:
+                cells.append("-")
+                continue
+            cells.append(" / ".join(f"{run['seeds'][str(seed)][key]['bleu'] - absolute[str(seed)][key]['bleu']:+.2f}"
+                                    for seed in seeds))
+        lines.append(f"| {scheme} | {cells[0]} | {cells[1]} |")
+    return lines
+
+
 def markdown(results: dict) -> str:
     settings = results["settings"]
     seeds = settings["seeds"]
@@ -243,7 +277,7 @@ def markdown(results: dict) -> str:
          f"{settings['train_steps']} steps") + f"; each converted model fine-tuned {settings['finetune_steps']} steps with "
         f"`train_translation.py` ({Path(settings['finetune_config']).name}){spread}. sacreBLEU on the first "
         f"{settings['test_sentences']} test sentences, {'greedy' if settings['num_beams'] == 1 else 'beam ' + str(settings['num_beams'])}.",
-        f"Signature: `{results['marian']['signature']}`.",
+        f"Signature: `{results['marian']['signature']}`." + provenance(results),
         "",
         "| attention_type | Marian (before) | converted, step 0 | after fine-tuning | chrF after | "
         "fine-tuning s |",
@@ -273,6 +307,7 @@ def markdown(results: dict) -> str:
         for scheme, run in results["schemes"].items():
             lines.append(f"| {scheme} | {results['marian_long']['bleu']:.2f} | {run['converted_long']['bleu']:.2f} | "
                          f"{figure(run['summary']['finetuned_long_bleu'])} |")
+    lines += paired_differences(results)
     if "recovery" in results:
         recovery = results["recovery"]
         schemes = list(results["schemes"])
@@ -350,6 +385,7 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--data is required (or --quick)")
 
     from hf_relpos.tools.convert import convert_marian
+    from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
     from hf_relpos.translation.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
 
     train_pairs = read_pairs(args.data / "train.jsonl", "en", "de")
@@ -365,8 +401,10 @@ def main(argv: list[str] | None = None) -> None:
         for name in ("d_model", "layers", "heads", "train_steps", "learning_rate", "tokenizer_vocab_size"):
             setattr(args, name, None)  # set by the given model, not by this run
     bucket = long_pairs(train_pairs, read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
-    results = {"settings": {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
-               | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
+    results = {"settings": json_settings(args) | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
+               "source_version": source_version(ROOT), "versions": software_versions(),
+               "device": f"CPU: {cpu_model_name()}, {args.threads} thread(s)",
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}
     print(f"Marian: BLEU {results['marian']['bleu']:.2f}", flush=True)
     if bucket:

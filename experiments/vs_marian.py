@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shlex
 import statistics
 import sys
@@ -44,9 +43,7 @@ from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
-import sacrebleu
 import torch
-import transformers
 from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
@@ -64,7 +61,7 @@ from transformers import (
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments
-from hf_relpos.translation.environment import cpu_model_name, json_settings, source_version
+from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
@@ -423,12 +420,6 @@ def write_results(out: Path, stem: str, results: dict, table: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(table)
-
-
-def software_versions() -> dict[str, str]:
-    """The releases a run trained and was scored with."""
-    return {"python": platform.python_version(), "torch": torch.__version__,
-            "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
 
 
 def run_batches(row: Row, folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None) -> dict:

@@ -306,6 +306,27 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     table = (tmp_path / "out_reused" / "marian_conversion.md").read_text()
     assert f"MarianMTModel from {tmp_path / 'work' / 'marian'};" in table and "mean ± sd over seeds 1, 2" in table
     assert f"| 0 | {level:.2f} | {shaw_curve[0]['bleu']:.2f} |" in table
+    assert f"Code `{reused['source_version']}`; torch {torch.__version__}" in table
+    shaw_seeds, absolute_seeds = reused["schemes"]["shaw"]["seeds"], reused["schemes"]["absolute"]["seeds"]
+    differences = " / ".join(f"{shaw_seeds[seed]['finetuned']['bleu'] - absolute_seeds[seed]['finetuned']['bleu']:+.2f}"
+                             for seed in ("1", "2"))
+    assert f"| shaw | {differences} | - |" in table
+
+
+def test_conversion_experiment_reports_each_scheme_minus_absolute_seed_by_seed(monkeypatch):
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+
+    def seeds(*bleus: tuple[float, float]) -> dict:
+        return {"seeds": {str(seed): {"finetuned": {"bleu": test}, "finetuned_long": {"bleu": long}}
+                          for seed, (test, long) in enumerate(bleus, start=1)}}
+
+    results = {"settings": {"seeds": [1, 2]}, "schemes": {
+        "absolute": seeds((30.0, 20.0), (31.0, 21.5)), "shaw+absolute": seeds((30.25, 19.0), (30.5, 22.0))}}
+    lines = module.paired_differences(results)
+    assert lines[-1] == "| shaw+absolute | +0.25 / -0.50 | -1.00 / +0.50 |"
+    assert module.paired_differences({"settings": {"seeds": [1]}, "schemes": results["schemes"]}) == []
 
 
 def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):

@@ -24,6 +24,16 @@ def source_version(checkout: Path) -> str:
     return described.stdout.strip() or "unknown"
 
 
+def software_versions() -> dict[str, str]:
+    """The releases a run trained and was scored with: python, torch, transformers, sacrebleu."""
+    import sacrebleu
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
+
+
 def json_settings(args: argparse.Namespace) -> dict:
     """A script's parsed command line as JSON values (paths as strings), for its report's settings."""
     return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
