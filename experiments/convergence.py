@@ -2,7 +2,9 @@ r"""Issue #17 item 4: the multi30k_small_* recipes trained to convergence, again
 
 Each recipe trains as it is (its epochs, about 230 pairs a step, inverse-sqrt schedule) with a checkpoint at the end of
 every epoch; the peer (HF MarianMTModel and the plain Seq2SeqTrainer with the issue's hyperparameters: batches of 64
-pairs, learning rate 1e-3, 400 warm-up steps) trains for the same number of epochs, also with a checkpoint per epoch.
+pairs, learning rate 1e-3, 400 warm-up steps) trains for the same number of epochs, also with a checkpoint per epoch;
+`peer+recipe-training` is the same MarianMTModel trained by hf_relpos' own trainer exactly as the recipes train (their
+tokenizer, token-budget batches, schedule, epochs and checkpoints), so that against a recipe only the model differs.
 Then the last `--last-n` checkpoints of each are averaged (Vaswani et al. 2017; `hf_relpos.tools.average`), and the final
 and the averaged weights are decoded alike with the recipes' decoding (beam 4, length penalty 1.0, at most the
 longest source + 50 new tokens) and scored with cased sacreBLEU on validation and test2016. One table: mean (min-max)
@@ -11,6 +13,8 @@ processes at once (one per system on one GPU) and the table be collected with `-
 
   python experiments/convergence.py --data ../shared/data/multi30k --work /tmp/convergence \
       --out docs/results/convergence --systems peer absolute shaw xl directional --seeds 1
+  python experiments/convergence.py ... --systems peer+recipe-training absolute shaw xl directional rope \
+      --seeds 1 2 3     # issue #37 item 2: every system trained alike, three seeds
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from pathlib import Path
 import torch
 from vs_marian import (
     PEER,
+    PEER_TRAINING_RECIPE,
     RECIPE_SCHEMES,
     ROOT,
     SPLITS,
@@ -34,6 +39,7 @@ from vs_marian import (
     recipe_path,
     spread,
     train_peer,
+    train_peer_as_recipe,
     write_results,
 )
 
@@ -41,19 +47,29 @@ from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation.environment import cpu_model_name, json_settings, source_version
 from hf_relpos.translation.training import run
 
-SYSTEMS = (PEER, *RECIPE_SCHEMES)
+# The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
+# schedule, epochs): against a recipe, only the model class differs (issue #37 item 2).
+PEER_AS_RECIPE = "peer+recipe-training"
+PEERS = (PEER, PEER_AS_RECIPE)
+SYSTEMS = (*PEERS, *RECIPE_SCHEMES)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
-def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
-    """The scheme's recipe as it is, a checkpoint per epoch; returns the training record and the checkpoints' folder."""
-    argv = [
+def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> list[str]:
+    """train_translation.py arguments of the scheme's recipe as it is, a checkpoint per epoch (`--recipe-flags`
+    last)."""
+    return [
         str(recipe_path(scheme)), "--train_file", str(args.data / "train.jsonl"), "--source_lang", args.source_lang,
         "--target_lang", args.target_lang, "--output_dir", str(folder / "model"), "--seed", str(seed),
         "--num_train_epochs", str(args.epochs), "--do_eval", "false", "--do_predict", "false",
         "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n),
         "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *args.recipe_flags,
     ]
+
+
+def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
+    """The scheme's recipe as it is, a checkpoint per epoch; returns the training record and the checkpoints' folder."""
+    argv = recipe_argv(scheme, folder, seed, args)
     started = time.perf_counter()
     run(argv)
     seconds = time.perf_counter() - started
@@ -61,6 +77,13 @@ def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace)
     return {"argv": argv, "steps": state["global_step"], "train_seconds": seconds,
             "train_loss": [[entry["step"], entry["loss"]] for entry in state["log_history"] if "loss" in entry]}, \
         folder / "model"
+
+
+def train_peer_as_recipe_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
+    """HF MarianMTModel trained as the recipes train (vs_marian.py's train_peer_as_recipe with the arguments of
+    PEER_TRAINING_RECIPE's run here): their tokenizer, batches, schedule, epochs and checkpoints."""
+    training = train_peer_as_recipe(folder, recipe_argv(PEER_TRAINING_RECIPE, folder, seed, args), args)
+    return training, folder / "model"
 
 
 def train_peer_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
@@ -83,8 +106,10 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{system} seed {seed}: training", flush=True)
     version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
-    is_peer = system == PEER
-    if is_peer:
+    is_peer = system in PEERS
+    if system == PEER_AS_RECIPE:
+        training, checkpoints = train_peer_as_recipe_epochs(folder, seed, args)
+    elif is_peer:
         training, checkpoints = train_peer_epochs(folder, seed, args)
     else:
         training, checkpoints = train_recipe(system, folder, seed, args)
@@ -109,8 +134,9 @@ def markdown(results: dict) -> str:
         "# The multi30k_small_* recipes trained to convergence, against HF MarianMT trained the same way",
         "",
         f"{settings['epochs']} epochs each, a checkpoint per epoch, the last {settings['last_n']} averaged. Recipes as "
-        "they are (about 230 pairs a step); the peer with the issue's hyperparameters (64 pairs a step, learning rate "
-        f"1e-3, {settings['peer_warmup_steps']} warm-up steps). Decoding: beam {RECIPE_DECODING.beams}, length "
+        "they are (about 230 pairs a step); `peer` with the issue's hyperparameters (64 pairs a step, learning rate "
+        f"1e-3, {settings['peer_warmup_steps']} warm-up steps), `peer+recipe-training` trained as the recipes are. "
+        f"Decoding: beam {RECIPE_DECODING.beams}, length "
         f"penalty {RECIPE_DECODING.length_penalty}, at most the longest source + {RECIPE_DECODING.source_offset} new "
         f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",

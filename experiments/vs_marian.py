@@ -60,7 +60,7 @@ from transformers import (
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.arguments import parse_arguments
-from hf_relpos.translation.data import DataArguments
+from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
 from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
@@ -71,14 +71,19 @@ from hf_relpos.translation.tokenization import (
     train_joint_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.translation.training import run
+from hf_relpos.translation.training import TranslationTrainer, run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"
 # The peer trained with the recipes' tokenizer (hf_relpos' BPE: NFC, 256 byte tokens, trained as train_translation.py
 # trains it) instead of its own, so that a comparison with the recipes differs in the model and trainer only.
 PEER_WITH_RECIPE_TOKENIZER = "peer-with-recipe-tokenizer"
-PEER_RECIPES = (PEER, PEER_WITH_RECIPE_TOKENIZER)
+# The peer trained by hf_relpos' own trainer as a recipe run trains: the recipes' tokenizer, token-budget batches,
+# schedule and number of updates (the training arguments of PEER_TRAINING_RECIPE's run with the row's flags; every
+# multi30k recipe trains alike), so that against a recipe row only the model class differs.
+PEER_WITH_RECIPE_TRAINING = "peer-with-recipe-training"
+PEER_TRAINING_RECIPE = "absolute"
+PEER_RECIPES = (PEER, PEER_WITH_RECIPE_TOKENIZER, PEER_WITH_RECIPE_TRAINING)
 # train_translation.py flags of each --init choice (the token-embedding init).
 EMBEDDING_INIT_FLAGS = {"recipe": (), "hf": ("--model.embedding_init_std", "0.02"),
                         "vaswani": ("--model.embedding_init_std", "null")}
@@ -138,6 +143,8 @@ class Row:
         return self.recipe in PEER_RECIPES
 
     def describe(self) -> str:
+        if self.recipe == PEER_WITH_RECIPE_TRAINING:
+            return " ".join(["HF MarianMTModel, trained as", f"multi30k_small_{PEER_TRAINING_RECIPE}.yaml", *self.flags])
         if self.recipe == PEER_WITH_RECIPE_TOKENIZER:
             return "HF MarianMTModel, plain Seq2SeqTrainer, hf_relpos' tokenizer"
         if self.is_peer:
@@ -162,6 +169,7 @@ def _matched_row(scheme: str) -> Row:
 ROWS = {row.name: row for row in [
     Row(PEER),
     Row("peer+recipe-tokenizer", PEER_WITH_RECIPE_TOKENIZER),
+    _row("peer+recipe-training", PEER_WITH_RECIPE_TRAINING, RECIPE_EQUAL_BUDGET),
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
     # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs
     *(_row(f"{scheme}+attention-dropout-0", scheme, f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.0")
@@ -274,7 +282,37 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = 
             "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
 
 
+def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Namespace) -> dict:
+    """MarianMTModel (the peer's config and init) trained by hf_relpos' `TranslationTrainer` with the training
+    arguments of a recipe run, `argv` (train_translation.py's): its tokenizer, token-budget batches, schedule, steps
+    or epochs and checkpoints in its output_dir, where the model and tokenizer are saved."""
+    model_args, data_args, training_args = parse_arguments(argv)
+    if training_args.cpu_threads is not None:
+        torch.set_num_threads(training_args.cpu_threads)
+    sources, targets = read_pairs(Path(data_args.train_file), data_args.source_lang, data_args.target_lang)
+    tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
+    train_dataset, _ = tokenize_training_pairs(Dataset.from_dict({"source": sources, "target": targets}), tokenizer,
+                                               data_args)
+    set_seed(training_args.seed)
+    model = MarianMTModel(peer_config(tokenizer, args))
+    trainer = TranslationTrainer(
+        model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100), evaluation_sets={},
+    )
+    started = time.perf_counter()
+    trainer.train()
+    seconds = time.perf_counter() - started
+    trainer.save_model()
+    tokenizer.save_pretrained(training_args.output_dir)
+    trainer.save_state()
+    history = trainer.state.log_history
+    return {"train_seconds": seconds, "steps": trainer.state.global_step, "argv": list(argv),
+            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
+
+
 def recipe_path(recipe: str) -> Path:
+    if recipe == PEER_WITH_RECIPE_TRAINING:
+        recipe = PEER_TRAINING_RECIPE
     return Path(recipe) if recipe.endswith((".yaml", ".yml")) else ROOT / "configs" / f"multi30k_small_{recipe}.yaml"
 
 
@@ -424,9 +462,10 @@ def write_results(out: Path, stem: str, results: dict, table: str) -> None:
 
 def run_batches(row: Row, folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None) -> dict:
     """Pairs and padding of a run's updates, from its own tokenizer and settings (experiments/batch_statistics.py):
-    a recipe's token-budget batches are the very batches its Trainer drew; the peer's batches of `--batch-size`
-    pairs a draw of the same random distribution."""
-    if row.is_peer:
+    a run with train_translation.py arguments `argv` (a recipe, or the peer trained as one) drew the very
+    token-budget batches computed here; the plain peer's batches of `--batch-size` pairs are a draw of the same
+    random distribution."""
+    if argv is None:
         data_args = DataArguments(train_file=str(args.data / "train.jsonl"), source_lang=args.source_lang,
                                   target_lang=args.target_lang)
         steps, budget, pool_factor, batch_size, accumulation = args.max_steps, None, None, args.batch_size, 1
@@ -463,7 +502,12 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
     version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
-    training = train_peer(folder, seed, args, row.recipe) if row.is_peer else train_recipe(row, folder, seed, args)
+    if row.recipe == PEER_WITH_RECIPE_TRAINING:
+        training = train_peer_as_recipe(folder, recipe_argv(row, folder, seed, args), args)
+    elif row.is_peer:
+        training = train_peer(folder, seed, args, row.recipe)
+    else:
+        training = train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -338,6 +339,25 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     model, _ = vs_marian.load_trained(work / "peer+recipe-tokenizer" / "seed1" / "model", is_peer=True)
     assert type(model).__name__ == "MarianMTModel"
 
+    # the peer trained as the absolute recipe is: its arguments (token budget, pools, schedule, steps), its tokenizer
+    subprocess.run([*common[: common.index("--rows")], "--rows", "peer+recipe-training", "absolute", *TINY_VS_MARIAN,
+                    "--seeds", "1"], check=True, timeout=600)
+    as_recipe, recipe = (json.loads((work / name / "seed1" / "run.json").read_text())
+                         for name in ("peer+recipe-training", "absolute"))
+    assert [argument.replace("peer+recipe-training", "absolute") for argument in as_recipe["argv"]] == recipe["argv"]
+    assert as_recipe["batches"] == recipe["batches"] and as_recipe["batches"]["token_budget"] == 1280
+    assert as_recipe["steps"] == 2 and len(as_recipe["train_loss"]) == 2
+    state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
+    assert state["global_step"] == 2
+    peer_tokenizer, recipe_tokenizer = (
+        json.loads((work / name / "seed1" / "model" / "tokenizer.json").read_text())["model"]
+        for name in ("peer+recipe-training", "absolute"))
+    assert peer_tokenizer == recipe_tokenizer
+    model, _ = vs_marian.load_trained(work / "peer+recipe-training" / "seed1" / "model", is_peer=True)
+    assert type(model).__name__ == "MarianMTModel" and model.config.d_model == 16
+    assert ("| peer+recipe-training | HF MarianMTModel, trained as multi30k_small_absolute.yaml "
+            "--max_tokens_per_batch 1280 | 1 |") in (out / "vs_marian.md").read_text()
+
 
 def parsed_row_arguments(vs_marian, row, tmp_path: Path, *options: str):
     """train_translation.py's parsed (model, data, training) arguments of one vs_marian row's seed-1 run, with the
@@ -386,7 +406,7 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     work, out = tmp_path / "work", tmp_path / "out"
     command = [
         sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(work), "--out", str(out),
-        "--systems", "peer", "absolute", "--epochs", "2", "--last-n", "2", "--vocab-size", "400", "--d-model", "16",
+        "--systems", "peer", "peer+recipe-training", "absolute", "--epochs", "2", "--last-n", "2", "--vocab-size", "400", "--d-model", "16",
         "--layers", "1", "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4", "--device", "cpu",
         "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
         "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
@@ -394,8 +414,10 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     ]
     subprocess.run(command, check=True, timeout=600)
     results = json.loads((out / "convergence.json").read_text())
-    assert list(results["systems"]) == ["peer", "absolute"]
-    for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"), ("absolute", work / "absolute" / "seed1" / "model")):
+    assert list(results["systems"]) == ["peer", "peer+recipe-training", "absolute"]
+    for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"),
+                                ("peer+recipe-training", work / "peer+recipe-training" / "seed1" / "model"),
+                                ("absolute", work / "absolute" / "seed1" / "model")):
         row = results["systems"][system]
         assert row["seeds"] == [1]
         for weights in ("final", "averaged"):
@@ -423,6 +445,38 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     missing = subprocess.run([*command[:command.index("--recipe-flags")], "--seeds", "2", "--collect-only"],
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "peer seed 2 has no" in missing.stderr
+
+
+@pytest.mark.slow
+def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_what_a_time_limit_cut_off(tmp_path):
+    """experiments/convergence_gpu.sh (on the CPU here): a run killed by its time limit is reported missing and no
+    table is written; the next call trains it, packs every run.json and writes the table; a third trains nothing."""
+    import tarfile
+
+    data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    options = ["--epochs", "1", "--last-n", "1", "--vocab-size", "400", "--d-model", "16", "--layers", "1",
+               "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4", "--device", "cpu",
+               "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
+               "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
+               "--max_tokens_per_batch", "256", "--warmup_steps", "1"]
+
+    def call(limit: int) -> str:
+        subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
+                        "peer+recipe-training absolute", "1", str(limit), "--", *options], check=True, timeout=600,
+                       cwd=EXPERIMENTS.parent, env=dict(os.environ, PYTHON=sys.executable), capture_output=True)
+        return (out / "status.txt").read_text()
+
+    assert call(1) == "missing: peer+recipe-training seed 1\nmissing: absolute seed 1\n"
+    assert not (out / "convergence.md").exists()
+    assert call(300) == "finished: peer+recipe-training seed 1\nfinished: absolute seed 1\n"
+    with tarfile.open(out / "runs.tgz") as runs:
+        assert sorted(runs.getnames()) == ["./absolute/seed1/run.json", "./peer+recipe-training/seed1/run.json"]
+    results = json.loads((out / "convergence.json").read_text())
+    assert list(results["systems"]) == ["peer+recipe-training", "absolute"]
+    records = {path: path.stat().st_mtime_ns for path in work.glob("*/seed1/run.json")}
+    call(300)
+    assert {path: path.stat().st_mtime_ns for path in work.glob("*/seed1/run.json")} == records
 
 
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# experiments/convergence.py on one GPU within one device call: every (system, seed) trains as its own process, all
+# at once (a d_model-256 model leaves an H100 mostly idle, so N processes take little longer than one), each with a
+# time limit; then the finished runs' records are packed for collecting elsewhere.
+#
+#   bash experiments/convergence_gpu.sh DATA WORK OUT "SYSTEMS" "SEEDS" [LIMIT_SECONDS] [-- convergence.py options]
+#
+# e.g. (issue #37 item 2: the peer trained as the recipes are, three seeds of every row)
+#   bash experiments/convergence_gpu.sh .data/multi30k /tmp/convergence "$OUT" \
+#       "peer+recipe-training absolute shaw xl directional rope" "1 2 3" 480
+#
+# A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
+# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, paths relative to WORK), logs.tgz
+# (one log per process), convergence.md/json when every asked-for run has finished, and status.txt (which finished).
+# Collect elsewhere with: tar xzf runs.tgz -C WORK && python experiments/convergence.py --work WORK --collect-only ...
+set -uo pipefail
+data=${1:?usage: convergence_gpu.sh DATA WORK OUT SYSTEMS SEEDS [LIMIT_SECONDS] [-- options]}
+work=${2:?WORK}
+out=${3:?OUT}
+systems=${4:?SYSTEMS}
+seeds=${5:?SEEDS}
+limit=${6:-480}
+shift $(( $# < 6 ? $# : 6 ))
+[ "${1:-}" = "--" ] && shift
+python=${PYTHON:-python3}
+mkdir -p "$work/logs" "$out"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
+
+for system in $systems; do
+    for seed in $seeds; do
+        [ -f "$work/$system/seed$seed/run.json" ] && continue
+        timeout "$limit" "$python" experiments/convergence.py --data "$data" --work "$work" \
+            --out "$work/tables/$system-$seed" --systems "$system" --seeds "$seed" --threads 1 "$@" \
+            > "$work/logs/$system-$seed.log" 2>&1 &
+    done
+done
+wait
+
+for system in $systems; do
+    for seed in $seeds; do
+        if [ -f "$work/$system/seed$seed/run.json" ]; then echo "finished: $system seed $seed"
+        else echo "missing: $system seed $seed"; fi
+    done
+done | tee "$out/status.txt"
+(cd "$work" && find . -name run.json -print0 | tar czf "$out/runs.tgz" --null -T -)
+tar czf "$out/logs.tgz" -C "$work" logs
+if ! grep -q '^missing' "$out/status.txt"; then
+    # shellcheck disable=SC2086
+    "$python" experiments/convergence.py --data "$data" --work "$work" --out "$out" --systems $systems --seeds $seeds \
+        --collect-only "$@"
+fi
