@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# experiments/convergence.py on one GPU within one device call: every (system, seed) trains as its own process, all
-# at once (a d_model-256 model leaves an H100 mostly idle, so N processes take little longer than one), each with a
-# time limit; then the finished runs' records are packed for collecting elsewhere.
+# experiments/convergence.py on one GPU within one device call: every (system, seed) trains as its own process,
+# PARALLEL of them at a time (default 6: a d_model-256 model leaves an H100 mostly idle), seed by seed, none started
+# later than 30 s before LIMIT_SECONDS (default 480) and each stopped at it; then the finished runs' records are
+# packed for collecting elsewhere.
 #
 #   bash experiments/convergence_gpu.sh DATA WORK OUT "SYSTEMS" "SEEDS" [LIMIT_SECONDS] [-- convergence.py options]
 #
@@ -23,13 +24,17 @@ limit=${6:-480}
 shift $(( $# < 6 ? $# : 6 ))
 [ "${1:-}" = "--" ] && shift
 python=${PYTHON:-python3}
+parallel=${PARALLEL:-6}
+deadline=$((SECONDS + limit))
 mkdir -p "$work/logs" "$out"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
 
-for system in $systems; do
-    for seed in $seeds; do
+for seed in $seeds; do
+    for system in $systems; do
         [ -f "$work/$system/seed$seed/run.json" ] && continue
-        timeout "$limit" "$python" experiments/convergence.py --data "$data" --work "$work" \
+        while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+        [ $((deadline - SECONDS)) -le 30 ] && break 2
+        timeout $((deadline - SECONDS)) "$python" experiments/convergence.py --data "$data" --work "$work" \
             --out "$work/tables/$system-$seed" --systems "$system" --seeds "$seed" --threads 1 "$@" \
             > "$work/logs/$system-$seed.log" 2>&1 &
     done

@@ -449,8 +449,9 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
 
 @pytest.mark.slow
 def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_what_a_time_limit_cut_off(tmp_path):
-    """experiments/convergence_gpu.sh (on the CPU here): a run killed by its time limit is reported missing and no
-    table is written; the next call trains it, packs every run.json and writes the table; a third trains nothing."""
+    """experiments/convergence_gpu.sh (on the CPU here, one process at a time): a run its time limit leaves out is
+    reported missing and no table is written; the next call trains it, packs every run.json and writes the table; a
+    third trains nothing."""
     import tarfile
 
     data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
@@ -464,7 +465,7 @@ def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_
     def call(limit: int) -> str:
         subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
                         "peer+recipe-training absolute", "1", str(limit), "--", *options], check=True, timeout=600,
-                       cwd=EXPERIMENTS.parent, env=dict(os.environ, PYTHON=sys.executable), capture_output=True)
+                       cwd=EXPERIMENTS.parent, env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1"), capture_output=True)
         return (out / "status.txt").read_text()
 
     assert call(1) == "missing: peer+recipe-training seed 1\nmissing: absolute seed 1\n"
