@@ -187,6 +187,7 @@ class RunRecord:
     bf16: bool | None = _recipe_field(OPTIMISATION)
     fp16: bool | None = _recipe_field(OPTIMISATION)
     seed: int | None = _recipe_field(OPTIMISATION)
+    average_checkpoints: int | None = _recipe_field(OPTIMISATION)
     generation_num_beams: int | None = _recipe_field(DECODING)
     generation_length_penalty: float | None = _recipe_field(DECODING)
     generation_max_length_offset: int | None = _recipe_field(DECODING)

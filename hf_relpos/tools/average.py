@@ -17,12 +17,11 @@ import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
-import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..publish.files import staged_folder
-from ..translation.checkpoints import find_checkpoints
+from ..translation.checkpoints import average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
@@ -58,17 +57,6 @@ def _has_weights(folder: Path) -> bool:
     return (folder / SAFE_WEIGHTS_NAME).is_file() or (folder / SAFE_WEIGHTS_INDEX_NAME).is_file()
 
 
-def load_weights(checkpoint: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint saved as one safetensors file or as shards with an index."""
-    if (checkpoint / SAFE_WEIGHTS_NAME).is_file():
-        return load_file(checkpoint / SAFE_WEIGHTS_NAME)
-    index = json.loads((checkpoint / SAFE_WEIGHTS_INDEX_NAME).read_text())
-    weights: dict[str, torch.Tensor] = {}
-    for shard in sorted(set(index["weight_map"].values())):
-        weights.update(load_file(checkpoint / shard))
-    return weights
-
-
 def average_checkpoints(
     paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int, output_dir: str | os.PathLike
 ) -> Path:
@@ -82,20 +70,7 @@ def average_checkpoints(
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise ValueError(f"output_dir {str(output_dir)!r} already exists and is not empty")
-    newest = load_weights(checkpoints[-1])
-    sums = {name: tensor.to(torch.float64) for name, tensor in newest.items() if tensor.is_floating_point()}
-    for checkpoint in checkpoints[:-1]:
-        weights = load_weights(checkpoint)
-        if weights.keys() != newest.keys():
-            difference = sorted(weights.keys() ^ newest.keys())
-            raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in tensors: {difference[:10]}")
-        for name, total in sums.items():
-            if weights[name].shape != total.shape:
-                raise ValueError(f"tensor {name!r} has shape {tuple(weights[name].shape)} in {str(checkpoint)!r} "
-                                 f"but {tuple(total.shape)} in {str(checkpoints[-1])!r}")
-            total += weights[name].to(torch.float64)
-    averaged = {name: (sums[name] / len(checkpoints)).to(tensor.dtype) if name in sums else tensor
-                for name, tensor in newest.items()}
+    averaged = average_weights(checkpoints)
 
     with staged_folder(output_dir) as staging:
         for item in checkpoints[-1].iterdir():

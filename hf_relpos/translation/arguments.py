@@ -149,6 +149,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "cap beyond source length + generation_max_length_offset, and the saved max_new_tokens is "
                           "max_source_length + generation_max_length_offset."},
     )
+    average_checkpoints: int | None = field(
+        default=None,
+        metadata={"help": "After training, make the final model (saved, evaluated and predicted with) the average of "
+                          "this run's last N checkpoints (Vaswani et al. 2017: 5 for base, 20 for big models; "
+                          "hf_relpos.tools.average does the same afterwards). Needs save_strategy steps or epoch and "
+                          "save_total_limit null or >= N; averages fewer, with a warning, if the run saved fewer. "
+                          "null: the final weights."},
+    )
     cpu_threads: int | None = field(
         default=None,
         metadata={"help": "torch.set_num_threads for CPU work; 1 is fastest for tiny models and on busy machines. "
@@ -467,7 +475,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
-                 "generation_max_length"):
+                 "generation_max_length", "average_checkpoints"):
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
@@ -479,9 +487,29 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
         logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
+    if training_args.average_checkpoints is not None:
+        check_checkpoint_averaging(training_args)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)
+
+
+def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> None:
+    """average_checkpoints needs a training run that keeps that many checkpoints, and no other choice of final
+    weights."""
+    count = training_args.average_checkpoints
+    strategy = getattr(training_args.save_strategy, "value", training_args.save_strategy)
+    if not training_args.do_train:
+        raise ConfigError("average_checkpoints averages the checkpoints of this run's training: it needs do_train")
+    if strategy not in ("steps", "epoch"):
+        raise ConfigError(f"average_checkpoints={count} needs checkpoints: save_strategy must be 'steps' or 'epoch', "
+                          f"got {strategy!r}")
+    limit = training_args.save_total_limit
+    if limit is not None and limit < count:
+        raise ConfigError(f"average_checkpoints={count} needs the last {count} checkpoints: save_total_limit must be "
+                          f"null or >= {count}, got {limit}")
+    if training_args.load_best_model_at_end:
+        raise ConfigError("average_checkpoints and load_best_model_at_end both choose the final weights: set one")
 
 
 def check_model_config(model_args: ModelArguments, from_command_line: set[str] | None = None,

@@ -1,5 +1,6 @@
-"""A training output folder's `checkpoint-<step>` folders: listed newest last, and whether each is complete (the
-one to resume from). Averaging them is `hf_relpos.tools.average`."""
+"""A training output folder's `checkpoint-<step>` folders: listed newest last, whether each is complete (the one to
+resume from), and the average of their weights (Vaswani et al. 2017). `hf_relpos.tools.average` writes an averaged
+model folder; `average_checkpoints` (a training argument) makes the average a run's final model."""
 
 
 from __future__ import annotations
@@ -7,7 +8,12 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -44,3 +50,35 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     return complete[-1] if complete else None
 
 
+
+
+def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """All tensors of a checkpoint saved as one safetensors file or as shards with an index."""
+    checkpoint = Path(checkpoint)
+    if (checkpoint / SAFE_WEIGHTS_NAME).is_file():
+        return load_file(checkpoint / SAFE_WEIGHTS_NAME)
+    index = json.loads((checkpoint / SAFE_WEIGHTS_INDEX_NAME).read_text())
+    weights: dict[str, torch.Tensor] = {}
+    for shard in sorted(set(index["weight_map"].values())):
+        weights.update(load_file(checkpoint / shard))
+    return weights
+
+
+def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
+    """The mean of the checkpoints' tensors: floating-point tensors summed in float64 and cast back to their dtype,
+    other tensors (integer buffers) taken from the newest (last) checkpoint. Every checkpoint must hold the same tensor
+    names and shapes (ValueError naming the first that does not)."""
+    newest = load_weights(checkpoints[-1])
+    sums = {name: tensor.to(torch.float64) for name, tensor in newest.items() if tensor.is_floating_point()}
+    for checkpoint in checkpoints[:-1]:
+        weights = load_weights(checkpoint)
+        if weights.keys() != newest.keys():
+            difference = sorted(weights.keys() ^ newest.keys())
+            raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in tensors: {difference[:10]}")
+        for name, total in sums.items():
+            if weights[name].shape != total.shape:
+                raise ValueError(f"tensor {name!r} has shape {tuple(weights[name].shape)} in {str(checkpoint)!r} "
+                                 f"but {tuple(total.shape)} in {str(checkpoints[-1])!r}")
+            total += weights[name].to(torch.float64)
+    return {name: (sums[name] / len(checkpoints)).to(tensor.dtype) if name in sums else tensor
+            for name, tensor in newest.items()}

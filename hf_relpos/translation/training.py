@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import json
 import logging
 import math
 import os
@@ -58,6 +59,8 @@ from .arguments import (
 from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
     TRAINER_STATE_FILE,
+    average_weights,
+    find_checkpoints,
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
@@ -515,6 +518,39 @@ def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArg
     return weight_bytes * (1 + CHECKPOINT_SIZE_FACTOR * checkpoints)
 
 
+AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"
+
+
+def average_final_weights(trainer: TranslationTrainer, count: int) -> list[Path]:
+    """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
+    it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model
+    saved, evaluated and predicted with is the average (Vaswani et al. 2017). output_dir/averaged_checkpoints.json
+    names the checkpoints; returns them."""
+    trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
+    output_dir = Path(trainer.args.output_dir)
+    checkpoints = [path for path in find_checkpoints(output_dir) if is_complete_checkpoint(path)][-count:]
+    if not checkpoints:
+        logger.warning("average_checkpoints=%d: the run saved no checkpoint; the final model is the trained weights",
+                       count)
+        return []
+    if len(checkpoints) < count:
+        logger.warning("average_checkpoints=%d: the run saved only %d checkpoint(s); averaging those", count,
+                       len(checkpoints))
+    averaged = average_weights(checkpoints)
+    state = trainer.accelerator.unwrap_model(trainer.model).state_dict()   # shares storage with the parameters
+    unknown = sorted(averaged.keys() - state.keys())
+    if unknown:
+        raise RuntimeError(f"average_checkpoints: the checkpoints hold tensors the model lacks: {unknown[:10]}")
+    with torch.no_grad():
+        for name, tensor in averaged.items():
+            state[name].copy_(tensor)
+    if trainer.args.should_save:
+        provenance = {"average_checkpoints": count, "checkpoints": [path.name for path in checkpoints]}
+        write_text_atomic(output_dir / AVERAGED_CHECKPOINTS_FILE, json.dumps(provenance, indent=2) + "\n")
+    logger.info("average_checkpoints: the final model is the average of %s", ", ".join(path.name for path in checkpoints))
+    return checkpoints
+
+
 def save_final_model(trainer: TranslationTrainer) -> None:
     """`trainer.save_model()`, written to a staging folder inside output_dir and moved in file by file with the
     weights (model.safetensors, or the shard index) removed first and moved last: a kill mid-way leaves a folder
@@ -651,6 +687,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
+        if training_args.average_checkpoints is not None:
+            average_final_weights(trainer, training_args.average_checkpoints)
         save_final_model(trainer)
         metrics = dict(train_result.metrics, train_samples=len(train_dataset))
         trainer.log_metrics("train", metrics)
@@ -724,6 +762,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         generation_num_beams=training_args.generation_num_beams,
         generation_length_penalty=training_args.generation_length_penalty,
         generation_max_length_offset=training_args.generation_max_length_offset,
+        average_checkpoints=training_args.average_checkpoints,
         devices=training_args.world_size,
         hardware=_hardware_name(training_args),
         training_seconds=training_seconds,
