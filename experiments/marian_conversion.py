@@ -31,6 +31,10 @@ vs_marian.py's peer+recipe-tokenizer row):
       --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model \
       --schemes shaw shaw+absolute xl+absolute --seeds 1 2 3 --finetune-steps 600 --eval-every 100 \
       --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --num-beams 4 --threads 1
+Seeds can be fine-tuned by separate invocations (one per core, each with its own --work and --seeds) and their records
+joined without training or decoding:
+  python experiments/marian_conversion.py --out docs/results/marian_conversion/peer_hybrid \
+      --merge /tmp/marian_hybrid_s1/marian_conversion.json /tmp/marian_hybrid_s2/marian_conversion.json
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
 
@@ -333,7 +337,7 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="folder with {train,test}.jsonl (Multi30k); not with --quick")
-    parser.add_argument("--work", type=Path, required=True, help="models and logs (reused when present)")
+    parser.add_argument("--work", type=Path, help="models and logs (reused when present); required unless --merge")
     parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
     parser.add_argument("--schemes", nargs="+", default=["shaw"],
                         help="relative schemes to convert to: NAME, or NAME+absolute for the hybrid (Marian's "
@@ -364,7 +368,15 @@ def main(argv: list[str] | None = None) -> None:
                         help="new-token limit on the long bucket (keep the decoder within Marian's position table)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: generated demo corpus in <work>/data, a tiny model, a few steps")
+    parser.add_argument("--merge", type=Path, nargs="+", metavar="RECORD",
+                        help="join marian_conversion.json records of one conversion with different --seeds into "
+                             "one record in --out (no training, no decoding)")
     args = parser.parse_args(argv)
+    if args.merge:
+        write_record(merge_records(args.merge), args.out)
+        return
+    if args.work is None:
+        parser.error("--work is required (unless --merge)")
     args.seeds = args.seeds or [args.seed]
     for entry in args.schemes:
         scheme_of(entry)
@@ -437,14 +449,67 @@ def main(argv: list[str] | None = None) -> None:
         run["summary"] = summarise(run)
         results["schemes"][entry] = run
     if args.eval_every:
-        level = results["schemes"]["absolute"]["summary"]["curve"][0]["bleu"]
-        results["recovery"] = {"level": level, "recovered_at": {
-            entry: recovered_at(run["summary"]["curve"], level) for entry, run in results["schemes"].items()
-            if entry != "absolute"}}
-    args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    (args.out / "marian_conversion.md").write_text(markdown(results))
+        results["recovery"] = recovery(results)
+    write_record(results, args.out)
+
+
+def recovery(results: dict) -> dict:
+    """`absolute`'s mean validation BLEU at step 0 (Marian's level) and the first step at which each other scheme's
+    mean curve reaches it."""
+    level = results["schemes"]["absolute"]["summary"]["curve"][0]["bleu"]
+    return {"level": level, "recovered_at": {entry: recovered_at(run["summary"]["curve"], level)
+                                             for entry, run in results["schemes"].items() if entry != "absolute"}}
+
+
+def write_record(results: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    (out / "marian_conversion.md").write_text(markdown(results))
     print(markdown(results))
+
+
+# Settings that may differ between records of one conversion that fine-tuned different seeds.
+PER_RUN_SETTINGS = {"seeds", "seed", "work", "out", "merge"}
+
+
+def without_timing(scores: dict | None) -> dict | None:
+    """A `bleu()` result without its decoding time (which differs between two decodings of the same model)."""
+    return None if scores is None else {key: value for key, value in scores.items() if key != "seconds"}
+
+
+def merge_records(paths: list[Path]) -> dict:
+    """One record from runs of the same conversion that fine-tuned different seeds (one process per core, say): their
+    settings (but seeds and folders), code version and releases, and the scores of Marian and of each converted model
+    must be the same (the same models, decoded alike); each seed may appear once. The seeds' runs are joined and the
+    summaries recomputed."""
+    records = [json.loads(path.read_text()) for path in paths]
+    merged = json.loads(json.dumps(records[0]))
+    for path, record in zip(paths[1:], records[1:], strict=True):
+        differing = sorted(key for key in record["settings"].keys() | merged["settings"].keys()
+                           if key not in PER_RUN_SETTINGS and record["settings"].get(key) != merged["settings"].get(key))
+        differing += [key for key in ("source_version", "versions") if record.get(key) != merged.get(key)]
+        differing += [key for key in ("marian", "marian_long")
+                      if without_timing(record.get(key)) != without_timing(merged.get(key))]
+        if differing or record["schemes"].keys() != merged["schemes"].keys():
+            raise SystemExit(f"marian_conversion.py: --merge: {path} is another experiment than {paths[0]} "
+                             f"(differs in {differing or ['schemes']})")
+        for entry, run in record["schemes"].items():
+            target = merged["schemes"][entry]
+            for key in ("converted", "converted_long"):
+                if without_timing(run.get(key)) != without_timing(target.get(key)):
+                    raise SystemExit(f"marian_conversion.py: --merge: {path} scores the converted {entry} model "
+                                     f"differently ({key})")
+            repeated = sorted(run["seeds"].keys() & target["seeds"].keys())
+            if repeated:
+                raise SystemExit(f"marian_conversion.py: --merge: seed(s) {repeated} of {entry} in more than one record")
+            target["seeds"] = dict(sorted({**target["seeds"], **run["seeds"]}.items(), key=lambda item: int(item[0])))
+    merged["settings"]["seeds"] = sorted(int(seed) for seed in merged["schemes"]["absolute"]["seeds"])
+    merged["merged_from"] = [str(path) for path in paths]
+    for run in merged["schemes"].values():
+        run["summary"] = summarise(run)
+    if "recovery" in merged:
+        merged["recovery"] = recovery(merged)
+    return merged
 
 
 if __name__ == "__main__":

@@ -312,6 +312,19 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
                              for seed in ("1", "2"))
     assert f"| shaw | {differences} | - |" in table
 
+    # a third seed fine-tuned by another invocation, then one record of the three by --merge
+    third = run_experiment(tmp_path / "work_reused", tmp_path / "out_seed3", "--marian-model",
+                           str(tmp_path / "work" / "marian"), "--eval-every", "1", "--seeds", "3")
+    subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--out",
+                    str(tmp_path / "out_merged"), "--merge", str(tmp_path / "out_reused" / "marian_conversion.json"),
+                    str(tmp_path / "out_seed3" / "marian_conversion.json")], check=True, timeout=300, cwd=REPO,
+                   capture_output=True)
+    merged = json.loads((tmp_path / "out_merged" / "marian_conversion.json").read_text())
+    assert merged["settings"]["seeds"] == [1, 2, 3]
+    for scheme, run in merged["schemes"].items():
+        assert run["seeds"] == {**reused["schemes"][scheme]["seeds"], **third["schemes"][scheme]["seeds"]}
+    assert "mean ± sd over seeds 1, 2, 3" in (tmp_path / "out_merged" / "marian_conversion.md").read_text()
+
 
 def test_conversion_experiment_reports_each_scheme_minus_absolute_seed_by_seed(monkeypatch):
     from test_experiments import load_experiment
@@ -327,6 +340,29 @@ def test_conversion_experiment_reports_each_scheme_minus_absolute_seed_by_seed(m
     lines = module.paired_differences(results)
     assert lines[-1] == "| shaw+absolute | +0.25 / -0.50 | -1.00 / +0.50 |"
     assert module.paired_differences({"settings": {"seeds": [1]}, "schemes": results["schemes"]}) == []
+
+
+def test_conversion_experiment_merges_records_of_other_seeds_and_refuses_another_experiment(tmp_path, monkeypatch):
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+
+    def record(seed: int, bleu: float, **settings) -> Path:
+        path = tmp_path / f"{seed}-{bleu}-{len(settings)}.json"
+        path.write_text(json.dumps({
+            "settings": {"seeds": [seed], "finetune_steps": 600, "work": f"/tmp/w{seed}", "out": "o", **settings},
+            "source_version": "abc", "versions": {"torch": "t"}, "marian": {"bleu": 30.0},
+            "schemes": {"absolute": {"converted": {"bleu": 30.0}, "seeds": {
+                str(seed): {"finetuned": {"bleu": bleu, "chrf": 50.0}, "finetune_seconds": 1.0}}}}}))
+        return path
+
+    merged = module.merge_records([record(3, 34.0), record(1, 32.0)])
+    assert merged["settings"]["seeds"] == [1, 3] and list(merged["schemes"]["absolute"]["seeds"]) == ["1", "3"]
+    assert merged["schemes"]["absolute"]["summary"]["finetuned_bleu"] == pytest.approx((33.0, 2**0.5))
+    with pytest.raises(SystemExit, match=r"another experiment .*finetune_steps"):
+        module.merge_records([record(1, 32.0), record(2, 33.0, finetune_steps=300)])
+    with pytest.raises(SystemExit, match=r"seed\(s\) \['1'\] of absolute in more than one record"):
+        module.merge_records([record(1, 32.0), record(1, 31.0)])
 
 
 def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
