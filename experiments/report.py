@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 
 import convergence  # noqa: E402
+import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
 from benchmarks import bench_decoding, bench_training  # noqa: E402
@@ -302,6 +303,23 @@ def results_length_generalization_fresh_sets() -> str:
                             *(f"exact match {bucket}" for bucket in record["buckets"])], rows)
 
 
+MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
+
+
+def results_marian_hybrid() -> str:
+    """Issue #38's conversion experiment: its record and command, then marian_conversion.py's own tables."""
+    record = read(MARIAN_HYBRID)
+    settings = record["settings"]
+    command = (f"python experiments/marian_conversion.py --marian-model {settings['marian_model']} --schemes "
+               f"{' '.join(settings['schemes'])} --seeds {' '.join(map(str, settings['seeds']))} --finetune-steps "
+               f"{settings['finetune_steps']} --eval-every {settings['eval_every']} --eval-sentences "
+               f"{settings['eval_sentences']} --test-sentences {settings['test_sentences']} --long-pairs "
+               f"{settings['long_pairs']} --num-beams {settings['num_beams']}")
+    joined = (" (one invocation per seed, joined with `--merge`)" if "merged_from" in record else "")
+    return (f"Record [`{MARIAN_HYBRID}`](results/{MARIAN_HYBRID}){joined}. Command: `{command}`.\n\n"
+            + without_title(marian_conversion.markdown(record)))
+
+
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
@@ -311,6 +329,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
+    "results_marian_hybrid": results_marian_hybrid,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
