@@ -36,6 +36,7 @@ from vs_marian import (
     SPLITS,
     Decoding,
     evaluate,
+    logged_losses,
     recipe_path,
     spread,
     train_peer,
@@ -75,7 +76,7 @@ def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace)
     seconds = time.perf_counter() - started
     state = json.loads((folder / "model" / "trainer_state.json").read_text())
     return {"argv": argv, "steps": state["global_step"], "train_seconds": seconds,
-            "train_loss": [[entry["step"], entry["loss"]] for entry in state["log_history"] if "loss" in entry]}, \
+            "train_loss": logged_losses(state["log_history"])}, \
         folder / "model"
 
 

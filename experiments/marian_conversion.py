@@ -462,10 +462,12 @@ def recovery(results: dict) -> dict:
 
 
 def write_record(results: dict, out: Path) -> None:
+    """<out>/marian_conversion.json and .md (the report, also printed)."""
+    report = markdown(results)
     out.mkdir(parents=True, exist_ok=True)
     (out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    (out / "marian_conversion.md").write_text(markdown(results))
-    print(markdown(results))
+    (out / "marian_conversion.md").write_text(report)
+    print(report)
 
 
 # Settings that may differ between records of one conversion that fine-tuned different seeds.

@@ -247,6 +247,11 @@ def peer_config(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) ->
     )
 
 
+def logged_losses(history: Sequence[dict]) -> list[list[float]]:
+    """[step, training loss] of each logged step of a Trainer's log_history."""
+    return [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]
+
+
 def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = PEER,
                **training_overrides: object) -> dict:
     """Tokenizer (the peer's own, or the recipes' for PEER_WITH_RECIPE_TOKENIZER), MarianMTModel and a plain
@@ -279,7 +284,7 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = 
     tokenizer.save_pretrained(folder / "model")
     history = trainer.state.log_history
     return {"train_seconds": seconds, "steps": trainer.state.global_step,
-            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
+            "train_loss": logged_losses(history)}
 
 
 def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Namespace) -> dict:
@@ -307,7 +312,7 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
     trainer.save_state()
     history = trainer.state.log_history
     return {"train_seconds": seconds, "steps": trainer.state.global_step, "argv": list(argv),
-            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
+            "train_loss": logged_losses(history)}
 
 
 def recipe_path(recipe: str) -> Path:
@@ -352,7 +357,7 @@ def train_recipe(row: Row, folder: Path, seed: int, args: argparse.Namespace) ->
     seconds = time.perf_counter() - started
     history = json.loads((folder / "model" / "trainer_state.json").read_text())["log_history"]
     return {"train_seconds": seconds, "train_runtime": results["train"]["train_runtime"], "argv": argv,
-            "train_loss": [[entry["step"], entry["loss"]] for entry in history if "loss" in entry]}
+            "train_loss": logged_losses(history)}
 
 
 def load_trained(folder: Path, is_peer: bool, device: str = "cpu") -> tuple[torch.nn.Module, PreTrainedTokenizerBase]:

@@ -21,13 +21,12 @@ from safetensors.torch import save_file
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..publish.files import staged_folder
-from ..translation.checkpoints import average_weights, find_checkpoints
+from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
     r"|pytorch_model.*)$"
 )
-PROVENANCE_FILE = "averaged_checkpoints.json"
 
 
 def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int) -> list[Path]:
@@ -79,7 +78,7 @@ def average_checkpoints(
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
         provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
-        (staging / PROVENANCE_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+        (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return output_dir
 
 

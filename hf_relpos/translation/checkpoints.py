@@ -17,6 +17,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
+AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
 
 
 def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
@@ -44,12 +45,15 @@ def is_complete_checkpoint(folder: str | os.PathLike) -> bool:
     return isinstance(state, dict) and (match is None or state.get("global_step") == int(match.group(1)))
 
 
+def complete_checkpoints(output_dir: str | os.PathLike) -> list[Path]:
+    """The complete `checkpoint-<step>` folders of a training output folder, oldest first (incomplete ones skipped)."""
+    return [path for path in find_checkpoints(output_dir) if is_complete_checkpoint(path)]
+
+
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The newest complete `checkpoint-<step>` folder of a training output folder (incomplete ones are skipped)."""
-    complete = [path for path in find_checkpoints(output_dir) if is_complete_checkpoint(path)]
+    complete = complete_checkpoints(output_dir)
     return complete[-1] if complete else None
-
-
 
 
 def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:

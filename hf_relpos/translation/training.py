@@ -58,9 +58,10 @@ from .arguments import (
 )
 from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .checkpoints import (
+    AVERAGED_CHECKPOINTS_FILE,
     TRAINER_STATE_FILE,
     average_weights,
-    find_checkpoints,
+    complete_checkpoints,
     is_complete_checkpoint,
     last_complete_checkpoint,
 )
@@ -518,21 +519,18 @@ def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArg
     return weight_bytes * (1 + CHECKPOINT_SIZE_FACTOR * checkpoints)
 
 
-AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"
-
-
-def average_final_weights(trainer: TranslationTrainer, count: int) -> list[Path]:
+def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
     it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model
     saved, evaluated and predicted with is the average (Vaswani et al. 2017). output_dir/averaged_checkpoints.json
-    names the checkpoints; returns them."""
+    names the checkpoints."""
     trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
     output_dir = Path(trainer.args.output_dir)
-    checkpoints = [path for path in find_checkpoints(output_dir) if is_complete_checkpoint(path)][-count:]
+    checkpoints = complete_checkpoints(output_dir)[-count:]
     if not checkpoints:
         logger.warning("average_checkpoints=%d: the run saved no checkpoint; the final model is the trained weights",
                        count)
-        return []
+        return
     if len(checkpoints) < count:
         logger.warning("average_checkpoints=%d: the run saved only %d checkpoint(s); averaging those", count,
                        len(checkpoints))
@@ -548,7 +546,6 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> list[Path]
         provenance = {"average_checkpoints": count, "checkpoints": [path.name for path in checkpoints]}
         write_text_atomic(output_dir / AVERAGED_CHECKPOINTS_FILE, json.dumps(provenance, indent=2) + "\n")
     logger.info("average_checkpoints: the final model is the average of %s", ", ".join(path.name for path in checkpoints))
-    return checkpoints
 
 
 def save_final_model(trainer: TranslationTrainer) -> None:
