@@ -4,8 +4,10 @@ r"""What switching a trained MarianMT model to relative positions costs, and wha
    `Seq2SeqTrainer` for `--train-steps` steps, with a joint BPE tokenizer trained on the same pairs; Marian's
    convention: decoding starts with the pad token.
 2. Convert it with `hf_relpos.tools.convert.convert_marian` to `absolute` (must score exactly as Marian) and to each entry
-   of `--schemes`: a scheme name (sinusoids removed, the scheme's parameters neutral) or `NAME+absolute`, the hybrid
-   (`keep_absolute_positions`: Marian's sinusoids kept, the scheme added on top starting neutral, exact at step 0).
+   of `--schemes`: a scheme name (sinusoids removed, the scheme's parameters neutral), `NAME+absolute`, the hybrid
+   (`keep_absolute_positions`: Marian's sinusoids kept, the scheme added on top starting neutral, exact at step 0),
+   or `NAME+absolute-fade`, the hybrid whose sinusoids fine-tuning fades out over the first `--fade-steps` steps
+   (`fade_absolute_positions`), ending on the relative scheme alone.
 3. Fine-tune every converted model with `train_translation.py configs/finetune_marian_en_de_shaw.yaml
    --model_name_or_path CONVERTED` for `--finetune-steps` steps (the same budget for `absolute` kept), once per seed
    of `--seeds`.
@@ -31,6 +33,12 @@ vs_marian.py's peer+recipe-tokenizer row):
       --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model \
       --schemes shaw shaw+absolute xl+absolute --seeds 1 2 3 --finetune-steps 600 --eval-every 100 \
       --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --num-beams 4 --threads 1
+The hybrids with their sinusoids faded out over the first 300 of the 600 steps (the same work folder reuses the
+conversions and `absolute`'s fine-tuned models):
+  python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_hybrid \
+      --out docs/results/marian_conversion/peer_hybrid_fade --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model \
+      --schemes shaw+absolute-fade xl+absolute-fade --fade-steps 300 --seeds 1 2 3 --finetune-steps 600 \
+      --eval-every 100 --eval-sentences 500 --test-sentences 1000 --long-pairs 200 --num-beams 4 --threads 1
 Seeds can be fine-tuned by separate invocations (one per core, each with its own --work and --seeds) and their records
 joined without training or decoding:
   python experiments/marian_conversion.py --out docs/results/marian_conversion/peer_hybrid \
@@ -127,12 +135,17 @@ def long_pairs(train_pairs: list[tuple[str, str]], test_pairs: list[tuple[str, s
     return bucket
 
 
-def scheme_of(entry: str) -> tuple[str, bool]:
-    """`--schemes` entry -> (attention_type, keep_absolute_positions): "shaw" or "shaw+absolute" (the hybrid)."""
+HYBRIDS = {"": (False, False), "absolute": (True, False), "absolute-fade": (True, True)}
+
+
+def scheme_of(entry: str) -> tuple[str, bool, bool]:
+    """`--schemes` entry -> (attention_type, keep_absolute_positions, fade them out): "shaw", "shaw+absolute" (the
+    hybrid) or "shaw+absolute-fade" (the hybrid, its sinusoids faded out during fine-tuning)."""
     name, _, kept = entry.partition("+")
-    if kept not in ("", "absolute"):
-        raise SystemExit(f"marian_conversion.py: --schemes entry {entry!r} must be NAME or NAME+absolute")
-    return name, kept == "absolute"
+    if kept not in HYBRIDS:
+        raise SystemExit(f"marian_conversion.py: --schemes entry {entry!r} must be NAME, NAME+absolute or "
+                         "NAME+absolute-fade")
+    return name, *HYBRIDS[kept]
 
 
 def bleu(model_folder: Path, test_pairs: list[tuple[str, str]], args: argparse.Namespace, marian: bool = False,
@@ -166,10 +179,9 @@ def evaluation_steps(args: argparse.Namespace) -> list[int]:
     return steps if steps[-1] == args.finetune_steps else [*steps, args.finetune_steps]
 
 
-def finetune(converted: Path, output_dir: Path, args: argparse.Namespace, seed: int) -> Path:
+def finetune(converted: Path, output_dir: Path, args: argparse.Namespace, seed: int, fade: bool = False) -> Path:
     """`train_translation.py --model_name_or_path CONVERTED --seed SEED` with the recipe's settings and
-    --finetune-steps; with
-    `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
+    --finetune-steps (and `--fade_absolute_positions --fade-steps` with `fade`); with `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
     `--eval-every` steps (kept in output_dir/trainer_state.json). A finished run in output_dir is reused only if it
     has the same number of steps and evaluations."""
     if (output_dir / "model.safetensors").is_file():
@@ -189,6 +201,8 @@ def finetune(converted: Path, output_dir: Path, args: argparse.Namespace, seed: 
         "--cpu_threads", str(args.threads), "--overwrite_output_dir", "true", "--logging_steps", "50",
         "--warmup_steps", str(max(1, args.finetune_steps // 10)), "--max_tokens_per_batch", str(args.finetune_max_tokens),
     ]
+    if fade:
+        command += ["--fade_absolute_positions", str(args.fade_steps)]
     if args.eval_every:
         command += [
             "--eval_strategy", "steps", "--eval_steps", str(args.eval_every), "--eval_on_start", "true",
@@ -282,6 +296,9 @@ def markdown(results: dict) -> str:
         f"`train_translation.py` ({Path(settings['finetune_config']).name}){spread}. sacreBLEU on the first "
         f"{settings['test_sentences']} test sentences, {'greedy' if settings['num_beams'] == 1 else 'beam ' + str(settings['num_beams'])}.",
         f"Signature: `{results['marian']['signature']}`." + provenance(results),
+        *([f"`NAME+absolute-fade`: the hybrid fine-tuned with `fade_absolute_positions: {settings['fade_steps']}`, its "
+           f"sinusoids faded out linearly over the first {settings['fade_steps']} steps; after them it runs on the "
+           "relative scheme alone."] if settings.get("fade_steps") else []),
         "",
         "| attention_type | Marian (before) | converted, step 0 | after fine-tuning | chrF after | "
         "fine-tuning s |",
@@ -344,6 +361,9 @@ def main(argv: list[str] | None = None) -> None:
                              "sinusoids kept, keep_absolute_positions)")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--finetune-steps", type=int, default=150)
+    parser.add_argument("--fade-steps", type=int,
+                        help="NAME+absolute-fade entries: fade the sinusoids out over this many fine-tuning steps "
+                             "(default: half of --finetune-steps)")
     parser.add_argument("--marian-model", type=Path,
                         help="a trained MarianMTModel folder with its tokenizer, converted instead of training one")
     parser.add_argument("--eval-every", type=int, default=0,
@@ -395,6 +415,8 @@ def main(argv: list[str] | None = None) -> None:
         args.max_new_tokens, args.finetune_max_tokens, args.long_max_new_tokens = 20, 256, 40
     elif args.data is None:
         parser.error("--data is required (or --quick)")
+    fading = any(scheme_of(entry)[2] for entry in args.schemes)
+    args.fade_steps = (args.fade_steps or max(1, args.finetune_steps // 2)) if fading else None
 
     from hf_relpos.tools.convert import convert_marian
     from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
@@ -425,19 +447,20 @@ def main(argv: list[str] | None = None) -> None:
             "mean_source_words": sum(len(source.split()) for source, _ in bucket) / len(bucket)}
         results["marian_long"] = bleu(marian_folder, bucket, args, marian=True, max_new_tokens=args.long_max_new_tokens)
     for entry in dict.fromkeys(["absolute", *args.schemes]):
-        attention_type, keep_absolute_positions = scheme_of(entry)
-        converted = args.work / f"converted_{entry}"
+        attention_type, keep_absolute_positions, fade = scheme_of(entry)
+        converted = args.work / f"converted_{entry.removesuffix('-fade')}"   # the fading hybrid starts as the hybrid
         if not (converted / "model.safetensors").is_file():
             convert_marian(marian_folder, converted, attention_type,
                            **({"keep_absolute_positions": True} if keep_absolute_positions else {}))
         run = {"attention_type": attention_type, "keep_absolute_positions": keep_absolute_positions,
+               "fade_absolute_positions": args.fade_steps if fade else None,
                "converted": bleu(converted, test_pairs, args), "seeds": {}}
         if bucket:
             run["converted_long"] = bleu(converted, bucket, args, max_new_tokens=args.long_max_new_tokens)
         print(f"{entry}: BLEU {run['converted']['bleu']:.2f} right after the conversion", flush=True)
         for seed in args.seeds:
             started = time.perf_counter()
-            finetuned = finetune(converted, args.work / f"finetuned_{entry}_seed{seed}", args, seed)
+            finetuned = finetune(converted, args.work / f"finetuned_{entry}_seed{seed}", args, seed, fade)
             by_seed = {"finetune_seconds": time.perf_counter() - started, "finetuned": bleu(finetuned, test_pairs, args)}
             if bucket:
                 by_seed["finetuned_long"] = bleu(finetuned, bucket, args, max_new_tokens=args.long_max_new_tokens)

@@ -52,7 +52,7 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
 
 
 # Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes, the
-# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions), with the defaults an
+# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions and its scale), with the defaults an
 # old checkpoint loads with.
 FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,
@@ -66,6 +66,7 @@ FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "relative_embedding_init_std": None,
     "cross_attention_length_scaling": False,
     "keep_absolute_positions": False,
+    "absolute_positions_scale": 1.0,
 }
 
 

@@ -259,8 +259,8 @@ def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
 @pytest.mark.slow
 def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     """experiments/marian_conversion.py end to end on the generated demo corpus: train Marian, convert, fine-tune with
-    train_translation.py, score; absolute and the hybrid (shaw+absolute) right after the conversion translate exactly
-    as Marian, also on the long-sentence bucket. A second run converts that trained Marian (--marian-model), fine-tunes
+    train_translation.py, score; absolute and the hybrids (shaw+absolute, and shaw+absolute-fade, which ends with its
+    sinusoids faded out) right after the conversion translate exactly as Marian, also on the long-sentence bucket. A second run converts that trained Marian (--marian-model), fine-tunes
     with two seeds and records the recovery curve (--eval-every)."""
     def run_experiment(work: Path, out: Path, *options: str) -> dict:
         subprocess.run([sys.executable, str(REPO / "experiments" / "marian_conversion.py"), "--quick", "--work",
@@ -269,10 +269,18 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
         return json.loads((out / "marian_conversion.json").read_text())
 
     out = tmp_path / "out"
-    results = run_experiment(tmp_path / "work", out, "--schemes", "shaw+absolute", "--long-pairs", "2")
-    assert list(results["schemes"]) == ["absolute", "shaw+absolute"]
-    hybrid = results["schemes"]["shaw+absolute"]
-    assert (hybrid["attention_type"], hybrid["keep_absolute_positions"]) == ("shaw", True)
+    results = run_experiment(tmp_path / "work", out, "--schemes", "shaw+absolute", "shaw+absolute-fade",
+                             "--long-pairs", "2")
+    assert list(results["schemes"]) == ["absolute", "shaw+absolute", "shaw+absolute-fade"]
+    hybrid, fading = results["schemes"]["shaw+absolute"], results["schemes"]["shaw+absolute-fade"]
+    assert (hybrid["attention_type"], hybrid["keep_absolute_positions"], hybrid["fade_absolute_positions"]) == (
+        "shaw", True, None)
+    assert (fading["attention_type"], fading["keep_absolute_positions"], fading["fade_absolute_positions"]) == (
+        "shaw", True, 1)   # --quick: 2 fine-tuning steps, faded over the first half
+    assert not (tmp_path / "work" / "converted_shaw+absolute-fade").exists()   # it starts from the hybrid's folder
+    faded = json.loads((tmp_path / "work" / "finetuned_shaw+absolute-fade_seed1" / "config.json").read_text())
+    kept = json.loads((tmp_path / "work" / "finetuned_shaw+absolute_seed1" / "config.json").read_text())
+    assert (faded["absolute_positions_scale"], kept["absolute_positions_scale"]) == (0.0, 1.0)
     assert results["long_bucket"]["pairs"] == 2
     for run in results["schemes"].values():
         assert run["converted"]["first_hypotheses"] == results["marian"]["first_hypotheses"]
@@ -287,6 +295,7 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     assert (f"| shaw+absolute | {results['marian']['bleu']:.2f} | {hybrid['converted']['bleu']:.2f} | "
             f"{hybrid['seeds']['1']['finetuned']['bleu']:.2f} |") in table
     assert "Long-sentence bucket: 2 sources longer than the longest training source" in table
+    assert "`NAME+absolute-fade`: the hybrid fine-tuned with `fade_absolute_positions: 1`" in table
 
     reused = run_experiment(tmp_path / "work_reused", tmp_path / "out_reused", "--marian-model",
                             str(tmp_path / "work" / "marian"), "--eval-every", "1", "--seeds", "1", "2")
@@ -367,7 +376,7 @@ def test_conversion_experiment_merges_records_of_other_seeds_and_refuses_another
 
 def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
     """The long bucket joins consecutive test pairs until a source outgrows every training source; `--schemes`
-    entries are NAME or NAME+absolute."""
+    entries are NAME, NAME+absolute or NAME+absolute-fade."""
     from test_experiments import load_experiment
 
     module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
@@ -377,8 +386,10 @@ def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
                                                  ("six seven eight nine ten", "3")]
     assert module.long_pairs(train, test, 1) == [("one two three four five", "1 2")]
     assert module.long_pairs(train, test, 0) == []
-    assert module.scheme_of("shaw") == ("shaw", False) and module.scheme_of("xl+absolute") == ("xl", True)
-    with pytest.raises(SystemExit, match="'shaw\\+rope' must be NAME or NAME\\+absolute"):
+    assert module.scheme_of("shaw") == ("shaw", False, False)
+    assert module.scheme_of("xl+absolute") == ("xl", True, False)
+    assert module.scheme_of("xl+absolute-fade") == ("xl", True, True)
+    with pytest.raises(SystemExit, match="'shaw\\+rope' must be NAME, NAME\\+absolute or NAME\\+absolute-fade"):
         module.scheme_of("shaw+rope")
 
 

@@ -77,3 +77,46 @@ def test_the_field_is_validated_saved_and_shown_on_the_card(tmp_path):
     card = render_model_card(config)
     assert "| `keep_absolute_positions` | sinusoidal absolute positions added to the embeddings as well |" in card
     assert "keep_absolute_positions" not in render_model_card(tiny_config("shaw"))   # shown when it is on
+
+
+# --- absolute_positions_scale: the factor of the kept sinusoids (fade_absolute_positions lowers it) ------------------
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.25, 0.0])
+def test_the_stack_adds_the_sinusoids_times_the_scale(scale):
+    """The embedding of the stack, decoder after a cached prefix included: sqrt(d) E[x] + scale x PE(pos) (Vaswani et
+    al. 2017 sec. 3.5), the sinusoids written out here from the paper's formula, in float64."""
+    model = tiny_model("shaw", keep_absolute_positions=True, absolute_positions_scale=scale).double()
+    input_ids = batch()["input_ids"]
+    d_model = model.config.d_model
+    for stack, past_length in ((model.model.encoder, 0), (model.model.decoder, 3)):
+        with torch.no_grad():
+            embedded, _ = stack.embed(input_ids, None, past_length)
+        positions = torch.arange(past_length, past_length + input_ids.size(1), dtype=torch.float64)[:, None]
+        rates = 1.0 / 10000.0 ** (torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
+        encoding = torch.cat([torch.sin(positions * rates), torch.cos(positions * rates)], dim=-1)
+        expected = stack.embed_tokens.weight[input_ids] * d_model**0.5 + scale * encoding
+        assert (embedded - expected).abs().max() < 1e-12
+
+
+def test_scale_zero_is_the_model_without_the_kept_positions():
+    """At scale 0 the kept sinusoids are gone exactly: the same weights without keep_absolute_positions give the same
+    float64 logits, bit for bit."""
+    faded = tiny_model("xl", keep_absolute_positions=True, absolute_positions_scale=0.0)
+    plain = RelPosTransformerForConditionalGeneration(tiny_config("xl"))
+    plain.load_state_dict(faded.state_dict())
+    assert torch.equal(float64_logits(faded), float64_logits(plain.eval()))
+
+
+def test_the_scale_is_validated_saved_and_shown_on_the_card(tmp_path):
+    assert RelPosTransformerConfig().absolute_positions_scale == 1.0
+    for value in (-0.1, 1.5, "half", True, None):
+        with pytest.raises(ValueError, match=rf"absolute_positions_scale must be a number in \[0, 1\], got {value!r}"):
+            tiny_config("shaw", keep_absolute_positions=True, absolute_positions_scale=value)
+    with pytest.raises(ValueError, match=r"absolute_positions_scale \(0.5\) scales the sinusoids of "
+                                         "keep_absolute_positions, which is false"):
+        tiny_config("shaw", absolute_positions_scale=0.5)
+    config = tiny_config("shaw", keep_absolute_positions=True, absolute_positions_scale=0.5)
+    config.save_pretrained(tmp_path)
+    assert RelPosTransformerConfig.from_pretrained(tmp_path).absolute_positions_scale == 0.5
+    assert "as well, times 0.5 (`absolute_positions_scale`) |" in render_model_card(config)

@@ -24,6 +24,7 @@ from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.training import (
+    AbsolutePositionFadeCallback,
     ConfigError,
     SamplerEpochCallback,
     TranslationTrainer,
@@ -556,3 +557,73 @@ def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, c
     assert "average_checkpoints=3: the run saved only 2 checkpoint(s); averaging those" in capsys.readouterr().out
     assert json.loads((output_dir / "averaged_checkpoints.json").read_text())["checkpoints"] == [
         "checkpoint-4", "checkpoint-6"]
+
+
+# --- fade_absolute_positions -----------------------------------------------------------------------------------------
+
+
+def test_fade_absolute_positions_is_refused_where_it_cannot_apply(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=0)
+    with pytest.raises(ConfigError, match=r"fade_absolute_positions must be null \(not set\) or an integer >= 1"):
+        parse_arguments([str(config)])
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=4, do_train=False,
+                          model_name_or_path=str(tmp_path))
+    with pytest.raises(ConfigError, match="fade_absolute_positions changes the model step by step during training"):
+        parse_arguments([str(config)])
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=4)
+    with pytest.raises(ConfigError, match="fade_absolute_positions fades out the sinusoids of "
+                                          "keep_absolute_positions, which this model does not have"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()   # refused before anything was written
+
+
+def test_the_fade_callback_follows_the_step_from_the_starting_scale(tmp_path):
+    """s0 (1 - step / N), clipped at 0: from a fresh start, from a resumed step, from a model saved mid-fade; the best
+    checkpoint's saved scale comes back with its weights."""
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, keep_absolute_positions=True))
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    for start_scale, first_step, expected in ((1.0, 0, [1.0, 0.75, 0.5, 0.25, 0.0, 0.0]),
+                                              (1.0, 3, [0.25, 0.0, 0.0]),
+                                              (0.5, 0, [0.5, 0.375, 0.25, 0.125, 0.0])):
+        model.config.absolute_positions_scale = start_scale
+        callback, state = AbsolutePositionFadeCallback(4), TrainerState(global_step=first_step)
+        callback.on_train_begin(args, state, None, model=model)
+        seen = [model.config.absolute_positions_scale]
+        for _ in expected[1:]:
+            state.global_step += 1
+            callback.on_step_end(args, state, None, model=model)
+            seen.append(model.config.absolute_positions_scale)
+        assert seen == expected
+    best = tmp_path / "checkpoint-2"
+    best.mkdir()
+    (best / "config.json").write_text(json.dumps({"absolute_positions_scale": 0.5}))
+    args = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                        load_best_model_at_end=True, eval_strategy="steps", save_strategy="steps")
+    callback.on_train_end(args, TrainerState(global_step=6, best_model_checkpoint=str(best)), None, model=model)
+    assert model.config.absolute_positions_scale == 0.5
+
+
+def test_fade_absolute_positions_saves_each_checkpoint_at_its_scale_and_averages_only_alike(tmp_path, corpus, capsys):
+    """6 steps, fade over 4, a checkpoint every 2: checkpoints 2, 4, 6 hold scales 0.5, 0, 0; average_checkpoints=3
+    leaves out checkpoint 2 (trained to another scale) with a warning, and hf-relpos-average refuses to mix them."""
+    output_dir = tmp_path / "out"
+    model = {**TINY_CONFIG["model"], "keep_absolute_positions": True}
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, model=model, fade_absolute_positions=4,
+                          save_strategy="steps", save_steps=2, save_total_limit=3, average_checkpoints=3,
+                          do_eval=False, do_predict=False)
+    run([str(config)])
+    saved = {step: json.loads((output_dir / f"checkpoint-{step}" / "config.json").read_text())
+             for step in (2, 4, 6)}
+    assert [saved[step]["absolute_positions_scale"] for step in (2, 4, 6)] == [0.5, 0.0, 0.0]
+    assert "checkpoint-2 saved another config than checkpoint-6" in capsys.readouterr().out
+    assert json.loads((output_dir / "averaged_checkpoints.json").read_text())["checkpoints"] == [
+        "checkpoint-4", "checkpoint-6"]
+    final = RelPosTransformerConfig.from_pretrained(output_dir)
+    assert (final.keep_absolute_positions, final.absolute_positions_scale) == (True, 0.0)
+    card = (output_dir / "README.md").read_text()
+    assert "times 0 (`absolute_positions_scale`)" in card and "fade_absolute_positions" in card
+    with pytest.raises(ValueError, match=r"differ in their config \(absolute_positions_scale: 0.5 vs 0.0\)"):
+        average_checkpoints(output_dir, last_n=3, output_dir=tmp_path / "averaged")
+    assert not (tmp_path / "averaged").exists()

@@ -61,6 +61,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
       encodings would be added twice. Converting a trained MarianMT model with it
       (`hf_relpos.tools.convert --keep_absolute_positions`) keeps what the model learned to read; the relative terms start
       neutral and fine-tuning can only add (docs/conversion.md).
+    - `absolute_positions_scale`: the factor of those kept sinusoids, in [0, 1] (1, the default: as trained). The
+      training argument `fade_absolute_positions` lowers it step by step to 0, where the model relies on its relative
+      terms alone; a model saved at 0 computes exactly what the same weights compute without
+      `keep_absolute_positions`. Needs `keep_absolute_positions` unless it is 1.
     - `position_randomization_at_inference`: randomize in evaluation and generation too, as Ruoss et al.'s code does
       (false = off, the default; needs `position_randomization_max`). Every forward call draws afresh, except the
       decoder in `generate`, which keeps one draw for the whole output (`PositionDraw`, made for generate's
@@ -111,6 +115,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     position_randomization_at_inference: bool = False
     cross_attention_length_scaling: bool = False
     keep_absolute_positions: bool = False
+    absolute_positions_scale: float = 1.0
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
@@ -171,6 +176,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
             raise ValueError(f"keep_absolute_positions must be false with attention_type {self.attention_type!r}: that "
                              "scheme adds an embedding-level position encoding of its own, so the sinusoids would be "
                              "added twice (keep_absolute_positions adds them under a scheme that has none)")
+        scale = self.absolute_positions_scale
+        if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0.0 <= scale <= 1.0:
+            raise ValueError(f"absolute_positions_scale must be a number in [0, 1], got {scale!r}")
+        if scale != 1.0 and not self.keep_absolute_positions:
+            raise ValueError(f"absolute_positions_scale ({scale!r}) scales the sinusoids of keep_absolute_positions, "
+                             "which is false: set keep_absolute_positions true or leave absolute_positions_scale at 1")
         if self.position_randomization_at_inference and randomization is None:
             raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
                              "randomized positions), which is null")

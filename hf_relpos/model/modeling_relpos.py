@@ -387,7 +387,8 @@ class RelPosStack(nn.Module):
         randomized = {} if key_positions is None else {"positions": key_positions[past_length:]}
         hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
         if self.config.keep_absolute_positions:
-            hidden_states = add_sinusoids(hidden_states, past_length, **randomized)
+            hidden_states = add_sinusoids(hidden_states, past_length, **randomized,
+                                          scale=self.config.absolute_positions_scale)
         return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training), key_positions
 
     def key_positions(

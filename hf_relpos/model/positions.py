@@ -231,14 +231,15 @@ def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.floa
 
 
 def add_sinusoids(
-    inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None
+    inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None, scale: float = 1.0
 ) -> torch.Tensor:
-    """inputs_embeds [B, n, d] + the `sinusoids` of positions past_length .. past_length + n - 1 (or `positions`):
-    Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and `keep_absolute_positions`' under any other
-    scheme."""
+    """inputs_embeds [B, n, d] + scale x the `sinusoids` of positions past_length .. past_length + n - 1 (or
+    `positions`): Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and `keep_absolute_positions`'
+    under any other scheme (with its `absolute_positions_scale`)."""
     if positions is None:
         positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
-    return inputs_embeds + sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
+    encoding = sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
+    return inputs_embeds + (encoding if scale == 1.0 else scale * encoding)
 
 
 def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:

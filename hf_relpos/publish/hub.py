@@ -188,6 +188,7 @@ class RunRecord:
     fp16: bool | None = _recipe_field(OPTIMISATION)
     seed: int | None = _recipe_field(OPTIMISATION)
     average_checkpoints: int | None = _recipe_field(OPTIMISATION)
+    fade_absolute_positions: int | None = _recipe_field(OPTIMISATION)
     generation_num_beams: int | None = _recipe_field(DECODING)
     generation_length_penalty: float | None = _recipe_field(DECODING)
     generation_max_length_offset: int | None = _recipe_field(DECODING)
@@ -464,7 +465,9 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("vocabulary", config.vocab_size),
     ]
     if config.keep_absolute_positions:
-        rows.append(("`keep_absolute_positions`", "sinusoidal absolute positions added to the embeddings as well"))
+        scale = config.absolute_positions_scale
+        rows.append(("`keep_absolute_positions`", "sinusoidal absolute positions added to the embeddings as well" +
+                     ("" if scale == 1.0 else f", times {scale:g} (`absolute_positions_scale`)")))
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 

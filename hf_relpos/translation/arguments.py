@@ -157,6 +157,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "save_total_limit null or >= N; averages fewer, with a warning, if the run saved fewer. "
                           "null: the final weights."},
     )
+    fade_absolute_positions: int | None = field(
+        default=None,
+        metadata={"help": "For a model with keep_absolute_positions (a MarianMT model converted with "
+                          "--keep_absolute_positions, docs/conversion.md): fade its sinusoidal absolute positions "
+                          "out linearly over the first N optimizer steps, so that it ends on its relative terms alone. "
+                          "The config's absolute_positions_scale is s0 (1 - step / N), s0 its value when training "
+                          "starts: step 1 trains the model as loaded; checkpoints and the final model save the scale "
+                          "they were trained to (0 after the fade). null: the sinusoids stay as they are."},
+    )
     cpu_threads: int | None = field(
         default=None,
         metadata={"help": "torch.set_num_threads for CPU work; 1 is fastest for tiny models and on busy machines. "
@@ -475,7 +484,7 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
-                 "generation_max_length", "average_checkpoints"):
+                 "generation_max_length", "average_checkpoints", "fade_absolute_positions"):
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
@@ -489,6 +498,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
+    if training_args.fade_absolute_positions is not None and not training_args.do_train:
+        raise ConfigError("fade_absolute_positions changes the model step by step during training: it needs do_train")
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -68,10 +68,36 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     return weights
 
 
+def saved_config(checkpoint: str | os.PathLike) -> dict | None:
+    """A checkpoint's config.json without the transformers release that wrote it; None where it has none."""
+    path = Path(checkpoint) / CONFIG_NAME
+    if not path.is_file():
+        return None
+    config = json.loads(path.read_text(encoding="utf-8"))
+    config.pop("transformers_version", None)
+    return config
+
+
+def config_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
+    """The config.json fields in which two checkpoints differ, as "name: value vs value" (none where either has no
+    config.json). Within one run they differ only where training changes the config (`fade_absolute_positions`)."""
+    config, other = saved_config(checkpoint), saved_config(reference)
+    if config is None or other is None:
+        return []
+    return [f"{name}: {config.get(name)!r} vs {other.get(name)!r}" for name in sorted(config.keys() | other.keys())
+            if config.get(name) != other.get(name)]
+
+
 def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
     """The mean of the checkpoints' tensors: floating-point tensors summed in float64 and cast back to their dtype,
-    other tensors (integer buffers) taken from the newest (last) checkpoint. Every checkpoint must hold the same tensor
-    names and shapes (ValueError naming the first that does not)."""
+    other tensors (integer buffers) taken from the newest (last) checkpoint. Every checkpoint must hold the same
+    config and the same tensor names and shapes (ValueError naming the first that does not): weights trained for
+    different configs (e.g. different `absolute_positions_scale`) do not average into a model of either."""
+    for checkpoint in checkpoints[:-1]:
+        differences = config_differences(checkpoint, checkpoints[-1])
+        if differences:
+            raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in their config "
+                             f"({'; '.join(differences)}): only checkpoints of one model can be averaged")
     newest = load_weights(checkpoints[-1])
     sums = {name: tensor.to(torch.float64) for name, tensor in newest.items() if tensor.is_floating_point()}
     for checkpoint in checkpoints[:-1]:

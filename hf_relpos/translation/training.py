@@ -62,8 +62,10 @@ from .checkpoints import (
     TRAINER_STATE_FILE,
     average_weights,
     complete_checkpoints,
+    config_differences,
     is_complete_checkpoint,
     last_complete_checkpoint,
+    saved_config,
 )
 from .data import (
     DEMO_DATA_FOLDER,
@@ -219,6 +221,42 @@ class SamplerEpochCallback(TrainerCallback):
         self.sampler.set_epoch(math.floor(state.epoch or 0.0))
 
 
+class AbsolutePositionFadeCallback(TrainerCallback):
+    """`fade_absolute_positions`: the model's `absolute_positions_scale` is s0 (1 - step / N), clipped at 0, where
+    s0 is its value when training starts and step the number of optimizer steps taken (resumed runs included); set
+    before the first step and after every step, so that evaluations and checkpoints see the scale the weights were
+    trained to. With `load_best_model_at_end` the best checkpoint's saved scale comes back with its weights."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.start_scale: float | None = None
+
+    def scale_at(self, step: int) -> float:
+        return self.start_scale * max(0.0, 1.0 - step / self.steps)
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        self.start_scale = model.config.absolute_positions_scale
+        model.config.absolute_positions_scale = self.scale_at(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        model.config.absolute_positions_scale = self.scale_at(state.global_step)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        if args.load_best_model_at_end and state.best_model_checkpoint:
+            adopt_saved_absolute_positions_scale(model, state.best_model_checkpoint)
+
+
+def adopt_saved_absolute_positions_scale(model: torch.nn.Module, checkpoint: str | os.PathLike) -> None:
+    """Give `model` the `absolute_positions_scale` that `checkpoint` was saved with, when its weights replace the
+    trained ones (best model, average of checkpoints): under `fade_absolute_positions` it was trained to that scale."""
+    config = saved_config(checkpoint)
+    if config is not None and "absolute_positions_scale" in config:
+        model.config.absolute_positions_scale = config["absolute_positions_scale"]
+
+
 class CausalLMTrainer(Trainer):
     """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
     logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
@@ -249,6 +287,8 @@ class TranslationTrainer(Seq2SeqTrainer):
                 pool_factor=self.args.length_pool_factor,
             )
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
+        if self.args.fade_absolute_positions is not None:
+            self.add_callback(AbsolutePositionFadeCallback(self.args.fade_absolute_positions))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
@@ -470,6 +510,10 @@ def _build_model(
                 raise
             raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
     _check_num_beams(training_args, model.config.vocab_size)
+    if training_args.fade_absolute_positions is not None and not model.config.keep_absolute_positions:
+        raise ConfigError("fade_absolute_positions fades out the sinusoids of keep_absolute_positions, which this "
+                          "model does not have: train a model with keep_absolute_positions true (e.g. a MarianMT model "
+                          "converted with --keep_absolute_positions), or leave fade_absolute_positions null")
     generation = model.generation_config
     generation.num_beams = training_args.generation_num_beams or 1
     if generation.num_beams > 1:
@@ -534,8 +578,17 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     if len(checkpoints) < count:
         logger.warning("average_checkpoints=%d: the run saved only %d checkpoint(s); averaging those", count,
                        len(checkpoints))
+    matching = [path for path in checkpoints if not config_differences(path, checkpoints[-1])]
+    if len(matching) < len(checkpoints):
+        logger.warning("average_checkpoints=%d: %s saved another config than %s (the fade of fade_absolute_positions "
+                       "was under way); averaging the %d checkpoint(s) of the final one", count,
+                       ", ".join(path.name for path in checkpoints if path not in matching), checkpoints[-1].name,
+                       len(matching))
+        checkpoints = matching
     averaged = average_weights(checkpoints)
-    state = trainer.accelerator.unwrap_model(trainer.model).state_dict()   # shares storage with the parameters
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    adopt_saved_absolute_positions_scale(model, checkpoints[-1])
+    state = model.state_dict()   # shares storage with the parameters
     unknown = sorted(averaged.keys() - state.keys())
     if unknown:
         raise RuntimeError(f"average_checkpoints: the checkpoints hold tensors the model lacks: {unknown[:10]}")
@@ -760,6 +813,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         generation_length_penalty=training_args.generation_length_penalty,
         generation_max_length_offset=training_args.generation_max_length_offset,
         average_checkpoints=training_args.average_checkpoints,
+        fade_absolute_positions=training_args.fade_absolute_positions,
         devices=training_args.world_size,
         hardware=_hardware_name(training_args),
         training_seconds=training_seconds,
