@@ -288,7 +288,7 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
         assert run["converted_long"]["first_hypotheses"] == results["marian_long"]["first_hypotheses"]
         assert list(run["seeds"]) == ["1"]
         seed = run["seeds"]["1"]
-        assert 0.0 <= seed["finetuned"]["bleu"] <= 100.0 and seed["finetune_seconds"] > 0
+        assert 0.0 <= seed["finetuned"]["bleu"] <= 100.0 and seed["finetune_seconds"] > 0 and not seed["reused"]
         assert 0.0 <= seed["finetuned_long"]["bleu"] <= 100.0 and "curve" not in seed
         assert run["summary"]["finetuned_bleu"] == [seed["finetuned"]["bleu"], 0.0]
     table = (out / "marian_conversion.md").read_text()
@@ -511,3 +511,20 @@ def test_cli_keep_absolute_positions_writes_the_hybrid(marian_folder, tmp_path):
     assert main(["marian", str(marian_folder / "model"), str(tmp_path / "rope"), "--attention_type", "rope",
                  "--keep_absolute_positions"]) == 2
     assert sorted(path.name for path in tmp_path.iterdir()) == ["hybrid"]
+
+
+def test_conversion_experiment_reports_the_time_of_the_fine_tunes_it_ran(monkeypatch):
+    """A fine-tuned model reused from an earlier invocation is not timed as if it trained in no time: the column shows
+    the mean over the seeds trained here, or "reused" (older records, without the flag: under a second)."""
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+
+    def run(*seeds: tuple[float, bool | None]) -> dict:
+        return {"seeds": {str(index): {"finetune_seconds": seconds, **({} if reused is None else {"reused": reused})}
+                          for index, (seconds, reused) in enumerate(seeds)}}
+
+    assert module.fine_tuning_seconds(run((600.0, False), (700.0, False))) == "650"
+    assert module.fine_tuning_seconds(run((600.0, False), (0.2, True))) == "600"
+    assert module.fine_tuning_seconds(run((0.2, True), (0.3, True))) == "reused"
+    assert module.fine_tuning_seconds(run((0.01, None), (800.0, None))) == "800"
