@@ -303,21 +303,23 @@ def results_length_generalization_fresh_sets() -> str:
                             *(f"exact match {bucket}" for bucket in record["buckets"])], rows)
 
 
-MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
+def marian_conversion_passage(path: str) -> Callable[[], str]:
+    """Issue #38's conversion experiments: the record and its command, then marian_conversion.py's own tables."""
 
+    def passage() -> str:
+        record = read(path)
+        settings = record["settings"]
+        fade = f" --fade-steps {settings['fade_steps']}" if settings.get("fade_steps") else ""
+        command = (f"python experiments/marian_conversion.py --marian-model {settings['marian_model']} --schemes "
+                   f"{' '.join(settings['schemes'])}{fade} --seeds {' '.join(map(str, settings['seeds']))} "
+                   f"--finetune-steps {settings['finetune_steps']} --eval-every {settings['eval_every']} "
+                   f"--eval-sentences {settings['eval_sentences']} --test-sentences {settings['test_sentences']} "
+                   f"--long-pairs {settings['long_pairs']} --num-beams {settings['num_beams']}")
+        joined = (" (one invocation per seed, joined with `--merge`)" if "merged_from" in record else "")
+        return (f"Record [`{path}`](results/{path}){joined}. Command: `{command}`.\n\n"
+                + without_title(marian_conversion.markdown(record)))
 
-def results_marian_hybrid() -> str:
-    """Issue #38's conversion experiment: its record and command, then marian_conversion.py's own tables."""
-    record = read(MARIAN_HYBRID)
-    settings = record["settings"]
-    command = (f"python experiments/marian_conversion.py --marian-model {settings['marian_model']} --schemes "
-               f"{' '.join(settings['schemes'])} --seeds {' '.join(map(str, settings['seeds']))} --finetune-steps "
-               f"{settings['finetune_steps']} --eval-every {settings['eval_every']} --eval-sentences "
-               f"{settings['eval_sentences']} --test-sentences {settings['test_sentences']} --long-pairs "
-               f"{settings['long_pairs']} --num-beams {settings['num_beams']}")
-    joined = (" (one invocation per seed, joined with `--merge`)" if "merged_from" in record else "")
-    return (f"Record [`{MARIAN_HYBRID}`](results/{MARIAN_HYBRID}){joined}. Command: `{command}`.\n\n"
-            + without_title(marian_conversion.markdown(record)))
+    return passage
 
 
 PASSAGES: dict[str, Callable[[], str]] = {
@@ -329,7 +331,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
-    "results_marian_hybrid": results_marian_hybrid,
+    "results_marian_hybrid": marian_conversion_passage("marian_conversion/peer_hybrid/marian_conversion.json"),
+    "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
