@@ -408,6 +408,16 @@ def main(argv: list[str] | None = None) -> None:
     args.seeds = args.seeds or [args.seed]
     for entry in args.schemes:
         scheme_of(entry)
+    if args.quick:
+        args.finetune_steps = min(args.finetune_steps, 2)
+    fading = any(scheme_of(entry)[2] for entry in args.schemes)
+    if args.fade_steps is not None and not fading:
+        parser.error("--fade-steps applies to NAME+absolute-fade entries of --schemes, and there is none")
+    if args.fade_steps is not None and not 1 <= args.fade_steps <= args.finetune_steps:
+        parser.error(f"--fade-steps must be an integer in [1, --finetune-steps={args.finetune_steps}], got "
+                     f"{args.fade_steps}")
+    if fading and args.fade_steps is None:
+        args.fade_steps = max(1, args.finetune_steps // 2)
     torch.set_num_threads(args.threads)
     os.environ["OMP_NUM_THREADS"] = str(args.threads)
     args.work.mkdir(parents=True, exist_ok=True)
@@ -417,14 +427,11 @@ def main(argv: list[str] | None = None) -> None:
         args.data = args.work / "data"
         write_demo_corpus(args.data, 200, 10, 10, seed=1)
         args.d_model, args.layers, args.heads, args.tokenizer_vocab_size = 32, 1, 2, 400
-        args.train_steps, args.finetune_steps, args.test_sentences = min(args.train_steps, 4), min(
-            args.finetune_steps, 2), min(args.test_sentences, 10)
+        args.train_steps, args.test_sentences = min(args.train_steps, 4), min(args.test_sentences, 10)
         args.eval_sentences = min(args.eval_sentences, 10)
         args.max_new_tokens, args.finetune_max_tokens, args.long_max_new_tokens = 20, 256, 40
     elif args.data is None:
         parser.error("--data is required (or --quick)")
-    fading = any(scheme_of(entry)[2] for entry in args.schemes)
-    args.fade_steps = (args.fade_steps or max(1, args.finetune_steps // 2)) if fading else None
 
     from hf_relpos.tools.convert import convert_marian
     from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
@@ -468,7 +475,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{entry}: BLEU {run['converted']['bleu']:.2f} right after the conversion", flush=True)
         for seed in args.seeds:
             started = time.perf_counter()
-            output_dir = args.work / f"finetuned_{entry}_seed{seed}"
+            # the fade length is part of the folder's name: a run is reused only with the same fade
+            output_dir = args.work / f"finetuned_{entry}{args.fade_steps if fade else ''}_seed{seed}"
             reused = (output_dir / "model.safetensors").is_file()
             finetuned = finetune(converted, output_dir, args, seed, fade)
             by_seed = {"finetune_seconds": time.perf_counter() - started, "reused": reused,

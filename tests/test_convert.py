@@ -5,6 +5,7 @@ converted folder fine-tunes with train_translation.py as it is."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -278,7 +279,7 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     assert (fading["attention_type"], fading["keep_absolute_positions"], fading["fade_absolute_positions"]) == (
         "shaw", True, 1)   # --quick: 2 fine-tuning steps, faded over the first half
     assert not (tmp_path / "work" / "converted_shaw+absolute-fade").exists()   # it starts from the hybrid's folder
-    faded = json.loads((tmp_path / "work" / "finetuned_shaw+absolute-fade_seed1" / "config.json").read_text())
+    faded = json.loads((tmp_path / "work" / "finetuned_shaw+absolute-fade1_seed1" / "config.json").read_text())
     kept = json.loads((tmp_path / "work" / "finetuned_shaw+absolute_seed1" / "config.json").read_text())
     assert (faded["absolute_positions_scale"], kept["absolute_positions_scale"]) == (0.0, 1.0)
     assert results["long_bucket"]["pairs"] == 2
@@ -528,3 +529,19 @@ def test_conversion_experiment_reports_the_time_of_the_fine_tunes_it_ran(monkeyp
     assert module.fine_tuning_seconds(run((600.0, False), (0.2, True))) == "600"
     assert module.fine_tuning_seconds(run((0.2, True), (0.3, True))) == "reused"
     assert module.fine_tuning_seconds(run((0.01, None), (800.0, None))) == "800"
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--schemes", "shaw", "--fade-steps", "1"], "--fade-steps applies to NAME\\+absolute-fade entries"),
+    (["--schemes", "xl+absolute-fade", "--fade-steps", "0"], r"--fade-steps must be an integer in \[1, "),
+    (["--schemes", "xl+absolute-fade", "--fade-steps", "3"], r"\[1, --finetune-steps=2\], got 3"),
+])
+def test_conversion_experiment_refuses_a_fade_it_cannot_run(tmp_path, monkeypatch, capsys, options, message):
+    """Checked before anything is written (--quick fine-tunes 2 steps)."""
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+    with pytest.raises(SystemExit):
+        module.main(["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), *options])
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "work").exists()

@@ -562,7 +562,11 @@ def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, c
 # --- fade_absolute_positions -----------------------------------------------------------------------------------------
 
 
-def test_fade_absolute_positions_is_refused_where_it_cannot_apply(tmp_path, corpus):
+def test_fade_absolute_positions_is_refused_where_it_cannot_apply(tmp_path, corpus, caplog):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=8)
+    with caplog.at_level(logging.WARNING):
+        parse_arguments([str(config)])   # max_steps 6: allowed, but said
+    assert "fade_absolute_positions=8 is longer than max_steps=6: the run ends with the sinusoids at 0.25" in caplog.text
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=0)
     with pytest.raises(ConfigError, match=r"fade_absolute_positions must be null \(not set\) or an integer >= 1"):
         parse_arguments([str(config)])
@@ -627,3 +631,34 @@ def test_fade_absolute_positions_saves_each_checkpoint_at_its_scale_and_averages
     with pytest.raises(ValueError, match=r"differ in their config \(absolute_positions_scale: 0.5 vs 0.0\)"):
         average_checkpoints(output_dir, last_n=3, output_dir=tmp_path / "averaged")
     assert not (tmp_path / "averaged").exists()
+
+
+def test_a_resumed_run_continues_the_fade_and_the_best_model_brings_its_scale(tmp_path, corpus):
+    """Fade over 8 of 6 steps, a checkpoint every 2 (scales 0.75, 0.5, 0.25). Resumed from checkpoint-4 into another
+    folder, the run continues the fade where it stopped: its checkpoint-6 and final model at 0.25, the same weights
+    as the uninterrupted run's. With load_best_model_at_end the final model has the best checkpoint's scale."""
+    model = {**TINY_CONFIG["model"], "keep_absolute_positions": True}
+    common = {"model": model, "fade_absolute_positions": 8, "save_strategy": "steps", "save_steps": 2,
+              "do_eval": False, "do_predict": False}
+    full = write_config(tmp_path / "full.yaml", corpus, tmp_path / "full", **common)
+    run([str(full)])
+    scales = [json.loads((tmp_path / "full" / f"checkpoint-{step}" / "config.json").read_text())[
+        "absolute_positions_scale"] for step in (2, 4, 6)]
+    assert scales == [0.75, 0.5, 0.25]
+    resumed = write_config(tmp_path / "resumed.yaml", corpus, tmp_path / "resumed", **common,
+                           resume_from_checkpoint=str(tmp_path / "full" / "checkpoint-4"),
+                           tokenizer_name=str(tmp_path / "full"))
+    run([str(resumed)])
+    assert RelPosTransformerConfig.from_pretrained(tmp_path / "resumed").absolute_positions_scale == 0.25
+    expected, actual = (load_file(tmp_path / folder / "model.safetensors") for folder in ("full", "resumed"))
+    for name, tensor in expected.items():
+        torch.testing.assert_close(actual[name], tensor, rtol=1e-5, atol=1e-6)
+
+    best = write_config(tmp_path / "best.yaml", corpus, tmp_path / "best", **{**common, "do_eval": True},
+                        eval_strategy="steps", eval_steps=2, load_best_model_at_end=True,
+                        metric_for_best_model="loss", greater_is_better=True)   # "best" = an early checkpoint
+    run([str(best)])
+    state = json.loads((tmp_path / "best" / "trainer_state.json").read_text())
+    best_step = int(state["best_model_checkpoint"].rsplit("-", 1)[1])
+    assert best_step < 6   # not the last step, whose scale the run ends with anyway
+    assert RelPosTransformerConfig.from_pretrained(tmp_path / "best").absolute_positions_scale == 1 - best_step / 8

@@ -498,8 +498,13 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
-    if training_args.fade_absolute_positions is not None and not training_args.do_train:
+    fade = training_args.fade_absolute_positions
+    if fade is not None and not training_args.do_train:
         raise ConfigError("fade_absolute_positions changes the model step by step during training: it needs do_train")
+    if fade is not None and 0 < training_args.max_steps < fade:
+        logger.warning("fade_absolute_positions=%d is longer than max_steps=%d: the run ends with the sinusoids at "
+                       "%g of their starting scale, not faded out", fade, training_args.max_steps,
+                       1 - training_args.max_steps / fade)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     check_reporting_integrations(training_args.report_to)

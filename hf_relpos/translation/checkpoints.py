@@ -5,6 +5,7 @@ model folder; `average_checkpoints` (a training argument) makes the average a ru
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,6 +15,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+from ..model.configuration_relpos import RelPosTransformerConfig
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -68,19 +71,29 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
     return weights
 
 
+@functools.cache
+def _default_config() -> dict:
+    return RelPosTransformerConfig().to_dict()
+
+
 def saved_config(checkpoint: str | os.PathLike) -> dict | None:
-    """A checkpoint's config.json without the transformers release that wrote it; None where it has none."""
+    """A checkpoint's config.json, without the transformers release that wrote it and, for an hf_relpos model, with
+    the default of every field it lacks (one added after it was saved; it loads with that default); None where it
+    has none."""
     path = Path(checkpoint) / CONFIG_NAME
     if not path.is_file():
         return None
     config = json.loads(path.read_text(encoding="utf-8"))
+    if config.get("model_type") == RelPosTransformerConfig.model_type:
+        config = {**_default_config(), **config}
     config.pop("transformers_version", None)
     return config
 
 
 def config_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
     """The config.json fields in which two checkpoints differ, as "name: value vs value" (none where either has no
-    config.json). Within one run they differ only where training changes the config (`fade_absolute_positions`)."""
+    config.json; a field one of them lacks counts at its default). Within one run they differ only where training
+    changes the config (`fade_absolute_positions`)."""
     config, other = saved_config(checkpoint), saved_config(reference)
     if config is None or other is None:
         return []

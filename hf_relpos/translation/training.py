@@ -566,8 +566,10 @@ def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArg
 def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
     it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model
-    saved, evaluated and predicted with is the average (Vaswani et al. 2017). output_dir/averaged_checkpoints.json
-    names the checkpoints."""
+    saved, evaluated and predicted with is the average (Vaswani et al. 2017). Only checkpoints saved with the newest
+    one's config are averaged (the others are named in a warning; under `fade_absolute_positions` they were trained
+    to another `absolute_positions_scale`), and the model takes that checkpoint's scale.
+    output_dir/averaged_checkpoints.json names the checkpoints."""
     trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
     output_dir = Path(trainer.args.output_dir)
     checkpoints = complete_checkpoints(output_dir)[-count:]
@@ -578,13 +580,15 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     if len(checkpoints) < count:
         logger.warning("average_checkpoints=%d: the run saved only %d checkpoint(s); averaging those", count,
                        len(checkpoints))
-    matching = [path for path in checkpoints if not config_differences(path, checkpoints[-1])]
-    if len(matching) < len(checkpoints):
-        logger.warning("average_checkpoints=%d: %s saved another config than %s (the fade of fade_absolute_positions "
-                       "was under way); averaging the %d checkpoint(s) of the final one", count,
-                       ", ".join(path.name for path in checkpoints if path not in matching), checkpoints[-1].name,
-                       len(matching))
-        checkpoints = matching
+    differing = {path: config_differences(path, checkpoints[-1]) for path in checkpoints[:-1]}
+    differing = {path: differences for path, differences in differing.items() if differences}
+    if differing:
+        logger.warning("average_checkpoints=%d: %s; averaging the %d checkpoint(s) saved with the config of %s only "
+                       "(weights trained for another config do not average into this model)", count,
+                       "; ".join(f"{path.name} saved another config than {checkpoints[-1].name} "
+                                 f"({', '.join(differences)})" for path, differences in differing.items()),
+                       len(checkpoints) - len(differing), checkpoints[-1].name)
+        checkpoints = [path for path in checkpoints if path not in differing]
     averaged = average_weights(checkpoints)
     model = trainer.accelerator.unwrap_model(trainer.model)
     adopt_saved_absolute_positions_scale(model, checkpoints[-1])
