@@ -181,9 +181,10 @@ def evaluation_steps(args: argparse.Namespace) -> list[int]:
 
 def finetune(converted: Path, output_dir: Path, args: argparse.Namespace, seed: int, fade: bool = False) -> Path:
     """`train_translation.py --model_name_or_path CONVERTED --seed SEED` with the recipe's settings and
-    --finetune-steps (and `--fade_absolute_positions --fade-steps` with `fade`); with `--eval-every`, the Trainer also scores the first `--eval-sentences` validation pairs at step 0 and every
-    `--eval-every` steps (kept in output_dir/trainer_state.json). A finished run in output_dir is reused only if it
-    has the same number of steps and evaluations."""
+    --finetune-steps (and `--fade_absolute_positions --fade-steps` with `fade`); with `--eval-every`, the Trainer
+    also scores the first `--eval-sentences` validation pairs at step 0 and every `--eval-every` steps (kept in
+    output_dir/trainer_state.json). A finished run in output_dir is reused only if it has the same number of steps
+    and evaluations (the fade length is in the folder's name)."""
     if (output_dir / "model.safetensors").is_file():
         state = json.loads((output_dir / "trainer_state.json").read_text())
         evaluated = [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry]
@@ -365,8 +366,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--work", type=Path, help="models and logs (reused when present); required unless --merge")
     parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
     parser.add_argument("--schemes", nargs="+", default=["shaw"],
-                        help="relative schemes to convert to: NAME, or NAME+absolute for the hybrid (Marian's "
-                             "sinusoids kept, keep_absolute_positions)")
+                        help="relative schemes to convert to: NAME, NAME+absolute for the hybrid (Marian's "
+                             "sinusoids kept, keep_absolute_positions), or NAME+absolute-fade for the hybrid whose "
+                             "sinusoids fine-tuning fades out (--fade-steps)")
     parser.add_argument("--train-steps", type=int, default=600)
     parser.add_argument("--finetune-steps", type=int, default=150)
     parser.add_argument("--fade-steps", type=int,
@@ -406,11 +408,9 @@ def main(argv: list[str] | None = None) -> None:
     if args.work is None:
         parser.error("--work is required (unless --merge)")
     args.seeds = args.seeds or [args.seed]
-    for entry in args.schemes:
-        scheme_of(entry)
+    fading = any([scheme_of(entry)[2] for entry in args.schemes])   # a list: every entry is checked
     if args.quick:
         args.finetune_steps = min(args.finetune_steps, 2)
-    fading = any(scheme_of(entry)[2] for entry in args.schemes)
     if args.fade_steps is not None and not fading:
         parser.error("--fade-steps applies to NAME+absolute-fade entries of --schemes, and there is none")
     if args.fade_steps is not None and not 1 <= args.fade_steps <= args.finetune_steps:
