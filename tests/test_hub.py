@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import textwrap
@@ -77,7 +78,7 @@ BIBTEX_KEYS = {"absolute": set(), "shaw": {"shaw2018self"}, "xl": {"dai2019trans
 UNTAGGED_AS_RELATIVE = {"absolute", "none"}
 # The committed experiment records whose runs of a recipe go into its card (`render-cards --records`).
 RECIPE_RECORDS = ["docs/results/convergence/recipes_seeds_1_2/convergence.json",
-                  "docs/results/vs_marian/recipes_equal_budget/vs_marian.json"]
+                  "docs/results/vs_marian/recipes_one_commit/vs_marian.json"]
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
@@ -248,8 +249,8 @@ def record_runs(record: str, recipe: str) -> dict[str, list[dict]]:
 @pytest.mark.parametrize("scheme", ["absolute", "shaw", "xl", "directional"])
 def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(scheme, monkeypatch):
     """A multi30k_small card's results come from the committed records, each table citing its record: mean (min-max)
-    test BLEU and chrF over the record's seeds, the BLEU signature, the batch per update, the device and the training
-    minutes per run; and it says that no checkpoint is published."""
+    test BLEU and chrF over the record's seeds, the BLEU signature, the batch per update, the code version, the device
+    and the training minutes per run; and it says that no checkpoint is published."""
     monkeypatch.chdir(REPO_ROOT)
     name = f"multi30k_small_{scheme}"
     recipe = hub.load_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
@@ -269,11 +270,15 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
             f"each) per update ({recipe['max_tokens_per_batch']} per device and step x 1 device(s) x 1 accumulation "
             "step(s)); hardware: NVIDIA H100 80GB HBM3") in text
     assert f"training time {sum(minutes) / 2:.1f} ({min(minutes):.1f}-{max(minutes):.1f}) minutes per run" in text
+    equal_budget_record = json.loads((REPO_ROOT / RECIPE_RECORDS[1]).read_text())
     ((system, equal_budget),) = record_runs(RECIPE_RECORDS[1], name).items()
     test_bleu = [run["scores"]["test"]["bleu"] for run in equal_budget]
-    assert f"| Multi30k test2016 (Flickr), seeds 1, 2, 3 | {sum(test_bleu) / 3:.2f} (" in text
-    assert f"(record: `{RECIPE_RECORDS[1]}`, 2026-11-25)" in text
-    assert "effective batch 1280 tokens" in text and "hardware: CPU: Intel(R) Xeon(R) Processor" in text
+    seeds = ("seeds " if len(equal_budget) > 1 else "seed ") + ", ".join(str(run["seed"]) for run in equal_budget)
+    assert f"| Multi30k test2016 (Flickr), {seeds} | {statistics.mean(test_bleu):.2f}" in text
+    assert f"(record: `{RECIPE_RECORDS[1]}`, {equal_budget_record['date'][:10]})" in text
+    assert "effective batch 1280 tokens" in text and f"hardware: {equal_budget_record['device']}" in text
+    (code,) = {run["source_version"] for run in equal_budget}  # one commit (issue #37)
+    assert f"--max_tokens_per_batch 1280` from code `{code}` (the recipe as it was then)" in text
     assert "No published checkpoint" in text and "Never trained" not in text
 
 

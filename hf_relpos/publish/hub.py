@@ -2,7 +2,7 @@
 
     python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ \\
         --records docs/results/convergence/recipes_seeds_1_2/convergence.json \\
-        docs/results/vs_marian/recipes_equal_budget/vs_marian.json        # one card per recipe, with its measurements
+        docs/results/vs_marian/recipes_one_commit/vs_marian.json        # one card per recipe, with its measurements
     python -m hf_relpos.publish.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
 
 `render_model_card` writes a README.md (YAML metadata that `huggingface_hub.ModelCard` parses, then the scheme, the
@@ -129,6 +129,7 @@ class Measurement:
     title: str                # what the experiment measured
     setup: str                # its settings, as the record's report states them
     trained_as: str           # the recipe and the flags the runs added
+    code: str                 # the code versions the runs trained from (`git describe`), as the record has them
     seeds: tuple[int, ...]
     steps: tuple[int, ...]
     hardware: str
@@ -243,7 +244,8 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
                                              per_seed[0]["bleu_signature"]))
         measurements.append(Measurement(
             record=path.as_posix(), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
-            trained_as=trained_as, seeds=tuple(run["seed"] for run in runs),
+            trained_as=trained_as, code=", ".join(sorted({run.get("source_version") or "not recorded" for run in runs})),
+            seeds=tuple(run["seed"] for run in runs),
             steps=tuple(run.get("steps") or settings.get("max_steps") for run in runs),
             hardware=data["device"], devices=1, batch=_update_size(record, runs[0]["argv"]),
             training_minutes=tuple(run["train_seconds"] / 60 for run in runs), date=data["date"][:10],
@@ -554,11 +556,13 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
                      f"model against the raw, detokenized references.{caveat}\n\n"
                      + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
     for measurement in record.measurements:
-        rows = [(f"{scores.evaluation_set}, seeds {', '.join(map(str, measurement.seeds))}", _spread(scores.bleu),
+        seeds = f"seed{'s' if len(measurement.seeds) > 1 else ''} {', '.join(map(str, measurement.seeds))}"
+        rows = [(f"{scores.evaluation_set}, {seeds}", _spread(scores.bleu),
                  _spread(scores.chrf), f"`{scores.signature}`") for scores in measurement.scores]
         parts.append(
             f"**{measurement.title}** (record: `{measurement.record}`, {measurement.date})\n\n"
-            f"Trained as `{measurement.trained_as}`; {_spread(measurement.steps, 0)} steps; effective batch "
+            f"Trained as `{measurement.trained_as}` from code `{measurement.code}` (the recipe as it was then); "
+            f"{_spread(measurement.steps, 0)} steps; effective batch "
             f"{measurement.batch}; hardware: {measurement.hardware}; training time "
             f"{_spread(measurement.training_minutes, 1)} minutes per run. Setup as the record reports it: "
             f"{measurement.setup}\n\nMean over seeds (min-max):\n\n"
