@@ -117,6 +117,40 @@ def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, cap
     assert f"no model folder {model!r}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("sources", [[], ["", "   "]], ids=["no lines", "blank lines"])
+def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_model_folder, tmp_path, capsys,
+                                                                      sources):
+    source_file = write_lines(tmp_path / "src.txt", sources)
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt")])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8") == "\n" * len(sources)
+    assert "Traceback" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("output", "message"), [
+    ("missing/hyp.txt", "--output 'missing/hyp.txt': no folder 'missing' to write it in"),
+    (".", "--output '.': is a folder"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
+                                                                          monkeypatch, output, message):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before checking --output"))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--output", output])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_an_empty_source_with_references_has_nothing_to_score(memorised_model_folder, tmp_path, capsys):
+    source_file = write_lines(tmp_path / "src.txt", [])
+    reference_file = write_lines(tmp_path / "ref.txt", [])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file)])
+    assert exited.value.code == 2
+    assert "nothing to score: the source and --reference have no lines" in capsys.readouterr().err
+
+
 def test_the_source_file_may_follow_the_model_folder(memorised_model_folder, tmp_path, capsys):
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
     main([str(memorised_model_folder), str(source_file), "--no_progress"])

@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..translation.arguments import attention_implementations, check_attn_implementation
 from ..translation.metrics import score_translations
@@ -59,8 +60,10 @@ def translate_lines(
 ) -> list[str]:
     """One translation per line, in order; blank lines give "" (nothing is generated for them)."""
     wanted = [index for index, line in enumerate(lines) if line.strip()]
-    encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
     translations = [""] * len(lines)
+    if not wanted:
+        return translations
+    encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
     cut = 0
     eos_token_id = model.generation_config.eos_token_id
     with tqdm(total=len(wanted), desc="translating", unit="line", file=sys.stderr, disable=not progress) as bar:
@@ -179,6 +182,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     references = texts.get("--reference")
     if references is not None and len(references) != len(sources):
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
+    if references is not None and not sources:
+        parser.exit(2, f"{PROGRAM}: error: nothing to score: the source and --reference have no lines\n")
+    if args.output is not None:
+        output = Path(args.output).expanduser()
+        if output.is_dir() or not output.parent.is_dir():
+            reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
+            parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -195,8 +205,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        write_text_atomic(Path(args.output).expanduser(), text)
     if references is not None:
         scores = score_translations(translations, references)
         report = sys.stderr if args.output is None else sys.stdout
