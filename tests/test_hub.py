@@ -321,6 +321,19 @@ def test_the_record_fields_are_train_translation_arguments():
 
 # --------------------------------------------------------------------------------------------------- pushing
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["push", "outputs/nonesuch", "me/x"], "push: error: outputs/nonesuch has no config.json: save the model there"),
+    (["push", "{folder}", "me/x", "--recipe", "missing.yaml"], "push: error: [Errno 2] No such file or directory"),
+])
+def test_the_command_line_gives_one_error_line(output_folder, fake_hub, tmp_path, monkeypatch, capsys, argv,
+                                               message):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exited:
+        hub.main([argument.format(folder=output_folder) for argument in argv])
+    assert exited.value.code == 2
+    assert message in capsys.readouterr().err and fake_hub.commits == []
+
+
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):
     before = folder_snapshot(output_folder)
     url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)

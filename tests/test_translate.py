@@ -118,12 +118,10 @@ def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, cap
 
 
 @pytest.mark.parametrize("sources", [[], ["", "   "]], ids=["no lines", "blank lines"])
-def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_model_folder, tmp_path, capsys,
-                                                                      sources):
+def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_model_folder, tmp_path, sources):
     source_file = write_lines(tmp_path / "src.txt", sources)
     main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt")])
     assert (tmp_path / "hyp.txt").read_text(encoding="utf-8") == "\n" * len(sources)
-    assert "Traceback" not in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("output", "message"), [

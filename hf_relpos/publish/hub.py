@@ -783,14 +783,17 @@ def main(argv: Sequence[str] | None = None) -> None:
     push.add_argument("--recipe", help="the recipe YAML the model was trained with (for the card)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
-    if args.command == "render-cards":
-        for path in render_recipe_cards(args.paths, args.out, args.records):
-            print(path)
-    else:
-        recipe = load_recipe(args.recipe) if args.recipe else None
-        recipe_name = Path(args.recipe).stem if args.recipe else None
-        print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
-                                private=args.private or None))
+    try:
+        if args.command == "render-cards":
+            for path in render_recipe_cards(args.paths, args.out, args.records):
+                print(path)
+        else:
+            recipe = load_recipe(args.recipe) if args.recipe else None
+            recipe_name = Path(args.recipe).stem if args.recipe else None
+            print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
+                                    private=args.private or None))
+    except (OSError, ValueError) as error:  # a missing or unsaved folder, a bad recipe, a refused upload
+        parser.exit(2, f"{parser.prog} {args.command}: error: {' '.join(str(error).split())}\n")
 
 
 if __name__ == "__main__":
