@@ -22,7 +22,7 @@ import hf_relpos.translation.arguments as arguments_module
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.preflight as preflight_module
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig
-from hf_relpos.translation.arguments import ConfigError, model_config_fields, parse_arguments
+from hf_relpos.translation.arguments import ConfigError, config_field_help, model_config_fields, parse_arguments
 from hf_relpos.translation.data import DataArguments, DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.preflight import PreflightError
@@ -95,8 +95,8 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
     assert re.search(r"--model\.max_relative_position \[VALUE\], --max_relative_position \[VALUE\]\s+clipping "
                      r"distance:\s+relative\s+distances\s+beyond\s+±k\s+share\s+one\s+vector\s+\(default:\s+16\)\n",
                      architecture)  # the help text the Shaw scheme declares for its field
-    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+Size of the encoder layers.*\(default: 512\)",
-                     architecture)
+    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+the width of the token embeddings.*"
+                     r"\(default: 512\)", architecture)
     assert re.search(r"--tokenizer_vocab_size TOKENIZER_VOCAB_SIZE, --tokenizer-vocab-size TOKENIZER_VOCAB_SIZE\s+"
                      r"Vocabulary size .*\(default: 8000\)\n", sections["model: where to start from"])
     for name, help_start in (("max_source_length", "Longest source, in tokens"),
@@ -113,10 +113,18 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def test_every_model_field_has_help_of_its_own():
+    """Each `model:` field's --help text comes from hf_relpos (a scheme's declaration or RelPosTransformerConfig's
+    docstring), none borrowed from another model's docs."""
+    missing = [name for name in sorted(model_config_fields()) if not config_field_help(name)]
+    assert missing == []
+    assert config_field_help("scale_embedding").startswith("multiply the token embeddings by sqrt(d_model)")
+
+
 def test_help_after_a_yaml_shows_its_values_as_defaults(tmp_path):
     completed = run_script(str(REPO / "configs" / "demo.yaml"), "--help", cwd=tmp_path)
     assert completed.returncode == 0, completed.stderr[-2000:]
-    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+Size .*\(default: 128\)\n", completed.stdout)
+    assert re.search(r"--model\.d_model \[VALUE\], --d_model \[VALUE\]\s+the width .*\(default: 128\)\n", completed.stdout)
     assert re.search(r"--learning_rate LEARNING_RATE, --learning-rate LEARNING_RATE\s+.*\(default: 0\.002\)\n", completed.stdout)
     assert not list(tmp_path.iterdir())
 
@@ -304,8 +312,8 @@ def test_zero_beams_is_an_error_before_training(tmp_path, corpus):
 def test_a_reporting_integration_without_its_package_is_an_error(tmp_path, corpus, monkeypatch, integration):
     monkeypatch.setattr(arguments_module, "get_available_reporting_integrations", lambda: [])
     with pytest.raises(ConfigError, match=rf"report_to {integration} needs the {integration} package, which is not "
-                                          rf"installed: pip install 'hf_relpos\[{integration}\]', or set report_to: "
-                                          "none"):
+                                          rf"installed: pip install '\.\[{integration}\]' in the hf_relpos "
+                                          "checkout, or set report_to: none"):
         run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), "--report_to", integration])
     assert not (tmp_path / "out").exists()
     with pytest.raises(ConfigError, match=r"report_to 'tensorbord' is not an integration"):

@@ -71,8 +71,30 @@ class RelPosTransformerConfig(PreTrainedConfig):
       max_length) so that cached and uncached decoding agree; draws come from torch's global generator, so
       `torch.manual_seed` makes them reproducible.
 
-    `tie_word_embeddings=True` shares one matrix between source embeddings, target embeddings and the output
-    projection (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
+    Size and training fields (Marian's names):
+
+    - `d_model`: the width of the token embeddings and of every layer's input and output (Vaswani et al.'s d_model);
+      a multiple of each stack's number of heads.
+    - `encoder_layers`: the number of layers of the encoder.
+    - `decoder_layers`: the number of layers of the decoder.
+    - `encoder_attention_heads`: attention heads in each encoder layer (d_model / heads per head).
+    - `decoder_attention_heads`: attention heads in each decoder layer, self- and cross-attention.
+    - `encoder_ffn_dim`: the inner width of each encoder layer's feed-forward network (d_ff).
+    - `decoder_ffn_dim`: the inner width of each decoder layer's feed-forward network (d_ff).
+    - `activation_function`: the feed-forward networks' non-linearity in both stacks (a name in transformers'
+      `ACT2FN`: relu as in Vaswani et al., gelu as in Marian).
+    - `dropout`: dropout on the embeddings and on each sublayer's output before the residual addition (P_drop).
+    - `attention_dropout`: dropout on the attention probabilities.
+    - `activation_dropout`: dropout after the feed-forward networks' non-linearity.
+    - `init_std`: std of the normal draw of every linear weight at initialisation (and of the schemes' learned
+      parameters unless a scheme says otherwise).
+    - `scale_embedding`: multiply the token embeddings by sqrt(d_model) before positions are added (Vaswani et al.
+      2017, sec. 3.4).
+    - `max_position_embeddings`: the longest target the training app lets evaluation generate; no scheme limits the
+      input length by it (every built-in scheme computes its positions for any length).
+    - `use_cache`: return the key/value cache from the decoder, for fast step-by-step generation.
+    - `tie_word_embeddings`: share one matrix between source embeddings, target embeddings and the output projection
+      (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
     """
 
     model_type = "relpos_transformer"

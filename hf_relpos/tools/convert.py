@@ -204,7 +204,8 @@ def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
         return AutoTokenizer.from_pretrained(str(source))
     except (OSError, ValueError, ImportError) as error:
         raise ValueError(f"{source}: cannot load its tokenizer, which the converted model needs ({error}); "
-                         "Marian's own tokenizer (MarianTokenizer) needs sentencepiece: pip install 'hf_relpos[marian]'") from None
+                         "Marian's own tokenizer (MarianTokenizer) needs sentencepiece: pip install '.[marian]' in "
+                         "the hf_relpos checkout") from None
 
 
 def _override(text: str) -> tuple[str, Any]:

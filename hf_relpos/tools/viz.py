@@ -1,7 +1,7 @@
 """Looking inside a model: encoder self-attention maps of one sentence, and Shaw's learned w^K / w^V tables.
 
-matplotlib is the optional `viz` extra (`pip install hf_relpos[viz]`); it is imported inside the plotting functions,
-which draw on `matplotlib.figure.Figure` objects (no pyplot, no global backend change) and return them.
+matplotlib is the optional `viz` extra (`pip install ".[viz]"` in the checkout); it is imported inside the plotting
+functions, which draw on `matplotlib.figure.Figure` objects (no pyplot, no global backend change) and return them.
 
 Command line, for a saved model folder (tokenizer from the folder, or `--token-ids`):
   python -m hf_relpos.tools.viz MODEL_DIR --sentence "a b c d" --out DIR
@@ -23,7 +23,8 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install 'hf_relpos[viz]'") from error
+        raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install '.[viz]' in the hf_relpos "
+                          "checkout") from error
 
 
 def _stack(model: nn.Module, stack: str) -> nn.Module:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import functools
 import inspect
 import logging
 import os
@@ -24,7 +23,7 @@ from typing import Any
 
 import torch
 import yaml
-from transformers import HfArgumentParser, MarianConfig, PreTrainedConfig, Seq2SeqTrainingArguments
+from transformers import HfArgumentParser, PreTrainedConfig, Seq2SeqTrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_bf16_gpu_available
@@ -220,14 +219,6 @@ def _argument_fields() -> dict[str, type]:
 
 # --------------------------------------------------------------------------------------------------- help texts
 
-def _docstring_arguments(docstring: str) -> dict[str, str]:
-    """The entries of a transformers-style "Args:" docstring section: `name (`type`, ...):` then indented text."""
-    entries = {}
-    for match in re.finditer(r"^( +)(\w+) \(`[^\n]*\):\n((?:\1 +\S[^\n]*\n?)+)", docstring, flags=re.MULTILINE):
-        entries[match.group(2)] = " ".join(match.group(3).split())
-    return entries
-
-
 def _backtick_description(docstring: str, name: str) -> str:
     """What a prose docstring says right after `name`: its parenthesis, or the rest of its bullet after a colon."""
     match = re.search(rf"`{name}`(?: \(|: )", docstring)
@@ -246,8 +237,7 @@ def _backtick_description(docstring: str, name: str) -> str:
 
 def config_field_help(name: str) -> str:
     """Help for a model config field, read at run time: the declaring position scheme's `SchemeField.help`, the
-    field's own `help` metadata, else the docstring of RelPosTransformerConfig, else MarianConfig's (whose field
-    names and meanings it follows)."""
+    field's own `help` metadata, else what the docstring of RelPosTransformerConfig says of it."""
     scheme_field = scheme_config_fields().get(name)
     if scheme_field is not None:
         return scheme_field.help
@@ -255,13 +245,7 @@ def config_field_help(name: str) -> str:
         if item.name == name and item.metadata.get("help"):
             return item.metadata["help"]
     own_docstring = inspect.getdoc(RelPosTransformerConfig) or ""
-    return (_docstring_arguments(own_docstring).get(name) or _backtick_description(own_docstring, name)
-            or _marian_field_docs().get(name, ""))
-
-
-@functools.cache
-def _marian_field_docs() -> dict[str, str]:
-    return _docstring_arguments(inspect.getdoc(MarianConfig) or "")
+    return _backtick_description(own_docstring, name)
 
 
 # --------------------------------------------------------------------------------------------------- the parser
@@ -601,6 +585,7 @@ def check_reporting_integrations(report_to: Sequence[str]) -> None:
             raise ConfigError(f"report_to {name!r} is not an integration; choose from "
                               f"{sorted(INTEGRATION_TO_CALLBACK)} or none")
         if name not in available:
-            install = f"pip install 'hf_relpos[{name}]'" if name in REPORTING_EXTRAS else f"install the {name} package"
+            install = (f"pip install '.[{name}]' in the hf_relpos checkout" if name in REPORTING_EXTRAS
+                       else f"install the {name} package")
             raise ConfigError(f"report_to {name} needs the {name} package, which is not installed: {install}, or "
                               f"set report_to: none")
