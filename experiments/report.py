@@ -139,21 +139,14 @@ def readme_quality() -> str:
 
 def kernels(scheme: str) -> str:
     """The kernels a scheme runs on: hf_relpos' own three, plus transformers' when it adds nothing to attention but
-    replaced queries/keys (`AttentionTerms.additions()` empty in both stacks)."""
-    import torch
-
-    from hf_relpos import PositionContext, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    replaced queries/keys (`scheme_additions` empty in both stacks)."""
+    from hf_relpos import RelPosTransformerConfig
+    from hf_relpos.model.modeling_relpos import scheme_additions
 
     config = RelPosTransformerConfig(attention_type=scheme, vocab_size=16, d_model=16, encoder_layers=1,
                                      decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                      encoder_ffn_dim=16, decoder_ffn_dim=16)
-    model = RelPosTransformerForConditionalGeneration(config).model
-    query = key = torch.zeros(1, 2, 3, 8)
-    additions = []
-    for stack in (model.encoder, model.decoder):
-        context = stack.positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
-        additions += stack.positions.terms(0, query, key, context).additions()
-        additions += ["an attention mask"] if context.mask is not None else []
+    additions = scheme_additions(config, is_decoder=False) + scheme_additions(config, is_decoder=True)
     return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
 
 

@@ -54,10 +54,10 @@ def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides,
 
 
 @pytest.mark.parametrize("attention_type", ["absolute", "none", "rope"])
-def test_a_transformers_kernel_runs_absolute_and_refuses_a_relative_scheme(attention_type):
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(attention_type):
     """Kernels of transformers' (flash_attention_2/3, Hub kernels; here its SDPA under another name) take the
     model-level mask from masking_utils and run a scheme that adds nothing to attention or only replaces queries and
-    keys (RoPE); any other scheme is a clear error, not a silent substitution."""
+    keys (RoPE), with the same logits as hf_relpos' SDPA."""
     input_ids, attention_mask = batch()
     reference = model_with("sdpa", attention_type).double().eval()
     model = model_with(TRANSFORMERS_KERNEL, attention_type).double().eval()
@@ -65,10 +65,28 @@ def test_a_transformers_kernel_runs_absolute_and_refuses_a_relative_scheme(atten
         for inputs in (dict(input_ids=input_ids, attention_mask=attention_mask), dict(input_ids=input_ids)):
             expected = reference(**inputs, decoder_input_ids=input_ids).logits
             assert (model(**inputs, decoder_input_ids=input_ids).logits - expected).abs().max() < 1e-12
-    shaw = model_with(TRANSFORMERS_KERNEL, "shaw")
-    with pytest.raises(ValueError, match=f"attention_type 'shaw' adds a score bias and a value term to attention, "
-                                         f"which attn_implementation '{TRANSFORMERS_KERNEL}' cannot take"):
-        shaw(input_ids=input_ids, decoder_input_ids=input_ids)
+
+
+@pytest.mark.parametrize(("attention_type", "additions"), [
+    ("shaw", "a score bias and a value term"), ("xl", "a score bias"), ("directional", "an attention mask"),
+    ("alibi", "a score bias"), ("t5", "a score bias"),
+])
+def test_a_kernel_that_cannot_run_the_scheme_is_refused_when_set_built_or_loaded(attention_type, additions, tmp_path):
+    """A transformers kernel is refused for a scheme that adds to attention before anything runs: by
+    set_attn_implementation (the model keeps its kernel), by the constructor and by from_pretrained."""
+    message = (f"attention_type '{attention_type}' adds {additions} to attention, which attn_implementation "
+               f"'{TRANSFORMERS_KERNEL}' cannot take")
+    model = model_with("sdpa", attention_type)
+    with pytest.raises(ValueError, match=message):
+        model.set_attn_implementation(TRANSFORMERS_KERNEL)
+    assert model.config._attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match=message):
+        hf_relpos.RelPosTransformerForConditionalGeneration(
+            tiny_config(attention_type, attn_implementation=TRANSFORMERS_KERNEL))
+    model.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(
+            tmp_path, attn_implementation=TRANSFORMERS_KERNEL)
 
 
 def test_an_unknown_kernel_name_is_an_error_not_sdpa():

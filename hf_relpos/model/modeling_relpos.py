@@ -87,6 +87,36 @@ def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value
                          f"{config._attn_implementation!r}; set {field} to {off_value} or use one of those")
 
 
+def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
+    """What the position scheme of the encoder (or the decoder) of `config` adds to attention: its terms'
+    `AttentionTerms.additions()` and "an attention mask" for a scheme mask, read off a fresh one-layer copy of the
+    scheme on the CPU over 3 tokens (replaced queries and keys, RoPE's, add nothing)."""
+    num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
+    head_dim = config.d_model // num_heads
+    with torch.device("cpu"), torch.no_grad():  # also inside from_pretrained's meta-device construction
+        positions = get_scheme_class(config.attention_type)(config, 1, num_heads, head_dim, is_causal=is_decoder)
+        query = key = torch.zeros(1, num_heads, 3, head_dim)
+        context = positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
+        additions = positions.terms(0, query, key, context).additions()
+    return additions + (["an attention mask"] if context.mask is not None else [])
+
+
+def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
+    """Refuse, when a model is built or its kernel is set, a transformers kernel (flash_attention_2/3, a Hub kernel,
+    paged attention) that cannot take what `config` adds to attention: the self-attention window, cross-attention
+    length scaling, or what a stack's position scheme adds (`scheme_additions`). hf_relpos' kernels take all."""
+    if kernel in (None, *RELPOS_KERNELS):
+        return
+    for field, off_value in (("self_attention_window", "null"), ("cross_attention_length_scaling", "false")):
+        if getattr(config, field):
+            raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
+                             f"{field} to {off_value} or use one of those")
+    for is_decoder in (False, True):
+        additions = scheme_additions(config, is_decoder)
+        if additions:
+            refuse_kernel(config.attention_type, additions, kernel)
+
+
 def attention_mask_for(
     config: RelPosTransformerConfig,
     batch_size: int,
@@ -124,10 +154,10 @@ def attention_mask_for(
     )
 
 
-def refuse_kernel(positions: PositionScheme, additions: list[str], kernel: str) -> None:
+def refuse_kernel(attention_type: str, additions: list[str], kernel: str) -> None:
     """The ValueError for a transformers kernel asked to run a scheme that adds `additions` to attention."""
     raise ValueError(
-        f"attention_type {positions.name!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+        f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
         f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes that "
         "add none (e.g. 'absolute')"
     )
@@ -141,7 +171,7 @@ def with_scheme_mask(
     if context.mask is None:
         return mask
     if not runs_on_relpos_kernel(config):
-        refuse_kernel(positions, ["an attention mask"], config._attn_implementation)
+        refuse_kernel(positions.name, ["an attention mask"], config._attn_implementation)
     scheme_mask = _as_4d(context.mask)
     return scheme_mask if mask is None else mask & scheme_mask
 
@@ -256,7 +286,7 @@ class RelPosAttention(nn.Module):
             extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
                      "value_term": terms.value_term}
         elif terms.additions():
-            refuse_kernel(positions, terms.additions(), kernel)
+            refuse_kernel(positions.name, terms.additions(), kernel)
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,
@@ -635,6 +665,20 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     def _can_set_attn_implementation(cls) -> bool:
         """Every attention call reads `config._attn_implementation`, so `set_attn_implementation` works at any time."""
         return True
+
+    def post_init(self) -> None:
+        """transformers' post_init, then `check_kernel`: a kernel that cannot run this model is refused when the
+        model is built (or loaded), not at its first forward pass."""
+        super().post_init()
+        check_kernel(self.config, self.config._attn_implementation)
+
+    def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
+        """transformers' `set_attn_implementation`, refusing (before any change) a kernel that cannot run this
+        model (`check_kernel`)."""
+        requested = (attn_implementation if not isinstance(attn_implementation, dict)
+                     else attn_implementation.get("", self.config._attn_implementation))
+        check_kernel(self.config, requested)
+        super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
