@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import json
+import re
 
 import pytest
 import torch
@@ -622,3 +624,40 @@ def test_generate_refuses_a_beam_wider_than_the_vocabulary():
         model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary + 1, max_new_tokens=2)
     output = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=vocabulary, max_new_tokens=2)
     assert output.shape[0] == input_ids.shape[0]
+    with pytest.raises(ValueError, match=r"^num_beams must be a positive integer, got 0$"):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=0, max_new_tokens=2)
+
+
+@pytest.mark.parametrize(("argument", "shape", "accepted"), [
+    ("attention_mask", (3, 8), "[3, 7]"), ("attention_mask", (3, 6), "[3, 7]"),
+    ("attention_mask", (1, 7), "[3, 7]"), ("attention_mask", (7,), "[3, 7]"),
+    ("decoder_attention_mask", (3, 4), "[3, 5 or more]"), ("decoder_attention_mask", (1, 5), "[3, 5 or more]"),
+])
+def test_a_mask_of_another_shape_is_one_error_naming_it(argument, shape, accepted):
+    """A key mask must be [batch, length] (the decoder's may be wider: its last columns count); transformers'
+    masking utilities would zero-pad a short one and cut a long one in silence."""
+    model = tiny_model("shaw", seed=1).eval()
+    input_ids = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = input_ids[:, :5]
+    name = "attention_mask" if argument == "attention_mask" else "the decoder's attention_mask"
+    with pytest.raises(ValueError, match=rf"^{name} must be a \[batch, length\] mask of 1 \(attend\) and 0 "
+                                         rf"\(padding\): {re.escape(accepted)}, got {re.escape(str(list(shape)))}$"):
+        model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, **{argument: torch.ones(shape)})
+
+
+def test_the_decoder_mask_of_the_new_tokens_or_of_all_tokens_is_taken_with_a_cache():
+    """Cached decoding: a decoder mask over the new tokens or over cached + new ones (or wider, its last columns)
+    gives the logits of the uncached call; a mask of another width is refused."""
+    model = tiny_model("shaw", seed=1).eval()
+    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = input_ids[:, :4]
+    with torch.no_grad():
+        full = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids).logits[:, -1]
+        prefix = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
+        for width in (1, 4, 6):
+            step = model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_input_ids[:, 3:],
+                         decoder_attention_mask=torch.ones(2, width), cache=copy.deepcopy(prefix.cache))
+            assert (step.logits[:, -1] - full).abs().max() < 1e-5, width
+        with pytest.raises(ValueError, match=r"\[2, 1\] \(new tokens\) or \[2, 4 or more\] \(cached and new\)"):
+            model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_input_ids[:, 3:],
+                  decoder_attention_mask=torch.ones(2, 2), cache=copy.deepcopy(prefix.cache))

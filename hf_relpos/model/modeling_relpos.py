@@ -87,6 +87,26 @@ def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value
                          f"{config._attn_implementation!r}; set {field} to {off_value} or use one of those")
 
 
+def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int,
+                       with_cache: int | None = None) -> None:
+    """A [batch, length] 1/0 key mask is accepted, and for the decoder (`with_cache`: cached + new tokens) also one of
+    at least that width (its last `with_cache` columns count); any other shape is one ValueError naming `name`, never
+    a mask zero-padded or cut in silence."""
+    if mask is None:
+        return
+    width = mask.size(-1)
+    if mask.dim() != 2 or mask.size(0) != batch_size or not (
+            width == length or (with_cache is not None and width >= with_cache)):
+        if with_cache is None:
+            accepted = f"[{batch_size}, {length}]"
+        elif with_cache == length:
+            accepted = f"[{batch_size}, {length} or more]"
+        else:
+            accepted = f"[{batch_size}, {length}] (new tokens) or [{batch_size}, {with_cache} or more] (cached and new)"
+        raise ValueError(f"{name} must be a [batch, length] mask of 1 (attend) and 0 (padding): {accepted}, got "
+                         f"{list(mask.shape)}")
+
+
 def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
     """What the position scheme of the encoder (or the decoder) of `config` adds to attention: its terms'
     `AttentionTerms.additions()` and "an attention mask" for a scheme mask, read off a fresh one-layer copy of the
@@ -510,6 +530,7 @@ class RelPosEncoder(RelPosStack):
     ) -> BaseModelOutput | tuple:
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0)
         batch_size, length = hidden_states.shape[:2]
+        check_padding_mask("attention_mask", attention_mask, batch_size, length)
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
                                        device=hidden_states.device, window=self.config.self_attention_window)
         hidden_states, all_hidden, all_self, _, _ = self.run_layers(
@@ -579,6 +600,7 @@ class RelPosDecoder(RelPosStack):
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, positions)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
+        check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=key_length)
         if attention_mask is not None and attention_mask.size(1) != key_length:
             if attention_mask.size(1) == query_length:
                 attention_mask = torch.cat([attention_mask.new_ones(attention_mask.size(0), past_length), attention_mask], 1)
@@ -589,6 +611,8 @@ class RelPosDecoder(RelPosStack):
                                        causal=True, device=device, window=self.config.self_attention_window)
         cross_mask = None
         if encoder_hidden_states is not None:
+            check_padding_mask("encoder_attention_mask", encoder_attention_mask, batch_size,
+                               encoder_hidden_states.size(1))
             cross_mask = attention_mask_for(self.config, batch_size, query_length, encoder_hidden_states.size(1), 0,
                                             encoder_attention_mask, causal=False, device=device)
         hidden_states, all_hidden, all_self, all_cross, layer_inputs = self.run_layers(
@@ -875,11 +899,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         )
 
     def generate(self, *args, **kwargs):
-        """`GenerationMixin.generate`, refusing a beam wider than the vocabulary (which would fail deep inside
-        beam search's top-k); with `position_randomization_at_inference` it first draws the decoder's positions for
-        the whole output (`draw_output_positions`), unless `decoder_positions` is given."""
+        """`GenerationMixin.generate`, refusing a beam narrower than 1 or wider than the vocabulary
+        (`check_num_beams`); with `position_randomization_at_inference` it first draws the decoder's positions for the
+        whole output (`draw_output_positions`), unless `decoder_positions` is given."""
         generation_config = kwargs.get("generation_config") or self.generation_config
-        check_num_beams(kwargs.get("num_beams") or generation_config.num_beams or 1, self.config.vocab_size)
+        num_beams = kwargs.get("num_beams")
+        check_num_beams((generation_config.num_beams or 1) if num_beams is None else num_beams, self.config.vocab_size)
         if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
             decoder_input_ids = kwargs.get("decoder_input_ids")
             prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
@@ -1026,7 +1051,10 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
 
 
 def check_num_beams(num_beams: int, vocab_size: int, name: str = "num_beams") -> None:
-    """Refuse a beam wider than the vocabulary (beam search's top-k would fail deep inside `generate`)."""
+    """Refuse a beam narrower than 1 or wider than the vocabulary (beam search would fail deep inside `generate`:
+    a division by zero, or its top-k)."""
+    if not isinstance(num_beams, int) or isinstance(num_beams, bool) or num_beams < 1:
+        raise ValueError(f"{name} must be a positive integer, got {num_beams!r}")
     if num_beams > vocab_size:
         raise ValueError(f"{name} ({num_beams}) is larger than the vocabulary ({vocab_size} tokens)")
 
