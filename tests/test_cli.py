@@ -110,3 +110,30 @@ def test_a_kernel_that_cannot_run_the_recipes_scheme_is_one_config_error_before_
         run([str(REPO / "configs" / "demo.yaml"), "--attn_implementation", "paged|eager", "--output_dir",
              str(output_dir), "--demo_train_pairs", "200"])
     assert [path.name for path in output_dir.iterdir()] == ["demo_data"]
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--model.position_randomization_max", "64", "--max_source_length", "100"],
+     r"position_randomization_max \(64\) must be at least the longest sequence the run gives the model: "
+     r"max_source_length = 100; raise position_randomization_max to 100 or shorten them"),
+    (["--model.position_randomization_max", "100", "--model.position_randomization_at_inference", "true",
+      "--max_source_length", "64", "--max_target_length", "64"],
+     r"position_randomization_max \(100\) must be at least .*: the longest generated output \(decoder start \+ "
+     r"min\(max_source_length \+ generation_max_length_offset, .*\)\) = 115;"),
+])
+def test_randomized_positions_shorter_than_the_runs_sequences_are_refused_when_the_model_is_built(
+        flags, message, tmp_path):
+    """Ruoss et al.'s draw needs a range at least as long as each sequence: the lengths the run allows are checked
+    before training (the model itself would stop at the first longer batch)."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.training import _build_model
+
+    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
+    model_args, data_args, training_args = parse_arguments(
+        [str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path), *flags])
+    with pytest.raises(ConfigError, match=message):
+        _build_model(model_args, tokenizer, data_args, training_args)
+    model_args, data_args, training_args = parse_arguments(
+        [str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path), *flags[:-4],
+         "--model.position_randomization_max", "300"])
+    assert _build_model(model_args, tokenizer, data_args, training_args).config.position_randomization_max == 300

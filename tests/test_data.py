@@ -101,6 +101,11 @@ def test_argument_values_are_checked():
         DataArguments(validation_file="valid.txt")
     with pytest.raises(ValueError, match="source_lang and target_lang must differ"):
         DataArguments(source_lang="de", target_lang="de")
+    with pytest.raises(ValueError, match=r"preprocessing_num_workers must be null \(tokenize in this process\) or an "
+                                         r"integer >= 1, got -1"):
+        DataArguments(preprocessing_num_workers=-1)
+    with pytest.raises(ValueError, match=r"demo_train_pairs must be an integer >= 1, got -5"):
+        DataArguments(demo_train_pairs=-5)
 
 
 def test_sample_caps_keep_the_first_pairs(tmp_path):

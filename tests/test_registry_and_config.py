@@ -129,12 +129,33 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"embedding_init_std": 0.0}, "embedding_init_std"),
         ({"embedding_init_std": "small"}, "embedding_init_std"),
         ({"relative_embedding_init_std": -0.1}, "relative_embedding_init_std"),
+        ({"init_std": float("inf")}, "init_std"),
+        ({"embedding_init_std": float("nan")}, "embedding_init_std"),
+        ({"dropout": False}, "dropout"),
+        ({"pad_token_id": True}, "pad_token_id"),
+        ({"attention_type": ["xl"]}, "attention_type"),
+        ({"activation_function": ["relu"]}, "activation_function"),
+        ({"num_attention_heads": 7}, "encoder_attention_heads"),  # transformers' common names stand for the fields
+        ({"hidden_size": 30}, "d_model"),
+        ({"num_hidden_layers": -2}, "encoder_layers"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
     with pytest.raises(ValueError) as error:
         tiny_config(**overrides)
     assert field in str(error.value)
+
+
+def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():
+    config = tiny_config()
+    config.d_model = 33
+    with pytest.raises(ValueError, match=r"d_model \(33\) must be divisible by encoder_attention_heads"):
+        hf_relpos.RelPosTransformerForConditionalGeneration(config)
+
+
+def test_the_common_names_set_the_fields_they_stand_for():
+    config = tiny_config(num_attention_heads=4, hidden_size=64, num_hidden_layers=3)
+    assert (config.encoder_attention_heads, config.d_model, config.encoder_layers) == (4, 64, 3)
 
 
 @pytest.mark.parametrize(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import math
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
@@ -161,6 +162,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return loaded
 
     def __post_init__(self, **kwargs) -> None:
+        for alias, name in self.attribute_map.items():  # validated as the field they stand for
+            if alias in kwargs:
+                setattr(self, name, kwargs.pop(alias))
         for name, field in scheme_config_fields().items():
             if name in self.__dataclass_fields__:
                 raise ValueError(f"a position scheme declares config field {name!r}, which RelPosTransformerConfig "
@@ -177,7 +181,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"layer_norm_position must be one of {list(LAYER_NORM_POSITIONS)}, got {self.layer_norm_position!r}"
             )
-        if self.activation_function not in ACT2FN:
+        if not isinstance(self.activation_function, str) or self.activation_function not in ACT2FN:
             raise ValueError(f"activation_function must be one of {sorted(ACT2FN)}, got {self.activation_function!r}")
         for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",
                      "encoder_ffn_dim", "decoder_ffn_dim", "max_position_embeddings"):
@@ -211,11 +215,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
         _require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
                 raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
         for name in ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or not 0 <= value < self.vocab_size):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or not 0 <= value < self.vocab_size):
                 raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
         for name, field in scheme_config_fields().items():
             field.check(getattr(self, name))
@@ -236,6 +241,6 @@ def _require_positive_number(name: str, value: object, null_means: str | None = 
     """`value` must be a number > 0, or null when the field has a `null_means` (what null stands for)."""
     if value is None and null_means is not None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
         allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")

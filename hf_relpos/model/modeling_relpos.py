@@ -656,6 +656,12 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     remote_auto_classes: dict[str, str] = {}
 
+    def __init__(self, config: RelPosTransformerConfig, *inputs, **kwargs) -> None:
+        """Validates `config` again (`RelPosTransformerConfig._validate_relpos`): its fields may have been set after
+        it was built, and a bad value would otherwise fail deep inside a layer's construction or forward pass."""
+        config._validate_relpos()
+        super().__init__(config, *inputs, **kwargs)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_missing_weights: bool = False, **kwargs):
         """`PreTrainedModel.from_pretrained`, reading safetensors only, that raises instead of filling weights missing

@@ -51,7 +51,7 @@ def register_attention(name: str) -> Callable[[type[PositionScheme]], type[Posit
 
 def get_scheme_class(name: str) -> type[PositionScheme]:
     """Registry lookup with an error that lists what is registered."""
-    if name not in ATTENTION_REGISTRY:
+    if not isinstance(name, str) or name not in ATTENTION_REGISTRY:
         raise ValueError(f"attention_type must be one of {sorted(ATTENTION_REGISTRY)}, got {name!r}")
     return ATTENTION_REGISTRY[name]
 

@@ -110,6 +110,10 @@ class DataArguments:
                 raise ValueError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)}")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
             require_int(name, getattr(self, name), minimum=1, null_means="every example")
+        require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
+                    null_means="tokenize in this process")
+        for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
+            require_int(name, getattr(self, name), minimum=1)
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
             if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:

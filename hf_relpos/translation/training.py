@@ -510,6 +510,7 @@ def _build_model(
                 raise
             raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
     _check_num_beams(training_args, model.config.vocab_size)
+    _check_position_randomization(model.config, data_args, training_args)
     if training_args.fade_absolute_positions is not None and not model.config.keep_absolute_positions:
         raise ConfigError("fade_absolute_positions fades out the sinusoids of keep_absolute_positions, which this "
                           "model does not have: train a model with keep_absolute_positions true (e.g. a MarianMT model "
@@ -528,6 +529,34 @@ def _build_model(
     for name, value in special_token_ids(tokenizer).items():
         setattr(generation, name, value if model_args.model_name_or_path is None else getattr(model.config, name))
     return model
+
+
+def _check_position_randomization(config: RelPosTransformerConfig, data_args: DataArguments,
+                                  training_args: TranslationTrainingArguments) -> None:
+    """`position_randomization_max` must hold every sequence the run gives the model (Ruoss et al. draw n sorted
+    positions out of it): the longest source and target in training, and with `position_randomization_at_inference`
+    the longest output evaluation may generate; otherwise the run would stop at the first longer batch, hours in."""
+    limit = config.position_randomization_max
+    if limit is None:
+        return
+    needed = {}
+    if training_args.do_train:
+        needed |= {"max_source_length": data_args.max_source_length, "max_target_length": data_args.max_target_length}
+    generates = training_args.predict_with_generate and (
+        training_args.do_eval or training_args.do_predict or training_args.eval_strategy != "no")
+    if config.position_randomization_at_inference and generates:
+        new_tokens = data_args.max_source_length + training_args.generation_max_length_offset
+        if training_args.generation_max_length is not None:
+            new_tokens = min(new_tokens, training_args.generation_max_length - 1)
+        needed |= {"max_source_length": data_args.max_source_length,
+                   "the longest generated output (decoder start + min(max_source_length + "
+                   "generation_max_length_offset, generation_max_length - 1, max_position_embeddings - 1))":
+                   1 + max(1, min(new_tokens, config.max_position_embeddings - 1))}
+    too_long = {name: length for name, length in needed.items() if length > limit}
+    if too_long:
+        raise ConfigError(f"position_randomization_max ({limit}) must be at least the longest sequence the run gives "
+                          "the model: " + ", ".join(f"{name} = {length}" for name, length in too_long.items())
+                          + f"; raise position_randomization_max to {max(too_long.values())} or shorten them")
 
 
 def _check_num_beams(training_args: TranslationTrainingArguments, vocab_size: int) -> None:
