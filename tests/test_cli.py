@@ -137,3 +137,15 @@ def test_randomized_positions_shorter_than_the_runs_sequences_are_refused_when_t
         [str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path), *flags[:-4],
          "--model.position_randomization_max", "300"])
     assert _build_model(model_args, tokenizer, data_args, training_args).config.position_randomization_max == 300
+
+
+@pytest.mark.parametrize("name", ["model_name_or_path", "tokenizer_name"])
+def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, tmp_path, monkeypatch):
+    """`outputs/my_modle` (a path whose parent exists) is a missing folder, not a Hub id to retry for half a minute."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    monkeypatch.setattr("huggingface_hub.file_download.hf_hub_download",
+                        lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
+    with pytest.raises(ConfigError, match=rf"^{name} 'outputs/my_modle': no such folder \(the nearest existing folder "
+                                          r"is 'outputs'\); a Hub model id has the form owner/name$"):
+        parse_arguments([str(REPO / "configs" / "demo.yaml"), f"--{name}", "outputs/my_modle"])

@@ -29,6 +29,7 @@ from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..translation.arguments import attention_implementations, check_attn_implementation
 from ..translation.metrics import score_translations
+from ..translation.preflight import missing_local_folder
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -140,18 +141,6 @@ def attn_implementation(text: str) -> str:
         return check_attn_implementation(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-
-
-def missing_local_folder(model: str) -> Path | None:
-    """The existing folder that lacks `model` when `model` is meant as a local path (its parent folder exists, it
-    starts like a path: '.', '/', '~', or it has more parts than a Hub id's namespace/name), so a mistyped folder is
-    one error instead of a Hub lookup; else None."""
-    path = Path(model).expanduser()
-    if path.exists():
-        return None
-    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or path.parent.is_dir():
-        return next((parent for parent in path.parents if parent.is_dir()), Path("."))
-    return None
 
 
 def main(argv: Sequence[str] | None = None) -> None:

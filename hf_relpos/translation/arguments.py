@@ -33,6 +33,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import require_int, scheme_config_fields
 from .data import DataArguments
+from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
 logger = logging.getLogger(__name__)
@@ -460,6 +461,11 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments,
         raise ConfigError("nothing to do: set at least one of do_train, do_eval, do_predict")
     if not training_args.do_train and model_args.model_name_or_path is None:
         raise ConfigError("do_eval/do_predict without do_train need model_name_or_path (a trained model)")
+    for name in ("model_name_or_path", "tokenizer_name"):
+        value = getattr(model_args, name)
+        if value is not None and (nearest := missing_local_folder(value)) is not None:
+            raise ConfigError(f"{name} {value!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
+                              "model id has the form owner/name")
     reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
     if model_args.tokenizer_vocab_size <= reserved:
         raise ConfigError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "

@@ -28,6 +28,18 @@ class ProcessGroupError(PreflightError):
     """The processes of a launched job would not train together; every process raises it."""
 
 
+def missing_local_folder(model: str) -> Path | None:
+    """The existing folder that lacks `model` when `model` is meant as a local path (its parent folder exists, it
+    starts like a path: '.', '/', '~', or it has more parts than a Hub id's namespace/name), so a mistyped folder is
+    one error instead of a Hub lookup; else None."""
+    path = Path(model).expanduser()
+    if path.exists():
+        return None
+    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or path.parent.is_dir():
+        return next((parent for parent in path.parents if parent.is_dir()), Path("."))
+    return None
+
+
 def check_process_group(trainer_world_size: int) -> None:
     """A job launched with N processes (an initialised torch.distributed group of N) whose Trainer runs on one
     process would train N independent copies that all write the same output_dir: the case of
