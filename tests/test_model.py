@@ -661,3 +661,20 @@ def test_the_decoder_mask_of_the_new_tokens_or_of_all_tokens_is_taken_with_a_cac
         with pytest.raises(ValueError, match=r"\[2, 1\] \(new tokens\) or \[2, 4 or more\] \(cached and new\)"):
             model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_input_ids[:, 3:],
                   decoder_attention_mask=torch.ones(2, 2), cache=copy.deepcopy(prefix.cache))
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    (lambda ids: dict(input_ids=ids[0], decoder_input_ids=ids),
+     r"the encoder's input_ids must be a \[batch, length\] tensor of integer token ids, got shape \[7\]"),
+    (lambda ids: dict(input_ids=ids.float(), decoder_input_ids=ids), r"dtype torch.float32"),
+    (lambda ids: dict(input_ids=ids, decoder_input_ids=ids[:, :3].bool()), r"the decoder's input_ids .* dtype torch.bool"),
+    (lambda ids: dict(input_ids=ids[:, :0], decoder_input_ids=ids),
+     r"the encoder's inputs must hold at least one token per sequence .* got shape \[3, 0, 32\]"),
+    (lambda ids: dict(input_ids=ids, decoder_input_ids=ids[:1]),
+     r"the decoder's batch \(1\) and the encoder output's \(3\) must be the same size"),
+])
+def test_malformed_token_inputs_are_one_error_naming_them(inputs, message):
+    model = tiny_model("xl", seed=1).eval()
+    ids = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=message):
+        model(**inputs(ids))

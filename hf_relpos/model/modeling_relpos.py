@@ -431,8 +431,16 @@ class RelPosStack(nn.Module):
         (`key_positions`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
+        stack = "decoder" if self.is_decoder else "encoder"
+        if input_ids is not None and (input_ids.dim() != 2 or input_ids.dtype.is_floating_point
+                                      or input_ids.dtype == torch.bool):
+            raise ValueError(f"the {stack}'s input_ids must be a [batch, length] tensor of integer token ids, got "
+                             f"shape {list(input_ids.shape)} and dtype {input_ids.dtype}")
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
+        if inputs_embeds.dim() != 3 or inputs_embeds.size(1) == 0:
+            raise ValueError(f"the {stack}'s inputs must hold at least one token per sequence ([batch, length] ids or "
+                             f"[batch, length, d_model] embeddings), got shape {list(inputs_embeds.shape)}")
         key_positions = self.key_positions(past_length, inputs_embeds.size(1), draw, inputs_embeds.device)
         randomized = {} if key_positions is None else {"positions": key_positions[past_length:]}
         hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
@@ -611,6 +619,9 @@ class RelPosDecoder(RelPosStack):
                                        causal=True, device=device, window=self.config.self_attention_window)
         cross_mask = None
         if encoder_hidden_states is not None:
+            if encoder_hidden_states.size(0) != batch_size:
+                raise ValueError(f"the decoder's batch ({batch_size}) and the encoder output's "
+                                 f"({encoder_hidden_states.size(0)}) must be the same size")
             check_padding_mask("encoder_attention_mask", encoder_attention_mask, batch_size,
                                encoder_hidden_states.size(1))
             cross_mask = attention_mask_for(self.config, batch_size, query_length, encoder_hidden_states.size(1), 0,
