@@ -14,7 +14,8 @@ from conftest import tiny_config
 from transformers import TrainingArguments
 
 import hf_relpos
-from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, next_token_loss, stream_perplexity
+from hf_relpos.model.modeling_relpos import token_cross_entropy
+from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
 
 BATCH, SEGMENT = 2, 5
 
@@ -77,7 +78,7 @@ def test_trainer_carries_memory_between_steps(tmp_path):
             batch = [data[step * BATCH + row] for row in range(BATCH)]
             outputs = model(input_ids=torch.stack([b["input_ids"] for b in batch]), mems=mems)
             mems = outputs.mems
-            expected.append(next_token_loss(outputs.logits, torch.stack([b["targets"] for b in batch])).item())
+            expected.append(token_cross_entropy(outputs.logits, torch.stack([b["targets"] for b in batch])).item())
     assert len(logged) == 5 and len(received) == 5
     assert received[0] is None
     for got, want in zip(received[1:], expected_mems[1:], strict=True):
@@ -114,7 +115,7 @@ def test_stream_perplexity_with_full_memory_equals_one_long_pass():
     stream = tokens(31)
     with torch.no_grad():
         logits = model(input_ids=stream[None, :30]).logits
-    whole = math.exp(next_token_loss(logits, stream[None, 1:31]).item())
+    whole = math.exp(token_cross_entropy(logits, stream[None, 1:31]).item())
     assert math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=30), whole, rel_tol=1e-12)
     assert not math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=0), whole, rel_tol=1e-6)
 

@@ -10,7 +10,7 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainingArgum
 
 import hf_relpos
 from hf_relpos import shift_tokens_right
-from hf_relpos.translation.training import CausalLMTrainer
+from hf_relpos.tools.lm_memory import CausalLMTrainer
 
 LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
-import math
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import PositionScheme, get_scheme_class, require_int, scheme_config_fields
+from .positions import PositionScheme, get_scheme_class, is_positive_number, require_int, scheme_config_fields
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -99,7 +98,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     """
 
     model_type = "relpos_transformer"
-    # outputs the Trainer leaves out of eval predictions: the KV cache under both names (5.24 renamed it), XL memory
+    # outputs the Trainer leaves out of eval predictions: the KV cache (under both of its names), XL memory
     keys_to_ignore_at_inference = ["past_key_values", "cache", "mems"]
     attribute_map = {
         "num_attention_heads": "encoder_attention_heads",
@@ -241,6 +240,6 @@ def _require_positive_number(name: str, value: object, null_means: str | None = 
     """`value` must be a number > 0, or null when the field has a `null_means` (what null stands for)."""
     if value is None and null_means is not None:
         return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < math.inf:
+    if not is_positive_number(value):
         allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -80,11 +80,14 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
     return config._attn_implementation in (None, *RELPOS_KERNELS)
 
 
-def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str) -> None:
-    """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs."""
-    if not runs_on_relpos_kernel(config):
-        raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got "
-                         f"{config._attn_implementation!r}; set {field} to {off_value} or use one of those")
+def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str,
+                          kernel: str | None = None) -> None:
+    """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs:
+    `kernel`, or by default `config._attn_implementation`."""
+    kernel = config._attn_implementation if kernel is None else kernel
+    if kernel not in (None, *RELPOS_KERNELS):
+        raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
+                         f"{field} to {off_value} or use one of those")
 
 
 def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int,
@@ -129,8 +132,7 @@ def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
         return
     for field, off_value in (("self_attention_window", "null"), ("cross_attention_length_scaling", "false")):
         if getattr(config, field):
-            raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
-                             f"{field} to {off_value} or use one of those")
+            require_relpos_kernel(config, field, off_value, kernel)
     for is_decoder in (False, True):
         additions = scheme_additions(config, is_decoder)
         if additions:
@@ -192,13 +194,18 @@ def with_scheme_mask(
         return mask
     if not runs_on_relpos_kernel(config):
         refuse_kernel(positions.name, ["an attention mask"], config._attn_implementation)
-    scheme_mask = _as_4d(context.mask)
+    return and_scheme_mask(mask, context.mask)
+
+
+def and_scheme_mask(mask: torch.Tensor | None, scheme_mask: torch.Tensor) -> torch.Tensor:
+    """A boolean [B, 1, n, m] mask (or None) and a scheme's mask (per head, e.g. DiSAN's): both must allow a key."""
+    scheme_mask = _as_4d(scheme_mask)
     return scheme_mask if mask is None else mask & scheme_mask
 
 
-def _as_4d(tensor: torch.Tensor | None) -> torch.Tensor | None:
+def _as_4d(tensor: torch.Tensor) -> torch.Tensor:
     """A mask or bias broadcastable to [B, H, n, m] with its missing leading dimensions made explicit."""
-    if tensor is None or tensor.dim() == 4:
+    if tensor.dim() == 4:
         return tensor
     return tensor.reshape((1,) * (4 - tensor.dim()) + tuple(tensor.shape))
 
@@ -301,8 +308,7 @@ class RelPosAttention(nn.Module):
         extra = {}
         if runs_on_relpos_kernel(self.config):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
-                scheme_mask = _as_4d(terms.mask)
-                attention_mask = scheme_mask if attention_mask is None else attention_mask & scheme_mask
+                attention_mask = and_scheme_mask(attention_mask, terms.mask)
             extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
                      "value_term": terms.value_term}
         elif terms.additions():
@@ -830,7 +836,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         "AutoModelForSeq2SeqLM": "RelPosTransformerForConditionalGeneration",
     }
     _tied_weights_keys = {"lm_head.weight": "model.shared.weight"}
-    _keys_to_ignore_on_load_missing = ["final_logits_bias"]  # checkpoints saved before it existed: zeros
+    _keys_to_ignore_on_load_missing = ["final_logits_bias"]  # a checkpoint without it loads it as zeros
     accepts_loss_kwargs = True  # the loss honours the Trainer's num_items_in_batch
 
     def __init__(self, config: RelPosTransformerConfig):

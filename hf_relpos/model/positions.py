@@ -92,11 +92,14 @@ def number_field(
     """A positive real-valued scheme setting (an int is accepted too; None when `optional`)."""
 
     def valid(value: Any) -> bool:
-        if value is None:
-            return optional
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+        return optional if value is None else is_positive_number(value)
 
     return SchemeField(name, default, help, "a positive number" + (" or null" if optional else ""), valid, symbol)
+
+
+def is_positive_number(value: Any) -> bool:
+    """Whether `value` is a finite real number (an int or a float, not a bool) > 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def is_int_at_least(value: Any, minimum: int) -> bool:
@@ -163,7 +166,11 @@ def relative_position_index(
         raise ValueError(f"max_relative_position must be >= 0, got {max_relative_position}")
     query_positions = torch.arange(query_offset, query_offset + query_length, device=device)
     key_positions = torch.arange(key_length, device=device)
-    distance = key_positions[None, :] - query_positions[:, None]
+    return clipped_distance(key_positions[None, :] - query_positions[:, None], max_relative_position)
+
+
+def clipped_distance(distance: torch.Tensor, max_relative_position: int) -> torch.Tensor:
+    """Shaw et al. (2018) sec. 3.2: the row of a distance j - i in a table of 2k + 1 vectors, clip(j - i, k) + k."""
     return distance.clamp(-max_relative_position, max_relative_position) + max_relative_position
 
 

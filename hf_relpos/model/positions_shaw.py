@@ -18,6 +18,7 @@ from .positions import (
     RelativeValues,
     SchemeCard,
     boolean_field,
+    clipped_distance,
     clipped_rel_shift,
     integer_field,
     number_field,
@@ -117,7 +118,7 @@ class ShawPositions(PositionScheme):
         """The bucket clip(j - i', k) + k of every query-key pair, shared by the layers."""
         kmax = self.max_relative_position
         query_positions, key_positions = context.query_and_key_positions()
-        index = (key_positions[None, :] - query_positions[:, None]).clamp(-kmax, kmax) + kmax
+        index = clipped_distance(key_positions[None, :] - query_positions[:, None], kmax)
         return context.extend(ShawContext, index=index)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
@@ -129,7 +130,7 @@ class ShawPositions(PositionScheme):
             table = times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
             if consecutive:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-                    return (j - i - offset).clamp(-kmax, kmax) + kmax
+                    return clipped_distance(j - i - offset, kmax)
             else:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return index[i, j]

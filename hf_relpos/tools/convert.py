@@ -166,7 +166,7 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention
                 f"attention_type {attention_type!r} cannot be added to the kept absolute positions: after "
                 f"start_neutral() {' and '.join(gaps)}, so the converted model would not reproduce the Marian model; "
                 "choose a scheme whose terms vanish at its neutral start (learned additive terms at zero: shaw, xl, "
-                "t5), or convert without keep_absolute_positions")
+                "t5; or none, which adds no terms), or convert without keep_absolute_positions")
     model.generation_config = copy.deepcopy(marian.generation_config)
     return model.train(marian.training)
 

@@ -3,12 +3,15 @@
 The stream is cut into `batch_size` parallel rows (Dai et al.'s batchify); step t reads segment t of every row, so
 row r of batch t continues row r of batch t-1 and the memory returned by one step is the right context for the next.
 Targets are the next tokens of the stream, including the one after each segment's last position, so every token is
-predicted exactly once per epoch.
+predicted exactly once per epoch. `CausalLMTrainer` trains the same model without memory (ordinary batches), with
+label smoothing scored as the model's own loss is.
 """
 
 from __future__ import annotations
 
 import math
+from functools import partial
+from typing import Any
 
 import torch
 from torch.utils.data import Dataset, SequentialSampler
@@ -49,9 +52,15 @@ class SegmentedStream(Dataset):
         return {"input_ids": self.inputs[row, window], "targets": self.targets[row, window], "segment": segment}
 
 
-def next_token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy of `targets`, in promote_types(logits dtype, float32) (a float64 model stays float64)."""
-    return token_cross_entropy(logits, targets)
+class CausalLMTrainer(Trainer):
+    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
+    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
+    causal LMs of transformers' own model table)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.label_smoother is not None and self.compute_loss_func is None:
+            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 class MemoryTrainer(Trainer):
@@ -90,7 +99,7 @@ class MemoryTrainer(Trainer):
             self._memory[training] = None
         outputs = model(input_ids=inputs["input_ids"], mems=self._memory[training])
         self._memory[training] = outputs.mems
-        loss = next_token_loss(outputs.logits, targets)
+        loss = token_cross_entropy(outputs.logits, targets)
         return (loss, outputs) if return_outputs else loss
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
@@ -114,6 +123,6 @@ def stream_perplexity(
         inputs, targets = stream.inputs[:, window].to(device), stream.targets[:, window].to(device)
         outputs = model(input_ids=inputs, mems=mems, mem_len=mem_len)
         mems = outputs.mems if mem_len > 0 else None
-        total_loss += next_token_loss(outputs.logits, targets).item() * targets.numel()
+        total_loss += token_cross_entropy(outputs.logits, targets).item() * targets.numel()
         total_tokens += targets.numel()
     return math.exp(total_loss / total_tokens)

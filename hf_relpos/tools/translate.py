@@ -28,6 +28,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, 
 from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..translation.arguments import attention_implementations, check_attn_implementation
+from ..translation.batching import cut_token_batches
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
 
@@ -43,16 +44,8 @@ def read_lines(handle: TextIO) -> list[str]:
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Indices of `lengths` in batches, longest first, whose padded size (count x longest) stays within `max_tokens`;
     a line longer than `max_tokens` forms a batch of its own."""
-    batches: list[list[int]] = []
-    current: list[int] = []
-    for index in sorted(range(len(lengths)), key=lambda position: -lengths[position]):
-        if current and (len(current) + 1) * lengths[current[0]] > max_tokens:
-            batches.append(current)
-            current = []
-        current.append(index)
-    if current:
-        batches.append(current)
-    return batches
+    order = sorted(range(len(lengths)), key=lambda position: -lengths[position])
+    return cut_token_batches(order, lengths, max_tokens)
 
 
 def translate_lines(

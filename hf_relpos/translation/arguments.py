@@ -96,7 +96,7 @@ class ModelArguments:
 
 def attention_implementations() -> list[str]:
     """The kernels an `attn_implementation` may name: hf_relpos' own and those transformers has registered."""
-    return sorted({*RELPOS_KERNELS, "eager", *ALL_ATTENTION_FUNCTIONS.valid_keys()})
+    return sorted({*RELPOS_KERNELS, *ALL_ATTENTION_FUNCTIONS.valid_keys()})
 
 
 def check_attn_implementation(name: str) -> str:
@@ -144,10 +144,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     generation_max_length: int | None = field(
         default=None,
         metadata={"help": "Cap on the generated length in tokens, the decoder start token included (generate's "
-                          "max_length); saved as max_new_tokens = this - 1 in the model's generation_config.json "
-                          "(max_length is left unset there: with both, generate(max_new_tokens=...) warns). null: no "
-                          "cap beyond source length + generation_max_length_offset, and the saved max_new_tokens is "
-                          "max_source_length + generation_max_length_offset."},
+                          "max_length). null: no cap beyond source length + generation_max_length_offset. The model's "
+                          "generation_config.json saves the longest output evaluation allows, as max_new_tokens = "
+                          "min(max_source_length + generation_max_length_offset, this - 1) (max_length is left unset "
+                          "there: with both, generate(max_new_tokens=...) warns)."},
     )
     average_checkpoints: int | None = field(
         default=None,
@@ -237,14 +237,11 @@ def _backtick_description(docstring: str, name: str) -> str:
 
 
 def config_field_help(name: str) -> str:
-    """Help for a model config field, read at run time: the declaring position scheme's `SchemeField.help`, the
-    field's own `help` metadata, else what the docstring of RelPosTransformerConfig says of it."""
+    """Help for a model config field, read at run time: the declaring position scheme's `SchemeField.help`, else what
+    the docstring of RelPosTransformerConfig says of it."""
     scheme_field = scheme_config_fields().get(name)
     if scheme_field is not None:
         return scheme_field.help
-    for item in dataclasses.fields(RelPosTransformerConfig):
-        if item.name == name and item.metadata.get("help"):
-            return item.metadata["help"]
     own_docstring = inspect.getdoc(RelPosTransformerConfig) or ""
     return _backtick_description(own_docstring, name)
 
@@ -447,15 +444,14 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
             raise ConfigError(str(error)) from None
     model_args, data_args, training_args = built
     model_args.model_config = model_config
-    check_arguments(model_args, data_args, training_args)
+    check_arguments(model_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     return model_args, data_args, training_args
 
 
 # --------------------------------------------------------------------------------------------------- checks
 
-def check_arguments(model_args: ModelArguments, data_args: DataArguments,
-                    training_args: TranslationTrainingArguments) -> None:
+def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
     """What can be wrong with the arguments alone (no files, no network), as one ConfigError."""
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
         raise ConfigError("nothing to do: set at least one of do_train, do_eval, do_predict")

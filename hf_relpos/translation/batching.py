@@ -151,19 +151,26 @@ class TokenBudgetBatchSampler:
         return batches
 
     def _cut_batches(self, order: np.ndarray) -> list[list[int]]:
-        batches: list[list[int]] = []
-        current: list[int] = []
-        longest_in_batch = 0
-        for index in order.tolist():
-            longest = max(longest_in_batch, int(self.source_lengths[index]), int(self.target_lengths[index]))
-            if current and (len(current) + 1) * longest > self.max_tokens:
-                batches.append(current)
-                current, longest = [], max(int(self.source_lengths[index]), int(self.target_lengths[index]))
-            current.append(index)
-            longest_in_batch = longest
-        if current:
+        return cut_token_batches(order.tolist(), np.maximum(self.source_lengths, self.target_lengths).tolist(),
+                                 self.max_tokens)
+
+
+def cut_token_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """`order` cut into consecutive batches whose padded size (count x longest `lengths[index]` in the batch) stays
+    within `max_tokens`; an item longer than `max_tokens` forms a batch of its own."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    longest_in_batch = 0
+    for index in order:
+        longest = max(longest_in_batch, lengths[index])
+        if current and (len(current) + 1) * longest > max_tokens:
             batches.append(current)
-        return batches
+            current, longest = [], lengths[index]
+        current.append(index)
+        longest_in_batch = longest
+    if current:
+        batches.append(current)
+    return batches
 
 
 def _split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]]:

@@ -34,7 +34,6 @@ from transformers import (
     EvalPrediction,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
-    Trainer,
     TrainerCallback,
     TrainerControl,
     TrainerState,
@@ -257,15 +256,15 @@ def adopt_saved_absolute_positions_scale(model: torch.nn.Module, checkpoint: str
         model.config.absolute_positions_scale = config["absolute_positions_scale"]
 
 
-class CausalLMTrainer(Trainer):
-    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
-    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
-    causal LMs of transformers' own model table)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.label_smoother is not None and self.compute_loss_func is None:
-            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
+def max_new_tokens_for(longest_source: int, training_args: TranslationTrainingArguments,
+                       max_position_embeddings: int) -> int:
+    """Vaswani et al.: output length <= input length + 50 (`generation_max_length_offset`); capped by
+    generation_max_length (generate's max_length, which counts the decoder start token) and by
+    `max_position_embeddings` (the longest target the model is configured for); at least 1."""
+    limit = longest_source + training_args.generation_max_length_offset
+    if training_args.generation_max_length is not None:
+        limit = min(limit, training_args.generation_max_length - 1)
+    return max(1, min(limit, max_position_embeddings - 1))
 
 
 class TranslationTrainer(Seq2SeqTrainer):
@@ -356,13 +355,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
 
     def max_new_tokens(self, longest_source: int) -> int:
-        """Vaswani et al.: output length <= input length + 50, here per batch; capped by generation_max_length
-        (generate's max_length, which counts the decoder start token) and by `max_position_embeddings` (the longest
-        target the model is configured for)."""
-        limit = longest_source + self.args.generation_max_length_offset
-        if self.args.generation_max_length is not None:
-            limit = min(limit, self.args.generation_max_length - 1)
-        return max(1, min(limit, self.model.config.max_position_embeddings - 1))
+        """`max_new_tokens_for` this batch's longest source."""
+        return max_new_tokens_for(longest_source, self.args, self.model.config.max_position_embeddings)
 
     def prediction_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
@@ -470,8 +464,7 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
         tokenizer.save_pretrained(staging)
         if settings is not None:
             save_tokenizer_settings(settings, staging)
-        for item in sorted(staging.iterdir(), key=lambda path: path.name == TOKENIZER_FILE):
-            os.replace(item, output_dir / item.name)
+        move_folder_contents(staging, output_dir, last=TOKENIZER_FILE)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -522,8 +515,8 @@ def _build_model(
     # The length cap as max_new_tokens, generate's own knob: a saved max_length would make every
     # generate(max_new_tokens=...) call warn that both are set. generation_max_length counts the decoder start token.
     generation.max_length = None
-    generation.max_new_tokens = (training_args.generation_max_length - 1 if training_args.generation_max_length
-                                 else data_args.max_source_length + training_args.generation_max_length_offset)
+    generation.max_new_tokens = max_new_tokens_for(data_args.max_source_length, training_args,
+                                                   model.config.max_position_embeddings)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
     for name, value in special_token_ids(tokenizer).items():
@@ -545,13 +538,10 @@ def _check_position_randomization(config: RelPosTransformerConfig, data_args: Da
     generates = training_args.predict_with_generate and (
         training_args.do_eval or training_args.do_predict or training_args.eval_strategy != "no")
     if config.position_randomization_at_inference and generates:
-        new_tokens = data_args.max_source_length + training_args.generation_max_length_offset
-        if training_args.generation_max_length is not None:
-            new_tokens = min(new_tokens, training_args.generation_max_length - 1)
         needed |= {"max_source_length": data_args.max_source_length,
                    "the longest generated output (decoder start + min(max_source_length + "
                    "generation_max_length_offset, generation_max_length - 1, max_position_embeddings - 1))":
-                   1 + max(1, min(new_tokens, config.max_position_embeddings - 1))}
+                   1 + max_new_tokens_for(data_args.max_source_length, training_args, config.max_position_embeddings)}
     too_long = {name: length for name, length in needed.items() if length > limit}
     if too_long:
         raise ConfigError(f"position_randomization_max ({limit}) must be at least the longest sequence the run gives "
