@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -353,7 +354,10 @@ class RelPosLayer(GradientCheckpointingLayer):
         self.feed_forward = RelPosFeedForward(config, ffn_dim)
         self.final_layer_norm = nn.LayerNorm(config.d_model)
 
-    def _residual(self, hidden_states: torch.Tensor, norm: nn.LayerNorm, sublayer) -> tuple[torch.Tensor, object]:
+    def _residual(
+        self, hidden_states: torch.Tensor, norm: nn.LayerNorm,
+        sublayer: Callable[[torch.Tensor], tuple[torch.Tensor, object]],
+    ) -> tuple[torch.Tensor, object]:
         output, extra = sublayer(norm(hidden_states) if self.pre_norm else hidden_states)
         hidden_states = hidden_states + nn.functional.dropout(output, p=self.dropout, training=self.training)
         return (hidden_states if self.pre_norm else norm(hidden_states)), extra

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -51,7 +52,7 @@ class AlibiPositions(PositionScheme):
         tags=("relative-position", "alibi"),
     )
 
-    def __init__(self, config, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
+    def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.slopes = alibi_slopes(num_heads)
 

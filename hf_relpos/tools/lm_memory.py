@@ -10,10 +10,12 @@ label smoothing scored as the model's own loss is.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
 import torch
+from torch import nn
 from torch.utils.data import Dataset, SequentialSampler
 from transformers import Trainer
 
@@ -82,7 +84,7 @@ class MemoryTrainer(Trainer):
                                  f"({dataset.batch_size}): each batch row carries the memory of one stream row")
         self._memory: dict[bool, tuple[torch.Tensor, ...] | None] = {True: None, False: None}
 
-    def _get_collator_with_removed_columns(self, data_collator, description: str | None = None):
+    def _get_collator_with_removed_columns(self, data_collator: Callable, description: str | None = None) -> Callable:
         """Keep `targets` and `segment`, which the model's forward does not take but `compute_loss` needs."""
         return data_collator
 
@@ -92,7 +94,10 @@ class MemoryTrainer(Trainer):
     def _get_eval_sampler(self, eval_dataset: Dataset) -> SequentialSampler:
         return SequentialSampler(eval_dataset)
 
-    def compute_loss(self, model, inputs, return_outputs: bool = False, num_items_in_batch=None):
+    def compute_loss(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], return_outputs: bool = False,
+        num_items_in_batch: torch.Tensor | int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, Any]:
         targets, segment = inputs.pop("targets"), inputs.pop("segment")
         training = model.training
         if bool((segment == 0).all()):
@@ -102,7 +107,10 @@ class MemoryTrainer(Trainer):
         loss = token_cross_entropy(outputs.logits, targets)
         return (loss, outputs) if return_outputs else loss
 
-    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None):
+    def prediction_step(
+        self, model: nn.Module, inputs: dict[str, torch.Tensor], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None,
+    ) -> tuple[torch.Tensor, None, None]:
         with torch.no_grad():
             loss = self.compute_loss(model, self._prepare_inputs(inputs))
         return loss.detach(), None, None
@@ -110,7 +118,7 @@ class MemoryTrainer(Trainer):
 
 @torch.no_grad()
 def stream_perplexity(
-    model, tokens: torch.Tensor, segment_length: int, mem_len: int, batch_size: int = 1
+    model: nn.Module, tokens: torch.Tensor, segment_length: int, mem_len: int, batch_size: int = 1
 ) -> float:
     """Perplexity of `tokens` read in consecutive segments of `segment_length`, each seeing the previous `mem_len`
     positions through the memory (mem_len=0: segments are independent). Every predicted token counts once."""
