@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import importlib
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -44,6 +46,19 @@ def test_every_command_has_a_working_help(name, shown, capsys):
         main(["--help"])
     assert exited.value.code == 0
     assert shown in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", ["hf-relpos-train", "hf-relpos-convert"])
+def test_an_installed_command_names_itself_in_usage_and_errors(name, tmp_path):
+    """Started as its console script, a command's usage and error lines carry that name (not the module's)."""
+    script = Path(sys.executable).parent / name
+    if not script.exists():
+        pytest.skip(f"{name} is not installed next to this Python")
+    completed = subprocess.run([str(script), "--no-such-flag"], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=300)
+    assert completed.returncode == 2
+    assert f"{name}: error: " in completed.stderr
+    assert "train_translation.py" not in completed.stderr and "python -m" not in completed.stderr
 
 
 def test_train_translation_script_is_the_same_main():

@@ -218,7 +218,7 @@ def _override(text: str) -> tuple[str, Any]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_relpos.tools.convert",
+        prog="hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert",
         description="Convert a pretrained model to hf_relpos (weights, config, tokenizer, generation config).",
     )
     sources = parser.add_subparsers(dest="source_type", required=True, metavar="{marian}")

@@ -16,6 +16,7 @@ import inspect
 import logging
 import os
 import re
+import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -44,7 +45,8 @@ DERIVED_CONFIG_FIELDS = frozenset({
     "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
 })
 NULL_TOKENS = ("null", "None")
-PROGRAM = "train_translation.py"
+# The name the command was started by: the console script's, else the script's (`python train_translation.py`).
+PROGRAM = "hf-relpos-train" if os.path.basename(sys.argv[0]) == "hf-relpos-train" else "train_translation.py"
 # report_to integrations with an hf_relpos extra that installs their package.
 REPORTING_EXTRAS = ("tensorboard", "wandb")
 
