@@ -789,58 +789,17 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
 
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                training_seconds: float | None = None) -> RunRecord:
-    """This run as its model card describes it: the recipe fields from the parsed arguments, the processes, the
-    hardware and (after training) the training time."""
-    steps_or_epochs = ({"max_steps": training_args.max_steps} if training_args.max_steps > 0
-                       else {"num_train_epochs": training_args.num_train_epochs})
-    return RunRecord(
-        model=dict(model_args.model_config),
-        source_lang=data_args.source_lang,
-        target_lang=data_args.target_lang,
-        validation_split_name=data_args.validation_split_name,
-        test_split_name=data_args.test_split_name,
-        dataset_name=data_args.dataset_name,
-        dataset_config_name=data_args.dataset_config_name,
-        train_file=data_args.train_file,
-        validation_file=data_args.validation_file,
-        test_file=data_args.test_file,
-        max_train_samples=data_args.max_train_samples,
-        max_eval_samples=data_args.max_eval_samples,
-        max_predict_samples=data_args.max_predict_samples,
-        max_source_length=data_args.max_source_length,
-        max_target_length=data_args.max_target_length,
-        overlong_pairs=data_args.overlong_pairs,
-        model_name_or_path=model_args.model_name_or_path,
-        tokenizer_name=model_args.tokenizer_name,
-        tokenizer_vocab_size=model_args.tokenizer_vocab_size,
-        **steps_or_epochs,
-        max_tokens_per_batch=training_args.max_tokens_per_batch,
-        length_pool_factor=training_args.length_pool_factor,
-        per_device_train_batch_size=(training_args.per_device_train_batch_size
-                                     if training_args.max_tokens_per_batch is None else None),
-        gradient_accumulation_steps=training_args.gradient_accumulation_steps,
-        optim=_plain(training_args.optim),
-        adam_beta1=training_args.adam_beta1,
-        adam_beta2=training_args.adam_beta2,
-        adam_epsilon=training_args.adam_epsilon,
-        weight_decay=training_args.weight_decay,
-        learning_rate=training_args.learning_rate,
-        lr_scheduler_type=_plain(training_args.lr_scheduler_type),
-        warmup_steps=training_args.warmup_steps,
-        label_smoothing_factor=training_args.label_smoothing_factor,
-        max_grad_norm=training_args.max_grad_norm,
-        bf16=training_args.bf16,
-        fp16=training_args.fp16,
-        seed=training_args.seed,
-        generation_num_beams=training_args.generation_num_beams,
-        generation_length_penalty=training_args.generation_length_penalty,
-        generation_max_length_offset=training_args.generation_max_length_offset,
-        average_checkpoints=training_args.average_checkpoints,
-        fade_absolute_positions=training_args.fade_absolute_positions,
-        devices=training_args.world_size,
-        hardware=_hardware_name(training_args),
-        training_seconds=training_seconds,
-    )
+    """This run as its model card describes it: each recipe field of `RunRecord` from the argument that bears its
+    name (steps or epochs, whichever the run counts; the pairs per batch only without a token budget), the
+    processes, the hardware and (after training) the training time."""
+    counted = {"max_steps", "num_train_epochs"} - {"max_steps" if training_args.max_steps > 0 else "num_train_epochs"}
+    if training_args.max_tokens_per_batch is not None:
+        counted.add("per_device_train_batch_size")
+    recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
+                                        if hasattr(arguments, name)), name))
+              for name in RunRecord.recipe_fields() if name not in counted}
+    return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size,
+                     hardware=_hardware_name(training_args), training_seconds=training_seconds)
 
 
 def _plain(value: Any) -> Any:
