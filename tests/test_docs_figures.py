@@ -61,8 +61,10 @@ def test_every_passage_name_is_rendered_somewhere(report):
 
 def test_the_readme_recommendation_holds_in_the_records(report):
     """README 'Which scheme': xl ahead of absolute in all three quality columns and the only scheme beyond the seeds'
-    spread at the equal budget; shaw nowhere ahead of absolute beyond its spread; directional's equal-budget seeds
-    overlap absolute's and it is within the seed spread of xl at convergence."""
+    spread at the equal budget in Marian's setting; as recipes (one commit) xl, rope and directional beyond
+    absolute's spread and xl beyond the peer's; shaw nowhere ahead of absolute beyond its spread; directional's
+    equal-budget seeds overlap absolute's in Marian's setting and it is within the seed spread of xl at
+    convergence."""
     schemes = report.read("vs_marian/eight_schemes_three_seeds/vs_marian.json")["rows"]
     recipes = report.read(report.ONE_COMMIT)["rows"]
     converged = report.read("convergence/recipes_seeds_1_2/convergence.json")["systems"]
@@ -81,6 +83,15 @@ def test_the_readme_recommendation_holds_in_the_records(report):
         assert min(equal[scheme]["test_bleu"]) <= max(equal["absolute"]["test_bleu"]), scheme
     xl, directional = converged["xl"]["averaged_test_bleu"], converged["directional"]["averaged_test_bleu"]
     assert min(directional) <= max(xl) and min(xl) <= max(directional)
+    # the one-commit recipe column: xl beyond the spread of absolute and of the peer on the same tokenizer; rope and
+    # directional beyond absolute's, within xl's; shaw within absolute's
+    recipe = {row: values["test_bleu"] for row, values in recipes.items()}
+    for scheme in ("xl", "rope", "directional"):
+        assert min(recipe[scheme]) > max(recipe["absolute"]), scheme
+    assert min(recipe["xl"]) > max(recipe[report.PEER_WITH_RECIPE_TOKENIZER])
+    for scheme in ("rope", "directional"):
+        assert min(recipe[scheme]) <= max(recipe["xl"]) and min(recipe["xl"]) <= max(recipe[scheme]), scheme
+    assert min(recipe["shaw"]) <= max(recipe["absolute"])
 
 
 def test_the_default_attention_type_is_the_recommended_scheme():
