@@ -164,3 +164,16 @@ def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, tmp_pat
     with pytest.raises(ConfigError, match=rf"^{name} 'outputs/my_modle': no such folder \(the nearest existing folder "
                                           r"is 'outputs'\); a Hub model id has the form owner/name$"):
         parse_arguments([str(REPO / "configs" / "demo.yaml"), f"--{name}", "outputs/my_modle"])
+
+
+def test_only_paths_count_as_missing_local_folders(tmp_path, monkeypatch):
+    """A bare name (`t5-small`) and namespace/name without such a folder here stay Hub ids; a path-like name that does
+    not exist is a missing folder."""
+    from hf_relpos.translation.preflight import missing_local_folder
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "outputs").mkdir()
+    assert missing_local_folder("t5-small") is None and missing_local_folder("Helsinki-NLP/opus-mt-en-de") is None
+    assert missing_local_folder("outputs") is None  # exists
+    for name in ("outputs/model", "./model", "runs/a/b", "/no/such/folder"):
+        assert missing_local_folder(name) is not None, name

@@ -86,7 +86,7 @@ def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path)
 
 def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing matplotlib now raises ImportError
-    with pytest.raises(ImportError, match=r"hf_relpos\[viz\]"):
+    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):
         require_matplotlib()
-    with pytest.raises(ImportError, match=r"hf_relpos\[viz\]"):
+    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):
         plot_relative_embeddings(tiny_model("shaw"))

@@ -29,13 +29,14 @@ class ProcessGroupError(PreflightError):
 
 
 def missing_local_folder(model: str) -> Path | None:
-    """The existing folder that lacks `model` when `model` is meant as a local path (its parent folder exists, it
-    starts like a path: '.', '/', '~', or it has more parts than a Hub id's namespace/name), so a mistyped folder is
-    one error instead of a Hub lookup; else None."""
+    """The existing folder that lacks `model` when `model` is meant as a local path (it starts like a path: '.', '/',
+    '~'; it has more parts than a Hub id's namespace/name; or it is namespace/name whose namespace is an existing
+    folder), so a mistyped folder is one error instead of a Hub lookup; else None (a bare name such as `t5-small`
+    stays a Hub id)."""
     path = Path(model).expanduser()
     if path.exists():
         return None
-    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or path.parent.is_dir():
+    if model.startswith((".", "/", "~")) or len(path.parts) > 2 or (len(path.parts) == 2 and path.parent.is_dir()):
         return next((parent for parent in path.parents if parent.is_dir()), Path("."))
     return None
 
