@@ -76,9 +76,14 @@ def token_cross_entropy(
     )
 
 
+def is_relpos_kernel(kernel: str | None) -> bool:
+    """Whether `kernel` is one of hf_relpos' kernels (None: the default, eager)."""
+    return kernel in (None, *RELPOS_KERNELS)
+
+
 def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
-    """Whether `config._attn_implementation` is one of hf_relpos' kernels (None: the default, eager)."""
-    return config._attn_implementation in (None, *RELPOS_KERNELS)
+    """Whether `config._attn_implementation` is one of hf_relpos' kernels."""
+    return is_relpos_kernel(config._attn_implementation)
 
 
 def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str,
@@ -86,7 +91,7 @@ def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value
     """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs:
     `kernel`, or by default `config._attn_implementation`."""
     kernel = config._attn_implementation if kernel is None else kernel
-    if kernel not in (None, *RELPOS_KERNELS):
+    if not is_relpos_kernel(kernel):
         raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
                          f"{field} to {off_value} or use one of those")
 
@@ -129,7 +134,7 @@ def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
     """Refuse, when a model is built or its kernel is set, a transformers kernel (flash_attention_2/3, a Hub kernel,
     paged attention) that cannot take what `config` adds to attention: the self-attention window, cross-attention
     length scaling, or what a stack's position scheme adds (`scheme_additions`). hf_relpos' kernels take all."""
-    if kernel in (None, *RELPOS_KERNELS):
+    if is_relpos_kernel(kernel):
         return
     for field, off_value in (("self_attention_window", "null"), ("cross_attention_length_scaling", "false")):
         if getattr(config, field):

@@ -166,11 +166,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
     if references is not None and not sources:
         parser.exit(2, f"{PROGRAM}: error: nothing to score: the source and --reference have no lines\n")
-    if args.output is not None:
-        output = Path(args.output).expanduser()
-        if output.is_dir() or not output.parent.is_dir():
-            reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
-            parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
+    output = None if args.output is None else Path(args.output).expanduser()
+    if output is not None and (output.is_dir() or not output.parent.is_dir()):
+        reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
+        parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
@@ -183,14 +182,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         generate_kwargs["max_new_tokens"] = None  # the saved cap is max_new_tokens, which would win over max_length
     translations = translate_lines(sources, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
     text = "".join(line + "\n" for line in translations)
-    if args.output is None:
+    if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
     else:
-        write_text_atomic(Path(args.output).expanduser(), text)
+        write_text_atomic(output, text)
     if references is not None:
         scores = score_translations(translations, references)
-        report = sys.stderr if args.output is None else sys.stdout
+        report = sys.stderr if output is None else sys.stdout
         print(f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
               f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report, flush=True)
 

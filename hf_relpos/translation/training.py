@@ -792,12 +792,12 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     """This run as its model card describes it: each recipe field of `RunRecord` from the argument that bears its
     name (steps or epochs, whichever the run counts; the pairs per batch only without a token budget), the
     processes, the hardware and (after training) the training time."""
-    counted = {"max_steps", "num_train_epochs"} - {"max_steps" if training_args.max_steps > 0 else "num_train_epochs"}
+    omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     if training_args.max_tokens_per_batch is not None:
-        counted.add("per_device_train_batch_size")
+        omitted.add("per_device_train_batch_size")
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
                                         if hasattr(arguments, name)), name))
-              for name in RunRecord.recipe_fields() if name not in counted}
+              for name in RunRecord.recipe_fields() if name not in omitted}
     return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds)
 
