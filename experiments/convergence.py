@@ -38,6 +38,7 @@ from vs_marian import (
     evaluate,
     logged_losses,
     recipe_path,
+    run_batches,
     spread,
     train_peer,
     train_peer_as_recipe,
@@ -45,7 +46,7 @@ from vs_marian import (
 )
 
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.environment import cpu_model_name, json_settings, source_version
+from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -53,6 +54,7 @@ from hf_relpos.translation.training import run
 PEER_AS_RECIPE = "peer+recipe-training"
 PEERS = (PEER, PEER_AS_RECIPE)
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES)
+PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
@@ -89,7 +91,7 @@ def train_peer_as_recipe_epochs(folder: Path, seed: int, args: argparse.Namespac
 
 def train_peer_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
     """The peer for `--epochs` epochs of 64-pair batches, a checkpoint per epoch (vs_marian.py's train_peer)."""
-    peer_args = argparse.Namespace(**vars(args), max_steps=-1, batch_size=64, warmup_steps=args.peer_warmup_steps,
+    peer_args = argparse.Namespace(**vars(args), max_steps=-1, batch_size=PEER_BATCH_SIZE, warmup_steps=args.peer_warmup_steps,
                                    logging_steps=50)
     training = train_peer(folder, seed, peer_args, num_train_epochs=args.epochs, save_strategy="epoch",
                           save_total_limit=args.last_n)
@@ -120,8 +122,12 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         hypotheses = folder / f"{weights}_hypotheses"
         hypotheses.mkdir(exist_ok=True)
         scores[weights] = evaluate(model_folder, is_peer, RECIPE_DECODING, args, hypotheses_folder=hypotheses)
-    record = {"system": system, "seed": seed, "source_version": version, "device": args.device_name,
-              "wall_seconds": time.perf_counter() - started, **training, "scores": scores,
+    wall_seconds = time.perf_counter() - started
+    batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE, max_steps=training["steps"])
+    record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
+              "device": args.device_name, "wall_seconds": wall_seconds, **training,
+              "batches": run_batches(folder, seed, batch_args, training.get("argv"), training["steps"]),
+              "scores": scores,
               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
@@ -143,15 +149,17 @@ def markdown(results: dict) -> str:
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
         "| system | seeds | steps | test2016 BLEU, averaged | test2016 BLEU, final | validation BLEU, averaged | "
-        "validation BLEU, final | test hyp/ref, averaged | train min |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "validation BLEU, final | test hyp/ref, averaged | pairs/update | padding % | train min |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for system, row in results["systems"].items():
+        pairs = spread(row["pairs_per_update"], 1) if row.get("pairs_per_update") else "not recorded"
+        padding = spread([100 * share for share in row["padding"]], 1) if row.get("padding") else "not recorded"
         lines.append(
             f"| {system} | {', '.join(map(str, row['seeds']))} | {spread(row['steps'], 0)} | "
             f"{spread(row['averaged_test_bleu'])} | {spread(row['final_test_bleu'])} | "
             f"{spread(row['averaged_validation_bleu'])} | {spread(row['final_validation_bleu'])} | "
-            f"{spread(row['averaged_test_length_ratio'], 3)} | {spread(row['train_minutes'], 1)} |"
+            f"{spread(row['averaged_test_length_ratio'], 3)} | {pairs} | {padding} | {spread(row['train_minutes'], 1)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -162,6 +170,8 @@ def summarize(records: dict[str, list[dict]]) -> dict:
             "seeds": [record["seed"] for record in runs], "steps": [record["steps"] for record in runs],
             **{f"{weights}_{split}_{key}": [record["scores"][weights][split][key] for record in runs]
                for weights in ("final", "averaged") for split in SPLITS for key in ("bleu", "length_ratio")},
+            "pairs_per_update": [record["batches"]["pairs_per_update"] for record in runs if "batches" in record],
+            "padding": [record["batches"]["padding"] for record in runs if "batches" in record],
             "train_minutes": [record["train_seconds"] / 60 for record in runs],
         }
         for system, runs in records.items()

@@ -465,21 +465,23 @@ def write_results(out: Path, stem: str, results: dict, table: str) -> None:
     (out / f"{stem}.md").write_text(table)
 
 
-def run_batches(row: Row, folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None) -> dict:
-    """Pairs and padding of a run's updates, from its own tokenizer and settings (experiments/batch_statistics.py):
-    a run with train_translation.py arguments `argv` (a recipe, or the peer trained as one) drew the very
-    token-budget batches computed here; the plain peer's batches of `--batch-size` pairs are a draw of the same
-    random distribution."""
+def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None,
+                steps: int | None = None) -> dict:
+    """Pairs and padding of a run's first `steps` updates (default: its max_steps), from its own tokenizer and
+    settings (experiments/batch_statistics.py): a run with train_translation.py arguments `argv` (a recipe, or the
+    peer trained as one) drew the very token-budget batches computed here; the plain peer's batches of
+    `--batch-size` pairs are a draw of the same random distribution."""
     if argv is None:
         data_args = DataArguments(train_file=str(args.data / "train.jsonl"), source_lang=args.source_lang,
                                   target_lang=args.target_lang)
-        steps, budget, pool_factor, batch_size, accumulation = args.max_steps, None, None, args.batch_size, 1
+        planned, budget, pool_factor, batch_size, accumulation = args.max_steps, None, None, args.batch_size, 1
     else:
         _, data_args, training_args = parse_arguments(argv)
-        steps, budget, pool_factor = training_args.max_steps, training_args.max_tokens_per_batch, training_args.length_pool_factor
+        planned, budget, pool_factor = training_args.max_steps, training_args.max_tokens_per_batch, training_args.length_pool_factor
         batch_size, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     sources, targets = read_lengths(Path(data_args.train_file), str(folder / "model"), args.source_lang,
                                     args.target_lang, data_args)
+    steps = planned if steps is None else steps
     batches = training_batches(sources, targets, steps * accumulation, seed, budget, pool_factor, batch_size)
     figures = batch_figures(batches, sources, targets)
     return {"pairs_per_update": figures["pairs"] * accumulation, "padded_tokens_per_batch": figures["padded_tokens"],
@@ -517,7 +519,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     wall_seconds = time.perf_counter() - started
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
               "wall_seconds": wall_seconds, **training,
-              "batches": run_batches(row, folder, seed, args, training.get("argv")),
+              "batches": run_batches(folder, seed, args, training.get("argv")),
               "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "

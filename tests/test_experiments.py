@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import transformers
 
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -436,6 +437,9 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
             assert hypotheses.read_bytes().count(b"\n") == 4   # an untrained model may emit "\\r"
     run = json.loads((work / "absolute" / "seed1" / "run.json").read_text())
     assert run["argv"][run["argv"].index("--save_strategy") + 1] == "epoch"
+    assert run["versions"]["transformers"] == transformers.__version__
+    assert run["batches"]["batches"] == run["steps"] * run["batches"]["gradient_accumulation_steps"]
+    assert results["systems"]["absolute"]["pairs_per_update"] == [run["batches"]["pairs_per_update"]]
     table = (out / "convergence.md").read_text()
     assert "| peer | 1 |" in table and "| absolute | 1 |" in table
 
