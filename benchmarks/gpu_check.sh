@@ -5,8 +5,8 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
-# LENGTHS (default "128 512 1024"), TRAINING_LIMIT (seconds per length, default 95) and DECODING=0 (skip decoding)
-# shorten it when less GPU time is left.
+# LENGTHS (default "128 512 1024"), TRAINING_LIMIT (seconds per length, default 95), TESTS_LIMIT (seconds, default
+# 170), KERNELS (default "sdpa flex_attention") and DECODING=0 (skip decoding) shorten it when less GPU time is left.
 #
 # Writes into OUT_DIR: environment.txt (commit, GPU, versions), cuda_tests.txt, training_n{128,512,1024}/ and
 # decoding/ (each the benchmark's .md/.json/.png), and log.txt with everything printed. Run from the repository
@@ -36,12 +36,12 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, record how it e
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-step 170 cuda-tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda \
+step "${TESTS_LIMIT:-170}" cuda-tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda \
     2>&1 | tee "$out/cuda_tests.txt"
 
 for length in ${LENGTHS:-128 512 1024}; do
     step "${TRAINING_LIMIT:-95}" "training n=$length" "$python" -m benchmarks.bench_training --device cuda --dtype bfloat16 \
-        --benchmarks model --shapes base --lengths "$length" --tokens 16384 --kernels sdpa flex_attention \
+        --benchmarks model --shapes base --lengths "$length" --tokens 16384 --kernels ${KERNELS:-sdpa flex_attention} \
         --warmup 2 --repeats 5 --out "$out/training_n$length"
 done
 
