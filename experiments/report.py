@@ -42,7 +42,10 @@ RECIPES = {scheme: f"configs/multi30k_small_{scheme}.yaml" for scheme in SCHEMES
 UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
+CONVERGED_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
 PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
+# Where a converged run's recipe differs from the committed one.
+CONVERGED_NOTES = {"xl": " (attention dropout 0, its recipe then)"}
 
 
 def read(relative: str) -> dict:
@@ -116,8 +119,7 @@ def readme_quality() -> str:
     schemes = read("vs_marian/eight_schemes_three_seeds/vs_marian.json")["rows"]
     peer = read("vs_marian/recipes_equal_budget/vs_marian.json")["rows"]["peer"]
     one_commit = read(ONE_COMMIT)["rows"]
-    converged = read("convergence/recipes_seeds_1_2/convergence.json")["systems"]
-    converged_peer = read("convergence/peer_seed_1/convergence.json")["systems"]["peer"]
+    converged = read(CONVERGED_ONE_COMMIT)["systems"]
     rows = []
     for scheme in SCHEMES:
         equal = schemes[EQUAL_BUDGET_ROWS[scheme]]
@@ -125,16 +127,18 @@ def readme_quality() -> str:
         rows.append([
             f"`{scheme}`", seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]),
             seeds_and_spread(recipe["test_bleu"]) if recipe else UNMEASURED,
-            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) if scheme in converged else UNMEASURED,
+            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) + CONVERGED_NOTES.get(scheme, "")
+            if scheme in converged else UNMEASURED,
             f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
         ])
     rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]),
                  seeds_and_spread(peer["validation_bleu"]),
                  f"{seeds_and_spread(one_commit[PEER_WITH_RECIPE_TOKENIZER]['test_bleu'])} (the recipes' tokenizer)",
-                 seeds_and_spread(converged_peer["averaged_test_bleu"]), "`experiments/vs_marian.py`"])
+                 f"{seeds_and_spread(converged[convergence.PEER_AS_RECIPE]['averaged_test_bleu'])} (trained as the "
+                 "recipes)", "`experiments/vs_marian.py`"])
     return table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
-                  "recipe at the equal budget, one commit: test2016", "converged (last 5 averaged): test2016",
-                  "recipe"], rows)
+                  "recipe at the equal budget, one commit: test2016",
+                  "converged, one commit (last 5 averaged): test2016", "recipe"], rows)
 
 
 def kernels(scheme: str) -> str:
@@ -150,36 +154,40 @@ def kernels(scheme: str) -> str:
     return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
 
 
+H100_TRAINING = tuple(f"gpu_check/2026-11-26_h100/training_n{length}/training.json" for length in (128, 512))
+H100_DECODING = "benchmarks_h100/decoding.json"
+
+
 def h100_model_rows(scheme: str) -> list[dict]:
-    rows = read("benchmarks_h100/training.json")["training"]
-    return [row for row in rows if (row["benchmark"], row["shape"], row["scheme"]) == ("model", "base", scheme)]
+    """The base model's rows of `scheme` in the H100 training records (one record per length)."""
+    return [row for path in H100_TRAINING for row in read(path)["training"]
+            if (row["benchmark"], row["shape"], row["scheme"]) == ("model", "base", scheme)]
 
 
 def readme_cost() -> str:
     """Per scheme: H100 training speed and memory against absolute (base model), cached decoding, kernels."""
-    meta = read("benchmarks_h100/training.json")["meta"]
-    decoding = {row["scheme"]: row for row in read("benchmarks_h100/decoding.json")["decoding"]}
+    meta = read(H100_TRAINING[0])["meta"]
+    decoding_record = read(H100_DECODING)
+    decoding = {row["scheme"]: row for row in decoding_record["decoding"]}
     rows = []
     for scheme in SCHEMES:
         measured = h100_model_rows(scheme)
         if scheme == "absolute":
             speed, memory, cached = "1 (the baseline)", "0 (the baseline)", "1 (the baseline)"
-        elif measured:
-            ratios = [row["ratio"] for row in measured]
-            at_128 = next(row for row in measured if row["length"] == 128)
-            speed = f"{min(ratios):.2f}-{max(ratios):.2f}x (n = 128: {at_128['ratio']:.2f}x)"
-            memory = f"{at_128['memory_overhead']:+.1%}"
-            cached = f"{decoding[scheme]['cached_ratio_to_absolute']:.2f}x"
         else:
-            speed = memory = cached = UNMEASURED
+            speed = ", ".join(f"{row['ratio']:.2f}x (n = {row['length']})" for row in measured) or UNMEASURED
+            memory = ", ".join(f"{row['memory_overhead']:+.1%} (n = {row['length']})" for row in measured) or UNMEASURED
+            cached = f"{decoding[scheme]['cached_ratio_to_absolute']:.2f}x" if scheme in decoding else UNMEASURED
         rows.append([f"`{scheme}`", speed, memory, cached, kernels(scheme)])
     baseline = h100_model_rows("absolute")
-    lengths = sorted(row["length"] for row in baseline)
-    caption = (f"{meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch {meta['torch']}, "
-               f"transformers {meta['transformers']}, {meta['date'][:10]}; training: the base model "
-               f"({baseline[0]['layers']} + {baseline[0]['layers']} layers), n = {lengths[0]}-{lengths[-1]}, "
-               f"{meta['model_tokens']} source tokens a batch; ratios to `absolute` in the same round.\n\n")
-    return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute (n = 128)",
+    caption = (f"Training: {meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch "
+               f"{meta['torch']}, transformers {meta['transformers']}, {meta['date'][:10]}, code `{meta['code']}` "
+               f"(records [`gpu_check/2026-11-26_h100`](docs/results/gpu_check/2026-11-26_h100/README.md)); the base "
+               f"model ({baseline[0]['layers']} + {baseline[0]['layers']} layers), {meta['model_tokens']} source tokens "
+               "a batch; ratios to `absolute` in the same round. Cached decoding: the "
+               f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
+               "`xl`.\n\n")
+    return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "kernels"], rows)
 
 
@@ -206,12 +214,15 @@ def results_convergence() -> str:
     """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
     caption also quotes pairs per step, which no record measured)."""
     passages = []
-    for path in ("convergence/recipes_seeds_1_2/convergence.json", "convergence/peer_seed_1/convergence.json"):
+    for path in (CONVERGED_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
+                 "convergence/peer_seed_1/convergence.json"):
         record = read(path)
         settings, decoding = record["settings"], convergence.RECIPE_DECODING
+        peer = (f"`{convergence.PEER_AS_RECIPE}` (HF MarianMTModel) trained exactly as the recipes are"
+                if convergence.PEER_AS_RECIPE in settings["systems"] else
+                f"the peer with vs_marian.py's sentence batches and {settings['peer_warmup_steps']} warm-up steps")
         caption = (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; the "
-                   "recipes as committed at the runs' code version, the peer with vs_marian.py's sentence batches and "
-                   f"{settings['peer_warmup_steps']} warm-up steps. Decoding for every model: beam {decoding.beams}, "
+                   f"recipes as committed at the runs' code version, {peer}. Decoding for every model: beam {decoding.beams}, "
                    f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
                    "new tokens. Mean over seeds (min-max).\n\n")
         rows = "".join(line for line in convergence.markdown(record).splitlines(keepends=True) if line.startswith("|"))
@@ -336,6 +347,10 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
+    "benchmarks_h100_check_n128": benchmark_report("gpu_check/2026-11-26_h100/training_n128/training",
+                                                   bench_training.render_markdown),
+    "benchmarks_h100_check_n512": benchmark_report("gpu_check/2026-11-26_h100/training_n512/training",
+                                                   bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
     "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
     "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),

@@ -1,7 +1,7 @@
 """Model cards and Hugging Face Hub uploads for hf_relpos translation models.
 
     python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ \\
-        --records docs/results/convergence/recipes_seeds_1_2/convergence.json \\
+        --records docs/results/convergence/one_commit_seeds_1_2/convergence.json \\
         docs/results/vs_marian/recipes_one_commit/vs_marian.json        # one card per recipe, with its measurements
     python -m hf_relpos.publish.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
 
