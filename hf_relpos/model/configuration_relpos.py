@@ -129,7 +129,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     bos_token_id: int | None = 2
     decoder_start_token_id: int | None = 2
     tie_word_embeddings: bool = True
-    attention_type: str = "xl"
+    attention_type: str = "directional"
     layer_norm_position: str = "post"
     mem_len: int = 0
     position_randomization_max: int | None = None
