@@ -201,14 +201,15 @@ def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
             tokens = max(b * n for b, n in zip(batches, lengths, strict=True))
             fits[scheme] = (series, fit_quadratic_memory(lengths, batches, peaks, tokens)[1] if len(series) > 1 else 0.0)
         for scheme, (series, quadratic) in fits.items():
+            if len(series) < 2:   # one length: no growth measured
+                continue
             self_attention_layers = series[0]["layers"] * (1 if benchmark == "attention" else 2)
             per_score = (quadratic - fits[baseline_labels(args)[0]][1]) / (shape.heads * self_attention_layers)
             entry = {"benchmark": benchmark, "shape": shape_name, "scheme": scheme, "extra_bytes_per_score": per_score}
-            if len(series) > 1:
-                last, before = series[-1], series[-2]
-                peak_ratio = last["peak_mib"] / before["peak_mib"]
-                entry["peak_ratio_2n"] = peak_ratio
-                entry["exponent"] = math.log(peak_ratio * before["batch"] / last["batch"], last["length"] / before["length"])
+            last, before = series[-1], series[-2]
+            peak_ratio = last["peak_mib"] / before["peak_mib"]
+            entry["peak_ratio_2n"] = peak_ratio
+            entry["exponent"] = math.log(peak_ratio * before["batch"] / last["batch"], last["length"] / before["length"])
             entry["n2d_threshold_bytes"] = (shape.d_model // shape.heads) * element_size
             entry["grows_like"] = "n^2" if per_score < entry["n2d_threshold_bytes"] else "n^2 d"
             growth.append(entry)
@@ -232,12 +233,21 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
          r.get("kernel", meta["kernel"]), r.get("baseline_kernel", meta["kernel"])]
         for r in rows
     ]
-    growth_table = [
-        [g["benchmark"], g["shape"], g["scheme"], f"{g.get('peak_ratio_2n', float('nan')):.2f}",
-         f"{g.get('exponent', float('nan')):.2f}", f"{g['extra_bytes_per_score']:.1f}", g["n2d_threshold_bytes"],
-         g["grows_like"]]
-        for g in growth
+    growth_table = [  # records written before single-length series were left out hold them without an exponent
+        [g["benchmark"], g["shape"], g["scheme"], f"{g['peak_ratio_2n']:.2f}", f"{g['exponent']:.2f}",
+         f"{g['extra_bytes_per_score']:.1f}", g["n2d_threshold_bytes"], g["grows_like"]]
+        for g in growth if "exponent" in g
     ]
+    growth_section = [
+        "## Memory growth with length",
+        "",
+        "peak(2n)/peak(n) at the two longest lengths (fixed tokens), exponent of the per-sequence peak "
+        "(peak/batch ~ n^e), and the fitted n^2 memory beyond absolute's per self-attention score element "
+        "(an n x n x d tensor would cost >= the threshold).",
+        "",
+        markdown_table(["benchmark", "shape", "scheme", "peak(2n)/peak(n)", "exponent", "extra bytes / score",
+                        "n^2 d threshold", "grows like"], growth_table),
+    ] if growth_table else ["Memory growth with length: not measured (one length per series)."]
     return "\n".join(
         [
             "# Training throughput (forward + backward) and peak memory",
@@ -252,17 +262,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             "",
             markdown_table(header, table),
             "",
-            "## Memory growth with length",
-            "",
-            "peak(2n)/peak(n) at the two longest lengths (fixed tokens), exponent of the per-sequence peak "
-            "(peak/batch ~ n^e), and the fitted n^2 memory beyond absolute's per self-attention score element "
-            "(an n x n x d tensor would cost >= the threshold).",
-            "",
-            markdown_table(
-                ["benchmark", "shape", "scheme", "peak(2n)/peak(n)", "exponent", "extra bytes / score",
-                 "n^2 d threshold", "grows like"],
-                growth_table,
-            ),
+            *growth_section,
         ]
     )
 

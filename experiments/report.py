@@ -217,7 +217,7 @@ def results_attention_dropout() -> str:
 
 def results_convergence() -> str:
     """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
-    caption also quotes pairs per step, which no record measured)."""
+    caption quotes pairs per step, which only the newer records measured)."""
     passages = []
     for path in (CONVERGED_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
                  "convergence/peer_seed_1/convergence.json"):

@@ -120,7 +120,7 @@ def test_the_convergence_text_holds_in_the_records(report):
     and shaw within it, the peer trained as the recipes and xl (attention dropout 0) behind it beyond it; xl more than
     a BLEU point behind the earlier record's xl (attention dropout 0.1) on validation and beyond the spread on
     test2016, while absolute and
-    directional repeat their seeds exactly and shaw moves by at most two hundredths."""
+    directional repeat their seeds exactly and shaw moves by less than three hundredths."""
     one_commit = report.read(report.CONVERGED_ONE_COMMIT)["systems"]
     earlier = report.read("convergence/recipes_seeds_1_2/convergence.json")["systems"]
     test = {system: row["averaged_test_bleu"] for system, row in one_commit.items()}
@@ -132,11 +132,10 @@ def test_the_convergence_text_holds_in_the_records(report):
     validation = "averaged_validation_bleu"
     assert statistics.mean(earlier["xl"][validation]) - statistics.mean(one_commit["xl"][validation]) > 1.0
     assert max(test["xl"]) < min(earlier["xl"]["averaged_test_bleu"])
-    for split in ("test", "validation"):
-        key = f"averaged_{split}_bleu"
+    for key in (f"{weights}_{split}_bleu" for weights in ("averaged", "final") for split in ("test", "validation")):
         for scheme in ("absolute", "directional"):
             assert earlier[scheme][key] == one_commit[scheme][key], scheme
-        assert all(round(abs(a - b), 2) <= 0.02 for a, b in zip(earlier["shaw"][key], one_commit["shaw"][key], strict=True))
+        assert all(abs(a - b) < 0.03 for a, b in zip(earlier["shaw"][key], one_commit["shaw"][key], strict=True))
 
 
 def test_the_one_commit_text_holds_in_the_record(report):
