@@ -35,6 +35,8 @@ from vs_marian import (
     ROOT,
     SPLITS,
     Decoding,
+    batch_columns,
+    batch_summary,
     evaluate,
     logged_losses,
     recipe_path,
@@ -123,7 +125,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         hypotheses.mkdir(exist_ok=True)
         scores[weights] = evaluate(model_folder, is_peer, RECIPE_DECODING, args, hypotheses_folder=hypotheses)
     wall_seconds = time.perf_counter() - started
-    batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE, max_steps=training["steps"])
+    batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE)
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
               "device": args.device_name, "wall_seconds": wall_seconds, **training,
               "batches": run_batches(folder, seed, batch_args, training.get("argv"), training["steps"]),
@@ -153,13 +155,11 @@ def markdown(results: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for system, row in results["systems"].items():
-        pairs = spread(row["pairs_per_update"], 1) if row.get("pairs_per_update") else "not recorded"
-        padding = spread([100 * share for share in row["padding"]], 1) if row.get("padding") else "not recorded"
         lines.append(
             f"| {system} | {', '.join(map(str, row['seeds']))} | {spread(row['steps'], 0)} | "
             f"{spread(row['averaged_test_bleu'])} | {spread(row['final_test_bleu'])} | "
             f"{spread(row['averaged_validation_bleu'])} | {spread(row['final_validation_bleu'])} | "
-            f"{spread(row['averaged_test_length_ratio'], 3)} | {pairs} | {padding} | {spread(row['train_minutes'], 1)} |"
+            f"{spread(row['averaged_test_length_ratio'], 3)} | {batch_columns(row)} | {spread(row['train_minutes'], 1)} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -170,9 +170,7 @@ def summarize(records: dict[str, list[dict]]) -> dict:
             "seeds": [record["seed"] for record in runs], "steps": [record["steps"] for record in runs],
             **{f"{weights}_{split}_{key}": [record["scores"][weights][split][key] for record in runs]
                for weights in ("final", "averaged") for split in SPLITS for key in ("bleu", "length_ratio")},
-            "pairs_per_update": [record["batches"]["pairs_per_update"] for record in runs if "batches" in record],
-            "padding": [record["batches"]["padding"] for record in runs if "batches" in record],
-            "train_minutes": [record["train_seconds"] / 60 for record in runs],
+            "train_minutes": [record["train_seconds"] / 60 for record in runs], **batch_summary(runs),
         }
         for system, runs in records.items()
     }

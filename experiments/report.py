@@ -159,7 +159,8 @@ def kernels(scheme: str) -> str:
     return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
 
 
-H100_TRAINING = tuple(f"gpu_check/2026-11-26_h100/training_n{length}/training.json" for length in (128, 512))
+H100_CHECK = "gpu_check/2026-11-26_h100"   # benchmarks/gpu_check.sh's record of the code as it is
+H100_TRAINING = tuple(f"{H100_CHECK}/training_n{length}/training.json" for length in (128, 512))
 H100_DECODING = "benchmarks_h100/decoding.json"
 
 
@@ -187,7 +188,7 @@ def readme_cost() -> str:
     baseline = h100_model_rows("absolute")
     caption = (f"Training: {meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch "
                f"{meta['torch']}, transformers {meta['transformers']}, {meta['date'][:10]}, code `{meta['code']}` "
-               f"(records [`gpu_check/2026-11-26_h100`](docs/results/gpu_check/2026-11-26_h100/README.md)); the base "
+               f"(records [`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)); the base "
                f"model ({baseline[0]['layers']} + {baseline[0]['layers']} layers), {meta['model_tokens']} source tokens "
                "a batch; ratios to `absolute` in the same round. Cached decoding: the "
                f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
@@ -352,10 +353,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
-    "benchmarks_h100_check_n128": benchmark_report("gpu_check/2026-11-26_h100/training_n128/training",
-                                                   bench_training.render_markdown),
-    "benchmarks_h100_check_n512": benchmark_report("gpu_check/2026-11-26_h100/training_n512/training",
-                                                   bench_training.render_markdown),
+    "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
+    "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),
     "benchmarks_h100_decoding": benchmark_report("benchmarks_h100/decoding", bench_decoding.render_markdown),
     "benchmarks_cpu_training": benchmark_report("benchmarks/issue16/training_after", bench_training.render_markdown),

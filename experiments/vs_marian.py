@@ -474,14 +474,15 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
     if argv is None:
         data_args = DataArguments(train_file=str(args.data / "train.jsonl"), source_lang=args.source_lang,
                                   target_lang=args.target_lang)
-        planned, budget, pool_factor, batch_size, accumulation = args.max_steps, None, None, args.batch_size, 1
+        steps = args.max_steps if steps is None else steps
+        budget, pool_factor, batch_size, accumulation = None, None, args.batch_size, 1
     else:
         _, data_args, training_args = parse_arguments(argv)
-        planned, budget, pool_factor = training_args.max_steps, training_args.max_tokens_per_batch, training_args.length_pool_factor
+        steps = training_args.max_steps if steps is None else steps
+        budget, pool_factor = training_args.max_tokens_per_batch, training_args.length_pool_factor
         batch_size, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     sources, targets = read_lengths(Path(data_args.train_file), str(folder / "model"), args.source_lang,
                                     args.target_lang, data_args)
-    steps = planned if steps is None else steps
     batches = training_batches(sources, targets, steps * accumulation, seed, budget, pool_factor, batch_size)
     figures = batch_figures(batches, sources, targets)
     return {"pairs_per_update": figures["pairs"] * accumulation, "padded_tokens_per_batch": figures["padded_tokens"],
@@ -533,6 +534,19 @@ def spread(values: Sequence[float], digits: int = 2) -> str:
     return mean if len(values) == 1 else f"{mean} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
+def batch_summary(runs: Sequence[dict]) -> dict[str, list[float]]:
+    """Pairs per update and padding share of the runs that recorded their batches (run_batches)."""
+    return {"pairs_per_update": [run["batches"]["pairs_per_update"] for run in runs if "batches" in run],
+            "padding": [run["batches"]["padding"] for run in runs if "batches" in run]}
+
+
+def batch_columns(row: dict) -> str:
+    """The `pairs/update | padding %` table cells of a summarized row ("not recorded" for older records)."""
+    pairs = spread(row["pairs_per_update"], 1) if row.get("pairs_per_update") else "not recorded"
+    padding = spread([100 * share for share in row["padding"]], 1) if row.get("padding") else "not recorded"
+    return f"{pairs} | {padding}"
+
+
 def summarize(rows: list[Row], records: dict[str, list[dict]]) -> dict:
     summary = {}
     for row in rows:
@@ -541,9 +555,7 @@ def summarize(rows: list[Row], records: dict[str, list[dict]]) -> dict:
             "system": row.describe(), "seeds": [run["seed"] for run in runs],
             **{f"{split}_{key}": [run["scores"][split][key] for run in runs]
                for split in SPLITS for key in ("bleu", "length_ratio")},
-            "wall_minutes": [run["wall_seconds"] / 60 for run in runs],
-            "pairs_per_update": [run["batches"]["pairs_per_update"] for run in runs if "batches" in run],
-            "padding": [run["batches"]["padding"] for run in runs if "batches" in run],
+            "wall_minutes": [run["wall_seconds"] / 60 for run in runs], **batch_summary(runs),
         }
     return summary
 
@@ -565,12 +577,10 @@ def markdown(results: dict) -> str:
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for name, row in results["rows"].items():
-        pairs = spread(row["pairs_per_update"], 1) if row.get("pairs_per_update") else "not recorded"
-        padding = spread([100 * share for share in row["padding"]], 1) if row.get("padding") else "not recorded"
         lines.append(
             f"| {name} | {row['system']} | {', '.join(map(str, row['seeds']))} | {spread(row['test_bleu'])} | "
             f"{spread(row['validation_bleu'])} | {spread(row['test_length_ratio'], 3)} | "
-            f"{spread(row['validation_length_ratio'], 3)} | {pairs} | {padding} | {spread(row['wall_minutes'], 0)} |"
+            f"{spread(row['validation_length_ratio'], 3)} | {batch_columns(row)} | {spread(row['wall_minutes'], 0)} |"
         )
     return "\n".join(lines) + "\n"
 
