@@ -1,0 +1,140 @@
+"""The decoding length cap relative to each source (fairseq's max_len_a * |x| + max_len_b), in model.generate: per row
+under padding and beam search, saved with the model, off for folders saved without it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_model
+
+from hf_relpos.model.generation_limits import (
+    SourceLengthCapLogitsProcessor,
+    new_token_limits,
+    set_relative_limit,
+    source_lengths,
+)
+
+EOS, PAD = 1, 0  # RelPosTransformerConfig's defaults
+
+
+def sources(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded source ids (ending in EOS) of the given lengths, and their attention mask."""
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD)
+    for row, length in enumerate(lengths):
+        ids[row, :length - 1] = torch.arange(5, 4 + length) % 30 + 5
+        ids[row, length - 1] = EOS
+    return ids, (ids != PAD).long()
+
+
+def capped_model(ratio: float = 0.5, offset: int = 2, ceiling: int = 60, **overrides):
+    """A tiny model that never ends on its own (EOS banned by a large negative bias), capped relative to sources."""
+    model = tiny_model("shaw", **overrides)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e4
+    set_relative_limit(model.generation_config, ratio, offset)
+    model.generation_config.max_new_tokens = ceiling
+    return model
+
+
+def new_lengths(output: torch.Tensor) -> list[int]:
+    """New tokens per output row (the decoder start token left out) up to its first end token, included (beam search
+    pads with the end token)."""
+    lengths = []
+    for row in output[:, 1:].tolist():
+        lengths.append(row.index(EOS) + 1 if EOS in row else len([token for token in row if token != PAD]))
+    return lengths
+
+
+def test_new_token_limits_follow_the_equation():
+    lengths = torch.tensor([1, 4, 9, 40])
+    expected = [min(max(1, math.floor(1.3 * n + 3)), 30) for n in (1, 4, 9, 40)]
+    assert new_token_limits(lengths, 1.3, 3, 30).tolist() == expected
+    assert new_token_limits(torch.tensor([0]), 0.0, 0, 30).tolist() == [1]  # at least the end token
+    ids, mask = sources([3, 5])
+    assert source_lengths(ids, mask, PAD).tolist() == [3, 5]
+    assert source_lengths(ids, None, PAD).tolist() == [3, 5]
+    assert source_lengths(None, None, PAD, torch.zeros(2, 7, 4)).tolist() == [7, 7]
+
+
+def test_processor_ends_each_row_at_its_own_limit_and_keeps_the_end_tokens_score():
+    processor = SourceLengthCapLogitsProcessor(torch.tensor([2, 3]), prompt_length=1, eos_token_id=EOS)
+    scores = torch.randn(4, 10, dtype=torch.float64)  # 2 rows x 2 beams
+    after_one = processor(torch.zeros(4, 2, dtype=torch.long), scores.clone())  # the 2nd new token comes next
+    assert torch.equal(after_one[2:], scores[2:])
+    assert torch.equal(after_one[:2, EOS], scores[:2, EOS])
+    assert torch.isinf(after_one[:2]).sum() == 2 * 9
+    assert torch.equal(processor(torch.zeros(4, 1, dtype=torch.long), scores.clone()), scores)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_each_row_of_a_padded_batch_is_capped_as_if_decoded_alone(num_beams):
+    model = capped_model(ratio=0.5, offset=2, ceiling=60).double()
+    lengths = [3, 9, 17]
+    ids, mask = sources(lengths)
+    with torch.no_grad():
+        batch = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, do_sample=False)
+        alone = [model.generate(input_ids=ids[row:row + 1, :n], num_beams=num_beams, do_sample=False)
+                 for row, n in enumerate(lengths)]
+    assert new_lengths(batch) == [math.floor(0.5 * n + 2) for n in lengths]
+    for row, single in enumerate(alone):
+        assert torch.equal(batch[row, :single.shape[-1]], single[0])
+        assert single[0, -1] == EOS  # the cap ends a row with its end token (fairseq's forced </s>)
+
+
+def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_ceiling_gave(tmp_path):
+    """A folder saved with max_len_a / max_len_b: the cap grows with the source; old folders (no max_len_b) keep their
+    fixed max_new_tokens; max_len_b=None switches the relative cap off; explicit max_new_tokens stays a ceiling."""
+    model = capped_model(ratio=1.0, offset=3, ceiling=200)
+    model.save_pretrained(tmp_path / "new")
+    loaded = type(model).from_pretrained(tmp_path / "new").eval()
+    long_ids, _ = sources([40])
+    with torch.no_grad():
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1)) == [43]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_new_tokens=10)) == [10]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_a=0.5, max_len_b=1)) == [21]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_b=None)) == [200]
+        old = capped_model(ceiling=12)
+        for name in ("max_len_a", "max_len_b"):
+            delattr(old.generation_config, name)
+        old.save_pretrained(tmp_path / "old")
+        old = type(model).from_pretrained(tmp_path / "old").eval()
+        assert getattr(old.generation_config, "max_len_b", None) is None
+        assert new_lengths(old.generate(input_ids=long_ids, num_beams=1)) == [12]
+
+
+def test_a_passed_generation_config_keeps_the_saved_relative_cap():
+    model = capped_model(ratio=1.0, offset=1, ceiling=100)
+    ids, mask = sources([6, 11])
+    config = type(model.generation_config)(num_beams=2, do_sample=False)
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        positional = model.generate(ids, config, attention_mask=mask)
+    assert new_lengths(output) == [7, 12]
+    assert torch.equal(output, positional)
+
+
+@pytest.mark.parametrize("field, value", [("max_len_a", -1.0), ("max_len_a", "x"), ("max_len_b", 1.5),
+                                          ("max_len_b", -2)])
+def test_bad_cap_fields_are_one_error_naming_the_field(field, value):
+    model = capped_model()
+    ids, mask = sources([4])
+    with pytest.raises(ValueError, match=field):
+        model.generate(input_ids=ids, attention_mask=mask, **{field: value})
+
+
+def test_the_training_apps_evaluation_caps_each_source_by_the_models_rule(tmp_path):
+    """TranslationTrainer.prediction_step generates with the model's saved rule per row (no batch-wide number), also
+    for a source longer than any the model was trained on."""
+    from hf_relpos.translation.training import TranslationTrainer, TranslationTrainingArguments
+
+    model = capped_model(ratio=1.0, offset=2, ceiling=100)
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True,
+                                             generation_num_beams=2, use_cpu=True, report_to="none")
+    trainer = TranslationTrainer(model=model, args=arguments, evaluation_sets={})
+    ids, mask = sources([4, 33])
+    _, generated, _ = trainer.prediction_step(model, {"input_ids": ids, "attention_mask": mask},
+                                              prediction_loss_only=False, num_beams=2)
+    assert new_lengths(generated) == [6, 35]
