@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from conftest import tiny_model
+from conftest import run_without_hf_relpos, tiny_model
 
 from hf_relpos.model.generation_limits import (
     SourceLengthCapLogitsProcessor,
@@ -138,3 +138,95 @@ def test_the_training_apps_evaluation_caps_each_source_by_the_models_rule(tmp_pa
     _, generated, _ = trainer.prediction_step(model, {"input_ids": ids, "attention_mask": mask},
                                               prediction_loss_only=False, num_beams=2)
     assert new_lengths(generated) == [6, 35]
+
+
+@pytest.fixture(scope="module")
+def never_ending_folder(tmp_path_factory):
+    """A tiny model with a tokenizer that never ends on its own, saved with a cap of 1 x source tokens + 2 under a
+    ceiling of 300, and the source lengths its tokenizer gives to a short line and to a line longer than any
+    'training' source (a ceiling the old rule, longest training source + offset, would have made 20)."""
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(["A man rides a horse.", "Ein Mann reitet ein Pferd."] * 4, vocab_size=300)
+    ids = special_token_ids(tokenizer)
+    model = tiny_model("shaw", vocab_size=len(tokenizer), **ids)
+    with torch.no_grad():
+        model.final_logits_bias[0, ids["eos_token_id"]] = -1e4
+    set_relative_limit(model.generation_config, 1.0, 2)
+    model.generation_config.update(max_new_tokens=300, num_beams=2)
+    folder = tmp_path_factory.mktemp("never_ending") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+LINES = ["A man.", " ".join(["A man rides a horse"] * 12) + "."]
+
+
+def generated_lengths_by(model, monkeypatch) -> list[list[int]]:
+    """Record the new tokens of every row that `model.generate` returns (the start token left out, up to the first
+    end token, included)."""
+    recorded = []
+    generate = model.generate
+
+    def recording(*args, **kwargs):
+        output = generate(*args, **kwargs)
+        ends = output[:, 1:] == model.generation_config.eos_token_id
+        recorded.append([int(row.nonzero()[0]) + 1 if row.any() else row.numel() for row in ends])
+        return output
+
+    monkeypatch.setattr(model, "generate", recording)
+    return recorded
+
+
+def test_translate_and_the_pipeline_cap_a_long_line_by_its_own_length(never_ending_folder, monkeypatch, capsys):
+    """hf-relpos-translate's batches and the pipeline give each source min(|x| + 2, 300) new tokens: the line of 60
+    words gets far more than 20 (no cut), the short line in the same batch only its own limit; the cap is reported."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    from hf_relpos.tools.translate import translate_lines
+
+    tokenizer = AutoTokenizer.from_pretrained(never_ending_folder)
+    lengths = [len(ids) for ids in tokenizer(LINES)["input_ids"]]
+    assert lengths[1] > 40
+    model = AutoModelForSeq2SeqLM.from_pretrained(never_ending_folder).eval()
+    recorded = generated_lengths_by(model, monkeypatch)
+    translate_lines(LINES, model, tokenizer, progress=False)
+    assert sorted(recorded[0]) == sorted(length + 2 for length in lengths)
+    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
+    recorded.clear()
+    translator = pipeline("translation", model=model, tokenizer=tokenizer, device="cpu")
+    translator(LINES, split_sentences=False, batch_size=2)
+    assert sorted(length for call in recorded for length in call) == sorted(length + 2 for length in lengths)
+
+
+def test_the_translate_command_caps_by_source_and_takes_the_cap_as_flags(never_ending_folder, tmp_path, capsys):
+    from hf_relpos.tools.translate import main
+
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    main([str(never_ending_folder), str(source), "--output", str(tmp_path / "out.txt"), "--no_progress",
+          "--no_split_sentences", "--max_len_a", "0", "--max_len_b", "3"])
+    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_the_remote_code_applies_the_saved_cap_without_hf_relpos(tmp_path):
+    """Where hf_relpos is not installed, the folder's own code (generation_limits.py ships with it) caps each row."""
+    model = capped_model(ratio=1.0, offset=3, ceiling=200)
+    model.save_pretrained(tmp_path / "model")
+    script = f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        input_ids = torch.full((2, 40), 7)
+        input_ids[:, -1] = {EOS}
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[0, 5:] = 0
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=2)
+        lengths = [row[1:].tolist().index({EOS}) + 1 for row in output]
+        print("LENGTHS", lengths)
+        """
+    result = run_without_hf_relpos(script, tmp_path)
+    assert "LENGTHS [8, 43]" in result.stdout, result.stderr[-3000:]
