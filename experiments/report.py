@@ -222,6 +222,85 @@ def readme_cost() -> str:
                             "cached decoding vs absolute", "kernels"], rows)
 
 
+# --- the rule that chooses the default attention_type (README 'How the default is chosen') -------------------------
+
+# A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
+# candidate for the default.
+SPEED_FLOOR = 0.8
+LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/results/long_inputs/<name>/long_inputs.json
+
+
+def default_rule_columns() -> dict[str, dict[str, list[float]]]:
+    """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, for the recipes as committed now (a
+    row trained with another recipe setting is left out): test2016 and validation of the one-commit records (at the
+    equal budget, and 20 epochs with the last 5 averaged), then every level of every long-input record."""
+    one_commit = read(ONE_COMMIT)["rows"]
+    twenty = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
+    columns: dict[str, dict[str, list[float]]] = {}
+    for split, name in (("test", "test2016"), ("validation", "validation")):
+        columns[f"equal budget, {name}"] = {
+            scheme: one_commit[row][f"{split}_bleu"] for scheme in SCHEMES
+            if (row := ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)) in one_commit}
+        columns[f"20 epochs, {name}"] = {scheme: twenty[scheme][f"averaged_{split}_bleu"] for scheme in SCHEMES
+                                         if scheme in twenty and scheme not in TWENTY_EPOCHS_NOTES}
+    for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        for level, by_system in record["levels"].items():
+            columns[f"{path.parent.name}: {level}"] = {scheme: row["bleu"] for scheme, row in by_system.items()
+                                                       if scheme in SCHEMES}
+    return columns
+
+
+def ranks_by_spread(column: dict[str, list[float]]) -> dict[str, int]:
+    """Rank 1 + the number of rows whose worst seed beats this row's best seed: rows within each other's seed spread
+    share a rank."""
+    return {scheme: 1 + sum(min(other) > max(values) for other in column.values()) for scheme, values in column.items()}
+
+
+def gpu_speed(scheme: str) -> float:
+    """The scheme's slowest training speed relative to absolute on the H100 (1 for absolute itself)."""
+    return 1.0 if scheme == "absolute" else min(row["ratio"] for row in h100_model_rows(scheme))
+
+
+def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dict[str, dict]]:
+    """The rule: among the schemes measured in every column whose GPU speed is at least SPEED_FLOOR x absolute's, the
+    one whose worst rank over the columns is best; equal worst ranks go to the faster. Returns the choice and, per
+    scheme, its ranks, worst rank, speed and why it is out (None when it is a candidate)."""
+    ranks = {name: ranks_by_spread(column) for name, column in columns.items()}
+    table_rows = {}
+    for scheme in SCHEMES:
+        if scheme == "none":
+            continue
+        speed = gpu_speed(scheme) if h100_model_rows(scheme) or scheme == "absolute" else None
+        scheme_ranks = {name: column_ranks.get(scheme) for name, column_ranks in ranks.items()}
+        missing = [name for name, rank in scheme_ranks.items() if rank is None]
+        out = ("not measured on the GPU" if speed is None else
+               f"slower than {SPEED_FLOOR} x absolute" if speed < SPEED_FLOOR else
+               f"not measured in {len(missing)} column(s)" if missing else None)
+        worst = None if missing else max(scheme_ranks.values())
+        table_rows[scheme] = {"ranks": scheme_ranks, "worst": worst, "speed": speed, "out": out}
+    candidates = [scheme for scheme, row in table_rows.items() if row["out"] is None]
+    choice = min(candidates, key=lambda scheme: (table_rows[scheme]["worst"], -table_rows[scheme]["speed"]))
+    return choice, table_rows
+
+
+def readme_default_rule() -> str:
+    columns = default_rule_columns()
+    choice, rows = choose_default(columns)
+    body = [[f"`{scheme}`", f"{row['speed']:.2f}" if row["speed"] is not None else UNMEASURED,
+             *(str(rank) if rank is not None else UNMEASURED for rank in row["ranks"].values()),
+             str(row["worst"]) if row["worst"] is not None else "-", row["out"] or "candidate"]
+            for scheme, row in rows.items()]
+    missing = "" if any((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")) else (" Not yet among the columns: the long-input levels (`experiments/long_inputs.py`, "
+                                      "no record yet), so this outcome rests on test2016 and validation only.")
+    caption = (f"Outcome on the records as they are: **`{choice}`**.{missing} Columns: the one-commit records "
+               f"([`{ONE_COMMIT}`](docs/results/{ONE_COMMIT}), [`{TWENTY_EPOCHS_ONE_COMMIT}`]"
+               f"(docs/results/{TWENTY_EPOCHS_ONE_COMMIT})), each recipe as committed now; GPU speed: the slowest of "
+               f"the H100 training ratios to `absolute` ([`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)).\n\n")
+    return caption + table(["scheme", "GPU speed vs absolute (slowest)", *(f"rank: {name}" for name in columns),
+                            "worst rank", "status"], body)
+
+
 # --- docs/results.md ----------------------------------------------------------------------------------------------
 
 def results_equal_budget_schemes() -> str:
@@ -411,6 +490,7 @@ def results_marian_long_lengths() -> str:
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
+    "readme_default_rule": readme_default_rule,
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_recipes_one_commit": results_recipes_one_commit,

@@ -185,3 +185,27 @@ def test_the_length_penalty_text_holds_in_the_records(report):
     passage = report.training_length_penalty()
     gains = [float(cell) for line in passage.splitlines()[4:] for cell in line.strip("| ").split(" | ")[2:]]
     assert len(gains) >= 10 and all(gain > 0 for gain in gains)
+
+
+def test_the_default_attention_type_is_the_rules_outcome_on_the_records(report):
+    """README 'How the default is chosen': report.choose_default on the committed records names the config's default;
+    the long-input levels join as columns once recorded."""
+    from hf_relpos import RelPosTransformerConfig
+
+    columns = report.default_rule_columns()
+    assert {"equal budget, test2016", "equal budget, validation", "20 epochs, test2016",
+            "20 epochs, validation"} <= set(columns)
+    choice, rows = report.choose_default(columns)
+    assert choice == RelPosTransformerConfig().attention_type
+    assert rows["shaw"]["out"] == f"slower than {report.SPEED_FLOOR} x absolute"
+    assert "xl" not in columns["20 epochs, test2016"]  # its 20-epoch runs had another attention dropout
+
+
+def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
+    """Rows within each other's spread share a rank; the best worst rank wins; equal worst ranks go to the faster
+    (directional trains faster than rope on the H100), whatever the order of the columns."""
+    assert report.ranks_by_spread({"a": [1.0, 2.0], "b": [1.5, 3.0], "c": [2.5, 4.0]}) == {"a": 2, "b": 1, "c": 1}
+    level = {"absolute": [30.0, 30.2], "directional": [31.0, 31.2], "rope": [31.1, 31.3]}
+    assert report.choose_default({"one": level, "two": dict(level)})[0] == "directional"
+    behind = {"absolute": [30.0, 30.2], "directional": [29.0, 29.2], "rope": [31.1, 31.3]}
+    assert report.choose_default({"one": level, "two": behind})[0] == "rope"
