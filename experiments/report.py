@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 
 import convergence  # noqa: E402
+import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
@@ -466,6 +467,26 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
     return passage
 
 
+def results_long_inputs() -> str:
+    """experiments/long_inputs.py's records, each with its provenance and the script's own tables."""
+    passages = []
+    for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        relative = path.relative_to(RESULTS).as_posix()
+        settings = record["settings"]
+        command = (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
+                   f"{settings['beams']} --length-penalty {settings['length_penalty']} --max-len-a "
+                   f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} "
+                   + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
+        passages.append(f"Record [`{relative}`](results/{relative}), collected {record['date'][:10]}; "
+                        f"{record['device']}; code `{record['source_version']}`; torch {record['versions']['torch']}, "
+                        f"transformers {record['versions']['transformers']}. Command: `{command}`.\n\n"
+                        + without_title(long_inputs.markdown(record)).replace("\n## ", "\n#### "))
+    return "\n".join(passages) if passages else (
+        "No record yet: the trained models of the one-commit tables were not kept where this was written, and the "
+        "three-seed runs need a machine with the time for them (issue #50).\n")
+
+
 MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
 
 
@@ -500,6 +521,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
     "results_marian_hybrid": marian_conversion_passage(MARIAN_HYBRID),
     "results_marian_long_lengths": results_marian_long_lengths,
+    "results_long_inputs": results_long_inputs,
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "training_length_penalty": training_length_penalty,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
