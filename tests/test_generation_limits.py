@@ -96,6 +96,8 @@ def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_c
         assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_new_tokens=10)) == [10]
         assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_a=0.5, max_len_b=1)) == [21]
         assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_b=None)) == [200]
+        # hf-relpos-translate --max_length: max_length (the decoder start counted) is the ceiling instead
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_new_tokens=None, max_length=9)) == [8]
         old = capped_model(ceiling=12)
         for name in ("max_len_a", "max_len_b"):
             delattr(old.generation_config, name)

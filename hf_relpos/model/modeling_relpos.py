@@ -1002,17 +1002,17 @@ def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_k
 def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationConfig:
     """The length settings `generate(**generate_kwargs)` runs with: the passed generation config (its unset
     max_new_tokens / max_len_a / max_len_b taken from the model's, as transformers merges them) or the model's,
-    updated with the keyword arguments (`max_len_b=None` switches the source-relative cap off)."""
+    updated with the keyword arguments (`max_len_b=None` switches the source-relative cap off, `max_new_tokens=None`
+    lets `max_length` be the ceiling)."""
     passed = generate_kwargs.get("generation_config")
     config = copy.deepcopy(passed or model.generation_config)
     if passed is not None:
         for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):
             if getattr(config, name, None) is None:
                 setattr(config, name, getattr(model.generation_config, name, None))
-    for name in ("max_length", "max_new_tokens"):
-        if generate_kwargs.get(name) is not None:
-            setattr(config, name, generate_kwargs[name])
-    for name in RELATIVE_LIMIT_FIELDS:
+    if generate_kwargs.get("max_length") is not None:
+        config.max_length = generate_kwargs["max_length"]
+    for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):  # max_new_tokens=None: max_length caps instead
         if name in generate_kwargs:
             setattr(config, name, generate_kwargs[name])
     return config
