@@ -50,6 +50,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    LogitsProcessorList,
     MarianConfig,
     MarianMTModel,
     PreTrainedTokenizerBase,
@@ -59,6 +60,7 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
+from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
 from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
@@ -368,13 +370,16 @@ def load_trained(folder: Path, is_peer: bool, device: str = "cpu") -> tuple[torc
 @dataclass(frozen=True)
 class Decoding:
     """Beam size, length penalty (transformers': log-probability / length^penalty) and the length limit: at most
-    `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's rule,
-    Vaswani et al.'s input length + 50)."""
+    `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's
+    earlier rule, Vaswani et al.'s input length + 50), or, with `max_len_a` too, each source's own
+    floor(max_len_a x its tokens + source_offset) under `max_new_tokens` (fairseq's max_len_a / max_len_b, the rule
+    generation_config.json now saves; `SourceLengthCapLogitsProcessor`, the same for every model, the peer included)."""
 
     beams: int
     length_penalty: float
     max_new_tokens: int = 80
     source_offset: int | None = None
+    max_len_a: float | None = None
 
 
 PIPELINE_DECODING = "train_translation.py --do_train false --do_predict (its own evaluation path, same settings)"
@@ -391,15 +396,23 @@ def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
             batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt").to(model.device)
-            limit = decoding.max_new_tokens
-            if decoding.source_offset is not None:
+            limit, processors = decoding.max_new_tokens, []
+            if decoding.max_len_a is not None:
+                limits = new_token_limits(batch["attention_mask"].sum(dim=-1), decoding.max_len_a,
+                                          decoding.source_offset or 0, decoding.max_new_tokens)
+                limit = int(limits.max())
+                processors.append(SourceLengthCapLogitsProcessor(limits, 1, model.config.eos_token_id))
+            elif decoding.source_offset is not None:
                 limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
                 early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=model.config.eos_token_id,
                 decoder_start_token_id=model.config.decoder_start_token_id,
             )
-            generated = model.generate(**batch, generation_config=generation)
+            if decoding.max_len_a is not None:  # an hf_relpos model's own cap: the same, not its saved one
+                generation.max_len_a, generation.max_len_b = decoding.max_len_a, decoding.source_offset or 0
+            generated = model.generate(**batch, generation_config=generation,
+                                       logits_processor=LogitsProcessorList(processors))
             for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
                 hypotheses[index] = text.strip()
     return hypotheses

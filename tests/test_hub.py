@@ -35,7 +35,7 @@ PAIRS = [
     ("the tree is big", "der Baum ist groß"),
     ("the cat sees the bird", "die Katze sieht den Vogel"),
 ]
-CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "modeling_relpos.py", "positions.py",
+CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "generation_limits.py", "modeling_relpos.py", "positions.py",
               "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py",
               "positions_none.py", "positions_alibi.py", "positions_t5.py", "positions_rope.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",

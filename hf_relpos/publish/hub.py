@@ -495,8 +495,10 @@ def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
         "",
         _record_table("Decoding for evaluation", record, RunRecord.recipe_fields(DECODING)),
         "",
-        "The maximum output length is the longest source in the batch plus `generation_max_length_offset` tokens "
-        "(Vaswani et al.: input length + 50). `max_tokens_per_batch` is the token budget per device and step (padded, "
+        "Each output has at most `generation_max_length_ratio` (1 unless set) x its source's tokens + "
+        "`generation_max_length_offset` new tokens (fairseq's max_len_a / max_len_b; Vaswani et al.: input length + "
+        "50), saved in generation_config.json so that generate() and the pipeline apply it to every input. "
+        "`max_tokens_per_batch` is the token budget per device and step (padded, "
         "on the source and on the target side each).",
         *(["", run_facts] if run_facts else []),
     ]

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import math
 import os
 import re
 import sys
@@ -138,18 +139,25 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     generation_length_penalty: float = field(
         default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
     )
+    generation_max_length_ratio: float = field(
+        default=1.0,
+        metadata={"help": "fairseq's max_len_a: each output may have at most this x its source length (in tokens, "
+                          "end token included) + generation_max_length_offset new tokens; saved in "
+                          "generation_config.json (max_len_a), so generate() and the pipeline apply it per input."},
+    )
     generation_max_length_offset: int = field(
         default=50,
-        metadata={"help": "Generate at most (longest source in the batch, in tokens) + this many tokens "
-                          "(Vaswani et al.: input length + 50); generation_max_length, when set, caps it."},
+        metadata={"help": "fairseq's max_len_b: new tokens beyond generation_max_length_ratio x source length "
+                          "(Vaswani et al.: input length + 50); saved in generation_config.json (max_len_b); "
+                          "generation_max_length, when set, caps it."},
     )
     generation_max_length: int | None = field(
         default=None,
         metadata={"help": "Cap on the generated length in tokens, the decoder start token included (generate's "
-                          "max_length). null: no cap beyond source length + generation_max_length_offset. The model's "
-                          "generation_config.json saves the longest output evaluation allows, as max_new_tokens = "
-                          "min(max_source_length + generation_max_length_offset, this - 1) (max_length is left unset "
-                          "there: with both, generate(max_new_tokens=...) warns)."},
+                          "max_length), whatever the source's length. null: max_position_embeddings is the only "
+                          "cap beyond the source-relative one. generation_config.json saves it as max_new_tokens = "
+                          "min(this - 1, max_position_embeddings - 1) (max_length is left unset there: with both, "
+                          "generate(max_new_tokens=...) warns)."},
     )
     average_checkpoints: int | None = field(
         default=None,
@@ -495,6 +503,9 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                        1 - training_args.max_steps / fade)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
+    ratio = training_args.generation_max_length_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+        raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
 
 
