@@ -1,0 +1,314 @@
+"""Triton kernels of `triton_relative.py`: FlashAttention-2-style forward and backward of relative self-attention
+whose score bias and value term depend on the clipped distance r(i, j) = clip(j - i - query_offset, k) + k.
+
+Per batch entry b and head h, queries i < n, keys j in [key_start_b, key_end_b) (and j <= i + query_offset when
+causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox keep mask kappa_ij, drop rate p:
+
+    s_ij = c q_i . k_j + T[i, r(i, j)]               lse_i = log sum_j exp(s_ij)
+    P_ij = exp(s_ij - lse_i)                          D_ij = P_ij kappa_ij / (1 - p)
+    o_i = sum_j D_ij v_j                              M[i, r] = sum_{j: r(i, j) = r} D_ij
+
+(the value term o_i + sum_r M[i, r] a^V_r is one small matmul outside). Backward, given dO and dM:
+
+    dD_ij = dO_i . v_j + dM[i, r(i, j)]               dP_ij = dD_ij kappa_ij / (1 - p)
+    Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r]     dS_ij = P_ij (dP_ij - Delta_i)
+    dq_i = c sum_j dS_ij k_j    dk_j = c sum_i dS_ij q_i    dv_j = sum_i D_ij dO_i    dT[i, r] = sum_{r(i,j)=r} dS_ij
+
+The dk/dv kernel loops over query blocks per key block, the dq/dT kernel over key blocks per query block: every
+program writes only its own rows (no atomics; the backward is deterministic). Key tiles entirely beyond +-k put a
+row sum into an edge bucket; only the tiles that meet the band sum per distance. Imported only when
+attn_implementation "relpos_triton" runs.
+"""
+
+from __future__ import annotations
+
+from transformers.utils.import_utils import is_triton_available
+
+if is_triton_available():  # (transformers' remote-code import check skips imports under this test)
+    import triton
+    import triton.language as tl
+else:
+    raise ImportError("attn_implementation 'relpos_triton' needs triton: pip install triton (or hf_relpos[triton])")
+
+
+@triton.jit
+def clipped_bucket(rows, cols, query_offset, max_distance):
+    """r(i, j) = clip(j - i - query_offset, k) + k for a tile [BLOCK_M, BLOCK_N]."""
+    delta = cols[None, :] - rows[:, None] - query_offset
+    return tl.minimum(tl.maximum(delta, -max_distance), max_distance) + max_distance
+
+
+@triton.jit
+def dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length):
+    """kappa_ij: Philox uniform >= p at the counter ((b H + h) n + i) m + j, the same in forward and backward."""
+    offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :]
+    return tl.rand(seed, offsets) >= dropout_p
+
+
+@triton.jit
+def add_distance_sums(sums, x, bucket, first_row, first_col, query_offset, max_distance,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
+    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij: one row sum into an edge bucket for a tile beyond +-k, else
+    one masked row sum per distance."""
+    distances = tl.arange(0, BLOCK_R)
+    least = first_col - (first_row + BLOCK_M - 1) - query_offset
+    most = first_col + BLOCK_N - 1 - first_row - query_offset
+    if most <= -max_distance:
+        sums += tl.where(distances[None, :] == 0, tl.sum(x, 1)[:, None], 0.0)
+    elif least >= max_distance:
+        sums += tl.where(distances[None, :] == 2 * max_distance, tl.sum(x, 1)[:, None], 0.0)
+    else:
+        for r in range(0, 2 * max_distance + 1):
+            by_row = tl.sum(tl.where(bucket == r, x, 0.0), 1)
+            sums += tl.where(distances[None, :] == r, by_row[:, None], 0.0)
+    return sums
+
+
+@triton.jit
+def key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
+              BLOCK_N: tl.constexpr):
+    """The key tiles a query block meets: [key_start rounded down to BLOCK_N, key_end or the causal limit)."""
+    key_start = tl.load(KEY_START + b)
+    key_end = tl.load(KEY_END + b)
+    last = key_end
+    if CAUSAL:
+        last = tl.minimum(last, first_row + BLOCK_M + query_offset)
+    return key_start, key_end, (key_start // BLOCK_N) * BLOCK_N, last
+
+
+@triton.jit
+def tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start, key_end, query_offset,
+                max_distance, scaling, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
+                CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """The key tile k [BLOCK_N, BLOCK_D], the masked scores s (-inf where not allowed), the buckets and the mask."""
+    dims = tl.arange(0, BLOCK_D)
+    col_ok = (cols >= key_start) & (cols < key_end)
+    k = tl.load(K + k_base + cols[:, None] * stride_kn + dims[None, :],
+                mask=col_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ACC) * scaling
+    bucket = clipped_bucket(rows, cols, query_offset, max_distance)
+    if HAS_BIAS:
+        s += tl.load(T + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
+    allowed = row_ok[:, None] & col_ok[None, :]
+    if CAUSAL:
+        allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
+    return k, tl.where(allowed, s, float("-inf")), bucket, allowed
+
+
+@triton.jit
+def relative_forward_kernel(
+    Q, K, V, T, O, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    heads, query_length, key_length, query_offset, max_distance,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One query block of one (b, h): the online softmax over its key tiles, with the per-distance masses."""
+    first_row = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    R = 2 * max_distance + 1
+    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
+    keep_scale = tl.load(SCALES + 1)
+    rows = first_row + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < query_length
+    dim_ok = dims[None, :] < HEAD_DIM
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
+                mask=row_ok[:, None] & dim_ok, other=0.0)
+    k_base = b * stride_kb + h * stride_kh
+    v_base = b * stride_vb + h * stride_vh
+    t_base = bh.to(tl.int64) * query_length * R
+    key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
+                                                BLOCK_N)
+    row_max = tl.full([BLOCK_M], float("-inf"), ACC)
+    row_sum = tl.zeros([BLOCK_M], ACC)
+    acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    masses = tl.zeros([BLOCK_M, BLOCK_R], ACC)
+    for first_col in range(first, last, BLOCK_N):
+        cols = first_col + tl.arange(0, BLOCK_N)
+        _, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
+                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
+                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
+        new_max = tl.maximum(row_max, tl.max(s, 1))
+        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        p = tl.exp(s - shift[:, None])
+        rescale = tl.exp(row_max - shift)
+        row_sum = row_sum * rescale + tl.sum(p, 1)
+        if DROPOUT:
+            keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+            p = tl.where(keep, p * keep_scale, 0.0)
+        v = tl.load(V + v_base + cols[:, None] * stride_vn + dims[None, :],
+                    mask=((cols >= key_start) & (cols < key_end))[:, None] & dim_ok, other=0.0)
+        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(ACC)
+        if HAS_VALUES:
+            masses = add_distance_sums(masses * rescale[:, None], p, bucket, first_row, first_col, query_offset,
+                                       max_distance, BLOCK_M, BLOCK_N, BLOCK_R)
+        row_max = new_max
+    has_key = row_sum > 0
+    normalizer = tl.where(has_key, row_sum, 1.0)
+    out_base = bh.to(tl.int64) * query_length
+    tl.store(O + (out_base + rows[:, None]) * HEAD_DIM + dims[None, :], (acc / normalizer[:, None]).to(O.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok)
+    tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
+    if HAS_VALUES:
+        distances = tl.arange(0, BLOCK_R)
+        tl.store(M + (out_base + rows[:, None]) * R + distances[None, :],
+                 (masses / normalizer[:, None]).to(M.dtype.element_ty), mask=row_ok[:, None] & (distances[None, :] < R))
+
+
+@triton.jit
+def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh, seed,
+                   dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES: tl.constexpr, DROPOUT: tl.constexpr,
+                   ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse."""
+    p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
+    d_dropped = tl.dot(do, tl.trans(v), input_precision=PRECISION).to(ACC)
+    if HAS_VALUES:
+        d_dropped += tl.load(DM + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
+    dropped = p
+    d_p = d_dropped
+    if DROPOUT:
+        keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+        dropped = tl.where(keep, p * keep_scale, 0.0)
+        d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
+    return dropped, p * (d_p - delta[:, None])
+
+
+@triton.jit
+def relative_backward_keys_kernel(
+    Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    heads, query_length, key_length, query_offset, max_distance,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
+    CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dk, dv of one key block of one (b, h), over the query blocks that may attend to it."""
+    first_col = tl.program_id(0) * BLOCK_N
+    bh = tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    R = 2 * max_distance + 1
+    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
+    keep_scale = tl.load(SCALES + 1)
+    cols = first_col + tl.arange(0, BLOCK_N)
+    dims = tl.arange(0, BLOCK_D)
+    dim_ok = dims[None, :] < HEAD_DIM
+    key_start = tl.load(KEY_START + b)
+    key_end = tl.load(KEY_END + b)
+    col_ok = (cols >= key_start) & (cols < key_end)
+    k_base = b * stride_kb + h * stride_kh
+    v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                mask=col_ok[:, None] & dim_ok, other=0.0)
+    t_base = bh.to(tl.int64) * query_length * R
+    row_base = bh.to(tl.int64) * query_length
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    first = 0
+    if CAUSAL:
+        first = tl.maximum(first_col - query_offset, 0) // BLOCK_M * BLOCK_M
+    padding_only = (first_col >= key_end) | (first_col + BLOCK_N <= key_start)
+    for first_row in range(first, tl.where(padding_only, 0, query_length), BLOCK_M):  # padding only: zero gradients
+        rows = first_row + tl.arange(0, BLOCK_M)
+        row_ok = rows < query_length
+        q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
+                    mask=row_ok[:, None] & dim_ok, other=0.0)
+        do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
+                     other=0.0)
+        lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
+        delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
+        k, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
+                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
+                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
+        dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
+                                     bh, seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
+                                     PRECISION)
+        dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION).to(ACC)
+        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION).to(ACC)
+    out = (bh.to(tl.int64) * key_length + cols[:, None]) * HEAD_DIM + dims[None, :]
+    tl.store(DK + out, (dk * scaling).to(DK.dtype.element_ty), mask=(cols < key_length)[:, None] & dim_ok)
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=(cols < key_length)[:, None] & dim_ok)
+
+
+@triton.jit
+def relative_backward_queries_kernel(
+    Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+    heads, query_length, key_length, query_offset, max_distance,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+    HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h)."""
+    first_row = tl.program_id(0) * BLOCK_M
+    bh = tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    R = 2 * max_distance + 1
+    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
+    keep_scale = tl.load(SCALES + 1)
+    rows = first_row + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, BLOCK_D)
+    row_ok = rows < query_length
+    dim_ok = dims[None, :] < HEAD_DIM
+    row_base = bh.to(tl.int64) * query_length
+    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
+                mask=row_ok[:, None] & dim_ok, other=0.0)
+    do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
+                 other=0.0)
+    lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
+    delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
+    k_base = b * stride_kb + h * stride_kh
+    v_base = b * stride_vb + h * stride_vh
+    t_base = row_base * R
+    key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
+                                                BLOCK_N)
+    dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
+    d_table = tl.zeros([BLOCK_M, BLOCK_R], ACC)
+    for first_col in range(first, last, BLOCK_N):
+        cols = first_col + tl.arange(0, BLOCK_N)
+        k, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
+                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
+                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
+        v = tl.load(V + v_base + cols[:, None] * stride_vn + dims[None, :],
+                    mask=((cols >= key_start) & (cols < key_end))[:, None] & dim_ok, other=0.0)
+        _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh,
+                               seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
+                               PRECISION)
+        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION).to(ACC)
+        if HAS_BIAS:
+            d_table = add_distance_sums(d_table, ds, bucket, first_row, first_col, query_offset, max_distance,
+                                        BLOCK_M, BLOCK_N, BLOCK_R)
+    tl.store(DQ + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], (dq * scaling).to(DQ.dtype.element_ty),
+             mask=row_ok[:, None] & dim_ok)
+    if HAS_BIAS:
+        distances = tl.arange(0, BLOCK_R)
+        tl.store(DT + (row_base + rows[:, None]) * R + distances[None, :], d_table.to(DT.dtype.element_ty),
+                 mask=row_ok[:, None] & (distances[None, :] < R))
+
+
+@triton.jit
+def dropout_keep_kernel(KEEP, seed, dropout_p, query_length, key_length, BLOCK_M: tl.constexpr,
+                        BLOCK_N: tl.constexpr):
+    """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging)."""
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    bh = tl.program_id(2)
+    keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+    tl.store(KEEP + (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :], keep.to(tl.int8),
+             mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
+
+
+def autotuned(kernel, key: list[str]):
+    """`kernel` autotuned over block sizes that fit an H100's and an H200's shared memory (228 KB per SM), keyed on
+    the compile-time flags only: lengths are runtime ints, so a new shape neither retunes nor recompiles."""
+    configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+               for block_m, block_n, warps, stages in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2),
+                                                       (32, 64, 4, 2))]
+    return triton.autotune(configs, key=key)(kernel)
+
+
+TUNING_KEY = ["HEAD_DIM", "HAS_BIAS", "HAS_VALUES", "CAUSAL", "DROPOUT", "ACC"]
+tuned_forward = autotuned(relative_forward_kernel, TUNING_KEY + ["BLOCK_R"])
+tuned_backward_keys = autotuned(relative_backward_keys_kernel, TUNING_KEY)
+tuned_backward_queries = autotuned(relative_backward_queries_kernel, TUNING_KEY + ["BLOCK_R"])
