@@ -241,7 +241,7 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
         if causal:
             rows = torch.arange(query_length, device=device)[:, None] + query_offset
             expected = expected & (positions[None, :] <= rows)
-        covered = bool(torch.equal(expected, mask))
+        covered = bool(torch.equal(expected.expand_as(mask), mask))
         built[(causal, query_offset)] = (start.to(torch.int32), end.to(torch.int32)) if covered else None
     return built[(causal, query_offset)]
 

@@ -30,6 +30,9 @@ if is_triton_available():  # (transformers' remote-code import check skips impor
 else:
     raise ImportError("attn_implementation 'relpos_triton' needs triton: pip install triton (or hf_relpos[triton])")
 
+# Lengths, offsets and seeds change from call to call: not specialised on (one compile per flag set, not per shape).
+RUNTIME_INTS = ["seed", "heads", "query_length", "key_length", "query_offset", "max_distance"]
+
 
 @triton.jit
 def clipped_bucket(rows, cols, query_offset, max_distance):
@@ -95,7 +98,7 @@ def tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_star
     return k, tl.where(allowed, s, float("-inf")), bucket, allowed
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_forward_kernel(
     Q, K, V, T, O, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -163,7 +166,7 @@ def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows
                    dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES: tl.constexpr, DROPOUT: tl.constexpr,
                    ACC: tl.constexpr, PRECISION: tl.constexpr):
     """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse."""
-    p = tl.where(allowed, tl.exp(s - lse[:, None]), 0.0)
+    p = tl.where(allowed, tl.exp(s - tl.where(lse == float("-inf"), 0.0, lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = tl.dot(do, tl.trans(v), input_precision=PRECISION).to(ACC)
     if HAS_VALUES:
         d_dropped += tl.load(DM + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
@@ -176,7 +179,7 @@ def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows
     return dropped, p * (d_p - delta[:, None])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_backward_keys_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
@@ -231,7 +234,7 @@ def relative_backward_keys_kernel(
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=(cols < key_length)[:, None] & dim_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_backward_queries_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
