@@ -44,9 +44,9 @@ def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_off
                     scores = torch.stack([
                         scaling * (query[b, h, i].double() @ key[b, h, j].double())
                         + (table[b, h, i, r].double() if table is not None else 0.0)
-                        for j, r in zip(keys, buckets)])
+                        for j, r in zip(keys, buckets, strict=True)])
                     lse = torch.logsumexp(scores, 0)
-                    for position, (j, r) in enumerate(zip(keys, buckets)):
+                    for position, (j, r) in enumerate(zip(keys, buckets, strict=True)):
                         dropped = torch.exp(scores[position] - lse)
                         if keep is not None:
                             dropped = dropped * (float(keep[b, h, i, j]) / (1.0 - dropout))
@@ -126,7 +126,7 @@ def test_kernel_matches_float64_loop_oracle(name):
     inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
     loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
     expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
-    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs)):
+    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
@@ -142,13 +142,13 @@ def test_kernel_float32_matches_float64_oracle(name):
     keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device) if dropout else None
     expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
                            dropout)
-    for got, want in zip((output, masses, lse), expected):
+    for got, want in zip((output, masses, lse), expected, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
     grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     inputs = (query, key, value, table)
     grads = torch.autograd.grad((output * grad_output).sum() + masses.sum(), inputs)
     expected_grads = torch.autograd.grad((expected[0] * grad_output.double()).sum() + expected[1].sum(), inputs)
-    for got, want in zip(grads, expected_grads):
+    for got, want in zip(grads, expected_grads, strict=True):
         torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=5e-5)
 
 
@@ -268,7 +268,7 @@ def test_cached_generation_matches_eager(triton_calls):
                                          max_new_tokens=6, do_sample=False, num_beams=1, output_scores=True,
                                          return_dict_in_generate=True)
     assert torch.equal(outputs["relpos_triton"].sequences, outputs["eager"].sequences)
-    for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores):
+    for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
 

@@ -60,8 +60,8 @@ def add_distance_sums(sums, x, bucket, first_row, first_col, query_offset, max_d
         sums += tl.where(distances[None, :] == 0, tl.sum(x, 1)[:, None], 0.0)
     elif least >= max_distance:
         sums += tl.where(distances[None, :] == 2 * max_distance, tl.sum(x, 1)[:, None], 0.0)
-    else:
-        for r in range(0, 2 * max_distance + 1):
+    else:  # the distances this tile meets
+        for r in range(tl.maximum(least + max_distance, 0), tl.minimum(most + max_distance, 2 * max_distance) + 1):
             by_row = tl.sum(tl.where(bucket == r, x, 0.0), 1)
             sums += tl.where(distances[None, :] == r, by_row[:, None], 0.0)
     return sums
@@ -80,14 +80,18 @@ def key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL: tl.constex
 
 
 @triton.jit
-def tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start, key_end, query_offset,
-                max_distance, scaling, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr,
-                CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
-    """The key tile k [BLOCK_N, BLOCK_D], the masked scores s (-inf where not allowed), the buckets and the mask."""
+def load_rows(X, base, stride, rows, first, end, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows [BLOCK, BLOCK_D] of a [.., d] tensor, zero outside [first, end) and beyond the head size."""
     dims = tl.arange(0, BLOCK_D)
+    return tl.load(X + base + rows[:, None] * stride + dims[None, :],
+                   mask=((rows >= first) & (rows < end))[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset, max_distance, scaling, R,
+                HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask."""
     col_ok = (cols >= key_start) & (cols < key_end)
-    k = tl.load(K + k_base + cols[:, None] * stride_kn + dims[None, :],
-                mask=col_ok[:, None] & (dims[None, :] < HEAD_DIM), other=0.0)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ACC) * scaling
     bucket = clipped_bucket(rows, cols, query_offset, max_distance)
     if HAS_BIAS:
@@ -95,12 +99,12 @@ def tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_star
     allowed = row_ok[:, None] & col_ok[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
-    return k, tl.where(allowed, s, float("-inf")), bucket, allowed
+    return tl.where(allowed, s, float("-inf")), bucket, allowed
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_forward_kernel(
-    Q, K, V, T, O, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     heads, query_length, key_length, query_offset, max_distance,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
@@ -118,8 +122,7 @@ def relative_forward_kernel(
     dims = tl.arange(0, BLOCK_D)
     row_ok = rows < query_length
     dim_ok = dims[None, :] < HEAD_DIM
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
-                mask=row_ok[:, None] & dim_ok, other=0.0)
+    q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     k_base = b * stride_kb + h * stride_kh
     v_base = b * stride_vb + h * stride_vh
     t_base = bh.to(tl.int64) * query_length * R
@@ -131,9 +134,9 @@ def relative_forward_kernel(
     masses = tl.zeros([BLOCK_M, BLOCK_R], ACC)
     for first_col in range(first, last, BLOCK_N):
         cols = first_col + tl.arange(0, BLOCK_N)
-        _, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
-                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
-                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
+        k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
+                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         p = tl.exp(s - shift[:, None])
@@ -142,8 +145,7 @@ def relative_forward_kernel(
         if DROPOUT:
             keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
             p = tl.where(keep, p * keep_scale, 0.0)
-        v = tl.load(V + v_base + cols[:, None] * stride_vn + dims[None, :],
-                    mask=((cols >= key_start) & (cols < key_end))[:, None] & dim_ok, other=0.0)
+        v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
         acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(ACC)
         if HAS_VALUES:
             masses = add_distance_sums(masses * rescale[:, None], p, bucket, first_row, first_col, query_offset,
@@ -152,7 +154,7 @@ def relative_forward_kernel(
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
-    tl.store(O + (out_base + rows[:, None]) * HEAD_DIM + dims[None, :], (acc / normalizer[:, None]).to(O.dtype.element_ty),
+    tl.store(OUT + (out_base + rows[:, None]) * HEAD_DIM + dims[None, :], (acc / normalizer[:, None]).to(OUT.dtype.element_ty),
              mask=row_ok[:, None] & dim_ok)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
@@ -200,10 +202,8 @@ def relative_backward_keys_kernel(
     dim_ok = dims[None, :] < HEAD_DIM
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
-    col_ok = (cols >= key_start) & (cols < key_end)
-    k_base = b * stride_kb + h * stride_kh
-    v = tl.load(V + b * stride_vb + h * stride_vh + cols[:, None] * stride_vn + dims[None, :],
-                mask=col_ok[:, None] & dim_ok, other=0.0)
+    k = load_rows(K, b * stride_kb + h * stride_kh, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    v = load_rows(V, b * stride_vb + h * stride_vh, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     t_base = bh.to(tl.int64) * query_length * R
     row_base = bh.to(tl.int64) * query_length
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
@@ -215,15 +215,13 @@ def relative_backward_keys_kernel(
     for first_row in range(first, tl.where(padding_only, 0, query_length), BLOCK_M):  # padding only: zero gradients
         rows = first_row + tl.arange(0, BLOCK_M)
         row_ok = rows < query_length
-        q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
-                    mask=row_ok[:, None] & dim_ok, other=0.0)
+        q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
         do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
                      other=0.0)
         lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
         delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
-        k, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
-                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
-                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
+                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
         dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
                                      bh, seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                      PRECISION)
@@ -255,8 +253,7 @@ def relative_backward_queries_kernel(
     row_ok = rows < query_length
     dim_ok = dims[None, :] < HEAD_DIM
     row_base = bh.to(tl.int64) * query_length
-    q = tl.load(Q + b * stride_qb + h * stride_qh + rows[:, None] * stride_qn + dims[None, :],
-                mask=row_ok[:, None] & dim_ok, other=0.0)
+    q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
                  other=0.0)
     lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
@@ -270,11 +267,10 @@ def relative_backward_queries_kernel(
     d_table = tl.zeros([BLOCK_M, BLOCK_R], ACC)
     for first_col in range(first, last, BLOCK_N):
         cols = first_col + tl.arange(0, BLOCK_N)
-        k, s, bucket, allowed = tile_scores(q, K, T, k_base, t_base, stride_kn, rows, cols, row_ok, key_start,
-                                            key_end, query_offset, max_distance, scaling, R, HEAD_DIM, BLOCK_D,
-                                            HAS_BIAS, CAUSAL, ACC, PRECISION)
-        v = tl.load(V + v_base + cols[:, None] * stride_vn + dims[None, :],
-                    mask=((cols >= key_start) & (cols < key_end))[:, None] & dim_ok, other=0.0)
+        k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+        v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
+                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
         _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh,
                                seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                PRECISION)
