@@ -311,3 +311,23 @@ def test_custom_op_registrations():
     arguments = (query, key, value, table, key_start, key_end, torch.tensor([2**40], device=DEVICE), 8**-0.5, 0.0, 0, 3, True, True)
     torch.library.opcheck(relative_attention, arguments,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_custom_op_under_torch_compile():
+    """torch.compile (fullgraph, AOT autograd) traces the op and its backward as opaque ops: the same values and
+    gradients as the uncompiled call."""
+    case = KERNEL_CASES["dropout_encoder"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+
+    def attend(query, key, value, table):
+        output, masses, _ = relative_attention(query, key, value, table, key_start, key_end,
+                                               torch.tensor([2**40 + 11]), 8**-0.5, 0.3, 0, 2, False, True)
+        return (output.sum(-1) + masses.sum(-1)).square().sum()
+
+    inputs = (query, key, value, table)
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    expected, got = attend(*inputs), compiled(*inputs)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for got_grad, expected_grad in zip(torch.autograd.grad(got, inputs), torch.autograd.grad(expected, inputs),
+                                       strict=True):
+        torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-12)
