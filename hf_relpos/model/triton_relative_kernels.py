@@ -88,6 +88,14 @@ def load_rows(X, base, stride, rows, first, end, HEAD_DIM: tl.constexpr, BLOCK_D
 
 
 @triton.jit
+def store_rows(X, base, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows `rows` < `end` of a contiguous [.., d] tensor from `value` [BLOCK, BLOCK_D]."""
+    dims = tl.arange(0, BLOCK_D)
+    tl.store(X + base + rows[:, None] * HEAD_DIM + dims[None, :], value.to(X.dtype.element_ty),
+             mask=(rows < end)[:, None] & (dims[None, :] < HEAD_DIM))
+
+
+@triton.jit
 def tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset, max_distance, scaling, R,
                 HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
     """The masked scores s of a tile (-inf where not allowed), its buckets and its mask."""
@@ -102,6 +110,23 @@ def tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_o
     return tl.where(allowed, s, float("-inf")), bucket, allowed
 
 
+@triton.jit
+def program_block(heads, max_distance, SCALES, BLOCK: tl.constexpr):
+    """This program's first row (or key) index, b H + h, b, h, 2k + 1, c and 1 / (1 - p) (the scales in the
+    accumulation dtype: a float argument would reach the kernel as float32)."""
+    bh = tl.program_id(1)
+    return (tl.program_id(0) * BLOCK, bh, bh // heads, bh % heads, 2 * max_distance + 1, tl.load(SCALES),
+            tl.load(SCALES + 1))
+
+
+@triton.jit
+def load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dO [BLOCK, BLOCK_D], lse and Delta of the rows `rows` (contiguous [B, H, n, d] and [B, H, n])."""
+    row_ok = rows < query_length
+    return (load_rows(DO, row_base * HEAD_DIM, HEAD_DIM, rows, 0, query_length, HEAD_DIM, BLOCK_D),
+            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0), tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
+
+
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_forward_kernel(
     Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
@@ -112,16 +137,9 @@ def relative_forward_kernel(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One query block of one (b, h): the online softmax over its key tiles, with the per-distance masses."""
-    first_row = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
-    R = 2 * max_distance + 1
-    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
-    keep_scale = tl.load(SCALES + 1)
+    first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
     row_ok = rows < query_length
-    dim_ok = dims[None, :] < HEAD_DIM
     q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     k_base = b * stride_kb + h * stride_kh
     v_base = b * stride_vb + h * stride_vh
@@ -154,8 +172,7 @@ def relative_forward_kernel(
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
-    tl.store(OUT + (out_base + rows[:, None]) * HEAD_DIM + dims[None, :], (acc / normalizer[:, None]).to(OUT.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok)
+    store_rows(OUT, out_base * HEAD_DIM, rows, query_length, acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
         distances = tl.arange(0, BLOCK_R)
@@ -191,15 +208,8 @@ def relative_backward_keys_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dk, dv of one key block of one (b, h), over the query blocks that may attend to it."""
-    first_col = tl.program_id(0) * BLOCK_N
-    bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
-    R = 2 * max_distance + 1
-    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
-    keep_scale = tl.load(SCALES + 1)
+    first_col, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_N)
     cols = first_col + tl.arange(0, BLOCK_N)
-    dims = tl.arange(0, BLOCK_D)
-    dim_ok = dims[None, :] < HEAD_DIM
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
     k = load_rows(K, b * stride_kb + h * stride_kh, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
@@ -216,10 +226,7 @@ def relative_backward_keys_kernel(
         rows = first_row + tl.arange(0, BLOCK_M)
         row_ok = rows < query_length
         q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-        do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
-                     other=0.0)
-        lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
-        delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
+        do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
         s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
                                          max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
         dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
@@ -227,9 +234,9 @@ def relative_backward_keys_kernel(
                                      PRECISION)
         dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION).to(ACC)
         dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION).to(ACC)
-    out = (bh.to(tl.int64) * key_length + cols[:, None]) * HEAD_DIM + dims[None, :]
-    tl.store(DK + out, (dk * scaling).to(DK.dtype.element_ty), mask=(cols < key_length)[:, None] & dim_ok)
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=(cols < key_length)[:, None] & dim_ok)
+    out_base = bh.to(tl.int64) * key_length * HEAD_DIM
+    store_rows(DK, out_base, cols, key_length, dk * scaling, HEAD_DIM, BLOCK_D)
+    store_rows(DV, out_base, cols, key_length, dv, HEAD_DIM, BLOCK_D)
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -242,22 +249,12 @@ def relative_backward_queries_kernel(
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h)."""
-    first_row = tl.program_id(0) * BLOCK_M
-    bh = tl.program_id(1)
-    b, h = bh // heads, bh % heads
-    R = 2 * max_distance + 1
-    scaling = tl.load(SCALES)  # c and 1 / (1 - p) in the accumulation dtype
-    keep_scale = tl.load(SCALES + 1)
+    first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
-    dims = tl.arange(0, BLOCK_D)
     row_ok = rows < query_length
-    dim_ok = dims[None, :] < HEAD_DIM
     row_base = bh.to(tl.int64) * query_length
     q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do = tl.load(DO + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], mask=row_ok[:, None] & dim_ok,
-                 other=0.0)
-    lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
-    delta = tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0)
+    do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
     k_base = b * stride_kb + h * stride_kh
     v_base = b * stride_vb + h * stride_vh
     t_base = row_base * R
@@ -278,8 +275,7 @@ def relative_backward_queries_kernel(
         if HAS_BIAS:
             d_table = add_distance_sums(d_table, ds, bucket, first_row, first_col, query_offset, max_distance,
                                         BLOCK_M, BLOCK_N, BLOCK_R)
-    tl.store(DQ + (row_base + rows[:, None]) * HEAD_DIM + dims[None, :], (dq * scaling).to(DQ.dtype.element_ty),
-             mask=row_ok[:, None] & dim_ok)
+    store_rows(DQ, row_base * HEAD_DIM, rows, query_length, dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
         distances = tl.arange(0, BLOCK_R)
         tl.store(DT + (row_base + rows[:, None]) * R + distances[None, :], d_table.to(DT.dtype.element_ty),
