@@ -331,3 +331,13 @@ def test_custom_op_under_torch_compile():
     for got_grad, expected_grad in zip(torch.autograd.grad(got, inputs), torch.autograd.grad(expected, inputs),
                                        strict=True):
         torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-12)
+
+
+def test_a_second_copy_of_the_module_registers_its_own_ops(tmp_path):
+    """A Hub folder's remote-code copy of triton_relative.py loads beside hf_relpos' own (no op registered twice)."""
+    spec = importlib.util.spec_from_file_location("transformers_modules.me.model.triton_relative",
+                                                  triton_relative.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy.OP_NAMESPACE == "transformers_modules_me_model" != triton_relative.OP_NAMESPACE == "hf_relpos_model"
+    assert copy.relative_attention._qualname != triton_relative.relative_attention._qualname

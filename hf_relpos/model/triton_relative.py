@@ -16,6 +16,7 @@ the tests use.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import torch
@@ -23,6 +24,9 @@ import torch
 KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
 SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
+# The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
+# one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
+OP_NAMESPACE = re.sub(r"\W", "_", __name__.rpartition(".")[0] or __name__)
 
 
 def interpreting() -> bool:
@@ -93,7 +97,7 @@ def with_unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 
-@torch.library.custom_op("hf_relpos::relative_attention", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())
 def relative_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
     key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float, dropout: float,
@@ -130,7 +134,7 @@ def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
             query.new_empty(batch, heads, query_length, dtype=accumulate))
 
 
-@torch.library.custom_op("hf_relpos::relative_attention_backward", mutates_args=())
+@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward", mutates_args=())
 def relative_attention_backward(
     grad_output: torch.Tensor, grad_masses: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     value: torch.Tensor, bias_table: torch.Tensor | None, output: torch.Tensor, masses: torch.Tensor,
