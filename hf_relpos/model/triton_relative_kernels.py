@@ -49,21 +49,34 @@ def dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length):
 
 
 @triton.jit
+def tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """-1 for a tile whose keys are all at distance <= -k from its queries (bucket 0), 1 for all >= k (bucket 2k),
+    0 for a tile that meets the band."""
+    left = first_col + BLOCK_N - 1 - first_row - query_offset <= -max_distance
+    right = first_col - (first_row + BLOCK_M - 1) - query_offset >= max_distance
+    return tl.where(right, 1, 0) - tl.where(left, 1, 0)
+
+
+@triton.jit
 def add_distance_sums(sums, x, bucket, first_row, first_col, query_offset, max_distance,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij: one row sum into an edge bucket for a tile beyond +-k, else
-    one masked row sum per distance."""
-    distances = tl.arange(0, BLOCK_R)
-    least = first_col - (first_row + BLOCK_M - 1) - query_offset
-    most = first_col + BLOCK_N - 1 - first_row - query_offset
-    if most <= -max_distance:
-        sums += tl.where(distances[None, :] == 0, tl.sum(x, 1)[:, None], 0.0)
-    elif least >= max_distance:
-        sums += tl.where(distances[None, :] == 2 * max_distance, tl.sum(x, 1)[:, None], 0.0)
-    else:  # the distances this tile meets
-        for r in range(tl.maximum(least + max_distance, 0), tl.minimum(most + max_distance, 2 * max_distance) + 1):
-            by_row = tl.sum(tl.where(bucket == r, x, 0.0), 1)
-            sums += tl.where(distances[None, :] == r, by_row[:, None], 0.0)
+    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij: one row sum into an edge bucket for a tile beyond +-k; for a
+    tile that meets the band, two masked row sums for the edges and, for the 2k - 1 distances inside, the one entry
+    per row on each diagonal j = i' + r - k, gathered (O(tile) work, not O(k tile))."""
+    distances = tl.arange(0, BLOCK_R)[None, :]
+    side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
+    if side == -1:
+        sums += tl.where(distances == 0, tl.sum(x, 1)[:, None], 0.0)
+    elif side == 1:
+        sums += tl.where(distances == 2 * max_distance, tl.sum(x, 1)[:, None], 0.0)
+    else:
+        left = tl.sum(tl.where(bucket == 0, x, 0.0), 1)
+        right = tl.sum(tl.where((bucket == 2 * max_distance) & (bucket > 0), x, 0.0), 1)  # k = 0: all in bucket 0
+        column = tl.arange(0, BLOCK_M)[:, None] + (first_row + query_offset - max_distance - first_col) + distances
+        inside = (distances > 0) & (distances < 2 * max_distance) & (column >= 0) & (column < BLOCK_N)
+        diagonal = tl.gather(x, tl.where(inside, column, 0), axis=1)
+        sums += (tl.where(inside, diagonal, 0.0) + tl.where(distances == 0, left[:, None], 0.0)
+                 + tl.where(distances == 2 * max_distance, right[:, None], 0.0))
     return sums
 
 
@@ -96,14 +109,24 @@ def store_rows(X, base, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset, max_distance, scaling, R,
-                HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr):
-    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask."""
+def tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end, query_offset, max_distance, scaling, R,
+                query_length, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask. The bias of a tile beyond
+    +-k is one column of T per row; a tile meeting the band gathers T[i, r(i, j)]."""
+    rows = first_row + tl.arange(0, BLOCK_M)
+    cols = first_col + tl.arange(0, BLOCK_N)
+    row_ok = rows < query_length
     col_ok = (cols >= key_start) & (cols < key_end)
     s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ACC) * scaling
     bucket = clipped_bucket(rows, cols, query_offset, max_distance)
     if HAS_BIAS:
-        s += tl.load(T + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
+        side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
+        if side == 0:
+            s += tl.load(T + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
+        else:
+            edge = tl.where(side == 1, 2 * max_distance, 0)
+            s += tl.load(T + t_base + rows * R + edge, mask=row_ok, other=0.0).to(ACC)[:, None]
     allowed = row_ok[:, None] & col_ok[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
@@ -153,8 +176,9 @@ def relative_forward_kernel(
     for first_col in range(first, last, BLOCK_N):
         cols = first_col + tl.arange(0, BLOCK_N)
         k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
-                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
+                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
+                                         PRECISION, BLOCK_M, BLOCK_N)
         new_max = tl.maximum(row_max, tl.max(s, 1))
         shift = tl.where(new_max == float("-inf"), 0.0, new_max)
         p = tl.exp(s - shift[:, None])
@@ -227,8 +251,9 @@ def relative_backward_keys_kernel(
         row_ok = rows < query_length
         q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
         do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
-                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
+                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
+                                         PRECISION, BLOCK_M, BLOCK_N)
         dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
                                      bh, seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                      PRECISION)
@@ -266,8 +291,9 @@ def relative_backward_queries_kernel(
         cols = first_col + tl.arange(0, BLOCK_N)
         k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
         v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, rows, cols, row_ok, key_start, key_end, query_offset,
-                                         max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION)
+        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
+                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
+                                         PRECISION, BLOCK_M, BLOCK_N)
         _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh,
                                seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                PRECISION)
