@@ -43,13 +43,6 @@ def check_device(device: torch.device) -> None:
         f"TRITON_INTERPRET=1, for tests), got tensors on {device.type!r}: use 'sdpa' or 'eager' on this device")
 
 
-def kernels() -> Any:
-    """The Triton kernels module, imported on first use."""
-    from . import triton_relative_kernels
-
-    return triton_relative_kernels
-
-
 def next_power_of_2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
@@ -58,7 +51,7 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                     dropout: float) -> dict[str, Any]:
     """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
     inputs) and matmul precision (IEEE for float32/64: no TF32)."""
-    tl = kernels().tl
+    from .triton_relative_kernels import tl  # each use imports the kernels' module: triton only when they run
     head_dim = query.size(-1)
     accumulate_64 = query.dtype == torch.float64
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
@@ -116,8 +109,9 @@ def relative_attention(
     lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
     settings = launch_settings(query, max_distance, bias_table is not None, with_masses, causal, dropout)
     table = query if bias_table is None else bias_table.contiguous()
-    module = kernels()
-    launch(module.relative_forward_kernel, module.tuned_forward, "BLOCK_M", query_length, batch * heads,
+    from .triton_relative_kernels import relative_forward_kernel, tuned_forward
+
+    launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
            query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
            int(seed.item()), dropout, *strides(query, key, value), heads, query_length, key_length, query_offset,
            max_distance, **settings)
@@ -163,11 +157,17 @@ def relative_attention_backward(
     table = query if bias_table is None else bias_table.contiguous()
     common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
               *strides(query, key, value), heads, query_length, key_length, query_offset, max_distance)
-    module = kernels()
-    launch(module.relative_backward_keys_kernel, module.tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
+    from .triton_relative_kernels import (
+        relative_backward_keys_kernel,
+        relative_backward_queries_kernel,
+        tuned_backward_keys,
+        tuned_backward_queries,
+    )
+
+    launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
            query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
            **{name: value for name, value in settings.items() if name != "BLOCK_R"})
-    launch(module.relative_backward_queries_kernel, module.tuned_backward_queries, "BLOCK_M", query_length,
+    launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
            batch * heads, query, key, value, table, grad_output, grad_masses, lse, delta, grad_query, grad_table,
            *common, **settings)
     return grad_query, grad_key, grad_value, grad_table.to(bias_table.dtype) if with_bias else grad_table
@@ -220,7 +220,9 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
     check_device(device)
     keep = torch.empty(batch * heads, query_length, key_length, dtype=torch.int8, device=device)
     block = INTERPRETER_BLOCK
-    kernels().dropout_keep_kernel[(triton_cdiv(query_length, block), triton_cdiv(key_length, block), batch * heads)](
+    from .triton_relative_kernels import dropout_keep_kernel
+
+    dropout_keep_kernel[(triton_cdiv(query_length, block), triton_cdiv(key_length, block), batch * heads)](
         keep, seed, dropout, query_length, key_length, BLOCK_M=block, BLOCK_N=block)
     return keep.view(batch, heads, query_length, key_length).bool()
 
