@@ -152,6 +152,31 @@ def test_kernel_float32_matches_float64_oracle(name):
         torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=5e-5)
 
 
+def test_kernel_bfloat16_within_bfloat16_rounding_of_the_oracle():
+    """bf16 inputs (float32 accumulation; under the interpreter the bf16 operands are multiplied as float32, as a
+    GPU's tensor cores do): output, masses, lse and every gradient within bf16 rounding of the float64 oracle on the
+    same bf16 inputs."""
+    case = KERNEL_CASES["dropout_decoder_cached"]
+    k, _, key_length, query_offset, causal, _, _, _, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.bfloat16)
+    seed = torch.tensor([2**40 + 9])
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
+                                             query_offset, k, causal, True)
+    assert output.dtype == torch.bfloat16 and masses.dtype == lse.dtype == torch.float32
+    keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device)
+    expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
+                           dropout)
+    torch.testing.assert_close(output.double(), expected[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(masses.double(), expected[1], rtol=0, atol=1e-5)   # float32 sums of float32 P
+    torch.testing.assert_close(lse.double(), expected[2], rtol=0, atol=1e-5)
+    inputs = (query, key, value, table)
+    grads = torch.autograd.grad(output.float().square().sum() + masses.sum(), inputs)
+    expected_grads = torch.autograd.grad(expected[0].square().sum() + expected[1].sum(), inputs)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=3e-2 * want.abs().max().item())
+
+
 def test_dropout_mask_depends_on_seed_and_position():
     """Different seeds draw different masks; the mask is not the same for every row or head."""
     first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)
@@ -254,6 +279,25 @@ def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatc
     torch.testing.assert_close(triton_logits, logits, rtol=0, atol=1e-12)
     for name, grad in grads.items():
         torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
+
+
+def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
+    """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
+    (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE)
+    logits, grads = run_model(model, "eager", seq2seq_batch())
+    results = {}
+    for kernel in ("eager", "relpos_triton"):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            results[kernel] = run_model(model, kernel, seq2seq_batch())
+    assert len(triton_calls) == 4
+    errors = {kernel: (got.float() - logits).abs().max().item() for kernel, (got, _) in results.items()}
+    assert errors["relpos_triton"] <= 2 * errors["eager"] + 1e-3 * logits.abs().max().item(), errors
+    for name, grad in grads.items():
+        error, eager_error = ((results[kernel][1][name] - grad).abs().max().item() for kernel in ("relpos_triton", "eager"))
+        # + 1e-6: gradients that are zero in exact arithmetic (the keys' bias) are rounding noise in both
+        assert error <= 2 * eager_error + 1e-3 * grad.abs().max().item() + 1e-6, (name, error, eager_error)
 
 
 def test_cached_generation_matches_eager(triton_calls):

@@ -50,14 +50,16 @@ def next_power_of_2(value: int) -> int:
 def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, with_masses: bool, causal: bool,
                     dropout: float) -> dict[str, Any]:
     """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
-    inputs) and matmul precision (IEEE for float32/64: no TF32)."""
+    inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
+    the interpreter, `matmul`)."""
     from .triton_relative_kernels import tl  # each use imports the kernels' module: triton only when they run
     head_dim = query.size(-1)
     accumulate_64 = query.dtype == torch.float64
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
                 HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout > 0,
                 ACC=tl.float64 if accumulate_64 else tl.float32,
-                PRECISION="ieee" if query.dtype in (torch.float32, torch.float64) else "tf32",
+                PRECISION=("ieee" if query.dtype in (torch.float32, torch.float64)
+                           else "float32" if interpreting() else "tf32"),
                 BLOCK_R=next_power_of_2(2 * max_distance + 1))
 
 
@@ -65,13 +67,13 @@ def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *a
     """Run `kernel` over a grid of (row blocks, batch x heads): autotuned on a GPU, with 16-wide blocks under the
     interpreter. `blocks` names the block size that tiles `rows`."""
     if interpreting():
-        kernel[(triton_cdiv(rows, INTERPRETER_BLOCK), batch_heads)](
+        kernel[(ceil_div(rows, INTERPRETER_BLOCK), batch_heads)](
             *args, **settings, BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
     else:
-        tuned[lambda meta: (triton_cdiv(rows, meta[blocks]), batch_heads)](*args, **settings)
+        tuned[lambda meta: (ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
 
 
-def triton_cdiv(a: int, b: int) -> int:
+def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
@@ -222,7 +224,7 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
     block = INTERPRETER_BLOCK
     from .triton_relative_kernels import dropout_keep_kernel
 
-    dropout_keep_kernel[(triton_cdiv(query_length, block), triton_cdiv(key_length, block), batch * heads)](
+    dropout_keep_kernel[(ceil_div(query_length, block), ceil_div(key_length, block), batch * heads)](
         keep, seed, dropout, query_length, key_length, BLOCK_M=block, BLOCK_N=block)
     return keep.view(batch, heads, query_length, key_length).bool()
 
@@ -233,6 +235,8 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
     mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
     covered, holes or windows are not. Read and checked once per mask tensor (one host sync per stack call) and
     kept on it, so every layer of a forward shares them."""
+    if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
+        return None
     if attention_mask is None:
         return (torch.zeros(batch, dtype=torch.int32, device=device),
                 torch.full((batch,), key_length, dtype=torch.int32, device=device))

@@ -35,6 +35,17 @@ RUNTIME_INTS = ["seed", "heads", "query_length", "key_length", "query_offset", "
 
 
 @triton.jit
+def matmul(a, b, ACC: tl.constexpr, PRECISION: tl.constexpr):
+    """a @ b in the accumulation dtype. PRECISION "float32" (half-precision inputs under Triton's interpreter, whose
+    tl.dot is wrong for bf16/fp16 in triton 3.9) multiplies the operands as float32: what a GPU's tensor cores compute
+    for them, products exact and sums in float32."""
+    if PRECISION == "float32":
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee").to(ACC)
+    else:
+        return tl.dot(a, b, input_precision=PRECISION).to(ACC)
+
+
+@triton.jit
 def clipped_bucket(rows, cols, query_offset, max_distance):
     """r(i, j) = clip(j - i - query_offset, k) + k for a tile [BLOCK_M, BLOCK_N]."""
     delta = cols[None, :] - rows[:, None] - query_offset
@@ -118,7 +129,7 @@ def tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end, query
     cols = first_col + tl.arange(0, BLOCK_N)
     row_ok = rows < query_length
     col_ok = (cols >= key_start) & (cols < key_end)
-    s = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(ACC) * scaling
+    s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
     bucket = clipped_bucket(rows, cols, query_offset, max_distance)
     if HAS_BIAS:
         side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
@@ -188,7 +199,7 @@ def relative_forward_kernel(
             keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
             p = tl.where(keep, p * keep_scale, 0.0)
         v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        acc = acc * rescale[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(ACC)
+        acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
         if HAS_VALUES:
             masses = add_distance_sums(masses * rescale[:, None], p, bucket, first_row, first_col, query_offset,
                                        max_distance, BLOCK_M, BLOCK_N, BLOCK_R)
@@ -210,7 +221,7 @@ def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows
                    ACC: tl.constexpr, PRECISION: tl.constexpr):
     """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse."""
     p = tl.where(allowed, tl.exp(s - tl.where(lse == float("-inf"), 0.0, lse)[:, None]), 0.0)  # no key: P = 0
-    d_dropped = tl.dot(do, tl.trans(v), input_precision=PRECISION).to(ACC)
+    d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
         d_dropped += tl.load(DM + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
     dropped = p
@@ -257,8 +268,8 @@ def relative_backward_keys_kernel(
         dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
                                      bh, seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                      PRECISION)
-        dv += tl.dot(tl.trans(dropped.to(do.dtype)), do, input_precision=PRECISION).to(ACC)
-        dk += tl.dot(tl.trans(ds.to(q.dtype)), q, input_precision=PRECISION).to(ACC)
+        dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
+        dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
     out_base = bh.to(tl.int64) * key_length * HEAD_DIM
     store_rows(DK, out_base, cols, key_length, dk * scaling, HEAD_DIM, BLOCK_D)
     store_rows(DV, out_base, cols, key_length, dv, HEAD_DIM, BLOCK_D)
@@ -297,7 +308,7 @@ def relative_backward_queries_kernel(
         _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh,
                                seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
                                PRECISION)
-        dq += tl.dot(ds.to(k.dtype), k, input_precision=PRECISION).to(ACC)
+        dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
         if HAS_BIAS:
             d_table = add_distance_sums(d_table, ds, bucket, first_row, first_col, query_offset, max_distance,
                                         BLOCK_M, BLOCK_N, BLOCK_R)
