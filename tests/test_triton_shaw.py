@@ -9,6 +9,10 @@ tests run the compiled kernels on CUDA."""
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -385,3 +389,16 @@ def test_a_second_copy_of_the_module_registers_its_own_ops(tmp_path):
     spec.loader.exec_module(copy)
     assert copy.OP_NAMESPACE == "transformers_modules_me_model" != triton_relative.OP_NAMESPACE == "hf_relpos_model"
     assert copy.relative_attention._qualname != triton_relative.relative_attention._qualname
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_an_h100_without_a_gpu():
+    """Triton's compiler and bundled ptxas build the forward and both backward kernels for sm_90 in bf16 (first
+    autotuning configuration), within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick"],
+                            cwd=Path(__file__).resolve().parents[1], env=environment, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == 3 and all("(fits)" in line for line in lines), result.stdout
