@@ -181,6 +181,18 @@ def test_kernel_bfloat16_within_bfloat16_rounding_of_the_oracle():
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=3e-2 * want.abs().max().item())
 
 
+def test_backward_is_deterministic():
+    """Two backward passes of the same call give bitwise-equal gradients (no atomics: each program writes its rows)."""
+    case = KERNEL_CASES["dropout_encoder"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float32)
+    output, masses, _ = relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40 + 5]),
+                                           8**-0.5, 0.3, 0, 2, False, True)
+    loss = output.square().sum() + masses.square().sum()
+    first = torch.autograd.grad(loss, (query, key, value, table), retain_graph=True)
+    second = torch.autograd.grad(loss, (query, key, value, table))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
 def test_dropout_mask_depends_on_seed_and_position():
     """Different seeds draw different masks; the mask is not the same for every row or head."""
     first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)
