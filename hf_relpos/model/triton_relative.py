@@ -15,6 +15,7 @@ the tests use.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 from typing import Any
@@ -79,8 +80,13 @@ def ceil_div(a: int, b: int) -> int:
 
 def scales(query: torch.Tensor, scaling: float, dropout: float) -> torch.Tensor:
     """(c, 1 / (1 - p)) in the accumulation dtype: a float argument would reach the kernel as float32."""
-    dtype = torch.promote_types(query.dtype, torch.float32)
-    return torch.tensor([scaling, 1.0 / (1.0 - dropout)], dtype=dtype, device=query.device)
+    return scales_on(torch.promote_types(query.dtype, torch.float32), query.device, scaling, dropout)
+
+
+@functools.lru_cache(maxsize=64)
+def scales_on(dtype: torch.dtype, device: torch.device, scaling: float, dropout: float) -> torch.Tensor:
+    """`scales`, built once per setting (no host-to-device copy per layer)."""
+    return torch.tensor([scaling, 1.0 / (1.0 - dropout)], dtype=dtype, device=device)
 
 
 def strides(*tensors: torch.Tensor) -> list[int]:
