@@ -34,7 +34,7 @@ SCHEMES: dict[str, dict[str, Any]] = {
     "none": {"attention_type": "none"},
 }
 BASELINE = "absolute"
-KERNELS = ("sdpa", "eager", "flex_attention")
+KERNELS = ("sdpa", "eager", "flex_attention", "relpos_triton")
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -86,7 +86,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kernel", choices=KERNELS, default="sdpa",
-        help="attention kernel of every scheme (flex_attention: compiled on CUDA; Shaw's a^V term needs the explicit softmax)",
+        help="attention kernel of every scheme (flex_attention: compiled on CUDA; relpos_triton: Shaw's a^K and a^V in "
+        "one Triton kernel on CUDA, the other schemes on sdpa)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
     parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")

@@ -11,11 +11,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-import hf_relpos
+# Triton's CPU interpreter for attn_implementation "relpos_triton" (tests/test_triton_shaw.py) where there is no GPU:
+# read when triton decorates its own library functions, so set before anything imports triton (torch._dynamo does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import AttentionInterface  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+
+import hf_relpos  # noqa: E402
 
 # Tiny test models gain nothing from intra-op threads, and two threads on a loaded 2-core machine are many times
 # slower than one: pin one so the suite's time does not depend on what else runs.

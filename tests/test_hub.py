@@ -37,7 +37,8 @@ PAIRS = [
 ]
 CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "generation_limits.py", "modeling_relpos.py", "positions.py",
               "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py",
-              "positions_none.py", "positions_alibi.py", "positions_t5.py", "positions_rope.py"}
+              "positions_none.py", "positions_alibi.py", "positions_t5.py", "positions_rope.py", "triton_relative.py",
+              "triton_relative_kernels.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                *CODE_FILES}
 RESULTS = {

@@ -421,7 +421,7 @@ def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, ad
         fast_attention(attention, scheme, 4, 4, False, padded=False)
     message = str(error.value)
     assert f"attention_type {attention_type!r} adds {added}" in message and TRANSFORMERS_KERNEL in message
-    assert "['eager', 'sdpa', 'flex_attention']" in message
+    assert "['eager', 'sdpa', 'flex_attention', 'relpos_triton']" in message
 
 
 def test_xl_position_scores_in_both_orders_match_the_loop():

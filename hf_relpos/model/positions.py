@@ -320,13 +320,17 @@ class RelativeBias:
     (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
     scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a record shared by every
     layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
-    score_mod and never builds the n x m float tensor.
+    score_mod and never builds the n x m float tensor. `clip_distance` = k says that the bucket is the clipped
+    distance clip(j - i - `query_offset`, k) + k (Shaw's at consecutive positions), which the "relpos_triton" kernel
+    computes itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
     densify: Callable[[], torch.Tensor] | None = None
+    clip_distance: int | None = None
+    query_offset: int = 0
     _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
 
     def full_table(self) -> torch.Tensor:
@@ -402,7 +406,7 @@ class AttentionTerms:
     - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
       [B, H, n, m] after dropout (Shaw's a^V, a `RelativeValues`).
 
-    Score biases, masks and value terms need hf_relpos' own kernels ("eager", "sdpa", "flex_attention"); a record
+    Score biases, masks and value terms need hf_relpos' own kernels (`RELPOS_KERNELS`); a record
     with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
     """
 

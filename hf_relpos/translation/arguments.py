@@ -85,8 +85,9 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel, transformers' attn_implementation (passed to from_pretrained or to the "
-                          "new model's config; not saved with the model): eager, sdpa or flex_attention (hf_relpos' "
-                          "kernels, which run every scheme), or a transformers kernel such as flash_attention_2 "
+                          "new model's config; not saved with the model): eager, sdpa, flex_attention or "
+                          "relpos_triton (hf_relpos' kernels, which run every scheme; relpos_triton fuses shaw on "
+                          "CUDA and runs the rest on sdpa), or a transformers kernel such as flash_attention_2 "
                           "(only for schemes that add no bias, mask or value term to attention, e.g. absolute, "
                           "rope). null: the model's default (sdpa)."},
     )
