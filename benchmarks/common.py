@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 import hf_relpos
-from hf_relpos.translation.environment import cpu_model_name, source_version
+from hf_relpos.publish.records import cpu_model_name, source_version
 
 # Benchmark label -> config overrides. "shaw" is the paper's a^K + a^V; "shaw-k" drops the a^V term.
 SCHEMES: dict[str, dict[str, Any]] = {

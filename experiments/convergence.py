@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from settings import json_settings
 from vs_marian import (
     PEER,
     PEER_TRAINING_RECIPE,
@@ -47,8 +48,8 @@ from vs_marian import (
     write_results,
 )
 
+from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,

@@ -46,12 +46,13 @@ from pathlib import Path
 
 import torch
 from sacrebleu.metrics import BLEU
+from settings import json_settings
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.records import cpu_model_name
 from hf_relpos.tools.viz import require_matplotlib
-from hf_relpos.translation.environment import cpu_model_name, json_settings
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 PAD, EOS, BOS, UNK = 0, 1, 2, 3

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import torch
 
+from hf_relpos.publish.records import cpu_model_name
 from hf_relpos.tools.viz import require_matplotlib
-from hf_relpos.translation.environment import cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")

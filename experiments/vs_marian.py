@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
+from settings import json_settings
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -59,9 +60,9 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,

@@ -10,7 +10,7 @@ import difflib
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import PositionScheme, get_scheme_class, is_positive_number, require_int, scheme_config_fields
+from .positions import PositionScheme, get_scheme_class, scheme_config_fields
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -22,6 +22,7 @@ from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
 from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
+from .validation import require_int, require_positive_number
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
@@ -210,8 +211,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if self.position_randomization_at_inference and randomization is None:
             raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
                              "randomized positions), which is null")
-        _require_positive_number("init_std", self.init_std)
-        _require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
+        require_positive_number("init_std", self.init_std)
+        require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -235,11 +236,3 @@ def _refuse_misspelled_fields(extra: dict) -> None:
         if match:
             raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
 
-
-def _require_positive_number(name: str, value: object, null_means: str | None = None) -> None:
-    """`value` must be a number > 0, or null when the field has a `null_means` (what null stands for)."""
-    if value is None and null_means is not None:
-        return
-    if not is_positive_number(value):
-        allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -32,7 +32,8 @@ from transformers.utils import is_torch_bf16_gpu_available
 from ..model.attention_functions import RELPOS_KERNELS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
-from ..model.positions import require_int, scheme_config_fields
+from ..model.positions import scheme_config_fields
+from ..model.validation import require_int
 from .data import DataArguments
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS

@@ -47,6 +47,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
+from ..publish.records import cpu_model_name
 from .arguments import (
     MODEL_SECTION,
     PROGRAM,
@@ -79,7 +80,6 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .environment import cpu_model_name
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .preflight import (
     PreflightError,

@@ -1,8 +1,7 @@
-"""Where a run ran, for the metadata of benchmark and experiment reports."""
+"""Where and with what a run ran: the facts a run record keeps beside its settings and scores."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import platform
 import subprocess
@@ -32,8 +31,3 @@ def software_versions() -> dict[str, str]:
 
     return {"python": platform.python_version(), "torch": torch.__version__,
             "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
-
-
-def json_settings(args: argparse.Namespace) -> dict:
-    """A script's parsed command line as JSON values (paths as strings), for its report's settings."""
-    return {key: str(value) if isinstance(value, Path) else value for key, value in vars(args).items()}
