@@ -100,8 +100,9 @@ RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
-# The schemes with a configs/multi30k_small_*.yaml (tests/test_experiments.py checks the list against configs/).
-RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
+# The registered schemes with a recipe, configs/multi30k_small_<scheme>.yaml.
+RECIPE_SCHEMES = tuple(scheme for scheme in ATTENTION_REGISTRY
+                       if (ROOT / "configs" / f"multi30k_small_{scheme}.yaml").is_file())
 # The `<scheme>-matched` rows trained from the scheme's own recipe; the others (rope, alibi, t5, none) ran from
 # absolute's recipe with --model.attention_type before those recipes existed, and keep doing so.
 MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")

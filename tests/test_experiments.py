@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import BUILT_IN_SCHEMES
 
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EXPERIMENT = EXPERIMENTS / "length_generalization.py"
-SCHEMES = {"absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"}
+SCHEMES = set(BUILT_IN_SCHEMES)   # what the experiment, run as a script, has registered
 K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
 

@@ -58,6 +58,13 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
     return ATTENTION_REGISTRY[name]
 
 
+def built_in_schemes() -> tuple[str, ...]:
+    """The names of the schemes registered by the model unit's own files (those hf_relpos ships), in registration
+    order; the registry also holds those a user registered."""
+    unit = __name__.rpartition(".")[0]
+    return tuple(name for name, scheme in ATTENTION_REGISTRY.items() if scheme.__module__.rpartition(".")[0] == unit)
+
+
 def scheme_config_fields() -> dict[str, SchemeField]:
     """The config fields declared by the registered schemes, by name: each is a top-level config attribute (saved
     in config.json), present on every config whatever its `attention_type`."""
