@@ -60,7 +60,8 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
-from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
+from hf_relpos.publish import records as run_records
+from hf_relpos.publish.records import RunRecord, cpu_model_name, scores_by_weights, software_versions, source_version
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
 from hf_relpos.translation.metrics import score_translations
@@ -492,6 +493,23 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
             "length_pool_factor": pool_factor, "gradient_accumulation_steps": accumulation}
 
 
+def typed_record(system: str, is_peer: bool, recipe: str, trained_as: str, seed: int, version: str, hardware: str,
+                 steps: int, training: dict, batches: dict, scores: dict, date: str,
+                 average_checkpoints: int | None = None) -> dict:
+    """The run as hf_relpos' typed run record (`RunRecord.to_json()`, what the model cards read): its role (a peer,
+    or hf_relpos trained from `recipe`), how it trained, its batch, time and scores."""
+    return RunRecord(
+        role=run_records.PEER if is_peer else run_records.RECIPE, recipe=None if is_peer else recipe, system=system,
+        trained_as=trained_as, seed=seed, steps=steps, source_version=version, hardware=hardware, devices=1,
+        training_seconds=training["train_seconds"], date=date, max_tokens_per_batch=batches["token_budget"],
+        gradient_accumulation_steps=batches["gradient_accumulation_steps"], average_checkpoints=average_checkpoints,
+        scores=scores_by_weights(scores)).to_json()
+
+
+def device_description(args: argparse.Namespace) -> str:
+    return f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run"
+
+
 def row_record(row: Row) -> dict:
     """The row as stored in run.json (JSON types: the flags as a list)."""
     return json.loads(json.dumps(asdict(row)))
@@ -520,10 +538,14 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         training = train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
+    batches, date = run_batches(folder, seed, args, training.get("argv")), datetime.now(timezone.utc).isoformat(
+        timespec="seconds")
+    typed = typed_record(row.name, row.is_peer, recipe_path(row.recipe).stem, row.describe(), seed, version,
+                         device_description(args), training.get("steps") or args.max_steps, training, batches,
+                         scores, date)
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
-              "wall_seconds": wall_seconds, **training,
-              "batches": run_batches(folder, seed, args, training.get("argv")),
-              "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
+              "record": typed}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
           f"{scores['validation']['bleu']:.2f}", flush=True)
@@ -671,7 +693,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = {
         "settings": settings,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run",
+        "device": device_description(args),
         "signature": first["scores"]["test"]["bleu_signature"],
         "rows": summarize(rows, records),
         "runs": records,

@@ -17,6 +17,7 @@ import torch
 import transformers
 from conftest import BUILT_IN_SCHEMES
 
+from hf_relpos.publish.records import read_run_records
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -349,6 +350,10 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert [argument.replace("peer+recipe-training", "absolute") for argument in as_recipe["argv"]] == recipe["argv"]
     assert as_recipe["batches"] == recipe["batches"] and as_recipe["batches"]["token_budget"] == 1280
     assert as_recipe["steps"] == 2 and len(as_recipe["train_loss"]) == 2
+    # each run's typed record says what it is: the peer trained as the recipe is a peer, not the recipe
+    assert (as_recipe["record"]["role"], as_recipe["record"]["recipe"]) == ("peer", None)
+    assert (recipe["record"]["role"], recipe["record"]["recipe"]) == ("recipe", "multi30k_small_absolute")
+    assert recipe["record"]["max_tokens_per_batch"] == 1280 and recipe["record"]["steps"] == 2
     state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     peer_tokenizer, recipe_tokenizer = (
@@ -443,6 +448,12 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert results["systems"]["absolute"]["pairs_per_update"] == [run["batches"]["pairs_per_update"]]
     table = (out / "convergence.md").read_text()
     assert "| peer | 1 |" in table and "| absolute | 1 |" in table
+    typed = {record.system: record for record in read_run_records(out / "convergence.json")}
+    assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
+        "peer": ("peer", None), "peer+recipe-training": ("peer", None),
+        "absolute": ("recipe", "multi30k_small_absolute")}
+    assert typed["absolute"].average_checkpoints == 2 and typed["absolute"].steps == run["steps"]
+    assert typed["absolute"].scores["averaged"]["test"].bleu == results["systems"]["absolute"]["averaged_test_bleu"][0]
 
     (out / "convergence.md").unlink()
     subprocess.run([*command[:command.index("--recipe-flags")], "--collect-only"], check=True, timeout=300)
