@@ -303,11 +303,12 @@ class TranslationArgumentParser(HfArgumentParser):
         group = self.add_argument_group(
             f"model: architecture (RelPosTransformerConfig; the YAML's '{MODEL_SECTION}:' section, or "
             f"--{MODEL_SECTION}.FIELD VALUE; values are read as YAML, e.g. [forward, backward])")
-        defaults = RelPosTransformerConfig()
+        defaults = RelPosTransformerConfig()   # a scheme's fields are on the config of that scheme only
+        scheme_defaults = {name: field.default for name, field in scheme_config_fields().items()}
         argument_fields = _argument_fields()
         for name in sorted(model_config_fields()):
             plain = name not in argument_fields  # a training field of the same name (use_cache) keeps the plain flag
-            value = model_values.get(name, getattr(defaults, name, None))
+            value = model_values.get(name, scheme_defaults[name] if name in scheme_defaults else getattr(defaults, name))
             help_text = config_field_help(name).replace("%", "%%")
             common = dict(dest=f"{MODEL_SECTION}.{name}", type=_yaml_value, nargs="?", const=True,
                           default=argparse.SUPPRESS, metavar="VALUE")
