@@ -17,7 +17,7 @@ import torch
 import transformers
 from conftest import BUILT_IN_SCHEMES
 
-from hf_relpos.publish.records import read_run_records
+from hf_relpos.publish.records import RunRecord, read_run_records
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -129,6 +129,10 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert run["test_bleu"] == pytest.approx(independent_bleu(tmp_path / "work" / f"{scheme}_seed1" /
                                                                   "test_hypotheses.txt", data / "test.jsonl"))
         assert summary["seconds"][0] > 0
+        record = RunRecord.from_json(run["record"])   # train_translation.py's record, with the recipe it trained
+        assert (record.role, record.recipe, record.system, record.max_steps) == (
+            "recipe", f"multi30k_small_{scheme}", scheme, 2)
+        assert record.scores[""]["test"].bleu == run["test_bleu"]
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
         table = (out / "multi30k.md").read_text()
         assert f"| {scheme} | {summary['test_bleu'][0]:.2f} |" in table
