@@ -29,6 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from settings import json_settings
 from vs_marian import (
     PEER,
     PEER_TRAINING_RECIPE,
@@ -45,11 +46,12 @@ from vs_marian import (
     spread,
     train_peer,
     train_peer_as_recipe,
+    typed_record,
     write_results,
 )
 
+from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -127,11 +129,14 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         scores[weights] = evaluate(model_folder, is_peer, RECIPE_DECODING, args, hypotheses_folder=hypotheses)
     wall_seconds = time.perf_counter() - started
     batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE)
+    batches = run_batches(folder, seed, batch_args, training.get("argv"), training["steps"])
+    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    trained_as = system if is_peer else " ".join([recipe_path(system).name, *args.recipe_flags])
+    typed = typed_record(system, is_peer, recipe_path(system).stem, trained_as, seed, version, args.device_name,
+                         training["steps"], training, batches, scores, date, average_checkpoints=args.last_n)
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
-              "device": args.device_name, "wall_seconds": wall_seconds, **training,
-              "batches": run_batches(folder, seed, batch_args, training.get("argv"), training["steps"]),
-              "scores": scores,
-              "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "device": args.device_name, "wall_seconds": wall_seconds, **training, "batches": batches,
+              "scores": scores, "date": date, "record": typed}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
           f"{scores['averaged']['test']['bleu']:.2f} averaged", flush=True)

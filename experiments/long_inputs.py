@@ -35,9 +35,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+from settings import json_settings
 from vs_marian import Decoding, load_trained, read_pairs, spread, translate, write_results
 
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
+from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -32,15 +32,20 @@ import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
 from benchmarks import bench_decoding, bench_training  # noqa: E402
+from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 PASSAGE = re.compile(r"(<!-- generated: (?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.DOTALL)
 
-SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none")
+# The order of the README's scheme rows: the schemes as the records first measured them, then every other scheme
+# hf_relpos ships, in registration order (its rows say "not measured").
+MEASURED_ORDER = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none")
+SCHEMES = (*(scheme for scheme in MEASURED_ORDER if scheme in built_in_schemes()),
+           *(scheme for scheme in built_in_schemes() if scheme not in MEASURED_ORDER))
 # The row of vs_marian/eight_schemes_three_seeds that trained each scheme at the equal budget, Marian's architecture.
 EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-table-init",
-                     **{scheme: f"{scheme}-matched" for scheme in SCHEMES[2:]}}
+                     **{scheme: f"{scheme}-matched" for scheme in MEASURED_ORDER[2:]}}
 # The recipe file of each scheme (`none`, the position-blind control, has none).
 RECIPES = {scheme: f"configs/multi30k_small_{scheme}.yaml" for scheme in SCHEMES if scheme != "none"}
 UNMEASURED = "not measured"
@@ -151,10 +156,11 @@ def readme_quality() -> str:
     converged = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
     rows = []
     for scheme in SCHEMES:
-        equal = schemes[EQUAL_BUDGET_ROWS[scheme]]
+        equal = schemes.get(EQUAL_BUDGET_ROWS.get(scheme))
         recipe = one_commit.get(ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme))
         rows.append([
-            f"`{scheme}`", seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]),
+            f"`{scheme}`", *((seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]))
+                             if equal else (UNMEASURED, UNMEASURED)),
             seeds_and_spread(recipe["test_bleu"]) + ONE_COMMIT_NOTES.get(scheme, "") if recipe else UNMEASURED,
             seeds_and_spread(converged[scheme]["averaged_test_bleu"]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
             if scheme in converged else UNMEASURED,

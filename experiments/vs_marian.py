@@ -46,6 +46,7 @@ from pathlib import Path
 import torch
 from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
+from settings import json_settings
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -61,9 +62,10 @@ from transformers import (
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
+from hf_relpos.publish import records as run_records
+from hf_relpos.publish.records import RunRecord, cpu_model_name, scores_by_weights, software_versions, source_version
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
@@ -101,8 +103,9 @@ RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
-# The schemes with a configs/multi30k_small_*.yaml (tests/test_experiments.py checks the list against configs/).
-RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
+# The registered schemes with a recipe, configs/multi30k_small_<scheme>.yaml.
+RECIPE_SCHEMES = tuple(scheme for scheme in ATTENTION_REGISTRY
+                       if (ROOT / "configs" / f"multi30k_small_{scheme}.yaml").is_file())
 # The `<scheme>-matched` rows trained from the scheme's own recipe; the others (rope, alibi, t5, none) ran from
 # absolute's recipe with --model.attention_type before those recipes existed, and keep doing so.
 MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")
@@ -503,6 +506,23 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
             "length_pool_factor": pool_factor, "gradient_accumulation_steps": accumulation}
 
 
+def typed_record(system: str, is_peer: bool, recipe: str, trained_as: str, seed: int, version: str, hardware: str,
+                 steps: int, training: dict, batches: dict, scores: dict, date: str,
+                 average_checkpoints: int | None = None) -> dict:
+    """The run as hf_relpos' typed run record (`RunRecord.to_json()`, what the model cards read): its role (a peer,
+    or hf_relpos trained from `recipe`), how it trained, its batch, time and scores."""
+    return RunRecord(
+        role=run_records.PEER if is_peer else run_records.RECIPE, recipe=None if is_peer else recipe, system=system,
+        trained_as=trained_as, seed=seed, steps=steps, source_version=version, hardware=hardware, devices=1,
+        training_seconds=training["train_seconds"], date=date, max_tokens_per_batch=batches["token_budget"],
+        gradient_accumulation_steps=batches["gradient_accumulation_steps"], average_checkpoints=average_checkpoints,
+        scores=scores_by_weights(scores)).to_json()
+
+
+def device_description(args: argparse.Namespace) -> str:
+    return f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run"
+
+
 def row_record(row: Row) -> dict:
     """The row as stored in run.json (JSON types: the flags as a list)."""
     return json.loads(json.dumps(asdict(row)))
@@ -531,10 +551,14 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         training = train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
+    batches, date = run_batches(folder, seed, args, training.get("argv")), datetime.now(timezone.utc).isoformat(
+        timespec="seconds")
+    typed = typed_record(row.name, row.is_peer, recipe_path(row.recipe).stem, row.describe(), seed, version,
+                         device_description(args), training.get("steps") or args.max_steps, training, batches,
+                         scores, date)
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
-              "wall_seconds": wall_seconds, **training,
-              "batches": run_batches(folder, seed, args, training.get("argv")),
-              "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
+              "record": typed}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
           f"{scores['validation']['bleu']:.2f}", flush=True)
@@ -682,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = {
         "settings": settings,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run",
+        "device": device_description(args),
         "signature": first["scores"]["test"]["bleu_signature"],
         "rows": summarize(rows, records),
         "runs": records,

@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import BUILT_IN_SCHEMES
 
+from hf_relpos.publish.records import RunRecord, read_run_records
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EXPERIMENT = EXPERIMENTS / "length_generalization.py"
-SCHEMES = {"absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"}
+SCHEMES = set(BUILT_IN_SCHEMES)   # what the experiment, run as a script, has registered
 K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
 
@@ -127,6 +129,10 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert run["test_bleu"] == pytest.approx(independent_bleu(tmp_path / "work" / f"{scheme}_seed1" /
                                                                   "test_hypotheses.txt", data / "test.jsonl"))
         assert summary["seconds"][0] > 0
+        record = RunRecord.from_json(run["record"])   # train_translation.py's record, with the recipe it trained
+        assert (record.role, record.recipe, record.system, record.max_steps) == (
+            "recipe", f"multi30k_small_{scheme}", scheme, 2)
+        assert record.scores[""]["test"].bleu == run["test_bleu"]
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
         table = (out / "multi30k.md").read_text()
         assert f"| {scheme} | {summary['test_bleu'][0]:.2f} |" in table
@@ -348,6 +354,10 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert [argument.replace("peer+recipe-training", "absolute") for argument in as_recipe["argv"]] == recipe["argv"]
     assert as_recipe["batches"] == recipe["batches"] and as_recipe["batches"]["token_budget"] == 1280
     assert as_recipe["steps"] == 2 and len(as_recipe["train_loss"]) == 2
+    # each run's typed record says what it is: the peer trained as the recipe is a peer, not the recipe
+    assert (as_recipe["record"]["role"], as_recipe["record"]["recipe"]) == ("peer", None)
+    assert (recipe["record"]["role"], recipe["record"]["recipe"]) == ("recipe", "multi30k_small_absolute")
+    assert recipe["record"]["max_tokens_per_batch"] == 1280 and recipe["record"]["steps"] == 2
     state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     peer_tokenizer, recipe_tokenizer = (
@@ -442,6 +452,12 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert results["systems"]["absolute"]["pairs_per_update"] == [run["batches"]["pairs_per_update"]]
     table = (out / "convergence.md").read_text()
     assert "| peer | 1 |" in table and "| absolute | 1 |" in table
+    typed = {record.system: record for record in read_run_records(out / "convergence.json")}
+    assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
+        "peer": ("peer", None), "peer+recipe-training": ("peer", None),
+        "absolute": ("recipe", "multi30k_small_absolute")}
+    assert typed["absolute"].average_checkpoints == 2 and typed["absolute"].steps == run["steps"]
+    assert typed["absolute"].scores["averaged"]["test"].bleu == results["systems"]["absolute"]["averaged_test_bleu"][0]
 
     (out / "convergence.md").unlink()
     subprocess.run([*command[:command.index("--recipe-flags")], "--collect-only"], check=True, timeout=300)

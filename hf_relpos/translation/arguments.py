@@ -33,7 +33,8 @@ from transformers.utils import is_torch_bf16_gpu_available
 from ..model.attention_functions import RELPOS_KERNELS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
-from ..model.positions import require_int, scheme_config_fields
+from ..model.positions import scheme_config_fields
+from ..model.validation import require_int
 from .data import DataArguments
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
@@ -311,11 +312,12 @@ class TranslationArgumentParser(HfArgumentParser):
         group = self.add_argument_group(
             f"model: architecture (RelPosTransformerConfig; the YAML's '{MODEL_SECTION}:' section, or "
             f"--{MODEL_SECTION}.FIELD VALUE; values are read as YAML, e.g. [forward, backward])")
-        defaults = RelPosTransformerConfig()
+        defaults = RelPosTransformerConfig()   # a scheme's fields are on the config of that scheme only
+        scheme_defaults = {name: field.default for name, field in scheme_config_fields().items()}
         argument_fields = _argument_fields()
         for name in sorted(model_config_fields()):
             plain = name not in argument_fields  # a training field of the same name (use_cache) keeps the plain flag
-            value = model_values.get(name, getattr(defaults, name, None))
+            value = model_values.get(name, scheme_defaults[name] if name in scheme_defaults else getattr(defaults, name))
             help_text = config_field_help(name).replace("%", "%%")
             common = dict(dest=f"{MODEL_SECTION}.{name}", type=_yaml_value, nargs="?", const=True,
                           default=argparse.SUPPRESS, metavar="VALUE")

@@ -48,6 +48,7 @@ from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
+from ..publish.records import RUN_RECORD_FILE, cpu_model_name, scores_from_results
 from .arguments import (
     MODEL_SECTION,
     PROGRAM,
@@ -80,7 +81,6 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .environment import cpu_model_name
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .preflight import (
     PreflightError,
@@ -788,8 +788,11 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         results["test"] = metrics
     if training_args.should_save and (training_args.do_train or push_to_hub):
         record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+        record.scores = scores_from_results(results)
         if training_args.do_train:
             write_model_card(model, record, training_args)
+            write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE,
+                              json.dumps(record.to_json(), indent=1) + "\n")
         if push_to_hub:
             push_training_output(record, training_args)
     return results
