@@ -197,7 +197,9 @@ class FlexMask:
     """Which keys each query may attend to, in the form FlexAttention reads: from per-sequence key validity and
     positions, never a dense [B, H, n, m] tensor. Query i sits at position i' = i + `query_offset`, key j at j.
 
-    Key j is allowed for query i of sequence b and head h when `key_valid[b, j]` ([B, m] booleans; None: every key),
+    Key j is allowed for query i of sequence b and head h when `key_start[b]` <= j < `key_end[b]` (the keys of each
+    sequence as one run, [B] integers; None: every key) and `key_valid[b, j]` (a padding that is not one run, [B, m]
+    booleans; None: every key),
     `lowest` <= j - i' <= `highest` (None: unbounded; a causal stack has highest 0, a window w gives -w and w),
     `head_mask(h, i', j)` (a scheme's per-head mask, e.g. DiSAN's directions, over `heads` heads) and
     `dense_extra[b, h, i, j]` (a scheme mask given only densely, [1|B, 1|H, n, m]: read per entry, the slow form).
@@ -208,6 +210,8 @@ class FlexMask:
     query_length: int
     key_length: int
     query_offset: int = 0
+    key_start: torch.Tensor | None = None
+    key_end: torch.Tensor | None = None
     key_valid: torch.Tensor | None = None
     lowest: int | None = None
     highest: int | None = None
@@ -216,15 +220,34 @@ class FlexMask:
     dense_extra: torch.Tensor | None = None
     _built: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
+    @classmethod
+    def from_padding(cls, padding: torch.Tensor | None, query_length: int, query_offset: int = 0,
+                     **bounds: Any) -> FlexMask:
+        """The mask of a [B, m] 1/0 key padding: per-sequence key ranges when each sequence's keys form one run
+        (right or left padding; one check on the host), else the padding itself."""
+        if padding is None:
+            raise ValueError("from_padding needs a [batch, keys] padding mask")
+        valid = padding.bool()
+        batch, key_length = valid.shape
+        first = valid.int().argmax(-1)
+        end = key_length - valid.flip(-1).int().argmax(-1)
+        counts = valid.sum(-1)
+        end = torch.where(counts > 0, end, first)
+        if torch.equal(counts, end - first):
+            return cls(batch, query_length, key_length, query_offset, key_start=first, key_end=end, **bounds)
+        return cls(batch, query_length, key_length, query_offset, key_valid=valid, **bounds)
+
     def is_full(self) -> bool:
         """Whether every query may attend to every key."""
-        return all(term is None for term in (self.key_valid, self.lowest, self.highest, self.head_mask,
-                                             self.dense_extra))
+        return all(term is None for term in (self.key_start, self.key_valid, self.lowest, self.highest,
+                                             self.head_mask, self.dense_extra))
 
     def allows(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """The mask at (broadcastable) batch, head, query and key indices; FlexAttention's mask_mod."""
         distance = kv - q - self.query_offset
         allowed = kv >= 0
+        if self.key_start is not None:
+            allowed = allowed & (kv >= self.key_start[b]) & (kv < self.key_end[b])
         if self.key_valid is not None:
             allowed = allowed & self.key_valid[b, kv]
         if self.lowest is not None:
@@ -304,7 +327,7 @@ class FlexMask:
         return self._built["block_mask"]
 
     def _device(self, device: torch.device | None) -> torch.device:
-        for tensor in (self.key_valid, self.dense_extra):
+        for tensor in (self.key_start, self.key_valid, self.dense_extra):
             if tensor is not None:
                 return tensor.device
         return torch.device("cpu") if device is None else device

@@ -171,10 +171,10 @@ def attention_mask_for(
     if window is not None:
         require_relpos_kernel(config, "self_attention_window", "null")
     if config._attn_implementation == "flex_attention":
-        return FlexMask(batch_size, query_length, key_length, query_offset,
-                        key_valid=None if padding is None else padding.to(device=device, dtype=torch.bool),
-                        lowest=None if window is None else -window,
-                        highest=0 if causal else window)
+        bounds = {"lowest": None if window is None else -window, "highest": 0 if causal else window}
+        if padding is None:
+            return FlexMask(batch_size, query_length, key_length, query_offset, **bounds)
+        return FlexMask.from_padding(padding.to(device), query_length, query_offset, **bounds)
     build = sdpa_mask if runs_on_relpos_kernel(config) else ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation)
     if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
         return None
