@@ -94,14 +94,15 @@ def attend(attention, scheme, kernel, query, key, value, padding, is_causal):
     return attention.attend(query, scheme.transform_new_keys(1, key, context), value, mask, scheme, context)[0]
 
 
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("padded", [None, "right", "holes"])
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("attention_type, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(attention_type, overrides, shape, padded,
                                                                           reference_kernel):
     """Outputs and the gradients of queries, keys, values and every scheme parameter (Shaw's a^K and a^V tables,
-    T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step, with
-    and without padding (the second sequence loses its last two keys)."""
+    T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step,
+    unpadded, right-padded (the second sequence loses its last two keys: per-sequence key ranges) and with holes (its
+    second key too: a padding that is not one run)."""
     is_causal, query_length, key_length = SHAPES[shape]
     attention, scheme = attention_for(attention_type, is_causal, **overrides)
     generator = torch.Generator().manual_seed(query_length + 7 * key_length)
@@ -112,6 +113,8 @@ def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(attenti
     if padded:
         padding = torch.ones(BATCH, key_length, dtype=torch.long)
         padding[1, -2:] = 0
+        if padded == "holes":
+            padding[1, 1] = 0
     inputs = [query, key, value, *scheme.parameters()]
     results = {}
     for kernel in ("eager", "flex_attention"):
@@ -359,3 +362,15 @@ def test_prepare_sees_the_cached_positions():
     scheme = hf_relpos.ATTENTION_REGISTRY["shaw"](tiny_config("shaw"), 1, 4, 8, is_causal=True)
     context = scheme.prepare(PositionContext(1, 7, 6, None, torch.device("cpu"), torch.float64))
     assert context.index.tolist() == [[max(0, 3 - 6 + j) for j in range(7)]]
+
+
+def test_padding_becomes_per_sequence_key_ranges_when_each_sequence_is_one_run():
+    """Right and left padding give key ranges [start, end) (what the compiled mask_mod reads); a padding with holes
+    keeps the [B, m] booleans; either way the mask is the padding."""
+    runs = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    mask = FlexMask.from_padding(runs, 2)
+    assert mask.key_start.tolist() == [0, 2, 0] and mask.key_end.tolist() == [3, 5, 0] and mask.key_valid is None
+    holes = torch.tensor([[1, 0, 1, 1, 1]])
+    assert torch.equal(FlexMask.from_padding(holes, 2).key_valid, holes.bool())
+    for padding in (runs, holes):
+        assert torch.equal(FlexMask.from_padding(padding, 2).dense(), padding.bool()[:, None, None, :].expand(-1, 1, 2, -1))
