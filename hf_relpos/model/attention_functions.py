@@ -304,7 +304,7 @@ class FlexMask:
         h = torch.arange(self.heads, device=device)[None, :, None, None]
         q = torch.arange(self.query_length, device=device)[None, None, :, None]
         kv = torch.arange(self.key_length, device=device)[None, None, None, :]
-        return self.allows(b, h, q, kv).expand(self.batch, -1, -1, -1)
+        return self.allows(b, h, q, kv).expand(self.batch, -1, self.query_length, self.key_length)
 
     def band(self, first: int, count: int, device: torch.device | None = None) -> torch.Tensor:
         """[B, 1|H, n, count]: whether query i may attend to key j = i' + first + r (r < count), keys outside
