@@ -44,7 +44,7 @@ from benchmarks.common import (
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.model.attention_functions import compiled_graph_count
-from hf_relpos.model.modeling_relpos import RelPosEncoder, with_scheme_mask
+from hf_relpos.model.modeling_relpos import RelPosEncoder, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import PositionContext
 from hf_relpos.tools.viz import require_matplotlib
 
@@ -76,7 +76,8 @@ def attention_case(
         with autocast(device, dtype):
             hidden = module["positions"].embed(inputs, 0)
             context = module["positions"].prepare(PositionContext(length, length, 0, None, hidden.device, hidden.dtype))
-            mask = with_scheme_mask(stack.config, module["positions"], context, None)
+            mask = with_scheme_mask(stack.config, module["positions"], context, attention_mask_for(
+                stack.config, batch, length, length, 0, None, causal=False, device=hidden.device))
             output, _ = module["attention"](hidden, mask, module["positions"], position_context=context)
         output.float().sum().backward()
 
