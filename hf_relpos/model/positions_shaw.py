@@ -135,9 +135,11 @@ class ShawPositions(PositionScheme):
             if consecutive:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return clipped_distance(j - i - offset, kmax)
-            else:
+            else:   # randomized positions: the [n, m] index, read before any kernel traces the bucket
+                index = context.index
+
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
-                    return context.index[i, j]
+                    return index[i, j]
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length)
             if consecutive:
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
