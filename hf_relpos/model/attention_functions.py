@@ -2,13 +2,14 @@
 
 `RELPOS_ATTENTION_FUNCTIONS` is a model-local `AttentionInterface` (the override transformers documents for a model
 that needs its own version of a kernel). "eager", "sdpa" and "flex_attention" map to the functions below, which take
-what transformers' own do not: a scheme's score bias (dense, or bucketed as a `RelativeBias` that FlexAttention reads
-through its score_mod), a value term (Shaw's a^V), per-head boolean masks, and zero output for a query that may attend
-to no key. Every other name (flash_attention_2/3, Hub kernels) resolves to transformers' function for it.
+what transformers' own do not: a scheme's score bias (dense, or bucketed as a `RelativeBias`), a value term, per-head
+boolean masks, zero output for a query that may attend to no key, and on the fused path (FlexAttention) the scheme's
+own fused form of them (`AttentionTerms.score_mod`, `fused_attention`). No scheme's equation lives here. Every other
+name (flash_attention_2/3, Hub kernels) resolves to transformers' function for it.
 
 Each function is `f(module, query, key, value, attention_mask, scaling, dropout, ...) -> (output, weights)` with
 per-head inputs [B, H, n|m, d], `attention_mask` boolean and broadcastable to [B, H, n, m] (True = may attend) or
-None, and output [B, n, H, d] as in transformers.
+None (FlexAttention: a `FlexMask`), and output [B, n, H, d] as in transformers.
 """
 
 from __future__ import annotations
@@ -201,7 +202,7 @@ class FlexMask:
     sequence as one run, [B] integers; None: every key) and `key_valid[b, j]` (a padding that is not one run, [B, m]
     booleans; None: every key),
     `lowest` <= j - i' <= `highest` (None: unbounded; a causal stack has highest 0, a window w gives -w and w),
-    `head_mask(h, i', j)` (a scheme's per-head mask, e.g. DiSAN's directions, over `heads` heads) and
+    `head_mask(h, i', j)` (a scheme's per-head mask over `heads` heads) and
     `dense_extra[b, h, i, j]` (a scheme mask given only densely, [1|B, 1|H, n, m]: read per entry, the slow form).
     The `BlockMask` is built once per record (`block_mask`) and shared by every layer that gets the record.
     """
@@ -409,7 +410,7 @@ def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
 def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.Tensor | None, batch: int, heads: int,
                    query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
     """A score bias without a score_mod of its scheme's, read per score: a `RelativeBias` `table` through its bucket
-    (XL: n x (n + m - 1) per head), or a dense bias (n x m)."""
+    (n x R per head), or a dense bias (n x m)."""
     if isinstance(score_bias, RelativeBias):
         table, bucket = table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
 
@@ -442,7 +443,7 @@ def flex_attention_forward(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """FlexAttention (compiled with dynamic shapes on CUDA, the unfused reference elsewhere) with the mask as a
     `FlexMask` and what the scheme adds in its fused form: its `fused_attention` (its own composition of FlexAttention
-    calls, e.g. Shaw's a^K and a^V), else its `score_mod` (computed from indices and small tables), else a
+    calls for a score bias and a value term together), else its `score_mod` (computed from indices and small tables), else a
     `RelativeBias` table read by bucket (recomputed in the backward when `score_bias.recompute`).
 
     A decoding step (one query), `output_attentions`, or a value term without a fused form run
