@@ -374,3 +374,16 @@ def test_padding_becomes_per_sequence_key_ranges_when_each_sequence_is_one_run()
     assert torch.equal(FlexMask.from_padding(holes, 2).key_valid, holes.bool())
     for padding in (runs, holes):
         assert torch.equal(FlexMask.from_padding(padding, 2).dense(), padding.bool()[:, None, None, :].expand(-1, 1, 2, -1))
+
+
+def test_xl_recomputes_its_position_table_in_the_backward(monkeypatch, reference_kernel):
+    """XL's per-distance table (n x (n + m - 1) per head) is not kept for the backward: the attention call is
+    checkpointed, so the table is computed once in the forward and once more in the backward."""
+    computed = count_calls(monkeypatch, get_scheme_class("xl"), "position_scores")
+    attention, scheme = attention_for("xl", False)
+    query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+                         for _ in range(3))
+    output = attend(attention, scheme, "flex_attention", query, key, value, None, False)
+    assert len(computed) == 1
+    output.sum().backward()
+    assert len(computed) == 2 and torch.isfinite(query.grad).all()
