@@ -92,14 +92,27 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
     return is_relpos_kernel(config._attn_implementation)
 
 
-def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str,
-                          kernel: str | None = None) -> None:
-    """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs:
-    `kernel`, or by default `config._attn_implementation`."""
-    kernel = config._attn_implementation if kernel is None else kernel
-    if not is_relpos_kernel(kernel):
-        raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
-                         f"{field} to {off_value} or use one of those")
+KERNEL_ONLY_FIELDS = (("self_attention_window", "null"), ("cross_attention_length_scaling", "false"))
+
+
+def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, attention_type: str | None = None,
+                          additions: list[str] | tuple = ()) -> None:
+    """The kernel-support rule, in one place: hf_relpos' kernels (`RELPOS_KERNELS`) take everything; any other
+    kernel (flash_attention_2/3, Hub kernels) takes neither a config field of `KERNEL_ONLY_FIELDS` that is set in
+    `config` nor what a scheme adds to attention (`additions`, e.g. "a score bias"; `AttentionTerms.additions`).
+    One ValueError naming the field or the scheme, and the kernels that take it."""
+    if is_relpos_kernel(kernel):
+        return
+    for field, off_value in KERNEL_ONLY_FIELDS:
+        if getattr(config, field):
+            raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
+                             f"{field} to {off_value} or use one of those")
+    if additions:
+        raise ValueError(
+            f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+            f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes "
+            "that add none (e.g. 'absolute')"
+        )
 
 
 def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int,
@@ -137,18 +150,12 @@ def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[
 
 
 def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
-    """Refuse, when a model is built or its kernel is set, a transformers kernel (flash_attention_2/3, a Hub kernel,
-    paged attention) that cannot take what `config` adds to attention: the self-attention window, cross-attention
-    length scaling, or what a stack's position scheme adds (`scheme_additions`). hf_relpos' kernels take all."""
+    """`require_relpos_kernel` when a model is built or its kernel is set, for what `config` adds to attention in
+    either stack (`scheme_additions`); the attention module applies the same rule to each call's terms."""
     if is_relpos_kernel(kernel):
         return
-    for field, off_value in (("self_attention_window", "null"), ("cross_attention_length_scaling", "false")):
-        if getattr(config, field):
-            require_relpos_kernel(config, field, off_value, kernel)
-    for is_decoder in (False, True):
-        additions = scheme_additions(config, is_decoder)
-        if additions:
-            refuse_kernel(config.attention_type, additions, kernel)
+    additions = scheme_additions(config, False) + scheme_additions(config, True)
+    require_relpos_kernel(config, kernel, config.attention_type, list(dict.fromkeys(additions)))
 
 
 def attention_mask_for(
@@ -168,8 +175,6 @@ def attention_mask_for(
     the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
     `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask;
     `window` (`config.self_attention_window`) keeps only the keys j with |i - j| <= window."""
-    if window is not None:
-        require_relpos_kernel(config, "self_attention_window", "null")
     if config._attn_implementation == "flex_attention":
         bounds = {"lowest": None if window is None else -window, "highest": 0 if causal else window}
         if padding is None:
@@ -194,15 +199,6 @@ def attention_mask_for(
     )
 
 
-def refuse_kernel(attention_type: str, additions: list[str], kernel: str) -> None:
-    """The ValueError for a transformers kernel asked to run a scheme that adds `additions` to attention."""
-    raise ValueError(
-        f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
-        f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes that "
-        "add none (e.g. 'absolute')"
-    )
-
-
 def with_scheme_mask(
     config: RelPosTransformerConfig, positions: PositionScheme, context: PositionContext, mask: torch.Tensor | None
 ) -> torch.Tensor | None:
@@ -211,8 +207,7 @@ def with_scheme_mask(
     scheme gives one, else as a dense [1, H, n, m] tensor."""
     if not context.has_mask():
         return mask
-    if not runs_on_relpos_kernel(config):
-        refuse_kernel(positions.name, ["an attention mask"], config._attn_implementation)
+    require_relpos_kernel(config, config._attn_implementation, positions.name, ["an attention mask"])
     if isinstance(mask, FlexMask) and context.mask_mod is not None:
         return mask.with_head_mask(context.mask_mod, positions.num_heads)
     return and_scheme_mask(mask, context.dense_mask(positions.num_heads))
@@ -303,7 +298,6 @@ class RelPosAttention(nn.Module):
     def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
         """log m per query, m = the keys it may attend to ([B, 1, n, 1] from the boolean mask; every key when there
         is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype."""
-        require_relpos_kernel(self.config, "cross_attention_length_scaling", "false")
         attention_mask = dense_mask(attention_mask, self.q_proj.weight.device)
         if attention_mask is None:
             return torch.tensor(key_length, dtype=dtype).log()
@@ -337,8 +331,8 @@ class RelPosAttention(nn.Module):
             extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
                      "value_term": terms.value_term, "score_mod": terms.score_mod,
                      "fused_attention": terms.fused_attention}
-        elif terms.additions():
-            refuse_kernel(positions.name, terms.additions(), kernel)
+        else:
+            require_relpos_kernel(self.config, kernel, getattr(positions, "name", None), terms.additions())
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,
