@@ -43,6 +43,7 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from ..model.attention_functions import length_multiple
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
@@ -761,7 +762,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         train_dataset=train_dataset,
         eval_dataset=evaluation_sets["eval"].dataset if "eval" in evaluation_sets else None,
         processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                             pad_to_multiple_of=length_multiple(model.config._attn_implementation)),
         evaluation_sets=evaluation_sets,
     )
 
