@@ -135,13 +135,11 @@ class DataArguments:
         return any((self.train_file, self.validation_file, self.test_file))
 
 
-def load_parallel_splits(
-    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike, cache_dir: str | None = None
-) -> dict[str, Dataset]:
-    """The requested splits (of `SPLITS`) as datasets with `source` and `target` text columns, sample caps applied.
-
-    Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
-    """
+def local_split_files(
+    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike
+) -> dict[str, str] | None:
+    """The local file (or plain-text prefix) each requested split is read from (the demo corpus is written to
+    `demo_directory` first), or None for a Hub dataset."""
     if data_args.dataset_name == DEMO_DATASET_NAME and not data_args.uses_local_files:
         paths = write_demo_corpus(
             demo_directory, data_args.demo_train_pairs, data_args.demo_validation_pairs, data_args.demo_test_pairs,
@@ -150,17 +148,38 @@ def load_parallel_splits(
         files = {split: str(paths[split]) for split in splits}
     elif data_args.uses_local_files:
         files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-        if data_args.dataset_name:
-            logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
     else:
-        files = None
-    missing = [split for split in splits if files is not None and files.get(split) is None]
+        return None
+    missing = [split for split in splits if files.get(split) is None]
     if missing:
         needed = " or ".join(f"{split}_file" for split in missing)
         raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) but no {needed} was given")
+    return {split: files[split] for split in splits}
+
+
+def existing_data_files(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
+    """The files a data file or a plain-text prefix names, those that exist (what its contents depend on)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return [candidate for candidate in plain_text_files(path, source_lang, target_lang) if candidate.is_file()]
+
+
+def load_parallel_splits(
+    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike, cache_dir: str | None = None,
+    workdir: str | os.PathLike | None = None,
+) -> dict[str, Dataset]:
+    """The requested splits (of `SPLITS`) as datasets with `source` and `target` text columns, sample caps applied;
+    local files are read into memory-mapped Arrow files in `workdir` when given.
+
+    Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
+    """
+    files = local_split_files(data_args, splits, demo_directory)
+    if files is not None and data_args.uses_local_files and data_args.dataset_name:
+        logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
     if files is not None:
         loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang,
-                                          allow_source_only=split == "test") for split in splits}
+                                          allow_source_only=split == "test", workdir=workdir) for split in splits}
     else:
         loaded = _load_hub_splits(data_args, splits, cache_dir)
     caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
