@@ -456,20 +456,24 @@ class RawSplits:
         if self.files is None:
             return {split: dataset._fingerprint for split, dataset in self.get().items()}
         identities = {}
+        started = time.monotonic()
         for split in progress(self.splits, "Hashing the data files"):
             selection = {"files": files_sha256(self.data_files(split)), "sample_cap": getattr(self.data_args,
                          SAMPLE_CAPS[split]), "languages": [self.data_args.source_lang, self.data_args.target_lang]}
             identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
+        logger.info("Hashed the data files (%.0f MiB) in %.1f s", self.text_bytes() / 2**20, time.monotonic() - started)
         return identities
+
+    def text_bytes(self) -> int:
+        """The size of what the splits are read from: their files, or the loaded Hub splits' Arrow tables."""
+        if self.files is None:
+            return sum(dataset.data.nbytes for dataset in self.get().values())
+        return sum(path.stat().st_size for split in self.splits for path in self.data_files(split))
 
     def workdir(self) -> Path:
         """The preparation folder of this run (created at the first call, removed when the run's preparation ends)."""
         if self.folder is None:
-            if self.files is None:
-                text_bytes = sum(dataset.data.nbytes for dataset in self.get().values())
-            else:
-                text_bytes = sum(path.stat().st_size for split in self.splits for path in self.data_files(split))
-            self.folder = self.stack.enter_context(preparation(self.output_dir, text_bytes))
+            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes()))
         return self.folder
 
     def get(self) -> dict[str, Dataset]:
