@@ -7,13 +7,23 @@ from __future__ import annotations
 import csv
 import json
 import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import legacy_data_pipeline as legacy
 import numpy as np
 import pytest
+import test_train_distributed as distributed
+from datasets import Dataset
+from test_training import write_config
 
 import hf_relpos.translation.data as data_module
+from hf_relpos.translation import training
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.data import (
     DataArguments,
@@ -23,8 +33,10 @@ from hf_relpos.translation.data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from hf_relpos.translation.demo_corpus import random_sentence_pair
+from hf_relpos.translation.demo_corpus import random_sentence_pair, write_demo_corpus
+from hf_relpos.translation.prepared import MANIFEST_FILE, PARTIAL_PREFIX, PREPARED_FOLDER, PreparationError
 from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.training import ConfigError, run
 
 
 # ---- Oracle: the sampler before #52 (its `_cut_batches` read the whole length list per pool: quadratic) ----------
@@ -260,3 +272,168 @@ class SlowPathTokenizer:
 
     def __call__(self, *args, **kwargs):
         return self.tokenizer(*args, **kwargs)
+
+
+# ---- Prepared once, reused, rebuilt on change, never loaded half-written -------------------------------------------
+def prepare_only(config, *overrides):
+    assert run([str(config), "--prepare_only", "true", *overrides]) == {}
+
+
+def prepared_folders(output_dir):
+    return sorted(path.name.split("-")[0] for path in (output_dir / PREPARED_FOLDER).iterdir())
+
+
+@pytest.fixture
+def prepared_run(tmp_path):
+    """A corpus, a config and its output_dir after one `--prepare_only true` run."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    prepare_only(config)
+    return corpus, config, output_dir
+
+
+def test_a_rerun_and_the_training_launch_load_the_prepared_data(prepared_run, monkeypatch, capsys):
+    corpus, config, output_dir = prepared_run
+    assert prepared_folders(output_dir) == ["train", "validation"]
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "load_parallel_splits", lambda *a, **k: pytest.fail("read the texts again"))
+        patch.setattr(training, "tokenize_training_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(training, "tokenize_evaluation_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(training, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer again"))
+        capsys.readouterr()
+        prepare_only(config)
+        assert re.search(r"Reusing the train data prepared in \S+ on .* \(\d+ pairs\): memory-mapped in",
+                         capsys.readouterr().out)
+        built = {}
+        original = training.TranslationTrainer.__init__
+
+        def remember(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            built["train"], built["eval"] = self.train_dataset, self.eval_dataset
+        patch.setattr(training.TranslationTrainer, "__init__", remember)
+        assert "train" in run([str(config)])
+    prepared = output_dir / PREPARED_FOLDER
+    for dataset in (built["train"], built["eval"]):
+        assert dataset.cache_files and all(Path(item["filename"]).is_relative_to(prepared)
+                                           for item in dataset.cache_files), "memory-mapped from the prepared folder"
+
+
+def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
+    corpus, config, output_dir = prepared_run
+    folders = {path.name for path in (output_dir / PREPARED_FOLDER).iterdir()}
+    capsys.readouterr()
+    prepare_only(config, "--max_target_length", "40")  # a length setting: train and validation again
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Prepared the validation data" in log
+    changed = {path.name for path in (output_dir / PREPARED_FOLDER).iterdir()}
+    assert len(changed) == 2 and not changed & folders, "the stale folders are replaced"
+
+    lines = corpus["validation"].read_text(encoding="utf-8").splitlines()
+    corpus["validation"].write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
+    prepare_only(config, "--max_target_length", "40")  # same size, other contents: validation only again
+    log = capsys.readouterr().out
+    assert "Reusing the train data" in log and "Prepared the validation data" in log
+
+    lines = corpus["train"].read_text(encoding="utf-8").splitlines()
+    corpus["train"].write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"holds a tokenizer trained with other settings than this run's \(training text differs \(the files of train_file .* changed since\)"):
+        prepare_only(config, "--max_target_length", "40")  # as before #52: the saved tokenizer no longer fits
+    capsys.readouterr()
+    prepare_only(config, "--max_target_length", "40", "--tokenizer_name", str(output_dir))
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Reusing the validation data" in log
+    (train,) = (output_dir / PREPARED_FOLDER).glob("train-*")
+    assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
+
+
+def test_an_interrupted_preparation_leaves_nothing_a_run_loads(tmp_path, monkeypatch, capsys):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    original_save = Dataset.save_to_disk
+
+    def killed_while_saving(self, path, *args, **kwargs):
+        original_save(self, path, *args, **kwargs)
+        raise KeyboardInterrupt("killed after the data, before the manifest")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Dataset, "save_to_disk", killed_while_saving)
+        with pytest.raises(KeyboardInterrupt):
+            prepare_only(config)
+    assert not (output_dir / PREPARED_FOLDER).exists() or not list((output_dir / PREPARED_FOLDER).iterdir())
+
+    # A SIGKILL leaves its partial folder: a complete-looking split in it is never loaded, and it is removed.
+    prepare_only(config)
+    prepared = output_dir / PREPARED_FOLDER
+    (train,) = prepared.glob("train-*")
+    dead = prepared / f"{PARTIAL_PREFIX}{socket.gethostname()}-{dead_pid()}-0"
+    shutil.copytree(train, dead / train.name)
+    shutil.rmtree(train)
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "left by an interrupted preparation" in log
+    assert not dead.exists() and len(list(prepared.glob("train-*"))) == 1
+
+
+def dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_full_disk_is_one_clear_error(tmp_path, monkeypatch):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    real_usage = shutil.disk_usage
+
+    def full_where_prepared(path):
+        usage = real_usage(path)
+        return usage._replace(free=1000) if Path(path).name == PREPARED_FOLDER else usage
+    monkeypatch.setattr(shutil, "disk_usage", full_where_prepared)
+    with pytest.raises(PreparationError, match=r"preparing the data needs about .* GiB free in .*prepared_data .* "
+                                               r"but only 0\.0 GiB are free; free some space or choose another"):
+        prepare_only(config)
+    assert not output_dir.exists(), "nothing left behind"
+
+
+@pytest.mark.slow
+def test_the_second_rank_maps_what_the_first_prepared(tmp_path):
+    """Two processes (accelerate launch, gloo on CPU): rank 0 prepares, rank 1 waits and loads its folders."""
+    config_path, output_dir = distributed.write_config(tmp_path)
+    worker = tmp_path / "worker.py"
+    worker.write_text(PREPARE_WORKER, encoding="utf-8")
+    (tmp_path / "records").mkdir()
+    completed = distributed.launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--prepare_only", "true")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "records" / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [r["prepared"] for r in ranks] == [["train", "validation"], []]
+    assert ranks[0]["files"] == ranks[1]["files"] and all(f.startswith(str(output_dir)) for f in ranks[1]["files"])
+
+
+PREPARE_WORKER = '''
+import json, os, sys
+from accelerate import PartialState
+from hf_relpos.translation import prepared, training
+
+record = {"prepared": [], "files": []}
+original_publish, original_prepare = training.publish_prepared, training.prepare_data
+
+def publish(folder, split, *args, **kwargs):
+    record["prepared"].append(split)
+    return original_publish(folder, split, *args, **kwargs)
+
+def prepare(*args, **kwargs):
+    result = original_prepare(*args, **kwargs)
+    datasets = [result.train_dataset, *(item.dataset for item in result.evaluation_sets.values())]
+    record["files"] = [item["filename"] for dataset in datasets for item in dataset.cache_files]
+    return result
+
+training.publish_prepared, training.prepare_data = publish, prepare
+training.main(sys.argv[1:])
+state = PartialState()
+with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
+    json.dump(record, handle)
+'''

@@ -137,7 +137,10 @@ def settings_differences(saved: dict[str, Any] | None, wanted: dict[str, Any]) -
         if name == "data" or saved.get(name) == value:
             continue
         if name == "training_data_sha256":
-            differences.append(f"training text differs (saved: {saved.get('data')}; now: {wanted['data']})")
+            if saved.get("data") == wanted["data"]:
+                differences.append(f"training text differs (the files of {wanted['data']} changed since)")
+            else:
+                differences.append(f"training text differs (saved: {saved.get('data')}; now: {wanted['data']})")
         else:
             differences.append(f"{name} {saved.get(name)!r} -> {value!r}")
     return differences
