@@ -198,6 +198,21 @@ def render_markdown(record: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def render_cost_note(record: dict[str, Any]) -> str:
+    """What preparing each measured size cost, in words (docs/training.md)."""
+    sentences = []
+    for size in record["sizes"]:
+        first, second = size["first_run"], size["second_run"]
+        sentences.append(f"{size['pairs']:,} pairs ({size['train_text_mib']} MiB of text): "
+                         f"{minutes(first['wall_seconds'])} with `--prepare_only true`, at most "
+                         f"{first['peak_rss_gib']} GiB resident in one process ({first['peak_anonymous_gib']} GiB "
+                         f"besides file pages), {size['prepared_mib']} MiB in `prepared_data/`; a second run ready "
+                         f"in {minutes(second['wall_seconds'])}")
+    return (f"Measured on {record['meta']['hardware']} (`preprocessing_num_workers: "
+            f"{record['meta']['preprocessing_num_workers']}`, code `{record['meta']['code']}`), with a synthetic "
+            "WMT-like corpus in the plain-text layout and the WMT base recipe: " + "; ".join(sentences) + ".")
+
+
 def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:04.1f} s" if seconds >= 60 else f"{seconds} s"
 

@@ -36,8 +36,9 @@ PREPARATION_FORMAT = 1
 MANIFEST_FILE = "manifest.json"
 PARTIAL_PREFIX = ".partial-"
 HASH_CHUNK_BYTES = 8 << 20
-# Free disk a preparation needs, in multiples of the text bytes it reads: the text as Arrow, the tokenized copy
-# (int32 ids, roughly one token per 4 characters, with offsets), the filtered final copy; measured about 2.5.
+# Free disk a preparation needs, in multiples of the text bytes it reads: at its peak the partial folder holds the
+# text as Arrow (about 1x), the tokenized copy and the filtered final copy (int32 ids, about one token per 4-5
+# characters, with offsets: each well under 1x).
 DISK_PER_TEXT_BYTE = 3
 
 
