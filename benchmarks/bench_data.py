@@ -8,8 +8,10 @@ together), so that the vocabulary keeps growing with the corpus as a real one do
 (vocabulary 32768, lengths 256, filtering), with `preprocessing_num_workers` set to the cores given.
 
 Phases are cut at the log lines the run writes (hashing, reading, tokenizer training, each split prepared or
-loaded); peak memory is sampled every 0.1 s over the run's process tree: the largest resident set of one process
-(RSS, with the file pages of memory-mapped data it touched) and the same less file-backed pages (anonymous memory).
+loaded). For each: the wall time, the CPU time (user + system) of the run's process tree, which a busy machine does
+not inflate as it does the wall time, and the peak memory, sampled every 0.1 s over the process tree: the largest
+resident set of one process (RSS, with the file pages of memory-mapped data it touched) and the same less
+file-backed pages (anonymous memory).
 
   python -m benchmarks.bench_data --pairs 400000 1000000 --work /tmp/bench_data --record docs/results/...json
 """
@@ -17,12 +19,14 @@ loaded); peak memory is sampled every 0.1 s over the run's process tree: the lar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import os
 import platform
 import random
 import re
+import resource
 import subprocess
 import sys
 import threading
@@ -109,31 +113,47 @@ def measure(command: list[str], env: dict[str, str], log_path: Path) -> dict[str
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
-    phase_start = started
+    phase_start, cpu_start = started, 0.0
+
+    def end_phase(name: str, cpu: float) -> None:
+        now = time.monotonic()
+        with lock:
+            phases.append({"phase": name, "seconds": round(now - phase_start, 1), "cpu_seconds": round(cpu - cpu_start, 1),
+                           "peak_rss_gib": round(current["rss"] / 2**30, 2),
+                           "peak_anonymous_gib": round(current["anonymous"] / 2**30, 2)})
+            current.update(rss=0, anonymous=0)
+
     with open(log_path, "w", encoding="utf-8") as log:
         for line in process.stdout:
             log.write(line)
             name = next((name for name, marker in PHASE_MARKERS if marker.search(line)), None)
             if name is None:
                 continue
-            now = time.monotonic()
-            with lock:
-                phases.append({"phase": name, "seconds": round(now - phase_start, 1),
-                               "peak_rss_gib": round(current["rss"] / 2**30, 2),
-                               "peak_anonymous_gib": round(current["anonymous"] / 2**30, 2)})
-                current.update(rss=0, anonymous=0)
-            phase_start = now
+            cpu = tree_cpu_seconds(root)
+            end_phase(name, cpu)
+            phase_start, cpu_start = time.monotonic(), cpu
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
     returncode = process.wait()
     done.set()
     sampler.join()
     if returncode != 0:
         raise SystemExit(f"{' '.join(command)} failed ({returncode}); its log: {log_path}")
-    wall = time.monotonic() - started
-    phases.append({"phase": "exit", "seconds": round(time.monotonic() - phase_start, 1),
-                   "peak_rss_gib": round(current["rss"] / 2**30, 2),
-                   "peak_anonymous_gib": round(current["anonymous"] / 2**30, 2)})
-    return {"wall_seconds": round(wall, 1), "peak_rss_gib": max(phase["peak_rss_gib"] for phase in phases),
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu_total = (after.ru_utime + after.ru_stime) - (children.ru_utime + children.ru_stime)
+    end_phase("exit", cpu_total)
+    return {"wall_seconds": round(time.monotonic() - started, 1), "cpu_seconds": round(cpu_total, 1),
+            "peak_rss_gib": max(phase["peak_rss_gib"] for phase in phases),
             "peak_anonymous_gib": max(phase["peak_anonymous_gib"] for phase in phases), "phases": phases}
+
+
+def tree_cpu_seconds(root: psutil.Process) -> float:
+    """CPU seconds (user + system) the process tree has used so far: the root's, its finished children's and its
+    live children's."""
+    total = sum(root.cpu_times()[:4])
+    for child in root.children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):
+            total += sum(child.cpu_times()[:2])
+    return total
 
 
 def sampler_epoch(output_dir: Path, max_tokens: int, pool_factor: int) -> dict[str, Any]:
@@ -174,24 +194,25 @@ def run_size(pairs: int, work: Path, workers: int) -> dict[str, Any]:
 
 def render_markdown(record: dict[str, Any]) -> str:
     meta = record["meta"]
-    lines = ["| pairs | text | prepared | `--prepare_only` (first run) | peak RSS | anonymous | second run | peak RSS "
-             "| anonymous | sampler epoch (pool 4) |", "|" + "---|" * 10]
+    lines = ["| pairs | text | prepared | first run (`--prepare_only`): wall | CPU | peak RSS | anonymous | second run: "
+             "wall | CPU | peak RSS | anonymous | sampler epoch (pool 4) |", "|" + "---|" * 12]
     for size in record["sizes"]:
         first, second = size["first_run"], size["second_run"]
         lines.append(f"| {size['pairs']:,} | {size['train_text_mib']} MiB | {size['prepared_mib']} MiB | "
-                     f"{minutes(first['wall_seconds'])} | {first['peak_rss_gib']} GiB | "
-                     f"{first['peak_anonymous_gib']} GiB | {minutes(second['wall_seconds'])} | "
+                     f"{minutes(first['wall_seconds'])} | {minutes(first['cpu_seconds'])} | "
+                     f"{first['peak_rss_gib']} GiB | {first['peak_anonymous_gib']} GiB | "
+                     f"{minutes(second['wall_seconds'])} | {minutes(second['cpu_seconds'])} | "
                      f"{second['peak_rss_gib']} GiB | {second['peak_anonymous_gib']} GiB | "
                      f"{size['sampler']['epoch_seconds']} s |")
-    lines += ["", "Phases (seconds / peak RSS of one process in GiB):", ""]
+    lines += ["", "Phases (wall seconds / CPU seconds of the process tree / peak RSS of one process in GiB):", ""]
     names = list(dict.fromkeys(phase["phase"] for size in record["sizes"]
                                for run in ("first_run", "second_run") for phase in size[run]["phases"]))
     lines += ["| pairs | run | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 2)]
     for size in record["sizes"]:
         for run in ("first_run", "second_run"):
             by_name = {phase["phase"]: phase for phase in size[run]["phases"]}
-            cells = [f"{by_name[name]['seconds']} s / {by_name[name]['peak_rss_gib']}" if name in by_name else "-"
-                     for name in names]
+            cells = [f"{by_name[name]['seconds']} / {by_name[name]['cpu_seconds']} / {by_name[name]['peak_rss_gib']}"
+                     if name in by_name else "-" for name in names]
             lines.append(f"| {size['pairs']:,} | {run.split('_')[0]} | " + " | ".join(cells) + " |")
     lines += ["", f"- command: `{meta['command']}`; each run: `python {record['sizes'][0]['command']}`",
               f"- hardware: {meta['hardware']}", f"- code `{meta['code']}`, python {meta['python']}, {meta['date']}"]
@@ -204,7 +225,8 @@ def render_cost_note(record: dict[str, Any]) -> str:
     for size in record["sizes"]:
         first, second = size["first_run"], size["second_run"]
         sentences.append(f"{size['pairs']:,} pairs ({size['train_text_mib']} MiB of text): "
-                         f"{minutes(first['wall_seconds'])} with `--prepare_only true`, at most "
+                         f"{minutes(first['wall_seconds'])} with `--prepare_only true` ({minutes(first['cpu_seconds'])} "
+                         "of CPU time), at most "
                          f"{first['peak_rss_gib']} GiB resident in one process ({first['peak_anonymous_gib']} GiB "
                          f"besides file pages), {size['prepared_mib']} MiB in `prepared_data/`; a second run ready "
                          f"in {minutes(second['wall_seconds'])}")
