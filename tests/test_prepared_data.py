@@ -177,8 +177,16 @@ def write_tricky_corpus(folder, with_final_newline=True):
         writer.writerow(["en", "de"])
         writer.writerows(TRICKY_LINES)
     (folder / "sources.txt").write_bytes(("\n".join(sources) + end).encode("utf-8"))
+    # JSON lines of several shapes: flat with extra fields, nested, blank lines, a null text, source-only records.
+    mixed = [json.dumps({"en": en, "de": de, "id": i}) if i % 5 else json.dumps({"translation": {"en": en, "de": de}})
+             for i, (en, de) in enumerate(TRICKY_LINES)]
+    mixed[20:20] = ["", "   ", json.dumps({"en": None, "de": "Null-Quelle"})]
+    (folder / "mixed.jsonl").write_bytes(("\n".join(mixed) + end).encode("utf-8"))
+    (folder / "sources.jsonl").write_text("".join(json.dumps({"translation": {"en": en}}) + "\n"
+                                                  for en in sources), encoding="utf-8")
     return {"plain": folder / "plain", "tsv": folder / "pairs.tsv", "jsonl": folder / "pairs.jsonl",
-            "csv": folder / "pairs.csv", "txt": folder / "sources.txt"}
+            "mixed_jsonl": folder / "mixed.jsonl", "source_jsonl": folder / "sources.jsonl", "csv": folder / "pairs.csv",
+            "txt": folder / "sources.txt"}
 
 
 def columns(dataset):
@@ -193,12 +201,13 @@ def test_reading_gives_the_pairs_the_code_it_replaced_read(tmp_path, monkeypatch
     monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
     files = write_tricky_corpus(tmp_path / "corpus", final_newline)
     for layout, path in files.items():
-        source_only = layout == "txt"
+        source_only = layout in ("txt", "source_jsonl")
         new = read_local_pairs(path, "en", "de", allow_source_only=source_only,
                                workdir=tmp_path / "work" if on_disk else None)
         old = legacy.read_local_pairs(path, "en", "de", allow_source_only=source_only)
         assert columns(new) == columns(old), layout
-        assert len(new) == (len(TRICKY_LINES) if layout != "tsv" else len(TRICKY_LINES) - 8)
+        assert len(new) == {"tsv": len(TRICKY_LINES) - 8, "mixed_jsonl": len(TRICKY_LINES) + 1}.get(layout,
+                                                                                                  len(TRICKY_LINES))
 
 
 def test_reading_errors_are_those_of_the_code_it_replaced(tmp_path, monkeypatch):
@@ -213,8 +222,14 @@ def test_reading_errors_are_those_of_the_code_it_replaced(tmp_path, monkeypatch)
     (folder / "languages.tsv").write_text("en\tfr\na\tb\n")
     (folder / "typed.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "a", "de": 5}\n')
     (folder / "mixed.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "a"}\n')
+    good = '{"en": "a", "de": "b"}\n' * 5
+    (folder / "invalid.jsonl").write_text(good + '{"en": "a", "de": "b"\n' + good)
+    (folder / "list.jsonl").write_text(good + '["a", "b"]\n')
+    (folder / "missing.jsonl").write_text(good + '{"en": "a"}\n')
+    (folder / "nested.jsonl").write_text(good + '{"translation": "a"}\n')
     cases = [("utf", False), ("count", False), ("tabs.tsv", False), ("languages.tsv", False), ("typed.jsonl", False),
-             ("mixed.jsonl", True)]
+             ("mixed.jsonl", True), ("invalid.jsonl", False), ("list.jsonl", False), ("missing.jsonl", False),
+             ("nested.jsonl", False)]
     for name, source_only in cases:
         with pytest.raises(DatasetSchemaError) as new:
             read_local_pairs(folder / name, "en", "de", allow_source_only=source_only)
@@ -437,3 +452,10 @@ state = PartialState()
 with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
     json.dump(record, handle)
 '''
+
+
+def test_json_lines_of_one_schema_are_parsed_by_arrow_not_record_by_record(tmp_path, monkeypatch):
+    files = write_tricky_corpus(tmp_path / "corpus")
+    expected = columns(legacy.read_local_pairs(files["jsonl"], "en", "de"))
+    monkeypatch.setattr(data_module.json, "loads", lambda *args: pytest.fail("parsed record by record"))
+    assert columns(read_local_pairs(files["jsonl"], "en", "de")) == expected

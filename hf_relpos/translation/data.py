@@ -18,6 +18,7 @@ pairs with an empty side (counted in the log), evaluation keeps them (an empty s
 from __future__ import annotations
 
 import csv
+import io
 import itertools
 import json
 import logging
@@ -34,10 +35,12 @@ import huggingface_hub.constants
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.json as pa_json
 from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets, load_dataset
 from datasets.table import InMemoryTable
 from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
+from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.positions import require_int
@@ -53,6 +56,8 @@ BYTE_ORDER_MARK = "\ufeff"
 # Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
 READ_CHUNK_BYTES = 32 << 20
 RECORDS_PER_CHUNK = 100_000
+# Files at least this large show a progress bar while read.
+PROGRESS_MIN_BYTES = 64 << 20
 # Dropping this share of the training pairs or more (empty, or over the length limits) is logged as a warning.
 HEAVY_LOSS_SHARE = 0.1
 HUB_TIMEOUT_SECONDS = 10
@@ -325,7 +330,7 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
     if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
         raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
     if file_format == "txt":
-        return sink.dataset({"source": (lines for _, lines in _line_chunks(path))}, with_null_target=True)
+        return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(path))}, with_null_target=True)
     if file_format == "tsv":
         return sink.dataset(_tsv_columns(path, source_lang, target_lang, allow_source_only))
     return sink.dataset(_record_columns(path, file_format, source_lang, target_lang, allow_source_only))
@@ -333,35 +338,122 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
 
 def _record_columns(path: Path, file_format: str, source_lang: str, target_lang: str,
                     allow_source_only: bool) -> Iterator[dict[str, pa.Array]]:
-    """`source`/`target` chunks of a .jsonl/.json/.csv file, `RECORDS_PER_CHUNK` records at a time."""
-    sources: list[str] = []
-    targets: list[str | None] = []
-    first_without_target = first_with_target = None
-    for location, record in _records(path, file_format):
+    """`source`/`target` chunks of a .jsonl/.json/.csv file. A .jsonl file is read `READ_CHUNK_BYTES` at a time and
+    each chunk parsed by Arrow's JSON reader when every record in it is a pair of strings in one schema; any other
+    chunk (an error to name, nulls, mixed schemas, a source-only record) is read record by record, as are .json and
+    .csv files, `RECORDS_PER_CHUNK` records at a time."""
+    columns = _RecordColumns(file_format, source_lang, target_lang, allow_source_only)
+    if file_format != "jsonl":
+        for location, record in _records(path, file_format):
+            columns.add(location, record)
+            if columns.full:
+                yield columns.flush()
+        yield columns.flush()
+        return
+    for first_line, lines, piece in _line_chunks(path):
+        parsed = _parse_jsonl_chunk(piece, lines, source_lang, target_lang)
+        if parsed is not None:
+            offset, nested, chunk = parsed
+            columns.saw_pair(f"{path}:{first_line + offset}, " + (f"field '{TRANSLATION_COLUMN}'" if nested
+                                                                   else "fields"))
+            yield columns.flush()
+            yield chunk
+            continue
+        for offset, line in enumerate(lines.to_pylist()):
+            if line.strip():
+                line_number = first_line + offset
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DatasetSchemaError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+                columns.add(f"{path}:{line_number}", record)
+                if columns.full:
+                    yield columns.flush()
+    yield columns.flush()
+
+
+class _RecordColumns:
+    """Records' texts gathered into `source`/`target` chunks, each record checked (an object; the WMT or the flat
+    schema; both languages, or with `allow_source_only` the source alone in every record; strings)."""
+
+    def __init__(self, file_format: str, source_lang: str, target_lang: str, allow_source_only: bool) -> None:
+        self.file_format, self.source_lang, self.target_lang = file_format, source_lang, target_lang
+        self.allow_source_only = allow_source_only
+        self.sources: list[str] = []
+        self.targets: list[str | None] = []
+        self.first_without_target: str | None = None
+        self.first_with_target: str | None = None
+
+    @property
+    def full(self) -> bool:
+        return len(self.sources) >= RECORDS_PER_CHUNK
+
+    def add(self, location: str, record: Any) -> None:
         if not isinstance(record, dict):
             raise DatasetSchemaError(f"{location}: expected an object with the texts, got {type(record).__name__}")
-        texts = record.get(TRANSLATION_COLUMN, record) if file_format in ("jsonl", "json") else record
+        texts = record.get(TRANSLATION_COLUMN, record) if self.file_format in ("jsonl", "json") else record
         if not isinstance(texts, dict):
             raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
         where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
-        source_only = allow_source_only and target_lang not in texts
-        _require_languages(list(texts), source_lang, source_lang if source_only else target_lang, where)
+        source_only = self.allow_source_only and self.target_lang not in texts
+        _require_languages(list(texts), self.source_lang, self.source_lang if source_only else self.target_lang, where)
         if source_only:
-            first_without_target = first_without_target or where
+            self.first_without_target = self.first_without_target or where
+            self._check_consistent()
         else:
-            first_with_target = first_with_target or where
-        if first_without_target and first_with_target:
-            raise DatasetSchemaError(f"{first_without_target}: no {target_lang!r}, although {first_with_target} has "
-                                     "one; a test file is either parallel on every line or source-only")
-        for lang, column in ((source_lang, sources), (target_lang, targets)):
+            self.saw_pair(where)
+        for lang, column in ((self.source_lang, self.sources), (self.target_lang, self.targets)):
             value = texts.get(lang)
             if value is not None and not isinstance(value, str):
                 raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
-            column.append(None if source_only and lang == target_lang else value or "")
-        if len(sources) == RECORDS_PER_CHUNK:
-            yield {"source": pa.array(sources, pa.string()), "target": pa.array(targets, pa.string())}
-            sources, targets = [], []
-    yield {"source": pa.array(sources, pa.string()), "target": pa.array(targets, pa.string())}
+            column.append(None if source_only and lang == self.target_lang else value or "")
+
+    def saw_pair(self, where: str) -> None:
+        """A record with both languages at `where`."""
+        self.first_with_target = self.first_with_target or where
+        self._check_consistent()
+
+    def _check_consistent(self) -> None:
+        if self.first_without_target and self.first_with_target:
+            raise DatasetSchemaError(f"{self.first_without_target}: no {self.target_lang!r}, although "
+                                     f"{self.first_with_target} has one; a test file is either parallel on every line "
+                                     "or source-only")
+
+    def flush(self) -> dict[str, pa.Array]:
+        """The texts gathered since the last flush, as a chunk."""
+        chunk = {"source": pa.array(self.sources, pa.string()), "target": pa.array(self.targets, pa.string())}
+        self.sources, self.targets = [], []
+        return chunk
+
+
+def _parse_jsonl_chunk(piece: bytes, lines: pa.Array, source_lang: str,
+                       target_lang: str) -> tuple[int, bool, dict[str, pa.Array]] | None:
+    """(offset of the first record's line, whether the texts sit under 'translation', the chunk) of JSON lines parsed
+    by Arrow, or None when a record needs the record-by-record reader: not every non-blank line one record holding
+    both languages as strings in the same schema (the reader then names any error), or a "\r" (which that reader
+    took for a line end)."""
+    if b"\r" in piece:
+        return None
+    try:
+        table = pa_json.read_json(io.BytesIO(piece), read_options=pa_json.ReadOptions(block_size=len(piece) + 1))
+    except pa.ArrowInvalid:
+        return None
+    filled = np.flatnonzero(texts_with_text(lines))
+    if table.num_rows != filled.size or filled.size == 0:
+        return None
+    nested = TRANSLATION_COLUMN in table.column_names
+    if nested:
+        struct = table[TRANSLATION_COLUMN].combine_chunks()
+        if not pa.types.is_struct(struct.type) or struct.null_count:
+            return None
+        available = {struct.type.field(index).name: index for index in range(struct.type.num_fields)}
+        texts = [struct.field(available[lang]) if lang in available else None for lang in (source_lang, target_lang)]
+    else:
+        texts = [table[lang].combine_chunks() if lang in table.column_names else None
+                 for lang in (source_lang, target_lang)]
+    if any(text is None or text.type != pa.string() or text.null_count for text in texts):
+        return None
+    return int(filled[0]), nested, {"source": texts[0], "target": texts[1]}
 
 
 def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allow_source_only: bool,
@@ -371,14 +463,14 @@ def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allo
     source_path, target_path = plain_text_files(prefix, source_lang, target_lang)
     missing = [str(candidate) for candidate in (source_path, target_path) if not candidate.is_file()]
     if missing == [str(target_path)] and allow_source_only:
-        return sink.dataset({"source": (lines for _, lines in _line_chunks(source_path))}, with_null_target=True)
+        return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))}, with_null_target=True)
     if missing:
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
             f"({source_path} + {target_path}: {' and '.join(missing)} missing); give a "
             f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist")
-    sources = sink.dataset({"source": (lines for _, lines in _line_chunks(source_path))})
-    targets = sink.dataset({"target": (lines for _, lines in _line_chunks(target_path))})
+    sources = sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))})
+    targets = sink.dataset({"target": (lines for _, lines, _ in _line_chunks(target_path))})
     if len(sources) != len(targets):
         raise DatasetSchemaError(
             f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; parallel plain-text files "
@@ -420,16 +512,19 @@ class _ArrowSink:
         return Dataset.from_file(str(path))
 
 
-def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array]]:
-    """(number of the first line, the lines) of a UTF-8 text file, `READ_CHUNK_BYTES` at a time: lines without their
-    "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them (a final "\n" ends the last line, it starts none); a
-    byte order mark at the start is dropped; the first line that is not UTF-8 is an error naming it."""
+def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
+    """(number of the first line, the lines, their bytes) of a UTF-8 text file, `READ_CHUNK_BYTES` at a time: lines
+    without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them (a final "\n" ends the last line, it
+    starts none); a byte order mark at the start is dropped; the first line that is not UTF-8 is an error naming it."""
     first_line = 1
     carry = b""
-    with open(path, "rb") as handle:
+    size = path.stat().st_size
+    with open(path, "rb") as handle, tqdm(total=size, unit="B", unit_scale=True, desc=f"Reading {path.name}",
+                                          disable=size < PROGRESS_MIN_BYTES) as progress:
         at_start = True
         while True:
             block = handle.read(READ_CHUNK_BYTES)
+            progress.update(len(block))
             data = carry + block
             if at_start:
                 data, at_start = data.removeprefix(BYTE_ORDER_MARK.encode("utf-8")), False
@@ -440,7 +535,7 @@ def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array]]:
             piece, carry = data[:cut], data[cut:]
             if piece:
                 lines = _split_lines(piece, path, first_line)
-                yield first_line, lines
+                yield first_line, lines, piece
                 first_line += len(lines)
             if not block:
                 return
@@ -467,17 +562,9 @@ def _split_lines(piece: bytes, path: Path, first_line: int) -> pa.Array:
 
 
 def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
-    """(location, record) for each example of a .jsonl/.json/.csv file; location is "file:line" (or "file: record N"
-    for a JSON array)."""
-    if file_format == "jsonl":
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        yield f"{path}:{line_number}", json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise DatasetSchemaError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
-    elif file_format == "json":
+    """(location, record) for each example of a .json/.csv file; location is "file:line" (or "file: record N" for a
+    JSON array)."""
+    if file_format == "json":
         with open(path, encoding="utf-8") as handle:
             try:
                 content = json.load(handle)
@@ -504,7 +591,7 @@ def _tsv_columns(path: Path, source_lang: str, target_lang: str,
     fields than the header (a tab inside a sentence, or a missing field) is an error naming the line; an empty line
     is skipped."""
     header: list[str] | None = None
-    for first_line, lines in _line_chunks(path):
+    for first_line, lines, _ in _line_chunks(path):
         if header is None:
             header = lines[0].as_py().split("\t")
             lines, first_line = lines[1:], first_line + 1
@@ -668,7 +755,11 @@ WHITE_SPACE = "".join(f"\\x{{{code:x}}}" for code in range(sys.maxunicode + 1) i
 def has_text(dataset: Dataset, column: str) -> np.ndarray:
     """Per example, whether the text in `column` has a character that is not white space (`bool(text.strip())`);
     False for a missing text."""
-    texts = dataset.with_format("arrow")[column]
+    return texts_with_text(dataset.with_format("arrow")[column])
+
+
+def texts_with_text(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per text, `bool(text.strip())`; False for a missing text."""
     blank = pc.match_substring_regex(texts, f"^[{WHITE_SPACE}]*$")
     return ~np.asarray(pc.fill_null(blank, True).to_numpy(zero_copy_only=False), dtype=bool)
 
