@@ -36,6 +36,8 @@ from typing import Any
 
 import psutil
 
+from hf_relpos.translation.environment import cpu_model_name, source_version
+
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path("/work/shared/data/multi30k")
 RECIPE = ROOT / "configs" / "wmt14_en_de_base_directional.yaml"
@@ -188,6 +190,7 @@ def run_size(pairs: int, work: Path, workers: int) -> dict[str, Any]:
     second = measure(command, env, work / f"log_{pairs}_second.txt")
     prepared_bytes = sum(path.stat().st_size for path in (output_dir / "prepared_data").rglob("*") if path.is_file())
     return {"pairs": pairs, "train_text_mib": round(text_bytes / 2**20), "prepared_mib": round(prepared_bytes / 2**20),
+            "code": source_version(ROOT), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": " ".join(command[1:]).replace(str(work), "WORK"), "first_run": first, "second_run": second,
             "sampler": sampler_epoch(output_dir, max_tokens=3125, pool_factor=4)}
 
@@ -215,7 +218,9 @@ def render_markdown(record: dict[str, Any]) -> str:
                      if name in by_name else "-" for name in names]
             lines.append(f"| {size['pairs']:,} | {run.split('_')[0]} | " + " | ".join(cells) + " |")
     lines += ["", f"- command: `{meta['command']}`; each run: `python {record['sizes'][0]['command']}`",
-              f"- hardware: {meta['hardware']}", f"- code `{meta['code']}`, python {meta['python']}, {meta['date']}"]
+              f"- hardware: {meta['hardware']}; python {meta['python']}"]
+    lines += [f"- {size['pairs']:,} pairs: code `{size.get('code', meta['code'])}`, {size.get('date', meta['date'])}"
+              for size in record["sizes"]]
     return "\n".join(lines)
 
 
@@ -230,8 +235,9 @@ def render_cost_note(record: dict[str, Any]) -> str:
                          f"{first['peak_rss_gib']} GiB resident in one process ({first['peak_anonymous_gib']} GiB "
                          f"besides file pages), {size['prepared_mib']} MiB in `prepared_data/`; a second run ready "
                          f"in {minutes(second['wall_seconds'])}")
+    codes = ", ".join(dict.fromkeys(size.get("code", record["meta"]["code"]) for size in record["sizes"]))
     return (f"Measured on {record['meta']['hardware']} (`preprocessing_num_workers: "
-            f"{record['meta']['preprocessing_num_workers']}`, code `{record['meta']['code']}`), with a synthetic "
+            f"{record['meta']['preprocessing_num_workers']}`, code `{codes}`), with a synthetic "
             "WMT-like corpus in the plain-text layout and the WMT base recipe: " + "; ".join(sentences) + ".")
 
 
@@ -246,8 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="preprocessing_num_workers")
     parser.add_argument("--hardware_note", default="", help="appended to the hardware line (e.g. shared machine)")
     parser.add_argument("--record", type=Path, required=True, help="JSON record to write (after every size)")
+    parser.add_argument("--append", action="store_true", help="add the sizes to an existing --record")
     args = parser.parse_args(argv)
-    from hf_relpos.translation.environment import cpu_model_name, source_version
 
     meta = {"command": " ".join(["python -m benchmarks.bench_data", *(argv if argv is not None else sys.argv[1:])]),
             "hardware": f"{cpu_model_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
@@ -256,6 +262,9 @@ def main(argv: list[str] | None = None) -> None:
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "preprocessing_num_workers": args.workers}
     record: dict[str, Any] = {"meta": meta, "sizes": []}
+    if args.append and args.record.is_file():
+        record = json.loads(args.record.read_text())
+        record["meta"]["command"] += f"; then {meta['command']}"
     for pairs in args.pairs:
         record["sizes"].append(run_size(pairs, args.work, args.workers))
         args.record.parent.mkdir(parents=True, exist_ok=True)

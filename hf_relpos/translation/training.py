@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
 import hashlib
 import json
@@ -588,8 +589,16 @@ def _obtain_tokenizer(
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     started = time.monotonic()
     tokenizer = train_joint_tokenizer(text_batches(raw.get()["train"]), model_args.tokenizer_vocab_size)
+    release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
     return tokenizer, settings
+
+
+def release_freed_memory() -> None:
+    """Hand the memory the tokenizer trainer freed (Rust, through the C allocator, which keeps it) back to the system,
+    so that this process, and the tokenization workers forked from it next, do not keep the trainer's peak."""
+    with contextlib.suppress(OSError, AttributeError):   # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike,
