@@ -230,7 +230,7 @@ def render_cost_note(record: dict[str, Any]) -> str:
     for size in record["sizes"]:
         first, second = size["first_run"], size["second_run"]
         sentences.append(f"{size['pairs']:,} pairs ({size['train_text_mib']} MiB of text): "
-                         f"{minutes(first['wall_seconds'])} with `--prepare_only true` ({minutes(first['cpu_seconds'])} "
+                         f"{minutes(first['wall_seconds'])} of wall time with `--prepare_only true` ({minutes(first['cpu_seconds'])} "
                          "of CPU time), at most "
                          f"{first['peak_rss_gib']} GiB resident in one process ({first['peak_anonymous_gib']} GiB "
                          f"besides file pages), {size['prepared_mib']} MiB in `prepared_data/`; a second run ready "
@@ -238,7 +238,23 @@ def render_cost_note(record: dict[str, Any]) -> str:
     codes = ", ".join(dict.fromkeys(size.get("code", record["meta"]["code"]) for size in record["sizes"]))
     return (f"Measured on {record['meta']['hardware']} (`preprocessing_num_workers: "
             f"{record['meta']['preprocessing_num_workers']}`, code `{codes}`), with a synthetic "
-            "WMT-like corpus in the plain-text layout and the WMT base recipe: " + "; ".join(sentences) + ".")
+            "WMT-like corpus in the plain-text layout and the WMT base recipe: " + "; ".join(sentences) + "."
+            + wmt14_estimate(record))
+
+
+WMT14_PAIRS = 4_500_000
+
+
+def wmt14_estimate(record: dict[str, Any]) -> str:
+    """WMT14's preparation scaled linearly from the largest size measured, when it was not measured itself."""
+    largest = max(record["sizes"], key=lambda size: size["pairs"])
+    if largest["pairs"] >= WMT14_PAIRS:
+        return ""
+    scale = WMT14_PAIRS / largest["pairs"]
+    return (f" Not measured at WMT14's {WMT14_PAIRS:,} pairs: scaled linearly from {largest['pairs']:,}, its first "
+            f"run would use about {minutes(round(largest['first_run']['cpu_seconds'] * scale))} of CPU time (the "
+            "tokenizer training, one process, and the tokenization, `preprocessing_num_workers` processes, take "
+            "most of it).")
 
 
 def minutes(seconds: float) -> str:
