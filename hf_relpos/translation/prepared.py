@@ -21,7 +21,7 @@ import shutil
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,14 +46,17 @@ class PreparationError(OSError):
     """The data cannot be prepared in output_dir (not enough free disk)."""
 
 
-def files_sha256(paths: Iterable[str | os.PathLike]) -> str:
-    """SHA-256 of the files' names and contents, read `HASH_CHUNK_BYTES` at a time."""
+def files_sha256(paths: Iterable[str | os.PathLike], on_chunk: Callable[[int], Any] | None = None) -> str:
+    """SHA-256 of the files' names and contents, read `HASH_CHUNK_BYTES` at a time (`on_chunk(bytes read)` after
+    each: a progress bar)."""
     digest = hashlib.sha256()
     for path in paths:
         digest.update(f"{Path(path).name}\0{os.path.getsize(path)}\0".encode())
         with open(path, "rb") as handle:
             while chunk := handle.read(HASH_CHUNK_BYTES):
                 digest.update(chunk)
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
     return digest.hexdigest()
 
 

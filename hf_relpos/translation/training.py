@@ -72,6 +72,7 @@ from .checkpoints import (
 from .data import (
     DEMO_DATA_FOLDER,
     DEMO_DATASET_NAME,
+    PROGRESS_MIN_BYTES,
     DataArguments,
     DatasetSchemaError,
     LengthReport,
@@ -457,12 +458,15 @@ class RawSplits:
         if self.files is None:
             return {split: dataset._fingerprint for split, dataset in self.get().items()}
         identities = {}
-        started = time.monotonic()
-        for split in progress(self.splits, "Hashing the data files"):
-            selection = {"files": files_sha256(self.data_files(split)), "sample_cap": getattr(self.data_args,
-                         SAMPLE_CAPS[split]), "languages": [self.data_args.source_lang, self.data_args.target_lang]}
-            identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
-        logger.info("Hashed the data files (%.0f MiB) in %.1f s", self.text_bytes() / 2**20, time.monotonic() - started)
+        started, size = time.monotonic(), self.text_bytes()
+        with tqdm(total=size, unit="B", unit_scale=True, desc="Hashing the data files",
+                  disable=size < PROGRESS_MIN_BYTES) as bar:
+            for split in self.splits:
+                selection = {"files": files_sha256(self.data_files(split), bar.update),
+                             "sample_cap": getattr(self.data_args, SAMPLE_CAPS[split]),
+                             "languages": [self.data_args.source_lang, self.data_args.target_lang]}
+                identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
+        logger.info("Hashed the data files (%.0f MiB) in %.1f s", size / 2**20, time.monotonic() - started)
         return identities
 
     def text_bytes(self) -> int:
@@ -486,10 +490,6 @@ class RawSplits:
             logger.info("Read %s in %.1f s", ", ".join(f"{split} ({len(dataset)} pairs)" for split, dataset in
                                                         self.loaded.items()), time.monotonic() - started)
         return self.loaded
-
-
-def progress(items: Sequence[Any], desc: str) -> Iterator[Any]:
-    return iter(tqdm(items, desc=desc, disable=len(items) < 2))
 
 
 def text_batches(dataset: Dataset) -> Iterator[list[str]]:
