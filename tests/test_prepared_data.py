@@ -459,3 +459,18 @@ def test_json_lines_of_one_schema_are_parsed_by_arrow_not_record_by_record(tmp_p
     expected = columns(legacy.read_local_pairs(files["jsonl"], "en", "de"))
     monkeypatch.setattr(data_module.json, "loads", lambda *args: pytest.fail("parsed record by record"))
     assert columns(read_local_pairs(files["jsonl"], "en", "de")) == expected
+
+
+def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monkeypatch, capsys):
+    """The training split prepared before the kill is reused: the tokenizer, trained again, is the same."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "tokenize_evaluation_pairs", lambda *args, **kwargs: exec("raise KeyboardInterrupt"))
+        with pytest.raises(KeyboardInterrupt):
+            prepare_only(config)
+    assert prepared_folders(tmp_path / "out") == ["train"]
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Trained the tokenizer" in log and "Reusing the train data" in log and "Prepared the validation data" in log
