@@ -465,8 +465,11 @@ def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monk
     """The training split prepared before the kill is reused: the tokenizer, trained again, is the same."""
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while preparing the validation split")
+
     with monkeypatch.context() as patch:
-        patch.setattr(training, "tokenize_evaluation_pairs", lambda *args, **kwargs: exec("raise KeyboardInterrupt"))
+        patch.setattr(training, "tokenize_evaluation_pairs", killed)
         with pytest.raises(KeyboardInterrupt):
             prepare_only(config)
     assert prepared_folders(tmp_path / "out") == ["train"]
