@@ -219,6 +219,8 @@ def render_markdown(record: dict[str, Any]) -> str:
             lines.append(f"| {size['pairs']:,} | {run.split('_')[0]} | " + " | ".join(cells) + " |")
     lines += ["", f"- command: `{meta['command']}`; each run: `python {record['sizes'][0]['command']}`",
               f"- hardware: {meta['hardware']}; python {meta['python']}"]
+    if "note" in meta:
+        lines.append(f"- note: {meta['note']}")
     lines += [f"- {size['pairs']:,} pairs: code `{size.get('code', meta['code'])}`, {size.get('date', meta['date'])}"
               for size in record["sizes"]]
     return "\n".join(lines)
