@@ -477,3 +477,27 @@ def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monk
     prepare_only(config)
     log = capsys.readouterr().out
     assert "Trained the tokenizer" in log and "Reusing the train data" in log and "Prepared the validation data" in log
+
+
+def test_a_tokenizer_can_learn_from_a_sample_of_the_training_pairs(tmp_path, monkeypatch):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    seen = []
+    original = training.train_joint_tokenizer
+
+    def counting(batches, *args, **kwargs):
+        texts = [text for batch in batches for text in batch]
+        seen.append(texts)
+        return original(texts, *args, **kwargs)
+
+    monkeypatch.setattr(training, "train_joint_tokenizer", counting)
+    prepare_only(config, "--tokenizer_training_pairs", "30")
+    sample = legacy.read_local_pairs(corpus["train"], "en", "de").select(
+        sorted(np.random.default_rng(training.TOKENIZER_SAMPLE_SEED).choice(120, 30, replace=False)))
+    assert seen == [[text for text in list(sample["source"]) + list(sample["target"]) if text]]
+    settings = json.loads((tmp_path / "out" / "tokenizer_training.json").read_text())
+    assert settings["data"].endswith("en+de, a sample of 30 pairs")
+    with pytest.raises(ConfigError, match=r"training text differs \(saved: .*a sample of 30 pairs; now: .*en\+de\)"):
+        prepare_only(config)
+    with pytest.raises(ValueError, match=r"tokenizer_training_pairs must be null \(every pair\) or an integer >= 1"):
+        DataArguments(tokenizer_training_pairs=0)

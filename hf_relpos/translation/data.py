@@ -109,6 +109,12 @@ class DataArguments:
                           "cuts them. Evaluation pairs are never dropped, only truncated on the source side."},
     )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    tokenizer_training_pairs: int | None = field(
+        default=None,
+        metadata={"help": "Train a new tokenizer on a random sample of this many training pairs (fixed seed) instead "
+                          "of all of them: the BPE trainer's memory grows with the corpus's distinct words (GiBs at "
+                          "WMT size), a sample bounds it. null: every pair."},
+    )
     demo_train_pairs: int = field(default=8000, metadata={"help": "Demo corpus: training pairs."})
     demo_validation_pairs: int = field(default=300, metadata={"help": "Demo corpus: validation pairs."})
     demo_test_pairs: int = field(default=300, metadata={"help": "Demo corpus: test pairs."})
@@ -126,6 +132,7 @@ class DataArguments:
             require_int(name, getattr(self, name), minimum=1, null_means="every example")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
                     null_means="tokenize in this process")
+        require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
         for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
             require_int(name, getattr(self, name), minimum=1)
         for name in ("train_file", "validation_file", "test_file"):

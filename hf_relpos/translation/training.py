@@ -428,7 +428,22 @@ def describe_training_data(data_args: DataArguments) -> str:
     else:
         origin = f"dataset {data_args.dataset_name!r} ({data_args.dataset_config_name})"
     cap = f", first {data_args.max_train_samples} pairs" if data_args.max_train_samples else ""
-    return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}"
+    sample = (f", a sample of {data_args.tokenizer_training_pairs} pairs" if data_args.tokenizer_training_pairs
+              else "")
+    return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}{sample}"
+
+
+# The seed of the sample of training pairs a tokenizer is trained on (`tokenizer_training_pairs`).
+TOKENIZER_SAMPLE_SEED = 0
+
+
+def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
+    """The training pairs a new tokenizer learns from: all, or a random sample of `pairs` (in corpus order, drawn
+    with `TOKENIZER_SAMPLE_SEED`)."""
+    if pairs is None or pairs >= len(train):
+        return train
+    chosen = np.random.default_rng(TOKENIZER_SAMPLE_SEED).choice(len(train), size=pairs, replace=False)
+    return train.select(np.sort(chosen))
 
 
 SAMPLE_CAPS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
@@ -572,6 +587,9 @@ def _obtain_tokenizer(
     if train_data_sha256 is None:
         raise ConfigError("no tokenizer_name or model_name_or_path, and no training split to train a tokenizer on")
     output_dir = training_args.output_dir
+    if data_args.tokenizer_training_pairs is not None:
+        sample = f"{train_data_sha256}\0sample {data_args.tokenizer_training_pairs} seed {TOKENIZER_SAMPLE_SEED}"
+        train_data_sha256 = hashlib.sha256(sample.encode()).hexdigest()
     settings = tokenizer_settings(train_data_sha256, model_args.tokenizer_vocab_size, describe_training_data(data_args))
     if has_saved_tokenizer(output_dir) and not retrain:
         differences = settings_differences(load_tokenizer_settings(output_dir), settings)
@@ -588,7 +606,8 @@ def _obtain_tokenizer(
         return load_tokenizer(output_dir), None
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     started = time.monotonic()
-    tokenizer = train_joint_tokenizer(text_batches(raw.get()["train"]), model_args.tokenizer_vocab_size)
+    texts = tokenizer_training_sample(raw.get()["train"], data_args.tokenizer_training_pairs)
+    tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
     release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
     return tokenizer, settings
