@@ -48,7 +48,7 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     """Indices of `lengths` in batches, longest first, whose padded size (count x longest) stays within `max_tokens`;
     a line longer than `max_tokens` forms a batch of its own."""
     order = sorted(range(len(lengths)), key=lambda position: -lengths[position])
-    return cut_token_batches(order, lengths, max_tokens)
+    return cut_token_batches(order, [lengths[position] for position in order], max_tokens)
 
 
 def translate_lines(
