@@ -1,0 +1,98 @@
+"""A CTranslate2 folder (written by `hf-relpos-export ctranslate2`) behind the part of the PyTorch model's interface
+that `hf-relpos-translate` uses: `generate(input_ids, attention_mask, **generation settings)`, `generation_config`,
+`device`. The same tokenizer encodes and decodes around it, and the folder's generation_config.json gives the same
+defaults (beams, length penalty, length cap), so a line is translated the same way by either engine.
+
+One difference is the engine's: its beam search ends once num_beams hypotheses have finished, which is generate's
+`early_stopping=True`. With transformers' default (`early_stopping=False`) generate may search on while a running
+beam could still win, so a few beam-search lines can differ (never to a translation that PyTorch scores higher);
+greedy decoding, and beam search with `early_stopping=True`, give the same lines.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from .export import EXPORT_RECORD, ExportError, import_ctranslate2
+
+COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16", "float32")
+
+
+def is_ctranslate2_folder(folder: str | Path) -> bool:
+    """Whether `folder` is an export of `hf-relpos-export ctranslate2` (it holds its record)."""
+    return (Path(folder) / EXPORT_RECORD).is_file()
+
+
+class CTranslate2Model:
+    """`ctranslate2.Translator` over an exported folder, with generate()'s settings and token ids.
+
+    `generate` takes generate()'s settings (num_beams, length_penalty, max_length counting the decoder start token,
+    max_new_tokens, min_new_tokens, repetition_penalty, no_repeat_ngram_size), defaulting to the folder's
+    generation_config.json as generate() does, and returns the generated ids (end token included when reached)
+    right-padded into a [batch, length] tensor; sources are never truncated.
+    """
+
+    def __init__(self, folder: str | Path, device: str = "cpu", compute_type: str = "default",
+                 threads: int | None = None) -> None:
+        ctranslate2 = import_ctranslate2()
+        if compute_type not in COMPUTE_TYPES:
+            raise ValueError(f"compute_type must be one of {list(COMPUTE_TYPES)}, got {compute_type!r}")
+        folder = Path(folder)
+        self.record = json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8"))
+        vocabulary_file = folder / "shared_vocabulary.json"
+        self.tokens = json.loads(vocabulary_file.read_text(encoding="utf-8"))
+        self.token_ids = {token: index for index, token in enumerate(self.tokens)}
+        self.generation_config = (GenerationConfig.from_pretrained(folder)
+                                  if (folder / "generation_config.json").is_file() else GenerationConfig())
+        self.device = device
+        kind, _, index = device.partition(":")
+        self.translator = ctranslate2.Translator(
+            str(folder), device=kind, device_index=int(index or 0), compute_type=compute_type,
+            intra_threads=torch.get_num_threads() if threads is None else threads)
+        self.position_table_rows = self.record.get("position_table_rows")
+
+    def decoding_options(self, **settings: Any) -> dict[str, Any]:
+        """translate_batch's options for generate()'s `settings` over the folder's generation config."""
+        config = copy.deepcopy(self.generation_config)
+        config.update(**settings)
+        if config.max_new_tokens is not None:
+            max_decoding_length = config.max_new_tokens
+        else:
+            max_decoding_length = (config.max_length or 20) - 1  # generate's max_length counts the start token
+        min_new = config.min_new_tokens if config.min_new_tokens is not None else max((config.min_length or 0) - 1, 0)
+        if config.do_sample:
+            raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
+        return {
+            "beam_size": config.num_beams or 1,
+            "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
+            "max_decoding_length": max(1, max_decoding_length),
+            "min_decoding_length": min_new,
+            "repetition_penalty": float(config.repetition_penalty or 1.0),
+            "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
+        }
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 **settings: Any) -> torch.Tensor:
+        """The translations of the (padded) sources as generated ids [batch, length], padded with pad_token_id."""
+        options = self.decoding_options(**settings)
+        lengths = (attention_mask.sum(-1) if attention_mask is not None
+                   else torch.full((input_ids.size(0),), input_ids.size(1))).tolist()
+        rows = self.position_table_rows
+        if rows is not None and (max(lengths) > rows or options["max_decoding_length"] >= rows):
+            raise ValueError(f"this export's position table has {rows} rows (max_position_embeddings): sources and "
+                             f"translations must be shorter, got a source of {max(lengths)} tokens and a length "
+                             f"cap of {options['max_decoding_length']}")
+        sources = [[self.tokens[token] for token in ids[:length]]
+                   for ids, length in zip(input_ids.tolist(), lengths, strict=True)]
+        results = self.translator.translate_batch(sources, max_input_length=0, return_end_token=True, **options)
+        outputs = [[self.token_ids[token] for token in result.hypotheses[0]] for result in results]
+        pad = self.generation_config.pad_token_id or 0
+        longest = max((len(ids) for ids in outputs), default=0)
+        return torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long)
