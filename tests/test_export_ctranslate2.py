@@ -276,3 +276,25 @@ def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
     with pytest.raises(ExportError, match="exists and is not an empty folder"):
         export_ctranslate2(exported["none"][1], tmp_path / "ct2")
     assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
+
+
+def test_the_inference_benchmark_records_every_engine_on_the_same_lines(exported, tmp_path):
+    """benchmarks/bench_inference.py on a tiny model (no timing asserted): every engine's sentences/s, BLEU and lines
+    identical to PyTorch's, float32 identical on every line."""
+    from benchmarks import bench_inference
+
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "de": target}}) + "\n"
+                                 for source, target in SPLITS["test"][:10]), encoding="utf-8")
+    threads = torch.get_num_threads()
+    try:
+        record = bench_inference.main([str(exported["rope"][1]), "--test_file", str(test_file), "--threads", "1",
+                                       "--batch_size", "4", "--out", str(tmp_path / "out"), "--note", "tiny"])
+    finally:
+        torch.set_num_threads(threads)
+    (run,) = record["runs"]
+    assert list(run["engines"]) == ["pytorch", "pytorch (early_stopping=False)", "ct2_float32", "ct2_int8"]
+    assert run["engines"]["ct2_float32"]["identical_lines"] == record["sentences"] == 10
+    assert run["engines"]["ct2_float32"]["bleu"] == run["engines"]["pytorch"]["bleu"]
+    assert all(row["sentences_per_second"] > 0 for row in run["engines"].values())
+    assert json.loads((tmp_path / "out" / "inference.json").read_text())["runs"] == record["runs"]
