@@ -146,7 +146,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--limit", type=int, help="first N pairs only (smoke runs)")
     parser.add_argument("--skip_default_search", action="store_true",
                         help="leave out PyTorch with early_stopping=False")
-    parser.add_argument("--note", default="", help="what the record should say about the model (e.g. its training)")
+    parser.add_argument("--model_note", default="", help="what the record says about the model (e.g. its training)")
+    parser.add_argument("--hardware_note", default="", help="what the record says about the machine (e.g. shared)")
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--stem", default="inference")
     args = parser.parse_args(argv)
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         runs = [measure(args, threads, exports, sources, references) for threads in configurations]
     record = {
         "environment": environment(args.device, "float32" if args.device == "cpu" else "bfloat16"),
-        "model": str(args.model), "note": args.note, "test_file": str(args.test_file),
+        "model": str(args.model), "model_note": args.model_note, "hardware_note": args.hardware_note,
+        "test_file": str(args.test_file),
         "sentences": len(sources), "batch_size": args.batch_size, "num_beams": args.num_beams,
         "ctranslate2": __import__("ctranslate2").__version__, "runs": runs,
         "goals": GOALS[args.device], "max_bleu_loss_int8": MAX_BLEU_LOSS_INT8,
@@ -167,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     markdown = "\n".join([f"# Inference: PyTorch generate vs CTranslate2 ({args.device})", "", render(record), "",
                           f"- command: `{record['environment']['command']}`",
                           f"- code `{record['environment']['code']}`, {record['environment']['device_name']}",
-                          f"- model: {args.model} ({args.note})"])
+                          f"- model: {args.model} ({args.model_note}); {args.hardware_note}"])
     print(markdown)
     write_report(args.out, args.stem, markdown, record)
     return record

@@ -289,7 +289,7 @@ def test_the_inference_benchmark_records_every_engine_on_the_same_lines(exported
     threads = torch.get_num_threads()
     try:
         record = bench_inference.main([str(exported["rope"][1]), "--test_file", str(test_file), "--threads", "1",
-                                       "--batch_size", "4", "--out", str(tmp_path / "out"), "--note", "tiny"])
+                                       "--batch_size", "4", "--out", str(tmp_path / "out"), "--model_note", "tiny"])
     finally:
         torch.set_num_threads(threads)
     (run,) = record["runs"]
