@@ -190,6 +190,17 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
     assert not [path.name for path in folder.parent.iterdir() if path.name.startswith(".")]  # no staging left
 
 
+def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokenizer):
+    """absolute and none carry max_position_embeddings (128) rows of positions: a longer cap is refused, not
+    truncated or read out of range."""
+    engine = CTranslate2Model(exported["absolute"][2], threads=1)
+    inputs = tokenizer(TEST_SOURCES[:2], padding=True, return_tensors="pt")
+    with pytest.raises(ValueError, match="position table has 128 rows"):
+        engine.generate(**inputs, max_new_tokens=129)
+    assert engine.generate(**inputs, max_new_tokens=128).size(0) == 2
+    assert CTranslate2Model(exported["shaw"][2], threads=1).position_table_rows is None
+
+
 def test_hf_relpos_translate_runs_an_exported_folder_like_the_pytorch_one(exported, tmp_path, capsys):
     _, source, folder = exported["t5"]
     (tmp_path / "src.txt").write_text("".join(line + "\n" for line in [TEST_SOURCES[0], "", *TEST_SOURCES[1:6]]))

@@ -82,15 +82,16 @@ class CTranslate2Model:
                  **settings: Any) -> torch.Tensor:
         """The translations of the (padded) sources as generated ids [batch, length], padded with pad_token_id."""
         options = self.decoding_options(**settings)
-        lengths = (attention_mask.sum(-1) if attention_mask is not None
-                   else torch.full((input_ids.size(0),), input_ids.size(1))).tolist()
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        lengths = attention_mask.sum(-1).tolist()
         rows = self.position_table_rows
-        if rows is not None and (max(lengths) > rows or options["max_decoding_length"] >= rows):
+        if rows is not None and (max(lengths) > rows or options["max_decoding_length"] > rows):
             raise ValueError(f"this export's position table has {rows} rows (max_position_embeddings): sources and "
-                             f"translations must be shorter, got a source of {max(lengths)} tokens and a length "
+                             f"translations must not be longer, got a source of {max(lengths)} tokens and a length "
                              f"cap of {options['max_decoding_length']}")
-        sources = [[self.tokens[token] for token in ids[:length]]
-                   for ids, length in zip(input_ids.tolist(), lengths, strict=True)]
+        sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
+                   for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
         results = self.translator.translate_batch(sources, max_input_length=0, return_end_token=True, **options)
         outputs = [[self.token_ids[token] for token in result.hypotheses[0]] for result in results]
         pad = self.generation_config.pad_token_id or 0

@@ -33,6 +33,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -160,18 +161,28 @@ def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
             config.relative_attention_max_distance)
 
 
-def _rope(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
-    """Nothing to write: the rotation is in the specification's options (`stack_options`)."""
+@dataclass(frozen=True)
+class SchemeExport:
+    """How one scheme enters CTranslate2's specification: `options` of both stacks' specifications (from the config),
+    `write` of its tables into a stack's specification, and whether it is a position table added to the embeddings
+    (which then bounds the lengths, `max_position_embeddings` rows)."""
+
+    options: Callable[[RelPosTransformerConfig], dict]
+    write: Callable[[Any, RelPosStack, RelPosTransformerConfig], None]
+    position_table: bool = False
 
 
-# attention_type -> (options of both stacks' specifications, what it writes into a stack's specification).
-POSITION_EXPORTS: dict[str, tuple[Callable[[RelPosTransformerConfig], dict], Callable]] = {
-    "absolute": (lambda config: {}, _absolute),
-    "none": (lambda config: {}, _none),
-    "shaw": (lambda config: {"relative_position": True}, _shaw),
-    "t5": (lambda config: {"relative_attention_bias": True}, _t5),
-    "rope": (lambda config: {"rotary_dim": config.rotary_dim or 0, "rotary_interleave": True,
-                             "rotary_base": float(config.rope_theta)}, _rope),
+def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
+    """rope: the rotation is all in the specification's options."""
+
+
+POSITION_EXPORTS: dict[str, SchemeExport] = {
+    "absolute": SchemeExport(lambda config: {}, _absolute, position_table=True),
+    "none": SchemeExport(lambda config: {}, _none, position_table=True),
+    "shaw": SchemeExport(lambda config: {"relative_position": True}, _shaw),
+    "t5": SchemeExport(lambda config: {"relative_attention_bias": True}, _t5),
+    "rope": SchemeExport(lambda config: {"rotary_dim": config.rotary_dim or 0, "rotary_interleave": True,
+                                         "rotary_base": float(config.rope_theta)}, _nothing_to_write),
 }
 
 
@@ -182,10 +193,10 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
 
     config = model.config
     check_exportable(config)
-    stack_options, write_positions = POSITION_EXPORTS[config.attention_type]
+    scheme = POSITION_EXPORTS[config.attention_type]
     common = {"pre_norm": config.layer_norm_position == "pre",
               "activation": getattr(common_spec.Activation, ACTIVATIONS[config.activation_function]),
-              **stack_options(config)}
+              **scheme.options(config)}
     encoder_spec = transformer_spec.TransformerEncoderSpec(
         config.encoder_layers, config.encoder_attention_heads, **common)
     decoder_spec = transformer_spec.TransformerDecoderSpec(
@@ -205,9 +216,9 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
             _set_linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
             _set_linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
             _set_layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
-        if hasattr(spec, "position_encodings") and config.attention_type not in ("absolute", "none"):
+        if hasattr(spec, "position_encodings") and not scheme.position_table:
             del spec.position_encodings  # relative schemes: no table (the engine adds nothing to the embeddings)
-        write_positions(spec, stack, config)
+        scheme.write(spec, stack, config)
     _set_linear(decoder_spec.projection, model.lm_head)
     decoder_spec.projection.bias = _array(model.final_logits_bias.reshape(-1))
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
@@ -287,8 +298,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         "quantization": quantization or "float32",
         "source_model": str(Path(model_dir).resolve()),
         "attention_type": config.attention_type,
-        "position_table_rows": config.max_position_embeddings if config.attention_type in ("absolute", "none")
-        else None,
+        "position_table_rows": (config.max_position_embeddings
+                                if POSITION_EXPORTS[config.attention_type].position_table else None),
     }
     with staged_folder(out_dir) as staging:
         spec.save(str(staging))
