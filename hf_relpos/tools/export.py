@@ -336,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         sys.exit(f"{PROGRAM}: error: no model folder {args.model_dir!r}")
     try:
         out_dir = export_ctranslate2(args.model_dir, args.out_dir, args.quantization)
-    except (ExportError, OSError) as error:
+    except (ValueError, OSError) as error:  # ExportError, and a folder that is no hf_relpos model
         sys.exit(f"{PROGRAM}: error: {' '.join(str(error).split())}")
     print(f"{PROGRAM}: wrote {out_dir} (CTranslate2, {args.quantization or 'float32'}); translate with: "
           f"hf-relpos-translate {out_dir} --input SRC.txt")
