@@ -22,9 +22,9 @@ epsilon carry over. What the specification cannot express is refused before anyt
 it: `xl`, `directional`, `alibi`, schemes registered elsewhere, Shaw's per-head tables, `keep_absolute_positions`
 under a relative scheme, `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference.
 
-OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, generation_config.json (beams,
-length penalty, length cap: `hf-relpos-translate OUT_DIR` decodes with them) and `ctranslate2_export.json` (what was
-exported, how, and from which model). It is filled beside its destination and renamed in: never half-written.
+OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
+(hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
+decodes with them) and `ctranslate2_export.json` (what was exported, how, and from which model). It is filled beside its destination and renamed in: never half-written.
 """
 
 from __future__ import annotations
