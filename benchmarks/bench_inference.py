@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -159,7 +161,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         configurations = args.threads if args.device == "cpu" else [None]
         runs = [measure(args, threads, exports, sources, references) for threads in configurations]
     record = {
-        "environment": environment(args.device, "float32" if args.device == "cpu" else "bfloat16"),
+        "environment": {**environment(args.device, "float32" if args.device == "cpu" else "bfloat16"),
+                        "command": shlex.join(["python", "-m", "benchmarks.bench_inference", *(argv or sys.argv[1:])])},
         "model": str(args.model), "model_note": args.model_note, "hardware_note": args.hardware_note,
         "test_file": str(args.test_file),
         "sentences": len(sources), "batch_size": args.batch_size, "num_beams": args.num_beams,

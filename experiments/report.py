@@ -223,8 +223,9 @@ def inference_goals(record: dict) -> str:
         float32_met = (float32["speedup"] >= record["goals"]["ct2_float32"]
                        and float32["identical_lines"] == sentences)
         lines.append(
-            f"- {run['threads']} thread(s): int8 {int8['speedup']:.2f}x PyTorch's sentences/s at "
-            f"{loss:+.2f} BLEU loss (goal: {record['goals']['ct2_int8']:.1f}x at <= {record['max_bleu_loss_int8']} "
+            f"- {run['threads']} thread(s): int8 {int8['speedup']:.2f}x PyTorch's sentences/s, BLEU "
+            f"{int8['bleu'] - baseline['bleu']:+.2f} against PyTorch's (goal: {record['goals']['ct2_int8']:.1f}x at "
+            f"<= {record['max_bleu_loss_int8']} "
             f"BLEU loss: {'met' if int8_met else 'not met'}); float32 {float32['speedup']:.2f}x with "
             f"{float32['identical_lines']} of {sentences} lines identical (goal: {record['goals']['ct2_float32']:.1f}x, "
             f"identical lines: {'met' if float32_met else 'not met'}).")
