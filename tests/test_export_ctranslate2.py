@@ -33,6 +33,7 @@ EXPORTABLE = {
     "absolute": dict(layer_norm_position="post", activation_function="gelu"),
     "shaw": dict(layer_norm_position="pre", activation_function="relu"),
     "shaw_keys_only": dict(attention_type="shaw", use_relative_values=False, tie_word_embeddings=False),
+    "shaw_values_only": dict(attention_type="shaw", use_relative_keys=False, layer_norm_position="pre"),
     "t5": dict(layer_norm_position="post", scale_embedding=False, relative_attention_num_buckets=8,
                relative_attention_max_distance=12),
     "rope": dict(layer_norm_position="pre", rotary_dim=4, activation_function="gelu_new"),
@@ -104,6 +105,15 @@ def torch_log_probs(model, tokenizer, sources: list[str], targets: list[str]) ->
     return [row[label != tokenizer.pad_token_id] for row, label in zip(log_probs, labels, strict=True)]
 
 
+def engine_log_probs(folder: Path, tokenizer, sources: list[str], targets: list[str]) -> list[torch.Tensor]:
+    """The same log-probabilities from CTranslate2's `score_batch` (it appends the end token to each target)."""
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+    scored = translator.score_batch(
+        [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]],
+        [tokenizer.convert_ids_to_tokens(ids[:-1]) for ids in tokenizer(targets)["input_ids"]])
+    return [torch.tensor(result.log_probs) for result in scored]
+
+
 @pytest.mark.parametrize("name", list(EXPORTABLE))
 def test_the_engine_scores_every_target_token_as_pytorch_does(exported, tokenizer, name):
     """Teacher-forced log-probabilities of padded batches in both stacks: the whole network, positions included,
@@ -111,12 +121,8 @@ def test_the_engine_scores_every_target_token_as_pytorch_does(exported, tokenize
     model, _, folder = exported[name]
     targets = [target for _, target in SPLITS["test"]]
     expected = torch_log_probs(model, tokenizer, TEST_SOURCES, targets)
-    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
-    encode = tokenizer(TEST_SOURCES)["input_ids"], tokenizer(targets)["input_ids"]
-    scored = translator.score_batch([tokenizer.convert_ids_to_tokens(ids) for ids in encode[0]],
-                                    [tokenizer.convert_ids_to_tokens(ids[:-1]) for ids in encode[1]])
-    for reference, result in zip(expected, scored, strict=True):
-        assert torch.allclose(torch.tensor(result.log_probs), reference, atol=1e-4, rtol=0), name
+    for reference, scored in zip(expected, engine_log_probs(folder, tokenizer, TEST_SOURCES, targets), strict=True):
+        assert torch.allclose(scored, reference, atol=1e-4, rtol=0), name
 
 
 @pytest.mark.parametrize("name", list(EXPORTABLE))
@@ -188,6 +194,22 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
     assert CTranslate2Model(folder, threads=1).decoding_options(max_length=9, max_new_tokens=None)[
         "max_decoding_length"] == 8  # generate's max_length counts the decoder start token
     assert not [path.name for path in folder.parent.iterdir() if path.name.startswith(".")]  # no staging left
+
+
+def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
+    """use_relative_keys and use_relative_values both false: no position term at all, exported as two zero tables
+    (an untrained model: the scores agree all the same)."""
+    torch.manual_seed(0)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, attention_type="shaw",
+        use_relative_keys=False, use_relative_values=False, **special_token_ids(tokenizer))
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    targets = [target for _, target in SPLITS["test"][:4]]
+    expected = torch_log_probs(model, tokenizer, TEST_SOURCES[:4], targets)
+    for reference, scored in zip(expected, engine_log_probs(folder, tokenizer, TEST_SOURCES[:4], targets), strict=True):
+        assert torch.allclose(scored, reference, atol=1e-4, rtol=0)
 
 
 def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokenizer):

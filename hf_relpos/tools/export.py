@@ -143,10 +143,10 @@ def _none(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> Non
 
 def _shaw(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
     scheme = stack.positions
+    shape = (2 * scheme.max_relative_position + 1, scheme.head_dim)
     for index, layer in enumerate(spec.layer):
-        tables = [scheme.relative_keys, scheme.relative_values]
-        shape = next(table for table in tables if table is not None)[index].shape
-        keys, values = (torch.zeros(shape) if table is None else table[index] for table in tables)
+        keys, values = (torch.zeros(shape) if table is None else table[index]
+                        for table in (scheme.relative_keys, scheme.relative_values))
         layer.self_attention.relative_position_keys = _array(keys)
         layer.self_attention.relative_position_values = _array(values)
 
