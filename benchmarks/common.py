@@ -19,22 +19,15 @@ from typing import Any
 import torch
 
 import hf_relpos
-from hf_relpos.translation.environment import cpu_model_name, source_version
+from hf_relpos.publish.records import cpu_model_name, source_version
 
-# Benchmark label -> config overrides. "shaw" is the paper's a^K + a^V; "shaw-k" drops the a^V term.
-SCHEMES: dict[str, dict[str, Any]] = {
-    "absolute": {"attention_type": "absolute"},
-    "shaw": {"attention_type": "shaw"},
-    "shaw-k": {"attention_type": "shaw", "use_relative_values": False},
-    "xl": {"attention_type": "xl"},
-    "directional": {"attention_type": "directional"},
-    "t5": {"attention_type": "t5"},
-    "alibi": {"attention_type": "alibi"},
-    "rope": {"attention_type": "rope"},
-    "none": {"attention_type": "none"},
-}
+# Benchmark label -> config overrides: every registered scheme under its own name, and "shaw-k", Shaw's a^K without
+# the a^V term ("shaw" is the paper's a^K + a^V).
+VARIANTS: dict[str, dict[str, Any]] = {"shaw-k": {"attention_type": "shaw", "use_relative_values": False}}
+SCHEMES: dict[str, dict[str, Any]] = {**{name: {"attention_type": name} for name in hf_relpos.ATTENTION_REGISTRY},
+                                      **VARIANTS}
 BASELINE = "absolute"
-KERNELS = ("sdpa", "eager", "flex_attention")
+KERNELS = ("sdpa", "eager", "flex_attention", "relpos_triton")
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -86,7 +79,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--kernel", choices=KERNELS, default="sdpa",
-        help="attention kernel of every scheme (flex_attention: compiled on CUDA; Shaw's a^V term needs the explicit softmax)",
+        help="attention kernel of every scheme (flex_attention: compiled on CUDA; relpos_triton: Shaw's a^K and a^V in "
+        "one Triton kernel on CUDA, the other schemes on sdpa)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
     parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")

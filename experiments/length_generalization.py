@@ -46,12 +46,13 @@ from pathlib import Path
 
 import torch
 from sacrebleu.metrics import BLEU
+from settings import json_settings
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.records import cpu_model_name
 from hf_relpos.tools.viz import require_matplotlib
-from hf_relpos.translation.environment import cpu_model_name, json_settings
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
@@ -91,18 +92,11 @@ class RunSpec:
 
 
 def run_specs() -> list[RunSpec]:
-    """The main comparison and the Shaw ablations; the full Shaw model (k=16, a^K and a^V) is shared by the first
-    three groups."""
-    specs = [
-        RunSpec("absolute", "absolute", {}, ("schemes",)),
-        RunSpec("shaw", "shaw", shaw_overrides(max_relative_position=16), ("schemes", "k", "aK_aV")),
-        RunSpec("xl", "xl", {}, ("schemes",)),
-        RunSpec("directional", "directional", {}, ("schemes",)),
-        RunSpec("none", "none", {}, ("schemes",)),
-        RunSpec("alibi", "alibi", {}, ("schemes",)),
-        RunSpec("t5", "t5", {}, ("schemes",)),
-        RunSpec("rope", "rope", {}, ("schemes",)),
-    ]
+    """The main comparison (every registered scheme) and the Shaw ablations; the full Shaw model (k=16, a^K and a^V) is
+    shared by the first three groups."""
+    full_shaw = RunSpec("shaw", "shaw", shaw_overrides(max_relative_position=16), ("schemes", "k", "aK_aV"))
+    specs = [full_shaw if scheme == "shaw" else RunSpec(scheme, scheme, {}, ("schemes",))
+             for scheme in ATTENTION_REGISTRY]
     specs += [
         RunSpec(f"{scheme} randomized L={RANDOMIZATION_MAX}", scheme, {"position_randomization_max": RANDOMIZATION_MAX},
                 ("randomized",))
@@ -130,7 +124,7 @@ def run_specs() -> list[RunSpec]:
         RunSpec(f"{scheme} window={WINDOW}", scheme,
                 {"self_attention_window": WINDOW, **({"max_relative_position": WINDOW} if scheme == "shaw" else {})},
                 ("window", "window_size") if scheme == "shaw" else ("window",))
-        for scheme in ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
+        for scheme in ATTENTION_REGISTRY
     ]
     specs += [
         RunSpec(f"shaw window={size}", "shaw", {"self_attention_window": size, "max_relative_position": size},

@@ -433,8 +433,10 @@ def main(argv: list[str] | None = None) -> None:
     elif args.data is None:
         parser.error("--data is required (or --quick)")
 
+    from settings import json_settings
+
+    from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
     from hf_relpos.tools.convert import convert_marian
-    from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
     from hf_relpos.translation.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
 
     train_pairs = read_pairs(args.data / "train.jsonl", "en", "de")

@@ -26,13 +26,14 @@ import statistics
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 
+from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord, cpu_model_name
 from hf_relpos.tools.viz import require_matplotlib
-from hf_relpos.translation.environment import cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")
@@ -81,9 +82,12 @@ def train(scheme: str, seed: int, tokenizer: Path, args: argparse.Namespace) -> 
                        stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def read_run(output_dir: Path) -> dict:
-    """Curves from trainer_state.json's log_history, training seconds and the test scores of one finished run."""
+def read_run(output_dir: Path, scheme: str) -> dict:
+    """Curves from trainer_state.json's log_history, training seconds and the test scores of one finished run, and
+    its typed record (the one train_translation.py wrote, with the recipe it trained from)."""
     history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    record = replace(RunRecord.from_json(json.loads((output_dir / RUN_RECORD_FILE).read_text())),
+                     recipe=f"multi30k_small_{scheme}", system=scheme)
     test = json.loads((output_dir / "test_results.json").read_text())
     return {
         "seconds": json.loads((output_dir / "train_results.json").read_text())["train_runtime"],
@@ -94,6 +98,7 @@ def read_run(output_dir: Path) -> dict:
         "test_chrf": test.get("test_chrf"),
         "test_length_ratio": test.get("test_length_ratio"),
         "test_bleu_signature": test.get("test_bleu_signature"),
+        "record": record.to_json(),
     }
 
 
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> dict:
                 future.result()
     schemes: dict[str, dict] = {}
     for scheme, seed in jobs:
-        run = read_run(args.work / f"{scheme}_seed{seed}")
+        run = read_run(args.work / f"{scheme}_seed{seed}", scheme)
         summary = schemes.setdefault(scheme, {"runs": [], "test_bleu": [], "test_chrf": [], "test_length_ratio": [],
                                               "best_eval_bleu": [], "last_eval_bleu": [], "seconds": []})
         summary["runs"].append(run)

@@ -21,35 +21,43 @@ import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+import yaml
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 
 import convergence  # noqa: E402
+import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
 from benchmarks import bench_decoding, bench_inference, bench_training  # noqa: E402
+from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
 PASSAGE = re.compile(r"(<!-- generated: (?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.DOTALL)
 
-SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none")
+# The order of the README's scheme rows: the schemes as the records first measured them, then every other scheme
+# hf_relpos ships, in registration order (its rows say "not measured").
+MEASURED_ORDER = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none")
+SCHEMES = (*(scheme for scheme in MEASURED_ORDER if scheme in built_in_schemes()),
+           *(scheme for scheme in built_in_schemes() if scheme not in MEASURED_ORDER))
 # The row of vs_marian/eight_schemes_three_seeds that trained each scheme at the equal budget, Marian's architecture.
 EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-table-init",
-                     **{scheme: f"{scheme}-matched" for scheme in SCHEMES[2:]}}
+                     **{scheme: f"{scheme}-matched" for scheme in MEASURED_ORDER[2:]}}
 # The recipe file of each scheme (`none`, the position-blind control, has none).
 RECIPES = {scheme: f"configs/multi30k_small_{scheme}.yaml" for scheme in SCHEMES if scheme != "none"}
 UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
-CONVERGED_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
+TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
 PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
 # The one-commit record's row that is the recipe as committed now (the record's `xl` row ran with attention
-# dropout 0, as the recipe then set), and where a converged run's recipe differs from the committed one.
+# dropout 0, as the recipe then set), and where a 20-epoch run's recipe differs from the committed one.
 ONE_COMMIT_RECIPE_ROWS = {"xl": "xl+attention-dropout-0.1"}
 ONE_COMMIT_NOTES = {"xl": " (attention dropout 0.1, as the recipe now)"}
-CONVERGED_NOTES = {"xl": " (attention dropout 0, its recipe then)"}
+TWENTY_EPOCHS_NOTES = {"xl": " (attention dropout 0, its recipe then)"}
 
 
 def read(relative: str) -> dict:
@@ -118,32 +126,56 @@ def convergence_command(record: dict) -> str:
 
 # --- the README's tables -------------------------------------------------------------------------------------------
 
+def recipe_overrides(record: dict) -> str:
+    """What a vs_marian.py record's recipe runs changed from their recipe files, as `name` value (recipe: value): the
+    step count, token budget and warm-up of each run's command (the last value, as argparse takes it), which must be
+    the same for every recipe run."""
+    described = set()
+    for run in (run for runs in record["runs"].values() for run in runs if run.get("argv", [""])[0].endswith(".yaml")):
+        recipe = yaml.safe_load((ROOT / "configs" / Path(run["argv"][0]).name).read_text(encoding="utf-8"))
+        changed = []
+        for name in ("max_steps", "max_tokens_per_batch", "warmup_steps"):
+            values = [run["argv"][index + 1] for index, token in enumerate(run["argv"][:-1]) if token == f"--{name}"]
+            if values and str(recipe.get(name)) != values[-1]:
+                was = recipe.get(name, f"{recipe['num_train_epochs']} epochs" if name == "max_steps" else "unset")
+                changed.append(f"`{name}` {values[-1]} (recipe: {was})")
+        described.add(", ".join(changed))
+    if len(described) != 1:
+        raise ValueError(f"the recipe runs override different settings: {sorted(described)}")
+    return described.pop()
+
+
 def readme_quality() -> str:
     """One row per scheme (and the peer): equal-budget test2016 and validation BLEU with Marian's architecture, the
-    recipe at the equal budget (every run from one commit, the peer with the recipes' tokenizer), converged test2016."""
+    recipe at the equal budget (every run from one commit, the peer with the recipes' tokenizer), 20 epochs with the
+    last 5 averaged (test2016); above the table, what the one-commit equal-budget runs overrode in the recipes."""
     schemes = read("vs_marian/eight_schemes_three_seeds/vs_marian.json")["rows"]
     peer = read("vs_marian/recipes_equal_budget/vs_marian.json")["rows"]["peer"]
-    one_commit = read(ONE_COMMIT)["rows"]
-    converged = read(CONVERGED_ONE_COMMIT)["systems"]
+    one_commit_record = read(ONE_COMMIT)
+    one_commit = one_commit_record["rows"]
+    converged = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
     rows = []
     for scheme in SCHEMES:
-        equal = schemes[EQUAL_BUDGET_ROWS[scheme]]
+        equal = schemes.get(EQUAL_BUDGET_ROWS.get(scheme))
         recipe = one_commit.get(ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme))
         rows.append([
-            f"`{scheme}`", seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]),
+            f"`{scheme}`", *((seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]))
+                             if equal else (UNMEASURED, UNMEASURED)),
             seeds_and_spread(recipe["test_bleu"]) + ONE_COMMIT_NOTES.get(scheme, "") if recipe else UNMEASURED,
-            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) + CONVERGED_NOTES.get(scheme, "")
+            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
             if scheme in converged else UNMEASURED,
             f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
         ])
-    rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]),
+    rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]) + " (its own tokenizer)",
                  seeds_and_spread(peer["validation_bleu"]),
                  f"{seeds_and_spread(one_commit[PEER_WITH_RECIPE_TOKENIZER]['test_bleu'])} (the recipes' tokenizer)",
                  f"{seeds_and_spread(converged[convergence.PEER_AS_RECIPE]['averaged_test_bleu'])} (trained as the "
                  "recipes)", "`experiments/vs_marian.py`"])
-    return table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
-                  "recipe at the equal budget, one commit: test2016",
-                  "converged, one commit (last 5 averaged): test2016", "recipe"], rows)
+    caption = (f"Overridden in every recipe run of the one-commit equal-budget column ([`{ONE_COMMIT}`]"
+               f"(docs/results/{ONE_COMMIT})): {recipe_overrides(one_commit_record)}.\n\n")
+    return caption + table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
+                            "recipe at the equal budget, one commit: test2016",
+                            "20 epochs, last 5 averaged, one commit: test2016", "recipe"], rows)
 
 
 def kernels(scheme: str) -> str:
@@ -246,6 +278,85 @@ def benchmarks_inference_cpu() -> str:
             + "\n\n" + inference_goals(record) + "\n")
 
 
+# --- the rule that chooses the default attention_type (README 'How the default is chosen') -------------------------
+
+# A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
+# candidate for the default.
+SPEED_FLOOR = 0.8
+LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/results/long_inputs/<name>/long_inputs.json
+
+
+def default_rule_columns() -> dict[str, dict[str, list[float]]]:
+    """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, for the recipes as committed now (a
+    row trained with another recipe setting is left out): test2016 and validation of the one-commit records (at the
+    equal budget, and 20 epochs with the last 5 averaged), then every level of every long-input record."""
+    one_commit = read(ONE_COMMIT)["rows"]
+    twenty = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
+    columns: dict[str, dict[str, list[float]]] = {}
+    for split, name in (("test", "test2016"), ("validation", "validation")):
+        columns[f"equal budget, {name}"] = {
+            scheme: one_commit[row][f"{split}_bleu"] for scheme in SCHEMES
+            if (row := ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)) in one_commit}
+        columns[f"20 epochs, {name}"] = {scheme: twenty[scheme][f"averaged_{split}_bleu"] for scheme in SCHEMES
+                                         if scheme in twenty and scheme not in TWENTY_EPOCHS_NOTES}
+    for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        for level, by_system in record["levels"].items():
+            columns[f"{path.parent.name}: {level}"] = {scheme: row["bleu"] for scheme, row in by_system.items()
+                                                       if scheme in SCHEMES}
+    return columns
+
+
+def ranks_by_spread(column: dict[str, list[float]]) -> dict[str, int]:
+    """Rank 1 + the number of rows whose worst seed beats this row's best seed: rows within each other's seed spread
+    share a rank."""
+    return {scheme: 1 + sum(min(other) > max(values) for other in column.values()) for scheme, values in column.items()}
+
+
+def gpu_speed(scheme: str) -> float:
+    """The scheme's slowest training speed relative to absolute on the H100 (1 for absolute itself)."""
+    return 1.0 if scheme == "absolute" else min(row["ratio"] for row in h100_model_rows(scheme))
+
+
+def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dict[str, dict]]:
+    """The rule: among the schemes measured in every column whose GPU speed is at least SPEED_FLOOR x absolute's, the
+    one whose worst rank over the columns is best; equal worst ranks go to the faster. Returns the choice and, per
+    scheme, its ranks, worst rank, speed and why it is out (None when it is a candidate)."""
+    ranks = {name: ranks_by_spread(column) for name, column in columns.items()}
+    table_rows = {}
+    for scheme in SCHEMES:
+        if scheme == "none":
+            continue
+        speed = gpu_speed(scheme) if h100_model_rows(scheme) or scheme == "absolute" else None
+        scheme_ranks = {name: column_ranks.get(scheme) for name, column_ranks in ranks.items()}
+        missing = [name for name, rank in scheme_ranks.items() if rank is None]
+        out = ("not measured on the GPU" if speed is None else
+               f"slower than {SPEED_FLOOR} x absolute" if speed < SPEED_FLOOR else
+               f"not measured in {len(missing)} column(s)" if missing else None)
+        worst = None if missing else max(scheme_ranks.values())
+        table_rows[scheme] = {"ranks": scheme_ranks, "worst": worst, "speed": speed, "out": out}
+    candidates = [scheme for scheme, row in table_rows.items() if row["out"] is None]
+    choice = min(candidates, key=lambda scheme: (table_rows[scheme]["worst"], -table_rows[scheme]["speed"]))
+    return choice, table_rows
+
+
+def readme_default_rule() -> str:
+    columns = default_rule_columns()
+    choice, rows = choose_default(columns)
+    body = [[f"`{scheme}`", f"{row['speed']:.2f}" if row["speed"] is not None else UNMEASURED,
+             *(str(rank) if rank is not None else UNMEASURED for rank in row["ranks"].values()),
+             str(row["worst"]) if row["worst"] is not None else "-", row["out"] or "candidate"]
+            for scheme, row in rows.items()]
+    missing = "" if any((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")) else (" Not yet among the columns: the long-input levels (`experiments/long_inputs.py`, "
+                                      "no record yet), so this outcome rests on test2016 and validation only.")
+    caption = (f"Outcome on the records as they are: **`{choice}`**.{missing} Columns: the one-commit records "
+               f"([`{ONE_COMMIT}`](docs/results/{ONE_COMMIT}), [`{TWENTY_EPOCHS_ONE_COMMIT}`]"
+               f"(docs/results/{TWENTY_EPOCHS_ONE_COMMIT})), each recipe as committed now; GPU speed: the slowest of "
+               f"the H100 training ratios to `absolute` ([`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)).\n\n")
+    return caption + table(["scheme", "GPU speed vs absolute (slowest)", *(f"rank: {name}" for name in columns),
+                            "worst rank", "status"], body)
+
+
 # --- docs/results.md ----------------------------------------------------------------------------------------------
 
 def results_equal_budget_schemes() -> str:
@@ -269,7 +380,7 @@ def results_convergence() -> str:
     """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
     caption quotes pairs per step, which only the newer records measured)."""
     passages = []
-    for path in (CONVERGED_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
+    for path in (TWENTY_EPOCHS_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
                  "convergence/peer_seed_1/convergence.json"):
         record = read(path)
         settings, decoding = record["settings"], convergence.RECIPE_DECODING
@@ -307,6 +418,29 @@ def results_length_generalization() -> str:
                f"{settings['eval_seed']}; {record['device']['cpu']}, torch {record['device']['torch']}. Records: "
                f"[`{LENGTH_SCALED.format('N').rsplit('/', 1)[0]}`](results/length_generalization_issue18/).\n\n")
     return caption + table(["seed", "date", *(f"exact match {bucket}" for bucket in by_bucket)], rows)
+
+
+# --- docs/training.md ----------------------------------------------------------------------------------------------
+
+DECODING_STUDY = "vs_marian/decoding_study"
+
+
+def training_length_penalty() -> str:
+    """vs_marian.py's decoding study: each model's BLEU with length penalty 1.0 minus with the table's 0.6, per set."""
+    rows, gains = [], []
+    for path in sorted((RESULTS / DECODING_STUDY).glob("*/decoding.json")):
+        for run, variants in json.loads(path.read_text(encoding="utf-8")).items():
+            table_setting = next(name for name in variants if name.endswith("(the table's)"))
+            gain = {split: variants["lp 1.0"][split]["bleu"] - variants[table_setting][split]["bleu"]
+                    for split in ("test", "validation")}
+            gains += gain.values()
+            rows.append([run, table_setting.removesuffix(" (the table's)"), f"{gain['test']:+.2f}",
+                         f"{gain['validation']:+.2f}"])
+    caption = (f"Records [`{DECODING_STUDY}/*/decoding.json`](results/{DECODING_STUDY}/) (the same trained models "
+               f"decoded both ways, `python experiments/vs_marian.py --decoding-study`): length penalty 1.0 gains "
+               f"{min(gains):.2f} to {max(gains):.2f} BLEU over 0.6.\n\n")
+    return caption + table(["model", "decoding otherwise", "test2016 BLEU, lp 1.0 - lp 0.6",
+                            "validation BLEU, lp 1.0 - lp 0.6"], rows)
 
 
 # --- docs/benchmarks.md -------------------------------------------------------------------------------------------
@@ -388,11 +522,53 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
     return passage
 
 
+def results_long_inputs() -> str:
+    """experiments/long_inputs.py's records, each with its provenance and the script's own tables."""
+    passages = []
+    for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        relative = path.relative_to(RESULTS).as_posix()
+        settings = record["settings"]
+        command = (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
+                   f"{settings['beams']} --length-penalty {settings['length_penalty']} --max-len-a "
+                   f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} "
+                   + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
+        passages.append(f"Record [`{relative}`](results/{relative}), collected {record['date'][:10]}; "
+                        f"{record['device']}; code `{record['source_version']}`; torch {record['versions']['torch']}, "
+                        f"transformers {record['versions']['transformers']}. Command: `{command}`.\n\n"
+                        + without_title(long_inputs.markdown(record)).replace("\n## ", "\n#### "))
+    return "\n".join(passages) if passages else (
+        "No record yet: the trained models of the one-commit tables were not kept where this was written, and the "
+        "three-seed runs need a machine with the time for them (issue #50).\n")
+
+
+MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
+
+
+def long_bucket_length_ratios(path: str = MARIAN_HYBRID) -> dict[str, list[float]]:
+    """Hypothesis/reference length on the long-sentence bucket after fine-tuning, per scheme, seed by seed."""
+    schemes = read(path)["schemes"]
+    return {scheme: [seed["finetuned_long"]["length_ratio"] for _, seed in sorted(entry["seeds"].items())]
+            for scheme, entry in schemes.items()}
+
+
+def results_marian_long_lengths() -> str:
+    ratios = long_bucket_length_ratios()
+    every = [value for values in ratios.values() for value in values]
+    hybrids = [value for scheme, values in ratios.items() if scheme != "shaw" for value in values]
+    caption = (f"Record [`{MARIAN_HYBRID}`](results/{MARIAN_HYBRID}): the long bucket's hypothesis/reference length "
+               f"after fine-tuning, seeds 1, 2, 3: {min(hybrids):.2f} to {max(hybrids):.2f} for `absolute` kept and "
+               f"both hybrids, {min(every):.2f} at the lowest.\n\n")
+    return caption + table(["attention_type", "long-bucket hyp/ref, seeds 1 / 2 / 3"],
+                           [[scheme, " / ".join(f"{value:.2f}" for value in values)] for scheme, values in ratios.items()])
+
+
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
     "readme_deploy": readme_deploy,
     "benchmarks_inference_cpu": benchmarks_inference_cpu,
+    "readme_default_rule": readme_default_rule,
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_recipes_one_commit": results_recipes_one_commit,
@@ -400,8 +576,11 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
-    "results_marian_hybrid": marian_conversion_passage("marian_conversion/peer_hybrid/marian_conversion.json"),
+    "results_marian_hybrid": marian_conversion_passage(MARIAN_HYBRID),
+    "results_marian_long_lengths": results_marian_long_lengths,
+    "results_long_inputs": results_long_inputs,
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
+    "training_length_penalty": training_length_penalty,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),

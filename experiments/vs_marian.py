@@ -46,10 +46,12 @@ from pathlib import Path
 import torch
 from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
+from settings import json_settings
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    LogitsProcessorList,
     MarianConfig,
     MarianMTModel,
     PreTrainedTokenizerBase,
@@ -59,9 +61,11 @@ from transformers import (
 )
 
 from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
+from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
+from hf_relpos.publish import records as run_records
+from hf_relpos.publish.records import RunRecord, cpu_model_name, scores_by_weights, software_versions, source_version
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
-from hf_relpos.translation.environment import cpu_model_name, json_settings, software_versions, source_version
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
@@ -99,8 +103,9 @@ RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
-# The schemes with a configs/multi30k_small_*.yaml (tests/test_experiments.py checks the list against configs/).
-RECIPE_SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
+# The registered schemes with a recipe, configs/multi30k_small_<scheme>.yaml.
+RECIPE_SCHEMES = tuple(scheme for scheme in ATTENTION_REGISTRY
+                       if (ROOT / "configs" / f"multi30k_small_{scheme}.yaml").is_file())
 # The `<scheme>-matched` rows trained from the scheme's own recipe; the others (rope, alibi, t5, none) ran from
 # absolute's recipe with --model.attention_type before those recipes existed, and keep doing so.
 MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")
@@ -368,13 +373,16 @@ def load_trained(folder: Path, is_peer: bool, device: str = "cpu") -> tuple[torc
 @dataclass(frozen=True)
 class Decoding:
     """Beam size, length penalty (transformers': log-probability / length^penalty) and the length limit: at most
-    `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's rule,
-    Vaswani et al.'s input length + 50)."""
+    `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's
+    earlier rule, Vaswani et al.'s input length + 50), or, with `max_len_a` too, each source's own
+    floor(max_len_a x its tokens + source_offset) under `max_new_tokens` (fairseq's max_len_a / max_len_b, the rule
+    generation_config.json now saves; `SourceLengthCapLogitsProcessor`, the same for every model, the peer included)."""
 
     beams: int
     length_penalty: float
     max_new_tokens: int = 80
     source_offset: int | None = None
+    max_len_a: float | None = None
 
 
 PIPELINE_DECODING = "train_translation.py --do_train false --do_predict (its own evaluation path, same settings)"
@@ -391,15 +399,23 @@ def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
             batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt").to(model.device)
-            limit = decoding.max_new_tokens
-            if decoding.source_offset is not None:
+            limit, processors = decoding.max_new_tokens, []
+            if decoding.max_len_a is not None:
+                limits = new_token_limits(batch["attention_mask"].sum(dim=-1), decoding.max_len_a,
+                                          decoding.source_offset or 0, decoding.max_new_tokens)
+                limit = int(limits.max())
+                processors.append(SourceLengthCapLogitsProcessor(limits, 1, model.config.eos_token_id))
+            elif decoding.source_offset is not None:
                 limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
                 early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=model.config.eos_token_id,
                 decoder_start_token_id=model.config.decoder_start_token_id,
             )
-            generated = model.generate(**batch, generation_config=generation)
+            if decoding.max_len_a is not None:  # an hf_relpos model's own cap: the same, not its saved one
+                generation.max_len_a, generation.max_len_b = decoding.max_len_a, decoding.source_offset or 0
+            generated = model.generate(**batch, generation_config=generation,
+                                       logits_processor=LogitsProcessorList(processors))
             for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
                 hypotheses[index] = text.strip()
     return hypotheses
@@ -490,6 +506,23 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
             "length_pool_factor": pool_factor, "gradient_accumulation_steps": accumulation}
 
 
+def typed_record(system: str, is_peer: bool, recipe: str, trained_as: str, seed: int, version: str, hardware: str,
+                 steps: int, training: dict, batches: dict, scores: dict, date: str,
+                 average_checkpoints: int | None = None) -> dict:
+    """The run as hf_relpos' typed run record (`RunRecord.to_json()`, what the model cards read): its role (a peer,
+    or hf_relpos trained from `recipe`), how it trained, its batch, time and scores."""
+    return RunRecord(
+        role=run_records.PEER if is_peer else run_records.RECIPE, recipe=None if is_peer else recipe, system=system,
+        trained_as=trained_as, seed=seed, steps=steps, source_version=version, hardware=hardware, devices=1,
+        training_seconds=training["train_seconds"], date=date, max_tokens_per_batch=batches["token_budget"],
+        gradient_accumulation_steps=batches["gradient_accumulation_steps"], average_checkpoints=average_checkpoints,
+        scores=scores_by_weights(scores)).to_json()
+
+
+def device_description(args: argparse.Namespace) -> str:
+    return f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run"
+
+
 def row_record(row: Row) -> dict:
     """The row as stored in run.json (JSON types: the flags as a list)."""
     return json.loads(json.dumps(asdict(row)))
@@ -518,10 +551,14 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         training = train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
+    batches, date = run_batches(folder, seed, args, training.get("argv")), datetime.now(timezone.utc).isoformat(
+        timespec="seconds")
+    typed = typed_record(row.name, row.is_peer, recipe_path(row.recipe).stem, row.describe(), seed, version,
+                         device_description(args), training.get("steps") or args.max_steps, training, batches,
+                         scores, date)
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
-              "wall_seconds": wall_seconds, **training,
-              "batches": run_batches(folder, seed, args, training.get("argv")),
-              "scores": scores, "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+              "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
+              "record": typed}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
           f"{scores['validation']['bleu']:.2f}", flush=True)
@@ -669,7 +706,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     results = {
         "settings": settings,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "device": f"CPU: {cpu_model_name()}, {os.cpu_count()} cores, {args.threads} thread(s) per run",
+        "device": device_description(args),
         "signature": first["scores"]["test"]["bleu_signature"],
         "rows": summarize(rows, records),
         "runs": records,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import subprocess
@@ -11,21 +12,25 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-import hf_relpos
+# Triton's CPU interpreter for attn_implementation "relpos_triton" (tests/test_triton_shaw.py) where there is no GPU:
+# read when triton decorates its own library functions, so set before anything imports triton (torch._dynamo does).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from transformers import AttentionInterface  # noqa: E402
+from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
+
+import hf_relpos  # noqa: E402
+from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 
 # Tiny test models gain nothing from intra-op threads, and two threads on a loaded 2-core machine are many times
 # slower than one: pin one so the suite's time does not depend on what else runs.
 torch.set_num_threads(1)
 
-SCHEMES = ("absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope")
-RELATIVE_SCHEMES = ("shaw", "xl", "directional", "alibi", "t5", "rope")
-# Schemes whose encoder tells a sequence from its reversal without an end marker: not the position-blind control, and
-# not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant).
-ORDER_AWARE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("none", "alibi"))
+# The schemes hf_relpos ships (what a fresh process running an experiment or a script has registered).
+BUILT_IN_SCHEMES = built_in_schemes()
 
 # A kernel of transformers' own, not hf_relpos': its SDPA function and mask under another name, standing in for
 # flash_attention_2/3 and Hub kernels (which need a GPU and packages this machine lacks).
@@ -90,6 +95,18 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
     env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     return subprocess.run([sys.executable, "-c", blocked + textwrap.dedent(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+
+
+# Every tests/test_scheme_*.py registers a scheme when imported, and lists its float64 oracle (`ORACLE_CASES`,
+# test_positions.py's reference signature): imported here, before any test module is collected, its scheme is in
+# SCHEMES and joins every test parametrized over the schemes, with no other edit.
+SCHEME_TEST_MODULES = [importlib.import_module(path.stem) for path in sorted(Path(__file__).parent.glob("test_scheme_*.py"))]
+SCHEME_ORACLES = [case for module in SCHEME_TEST_MODULES for case in module.ORACLE_CASES]
+SCHEMES = tuple(hf_relpos.ATTENTION_REGISTRY)
+RELATIVE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("absolute", "none"))
+# Schemes whose encoder tells a sequence from its reversal without an end marker: not the position-blind control, and
+# not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant).
+ORDER_AWARE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("none", "alibi"))
 
 
 @pytest.fixture(autouse=True)

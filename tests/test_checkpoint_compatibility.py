@@ -52,37 +52,35 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
 
 
 # Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes, the
-# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions and its scale), with the defaults an
-# old checkpoint loads with.
-FIELDS_ADDED_SINCE_THE_FIXTURES = {
+# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions and its scale), with the
+# defaults an old checkpoint loads with: the common ones, and those of the fixtures' schemes.
+COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,
     "self_attention_window": None,
     "position_randomization_at_inference": False,
     "embedding_init_std": None,
-    "relative_attention_num_buckets": 32,
-    "relative_attention_max_distance": 128,
-    "rope_theta": 10000.0,
-    "rotary_dim": None,
-    "relative_embedding_init_std": None,
     "cross_attention_length_scaling": False,
     "keep_absolute_positions": False,
     "absolute_positions_scale": 1.0,
 }
+SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES = {"shaw": {"relative_embedding_init_std": None}}
 
 
 @pytest.mark.parametrize("name", [*SEQ2SEQ, "xl_causal_lm"])
-def test_config_json_keeps_the_keys_of_the_old_layout(name, tmp_path):
-    """Scheme fields stay top-level config.json keys: a checkpoint saved today has exactly the old file's keys (plus
-    the fields added since the fixtures were made, at their defaults, and those of schemes that other tests
-    registered in this process)."""
+def test_config_json_keeps_the_old_keys_of_its_scheme_and_drops_the_other_schemes(name, tmp_path):
+    """A config saved by an earlier version holds every scheme's fields; saved today it keeps the old file's keys and
+    values except the other schemes' fields (plus the fields added since the fixtures were made, at their defaults)."""
     folder = FIXTURES / name
     old = json.loads((folder / "config.json").read_text())
     model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
     model_class.from_pretrained(folder).save_pretrained(tmp_path)
     new = json.loads((tmp_path / "config.json").read_text())
-    registered_by_tests = {field.name for scheme in hf_relpos.ATTENTION_REGISTRY.values()
-                           if not scheme.__module__.startswith("hf_relpos.") for field in scheme.config_fields}
-    assert set(new) - registered_by_tests == set(old) | set(FIELDS_ADDED_SINCE_THE_FIXTURES)
-    assert {key: new[key] for key in FIELDS_ADDED_SINCE_THE_FIXTURES} == FIELDS_ADDED_SINCE_THE_FIXTURES
-    assert {key: new[key] for key in old if key != "transformers_version"} == {
-        key: value for key, value in old.items() if key != "transformers_version"}
+    scheme = old["attention_type"]
+    own = {field.name for field in hf_relpos.ATTENTION_REGISTRY[scheme].config_fields}
+    others = {field.name for other in hf_relpos.ATTENTION_REGISTRY.values() for field in other.config_fields} - own
+    assert others & set(old), "the fixture holds no other scheme's field: the test would prove nothing"
+    added = COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES | SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES.get(scheme, {})
+    assert set(new) == (set(old) - others) | set(added)
+    assert {key: new[key] for key in added} == added
+    assert {key: new[key] for key in set(old) - others if key != "transformers_version"} == {
+        key: value for key, value in old.items() if key not in others and key != "transformers_version"}

@@ -136,7 +136,7 @@ def test_a_kernel_that_cannot_run_the_recipes_scheme_is_one_config_error_before_
     (["--model.position_randomization_max", "100", "--model.position_randomization_at_inference", "true",
       "--max_source_length", "64", "--max_target_length", "64"],
      r"position_randomization_max \(100\) must be at least .*: the longest generated output \(decoder start \+ "
-     r"min\(max_source_length \+ generation_max_length_offset, .*\)\) = 115;"),
+     r"min\(generation_max_length_ratio x max_source_length \+ generation_max_length_offset, .*\)\) = 115;"),
 ])
 def test_randomized_positions_shorter_than_the_runs_sequences_are_refused_when_the_model_is_built(
         flags, message, tmp_path):

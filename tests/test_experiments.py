@@ -15,12 +15,14 @@ import numpy as np
 import pytest
 import torch
 import transformers
+from conftest import BUILT_IN_SCHEMES
 
+from hf_relpos.publish.records import RunRecord, read_run_records
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
 EXPERIMENT = EXPERIMENTS / "length_generalization.py"
-SCHEMES = {"absolute", "shaw", "xl", "directional", "none", "alibi", "t5", "rope"}
+SCHEMES = set(BUILT_IN_SCHEMES)   # what the experiment, run as a script, has registered
 K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
 
@@ -127,6 +129,10 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert run["test_bleu"] == pytest.approx(independent_bleu(tmp_path / "work" / f"{scheme}_seed1" /
                                                                   "test_hypotheses.txt", data / "test.jsonl"))
         assert summary["seconds"][0] > 0
+        record = RunRecord.from_json(run["record"])   # train_translation.py's record, with the recipe it trained
+        assert (record.role, record.recipe, record.system, record.max_steps) == (
+            "recipe", f"multi30k_small_{scheme}", scheme, 2)
+        assert record.scores[""]["test"].bleu == run["test_bleu"]
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
         table = (out / "multi30k.md").read_text()
         assert f"| {scheme} | {summary['test_bleu'][0]:.2f} |" in table
@@ -348,6 +354,10 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert [argument.replace("peer+recipe-training", "absolute") for argument in as_recipe["argv"]] == recipe["argv"]
     assert as_recipe["batches"] == recipe["batches"] and as_recipe["batches"]["token_budget"] == 1280
     assert as_recipe["steps"] == 2 and len(as_recipe["train_loss"]) == 2
+    # each run's typed record says what it is: the peer trained as the recipe is a peer, not the recipe
+    assert (as_recipe["record"]["role"], as_recipe["record"]["recipe"]) == ("peer", None)
+    assert (recipe["record"]["role"], recipe["record"]["recipe"]) == ("recipe", "multi30k_small_absolute")
+    assert recipe["record"]["max_tokens_per_batch"] == 1280 and recipe["record"]["steps"] == 2
     state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     peer_tokenizer, recipe_tokenizer = (
@@ -442,6 +452,12 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert results["systems"]["absolute"]["pairs_per_update"] == [run["batches"]["pairs_per_update"]]
     table = (out / "convergence.md").read_text()
     assert "| peer | 1 |" in table and "| absolute | 1 |" in table
+    typed = {record.system: record for record in read_run_records(out / "convergence.json")}
+    assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
+        "peer": ("peer", None), "peer+recipe-training": ("peer", None),
+        "absolute": ("recipe", "multi30k_small_absolute")}
+    assert typed["absolute"].average_checkpoints == 2 and typed["absolute"].steps == run["steps"]
+    assert typed["absolute"].scores["averaged"]["test"].bleu == results["systems"]["absolute"]["averaged_test_bleu"][0]
 
     (out / "convergence.md").unlink()
     subprocess.run([*command[:command.index("--recipe-flags")], "--collect-only"], check=True, timeout=300)
@@ -565,3 +581,124 @@ def test_vs_marian_absolute_row_trains_what_matched_pooled_1280_token_batches_tr
         parsed[name] = (model_args.model_config, vars(data_args), settings)
     assert parsed["absolute"] == parsed["matched+pooled-1280-token-batches"]
     assert parsed["absolute"][2]["max_tokens_per_batch"] == 1280
+
+
+LONG_INPUTS = EXPERIMENTS / "long_inputs.py"
+
+
+def test_long_input_levels_join_captions_as_sentences_and_as_one_sentence(monkeypatch):
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    assert long_inputs.join_as_one_sentence(["A man runs.", "A dog barks.", "I sing!"], "en") == \
+        "A man runs and a dog barks and I sing!"
+    assert long_inputs.join_as_one_sentence(["Ein Mann läuft.", "Hunde bellen.", "Zwei Kinder spielen."], "de") == \
+        "Ein Mann läuft und Hunde bellen und zwei Kinder spielen."
+    assert long_inputs.lowercase_start("NASA staff wave.", "en") == "NASA staff wave."
+    sources = [f"Source {index} is here." for index in range(10)]
+    references = [f"Ziel {index} ist hier." for index in range(10)]
+    sources[7] = "A much longer source sentence than all the others here."
+    levels = long_inputs.build_levels(sources, references, "en", "de", sizes=(2, 3))
+    assert list(levels) == ["1 caption", "2 as sentences", "2 as one sentence", "3 as sentences",
+                            "3 as one sentence", "longest 10 %"]
+    assert levels["2 as sentences"][0][0] == "Source 0 is here. Source 1 is here."
+    assert levels["3 as one sentence"][1][2] == "Ziel 6 ist hier und Ziel 7 ist hier und Ziel 8 ist hier."
+    assert len(levels["3 as sentences"][0]) == 3  # the incomplete last group is dropped
+    assert levels["longest 10 %"] == ([sources[7]], [references[7]])
+
+
+def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and_rule_read_it(tmp_path, monkeypatch):
+    """Two saved models (an hf_relpos model and a MarianMTModel peer) on tiny sets: every level scored per model, the
+    scores those of vs_marian.translate under the per-source cap; report.py renders the record and the rule ranks
+    its levels."""
+    from transformers import MarianConfig, MarianMTModel
+
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.translation.metrics import score_translations
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 40, 9, 9, seed=5)
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    texts = [text for path in data.glob("*.jsonl") for pair in long_inputs.read_pairs(path, "en", "de")
+             for text in pair]
+    tokenizer = train_joint_tokenizer(texts, vocab_size=400)
+    ids = special_token_ids(tokenizer)
+    torch.manual_seed(0)
+    small = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=len(tokenizer))
+    models = {"directional": RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+                  attention_type="directional", **small, **ids)),
+              "peer": MarianMTModel(MarianConfig(**small, **{k: v for k, v in ids.items() if k != "bos_token_id"},
+                                                 max_position_embeddings=512))}
+    specs = []
+    for system, model in models.items():
+        model.save_pretrained(tmp_path / system)
+        tokenizer.save_pretrained(tmp_path / system)
+        specs += ["--model", f"{system}:1={tmp_path / system}"]
+    out = tmp_path / "results" / "long_inputs" / "tiny"
+    results = long_inputs.main(["--data", str(data), "--out", str(out), "--sizes", "2", "4", "--beams", "2",
+                                "--max-len-b", "3", "--eval-batch-size", "4", *specs])
+    assert set(results["levels"]) == {f"{name}: {level}" for name in ("test2016", "validation") for level in (
+        "1 caption", "2 as sentences", "2 as one sentence", "4 as sentences", "4 as one sentence", "longest 10 %")}
+    assert results["sizes"]["test2016: 4 as one sentence"] == 2 and results["sizes"]["validation: 1 caption"] == 9
+    sources, references = long_inputs.read_pairs(data / "test.jsonl", "en", "de")
+    level = long_inputs.build_levels(sources, references, "en", "de", sizes=(4,))["4 as one sentence"]
+    decoding = long_inputs.Decoding(2, 0.6, 1000, 3, 1.0)
+    for system in models:
+        model, loaded_tokenizer = long_inputs.load_trained(tmp_path / system, long_inputs.is_peer(tmp_path / system))
+        hypotheses = long_inputs.translate(model, loaded_tokenizer, level[0], decoding, 4)
+        expected = score_translations(hypotheses, level[1])
+        row = results["levels"]["test2016: 4 as one sentence"][system]
+        assert row["bleu"] == [pytest.approx(expected["bleu"])] and row["seeds"] == [1]
+        assert row["length_ratio"] == [pytest.approx(expected["length_ratio"])]
+        assert row["chrf"] == [pytest.approx(expected["chrf"])]
+    table = (out / "long_inputs.md").read_text()
+    assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
+
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    results_folder = tmp_path / "results"
+    for child in report.RESULTS.iterdir():
+        if child.name != "long_inputs":
+            (results_folder / child.name).symlink_to(child)
+    monkeypatch.setattr(report, "RESULTS", results_folder)
+    passage = report.results_long_inputs()
+    assert passage.startswith("Record [`long_inputs/tiny/long_inputs.json`]") and "--model directional:1=" in passage
+    columns = report.default_rule_columns()
+    assert columns["tiny: test2016: 4 as one sentence"] == {
+        "directional": results["levels"]["test2016: 4 as one sentence"]["directional"]["bleu"]}
+    _, rows = report.choose_default(columns)
+    assert rows["absolute"]["out"] == f"not measured in {len(results['levels'])} column(s)"
+
+
+def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
+    """Decoding(max_len_a=...) gives each source of a padded batch min(a x |x| + b, ceiling) new tokens, for a
+    transformers MarianMTModel that never ends on its own (the peer) as for hf_relpos models."""
+    from transformers import MarianConfig, MarianMTModel
+
+    vs_marian = load_vs_marian(monkeypatch)
+    torch.manual_seed(0)
+    model = MarianMTModel(MarianConfig(vocab_size=30, d_model=16, encoder_layers=1, decoder_layers=1,
+                                       encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                       decoder_ffn_dim=32, pad_token_id=0, eos_token_id=1,
+                                       decoder_start_token_id=0, max_position_embeddings=256)).eval()
+    with torch.no_grad():
+        model.final_logits_bias[0, 1] = -1e4
+
+    class Tokenizer:
+        """Each word one token (id 5 + its length), </s> appended; decoding gives one word per new token."""
+
+        def __call__(self, texts):
+            return {"input_ids": [[5 + len(word) for word in text.split()] + [1] for text in texts]}
+
+        def pad(self, encoded, return_tensors):
+            from transformers import BatchEncoding
+
+            width = max(len(ids) for ids in encoded["input_ids"])
+            ids = [row + [0] * (width - len(row)) for row in encoded["input_ids"]]
+            return BatchEncoding({"input_ids": torch.tensor(ids), "attention_mask": (torch.tensor(ids) != 0).long()})
+
+        def batch_decode(self, generated, skip_special_tokens):
+            return [" ".join("w" for token in row[1:] if token not in (0, 1)) for row in generated.tolist()]
+
+    sources = ["a b", "a b c d e f g h i j k l", "a"]
+    hypotheses = vs_marian.translate(model, Tokenizer(), sources, vs_marian.Decoding(2, 0.6, 40, 2, 1.5), 8)
+    assert [len(text.split()) for text in hypotheses] == [int(1.5 * (len(s.split()) + 1) + 2) - 1 for s in sources]

@@ -14,7 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from conftest import train_memorising_model
+from conftest import BUILT_IN_SCHEMES, train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
@@ -22,6 +22,15 @@ from transformers import pipeline
 
 import hf_relpos
 from hf_relpos.publish import hub
+from hf_relpos.publish.records import (
+    PEER,
+    RECIPE,
+    RUN_RECORD_FILE,
+    TRAINED_WEIGHTS,
+    RunRecord,
+    Scores,
+    read_run_records,
+)
 from hf_relpos.translation import preflight
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.training import parse_arguments, push_training_output, run, run_record
@@ -35,9 +44,8 @@ PAIRS = [
     ("the tree is big", "der Baum ist groß"),
     ("the cat sees the bird", "die Katze sieht den Vogel"),
 ]
-CODE_FILES = {"attention_functions.py", "configuration_relpos.py", "modeling_relpos.py", "positions.py",
-              "positions_absolute.py", "positions_directional.py", "positions_shaw.py", "positions_xl.py",
-              "positions_none.py", "positions_alibi.py", "positions_t5.py", "positions_rope.py"}
+# the model unit, all of which ships as remote code (its files import each other only)
+CODE_FILES = {path.name for path in (REPO_ROOT / "hf_relpos" / "model").glob("*.py") if path.name != "__init__.py"}
 MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
                *CODE_FILES}
 RESULTS = {
@@ -144,12 +152,12 @@ def folder_snapshot(folder: Path) -> dict[str, bytes]:
 def tiny_config(attention_type: str) -> hf_relpos.RelPosTransformerConfig:
     values = dict(vocab_size=100, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
                   decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type=attention_type)
-    return hf_relpos.RelPosTransformerConfig(**values | SCHEME_SETTINGS[attention_type])
+    return hf_relpos.RelPosTransformerConfig(**values | SCHEME_SETTINGS.get(attention_type, {}))
 
 
 # --------------------------------------------------------------------------------------------------- model cards
 
-@pytest.mark.parametrize("attention_type", list(SCHEME_SETTINGS))
+@pytest.mark.parametrize("attention_type", BUILT_IN_SCHEMES)
 def test_card_metadata_and_body_for_each_scheme(attention_type):
     recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
     text = hub.render_model_card(tiny_config(attention_type), recipe, RESULTS, repo_id="me/relpos-model")
@@ -176,7 +184,7 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
     assert results["validation", "sacrebleu"].dataset_name == "WMT14 newstest2013"
 
     body = card.text
-    for expected in SCHEME_TEXT[attention_type]:
+    for expected in SCHEME_TEXT.get(attention_type, ()):
         assert expected in body, expected
     signature_cell = "`" + RESULTS["test"]["test_bleu_signature"].replace("|", "\\|") + "`"  # pipes escaped in tables
     for expected in ("## Training", "| `learning_rate` | 0.0007 |", "| `warmup_steps` | 4000 |", "## Results",
@@ -186,7 +194,8 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
                      "## Intended use and limitations", "Post-LN"):
         assert expected in body, expected
     cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
-    assert cited == {"vaswani2017attention"} | BIBTEX_KEYS[attention_type]
+    own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.ATTENTION_REGISTRY[attention_type].card.bibtex}
+    assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(attention_type, own)
 
 
 @pytest.mark.parametrize(("decoder_heads", "warned"), [(None, False), (["forward", "backward"], True)])
@@ -238,12 +247,13 @@ def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     assert "| token embeddings at initialisation | N(0, 0.02) |" in small.text
 
 
-def record_runs(record: str, recipe: str) -> dict[str, list[dict]]:
-    """The runs of a recipe in a committed record, by system."""
-    runs = json.loads((REPO_ROOT / record).read_text())["runs"]
-    of_recipe = {system: [run for run in group if "argv" in run and Path(run["argv"][0]).stem == recipe]
-                 for system, group in runs.items()}
-    return {system: group for system, group in of_recipe.items() if group}
+def record_runs(record: str, recipe: str) -> dict[str, list[RunRecord]]:
+    """The runs that trained a recipe in a committed record, by system."""
+    systems: dict[str, list[RunRecord]] = {}
+    for trained in read_run_records(REPO_ROOT / record):
+        if trained.role == RECIPE and trained.recipe == recipe:
+            systems.setdefault(trained.system, []).append(trained)
+    return systems
 
 
 @pytest.mark.parametrize("scheme", ["absolute", "shaw", "xl", "directional", "rope"])
@@ -259,9 +269,9 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
                            for measurement in hub.measurements_from_record(path, name, record)]
     text = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), record, recipe_name=name)).text
     convergence = record_runs(RECIPE_RECORDS[0], name)[scheme]
-    bleu = [run["scores"]["averaged"]["test"]["bleu"] for run in convergence]
-    chrf = [run["scores"]["averaged"]["test"]["chrf"] for run in convergence]
-    minutes = [run["train_seconds"] / 60 for run in convergence]
+    bleu = [run.scores["averaged"]["test"].bleu for run in convergence]
+    chrf = [run.scores["averaged"]["test"].chrf for run in convergence]
+    minutes = [run.training_seconds / 60 for run in convergence]
     assert (f"| Multi30k test2016 (Flickr), average of the last 5 checkpoints, seeds 1, 2 | {sum(bleu) / 2:.2f} "
             f"({min(bleu):.2f}-{max(bleu):.2f}) | {sum(chrf) / 2:.2f} ({min(chrf):.2f}-{max(chrf):.2f}) | "
             "`nrefs:1\\|case:mixed\\|eff:no\\|tok:13a\\|smooth:exp\\|version:2.6.0` |") in text
@@ -275,15 +285,41 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
     systems = record_runs(RECIPE_RECORDS[1], name)   # xl: the recipe then (attention dropout 0) and now (0.1)
     assert len(systems) == (2 if scheme == "xl" else 1)
     for equal_budget in systems.values():
-        test_bleu = [run["scores"]["test"]["bleu"] for run in equal_budget]
-        seeds = ("seeds " if len(equal_budget) > 1 else "seed ") + ", ".join(str(run["seed"]) for run in equal_budget)
+        test_bleu = [run.scores[TRAINED_WEIGHTS]["test"].bleu for run in equal_budget]
+        seeds = ("seeds " if len(equal_budget) > 1 else "seed ") + ", ".join(str(run.seed) for run in equal_budget)
         assert f"| Multi30k test2016 (Flickr), {seeds} | {statistics.mean(test_bleu):.2f}" in text
-        (code,) = {run["source_version"] for run in equal_budget}  # one commit (issue #37)
-        (flags,) = {" ".join(run["row"]["flags"]) for run in equal_budget}
-        assert f"{name}.yaml {flags}` from code `{code}` (the recipe as it was then)" in text
+        (code,) = {run.source_version for run in equal_budget}  # one commit (issue #37)
+        (trained_as,) = {run.trained_as for run in equal_budget}
+        assert trained_as.startswith(f"{name}.yaml --max_tokens_per_batch 1280")
+        assert f"{trained_as}` from code `{code}` (the recipe as it was then)" in text
     assert f"(record: `{RECIPE_RECORDS[1]}`, {equal_budget_record['date'][:10]})" in text
     assert "effective batch 1280 tokens" in text and f"hardware: {equal_budget_record['device']}" in text
     assert "No published checkpoint" in text and "Never trained" not in text
+
+
+def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monkeypatch):
+    """The convergence record's `peer+recipe-training` (HF MarianMT trained with multi30k_small_absolute.yaml's
+    settings) is a peer (`RunRecord.role`), so the absolute card shows absolute's runs only."""
+    monkeypatch.chdir(REPO_ROOT)
+    runs = read_run_records(REPO_ROOT / RECIPE_RECORDS[0])
+    (peer_as_recipe,) = {run.system for run in runs if run.role == PEER and run.recipe is None
+                         and "recipe" in run.system}
+    record = hub.RunRecord.from_recipe(hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml"))
+    (measurement,) = hub.measurements_from_record(RECIPE_RECORDS[0], "multi30k_small_absolute", record)
+    absolute = [run for run in runs if run.system == "absolute"]
+    assert measurement.trained_as == "multi30k_small_absolute.yaml"
+    assert measurement.scores[0].bleu == tuple(run.scores["averaged"]["test"].bleu for run in absolute)
+    peer_bleu = statistics.mean(run.scores["averaged"]["test"].bleu for run in runs if run.system == peer_as_recipe)
+    card = (REPO_ROOT / "model_cards" / "multi30k_small_absolute.md").read_text()
+    assert f"| {peer_bleu:.2f} (" not in card and f"{statistics.mean(measurement.scores[0].bleu):.2f} (" in card
+
+
+def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
+    record = RunRecord(role=PEER, system="peer", seed=3, steps=10, training_seconds=61.0,
+                       scores={"averaged": {"test": Scores(30.5, 55.25, "nrefs:1")}})
+    assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+    with pytest.raises(ValueError, match="role must be one of"):
+        RunRecord(role="baseline")
 
 
 def test_unmeasured_recipe_cards_say_they_were_never_trained(monkeypatch):
@@ -426,6 +462,10 @@ def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake
     assert test_bleu.metric_value == round(written["test_bleu"], 2)
     assert test_bleu.metric_args == {"signature": written["test_bleu_signature"]}
     assert not any(name.startswith("checkpoint-") for name in commit["files"])
+    record = RunRecord.from_json(json.loads((output_dir / RUN_RECORD_FILE).read_text()))   # the run's typed record
+    assert (record.role, record.max_steps, record.dataset_name) == (RECIPE, 2, "demo")
+    assert record.scores[TRAINED_WEIGHTS]["test"] == Scores(written["test_bleu"], written["test_chrf"],
+                                                             written["test_bleu_signature"])
 
 
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):

@@ -1,5 +1,6 @@
 """The package's layers: the model unit (what `save_pretrained` copies as remote code) imports only torch,
-transformers, the standard library and itself; the package has no import cycle; `import hf_relpos` changes no table
+transformers, the standard library and itself (same-folder relative imports); a scheme file no other scheme nor the
+model (pyproject.toml's import-linter contracts hold the layer rules import-linter can state); the package has no import cycle; `import hf_relpos` changes no table
 of transformers' and, with the training stack (datasets, sacrebleu, accelerate) not installed, still loads, saves
 and generates."""
 
@@ -18,6 +19,11 @@ REPO = PACKAGE.parent
 MODEL_FOLDER = PACKAGE / "model"
 MODEL_UNIT = tuple(sorted(path.stem for path in MODEL_FOLDER.glob("*.py") if path.stem != "__init__"))
 MODEL_UNIT_DEPENDENCIES = {"torch", "transformers"}
+# optional kernel dependencies: allowed only in the one module that runs the kernel, which the rest of the model unit
+# imports inside functions (never at module level), so that loading a model never needs them
+OPTIONAL_KERNEL_DEPENDENCIES = {"triton_relative_kernels": {"triton"}}
+# what a scheme file may import from the model unit: the scheme contract and the helpers every scheme may share
+SCHEME_IMPORTS_ALLOWED = {"positions", "validation", "attention_functions"}
 TRAINING_STACK = ("datasets", "sacrebleu", "accelerate")
 
 
@@ -57,20 +63,85 @@ def package_dependencies(module: str) -> set[str]:
     return dependencies & set(modules)
 
 
+def model_unit_violations(path: Path) -> list[str]:
+    """The imports of `path` (a file of the model unit) that remote code could not follow: anything but torch,
+    transformers, the standard library and same-folder relative imports of the model unit."""
+    wrong = []
+    for line, name, level in imports_of(path):
+        top = name.split(".")[0]
+        if level == 1:
+            allowed = top in MODEL_UNIT and "." not in name
+        else:
+            optional = OPTIONAL_KERNEL_DEPENDENCIES.get(path.stem, set())
+            allowed = level == 0 and (top in MODEL_UNIT_DEPENDENCIES | optional or top in sys.stdlib_module_names)
+        if not allowed:
+            wrong.append(f"{path.name}:{line} imports {'.' * level}{name}")
+    return wrong
+
+
+def scheme_violations(path: Path) -> list[str]:
+    """The model-unit modules a scheme file imports beyond the scheme contract and the shared helpers: a scheme
+    never imports another scheme, the model or the config."""
+    return [f"{path.name}:{line} imports .{name}" for line, name, level in imports_of(path)
+            if level == 1 and name not in SCHEME_IMPORTS_ALLOWED]
+
+
 def test_the_model_unit_imports_only_torch_transformers_the_standard_library_and_itself():
     """Remote code copies the model unit's files alone, flat: anything else it imported would be missing there."""
     assert set(MODEL_UNIT) >= {"configuration_relpos", "modeling_relpos", "positions_shaw", "positions_absolute"}
-    wrong = []
-    for module in MODEL_UNIT:
-        for line, name, level in imports_of(MODEL_FOLDER / f"{module}.py"):
-            top = name.split(".")[0]
-            if level == 1:
-                allowed = top in MODEL_UNIT
-            else:
-                allowed = level == 0 and (top in MODEL_UNIT_DEPENDENCIES or top in sys.stdlib_module_names)
-            if not allowed:
-                wrong.append(f"hf_relpos/model/{module}.py:{line} imports {'.' * level}{name}")
+    wrong = [problem for module in MODEL_UNIT for problem in model_unit_violations(MODEL_FOLDER / f"{module}.py")]
     assert not wrong, "the model unit imports outside torch, transformers, the stdlib and itself:\n" + "\n".join(wrong)
+
+
+def module_level_imports(path: Path) -> set[str]:
+    """The names imported by the top-level statements of `path` (relative imports by their module name)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    names = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_optional_kernel_modules_are_imported_only_inside_functions():
+    """A module with an optional dependency (triton) is never imported when the model unit loads."""
+    for module in OPTIONAL_KERNEL_DEPENDENCIES:
+        importers = [name for name in MODEL_UNIT if module in module_level_imports(MODEL_FOLDER / f"{name}.py")]
+        assert not importers, f"{module} is imported at module level by {importers}"
+
+
+def test_a_scheme_file_imports_no_other_scheme_nor_the_model():
+    schemes = sorted(MODEL_FOLDER.glob("positions_*.py"))
+    assert len(schemes) >= 8
+    wrong = [problem for path in schemes for problem in scheme_violations(path)]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("source", [
+    "from hf_relpos.model.positions import PositionScheme",   # absolute: remote code cannot follow it
+    "import hf_relpos",
+    "import scipy",
+    "from numpy import zeros",
+    "from ..translation import data",
+    "from .positions.sub import name",
+    "from .not_in_the_unit import name",
+])
+def test_the_model_unit_rule_refuses_what_remote_code_cannot_load(source, tmp_path):
+    path = tmp_path / "module.py"
+    path.write_text(f"import math\nimport torch\nfrom transformers import PreTrainedConfig\nfrom .positions import "
+                    f"PositionScheme\n{source}\n")
+    assert len(model_unit_violations(path)) == 1
+
+
+@pytest.mark.parametrize("source", ["from .positions_shaw import ShawPositions",
+                                    "from .modeling_relpos import RelPosAttention",
+                                    "from .configuration_relpos import RelPosTransformerConfig"])
+def test_the_scheme_rule_refuses_another_scheme_the_model_and_the_config(source, tmp_path):
+    path = tmp_path / "positions_toy.py"
+    path.write_text(f"from .positions import PositionScheme\nfrom .validation import require_int\n{source}\n")
+    assert len(scheme_violations(path)) == 1
 
 
 def test_the_package_has_no_import_cycle():

@@ -110,7 +110,7 @@ def test_cross_attention_length_scaling_is_validated(value):
 def test_a_transformers_kernel_refuses_length_scaling():
     model = tiny_model("rope", cross_attention_length_scaling=True)
     with pytest.raises(ValueError, match=r"cross_attention_length_scaling runs with attn_implementation \['eager', "
-                                         rf"'sdpa', 'flex_attention'\], got '{TRANSFORMERS_KERNEL}'"):
+                                         rf"'sdpa', 'flex_attention', 'relpos_triton'\], got '{TRANSFORMERS_KERNEL}'"):
         model.set_attn_implementation(TRANSFORMERS_KERNEL)
     assert model.config._attn_implementation != TRANSFORMERS_KERNEL
 

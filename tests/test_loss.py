@@ -3,16 +3,29 @@ the same under gradient accumulation, with and without label smoothing, and a fl
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Any
+
 import pytest
 import torch
 from conftest import tiny_config
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainingArguments, default_data_collator
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments, default_data_collator
 
 import hf_relpos
 from hf_relpos import shift_tokens_right
-from hf_relpos.tools.lm_memory import CausalLMTrainer
 
 LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
+
+
+class CausalLMTrainer(Trainer):
+    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
+    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
+    causal LMs of transformers' own model table)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.label_smoother is not None and self.compute_loss_func is None:
+            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 def seq2seq_examples() -> list[dict[str, torch.Tensor]]:

@@ -44,8 +44,9 @@ def test_one_piece_when_asked_and_a_cut_translation_is_reported_once(translator,
         translator(SOURCES[0])
     assert TARGETS[1].startswith(cut) and cut != TARGETS[1]
     warnings = [record.getMessage() for record in caplog.records if "reached the maximum length" in record.getMessage()]
-    assert warnings == ["A translation reached the maximum length before its end token and is cut: pass a larger "
-                        "max_new_tokens (or max_length) to the pipeline call."]
+    assert warnings == ["A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most "
+                        "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline "
+                        "call."]
 
 
 def test_old_translation_pipeline_arguments(translator):
@@ -68,6 +69,16 @@ def test_old_translation_pipeline_arguments(translator):
         ("one line\n\ntwo", [("one line", "\n\n"), ("two", "")]),
         ("  lead. Next", [("  lead.", " "), ("Next", "")]),
         ("", [("", "")]),
+        ("Dr. Smith met Mr. Brown. They left.", [("Dr. Smith met Mr. Brown.", " "), ("They left.", "")]),
+        ("See No. 5 and J. R. Tolkien in the U.S. Army. Then go.",
+         [("See No. 5 and J. R. Tolkien in the U.S. Army.", " "), ("Then go.", "")]),
+        ("It costs 3.50 euros. In 1990. Then.", [("It costs 3.50 euros.", " "), ("In 1990.", " "), ("Then.", "")]),
+        ("1. Take the bus. 2. Walk home.", [("1. Take the bus.", " "), ("2. Walk home.", "")]),
+        ("He asked: \"Why?\" She said (loudly): \"No!\" \"Go.\"",
+         [("He asked: \"Why?\"", " "), ("She said (loudly): \"No!\"", " "), ("\"Go.\"", "")]),
+        ("\"Stop!\" he said. Wait... what? Ok.", [("\"Stop!\" he said.", " "), ("Wait... what?", " "), ("Ok.", "")]),
+        ("Ein Mann, z. B. ein Koch, kocht. Eine Frau liest.", [("Ein Mann, z. B. ein Koch, kocht.", " "),
+                                                               ("Eine Frau liest.", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):

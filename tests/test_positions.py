@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
+from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_attention
@@ -296,8 +296,14 @@ CASES = [
     ("t5", naive_t5, {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 5}),
     ("rope", naive_rope, {}),
     ("rope", naive_rope, {"rotary_dim": 4, "rope_theta": 100.0}),
+    *SCHEME_ORACLES,   # those of the schemes that tests/test_scheme_*.py register
 ]
 SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
+
+
+def test_every_scheme_has_an_oracle():
+    """A scheme without a naive reference would pass every other shared test untested against its equations."""
+    assert set(SCHEMES) <= {case[0] for case in CASES}
 
 
 def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
@@ -421,7 +427,7 @@ def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, ad
         fast_attention(attention, scheme, 4, 4, False, padded=False)
     message = str(error.value)
     assert f"attention_type {attention_type!r} adds {added}" in message and TRANSFORMERS_KERNEL in message
-    assert "['eager', 'sdpa', 'flex_attention']" in message
+    assert "['eager', 'sdpa', 'flex_attention', 'relpos_triton']" in message
 
 
 def test_xl_position_scores_in_both_orders_match_the_loop():

@@ -57,7 +57,7 @@ def test_user_registered_scheme_trains_and_round_trips(tmp_path):
 
 def test_a_registered_schemes_config_field_has_its_default_validation_and_a_place_in_config_json(tmp_path):
     config = tiny_config("test_alibi", test_alibi_exponent=2)
-    assert tiny_config("shaw").test_alibi_exponent == 1
+    assert tiny_config("test_alibi").test_alibi_exponent == 1
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
     assert torch.equal(model.model.decoder.positions.slopes[0], torch.tensor([0.25, 0.0625, 0.015625, 0.00390625]))
     for bad in (0, "2", True, None):
@@ -66,8 +66,33 @@ def test_a_registered_schemes_config_field_has_its_default_validation_and_a_plac
     with pytest.raises(ValueError, match="did you mean 'test_alibi_exponent'"):
         tiny_config("test_alibi", test_alibi_exponnt=2)
     model.save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["test_alibi_exponent"] == 2
+    saved = json.loads((tmp_path / "config.json").read_text())
+    assert saved["test_alibi_exponent"] == 2
+    assert "max_relative_position" not in saved and "clamp_len" not in saved   # given to tiny_config, not its scheme's
     assert hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path).test_alibi_exponent == 2
+
+
+def test_a_config_holds_the_fields_of_its_own_scheme_only(tmp_path):
+    """Another scheme's field is accepted (configs saved before 0.1 hold every scheme's) and dropped, in the config
+    and in config.json; switching `attention_type` gives the new scheme's defaults, validated."""
+    config = tiny_config("shaw", test_alibi_exponent=5, clamp_len=7)
+    assert config.max_relative_position == 3
+    assert not hasattr(config, "test_alibi_exponent") and not hasattr(config, "clamp_len")
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    shaw_fields = {field.name for field in hf_relpos.ATTENTION_REGISTRY["shaw"].config_fields}
+    other_fields = {field.name for scheme in hf_relpos.ATTENTION_REGISTRY.values()
+                    for field in scheme.config_fields} - shaw_fields
+    assert shaw_fields <= set(saved) and not other_fields & set(saved)
+    config.attention_type = "xl"
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)   # validates the changed config
+    xl_defaults = {field.name: field.default for field in hf_relpos.ATTENTION_REGISTRY["xl"].config_fields}
+    assert model.config.clamp_len == xl_defaults["clamp_len"]
+    assert "max_relative_position" not in model.config.to_dict()
+    config.attention_type = "test_alibi"
+    config.test_alibi_exponent = 0
+    with pytest.raises(ValueError, match="test_alibi_exponent must be an integer >= 1"):
+        hf_relpos.RelPosTransformerForConditionalGeneration(config)
 
 
 def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():

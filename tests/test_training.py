@@ -29,6 +29,7 @@ from hf_relpos.translation.training import (
     SamplerEpochCallback,
     TranslationTrainer,
     TranslationTrainingArguments,
+    max_new_tokens_for,
     parse_arguments,
     run,
 )
@@ -167,16 +168,23 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     assert not list(output_dir.glob(".tokenizer.*"))
 
 
-def test_generation_length_is_source_length_plus_offset_per_batch(trained):
+def test_generation_length_is_ratio_times_source_length_plus_offset_per_source(trained):
+    """fairseq's max_len_a * |x| + max_len_b per source, under generation_max_length - 1 and the positions' ceiling;
+    the trained folder saves the rule, not a number, so generate applies it to any source."""
     output_dir, _ = trained
-    tokenizer = AutoTokenizer.from_pretrained(output_dir)
+    saved = json.loads((output_dir / "generation_config.json").read_text())
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+    assert (saved["max_len_a"], saved["max_len_b"]) == (1.0, 5)  # the run's generation_max_length_offset
+    assert saved["max_new_tokens"] == model.config.max_position_embeddings - 1
+    assert (model.generation_config.max_len_a, model.generation_config.max_len_b) == (1.0, 5)
     arguments = TranslationTrainingArguments(output_dir=str(output_dir / "unused"), generation_max_length_offset=50,
                                              use_cpu=True, report_to="none")
-    trainer = TranslationTrainer(model=model, args=arguments, processing_class=tokenizer, evaluation_sets={})
-    assert trainer.max_new_tokens(17) == 67
+    assert max_new_tokens_for(17, arguments, 1024) == 67
+    arguments.generation_max_length_ratio = 1.5
+    assert max_new_tokens_for(17, arguments, 1024) == 75  # floor(1.5 * 17 + 50)
     arguments.generation_max_length = 40  # generate's max_length: the decoder start token counts
-    assert trainer.max_new_tokens(17) == 39
+    assert max_new_tokens_for(17, arguments, 1024) == 39
+    assert max_new_tokens_for(17, arguments, 30) == 29
 
 
 def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path, corpus, capfd, caplog):
@@ -186,7 +194,7 @@ def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path
                           eval_strategy="steps", eval_steps=3)
     run([str(config)])
     saved = json.loads((tmp_path / "out" / "generation_config.json").read_text())
-    assert "max_length" not in saved and saved["max_new_tokens"] == 48 + 5
+    assert "max_length" not in saved and saved["max_len_b"] == 5
     tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
     model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
     inputs = tokenizer(["The man sees the dog."], return_tensors="pt")

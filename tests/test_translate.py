@@ -61,10 +61,23 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
     cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
     assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
-    assert "2 translation(s) reached the maximum length before their end token" in capsys.readouterr().err
+    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
           "--max_length", "20", "--num_beams", "2", "--length_penalty", "1.0"])
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
+
+
+def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorised_model_folder, tmp_path):
+    """Three sentences on one line, and a blank line: each sentence translated and joined with the spaces between the
+    sources; --no_split_sentences gives the model the line in one piece (which a sentence-trained model cuts short)."""
+    source_file = write_lines(tmp_path / "src.txt", [f"{SOURCES[0]}  {SOURCES[1]} {SOURCES[2]}", "", SOURCES[3]])
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == [
+        f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}", "", TARGETS[3]]
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "whole.txt"),
+          "--no_progress", "--no_split_sentences"])
+    whole = (tmp_path / "whole.txt").read_text(encoding="utf-8").splitlines()
+    assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}"
 
 
 def test_token_batches_hold_the_budget_and_cover_every_line():

@@ -127,7 +127,7 @@ def test_self_attention_window_is_validated(value):
 def test_a_transformers_kernel_refuses_the_window():
     model = tiny_model("rope", self_attention_window=WINDOW)
     with pytest.raises(ValueError, match=r"self_attention_window runs with attn_implementation \['eager', 'sdpa', "
-                                         rf"'flex_attention'\], got '{TRANSFORMERS_KERNEL}'"):
+                                         rf"'flex_attention', 'relpos_triton'\], got '{TRANSFORMERS_KERNEL}'"):
         model.set_attn_implementation(TRANSFORMERS_KERNEL)
     assert model.config._attn_implementation != TRANSFORMERS_KERNEL
 

@@ -422,9 +422,10 @@ def test_the_saved_generation_config_holds_the_requested_max_length(trained, tmp
     assert (generation.max_new_tokens, generation.num_beams, generation.length_penalty) == (29, 2, 0.6)
     assert generation.max_length is None
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
-    run([str(config)])  # no generation_max_length: max_source_length + offset
+    run([str(config)])  # no generation_max_length: the positions' ceiling, under the per-source rule
     generation = GenerationConfig.from_pretrained(tmp_path / "out")
-    assert (generation.max_new_tokens, generation.max_length) == (48 + 4, None)
+    assert (generation.max_new_tokens, generation.max_length) == (1024 - 1, None)
+    assert (generation.max_len_a, generation.max_len_b) == (1.0, 4)  # 1 x source tokens + generation offset
 
 
 def test_argument_classes_are_the_ones_training_exports():

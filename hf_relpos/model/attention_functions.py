@@ -4,7 +4,9 @@
 that needs its own version of a kernel). "eager", "sdpa" and "flex_attention" map to the functions below, which take
 what transformers' own do not: a scheme's score bias (dense, or bucketed as a `RelativeBias` that FlexAttention reads
 through its score_mod), a value term (Shaw's a^V), per-head boolean masks, and zero output for a query that may attend
-to no key. Every other name (flash_attention_2/3, Hub kernels) resolves to transformers' function for it.
+to no key. "relpos_triton" (triton_relative.py) is Shaw's relative attention in one fused Triton kernel, registered
+with transformers too so that it accepts the name. Every other name (flash_attention_2/3, Hub kernels) resolves to
+transformers' function for it.
 
 Each function is `f(module, query, key, value, attention_mask, scaling, dropout, ...) -> (output, weights)` with
 per-head inputs [B, H, n|m, d], `attention_mask` boolean and broadcastable to [B, H, n, m] (True = may attend) or
@@ -22,8 +24,10 @@ from torch import nn
 from transformers.modeling_utils import AttentionInterface
 
 from .positions import RelativeBias, RelativeValues
+from .triton_relative import KERNEL_NAME as TRITON_KERNEL
+from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
-RELPOS_KERNELS = ("eager", "sdpa", "flex_attention")
+RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 
 
 def dense_bias(score_bias: torch.Tensor | RelativeBias, dtype: torch.dtype) -> torch.Tensor:
@@ -336,7 +340,78 @@ def flex_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+# --- attn_implementation "relpos_triton" (issue #48) ---
+
+TRITON_OTHERWISE = "sdpa"
+
+
+def triton_clipped_terms(
+    score_bias: torch.Tensor | RelativeBias | None, value_term: Callable[[torch.Tensor], torch.Tensor] | None,
+) -> tuple[int, int] | None:
+    """What "relpos_triton" covers, in one place: (k, query_offset) when the call's terms are a score bias and/or a
+    value term by the clipped distance clip(j - i', k) at consecutive positions (Shaw with a^K and a^V, shaw-k
+    without a^V, Shaw with a^V alone), else None: plain attention (cross-attention, absolute, rope, none), the other
+    schemes' biases (T5, ALiBi, XL), scheme masks (DiSAN) and randomized positions run on `TRITON_OTHERWISE` (sdpa,
+    which itself hands a value term or output_attentions to eager); so do masks other than padding ranges and
+    causality (`key_ranges`: self_attention_window)."""
+    bias_clip = None
+    if score_bias is not None:
+        if not isinstance(score_bias, RelativeBias) or score_bias.clip_distance is None:
+            return None
+        bias_clip = (score_bias.clip_distance, score_bias.query_offset)
+    values_clip = None
+    if value_term is not None:
+        if not isinstance(value_term, RelativeValues) or not value_term.consecutive:
+            return None
+        values_clip = (value_term.max_relative_position, value_term.query_offset)
+    if bias_clip is not None and values_clip is not None and bias_clip != values_clip:
+        return None
+    return bias_clip or values_clip
+
+
+def relpos_triton_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    score_bias: torch.Tensor | RelativeBias | None = None,
+    value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    output_attentions: bool = False,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Shaw's relative self-attention in one fused Triton kernel (`clipped_relative_attention`): the a^K bias read
+    by distance, the a^V term from each row's probability mass per distance, padding from per-sequence key ranges,
+    causal for the decoder, true attention dropout (after the softmax, seen by a^V too). What it does not cover
+    (`triton_clipped_terms`) runs on `TRITON_OTHERWISE`. On CUDA; on the CPU only under TRITON_INTERPRET=1."""
+    check_device(query.device)
+    scaling = query.size(-1) ** -0.5 if scaling is None else scaling
+    clipped = None if output_attentions else triton_clipped_terms(score_bias, value_term)
+    causal = getattr(module, "is_causal", False)
+    batch, _, query_length, _ = query.shape
+    ranges = None
+    if clipped is not None:
+        ranges = key_ranges(attention_mask, batch, query_length, key.size(-2), clipped[1], causal, query.device)
+    if ranges is None:
+        return RELPOS_ATTENTION_FUNCTIONS[TRITON_OTHERWISE](
+            module, query, key, value, attention_mask, scaling, dropout, score_bias, value_term,
+            output_attentions=output_attentions)
+    max_distance, query_offset = clipped
+    bias_table = score_bias.full_table() if score_bias is not None else None
+    output = clipped_relative_attention(query, key, value, bias_table, *ranges, scaling, dropout, query_offset,
+                                        max_distance, causal, value_term)
+    return output.transpose(1, 2).contiguous(), None
+
+
+# --- end of "relpos_triton" ---
+
 RELPOS_ATTENTION_FUNCTIONS = AttentionInterface()
 RELPOS_ATTENTION_FUNCTIONS["eager"] = eager_attention_forward
 RELPOS_ATTENTION_FUNCTIONS["sdpa"] = sdpa_attention_forward
 RELPOS_ATTENTION_FUNCTIONS["flex_attention"] = flex_attention_forward
+RELPOS_ATTENTION_FUNCTIONS[TRITON_KERNEL] = relpos_triton_attention_forward
+# transformers checks a requested attn_implementation against its global registry (from_pretrained, from_config,
+# set_attn_implementation): the name is registered there too, for this model's attention to look up locally.
+AttentionInterface.register(TRITON_KERNEL, relpos_triton_attention_forward)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+from typing import Any
 
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import PositionScheme, get_scheme_class, is_positive_number, require_int, scheme_config_fields
+from .positions import ATTENTION_REGISTRY, PositionScheme, SchemeField, get_scheme_class, scheme_config_fields
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -22,6 +23,7 @@ from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
 from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
+from .validation import require_int, require_positive_number
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
@@ -36,8 +38,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `attention_type`: a scheme of `hf_relpos.ATTENTION_REGISTRY` (the built-in ones, or one registered with
       `hf_relpos.register_attention`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
-    - The fields every registered scheme declares (`PositionScheme.config_fields`, with their defaults, help and
-      validation; e.g. Shaw's `max_relative_position`): top-level attributes of every config, saved in config.json.
+    - The fields the chosen scheme declares (`PositionScheme.config_fields`, with their defaults, help and
+      validation; e.g. Shaw's `max_relative_position`): top-level attributes, saved in config.json. Fields of the
+      other registered schemes are checked and dropped (configs saved by earlier versions hold every scheme's).
     - `embedding_init_std`: std of the token embeddings at initialisation; null (the default) draws them
       N(0, d_model^-0.5) (Vaswani et al. 2017, fairseq: scaled by sqrt(d_model) they start at the sinusoids' unit
       size), a number N(0, embedding_init_std) (transformers' Marian/BART draw them at init_std, 0.02).
@@ -164,18 +167,39 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for alias, name in self.attribute_map.items():  # validated as the field they stand for
             if alias in kwargs:
                 setattr(self, name, kwargs.pop(alias))
+        own = {field.name for field in self._scheme_fields()}
         for name, field in scheme_config_fields().items():
             if name in self.__dataclass_fields__:
                 raise ValueError(f"a position scheme declares config field {name!r}, which RelPosTransformerConfig "
                                  "already has")
-            setattr(self, name, kwargs.pop(name) if name in kwargs else copy.deepcopy(field.default))
+            if name in kwargs:
+                value = kwargs.pop(name)
+                if name in own:
+                    setattr(self, name, value)
+                else:   # another scheme's field: checked, then dropped
+                    field.check(value)
         _refuse_misspelled_fields(kwargs)
         self._validate_relpos()
         super().__post_init__(**kwargs)
 
+    def _scheme_fields(self) -> tuple[SchemeField, ...]:
+        """The config fields of the chosen scheme (none for a name that is not registered)."""
+        scheme_class = ATTENTION_REGISTRY.get(self.attention_type) if isinstance(self.attention_type, str) else None
+        return scheme_class.config_fields if scheme_class is not None else ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """transformers' dict (what config.json holds), with the fields of the chosen scheme only."""
+        output = super().to_dict()
+        own = {field.name for field in self._scheme_fields()}
+        return {key: value for key, value in output.items() if key in own or key not in scheme_config_fields()}
+
     def _validate_relpos(self) -> None:
-        """One clear ValueError per bad value, naming the field and what is allowed."""
+        """One clear ValueError per bad value, naming the field and what is allowed. The chosen scheme's fields that
+        are not set (at construction, or after `attention_type` changed) take their defaults first."""
         get_scheme_class(self.attention_type)
+        for field in self._scheme_fields():
+            if field.name not in self.__dict__:
+                setattr(self, field.name, copy.deepcopy(field.default))
         if self.layer_norm_position not in LAYER_NORM_POSITIONS:
             raise ValueError(
                 f"layer_norm_position must be one of {list(LAYER_NORM_POSITIONS)}, got {self.layer_norm_position!r}"
@@ -210,8 +234,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if self.position_randomization_at_inference and randomization is None:
             raise ValueError("position_randomization_at_inference needs position_randomization_max (the range of the "
                              "randomized positions), which is null")
-        _require_positive_number("init_std", self.init_std)
-        _require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
+        require_positive_number("init_std", self.init_std)
+        require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
@@ -221,8 +245,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                                       or not 0 <= value < self.vocab_size):
                 raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
-        for name, field in scheme_config_fields().items():
-            field.check(getattr(self, name))
+        for field in self._scheme_fields():
+            field.check(getattr(self, field.name))
         get_scheme_class(self.attention_type).check_config(self)
 
 
@@ -235,11 +259,3 @@ def _refuse_misspelled_fields(extra: dict) -> None:
         if match:
             raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
 
-
-def _require_positive_number(name: str, value: object, null_means: str | None = None) -> None:
-    """`value` must be a number > 0, or null when the field has a `null_means` (what null stands for)."""
-    if value is None and null_means is not None:
-        return
-    if not is_positive_number(value):
-        allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")

@@ -10,13 +10,14 @@ sec. 3).
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
@@ -42,6 +43,13 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
 from .configuration_relpos import RelPosTransformerConfig
+from .generation_limits import (
+    RELATIVE_LIMIT_FIELDS,
+    SourceLengthCapLogitsProcessor,
+    new_token_limits,
+    relative_limit,
+    source_lengths,
+)
 from .positions import (
     AttentionTerms,
     PositionContext,
@@ -51,6 +59,10 @@ from .positions import (
     get_scheme_class,
     random_positions,
 )
+
+# generate's positional parameters, in order (transformers' GenerationMixin.generate).
+GENERATE_ARGUMENTS = tuple(name for name, parameter in inspect.signature(GenerationMixin.generate).parameters.items()
+                           if parameter.kind is parameter.POSITIONAL_OR_KEYWORD)[1:]
 
 
 def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
@@ -932,19 +944,46 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, refusing a beam narrower than 1 or wider than the vocabulary
-        (`check_num_beams`); with `position_randomization_at_inference` it first draws the decoder's positions for the
-        whole output (`draw_output_positions`), unless `decoder_positions` is given."""
+        (`check_num_beams`); with `max_len_b` set (in the generation config, or passed with `max_len_a`) each row's
+        output is capped relative to its source (`generation_limits`); with `position_randomization_at_inference` it
+        then draws the decoder's positions for the whole output (`draw_output_positions`), unless `decoder_positions`
+        is given."""
+        if len(args) > len(GENERATE_ARGUMENTS):
+            raise TypeError(f"generate takes at most {len(GENERATE_ARGUMENTS)} positional arguments "
+                            f"({', '.join(GENERATE_ARGUMENTS)}), got {len(args)}")
+        kwargs.update(zip(GENERATE_ARGUMENTS, args, strict=False))
         generation_config = kwargs.get("generation_config") or self.generation_config
         num_beams = kwargs.get("num_beams")
         check_num_beams((generation_config.num_beams or 1) if num_beams is None else num_beams, self.config.vocab_size)
+        decoder_input_ids = kwargs.get("decoder_input_ids")
+        prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
+        cap_by_source_length(self, prompt_length, kwargs)
         if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
-            decoder_input_ids = kwargs.get("decoder_input_ids")
-            prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
             kwargs["decoder_positions"] = draw_output_positions(self, prompt_length, kwargs)
-        return super().generate(*args, **kwargs)
+        return super().generate(**kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def new_token_limits(self, inputs: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                         prompt_length: int = 1, **generate_kwargs) -> torch.Tensor | None:
+        """Per source row, the most new tokens `generate(inputs, attention_mask=..., **generate_kwargs)` lets it
+        produce: min(floor(max_len_a * |x_i| + max_len_b), max_new_tokens) (`generation_limits`), |x_i| the row's
+        tokens without padding; None when max_len_b is unset (the batch-wide max_new_tokens alone caps)."""
+        config = length_config(self, generate_kwargs)
+        limit = relative_limit(config)
+        if limit is None:
+            return None
+        if config.eos_token_id is None and self.config.eos_token_id is None:
+            raise ValueError("max_len_b caps each output by ending it with the end token: set eos_token_id")
+        encoder_outputs = generate_kwargs.get("encoder_outputs")
+        embedded = generate_kwargs.get("inputs_embeds")
+        if embedded is None and encoder_outputs is not None:
+            embedded = encoder_outputs[0]
+        pad_token_id = config.pad_token_id if config.pad_token_id is not None else self.config.pad_token_id
+        lengths = source_lengths(inputs if inputs is not None else generate_kwargs.get("input_ids"), attention_mask,
+                                 pad_token_id, embedded)
+        return new_token_limits(lengths, *limit, longest_new_output(config, prompt_length))
 
 
 def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_kwargs: dict) -> PositionDraw:
@@ -952,16 +991,62 @@ def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_k
     that `generate(**generate_kwargs)` may produce: the prompt plus `max_new_tokens`, else `max_length` (as
     transformers resolves them). Every decoding step reads its first entries, so a shorter output sits at the first
     positions of this draw."""
-    generation_config = copy.deepcopy(generate_kwargs.get("generation_config") or model.generation_config)
-    generation_config.update(**{key: generate_kwargs[key] for key in ("max_length", "max_new_tokens")
-                                if generate_kwargs.get(key) is not None})
-    length = (prompt_length + generation_config.max_new_tokens if generation_config.max_new_tokens is not None
-              else generation_config.max_length)
+    length = prompt_length + longest_new_output(length_config(model, generate_kwargs), prompt_length)
     position_range = model.config.position_randomization_max
     if length > position_range:
         raise ValueError(f"position_randomization_max ({position_range}) must be at least the longest output generate "
                          f"may produce ({length} tokens): raise it or lower max_new_tokens / max_length")
     return PositionDraw(random_positions(length, position_range, device=model.device))
+
+
+def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationConfig:
+    """The length settings `generate(**generate_kwargs)` runs with: the passed generation config (its unset
+    max_new_tokens / max_len_a / max_len_b taken from the model's, as transformers merges them) or the model's,
+    updated with the keyword arguments (`max_len_b=None` switches the source-relative cap off, `max_new_tokens=None`
+    lets `max_length` be the ceiling)."""
+    passed = generate_kwargs.get("generation_config")
+    config = copy.deepcopy(passed or model.generation_config)
+    if passed is not None:
+        for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):
+            if getattr(config, name, None) is None:
+                setattr(config, name, getattr(model.generation_config, name, None))
+    if generate_kwargs.get("max_length") is not None:
+        config.max_length = generate_kwargs["max_length"]
+    for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):  # max_new_tokens=None: max_length caps instead
+        if name in generate_kwargs:
+            setattr(config, name, generate_kwargs[name])
+    return config
+
+
+def longest_new_output(config: GenerationConfig, prompt_length: int) -> int:
+    """New tokens `config` allows: max_new_tokens, else max_length minus the decoder prompt (transformers' rule)."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    return (config.max_length if config.max_length is not None else GenerationConfig().max_length) - prompt_length
+
+
+def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, prompt_length: int,
+                         generate_kwargs: dict) -> None:
+    """With max_len_b set, rewrite `generate_kwargs` so that row i ends after its `new_token_limits` entry
+    (`SourceLengthCapLogitsProcessor`) and the batch after the largest; otherwise (a folder saved without max_len_b,
+    or `max_len_b=None` passed) leave it alone. `max_len_a` / `max_len_b` keyword arguments are consumed here."""
+    limits = model.new_token_limits(prompt_length=prompt_length, **generate_kwargs)
+    config = length_config(model, generate_kwargs)
+    for name in RELATIVE_LIMIT_FIELDS:
+        generate_kwargs.pop(name, None)
+    if limits is None:
+        return
+    passed = generate_kwargs.get("generation_config")
+    if passed is not None:
+        generate_kwargs["generation_config"] = copy.deepcopy(passed)
+        generate_kwargs["generation_config"].max_new_tokens = int(limits.max())
+    else:
+        generate_kwargs["max_new_tokens"] = int(limits.max())
+    generate_kwargs.pop("max_length", None)  # folded into the ceiling; with both set, generate warns
+    eos_token_id = config.eos_token_id if config.eos_token_id is not None else model.config.eos_token_id
+    generate_kwargs["logits_processor"] = LogitsProcessorList(
+        [*(generate_kwargs.get("logits_processor") or []),
+         SourceLengthCapLogitsProcessor(limits, prompt_length, eos_token_id)])
 
 
 class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationMixin):

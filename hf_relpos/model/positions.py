@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 import torch
 from torch import nn
 
+from .validation import is_int_at_least, is_positive_number
+
 ATTENTION_REGISTRY: dict[str, type[PositionScheme]] = {}
 
 
@@ -54,6 +56,13 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
     if not isinstance(name, str) or name not in ATTENTION_REGISTRY:
         raise ValueError(f"attention_type must be one of {sorted(ATTENTION_REGISTRY)}, got {name!r}")
     return ATTENTION_REGISTRY[name]
+
+
+def built_in_schemes() -> tuple[str, ...]:
+    """The names of the schemes registered by the model unit's own files (those hf_relpos ships), in registration
+    order; the registry also holds those a user registered."""
+    unit = __name__.rpartition(".")[0]
+    return tuple(name for name, scheme in ATTENTION_REGISTRY.items() if scheme.__module__.rpartition(".")[0] == unit)
 
 
 def scheme_config_fields() -> dict[str, SchemeField]:
@@ -95,26 +104,6 @@ def number_field(
         return optional if value is None else is_positive_number(value)
 
     return SchemeField(name, default, help, "a positive number" + (" or null" if optional else ""), valid, symbol)
-
-
-def is_positive_number(value: Any) -> bool:
-    """Whether `value` is a finite real number (an int or a float, not a bool) > 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
-
-
-def is_int_at_least(value: Any, minimum: int) -> bool:
-    """Whether `value` is an integer (not a bool) >= `minimum`."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
-def require_int(name: str, value: Any, minimum: int, null_means: str | None = None) -> None:
-    """Raise ValueError naming `name` unless `value` is an integer >= `minimum`, or None when the field has a
-    `null_means` (what null stands for): the one integer check of the package's config and arguments."""
-    if value is None and null_means is not None:
-        return
-    if not is_int_at_least(value, minimum):
-        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def integer_field(
@@ -320,13 +309,17 @@ class RelativeBias:
     (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
     scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a record shared by every
     layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
-    score_mod and never builds the n x m float tensor.
+    score_mod and never builds the n x m float tensor. `clip_distance` = k says that the bucket is the clipped
+    distance clip(j - i - `query_offset`, k) + k (Shaw's at consecutive positions), which the "relpos_triton" kernel
+    computes itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
     densify: Callable[[], torch.Tensor] | None = None
+    clip_distance: int | None = None
+    query_offset: int = 0
     _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
 
     def full_table(self) -> torch.Tensor:
@@ -402,7 +395,7 @@ class AttentionTerms:
     - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
       [B, H, n, m] after dropout (Shaw's a^V, a `RelativeValues`).
 
-    Score biases, masks and value terms need hf_relpos' own kernels ("eager", "sdpa", "flex_attention"); a record
+    Score biases, masks and value terms need hf_relpos' own kernels (`RELPOS_KERNELS`); a record
     with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
     """
 

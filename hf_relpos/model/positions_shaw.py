@@ -139,6 +139,8 @@ class ShawPositions(PositionScheme):
                 bucket=bucket,
                 key_length=key_length,
                 densify=(lambda: clipped_rel_shift(table, key_length, kmax, offset)) if consecutive else None,
+                clip_distance=kmax if consecutive else None,
+                query_offset=offset,
             )
         value_term = None
         if self.relative_values is not None:

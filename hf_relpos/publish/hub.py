@@ -14,11 +14,9 @@ pushed model as `pipeline_relpos.py` (remote code). The model code never imports
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +36,18 @@ from ..model.modeling_relpos import meta_model
 from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
 from .files import write_text_atomic
 from .pipeline_relpos import TranslationPipeline
+from .records import (
+    DATA,
+    DECODING,
+    OPTIMISATION,
+    RECIPE,
+    RESULT_SPLITS,
+    TRAINED_WEIGHTS,
+    MeasuredScores,
+    Measurement,
+    RunRecord,
+    read_run_records,
+)
 
 LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
@@ -45,7 +55,6 @@ PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
 REQUIRED_TOKENIZER_FILES = (FULL_TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
 OPTIONAL_TOKENIZER_FILES = (SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE)
-RESULT_PREFIXES = {"eval": "validation", "test": "test"}  # results-file prefix -> split
 RECIPE_TEMPLATE_NAME = "REPO_ID"
 
 LANGUAGE_NAMES = {"en": "English", "de": "German", "fr": "French", "cs": "Czech", "ru": "Russian", "ro": "Romanian"}
@@ -102,170 +111,50 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
         return yaml.safe_load(handle) or {}
 
 
-DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "setting"
-
-
-def _recipe_field(section: str, default: Any = None) -> Any:
-    """A field that is also a train_translation.py argument of that name; `section` is the card table it is listed
-    in (`SETTING`: used in the text, in no table)."""
-    return dataclasses.field(default=default, metadata={"section": section})
-
-
-@dataclass(frozen=True)
-class MeasuredScores:
-    """One evaluation set's corpus scores over seeds (one value per seed)."""
-
-    evaluation_set: str
-    bleu: tuple[float, ...]
-    chrf: tuple[float, ...]
-    signature: str
-
-
-@dataclass(frozen=True)
-class Measurement:
-    """Models trained with a recipe, as a committed record of runs reports them (`measurements_from_record`)."""
-
-    record: str               # the record file, as cited in the card
-    title: str                # what the experiment measured
-    setup: str                # its settings, as the record's report states them
-    trained_as: str           # the recipe and the flags the runs added
-    code: str                 # the code versions the runs trained from (`git describe`), as the record has them
-    seeds: tuple[int, ...]
-    steps: tuple[int, ...]
-    hardware: str
-    devices: int
-    batch: str                # what one optimizer update holds
-    training_minutes: tuple[float, ...]
-    date: str
-    scores: tuple[MeasuredScores, ...]
-
-
-@dataclass
-class RunRecord:
-    """A training run, or a recipe before any run, as its model card describes it.
-
-    The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
-    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.training.run_record` from a
-    finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
-    its recipe complete the card.
-    """
-
-    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe's `model:` section
-    source_lang: str = _recipe_field(SETTING, "en")
-    target_lang: str = _recipe_field(SETTING, "de")
-    validation_split_name: str = _recipe_field(SETTING, "validation")
-    test_split_name: str = _recipe_field(SETTING, "test")
-    dataset_name: str | None = _recipe_field(DATA)
-    dataset_config_name: str | None = _recipe_field(DATA)
-    train_file: str | None = _recipe_field(DATA)
-    validation_file: str | None = _recipe_field(DATA)
-    test_file: str | None = _recipe_field(DATA)
-    max_train_samples: int | None = _recipe_field(DATA)
-    max_eval_samples: int | None = _recipe_field(DATA)
-    max_predict_samples: int | None = _recipe_field(DATA)
-    max_source_length: int | None = _recipe_field(DATA)
-    max_target_length: int | None = _recipe_field(DATA)
-    overlong_pairs: str | None = _recipe_field(DATA)
-    model_name_or_path: str | None = _recipe_field(DATA)
-    tokenizer_name: str | None = _recipe_field(DATA)
-    tokenizer_vocab_size: int | None = _recipe_field(DATA)
-    max_steps: int | None = _recipe_field(OPTIMISATION)
-    num_train_epochs: float | None = _recipe_field(OPTIMISATION)
-    max_tokens_per_batch: int | None = _recipe_field(OPTIMISATION)
-    length_pool_factor: int | None = _recipe_field(OPTIMISATION)
-    per_device_train_batch_size: int | None = _recipe_field(OPTIMISATION)
-    gradient_accumulation_steps: int | None = _recipe_field(OPTIMISATION)
-    optim: str | None = _recipe_field(OPTIMISATION)
-    adam_beta1: float | None = _recipe_field(OPTIMISATION)
-    adam_beta2: float | None = _recipe_field(OPTIMISATION)
-    adam_epsilon: float | None = _recipe_field(OPTIMISATION)
-    weight_decay: float | None = _recipe_field(OPTIMISATION)
-    learning_rate: float | None = _recipe_field(OPTIMISATION)
-    lr_scheduler_type: str | None = _recipe_field(OPTIMISATION)
-    warmup_steps: int | None = _recipe_field(OPTIMISATION)
-    label_smoothing_factor: float | None = _recipe_field(OPTIMISATION)
-    max_grad_norm: float | None = _recipe_field(OPTIMISATION)
-    bf16: bool | None = _recipe_field(OPTIMISATION)
-    fp16: bool | None = _recipe_field(OPTIMISATION)
-    seed: int | None = _recipe_field(OPTIMISATION)
-    average_checkpoints: int | None = _recipe_field(OPTIMISATION)
-    fade_absolute_positions: int | None = _recipe_field(OPTIMISATION)
-    generation_num_beams: int | None = _recipe_field(DECODING)
-    generation_length_penalty: float | None = _recipe_field(DECODING)
-    generation_max_length_offset: int | None = _recipe_field(DECODING)
-    devices: int | None = None            # processes that trained it together (data parallel)
-    hardware: str | None = None           # e.g. the GPU's name
-    training_seconds: float | None = None
-    measurements: list[Measurement] = dataclasses.field(default_factory=list)
-
-    @classmethod
-    def recipe_fields(cls, section: str | None = None) -> tuple[str, ...]:
-        """The names of the fields that come from the recipe (of one card section, if given), in card order."""
-        return tuple(item.name for item in dataclasses.fields(cls)
-                     if "section" in item.metadata and section in (None, item.metadata["section"]))
-
-    @classmethod
-    def from_recipe(cls, recipe: Mapping[str, Any]) -> RunRecord:
-        """The record of a recipe YAML (its `model:` section and the argument fields it sets)."""
-        return cls(model=dict(recipe.get("model") or {}),
-                   **{name: recipe[name] for name in cls.recipe_fields() if name in recipe})
-
-
 def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
     """The model config a recipe trains (the vocabulary size is the tokenizer's, taken from the recipe)."""
     return RelPosTransformerConfig(**recipe.get("model", {}), vocab_size=recipe.get("tokenizer_vocab_size", 8000))
 
 
 def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: RunRecord) -> list[Measurement]:
-    """The runs of `recipe_name` (a configs/ file stem) in a committed experiment record (the JSON that
-    experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
-    `Measurement` per system of the record; `record` is the recipe's own (for its dataset and batch)."""
+    """The runs that trained the recipe `recipe_name` (a configs/ file stem) in a committed experiment record (the
+    JSON that experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
+    `Measurement` per system of the record; `record` is the recipe's own (for its dataset and batch). A peer's run
+    trained from the recipe's settings is not the recipe's (`RunRecord.role`)."""
     path = Path(path)
-    data = json.loads(path.read_text(encoding="utf-8"))
     report = path.with_suffix(".md").read_text(encoding="utf-8").split("\n\n")
-    settings = data.get("settings", {})
+    systems: dict[str, list[RunRecord]] = {}
+    for run in read_run_records(path):
+        if run.role == RECIPE and run.recipe == recipe_name:
+            systems.setdefault(run.system, []).append(run)
     measurements = []
-    for system, runs in data.get("runs", {}).items():
-        runs = [run for run in runs if run.get("argv") and Path(run["argv"][0]).stem == recipe_name]
-        if not runs:
-            continue
-        described = data.get("rows", {}).get(system, {}).get("system")
-        trained_as = described or " ".join([f"{recipe_name}.yaml", *settings.get("recipe_flags", [])])
-        variants = [""] if "test" in runs[0]["scores"] else sorted(runs[0]["scores"], key=lambda name: name != "averaged")
+    for runs in systems.values():
+        first = runs[0]
+        weights = sorted(first.scores, key=lambda name: name != "averaged")
         scores = []
-        for variant in variants:
+        for weight in weights:
             for split in ("test", "validation"):
-                per_seed = [(run["scores"] if not variant else run["scores"][variant])[split] for run in runs]
-                label = _split_title(record, split) + {"averaged": f", average of the last {settings.get('last_n')} "
-                                                                   "checkpoints", "final": ", final weights"}.get(
-                    variant, f", {variant}" if variant else "")
-                scores.append(MeasuredScores(label, tuple(score["bleu"] for score in per_seed),
-                                             tuple(score["chrf"] for score in per_seed),
-                                             per_seed[0]["bleu_signature"]))
+                per_seed = [run.scores[weight][split] for run in runs]
+                label = _split_title(record, split) + {
+                    "averaged": f", average of the last {first.average_checkpoints} checkpoints",
+                    "final": ", final weights", TRAINED_WEIGHTS: ""}.get(weight, f", {weight}")
+                scores.append(MeasuredScores(label, tuple(score.bleu for score in per_seed),
+                                             tuple(score.chrf for score in per_seed), per_seed[0].bleu_signature))
         measurements.append(Measurement(
             record=path.as_posix(), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
-            trained_as=trained_as, code=", ".join(sorted({run.get("source_version") or "not recorded" for run in runs})),
-            seeds=tuple(run["seed"] for run in runs),
-            steps=tuple(run.get("steps") or settings.get("max_steps") for run in runs),
-            hardware=data["device"], devices=1, batch=_update_size(record, runs[0]["argv"]),
-            training_minutes=tuple(run["train_seconds"] / 60 for run in runs), date=data["date"][:10],
+            trained_as=first.trained_as, code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
+            seeds=tuple(run.seed for run in runs), steps=tuple(run.steps for run in runs),
+            hardware=first.hardware, devices=first.devices, batch=_update_size(first, record),
+            training_minutes=tuple(run.training_seconds / 60 for run in runs), date=(first.date or "")[:10],
             scores=tuple(scores)))
     return measurements
 
 
-def _flag(argv: Sequence[str], name: str, default: Any) -> Any:
-    """The value of the last `--name VALUE` in a recorded command line (as argparse takes the last), else default."""
-    values = [argv[index + 1] for index, token in enumerate(argv[:-1]) if token == f"--{name}"]
-    if not values:
-        return default
-    return None if values[-1] in ("null", "None") else int(values[-1])
-
-
-def _update_size(record: RunRecord, argv: Sequence[str]) -> str:
-    tokens = _flag(argv, "max_tokens_per_batch", record.max_tokens_per_batch)
-    pairs = _flag(argv, "per_device_train_batch_size", record.per_device_train_batch_size)
-    accumulation = _flag(argv, "gradient_accumulation_steps", record.gradient_accumulation_steps or 1)
-    return _batch_sentence(tokens, pairs, accumulation, 1)
+def _update_size(run: RunRecord, recipe: RunRecord) -> str:
+    """What one update of `run` held: its token budget, else its pairs per device (the recipe's where the run did
+    not record them)."""
+    pairs = run.per_device_train_batch_size or recipe.per_device_train_batch_size
+    return _batch_sentence(run.max_tokens_per_batch, pairs, run.gradient_accumulation_steps or 1, run.devices)
 
 
 def _batch_sentence(tokens: int | None, pairs: int | None, accumulation: int, devices: int | None) -> str:
@@ -284,7 +173,7 @@ def _batch_sentence(tokens: int | None, pairs: int | None, accumulation: int, de
 def load_results(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """The `{eval,test}_results.json` files that train_translation.py wrote into `folder`, by prefix."""
     results = {}
-    for prefix in RESULT_PREFIXES:
+    for prefix in RESULT_SPLITS:
         path = Path(folder) / f"{prefix}_results.json"
         if path.is_file():
             results[prefix] = json.loads(path.read_text(encoding="utf-8"))
@@ -335,7 +224,7 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
     on_hub = _on_hub(record)
     eval_results = []
     for prefix, values in results.items():
-        split = RESULT_PREFIXES[prefix]
+        split = RESULT_SPLITS[prefix]
         common = {
             "task_type": "translation",
             "task_name": f"Translation {source}-{target}",
@@ -495,8 +384,10 @@ def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
         "",
         _record_table("Decoding for evaluation", record, RunRecord.recipe_fields(DECODING)),
         "",
-        "The maximum output length is the longest source in the batch plus `generation_max_length_offset` tokens "
-        "(Vaswani et al.: input length + 50). `max_tokens_per_batch` is the token budget per device and step (padded, "
+        "Each output has at most `generation_max_length_ratio` (1 unless set) x its source's tokens + "
+        "`generation_max_length_offset` new tokens (fairseq's max_len_a / max_len_b; Vaswani et al.: input length + "
+        "50), saved in generation_config.json so that generate() and the pipeline apply it to every input. "
+        "`max_tokens_per_batch` is the token budget per device and step (padded, "
         "on the source and on the target side each).",
         *(["", run_facts] if run_facts else []),
     ]
@@ -541,7 +432,7 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     if results:
         rows = []
         for prefix, values in results.items():
-            split = RESULT_PREFIXES[prefix]
+            split = RESULT_SPLITS[prefix]
             count = values.get(f"{prefix}_samples")
             rows.append((
                 _split_title(record, split) + (f" ({count} pairs)" if count else ""),

@@ -16,6 +16,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 
+import torch
 from transformers.pipelines.base import ChunkPipeline
 from transformers.utils import logging
 
@@ -24,32 +25,54 @@ logger = logging.get_logger(__name__)
 SENTENCE_END = ".!?…。！？"
 CLOSING = "\"'”’»)]"
 WHITESPACE = re.compile(r"\s+")
+# Words whose period does not end a sentence when a capital or a number follows (English and German titles,
+# references, Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
+ABBREVIATIONS = frozenset(
+    "mr mrs ms dr prof st jr sr sen rep gov gen col capt lt sgt rev fr hr frl mt ft vs cf approx ca no nr nos fig "
+    "figs vol vols pp ch sec art abs str bzw usw vgl inc ltd corp co dept univ jan feb aug sept oct nov dec z d u".split()
+)
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
 
 
-def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None) -> bool:
-    """Whether generated ids (a sequence or 1-d tensor) hold no end token: generation stopped at its length limit and
-    the translation is cut."""
+def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, limit: int | None = None) -> bool:
+    """Whether generated ids (a sequence or 1-d tensor, the decoder start token first) reached the length limit: they
+    hold no end token (generation stopped at max_new_tokens / max_length: the translation is cut), or their end token
+    is new token number `limit` or later (the model's source-relative cap ends a row with it, so it may be cut)."""
     ends = set(eos_token_id if isinstance(eos_token_id, list) else [eos_token_id])
-    return not ends & set(token_ids.tolist() if hasattr(token_ids, "tolist") else token_ids)
+    new_tokens = (token_ids.tolist() if hasattr(token_ids, "tolist") else list(token_ids))[1:]
+    first_end = next((index for index, token in enumerate(new_tokens) if token in ends), None)
+    return first_end is None or (limit is not None and first_end + 1 >= limit)
 
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
     break, or at . ! ? … (and CJK 。！？), closing quotes or brackets allowed, followed by whitespace and no
-    lowercase letter ("e.g. the" is not split)."""
+    lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
+    `ABBREVIATIONS` ("Dr. Smith", "No. 5"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"),
+    or a list number opening the sentence ("1. Take"). Decimals ("3.5") hold no whitespace and are never split."""
     pieces = []
     start = 0
     for match in WHITESPACE.finditer(text):
-        before = text[max(start, match.start() - 4):match.start()].rstrip(CLOSING)
-        after = text[match.end():match.end() + 1]
-        if match.start() > start and ("\n" in match.group() or (before.endswith(tuple(SENTENCE_END))
-                                                                 and not after.islower())):
+        if match.start() > start and ("\n" in match.group() or ends_sentence(text[start:match.start()],
+                                                                             text[match.end():match.end() + 1])):
             pieces.append((text[start:match.start()], match.group()))
             start = match.end()
     pieces.append((text[start:], ""))
     return pieces
+
+
+def ends_sentence(sentence: str, next_character: str) -> bool:
+    """Whether `sentence` (the text since the last split, up to a space) ends where `next_character` follows."""
+    word = sentence.rsplit(None, 1)[-1].rstrip(CLOSING)
+    if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
+        return False
+    if not word.endswith("."):
+        return True
+    stem = word[:-1].lstrip("\"'“‘«([")
+    if stem.lower() in ABBREVIATIONS or "." in stem or (len(stem) == 1 and stem.isupper()):
+        return False
+    return not (stem.isdigit() and sentence.strip() == word)
 
 
 class TranslationPipeline(ChunkPipeline):
@@ -59,9 +82,9 @@ class TranslationPipeline(ChunkPipeline):
     The models are trained on sentences, so a text is translated sentence by sentence (`split_sentences=False`
     translates it in one piece) and the translations are joined with the whitespace that separated the sentences:
     a long text is translated in full, never cut to a first fragment. An empty (or blank) text or sentence translates
-    to "". Generation settings (`num_beams`, `max_new_tokens`, ...) come from the model's generation_config.json
-    unless passed as keyword arguments; a translation that reaches the length limit before its end token is
-    reported once with a warning. Of the old `TranslationPipeline` arguments, `truncation` is passed to the tokenizer
+    to "". Generation settings (`num_beams`, the length cap `max_len_a` x source tokens + `max_len_b` under
+    `max_new_tokens`, ...) come from the model's generation_config.json unless passed as keyword arguments; a
+    translation that reaches its length cap is reported once with a warning. Of the old `TranslationPipeline` arguments, `truncation` is passed to the tokenizer
     and `clean_up_tokenization_spaces` to decoding; `src_lang`/`tgt_lang` (languages of a multilingual model) are an
     error, as is `return_tensors` (the ids of one text are those of several sentences).
     """
@@ -106,8 +129,14 @@ class TranslationPipeline(ChunkPipeline):
     def _forward(self, model_inputs: dict, generate_kwargs: dict) -> dict:
         extras = {name: model_inputs.pop(name) for name in ("blank", "separator", "is_last")}
         batch_size = model_inputs["input_ids"].shape[0]
-        output_ids = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
-        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1]), **extras}
+        generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        # Each source's own length cap (hf_relpos models with max_len_b saved), -1 where there is none.
+        limits = (self.model.new_token_limits(**model_inputs, **generate_kwargs)
+                  if hasattr(self.model, "new_token_limits") else None)
+        if limits is None:
+            limits = torch.full((batch_size,), -1)
+        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1]), "limits": limits, **extras}
 
     def postprocess(self, outputs: list[dict], clean_up_tokenization_spaces: bool = False) -> list[dict[str, str]]:
         translations = [""] * outputs[0]["output_ids"].shape[1]
@@ -116,17 +145,17 @@ class TranslationPipeline(ChunkPipeline):
                 if output["blank"]:
                     text = ""
                 else:
-                    self._warn_if_cut(ids)
+                    self._warn_if_cut(ids, int(output["limits"].reshape(-1)[0]))
                     text = self.tokenizer.decode(ids, skip_special_tokens=True,
                                                  clean_up_tokenization_spaces=clean_up_tokenization_spaces).strip()
                 translations[index] += text + output["separator"]
         return [{"translation_text": translation} for translation in translations]
 
-    def _warn_if_cut(self, ids: Any) -> None:
-        if reached_length_limit(ids, self.model.generation_config.eos_token_id):
+    def _warn_if_cut(self, ids: Any, limit: int) -> None:
+        if reached_length_limit(ids, self.model.generation_config.eos_token_id, limit if limit >= 0 else None):
             logger.warning_once(
-                "A translation reached the maximum length before its end token and is cut: pass a larger "
-                "max_new_tokens (or max_length) to the pipeline call.")
+                "A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most "
+                "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call.")
 
 
 def register_translation_task() -> None:

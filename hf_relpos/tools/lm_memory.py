@@ -3,15 +3,13 @@
 The stream is cut into `batch_size` parallel rows (Dai et al.'s batchify); step t reads segment t of every row, so
 row r of batch t continues row r of batch t-1 and the memory returned by one step is the right context for the next.
 Targets are the next tokens of the stream, including the one after each segment's last position, so every token is
-predicted exactly once per epoch. `CausalLMTrainer` trains the same model without memory (ordinary batches), with
-label smoothing scored as the model's own loss is.
+predicted exactly once per epoch.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from functools import partial
 from typing import Any
 
 import torch
@@ -52,17 +50,6 @@ class SegmentedStream(Dataset):
         row, segment = index % self.batch_size, index // self.batch_size
         window = slice(segment * self.segment_length, (segment + 1) * self.segment_length)
         return {"input_ids": self.inputs[row, window], "targets": self.targets[row, window], "segment": segment}
-
-
-class CausalLMTrainer(Trainer):
-    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
-    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
-    causal LMs of transformers' own model table)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.label_smoother is not None and self.compute_loss_func is None:
-            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 class MemoryTrainer(Trainer):

@@ -5,9 +5,11 @@
 
 (`python -m hf_relpos.tools.translate` is the same program.)
 
-One output line per input line, in input order; a blank input line gives a blank output line. Lines are sorted by
-length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
-and beam size, length penalty and maximum length default to the model's generation_config.json. A progress bar goes
+One output line per input line, in input order; a blank input line gives a blank output line. A line of several
+sentences is translated sentence by sentence and put back together (`--no_split_sentences` translates each line in
+one piece; see hf_relpos.tools.sentences). Lines are sorted by length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
+and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
+default to the model's generation_config.json. A progress bar goes
 to stderr. With `--reference`, corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
 stdout when the translations go to a file, else to stderr.
 """
@@ -32,6 +34,7 @@ from ..translation.batching import cut_token_batches
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model, is_ctranslate2_folder
+from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -64,16 +67,19 @@ def translate_lines(
     with tqdm(total=len(wanted), desc="translating", unit="line", file=sys.stderr, disable=not progress) as bar:
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
+            inputs = inputs.to(model.device)
             with torch.inference_mode():
-                output_ids = model.generate(**inputs.to(model.device), **generate_kwargs)
-            for position, ids in zip(batch, output_ids, strict=True):
-                cut += reached_length_limit(ids, eos_token_id)
+                output_ids = model.generate(**inputs, **generate_kwargs)
+            limits = (model.new_token_limits(**inputs, **generate_kwargs) if hasattr(model, "new_token_limits")
+                      else None)
+            for row, (position, ids) in enumerate(zip(batch, output_ids, strict=True)):
+                cut += reached_length_limit(ids, eos_token_id, None if limits is None else int(limits[row]))
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 translations[wanted[position]] = " ".join(text.splitlines())
             bar.update(len(batch))
     if cut:
-        print(f"{PROGRAM}: warning: {cut} translation(s) reached the maximum length before their end token and are "
-              f"cut; raise --max_length", file=sys.stderr)
+        print(f"{PROGRAM}: warning: {cut} translation(s) reached the length cap (max_len_a x source tokens + "
+              f"max_len_b, at most max_new_tokens) and may be cut; raise --max_len_b or --max_length", file=sys.stderr)
     return translations
 
 
@@ -101,6 +107,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_length", type=int,
                         help="longest translation in tokens, decoder start included (default: the model's generation "
                              "config)")
+    parser.add_argument("--max_len_a", type=float,
+                        help="length cap per source token: a translation has at most max_len_a x its source's tokens "
+                             "+ max_len_b new tokens (fairseq's; default: the model's generation config)")
+    parser.add_argument("--max_len_b", type=int,
+                        help="length cap beyond max_len_a x source tokens; setting it gives a folder saved without "
+                             "the relative cap one (default: the model's generation config)")
+    parser.add_argument("--no_split_sentences", dest="split_sentences", action="store_false",
+                        help="translate each line in one piece (default: sentence by sentence, joined back)")
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
     parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
@@ -167,6 +181,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
+    for name in ("max_len_a", "max_len_b"):
+        value = getattr(args, name)
+        if value is not None and not 0 <= value < float("inf"):
+            parser.error(f"--{name} must be a number >= 0, got {value}")
     missing_folder = missing_local_folder(args.model)
     if missing_folder is not None:
         parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
@@ -195,11 +213,19 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
-    generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length")
+    generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b")
                        if (value := getattr(args, name)) is not None}
     if args.max_length is not None:
         generate_kwargs["max_new_tokens"] = None  # the saved cap is max_new_tokens, which would win over max_length
-    translations = translate_lines(sources, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
+    if args.max_len_a is not None and args.max_len_b is None and getattr(model.generation_config, "max_len_b",
+                                                                          None) is None:
+        parser.exit(2, f"{PROGRAM}: error: --max_len_a needs --max_len_b: {args.model}'s generation config has no "
+                       "source-relative cap\n")
+
+    def translate(lines: list[str]) -> list[str]:
+        return translate_lines(lines, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
+
+    translations = translate_by_sentence(sources, translate) if args.split_sentences else translate(sources)
     text = "".join(line + "\n" for line in translations)
     if output is None:
         sys.stdout.write(text)

@@ -14,6 +14,7 @@ import dataclasses
 import difflib
 import inspect
 import logging
+import math
 import os
 import re
 import sys
@@ -32,7 +33,8 @@ from transformers.utils import is_torch_bf16_gpu_available
 from ..model.attention_functions import RELPOS_KERNELS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
-from ..model.positions import require_int, scheme_config_fields
+from ..model.positions import scheme_config_fields
+from ..model.validation import require_int
 from .data import DataArguments
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
@@ -84,8 +86,9 @@ class ModelArguments:
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel, transformers' attn_implementation (passed to from_pretrained or to the "
-                          "new model's config; not saved with the model): eager, sdpa or flex_attention (hf_relpos' "
-                          "kernels, which run every scheme), or a transformers kernel such as flash_attention_2 "
+                          "new model's config; not saved with the model): eager, sdpa, flex_attention or "
+                          "relpos_triton (hf_relpos' kernels, which run every scheme; relpos_triton fuses shaw on "
+                          "CUDA and runs the rest on sdpa), or a transformers kernel such as flash_attention_2 "
                           "(only for schemes that add no bias, mask or value term to attention, e.g. absolute, "
                           "rope). null: the model's default (sdpa)."},
     )
@@ -138,18 +141,25 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     generation_length_penalty: float = field(
         default=0.6, metadata={"help": "Beam-search length penalty (Vaswani et al.: 0.6)."}
     )
+    generation_max_length_ratio: float = field(
+        default=1.0,
+        metadata={"help": "fairseq's max_len_a: each output may have at most this x its source length (in tokens, "
+                          "end token included) + generation_max_length_offset new tokens; saved in "
+                          "generation_config.json (max_len_a), so generate() and the pipeline apply it per input."},
+    )
     generation_max_length_offset: int = field(
         default=50,
-        metadata={"help": "Generate at most (longest source in the batch, in tokens) + this many tokens "
-                          "(Vaswani et al.: input length + 50); generation_max_length, when set, caps it."},
+        metadata={"help": "fairseq's max_len_b: new tokens beyond generation_max_length_ratio x source length "
+                          "(Vaswani et al.: input length + 50); saved in generation_config.json (max_len_b); "
+                          "generation_max_length, when set, caps it."},
     )
     generation_max_length: int | None = field(
         default=None,
         metadata={"help": "Cap on the generated length in tokens, the decoder start token included (generate's "
-                          "max_length). null: no cap beyond source length + generation_max_length_offset. The model's "
-                          "generation_config.json saves the longest output evaluation allows, as max_new_tokens = "
-                          "min(max_source_length + generation_max_length_offset, this - 1) (max_length is left unset "
-                          "there: with both, generate(max_new_tokens=...) warns)."},
+                          "max_length), whatever the source's length. null: max_position_embeddings is the only "
+                          "cap beyond the source-relative one. generation_config.json saves it as max_new_tokens = "
+                          "min(this - 1, max_position_embeddings - 1) (max_length is left unset there: with both, "
+                          "generate(max_new_tokens=...) warns)."},
     )
     average_checkpoints: int | None = field(
         default=None,
@@ -302,11 +312,12 @@ class TranslationArgumentParser(HfArgumentParser):
         group = self.add_argument_group(
             f"model: architecture (RelPosTransformerConfig; the YAML's '{MODEL_SECTION}:' section, or "
             f"--{MODEL_SECTION}.FIELD VALUE; values are read as YAML, e.g. [forward, backward])")
-        defaults = RelPosTransformerConfig()
+        defaults = RelPosTransformerConfig()   # a scheme's fields are on the config of that scheme only
+        scheme_defaults = {name: field.default for name, field in scheme_config_fields().items()}
         argument_fields = _argument_fields()
         for name in sorted(model_config_fields()):
             plain = name not in argument_fields  # a training field of the same name (use_cache) keeps the plain flag
-            value = model_values.get(name, getattr(defaults, name, None))
+            value = model_values.get(name, scheme_defaults[name] if name in scheme_defaults else getattr(defaults, name))
             help_text = config_field_help(name).replace("%", "%%")
             common = dict(dest=f"{MODEL_SECTION}.{name}", type=_yaml_value, nargs="?", const=True,
                           default=argparse.SUPPRESS, metavar="VALUE")
@@ -495,6 +506,9 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                        1 - training_args.max_steps / fade)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
+    ratio = training_args.generation_max_length_ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+        raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
 
 

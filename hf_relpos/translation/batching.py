@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..model.positions import require_int
+from ..model.validation import require_int
 
 
 def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int) -> None:

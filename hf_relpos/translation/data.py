@@ -34,7 +34,7 @@ from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 from transformers import PreTrainedTokenizerBase
 
-from ..model.positions import require_int
+from ..model.validation import require_int
 from .demo_corpus import write_demo_corpus
 
 logger = logging.getLogger(__name__)

@@ -44,9 +44,11 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import CARD_FILE, HubPushError, RunRecord, load_results, push_model_folder, render_model_card
+from ..publish.records import RUN_RECORD_FILE, cpu_model_name, scores_from_results
 from .arguments import (
     MODEL_SECTION,
     PROGRAM,
@@ -79,7 +81,6 @@ from .data import (
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
 )
-from .environment import cpu_model_name
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .preflight import (
     PreflightError,
@@ -256,15 +257,24 @@ def adopt_saved_absolute_positions_scale(model: torch.nn.Module, checkpoint: str
         model.config.absolute_positions_scale = config["absolute_positions_scale"]
 
 
-def max_new_tokens_for(longest_source: int, training_args: TranslationTrainingArguments,
-                       max_position_embeddings: int) -> int:
-    """Vaswani et al.: output length <= input length + 50 (`generation_max_length_offset`); capped by
-    generation_max_length (generate's max_length, which counts the decoder start token) and by
-    `max_position_embeddings` (the longest target the model is configured for); at least 1."""
-    limit = longest_source + training_args.generation_max_length_offset
+def generation_ceiling(training_args: TranslationTrainingArguments, max_position_embeddings: int) -> int:
+    """New tokens any output may have, whatever its source: generation_max_length - 1 (generate's max_length counts
+    the decoder start token) when set, and at most `max_position_embeddings` - 1 (the longest target the model is
+    configured for); saved as the generation config's max_new_tokens."""
+    limit = max_position_embeddings - 1
     if training_args.generation_max_length is not None:
         limit = min(limit, training_args.generation_max_length - 1)
-    return max(1, min(limit, max_position_embeddings - 1))
+    return max(1, limit)
+
+
+def max_new_tokens_for(source_length: int, training_args: TranslationTrainingArguments,
+                       max_position_embeddings: int) -> int:
+    """New tokens an output of a `source_length`-token source may have: fairseq's max_len_a * |x| + max_len_b
+    (generation_max_length_ratio, generation_max_length_offset; Vaswani et al.: input length + 50), capped by
+    `generation_ceiling` (`new_token_limits`, the rule generate applies per row)."""
+    return int(new_token_limits(torch.tensor([source_length]), training_args.generation_max_length_ratio,
+                                training_args.generation_max_length_offset,
+                                generation_ceiling(training_args, max_position_embeddings))[0])
 
 
 class TranslationTrainer(Seq2SeqTrainer):
@@ -354,19 +364,15 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._active_prefix = metric_key_prefix
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
 
-    def max_new_tokens(self, longest_source: int) -> int:
-        """`max_new_tokens_for` this batch's longest source."""
-        return max_new_tokens_for(longest_source, self.args, self.model.config.max_position_embeddings)
-
     def prediction_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
         ignore_keys: list[str] | None = None, **gen_kwargs: Any,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Generation is capped per source by the model's generation config (max_len_a, max_len_b, and
+        max_new_tokens as the ceiling: `_build_model`), as generate() and the pipeline cap it after training."""
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
-            longest_source = int(inputs["attention_mask"].sum(dim=-1).max())
-            gen_kwargs.pop("max_length", None)  # generation_max_length, which max_new_tokens() folds in
-            gen_kwargs["max_new_tokens"] = self.max_new_tokens(longest_source)
+            gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
         # Seq2SeqTrainer writes generate's defaults (max_length 20) into the model's generation config; a max_length
@@ -512,11 +518,12 @@ def _build_model(
     generation.num_beams = training_args.generation_num_beams or 1
     if generation.num_beams > 1:
         generation.length_penalty = training_args.generation_length_penalty
-    # The length cap as max_new_tokens, generate's own knob: a saved max_length would make every
-    # generate(max_new_tokens=...) call warn that both are set. generation_max_length counts the decoder start token.
+    # The length cap relative to each source (max_len_a, max_len_b), under a ceiling as max_new_tokens, generate's
+    # own knob: a saved max_length would make every generate(max_new_tokens=...) call warn that both are set.
     generation.max_length = None
-    generation.max_new_tokens = max_new_tokens_for(data_args.max_source_length, training_args,
-                                                   model.config.max_position_embeddings)
+    generation.max_new_tokens = generation_ceiling(training_args, model.config.max_position_embeddings)
+    set_relative_limit(generation, training_args.generation_max_length_ratio,
+                       training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
     for name, value in special_token_ids(tokenizer).items():
@@ -539,8 +546,9 @@ def _check_position_randomization(config: RelPosTransformerConfig, data_args: Da
         training_args.do_eval or training_args.do_predict or training_args.eval_strategy != "no")
     if config.position_randomization_at_inference and generates:
         needed |= {"max_source_length": data_args.max_source_length,
-                   "the longest generated output (decoder start + min(max_source_length + "
-                   "generation_max_length_offset, generation_max_length - 1, max_position_embeddings - 1))":
+                   "the longest generated output (decoder start + min(generation_max_length_ratio x "
+                   "max_source_length + generation_max_length_offset, generation_max_length - 1, "
+                   "max_position_embeddings - 1))":
                    1 + max_new_tokens_for(data_args.max_source_length, training_args, config.max_position_embeddings)}
     too_long = {name: length for name, length in needed.items() if length > limit}
     if too_long:
@@ -780,8 +788,11 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         results["test"] = metrics
     if training_args.should_save and (training_args.do_train or push_to_hub):
         record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+        record.scores = scores_from_results(results)
         if training_args.do_train:
             write_model_card(model, record, training_args)
+            write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE,
+                              json.dumps(record.to_json(), indent=1) + "\n")
         if push_to_hub:
             push_training_output(record, training_args)
     return results

@@ -1,0 +1,93 @@
+"""Compile the "relpos_triton" kernels ahead of time for a GPU architecture, without a GPU: every autotuning
+configuration of the forward and both backward kernels, for a head size, dtype and set of flags, with the shared
+memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A configuration that does not
+compile is printed as FAILED and the exit status is 1.
+
+    python -m benchmarks.compile_triton_kernels --arch 90 --dtype bf16
+    python -m benchmarks.compile_triton_kernels --arch 90 --dtype fp32 --head-dim 128 --quick
+
+Runs triton's compiler and its bundled ptxas on the CPU; TRITON_INTERPRET must be unset (it is removed here before
+triton is imported).
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import sys
+import time
+
+HOPPER_SHARED_MEMORY = 232448   # bytes one block may use on sm_90 (H100, H200)
+
+
+def argument_types(arg_names: list[str], constexprs: dict, dtype: str) -> dict[str, str]:
+    """Triton signature types of the kernels' arguments: tensors of `dtype` (inputs, outputs and their gradients),
+    float32/float64 statistics, int32 key ranges, an int64 seed."""
+    statistics = "fp64" if dtype == "fp64" else "fp32"
+    pointers = {"Q": dtype, "K": dtype, "V": dtype, "T": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "DK": dtype,
+                "DV": dtype, "M": statistics, "LSE": statistics, "DELTA": statistics, "DM": statistics,
+                "DT": statistics, "SCALES": statistics, "KEY_START": "i32", "KEY_END": "i32"}
+    types = {}
+    for name in arg_names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        elif name in pointers:
+            types[name] = "*" + pointers[name]
+        else:
+            types[name] = {"seed": "i64", "dropout_p": "fp32"}.get(name, "i32")
+    return types
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100/H200)")
+    parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "fp64"), default="bf16")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--max-relative-position", type=int, default=16)
+    parser.add_argument("--quick", action="store_true",
+                        help="only the first autotuning configuration and the first set of flags (a^V, dropout)")
+    args = parser.parse_args(argv)
+    os.environ.pop("TRITON_INTERPRET", None)
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from hf_relpos.model import triton_relative_kernels as kernels
+    from hf_relpos.model.triton_relative import next_power_of_2
+
+    target = GPUTarget("cuda", args.arch, 32)
+    configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
+    flag_sets = ((True, False, True), (True, True, True), (False, False, False))[:1 if args.quick else None]
+    distances = next_power_of_2(2 * args.max_relative_position + 1)
+    failed = 0
+    for (has_values, causal, dropout), config in itertools.product(flag_sets, configs):
+        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=max(16, next_power_of_2(args.head_dim)), HAS_BIAS=True,
+                        HAS_VALUES=has_values, CAUSAL=causal, DROPOUT=dropout,
+                        ACC=kernels.tl.float64 if args.dtype == "fp64" else kernels.tl.float32,
+                        PRECISION="ieee" if args.dtype in ("fp32", "fp64") else "tf32", **config.kwargs)
+        for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_R": distances}),
+                                    ("backward_keys", kernels.relative_backward_keys_kernel, {}),
+                                    ("backward_queries", kernels.relative_backward_queries_kernel,
+                                     {"BLOCK_R": distances})):
+            constexprs = {**settings, **extra}
+            label = (f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} causal={causal} "
+                     f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
+            started = time.time()
+            try:
+                compiled = triton.compile(
+                    ASTSource(kernel, argument_types(kernel.arg_names, constexprs, args.dtype), constexprs=constexprs),
+                    target=target, options={"num_warps": config.num_warps, "num_stages": config.num_stages})
+            except Exception as error:  # the compiler's own errors have no common base class
+                failed += 1
+                print(f"FAILED {label}: {type(error).__name__}: {error}", flush=True)
+                continue
+            shared = compiled.metadata.shared
+            fits = "fits" if shared <= HOPPER_SHARED_MEMORY else "EXCEEDS sm_90's shared memory"
+            print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s",
+                  flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

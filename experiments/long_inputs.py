@@ -1,0 +1,228 @@
+r"""Issue #50 item 1: do relative positions translate inputs longer than any in training better than absolute ones?
+
+Trained models (recipes and the peer, given as `--model SYSTEM:SEED=FOLDER`, e.g. the one-commit runs of
+vs_marian.py or convergence.py) translate levels built from Multi30k's test2016 and validation sets:
+
+- `1 caption`: the set as it is (the reference level);
+- `K as sentences` (K = 2, 3, 4): K consecutive captions in one input, as the sentences they are;
+- `K as one sentence`: the same K captions joined into one sentence with " and " (" und " on the German side): each
+  caption but the last loses its final punctuation, each but the first its capital where the word is not a noun
+  (`lowercase_start`);
+- `longest 10 %`: the tenth of the set with the longest sources (in words).
+
+Each level is scored with cased sacreBLEU and chrF (the sacrebleu library, signatures kept) and the
+hypothesis/reference length ratio; per system, the mean and min-max over seeds. Every model is decoded by the same
+function (vs_marian.translate: beam 4, length penalty 0.6 by default, batches sorted by source length) under the
+source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new tokens, per source, for
+the peer too), without sentence splitting: the level measures the model, not the tools' splitter. Models are only
+read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
+into docs/results.md and feeds each level to the rule that chooses the default attention_type.
+
+  python experiments/long_inputs.py --data ../shared/data/multi30k --out docs/results/long_inputs/equal_budget \
+      --model absolute:1=/tmp/exp/absolute/seed1/model --model directional:1=/tmp/exp/directional/seed1/model \
+      --model peer+recipe-tokenizer:1=/tmp/exp/peer+recipe-tokenizer/seed1/model ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import torch
+from settings import json_settings
+from vs_marian import Decoding, load_trained, read_pairs, spread, translate, write_results
+
+from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
+from hf_relpos.translation.metrics import score_translations
+
+ROOT = Path(__file__).resolve().parents[1]
+SETS = {"test2016": "test.jsonl", "validation": "validation.jsonl"}
+JOINING_WORD = {"en": "and", "de": "und"}
+# German words that open a caption and are written in lowercase inside a sentence (articles, numerals, pronouns,
+# quantifiers); any other first word (a noun, a name) keeps its capital.
+GERMAN_LOWERCASE_STARTS = frozenset(
+    "ein eine einer eines einem einen der die das des dem den zwei drei vier fünf sechs sieben acht neun zehn "
+    "mehrere viele einige manche alle beide zwei dieser diese dieses jemand er sie es wir man ihr hier dort da "
+    "im in am an auf bei mit vor nach unter über neben zwischen während von zu aus".split()
+)
+SIZES = (2, 3, 4)
+LONGEST_FRACTION = 0.1
+METRICS = ("bleu", "chrf", "length_ratio")
+
+
+def lowercase_start(caption: str, language: str) -> str:
+    """`caption` as it reads inside a sentence: English lowercases its first letter unless the first word is "I" or
+    an acronym (all capitals); German only when the first word is one of GERMAN_LOWERCASE_STARTS."""
+    first = caption.split(maxsplit=1)[0] if caption.strip() else ""
+    if language == "de":
+        keep = first.lower().strip(",.;:") not in GERMAN_LOWERCASE_STARTS
+    else:
+        keep = first == "I" or (len(first) > 1 and first.isupper())
+    return caption if keep or not caption else caption[0].lower() + caption[1:]
+
+
+def join_as_one_sentence(captions: Sequence[str], language: str) -> str:
+    """The captions as one sentence: "A man runs." + "A dog barks." -> "A man runs and a dog barks."."""
+    parts = [caption.strip() for caption in captions]
+    parts = [part.rstrip(" .!?;") for part in parts[:-1]] + parts[-1:]
+    parts = parts[:1] + [lowercase_start(part, language) for part in parts[1:]]
+    return f" {JOINING_WORD[language]} ".join(parts)
+
+
+def join_as_sentences(captions: Sequence[str]) -> str:
+    return " ".join(caption.strip() for caption in captions)
+
+
+def build_levels(sources: Sequence[str], references: Sequence[str], source_lang: str, target_lang: str,
+                 sizes: Sequence[int] = SIZES, longest_fraction: float = LONGEST_FRACTION
+                 ) -> dict[str, tuple[list[str], list[str]]]:
+    """Level name -> (sources, references): the set, K consecutive captions (in file order, the last incomplete
+    group dropped) as sentences and as one sentence, and the longest sources (in words; ties in file order)."""
+    levels = {"1 caption": (list(sources), list(references))}
+    for size in sizes:
+        groups = [range(start, start + size) for start in range(0, len(sources) - size + 1, size)]
+        levels[f"{size} as sentences"] = ([join_as_sentences([sources[i] for i in group]) for group in groups],
+                                          [join_as_sentences([references[i] for i in group]) for group in groups])
+        levels[f"{size} as one sentence"] = (
+            [join_as_one_sentence([sources[i] for i in group], source_lang) for group in groups],
+            [join_as_one_sentence([references[i] for i in group], target_lang) for group in groups])
+    count = max(1, round(len(sources) * longest_fraction))
+    longest = sorted(sorted(range(len(sources)), key=lambda index: -len(sources[index].split()))[:count])
+    levels[f"longest {round(100 * longest_fraction)} %"] = ([sources[i] for i in longest],
+                                                            [references[i] for i in longest])
+    return levels
+
+
+def parse_model(spec: str) -> tuple[str, int, Path]:
+    """SYSTEM:SEED=FOLDER -> (system, seed, folder)."""
+    name, separator, folder = spec.partition("=")
+    system, colon, seed = name.rpartition(":")
+    if not separator or not colon or not system or not seed.isdigit() or not folder:
+        raise argparse.ArgumentTypeError(f"--model {spec!r}: expected SYSTEM:SEED=FOLDER, e.g. absolute:1=/tmp/m")
+    return system, int(seed), Path(folder)
+
+
+def is_peer(folder: Path) -> bool:
+    """A transformers MarianMTModel folder (the peer) rather than an hf_relpos one."""
+    return json.loads((folder / "config.json").read_text(encoding="utf-8")).get("model_type") == "marian"
+
+
+def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], list[str]]]], decoding: Decoding,
+                   args: argparse.Namespace) -> dict[str, dict]:
+    """`set: level` -> sacreBLEU, chrF, length ratio (and signatures, decoding seconds) of one saved model."""
+    model, tokenizer = load_trained(folder, is_peer(folder), args.device)
+    scores = {}
+    for set_name, set_levels in levels.items():
+        for level, (sources, references) in set_levels.items():
+            started = time.perf_counter()
+            hypotheses = translate(model, tokenizer, sources, decoding, args.eval_batch_size)
+            scores[f"{set_name}: {level}"] = {**score_translations(hypotheses, references),
+                                              "decode_seconds": time.perf_counter() - started}
+    return scores
+
+
+def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """`set: level` -> system -> seeds and each metric per seed."""
+    levels = list(next(iter(runs.values()))[0]["scores"])
+    return {level: {system: {"seeds": [run["seed"] for run in system_runs],
+                             **{metric: [run["scores"][level][metric] for run in system_runs] for metric in METRICS}}
+                    for system, system_runs in runs.items()}
+            for level in levels}
+
+
+def markdown(results: dict) -> str:
+    """One table per set: a row per system, a column per level, each cell BLEU (min-max) / chrF / hyp/ref."""
+    settings = results["settings"]
+    lines = [
+        "# Long inputs: captions joined as sentences and as one sentence, and the longest sources",
+        "",
+        f"Beam {settings['beams']}, length penalty {settings['length_penalty']}, at most {settings['max_len_a']} x "
+        f"source tokens + {settings['max_len_b']} new tokens per source, no sentence splitting. Cells: BLEU mean "
+        f"(min-max over seeds) / chrF mean / hypothesis-reference length ratio mean. Device: {results['device']}.",
+        f"sacreBLEU signatures: `{results['signatures']['bleu']}`, `{results['signatures']['chrf']}`.",
+    ]
+    for set_name in SETS:
+        names = [level for level in results["levels"] if level.startswith(f"{set_name}: ")]
+        if not names:
+            continue
+        lines += ["", f"## {set_name}", "",
+                  "| system | seeds | " + " | ".join(f"{name.split(': ', 1)[1]} ({results['sizes'][name]})"
+                                                    for name in names) + " |",
+                  "|" + " --- |" * (len(names) + 2)]
+        for system in results["levels"][names[0]]:
+            cells = []
+            for name in names:
+                row = results["levels"][name][system]
+                cells.append(f"{spread(row['bleu'])} / {statistics.mean(row['chrf']):.1f} / "
+                             f"{statistics.mean(row['length_ratio']):.3f}")
+            seeds = ", ".join(map(str, results["levels"][names[0]][system]["seeds"]))
+            lines.append(f"| {system} | {seeds} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--data", type=Path, required=True, help="folder with test.jsonl and validation.jsonl")
+    parser.add_argument("--out", type=Path, required=True, help="where long_inputs.{json,md} go")
+    parser.add_argument("--model", type=parse_model, action="append", required=True, metavar="SYSTEM:SEED=FOLDER",
+                        help="a trained model folder (hf_relpos or MarianMTModel with its tokenizer); repeat")
+    parser.add_argument("--source-lang", default="en")
+    parser.add_argument("--target-lang", default="de")
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="captions per joined input")
+    parser.add_argument("--max-pairs", type=int, help="use only the first N pairs of each set (a quick check)")
+    parser.add_argument("--beams", type=int, default=4)
+    parser.add_argument("--length-penalty", type=float, default=0.6)
+    parser.add_argument("--max-len-a", type=float, default=1.0, help="new tokens per source token (fairseq's)")
+    parser.add_argument("--max-len-b", type=int, default=50, help="new tokens beyond max-len-a x source tokens")
+    parser.add_argument("--max-new-tokens", type=int, default=1000, help="ceiling for every output")
+    parser.add_argument("--eval-batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu")
+    args = parser.parse_args(argv)
+    missing = [name for name in SETS.values() if not (args.data / name).is_file()]
+    if missing:
+        parser.error(f"--data {args.data} lacks {', '.join(missing)}")
+    if min(args.sizes) < 2:
+        parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> dict:
+    args = parse_command_line(sys.argv[1:] if argv is None else argv)
+    torch.set_num_threads(args.threads)
+    levels = {}
+    for set_name, file_name in SETS.items():
+        sources, references = read_pairs(args.data / file_name, args.source_lang, args.target_lang)
+        limit = args.max_pairs or len(sources)
+        levels[set_name] = build_levels(sources[:limit], references[:limit], args.source_lang, args.target_lang,
+                                        args.sizes)
+    decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a)
+    runs: dict[str, list[dict]] = {}
+    for system, seed, folder in args.model:
+        scores = evaluate_model(folder, levels, decoding, args)
+        runs.setdefault(system, []).append({"seed": seed, "folder": str(folder), "scores": scores})
+        print(f"{system} seed {seed}: " + ", ".join(f"{level} {score['bleu']:.2f}" for level, score in scores.items()),
+              flush=True)
+    first = next(iter(runs.values()))[0]["scores"]
+    results = {
+        "settings": {**json_settings(args), "model": [f"{system}:{seed}={folder}" for system, seed, folder in args.model]},
+        "source_version": source_version(ROOT), "versions": software_versions(),
+        "device": cpu_model_name() if args.device == "cpu" else args.device,
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "sizes": {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
+                  for level, pair in set_levels.items()},
+        "signatures": {metric: first[next(iter(first))][f"{metric}_signature"] for metric in ("bleu", "chrf")},
+        "levels": summarize(runs), "runs": runs,
+    }
+    write_results(args.out, "long_inputs", results, markdown(results))
+    return results
+
+
+if __name__ == "__main__":
+    main()

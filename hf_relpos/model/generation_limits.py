@@ -1,0 +1,86 @@
+"""A decoding length cap relative to each source, fairseq's `--max-len-a` / `--max-len-b`:
+
+    limit_i = min(floor(max_len_a * |x_i| + max_len_b), max_new_tokens)
+
+new tokens for row i, |x_i| its source length in tokens (end token included, padding excluded). The two numbers are
+generation-config fields (`generation_config.json` saves them); `max_new_tokens` stays the absolute ceiling. A row
+that reaches its limit ends there with its end token (as fairseq forces </s> at max_len), so each row of a padded
+batch, and each beam search, gives what that row gives decoded alone.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from transformers import GenerationConfig, LogitsProcessor
+
+RELATIVE_LIMIT_FIELDS = ("max_len_a", "max_len_b")
+
+
+def relative_limit(config: GenerationConfig) -> tuple[float, int] | None:
+    """(max_len_a, max_len_b) of `config`; None when max_len_b is unset (a folder saved before these fields: its fixed
+    `max_new_tokens` alone caps). max_len_a defaults to 0 as in fairseq. A negative or non-numeric value is one
+    ValueError naming the field."""
+    ratio, offset = (getattr(config, name, None) for name in RELATIVE_LIMIT_FIELDS)
+    if offset is None:
+        return None
+    ratio = 0.0 if ratio is None else ratio
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+        raise ValueError(f"max_len_a (new tokens per source token) must be a finite number >= 0, got {ratio!r}")
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ValueError(f"max_len_b (new tokens beyond max_len_a * source length) must be an integer >= 0, "
+                         f"got {offset!r}")
+    return float(ratio), offset
+
+
+def set_relative_limit(config: GenerationConfig, max_len_a: float, max_len_b: int) -> None:
+    """Save the source-relative cap in `config` (validated). A generation config made from the model's config
+    (`_from_model_config`) loses custom fields when loaded again, so it becomes a config of its own."""
+    relative_limit(GenerationConfig(max_len_a=max_len_a, max_len_b=max_len_b))
+    config.max_len_a, config.max_len_b = float(max_len_a), max_len_b
+    config._from_model_config = False
+
+
+def source_lengths(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, pad_token_id: int | None,
+                   embedded: torch.Tensor | None = None) -> torch.Tensor:
+    """Tokens per source row: the attention mask's sum; without a mask, the tokens of `input_ids` that are not
+    padding (as generate infers its mask); with neither, the full width of `embedded` (inputs_embeds or the encoder's
+    output)."""
+    if attention_mask is not None:
+        return attention_mask.sum(dim=-1).long()
+    if input_ids is not None:
+        if pad_token_id is None:
+            return torch.full(input_ids.shape[:1], input_ids.shape[-1], dtype=torch.long, device=input_ids.device)
+        return (input_ids != pad_token_id).sum(dim=-1).long()
+    if embedded is None:
+        raise ValueError("max_len_b: no input_ids, attention_mask, inputs_embeds or encoder_outputs to measure the "
+                         "sources by")
+    return torch.full(embedded.shape[:1], embedded.shape[1], dtype=torch.long, device=embedded.device)
+
+
+def new_token_limits(lengths: torch.Tensor, ratio: float, offset: int, ceiling: int) -> torch.Tensor:
+    """limit_i = min(floor(ratio * length_i + offset), ceiling), at least 1 (the end token)."""
+    relative = torch.floor(lengths.double() * ratio + offset).long()
+    return relative.clamp(min=1, max=max(1, ceiling))
+
+
+class SourceLengthCapLogitsProcessor(LogitsProcessor):
+    """At the step that makes row i's `limits[i]`-th new token, only the end token(s) keep their scores (the others
+    become -inf; the end token's log-probability is left as the model gives it, as in fairseq), so the row ends there.
+    Rows are matched to the scores' rows by repetition (beams and returned sequences of a row are adjacent)."""
+
+    def __init__(self, limits: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
+        self.limits = limits
+        self.prompt_length = prompt_length
+        self.eos_token_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids.shape[-1] - self.prompt_length
+        limits = self.limits.to(scores.device).repeat_interleave(scores.shape[0] // self.limits.shape[0])
+        ending = limits == generated + 1
+        if not bool(ending.any()):
+            return scores
+        ended = torch.full_like(scores, -math.inf)
+        ended[:, self.eos_token_ids] = scores[:, self.eos_token_ids]
+        return torch.where(ending[:, None], ended, scores)

@@ -1,0 +1,278 @@
+"""attn_implementation "relpos_triton": a fused FlashAttention-2-style Triton kernel for relative self-attention whose
+score bias and value term depend on the clipped distance clip(j - i', k) (Shaw et al. 2018: a^K and a^V).
+
+The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
+kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, 2k+1] and returns the output sum_j D_ij v_j, each
+row's dropped probability mass per clipped distance M [B, H, n, 2k+1] and the row log-sum-exp; the a^V term is the
+small matmul M a^V outside, and autograd takes the tables' gradients through T and M (small matmuls too). No n x m
+tensor is formed, forward or backward; attention dropout is applied to the probabilities after the softmax with a
+Philox mask regenerated in the backward. Registered as torch.library custom ops with their autograd, so autograd and
+torch.compile see one opaque op each way.
+
+Runs on CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which
+the tests use.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import re
+from typing import Any
+
+import torch
+
+KERNEL_NAME = "relpos_triton"
+INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
+SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
+# The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
+# one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
+OP_NAMESPACE = re.sub(r"\W", "_", __name__.rpartition(".")[0] or __name__)
+
+
+def interpreting() -> bool:
+    """Whether Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def check_device(device: torch.device) -> None:
+    """One clear error unless the kernel can run on `device`: CUDA, or the CPU under Triton's interpreter."""
+    if device.type == "cuda" or (device.type == "cpu" and interpreting()):
+        return
+    raise RuntimeError(
+        f"attn_implementation {KERNEL_NAME!r} runs on CUDA GPUs (on the CPU only under Triton's interpreter, "
+        f"TRITON_INTERPRET=1, for tests), got tensors on {device.type!r}: use 'sdpa' or 'eager' on this device")
+
+
+def next_power_of_2(value: int) -> int:
+    return 1 << max(0, value - 1).bit_length()
+
+
+def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, with_masses: bool, causal: bool,
+                    dropout: float) -> dict[str, Any]:
+    """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
+    inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
+    the interpreter, `matmul`)."""
+    from .triton_relative_kernels import tl  # each use imports the kernels' module: triton only when they run
+    head_dim = query.size(-1)
+    accumulate_64 = query.dtype == torch.float64
+    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
+                HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout > 0,
+                ACC=tl.float64 if accumulate_64 else tl.float32,
+                PRECISION=("ieee" if query.dtype in (torch.float32, torch.float64)
+                           else "float32" if interpreting() else "tf32"),
+                BLOCK_R=next_power_of_2(2 * max_distance + 1))
+
+
+def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *args: Any, **settings: Any) -> None:
+    """Run `kernel` over a grid of (row blocks, batch x heads): autotuned on a GPU, with 16-wide blocks under the
+    interpreter. `blocks` names the block size that tiles `rows`."""
+    if interpreting():
+        kernel[(ceil_div(rows, INTERPRETER_BLOCK), batch_heads)](
+            *args, **settings, BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
+    else:
+        tuned[lambda meta: (ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def scales(query: torch.Tensor, scaling: float, dropout: float) -> torch.Tensor:
+    """(c, 1 / (1 - p)) in the accumulation dtype: a float argument would reach the kernel as float32."""
+    return scales_on(torch.promote_types(query.dtype, torch.float32), query.device, scaling, dropout)
+
+
+@functools.lru_cache(maxsize=64)
+def scales_on(dtype: torch.dtype, device: torch.device, scaling: float, dropout: float) -> torch.Tensor:
+    """`scales`, built once per setting (no host-to-device copy per layer)."""
+    return torch.tensor([scaling, 1.0 / (1.0 - dropout)], dtype=dtype, device=device)
+
+
+def strides(*tensors: torch.Tensor) -> list[int]:
+    """The batch, head and row strides of [B, H, n, d] tensors whose last dimension is contiguous."""
+    return [stride for tensor in tensors for stride in tensor.stride()[:3]]
+
+
+def with_unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())
+def relative_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
+    key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float, dropout: float,
+    query_offset: int, max_distance: int, causal: bool, with_masses: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(o [B, H, n, d], M [B, H, n, 2k+1] or [B, H, n, 0] without `with_masses`, lse [B, H, n]): see the kernels'
+    module docstring. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout
+    mask."""
+    query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
+    batch, heads, query_length, head_dim = query.shape
+    key_length = key.size(-2)
+    accumulate = torch.promote_types(query.dtype, torch.float32)
+    distances = 2 * max_distance + 1
+    output = query.new_empty(batch, heads, query_length, head_dim)
+    masses = query.new_empty(batch, heads, query_length, distances if with_masses else 0, dtype=accumulate)
+    lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
+    settings = launch_settings(query, max_distance, bias_table is not None, with_masses, causal, dropout)
+    table = query if bias_table is None else bias_table.contiguous()
+    from .triton_relative_kernels import relative_forward_kernel, tuned_forward
+
+    launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
+           query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
+           int(seed.item()), dropout, *strides(query, key, value), heads, query_length, key_length, query_offset,
+           max_distance, **settings)
+    return output, masses, lse
+
+
+@relative_attention.register_fake
+def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout, query_offset, max_distance, causal,
+      with_masses):
+    batch, heads, query_length, _ = query.shape
+    accumulate = torch.promote_types(query.dtype, torch.float32)
+    distances = 2 * max_distance + 1 if with_masses else 0
+    return (query.new_empty(query.shape), query.new_empty(batch, heads, query_length, distances, dtype=accumulate),
+            query.new_empty(batch, heads, query_length, dtype=accumulate))
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward", mutates_args=())
+def relative_attention_backward(
+    grad_output: torch.Tensor, grad_masses: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
+    value: torch.Tensor, bias_table: torch.Tensor | None, output: torch.Tensor, masses: torch.Tensor,
+    lse: torch.Tensor, key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float,
+    dropout: float, query_offset: int, max_distance: int, causal: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv, dT) of `relative_attention` (dT [B, H, n, 0] without a bias table), Delta_i = dO_i . o_i +
+    sum_r dM_ir M_ir computed here (O(n d))."""
+    query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
+    batch, heads, query_length, _ = query.shape
+    key_length = key.size(-2)
+    with_masses = masses.size(-1) > 0
+    accumulate = torch.promote_types(query.dtype, torch.float32)
+    grad_output = grad_output.contiguous()
+    delta = (grad_output.to(accumulate) * output.to(accumulate)).sum(-1)
+    if with_masses:
+        grad_masses = grad_masses.contiguous()
+        delta = delta + (grad_masses * masses).sum(-1)
+    grad_query = query.new_empty(query.shape)
+    grad_key = key.new_empty(key.shape)
+    grad_value = value.new_empty(value.shape)
+    with_bias = bias_table is not None
+    grad_table = query.new_empty(batch, heads, query_length, 2 * max_distance + 1 if with_bias else 0,
+                                 dtype=accumulate)
+    settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
+    table = query if bias_table is None else bias_table.contiguous()
+    common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
+              *strides(query, key, value), heads, query_length, key_length, query_offset, max_distance)
+    from .triton_relative_kernels import (
+        relative_backward_keys_kernel,
+        relative_backward_queries_kernel,
+        tuned_backward_keys,
+        tuned_backward_queries,
+    )
+
+    launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
+           query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
+           **{name: value for name, value in settings.items() if name != "BLOCK_R"})
+    launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
+           batch * heads, query, key, value, table, grad_output, grad_masses, lse, delta, grad_query, grad_table,
+           *common, **settings)
+    return grad_query, grad_key, grad_value, grad_table.to(bias_table.dtype) if with_bias else grad_table
+
+
+@relative_attention_backward.register_fake
+def _(grad_output, grad_masses, query, key, value, bias_table, output, masses, lse, key_start, key_end, seed,
+      scaling, dropout, query_offset, max_distance, causal):
+    batch, heads, query_length, _ = query.shape
+    distances = 2 * max_distance + 1 if bias_table is not None else 0
+    dtype = bias_table.dtype if bias_table is not None else torch.promote_types(query.dtype, torch.float32)
+    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
+            query.new_empty(batch, heads, query_length, distances, dtype=dtype))
+
+
+def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
+    query, key, value, bias_table, key_start, key_end, seed, scaling, dropout, query_offset, max_distance, causal, _ = \
+        inputs
+    attention_output, masses, lse = output
+    ctx.save_for_backward(query, key, value, bias_table, attention_output, masses, lse, key_start, key_end, seed)
+    ctx.settings = (scaling, dropout, query_offset, max_distance, causal)
+    ctx.mark_non_differentiable(lse)
+
+
+def backward(ctx: Any, grad_output: torch.Tensor, grad_masses: torch.Tensor | None, _: Any) -> tuple:
+    query, key, value, bias_table, attention_output, masses, lse, key_start, key_end, seed = ctx.saved_tensors
+    if grad_output is None:
+        grad_output = torch.zeros_like(attention_output)
+    if grad_masses is None:
+        grad_masses = torch.zeros_like(masses)
+    grad_query, grad_key, grad_value, grad_table = relative_attention_backward(
+        grad_output, grad_masses, query, key, value, bias_table, attention_output, masses, lse, key_start, key_end,
+        seed, *ctx.settings)
+    return (grad_query, grad_key, grad_value, grad_table if bias_table is not None else None,
+            None, None, None, None, None, None, None, None, None)
+
+
+relative_attention.register_autograd(backward, setup_context=setup_context)
+
+
+def dropout_seed() -> torch.Tensor:
+    """A fresh dropout seed [1] from torch's generator (so torch.manual_seed makes runs repeat)."""
+    return torch.randint(*SEED_RANGE, (1,), dtype=torch.int64)
+
+
+def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_length: int, key_length: int,
+                      device: torch.device) -> torch.Tensor:
+    """The keep mask [B, H, n, m] (bool) that the kernels apply for `seed` and drop rate `dropout` (tests and
+    debugging)."""
+    check_device(device)
+    keep = torch.empty(batch * heads, query_length, key_length, dtype=torch.int8, device=device)
+    block = INTERPRETER_BLOCK
+    from .triton_relative_kernels import dropout_keep_kernel
+
+    dropout_keep_kernel[(ceil_div(query_length, block), ceil_div(key_length, block), batch * heads)](
+        keep, seed, dropout, query_length, key_length, BLOCK_M=block, BLOCK_N=block)
+    return keep.view(batch, heads, query_length, key_length).bool()
+
+
+def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: int, key_length: int,
+               query_offset: int, causal: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Per sequence, the keys [start, end) the boolean mask [B, 1, n, m] allows (int32 [B] each), or None when the
+    mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
+    covered, holes or windows are not. Read and checked once per mask tensor (one host sync per stack call) and
+    kept on it, so every layer of a forward shares them."""
+    if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
+        return None
+    if attention_mask is None:
+        return (torch.zeros(batch, dtype=torch.int32, device=device),
+                torch.full((batch,), key_length, dtype=torch.int32, device=device))
+    built = attention_mask.__dict__.setdefault("_relpos_triton_key_ranges", {})
+    if (causal, query_offset) not in built:
+        mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
+        allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
+        positions = torch.arange(key_length, device=device)
+        start = torch.where(allowed, positions, key_length).amin(-1)
+        end = torch.where(allowed, positions + 1, 0).amax(-1).clamp(min=start)
+        expected = (positions >= start[:, None, None]) & (positions < end[:, None, None])
+        if causal:
+            rows = torch.arange(query_length, device=device)[:, None] + query_offset
+            expected = expected & (positions[None, :] <= rows)
+        covered = bool(torch.equal(expected.expand_as(mask), mask))
+        built[(causal, query_offset)] = (start.to(torch.int32), end.to(torch.int32)) if covered else None
+    return built[(causal, query_offset)]
+
+
+def clipped_relative_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None, key_start: torch.Tensor, key_end: torch.Tensor, scaling: float,
+    dropout: float, query_offset: int, max_distance: int, causal: bool, value_term: Any = None,
+) -> torch.Tensor:
+    """softmax-attention [B, H, n, d] with the bias T[i, clip(j - i', k) + k] (`bias_table` [B, H, n, 2k+1] or
+    None) and, when `value_term` (a `RelativeValues`) is given, its term sum_r M[i, r] a^V_r from the kernel's
+    masses; attention dropout `dropout` on the probabilities, seen by both terms."""
+    check_device(query.device)
+    seed = dropout_seed()
+    output, masses, _ = relative_attention(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
+                                           query_offset, max_distance, causal, value_term is not None)
+    if value_term is not None:
+        output = output + value_term.from_masses(masses).to(output.dtype)
+    return output

@@ -1,0 +1,38 @@
+"""The value checks of the package: one clear ValueError naming the field and what it allows.
+
+The config, the scheme fields (positions.py) and the training app's arguments all check through these (the app
+imports them from here: the model unit cannot import the app)."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+def is_positive_number(value: Any) -> bool:
+    """Whether `value` is a finite real number (an int or a float, not a bool) > 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
+def is_int_at_least(value: Any, minimum: int) -> bool:
+    """Whether `value` is an integer (not a bool) >= `minimum`."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def require_int(name: str, value: Any, minimum: int, null_means: str | None = None) -> None:
+    """Raise ValueError naming `name` unless `value` is an integer >= `minimum`, or None when the field has a
+    `null_means` (what null stands for)."""
+    if value is None and null_means is not None:
+        return
+    if not is_int_at_least(value, minimum):
+        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def require_positive_number(name: str, value: Any, null_means: str | None = None) -> None:
+    """Raise ValueError naming `name` unless `value` is a number > 0, or None when the field has a `null_means`."""
+    if value is None and null_means is not None:
+        return
+    if not is_positive_number(value):
+        allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")

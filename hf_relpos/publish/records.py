@@ -1,0 +1,243 @@
+"""The typed record of a training run, written by train_translation.py and by every experiment that trains, and
+read by the model cards (hf_relpos.publish.hub); and the facts of where and with what a run ran.
+
+An experiment stores each run's `RunRecord.to_json()` under the run's "record" key; `read_run_records` loads them
+(and, through `legacy_run_record`, the runs of records written before they carried one)."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+import platform
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "setting"
+
+
+def _recipe_field(section: str, default: Any = None) -> Any:
+    """A field that is also a train_translation.py argument of that name; `section` is the card table it is listed
+    in (`SETTING`: used in the text, in no table)."""
+    return dataclasses.field(default=default, metadata={"section": section})
+
+
+RECIPE, PEER = "recipe", "peer"
+ROLES = (RECIPE, PEER)
+# weights of a run whose scores cover one set of weights only (the trained ones)
+TRAINED_WEIGHTS = ""
+RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into its output_dir
+RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
+
+
+@dataclass(frozen=True)
+class Scores:
+    """Corpus scores of one evaluation set (sacreBLEU's BLEU and chrF)."""
+
+    bleu: float
+    chrf: float
+    bleu_signature: str
+
+
+@dataclass(frozen=True)
+class MeasuredScores:
+    """One evaluation set's corpus scores over seeds (one value per seed)."""
+
+    evaluation_set: str
+    bleu: tuple[float, ...]
+    chrf: tuple[float, ...]
+    signature: str
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """Models trained with a recipe, as a committed record of runs reports them (`measurements_from_record`)."""
+
+    record: str               # the record file, as cited in the card
+    title: str                # what the experiment measured
+    setup: str                # its settings, as the record's report states them
+    trained_as: str           # the recipe and the flags the runs added
+    code: str                 # the code versions the runs trained from (`git describe`), as the record has them
+    seeds: tuple[int, ...]
+    steps: tuple[int, ...]
+    hardware: str
+    devices: int
+    batch: str                # what one optimizer update holds
+    training_minutes: tuple[float, ...]
+    date: str
+    scores: tuple[MeasuredScores, ...]
+
+
+@dataclass
+class RunRecord:
+    """A training run, or a recipe before any run, as its model card describes it.
+
+    The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
+    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.training.run_record` from a
+    finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
+    its recipe complete the card.
+    """
+
+    model: dict[str, Any] = dataclasses.field(default_factory=dict)  # the recipe's `model:` section
+    source_lang: str = _recipe_field(SETTING, "en")
+    target_lang: str = _recipe_field(SETTING, "de")
+    validation_split_name: str = _recipe_field(SETTING, "validation")
+    test_split_name: str = _recipe_field(SETTING, "test")
+    dataset_name: str | None = _recipe_field(DATA)
+    dataset_config_name: str | None = _recipe_field(DATA)
+    train_file: str | None = _recipe_field(DATA)
+    validation_file: str | None = _recipe_field(DATA)
+    test_file: str | None = _recipe_field(DATA)
+    max_train_samples: int | None = _recipe_field(DATA)
+    max_eval_samples: int | None = _recipe_field(DATA)
+    max_predict_samples: int | None = _recipe_field(DATA)
+    max_source_length: int | None = _recipe_field(DATA)
+    max_target_length: int | None = _recipe_field(DATA)
+    overlong_pairs: str | None = _recipe_field(DATA)
+    model_name_or_path: str | None = _recipe_field(DATA)
+    tokenizer_name: str | None = _recipe_field(DATA)
+    tokenizer_vocab_size: int | None = _recipe_field(DATA)
+    max_steps: int | None = _recipe_field(OPTIMISATION)
+    num_train_epochs: float | None = _recipe_field(OPTIMISATION)
+    max_tokens_per_batch: int | None = _recipe_field(OPTIMISATION)
+    length_pool_factor: int | None = _recipe_field(OPTIMISATION)
+    per_device_train_batch_size: int | None = _recipe_field(OPTIMISATION)
+    gradient_accumulation_steps: int | None = _recipe_field(OPTIMISATION)
+    optim: str | None = _recipe_field(OPTIMISATION)
+    adam_beta1: float | None = _recipe_field(OPTIMISATION)
+    adam_beta2: float | None = _recipe_field(OPTIMISATION)
+    adam_epsilon: float | None = _recipe_field(OPTIMISATION)
+    weight_decay: float | None = _recipe_field(OPTIMISATION)
+    learning_rate: float | None = _recipe_field(OPTIMISATION)
+    lr_scheduler_type: str | None = _recipe_field(OPTIMISATION)
+    warmup_steps: int | None = _recipe_field(OPTIMISATION)
+    label_smoothing_factor: float | None = _recipe_field(OPTIMISATION)
+    max_grad_norm: float | None = _recipe_field(OPTIMISATION)
+    bf16: bool | None = _recipe_field(OPTIMISATION)
+    fp16: bool | None = _recipe_field(OPTIMISATION)
+    seed: int | None = _recipe_field(OPTIMISATION)
+    average_checkpoints: int | None = _recipe_field(OPTIMISATION)
+    fade_absolute_positions: int | None = _recipe_field(OPTIMISATION)
+    generation_num_beams: int | None = _recipe_field(DECODING)
+    generation_length_penalty: float | None = _recipe_field(DECODING)
+    generation_max_length_offset: int | None = _recipe_field(DECODING)
+    devices: int | None = None            # processes that trained it together (data parallel)
+    hardware: str | None = None           # e.g. the GPU's name
+    training_seconds: float | None = None
+    role: str = RECIPE                    # RECIPE: hf_relpos trained by a recipe; PEER: a model it is compared with
+    recipe: str | None = None             # the recipe it trained from (configs/ file stem), if any
+    system: str | None = None             # the experiment's name for what it trained (a row, a system)
+    trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
+    steps: int | None = None
+    source_version: str | None = None     # `git describe` of the code that trained it
+    date: str | None = None               # ISO 8601, when it was recorded
+    scores: dict[str, dict[str, Scores]] = dataclasses.field(default_factory=dict)  # weights -> split -> scores
+    measurements: list[Measurement] = dataclasses.field(default_factory=list)   # runs of its recipe (for a card)
+
+    def __post_init__(self) -> None:
+        if self.role not in ROLES:
+            raise ValueError(f"role must be one of {list(ROLES)}, got {self.role!r}")
+
+    @classmethod
+    def recipe_fields(cls, section: str | None = None) -> tuple[str, ...]:
+        """The names of the fields that come from the recipe (of one card section, if given), in card order."""
+        return tuple(item.name for item in dataclasses.fields(cls)
+                     if "section" in item.metadata and section in (None, item.metadata["section"]))
+
+    @classmethod
+    def from_recipe(cls, recipe: Mapping[str, Any]) -> RunRecord:
+        """The record of a recipe YAML (its `model:` section and the argument fields it sets)."""
+        return cls(model=dict(recipe.get("model") or {}),
+                   **{name: recipe[name] for name in cls.recipe_fields() if name in recipe})
+
+    def to_json(self) -> dict[str, Any]:
+        """This run as JSON values (what an experiment stores under a run's "record"; not its measurements)."""
+        values = dataclasses.asdict(self)
+        del values["measurements"]
+        return values
+
+    @classmethod
+    def from_json(cls, values: Mapping[str, Any]) -> RunRecord:
+        """The inverse of `to_json`."""
+        scores = {weights: {split: Scores(**split_scores) for split, split_scores in by_split.items()}
+                  for weights, by_split in values.get("scores", {}).items()}
+        return cls(**{**values, "scores": scores})
+
+
+
+
+def cpu_model_name() -> str:
+    """The processor's model name (/proc/cpuinfo on Linux, `platform.processor()` elsewhere)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown CPU"
+
+
+def source_version(checkout: Path) -> str:
+    """`git describe --always --dirty` of the git checkout at `checkout` (which code ran; "unknown" outside one)."""
+    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=checkout, capture_output=True, text=True)
+    return described.stdout.strip() or "unknown"
+
+
+def software_versions() -> dict[str, str]:
+    """The releases a run trained and was scored with: python, torch, transformers, sacrebleu."""
+    import sacrebleu
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "sacrebleu": sacrebleu.__version__}
+
+
+def read_run_records(path: str | os.PathLike) -> list[RunRecord]:
+    """Every run of an experiment record (the JSON that experiments/vs_marian.py or convergence.py writes)."""
+    data = json.loads(Path(path).read_text(encoding="utf-8"))
+    return [RunRecord.from_json(run["record"]) if "record" in run else legacy_run_record(system, run, data)
+            for system, runs in data.get("runs", {}).items() for run in runs]
+
+
+# Records written before runs carried a `RunRecord` name the peer's systems so (vs_marian.py's and convergence.py's
+# "peer", "peer+recipe-tokenizer", "peer+recipe-training"); every other system trained a recipe.
+LEGACY_PEER_PREFIX = "peer"
+
+
+def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, Any]) -> RunRecord:
+    """The `RunRecord` of a run in a record written before runs carried one: its role from the system's name
+    (`LEGACY_PEER_PREFIX`), its recipe from the recipe file the run trained from (the first of its arguments), its
+    batch from what the experiment measured of it, its description from the record's rows or settings."""
+    settings = data.get("settings", {})
+    role = PEER if system.startswith(LEGACY_PEER_PREFIX) else RECIPE
+    recipe = Path(run["argv"][0]).stem if role == RECIPE and run.get("argv") else None
+    described = data.get("rows", {}).get(system, {}).get("system")
+    scores = scores_by_weights(run["scores"])
+    batches = run.get("batches", {})
+    return RunRecord(
+        role=role, recipe=recipe, system=system, seed=run["seed"],
+        trained_as=described or " ".join([f"{recipe}.yaml", *settings.get("recipe_flags", [])]),
+        steps=run.get("steps") or settings.get("max_steps"), source_version=run.get("source_version"),
+        hardware=data["device"], devices=1, training_seconds=run["train_seconds"], date=data["date"],
+        max_tokens_per_batch=batches.get("token_budget"), gradient_accumulation_steps=batches.get(
+            "gradient_accumulation_steps"),
+        average_checkpoints=settings.get("last_n") if "averaged" in scores else None, scores=scores)
+
+
+def scores_from_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Scores]]:
+    """`RunRecord.scores` of train_translation.py's metrics ({"eval": {"eval_bleu": ...}, "test": ...})."""
+    by_split = {split: Scores(metrics[f"{prefix}_bleu"], metrics[f"{prefix}_chrf"], metrics[f"{prefix}_bleu_signature"])
+                for prefix, split in RESULT_SPLITS.items()
+                if (metrics := results.get(prefix)) and f"{prefix}_bleu" in metrics}
+    return {TRAINED_WEIGHTS: by_split} if by_split else {}
+
+
+def scores_by_weights(scores: Mapping[str, Any]) -> dict[str, dict[str, Scores]]:
+    """An experiment's scores of a run ({split: {"bleu", "chrf", "bleu_signature", ...}}, or that by weights such
+    as "final" and "averaged") as `RunRecord.scores`."""
+    by_weights = {TRAINED_WEIGHTS: scores} if "test" in scores else scores
+    return {weights: {split: Scores(values["bleu"], values["chrf"], values["bleu_signature"])
+                      for split, values in by_split.items()} for weights, by_split in by_weights.items()}

@@ -1,0 +1,234 @@
+"""The decoding length cap relative to each source (fairseq's max_len_a * |x| + max_len_b), in model.generate: per row
+under padding and beam search, saved with the model, off for folders saved without it."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import run_without_hf_relpos, tiny_model
+
+from hf_relpos.model.generation_limits import (
+    SourceLengthCapLogitsProcessor,
+    new_token_limits,
+    set_relative_limit,
+    source_lengths,
+)
+
+EOS, PAD = 1, 0  # RelPosTransformerConfig's defaults
+
+
+def sources(lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded source ids (ending in EOS) of the given lengths, and their attention mask."""
+    width = max(lengths)
+    ids = torch.full((len(lengths), width), PAD)
+    for row, length in enumerate(lengths):
+        ids[row, :length - 1] = torch.arange(5, 4 + length) % 30 + 5
+        ids[row, length - 1] = EOS
+    return ids, (ids != PAD).long()
+
+
+def capped_model(ratio: float = 0.5, offset: int = 2, ceiling: int = 60, **overrides):
+    """A tiny model that never ends on its own (EOS banned by a large negative bias), capped relative to sources."""
+    model = tiny_model("shaw", **overrides)
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e4
+    set_relative_limit(model.generation_config, ratio, offset)
+    model.generation_config.max_new_tokens = ceiling
+    return model
+
+
+def new_lengths(output: torch.Tensor) -> list[int]:
+    """New tokens per output row (the decoder start token left out) up to its first end token, included (beam search
+    pads with the end token)."""
+    lengths = []
+    for row in output[:, 1:].tolist():
+        lengths.append(row.index(EOS) + 1 if EOS in row else len([token for token in row if token != PAD]))
+    return lengths
+
+
+def test_new_token_limits_follow_the_equation():
+    lengths = torch.tensor([1, 4, 9, 40])
+    expected = [min(max(1, math.floor(1.3 * n + 3)), 30) for n in (1, 4, 9, 40)]
+    assert new_token_limits(lengths, 1.3, 3, 30).tolist() == expected
+    assert new_token_limits(torch.tensor([0]), 0.0, 0, 30).tolist() == [1]  # at least the end token
+    ids, mask = sources([3, 5])
+    assert source_lengths(ids, mask, PAD).tolist() == [3, 5]
+    assert source_lengths(ids, None, PAD).tolist() == [3, 5]
+    assert source_lengths(None, None, PAD, torch.zeros(2, 7, 4)).tolist() == [7, 7]
+
+
+def test_processor_ends_each_row_at_its_own_limit_and_keeps_the_end_tokens_score():
+    processor = SourceLengthCapLogitsProcessor(torch.tensor([2, 3]), prompt_length=1, eos_token_id=EOS)
+    scores = torch.randn(4, 10, dtype=torch.float64)  # 2 rows x 2 beams
+    after_one = processor(torch.zeros(4, 2, dtype=torch.long), scores.clone())  # the 2nd new token comes next
+    assert torch.equal(after_one[2:], scores[2:])
+    assert torch.equal(after_one[:2, EOS], scores[:2, EOS])
+    assert torch.isinf(after_one[:2]).sum() == 2 * 9
+    assert torch.equal(processor(torch.zeros(4, 1, dtype=torch.long), scores.clone()), scores)
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_each_row_of_a_padded_batch_is_capped_as_if_decoded_alone(num_beams):
+    model = capped_model(ratio=0.5, offset=2, ceiling=60).double()
+    lengths = [3, 9, 17]
+    ids, mask = sources(lengths)
+    with torch.no_grad():
+        batch = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, do_sample=False)
+        alone = [model.generate(input_ids=ids[row:row + 1, :n], num_beams=num_beams, do_sample=False)
+                 for row, n in enumerate(lengths)]
+    assert new_lengths(batch) == [math.floor(0.5 * n + 2) for n in lengths]
+    for row, single in enumerate(alone):
+        assert torch.equal(batch[row, :single.shape[-1]], single[0])
+        assert single[0, -1] == EOS  # the cap ends a row with its end token (fairseq's forced </s>)
+
+
+def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_ceiling_gave(tmp_path):
+    """A folder saved with max_len_a / max_len_b: the cap grows with the source; old folders (no max_len_b) keep their
+    fixed max_new_tokens; max_len_b=None switches the relative cap off; explicit max_new_tokens stays a ceiling."""
+    model = capped_model(ratio=1.0, offset=3, ceiling=200)
+    model.save_pretrained(tmp_path / "new")
+    loaded = type(model).from_pretrained(tmp_path / "new").eval()
+    long_ids, _ = sources([40])
+    with torch.no_grad():
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1)) == [43]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_new_tokens=10)) == [10]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_a=0.5, max_len_b=1)) == [21]
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_len_b=None)) == [200]
+        # hf-relpos-translate --max_length: max_length (the decoder start counted) is the ceiling instead
+        assert new_lengths(loaded.generate(input_ids=long_ids, num_beams=1, max_new_tokens=None, max_length=9)) == [8]
+        old = capped_model(ceiling=12)
+        for name in ("max_len_a", "max_len_b"):
+            delattr(old.generation_config, name)
+        old.save_pretrained(tmp_path / "old")
+        old = type(model).from_pretrained(tmp_path / "old").eval()
+        assert getattr(old.generation_config, "max_len_b", None) is None
+        assert new_lengths(old.generate(input_ids=long_ids, num_beams=1)) == [12]
+
+
+def test_a_passed_generation_config_keeps_the_saved_relative_cap():
+    model = capped_model(ratio=1.0, offset=1, ceiling=100)
+    ids, mask = sources([6, 11])
+    config = type(model.generation_config)(num_beams=2, do_sample=False)
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+        positional = model.generate(ids, config, attention_mask=mask)
+    assert new_lengths(output) == [7, 12]
+    assert torch.equal(output, positional)
+
+
+@pytest.mark.parametrize("field, value", [("max_len_a", -1.0), ("max_len_a", "x"), ("max_len_b", 1.5),
+                                          ("max_len_b", -2)])
+def test_bad_cap_fields_are_one_error_naming_the_field(field, value):
+    model = capped_model()
+    ids, mask = sources([4])
+    with pytest.raises(ValueError, match=field):
+        model.generate(input_ids=ids, attention_mask=mask, **{field: value})
+
+
+def test_the_training_apps_evaluation_caps_each_source_by_the_models_rule(tmp_path):
+    """TranslationTrainer.prediction_step generates with the model's saved rule per row (no batch-wide number), also
+    for a source longer than any the model was trained on."""
+    from hf_relpos.translation.training import TranslationTrainer, TranslationTrainingArguments
+
+    model = capped_model(ratio=1.0, offset=2, ceiling=100)
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True,
+                                             generation_num_beams=2, use_cpu=True, report_to="none")
+    trainer = TranslationTrainer(model=model, args=arguments, evaluation_sets={})
+    ids, mask = sources([4, 33])
+    _, generated, _ = trainer.prediction_step(model, {"input_ids": ids, "attention_mask": mask},
+                                              prediction_loss_only=False, num_beams=2)
+    assert new_lengths(generated) == [6, 35]
+
+
+@pytest.fixture(scope="module")
+def never_ending_folder(tmp_path_factory):
+    """A tiny model with a tokenizer that never ends on its own, saved with a cap of 1 x source tokens + 2 under a
+    ceiling of 300, and the source lengths its tokenizer gives to a short line and to a line longer than any
+    'training' source (a ceiling the old rule, longest training source + offset, would have made 20)."""
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer(["A man rides a horse.", "Ein Mann reitet ein Pferd."] * 4, vocab_size=300)
+    ids = special_token_ids(tokenizer)
+    model = tiny_model("shaw", vocab_size=len(tokenizer), **ids)
+    with torch.no_grad():
+        model.final_logits_bias[0, ids["eos_token_id"]] = -1e4
+    set_relative_limit(model.generation_config, 1.0, 2)
+    model.generation_config.update(max_new_tokens=300, num_beams=2)
+    folder = tmp_path_factory.mktemp("never_ending") / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+LINES = ["A man.", " ".join(["A man rides a horse"] * 12) + "."]
+
+
+def generated_lengths_by(model, monkeypatch) -> list[list[int]]:
+    """Record the new tokens of every row that `model.generate` returns (the start token left out, up to the first
+    end token, included)."""
+    recorded = []
+    generate = model.generate
+
+    def recording(*args, **kwargs):
+        output = generate(*args, **kwargs)
+        ends = output[:, 1:] == model.generation_config.eos_token_id
+        recorded.append([int(row.nonzero()[0]) + 1 if row.any() else row.numel() for row in ends])
+        return output
+
+    monkeypatch.setattr(model, "generate", recording)
+    return recorded
+
+
+def test_translate_and_the_pipeline_cap_a_long_line_by_its_own_length(never_ending_folder, monkeypatch, capsys):
+    """hf-relpos-translate's batches and the pipeline give each source min(|x| + 2, 300) new tokens: the line of 60
+    words gets far more than 20 (no cut), the short line in the same batch only its own limit; the cap is reported."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+
+    from hf_relpos.tools.translate import translate_lines
+
+    tokenizer = AutoTokenizer.from_pretrained(never_ending_folder)
+    lengths = [len(ids) for ids in tokenizer(LINES)["input_ids"]]
+    assert lengths[1] > 40
+    model = AutoModelForSeq2SeqLM.from_pretrained(never_ending_folder).eval()
+    recorded = generated_lengths_by(model, monkeypatch)
+    translate_lines(LINES, model, tokenizer, progress=False)
+    assert sorted(recorded[0]) == sorted(length + 2 for length in lengths)
+    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
+    recorded.clear()
+    translator = pipeline("translation", model=model, tokenizer=tokenizer, device="cpu")
+    translator(LINES, split_sentences=False, batch_size=2)
+    assert sorted(length for call in recorded for length in call) == sorted(length + 2 for length in lengths)
+
+
+def test_the_translate_command_caps_by_source_and_takes_the_cap_as_flags(never_ending_folder, tmp_path, capsys):
+    from hf_relpos.tools.translate import main
+
+    source = tmp_path / "source.txt"
+    source.write_text("\n".join(LINES) + "\n", encoding="utf-8")
+    main([str(never_ending_folder), str(source), "--output", str(tmp_path / "out.txt"), "--no_progress",
+          "--no_split_sentences", "--max_len_a", "0", "--max_len_b", "3"])
+    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
+    assert len((tmp_path / "out.txt").read_text(encoding="utf-8").splitlines()) == 2
+
+
+def test_the_remote_code_applies_the_saved_cap_without_hf_relpos(tmp_path):
+    """Where hf_relpos is not installed, the folder's own code (generation_limits.py ships with it) caps each row."""
+    model = capped_model(ratio=1.0, offset=3, ceiling=200)
+    model.save_pretrained(tmp_path / "model")
+    script = f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / "model")!r}, trust_remote_code=True).eval()
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        input_ids = torch.full((2, 40), 7)
+        input_ids[:, -1] = {EOS}
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[0, 5:] = 0
+        output = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=2)
+        lengths = [row[1:].tolist().index({EOS}) + 1 for row in output]
+        print("LENGTHS", lengths)
+        """
+    result = run_without_hf_relpos(script, tmp_path)
+    assert "LENGTHS [8, 43]" in result.stdout, result.stderr[-3000:]

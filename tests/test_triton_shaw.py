@@ -1,0 +1,416 @@
+"""attn_implementation "relpos_triton" (hf_relpos/model/triton_relative.py): the fused Triton kernel for Shaw's
+relative attention, run on the CPU by Triton's interpreter (TRITON_INTERPRET=1, set for this module only), against a
+float64 loop oracle of the equations and against the model's eager path: output, log-sum-exp, the masses by
+distance and every gradient, padded and unpadded, encoder and decoder, cached steps, k = 0, 1, 16, lengths that are
+not multiples of the interpreter's 16-wide blocks, with and without a^V, and attention dropout under the kernel's
+own mask. conftest.py sets TRITON_INTERPRET=1 where there is no GPU (before triton is imported); on a GPU the same
+tests run the compiled kernels on CUDA."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+from transformers import AutoModelForSeq2SeqLM
+
+import hf_relpos
+from hf_relpos.model import attention_functions, triton_relative
+from hf_relpos.model.triton_relative import dropout_keep_mask, relative_attention
+
+DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("triton") is None or (DEVICE.type == "cuda" and not torch.cuda.is_available()),
+    reason="needs triton, and a GPU or Triton's interpreter (TRITON_INTERPRET=1)")
+
+
+def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_offset, k, causal, keep=None,
+                dropout=0.0):
+    """Per row, term by term in float64: s_ij = c q_i . k_j + T[i, clip(j - i', k) + k] over the allowed keys,
+    lse_i, D_ij = softmax_ij kappa_ij / (1 - p), o_i = sum_j D_ij v_j, M[i, r] = sum_{clip(j - i', k) + k = r} D_ij."""
+    batch, heads, query_length, head_dim = query.shape
+    distances = 2 * k + 1
+    rows_out, masses_out, lse_out = [], [], []
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(query_length):
+                keys = [j for j in range(int(key_start[b]), int(key_end[b])) if not causal or j <= i + query_offset]
+                output = query.new_zeros(head_dim, dtype=torch.float64)
+                masses = [query.new_zeros((), dtype=torch.float64) for _ in range(distances)]
+                lse = torch.tensor(float("-inf"), dtype=torch.float64)
+                if keys:
+                    buckets = [max(-k, min(k, j - i - query_offset)) + k for j in keys]
+                    scores = torch.stack([
+                        scaling * (query[b, h, i].double() @ key[b, h, j].double())
+                        + (table[b, h, i, r].double() if table is not None else 0.0)
+                        for j, r in zip(keys, buckets, strict=True)])
+                    lse = torch.logsumexp(scores, 0)
+                    for position, (j, r) in enumerate(zip(keys, buckets, strict=True)):
+                        dropped = torch.exp(scores[position] - lse)
+                        if keep is not None:
+                            dropped = dropped * (float(keep[b, h, i, j]) / (1.0 - dropout))
+                        output = output + dropped * value[b, h, j].double()
+                        masses[r] = masses[r] + dropped
+                rows_out.append(output)
+                masses_out.append(torch.stack(masses))
+                lse_out.append(lse)
+    shape = (batch, heads, query_length)
+    return (torch.stack(rows_out).view(*shape, head_dim), torch.stack(masses_out).view(*shape, distances),
+            torch.stack(lse_out).view(shape))
+
+
+KERNEL_CASES = {
+    # name: (k, query_length, key_length, query_offset, causal, padded, with_bias, with_masses, dropout)
+    "encoder_k1_padded": (1, 21, 21, 0, False, True, True, True, 0.0),
+    "encoder_k16_unpadded": (16, 21, 21, 0, False, False, True, True, 0.0),
+    "encoder_k0_padded": (0, 19, 19, 0, False, True, True, True, 0.0),
+    "decoder_k3_padded": (3, 33, 33, 0, True, True, True, True, 0.0),
+    "cached_step": (3, 1, 21, 20, True, True, True, True, 0.0),
+    "cached_chunk_k16": (16, 3, 35, 32, True, False, True, True, 0.0),
+    "encoder_k16_padded_long": (16, 41, 41, 0, False, True, True, True, 0.0),
+    "shaw_k_without_values": (2, 23, 23, 0, False, True, True, False, 0.0),
+    "values_without_bias": (2, 23, 23, 0, True, True, False, True, 0.0),
+    "dropout_encoder": (2, 21, 21, 0, False, True, True, True, 0.3),
+    "dropout_decoder_cached": (16, 5, 23, 18, True, True, True, True, 0.25),
+}
+
+
+def kernel_inputs(case, dtype, seed=0):
+    k, query_length, key_length, query_offset, causal, padded, with_bias, with_masses, dropout = case
+    generator = torch.Generator().manual_seed(seed)
+    batch, heads, head_dim = 2, 2, 8
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(DEVICE, dtype).requires_grad_()
+
+    query = draw(batch, heads, query_length, head_dim)
+    key, value = draw(batch, heads, key_length, head_dim), draw(batch, heads, key_length, head_dim)
+    table = draw(batch, heads, query_length, 2 * k + 1) if with_bias else None
+    # padded: the second sequence's keys [3, m - 4) (left and right padding); its first queries see no key when causal
+    key_start = torch.tensor([0, 3 if padded else 0], dtype=torch.int32, device=DEVICE)
+    key_end = torch.tensor([key_length, key_length - 4 if padded else key_length], dtype=torch.int32, device=DEVICE)
+    return query, key, value, table, key_start, key_end
+
+
+SLOW_CASES = {"encoder_k16_padded_long"}   # three tiles of the band at k = 16 (minutes under the interpreter)
+
+
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name
+                                  for name in sorted(KERNEL_CASES)])
+def test_kernel_matches_float64_loop_oracle(name):
+    """float64: o, M, lse and dq, dk, dv, dT at 1e-12 (with dropout: under the mask the kernel exposes)."""
+    case = KERNEL_CASES[name]
+    k, query_length, key_length, query_offset, causal, _, with_bias, with_masses, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+    scaling = query.size(-1) ** -0.5
+    seed = torch.tensor([2**40 + 7], device=DEVICE)
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, scaling, dropout,
+                                             query_offset, k, causal, with_masses)
+    keep = None
+    if dropout > 0:
+        keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device)
+        kept = keep.float().mean().item()
+        assert abs(kept - (1 - dropout)) < 0.05 and not keep.all()
+    expected_output, expected_masses, expected_lse = loop_oracle(query, key, value, table, key_start, key_end,
+                                                                 scaling, query_offset, k, causal, keep, dropout)
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
+    if with_masses:
+        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
+    else:
+        assert masses.shape[-1] == 0
+    generator = torch.Generator().manual_seed(1)
+    grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
+    loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
+    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
+    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["encoder_k16_unpadded", "dropout_decoder_cached"])
+def test_kernel_float32_matches_float64_oracle(name):
+    """float32 inputs (float32 accumulation, IEEE matmuls) within float32 rounding of the float64 oracle."""
+    case = KERNEL_CASES[name]
+    k, _, key_length, query_offset, causal, _, _, with_masses, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float32)
+    seed = torch.tensor([2**41 + 3], device=DEVICE)
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
+                                             query_offset, k, causal, with_masses)
+    keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device) if dropout else None
+    expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
+                           dropout)
+    for got, want in zip((output, masses, lse), expected, strict=True):
+        torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
+    grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    inputs = (query, key, value, table)
+    grads = torch.autograd.grad((output * grad_output).sum() + masses.sum(), inputs)
+    expected_grads = torch.autograd.grad((expected[0] * grad_output.double()).sum() + expected[1].sum(), inputs)
+    for got, want in zip(grads, expected_grads, strict=True):
+        torch.testing.assert_close(got.double(), want.double(), rtol=0, atol=5e-5)
+
+
+def test_kernel_bfloat16_within_bfloat16_rounding_of_the_oracle():
+    """bf16 inputs (float32 accumulation; under the interpreter the bf16 operands are multiplied as float32, as a
+    GPU's tensor cores do): output, masses, lse and every gradient within bf16 rounding of the float64 oracle on the
+    same bf16 inputs."""
+    case = KERNEL_CASES["dropout_decoder_cached"]
+    k, _, key_length, query_offset, causal, _, _, _, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.bfloat16)
+    seed = torch.tensor([2**40 + 9])
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
+                                             query_offset, k, causal, True)
+    assert output.dtype == torch.bfloat16 and masses.dtype == lse.dtype == torch.float32
+    keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device)
+    expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
+                           dropout)
+    torch.testing.assert_close(output.double(), expected[0], rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(masses.double(), expected[1], rtol=0, atol=1e-5)   # float32 sums of float32 P
+    torch.testing.assert_close(lse.double(), expected[2], rtol=0, atol=1e-5)
+    inputs = (query, key, value, table)
+    grads = torch.autograd.grad(output.float().square().sum() + masses.sum(), inputs)
+    expected_grads = torch.autograd.grad(expected[0].square().sum() + expected[1].sum(), inputs)
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=3e-2 * want.abs().max().item())
+
+
+def test_backward_is_deterministic():
+    """Two backward passes of the same call give bitwise-equal gradients (no atomics: each program writes its rows)."""
+    case = KERNEL_CASES["dropout_encoder"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float32)
+    output, masses, _ = relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40 + 5]),
+                                           8**-0.5, 0.3, 0, 2, False, True)
+    loss = output.square().sum() + masses.square().sum()
+    first = torch.autograd.grad(loss, (query, key, value, table), retain_graph=True)
+    second = torch.autograd.grad(loss, (query, key, value, table))
+    assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
+
+
+def test_dropout_mask_depends_on_seed_and_position():
+    """Different seeds draw different masks; the mask is not the same for every row or head."""
+    first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)
+    second = dropout_keep_mask(2**40 + 2, 0.5, 2, 2, 17, 17, DEVICE)
+    assert not torch.equal(first, second)
+    assert not torch.equal(first[0, 0], first[0, 1]) and not torch.equal(first[0, 0, 0], first[0, 0, 1])
+
+
+def run_model(model, kernel, batch, backward=True):
+    model.set_attn_implementation(kernel)
+    model.zero_grad()
+    output = model(**batch)
+    if backward:
+        output.loss.backward()
+    grads = {name: parameter.grad.clone() for name, parameter in model.named_parameters() if parameter.grad is not None}
+    return output.logits.detach(), grads
+
+
+def seq2seq_batch():
+    generator = torch.Generator().manual_seed(3)
+    input_ids = torch.randint(3, 40, (2, 13), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, 9:] = 0
+    labels = torch.randint(3, 40, (2, 11), generator=generator)
+    return {name: tensor.to(DEVICE) for name, tensor in
+            dict(input_ids=input_ids, attention_mask=attention_mask, labels=labels).items()}
+
+
+@pytest.fixture
+def triton_calls(monkeypatch):
+    """How many attention calls ran the Triton kernel."""
+    calls = []
+    original = attention_functions.clipped_relative_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(attention_functions, "clipped_relative_attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("overrides", [
+    pytest.param(dict(max_relative_position=16), marks=pytest.mark.slow),
+    {},
+    dict(use_relative_values=False),   # shaw-k
+    dict(use_relative_keys=False, max_relative_position=1),
+    dict(relative_embeddings_shared_across_heads=False),
+], ids=["shaw_k16", "shaw_k3", "shaw_k", "values_only_k1", "per_head_tables"])
+def test_model_matches_eager_with_gradients(overrides, triton_calls):
+    """float64 WMT-shaped tiny model: logits and every parameter's gradient (a^K, a^V tables included) equal eager's
+    at 1e-12, padded encoder and causal decoder, and Shaw's self-attention runs on the kernel (cross-attention on
+    sdpa)."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw", **overrides)).double().to(DEVICE)
+    logits, grads = run_model(model, "eager", seq2seq_batch())
+    triton_logits, triton_grads = run_model(model, "relpos_triton", seq2seq_batch())
+    assert len(triton_calls) == 4   # 2 encoder + 2 decoder self-attention layers
+    torch.testing.assert_close(triton_logits, logits, rtol=0, atol=1e-12)
+    assert triton_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
+
+
+def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatch, triton_calls):
+    """Training a decoder-only LM (self-attention only, left-padded) with attention_dropout 0.3: the kernel's seeds
+    recorded, eager's dropout replaced by the kernel's mask for the same seeds in the same layer order: logits and
+    gradients equal at 1e-12 (the a^V term sees the dropped probabilities in both)."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForCausalLM(tiny_config("shaw", attention_dropout=0.3)).double().to(DEVICE)
+    model.train()
+    generator = torch.Generator().manual_seed(4)
+    input_ids = torch.randint(3, 40, (2, 15), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, :4] = 0
+    batch = {name: tensor.to(DEVICE) for name, tensor in
+             dict(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).items()}
+    seeds = iter(range(2**40, 2**40 + 100))
+    used = []
+
+    def recorded_seed():
+        used.append(next(seeds))
+        return torch.tensor([used[-1]])
+
+    monkeypatch.setattr(triton_relative, "dropout_seed", recorded_seed)
+    triton_logits, triton_grads = run_model(model, "relpos_triton", batch)
+    assert len(used) == len(triton_calls) == 2
+    replay = iter(used)
+    dropout = torch.nn.functional.dropout
+
+    def kernel_mask_dropout(probabilities, p=0.5, training=True, inplace=False):
+        if probabilities.dim() != 4 or p == 0:
+            return dropout(probabilities, p, training, inplace)
+        keep = dropout_keep_mask(next(replay), p, *probabilities.shape, probabilities.device)
+        return probabilities * keep / (1 - p)
+
+    monkeypatch.setattr(torch.nn.functional, "dropout", kernel_mask_dropout)
+    logits, grads = run_model(model, "eager", batch)
+    assert next(replay, None) is None
+    torch.testing.assert_close(triton_logits, logits, rtol=0, atol=1e-12)
+    for name, grad in grads.items():
+        torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
+
+
+def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
+    """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
+    (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE)
+    logits, grads = run_model(model, "eager", seq2seq_batch())
+    results = {}
+    for kernel in ("eager", "relpos_triton"):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            results[kernel] = run_model(model, kernel, seq2seq_batch())
+    assert len(triton_calls) == 4
+    errors = {kernel: (got.float() - logits).abs().max().item() for kernel, (got, _) in results.items()}
+    assert errors["relpos_triton"] <= 2 * errors["eager"] + 1e-3 * logits.abs().max().item(), errors
+    for name, grad in grads.items():
+        error, eager_error = ((results[kernel][1][name] - grad).abs().max().item() for kernel in ("relpos_triton", "eager"))
+        # + 1e-6: gradients that are zero in exact arithmetic (the keys' bias) are rounding noise in both
+        assert error <= 2 * eager_error + 1e-3 * grad.abs().max().item() + 1e-6, (name, error, eager_error)
+
+
+def test_cached_generation_matches_eager(triton_calls):
+    """Greedy decoding with the KV cache (one query at an offset per step) gives eager's tokens and scores."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).eval()
+    batch = seq2seq_batch()
+    outputs = {}
+    for kernel in ("eager", "relpos_triton"):
+        model.set_attn_implementation(kernel)
+        outputs[kernel] = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                         max_new_tokens=6, do_sample=False, num_beams=1, output_scores=True,
+                                         return_dict_in_generate=True)
+    assert torch.equal(outputs["relpos_triton"].sequences, outputs["eager"].sequences)
+    for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
+
+
+def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
+    """What the kernel does not cover (T5's buckets, plain attention) runs on sdpa: the same logits, no kernel call."""
+    torch.manual_seed(0)
+    for scheme in ("t5", "absolute"):
+        model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(scheme)).double().to(DEVICE).eval()
+        sdpa_logits, _ = run_model(model, "sdpa", seq2seq_batch(), backward=False)
+        triton_logits, _ = run_model(model, "relpos_triton", seq2seq_batch(), backward=False)
+        torch.testing.assert_close(triton_logits, sdpa_logits, rtol=0, atol=1e-12)
+    assert triton_calls == []
+
+
+def test_selected_by_name_in_from_config_and_from_pretrained(tmp_path):
+    """transformers accepts the name: from_config, from_pretrained and set_attn_implementation."""
+    config = tiny_config("shaw")
+    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation="relpos_triton")
+    assert model.config._attn_implementation == "relpos_triton"
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path, attn_implementation="relpos_triton")
+    assert loaded.config._attn_implementation == "relpos_triton"
+
+
+@pytest.mark.skipif(DEVICE.type != "cpu", reason="the CPU's refusal")
+def test_refused_on_cpu_without_the_interpreter(monkeypatch):
+    """On the CPU outside Triton's interpreter: one clear error naming the kernel and what to use instead."""
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw"))
+    model.set_attn_implementation("relpos_triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with pytest.raises(RuntimeError, match=r"'relpos_triton' runs on CUDA GPUs .*TRITON_INTERPRET=1.*'sdpa' or 'eager'"):
+        model(**seq2seq_batch())
+
+
+def test_custom_op_registrations():
+    """torch.library's checks of the op: schema, fake (meta) kernel and the registered autograd."""
+    case = KERNEL_CASES["decoder_k3_padded"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+    arguments = (query, key, value, table, key_start, key_end, torch.tensor([2**40], device=DEVICE), 8**-0.5, 0.0, 0, 3, True, True)
+    torch.library.opcheck(relative_attention, arguments,
+                          test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
+
+
+def test_custom_op_under_torch_compile():
+    """torch.compile (fullgraph, AOT autograd) traces the op and its backward as opaque ops: the same values and
+    gradients as the uncompiled call."""
+    case = KERNEL_CASES["dropout_encoder"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+
+    def attend(query, key, value, table):
+        output, masses, _ = relative_attention(query, key, value, table, key_start, key_end,
+                                               torch.tensor([2**40 + 11]), 8**-0.5, 0.3, 0, 2, False, True)
+        return (output.sum(-1) + masses.sum(-1)).square().sum()
+
+    inputs = (query, key, value, table)
+    compiled = torch.compile(attend, backend="aot_eager", fullgraph=True)
+    expected, got = attend(*inputs), compiled(*inputs)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    for got_grad, expected_grad in zip(torch.autograd.grad(got, inputs), torch.autograd.grad(expected, inputs),
+                                       strict=True):
+        torch.testing.assert_close(got_grad, expected_grad, rtol=0, atol=1e-12)
+
+
+def test_a_second_copy_of_the_module_registers_its_own_ops(tmp_path):
+    """A Hub folder's remote-code copy of triton_relative.py loads beside hf_relpos' own (no op registered twice)."""
+    spec = importlib.util.spec_from_file_location("transformers_modules.me.model.triton_relative",
+                                                  triton_relative.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy.OP_NAMESPACE == "transformers_modules_me_model" != triton_relative.OP_NAMESPACE == "hf_relpos_model"
+    assert copy.relative_attention._qualname != triton_relative.relative_attention._qualname
+
+
+@pytest.mark.slow
+def test_kernels_compile_for_an_h100_without_a_gpu():
+    """Triton's compiler and bundled ptxas build the forward and both backward kernels for sm_90 in bf16 (first
+    autotuning configuration), within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick"],
+                            cwd=Path(__file__).resolve().parents[1], env=environment, capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
+    assert len(lines) == 3 and all("(fits)" in line for line in lines), result.stdout
