@@ -4,6 +4,7 @@ BLEU, and everything else is refused before anything is written."""
 
 from __future__ import annotations
 
+import copy
 import json
 import sys
 from pathlib import Path
@@ -355,3 +356,20 @@ def test_the_source_relative_cap_is_the_pytorch_models(exported, tokenizer):
                 expected[row], skip_special_tokens=True)
         assert len([token for token in produced[row, 1:].tolist() if token != tokenizer.pad_token_id]) <= limit
     assert compared >= len(TEST_SOURCES) // 3
+
+
+def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):
+    """A generation config saved with max_len_a / max_len_b (as train_translation.py saves it): the exported folder
+    keeps them, and the engine caps each row as the model does without being told."""
+    from hf_relpos.model.generation_limits import set_relative_limit
+
+    model, _, _ = exported["none"]
+    saved = copy.deepcopy(model.generation_config)
+    set_relative_limit(model.generation_config, 1.2, 4)
+    try:
+        folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+        inputs = tokenizer(TEST_SOURCES[:6], padding=True, return_tensors="pt")
+        assert torch.equal(CTranslate2Model(folder, threads=1).new_token_limits(**inputs),
+                           model.new_token_limits(**inputs))
+    finally:
+        model.generation_config = saved
