@@ -43,7 +43,8 @@ from benchmarks.common import (
     write_report,
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.model.modeling_relpos import RelPosEncoder, with_scheme_mask
+from hf_relpos.model.attention_functions import compiled_graph_count
+from hf_relpos.model.modeling_relpos import RelPosEncoder, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import PositionContext
 from hf_relpos.tools.viz import require_matplotlib
 
@@ -75,7 +76,8 @@ def attention_case(
         with autocast(device, dtype):
             hidden = module["positions"].embed(inputs, 0)
             context = module["positions"].prepare(PositionContext(length, length, 0, None, hidden.device, hidden.dtype))
-            mask = with_scheme_mask(stack.config, module["positions"], context, None)
+            mask = with_scheme_mask(stack.config, module["positions"], context, attention_mask_for(
+                stack.config, batch, length, length, 0, None, causal=False, device=hidden.device))
             output, _ = module["attention"](hidden, mask, module["positions"], position_context=context)
         output.float().sum().backward()
 
@@ -113,10 +115,20 @@ def baseline_labels(args: argparse.Namespace) -> list[str]:
     return [label for label, scheme, _ in series_labels(args) if scheme == BASELINE]
 
 
+class GraphsGrew(RuntimeError):
+    """FlexAttention compiled a graph during the timed rounds: the timings would include compiles."""
+
+
 def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], str]:
-    """Round-robin timing, then one peak-memory measurement per series (gradients cleared before it). Ratios are to
-    absolute on its fastest kernel (the returned label)."""
-    seconds = round_robin({name: case.step for name, case in cases.items()}, args.warmup, args.repeats, args.device, args.clock)
+    """Warm-up rounds, then round-robin timing, then one peak-memory measurement per series (gradients cleared
+    before it). Ratios are to absolute on its fastest kernel (the returned label). The compiled FlexAttention graphs
+    must not grow after the warm-up (`GraphsGrew`); a fallback to the unfused kernel raises in the kernel itself."""
+    round_robin({name: case.step for name, case in cases.items()}, args.warmup, 0, args.device, args.clock)
+    graphs = compiled_graph_count()
+    seconds = round_robin({name: case.step for name, case in cases.items()}, 0, args.repeats, args.device, args.clock)
+    if compiled_graph_count() != graphs:
+        raise GraphsGrew(f"FlexAttention compiled {compiled_graph_count() - graphs} graph(s) during the timed rounds "
+                         f"(after {args.warmup} warm-up rounds): raise --warmup or pad the lengths")
     baseline = min(baseline_labels(args), key=lambda label: statistics.median(seconds[label]))
     results = {}
     for name, case in cases.items():
@@ -130,8 +142,10 @@ def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str,
     return results, baseline
 
 
-def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """One row per benchmark, shape, length and scheme."""
+def run_benchmarks(args: argparse.Namespace, save: Callable[[list[dict[str, Any]]], None] | None = None
+                   ) -> list[dict[str, Any]]:
+    """One row per benchmark, shape, length and scheme; `save(rows)` after each length, so that a run cut off by a
+    time limit keeps what it measured."""
     rows = []
     for benchmark in args.benchmarks:
         tokens = args.tokens if benchmark == "attention" else args.model_tokens
@@ -169,9 +183,12 @@ def run_benchmarks(args: argparse.Namespace) -> list[dict[str, Any]]:
                             "peak_mib": result["peak_bytes"] / MIB,
                             "memory_overhead": result["peak_bytes"] / baseline_peak - 1.0,
                             "seconds": result["seconds"],
+                            "compiled_graphs": compiled_graph_count(),
                         }
                     )
                     print(format_row(rows[-1]), flush=True)
+                if save is not None:
+                    save(rows)
                 del cases, results
                 gc.collect()
     return rows
@@ -259,6 +276,8 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             "ratio = median over rounds of absolute's time / the scheme's time in the same round, absolute on its "
             "fastest kernel of the run",
             f"- peak memory: {meta['memory_method']}",
+            *([f"- compiled FlexAttention graphs in the process: {rows[-1]['compiled_graphs']} (none compiled during "
+               "the timed rounds)"] if rows and "compiled_graphs" in rows[-1] else []),
             "",
             markdown_table(header, table),
             "",
@@ -353,11 +372,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.device == "cuda"
         else "running sum of the torch profiler's allocator events (profile_memory=True), max above the start",
     }
-    rows = run_benchmarks(args)
-    growth = memory_growth(rows, args)
-    data = {"meta": meta, "training": rows, "memory_growth": growth}
-    markdown = render_markdown(meta, rows, growth)
-    markdown_path, json_path = write_report(args.out, "training", markdown, data)
+
+    def save(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str, tuple[Path, Path]]:
+        growth = memory_growth(rows, args)
+        data = {"meta": meta, "training": rows, "memory_growth": growth}
+        markdown = render_markdown(meta, rows, growth)
+        return data, markdown, write_report(args.out, "training", markdown, data)
+
+    rows = run_benchmarks(args, save)
+    data, markdown, (markdown_path, json_path) = save(rows)
     plot(rows, [label for label, _, _ in series_labels(args)], args.out / "training.png")
     print(markdown)
     print(f"\nwrote {markdown_path}, {json_path}, {args.out / 'training.png'}")

@@ -19,6 +19,8 @@ from typing import Any
 import torch
 
 import hf_relpos
+from hf_relpos.model.attention_functions import RELPOS_KERNELS
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import cpu_model_name, source_version
 
 # Benchmark label -> config overrides: every registered scheme under its own name, and "shaw-k", Shaw's a^K without
@@ -27,7 +29,7 @@ VARIANTS: dict[str, dict[str, Any]] = {"shaw-k": {"attention_type": "shaw", "use
 SCHEMES: dict[str, dict[str, Any]] = {**{name: {"attention_type": name} for name in hf_relpos.ATTENTION_REGISTRY},
                                       **VARIANTS}
 BASELINE = "absolute"
-KERNELS = ("sdpa", "eager", "flex_attention", "relpos_triton")
+KERNELS = tuple(dict.fromkeys(("sdpa", "eager", "flex_attention", *RELPOS_KERNELS)))
 DEFAULT_RESULTS = Path(__file__).resolve().parent / "results"
 
 
@@ -222,11 +224,12 @@ def markdown_table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def write_report(out: Path, stem: str, markdown: str, data: dict[str, Any]) -> tuple[Path, Path]:
-    """Writes `stem`.md and `stem`.json into `out`; returns their paths."""
+    """Writes `stem`.md and `stem`.json into `out` (each whole or not at all: a benchmark rewrites them as it goes);
+    returns their paths."""
     out.mkdir(parents=True, exist_ok=True)
     markdown_path, json_path = out / f"{stem}.md", out / f"{stem}.json"
-    markdown_path.write_text(markdown + "\n")
-    json_path.write_text(json.dumps(data, indent=2) + "\n")
+    write_text_atomic(markdown_path, markdown + "\n")
+    write_text_atomic(json_path, json.dumps(data, indent=2) + "\n")
     return markdown_path, json_path
 
 

@@ -1,28 +1,35 @@
 #!/usr/bin/env bash
-# The prepared GPU check: the CUDA-only tests, then training throughput and peak memory of every scheme on both
-# kernels (sdpa, flex_attention) against absolute on its fastest kernel, then cached decoding. Sized for about 8
-# minutes on one H100 / H200; each step has its own time limit, so a slow step costs its own figures only.
+# The prepared GPU check (issue #47), ordered so that the main figure comes first and survives a time limit; every
+# step writes its results as it goes (bench_training rewrites its .md/.json after each length). At most 8 minutes:
+#   (a) smoke, 60 s: one attention layer, n = 512, flex_attention, absolute / shaw / xl / t5 (does it compile?)
+#   (b) the main table, 150 s: base model, n = 512, every scheme on sdpa and flex_attention (and relpos_triton when
+#       it is registered), 1 warm-up + 3 timed rounds, peak memory
+#   (c) n = 128, then n = 1024, 75 s each
+#   (d) the CUDA tests, 70 s
+#   (e) cached decoding, 45 s
+# (a) and (b) alone are a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention
+# compiles a graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
-# LENGTHS (default "128 512 1024"), TRAINING_LIMIT (seconds per length, default 95), TESTS_LIMIT (seconds, default
-# 170), KERNELS (default "sdpa flex_attention") and DECODING=0 (skip decoding) shorten it when less GPU time is left.
-#
-# Writes into OUT_DIR: environment.txt (commit, GPU, versions), cuda_tests.txt, training_n{128,512,1024}/ and
-# decoding/ (each the benchmark's .md/.json/.png), and log.txt with everything printed. Run from the repository
-# root with the package importable (PYTHONPATH=. or an install).
+# KERNELS (default "sdpa flex_attention" + relpos_triton when registered), LENGTHS (for (c), default "128 1024"),
+# DECODING=0 (skip (e)) and TESTS=0 (skip (d)) shorten it. Writes into OUT_DIR: environment.txt, smoke/,
+# training_n512/, training_n128/, training_n1024/, cuda_tests.txt, decoding/, recompiles.txt and log.txt. Run from
+# the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
 mkdir -p "$out"
-export PYTHONUNBUFFERED=1
+exec > >(tee -a "$out/log.txt") 2>&1
+export PYTHONUNBUFFERED=1 TORCH_LOGS=recompiles
 python=${PYTHON:-python3}
 
-step() {  # step SECONDS NAME COMMAND...: run with a time limit, record how it ended
+step() {  # step SECONDS NAME COMMAND...: run with a time limit (recompile logs to recompiles.txt), record the end
     local limit=$1 name=$2
     shift 2
     local start=$SECONDS
-    timeout "$limit" "$@"
+    echo "== $name" >> "$out/recompiles.txt"
+    timeout "$limit" "$@" 2> >(tee -a "$out/recompiles.txt" >&2)
     local status=$?
     echo "== $name: exit $status after $((SECONDS - start)) s (limit $limit s)"
 }
@@ -36,14 +43,25 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit, record how it e
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-step "${TESTS_LIMIT:-170}" cuda-tests "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda \
-    2>&1 | tee "$out/cuda_tests.txt"
+triton=$("$python" -c "from hf_relpos.model.attention_functions import RELPOS_KERNELS; \
+print('relpos_triton' if 'relpos_triton' in RELPOS_KERNELS else '')" 2>/dev/null)
+kernels=${KERNELS:-sdpa flex_attention $triton}
+training() {  # training SECONDS NAME ARGS...
+    local limit=$1 name=$2
+    shift 2
+    step "$limit" "$name" "$python" -m benchmarks.bench_training --device cuda --dtype bfloat16 --shapes base \
+        --tokens 16384 --warmup 1 --repeats 3 "$@"
+}
 
-for length in ${LENGTHS:-128 512 1024}; do
-    step "${TRAINING_LIMIT:-95}" "training n=$length" "$python" -m benchmarks.bench_training --device cuda --dtype bfloat16 \
-        --benchmarks model --shapes base --lengths "$length" --tokens 16384 --kernels ${KERNELS:-sdpa flex_attention} \
-        --warmup 2 --repeats 5 --out "$out/training_n$length"
+training 60 "(a) smoke: one layer n=512 flex" --benchmarks attention --lengths 512 --kernels flex_attention \
+    --schemes absolute shaw xl t5 --repeats 1 --out "$out/smoke"
+training 150 "(b) main table: base model n=512" --benchmarks model --lengths 512 --kernels $kernels \
+    --out "$out/training_n512"
+for length in ${LENGTHS:-128 1024}; do
+    training 75 "(c) base model n=$length" --benchmarks model --lengths "$length" --kernels $kernels \
+        --out "$out/training_n$length"
 done
-
-[ "${DECODING:-1}" = 1 ] && step 60 decoding "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
-    --out "$out/decoding"
+[ "${TESTS:-1}" = 1 ] && step 70 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
+    -k cuda 2>&1 | tee "$out/cuda_tests.txt"
+[ "${DECODING:-1}" = 1 ] && step 45 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda \
+    --dtype bfloat16 --repeats 2 --out "$out/decoding"

@@ -31,7 +31,7 @@ import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
-from benchmarks import bench_decoding, bench_inference, bench_training  # noqa: E402
+from benchmarks import bench_data, bench_decoding, bench_inference, bench_training  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -52,6 +52,8 @@ UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
 TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
+# Issue #52: data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
+DATA_PREPARATION = "benchmarks/data_preparation/cpu_2core.json"
 PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
 # The one-commit record's row that is the recipe as committed now (the record's `xl` row ran with attention
 # dropout 0, as the recipe then set), and where a 20-epoch run's recipe differs from the committed one.
@@ -595,6 +597,9 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                           bench_decoding.render_markdown),
     "benchmarks_prepare_training_before": benchmark_report("benchmarks/prepare_stage/training_before",
                                                            bench_training.render_markdown),
+    "benchmarks_data_preparation": lambda: (f"Record: [`{DATA_PREPARATION}`](results/{DATA_PREPARATION}).\n\n"
+                                            + bench_data.render_markdown(read(DATA_PREPARATION)) + "\n"),
+    "training_data_preparation_cost": lambda: bench_data.render_cost_note(read(DATA_PREPARATION)) + "\n",
     "benchmarks_prepare_training_after": benchmark_report("benchmarks/prepare_stage/training_after",
                                                           bench_training.render_markdown),
 }

@@ -102,3 +102,36 @@ def test_cpu_clock_times_the_one_thread_and_is_recorded_with_the_code_version(tm
     assert f"- code `{data['meta']['code']}`, clock: cpu" in (tmp_path / "training.md").read_text()
     with pytest.raises(SystemExit, match="--clock cpu: needs --device cpu and --threads 1"):
         bench_training.main([*argv, "--threads", "2"])
+
+
+TINY_TRAINING = ["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--benchmarks", "attention", "--tokens",
+                 "16", "--schemes", "absolute", "shaw", "--warmup", "0", "--repeats", "1"]
+
+
+def test_training_benchmark_writes_each_length_as_it_goes(tmp_path: Path, monkeypatch) -> None:
+    """A run cut off during its second length (a time limit) leaves the first length's rows on disk."""
+    measure = bench_training.measure
+    calls = []
+
+    def cut_off_at_the_second_length(cases, args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt("time limit")
+        return measure(cases, args)
+
+    monkeypatch.setattr(bench_training, "measure", cut_off_at_the_second_length)
+    with pytest.raises(KeyboardInterrupt):
+        bench_training.main([*TINY_TRAINING, "--lengths", "8", "16", "--out", str(tmp_path)])
+    rows = json.loads((tmp_path / "training.json").read_text())["training"]
+    assert {(r["length"], r["scheme"]) for r in rows} == {(8, "absolute"), (8, "shaw")}
+    assert "| shaw |" in (tmp_path / "training.md").read_text()
+    assert all(r["compiled_graphs"] == rows[0]["compiled_graphs"] for r in rows)
+
+
+def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(tmp_path: Path, monkeypatch) -> None:
+    """A compile after the warm-up (a shape or mask the warm-up did not see, a recompile) fails the benchmark
+    instead of timing the compiler."""
+    graphs = iter(range(100))
+    monkeypatch.setattr(bench_training, "compiled_graph_count", lambda: next(graphs))
+    with pytest.raises(bench_training.GraphsGrew, match="during the timed rounds"):
+        bench_training.main([*TINY_TRAINING, "--lengths", "8", "--out", str(tmp_path)])

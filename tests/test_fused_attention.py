@@ -1,103 +1,289 @@
-"""The fused paths: Shaw's a^V from the row log-sum-exp (no probability matrix), and the once-per-forward `prepare`
-stage (positions, masks, FlexAttention block masks, RoPE's rotations computed once, not per layer or per step)."""
+"""The fused path (FlexAttention, issue #47): every scheme's fused form against eager in float64 with every gradient,
+masks as `FlexMask` block masks, no n x n tensor at n = 1024, Shaw's regions merged by log-sum-exps, decoding steps
+off the compiled kernel, bounded compiles, and the once-per-forward `prepare` stage.
+
+FlexAttention has no backward on the CPU, so the kernel is replaced here by `reference_flex`: its equation in dense,
+differentiable form, reading the same score_mod and the BlockMask's mask_mod. What is tested is the package's
+composition around the kernel; the kernel itself is torch's (compared with eager on CUDA in test_kernels.py).
+"""
 
 from __future__ import annotations
+
+import types
 
 import pytest
 import torch
 from conftest import SCHEMES, tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 import hf_relpos
 from hf_relpos.model import attention_functions
-from hf_relpos.model.attention_functions import relative_value_masses
-from hf_relpos.model.positions import PositionContext, RelativeBias, RelativeValues, clipped_rel_shift
+from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
+from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
+from hf_relpos.model.positions import DenseBias, PositionContext, built_in_schemes, get_scheme_class
 
-BATCH, HEADS, HEAD_DIM = 2, 3, 5
+BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
 
 
-def masked_scores(query, key, bias, allowed, scaling):
-    """Scores with the bias added and disallowed keys at -inf, in float64."""
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling + bias
-    return scores.masked_fill(~allowed, float("-inf"))
+def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, **kwargs):
+    """softmax(score_mod(q k^T * scale), masked by block_mask.mask_mod) v and the row log-sum-exp, densely (zero
+    output and -inf for a query with no key, as FlexAttention)."""
+    batch, heads, query_length, _ = query.shape
+    b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
+    q, kv = torch.arange(query_length)[None, None, :, None], torch.arange(key.size(-2))[None, None, None, :]
+    compute = torch.promote_types(query.dtype, torch.float32)   # as FlexAttention: float32 scores, lse
+    scores = torch.matmul(query.to(compute), key.to(compute).transpose(-1, -2)) * scale
+    if score_mod is not None:
+        scores = score_mod(scores, b, h, q, kv)
+    if block_mask is not None:
+        scores = scores.masked_fill(~block_mask.mask_mod(b, h, q, kv), float("-inf"))
+    has_key = torch.isfinite(scores).any(-1, keepdim=True)
+    log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), -1, keepdim=True)
+    output = torch.matmul(torch.exp(scores - log_normalizer) * has_key, value.to(compute)).to(query.dtype)
+    lse = torch.where(has_key, log_normalizer, float("-inf")).squeeze(-1)
+    return (output, types.SimpleNamespace(lse=lse)) if return_aux is not None else output
 
 
-def allowed_keys(query_length, key_length, offset, causal, padded, keys_from=None):
-    """[B, 1, n, m]: key j is real (the second sequence loses its last two keys when `padded`), not after query i in
-    a causal stack, and j >= i + `keys_from` when given."""
-    queries = torch.arange(offset, offset + query_length)[:, None]
-    keys = torch.arange(key_length)[None, :]
-    allowed = torch.ones(BATCH, 1, query_length, key_length, dtype=torch.bool)
-    if padded:
-        allowed[1, :, :, -2:] = False
-    if causal:
-        allowed &= keys <= queries
-    if keys_from is not None:
-        allowed &= keys >= queries + keys_from
-    return allowed
+@pytest.fixture
+def reference_kernel(monkeypatch):
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: reference_flex)
 
 
-@pytest.mark.parametrize("with_key_bias", [True, False], ids=["a^K+a^V", "a^V"])
-@pytest.mark.parametrize("k", [0, 1, 2, 4, 20])
-@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("shape", [("encoder", 7, 7, False), ("decoder", 7, 7, True), ("cached", 2, 9, True),
-                                   ("encoder-long", 12, 12, False)], ids=lambda s: s[0])
-def test_masses_from_the_log_sum_exp_equal_the_probabilities_summed_by_distance(shape, padded, k, with_key_bias):
-    """M[i, r] = sum of p_ij over the keys at clipped distance r - k (Shaw et al. 2018, eq. 3 regrouped), computed
-    from the band scores and two log-sum-exps, against the scatter of the explicit softmax: values and gradients
-    (queries, keys, the a^K table) in float64 at 1e-12, with padding, a causal mask and a cached step's offset."""
-    _, query_length, key_length, causal = shape
+CASES = [
+    ("shaw", {}),
+    ("shaw", {"use_relative_values": False}),
+    ("shaw", {"use_relative_keys": False}),
+    ("shaw", {"relative_embeddings_shared_across_heads": False}),
+    ("shaw", {"max_relative_position": 0}),
+    ("shaw", {"max_relative_position": 1}),
+    ("shaw", {"max_relative_position": 20}),
+    ("xl", {}),
+    ("alibi", {}),
+    ("t5", {}),
+    ("t5", {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 5}),
+    ("directional", {}),
+    ("directional", {"directional_heads": ["forward", "both", "backward"], "directional_disable_diagonal": False}),
+    ("rope", {}),
+    ("absolute", {}),
+]
+SHAPES = {"encoder": (False, 9, 9), "decoder": (True, 9, 9), "cached": (True, 3, 10), "step": (True, 1, 10)}
+
+
+def attention_for(attention_type, is_causal, **overrides):
+    config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS,
+                         decoder_attention_heads=HEADS, **overrides)
+    scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
+    generator = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for parameter in scheme.parameters():
+            parameter.copy_(torch.randn(parameter.shape, generator=generator, dtype=torch.float64) * 0.5)
+    return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
+
+
+def attend(attention, scheme, kernel, query, key, value, padding, is_causal):
+    """Layer 1's self-attention on `kernel`, with the stack's mask and the scheme's terms, as the model runs it."""
+    attention.config._attn_implementation = kernel
+    query_length, key_length = query.size(-2), key.size(-2)
     offset = key_length - query_length
-    generator = torch.Generator().manual_seed(17 * k + query_length)
-    make = lambda *size: torch.randn(*size, generator=generator, dtype=torch.float64, requires_grad=True)  # noqa: E731
-    query, key = make(BATCH, HEADS, query_length, HEAD_DIM), make(BATCH, HEADS, key_length, HEAD_DIM)
-    key_table = make(BATCH, HEADS, query_length, 2 * k + 1)
-    scaling = HEAD_DIM**-0.5
-    score_bias = None
-    dense = torch.zeros(BATCH, HEADS, query_length, key_length, dtype=torch.float64)
-    if with_key_bias:
-        score_bias = RelativeBias(table=key_table, bucket=lambda i, j: (j - i - offset).clamp(-k, k) + k,
-                                  key_length=key_length)
-        dense = clipped_rel_shift(key_table, key_length, k, offset)
-    allowed = allowed_keys(query_length, key_length, offset, causal, padded)
-    index = hf_relpos.relative_position_index(query_length, key_length, k, offset)
-    values = RelativeValues(torch.zeros(2 * k + 1, HEAD_DIM, dtype=torch.float64), k, offset, index, True)
+    mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset, padding, causal=is_causal,
+                              device=torch.device("cpu"))
+    context = scheme.prepare(PositionContext(query_length, key_length, offset, None, query.device, query.dtype))
+    mask = with_scheme_mask(attention.config, scheme, context, mask)
+    return attention.attend(query, scheme.transform_new_keys(1, key, context), value, mask, scheme, context)[0]
 
-    scores = masked_scores(query, key, dense, allowed, scaling)
-    expected = values.mass_by_distance(torch.softmax(scores, dim=-1))
-    log_normalizer = torch.logsumexp(scores, dim=-1)
-    right_log_mass = None
-    if not causal:
-        right_allowed = allowed_keys(query_length, key_length, offset, causal, padded, keys_from=k)
-        right_log_mass = torch.logsumexp(masked_scores(query, key, dense, right_allowed, scaling), dim=-1)
-    masses = relative_value_masses(query, key, scaling, score_bias, allowed, log_normalizer, right_log_mass, values)
 
-    assert (masses - expected).abs().max().item() < TOLERANCE
-    upstream = torch.randn(expected.shape, generator=generator, dtype=torch.float64)
-    inputs = [query, key, key_table] if with_key_bias else [query, key]
-    expected_grads = torch.autograd.grad((expected * upstream).sum(), inputs, retain_graph=True)
-    if k == 0:  # one bucket holding each row's whole mass: a constant 1, whose gradient vanishes
-        assert not masses.requires_grad
-        grads = [torch.zeros_like(tensor) for tensor in inputs]
+@pytest.mark.parametrize("padded", [None, "right", "holes"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("attention_type, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(attention_type, overrides, shape, padded,
+                                                                          reference_kernel):
+    """Outputs and the gradients of queries, keys, values and every scheme parameter (Shaw's a^K and a^V tables,
+    T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step,
+    unpadded, right-padded (the second sequence loses its last two keys: per-sequence key ranges) and with holes (its
+    second key too: a padding that is not one run)."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = attention_for(attention_type, is_causal, **overrides)
+    generator = torch.Generator().manual_seed(query_length + 7 * key_length)
+    make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64,  # noqa: E731
+                                 requires_grad=True)
+    query, key, value = make(query_length), make(key_length), make(key_length)
+    padding = None
+    if padded:
+        padding = torch.ones(BATCH, key_length, dtype=torch.long)
+        padding[1, -2:] = 0
+        if padded == "holes":
+            padding[1, 1] = 0
+    inputs = [query, key, value, *scheme.parameters()]
+    results = {}
+    for kernel in ("eager", "flex_attention"):
+        output = attend(attention, scheme, kernel, query, key, value, padding, is_causal)
+        upstream = torch.randn(output.shape, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
+        grads = torch.autograd.grad((output * upstream).sum(), inputs, allow_unused=True)
+        results[kernel] = output, grads
+    assert (results["flex_attention"][0] - results["eager"][0]).abs().max().item() < TOLERANCE
+    for index, (fused, expected) in enumerate(zip(results["flex_attention"][1], results["eager"][1], strict=True)):
+        if expected is None:
+            assert fused is None or fused.abs().max().item() == 0
+            continue
+        assert (fused - expected).abs().max().item() < TOLERANCE, f"gradient of input {index}"
+
+
+def test_a_decoding_step_never_runs_flex_attention(monkeypatch):
+    """One query's scores are [B, H, 1, m]: a cached step runs the eager equation, never a compiled kernel."""
+    def refuse(query):
+        raise AssertionError("a decoding step reached FlexAttention")
+
+    monkeypatch.setattr(attention_functions, "flex_kernel", refuse)
+    attention, scheme = attention_for("shaw", True)
+    query, key, value = (torch.randn(BATCH, HEADS, n, HEAD_DIM, dtype=torch.float64) for n in (1, 6, 6))
+    fused = attend(attention, scheme, "flex_attention", query, key, value, None, True)
+    assert torch.equal(fused, attend(attention, scheme, "eager", query, key, value, None, True))
+
+
+@pytest.mark.parametrize("query_length, key_length, offset", [(10, 13, 3), (13, 13, 0), (4, 17, 13)])
+def test_block_masks_hold_exactly_the_blocks_the_mask_reaches(query_length, key_length, offset, monkeypatch):
+    """A FlexMask's BlockMask, built a block of queries at a time, lists a block as full when every entry is
+    allowed (within n and m), as partial when some is, and skips it otherwise: padding, a window, causality and a per-head mask."""
+    monkeypatch.setattr(attention_functions, "FLEX_BLOCK", 4)
+    key_valid = torch.ones(BATCH, key_length, dtype=torch.bool)
+    key_valid[1, -5:] = False
+    mask = FlexMask(BATCH, query_length, key_length, offset, key_valid=key_valid, lowest=-6, highest=0)
+    mask = mask.with_head_mask(lambda h, i, j: (h == 0) | (j != i), HEADS)
+    dense = mask.dense()
+    assert dense.shape == (BATCH, HEADS, query_length, key_length)
+    block_mask = mask.block_mask(torch.device("cpu"))
+    padded = torch.zeros(BATCH, HEADS, 4 * -(-query_length // 4), 4 * -(-key_length // 4), dtype=torch.bool)
+    padded[..., :query_length, :key_length] = dense
+    blocks = padded.unflatten(-1, (-1, 4)).unflatten(-3, (-1, 4))   # [B, H, QB, 4, KB, 4]
+    assert torch.equal(block_mask.to_dense().bool(), blocks.any(-1).any(-2))
+    listed = torch.arange(block_mask.full_kv_indices.size(-1)) < block_mask.full_kv_num_blocks[..., None]
+    full = torch.zeros_like(listed).scatter_(-1, block_mask.full_kv_indices.long(), listed)
+    assert torch.equal(full, blocks.all(-1).all(-2))   # a block beyond n or m is never full
+
+
+def test_shaw_masses_are_never_negative_and_sum_to_one_in_bfloat16(reference_kernel):
+    """Shaw's a^V masses come from exponentials of float32 band scores and region log-sum-exps: bfloat16 queries and
+    keys with large scores give masses >= 0 that sum to 1 (no left edge computed as 1 - the rest)."""
+    attention, scheme = attention_for("shaw", False, max_relative_position=2)
+    scheme.float()
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 12, HEAD_DIM, generator=generator).mul(30).bfloat16()
+                         for _ in range(3))
+    mask = FlexMask(BATCH, 12, 12)
+    _, masses = scheme.region_attention(0, query, key, value, HEAD_DIM**-0.5, mask, attention_functions.flex_region)
+    assert masses.dtype == torch.float32 and (masses >= 0).all()
+    assert (masses.sum(-1) - 1).abs().max().item() < 1e-4   # float32 rounding of scores near 1e3
+
+
+class LargeTensors(TorchDispatchMode):
+    """Records every tensor an operation creates with at least `limit` elements."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        self.limit, self.found = limit, []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        for tensor in tree_flatten(result)[0]:
+            if isinstance(tensor, torch.Tensor) and tensor.numel() >= self.limit:
+                self.found.append((str(func), tuple(tensor.shape)))
+        return result
+
+
+def opaque_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, **kwargs):
+    """A stand-in for FlexAttention's kernel that creates nothing of n x m: the kernel is torch's, what is traced is
+    the package's code around it."""
+    output = query * value.mean(-2, keepdim=True)
+    lse = (query * key.mean(-2, keepdim=True)).sum(-1)
+    return (output, types.SimpleNamespace(lse=lse)) if return_aux is not None else output
+
+
+@pytest.mark.parametrize("attention_type", built_in_schemes())
+def test_no_tensor_of_n_by_n_in_the_fused_forward_and_backward_at_1024(attention_type, monkeypatch):
+    """One batch entry, two heads, n = 1024 tokens in the encoder and the decoder, padded, forward and backward of the
+    whole model: nothing the package creates has n x n elements or more, except XL's per-distance table
+    (n x (n + m - 1) per head by nature), which is recomputed in the backward per layer instead of kept. The schemes
+    hf_relpos ships: a scheme registered elsewhere (tests/test_scheme_toy.py) may give a dense [n, m] bias."""
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: opaque_flex)
+    length = 1024
+    config = tiny_config(attention_type, d_model=8, encoder_attention_heads=2, decoder_attention_heads=2,
+                         encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
+                         attention_dropout=0.0, max_position_embeddings=2 * length)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    model.set_attn_implementation("flex_attention")
+    input_ids = torch.randint(4, 40, (1, length))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[:, -100:] = 0
+    recorder = LargeTensors(length * length)
+    with recorder:
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+    if attention_type == "xl":   # the encoder's table (n + m - 1 distances) and the decoder's (m)
+        assert recorder.found and {shape[-2:] for _, shape in recorder.found} == {(length, 2 * length - 1),
+                                                                                   (length, length)}
     else:
-        grads = torch.autograd.grad((masses * upstream).sum(), inputs)
-    for name, grad, expected_grad in zip(("query", "key", "a^K"), grads, expected_grads, strict=False):
-        assert (grad - expected_grad).abs().max().item() < TOLERANCE, name
+        assert recorder.found == []
 
 
-def test_a_query_with_no_key_has_zero_masses_and_finite_gradients():
-    """A fully padded row (log-sum-exp -inf) gets no mass and no NaN, in the values or the gradients."""
-    query = torch.randn(BATCH, HEADS, 4, HEAD_DIM, dtype=torch.float64, requires_grad=True)
-    key = torch.randn(BATCH, HEADS, 4, HEAD_DIM, dtype=torch.float64, requires_grad=True)
-    allowed = allowed_keys(4, 4, 0, False, False)
-    allowed[1] = False
-    scores = masked_scores(query, key, 0.0, allowed, 1.0)
-    right = torch.logsumexp(scores.masked_fill(~allowed_keys(4, 4, 0, False, False, keys_from=2), float("-inf")), -1)
-    values = RelativeValues(torch.zeros(5, HEAD_DIM), 2, 0, hf_relpos.relative_position_index(4, 4, 2), True)
-    masses = relative_value_masses(query, key, 1.0, None, allowed, torch.logsumexp(scores, -1), right, values)
-    assert torch.all(masses[1] == 0) and torch.allclose(masses[0].sum(-1), torch.ones(HEADS, 4, dtype=torch.float64))
-    masses.sum().backward()
-    assert torch.isfinite(query.grad).all() and torch.isfinite(key.grad).all()
+def test_the_fused_path_builds_no_dense_bias(monkeypatch, reference_kernel):
+    """ALiBi's and T5's dense biases are built only for the kernels that read them."""
+    built = []
+    original = DenseBias.dense
+    monkeypatch.setattr(DenseBias, "dense", lambda self: (self._dense is None and built.append(self)) or original(self))
+    for attention_type in ("alibi", "t5"):
+        attention, scheme = attention_for(attention_type, False)
+        query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64) for _ in range(3))
+        attend(attention, scheme, "flex_attention", query, key, value, None, False)
+        assert built == []
+        attend(attention, scheme, "eager", query, key, value, None, False)
+        assert len(built) == 1
+        built.clear()
+
+
+@pytest.mark.slow
+def test_compiled_graphs_stay_bounded_over_many_lengths_and_the_limit_raises(monkeypatch):
+    """FlexAttention compiled with dynamic shapes (Inductor's CPU backend, inference): batches of several sizes and
+    lengths padded to FLEX_LENGTH_MULTIPLE (of more than one block), with padding, compile a few graphs, and more
+    lengths add none; past the
+    recompile limit the kernel raises FlexCompileError instead of running unfused. (`absolute`: torch 2.13's CPU
+    template fails to compile ALiBi's and T5's score_mods, "cur_qSplitSize was not declared", which the kernel
+    reports as a FlexCompileError; the CUDA template is another code path, tested in test_kernels.py.)"""
+    monkeypatch.setattr(attention_functions, "COMPILE_ON_CPU", True)
+    monkeypatch.setattr(attention_functions, "_compiled_flex_attention", None)
+    attention, scheme = attention_for("absolute", False)
+    attention.float(), scheme.float()
+    multiple = attention_functions.length_multiple("flex_attention")
+
+    def run(batch, length, dtype=torch.float32):
+        query, key, value = (torch.randn(batch, HEADS, length, HEAD_DIM, dtype=dtype) for _ in range(3))
+        padding = torch.ones(batch, length, dtype=torch.long)
+        padding[0, -3:] = 0
+        with torch.no_grad():
+            attend(attention, scheme, "flex_attention", query, key, value, padding, False)
+
+    start = attention_functions.compiled_graph_count()
+    for batch, blocks in ((2, 3), (3, 4)):
+        run(batch, multiple * blocks)
+    first = attention_functions.compiled_graph_count() - start
+    assert 1 <= first <= 3
+    for batch, blocks in ((5, 5), (7, 6), (4, 8)):
+        run(batch, multiple * blocks)
+    assert attention_functions.compiled_graph_count() - start == first
+    monkeypatch.setattr(attention_functions, "FLEX_RECOMPILE_LIMIT", 1)
+    with pytest.raises(attention_functions.FlexCompileError, match="compiled graphs"):
+        run(2, multiple, dtype=torch.bfloat16)
+
+
+def test_the_fused_path_pads_lengths_to_a_multiple():
+    assert attention_functions.length_multiple("flex_attention") == attention_functions.FLEX_LENGTH_MULTIPLE
+    assert attention_functions.length_multiple("sdpa") is None
+
+
+def test_flex_attention_refuses_dropout_in_training(reference_kernel):
+    query = torch.randn(1, 1, 4, 2)
+    with pytest.raises(ValueError, match="attention_dropout"):
+        flex_attention_forward(None, query, query, query, None, dropout=0.1)
 
 
 def count_calls(monkeypatch, owner, name):
@@ -147,38 +333,30 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
 
 @pytest.mark.parametrize("attention_type", ["shaw", "directional", "t5"])
 def test_flex_block_masks_are_built_once_per_mask_not_per_layer(attention_type, monkeypatch):
-    """Every layer of a stack shares its self-attention mask (the scheme's mask combined once) and so its BlockMask."""
+    """Every layer of a stack shares its self-attention FlexMask (the scheme's mask combined once) and so its
+    BlockMask (Shaw: one per key region)."""
     config = tiny_config(attention_type, encoder_layers=4, decoder_layers=4)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
     model.set_attn_implementation("flex_attention")
-    import torch.nn.attention.flex_attention as flex
-
-    builds = count_calls(monkeypatch, flex, "create_block_mask")
+    builds = count_calls(monkeypatch, FlexMask, "_build_block_mask")
     input_ids = torch.randint(4, 40, (2, 6))
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 4:] = 0
     with torch.no_grad():
         model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids)
-    right_edge = 1 if attention_type == "shaw" else 0  # Shaw's a^V: the encoder's right-edge mask
-    assert len(builds) == 3 + right_edge  # encoder self, decoder self, cross
+    regions = {"shaw": 2 + 1, "directional": 1 + 1, "t5": 1 + 1}[attention_type]  # encoder + decoder self-attention
+    assert len(builds) == regions + 1  # and the cross-attention's
 
 
-def test_the_dense_t5_bias_is_expanded_once_per_forward(monkeypatch):
+def test_the_dense_t5_bias_is_built_once_per_forward(monkeypatch):
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("t5", encoder_layers=4)).eval()
-    densified = count_calls(monkeypatch, RelativeBias, "dense")
+    built = []
+    original = DenseBias.dense
+    monkeypatch.setattr(DenseBias, "dense", lambda self: (self._dense is None and built.append(self)) or original(self))
     input_ids = torch.randint(4, 40, (2, 6))
-    computed = []
-    original = attention_functions.dense_bias
-
-    def recorded(score_bias, dtype):
-        result = original(score_bias, dtype)
-        computed.append(result.data_ptr())
-        return result
-
-    monkeypatch.setattr(attention_functions, "dense_bias", recorded)
     with torch.no_grad():
         model(input_ids=input_ids, decoder_input_ids=input_ids)
-    assert len(densified) == 4 + 2 and len(set(computed)) == 2  # one tensor per stack, read by every layer
+    assert len(built) == 2  # one tensor per stack, read by every layer
 
 
 def test_prepare_sees_the_cached_positions():
@@ -186,3 +364,28 @@ def test_prepare_sees_the_cached_positions():
     scheme = hf_relpos.ATTENTION_REGISTRY["shaw"](tiny_config("shaw"), 1, 4, 8, is_causal=True)
     context = scheme.prepare(PositionContext(1, 7, 6, None, torch.device("cpu"), torch.float64))
     assert context.index.tolist() == [[max(0, 3 - 6 + j) for j in range(7)]]
+
+
+def test_padding_becomes_per_sequence_key_ranges_when_each_sequence_is_one_run():
+    """Right and left padding give key ranges [start, end) (what the compiled mask_mod reads); a padding with holes
+    keeps the [B, m] booleans; either way the mask is the padding."""
+    runs = torch.tensor([[1, 1, 1, 0, 0], [0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    mask = FlexMask.from_padding(runs, 2)
+    assert mask.key_start.tolist() == [0, 2, 0] and mask.key_end.tolist() == [3, 5, 0] and mask.key_valid is None
+    holes = torch.tensor([[1, 0, 1, 1, 1]])
+    assert torch.equal(FlexMask.from_padding(holes, 2).key_valid, holes.bool())
+    for padding in (runs, holes):
+        assert torch.equal(FlexMask.from_padding(padding, 2).dense(), padding.bool()[:, None, None, :].expand(-1, 1, 2, -1))
+
+
+def test_xl_recomputes_its_position_table_in_the_backward(monkeypatch, reference_kernel):
+    """XL's per-distance table (n x (n + m - 1) per head) is not kept for the backward: the attention call is
+    checkpointed, so the table is computed once in the forward and once more in the backward."""
+    computed = count_calls(monkeypatch, get_scheme_class("xl"), "position_scores")
+    attention, scheme = attention_for("xl", False)
+    query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+                         for _ in range(3))
+    output = attend(attention, scheme, "flex_attention", query, key, value, None, False)
+    assert len(computed) == 1
+    output.sum().backward()
+    assert len(computed) == 2 and torch.isfinite(query.grad).all()

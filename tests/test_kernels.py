@@ -243,3 +243,28 @@ def test_xl_follows_data_writes_to_its_weights():
         fresh = model_with("sdpa", "xl").eval()
         fresh.load_state_dict(model.state_dict())
         assert torch.equal(model(**inputs).logits, fresh(**inputs).logits)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
+def test_compiled_flex_attention_cuda_graphs_stay_bounded_in_training():
+    """Training steps (forward and backward) on batches of many sizes and padded lengths compile a bounded number of
+    FlexAttention graphs, and lengths after the first few compile none (issue #47)."""
+    from hf_relpos.model import attention_functions
+
+    model = model_with("flex_attention", "t5", device="cuda", d_model=64).train()
+    multiple = attention_functions.length_multiple("flex_attention")
+
+    def step(batch_size, blocks):
+        input_ids = torch.randint(4, 40, (batch_size, multiple * blocks), device="cuda")
+        attention_mask = torch.ones_like(input_ids)
+        attention_mask[0, -5:] = 0
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+
+    start = attention_functions.compiled_graph_count()
+    for batch_size, blocks in ((2, 1), (3, 2), (5, 3)):
+        step(batch_size, blocks)
+    first = attention_functions.compiled_graph_count() - start
+    assert first <= 24   # encoder, decoder and cross-attention, forward and backward, one and several blocks
+    for batch_size, blocks in ((4, 4), (2, 6), (3, 8)):
+        step(batch_size, blocks)
+    assert attention_functions.compiled_graph_count() - start == first

@@ -2,37 +2,40 @@
 
 `RELPOS_ATTENTION_FUNCTIONS` is a model-local `AttentionInterface` (the override transformers documents for a model
 that needs its own version of a kernel). "eager", "sdpa" and "flex_attention" map to the functions below, which take
-what transformers' own do not: a scheme's score bias (dense, or bucketed as a `RelativeBias` that FlexAttention reads
-through its score_mod), a value term (Shaw's a^V), per-head boolean masks, and zero output for a query that may attend
-to no key. "relpos_triton" (triton_relative.py) is Shaw's relative attention in one fused Triton kernel, registered
-with transformers too so that it accepts the name. Every other name (flash_attention_2/3, Hub kernels) resolves to
-transformers' function for it.
+what transformers' own do not: a scheme's score bias (dense, or bucketed as a `RelativeBias`), a value term, per-head
+boolean masks, zero output for a query that may attend to no key, and on the fused path (FlexAttention) the scheme's
+own fused form of them (`AttentionTerms.score_mod`, `fused_attention`). No scheme's equation lives here.
+"relpos_triton" (triton_relative.py) is clipped-distance relative attention (Shaw's a^K and a^V) in one fused Triton
+kernel, registered with transformers too so that it accepts the name. Every other
+name (flash_attention_2/3, Hub kernels) resolves to transformers' function for it.
 
 Each function is `f(module, query, key, value, attention_mask, scaling, dropout, ...) -> (output, weights)` with
 per-head inputs [B, H, n|m, d], `attention_mask` boolean and broadcastable to [B, H, n, m] (True = may attend) or
-None, and output [B, n, H, d] as in transformers.
+None (FlexAttention: a `FlexMask`), and output [B, n, H, d] as in transformers.
 """
 
 from __future__ import annotations
 
-import functools
+import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from transformers.modeling_utils import AttentionInterface
 
-from .positions import RelativeBias, RelativeValues
+from .positions import DenseBias, RelativeBias, RelativeValues
 from .triton_relative import KERNEL_NAME as TRITON_KERNEL
 from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 
 
-def dense_bias(score_bias: torch.Tensor | RelativeBias, dtype: torch.dtype) -> torch.Tensor:
+def dense_bias(score_bias: torch.Tensor | RelativeBias | DenseBias, dtype: torch.dtype) -> torch.Tensor:
     """A score bias as a tensor broadcastable to [B, H, n, m]."""
-    return (score_bias.dense() if isinstance(score_bias, RelativeBias) else score_bias).to(dtype)
+    return (score_bias if torch.is_tensor(score_bias) else score_bias.dense()).to(dtype)
 
 
 def eager_attention_forward(
@@ -124,35 +127,260 @@ def sdpa_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+FLEX_BLOCK = 128   # FlexAttention's block size: block masks are built, and lengths best padded, at this granularity
+FLEX_RECOMPILE_LIMIT = 32
+FLEX_LENGTH_MULTIPLE = 64   # batches padded to a multiple of this on the fused path: a few compiled graphs per run
+COMPILE_ON_CPU = False   # compile FlexAttention on the CPU too (Inductor's CPU backend: inference only, no lse)
+
 _compiled_flex_attention: Callable | None = None
-FLEX_RECOMPILE_LIMIT = 64
+_compiled_graphs = 0
+
+
+def length_multiple(kernel: str | None) -> int | None:
+    """The multiple a batch's lengths should be padded to for `kernel` (None: any length): FlexAttention compiles
+    with dynamic shapes, yet Dynamo specialises on sizes 0 and 1 and on the number of blocks; padded lengths keep a
+    run to a few graphs whatever its batches."""
+    return FLEX_LENGTH_MULTIPLE if kernel == "flex_attention" else None
+
+
+class FlexCompileError(RuntimeError):
+    """The fused path cannot run fused (Dynamo's recompile limit reached, or Inductor refused the shape or dtype):
+    raised instead of falling back to the unfused kernel, which would form every score."""
+
+
+def compiled_graph_count() -> int:
+    """How many FlexAttention graphs this process has compiled (each costs seconds; bounded by padded lengths)."""
+    return _compiled_graphs
+
+
+def _count_and_compile(graph: torch.fx.GraphModule, example_inputs: list) -> Callable:
+    """Inductor, counting the graphs it is given."""
+    global _compiled_graphs
+    from torch._inductor.compile_fx import compile_fx
+
+    _compiled_graphs += 1
+    return compile_fx(graph, example_inputs)
 
 
 def flex_kernel(query: torch.Tensor) -> Callable:
-    """FlexAttention, compiled (fused) on CUDA; the unfused reference elsewhere (no backward on CPU)."""
+    """FlexAttention compiled with dynamic shapes (on CUDA, or on the CPU with `COMPILE_ON_CPU`); elsewhere the
+    unfused reference (forward only on the CPU). The compiled kernel never falls back in silence: past
+    FLEX_RECOMPILE_LIMIT graphs, or when Inductor refuses the inputs, it raises `FlexCompileError`."""
     global _compiled_flex_attention
     from torch.nn.attention.flex_attention import flex_attention
 
-    if not query.is_cuda:
+    if not (query.is_cuda or COMPILE_ON_CPU):
         return flex_attention
     if _compiled_flex_attention is None:
-        # One compiled kernel per score_mod and mask pattern (each scheme, encoder and decoder, a^V's edge pass):
-        # more than Dynamo's default limit of 8 per function, past which it would fall back to the unfused kernel.
-        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, FLEX_RECOMPILE_LIMIT)
-        _compiled_flex_attention = without_autocast(torch.compile(flex_attention, dynamic=False))
+        compiled = torch.compile(flex_attention, dynamic=True, backend=_count_and_compile)
+
+        def run(query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+            # autocast off: q, k, v keep the projections' dtype (bf16 under bf16 autocast); float32 tiles can exceed
+            # an H100/H200's shared memory
+            with torch.autocast(query.device.type, enabled=False), torch._dynamo.config.patch(
+                    recompile_limit=FLEX_RECOMPILE_LIMIT, fail_on_recompile_limit_hit=True):
+                try:
+                    return compiled(query, *args, **kwargs)
+                except torch._dynamo.exc.FailOnRecompileLimitHit as error:
+                    raise FlexCompileError(
+                        f"FlexAttention reached {FLEX_RECOMPILE_LIMIT} compiled graphs ({compiled_graph_count()} in "
+                        "this process) and would run unfused: pad lengths to a multiple of "
+                        f"{FLEX_BLOCK} (train_translation pads them when attn_implementation is flex_attention)"
+                    ) from error
+                except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as error:
+                    raise FlexCompileError(
+                        f"FlexAttention could not be compiled for {query.dtype} queries of shape "
+                        f"{list(query.shape)} on {query.device}: {str(error).splitlines()[0]}"
+                    ) from error
+
+        _compiled_flex_attention = run
     return _compiled_flex_attention
 
 
-def without_autocast(attend: Callable) -> Callable:
-    """`attend` run with autocast off: the queries, keys and values keep the dtype the projections gave them (bf16
-    under bf16 autocast), so autocast never sends a bf16 model's FlexAttention to float32, whose default forward
-    tiles can exceed an H100/H200's shared memory."""
+@dataclasses.dataclass(frozen=True)
+class FlexMask:
+    """Which keys each query may attend to, in the form FlexAttention reads: from per-sequence key validity and
+    positions, never a dense [B, H, n, m] tensor. Query i sits at position i' = i + `query_offset`, key j at j.
 
-    def run(query: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        with torch.autocast(query.device.type, enabled=False):
-            return attend(query, *args, **kwargs)
+    Key j is allowed for query i of sequence b and head h when `key_start[b]` <= j < `key_end[b]` (the keys of each
+    sequence as one run, [B] integers; None: every key) and `key_valid[b, j]` (a padding that is not one run, [B, m]
+    booleans; None: every key),
+    `lowest` <= j - i' <= `highest` (None: unbounded; a causal stack has highest 0, a window w gives -w and w),
+    `head_mask(h, i', j)` (a scheme's per-head mask over `heads` heads) and
+    `dense_extra[b, h, i, j]` (a scheme mask given only densely, [1|B, 1|H, n, m]: read per entry, the slow form).
+    The `BlockMask` is built once per record (`block_mask`) and shared by every layer that gets the record.
+    """
 
-    return run
+    batch: int
+    query_length: int
+    key_length: int
+    query_offset: int = 0
+    key_start: torch.Tensor | None = None
+    key_end: torch.Tensor | None = None
+    key_valid: torch.Tensor | None = None
+    lowest: int | None = None
+    highest: int | None = None
+    heads: int = 1
+    head_mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    dense_extra: torch.Tensor | None = None
+    _built: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def from_padding(cls, padding: torch.Tensor | None, query_length: int, query_offset: int = 0,
+                     **bounds: Any) -> FlexMask:
+        """The mask of a [B, m] 1/0 key padding: per-sequence key ranges when each sequence's keys form one run
+        (right or left padding; one check on the host), else the padding itself."""
+        if padding is None:
+            raise ValueError("from_padding needs a [batch, keys] padding mask")
+        valid = padding.bool()
+        batch, key_length = valid.shape
+        first = valid.int().argmax(-1)
+        end = key_length - valid.flip(-1).int().argmax(-1)
+        counts = valid.sum(-1)
+        end = torch.where(counts > 0, end, first)
+        if torch.equal(counts, end - first):
+            return cls(batch, query_length, key_length, query_offset, key_start=first, key_end=end, **bounds)
+        return cls(batch, query_length, key_length, query_offset, key_valid=valid, **bounds)
+
+    def is_full(self) -> bool:
+        """Whether every query may attend to every key."""
+        return all(term is None for term in (self.key_start, self.key_valid, self.lowest, self.highest,
+                                             self.head_mask, self.dense_extra))
+
+    def allows(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """The mask at (broadcastable) batch, head, query and key indices; FlexAttention's mask_mod."""
+        distance = kv - q - self.query_offset
+        allowed = kv >= 0
+        if self.key_start is not None:
+            allowed = allowed & (kv >= self.key_start[b]) & (kv < self.key_end[b])
+        if self.key_valid is not None:
+            allowed = allowed & self.key_valid[b, kv]
+        if self.lowest is not None:
+            allowed = allowed & (distance >= self.lowest)
+        if self.highest is not None:
+            allowed = allowed & (distance <= self.highest)
+        if self.head_mask is not None:
+            allowed = allowed & self.head_mask(h, q + self.query_offset, kv)
+        if self.dense_extra is not None:
+            extra = self.dense_extra
+            allowed = allowed & extra[b % extra.size(0), h % extra.size(1), q, kv]
+        return allowed
+
+    def restricted(self, lowest: int | None = None, highest: int | None = None) -> FlexMask | None:
+        """This mask and lowest <= j - i' <= highest (shared by the layers: built once per record), or None when no
+        query of the call meets such a key."""
+        if lowest is not None and self.lowest is not None:
+            lowest = max(lowest, self.lowest)
+        if highest is not None and self.highest is not None:
+            highest = min(highest, self.highest)
+        lowest = self.lowest if lowest is None else lowest
+        highest = self.highest if highest is None else highest
+        first_query, last_query = self.query_offset, self.query_offset + self.query_length - 1
+        if ((lowest is not None and highest is not None and lowest > highest)
+                or (lowest is not None and self.key_length - 1 - first_query < lowest)
+                or (highest is not None and -last_query > highest)):
+            return None
+        key = ("restricted", lowest, highest)
+        if key not in self._built:
+            self._built[key] = dataclasses.replace(self, lowest=lowest, highest=highest, _built={})
+        return self._built[key]
+
+    def with_head_mask(self, head_mask: Callable, heads: int) -> FlexMask:
+        """This mask and a scheme's per-head mask `head_mask(h, i', j)`."""
+        if self.head_mask is not None:
+            first = self.head_mask
+            head_mask = lambda h, i, j: first(h, i, j) & head_mask(h, i, j)  # noqa: E731
+        return dataclasses.replace(self, head_mask=head_mask, heads=max(self.heads, heads), _built={})
+
+    def with_dense(self, mask: torch.Tensor) -> FlexMask:
+        """This mask and a dense boolean mask broadcastable to [B, H, n, m] (read per entry)."""
+        mask = mask.reshape((1,) * (4 - mask.dim()) + tuple(mask.shape))
+        if self.dense_extra is not None:
+            mask = mask & self.dense_extra
+        return dataclasses.replace(self, dense_extra=mask, heads=max(self.heads, mask.size(1)), _built={})
+
+    def dense(self, device: torch.device | None = None) -> torch.Tensor | None:
+        """The mask as a boolean [B, 1|H, n, m] tensor (eager and SDPA; one query per decoding step), None when
+        nothing is masked."""
+        if self.is_full():
+            return None
+        device = self._device(device)
+        b = torch.arange(self.batch, device=device)[:, None, None, None]
+        h = torch.arange(self.heads, device=device)[None, :, None, None]
+        q = torch.arange(self.query_length, device=device)[None, None, :, None]
+        kv = torch.arange(self.key_length, device=device)[None, None, None, :]
+        return self.allows(b, h, q, kv).expand(self.batch, -1, self.query_length, self.key_length)
+
+    def band(self, first: int, count: int, device: torch.device | None = None) -> torch.Tensor:
+        """[B, 1|H, n, count]: whether query i may attend to key j = i' + first + r (r < count), keys outside
+        0 .. m-1 excluded."""
+        device = self._device(device)
+        b = torch.arange(self.batch, device=device)[:, None, None, None]
+        h = torch.arange(self.heads, device=device)[None, :, None, None]
+        q = torch.arange(self.query_length, device=device)[None, None, :, None]
+        kv = q + self.query_offset + first + torch.arange(count, device=device)
+        inside = (kv >= 0) & (kv < self.key_length)
+        return self.allows(b, h, q, kv.clamp(0, self.key_length - 1)) & inside
+
+    def block_mask(self, device: torch.device) -> Any:
+        """The `BlockMask` (None when nothing is masked), built a block of queries at a time from `allows` (at most
+        FLEX_BLOCK x m entries per batch entry and head at once), once per record."""
+        if self.is_full():
+            return None
+        if "block_mask" not in self._built:
+            self._built["block_mask"] = self._build_block_mask(device)
+        return self._built["block_mask"]
+
+    def _device(self, device: torch.device | None) -> torch.device:
+        for tensor in (self.key_start, self.key_valid, self.dense_extra):
+            if tensor is not None:
+                return tensor.device
+        return torch.device("cpu") if device is None else device
+
+    def _build_block_mask(self, device: torch.device) -> Any:
+        from torch.nn.attention.flex_attention import BlockMask
+
+        block, query_length, key_length = FLEX_BLOCK, self.query_length, self.key_length
+        key_blocks = math.ceil(key_length / block)
+        b = torch.arange(self.batch, device=device)[:, None, None, None]
+        h = torch.arange(self.heads, device=device)[None, :, None, None]
+        kv = torch.arange(key_blocks * block, device=device)
+        kv_inside = kv < key_length
+        kv = kv.clamp(max=key_length - 1)[None, None, None, :]
+        partial, full = [], []
+        for first in range(0, query_length, block):
+            q = torch.arange(first, first + block, device=device)
+            inside = kv_inside & (q < query_length)[:, None]
+            allowed = self.allows(b, h, q.clamp(max=query_length - 1)[None, None, :, None], kv) & inside
+            allowed = allowed.expand(self.batch, self.heads, block, -1).reshape(
+                self.batch, self.heads, block, key_blocks, block)
+            some, every = allowed.any(-1).any(-2), allowed.all(-1).all(-2)
+            partial.append(some & ~every)
+            full.append(every)
+
+        def sparse(blocks: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+            blocks = torch.stack(blocks, dim=2).to(torch.int32)  # [B, H, query blocks, key blocks]
+            return blocks.sum(-1, dtype=torch.int32), torch.argsort(blocks, dim=-1, descending=True, stable=True).to(
+                torch.int32)
+
+        allows = self.allows
+        return BlockMask.from_kv_blocks(*sparse(partial), *sparse(full), BLOCK_SIZE=block,
+                                        mask_mod=lambda b, h, q, kv: allows(b, h, q, kv),
+                                        seq_lengths=(query_length, key_length))
+
+
+def as_flex_mask(attention_mask: torch.Tensor | FlexMask | None, batch: int, query_length: int,
+                 key_length: int) -> FlexMask:
+    """A kernel's mask argument as a `FlexMask` (a dense boolean tensor is read per entry)."""
+    if isinstance(attention_mask, FlexMask):
+        return attention_mask
+    mask = FlexMask(batch, query_length, key_length)
+    return mask if attention_mask is None else mask.with_dense(attention_mask)
+
+
+def dense_mask(attention_mask: torch.Tensor | FlexMask | None, device: torch.device) -> torch.Tensor | None:
+    """A kernel's mask argument as a dense boolean tensor (or None)."""
+    return attention_mask.dense(device) if isinstance(attention_mask, FlexMask) else attention_mask
 
 
 def with_log_sum_exp(
@@ -170,14 +398,25 @@ def with_log_sum_exp(
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling, return_lse=True)
 
 
-def flex_score_mod(
-    score_bias: torch.Tensor | RelativeBias | None, batch: int, heads: int, query_length: int, key_length: int,
-    dtype: torch.dtype,
-) -> Callable | None:
-    """The score bias as a FlexAttention score_mod: a `RelativeBias` table read through its bucket (no n x m float
-    tensor), or a dense bias read per entry."""
+def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: FlexMask, scaling: float,
+                score_mod: Callable | None = None, with_lse: bool = False
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One FlexAttention call over the keys `mask` allows: the output [B, H, n, d] (zero for a query with no key),
+    and with `with_lse` the row log-sum-exp [B, H, n] (-inf for such a query). What a scheme's `fused_attention`
+    composes."""
+    attend = flex_kernel(query)
+    block_mask = mask.block_mask(query.device)
+    if with_lse:
+        return with_log_sum_exp(attend, query, key, value, score_mod, block_mask, scaling)
+    return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling), None
+
+
+def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.Tensor | None, batch: int, heads: int,
+                   query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
+    """A score bias without a score_mod of its scheme's, read per score: a `RelativeBias` `table` through its bucket
+    (n x R per head), or a dense bias (n x m)."""
     if isinstance(score_bias, RelativeBias):
-        table, bucket = score_bias.full_table().to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
+        table, bucket = table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
 
         def score_mod(score, b, h, q, kv):
             return score + table[b, h, q, bucket(q, kv)]
@@ -191,152 +430,55 @@ def flex_score_mod(
     return None
 
 
-def flex_block_mask(
-    attention_mask: torch.Tensor | None, batch: int, query_length: int, key_length: int, device: torch.device,
-    keys_from: int | None = None,
-) -> Any:
-    """The boolean mask [B, 1|H, n, m] as a FlexAttention `BlockMask` (blocks with no allowed entry are skipped),
-    built once per mask tensor and kept on it, so every layer of a forward shares it. `keys_from` = c further keeps
-    only the keys j >= i + c (the right edge of Shaw's a^V); None when nothing is masked."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    if attention_mask is None:
-        return None if keys_from is None else keys_from_block_mask(query_length, key_length, keys_from, device)
-    built = attention_mask.__dict__.setdefault("_flex_block_masks", {})
-    if keys_from in built:
-        return built[keys_from]
-    mask_heads = attention_mask.size(1)
-    full = attention_mask.expand(batch, mask_heads, query_length, key_length)
-    if mask_heads == 1:
-        def in_mask(b, h, q, kv):
-            return full[b, 0, q, kv]
-    else:
-        def in_mask(b, h, q, kv):
-            return full[b, h, q, kv]
-    allowed = in_mask
-    if keys_from is not None:
-        def allowed(b, h, q, kv):
-            return in_mask(b, h, q, kv) & (kv >= q + keys_from)
-    block_mask = create_block_mask(allowed, batch, mask_heads if mask_heads > 1 else None, query_length, key_length,
-                                   device=device, _compile=device.type == "cuda")
-    built[keys_from] = block_mask
-    return block_mask
-
-
-@functools.lru_cache(maxsize=16)
-def keys_from_block_mask(query_length: int, key_length: int, keys_from: int, device: torch.device) -> Any:
-    """The `BlockMask` of the keys j >= i + `keys_from` alone, for every batch entry and head (built once per
-    shape)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    return create_block_mask(lambda b, h, q, kv: kv >= q + keys_from, None, None, query_length, key_length,
-                             device=device, _compile=device.type == "cuda")
-
-
-def relative_value_masses(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    scaling: float,
-    score_bias: torch.Tensor | RelativeBias | None,
-    attention_mask: torch.Tensor | None,
-    log_normalizer: torch.Tensor,
-    right_log_mass: torch.Tensor | None,
-    values: RelativeValues,
-) -> torch.Tensor:
-    """M[b, h, i, r] = sum_{j: clip(j - i', k) = r - k} p_ij (what `RelativeValues.mass_by_distance` sums from P)
-    without P, from the row log-sum-exp `log_normalizer` [B, H, n] of the scores s_ij:
-
-    - band, |j - i'| < k: p_ij = exp(s_ij - lse_i), from the 2k - 1 scores on the diagonals j = i' + r;
-    - right edge, j - i' >= k: exp(lse^right_i - lse_i), `right_log_mass` the log-sum-exp over those keys alone
-      (None: no such key, as in a causal stack);
-    - left edge, j - i' <= -k: the rest, 1 - band - right (0 for a query with no key).
-
-    Gradients reach q, k and the bias through the band scores and both log-sum-exps. Queries at consecutive
-    positions i' = i + query_offset, keys at 0 .. m-1.
-    """
-    k, offset = values.max_relative_position, values.query_offset
-    batch, heads, query_length, _ = query.shape
-    key_length = key.size(-2)
-    has_key = torch.isfinite(log_normalizer)
-    safe_normalizer = torch.where(has_key, log_normalizer, torch.zeros_like(log_normalizer))
-    total = has_key.to(query.dtype)
-    if k == 0:
-        return total[..., None]
-    band = []
-    for distance in range(offset - k + 1, offset + k):  # key j = i + distance
-        first, last = max(0, -distance), min(query_length, key_length - distance)
-        if last <= first:
-            band.append(query.new_zeros(batch, heads, query_length))
-            continue
-        scores = (query[:, :, first:last] * key[:, :, first + distance:last + distance]).sum(-1) * scaling
-        if isinstance(score_bias, RelativeBias):
-            rows = torch.arange(first, last, device=query.device)
-            column = score_bias.bucket(rows, rows + distance)
-            table = score_bias.full_table().expand(batch, heads, -1, -1)[:, :, first:last]
-            scores = scores + table.gather(-1, column[None, None, :, None].expand(batch, heads, -1, 1)).squeeze(-1)
-        elif score_bias is not None:
-            dense = score_bias.expand(batch, heads, query_length, key_length)
-            scores = scores + dense.diagonal(distance, -2, -1)
-        if attention_mask is not None:
-            allowed = attention_mask.expand(batch, -1, query_length, key_length).diagonal(distance, -2, -1)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-        probabilities = torch.exp(scores - safe_normalizer[:, :, first:last])
-        band.append(nn.functional.pad(probabilities, (first, query_length - last)))
-    band = torch.stack(band, dim=-1)
-    if right_log_mass is None:
-        right = torch.zeros_like(total)
-    else:
-        reached = torch.isfinite(right_log_mass) & has_key
-        right = torch.exp(torch.where(reached, right_log_mass, safe_normalizer) - safe_normalizer) * reached
-    left = total - right - band.sum(-1)
-    return torch.cat([left[..., None], band, right[..., None]], dim=-1)
-
-
 def flex_attention_forward(
     module: nn.Module,
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    attention_mask: torch.Tensor | None,
+    attention_mask: torch.Tensor | FlexMask | None,
     scaling: float | None = None,
     dropout: float = 0.0,
     score_bias: torch.Tensor | RelativeBias | None = None,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output_attentions: bool = False,
+    score_mod: Callable | None = None,
+    fused_attention: Callable | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """FlexAttention (compiled on CUDA, the unfused reference elsewhere): a score_mod that reads a `RelativeBias`
-    table by bucket (no n x m bias tensor), a block mask from the boolean mask, and Shaw's value term
-    (`RelativeValues` at consecutive positions) from the row log-sum-exp (`relative_value_masses`) instead of the
-    probabilities. Any other value term, or `output_attentions`, runs `eager_attention_forward` (the same equation).
-    FlexAttention has no dropout: attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager)."""
-    fused_values = isinstance(value_term, RelativeValues) and value_term.consecutive
-    if (value_term is not None and not fused_values) or output_attentions:
-        return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
-                                       value_term)
+    """FlexAttention (compiled with dynamic shapes on CUDA, the unfused reference elsewhere) with the mask as a
+    `FlexMask` and what the scheme adds in its fused form: its `fused_attention` (its own composition of FlexAttention
+    calls for a score bias and a value term together), else its `score_mod` (computed from indices and small tables), else a
+    `RelativeBias` table read by bucket (recomputed in the backward when `score_bias.recompute`).
+
+    A decoding step (one query), `output_attentions`, or a value term without a fused form run
+    `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention has no dropout:
+    attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager)."""
+    query_length = query.size(-2)
+    if output_attentions or query_length == 1 or (value_term is not None and fused_attention is None):
+        return eager_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
+                                       dropout, score_bias, value_term)
     if dropout > 0:
         raise ValueError(f"attn_implementation 'flex_attention' has no attention dropout, got attention_dropout="
                          f"{dropout} in training: set attention_dropout to 0 or use 'sdpa' or 'eager'")
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    batch, heads, query_length, _ = query.shape
+    batch, heads, _, _ = query.shape
     key_length = key.size(-2)
-    score_mod = flex_score_mod(score_bias, batch, heads, query_length, key_length, query.dtype)
-    block_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device)
-    attend = flex_kernel(query)
-    if not fused_values:
-        output = attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling)
+    mask = as_flex_mask(attention_mask, batch, query_length, key_length)
+    if fused_attention is not None:
+        output = fused_attention(query, key, value, scaling, mask, flex_region)
+    elif score_mod is not None or not isinstance(score_bias, RelativeBias):
+        score_mod = score_mod or flex_score_mod(score_bias, None, batch, heads, query_length, key_length, query.dtype)
+        output, _ = flex_region(query, key, value, mask, scaling, score_mod)
     else:
-        output, log_normalizer = with_log_sum_exp(attend, query, key, value, score_mod, block_mask, scaling)
-        right_log_mass = None
-        keys_from = value_term.query_offset + value_term.max_relative_position
-        if value_term.max_relative_position > 0 and not getattr(module, "is_causal", False) and keys_from < key_length:
-            right_mask = flex_block_mask(attention_mask, batch, query_length, key_length, query.device, keys_from)
-            _, right_log_mass = with_log_sum_exp(attend, query, key, value, score_mod, right_mask, scaling)
-        masses = relative_value_masses(query, key, scaling, score_bias, attention_mask, log_normalizer,
-                                       right_log_mass, value_term)
-        output = output + value_term.from_masses(masses.to(output.dtype))
-    if attention_mask is not None:
-        output = output * attention_mask.any(dim=-1, keepdim=True)
+        def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+            table = score_bias.table() if callable(score_bias.table) else score_bias.table
+            table_mod = flex_score_mod(score_bias, table, batch, heads, query_length, key_length, query.dtype)
+            return flex_region(query, key, value, mask, scaling, table_mod)[0]
+
+        if score_bias.recompute and torch.is_grad_enabled():
+            output = torch.utils.checkpoint.checkpoint(attend, query, key, value, use_reentrant=False)
+        else:
+            output = attend(query, key, value)
     return output.transpose(1, 2).contiguous(), None
 
 

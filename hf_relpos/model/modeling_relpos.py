@@ -41,7 +41,13 @@ from transformers.modeling_outputs import (
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
-from .attention_functions import RELPOS_ATTENTION_FUNCTIONS, RELPOS_KERNELS, eager_attention_forward
+from .attention_functions import (
+    RELPOS_ATTENTION_FUNCTIONS,
+    RELPOS_KERNELS,
+    FlexMask,
+    dense_mask,
+    eager_attention_forward,
+)
 from .configuration_relpos import RelPosTransformerConfig
 from .generation_limits import (
     RELATIVE_LIMIT_FIELDS,
@@ -98,14 +104,27 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
     return is_relpos_kernel(config._attn_implementation)
 
 
-def require_relpos_kernel(config: RelPosTransformerConfig, field: str, off_value: str,
-                          kernel: str | None = None) -> None:
-    """One ValueError naming `field` (set in `config`) when a transformers kernel, which cannot take it, runs:
-    `kernel`, or by default `config._attn_implementation`."""
-    kernel = config._attn_implementation if kernel is None else kernel
-    if not is_relpos_kernel(kernel):
-        raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
-                         f"{field} to {off_value} or use one of those")
+KERNEL_ONLY_FIELDS = (("self_attention_window", "null"), ("cross_attention_length_scaling", "false"))
+
+
+def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, attention_type: str | None = None,
+                          additions: list[str] | tuple = ()) -> None:
+    """The kernel-support rule, in one place: hf_relpos' kernels (`RELPOS_KERNELS`) take everything; any other
+    kernel (flash_attention_2/3, Hub kernels) takes neither a config field of `KERNEL_ONLY_FIELDS` that is set in
+    `config` nor what a scheme adds to attention (`additions`, e.g. "a score bias"; `AttentionTerms.additions`).
+    One ValueError naming the field or the scheme, and the kernels that take it."""
+    if is_relpos_kernel(kernel):
+        return
+    for field, off_value in KERNEL_ONLY_FIELDS:
+        if getattr(config, field):
+            raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
+                             f"{field} to {off_value} or use one of those")
+    if additions:
+        raise ValueError(
+            f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+            f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes "
+            "that add none (e.g. 'absolute')"
+        )
 
 
 def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, length: int,
@@ -139,22 +158,16 @@ def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[
         query = key = torch.zeros(1, num_heads, 3, head_dim)
         context = positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
         additions = positions.terms(0, query, key, context).additions()
-    return additions + (["an attention mask"] if context.mask is not None else [])
+    return additions + (["an attention mask"] if context.has_mask() else [])
 
 
 def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
-    """Refuse, when a model is built or its kernel is set, a transformers kernel (flash_attention_2/3, a Hub kernel,
-    paged attention) that cannot take what `config` adds to attention: the self-attention window, cross-attention
-    length scaling, or what a stack's position scheme adds (`scheme_additions`). hf_relpos' kernels take all."""
+    """`require_relpos_kernel` when a model is built or its kernel is set, for what `config` adds to attention in
+    either stack (`scheme_additions`); the attention module applies the same rule to each call's terms."""
     if is_relpos_kernel(kernel):
         return
-    for field, off_value in (("self_attention_window", "null"), ("cross_attention_length_scaling", "false")):
-        if getattr(config, field):
-            require_relpos_kernel(config, field, off_value, kernel)
-    for is_decoder in (False, True):
-        additions = scheme_additions(config, is_decoder)
-        if additions:
-            refuse_kernel(config.attention_type, additions, kernel)
+    additions = scheme_additions(config, False) + scheme_additions(config, True)
+    require_relpos_kernel(config, kernel, config.attention_type, list(dict.fromkeys(additions)))
 
 
 def attention_mask_for(
@@ -169,12 +182,16 @@ def attention_mask_for(
     window: int | None = None,
 ) -> torch.Tensor | None:
     """The mask of one stack's self- or cross-attention from `transformers.masking_utils`, in the form its kernel
-    reads: for hf_relpos' kernels a boolean [B, 1, n, m] (True = may attend; None when nothing is masked), else what
+    reads: a `FlexMask` for FlexAttention (from the padding and positions, no dense tensor), a boolean [B, 1, n, m]
+    for hf_relpos' other kernels (True = may attend; None when nothing is masked), else what
     the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
     `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask;
     `window` (`config.self_attention_window`) keeps only the keys j with |i - j| <= window."""
-    if window is not None:
-        require_relpos_kernel(config, "self_attention_window", "null")
+    if config._attn_implementation == "flex_attention":
+        bounds = {"lowest": None if window is None else -window, "highest": 0 if causal else window}
+        if padding is None:
+            return FlexMask(batch_size, query_length, key_length, query_offset, **bounds)
+        return FlexMask.from_padding(padding.to(device), query_length, query_offset, **bounds)
     build = sdpa_mask if runs_on_relpos_kernel(config) else ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation)
     if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
         return None
@@ -194,30 +211,26 @@ def attention_mask_for(
     )
 
 
-def refuse_kernel(attention_type: str, additions: list[str], kernel: str) -> None:
-    """The ValueError for a transformers kernel asked to run a scheme that adds `additions` to attention."""
-    raise ValueError(
-        f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
-        f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes that "
-        "add none (e.g. 'absolute')"
-    )
-
-
 def with_scheme_mask(
     config: RelPosTransformerConfig, positions: PositionScheme, context: PositionContext, mask: torch.Tensor | None
 ) -> torch.Tensor | None:
     """A stack's self-attention `mask` (from `attention_mask_for`) and the scheme's mask for every layer
-    (`context.mask`), combined once per forward."""
-    if context.mask is None:
+    (`context.mask` or `context.mask_mod`), combined once per forward: into the `FlexMask` as a mask_mod when the
+    scheme gives one, else as a dense [1, H, n, m] tensor."""
+    if not context.has_mask():
         return mask
-    if not runs_on_relpos_kernel(config):
-        refuse_kernel(positions.name, ["an attention mask"], config._attn_implementation)
-    return and_scheme_mask(mask, context.mask)
+    require_relpos_kernel(config, config._attn_implementation, positions.name, ["an attention mask"])
+    if isinstance(mask, FlexMask) and context.mask_mod is not None:
+        return mask.with_head_mask(context.mask_mod, positions.num_heads)
+    return and_scheme_mask(mask, context.dense_mask(positions.num_heads))
 
 
-def and_scheme_mask(mask: torch.Tensor | None, scheme_mask: torch.Tensor) -> torch.Tensor:
-    """A boolean [B, 1, n, m] mask (or None) and a scheme's mask (per head, e.g. DiSAN's): both must allow a key."""
+def and_scheme_mask(mask: torch.Tensor | FlexMask | None, scheme_mask: torch.Tensor) -> torch.Tensor | FlexMask:
+    """A boolean [B, 1, n, m] mask or a `FlexMask` (or None) and a scheme's mask (per head, e.g. DiSAN's): both must
+    allow a key."""
     scheme_mask = _as_4d(scheme_mask)
+    if isinstance(mask, FlexMask):
+        return mask.with_dense(scheme_mask)
     return scheme_mask if mask is None else mask & scheme_mask
 
 
@@ -297,7 +310,7 @@ class RelPosAttention(nn.Module):
     def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
         """log m per query, m = the keys it may attend to ([B, 1, n, 1] from the boolean mask; every key when there
         is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype."""
-        require_relpos_kernel(self.config, "cross_attention_length_scaling", "false")
+        attention_mask = dense_mask(attention_mask, self.q_proj.weight.device)
         if attention_mask is None:
             return torch.tensor(key_length, dtype=dtype).log()
         return attention_mask.sum(-1, keepdim=True).clamp(min=1).to(dtype).log()  # a fully padded source: 0, not NaN
@@ -328,9 +341,10 @@ class RelPosAttention(nn.Module):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
                 attention_mask = and_scheme_mask(attention_mask, terms.mask)
             extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
-                     "value_term": terms.value_term}
-        elif terms.additions():
-            refuse_kernel(positions.name, terms.additions(), kernel)
+                     "value_term": terms.value_term, "score_mod": terms.score_mod,
+                     "fused_attention": terms.fused_attention}
+        else:
+            require_relpos_kernel(self.config, kernel, getattr(positions, "name", None), terms.additions())
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,

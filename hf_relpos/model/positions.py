@@ -309,9 +309,10 @@ class RelativeBias:
     (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
     scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a record shared by every
     layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
-    score_mod and never builds the n x m float tensor. `clip_distance` = k says that the bucket is the clipped
-    distance clip(j - i - `query_offset`, k) + k (Shaw's at consecutive positions), which the "relpos_triton" kernel
-    computes itself.
+    score_mod and never builds the n x m float tensor; with `recompute` (a table computed by a function) it computes
+    the table again in the backward instead of keeping it (XL's n x (n + m - 1) per head, one layer's at a time).
+    `clip_distance` = k says that the bucket is the clipped distance clip(j - i - `query_offset`, k) + k (Shaw's at
+    consecutive positions), which the "relpos_triton" kernel computes itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
@@ -320,6 +321,7 @@ class RelativeBias:
     densify: Callable[[], torch.Tensor] | None = None
     clip_distance: int | None = None
     query_offset: int = 0
+    recompute: bool = False
     _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
 
     def full_table(self) -> torch.Tensor:
@@ -341,28 +343,88 @@ class RelativeBias:
         return self._dense
 
 
+class DenseBias:
+    """A dense score bias [1|B, H, n, m] computed by `build` when a kernel first asks (eager, SDPA, a decoding step),
+    once per record; the fused path reads the scheme's score_mod instead and never builds it."""
+
+    def __init__(self, build: Callable[[], torch.Tensor]) -> None:
+        self.build = build
+        self._dense: torch.Tensor | None = None
+
+    def dense(self) -> torch.Tensor:
+        if self._dense is None:
+            self._dense = self.build()
+        return self._dense
+
+
+BAND_BLOCK = 64   # queries per block of `band_scores` / `band_values`
+
+
+def _band_windows(states: torch.Tensor, query_length: int, first_key: int, count: int, block: int) -> torch.Tensor:
+    """[B, H, blocks, block + count - 1, d]: for each block of `block` queries starting at a, the keys (or values)
+    a + first_key .. a + first_key + block + count - 2, zero outside 0 .. m-1 (a view of one padded copy)."""
+    key_length = states.size(-2)
+    padded_queries = math.ceil(query_length / block) * block
+    lead = max(0, -first_key)
+    trail = max(0, first_key + padded_queries + count - 1 - key_length)
+    padded = nn.functional.pad(states, (0, 0, lead, trail))
+    start = first_key + lead
+    return padded[:, :, start : start + padded_queries + count - 1].unfold(2, block + count - 1, block).transpose(-1, -2)
+
+
+def band_scores(query: torch.Tensor, key: torch.Tensor, first_key: int, count: int) -> torch.Tensor:
+    """S[b, h, i, r] = q_i . k_(i + first_key + r) for the `count` diagonals r (0 where the key is outside 0 .. m-1),
+    [B, H, n, count]: one batched product of each block of BAND_BLOCK queries with the keys its diagonals meet,
+    skewed to diagonals by a reshape (n (BAND_BLOCK + count - 1) scores, no per-diagonal loop)."""
+    batch, heads, query_length, head_dim = query.shape
+    block = min(BAND_BLOCK, query_length)
+    blocks = math.ceil(query_length / block)
+    queries = nn.functional.pad(query, (0, 0, 0, blocks * block - query_length)).view(batch, heads, blocks, block, -1)
+    scores = torch.matmul(queries, _band_windows(key, query_length, first_key, count, block).transpose(-1, -2))
+    width = block + count - 1   # row t of a block holds its diagonals at columns t .. t + count - 1
+    skewed = nn.functional.pad(scores.reshape(batch, heads, blocks, block * width), (0, block))
+    diagonals = skewed.view(batch, heads, blocks, block, width + 1)[..., :count]
+    return diagonals.reshape(batch, heads, blocks * block, count)[:, :, :query_length]
+
+
+def band_values(weights: torch.Tensor, value: torch.Tensor, first_key: int) -> torch.Tensor:
+    """sum_r W[b, h, i, r] v_(i + first_key + r) [B, H, n, d] for diagonal weights W [B, H, n, count] (zero where the
+    key is outside 0 .. m-1): the inverse skew of `band_scores`, then one batched product per block of queries."""
+    batch, heads, query_length, count = weights.shape
+    block = min(BAND_BLOCK, query_length)
+    blocks = math.ceil(query_length / block)
+    width = block + count - 1
+    weights = nn.functional.pad(weights, (0, 0, 0, blocks * block - query_length)).view(batch, heads, blocks, block,
+                                                                                          count)
+    skewed = nn.functional.pad(weights, (0, block)).reshape(batch, heads, blocks, block * (width + 1))
+    by_key = skewed[..., : block * width].view(batch, heads, blocks, block, width)
+    output = torch.matmul(by_key, _band_windows(value, query_length, first_key, count, block))
+    return output.reshape(batch, heads, blocks * block, -1)[:, :, :query_length]
+
+
 @dataclass
 class RelativeValues:
     """Shaw et al.'s (2018) value term, eq. 3: z_i += sum_j p_ij w_clip(j - i', k), i' = i + `query_offset`, for the
     attention probabilities p [B, H, n, m] and a table `table` [2k+1, d] (shared by the heads) or [H, 2k+1, d].
 
     `mass_by_distance(p)` sums each row's probabilities into the 2k+1 clipped distances (a scatter-add over
-    `index` [n, m], the bucket of every query-key pair); calling the record gives the term. A kernel that never forms
-    p (FlexAttention) computes the same masses from the row log-sum-exp instead (`attention_functions`), which needs
-    consecutive positions (`consecutive`: False under randomized positions).
+    `index` [n, m], the bucket of every query-key pair, or a function giving it); calling the record gives the term.
+    The fused kernel never forms p: the scheme's `fused_attention` computes the masses from key regions' log-sum-exps
+    instead, which needs consecutive positions (`consecutive`: False under randomized positions).
     """
 
     table: torch.Tensor
     max_relative_position: int
     query_offset: int
-    index: torch.Tensor
+    index: torch.Tensor | Callable[[], torch.Tensor]
     consecutive: bool
 
     def mass_by_distance(self, probabilities: torch.Tensor) -> torch.Tensor:
         """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k."""
         batch, heads, query_length, key_length = probabilities.shape
         by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * self.max_relative_position + 1)
-        return by_distance.scatter_add_(-1, self.index.expand(batch, heads, query_length, key_length), probabilities)
+        index = self.index() if callable(self.index) else self.index
+        return by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
 
     def from_masses(self, masses: torch.Tensor) -> torch.Tensor:
         """sum_r M[..., r] w_r: [B, H, n, d]."""
@@ -395,6 +457,15 @@ class AttentionTerms:
     - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
       [B, H, n, m] after dropout (Shaw's a^V, a `RelativeValues`).
 
+    The fused kernel (FlexAttention) reads instead, when the scheme gives them:
+    - `score_mod(score, b, h, i, j)`: the score bias computed from the indices (query i of the call, key j) and small
+      tables, never an [n, m] tensor (ALiBi's closed form, T5's bucket by arithmetic);
+    - `fused_attention(query, key, value, scaling, mask, attend)`: the scheme's own composition of FlexAttention
+      calls for its score bias and value term together, returning [B, H, n, d]; `mask` is the call's `FlexMask`
+      (`restricted(lowest, highest)` for key regions, `band(first, count)` for diagonals) and `attend(query, key,
+      value, mask, scaling, score_mod=None, with_lse=False) -> (output, log-sum-exp or None)` one FlexAttention
+      call (Shaw's a^K and a^V, `positions_shaw`).
+
     Score biases, masks and value terms need hf_relpos' own kernels (`RELPOS_KERNELS`); a record
     with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
     """
@@ -404,6 +475,8 @@ class AttentionTerms:
     score_bias: torch.Tensor | RelativeBias | None = None
     mask: torch.Tensor | None = None
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None
+    score_mod: Callable | None = None
+    fused_attention: Callable | None = None
 
     def additions(self) -> list[str]:
         """What this record adds that only hf_relpos' kernels take (empty for plain attention)."""
@@ -422,7 +495,9 @@ class PositionContext:
     Transformer-XL memory included) at 0 .. m-1, or, with randomized positions, the keys at `positions` [m] and the
     queries at its last n entries. `dtype` is the dtype of the stack's hidden states. `mask` is a boolean mask
     broadcastable to [B, H, n, m] that the scheme adds to every layer's self-attention (DiSAN's directions; True =
-    may attend); the stack combines it with padding and causality once. Schemes keep what else they precompute in a
+    may attend), or `mask_mod(h, i', j)` the same from head h, query position index i' = i + query_offset and key
+    index j (its fused form; `dense_mask` expands it for the other kernels); the stack combines it with padding and
+    causality once. Schemes keep what else they precompute in a
     subclass (`extend`).
     """
 
@@ -433,6 +508,19 @@ class PositionContext:
     device: torch.device
     dtype: torch.dtype
     mask: torch.Tensor | None = None
+    mask_mod: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+
+    def has_mask(self) -> bool:
+        return self.mask is not None or self.mask_mod is not None
+
+    def dense_mask(self, heads: int) -> torch.Tensor | None:
+        """The scheme's mask as a boolean [1, H, n, m] tensor (from `mask_mod` when it gives only that)."""
+        if self.mask is not None or self.mask_mod is None:
+            return self.mask
+        query_positions = torch.arange(self.query_offset, self.query_offset + self.query_length, device=self.device)
+        keys = torch.arange(self.key_length, device=self.device)
+        heads_index = torch.arange(heads, device=self.device)[:, None, None]
+        return self.mask_mod(heads_index, query_positions[:, None], keys[None, :]).expand(heads, -1, -1)[None]
 
     def query_and_key_positions(self) -> tuple[torch.LongTensor, torch.LongTensor]:
         """The queries' [n] and keys' [m] absolute positions."""

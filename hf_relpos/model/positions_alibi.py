@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .positions import AttentionTerms, PositionContext, PositionScheme, SchemeCard, register_attention
+from .positions import AttentionTerms, DenseBias, PositionContext, PositionScheme, SchemeCard, register_attention
 
 PRESS_BIBTEX = """@inproceedings{press2022train,
   title     = {Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation},
@@ -33,7 +33,8 @@ class AlibiPositions(PositionScheme):
 
     No encoding is added to the embeddings and nothing is learned. The encoder penalises the distance in both
     directions (|i - j|, symmetric); in the decoder the causal mask leaves j <= i, where the bias is the paper's
-    -m_h (i - j). The bias is one [1, H, n, m] tensor per call, in promote_types(dtype, float32).
+    -m_h (i - j). The bias is one [1, H, n, m] tensor per call, in promote_types(dtype, float32), for the kernels
+    that take a dense bias; the fused kernel computes it per score from the indices.
     """
 
     card = SchemeCard(
@@ -56,23 +57,37 @@ class AlibiPositions(PositionScheme):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.slopes = alibi_slopes(num_heads)
 
-    def prepare(self, context: PositionContext) -> PositionContext:
-        """The bias -m_h |i - j| [1, H, n, m] in promote_types(dtype, float32), shared by the layers."""
-        query_positions, key_positions = context.query_and_key_positions()
+    def prepare(self, context: PositionContext) -> AlibiContext:
+        """The slopes in promote_types(dtype, float32) and the bias -m_h |i - j| in both forms, shared by the layers:
+        dense [1, H, n, m] when a kernel asks for it (built then, once), and the fused kernel's score_mod in closed
+        form from the indices (no n x m tensor)."""
         dtype = torch.promote_types(context.dtype, torch.float32)
-        distance = (query_positions[:, None] - key_positions[None, :]).abs().to(dtype)
         slopes = torch.tensor(self.slopes, dtype=dtype, device=context.device)
-        return context.extend(AlibiContext, bias=(-slopes[:, None, None] * distance)[None])
+        query_positions, key_positions = context.query_and_key_positions()
+
+        def dense() -> torch.Tensor:
+            distance = (query_positions[:, None] - key_positions[None, :]).abs().to(dtype)
+            return (-slopes[:, None, None] * distance)[None]
+
+        offset, positions = context.query_offset, context.positions
+        if positions is None:
+            def score_mod(score, b, h, q, kv):
+                return score - slopes[h] * (q + offset - kv).abs()
+        else:
+            def score_mod(score, b, h, q, kv):
+                return score - slopes[h] * (positions[q + offset] - positions[kv]).abs()
+        return context.extend(AlibiContext, bias=DenseBias(dense), score_mod=score_mod)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: AlibiContext) -> AttentionTerms:
-        return AttentionTerms(score_bias=context.bias)
+        return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod)
 
 
 @dataclass(frozen=True)
 class AlibiContext(PositionContext):
-    """`bias` [1, H, n, m]: -m_h |i - j|."""
+    """`bias`: -m_h |i - j| [1, H, n, m] when first read; `score_mod`: the same per score, from the indices."""
 
-    bias: torch.Tensor | None = None
+    bias: DenseBias | None = None
+    score_mod: Any = None
 
 
 def _slope_text(num_heads: int) -> str:

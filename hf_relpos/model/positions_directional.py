@@ -101,26 +101,19 @@ class DirectionalPositions(PositionScheme):
         self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
 
-    def direction_mask(self, query_positions: torch.Tensor, key_positions: torch.Tensor) -> torch.Tensor:
-        """Boolean [1, H, n, m]: head h's query at `query_positions[i]` may attend to the key at `key_positions[j]`.
-        The masks compare positions only by order, so randomized (sorted) positions give the same masks."""
-        query_length, key_length, device = query_positions.numel(), key_positions.numel(), query_positions.device
-        query_positions, key_positions = query_positions[:, None], key_positions[None, :]
-        if self.disable_diagonal:
-            by_direction = {
-                "forward": key_positions < query_positions,
-                "backward": key_positions > query_positions,
-                "both": key_positions != query_positions,
-            }
-        else:
-            by_direction = {
-                "forward": key_positions <= query_positions,
-                "backward": key_positions >= query_positions,
-                "both": torch.ones(query_length, key_length, dtype=torch.bool, device=device),
-            }
-        return torch.stack([by_direction[direction] for direction in self.head_directions])[None]
+    def head_mask(self, device: torch.device):
+        """mask_mod(h, i, j): head h's query at position index i may attend to the key at index j (the masks compare
+        positions only by order, so indices stand for randomized, sorted, positions too)."""
+        codes = torch.tensor([DIRECTIONS.index(direction) for direction in self.head_directions], device=device)
+        disable_diagonal = self.disable_diagonal
+
+        def mask_mod(h: torch.Tensor, i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
+            code = codes[h]
+            if disable_diagonal:
+                return torch.where(code == 0, j < i, torch.where(code == 1, j > i, j != i))
+            return torch.where(code == 0, j <= i, torch.where(code == 1, j >= i, j == j))
+        return mask_mod
 
     def prepare(self, context: PositionContext) -> PositionContext:
-        """The direction masks, shared by the layers."""
-        query_positions, key_positions = context.query_and_key_positions()
-        return replace(context, mask=self.direction_mask(query_positions, key_positions))
+        """The direction masks as a mask_mod of indices, shared by the layers (expanded only for dense kernels)."""
+        return replace(context, mask_mod=self.head_mask(context.device))

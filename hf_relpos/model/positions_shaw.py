@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -17,6 +18,8 @@ from .positions import (
     RelativeBias,
     RelativeValues,
     SchemeCard,
+    band_scores,
+    band_values,
     boolean_field,
     clipped_distance,
     clipped_rel_shift,
@@ -115,41 +118,113 @@ class ShawPositions(PositionScheme):
                 init.normal_(tables, mean=0.0, std=table_std)
 
     def prepare(self, context: PositionContext) -> ShawContext:
-        """The bucket clip(j - i', k) + k of every query-key pair, shared by the layers."""
-        kmax = self.max_relative_position
-        query_positions, key_positions = context.query_and_key_positions()
-        index = clipped_distance(key_positions[None, :] - query_positions[:, None], kmax)
-        return context.extend(ShawContext, index=index)
+        """The positions, shared by the layers; the bucket of every query-key pair (`ShawContext.index`) is computed
+        only when a kernel reads it."""
+        return context.extend(ShawContext, max_relative_position=self.max_relative_position)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
+        """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
+        form (`fused_attention`); each computed only when a kernel asks."""
         head_dim, key_length = query.size(-1), key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
-        index = context.index
         score_bias = None
         if self.relative_keys is not None:
-            table = times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
+            def table() -> torch.Tensor:
+                return times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
+
             if consecutive:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return clipped_distance(j - i - offset, kmax)
-            else:
+            else:   # randomized positions: the [n, m] index, read before any kernel traces the bucket
+                index = context.index
+
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return index[i, j]
-            score_bias = RelativeBias(
-                table=table,
-                bucket=bucket,
-                key_length=key_length,
-                densify=(lambda: clipped_rel_shift(table, key_length, kmax, offset)) if consecutive else None,
-                clip_distance=kmax if consecutive else None,
-                query_offset=offset,
-            )
+            score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
+                                      clip_distance=kmax if consecutive else None, query_offset=offset)
+            if consecutive:
+                score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
         value_term = None
         if self.relative_values is not None:
-            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, index, consecutive)
-        return AttentionTerms(score_bias=score_bias, value_term=value_term)
+            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
+                                        consecutive)
+        fused = None
+        if consecutive:
+            def fused(query, key, value, scaling, mask, attend):
+                return self.fused_attention(layer_idx, query, key, value, scaling, mask, attend)
+        return AttentionTerms(score_bias=score_bias, value_term=value_term, fused_attention=fused)
+
+    def fused_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        scaling: float, mask: Any, attend: Any) -> torch.Tensor:
+        """Eqs. 3-4 without the probability matrix: `region_attention`, plus the a^V masses times w^V."""
+        output, masses = self.region_attention(layer_idx, query, key, value, scaling, mask, attend)
+        if self.relative_values is not None:
+            output = output + times_table(masses, self.relative_values[layer_idx], transpose=False)
+        return output.to(query.dtype)
+
+    def region_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                         scaling: float, mask: Any, attend: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """sum_j p_ij v_j with a^K in the scores, and the masses M [B, H, n, 2k+1] (M_ir: the probability of the keys
+        at clipped distance r - k), both in promote_types(dtype, float32), at consecutive positions, from three
+        disjoint key regions merged by their log-sum-exps:
+
+        - left, j - i' <= -k, and right, j - i' >= k: one FlexAttention call each, no score_mod. Every key of a
+          region has the same a^K bucket (0, 2k), a per-row constant c_i: it moves the region's log-sum-exp by c_i
+          and leaves its output unchanged, so it is added to the log-sum-exp (no table inside the kernel, no atomic
+          gradient);
+        - the band, |j - i'| < k: the 2k - 1 diagonals' scores (`band_scores`, one batched product) plus a^K's
+          buckets 1 .. 2k-1, in promote_types(dtype, float32).
+
+        With lse = logsumexp(lse_left, band scores, lse_right): z_i = e^(lse_left - lse) z_left + e^(lse_right - lse)
+        z_right + sum_r p_ir v_(i'+r) (`band_values`), and M = [e^(lse_left - lse), p_band, e^(lse_right - lse)]
+        (each >= 0, summing to 1; zero for a query with no key). Every gradient (q, k, v, w^K, w^V) follows by
+        autograd through O(n (k + d)) tensors and FlexAttention's own backward (with its log-sum-exp)."""
+        kmax, offset = self.max_relative_position, mask.query_offset
+        compute = torch.promote_types(query.dtype, torch.float32)
+        profile = None
+        if self.relative_keys is not None:   # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets
+            profile = times_table(query.to(compute), self.relative_keys[layer_idx]) * query.size(-1) ** -0.5
+        log_weights, outputs = [], []
+        for side, (lowest, highest, bucket) in enumerate(((None, -kmax, 0), (kmax, None, 2 * kmax))):
+            region = mask.restricted(lowest, highest) if kmax > 0 else (None if side else mask)
+            if region is None:
+                log_weights.append(query.new_full(query.shape[:-1], float("-inf"), dtype=compute))
+                outputs.append(None)
+                continue
+            output, log_mass = attend(query, key, value, region, scaling, with_lse=True)
+            log_mass = log_mass.to(compute)
+            if profile is not None:
+                log_mass = log_mass + profile[..., bucket]
+            log_weights.append(log_mass)
+            outputs.append(torch.where(torch.isfinite(log_mass)[..., None], output.to(compute), 0.0))
+        band_count, band_first = max(0, 2 * kmax - 1), offset - kmax + 1
+        scores = [log_weights[0][..., None]]
+        if band_count:
+            band = band_scores(query.to(compute), key.to(compute), band_first, band_count) * scaling
+            if profile is not None:
+                band = band + profile[..., 1 : 2 * kmax]
+            scores.append(band.masked_fill(~mask.band(-kmax + 1, band_count, query.device), float("-inf")))
+        scores.append(log_weights[1][..., None])
+        scores = torch.cat(scores, dim=-1)   # [B, H, n, 2k + 1] (k = 0: left region = every key, right none)
+        has_key = torch.isfinite(scores).any(-1, keepdim=True)
+        log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), dim=-1, keepdim=True)
+        masses = torch.exp(scores - log_normalizer) * has_key
+        if kmax == 0:
+            masses = masses[..., :1]
+        output = sum(masses[..., column, None] * part for column, part in ((0, outputs[0]), (-1, outputs[1]))
+                     if part is not None)
+        if band_count:
+            output = output + band_values(masses[..., 1 : 2 * kmax], value.to(compute), band_first)
+        return output, masses
 
 
 @dataclass(frozen=True)
 class ShawContext(PositionContext):
-    """`index` [n, m]: clip(j - i', k) + k for query i and key j."""
+    """`index` [n, m]: clip(j - i', k) + k for query i and key j (computed when first read)."""
 
-    index: torch.Tensor | None = None
+    max_relative_position: int = 0
+
+    @functools.cached_property
+    def index(self) -> torch.Tensor:
+        query_positions, key_positions = self.query_and_key_positions()
+        return clipped_distance(key_positions[None, :] - query_positions[:, None], self.max_relative_position)

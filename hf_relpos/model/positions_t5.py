@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -12,9 +13,9 @@ from transformers import initialization as init
 
 from .positions import (
     AttentionTerms,
+    DenseBias,
     PositionContext,
     PositionScheme,
-    RelativeBias,
     SchemeCard,
     integer_field,
     register_attention,
@@ -43,10 +44,10 @@ def relative_position_bucket(
     logarithmically wider buckets up to `max_distance`, beyond which all share the last. The logarithm runs in
     float32 as in T5, so bucket edges equal T5's (and a T5 checkpoint's) exactly.
     """
-    relative_buckets = torch.zeros_like(relative_position)
+    relative_buckets = 0
     if bidirectional:
         num_buckets //= 2
-        relative_buckets += (relative_position > 0).to(torch.long) * num_buckets
+        relative_buckets = (relative_position > 0).to(torch.long) * num_buckets
         relative_position = relative_position.abs()
     else:
         relative_position = -torch.clamp(relative_position, max=0)
@@ -77,8 +78,8 @@ def describe(config: Any) -> str:
 class T5Positions(PositionScheme):
     """e_ij = q_i k_j^T / sqrt(d) + b_h(bucket(j - i)) with `relative_position_bucket` (bidirectional in the encoder,
     unidirectional in a decoder) and one learned scalar per bucket and head, shared by every layer of the stack (T5
-    computes it in the first layer and passes it on). A `RelativeBias` of the table read through the [n, m] bucket
-    index: FlexAttention reads it in its score_mod, eager/SDPA get it dense.
+    computes it in the first layer and passes it on). Eager/SDPA get it dense (gathered through the [n, m] bucket
+    index); FlexAttention's score_mod computes each bucket and reads the [H, buckets] table.
 
     Unlike T5 itself, whose attention has no 1/sqrt(d) (folded into its initialisation), the scores here keep the
     scaling every other scheme uses, so the schemes compare on equal terms.
@@ -112,27 +113,37 @@ class T5Positions(PositionScheme):
     def init_parameters(self, std: float) -> None:
         init.normal_(self.relative_attention_bias.weight, mean=0.0, std=std)
 
-    def prepare(self, context: PositionContext) -> PositionContext:
-        """The bias of every query-key pair, shared by the layers (as T5 computes it once per stack)."""
+    def prepare(self, context: PositionContext) -> T5Context:
+        """The bias of every query-key pair in both forms, shared by the layers (as T5 computes it once per stack):
+        dense [1, H, n, m] from the [n, m] bucket index when a kernel asks for it (built then, once), and the fused
+        kernel's score_mod, which computes each score's bucket by the same arithmetic and reads the [H, buckets]
+        table (no n x m tensor)."""
         query_positions, key_positions = context.query_and_key_positions()
-        index = relative_position_bucket(key_positions[None, :] - query_positions[:, None],
-                                         bidirectional=not self.is_causal, num_buckets=self.num_buckets,
-                                         max_distance=self.max_distance)
         weight = self.relative_attention_bias.weight.to(context.dtype)  # [R, H]
-        bias = RelativeBias(
-            table=weight.t()[None, :, None, :].expand(1, self.num_heads, context.query_length, self.num_buckets),
-            bucket=lambda i, j: index[i, j],
-            key_length=context.key_length,
-            densify=lambda: weight[index].permute(2, 0, 1)[None],
-        )
-        return context.extend(T5Context, bias=bias)
+        table = weight.t()
+        bucket_of = functools.partial(relative_position_bucket, bidirectional=not self.is_causal,
+                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
+
+        def dense() -> torch.Tensor:
+            return weight[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
+
+        offset, positions = context.query_offset, context.positions
+        if positions is None:
+            def score_mod(score, b, h, q, kv):
+                return score + table[h, bucket_of(kv - q - offset)]
+        else:
+            def score_mod(score, b, h, q, kv):
+                return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
+        return context.extend(T5Context, bias=DenseBias(dense), score_mod=score_mod)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: T5Context) -> AttentionTerms:
-        return AttentionTerms(score_bias=context.bias)
+        return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod)
 
 
 @dataclass(frozen=True)
 class T5Context(PositionContext):
-    """`bias`: the stack's bucketed bias, one record for every layer (expanded to [1, H, n, m] at most once)."""
+    """`bias`: the stack's bias [1, H, n, m] for every layer when first read (once per forward); `score_mod`: the
+    same per score, from the indices."""
 
-    bias: RelativeBias | None = None
+    bias: DenseBias | None = None
+    score_mod: Any = None

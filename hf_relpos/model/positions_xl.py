@@ -183,6 +183,7 @@ class XLPositions(PositionScheme):
             table=lambda: self.position_scores(layer_idx, position_query, encodings),
             bucket=context.bucket,
             key_length=key_length,
+            recompute=True,
         )
         if context.positions is None and self.is_causal:
             score_bias.densify = lambda: rel_shift(score_bias.full_table(), key_length)

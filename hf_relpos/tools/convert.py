@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from ..model.positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, RelativeBias, sinusoids
+from ..model.positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, sinusoids
 from ..publish.files import staged_folder
 
 logger = logging.getLogger(__name__)
@@ -125,8 +125,10 @@ def neutrality_gaps(scheme: PositionScheme) -> list[str]:
         for layer_idx in range(probe.num_layers):
             new_keys = probe.transform_new_keys(layer_idx, key, context)
             terms = probe.terms(layer_idx, query, new_keys, context)
-            bias = terms.score_bias.dense() if isinstance(terms.score_bias, RelativeBias) else terms.score_bias
-            masks = [mask for mask in (context.mask, terms.mask) if mask is not None]
+            bias = terms.score_bias
+            if bias is not None and not torch.is_tensor(bias):   # a RelativeBias or DenseBias: its dense form
+                bias = bias.dense()
+            masks = [mask for mask in (context.dense_mask(heads), terms.mask) if mask is not None]
             found = (
                 ("it transforms the queries", terms.query is not None and not torch.equal(terms.query, query)),
                 ("it transforms the keys", not torch.equal(new_keys, key)

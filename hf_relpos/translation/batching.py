@@ -74,6 +74,7 @@ class TokenBudgetBatchSampler:
             raise ValueError("length_pool_factor draws random pools: it needs shuffle=True")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        self.longer_side = np.maximum(self.source_lengths, self.target_lengths)   # what the budget counts
         check_examples_fit(self.source_lengths, self.target_lengths, max_tokens)
         self.max_tokens = max_tokens
         self.num_processes = num_processes
@@ -126,7 +127,7 @@ class TokenBudgetBatchSampler:
         if self._last_pass is None or self._last_pass[0] != pass_index:
             generator = np.random.default_rng([self.seed, pass_index])
             order = generator.permutation(len(self.source_lengths))
-            longer_side = np.maximum(self.source_lengths, self.target_lengths)[order]
+            longer_side = self.longer_side[order]
             pool = (np.cumsum(longer_side) - longer_side) // (self.pool_factor * self.max_tokens)
             by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], longer_side, pool))
             pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
@@ -151,21 +152,23 @@ class TokenBudgetBatchSampler:
         return batches
 
     def _cut_batches(self, order: np.ndarray) -> list[list[int]]:
-        return cut_token_batches(order.tolist(), np.maximum(self.source_lengths, self.target_lengths).tolist(),
-                                 self.max_tokens)
+        """`order` cut greedily; reads the lengths of `order`'s examples only, so cutting every pool of a pass costs
+        O(N) in all."""
+        return cut_token_batches(order.tolist(), self.longer_side[order].tolist(), self.max_tokens)
 
 
 def cut_token_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """`order` cut into consecutive batches whose padded size (count x longest `lengths[index]` in the batch) stays
-    within `max_tokens`; an item longer than `max_tokens` forms a batch of its own."""
+    """`order` cut into consecutive batches whose padded size (count x longest length in the batch) stays within
+    `max_tokens`, `lengths[i]` being the length of item `order[i]`; an item longer than `max_tokens` forms a batch of
+    its own."""
     batches: list[list[int]] = []
     current: list[int] = []
     longest_in_batch = 0
-    for index in order:
-        longest = max(longest_in_batch, lengths[index])
+    for index, length in zip(order, lengths, strict=True):
+        longest = max(longest_in_batch, length)
         if current and (len(current) + 1) * longest > max_tokens:
             batches.append(current)
-            current, longest = [], lengths[index]
+            current, longest = [], length
         current.append(index)
         longest_in_batch = longest
     if current:

@@ -18,10 +18,14 @@ pairs with an empty side (counted in the log), evaluation keeps them (an empty s
 from __future__ import annotations
 
 import csv
+import io
+import itertools
 import json
 import logging
 import os
-from collections.abc import Iterator
+import sys
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,10 +33,15 @@ from typing import Any
 import datasets.config
 import huggingface_hub.constants
 import numpy as np
-from datasets import Dataset, DatasetDict, load_dataset
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.json as pa_json
+from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets, load_dataset
+from datasets.table import InMemoryTable
 from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
-from transformers import PreTrainedTokenizerBase
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.validation import require_int
 from .demo_corpus import write_demo_corpus
@@ -44,6 +53,11 @@ DEMO_DATA_FOLDER = "demo_data"
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
+# Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
+READ_CHUNK_BYTES = 32 << 20
+RECORDS_PER_CHUNK = 100_000
+# Files at least this large show a progress bar while read.
+PROGRESS_MIN_BYTES = 64 << 20
 # Dropping this share of the training pairs or more (empty, or over the length limits) is logged as a warning.
 HEAVY_LOSS_SHARE = 0.1
 HUB_TIMEOUT_SECONDS = 10
@@ -95,6 +109,12 @@ class DataArguments:
                           "cuts them. Evaluation pairs are never dropped, only truncated on the source side."},
     )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    tokenizer_training_pairs: int | None = field(
+        default=None,
+        metadata={"help": "Train a new tokenizer on a random sample of this many training pairs (fixed seed) instead "
+                          "of all of them: the BPE trainer's memory grows with the corpus's distinct words (GiBs at "
+                          "WMT size), a sample bounds it. null: every pair."},
+    )
     demo_train_pairs: int = field(default=8000, metadata={"help": "Demo corpus: training pairs."})
     demo_validation_pairs: int = field(default=300, metadata={"help": "Demo corpus: validation pairs."})
     demo_test_pairs: int = field(default=300, metadata={"help": "Demo corpus: test pairs."})
@@ -112,6 +132,7 @@ class DataArguments:
             require_int(name, getattr(self, name), minimum=1, null_means="every example")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
                     null_means="tokenize in this process")
+        require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
         for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
             require_int(name, getattr(self, name), minimum=1)
         for name in ("train_file", "validation_file", "test_file"):
@@ -126,13 +147,11 @@ class DataArguments:
         return any((self.train_file, self.validation_file, self.test_file))
 
 
-def load_parallel_splits(
-    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike, cache_dir: str | None = None
-) -> dict[str, Dataset]:
-    """The requested splits (of `SPLITS`) as datasets with `source` and `target` text columns, sample caps applied.
-
-    Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
-    """
+def local_split_files(
+    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike
+) -> dict[str, str] | None:
+    """The local file (or plain-text prefix) each requested split is read from (the demo corpus is written to
+    `demo_directory` first), or None for a Hub dataset."""
     if data_args.dataset_name == DEMO_DATASET_NAME and not data_args.uses_local_files:
         paths = write_demo_corpus(
             demo_directory, data_args.demo_train_pairs, data_args.demo_validation_pairs, data_args.demo_test_pairs,
@@ -141,17 +160,38 @@ def load_parallel_splits(
         files = {split: str(paths[split]) for split in splits}
     elif data_args.uses_local_files:
         files = {"train": data_args.train_file, "validation": data_args.validation_file, "test": data_args.test_file}
-        if data_args.dataset_name:
-            logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
     else:
-        files = None
-    missing = [split for split in splits if files is not None and files.get(split) is None]
+        return None
+    missing = [split for split in splits if files.get(split) is None]
     if missing:
         needed = " or ".join(f"{split}_file" for split in missing)
         raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) but no {needed} was given")
+    return {split: files[split] for split in splits}
+
+
+def existing_data_files(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
+    """The files a data file or a plain-text prefix names, those that exist (what its contents depend on)."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    return [candidate for candidate in plain_text_files(path, source_lang, target_lang) if candidate.is_file()]
+
+
+def load_parallel_splits(
+    data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike, cache_dir: str | None = None,
+    workdir: str | os.PathLike | None = None,
+) -> dict[str, Dataset]:
+    """The requested splits (of `SPLITS`) as datasets with `source` and `target` text columns, sample caps applied;
+    local files are read into memory-mapped Arrow files in `workdir` when given.
+
+    Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
+    """
+    files = local_split_files(data_args, splits, demo_directory)
+    if files is not None and data_args.uses_local_files and data_args.dataset_name:
+        logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
     if files is not None:
         loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang,
-                                          allow_source_only=split == "test") for split in splits}
+                                          allow_source_only=split == "test", workdir=workdir) for split in splits}
     else:
         loaded = _load_hub_splits(data_args, splits, cache_dir)
     caps = {"train": data_args.max_train_samples, "validation": data_args.max_eval_samples,
@@ -167,7 +207,7 @@ def load_parallel_splits(
 
 def has_references(dataset: Dataset) -> bool:
     """Whether a split has target texts (False for a source-only test file)."""
-    return any(text is not None for text in dataset["target"])
+    return dataset.with_format("arrow")["target"].null_count < len(dataset)
 
 
 def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: str) -> None:
@@ -177,7 +217,7 @@ def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: 
         raise DatasetSchemaError(f"{origin} holds no pairs")
     sides = (("source", source_lang), ("target", target_lang)) if has_references(dataset) else (("source", source_lang),)
     for column, lang in sides:
-        if not any(text.strip() for text in dataset[column]):
+        if not has_text(dataset, column).any():
             raise DatasetSchemaError(f"{origin}: the {column} side ({lang!r}) is empty on every one of its "
                                      f"{len(dataset)} lines")
 
@@ -271,105 +311,267 @@ def plain_text_files(prefix: str | os.PathLike, source_lang: str, target_lang: s
 
 
 def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
-                     allow_source_only: bool = False) -> Dataset:
+                     allow_source_only: bool = False, workdir: str | os.PathLike | None = None) -> Dataset:
     """Read a .jsonl/.json/.csv/.tsv parallel file, or the plain-text pair `path.SOURCE_LANG` + `path.TARGET_LANG`
     when `path` is no file and does not end in one of those suffixes (`data/train`, `corpus.tok.bpe`), into
     `source`/`target` columns; errors name the file and line.
+
+    The file is read in chunks of `READ_CHUNK_BYTES` (plain text and .tsv split and UTF-8-checked by Arrow, records
+    parsed `RECORDS_PER_CHUNK` at a time) into Arrow, so memory holds one chunk of Python objects at most: in
+    `workdir`, when given, as memory-mapped Arrow files, else in memory.
 
     With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept), a prefix with only the
     source-language file, or a file whose records all lack the target language is read with a `target` column of
     None."""
     path = Path(path)
     file_format = FILE_FORMATS.get(path.suffix.lower())
+    sink = _ArrowSink(workdir, path.name)
     if not path.is_file():
         if file_format is not None:
             raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
-        return _read_plain_text_pair(path, source_lang, target_lang, allow_source_only)
+        return _read_plain_text_pair(path, source_lang, target_lang, allow_source_only, sink)
     if file_format is None:
         raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)} (or name the "
                                  f"prefix of plain-text files {str(path)}.{source_lang} + {str(path)}.{target_lang}, "
                                  "and not be a file itself)")
     if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
         raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
-    sources: list[str] = []
-    targets: list[str | None] = []
-    first_without_target = first_with_target = None
-    for location, record in _records(path, file_format, source_lang):
+    if file_format == "txt":
+        return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(path))}, with_null_target=True)
+    if file_format == "tsv":
+        return sink.dataset(_tsv_columns(path, source_lang, target_lang, allow_source_only))
+    return sink.dataset(_record_columns(path, file_format, source_lang, target_lang, allow_source_only))
+
+
+def _record_columns(path: Path, file_format: str, source_lang: str, target_lang: str,
+                    allow_source_only: bool) -> Iterator[dict[str, pa.Array]]:
+    """`source`/`target` chunks of a .jsonl/.json/.csv file. A .jsonl file is read `READ_CHUNK_BYTES` at a time and
+    each chunk parsed by Arrow's JSON reader when every record in it is a pair of strings in one schema; any other
+    chunk (an error to name, nulls, mixed schemas, a source-only record) is read record by record, as are .json and
+    .csv files, `RECORDS_PER_CHUNK` records at a time."""
+    columns = _RecordColumns(file_format, source_lang, target_lang, allow_source_only)
+    if file_format != "jsonl":
+        for location, record in _records(path, file_format):
+            columns.add(location, record)
+            if columns.full:
+                yield columns.flush()
+        yield columns.flush()
+        return
+    for first_line, lines, piece in _line_chunks(path):
+        parsed = _parse_jsonl_chunk(piece, lines, source_lang, target_lang)
+        if parsed is not None:
+            offset, nested, chunk = parsed
+            columns.saw_pair(f"{path}:{first_line + offset}, " + (f"field '{TRANSLATION_COLUMN}'" if nested
+                                                                   else "fields"))
+            yield columns.flush()
+            yield chunk
+            continue
+        for offset, line in enumerate(lines.to_pylist()):
+            if line.strip():
+                line_number = first_line + offset
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as error:
+                    raise DatasetSchemaError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+                columns.add(f"{path}:{line_number}", record)
+                if columns.full:
+                    yield columns.flush()
+    yield columns.flush()
+
+
+class _RecordColumns:
+    """Records' texts gathered into `source`/`target` chunks, each record checked (an object; the WMT or the flat
+    schema; both languages, or with `allow_source_only` the source alone in every record; strings)."""
+
+    def __init__(self, file_format: str, source_lang: str, target_lang: str, allow_source_only: bool) -> None:
+        self.file_format, self.source_lang, self.target_lang = file_format, source_lang, target_lang
+        self.allow_source_only = allow_source_only
+        self.sources: list[str] = []
+        self.targets: list[str | None] = []
+        self.first_without_target: str | None = None
+        self.first_with_target: str | None = None
+
+    @property
+    def full(self) -> bool:
+        return len(self.sources) >= RECORDS_PER_CHUNK
+
+    def add(self, location: str, record: Any) -> None:
         if not isinstance(record, dict):
             raise DatasetSchemaError(f"{location}: expected an object with the texts, got {type(record).__name__}")
-        texts = record.get(TRANSLATION_COLUMN, record) if file_format in ("jsonl", "json") else record
+        texts = record.get(TRANSLATION_COLUMN, record) if self.file_format in ("jsonl", "json") else record
         if not isinstance(texts, dict):
             raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
         where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
-        source_only = allow_source_only and target_lang not in texts
-        _require_languages(list(texts), source_lang, source_lang if source_only else target_lang, where)
+        source_only = self.allow_source_only and self.target_lang not in texts
+        _require_languages(list(texts), self.source_lang, self.source_lang if source_only else self.target_lang, where)
         if source_only:
-            first_without_target = first_without_target or where
+            self.first_without_target = self.first_without_target or where
+            self._check_consistent()
         else:
-            first_with_target = first_with_target or where
-        for lang, column in ((source_lang, sources), (target_lang, targets)):
+            self.saw_pair(where)
+        for lang, column in ((self.source_lang, self.sources), (self.target_lang, self.targets)):
             value = texts.get(lang)
             if value is not None and not isinstance(value, str):
                 raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
-            column.append(None if source_only and lang == target_lang else value or "")
-    if first_without_target and first_with_target:
-        raise DatasetSchemaError(f"{first_without_target}: no {target_lang!r}, although {first_with_target} has one; "
-                                 "a test file is either parallel on every line or source-only")
-    return Dataset.from_dict({"source": sources, "target": targets})
+            column.append(None if source_only and lang == self.target_lang else value or "")
+
+    def saw_pair(self, where: str) -> None:
+        """A record with both languages at `where`."""
+        self.first_with_target = self.first_with_target or where
+        self._check_consistent()
+
+    def _check_consistent(self) -> None:
+        if self.first_without_target and self.first_with_target:
+            raise DatasetSchemaError(f"{self.first_without_target}: no {self.target_lang!r}, although "
+                                     f"{self.first_with_target} has one; a test file is either parallel on every line "
+                                     "or source-only")
+
+    def flush(self) -> dict[str, pa.Array]:
+        """The texts gathered since the last flush, as a chunk."""
+        chunk = {"source": pa.array(self.sources, pa.string()), "target": pa.array(self.targets, pa.string())}
+        self.sources, self.targets = [], []
+        return chunk
 
 
-def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allow_source_only: bool) -> Dataset:
-    """`prefix.SOURCE_LANG` and `prefix.TARGET_LANG`, line by line (one error when their line counts differ); with
-    `allow_source_only`, the source file alone when the target file does not exist."""
+def _parse_jsonl_chunk(piece: bytes, lines: pa.Array, source_lang: str,
+                       target_lang: str) -> tuple[int, bool, dict[str, pa.Array]] | None:
+    """(offset of the first record's line, whether the texts sit under 'translation', the chunk) of JSON lines parsed
+    by Arrow, or None when a record needs the record-by-record reader: not every non-blank line one record holding
+    both languages as strings in the same schema (the reader then names any error), or a "\r" (which that reader
+    took for a line end)."""
+    if b"\r" in piece:
+        return None
+    try:
+        table = pa_json.read_json(io.BytesIO(piece), read_options=pa_json.ReadOptions(block_size=len(piece) + 1))
+    except pa.ArrowInvalid:
+        return None
+    filled = np.flatnonzero(texts_with_text(lines))
+    if table.num_rows != filled.size or filled.size == 0:
+        return None
+    nested = TRANSLATION_COLUMN in table.column_names
+    if nested:
+        struct = table[TRANSLATION_COLUMN].combine_chunks()
+        if not pa.types.is_struct(struct.type) or struct.null_count:
+            return None
+        available = {struct.type.field(index).name: index for index in range(struct.type.num_fields)}
+        texts = [struct.field(available[lang]) if lang in available else None for lang in (source_lang, target_lang)]
+    else:
+        texts = [table[lang].combine_chunks() if lang in table.column_names else None
+                 for lang in (source_lang, target_lang)]
+    if any(text is None or text.type != pa.string() or text.null_count for text in texts):
+        return None
+    return int(filled[0]), nested, {"source": texts[0], "target": texts[1]}
+
+
+def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allow_source_only: bool,
+                          sink: _ArrowSink) -> Dataset:
+    """`prefix.SOURCE_LANG` and `prefix.TARGET_LANG`, each read into its own column (one error when their line counts
+    differ); with `allow_source_only`, the source file alone when the target file does not exist."""
     source_path, target_path = plain_text_files(prefix, source_lang, target_lang)
     missing = [str(candidate) for candidate in (source_path, target_path) if not candidate.is_file()]
     if missing == [str(target_path)] and allow_source_only:
-        sources = list(_lines(source_path))
-        return Dataset.from_dict({"source": sources, "target": [None] * len(sources)})
+        return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))}, with_null_target=True)
     if missing:
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
             f"({source_path} + {target_path}: {' and '.join(missing)} missing); give a "
             f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist")
-    sources, targets = list(_lines(source_path)), list(_lines(target_path))
+    sources = sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))})
+    targets = sink.dataset({"target": (lines for _, lines, _ in _line_chunks(target_path))})
     if len(sources) != len(targets):
         raise DatasetSchemaError(
             f"{source_path} has {len(sources)} lines but {target_path} has {len(targets)}; parallel plain-text files "
             "need one line per sentence, line i of one the translation of line i of the other")
-    return Dataset.from_dict({"source": sources, "target": targets})
+    return concatenate_datasets([sources, targets], axis=1)
 
 
-def _lines(path: Path) -> Iterator[str]:
-    """The lines of a UTF-8 text file without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them
-    (a final "\n" ends the last line, it starts none); a byte order mark at the start is dropped."""
-    with open(path, "rb") as handle:
-        for line_number, raw in enumerate(handle, start=1):
+class _ArrowSink:
+    """Where read chunks go: an Arrow stream file in `workdir` (memory-mapped once written), or memory."""
+
+    def __init__(self, workdir: str | os.PathLike | None, name: str) -> None:
+        self.workdir = None if workdir is None else Path(workdir)
+        self.name = name
+
+    def dataset(self, chunks: Iterator[dict[str, pa.Array]] | dict[str, Iterator[pa.Array]],
+                with_null_target: bool = False) -> Dataset:
+        """A dataset of the chunks: an iterator of column -> array dicts, or one column -> iterator of arrays; with
+        `with_null_target`, a `target` column of nulls is added (a source-only file)."""
+        if isinstance(chunks, dict):
+            ((column, arrays),) = chunks.items()
+            chunks = ({column: array} for array in itertools.chain(arrays, [pa.array([], pa.string())]))
+
+        def batches() -> Iterator[pa.RecordBatch]:
+            for columns in chunks:
+                if with_null_target:
+                    columns = dict(columns, target=pa.nulls(len(columns["source"]), pa.string()))
+                yield pa.RecordBatch.from_pydict(columns)
+
+        stream = batches()
+        first = next(stream)
+        if self.workdir is None:
+            return Dataset(InMemoryTable(pa.Table.from_batches([first, *stream])))
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        path = self.workdir / f"{self.name}.{'-'.join(first.schema.names)}.{uuid.uuid4().hex[:8]}.arrow"
+        with pa.OSFile(str(path), "wb") as file, pa.ipc.new_stream(file, first.schema) as writer:
+            writer.write_batch(first)
+            for batch in stream:
+                writer.write_batch(batch)
+        return Dataset.from_file(str(path))
+
+
+def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
+    """(number of the first line, the lines, their bytes) of a UTF-8 text file, `READ_CHUNK_BYTES` at a time: lines
+    without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them (a final "\n" ends the last line, it
+    starts none); a byte order mark at the start is dropped; the first line that is not UTF-8 is an error naming it."""
+    first_line = 1
+    carry = b""
+    size = path.stat().st_size
+    with open(path, "rb") as handle, tqdm(total=size, unit="B", unit_scale=True, desc=f"Reading {path.name}",
+                                          disable=size < PROGRESS_MIN_BYTES) as progress:
+        at_start = True
+        while True:
+            block = handle.read(READ_CHUNK_BYTES)
+            progress.update(len(block))
+            data = carry + block
+            if at_start:
+                data, at_start = data.removeprefix(BYTE_ORDER_MARK.encode("utf-8")), False
+            cut = data.rfind(b"\n") + 1 if block else len(data)
+            if block and cut == 0:  # one line longer than the chunk: read on
+                carry = data
+                continue
+            piece, carry = data[:cut], data[cut:]
+            if piece:
+                lines = _split_lines(piece, path, first_line)
+                yield first_line, lines, piece
+                first_line += len(lines)
+            if not block:
+                return
+
+
+def _split_lines(piece: bytes, path: Path, first_line: int) -> pa.Array:
+    """The lines of `piece` (whole lines; a final "\n" starts no line) as a UTF-8-checked string array."""
+    parts = pc.split_pattern(pa.array([piece], pa.binary()), b"\n")[0].values
+    if piece.endswith(b"\n"):
+        parts = parts[:-1]
+    try:
+        lines = parts.cast(pa.string())
+    except pa.ArrowInvalid:
+        for offset, raw in enumerate(piece.split(b"\n")):
             try:
-                line = raw.decode("utf-8")
+                raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DatasetSchemaError(f"{path}:{line_number}: not UTF-8 text ({error.reason} at byte "
+                raise DatasetSchemaError(f"{path}:{first_line + offset}: not UTF-8 text ({error.reason} at byte "
                                          f"{error.start} of the line)") from None
-            if line_number == 1:
-                line = line.removeprefix(BYTE_ORDER_MARK)
-            yield line.removesuffix("\n").removesuffix("\r")
+        raise
+    if pc.any(pc.ends_with(lines, "\r")).as_py():
+        lines = pc.replace_substring_regex(lines, pattern="\r$", replacement="")
+    return lines
 
 
-def _records(path: Path, file_format: str, source_lang: str) -> Iterator[tuple[str, Any]]:
-    """(location, record) for each example; location is "file:line" (or "file: record N" for a JSON array)."""
-    if file_format == "txt":
-        for line_number, line in enumerate(_lines(path), start=1):
-            yield f"{path}:{line_number}", {source_lang: line}
-    elif file_format == "tsv":
-        yield from _tsv_records(path)
-    elif file_format == "jsonl":
-        with open(path, encoding="utf-8") as handle:
-            for line_number, line in enumerate(handle, start=1):
-                if line.strip():
-                    try:
-                        yield f"{path}:{line_number}", json.loads(line)
-                    except json.JSONDecodeError as error:
-                        raise DatasetSchemaError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
-    elif file_format == "json":
+def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
+    """(location, record) for each example of a .json/.csv file; location is "file:line" (or "file: record N" for a
+    JSON array)."""
+    if file_format == "json":
         with open(path, encoding="utf-8") as handle:
             try:
                 content = json.load(handle)
@@ -389,23 +591,39 @@ def _records(path: Path, file_format: str, source_lang: str) -> Iterator[tuple[s
                 yield f"{path}:{reader.line_num}", row
 
 
-def _tsv_records(path: Path) -> Iterator[tuple[str, dict[str, str]]]:
-    """Rows of a tab-separated file whose first line names the columns (e.g. `en<TAB>de`), split at tabs with no
-    quoting: every character but the tab and the line end is text. A row with another number of fields than the
-    header (a tab inside a sentence, or a missing field) is an error naming the line; an empty line is skipped."""
-    lines = enumerate(_lines(path), start=1)
-    header = next((line.split("\t") for _, line in lines), None)
-    if header is None:
-        return
-    for line_number, line in lines:
-        if not line:
-            continue
-        fields = line.split("\t")
-        if len(fields) != len(header):
+def _tsv_columns(path: Path, source_lang: str, target_lang: str,
+                 allow_source_only: bool) -> Iterator[dict[str, pa.Array]]:
+    """`source`/`target` chunks of a tab-separated file whose first line names the columns (e.g. `en<TAB>de`), split
+    at tabs with no quoting: every character but the tab and the line end is text. A row with another number of
+    fields than the header (a tab inside a sentence, or a missing field) is an error naming the line; an empty line
+    is skipped."""
+    header: list[str] | None = None
+    for first_line, lines, _ in _line_chunks(path):
+        if header is None:
+            header = lines[0].as_py().split("\t")
+            lines, first_line = lines[1:], first_line + 1
+            source_only = allow_source_only and target_lang not in header
+        fields = pc.split_pattern(lines, "\t")
+        counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
+        filled = pc.utf8_length(lines).to_numpy(zero_copy_only=False) > 0
+        wrong = np.flatnonzero(filled & (counts != len(header)))
+        if wrong.size:
+            line_number, found = first_line + int(wrong[0]), int(counts[wrong[0]])
             raise DatasetSchemaError(
-                f"{path}:{line_number}: {len(fields)} tab-separated fields, but the header has {len(header)} "
+                f"{path}:{line_number}: {found} tab-separated fields, but the header has {len(header)} "
                 f"({', '.join(header)}); a .tsv file has no quoting, so a sentence may not contain a tab")
-        yield f"{path}:{line_number}", dict(zip(header, fields, strict=True))
+        rows = np.flatnonzero(filled)
+        if rows.size == 0:
+            continue
+        _require_languages(list(dict.fromkeys(header)), source_lang, source_lang if source_only else target_lang,
+                           f"{path}:{first_line + int(rows[0])}, fields")
+        fields = fields.take(pa.array(rows))
+        # A name given twice in the header: the last column of that name, as a dict of the row would keep.
+        source = pc.list_element(fields, len(header) - 1 - header[::-1].index(source_lang))
+        target = (pa.nulls(len(rows), pa.string()) if source_only
+                  else pc.list_element(fields, len(header) - 1 - header[::-1].index(target_lang)))
+        yield {"source": source, "target": target}
+    yield {"source": pa.array([], pa.string()), "target": pa.array([], pa.string())}
 
 
 @dataclass
@@ -425,23 +643,22 @@ class LengthReport:
 
 
 def tokenize_training_pairs(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments,
+    workdir: str | os.PathLike | None = None, keep_text: bool = True,
 ) -> tuple[Dataset, LengthReport]:
-    """Tokenize training pairs; drop pairs with an empty side, and filter or truncate the overlong ones."""
+    """Tokenize training pairs; drop pairs with an empty side, and filter or truncate the overlong ones. The maps
+    write their Arrow files into `workdir` when given; `keep_text=False` leaves the text columns out."""
     report = LengthReport("train", len(dataset))
-    non_empty = dataset.filter(
-        lambda batch: [bool(s.strip()) and bool(t.strip()) for s, t in zip(batch["source"], batch["target"], strict=True)],
-        batched=True, num_proc=data_args.preprocessing_num_workers, desc="Dropping empty pairs",
-    )
+    non_empty = dataset.select(np.flatnonzero(has_text(dataset, "source") & has_text(dataset, "target")))
     report.empty = len(dataset) - len(non_empty)
-    tokenized = _tokenize(non_empty, tokenizer, data_args.preprocessing_num_workers)
+    tokenized = _tokenize(non_empty, tokenizer, data_args.preprocessing_num_workers, workdir, "train", keep_text)
     overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
     report.overlong = int(overlong.sum())
     if data_args.overlong_pairs == "filter":
         tokenized = tokenized.select(np.flatnonzero(~overlong))
     else:
         tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
-                              tokenizer.eos_token_id, data_args.preprocessing_num_workers)
+                              tokenizer.eos_token_id, data_args.preprocessing_num_workers, workdir, "train")
     report.dropped = report.empty + (report.overlong if data_args.overlong_pairs == "filter" else 0)
     logger.info(report.describe(data_args.overlong_pairs))
     advice = (f"raise max_source_length ({data_args.max_source_length}) / max_target_length "
@@ -457,10 +674,11 @@ def tokenize_training_pairs(
 
 
 def tokenize_evaluation_pairs(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str
+    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str,
+    workdir: str | os.PathLike | None = None,
 ) -> tuple[Dataset, LengthReport]:
     """Tokenize evaluation pairs without dropping any (the test set stays whole); overlong ones are truncated."""
-    tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers)
+    tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers, workdir, split)
     overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
     report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
     long_sources = int((example_lengths(tokenized)[0] > data_args.max_source_length).sum())
@@ -469,19 +687,45 @@ def tokenize_evaluation_pairs(
                        "(the references stay whole)", split, long_sources, data_args.max_source_length)
     if report.overlong:
         tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
-                              tokenizer.eos_token_id, data_args.preprocessing_num_workers)
+                              tokenizer.eos_token_id, data_args.preprocessing_num_workers, workdir, split)
     logger.info(report.describe("truncate"))
     return tokenized, report
 
 
-def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None) -> Dataset:
+# Token columns as the tokenization maps write them (int32: half the disk of Arrow's default int64).
+TOKEN_FEATURES = Features({"input_ids": List(Value("int32")), "labels": List(Value("int32")),
+                           "source_length": Value("int32"), "target_length": Value("int32")})
+
+
+def _map_cache_file(workdir: str | os.PathLike | None, name: str) -> str | None:
+    return None if workdir is None else str(Path(workdir) / f"{name}.arrow")
+
+
+def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: int | None,
+              workdir: str | os.PathLike | None, split: str, keep_text: bool = True) -> Dataset:
+    encode_texts = batch_encoder(tokenizer)
+
     def encode(batch: dict[str, list[str]]) -> dict[str, list]:
-        sources = tokenizer(batch["source"])["input_ids"]
-        targets = tokenizer(text_target=[text or "" for text in batch["target"]])["input_ids"]  # None: source-only
+        sources = encode_texts(batch["source"], False)
+        targets = encode_texts([text or "" for text in batch["target"]], True)  # None: source-only
         return {"input_ids": sources, "labels": targets,
                 "source_length": [len(ids) for ids in sources], "target_length": [len(ids) for ids in targets]}
 
-    return dataset.map(encode, batched=True, num_proc=num_proc, desc="Tokenizing")
+    text = ("source", "target")
+    features = Features({**{name: dataset.features[name] for name in text if keep_text}, **TOKEN_FEATURES})
+    return dataset.map(encode, batched=True, num_proc=num_proc, desc=f"Tokenizing {split}", features=features,
+                       remove_columns=None if keep_text else list(text),
+                       cache_file_name=_map_cache_file(workdir, f"{split}-tokenized"), load_from_cache_file=False)
+
+
+def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str], bool], list[list[int]]]:
+    """`encode(texts, as_target)`: the token ids of each text, as `tokenizer(texts)` (or `text_target=texts`) gives
+    them; for a plain fast tokenizer without truncation or padding (this package's own) straight from its Rust
+    backend's `encode_batch_fast`, which skips the offsets and masks nothing here reads."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if type(tokenizer) is PreTrainedTokenizerFast and backend.truncation is None and backend.padding is None:
+        return lambda texts, as_target: [encoding.ids for encoding in backend.encode_batch_fast(texts)]
+    return lambda texts, as_target: (tokenizer(text_target=texts) if as_target else tokenizer(texts))["input_ids"]
 
 
 def _overlong_mask(dataset: Dataset, max_source_length: int, max_target_length: int) -> np.ndarray:
@@ -490,7 +734,7 @@ def _overlong_mask(dataset: Dataset, max_source_length: int, max_target_length: 
 
 
 def _truncate(dataset: Dataset, max_source_length: int, max_target_length: int, eos_token_id: int,
-              num_proc: int | None) -> Dataset:
+              num_proc: int | None, workdir: str | os.PathLike | None, split: str) -> Dataset:
     """Cut token sequences to the limits, keeping the final </s>."""
     def cut(batch: dict[str, list]) -> dict[str, list]:
         sources = [ids if len(ids) <= max_source_length else ids[: max_source_length - 1] + [eos_token_id]
@@ -500,13 +744,31 @@ def _truncate(dataset: Dataset, max_source_length: int, max_target_length: int, 
         return {"input_ids": sources, "labels": targets,
                 "source_length": [len(ids) for ids in sources], "target_length": [len(ids) for ids in targets]}
 
-    return dataset.map(cut, batched=True, num_proc=num_proc, desc="Truncating")
+    return dataset.map(cut, batched=True, num_proc=num_proc, desc=f"Truncating {split}", features=dataset.features,
+                       cache_file_name=_map_cache_file(workdir, f"{split}-truncated"), load_from_cache_file=False)
 
 
 def example_lengths(dataset: Dataset) -> tuple[np.ndarray, np.ndarray]:
-    """Token counts (source, target) per example, from the columns written at tokenization."""
-    columns = dataset.with_format("numpy")
-    return np.asarray(columns["source_length"], dtype=np.int64), np.asarray(columns["target_length"], dtype=np.int64)
+    """Token counts (source, target) per example, from the columns written at tokenization, read as Arrow columns
+    (a memory-mapped column is not copied row by row)."""
+    columns = dataset.with_format("arrow")
+    return tuple(np.asarray(columns[name].to_numpy(), dtype=np.int64) for name in ("source_length", "target_length"))
+
+
+# The characters Python's str.isspace() (and so str.strip()) counts as white space, as an RE2 class.
+WHITE_SPACE = "".join(f"\\x{{{code:x}}}" for code in range(sys.maxunicode + 1) if chr(code).isspace())
+
+
+def has_text(dataset: Dataset, column: str) -> np.ndarray:
+    """Per example, whether the text in `column` has a character that is not white space (`bool(text.strip())`);
+    False for a missing text."""
+    return texts_with_text(dataset.with_format("arrow")[column])
+
+
+def texts_with_text(texts: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Per text, `bool(text.strip())`; False for a missing text."""
+    blank = pc.match_substring_regex(texts, f"^[{WHITE_SPACE}]*$")
+    return ~np.asarray(pc.fill_null(blank, True).to_numpy(zero_copy_only=False), dtype=bool)
 
 
 def sort_by_source_length(dataset: Dataset) -> tuple[Dataset, np.ndarray]:

@@ -15,7 +15,6 @@ impossible to output. The choice is the one line `NORMALIZER = ...`; it is recor
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -40,10 +39,10 @@ NORMALIZER = normalizers.NFC()
 
 
 def train_joint_tokenizer(
-    texts: Iterable[str], vocab_size: int, min_frequency: int = MIN_FREQUENCY
+    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int = MIN_FREQUENCY
 ) -> PreTrainedTokenizerFast:
-    """Train a BPE tokenizer with byte fallback on `texts` (source and target sentences together) and wrap it for
-    transformers.
+    """Train a BPE tokenizer with byte fallback on `texts` (source and target sentences together: strings, or
+    batches of strings, which cross into the Rust trainer a batch at a time) and wrap it for transformers.
 
     `vocab_size` counts everything, as SentencePiece does: the 4 special tokens, the 256 byte tokens and the learned
     pieces (characters first, at most `vocab_size` - 260 of them, the rarest left to the byte tokens; then merges). A
@@ -101,22 +100,20 @@ def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
     )
 
 
-def _non_empty(texts: Iterable[str]) -> Iterator[str]:
+def _non_empty(texts: Iterable[str] | Iterable[list[str]]) -> Iterator[str | list[str]]:
     for text in texts:
+        if isinstance(text, list):
+            text = [item for item in text if item]
         if text:
             yield text
 
 
-def tokenizer_settings(texts: Iterable[str], vocab_size: int, data: str) -> dict[str, Any]:
-    """What determines a trained tokenizer: the training texts (their SHA-256 and count), the vocabulary size and the
-    training recipe; `data` says in words where the texts came from (for messages only)."""
-    digest = hashlib.sha256()
-    count = 0
-    for text in texts:
-        digest.update(text.encode("utf-8") + b"\n")
-        count += 1
+def tokenizer_settings(data_sha256: str, vocab_size: int, data: str) -> dict[str, Any]:
+    """What determines a trained tokenizer: the training data (`data_sha256`, the SHA-256 of its files and of the
+    settings that select its texts), the vocabulary size and the training recipe; `data` says in words where the
+    texts came from (for messages only)."""
     return {"tokenizer_vocab_size": vocab_size, "min_frequency": MIN_FREQUENCY, "normalizer": type(NORMALIZER).__name__,
-            "byte_fallback": True, "training_texts": count, "training_texts_sha256": digest.hexdigest(), "data": data}
+            "byte_fallback": True, "training_data_sha256": data_sha256, "data": data}
 
 
 def save_tokenizer_settings(settings: dict[str, Any], directory: str | os.PathLike) -> None:
@@ -139,10 +136,11 @@ def settings_differences(saved: dict[str, Any] | None, wanted: dict[str, Any]) -
     for name, value in wanted.items():
         if name == "data" or saved.get(name) == value:
             continue
-        if name.startswith("training_texts"):
-            if "training text" not in " ".join(differences):
-                differences.append(f"training text differs (saved: {saved.get('data')}, {saved.get('training_texts')} "
-                                   f"texts; now: {wanted['data']}, {wanted['training_texts']} texts)")
+        if name == "training_data_sha256":
+            if saved.get("data") == wanted["data"]:
+                differences.append(f"training text differs (the files of {wanted['data']} changed since)")
+            else:
+                differences.append(f"training text differs (saved: {saved.get('data')}; now: {wanted['data']})")
         else:
             differences.append(f"{name} {saved.get(name)!r} -> {value!r}")
     return differences

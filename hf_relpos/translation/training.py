@@ -7,7 +7,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import enum
+import hashlib
 import json
 import logging
 import math
@@ -29,6 +31,7 @@ from accelerate import PartialState
 from datasets import Dataset
 from safetensors import SafetensorError
 from torch.utils.data import DataLoader, SequentialSampler
+from tqdm.auto import tqdm
 from transformers import (
     DataCollatorForSeq2Seq,
     EvalPrediction,
@@ -43,6 +46,7 @@ from transformers import (
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from ..model.attention_functions import length_multiple
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
@@ -71,11 +75,15 @@ from .checkpoints import (
 from .data import (
     DEMO_DATA_FOLDER,
     DEMO_DATASET_NAME,
+    PROGRESS_MIN_BYTES,
     DataArguments,
     DatasetSchemaError,
+    LengthReport,
     example_lengths,
+    existing_data_files,
     has_references,
     load_parallel_splits,
+    local_split_files,
     restore_order,
     sort_by_source_length,
     tokenize_evaluation_pairs,
@@ -89,6 +97,16 @@ from .preflight import (
     check_process_group,
     check_rerun,
     remove_previous_run,
+)
+from .prepared import (
+    PreparationError,
+    files_sha256,
+    load_prepared,
+    preparation,
+    preparation_key,
+    prepared_root,
+    publish_prepared,
+    tokenizer_sha256,
 )
 from .safety import (
     FINAL_MODEL_STAGING,
@@ -401,13 +419,11 @@ class TranslationTrainer(Seq2SeqTrainer):
         return scores
 
 
-def _prepare_evaluation_set(
-    dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str
-) -> EvaluationSet:
-    tokenized, _ = tokenize_evaluation_pairs(dataset, tokenizer, data_args, split)
+def _prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
+    """An `EvaluationSet` of a tokenized split that kept its text columns."""
     sorted_dataset, order = sort_by_source_length(tokenized)
-    return EvaluationSet(sorted_dataset, order, list(dataset["target"]) if has_references(dataset) else None,
-                         sources=list(dataset["source"]))
+    return EvaluationSet(sorted_dataset, order, list(tokenized["target"]) if has_references(tokenized) else None,
+                         sources=list(tokenized["source"]))
 
 
 def describe_training_data(data_args: DataArguments) -> str:
@@ -419,16 +435,155 @@ def describe_training_data(data_args: DataArguments) -> str:
     else:
         origin = f"dataset {data_args.dataset_name!r} ({data_args.dataset_config_name})"
     cap = f", first {data_args.max_train_samples} pairs" if data_args.max_train_samples else ""
-    return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}"
+    sample = (f", a sample of {data_args.tokenizer_training_pairs} pairs" if data_args.tokenizer_training_pairs
+              else "")
+    return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}{sample}"
+
+
+# The seed of the sample of training pairs a tokenizer is trained on (`tokenizer_training_pairs`).
+TOKENIZER_SAMPLE_SEED = 0
+
+
+def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
+    """The training pairs a new tokenizer learns from: all, or a random sample of `pairs` (in corpus order, drawn
+    with `TOKENIZER_SAMPLE_SEED`)."""
+    if pairs is None or pairs >= len(train):
+        return train
+    chosen = np.random.default_rng(TOKENIZER_SAMPLE_SEED).choice(len(train), size=pairs, replace=False)
+    return train.select(np.sort(chosen))
+
+
+SAMPLE_CAPS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
+# Texts per batch handed to the tokenizer trainer.
+TOKENIZER_TRAINING_BATCH = 10_000
+
+
+class RawSplits:
+    """The run's splits as read from their files or the Hub, read once and only when needed (a tokenizer to train,
+    data to prepare); local files are read into memory-mapped Arrow files in the preparation folder."""
+
+    def __init__(self, data_args: DataArguments, splits: tuple[str, ...], output_dir: str, cache_dir: str | None,
+                 stack: contextlib.ExitStack) -> None:
+        self.data_args, self.splits, self.output_dir, self.cache_dir, self.stack = (
+            data_args, splits, output_dir, cache_dir, stack)
+        self.demo_directory = Path(output_dir) / DEMO_DATA_FOLDER
+        self.files = local_split_files(data_args, splits, self.demo_directory)
+        self.loaded: dict[str, Dataset] | None = None
+        self.folder: Path | None = None
+
+    def data_files(self, split: str) -> list[Path]:
+        return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
+
+    def identities(self) -> dict[str, str]:
+        """Per split, what its texts depend on: the SHA-256 of its files and the settings that select its texts (the
+        languages, the sample cap); for a Hub dataset, the `datasets` fingerprint of the loaded split."""
+        if self.files is None:
+            return {split: dataset._fingerprint for split, dataset in self.get().items()}
+        identities = {}
+        started, size = time.monotonic(), self.text_bytes()
+        with tqdm(total=size, unit="B", unit_scale=True, desc="Hashing the data files",
+                  disable=size < PROGRESS_MIN_BYTES) as bar:
+            for split in self.splits:
+                selection = {"files": files_sha256(self.data_files(split), bar.update),
+                             "sample_cap": getattr(self.data_args, SAMPLE_CAPS[split]),
+                             "languages": [self.data_args.source_lang, self.data_args.target_lang]}
+                identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
+        logger.info("Hashed the data files (%.0f MiB) in %.1f s", size / 2**20, time.monotonic() - started)
+        return identities
+
+    def text_bytes(self) -> int:
+        """The size of what the splits are read from: their files, or the loaded Hub splits' Arrow tables."""
+        if self.files is None:
+            return sum(dataset.data.nbytes for dataset in self.get().values())
+        return sum(path.stat().st_size for split in self.splits for path in self.data_files(split))
+
+    def workdir(self) -> Path:
+        """The preparation folder of this run (created at the first call, removed when the run's preparation ends)."""
+        if self.folder is None:
+            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes()))
+        return self.folder
+
+    def get(self) -> dict[str, Dataset]:
+        if self.loaded is None:
+            workdir = None if self.files is None else self.workdir() / "raw"
+            started = time.monotonic()
+            self.loaded = load_parallel_splits(self.data_args, self.splits, self.demo_directory,
+                                               cache_dir=self.cache_dir, workdir=workdir)
+            logger.info("Read %s in %.1f s", ", ".join(f"{split} ({len(dataset)} pairs)" for split, dataset in
+                                                        self.loaded.items()), time.monotonic() - started)
+        return self.loaded
+
+
+def text_batches(dataset: Dataset) -> Iterator[list[str]]:
+    """The source texts, then the target texts, `TOKENIZER_TRAINING_BATCH` at a time, read as Arrow columns."""
+    columns = dataset.with_format("arrow")
+    with tqdm(total=2 * len(dataset), desc="Training the tokenizer", unit=" texts") as bar:
+        for column in ("source", "target"):
+            for batch in columns.iter(TOKENIZER_TRAINING_BATCH):
+                bar.update(batch.num_rows)
+                yield batch[column].to_pylist()
+
+
+@dataclass
+class PreparedData:
+    """What a run trains and evaluates on."""
+
+    tokenizer: PreTrainedTokenizerBase
+    new_tokenizer_settings: dict[str, Any] | None  # to save with a newly trained tokenizer
+    model: RelPosTransformerForConditionalGeneration
+    train_dataset: Dataset | None
+    evaluation_sets: dict[str, EvaluationSet]
+
+
+def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+                 splits: tuple[str, ...], retrain: bool, resuming: bool) -> PreparedData:
+    """The tokenizer, the model (built, and so checked, before any data is written) and the tokenized splits: each
+    split is loaded (memory-mapped) from output_dir/prepared_data when it was prepared from the same files, tokenizer
+    and settings, else read, tokenized, filtered and saved there (see `hf_relpos.translation.prepared`); the texts
+    are read only for a split to prepare or a tokenizer to train."""
+    output_dir = training_args.output_dir
+    with contextlib.ExitStack() as stack:
+        raw = RawSplits(data_args, splits, output_dir, model_args.cache_dir, stack)
+        identities = raw.identities()
+        tokenizer, new_settings = _obtain_tokenizer(model_args, data_args, training_args, identities.get("train"), raw,
+                                                    retrain=retrain, resuming=resuming)
+        model = _build_model(model_args, tokenizer, data_args, training_args)
+        token_ids = tokenizer_sha256(tokenizer)
+        prepared = {}
+        for split in splits:
+            inputs = {"split": split, "data": identities[split], "tokenizer": token_ids,
+                      **{name: getattr(data_args, name) for name in ("max_source_length", "max_target_length")}}
+            if split == "train":
+                inputs["overlong_pairs"] = data_args.overlong_pairs
+            key = preparation_key(inputs)
+            loaded = load_prepared(output_dir, split, key)
+            if loaded is None:
+                started = time.monotonic()
+                workdir = raw.workdir() / "work"
+                if split == "train":
+                    dataset, report = tokenize_training_pairs(raw.get()[split], tokenizer, data_args, workdir,
+                                                              keep_text=False)
+                else:
+                    dataset, report = tokenize_evaluation_pairs(raw.get()[split], tokenizer, data_args, split, workdir)
+                publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
+                logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
+                loaded = load_prepared(output_dir, split, key)
+            else:
+                report = LengthReport(**loaded[1]["report"])
+                logger.info(report.describe(data_args.overlong_pairs if split == "train" else "truncate"))
+            prepared[split] = loaded[0]
+    evaluation_sets = {prefix: _prepare_evaluation_set(prepared[split])
+                       for prefix, split in (("eval", "validation"), ("test", "test")) if split in prepared}
+    return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
 
 
 def _obtain_tokenizer(
     model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
-    train_split: Dataset | None, retrain: bool, resuming: bool,
+    train_data_sha256: str | None, raw: RawSplits, retrain: bool, resuming: bool,
 ) -> tuple[PreTrainedTokenizerBase, dict[str, Any] | None]:
     """(tokenizer, settings to save with it when newly trained): tokenizer_name, else the model's, else the one in
-    output_dir if it was trained with this run's settings (any when resuming), else a new one. `retrain` ignores the
-    one in output_dir (a fresh run)."""
+    output_dir if it was trained with this run's settings (any when resuming), else a new one trained on the training
+    split. `retrain` ignores the one in output_dir (a fresh run)."""
     for field_name in ("tokenizer_name", "model_name_or_path"):
         name_or_path = getattr(model_args, field_name)
         if name_or_path is not None:
@@ -436,11 +591,13 @@ def _obtain_tokenizer(
                 return load_tokenizer(name_or_path), None
             except (OSError, ValueError) as error:
                 raise ConfigError(f"{field_name} {name_or_path!r}: cannot load its tokenizer: {error}") from None
-    if train_split is None:
+    if train_data_sha256 is None:
         raise ConfigError("no tokenizer_name or model_name_or_path, and no training split to train a tokenizer on")
     output_dir = training_args.output_dir
-    texts = (text for column in ("source", "target") for text in train_split[column])
-    settings = tokenizer_settings(texts, model_args.tokenizer_vocab_size, describe_training_data(data_args))
+    if data_args.tokenizer_training_pairs is not None:
+        sample = f"{train_data_sha256}\0sample {data_args.tokenizer_training_pairs} seed {TOKENIZER_SAMPLE_SEED}"
+        train_data_sha256 = hashlib.sha256(sample.encode()).hexdigest()
+    settings = tokenizer_settings(train_data_sha256, model_args.tokenizer_vocab_size, describe_training_data(data_args))
     if has_saved_tokenizer(output_dir) and not retrain:
         differences = settings_differences(load_tokenizer_settings(output_dir), settings)
         if differences and not resuming:
@@ -455,8 +612,19 @@ def _obtain_tokenizer(
             logger.info("Reusing the tokenizer saved in %s (trained with this run's settings)", output_dir)
         return load_tokenizer(output_dir), None
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
-    texts = (text for column in ("source", "target") for text in train_split[column])
-    return train_joint_tokenizer(texts, model_args.tokenizer_vocab_size), settings
+    started = time.monotonic()
+    texts = tokenizer_training_sample(raw.get()["train"], data_args.tokenizer_training_pairs)
+    tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
+    release_freed_memory()
+    logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
+    return tokenizer, settings
+
+
+def release_freed_memory() -> None:
+    """Hand the memory the tokenizer trainer freed (Rust, through the C allocator, which keeps it) back to the system,
+    so that this process, and the tokenization workers forked from it next, do not keep the trainer's peak."""
+    with contextlib.suppress(OSError, AttributeError):   # not glibc
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.PathLike,
@@ -724,30 +892,24 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
     splits = tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
                                                ("test", training_args.do_predict)) if wanted)
-    with main_process_first_without_timeout(training_args, desc="loading data"):
-        raw = load_parallel_splits(data_args, splits, Path(output_dir) / DEMO_DATA_FOLDER,
-                                   cache_dir=model_args.cache_dir)
-
-    with main_process_first_without_timeout(training_args, desc="tokenizer training and tokenization"):
-        tokenizer, new_tokenizer_settings = _obtain_tokenizer(
-            model_args, data_args, training_args, raw.get("train"), retrain=fresh_run and training_args.should_save,
-            resuming=resume_from is not None)
-        train_dataset = tokenize_training_pairs(raw["train"], tokenizer, data_args)[0] if "train" in raw else None
+    with main_process_first_without_timeout(training_args, desc="data preparation"):
+        prepared = prepare_data(model_args, data_args, training_args, splits,
+                                retrain=fresh_run and training_args.should_save, resuming=resume_from is not None)
+        tokenizer, model, train_dataset, evaluation_sets = (prepared.tokenizer, prepared.model, prepared.train_dataset,
+                                                            prepared.evaluation_sets)
         if train_dataset is not None:
             _check_token_budget(train_dataset, training_args)
-        evaluation_sets = {prefix: _prepare_evaluation_set(raw[split], tokenizer, data_args, split)
-                           for prefix, split in (("eval", "validation"), ("test", "test")) if split in raw}
-        model = _build_model(model_args, tokenizer, data_args, training_args)
-        if training_args.should_save:  # the first write of the run: every check has passed
+        if training_args.should_save:  # the first write of the run besides the prepared data: every check has passed
             if fresh_run:
                 removed = remove_previous_run(output_dir)
                 if removed:
                     logger.info("overwrite_output_dir: removed the previous run from %s (%s)", output_dir,
                                 ", ".join(removed))
-            if new_tokenizer_settings is not None:
-                save_tokenizer(tokenizer, output_dir, new_tokenizer_settings)
+            if prepared.new_tokenizer_settings is not None:
+                save_tokenizer(tokenizer, output_dir, prepared.new_tokenizer_settings)
     if training_args.prepare_only:
-        logger.info("prepare_only: data loaded and tokenized, tokenizer in %s; stopping before training", output_dir)
+        logger.info("prepare_only: tokenizer in %s, data prepared in %s; stopping before training", output_dir,
+                    prepared_root(output_dir))
         return {}
     if model_args.model_config and model_args.model_name_or_path is not None:
         log = logger.info if training_args.do_train else logger.warning
@@ -761,7 +923,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         train_dataset=train_dataset,
         eval_dataset=evaluation_sets["eval"].dataset if "eval" in evaluation_sets else None,
         processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                             pad_to_multiple_of=length_multiple(model.config._attn_implementation)),
         evaluation_sets=evaluation_sets,
     )
 
@@ -852,7 +1015,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if torch.distributed.get_rank() == 0:  # all processes stop here: one line is enough
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(2)
-    except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError, PreflightError) as error:
+    except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError, PreflightError, PreparationError) as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteLossError as error:

@@ -1,0 +1,163 @@
+"""Prepared data: each tokenized, filtered split of a run saved once as memory-mapped Arrow under
+`output_dir/prepared_data/SPLIT-KEY/`, where KEY is the SHA-256 of everything the split depends on (its data files'
+contents, the tokenizer, the length settings). A rerun, a later training launch and every other process of a launch load it
+in seconds and share its pages through the page cache; a change of any of those inputs gives another KEY, so
+stale data is never loaded.
+
+A preparation writes into a `.partial-*` folder beside the final ones and renames a split's folder when its data and
+manifest (written last) are on disk: an interrupted preparation leaves only a `.partial-*` folder, which no run
+loads and the next preparation removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import os
+import shutil
+import socket
+import time
+import uuid
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset, load_from_disk
+from transformers import PreTrainedTokenizerBase
+
+logger = logging.getLogger(__name__)
+
+PREPARED_FOLDER = "prepared_data"
+# Raised whenever what a prepared folder holds changes meaning, so older folders are never loaded.
+PREPARATION_FORMAT = 1
+MANIFEST_FILE = "manifest.json"
+PARTIAL_PREFIX = ".partial-"
+HASH_CHUNK_BYTES = 8 << 20
+# Free disk a preparation needs, in multiples of the text bytes it reads: at its peak the partial folder holds the
+# text as Arrow (about 1x), the tokenized copy and the filtered final copy (int32 ids, about one token per 4-5
+# characters, with offsets: each well under 1x).
+DISK_PER_TEXT_BYTE = 3
+
+
+class PreparationError(OSError):
+    """The data cannot be prepared in output_dir (not enough free disk)."""
+
+
+def files_sha256(paths: Iterable[str | os.PathLike], on_chunk: Callable[[int], Any] | None = None) -> str:
+    """SHA-256 of the files' names and contents, read `HASH_CHUNK_BYTES` at a time (`on_chunk(bytes read)` after
+    each: a progress bar)."""
+    digest = hashlib.sha256()
+    for path in paths:
+        digest.update(f"{Path(path).name}\0{os.path.getsize(path)}\0".encode())
+        with open(path, "rb") as handle:
+            while chunk := handle.read(HASH_CHUNK_BYTES):
+                digest.update(chunk)
+                if on_chunk is not None:
+                    on_chunk(len(chunk))
+    return digest.hexdigest()
+
+
+def preparation_key(inputs: dict[str, Any]) -> str:
+    """The folder name of the data prepared from `inputs` (JSON-serialisable: digests and settings)."""
+    text = json.dumps({"format": PREPARATION_FORMAT, **inputs}, sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def prepared_root(output_dir: str | os.PathLike) -> Path:
+    return Path(output_dir) / PREPARED_FOLDER
+
+
+def load_prepared(output_dir: str | os.PathLike, split: str, key: str) -> tuple[Dataset, dict[str, Any]] | None:
+    """(dataset, manifest) of `split` prepared under `key`, memory-mapped; None when there is none (a `.partial-*`
+    folder is never one)."""
+    folder = prepared_root(output_dir) / f"{split}-{key}"
+    try:
+        manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    started = time.monotonic()
+    dataset = load_from_disk(str(folder / "data"))
+    logger.info("Reusing the %s data prepared in %s on %s (%d pairs): memory-mapped in %.1f s", split, folder,
+                manifest["prepared_at"], len(dataset), time.monotonic() - started)
+    return dataset, manifest
+
+
+@contextlib.contextmanager
+def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path]:
+    """A fresh `.partial-*` folder to prepare data in, removed when the block ends (with the folders it created, when
+    left empty; a full disk becomes one `PreparationError`). Partial folders of preparations on this machine whose
+    process is gone are removed first, and a `PreparationError` is raised at once when the disk has less than
+    `DISK_PER_TEXT_BYTE * text_bytes` free."""
+    root = prepared_root(output_dir)
+    created = [folder for folder in (root.parent, root) if not folder.exists()]
+    root.mkdir(parents=True, exist_ok=True)
+    host = socket.gethostname()
+    for stale in root.glob(f"{PARTIAL_PREFIX}{host}-*"):
+        if not _process_alive(int(stale.name.removeprefix(f"{PARTIAL_PREFIX}{host}-").split("-")[0])):
+            logger.info("Removing %s, left by an interrupted preparation", stale)
+            shutil.rmtree(stale, ignore_errors=True)
+    folder = root / f"{PARTIAL_PREFIX}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    needed = DISK_PER_TEXT_BYTE * text_bytes
+    try:
+        free = shutil.disk_usage(root).free
+        if needed > free:
+            raise PreparationError(errno.ENOSPC, f"preparing the data needs about {needed / 2**30:.1f} GiB free in "
+                                   f"{root} ({DISK_PER_TEXT_BYTE} x the {text_bytes / 2**30:.2f} GiB of text), but "
+                                   f"only {free / 2**30:.1f} GiB are free; free some space or choose another output_dir")
+        folder.mkdir()
+        yield folder
+    except OSError as error:
+        if error.errno == errno.ENOSPC and not isinstance(error, PreparationError):
+            raise PreparationError(errno.ENOSPC, f"the disk of {root} filled up while preparing the data "
+                                   f"({error}); about {needed / 2**30:.1f} GiB are needed: free some space or "
+                                   "choose another output_dir") from None
+        raise
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        for made in reversed(created):
+            with contextlib.suppress(OSError):
+                made.rmdir()   # only when empty
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manifest: dict[str, Any]) -> Path:
+    """Save `dataset` into the preparation `folder`, its manifest last, and rename that to the split's key: the
+    prepared split appears whole or not at all. The split prepared under other keys (older data or settings) is
+    removed."""
+    staged = folder / f"{split}-{key}"
+    dataset.save_to_disk(str(staged / "data"))
+    manifest = dict(manifest, prepared_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
+    (staged / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
+    root = folder.parent
+    target = root / staged.name
+    try:
+        staged.rename(target)
+    except OSError:   # prepared meanwhile by another job: keep that one
+        if not (target / MANIFEST_FILE).is_file():
+            raise
+    for other in root.glob(f"{split}-*"):
+        if other != target:
+            logger.info("Removing %s, prepared for other data or settings", other)
+            shutil.rmtree(other, ignore_errors=True)
+    return target
+
+
+def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
+    """What identifies a tokenizer's token ids: a fast tokenizer's full serialisation (normaliser, model, post
+    processor), else its class, vocabulary and special tokens."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    described = (backend.to_str() if backend is not None
+                 else json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens]))
+    return hashlib.sha256(f"{type(tokenizer).__name__}\0{described}".encode()).hexdigest()

@@ -1,0 +1,503 @@
+"""The prepared-data path against the code it replaced: the same batches for a fixed seed (the pre-#52 sampler, kept
+below verbatim as the oracle), the same pairs from every file layout and the same token ids; and the prepared data
+reused by a rerun and by a second process, rebuilt when a file or a setting changes, never loaded half-written."""
+
+from __future__ import annotations
+
+import csv
+import json
+import random
+import re
+import shutil
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import legacy_data_pipeline as legacy
+import numpy as np
+import pytest
+import test_train_distributed as distributed
+from datasets import Dataset
+from test_training import write_config
+
+import hf_relpos.translation.data as data_module
+from hf_relpos.translation import training
+from hf_relpos.translation.batching import TokenBudgetBatchSampler
+from hf_relpos.translation.data import (
+    DataArguments,
+    DatasetSchemaError,
+    has_references,
+    read_local_pairs,
+    tokenize_evaluation_pairs,
+    tokenize_training_pairs,
+)
+from hf_relpos.translation.demo_corpus import random_sentence_pair, write_demo_corpus
+from hf_relpos.translation.prepared import MANIFEST_FILE, PARTIAL_PREFIX, PREPARED_FOLDER, PreparationError
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.training import ConfigError, run
+
+
+# ---- Oracle: the sampler before #52 (its `_cut_batches` read the whole length list per pool: quadratic) ----------
+class LegacySampler:
+    def __init__(self, source_lengths, target_lengths, max_tokens, num_processes=1, shuffle=True, seed=0,
+                 pool_factor=None):
+        self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
+        self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
+        self.max_tokens, self.num_processes, self.shuffle, self.seed = max_tokens, num_processes, shuffle, seed
+        self.pool_factor = pool_factor
+        self.epoch = 0
+        self._pass_sizes: list[int] = []
+        self._last_pass = None
+        if pool_factor is None:
+            self._num_batches = len(self._batches_for_epoch(0))
+        else:
+            self._num_batches = len(self._pass(0)) // num_processes * num_processes
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        if self.pool_factor is None:
+            yield from self._batches_for_epoch(self.epoch)
+        else:
+            yield from self._stream_slice(self.epoch * self._num_batches, (self.epoch + 1) * self._num_batches)
+
+    def _stream_slice(self, start, stop):
+        batches, pass_start, pass_index = [], 0, 0
+        while pass_start < stop:
+            size = self._pass_size(pass_index)
+            if pass_start + size > start:
+                batches.extend(self._pass(pass_index)[max(start - pass_start, 0) : stop - pass_start])
+            pass_start += size
+            pass_index += 1
+        return batches
+
+    def _pass_size(self, pass_index):
+        while len(self._pass_sizes) <= pass_index:
+            self._pass(len(self._pass_sizes))
+        return self._pass_sizes[pass_index]
+
+    def _pass(self, pass_index):
+        if self._last_pass is None or self._last_pass[0] != pass_index:
+            generator = np.random.default_rng([self.seed, pass_index])
+            order = generator.permutation(len(self.source_lengths))
+            longer_side = np.maximum(self.source_lengths, self.target_lengths)[order]
+            pool = (np.cumsum(longer_side) - longer_side) // (self.pool_factor * self.max_tokens)
+            by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], longer_side, pool))
+            pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
+            batches = [batch for members in pools for batch in self._cut_batches(members)]
+            if len(batches) < self.num_processes:
+                batches = legacy_split_to_multiple(batches, self.num_processes)
+            if pass_index == len(self._pass_sizes):
+                self._pass_sizes.append(len(batches))
+            self._last_pass = (pass_index, [batches[i] for i in generator.permutation(len(batches))])
+        return self._last_pass[1]
+
+    def _batches_for_epoch(self, epoch):
+        generator = np.random.default_rng([self.seed, epoch])
+        tie_break = generator.permutation(len(self.source_lengths)) if self.shuffle else np.arange(
+            len(self.source_lengths))
+        by_length = tie_break[np.lexsort((self.target_lengths[tie_break], self.source_lengths[tie_break]))]
+        batches = legacy_split_to_multiple(self._cut_batches(by_length), self.num_processes)
+        if self.shuffle:
+            return [batches[i] for i in generator.permutation(len(batches))]
+        return batches
+
+    def _cut_batches(self, order):
+        return legacy_cut(order.tolist(), np.maximum(self.source_lengths, self.target_lengths).tolist(),
+                          self.max_tokens)
+
+
+def legacy_cut(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    batches, current, longest_in_batch = [], [], 0
+    for index in order:
+        longest = max(longest_in_batch, lengths[index])
+        if current and (len(current) + 1) * longest > max_tokens:
+            batches.append(current)
+            current, longest = [], lengths[index]
+        current.append(index)
+        longest_in_batch = longest
+    if current:
+        batches.append(current)
+    return batches
+
+
+def legacy_split_to_multiple(batches, multiple):
+    batches = list(batches)
+    while len(batches) % multiple:
+        largest = max(range(len(batches)), key=lambda position: len(batches[position]))
+        batch = batches[largest]
+        middle = len(batch) // 2
+        batches[largest : largest + 1] = [batch[:middle], batch[middle:]]
+    return batches
+
+
+@pytest.mark.parametrize("pool_factor", [None, 1, 3, 50])
+@pytest.mark.parametrize("num_processes", [1, 2, 3])
+@pytest.mark.parametrize("shuffle", [True, False])
+def test_the_sampler_yields_the_batches_of_the_code_it_replaced(pool_factor, num_processes, shuffle):
+    if pool_factor is not None and not shuffle:
+        pytest.skip("pools need shuffle")
+    rng = random.Random(pool_factor or 0)
+    sources = [rng.randint(1, 90) for _ in range(1500)]
+    targets = [rng.randint(1, 110) for _ in range(1500)]
+    arguments = dict(max_tokens=400, num_processes=num_processes, shuffle=shuffle, seed=7, pool_factor=pool_factor)
+    new, old = TokenBudgetBatchSampler(sources, targets, **arguments), LegacySampler(sources, targets, **arguments)
+    assert len(new) == old._num_batches
+    for epoch in range(4):
+        new.set_epoch(epoch)
+        old.set_epoch(epoch)
+        assert list(new) == list(old)
+
+
+# ---- Reading and tokenization against the pre-#52 code (tests/legacy_data_pipeline.py) ---------------------------
+TRICKY_LINES = [
+    ("A small cat.", "Eine kleine Katze."), ("", "Leer."), ("   ", "Nur Leerzeichen."), ("Tab\u3000space", "\x1c\u2028"),
+    ("Ends in CR\r", "Windows\r"), ("Mid\rline", "Zeile\u2028mit Trenner"), ("Ünïcödé – “quotes”", "Straße 😀"),
+    (" ".join(["long"] * 30), "kurz"), ("short", " ".join(["lang"] * 30)), ("\xa0", "Nicht leer"),
+] * 7
+
+
+def write_tricky_corpus(folder, with_final_newline=True):
+    """The pairs in every layout: plain-text prefix (a byte order mark, "\r\n" line ends), .tsv, .jsonl, .csv and a
+    source-only .txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    end = "\n" if with_final_newline else ""
+    sources, targets = zip(*TRICKY_LINES, strict=True)
+    (folder / "plain.en").write_bytes(("\ufeff" + "\r\n".join(sources) + end).encode("utf-8"))
+    (folder / "plain.de").write_bytes(("\n".join(targets) + end).encode("utf-8"))
+    tsv_rows = ["en\tde"] + [f"{en}\t{de}" if i % 9 else "" for i, (en, de) in enumerate(TRICKY_LINES)]
+    (folder / "pairs.tsv").write_bytes(("\n".join(tsv_rows) + end).encode("utf-8"))
+    (folder / "pairs.jsonl").write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
+                                                for en, de in TRICKY_LINES), encoding="utf-8")
+    with open(folder / "pairs.csv", "w", encoding="utf-8", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["en", "de"])
+        writer.writerows(TRICKY_LINES)
+    (folder / "sources.txt").write_bytes(("\n".join(sources) + end).encode("utf-8"))
+    # JSON lines of several shapes: flat with extra fields, nested, blank lines, a null text, source-only records.
+    mixed = [json.dumps({"en": en, "de": de, "id": i}) if i % 5 else json.dumps({"translation": {"en": en, "de": de}})
+             for i, (en, de) in enumerate(TRICKY_LINES)]
+    mixed[20:20] = ["", "   ", json.dumps({"en": None, "de": "Null-Quelle"})]
+    (folder / "mixed.jsonl").write_bytes(("\n".join(mixed) + end).encode("utf-8"))
+    (folder / "sources.jsonl").write_text("".join(json.dumps({"translation": {"en": en}}) + "\n"
+                                                  for en in sources), encoding="utf-8")
+    return {"plain": folder / "plain", "tsv": folder / "pairs.tsv", "jsonl": folder / "pairs.jsonl",
+            "mixed_jsonl": folder / "mixed.jsonl", "source_jsonl": folder / "sources.jsonl", "csv": folder / "pairs.csv",
+            "txt": folder / "sources.txt"}
+
+
+def columns(dataset):
+    return {"source": list(dataset["source"]), "target": list(dataset["target"])}
+
+
+@pytest.mark.parametrize("chunk_bytes", [7, 64, 1 << 20])
+@pytest.mark.parametrize("final_newline", [True, False])
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_reading_gives_the_pairs_the_code_it_replaced_read(tmp_path, monkeypatch, chunk_bytes, final_newline, on_disk):
+    monkeypatch.setattr(data_module, "READ_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
+    files = write_tricky_corpus(tmp_path / "corpus", final_newline)
+    for layout, path in files.items():
+        source_only = layout in ("txt", "source_jsonl")
+        new = read_local_pairs(path, "en", "de", allow_source_only=source_only,
+                               workdir=tmp_path / "work" if on_disk else None)
+        old = legacy.read_local_pairs(path, "en", "de", allow_source_only=source_only)
+        assert columns(new) == columns(old), layout
+        assert len(new) == {"tsv": len(TRICKY_LINES) - 8, "mixed_jsonl": len(TRICKY_LINES) + 1}.get(layout,
+                                                                                                  len(TRICKY_LINES))
+
+
+def test_reading_errors_are_those_of_the_code_it_replaced(tmp_path, monkeypatch):
+    monkeypatch.setattr(data_module, "READ_CHUNK_BYTES", 16)
+    folder = tmp_path / "bad"
+    folder.mkdir()
+    (folder / "utf.en").write_bytes(b"one\ntwo\nthr\xc3e\nfour\n")
+    (folder / "utf.de").write_bytes(b"eins\nzwei\ndrei\nvier\n")
+    (folder / "count.en").write_text("a\nb\nc\n")
+    (folder / "count.de").write_text("a\nb\n")
+    (folder / "tabs.tsv").write_text("en\tde\na\tb\nc\td\te\n")
+    (folder / "languages.tsv").write_text("en\tfr\na\tb\n")
+    (folder / "typed.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "a", "de": 5}\n')
+    (folder / "mixed.jsonl").write_text('{"en": "a", "de": "b"}\n{"en": "a"}\n')
+    good = '{"en": "a", "de": "b"}\n' * 5
+    (folder / "invalid.jsonl").write_text(good + '{"en": "a", "de": "b"\n' + good)
+    (folder / "list.jsonl").write_text(good + '["a", "b"]\n')
+    (folder / "missing.jsonl").write_text(good + '{"en": "a"}\n')
+    (folder / "nested.jsonl").write_text(good + '{"translation": "a"}\n')
+    cases = [("utf", False), ("count", False), ("tabs.tsv", False), ("languages.tsv", False), ("typed.jsonl", False),
+             ("mixed.jsonl", True), ("invalid.jsonl", False), ("list.jsonl", False), ("missing.jsonl", False),
+             ("nested.jsonl", False)]
+    for name, source_only in cases:
+        with pytest.raises(DatasetSchemaError) as new:
+            read_local_pairs(folder / name, "en", "de", allow_source_only=source_only)
+        with pytest.raises(DatasetSchemaError) as old:
+            legacy.read_local_pairs(folder / name, "en", "de", allow_source_only=source_only)
+        assert str(new.value) == str(old.value), name
+
+
+@pytest.fixture(scope="module")
+def tricky_tokenizer():
+    english, german = zip(*[random_sentence_pair(random.Random(i)) for i in range(200)], strict=True)
+    texts = list(english) + list(german) + [text for pair in TRICKY_LINES for text in pair]
+    return train_joint_tokenizer(texts, vocab_size=500)
+
+
+TOKEN_COLUMNS = ("input_ids", "labels", "source_length", "target_length")
+
+
+@pytest.mark.parametrize("policy", ["filter", "truncate"])
+@pytest.mark.parametrize("workers", [None, 2])
+def test_training_pairs_get_the_token_ids_of_the_code_it_replaced(tmp_path, tricky_tokenizer, policy, workers):
+    files = write_tricky_corpus(tmp_path / "corpus")
+    arguments = DataArguments(max_source_length=12, max_target_length=10, overlong_pairs=policy,
+                              preprocessing_num_workers=workers)
+    for tokenizer in (tricky_tokenizer, SlowPathTokenizer(tricky_tokenizer)):
+        new, new_report = tokenize_training_pairs(read_local_pairs(files["plain"], "en", "de"), tokenizer, arguments,
+                                                  workdir=tmp_path / "work")
+        old, old_report = legacy.tokenize_training_pairs(legacy.read_local_pairs(files["plain"], "en", "de"),
+                                                         tricky_tokenizer, arguments)
+        assert vars(new_report) == vars(old_report) and new_report.dropped > 0
+        for column in ("source", *TOKEN_COLUMNS):
+            assert list(new[column]) == list(old[column]), column
+
+
+def test_evaluation_pairs_get_the_token_ids_of_the_code_it_replaced(tmp_path, tricky_tokenizer):
+    files = write_tricky_corpus(tmp_path / "corpus")
+    arguments = DataArguments(max_source_length=12, max_target_length=10)
+    for layout in ("plain", "txt"):
+        dataset = read_local_pairs(files[layout], "en", "de", allow_source_only=True)
+        new, new_report = tokenize_evaluation_pairs(dataset, tricky_tokenizer, arguments, "test")
+        legacy_dataset = legacy.read_local_pairs(files[layout], "en", "de", allow_source_only=True)
+        old, old_report = legacy.tokenize_evaluation_pairs(legacy_dataset, tricky_tokenizer, arguments, "test")
+        assert vars(new_report) == vars(old_report)
+        for column in ("source", "target", *TOKEN_COLUMNS):
+            assert list(new[column]) == list(old[column]), (layout, column)
+        assert has_references(new) == (layout == "plain")
+
+
+class SlowPathTokenizer:
+    """A tokenizer that is not exactly `PreTrainedTokenizerFast`: tokenization goes through `tokenizer(...)`."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_token_id = tokenizer.eos_token_id
+
+    def __call__(self, *args, **kwargs):
+        return self.tokenizer(*args, **kwargs)
+
+
+# ---- Prepared once, reused, rebuilt on change, never loaded half-written -------------------------------------------
+def prepare_only(config, *overrides):
+    assert run([str(config), "--prepare_only", "true", *overrides]) == {}
+
+
+def prepared_folders(output_dir):
+    return sorted(path.name.split("-")[0] for path in (output_dir / PREPARED_FOLDER).iterdir())
+
+
+@pytest.fixture
+def prepared_run(tmp_path):
+    """A corpus, a config and its output_dir after one `--prepare_only true` run."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    prepare_only(config)
+    return corpus, config, output_dir
+
+
+def test_a_rerun_and_the_training_launch_load_the_prepared_data(prepared_run, monkeypatch, capsys):
+    corpus, config, output_dir = prepared_run
+    assert prepared_folders(output_dir) == ["train", "validation"]
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "load_parallel_splits", lambda *a, **k: pytest.fail("read the texts again"))
+        patch.setattr(training, "tokenize_training_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(training, "tokenize_evaluation_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(training, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer again"))
+        capsys.readouterr()
+        prepare_only(config)
+        assert re.search(r"Reusing the train data prepared in \S+ on .* \(\d+ pairs\): memory-mapped in",
+                         capsys.readouterr().out)
+        built = {}
+        original = training.TranslationTrainer.__init__
+
+        def remember(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            built["train"], built["eval"] = self.train_dataset, self.eval_dataset
+        patch.setattr(training.TranslationTrainer, "__init__", remember)
+        assert "train" in run([str(config)])
+    prepared = output_dir / PREPARED_FOLDER
+    for dataset in (built["train"], built["eval"]):
+        assert dataset.cache_files and all(Path(item["filename"]).is_relative_to(prepared)
+                                           for item in dataset.cache_files), "memory-mapped from the prepared folder"
+
+
+def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
+    corpus, config, output_dir = prepared_run
+    folders = {path.name for path in (output_dir / PREPARED_FOLDER).iterdir()}
+    capsys.readouterr()
+    prepare_only(config, "--max_target_length", "40")  # a length setting: train and validation again
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Prepared the validation data" in log
+    changed = {path.name for path in (output_dir / PREPARED_FOLDER).iterdir()}
+    assert len(changed) == 2 and not changed & folders, "the stale folders are replaced"
+
+    lines = corpus["validation"].read_text(encoding="utf-8").splitlines()
+    corpus["validation"].write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
+    prepare_only(config, "--max_target_length", "40")  # same size, other contents: validation only again
+    log = capsys.readouterr().out
+    assert "Reusing the train data" in log and "Prepared the validation data" in log
+
+    lines = corpus["train"].read_text(encoding="utf-8").splitlines()
+    corpus["train"].write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"holds a tokenizer trained with other settings than this run's \(training text differs \(the files of train_file .* changed since\)"):
+        prepare_only(config, "--max_target_length", "40")  # as before #52: the saved tokenizer no longer fits
+    capsys.readouterr()
+    prepare_only(config, "--max_target_length", "40", "--tokenizer_name", str(output_dir))
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Reusing the validation data" in log
+    (train,) = (output_dir / PREPARED_FOLDER).glob("train-*")
+    assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
+
+
+def test_an_interrupted_preparation_leaves_nothing_a_run_loads(tmp_path, monkeypatch, capsys):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    original_save = Dataset.save_to_disk
+
+    def killed_while_saving(self, path, *args, **kwargs):
+        original_save(self, path, *args, **kwargs)
+        raise KeyboardInterrupt("killed after the data, before the manifest")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Dataset, "save_to_disk", killed_while_saving)
+        with pytest.raises(KeyboardInterrupt):
+            prepare_only(config)
+    assert not (output_dir / PREPARED_FOLDER).exists() or not list((output_dir / PREPARED_FOLDER).iterdir())
+
+    # A SIGKILL leaves its partial folder: a complete-looking split in it is never loaded, and it is removed.
+    prepare_only(config)
+    prepared = output_dir / PREPARED_FOLDER
+    (train,) = prepared.glob("train-*")
+    dead = prepared / f"{PARTIAL_PREFIX}{socket.gethostname()}-{dead_pid()}-0"
+    shutil.copytree(train, dead / train.name)
+    shutil.rmtree(train)
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "left by an interrupted preparation" in log
+    assert not dead.exists() and len(list(prepared.glob("train-*"))) == 1
+
+
+def dead_pid():
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def test_a_full_disk_is_one_clear_error(tmp_path, monkeypatch):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    real_usage = shutil.disk_usage
+
+    def full_where_prepared(path):
+        usage = real_usage(path)
+        return usage._replace(free=1000) if Path(path).name == PREPARED_FOLDER else usage
+    monkeypatch.setattr(shutil, "disk_usage", full_where_prepared)
+    with pytest.raises(PreparationError, match=r"preparing the data needs about .* GiB free in .*prepared_data .* "
+                                               r"but only 0\.0 GiB are free; free some space or choose another"):
+        prepare_only(config)
+    assert not output_dir.exists(), "nothing left behind"
+
+
+@pytest.mark.slow
+def test_the_second_rank_maps_what_the_first_prepared(tmp_path):
+    """Two processes (accelerate launch, gloo on CPU): rank 0 prepares, rank 1 waits and loads its folders."""
+    config_path, output_dir = distributed.write_config(tmp_path)
+    worker = tmp_path / "worker.py"
+    worker.write_text(PREPARE_WORKER, encoding="utf-8")
+    (tmp_path / "records").mkdir()
+    completed = distributed.launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--prepare_only", "true")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    ranks = [json.loads((tmp_path / "records" / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert [r["prepared"] for r in ranks] == [["train", "validation"], []]
+    assert ranks[0]["files"] == ranks[1]["files"] and all(f.startswith(str(output_dir)) for f in ranks[1]["files"])
+
+
+PREPARE_WORKER = '''
+import json, os, sys
+from accelerate import PartialState
+from hf_relpos.translation import prepared, training
+
+record = {"prepared": [], "files": []}
+original_publish, original_prepare = training.publish_prepared, training.prepare_data
+
+def publish(folder, split, *args, **kwargs):
+    record["prepared"].append(split)
+    return original_publish(folder, split, *args, **kwargs)
+
+def prepare(*args, **kwargs):
+    result = original_prepare(*args, **kwargs)
+    datasets = [result.train_dataset, *(item.dataset for item in result.evaluation_sets.values())]
+    record["files"] = [item["filename"] for dataset in datasets for item in dataset.cache_files]
+    return result
+
+training.publish_prepared, training.prepare_data = publish, prepare
+training.main(sys.argv[1:])
+state = PartialState()
+with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
+    json.dump(record, handle)
+'''
+
+
+def test_json_lines_of_one_schema_are_parsed_by_arrow_not_record_by_record(tmp_path, monkeypatch):
+    files = write_tricky_corpus(tmp_path / "corpus")
+    expected = columns(legacy.read_local_pairs(files["jsonl"], "en", "de"))
+    monkeypatch.setattr(data_module.json, "loads", lambda *args: pytest.fail("parsed record by record"))
+    assert columns(read_local_pairs(files["jsonl"], "en", "de")) == expected
+
+
+def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monkeypatch, capsys):
+    """The training split prepared before the kill is reused: the tokenizer, trained again, is the same."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    def killed(*args, **kwargs):
+        raise KeyboardInterrupt("killed while preparing the validation split")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training, "tokenize_evaluation_pairs", killed)
+        with pytest.raises(KeyboardInterrupt):
+            prepare_only(config)
+    assert prepared_folders(tmp_path / "out") == ["train"]
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Trained the tokenizer" in log and "Reusing the train data" in log and "Prepared the validation data" in log
+
+
+def test_a_tokenizer_can_learn_from_a_sample_of_the_training_pairs(tmp_path, monkeypatch):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    seen = []
+    original = training.train_joint_tokenizer
+
+    def counting(batches, *args, **kwargs):
+        texts = [text for batch in batches for text in batch]
+        seen.append(texts)
+        return original(texts, *args, **kwargs)
+
+    monkeypatch.setattr(training, "train_joint_tokenizer", counting)
+    prepare_only(config, "--tokenizer_training_pairs", "30")
+    sample = legacy.read_local_pairs(corpus["train"], "en", "de").select(
+        sorted(np.random.default_rng(training.TOKENIZER_SAMPLE_SEED).choice(120, 30, replace=False)))
+    assert seen == [[text for text in list(sample["source"]) + list(sample["target"]) if text]]
+    settings = json.loads((tmp_path / "out" / "tokenizer_training.json").read_text())
+    assert settings["data"].endswith("en+de, a sample of 30 pairs")
+    with pytest.raises(ConfigError, match=r"training text differs \(saved: .*a sample of 30 pairs; now: .*en\+de\)"):
+        prepare_only(config)
+    with pytest.raises(ValueError, match=r"tokenizer_training_pairs must be null \(every pair\) or an integer >= 1"):
+        DataArguments(tokenizer_training_pairs=0)
