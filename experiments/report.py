@@ -31,7 +31,7 @@ import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
-from benchmarks import bench_data, bench_decoding, bench_training  # noqa: E402
+from benchmarks import bench_data, bench_decoding, bench_inference, bench_training  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -229,6 +229,55 @@ def readme_cost() -> str:
                "`xl`.\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "kernels"], rows)
+
+
+# Issue #49: PyTorch generate against CTranslate2 on the CPU, one model, every engine in the same run.
+INFERENCE_CPU = "inference/cpu_multi30k_small_absolute/inference.json"
+
+
+def inference_provenance(record: dict, path: str, prefix: str) -> str:
+    """The model, hardware, code, command and date of a bench_inference record."""
+    environment = record["environment"]
+    return (f"Record [`{path}`]({prefix}{path}): {record['model_note']}; {record['sentences']} sentences of "
+            f"`{Path(record['test_file']).name}` (Multi30k test), beam {record['num_beams']}, batches of "
+            f"{record['batch_size']}; {environment['device_name']} ({record['hardware_note']}), torch "
+            f"{environment['torch']}, CTranslate2 {record['ctranslate2']}, code `{environment['code']}`, "
+            f"{environment['date'][:10]}; wall-clock time. Command: `{environment['command']}`.")
+
+
+def inference_goals(record: dict) -> str:
+    """Issue #49's CPU goals, each against the record's runs: met or not, with the measured figures."""
+    sentences = record["sentences"]
+    lines = []
+    for run in record["runs"]:
+        engines = run["engines"]
+        baseline, float32, int8 = engines["pytorch"], engines["ct2_float32"], engines["ct2_int8"]
+        loss = baseline["bleu"] - int8["bleu"]
+        int8_met = int8["speedup"] >= record["goals"]["ct2_int8"] and loss <= record["max_bleu_loss_int8"]
+        float32_met = (float32["speedup"] >= record["goals"]["ct2_float32"]
+                       and float32["identical_lines"] == sentences)
+        lines.append(
+            f"- {run['threads']} thread(s): int8 {int8['speedup']:.2f}x PyTorch's sentences/s, BLEU "
+            f"{int8['bleu'] - baseline['bleu']:+.2f} against PyTorch's (goal: {record['goals']['ct2_int8']:.1f}x at "
+            f"<= {record['max_bleu_loss_int8']} "
+            f"BLEU loss: {'met' if int8_met else 'not met'}); float32 {float32['speedup']:.2f}x with "
+            f"{float32['identical_lines']} of {sentences} lines identical (goal: {record['goals']['ct2_float32']:.1f}x, "
+            f"identical lines: {'met' if float32_met else 'not met'}).")
+    return "\n".join(lines)
+
+
+def readme_deploy() -> str:
+    """README 'Deploy': the CPU record's engines side by side, and the goals."""
+    record = read(INFERENCE_CPU)
+    return (bench_inference.render(record) + "\n\n" + inference_goals(record) + "\n\n"
+            + inference_provenance(record, INFERENCE_CPU, "docs/results/") + "\n")
+
+
+def benchmarks_inference_cpu() -> str:
+    """docs/benchmarks.md: the CPU inference record, with its goals and provenance."""
+    record = read(INFERENCE_CPU)
+    return (inference_provenance(record, INFERENCE_CPU, "results/") + "\n\n" + bench_inference.render(record)
+            + "\n\n" + inference_goals(record) + "\n")
 
 
 # --- the rule that chooses the default attention_type (README 'How the default is chosen') -------------------------
@@ -519,6 +568,8 @@ def results_marian_long_lengths() -> str:
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
+    "readme_deploy": readme_deploy,
+    "benchmarks_inference_cpu": benchmarks_inference_cpu,
     "readme_default_rule": readme_default_rule,
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,

@@ -15,7 +15,8 @@ from hf_relpos.translation.training import ConfigError, parse_arguments
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {"hf-relpos-train": "hf_relpos.translation.training:main", "hf-relpos-translate": "hf_relpos.tools.translate:main",
-           "hf-relpos-convert": "hf_relpos.tools.convert:main", "hf-relpos-average": "hf_relpos.tools.average:main"}
+           "hf-relpos-convert": "hf_relpos.tools.convert:main", "hf-relpos-average": "hf_relpos.tools.average:main",
+           "hf-relpos-export": "hf_relpos.tools.export:main"}
 
 
 def script_targets() -> dict[str, str]:
@@ -29,7 +30,7 @@ def resolve(target: str):
     return getattr(importlib.import_module(module_name), attribute)
 
 
-def test_pyproject_declares_the_four_commands():
+def test_pyproject_declares_the_five_commands():
     assert script_targets() == SCRIPTS
 
 
@@ -38,6 +39,7 @@ def test_pyproject_declares_the_four_commands():
     ("hf-relpos-translate", "--dtype"),
     ("hf-relpos-convert", "marian"),
     ("hf-relpos-average", "--last_n"),
+    ("hf-relpos-export", "ctranslate2"),
 ])
 def test_every_command_has_a_working_help(name, shown, capsys):
     main = resolve(script_targets()[name])

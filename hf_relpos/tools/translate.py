@@ -33,6 +33,7 @@ from ..translation.arguments import attention_implementations, check_attn_implem
 from ..translation.batching import cut_token_batches
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
+from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model, is_ctranslate2_folder
 from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
@@ -94,7 +95,8 @@ class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
                                      formatter_class=DefaultsWhereSetFormatter)
-    parser.add_argument("model", help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir)")
+    parser.add_argument("model", help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), "
+                                      "or a CTranslate2 folder written by hf-relpos-export ctranslate2")
     parser.add_argument("input_file", nargs="?", metavar="INPUT", help="source text file (the same as --input)")
     parser.add_argument("--input", help="source text, one sentence per line (default: stdin)")
     parser.add_argument("--output", help="where the translations go, one per line (default: stdout)")
@@ -122,6 +124,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--attn_implementation", type=attn_implementation, metavar="KERNEL",
                         help=f"attention kernel, one of {attention_implementations()} (default: the model's, sdpa); "
                              "flash kernels only run schemes that add nothing to attention (e.g. absolute, rope)")
+    parser.add_argument("--compute_type", choices=COMPUTE_TYPES,
+                        help="for a CTranslate2 folder (hf-relpos-export ctranslate2): the engine's computation type "
+                             "(default: the type the weights were exported in)")
     parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
     return parser
 
@@ -148,6 +153,21 @@ def attn_implementation(text: str) -> str:
         return check_attn_implementation(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> PreTrainedModel | CTranslate2Model:
+    """The PyTorch model of a saved folder, or CTranslate2 over an exported one (each refuses the other's options)."""
+    if is_ctranslate2_folder(args.model):
+        for name in ("dtype", "attn_implementation"):
+            if getattr(args, name) is not None:
+                parser.exit(2, f"{PROGRAM}: error: --{name} is for PyTorch model folders; {args.model!r} is a "
+                               "CTranslate2 export (use --compute_type)\n")
+        return CTranslate2Model(args.model, device=args.device, compute_type=args.compute_type or "default")
+    if args.compute_type is not None:
+        parser.exit(2, f"{PROGRAM}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
+                       f"{args.model!r} is a PyTorch model folder (use --dtype)\n")
+    loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
+    return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -188,11 +208,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
-    loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
-    except (OSError, ValueError, ImportError) as error:
+        model = load_model(parser, args)
+    except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b")
                        if (value := getattr(args, name)) is not None}

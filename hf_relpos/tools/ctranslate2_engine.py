@@ -1,0 +1,135 @@
+"""A CTranslate2 folder (written by `hf-relpos-export ctranslate2`) behind the part of the PyTorch model's interface
+that `hf-relpos-translate` uses: `generate(input_ids, attention_mask, **generation settings)`, `generation_config`,
+`device`. The same tokenizer encodes and decodes around it, and the folder's generation_config.json gives the same
+defaults (beams, length penalty, length cap), so a line is translated the same way by either engine.
+
+One difference is the engine's: its beam search ends once num_beams hypotheses have finished, which is generate's
+`early_stopping=True`. With transformers' default (`early_stopping=False`) generate may search on while a running
+beam could still win, so a few beam-search lines can differ (never to a translation that PyTorch scores higher);
+greedy decoding, and beam search with `early_stopping=True`, give the same lines. A row that reaches its length cap
+ends there without an end token in the engine, where the PyTorch model forces the end token as its last new token
+(the source-relative cap, max_len_b): such rows (the ones `hf-relpos-translate` warns about) can differ.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import GenerationConfig
+
+from ..model.generation_limits import RELATIVE_LIMIT_FIELDS, new_token_limits, relative_limit
+from .export import EXPORT_RECORD, ExportError, import_ctranslate2
+
+COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
+                 "bfloat16", "float32")
+
+
+def is_ctranslate2_folder(folder: str | Path) -> bool:
+    """Whether `folder` is an export of `hf-relpos-export ctranslate2` (it holds its record)."""
+    return (Path(folder) / EXPORT_RECORD).is_file()
+
+
+class CTranslate2Model:
+    """`ctranslate2.Translator` over an exported folder, with generate()'s settings and token ids.
+
+    `generate` takes generate()'s settings (num_beams, length_penalty, max_length counting the decoder start token,
+    max_new_tokens, min_new_tokens, repetition_penalty, no_repeat_ngram_size), defaulting to the folder's
+    generation_config.json as generate() does, and returns the generated ids (end token included when reached)
+    right-padded into a [batch, length] tensor; sources are never truncated.
+    """
+
+    def __init__(self, folder: str | Path, device: str = "cpu", compute_type: str = "default",
+                 threads: int | None = None) -> None:
+        ctranslate2 = import_ctranslate2()
+        if compute_type not in COMPUTE_TYPES:
+            raise ValueError(f"compute_type must be one of {list(COMPUTE_TYPES)}, got {compute_type!r}")
+        folder = Path(folder)
+        self.record = json.loads((folder / EXPORT_RECORD).read_text(encoding="utf-8"))
+        vocabulary_file = folder / "shared_vocabulary.json"
+        self.tokens = json.loads(vocabulary_file.read_text(encoding="utf-8"))
+        self.token_ids = {token: index for index, token in enumerate(self.tokens)}
+        self.generation_config = (GenerationConfig.from_pretrained(folder)
+                                  if (folder / "generation_config.json").is_file() else GenerationConfig())
+        self.device = device
+        kind, _, index = device.partition(":")
+        self.translator = ctranslate2.Translator(
+            str(folder), device=kind, device_index=int(index or 0), compute_type=compute_type,
+            intra_threads=torch.get_num_threads() if threads is None else threads)
+        self.position_table_rows = self.record.get("position_table_rows")
+        start = self.generation_config.decoder_start_token_id
+        self.start_token_id = start if start is not None else self.generation_config.bos_token_id
+
+    def length_config(self, **settings: Any) -> GenerationConfig:
+        """The folder's generation config updated with generate()'s `settings` (max_len_a / max_len_b included)."""
+        config = copy.deepcopy(self.generation_config)
+        for name in RELATIVE_LIMIT_FIELDS:
+            if name in settings:
+                setattr(config, name, settings.pop(name))
+        config.update(**settings)
+        return config
+
+    def new_token_limits(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                         **settings: Any) -> torch.Tensor | None:
+        """Per source row, the most new tokens generate lets it produce: min(floor(max_len_a |x_i| + max_len_b),
+        the ceiling) as the PyTorch model computes it (`hf_relpos.model.generation_limits`); None without max_len_b."""
+        config = self.length_config(**settings)
+        limit = relative_limit(config)
+        if limit is None:
+            return None
+        lengths = (attention_mask.sum(-1) if attention_mask is not None
+                   else torch.full(input_ids.shape[:1], input_ids.size(-1)))
+        return new_token_limits(lengths, *limit, self.decoding_options(**settings)["max_decoding_length"])
+
+    def decoding_options(self, **settings: Any) -> dict[str, Any]:
+        """translate_batch's options for generate()'s `settings` over the folder's generation config."""
+        config = self.length_config(**settings)
+        if config.max_new_tokens is not None:
+            max_decoding_length = config.max_new_tokens
+        else:
+            max_decoding_length = (config.max_length or 20) - 1  # generate's max_length counts the start token
+        min_new = config.min_new_tokens if config.min_new_tokens is not None else max((config.min_length or 0) - 1, 0)
+        if config.do_sample:
+            raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
+        return {
+            "beam_size": config.num_beams or 1,
+            "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
+            "max_decoding_length": max(1, max_decoding_length),
+            "min_decoding_length": min_new,
+            "repetition_penalty": float(config.repetition_penalty or 1.0),
+            "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
+        }
+
+    def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
+                 **settings: Any) -> torch.Tensor:
+        """The translations of the (padded) sources as generated ids [batch, length], the decoder start token first
+        (as generate returns them), padded with pad_token_id. With a source-relative cap (max_len_b), the rows are
+        decoded in groups of equal `new_token_limits`, each under its own length cap (a row's translation does not
+        depend on the rows beside it)."""
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        options = self.decoding_options(**settings)
+        limits = self.new_token_limits(input_ids, attention_mask, **settings)
+        lengths = attention_mask.sum(-1).tolist()
+        rows = self.position_table_rows
+        if rows is not None and (max(lengths) > rows or options["max_decoding_length"] > rows):
+            raise ValueError(f"this export's position table has {rows} rows (max_position_embeddings): sources and "
+                             f"translations must not be longer, got a source of {max(lengths)} tokens and a length "
+                             f"cap of {options['max_decoding_length']}")
+        sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
+                   for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
+        caps = [options["max_decoding_length"]] * len(sources) if limits is None else limits.tolist()
+        outputs: list[list[int]] = [[] for _ in sources]
+        for cap in sorted(set(caps)):
+            group = [index for index, row_cap in enumerate(caps) if row_cap == cap]
+            results = self.translator.translate_batch(
+                [sources[index] for index in group], max_input_length=0, return_end_token=True,
+                **{**options, "max_decoding_length": cap})
+            for index, result in zip(group, results, strict=True):
+                outputs[index] = [self.start_token_id, *(self.token_ids[token] for token in result.hypotheses[0])]
+        pad = self.generation_config.pad_token_id or 0
+        longest = max((len(ids) for ids in outputs), default=0)
+        return torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long)

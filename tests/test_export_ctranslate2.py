@@ -1,0 +1,375 @@
+"""`hf-relpos-export ctranslate2`: every scheme CTranslate2 can express computes in the engine what it computes in
+PyTorch (the same log-probabilities, the same greedy and beam-search translations of padded batches), int8 within 1
+BLEU, and everything else is refused before anything is written."""
+
+from __future__ import annotations
+
+import copy
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_relpos
+from hf_relpos.tools.ctranslate2_engine import CTranslate2Model, is_ctranslate2_folder
+from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2
+from hf_relpos.tools.export import main as export_main
+from hf_relpos.tools.translate import main as translate_main
+from hf_relpos.tools.translate import translate_lines
+from hf_relpos.translation.demo_corpus import generate_demo_splits
+from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+ctranslate2 = pytest.importorskip("ctranslate2")
+
+SPLITS = generate_demo_splits(num_train=12, num_validation=0, num_test=24, seed=5)
+TOKENIZER_TEXTS = [text for pair in generate_demo_splits(3000, 0, 0, seed=11)["train"] for text in pair]
+TRAIN_PAIRS, TEST_SOURCES = SPLITS["train"], [source for source, _ in SPLITS["test"]]
+# Each exportable scheme with architecture options around it, so that every option's mapping is exercised: both LN
+# positions, four activations, the embedding scale off, untied output projection, Shaw without a^V, partial rotary,
+# kept sinusoids at a scale under `none`.
+EXPORTABLE = {
+    "absolute": dict(layer_norm_position="post", activation_function="gelu"),
+    "shaw": dict(layer_norm_position="pre", activation_function="relu"),
+    "shaw_keys_only": dict(attention_type="shaw", use_relative_values=False, tie_word_embeddings=False),
+    "shaw_values_only": dict(attention_type="shaw", use_relative_keys=False, layer_norm_position="pre"),
+    "t5": dict(layer_norm_position="post", scale_embedding=False, relative_attention_num_buckets=8,
+               relative_attention_max_distance=12),
+    "rope": dict(layer_norm_position="pre", rotary_dim=4, activation_function="gelu_new"),
+    "none": dict(layer_norm_position="pre", keep_absolute_positions=True, absolute_positions_scale=0.5,
+                 activation_function="silu"),
+}
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """Word-level merges (a vocabulary of 1000 over 3000 demo pairs), so sentences are short enough to learn fast."""
+    return train_joint_tokenizer(TOKENIZER_TEXTS, vocab_size=1000)
+
+
+def tiny_translation_model(tokenizer, name: str, steps: int):
+    """A tiny model of variant `name`, trained `steps` full-batch Adam steps on the demo training pairs (enough to
+    translate them and give varied, sentence-like guesses for unseen sources), with a random final_logits_bias."""
+    options = dict(EXPORTABLE.get(name, {}))
+    options.setdefault("attention_type", name)
+    torch.manual_seed(0)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, dropout=0.0, max_relative_position=3,
+        max_position_embeddings=128, **special_token_ids(tokenizer), **options)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    sources = tokenizer([source for source, _ in TRAIN_PAIRS], padding=True, return_tensors="pt")
+    labels = tokenizer([target for _, target in TRAIN_PAIRS], padding=True, return_tensors="pt").input_ids
+    labels[labels == tokenizer.pad_token_id] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for _ in range(steps):
+        loss = model(**sources, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    model.final_logits_bias.normal_(0.0, 0.1)
+    model.eval()
+    model.generation_config.num_beams = 4
+    model.generation_config.length_penalty = 1.0
+    model.generation_config.early_stopping = True  # the engine's beam search (see test_beam_search_stops_...)
+    model.generation_config.max_new_tokens = 60
+    return model
+
+
+def save(model, tokenizer, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def exported(tokenizer, tmp_path_factory) -> dict[str, tuple]:
+    """name -> (PyTorch model, its folder, the float32 CTranslate2 export)."""
+    result = {}
+    for name in EXPORTABLE:
+        folder = tmp_path_factory.mktemp(name)
+        model = tiny_translation_model(tokenizer, name, steps=100)
+        save(model, tokenizer, folder / "model")
+        result[name] = (model, folder / "model", export_ctranslate2(folder / "model", folder / "ct2"))
+    return result
+
+
+def torch_log_probs(model, tokenizer, sources: list[str], targets: list[str]) -> list[torch.Tensor]:
+    """log p(y_t | y_<t, x) of each target token (end token included), from one padded forward pass."""
+    inputs = tokenizer(sources, padding=True, return_tensors="pt")
+    labels = tokenizer(targets, padding=True, return_tensors="pt").input_ids
+    with torch.no_grad():
+        logits = model(**inputs, labels=labels).logits
+    log_probs = logits.log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    return [row[label != tokenizer.pad_token_id] for row, label in zip(log_probs, labels, strict=True)]
+
+
+def engine_log_probs(folder: Path, tokenizer, sources: list[str], targets: list[str]) -> list[torch.Tensor]:
+    """The same log-probabilities from CTranslate2's `score_batch` (it appends the end token to each target)."""
+    translator = ctranslate2.Translator(str(folder), device="cpu", intra_threads=1)
+    scored = translator.score_batch(
+        [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]],
+        [tokenizer.convert_ids_to_tokens(ids[:-1]) for ids in tokenizer(targets)["input_ids"]])
+    return [torch.tensor(result.log_probs) for result in scored]
+
+
+@pytest.mark.parametrize("name", list(EXPORTABLE))
+def test_the_engine_scores_every_target_token_as_pytorch_does(exported, tokenizer, name):
+    """Teacher-forced log-probabilities of padded batches in both stacks: the whole network, positions included,
+    agrees to float32 rounding (1e-4), trained or not."""
+    model, _, folder = exported[name]
+    targets = [target for _, target in SPLITS["test"]]
+    expected = torch_log_probs(model, tokenizer, TEST_SOURCES, targets)
+    for reference, scored in zip(expected, engine_log_probs(folder, tokenizer, TEST_SOURCES, targets), strict=True):
+        assert torch.allclose(scored, reference, atol=1e-4, rtol=0), name
+
+
+@pytest.mark.parametrize("name", list(EXPORTABLE))
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_engine_translates_padded_batches_exactly_as_generate(exported, tokenizer, name, num_beams):
+    """float32: the same lines as PyTorch generate, greedy and beam 4, unseen sources in padded batches of mixed
+    lengths (token batches of at most 160 tokens)."""
+    model, _, folder = exported[name]
+    engine = CTranslate2Model(folder, threads=1)
+    settings = dict(num_beams=num_beams, progress=False, max_tokens=160)
+    expected = translate_lines(TEST_SOURCES, model, tokenizer, **settings)
+    assert len(set(expected)) >= len(expected) // 3, expected  # varied translations, not one degenerate line
+    assert translate_lines(TEST_SOURCES, engine, tokenizer, **settings) == expected
+
+
+def test_beam_search_stops_as_generate_does_with_early_stopping(exported, tokenizer):
+    """CTranslate2 ends a beam search once num_beams hypotheses have finished: generate's early_stopping=True. With
+    transformers' default (False) generate may search on while a running beam could still win, so a line can
+    differ: the engine's line then scores at most as high by PyTorch's own
+    length-normalised score (the engine never returns a better translation than generate's)."""
+    model, _, folder = exported["shaw"]
+    engine = CTranslate2Model(folder, threads=1)
+    sources = TEST_SOURCES + [source for source, _ in TRAIN_PAIRS]
+    inputs = tokenizer(sources, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        searched_on = model.generate(**inputs, num_beams=4, early_stopping=False, output_scores=True,
+                                     return_dict_in_generate=True)
+    lines = tokenizer.batch_decode(searched_on.sequences, skip_special_tokens=True)
+    stopped = translate_lines(sources, engine, tokenizer, progress=False)
+    assert stopped == translate_lines(sources, model, tokenizer, progress=False)  # early_stopping=True
+    differing = [index for index, (line, other) in enumerate(zip(lines, stopped, strict=True)) if line != other]
+    assert len(differing) < len(sources) // 2
+    normalised = searched_on.sequences_scores.tolist()
+    for index in differing:
+        target_ids = tokenizer(text_target=[stopped[index]])["input_ids"]
+        engine_score = torch_log_probs(model, tokenizer, [sources[index]], [stopped[index]])[0]
+        assert engine_score.sum() / len(target_ids[0]) <= normalised[index] + 1e-5
+
+
+@pytest.mark.slow
+def test_int8_stays_within_one_bleu_of_float32(tokenizer, tmp_path):
+    """A model trained until it translates its training pairs, exported as int8: corpus BLEU within 1 of the float32
+    export on them (and both of PyTorch's)."""
+    model = tiny_translation_model(tokenizer, "shaw", steps=200)
+    folder = save(model, tokenizer, tmp_path / "model")
+    sources, references = [source for source, _ in TRAIN_PAIRS], [target for _, target in TRAIN_PAIRS]
+    pytorch_bleu = score_translations(translate_lines(sources, model, tokenizer, progress=False), references)["bleu"]
+    scores = {}
+    for quantization in ("float32", "int8"):
+        export = export_ctranslate2(folder, tmp_path / quantization, quantization=quantization)
+        assert json.loads((export / "ctranslate2_export.json").read_text())["quantization"] == quantization
+        hypotheses = translate_lines(sources, CTranslate2Model(export, threads=1), tokenizer, progress=False)
+        scores[quantization] = score_translations(hypotheses, references)["bleu"]
+    assert pytorch_bleu > 90 and scores["float32"] == pytorch_bleu
+    assert abs(scores["int8"] - scores["float32"]) <= 1.0, scores
+    assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * (tmp_path / "float32" / "model.bin").stat().st_size
+
+
+def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
+    _, source, folder = exported["shaw"]
+    assert is_ctranslate2_folder(folder) and not is_ctranslate2_folder(source)
+    for name in ("model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "generation_config.json"):
+        assert (folder / name).is_file(), name
+    generation = json.loads((folder / "generation_config.json").read_text())
+    assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (4, 1.0, 60)
+    assert generation["early_stopping"] is True
+    options = CTranslate2Model(folder, threads=1).decoding_options()
+    assert (options["beam_size"], options["length_penalty"], options["max_decoding_length"]) == (4, 1.0, 60)
+    assert CTranslate2Model(folder, threads=1).decoding_options(max_length=9, max_new_tokens=None)[
+        "max_decoding_length"] == 8  # generate's max_length counts the decoder start token
+    assert not [path.name for path in folder.parent.iterdir() if path.name.startswith(".")]  # no staging left
+
+
+def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
+    """use_relative_keys and use_relative_values both false: no position term at all, exported as two zero tables
+    (an untrained model: the scores agree all the same)."""
+    torch.manual_seed(0)
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, attention_type="shaw",
+        use_relative_keys=False, use_relative_values=False, **special_token_ids(tokenizer))
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    targets = [target for _, target in SPLITS["test"][:4]]
+    expected = torch_log_probs(model, tokenizer, TEST_SOURCES[:4], targets)
+    for reference, scored in zip(expected, engine_log_probs(folder, tokenizer, TEST_SOURCES[:4], targets), strict=True):
+        assert torch.allclose(scored, reference, atol=1e-4, rtol=0)
+
+
+def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokenizer):
+    """absolute and none carry max_position_embeddings (128) rows of positions: a longer cap is refused, not
+    truncated or read out of range."""
+    engine = CTranslate2Model(exported["absolute"][2], threads=1)
+    inputs = tokenizer(TEST_SOURCES[:2], padding=True, return_tensors="pt")
+    with pytest.raises(ValueError, match="position table has 128 rows"):
+        engine.generate(**inputs, max_new_tokens=129)
+    assert engine.generate(**inputs, max_new_tokens=128).size(0) == 2
+    assert CTranslate2Model(exported["shaw"][2], threads=1).position_table_rows is None
+
+
+def test_hf_relpos_translate_runs_an_exported_folder_like_the_pytorch_one(exported, tmp_path, capsys):
+    _, source, folder = exported["t5"]
+    (tmp_path / "src.txt").write_text("".join(line + "\n" for line in [TEST_SOURCES[0], "", *TEST_SOURCES[1:6]]))
+    (tmp_path / "ref.txt").write_text("".join(f"{target}\n" for target in
+                                              [SPLITS["test"][0][1], "", *(t for _, t in SPLITS["test"][1:6])]))
+    printed = {}
+    for model_folder, output in ((source, "torch.txt"), (folder, "ct2.txt")):
+        translate_main([str(model_folder), "--input", str(tmp_path / "src.txt"), "--output", str(tmp_path / output),
+                        "--reference", str(tmp_path / "ref.txt"), "--no_progress", "--max_tokens", "40"])
+        printed[output] = capsys.readouterr().out
+    assert (tmp_path / "ct2.txt").read_text() == (tmp_path / "torch.txt").read_text()
+    assert printed["ct2.txt"] == printed["torch.txt"] and printed["ct2.txt"].startswith("sacreBLEU ")
+    translate_main([str(folder), "--input", str(tmp_path / "src.txt"), "--output", str(tmp_path / "int8.txt"),
+                    "--compute_type", "int8", "--no_progress"])
+    assert len((tmp_path / "int8.txt").read_text().splitlines()) == 7
+
+
+@pytest.mark.parametrize(("flag", "which"), [(["--compute_type", "int8"], "torch"), (["--dtype", "bfloat16"], "ct2")])
+def test_translate_refuses_the_other_engines_option(exported, tmp_path, capsys, flag, which):
+    _, source, folder = exported["absolute"]
+    with pytest.raises(SystemExit) as raised:
+        translate_main([str(source if which == "torch" else folder), "--input", str(tmp_path / "none.txt"), *flag])
+    assert raised.value.code == 2
+
+
+# --- refusals: one line naming what cannot be expressed, nothing written ----------------------------------------
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(attention_type="xl"), "attention_type 'xl' cannot be exported to CTranslate2: Transformer-XL's"),
+    (dict(attention_type="directional"), "attention_type 'directional' cannot be exported to CTranslate2: DiSAN's"),
+    (dict(attention_type="alibi"), "attention_type 'alibi' cannot be exported to CTranslate2: CTranslate2's ALiBi is "
+                                   "causal"),
+    (dict(attention_type="shaw", relative_embeddings_shared_across_heads=False),
+     "relative_embeddings_shared_across_heads false cannot be exported"),
+    (dict(attention_type="shaw", keep_absolute_positions=True),
+     "keep_absolute_positions with attention_type 'shaw' cannot be exported"),
+    (dict(attention_type="rope", self_attention_window=4), "self_attention_window 4 cannot be exported"),
+    (dict(attention_type="t5", cross_attention_length_scaling=True), "cross_attention_length_scaling True cannot"),
+    (dict(attention_type="absolute", position_randomization_max=64, position_randomization_at_inference=True),
+     "position_randomization_at_inference True cannot be exported"),
+    (dict(attention_type="absolute", activation_function="mish"), "activation_function 'mish' cannot be exported"),
+])
+def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(tokenizer, tmp_path, capsys, options,
+                                                                               message):
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, **special_token_ids(tokenizer), **options)
+    folder = save(hf_relpos.RelPosTransformerForConditionalGeneration(config), tokenizer, tmp_path / "model")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ExportError, match="^" + message.replace("(", r"\(")):
+        export_ctranslate2(folder, tmp_path / "out" / "ct2")
+    with pytest.raises(SystemExit) as raised:
+        export_main(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")])
+    assert str(raised.value.code).startswith(f"hf-relpos-export: error: {message}")
+    assert "\n" not in str(raised.value.code)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_sampling_settings_are_refused(exported, tokenizer, tmp_path):
+    model, _, _ = exported["absolute"]
+    model.generation_config.do_sample = True
+    try:
+        folder = save(model, tokenizer, tmp_path / "model")
+    finally:
+        model.generation_config.do_sample = False
+    with pytest.raises(ExportError, match="^generation_config do_sample True cannot be exported"):
+        export_ctranslate2(folder, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ctranslate2", None)  # importing it now raises ImportError
+    with pytest.raises(SystemExit) as raised:
+        export_main(["ctranslate2", str(exported["none"][1]), str(tmp_path / "ct2")])
+    assert raised.value.code == f"hf-relpos-export: error: {ENGINE_MISSING}"
+    assert "hf_relpos[export]" in ENGINE_MISSING
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
+    (tmp_path / "ct2").mkdir()
+    (tmp_path / "ct2" / "keep.txt").write_text("mine")
+    with pytest.raises(ExportError, match="exists and is not an empty folder"):
+        export_ctranslate2(exported["none"][1], tmp_path / "ct2")
+    assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
+
+
+def test_the_inference_benchmark_records_every_engine_on_the_same_lines(exported, tmp_path):
+    """benchmarks/bench_inference.py on a tiny model (no timing asserted): every engine's sentences/s, BLEU and lines
+    identical to PyTorch's, float32 identical on every line."""
+    from benchmarks import bench_inference
+
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "de": target}}) + "\n"
+                                 for source, target in SPLITS["test"][:10]), encoding="utf-8")
+    threads = torch.get_num_threads()
+    try:
+        record = bench_inference.main([str(exported["rope"][1]), "--test_file", str(test_file), "--threads", "1",
+                                       "--batch_size", "4", "--out", str(tmp_path / "out"), "--model_note", "tiny"])
+    finally:
+        torch.set_num_threads(threads)
+    (run,) = record["runs"]
+    assert list(run["engines"]) == ["pytorch", "pytorch (early_stopping=False)", "ct2_float32", "ct2_int8"]
+    assert run["engines"]["ct2_float32"]["identical_lines"] == record["sentences"] == 10
+    assert run["engines"]["ct2_float32"]["bleu"] == run["engines"]["pytorch"]["bleu"]
+    assert all(row["sentences_per_second"] > 0 for row in run["engines"].values())
+    assert json.loads((tmp_path / "out" / "inference.json").read_text())["runs"] == record["runs"]
+
+
+def test_the_source_relative_cap_is_the_pytorch_models(exported, tokenizer):
+    """max_len_a / max_len_b (passed, as hf-relpos-translate passes them): the engine's per-row limits are the
+    model's, and every row that ends before its limit is translated as by PyTorch (rows are decoded in groups of equal
+    limits; a row cut at its limit ends without the end token PyTorch forces there, so cut rows are not compared)."""
+    model, _, folder = exported["t5"]
+    engine = CTranslate2Model(folder, threads=1)
+    caps = dict(max_len_a=0.8, max_len_b=3, num_beams=1)
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    limits = model.new_token_limits(**inputs, **caps)
+    assert torch.equal(engine.new_token_limits(**inputs, **caps), limits) and len(set(limits.tolist())) > 3
+    with torch.no_grad():
+        expected = model.generate(**inputs, **caps)
+    produced = engine.generate(**inputs, **caps)
+    compared = 0
+    for row, limit in enumerate(limits.tolist()):
+        new_tokens = expected[row, 1:].tolist()
+        if tokenizer.eos_token_id in new_tokens and new_tokens.index(tokenizer.eos_token_id) + 1 < limit:
+            compared += 1
+            assert tokenizer.decode(produced[row], skip_special_tokens=True) == tokenizer.decode(
+                expected[row], skip_special_tokens=True)
+        assert len([token for token in produced[row, 1:].tolist() if token != tokenizer.pad_token_id]) <= limit
+    assert compared >= len(TEST_SOURCES) // 3
+
+
+def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):
+    """A generation config saved with max_len_a / max_len_b (as train_translation.py saves it): the exported folder
+    keeps them, and the engine caps each row as the model does without being told."""
+    from hf_relpos.model.generation_limits import set_relative_limit
+
+    model, _, _ = exported["none"]
+    saved = copy.deepcopy(model.generation_config)
+    set_relative_limit(model.generation_config, 1.2, 4)
+    try:
+        folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+        inputs = tokenizer(TEST_SOURCES[:6], padding=True, return_tensors="pt")
+        assert torch.equal(CTranslate2Model(folder, threads=1).new_token_limits(**inputs),
+                           model.new_token_limits(**inputs))
+    finally:
+        model.generation_config = saved
