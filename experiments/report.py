@@ -285,6 +285,8 @@ def benchmarks_inference_cpu() -> str:
 # A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
 # candidate for the default.
 SPEED_FLOOR = 0.8
+# Why a scheme without a committed recipe (the control `none`) is not a candidate.
+NO_RECIPE = "no committed recipe (the control)"
 LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/results/long_inputs/<name>/long_inputs.json
 
 
@@ -321,18 +323,18 @@ def gpu_speed(scheme: str) -> float:
 
 
 def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dict[str, dict]]:
-    """The rule: among the schemes measured in every column whose GPU speed is at least SPEED_FLOOR x absolute's, the
-    one whose worst rank over the columns is best; equal worst ranks go to the faster. Returns the choice and, per
-    scheme, its ranks, worst rank, speed and why it is out (None when it is a candidate)."""
+    """The rule: among the schemes with a committed recipe (RECIPES; the control `none` has none), measured in every
+    column, whose GPU speed is at least SPEED_FLOOR x absolute's, the one whose worst rank over the columns is best;
+    equal worst ranks go to the faster. Returns the choice and, per scheme, its ranks, worst rank, speed and why it is
+    out (None when it is a candidate)."""
     ranks = {name: ranks_by_spread(column) for name, column in columns.items()}
     table_rows = {}
     for scheme in SCHEMES:
-        if scheme == "none":
-            continue
         speed = gpu_speed(scheme) if h100_model_rows(scheme) or scheme == "absolute" else None
         scheme_ranks = {name: column_ranks.get(scheme) for name, column_ranks in ranks.items()}
         missing = [name for name, rank in scheme_ranks.items() if rank is None]
-        out = ("not measured on the GPU" if speed is None else
+        out = (NO_RECIPE if scheme not in RECIPES else
+               "not measured on the GPU" if speed is None else
                f"slower than {SPEED_FLOOR} x absolute" if speed < SPEED_FLOOR else
                f"not measured in {len(missing)} column(s)" if missing else None)
         worst = None if missing else max(scheme_ranks.values())

@@ -198,6 +198,8 @@ def test_the_default_attention_type_is_the_rules_outcome_on_the_records(report):
     choice, rows = report.choose_default(columns)
     assert choice == RelPosTransformerConfig().attention_type
     assert rows["shaw"]["out"] == f"slower than {report.SPEED_FLOOR} x absolute"
+    assert rows["none"]["out"] == report.NO_RECIPE
+    assert "`none`, the position-blind\ncontrol, has none" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "xl" not in columns["20 epochs, test2016"]  # its 20-epoch runs had another attention dropout
 
 
@@ -209,3 +211,6 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     assert report.choose_default({"one": level, "two": dict(level)})[0] == "directional"
     behind = {"absolute": [30.0, 30.2], "directional": [29.0, 29.2], "rope": [31.1, 31.3]}
     assert report.choose_default({"one": level, "two": behind})[0] == "rope"
+    control_ahead = dict(level, none=[40.0, 40.2])   # the control has no recipe: never the default, however it ranks
+    choice, rows = report.choose_default({"one": control_ahead, "two": control_ahead})
+    assert choice == "directional" and rows["none"]["worst"] == 1 and rows["none"]["out"] == report.NO_RECIPE
