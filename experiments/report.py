@@ -181,16 +181,26 @@ def readme_quality() -> str:
 
 
 def kernels(scheme: str) -> str:
-    """The kernels a scheme runs on: hf_relpos' own three, plus transformers' when it adds nothing to attention but
-    replaced queries/keys (`scheme_additions` empty in both stacks)."""
+    """The kernels a scheme runs on: hf_relpos' eager, sdpa and flex_attention; its fused `relpos_triton` where that
+    kernel's rule (`triton_clipped_terms`) covers the scheme's terms in both stacks (elsewhere it hands the call to
+    sdpa), marked as not yet measured on a GPU; and transformers' kernels when the scheme adds nothing to attention
+    but replaced queries/keys (`scheme_additions` empty in both stacks)."""
     from hf_relpos import RelPosTransformerConfig
-    from hf_relpos.model.modeling_relpos import scheme_additions
+    from hf_relpos.model.attention_functions import RELPOS_KERNELS, TRITON_KERNEL, triton_clipped_terms
+    from hf_relpos.model.modeling_relpos import scheme_additions, scheme_terms
 
     config = RelPosTransformerConfig(attention_type=scheme, vocab_size=16, d_model=16, encoder_layers=1,
                                      decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                      encoder_ffn_dim=16, decoder_ffn_dim=16)
-    additions = scheme_additions(config, is_decoder=False) + scheme_additions(config, is_decoder=True)
-    return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
+    stacks = (False, True)
+    fused = all(triton_clipped_terms(terms.score_bias, terms.value_term) is not None
+                for terms, _ in (scheme_terms(config, is_decoder) for is_decoder in stacks))
+    names = [kernel for kernel in RELPOS_KERNELS if kernel != TRITON_KERNEL]
+    if fused:
+        names.append(f"{TRITON_KERNEL} ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))")
+    if not any(scheme_additions(config, is_decoder) for is_decoder in stacks):
+        names.append("flash_attention_2/3, Hub kernels")
+    return ", ".join(names)
 
 
 H100_CHECK = "gpu_check/2026-11-26_h100"   # benchmarks/gpu_check.sh's record of the code as it is

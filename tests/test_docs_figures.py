@@ -214,3 +214,15 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     control_ahead = dict(level, none=[40.0, 40.2])   # the control has no recipe: never the default, however it ranks
     choice, rows = report.choose_default({"one": control_ahead, "two": control_ahead})
     assert choice == "directional" and rows["none"]["worst"] == 1 and rows["none"]["out"] == report.NO_RECIPE
+
+
+def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
+    """README's kernels column: relpos_triton (not yet measured on a GPU) for Shaw, the scheme whose clipped terms
+    `triton_clipped_terms` fuses, and for no other; transformers' kernels only for schemes that add nothing."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for scheme in report.SCHEMES:
+        listed = report.kernels(scheme)
+        assert listed in readme
+        assert ("relpos_triton" in listed) == (scheme == "shaw"), scheme
+        assert ("flash_attention_2/3" in listed) == (scheme in ("absolute", "rope", "none")), scheme
+    assert "relpos_triton ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))" in readme
