@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import cpu_model_name, source_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,12 +58,14 @@ PHASE_MARKERS = (
 
 def generate_corpus(folder: Path, pairs: int, seed: int = 1) -> dict[str, Path]:
     """The plain-text corpus (train of `pairs` lines, validation and test of Multi30k's own) in `folder`; reused
-    when already written for the same size and seed."""
+    when already written for the same size and seed (the stamp is removed before the files are rewritten, so an
+    interrupted regeneration is never taken for a finished one)."""
     stamp = folder / "corpus.json"
     prefixes = {split: folder / split for split in ("train", "valid", "test")}
     if stamp.is_file() and json.loads(stamp.read_text()) == {"pairs": pairs, "seed": seed}:
         return prefixes
     folder.mkdir(parents=True, exist_ok=True)
+    stamp.unlink(missing_ok=True)
     corpus = {split: [json.loads(line)["translation"] for line in open(MULTI30K / f"{name}.jsonl", encoding="utf-8")]
               for split, name in (("train", "train"), ("valid", "validation"), ("test", "test"))}
     rng = random.Random(seed)
@@ -82,7 +85,7 @@ def generate_corpus(folder: Path, pairs: int, seed: int = 1) -> dict[str, Path]:
         for lang in ("en", "de"):
             Path(f"{prefixes[split]}.{lang}").write_text("".join(pair[lang] + "\n" for pair in corpus[split]),
                                                          encoding="utf-8")
-    stamp.write_text(json.dumps({"pairs": pairs, "seed": seed}))
+    write_text_atomic(stamp, json.dumps({"pairs": pairs, "seed": seed}))
     return prefixes
 
 
@@ -286,7 +289,7 @@ def main(argv: list[str] | None = None) -> None:
     for pairs in args.pairs:
         record["sizes"].append(run_size(pairs, args.work, args.workers))
         args.record.parent.mkdir(parents=True, exist_ok=True)
-        args.record.write_text(json.dumps(record, indent=2) + "\n")
+        write_text_atomic(args.record, json.dumps(record, indent=2) + "\n")
         print(render_markdown(record), flush=True)
 
 

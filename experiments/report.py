@@ -181,16 +181,26 @@ def readme_quality() -> str:
 
 
 def kernels(scheme: str) -> str:
-    """The kernels a scheme runs on: hf_relpos' own three, plus transformers' when it adds nothing to attention but
-    replaced queries/keys (`scheme_additions` empty in both stacks)."""
+    """The kernels a scheme runs on: hf_relpos' eager, sdpa and flex_attention; its fused `relpos_triton` where that
+    kernel's rule (`triton_clipped_terms`) covers the scheme's terms in both stacks (elsewhere it hands the call to
+    sdpa), marked as not yet measured on a GPU; and transformers' kernels when the scheme adds nothing to attention
+    but replaced queries/keys (`scheme_additions` empty in both stacks)."""
     from hf_relpos import RelPosTransformerConfig
-    from hf_relpos.model.modeling_relpos import scheme_additions
+    from hf_relpos.model.attention_functions import RELPOS_KERNELS, TRITON_KERNEL, triton_clipped_terms
+    from hf_relpos.model.modeling_relpos import scheme_additions, scheme_terms
 
     config = RelPosTransformerConfig(attention_type=scheme, vocab_size=16, d_model=16, encoder_layers=1,
                                      decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                      encoder_ffn_dim=16, decoder_ffn_dim=16)
-    additions = scheme_additions(config, is_decoder=False) + scheme_additions(config, is_decoder=True)
-    return "eager, sdpa, flex_attention" + ("" if additions else ", flash_attention_2/3, Hub kernels")
+    stacks = (False, True)
+    fused = all(triton_clipped_terms(terms.score_bias, terms.value_term) is not None
+                for terms, _ in (scheme_terms(config, is_decoder) for is_decoder in stacks))
+    names = [kernel for kernel in RELPOS_KERNELS if kernel != TRITON_KERNEL]
+    if fused:
+        names.append(f"{TRITON_KERNEL} ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))")
+    if not any(scheme_additions(config, is_decoder) for is_decoder in stacks):
+        names.append("flash_attention_2/3, Hub kernels")
+    return ", ".join(names)
 
 
 H100_CHECK = "gpu_check/2026-11-26_h100"   # benchmarks/gpu_check.sh's record of the code as it is
@@ -285,6 +295,8 @@ def benchmarks_inference_cpu() -> str:
 # A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
 # candidate for the default.
 SPEED_FLOOR = 0.8
+# Why a scheme without a committed recipe (the control `none`) is not a candidate.
+NO_RECIPE = "no committed recipe (the control)"
 LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/results/long_inputs/<name>/long_inputs.json
 
 
@@ -321,18 +333,18 @@ def gpu_speed(scheme: str) -> float:
 
 
 def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dict[str, dict]]:
-    """The rule: among the schemes measured in every column whose GPU speed is at least SPEED_FLOOR x absolute's, the
-    one whose worst rank over the columns is best; equal worst ranks go to the faster. Returns the choice and, per
-    scheme, its ranks, worst rank, speed and why it is out (None when it is a candidate)."""
+    """The rule: among the schemes with a committed recipe (RECIPES; the control `none` has none), measured in every
+    column, whose GPU speed is at least SPEED_FLOOR x absolute's, the one whose worst rank over the columns is best;
+    equal worst ranks go to the faster. Returns the choice and, per scheme, its ranks, worst rank, speed and why it is
+    out (None when it is a candidate)."""
     ranks = {name: ranks_by_spread(column) for name, column in columns.items()}
     table_rows = {}
     for scheme in SCHEMES:
-        if scheme == "none":
-            continue
         speed = gpu_speed(scheme) if h100_model_rows(scheme) or scheme == "absolute" else None
         scheme_ranks = {name: column_ranks.get(scheme) for name, column_ranks in ranks.items()}
         missing = [name for name, rank in scheme_ranks.items() if rank is None]
-        out = ("not measured on the GPU" if speed is None else
+        out = (NO_RECIPE if scheme not in RECIPES else
+               "not measured on the GPU" if speed is None else
                f"slower than {SPEED_FLOOR} x absolute" if speed < SPEED_FLOOR else
                f"not measured in {len(missing)} column(s)" if missing else None)
         worst = None if missing else max(scheme_ranks.values())

@@ -198,6 +198,8 @@ def test_the_default_attention_type_is_the_rules_outcome_on_the_records(report):
     choice, rows = report.choose_default(columns)
     assert choice == RelPosTransformerConfig().attention_type
     assert rows["shaw"]["out"] == f"slower than {report.SPEED_FLOOR} x absolute"
+    assert rows["none"]["out"] == report.NO_RECIPE
+    assert "`none`, the position-blind\ncontrol, has none" in (ROOT / "README.md").read_text(encoding="utf-8")
     assert "xl" not in columns["20 epochs, test2016"]  # its 20-epoch runs had another attention dropout
 
 
@@ -209,3 +211,18 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     assert report.choose_default({"one": level, "two": dict(level)})[0] == "directional"
     behind = {"absolute": [30.0, 30.2], "directional": [29.0, 29.2], "rope": [31.1, 31.3]}
     assert report.choose_default({"one": level, "two": behind})[0] == "rope"
+    control_ahead = dict(level, none=[40.0, 40.2])   # the control has no recipe: never the default, however it ranks
+    choice, rows = report.choose_default({"one": control_ahead, "two": control_ahead})
+    assert choice == "directional" and rows["none"]["worst"] == 1 and rows["none"]["out"] == report.NO_RECIPE
+
+
+def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
+    """README's kernels column: relpos_triton (not yet measured on a GPU) for Shaw, the scheme whose clipped terms
+    `triton_clipped_terms` fuses, and for no other; transformers' kernels only for schemes that add nothing."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for scheme in report.SCHEMES:
+        listed = report.kernels(scheme)
+        assert listed in readme
+        assert ("relpos_triton" in listed) == (scheme == "shaw"), scheme
+        assert ("flash_attention_2/3" in listed) == (scheme in ("absolute", "rope", "none")), scheme
+    assert "relpos_triton ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))" in readme

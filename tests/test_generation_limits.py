@@ -4,6 +4,7 @@ under padding and beam search, saved with the model, off for folders saved witho
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 import torch
@@ -118,12 +119,14 @@ def test_a_passed_generation_config_keeps_the_saved_relative_cap():
     assert torch.equal(output, positional)
 
 
-@pytest.mark.parametrize("field, value", [("max_len_a", -1.0), ("max_len_a", "x"), ("max_len_b", 1.5),
-                                          ("max_len_b", -2)])
-def test_bad_cap_fields_are_one_error_naming_the_field(field, value):
+@pytest.mark.parametrize("field, value, allowed", [
+    ("max_len_a", -1.0, "a finite number >= 0"), ("max_len_a", "x", "a finite number >= 0"),
+    ("max_len_a", float("inf"), "a finite number >= 0"), ("max_len_b", 1.5, "an integer >= 0"),
+    ("max_len_b", -2, "an integer >= 0"), ("max_len_b", True, "an integer >= 0")])
+def test_bad_cap_fields_are_one_error_naming_the_field(field, value, allowed):
     model = capped_model()
     ids, mask = sources([4])
-    with pytest.raises(ValueError, match=field):
+    with pytest.raises(ValueError, match=rf"^{field} \(new tokens [^)]*\) must be {allowed}, got {re.escape(repr(value))}$"):
         model.generate(input_ids=ids, attention_mask=mask, **{field: value})
 
 

@@ -362,6 +362,30 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
 
 
+def test_preparing_one_split_reads_and_budgets_for_that_split_only(prepared_run, monkeypatch, capsys):
+    """A changed validation file: the train file is neither read nor counted in the disk budget."""
+    corpus, config, output_dir = prepared_run
+    lines = corpus["validation"].read_text(encoding="utf-8").splitlines()
+    corpus["validation"].write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
+    real_read, real_preparation = data_module.read_local_pairs, training.preparation
+    budgets = []
+
+    def read_but_train(path, *args, **kwargs):
+        assert Path(path) != corpus["train"], "read the train file"
+        return real_read(path, *args, **kwargs)
+
+    def recording_preparation(output_dir, text_bytes):
+        budgets.append(text_bytes)
+        return real_preparation(output_dir, text_bytes)
+    monkeypatch.setattr(data_module, "read_local_pairs", read_but_train)
+    monkeypatch.setattr(training, "preparation", recording_preparation)
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Reusing the train data" in log and "Prepared the validation data" in log
+    assert budgets == [corpus["validation"].stat().st_size]
+
+
 def test_an_interrupted_preparation_leaves_nothing_a_run_loads(tmp_path, monkeypatch, capsys):
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
     output_dir = tmp_path / "out"

@@ -15,6 +15,8 @@ import math
 import torch
 from transformers import GenerationConfig, LogitsProcessor
 
+from .validation import require_int, require_non_negative_number
+
 RELATIVE_LIMIT_FIELDS = ("max_len_a", "max_len_b")
 
 
@@ -26,11 +28,8 @@ def relative_limit(config: GenerationConfig) -> tuple[float, int] | None:
     if offset is None:
         return None
     ratio = 0.0 if ratio is None else ratio
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
-        raise ValueError(f"max_len_a (new tokens per source token) must be a finite number >= 0, got {ratio!r}")
-    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-        raise ValueError(f"max_len_b (new tokens beyond max_len_a * source length) must be an integer >= 0, "
-                         f"got {offset!r}")
+    require_non_negative_number("max_len_a (new tokens per source token)", ratio)
+    require_int("max_len_b (new tokens beyond max_len_a * source length)", offset, 0)
     return float(ratio), offset
 
 

@@ -147,18 +147,24 @@ def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, le
                          f"{list(mask.shape)}")
 
 
-def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
-    """What the position scheme of the encoder (or the decoder) of `config` adds to attention: its terms'
-    `AttentionTerms.additions()` and "an attention mask" for a scheme mask, read off a fresh one-layer copy of the
-    scheme on the CPU over 3 tokens (replaced queries and keys, RoPE's, add nothing)."""
+def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[AttentionTerms, PositionContext]:
+    """The self-attention terms (and prepared context) of the encoder's (or the decoder's) position scheme of
+    `config`, read off a fresh one-layer copy of the scheme on the CPU over 3 tokens."""
     num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
     head_dim = config.d_model // num_heads
     with torch.device("cpu"), torch.no_grad():  # also inside from_pretrained's meta-device construction
         positions = get_scheme_class(config.attention_type)(config, 1, num_heads, head_dim, is_causal=is_decoder)
         query = key = torch.zeros(1, num_heads, 3, head_dim)
         context = positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
-        additions = positions.terms(0, query, key, context).additions()
-    return additions + (["an attention mask"] if context.has_mask() else [])
+        return positions.terms(0, query, key, context), context
+
+
+def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
+    """What the position scheme of the encoder (or the decoder) of `config` adds to attention: its terms'
+    `AttentionTerms.additions()` and "an attention mask" for a scheme mask (`scheme_terms`; replaced queries and
+    keys, RoPE's, add nothing)."""
+    terms, context = scheme_terms(config, is_decoder)
+    return terms.additions() + (["an attention mask"] if context.has_mask() else [])
 
 
 def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:

@@ -14,6 +14,11 @@ def is_positive_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
+def is_non_negative_number(value: Any) -> bool:
+    """Whether `value` is a finite real number (an int or a float, not a bool) >= 0."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+
+
 def is_int_at_least(value: Any, minimum: int) -> bool:
     """Whether `value` is an integer (not a bool) >= `minimum`."""
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
@@ -36,3 +41,9 @@ def require_positive_number(name: str, value: Any, null_means: str | None = None
     if not is_positive_number(value):
         allowed = "a positive number" if null_means is None else f"null ({null_means}) or a positive number"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
+
+
+def require_non_negative_number(name: str, value: Any) -> None:
+    """Raise ValueError naming `name` unless `value` is a finite number >= 0."""
+    if not is_non_negative_number(value):
+        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")

@@ -6,9 +6,11 @@ defaults (beams, length penalty, length cap), so a line is translated the same w
 One difference is the engine's: its beam search ends once num_beams hypotheses have finished, which is generate's
 `early_stopping=True`. With transformers' default (`early_stopping=False`) generate may search on while a running
 beam could still win, so a few beam-search lines can differ (never to a translation that PyTorch scores higher);
-greedy decoding, and beam search with `early_stopping=True`, give the same lines. A row that reaches its length cap
-ends there without an end token in the engine, where the PyTorch model forces the end token as its last new token
-(the source-relative cap, max_len_b): such rows (the ones `hf-relpos-translate` warns about) can differ.
+greedy decoding, and beam search with `early_stopping=True`, give the same lines. Under the source-relative cap
+(max_len_b) the PyTorch model forces the end token as a row's `limit`-th new token: the engine decodes at most
+`limit - 1` tokens and appends the end token to a row that did not end, which is greedy decoding's result exactly;
+in beam search the forced end token's score is not part of the engine's ranking, so a capped row (one
+`hf-relpos-translate` warns about) can differ.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..model.generation_limits import RELATIVE_LIMIT_FIELDS, new_token_limits, relative_limit
+from ..model.generation_limits import RELATIVE_LIMIT_FIELDS, new_token_limits, relative_limit, source_lengths
 from .export import EXPORT_RECORD, ExportError, import_ctranslate2
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -62,6 +64,8 @@ class CTranslate2Model:
         self.position_table_rows = self.record.get("position_table_rows")
         start = self.generation_config.decoder_start_token_id
         self.start_token_id = start if start is not None else self.generation_config.bos_token_id
+        end = self.generation_config.eos_token_id
+        self.end_token_ids = end if isinstance(end, list) else [end]
 
     def length_config(self, **settings: Any) -> GenerationConfig:
         """The folder's generation config updated with generate()'s `settings` (max_len_a / max_len_b included)."""
@@ -80,8 +84,7 @@ class CTranslate2Model:
         limit = relative_limit(config)
         if limit is None:
             return None
-        lengths = (attention_mask.sum(-1) if attention_mask is not None
-                   else torch.full(input_ids.shape[:1], input_ids.size(-1)))
+        lengths = source_lengths(input_ids, attention_mask, self.generation_config.pad_token_id)
         return new_token_limits(lengths, *limit, self.decoding_options(**settings)["max_decoding_length"])
 
     def decoding_options(self, **settings: Any) -> dict[str, Any]:
@@ -107,10 +110,13 @@ class CTranslate2Model:
                  **settings: Any) -> torch.Tensor:
         """The translations of the (padded) sources as generated ids [batch, length], the decoder start token first
         (as generate returns them), padded with pad_token_id. With a source-relative cap (max_len_b), the rows are
-        decoded in groups of equal `new_token_limits`, each under its own length cap (a row's translation does not
-        depend on the rows beside it)."""
+        decoded in groups of equal `new_token_limits`, each to one token short of its cap, the end token then
+        ending a row that did not end (as the PyTorch model forces it; a row's translation does not depend on the rows
+        beside it). Without an attention mask, the tokens that are not pad_token_id are the sources (as the model
+        infers it)."""
         if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+            pad = self.generation_config.pad_token_id
+            attention_mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
         options = self.decoding_options(**settings)
         limits = self.new_token_limits(input_ids, attention_mask, **settings)
         lengths = attention_mask.sum(-1).tolist()
@@ -121,15 +127,20 @@ class CTranslate2Model:
                              f"cap of {options['max_decoding_length']}")
         sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
                    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
-        caps = [options["max_decoding_length"]] * len(sources) if limits is None else limits.tolist()
+        caps = [options["max_decoding_length"] + 1] * len(sources) if limits is None else limits.tolist()
         outputs: list[list[int]] = [[] for _ in sources]
         for cap in sorted(set(caps)):
             group = [index for index, row_cap in enumerate(caps) if row_cap == cap]
-            results = self.translator.translate_batch(
-                [sources[index] for index in group], max_input_length=0, return_end_token=True,
-                **{**options, "max_decoding_length": cap})
-            for index, result in zip(group, results, strict=True):
-                outputs[index] = [self.start_token_id, *(self.token_ids[token] for token in result.hypotheses[0])]
+            hypotheses = [[] for _ in group] if cap == 1 else [result.hypotheses[0] for result in (
+                self.translator.translate_batch(
+                    [sources[index] for index in group], max_input_length=0, return_end_token=True,
+                    **{**options, "max_decoding_length": cap - 1,
+                       "min_decoding_length": min(options["min_decoding_length"], cap - 1)}))]
+            for index, tokens in zip(group, hypotheses, strict=True):
+                new_ids = [self.token_ids[token] for token in tokens]
+                if limits is not None and (not new_ids or new_ids[-1] not in self.end_token_ids):
+                    new_ids.append(self.end_token_ids[0])   # the model forces the end token as new token number `cap`
+                outputs[index] = [self.start_token_id, *new_ids]
         pad = self.generation_config.pad_token_id or 0
         longest = max((len(ids) for ids in outputs), default=0)
         return torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long)

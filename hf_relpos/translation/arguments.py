@@ -14,7 +14,6 @@ import dataclasses
 import difflib
 import inspect
 import logging
-import math
 import os
 import re
 import sys
@@ -34,7 +33,7 @@ from ..model.attention_functions import RELPOS_KERNELS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import scheme_config_fields
-from ..model.validation import require_int
+from ..model.validation import is_non_negative_number, require_int
 from .data import DataArguments
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
@@ -507,7 +506,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
     ratio = training_args.generation_max_length_ratio
-    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not math.isfinite(ratio) or ratio < 0:
+    if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
 

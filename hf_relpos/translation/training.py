@@ -459,8 +459,9 @@ TOKENIZER_TRAINING_BATCH = 10_000
 
 
 class RawSplits:
-    """The run's splits as read from their files or the Hub, read once and only when needed (a tokenizer to train,
-    data to prepare); local files are read into memory-mapped Arrow files in the preparation folder."""
+    """The run's splits as read from their files or the Hub, each read once and only when needed (a tokenizer to
+    train, data to prepare); local files are read into memory-mapped Arrow files in the preparation folder, whose disk
+    budget counts the splits in `to_prepare` (all of them until the run knows which need preparing)."""
 
     def __init__(self, data_args: DataArguments, splits: tuple[str, ...], output_dir: str, cache_dir: str | None,
                  stack: contextlib.ExitStack) -> None:
@@ -468,7 +469,8 @@ class RawSplits:
             data_args, splits, output_dir, cache_dir, stack)
         self.demo_directory = Path(output_dir) / DEMO_DATA_FOLDER
         self.files = local_split_files(data_args, splits, self.demo_directory)
-        self.loaded: dict[str, Dataset] | None = None
+        self.to_prepare = splits
+        self.loaded: dict[str, Dataset] = {}
         self.folder: Path | None = None
 
     def data_files(self, split: str) -> list[Path]:
@@ -478,9 +480,9 @@ class RawSplits:
         """Per split, what its texts depend on: the SHA-256 of its files and the settings that select its texts (the
         languages, the sample cap); for a Hub dataset, the `datasets` fingerprint of the loaded split."""
         if self.files is None:
-            return {split: dataset._fingerprint for split, dataset in self.get().items()}
+            return {split: self.get(split)._fingerprint for split in self.splits}
         identities = {}
-        started, size = time.monotonic(), self.text_bytes()
+        started, size = time.monotonic(), self.text_bytes(self.splits)
         with tqdm(total=size, unit="B", unit_scale=True, desc="Hashing the data files",
                   disable=size < PROGRESS_MIN_BYTES) as bar:
             for split in self.splits:
@@ -491,27 +493,31 @@ class RawSplits:
         logger.info("Hashed the data files (%.0f MiB) in %.1f s", size / 2**20, time.monotonic() - started)
         return identities
 
-    def text_bytes(self) -> int:
-        """The size of what the splits are read from: their files, or the loaded Hub splits' Arrow tables."""
+    def text_bytes(self, splits: tuple[str, ...]) -> int:
+        """The size of what `splits` are read from: their files, or the loaded Hub splits' Arrow tables."""
         if self.files is None:
-            return sum(dataset.data.nbytes for dataset in self.get().values())
-        return sum(path.stat().st_size for split in self.splits for path in self.data_files(split))
+            return sum(self.get(split).data.nbytes for split in splits)
+        return sum(path.stat().st_size for split in splits for path in self.data_files(split))
 
     def workdir(self) -> Path:
-        """The preparation folder of this run (created at the first call, removed when the run's preparation ends)."""
+        """The preparation folder of this run (created at the first call, with the disk budget of the splits in
+        `to_prepare`; removed when the run's preparation ends)."""
         if self.folder is None:
-            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes()))
+            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes(self.to_prepare)))
         return self.folder
 
-    def get(self) -> dict[str, Dataset]:
-        if self.loaded is None:
+    def get(self, split: str) -> Dataset:
+        """The texts of `split` (a Hub dataset loads all its splits at once)."""
+        if split not in self.loaded:
+            splits = self.splits if self.files is None else (split,)
             workdir = None if self.files is None else self.workdir() / "raw"
             started = time.monotonic()
-            self.loaded = load_parallel_splits(self.data_args, self.splits, self.demo_directory,
-                                               cache_dir=self.cache_dir, workdir=workdir)
-            logger.info("Read %s in %.1f s", ", ".join(f"{split} ({len(dataset)} pairs)" for split, dataset in
-                                                        self.loaded.items()), time.monotonic() - started)
-        return self.loaded
+            loaded = load_parallel_splits(self.data_args, splits, self.demo_directory, cache_dir=self.cache_dir,
+                                          workdir=workdir)
+            logger.info("Read %s in %.1f s", ", ".join(f"{name} ({len(dataset)} pairs)" for name, dataset in
+                                                        loaded.items()), time.monotonic() - started)
+            self.loaded.update(loaded)
+        return self.loaded[split]
 
 
 def text_batches(dataset: Dataset) -> Iterator[list[str]]:
@@ -549,29 +555,31 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                                                     retrain=retrain, resuming=resuming)
         model = _build_model(model_args, tokenizer, data_args, training_args)
         token_ids = tokenizer_sha256(tokenizer)
-        prepared = {}
+        keys, prepared = {}, {}
         for split in splits:
             inputs = {"split": split, "data": identities[split], "tokenizer": token_ids,
                       **{name: getattr(data_args, name) for name in ("max_source_length", "max_target_length")}}
             if split == "train":
                 inputs["overlong_pairs"] = data_args.overlong_pairs
-            key = preparation_key(inputs)
-            loaded = load_prepared(output_dir, split, key)
-            if loaded is None:
-                started = time.monotonic()
-                workdir = raw.workdir() / "work"
-                if split == "train":
-                    dataset, report = tokenize_training_pairs(raw.get()[split], tokenizer, data_args, workdir,
-                                                              keep_text=False)
-                else:
-                    dataset, report = tokenize_evaluation_pairs(raw.get()[split], tokenizer, data_args, split, workdir)
-                publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
-                logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
-                loaded = load_prepared(output_dir, split, key)
-            else:
+            keys[split] = inputs
+            loaded = load_prepared(output_dir, split, preparation_key(inputs))
+            if loaded is not None:
                 report = LengthReport(**loaded[1]["report"])
                 logger.info(report.describe(data_args.overlong_pairs if split == "train" else "truncate"))
-            prepared[split] = loaded[0]
+                prepared[split] = loaded[0]
+        raw.to_prepare = tuple(split for split in splits if split not in prepared)
+        for split in raw.to_prepare:
+            inputs, key = keys[split], preparation_key(keys[split])
+            started = time.monotonic()
+            workdir = raw.workdir() / "work"
+            if split == "train":
+                dataset, report = tokenize_training_pairs(raw.get(split), tokenizer, data_args, workdir,
+                                                          keep_text=False)
+            else:
+                dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
+            publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
+            logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
+            prepared[split] = load_prepared(output_dir, split, key)[0]
     evaluation_sets = {prefix: _prepare_evaluation_set(prepared[split])
                        for prefix, split in (("eval", "validation"), ("test", "test")) if split in prepared}
     return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
@@ -613,7 +621,7 @@ def _obtain_tokenizer(
         return load_tokenizer(output_dir), None
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     started = time.monotonic()
-    texts = tokenizer_training_sample(raw.get()["train"], data_args.tokenizer_training_pairs)
+    texts = tokenizer_training_sample(raw.get("train"), data_args.tokenizer_training_pairs)
     tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
     release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
