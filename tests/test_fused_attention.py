@@ -177,6 +177,31 @@ def test_shaw_masses_are_never_negative_and_sum_to_one_in_bfloat16(reference_ker
     assert (masses.sum(-1) - 1).abs().max().item() < 1e-4   # float32 rounding of scores near 1e3
 
 
+def test_shaw_band_and_masses_stay_in_float32_under_bfloat16_autocast(monkeypatch):
+    """Under bf16 autocast the band scores, the merge and a^V's masses times w^V run in promote_types(bf16, float32)
+    (autocast would run their products in bf16): the same results as without autocast, bit for bit."""
+    def kernel_without_autocast(*args, **kwargs):   # as the compiled kernel, which runs with autocast off
+        with torch.autocast("cpu", enabled=False):
+            return reference_flex(*args, **kwargs)
+
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: kernel_without_autocast)
+    attention, scheme = attention_for("shaw", False, max_relative_position=3)
+    scheme.float()
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 20, HEAD_DIM, generator=generator).bfloat16() for _ in range(3))
+    mask = FlexMask(BATCH, 20, 20)
+    results = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            output, masses = scheme.region_attention(0, query, key, value, HEAD_DIM**-0.5, mask,
+                                                     attention_functions.flex_region)
+            fused = scheme.fused_attention(0, query, key, value, HEAD_DIM**-0.5, mask, attention_functions.flex_region)
+        assert output.dtype == masses.dtype == torch.float32 and fused.dtype == torch.bfloat16
+        results.append((output, masses, fused))
+    for expected, actual in zip(*results, strict=True):
+        assert torch.equal(actual, expected)
+
+
 class LargeTensors(TorchDispatchMode):
     """Records every tensor an operation creates with at least `limit` elements."""
 
