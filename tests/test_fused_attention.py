@@ -9,6 +9,7 @@ composition around the kernel; the kernel itself is torch's (compared with eager
 
 from __future__ import annotations
 
+import logging
 import types
 
 import pytest
@@ -21,7 +22,7 @@ import hf_relpos
 from hf_relpos.model import attention_functions
 from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.model.positions import DenseBias, PositionContext, built_in_schemes, get_scheme_class
+from hf_relpos.model.positions import DenseBias, PositionContext, RelativeValues, built_in_schemes, get_scheme_class
 
 BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
@@ -309,6 +310,47 @@ def test_flex_attention_refuses_dropout_in_training(reference_kernel):
     query = torch.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match="attention_dropout"):
         flex_attention_forward(None, query, query, query, None, dropout=0.1)
+    values = RelativeValues(torch.randn(3, 2), 1, 0, torch.zeros(4, 4, dtype=torch.long), consecutive=False)
+    with pytest.raises(ValueError, match="attention_dropout"):   # also where the value term runs on eager
+        flex_attention_forward(None, query, query, query, None, dropout=0.1, value_term=values)
+
+
+def warnings_logged(caplog, run) -> list[str]:
+    """The warnings `run()` logs, transformers' once-per-process memory cleared first."""
+    logging.Logger.warning_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run()
+    return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+
+
+def test_a_value_term_without_a_fused_form_runs_eager_with_a_warning(reference_kernel, caplog):
+    """Shaw's a^V at randomized positions (or a scheme's value term without fused_attention) forms the n x m
+    probabilities on eager: said once, naming the cause; a decoding step (eager by design) says nothing."""
+    query = torch.randn(1, 1, 4, 2, dtype=torch.float64)
+    index = torch.randint(0, 3, (4, 4))
+    values = RelativeValues(torch.randn(3, 2, dtype=torch.float64), 1, 0, index, consecutive=False)
+    expected, _ = attention_functions.eager_attention_forward(None, query, query, query, None, value_term=values)
+    outputs = []
+    logged = warnings_logged(caplog, lambda: outputs.extend(
+        flex_attention_forward(None, query, query, query, None, value_term=values)[0] for _ in range(2)))
+    assert logged == ["flex_attention: Shaw's a^V at randomized positions has no fused form: it runs on eager, "
+                      "forming the n x m attention probabilities"]
+    assert all(torch.equal(output, expected) for output in outputs)
+    logged = warnings_logged(caplog, lambda: flex_attention_forward(None, query, query, query, None,
+                                                                    value_term=lambda probabilities: 0.0))
+    assert logged == ["flex_attention: a value term (function) whose scheme gives no fused_attention has no fused "
+                      "form: it runs on eager, forming the n x m attention probabilities"]
+    step_values = RelativeValues(values.table, 1, 3, index[-1:], consecutive=False)
+    assert warnings_logged(caplog, lambda: flex_attention_forward(None, query[..., -1:, :], query, query, None,
+                                                                  value_term=step_values)) == []
+
+
+def test_flex_attention_off_cuda_and_off_the_cpu_runs_uncompiled_with_a_warning(caplog):
+    logged = warnings_logged(caplog, lambda: attention_functions.flex_kernel(torch.empty(1, device="meta")))
+    assert logged == ["flex_attention on meta: FlexAttention is compiled on CUDA only, so it runs uncompiled here "
+                      "(slow, forming every score); use 'sdpa' on this device"]
+    assert warnings_logged(caplog, lambda: attention_functions.flex_kernel(torch.empty(1))) == []
 
 
 def count_calls(monkeypatch, owner, name):
