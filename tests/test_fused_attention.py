@@ -301,6 +301,21 @@ def test_compiled_graphs_stay_bounded_over_many_lengths_and_the_limit_raises(mon
         run(2, multiple, dtype=torch.bfloat16)
 
 
+def test_the_recompile_limit_error_names_the_multiple_training_pads_to(monkeypatch):
+    def compile_hitting_the_limit(function, **kwargs):
+        def compiled(*args, **kwargs):
+            raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached")
+        return compiled
+
+    monkeypatch.setattr(attention_functions, "COMPILE_ON_CPU", True)
+    monkeypatch.setattr(attention_functions, "_compiled_flex_attention", None)
+    monkeypatch.setattr(attention_functions.torch, "compile", compile_hitting_the_limit)
+    query = torch.randn(1, 1, 4, 2)
+    with pytest.raises(attention_functions.FlexCompileError,
+                       match=f"pad lengths to a multiple of {attention_functions.FLEX_LENGTH_MULTIPLE} "):
+        attention_functions.flex_kernel(query)(query, query, query)
+
+
 def test_the_fused_path_pads_lengths_to_a_multiple():
     assert attention_functions.length_multiple("flex_attention") == attention_functions.FLEX_LENGTH_MULTIPLE
     assert attention_functions.length_multiple("sdpa") is None

@@ -191,7 +191,8 @@ def flex_kernel(query: torch.Tensor) -> Callable:
                     raise FlexCompileError(
                         f"FlexAttention reached {FLEX_RECOMPILE_LIMIT} compiled graphs ({compiled_graph_count()} in "
                         "this process) and would run unfused: pad lengths to a multiple of "
-                        f"{FLEX_BLOCK} (train_translation pads them when attn_implementation is flex_attention)"
+                        f"{FLEX_LENGTH_MULTIPLE} (train_translation pads them when attn_implementation is "
+                        "flex_attention)"
                     ) from error
                 except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as error:
                     raise FlexCompileError(
