@@ -316,6 +316,17 @@ def test_the_recompile_limit_error_names_the_multiple_training_pads_to(monkeypat
         attention_functions.flex_kernel(query)(query, query, query)
 
 
+def test_a_dense_bias_record_without_a_score_mod_is_read_per_score(reference_kernel):
+    """A user scheme's `DenseBias` with no score_mod: the fused path reads its dense [B, H, n, m] bias (as eager)."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, generator=generator, dtype=torch.float64)
+                         for _ in range(3))
+    bias = torch.randn(1, HEADS, 6, 6, generator=generator, dtype=torch.float64)
+    fused, _ = flex_attention_forward(None, query, key, value, None, score_bias=DenseBias(lambda: bias))
+    expected, _ = attention_functions.eager_attention_forward(None, query, key, value, None, score_bias=bias)
+    assert (fused - expected).abs().max().item() < TOLERANCE
+
+
 def test_the_fused_path_pads_lengths_to_a_multiple():
     assert attention_functions.length_multiple("flex_attention") == attention_functions.FLEX_LENGTH_MULTIPLE
     assert attention_functions.length_multiple("sdpa") is None

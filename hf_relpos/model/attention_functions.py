@@ -418,10 +418,10 @@ def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling), None
 
 
-def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.Tensor | None, batch: int, heads: int,
-                   query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
+def flex_score_mod(score_bias: torch.Tensor | RelativeBias | DenseBias | None, table: torch.Tensor | None,
+                   batch: int, heads: int, query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
     """A score bias without a score_mod of its scheme's, read per score: a `RelativeBias` `table` through its bucket
-    (n x R per head), or a dense bias (n x m)."""
+    (n x R per head), or a dense bias (a tensor or a `DenseBias`, n x m)."""
     if isinstance(score_bias, RelativeBias):
         table, bucket = table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
 
@@ -429,7 +429,7 @@ def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.
             return score + table[b, h, q, bucket(q, kv)]
         return score_mod
     if score_bias is not None:
-        dense = score_bias.to(dtype).expand(batch, heads, query_length, key_length)
+        dense = dense_bias(score_bias, dtype).expand(batch, heads, query_length, key_length)
 
         def score_mod(score, b, h, q, kv):
             return score + dense[b, h, q, kv]
