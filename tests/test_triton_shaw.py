@@ -298,6 +298,19 @@ def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatc
         torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
 
 
+def test_without_dropout_the_kernel_leaves_torchs_random_stream_as_sdpa_does(triton_calls):
+    """Training at attention_dropout 0: no dropout seed is drawn, so the random numbers after a step are sdpa's."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).train()
+    states = {}
+    for kernel in ("sdpa", "relpos_triton"):
+        torch.manual_seed(5)
+        run_model(model, kernel, seq2seq_batch())
+        states[kernel] = torch.get_rng_state()
+    assert len(triton_calls) == 4
+    assert torch.equal(states["relpos_triton"], states["sdpa"])
+
+
 def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
     """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
     (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
