@@ -45,22 +45,28 @@ def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
     }
 
 
+def recorded_configs(monkeypatch, benchmark) -> list:
+    """The configs `benchmark`'s make_config builds, in order."""
+    configs = []
+    make_config = benchmark.make_config
+
+    def recording_make_config(*args, **kwargs):
+        configs.append(make_config(*args, **kwargs))
+        return configs[-1]
+
+    monkeypatch.setattr(benchmark, "make_config", recording_make_config)
+    return configs
+
+
 @pytest.mark.parametrize("kernel", ["sdpa", "flex_attention"])
 def test_decoding_benchmark_reports_every_scheme(tmp_path: Path, kernel: str, monkeypatch) -> None:
     """Also with --kernel flex_attention (unfused on CPU, forward only): every model generates through it."""
-    used = []
-    make_config = bench_decoding.make_config
-
-    def recording_make_config(*args, **kwargs):
-        config = make_config(*args, **kwargs)
-        used.append(config._attn_implementation)
-        return config
-
-    monkeypatch.setattr(bench_decoding, "make_config", recording_make_config)
+    configs = recorded_configs(monkeypatch, bench_decoding)
     argv = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1", "--source-length", "4",
             "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--kernel", kernel, "--out", str(tmp_path)]
     data = bench_decoding.main(argv)
-    assert used == [kernel] * len(SCHEMES) and data["meta"]["kernel"] == kernel
+    assert [config._attn_implementation for config in configs] == [kernel] * len(SCHEMES)
+    assert data["meta"]["kernel"] == kernel
     assert f"attention kernel {kernel}" in (tmp_path / "decoding.md").read_text()
     assert data == json.loads((tmp_path / "decoding.json").read_text())
     rows = {r["scheme"]: r for r in data["decoding"]}
@@ -140,18 +146,11 @@ def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(t
 def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, monkeypatch) -> None:
     """--attention_dropout sets the attention dropout of every measured model, is recorded, and is refused with
     flex_attention (which has none)."""
-    dropouts = []
-    make_config = bench_training.make_config
-
-    def recording_make_config(*args, **kwargs):
-        config = make_config(*args, **kwargs)
-        dropouts.append(config.attention_dropout)
-        return config
-
-    monkeypatch.setattr(bench_training, "make_config", recording_make_config)
+    configs = recorded_configs(monkeypatch, bench_training)
     data = bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--out",
                                 str(tmp_path)])
-    assert dropouts == [0.1, 0.1] and data["meta"]["attention_dropout"] == 0.1
+    assert [config.attention_dropout for config in configs] == [0.1, 0.1]
+    assert data["meta"]["attention_dropout"] == 0.1
     assert "- attention dropout: 0.1" in (tmp_path / "training.md").read_text()
     with pytest.raises(SystemExit, match="--attention_dropout 0.1: flex_attention has no attention dropout"):
         bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--kernels", "sdpa",
