@@ -363,7 +363,9 @@ def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
                                         "padding with holes)"),
     ({}, dict(output_attentions=True), "output_attentions"),
     (dict(position_randomization_max=40, position_randomization_at_inference=True), {}, "randomized positions"),
-], ids=["window", "output_attentions", "randomized_positions"])
+    (dict(position_randomization_max=40, position_randomization_at_inference=True, use_relative_values=False), {},
+     "randomized positions"),
+], ids=["window", "output_attentions", "randomized_positions", "randomized_positions_shaw_k"])
 def test_shaw_off_the_kernel_runs_on_sdpa_with_a_warning(overrides, call, cause, triton_calls, caplog):
     """Shaw's terms that the kernel does not cover run on sdpa/eager (the same logits), said once with the cause;
     a scheme the kernel never covers (T5) says nothing."""

@@ -512,7 +512,7 @@ def triton_clipped_terms(
     causality (`key_ranges`: self_attention_window)."""
     bias_clip = None
     if score_bias is not None:
-        if not isinstance(score_bias, RelativeBias) or score_bias.clip_distance is None:
+        if not isinstance(score_bias, RelativeBias) or score_bias.clip_distance is None or not score_bias.consecutive:
             return None
         bias_clip = (score_bias.clip_distance, score_bias.query_offset)
     values_clip = None
@@ -525,14 +525,16 @@ def triton_clipped_terms(
     return bias_clip or values_clip
 
 
-def triton_fallback_cause(clipped: tuple[int, int] | None, value_term: Any, output_attentions: bool) -> str | None:
+def triton_fallback_cause(clipped: tuple[int, int] | None, score_bias: Any, value_term: Any,
+                          output_attentions: bool) -> str | None:
     """Why Shaw's terms leave the fused kernel (None: the call has none of them, or they run fused): output_attentions,
-    a mask other than padding ranges and causality, or randomized positions (seen from a^V; a^K alone at randomized
-    positions is a bucketed bias like XL's)."""
+    a mask other than padding ranges and causality, or randomized positions."""
     if clipped is not None:
         return "output_attentions" if output_attentions else (
             "a mask other than padding ranges and causality (self_attention_window, padding with holes)")
-    if isinstance(value_term, RelativeValues) and not value_term.consecutive:
+    clipped_bias = isinstance(score_bias, RelativeBias) and score_bias.clip_distance is not None
+    if (clipped_bias and not score_bias.consecutive) or (
+            isinstance(value_term, RelativeValues) and not value_term.consecutive):
         return "randomized positions"
     return None
 
@@ -564,7 +566,7 @@ def relpos_triton_attention_forward(
     if clipped is not None and not output_attentions:
         ranges = key_ranges(attention_mask, batch, query_length, key.size(-2), clipped[1], causal, query.device)
     if ranges is None:
-        cause = triton_fallback_cause(clipped, value_term, output_attentions)
+        cause = triton_fallback_cause(clipped, score_bias, value_term, output_attentions)
         if cause is not None:
             logger.warning_once(f"relpos_triton: Shaw's relative attention with {cause} runs on {TRITON_OTHERWISE} "
                                 "and eager, not on the fused kernel (slower, forming every score)")

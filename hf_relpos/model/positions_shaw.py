@@ -141,7 +141,7 @@ class ShawPositions(PositionScheme):
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return index[i, j]
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
-                                      clip_distance=kmax if consecutive else None, query_offset=offset)
+                                      clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive:
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
         value_term = None
