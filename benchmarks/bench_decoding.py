@@ -64,7 +64,7 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
     runs = {}
     for scheme in args.schemes:
         torch.manual_seed(0)
-        config = make_config(scheme, shape, args.layers, args.vocab_size, args.kernel)
+        config = make_config(scheme, shape, args.layers, args.vocab_size, args.kernel, args.attention_dropout)
         model = RelPosTransformerForConditionalGeneration(config).to(args.device).eval()
         source = torch.randint(4, config.vocab_size, (args.batch, args.source_length), device=args.device)
         for use_cache in (True, False):

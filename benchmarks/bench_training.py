@@ -62,10 +62,11 @@ class Case:
 
 
 def attention_case(
-    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, kernel: str = "sdpa"
+    scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, kernel: str = "sdpa",
+    attention_dropout: float = 0.0,
 ) -> Case:
     """Self-attention of an encoder's first layer with the encoder's position scheme (embed + terms + kernel)."""
-    stack = RelPosEncoder(make_config(scheme, shape, layers=1, kernel=kernel))
+    stack = RelPosEncoder(make_config(scheme, shape, layers=1, kernel=kernel, attention_dropout=attention_dropout))
     stack.positions.init_parameters(stack.config.init_std)
     module = nn.ModuleDict({"positions": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()
     inputs = torch.randn(batch, length, shape.d_model, device=device, requires_grad=True)
@@ -86,11 +87,11 @@ def attention_case(
 
 def model_case(
     scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, layers: int, vocab_size: int,
-    kernel: str = "sdpa",
+    kernel: str = "sdpa", attention_dropout: float = 0.0,
 ) -> Case:
     """The full encoder-decoder on random source/target ids of `length` tokens each (training mode, dropout on)."""
     torch.manual_seed(0)
-    config = make_config(scheme, shape, layers, vocab_size, kernel)
+    config = make_config(scheme, shape, layers, vocab_size, kernel, attention_dropout)
     model = RelPosTransformerForConditionalGeneration(config).to(device).train()
     source = torch.randint(4, vocab_size, (batch, length), device=device)
     labels = torch.randint(4, vocab_size, (batch, length), device=device)
@@ -158,9 +159,11 @@ def run_benchmarks(args: argparse.Namespace, save: Callable[[list[dict[str, Any]
                 torch.manual_seed(0)
                 vocab_size = args.vocab_size or shape.vocab_size
                 cases = {
-                    label: attention_case(scheme, shape, length, batch, args.device, args.dtype, kernel)
+                    label: attention_case(scheme, shape, length, batch, args.device, args.dtype, kernel,
+                                          args.attention_dropout)
                     if benchmark == "attention"
-                    else model_case(scheme, shape, length, batch, args.device, args.dtype, layers, vocab_size, kernel)
+                    else model_case(scheme, shape, length, batch, args.device, args.dtype, layers, vocab_size, kernel,
+                                    args.attention_dropout)
                     for label, scheme, kernel in series_labels(args)
                 }
                 results, baseline = measure(cases, args)
@@ -272,6 +275,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             *environment_lines(meta),
             f"- tokens per batch: {meta['tokens']} (attention), {meta['model_tokens']} source + as many target "
             f"(model); full model: {meta['model_layers']} vocabulary {meta['vocab_size']}",
+            *([f"- attention dropout: {meta['attention_dropout']}"] if "attention_dropout" in meta else []),
             f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, schemes round-robin; tokens/s = median; "
             "ratio = median over rounds of absolute's time / the scheme's time in the same round, absolute on its "
             "fastest kernel of the run",
@@ -368,6 +372,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "vocab_size": args.vocab_size or "of the shape (base 32768)",
         "warmup": args.warmup,
         "repeats": args.repeats,
+        "attention_dropout": args.attention_dropout,
         "memory_method": "torch.cuda.max_memory_allocated above the pre-step allocation"
         if args.device == "cuda"
         else "running sum of the torch profiler's allocator events (profile_memory=True), max above the start",

@@ -52,10 +52,12 @@ SHAPES: dict[str, Shape] = {
 
 
 def make_config(
-    scheme: str, shape: Shape, layers: int | None = None, vocab_size: int | None = None, kernel: str = "sdpa"
+    scheme: str, shape: Shape, layers: int | None = None, vocab_size: int | None = None, kernel: str = "sdpa",
+    attention_dropout: float = 0.0,
 ) -> hf_relpos.RelPosTransformerConfig:
     """Config of `shape` with the position scheme of benchmark label `scheme`, layers/vocabulary optionally reduced,
-    attention running through `kernel` ("sdpa", "eager" or "flex_attention")."""
+    attention running through `kernel` ("sdpa", "eager", "flex_attention" or "relpos_triton") with dropout
+    `attention_dropout` on its probabilities (in training mode)."""
     layers = shape.layers if layers is None else layers
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=shape.vocab_size if vocab_size is None else vocab_size,
@@ -66,6 +68,7 @@ def make_config(
         decoder_attention_heads=shape.heads,
         encoder_ffn_dim=shape.ffn_dim,
         decoder_ffn_dim=shape.ffn_dim,
+        attention_dropout=attention_dropout,
         **SCHEMES[scheme],
     )
     config._attn_implementation = kernel
@@ -73,8 +76,8 @@ def make_config(
 
 
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --dtype, --kernel, --out, --quick, --schemes, --warmup, --repeats (shared by every benchmark
-    script)."""
+    """--device, --dtype, --kernel, --attention_dropout, --out, --quick, --schemes, --warmup, --repeats (shared by
+    every benchmark script)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16 = autocast (weights stay fp32)"
@@ -83,6 +86,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         "--kernel", choices=KERNELS, default="sdpa",
         help="attention kernel of every scheme (flex_attention: compiled on CUDA; relpos_triton: Shaw's a^K and a^V in "
         "one Triton kernel on CUDA, the other schemes on sdpa)",
+    )
+    parser.add_argument(
+        "--attention_dropout", "--attention-dropout", type=float, default=0.0,
+        help="dropout on the attention probabilities in training mode (flex_attention has none: 0 only)",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
     parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")
@@ -100,6 +107,11 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 def check_arguments(args: argparse.Namespace) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    if not 0.0 <= args.attention_dropout < 1.0:
+        raise SystemExit(f"--attention_dropout: must be in [0, 1), got {args.attention_dropout}")
+    if args.attention_dropout > 0 and "flex_attention" in getattr(args, "kernels", [args.kernel]):
+        raise SystemExit(f"--attention_dropout {args.attention_dropout}: flex_attention has no attention dropout "
+                         "(time it at 0, or use sdpa, eager or relpos_triton)")
     if BASELINE not in args.schemes:
         args.schemes.insert(0, BASELINE)
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):

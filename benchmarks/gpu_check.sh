@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issue #47), ordered so that the main figure comes first and survives a time limit; every
-# step writes its results as it goes (bench_training rewrites its .md/.json after each length). At most 8 minutes:
+# The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit;
+# every step writes its results as it goes (bench_training rewrites its .md/.json after each length). At most 8
+# minutes (460 s of limits):
 #   (a) smoke, 60 s: one attention layer, n = 512, flex_attention, absolute / shaw / xl / t5 (does it compile?)
 #   (b) the main table, 150 s: base model, n = 512, every scheme on sdpa and flex_attention (and relpos_triton when
-#       it is registered), 1 warm-up + 3 timed rounds, peak memory
-#   (c) n = 128, then n = 1024, 75 s each
+#       triton is installed), 1 warm-up + 3 timed rounds, peak memory; then 60 s: absolute and shaw on sdpa and
+#       relpos_triton at attention dropout 0.1 (#48's setting; flex_attention has no dropout)
+#   (c) n = 1024, 75 s (LENGTHS="128 1024" adds n = 128)
 #   (d) the CUDA tests, 70 s
 #   (e) cached decoding, 45 s
 # (a) and (b) alone are a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention
@@ -12,9 +14,10 @@
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
-# KERNELS (default "sdpa flex_attention" + relpos_triton when registered), LENGTHS (for (c), default "128 1024"),
-# DECODING=0 (skip (e)) and TESTS=0 (skip (d)) shorten it. Writes into OUT_DIR: environment.txt, smoke/,
-# training_n512/, training_n128/, training_n1024/, cuda_tests.txt, decoding/, recompiles.txt and log.txt. Run from
+# KERNELS (default "sdpa flex_attention" + relpos_triton when triton is installed), LENGTHS (for (c), default
+# "1024"), DECODING=0 (skip (e)) and TESTS=0 (skip (d)) shorten it. Writes into OUT_DIR: environment.txt, smoke/,
+# training_n512/, training_n512_dropout0.1/, training_n1024/ (and training_n128/ when asked), cuda_tests.txt,
+# decoding/, recompiles.txt and log.txt. Run from
 # the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
@@ -43,8 +46,8 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit (recompile logs 
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 
-triton=$("$python" -c "from hf_relpos.model.attention_functions import RELPOS_KERNELS; \
-print('relpos_triton' if 'relpos_triton' in RELPOS_KERNELS else '')" 2>/dev/null)
+triton=$("$python" -c "import importlib.util; \
+print('relpos_triton' if importlib.util.find_spec('triton') else '')" 2>/dev/null)
 kernels=${KERNELS:-sdpa flex_attention $triton}
 training() {  # training SECONDS NAME ARGS...
     local limit=$1 name=$2
@@ -57,7 +60,9 @@ training 60 "(a) smoke: one layer n=512 flex" --benchmarks attention --lengths 5
     --schemes absolute shaw xl t5 --repeats 1 --out "$out/smoke"
 training 150 "(b) main table: base model n=512" --benchmarks model --lengths 512 --kernels $kernels \
     --out "$out/training_n512"
-for length in ${LENGTHS:-128 1024}; do
+training 60 "(b) attention dropout 0.1: base model n=512, absolute and shaw" --benchmarks model --lengths 512 \
+    --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_n512_dropout0.1"
+for length in ${LENGTHS:-1024}; do
     training 75 "(c) base model n=$length" --benchmarks model --lengths "$length" --kernels $kernels \
         --out "$out/training_n$length"
 done

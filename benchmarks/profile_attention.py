@@ -49,7 +49,8 @@ def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
     times = {}
     for scheme in args.schemes:
         torch.manual_seed(0)
-        case = attention_case(scheme, SHAPES[args.shape], args.length, batch, args.device, args.dtype, args.kernel)
+        case = attention_case(scheme, SHAPES[args.shape], args.length, batch, args.device, args.dtype, args.kernel,
+                              args.attention_dropout)
         times[scheme] = self_times_ms(case.step, steps, args.device)
     base = times[BASELINE]
     print(f"self time per step, {args.shape} n={args.length} batch={batch}, {args.device} ({steps} profiled steps)")

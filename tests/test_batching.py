@@ -9,7 +9,7 @@ import torch
 from accelerate.data_loader import BatchSamplerShard, prepare_data_loader
 from torch.utils.data import DataLoader, Dataset
 
-from hf_relpos.translation.batching import TokenBudgetBatchSampler
+from hf_relpos.translation.batching import TokenBudgetBatchSampler, check_examples_fit, cut_token_batches
 
 
 def random_lengths(count: int, seed: int = 0) -> tuple[list[int], list[int]]:
@@ -203,3 +203,33 @@ def test_two_ranks_get_disjoint_pooled_batches():
 def test_bad_pool_factor_is_one_clear_error(kwargs, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         TokenBudgetBatchSampler([5, 6, 7], [5, 6, 7], max_tokens=20, **kwargs)
+
+
+@pytest.mark.parametrize("pool_factor", [None, 2])
+def test_the_budget_counts_lengths_padded_to_the_kernels_multiple(pool_factor):
+    """A flex batch is padded to a multiple of 64: n examples of longest length l cost n * ceil(l / 64) * 64."""
+    sources, targets = random_lengths(997)
+    sampler = TokenBudgetBatchSampler(sources, targets, max_tokens=512, seed=3, pool_factor=pool_factor,
+                                      length_multiple=64)
+    padded = [-(-max(source, target) // 64) * 64 for source, target in zip(sources, targets, strict=True)]
+    batches = list(sampler)
+    assert sorted(index for batch in batches for index in batch) == list(range(997))
+    assert all(padded_cost(batch, padded) <= 512 for batch in batches)
+    assert max(padded_cost(batch, padded) for batch in batches) == 512   # the budget is used, not just respected
+    unpadded = TokenBudgetBatchSampler(sources, targets, max_tokens=512, seed=3, pool_factor=pool_factor)
+    assert any(padded_cost(batch, padded) > 512 for batch in unpadded)
+
+
+def test_cut_token_batches_counts_padded_lengths():
+    assert cut_token_batches([0, 1, 2, 3], [10, 10, 10, 10], 40) == [[0, 1, 2, 3]]
+    assert cut_token_batches([0, 1, 2, 3], [10, 10, 10, 10], 40, length_multiple=16) == [[0, 1], [2, 3]]
+    assert cut_token_batches([0, 1, 2], [16, 17, 3], 64, length_multiple=16) == [[0, 1], [2]]
+
+
+def test_an_example_that_fits_only_unpadded_is_refused_when_padded():
+    check_examples_fit([40], [30], max_tokens=50)
+    with pytest.raises(ValueError, match=r"max_tokens_per_batch=50 .* \(padded to 64: the kernel pads lengths to a "
+                                         r"multiple of 64\)"):
+        check_examples_fit([40], [30], max_tokens=50, length_multiple=64)
+    with pytest.raises(ValueError, match="padded to 64"):
+        TokenBudgetBatchSampler([40], [30], max_tokens=50, length_multiple=64)

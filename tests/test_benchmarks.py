@@ -45,22 +45,28 @@ def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
     }
 
 
+def recorded_configs(monkeypatch, benchmark) -> list:
+    """The configs `benchmark`'s make_config builds, in order."""
+    configs = []
+    make_config = benchmark.make_config
+
+    def recording_make_config(*args, **kwargs):
+        configs.append(make_config(*args, **kwargs))
+        return configs[-1]
+
+    monkeypatch.setattr(benchmark, "make_config", recording_make_config)
+    return configs
+
+
 @pytest.mark.parametrize("kernel", ["sdpa", "flex_attention"])
 def test_decoding_benchmark_reports_every_scheme(tmp_path: Path, kernel: str, monkeypatch) -> None:
     """Also with --kernel flex_attention (unfused on CPU, forward only): every model generates through it."""
-    used = []
-    make_config = bench_decoding.make_config
-
-    def recording_make_config(*args, **kwargs):
-        config = make_config(*args, **kwargs)
-        used.append(config._attn_implementation)
-        return config
-
-    monkeypatch.setattr(bench_decoding, "make_config", recording_make_config)
+    configs = recorded_configs(monkeypatch, bench_decoding)
     argv = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1", "--source-length", "4",
             "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--kernel", kernel, "--out", str(tmp_path)]
     data = bench_decoding.main(argv)
-    assert used == [kernel] * len(SCHEMES) and data["meta"]["kernel"] == kernel
+    assert [config._attn_implementation for config in configs] == [kernel] * len(SCHEMES)
+    assert data["meta"]["kernel"] == kernel
     assert f"attention kernel {kernel}" in (tmp_path / "decoding.md").read_text()
     assert data == json.loads((tmp_path / "decoding.json").read_text())
     rows = {r["scheme"]: r for r in data["decoding"]}
@@ -135,3 +141,44 @@ def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(t
     monkeypatch.setattr(bench_training, "compiled_graph_count", lambda: next(graphs))
     with pytest.raises(bench_training.GraphsGrew, match="during the timed rounds"):
         bench_training.main([*TINY_TRAINING, "--lengths", "8", "--out", str(tmp_path)])
+
+
+def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, monkeypatch) -> None:
+    """--attention_dropout sets the attention dropout of every measured model, is recorded, and is refused with
+    flex_attention (which has none)."""
+    configs = recorded_configs(monkeypatch, bench_training)
+    data = bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--out",
+                                str(tmp_path)])
+    assert [config.attention_dropout for config in configs] == [0.1, 0.1]
+    assert data["meta"]["attention_dropout"] == 0.1
+    assert "- attention dropout: 0.1" in (tmp_path / "training.md").read_text()
+    with pytest.raises(SystemExit, match="--attention_dropout 0.1: flex_attention has no attention dropout"):
+        bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--kernels", "sdpa",
+                             "flex_attention", "--out", str(tmp_path)])
+
+
+def test_gpu_check_times_dropout_first_and_stays_within_eight_minutes(tmp_path: Path) -> None:
+    """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) and
+    (b) come first, (b) also times sdpa and relpos_triton at attention dropout 0.1 (flex at 0 only), and the limits
+    sum to at most 8 minutes."""
+    import importlib.util
+    import subprocess
+    import sys
+
+    calls = tmp_path / "calls.txt"
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\nif [ "$1" = "-m" ]; then echo "$*" >> {calls}; exit 0; fi\n'
+                      f'exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    repo = Path(__file__).resolve().parents[1]
+    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out"), "test"], cwd=repo,
+                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(python)}, check=True, capture_output=True)
+    log = (tmp_path / "out" / "log.txt").read_text().splitlines()
+    ends = [line for line in log if line.startswith("== ") and "(limit " in line]
+    assert [end.split(" ")[1] for end in ends][:3] == ["(a)", "(b)", "(b)"]
+    assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
+    triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
+    commands = calls.read_text().splitlines()
+    assert f"--kernels sdpa flex_attention{triton} --out" in commands[1]
+    assert "--attention_dropout 0.1" not in commands[1]
+    assert f"--kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1" in commands[2]

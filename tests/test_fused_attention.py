@@ -9,6 +9,7 @@ composition around the kernel; the kernel itself is torch's (compared with eager
 
 from __future__ import annotations
 
+import logging
 import types
 
 import pytest
@@ -21,7 +22,7 @@ import hf_relpos
 from hf_relpos.model import attention_functions
 from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.model.positions import DenseBias, PositionContext, built_in_schemes, get_scheme_class
+from hf_relpos.model.positions import DenseBias, PositionContext, RelativeValues, built_in_schemes, get_scheme_class
 
 BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
@@ -177,6 +178,31 @@ def test_shaw_masses_are_never_negative_and_sum_to_one_in_bfloat16(reference_ker
     assert (masses.sum(-1) - 1).abs().max().item() < 1e-4   # float32 rounding of scores near 1e3
 
 
+def test_shaw_band_and_masses_stay_in_float32_under_bfloat16_autocast(monkeypatch):
+    """Under bf16 autocast the band scores, the merge and a^V's masses times w^V run in promote_types(bf16, float32)
+    (autocast would run their products in bf16): the same results as without autocast, bit for bit."""
+    def kernel_without_autocast(*args, **kwargs):   # as the compiled kernel, which runs with autocast off
+        with torch.autocast("cpu", enabled=False):
+            return reference_flex(*args, **kwargs)
+
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: kernel_without_autocast)
+    attention, scheme = attention_for("shaw", False, max_relative_position=3)
+    scheme.float()
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 20, HEAD_DIM, generator=generator).bfloat16() for _ in range(3))
+    mask = FlexMask(BATCH, 20, 20)
+    results = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            output, masses = scheme.region_attention(0, query, key, value, HEAD_DIM**-0.5, mask,
+                                                     attention_functions.flex_region)
+            fused = scheme.fused_attention(0, query, key, value, HEAD_DIM**-0.5, mask, attention_functions.flex_region)
+        assert output.dtype == masses.dtype == torch.float32 and fused.dtype == torch.bfloat16
+        results.append((output, masses, fused))
+    for expected, actual in zip(*results, strict=True):
+        assert torch.equal(actual, expected)
+
+
 class LargeTensors(TorchDispatchMode):
     """Records every tensor an operation creates with at least `limit` elements."""
 
@@ -275,6 +301,32 @@ def test_compiled_graphs_stay_bounded_over_many_lengths_and_the_limit_raises(mon
         run(2, multiple, dtype=torch.bfloat16)
 
 
+def test_the_recompile_limit_error_names_the_multiple_training_pads_to(monkeypatch):
+    def compile_hitting_the_limit(function, **kwargs):
+        def compiled(*args, **kwargs):
+            raise torch._dynamo.exc.FailOnRecompileLimitHit("recompile_limit reached")
+        return compiled
+
+    monkeypatch.setattr(attention_functions, "COMPILE_ON_CPU", True)
+    monkeypatch.setattr(attention_functions, "_compiled_flex_attention", None)
+    monkeypatch.setattr(attention_functions.torch, "compile", compile_hitting_the_limit)
+    query = torch.randn(1, 1, 4, 2)
+    with pytest.raises(attention_functions.FlexCompileError,
+                       match=f"pad lengths to a multiple of {attention_functions.FLEX_LENGTH_MULTIPLE} "):
+        attention_functions.flex_kernel(query)(query, query, query)
+
+
+def test_a_dense_bias_record_without_a_score_mod_is_read_per_score(reference_kernel):
+    """A user scheme's `DenseBias` with no score_mod: the fused path reads its dense [B, H, n, m] bias (as eager)."""
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, generator=generator, dtype=torch.float64)
+                         for _ in range(3))
+    bias = torch.randn(1, HEADS, 6, 6, generator=generator, dtype=torch.float64)
+    fused, _ = flex_attention_forward(None, query, key, value, None, score_bias=DenseBias(lambda: bias))
+    expected, _ = attention_functions.eager_attention_forward(None, query, key, value, None, score_bias=bias)
+    assert (fused - expected).abs().max().item() < TOLERANCE
+
+
 def test_the_fused_path_pads_lengths_to_a_multiple():
     assert attention_functions.length_multiple("flex_attention") == attention_functions.FLEX_LENGTH_MULTIPLE
     assert attention_functions.length_multiple("sdpa") is None
@@ -284,6 +336,47 @@ def test_flex_attention_refuses_dropout_in_training(reference_kernel):
     query = torch.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match="attention_dropout"):
         flex_attention_forward(None, query, query, query, None, dropout=0.1)
+    values = RelativeValues(torch.randn(3, 2), 1, 0, torch.zeros(4, 4, dtype=torch.long), consecutive=False)
+    with pytest.raises(ValueError, match="attention_dropout"):   # also where the value term runs on eager
+        flex_attention_forward(None, query, query, query, None, dropout=0.1, value_term=values)
+
+
+def warnings_logged(caplog, run) -> list[str]:
+    """The warnings `run()` logs, transformers' once-per-process memory cleared first."""
+    logging.Logger.warning_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run()
+    return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
+
+
+def test_a_value_term_without_a_fused_form_runs_eager_with_a_warning(reference_kernel, caplog):
+    """Shaw's a^V at randomized positions (or a scheme's value term without fused_attention) forms the n x m
+    probabilities on eager: said once, naming the cause; a decoding step (eager by design) says nothing."""
+    query = torch.randn(1, 1, 4, 2, dtype=torch.float64)
+    index = torch.randint(0, 3, (4, 4))
+    values = RelativeValues(torch.randn(3, 2, dtype=torch.float64), 1, 0, index, consecutive=False)
+    expected, _ = attention_functions.eager_attention_forward(None, query, query, query, None, value_term=values)
+    outputs = []
+    logged = warnings_logged(caplog, lambda: outputs.extend(
+        flex_attention_forward(None, query, query, query, None, value_term=values)[0] for _ in range(2)))
+    assert logged == ["flex_attention: Shaw's a^V at randomized positions has no fused form: it runs on eager, "
+                      "forming the n x m attention probabilities"]
+    assert all(torch.equal(output, expected) for output in outputs)
+    logged = warnings_logged(caplog, lambda: flex_attention_forward(None, query, query, query, None,
+                                                                    value_term=lambda probabilities: 0.0))
+    assert logged == ["flex_attention: a value term (function) whose scheme gives no fused_attention has no fused "
+                      "form: it runs on eager, forming the n x m attention probabilities"]
+    step_values = RelativeValues(values.table, 1, 3, index[-1:], consecutive=False)
+    assert warnings_logged(caplog, lambda: flex_attention_forward(None, query[..., -1:, :], query, query, None,
+                                                                  value_term=step_values)) == []
+
+
+def test_flex_attention_off_cuda_and_off_the_cpu_runs_uncompiled_with_a_warning(caplog):
+    logged = warnings_logged(caplog, lambda: attention_functions.flex_kernel(torch.empty(1, device="meta")))
+    assert logged == ["flex_attention on meta: FlexAttention is compiled on CUDA only, so it runs uncompiled here "
+                      "(slow, forming every score); use 'sdpa' on this device"]
+    assert warnings_logged(caplog, lambda: attention_functions.flex_kernel(torch.empty(1))) == []
 
 
 def count_calls(monkeypatch, owner, name):

@@ -410,6 +410,21 @@ def test_token_budget_loader_keeps_the_trainers_loader_settings(tmp_path):
     assert sorted(len(batch) for batch in loader.batch_sampler) == [2, 3, 3]
 
 
+def test_the_token_budget_counts_the_padding_of_the_flex_kernel(tmp_path):
+    """flex_attention batches are padded to a multiple of 64 tokens: a budget of 128 holds two 3-token pairs, not 8."""
+    dataset = Dataset.from_dict({"input_ids": [[5, 6, 1]] * 8, "labels": [[7, 1]] * 8, "source_length": [3] * 8,
+                                 "target_length": [2] * 8})
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), max_tokens_per_batch=128, use_cpu=True,
+                                             report_to="none")
+    sizes = {}
+    for kernel in ("eager", "flex_attention"):
+        model = tiny_model(0)
+        model.set_attn_implementation(kernel)
+        trainer = TranslationTrainer(model=model, args=arguments, train_dataset=dataset, evaluation_sets={})
+        sizes[kernel] = sorted(len(batch) for batch in trainer.token_budget_sampler)
+    assert sizes == {"eager": [8], "flex_attention": [2, 2, 2, 2]}
+
+
 def test_epoch_callback_sets_the_sampler_epoch_on_resume():
     sampler = TokenBudgetBatchSampler([3] * 10, [3] * 10, max_tokens=9)
     callback = SamplerEpochCallback(sampler)

@@ -9,6 +9,7 @@ tests run the compiled kernels on CUDA."""
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -297,6 +298,19 @@ def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatc
         torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
 
 
+def test_without_dropout_the_kernel_leaves_torchs_random_stream_as_sdpa_does(triton_calls):
+    """Training at attention_dropout 0: no dropout seed is drawn, so the random numbers after a step are sdpa's."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).train()
+    states = {}
+    for kernel in ("sdpa", "relpos_triton"):
+        torch.manual_seed(5)
+        run_model(model, kernel, seq2seq_batch())
+        states[kernel] = torch.get_rng_state()
+    assert len(triton_calls) == 4
+    assert torch.equal(states["relpos_triton"], states["sdpa"])
+
+
 def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
     """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
     (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
@@ -342,6 +356,43 @@ def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
         triton_logits, _ = run_model(model, "relpos_triton", seq2seq_batch(), backward=False)
         torch.testing.assert_close(triton_logits, sdpa_logits, rtol=0, atol=1e-12)
     assert triton_calls == []
+
+
+@pytest.mark.parametrize(("overrides", "call", "cause"), [
+    (dict(self_attention_window=2), {}, "a mask other than padding ranges and causality (self_attention_window, "
+                                        "padding with holes)"),
+    ({}, dict(output_attentions=True), "output_attentions"),
+    (dict(position_randomization_max=40, position_randomization_at_inference=True), {}, "randomized positions"),
+    (dict(position_randomization_max=40, position_randomization_at_inference=True, use_relative_values=False), {},
+     "randomized positions"),
+], ids=["window", "output_attentions", "randomized_positions", "randomized_positions_shaw_k"])
+def test_shaw_off_the_kernel_runs_on_sdpa_with_a_warning(overrides, call, cause, triton_calls, caplog):
+    """Shaw's terms that the kernel does not cover run on sdpa/eager (the same logits), said once with the cause;
+    a scheme the kernel never covers (T5) says nothing."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw", **overrides)).double().to(DEVICE)
+    model.eval()
+    batch = seq2seq_batch()
+    model.set_attn_implementation("sdpa")
+    torch.manual_seed(1)
+    expected = model(**batch, **call).logits
+    logging.Logger.warning_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        model.set_attn_implementation("relpos_triton")
+        torch.manual_seed(1)
+        logits = model(**batch, **call).logits
+        model(**batch, **call)
+    assert triton_calls == []
+    torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
+    assert [record.getMessage() for record in caplog.records if "relpos_triton" in record.getMessage()] == [
+        f"relpos_triton: Shaw's relative attention with {cause} runs on sdpa and eager, not on the fused kernel "
+        "(slower, forming every score)"]
+    caplog.clear()
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("t5")).double().to(DEVICE).eval()
+    with caplog.at_level(logging.WARNING):
+        model.set_attn_implementation("relpos_triton")
+        model(**batch)
+    assert not [record for record in caplog.records if "relpos_triton" in record.getMessage()]
 
 
 def test_selected_by_name_in_from_config_and_from_pretrained(tmp_path):

@@ -25,12 +25,15 @@ import torch
 import torch.utils.checkpoint
 from torch import nn
 from transformers.modeling_utils import AttentionInterface
+from transformers.utils import logging
 
 from .positions import DenseBias, RelativeBias, RelativeValues
 from .triton_relative import KERNEL_NAME as TRITON_KERNEL
 from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
+
+logger = logging.get_logger(__name__)
 
 
 def dense_bias(score_bias: torch.Tensor | RelativeBias | DenseBias, dtype: torch.dtype) -> torch.Tensor:
@@ -170,6 +173,9 @@ def flex_kernel(query: torch.Tensor) -> Callable:
     from torch.nn.attention.flex_attention import flex_attention
 
     if not (query.is_cuda or COMPILE_ON_CPU):
+        if query.device.type != "cpu":
+            logger.warning_once(f"flex_attention on {query.device.type}: FlexAttention is compiled on CUDA only, so it "
+                                "runs uncompiled here (slow, forming every score); use 'sdpa' on this device")
         return flex_attention
     if _compiled_flex_attention is None:
         compiled = torch.compile(flex_attention, dynamic=True, backend=_count_and_compile)
@@ -185,7 +191,8 @@ def flex_kernel(query: torch.Tensor) -> Callable:
                     raise FlexCompileError(
                         f"FlexAttention reached {FLEX_RECOMPILE_LIMIT} compiled graphs ({compiled_graph_count()} in "
                         "this process) and would run unfused: pad lengths to a multiple of "
-                        f"{FLEX_BLOCK} (train_translation pads them when attn_implementation is flex_attention)"
+                        f"{FLEX_LENGTH_MULTIPLE} (train_translation pads them when attn_implementation is "
+                        "flex_attention)"
                     ) from error
                 except (torch._dynamo.exc.BackendCompilerFailed, torch._inductor.exc.InductorError) as error:
                     raise FlexCompileError(
@@ -411,10 +418,10 @@ def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling), None
 
 
-def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.Tensor | None, batch: int, heads: int,
-                   query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
+def flex_score_mod(score_bias: torch.Tensor | RelativeBias | DenseBias | None, table: torch.Tensor | None,
+                   batch: int, heads: int, query_length: int, key_length: int, dtype: torch.dtype) -> Callable | None:
     """A score bias without a score_mod of its scheme's, read per score: a `RelativeBias` `table` through its bucket
-    (n x R per head), or a dense bias (n x m)."""
+    (n x R per head), or a dense bias (a tensor or a `DenseBias`, n x m)."""
     if isinstance(score_bias, RelativeBias):
         table, bucket = table.to(dtype).expand(batch, heads, query_length, -1), score_bias.bucket
 
@@ -422,7 +429,7 @@ def flex_score_mod(score_bias: torch.Tensor | RelativeBias | None, table: torch.
             return score + table[b, h, q, bucket(q, kv)]
         return score_mod
     if score_bias is not None:
-        dense = score_bias.to(dtype).expand(batch, heads, query_length, key_length)
+        dense = dense_bias(score_bias, dtype).expand(batch, heads, query_length, key_length)
 
         def score_mod(score, b, h, q, kv):
             return score + dense[b, h, q, kv]
@@ -450,16 +457,23 @@ def flex_attention_forward(
     calls for a score bias and a value term together), else its `score_mod` (computed from indices and small tables), else a
     `RelativeBias` table read by bucket (recomputed in the backward when `score_bias.recompute`).
 
-    A decoding step (one query), `output_attentions`, or a value term without a fused form run
+    A decoding step (one query), `output_attentions`, or a value term without a fused form (with a warning, once) run
     `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention has no dropout:
-    attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager)."""
-    query_length = query.size(-2)
-    if output_attentions or query_length == 1 or (value_term is not None and fused_attention is None):
-        return eager_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
-                                       dropout, score_bias, value_term)
+    attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager), checked first."""
     if dropout > 0:
         raise ValueError(f"attn_implementation 'flex_attention' has no attention dropout, got attention_dropout="
                          f"{dropout} in training: set attention_dropout to 0 or use 'sdpa' or 'eager'")
+    query_length = query.size(-2)
+    unfused_value_term = value_term is not None and fused_attention is None
+    if unfused_value_term and not (output_attentions or query_length == 1):
+        cause = ("Shaw's a^V at randomized positions" if isinstance(value_term, RelativeValues)
+                 and not value_term.consecutive else f"a value term ({type(value_term).__name__}) whose scheme gives "
+                 "no fused_attention")
+        logger.warning_once(f"flex_attention: {cause} has no fused form: it runs on eager, forming the n x m "
+                            "attention probabilities")
+    if output_attentions or query_length == 1 or unfused_value_term:
+        return eager_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
+                                       dropout, score_bias, value_term)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     batch, heads, _, _ = query.shape
     key_length = key.size(-2)
@@ -498,7 +512,7 @@ def triton_clipped_terms(
     causality (`key_ranges`: self_attention_window)."""
     bias_clip = None
     if score_bias is not None:
-        if not isinstance(score_bias, RelativeBias) or score_bias.clip_distance is None:
+        if not isinstance(score_bias, RelativeBias) or score_bias.clip_distance is None or not score_bias.consecutive:
             return None
         bias_clip = (score_bias.clip_distance, score_bias.query_offset)
     values_clip = None
@@ -509,6 +523,20 @@ def triton_clipped_terms(
     if bias_clip is not None and values_clip is not None and bias_clip != values_clip:
         return None
     return bias_clip or values_clip
+
+
+def triton_fallback_cause(clipped: tuple[int, int] | None, score_bias: Any, value_term: Any,
+                          output_attentions: bool) -> str | None:
+    """Why Shaw's terms leave the fused kernel (None: the call has none of them, or they run fused): output_attentions,
+    a mask other than padding ranges and causality, or randomized positions."""
+    if clipped is not None:
+        return "output_attentions" if output_attentions else (
+            "a mask other than padding ranges and causality (self_attention_window, padding with holes)")
+    clipped_bias = isinstance(score_bias, RelativeBias) and score_bias.clip_distance is not None
+    if (clipped_bias and not score_bias.consecutive) or (
+            isinstance(value_term, RelativeValues) and not value_term.consecutive):
+        return "randomized positions"
+    return None
 
 
 def relpos_triton_attention_forward(
@@ -527,16 +555,21 @@ def relpos_triton_attention_forward(
     """Shaw's relative self-attention in one fused Triton kernel (`clipped_relative_attention`): the a^K bias read
     by distance, the a^V term from each row's probability mass per distance, padding from per-sequence key ranges,
     causal for the decoder, true attention dropout (after the softmax, seen by a^V too). What it does not cover
-    (`triton_clipped_terms`) runs on `TRITON_OTHERWISE`. On CUDA; on the CPU only under TRITON_INTERPRET=1."""
+    (`triton_clipped_terms`) runs on `TRITON_OTHERWISE`, with a warning (once) when Shaw's terms leave the kernel
+    (`triton_fallback_cause`). On CUDA; on the CPU only under TRITON_INTERPRET=1."""
     check_device(query.device)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
-    clipped = None if output_attentions else triton_clipped_terms(score_bias, value_term)
+    clipped = triton_clipped_terms(score_bias, value_term)
     causal = getattr(module, "is_causal", False)
     batch, _, query_length, _ = query.shape
     ranges = None
-    if clipped is not None:
+    if clipped is not None and not output_attentions:
         ranges = key_ranges(attention_mask, batch, query_length, key.size(-2), clipped[1], causal, query.device)
     if ranges is None:
+        cause = triton_fallback_cause(clipped, score_bias, value_term, output_attentions)
+        if cause is not None:
+            logger.warning_once(f"relpos_triton: Shaw's relative attention with {cause} runs on {TRITON_OTHERWISE} "
+                                "and eager, not on the fused kernel (slower, forming every score)")
         return RELPOS_ATTENTION_FUNCTIONS[TRITON_OTHERWISE](
             module, query, key, value, attention_mask, scaling, dropout, score_bias, value_term,
             output_attentions=output_attentions)

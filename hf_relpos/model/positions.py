@@ -311,8 +311,9 @@ class RelativeBias:
     layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
     score_mod and never builds the n x m float tensor; with `recompute` (a table computed by a function) it computes
     the table again in the backward instead of keeping it (XL's n x (n + m - 1) per head, one layer's at a time).
-    `clip_distance` = k says that the bucket is the clipped distance clip(j - i - `query_offset`, k) + k (Shaw's at
-    consecutive positions), which the "relpos_triton" kernel computes itself.
+    `clip_distance` = k says that the bucket is the clipped distance clip(j - i', k) + k between the query's and
+    the key's positions (Shaw's); at consecutive positions (`consecutive`, i' = i + `query_offset`) the
+    "relpos_triton" kernel computes it itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
@@ -321,6 +322,7 @@ class RelativeBias:
     densify: Callable[[], torch.Tensor] | None = None
     clip_distance: int | None = None
     query_offset: int = 0
+    consecutive: bool = True
     recompute: bool = False
     _dense: torch.Tensor | None = dataclasses.field(default=None, init=False, repr=False)
 

@@ -141,7 +141,7 @@ class ShawPositions(PositionScheme):
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                     return index[i, j]
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
-                                      clip_distance=kmax if consecutive else None, query_offset=offset)
+                                      clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive:
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
         value_term = None
@@ -159,7 +159,8 @@ class ShawPositions(PositionScheme):
         """Eqs. 3-4 without the probability matrix: `region_attention`, plus the a^V masses times w^V."""
         output, masses = self.region_attention(layer_idx, query, key, value, scaling, mask, attend)
         if self.relative_values is not None:
-            output = output + times_table(masses, self.relative_values[layer_idx], transpose=False)
+            with torch.autocast(query.device.type, enabled=False):   # masses stay in promote_types(dtype, float32)
+                output = output + times_table(masses, self.relative_values[layer_idx], transpose=False)
         return output.to(query.dtype)
 
     def region_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -179,19 +180,31 @@ class ShawPositions(PositionScheme):
         z_right + sum_r p_ir v_(i'+r) (`band_values`), and M = [e^(lse_left - lse), p_band, e^(lse_right - lse)]
         (each >= 0, summing to 1; zero for a query with no key). Every gradient (q, k, v, w^K, w^V) follows by
         autograd through O(n (k + d)) tensors and FlexAttention's own backward (with its log-sum-exp)."""
-        kmax, offset = self.max_relative_position, mask.query_offset
+        kmax = self.max_relative_position
         compute = torch.promote_types(query.dtype, torch.float32)
+        regions = []   # (output, log-sum-exp) of the left and right regions, None for an empty one
+        for side, (lowest, highest) in enumerate(((None, -kmax), (kmax, None))):
+            region = mask.restricted(lowest, highest) if kmax > 0 else (None if side else mask)
+            regions.append(None if region is None else attend(query, key, value, region, scaling, with_lse=True))
+        # autocast off: the rest stays in `compute` (autocast would run its products in bf16 again)
+        with torch.autocast(query.device.type, enabled=False):
+            return self._merge_regions(layer_idx, query, key, value, scaling, mask, regions, compute)
+
+    def _merge_regions(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                       scaling: float, mask: Any, regions: list, compute: torch.dtype,
+                       ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`region_attention`'s band and merge, in `compute`, from the left and right regions' (output, lse)."""
+        kmax, offset = self.max_relative_position, mask.query_offset
         profile = None
         if self.relative_keys is not None:   # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets
             profile = times_table(query.to(compute), self.relative_keys[layer_idx]) * query.size(-1) ** -0.5
         log_weights, outputs = [], []
-        for side, (lowest, highest, bucket) in enumerate(((None, -kmax, 0), (kmax, None, 2 * kmax))):
-            region = mask.restricted(lowest, highest) if kmax > 0 else (None if side else mask)
-            if region is None:
+        for result, bucket in zip(regions, (0, 2 * kmax), strict=True):
+            if result is None:
                 log_weights.append(query.new_full(query.shape[:-1], float("-inf"), dtype=compute))
                 outputs.append(None)
                 continue
-            output, log_mass = attend(query, key, value, region, scaling, with_lse=True)
+            output, log_mass = result
             log_mass = log_mass.to(compute)
             if profile is not None:
                 log_mass = log_mass + profile[..., bucket]

@@ -270,7 +270,8 @@ def clipped_relative_attention(
     None) and, when `value_term` (a `RelativeValues`) is given, its term sum_r M[i, r] a^V_r from the kernel's
     masses; attention dropout `dropout` on the probabilities, seen by both terms."""
     check_device(query.device)
-    seed = dropout_seed()
+    # a seed is drawn only for dropout: without it torch's random stream stays where sdpa and eager leave it
+    seed = dropout_seed() if dropout > 0 else torch.full((1,), SEED_RANGE[0], dtype=torch.int64)
     output, masses, _ = relative_attention(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
                                            query_offset, max_distance, causal, value_term is not None)
     if value_term is not None:

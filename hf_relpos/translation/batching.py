@@ -25,17 +25,28 @@ import numpy as np
 from ..model.validation import require_int
 
 
-def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int) -> None:
-    """ValueError naming the budget and the first offender when an example alone exceeds `max_tokens` on either side
-    (no batch could hold it)."""
+def padded_lengths(lengths: Sequence[int] | np.ndarray, length_multiple: int = 1) -> np.ndarray:
+    """`lengths` rounded up to a multiple of `length_multiple` (ceil(l / m) * m): the length a batch is padded to
+    when its kernel pads lengths (`hf_relpos.model.attention_functions.length_multiple`)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    return -(-lengths // length_multiple) * length_multiple
+
+
+def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[int], max_tokens: int,
+                       length_multiple: int = 1) -> None:
+    """ValueError naming the budget and the first offender when an example alone, padded to a multiple of
+    `length_multiple`, exceeds `max_tokens` on either side (no batch could hold it)."""
     source_lengths = np.asarray(source_lengths, dtype=np.int64)
     target_lengths = np.asarray(target_lengths, dtype=np.int64)
-    too_long = np.flatnonzero(np.maximum(source_lengths, target_lengths) > max_tokens)
+    longer_side = padded_lengths(np.maximum(source_lengths, target_lengths), length_multiple)
+    too_long = np.flatnonzero(longer_side > max_tokens)
     if too_long.size:
         first = int(too_long[0])
+        padding = f" (padded to {longer_side[first]}: the kernel pads lengths to a multiple of {length_multiple})"
         raise ValueError(
             f"max_tokens_per_batch={max_tokens} is smaller than {too_long.size} training pair(s), e.g. example "
-            f"{first} with {source_lengths[first]} source and {target_lengths[first]} target tokens; "
+            f"{first} with {source_lengths[first]} source and {target_lengths[first]} target tokens"
+            f"{padding if length_multiple > 1 else ''}; "
             "raise max_tokens_per_batch or lower max_source_length/max_target_length"
         )
 
@@ -43,8 +54,9 @@ def check_examples_fit(source_lengths: Sequence[int], target_lengths: Sequence[i
 class TokenBudgetBatchSampler:
     """Batches of example indices whose padded size fits `max_tokens` on both sides.
 
-    A batch of n examples costs n * (longest source) source tokens and n * (longest target) target tokens once padded;
-    both stay <= `max_tokens`. Examples are sorted by (source length, target length), ties broken by a seeded shuffle,
+    A batch of n examples costs n * (longest source) source tokens and n * (longest target) target tokens once padded,
+    each longest length rounded up to a multiple of `length_multiple` (the kernel's padding); both stay <=
+    `max_tokens`. Examples are sorted by (source length, target length), ties broken by a seeded shuffle,
     cut greedily into batches, and the batch order is shuffled each epoch (`set_epoch`). The cut points depend only on
     the sorted lengths, so every epoch has the same number of batches, which the Trainer needs for its step counts.
 
@@ -62,6 +74,7 @@ class TokenBudgetBatchSampler:
         shuffle: bool = True,
         seed: int = 0,
         pool_factor: int | None = None,
+        length_multiple: int = 1,
     ) -> None:
         if len(source_lengths) != len(target_lengths):
             raise ValueError(
@@ -70,17 +83,20 @@ class TokenBudgetBatchSampler:
         require_int("max_tokens_per_batch", max_tokens, minimum=1)
         require_int("num_processes", num_processes, minimum=1)
         require_int("length_pool_factor", pool_factor, minimum=1, null_means="one global length sort")
+        require_int("length_multiple", length_multiple, minimum=1)
         if pool_factor is not None and not shuffle:
             raise ValueError("length_pool_factor draws random pools: it needs shuffle=True")
         self.source_lengths = np.asarray(source_lengths, dtype=np.int64)
         self.target_lengths = np.asarray(target_lengths, dtype=np.int64)
-        self.longer_side = np.maximum(self.source_lengths, self.target_lengths)   # what the budget counts
-        check_examples_fit(self.source_lengths, self.target_lengths, max_tokens)
+        self.longer_side = np.maximum(self.source_lengths, self.target_lengths)
+        self.budget_lengths = padded_lengths(self.longer_side, length_multiple)   # what the budget counts
+        check_examples_fit(self.source_lengths, self.target_lengths, max_tokens, length_multiple)
         self.max_tokens = max_tokens
         self.num_processes = num_processes
         self.shuffle = shuffle
         self.seed = seed
         self.pool_factor = pool_factor
+        self.length_multiple = length_multiple
         self.epoch = 0
         self._pass_sizes: list[int] = []   # batches in each pass generated so far (pooled stream)
         self._last_pass: tuple[int, list[list[int]]] | None = None   # (index, batches) of the pass built last
@@ -128,7 +144,8 @@ class TokenBudgetBatchSampler:
             generator = np.random.default_rng([self.seed, pass_index])
             order = generator.permutation(len(self.source_lengths))
             longer_side = self.longer_side[order]
-            pool = (np.cumsum(longer_side) - longer_side) // (self.pool_factor * self.max_tokens)
+            budget_lengths = self.budget_lengths[order]
+            pool = (np.cumsum(budget_lengths) - budget_lengths) // (self.pool_factor * self.max_tokens)
             by_length = np.lexsort((self.target_lengths[order], self.source_lengths[order], longer_side, pool))
             pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
             batches = [batch for members in pools for batch in self._cut_batches(members)]
@@ -154,17 +171,19 @@ class TokenBudgetBatchSampler:
     def _cut_batches(self, order: np.ndarray) -> list[list[int]]:
         """`order` cut greedily; reads the lengths of `order`'s examples only, so cutting every pool of a pass costs
         O(N) in all."""
-        return cut_token_batches(order.tolist(), self.longer_side[order].tolist(), self.max_tokens)
+        return cut_token_batches(order.tolist(), self.longer_side[order].tolist(), self.max_tokens,
+                                 self.length_multiple)
 
 
-def cut_token_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
-    """`order` cut into consecutive batches whose padded size (count x longest length in the batch) stays within
-    `max_tokens`, `lengths[i]` being the length of item `order[i]`; an item longer than `max_tokens` forms a batch of
-    its own."""
+def cut_token_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: int,
+                      length_multiple: int = 1) -> list[list[int]]:
+    """`order` cut into consecutive batches whose padded size (count x longest length in the batch, rounded up to a
+    multiple of `length_multiple`) stays within `max_tokens`, `lengths[i]` being the length of item `order[i]`; an
+    item longer than `max_tokens` forms a batch of its own."""
     batches: list[list[int]] = []
     current: list[int] = []
     longest_in_batch = 0
-    for index, length in zip(order, lengths, strict=True):
+    for index, length in zip(order, padded_lengths(lengths, length_multiple).tolist(), strict=True):
         longest = max(longest_in_batch, length)
         if current and (len(current) + 1) * longest > max_tokens:
             batches.append(current)

@@ -204,12 +204,20 @@ def main_process_first_without_timeout(training_args: TranslationTrainingArgumen
             turn_marker(prefix, rank).unlink(missing_ok=True)
 
 
-def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments) -> None:
-    """Every training pair must fit the token budget on its own; checked before the tokenizer is saved."""
+def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
+    """The multiple the collator pads `model`'s batch lengths to (1: none), which the token budget counts."""
+    return length_multiple(model.config._attn_implementation) or 1
+
+
+def _check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments,
+                        model: RelPosTransformerForConditionalGeneration) -> None:
+    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own; checked before
+    the tokenizer is saved."""
     if training_args.max_tokens_per_batch is None:
         return
     try:
-        check_examples_fit(*example_lengths(train_dataset), training_args.max_tokens_per_batch)
+        check_examples_fit(*example_lengths(train_dataset), training_args.max_tokens_per_batch,
+                           padding_multiple(model))
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
@@ -312,6 +320,7 @@ class TranslationTrainer(Seq2SeqTrainer):
                 num_processes=self.accelerator.num_processes,
                 seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
                 pool_factor=self.args.length_pool_factor,
+                length_multiple=padding_multiple(self.model),
             )
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
         if self.args.fade_absolute_positions is not None:
@@ -906,7 +915,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         tokenizer, model, train_dataset, evaluation_sets = (prepared.tokenizer, prepared.model, prepared.train_dataset,
                                                             prepared.evaluation_sets)
         if train_dataset is not None:
-            _check_token_budget(train_dataset, training_args)
+            _check_token_budget(train_dataset, training_args, model)
         if training_args.should_save:  # the first write of the run besides the prepared data: every check has passed
             if fresh_run:
                 removed = remove_previous_run(output_dir)
