@@ -130,7 +130,7 @@ def sdpa_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-FLEX_BLOCK = 128   # FlexAttention's block size: block masks are built, and lengths best padded, at this granularity
+FLEX_BLOCK = 128   # FlexAttention's block size: block masks are built at this granularity
 FLEX_RECOMPILE_LIMIT = 32
 FLEX_LENGTH_MULTIPLE = 64   # batches padded to a multiple of this on the fused path: a few compiled graphs per run
 COMPILE_ON_CPU = False   # compile FlexAttention on the CPU too (Inductor's CPU backend: inference only, no lse)
@@ -496,7 +496,7 @@ def flex_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-# --- attn_implementation "relpos_triton" (issue #48) ---
+# --- attn_implementation "relpos_triton" ---
 
 TRITON_OTHERWISE = "sdpa"
 
