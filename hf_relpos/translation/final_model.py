@@ -20,6 +20,7 @@ from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
 
 logger = logging.getLogger(__name__)
 
+
 def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
     it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model

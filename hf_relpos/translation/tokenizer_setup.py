@@ -58,8 +58,6 @@ def describe_training_data(data_args: DataArguments) -> str:
     return f"{origin}{cap}, {data_args.source_lang}+{data_args.target_lang}{sample}"
 
 
-
-
 def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
     """The training pairs a new tokenizer learns from: all, or a random sample of `pairs` (in corpus order, drawn
     with `TOKENIZER_SAMPLE_SEED`)."""
@@ -67,7 +65,6 @@ def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
         return train
     chosen = np.random.default_rng(TOKENIZER_SAMPLE_SEED).choice(len(train), size=pairs, replace=False)
     return train.select(np.sort(chosen))
-
 
 
 def text_batches(dataset: Dataset) -> Iterator[list[str]]:
@@ -78,7 +75,6 @@ def text_batches(dataset: Dataset) -> Iterator[list[str]]:
             for batch in columns.iter(TOKENIZER_TRAINING_BATCH):
                 bar.update(batch.num_rows)
                 yield batch[column].to_pylist()
-
 
 
 def obtain_tokenizer(

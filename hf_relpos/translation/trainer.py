@@ -45,6 +45,7 @@ def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
     """The multiple the collator pads `model`'s batch lengths to (1: none), which the token budget counts."""
     return length_multiple(model.config._attn_implementation) or 1
 
+
 @dataclass
 class EvaluationSet:
     """A split to translate and score: tokenized examples sorted by source length (`order[i]` is the file position of
