@@ -75,7 +75,8 @@ from hf_relpos.translation.tokenization import (
     train_joint_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.translation.training import TranslationTrainer, run
+from hf_relpos.translation.trainer import TranslationTrainer
+from hf_relpos.translation.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"

@@ -32,8 +32,10 @@ from hf_relpos.publish.records import (
     read_run_records,
 )
 from hf_relpos.translation import preflight
+from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.metrics import score_translations
-from hf_relpos.translation.training import parse_arguments, push_training_output, run, run_record
+from hf_relpos.translation.run_outputs import push_training_output, run_record
+from hf_relpos.translation.training import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
@@ -343,7 +345,7 @@ def test_the_record_fields_are_train_translation_arguments():
     `RunRecord` is one (a renamed argument fails here, not silently on every card), and `run_record` fills them all
     from parsed arguments, with the run's devices and hardware."""
     from hf_relpos.translation.arguments import _argument_fields
-    from hf_relpos.translation.training import run_record
+    from hf_relpos.translation.run_outputs import run_record
 
     assert set(hub.RunRecord.recipe_fields()) <= set(_argument_fields())
     model_args, data_args, training_args = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"),

@@ -77,7 +77,7 @@ class RunRecord:
     """A training run, or a recipe before any run, as its model card describes it.
 
     The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
-    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.training.run_record` from a
+    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.run_outputs.run_record` from a
     finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
     its recipe complete the card.
     """
