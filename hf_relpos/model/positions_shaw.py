@@ -71,9 +71,10 @@ class ShawPositions(PositionScheme):
     Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values,
     shared across heads (paper) or one table per head. Efficient form (eq. 5, sec. 3.3): e_ij split into
     q_i k_j^T + q_i (a^K_ij)^T, the second term a `RelativeBias` of q_i . w^K_r for the 2k+1 distances r, laid out
-    over the keys by `clipped_rel_shift` (eager, SDPA) or read per query-key pair inside FlexAttention's score_mod
-    (O(n (2k+1) d + n^2)); the a^V value term (`RelativeValues`) sums each row's probabilities into the 2k+1
-    distance buckets, then multiplies by w^V. No n x n x d tensor.
+    over the keys by `clipped_rel_shift` (eager, SDPA); the a^V value term (`RelativeValues`) sums each row's
+    probabilities into the 2k+1 distance buckets, then multiplies by w^V. On FlexAttention, at consecutive positions,
+    both come from key regions and the band (`region_attention`); under randomized positions a^K is read per
+    query-key pair inside the score_mod (O(n (2k+1) d + n^2)). No n x n x d tensor.
     """
 
     config_fields = (
