@@ -18,8 +18,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "setting"
 
 
@@ -249,8 +247,8 @@ LEGACY_PEER_PREFIX = "peer"
 def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, Any]) -> RunRecord:
     """The `RunRecord` of a run in a record written before runs carried one: its role from the system's name
     (`LEGACY_PEER_PREFIX`), its recipe and the recipe fields it set from its train_translation.py arguments (the
-    recipe file first, then `--name value` flags, the last of a name winning, values read as YAML reads them), its
-    batch from what the experiment measured of it, its description from the record's rows or settings."""
+    recipe file first, then `--name value` flags, the last of a name winning), its batch from what the experiment
+    measured of it, its description from the record's rows or settings."""
     settings = data.get("settings", {})
     role = PEER if system.startswith(LEGACY_PEER_PREFIX) else RECIPE
     argv = run.get("argv") or []
@@ -258,17 +256,35 @@ def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, An
     described = data.get("rows", {}).get(system, {}).get("system")
     scores = scores_by_weights(run["scores"])
     batches = run.get("batches", {})
-    flags = {name.removeprefix("--"): yaml.safe_load(value) for name, value in zip(argv[1:-1], argv[2:], strict=True)
+    flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value)
+             for name, value in zip(argv[1:-1], argv[2:], strict=True)
              if name.startswith("--") and name.removeprefix("--") in RunRecord.recipe_fields()}
     measured = {"max_tokens_per_batch": batches["token_budget"],
                 "gradient_accumulation_steps": batches["gradient_accumulation_steps"]} if batches else {}
-    return RunRecord(
-        **{**flags, **measured}, role=role, recipe=recipe, system=system, seed=run["seed"],
-        trained_as=described or " ".join([f"{recipe}.yaml", *settings.get("recipe_flags", [])]),
-        steps=run.get("steps") or settings.get("max_steps"), source_version=run.get("source_version"),
-        hardware=data["device"], devices=1, training_seconds=run["train_seconds"], date=run.get("date", data["date"]),
-        software=run.get("versions", {}), average_checkpoints=settings.get("last_n") if "averaged" in scores else None,
-        scores=scores)
+    return RunRecord(**{
+        **flags, **measured, "role": role, "recipe": recipe, "system": system, "seed": run["seed"],
+        "trained_as": described or " ".join([f"{recipe}.yaml", *settings.get("recipe_flags", [])]),
+        "steps": run.get("steps") or settings.get("max_steps"), "source_version": run.get("source_version"),
+        "hardware": data["device"], "devices": 1, "training_seconds": run["train_seconds"],
+        "date": run.get("date", data["date"]), "software": run.get("versions", {}),
+        "average_checkpoints": settings.get("last_n") if "averaged" in scores else None, "scores": scores})
+
+
+_NULLS = ("null", "None")
+
+
+def _argument_value(name: str, text: str) -> Any:
+    """A train_translation.py flag's value as the type of the `RunRecord` field it sets ("null": None)."""
+    kind = next(item.type for item in dataclasses.fields(RunRecord) if item.name == name)
+    if text in _NULLS:
+        return None
+    if kind.startswith("bool"):
+        return text.lower() == "true"
+    if kind.startswith("int"):
+        return int(text)
+    if kind.startswith("float"):
+        return float(text)
+    return text
 
 
 def scores_from_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Scores]]:
