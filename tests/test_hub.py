@@ -333,6 +333,10 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
         RunRecord(role=PEER, system="peer", trained_as="MarianMT",
                   scores={TRAINED_WEIGHTS: {"test": Scores(35.5, 63.0, "sig"), "validation": Scores(36.0, 64.0, "sig")}},
                   **common),
+        RunRecord(role=RECIPE, recipe="multi30k_small_absolute", system="rope-matched", model={"attention_type": "rope"},
+                  trained_as="absolute recipe --model.attention_type rope",
+                  scores={TRAINED_WEIGHTS: {"test": Scores(33.5, 62.0, "sig"), "validation": Scores(34.0, 62.5, "sig")}},
+                  **common),
     ]
     path = tmp_path / "vs_marian.json"
     path.write_text(json.dumps({"records": [run.to_json() for run in runs]}))
@@ -342,7 +346,14 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
     assert [measurement.trained_as for measurement in record.measurements] == ["absolute recipe"]
     card = hub.render_model_card(hub.config_from_recipe(recipe), record, recipe_name="multi30k_small_absolute")
     assert "| Multi30k test2016 (Flickr), seed 1 | 31.25 | 60.50 | `sig` |" in card
-    assert "36.75" not in card and "35.50" not in card and "MarianMT trained" not in card
+    assert "36.75" not in card and "35.50" not in card and "MarianMT trained" not in card and "33.50" not in card
+    # a run of absolute's recipe file with another scheme is not absolute's, in results written before runs
+    # carried records too (the scheme read from the run's --model.attention_type)
+    legacy = {run.system: run for run in read_run_records(REPO_ROOT / "docs" / "results" / "vs_marian" /
+                                                          "eight_schemes_three_seeds" / "vs_marian.json")}
+    assert (legacy["rope-matched"].recipe, legacy["rope-matched"].model) == ("multi30k_small_absolute",
+                                                                             {"attention_type": "rope"})
+    assert legacy["marian-matched"].model == {}
 
 
 def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():

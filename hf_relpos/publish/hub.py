@@ -42,6 +42,7 @@ from .records import (
     OPTIMISATION,
     RECIPE,
     RESULT_SPLITS,
+    SCHEME_FIELD,
     TRAINED_WEIGHTS,
     MeasuredScores,
     Measurement,
@@ -119,13 +120,15 @@ def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
 def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: RunRecord) -> list[Measurement]:
     """The runs that trained the recipe `recipe_name` (a configs/ file stem) in a committed experiment record (the
     JSON that experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
-    `Measurement` per system of the record; `record` is the recipe's own (for its dataset and batch). A peer's run
-    trained from the recipe's settings is not the recipe's (`RunRecord.role`)."""
+    `Measurement` per system of the record; `record` is the recipe's own (for its dataset, batch and scheme). A
+    peer's run trained from the recipe's settings is not the recipe's (`RunRecord.role`), nor is a run of the recipe
+    that swapped its position scheme for another."""
     path = Path(path)
     report = path.with_suffix(".md").read_text(encoding="utf-8").split("\n\n")
+    scheme = record.model.get(SCHEME_FIELD)
     systems: dict[str, list[RunRecord]] = {}
     for run in read_run_records(path):
-        if run.role == RECIPE and run.recipe == recipe_name:
+        if run.role == RECIPE and run.recipe == recipe_name and run.model.get(SCHEME_FIELD, scheme) == scheme:
             systems.setdefault(run.system, []).append(run)
     measurements = []
     for runs in systems.values():

@@ -28,6 +28,7 @@ def _recipe_field(section: str, default: Any = None) -> Any:
 
 
 RECIPE, PEER = "recipe", "peer"
+SCHEME_FIELD = "attention_type"   # the model config field naming the position scheme
 ROLES = (RECIPE, PEER)
 # weights of a run whose scores cover one set of weights only (the trained ones)
 TRAINED_WEIGHTS = ""
@@ -256,9 +257,11 @@ def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, An
     described = data.get("rows", {}).get(system, {}).get("system")
     scores = scores_by_weights(run["scores"])
     batches = run.get("batches", {})
-    flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value)
-             for name, value in zip(argv[1:-1], argv[2:], strict=True)
+    pairs = list(zip(argv[1:-1], argv[2:], strict=True))
+    flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value) for name, value in pairs
              if name.startswith("--") and name.removeprefix("--") in RunRecord.recipe_fields()}
+    schemes = [value for name, value in pairs if name == f"--model.{SCHEME_FIELD}"]   # a recipe run's other scheme
+    flags["model"] = {SCHEME_FIELD: schemes[-1]} if schemes else {}
     measured = {"max_tokens_per_batch": batches["token_budget"],
                 "gradient_accumulation_steps": batches["gradient_accumulation_steps"]} if batches else {}
     return RunRecord(**{
