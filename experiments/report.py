@@ -433,15 +433,14 @@ def results_length_generalization() -> str:
     rows, by_bucket = [], {}
     for seed in range(1, 7):
         record = read(LENGTH_SCALED.format(seed))
-        (run,) = record["runs"]
-        summary = run["summary"]
-        rows.append([str(seed), record["date"][:10], *(f"{100 * summary[bucket]['accuracy']:.1f} %"
+        (run,) = read_run_records(RESULTS / LENGTH_SCALED.format(seed))
+        rows.append([str(seed), record["date"][:10], *(f"{100 * run.metrics[bucket]['accuracy']:.1f} %"
                                                        for bucket in record["buckets"])])
         for bucket in record["buckets"]:
-            by_bucket.setdefault(bucket, []).append(100 * summary[bucket]["accuracy"])
+            by_bucket.setdefault(bucket, []).append(100 * run.metrics[bucket]["accuracy"])
     rows.append(["mean", "", *(f"{statistics.mean(values):.1f} %" for values in by_bucket.values())])
     settings = record["settings"]
-    caption = (f"`{run['name']}`: {settings['steps']} steps, d_model {settings['d_model']}, {settings['layers']} + "
+    caption = (f"`{run.system}`: {settings['steps']} steps, d_model {settings['d_model']}, {settings['layers']} + "
                f"{settings['layers']} layers, trained on lengths {record['train_lengths'][0]}-"
                f"{record['train_lengths'][1]}; {settings['eval_size']} sequences per bucket drawn with evaluation seed "
                f"{settings['eval_seed']}; {record['device']['cpu']}, torch {record['device']['torch']}. Records: "
@@ -517,15 +516,15 @@ def results_length_generalization_fresh_sets() -> str:
     for folder in seed_folders:
         for purpose, seed in (("chose the settings", 1234), ("never looked at", 2026)):
             record = read(f"{SAVED_MODELS}/{folder.name}/eval_seed_{seed}/saved_models.json")
-            (run,) = record["runs"]
-            accuracies = [100 * run["result"][bucket]["accuracy"] for bucket in record["buckets"]]
+            (run,) = read_run_records(RESULTS / SAVED_MODELS / folder.name / f"eval_seed_{seed}" / "saved_models.json")
+            accuracies = [100 * run.metrics[bucket]["accuracy"] for bucket in record["buckets"]]
             by_column.setdefault(seed, []).append(accuracies)
             rows.append([folder.name[4:], str(seed), purpose, str(record["settings"]["eval_size"]),
                          *(f"{value:.1f} %" for value in accuracies)])
     for seed, purpose in ((1234, "chose the settings"), (2026, "never looked at")):
         means = [statistics.mean(column) for column in zip(*by_column[seed], strict=True)]
         rows.append([f"mean of {len(by_column[seed])}", str(seed), purpose, "", *(f"{value:.1f} %" for value in means)])
-    caption = (f"`{run['name']}`, one saved model per training seed, scored without training (`--evaluate-saved`) on "
+    caption = (f"`{run.system}`, one saved model per training seed, scored without training (`--evaluate-saved`) on "
                f"two evaluation seeds' sets; {record['device']['cpu']}, torch {record['device']['torch']}. Records and "
                f"commands: [`{SAVED_MODELS}`](results/{SAVED_MODELS}/).\n\n")
     return caption + table(["training seed", "evaluation seed", "its sets", "sequences per bucket",

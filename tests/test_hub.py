@@ -356,6 +356,37 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
     assert legacy["marian-matched"].model == {}
 
 
+def test_every_committed_experiment_result_loads_as_typed_run_records():
+    """The results under docs/results written before results carried records load through the legacy readers: one
+    `RunRecord` per run and seed, which round-trips through JSON, with the run's own scores."""
+    results = REPO_ROOT / "docs" / "results"
+    paths = [path for pattern in ("vs_marian/*/vs_marian.json", "convergence/*/convergence.json",
+                                  "length_generalization*/**/length_generalization.json",
+                                  "length_generalization*/**/saved_models.json") for path in sorted(results.glob(pattern))]
+    assert len(paths) > 60
+    for path in paths:
+        result = json.loads(path.read_text())
+        runs = read_run_records(path)
+        if isinstance(result["runs"], dict):   # vs_marian.py and convergence.py: runs by system, a run per seed
+            expected = [(system, run["seed"], run["scores"]) for system, by_seed in result["runs"].items()
+                        for run in by_seed]
+            assert [(run.system, run.seed) for run in runs] == [(system, seed) for system, seed, _ in expected]
+            for run, (_, _, scores) in zip(runs, expected, strict=True):
+                test = scores["test"] if "test" in scores else scores["averaged"]["test"]
+                weights = TRAINED_WEIGHTS if "test" in scores else "averaged"
+                assert run.scores[weights]["test"] == Scores.of(test), path
+        else:   # length_generalization.py: a run per spec, its seeds in it, or a saved model scored
+            per_model = [(run["name"], seed, by_bucket) for run in result["runs"] for seed, by_bucket in (
+                [(None, run["result"])] if "result" in run else zip(result["settings"]["seeds"], run["per_seed"],
+                                                                    strict=True))]
+            assert [(run.system, run.seed) for run in runs] == [(name, seed) for name, seed, _ in per_model]
+            for run, (_, _, by_bucket) in zip(runs, per_model, strict=True):
+                assert {bucket: metrics["accuracy"] for bucket, metrics in run.metrics.items()} == {
+                    bucket: values["accuracy"] for bucket, values in by_bucket.items()}
+        for run in runs:
+            assert RunRecord.from_json(json.loads(json.dumps(run.to_json()))) == run
+
+
 def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
     record = RunRecord(role=PEER, system="peer", seed=3, steps=10, training_seconds=61.0,
                        scores={"averaged": {"test": Scores(30.5, 55.25, "nrefs:1")}})

@@ -226,6 +226,8 @@ def run_records(result: Mapping[str, Any]) -> list[RunRecord]:
     reads it."""
     if RECORDS in result:
         return [RunRecord.from_json(values) for values in result[RECORDS]]
+    if isinstance(result.get("runs"), list):
+        return legacy_model_runs(result)
     return [RunRecord.from_json(run["record"]) if "record" in run else legacy_run_record(system, run, result)
             for system, runs in result.get("runs", {}).items() for run in runs]
 
@@ -271,6 +273,23 @@ def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, An
         "hardware": data["device"], "devices": 1, "training_seconds": run["train_seconds"],
         "date": run.get("date", data["date"]), "software": run.get("versions", {}),
         "average_checkpoints": settings.get("last_n") if "averaged" in scores else None, "scores": scores})
+
+
+def legacy_model_runs(result: Mapping[str, Any]) -> list[RunRecord]:
+    """The runs of a result of experiments/length_generalization.py written before results carried records (its
+    "runs" a list): each seed of a trained run ("per_seed", in the order of the settings' seeds), or a saved model it
+    scored ("result"), with its exact match and BLEU per bucket as metrics."""
+    settings = result["settings"]
+    records = []
+    for run in result["runs"]:
+        scored = [(None, run["result"])] if "result" in run else zip(settings["seeds"], run["per_seed"], strict=True)
+        for seed, by_bucket in scored:
+            records.append(RunRecord(
+                model={"attention_type": run["attention_type"], **run["overrides"]} if "attention_type" in run else {},
+                system=run["name"], seed=seed, steps=settings["steps"] if seed is not None else None,
+                date=result["date"], metrics={bucket: {"accuracy": values["accuracy"], "bleu": values["bleu"]}
+                                              for bucket, values in by_bucket.items()}))
+    return records
 
 
 _NULLS = ("null", "None")
