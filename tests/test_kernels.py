@@ -162,6 +162,31 @@ def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_typ
         assert (plain - logits).abs().max().item() > 5e-3
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
+def test_compiled_flex_attention_cuda_drops_the_same_keys_as_eager(exact_float32_matmuls):
+    """Key dropout (attention_dropout_kind "keys") compiled into FlexAttention's score_mod (the hash in Triton, int64
+    xor, shifts and multiplies) drops the keys eager drops under the same seed: logits and every gradient as in
+    the test above, on xl (a table read by bucket, recomputed in the backward), while the dropout moves the logits."""
+    input_ids, attention_mask = batch("cuda")
+    results = {}
+    for kernel in ("eager", "flex_attention"):
+        model = pronounced(model_with(kernel, "xl", device="cuda", d_model=64, attention_dropout=0.3,
+                                      attention_dropout_kind="keys")).train()
+        torch.manual_seed(1)
+        output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
+        output.loss.backward()
+        results[kernel] = (output.logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters()
+                                                    if p.grad is not None})
+    logits, grads = results["eager"]
+    assert (results["flex_attention"][0] - logits).abs().max().item() < 2e-5
+    for name, grad in grads.items():
+        error = (results["flex_attention"][1][name] - grad).abs().max().item()
+        assert error <= 1e-4 * grad.abs().max().item() + 1e-7, (name, error)
+    with torch.no_grad():
+        undropped = model.eval()(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).logits
+    assert (undropped - logits).abs().max().item() > 5e-3
+
+
 def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_keeps_aligned_masks():
     """XL's decoding bias on an H100 (bf16, 32 unpadded source tokens): a rel-shift view 62 bytes into its storage,
     which stopped SDPA's memory-efficient kernel with "misaligned address"."""
