@@ -11,7 +11,8 @@ tokenizer (hf_relpos' BPE, trained as train_translation.py trains it). Every oth
 `train_translation.py`'s own code path (`hf_relpos.translation.training.run`) with the same budget (`--max_steps 1500
 --warmup_steps 400 --max_tokens_per_batch 1024`, about 62 pairs a step) plus the row's own flags; the recipe rows
 (one per configs/multi30k_small_*.yaml: `absolute`, `shaw`, `xl`, `directional`, `rope`, `alibi`, `t5`) raise the budget to 1280 tokens, where their pooled batches hold the
-peer's 64 pairs. The predefined rows
+peer's 64 pairs; `<recipe>+attention-dropout-0` and `<recipe>+key-dropout-0.1` change its attention dropout (none,
+or key dropout instead of dropping probabilities: `--model.attention_dropout_kind keys`). The predefined rows
 are listed by `--list`; `--row "NAME=RECIPE --flag value ..."` adds one (RECIPE: a scheme, for
 configs/multi30k_small_<scheme>.yaml, or a .yaml path; the flags are train_translation.py's). `--init` on a row is
 shorthand for the token-embedding init: `--init hf` draws them N(0, 0.02) as transformers' Marian does
@@ -186,6 +187,11 @@ ROWS = {row.name: row for row in [
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
     # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs
     *(_row(f"{scheme}+attention-dropout-0", scheme, f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.0")
+      for scheme in RECIPE_SCHEMES),
+    # issue #47 item 8: the recipe's attention dropout 0.1 as key dropout (scores dropped before the softmax), the
+    # dropout FlexAttention can run fused, against the recipe row (probability dropout 0.1) and the row above
+    *(_row(f"{scheme}+key-dropout-0.1", scheme,
+           f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.1 --model.attention_dropout_kind keys")
       for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),

@@ -62,6 +62,7 @@ COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "cross_attention_length_scaling": False,
     "keep_absolute_positions": False,
     "absolute_positions_scale": 1.0,
+    "attention_dropout_kind": "probabilities",
 }
 SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES = {"shaw": {"relative_embedding_init_std": None}}
 

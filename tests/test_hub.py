@@ -613,3 +613,12 @@ def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_onl
         assert lines["PIPELINE"] == expected
     else:
         assert lines["MODULE"] == "hf_relpos.model.modeling_relpos"
+
+
+@pytest.mark.parametrize("kind, shown", [("probabilities", "| 0.1 / 0.2 / 0.0 |"),
+                                         ("keys", "| 0.1 / 0.2 (keys dropped before the softmax) / 0.0 |")])
+def test_card_says_what_attention_dropout_drops(kind, shown):
+    config = tiny_config("xl")
+    config.attention_dropout, config.attention_dropout_kind = 0.2, kind
+    config._validate_relpos()
+    assert f"| dropout / attention / activation dropout {shown}" in hub._architecture_section(config)

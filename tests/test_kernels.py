@@ -136,16 +136,13 @@ def exact_float32_matmuls():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
-@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
-def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides, exact_float32_matmuls):
-    """The fused path (compiled FlexAttention, which needs a head dimension >= 16; Shaw's a^V from the log-sum-exp)
-    against eager in float32 on a padded batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
-    by 250 times that (so a dropped bias, mask or value term fails)."""
-    input_ids, attention_mask = batch("cuda")
+def check_flex_against_eager_on_cuda(attention_type, overrides, input_ids, attention_mask):
+    """One float32 training step on eager and on compiled FlexAttention from the same weights and seed: logits to
+    2e-5 and every gradient to 1e-4 of its size. Returns the FlexAttention model and eager's logits."""
     results = {}
     for kernel in ("eager", "flex_attention"):
         model = pronounced(model_with(kernel, attention_type, device="cuda", d_model=64, **overrides)).train()
+        torch.manual_seed(1)
         output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
         output.loss.backward()
         results[kernel] = (output.logits.detach(), {n: p.grad.detach() for n, p in model.named_parameters()
@@ -155,11 +152,35 @@ def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_typ
     for name, grad in grads.items():
         error = (results["flex_attention"][1][name] - grad).abs().max().item()
         assert error <= 1e-4 * grad.abs().max().item() + 1e-7, (name, error)
+    return model, logits
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
+@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
+def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides, exact_float32_matmuls):
+    """The fused path (compiled FlexAttention, which needs a head dimension >= 16; Shaw's a^V from the log-sum-exp)
+    against eager in float32 on a padded batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
+    by 250 times that (so a dropped bias, mask or value term fails)."""
+    input_ids, attention_mask = batch("cuda")
+    model, logits = check_flex_against_eager_on_cuda(attention_type, overrides, input_ids, attention_mask)
     if attention_type != "none":
         with torch.no_grad():
             plain = without_positions(model, "cuda")(input_ids=input_ids, attention_mask=attention_mask,
                                                      labels=input_ids).logits
         assert (plain - logits).abs().max().item() > 5e-3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
+def test_compiled_flex_attention_cuda_drops_the_same_keys_as_eager(exact_float32_matmuls):
+    """Key dropout (attention_dropout_kind "keys") compiled into FlexAttention's score_mod (the hash in Triton, int64
+    xor, shifts and multiplies) drops the keys eager drops under the same seed: logits and every gradient as in
+    the test above, on xl (a table read by bucket, recomputed in the backward), while the dropout moves the logits."""
+    input_ids, attention_mask = batch("cuda")
+    model, logits = check_flex_against_eager_on_cuda("xl", {"attention_dropout": 0.3, "attention_dropout_kind": "keys"},
+                                                     input_ids, attention_mask)
+    with torch.no_grad():
+        undropped = model.eval()(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).logits
+    assert (undropped - logits).abs().max().item() > 5e-3
 
 
 def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_keeps_aligned_masks():

@@ -36,6 +36,77 @@ RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 logger = logging.get_logger(__name__)
 
 
+HASH_MASK = 0xFFFFFFFF
+# odd multipliers below 2**31: a product with a 32-bit value stays below 2**63, so int64 never overflows
+HASH_MULTIPLIERS = (0x7FEB352D, 0x2C1B3C6D)
+KEEP_BITS = 24   # the keep decision compares the hash's top 24 bits with round(p * 2**24)
+
+
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer finaliser (xor-shift, multiply, xor-shift, multiply, xor-shift) on int64 values < 2**32."""
+    for multiplier in HASH_MULTIPLIERS:
+        x = x ^ (x >> 16)
+        x = (x * multiplier) & HASH_MASK
+    return x ^ (x >> 15)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyDropout:
+    """Key dropout (`attention_dropout_kind` "keys"): score (b, h, i, j) of a call (batch entry b, head h, query i,
+    key j, the call's indices) is dropped, i.e. masked before the softmax, with probability p, so each row
+    renormalises over the keys it keeps: p'_ij = keep_ij e^s_ij / sum_l keep_il e^s_il. A query that loses every key
+    outputs zeros, like a query with no key (and like a lone probability dropped by standard dropout).
+
+    The keep decision is a counter-based hash of (seed, b, h, i, j) computed from the indices (`keeps`): eager and
+    sdpa build it densely, FlexAttention computes it inside its score_mod (and again in its backward), never storing
+    a mask. `seed` is a [1] int64 tensor drawn once per attention call from torch's generator (`draw`), so runs are
+    reproducible under `set_seed` and every kernel drops the same scores given the same seed; a score is dropped when
+    the hash's top KEEP_BITS bits fall below `threshold` = round(p 2^KEEP_BITS) (an int: a float captured by the
+    compiled score_mod would become a tensor read on the host)."""
+
+    seed: torch.Tensor
+    threshold: int
+
+    @classmethod
+    def draw(cls, probability: float, device: torch.device) -> KeyDropout:
+        seed = torch.randint(0, HASH_MASK, (1,), dtype=torch.int64, device=device)
+        return cls(seed, round(probability * 2**KEEP_BITS))
+
+    def keeps(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """Whether score (b, h, q, kv) is kept, at broadcastable integer indices."""
+        state = self.seed[0]
+        for index in (b, h, q, kv):
+            state = _mix(state ^ (index.to(torch.int64) & HASH_MASK))
+        return (state >> (32 - KEEP_BITS)) >= self.threshold
+
+    def dense(self, batch: int, heads: int, query_length: int, key_length: int) -> torch.Tensor:
+        """`keeps` at every index, [B, H, n, m] booleans (eager and sdpa)."""
+        device = self.seed.device
+        return self.keeps(torch.arange(batch, device=device)[:, None, None, None],
+                          torch.arange(heads, device=device)[None, :, None, None],
+                          torch.arange(query_length, device=device)[None, None, :, None],
+                          torch.arange(key_length, device=device)[None, None, None, :])
+
+    def score_mod(self, inner: Callable | None) -> Callable:
+        """`inner` (a score_mod, or None) with the dropped scores set to -inf: FlexAttention's form."""
+        keeps = self.keeps
+
+        def score_mod(score, b, h, q, kv):
+            score = score if inner is None else inner(score, b, h, q, kv)
+            return torch.where(keeps(b, h, q, kv), score, float("-inf"))
+        return score_mod
+
+
+def with_key_dropout(attention_mask: torch.Tensor | None, key_dropout: KeyDropout | None, query: torch.Tensor,
+                     key: torch.Tensor) -> torch.Tensor | None:
+    """A dense boolean mask with the dropped keys masked too (eager and sdpa)."""
+    if key_dropout is None:
+        return attention_mask
+    batch, heads, query_length, _ = query.shape
+    keeps = key_dropout.dense(batch, heads, query_length, key.size(-2))
+    return keeps if attention_mask is None else attention_mask & keeps
+
+
 def dense_bias(score_bias: torch.Tensor | RelativeBias | DenseBias, dtype: torch.dtype) -> torch.Tensor:
     """A score bias as a tensor broadcastable to [B, H, n, m]."""
     return (score_bias if torch.is_tensor(score_bias) else score_bias.dense()).to(dtype)
@@ -51,14 +122,17 @@ def eager_attention_forward(
     dropout: float = 0.0,
     score_bias: torch.Tensor | RelativeBias | None = None,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    key_dropout: KeyDropout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """z = P v + value_term(P), P = dropout(softmax(q k^T * scaling + score_bias, masked)), returning P before dropout.
+    With `key_dropout` the dropped scores are masked before the softmax instead (`KeyDropout`).
 
     The softmax runs in promote_types(dtype, float32): float32 under bf16/fp16, float64 stays float64. Masked scores
     take the dtype's minimum, never -inf, and a query with no key to attend to outputs zeros, so neither outputs
     nor gradients become NaN.
     """
+    attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
     if score_bias is not None:
@@ -104,11 +178,14 @@ def sdpa_attention_forward(
     score_bias: torch.Tensor | RelativeBias | None = None,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output_attentions: bool = False,
+    key_dropout: KeyDropout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`torch.nn.functional.scaled_dot_product_attention` with the score bias as an additive mask (a boolean 4-D
-    mask alone keeps SDPA's fused kernels). A value term or `output_attentions` needs the probabilities, which SDPA
-    never forms: those calls run `eager_attention_forward` (the same equation)."""
+    mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. A value term or
+    `output_attentions` needs the probabilities, which SDPA never forms: those calls run `eager_attention_forward`
+    (the same equation)."""
+    attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
     if value_term is not None or output_attentions:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
                                        value_term)
@@ -216,6 +293,8 @@ class FlexMask:
     `head_mask(h, i', j)` (a scheme's per-head mask over `heads` heads) and
     `dense_extra[b, h, i, j]` (a scheme mask given only densely, [1|B, 1|H, n, m]: read per entry, the slow form).
     The `BlockMask` is built once per record (`block_mask`) and shared by every layer that gets the record.
+    `key_dropout` (one attention call's `KeyDropout`, `with_key_dropout`) drops scores inside the kernel's score_mod
+    (`flex_region`) and in `band`; it is no part of `allows`, `dense` or the block mask, which the layers share.
     """
 
     batch: int
@@ -230,6 +309,7 @@ class FlexMask:
     heads: int = 1
     head_mask: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     dense_extra: torch.Tensor | None = None
+    key_dropout: KeyDropout | None = None
     _built: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -288,8 +368,14 @@ class FlexMask:
             return None
         key = ("restricted", lowest, highest)
         if key not in self._built:
-            self._built[key] = dataclasses.replace(self, lowest=lowest, highest=highest, _built={})
-        return self._built[key]
+            self._built[key] = dataclasses.replace(self, lowest=lowest, highest=highest, key_dropout=None, _built={})
+        return self._built[key].with_key_dropout(self.key_dropout)
+
+    def with_key_dropout(self, key_dropout: KeyDropout | None) -> FlexMask:
+        """This mask with one call's key dropout (None: without), sharing this record's block masks."""
+        if key_dropout is self.key_dropout:
+            return self
+        return dataclasses.replace(self, key_dropout=key_dropout, _built=self._built)
 
     def distance_bounds(self) -> tuple[int, int]:
         """The smallest and largest distance j - i' this mask can allow: keys 0 .. m-1 against queries i' =
@@ -327,16 +413,20 @@ class FlexMask:
         kv = torch.arange(self.key_length, device=device)[None, None, None, :]
         return self.allows(b, h, q, kv).expand(self.batch, -1, self.query_length, self.key_length)
 
-    def band(self, first: int, count: int, device: torch.device | None = None) -> torch.Tensor:
-        """[B, 1|H, n, count]: whether query i may attend to key j = i' + first + r (r < count), keys outside
-        0 .. m-1 excluded."""
+    def band(self, first: int, count: int, device: torch.device | None = None, heads: int = 1) -> torch.Tensor:
+        """[B, 1|H, n, count] ([B, `heads`, n, count] with key dropout, which differs per head of the call): whether
+        query i may attend to key j = i' + first + r (r < count), keys outside 0 .. m-1 and dropped keys excluded."""
         device = self._device(device)
         b = torch.arange(self.batch, device=device)[:, None, None, None]
         h = torch.arange(self.heads, device=device)[None, :, None, None]
         q = torch.arange(self.query_length, device=device)[None, None, :, None]
         kv = q + self.query_offset + first + torch.arange(count, device=device)
         inside = (kv >= 0) & (kv < self.key_length)
-        return self.allows(b, h, q, kv.clamp(0, self.key_length - 1)) & inside
+        kv = kv.clamp(0, self.key_length - 1)
+        allowed = self.allows(b, h, q, kv) & inside
+        if self.key_dropout is None:
+            return allowed
+        return allowed & self.key_dropout.keeps(b, torch.arange(heads, device=device)[None, :, None, None], q, kv)
 
     def block_mask(self, device: torch.device) -> Any:
         """The `BlockMask` (None when nothing is masked), built a block of queries at a time from `allows` (at most
@@ -419,9 +509,11 @@ def flex_region(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mas
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One FlexAttention call over the keys `mask` allows: the output [B, H, n, d] (zero for a query with no key),
     and with `with_lse` the row log-sum-exp [B, H, n] (-inf for such a query). What a scheme's `fused_attention`
-    composes."""
+    composes. The mask's key dropout enters the score_mod."""
     attend = flex_kernel(query)
     block_mask = mask.block_mask(query.device)
+    if mask.key_dropout is not None:
+        score_mod = mask.key_dropout.score_mod(score_mod)
     if with_lse:
         return with_log_sum_exp(attend, query, key, value, score_mod, block_mask, scaling)
     return attend(query, key, value, score_mod=score_mod, block_mask=block_mask, scale=scaling), None
@@ -459,6 +551,7 @@ def flex_attention_forward(
     output_attentions: bool = False,
     score_mod: Callable | None = None,
     fused_attention: Callable | None = None,
+    key_dropout: KeyDropout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """FlexAttention (compiled with dynamic shapes on CUDA, the unfused reference elsewhere) with the mask as a
@@ -467,11 +560,14 @@ def flex_attention_forward(
     `RelativeBias` table read by bucket (recomputed in the backward when `score_bias.recompute`).
 
     A decoding step (one query), `output_attentions`, or a value term without a fused form (with a warning, once) run
-    `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention has no dropout:
-    attention dropout > 0 is an error (set attention_dropout to 0, or use sdpa/eager), checked first."""
+    `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention cannot drop
+    probabilities after the softmax: attention dropout > 0 is an error (checked first); `key_dropout`
+    (attention_dropout_kind "keys") runs fused, inside every FlexAttention call's score_mod and a scheme's band."""
     if dropout > 0:
-        raise ValueError(f"attn_implementation 'flex_attention' has no attention dropout, got attention_dropout="
-                         f"{dropout} in training: set attention_dropout to 0 or use 'sdpa' or 'eager'")
+        raise ValueError(f"attn_implementation 'flex_attention' cannot drop attention probabilities, got "
+                         f"attention_dropout={dropout} in training with attention_dropout_kind 'probabilities': set "
+                         "attention_dropout_kind to 'keys' (key dropout inside the kernel, a different regulariser), "
+                         "attention_dropout to 0, or use 'sdpa' or 'eager'")
     query_length = query.size(-2)
     unfused_value_term = value_term is not None and fused_attention is None
     if unfused_value_term and not (output_attentions or query_length == 1):
@@ -482,11 +578,11 @@ def flex_attention_forward(
                             "attention probabilities")
     if output_attentions or query_length == 1 or unfused_value_term:
         return eager_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
-                                       dropout, score_bias, value_term)
+                                       dropout, score_bias, value_term, key_dropout)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     batch, heads, _, _ = query.shape
     key_length = key.size(-2)
-    mask = as_flex_mask(attention_mask, batch, query_length, key_length)
+    mask = as_flex_mask(attention_mask, batch, query_length, key_length).with_key_dropout(key_dropout)
     if fused_attention is not None:
         output = fused_attention(query, key, value, scaling, mask, flex_region)
     elif score_mod is not None or not isinstance(score_bias, RelativeBias):
@@ -559,6 +655,7 @@ def relpos_triton_attention_forward(
     score_bias: torch.Tensor | RelativeBias | None = None,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output_attentions: bool = False,
+    key_dropout: KeyDropout | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shaw's relative self-attention in one fused Triton kernel (`clipped_relative_attention`): the a^K bias read
@@ -566,6 +663,10 @@ def relpos_triton_attention_forward(
     causal for the decoder, true attention dropout (after the softmax, seen by a^V too). What it does not cover
     (`triton_clipped_terms`) runs on `TRITON_OTHERWISE`, with a warning (once) when Shaw's terms leave the kernel
     (`triton_fallback_cause`). On CUDA; on the CPU only under TRITON_INTERPRET=1."""
+    if key_dropout is not None:
+        raise ValueError(f"attn_implementation {TRITON_KERNEL!r} drops attention probabilities (true attention "
+                         "dropout): set attention_dropout_kind to 'probabilities', or use 'flex_attention', 'sdpa' or "
+                         "'eager' for 'keys'")
     check_device(query.device)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     clipped = triton_clipped_terms(score_bias, value_term)

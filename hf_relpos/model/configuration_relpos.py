@@ -26,6 +26,7 @@ from .positions_xl import XLPositions  # noqa: F401
 from .validation import require_int, require_positive_number
 
 LAYER_NORM_POSITIONS = ("pre", "post")
+ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
                   "cross_attention_length_scaling", "keep_absolute_positions")
 
@@ -87,7 +88,15 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `activation_function`: the feed-forward networks' non-linearity in both stacks (a name in transformers'
       `ACT2FN`: relu as in Vaswani et al., gelu as in Marian).
     - `dropout`: dropout on the embeddings and on each sublayer's output before the residual addition (P_drop).
-    - `attention_dropout`: dropout on the attention probabilities.
+    - `attention_dropout`: dropout on the attention probabilities (or on the keys, see below).
+    - `attention_dropout_kind`: what attention dropout drops. `"probabilities"` (the default): standard dropout on
+      the attention probabilities after the softmax (zeroed with probability p, the others scaled by 1 / (1 - p)).
+      `"keys"`: each score (batch entry, head, query, key) is masked before the softmax with probability p, so each
+      row renormalises over the keys it keeps; a query that loses every key outputs zeros. The keep decision is a
+      counter-based hash of (seed, indices), one seed per attention call from torch's generator, so FlexAttention
+      computes it inside its kernel and recomputes it in the backward: the dropout of the fused path
+      (`flex_attention` refuses probability dropout). A different regulariser, not yet measured against the
+      default (docs/training.md).
     - `activation_dropout`: dropout after the feed-forward networks' non-linearity.
     - `init_std`: std of the normal draw of every linear weight at initialisation (and of the schemes' learned
       parameters unless a scheme says otherwise).
@@ -120,6 +129,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     activation_function: str = "relu"
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    attention_dropout_kind: str = "probabilities"
     activation_dropout: float = 0.0
     init_std: float = 0.02
     embedding_init_std: float | None = None
@@ -204,6 +214,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"layer_norm_position must be one of {list(LAYER_NORM_POSITIONS)}, got {self.layer_norm_position!r}"
             )
+        if self.attention_dropout_kind not in ATTENTION_DROPOUT_KINDS:
+            raise ValueError(f"attention_dropout_kind must be one of {list(ATTENTION_DROPOUT_KINDS)}, got "
+                             f"{self.attention_dropout_kind!r}")
         if not isinstance(self.activation_function, str) or self.activation_function not in ACT2FN:
             raise ValueError(f"activation_function must be one of {sorted(ACT2FN)}, got {self.activation_function!r}")
         for name in ("vocab_size", "d_model", "encoder_attention_heads", "decoder_attention_heads",

@@ -45,6 +45,7 @@ from .attention_functions import (
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
     FlexMask,
+    KeyDropout,
     dense_mask,
     eager_attention_forward,
 )
@@ -343,17 +344,23 @@ class RelPosAttention(nn.Module):
         kernel = self.config._attn_implementation
         attention = RELPOS_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
         extra = {}
+        dropout = self.dropout if self.training else 0.0
+        if dropout > 0 and self.config.attention_dropout_kind == "keys":
+            if not runs_on_relpos_kernel(self.config):
+                raise ValueError(f"attention_dropout_kind 'keys' runs with attn_implementation {list(RELPOS_KERNELS)}, "
+                                 f"got {kernel!r}; set attention_dropout_kind to 'probabilities' or use one of those")
+            extra["key_dropout"], dropout = KeyDropout.draw(dropout, query.device), 0.0
         if runs_on_relpos_kernel(self.config):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
                 attention_mask = and_scheme_mask(attention_mask, terms.mask)
-            extra = {"score_bias": _as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
-                     "value_term": terms.value_term, "score_mod": terms.score_mod,
-                     "fused_attention": terms.fused_attention}
+            extra.update(score_bias=_as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
+                         value_term=terms.value_term, score_mod=terms.score_mod,
+                         fused_attention=terms.fused_attention)
         else:
             require_relpos_kernel(self.config, kernel, getattr(positions, "name", None), terms.additions())
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
-            dropout=self.dropout if self.training else 0.0, output_attentions=output_attentions, **extra,
+            dropout=dropout, output_attentions=output_attentions, **extra,
         )
 
 

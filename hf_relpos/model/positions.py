@@ -459,7 +459,7 @@ def region_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
             band = band_scores(query.to(compute), key.to(compute), mask.query_offset + first, count) * scaling
             if band_bias is not None:
                 band = band + band_bias
-            scores.append(band.masked_fill(~mask.band(first, count, query.device), float("-inf")))
+            scores.append(band.masked_fill(~mask.band(first, count, query.device, query.size(1)), float("-inf")))
         scores.append(log_weights[1][..., None])
         scores = torch.cat(scores, dim=-1)   # [B, H, n, count + 2]
         has_key = torch.isfinite(scores).any(-1, keepdim=True)

@@ -350,7 +350,9 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
         ("activation", config.activation_function),
         ("`layer_norm_position`", config.layer_norm_position),
         ("dropout / attention / activation dropout",
-         f"{config.dropout} / {config.attention_dropout} / {config.activation_dropout}"),
+         f"{config.dropout} / {config.attention_dropout}"
+         f"{' (keys dropped before the softmax)' if config.attention_dropout_kind == 'keys' else ''}"
+         f" / {config.activation_dropout}"),
         ("self-attention window", "the whole sequence" if config.self_attention_window is None
          else f"keys within {config.self_attention_window} positions of the query"),
         ("cross-attention logits", "times log(source length)" if config.cross_attention_length_scaling else "unscaled"),
