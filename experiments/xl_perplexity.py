@@ -59,12 +59,12 @@ def generated_text(seed: int, sentences: int = 3000) -> str:
     return "\n".join(paragraphs)
 
 
-def build_model(attention_type: str, mem_len: int, args: argparse.Namespace) -> RelPosTransformerForCausalLM:
+def build_model(position_scheme: str, mem_len: int, args: argparse.Namespace) -> RelPosTransformerForCausalLM:
     torch.manual_seed(args.seed)
     config = RelPosTransformerConfig(
         vocab_size=256 + BYTE_OFFSET, d_model=args.d_model, decoder_layers=args.layers, encoder_layers=0,
         decoder_attention_heads=args.heads, encoder_attention_heads=args.heads, decoder_ffn_dim=4 * args.d_model,
-        encoder_ffn_dim=4 * args.d_model, dropout=0.1, attention_type=attention_type, mem_len=mem_len,
+        encoder_ffn_dim=4 * args.d_model, dropout=0.1, position_scheme=position_scheme, mem_len=mem_len,
         layer_norm_position="pre", clamp_len=1000,
     )
     return RelPosTransformerForCausalLM(config)
@@ -109,8 +109,8 @@ def main() -> None:
     variants = {"xl+memory": ("xl", args.segment), "xl": ("xl", 0), "absolute": ("absolute", 0)}
     results: dict = {"args": vars(args), "train_tokens": training.numel(), "eval_tokens": evaluation.numel()}
     with tempfile.TemporaryDirectory() as workdir:
-        for name, (attention_type, mem_len) in variants.items():
-            model = build_model(attention_type, mem_len, args)
+        for name, (position_scheme, mem_len) in variants.items():
+            model = build_model(position_scheme, mem_len, args)
             seconds = train(model, training, args, workdir)
             rows = {}
             for context in args.contexts:

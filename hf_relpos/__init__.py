@@ -16,7 +16,7 @@ from .model.modeling_relpos import (
     shift_tokens_right,
 )
 from .model.positions import (
-    ATTENTION_REGISTRY,
+    POSITION_SCHEMES,
     AttentionTerms,
     PositionContext,
     PositionDraw,
@@ -30,7 +30,7 @@ from .model.positions import (
     number_field,
     query_and_key_positions,
     random_positions,
-    register_attention,
+    register_position_scheme,
     rel_shift,
     relative_position_index,
     sinusoids,
@@ -48,7 +48,7 @@ RelPosTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 register_translation_task()
 
 __all__ = [
-    "ATTENTION_REGISTRY",
+    "POSITION_SCHEMES",
     "AttentionTerms",
     "PositionContext",
     "PositionDraw",
@@ -68,7 +68,7 @@ __all__ = [
     "number_field",
     "query_and_key_positions",
     "random_positions",
-    "register_attention",
+    "register_position_scheme",
     "rel_shift",
     "relative_position_index",
     "shift_tokens_right",

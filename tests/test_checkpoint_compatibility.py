@@ -75,9 +75,9 @@ def test_config_json_keeps_the_old_keys_of_its_scheme_and_drops_the_other_scheme
     model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
     model_class.from_pretrained(folder).save_pretrained(tmp_path)
     new = json.loads((tmp_path / "config.json").read_text())
-    scheme = old["attention_type"]
-    own = {field.name for field in hf_relpos.ATTENTION_REGISTRY[scheme].config_fields}
-    others = {field.name for other in hf_relpos.ATTENTION_REGISTRY.values() for field in other.config_fields} - own
+    scheme = old["position_scheme"]
+    own = {field.name for field in hf_relpos.POSITION_SCHEMES[scheme].config_fields}
+    others = {field.name for other in hf_relpos.POSITION_SCHEMES.values() for field in other.config_fields} - own
     assert others & set(old), "the fixture holds no other scheme's field: the test would prove nothing"
     added = COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES | SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES.get(scheme, {})
     assert set(new) == (set(old) - others) | set(added)

@@ -1,7 +1,7 @@
 """RelPosTransformer: a Marian-shaped encoder-decoder whose self-attention position scheme comes from the registry.
 
 Read top to bottom: masks -> attention -> layers -> stacks -> base model -> heads. The model never tests a scheme's
-name: each stack holds one `PositionScheme` (`config.attention_type`) that embeds (`embed`) and says what each
+name: each stack holds one `PositionScheme` (`config.position_scheme`) that embeds (`embed`) and says what each
 self-attention layer adds (`terms`); the attention module runs the kernel `config._attn_implementation` names,
 through `RELPOS_ATTENTION_FUNCTIONS` (attention_functions.py). Cross-attention has no positions (Shaw et al. 2018,
 sec. 3).
@@ -107,7 +107,7 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
 KERNEL_ONLY_FIELDS = (("self_attention_window", "null"), ("cross_attention_length_scaling", "false"))
 
 
-def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, attention_type: str | None = None,
+def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, position_scheme: str | None = None,
                           additions: list[str] | tuple = ()) -> None:
     """The kernel-support rule, in one place: hf_relpos' kernels (`RELPOS_KERNELS`) take everything; any other
     kernel (flash_attention_2/3, Hub kernels) takes neither a config field of `KERNEL_ONLY_FIELDS` that is set in
@@ -121,7 +121,7 @@ def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, a
                              f"{field} to {off_value} or use one of those")
     if additions:
         raise ValueError(
-            f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+            f"position_scheme {position_scheme!r} adds {' and '.join(additions)} to attention, which attn_implementation "
             f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes "
             "that add none (e.g. 'absolute')"
         )
@@ -153,7 +153,7 @@ def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[Att
     num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
     head_dim = config.d_model // num_heads
     with torch.device("cpu"), torch.no_grad():  # also inside from_pretrained's meta-device construction
-        positions = get_scheme_class(config.attention_type)(config, 1, num_heads, head_dim, is_causal=is_decoder)
+        positions = get_scheme_class(config.position_scheme)(config, 1, num_heads, head_dim, is_causal=is_decoder)
         query = key = torch.zeros(1, num_heads, 3, head_dim)
         context = positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
         return positions.terms(0, query, key, context), context
@@ -173,7 +173,7 @@ def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
     if is_relpos_kernel(kernel):
         return
     additions = scheme_additions(config, False) + scheme_additions(config, True)
-    require_relpos_kernel(config, kernel, config.attention_type, list(dict.fromkeys(additions)))
+    require_relpos_kernel(config, kernel, config.position_scheme, list(dict.fromkeys(additions)))
 
 
 def attention_mask_for(
@@ -456,7 +456,7 @@ class RelPosStack(nn.Module):
         ffn_dim = config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.positions = get_scheme_class(config.attention_type)(
+        self.positions = get_scheme_class(config.position_scheme)(
             config, num_layers, num_heads, config.d_model // num_heads, is_causal=is_decoder
         )
         self.layers = nn.ModuleList(

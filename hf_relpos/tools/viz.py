@@ -95,7 +95,7 @@ def plot_attention_maps(
             ax.set_xticks(range(length), labels, rotation=90, fontsize=6)
             ax.set_yticks(range(length), labels, fontsize=6)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
-    figure.suptitle(title or f"encoder self-attention ({model.config.attention_type})")
+    figure.suptitle(title or f"encoder self-attention ({model.config.position_scheme})")
     if out_path is not None:
         figure.savefig(out_path, dpi=100)
     return figure
@@ -118,8 +118,8 @@ def relative_similarities(model: nn.Module, stack: str = "encoder") -> dict[str,
         similarities[name] = similarity.mean(dim=1) if similarity.dim() == 4 else similarity
     if not similarities:
         raise ValueError(
-            f"the {stack} of this model has no learned relative tables (attention_type="
-            f"{model.config.attention_type!r}; needs 'shaw' with use_relative_keys or use_relative_values)"
+            f"the {stack} of this model has no learned relative tables (position_scheme="
+            f"{model.config.position_scheme!r}; needs 'shaw' with use_relative_keys or use_relative_values)"
         )
     return similarities
 
