@@ -107,8 +107,8 @@ def relative_similarities(model: nn.Module, stack: str = "encoder") -> dict[str,
     Returns {"w^K": [layers, 2k+1, 2k+1], "w^V": ...} for the tables the model has. Per-head tables
     ([layers, H, 2k+1, d]) are compared head by head and the similarities averaged over heads.
     """
-    positions = _stack(model, stack).positions
-    tables = {"w^K": getattr(positions, "relative_keys", None), "w^V": getattr(positions, "relative_values", None)}
+    scheme = _stack(model, stack).positions
+    tables = {"w^K": getattr(scheme, "relative_keys", None), "w^V": getattr(scheme, "relative_values", None)}
     similarities = {}
     for name, table in tables.items():
         if table is None:
@@ -125,8 +125,8 @@ def relative_similarities(model: nn.Module, stack: str = "encoder") -> dict[str,
 
 
 def _has_relative_tables(model: nn.Module, stack: str = "encoder") -> bool:
-    positions = _stack(model, stack).positions
-    return any(getattr(positions, name, None) is not None for name in ("relative_keys", "relative_values"))
+    scheme = _stack(model, stack).positions
+    return any(getattr(scheme, name, None) is not None for name in ("relative_keys", "relative_values"))
 
 
 def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = None, stack: str = "encoder"):
