@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_relpos
+from hf_relpos.model.configuration_relpos import DEPRECATED_FIELDS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_checkpoints"
 SEQ2SEQ = ("absolute", "shaw", "xl", "directional")
@@ -69,9 +70,11 @@ SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES = {"shaw": {"relative_embedding_init_std"
 @pytest.mark.parametrize("name", [*SEQ2SEQ, "xl_causal_lm"])
 def test_config_json_keeps_the_old_keys_of_its_scheme_and_drops_the_other_schemes(name, tmp_path):
     """A config saved by an earlier version holds every scheme's fields; saved today it keeps the old file's keys and
-    values except the other schemes' fields (plus the fields added since the fixtures were made, at their defaults)."""
+    values except the other schemes' fields (plus the fields added since the fixtures were made, at their defaults),
+    and the scheme under the field's current name."""
     folder = FIXTURES / name
     old = json.loads((folder / "config.json").read_text())
+    old = {DEPRECATED_FIELDS.get(key, key): value for key, value in old.items()}   # as saved today
     model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
     model_class.from_pretrained(folder).save_pretrained(tmp_path)
     new = json.loads((tmp_path / "config.json").read_text())

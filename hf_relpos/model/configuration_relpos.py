@@ -11,7 +11,14 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import POSITION_SCHEMES, PositionScheme, SchemeField, get_scheme_class, scheme_config_fields
+from .positions import (
+    POSITION_SCHEMES,
+    PositionScheme,
+    SchemeField,
+    get_scheme_class,
+    scheme_config_fields,
+    warn_renamed,
+)
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -26,8 +33,26 @@ from .positions_xl import XLPositions  # noqa: F401
 from .validation import require_int, require_positive_number
 
 LAYER_NORM_POSITIONS = ("pre", "post")
+# a config field's deprecated name -> its current name: both are accepted as keywords, in config.json (configs saved
+# by earlier versions), in a recipe's model: section and as --model.NAME flags; only the current one is saved
+DEPRECATED_FIELDS = {"attention_type": "position_scheme"}
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
                   "cross_attention_length_scaling", "keep_absolute_positions")
+
+
+def deprecated_field_alias(old: str, new: str) -> property:
+    """The config attribute `old`, a deprecated alias of the field `new`: reading or setting it warns (FutureWarning)
+    and reads or sets `new`."""
+
+    def get(config: PreTrainedConfig) -> Any:
+        warn_renamed(old, new)
+        return getattr(config, new)
+
+    def set_(config: PreTrainedConfig, value: Any) -> None:
+        warn_renamed(old, new)
+        setattr(config, new, value)
+
+    return property(get, set_, doc=f"Deprecated alias of `{new}`.")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -142,6 +167,14 @@ class RelPosTransformerConfig(PreTrainedConfig):
     keep_absolute_positions: bool = False
     absolute_positions_scale: float = 1.0
 
+    attention_type = deprecated_field_alias("attention_type", "position_scheme")
+
+    def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
+        """Checks the deprecated field names among the keywords (`rename_deprecated_fields`) while it can still tell
+        a field given from a field left at its default; `__post_init__` then moves their values."""
+        rename_deprecated_fields(kwargs)
+        return super().__new__(cls)
+
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
         """Like `PreTrainedConfig.from_pretrained`, but a folder without config.json is an error (transformers
@@ -164,7 +197,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return loaded
 
     def __post_init__(self, **kwargs) -> None:
-        for alias, name in self.attribute_map.items():  # validated as the field they stand for
+        for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
             if alias in kwargs:
                 setattr(self, name, kwargs.pop(alias))
         own = {field.name for field in self._scheme_fields()}
@@ -248,6 +281,23 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for field in self._scheme_fields():
             field.check(getattr(self, field.name))
         get_scheme_class(self.position_scheme).check_config(self)
+
+
+def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (config keywords, a config.json's dict, a recipe's `model:` section) with each deprecated field name
+    of `DEPRECATED_FIELDS` replaced by its current name, with a FutureWarning; both names with different values are
+    one ValueError."""
+    renamed = dict(values)
+    for old, new in DEPRECATED_FIELDS.items():
+        if old not in renamed:
+            continue
+        value = renamed.pop(old)
+        if new in renamed and renamed[new] != value:
+            raise ValueError(f"{old} is the deprecated name of {new}, and they differ ({old}={value!r}, "
+                             f"{new}={renamed[new]!r}): give {new} only")
+        warn_renamed(old, new)
+        renamed[new] = value
+    return renamed
 
 
 def _refuse_misspelled_fields(extra: dict) -> None:

@@ -16,7 +16,9 @@ defaults, validation, help) and what a model card says about it (`card`: title, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -49,6 +51,40 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         return scheme_class
 
     return decorator
+
+
+Returned = TypeVar("Returned")
+
+
+def deprecated_alias(function: Callable[..., Returned], old_name: str) -> Callable[..., Returned]:
+    """`function` under its deprecated name `old_name`: each call warns (a FutureWarning naming `function`), then
+    calls it."""
+
+    @functools.wraps(function)
+    def alias(*args: Any, **kwargs: Any) -> Returned:
+        warn_renamed(old_name, function.__name__)
+        return function(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = old_name
+    alias.__doc__ = f"Deprecated alias of `{function.__name__}`."
+    return alias
+
+
+register_attention = deprecated_alias(register_position_scheme, "register_attention")  # deprecated name
+DEPRECATED_ATTRIBUTES = {"ATTENTION_REGISTRY": "POSITION_SCHEMES"}   # module attribute -> its current name
+
+
+def __getattr__(name: str) -> Any:
+    """A deprecated module attribute (`DEPRECATED_ATTRIBUTES`), with a FutureWarning naming the current one."""
+    if name in DEPRECATED_ATTRIBUTES:
+        warn_renamed(name, DEPRECATED_ATTRIBUTES[name])
+        return globals()[DEPRECATED_ATTRIBUTES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """The FutureWarning of a deprecated name, pointing at the caller of the function that calls this one."""
+    warnings.warn(f"{old} is deprecated and will be removed; use {new}", FutureWarning, stacklevel=3)
 
 
 def get_scheme_class(name: str) -> type[PositionScheme]:

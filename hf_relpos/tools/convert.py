@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids
+from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
 from ..publish.files import staged_folder
 
 logger = logging.getLogger(__name__)
@@ -218,6 +218,16 @@ def _override(text: str) -> tuple[str, Any]:
     return field.strip(), yaml.safe_load(value)
 
 
+class DeprecatedLastOptionString(argparse.Action):
+    """Stores the value; given under the action's last option string, its deprecated name, it warns (FutureWarning)
+    naming the first one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string == self.option_strings[-1]:
+            warn_renamed(option_string, self.option_strings[0])
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert",
@@ -233,8 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     marian.add_argument("source", help="folder or Hub id of a MarianMTModel with its tokenizer")
     marian.add_argument("output_dir", help="new folder for the converted model (must not exist or be empty)")
-    marian.add_argument("--position_scheme", required=True, choices=sorted(POSITION_SCHEMES),
-                        help="position scheme of the converted model")
+    marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
+                        choices=sorted(POSITION_SCHEMES),
+                        help="position scheme of the converted model (--attention_type: its deprecated name)")
     marian.add_argument("--keep_absolute_positions", action="store_true",
                         help="keep Marian's sinusoidal positions and add the scheme on top of them, starting neutral "
                              "(the config field keep_absolute_positions; for shaw, xl, t5, none)")
