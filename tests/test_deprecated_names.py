@@ -1,6 +1,6 @@
-"""The names position schemes had before issue #51 (`register_attention`, `ATTENTION_REGISTRY`, the config field
-`attention_type`) still work, each with a FutureWarning naming its replacement; config.json files saved with
-`attention_type` load into the same model, and save `position_scheme`."""
+"""The deprecated names `register_attention`, `ATTENTION_REGISTRY` and `attention_type` (the config field) work as
+aliases of `register_position_scheme`, `POSITION_SCHEMES` and `position_scheme`, each with a FutureWarning naming its
+replacement; a config.json saved with `attention_type` loads into the same model, and saves `position_scheme`."""
 
 from __future__ import annotations
 

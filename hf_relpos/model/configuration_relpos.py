@@ -62,6 +62,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     - `position_scheme`: a scheme of `hf_relpos.POSITION_SCHEMES` (the built-in ones, or one registered with
       `hf_relpos.register_position_scheme`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
+      Its deprecated alias `attention_type` (keyword, attribute, config.json key) still works, with a FutureWarning.
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
     - The fields the chosen scheme declares (`PositionScheme.config_fields`, with their defaults, help and
       validation; e.g. Shaw's `max_relative_position`): top-level attributes, saved in config.json. Fields of the
