@@ -94,7 +94,8 @@ def test_an_old_config_json_loads_to_the_same_model_and_saves_the_new_name(schem
     with_old_key(tmp_path / "old")
     with pytest.warns(FutureWarning, match="attention_type is deprecated"):
         loaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "old").eval()
-    assert loaded.config.position_scheme == scheme and loaded.config.to_dict() == model.config.to_dict()
+    assert loaded.config.position_scheme == scheme
+    assert {**loaded.config.to_dict(), "_name_or_path": ""} == model.config.to_dict()
     source = torch.tensor([[5, 9, 4, 12, 7], [8, 6, 11, 1, 0]])
     with torch.no_grad():
         expected = model(input_ids=source, attention_mask=(source != 0).long(), decoder_input_ids=source).logits
