@@ -178,13 +178,25 @@ def sampler_epoch(output_dir: Path, max_tokens: int, pool_factor: int) -> dict[s
             "batches": batches, "max_tokens_per_batch": max_tokens, "length_pool_factor": pool_factor}
 
 
-def run_size(pairs: int, work: Path, workers: int) -> dict[str, Any]:
+def recipe_tokenizer_training_pairs() -> int | None:
+    """The tokenizer sample the recipe sets (`tokenizer_training_pairs`; None: every pair)."""
+    from hf_relpos.translation.arguments import parse_arguments
+
+    return parse_arguments([str(RECIPE), "--output_dir", "unused"])[1].tokenizer_training_pairs
+
+
+def run_size(pairs: int, work: Path, workers: int, tokenizer_training_pairs: str | None = None) -> dict[str, Any]:
+    """Both runs at `pairs` pairs; `tokenizer_training_pairs` ("null": every pair) overrides the recipe's."""
     corpus = generate_corpus(work / f"corpus_{pairs}", pairs)
     output_dir = work / f"out_{pairs}"
     command = [sys.executable, "train_translation.py", str(RECIPE), "--train_file", str(corpus["train"]),
                "--validation_file", str(corpus["valid"]), "--test_file", str(corpus["test"]), "--output_dir",
                str(output_dir), "--prepare_only", "true",
                "--preprocessing_num_workers", str(workers), "--report_to", "none"]
+    sample = recipe_tokenizer_training_pairs()
+    if tokenizer_training_pairs is not None:
+        command += ["--tokenizer_training_pairs", tokenizer_training_pairs]
+        sample = None if tokenizer_training_pairs == "null" else int(tokenizer_training_pairs)
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if output_dir.exists():
         subprocess.run(["rm", "-rf", str(output_dir)], check=True)
@@ -192,7 +204,8 @@ def run_size(pairs: int, work: Path, workers: int) -> dict[str, Any]:
     first = measure(command, env, work / f"log_{pairs}_first.txt")
     second = measure(command, env, work / f"log_{pairs}_second.txt")
     prepared_bytes = sum(path.stat().st_size for path in (output_dir / "prepared_data").rglob("*") if path.is_file())
-    return {"pairs": pairs, "train_text_mib": round(text_bytes / 2**20), "prepared_mib": round(prepared_bytes / 2**20),
+    return {"pairs": pairs, "tokenizer_training_pairs": sample, "train_text_mib": round(text_bytes / 2**20),
+            "prepared_mib": round(prepared_bytes / 2**20),
             "code": source_version(ROOT), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": " ".join(command[1:]).replace(str(work), "WORK"), "first_run": first, "second_run": second,
             "sampler": sampler_epoch(output_dir, max_tokens=3125, pool_factor=4)}
@@ -200,11 +213,13 @@ def run_size(pairs: int, work: Path, workers: int) -> dict[str, Any]:
 
 def render_markdown(record: dict[str, Any]) -> str:
     meta = record["meta"]
-    lines = ["| pairs | text | prepared | first run (`--prepare_only`): wall | CPU | peak RSS | anonymous | second run: "
-             "wall | CPU | peak RSS | anonymous | sampler epoch (pool 4) |", "|" + "---|" * 12]
+    record = dict(record, sizes=sorted(record["sizes"], key=lambda size: size["pairs"]))
+    lines = ["| pairs | tokenizer trained on | text | prepared | first run (`--prepare_only`): wall | CPU | peak RSS | "
+             "anonymous | second run: wall | CPU | peak RSS | anonymous | sampler epoch (pool 4) |", "|" + "---|" * 13]
     for size in record["sizes"]:
         first, second = size["first_run"], size["second_run"]
-        lines.append(f"| {size['pairs']:,} | {size['train_text_mib']} MiB | {size['prepared_mib']} MiB | "
+        lines.append(f"| {size['pairs']:,} | {tokenizer_pairs(size)} | {size['train_text_mib']} MiB | "
+                     f"{size['prepared_mib']} MiB | "
                      f"{minutes(first['wall_seconds'])} | {minutes(first['cpu_seconds'])} | "
                      f"{first['peak_rss_gib']} GiB | {first['peak_anonymous_gib']} GiB | "
                      f"{minutes(second['wall_seconds'])} | {minutes(second['cpu_seconds'])} | "
@@ -219,27 +234,36 @@ def render_markdown(record: dict[str, Any]) -> str:
             by_name = {phase["phase"]: phase for phase in size[run]["phases"]}
             cells = [f"{by_name[name]['seconds']} / {by_name[name]['cpu_seconds']} / {by_name[name]['peak_rss_gib']}"
                      if name in by_name else "-" for name in names]
-            lines.append(f"| {size['pairs']:,} | {run.split('_')[0]} | " + " | ".join(cells) + " |")
+            lines.append(f"| {size['pairs']:,} ({tokenizer_pairs(size)}) | {run.split('_')[0]} | "
+                         + " | ".join(cells) + " |")
     lines += ["", f"- command: `{meta['command']}`; each run: `python {record['sizes'][0]['command']}`",
               f"- hardware: {meta['hardware']}; python {meta['python']}"]
     if "note" in meta:
         lines.append(f"- note: {meta['note']}")
-    lines += [f"- {size['pairs']:,} pairs: code `{size.get('code', meta['code'])}`, {size.get('date', meta['date'])}"
+    lines += [f"- {size['pairs']:,} pairs ({tokenizer_pairs(size)}): code `{size.get('code', meta['code'])}`, "
+              f"{size.get('date', meta['date'])}" + (f"; {size['machine']}" if "machine" in size else "")
               for size in record["sizes"]]
     return "\n".join(lines)
+
+
+def tokenizer_pairs(size: dict[str, Any]) -> str:
+    """The pairs the size's tokenizer was trained on, in words."""
+    sample = size.get("tokenizer_training_pairs")
+    return "every pair" if sample is None or sample >= size["pairs"] else f"a {sample:,}-pair sample"
 
 
 def render_cost_note(record: dict[str, Any]) -> str:
     """What preparing each measured size cost, in words (docs/training.md)."""
     sentences = []
-    for size in record["sizes"]:
+    for size in sorted(record["sizes"], key=lambda size: size["pairs"]):
         first, second = size["first_run"], size["second_run"]
-        sentences.append(f"{size['pairs']:,} pairs ({size['train_text_mib']} MiB of text): "
+        sentences.append(f"{size['pairs']:,} pairs ({size['train_text_mib']} MiB of text; tokenizer trained on "
+                         f"{tokenizer_pairs(size)}): "
                          f"{minutes(first['wall_seconds'])} of wall time with `--prepare_only true` ({minutes(first['cpu_seconds'])} "
                          "of CPU time), at most "
                          f"{first['peak_rss_gib']} GiB resident in one process ({first['peak_anonymous_gib']} GiB "
                          f"besides file pages), {size['prepared_mib']} MiB in `prepared_data/`; a second run ready "
-                         f"in {minutes(second['wall_seconds'])}")
+                         f"in {minutes(second['wall_seconds'])}" + (f" ({size['machine']})" if "machine" in size else ""))
     codes = ", ".join(dict.fromkeys(size.get("code", record["meta"]["code"]) for size in record["sizes"]))
     return (f"Measured on {record['meta']['hardware']} (`preprocessing_num_workers: "
             f"{record['meta']['preprocessing_num_workers']}`, code `{codes}`), with a synthetic "
@@ -274,6 +298,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hardware_note", default="", help="appended to the hardware line (e.g. shared machine)")
     parser.add_argument("--record", type=Path, required=True, help="JSON record to write (after every size)")
     parser.add_argument("--append", action="store_true", help="add the sizes to an existing --record")
+    parser.add_argument("--tokenizer_training_pairs", help="override the recipe's tokenizer sample (null: every pair)")
     args = parser.parse_args(argv)
 
     meta = {"command": " ".join(["python -m benchmarks.bench_data", *(argv if argv is not None else sys.argv[1:])]),
@@ -287,7 +312,10 @@ def main(argv: list[str] | None = None) -> None:
         record = json.loads(args.record.read_text())
         record["meta"]["command"] += f"; then {meta['command']}"
     for pairs in args.pairs:
-        record["sizes"].append(run_size(pairs, args.work, args.workers))
+        size = run_size(pairs, args.work, args.workers, args.tokenizer_training_pairs)
+        if args.append and args.hardware_note:   # a later command may have run on a busier machine
+            size["machine"] = args.hardware_note
+        record["sizes"].append(size)
         args.record.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(args.record, json.dumps(record, indent=2) + "\n")
         print(render_markdown(record), flush=True)

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit;
 # every step writes its results as it goes (bench_training rewrites its .md/.json after each length). At most 8
-# minutes (460 s of limits):
-#   (a) smoke, 60 s: one attention layer, n = 512, flex_attention, absolute / shaw / xl / t5 (does it compile?)
+# minutes (480 s of limits):
+#   (a) smoke, 50 s: one attention layer, n = 512, flex_attention, absolute / shaw / xl / t5 (does it compile?)
 #   (b) the main table, 150 s: base model, n = 512, every scheme on sdpa and flex_attention (and relpos_triton when
 #       triton is installed), 1 warm-up + 3 timed rounds, peak memory; then 60 s: absolute and shaw on sdpa and
 #       relpos_triton at attention dropout 0.1 (#48's setting; flex_attention has no dropout)
-#   (c) n = 1024, 75 s (LENGTHS="128 1024" adds n = 128)
-#   (d) the CUDA tests, 70 s
-#   (e) cached decoding, 45 s
+#   (c) n = 1024, 70 s (LENGTHS="128 1024" adds n = 128)
+#   (d) the CUDA tests, 70 s, then the relpos_triton kernel's bf16 and
+#       determinism tests compiled for the GPU (not the interpreter; its float32 IEEE kernels compile for minutes), 40 s
+#   (e) cached decoding, 40 s
 # (a) and (b) alone are a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention
 # compiles a graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -17,8 +18,8 @@
 # KERNELS (default "sdpa flex_attention" + relpos_triton when triton is installed), LENGTHS (for (c), default
 # "1024"), DECODING=0 (skip (e)) and TESTS=0 (skip (d)) shorten it. Writes into OUT_DIR: environment.txt, smoke/,
 # training_n512/, training_n512_dropout0.1/, training_n1024/ (and training_n128/ when asked), cuda_tests.txt,
-# decoding/, recompiles.txt and log.txt. Run from
-# the repository root with the package importable (PYTHONPATH=. or an install).
+# triton_tests.txt, decoding/, recompiles.txt and log.txt. Run from the repository root with the package importable
+# (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -56,17 +57,19 @@ training() {  # training SECONDS NAME ARGS...
         --tokens 16384 --warmup 1 --repeats 3 "$@"
 }
 
-training 60 "(a) smoke: one layer n=512 flex" --benchmarks attention --lengths 512 --kernels flex_attention \
+training 50 "(a) smoke: one layer n=512 flex" --benchmarks attention --lengths 512 --kernels flex_attention \
     --schemes absolute shaw xl t5 --repeats 1 --out "$out/smoke"
 training 150 "(b) main table: base model n=512" --benchmarks model --lengths 512 --kernels $kernels \
     --out "$out/training_n512"
 training 60 "(b) attention dropout 0.1: base model n=512, absolute and shaw" --benchmarks model --lengths 512 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_n512_dropout0.1"
 for length in ${LENGTHS:-1024}; do
-    training 75 "(c) base model n=$length" --benchmarks model --lengths "$length" --kernels $kernels \
+    training 70 "(c) base model n=$length" --benchmarks model --lengths "$length" --kernels $kernels \
         --out "$out/training_n$length"
 done
 [ "${TESTS:-1}" = 1 ] && step 70 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
     -k cuda 2>&1 | tee "$out/cuda_tests.txt"
-[ "${DECODING:-1}" = 1 ] && step 45 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda \
+[ "${TESTS:-1}" = 1 ] && [ -n "$triton" ] && step 40 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs \
+    -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16 or deterministic" 2>&1 | tee "$out/triton_tests.txt"
+[ "${DECODING:-1}" = 1 ] && step 40 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda \
     --dtype bfloat16 --repeats 2 --out "$out/decoding"

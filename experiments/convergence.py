@@ -50,7 +50,13 @@ from vs_marian import (
     write_results,
 )
 
-from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
+from hf_relpos.publish.records import (
+    cpu_model_name,
+    gather_run_records,
+    software_versions,
+    source_version,
+    training_record,
+)
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation.training import run
 
@@ -133,7 +139,8 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
     trained_as = system if is_peer else " ".join([recipe_path(system).name, *args.recipe_flags])
     typed = typed_record(system, is_peer, recipe_path(system).stem, trained_as, seed, version, args.device_name,
-                         training["steps"], training, batches, scores, date, average_checkpoints=args.last_n)
+                         training["steps"], training, batches, scores, date, average_checkpoints=args.last_n,
+                         trained=training_record(folder / "model"))
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
               "device": args.device_name, "wall_seconds": wall_seconds, **training, "batches": batches,
               "scores": scores, "date": date, "record": typed}
@@ -239,6 +246,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "systems": summarize(records),
         "runs": records,
     }
+    gather_run_records(results)
     write_results(args.out, "convergence", results, markdown(results))
     return results
 

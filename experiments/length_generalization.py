@@ -51,7 +51,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.publish.records import cpu_model_name
+from hf_relpos.publish.records import RECORDS, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.viz import require_matplotlib
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
@@ -479,6 +479,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def typed_record(spec: RunSpec, args: argparse.Namespace, result: dict[str, dict], seed: int | None = None,
+                 training_seconds: float | None = None) -> dict:
+    """One model of a run spec as hf_relpos' typed run record (`RunRecord.to_json()`): its scheme and config
+    overrides, seed, steps and training time (None: scored, not trained, here), and its exact match and BLEU per
+    bucket as its metrics."""
+    return RunRecord(
+        model={"position_scheme": spec.position_scheme, **spec.overrides}, system=spec.name, seed=seed,
+        steps=args.steps if training_seconds is not None else None, training_seconds=training_seconds,
+        hardware=f"CPU: {cpu_model_name()}", devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        software=software_versions(),
+        metrics={bucket: {"accuracy": scores["accuracy"], "bleu": scores["bleu"]} for bucket, scores in result.items()},
+    ).to_json()
+
+
 def saved_model_folder(root: Path, spec: RunSpec) -> Path:
     return root / spec.name.replace(" ", "_").replace("^", "").replace(",", "")
 
@@ -487,7 +501,7 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
     """Score saved models (no training) on the sets of `--eval-seed`; writes saved_models.{json,md} to --out."""
     torch.set_num_threads(args.threads)
     sets = eval_sets(args)
-    runs, signature = [], ""
+    runs, records, signature = [], [], ""
     for spec in specs:
         folder = saved_model_folder(args.evaluate_saved, spec)
         if not (folder / "config.json").is_file():
@@ -495,10 +509,11 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
         model = RelPosTransformerForConditionalGeneration.from_pretrained(folder)
         result, signature = evaluate(model, sets, args)
         runs.append({"name": spec.name, "model": str(folder), "result": result})
+        records.append(typed_record(spec, args, result))
     results = {"buckets": [f"{low}-{high}" for low, high in BUCKETS], "settings": json_settings(args),
                "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "bleu_signature": signature,
-               "runs": runs}
+               "runs": runs, RECORDS: records}
     lines = [f"# Saved models scored on evaluation seed {args.eval_seed}", "",
              f"{args.eval_size} sequences per bucket, greedy; exact match (%) and BLEU (`{signature}`).", "",
              "| run | " + " | ".join(f"acc {b} | BLEU {b}" for b in results["buckets"]) + " |",
@@ -517,14 +532,16 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
 def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, list[list[int]]]) -> dict:
     """Every seed of one run spec: train, score per bucket, save the first seed's model when asked."""
     torch.set_num_threads(args.threads)
-    per_seed, losses, seconds, signature = [], [], 0.0, ""
+    per_seed, records, losses, seconds, signature = [], [], [], 0.0, ""
     for seed in args.seeds:
         model = build_model(spec, args, seed)
         started = time.perf_counter()
         losses.append(train(model, args, seed))
-        seconds += time.perf_counter() - started
+        seed_seconds = time.perf_counter() - started
+        seconds += seed_seconds
         result, signature = evaluate(model, sets, args)
         per_seed.append(result)
+        records.append(typed_record(spec, args, result, seed, seed_seconds))
         if args.save_models and seed == args.seeds[0]:
             folder = saved_model_folder(args.save_models, spec)
             model.save_pretrained(folder)
@@ -532,7 +549,7 @@ def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, 
     run = {
         "name": spec.name, "position_scheme": spec.position_scheme, "overrides": spec.overrides,
         "groups": list(spec.groups), "train_seconds": seconds / len(args.seeds), "loss_curves": losses,
-        "per_seed": per_seed, "summary": summarize(per_seed), "bleu_signature": signature,
+        "per_seed": per_seed, "summary": summarize(per_seed), "bleu_signature": signature, RECORDS: records,
     }
     accuracies = "  ".join(f"{b}: {run['summary'][b]['accuracy']:.3f}" for b in run["summary"])
     print(f"{spec.name:<20} loss {losses[0][-1]:.3f}  {accuracies}  ({run['train_seconds']:.0f}s/seed)", flush=True)
@@ -553,6 +570,7 @@ def main(argv: list[str] | None = None) -> dict:
     signature = runs[0].pop("bleu_signature")
     for run in runs[1:]:
         run.pop("bleu_signature")
+    records = [record for run in runs for record in run.pop(RECORDS)]
     settings = json_settings(args)
     results = {
         "task": f"sequence reversal over {len(SYMBOLS)} letters (repeats allowed)",
@@ -563,6 +581,7 @@ def main(argv: list[str] | None = None) -> dict:
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bleu_signature": signature,
         "runs": runs,
+        RECORDS: records,
     }
     (args.out / "length_generalization.json").write_text(json.dumps(results, indent=1) + "\n")
     (args.out / "length_generalization.md").write_text(markdown(results))

@@ -31,6 +31,7 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -38,7 +39,18 @@ import torch
 from settings import json_settings
 from vs_marian import Decoding, load_trained, read_pairs, spread, translate, write_results
 
-from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
+from hf_relpos.publish.records import (
+    PEER,
+    RECIPE,
+    RECORDS,
+    TRAINED_WEIGHTS,
+    RunRecord,
+    Scores,
+    cpu_model_name,
+    software_versions,
+    source_version,
+    training_record,
+)
 from hf_relpos.translation.metrics import score_translations
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,6 +139,15 @@ def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], li
     return scores
 
 
+def typed_record(system: str, seed: int, folder: Path, scores: dict[str, dict]) -> RunRecord:
+    """A scored model as hf_relpos' typed run record: the one train_translation.py wrote when it trained it (its
+    recipe and settings; else only its role: a peer, or an hf_relpos model), with this run's scores of every level
+    (`set: level`) as its splits."""
+    trained = training_record(folder) or RunRecord(role=PEER if is_peer(folder) else RECIPE)
+    return replace(trained, system=system, seed=seed,
+                   scores={TRAINED_WEIGHTS: {level: Scores.of(values) for level, values in scores.items()}})
+
+
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, list[float]]]]:
     """`set: level` -> system -> seeds and each metric per seed."""
     levels = list(next(iter(runs.values()))[0]["scores"])
@@ -204,9 +225,11 @@ def main(argv: Sequence[str] | None = None) -> dict:
                                         args.sizes)
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a)
     runs: dict[str, list[dict]] = {}
+    records = []
     for system, seed, folder in args.model:
         scores = evaluate_model(folder, levels, decoding, args)
         runs.setdefault(system, []).append({"seed": seed, "folder": str(folder), "scores": scores})
+        records.append(typed_record(system, seed, folder, scores).to_json())
         print(f"{system} seed {seed}: " + ", ".join(f"{level} {score['bleu']:.2f}" for level, score in scores.items()),
               flush=True)
     first = next(iter(runs.values()))[0]["scores"]
@@ -218,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "sizes": {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
                   for level, pair in set_levels.items()},
         "signatures": {metric: first[next(iter(first))][f"{metric}_signature"] for metric in ("bleu", "chrf")},
-        "levels": summarize(runs), "runs": runs,
+        "levels": summarize(runs), "runs": runs, RECORDS: records,
     }
     write_results(args.out, "long_inputs", results, markdown(results))
     return results

@@ -54,10 +54,13 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
+
+from hf_relpos.publish.records import PEER, RECIPE, RECORDS, TRAINED_WEIGHTS, RunRecord, Scores, training_record
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNE_CONFIG = ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"
@@ -463,6 +466,7 @@ def main(argv: list[str] | None = None) -> None:
             "pairs": len(bucket), "longest_training_source_words": max(len(source.split()) for source, _ in train_pairs),
             "mean_source_words": sum(len(source.split()) for source, _ in bucket) / len(bucket)}
         results["marian_long"] = bleu(marian_folder, bucket, args, marian=True, max_new_tokens=args.long_max_new_tokens)
+    results[RECORDS] = [marian_record(results, args)]
     for entry in dict.fromkeys(["absolute", *args.schemes]):
         position_scheme, keep_absolute_positions, fade = scheme_of(entry)
         converted = args.work / f"converted_{entry.removesuffix('-fade')}"   # the fading hybrid starts as the hybrid
@@ -488,6 +492,7 @@ def main(argv: list[str] | None = None) -> None:
             if args.eval_every:
                 by_seed["curve"] = recovery_curve(finetuned)
             run["seeds"][str(seed)] = by_seed
+            results[RECORDS].append(finetuned_record(entry, seed, run, finetuned, results))
             print(f"{entry}, seed {seed}: BLEU {by_seed['finetuned']['bleu']:.2f} after {args.finetune_steps} steps",
                   flush=True)
         run["summary"] = summarise(run)
@@ -495,6 +500,37 @@ def main(argv: list[str] | None = None) -> None:
     if args.eval_every:
         results["recovery"] = recovery(results)
     write_record(results, args.out)
+
+
+def scores_of(scored: dict, scored_long: dict | None) -> dict[str, Scores]:
+    """`RunRecord.scores` of one set of weights from `bleu()`'s results: the test pairs, and the long bucket."""
+    return {split: Scores(values["bleu"], values["chrf"], values["signature"], values["length_ratio"])
+            for split, values in (("test", scored), ("long", scored_long)) if values is not None}
+
+
+def marian_record(results: dict, args: argparse.Namespace) -> dict:
+    """The Marian model, the peer the conversions start from, as hf_relpos' typed run record (trained here with
+    `--train-steps`, or given as `--marian-model`)."""
+    trained_here = args.marian_model is None
+    return RunRecord(
+        role=PEER, system="marian", seed=args.seed if trained_here else None,
+        steps=args.train_steps if trained_here else None, hardware=results["device"], devices=1,
+        source_version=results["source_version"], software=results["versions"], date=results["date"],
+        scores={TRAINED_WEIGHTS: scores_of(results["marian"], results.get("marian_long"))}).to_json()
+
+
+def finetuned_record(entry: str, seed: int, run: dict, finetuned: Path, results: dict) -> dict:
+    """One fine-tuning of a converted model as hf_relpos' typed run record: the one train_translation.py wrote (the
+    recipe it fine-tuned with, its flags and settings), with the scores of the converted ("converted") and the
+    fine-tuned ("finetuned") weights."""
+    by_seed = run["seeds"][str(seed)]
+    trained = training_record(finetuned) or RunRecord(
+        model={"position_scheme": run["position_scheme"], "keep_absolute_positions": run["keep_absolute_positions"]})
+    return replace(
+        trained, role=RECIPE, system=entry, seed=seed, training_seconds=by_seed["finetune_seconds"],
+        source_version=results["source_version"], software=results["versions"], date=results["date"],
+        scores={"converted": scores_of(run["converted"], run.get("converted_long")),
+                "finetuned": scores_of(by_seed["finetuned"], by_seed.get("finetuned_long"))}).to_json()
 
 
 def recovery(results: dict) -> dict:
@@ -534,6 +570,7 @@ def merge_records(paths: list[Path]) -> dict:
         differing = sorted(key for key in record["settings"].keys() | merged["settings"].keys()
                            if key not in PER_RUN_SETTINGS and record["settings"].get(key) != merged["settings"].get(key))
         differing += [key for key in ("source_version", "versions") if record.get(key) != merged.get(key)]
+        differing += [RECORDS] if (RECORDS in record) != (RECORDS in merged) else []
         differing += [key for key in ("marian", "marian_long")
                       if without_timing(record.get(key)) != without_timing(merged.get(key))]
         if differing or record["schemes"].keys() != merged["schemes"].keys():
@@ -549,6 +586,9 @@ def merge_records(paths: list[Path]) -> dict:
             if repeated:
                 raise SystemExit(f"marian_conversion.py: --merge: seed(s) {repeated} of {entry} in more than one record")
             target["seeds"] = dict(sorted({**target["seeds"], **run["seeds"]}.items(), key=lambda item: int(item[0])))
+    if RECORDS in merged:   # the Marian model is each record's; its fine-tunings are the runs joined
+        merged[RECORDS] += [values for record in records[1:] for values in record[RECORDS]
+                            if RunRecord.from_json(values).role == RECIPE]
     merged["settings"]["seeds"] = sorted(int(seed) for seed in merged["schemes"]["absolute"]["seeds"])
     merged["merged_from"] = [str(path) for path in paths]
     for run in merged["schemes"].values():

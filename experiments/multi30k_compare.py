@@ -32,7 +32,7 @@ from pathlib import Path
 
 import torch
 
-from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord, cpu_model_name
+from hf_relpos.publish.records import RECORDS, RUN_RECORD_FILE, RunRecord, cpu_model_name, training_record
 from hf_relpos.tools.viz import require_matplotlib
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,12 +82,9 @@ def train(scheme: str, seed: int, tokenizer: Path, args: argparse.Namespace) -> 
                        stdout=handle, stderr=subprocess.STDOUT, cwd=ROOT)
 
 
-def read_run(output_dir: Path, scheme: str) -> dict:
-    """Curves from trainer_state.json's log_history, training seconds and the test scores of one finished run, and
-    its typed record (the one train_translation.py wrote, with the recipe it trained from)."""
+def read_run(output_dir: Path) -> dict:
+    """Curves from trainer_state.json's log_history, training seconds and the test scores of one finished run."""
     history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
-    record = replace(RunRecord.from_json(json.loads((output_dir / RUN_RECORD_FILE).read_text())),
-                     recipe=f"multi30k_small_{scheme}", system=scheme)
     test = json.loads((output_dir / "test_results.json").read_text())
     return {
         "seconds": json.loads((output_dir / "train_results.json").read_text())["train_runtime"],
@@ -98,8 +95,16 @@ def read_run(output_dir: Path, scheme: str) -> dict:
         "test_chrf": test.get("test_chrf"),
         "test_length_ratio": test.get("test_length_ratio"),
         "test_bleu_signature": test.get("test_bleu_signature"),
-        "record": record.to_json(),
     }
+
+
+def typed_record(output_dir: Path, scheme: str) -> RunRecord:
+    """The run's typed record: the one train_translation.py wrote (its recipe, flags, settings and scores), with
+    the scheme as its system."""
+    trained = training_record(output_dir)
+    if trained is None:
+        raise SystemExit(f"multi30k_compare.py: {output_dir} holds no {RUN_RECORD_FILE}: retrain the run (delete it)")
+    return replace(trained, system=scheme)
 
 
 def markdown(results: dict) -> str:
@@ -202,8 +207,10 @@ def main(argv: list[str] | None = None) -> dict:
             for future in [pool.submit(train, *job, tokenizer, args) for job in jobs]:
                 future.result()
     schemes: dict[str, dict] = {}
+    records = []
     for scheme, seed in jobs:
-        run = read_run(args.work / f"{scheme}_seed{seed}", scheme)
+        run = read_run(args.work / f"{scheme}_seed{seed}")
+        records.append(typed_record(args.work / f"{scheme}_seed{seed}", scheme).to_json())
         summary = schemes.setdefault(scheme, {"runs": [], "test_bleu": [], "test_chrf": [], "test_length_ratio": [],
                                               "best_eval_bleu": [], "last_eval_bleu": [], "seconds": []})
         summary["runs"].append(run)
@@ -223,6 +230,7 @@ def main(argv: list[str] | None = None) -> dict:
         "device": device_description(),
         "signature": first["test_bleu_signature"],
         "schemes": schemes,
+        RECORDS: records,
     }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "multi30k.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -33,6 +33,7 @@ import vs_marian  # noqa: E402
 
 from benchmarks import bench_data, bench_decoding, bench_inference, bench_training  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
+from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -78,24 +79,24 @@ def table(header: list[str], rows: Iterable[list[str]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def code_versions(runs: Iterable[dict]) -> str:
+def code_versions(runs: Iterable[RunRecord]) -> str:
     """The distinct `git describe` of the code that trained the runs (`-dirty`: with uncommitted changes)."""
-    versions = sorted({run.get("source_version") or "not recorded" for run in runs})
+    versions = sorted({run.source_version or "not recorded" for run in runs})
     return ", ".join(f"`{version}`" for version in versions)
 
 
-def release_versions(runs: Iterable[dict]) -> str:
+def release_versions(runs: Iterable[RunRecord]) -> str:
     """The distinct torch / transformers releases the runs trained with ("not recorded" for runs older than the
     record field)."""
-    versions = sorted({f"torch {run['versions']['torch']}, transformers {run['versions']['transformers']}"
-                       if "versions" in run else "not recorded" for run in runs})
+    versions = sorted({f"torch {run.software['torch']}, transformers {run.software['transformers']}"
+                       if run.software else "not recorded" for run in runs})
     return "; ".join(versions)
 
 
 def provenance(record: dict, path: str, command: str) -> str:
     """Date, hardware, code versions and the command of one record (what a reader needs to rerun it)."""
-    runs = [run for system_runs in record["runs"].values() for run in system_runs]
-    dates = sorted(run["date"][:10] for run in runs)
+    runs = read_run_records(RESULTS / path)
+    dates = sorted(run.date[:10] for run in runs)
     return (f"Record [`{path}`](results/{path}), collected {record['date'][:10]} (runs {dates[0]} to {dates[-1]}); "
             f"{record['device']}; code {code_versions(runs)}; releases: {release_versions(runs)}; "
             f"`{record['signature']}`. Command: `{command}`.\n")
@@ -128,53 +129,67 @@ def convergence_command(record: dict) -> str:
 
 # --- the README's tables -------------------------------------------------------------------------------------------
 
-def recipe_overrides(record: dict) -> str:
-    """What a vs_marian.py record's recipe runs changed from their recipe files, as `name` value (recipe: value): the
-    step count, token budget and warm-up of each run's command (the last value, as argparse takes it), which must be
-    the same for every recipe run."""
+def recipe_overrides(path: str) -> str:
+    """What the recipe runs of a record changed from their recipe files, as `name` value (recipe: value): the step
+    count, token budget and warm-up each run trained with, where they differ from its recipe's, which must be the
+    same for every recipe run."""
     described = set()
-    for run in (run for runs in record["runs"].values() for run in runs if run.get("argv", [""])[0].endswith(".yaml")):
-        recipe = yaml.safe_load((ROOT / "configs" / Path(run["argv"][0]).name).read_text(encoding="utf-8"))
+    for run in read_run_records(RESULTS / path):
+        if run.role != RECIPE:
+            continue
+        recipe = RunRecord.from_recipe(yaml.safe_load((ROOT / "configs" / f"{run.recipe}.yaml").read_text(
+            encoding="utf-8")))
         changed = []
         for name in ("max_steps", "max_tokens_per_batch", "warmup_steps"):
-            values = [run["argv"][index + 1] for index, token in enumerate(run["argv"][:-1]) if token == f"--{name}"]
-            if values and str(recipe.get(name)) != values[-1]:
-                was = recipe.get(name, f"{recipe['num_train_epochs']} epochs" if name == "max_steps" else "unset")
-                changed.append(f"`{name}` {values[-1]} (recipe: {was})")
+            value, was = getattr(run, name), getattr(recipe, name)
+            if value is not None and value != was:
+                if was is None:
+                    was = f"{recipe.num_train_epochs} epochs" if name == "max_steps" else "unset"
+                changed.append(f"`{name}` {value} (recipe: {was})")
         described.add(", ".join(changed))
     if len(described) != 1:
         raise ValueError(f"the recipe runs override different settings: {sorted(described)}")
     return described.pop()
 
 
+def bleu_by_system(path: str, split: str, weights: str = TRAINED_WEIGHTS) -> dict[str, list[float]]:
+    """Each system's BLEU on `split` ("test", "validation") per seed, of its `weights` (`TRAINED_WEIGHTS`, or
+    "final" / "averaged" where a record scored both), from the record's typed runs."""
+    by_system: dict[str, list[float]] = {}
+    for run in read_run_records(RESULTS / path):
+        by_system.setdefault(run.system, []).append(run.scores[weights][split].bleu)
+    return by_system
+
+
 def readme_quality() -> str:
     """One row per scheme (and the peer): equal-budget test2016 and validation BLEU with Marian's architecture, the
     recipe at the equal budget (every run from one commit, the peer with the recipes' tokenizer), 20 epochs with the
     last 5 averaged (test2016); above the table, what the one-commit equal-budget runs overrode in the recipes."""
-    schemes = read("vs_marian/eight_schemes_three_seeds/vs_marian.json")["rows"]
-    peer = read("vs_marian/recipes_equal_budget/vs_marian.json")["rows"]["peer"]
-    one_commit_record = read(ONE_COMMIT)
-    one_commit = one_commit_record["rows"]
-    converged = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
+    schemes = {split: bleu_by_system("vs_marian/eight_schemes_three_seeds/vs_marian.json", split)
+               for split in ("test", "validation")}
+    peer = {split: bleu_by_system("vs_marian/recipes_equal_budget/vs_marian.json", split)["peer"]
+            for split in ("test", "validation")}
+    one_commit = bleu_by_system(ONE_COMMIT, "test")
+    converged = bleu_by_system(TWENTY_EPOCHS_ONE_COMMIT, "test", "averaged")
     rows = []
     for scheme in SCHEMES:
-        equal = schemes.get(EQUAL_BUDGET_ROWS.get(scheme))
+        equal = EQUAL_BUDGET_ROWS.get(scheme)
         recipe = one_commit.get(ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme))
         rows.append([
-            f"`{scheme}`", *((seeds_and_spread(equal["test_bleu"]), seeds_and_spread(equal["validation_bleu"]))
-                             if equal else (UNMEASURED, UNMEASURED)),
-            seeds_and_spread(recipe["test_bleu"]) + ONE_COMMIT_NOTES.get(scheme, "") if recipe else UNMEASURED,
-            seeds_and_spread(converged[scheme]["averaged_test_bleu"]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
+            f"`{scheme}`", *((seeds_and_spread(schemes["test"][equal]), seeds_and_spread(schemes["validation"][equal]))
+                             if equal in schemes["test"] else (UNMEASURED, UNMEASURED)),
+            seeds_and_spread(recipe) + ONE_COMMIT_NOTES.get(scheme, "") if recipe else UNMEASURED,
+            seeds_and_spread(converged[scheme]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
             if scheme in converged else UNMEASURED,
             f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
         ])
-    rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test_bleu"]) + " (its own tokenizer)",
-                 seeds_and_spread(peer["validation_bleu"]),
-                 f"{seeds_and_spread(one_commit[PEER_WITH_RECIPE_TOKENIZER]['test_bleu'])} (the recipes' tokenizer)",
-                 f"{seeds_and_spread(converged[convergence.PEER_AS_RECIPE]['averaged_test_bleu'])} (trained as the "
-                 "recipes)", "`experiments/vs_marian.py`"])
+    rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test"]) + " (its own tokenizer)",
+                 seeds_and_spread(peer["validation"]),
+                 f"{seeds_and_spread(one_commit[PEER_WITH_RECIPE_TOKENIZER])} (the recipes' tokenizer)",
+                 f"{seeds_and_spread(converged[convergence.PEER_AS_RECIPE])} (trained as the recipes)",
+                 "`experiments/vs_marian.py`"])
     caption = (f"Overridden in every recipe run of the one-commit equal-budget column ([`{ONE_COMMIT}`]"
-               f"(docs/results/{ONE_COMMIT})): {recipe_overrides(one_commit_record)}.\n\n")
+               f"(docs/results/{ONE_COMMIT})): {recipe_overrides(ONE_COMMIT)}.\n\n")
     return caption + table(["scheme", "equal budget: test2016 BLEU", "equal budget: validation BLEU",
                             "recipe at the equal budget, one commit: test2016",
                             "20 epochs, last 5 averaged, one commit: test2016", "recipe"], rows)
@@ -304,20 +319,20 @@ def default_rule_columns() -> dict[str, dict[str, list[float]]]:
     """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, for the recipes as committed now (a
     row trained with another recipe setting is left out): test2016 and validation of the one-commit records (at the
     equal budget, and 20 epochs with the last 5 averaged), then every level of every long-input record."""
-    one_commit = read(ONE_COMMIT)["rows"]
-    twenty = read(TWENTY_EPOCHS_ONE_COMMIT)["systems"]
     columns: dict[str, dict[str, list[float]]] = {}
     for split, name in (("test", "test2016"), ("validation", "validation")):
+        one_commit = bleu_by_system(ONE_COMMIT, split)
+        twenty = bleu_by_system(TWENTY_EPOCHS_ONE_COMMIT, split, "averaged")
         columns[f"equal budget, {name}"] = {
-            scheme: one_commit[row][f"{split}_bleu"] for scheme in SCHEMES
-            if (row := ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)) in one_commit}
-        columns[f"20 epochs, {name}"] = {scheme: twenty[scheme][f"averaged_{split}_bleu"] for scheme in SCHEMES
+            scheme: one_commit[row] for scheme in SCHEMES if (row := ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)) in one_commit}
+        columns[f"20 epochs, {name}"] = {scheme: twenty[scheme] for scheme in SCHEMES
                                          if scheme in twenty and scheme not in TWENTY_EPOCHS_NOTES}
     for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        for level, by_system in record["levels"].items():
-            columns[f"{path.parent.name}: {level}"] = {scheme: row["bleu"] for scheme, row in by_system.items()
-                                                       if scheme in SCHEMES}
+        for run in read_run_records(path):
+            for level, scores in run.scores[TRAINED_WEIGHTS].items():
+                column = columns.setdefault(f"{path.parent.name}: {level}", {})
+                if run.system in SCHEMES:
+                    column.setdefault(run.system, []).append(scores.bleu)
     return columns
 
 
@@ -418,15 +433,14 @@ def results_length_generalization() -> str:
     rows, by_bucket = [], {}
     for seed in range(1, 7):
         record = read(LENGTH_SCALED.format(seed))
-        (run,) = record["runs"]
-        summary = run["summary"]
-        rows.append([str(seed), record["date"][:10], *(f"{100 * summary[bucket]['accuracy']:.1f} %"
+        (run,) = read_run_records(RESULTS / LENGTH_SCALED.format(seed))
+        rows.append([str(seed), record["date"][:10], *(f"{100 * run.metrics[bucket]['accuracy']:.1f} %"
                                                        for bucket in record["buckets"])])
         for bucket in record["buckets"]:
-            by_bucket.setdefault(bucket, []).append(100 * summary[bucket]["accuracy"])
+            by_bucket.setdefault(bucket, []).append(100 * run.metrics[bucket]["accuracy"])
     rows.append(["mean", "", *(f"{statistics.mean(values):.1f} %" for values in by_bucket.values())])
     settings = record["settings"]
-    caption = (f"`{run['name']}`: {settings['steps']} steps, d_model {settings['d_model']}, {settings['layers']} + "
+    caption = (f"`{run.system}`: {settings['steps']} steps, d_model {settings['d_model']}, {settings['layers']} + "
                f"{settings['layers']} layers, trained on lengths {record['train_lengths'][0]}-"
                f"{record['train_lengths'][1]}; {settings['eval_size']} sequences per bucket drawn with evaluation seed "
                f"{settings['eval_seed']}; {record['device']['cpu']}, torch {record['device']['torch']}. Records: "
@@ -502,15 +516,15 @@ def results_length_generalization_fresh_sets() -> str:
     for folder in seed_folders:
         for purpose, seed in (("chose the settings", 1234), ("never looked at", 2026)):
             record = read(f"{SAVED_MODELS}/{folder.name}/eval_seed_{seed}/saved_models.json")
-            (run,) = record["runs"]
-            accuracies = [100 * run["result"][bucket]["accuracy"] for bucket in record["buckets"]]
+            (run,) = read_run_records(RESULTS / SAVED_MODELS / folder.name / f"eval_seed_{seed}" / "saved_models.json")
+            accuracies = [100 * run.metrics[bucket]["accuracy"] for bucket in record["buckets"]]
             by_column.setdefault(seed, []).append(accuracies)
             rows.append([folder.name[4:], str(seed), purpose, str(record["settings"]["eval_size"]),
                          *(f"{value:.1f} %" for value in accuracies)])
     for seed, purpose in ((1234, "chose the settings"), (2026, "never looked at")):
         means = [statistics.mean(column) for column in zip(*by_column[seed], strict=True)]
         rows.append([f"mean of {len(by_column[seed])}", str(seed), purpose, "", *(f"{value:.1f} %" for value in means)])
-    caption = (f"`{run['name']}`, one saved model per training seed, scored without training (`--evaluate-saved`) on "
+    caption = (f"`{run.system}`, one saved model per training seed, scored without training (`--evaluate-saved`) on "
                f"two evaluation seeds' sets; {record['device']['cpu']}, torch {record['device']['torch']}. Records and "
                f"commands: [`{SAVED_MODELS}`](results/{SAVED_MODELS}/).\n\n")
     return caption + table(["training seed", "evaluation seed", "its sets", "sequences per bucket",

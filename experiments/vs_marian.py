@@ -63,7 +63,14 @@ from transformers import (
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
 from hf_relpos.publish import records as run_records
-from hf_relpos.publish.records import RunRecord, cpu_model_name, scores_by_weights, software_versions, source_version
+from hf_relpos.publish.records import (
+    RunRecord,
+    cpu_model_name,
+    gather_run_records,
+    scores_by_weights,
+    software_versions,
+    source_version,
+)
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
 from hf_relpos.translation.metrics import score_translations
@@ -75,7 +82,8 @@ from hf_relpos.translation.tokenization import (
     train_joint_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.translation.training import TranslationTrainer, run
+from hf_relpos.translation.trainer import TranslationTrainer
+from hf_relpos.translation.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
 PEER = "peer"
@@ -508,15 +516,17 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
 
 def typed_record(system: str, is_peer: bool, recipe: str, trained_as: str, seed: int, version: str, hardware: str,
                  steps: int, training: dict, batches: dict, scores: dict, date: str,
-                 average_checkpoints: int | None = None) -> dict:
+                 average_checkpoints: int | None = None, trained: RunRecord | None = None) -> dict:
     """The run as hf_relpos' typed run record (`RunRecord.to_json()`, what the model cards read): its role (a peer,
-    or hf_relpos trained from `recipe`), how it trained, its batch, time and scores."""
-    return RunRecord(
+    or hf_relpos trained from `recipe`), how it trained, its batch, time, releases and scores; `trained` is the
+    record train_translation.py wrote of it (its every recipe field), if it trained through it."""
+    return replace(
+        trained or RunRecord(),
         role=run_records.PEER if is_peer else run_records.RECIPE, recipe=None if is_peer else recipe, system=system,
         trained_as=trained_as, seed=seed, steps=steps, source_version=version, hardware=hardware, devices=1,
-        training_seconds=training["train_seconds"], date=date, max_tokens_per_batch=batches["token_budget"],
-        gradient_accumulation_steps=batches["gradient_accumulation_steps"], average_checkpoints=average_checkpoints,
-        scores=scores_by_weights(scores)).to_json()
+        training_seconds=training["train_seconds"], date=date, software=software_versions(),
+        max_tokens_per_batch=batches["token_budget"], gradient_accumulation_steps=batches["gradient_accumulation_steps"],
+        average_checkpoints=average_checkpoints, scores=scores_by_weights(scores)).to_json()
 
 
 def device_description(args: argparse.Namespace) -> str:
@@ -555,7 +565,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         timespec="seconds")
     typed = typed_record(row.name, row.is_peer, recipe_path(row.recipe).stem, row.describe(), seed, version,
                          device_description(args), training.get("steps") or args.max_steps, training, batches,
-                         scores, date)
+                         scores, date, trained=run_records.training_record(folder / "model"))
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
               "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
               "record": typed}
@@ -711,6 +721,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "rows": summarize(rows, records),
         "runs": records,
     }
+    gather_run_records(results)
     write_results(args.out, "vs_marian", results, markdown(results))
     return results
 

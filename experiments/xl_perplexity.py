@@ -16,12 +16,14 @@ import argparse
 import json
 import tempfile
 import time
+from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
 from transformers import TrainingArguments
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForCausalLM
+from hf_relpos.publish.records import RECORDS, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
 from hf_relpos.tools.viz import require_matplotlib
 
@@ -107,7 +109,8 @@ def main() -> None:
     tokens = encode(read_text(args))
     evaluation, training = tokens[: args.eval_tokens], tokens[args.eval_tokens :]
     variants = {"xl+memory": ("xl", args.segment), "xl": ("xl", 0), "absolute": ("absolute", 0)}
-    results: dict = {"args": vars(args), "train_tokens": training.numel(), "eval_tokens": evaluation.numel()}
+    results: dict = {"args": vars(args), "train_tokens": training.numel(), "eval_tokens": evaluation.numel(),
+                     RECORDS: []}
     with tempfile.TemporaryDirectory() as workdir:
         for name, (position_scheme, mem_len) in variants.items():
             model = build_model(position_scheme, mem_len, args)
@@ -120,8 +123,23 @@ def main() -> None:
                 else:
                     rows[context] = stream_perplexity(model, evaluation, context, 0)
             results[name] = {"train_seconds": round(seconds, 1), "perplexity": rows}
+            results[RECORDS].append(typed_record(name, position_scheme, mem_len, seconds, rows, args))
             print(name, rows, flush=True)
     write_outputs(results, args)
+
+
+def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, perplexity: dict[int, float],
+                 args: argparse.Namespace) -> dict:
+    """One language model as hf_relpos' typed run record (`RunRecord.to_json()`): its scheme and memory, seed,
+    steps and training time, and its per-byte perplexity at each evaluation context (bytes) as its metrics."""
+    return RunRecord(
+        model={"position_scheme": position_scheme, "mem_len": mem_len, "d_model": args.d_model,
+               "decoder_layers": args.layers, "decoder_attention_heads": args.heads},
+        system=name, seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
+        per_device_train_batch_size=args.batch_size, training_seconds=seconds, hardware=f"CPU: {cpu_model_name()}",
+        devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
+        metrics={f"context {context}": {"perplexity": value} for context, value in perplexity.items()},
+    ).to_json()
 
 
 def write_outputs(results: dict, args: argparse.Namespace) -> None:

@@ -2,7 +2,7 @@
 Hugging Face encoder-decoder Transformers, with a pluggable registry of position schemes.
 
 Importing it registers the models with the Auto classes (their public `register`) and the "translation" pipeline
-task; it needs torch and transformers only. The translation application (`hf_relpos.translation.training`, train_translation.py,
+task; it needs torch and transformers only. The translation application (`hf_relpos.translation`, train_translation.py,
 scoring, model cards) needs the `hf_relpos[train]` extra."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM

@@ -1,4 +1,5 @@
-"""benchmarks/bench_data.py's corpus: reused only when a finished generation for the same size wrote it."""
+"""benchmarks/bench_data.py: its corpus is reused only when a finished generation for the same size wrote it; its tables
+say what each size's tokenizer was trained on."""
 
 from __future__ import annotations
 
@@ -38,3 +39,23 @@ def test_an_interrupted_regeneration_is_not_reused(multi30k, tmp_path, monkeypat
     assert not (corpus / "corpus.json").exists()
     prefixes = bench_data.generate_corpus(corpus, 5)
     assert len(Path(f"{prefixes['train']}.en").read_text(encoding="utf-8").splitlines()) == 5
+
+
+def test_tables_name_the_tokenizer_sample_and_sort_the_sizes() -> None:
+    run = {"wall_seconds": 1.0, "cpu_seconds": 1.0, "peak_rss_gib": 1.0, "peak_anonymous_gib": 0.5,
+           "phases": [{"phase": "train the tokenizer", "seconds": 1.0, "cpu_seconds": 1.0, "peak_rss_gib": 1.0}]}
+
+    def size(pairs: int, sample: int | None, **extra) -> dict:
+        return {"pairs": pairs, "tokenizer_training_pairs": sample, "train_text_mib": 1, "prepared_mib": 1, "command": "x",
+                "first_run": run, "second_run": run, "sampler": {"epoch_seconds": 0.1}, **extra}
+
+    record = {"meta": {"command": "bench", "hardware": "cpu", "python": "3.11", "code": "abc", "date": "today",
+                       "preprocessing_num_workers": 2},
+              "sizes": [size(1000, 500), size(300, 500), size(1000, None, machine="busy")]}
+    table = bench_data.render_markdown(record)
+    rows = [line for line in table.splitlines() if line.startswith("| 1,000 |") or line.startswith("| 300 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["every pair", "a 500-pair sample", "every pair"]
+    assert "- 1,000 pairs (every pair): code `abc`, today; busy" in table
+    note = bench_data.render_cost_note(record)
+    assert note.index("300 pairs") < note.index("1,000 pairs (1 MiB of text; tokenizer trained on a 500-pair sample)")
+    assert "(busy)" in note

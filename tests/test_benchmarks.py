@@ -159,8 +159,8 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
 
 def test_gpu_check_times_dropout_first_and_stays_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) and
-    (b) come first, (b) also times sdpa and relpos_triton at attention dropout 0.1 (flex at 0 only), and the limits
-    sum to at most 8 minutes."""
+    (b) come first, (b) also times sdpa and relpos_triton at attention dropout 0.1 (flex at 0 only), the Triton
+    kernel's tests run on the GPU when triton is installed, and the limits sum to at most 8 minutes."""
     import importlib.util
     import subprocess
     import sys
@@ -182,3 +182,5 @@ def test_gpu_check_times_dropout_first_and_stays_within_eight_minutes(tmp_path: 
     assert f"--kernels sdpa flex_attention{triton} --out" in commands[1]
     assert "--attention_dropout 0.1" not in commands[1]
     assert f"--kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1" in commands[2]
+    triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
+    assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted

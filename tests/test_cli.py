@@ -85,26 +85,26 @@ def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):
 
 @pytest.mark.parametrize("kernel", ["eager", "flex_attention"])
 def test_the_model_is_built_with_the_requested_kernel(kernel, tmp_path):
+    from hf_relpos.translation.model_setup import build_model
     from hf_relpos.translation.tokenization import train_joint_tokenizer
-    from hf_relpos.translation.training import _build_model
 
     tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
     model_args, data_args, training_args = parse_arguments(
         [str(REPO / "configs" / "demo.yaml"), "--attn_implementation", kernel, "--output_dir", str(tmp_path)])
-    model = _build_model(model_args, tokenizer, data_args, training_args)
+    model = build_model(model_args, tokenizer, data_args, training_args)
     assert model.config._attn_implementation == kernel
     model.save_pretrained(tmp_path / "saved")
     model_args, data_args, training_args = parse_arguments(
         [str(REPO / "configs" / "demo.yaml"), "--model_name_or_path", str(tmp_path / "saved"), "--attn_implementation",
          "eager", "--output_dir", str(tmp_path)])
-    assert _build_model(model_args, tokenizer, data_args, training_args).config._attn_implementation == "eager"
+    assert build_model(model_args, tokenizer, data_args, training_args).config._attn_implementation == "eager"
 
 
 def test_a_kernel_whose_package_is_missing_is_one_config_error(tmp_path):
     from transformers.utils import is_flash_attn_2_available
 
+    from hf_relpos.translation.model_setup import build_model
     from hf_relpos.translation.tokenization import train_joint_tokenizer
-    from hf_relpos.translation.training import _build_model
 
     if is_flash_attn_2_available():
         pytest.skip("flash-attn is installed here")
@@ -112,7 +112,7 @@ def test_a_kernel_whose_package_is_missing_is_one_config_error(tmp_path):
     arguments = parse_arguments([str(REPO / "configs" / "demo.yaml"), "--attn_implementation", "flash_attention_2",
                                  "--output_dir", str(tmp_path)])
     with pytest.raises(ConfigError, match=r"attn_implementation 'flash_attention_2': .*FlashAttention2"):
-        _build_model(arguments[0], tokenizer, arguments[1], arguments[2])
+        build_model(arguments[0], tokenizer, arguments[1], arguments[2])
 
 
 def test_a_kernel_that_cannot_run_the_recipes_scheme_is_one_config_error_before_anything_is_written(tmp_path):
@@ -142,18 +142,18 @@ def test_randomized_positions_shorter_than_the_runs_sequences_are_refused_when_t
         flags, message, tmp_path):
     """Ruoss et al.'s draw needs a range at least as long as each sequence: the lengths the run allows are checked
     before training (the model itself would stop at the first longer batch)."""
+    from hf_relpos.translation.model_setup import build_model
     from hf_relpos.translation.tokenization import train_joint_tokenizer
-    from hf_relpos.translation.training import _build_model
 
     tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
     model_args, data_args, training_args = parse_arguments(
         [str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path), *flags])
     with pytest.raises(ConfigError, match=message):
-        _build_model(model_args, tokenizer, data_args, training_args)
+        build_model(model_args, tokenizer, data_args, training_args)
     model_args, data_args, training_args = parse_arguments(
         [str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path), *flags[:-4],
          "--model.position_randomization_max", "300"])
-    assert _build_model(model_args, tokenizer, data_args, training_args).config.position_randomization_max == 300
+    assert build_model(model_args, tokenizer, data_args, training_args).config.position_randomization_max == 300
 
 
 @pytest.mark.parametrize("name", ["model_name_or_path", "tokenizer_name"])

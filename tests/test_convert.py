@@ -17,6 +17,7 @@ from conftest import SCHEMES
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.records import PEER, RECIPE, TRAINED_WEIGHTS, RunRecord, Scores, read_run_records
 from hf_relpos.tools.convert import convert_marian, main, marian_to_relpos
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.tokenization import train_joint_tokenizer
@@ -298,6 +299,20 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
             f"{hybrid['seeds']['1']['finetuned']['bleu']:.2f} |") in table
     assert "Long-sentence bucket: 2 sources longer than the longest training source" in table
     assert "`NAME+absolute-fade`: the hybrid fine-tuned with `fade_absolute_positions: 1`" in table
+    # the typed run records: Marian (the peer), then each fine-tuning, with the recipe train_translation.py recorded
+    typed = read_run_records(out / "marian_conversion.json")
+    assert [(record.role, record.system, record.seed) for record in typed] == [
+        (PEER, "marian", 1), (RECIPE, "absolute", 1), (RECIPE, "shaw+absolute", 1), (RECIPE, "shaw+absolute-fade", 1)]
+    assert typed[0].scores[TRAINED_WEIGHTS]["long"].bleu == results["marian_long"]["bleu"]
+    for record in typed[1:]:
+        run = results["schemes"][record.system]
+        assert (record.recipe, record.max_steps) == ("finetune_marian_en_de_shaw", 2)
+        assert record.model_name_or_path.endswith(f"converted_{record.system.removesuffix('-fade')}")
+        assert record.scores["converted"]["test"] == Scores(run["converted"]["bleu"], run["converted"]["chrf"],
+                                                            run["converted"]["signature"],
+                                                            run["converted"]["length_ratio"])
+        assert record.scores["finetuned"]["long"].bleu == run["seeds"]["1"]["finetuned_long"]["bleu"]
+        assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
     reused = run_experiment(tmp_path / "work_reused", tmp_path / "out_reused", "--marian-model",
                             str(tmp_path / "work" / "marian"), "--eval-every", "1", "--seeds", "1", "2")
@@ -335,6 +350,10 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
     for scheme, run in merged["schemes"].items():
         assert run["seeds"] == {**reused["schemes"][scheme]["seeds"], **third["schemes"][scheme]["seeds"]}
     assert "mean ± sd over seeds 1, 2, 3" in (tmp_path / "out_merged" / "marian_conversion.md").read_text()
+    merged_runs = [(record.system, record.seed) for record in read_run_records(tmp_path / "out_merged" /
+                                                                               "marian_conversion.json")]
+    assert merged_runs == [("marian", None), *((scheme, seed) for scheme in ("absolute", "shaw") for seed in (1, 2)),
+                           *((scheme, 3) for scheme in ("absolute", "shaw"))]
 
 
 def test_conversion_experiment_reports_each_scheme_minus_absolute_seed_by_seed(monkeypatch):

@@ -90,6 +90,16 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
                 values = [result[bucket][metric] for result in run["per_seed"]]
                 assert (summary[metric], summary[f"{metric}_min"], summary[f"{metric}_max"]) == pytest.approx(
                     (sum(values) / len(values), min(values), max(values)))
+    # one typed run record per run and seed: its scheme and overrides, and its scores per bucket as metrics
+    typed = read_run_records(tmp_path / "length_generalization.json")
+    seeds = results["settings"]["seeds"]
+    assert [(record.system, record.seed) for record in typed] == [(run["name"], seed) for run in runs for seed in seeds]
+    for record, (run, index) in zip(typed, [(run, index) for run in runs for index in range(len(seeds))], strict=True):
+        assert record.model == {"position_scheme": run["position_scheme"], **run["overrides"]}
+        assert record.metrics == {bucket: {metric: run["per_seed"][index][bucket][metric]
+                                           for metric in ("accuracy", "bleu")} for bucket in BUCKETS}
+        assert record.steps == results["settings"]["steps"] and record.training_seconds > 0
+        assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
     table = (tmp_path / "length_generalization.md").read_text()
     for run in runs:
@@ -129,9 +139,11 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert run["test_bleu"] == pytest.approx(independent_bleu(tmp_path / "work" / f"{scheme}_seed1" /
                                                                   "test_hypotheses.txt", data / "test.jsonl"))
         assert summary["seconds"][0] > 0
-        record = RunRecord.from_json(run["record"])   # train_translation.py's record, with the recipe it trained
-        assert (record.role, record.recipe, record.system, record.max_steps) == (
-            "recipe", f"multi30k_small_{scheme}", scheme, 2)
+        # train_translation.py's record, with the recipe it trained from and the flags it added
+        (record,) = (record for record in read_run_records(out / "multi30k.json") if record.system == scheme)
+        assert (record.role, record.recipe, record.max_steps, record.seed) == (
+            "recipe", f"multi30k_small_{scheme}", 2, 1)
+        assert record.trained_as.startswith(f"{EXPERIMENTS.parent / 'configs' / f'multi30k_small_{scheme}.yaml'} ")
         assert record.scores[""]["test"].bleu == run["test_bleu"]
         vocabularies.add((tmp_path / "work" / f"{scheme}_seed1" / "tokenizer.json").read_text())
         table = (out / "multi30k.md").read_text()
@@ -236,6 +248,10 @@ def test_saved_models_score_as_in_training_on_its_sets_and_afresh_on_another_see
         (scored[seed],) = json.loads((tmp_path / f"seed{seed}" / "saved_models.json").read_text())["runs"]
     assert scored[1234]["result"] == trained["per_seed"][0]
     assert scored[99]["result"] != scored[1234]["result"]   # other sequences, other BLEU
+    (saved,) = read_run_records(tmp_path / "seed1234" / "saved_models.json")   # scored, not trained, here
+    (first_seed, *_) = read_run_records(tmp_path / "trained" / "length_generalization.json")
+    assert (saved.system, saved.model, saved.metrics) == (run_name, first_seed.model, first_seed.metrics)
+    assert (saved.seed, saved.steps, saved.training_seconds) == (None, None, None)
     assert f"| {run_name} |" in (tmp_path / "seed99" / "saved_models.md").read_text()
     missing = subprocess.run([sys.executable, str(EXPERIMENT), "--quick", "--only", "xl", "--out", str(tmp_path / "x"),
                               "--evaluate-saved", str(tmp_path / "models")], capture_output=True, text=True, timeout=300)
@@ -358,6 +374,14 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert (as_recipe["record"]["role"], as_recipe["record"]["recipe"]) == ("peer", None)
     assert (recipe["record"]["role"], recipe["record"]["recipe"]) == ("recipe", "multi30k_small_absolute")
     assert recipe["record"]["max_tokens_per_batch"] == 1280 and recipe["record"]["steps"] == 2
+    # the result gathers them, typed; the recipe run's carries every recipe field train_translation.py recorded
+    result = json.loads((out / "vs_marian.json").read_text())
+    assert all("record" not in run for runs in result["runs"].values() for run in runs)
+    typed = {record.system: record for record in read_run_records(out / "vs_marian.json")}
+    assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
+        "peer+recipe-training": ("peer", None), "absolute": ("recipe", "multi30k_small_absolute")}
+    assert (typed["absolute"].max_steps, typed["absolute"].warmup_steps, typed["absolute"].seed) == (2, 1, 1)
+    assert typed["absolute"].software == recipe["versions"] and typed["absolute"].model["position_scheme"] == "absolute"
     state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     peer_tokenizer, recipe_tokenizer = (
@@ -653,6 +677,15 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
         assert row["chrf"] == [pytest.approx(expected["chrf"])]
     table = (out / "long_inputs.md").read_text()
     assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
+    # a typed run record per scored model: its role read from the model, its levels as its splits
+    typed = {record.system: record for record in read_run_records(out / "long_inputs.json")}
+    assert {system: (record.role, record.seed) for system, record in typed.items()} == {
+        "directional": ("recipe", 1), "peer": ("peer", 1)}
+    for system, record in typed.items():
+        assert set(record.scores[""]) == set(results["levels"])
+        assert [record.scores[""]["test2016: 4 as one sentence"].bleu] == results["levels"][
+            "test2016: 4 as one sentence"][system]["bleu"]
+        assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
 
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
     results_folder = tmp_path / "results"

@@ -9,6 +9,9 @@ composition around the kernel; the kernel itself is torch's (compared with eager
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import logging
 import types
 
@@ -19,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 import hf_relpos
-from hf_relpos.model import attention_functions
+from hf_relpos.model import attention_functions, positions
 from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import DenseBias, PositionContext, RelativeValues, built_in_schemes, get_scheme_class
@@ -95,17 +98,10 @@ def attend(attention, scheme, kernel, query, key, value, padding, is_causal):
     return attention.attend(query, scheme.transform_new_keys(1, key, context), value, mask, scheme, context)[0]
 
 
-@pytest.mark.parametrize("padded", [None, "right", "holes"])
-@pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("position_scheme, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(position_scheme, overrides, shape, padded,
-                                                                          reference_kernel):
-    """Outputs and the gradients of queries, keys, values and every scheme parameter (Shaw's a^K and a^V tables,
-    T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step,
-    unpadded, right-padded (the second sequence loses its last two keys: per-sequence key ranges) and with holes (its
-    second key too: a padding that is not one run)."""
-    is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = attention_for(position_scheme, is_causal, **overrides)
+def assert_fused_equals_eager(attention, scheme, is_causal, query_length, key_length, padded):
+    """Layer 1's output and the gradients of queries, keys, values and every scheme parameter on flex_attention
+    against eager, in float64 at 1e-12; `padded`: None, "right" (the second sequence loses its last two keys) or
+    "holes" (its second key too)."""
     generator = torch.Generator().manual_seed(query_length + 7 * key_length)
     make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64,  # noqa: E731
                                  requires_grad=True)
@@ -129,6 +125,119 @@ def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(positio
             assert fused is None or fused.abs().max().item() == 0
             continue
         assert (fused - expected).abs().max().item() < TOLERANCE, f"gradient of input {index}"
+
+
+@pytest.mark.parametrize("padded", [None, "right", "holes"])
+@pytest.mark.parametrize("shape", list(SHAPES))
+@pytest.mark.parametrize("position_scheme, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(position_scheme, overrides, shape, padded,
+                                                                          reference_kernel):
+    """Outputs and the gradients of queries, keys, values and every scheme parameter (Shaw's a^K and a^V tables,
+    T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step,
+    unpadded, right-padded (per-sequence key ranges) and with holes (a padding that is not one run)."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = attention_for(position_scheme, is_causal, **overrides)
+    assert_fused_equals_eager(attention, scheme, is_causal, query_length, key_length, padded)
+
+
+# the last bucket from offset 4 on in the encoder (band -3 .. 3), from -6 on in a decoder (band -5 .. 0)
+T5_FAR = {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 6}
+
+
+@pytest.mark.parametrize("padded", [None, "right", "holes"])
+@pytest.mark.parametrize("is_causal, query_length, key_length, regions",
+                         [(False, 20, 20, 2), (True, 20, 20, 1), (True, 7, 20, 1), (False, 4, 4, 0), (True, 2, 5, 0)],
+                         ids=["encoder", "decoder", "cached", "encoder-short", "cached-short"])
+def test_t5_runs_as_far_regions_without_score_mod_and_an_explicit_band(is_causal, query_length, key_length, regions,
+                                                                      padded, monkeypatch):
+    """T5 at consecutive positions: the keys whose offset has its half's last bucket form a left (and, in the
+    encoder, a right) region, each one FlexAttention call without score_mod; the offsets between them are the band,
+    clamped to the offsets the call meets (a short call runs as its band alone). Equal to eager in float64 at 1e-12
+    with every gradient (T5's table included), longer and shorter than max_distance, cached calls included."""
+    calls = []
+
+    def recording_flex(query, key, value, score_mod=None, **kwargs):
+        calls.append(score_mod)
+        return reference_flex(query, key, value, score_mod, **kwargs)
+
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: recording_flex)
+    counts = count_calls(monkeypatch, positions, "band_scores")
+    attention, scheme = attention_for("t5", is_causal, **T5_FAR)
+    assert_fused_equals_eager(attention, scheme, is_causal, query_length, key_length, padded)
+    assert calls == [None] * regions
+    first, last = (-5, 0) if is_causal else (-3, 3)   # the band, clamped to the offsets the call meets
+    offset = key_length - query_length
+    expected = min(last, key_length - 1 - offset) - max(first, -(offset + query_length - 1)) + 1
+    assert [args[-1] for args in counts] == [expected]
+
+
+def test_the_t5_band_ends_where_the_last_bucket_begins():
+    """The fused band holds exactly the offsets whose bucket is not their half's last one: 181 of T5's defaults'
+    255 in the encoder (offsets -90 .. 90), 113 in a decoder (offsets -112 .. 0, every j > i being bucket 0)."""
+    offsets = torch.arange(-1000, 1001)
+    for is_causal, first, width in ((False, -90, 181), (True, -112, 113)):
+        scheme = get_scheme_class("t5")(tiny_config("t5"), 1, HEADS, HEAD_DIM, is_causal=is_causal)
+        buckets = scheme.bucket_of(offsets)
+        left, right = buckets[0].item(), buckets[-1].item()
+        assert scheme.band_first == first
+        assert (buckets[offsets < first] == left).all() and buckets[offsets == first].item() != left
+        assert (buckets[offsets >= first + width] == right).all()
+        assert scheme.fused_buckets == (*buckets[(offsets >= first) & (offsets < first + width)].tolist(), left, right)
+
+
+def captured_tensors(function, depth=4):
+    """The tensors a function can read: those in its closure, in the partials and functions it closes over, and
+    in the fields of the objects whose bound methods it holds (a few levels deep)."""
+    found, pending = [], [(function, depth)]
+    while pending:
+        item, level = pending.pop()
+        if torch.is_tensor(item):
+            found.append(item)
+        elif level == 0 or item is None:
+            continue
+        elif isinstance(item, functools.partial):
+            pending += [(x, level - 1) for x in (item.func, *item.args, *item.keywords.values())]
+        elif inspect.ismethod(item):
+            pending += [(item.__func__, level - 1), (item.__self__, level - 1)]
+        elif inspect.isfunction(item):
+            pending += [(cell.cell_contents, level - 1) for cell in item.__closure__ or ()]
+        elif isinstance(item, (list, tuple)):
+            pending += [(x, level - 1) for x in item]
+        elif dataclasses.is_dataclass(item) or isinstance(item, torch.nn.Module):
+            pending += [(x, level - 1) for x in vars(item).values()]
+    return found
+
+
+@pytest.mark.parametrize("position_scheme", ["shaw", "t5"])
+@pytest.mark.parametrize("randomized", [False, True])
+def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(position_scheme, randomized, monkeypatch):
+    """At consecutive positions, the fused path of Shaw and T5 gives FlexAttention no score_mod reading a tensor that
+    requires a gradient (whose gradient Inductor would accumulate with atomic adds, pytorch#137452): their tables'
+    gradients come by autograd outside the kernel. Under randomized positions T5 keeps its score_mod over the table
+    (what this test detects; Shaw's a^V then runs on eager)."""
+    score_mods = []
+
+    def recording_flex(query, key, value, score_mod=None, **kwargs):
+        score_mods.append(score_mod)
+        return reference_flex(query, key, value, score_mod, **kwargs)
+
+    monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: recording_flex)
+    overrides = {"position_randomization_max": 64} if randomized else {}
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(
+        tiny_config(position_scheme, attention_dropout=0.0, **T5_FAR, **overrides)).double().train()
+    model.set_attn_implementation("flex_attention")
+    input_ids = torch.randint(4, 40, (2, 24))
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[1, -3:] = 0
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
+    assert score_mods, "FlexAttention never ran"
+    reads_gradient = [mod for mod in score_mods if any(t.requires_grad for t in captured_tensors(mod))]
+    if randomized and position_scheme == "t5":
+        assert reads_gradient
+    else:
+        assert reads_gradient == []
+    table = model.model.encoder.positions
+    assert all(parameter.grad is not None and parameter.grad.abs().sum() > 0 for parameter in table.parameters())
 
 
 def test_a_decoding_step_never_runs_flex_attention(monkeypatch):
@@ -427,8 +536,8 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
 @pytest.mark.parametrize("position_scheme", ["shaw", "directional", "t5"])
 def test_flex_block_masks_are_built_once_per_mask_not_per_layer(position_scheme, monkeypatch):
     """Every layer of a stack shares its self-attention FlexMask (the scheme's mask combined once) and so its
-    BlockMask (Shaw: one per key region)."""
-    config = tiny_config(position_scheme, encoder_layers=4, decoder_layers=4)
+    BlockMask (Shaw, T5: one per key region beyond the band; T5's decoder's 6 tokens lie within its band)."""
+    config = tiny_config(position_scheme, encoder_layers=4, decoder_layers=4, **T5_FAR)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
     model.set_attn_implementation("flex_attention")
     builds = count_calls(monkeypatch, FlexMask, "_build_block_mask")
@@ -437,7 +546,7 @@ def test_flex_block_masks_are_built_once_per_mask_not_per_layer(position_scheme,
     attention_mask[1, 4:] = 0
     with torch.no_grad():
         model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids)
-    regions = {"shaw": 2 + 1, "directional": 1 + 1, "t5": 1 + 1}[position_scheme]  # encoder + decoder self-attention
+    regions = {"shaw": 2 + 1, "directional": 1 + 1, "t5": 2 + 0}[position_scheme]  # encoder + decoder self-attention
     assert len(builds) == regions + 1  # and the cross-attention's
 
 

@@ -133,7 +133,8 @@ def test_bad_cap_fields_are_one_error_naming_the_field(field, value, allowed):
 def test_the_training_apps_evaluation_caps_each_source_by_the_models_rule(tmp_path):
     """TranslationTrainer.prediction_step generates with the model's saved rule per row (no batch-wide number), also
     for a source longer than any the model was trained on."""
-    from hf_relpos.translation.training import TranslationTrainer, TranslationTrainingArguments
+    from hf_relpos.translation.arguments import TranslationTrainingArguments
+    from hf_relpos.translation.trainer import TranslationTrainer
 
     model = capped_model(ratio=1.0, offset=2, ceiling=100)
     arguments = TranslationTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True,

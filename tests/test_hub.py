@@ -14,6 +14,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+import transformers
 from conftest import BUILT_IN_SCHEMES, train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
@@ -32,8 +33,10 @@ from hf_relpos.publish.records import (
     read_run_records,
 )
 from hf_relpos.translation import preflight
+from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.metrics import score_translations
-from hf_relpos.translation.training import parse_arguments, push_training_output, run, run_record
+from hf_relpos.translation.run_outputs import push_training_output, run_record
+from hf_relpos.translation.training import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 PAIRS = [
@@ -314,6 +317,78 @@ def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monk
     assert f"| {peer_bleu:.2f} (" not in card and f"{statistics.mean(measurement.scores[0].bleu):.2f} (" in card
 
 
+def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_trained_from_the_same_recipe(tmp_path):
+    """One result holding the absolute recipe's run and HF MarianMT peers, one of them trained from absolute's recipe
+    file and settings (its `recipe` names it): the absolute card's results are the recipe run's, because the role
+    is the record's field (`RunRecord.role`), whatever else the runs share."""
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
+    common = dict(steps=1500, hardware="CPU", devices=1, training_seconds=600.0, date="2026-11-20T10:00:00+00:00",
+                  max_tokens_per_batch=1280, seed=1)
+    runs = [
+        RunRecord(role=RECIPE, recipe="multi30k_small_absolute", system="absolute", trained_as="absolute recipe",
+                  scores={TRAINED_WEIGHTS: {"test": Scores(31.25, 60.5, "sig"), "validation": Scores(32.0, 61.0, "sig")}},
+                  **common),
+        RunRecord(role=PEER, recipe="multi30k_small_absolute", system="peer+recipe-training",
+                  trained_as="MarianMT trained as the absolute recipe",
+                  scores={TRAINED_WEIGHTS: {"test": Scores(36.75, 64.5, "sig"), "validation": Scores(37.0, 65.0, "sig")}},
+                  **common),
+        RunRecord(role=PEER, system="peer", trained_as="MarianMT",
+                  scores={TRAINED_WEIGHTS: {"test": Scores(35.5, 63.0, "sig"), "validation": Scores(36.0, 64.0, "sig")}},
+                  **common),
+        RunRecord(role=RECIPE, recipe="multi30k_small_absolute", system="rope-matched", model={"position_scheme": "rope"},
+                  trained_as="absolute recipe --model.position_scheme rope",
+                  scores={TRAINED_WEIGHTS: {"test": Scores(33.5, 62.0, "sig"), "validation": Scores(34.0, 62.5, "sig")}},
+                  **common),
+    ]
+    path = tmp_path / "vs_marian.json"
+    path.write_text(json.dumps({"records": [run.to_json() for run in runs]}))
+    path.with_suffix(".md").write_text("# Peers and recipes\n\nOne seed each.\n")
+    record = RunRecord.from_recipe(recipe)
+    record.measurements = hub.measurements_from_record(path, "multi30k_small_absolute", record)
+    assert [measurement.trained_as for measurement in record.measurements] == ["absolute recipe"]
+    card = hub.render_model_card(hub.config_from_recipe(recipe), record, recipe_name="multi30k_small_absolute")
+    assert "| Multi30k test2016 (Flickr), seed 1 | 31.25 | 60.50 | `sig` |" in card
+    assert "36.75" not in card and "35.50" not in card and "MarianMT trained" not in card and "33.50" not in card
+    # a run of absolute's recipe file with another scheme is not absolute's, in results written before runs
+    # carried records too (the scheme read from the run's --model.position_scheme)
+    legacy = {run.system: run for run in read_run_records(REPO_ROOT / "docs" / "results" / "vs_marian" /
+                                                          "eight_schemes_three_seeds" / "vs_marian.json")}
+    assert (legacy["rope-matched"].recipe, legacy["rope-matched"].model) == ("multi30k_small_absolute",
+                                                                             {"position_scheme": "rope"})
+    assert legacy["marian-matched"].model == {}
+
+
+def test_every_committed_experiment_result_loads_as_typed_run_records():
+    """The results under docs/results written before results carried records load through the legacy readers: one
+    `RunRecord` per run and seed, which round-trips through JSON, with the run's own scores."""
+    results = REPO_ROOT / "docs" / "results"
+    paths = [path for pattern in ("vs_marian/*/vs_marian.json", "convergence/*/convergence.json",
+                                  "length_generalization*/**/length_generalization.json",
+                                  "length_generalization*/**/saved_models.json") for path in sorted(results.glob(pattern))]
+    assert len(paths) > 60
+    for path in paths:
+        result = json.loads(path.read_text())
+        runs = read_run_records(path)
+        if isinstance(result["runs"], dict):   # vs_marian.py and convergence.py: runs by system, a run per seed
+            expected = [(system, run["seed"], run["scores"]) for system, by_seed in result["runs"].items()
+                        for run in by_seed]
+            assert [(run.system, run.seed) for run in runs] == [(system, seed) for system, seed, _ in expected]
+            for run, (_, _, scores) in zip(runs, expected, strict=True):
+                test = scores["test"] if "test" in scores else scores["averaged"]["test"]
+                weights = TRAINED_WEIGHTS if "test" in scores else "averaged"
+                assert run.scores[weights]["test"] == Scores.of(test), path
+        else:   # length_generalization.py: a run per spec, its seeds in it, or a saved model scored
+            per_model = [(run["name"], seed, by_bucket) for run in result["runs"] for seed, by_bucket in (
+                [(None, run["result"])] if "result" in run else zip(result["settings"]["seeds"], run["per_seed"],
+                                                                    strict=True))]
+            assert [(run.system, run.seed) for run in runs] == [(name, seed) for name, seed, _ in per_model]
+            for run, (_, _, by_bucket) in zip(runs, per_model, strict=True):
+                assert {bucket: metrics["accuracy"] for bucket, metrics in run.metrics.items()} == {
+                    bucket: values["accuracy"] for bucket, values in by_bucket.items()}
+        for run in runs:
+            assert RunRecord.from_json(json.loads(json.dumps(run.to_json()))) == run
+
+
 def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
     record = RunRecord(role=PEER, system="peer", seed=3, steps=10, training_seconds=61.0,
                        scores={"averaged": {"test": Scores(30.5, 55.25, "nrefs:1")}})
@@ -343,7 +418,7 @@ def test_the_record_fields_are_train_translation_arguments():
     `RunRecord` is one (a renamed argument fails here, not silently on every card), and `run_record` fills them all
     from parsed arguments, with the run's devices and hardware."""
     from hf_relpos.translation.arguments import _argument_fields
-    from hf_relpos.translation.training import run_record
+    from hf_relpos.translation.run_outputs import run_record
 
     assert set(hub.RunRecord.recipe_fields()) <= set(_argument_fields())
     model_args, data_args, training_args = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"),
@@ -465,7 +540,12 @@ def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake
     record = RunRecord.from_json(json.loads((output_dir / RUN_RECORD_FILE).read_text()))   # the run's typed record
     assert (record.role, record.max_steps, record.dataset_name) == (RECIPE, 2, "demo")
     assert record.scores[TRAINED_WEIGHTS]["test"] == Scores(written["test_bleu"], written["test_chrf"],
-                                                             written["test_bleu_signature"])
+                                                             written["test_bleu_signature"], written["test_length_ratio"])
+    # the recipe it trained from, and the flags it added, as given on the command line
+    assert record.recipe == "demo"
+    assert record.trained_as.startswith(f"{REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir {output_dir} ")
+    assert record.software["transformers"] == transformers.__version__ and record.date.startswith("20")
+    assert "Trained as: `python train_translation.py " in card.text
 
 
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):

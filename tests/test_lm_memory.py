@@ -15,6 +15,7 @@ from transformers import TrainingArguments
 
 import hf_relpos
 from hf_relpos.model.modeling_relpos import token_cross_entropy
+from hf_relpos.publish.records import RECIPE, RunRecord, read_run_records
 from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
 
 BATCH, SEGMENT = 2, 5
@@ -133,3 +134,12 @@ def test_xl_perplexity_experiment_runs_end_to_end(tmp_path):
         assert set(results[variant]["perplexity"]) == {"8", "16"}
         assert all(math.isfinite(p) and p > 1 for p in results[variant]["perplexity"].values())
     assert (tmp_path / "perplexity_vs_context.png").stat().st_size > 0
+    # every model's typed run record: its scheme and memory, and its perplexities as metrics
+    typed = {record.system: record for record in read_run_records(tmp_path / "results.json")}
+    assert {name: (record.model["position_scheme"], record.model["mem_len"]) for name, record in typed.items()} == {
+        "xl+memory": ("xl", 8), "xl": ("xl", 0), "absolute": ("absolute", 0)}
+    for variant, record in typed.items():
+        assert (record.role, record.steps, record.seed) == (RECIPE, 3, 0)
+        assert record.metrics == {f"context {context}": {"perplexity": value}
+                                  for context, value in results[variant]["perplexity"].items()}
+        assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record

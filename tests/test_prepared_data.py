@@ -23,7 +23,9 @@ from datasets import Dataset
 from test_training import write_config
 
 import hf_relpos.translation.data as data_module
-from hf_relpos.translation import training
+import hf_relpos.translation.data_preparation as preparation_module
+import hf_relpos.translation.tokenizer_setup as tokenizer_module
+import hf_relpos.translation.trainer as trainer_module
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.data import (
     DataArguments,
@@ -312,21 +314,21 @@ def test_a_rerun_and_the_training_launch_load_the_prepared_data(prepared_run, mo
     corpus, config, output_dir = prepared_run
     assert prepared_folders(output_dir) == ["train", "validation"]
     with monkeypatch.context() as patch:
-        patch.setattr(training, "load_parallel_splits", lambda *a, **k: pytest.fail("read the texts again"))
-        patch.setattr(training, "tokenize_training_pairs", lambda *a, **k: pytest.fail("tokenized again"))
-        patch.setattr(training, "tokenize_evaluation_pairs", lambda *a, **k: pytest.fail("tokenized again"))
-        patch.setattr(training, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer again"))
+        patch.setattr(preparation_module, "load_parallel_splits", lambda *a, **k: pytest.fail("read the texts again"))
+        patch.setattr(preparation_module, "tokenize_training_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(preparation_module, "tokenize_evaluation_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(tokenizer_module, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer again"))
         capsys.readouterr()
         prepare_only(config)
         assert re.search(r"Reusing the train data prepared in \S+ on .* \(\d+ pairs\): memory-mapped in",
                          capsys.readouterr().out)
         built = {}
-        original = training.TranslationTrainer.__init__
+        original = trainer_module.TranslationTrainer.__init__
 
         def remember(self, *args, **kwargs):
             original(self, *args, **kwargs)
             built["train"], built["eval"] = self.train_dataset, self.eval_dataset
-        patch.setattr(training.TranslationTrainer, "__init__", remember)
+        patch.setattr(trainer_module.TranslationTrainer, "__init__", remember)
         assert "train" in run([str(config)])
     prepared = output_dir / PREPARED_FOLDER
     for dataset in (built["train"], built["eval"]):
@@ -367,7 +369,7 @@ def test_preparing_one_split_reads_and_budgets_for_that_split_only(prepared_run,
     corpus, config, output_dir = prepared_run
     lines = corpus["validation"].read_text(encoding="utf-8").splitlines()
     corpus["validation"].write_text("\n".join([lines[1], lines[0], *lines[2:]]) + "\n", encoding="utf-8")
-    real_read, real_preparation = data_module.read_local_pairs, training.preparation
+    real_read, real_preparation = data_module.read_local_pairs, preparation_module.preparation
     budgets = []
 
     def read_but_train(path, *args, **kwargs):
@@ -378,7 +380,7 @@ def test_preparing_one_split_reads_and_budgets_for_that_split_only(prepared_run,
         budgets.append(text_bytes)
         return real_preparation(output_dir, text_bytes)
     monkeypatch.setattr(data_module, "read_local_pairs", read_but_train)
-    monkeypatch.setattr(training, "preparation", recording_preparation)
+    monkeypatch.setattr(preparation_module, "preparation", recording_preparation)
     capsys.readouterr()
     prepare_only(config)
     log = capsys.readouterr().out
@@ -455,10 +457,10 @@ def test_the_second_rank_maps_what_the_first_prepared(tmp_path):
 PREPARE_WORKER = '''
 import json, os, sys
 from accelerate import PartialState
-from hf_relpos.translation import prepared, training
+from hf_relpos.translation import data_preparation, prepared, training
 
 record = {"prepared": [], "files": []}
-original_publish, original_prepare = training.publish_prepared, training.prepare_data
+original_publish, original_prepare = data_preparation.publish_prepared, training.prepare_data
 
 def publish(folder, split, *args, **kwargs):
     record["prepared"].append(split)
@@ -470,7 +472,7 @@ def prepare(*args, **kwargs):
     record["files"] = [item["filename"] for dataset in datasets for item in dataset.cache_files]
     return result
 
-training.publish_prepared, training.prepare_data = publish, prepare
+data_preparation.publish_prepared, training.prepare_data = publish, prepare
 training.main(sys.argv[1:])
 state = PartialState()
 with open(os.path.join(os.environ["RECORD_DIR"], f"rank{state.process_index}.json"), "w") as handle:
@@ -493,7 +495,7 @@ def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monk
         raise KeyboardInterrupt("killed while preparing the validation split")
 
     with monkeypatch.context() as patch:
-        patch.setattr(training, "tokenize_evaluation_pairs", killed)
+        patch.setattr(preparation_module, "tokenize_evaluation_pairs", killed)
         with pytest.raises(KeyboardInterrupt):
             prepare_only(config)
     assert prepared_folders(tmp_path / "out") == ["train"]
@@ -507,17 +509,17 @@ def test_a_tokenizer_can_learn_from_a_sample_of_the_training_pairs(tmp_path, mon
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
     seen = []
-    original = training.train_joint_tokenizer
+    original = tokenizer_module.train_joint_tokenizer
 
     def counting(batches, *args, **kwargs):
         texts = [text for batch in batches for text in batch]
         seen.append(texts)
         return original(texts, *args, **kwargs)
 
-    monkeypatch.setattr(training, "train_joint_tokenizer", counting)
+    monkeypatch.setattr(tokenizer_module, "train_joint_tokenizer", counting)
     prepare_only(config, "--tokenizer_training_pairs", "30")
     sample = legacy.read_local_pairs(corpus["train"], "en", "de").select(
-        sorted(np.random.default_rng(training.TOKENIZER_SAMPLE_SEED).choice(120, 30, replace=False)))
+        sorted(np.random.default_rng(tokenizer_module.TOKENIZER_SAMPLE_SEED).choice(120, 30, replace=False)))
     assert seen == [[text for text in list(sample["source"]) + list(sample["target"]) if text]]
     settings = json.loads((tmp_path / "out" / "tokenizer_training.json").read_text())
     assert settings["data"].endswith("en+de, a sample of 30 pairs")

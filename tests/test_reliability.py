@@ -24,20 +24,15 @@ from transformers import AutoModelForSeq2SeqLM, TrainerState
 import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
+from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
 from hf_relpos.translation.data import DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.model_setup import required_disk_bytes
 from hf_relpos.translation.safety import NonFiniteLossError, OutputDirError, check_output_dir
 from hf_relpos.translation.tokenization import train_joint_tokenizer
-from hf_relpos.translation.training import (
-    ConfigError,
-    TranslationTrainer,
-    TranslationTrainingArguments,
-    main,
-    parse_arguments,
-    required_disk_bytes,
-    run,
-)
+from hf_relpos.translation.trainer import TranslationTrainer
+from hf_relpos.translation.training import main, run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "train_translation.py"
@@ -103,15 +98,15 @@ def assert_safetensors_only(folder: Path) -> None:
 # SIGKILL it between two checkpoints.
 SLOW_STEPS = '''
 import runpy, sys, time
-from hf_relpos.translation import training
+from hf_relpos.translation import trainer
 
-original_training_step = training.TranslationTrainer.training_step
+original_training_step = trainer.TranslationTrainer.training_step
 
 def training_step(self, *args, **kwargs):
     time.sleep(0.15)
     return original_training_step(self, *args, **kwargs)
 
-training.TranslationTrainer.training_step = training_step
+trainer.TranslationTrainer.training_step = training_step
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''
@@ -361,16 +356,16 @@ def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path)
 # Rank 1 raises in its second training step; rank 0 is then waiting for it in the gradient all-reduce.
 FAILING_RANK = '''
 import os, runpy, sys
-from hf_relpos.translation import training
+from hf_relpos.translation import trainer
 
-original_training_step = training.TranslationTrainer.training_step
+original_training_step = trainer.TranslationTrainer.training_step
 
 def training_step(self, *args, **kwargs):
     if self.args.process_index == 1 and self.state.global_step == 1:
         raise RuntimeError("injected failure on rank 1 at step 2")
     return original_training_step(self, *args, **kwargs)
 
-training.TranslationTrainer.training_step = training_step
+trainer.TranslationTrainer.training_step = training_step
 sys.argv = [sys.argv[1], *sys.argv[2:]]
 runpy.run_path(sys.argv[0], run_name="__main__")
 '''

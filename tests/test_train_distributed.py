@@ -23,10 +23,10 @@ WORKER = '''
 import json, os, sys
 from accelerate import PartialState
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
-from hf_relpos.translation import training
+from hf_relpos.translation import trainer, training
 
 record = {"steps": 0, "saved": []}
-original_training_step = training.TranslationTrainer.training_step
+original_training_step = trainer.TranslationTrainer.training_step
 original_model_save = PreTrainedModel.save_pretrained
 original_tokenizer_save = PreTrainedTokenizerBase.save_pretrained
 
@@ -42,17 +42,17 @@ def tokenizer_save(self, *args, **kwargs):
     record["saved"].append("tokenizer")
     return original_tokenizer_save(self, *args, **kwargs)
 
-training.TranslationTrainer.training_step = training_step
+trainer.TranslationTrainer.training_step = training_step
 PreTrainedModel.save_pretrained = model_save
 PreTrainedTokenizerBase.save_pretrained = tokenizer_save
-original_get_train_dataloader = training.TranslationTrainer.get_train_dataloader
+original_get_train_dataloader = trainer.TranslationTrainer.get_train_dataloader
 
 def get_train_dataloader(self):
     loader = original_get_train_dataloader(self)
     record["epoch_batches"] = [list(map(int, batch)) for batch in loader.batch_sampler]
     return loader
 
-training.TranslationTrainer.get_train_dataloader = get_train_dataloader
+trainer.TranslationTrainer.get_train_dataloader = get_train_dataloader
 training.main(sys.argv[1:])
 import torch.distributed
 state = PartialState()

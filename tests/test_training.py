@@ -20,19 +20,13 @@ import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
+from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.demo_corpus import write_demo_corpus
+from hf_relpos.translation.model_setup import max_new_tokens_for
 from hf_relpos.translation.safety import OutputDirError
-from hf_relpos.translation.training import (
-    AbsolutePositionFadeCallback,
-    ConfigError,
-    SamplerEpochCallback,
-    TranslationTrainer,
-    TranslationTrainingArguments,
-    max_new_tokens_for,
-    parse_arguments,
-    run,
-)
+from hf_relpos.translation.trainer import AbsolutePositionFadeCallback, SamplerEpochCallback, TranslationTrainer
+from hf_relpos.translation.training import run
 
 REPO = Path(__file__).resolve().parents[1]
 SIGNATURE_PREFIX = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
@@ -463,7 +457,7 @@ def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dic
     """Run `local_main_first` on one thread per local rank; returns the event log and each rank's exception."""
     import threading
 
-    from hf_relpos.translation.training import local_main_first
+    from hf_relpos.translation.coordination import local_main_first
 
     events: list[str] = []
     errors: dict[int, BaseException] = {}
@@ -486,12 +480,14 @@ def run_ranks(prefix: Path, blocks: dict[int, callable]) -> tuple[list[str], dic
     return events, errors
 
 
-def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monkeypatch):
+def test_other_ranks_wait_for_the_main_one_however_long_it_takes(tmp_path, monkeypatch, caplog):
     import time
 
-    monkeypatch.setattr("hf_relpos.translation.training.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
-    events, errors = run_ranks(tmp_path / "turn", {0: lambda: time.sleep(0.4), 1: lambda: None, 2: lambda: None})
+    monkeypatch.setattr("hf_relpos.translation.coordination.TURN_LOG_SECONDS", 0.05)  # the "still waiting" line, soon
+    with caplog.at_level(logging.INFO, logger="hf_relpos.translation.coordination"):
+        events, errors = run_ranks(tmp_path / "turn", {0: lambda: time.sleep(0.4), 1: lambda: None, 2: lambda: None})
     assert not errors
+    assert "still waiting for the main process to finish tokenizer training" in caplog.text
     assert events[:2] == ["0 starts", "0 ends"]  # the others start only once the main rank has ended
     assert {event for event in events[2:] if "leaves" not in event} == {"1 starts", "1 ends", "2 starts", "2 ends"}
     leaving = [index for index, event in enumerate(events) if "leaves" in event]
@@ -514,7 +510,7 @@ def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path,
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_eval=False, do_predict=False)
     assert run([str(config), "--prepare_only", "true"]) == {}
     assert (tmp_path / "out" / "tokenizer.json").is_file() and not (tmp_path / "out" / "model.safetensors").exists()
-    monkeypatch.setattr("hf_relpos.translation.training.train_joint_tokenizer",
+    monkeypatch.setattr("hf_relpos.translation.tokenizer_setup.train_joint_tokenizer",
                         lambda *args, **kwargs: pytest.fail("trained the tokenizer again"))
     assert "train" in run([str(config)])
     assert (tmp_path / "out" / "model.safetensors").is_file()

@@ -22,11 +22,19 @@ import hf_relpos.translation.arguments as arguments_module
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.preflight as preflight_module
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig
-from hf_relpos.translation.arguments import ConfigError, config_field_help, model_config_fields, parse_arguments
+from hf_relpos.translation.arguments import (
+    ConfigError,
+    ModelArguments,
+    TranslationTrainingArguments,
+    config_field_help,
+    model_config_fields,
+    parse_arguments,
+)
 from hf_relpos.translation.data import DataArguments, DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.preflight import PreflightError
-from hf_relpos.translation.training import ModelArguments, TranslationTrainer, TranslationTrainingArguments, run
+from hf_relpos.translation.trainer import TranslationTrainer
+from hf_relpos.translation.training import run
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "train_translation.py"
@@ -262,7 +270,7 @@ def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trai
                      "--output_dir", str(tmp_path / "eval"), "--generation_max_length", "30"])
     assert evaluated["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
     assert (tmp_path / "eval" / "test_hypotheses.txt").read_text() == (output_dir / "test_hypotheses.txt").read_text()
-    assert f"WARNING hf_relpos.translation.training: model: overrides of the saved config of {output_dir}: dropout=0.3" in (
+    assert f"WARNING hf_relpos.translation.model_setup: model: overrides of the saved config of {output_dir}: dropout=0.3" in (
         capsys.readouterr().out)
 
 

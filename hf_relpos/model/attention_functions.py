@@ -282,15 +282,24 @@ class FlexMask:
             highest = min(highest, self.highest)
         lowest = self.lowest if lowest is None else lowest
         highest = self.highest if highest is None else highest
-        first_query, last_query = self.query_offset, self.query_offset + self.query_length - 1
-        if ((lowest is not None and highest is not None and lowest > highest)
-                or (lowest is not None and self.key_length - 1 - first_query < lowest)
-                or (highest is not None and -last_query > highest)):
+        reach_low, reach_high = self.distance_bounds()
+        if (reach_low if lowest is None else max(lowest, reach_low)) > (
+                reach_high if highest is None else min(highest, reach_high)):
             return None
         key = ("restricted", lowest, highest)
         if key not in self._built:
             self._built[key] = dataclasses.replace(self, lowest=lowest, highest=highest, _built={})
         return self._built[key]
+
+    def distance_bounds(self) -> tuple[int, int]:
+        """The smallest and largest distance j - i' this mask can allow: keys 0 .. m-1 against queries i' =
+        `query_offset` .. `query_offset` + n - 1, within `lowest` .. `highest`."""
+        lowest, highest = -(self.query_offset + self.query_length - 1), self.key_length - 1 - self.query_offset
+        if self.lowest is not None:
+            lowest = max(lowest, self.lowest)
+        if self.highest is not None:
+            highest = min(highest, self.highest)
+        return lowest, highest
 
     def with_head_mask(self, head_mask: Callable, heads: int) -> FlexMask:
         """This mask and a scheme's per-head mask `head_mask(h, i', j)`."""

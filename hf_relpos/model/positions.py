@@ -440,6 +440,80 @@ def band_values(weights: torch.Tensor, value: torch.Tensor, first_key: int) -> t
     return output.reshape(batch, heads, blocks * block, -1)[:, :, :query_length]
 
 
+RegionBias = Callable[[int, int, torch.dtype], tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]]
+
+
+def region_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: float, mask: Any,
+                     attend: Callable, band_first: int, band_count: int, bias: RegionBias, with_weights: bool = False,
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """softmax(q k^T * scaling + bias) v for a score bias that depends on the distance d = j - i' only (i' = i + query
+    offset, consecutive positions) and is one constant per (head, query) row outside the band of distances
+    `band_first` <= d < `band_first` + `band_count`; from three disjoint key regions merged by their log-sum-exps
+    (a scheme's `fused_attention`, with the call's `FlexMask` `mask` and FlexAttention call `attend`):
+
+    - left, d < band_first, and right, d >= band_first + band_count: one FlexAttention call each, no score_mod.
+      Over a region the bias is a per-row constant c_i: it moves the region's log-sum-exp by c_i and leaves its
+      output unchanged, so it is added to the log-sum-exp (no table inside the kernel, no atomic gradient);
+    - the band, clamped to the distances the call can meet (`mask.distance_bounds()`, so short sequences do not pay
+      for diagonals they lack): its diagonals' scores (`band_scores`, one batched product per block of queries) plus
+      their bias, O(n band_count d) per head.
+
+    `bias(first, count, compute)` gives, in `compute` = promote_types(dtype, float32), the left region's row constant
+    (broadcastable to [B, H, n]), the band's bias for the diagonals first .. first + count - 1 ([B, H, n, count]) and
+    the right region's row constant; None: no bias there. With lse = logsumexp(lse_left + c_left, band scores,
+    lse_right + c_right): z_i = e^(lse_left + c_left - lse) z_left + e^(lse_right + c_right - lse) z_right +
+    sum_r p_ir v_(i'+band_first+r) (`band_values`), in `compute`, zero for a query with no key. With `with_weights`
+    also W [B, H, n, band_count + 2]: the left region's probability, each band diagonal's (zero for one the call does
+    not meet), the right region's (each >= 0, summing to 1; zero for a query with no key). Every gradient (q, k, v
+    and what the bias is computed from) follows by autograd through O(n (band_count + d)) tensors and
+    FlexAttention's own backward (with its log-sum-exp)."""
+    compute = torch.promote_types(query.dtype, torch.float32)
+    regions = []   # (output, log-sum-exp) of the left and right regions, None for an empty one
+    for lowest, highest in ((None, band_first - 1), (band_first + band_count, None)):
+        region = mask.restricted(lowest, highest)
+        regions.append(None if region is None else attend(query, key, value, region, scaling, with_lse=True))
+    reach_low, reach_high = mask.distance_bounds()
+    first = min(max(band_first, reach_low), band_first + band_count)
+    count = max(0, min(band_first + band_count, reach_high + 1) - first)
+    # autocast off: the rest stays in `compute` (autocast would run its products in bf16 again)
+    with torch.autocast(query.device.type, enabled=False):
+        left_bias, band_bias, right_bias = bias(first, count, compute)
+        log_weights, outputs = [], []
+        for result, row_bias in zip(regions, (left_bias, right_bias), strict=True):
+            if result is None:
+                log_weights.append(query.new_full(query.shape[:-1], float("-inf"), dtype=compute))
+                outputs.append(None)
+                continue
+            output, log_mass = result
+            log_mass = log_mass.to(compute)
+            if row_bias is not None:
+                log_mass = log_mass + row_bias
+            log_weights.append(log_mass)
+            outputs.append(torch.where(torch.isfinite(log_mass)[..., None], output.to(compute), 0.0))
+        scores = [log_weights[0][..., None]]
+        if count:
+            band = band_scores(query.to(compute), key.to(compute), mask.query_offset + first, count) * scaling
+            if band_bias is not None:
+                band = band + band_bias
+            scores.append(band.masked_fill(~mask.band(first, count, query.device), float("-inf")))
+        scores.append(log_weights[1][..., None])
+        scores = torch.cat(scores, dim=-1)   # [B, H, n, count + 2]
+        has_key = torch.isfinite(scores).any(-1, keepdim=True)
+        log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), dim=-1, keepdim=True)
+        weights = torch.exp(scores - log_normalizer) * has_key
+        parts = [weights[..., column, None] * part for column, part in ((0, outputs[0]), (-1, outputs[1]))
+                 if part is not None]
+        if count:
+            parts.append(band_values(weights[..., 1:-1], value.to(compute), mask.query_offset + first))
+        output = sum(parts[1:], parts[0])
+        if not with_weights:
+            return output, None
+        if count != band_count:   # the diagonals the call does not meet: zero weight
+            band = nn.functional.pad(weights[..., 1:-1], (first - band_first, band_first + band_count - first - count))
+            weights = torch.cat([weights[..., :1], band, weights[..., -1:]], dim=-1)
+        return output, weights
+
+
 @dataclass
 class RelativeValues:
     """Shaw et al.'s (2018) value term, eq. 3: z_i += sum_j p_ij w_clip(j - i', k), i' = i + `query_offset`, for the
@@ -497,12 +571,13 @@ class AttentionTerms:
 
     The fused kernel (FlexAttention) reads instead, when the scheme gives them:
     - `score_mod(score, b, h, i, j)`: the score bias computed from the indices (query i of the call, key j) and small
-      tables, never an [n, m] tensor (ALiBi's closed form, T5's bucket by arithmetic);
+      tables, never an [n, m] tensor (ALiBi's closed form, T5's bucket by arithmetic under randomized positions);
     - `fused_attention(query, key, value, scaling, mask, attend)`: the scheme's own composition of FlexAttention
       calls for its score bias and value term together, returning [B, H, n, d]; `mask` is the call's `FlexMask`
-      (`restricted(lowest, highest)` for key regions, `band(first, count)` for diagonals) and `attend(query, key,
-      value, mask, scaling, score_mod=None, with_lse=False) -> (output, log-sum-exp or None)` one FlexAttention
-      call (Shaw's a^K and a^V, `positions_shaw`).
+      (`restricted(lowest, highest)` for key regions, `band(first, count)` for diagonals, `distance_bounds()`) and
+      `attend(query, key, value, mask, scaling, score_mod=None, with_lse=False) -> (output, log-sum-exp or None)`
+      one FlexAttention call. A bias by distance that is a per-row constant far from the diagonal composes them
+      through `region_attention` (Shaw's a^K and a^V, `positions_shaw`; T5's buckets, `positions_t5`).
 
     Score biases, masks and value terms need hf_relpos' own kernels (`RELPOS_KERNELS`); a record
     with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).

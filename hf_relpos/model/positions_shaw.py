@@ -18,13 +18,12 @@ from .positions import (
     RelativeBias,
     RelativeValues,
     SchemeCard,
-    band_scores,
-    band_values,
     boolean_field,
     clipped_distance,
     clipped_rel_shift,
     integer_field,
     number_field,
+    region_attention,
     register_position_scheme,
     times_table,
 )
@@ -72,9 +71,10 @@ class ShawPositions(PositionScheme):
     Per layer (`relative_keys[layer]`, `relative_values[layer]`), 2k+1 vectors of size d_z for keys and for values,
     shared across heads (paper) or one table per head. Efficient form (eq. 5, sec. 3.3): e_ij split into
     q_i k_j^T + q_i (a^K_ij)^T, the second term a `RelativeBias` of q_i . w^K_r for the 2k+1 distances r, laid out
-    over the keys by `clipped_rel_shift` (eager, SDPA) or read per query-key pair inside FlexAttention's score_mod
-    (O(n (2k+1) d + n^2)); the a^V value term (`RelativeValues`) sums each row's probabilities into the 2k+1
-    distance buckets, then multiplies by w^V. No n x n x d tensor.
+    over the keys by `clipped_rel_shift` (eager, SDPA); the a^V value term (`RelativeValues`) sums each row's
+    probabilities into the 2k+1 distance buckets, then multiplies by w^V. On FlexAttention, at consecutive positions,
+    both come from key regions and the band (`region_attention`); under randomized positions a^K is read per
+    query-key pair inside the score_mod (O(n (2k+1) d + n^2)). No n x n x d tensor.
     """
 
     config_fields = (
@@ -166,68 +166,24 @@ class ShawPositions(PositionScheme):
     def region_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                          scaling: float, mask: Any, attend: Any) -> tuple[torch.Tensor, torch.Tensor]:
         """sum_j p_ij v_j with a^K in the scores, and the masses M [B, H, n, 2k+1] (M_ir: the probability of the keys
-        at clipped distance r - k), both in promote_types(dtype, float32), at consecutive positions, from three
-        disjoint key regions merged by their log-sum-exps:
-
-        - left, j - i' <= -k, and right, j - i' >= k: one FlexAttention call each, no score_mod. Every key of a
-          region has the same a^K bucket (0, 2k), a per-row constant c_i: it moves the region's log-sum-exp by c_i
-          and leaves its output unchanged, so it is added to the log-sum-exp (no table inside the kernel, no atomic
-          gradient);
-        - the band, |j - i'| < k: the 2k - 1 diagonals' scores (`band_scores`, one batched product) plus a^K's
-          buckets 1 .. 2k-1, in promote_types(dtype, float32).
-
-        With lse = logsumexp(lse_left, band scores, lse_right): z_i = e^(lse_left - lse) z_left + e^(lse_right - lse)
-        z_right + sum_r p_ir v_(i'+r) (`band_values`), and M = [e^(lse_left - lse), p_band, e^(lse_right - lse)]
-        (each >= 0, summing to 1; zero for a query with no key). Every gradient (q, k, v, w^K, w^V) follows by
-        autograd through O(n (k + d)) tensors and FlexAttention's own backward (with its log-sum-exp)."""
+        at clipped distance r - k), both in promote_types(dtype, float32), at consecutive positions, by the shared
+        `region_attention`: the left (j - i' <= -k) and right (j - i' >= k) regions, where a^K is the per-row
+        constant q_i . w^K_0 and q_i . w^K_2k, through FlexAttention without score_mod, and the band |j - i'| < k with
+        a^K's buckets 1 .. 2k-1, O(n k d) per head; M are the merge's weights (each >= 0, summing to 1; zero for a
+        query with no key). Every gradient (q, k, v, w^K, w^V) follows by autograd, without atomic adds."""
         kmax = self.max_relative_position
-        compute = torch.promote_types(query.dtype, torch.float32)
-        regions = []   # (output, log-sum-exp) of the left and right regions, None for an empty one
-        for side, (lowest, highest) in enumerate(((None, -kmax), (kmax, None))):
-            region = mask.restricted(lowest, highest) if kmax > 0 else (None if side else mask)
-            regions.append(None if region is None else attend(query, key, value, region, scaling, with_lse=True))
-        # autocast off: the rest stays in `compute` (autocast would run its products in bf16 again)
-        with torch.autocast(query.device.type, enabled=False):
-            return self._merge_regions(layer_idx, query, key, value, scaling, mask, regions, compute)
 
-    def _merge_regions(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                       scaling: float, mask: Any, regions: list, compute: torch.dtype,
-                       ) -> tuple[torch.Tensor, torch.Tensor]:
-        """`region_attention`'s band and merge, in `compute`, from the left and right regions' (output, lse)."""
-        kmax, offset = self.max_relative_position, mask.query_offset
-        profile = None
-        if self.relative_keys is not None:   # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets
+        def bias(first: int, count: int, compute: torch.dtype) -> tuple:
+            if self.relative_keys is None:
+                return None, None, None
+            # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets; the band's diagonal d has bucket d + k
             profile = times_table(query.to(compute), self.relative_keys[layer_idx]) * query.size(-1) ** -0.5
-        log_weights, outputs = [], []
-        for result, bucket in zip(regions, (0, 2 * kmax), strict=True):
-            if result is None:
-                log_weights.append(query.new_full(query.shape[:-1], float("-inf"), dtype=compute))
-                outputs.append(None)
-                continue
-            output, log_mass = result
-            log_mass = log_mass.to(compute)
-            if profile is not None:
-                log_mass = log_mass + profile[..., bucket]
-            log_weights.append(log_mass)
-            outputs.append(torch.where(torch.isfinite(log_mass)[..., None], output.to(compute), 0.0))
-        band_count, band_first = max(0, 2 * kmax - 1), offset - kmax + 1
-        scores = [log_weights[0][..., None]]
-        if band_count:
-            band = band_scores(query.to(compute), key.to(compute), band_first, band_count) * scaling
-            if profile is not None:
-                band = band + profile[..., 1 : 2 * kmax]
-            scores.append(band.masked_fill(~mask.band(-kmax + 1, band_count, query.device), float("-inf")))
-        scores.append(log_weights[1][..., None])
-        scores = torch.cat(scores, dim=-1)   # [B, H, n, 2k + 1] (k = 0: left region = every key, right none)
-        has_key = torch.isfinite(scores).any(-1, keepdim=True)
-        log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), dim=-1, keepdim=True)
-        masses = torch.exp(scores - log_normalizer) * has_key
-        if kmax == 0:
-            masses = masses[..., :1]
-        output = sum(masses[..., column, None] * part for column, part in ((0, outputs[0]), (-1, outputs[1]))
-                     if part is not None)
-        if band_count:
-            output = output + band_values(masses[..., 1 : 2 * kmax], value.to(compute), band_first)
+            return profile[..., 0], profile[..., first + kmax : first + kmax + count], profile[..., 2 * kmax]
+
+        output, masses = region_attention(query, key, value, scaling, mask, attend, 1 - kmax, max(0, 2 * kmax - 1),
+                                          bias, with_weights=True)
+        if kmax == 0:   # both regions have the one bucket 0
+            masses = masses.sum(-1, keepdim=True)
         return output, masses
 
 

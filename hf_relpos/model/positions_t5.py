@@ -18,6 +18,7 @@ from .positions import (
     PositionScheme,
     SchemeCard,
     integer_field,
+    region_attention,
     register_position_scheme,
 )
 
@@ -79,7 +80,12 @@ class T5Positions(PositionScheme):
     """e_ij = q_i k_j^T / sqrt(d) + b_h(bucket(j - i)) with `relative_position_bucket` (bidirectional in the encoder,
     unidirectional in a decoder) and one learned scalar per bucket and head, shared by every layer of the stack (T5
     computes it in the first layer and passes it on). Eager/SDPA get it dense (gathered through the [n, m] bucket
-    index); FlexAttention's score_mod computes each bucket and reads the [H, buckets] table.
+    index). FlexAttention, at consecutive positions, gets it by the shared `region_attention` (`fused_attention`):
+    every offset at or beyond the distance where its half's last bucket begins (at most max_distance) has that
+    bucket, a per-head constant, so the two far key regions run without score_mod and the band between them is
+    explicit, its bias gathered from the table by each diagonal's bucket ([H, band width]): the table never enters
+    the kernel and its gradient needs no atomic adds. Under randomized positions FlexAttention's score_mod computes
+    each score's bucket and reads the [H, buckets] table (its gradient through the kernel's atomic adds).
 
     Unlike T5 itself, whose attention has no 1/sqrt(d) (folded into its initialisation), the scores here keep the
     scaling every other scheme uses, so the schemes compare on equal terms.
@@ -109,41 +115,88 @@ class T5Positions(PositionScheme):
         self.num_buckets = config.relative_attention_num_buckets
         self.max_distance = config.relative_attention_max_distance
         self.relative_attention_bias = nn.Embedding(self.num_buckets, num_heads)
+        self.bucket_of = functools.partial(relative_position_bucket, bidirectional=not is_causal,
+                                           num_buckets=self.num_buckets, max_distance=self.max_distance)
+        # the fused path's band of offsets j - i' from band_first on and its buckets, then the two far buckets (on
+        # the CPU, explicitly: transformers builds the model under torch.device("meta"))
+        left, right = (last_bucket_from(self.bucket_of, self.max_distance, sign) for sign in (-1, 1))
+        self.band_first = 1 - left
+        offsets = torch.cat([torch.arange(self.band_first, right, device="cpu"),
+                             torch.tensor([-self.max_distance, self.max_distance], device="cpu")])
+        self.fused_buckets = tuple(self.bucket_of(offsets).tolist())
 
     def init_parameters(self, std: float) -> None:
         init.normal_(self.relative_attention_bias.weight, mean=0.0, std=std)
 
     def prepare(self, context: PositionContext) -> T5Context:
-        """The bias of every query-key pair in both forms, shared by the layers (as T5 computes it once per stack):
-        dense [1, H, n, m] from the [n, m] bucket index when a kernel asks for it (built then, once), and the fused
-        kernel's score_mod, which computes each score's bucket by the same arithmetic and reads the [H, buckets]
-        table (no n x m tensor)."""
+        """The bias of every query-key pair in its forms, shared by the layers (as T5 computes it once per stack):
+        dense [1, H, n, m] from the [n, m] bucket index, or at consecutive positions the fused path's band and far
+        biases (`T5Context.fused_bias`, no n x m tensor), each built when a kernel first asks for it, once; under
+        randomized positions a score_mod that computes each score's bucket by the same arithmetic and reads the
+        [H, buckets] table."""
         query_positions, key_positions = context.query_and_key_positions()
         weight = self.relative_attention_bias.weight.to(context.dtype)  # [R, H]
-        table = weight.t()
-        bucket_of = functools.partial(relative_position_bucket, bidirectional=not self.is_causal,
-                                      num_buckets=self.num_buckets, max_distance=self.max_distance)
+        bucket_of = self.bucket_of
 
         def dense() -> torch.Tensor:
             return weight[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
 
-        offset, positions = context.query_offset, context.positions
+        positions = context.positions
         if positions is None:
-            def score_mod(score, b, h, q, kv):
-                return score + table[h, bucket_of(kv - q - offset)]
-        else:
-            def score_mod(score, b, h, q, kv):
-                return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
+            return context.extend(T5Context, bias=DenseBias(dense), weight=weight, band_first=self.band_first,
+                                  fused_buckets=self.fused_buckets)
+        table, offset = weight.t(), context.query_offset
+
+        def score_mod(score, b, h, q, kv):
+            return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
         return context.extend(T5Context, bias=DenseBias(dense), score_mod=score_mod)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: T5Context) -> AttentionTerms:
-        return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod)
+        fused = None
+        if context.positions is None:
+            def fused(query, key, value, scaling, mask, attend):
+                return self.fused_attention(context, query, key, value, scaling, mask, attend)
+        return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod, fused_attention=fused)
+
+    def fused_attention(self, context: T5Context, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                        scaling: float, mask: Any, attend: Any) -> torch.Tensor:
+        """e_ij = q_i k_j^T * scaling + b_h(bucket(j - i')) at consecutive positions by the shared
+        `region_attention`: the far regions' bias is the per-head constant of their last bucket, the band's is
+        band read by diagonal from `band_bias`, O(n (band width) d) per head."""
+        band_bias, far_bias = context.fused_bias
+
+        def bias(first: int, count: int, compute: torch.dtype) -> tuple:
+            band = band_bias[:, None, first - context.band_first : first - context.band_first + count]  # [H, 1, count]
+            return far_bias[:, :1].to(compute), band.to(compute), far_bias[:, 1:].to(compute)
+
+        output, _ = region_attention(query, key, value, scaling, mask, attend, context.band_first, band_bias.size(-1),
+                                     bias)
+        return output.to(query.dtype)
+
+
+def last_bucket_from(bucket_of: Any, max_distance: int, sign: int) -> int:
+    """The smallest D >= 1 such that every offset sign * d with d >= D has the bucket of sign * max_distance (T5
+    puts every offset at or beyond max_distance in its half's last bucket, which begins at or before it)."""
+    buckets = bucket_of(sign * torch.arange(max_distance + 1, device="cpu"))
+    nearer = torch.nonzero(buckets != buckets[-1])
+    return int(nearer.max()) + 1 if nearer.numel() else 1
 
 
 @dataclass(frozen=True)
 class T5Context(PositionContext):
-    """`bias`: the stack's bias [1, H, n, m] for every layer when first read (once per forward); `score_mod`: the
-    same per score, from the indices."""
+    """`bias`: the stack's bias [1, H, n, m] for every layer when first read (once per forward). At consecutive
+    positions `fused_bias` (from the table `weight` [R, H] and `fused_buckets`: the buckets of the offsets
+    `band_first` .. `band_first` + W - 1, then of the offsets below and above them); under randomized positions
+    `score_mod`: the bias per score, from the indices."""
 
     bias: DenseBias | None = None
+    weight: torch.Tensor | None = None
+    band_first: int = 0
+    fused_buckets: tuple[int, ...] = ()
     score_mod: Any = None
+
+    @functools.cached_property
+    def fused_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The band's bias [H, W] and the far regions' [H, 2] (below, above), gathered once per forward."""
+        biases = self.weight[torch.tensor(self.fused_buckets, device=self.weight.device)].t()
+        return biases[:, :-2], biases[:, -2:]

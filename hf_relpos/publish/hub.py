@@ -42,6 +42,7 @@ from .records import (
     OPTIMISATION,
     RECIPE,
     RESULT_SPLITS,
+    SCHEME_FIELD,
     TRAINED_WEIGHTS,
     MeasuredScores,
     Measurement,
@@ -119,13 +120,15 @@ def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
 def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: RunRecord) -> list[Measurement]:
     """The runs that trained the recipe `recipe_name` (a configs/ file stem) in a committed experiment record (the
     JSON that experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
-    `Measurement` per system of the record; `record` is the recipe's own (for its dataset and batch). A peer's run
-    trained from the recipe's settings is not the recipe's (`RunRecord.role`)."""
+    `Measurement` per system of the record; `record` is the recipe's own (for its dataset, batch and scheme). A
+    peer's run trained from the recipe's settings is not the recipe's (`RunRecord.role`), nor is a run of the recipe
+    that swapped its position scheme for another."""
     path = Path(path)
     report = path.with_suffix(".md").read_text(encoding="utf-8").split("\n\n")
+    scheme = record.model.get(SCHEME_FIELD)
     systems: dict[str, list[RunRecord]] = {}
     for run in read_run_records(path):
-        if run.role == RECIPE and run.recipe == recipe_name:
+        if run.role == RECIPE and run.recipe == recipe_name and run.model.get(SCHEME_FIELD, scheme) == scheme:
             systems.setdefault(run.system, []).append(run)
     measurements = []
     for runs in systems.values():
@@ -145,7 +148,8 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
             trained_as=first.trained_as, code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
             seeds=tuple(run.seed for run in runs), steps=tuple(run.steps for run in runs),
             hardware=first.hardware, devices=first.devices, batch=_update_size(first, record),
-            training_minutes=tuple(run.training_seconds / 60 for run in runs), date=(first.date or "")[:10],
+            training_minutes=tuple(run.training_seconds / 60 for run in runs),
+            date=max(run.date or "" for run in runs)[:10],
             scores=tuple(scores)))
     return measurements
 
@@ -201,6 +205,7 @@ def render_model_card(
     if not isinstance(record, RunRecord):
         record = RunRecord.from_recipe(record or {})
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
+    recipe_name = recipe_name or record.recipe
     model_name = (repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
     metadata = _card_metadata(config, record, results, model_name)
     sections = [
@@ -365,7 +370,10 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
 def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
-    command = f"python train_translation.py configs/{recipe_name}.yaml" if recipe_name else None
+    # a run says how it trained (`trained_as`: its recipe file and flags); a recipe card names its configs/ file
+    command = (f"Trained as: `python train_translation.py {record.trained_as}`" if record.trained_as else
+               f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
+               if recipe_name else None)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
     if not _on_hub(record):
@@ -377,7 +385,7 @@ def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
         f"Data: {_dataset_title(record)}, {_language(source)} (`{source}`) → {_language(target)} (`{target}`). "
         + _tokenizer_sentence(record),
         "",
-        *([f"Command (from the hf_relpos repository): `{command}`", ""] if command else []),
+        *([command, ""] if command else []),
         _record_table("Data", record, data_fields),
         "",
         _record_table("Optimisation", record, RunRecord.recipe_fields(OPTIMISATION)),

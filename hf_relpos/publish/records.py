@@ -1,8 +1,9 @@
 """The typed record of a training run, written by train_translation.py and by every experiment that trains, and
 read by the model cards (hf_relpos.publish.hub); and the facts of where and with what a run ran.
 
-An experiment stores each run's `RunRecord.to_json()` under the run's "record" key; `read_run_records` loads them
-(and, through `legacy_run_record`, the runs of records written before they carried one)."""
+An experiment stores the `RunRecord.to_json()` of each of its runs in its result JSON, as a list under `RECORDS`;
+`read_run_records` loads them (and, through `legacy_run_record`, the runs of results written before they carried
+them)."""
 
 from __future__ import annotations
 
@@ -27,20 +28,29 @@ def _recipe_field(section: str, default: Any = None) -> Any:
 
 
 RECIPE, PEER = "recipe", "peer"
+SCHEME_FIELD = "position_scheme"   # the model config field naming the position scheme
 ROLES = (RECIPE, PEER)
 # weights of a run whose scores cover one set of weights only (the trained ones)
 TRAINED_WEIGHTS = ""
 RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into its output_dir
+RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
 
 
 @dataclass(frozen=True)
 class Scores:
-    """Corpus scores of one evaluation set (sacreBLEU's BLEU and chrF)."""
+    """Corpus scores of one evaluation set (sacreBLEU's BLEU and chrF, and the hypothesis/reference length ratio
+    where measured)."""
 
     bleu: float
     chrf: float
     bleu_signature: str
+    length_ratio: float | None = None
+
+    @classmethod
+    def of(cls, scores: Mapping[str, Any]) -> Scores:
+        """The scores of `hf_relpos.translation.metrics.score_translations` (or an experiment's copy of them)."""
+        return cls(scores["bleu"], scores["chrf"], scores["bleu_signature"], scores.get("length_ratio"))
 
 
 @dataclass(frozen=True)
@@ -77,7 +87,7 @@ class RunRecord:
     """A training run, or a recipe before any run, as its model card describes it.
 
     The fields with a section carry the names of train_translation.py's arguments and are listed in the card's tables
-    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.training.run_record` from a
+    under those names; `RunRecord.from_recipe` reads them from a recipe YAML, `hf_relpos.translation.run_outputs.run_record` from a
     finished run. The run's own facts (`devices`, `hardware`, `training_seconds`) and the committed measurements of
     its recipe complete the card.
     """
@@ -135,7 +145,10 @@ class RunRecord:
     steps: int | None = None
     source_version: str | None = None     # `git describe` of the code that trained it
     date: str | None = None               # ISO 8601, when it was recorded
+    software: dict[str, str] = dataclasses.field(default_factory=dict)   # releases it ran with (`software_versions`)
     scores: dict[str, dict[str, Scores]] = dataclasses.field(default_factory=dict)  # weights -> split -> scores
+    # what corpus BLEU and chrF do not measure: evaluation -> measure -> value (e.g. "20-30" -> "accuracy" -> 0.9)
+    metrics: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)
     measurements: list[Measurement] = dataclasses.field(default_factory=list)   # runs of its recipe (for a card)
 
     def __post_init__(self) -> None:
@@ -196,10 +209,37 @@ def software_versions() -> dict[str, str]:
 
 
 def read_run_records(path: str | os.PathLike) -> list[RunRecord]:
-    """Every run of an experiment record (the JSON that experiments/vs_marian.py or convergence.py writes)."""
-    data = json.loads(Path(path).read_text(encoding="utf-8"))
-    return [RunRecord.from_json(run["record"]) if "record" in run else legacy_run_record(system, run, data)
-            for system, runs in data.get("runs", {}).items() for run in runs]
+    """Every run of an experiment's result JSON (`run_records`)."""
+    return run_records(json.loads(Path(path).read_text(encoding="utf-8")))
+
+
+def training_record(output_dir: str | os.PathLike) -> RunRecord | None:
+    """The record train_translation.py wrote into `output_dir` (`RUN_RECORD_FILE`); None where no run of it trained
+    there (a model trained otherwise, e.g. a peer)."""
+    path = Path(output_dir) / RUN_RECORD_FILE
+    return RunRecord.from_json(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
+
+
+def run_records(result: Mapping[str, Any]) -> list[RunRecord]:
+    """Every run of an experiment's result: its `RECORDS` (`RunRecord.to_json()` of each run); for a result written
+    before results carried them, each run of its "runs" (by system) as its "record" says or `legacy_run_record`
+    reads it."""
+    if RECORDS in result:
+        return [RunRecord.from_json(values) for values in result[RECORDS]]
+    if isinstance(result.get("runs"), list):
+        return legacy_model_runs(result)
+    return [RunRecord.from_json(run["record"]) if "record" in run else legacy_run_record(system, run, result)
+            for system, runs in result.get("runs", {}).items() for run in runs]
+
+
+def gather_run_records(result: dict[str, Any]) -> dict[str, Any]:
+    """`result` (an experiment's, its runs by system under "runs") with the typed record of each run moved from the
+    run's "record" to the result's `RECORDS` (`legacy_run_record` for a run saved before runs carried one)."""
+    result[RECORDS] = [record.to_json() for record in run_records(result)]
+    for runs in result["runs"].values():
+        for run in runs:
+            run.pop("record", None)
+    return result
 
 
 # Records written before runs carried a `RunRecord` name the peer's systems so (vs_marian.py's and convergence.py's
@@ -209,27 +249,70 @@ LEGACY_PEER_PREFIX = "peer"
 
 def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, Any]) -> RunRecord:
     """The `RunRecord` of a run in a record written before runs carried one: its role from the system's name
-    (`LEGACY_PEER_PREFIX`), its recipe from the recipe file the run trained from (the first of its arguments), its
-    batch from what the experiment measured of it, its description from the record's rows or settings."""
+    (`LEGACY_PEER_PREFIX`), its recipe and the recipe fields it set from its train_translation.py arguments (the
+    recipe file first, then `--name value` flags, the last of a name winning), its batch from what the experiment
+    measured of it, its description from the record's rows or settings."""
     settings = data.get("settings", {})
     role = PEER if system.startswith(LEGACY_PEER_PREFIX) else RECIPE
-    recipe = Path(run["argv"][0]).stem if role == RECIPE and run.get("argv") else None
+    argv = run.get("argv") or []
+    recipe = Path(argv[0]).stem if role == RECIPE and argv else None
     described = data.get("rows", {}).get(system, {}).get("system")
     scores = scores_by_weights(run["scores"])
     batches = run.get("batches", {})
-    return RunRecord(
-        role=role, recipe=recipe, system=system, seed=run["seed"],
-        trained_as=described or " ".join([f"{recipe}.yaml", *settings.get("recipe_flags", [])]),
-        steps=run.get("steps") or settings.get("max_steps"), source_version=run.get("source_version"),
-        hardware=data["device"], devices=1, training_seconds=run["train_seconds"], date=data["date"],
-        max_tokens_per_batch=batches.get("token_budget"), gradient_accumulation_steps=batches.get(
-            "gradient_accumulation_steps"),
-        average_checkpoints=settings.get("last_n") if "averaged" in scores else None, scores=scores)
+    pairs = list(zip(argv[1:-1], argv[2:], strict=True))
+    flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value) for name, value in pairs
+             if name.startswith("--") and name.removeprefix("--") in RunRecord.recipe_fields()}
+    schemes = [value for name, value in pairs if name == f"--model.{SCHEME_FIELD}"]   # a recipe run's other scheme
+    flags["model"] = {SCHEME_FIELD: schemes[-1]} if schemes else {}
+    measured = {"max_tokens_per_batch": batches["token_budget"],
+                "gradient_accumulation_steps": batches["gradient_accumulation_steps"]} if batches else {}
+    return RunRecord(**{
+        **flags, **measured, "role": role, "recipe": recipe, "system": system, "seed": run["seed"],
+        "trained_as": described or " ".join([f"{recipe}.yaml", *settings.get("recipe_flags", [])]),
+        "steps": run.get("steps") or settings.get("max_steps"), "source_version": run.get("source_version"),
+        "hardware": data["device"], "devices": 1, "training_seconds": run["train_seconds"],
+        "date": run.get("date", data["date"]), "software": run.get("versions", {}),
+        "average_checkpoints": settings.get("last_n") if "averaged" in scores else None, "scores": scores})
+
+
+def legacy_model_runs(result: Mapping[str, Any]) -> list[RunRecord]:
+    """The runs of a result of experiments/length_generalization.py written before results carried records (its
+    "runs" a list): each seed of a trained run ("per_seed", in the order of the settings' seeds), or a saved model it
+    scored ("result"), with its exact match and BLEU per bucket as metrics."""
+    settings = result["settings"]
+    records = []
+    for run in result["runs"]:
+        scored = [(None, run["result"])] if "result" in run else zip(settings["seeds"], run["per_seed"], strict=True)
+        for seed, by_bucket in scored:
+            records.append(RunRecord(
+                model={"position_scheme": run["position_scheme"], **run["overrides"]} if "position_scheme" in run else {},
+                system=run["name"], seed=seed, steps=settings["steps"] if seed is not None else None,
+                date=result["date"], metrics={bucket: {"accuracy": values["accuracy"], "bleu": values["bleu"]}
+                                              for bucket, values in by_bucket.items()}))
+    return records
+
+
+_NULLS = ("null", "None")
+
+
+def _argument_value(name: str, text: str) -> Any:
+    """A train_translation.py flag's value as the type of the `RunRecord` field it sets ("null": None)."""
+    kind = next(item.type for item in dataclasses.fields(RunRecord) if item.name == name)
+    if text in _NULLS:
+        return None
+    if kind.startswith("bool"):
+        return text.lower() == "true"
+    if kind.startswith("int"):
+        return int(text)
+    if kind.startswith("float"):
+        return float(text)
+    return text
 
 
 def scores_from_results(results: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Scores]]:
     """`RunRecord.scores` of train_translation.py's metrics ({"eval": {"eval_bleu": ...}, "test": ...})."""
-    by_split = {split: Scores(metrics[f"{prefix}_bleu"], metrics[f"{prefix}_chrf"], metrics[f"{prefix}_bleu_signature"])
+    by_split = {split: Scores(metrics[f"{prefix}_bleu"], metrics[f"{prefix}_chrf"], metrics[f"{prefix}_bleu_signature"],
+                              metrics.get(f"{prefix}_length_ratio"))
                 for prefix, split in RESULT_SPLITS.items()
                 if (metrics := results.get(prefix)) and f"{prefix}_bleu" in metrics}
     return {TRAINED_WEIGHTS: by_split} if by_split else {}
@@ -239,5 +322,5 @@ def scores_by_weights(scores: Mapping[str, Any]) -> dict[str, dict[str, Scores]]
     """An experiment's scores of a run ({split: {"bleu", "chrf", "bleu_signature", ...}}, or that by weights such
     as "final" and "averaged") as `RunRecord.scores`."""
     by_weights = {TRAINED_WEIGHTS: scores} if "test" in scores else scores
-    return {weights: {split: Scores(values["bleu"], values["chrf"], values["bleu_signature"])
-                      for split, values in by_split.items()} for weights, by_split in by_weights.items()}
+    return {weights: {split: Scores.of(values) for split, values in by_split.items()}
+            for weights, by_split in by_weights.items()}

@@ -92,6 +92,9 @@ class ModelArguments:
                           "rope). null: the model's default (sdpa)."},
     )
     model_config: dict[str, Any] = field(default_factory=dict, init=False)
+    # The recipe YAML the arguments came from, as given (None: flags only), and the flags given after it.
+    recipe_file: str | None = field(default=None, init=False)
+    recipe_flags: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
         if self.attn_implementation is not None:
@@ -442,7 +445,9 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     and nulls for non-optional fields raise one `ConfigError`.
     """
     argv = list(argv) or ["--help"]
-    yaml_values = _read_yaml(argv.pop(0)) if not argv[0].startswith("-") else {}
+    recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
+    yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}
+    recipe_flags = tuple(argv)
     defaults, model_config = _split_yaml(yaml_values)
     parser = TranslationArgumentParser(model_config)
     parser.set_defaults(**defaults)
@@ -467,6 +472,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
             raise ConfigError(str(error)) from None
     model_args, data_args, training_args = built
     model_args.model_config = model_config
+    model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
     check_arguments(model_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     return model_args, data_args, training_args

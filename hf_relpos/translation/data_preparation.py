@@ -1,0 +1,192 @@
+"""The preparation step of a translation run: which splits it reads, its tokenizer and model (built, and so checked,
+before any data is written), and each split tokenized and filtered, or loaded when an earlier run or process
+prepared it from the same files, tokenizer and settings; the evaluation splits sorted by source length for
+generation. How a prepared split is stored on disk (memory-mapped Arrow under a key of its inputs, published
+atomically) is `prepared`'s job."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from datasets import Dataset
+from tqdm.auto import tqdm
+from transformers import PreTrainedTokenizerBase
+
+from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
+from .batching import check_examples_fit
+from .data import (
+    DEMO_DATA_FOLDER,
+    PROGRESS_MIN_BYTES,
+    DataArguments,
+    LengthReport,
+    example_lengths,
+    existing_data_files,
+    has_references,
+    load_parallel_splits,
+    local_split_files,
+    sort_by_source_length,
+    tokenize_evaluation_pairs,
+    tokenize_training_pairs,
+)
+from .model_setup import build_model
+from .prepared import files_sha256, load_prepared, preparation, preparation_key, publish_prepared, tokenizer_sha256
+from .tokenizer_setup import obtain_tokenizer
+from .trainer import EvaluationSet, padding_multiple
+
+logger = logging.getLogger(__name__)
+
+SAMPLE_CAPS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
+
+
+def splits_to_read(training_args: TranslationTrainingArguments) -> tuple[str, ...]:
+    """The splits the run needs: "train" to train, "validation" to evaluate (at the end, or during training), "test"
+    to predict."""
+    needs_validation = training_args.do_eval or (training_args.do_train and training_args.eval_strategy != "no")
+    return tuple(split for split, wanted in (("train", training_args.do_train), ("validation", needs_validation),
+                                             ("test", training_args.do_predict)) if wanted)
+
+
+class RawSplits:
+    """The run's splits as read from their files or the Hub, each read once and only when needed (a tokenizer to
+    train, data to prepare); local files are read into memory-mapped Arrow files in the preparation folder, whose disk
+    budget counts the splits in `to_prepare` (all of them until the run knows which need preparing)."""
+
+    def __init__(self, data_args: DataArguments, splits: tuple[str, ...], output_dir: str, cache_dir: str | None,
+                 stack: contextlib.ExitStack) -> None:
+        self.data_args, self.splits, self.output_dir, self.cache_dir, self.stack = (
+            data_args, splits, output_dir, cache_dir, stack)
+        self.demo_directory = Path(output_dir) / DEMO_DATA_FOLDER
+        self.files = local_split_files(data_args, splits, self.demo_directory)
+        self.to_prepare = splits
+        self.loaded: dict[str, Dataset] = {}
+        self.folder: Path | None = None
+
+    def data_files(self, split: str) -> list[Path]:
+        return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
+
+    def identities(self) -> dict[str, str]:
+        """Per split, what its texts depend on: the SHA-256 of its files and the settings that select its texts (the
+        languages, the sample cap); for a Hub dataset, the `datasets` fingerprint of the loaded split."""
+        if self.files is None:
+            return {split: self.get(split)._fingerprint for split in self.splits}
+        identities = {}
+        started, size = time.monotonic(), self.text_bytes(self.splits)
+        with tqdm(total=size, unit="B", unit_scale=True, desc="Hashing the data files",
+                  disable=size < PROGRESS_MIN_BYTES) as bar:
+            for split in self.splits:
+                selection = {"files": files_sha256(self.data_files(split), bar.update),
+                             "sample_cap": getattr(self.data_args, SAMPLE_CAPS[split]),
+                             "languages": [self.data_args.source_lang, self.data_args.target_lang]}
+                identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
+        logger.info("Hashed the data files (%.0f MiB) in %.1f s", size / 2**20, time.monotonic() - started)
+        return identities
+
+    def text_bytes(self, splits: tuple[str, ...]) -> int:
+        """The size of what `splits` are read from: their files, or the loaded Hub splits' Arrow tables."""
+        if self.files is None:
+            return sum(self.get(split).data.nbytes for split in splits)
+        return sum(path.stat().st_size for split in splits for path in self.data_files(split))
+
+    def workdir(self) -> Path:
+        """The preparation folder of this run (created at the first call, with the disk budget of the splits in
+        `to_prepare`; removed when the run's preparation ends)."""
+        if self.folder is None:
+            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes(self.to_prepare)))
+        return self.folder
+
+    def get(self, split: str) -> Dataset:
+        """The texts of `split` (a Hub dataset loads all its splits at once)."""
+        if split not in self.loaded:
+            splits = self.splits if self.files is None else (split,)
+            workdir = None if self.files is None else self.workdir() / "raw"
+            started = time.monotonic()
+            loaded = load_parallel_splits(self.data_args, splits, self.demo_directory, cache_dir=self.cache_dir,
+                                          workdir=workdir)
+            logger.info("Read %s in %.1f s", ", ".join(f"{name} ({len(dataset)} pairs)" for name, dataset in
+                                                        loaded.items()), time.monotonic() - started)
+            self.loaded.update(loaded)
+        return self.loaded[split]
+
+
+@dataclass
+class PreparedData:
+    """What a run trains and evaluates on."""
+
+    tokenizer: PreTrainedTokenizerBase
+    new_tokenizer_settings: dict[str, Any] | None  # to save with a newly trained tokenizer
+    model: RelPosTransformerForConditionalGeneration
+    train_dataset: Dataset | None
+    evaluation_sets: dict[str, EvaluationSet]
+
+
+def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+                 splits: tuple[str, ...], retrain: bool, resuming: bool) -> PreparedData:
+    """The tokenizer, the model (built, and so checked, before any data is written) and the tokenized splits: each
+    split is loaded (memory-mapped) from output_dir/prepared_data when it was prepared from the same files, tokenizer
+    and settings, else read, tokenized, filtered and saved there (see `hf_relpos.translation.prepared`); the texts
+    are read only for a split to prepare or a tokenizer to train."""
+    output_dir = training_args.output_dir
+    with contextlib.ExitStack() as stack:
+        raw = RawSplits(data_args, splits, output_dir, model_args.cache_dir, stack)
+        identities = raw.identities()
+        tokenizer, new_settings = obtain_tokenizer(model_args, data_args, training_args, identities.get("train"),
+                                                   partial(raw.get, "train"), retrain=retrain, resuming=resuming)
+        model = build_model(model_args, tokenizer, data_args, training_args)
+        token_ids = tokenizer_sha256(tokenizer)
+        keys, prepared = {}, {}
+        for split in splits:
+            inputs = {"split": split, "data": identities[split], "tokenizer": token_ids,
+                      **{name: getattr(data_args, name) for name in ("max_source_length", "max_target_length")}}
+            if split == "train":
+                inputs["overlong_pairs"] = data_args.overlong_pairs
+            keys[split] = inputs
+            loaded = load_prepared(output_dir, split, preparation_key(inputs))
+            if loaded is not None:
+                report = LengthReport(**loaded[1]["report"])
+                logger.info(report.describe(data_args.overlong_pairs if split == "train" else "truncate"))
+                prepared[split] = loaded[0]
+        raw.to_prepare = tuple(split for split in splits if split not in prepared)
+        for split in raw.to_prepare:
+            inputs, key = keys[split], preparation_key(keys[split])
+            started = time.monotonic()
+            workdir = raw.workdir() / "work"
+            if split == "train":
+                dataset, report = tokenize_training_pairs(raw.get(split), tokenizer, data_args, workdir,
+                                                          keep_text=False)
+            else:
+                dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
+            publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
+            logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
+            prepared[split] = load_prepared(output_dir, split, key)[0]
+    evaluation_sets = {prefix: _prepare_evaluation_set(prepared[split])
+                       for prefix, split in (("eval", "validation"), ("test", "test")) if split in prepared}
+    return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
+
+
+def _prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
+    """An `EvaluationSet` of a tokenized split that kept its text columns."""
+    sorted_dataset, order = sort_by_source_length(tokenized)
+    return EvaluationSet(sorted_dataset, order, list(tokenized["target"]) if has_references(tokenized) else None,
+                         sources=list(tokenized["source"]))
+
+
+def check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments,
+                       model: RelPosTransformerForConditionalGeneration) -> None:
+    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own; checked before
+    the tokenizer is saved."""
+    if training_args.max_tokens_per_batch is None:
+        return
+    try:
+        check_examples_fit(*example_lengths(train_dataset), training_args.max_tokens_per_batch,
+                           padding_multiple(model))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None

@@ -1,0 +1,88 @@
+"""What a finished training run leaves besides its model: the typed record of the run (`RunRecord`: its recipe
+fields from the parsed arguments, processes, hardware, training time and scores), written to
+output_dir/run_record.json; the model card rendered from it, output_dir/README.md; and, with `push_to_hub`, one push
+of output_dir to the Hub with that card."""
+
+from __future__ import annotations
+
+import enum
+import json
+import shlex
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from ..publish.files import write_text_atomic
+from ..publish.hub import CARD_FILE, RunRecord, load_results, push_model_folder, render_model_card
+from ..publish.records import RUN_RECORD_FILE, cpu_model_name, scores_from_results, software_versions
+from .arguments import ModelArguments, TranslationTrainingArguments
+from .data import DataArguments
+
+
+def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
+               training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
+               push_to_hub: bool) -> None:
+    """The run's record with the scores of `results`; after training, written with the model card into output_dir;
+    with `push_to_hub`, output_dir pushed to the Hub with that card."""
+    record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+    record.scores = scores_from_results(results)
+    if training_args.do_train:
+        write_model_card(model, record, training_args)
+        write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE,
+                          json.dumps(record.to_json(), indent=1) + "\n")
+    if push_to_hub:
+        push_training_output(record, training_args)
+
+
+def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
+               training_seconds: float | None = None) -> RunRecord:
+    """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
+    added, each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
+    counts; the pairs per batch only without a token budget), the processes, the hardware and (after training) the
+    training time, the date and the releases it ran with."""
+    omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
+    if training_args.max_tokens_per_batch is not None:
+        omitted.add("per_device_train_batch_size")
+    recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
+                                        if hasattr(arguments, name)), name))
+              for name in RunRecord.recipe_fields() if name not in omitted}
+    recipe_file = model_args.recipe_file
+    return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size,
+                     hardware=_hardware_name(training_args), training_seconds=training_seconds,
+                     recipe=Path(recipe_file).stem if recipe_file else None,
+                     trained_as=shlex.join([*([recipe_file] if recipe_file else []), *model_args.recipe_flags]),
+                     date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions())
+
+
+def _plain(value: Any) -> Any:
+    return value.value if isinstance(value, enum.Enum) else value
+
+
+def _hardware_name(training_args: TranslationTrainingArguments) -> str:
+    """The accelerator this process trained on (its name), else the CPU's."""
+    device = training_args.device
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type.upper() if device.type != "cpu" else f"CPU: {cpu_model_name()}"
+
+
+def write_model_card(model: RelPosTransformerForConditionalGeneration, record: RunRecord,
+                     training_args: TranslationTrainingArguments) -> Path:
+    """output_dir/README.md: the model card of this run (recipe, run facts and scores), as run_translation's
+    `create_model_card` writes one, so a folder uploaded by hand is documented."""
+    path = Path(training_args.output_dir) / CARD_FILE
+    card = render_model_card(model.config, record, load_results(training_args.output_dir),
+                             repo_id=training_args.hub_model_id)
+    write_text_atomic(path, card)
+    return path
+
+
+def push_training_output(record: RunRecord, training_args: TranslationTrainingArguments) -> str:
+    """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_model_id` (default: the output
+    folder's name) with the card of this run."""
+    folder = Path(training_args.output_dir)
+    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name, recipe=record,
+                             token=training_args.hub_token, private=training_args.hub_private_repo)

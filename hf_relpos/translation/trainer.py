@@ -1,0 +1,310 @@
+"""The Trainer of a translation run and its callbacks: `TranslationTrainer` (a `Seq2SeqTrainer` with token-budget
+training batches, generation capped per source, sacreBLEU/chrF against the raw references and a stop on a
+non-finite loss), the callbacks that tell the batch sampler the epoch and fade the absolute positions out, the
+checkpoint a run resumes from, and the report of each stage: metrics logged and saved, translations written to
+`{prefix}_hypotheses.txt`, scores printed."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from datasets import Dataset
+from torch.utils.data import DataLoader, SequentialSampler
+from transformers import (
+    DataCollatorForSeq2Seq,
+    EvalPrediction,
+    PreTrainedTokenizerBase,
+    Seq2SeqTrainer,
+    TrainerCallback,
+    TrainerControl,
+    TrainerState,
+    TrainingArguments,
+)
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
+
+from ..model.attention_functions import length_multiple
+from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from .arguments import ConfigError, TranslationTrainingArguments
+from .batching import TokenBudgetBatchSampler
+from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
+from .data import example_lengths, restore_order
+from .metrics import decode_token_ids, generated_lengths, score_translations
+from .safety import NonFiniteLossError
+
+HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
+
+
+def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
+    """The multiple the collator pads `model`'s batch lengths to (1: none), which the token budget counts."""
+    return length_multiple(model.config._attn_implementation) or 1
+
+
+@dataclass
+class EvaluationSet:
+    """A split to translate and score: tokenized examples sorted by source length (`order[i]` is the file position of
+    sorted example i), and the raw source and reference texts in file order."""
+
+    dataset: Dataset
+    order: np.ndarray
+    references: list[str] | None  # None for a source-only file: translations are written, nothing is scored
+    sources: list[str]
+    hypotheses: list[str] = field(default_factory=list)
+
+
+class SamplerEpochCallback(TrainerCallback):
+    """Tell the token-budget sampler the epoch, also in an epoch resumed mid-way (where accelerate's batch-skipping
+    wrapper hides the sampler from the Trainer's own `set_epoch` call)."""
+
+    def __init__(self, sampler: TokenBudgetBatchSampler) -> None:
+        self.sampler = sampler
+
+    def on_epoch_begin(
+        self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
+    ) -> None:
+        self.sampler.set_epoch(math.floor(state.epoch or 0.0))
+
+
+class AbsolutePositionFadeCallback(TrainerCallback):
+    """`fade_absolute_positions`: the model's `absolute_positions_scale` is s0 (1 - step / N), clipped at 0, where
+    s0 is its value when training starts and step the number of optimizer steps taken (resumed runs included); set
+    before the first step and after every step, so that evaluations and checkpoints see the scale the weights were
+    trained to. With `load_best_model_at_end` the best checkpoint's saved scale comes back with its weights."""
+
+    def __init__(self, steps: int) -> None:
+        self.steps = steps
+        self.start_scale: float | None = None
+
+    def scale_at(self, step: int) -> float:
+        return self.start_scale * max(0.0, 1.0 - step / self.steps)
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        self.start_scale = model.config.absolute_positions_scale
+        model.config.absolute_positions_scale = self.scale_at(state.global_step)
+
+    def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        model.config.absolute_positions_scale = self.scale_at(state.global_step)
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     model: torch.nn.Module | None = None, **kwargs: Any) -> None:
+        if args.load_best_model_at_end and state.best_model_checkpoint:
+            adopt_saved_absolute_positions_scale(model, state.best_model_checkpoint)
+
+
+def adopt_saved_absolute_positions_scale(model: torch.nn.Module, checkpoint: str | os.PathLike) -> None:
+    """Give `model` the `absolute_positions_scale` that `checkpoint` was saved with, when its weights replace the
+    trained ones (best model, average of checkpoints): under `fade_absolute_positions` it was trained to that scale."""
+    config = saved_config(checkpoint)
+    if config is not None and "absolute_positions_scale" in config:
+        model.config.absolute_positions_scale = config["absolute_positions_scale"]
+
+
+class TranslationTrainer(Seq2SeqTrainer):
+    """`Seq2SeqTrainer` with token-budget training batches, "source length + offset" generation per batch, and
+    sacreBLEU/chrF against the raw references, with hypotheses kept in source order."""
+
+    def __init__(self, *args: Any, evaluation_sets: dict[str, EvaluationSet], **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.evaluation_sets = evaluation_sets
+        self.compute_metrics = self._compute_translation_metrics
+        self._active_prefix = "eval"
+        self.token_budget_sampler = None
+        if self.args.max_tokens_per_batch is not None and self.train_dataset is not None:
+            source_lengths, target_lengths = example_lengths(self.train_dataset)
+            self.token_budget_sampler = TokenBudgetBatchSampler(
+                source_lengths, target_lengths, self.args.max_tokens_per_batch,
+                num_processes=self.accelerator.num_processes,
+                seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+                pool_factor=self.args.length_pool_factor,
+                length_multiple=padding_multiple(self.model),
+            )
+            self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
+        if self.args.fade_absolute_positions is not None:
+            self.add_callback(AbsolutePositionFadeCallback(self.args.fade_absolute_positions))
+
+    def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
+        """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
+        return super().train(resume_from_checkpoint, *args, **kwargs)
+
+    def training_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
+    ) -> torch.Tensor:
+        """Stop with `NonFiniteLossError` (naming the step) on a NaN/inf loss, before the optimizer applies it. The
+        Trainer's `logging_nan_inf_filter` would otherwise leave it out of the logged loss without a word."""
+        loss = super().training_step(model, inputs, num_items_in_batch)
+        if not torch.isfinite(loss).all():
+            raise NonFiniteLossError(float(loss.detach().float().mean()), self.state.global_step + 1,
+                                     self.state.epoch or 0.0)
+        return loss
+
+    def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
+        """A rewritten checkpoint folder (a resumed run reaching the step of an older attempt) loses its state file
+        first, so that it does not count as complete until the Trainer writes the new one, last."""
+        if self.args.should_save:
+            folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
+        super()._save_checkpoint(model, trial)
+
+    def get_train_dataloader(self) -> DataLoader:
+        """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own
+        loader settings (workers, pinning, persistence, prefetching, start method); accelerate deals the batches
+        round-robin to the processes (the sampler itself never shards)."""
+        if self.token_budget_sampler is None:
+            return super().get_train_dataloader()
+        dataset = self._remove_unused_columns(self.train_dataset, description="training")
+        loader = DataLoader(
+            dataset,
+            batch_sampler=self.token_budget_sampler,
+            collate_fn=self.data_collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers,
+            prefetch_factor=self.args.dataloader_prefetch_factor,
+            multiprocessing_context=self.args.dataloader_multiprocessing_context,
+            in_order=self.args.dataloader_in_order,
+            worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers,
+                                   rank=self.args.process_index),
+        )
+        return self.accelerator.prepare(loader)
+
+    def _get_eval_sampler(self, eval_dataset: Dataset) -> torch.utils.data.Sampler | None:
+        """Always in dataset order (never length-grouped at random), so predictions can be put back in source order."""
+        return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+
+    def evaluate(
+        self, eval_dataset: Dataset | None = None, ignore_keys: list[str] | None = None,
+        metric_key_prefix: str = "eval", **gen_kwargs: Any,
+    ) -> dict[str, float]:
+        self._active_prefix = metric_key_prefix
+        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
+
+    def predict(
+        self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
+        **gen_kwargs: Any,
+    ) -> PredictionOutput:
+        self._active_prefix = metric_key_prefix
+        return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
+
+    def prediction_step(
+        self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
+        ignore_keys: list[str] | None = None, **gen_kwargs: Any,
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """Generation is capped per source by the model's generation config (max_len_a, max_len_b, and
+        max_new_tokens as the ceiling: `build_model`), as generate() and the pipeline cap it after training."""
+        if self.args.predict_with_generate and not prediction_loss_only:
+            gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
+            gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
+            if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
+                gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
+        # Seq2SeqTrainer writes generate's defaults (max_length 20) into the model's generation config; a max_length
+        # saved next to its max_new_tokens would make every generate(max_new_tokens=...) warn that both are set.
+        generation = self.model.generation_config
+        max_length = generation.max_length
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            generation.max_length = max_length
+
+    def _compute_translation_metrics(self, prediction: EvalPrediction) -> dict[str, float | str]:
+        evaluation_set = self.evaluation_sets[self._active_prefix]
+        # Under data parallelism the gathered predictions end with repeats of the first examples: drop them.
+        generated = np.asarray(prediction.predictions)[: len(evaluation_set.order)]
+        hypotheses = restore_order(decode_token_ids(generated, self.processing_class), evaluation_set.order)
+        # An empty source translates to nothing (the model would invent a sentence after </s> alone).
+        hypotheses = [hypothesis if source.strip() else "" for hypothesis, source in
+                      zip(hypotheses, evaluation_set.sources, strict=True)]
+        evaluation_set.hypotheses = hypotheses
+        scores: dict[str, float | str] = {}
+        if evaluation_set.references is not None:
+            scores = score_translations(hypotheses, evaluation_set.references)
+        lengths = generated_lengths(generated, self.processing_class.eos_token_id, self.processing_class.pad_token_id)
+        scores["gen_len"] = float(lengths.mean()) if len(lengths) else 0.0
+        return scores
+
+
+def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
+                  training_args: TranslationTrainingArguments, train_dataset: Dataset | None,
+                  evaluation_sets: dict[str, EvaluationSet]) -> TranslationTrainer:
+    """The run's `TranslationTrainer`: it evaluates on the "eval" set during training, and its collator pads batch
+    lengths to the multiple the model's kernel needs."""
+    return TranslationTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=train_dataset,
+        eval_dataset=evaluation_sets["eval"].dataset if "eval" in evaluation_sets else None,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
+                                             pad_to_multiple_of=length_multiple(model.config._attn_implementation)),
+        evaluation_sets=evaluation_sets,
+    )
+
+
+def report_training(trainer: TranslationTrainer, train_result: TrainOutput) -> dict[str, Any]:
+    """Log and save the training metrics (with the number of training pairs) and the Trainer's state; returns the
+    metrics."""
+    metrics = dict(train_result.metrics, train_samples=len(trainer.train_dataset))
+    trainer.log_metrics("train", metrics)
+    trainer.save_metrics("train", metrics)
+    trainer.save_state()
+    return metrics
+
+
+def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        for hypothesis in hypotheses:
+            handle.write(" ".join(hypothesis.splitlines()) + "\n")
+
+
+def report_split(trainer: TranslationTrainer, prefix: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """Log and save the metrics of the evaluation set `prefix` ("eval", "test") with its number of pairs; write its
+    translations, in source order, to `{prefix}_hypotheses.txt` and print its scores. Returns the metrics."""
+    evaluation_set = trainer.evaluation_sets[prefix]
+    metrics = {**metrics, f"{prefix}_samples": len(evaluation_set.order)}
+    if evaluation_set.references is None:
+        metrics.pop(f"{prefix}_loss", None)  # against no reference: meaningless
+    trainer.log_metrics(prefix, metrics)
+    trainer.save_metrics(prefix, metrics)
+    if not trainer.is_world_process_zero() or not trainer.args.predict_with_generate:
+        return metrics
+    path = Path(trainer.args.output_dir) / HYPOTHESES_FILE.format(prefix=prefix)
+    _write_hypotheses(path, evaluation_set.hypotheses)
+    if evaluation_set.references is None:
+        print(f"{prefix}: the source-only file has no references, so BLEU and chrF are skipped; "
+              f"{len(evaluation_set.hypotheses)} translations written to {path}", flush=True)
+    else:
+        print(f"{prefix}: sacreBLEU {metrics[f'{prefix}_bleu']:.2f}  chrF {metrics[f'{prefix}_chrf']:.2f}  "
+              f"({metrics[f'{prefix}_bleu_signature']})", flush=True)
+    return metrics
+
+
+def _last_complete_checkpoint(output_dir: str, setting: str) -> Path:
+    last = last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else None
+    if last is None:
+        raise ConfigError(f"resume_from_checkpoint={setting}: no checkpoint-<step> folder in {output_dir} is complete")
+    return last
+
+
+def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
+    """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
+    (a checkpoint whose writing was cut short is skipped)."""
+    resume_from = training_args.resume_from_checkpoint
+    if resume_from is None:
+        return None
+    if resume_from.lower() in ("true", "last"):
+        return str(_last_complete_checkpoint(training_args.output_dir, resume_from))
+    if not os.path.isdir(resume_from):
+        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder")
+    if not is_complete_checkpoint(resume_from):
+        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a complete checkpoint (its "
+                          f"{TRAINER_STATE_FILE}, written last, is missing or cut short); use an older checkpoint")
+    return resume_from
