@@ -14,6 +14,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, SchemeCard
+from hf_relpos.publish.records import RunRecord, legacy_model_runs, read_run_records
 from hf_relpos.tools.convert import build_parser
 from hf_relpos.translation.arguments import ConfigError, parse_arguments
 
@@ -170,3 +171,24 @@ def test_the_old_converter_flag_warns_and_sets_position_scheme():
     assert arguments.position_scheme == "xl"
     assert build_parser().parse_args(["marian", "source", "out", "--position_scheme", "t5"]).position_scheme == "t5"
 
+
+
+RESULTS = Path(__file__).resolve().parents[1] / "docs" / "results"
+
+
+def test_records_written_with_the_deprecated_field_read_under_the_current_one():
+    """Committed records keep `attention_type` (a result's runs, a run's `--model.attention_type` flag, a run record's
+    model section); the readers give it as `position_scheme`, silently, and the records stay as written."""
+    path = RESULTS / "length_generalization" / "length_generalization.json"
+    result = json.loads(path.read_text(encoding="utf-8"))
+    written = [run["attention_type"] for run in result["runs"]]   # the deprecated key, as the run wrote it
+    records = legacy_model_runs(result)
+    assert [record.model["position_scheme"] for record in records] == [
+        scheme for run, scheme in zip(result["runs"], written, strict=True)
+        for _ in ([None] if "result" in run else result["settings"]["seeds"])]
+    assert all("attention_type" not in record.model for record in records)
+    matched = [run for run in read_run_records(RESULTS / "vs_marian" / "eight_schemes_three_seeds" / "vs_marian.json")
+               if run.system == "rope-matched"]
+    assert matched and all(run.model == {"position_scheme": "rope"} for run in matched)
+    assert RunRecord.from_json({"model": {"attention_type": "xl", "mem_len": 4}}).model == {
+        "position_scheme": "xl", "mem_len": 4}
