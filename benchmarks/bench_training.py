@@ -68,18 +68,18 @@ def attention_case(
     """Self-attention of an encoder's first layer with the encoder's position scheme (embed + terms + kernel)."""
     stack = RelPosEncoder(make_config(scheme, shape, layers=1, kernel=kernel, attention_dropout=attention_dropout))
     stack.positions.init_parameters(stack.config.init_std)
-    module = nn.ModuleDict({"positions": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()
+    module = nn.ModuleDict({"scheme": stack.positions, "attention": stack.layers[0].self_attn}).to(device).train()
     inputs = torch.randn(batch, length, shape.d_model, device=device, requires_grad=True)
 
     def step() -> None:
         module.zero_grad(set_to_none=True)
         inputs.grad = None
         with autocast(device, dtype):
-            hidden = module["positions"].embed(inputs, 0)
-            context = module["positions"].prepare(PositionContext(length, length, 0, None, hidden.device, hidden.dtype))
-            mask = with_scheme_mask(stack.config, module["positions"], context, attention_mask_for(
+            hidden = module["scheme"].embed(inputs, 0)
+            context = module["scheme"].prepare(PositionContext(length, length, 0, None, hidden.device, hidden.dtype))
+            mask = with_scheme_mask(stack.config, module["scheme"], context, attention_mask_for(
                 stack.config, batch, length, length, 0, None, causal=False, device=hidden.device))
-            output, _ = module["attention"](hidden, mask, module["positions"], position_context=context)
+            output, _ = module["attention"](hidden, mask, module["scheme"], position_context=context)
         output.float().sum().backward()
 
     return Case(module, step, batch * length)

@@ -25,8 +25,8 @@ from hf_relpos.publish.records import cpu_model_name, source_version
 
 # Benchmark label -> config overrides: every registered scheme under its own name, and "shaw-k", Shaw's a^K without
 # the a^V term ("shaw" is the paper's a^K + a^V).
-VARIANTS: dict[str, dict[str, Any]] = {"shaw-k": {"attention_type": "shaw", "use_relative_values": False}}
-SCHEMES: dict[str, dict[str, Any]] = {**{name: {"attention_type": name} for name in hf_relpos.ATTENTION_REGISTRY},
+VARIANTS: dict[str, dict[str, Any]] = {"shaw-k": {"position_scheme": "shaw", "use_relative_values": False}}
+SCHEMES: dict[str, dict[str, Any]] = {**{name: {"position_scheme": name} for name in hf_relpos.POSITION_SCHEMES},
                                       **VARIANTS}
 BASELINE = "absolute"
 KERNELS = tuple(dict.fromkeys(("sdpa", "eager", "flex_attention", *RELPOS_KERNELS)))

@@ -50,7 +50,7 @@ from settings import json_settings
 from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
-from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.records import RECORDS, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.viz import require_matplotlib
 from hf_relpos.translation.tokenization import wrap_tokenizer
@@ -86,7 +86,7 @@ class RunSpec:
     """One trained configuration: a name, the scheme, its config overrides and the result groups it belongs to."""
 
     name: str
-    attention_type: str
+    position_scheme: str
     overrides: dict = field(default_factory=dict)
     groups: tuple[str, ...] = ()
 
@@ -96,7 +96,7 @@ def run_specs() -> list[RunSpec]:
     shared by the first three groups."""
     full_shaw = RunSpec("shaw", "shaw", shaw_overrides(max_relative_position=16), ("schemes", "k", "aK_aV"))
     specs = [full_shaw if scheme == "shaw" else RunSpec(scheme, scheme, {}, ("schemes",))
-             for scheme in ATTENTION_REGISTRY]
+             for scheme in POSITION_SCHEMES]
     specs += [
         RunSpec(f"{scheme} randomized L={RANDOMIZATION_MAX}", scheme, {"position_randomization_max": RANDOMIZATION_MAX},
                 ("randomized",))
@@ -124,7 +124,7 @@ def run_specs() -> list[RunSpec]:
         RunSpec(f"{scheme} window={WINDOW}", scheme,
                 {"self_attention_window": WINDOW, **({"max_relative_position": WINDOW} if scheme == "shaw" else {})},
                 ("window", "window_size") if scheme == "shaw" else ("window",))
-        for scheme in ATTENTION_REGISTRY
+        for scheme in POSITION_SCHEMES
     ]
     specs += [
         RunSpec(f"shaw window={size}", "shaw", {"self_attention_window": size, "max_relative_position": size},
@@ -203,7 +203,7 @@ def build_model(spec: RunSpec, args: argparse.Namespace, seed: int) -> RelPosTra
     config = RelPosTransformerConfig(
         vocab_size=VOCAB_SIZE, d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,
         encoder_attention_heads=args.heads, decoder_attention_heads=args.heads, encoder_ffn_dim=4 * args.d_model,
-        decoder_ffn_dim=4 * args.d_model, dropout=0.0, layer_norm_position="pre", attention_type=spec.attention_type,
+        decoder_ffn_dim=4 * args.d_model, dropout=0.0, layer_norm_position="pre", position_scheme=spec.position_scheme,
         pad_token_id=PAD, eos_token_id=EOS, bos_token_id=BOS, decoder_start_token_id=BOS, **spec.overrides,
     )
     return RelPosTransformerForConditionalGeneration(config)
@@ -485,7 +485,7 @@ def typed_record(spec: RunSpec, args: argparse.Namespace, result: dict[str, dict
     overrides, seed, steps and training time (None: scored, not trained, here), and its exact match and BLEU per
     bucket as its metrics."""
     return RunRecord(
-        model={"attention_type": spec.attention_type, **spec.overrides}, system=spec.name, seed=seed,
+        model={"position_scheme": spec.position_scheme, **spec.overrides}, system=spec.name, seed=seed,
         steps=args.steps if training_seconds is not None else None, training_seconds=training_seconds,
         hardware=f"CPU: {cpu_model_name()}", devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         software=software_versions(),
@@ -547,7 +547,7 @@ def train_and_evaluate(spec: RunSpec, args: argparse.Namespace, sets: dict[str, 
             model.save_pretrained(folder)
             letter_tokenizer().save_pretrained(folder)
     run = {
-        "name": spec.name, "attention_type": spec.attention_type, "overrides": spec.overrides,
+        "name": spec.name, "position_scheme": spec.position_scheme, "overrides": spec.overrides,
         "groups": list(spec.groups), "train_seconds": seconds / len(args.seeds), "loss_curves": losses,
         "per_seed": per_seed, "summary": summarize(per_seed), "bleu_signature": signature, RECORDS: records,
     }

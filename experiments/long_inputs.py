@@ -16,7 +16,7 @@ function (vs_marian.translate: beam 4, length penalty 0.6 by default, batches so
 source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new tokens, per source, for
 the peer too), without sentence splitting: the level measures the model, not the tools' splitter. Models are only
 read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
-into docs/results.md and feeds each level to the rule that chooses the default attention_type.
+into docs/results.md and feeds each level to the rule that chooses the default position_scheme.
 
   python experiments/long_inputs.py --data ../shared/data/multi30k --out docs/results/long_inputs/equal_budget \
       --model absolute:1=/tmp/exp/absolute/seed1/model --model directional:1=/tmp/exp/directional/seed1/model \

@@ -142,7 +142,7 @@ HYBRIDS = {"": (False, False), "absolute": (True, False), "absolute-fade": (True
 
 
 def scheme_of(entry: str) -> tuple[str, bool, bool]:
-    """`--schemes` entry -> (attention_type, keep_absolute_positions, fade them out): "shaw", "shaw+absolute" (the
+    """`--schemes` entry -> (position_scheme, keep_absolute_positions, fade them out): "shaw", "shaw+absolute" (the
     hybrid) or "shaw+absolute-fade" (the hybrid, its sinusoids faded out during fine-tuning)."""
     name, _, kept = entry.partition("+")
     if kept not in HYBRIDS:
@@ -271,7 +271,7 @@ def paired_differences(results: dict) -> list[str]:
         return []
     absolute = results["schemes"]["absolute"]["seeds"]
     lines = ["", f"Minus `absolute` kept, seed by seed ({', '.join(map(str, seeds))}; the same seed draws the same "
-             "batches):", "", "| attention_type | test BLEU | long-bucket BLEU |", "| --- | --- | --- |"]
+             "batches):", "", "| position_scheme | test BLEU | long-bucket BLEU |", "| --- | --- | --- |"]
     for scheme, run in results["schemes"].items():
         if scheme == "absolute":
             continue
@@ -312,7 +312,7 @@ def markdown(results: dict) -> str:
            f"sinusoids faded out linearly over the first {settings['fade_steps']} steps; after them it runs on the "
            "relative scheme alone."] if settings.get("fade_steps") else []),
         "",
-        "| attention_type | Marian (before) | converted, step 0 | after fine-tuning | chrF after | "
+        "| position_scheme | Marian (before) | converted, step 0 | after fine-tuning | chrF after | "
         "fine-tuning s |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
@@ -334,7 +334,7 @@ def markdown(results: dict) -> str:
             f"({bucket['longest_training_source_words']} words; consecutive test pairs joined, mean "
             f"{bucket['mean_source_words']:.1f} words), at most {settings['long_max_new_tokens']} new tokens.",
             "",
-            "| attention_type | Marian (before) | converted, step 0 | after fine-tuning |",
+            "| position_scheme | Marian (before) | converted, step 0 | after fine-tuning |",
             "| --- | --- | --- | --- |",
         ]
         for scheme, run in results["schemes"].items():
@@ -468,12 +468,12 @@ def main(argv: list[str] | None = None) -> None:
         results["marian_long"] = bleu(marian_folder, bucket, args, marian=True, max_new_tokens=args.long_max_new_tokens)
     results[RECORDS] = [marian_record(results, args)]
     for entry in dict.fromkeys(["absolute", *args.schemes]):
-        attention_type, keep_absolute_positions, fade = scheme_of(entry)
+        position_scheme, keep_absolute_positions, fade = scheme_of(entry)
         converted = args.work / f"converted_{entry.removesuffix('-fade')}"   # the fading hybrid starts as the hybrid
         if not (converted / "model.safetensors").is_file():
-            convert_marian(marian_folder, converted, attention_type,
+            convert_marian(marian_folder, converted, position_scheme,
                            **({"keep_absolute_positions": True} if keep_absolute_positions else {}))
-        run = {"attention_type": attention_type, "keep_absolute_positions": keep_absolute_positions,
+        run = {"position_scheme": position_scheme, "keep_absolute_positions": keep_absolute_positions,
                "fade_absolute_positions": args.fade_steps if fade else None,
                "converted": bleu(converted, test_pairs, args), "seeds": {}}
         if bucket:
@@ -525,7 +525,7 @@ def finetuned_record(entry: str, seed: int, run: dict, finetuned: Path, results:
     fine-tuned ("finetuned") weights."""
     by_seed = run["seeds"][str(seed)]
     trained = training_record(finetuned) or RunRecord(
-        model={"attention_type": run["attention_type"], "keep_absolute_positions": run["keep_absolute_positions"]})
+        model={"position_scheme": run["position_scheme"], "keep_absolute_positions": run["keep_absolute_positions"]})
     return replace(
         trained, role=RECIPE, system=entry, seed=seed, training_seconds=by_seed["finetune_seconds"],
         source_version=results["source_version"], software=results["versions"], date=results["date"],

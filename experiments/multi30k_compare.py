@@ -1,6 +1,6 @@
 r"""Multi30k En->De: the four position schemes trained with `train_translation.py` on identical settings.
 
-Each run is `configs/multi30k_small_<scheme>.yaml` (the four files differ only in `attention_type`) with the same
+Each run is `configs/multi30k_small_<scheme>.yaml` (the four files differ only in `position_scheme`) with the same
 overrides for every scheme: local data files, seed, step cap, evaluation schedule, CPU threads. The joint BPE
 tokenizer is trained once, up front, on the training pairs and passed to every run, so every scheme sees the same token
 ids; `--jobs N` runs N trainings at once (one per core with `--threads 1`). A run whose folder under --work already

@@ -204,7 +204,7 @@ def kernels(scheme: str) -> str:
     from hf_relpos.model.attention_functions import RELPOS_KERNELS, TRITON_KERNEL, triton_clipped_terms
     from hf_relpos.model.modeling_relpos import scheme_additions, scheme_terms
 
-    config = RelPosTransformerConfig(attention_type=scheme, vocab_size=16, d_model=16, encoder_layers=1,
+    config = RelPosTransformerConfig(position_scheme=scheme, vocab_size=16, d_model=16, encoder_layers=1,
                                      decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                      encoder_ffn_dim=16, decoder_ffn_dim=16)
     stacks = (False, True)
@@ -305,7 +305,7 @@ def benchmarks_inference_cpu() -> str:
             + "\n\n" + inference_goals(record) + "\n")
 
 
-# --- the rule that chooses the default attention_type (README 'How the default is chosen') -------------------------
+# --- the rule that chooses the default position_scheme (README 'How the default is chosen') -------------------------
 
 # A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
 # candidate for the default.
@@ -587,7 +587,7 @@ def results_marian_long_lengths() -> str:
     caption = (f"Record [`{MARIAN_HYBRID}`](results/{MARIAN_HYBRID}): the long bucket's hypothesis/reference length "
                f"after fine-tuning, seeds 1, 2, 3: {min(hybrids):.2f} to {max(hybrids):.2f} for `absolute` kept and "
                f"both hybrids, {min(every):.2f} at the lowest.\n\n")
-    return caption + table(["attention_type", "long-bucket hyp/ref, seeds 1 / 2 / 3"],
+    return caption + table(["position_scheme", "long-bucket hyp/ref, seeds 1 / 2 / 3"],
                            [[scheme, " / ".join(f"{value:.2f}" for value in values)] for scheme, values in ratios.items()])
 
 

@@ -61,7 +61,7 @@ from transformers import (
     set_seed,
 )
 
-from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerForConditionalGeneration
+from hf_relpos import POSITION_SCHEMES, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
 from hf_relpos.publish import records as run_records
 from hf_relpos.publish.records import (
@@ -113,10 +113,10 @@ MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
 # Every remaining difference to the peer removed (with --init hf): the `<scheme>-matched` rows.
 MARIAN_MATCHED = f"{MARIAN_ARCHITECTURE} {SENTENCE_BATCHES} --adam_epsilon 1e-8"
 # The registered schemes with a recipe, configs/multi30k_small_<scheme>.yaml.
-RECIPE_SCHEMES = tuple(scheme for scheme in ATTENTION_REGISTRY
+RECIPE_SCHEMES = tuple(scheme for scheme in POSITION_SCHEMES
                        if (ROOT / "configs" / f"multi30k_small_{scheme}.yaml").is_file())
 # The `<scheme>-matched` rows trained from the scheme's own recipe; the others (rope, alibi, t5, none) ran from
-# absolute's recipe with --model.attention_type before those recipes existed, and keep doing so.
+# absolute's recipe with --model.position_scheme before those recipes existed, and keep doing so.
 MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")
 # A row flag value replaced by the folder of the peer's own tokenizer (trained once under --work): the tokenizer row.
 PEER_TOKENIZER = "@peer-tokenizer"
@@ -176,7 +176,7 @@ def _matched_row(scheme: str) -> Row:
     flags = f"{MARIAN_MATCHED} {MATCHED_ROW_PINS.get(scheme, '')}".strip()
     if scheme in MATCHED_FROM_OWN_RECIPE:
         return _row(f"{scheme}-matched", scheme, flags, init="hf")
-    return _row(f"{scheme}-matched", "absolute", f"--model.attention_type {scheme} {flags}", init="hf")
+    return _row(f"{scheme}-matched", "absolute", f"--model.position_scheme {scheme} {flags}", init="hf")
 
 
 # The predefined rows: the recipes as they are, and the one-difference-at-a-time ablations of docs/results.md.
@@ -202,7 +202,7 @@ ROWS = {row.name: row for row in [
          init="vaswani"),
     *(_row(f"matched+{change}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
       for change, flags in {**MATCHED_SINGLE_FACTORS, **POOLED_TOKEN_BATCHES}.items()),
-    *(_matched_row(scheme) for scheme in ATTENTION_REGISTRY if scheme != "absolute"),   # absolute: marian-matched
+    *(_matched_row(scheme) for scheme in POSITION_SCHEMES if scheme != "absolute"),   # absolute: marian-matched
     # shaw-matched with the a^K/a^V tables drawn at tensor2tensor's scale instead of 0.02: its uniform_unit_scaling
     # initialiser is fan-average variance scaling, std sqrt(1 / ((33 + 64) / 2)) = 0.14 for the 33 x 64 tables
     # (measured before that scale became the default, 0.1436 unrounded).

@@ -61,12 +61,12 @@ def generated_text(seed: int, sentences: int = 3000) -> str:
     return "\n".join(paragraphs)
 
 
-def build_model(attention_type: str, mem_len: int, args: argparse.Namespace) -> RelPosTransformerForCausalLM:
+def build_model(position_scheme: str, mem_len: int, args: argparse.Namespace) -> RelPosTransformerForCausalLM:
     torch.manual_seed(args.seed)
     config = RelPosTransformerConfig(
         vocab_size=256 + BYTE_OFFSET, d_model=args.d_model, decoder_layers=args.layers, encoder_layers=0,
         decoder_attention_heads=args.heads, encoder_attention_heads=args.heads, decoder_ffn_dim=4 * args.d_model,
-        encoder_ffn_dim=4 * args.d_model, dropout=0.1, attention_type=attention_type, mem_len=mem_len,
+        encoder_ffn_dim=4 * args.d_model, dropout=0.1, position_scheme=position_scheme, mem_len=mem_len,
         layer_norm_position="pre", clamp_len=1000,
     )
     return RelPosTransformerForCausalLM(config)
@@ -112,8 +112,8 @@ def main() -> None:
     results: dict = {"args": vars(args), "train_tokens": training.numel(), "eval_tokens": evaluation.numel(),
                      RECORDS: []}
     with tempfile.TemporaryDirectory() as workdir:
-        for name, (attention_type, mem_len) in variants.items():
-            model = build_model(attention_type, mem_len, args)
+        for name, (position_scheme, mem_len) in variants.items():
+            model = build_model(position_scheme, mem_len, args)
             seconds = train(model, training, args, workdir)
             rows = {}
             for context in args.contexts:
@@ -123,17 +123,17 @@ def main() -> None:
                 else:
                     rows[context] = stream_perplexity(model, evaluation, context, 0)
             results[name] = {"train_seconds": round(seconds, 1), "perplexity": rows}
-            results[RECORDS].append(typed_record(name, attention_type, mem_len, seconds, rows, args))
+            results[RECORDS].append(typed_record(name, position_scheme, mem_len, seconds, rows, args))
             print(name, rows, flush=True)
     write_outputs(results, args)
 
 
-def typed_record(name: str, attention_type: str, mem_len: int, seconds: float, perplexity: dict[int, float],
+def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, perplexity: dict[int, float],
                  args: argparse.Namespace) -> dict:
     """One language model as hf_relpos' typed run record (`RunRecord.to_json()`): its scheme and memory, seed,
     steps and training time, and its per-byte perplexity at each evaluation context (bytes) as its metrics."""
     return RunRecord(
-        model={"attention_type": attention_type, "mem_len": mem_len, "d_model": args.d_model,
+        model={"position_scheme": position_scheme, "mem_len": mem_len, "d_model": args.d_model,
                "decoder_layers": args.layers, "decoder_attention_heads": args.heads},
         system=name, seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
         per_device_train_batch_size=args.batch_size, training_seconds=seconds, hardware=f"CPU: {cpu_model_name()}",

@@ -7,6 +7,7 @@ scoring, model cards) needs the `hf_relpos[train]` extra."""
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
+from .model import positions as _positions
 from .model.configuration_relpos import RelPosTransformerConfig
 from .model.modeling_relpos import (
     RelPosTransformerForCausalLM,
@@ -16,7 +17,7 @@ from .model.modeling_relpos import (
     shift_tokens_right,
 )
 from .model.positions import (
-    ATTENTION_REGISTRY,
+    POSITION_SCHEMES,
     AttentionTerms,
     PositionContext,
     PositionDraw,
@@ -30,7 +31,8 @@ from .model.positions import (
     number_field,
     query_and_key_positions,
     random_positions,
-    register_attention,
+    register_attention,  # noqa: F401 (the deprecated name of register_position_scheme, not in __all__)
+    register_position_scheme,
     rel_shift,
     relative_position_index,
     sinusoids,
@@ -48,7 +50,7 @@ RelPosTransformerForCausalLM.register_for_auto_class("AutoModelForCausalLM")
 register_translation_task()
 
 __all__ = [
-    "ATTENTION_REGISTRY",
+    "POSITION_SCHEMES",
     "AttentionTerms",
     "PositionContext",
     "PositionDraw",
@@ -68,9 +70,18 @@ __all__ = [
     "number_field",
     "query_and_key_positions",
     "random_positions",
-    "register_attention",
+    "register_position_scheme",
     "rel_shift",
     "relative_position_index",
     "shift_tokens_right",
     "sinusoids",
 ]
+
+
+def __getattr__(name: str):
+    """The deprecated names of `hf_relpos.model.positions` (`DEPRECATED_ATTRIBUTES`), each with its FutureWarning."""
+    if name in _positions.DEPRECATED_ATTRIBUTES:
+        current = _positions.DEPRECATED_ATTRIBUTES[name]
+        _positions.warn_renamed(name, current)
+        return getattr(_positions, current)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

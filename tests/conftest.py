@@ -39,7 +39,7 @@ AttentionInterface.register(TRANSFORMERS_KERNEL, sdpa_attention_forward)
 AttentionMaskInterface.register(TRANSFORMERS_KERNEL, sdpa_mask)
 
 
-def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTransformerConfig:
+def tiny_config(position_scheme: str = "shaw", **overrides) -> hf_relpos.RelPosTransformerConfig:
     values = dict(
         vocab_size=40,
         d_model=32,
@@ -52,7 +52,7 @@ def tiny_config(attention_type: str = "shaw", **overrides) -> hf_relpos.RelPosTr
         dropout=0.0,
         max_relative_position=3,
         clamp_len=50,
-        attention_type=attention_type,
+        position_scheme=position_scheme,
     )
     values.update(overrides)
     return hf_relpos.RelPosTransformerConfig(**values)
@@ -68,9 +68,9 @@ def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:
     )
 
 
-def tiny_model(attention_type: str = "shaw", seed: int = 0, **overrides):
+def tiny_model(position_scheme: str = "shaw", seed: int = 0, **overrides):
     torch.manual_seed(seed)
-    return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(attention_type, **overrides)).eval()
+    return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, **overrides)).eval()
 
 
 def assert_cached_generation_equals_uncached(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
@@ -102,7 +102,7 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
 # SCHEMES and joins every test parametrized over the schemes, with no other edit.
 SCHEME_TEST_MODULES = [importlib.import_module(path.stem) for path in sorted(Path(__file__).parent.glob("test_scheme_*.py"))]
 SCHEME_ORACLES = [case for module in SCHEME_TEST_MODULES for case in module.ORACLE_CASES]
-SCHEMES = tuple(hf_relpos.ATTENTION_REGISTRY)
+SCHEMES = tuple(hf_relpos.POSITION_SCHEMES)
 RELATIVE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("absolute", "none"))
 # Schemes whose encoder tells a sequence from its reversal without an end marker: not the position-blind control, and
 # not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant).
@@ -134,7 +134,7 @@ def train_memorising_model(pairs, steps: int):
     torch.manual_seed(0)
     tokenizer = train_joint_tokenizer([text for pair in list(pairs) * 4 for text in pair], vocab_size=456)
     config = hf_relpos.RelPosTransformerConfig(
-        attention_type="shaw", vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1,
+        position_scheme="shaw", vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1,
         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0,
         max_relative_position=4,
         layer_norm_position="pre", **special_token_ids(tokenizer),

@@ -15,6 +15,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 import hf_relpos
+from hf_relpos.model.configuration_relpos import DEPRECATED_FIELDS
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "legacy_checkpoints"
 SEQ2SEQ = ("absolute", "shaw", "xl", "directional")
@@ -70,15 +71,17 @@ SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES = {"shaw": {"relative_embedding_init_std"
 @pytest.mark.parametrize("name", [*SEQ2SEQ, "xl_causal_lm"])
 def test_config_json_keeps_the_old_keys_of_its_scheme_and_drops_the_other_schemes(name, tmp_path):
     """A config saved by an earlier version holds every scheme's fields; saved today it keeps the old file's keys and
-    values except the other schemes' fields (plus the fields added since the fixtures were made, at their defaults)."""
+    values except the other schemes' fields (plus the fields added since the fixtures were made, at their defaults),
+    and the scheme under the field's current name."""
     folder = FIXTURES / name
     old = json.loads((folder / "config.json").read_text())
+    old = {DEPRECATED_FIELDS.get(key, key): value for key, value in old.items()}   # as saved today
     model_class = AutoModelForCausalLM if name == "xl_causal_lm" else AutoModelForSeq2SeqLM
     model_class.from_pretrained(folder).save_pretrained(tmp_path)
     new = json.loads((tmp_path / "config.json").read_text())
-    scheme = old["attention_type"]
-    own = {field.name for field in hf_relpos.ATTENTION_REGISTRY[scheme].config_fields}
-    others = {field.name for other in hf_relpos.ATTENTION_REGISTRY.values() for field in other.config_fields} - own
+    scheme = old["position_scheme"]
+    own = {field.name for field in hf_relpos.POSITION_SCHEMES[scheme].config_fields}
+    others = {field.name for other in hf_relpos.POSITION_SCHEMES.values() for field in other.config_fields} - own
     assert others & set(old), "the fixture holds no other scheme's field: the test would prove nothing"
     added = COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES | SCHEME_FIELDS_ADDED_SINCE_THE_FIXTURES.get(scheme, {})
     assert set(new) == (set(old) - others) | set(added)

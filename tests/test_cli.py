@@ -122,7 +122,7 @@ def test_a_kernel_that_cannot_run_the_recipes_scheme_is_one_config_error_before_
     from hf_relpos.translation.training import run
 
     output_dir = tmp_path / "out"
-    with pytest.raises(ConfigError, match=r"attn_implementation 'paged\|eager': attention_type 'shaw' adds a score "
+    with pytest.raises(ConfigError, match=r"attn_implementation 'paged\|eager': position_scheme 'shaw' adds a score "
                                           r"bias and a value term to attention"):
         run([str(REPO / "configs" / "demo.yaml"), "--attn_implementation", "paged|eager", "--output_dir",
              str(output_dir), "--demo_train_pairs", "200"])

@@ -77,7 +77,7 @@ def assert_generates_as_marian(converted, marian, batch: dict[str, torch.Tensor]
 
 def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
     marian = marian_model()
-    converted = marian_to_relpos(marian, attention_type="absolute")
+    converted = marian_to_relpos(marian, position_scheme="absolute")
     assert not converted.training and converted.config.layer_norm_position == "post"
     batch = padded_batch()
     assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
@@ -88,7 +88,7 @@ def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
 
 def test_every_marian_weight_is_copied_and_final_logits_bias_is_used():
     marian = marian_model()
-    converted = marian_to_relpos(marian, attention_type="absolute")
+    converted = marian_to_relpos(marian, position_scheme="absolute")
     source, target = marian.state_dict(), converted.state_dict()
     for name, tensor in source.items():
         if ".embed_positions." not in name:
@@ -106,7 +106,7 @@ def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(sch
     """Converted to a relative scheme, the model is Marian without its position table (zero parameters add nothing),
     and the new parameters still receive gradient. In float64, where both compute the same sums in the same order."""
     marian = marian_model().double()
-    converted = marian_to_relpos(marian, attention_type=scheme)
+    converted = marian_to_relpos(marian, position_scheme=scheme)
     scheme_parameters = [p for stack in (converted.model.encoder, converted.model.decoder)
                          for p in stack.positions.parameters()]
     assert scheme_parameters and all(not p.any() for p in scheme_parameters)
@@ -125,18 +125,18 @@ def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(sch
 def test_every_registered_scheme_takes_every_marian_weight(scheme):
     """Whatever the scheme, the Marian weights all land (strict mapping inside `marian_to_relpos`) and the model runs;
     only the scheme's own parameters are new, and they start where `start_neutral` puts them."""
-    converted = marian_to_relpos(marian_model(), attention_type=scheme)
-    assert converted.config.attention_type == scheme
+    converted = marian_to_relpos(marian_model(), position_scheme=scheme)
+    assert converted.config.position_scheme == scheme
     assert torch.isfinite(logits(converted, padded_batch())).all()
 
 
 def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
     converted = marian_to_relpos(
-        marian_model(), attention_type="shaw", max_relative_position=5, dropout=0.0)
+        marian_model(), position_scheme="shaw", max_relative_position=5, dropout=0.0)
     assert converted.config.max_relative_position == 5 and converted.config.dropout == 0.0
     assert converted.model.encoder.positions.relative_keys.shape[1] == 11
-    with pytest.raises(ValueError, match="attention_type must be one of"):
-        marian_to_relpos(marian_model(), attention_type="sinusoid")
+    with pytest.raises(ValueError, match="position_scheme must be one of"):
+        marian_to_relpos(marian_model(), position_scheme="sinusoid")
     with pytest.raises(ValueError, match="max_relative_position"):
         marian_to_relpos(marian_model(), "shaw", max_relative_position=-1)
     with pytest.raises(ValueError, match="d_model, layer_norm_position come.s. from the Marian model"):
@@ -155,7 +155,7 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
 def test_marian_features_hf_relpos_lacks_are_refused(overrides, message):
     """Separate vocabularies, or an odd d_model (Marian puts one more sine than cosine there)."""
     with pytest.raises(ValueError, match=message):
-        marian_to_relpos(marian_model(**overrides), attention_type="absolute")
+        marian_to_relpos(marian_model(**overrides), position_scheme="absolute")
 
 
 @pytest.fixture(scope="module")
@@ -176,12 +176,12 @@ def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_pat
     output = tmp_path / "shaw"
     completed = subprocess.run(
         [sys.executable, "-m", "hf_relpos.tools.convert", "marian", str(marian_folder / "model"), str(output),
-         "--attention_type", "shaw", "--set", "max_relative_position=6"],
+         "--position_scheme", "shaw", "--set", "max_relative_position=6"],
         capture_output=True, text=True, timeout=300, cwd=REPO,
     )
     assert completed.returncode == 0, completed.stderr
     loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output)
-    assert (loaded.config.attention_type, loaded.config.max_relative_position) == ("shaw", 6)
+    assert (loaded.config.position_scheme, loaded.config.max_relative_position) == ("shaw", 6)
     assert json.loads((output / "generation_config.json").read_text())["decoder_start_token_id"] == PAD
     source_tokenizer = AutoTokenizer.from_pretrained(marian_folder / "model")
     assert AutoTokenizer.from_pretrained(output)("Der Mann.").input_ids == source_tokenizer("Der Mann.").input_ids
@@ -195,13 +195,14 @@ def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_pat
 def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, capsys):
     output = tmp_path / "out"
     with pytest.raises(SystemExit) as exit_info:
-        main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "rotary"])
+        main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "rotary"])
     assert exit_info.value.code == 2
-    assert "argument --attention_type: invalid choice: 'rotary' (choose from" in capsys.readouterr().err
-    assert main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "shaw",
+    error = capsys.readouterr().err   # the flag named with its deprecated alias: --position_scheme/--attention_type
+    assert "argument --position_scheme/" in error and "invalid choice: 'rotary' (choose from" in error
+    assert main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "shaw",
                  "--set", "max_relative_position=-1"]) == 2
     assert "max_relative_position" in capsys.readouterr().err
-    assert main(["marian", str(marian_folder / "data"), str(output), "--attention_type", "shaw"]) == 2
+    assert main(["marian", str(marian_folder / "data"), str(output), "--position_scheme", "shaw"]) == 2
     assert "error:" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     output.mkdir()
@@ -216,7 +217,7 @@ def test_finetune_recipe_parses_and_names_no_architecture(marian_folder, tmp_pat
     assert yaml.safe_load(recipe.read_text())["model_name_or_path"] == "outputs/opus-mt-en-de-shaw"
     converted = convert_marian(marian_folder / "model", tmp_path / "converted", "shaw")
     model_args, data_args, training_args = parse_arguments([str(recipe), "--model_name_or_path", str(converted)])
-    assert "attention_type" not in model_args.model_config and "d_model" not in model_args.model_config
+    assert "position_scheme" not in model_args.model_config and "d_model" not in model_args.model_config
     assert (data_args.source_lang, data_args.target_lang) == ("en", "de")
     assert training_args.generation_num_beams == 4
 
@@ -236,7 +237,7 @@ def test_train_translation_fine_tunes_a_converted_model_as_it_is(marian_folder, 
     )
     assert completed.returncode == 0, completed.stderr[-3000:]
     finetuned = RelPosTransformerForConditionalGeneration.from_pretrained(output)
-    assert finetuned.config.attention_type == "shaw" and finetuned.config.decoder_start_token_id == PAD
+    assert finetuned.config.position_scheme == "shaw" and finetuned.config.decoder_start_token_id == PAD
     assert finetuned.generation_config.decoder_start_token_id == PAD  # not the tokenizer's <s>
     assert finetuned.model.encoder.positions.relative_keys.abs().sum() > 0  # the new tables learned
     from sacrebleu.metrics import BLEU  # the reported BLEU is sacreBLEU's on the written hypotheses
@@ -248,7 +249,7 @@ def test_train_translation_fine_tunes_a_converted_model_as_it_is(marian_folder, 
 
 
 def test_resizing_the_vocabulary_keeps_final_logits_bias_in_step():
-    converted = marian_to_relpos(marian_model(), attention_type="shaw")
+    converted = marian_to_relpos(marian_model(), position_scheme="shaw")
     bias = converted.final_logits_bias.clone()
     converted.resize_token_embeddings(64)
     assert converted.final_logits_bias.shape == (1, 64) and torch.equal(converted.final_logits_bias[:, :60], bias)
@@ -275,9 +276,9 @@ def test_conversion_experiment_quick_run_writes_its_report(tmp_path):
                              "--long-pairs", "2")
     assert list(results["schemes"]) == ["absolute", "shaw+absolute", "shaw+absolute-fade"]
     hybrid, fading = results["schemes"]["shaw+absolute"], results["schemes"]["shaw+absolute-fade"]
-    assert (hybrid["attention_type"], hybrid["keep_absolute_positions"], hybrid["fade_absolute_positions"]) == (
+    assert (hybrid["position_scheme"], hybrid["keep_absolute_positions"], hybrid["fade_absolute_positions"]) == (
         "shaw", True, None)
-    assert (fading["attention_type"], fading["keep_absolute_positions"], fading["fade_absolute_positions"]) == (
+    assert (fading["position_scheme"], fading["keep_absolute_positions"], fading["fade_absolute_positions"]) == (
         "shaw", True, 1)   # --quick: 2 fine-tuning steps, faded over the first half
     assert not (tmp_path / "work" / "converted_shaw+absolute-fade").exists()   # it starts from the hybrid's folder
     faded = json.loads((tmp_path / "work" / "finetuned_shaw+absolute-fade1_seed1" / "config.json").read_text())
@@ -509,26 +510,26 @@ def test_hybrid_relative_terms_get_gradients_from_the_neutral_start(scheme, lear
 
 @pytest.mark.parametrize("scheme", sorted(NOT_NEUTRAL))
 def test_hybrid_conversion_refuses_schemes_without_an_exact_neutral_start(scheme):
-    with pytest.raises(ValueError, match=rf"attention_type '{scheme}' cannot be added to the kept absolute positions: "
+    with pytest.raises(ValueError, match=rf"position_scheme '{scheme}' cannot be added to the kept absolute positions: "
                                          rf"after start_neutral\(\) {NOT_NEUTRAL[scheme]}"):
         marian_to_relpos(marian_model(), scheme, keep_absolute_positions=True)
 
 
 def test_hybrid_conversion_of_absolute_is_refused_by_the_config():
-    with pytest.raises(ValueError, match="keep_absolute_positions must be false with attention_type 'absolute'"):
+    with pytest.raises(ValueError, match="keep_absolute_positions must be false with position_scheme 'absolute'"):
         marian_to_relpos(marian_model(), "absolute", keep_absolute_positions=True)
 
 
 def test_cli_keep_absolute_positions_writes_the_hybrid(marian_folder, tmp_path):
     output = tmp_path / "hybrid"
-    assert main(["marian", str(marian_folder / "model"), str(output), "--attention_type", "xl",
+    assert main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "xl",
                  "--keep_absolute_positions"]) == 0
     assert json.loads((output / "config.json").read_text())["keep_absolute_positions"] is True
     loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
     marian = MarianMTModel.from_pretrained(marian_folder / "model").eval()
     batch = padded_batch(marian.config.vocab_size)
     assert (logits(loaded, batch) - logits(marian, batch)).abs().max() < 1e-4
-    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "rope"), "--attention_type", "rope",
+    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "rope"), "--position_scheme", "rope",
                  "--keep_absolute_positions"]) == 2
     assert sorted(path.name for path in tmp_path.iterdir()) == ["hybrid"]
 

@@ -92,8 +92,8 @@ def sentences(folder: Path, split: str = "test") -> list[str]:
     return [json.loads(line)["translation"]["en"] for line in (folder / "data" / f"{split}.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("options", [("--attention_type", "shaw", "--keep_absolute_positions"),
-                                     ("--attention_type", "absolute")])
+@pytest.mark.parametrize("options", [("--position_scheme", "shaw", "--keep_absolute_positions"),
+                                     ("--position_scheme", "absolute")])
 def test_hub_folder_converts_with_a_working_tokenizer_same_logits_and_same_translations(hub_folder, tmp_path, options):
     source = hub_folder / "model"
     output = convert(source, tmp_path / "converted", *options)
@@ -138,7 +138,7 @@ def test_hub_folder_with_pytorch_model_bin_converts(hub_folder, tmp_path):
     (source / "model.safetensors").unlink()
     torch.save(marian.state_dict(), source / "pytorch_model.bin")
     output = tmp_path / "converted"
-    assert main(["marian", str(source), str(output), "--attention_type", "xl", "--keep_absolute_positions"]) == 0
+    assert main(["marian", str(source), str(output), "--position_scheme", "xl", "--keep_absolute_positions"]) == 0
     loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
     inputs = AutoTokenizer.from_pretrained(output)(sentences(hub_folder)[:2], padding=True, return_tensors="pt")
     assert torch.equal(loaded.generate(**inputs, max_new_tokens=10), marian.eval().generate(**inputs, max_new_tokens=10))

@@ -107,14 +107,14 @@ def test_the_readme_recommendation_holds_in_the_records(report):
     assert overlaps(converged["shaw"], converged["absolute"])
 
 
-def test_the_default_attention_type_is_the_recommended_scheme():
+def test_the_default_position_scheme_is_the_recommended_scheme():
     """README 'Which scheme' recommends `directional` and names it the default: the config's default follows the
     records."""
     from hf_relpos import RelPosTransformerConfig
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "**Recommendation: `directional`**, the default `attention_type`" in readme
-    assert RelPosTransformerConfig().attention_type == "directional"
+    assert "**Recommendation: `directional`**, the default `position_scheme`" in readme
+    assert RelPosTransformerConfig().position_scheme == "directional"
 
 
 def test_the_convergence_text_holds_in_the_records(report):
@@ -187,7 +187,7 @@ def test_the_length_penalty_text_holds_in_the_records(report):
     assert len(gains) >= 10 and all(gain > 0 for gain in gains)
 
 
-def test_the_default_attention_type_is_the_rules_outcome_on_the_records(report):
+def test_the_default_position_scheme_is_the_rules_outcome_on_the_records(report):
     """README 'How the default is chosen': report.choose_default on the committed records names the config's default;
     the long-input levels join as columns once recorded."""
     from hf_relpos import RelPosTransformerConfig
@@ -196,7 +196,7 @@ def test_the_default_attention_type_is_the_rules_outcome_on_the_records(report):
     assert {"equal budget, test2016", "equal budget, validation", "20 epochs, test2016",
             "20 epochs, validation"} <= set(columns)
     choice, rows = report.choose_default(columns)
-    assert choice == RelPosTransformerConfig().attention_type
+    assert choice == RelPosTransformerConfig().position_scheme
     assert rows["shaw"]["out"] == f"slower than {report.SPEED_FLOOR} x absolute"
     assert rows["none"]["out"] == report.NO_RECIPE
     assert "`none`, the position-blind\ncontrol, has none" in (ROOT / "README.md").read_text(encoding="utf-8")

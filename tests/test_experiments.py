@@ -43,13 +43,13 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     assert results["buckets"] == BUCKETS
     assert results["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     runs = results["runs"]
-    assert {run["attention_type"] for run in runs if "schemes" in run["groups"]} == SCHEMES
+    assert {run["position_scheme"] for run in runs if "schemes" in run["groups"]} == SCHEMES
     assert {run["overrides"]["max_relative_position"] for run in runs if "k" in run["groups"]} == K_VALUES
     randomized = [run for run in runs if "randomized" in run["groups"]]
-    assert {run["attention_type"] for run in randomized} == {"absolute", "rope"}
+    assert {run["position_scheme"] for run in randomized} == {"absolute", "rope"}
     assert all(run["overrides"] == {"position_randomization_max": 128} for run in randomized)
     eval_randomized = [run for run in runs if "eval_randomized" in run["groups"]]
-    assert {run["attention_type"] for run in eval_randomized} == {"absolute", "rope", "alibi"}
+    assert {run["position_scheme"] for run in eval_randomized} == {"absolute", "rope", "alibi"}
     assert all(run["overrides"] == {"position_randomization_max": 128, "position_randomization_at_inference": True}
                for run in eval_randomized)
     switches = {
@@ -61,20 +61,20 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     table_init = [run for run in runs if "table_init" in run["groups"]]
     assert [run["overrides"] for run in table_init] == [{"max_relative_position": 16, "relative_embedding_init_std": 0.2}]
     window = [run for run in runs if "window" in run["groups"]]
-    assert {run["attention_type"] for run in window} == SCHEMES
-    assert [run["overrides"] for run in window if run["attention_type"] == "shaw"] == [
+    assert {run["position_scheme"] for run in window} == SCHEMES
+    assert [run["overrides"] for run in window if run["position_scheme"] == "shaw"] == [
         {"self_attention_window": 2, "max_relative_position": 2}, {"max_relative_position": 2}]  # default table scale
     assert all(run["overrides"]["self_attention_window"] == 2 for run in window if "no window" not in run["name"])
     window_sizes = [run for run in runs if "window_size" in run["groups"]]
     assert sorted(run["overrides"]["self_attention_window"] for run in window_sizes) == [1, 2, 3, 4, 6, 8]
-    assert all(run["attention_type"] == "shaw" and run["overrides"]["max_relative_position"]
+    assert all(run["position_scheme"] == "shaw" and run["overrides"]["max_relative_position"]
                == run["overrides"]["self_attention_window"] for run in window_sizes)
     length_scaled = [run for run in runs if "length_scaling" in run["groups"]]
-    assert {run["attention_type"] for run in length_scaled} == {"shaw", "rope", "t5"}
+    assert {run["position_scheme"] for run in length_scaled} == {"shaw", "rope", "t5"}
     assert all(run["overrides"]["self_attention_window"] == 2 and run["overrides"]["cross_attention_length_scaling"]
                for run in length_scaled)
     assert all(run["overrides"]["relative_embedding_init_std"] == 0.02 for run in runs
-               if run["attention_type"] == "shaw" and run not in table_init + window + window_sizes + length_scaled)
+               if run["position_scheme"] == "shaw" and run not in table_init + window + window_sizes + length_scaled)
     for run in runs:
         for result in [run["summary"], *run["per_seed"]]:
             assert list(result) == BUCKETS
@@ -95,7 +95,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     seeds = results["settings"]["seeds"]
     assert [(record.system, record.seed) for record in typed] == [(run["name"], seed) for run in runs for seed in seeds]
     for record, (run, index) in zip(typed, [(run, index) for run in runs for index in range(len(seeds))], strict=True):
-        assert record.model == {"attention_type": run["attention_type"], **run["overrides"]}
+        assert record.model == {"position_scheme": run["position_scheme"], **run["overrides"]}
         assert record.metrics == {bucket: {metric: run["per_seed"][index][bucket][metric]
                                            for metric in ("accuracy", "bleu")} for bucket in BUCKETS}
         assert record.steps == results["settings"]["steps"] and record.training_seconds > 0
@@ -334,7 +334,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     run = json.loads((work / "post-hf" / "seed1" / "run.json").read_text())
     assert ["--max_steps", "2"] == run["argv"][run["argv"].index("--max_steps"):][:2]
     config = json.loads((work / "post-hf" / "seed1" / "model" / "config.json").read_text())
-    assert (config["layer_norm_position"], config["d_model"], config["attention_type"]) == ("post", 16, "absolute")
+    assert (config["layer_norm_position"], config["d_model"], config["position_scheme"]) == ("post", 16, "absolute")
     assert config["embedding_init_std"] == 0.02
     # each run records its releases and the batches of its updates: the peer's 8 pairs, the recipe's token budget
     # (per side: source and target padded tokens together within twice the budget)
@@ -381,7 +381,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
         "peer+recipe-training": ("peer", None), "absolute": ("recipe", "multi30k_small_absolute")}
     assert (typed["absolute"].max_steps, typed["absolute"].warmup_steps, typed["absolute"].seed) == (2, 1, 1)
-    assert typed["absolute"].software == recipe["versions"] and typed["absolute"].model["attention_type"] == "absolute"
+    assert typed["absolute"].software == recipe["versions"] and typed["absolute"].model["position_scheme"] == "absolute"
     state = json.loads((work / "peer+recipe-training" / "seed1" / "model" / "trainer_state.json").read_text())
     assert state["global_step"] == 2
     peer_tokenizer, recipe_tokenizer = (
@@ -650,7 +650,7 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     small = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                  encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=len(tokenizer))
     models = {"directional": RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
-                  attention_type="directional", **small, **ids)),
+                  position_scheme="directional", **small, **ids)),
               "peer": MarianMTModel(MarianConfig(**small, **{k: v for k, v in ids.items() if k != "bos_token_id"},
                                                  max_position_embeddings=512))}
     specs = []

@@ -33,8 +33,8 @@ TRAIN_PAIRS, TEST_SOURCES = SPLITS["train"], [source for source, _ in SPLITS["te
 EXPORTABLE = {
     "absolute": dict(layer_norm_position="post", activation_function="gelu"),
     "shaw": dict(layer_norm_position="pre", activation_function="relu"),
-    "shaw_keys_only": dict(attention_type="shaw", use_relative_values=False, tie_word_embeddings=False),
-    "shaw_values_only": dict(attention_type="shaw", use_relative_keys=False, layer_norm_position="pre"),
+    "shaw_keys_only": dict(position_scheme="shaw", use_relative_values=False, tie_word_embeddings=False),
+    "shaw_values_only": dict(position_scheme="shaw", use_relative_keys=False, layer_norm_position="pre"),
     "t5": dict(layer_norm_position="post", scale_embedding=False, relative_attention_num_buckets=8,
                relative_attention_max_distance=12),
     "rope": dict(layer_norm_position="pre", rotary_dim=4, activation_function="gelu_new"),
@@ -53,7 +53,7 @@ def tiny_translation_model(tokenizer, name: str, steps: int):
     """A tiny model of variant `name`, trained `steps` full-batch Adam steps on the demo training pairs (enough to
     translate them and give varied, sentence-like guesses for unseen sources), with a random final_logits_bias."""
     options = dict(EXPORTABLE.get(name, {}))
-    options.setdefault("attention_type", name)
+    options.setdefault("position_scheme", name)
     torch.manual_seed(0)
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -203,7 +203,7 @@ def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
     torch.manual_seed(0)
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, attention_type="shaw",
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, position_scheme="shaw",
         use_relative_keys=False, use_relative_values=False, **special_token_ids(tokenizer))
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
     folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
@@ -253,19 +253,19 @@ def test_translate_refuses_the_other_engines_option(exported, tmp_path, capsys, 
 
 
 @pytest.mark.parametrize(("options", "message"), [
-    (dict(attention_type="xl"), "attention_type 'xl' cannot be exported to CTranslate2: Transformer-XL's"),
-    (dict(attention_type="directional"), "attention_type 'directional' cannot be exported to CTranslate2: DiSAN's"),
-    (dict(attention_type="alibi"), "attention_type 'alibi' cannot be exported to CTranslate2: CTranslate2's ALiBi is "
+    (dict(position_scheme="xl"), "position_scheme 'xl' cannot be exported to CTranslate2: Transformer-XL's"),
+    (dict(position_scheme="directional"), "position_scheme 'directional' cannot be exported to CTranslate2: DiSAN's"),
+    (dict(position_scheme="alibi"), "position_scheme 'alibi' cannot be exported to CTranslate2: CTranslate2's ALiBi is "
                                    "causal"),
-    (dict(attention_type="shaw", relative_embeddings_shared_across_heads=False),
+    (dict(position_scheme="shaw", relative_embeddings_shared_across_heads=False),
      "relative_embeddings_shared_across_heads false cannot be exported"),
-    (dict(attention_type="shaw", keep_absolute_positions=True),
-     "keep_absolute_positions with attention_type 'shaw' cannot be exported"),
-    (dict(attention_type="rope", self_attention_window=4), "self_attention_window 4 cannot be exported"),
-    (dict(attention_type="t5", cross_attention_length_scaling=True), "cross_attention_length_scaling True cannot"),
-    (dict(attention_type="absolute", position_randomization_max=64, position_randomization_at_inference=True),
+    (dict(position_scheme="shaw", keep_absolute_positions=True),
+     "keep_absolute_positions with position_scheme 'shaw' cannot be exported"),
+    (dict(position_scheme="rope", self_attention_window=4), "self_attention_window 4 cannot be exported"),
+    (dict(position_scheme="t5", cross_attention_length_scaling=True), "cross_attention_length_scaling True cannot"),
+    (dict(position_scheme="absolute", position_randomization_max=64, position_randomization_at_inference=True),
      "position_randomization_at_inference True cannot be exported"),
-    (dict(attention_type="absolute", activation_function="mish"), "activation_function 'mish' cannot be exported"),
+    (dict(position_scheme="absolute", activation_function="mish"), "activation_function 'mish' cannot be exported"),
 ])
 def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(tokenizer, tmp_path, capsys, options,
                                                                                message):

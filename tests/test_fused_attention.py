@@ -75,10 +75,10 @@ CASES = [
 SHAPES = {"encoder": (False, 9, 9), "decoder": (True, 9, 9), "cached": (True, 3, 10), "step": (True, 1, 10)}
 
 
-def attention_for(attention_type, is_causal, **overrides):
-    config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS,
+def attention_for(position_scheme, is_causal, **overrides):
+    config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS,
                          decoder_attention_heads=HEADS, **overrides)
-    scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
+    scheme = get_scheme_class(position_scheme)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
     generator = torch.Generator().manual_seed(3)
     with torch.no_grad():
         for parameter in scheme.parameters():
@@ -129,14 +129,14 @@ def assert_fused_equals_eager(attention, scheme, is_causal, query_length, key_le
 
 @pytest.mark.parametrize("padded", [None, "right", "holes"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("attention_type, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(attention_type, overrides, shape, padded,
+@pytest.mark.parametrize("position_scheme, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_the_fused_form_of_every_scheme_equals_eager_with_every_gradient(position_scheme, overrides, shape, padded,
                                                                           reference_kernel):
     """Outputs and the gradients of queries, keys, values and every scheme parameter (Shaw's a^K and a^V tables,
     T5's buckets, XL's u, v, W_kR), in float64 at 1e-12: encoder, decoder, a cached call and a decoding step,
     unpadded, right-padded (per-sequence key ranges) and with holes (a padding that is not one run)."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = attention_for(attention_type, is_causal, **overrides)
+    attention, scheme = attention_for(position_scheme, is_causal, **overrides)
     assert_fused_equals_eager(attention, scheme, is_causal, query_length, key_length, padded)
 
 
@@ -208,9 +208,9 @@ def captured_tensors(function, depth=4):
     return found
 
 
-@pytest.mark.parametrize("attention_type", ["shaw", "t5"])
+@pytest.mark.parametrize("position_scheme", ["shaw", "t5"])
 @pytest.mark.parametrize("randomized", [False, True])
-def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(attention_type, randomized, monkeypatch):
+def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(position_scheme, randomized, monkeypatch):
     """At consecutive positions, the fused path of Shaw and T5 gives FlexAttention no score_mod reading a tensor that
     requires a gradient (whose gradient Inductor would accumulate with atomic adds, pytorch#137452): their tables'
     gradients come by autograd outside the kernel. Under randomized positions T5 keeps its score_mod over the table
@@ -224,7 +224,7 @@ def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(atte
     monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: recording_flex)
     overrides = {"position_randomization_max": 64} if randomized else {}
     model = hf_relpos.RelPosTransformerForConditionalGeneration(
-        tiny_config(attention_type, attention_dropout=0.0, **T5_FAR, **overrides)).double().train()
+        tiny_config(position_scheme, attention_dropout=0.0, **T5_FAR, **overrides)).double().train()
     model.set_attn_implementation("flex_attention")
     input_ids = torch.randint(4, 40, (2, 24))
     attention_mask = torch.ones_like(input_ids)
@@ -232,7 +232,7 @@ def test_no_score_mod_of_shaw_or_t5_reads_a_parameter_that_needs_a_gradient(atte
     model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
     assert score_mods, "FlexAttention never ran"
     reads_gradient = [mod for mod in score_mods if any(t.requires_grad for t in captured_tensors(mod))]
-    if randomized and attention_type == "t5":
+    if randomized and position_scheme == "t5":
         assert reads_gradient
     else:
         assert reads_gradient == []
@@ -335,15 +335,15 @@ def opaque_flex(query, key, value, score_mod=None, block_mask=None, scale=None, 
     return (output, types.SimpleNamespace(lse=lse)) if return_aux is not None else output
 
 
-@pytest.mark.parametrize("attention_type", built_in_schemes())
-def test_no_tensor_of_n_by_n_in_the_fused_forward_and_backward_at_1024(attention_type, monkeypatch):
+@pytest.mark.parametrize("position_scheme", built_in_schemes())
+def test_no_tensor_of_n_by_n_in_the_fused_forward_and_backward_at_1024(position_scheme, monkeypatch):
     """One batch entry, two heads, n = 1024 tokens in the encoder and the decoder, padded, forward and backward of the
     whole model: nothing the package creates has n x n elements or more, except XL's per-distance table
     (n x (n + m - 1) per head by nature), which is recomputed in the backward per layer instead of kept. The schemes
     hf_relpos ships: a scheme registered elsewhere (tests/test_scheme_toy.py) may give a dense [n, m] bias."""
     monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: opaque_flex)
     length = 1024
-    config = tiny_config(attention_type, d_model=8, encoder_attention_heads=2, decoder_attention_heads=2,
+    config = tiny_config(position_scheme, d_model=8, encoder_attention_heads=2, decoder_attention_heads=2,
                          encoder_layers=1, decoder_layers=1, encoder_ffn_dim=8, decoder_ffn_dim=8,
                          attention_dropout=0.0, max_position_embeddings=2 * length)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
@@ -354,7 +354,7 @@ def test_no_tensor_of_n_by_n_in_the_fused_forward_and_backward_at_1024(attention
     recorder = LargeTensors(length * length)
     with recorder:
         model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids).loss.backward()
-    if attention_type == "xl":   # the encoder's table (n + m - 1 distances) and the decoder's (m)
+    if position_scheme == "xl":   # the encoder's table (n + m - 1 distances) and the decoder's (m)
         assert recorder.found and {shape[-2:] for _, shape in recorder.found} == {(length, 2 * length - 1),
                                                                                    (length, length)}
     else:
@@ -366,8 +366,8 @@ def test_the_fused_path_builds_no_dense_bias(monkeypatch, reference_kernel):
     built = []
     original = DenseBias.dense
     monkeypatch.setattr(DenseBias, "dense", lambda self: (self._dense is None and built.append(self)) or original(self))
-    for attention_type in ("alibi", "t5"):
-        attention, scheme = attention_for(attention_type, False)
+    for position_scheme in ("alibi", "t5"):
+        attention, scheme = attention_for(position_scheme, False)
         query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64) for _ in range(3))
         attend(attention, scheme, "flex_attention", query, key, value, None, False)
         assert built == []
@@ -500,10 +500,10 @@ def count_calls(monkeypatch, owner, name):
     return calls
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_prepare_runs_once_per_stack_call_and_terms_once_per_layer(attention_type, monkeypatch):
-    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(attention_type, encoder_layers=3)).eval()
-    scheme_class = hf_relpos.ATTENTION_REGISTRY[attention_type]
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_prepare_runs_once_per_stack_call_and_terms_once_per_layer(position_scheme, monkeypatch):
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, encoder_layers=3)).eval()
+    scheme_class = hf_relpos.POSITION_SCHEMES[position_scheme]
     prepares = count_calls(monkeypatch, scheme_class, "prepare")
     terms = count_calls(monkeypatch, scheme_class, "terms")
     input_ids = torch.randint(4, 40, (2, 6))
@@ -533,11 +533,11 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
     assert rotated_lengths == [1, 1] * 2  # a key and a query in each of the decoder's two layers
 
 
-@pytest.mark.parametrize("attention_type", ["shaw", "directional", "t5"])
-def test_flex_block_masks_are_built_once_per_mask_not_per_layer(attention_type, monkeypatch):
+@pytest.mark.parametrize("position_scheme", ["shaw", "directional", "t5"])
+def test_flex_block_masks_are_built_once_per_mask_not_per_layer(position_scheme, monkeypatch):
     """Every layer of a stack shares its self-attention FlexMask (the scheme's mask combined once) and so its
     BlockMask (Shaw, T5: one per key region beyond the band; T5's decoder's 6 tokens lie within its band)."""
-    config = tiny_config(attention_type, encoder_layers=4, decoder_layers=4, **T5_FAR)
+    config = tiny_config(position_scheme, encoder_layers=4, decoder_layers=4, **T5_FAR)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
     model.set_attn_implementation("flex_attention")
     builds = count_calls(monkeypatch, FlexMask, "_build_block_mask")
@@ -546,7 +546,7 @@ def test_flex_block_masks_are_built_once_per_mask_not_per_layer(attention_type, 
     attention_mask[1, 4:] = 0
     with torch.no_grad():
         model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids)
-    regions = {"shaw": 2 + 1, "directional": 1 + 1, "t5": 2 + 0}[attention_type]  # encoder + decoder self-attention
+    regions = {"shaw": 2 + 1, "directional": 1 + 1, "t5": 2 + 0}[position_scheme]  # encoder + decoder self-attention
     assert len(builds) == regions + 1  # and the cross-attention's
 
 
@@ -563,7 +563,7 @@ def test_the_dense_t5_bias_is_built_once_per_forward(monkeypatch):
 
 def test_prepare_sees_the_cached_positions():
     """A decoding step's context starts at the cache length (the true distance of the new query)."""
-    scheme = hf_relpos.ATTENTION_REGISTRY["shaw"](tiny_config("shaw"), 1, 4, 8, is_causal=True)
+    scheme = hf_relpos.POSITION_SCHEMES["shaw"](tiny_config("shaw"), 1, 4, 8, is_causal=True)
     context = scheme.prepare(PositionContext(1, 7, 6, None, torch.device("cpu"), torch.float64))
     assert context.index.tolist() == [[max(0, 3 - 6 + j) for j in range(7)]]
 

@@ -152,18 +152,18 @@ def folder_snapshot(folder: Path) -> dict[str, bytes]:
     return {str(path.relative_to(folder)): path.read_bytes() for path in sorted(folder.rglob("*")) if path.is_file()}
 
 
-def tiny_config(attention_type: str) -> hf_relpos.RelPosTransformerConfig:
+def tiny_config(position_scheme: str) -> hf_relpos.RelPosTransformerConfig:
     values = dict(vocab_size=100, d_model=48, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-                  decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type=attention_type)
-    return hf_relpos.RelPosTransformerConfig(**values | SCHEME_SETTINGS.get(attention_type, {}))
+                  decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, position_scheme=position_scheme)
+    return hf_relpos.RelPosTransformerConfig(**values | SCHEME_SETTINGS.get(position_scheme, {}))
 
 
 # --------------------------------------------------------------------------------------------------- model cards
 
-@pytest.mark.parametrize("attention_type", BUILT_IN_SCHEMES)
-def test_card_metadata_and_body_for_each_scheme(attention_type):
+@pytest.mark.parametrize("position_scheme", BUILT_IN_SCHEMES)
+def test_card_metadata_and_body_for_each_scheme(position_scheme):
     recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
-    text = hub.render_model_card(tiny_config(attention_type), recipe, RESULTS, repo_id="me/relpos-model")
+    text = hub.render_model_card(tiny_config(position_scheme), recipe, RESULTS, repo_id="me/relpos-model")
     card = ModelCard(text)
     data = card.data
     assert data.language == ["en", "de"]
@@ -172,8 +172,8 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
     assert data.pipeline_tag == "translation"
     assert data.datasets == ["wmt/wmt14"]
     assert data.metrics == ["sacrebleu", "chrf"]
-    assert {"translation", attention_type} <= set(data.tags)
-    assert ("relative-position" in data.tags) == (attention_type not in UNTAGGED_AS_RELATIVE)
+    assert {"translation", position_scheme} <= set(data.tags)
+    assert ("relative-position" in data.tags) == (position_scheme not in UNTAGGED_AS_RELATIVE)
 
     results = {(result.dataset_split, result.metric_type): result for result in data.eval_results}
     assert set(results) == {(split, metric) for split in ("validation", "test") for metric in ("sacrebleu", "chrf")}
@@ -187,7 +187,7 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
     assert results["validation", "sacrebleu"].dataset_name == "WMT14 newstest2013"
 
     body = card.text
-    for expected in SCHEME_TEXT.get(attention_type, ()):
+    for expected in SCHEME_TEXT.get(position_scheme, ()):
         assert expected in body, expected
     signature_cell = "`" + RESULTS["test"]["test_bleu_signature"].replace("|", "\\|") + "`"  # pipes escaped in tables
     for expected in ("## Training", "| `learning_rate` | 0.0007 |", "| `warmup_steps` | 4000 |", "## Results",
@@ -197,8 +197,8 @@ def test_card_metadata_and_body_for_each_scheme(attention_type):
                      "## Intended use and limitations", "Post-LN"):
         assert expected in body, expected
     cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
-    own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.ATTENTION_REGISTRY[attention_type].card.bibtex}
-    assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(attention_type, own)
+    own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.POSITION_SCHEMES[position_scheme].card.bibtex}
+    assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
 
 
 @pytest.mark.parametrize(("decoder_heads", "warned"), [(None, False), (["forward", "backward"], True)])
@@ -206,7 +206,7 @@ def test_directional_card_warns_of_silent_decoder_heads_only_when_there_are_some
     """The default decoder heads are all forward; an explicit backward head in the causal decoder outputs zeros."""
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=100, d_model=48, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, attention_type="directional",
+        decoder_attention_heads=4, encoder_ffn_dim=96, decoder_ffn_dim=96, position_scheme="directional",
         directional_heads=decoder_heads,
     )
     text = hub.render_model_card(config, {}, None)
@@ -335,8 +335,8 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
         RunRecord(role=PEER, system="peer", trained_as="MarianMT",
                   scores={TRAINED_WEIGHTS: {"test": Scores(35.5, 63.0, "sig"), "validation": Scores(36.0, 64.0, "sig")}},
                   **common),
-        RunRecord(role=RECIPE, recipe="multi30k_small_absolute", system="rope-matched", model={"attention_type": "rope"},
-                  trained_as="absolute recipe --model.attention_type rope",
+        RunRecord(role=RECIPE, recipe="multi30k_small_absolute", system="rope-matched", model={"position_scheme": "rope"},
+                  trained_as="absolute recipe --model.position_scheme rope",
                   scores={TRAINED_WEIGHTS: {"test": Scores(33.5, 62.0, "sig"), "validation": Scores(34.0, 62.5, "sig")}},
                   **common),
     ]
@@ -350,11 +350,11 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
     assert "| Multi30k test2016 (Flickr), seed 1 | 31.25 | 60.50 | `sig` |" in card
     assert "36.75" not in card and "35.50" not in card and "MarianMT trained" not in card and "33.50" not in card
     # a run of absolute's recipe file with another scheme is not absolute's, in results written before runs
-    # carried records too (the scheme read from the run's --model.attention_type)
+    # carried records too (the scheme read from the run's --model.position_scheme)
     legacy = {run.system: run for run in read_run_records(REPO_ROOT / "docs" / "results" / "vs_marian" /
                                                           "eight_schemes_three_seeds" / "vs_marian.json")}
     assert (legacy["rope-matched"].recipe, legacy["rope-matched"].model) == ("multi30k_small_absolute",
-                                                                             {"attention_type": "rope"})
+                                                                             {"position_scheme": "rope"})
     assert legacy["marian-matched"].model == {}
 
 

@@ -68,7 +68,7 @@ def test_the_field_is_validated_saved_and_shown_on_the_card(tmp_path):
     for value in ("yes", 1, None):
         with pytest.raises(ValueError, match=f"keep_absolute_positions must be true or false, got {value!r}"):
             tiny_config("shaw", keep_absolute_positions=value)
-    with pytest.raises(ValueError, match="keep_absolute_positions must be false with attention_type 'absolute'"):
+    with pytest.raises(ValueError, match="keep_absolute_positions must be false with position_scheme 'absolute'"):
         tiny_config("absolute", keep_absolute_positions=True)
     config = tiny_config("shaw", keep_absolute_positions=True)
     config.save_pretrained(tmp_path)

@@ -26,24 +26,24 @@ def batch(device: str = "cpu"):
     return input_ids, attention_mask
 
 
-def model_with(kernel: str, attention_type: str, device: str = "cpu", **overrides):
+def model_with(kernel: str, position_scheme: str, device: str = "cpu", **overrides):
     torch.manual_seed(0)
-    config = tiny_config(attention_type, **overrides)
+    config = tiny_config(position_scheme, **overrides)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(device)
     model.set_attn_implementation(kernel)
     return model
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
-def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides, padded):
+@pytest.mark.parametrize("position_scheme, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
+def test_every_kernel_gives_the_same_model_in_float64(position_scheme, overrides, padded):
     """Loss and logits of a float64 model agree to float64 precision on every kernel, with and without a padding
     mask (the loss stays float64 too)."""
     input_ids, attention_mask = batch()
     inputs = dict(input_ids=input_ids, labels=input_ids, attention_mask=attention_mask if padded else None)
     outputs = {}
     for kernel in ("eager", "sdpa", "flex_attention"):
-        model = model_with(kernel, attention_type, **overrides).double().eval()
+        model = model_with(kernel, position_scheme, **overrides).double().eval()
         assert model.config._attn_implementation == kernel
         with torch.no_grad():
             outputs[kernel] = model(**inputs)
@@ -53,36 +53,36 @@ def test_every_kernel_gives_the_same_model_in_float64(attention_type, overrides,
         assert abs(outputs[kernel].loss.item() - outputs["eager"].loss.item()) < 1e-12
 
 
-@pytest.mark.parametrize("attention_type", ["absolute", "none", "rope"])
-def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(attention_type):
+@pytest.mark.parametrize("position_scheme", ["absolute", "none", "rope"])
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(position_scheme):
     """Kernels of transformers' (flash_attention_2/3, Hub kernels; here its SDPA under another name) take the
     model-level mask from masking_utils and run a scheme that adds nothing to attention or only replaces queries and
     keys (RoPE), with the same logits as hf_relpos' SDPA."""
     input_ids, attention_mask = batch()
-    reference = model_with("sdpa", attention_type).double().eval()
-    model = model_with(TRANSFORMERS_KERNEL, attention_type).double().eval()
+    reference = model_with("sdpa", position_scheme).double().eval()
+    model = model_with(TRANSFORMERS_KERNEL, position_scheme).double().eval()
     with torch.no_grad():
         for inputs in (dict(input_ids=input_ids, attention_mask=attention_mask), dict(input_ids=input_ids)):
             expected = reference(**inputs, decoder_input_ids=input_ids).logits
             assert (model(**inputs, decoder_input_ids=input_ids).logits - expected).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize(("attention_type", "additions"), [
+@pytest.mark.parametrize(("position_scheme", "additions"), [
     ("shaw", "a score bias and a value term"), ("xl", "a score bias"), ("directional", "an attention mask"),
     ("alibi", "a score bias"), ("t5", "a score bias"),
 ])
-def test_a_kernel_that_cannot_run_the_scheme_is_refused_when_set_built_or_loaded(attention_type, additions, tmp_path):
+def test_a_kernel_that_cannot_run_the_scheme_is_refused_when_set_built_or_loaded(position_scheme, additions, tmp_path):
     """A transformers kernel is refused for a scheme that adds to attention before anything runs: by
     set_attn_implementation (the model keeps its kernel), by the constructor and by from_pretrained."""
-    message = (f"attention_type '{attention_type}' adds {additions} to attention, which attn_implementation "
+    message = (f"position_scheme '{position_scheme}' adds {additions} to attention, which attn_implementation "
                f"'{TRANSFORMERS_KERNEL}' cannot take")
-    model = model_with("sdpa", attention_type)
+    model = model_with("sdpa", position_scheme)
     with pytest.raises(ValueError, match=message):
         model.set_attn_implementation(TRANSFORMERS_KERNEL)
     assert model.config._attn_implementation == "sdpa"
     with pytest.raises(ValueError, match=message):
         hf_relpos.RelPosTransformerForConditionalGeneration(
-            tiny_config(attention_type, attn_implementation=TRANSFORMERS_KERNEL))
+            tiny_config(position_scheme, attn_implementation=TRANSFORMERS_KERNEL))
     model.save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=message):
         hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(
@@ -118,9 +118,9 @@ def pronounced(model):
 
 
 def without_positions(model, device: str = "cpu"):
-    """The same weights under attention_type 'none': the model with every term of its scheme removed."""
+    """The same weights under position_scheme 'none': the model with every term of its scheme removed."""
     config = copy.deepcopy(model.config)
-    config.attention_type = "none"
+    config.position_scheme = "none"
     plain = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(device)
     plain.load_state_dict(model.state_dict(), strict=False)
     plain.set_attn_implementation("eager")
@@ -136,12 +136,12 @@ def exact_float32_matmuls():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
 
 
-def check_flex_against_eager_on_cuda(attention_type, overrides, input_ids, attention_mask):
+def check_flex_against_eager_on_cuda(position_scheme, overrides, input_ids, attention_mask):
     """One float32 training step on eager and on compiled FlexAttention from the same weights and seed: logits to
     2e-5 and every gradient to 1e-4 of its size. Returns the FlexAttention model and eager's logits."""
     results = {}
     for kernel in ("eager", "flex_attention"):
-        model = pronounced(model_with(kernel, attention_type, device="cuda", d_model=64, **overrides)).train()
+        model = pronounced(model_with(kernel, position_scheme, device="cuda", d_model=64, **overrides)).train()
         torch.manual_seed(1)
         output = model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids)
         output.loss.backward()
@@ -156,14 +156,14 @@ def check_flex_against_eager_on_cuda(attention_type, overrides, input_ids, atten
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
-@pytest.mark.parametrize("attention_type, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
-def test_compiled_flex_attention_cuda_matches_eager_with_gradients(attention_type, overrides, exact_float32_matmuls):
+@pytest.mark.parametrize("position_scheme, overrides", MODEL_SCHEMES, ids=MODEL_SCHEME_IDS)
+def test_compiled_flex_attention_cuda_matches_eager_with_gradients(position_scheme, overrides, exact_float32_matmuls):
     """The fused path (compiled FlexAttention, which needs a head dimension >= 16; Shaw's a^V from the log-sum-exp)
     against eager in float32 on a padded batch: logits to 2e-5 and every gradient to 1e-4 of its size, while removing the scheme's terms moves the logits
     by 250 times that (so a dropped bias, mask or value term fails)."""
     input_ids, attention_mask = batch("cuda")
-    model, logits = check_flex_against_eager_on_cuda(attention_type, overrides, input_ids, attention_mask)
-    if attention_type != "none":
+    model, logits = check_flex_against_eager_on_cuda(position_scheme, overrides, input_ids, attention_mask)
+    if position_scheme != "none":
         with torch.no_grad():
             plain = without_positions(model, "cuda")(input_ids=input_ids, attention_mask=attention_mask,
                                                      labels=input_ids).logits
@@ -197,15 +197,15 @@ def test_aligned_mask_copies_a_rel_shift_view_that_starts_off_the_boundary_and_k
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the misaligned-address failure is a CUDA kernel's")
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_sdpa_on_cuda_matches_eager_on_an_unpadded_batch(attention_type, exact_float32_matmuls):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_sdpa_on_cuda_matches_eager_on_an_unpadded_batch(position_scheme, exact_float32_matmuls):
     """Every scheme's score bias reaches SDPA's CUDA kernels without padding (XL's rel-shift view once did not): in
     float32 the logits agree with eager to 2e-5, far below what the scheme's terms contribute; under bf16 autocast
     forward and beam search run and stay within bf16 rounding of the float32 logits."""
     input_ids = torch.randint(4, 40, (4, 32), generator=torch.Generator().manual_seed(0)).cuda()
     logits = {}
     for kernel in ("eager", "sdpa"):
-        model = pronounced(model_with(kernel, attention_type, device="cuda")).eval()
+        model = pronounced(model_with(kernel, position_scheme, device="cuda")).eval()
         with torch.inference_mode():
             logits[kernel] = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
             with torch.autocast("cuda", dtype=torch.bfloat16):
@@ -213,17 +213,17 @@ def test_sdpa_on_cuda_matches_eager_on_an_unpadded_batch(attention_type, exact_f
                 model.generate(input_ids=input_ids, max_new_tokens=8, num_beams=2)
         assert (low_precision - logits[kernel]).abs().max().item() < 0.05 * logits[kernel].abs().max().item()
     assert (logits["sdpa"] - logits["eager"]).abs().max().item() < 2e-5
-    if attention_type != "none":
+    if position_scheme != "none":
         with torch.inference_mode():
             plain = without_positions(model, "cuda")(input_ids=input_ids, decoder_input_ids=input_ids).logits
         assert (plain - logits["eager"]).abs().max().item() > 5e-3
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_training_steps_under_autocast_stay_finite(attention_type, dtype):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_training_steps_under_autocast_stay_finite(position_scheme, dtype):
     """Mixed precision: no NaN/inf or dtype error, including a fully padded row and a length-1 source."""
-    model = model_with("sdpa", attention_type, layer_norm_position="pre").train()
+    model = model_with("sdpa", position_scheme, layer_norm_position="pre").train()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     input_ids, attention_mask = batch()
     attention_mask[2] = 0
@@ -238,9 +238,9 @@ def test_training_steps_under_autocast_stay_finite(attention_type, dtype):
         optimizer.step()
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_eager_attention_weights_are_returned(attention_type):
-    model = model_with("eager", attention_type).eval()
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_eager_attention_weights_are_returned(position_scheme):
+    model = model_with("eager", position_scheme).eval()
     input_ids, attention_mask = batch()
     with torch.no_grad():
         out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4],

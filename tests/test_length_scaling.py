@@ -68,24 +68,24 @@ def sources() -> tuple[torch.Tensor, torch.Tensor]:
     return input_ids, attention_mask
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_a_padded_source_scores_as_it_does_alone(attention_type):
-    model = tiny_model(attention_type, seed=2, cross_attention_length_scaling=True).double().eval()
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_a_padded_source_scores_as_it_does_alone(position_scheme):
+    model = tiny_model(position_scheme, seed=2, cross_attention_length_scaling=True).double().eval()
     input_ids, attention_mask = sources()
     decoder_input_ids = input_ids[:, :5]
     with torch.no_grad():
         batched = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
         alone = model(input_ids=input_ids[1:, :6], decoder_input_ids=decoder_input_ids[1:]).logits
-        unscaled = tiny_model(attention_type, seed=2).double().eval()(
+        unscaled = tiny_model(position_scheme, seed=2).double().eval()(
             input_ids=input_ids[1:, :6], decoder_input_ids=decoder_input_ids[1:]).logits
     assert (batched[1] - alone[0]).abs().max() < 1e-12
     assert (alone - unscaled).abs().max() > 1e-6
 
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_scaled_cached_generation_equals_uncached(attention_type, num_beams):
-    model = tiny_model(attention_type, seed=1, cross_attention_length_scaling=True)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_scaled_cached_generation_equals_uncached(position_scheme, num_beams):
+    model = tiny_model(position_scheme, seed=1, cross_attention_length_scaling=True)
     input_ids, attention_mask = sources()
     assert_cached_generation_equals_uncached(model, input_ids, attention_mask, num_beams)
 

@@ -136,7 +136,7 @@ def test_xl_perplexity_experiment_runs_end_to_end(tmp_path):
     assert (tmp_path / "perplexity_vs_context.png").stat().st_size > 0
     # every model's typed run record: its scheme and memory, and its perplexities as metrics
     typed = {record.system: record for record in read_run_records(tmp_path / "results.json")}
-    assert {name: (record.model["attention_type"], record.model["mem_len"]) for name, record in typed.items()} == {
+    assert {name: (record.model["position_scheme"], record.model["mem_len"]) for name, record in typed.items()} == {
         "xl+memory": ("xl", 8), "xl": ("xl", 0), "absolute": ("absolute", 0)}
     for variant, record in typed.items():
         assert (record.role, record.steps, record.seed) == (RECIPE, 3, 0)

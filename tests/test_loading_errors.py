@@ -91,10 +91,10 @@ def test_beam_wider_than_the_vocabulary_is_a_clear_error():
         model.generate(input_ids=torch.tensor([[5, 6, 1]]), num_beams=41, max_new_tokens=3)
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_a_source_of_only_the_end_token_translates(attention_type):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_a_source_of_only_the_end_token_translates(position_scheme):
     """An empty source string tokenizes to just `</s>`; generation still runs and returns finite scores."""
-    model = tiny_model(attention_type)
+    model = tiny_model(position_scheme)
     out = model.generate(input_ids=torch.tensor([[1]]), max_new_tokens=4, num_beams=2, output_scores=True,
                          return_dict_in_generate=True)
     assert out.sequences.shape[0] == 1 and all(torch.isfinite(score).any() for score in out.scores)

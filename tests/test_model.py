@@ -36,9 +36,9 @@ def padded_batch():
     return input_ids, attention_mask, lengths
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_encoder_output_of_real_tokens_does_not_depend_on_padding(attention_type):
-    model = tiny_model(attention_type)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_encoder_output_of_real_tokens_does_not_depend_on_padding(position_scheme):
+    model = tiny_model(position_scheme)
     input_ids, attention_mask, lengths = padded_batch()
     with torch.no_grad():
         batched = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
@@ -47,10 +47,10 @@ def test_encoder_output_of_real_tokens_does_not_depend_on_padding(attention_type
             assert (batched[row, :length] - alone[0]).abs().max() < 1e-5
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
-def test_no_nan_for_length_one_and_fully_padded_rows(attention_type, layer_norm_position):
-    model = tiny_model(attention_type, layer_norm_position=layer_norm_position).train()
+def test_no_nan_for_length_one_and_fully_padded_rows(position_scheme, layer_norm_position):
+    model = tiny_model(position_scheme, layer_norm_position=layer_norm_position).train()
     cases = [
         (torch.tensor([[5]]), torch.tensor([[1]])),
         (torch.tensor([[5, 6, 7], [0, 0, 0]]), torch.tensor([[1, 1, 1], [0, 0, 0]])),
@@ -71,7 +71,7 @@ def test_directional_first_forward_token_outputs_zero_attention(kernel):
     kernel, also without any padding mask."""
     config = tiny_config("directional", directional_heads=["forward"])
     config._attn_implementation = kernel
-    scheme = hf_relpos.ATTENTION_REGISTRY["directional"](config, 1, 4, 8, is_causal=False)
+    scheme = hf_relpos.POSITION_SCHEMES["directional"](config, 1, 4, 8, is_causal=False)
     attention = RelPosAttention(config, 4, 0, is_cross_attention=False)
     q, k, v = (torch.randn(1, 4, 5, 8) for _ in range(3))
     context = scheme.prepare(PositionContext(5, 5, 0, None, q.device, q.dtype))
@@ -88,9 +88,9 @@ def test_directional_default_heads_split_the_encoder_and_all_look_back_in_the_de
 
 
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_training_reduces_loss_and_reaches_position_parameters(attention_type, layer_norm_position):
-    model = tiny_model(attention_type, layer_norm_position=layer_norm_position).train()
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_training_reduces_loss_and_reaches_position_parameters(position_scheme, layer_norm_position):
+    model = tiny_model(position_scheme, layer_norm_position=layer_norm_position).train()
     input_ids, attention_mask, _ = padded_batch()
     labels = input_ids.flip(-1).clone()
     optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
@@ -103,7 +103,7 @@ def test_training_reduces_loss_and_reaches_position_parameters(attention_type, l
         losses.append(loss.item())
     assert losses[-1] < 0.7 * losses[0]
     scheme_parameters = {n: p for n, p in model.named_parameters() if ".positions." in n}
-    if attention_type in ("shaw", "xl", "t5"):
+    if position_scheme in ("shaw", "xl", "t5"):
         assert scheme_parameters
     for name, parameter in scheme_parameters.items():
         assert parameter.grad is not None and parameter.grad.abs().sum() > 0, name
@@ -138,9 +138,9 @@ def generate(model, use_cache: bool, num_beams: int):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_cached_generation_equals_uncached(attention_type, num_beams):
-    model = tiny_model(attention_type, seed=1)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_cached_generation_equals_uncached(position_scheme, num_beams):
+    model = tiny_model(position_scheme, seed=1)
     cached, uncached = generate(model, True, num_beams), generate(model, False, num_beams)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
@@ -189,9 +189,9 @@ def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
     assert (gradients[0] - gradients[1]).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("attention_type", RELATIVE_SCHEMES)
-def test_inputs_far_longer_than_training_run(attention_type):
-    model = tiny_model(attention_type)
+@pytest.mark.parametrize("position_scheme", RELATIVE_SCHEMES)
+def test_inputs_far_longer_than_training_run(position_scheme):
+    model = tiny_model(position_scheme)
     input_ids = torch.randint(4, 40, (1, 1000))
     with torch.no_grad():
         out = model.generate(input_ids=input_ids, max_new_tokens=3, min_new_tokens=3, do_sample=False,
@@ -236,9 +236,9 @@ def logits_of(model):
         return model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4]).logits
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_save_load_round_trip_with_package_and_auto_classes(attention_type, tmp_path):
-    model = tiny_model(attention_type, tie_word_embeddings=attention_type != "xl")
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_save_load_round_trip_with_package_and_auto_classes(position_scheme, tmp_path):
+    model = tiny_model(position_scheme, tie_word_embeddings=position_scheme != "xl")
     model.save_pretrained(tmp_path)
     assert (tmp_path / "model.safetensors").exists() and not (tmp_path / "pytorch_model.bin").exists()
     expected = logits_of(model)
@@ -253,9 +253,9 @@ def test_save_load_round_trip_with_package_and_auto_classes(attention_type, tmp_
     assert torch.equal(base.shared.weight, model.model.shared.weight)
 
 
-@pytest.mark.parametrize("attention_type", ["shaw", "none", "alibi", "t5", "rope"])
-def test_remote_code_loads_without_hf_relpos_installed(attention_type, tmp_path):
-    model = tiny_model(attention_type)
+@pytest.mark.parametrize("position_scheme", ["shaw", "none", "alibi", "t5", "rope"])
+def test_remote_code_loads_without_hf_relpos_installed(position_scheme, tmp_path):
+    model = tiny_model(position_scheme)
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     torch.save(logits_of(model), tmp_path / "expected.pt")
@@ -310,12 +310,12 @@ def reversal_task(pairs: int = 12, seed: int = 0):
     return input_ids, attention_mask, labels
 
 
-def train_and_reverse(attention_type: str) -> tuple[list[bool], torch.Tensor]:
+def train_and_reverse(position_scheme: str) -> tuple[list[bool], torch.Tensor]:
     """Train a tiny model on the reversal task (300 full-batch Adam steps), then translate its sources greedily:
     whether each row's output is exactly its target, and the outputs."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(
-        tiny_config(attention_type, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, max_relative_position=8)
+        tiny_config(position_scheme, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, max_relative_position=8)
     ).train()
     input_ids, attention_mask, labels = reversal_task()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)
@@ -331,11 +331,11 @@ def train_and_reverse(attention_type: str) -> tuple[list[bool], torch.Tensor]:
     return exact, outputs
 
 
-@pytest.mark.parametrize("attention_type", ORDER_AWARE_SCHEMES)
-def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(attention_type):
+@pytest.mark.parametrize("position_scheme", ORDER_AWARE_SCHEMES)
+def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(position_scheme):
     """Reversal needs order: every source also appears reversed, with the opposite target. A model that gets all of
     them right tells the two orders apart, i.e. really uses its scheme (a position-blind one cannot, see below)."""
-    exact, _ = train_and_reverse(attention_type)
+    exact, _ = train_and_reverse(position_scheme)
     assert all(exact)
 
 
@@ -415,17 +415,17 @@ class RecordedPositions:
             monkeypatch.setattr(scheme, "terms", recorded_terms)
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_position_randomization_is_off_by_default_and_in_evaluation(attention_type, monkeypatch):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_position_randomization_is_off_by_default_and_in_evaluation(position_scheme, monkeypatch):
     """Without `position_randomization_max` training passes no positions (every scheme computes what it did before
     the option existed, and no random number is drawn); with it, evaluation and generation use the ordinary
     positions, so a model with it set computes exactly what the same weights without it compute."""
     input_ids, attention_mask, _ = padded_batch()
     inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids.flip(-1))
-    assert tiny_config(attention_type).position_randomization_max is None
-    assert tiny_config(attention_type, position_randomization_max=64).position_randomization_at_inference is False
-    plain = tiny_model(attention_type).train()
-    randomized = tiny_model(attention_type, position_randomization_max=64).train()
+    assert tiny_config(position_scheme).position_randomization_max is None
+    assert tiny_config(position_scheme, position_randomization_max=64).position_randomization_at_inference is False
+    plain = tiny_model(position_scheme).train()
+    randomized = tiny_model(position_scheme, position_randomization_max=64).train()
     randomized.load_state_dict(plain.state_dict())
     recorded = RecordedPositions(plain, monkeypatch)
     state = torch.get_rng_state()
@@ -486,8 +486,8 @@ def test_position_randomization_max_is_validated(value):
 ORDER_ONLY = ("directional", "none")  # DiSAN's masks compare positions by order only; NoPE ignores them
 
 
-def randomized_at_inference(attention_type: str = "shaw", seed: int = 1, **overrides):
-    return tiny_model(attention_type, seed=seed, position_randomization_max=40,
+def randomized_at_inference(position_scheme: str = "shaw", seed: int = 1, **overrides):
+    return tiny_model(position_scheme, seed=seed, position_randomization_max=40,
                       position_randomization_at_inference=True, **overrides)
 
 
@@ -497,13 +497,13 @@ def seeded_generate(model, seed: int, use_cache: bool, num_beams: int):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_randomized_inference_cached_generation_equals_uncached(attention_type, num_beams):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_randomized_inference_cached_generation_equals_uncached(position_scheme, num_beams):
     """Ruoss et al. (2023) randomize at evaluation too: under one seed (so one encoder draw and one decoder draw for
     the whole output), cached and uncached greedy / beam search give the same tokens and logits; the positions are
     really random (another seed, or the same weights at ordinary positions, give other logits, except for the schemes
     that read only the order of positions)."""
-    model = randomized_at_inference(attention_type).double()
+    model = randomized_at_inference(position_scheme).double()
     cached, uncached = seeded_generate(model, 7, True, num_beams), seeded_generate(model, 7, False, num_beams)
     assert torch.equal(cached.sequences, uncached.sequences)
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-12
@@ -513,14 +513,14 @@ def test_randomized_inference_cached_generation_equals_uncached(attention_type, 
     model.config.position_randomization_at_inference = False
     ordinary = seeded_generate(model, 7, True, num_beams)
     for other in (other_seed, ordinary):
-        assert torch.equal(torch.stack(other.logits), torch.stack(cached.logits)) == (attention_type in ORDER_ONLY)
+        assert torch.equal(torch.stack(other.logits), torch.stack(cached.logits)) == (position_scheme in ORDER_ONLY)
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_randomized_inference_decoding_steps_reuse_one_draw(attention_type):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_randomized_inference_decoding_steps_reuse_one_draw(position_scheme):
     """Given one `PositionDraw`, the logits of a whole teacher-forced output equal those of step-by-step cached
     decoding (float64): each step reads the first past_length + n positions, past keys keep theirs."""
-    model = randomized_at_inference(attention_type).double()
+    model = randomized_at_inference(position_scheme).double()
     input_ids, attention_mask, _ = padded_batch()
     decoder_input_ids = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(2))
     draw = hf_relpos.PositionDraw(torch.tensor([1, 4, 5, 11, 20, 33, 38]))

@@ -11,7 +11,7 @@ import torch
 from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionScheme, register_attention
+from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import QUERY_BLOCK, PositionContext, clipped_rel_shift, get_scheme_class
 from hf_relpos.model.positions_t5 import relative_position_bucket
@@ -73,11 +73,11 @@ def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_grad
     torch.testing.assert_close(table.grad, expected_grad, rtol=0, atol=1e-12)
 
 
-def make_attention(attention_type: str, is_causal: bool, kernel: str, **overrides):
+def make_attention(position_scheme: str, is_causal: bool, kernel: str, **overrides):
     """Layer 1's float64 self-attention module with its stack's scheme (random parameters, two layers)."""
-    config = tiny_config(attention_type, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
+    config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
     config._attn_implementation = kernel
-    scheme = get_scheme_class(attention_type)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
+    scheme = get_scheme_class(position_scheme)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
     for parameter in scheme.parameters():
         torch.nn.init.normal_(parameter, std=0.5)
     return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
@@ -324,11 +324,11 @@ def fast_attention(attention, scheme, query_length, key_length, is_causal, padde
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_scheme_matches_naive_equations(attention_type, reference, overrides, shape, kernel, padded):
+@pytest.mark.parametrize("position_scheme, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations(position_scheme, reference, overrides, shape, kernel, padded):
     """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_kernels.py) is exact in float64."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(attention_type, is_causal, kernel, **overrides)
+    attention, scheme = make_attention(position_scheme, is_causal, kernel, **overrides)
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
     allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
@@ -338,12 +338,12 @@ def test_scheme_matches_naive_equations(attention_type, reference, overrides, sh
 
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", list(SHAPES))
-@pytest.mark.parametrize("attention_type, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
-def test_scheme_matches_naive_equations_at_randomized_positions(attention_type, reference, overrides, shape, kernel):
+@pytest.mark.parametrize("position_scheme, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
+def test_scheme_matches_naive_equations_at_randomized_positions(position_scheme, reference, overrides, shape, kernel):
     """Randomized positions (`position_randomization_max`, Ruoss et al. 2023): given the keys' positions, a sorted
     subset of 0 .. 39 with gaps, each scheme computes its paper equation at those positions, on every kernel."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(attention_type, is_causal, kernel, **overrides)
+    attention, scheme = make_attention(position_scheme, is_causal, kernel, **overrides)
     key_positions = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:key_length].sort().values
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, True,
                                         key_positions=key_positions)
@@ -380,23 +380,23 @@ def test_t5_relative_position_bucket_matches_the_paper_loop_and_transformers(bid
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
-@pytest.mark.parametrize("attention_type", ["absolute", "none", "rope"])
+@pytest.mark.parametrize("position_scheme", ["absolute", "none", "rope"])
 @pytest.mark.parametrize("shape", list(SHAPES))
-def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, attention_type, padded):
+def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shape, position_scheme, padded):
     """`absolute` and `none` add nothing to attention, `rope` only replaces queries and keys, so any kernel of
     transformers' runs them (here transformers' own SDPA function registered under another name, standing in for
     flash_attention_2/3 and Hub kernels)."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(attention_type, is_causal, TRANSFORMERS_KERNEL)
+    attention, scheme = make_attention(position_scheme, is_causal, TRANSFORMERS_KERNEL)
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
     offset = key_length - query_length
-    reference = naive_rope if attention_type == "rope" else naive_absolute
+    reference = naive_rope if position_scheme == "rope" else naive_absolute
     expected = reference(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
                               range(offset, key_length), range(key_length))
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
-@register_attention("test_query_key_transform")
+@register_position_scheme("test_query_key_transform")
 class QueryKeyTransform(PositionScheme):
     """Replaces queries and keys only (q -> 2q, k -> k + 1), as RoPE's rotations will: nothing a kernel must take."""
 
@@ -418,15 +418,15 @@ def test_replaced_queries_and_keys_run_on_every_kernel(shape, kernel, padded):
     assert (fast - expected).abs().max().item() < TOLERANCE
 
 
-@pytest.mark.parametrize("attention_type, added", [("shaw", "a score bias and a value term"), ("xl", "a score bias"),
+@pytest.mark.parametrize("position_scheme, added", [("shaw", "a score bias and a value term"), ("xl", "a score bias"),
                                                     ("directional", "an attention mask"), ("alibi", "a score bias"),
                                                     ("t5", "a score bias")])
-def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(attention_type, added):
-    attention, scheme = make_attention(attention_type, False, TRANSFORMERS_KERNEL)
+def test_a_transformers_kernel_refuses_a_scheme_it_cannot_run(position_scheme, added):
+    attention, scheme = make_attention(position_scheme, False, TRANSFORMERS_KERNEL)
     with pytest.raises(ValueError) as error:
         fast_attention(attention, scheme, 4, 4, False, padded=False)
     message = str(error.value)
-    assert f"attention_type {attention_type!r} adds {added}" in message and TRANSFORMERS_KERNEL in message
+    assert f"position_scheme {position_scheme!r} adds {added}" in message and TRANSFORMERS_KERNEL in message
     assert "['eager', 'sdpa', 'flex_attention', 'relpos_triton']" in message
 
 

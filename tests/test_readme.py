@@ -17,7 +17,7 @@ SELF_CONTAINED = [block for block in BLOCKS if "outputs/" not in block]
 
 
 def test_the_docs_have_self_contained_examples():
-    assert len(SELF_CONTAINED) >= 2 and any("register_attention" in block for block in SELF_CONTAINED)
+    assert len(SELF_CONTAINED) >= 2 and any("register_position_scheme" in block for block in SELF_CONTAINED)
 
 
 @pytest.mark.parametrize("block", SELF_CONTAINED, ids=[f"block{index}" for index in range(len(SELF_CONTAINED))])
@@ -30,7 +30,7 @@ def test_readme_example_runs(block, tmp_path):
 def test_the_readme_custom_scheme_gets_a_complete_model_card(tmp_path):
     """The ALiBi example (docs/extending.md) registers a scheme from user code; the card it prints names it, shows its equation, its
     settings from the config and its citation, all taken from the class (hub.py knows no scheme by name)."""
-    (block,) = [block for block in SELF_CONTAINED if "register_attention" in block]
+    (block,) = [block for block in SELF_CONTAINED if "register_position_scheme" in block]
     completed = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path,
                                timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]

@@ -10,12 +10,12 @@ import torch
 from conftest import tiny_config
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_attention
+from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
 from hf_relpos.publish import hub
 from hf_relpos.translation.training import parse_arguments
 
 
-@register_attention("test_alibi")
+@register_position_scheme("test_alibi")
 class LearnedAlibi(PositionScheme):
     """ALiBi (Press et al. 2022) with a learned slope per layer and head: score bias -m_h |i - j|, m_h starting at
     2^(-e h) for heads h = 1..H with e = `test_alibi_exponent`."""
@@ -38,7 +38,7 @@ class LearnedAlibi(PositionScheme):
 
 
 def test_user_registered_scheme_trains_and_round_trips(tmp_path):
-    assert hf_relpos.ATTENTION_REGISTRY["test_alibi"] is LearnedAlibi
+    assert hf_relpos.POSITION_SCHEMES["test_alibi"] is LearnedAlibi
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi")).train()
     assert torch.equal(model.model.encoder.positions.slopes[0], torch.tensor([0.5, 0.25, 0.125, 0.0625]))
     input_ids = torch.randint(4, 40, (2, 6))
@@ -48,7 +48,7 @@ def test_user_registered_scheme_trains_and_round_trips(tmp_path):
     torch.optim.SGD(model.parameters(), lr=0.5).step()
     model.eval().save_pretrained(tmp_path)
     reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
-    assert reloaded.config.attention_type == "test_alibi"
+    assert reloaded.config.position_scheme == "test_alibi"
     assert torch.equal(reloaded.model.encoder.positions.slopes, model.model.encoder.positions.slopes)
     with torch.no_grad():
         expected = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
@@ -74,22 +74,22 @@ def test_a_registered_schemes_config_field_has_its_default_validation_and_a_plac
 
 def test_a_config_holds_the_fields_of_its_own_scheme_only(tmp_path):
     """Another scheme's field is accepted (configs saved before 0.1 hold every scheme's) and dropped, in the config
-    and in config.json; switching `attention_type` gives the new scheme's defaults, validated."""
+    and in config.json; switching `position_scheme` gives the new scheme's defaults, validated."""
     config = tiny_config("shaw", test_alibi_exponent=5, clamp_len=7)
     assert config.max_relative_position == 3
     assert not hasattr(config, "test_alibi_exponent") and not hasattr(config, "clamp_len")
     config.save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    shaw_fields = {field.name for field in hf_relpos.ATTENTION_REGISTRY["shaw"].config_fields}
-    other_fields = {field.name for scheme in hf_relpos.ATTENTION_REGISTRY.values()
+    shaw_fields = {field.name for field in hf_relpos.POSITION_SCHEMES["shaw"].config_fields}
+    other_fields = {field.name for scheme in hf_relpos.POSITION_SCHEMES.values()
                     for field in scheme.config_fields} - shaw_fields
     assert shaw_fields <= set(saved) and not other_fields & set(saved)
-    config.attention_type = "xl"
+    config.position_scheme = "xl"
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)   # validates the changed config
-    xl_defaults = {field.name: field.default for field in hf_relpos.ATTENTION_REGISTRY["xl"].config_fields}
+    xl_defaults = {field.name: field.default for field in hf_relpos.POSITION_SCHEMES["xl"].config_fields}
     assert model.config.clamp_len == xl_defaults["clamp_len"]
     assert "max_relative_position" not in model.config.to_dict()
-    config.attention_type = "test_alibi"
+    config.position_scheme = "test_alibi"
     config.test_alibi_exponent = 0
     with pytest.raises(ValueError, match="test_alibi_exponent must be an integer >= 1"):
         hf_relpos.RelPosTransformerForConditionalGeneration(config)
@@ -107,7 +107,7 @@ def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
 
 def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):
     recipe = tmp_path / "recipe.yaml"
-    recipe.write_text("model:\n  attention_type: test_alibi\n  test_alibi_exponent: 3\n"
+    recipe.write_text("model:\n  position_scheme: test_alibi\n  test_alibi_exponent: 3\n"
                       f"output_dir: {tmp_path / 'out'}\ndataset_name: demo\ndo_train: true\n")
     model_args, _, _ = parse_arguments([str(recipe), "--model.d_model", "64"])
     assert model_args.model_config["test_alibi_exponent"] == 3
@@ -116,21 +116,21 @@ def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):
 def test_a_field_declared_differently_by_two_schemes_is_refused():
     clash = type("Clash", (PositionScheme,), {"config_fields": (integer_field("max_relative_position", 8, "other"),)})
     with pytest.raises(ValueError, match="'max_relative_position' of scheme 'test_clash' is already declared"):
-        register_attention("test_clash")(clash)
-    assert "test_clash" not in hf_relpos.ATTENTION_REGISTRY
+        register_position_scheme("test_clash")(clash)
+    assert "test_clash" not in hf_relpos.POSITION_SCHEMES
 
 
 def test_registering_a_different_class_under_a_taken_name_is_refused():
     with pytest.raises(ValueError, match="already registered"):
-        register_attention("shaw")(type("OtherShaw", (PositionScheme,), {}))
+        register_position_scheme("shaw")(type("OtherShaw", (PositionScheme,), {}))
     with pytest.raises(TypeError, match="PositionScheme subclass"):
-        register_attention("not_a_scheme")(int)
+        register_position_scheme("not_a_scheme")(int)
 
 
 @pytest.mark.parametrize(
     "overrides, field",
     [
-        ({"attention_type": "sandwich"}, "attention_type"),
+        ({"position_scheme": "sandwich"}, "position_scheme"),
         ({"max_relative_position": -1}, "max_relative_position"),
         ({"d_model": 30}, "d_model"),
         ({"decoder_attention_heads": 5}, "decoder_attention_heads"),
@@ -143,8 +143,8 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"dropout": 1.5}, "dropout"),
         ({"clamp_len": -3}, "clamp_len"),
         ({"activation_function": "swishy"}, "activation_function"),
-        ({"attention_type": "directional", "directional_heads": ["sideways"]}, "directional_heads"),
-        ({"attention_type": "directional", "directional_heads": []}, "directional_heads"),
+        ({"position_scheme": "directional", "directional_heads": ["sideways"]}, "directional_heads"),
+        ({"position_scheme": "directional", "directional_heads": []}, "directional_heads"),
         ({"d_model": "512"}, "d_model"),
         ({"max_relativ_position": 8}, "max_relative_position"),
         ({"use_relative_value": False}, "use_relative_values"),
@@ -158,7 +158,7 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"embedding_init_std": float("nan")}, "embedding_init_std"),
         ({"dropout": False}, "dropout"),
         ({"pad_token_id": True}, "pad_token_id"),
-        ({"attention_type": ["xl"]}, "attention_type"),
+        ({"position_scheme": ["xl"]}, "position_scheme"),
         ({"activation_function": ["relu"]}, "activation_function"),
         ({"num_attention_heads": 7}, "encoder_attention_heads"),  # transformers' common names stand for the fields
         ({"hidden_size": 30}, "d_model"),

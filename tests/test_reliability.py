@@ -40,7 +40,7 @@ Model = hf_relpos.RelPosTransformerForConditionalGeneration
 
 TINY = {
     "model": {
-        "attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "position_scheme": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
         "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
         "max_relative_position": 4, "dropout": 0.1,
     },

@@ -15,11 +15,11 @@ from conftest import tiny_config
 from torch import nn
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionContext, PositionScheme, integer_field, register_attention
+from hf_relpos import AttentionTerms, PositionContext, PositionScheme, integer_field, register_position_scheme
 from hf_relpos.model.positions import clipped_distance
 
 
-@register_attention("toy")
+@register_position_scheme("toy")
 class ToyPositions(PositionScheme):
     config_fields = (integer_field("toy_max_distance", 2, "largest distance with its own bias", minimum=0,
                                    symbol="K"),)
@@ -70,7 +70,7 @@ ORACLE_CASES = [("toy", naive_toy, {}), ("toy", naive_toy, {"toy_max_distance": 
 def test_a_scheme_of_a_test_file_is_among_the_shared_tests_schemes():
     from conftest import SCHEMES  # conftest imports this file before it lists the schemes
 
-    assert "toy" in SCHEMES and hf_relpos.ATTENTION_REGISTRY["toy"] is ToyPositions
+    assert "toy" in SCHEMES and hf_relpos.POSITION_SCHEMES["toy"] is ToyPositions
 
 
 def test_the_toy_bias_reaches_the_model():

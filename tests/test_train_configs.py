@@ -10,7 +10,7 @@ from hf_relpos.translation.training import parse_arguments
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SCHEMES = ("absolute", "shaw", "xl", "directional", "rope", "alibi", "t5")
-# What each scheme's WMT14 base recipe sets beyond attention_type (the papers' values, or the scheme's defaults).
+# What each scheme's WMT14 base recipe sets beyond position_scheme (the papers' values, or the scheme's defaults).
 SCHEME_FIELDS = {
     "absolute": {}, "alibi": {}, "directional": {},
     "shaw": {"max_relative_position": 16, "use_relative_keys": True, "use_relative_values": True},
@@ -28,7 +28,7 @@ def parse(name: str, *flags: str):
 def test_wmt14_base_recipes(scheme):
     model_args, data_args, training_args = parse(f"wmt14_en_de_base_{scheme}.yaml")
     model = model_args.model_config
-    assert model["attention_type"] == scheme and model["layer_norm_position"] == "post"
+    assert model["position_scheme"] == scheme and model["layer_norm_position"] == "post"
     assert (model["d_model"], model["encoder_layers"], model["decoder_layers"]) == (512, 6, 6)
     assert (model["encoder_attention_heads"], model["encoder_ffn_dim"], model["dropout"]) == (8, 2048, 0.1)
     assert model["tie_word_embeddings"] is True
@@ -59,7 +59,7 @@ def test_wmt14_big_recipe():
 def test_multi30k_recipes_differ_only_in_the_scheme():
     texts = {scheme: yaml.safe_load((CONFIGS / f"multi30k_small_{scheme}.yaml").read_text()) for scheme in SCHEMES}
     for scheme, config in texts.items():
-        assert config["model"].pop("attention_type") == scheme
+        assert config["model"].pop("position_scheme") == scheme
         assert config.pop("output_dir") == f"outputs/multi30k_small_{scheme}"
         assert config["model"]["attention_dropout"] == 0.1
     assert all(config == texts["shaw"] for config in texts.values())
@@ -113,4 +113,4 @@ def test_bf16_if_supported_turns_bf16_on_only_where_the_gpu_has_it(monkeypatch):
 def test_every_recipe_parses_with_a_valid_model_config(name):
     """parse_arguments builds the recipe's RelPosTransformerConfig, so each scheme checks its own fields here."""
     model_args, _, _ = parse(name)
-    assert model_args.model_config["attention_type"] in name or name == "demo.yaml"
+    assert model_args.model_config["position_scheme"] in name or name == "demo.yaml"

@@ -33,7 +33,7 @@ SIGNATURE_PREFIX = "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:"
 
 TINY_CONFIG = {
     "model": {
-        "attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+        "position_scheme": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
         "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
         "max_relative_position": 4, "dropout": 0.0,
     },
@@ -77,7 +77,7 @@ def trained(tmp_path_factory, corpus) -> tuple[Path, dict]:
 def test_yaml_fills_the_arguments_and_flags_override(tmp_path, corpus):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", dataset_config_name=None)
     model_args, data_args, training_args = parse_arguments([
-        str(config), "--learning_rate", "3e-4", "--model.d_model", "64", "--attention_type", "xl",
+        str(config), "--learning_rate", "3e-4", "--model.d_model", "64", "--position_scheme", "xl",
         "--do_predict", "false", "--max-train-samples=50", "--report_to", "none",
     ])
     assert training_args.learning_rate == pytest.approx(3e-4)
@@ -85,16 +85,16 @@ def test_yaml_fills_the_arguments_and_flags_override(tmp_path, corpus):
     assert training_args.adam_beta2 == pytest.approx(0.98) and training_args.adam_epsilon == pytest.approx(1e-9)
     assert training_args.do_train and not training_args.do_predict
     assert training_args.max_tokens_per_batch == 400 and training_args.generation_num_beams == 2
-    assert model_args.model_config["d_model"] == 64 and model_args.model_config["attention_type"] == "xl"
+    assert model_args.model_config["d_model"] == 64 and model_args.model_config["position_scheme"] == "xl"
     assert model_args.model_config["encoder_layers"] == 1
     assert data_args.max_train_samples == 50 and data_args.train_file == str(corpus["train"])
     assert data_args.dataset_config_name is None
 
 
 def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
-    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", attention_type="directional")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", position_scheme="directional")
     model_args, _, _ = parse_arguments([str(config)])
-    assert model_args.model_config["attention_type"] == "directional"
+    assert model_args.model_config["position_scheme"] == "directional"
 
 
 @pytest.mark.parametrize(
@@ -105,7 +105,7 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({"model": {**TINY_CONFIG["model"], "d_modle": 8}}, [], r"model\.d_modle \(did you mean d_model\?\)"),
         ({"model": {**TINY_CONFIG["model"], "vocab_size": 8}}, [], r"unknown key\(s\): model\.vocab_size"),
         ({}, ["--learning_rate", "fast"], r"argument --learning_rate/--learning-rate: invalid float value: 'fast'"),
-        ({}, ["--attention_type", "sandwich"], r"model: attention_type must be one of"),
+        ({}, ["--position_scheme", "sandwich"], r"model: position_scheme must be one of"),
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),
@@ -157,7 +157,7 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     tokenizer = AutoTokenizer.from_pretrained(output_dir)
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
     assert isinstance(model, RelPosTransformerForConditionalGeneration)
-    assert model.config.vocab_size == len(tokenizer) and model.config.attention_type == "shaw"
+    assert model.config.vocab_size == len(tokenizer) and model.config.position_scheme == "shaw"
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
     assert not list(output_dir.glob(".tokenizer.*"))
 

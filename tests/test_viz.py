@@ -24,15 +24,15 @@ from hf_relpos.translation.tokenization import train_joint_tokenizer  # noqa: E4
 PNG_MAGIC = b"\x89PNG"
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_attention_maps_have_one_map_per_layer_and_head(attention_type, tmp_path):
-    model = tiny_model(attention_type)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_attention_maps_have_one_map_per_layer_and_head(position_scheme, tmp_path):
+    model = tiny_model(position_scheme)
     model.set_attn_implementation("sdpa")
     weights = encoder_attentions(model, [5, 6, 7, 8, 9, 1])
     assert weights.shape == (2, 4, 6, 6)
     assert model.config._attn_implementation == "sdpa"  # restored after the eager call
     expected_rows = torch.ones(2, 4, 6)
-    if attention_type == "directional":
+    if position_scheme == "directional":
         # DiSAN with the diagonal disabled: the forward heads (0, 1) have no key for the first query, the backward
         # heads (2, 3) none for the last; those rows are zero, every other row sums to 1
         expected_rows[:, :2, 0] = 0

@@ -57,11 +57,11 @@ def sources(changed_position: int | None = None) -> torch.Tensor:
     return input_ids
 
 
-@pytest.mark.parametrize("attention_type", RELATIVE_SCHEMES)
-def test_with_a_window_a_token_depends_on_its_neighbourhood_only(attention_type):
+@pytest.mark.parametrize("position_scheme", RELATIVE_SCHEMES)
+def test_with_a_window_a_token_depends_on_its_neighbourhood_only(position_scheme):
     """L layers of window w: encoder position 0 sees the tokens 0 .. L w, so changing token L w + 1 leaves its state
     unchanged (float64, 1e-12) and changing token L w changes it; the same holds in the decoder, causally."""
-    model = tiny_model(attention_type, seed=2, self_attention_window=WINDOW).double()
+    model = tiny_model(position_scheme, seed=2, self_attention_window=WINDOW).double()
     reach = model.config.encoder_layers * WINDOW
     with torch.no_grad():
         encode = model.get_encoder()
@@ -80,25 +80,25 @@ def test_with_a_window_a_token_depends_on_its_neighbourhood_only(attention_type)
         assert (last_decoder_state(sources(last - reach)) - reference).abs().max() > 1e-6
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_a_window_as_long_as_the_sequence_changes_nothing(attention_type):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_a_window_as_long_as_the_sequence_changes_nothing(position_scheme):
     input_ids = sources()
     outputs = []
     for window in (None, input_ids.size(1)):
-        model = tiny_model(attention_type, seed=3, self_attention_window=window).double()
+        model = tiny_model(position_scheme, seed=3, self_attention_window=window).double()
         with torch.no_grad():
             outputs.append(model(input_ids=input_ids, decoder_input_ids=input_ids).logits)
     assert (outputs[0] - outputs[1]).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_every_kernel_gives_the_same_windowed_model_in_float64(attention_type):
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_every_kernel_gives_the_same_windowed_model_in_float64(position_scheme):
     input_ids = sources()
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 9:] = 0
     logits = {}
     for kernel in ("eager", "sdpa", "flex_attention"):
-        model = tiny_model(attention_type, seed=4, self_attention_window=WINDOW).double()
+        model = tiny_model(position_scheme, seed=4, self_attention_window=WINDOW).double()
         model.set_attn_implementation(kernel)
         with torch.no_grad():
             logits[kernel] = model(input_ids=input_ids, attention_mask=attention_mask,
@@ -108,9 +108,9 @@ def test_every_kernel_gives_the_same_windowed_model_in_float64(attention_type):
 
 
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_windowed_cached_generation_equals_uncached(attention_type, num_beams):
-    model = tiny_model(attention_type, seed=1, self_attention_window=WINDOW)
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_windowed_cached_generation_equals_uncached(position_scheme, num_beams):
+    model = tiny_model(position_scheme, seed=1, self_attention_window=WINDOW)
     input_ids = sources()
     attention_mask = torch.ones_like(input_ids)
     attention_mask[1, 5:] = 0

@@ -21,7 +21,7 @@ from transformers import AutoTokenizer, GenerationConfig
 import hf_relpos.translation.arguments as arguments_module
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.preflight as preflight_module
-from hf_relpos import ATTENTION_REGISTRY, RelPosTransformerConfig
+from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig
 from hf_relpos.translation.arguments import (
     ConfigError,
     ModelArguments,
@@ -41,7 +41,7 @@ SCRIPT = REPO / "train_translation.py"
 # COLUMNS: argparse wraps --help to the terminal width; one line per field keeps the checks simple.
 ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error", COLUMNS="1000")
 TINY = {
-    "model": {"attention_type": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
+    "model": {"position_scheme": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
               "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
               "decoder_ffn_dim": 64, "max_relative_position": 4, "dropout": 0.1},
     "source_lang": "en", "target_lang": "de", "tokenizer_vocab_size": 456,
@@ -96,7 +96,7 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
     sections = dict(zip([heading.split(" (")[0].rstrip(":") for heading in headings],
                         re.split("|".join(re.escape(heading) for heading in headings), text)[1:], strict=True))
     architecture = sections["model: architecture"]
-    registered_by_tests = {field.name for scheme in ATTENTION_REGISTRY.values()
+    registered_by_tests = {field.name for scheme in POSITION_SCHEMES.values()
                            if not scheme.__module__.startswith("hf_relpos") for field in scheme.config_fields}
     for name in model_config_fields() - registered_by_tests:  # the script's fresh process has the built-in schemes
         assert f"--model.{name} [VALUE]" in architecture, name
@@ -139,8 +139,8 @@ def test_help_after_a_yaml_shows_its_values_as_defaults(tmp_path):
 
 @pytest.mark.parametrize(("flags", "parsed"), [
     (["--model.d-model", "48"], {"d_model": 48}),
-    (["--model.directional_heads", "[forward, backward]", "--attention_type=directional"],
-     {"directional_heads": ["forward", "backward"], "attention_type": "directional"}),
+    (["--model.directional_heads", "[forward, backward]", "--position_scheme=directional"],
+     {"directional_heads": ["forward", "backward"], "position_scheme": "directional"}),
     (["--use_relative_values"], {"use_relative_values": True}),
 ])
 def test_model_flags_are_read_as_yaml(tmp_path, corpus, flags, parsed):

@@ -15,9 +15,9 @@ SEGMENT = 6
 TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails
 
 
-def causal_lm(attention_type: str = "xl", seed: int = 0, **overrides) -> hf_relpos.RelPosTransformerForCausalLM:
+def causal_lm(position_scheme: str = "xl", seed: int = 0, **overrides) -> hf_relpos.RelPosTransformerForCausalLM:
     torch.manual_seed(seed)
-    config = tiny_config(attention_type, **{"mem_len": SEGMENT, **overrides})
+    config = tiny_config(position_scheme, **{"mem_len": SEGMENT, **overrides})
     return hf_relpos.RelPosTransformerForCausalLM(config).eval()
 
 
@@ -89,9 +89,9 @@ def test_generation_with_mems_as_the_cache_equals_uncached(num_beams):
     assert (torch.stack(with_memory.logits) - torch.stack(uncached.logits)).abs().max() < TOLERANCE
 
 
-@pytest.mark.parametrize("attention_type", SCHEMES)
-def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(attention_type):
-    model = causal_lm(attention_type, mem_len=0).double()
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(position_scheme):
+    model = causal_lm(position_scheme, mem_len=0).double()
     prompt = stream(4)
     kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
                   return_dict_in_generate=True, pad_token_id=0)

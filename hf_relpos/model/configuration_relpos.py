@@ -1,5 +1,5 @@
 """RelPosTransformerConfig: a Marian/BART-style encoder-decoder config whose self-attention position scheme is chosen
-from the registry by `attention_type`."""
+from the registry by `position_scheme`."""
 
 from __future__ import annotations
 
@@ -11,7 +11,14 @@ from typing import Any
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-from .positions import ATTENTION_REGISTRY, PositionScheme, SchemeField, get_scheme_class, scheme_config_fields
+from .positions import (
+    POSITION_SCHEMES,
+    PositionScheme,
+    SchemeField,
+    get_scheme_class,
+    scheme_config_fields,
+    warn_renamed,
+)
 
 # The built-in schemes, one import line each: importing a scheme's module registers it, and transformers' remote code
 # copies exactly the same-folder files imported like this. A new built-in scheme adds its line here, nothing else.
@@ -27,8 +34,26 @@ from .validation import require_int, require_positive_number
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
+# a config field's deprecated name -> its current name: both are accepted as keywords, in config.json (configs saved
+# by earlier versions), in a recipe's model: section and as --model.NAME flags; only the current one is saved
+DEPRECATED_FIELDS = {"attention_type": "position_scheme"}
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
                   "cross_attention_length_scaling", "keep_absolute_positions")
+
+
+def deprecated_field_alias(old: str, new: str) -> property:
+    """The config attribute `old`, a deprecated alias of the field `new`: reading or setting it warns (FutureWarning)
+    and reads or sets `new`."""
+
+    def get(config: PreTrainedConfig) -> Any:
+        warn_renamed(old, new)
+        return getattr(config, new)
+
+    def set_(config: PreTrainedConfig, value: Any) -> None:
+        warn_renamed(old, new)
+        setattr(config, new, value)
+
+    return property(get, set_, doc=f"Deprecated alias of `{new}`.")
 
 
 class RelPosTransformerConfig(PreTrainedConfig):
@@ -36,8 +61,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     Field names follow Marian/BART. Position fields:
 
-    - `attention_type`: a scheme of `hf_relpos.ATTENTION_REGISTRY` (the built-in ones, or one registered with
-      `hf_relpos.register_attention`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
+    - `position_scheme`: a scheme of `hf_relpos.POSITION_SCHEMES` (the built-in ones, or one registered with
+      `hf_relpos.register_position_scheme`). Self-attention only: cross-attention has no positions (Shaw et al. 2018).
+      Its deprecated alias `attention_type` (keyword, attribute, config.json key) still works, with a FutureWarning.
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
     - The fields the chosen scheme declares (`PositionScheme.config_fields`, with their defaults, help and
       validation; e.g. Shaw's `max_relative_position`): top-level attributes, saved in config.json. Fields of the
@@ -142,7 +168,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
     bos_token_id: int | None = 2
     decoder_start_token_id: int | None = 2
     tie_word_embeddings: bool = True
-    attention_type: str = "directional"
+    position_scheme: str = "directional"
     layer_norm_position: str = "post"
     mem_len: int = 0
     position_randomization_max: int | None = None
@@ -151,6 +177,14 @@ class RelPosTransformerConfig(PreTrainedConfig):
     cross_attention_length_scaling: bool = False
     keep_absolute_positions: bool = False
     absolute_positions_scale: float = 1.0
+
+    attention_type = deprecated_field_alias("attention_type", "position_scheme")
+
+    def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
+        """Checks the deprecated field names among the keywords (`rename_deprecated_fields`) while it can still tell
+        a field given from a field left at its default; `__post_init__` then moves their values."""
+        rename_deprecated_fields(kwargs)
+        return super().__new__(cls)
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
@@ -174,7 +208,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return loaded
 
     def __post_init__(self, **kwargs) -> None:
-        for alias, name in self.attribute_map.items():  # validated as the field they stand for
+        for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
             if alias in kwargs:
                 setattr(self, name, kwargs.pop(alias))
         own = {field.name for field in self._scheme_fields()}
@@ -194,7 +228,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     def _scheme_fields(self) -> tuple[SchemeField, ...]:
         """The config fields of the chosen scheme (none for a name that is not registered)."""
-        scheme_class = ATTENTION_REGISTRY.get(self.attention_type) if isinstance(self.attention_type, str) else None
+        scheme_class = POSITION_SCHEMES.get(self.position_scheme) if isinstance(self.position_scheme, str) else None
         return scheme_class.config_fields if scheme_class is not None else ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -205,8 +239,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     def _validate_relpos(self) -> None:
         """One clear ValueError per bad value, naming the field and what is allowed. The chosen scheme's fields that
-        are not set (at construction, or after `attention_type` changed) take their defaults first."""
-        get_scheme_class(self.attention_type)
+        are not set (at construction, or after `position_scheme` changed) take their defaults first."""
+        get_scheme_class(self.position_scheme)
         for field in self._scheme_fields():
             if field.name not in self.__dict__:
                 setattr(self, field.name, copy.deepcopy(field.default))
@@ -234,8 +268,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in BOOLEAN_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.keep_absolute_positions and get_scheme_class(self.attention_type).embed is not PositionScheme.embed:
-            raise ValueError(f"keep_absolute_positions must be false with attention_type {self.attention_type!r}: that "
+        if self.keep_absolute_positions and get_scheme_class(self.position_scheme).embed is not PositionScheme.embed:
+            raise ValueError(f"keep_absolute_positions must be false with position_scheme {self.position_scheme!r}: that "
                              "scheme adds an embedding-level position encoding of its own, so the sinusoids would be "
                              "added twice (keep_absolute_positions adds them under a scheme that has none)")
         scale = self.absolute_positions_scale
@@ -260,7 +294,24 @@ class RelPosTransformerConfig(PreTrainedConfig):
                 raise ValueError(f"{name} must be None or an id in [0, vocab_size={self.vocab_size}), got {value!r}")
         for field in self._scheme_fields():
             field.check(getattr(self, field.name))
-        get_scheme_class(self.attention_type).check_config(self)
+        get_scheme_class(self.position_scheme).check_config(self)
+
+
+def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
+    """`values` (config keywords, a config.json's dict, a recipe's `model:` section) with each deprecated field name
+    of `DEPRECATED_FIELDS` replaced by its current name, with a FutureWarning; both names with different values are
+    one ValueError."""
+    renamed = dict(values)
+    for old, new in DEPRECATED_FIELDS.items():
+        if old not in renamed:
+            continue
+        value = renamed.pop(old)
+        if new in renamed and renamed[new] != value:
+            raise ValueError(f"{old} is the deprecated name of {new}, and they differ ({old}={value!r}, "
+                             f"{new}={renamed[new]!r}): give {new} only")
+        warn_renamed(old, new)
+        renamed[new] = value
+    return renamed
 
 
 def _refuse_misspelled_fields(extra: dict) -> None:

@@ -1,7 +1,7 @@
 """RelPosTransformer: a Marian-shaped encoder-decoder whose self-attention position scheme comes from the registry.
 
 Read top to bottom: masks -> attention -> layers -> stacks -> base model -> heads. The model never tests a scheme's
-name: each stack holds one `PositionScheme` (`config.attention_type`) that embeds (`embed`) and says what each
+name: each stack holds one `PositionScheme` (`config.position_scheme`) that embeds (`embed`) and says what each
 self-attention layer adds (`terms`); the attention module runs the kernel `config._attn_implementation` names,
 through `RELPOS_ATTENTION_FUNCTIONS` (attention_functions.py). Cross-attention has no positions (Shaw et al. 2018,
 sec. 3).
@@ -108,7 +108,7 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
 KERNEL_ONLY_FIELDS = (("self_attention_window", "null"), ("cross_attention_length_scaling", "false"))
 
 
-def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, attention_type: str | None = None,
+def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, position_scheme: str | None = None,
                           additions: list[str] | tuple = ()) -> None:
     """The kernel-support rule, in one place: hf_relpos' kernels (`RELPOS_KERNELS`) take everything; any other
     kernel (flash_attention_2/3, Hub kernels) takes neither a config field of `KERNEL_ONLY_FIELDS` that is set in
@@ -122,7 +122,7 @@ def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, a
                              f"{field} to {off_value} or use one of those")
     if additions:
         raise ValueError(
-            f"attention_type {attention_type!r} adds {' and '.join(additions)} to attention, which attn_implementation "
+            f"position_scheme {position_scheme!r} adds {' and '.join(additions)} to attention, which attn_implementation "
             f"{kernel!r} cannot take; this scheme runs with {list(RELPOS_KERNELS)}, and {kernel!r} only with schemes "
             "that add none (e.g. 'absolute')"
         )
@@ -154,10 +154,10 @@ def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[Att
     num_heads = config.decoder_attention_heads if is_decoder else config.encoder_attention_heads
     head_dim = config.d_model // num_heads
     with torch.device("cpu"), torch.no_grad():  # also inside from_pretrained's meta-device construction
-        positions = get_scheme_class(config.attention_type)(config, 1, num_heads, head_dim, is_causal=is_decoder)
+        scheme = get_scheme_class(config.position_scheme)(config, 1, num_heads, head_dim, is_causal=is_decoder)
         query = key = torch.zeros(1, num_heads, 3, head_dim)
-        context = positions.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
-        return positions.terms(0, query, key, context), context
+        context = scheme.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
+        return scheme.terms(0, query, key, context), context
 
 
 def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
@@ -174,7 +174,7 @@ def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
     if is_relpos_kernel(kernel):
         return
     additions = scheme_additions(config, False) + scheme_additions(config, True)
-    require_relpos_kernel(config, kernel, config.attention_type, list(dict.fromkeys(additions)))
+    require_relpos_kernel(config, kernel, config.position_scheme, list(dict.fromkeys(additions)))
 
 
 def attention_mask_for(
@@ -219,17 +219,17 @@ def attention_mask_for(
 
 
 def with_scheme_mask(
-    config: RelPosTransformerConfig, positions: PositionScheme, context: PositionContext, mask: torch.Tensor | None
+    config: RelPosTransformerConfig, scheme: PositionScheme, context: PositionContext, mask: torch.Tensor | None
 ) -> torch.Tensor | None:
     """A stack's self-attention `mask` (from `attention_mask_for`) and the scheme's mask for every layer
     (`context.mask` or `context.mask_mod`), combined once per forward: into the `FlexMask` as a mask_mod when the
     scheme gives one, else as a dense [1, H, n, m] tensor."""
     if not context.has_mask():
         return mask
-    require_relpos_kernel(config, config._attn_implementation, positions.name, ["an attention mask"])
+    require_relpos_kernel(config, config._attn_implementation, scheme.name, ["an attention mask"])
     if isinstance(mask, FlexMask) and context.mask_mod is not None:
-        return mask.with_head_mask(context.mask_mod, positions.num_heads)
-    return and_scheme_mask(mask, context.dense_mask(positions.num_heads))
+        return mask.with_head_mask(context.mask_mod, scheme.num_heads)
+    return and_scheme_mask(mask, context.dense_mask(scheme.num_heads))
 
 
 def and_scheme_mask(mask: torch.Tensor | FlexMask | None, scheme_mask: torch.Tensor) -> torch.Tensor | FlexMask:
@@ -279,7 +279,7 @@ class RelPosAttention(nn.Module):
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        positions: PositionScheme | None = None,
+        scheme: PositionScheme | None = None,
         key_value_states: torch.Tensor | None = None,
         cache: Cache | None = None,
         output_attentions: bool = False,
@@ -288,7 +288,7 @@ class RelPosAttention(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """`attention_mask` comes from `attention_mask_for`; `memory` [B, M, d] (Transformer-XL): keys and values over
         [memory; current segment], queries over the current segment only; `position_context`: the stack call's
-        positions, prepared by `positions` (self-attention only)."""
+        positions, prepared by `scheme` (self-attention only)."""
         query = self._heads(self.q_proj(hidden_states))
         layer_cache = cache
         if isinstance(cache, EncoderDecoderCache):
@@ -301,8 +301,8 @@ class RelPosAttention(nn.Module):
             if memory is not None:
                 source = torch.cat([memory.to(source.dtype), source], dim=1)
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
-            if positions is not None:
-                key = positions.transform_new_keys(self.layer_idx, key, position_context)
+            if scheme is not None:
+                key = scheme.transform_new_keys(self.layer_idx, key, position_context)
             if layer_cache is not None:
                 key, value = layer_cache.update(key, value, self.layer_idx)
                 if self.is_cross_attention:
@@ -310,7 +310,7 @@ class RelPosAttention(nn.Module):
 
         if self.is_cross_attention and self.config.cross_attention_length_scaling:
             query = query * self.log_key_counts(attention_mask, key.size(-2), query.dtype)
-        output, weights = self.attend(query, key, value, attention_mask, positions, position_context,
+        output, weights = self.attend(query, key, value, attention_mask, scheme, position_context,
                                       output_attentions)
         return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
@@ -328,17 +328,17 @@ class RelPosAttention(nn.Module):
         key: torch.Tensor,
         value: torch.Tensor,
         attention_mask: torch.Tensor | None,
-        positions: PositionScheme | None = None,
+        scheme: PositionScheme | None = None,
         position_context: PositionContext | None = None,
         output_attentions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The scaled dot product of per-head queries [B, H, n, d] and keys/values [B, H, m, d] (keys as
-        `positions.transform_new_keys` left them) with what `positions` adds given the stack call's
+        `scheme.transform_new_keys` left them) with what `scheme` adds given the stack call's
         `position_context`, on the kernel `config._attn_implementation` names; returns [B, n, H, d] and the weights
         (eager)."""
         terms = AttentionTerms()
-        if positions is not None:
-            terms = positions.terms(self.layer_idx, query, key, position_context)
+        if scheme is not None:
+            terms = scheme.terms(self.layer_idx, query, key, position_context)
         query = query if terms.query is None else terms.query
         key = key if terms.key is None else terms.key
         kernel = self.config._attn_implementation
@@ -357,7 +357,7 @@ class RelPosAttention(nn.Module):
                          value_term=terms.value_term, score_mod=terms.score_mod,
                          fused_attention=terms.fused_attention)
         else:
-            require_relpos_kernel(self.config, kernel, getattr(positions, "name", None), terms.additions())
+            require_relpos_kernel(self.config, kernel, getattr(scheme, "name", None), terms.additions())
         return attention(
             self, query, key, value, attention_mask, scaling=self.scaling,
             dropout=dropout, output_attentions=output_attentions, **extra,
@@ -410,7 +410,7 @@ class RelPosLayer(GradientCheckpointingLayer):
         self,
         hidden_states: torch.Tensor,
         self_mask: torch.Tensor | None,
-        positions: PositionScheme,
+        scheme: PositionScheme,
         encoder_hidden_states: torch.Tensor | None = None,
         cross_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
@@ -426,7 +426,7 @@ class RelPosLayer(GradientCheckpointingLayer):
             hidden_states,
             self.self_attn_layer_norm,
             lambda x: self.self_attn(
-                x, self_mask, positions, cache=cache, output_attentions=output_attentions, memory=memory,
+                x, self_mask, scheme, cache=cache, output_attentions=output_attentions, memory=memory,
                 position_context=position_context,
             ),
         )
@@ -463,7 +463,9 @@ class RelPosStack(nn.Module):
         ffn_dim = config.decoder_ffn_dim if is_decoder else config.encoder_ffn_dim
         self.embed_scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.embed_tokens = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
-        self.positions = get_scheme_class(config.attention_type)(
+        # the scheme, under the attribute name its parameters are saved by (model.encoder.positions.relative_keys, ...)
+        # in every checkpoint and CTranslate2 export: renaming it would orphan their weights
+        self.positions = get_scheme_class(config.position_scheme)(
             config, num_layers, num_heads, config.d_model // num_heads, is_causal=is_decoder
         )
         self.layers = nn.ModuleList(
@@ -637,12 +639,12 @@ class RelPosDecoder(RelPosStack):
         output_hidden_states: bool | None = None,
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
-        positions: PositionDraw | None = None,
+        draw: PositionDraw | None = None,
         **kwargs,
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
-        `positions`: the positions of the whole output, of which this call's tokens take entries past_length ..
+        `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
@@ -659,7 +661,7 @@ class RelPosDecoder(RelPosStack):
             )
         past_length = cache.get_seq_length() if cache is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
-        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, positions)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
         check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=key_length)
@@ -861,7 +863,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
-            positions=decoder_positions,
+            draw=decoder_positions,
             return_dict=True,
         )
         return Seq2SeqModelOutput(
@@ -1150,7 +1152,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             output_hidden_states=output_hidden_states,
             mems=mems,
             mem_len=mem_len,
-            positions=positions,
+            draw=positions,
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)

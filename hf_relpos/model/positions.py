@@ -16,7 +16,9 @@ defaults, validation, help) and what a model card says about it (`card`: title, 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
@@ -26,49 +28,83 @@ from torch import nn
 
 from .validation import is_int_at_least, is_positive_number
 
-ATTENTION_REGISTRY: dict[str, type[PositionScheme]] = {}
+POSITION_SCHEMES: dict[str, type[PositionScheme]] = {}
 
 
-def register_attention(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
-    """Class decorator that makes a `PositionScheme` selectable as `config.attention_type = name`."""
+def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
+    """Class decorator that makes a `PositionScheme` selectable as `config.position_scheme = name`."""
 
     def decorator(scheme_class: type[PositionScheme]) -> type[PositionScheme]:
         if not (isinstance(scheme_class, type) and issubclass(scheme_class, PositionScheme)):
-            raise TypeError(f"register_attention({name!r}) expects a PositionScheme subclass, got {scheme_class!r}")
-        existing = ATTENTION_REGISTRY.get(name)
+            raise TypeError(f"register_position_scheme({name!r}) expects a PositionScheme subclass, got {scheme_class!r}")
+        existing = POSITION_SCHEMES.get(name)
         if existing is not None and existing.__qualname__ != scheme_class.__qualname__:
-            raise ValueError(f"attention_type {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
+            raise ValueError(f"position_scheme {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
         for field in scheme_class.config_fields:
-            for other_name, other in ATTENTION_REGISTRY.items():
+            for other_name, other in POSITION_SCHEMES.items():
                 declared = {f.name: f for f in other.config_fields}.get(field.name)
                 if other_name != name and declared is not None and declared != field:
                     raise ValueError(f"config field {field.name!r} of scheme {name!r} is already declared differently "
                                      f"by scheme {other_name!r}")
         scheme_class.name = name
-        ATTENTION_REGISTRY[name] = scheme_class
+        POSITION_SCHEMES[name] = scheme_class
         return scheme_class
 
     return decorator
 
 
+Returned = TypeVar("Returned")
+
+
+def deprecated_alias(function: Callable[..., Returned], old_name: str) -> Callable[..., Returned]:
+    """`function` under its deprecated name `old_name`: each call warns (a FutureWarning naming `function`), then
+    calls it."""
+
+    @functools.wraps(function)
+    def alias(*args: Any, **kwargs: Any) -> Returned:
+        warn_renamed(old_name, function.__name__)
+        return function(*args, **kwargs)
+
+    alias.__name__ = alias.__qualname__ = old_name
+    alias.__doc__ = f"Deprecated alias of `{function.__name__}`."
+    return alias
+
+
+register_attention = deprecated_alias(register_position_scheme, "register_attention")  # deprecated name
+DEPRECATED_ATTRIBUTES = {"ATTENTION_REGISTRY": "POSITION_SCHEMES"}   # module attribute -> its current name
+
+
+def __getattr__(name: str) -> Any:
+    """A deprecated module attribute (`DEPRECATED_ATTRIBUTES`), with a FutureWarning naming the current one."""
+    if name in DEPRECATED_ATTRIBUTES:
+        warn_renamed(name, DEPRECATED_ATTRIBUTES[name])
+        return globals()[DEPRECATED_ATTRIBUTES[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """The FutureWarning of a deprecated name, pointing at the caller of the function that calls this one."""
+    warnings.warn(f"{old} is deprecated and will be removed; use {new}", FutureWarning, stacklevel=3)
+
+
 def get_scheme_class(name: str) -> type[PositionScheme]:
     """Registry lookup with an error that lists what is registered."""
-    if not isinstance(name, str) or name not in ATTENTION_REGISTRY:
-        raise ValueError(f"attention_type must be one of {sorted(ATTENTION_REGISTRY)}, got {name!r}")
-    return ATTENTION_REGISTRY[name]
+    if not isinstance(name, str) or name not in POSITION_SCHEMES:
+        raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}")
+    return POSITION_SCHEMES[name]
 
 
 def built_in_schemes() -> tuple[str, ...]:
     """The names of the schemes registered by the model unit's own files (those hf_relpos ships), in registration
     order; the registry also holds those a user registered."""
     unit = __name__.rpartition(".")[0]
-    return tuple(name for name, scheme in ATTENTION_REGISTRY.items() if scheme.__module__.rpartition(".")[0] == unit)
+    return tuple(name for name, scheme in POSITION_SCHEMES.items() if scheme.__module__.rpartition(".")[0] == unit)
 
 
 def scheme_config_fields() -> dict[str, SchemeField]:
     """The config fields declared by the registered schemes, by name: each is a top-level config attribute (saved
-    in config.json), present on every config whatever its `attention_type`."""
-    return {field.name: field for scheme in ATTENTION_REGISTRY.values() for field in scheme.config_fields}
+    in config.json), present on every config whatever its `position_scheme`."""
+    return {field.name: field for scheme in POSITION_SCHEMES.values() for field in scheme.config_fields}
 
 
 @dataclass(frozen=True)
@@ -609,7 +645,7 @@ class PositionContext:
 
 
 class PositionScheme(nn.Module):
-    """How order enters the self-attention of one stack (encoder or decoder); subclass and `@register_attention`.
+    """How order enters the self-attention of one stack (encoder or decoder); subclass and `@register_position_scheme`.
 
     A subclass owns the parameters of all `num_layers` layers and overrides what it needs:
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import torch
 
-from .positions import PositionScheme, SchemeCard, add_sinusoids, register_attention
+from .positions import PositionScheme, SchemeCard, add_sinusoids, register_position_scheme
 
 
 def describe(config: Any) -> str:
@@ -21,7 +21,7 @@ def describe(config: Any) -> str:
     )
 
 
-@register_attention("absolute")
+@register_position_scheme("absolute")
 class AbsolutePositions(PositionScheme):
     """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), added to the embeddings.
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .positions import AttentionTerms, DenseBias, PositionContext, PositionScheme, SchemeCard, register_attention
+from .positions import AttentionTerms, DenseBias, PositionContext, PositionScheme, SchemeCard, register_position_scheme
 
 PRESS_BIBTEX = """@inproceedings{press2022train,
   title     = {Train Short, Test Long: Attention with Linear Biases Enables Input Length Extrapolation},
@@ -27,7 +27,7 @@ def alibi_slopes(num_heads: int) -> list[float]:
     return alibi_slopes(closest) + alibi_slopes(2 * closest)[0::2][: num_heads - closest]
 
 
-@register_attention("alibi")
+@register_position_scheme("alibi")
 class AlibiPositions(PositionScheme):
     """ALiBi (Press et al. 2022, sec. 3): softmax(q_i k^T / sqrt(d) - m_h |i - j|) with fixed slopes `alibi_slopes`.
 

@@ -13,7 +13,7 @@ from .positions import (
     SchemeCard,
     SchemeField,
     boolean_field,
-    register_attention,
+    register_position_scheme,
 )
 
 DIRECTIONS = ("forward", "backward", "both")
@@ -70,7 +70,7 @@ def _valid_pattern(pattern: Any) -> bool:
                                and all(direction in DIRECTIONS for direction in pattern))
 
 
-@register_attention("directional")
+@register_position_scheme("directional")
 class DirectionalPositions(PositionScheme):
     """Per-head masks: forward M_ij = 0 iff j < i, backward iff j > i, both iff j != i (DiSAN's diag-disabled
     masks); with `directional_disable_diagonal=False` the diagonal is allowed too (j <= i, j >= i, all).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .positions import PositionScheme, SchemeCard, register_attention
+from .positions import PositionScheme, SchemeCard, register_position_scheme
 
 KAZEMNEJAD_BIBTEX = """@inproceedings{kazemnejad2023impact,
   title     = {The Impact of Positional Encoding on Length Generalization in Transformers},
@@ -22,7 +22,7 @@ def limitations(config: Any) -> list[str]:
             "set of states, so the model cannot use source word order. Only the decoder's causal mask carries order."]
 
 
-@register_attention("none")
+@register_position_scheme("none")
 class NoPositions(PositionScheme):
     """NoPE: attention is plain softmax(q k^T / sqrt(d)) v and no encoding is added to the embeddings.
 

@@ -14,7 +14,7 @@ from .positions import (
     SchemeCard,
     integer_field,
     number_field,
-    register_attention,
+    register_position_scheme,
 )
 
 SU_BIBTEX = """@article{su2024roformer,
@@ -47,7 +47,7 @@ def describe(config: Any) -> str:
     )
 
 
-@register_attention("rope")
+@register_position_scheme("rope")
 class RotaryPositions(PositionScheme):
     """RoFormer eq. 34: q_i -> R_{Theta,i} q_i, k_j -> R_{Theta,j} k_j, R a block-diagonal of 2x2 rotations by the
     angles p theta_t of position p in the planes (2t, 2t+1), theta_t = rope_theta^(-2t / d_rot), t < d_rot / 2.

@@ -24,7 +24,7 @@ from .positions import (
     integer_field,
     number_field,
     region_attention,
-    register_attention,
+    register_position_scheme,
     times_table,
 )
 
@@ -63,7 +63,7 @@ def describe(config: Any) -> str:
     )
 
 
-@register_attention("shaw")
+@register_position_scheme("shaw")
 class ShawPositions(PositionScheme):
     """Shaw et al. (2018): e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z) (eq. 4), z_i = sum_j alpha_ij (v_j + a^V_ij)
     (eq. 3), a^K_ij = w^K_clip(j-i,k), a^V_ij = w^V_clip(j-i,k) (sec. 3.2).

@@ -19,7 +19,7 @@ from .positions import (
     SchemeCard,
     integer_field,
     region_attention,
-    register_attention,
+    register_position_scheme,
 )
 
 RAFFEL_BIBTEX = """@article{raffel2020exploring,
@@ -75,7 +75,7 @@ def describe(config: Any) -> str:
     )
 
 
-@register_attention("t5")
+@register_position_scheme("t5")
 class T5Positions(PositionScheme):
     """e_ij = q_i k_j^T / sqrt(d) + b_h(bucket(j - i)) with `relative_position_bucket` (bidirectional in the encoder,
     unidirectional in a decoder) and one learned scalar per bucket and head, shared by every layer of the stack (T5

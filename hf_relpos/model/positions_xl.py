@@ -19,7 +19,7 @@ from .positions import (
     boolean_field,
     dense_by_query_blocks,
     integer_field,
-    register_attention,
+    register_position_scheme,
     rel_shift,
     sinusoids,
 )
@@ -51,7 +51,7 @@ def describe(config: Any) -> str:
     )
 
 
-@register_attention("xl")
+@register_position_scheme("xl")
 class XLPositions(PositionScheme):
     """A_ij = q_i.k_j (a) + q_i.W_kR R_(i-j) (b) + u.k_j (c) + v.W_kR R_(i-j) (d), scaled by 1/sqrt(d).
 

@@ -206,7 +206,7 @@ def render_model_card(
         record = RunRecord.from_recipe(record or {})
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
-    model_name = (repo_id or recipe_name or f"relpos-{config.attention_type}").split("/")[-1]
+    model_name = (repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
     metadata = _card_metadata(config, record, results, model_name)
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
@@ -223,7 +223,7 @@ def render_model_card(
 
 
 def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str) -> ModelCardData:
-    scheme = config.attention_type
+    scheme = config.position_scheme
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     source, target = record.source_lang, record.target_lang
     on_hub = _on_hub(record)
@@ -297,7 +297,7 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
     return (
         f"# {model_name}\n\n"
         f"An encoder-decoder Transformer for {_language(source)}→{_language(target)} translation whose self-attention "
-        f"uses {scheme}{trained_on}. It was built with hf_relpos (`attention_type: {config.attention_type}`)"
+        f"uses {scheme}{trained_on}. It was built with hf_relpos (`position_scheme: {config.position_scheme}`)"
         f"{origin}: a Hugging Face `PreTrainedModel` + `GenerationMixin` that loads with "
         "`from_pretrained`, generates with a KV cache and is stored as safetensors."
     )
@@ -305,10 +305,10 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
 
 def _scheme_card(config: RelPosTransformerConfig) -> SchemeCard:
     """The scheme's own card text, or a generic one for a scheme registered without it."""
-    scheme_class = get_scheme_class(config.attention_type)
+    scheme_class = get_scheme_class(config.position_scheme)
     if scheme_class.card is not None:
         return scheme_class.card
-    return SchemeCard(title=f"the `{config.attention_type}` position scheme")
+    return SchemeCard(title=f"the `{config.position_scheme}` position scheme")
 
 
 def _is_packaged(scheme_class: type[PositionScheme]) -> bool:
@@ -317,14 +317,14 @@ def _is_packaged(scheme_class: type[PositionScheme]) -> bool:
 
 
 def _scheme_section(config: RelPosTransformerConfig) -> str:
-    scheme_class = get_scheme_class(config.attention_type)
+    scheme_class = get_scheme_class(config.position_scheme)
     parts = [_scheme_card(config).describe(config)]
     if scheme_class.config_fields:
         rows = [(f"`{field.name}`" + (f" ({field.symbol})" if field.symbol else ""), getattr(config, field.name),
                  field.help) for field in scheme_class.config_fields]
         parts.append(_table(("setting", "value", "meaning"), rows))
     if not _is_packaged(scheme_class):
-        parts.append(f"`{config.attention_type}` is a scheme registered with `hf_relpos.register_attention` "
+        parts.append(f"`{config.position_scheme}` is a scheme registered with `hf_relpos.register_position_scheme` "
                      f"(`{scheme_class.__module__}.{scheme_class.__qualname__}`); its code must be importable wherever "
                      "this model is loaded.")
     if config.layer_norm_position == "pre":
@@ -333,7 +333,7 @@ def _scheme_section(config: RelPosTransformerConfig) -> str:
         norm = "Post-LN blocks: LayerNorm(x + Sublayer(x)) after each sub-layer (Vaswani et al. 2017)."
     body = "\n\n".join(part for part in parts if part)
     return (
-        f"## Position scheme: `{config.attention_type}`\n\n{body}\n\n"
+        f"## Position scheme: `{config.position_scheme}`\n\n{body}\n\n"
         "Positions enter self-attention only (encoder and decoder); cross-attention has no position term, as in Shaw "
         f"et al. (2018). {norm}"
     )

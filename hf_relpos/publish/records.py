@@ -28,7 +28,7 @@ def _recipe_field(section: str, default: Any = None) -> Any:
 
 
 RECIPE, PEER = "recipe", "peer"
-SCHEME_FIELD = "attention_type"   # the model config field naming the position scheme
+SCHEME_FIELD = "position_scheme"   # the model config field naming the position scheme
 ROLES = (RECIPE, PEER)
 # weights of a run whose scores cover one set of weights only (the trained ones)
 TRAINED_WEIGHTS = ""
@@ -178,7 +178,7 @@ class RunRecord:
         """The inverse of `to_json`."""
         scores = {weights: {split: Scores(**split_scores) for split, split_scores in by_split.items()}
                   for weights, by_split in values.get("scores", {}).items()}
-        return cls(**{**values, "scores": scores})
+        return cls(**{**values, "scores": scores, "model": current_model_fields(values.get("model", {}))})
 
 
 
@@ -262,8 +262,9 @@ def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, An
     pairs = list(zip(argv[1:-1], argv[2:], strict=True))
     flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value) for name, value in pairs
              if name.startswith("--") and name.removeprefix("--") in RunRecord.recipe_fields()}
-    schemes = [value for name, value in pairs if name == f"--model.{SCHEME_FIELD}"]   # a recipe run's other scheme
-    flags["model"] = {SCHEME_FIELD: schemes[-1]} if schemes else {}
+    model_flags = current_model_fields({name.removeprefix("--model."): value for name, value in pairs
+                                        if name.startswith("--model.")})
+    flags["model"] = {SCHEME_FIELD: model_flags[SCHEME_FIELD]} if SCHEME_FIELD in model_flags else {}   # other scheme
     measured = {"max_tokens_per_batch": batches["token_budget"],
                 "gradient_accumulation_steps": batches["gradient_accumulation_steps"]} if batches else {}
     return RunRecord(**{
@@ -282,14 +283,23 @@ def legacy_model_runs(result: Mapping[str, Any]) -> list[RunRecord]:
     settings = result["settings"]
     records = []
     for run in result["runs"]:
+        scheme = current_model_fields(run).get(SCHEME_FIELD)
         scored = [(None, run["result"])] if "result" in run else zip(settings["seeds"], run["per_seed"], strict=True)
         for seed, by_bucket in scored:
             records.append(RunRecord(
-                model={"attention_type": run["attention_type"], **run["overrides"]} if "attention_type" in run else {},
+                model={SCHEME_FIELD: scheme, **run["overrides"]} if scheme is not None else {},
                 system=run["name"], seed=seed, steps=settings["steps"] if seed is not None else None,
                 date=result["date"], metrics={bucket: {"accuracy": values["accuracy"], "bleu": values["bleu"]}
                                               for bucket, values in by_bucket.items()}))
     return records
+
+
+def current_model_fields(model: Mapping[str, Any]) -> dict[str, Any]:
+    """A run's model config fields, each under its current name: records written before a field was renamed hold
+    its deprecated name (the config's `DEPRECATED_FIELDS`), read here without a warning; records stay as written."""
+    from ..model.configuration_relpos import DEPRECATED_FIELDS  # here: reading records needs no torch otherwise
+
+    return {DEPRECATED_FIELDS.get(name, name): value for name, value in model.items()}
 
 
 _NULLS = ("null", "None")

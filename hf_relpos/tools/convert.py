@@ -1,4 +1,4 @@
-"""Bring a pretrained MarianMT model to hf_relpos: `python -m hf_relpos.tools.convert marian SRC OUT --attention_type shaw`.
+"""Bring a pretrained MarianMT model to hf_relpos: `python -m hf_relpos.tools.convert marian SRC OUT --position_scheme shaw`.
 
 Marian (transformers' `MarianMTModel`) is the architecture hf_relpos generalises: Post-LN blocks, sinusoidal absolute
 positions added to the (scaled) token embeddings, one embedding matrix shared by encoder, decoder and output
@@ -6,7 +6,7 @@ projection, a `final_logits_bias`. Its field names are already ours; what moves 
 `layers.N.fc{1,2}` -> `layers.N.feed_forward.fc{1,2}`, and the sinusoid tables go (they are parameter-free: the
 `absolute` scheme computes the same [sin | cos] layout on the fly, checked here against the source's table).
 
-- `attention_type="absolute"` reproduces the Marian model: same logits (float32 rounding), same beam search.
+- `position_scheme="absolute"` reproduces the Marian model: same logits (float32 rounding), same beam search.
 - Any other scheme removes the sinusoids and starts its own parameters neutral (`PositionScheme.start_neutral`:
   e.g. Shaw's tables and Transformer-XL's u, v, W_kR at zero), so the switch costs exactly the absolute positions and
   adds nothing; fine-tuning (`train_translation.py --model_name_or_path OUT`) teaches the new terms.
@@ -32,7 +32,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from ..model.positions import ATTENTION_REGISTRY, PositionContext, PositionScheme, sinusoids
+from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
 from ..publish.files import staged_folder
 
 logger = logging.getLogger(__name__)
@@ -54,9 +54,9 @@ FIELDS_FROM_MARIAN = (
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
 
 
-def marian_config_to_relpos(marian_config: MarianConfig, attention_type: str,
+def marian_config_to_relpos(marian_config: MarianConfig, position_scheme: str,
                             **config_overrides: Any) -> RelPosTransformerConfig:
-    """The RelPosTransformerConfig of a Marian model with `attention_type` (Post-LN, as Marian); `config_overrides`
+    """The RelPosTransformerConfig of a Marian model with `position_scheme` (Post-LN, as Marian); `config_overrides`
     set any other field (a scheme's settings, dropout, ...). Marian features hf_relpos lacks are errors."""
     if not marian_config.share_encoder_decoder_embeddings:
         raise ValueError("share_encoder_decoder_embeddings must be true: hf_relpos shares one embedding matrix between "
@@ -78,7 +78,7 @@ def marian_config_to_relpos(marian_config: MarianConfig, attention_type: str,
     fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
     if isinstance(fields["eos_token_id"], list):
         raise ValueError(f"eos_token_id must be one id, got {fields['eos_token_id']!r}")
-    return RelPosTransformerConfig(**{**fields, "attention_type": attention_type, "layer_norm_position": "post",
+    return RelPosTransformerConfig(**{**fields, "position_scheme": position_scheme, "layer_norm_position": "post",
                                       **config_overrides})
 
 
@@ -142,7 +142,7 @@ def neutrality_gaps(scheme: PositionScheme) -> list[str]:
     return gaps
 
 
-def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention_type: str,
+def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, position_scheme: str,
                      **config_overrides: Any) -> RelPosTransformerForConditionalGeneration:
     """`RelPosTransformerForConditionalGeneration` with the weights, config and generation config of a
     `MarianMTModel` (an instance, a folder or a Hub id). Every Marian weight is copied (strictly: nothing left
@@ -150,7 +150,7 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention
     `keep_absolute_positions=True` the sinusoids stay and a scheme that is not exactly neutral then is refused."""
     marian = _load_marian(model_or_path)
     check_marian_positions(marian)
-    config = marian_config_to_relpos(marian.config, attention_type, **config_overrides)
+    config = marian_config_to_relpos(marian.config, position_scheme, **config_overrides)
     model = RelPosTransformerForConditionalGeneration(config).to(marian.dtype)
     state = marian_state_to_relpos(marian.state_dict())
     if "final_logits_bias" not in state:
@@ -165,7 +165,7 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention
         gaps = neutrality_gaps(stack.positions) if config.keep_absolute_positions else []
         if gaps:
             raise ValueError(
-                f"attention_type {attention_type!r} cannot be added to the kept absolute positions: after "
+                f"position_scheme {position_scheme!r} cannot be added to the kept absolute positions: after "
                 f"start_neutral() {' and '.join(gaps)}, so the converted model would not reproduce the Marian model; "
                 "choose a scheme whose terms vanish at its neutral start (learned additive terms at zero: shaw, xl, "
                 "t5; or none, which adds no terms), or convert without keep_absolute_positions")
@@ -173,7 +173,7 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, attention
     return model.train(marian.training)
 
 
-def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, attention_type: str,
+def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, position_scheme: str,
                    **config_overrides: Any) -> Path:
     """Convert the Marian model in `source` (folder or Hub id) and save it, with its tokenizer and generation config,
     in `output_dir`, which must not exist yet (or be empty). Everything is checked and written in a sibling temporary
@@ -185,7 +185,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, att
     if model_type != "marian":
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")
     tokenizer = _load_tokenizer(source)
-    model = marian_to_relpos(source, attention_type, **config_overrides)
+    model = marian_to_relpos(source, position_scheme, **config_overrides)
     with staged_folder(output_dir) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
@@ -218,6 +218,16 @@ def _override(text: str) -> tuple[str, Any]:
     return field.strip(), yaml.safe_load(value)
 
 
+class DeprecatedLastOptionString(argparse.Action):
+    """Stores the value; given under the action's last option string, its deprecated name, it warns (FutureWarning)
+    naming the first one."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if option_string == self.option_strings[-1]:
+            warn_renamed(option_string, self.option_strings[0])
+        setattr(namespace, self.dest, values)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert",
@@ -226,15 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     sources = parser.add_subparsers(dest="source_type", required=True, metavar="{marian}")
     marian = sources.add_parser(
         "marian", help="a transformers MarianMTModel (e.g. Helsinki-NLP/opus-mt-en-de)",
-        description="Convert a MarianMTModel folder or Hub id. attention_type absolute reproduces the model exactly; "
+        description="Convert a MarianMTModel folder or Hub id. position_scheme absolute reproduces the model exactly; "
                     "any other scheme replaces the sinusoidal positions, its own parameters starting neutral; with "
                     "--keep_absolute_positions the scheme is added to the sinusoids instead, and the converted model "
                     "reproduces the Marian model exactly.",
     )
     marian.add_argument("source", help="folder or Hub id of a MarianMTModel with its tokenizer")
     marian.add_argument("output_dir", help="new folder for the converted model (must not exist or be empty)")
-    marian.add_argument("--attention_type", required=True, choices=sorted(ATTENTION_REGISTRY),
-                        help="position scheme of the converted model")
+    marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
+                        choices=sorted(POSITION_SCHEMES),
+                        help="position scheme of the converted model (--attention_type: its deprecated name)")
     marian.add_argument("--keep_absolute_positions", action="store_true",
                         help="keep Marian's sinusoidal positions and add the scheme on top of them, starting neutral "
                              "(the config field keep_absolute_positions; for shaw, xl, t5, none)")
@@ -252,12 +263,12 @@ def main(argv: list[str] | None = None) -> int:
     if arguments.keep_absolute_positions:
         overrides["keep_absolute_positions"] = True
     try:
-        output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.attention_type, **overrides)
+        output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.position_scheme, **overrides)
     except (OSError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     kept = " on top of the kept absolute positions" if overrides.get("keep_absolute_positions") else ""
-    print(f"saved {arguments.attention_type} model{kept}, tokenizer and generation config to {output_dir}")
+    print(f"saved {arguments.position_scheme} model{kept}, tokenizer and generation config to {output_dir}")
     return 0
 
 

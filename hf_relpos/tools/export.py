@@ -82,17 +82,17 @@ def import_ctranslate2() -> Any:
 
 def check_exportable(config: RelPosTransformerConfig, generation: GenerationConfig | None = None) -> None:
     """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
-    scheme = config.attention_type
+    scheme = config.position_scheme
     if scheme in REFUSED_SCHEMES:
-        raise ExportError(f"attention_type {scheme!r} cannot be exported to CTranslate2: {REFUSED_SCHEMES[scheme]}")
+        raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: {REFUSED_SCHEMES[scheme]}")
     if scheme not in POSITION_EXPORTS:
-        raise ExportError(f"attention_type {scheme!r} cannot be exported to CTranslate2: the exporter maps "
+        raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: the exporter maps "
                           f"{sorted(POSITION_EXPORTS)} only")
     if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
         raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
                           "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
     if config.keep_absolute_positions and scheme != "none":
-        raise ExportError(f"keep_absolute_positions with attention_type {scheme!r} cannot be exported to "
+        raise ExportError(f"keep_absolute_positions with position_scheme {scheme!r} cannot be exported to "
                           "CTranslate2: it adds no position table to the embeddings of a model with relative attention")
     if config.activation_function not in ACTIVATIONS:
         raise ExportError(f"activation_function {config.activation_function!r} cannot be exported to CTranslate2, "
@@ -193,7 +193,7 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
 
     config = model.config
     check_exportable(config)
-    scheme = POSITION_EXPORTS[config.attention_type]
+    scheme = POSITION_EXPORTS[config.position_scheme]
     common = {"pre_norm": config.layer_norm_position == "pre",
               "activation": getattr(common_spec.Activation, ACTIVATIONS[config.activation_function]),
               **scheme.options(config)}
@@ -297,9 +297,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         "ctranslate2_version": ctranslate2.__version__,
         "quantization": quantization or "float32",
         "source_model": str(Path(model_dir).resolve()),
-        "attention_type": config.attention_type,
+        "position_scheme": config.position_scheme,
         "position_table_rows": (config.max_position_embeddings
-                                if POSITION_EXPORTS[config.attention_type].position_table else None),
+                                if POSITION_EXPORTS[config.position_scheme].position_table else None),
     }
     with staged_folder(out_dir) as staging:
         spec.save(str(staging))

@@ -95,7 +95,7 @@ def plot_attention_maps(
             ax.set_xticks(range(length), labels, rotation=90, fontsize=6)
             ax.set_yticks(range(length), labels, fontsize=6)
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
-    figure.suptitle(title or f"encoder self-attention ({model.config.attention_type})")
+    figure.suptitle(title or f"encoder self-attention ({model.config.position_scheme})")
     if out_path is not None:
         figure.savefig(out_path, dpi=100)
     return figure
@@ -107,8 +107,8 @@ def relative_similarities(model: nn.Module, stack: str = "encoder") -> dict[str,
     Returns {"w^K": [layers, 2k+1, 2k+1], "w^V": ...} for the tables the model has. Per-head tables
     ([layers, H, 2k+1, d]) are compared head by head and the similarities averaged over heads.
     """
-    positions = _stack(model, stack).positions
-    tables = {"w^K": getattr(positions, "relative_keys", None), "w^V": getattr(positions, "relative_values", None)}
+    scheme = _stack(model, stack).positions
+    tables = {"w^K": getattr(scheme, "relative_keys", None), "w^V": getattr(scheme, "relative_values", None)}
     similarities = {}
     for name, table in tables.items():
         if table is None:
@@ -118,15 +118,15 @@ def relative_similarities(model: nn.Module, stack: str = "encoder") -> dict[str,
         similarities[name] = similarity.mean(dim=1) if similarity.dim() == 4 else similarity
     if not similarities:
         raise ValueError(
-            f"the {stack} of this model has no learned relative tables (attention_type="
-            f"{model.config.attention_type!r}; needs 'shaw' with use_relative_keys or use_relative_values)"
+            f"the {stack} of this model has no learned relative tables (position_scheme="
+            f"{model.config.position_scheme!r}; needs 'shaw' with use_relative_keys or use_relative_values)"
         )
     return similarities
 
 
 def _has_relative_tables(model: nn.Module, stack: str = "encoder") -> bool:
-    positions = _stack(model, stack).positions
-    return any(getattr(positions, name, None) is not None for name in ("relative_keys", "relative_values"))
+    scheme = _stack(model, stack).positions
+    return any(getattr(scheme, name, None) is not None for name in ("relative_keys", "relative_values"))
 
 
 def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = None, stack: str = "encoder"):

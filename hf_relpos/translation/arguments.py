@@ -30,7 +30,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_bf16_gpu_available
 
 from ..model.attention_functions import RELPOS_KERNELS
-from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import meta_model
 from ..model.positions import scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
@@ -329,6 +329,9 @@ class TranslationArgumentParser(HfArgumentParser):
             if dashed != name:  # --model.d-model as HfArgumentParser accepts --max-train-samples; not listed
                 group.add_argument(f"--{MODEL_SECTION}.{dashed}", *[f"--{dashed}"] * plain, **common,
                                    help=argparse.SUPPRESS)
+        for old_name in DEPRECATED_FIELDS:   # --model.OLD_NAME (and --OLD_NAME) still set the field; not listed
+            group.add_argument(f"--{MODEL_SECTION}.{old_name}", f"--{old_name}", dest=f"{MODEL_SECTION}.{old_name}",
+                               type=_yaml_value, nargs="?", const=True, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
 
     def _accept_null_for_optional_fields(self) -> None:
         """`--name null` (or None) sets an optional field to None, as `name: null` does in the YAML."""
@@ -400,6 +403,7 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     model_config = yaml_values.pop(MODEL_SECTION, None) or {}
     if not isinstance(model_config, dict):
         raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
+    model_config = _current_field_names(model_config)
     argument_fields = _argument_fields()
     config_fields = model_config_fields()
     defaults: dict[str, Any] = {}
@@ -416,6 +420,14 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     if unknown:
         _raise_unknown(unknown)
     return defaults, dict(model_config)
+
+
+def _current_field_names(model_config: dict[str, Any]) -> dict[str, Any]:
+    """`rename_deprecated_fields` with its error as a ConfigError."""
+    try:
+        return rename_deprecated_fields(model_config)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _raise_unknown(keys: Sequence[str]) -> typing.NoReturn:
@@ -447,11 +459,10 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
                               "flags")
         _raise_unknown(flags)
     values = vars(namespace)
-    from_command_line = set()
-    for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]:
-        name = dest.removeprefix(f"{MODEL_SECTION}.")
-        model_config[name] = values.pop(dest)
-        from_command_line.add(name)
+    command_line = _current_field_names({dest.removeprefix(f"{MODEL_SECTION}."): values.pop(dest)
+                                         for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]})
+    model_config.update(command_line)
+    from_command_line = set(command_line)
     built = []
     for argument_class in ARGUMENT_CLASSES:
         names = {item.name for item in dataclasses.fields(argument_class) if item.init}

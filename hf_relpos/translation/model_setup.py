@@ -169,5 +169,5 @@ def log_model(model: RelPosTransformerForConditionalGeneration, model_args: Mode
         log = logger.info if training_args.do_train else logger.warning
         log("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,
             ", ".join(f"{name}={value!r}" for name, value in model_args.model_config.items()))
-    logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.attention_type,
+    logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.position_scheme,
                 model.num_parameters() / 1e6)
