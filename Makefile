@@ -22,7 +22,7 @@ demo: $(VENV)/.installed
 # The float64 oracle tests again under the CPU kernels torch picks on other machines: a pass must not depend on them.
 NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_kernels.py \
 	tests/test_loss.py tests/test_window.py tests/test_length_scaling.py tests/test_fused_attention.py \
-	tests/test_triton_shaw.py tests/test_scheme_toy.py tests/test_generation_limits.py
+	tests/test_triton_shaw.py tests/test_scheme_toy.py tests/test_generation_limits.py tests/test_key_dropout.py
 
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
