@@ -192,3 +192,22 @@ def test_records_written_with_the_deprecated_field_read_under_the_current_one():
     assert matched and all(run.model == {"position_scheme": "rope"} for run in matched)
     assert RunRecord.from_json({"model": {"attention_type": "xl", "mem_len": 4}}).model == {
         "position_scheme": "xl", "mem_len": 4}
+
+
+def test_the_decoder_stack_takes_its_old_positions_keyword_as_draw():
+    """`RelPosDecoder.forward(positions=...)`, the keyword's name before `draw`, still places the tokens (a
+    FutureWarning), not swallowed by **kwargs; both names at once are one error."""
+    model = tiny_model("shaw", seed=4)
+    decoder = model.get_decoder()
+    tokens = torch.tensor([[5, 9, 4, 12, 7]])
+    memory = model.get_encoder()(input_ids=tokens).last_hidden_state
+    draw = hf_relpos.PositionDraw(torch.tensor([0, 3, 7, 8, 30]))
+    with torch.no_grad():
+        expected = decoder(input_ids=tokens, encoder_hidden_states=memory, draw=draw).last_hidden_state
+        ordinary = decoder(input_ids=tokens, encoder_hidden_states=memory).last_hidden_state
+        with pytest.warns(FutureWarning, match="`positions` is deprecated.*Use `draw` instead"):
+            renamed = decoder(input_ids=tokens, encoder_hidden_states=memory, positions=draw).last_hidden_state
+    assert not torch.allclose(expected, ordinary)   # the draw moves the positions Shaw's terms read
+    assert torch.equal(renamed, expected)
+    with pytest.raises(ValueError, match="Both `positions` and `draw` are set"):
+        decoder(input_ids=tokens, encoder_hidden_states=memory, positions=draw, draw=draw)

@@ -625,6 +625,7 @@ class RelPosDecoder(RelPosStack):
         super().__init__(config, is_decoder=True, cross=cross)
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
+    @deprecate_kwarg("positions", "6.0.0", new_name="draw", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,
