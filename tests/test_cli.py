@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -179,3 +180,20 @@ def test_only_paths_count_as_missing_local_folders(tmp_path, monkeypatch):
     assert missing_local_folder("outputs") is None  # exists
     for name in ("outputs/model", "./model", "runs/a/b", "/no/such/folder"):
         assert missing_local_folder(name) is not None, name
+
+
+def test_the_run_record_says_how_the_run_was_launched_without_its_hub_token(tmp_path):
+    """`trained_as` (run_record.json and the model card, pushed to the Hub with push_to_hub) quotes the recipe and
+    the flags as given, except a secret's value (`--hub_token`, `--hub-token=...`), hidden as transformers'
+    TrainingArguments.to_dict hides it."""
+    from hf_relpos.translation.run_outputs import run_record
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    for flags, shown in ((["--hub_token", "hf_SECRET"], "--hub_token '<HUB_TOKEN>'"),
+                         (["--hub-token=hf_SECRET"], "'--hub-token=<HUB_TOKEN>'")):
+        model_args, data_args, training_args = parse_arguments(
+            [demo, "--seed", "7", *flags, "--output_dir", str(tmp_path)])
+        assert training_args.hub_token == "hf_SECRET"   # the run itself has it
+        record = run_record(model_args, data_args, training_args)
+        assert record.trained_as == f"{demo} --seed 7 {shown} --output_dir {tmp_path}"
+        assert record.recipe == "demo" and "hf_SECRET" not in json.dumps(record.to_json())

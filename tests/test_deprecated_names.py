@@ -9,11 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from conftest import run_without_hf_relpos, tiny_model
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, SchemeCard
+from hf_relpos.publish.hub import measurements_from_record
 from hf_relpos.publish.records import RunRecord, legacy_model_runs, read_run_records
 from hf_relpos.tools.convert import build_parser
 from hf_relpos.translation.arguments import ConfigError, parse_arguments
@@ -192,3 +194,38 @@ def test_records_written_with_the_deprecated_field_read_under_the_current_one():
     assert matched and all(run.model == {"position_scheme": "rope"} for run in matched)
     assert RunRecord.from_json({"model": {"attention_type": "xl", "mem_len": 4}}).model == {
         "position_scheme": "xl", "mem_len": 4}
+
+
+def test_the_decoder_stack_takes_its_old_positions_keyword_as_draw():
+    """`RelPosDecoder.forward(positions=...)`, the keyword's name before `draw`, still places the tokens (a
+    FutureWarning), not swallowed by **kwargs; both names at once are one error."""
+    model = tiny_model("shaw", seed=4)
+    decoder = model.get_decoder()
+    tokens = torch.tensor([[5, 9, 4, 12, 7]])
+    memory = model.get_encoder()(input_ids=tokens).last_hidden_state
+    draw = hf_relpos.PositionDraw(torch.tensor([0, 3, 7, 8, 30]))
+    with torch.no_grad():
+        expected = decoder(input_ids=tokens, encoder_hidden_states=memory, draw=draw).last_hidden_state
+        ordinary = decoder(input_ids=tokens, encoder_hidden_states=memory).last_hidden_state
+        with pytest.warns(FutureWarning, match="`positions` is deprecated.*Use `draw` instead"):
+            renamed = decoder(input_ids=tokens, encoder_hidden_states=memory, positions=draw).last_hidden_state
+    assert not torch.allclose(expected, ordinary)   # the draw moves the positions Shaw's terms read
+    assert torch.equal(renamed, expected)
+    with pytest.raises(ValueError, match="Both `positions` and `draw` are set"):
+        decoder(input_ids=tokens, encoder_hidden_states=memory, positions=draw, draw=draw)
+
+
+def test_a_recipe_with_the_old_key_gets_its_runs_on_its_card(monkeypatch):
+    """A recipe whose `model:` section says `attention_type` (as recipes did before the rename) is read with the
+    scheme under `position_scheme`, so its card's measurements are those of the recipe as it says it today (the
+    runs are matched by their scheme: without the rename none would match)."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    recipe = yaml.safe_load((Path("configs") / "multi30k_small_absolute.yaml").read_text(encoding="utf-8"))
+    old = {**recipe, "model": {("attention_type" if key == "position_scheme" else key): value
+                               for key, value in recipe["model"].items()}}
+    assert "attention_type" in old["model"]
+    record, old_record = RunRecord.from_recipe(recipe), RunRecord.from_recipe(old)
+    assert old_record.model == record.model
+    path = "docs/results/convergence/one_commit_seeds_1_2/convergence.json"
+    measured = measurements_from_record(path, "multi30k_small_absolute", record)
+    assert measured and measurements_from_record(path, "multi30k_small_absolute", old_record) == measured

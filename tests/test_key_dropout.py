@@ -202,3 +202,14 @@ def test_the_kind_is_validated_and_saved(tmp_path):
     tiny_config("xl", attention_dropout_kind="keys").save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["attention_dropout_kind"] == "keys"
     assert hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path).attention_dropout_kind == "keys"
+
+
+def test_a_model_on_relpos_triton_refuses_key_dropout_naming_the_kernels_that_take_it():
+    """The model's check names the kernels that run key dropout (relpos_triton drops probabilities instead), before
+    any kernel runs."""
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(
+        tiny_config("shaw", attention_dropout=P, attention_dropout_kind="keys")).train()
+    model.set_attn_implementation(attention_functions.TRITON_KERNEL)
+    with pytest.raises(ValueError, match=r"runs with attn_implementation \['eager', 'sdpa', 'flex_attention'\], got "
+                                         r"'relpos_triton'"):
+        model(**padded_batch())

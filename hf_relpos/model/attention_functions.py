@@ -32,6 +32,8 @@ from .triton_relative import KERNEL_NAME as TRITON_KERNEL
 from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
+# the kernels that take `KeyDropout` (attention_dropout_kind "keys"); relpos_triton drops probabilities instead
+KEY_DROPOUT_KERNELS = ("eager", "sdpa", "flex_attention")
 
 logger = logging.get_logger(__name__)
 

@@ -42,6 +42,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import (
+    KEY_DROPOUT_KERNELS,
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
     FlexMask,
@@ -346,9 +347,10 @@ class RelPosAttention(nn.Module):
         extra = {}
         dropout = self.dropout if self.training else 0.0
         if dropout > 0 and self.config.attention_dropout_kind == "keys":
-            if not runs_on_relpos_kernel(self.config):
-                raise ValueError(f"attention_dropout_kind 'keys' runs with attn_implementation {list(RELPOS_KERNELS)}, "
-                                 f"got {kernel!r}; set attention_dropout_kind to 'probabilities' or use one of those")
+            if kernel not in (None, *KEY_DROPOUT_KERNELS):
+                raise ValueError(f"attention_dropout_kind 'keys' runs with attn_implementation "
+                                 f"{list(KEY_DROPOUT_KERNELS)}, got {kernel!r}; set attention_dropout_kind to "
+                                 "'probabilities' or use one of those")
             extra["key_dropout"], dropout = KeyDropout.draw(dropout, query.device), 0.0
         if runs_on_relpos_kernel(self.config):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads
@@ -625,6 +627,7 @@ class RelPosDecoder(RelPosStack):
         super().__init__(config, is_decoder=True, cross=cross)
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
+    @deprecate_kwarg("positions", "6.0.0", new_name="draw", raise_if_both_names=True)
     @can_return_tuple
     def forward(
         self,

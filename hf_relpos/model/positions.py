@@ -102,8 +102,8 @@ def built_in_schemes() -> tuple[str, ...]:
 
 
 def scheme_config_fields() -> dict[str, SchemeField]:
-    """The config fields declared by the registered schemes, by name: each is a top-level config attribute (saved
-    in config.json), present on every config whatever its `position_scheme`."""
+    """The config fields declared by the registered schemes, by name. A config accepts each of them; those of its
+    `position_scheme` become top-level attributes (saved in config.json), another scheme's are checked and dropped."""
     return {field.name: field for scheme in POSITION_SCHEMES.values() for field in scheme.config_fields}
 
 

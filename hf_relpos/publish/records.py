@@ -163,8 +163,9 @@ class RunRecord:
 
     @classmethod
     def from_recipe(cls, recipe: Mapping[str, Any]) -> RunRecord:
-        """The record of a recipe YAML (its `model:` section and the argument fields it sets)."""
-        return cls(model=dict(recipe.get("model") or {}),
+        """The record of a recipe YAML (its `model:` section, each field under its current name, and the argument
+        fields it sets)."""
+        return cls(model=current_model_fields(recipe.get("model") or {}),
                    **{name: recipe[name] for name in cls.recipe_fields() if name in recipe})
 
     def to_json(self) -> dict[str, Any]:
@@ -179,8 +180,6 @@ class RunRecord:
         scores = {weights: {split: Scores(**split_scores) for split, split_scores in by_split.items()}
                   for weights, by_split in values.get("scores", {}).items()}
         return cls(**{**values, "scores": scores, "model": current_model_fields(values.get("model", {}))})
-
-
 
 
 def cpu_model_name() -> str:

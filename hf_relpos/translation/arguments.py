@@ -92,7 +92,8 @@ class ModelArguments:
                           "rope). null: the model's default (sdpa)."},
     )
     model_config: dict[str, Any] = field(default_factory=dict, init=False)
-    # The recipe YAML the arguments came from, as given (None: flags only), and the flags given after it.
+    # The recipe YAML the arguments came from, as given (None: flags only), and the flags given after it, secrets
+    # hidden (`without_secrets`: they go into the run record and the model card).
     recipe_file: str | None = field(default=None, init=False)
     recipe_flags: tuple[str, ...] = field(default=(), init=False)
 
@@ -422,6 +423,31 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
     return defaults, dict(model_config)
 
 
+SECRET_SUFFIX = "_token"   # the arguments whose values are secrets (hub_token), as TrainingArguments.to_dict hides them
+
+
+def without_secrets(flags: Sequence[str]) -> tuple[str, ...]:
+    """`flags` with the value of each secret argument (`--NAME value` or `--NAME=value`, NAME ending in
+    `SECRET_SUFFIX`, dashed or not) replaced by `<NAME>`, as transformers' `TrainingArguments.to_dict` writes it."""
+    shown: list[str] = []
+    secret = None
+    for flag in flags:
+        if secret is not None:
+            shown.append(f"<{secret.upper()}>")
+            secret = None
+            continue
+        option, equals, _ = flag.partition("=")
+        name = option.removeprefix("--").replace("-", "_")
+        if not (flag.startswith("--") and name.endswith(SECRET_SUFFIX)):
+            shown.append(flag)
+        elif equals:
+            shown.append(f"{option}=<{name.upper()}>")
+        else:
+            shown.append(flag)
+            secret = name
+    return tuple(shown)
+
+
 def _current_field_names(model_config: dict[str, Any]) -> dict[str, Any]:
     """`rename_deprecated_fields` with its error as a ConfigError."""
     try:
@@ -447,7 +473,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     argv = list(argv) or ["--help"]
     recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
     yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}
-    recipe_flags = tuple(argv)
+    recipe_flags = without_secrets(argv)
     defaults, model_config = _split_yaml(yaml_values)
     parser = TranslationArgumentParser(model_config)
     parser.set_defaults(**defaults)
