@@ -51,7 +51,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.publish.records import RECORDS, RunRecord, cpu_model_name, software_versions
+from hf_relpos.publish.records import RECORDS, SCHEME_FIELD, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.viz import require_matplotlib
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
@@ -485,7 +485,7 @@ def typed_record(spec: RunSpec, args: argparse.Namespace, result: dict[str, dict
     overrides, seed, steps and training time (None: scored, not trained, here), and its exact match and BLEU per
     bucket as its metrics."""
     return RunRecord(
-        model={"position_scheme": spec.position_scheme, **spec.overrides}, system=spec.name, seed=seed,
+        model={SCHEME_FIELD: spec.position_scheme, **spec.overrides}, system=spec.name, seed=seed,
         steps=args.steps if training_seconds is not None else None, training_seconds=training_seconds,
         hardware=f"CPU: {cpu_model_name()}", devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         software=software_versions(),

@@ -60,7 +60,16 @@ from pathlib import Path
 
 import torch
 
-from hf_relpos.publish.records import PEER, RECIPE, RECORDS, TRAINED_WEIGHTS, RunRecord, Scores, training_record
+from hf_relpos.publish.records import (
+    PEER,
+    RECIPE,
+    RECORDS,
+    SCHEME_FIELD,
+    TRAINED_WEIGHTS,
+    RunRecord,
+    Scores,
+    training_record,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNE_CONFIG = ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"
@@ -525,7 +534,7 @@ def finetuned_record(entry: str, seed: int, run: dict, finetuned: Path, results:
     fine-tuned ("finetuned") weights."""
     by_seed = run["seeds"][str(seed)]
     trained = training_record(finetuned) or RunRecord(
-        model={"position_scheme": run["position_scheme"], "keep_absolute_positions": run["keep_absolute_positions"]})
+        model={SCHEME_FIELD: run["position_scheme"], "keep_absolute_positions": run["keep_absolute_positions"]})
     return replace(
         trained, role=RECIPE, system=entry, seed=seed, training_seconds=by_seed["finetune_seconds"],
         source_version=results["source_version"], software=results["versions"], date=results["date"],

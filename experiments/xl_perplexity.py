@@ -23,7 +23,7 @@ import torch
 from transformers import TrainingArguments
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForCausalLM
-from hf_relpos.publish.records import RECORDS, RunRecord, cpu_model_name, software_versions
+from hf_relpos.publish.records import RECORDS, SCHEME_FIELD, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
 from hf_relpos.tools.viz import require_matplotlib
 
@@ -133,7 +133,7 @@ def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, 
     """One language model as hf_relpos' typed run record (`RunRecord.to_json()`): its scheme and memory, seed,
     steps and training time, and its per-byte perplexity at each evaluation context (bytes) as its metrics."""
     return RunRecord(
-        model={"position_scheme": position_scheme, "mem_len": mem_len, "d_model": args.d_model,
+        model={SCHEME_FIELD: position_scheme, "mem_len": mem_len, "d_model": args.d_model,
                "decoder_layers": args.layers, "decoder_attention_heads": args.heads},
         system=name, seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
         per_device_train_batch_size=args.batch_size, training_seconds=seconds, hardware=f"CPU: {cpu_model_name()}",

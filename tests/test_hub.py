@@ -389,6 +389,22 @@ def test_every_committed_experiment_result_loads_as_typed_run_records():
             assert RunRecord.from_json(json.loads(json.dumps(run.to_json()))) == run
 
 
+def test_a_legacy_run_reads_a_bare_switch_as_true_and_the_flag_after_it_with_its_value():
+    """In a run recorded by its command line, `--bf16` followed by another flag (or last) is a switch, not the
+    value of the flag before it."""
+    from hf_relpos.publish.records import legacy_run_record
+
+    def run(*flags: str) -> RunRecord:
+        return legacy_run_record("absolute", {"argv": ["configs/multi30k_small_absolute.yaml", *flags], "seed": 1,
+                                              "scores": {"test": {"bleu": 30.0, "chrf": 55.0, "bleu_signature": "s"}},
+                                              "train_seconds": 1.0}, {"device": "cpu", "date": "today"})
+
+    switched = run("--bf16", "--seed", "3", "--fp16")
+    assert (switched.bf16, switched.seed, switched.fp16) == (True, 1, True)   # the run's own seed wins
+    valued = run("--bf16", "false", "--warmup_steps", "400")
+    assert (valued.bf16, valued.warmup_steps) == (False, 400)
+
+
 def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
     record = RunRecord(role=PEER, system="peer", seed=3, steps=10, training_seconds=61.0,
                        scores={"averaged": {"test": Scores(30.5, 55.25, "nrefs:1")}})

@@ -258,7 +258,9 @@ def legacy_run_record(system: str, run: Mapping[str, Any], data: Mapping[str, An
     described = data.get("rows", {}).get(system, {}).get("system")
     scores = scores_by_weights(run["scores"])
     batches = run.get("batches", {})
-    pairs = list(zip(argv[1:-1], argv[2:], strict=True))
+    # (flag, value) for each flag; a flag followed by another flag (or last) is a boolean switch: "true"
+    pairs = [(name, "true" if index + 1 == len(argv) or argv[index + 1].startswith("--") else argv[index + 1])
+             for index, name in enumerate(argv) if index > 0 and name.startswith("--")]
     flags = {name.removeprefix("--"): _argument_value(name.removeprefix("--"), value) for name, value in pairs
              if name.startswith("--") and name.removeprefix("--") in RunRecord.recipe_fields()}
     model_flags = current_model_fields({name.removeprefix("--model."): value for name, value in pairs
