@@ -178,11 +178,12 @@ def sampler_epoch(output_dir: Path, max_tokens: int, pool_factor: int) -> dict[s
             "batches": batches, "max_tokens_per_batch": max_tokens, "length_pool_factor": pool_factor}
 
 
-def recipe_tokenizer_training_pairs() -> int | None:
-    """The tokenizer sample the recipe sets (`tokenizer_training_pairs`; None: every pair)."""
+def tokenizer_sample(arguments: list[str]) -> int | None:
+    """The tokenizer sample (`tokenizer_training_pairs`; None: every pair) a train_translation.py command line sets,
+    read by its own parser."""
     from hf_relpos.translation.arguments import parse_arguments
 
-    return parse_arguments([str(RECIPE), "--output_dir", "unused"])[1].tokenizer_training_pairs
+    return parse_arguments(arguments)[1].tokenizer_training_pairs
 
 
 def run_size(pairs: int, work: Path, workers: int, tokenizer_training_pairs: str | None = None) -> dict[str, Any]:
@@ -193,10 +194,9 @@ def run_size(pairs: int, work: Path, workers: int, tokenizer_training_pairs: str
                "--validation_file", str(corpus["valid"]), "--test_file", str(corpus["test"]), "--output_dir",
                str(output_dir), "--prepare_only", "true",
                "--preprocessing_num_workers", str(workers), "--report_to", "none"]
-    sample = recipe_tokenizer_training_pairs()
     if tokenizer_training_pairs is not None:
         command += ["--tokenizer_training_pairs", tokenizer_training_pairs]
-        sample = None if tokenizer_training_pairs == "null" else int(tokenizer_training_pairs)
+    sample = tokenizer_sample(command[2:])
     env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
     if output_dir.exists():
         subprocess.run(["rm", "-rf", str(output_dir)], check=True)
