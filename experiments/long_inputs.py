@@ -18,6 +18,11 @@ the peer too), without sentence splitting: the level measures the model, not the
 read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
 into docs/results.md and feeds each level to the rule that chooses the default position_scheme.
 
+A model's scores are kept beside it (`<folder>/long_inputs_scores.json`, with the decoding settings, the levels'
+sizes and the code version that decoded them) and reused when the same settings meet the same levels again: models can
+be scored by separate invocations (one per core, each with its own `--out`) and the table collected by one more
+invocation over all of them, which then decodes nothing.
+
   python experiments/long_inputs.py --data ../shared/data/multi30k --out docs/results/long_inputs/equal_budget \
       --model absolute:1=/tmp/exp/absolute/seed1/model --model directional:1=/tmp/exp/directional/seed1/model \
       --model peer+recipe-tokenizer:1=/tmp/exp/peer+recipe-tokenizer/seed1/model ...
@@ -139,6 +144,36 @@ def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], li
     return scores
 
 
+SCORES_FILE = "long_inputs_scores.json"
+# The settings a model's kept scores depend on: the levels (sizes, pairs, languages) and the decoding.
+SCORED_WITH = ("sizes", "max_pairs", "source_lang", "target_lang", "beams", "length_penalty", "max_len_a", "max_len_b",
+               "max_new_tokens", "eval_batch_size")
+
+
+def scoring_key(args: argparse.Namespace, level_sizes: dict[str, int]) -> dict:
+    """What a model's scores were computed under: the settings of SCORED_WITH and the number of inputs per level."""
+    return {**{name: getattr(args, name) for name in SCORED_WITH}, "level_sizes": level_sizes}
+
+
+def kept_scores(folder: Path, key: dict) -> dict | None:
+    """The scores kept beside `folder` for exactly `key`, with the code version that decoded them; else None."""
+    path = folder / SCORES_FILE
+    if not path.is_file():
+        return None
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    return kept if kept.get("key") == key else None
+
+
+def keep_scores(folder: Path, key: dict, scores: dict[str, dict]) -> dict:
+    """Write `scores` beside `folder` under `key` (whole or not at all) and return the kept entry."""
+    kept = {"key": key, "source_version": source_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
+        timespec="seconds"), "scores": scores}
+    staged = folder / f".{SCORES_FILE}.partial"
+    staged.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
+    staged.replace(folder / SCORES_FILE)
+    return kept
+
+
 def typed_record(system: str, seed: int, folder: Path, scores: dict[str, dict]) -> RunRecord:
     """A scored model as hf_relpos' typed run record: the one train_translation.py wrote when it trained it (its
     recipe and settings; else only its role: a peer, or an hf_relpos model), with this run's scores of every level
@@ -224,11 +259,16 @@ def main(argv: Sequence[str] | None = None) -> dict:
         levels[set_name] = build_levels(sources[:limit], references[:limit], args.source_lang, args.target_lang,
                                         args.sizes)
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a)
+    level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
+                   for level, pair in set_levels.items()}
+    key = scoring_key(args, level_sizes)
     runs: dict[str, list[dict]] = {}
     records = []
     for system, seed, folder in args.model:
-        scores = evaluate_model(folder, levels, decoding, args)
-        runs.setdefault(system, []).append({"seed": seed, "folder": str(folder), "scores": scores})
+        kept = kept_scores(folder, key) or keep_scores(folder, key, evaluate_model(folder, levels, decoding, args))
+        scores = kept["scores"]
+        runs.setdefault(system, []).append({"seed": seed, "folder": str(folder), "scored_by": kept["source_version"],
+                                            "scores": scores})
         records.append(typed_record(system, seed, folder, scores).to_json())
         print(f"{system} seed {seed}: " + ", ".join(f"{level} {score['bleu']:.2f}" for level, score in scores.items()),
               flush=True)
@@ -238,8 +278,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "source_version": source_version(ROOT), "versions": software_versions(),
         "device": cpu_model_name() if args.device == "cpu" else args.device,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "sizes": {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
-                  for level, pair in set_levels.items()},
+        "sizes": level_sizes,
         "signatures": {metric: first[next(iter(first))][f"{metric}_signature"] for metric in ("bleu", "chrf")},
         "levels": summarize(runs), "runs": runs, RECORDS: records,
     }

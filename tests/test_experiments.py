@@ -702,6 +702,26 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     assert rows["absolute"]["out"] == f"not measured in {len(results['levels'])} column(s)"
 
 
+    # each model's scores were kept beside it: a collecting invocation decodes nothing and writes the same table
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a kept model was decoded again")
+
+    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
+    collected = long_inputs.main(["--data", str(data), "--out", str(tmp_path / "collected"), "--sizes", "2", "4",
+                                  "--beams", "2", "--max-len-b", "3", "--eval-batch-size", "4", *specs])
+    assert collected["levels"] == results["levels"]
+    assert (tmp_path / "collected" / "long_inputs.md").read_text() == table
+    assert {run["scored_by"] for system_runs in collected["runs"].values() for run in system_runs} == {
+        results["source_version"]}
+    # other decoding settings (or other levels) are not those scores: the model is decoded again
+    with pytest.raises(AssertionError, match="decoded again"):
+        long_inputs.main(["--data", str(data), "--out", str(tmp_path / "other"), "--sizes", "2", "4", "--beams", "3",
+                          "--max-len-b", "3", "--eval-batch-size", "4", *specs])
+    with pytest.raises(AssertionError, match="decoded again"):
+        long_inputs.main(["--data", str(data), "--out", str(tmp_path / "other"), "--sizes", "2", "--beams", "2",
+                          "--max-len-b", "3", "--eval-batch-size", "4", *specs])
+
+
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
     """Decoding(max_len_a=...) gives each source of a padded batch min(a x |x| + b, ceiling) new tokens, for a
     transformers MarianMTModel that never ends on its own (the peer) as for hf_relpos models."""
