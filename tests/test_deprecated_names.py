@@ -229,3 +229,22 @@ def test_a_recipe_with_the_old_key_gets_its_runs_on_its_card(monkeypatch):
     path = "docs/results/convergence/one_commit_seeds_1_2/convergence.json"
     measured = measurements_from_record(path, "multi30k_small_absolute", record)
     assert measured and measurements_from_record(path, "multi30k_small_absolute", old_record) == measured
+
+
+def test_each_deprecation_warning_points_at_the_line_that_used_the_old_name(tmp_path):
+    """Whether the old name comes as a keyword, an attribute, a module attribute, a call or a config.json key read by
+    transformers' from_pretrained, the warning is attributed to the caller's file, not to hf_relpos or transformers."""
+    tiny_model("shaw").save_pretrained(tmp_path)
+    with_old_key(tmp_path)
+    uses = {
+        "keyword": lambda: hf_relpos.RelPosTransformerConfig(attention_type="shaw"),
+        "attribute": lambda: hf_relpos.RelPosTransformerConfig().attention_type,
+        "module attribute": lambda: hf_relpos.ATTENTION_REGISTRY,
+        "call": lambda: hf_relpos.register_attention("never_applied"),
+        "config.json": lambda: AutoModelForSeq2SeqLM.from_pretrained(tmp_path),
+    }
+    for use, line in uses.items():
+        with pytest.warns(FutureWarning, match="is deprecated") as caught:
+            line()
+        assert [Path(warning.filename) for warning in caught if warning.category is FutureWarning] == [
+            Path(__file__)], use

@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import sys
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, fields
@@ -82,9 +83,27 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+# Modules whose frames a deprecation warning looks past to find the line that used the old name: this package (or
+# its remote-code copy, under transformers_modules) and the transformers / huggingface_hub code that calls into it.
+INTERNAL_MODULE_ROOTS = frozenset({__name__.split(".")[0], "transformers", "transformers_modules", "huggingface_hub"})
+
+
 def warn_renamed(old: str, new: str) -> None:
-    """The FutureWarning of a deprecated name, pointing at the caller of the function that calls this one."""
-    warnings.warn(f"{old} is deprecated and will be removed; use {new}", FutureWarning, stacklevel=3)
+    """The FutureWarning of a deprecated name, attributed to the first caller outside INTERNAL_MODULE_ROOTS (the
+    user's line: a config keyword, a config.json read by from_pretrained, an attribute, a call)."""
+    warnings.warn(f"{old} is deprecated and will be removed; use {new}", FutureWarning,
+                  stacklevel=stack_level_outside(INTERNAL_MODULE_ROOTS))
+
+
+def stack_level_outside(module_roots: frozenset[str]) -> int:
+    """The `stacklevel` (counted from the function that calls this one) of the first frame whose module's top-level
+    package is none of `module_roots` and which is not generated code (a dataclass' `__init__`); the outermost
+    frame when every frame is inside."""
+    frame, level = sys._getframe(2), 2
+    while frame.f_back is not None and (frame.f_code.co_filename.startswith("<")
+                                        or frame.f_globals.get("__name__", "").split(".")[0] in module_roots):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def get_scheme_class(name: str) -> type[PositionScheme]:
