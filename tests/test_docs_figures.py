@@ -214,6 +214,11 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     control_ahead = dict(level, none=[40.0, 40.2])   # the control has no recipe: never the default, however it ranks
     choice, rows = report.choose_default({"one": control_ahead, "two": control_ahead})
     assert choice == "directional" and rows["none"]["worst"] == 1 and rows["none"]["out"] == report.NO_RECIPE
+    # a column where some scheme has a single seed has no spread to share ranks by: it does not count
+    single_seed = {"absolute": [35.0], "directional": [20.0, 20.2], "rope": [20.1, 20.3]}
+    choice, rows = report.choose_default({"one": level, "two": dict(level), "single": single_seed})
+    assert choice == "directional" and set(rows["absolute"]["ranks"]) == {"one", "two"}
+    assert report.ranked_columns({"one": level, "single": single_seed}) == {"one": level}
 
 
 def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
