@@ -219,7 +219,23 @@ def markdown(results: dict) -> str:
                              f"{statistics.mean(row['length_ratio']):.3f}")
             seeds = ", ".join(map(str, results["levels"][names[0]][system]["seeds"]))
             lines.append(f"| {system} | {seeds} | " + " | ".join(cells) + " |")
+    joined = [level for level in results["levels"] if " as " in level]
+    if joined:
+        lines += ["", "## BLEU kept", "",
+                  "Each joined level's BLEU as a percentage of the same model's BLEU on the set's single captions "
+                  "(`1 caption`), per seed; mean (min-max).", "",
+                  "| system | " + " | ".join(joined) + " |", "|" + " --- |" * (len(joined) + 1)]
+        for system in results["levels"][joined[0]]:
+            cells = [spread(kept, 0) if (kept := bleu_kept(results, level, system)) else "-" for level in joined]
+            lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def bleu_kept(results: dict, level: str, system: str) -> list[float]:
+    """Per seed, 100 x BLEU on `level` / BLEU on its set's `1 caption` level (empty when a single-caption BLEU is 0)."""
+    single = results["levels"][f"{level.split(': ', 1)[0]}: 1 caption"][system]["bleu"]
+    joined = results["levels"][level][system]["bleu"]
+    return [] if 0 in single else [100 * value / base for value, base in zip(joined, single, strict=True)]
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:

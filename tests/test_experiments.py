@@ -677,6 +677,15 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
         assert row["chrf"] == [pytest.approx(expected["chrf"])]
     table = (out / "long_inputs.md").read_text()
     assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
+    # BLEU kept: each joined level as a percentage of the model's single-caption BLEU, seed by seed
+    results["levels"]["test2016: 1 caption"]["directional"]["bleu"] = [20.0]
+    results["levels"]["test2016: 4 as one sentence"]["directional"]["bleu"] = [5.0]
+    assert long_inputs.bleu_kept(results, "test2016: 4 as one sentence", "directional") == [25.0]
+    assert "| directional | " in long_inputs.markdown(results).split("## BLEU kept")[1]
+    assert " 25 |" in long_inputs.markdown(results).split("## BLEU kept")[1].split("| directional |")[1].split("\n")[0]
+    results["levels"]["test2016: 1 caption"]["directional"]["bleu"] = [0.0]
+    assert long_inputs.bleu_kept(results, "test2016: 4 as one sentence", "directional") == []
+    results = json.loads((out / "long_inputs.json").read_text())
     # a typed run record per scored model: its role read from the model, its levels as its splits
     typed = {record.system: record for record in read_run_records(out / "long_inputs.json")}
     assert {system: (record.role, record.seed) for system, record in typed.items()} == {
@@ -699,7 +708,9 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     assert columns["tiny: test2016: 4 as one sentence"] == {
         "directional": results["levels"]["test2016: 4 as one sentence"]["directional"]["bleu"]}
     _, rows = report.choose_default(columns)
-    assert rows["absolute"]["out"] == f"not measured in {len(results['levels'])} column(s)"
+    # one seed per model: the rule sets the record's levels aside (a rank by seed spread needs two seeds)
+    assert not any(name.startswith("tiny: ") for name in report.ranked_columns(columns))
+    assert rows["absolute"]["out"] is None
 
 
     # each model's scores were kept beside it: a collecting invocation decodes nothing and writes the same table
@@ -720,6 +731,15 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     with pytest.raises(AssertionError, match="decoded again"):
         long_inputs.main(["--data", str(data), "--out", str(tmp_path / "other"), "--sizes", "2", "--beams", "2",
                           "--max-len-b", "3", "--eval-batch-size", "4", *specs])
+    # two seeds per system (the same folders again, their kept scores): the rule ranks on every level, so a
+    # candidate missing from them is out
+    long_inputs.main(["--data", str(data), "--out", str(out), "--sizes", "2", "4", "--beams", "2", "--max-len-b",
+                      "3", "--eval-batch-size", "4", *specs, *(spec.replace(":1=", ":2=") for spec in specs)])
+    columns = report.default_rule_columns()
+    assert columns["tiny: test2016: 4 as one sentence"]["directional"] == 2 * results["levels"][
+        "test2016: 4 as one sentence"]["directional"]["bleu"]
+    _, rows = report.choose_default(columns)
+    assert rows["absolute"]["out"] == f"not measured in {len(results['levels'])} column(s)"
 
 
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
