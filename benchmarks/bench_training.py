@@ -32,6 +32,7 @@ from benchmarks.common import (
     add_common_arguments,
     autocast,
     check_arguments,
+    dropout_kind,
     environment,
     environment_lines,
     fit_quadratic_memory,
@@ -275,7 +276,8 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             *environment_lines(meta),
             f"- tokens per batch: {meta['tokens']} (attention), {meta['model_tokens']} source + as many target "
             f"(model); full model: {meta['model_layers']} vocabulary {meta['vocab_size']}",
-            *([f"- attention dropout: {meta['attention_dropout']}"] if "attention_dropout" in meta else []),
+            *([f"- attention dropout: {meta['attention_dropout']}" + dropout_kinds_text(meta)]
+              if "attention_dropout" in meta else []),
             f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, schemes round-robin; tokens/s = median; "
             "ratio = median over rounds of absolute's time / the scheme's time in the same round, absolute on its "
             "fastest kernel of the run",
@@ -359,6 +361,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def dropout_kinds_text(meta: dict[str, Any]) -> str:
+    """` (on the probabilities: sdpa; key dropout: flex_attention)` for a record with attention dropout, else ""."""
+    kinds = meta.get("attention_dropout_kinds", {})
+    parts = [f"{'on the probabilities' if kind == 'probabilities' else 'key dropout'}: "
+             f"{', '.join(kernel for kernel, each in kinds.items() if each == kind)}"
+             for kind in dict.fromkeys(kinds.values())]
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmarks, writes training.{md,json,png} into --out and returns the JSON data."""
     args = parse_args(argv)
@@ -373,6 +384,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "attention_dropout": args.attention_dropout,
+        **({"attention_dropout_kinds": {kernel: dropout_kind(kernel) for kernel in args.kernels}}
+           if args.attention_dropout > 0 else {}),
         "memory_method": "torch.cuda.max_memory_allocated above the pre-step allocation"
         if args.device == "cuda"
         else "running sum of the torch profiler's allocator events (profile_memory=True), max above the start",

@@ -305,6 +305,32 @@ def benchmarks_inference_cpu() -> str:
             + "\n\n" + inference_goals(record) + "\n")
 
 
+KEY_DROPOUT = "vs_marian/key_dropout_xl/vs_marian.json"
+PROBABILITY_DROPOUT_ROW, KEY_DROPOUT_ROW = "xl", "xl+key-dropout-0.1"
+
+
+def benchmarks_key_dropout() -> str:
+    """docs/benchmarks.md: the 3-seed key-dropout record and the outcome of the criterion stated before its third seed
+    (key dropout is the fused path's dropout when it is level with probability dropout on validation: the seeds'
+    ranges overlap)."""
+    rows = read(KEY_DROPOUT)["rows"]
+    probability, keys = rows[PROBABILITY_DROPOUT_ROW], rows[KEY_DROPOUT_ROW]
+
+    def compared(split: str, name: str) -> str:
+        ahead = statistics.mean(keys[split]) - statistics.mean(probability[split])
+        level = min(keys[split]) <= max(probability[split]) and min(probability[split]) <= max(keys[split])
+        return (f"{name}: key dropout {vs_marian.spread(keys[split])} against {vs_marian.spread(probability[split])}, "
+                f"{'ranges overlapping' if level else 'ranges apart'}, {abs(ahead):.2f} "
+                f"{'ahead' if ahead >= 0 else 'behind'} on the mean")
+
+    validation_level = min(keys["validation_bleu"]) <= max(probability["validation_bleu"]) and min(
+        probability["validation_bleu"]) <= max(keys["validation_bleu"])
+    outcome = ("level on validation: key dropout is the dropout the fused path runs" if validation_level else
+               "not level on validation: key dropout is not the fused path's dropout")
+    return (vs_marian_passage(KEY_DROPOUT) + "\n" + compared("validation_bleu", "Validation") + "; "
+            + compared("test_bleu", "test2016") + f". Outcome of the criterion: {outcome}.\n")
+
+
 # --- the rule that chooses the default position_scheme (README 'How the default is chosen') -------------------------
 
 # A scheme whose training on the GPU is slower than this fraction of absolute's, at any length measured, is not a
@@ -615,6 +641,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "readme_cost": readme_cost,
     "readme_deploy": readme_deploy,
     "benchmarks_inference_cpu": benchmarks_inference_cpu,
+    "benchmarks_key_dropout": benchmarks_key_dropout,
     "readme_default_rule": readme_default_rule,
     "results_equal_budget_schemes": results_equal_budget_schemes,
     "results_recipes_equal_budget": results_recipes_equal_budget,

@@ -144,22 +144,32 @@ def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(t
 
 
 def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, monkeypatch) -> None:
-    """--attention_dropout sets the attention dropout of every measured model, is recorded, and is refused with
-    flex_attention (which has none)."""
+    """--attention_dropout sets the attention dropout of every measured model, in the form its kernel runs
+    (probabilities, or key dropout on flex_attention), and is recorded with the form per kernel."""
     configs = recorded_configs(monkeypatch, bench_training)
     data = bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--out",
                                 str(tmp_path)])
     assert [config.attention_dropout for config in configs] == [0.1, 0.1]
     assert data["meta"]["attention_dropout"] == 0.1
-    assert "- attention dropout: 0.1" in (tmp_path / "training.md").read_text()
-    with pytest.raises(SystemExit, match="--attention_dropout 0.1: flex_attention has no attention dropout"):
-        bench_training.main([*TINY_TRAINING, "--lengths", "8", "--attention_dropout", "0.1", "--kernels", "sdpa",
-                             "flex_attention", "--out", str(tmp_path)])
+    assert data["meta"]["attention_dropout_kinds"] == {"sdpa": "probabilities"}
+    assert [config.attention_dropout_kind for config in configs] == ["probabilities", "probabilities"]
+    assert "- attention dropout: 0.1 (on the probabilities: sdpa)" in (tmp_path / "training.md").read_text()
+    # flex_attention cannot drop probabilities: it runs the same dropout as key dropout, the fused path's form
+    from benchmarks.common import SHAPES, make_config
+
+    flex = make_config("xl", SHAPES["base"], layers=1, kernel="flex_attention", attention_dropout=0.1)
+    assert (flex.attention_dropout, flex.attention_dropout_kind) == (0.1, "keys")
+    assert make_config("xl", SHAPES["base"], layers=1, kernel="relpos_triton",
+                       attention_dropout=0.1).attention_dropout_kind == "probabilities"
+    meta = {"attention_dropout": 0.1, "attention_dropout_kinds": {"sdpa": "probabilities", "flex_attention": "keys",
+                                                                  "relpos_triton": "probabilities"}}
+    assert bench_training.dropout_kinds_text(meta) == (
+        " (on the probabilities: sdpa, relpos_triton; key dropout: flex_attention)")
 
 
 def test_gpu_check_times_dropout_first_and_stays_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) and
-    (b) come first, (b) also times sdpa and relpos_triton at attention dropout 0.1 (flex at 0 only), the Triton
+    (b) come first, (b) also times attention dropout 0.1 (sdpa and relpos_triton; flex with key dropout), the Triton
     kernel's tests run on the GPU when triton is installed, and the limits sum to at most 8 minutes."""
     import importlib.util
     import subprocess
@@ -175,12 +185,13 @@ def test_gpu_check_times_dropout_first_and_stays_within_eight_minutes(tmp_path: 
                    env={"PATH": "/usr/bin:/bin", "PYTHON": str(python)}, check=True, capture_output=True)
     log = (tmp_path / "out" / "log.txt").read_text().splitlines()
     ends = [line for line in log if line.startswith("== ") and "(limit " in line]
-    assert [end.split(" ")[1] for end in ends][:3] == ["(a)", "(b)", "(b)"]
+    assert [end.split(" ")[1] for end in ends][:4] == ["(a)", "(b)", "(b)", "(b)"]
     assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
     commands = calls.read_text().splitlines()
     assert f"--kernels sdpa flex_attention{triton} --out" in commands[1]
     assert "--attention_dropout 0.1" not in commands[1]
     assert f"--kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1" in commands[2]
+    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[3]
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted

@@ -231,3 +231,17 @@ def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_sch
         assert ("relpos_triton" in listed) == (scheme == "shaw"), scheme
         assert ("flash_attention_2/3" in listed) == (scheme in ("absolute", "rope", "none")), scheme
     assert "relpos_triton ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))" in readme
+
+
+def test_the_key_dropout_text_holds_in_the_record(report):
+    """README, docs/training.md and docs/benchmarks.md on key dropout (issue #47 item 8), against its 3-seed record:
+    level with probability dropout on validation (ranges overlap; the criterion), a little behind on test2016 within
+    the spread, three seeds per row."""
+    rows = report.read(report.KEY_DROPOUT)["rows"]
+    probability, keys = rows[report.PROBABILITY_DROPOUT_ROW], rows[report.KEY_DROPOUT_ROW]
+    assert probability["seeds"] == keys["seeds"] == [1, 2, 3]
+    for split in ("validation_bleu", "test_bleu"):
+        assert overlaps(keys[split], probability[split]), split
+    assert statistics.mean(keys["test_bleu"]) < statistics.mean(probability["test_bleu"])
+    assert statistics.mean(keys["validation_bleu"]) >= statistics.mean(probability["validation_bleu"])
+    assert "level on validation: key dropout is the dropout the fused path runs" in report.benchmarks_key_dropout()

@@ -34,6 +34,9 @@ from .triton_relative import check_device, clipped_relative_attention, key_range
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 # the kernels that take `KeyDropout` (attention_dropout_kind "keys"); relpos_triton drops probabilities instead
 KEY_DROPOUT_KERNELS = ("eager", "sdpa", "flex_attention")
+# the kernels that drop attention probabilities after the softmax (attention_dropout_kind "probabilities");
+# flex_attention cannot (its score_mod acts before the softmax)
+PROBABILITY_DROPOUT_KERNELS = ("eager", "sdpa", TRITON_KERNEL)
 
 logger = logging.get_logger(__name__)
 
