@@ -406,16 +406,34 @@ def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dic
     return choice, table_rows
 
 
+def long_input_records() -> list[str]:
+    """The names of the long-input records (docs/results/long_inputs/<name>/long_inputs.json)."""
+    return [path.parent.name for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json"))]
+
+
 def readme_default_rule() -> str:
+    """README: the rule's outcome and each scheme's ranks; a long-input record's levels shown as one column, the
+    scheme's worst rank over them (docs/results.md has every level)."""
     columns = default_rule_columns()
     choice, rows = choose_default(columns)
+    ranked = ranked_columns(columns)
+    records = long_input_records()
+    shown = {name: [name] for name in ranked if not any(name.startswith(f"{record}: ") for record in records)}
+    for record in records:
+        levels = [name for name in ranked if name.startswith(f"{record}: ")]
+        if levels:
+            shown[f"{record}, worst over its {len(levels)} levels"] = levels
+
+    def rank(ranks: dict[str, int | None], names: list[str]) -> str:
+        values = [ranks.get(name) for name in names]
+        return UNMEASURED if None in values else str(max(values))
+
     body = [[f"`{scheme}`", f"{row['speed']:.2f}" if row["speed"] is not None else UNMEASURED,
-             *(str(rank) if rank is not None else UNMEASURED for rank in row["ranks"].values()),
+             *(rank(row["ranks"], names) for names in shown.values()),
              str(row["worst"]) if row["worst"] is not None else "-", row["out"] or "candidate"]
             for scheme, row in rows.items()]
-    ranked = ranked_columns(columns)
     set_aside = [name for name in columns if name not in ranked]
-    if not any((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
+    if not records:
         missing = (" Not yet among the columns: the long-input levels (`experiments/long_inputs.py`, no record yet), "
                    "so this outcome rests on test2016 and validation only.")
     elif set_aside:
@@ -423,11 +441,14 @@ def readme_default_rule() -> str:
                    f"({', '.join(set_aside)}).")
     else:
         missing = ""
+    long_inputs_link = "".join(f", [`{LONG_INPUTS}/{record}`](docs/results/{LONG_INPUTS}/{record}/long_inputs.md)"
+                               for record in records)
     caption = (f"Outcome on the records as they are: **`{choice}`**.{missing} Columns: the one-commit records "
                f"([`{ONE_COMMIT}`](docs/results/{ONE_COMMIT}), [`{TWENTY_EPOCHS_ONE_COMMIT}`]"
-               f"(docs/results/{TWENTY_EPOCHS_ONE_COMMIT})), each recipe as committed now; GPU speed: the slowest of "
-               f"the H100 training ratios to `absolute` ([`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)).\n\n")
-    return caption + table(["scheme", "GPU speed vs absolute (slowest)", *(f"rank: {name}" for name in ranked),
+               f"(docs/results/{TWENTY_EPOCHS_ONE_COMMIT}){long_inputs_link}), each recipe as committed now; GPU "
+               f"speed: the slowest of the H100 training ratios to `absolute` ([`{H100_CHECK}`]"
+               f"(docs/results/{H100_CHECK}/README.md)).\n\n")
+    return caption + table(["scheme", "GPU speed vs absolute (slowest)", *(f"rank: {name}" for name in shown),
                             "worst rank", "status"], body)
 
 

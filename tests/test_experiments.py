@@ -740,6 +740,10 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
         "test2016: 4 as one sentence"]["directional"]["bleu"]
     _, rows = report.choose_default(columns)
     assert rows["absolute"]["out"] == f"not measured in {len(results['levels'])} column(s)"
+    # README shows the record's levels as one column: each scheme's worst rank over them
+    readme = report.readme_default_rule()
+    assert f"rank: tiny, worst over its {len(results['levels'])} levels" in readme
+    assert "[`long_inputs/tiny`](docs/results/long_inputs/tiny/long_inputs.md)" in readme
 
 
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
