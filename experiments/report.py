@@ -316,16 +316,17 @@ def benchmarks_key_dropout() -> str:
     rows = read(KEY_DROPOUT)["rows"]
     probability, keys = rows[PROBABILITY_DROPOUT_ROW], rows[KEY_DROPOUT_ROW]
 
+    def level(split: str) -> bool:
+        """The two rows' seed ranges overlap on `split`."""
+        return min(keys[split]) <= max(probability[split]) and min(probability[split]) <= max(keys[split])
+
     def compared(split: str, name: str) -> str:
         ahead = statistics.mean(keys[split]) - statistics.mean(probability[split])
-        level = min(keys[split]) <= max(probability[split]) and min(probability[split]) <= max(keys[split])
         return (f"{name}: key dropout {vs_marian.spread(keys[split])} against {vs_marian.spread(probability[split])}, "
-                f"{'ranges overlapping' if level else 'ranges apart'}, {abs(ahead):.2f} "
+                f"{'ranges overlapping' if level(split) else 'ranges apart'}, {abs(ahead):.2f} "
                 f"{'ahead' if ahead >= 0 else 'behind'} on the mean")
 
-    validation_level = min(keys["validation_bleu"]) <= max(probability["validation_bleu"]) and min(
-        probability["validation_bleu"]) <= max(keys["validation_bleu"])
-    outcome = ("level on validation: key dropout is the dropout the fused path runs" if validation_level else
+    outcome = ("level on validation: key dropout is the dropout the fused path runs" if level("validation_bleu") else
                "not level on validation: key dropout is not the fused path's dropout")
     return (vs_marian_passage(KEY_DROPOUT) + "\n" + compared("validation_bleu", "Validation") + "; "
             + compared("test_bleu", "test2016") + f". Outcome of the criterion: {outcome}.\n")
