@@ -53,10 +53,16 @@ def clipped_bucket(rows, cols, query_offset, max_distance):
 
 
 @triton.jit
-def dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length):
-    """kappa_ij: Philox uniform >= p at the counter ((b H + h) n + i) m + j, the same in forward and backward."""
-    offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :]
-    return tl.rand(seed, offsets) >= dropout_p
+def dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr):
+    """kappa_ij of a tile whose first key `first_col` is a multiple of 4: Philox uniform >= p, the same in forward
+    and backward. One Philox call gives four uniforms: the counter ((b H + h) n + i) ceil(m / 4) + j // 4 gives keys
+    4 (j // 4) .. 4 (j // 4) + 3 of row i, in order."""
+    groups = first_col // 4 + tl.arange(0, BLOCK_N // 4)
+    offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * ((key_length + 3) // 4) + groups[None, :]
+    u0, u1, u2, u3 = tl.rand4x(seed, offsets)
+    uniform = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK_M, BLOCK_N])
+    return uniform >= dropout_p
 
 
 @triton.jit
@@ -92,6 +98,20 @@ def add_distance_sums(sums, x, bucket, first_row, first_col, query_offset, max_d
 
 
 @triton.jit
+def add_by_distance(x, TABLE, t_base, rows, row_ok, bucket, first_row, first_col, query_offset, max_distance, R,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """x_ij + TABLE[i, r(i, j)] for a tile: a tile beyond +-k reads one column of the [n, 2k+1] table per row; only a
+    tile that meets the band gathers by distance."""
+    side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
+    if side == 0:
+        x += tl.load(TABLE + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
+    else:
+        edge = tl.where(side == 1, 2 * max_distance, 0)
+        x += tl.load(TABLE + t_base + rows * R + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
+    return x
+
+
+@triton.jit
 def key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL: tl.constexpr, BLOCK_M: tl.constexpr,
               BLOCK_N: tl.constexpr):
     """The key tiles a query block meets: [key_start rounded down to BLOCK_N, key_end or the causal limit)."""
@@ -123,8 +143,7 @@ def store_rows(X, base, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 def tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end, query_offset, max_distance, scaling, R,
                 query_length, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
                 PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask. The bias of a tile beyond
-    +-k is one column of T per row; a tile meeting the band gathers T[i, r(i, j)]."""
+    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask."""
     rows = first_row + tl.arange(0, BLOCK_M)
     cols = first_col + tl.arange(0, BLOCK_N)
     row_ok = rows < query_length
@@ -132,12 +151,8 @@ def tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end, query
     s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
     bucket = clipped_bucket(rows, cols, query_offset, max_distance)
     if HAS_BIAS:
-        side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
-        if side == 0:
-            s += tl.load(T + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
-        else:
-            edge = tl.where(side == 1, 2 * max_distance, 0)
-            s += tl.load(T + t_base + rows * R + edge, mask=row_ok, other=0.0).to(ACC)[:, None]
+        s = add_by_distance(s, T, t_base, rows, row_ok, bucket, first_row, first_col, query_offset, max_distance, R,
+                            BLOCK_M, BLOCK_N)
     allowed = row_ok[:, None] & col_ok[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
@@ -196,7 +211,7 @@ def relative_forward_kernel(
         rescale = tl.exp(row_max - shift)
         row_sum = row_sum * rescale + tl.sum(p, 1)
         if DROPOUT:
-            keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+            keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
             p = tl.where(keep, p * keep_scale, 0.0)
         v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
         acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
@@ -216,18 +231,20 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh, seed,
-                   dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES: tl.constexpr, DROPOUT: tl.constexpr,
-                   ACC: tl.constexpr, PRECISION: tl.constexpr):
+def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, first_row, first_col, bh,
+                   seed, dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R,
+                   HAS_VALUES: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse."""
     p = tl.where(allowed, tl.exp(s - tl.where(lse == float("-inf"), 0.0, lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
-        d_dropped += tl.load(DM + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(ACC)
+        d_dropped = add_by_distance(d_dropped, DM, t_base, rows, row_ok, bucket, first_row, first_col, query_offset,
+                                    max_distance, R, BLOCK_M, BLOCK_N)
     dropped = p
     d_p = d_dropped
     if DROPOUT:
-        keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+        keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
         dropped = tl.where(keep, p * keep_scale, 0.0)
         d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
     return dropped, p * (d_p - delta[:, None])
@@ -265,9 +282,10 @@ def relative_backward_keys_kernel(
         s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
                                          query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
                                          PRECISION, BLOCK_M, BLOCK_N)
-        dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols,
-                                     bh, seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
-                                     PRECISION)
+        dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok,
+                                     first_row, first_col, bh, seed, dropout_p, keep_scale, query_length, key_length,
+                                     query_offset, max_distance, R, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M,
+                                     BLOCK_N)
         dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
         dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
     out_base = bh.to(tl.int64) * key_length * HEAD_DIM
@@ -305,9 +323,9 @@ def relative_backward_queries_kernel(
         s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
                                          query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
                                          PRECISION, BLOCK_M, BLOCK_N)
-        _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, cols, bh,
-                               seed, dropout_p, keep_scale, query_length, key_length, R, HAS_VALUES, DROPOUT, ACC,
-                               PRECISION)
+        _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, first_row,
+                               first_col, bh, seed, dropout_p, keep_scale, query_length, key_length, query_offset,
+                               max_distance, R, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N)
         dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
         if HAS_BIAS:
             d_table = add_distance_sums(d_table, ds, bucket, first_row, first_col, query_offset, max_distance,
@@ -324,9 +342,10 @@ def dropout_keep_kernel(KEEP, seed, dropout_p, query_length, key_length, BLOCK_M
                         BLOCK_N: tl.constexpr):
     """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    cols = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    first_col = tl.program_id(1) * BLOCK_N
+    cols = first_col + tl.arange(0, BLOCK_N)
     bh = tl.program_id(2)
-    keep = dropout_keep(seed, dropout_p, bh, rows, cols, query_length, key_length)
+    keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
     tl.store(KEEP + (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :], keep.to(tl.int8),
              mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
 
