@@ -16,6 +16,7 @@ import argparse
 import gc
 import math
 import statistics
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -252,6 +253,30 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
+def relpos_triton_tuning() -> dict[str, dict[str, str]]:
+    """The block sizes relpos_triton's autotuner chose, per kernel and compile-time key (empty until its kernels ran
+    compiled: the interpreter does not autotune)."""
+    kernels = sys.modules.get("hf_relpos.model.triton_relative_kernels")
+    if kernels is None:
+        return {}
+    return {name: {str(key): str(config) for key, config in getattr(kernels, name).cache.items()}
+            for name in ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")}
+
+
+def compile_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
+    """The first call of each series (its compiles and autotuning) and relpos_triton's autotuned blocks, where the
+    record has them."""
+    lines = []
+    if rows and "first_call_s" in rows[0]:
+        calls = ", ".join(f"{row['scheme']} (n = {row['length']}) {row['first_call_s']:.1f} s" for row in rows)
+        lines.append(f"- first call per series (compiles, autotuning): {calls}")
+    for kernel, tuned in meta.get("relpos_triton_tuning", {}).items():
+        if tuned:
+            lines.append(f"- relpos_triton's autotuned blocks, {kernel}: "
+                         + "; ".join(f"{key}: {config}" for key, config in tuned.items()))
+    return lines
+
+
 def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: list[dict[str, Any]]) -> str:
     header = ["benchmark", "shape", "layers", "n", "batch", "scheme", "tokens/s", "ratio to absolute", "peak MiB",
               "memory vs absolute", "kernel", "absolute's kernel"]
@@ -291,6 +316,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             f"- peak memory: {meta['memory_method']}",
             *([f"- compiled FlexAttention graphs in the process: {rows[-1]['compiled_graphs']} (none compiled during "
                "the timed rounds)"] if rows and "compiled_graphs" in rows[-1] else []),
+            *compile_lines(meta, rows),
             "",
             markdown_table(header, table),
             "",
@@ -400,6 +426,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     def save(rows: list[dict[str, Any]]) -> tuple[dict[str, Any], str, tuple[Path, Path]]:
         growth = memory_growth(rows, args)
+        meta["relpos_triton_tuning"] = relpos_triton_tuning()
         data = {"meta": meta, "training": rows, "memory_growth": growth}
         markdown = render_markdown(meta, rows, growth)
         return data, markdown, write_report(args.out, "training", markdown, data)

@@ -195,32 +195,104 @@ def readme_quality() -> str:
                             "20 epochs, last 5 averaged, one commit: test2016", "recipe"], rows)
 
 
+def tiny_config(scheme: str):
+    from hf_relpos import RelPosTransformerConfig
+
+    return RelPosTransformerConfig(position_scheme=scheme, vocab_size=16, d_model=16, encoder_layers=1,
+                                   decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                                   encoder_ffn_dim=16, decoder_ffn_dim=16)
+
+
+def runs_on_triton(scheme: str) -> bool:
+    """Whether `relpos_triton`'s rule (`triton_clipped_terms`) covers the scheme's terms in both stacks (elsewhere
+    that kernel hands the call to sdpa)."""
+    from hf_relpos.model.attention_functions import triton_clipped_terms
+    from hf_relpos.model.modeling_relpos import scheme_terms
+
+    config = tiny_config(scheme)
+    return all(triton_clipped_terms(terms.score_bias, terms.value_term) is not None
+               for terms, _ in (scheme_terms(config, is_decoder) for is_decoder in (False, True)))
+
+
 def kernels(scheme: str) -> str:
     """The kernels a scheme runs on: hf_relpos' eager, sdpa and flex_attention; its fused `relpos_triton` where that
-    kernel's rule (`triton_clipped_terms`) covers the scheme's terms in both stacks (elsewhere it hands the call to
-    sdpa), marked as not yet measured on a GPU; and transformers' kernels when the scheme adds nothing to attention
+    kernel covers the scheme (`runs_on_triton`); and transformers' kernels when the scheme adds nothing to attention
     but replaced queries/keys (`scheme_additions` empty in both stacks)."""
-    from hf_relpos import RelPosTransformerConfig
-    from hf_relpos.model.attention_functions import RELPOS_KERNELS, TRITON_KERNEL, triton_clipped_terms
-    from hf_relpos.model.modeling_relpos import scheme_additions, scheme_terms
+    from hf_relpos.model.attention_functions import RELPOS_KERNELS, TRITON_KERNEL
+    from hf_relpos.model.modeling_relpos import scheme_additions
 
-    config = RelPosTransformerConfig(position_scheme=scheme, vocab_size=16, d_model=16, encoder_layers=1,
-                                     decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
-                                     encoder_ffn_dim=16, decoder_ffn_dim=16)
-    stacks = (False, True)
-    fused = all(triton_clipped_terms(terms.score_bias, terms.value_term) is not None
-                for terms, _ in (scheme_terms(config, is_decoder) for is_decoder in stacks))
     names = [kernel for kernel in RELPOS_KERNELS if kernel != TRITON_KERNEL]
-    if fused:
-        names.append(f"{TRITON_KERNEL} ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))")
-    if not any(scheme_additions(config, is_decoder) for is_decoder in stacks):
+    if runs_on_triton(scheme):
+        names.append(TRITON_KERNEL)
+    if not any(scheme_additions(tiny_config(scheme), is_decoder) for is_decoder in (False, True)):
         names.append("flash_attention_2/3, Hub kernels")
     return ", ".join(names)
+
+
+def fused_rows(scheme: str) -> list[dict]:
+    """The scheme's rows in the H200 records of the fused kernels, each with the record's attention dropout;
+    `relpos_triton` rows only where that kernel runs the scheme (elsewhere they are sdpa under its name)."""
+    rows = []
+    for path in H200_FUSED:
+        record = read(path)
+        for row in record["training"]:
+            name, _, kernel = row["scheme"].partition("@")
+            if name == scheme and (kernel != "relpos_triton" or runs_on_triton(scheme)):
+                rows.append(row | {"attention_dropout": record["meta"]["attention_dropout"]})
+    return rows
+
+
+def benchmarks_h200_summary() -> str:
+    """The fused kernels' first timings in words, from the H200 records, with issue #48's two goals at n = 512
+    (shaw on relpos_triton at attention dropout 0.1: at least 0.85 x absolute's tokens/s, at most a tenth more peak
+    memory)."""
+    triton_record, flex_record = (read(path) for path in H200_FUSED)
+    rows = {row["scheme"]: row for record in (triton_record, flex_record) for row in record["training"]}
+    fused, unfused = rows["shaw@relpos_triton"], rows["shaw@sdpa"]
+    meta = triton_record["meta"]
+    speed_met = "met" if fused["ratio"] >= 0.85 else "not met"
+    memory_met = "met" if fused["memory_overhead"] <= 0.10 else "not met"
+    flex = "; ".join(f"{scheme} {rows[f'{scheme}@flex_attention']['ratio']:.2f}x against "
+                     f"{rows[f'{scheme}@sdpa']['ratio']:.2f}x, peak memory "
+                     f"{rows[f'{scheme}@flex_attention']['memory_overhead']:+.1%} against "
+                     f"{rows[f'{scheme}@sdpa']['memory_overhead']:+.1%}" for scheme in ("xl", "t5"))
+    return (f"One {meta['device_name']}, {meta['dtype']}, the base model at n = {fused['length']} (batch "
+            f"{fused['batch']}), {meta['warmup']} warm-up and {meta['repeats']} timed rounds, ratios to `absolute` on "
+            f"sdpa in the same run ([`{H200_CHECK}`](results/{H200_CHECK}/README.md)). At attention dropout "
+            f"{meta['attention_dropout']:g}: `shaw` with a^V on `relpos_triton` {fused['ratio']:.2f}x, peak memory "
+            f"{fused['memory_overhead']:+.1%}; on sdpa {unfused['ratio']:.2f}x, {unfused['memory_overhead']:+.1%}. "
+            f"Issue #48's goals at this length: speed {speed_met}, memory {memory_met}. At attention dropout "
+            f"{flex_record['meta']['attention_dropout']:g}, `flex_attention` against sdpa: absolute "
+            f"{rows['absolute@flex_attention']['ratio']:.2f}x; {flex}.\n")
+
+
+def recommended_kernel(scheme: str) -> str:
+    """The fastest kernel measured for the scheme at each attention dropout of the H200 records (ratios to absolute
+    on sdpa in the same run), sdpa where nothing else was measured."""
+    rows = fused_rows(scheme)
+    if scheme == "absolute":
+        others = ", ".join(f"{row['kernel']} {row['ratio']:.2f}x at dropout {row['attention_dropout']:g}"
+                           for row in rows if row["kernel"] != "sdpa")
+        return "`sdpa` (the baseline" + (f"; {others})" if others else ")")
+    if not rows:
+        return "`sdpa` (fused paths not measured)"
+    parts = []
+    for dropout in sorted({row["attention_dropout"] for row in rows}, reverse=True):
+        measured = sorted((row for row in rows if row["attention_dropout"] == dropout), key=lambda row: -row["ratio"])
+        best, *others = measured
+        rest = ", ".join(f"{row['kernel']} {row['ratio']:.2f}x" for row in others)
+        parts.append(f"`{best['kernel']}`: {best['ratio']:.2f}x, {best['memory_overhead']:+.1%}"
+                     + (f" ({rest})" if rest else "") + f" at dropout {dropout:g}")
+    return "; ".join(parts)
 
 
 H100_CHECK = "gpu_check/2026-11-26_h100"   # benchmarks/gpu_check.sh's record of the code as it is
 H100_TRAINING = tuple(f"{H100_CHECK}/training_n{length}/training.json" for length in (128, 512))
 H100_DECODING = "benchmarks_h100/decoding.json"
+# The fused kernels' first timings (H200, n = 512): relpos_triton at attention dropout 0.1, flex_attention at 0.
+H200_CHECK = "gpu_check/2026-11-27_h200"
+H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1_relpos_triton/training.json",
+              f"{H200_CHECK}/training_n512_flex/training.json")
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -243,7 +315,7 @@ def readme_cost() -> str:
             speed = ", ".join(f"{row['ratio']:.2f}x (n = {row['length']})" for row in measured) or UNMEASURED
             memory = ", ".join(f"{row['memory_overhead']:+.1%} (n = {row['length']})" for row in measured) or UNMEASURED
             cached = f"{decoding[scheme]['cached_ratio_to_absolute']:.2f}x" if scheme in decoding else UNMEASURED
-        rows.append([f"`{scheme}`", speed, memory, cached, kernels(scheme)])
+        rows.append([f"`{scheme}`", speed, memory, cached, recommended_kernel(scheme), kernels(scheme)])
     baseline = h100_model_rows("absolute")
     caption = (f"Training: {meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch "
                f"{meta['torch']}, transformers {meta['transformers']}, {meta['date'][:10]}, code `{meta['code']}` "
@@ -251,9 +323,13 @@ def readme_cost() -> str:
                f"model ({baseline[0]['layers']} + {baseline[0]['layers']} layers), {meta['model_tokens']} source tokens "
                "a batch; ratios to `absolute` in the same round. Cached decoding: the "
                f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
-               "`xl`.\n\n")
+               "`xl`. Recommended kernel: the fastest measured for training on an "
+               f"{read(H200_FUSED[0])['meta']['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
+               f"peak memory against it in the same run ([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
+               "[more](docs/benchmarks.md#one-h200-2026-11-27-the-fused-kernels-first-timings)).\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
-                            "cached decoding vs absolute", "kernels"], rows)
+                            "cached decoding vs absolute", "recommended `attn_implementation` (H200, n = 512)",
+                            "kernels"], rows)
 
 
 # Issue #49: PyTorch generate against CTranslate2 on the CPU, one model, every engine in the same run.
@@ -679,6 +755,10 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "training_length_penalty": training_length_penalty,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
+    "benchmarks_h200_relpos_triton": benchmark_report(f"{H200_CHECK}/training_n512_dropout0.1_relpos_triton/training",
+                                                      bench_training.render_markdown),
+    "benchmarks_h200_summary": benchmarks_h200_summary,
+    "benchmarks_h200_flex": benchmark_report(f"{H200_CHECK}/training_n512_flex/training", bench_training.render_markdown),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
     "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),

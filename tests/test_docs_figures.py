@@ -223,15 +223,33 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
 
 
 def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
-    """README's kernels column: relpos_triton (not yet measured on a GPU) for Shaw, the scheme whose clipped terms
-    `triton_clipped_terms` fuses, and for no other; transformers' kernels only for schemes that add nothing."""
+    """README's kernels column: relpos_triton for Shaw, the scheme whose clipped terms `triton_clipped_terms` fuses,
+    and for no other; transformers' kernels only for schemes that add nothing."""
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     for scheme in report.SCHEMES:
         listed = report.kernels(scheme)
         assert listed in readme
         assert ("relpos_triton" in listed) == (scheme == "shaw"), scheme
         assert ("flash_attention_2/3" in listed) == (scheme in ("absolute", "rope", "none")), scheme
-    assert "relpos_triton ([not yet measured on a GPU](docs/benchmarks.md#relpos_triton-unmeasured))" in readme
+
+
+def test_the_recommended_kernel_is_the_fastest_measured_at_each_dropout(report):
+    """README's recommended attn_implementation: per scheme and attention dropout of the H200 records, the kernel
+    with the highest ratio to absolute named first; relpos_triton rows count only where that kernel runs the scheme
+    (elsewhere they are sdpa under its name); sdpa where nothing was measured."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    for scheme in report.SCHEMES:
+        recommended = report.recommended_kernel(scheme)
+        assert recommended in readme
+        rows = report.fused_rows(scheme)
+        if scheme == "absolute" or not rows:
+            assert recommended.startswith("`sdpa`")
+            continue
+        for part in recommended.split("; "):
+            dropout = float(part.rsplit("at dropout ", 1)[1])
+            fastest = max((row for row in rows if row["attention_dropout"] == dropout), key=lambda row: row["ratio"])
+            assert part.startswith(f"`{fastest['kernel']}`: {fastest['ratio']:.2f}x")
+        assert all(row["kernel"] != "relpos_triton" for row in rows) or report.runs_on_triton(scheme)
 
 
 def test_the_key_dropout_text_holds_in_the_record(report):
