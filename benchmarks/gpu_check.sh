@@ -11,7 +11,9 @@
 #   (c) 65 s: attention dropout 0.1 on the fused path: absolute and xl on sdpa (probabilities) and flex_attention
 #       (key dropout, its fused form: #47 item 8)
 #   (d) 60 s: the CUDA tests, then 40 s: relpos_triton's bf16 and determinism tests compiled for the GPU
-#   (e) DECODING=1 adds 25 s: cached decoding (over the 8 minutes)
+#   (e) DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 150 s: shaw's bf16 training on relpos_triton for
+#       300 steps against float32 eager (issue #48 item 5; a new flag set, so relpos_triton compiles again); both
+#       beyond the 8 minutes (TESTS=0 makes room)
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -19,8 +21,8 @@
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/,
-# training_n512_key_dropout0.1/, cuda_tests.txt, triton_tests.txt, (decoding/,) recompiles.txt and log.txt. Run from
-# the repository root with the package importable (PYTHONPATH=. or an install).
+# training_n512_key_dropout0.1/, cuda_tests.txt, triton_tests.txt, (precision/, decoding/,) recompiles.txt and
+# log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -70,6 +72,10 @@ training 65 "(c) attention dropout 0.1, key dropout on flex: base model n=512, a
     -k cuda 2>&1 | tee "$out/cuda_tests.txt"
 [ "${TESTS:-1}" = 1 ] && [ -n "$triton" ] && step 40 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs \
     -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16 or deterministic" 2>&1 | tee "$out/triton_tests.txt"
+if [ "${PRECISION:-0}" = 1 ] && [ -n "$triton" ]; then
+    step 150 "(e) bf16 training on relpos_triton against float32 eager" "$python" -m benchmarks.bench_precision \
+        --device cuda --kernel relpos_triton --scheme shaw --steps 300 --out "$out/precision"
+fi
 if [ "${DECODING:-0}" = 1 ]; then
     step 25 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
         --out "$out/decoding"

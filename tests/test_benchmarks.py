@@ -199,3 +199,30 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert len(set(outs)) == len(outs) == 4
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
+
+
+def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their_deviation(tmp_path: Path) -> None:
+    """bench_precision --quick: three runs of the same steps (float32 eager, bf16 eager, bf16 sdpa) from the same
+    weights and batches; float32 on another kernel repeats float32 eager's curve (so the runs differ only by what
+    they are meant to), the bf16 runs deviate from it, and the verdict follows the deviations and the tolerance."""
+    from benchmarks import bench_precision
+
+    data = bench_precision.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
+    runs = data["runs"]
+    assert [(entry["dtype"], entry["kernel"]) for entry in runs] == [
+        ("float32", "eager"), ("bfloat16", "eager"), ("bfloat16", "sdpa")]
+    assert all(len(entry["losses"]) == 6 for entry in runs)
+    assert all(entry["max_deviation"] > 0 for entry in runs[1:])
+    assert data["within_bf16"] == all(runs[2][key] <= 2.0 * runs[1][key] for key in ("max_deviation",
+                                                                                       "final_deviation"))
+    assert (tmp_path / "precision.md").read_text().count("\n| ") >= 8
+
+    def config_of(kernel: str):
+        return bench_precision.precision_config("shaw", bench_precision.SHAPES["tiny"], None, None, kernel)
+
+    torch.manual_seed(0)
+    initial = bench_precision.RelPosTransformerForConditionalGeneration(config_of("eager")).state_dict()
+    batches = bench_precision.copy_batches(4, 4, 16, 64, 0)
+    curves = [bench_precision.train_curve(initial, config_of, kernel, "float32", batches, "cpu", 1e-3, 2)
+              for kernel in ("eager", "sdpa")]
+    assert curves[0] == pytest.approx(curves[1], abs=1e-5)

@@ -1,0 +1,186 @@
+"""bf16 training against float32 eager (issue #48, item 5): one model, one initialisation and one stream of batches,
+trained --steps steps three ways: float32 on `eager` (the reference), bf16 autocast on `eager` (what bf16 alone
+changes) and bf16 autocast on --kernel. Records every step's loss of each run and each bf16 run's deviation from the
+reference, largest and over the last tenth of the steps. The kernel is "within bf16" when both its deviations are at
+most --tolerance times bf16 eager's.
+
+The task is copying random token sequences (a length-n source, the same sequence as target), which the model learns
+within a few hundred steps, so the curve falls. Dropout and attention dropout are 0 in every run: the kernels draw
+their dropout masks differently, and the comparison is of arithmetic, not of masks.
+
+    python -m benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300
+    python -m benchmarks.bench_precision --quick      # CPU: the tiny shape, 6 steps, sdpa
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.common import (
+    KERNELS,
+    SCHEMES,
+    SHAPES,
+    Shape,
+    autocast,
+    environment,
+    environment_lines,
+    make_config,
+    markdown_table,
+    write_report,
+)
+from hf_relpos import RelPosTransformerForConditionalGeneration
+
+REFERENCE = ("eager", "float32")
+
+
+def precision_config(scheme: str, shape: Shape, layers: int | None, vocab_size: int | None, kernel: str):
+    """`make_config` with every dropout 0 (the runs must differ only by kernel and dtype)."""
+    config = make_config(scheme, shape, layers, vocab_size, kernel)
+    config.dropout = config.activation_dropout = config.attention_dropout = 0.0
+    return config
+
+
+def copy_batches(steps: int, batch: int, length: int, vocab_size: int, seed: int) -> list[torch.Tensor]:
+    """`steps` batches of random ids in [4, vocab_size) (0-3 are the special tokens), [batch, length] each."""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(4, vocab_size, (batch, length), generator=generator) for _ in range(steps)]
+
+
+def train_curve(initial: dict[str, torch.Tensor], config_of: Any, kernel: str, dtype: str, batches: list[torch.Tensor],
+                device: str, learning_rate: float, warmup: int) -> list[float]:
+    """The loss of every step of AdamW (linear warm-up over `warmup` steps, gradients clipped at 1) from the weights
+    `initial`, attention on `kernel`, under `dtype` autocast (float32: none)."""
+    model = RelPosTransformerForConditionalGeneration(config_of(kernel)).to(device).train()
+    model.load_state_dict(initial)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / warmup))
+    losses = []
+    for ids in batches:
+        ids = ids.to(device)
+        with autocast(device, dtype):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return losses
+
+
+def deviations(losses: list[float], reference: list[float]) -> dict[str, float]:
+    """The largest |loss - reference| over the steps, and its mean over the last tenth of them."""
+    gaps = [abs(a - b) for a, b in zip(losses, reference, strict=True)]
+    tail = gaps[-max(1, len(gaps) // 10):]
+    return {"max_deviation": max(gaps), "final_deviation": statistics.mean(tail)}
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    shape = SHAPES[args.shape]
+    vocab_size = args.vocab_size or shape.vocab_size
+    batch = max(args.tokens // args.length, 1)
+
+    def config_of(kernel: str):
+        return precision_config(args.scheme, shape, args.layers, vocab_size, kernel)
+
+    torch.manual_seed(args.seed)
+    initial = RelPosTransformerForConditionalGeneration(config_of("eager")).state_dict()
+    batches = copy_batches(args.steps, batch, args.length, vocab_size, args.seed)
+    runs = [{"kernel": "eager", "dtype": "float32"}, {"kernel": "eager", "dtype": "bfloat16"},
+            {"kernel": args.kernel, "dtype": "bfloat16"}]
+    for entry in runs:
+        entry["losses"] = train_curve(initial, config_of, entry["kernel"], entry["dtype"], batches, args.device,
+                                      args.learning_rate, args.warmup_steps)
+        print(f"{entry['dtype']} {entry['kernel']}: loss {entry['losses'][0]:.4f} -> {entry['losses'][-1]:.4f}",
+              flush=True)
+    reference = runs[0]["losses"]
+    for entry in runs[1:]:
+        entry.update(deviations(entry["losses"], reference))
+    bf16_eager, candidate = runs[1], runs[2]
+    within = all(candidate[key] <= args.tolerance * bf16_eager[key] for key in ("max_deviation", "final_deviation"))
+    meta = environment(args.device, "bfloat16 autocast against float32") | {
+        "kernel": args.kernel, "scheme": args.scheme, "shape": args.shape, "layers": args.layers or shape.layers,
+        "vocab_size": vocab_size, "length": args.length, "batch": batch, "steps": args.steps,
+        "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps, "seed": args.seed,
+        "tolerance": args.tolerance,
+    }
+    return {"meta": meta, "runs": runs, "within_bf16": within}
+
+
+def render_markdown(data: dict[str, Any]) -> str:
+    meta, runs = data["meta"], data["runs"]
+    steps = meta["steps"]
+    shown = sorted({0, steps - 1, *range(0, steps, max(1, steps // 10))})
+    header = ["step", *[f"{entry['dtype']} {entry['kernel']}" for entry in runs]]
+    table = [[step + 1, *[f"{entry['losses'][step]:.4f}" for entry in runs]] for step in shown]
+    summary = [[f"{entry['dtype']} {entry['kernel']}", f"{entry['max_deviation']:.4f}",
+                f"{entry['final_deviation']:.4f}"] for entry in runs[1:]]
+    verdict = "within" if data["within_bf16"] else "NOT within"
+    return "\n".join([
+        "# bf16 training against float32 eager",
+        "",
+        *environment_lines(meta),
+        f"- `{meta['scheme']}`, shape {meta['shape']} ({meta['layers']} + {meta['layers']} layers, vocabulary "
+        f"{meta['vocab_size']}), copying random sequences of {meta['length']} tokens, batch {meta['batch']}, "
+        f"{steps} steps of AdamW (learning rate {meta['learning_rate']:g}, {meta['warmup_steps']} warm-up steps, "
+        f"gradients clipped at 1), seed {meta['seed']}; dropout and attention dropout 0; the same initial weights "
+        "and batches in every run",
+        "",
+        markdown_table(header, table),
+        "",
+        markdown_table(["run", "largest deviation from float32 eager", "its mean over the last tenth"], summary),
+        "",
+        f"bf16 on `{meta['kernel']}` is {verdict} {meta['tolerance']:g} x bf16 eager's deviations.",
+    ])
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--kernel", choices=KERNELS, default="sdpa", help="the kernel of the third run")
+    parser.add_argument("--scheme", choices=tuple(SCHEMES), default="shaw")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
+    parser.add_argument("--layers", type=int, help="layers per stack (default: the shape's)")
+    parser.add_argument("--vocab_size", type=int, help="vocabulary (default: the shape's)")
+    parser.add_argument("--length", type=int, default=128, help="source and target tokens per sequence")
+    parser.add_argument("--tokens", type=int, default=8192, help="source tokens per batch")
+    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--learning_rate", type=float, default=3e-4)
+    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tolerance", type=float, default=2.0,
+                        help="the kernel's deviations may be this many times bf16 eager's")
+    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "precision")
+    parser.add_argument("--quick", action="store_true", help="CPU-sized: the tiny shape, 6 steps of 4 x 16 tokens")
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    if args.quick:
+        args.shape, args.steps, args.length, args.tokens, args.warmup_steps = "tiny", 6, 16, 64, 2
+    for name in ("steps", "length", "tokens", "warmup_steps"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    if not (args.tolerance > 0 and math.isfinite(args.tolerance)):
+        raise SystemExit(f"--tolerance: must be a positive number, got {args.tolerance}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """Trains the three runs, writes precision.{md,json} into --out and returns the JSON data."""
+    args = parse_args(argv)
+    data = run(args)
+    markdown = render_markdown(data)
+    markdown_path, json_path = write_report(args.out, "precision", markdown, data)
+    print(markdown)
+    print(f"\nwrote {markdown_path}, {json_path}")
+    return data
+
+
+if __name__ == "__main__":
+    main()
