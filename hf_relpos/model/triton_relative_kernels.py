@@ -15,9 +15,11 @@ causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox 
     dq_i = c sum_j dS_ij k_j    dk_j = c sum_i dS_ij q_i    dv_j = sum_i D_ij dO_i    dT[i, r] = sum_{r(i,j)=r} dS_ij
 
 The dk/dv kernel loops over query blocks per key block, the dq/dT kernel over key blocks per query block: every
-program writes only its own rows (no atomics; the backward is deterministic). Key tiles entirely beyond +-k put a
-row sum into an edge bucket; only the tiles that meet the band sum per distance. Imported only when
-attn_implementation "relpos_triton" runs.
+program writes only its own rows (no atomics; the backward is deterministic). Each loop runs in three parts (the
+softmax and the gradient sums do not depend on the order): the tiles whose keys are all at distance <= -k from their
+queries (bucket 0), those at >= k (bucket 2k), and those that meet the band. On the edge tiles T and dM are one column
+per row and the sums by distance (M, dT) one row sum per edge, so the [BLOCK_M, 2k+1] sums are live, and buckets
+gathered, only over the band tiles. Imported only when attn_implementation "relpos_triton" runs.
 """
 
 from __future__ import annotations
@@ -66,47 +68,72 @@ def dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length,
 
 
 @triton.jit
-def tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """-1 for a tile whose keys are all at distance <= -k from its queries (bucket 0), 1 for all >= k (bucket 2k),
-    0 for a tile that meets the band."""
-    left = first_col + BLOCK_N - 1 - first_row - query_offset <= -max_distance
-    right = first_col - (first_row + BLOCK_M - 1) - query_offset >= max_distance
-    return tl.where(right, 1, 0) - tl.where(left, 1, 0)
+def first_tile_from(threshold, first, end, BLOCK: tl.constexpr):
+    """The first tile start first + BLOCK t >= threshold, at most `end`. `first` is a multiple of BLOCK, >= 0: the
+    threshold is raised to it before rounding up (Triton's integer // may truncate negative numbers toward zero)."""
+    return tl.minimum((tl.maximum(threshold, first) + BLOCK - 1) // BLOCK * BLOCK, end)
 
 
 @triton.jit
-def add_distance_sums(sums, x, bucket, first_row, first_col, query_offset, max_distance,
-                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_R: tl.constexpr):
-    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij: one row sum into an edge bucket for a tile beyond +-k; for a
-    tile that meets the band, two masked row sums for the edges and, for the 2k - 1 distances inside, the one entry
-    per row on each diagonal j = i' + r - k, gathered (O(tile) work, not O(k tile))."""
+def band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr):
+    """[band_start, band_end): the key tiles of [first, last) that meet the band of the query block at first_row.
+    The tiles before it have all keys at distance <= -k (bucket 0: j + BLOCK_N - 1 - first_row - offset <= -k),
+    those after it all at >= k (bucket 2k: j - (first_row + BLOCK_M - 1) - offset >= k)."""
+    return (first_tile_from(first_row + query_offset - max_distance - BLOCK_N + 2, first, last, BLOCK_N),
+            first_tile_from(first_row + BLOCK_M - 1 + query_offset + max_distance, first, last, BLOCK_N))
+
+
+@triton.jit
+def band_query_tiles(first_col, first, end, query_offset, max_distance, BLOCK_M: tl.constexpr,
+                     BLOCK_N: tl.constexpr):
+    """[band_start, band_end): the query blocks of [first, end) whose tile with the key block at first_col meets the
+    band. The blocks before it see all its keys at distance >= k (bucket 2k: first_col - (i + BLOCK_M - 1) - offset
+    >= k), those after it at <= -k (bucket 0: first_col + BLOCK_N - 1 - i - offset <= -k)."""
+    return (first_tile_from(first_col - BLOCK_M + 2 - query_offset - max_distance, first, end, BLOCK_M),
+            first_tile_from(first_col + BLOCK_N - 1 - query_offset + max_distance, first, end, BLOCK_M))
+
+
+@triton.jit
+def edge_sums(left, right, max_distance, BLOCK_R: tl.constexpr):
+    """[BLOCK_M, BLOCK_R] sums by distance with the edge tiles' row sums `left` [BLOCK_M, 1] in bucket 0 and `right`
+    in bucket 2k (both in bucket 0 when k = 0)."""
     distances = tl.arange(0, BLOCK_R)[None, :]
-    side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
-    if side == -1:
-        sums += tl.where(distances == 0, tl.sum(x, 1)[:, None], 0.0)
-    elif side == 1:
-        sums += tl.where(distances == 2 * max_distance, tl.sum(x, 1)[:, None], 0.0)
-    else:
+    return tl.where(distances == 0, left, 0.0) + tl.where(distances == 2 * max_distance, right, 0.0)
+
+
+@triton.jit
+def add_distance_sums(sums, x, rows, first_col, query_offset, max_distance, BLOCK_N: tl.constexpr,
+                      BLOCK_R: tl.constexpr, SIDE: tl.constexpr):
+    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij. A tile beyond -k (SIDE -1) or +k (SIDE 1) adds its row sums to
+    the one edge bucket's `sums` [BLOCK_M, 1]; a band tile (SIDE 0) adds to `sums` [BLOCK_M, BLOCK_R] two masked row
+    sums for the edges and, for the 2k - 1 distances inside, the one entry per row on each diagonal j = i' + r - k,
+    gathered (O(tile) work, not O(k tile))."""
+    if SIDE == 0:
+        bucket = clipped_bucket(rows, first_col + tl.arange(0, BLOCK_N), query_offset, max_distance)
+        distances = tl.arange(0, BLOCK_R)[None, :]
         left = tl.sum(tl.where(bucket == 0, x, 0.0), 1)
         right = tl.sum(tl.where((bucket == 2 * max_distance) & (bucket > 0), x, 0.0), 1)  # k = 0: all in bucket 0
-        column = tl.arange(0, BLOCK_M)[:, None] + (first_row + query_offset - max_distance - first_col) + distances
+        column = rows[:, None] + (query_offset - max_distance - first_col) + distances
         inside = (distances > 0) & (distances < 2 * max_distance) & (column >= 0) & (column < BLOCK_N)
         diagonal = tl.gather(x, tl.where(inside, column, 0), axis=1)
         sums += (tl.where(inside, diagonal, 0.0) + tl.where(distances == 0, left[:, None], 0.0)
                  + tl.where(distances == 2 * max_distance, right[:, None], 0.0))
+    else:
+        sums += tl.sum(x, 1, keep_dims=True)
     return sums
 
 
 @triton.jit
-def add_by_distance(x, TABLE, t_base, rows, row_ok, bucket, first_row, first_col, query_offset, max_distance, R,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """x_ij + TABLE[i, r(i, j)] for a tile: a tile beyond +-k reads one column of the [n, 2k+1] table per row; only a
-    tile that meets the band gathers by distance."""
-    side = tile_side(first_row, first_col, query_offset, max_distance, BLOCK_M, BLOCK_N)
-    if side == 0:
+def add_by_distance(x, TABLE, t_base, rows, cols, query_length, query_offset, max_distance, R, SIDE: tl.constexpr):
+    """x_ij + TABLE[i, r(i, j)] for a tile: a tile beyond -k (SIDE -1) or +k (SIDE 1) reads one column of the
+    [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers by distance."""
+    row_ok = rows < query_length
+    if SIDE == 0:
+        bucket = clipped_bucket(rows, cols, query_offset, max_distance)
         x += tl.load(TABLE + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
     else:
-        edge = tl.where(side == 1, 2 * max_distance, 0)
+        edge = (SIDE + 1) * max_distance
         x += tl.load(TABLE + t_base + rows * R + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
     return x
 
@@ -140,23 +167,17 @@ def store_rows(X, base, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.co
 
 
 @triton.jit
-def tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end, query_offset, max_distance, scaling, R,
-                query_length, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
-                PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """The masked scores s of a tile (-inf where not allowed), its buckets and its mask."""
-    rows = first_row + tl.arange(0, BLOCK_M)
-    cols = first_col + tl.arange(0, BLOCK_N)
-    row_ok = rows < query_length
-    col_ok = (cols >= key_start) & (cols < key_end)
+def tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset, max_distance, scaling, R,
+                HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+                SIDE: tl.constexpr):
+    """The masked scores s of a tile (-inf where not allowed) and its mask; SIDE as in `add_by_distance`."""
     s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
-    bucket = clipped_bucket(rows, cols, query_offset, max_distance)
     if HAS_BIAS:
-        s = add_by_distance(s, T, t_base, rows, row_ok, bucket, first_row, first_col, query_offset, max_distance, R,
-                            BLOCK_M, BLOCK_N)
-    allowed = row_ok[:, None] & col_ok[None, :]
+        s = add_by_distance(s, T, t_base, rows, cols, query_length, query_offset, max_distance, R, SIDE)
+    allowed = (rows < query_length)[:, None] & ((cols >= key_start) & (cols < key_end))[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
-    return tl.where(allowed, s, float("-inf")), bucket, allowed
+    return tl.where(allowed, s, float("-inf")), allowed
 
 
 @triton.jit
@@ -173,7 +194,43 @@ def load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: t
     """dO [BLOCK, BLOCK_D], lse and Delta of the rows `rows` (contiguous [B, H, n, d] and [B, H, n])."""
     row_ok = rows < query_length
     return (load_rows(DO, row_base * HEAD_DIM, HEAD_DIM, rows, 0, query_length, HEAD_DIM, BLOCK_D),
-            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0), tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
+            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0),
+            tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
+
+
+@triton.jit
+def shift_of(row_max):
+    """The row max the exponentials subtract: 0 for a row without a key yet (its scores are all -inf)."""
+    return tl.where(row_max == float("-inf"), 0.0, row_max)
+
+
+@triton.jit
+def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_base, stride_kn, stride_vn, t_base,
+                 rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
+                 query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                 HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                 ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 SIDE: tl.constexpr):
+    """One key tile of the online softmax for lse_i and o_i: the row max, the row sum, o's accumulator and the
+    dropped masses M (`sums`, as in `add_distance_sums`) rescaled to the new row max and updated."""
+    cols = first_col + tl.arange(0, BLOCK_N)
+    k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    s, _ = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
+                       scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    new_max = tl.maximum(row_max, tl.max(s, 1))
+    shift = shift_of(new_max)
+    p = tl.exp(s - shift[:, None])
+    rescale = tl.exp(row_max - shift)
+    row_sum = row_sum * rescale + tl.sum(p, 1)
+    if DROPOUT:
+        keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
+        p = tl.where(keep, p * keep_scale, 0.0)
+    v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
+    if HAS_VALUES:
+        sums = add_distance_sums(sums * rescale[:, None], p, rows, first_col, query_offset, max_distance, BLOCK_N,
+                                 BLOCK_R, SIDE)
+    return new_max, row_sum, acc, sums
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -185,40 +242,38 @@ def relative_forward_kernel(
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """One query block of one (b, h): the online softmax over its key tiles, with the per-distance masses."""
+    """One query block of one (b, h): the online softmax over its key tiles beyond -k, beyond +k, then those that
+    meet the band, with the masses M by distance kept as two edge row sums until the band tiles."""
     first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    k_base = b * stride_kb + h * stride_kh
-    v_base = b * stride_vb + h * stride_vh
-    t_base = bh.to(tl.int64) * query_length * R
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
+    band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
+    # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
+    tile = (q, K, V, T, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn, stride_vn,
+            bh.to(tl.int64) * query_length * R, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
+            query_length, key_length, query_offset, max_distance, R)
     row_max = tl.full([BLOCK_M], float("-inf"), ACC)
     row_sum = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
-    masses = tl.zeros([BLOCK_M, BLOCK_R], ACC)
-    for first_col in range(first, last, BLOCK_N):
-        cols = first_col + tl.arange(0, BLOCK_N)
-        k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
-                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
-                                         PRECISION, BLOCK_M, BLOCK_N)
-        new_max = tl.maximum(row_max, tl.max(s, 1))
-        shift = tl.where(new_max == float("-inf"), 0.0, new_max)
-        p = tl.exp(s - shift[:, None])
-        rescale = tl.exp(row_max - shift)
-        row_sum = row_sum * rescale + tl.sum(p, 1)
-        if DROPOUT:
-            keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
-            p = tl.where(keep, p * keep_scale, 0.0)
-        v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
-        if HAS_VALUES:
-            masses = add_distance_sums(masses * rescale[:, None], p, bucket, first_row, first_col, query_offset,
-                                       max_distance, BLOCK_M, BLOCK_N, BLOCK_R)
-        row_max = new_max
+    left = tl.zeros([BLOCK_M, 1], ACC)
+    right = tl.zeros([BLOCK_M, 1], ACC)
+    for first_col in range(first, band_start, BLOCK_N):
+        row_max, row_sum, acc, left = forward_tile(row_max, row_sum, acc, left, first_col, *tile, HEAD_DIM, BLOCK_D,
+                                                   BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
+                                                   BLOCK_M, BLOCK_N, SIDE=-1)
+    left_max = row_max  # `left` is relative to the row max so far
+    for first_col in range(band_end, last, BLOCK_N):
+        row_max, row_sum, acc, right = forward_tile(row_max, row_sum, acc, right, first_col, *tile, HEAD_DIM, BLOCK_D,
+                                                    BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
+                                                    BLOCK_M, BLOCK_N, SIDE=1)
+    masses = edge_sums(left * tl.exp(left_max - shift_of(row_max))[:, None], right, max_distance, BLOCK_R)
+    for first_col in range(band_start, band_end, BLOCK_N):
+        row_max, row_sum, acc, masses = forward_tile(row_max, row_sum, acc, masses, first_col, *tile, HEAD_DIM,
+                                                     BLOCK_D, BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC,
+                                                     PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
@@ -231,16 +286,17 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, first_row, first_col, bh,
-                   seed, dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R,
-                   HAS_VALUES: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse."""
+def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed, dropout_p,
+                   keep_scale, query_length, key_length, query_offset, max_distance, R, HAS_VALUES: tl.constexpr,
+                   DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                   BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
+    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse; SIDE as in
+    `add_by_distance`."""
     p = tl.where(allowed, tl.exp(s - tl.where(lse == float("-inf"), 0.0, lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
-        d_dropped = add_by_distance(d_dropped, DM, t_base, rows, row_ok, bucket, first_row, first_col, query_offset,
-                                    max_distance, R, BLOCK_M, BLOCK_N)
+        d_dropped = add_by_distance(d_dropped, DM, t_base, rows, cols, query_length, query_offset, max_distance, R,
+                                    SIDE)
     dropped = p
     d_p = d_dropped
     if DROPOUT:
@@ -248,6 +304,28 @@ def tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows
         dropped = tl.where(keep, p * keep_scale, 0.0)
         d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
     return dropped, p * (d_p - delta[:, None])
+
+
+@triton.jit
+def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base, stride_qn, row_base, t_base,
+                       first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length,
+                       key_length, query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                       HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
+                       ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                       SIDE: tl.constexpr):
+    """One query block's terms of dk_j / c = sum_i dS_ij q_i and dv_j = sum_i D_ij dO_i."""
+    rows = first_row + tl.arange(0, BLOCK_M)
+    cols = first_col + tl.arange(0, BLOCK_N)
+    q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
+    do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
+    s, allowed = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset,
+                             max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    dropped, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed,
+                                 dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R,
+                                 HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+    dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
+    dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
+    return dk, dv
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -259,38 +337,62 @@ def relative_backward_keys_kernel(
     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dk, dv of one key block of one (b, h), over the query blocks that may attend to it."""
+    """dk, dv of one key block of one (b, h), over the query blocks that may attend to it: those that see its keys
+    beyond +k (the first ones), beyond -k (the last ones), then those whose tile meets the band."""
     first_col, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_N)
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
     k = load_rows(K, b * stride_kb + h * stride_kh, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, b * stride_vb + h * stride_vh, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    t_base = bh.to(tl.int64) * query_length * R
     row_base = bh.to(tl.int64) * query_length
-    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
-    dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     first = 0
     if CAUSAL:
         first = tl.maximum(first_col - query_offset, 0) // BLOCK_M * BLOCK_M
     padding_only = (first_col >= key_end) | (first_col + BLOCK_N <= key_start)
-    for first_row in range(first, tl.where(padding_only, 0, query_length), BLOCK_M):  # padding only: zero gradients
-        rows = first_row + tl.arange(0, BLOCK_M)
-        row_ok = rows < query_length
-        q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-        do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
-                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
-                                         PRECISION, BLOCK_M, BLOCK_N)
-        dropped, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok,
-                                     first_row, first_col, bh, seed, dropout_p, keep_scale, query_length, key_length,
-                                     query_offset, max_distance, R, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M,
-                                     BLOCK_N)
-        dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
-        dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
+    end = tl.where(padding_only, 0, query_length)  # padding only: zero gradients
+    band_start, band_end = band_query_tiles(first_col, first, end, query_offset, max_distance, BLOCK_M, BLOCK_N)
+    # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
+    tile = (k, v, Q, DO, LSE, DELTA, T, DM, b * stride_qb + h * stride_qh, stride_qn, row_base, row_base * R,
+            first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
+            query_offset, max_distance, R)
+    dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
+    for first_row in range(first, band_start, BLOCK_M):
+        dk, dv = backward_keys_tile(dk, dv, first_row, *tile, HEAD_DIM, BLOCK_D, HAS_BIAS, HAS_VALUES, CAUSAL,
+                                    DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
+    for first_row in range(band_end, end, BLOCK_M):
+        dk, dv = backward_keys_tile(dk, dv, first_row, *tile, HEAD_DIM, BLOCK_D, HAS_BIAS, HAS_VALUES, CAUSAL,
+                                    DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
+    for first_row in range(band_start, band_end, BLOCK_M):
+        dk, dv = backward_keys_tile(dk, dv, first_row, *tile, HEAD_DIM, BLOCK_D, HAS_BIAS, HAS_VALUES, CAUSAL,
+                                    DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     out_base = bh.to(tl.int64) * key_length * HEAD_DIM
     store_rows(DK, out_base, cols, key_length, dk * scaling, HEAD_DIM, BLOCK_D)
     store_rows(DV, out_base, cols, key_length, dv, HEAD_DIM, BLOCK_D)
+
+
+@triton.jit
+def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn, stride_vn,
+                          t_base, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length,
+                          key_length, query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
+                          CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
+    """One key tile's terms of dq_i / c = sum_j dS_ij k_j and of dT's sums of dS by distance (`sums`, as in
+    `add_distance_sums`)."""
+    cols = first_col + tl.arange(0, BLOCK_N)
+    k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    s, allowed = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset,
+                             max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed,
+                           dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R, HAS_VALUES,
+                           DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+    dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
+    if HAS_BIAS:
+        sums = add_distance_sums(sums, ds, rows, first_col, query_offset, max_distance, BLOCK_N, BLOCK_R, SIDE)
+    return dq, sums
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -302,34 +404,34 @@ def relative_backward_queries_kernel(
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h)."""
+    """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
+    its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then)."""
     first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
     q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
-    k_base = b * stride_kb + h * stride_kh
-    v_base = b * stride_vb + h * stride_vh
-    t_base = row_base * R
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
+    band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
+    # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
+    tile = (q, do, lse, delta, K, V, T, DM, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn,
+            stride_vn, row_base * R, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
+            query_length, key_length, query_offset, max_distance, R)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
-    d_table = tl.zeros([BLOCK_M, BLOCK_R], ACC)
-    for first_col in range(first, last, BLOCK_N):
-        cols = first_col + tl.arange(0, BLOCK_N)
-        k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-        s, bucket, allowed = tile_scores(q, k, T, t_base, first_row, first_col, key_start, key_end,
-                                         query_offset, max_distance, scaling, R, query_length, HAS_BIAS, CAUSAL, ACC,
-                                         PRECISION, BLOCK_M, BLOCK_N)
-        _, ds = tile_gradients(q, do, k, v, s, bucket, allowed, lse, delta, DM, t_base, rows, row_ok, first_row,
-                               first_col, bh, seed, dropout_p, keep_scale, query_length, key_length, query_offset,
-                               max_distance, R, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N)
-        dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
-        if HAS_BIAS:
-            d_table = add_distance_sums(d_table, ds, bucket, first_row, first_col, query_offset, max_distance,
-                                        BLOCK_M, BLOCK_N, BLOCK_R)
+    left = tl.zeros([BLOCK_M, 1], ACC)
+    right = tl.zeros([BLOCK_M, 1], ACC)
+    for first_col in range(first, band_start, BLOCK_N):
+        dq, left = backward_queries_tile(dq, left, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
+                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
+    for first_col in range(band_end, last, BLOCK_N):
+        dq, right = backward_queries_tile(dq, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
+                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
+    d_table = edge_sums(left, right, max_distance, BLOCK_R)
+    for first_col in range(band_start, band_end, BLOCK_N):
+        dq, d_table = backward_queries_tile(dq, d_table, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
+                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     store_rows(DQ, row_base * HEAD_DIM, rows, query_length, dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
         distances = tl.arange(0, BLOCK_R)
