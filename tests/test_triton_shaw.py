@@ -135,6 +135,52 @@ def test_kernel_matches_float64_loop_oracle(name):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("case_seed", range(24))
+def test_kernel_matches_the_oracle_on_random_cases_with_unequal_blocks(case_seed, monkeypatch):
+    """float64 at 1e-12, o, M, lse and every gradient, on cases drawn at random (k, lengths, query offset, causal,
+    padding ranges, bias and a^V on or off, dropout) with blocks of unequal shapes under the interpreter, so that the
+    edge and band tile ranges of the kernels' loops meet every alignment (on a GPU: the autotuned blocks)."""
+    import random
+
+    draw_case = random.Random(case_seed)
+    monkeypatch.setattr(triton_relative, "INTERPRETER_BLOCKS", draw_case.choice([(16, 32), (32, 16), (32, 8),
+                                                                                  (16, 16)]))
+    k = draw_case.choice([0, 1, 2, 5, 9, 16])
+    causal = draw_case.random() < 0.5
+    query_length = draw_case.randint(1, 40)
+    query_offset = draw_case.randint(0, 24) if causal and draw_case.random() < 0.5 else 0
+    key_length = query_length + query_offset
+    with_bias, with_masses = draw_case.random() < 0.8, draw_case.random() < 0.8
+    dropout = draw_case.choice([0.0, 0.3])
+    start = draw_case.randint(0, key_length)
+    generator = torch.Generator().manual_seed(case_seed)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(DEVICE).requires_grad_()
+
+    query, key, value = draw(2, 1, query_length, 8), draw(2, 1, key_length, 8), draw(2, 1, key_length, 8)
+    table = draw(2, 1, query_length, 2 * k + 1) if with_bias else None
+    key_start = torch.tensor([0, start], dtype=torch.int32, device=DEVICE)
+    key_end = torch.tensor([key_length, draw_case.randint(start, key_length)], dtype=torch.int32, device=DEVICE)
+    seed = torch.tensor([2**40 + case_seed], device=DEVICE)
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
+                                             query_offset, k, causal, with_masses)
+    keep = dropout_keep_mask(int(seed), dropout, 2, 1, query_length, key_length, DEVICE) if dropout else None
+    expected_output, expected_masses, expected_lse = loop_oracle(query, key, value, table, key_start, key_end,
+                                                                 8**-0.5, query_offset, k, causal, keep, dropout)
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
+    if with_masses:
+        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
+    grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
+    loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
+    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
+    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
 @pytest.mark.parametrize("name", ["encoder_k16_unpadded", "dropout_decoder_cached"])
 def test_kernel_float32_matches_float64_oracle(name):
     """float32 inputs (float32 accumulation, IEEE matmuls) within float32 rounding of the float64 oracle."""

@@ -24,6 +24,7 @@ import torch
 
 KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
+INTERPRETER_BLOCKS = (INTERPRETER_BLOCK, INTERPRETER_BLOCK)   # (BLOCK_M, BLOCK_N) of the kernels there
 SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
 # The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
 # one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
@@ -65,11 +66,12 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
 
 
 def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *args: Any, **settings: Any) -> None:
-    """Run `kernel` over a grid of (row blocks, batch x heads): autotuned on a GPU, with 16-wide blocks under the
-    interpreter. `blocks` names the block size that tiles `rows`."""
+    """Run `kernel` over a grid of (row blocks, batch x heads): autotuned on a GPU, with `INTERPRETER_BLOCKS` under
+    the interpreter. `blocks` names the block size that tiles `rows`."""
     if interpreting():
-        kernel[(ceil_div(rows, INTERPRETER_BLOCK), batch_heads)](
-            *args, **settings, BLOCK_M=INTERPRETER_BLOCK, BLOCK_N=INTERPRETER_BLOCK)
+        block_m, block_n = INTERPRETER_BLOCKS
+        kernel[(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
+            *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
     else:
         tuned[lambda meta: (ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
 
@@ -263,8 +265,9 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
 
 
 def clipped_relative_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None, key_start: torch.Tensor, key_end: torch.Tensor, scaling: float,
-    dropout: float, query_offset: int, max_distance: int, causal: bool, value_term: Any = None,
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
+    key_start: torch.Tensor, key_end: torch.Tensor, scaling: float, dropout: float, query_offset: int,
+    max_distance: int, causal: bool, value_term: Any = None,
 ) -> torch.Tensor:
     """softmax-attention [B, H, n, d] with the bias T[i, clip(j - i', k) + k] (`bias_table` [B, H, n, 2k+1] or
     None) and, when `value_term` (a `RelativeValues`) is given, its term sum_r M[i, r] a^V_r from the kernel's
