@@ -5,6 +5,11 @@ compile is printed as FAILED and the exit status is 1.
 
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype bf16
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype fp32 --head-dim 128 --quick
+    python -m benchmarks.compile_triton_kernels --arch 90 --sass    # + SASS instructions and register spills
+
+`--sass` disassembles each kernel (triton's bundled nvdisasm) and counts its instructions and its local-memory
+stores and loads (STL/LDL: registers spilled); static counts of the whole kernel, each loop body counted once, a proxy
+for run time where no GPU is at hand, not a measurement of it.
 
 Runs triton's compiler and its bundled ptxas on the CPU; TRITON_INTERPRET must be unset (it is removed here before
 triton is imported).
@@ -13,6 +18,7 @@ triton is imported).
 from __future__ import annotations
 
 import argparse
+import collections
 import itertools
 import os
 import sys
@@ -39,12 +45,25 @@ def argument_types(arg_names: list[str], constexprs: dict, dtype: str) -> dict[s
     return types
 
 
+def sass_counts(sass: str) -> str:
+    """Instructions, and local-memory stores and loads (register spills), in a kernel's SASS listing."""
+    opcodes = collections.Counter()
+    for line in sass.splitlines():
+        words = line.split("\t", 1)[1].split() if "\t" in line else []
+        if words and words[0].startswith("@"):   # a predicate guards the instruction
+            words = words[1:]
+        if words and words[0][:1].isupper():
+            opcodes[words[0].split(".")[0]] += 1
+    return f"SASS {sum(opcodes.values())} instructions, STL {opcodes['STL']}, LDL {opcodes['LDL']}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, default=90, help="CUDA compute capability x 10 (90: H100/H200)")
     parser.add_argument("--dtype", choices=("bf16", "fp16", "fp32", "fp64"), default="bf16")
     parser.add_argument("--head-dim", type=int, default=64)
     parser.add_argument("--max-relative-position", type=int, default=16)
+    parser.add_argument("--sass", action="store_true", help="also count SASS instructions and spills (STL/LDL)")
     parser.add_argument("--quick", action="store_true",
                         help="only the first autotuning configuration and the first set of flags (a^V, dropout)")
     args = parser.parse_args(argv)
@@ -84,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             shared = compiled.metadata.shared
             fits = "fits" if shared <= HOPPER_SHARED_MEMORY else "EXCEEDS sm_90's shared memory"
-            print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s",
+            sass = f", {sass_counts(compiled.asm['sass'])}" if args.sass else ""
+            print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s{sass}",
                   flush=True)
     return 1 if failed else 0
 

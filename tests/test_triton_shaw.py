@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -505,9 +506,12 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     """Triton's compiler and bundled ptxas build the forward and both backward kernels for sm_90 in bf16 (first
     autotuning configuration), within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick"],
+    result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick",
+                             "--sass"],
                             cwd=Path(__file__).resolve().parents[1], env=environment, capture_output=True, text=True,
                             timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
     assert len(lines) == 3 and all("(fits)" in line for line in lines), result.stdout
+    counts = [re.search(r"SASS (\d+) instructions, STL (\d+), LDL (\d+)", line) for line in lines]
+    assert all(count and int(count[1]) > 1000 for count in counts), result.stdout   # whole kernels were disassembled
