@@ -66,6 +66,23 @@ def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_off
             torch.stack(lse_out).view(shape))
 
 
+def assert_matches_oracle(outputs, expected_outputs, inputs, with_masses, generator):
+    """The kernel's (o, M, lse) equal the oracle's at 1e-12 (M only `with_masses`), and so do the gradients of a
+    random linear function of o and M with respect to every input (None inputs skipped)."""
+    (output, masses, lse), (expected_output, expected_masses, expected_lse) = outputs, expected_outputs
+    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
+    if with_masses:
+        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
+    grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    inputs = [tensor for tensor in inputs if tensor is not None]
+    loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
+    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
+    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
 KERNEL_CASES = {
     # name: (k, query_length, key_length, query_offset, causal, padded, with_bias, with_masses, dropout)
     "encoder_k1_padded": (1, 21, 21, 0, False, True, True, True, 0.0),
@@ -120,20 +137,10 @@ def test_kernel_matches_float64_loop_oracle(name):
         assert abs(kept - (1 - dropout)) < 0.05 and not keep.all()
     expected_output, expected_masses, expected_lse = loop_oracle(query, key, value, table, key_start, key_end,
                                                                  scaling, query_offset, k, causal, keep, dropout)
-    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
-    if with_masses:
-        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
-    else:
+    if not with_masses:
         assert masses.shape[-1] == 0
-    generator = torch.Generator().manual_seed(1)
-    grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
-    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
-    inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
-    loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
-    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
-    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert_matches_oracle((output, masses, lse), (expected_output, expected_masses, expected_lse),
+                          [query, key, value, table], with_masses, torch.Generator().manual_seed(1))
 
 
 @pytest.mark.parametrize("case_seed", range(24))
@@ -169,17 +176,8 @@ def test_kernel_matches_the_oracle_on_random_cases_with_unequal_blocks(case_seed
     keep = dropout_keep_mask(int(seed), dropout, 2, 1, query_length, key_length, DEVICE) if dropout else None
     expected_output, expected_masses, expected_lse = loop_oracle(query, key, value, table, key_start, key_end,
                                                                  8**-0.5, query_offset, k, causal, keep, dropout)
-    torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
-    if with_masses:
-        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
-    grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
-    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
-    inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
-    loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
-    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
-    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
-        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert_matches_oracle((output, masses, lse), (expected_output, expected_masses, expected_lse),
+                          [query, key, value, table], with_masses, generator)
 
 
 @pytest.mark.parametrize("name", ["encoder_k16_unpadded", "dropout_decoder_cached"])
