@@ -96,6 +96,8 @@ KERNEL_CASES = {
     "values_without_bias": (2, 23, 23, 0, True, True, False, True, 0.0),
     "dropout_encoder": (2, 21, 21, 0, False, True, True, True, 0.3),
     "dropout_decoder_cached": (16, 5, 23, 18, True, True, True, True, 0.25),
+    # query blocks that meet tiles beyond -k, then beyond +k, then the band: the masses rescaled between them
+    "encoder_k1_both_edges": (1, 48, 48, 0, False, False, False, True, 0.0),
 }
 
 
@@ -245,6 +247,32 @@ def test_dropout_mask_depends_on_seed_and_position():
     second = dropout_keep_mask(2**40 + 2, 0.5, 2, 2, 17, 17, DEVICE)
     assert not torch.equal(first, second)
     assert not torch.equal(first[0, 0], first[0, 1]) and not torch.equal(first[0, 0, 0], first[0, 0, 1])
+
+
+def test_dropout_mask_follows_the_documented_philox_counter():
+    """kappa_ij = (u_t >= p), u_t the t-th of the four uniforms triton's Philox (`tl.rand4x`) draws at the counter
+    ((b H + h) n + i) ceil(m / 4) + j // 4, t = j % 4: the kernels' mask against that formula computed apart."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def four_uniforms(OUT, seed, count, BLOCK: tl.constexpr):
+        counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        uniforms = tl.rand4x(seed, counters.to(tl.int64))
+        for t in tl.static_range(4):
+            tl.store(OUT + 4 * counters + t, uniforms[t], mask=counters < count)
+
+    seed, dropout, batch, heads, query_length, key_length = 2**40 + 5, 0.4, 2, 3, 7, 23
+    groups = -(-key_length // 4)
+    count = batch * heads * query_length * groups
+    uniforms = torch.empty(4 * count, dtype=torch.float32, device=DEVICE)
+    four_uniforms[(-(-count // 64),)](uniforms, seed, count, BLOCK=64)
+    bh = torch.arange(batch * heads, device=DEVICE)[:, None, None]
+    i = torch.arange(query_length, device=DEVICE)[None, :, None]
+    j = torch.arange(key_length, device=DEVICE)[None, None, :]
+    expected = uniforms[((bh * query_length + i) * groups + j // 4) * 4 + j % 4] >= dropout
+    mask = dropout_keep_mask(seed, dropout, batch, heads, query_length, key_length, DEVICE)
+    assert torch.equal(mask, expected.view(batch, heads, query_length, key_length))
 
 
 def run_model(model, kernel, batch, backward=True):

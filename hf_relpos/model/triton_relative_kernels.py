@@ -59,11 +59,13 @@ def dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length,
                  BLOCK_N: tl.constexpr):
     """kappa_ij of a tile whose first key `first_col` is a multiple of 4: Philox uniform >= p, the same in forward
     and backward. One Philox call gives four uniforms: the counter ((b H + h) n + i) ceil(m / 4) + j // 4 gives keys
-    4 (j // 4) .. 4 (j // 4) + 3 of row i, in order."""
+    4 (j // 4) .. 4 (j // 4) + 3 of row i, in order (the t-th uniform to key 4 (j // 4) + t)."""
+    tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep: BLOCK_N must be a multiple of 4")
     groups = first_col // 4 + tl.arange(0, BLOCK_N // 4)
     offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * ((key_length + 3) // 4) + groups[None, :]
     u0, u1, u2, u3 = tl.rand4x(seed, offsets)
-    uniform = tl.reshape(tl.join(tl.join(u0, u1), tl.join(u2, u3)), [BLOCK_M, BLOCK_N])
+    # join stacks on a new last axis: [.., g, a, b] = u_{a + 2 b}, flattened to key 4 g + 2 a + b
+    uniform = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK_M, BLOCK_N])
     return uniform >= dropout_p
 
 
@@ -424,14 +426,14 @@ def relative_backward_queries_kernel(
     right = tl.zeros([BLOCK_M, 1], ACC)
     for first_col in range(first, band_start, BLOCK_N):
         dq, left = backward_queries_tile(dq, left, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
+                                         HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
     for first_col in range(band_end, last, BLOCK_N):
         dq, right = backward_queries_tile(dq, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
+                                          HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
     d_table = edge_sums(left, right, max_distance, BLOCK_R)
     for first_col in range(band_start, band_end, BLOCK_N):
         dq, d_table = backward_queries_tile(dq, d_table, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                  HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
+                                            HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     store_rows(DQ, row_base * HEAD_DIM, rows, query_length, dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
         distances = tl.arange(0, BLOCK_R)
