@@ -127,11 +127,12 @@ def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str,
     """Warm-up rounds, then round-robin timing, then one peak-memory measurement per series (gradients cleared
     before it). Ratios are to absolute on its fastest kernel (the returned label). The compiled FlexAttention graphs
     must not grow after the warm-up (`GraphsGrew`); a fallback to the unfused kernel raises in the kernel itself."""
-    first_call = {}
-    for name, case in cases.items():  # the first warm-up round, timed per case: it holds the compiles and autotuning
-        first_call[name] = timed(case.step, args.device, args.clock) if args.warmup else 0.0
+    first_call = dict.fromkeys(cases)   # the first warm-up round, timed per case: it holds compiles and autotuning
+    for name, case in cases.items() if args.warmup else ():
+        first_call[name] = timed(case.step, args.device, args.clock)
         print(f"first call {name}: {first_call[name]:.1f} s", flush=True)
-    round_robin({name: case.step for name, case in cases.items()}, args.warmup - 1, 0, args.device, args.clock)
+    round_robin({name: case.step for name, case in cases.items()}, max(args.warmup - 1, 0), 0, args.device,
+                args.clock)
     graphs = compiled_graph_count()
     seconds = round_robin({name: case.step for name, case in cases.items()}, 0, args.repeats, args.device, args.clock)
     if compiled_graph_count() != graphs:
@@ -267,7 +268,7 @@ def compile_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]
     """The first call of each series (its compiles and autotuning) and relpos_triton's autotuned blocks, where the
     record has them."""
     lines = []
-    if rows and "first_call_s" in rows[0]:
+    if rows and rows[0].get("first_call_s") is not None:
         calls = ", ".join(f"{row['scheme']} (n = {row['length']}) {row['first_call_s']:.1f} s" for row in rows)
         lines.append(f"- first call per series (compiles, autotuning): {calls}")
     for kernel, tuned in meta.get("relpos_triton_tuning", {}).items():

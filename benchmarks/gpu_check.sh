@@ -2,8 +2,8 @@
 # The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit.
 # Every step is its own process that writes its record when it ends (bench_training: after each length), sized from
 # the first calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200): a process starts in ~15 s,
-# relpos_triton's first call (compiles + autotuning, per flag set) takes ~65 s, FlexAttention's ~11-19 s per scheme
-# in the base model, sdpa's < 5 s. At most 8 minutes (480 s of limits):
+# relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~65 s,
+# FlexAttention's ~11-19 s per scheme in the base model, sdpa's < 5 s. At most 8 minutes (480 s of limits):
 #   (a) 130 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (one autotuning)
 #   (b) 2 x 90 s: issue #47's fused path: base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
@@ -11,9 +11,9 @@
 #   (c) 65 s: attention dropout 0.1 on the fused path: absolute and xl on sdpa (probabilities) and flex_attention
 #       (key dropout, its fused form: #47 item 8)
 #   (d) 60 s: the CUDA tests, then 40 s: relpos_triton's bf16 and determinism tests compiled for the GPU
-#   (e) DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 150 s: shaw's bf16 training on relpos_triton for
-#       300 steps against float32 eager (issue #48 item 5; a new flag set, so relpos_triton compiles again); both
-#       beyond the 8 minutes (TESTS=0 makes room)
+#   (e) DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 200 s: shaw's bf16 training on relpos_triton for
+#       300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles again; the
+#       record rewritten after each of its three runs); both beyond the 8 minutes
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -73,7 +73,7 @@ training 65 "(c) attention dropout 0.1, key dropout on flex: base model n=512, a
 [ "${TESTS:-1}" = 1 ] && [ -n "$triton" ] && step 40 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs \
     -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16 or deterministic" 2>&1 | tee "$out/triton_tests.txt"
 if [ "${PRECISION:-0}" = 1 ] && [ -n "$triton" ]; then
-    step 150 "(e) bf16 training on relpos_triton against float32 eager" "$python" -m benchmarks.bench_precision \
+    step 200 "(e) bf16 training on relpos_triton against float32 eager" "$python" -m benchmarks.bench_precision \
         --device cuda --kernel relpos_triton --scheme shaw --steps 300 --out "$out/precision"
 fi
 if [ "${DECODING:-0}" = 1 ]; then

@@ -196,6 +196,7 @@ def readme_quality() -> str:
 
 
 def tiny_config(scheme: str):
+    """A one-layer config of `scheme`, to read which terms its stacks add to attention."""
     from hf_relpos import RelPosTransformerConfig
 
     return RelPosTransformerConfig(position_scheme=scheme, vocab_size=16, d_model=16, encoder_layers=1,
@@ -326,7 +327,9 @@ def readme_cost() -> str:
                "`xl`. Recommended kernel: the fastest measured for training on an "
                f"{read(H200_FUSED[0])['meta']['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
                f"peak memory against it in the same run ([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-11-27-the-fused-kernels-first-timings)).\n\n")
+               "[more](docs/benchmarks.md#one-h200-2026-11-27-the-fused-kernels-first-timings)); "
+               f"`relpos_triton` as of `{read(H200_FUSED[0])['meta']['code'].removesuffix('-dirty')}`, before three "
+               "changes to its kernels that are not yet timed.\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "recommended `attn_implementation` (H200, n = 512)",
                             "kernels"], rows)
@@ -758,7 +761,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_relpos_triton": benchmark_report(f"{H200_CHECK}/training_n512_dropout0.1_relpos_triton/training",
                                                       bench_training.render_markdown),
     "benchmarks_h200_summary": benchmarks_h200_summary,
-    "benchmarks_h200_flex": benchmark_report(f"{H200_CHECK}/training_n512_flex/training", bench_training.render_markdown),
+    "benchmarks_h200_flex": benchmark_report(f"{H200_CHECK}/training_n512_flex/training",
+                                             bench_training.render_markdown),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
     "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),

@@ -210,11 +210,11 @@ def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their
     data = bench_precision.main(["--quick", "--device", "cpu", "--out", str(tmp_path)])
     runs = data["runs"]
     assert [(entry["dtype"], entry["kernel"]) for entry in runs] == [
-        ("float32", "eager"), ("bfloat16", "eager"), ("bfloat16", "sdpa")]
+        ("float32", "eager"), ("bfloat16", "sdpa"), ("bfloat16", "eager")]
     assert all(len(entry["losses"]) == 6 for entry in runs)
     assert all(entry["max_deviation"] > 0 for entry in runs[1:])
-    assert data["within_bf16"] == all(runs[2][key] <= 2.0 * runs[1][key] for key in ("max_deviation",
-                                                                                       "final_deviation"))
+    assert data["within_bf16"] == bench_precision.within_bf16(runs[1], runs[2], 2.0)
+    assert json.loads((tmp_path / "precision.json").read_text())["within_bf16"] == data["within_bf16"]
     assert (tmp_path / "precision.md").read_text().count("\n| ") >= 8
 
     def config_of(kernel: str):
@@ -226,3 +226,19 @@ def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their
     curves = [bench_precision.train_curve(initial, config_of, kernel, "float32", batches, "cpu", 1e-3, 2)
               for kernel in ("eager", "sdpa")]
     assert curves[0] == pytest.approx(curves[1], abs=1e-5)
+
+
+def test_precision_verdict_and_deviations_on_hand_made_curves() -> None:
+    """The largest and the last-tenth deviations from the reference, and the verdict: within when both are at most
+    the tolerance times bf16 eager's, not within when either exceeds it."""
+    from benchmarks import bench_precision
+
+    reference = [4.0] * 10
+    eager = bench_precision.deviations([4.0] * 9 + [4.1], reference)
+    assert eager["max_deviation"] == pytest.approx(0.1) and eager["final_deviation"] == pytest.approx(0.1)
+    close = bench_precision.deviations([4.15] + [4.0] * 8 + [4.18], reference)
+    far_early = bench_precision.deviations([4.5] + [4.0] * 9, reference)
+    assert far_early == {"max_deviation": pytest.approx(0.5), "final_deviation": 0.0}
+    assert bench_precision.within_bf16(close, eager, 2.0)
+    assert not bench_precision.within_bf16(close, eager, 1.5)
+    assert not bench_precision.within_bf16(far_early, eager, 2.0)

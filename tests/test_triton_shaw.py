@@ -78,8 +78,10 @@ def assert_matches_oracle(outputs, expected_outputs, inputs, with_masses, genera
     grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
     inputs = [tensor for tensor in inputs if tensor is not None]
     loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
-    expected_loss = (expected_output * grad_output).sum() + ((expected_masses * grad_masses).sum() if with_masses else 0)
-    for got, expected in zip(torch.autograd.grad(loss, inputs), torch.autograd.grad(expected_loss, inputs), strict=True):
+    expected_loss = ((expected_output * grad_output).sum()
+                     + ((expected_masses * grad_masses).sum() if with_masses else 0))
+    expected_grads = torch.autograd.grad(expected_loss, inputs)
+    for got, expected in zip(torch.autograd.grad(loss, inputs), expected_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
