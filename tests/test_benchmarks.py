@@ -199,6 +199,17 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert len(set(outs)) == len(outs) == 4
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
+    assert not any("bench_precision" in command or "bench_decoding" in command for command in commands)
+
+    calls.unlink()
+    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), str(tmp_path / "more"), "test"], cwd=repo,
+                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(python), "PRECISION": "1", "DECODING": "1",
+                        "TESTS": "0"}, check=True, capture_output=True)
+    commands = calls.read_text().splitlines()
+    assert not any(command.startswith("-m pytest") for command in commands)
+    assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
+    assert any("benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300" in command
+               for command in commands) == bool(triton)
 
 
 def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their_deviation(tmp_path: Path) -> None:
