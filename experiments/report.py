@@ -233,12 +233,12 @@ def kernels(scheme: str) -> str:
 def fused_rows(scheme: str) -> list[dict]:
     """The scheme's rows in the H200 records of the fused kernels, each with the record's attention dropout;
     `relpos_triton` rows only where that kernel runs the scheme (elsewhere they are sdpa under its name)."""
-    rows = []
+    rows, on_triton = [], runs_on_triton(scheme)
     for path in H200_FUSED:
         record = read(path)
         for row in record["training"]:
             name, _, kernel = row["scheme"].partition("@")
-            if name == scheme and (kernel != "relpos_triton" or runs_on_triton(scheme)):
+            if name == scheme and (kernel != "relpos_triton" or on_triton):
                 rows.append(row | {"attention_dropout": record["meta"]["attention_dropout"]})
     return rows
 
@@ -305,6 +305,7 @@ def h100_model_rows(scheme: str) -> list[dict]:
 def readme_cost() -> str:
     """Per scheme: H100 training speed and memory against absolute (base model), cached decoding, kernels."""
     meta = read(H100_TRAINING[0])["meta"]
+    fused_meta = read(H200_FUSED[0])["meta"]
     decoding_record = read(H100_DECODING)
     decoding = {row["scheme"]: row for row in decoding_record["decoding"]}
     rows = []
@@ -325,10 +326,10 @@ def readme_cost() -> str:
                "a batch; ratios to `absolute` in the same round. Cached decoding: the "
                f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
                "`xl`. Recommended kernel: the fastest measured for training on an "
-               f"{read(H200_FUSED[0])['meta']['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
+               f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
                f"peak memory against it in the same run ([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
                "[more](docs/benchmarks.md#one-h200-2026-11-27-the-fused-kernels-first-timings)); "
-               f"`relpos_triton` as of `{read(H200_FUSED[0])['meta']['code'].removesuffix('-dirty')}`, before three "
+               f"`relpos_triton` as of `{fused_meta['code'].removesuffix('-dirty')}`, before three "
                "changes to its kernels that are not yet timed.\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "recommended `attn_implementation` (H200, n = 512)",

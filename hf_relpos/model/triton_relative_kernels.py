@@ -202,7 +202,7 @@ def load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: t
 
 @triton.jit
 def shift_of(row_max):
-    """The row max the exponentials subtract: 0 for a row without a key yet (its scores are all -inf)."""
+    """What the exponentials subtract, the row max (or log-sum-exp): 0 for a row without a key (all -inf)."""
     return tl.where(row_max == float("-inf"), 0.0, row_max)
 
 
@@ -294,7 +294,7 @@ def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, 
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
     """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse; SIDE as in
     `add_by_distance`."""
-    p = tl.where(allowed, tl.exp(s - tl.where(lse == float("-inf"), 0.0, lse)[:, None]), 0.0)  # no key: P = 0
+    p = tl.where(allowed, tl.exp(s - shift_of(lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
         d_dropped = add_by_distance(d_dropped, DM, t_base, rows, cols, query_length, query_offset, max_distance, R,
