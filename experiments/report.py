@@ -60,6 +60,9 @@ PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
 # dropout 0, as the recipe then set), and where a 20-epoch run's recipe differs from the committed one.
 ONE_COMMIT_RECIPE_ROWS = {"xl": "xl+attention-dropout-0.1"}
 ONE_COMMIT_NOTES = {"xl": " (attention dropout 0.1, as the recipe now)"}
+# The recipes the one-commit record lacks, trained later at the same equal budget from another commit (and CPU): shown
+# in the same column with that said, and left out of the rule's one-commit columns.
+LATER_EQUAL_BUDGET = "vs_marian/alibi_t5_equal_budget/vs_marian.json"
 TWENTY_EPOCHS_NOTES = {"xl": " (attention dropout 0, its recipe then)"}
 
 
@@ -170,15 +173,24 @@ def readme_quality() -> str:
     peer = {split: bleu_by_system("vs_marian/recipes_equal_budget/vs_marian.json", split)["peer"]
             for split in ("test", "validation")}
     one_commit = bleu_by_system(ONE_COMMIT, "test")
+    later = bleu_by_system(LATER_EQUAL_BUDGET, "test")
+    later_commit = read_run_records(RESULTS / LATER_EQUAL_BUDGET)[0].source_version
     converged = bleu_by_system(TWENTY_EPOCHS_ONE_COMMIT, "test", "averaged")
     rows = []
     for scheme in SCHEMES:
         equal = EQUAL_BUDGET_ROWS.get(scheme)
         recipe = one_commit.get(ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme))
+        if recipe:
+            recipe_cell = seeds_and_spread(recipe) + ONE_COMMIT_NOTES.get(scheme, "")
+        elif scheme in later:
+            recipe_cell = (f"{seeds_and_spread(later[scheme])} (trained later from `{later_commit}` on another CPU: "
+                           f"[record](docs/results/{LATER_EQUAL_BUDGET.rsplit('/', 1)[0]}/README.md))")
+        else:
+            recipe_cell = UNMEASURED
         rows.append([
             f"`{scheme}`", *((seeds_and_spread(schemes["test"][equal]), seeds_and_spread(schemes["validation"][equal]))
                              if equal in schemes["test"] else (UNMEASURED, UNMEASURED)),
-            seeds_and_spread(recipe) + ONE_COMMIT_NOTES.get(scheme, "") if recipe else UNMEASURED,
+            recipe_cell,
             seeds_and_spread(converged[scheme]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
             if scheme in converged else UNMEASURED,
             f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
