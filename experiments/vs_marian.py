@@ -194,8 +194,11 @@ ROWS = {row.name: row for row in [
            f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.1 --model.attention_dropout_kind keys")
       for scheme in RECIPE_SCHEMES),
     # issue #50 item 1: a length-generalization option trained into the recipe, for inputs longer than any in
-    # training (cross-attention logits scaled by log m; docs/results.md 5b states the criterion for adopting it)
+    # training: cross-attention logits scaled by log m (docs/results.md 5b states the criterion for adopting one)
     *(_row(f"{scheme}+length-scaling", scheme, f"{RECIPE_EQUAL_BUDGET} --model.cross_attention_length_scaling true")
+      for scheme in RECIPE_SCHEMES),
+    # ... and randomized positions (Ruoss et al. 2023): training places tokens at sorted random positions below 256
+    *(_row(f"{scheme}+randomized-positions", scheme, f"{RECIPE_EQUAL_BUDGET} --model.position_randomization_max 256")
       for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
