@@ -228,7 +228,82 @@ def markdown(results: dict) -> str:
         for system in results["levels"][joined[0]]:
             cells = [spread(kept, 0) if (kept := bleu_kept(results, level, system)) else "-" for level in joined]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    lines += options_table(results)
     return "\n".join(lines) + "\n"
+
+
+# Issue #50 item 1's options (a recipe trained with a length-generalization option, system "<recipe>+<option>") and
+# the criterion for adopting one, stated in docs/results.md 5b before their first number: with at least OPTION_SEEDS
+# seeds each, (a) at OPTION_LEVEL its mean share of single-caption BLEU kept leads the recipe's by more than the
+# recipe's seed spread on validation and is not below it on test2016, (b) its mean single-caption BLEU is at most
+# OPTION_COST below the recipe's on both sets.
+OPTION_LEVEL = "4 as one sentence"
+OPTION_SEEDS = 2
+OPTION_COST = 0.3
+
+
+def option_verdict(results: dict, option: str, recipe: str) -> tuple[str, dict[str, float]]:
+    """("adopted" | "not adopted: <the failed parts>" | "not decided: <why>", figures) for `option` against
+    `recipe` by the criterion above; figures: mean % kept at OPTION_LEVEL per set (option, recipe), the recipe's
+    validation spread of it, and the single-caption BLEU difference per set."""
+    figures: dict[str, float] = {}
+    for set_name in SETS:
+        level = f"{set_name}: {OPTION_LEVEL}"
+        option_kept, recipe_kept = bleu_kept(results, level, option), bleu_kept(results, level, recipe)
+        if not option_kept or not recipe_kept:
+            return f"not decided: no single-caption BLEU on {set_name}", figures
+        figures[f"{set_name} kept"] = statistics.mean(option_kept)
+        figures[f"{set_name} recipe kept"] = statistics.mean(recipe_kept)
+        figures[f"{set_name} recipe spread"] = max(recipe_kept) - min(recipe_kept)
+        single = results["levels"][f"{set_name}: 1 caption"]
+        figures[f"{set_name} 1 caption difference"] = (statistics.mean(single[option]["bleu"])
+                                                      - statistics.mean(single[recipe]["bleu"]))
+    seeds = {name: len(results["levels"][f"test2016: {OPTION_LEVEL}"][name]["seeds"]) for name in (option, recipe)}
+    if min(seeds.values()) < OPTION_SEEDS:
+        return f"not decided: {option} {seeds[option]}, {recipe} {seeds[recipe]} seed(s), {OPTION_SEEDS} needed", figures
+    failed = []
+    lead = figures["validation kept"] - figures["validation recipe kept"]
+    if lead <= figures["validation recipe spread"]:
+        failed.append(f"validation kept leads by {lead:.1f} points, not beyond the recipe's spread "
+                      f"{figures['validation recipe spread']:.1f}")
+    if figures["test2016 kept"] < figures["test2016 recipe kept"]:
+        failed.append("test2016 kept below the recipe's")
+    failed += [f"{set_name} single captions {figures[f'{set_name} 1 caption difference']:+.2f} BLEU"
+               for set_name in SETS if figures[f"{set_name} 1 caption difference"] < -OPTION_COST]
+    return ("not adopted: " + "; ".join(failed)) if failed else "adopted", figures
+
+
+def option_rows(results: dict) -> list[tuple[str, str]]:
+    """(option, recipe) for each system named "<recipe>+<option>" whose recipe is a system of the record too."""
+    systems = list(results["levels"][next(iter(results["levels"]))])
+    return [(system, recipe) for system in systems
+            if "+" in system and (recipe := system.split("+", 1)[0]) in systems and recipe != system]
+
+
+def options_table(results: dict) -> list[str]:
+    """Markdown lines: each option against its recipe by `option_verdict` (nothing when the record has none)."""
+    rows = option_rows(results)
+    if not rows:
+        return []
+    lines = ["", "## Options against their recipe", "",
+             f"The criterion (docs/results.md 5b, stated before the first option was scored): with at least "
+             f"{OPTION_SEEDS} seeds each, at `{OPTION_LEVEL}` the option's mean % of single-caption BLEU kept leads "
+             f"the recipe's by more than the recipe's seed spread on validation and is not below it on test2016, and "
+             f"its single-caption BLEU is at most {OPTION_COST} below the recipe's on both sets.", "",
+             "| option | recipe | seeds | kept, validation (recipe, its spread) | kept, test2016 (recipe) | "
+             "1 caption, BLEU difference: test2016 / validation | verdict |", "|" + " --- |" * 7]
+    for option, recipe in rows:
+        verdict, figures = option_verdict(results, option, recipe)
+        seeds = ", ".join(map(str, results["levels"][f"test2016: {OPTION_LEVEL}"][option]["seeds"]))
+        if "validation kept" not in figures:
+            lines.append(f"| {option} | {recipe} | {seeds} | - | - | - | {verdict} |")
+            continue
+        lines.append(
+            f"| {option} | {recipe} | {seeds} | {figures['validation kept']:.1f} ({figures['validation recipe kept']:.1f}, "
+            f"{figures['validation recipe spread']:.1f}) | {figures['test2016 kept']:.1f} "
+            f"({figures['test2016 recipe kept']:.1f}) | {figures['test2016 1 caption difference']:+.2f} / "
+            f"{figures['validation 1 caption difference']:+.2f} | {verdict} |")
+    return lines
 
 
 def bleu_kept(results: dict, level: str, system: str) -> list[float]:

@@ -629,6 +629,56 @@ def test_long_input_levels_join_captions_as_sentences_and_as_one_sentence(monkey
     assert levels["longest 10 %"] == ([sources[7]], [references[7]])
 
 
+def option_results(single: dict[str, dict[str, list[float]]], joined: dict[str, dict[str, list[float]]]) -> dict:
+    """A long-input record's levels from BLEU per seed: {set: {system: [...]}} at 1 caption and 4 as one sentence."""
+    levels = {}
+    for set_name in ("test2016", "validation"):
+        for level, values in (("1 caption", single), ("4 as one sentence", joined)):
+            levels[f"{set_name}: {level}"] = {system: {"seeds": list(range(1, len(bleu) + 1)), "bleu": bleu,
+                                                       "chrf": bleu, "length_ratio": [1.0] * len(bleu)}
+                                              for system, bleu in values[set_name].items()}
+    return {"levels": levels}
+
+
+def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(monkeypatch):
+    """Option "<recipe>+<name>" against its recipe: a lead in % kept beyond the recipe's validation spread, not
+    behind on test2016, single captions at most 0.3 BLEU lower, two seeds each; else the failed parts are named."""
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    single = {"test2016": {"shaw": [30.0, 30.0], "shaw+scaled": [30.0, 29.8]},
+              "validation": {"shaw": [30.0, 30.0], "shaw+scaled": [29.9, 30.1]}}
+    # recipe keeps 30 % and 34 % on validation (spread 4 points), the option 40 % on average
+    joined = {"test2016": {"shaw": [9.0, 9.0], "shaw+scaled": [9.0, 8.94]},
+              "validation": {"shaw": [9.0, 10.2], "shaw+scaled": [11.96, 12.04]}}
+    results = option_results(single, joined)
+    assert long_inputs.option_rows(results) == [("shaw+scaled", "shaw")]
+    verdict, figures = long_inputs.option_verdict(results, "shaw+scaled", "shaw")
+    assert verdict == "adopted"
+    assert figures["validation kept"] == pytest.approx(40.0) and figures["validation recipe spread"] == pytest.approx(4)
+    assert figures["test2016 1 caption difference"] == pytest.approx(-0.1)
+    # a lead within the recipe's spread, and single captions 0.5 BLEU lower on test2016
+    joined["validation"]["shaw+scaled"] = [10.0, 10.0]
+    single["test2016"]["shaw+scaled"] = [29.5, 29.5]
+    joined["test2016"]["shaw+scaled"] = [9.0, 9.0]
+    verdict, _ = long_inputs.option_verdict(option_results(single, joined), "shaw+scaled", "shaw")
+    assert verdict.startswith("not adopted: validation kept leads by 1.3 points, not beyond the recipe's spread 4.0")
+    assert "test2016 single captions -0.50 BLEU" in verdict and "test2016 kept below" not in verdict
+    # behind on test2016 while ahead on validation
+    joined["validation"]["shaw+scaled"] = [12.0, 12.0]
+    single["test2016"]["shaw+scaled"] = [30.0, 30.0]
+    joined["test2016"]["shaw+scaled"] = [8.0, 8.0]
+    assert long_inputs.option_verdict(option_results(single, joined), "shaw+scaled", "shaw")[0] == (
+        "not adopted: test2016 kept below the recipe's")
+    # one seed decides nothing; the table says so
+    one_seed = option_results({name: {"shaw": [30.0, 30.0], "shaw+scaled": [30.0]} for name in single},
+                              {name: {"shaw": [9.0, 9.0], "shaw+scaled": [15.0]} for name in joined})
+    assert long_inputs.option_verdict(one_seed, "shaw+scaled", "shaw")[0] == (
+        "not decided: shaw+scaled 1, shaw 2 seed(s), 2 needed")
+    table = "\n".join(long_inputs.options_table(one_seed))
+    assert "| shaw+scaled | shaw | 1 | 50.0 (30.0, 0.0) | 50.0 (30.0) | +0.00 / +0.00 | not decided" in table
+    assert long_inputs.options_table(option_results({n: {"shaw": [1.0]} for n in single},
+                                                    {n: {"shaw": [1.0]} for n in joined})) == []
+
+
 def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and_rule_read_it(tmp_path, monkeypatch):
     """Two saved models (an hf_relpos model and a MarianMTModel peer) on tiny sets: every level scored per model, the
     scores those of vs_marian.translate under the per-source cap; report.py renders the record and the rule ranks
