@@ -243,7 +243,7 @@ OPTION_COST = 0.3
 
 
 def option_verdict(results: dict, option: str, recipe: str) -> tuple[str, dict[str, float]]:
-    """("adopted" | "not adopted: <the failed parts>" | "not decided: <why>", figures) for `option` against
+    """("adopted" | "not adopted: <every failed part>" | "not decided: <why>", figures) for `option` against
     `recipe` by the criterion above; figures: mean % kept at OPTION_LEVEL per set (option, recipe), the recipe's
     validation spread of it, and the single-caption BLEU difference per set."""
     figures: dict[str, float] = {}
@@ -259,12 +259,12 @@ def option_verdict(results: dict, option: str, recipe: str) -> tuple[str, dict[s
         figures[f"{set_name} 1 caption difference"] = (statistics.mean(single[option]["bleu"])
                                                       - statistics.mean(single[recipe]["bleu"]))
     seeds = {name: len(results["levels"][f"test2016: {OPTION_LEVEL}"][name]["seeds"]) for name in (option, recipe)}
-    if min(seeds.values()) < OPTION_SEEDS:
-        return f"not decided: {option} {seeds[option]}, {recipe} {seeds[recipe]} seed(s), {OPTION_SEEDS} needed", figures
     failed = []
+    if min(seeds.values()) < OPTION_SEEDS:
+        failed.append(f"{option} {seeds[option]}, {recipe} {seeds[recipe]} seed(s), {OPTION_SEEDS} needed")
     lead = figures["validation kept"] - figures["validation recipe kept"]
     if lead <= figures["validation recipe spread"]:
-        failed.append(f"validation kept leads by {lead:.1f} points, not beyond the recipe's spread "
+        failed.append(f"validation kept {lead:+.1f} points against the recipe's, not beyond its seed spread "
                       f"{figures['validation recipe spread']:.1f}")
     if figures["test2016 kept"] < figures["test2016 recipe kept"]:
         failed.append("test2016 kept below the recipe's")
