@@ -286,7 +286,7 @@ def options_table(results: dict) -> list[str]:
     if not rows:
         return []
     lines = ["", "## Options against their recipe", "",
-             f"The criterion (docs/results.md 5b, stated before the first option was scored): with at least "
+             f"The criterion (docs/results.md 5b, stated before any option's score was read): with at least "
              f"{OPTION_SEEDS} seeds each, at `{OPTION_LEVEL}` the option's mean % of single-caption BLEU kept leads "
              f"the recipe's by more than the recipe's seed spread on validation and is not below it on test2016, and "
              f"its single-caption BLEU is at most {OPTION_COST} below the recipe's on both sets.", "",
