@@ -277,7 +277,7 @@ def option_rows(results: dict) -> list[tuple[str, str]]:
     """(option, recipe) for each system named "<recipe>+<option>" whose recipe is a system of the record too."""
     systems = list(results["levels"][next(iter(results["levels"]))])
     return [(system, recipe) for system in systems
-            if "+" in system and (recipe := system.split("+", 1)[0]) in systems and recipe != system]
+            if "+" in system and (recipe := system.split("+", 1)[0]) in systems]
 
 
 def options_table(results: dict) -> list[str]:
