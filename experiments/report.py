@@ -158,8 +158,13 @@ def recipe_overrides(path: str) -> str:
 def bleu_by_system(path: str, split: str, weights: str = TRAINED_WEIGHTS) -> dict[str, list[float]]:
     """Each system's BLEU on `split` ("test", "validation") per seed, of its `weights` (`TRAINED_WEIGHTS`, or
     "final" / "averaged" where a record scored both), from the record's typed runs."""
+    return bleu_of_runs(read_run_records(RESULTS / path), split, weights)
+
+
+def bleu_of_runs(runs: list[RunRecord], split: str, weights: str = TRAINED_WEIGHTS) -> dict[str, list[float]]:
+    """`bleu_by_system` of runs already read."""
     by_system: dict[str, list[float]] = {}
-    for run in read_run_records(RESULTS / path):
+    for run in runs:
         by_system.setdefault(run.system, []).append(run.scores[weights][split].bleu)
     return by_system
 
@@ -173,8 +178,9 @@ def readme_quality() -> str:
     peer = {split: bleu_by_system("vs_marian/recipes_equal_budget/vs_marian.json", split)["peer"]
             for split in ("test", "validation")}
     one_commit = bleu_by_system(ONE_COMMIT, "test")
-    later = bleu_by_system(LATER_EQUAL_BUDGET, "test")
-    later_commit = read_run_records(RESULTS / LATER_EQUAL_BUDGET)[0].source_version
+    later_runs = read_run_records(RESULTS / LATER_EQUAL_BUDGET)
+    later = bleu_of_runs(later_runs, "test")
+    later_commit = ", ".join(f"`{version}`" for version in sorted({run.source_version for run in later_runs}))
     converged = bleu_by_system(TWENTY_EPOCHS_ONE_COMMIT, "test", "averaged")
     rows = []
     for scheme in SCHEMES:
@@ -183,7 +189,7 @@ def readme_quality() -> str:
         if recipe:
             recipe_cell = seeds_and_spread(recipe) + ONE_COMMIT_NOTES.get(scheme, "")
         elif scheme in later:
-            recipe_cell = (f"{seeds_and_spread(later[scheme])} (trained later from `{later_commit}` on another CPU: "
+            recipe_cell = (f"{seeds_and_spread(later[scheme])} (trained later from {later_commit} on another CPU: "
                            f"[record](docs/results/{LATER_EQUAL_BUDGET.rsplit('/', 1)[0]}/README.md))")
         else:
             recipe_cell = UNMEASURED
