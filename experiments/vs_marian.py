@@ -23,8 +23,8 @@ saved starting model instead (a different random stream).
 Every trained model is decoded by the same function (beam 4, length penalty 0.6, at most 80 new tokens, batches of
 64 sorted by source length) and scored by the same sacreBLEU metric object (cased, 13a) on validation and test2016.
 A finished run (`<work>/<row>/seed<S>/run.json`) is reused, so rows can be trained by separate invocations (one per
-core) and the table collected afterwards with `--collect-only`. The table (mean and min-max over seeds) goes to
-`<out>/vs_marian.{json,md}`.
+core) and the table collected afterwards with `--collect-only` (`--row-seeds NAME=1,2,3` where a row has other seeds
+than `--seeds`). The table (mean and min-max over seeds) goes to `<out>/vs_marian.{json,md}`.
 
   python experiments/vs_marian.py --data ../shared/data/multi30k --work /tmp/vs_marian --out docs/results/vs_marian \
       --rows peer absolute-marian --seeds 1 2 3 --threads 1
@@ -649,7 +649,7 @@ def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
     """Every decoding variant (and, for hf_relpos rows, the pipeline's own evaluation) on the finished runs."""
     study: dict[str, dict] = {}
     for row in rows:
-        for seed in args.seeds:
+        for seed in args.seeds_of[row.name]:
             folder = args.work / row.name / f"seed{seed}"
             if not (folder / "run.json").is_file():
                 raise SystemExit(f"vs_marian.py: --decoding-study needs the finished run {folder}")
@@ -680,6 +680,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
                         help="an extra hf_relpos row (RECIPE: scheme or .yaml; --init hf|vaswani: token-embedding init)")
     parser.add_argument("--list", action="store_true", help="print the predefined rows and exit")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
+    parser.add_argument("--row-seeds", action="append", default=[], metavar="NAME=S[,S...]",
+                        help="the seeds of one row, instead of --seeds (e.g. to collect rows trained to different seeds)")
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
     parser.add_argument("--decoding-study", action="store_true",
                         help="decode the finished runs of the rows with every variant (no training); decoding.md")
@@ -712,10 +714,25 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SystemExit(f"vs_marian.py: row name(s) {duplicates} given twice")
+    args.seeds_of = {row.name: args.seeds for row in rows} | parse_row_seeds(args.row_seeds, names)
     missing = [name for name in ("train.jsonl", *SPLITS.values()) if not (args.data / name).is_file()]
     if missing:
         raise SystemExit(f"vs_marian.py: --data {args.data} lacks {', '.join(missing)}")
     return args, rows
+
+
+def parse_row_seeds(specs: list[str], row_names: list[str]) -> dict[str, list[int]]:
+    """`--row-seeds NAME=S[,S...]` of rows among `row_names` -> {NAME: [S, ...]}."""
+    seeds_of: dict[str, list[int]] = {}
+    for spec in specs:
+        name, _, seeds = spec.partition("=")
+        if name not in row_names:
+            raise SystemExit(f"vs_marian.py: --row-seeds {spec!r}: {name!r} is not among the rows {row_names}")
+        try:
+            seeds_of[name] = [int(seed) for seed in seeds.split(",")]
+        except ValueError:
+            raise SystemExit(f"vs_marian.py: --row-seeds {spec!r}: give NAME=S[,S...] with integer seeds") from None
+    return seeds_of
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -723,7 +740,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     if args.decoding_study:
         return decoding_study(rows, args)
-    records = {row.name: [run_one(row, seed, args) for seed in args.seeds] for row in rows}
+    records = {row.name: [run_one(row, seed, args) for seed in args.seeds_of[row.name]] for row in rows}
     first = records[rows[0].name][0]
     settings = json_settings(args)
     results = {

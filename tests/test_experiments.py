@@ -350,6 +350,14 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert (out / "vs_marian.md").read_text() == table
     missing = subprocess.run([*common, "--seeds", "3", "--collect-only"], capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
+    # rows trained to different seeds, collected into one table
+    subprocess.run([*common, "--seeds", "1", "2", "--row-seeds", "peer=2", "--collect-only"], check=True, timeout=300)
+    mixed = (out / "vs_marian.md").read_text()
+    assert f"| peer | HF MarianMTModel, plain Seq2SeqTrainer | 2 | {bleus[1]:.2f} |" in mixed
+    assert "| post-hf | multi30k_small_absolute.yaml --model.layer_norm_position post --init hf | 1, 2 |" in mixed
+    unknown = subprocess.run([*common, "--row-seeds", "absolute=1", "--collect-only"], capture_output=True, text=True,
+                             timeout=300)
+    assert unknown.returncode != 0 and "--row-seeds 'absolute=1': 'absolute' is not among the rows" in unknown.stderr
 
     # the peer with the recipes' tokenizer: the very vocabulary and merges train_translation.py trained for post-hf
     subprocess.run([*common[: common.index("--rows")], "--rows", "peer+recipe-tokenizer", *TINY_VS_MARIAN,
