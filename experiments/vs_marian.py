@@ -200,6 +200,11 @@ ROWS = {row.name: row for row in [
     # ... and randomized positions (Ruoss et al. 2023): training places tokens at sorted random positions below 256
     *(_row(f"{scheme}+randomized-positions", scheme, f"{RECIPE_EQUAL_BUDGET} --model.position_randomization_max 256")
       for scheme in RECIPE_SCHEMES),
+    # ... and a self-attention window trained into the recipe (local attention, both stacks): each query sees the
+    # 2 x 8 + 1 positions around it, about a long training caption (90 % of the training sources have at most 17
+    # words), so in an input longer than any in training every query still sees a span of a familiar length
+    *(_row(f"{scheme}+window-8", scheme, f"{RECIPE_EQUAL_BUDGET} --model.self_attention_window 8")
+      for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
     _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
