@@ -654,7 +654,7 @@ def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
     """Every decoding variant (and, for hf_relpos rows, the pipeline's own evaluation) on the finished runs."""
     study: dict[str, dict] = {}
     for row in rows:
-        for seed in args.seeds_of[row.name]:
+        for seed in seeds_of(row, args):
             folder = args.work / row.name / f"seed{seed}"
             if not (folder / "run.json").is_file():
                 raise SystemExit(f"vs_marian.py: --decoding-study needs the finished run {folder}")
@@ -719,7 +719,7 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SystemExit(f"vs_marian.py: row name(s) {duplicates} given twice")
-    args.seeds_of = {row.name: args.seeds for row in rows} | parse_row_seeds(args.row_seeds, names)
+    args.row_seeds = parse_row_seeds(args.row_seeds, names)
     missing = [name for name in ("train.jsonl", *SPLITS.values()) if not (args.data / name).is_file()]
     if missing:
         raise SystemExit(f"vs_marian.py: --data {args.data} lacks {', '.join(missing)}")
@@ -728,16 +728,21 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
 
 def parse_row_seeds(specs: list[str], row_names: list[str]) -> dict[str, list[int]]:
     """`--row-seeds NAME=S[,S...]` of rows among `row_names` -> {NAME: [S, ...]}."""
-    seeds_of: dict[str, list[int]] = {}
+    by_row: dict[str, list[int]] = {}
     for spec in specs:
         name, _, seeds = spec.partition("=")
         if name not in row_names:
             raise SystemExit(f"vs_marian.py: --row-seeds {spec!r}: {name!r} is not among the rows {row_names}")
         try:
-            seeds_of[name] = [int(seed) for seed in seeds.split(",")]
+            by_row[name] = [int(seed) for seed in seeds.split(",")]
         except ValueError:
             raise SystemExit(f"vs_marian.py: --row-seeds {spec!r}: give NAME=S[,S...] with integer seeds") from None
-    return seeds_of
+    return by_row
+
+
+def seeds_of(row: Row, args: argparse.Namespace) -> list[int]:
+    """The row's seeds: its `--row-seeds`, else `--seeds`."""
+    return args.row_seeds.get(row.name, args.seeds)
 
 
 def main(argv: Sequence[str] | None = None) -> dict:
@@ -745,7 +750,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     if args.decoding_study:
         return decoding_study(rows, args)
-    records = {row.name: [run_one(row, seed, args) for seed in args.seeds_of[row.name]] for row in rows}
+    records = {row.name: [run_one(row, seed, args) for seed in seeds_of(row, args)] for row in rows}
     first = records[rows[0].name][0]
     settings = json_settings(args)
     results = {

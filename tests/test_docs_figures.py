@@ -315,26 +315,28 @@ def test_the_long_input_text_holds_in_the_record(report):
         record["levels"]["test2016: 1 caption"])
     for set_name in ("test2016", "validation"):
         level = f"{set_name}: 4 as one sentence"
-        peer_kept = statistics.mean(long_inputs.bleu_kept(record, level, PEER_ROW))
-        scheme_kept = {scheme: statistics.mean(long_inputs.bleu_kept(record, level, scheme)) for scheme in recipes}
+        peer_seeds_kept = long_inputs.bleu_kept(record, level, PEER_ROW)
+        seeds_kept = {scheme: long_inputs.bleu_kept(record, level, scheme) for scheme in recipes}
+        peer_kept = statistics.mean(peer_seeds_kept)
+        scheme_kept = {scheme: statistics.mean(values) for scheme, values in seeds_kept.items()}
         assert scheme_kept["absolute"] < peer_kept < scheme_kept["shaw"], (level, peer_kept, scheme_kept)
-        assert min(long_inputs.bleu_kept(record, level, PEER_ROW)) < max(long_inputs.bleu_kept(record, level, "absolute"))
+        assert min(peer_seeds_kept) < max(seeds_kept["absolute"])
         assert (peer_kept > scheme_kept["directional"]) == (set_name == "test2016"), (level, peer_kept, scheme_kept)
         assert statistics.mean(peer[level]["length_ratio"]) > statistics.mean(levels[level]["absolute"]["length_ratio"])
     # the options: length scaling on shaw and directional (two seeds each), a window of 8 on shaw (two seeds) and
-    # randomized positions on absolute (one), none adopted; randomized positions lose most of absolute's single-caption BLEU with outputs over 1.5 x the
-    # references' length
+    # randomized positions on absolute (one), none adopted; randomized positions lose most of absolute's
+    # single-caption BLEU with outputs over 1.5 x the references' length
     assert options == {"shaw+length-scaling": "shaw", "directional+length-scaling": "directional",
                        "absolute+randomized-positions": "absolute", "shaw+window-8": "shaw"}
     for option, recipe in options.items():
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
         assert verdict.startswith("not adopted"), (option, verdict)
-        if option.endswith("length-scaling"):
+        if option != "absolute+randomized-positions":
             assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2]
+        if option.endswith("length-scaling"):
             lead = figures["validation kept"] - figures["validation recipe kept"]
             assert abs(lead) < figures["validation recipe spread"], (option, figures)
         if option.endswith("window-8"):   # keeps less than shaw on both sets, costs single captions on validation
-            assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2]
             assert all(figures[f"{set_name} kept"] < figures[f"{set_name} recipe kept"]
                        for set_name in ("test2016", "validation")), figures
             assert figures["validation 1 caption difference"] < -long_inputs.OPTION_COST, figures
