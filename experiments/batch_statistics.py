@@ -18,17 +18,23 @@ from pathlib import Path
 import numpy as np
 
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
-from hf_relpos.translation.data import DataArguments, example_lengths, read_local_pairs, tokenize_training_pairs
+from hf_relpos.translation.data import (
+    DataArguments,
+    example_lengths,
+    read_local_pairs,
+    tokenize_training_pairs,
+    with_concatenated_pairs,
+)
 from hf_relpos.translation.tokenization import load_tokenizer
 
 
 def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str,
-                 data_args: DataArguments | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 data_args: DataArguments | None = None, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
     """Token counts of every training pair's source and target, read and tokenized by train_translation.py's own
-    functions (with `</s>`; empty pairs dropped and overlong ones handled as `data_args` says, by default at the default
-    length limits)."""
-    pairs = read_local_pairs(train_file, source, target)
+    functions (with `</s>`; with the joined pairs of `data_args.concatenated_pairs` a run of `seed` adds; empty pairs
+    dropped and overlong ones handled as `data_args` says, by default at the default length limits)."""
     data_args = data_args or DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
+    pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target), data_args.concatenated_pairs, seed)
     tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
     return example_lengths(tokenized)
 

@@ -205,6 +205,11 @@ ROWS = {row.name: row for row in [
     # words), so in an input longer than any in training every query still sees a span of a familiar length
     *(_row(f"{scheme}+window-8", scheme, f"{RECIPE_EQUAL_BUDGET} --model.self_attention_window 8")
       for scheme in RECIPE_SCHEMES),
+    # ... and sentence concatenation (Kondo et al. 2021): half as many joined pairs again (two random training pairs
+    # in one, `--concatenated_pairs 0.5`), so the model trains on inputs of two captions, up to twice the training
+    # lengths; the token budget per step is unchanged, so each step still holds about as many captions
+    *(_row(f"{scheme}+concat-0.5", scheme, f"{RECIPE_EQUAL_BUDGET} --concatenated_pairs 0.5")
+      for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
     _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
@@ -524,7 +529,7 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
         budget, pool_factor = training_args.max_tokens_per_batch, training_args.length_pool_factor
         batch_size, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     sources, targets = read_lengths(Path(data_args.train_file), str(folder / "model"), args.source_lang,
-                                    args.target_lang, data_args)
+                                    args.target_lang, data_args, seed)
     batches = training_batches(sources, targets, steps * accumulation, seed, budget, pool_factor, batch_size)
     figures = batch_figures(batches, sources, targets)
     return {"pairs_per_update": figures["pairs"] * accumulation, "padded_tokens_per_batch": figures["padded_tokens"],

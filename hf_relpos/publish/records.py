@@ -108,6 +108,7 @@ class RunRecord:
     max_source_length: int | None = _recipe_field(DATA)
     max_target_length: int | None = _recipe_field(DATA)
     overlong_pairs: str | None = _recipe_field(DATA)
+    concatenated_pairs: float | None = _recipe_field(DATA)
     model_name_or_path: str | None = _recipe_field(DATA)
     tokenizer_name: str | None = _recipe_field(DATA)
     tokenizer_vocab_size: int | None = _recipe_field(DATA)

@@ -66,6 +66,11 @@ TRANSLATION_COLUMN = "translation"
 SPLITS = ("train", "validation", "test")
 
 
+# concatenated_pairs: at most this many joined pairs per training pair; joined pairs built this many at a time.
+MAX_CONCATENATED_PAIRS = 4
+JOIN_CHUNK_PAIRS = 100_000
+
+
 class DatasetSchemaError(ValueError):
     """A data file or dataset does not have the fields translation needs, or cannot be loaded."""
 
@@ -108,6 +113,13 @@ class DataArguments:
         metadata={"help": "Training pairs over max_source_length/max_target_length: 'filter' drops them, 'truncate' "
                           "cuts them. Evaluation pairs are never dropped, only truncated on the source side."},
     )
+    concatenated_pairs: float = field(
+        default=0.0,
+        metadata={"help": "Joined training pairs to add, as a fraction of the training pairs (0.5: half as many "
+                          "again): each joins two different training pairs drawn at random (the run's seed), sources "
+                          "with a space and targets likewise (sentence concatenation, Kondo et al. 2021), so the model "
+                          "trains on inputs of two sentences, up to twice the training lengths. 0: none."},
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     tokenizer_training_pairs: int | None = field(
         default=None,
@@ -130,6 +142,9 @@ class DataArguments:
                 raise ValueError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)}")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
             require_int(name, getattr(self, name), minimum=1, null_means="every example")
+        if not (isinstance(self.concatenated_pairs, (int, float)) and 0 <= self.concatenated_pairs <= MAX_CONCATENATED_PAIRS):
+            raise ValueError(f"concatenated_pairs must be a number from 0 (none) to {MAX_CONCATENATED_PAIRS} (that many "
+                             f"joined pairs per training pair), got {self.concatenated_pairs!r}")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
                     null_means="tokenize in this process")
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
@@ -640,6 +655,40 @@ class LengthReport:
         kept = self.total - self.dropped
         return (f"{self.split}: kept {kept} of {self.total} pairs ({self.empty} with an empty side dropped, "
                 f"{self.overlong} over the length limits {'dropped' if policy == 'filter' else 'truncated'})")
+
+
+def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
+                            workdir: str | os.PathLike | None = None) -> Dataset:
+    """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: pair a's source,
+    a space, pair b's source, and the same for the targets, for a != b drawn uniformly (numpy's default_rng(seed))
+    among the pairs with text on both sides (sentence concatenation, Kondo et al. 2021). The joined pairs are written
+    to an Arrow file in `workdir` when given (memory otherwise)."""
+    count = round(ratio * len(dataset))
+    if count == 0:
+        return dataset
+    usable = np.flatnonzero(has_text(dataset, "source") & has_text(dataset, "target"))
+    if len(usable) < 2:
+        raise DatasetSchemaError(f"concatenated_pairs joins two different training pairs; the training data has "
+                                 f"{len(usable)} pair(s) with text on both sides")
+    generator = np.random.default_rng(seed)
+    first = generator.integers(len(usable), size=count)
+    second = (first + generator.integers(1, len(usable), size=count)) % len(usable)   # never the same pair
+    pairs = dataset.select_columns(["source", "target"]).with_format("arrow")
+
+    def joined_chunks() -> Iterator[dict[str, pa.Array]]:
+        for start in range(0, count, JOIN_CHUNK_PAIRS):
+            left = pairs[usable[first[start:start + JOIN_CHUNK_PAIRS]]]
+            right = pairs[usable[second[start:start + JOIN_CHUNK_PAIRS]]]
+            yield {column: pc.binary_join_element_wise(pc.utf8_trim_whitespace(left[column]),
+                                                       pc.utf8_trim_whitespace(right[column]), " ")
+                   .cast(pa.string()).combine_chunks() for column in ("source", "target")}
+
+    joined = _ArrowSink(workdir, "joined").dataset(joined_chunks())
+    logger.info("Added %d joined training pairs (concatenated_pairs %g) to the %d pairs", count, ratio, len(dataset))
+    original = dataset.select_columns(["source", "target"])
+    if joined.features != original.features:   # e.g. large_string columns
+        joined = joined.cast(original.features)
+    return concatenate_datasets([original, joined])
 
 
 def tokenize_training_pairs(

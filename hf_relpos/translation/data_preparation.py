@@ -36,6 +36,7 @@ from .data import (
     sort_by_source_length,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
+    with_concatenated_pairs,
 )
 from .model_setup import build_model
 from .prepared import files_sha256, load_prepared, preparation, preparation_key, publish_prepared, tokenizer_sha256
@@ -148,6 +149,8 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                       **{name: getattr(data_args, name) for name in ("max_source_length", "max_target_length")}}
             if split == "train":
                 inputs["overlong_pairs"] = data_args.overlong_pairs
+                if data_args.concatenated_pairs:
+                    inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": training_args.seed}
             keys[split] = inputs
             loaded = load_prepared(output_dir, split, preparation_key(inputs))
             if loaded is not None:
@@ -160,8 +163,9 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             started = time.monotonic()
             workdir = raw.workdir() / "work"
             if split == "train":
-                dataset, report = tokenize_training_pairs(raw.get(split), tokenizer, data_args, workdir,
-                                                          keep_text=False)
+                pairs = with_concatenated_pairs(raw.get(split), data_args.concatenated_pairs, training_args.seed,
+                                                workdir)
+                dataset, report = tokenize_training_pairs(pairs, tokenizer, data_args, workdir, keep_text=False)
             else:
                 dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
             publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
