@@ -18,6 +18,7 @@ from hf_relpos.translation.data import (
     sort_by_source_length,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
+    with_concatenated_pairs,
 )
 from hf_relpos.translation.demo_corpus import generate_demo_splits, random_sentence_pair, write_demo_corpus
 from hf_relpos.translation.tokenization import train_joint_tokenizer
@@ -106,6 +107,10 @@ def test_argument_values_are_checked():
         DataArguments(preprocessing_num_workers=-1)
     with pytest.raises(ValueError, match=r"demo_train_pairs must be an integer >= 1, got -5"):
         DataArguments(demo_train_pairs=-5)
+    for ratio in (-0.5, 4.5, "half"):
+        with pytest.raises(ValueError, match=r"concatenated_pairs must be a number from 0 \(none\) to 4 \(that many "
+                                             rf"joined pairs per training pair\), got {ratio!r}"):
+            DataArguments(concatenated_pairs=ratio)
 
 
 def test_sample_caps_keep_the_first_pairs(tmp_path):
@@ -149,6 +154,31 @@ def test_training_pairs_can_be_truncated_instead(tmp_path, tokenizer):
     assert len(tokenized) == 4
     assert max(map(len, tokenized["input_ids"])) == 16 and max(map(len, tokenized["labels"])) == 12
     assert all(ids[-1] == tokenizer.eos_token_id for ids in list(tokenized["input_ids"]) + list(tokenized["labels"]))
+
+
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp_path, on_disk):
+    sources = [f"s{i}" for i in range(10)]
+    targets = [f"t{i}" for i in range(10)]
+    sources[3], targets[7] = "  ", ""   # pairs 3 and 7 have an empty side: never joined
+    dataset = Dataset.from_dict({"source": sources, "target": targets, "id": list(range(10))})
+    joined = with_concatenated_pairs(dataset, 1.5, seed=4, workdir=tmp_path if on_disk else None)
+    assert joined.column_names == ["source", "target"] and len(joined) == 10 + 15
+    assert joined["source"][:10] == sources and joined["target"][:10] == targets
+    drawn = []
+    for source, target in zip(joined["source"][10:], joined["target"][10:], strict=True):
+        first, second = source.split(" ")
+        assert target == f"t{first[1:]} t{second[1:]}", "the targets are joined from the same two pairs"
+        assert first != second and not {first, second} & {"s3", "s7"}
+        drawn += [first, second]
+    assert len(set(drawn)) == 8, "every usable pair can be drawn"
+    again = with_concatenated_pairs(dataset, 1.5, seed=4)
+    assert again["source"] == joined["source"] and again["target"] == joined["target"]
+    assert with_concatenated_pairs(dataset, 1.5, seed=5)["source"] != joined["source"]
+    assert with_concatenated_pairs(dataset, 0.0, seed=4) is dataset
+    with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins two different training pairs; the "
+                                                 r"training data has 1 pair\(s\) with text on both sides"):
+        with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)
 
 
 def test_evaluation_pairs_are_never_dropped(tmp_path, tokenizer):

@@ -364,6 +364,21 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
 
 
+def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, capsys):
+    corpus, config, output_dir = prepared_run
+    capsys.readouterr()
+    prepare_only(config, "--concatenated_pairs", "0.5")
+    log = capsys.readouterr().out
+    assert "Added 60 joined training pairs (concatenated_pairs 0.5) to the 120 pairs" in log
+    assert "Prepared the train data" in log and "Reusing the validation data" in log
+    (train,) = (output_dir / PREPARED_FOLDER).glob("train-*")
+    assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == 180
+    prepare_only(config, "--concatenated_pairs", "0.5")
+    assert "Reusing the train data" in capsys.readouterr().out
+    prepare_only(config, "--concatenated_pairs", "0.5", "--seed", "2")   # other pairs joined
+    assert "Prepared the train data" in capsys.readouterr().out
+
+
 def test_preparing_one_split_reads_and_budgets_for_that_split_only(prepared_run, monkeypatch, capsys):
     """A changed validation file: the train file is neither read nor counted in the disk budget."""
     corpus, config, output_dir = prepared_run
