@@ -43,6 +43,10 @@ Seeds can be fine-tuned by separate invocations (one per core, each with its own
 joined without training or decoding:
   python experiments/marian_conversion.py --out docs/results/marian_conversion/peer_hybrid \
       --merge /tmp/marian_hybrid_s1/marian_conversion.json /tmp/marian_hybrid_s2/marian_conversion.json
+The long bucket's token lengths and its source-relative caps (issue #50: 1.0 x source tokens + 50) against the fixed
+--long-max-new-tokens the records above decoded with (no training, no decoding):
+  python experiments/marian_conversion.py --data ../shared/data/multi30k --out docs/results/marian_conversion/peer_hybrid \
+      --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model --long-pairs 200 --describe-long-bucket
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).
 """
 
@@ -145,6 +149,20 @@ def long_pairs(train_pairs: list[tuple[str, str]], test_pairs: list[tuple[str, s
             if len(bucket) == count:
                 break
     return bucket
+
+
+def describe_long_bucket(bucket: list[tuple[str, str]], tokenizer, max_new_tokens: int, max_len_a: float,
+                         max_len_b: int) -> dict:
+    """Token lengths (`</s>` included) of the bucket's sources and references under `tokenizer`, and, per source,
+    the source-relative cap floor(max_len_a x source tokens + max_len_b) against the fixed `max_new_tokens`."""
+    sources = [len(tokenizer(source)["input_ids"]) for source, _ in bucket]
+    references = [len(tokenizer(text_target=reference)["input_ids"]) for _, reference in bucket]
+    caps = [int(max_len_a * length + max_len_b) for length in sources]
+    return {"pairs": len(bucket), "source_tokens": {"mean": sum(sources) / len(sources), "max": max(sources)},
+            "reference_tokens": {"mean": sum(references) / len(references), "max": max(references)},
+            "max_new_tokens": max_new_tokens, "max_len_a": max_len_a, "max_len_b": max_len_b,
+            "source_relative_caps": {"min": min(caps), "max": max(caps)},
+            "sources_whose_relative_cap_exceeds_max_new_tokens": sum(cap > max_new_tokens for cap in caps)}
 
 
 HYBRIDS = {"": (False, False), "absolute": (True, False), "absolute-fade": (True, True)}
@@ -408,6 +426,12 @@ def main(argv: list[str] | None = None) -> None:
                         help="size of the long-sentence bucket (joined consecutive test pairs); 0: off")
     parser.add_argument("--long-max-new-tokens", type=int, default=160,
                         help="new-token limit on the long bucket (keep the decoder within Marian's position table)")
+    parser.add_argument("--describe-long-bucket", action="store_true",
+                        help="only write <out>/long_bucket.json: the --long-pairs bucket's token lengths under "
+                             "--marian-model's tokenizer and its source-relative caps (--max-len-a, --max-len-b) "
+                             "against --long-max-new-tokens (no training, no decoding)")
+    parser.add_argument("--max-len-a", type=float, default=1.0, help="with --describe-long-bucket (fairseq's)")
+    parser.add_argument("--max-len-b", type=int, default=50, help="with --describe-long-bucket (fairseq's)")
     parser.add_argument("--quick", action="store_true",
                         help="smoke run: generated demo corpus in <work>/data, a tiny model, a few steps")
     parser.add_argument("--merge", type=Path, nargs="+", metavar="RECORD",
@@ -417,8 +441,26 @@ def main(argv: list[str] | None = None) -> None:
     if args.merge:
         write_record(merge_records(args.merge), args.out)
         return
+    if args.describe_long_bucket:
+        if args.data is None or args.marian_model is None or not args.long_pairs:
+            parser.error("--describe-long-bucket needs --data, --marian-model and --long-pairs")
+        from transformers import AutoTokenizer
+
+        bucket = long_pairs(read_pairs(args.data / "train.jsonl", "en", "de"),
+                            read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
+        from hf_relpos.publish.records import source_version
+
+        description = describe_long_bucket(bucket, AutoTokenizer.from_pretrained(str(args.marian_model)),
+                                           args.long_max_new_tokens, args.max_len_a, args.max_len_b)
+        description |= {"tokenizer_of": str(args.marian_model), "source_version": source_version(ROOT),
+                        "command": "python experiments/marian_conversion.py " + " ".join(sys.argv[1:] if argv is None
+                                                                                         else argv)}
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "long_bucket.json").write_text(json.dumps(description, indent=1) + "\n")
+        print(json.dumps(description, indent=1))
+        return
     if args.work is None:
-        parser.error("--work is required (unless --merge)")
+        parser.error("--work is required (unless --merge or --describe-long-bucket)")
     args.seeds = args.seeds or [args.seed]
     fading = any([scheme_of(entry)[2] for entry in args.schemes])   # a list: every entry is checked
     if args.quick:

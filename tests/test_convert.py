@@ -414,6 +414,23 @@ def test_conversion_experiment_long_bucket_and_scheme_entries(monkeypatch):
         module.scheme_of("shaw+rope")
 
 
+def test_conversion_experiment_describes_the_long_bucket_against_both_caps(monkeypatch):
+    """Token lengths of the bucket under a tokenizer, and each source's floor(a x tokens + b) against the fixed cap."""
+    from test_experiments import load_experiment
+
+    module = load_experiment(REPO / "experiments" / "marian_conversion.py", monkeypatch)
+
+    def words_and_eos(text=None, text_target=None):
+        return {"input_ids": [0] * (len((text or text_target).split()) + 1)}
+
+    bucket = [("a b c", "x y"), ("a b c d e f g", "x y z w v u t s r")]
+    described = module.describe_long_bucket(bucket, words_and_eos, max_new_tokens=12, max_len_a=1.5, max_len_b=2)
+    assert described["source_tokens"] == {"mean": 6.0, "max": 8} and described["reference_tokens"] == {"mean": 6.5,
+                                                                                                        "max": 10}
+    assert described["source_relative_caps"] == {"min": 8, "max": 14}   # floor(1.5 x 4 + 2), floor(1.5 x 8 + 2)
+    assert described["sources_whose_relative_cap_exceeds_max_new_tokens"] == 1
+
+
 def test_conversion_experiment_reuses_a_fine_tuned_run_only_with_the_same_steps_and_evaluations(tmp_path, monkeypatch):
     """A finished fine-tuning run in --work is reused when its steps and evaluation steps are the ones asked for, and
     refused with the folder named otherwise (a stale recovery curve must not be reported as this run's)."""
