@@ -736,6 +736,7 @@ def results_long_inputs() -> str:
 
 
 MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
+MARIAN_LONG_BUCKET = "marian_conversion/peer_hybrid/long_bucket.json"
 
 
 def long_bucket_length_ratios(path: str = MARIAN_HYBRID) -> dict[str, list[float]]:
@@ -752,8 +753,19 @@ def results_marian_long_lengths() -> str:
     caption = (f"Record [`{MARIAN_HYBRID}`](results/{MARIAN_HYBRID}): the long bucket's hypothesis/reference length "
                f"after fine-tuning, seeds 1, 2, 3: {min(hybrids):.2f} to {max(hybrids):.2f} for `absolute` kept and "
                f"both hybrids, {min(every):.2f} at the lowest.\n\n")
+    bucket = read(MARIAN_LONG_BUCKET)
+    lengths = (f"\n\nRecord [`{MARIAN_LONG_BUCKET}`](results/{MARIAN_LONG_BUCKET}) (`{bucket['command']}`): the bucket's "
+               f"{bucket['pairs']} sources have {bucket['source_tokens']['mean']:.1f} tokens on average (at most "
+               f"{bucket['source_tokens']['max']}) and its references {bucket['reference_tokens']['mean']:.1f} (at most "
+               f"{bucket['reference_tokens']['max']}), under the peer's tokenizer, `</s>` included. The source-relative "
+               f"cap of issue #50 ({bucket['max_len_a']:g} x source tokens + {bucket['max_len_b']}) is "
+               f"{bucket['source_relative_caps']['min']} to {bucket['source_relative_caps']['max']} new tokens per "
+               f"source (the smallest, {bucket['source_relative_caps']['min'] / bucket['reference_tokens']['mean']:.1f} "
+               f"times the references' mean length); it exceeds the fixed {bucket['max_new_tokens']} these runs decoded with for "
+               f"{bucket['sources_whose_relative_cap_exceeds_max_new_tokens']} of them.\n")
     return caption + table(["position_scheme", "long-bucket hyp/ref, seeds 1 / 2 / 3"],
-                           [[scheme, " / ".join(f"{value:.2f}" for value in values)] for scheme, values in ratios.items()])
+                           [[scheme, " / ".join(f"{value:.2f}" for value in values)] for scheme, values in
+                            ratios.items()]) + lengths
 
 
 PASSAGES: dict[str, Callable[[], str]] = {
