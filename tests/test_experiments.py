@@ -693,6 +693,23 @@ def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(
                                                     {n: {"shaw": [1.0]} for n in joined})) == []
 
 
+def test_joined_lengths_compare_the_training_sources_with_the_longest_level(tmp_path, monkeypatch):
+    """Training sources of 2 and 4 words, 4 test captions of 1 word joined by "and": 7 words, longer than every
+    training source; half as many joined pairs again are 5 to 8 words."""
+    joined_lengths = load_experiment(EXPERIMENTS / "joined_lengths.py", monkeypatch)
+
+    def write(name, pairs):
+        (tmp_path / name).write_text("".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n"
+                                             for en, de in pairs), encoding="utf-8")
+    write("train.jsonl", [("a b", "x"), ("a b c d", "y"), ("c d", "z"), ("e f", "w")])
+    write("test.jsonl", [("One.", "Eins."), ("Two.", "Zwei."), ("Three.", "Drei."), ("Four.", "Vier.")])
+    first, seed = joined_lengths.joined_lengths(tmp_path, 0.5, [3])
+    assert first == "test2016, 4 as one sentence: 1 sources, 7.0 words on average (min 7, max 7)"
+    assert seed.startswith("concatenated_pairs 0.5, seed 3: 4 training sources, 2.5 words on average (max 4), 2 joined, ")
+    assert seed.endswith("of the 4 as one sentence sources, 100.0 % are longer than every training source, 100.0 % "
+                         "longer than 99 % of them")
+
+
 def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and_rule_read_it(tmp_path, monkeypatch):
     """Two saved models (an hf_relpos model and a MarianMTModel peer) on tiny sets: every level scored per model, the
     scores those of vs_marian.translate under the per-source cap; report.py renders the record and the rule ranks
