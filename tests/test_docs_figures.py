@@ -179,6 +179,12 @@ def test_the_hybrid_long_bucket_text_holds_in_the_record(report):
     bleu = {scheme: [seed["finetuned_long"]["bleu"] for _, seed in sorted(entry["seeds"].items())]
             for scheme, entry in record.items()}
     assert all(xl > absolute for xl, absolute in zip(bleu["xl+absolute"], bleu["absolute"], strict=True))
+    # ... and not by the length cap: the fixed cap was above every source's source-relative cap and more than twice
+    # the longest reference, so only a beam search still running at 89 tokens or more could change under the latter
+    bucket = report.read(report.MARIAN_LONG_BUCKET)
+    assert bucket["sources_whose_relative_cap_exceeds_max_new_tokens"] == 0
+    assert bucket["max_new_tokens"] > 2 * bucket["reference_tokens"]["max"]
+    assert bucket["source_relative_caps"]["min"] == 89
 
 
 def test_the_length_penalty_text_holds_in_the_records(report):
