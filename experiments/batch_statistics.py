@@ -29,11 +29,13 @@ from hf_relpos.translation.tokenization import load_tokenizer
 
 
 def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: str,
-                 data_args: DataArguments | None = None, seed: int = 1) -> tuple[np.ndarray, np.ndarray]:
+                 data_args: DataArguments | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token counts of every training pair's source and target, read and tokenized by train_translation.py's own
-    functions (with `</s>`; with the joined pairs of `data_args.concatenated_pairs` a run of `seed` adds; empty pairs
-    dropped and overlong ones handled as `data_args` says, by default at the default length limits)."""
+    functions (with `</s>`; with the joined pairs of `data_args.concatenated_pairs` a run of data seed `seed` adds;
+    empty pairs dropped and overlong ones handled as `data_args` says, by default at the default length limits)."""
     data_args = data_args or DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
+    if data_args.concatenated_pairs and seed is None:
+        raise ValueError("read_lengths: concatenated_pairs draws the joined pairs with the run's data seed; pass seed")
     pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target), data_args.concatenated_pairs, seed)
     tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
     return example_lengths(tokenized)

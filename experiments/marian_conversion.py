@@ -446,10 +446,10 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--describe-long-bucket needs --data, --marian-model and --long-pairs")
         from transformers import AutoTokenizer
 
-        bucket = long_pairs(read_pairs(args.data / "train.jsonl", "en", "de"),
-                            read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
         from hf_relpos.publish.records import source_version
 
+        bucket = long_pairs(read_pairs(args.data / "train.jsonl", "en", "de"),
+                            read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
         description = describe_long_bucket(bucket, AutoTokenizer.from_pretrained(str(args.marian_model)),
                                            args.long_max_new_tokens, args.max_len_a, args.max_len_b)
         description |= {"tokenizer_of": str(args.marian_model), "source_version": source_version(ROOT),

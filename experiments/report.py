@@ -757,7 +757,7 @@ def results_marian_long_lengths() -> str:
     lengths = (f"\n\nRecord [`{MARIAN_LONG_BUCKET}`](results/{MARIAN_LONG_BUCKET}) (`{bucket['command']}`): the bucket's "
                f"{bucket['pairs']} sources have {bucket['source_tokens']['mean']:.1f} tokens on average (at most "
                f"{bucket['source_tokens']['max']}) and its references {bucket['reference_tokens']['mean']:.1f} (at most "
-               f"{bucket['reference_tokens']['max']}), under the peer's tokenizer, `</s>` included. The source-relative "
+               f"{bucket['reference_tokens']['max']}), under the recipes' tokenizer (that of the folder in the command), `</s>` included. The source-relative "
                f"cap of issue #50 ({bucket['max_len_a']:g} x source tokens + {bucket['max_len_b']}) is "
                f"{bucket['source_relative_caps']['min']} to {bucket['source_relative_caps']['max']} new tokens per "
                f"source (the smallest, {bucket['source_relative_caps']['min'] / bucket['reference_tokens']['mean']:.1f} "

@@ -72,7 +72,7 @@ from hf_relpos.publish.records import (
     software_versions,
     source_version,
 )
-from hf_relpos.translation.arguments import parse_arguments
+from hf_relpos.translation.arguments import data_seed, parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.tokenization import (
@@ -208,7 +208,7 @@ ROWS = {row.name: row for row in [
     # ... and sentence concatenation (Kondo et al. 2021): half as many joined pairs again (two random training pairs
     # in one, `--concatenated_pairs 0.5`), so the model trains on inputs of two captions, up to twice the training
     # lengths; the token budget per step is unchanged, so each step still holds about as many captions. 0.2 (a fifth
-    # as many again) was added after 0.5's first seed cost 1.3 BLEU on single captions
+    # as many again) was added after 0.5's first seed had cost single-caption BLEU
     *(_row(f"{scheme}+concat-{ratio}", scheme, f"{RECIPE_EQUAL_BUDGET} --concatenated_pairs {ratio}")
       for ratio in ("0.5", "0.2") for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
@@ -530,7 +530,7 @@ def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequenc
         budget, pool_factor = training_args.max_tokens_per_batch, training_args.length_pool_factor
         batch_size, accumulation = training_args.per_device_train_batch_size, training_args.gradient_accumulation_steps
     sources, targets = read_lengths(Path(data_args.train_file), str(folder / "model"), args.source_lang,
-                                    args.target_lang, data_args, seed)
+                                    args.target_lang, data_args, seed if argv is None else data_seed(training_args))
     batches = training_batches(sources, targets, steps * accumulation, seed, budget, pool_factor, batch_size)
     figures = batch_figures(batches, sources, targets)
     return {"pairs_per_update": figures["pairs"] * accumulation, "padded_tokens_per_batch": figures["padded_tokens"],

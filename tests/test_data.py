@@ -6,7 +6,7 @@ import random
 
 import numpy as np
 import pytest
-from datasets import Dataset, DatasetDict, Features, Translation
+from datasets import Dataset, DatasetDict, Features, Translation, Value
 
 import hf_relpos.translation.data as data_module
 from hf_relpos.translation.data import (
@@ -107,7 +107,7 @@ def test_argument_values_are_checked():
         DataArguments(preprocessing_num_workers=-1)
     with pytest.raises(ValueError, match=r"demo_train_pairs must be an integer >= 1, got -5"):
         DataArguments(demo_train_pairs=-5)
-    for ratio in (-0.5, 4.5, "half"):
+    for ratio in (-0.5, 4.5, "half", True):
         with pytest.raises(ValueError, match=r"concatenated_pairs must be a number from 0 \(none\) to 4 \(that many "
                                              rf"joined pairs per training pair\), got {ratio!r}"):
             DataArguments(concatenated_pairs=ratio)
@@ -176,6 +176,11 @@ def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp
     assert again["source"] == joined["source"] and again["target"] == joined["target"]
     assert with_concatenated_pairs(dataset, 1.5, seed=5)["source"] != joined["source"]
     assert with_concatenated_pairs(dataset, 0.0, seed=4) is dataset
+    large = dataset.cast(Features({"source": Value("large_string"), "target": Value("large_string"),
+                                   "id": dataset.features["id"]}))
+    joined_large = with_concatenated_pairs(large, 1.5, seed=4)
+    assert joined_large.features["source"] == Value("large_string")
+    assert joined_large["source"] == joined["source"] and joined_large["target"] == joined["target"]
     with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins two different training pairs; the "
                                                  r"training data has 1 pair\(s\) with text on both sides"):
         with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)

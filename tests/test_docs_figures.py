@@ -182,6 +182,8 @@ def test_the_hybrid_long_bucket_text_holds_in_the_record(report):
     # ... and not by the length cap: the fixed cap was above every source's source-relative cap and more than twice
     # the longest reference, so only a beam search still running at 89 tokens or more could change under the latter
     bucket = report.read(report.MARIAN_LONG_BUCKET)
+    settings = report.read(report.MARIAN_HYBRID)["settings"]
+    assert (bucket["pairs"], bucket["max_new_tokens"]) == (settings["long_pairs"], settings["long_max_new_tokens"])
     assert bucket["sources_whose_relative_cap_exceeds_max_new_tokens"] == 0
     assert bucket["max_new_tokens"] > 2 * bucket["reference_tokens"]["max"]
     assert bucket["source_relative_caps"]["min"] == 89

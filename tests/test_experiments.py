@@ -694,8 +694,8 @@ def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(
 
 
 def test_joined_lengths_compare_the_training_sources_with_the_longest_level(tmp_path, monkeypatch):
-    """Training sources of 2 and 4 words, 4 test captions of 1 word joined by "and": 7 words, longer than every
-    training source; half as many joined pairs again are 5 to 8 words."""
+    """Training sources of 2 to 4 words, 4 test captions of 1 word joined by "and": 7 words, longer than every
+    training source, joined pairs (4 or 6 words) included."""
     joined_lengths = load_experiment(EXPERIMENTS / "joined_lengths.py", monkeypatch)
 
     def write(name, pairs):

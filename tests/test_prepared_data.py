@@ -364,10 +364,17 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
 
 
-def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, capsys):
+def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, monkeypatch, capsys):
     corpus, config, output_dir = prepared_run
+    budgets, budgeted = [], preparation_module.preparation
+
+    def remember_budget(folder, text_bytes):
+        budgets.append(text_bytes)
+        return budgeted(folder, text_bytes)
+    monkeypatch.setattr(preparation_module, "preparation", remember_budget)
     capsys.readouterr()
     prepare_only(config, "--concatenated_pairs", "0.5")
+    assert budgets == [2 * corpus["train"].stat().st_size], "the disk budget counts the joined pairs' text"
     log = capsys.readouterr().out
     assert "Added 60 joined training pairs (concatenated_pairs 0.5) to the 120 pairs" in log
     assert "Prepared the train data" in log and "Reusing the validation data" in log

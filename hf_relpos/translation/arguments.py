@@ -649,3 +649,8 @@ def check_reporting_integrations(report_to: Sequence[str]) -> None:
                        else f"install the {name} package")
             raise ConfigError(f"report_to {name} needs the {name} package, which is not installed: {install}, or "
                               f"set report_to: none")
+
+
+def data_seed(training_args: TranslationTrainingArguments) -> int:
+    """The seed of what a run draws from its data (the batches, the joined pairs): `data_seed`, else `seed`."""
+    return training_args.data_seed if training_args.data_seed is not None else training_args.seed

@@ -142,7 +142,8 @@ class DataArguments:
                 raise ValueError(f"{name} must be at least 2 (one token and </s>), got {getattr(self, name)}")
         for name in ("max_train_samples", "max_eval_samples", "max_predict_samples"):
             require_int(name, getattr(self, name), minimum=1, null_means="every example")
-        if not (isinstance(self.concatenated_pairs, (int, float)) and 0 <= self.concatenated_pairs <= MAX_CONCATENATED_PAIRS):
+        if (isinstance(self.concatenated_pairs, bool) or not isinstance(self.concatenated_pairs, (int, float))
+                or not 0 <= self.concatenated_pairs <= MAX_CONCATENATED_PAIRS):
             raise ValueError(f"concatenated_pairs must be a number from 0 (none) to {MAX_CONCATENATED_PAIRS} (that many "
                              f"joined pairs per training pair), got {self.concatenated_pairs!r}")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
@@ -662,7 +663,7 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
     """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: pair a's source,
     a space, pair b's source, and the same for the targets, for a != b drawn uniformly (numpy's default_rng(seed))
     among the pairs with text on both sides (sentence concatenation, Kondo et al. 2021). The joined pairs are written
-    to an Arrow file in `workdir` when given (memory otherwise)."""
+    to an Arrow file in `workdir` when given (memory otherwise). With no pair to join, `dataset` itself."""
     count = round(ratio * len(dataset))
     if count == 0:
         return dataset
@@ -680,15 +681,13 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
             left = pairs[usable[first[start:start + JOIN_CHUNK_PAIRS]]]
             right = pairs[usable[second[start:start + JOIN_CHUNK_PAIRS]]]
             yield {column: pc.binary_join_element_wise(pc.utf8_trim_whitespace(left[column]),
-                                                       pc.utf8_trim_whitespace(right[column]), " ")
-                   .cast(pa.string()).combine_chunks() for column in ("source", "target")}
+                                                       pc.utf8_trim_whitespace(right[column]),
+                                                       pa.scalar(" ", left[column].type)).combine_chunks()
+                   for column in ("source", "target")}
 
     joined = _ArrowSink(workdir, "joined").dataset(joined_chunks())
     logger.info("Added %d joined training pairs (concatenated_pairs %g) to the %d pairs", count, ratio, len(dataset))
-    original = dataset.select_columns(["source", "target"])
-    if joined.features != original.features:   # e.g. large_string columns
-        joined = joined.cast(original.features)
-    return concatenate_datasets([original, joined])
+    return concatenate_datasets([dataset.select_columns(["source", "target"]), joined])
 
 
 def tokenize_training_pairs(

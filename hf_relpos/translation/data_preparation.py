@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
+from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments, data_seed
 from .batching import check_examples_fit
 from .data import (
     DEMO_DATA_FOLDER,
@@ -97,11 +97,18 @@ class RawSplits:
             return sum(self.get(split).data.nbytes for split in splits)
         return sum(path.stat().st_size for split in splits for path in self.data_files(split))
 
+    def prepared_text_bytes(self, splits: tuple[str, ...]) -> int:
+        """`text_bytes` of `splits`, the training text counted 1 + 2 x concatenated_pairs times (each joined pair
+        holds two pairs' text)."""
+        joined = 2 * self.data_args.concatenated_pairs * self.text_bytes(("train",)) if "train" in splits else 0
+        return self.text_bytes(splits) + int(joined)
+
     def workdir(self) -> Path:
         """The preparation folder of this run (created at the first call, with the disk budget of the splits in
         `to_prepare`; removed when the run's preparation ends)."""
         if self.folder is None:
-            self.folder = self.stack.enter_context(preparation(self.output_dir, self.text_bytes(self.to_prepare)))
+            self.folder = self.stack.enter_context(preparation(self.output_dir,
+                                                               self.prepared_text_bytes(self.to_prepare)))
         return self.folder
 
     def get(self, split: str) -> Dataset:
@@ -150,7 +157,7 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             if split == "train":
                 inputs["overlong_pairs"] = data_args.overlong_pairs
                 if data_args.concatenated_pairs:
-                    inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": training_args.seed}
+                    inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args)}
             keys[split] = inputs
             loaded = load_prepared(output_dir, split, preparation_key(inputs))
             if loaded is not None:
@@ -163,8 +170,8 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             started = time.monotonic()
             workdir = raw.workdir() / "work"
             if split == "train":
-                pairs = with_concatenated_pairs(raw.get(split), data_args.concatenated_pairs, training_args.seed,
-                                                workdir)
+                pairs = with_concatenated_pairs(raw.get(split), data_args.concatenated_pairs,
+                                                data_seed(training_args), workdir)
                 dataset, report = tokenize_training_pairs(pairs, tokenizer, data_args, workdir, keep_text=False)
             else:
                 dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)

@@ -31,7 +31,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, 
 
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from .arguments import ConfigError, TranslationTrainingArguments
+from .arguments import ConfigError, TranslationTrainingArguments, data_seed
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
 from .data import example_lengths, restore_order
@@ -122,7 +122,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.token_budget_sampler = TokenBudgetBatchSampler(
                 source_lengths, target_lengths, self.args.max_tokens_per_batch,
                 num_processes=self.accelerator.num_processes,
-                seed=self.args.data_seed if self.args.data_seed is not None else self.args.seed,
+                seed=data_seed(self.args),
                 pool_factor=self.args.length_pool_factor,
                 length_multiple=padding_multiple(self.model),
             )
