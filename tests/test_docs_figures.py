@@ -334,8 +334,32 @@ def test_the_long_input_text_holds_in_the_record(report):
     # the options: length scaling on shaw and directional (two seeds each), a window of 8 on shaw (two seeds) and
     # randomized positions on absolute (one), none adopted; randomized positions lose most of absolute's
     # single-caption BLEU with outputs over 1.5 x the references' length
+    concatenation = {"shaw+concat-0.5": "shaw", "shaw+concat-0.2": "shaw", "directional+concat-0.5": "directional"}
     assert options == {"shaw+length-scaling": "shaw", "directional+length-scaling": "directional",
-                       "absolute+randomized-positions": "absolute", "shaw+window-8": "shaw"}
+                       "absolute+randomized-positions": "absolute", "shaw+window-8": "shaw", **concatenation}
+    # joined captions (concatenated_pairs): at 4 as one sentence each keeps more than any recipe and the peer on both
+    # sets, beyond its recipe's validation spread; at 4 as sentences about twice its recipe's share; single captions
+    # cost more than the criterion allows on test2016 always, on validation with 0.5 (0.2 level there); directional
+    # loses most; the
+    # best keeps less than the goal
+    for option, recipe in concatenation.items():
+        verdict, figures = long_inputs.option_verdict(record, option, recipe)
+        assert figures["validation kept"] - figures["validation recipe kept"] > figures["validation recipe spread"]
+        for set_name in ("test2016", "validation"):
+            one, sentences = f"{set_name}: 4 as one sentence", f"{set_name}: 4 as sentences"
+            others = [*recipes, PEER_ROW]
+            assert statistics.mean(long_inputs.bleu_kept(record, one, option)) > max(
+                statistics.mean(long_inputs.bleu_kept(record, one, other)) for other in others), (option, set_name)
+            assert statistics.mean(long_inputs.bleu_kept(record, one, option)) < 70
+            share = statistics.mean(long_inputs.bleu_kept(record, sentences, option))
+            assert 1.6 < share / statistics.mean(long_inputs.bleu_kept(record, sentences, recipe)) < 2.5, option
+        assert figures["test2016 1 caption difference"] < -long_inputs.OPTION_COST
+        assert (figures["validation 1 caption difference"] < -long_inputs.OPTION_COST) == option.endswith("0.5")
+        assert abs(figures["validation 1 caption difference"]) < long_inputs.OPTION_COST or option.endswith("0.5")
+        assert verdict.startswith("not adopted")
+    costs = {option: long_inputs.option_verdict(record, option, recipe)[1]["test2016 1 caption difference"]
+             for option, recipe in concatenation.items()}
+    assert min(costs, key=costs.get) == "directional+concat-0.5"
     for option, recipe in options.items():
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
         assert verdict.startswith("not adopted"), (option, verdict)
