@@ -338,13 +338,13 @@ def test_the_long_input_text_holds_in_the_record(report):
     assert options == {"shaw+length-scaling": "shaw", "directional+length-scaling": "directional",
                        "absolute+randomized-positions": "absolute", "shaw+window-8": "shaw", **concatenation}
     # joined captions (concatenated_pairs): at 4 as one sentence each keeps more than any recipe and the peer on both
-    # sets, beyond its recipe's validation spread; at 4 as sentences about twice its recipe's share; single captions
-    # cost more than the criterion allows on test2016 always, on validation with 0.5 (0.2 level there); directional
-    # loses most; the
+    # sets (on validation beyond its recipe's spread with 0.5, within it with 0.2); at 4 as sentences about twice its
+    # recipe's share; single captions cost more than the criterion allows on both sets; directional loses most; the
     # best keeps less than the goal
     for option, recipe in concatenation.items():
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
-        assert figures["validation kept"] - figures["validation recipe kept"] > figures["validation recipe spread"]
+        lead = figures["validation kept"] - figures["validation recipe kept"]
+        assert (lead > figures["validation recipe spread"]) == option.endswith("0.5") and lead > 0, (option, figures)
         for set_name in ("test2016", "validation"):
             one, sentences = f"{set_name}: 4 as one sentence", f"{set_name}: 4 as sentences"
             others = [*recipes, PEER_ROW]
@@ -354,8 +354,7 @@ def test_the_long_input_text_holds_in_the_record(report):
             share = statistics.mean(long_inputs.bleu_kept(record, sentences, option))
             assert 1.6 < share / statistics.mean(long_inputs.bleu_kept(record, sentences, recipe)) < 2.5, option
         assert figures["test2016 1 caption difference"] < -long_inputs.OPTION_COST
-        assert (figures["validation 1 caption difference"] < -long_inputs.OPTION_COST) == option.endswith("0.5")
-        assert abs(figures["validation 1 caption difference"]) < long_inputs.OPTION_COST or option.endswith("0.5")
+        assert figures["validation 1 caption difference"] < -long_inputs.OPTION_COST
         assert verdict.startswith("not adopted")
     costs = {option: long_inputs.option_verdict(record, option, recipe)[1]["test2016 1 caption difference"]
              for option, recipe in concatenation.items()}
@@ -364,7 +363,8 @@ def test_the_long_input_text_holds_in_the_record(report):
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
         assert verdict.startswith("not adopted"), (option, verdict)
         if option != "absolute+randomized-positions":
-            assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2]
+            seeds = [1, 2, 3] if option.startswith("shaw+concat") else [1, 2]
+            assert record["levels"]["test2016: 1 caption"][option]["seeds"] == seeds
         if option.endswith("length-scaling"):
             lead = figures["validation kept"] - figures["validation recipe kept"]
             assert abs(lead) < figures["validation recipe spread"], (option, figures)
