@@ -8,7 +8,6 @@ than what the model trained on. Lengths in words (white-space separated), as lon
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -25,10 +24,9 @@ def words(texts: Sequence[str]) -> np.ndarray:
 def joined_lengths(data: Path, ratio: float, seeds: Sequence[int], captions: int = 4) -> list[str]:
     """One line on `captions` test captions as one sentence, then one per seed on its training sources."""
     pairs = read_local_pairs(data / "train.jsonl", "en", "de")
-    test = [json.loads(line)["translation"] for line in (data / "test.jsonl").read_text(encoding="utf-8").splitlines()]
+    test = read_local_pairs(data / "test.jsonl", "en", "de")
     level = f"{captions} as one sentence"
-    longest = words(build_levels([pair["en"] for pair in test], [pair["de"] for pair in test], "en", "de",
-                                 [captions])[level][0])
+    longest = words(build_levels(test["source"], test["target"], "en", "de", [captions])[level][0])
     lines = [f"test2016, {level}: {len(longest)} sources, {longest.mean():.1f} words on average "
              f"(min {longest.min()}, max {longest.max()})"]
     for seed in seeds:

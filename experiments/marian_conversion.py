@@ -154,10 +154,13 @@ def long_pairs(train_pairs: list[tuple[str, str]], test_pairs: list[tuple[str, s
 def describe_long_bucket(bucket: list[tuple[str, str]], tokenizer, max_new_tokens: int, max_len_a: float,
                          max_len_b: int) -> dict:
     """Token lengths (`</s>` included) of the bucket's sources and references under `tokenizer`, and, per source,
-    the source-relative cap floor(max_len_a x source tokens + max_len_b) against the fixed `max_new_tokens`."""
+    the source-relative cap floor(max_len_a x source tokens + max_len_b) (the decoding paths' `new_token_limits`,
+    uncapped) against the fixed `max_new_tokens`."""
+    from hf_relpos.model.generation_limits import new_token_limits
+
     sources = [len(tokenizer(source)["input_ids"]) for source, _ in bucket]
     references = [len(tokenizer(text_target=reference)["input_ids"]) for _, reference in bucket]
-    caps = [int(max_len_a * length + max_len_b) for length in sources]
+    caps = new_token_limits(torch.tensor(sources), max_len_a, max_len_b, ceiling=torch.iinfo(torch.int64).max).tolist()
     return {"pairs": len(bucket), "source_tokens": {"mean": sum(sources) / len(sources), "max": max(sources)},
             "reference_tokens": {"mean": sum(references) / len(references), "max": max(references)},
             "max_new_tokens": max_new_tokens, "max_len_a": max_len_a, "max_len_b": max_len_b,

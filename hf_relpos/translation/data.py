@@ -674,12 +674,13 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
     generator = np.random.default_rng(seed)
     first = generator.integers(len(usable), size=count)
     second = (first + generator.integers(1, len(usable), size=count)) % len(usable)   # never the same pair
-    pairs = dataset.select_columns(["source", "target"]).with_format("arrow")
+    pairs = dataset.select_columns(["source", "target"])
+    texts = pairs.with_format("arrow")
 
     def joined_chunks() -> Iterator[dict[str, pa.Array]]:
         for start in range(0, count, JOIN_CHUNK_PAIRS):
-            left = pairs[usable[first[start:start + JOIN_CHUNK_PAIRS]]]
-            right = pairs[usable[second[start:start + JOIN_CHUNK_PAIRS]]]
+            left = texts[usable[first[start:start + JOIN_CHUNK_PAIRS]]]
+            right = texts[usable[second[start:start + JOIN_CHUNK_PAIRS]]]
             yield {column: pc.binary_join_element_wise(pc.utf8_trim_whitespace(left[column]),
                                                        pc.utf8_trim_whitespace(right[column]),
                                                        pa.scalar(" ", left[column].type)).combine_chunks()
@@ -687,7 +688,7 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
 
     joined = _ArrowSink(workdir, "joined").dataset(joined_chunks())
     logger.info("Added %d joined training pairs (concatenated_pairs %g) to the %d pairs", count, ratio, len(dataset))
-    return concatenate_datasets([dataset.select_columns(["source", "target"]), joined])
+    return concatenate_datasets([pairs, joined])
 
 
 def tokenize_training_pairs(
