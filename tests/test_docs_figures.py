@@ -331,8 +331,8 @@ def test_the_long_input_text_holds_in_the_record(report):
         assert min(peer_seeds_kept) < max(seeds_kept["absolute"])
         assert (peer_kept > scheme_kept["directional"]) == (set_name == "test2016"), (level, peer_kept, scheme_kept)
         assert statistics.mean(peer[level]["length_ratio"]) > statistics.mean(levels[level]["absolute"]["length_ratio"])
-    # the options: length scaling on shaw and directional (two seeds each), a window of 8 on shaw (two seeds) and
-    # randomized positions on absolute (one), none adopted; randomized positions lose most of absolute's
+    # the options: length scaling on shaw and directional, a window of 8 on shaw, joined captions on both (three seeds
+    # each) and randomized positions on absolute (one), none adopted; randomized positions lose most of absolute's
     # single-caption BLEU with outputs over 1.5 x the references' length
     concatenation = {"shaw+concat-0.5": "shaw", "shaw+concat-0.2": "shaw", "directional+concat-0.5": "directional"}
     assert options == {"shaw+length-scaling": "shaw", "directional+length-scaling": "directional",
@@ -363,15 +363,17 @@ def test_the_long_input_text_holds_in_the_record(report):
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
         assert verdict.startswith("not adopted"), (option, verdict)
         if option != "absolute+randomized-positions":
-            seeds = [1, 2, 3] if option.startswith("shaw+concat") else [1, 2]
-            assert record["levels"]["test2016: 1 caption"][option]["seeds"] == seeds
+            assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2, 3], option
         if option.endswith("length-scaling"):
             lead = figures["validation kept"] - figures["validation recipe kept"]
             assert abs(lead) < figures["validation recipe spread"], (option, figures)
-        if option.endswith("window-8"):   # keeps less than shaw on both sets, costs single captions on validation
+        if option.endswith("window-8"):   # keeps less than shaw on both sets, on validation within shaw's spread
             assert all(figures[f"{set_name} kept"] < figures[f"{set_name} recipe kept"]
                        for set_name in ("test2016", "validation")), figures
-            assert figures["validation 1 caption difference"] < -long_inputs.OPTION_COST, figures
+            lead = figures["validation kept"] - figures["validation recipe kept"]
+            assert -figures["validation recipe spread"] < lead, figures
+            assert all(abs(figures[f"{set_name} 1 caption difference"]) <= long_inputs.OPTION_COST
+                       for set_name in ("test2016", "validation")), figures
     scattered = {name: level["absolute+randomized-positions"] for name, level in record["levels"].items()}
     for set_name in ("test2016", "validation"):
         single = f"{set_name}: 1 caption"
