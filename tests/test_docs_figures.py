@@ -364,14 +364,12 @@ def test_the_long_input_text_holds_in_the_record(report):
         assert verdict.startswith("not adopted"), (option, verdict)
         if option != "absolute+randomized-positions":
             assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2, 3], option
-        if option.endswith("length-scaling"):
+        if option.endswith(("length-scaling", "window-8")):   # validation kept within the recipe's seed spread
             lead = figures["validation kept"] - figures["validation recipe kept"]
             assert abs(lead) < figures["validation recipe spread"], (option, figures)
-        if option.endswith("window-8"):   # keeps less than shaw on both sets, on validation within shaw's spread
+        if option.endswith("window-8"):   # keeps less than shaw on both sets, at about its single-caption BLEU
             assert all(figures[f"{set_name} kept"] < figures[f"{set_name} recipe kept"]
                        for set_name in ("test2016", "validation")), figures
-            lead = figures["validation kept"] - figures["validation recipe kept"]
-            assert -figures["validation recipe spread"] < lead, figures
             assert all(abs(figures[f"{set_name} 1 caption difference"]) <= long_inputs.OPTION_COST
                        for set_name in ("test2016", "validation")), figures
     scattered = {name: level["absolute+randomized-positions"] for name, level in record["levels"].items()}
