@@ -1,28 +1,29 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit.
 # Every step is its own process that writes its record when it ends (bench_training: after each length), sized from
-# the first calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200): a process starts in ~15 s,
-# relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~65 s,
-# FlexAttention's ~11-19 s per scheme in the base model, sdpa's < 5 s. At most 8 minutes (480 s of limits):
-#   (a) 130 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
-#       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (one autotuning)
-#   (b) 2 x 90 s: issue #47's fused path: base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
-#       absolute / shaw / alibi (two processes, so that one slow compile does not lose the other half)
-#   (c) 65 s: attention dropout 0.1 on the fused path: absolute and xl on sdpa (probabilities) and flex_attention
+# the calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200_3c5d2ac): a process starts in ~15 s,
+# relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95 s,
+# FlexAttention's ~5-17 s per scheme in the base model, sdpa's < 5 s. At most 8 minutes (480 s of limits):
+#   (a) 240 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
+#       and relpos_triton (when triton is installed, else sdpa alone), n = 512 (~115 s), then 128, then 1024
+#   (c) 100 s: attention dropout 0.1 on the fused path: absolute and xl on sdpa (probabilities) and flex_attention
 #       (key dropout, its fused form: #47 item 8)
-#   (d) 60 s: the CUDA tests, then 40 s: relpos_triton's bf16 and determinism tests compiled for the GPU
-#   (e) DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 200 s: shaw's bf16 training on relpos_triton for
-#       300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles again; the
-#       record rewritten after each of its three runs); both beyond the 8 minutes
+#   (d) 140 s: the CUDA tests (3 of them passed in 60 s on the H200)
+#   beyond the 8 minutes: FLEX=1 adds (b) 2 x 90 s: the fused path at attention dropout 0, base model, n = 512, on sdpa
+#       and flex_attention: absolute / xl / t5, then absolute / shaw / alibi (two processes, so that one slow compile
+#       does not lose the other half; measured at 3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and
+#       determinism tests compiled for the GPU (one passed in 90 s); DECODING=1 adds 25 s: cached decoding;
+#       PRECISION=1 adds 200 s: shaw's bf16 training on relpos_triton for 300 steps against float32 eager (issue #48
+#       item 5; new flag sets, so relpos_triton compiles again; the record rewritten after each of its three runs)
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt, training_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/,
-# training_n512_key_dropout0.1/, cuda_tests.txt, triton_tests.txt, (precision/, decoding/,) recompiles.txt and
-# log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
+# environment.txt, training_dropout0.1/, training_n512_key_dropout0.1/, cuda_tests.txt, (training_n512_flex_xl_t5/,
+# training_n512_flex_shaw_alibi/, triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the
+# repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -59,19 +60,23 @@ training() {  # training SECONDS NAME ARGS...
         --tokens 16384 --warmup 1 --repeats 3 --benchmarks model "$@"
 }
 
-training 130 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
+training 240 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
-training 90 "(b) fused path: base model n=512, absolute xl t5" --lengths 512 --kernels sdpa ${KERNELS:-flex_attention} \
-    --schemes absolute xl t5 --out "$out/training_n512_flex_xl_t5"
-training 90 "(b) fused path: base model n=512, absolute shaw alibi" --lengths 512 \
-    --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute shaw alibi --out "$out/training_n512_flex_shaw_alibi"
-training 65 "(c) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
+training 100 "(c) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
     --kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1 \
     --out "$out/training_n512_key_dropout0.1"
-[ "${TESTS:-1}" = 1 ] && step 60 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
+[ "${TESTS:-1}" = 1 ] && step 140 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
     -k cuda 2>&1 | tee "$out/cuda_tests.txt"
-[ "${TESTS:-1}" = 1 ] && [ -n "$triton" ] && step 40 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs \
-    -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16 or deterministic" 2>&1 | tee "$out/triton_tests.txt"
+if [ "${FLEX:-0}" = 1 ]; then
+    training 90 "(b) fused path: base model n=512, absolute xl t5" --lengths 512 \
+        --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute xl t5 --out "$out/training_n512_flex_xl_t5"
+    training 90 "(b) fused path: base model n=512, absolute shaw alibi" --lengths 512 \
+        --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute shaw alibi --out "$out/training_n512_flex_shaw_alibi"
+fi
+if [ "${TRITON_TESTS:-0}" = 1 ] && [ -n "$triton" ]; then
+    step 300 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs -p no:cacheprovider \
+        tests/test_triton_shaw.py -k "bfloat16 or deterministic" 2>&1 | tee "$out/triton_tests.txt"
+fi
 if [ "${PRECISION:-0}" = 1 ] && [ -n "$triton" ]; then
     step 200 "(e) bf16 training on relpos_triton against float32 eager" "$python" -m benchmarks.bench_precision \
         --device cuda --kernel relpos_triton --scheme shaw --steps 300 --out "$out/precision"

@@ -262,27 +262,33 @@ def fused_rows(scheme: str) -> list[dict]:
 
 
 def benchmarks_h200_summary() -> str:
-    """The fused kernels' first timings in words, from the H200 records, with issue #48's two goals at n = 512
+    """The fused kernels at the code as it is, in words, from the H200 records, with issue #48's two goals at n = 512
     (shaw on relpos_triton at attention dropout 0.1: at least 0.85 x absolute's tokens/s, at most a tenth more peak
-    memory)."""
-    triton_record, flex_record = (read(path) for path in H200_FUSED)
-    rows = {row["scheme"]: row for record in (triton_record, flex_record) for row in record["training"]}
-    fused, unfused = rows["shaw@relpos_triton"], rows["shaw@sdpa"]
+    memory) and relpos_triton's first timing before the changes since."""
+    triton_record, *flex_records = (read(path) for path in H200_FUSED)
+    triton_rows = {row["scheme"]: row for row in triton_record["training"]}
+    fused, unfused = triton_rows["shaw@relpos_triton"], triton_rows["shaw@sdpa"]
+    first = {row["scheme"]: row for row in read(H200_FIRST_TRITON)["training"]}["shaw@relpos_triton"]
+    first_code = read(H200_FIRST_TRITON)["meta"]["code"].removesuffix("-dirty")
     meta = triton_record["meta"]
     speed_met = "met" if fused["ratio"] >= 0.85 else "not met"
     memory_met = "met" if fused["memory_overhead"] <= 0.10 else "not met"
+    flex_rows = [{row["scheme"]: row for row in record["training"]} for record in flex_records]
+    absolute = " and ".join(f"{rows['absolute@flex_attention']['ratio']:.2f}x" for rows in flex_rows)
     flex = "; ".join(f"{scheme} {rows[f'{scheme}@flex_attention']['ratio']:.2f}x against "
                      f"{rows[f'{scheme}@sdpa']['ratio']:.2f}x, peak memory "
                      f"{rows[f'{scheme}@flex_attention']['memory_overhead']:+.1%} against "
-                     f"{rows[f'{scheme}@sdpa']['memory_overhead']:+.1%}" for scheme in ("xl", "t5"))
+                     f"{rows[f'{scheme}@sdpa']['memory_overhead']:+.1%}"
+                     for rows in flex_rows for scheme in sorted({label.partition("@")[0] for label in rows} - {"absolute"}))
     return (f"One {meta['device_name']}, {meta['dtype']}, the base model at n = {fused['length']} (batch "
-            f"{fused['batch']}), {meta['warmup']} warm-up and {meta['repeats']} timed rounds, ratios to `absolute` on "
-            f"sdpa in the same run ([`{H200_CHECK}`](results/{H200_CHECK}/README.md)). At attention dropout "
-            f"{meta['attention_dropout']:g}: `shaw` with a^V on `relpos_triton` {fused['ratio']:.2f}x, peak memory "
-            f"{fused['memory_overhead']:+.1%}; on sdpa {unfused['ratio']:.2f}x, {unfused['memory_overhead']:+.1%}. "
-            f"Issue #48's goals at this length: speed {speed_met}, memory {memory_met}. At attention dropout "
-            f"{flex_record['meta']['attention_dropout']:g}, `flex_attention` against sdpa: absolute "
-            f"{rows['absolute@flex_attention']['ratio']:.2f}x; {flex}.\n")
+            f"{fused['batch']}), {meta['warmup']} warm-up and {meta['repeats']} timed rounds, ratios to `absolute` in "
+            f"the same run, code `{meta['code']}` ([`{H200_CHECK}`](results/{H200_CHECK}/README.md)). At attention "
+            f"dropout {meta['attention_dropout']:g}: `shaw` with a^V on `relpos_triton` {fused['ratio']:.2f}x, peak "
+            f"memory {fused['memory_overhead']:+.1%} ({first['ratio']:.2f}x and {first['memory_overhead']:+.1%} at "
+            f"`{first_code}`, before the three changes below); on sdpa {unfused['ratio']:.2f}x, "
+            f"{unfused['memory_overhead']:+.1%}. Issue #48's goals at this length: speed {speed_met}, memory "
+            f"{memory_met}. At attention dropout {flex_records[0]['meta']['attention_dropout']:g}, `flex_attention` "
+            f"against sdpa (two processes): absolute {absolute}; {flex}.\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -290,8 +296,12 @@ def recommended_kernel(scheme: str) -> str:
     on sdpa in the same run), sdpa where nothing else was measured."""
     rows = fused_rows(scheme)
     if scheme == "absolute":
-        others = ", ".join(f"{row['kernel']} {row['ratio']:.2f}x at dropout {row['attention_dropout']:g}"
-                           for row in rows if row["kernel"] != "sdpa")
+        measured = {}
+        for row in rows:
+            if row["kernel"] != "sdpa":
+                measured.setdefault((row["kernel"], row["attention_dropout"]), []).append(f"{row['ratio']:.2f}x")
+        others = ", ".join(f"{kernel} {' and '.join(ratios)} at dropout {dropout:g}"
+                           for (kernel, dropout), ratios in measured.items())
         return "`sdpa` (the baseline" + (f"; {others})" if others else ")")
     if not rows:
         return "`sdpa` (fused paths not measured)"
@@ -308,10 +318,16 @@ def recommended_kernel(scheme: str) -> str:
 H100_CHECK = "gpu_check/2026-11-26_h100"   # benchmarks/gpu_check.sh's record of the code as it is
 H100_TRAINING = tuple(f"{H100_CHECK}/training_n{length}/training.json" for length in (128, 512))
 H100_DECODING = "benchmarks_h100/decoding.json"
-# The fused kernels' first timings (H200, n = 512): relpos_triton at attention dropout 0.1, flex_attention at 0.
-H200_CHECK = "gpu_check/2026-11-27_h200"
-H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1_relpos_triton/training.json",
-              f"{H200_CHECK}/training_n512_flex/training.json")
+# The fused kernels' first timings (H200, n = 512, code 0c6ed16): relpos_triton at attention dropout 0.1,
+# flex_attention at 0.
+H200_FIRST = "gpu_check/2026-11-27_h200"
+H200_FIRST_TRITON = f"{H200_FIRST}/training_n512_dropout0.1_relpos_triton/training.json"
+# The same at the code as it is (H200, n = 512, code 3c5d2ac): relpos_triton at attention dropout 0.1, then
+# flex_attention at 0 in two processes. README's recommended kernels come from these.
+H200_CHECK = "gpu_check/2026-11-27_h200_3c5d2ac"
+H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1/training.json",
+              f"{H200_CHECK}/training_n512_flex_xl_t5/training.json",
+              f"{H200_CHECK}/training_n512_flex_shaw_alibi/training.json")
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -346,9 +362,8 @@ def readme_cost() -> str:
                "`xl`. Recommended kernel: the fastest measured for training on an "
                f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
                f"peak memory against it in the same run ([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-11-27-the-fused-kernels-first-timings)); "
-               f"`relpos_triton` as of `{fused_meta['code'].removesuffix('-dirty')}`, before three "
-               "changes to its kernels that are not yet timed.\n\n")
+               "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)); "
+               f"code `{fused_meta['code'].removesuffix('-dirty')}`.\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "recommended `attn_implementation` (H200, n = 512)",
                             "kernels"], rows)
@@ -789,11 +804,17 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "training_length_penalty": training_length_penalty,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",
                                                      "benchmarks/query_blocks/training_after"),
-    "benchmarks_h200_relpos_triton": benchmark_report(f"{H200_CHECK}/training_n512_dropout0.1_relpos_triton/training",
+    "benchmarks_h200_relpos_triton": benchmark_report(H200_FIRST_TRITON.removesuffix(".json"),
                                                       bench_training.render_markdown),
     "benchmarks_h200_summary": benchmarks_h200_summary,
-    "benchmarks_h200_flex": benchmark_report(f"{H200_CHECK}/training_n512_flex/training",
+    "benchmarks_h200_flex": benchmark_report(f"{H200_FIRST}/training_n512_flex/training",
                                              bench_training.render_markdown),
+    "benchmarks_h200_relpos_triton_3c5d2ac": benchmark_report(H200_FUSED[0].removesuffix(".json"),
+                                                              bench_training.render_markdown),
+    "benchmarks_h200_flex_xl_t5_3c5d2ac": benchmark_report(H200_FUSED[1].removesuffix(".json"),
+                                                           bench_training.render_markdown),
+    "benchmarks_h200_flex_shaw_alibi_3c5d2ac": benchmark_report(H200_FUSED[2].removesuffix(".json"),
+                                                                bench_training.render_markdown),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
     "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),

@@ -169,9 +169,10 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
 
 def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) issue
-    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then the
-    fused path on flex_attention in two processes, then key dropout; the Triton kernel's tests run on the GPU when
-    triton is installed; every step writes its own record; the limits sum to at most 8 minutes."""
+    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then key
+    dropout on the fused path, then the CUDA tests; every step writes its own record; the limits sum to at most 8
+    minutes. FLEX=1 adds the fused path at dropout 0 in two processes and TRITON_TESTS=1 the Triton kernel's tests
+    compiled for the GPU (when triton is installed), PRECISION=1 and DECODING=1 their benchmarks."""
     import importlib.util
     import subprocess
     import sys
@@ -182,31 +183,33 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
                       f'exec {sys.executable} "$@"\n')
     python.chmod(0o755)
     repo = Path(__file__).resolve().parents[1]
-    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), str(tmp_path / "out"), "test"], cwd=repo,
-                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(python)}, check=True, capture_output=True)
-    log = (tmp_path / "out" / "log.txt").read_text().splitlines()
-    ends = [line for line in log if line.startswith("== ") and "(limit " in line]
-    assert [end.split(" ")[1] for end in ends][:5] == ["(a)", "(b)", "(b)", "(c)", "(d)"]
+
+    def check(out: str, **flags: str) -> tuple[list[str], list[str]]:
+        calls.unlink(missing_ok=True)
+        subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), str(tmp_path / out), "test"], cwd=repo,
+                       env={"PATH": "/usr/bin:/bin", "PYTHON": str(python), **flags}, check=True,
+                       capture_output=True)
+        log = (tmp_path / out / "log.txt").read_text().splitlines()
+        return [line for line in log if line.startswith("== ") and "(limit " in line], calls.read_text().splitlines()
+
+    ends, commands = check("out")
+    assert [end.split(" ")[1] for end in ends] == ["(a)", "(c)", "(d)"]
     assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
-    commands = calls.read_text().splitlines()
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
             in commands[0])
-    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[1]
-    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[2]
-    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[3]
+    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[1]
+    assert commands[2].startswith("-m pytest") and "tests/test_kernels.py -k cuda" in commands[2]
+    assert len(commands) == 3
+
+    ends, commands = check("more", FLEX="1", TRITON_TESTS="1", PRECISION="1", DECODING="1", TESTS="0")
+    assert not any("tests/test_kernels.py" in command for command in commands)
+    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[2]
+    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[3]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "bench_training" in command]
     assert len(set(outs)) == len(outs) == 4
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
-    assert not any("bench_precision" in command or "bench_decoding" in command for command in commands)
-
-    calls.unlink()
-    subprocess.run(["bash", str(repo / "benchmarks" / "gpu_check.sh"), str(tmp_path / "more"), "test"], cwd=repo,
-                   env={"PATH": "/usr/bin:/bin", "PYTHON": str(python), "PRECISION": "1", "DECODING": "1",
-                        "TESTS": "0"}, check=True, capture_output=True)
-    commands = calls.read_text().splitlines()
-    assert not any(command.startswith("-m pytest") for command in commands)
     assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
     assert any("benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300" in command
                for command in commands) == bool(triton)
