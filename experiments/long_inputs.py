@@ -11,7 +11,9 @@ vs_marian.py or convergence.py) translate levels built from Multi30k's test2016 
 - `longest 10 %`: the tenth of the set with the longest sources (in words).
 
 Each level is scored with cased sacreBLEU and chrF (the sacrebleu library, signatures kept) and the
-hypothesis/reference length ratio; per system, the mean and min-max over seeds. Every model is decoded by the same
+hypothesis/reference length ratio; per system, the mean and min-max over seeds. Per seed and level, the record also
+counts the outputs that used every new token their cap allowed (vs_marian.translate_marking_caps): those the cap
+may have cut. Every model is decoded by the same
 function (vs_marian.translate: beam 4, length penalty 0.6 by default, batches sorted by source length) under the
 source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new tokens, per source, for
 the peer too), without sentence splitting: the level measures the model, not the tools' splitter. Models are only
@@ -42,7 +44,7 @@ from pathlib import Path
 
 import torch
 from settings import json_settings
-from vs_marian import Decoding, load_trained, read_pairs, spread, translate, write_results
+from vs_marian import Decoding, load_trained, read_pairs, spread, translate_marking_caps, write_results
 
 from hf_relpos.publish.records import (
     PEER,
@@ -132,14 +134,15 @@ def is_peer(folder: Path) -> bool:
 
 def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], list[str]]]], decoding: Decoding,
                    args: argparse.Namespace) -> dict[str, dict]:
-    """`set: level` -> sacreBLEU, chrF, length ratio (and signatures, decoding seconds) of one saved model."""
+    """`set: level` -> sacreBLEU, chrF, length ratio (and signatures, decoding seconds, the number of outputs that
+    used every new token their cap allowed) of one saved model."""
     model, tokenizer = load_trained(folder, is_peer(folder), args.device)
     scores = {}
     for set_name, set_levels in levels.items():
         for level, (sources, references) in set_levels.items():
             started = time.perf_counter()
-            hypotheses = translate(model, tokenizer, sources, decoding, args.eval_batch_size)
-            scores[f"{set_name}: {level}"] = {**score_translations(hypotheses, references),
+            hypotheses, at_cap = translate_marking_caps(model, tokenizer, sources, decoding, args.eval_batch_size)
+            scores[f"{set_name}: {level}"] = {**score_translations(hypotheses, references), "at_cap": sum(at_cap),
                                               "decode_seconds": time.perf_counter() - started}
     return scores
 
@@ -184,10 +187,13 @@ def typed_record(system: str, seed: int, folder: Path, scores: dict[str, dict]) 
 
 
 def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """`set: level` -> system -> seeds and each metric per seed."""
+    """`set: level` -> system -> seeds and each metric per seed (and the outputs at the cap per seed, where every
+    seed's scores count them: scores kept before they were counted do not)."""
     levels = list(next(iter(runs.values()))[0]["scores"])
     return {level: {system: {"seeds": [run["seed"] for run in system_runs],
-                             **{metric: [run["scores"][level][metric] for run in system_runs] for metric in METRICS}}
+                             **{metric: [run["scores"][level][metric] for run in system_runs] for metric in METRICS},
+                             **({"at_cap": [run["scores"][level]["at_cap"] for run in system_runs]}
+                                if all("at_cap" in run["scores"][level] for run in system_runs) else {})}
                     for system, system_runs in runs.items()}
             for level in levels}
 
@@ -228,8 +234,29 @@ def markdown(results: dict) -> str:
         for system in results["levels"][joined[0]]:
             cells = [spread(kept, 0) if (kept := bleu_kept(results, level, system)) else "-" for level in joined]
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    lines += cap_table(results)
     lines += options_table(results)
     return "\n".join(lines) + "\n"
+
+
+def cap_table(results: dict) -> list[str]:
+    """Markdown lines: per system and level, the outputs that used every new token their cap allowed, per seed
+    (systems whose scores do not count them are left out; nothing when none does)."""
+    levels = list(results["levels"])
+    systems = [system for system in results["levels"][levels[0]]
+               if all("at_cap" in results["levels"][level][system] for level in levels)]
+    if not systems:
+        return []
+    lines = ["", "## Outputs at the length cap", "",
+             "Per level, the outputs that used every new token the source-relative cap allowed them (the cap forces "
+             "the end token there, so such an output may have been cut; one that ends on its own at that length "
+             "counts too), per seed, of the level's inputs.", "",
+             "| system | " + " | ".join(f"{level} ({results['sizes'][level]})" for level in levels) + " |",
+             "|" + " --- |" * (len(levels) + 1)]
+    for system in systems:
+        lines.append(f"| {system} | " + " | ".join(" / ".join(map(str, results["levels"][level][system]["at_cap"]))
+                                                    for level in levels) + " |")
+    return lines
 
 
 # Issue #50 item 1's options (a recipe trained with a length-generalization option, system "<recipe>+<option>") and

@@ -423,10 +423,19 @@ PIPELINE_DECODING = "train_translation.py --do_train false --do_predict (its own
 def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str], decoding: Decoding,
               batch_size: int) -> list[str]:
     """Beam search with one explicit GenerationConfig for every model, batches sorted by source length."""
+    return translate_marking_caps(model, tokenizer, sources, decoding, batch_size)[0]
+
+
+def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, sources: Sequence[str],
+                           decoding: Decoding, batch_size: int) -> tuple[list[str], list[bool]]:
+    """`translate`'s hypotheses, and per source whether its output used every new token its cap allowed (the
+    source's own cap, else the batch's `max_new_tokens`): such an output may have been cut there. An output that
+    ends naturally on its last allowed token counts too, so the count is an upper bound."""
     model.eval()
     encoded = tokenizer(list(sources))["input_ids"]
     order = sorted(range(len(sources)), key=lambda index: -len(encoded[index]))
-    hypotheses = [""] * len(sources)
+    hypotheses, at_cap = [""] * len(sources), [False] * len(sources)
+    eos_token_id = model.config.eos_token_id
     with torch.inference_mode():
         for start in range(0, len(order), batch_size):
             indices = order[start : start + batch_size]
@@ -436,21 +445,29 @@ def translate(model: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, source
                 limits = new_token_limits(batch["attention_mask"].sum(dim=-1), decoding.max_len_a,
                                           decoding.source_offset or 0, decoding.max_new_tokens)
                 limit = int(limits.max())
-                processors.append(SourceLengthCapLogitsProcessor(limits, 1, model.config.eos_token_id))
-            elif decoding.source_offset is not None:
-                limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
+                processors.append(SourceLengthCapLogitsProcessor(limits, 1, eos_token_id))
+            else:
+                if decoding.source_offset is not None:
+                    limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
+                limits = torch.full((len(indices),), limit)
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
-                early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=model.config.eos_token_id,
+                early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=eos_token_id,
                 decoder_start_token_id=model.config.decoder_start_token_id,
             )
             if decoding.max_len_a is not None:  # an hf_relpos model's own cap: the same, not its saved one
                 generation.max_len_a, generation.max_len_b = decoding.max_len_a, decoding.source_offset or 0
             generated = model.generate(**batch, generation_config=generation,
                                        logits_processor=LogitsProcessorList(processors))
-            for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True), strict=True):
-                hypotheses[index] = text.strip()
-    return hypotheses
+            ended = generated[:, 1:] == eos_token_id   # the new tokens, after the decoder start token
+            # a row ends at its first end token, on its own or forced by its cap at its last allowed token; a row
+            # without one stopped at the batch's max_new_tokens (beam search may return it without the end token)
+            used = ended.int().argmax(dim=-1) + 1
+            reached = (~ended.any(dim=-1) | (used >= limits.to(used.device))).tolist()
+            texts = tokenizer.batch_decode(generated, skip_special_tokens=True)
+            for index, text, capped in zip(indices, texts, reached, strict=True):
+                hypotheses[index], at_cap[index] = text.strip(), capped
+    return hypotheses, at_cap
 
 
 def table_decoding(args: argparse.Namespace) -> Decoding:

@@ -750,14 +750,22 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     decoding = long_inputs.Decoding(2, 0.6, 1000, 3, 1.0)
     for system in models:
         model, loaded_tokenizer = long_inputs.load_trained(tmp_path / system, long_inputs.is_peer(tmp_path / system))
-        hypotheses = long_inputs.translate(model, loaded_tokenizer, level[0], decoding, 4)
+        hypotheses, at_cap = long_inputs.translate_marking_caps(model, loaded_tokenizer, level[0], decoding, 4)
         expected = score_translations(hypotheses, level[1])
         row = results["levels"]["test2016: 4 as one sentence"][system]
         assert row["bleu"] == [pytest.approx(expected["bleu"])] and row["seeds"] == [1]
+        assert row["at_cap"] == [sum(at_cap)]
         assert row["length_ratio"] == [pytest.approx(expected["length_ratio"])]
         assert row["chrf"] == [pytest.approx(expected["chrf"])]
     table = (out / "long_inputs.md").read_text()
     assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
+    # the outputs at the cap, per seed and level: an untrained model runs to its cap of a x |x| + 3 new tokens
+    caps = table.split("## Outputs at the length cap")[1]
+    for system in models:
+        row = next(line for line in caps.splitlines() if line.startswith(f"| {system} |"))
+        assert row.strip(" |").split(" | ")[1:] == [str(results["levels"][level][system]["at_cap"][0])
+                                                     for level in results["levels"]]
+    assert any(results["levels"][level][system]["at_cap"] != [0] for level in results["levels"] for system in models)
     # BLEU kept: each joined level as a percentage of the model's single-caption BLEU, seed by seed
     results["levels"]["test2016: 1 caption"]["directional"]["bleu"] = [20.0]
     results["levels"]["test2016: 4 as one sentence"]["directional"]["bleu"] = [5.0]
@@ -858,5 +866,14 @@ def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(
             return [" ".join("w" for token in row[1:] if token not in (0, 1)) for row in generated.tolist()]
 
     sources = ["a b", "a b c d e f g h i j k l", "a"]
-    hypotheses = vs_marian.translate(model, Tokenizer(), sources, vs_marian.Decoding(2, 0.6, 40, 2, 1.5), 8)
+    decoding = vs_marian.Decoding(2, 0.6, 40, 2, 1.5)
+    hypotheses = vs_marian.translate(model, Tokenizer(), sources, decoding, 8)
     assert [len(text.split()) for text in hypotheses] == [int(1.5 * (len(s.split()) + 1) + 2) - 1 for s in sources]
+    # every output ran to its own cap, and is marked so; a model that ends at once reaches none
+    assert vs_marian.translate_marking_caps(model, Tokenizer(), sources, decoding, 8) == (hypotheses, [True] * 3)
+    with torch.no_grad():
+        model.final_logits_bias[0, 1] = 1e4
+    assert vs_marian.translate_marking_caps(model, Tokenizer(), sources, decoding, 8) == ([""] * 3, [False] * 3)
+    # under a fixed max_new_tokens (no source-relative cap) the mark is against that limit
+    fixed = vs_marian.Decoding(2, 0.6, 1)
+    assert vs_marian.translate_marking_caps(model, Tokenizer(), sources, fixed, 8) == ([""] * 3, [True] * 3)
