@@ -783,6 +783,42 @@ def results_marian_long_lengths() -> str:
                             ratios.items()]) + lengths
 
 
+# Issue #50, the hybrids of section 6 on the long inputs: long_inputs.py's record of Marian (the peer the conversions
+# start from) and of its fine-tuned conversions, one fine-tuning seed per run.
+MARIAN_HYBRID_LONG_INPUTS = "marian_conversion/peer_hybrid_long_inputs/long_inputs.json"
+HYBRID_LEVELS = ("1 caption", "4 as one sentence", "longest 10 %")
+
+
+def results_marian_hybrid_long_inputs() -> str:
+    """Per model and set: BLEU on single captions, at 4 captions as one sentence (with its length ratio and the share
+    of single-caption BLEU kept) and on the longest tenth, and the outputs that reached the cap on the long levels."""
+    record = read(MARIAN_HYBRID_LONG_INPUTS)
+    settings = record["settings"]
+    levels = record["levels"]
+    rows = []
+    for system in levels[next(iter(levels))]:
+        for set_name in long_inputs.SETS:
+            single, joined, longest = (levels[f"{set_name}: {level}"][system] for level in HYBRID_LEVELS)
+            capped = " / ".join(str(sum(levels[f"{set_name}: {level}"][system]["at_cap"]))
+                                for level in HYBRID_LEVELS[1:])
+            rows.append([system, ", ".join(map(str, single["seeds"])), set_name, vs_marian.spread(single["bleu"]),
+                         f"{vs_marian.spread(joined['bleu'])}, {statistics.mean(joined['length_ratio']):.2f}",
+                         vs_marian.spread(long_inputs.bleu_kept(record, f"{set_name}: {HYBRID_LEVELS[1]}", system), 1),
+                         f"{vs_marian.spread(longest['bleu'])}, {statistics.mean(longest['length_ratio']):.2f}", capped])
+    sizes = record["sizes"]
+    caption = (f"Record [`{MARIAN_HYBRID_LONG_INPUTS}`](results/{MARIAN_HYBRID_LONG_INPUTS}) (its README has the "
+               f"models' provenance), collected {record['date'][:10]}; {record['device']}; code "
+               f"`{record['source_version']}`. Beam {settings['beams']}, length penalty {settings['length_penalty']}, "
+               f"at most {settings['max_len_a']:g} x source tokens + {settings['max_len_b']} new tokens per source. "
+               "BLEU mean (min-max over the fine-tuning seeds); hyp/ref: the mean length ratio; kept: the BLEU at 4 "
+               "captions as one sentence as a % of the same model's single-caption BLEU; at the cap: the outputs that "
+               f"used every new token their cap allowed, summed over seeds (of {sizes['test2016: 4 as one sentence']} / "
+               f"{sizes['validation: 4 as one sentence']} inputs at 4 as one sentence, test2016 / validation, and "
+               f"{sizes['test2016: longest 10 %']} / {sizes['validation: longest 10 %']} in the longest tenth).\n\n")
+    return caption + table(["model", "seeds", "set", "1 caption BLEU", "4 as one sentence: BLEU, hyp/ref", "kept, %",
+                            "longest 10 %: BLEU, hyp/ref", "at the cap: 4 as one sentence / longest 10 %"], rows)
+
+
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
@@ -799,6 +835,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,
     "results_marian_hybrid": marian_conversion_passage(MARIAN_HYBRID),
     "results_marian_long_lengths": results_marian_long_lengths,
+    "results_marian_hybrid_long_inputs": results_marian_hybrid_long_inputs,
     "results_long_inputs": results_long_inputs,
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "training_length_penalty": training_length_penalty,
