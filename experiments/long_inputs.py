@@ -12,12 +12,11 @@ vs_marian.py or convergence.py) translate levels built from Multi30k's test2016 
 
 Each level is scored with cased sacreBLEU and chrF (the sacrebleu library, signatures kept) and the
 hypothesis/reference length ratio; per system, the mean and min-max over seeds. Per seed and level, the record also
-counts the outputs that used every new token their cap allowed (vs_marian.translate_marking_caps): those the cap
-may have cut. Every model is decoded by the same
-function (vs_marian.translate: beam 4, length penalty 0.6 by default, batches sorted by source length) under the
-source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new tokens, per source, for
-the peer too), without sentence splitting: the level measures the model, not the tools' splitter. Models are only
-read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
+counts the outputs that used every new token their cap allowed (those the cap may have cut). Every model is decoded
+by the same function (vs_marian.translate_marking_caps: beam 4, length penalty 0.6 by default, batches sorted by
+source length) under the source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new
+tokens, per source, for the peer too), without sentence splitting: the level measures the model, not the tools'
+splitter. Models are only read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
 into docs/results.md and feeds each level to the rule that chooses the default position_scheme.
 
 A model's scores are kept beside it (`<folder>/long_inputs_scores.json`, with the decoding settings, the levels'
