@@ -1,29 +1,32 @@
 #!/usr/bin/env bash
 # The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit.
 # Every step is its own process that writes its record when it ends (bench_training: after each length), sized from
-# the calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200_3c5d2ac): a process starts in ~15 s,
-# relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95 s,
-# FlexAttention's ~5-17 s per scheme in the base model, sdpa's < 5 s. At most 8 minutes (480 s of limits):
+# the calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200_cae802d): a process starts in ~15 s,
+# relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95-120 s,
+# FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
+# At most 8 minutes (470 s of limits):
 #   (a) 240 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
-#       and relpos_triton (when triton is installed, else sdpa alone), n = 512 (~115 s), then 128, then 1024
-#   (c) 100 s: attention dropout 0.1 on the fused path: absolute and xl on sdpa (probabilities) and flex_attention
-#       (key dropout, its fused form: #47 item 8)
-#   (d) 140 s: the CUDA tests (3 of them passed in 60 s on the H200)
-#   beyond the 8 minutes: FLEX=1 adds (b) 2 x 90 s: the fused path at attention dropout 0, base model, n = 512, on sdpa
-#       and flex_attention: absolute / xl / t5, then absolute / shaw / alibi (two processes, so that one slow compile
-#       does not lose the other half; measured at 3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and
-#       determinism tests compiled for the GPU (one passed in 90 s); DECODING=1 adds 25 s: cached decoding;
-#       PRECISION=1 adds 200 s: shaw's bf16 training on relpos_triton for 300 steps against float32 eager (issue #48
-#       item 5; new flag sets, so relpos_triton compiles again; the record rewritten after each of its three runs)
+#       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (171 s in all)
+#   (c) 90 s: where shaw's extra time goes on relpos_triton: torch.profiler of one self-attention layer, forward +
+#       backward, absolute and shaw, issue #48's setting, n = 512 then 128 (the kernels compiled by (a) are cached)
+#   (d) 140 s: the CUDA tests (9 of 20 passed in 140 s on the H200)
+#   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
+#       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
+#       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
+#       absolute / shaw / alibi (two processes, so that one slow compile does not lose the other half; measured at
+#       3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and determinism tests compiled for the GPU (one
+#       passed in 90 s); DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 200 s: shaw's bf16 training on
+#       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
+#       again; the record rewritten after each of its three runs)
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt, training_dropout0.1/, training_n512_key_dropout0.1/, cuda_tests.txt, (training_n512_flex_xl_t5/,
-# training_n512_flex_shaw_alibi/, triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the
-# repository root with the package importable (PYTHONPATH=. or an install).
+# environment.txt, training_dropout0.1/, profile_dropout0.1/, cuda_tests.txt, (training_n512_key_dropout0.1/,
+# training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, triton_tests.txt, precision/, decoding/,)
+# recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -62,11 +65,16 @@ training() {  # training SECONDS NAME ARGS...
 
 training 240 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
-training 100 "(c) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
-    --kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1 \
-    --out "$out/training_n512_key_dropout0.1"
+step 90 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m benchmarks.profile_attention \
+    --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 --kernel "${triton:-sdpa}" \
+    --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
 [ "${TESTS:-1}" = 1 ] && step 140 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
     -k cuda 2>&1 | tee "$out/cuda_tests.txt"
+if [ "${KEY_DROPOUT:-0}" = 1 ]; then
+    training 420 "(f) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
+        --kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1 \
+        --out "$out/training_n512_key_dropout0.1"
+fi
 if [ "${FLEX:-0}" = 1 ]; then
     training 90 "(b) fused path: base model n=512, absolute xl t5" --lengths 512 \
         --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute xl t5 --out "$out/training_n512_flex_xl_t5"

@@ -1,24 +1,43 @@
 """Where each scheme's extra time goes: torch.profiler over forward + backward of one self-attention layer.
 
-For every scheme, prints the operators whose self time (summed over the timed steps) exceeds absolute's by the most,
-i.e. the ops that a faster core would have to speed up.
+For every length and scheme, the time per step of each operator (its own time: CPU time on the CPU; on CUDA the
+device time of the kernels it launched itself, so that nothing is counted twice) and the operators whose time exceeds
+absolute's by the most, i.e. the ops that a faster path would have to speed up. Writes profile.md and profile.json
+into --out after every length (a time limit keeps the lengths done).
 
-    python -m benchmarks.profile_attention --shape base --length 128 --threads 1
+    python -m benchmarks.profile_attention --shape base --lengths 128 --threads 1
+    python -m benchmarks.profile_attention --device cuda --dtype bfloat16 --kernel relpos_triton \\
+        --attention_dropout 0.1 --schemes absolute shaw --lengths 512 128 --tokens 16384
 """
 
 from __future__ import annotations
 
 import argparse
 from collections import defaultdict
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from benchmarks.bench_training import attention_case
-from benchmarks.common import BASELINE, SHAPES, add_common_arguments, check_arguments, markdown_table
+from benchmarks.common import (
+    BASELINE,
+    SHAPES,
+    add_common_arguments,
+    check_arguments,
+    environment,
+    environment_lines,
+    markdown_table,
+    write_report,
+)
+
+RECORDED_MS = 0.005   # ops below this time per step are left out of the record's per-op table
 
 
-def self_times_ms(step, steps: int, device: str) -> dict[str, float]:
-    """Self time per operator name in ms per step (CPU time on CPU, device time on CUDA)."""
+def self_times_ms(step: Callable[[], None], steps: int, device: str) -> dict[str, float]:
+    """Own time per operator name in ms per step, summed over the profiled steps after one unprofiled step: CPU time
+    on the CPU; on CUDA the device time of the kernels each operator launched itself (operator events only: the
+    kernels' own events would count the same time twice)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -30,36 +49,76 @@ def self_times_ms(step, steps: int, device: str) -> dict[str, float]:
             torch.cuda.synchronize()
     totals: dict[str, float] = defaultdict(float)
     for event in profiler.key_averages():
+        if event.device_type != torch.autograd.DeviceType.CPU:
+            continue
         own = event.self_device_time_total if device == "cuda" else event.self_cpu_time_total
-        totals[event.key] += own / 1000 / steps
-    return totals
+        if own > 0:
+            totals[event.key] += own / 1000 / steps
+    return dict(totals)
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, float]]:
+def extra_ops(own: dict[str, float], base: dict[str, float], top: int) -> list[tuple[str, float, float]]:
+    """The `top` operators by time beyond the baseline's (the baseline's own: by time): (name, ms, extra ms)."""
+    key = (lambda op: own[op]) if own is base else (lambda op: own[op] - base.get(op, 0.0))
+    return [(op, own[op], own[op] - base.get(op, 0.0)) for op in sorted(own, key=key, reverse=True)[:top]]
+
+
+def render_markdown(meta: dict[str, Any], profiles: list[dict[str, Any]], top: int) -> str:
+    lines = ["# Where each scheme's extra time goes: one self-attention layer, forward + backward", "",
+             *environment_lines(meta),
+             f"- shape {meta['shape']}, {meta['tokens']} tokens per batch, attention dropout "
+             f"{meta['attention_dropout']:g}, {meta['steps']} profiled steps after 1 unprofiled; time per step: "
+             f"{meta['time']}", ""]
+    for profile in profiles:
+        base = profile["schemes"][BASELINE]["ops_ms"]
+        lines.append(f"## n = {profile['length']}, batch {profile['batch']}")
+        for scheme, entry in profile["schemes"].items():
+            lines += ["", f"{scheme}: {entry['total_ms']:.2f} ms per step ({entry['extra_ms']:+.2f} ms vs {BASELINE})",
+                      "", markdown_table(["op", "ms", f"extra ms vs {BASELINE}"],
+                                         [[op, f"{ms:.3f}", f"{extra:+.3f}"]
+                                          for op, ms, extra in extra_ops(entry["ops_ms"], base, top)])]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--length", type=int, default=128)
-    parser.add_argument("--tokens", type=int, default=4096)
-    parser.add_argument("--top", type=int, default=6, help="ops listed per scheme")
+    parser.add_argument("--lengths", type=int, nargs="+", default=[128])
+    parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (batch = tokens // length)")
+    parser.add_argument("--top", type=int, default=6, help="ops listed per scheme in the Markdown")
     args = parser.parse_args(argv)
     check_arguments(args)
     steps = args.repeats or 3
-    batch = max(args.tokens // args.length, 1)
-    times = {}
-    for scheme in args.schemes:
-        torch.manual_seed(0)
-        case = attention_case(scheme, SHAPES[args.shape], args.length, batch, args.device, args.dtype, args.kernel,
-                              args.attention_dropout)
-        times[scheme] = self_times_ms(case.step, steps, args.device)
-    base = times[BASELINE]
-    print(f"self time per step, {args.shape} n={args.length} batch={batch}, {args.device} ({steps} profiled steps)")
-    for scheme, own in times.items():
-        total, base_total = sum(own.values()), sum(base.values())
-        extra = sorted(((own[op] - base.get(op, 0.0), op) for op in own), reverse=True)[: args.top]
-        print(f"\n{scheme}: {total:.1f} ms per step ({total - base_total:+.1f} ms vs absolute)")
-        print(markdown_table(["op", "ms", "extra ms vs absolute"], [[op, f"{own[op]:.2f}", f"{d:+.2f}"] for d, op in extra]))
-    return times
+    meta = environment(args.device, args.dtype) | {
+        "kernel": args.kernel, "shape": args.shape, "tokens": args.tokens, "steps": steps,
+        "attention_dropout": args.attention_dropout,
+        "time": ("device time of the kernels each op launched itself" if args.device == "cuda"
+                 else "each op's own CPU time"),
+    }
+    profiles: list[dict[str, Any]] = []
+    for length in args.lengths:
+        batch = max(args.tokens // length, 1)
+        schemes = {}
+        for scheme in args.schemes:
+            torch.manual_seed(0)
+            case = attention_case(scheme, SHAPES[args.shape], length, batch, args.device, args.dtype, args.kernel,
+                                  args.attention_dropout)
+            schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device)}
+            del case
+        base_total = sum(schemes[BASELINE]["ops_ms"].values())
+        for entry in schemes.values():
+            entry["total_ms"] = sum(entry["ops_ms"].values())
+            entry["extra_ms"] = entry["total_ms"] - base_total
+            entry["ops_ms"] = {op: ms for op, ms in sorted(entry["ops_ms"].items(), key=lambda item: -item[1])
+                               if ms >= RECORDED_MS}
+        profiles.append({"length": length, "batch": batch, "schemes": schemes})
+        markdown = render_markdown(meta, profiles, args.top)
+        markdown_path, json_path = write_report(args.out, "profile", markdown, {"meta": meta, "profiles": profiles})
+    print(markdown)
+    print(f"wrote {markdown_path}, {json_path}")
+    return {"meta": meta, "profiles": profiles}
 
 
 if __name__ == "__main__":

@@ -289,7 +289,39 @@ def benchmarks_h200_summary() -> str:
             f"`{first_code}`, before the three changes below); on sdpa {unfused['ratio']:.2f}x, "
             f"{unfused['memory_overhead']:+.1%}. Issue #48's goals at this length: speed {speed_met}, memory "
             f"{memory_met}. At attention dropout {flex_records[0]['meta']['attention_dropout']:g}, `flex_attention` "
-            f"against sdpa (two processes): absolute {absolute}; {flex}.\n")
+            f"against sdpa (two processes): absolute {absolute}; {flex}.\n\n" + relpos_triton_lengths())
+
+
+def relpos_triton_lengths() -> str:
+    """shaw on relpos_triton against absolute at every length of the H200 record H200_LENGTHS (issue #48's setting):
+    the ratios, the peak memory, and the extra milliseconds per step (medians over the timed rounds, against the
+    faster of absolute's two series), which show how the gap grows with n, and the largest spread of one series'
+    timed rounds (slowest / fastest - 1)."""
+    record = read(H200_LENGTHS)
+    meta = record["meta"]
+    rows = {(row["length"], row["scheme"]): row for row in record["training"]}
+    lengths = sorted({length for length, _ in rows})
+    absolute = {n: min(statistics.median(rows[(n, f"absolute@{kernel}")]["seconds"])
+                       for kernel in ("sdpa", "relpos_triton")) for n in lengths}
+
+    def listed(scheme: str, field: str, form: str) -> str:
+        return ", ".join(format(rows[(n, scheme)][field], form) for n in lengths)
+
+    def extra_ms(scheme: str) -> str:
+        return ", ".join(f"{(statistics.median(rows[(n, scheme)]['seconds']) - absolute[n]) * 1000:.1f}"
+                         for n in lengths)
+
+    met = [n for n in lengths if rows[(n, "shaw@relpos_triton")]["ratio"] >= 0.85]
+    spread = max(max(row["seconds"]) / min(row["seconds"]) - 1 for row in rows.values())
+    return (f"At n = {', '.join(map(str, lengths))} (the next lease, code `{meta['code']}`, the same kernel code; "
+            f"[`{H200_LENGTHS_CHECK}`](results/{H200_LENGTHS_CHECK}/README.md)), attention dropout "
+            f"{meta['attention_dropout']:g}: `shaw` on `relpos_triton` {listed('shaw@relpos_triton', 'ratio', '.2f')} "
+            f"x absolute, peak memory {listed('shaw@relpos_triton', 'memory_overhead', '+.1%')}; on sdpa "
+            f"{listed('shaw@sdpa', 'ratio', '.2f')} x, {listed('shaw@sdpa', 'memory_overhead', '+.1%')}. Issue #48's "
+            f"speed goal met at {', '.join(f'n = {n}' for n in met) or 'none of them'}. Per step, `shaw` on "
+            f"`relpos_triton` takes {extra_ms('shaw@relpos_triton')} ms more than `absolute` "
+            f"({', '.join(f'{absolute[n] * 1000:.1f}' for n in lengths)} ms; medians of {meta['repeats']} rounds), "
+            f"on sdpa {extra_ms('shaw@sdpa')} ms more. The timed rounds of one series differ by up to {spread:.0%}.\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -329,6 +361,9 @@ H200_CHECK = "gpu_check/2026-11-27_h200_3c5d2ac"
 H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1/training.json",
               f"{H200_CHECK}/training_n512_flex_xl_t5/training.json",
               f"{H200_CHECK}/training_n512_flex_shaw_alibi/training.json")
+# relpos_triton at n = 128, 512 and 1024 (H200, attention dropout 0.1, code cae802d: the kernel code of 3c5d2ac).
+H200_LENGTHS_CHECK = "gpu_check/2026-11-27_h200_cae802d"
+H200_LENGTHS = f"{H200_LENGTHS_CHECK}/training_dropout0.1/training.json"
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -853,6 +888,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                            bench_training.render_markdown),
     "benchmarks_h200_flex_shaw_alibi_3c5d2ac": benchmark_report(H200_FUSED[2].removesuffix(".json"),
                                                                 bench_training.render_markdown),
+    "benchmarks_h200_relpos_triton_lengths": benchmark_report(H200_LENGTHS.removesuffix(".json"),
+                                                              bench_training.render_markdown),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
     "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),

@@ -169,10 +169,11 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
 
 def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) issue
-    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then key
-    dropout on the fused path, then the CUDA tests; every step writes its own record; the limits sum to at most 8
-    minutes. FLEX=1 adds the fused path at dropout 0 in two processes and TRITON_TESTS=1 the Triton kernel's tests
-    compiled for the GPU (when triton is installed), PRECISION=1 and DECODING=1 their benchmarks."""
+    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then the
+    profile of one layer in that setting, then the CUDA tests; every step writes its own record; the limits sum to at
+    most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
+    processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
+    PRECISION=1 and DECODING=1 their benchmarks."""
     import importlib.util
     import subprocess
     import sys
@@ -198,21 +199,48 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
             in commands[0])
-    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[1]
+    assert commands[1].startswith("-m benchmarks.profile_attention --device cuda --dtype bfloat16")
+    assert (f"--lengths 512 128 --kernel {triton.strip() or 'sdpa'} --schemes absolute shaw --attention_dropout 0.1"
+            in commands[1])
     assert commands[2].startswith("-m pytest") and "tests/test_kernels.py -k cuda" in commands[2]
     assert len(commands) == 3
 
-    ends, commands = check("more", FLEX="1", TRITON_TESTS="1", PRECISION="1", DECODING="1", TESTS="0")
+    ends, commands = check("more", KEY_DROPOUT="1", FLEX="1", TRITON_TESTS="1", PRECISION="1", DECODING="1",
+                           TESTS="0")
     assert not any("tests/test_kernels.py" in command for command in commands)
-    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[2]
-    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[3]
-    outs = [command.split("--out ")[1].split()[0] for command in commands if "bench_training" in command]
-    assert len(set(outs)) == len(outs) == 4
+    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[2]
+    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[3]
+    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[4]
+    outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
+    assert len(set(outs)) == len(outs) == (7 if triton else 6)   # bench_precision runs only with triton
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
     assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
     assert any("benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300" in command
                for command in commands) == bool(triton)
+
+
+def test_profile_records_each_schemes_time_per_operator_at_every_length(tmp_path: Path) -> None:
+    """profile_attention on the CPU: per length and scheme the ops' own times per step, their total and the total
+    beyond absolute's, written to profile.json and profile.md; the scheme's extra ops (Shaw's bucketed tables) appear
+    in its profile and not in absolute's."""
+    from benchmarks import profile_attention
+
+    data = profile_attention.main(["--device", "cpu", "--shape", "tiny", "--lengths", "16", "32", "--tokens", "64",
+                                   "--schemes", "absolute", "shaw", "--threads", "1", "--out", str(tmp_path)])
+    assert json.loads((tmp_path / "profile.json").read_text()) == json.loads(json.dumps(data))
+    assert [(profile["length"], profile["batch"]) for profile in data["profiles"]] == [(16, 4), (32, 2)]
+    for profile in data["profiles"]:
+        absolute, shaw = profile["schemes"]["absolute"], profile["schemes"]["shaw"]
+        assert shaw["extra_ms"] == pytest.approx(shaw["total_ms"] - absolute["total_ms"])
+        assert absolute["extra_ms"] == 0
+        for entry in (absolute, shaw):
+            times = list(entry["ops_ms"].values())
+            assert times == sorted(times, reverse=True) and min(times) >= profile_attention.RECORDED_MS
+            assert entry["total_ms"] >= sum(times)
+        assert "aten::scatter_add_" in shaw["ops_ms"] and "aten::scatter_add_" not in absolute["ops_ms"]
+    markdown = (tmp_path / "profile.md").read_text()
+    assert "## n = 16, batch 4" in markdown and "## n = 32, batch 2" in markdown
 
 
 def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their_deviation(tmp_path: Path) -> None:
