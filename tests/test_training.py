@@ -578,6 +578,56 @@ def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, c
         "checkpoint-4", "checkpoint-6"]
 
 
+# --- early_stopping_patience -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"early_stopping_patience": 2}, r"early_stopping_patience=2 needs evaluations during training: eval_strategy "
+                                         r"must be 'steps' or 'epoch', got 'no'"),
+        ({"early_stopping_patience": 0}, r"early_stopping_patience must be null \(not set\) or an integer >= 1, got 0"),
+        ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "early_stopping_threshold": -1},
+         r"early_stopping_threshold must be a finite number >= 0, got -1"),
+        ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "predict_with_generate": False},
+         r"watches metric_for_best_model='bleu', which is scored on generated translations"),
+        ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "do_train": False,
+          "model_name_or_path": "."}, r"early_stopping_patience=2 stops training: it needs do_train"),
+    ],
+)
+def test_early_stopping_needs_evaluations_of_a_metric_they_compute(tmp_path, corpus, overrides, message):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **overrides)
+    with pytest.raises(ConfigError, match=message):
+        parse_arguments([str(config)])
+
+
+def test_early_stopping_watches_validation_bleu_unless_told_otherwise(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", early_stopping_patience=3,
+                          eval_strategy="steps", eval_steps=2)
+    training_args = parse_arguments([str(config)])[2]
+    assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("bleu", True)
+    training_args = parse_arguments([str(config), "--metric_for_best_model", "loss"])[2]
+    assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("loss", False)
+
+
+def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvement(tmp_path, corpus, capsys):
+    """Evaluated every step with a threshold no BLEU change can pass: the first evaluation sets the best, the next
+    two do not improve on it, so the run stops at step 3 of 6 and says why; the final model is saved and scored."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
+                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1)
+    results = run([str(config)])   # logs to stdout, transformers' warnings to stderr
+    printed, warned = capsys.readouterr()
+    state = TrainerState.load_from_json(str(output_dir / "trainer_state.json"))
+    assert state.global_step == 3
+    assert [entry["step"] for entry in state.log_history if "eval_bleu" in entry] == [1, 2, 3]
+    assert state.best_metric == next(entry["eval_bleu"] for entry in state.log_history if "eval_bleu" in entry)
+    assert "early_stopping_patience=2: eval_bleu has not improved on its best" in printed
+    assert "in 2 evaluations: training stops at step 3" in printed
+    assert "load_best_model_at_end" not in printed + warned
+    assert (output_dir / "model.safetensors").is_file() and "test_bleu" in results["test"]
+
+
 # --- fade_absolute_positions -----------------------------------------------------------------------------------------
 
 

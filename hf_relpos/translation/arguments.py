@@ -35,6 +35,7 @@ from ..model.modeling_relpos import meta_model
 from ..model.positions import scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
 from .data import DataArguments
+from .metrics import GENERATED_METRICS
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 
@@ -180,6 +181,20 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "The config's absolute_positions_scale is s0 (1 - step / N), s0 its value when training "
                           "starts: step 1 trains the model as loaded; checkpoints and the final model save the scale "
                           "they were trained to (0 after the fade). null: the sinusoids stay as they are."},
+    )
+    early_stopping_patience: int | None = field(
+        default=None,
+        metadata={"help": "Stop training once metric_for_best_model (default: bleu on the validation set) has gone "
+                          "this many evaluations in a row without improving on its best by more than "
+                          "early_stopping_threshold (transformers' EarlyStoppingCallback). Needs eval_strategy steps "
+                          "or epoch. The final model is then the last weights, the average of the last "
+                          "average_checkpoints checkpoints, or with load_best_model_at_end the best checkpoint. "
+                          "null: train for num_train_epochs or max_steps."},
+    )
+    early_stopping_threshold: float = field(
+        default=0.0,
+        metadata={"help": "With early_stopping_patience: the least change of metric_for_best_model (in its units, "
+                          "BLEU points by default) that counts as an improvement."},
     )
     cpu_threads: int | None = field(
         default=None,
@@ -525,7 +540,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
-                 "generation_max_length", "average_checkpoints", "fade_absolute_positions"):
+                 "generation_max_length", "average_checkpoints", "fade_absolute_positions", "early_stopping_patience"):
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
@@ -539,6 +554,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
+    if training_args.early_stopping_patience is not None:
+        check_early_stopping(training_args)
     fade = training_args.fade_absolute_positions
     if fade is not None and not training_args.do_train:
         raise ConfigError("fade_absolute_positions changes the model step by step during training: it needs do_train")
@@ -552,6 +569,27 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
+
+
+def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
+    """early_stopping_patience needs training evaluated as it goes, on a metric that evaluation computes; without
+    metric_for_best_model it watches validation BLEU (greater is better)."""
+    patience = training_args.early_stopping_patience
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    if not training_args.do_train:
+        raise ConfigError(f"early_stopping_patience={patience} stops training: it needs do_train")
+    if strategy not in ("steps", "epoch"):
+        raise ConfigError(f"early_stopping_patience={patience} needs evaluations during training: eval_strategy must "
+                          f"be 'steps' or 'epoch', got {strategy!r}")
+    threshold = training_args.early_stopping_threshold
+    if not is_non_negative_number(threshold):
+        raise ConfigError(f"early_stopping_threshold must be a finite number >= 0, got {threshold!r}")
+    if training_args.metric_for_best_model is None:
+        training_args.metric_for_best_model, training_args.greater_is_better = "bleu", True
+    metric = training_args.metric_for_best_model.removeprefix("eval_")
+    if metric in GENERATED_METRICS and not training_args.predict_with_generate:
+        raise ConfigError(f"early_stopping_patience watches metric_for_best_model={metric!r}, which is scored on "
+                          "generated translations: it needs predict_with_generate true (or watch 'loss')")
 
 
 def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> None:

@@ -9,6 +9,8 @@ import sacrebleu
 from transformers import PreTrainedTokenizerBase
 
 IGNORED_LABEL_ID = -100
+# The metrics `score_translations` computes from generated translations (predict_with_generate).
+GENERATED_METRICS = frozenset({"bleu", "chrf", "brevity_penalty", "length_ratio"})
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:

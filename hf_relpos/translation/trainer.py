@@ -6,6 +6,7 @@ checkpoint a run resumes from, and the report of each stage: metrics logged and 
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass, field
@@ -19,6 +20,7 @@ from datasets import Dataset
 from torch.utils.data import DataLoader, SequentialSampler
 from transformers import (
     DataCollatorForSeq2Seq,
+    EarlyStoppingCallback,
     EvalPrediction,
     PreTrainedTokenizerBase,
     Seq2SeqTrainer,
@@ -37,6 +39,8 @@ from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_comple
 from .data import example_lengths, restore_order
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .safety import NonFiniteLossError
+
+logger = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
 
@@ -69,6 +73,26 @@ class SamplerEpochCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.sampler.set_epoch(math.floor(state.epoch or 0.0))
+
+
+class EarlyStopping(EarlyStoppingCallback):
+    """`early_stopping_patience`: transformers' EarlyStoppingCallback, which also says when and why it stops. Its
+    start-of-training checks are `check_early_stopping`'s, made when the arguments are read; the final weights are
+    chosen as the arguments say (last, averaged or best), so its warning about load_best_model_at_end is not given."""
+
+    def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        pass
+
+    def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                    metrics: dict[str, float], **kwargs: Any) -> None:
+        super().on_evaluate(args, state, control, metrics, **kwargs)
+        if self.early_stopping_patience_counter >= self.early_stopping_patience:
+            metric = args.metric_for_best_model.removeprefix("eval_")
+            logger.info("early_stopping_patience=%d: eval_%s has not improved on its best, %g, by more than %g in %d "
+                        "evaluations: training stops at step %d", self.early_stopping_patience, metric,
+                        state.best_metric, self.early_stopping_threshold, self.early_stopping_patience_counter,
+                        state.global_step)
 
 
 class AbsolutePositionFadeCallback(TrainerCallback):
@@ -129,6 +153,8 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
         if self.args.fade_absolute_positions is not None:
             self.add_callback(AbsolutePositionFadeCallback(self.args.fade_absolute_positions))
+        if self.args.early_stopping_patience is not None:
+            self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
