@@ -2,8 +2,10 @@
 
 For every length and scheme, the time per step of each operator (its own time: CPU time on the CPU; on CUDA the
 device time of the kernels it launched itself, so that nothing is counted twice) and the operators whose time exceeds
-absolute's by the most, i.e. the ops that a faster path would have to speed up. Writes profile.md and profile.json
-into --out after every length (a time limit keeps the lengths done).
+absolute's by the most, i.e. the ops that a faster path would have to speed up; beside their sum, the wall time of
+a step timed without the profiler (median of as many steps): on CUDA a wall time well above the device time is time
+the GPU waits for the host (launches, syncs). Writes profile.md and profile.json into --out after every length (a
+time limit keeps the lengths done).
 
     python -m benchmarks.profile_attention --shape base --lengths 128 --threads 1
     python -m benchmarks.profile_attention --device cuda --dtype bfloat16 --kernel relpos_triton \\
@@ -13,6 +15,7 @@ into --out after every length (a time limit keeps the lengths done).
 from __future__ import annotations
 
 import argparse
+import statistics
 from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +31,7 @@ from benchmarks.common import (
     environment,
     environment_lines,
     markdown_table,
+    timed,
     write_report,
 )
 
@@ -73,7 +77,8 @@ def render_markdown(meta: dict[str, Any], profiles: list[dict[str, Any]], top: i
         base = profile["schemes"][BASELINE]["ops_ms"]
         lines.append(f"## n = {profile['length']}, batch {profile['batch']}")
         for scheme, entry in profile["schemes"].items():
-            lines += ["", f"{scheme}: {entry['total_ms']:.2f} ms per step ({entry['extra_ms']:+.2f} ms vs {BASELINE})",
+            lines += ["", f"{scheme}: {entry['total_ms']:.2f} ms per step ({entry['extra_ms']:+.2f} ms vs {BASELINE}); "
+                          f"wall {entry['wall_ms']:.2f} ms ({entry['extra_wall_ms']:+.2f} ms)",
                       "", markdown_table(["op", "ms", f"extra ms vs {BASELINE}"],
                                          [[op, f"{ms:.3f}", f"{extra:+.3f}"]
                                           for op, ms, extra in extra_ops(entry["ops_ms"], base, top)])]
@@ -105,12 +110,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.manual_seed(0)
             case = attention_case(scheme, SHAPES[args.shape], length, batch, args.device, args.dtype, args.kernel,
                                   args.attention_dropout)
-            schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device)}
+            schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device),
+                               "wall_ms": 1000 * statistics.median(timed(case.step, args.device) for _ in range(steps))}
             del case
         base_total = sum(schemes[BASELINE]["ops_ms"].values())
         for entry in schemes.values():
             entry["total_ms"] = sum(entry["ops_ms"].values())
             entry["extra_ms"] = entry["total_ms"] - base_total
+            entry["extra_wall_ms"] = entry["wall_ms"] - schemes[BASELINE]["wall_ms"]
             entry["ops_ms"] = {op: ms for op, ms in sorted(entry["ops_ms"].items(), key=lambda item: -item[1])
                                if ms >= RECORDED_MS}
         profiles.append({"length": length, "batch": batch, "schemes": schemes})
