@@ -38,14 +38,15 @@ from benchmarks.common import (
 RECORDED_MS = 0.005   # ops below this time per step are left out of the record's per-op table
 
 
-def self_times_ms(step: Callable[[], None], steps: int, device: str) -> dict[str, float]:
-    """Own time per operator name in ms per step, summed over the profiled steps after one unprofiled step: CPU time
-    on the CPU; on CUDA the device time of the kernels each operator launched itself (operator events only: the
+def self_times_ms(step: Callable[[], None], steps: int, device: str, warmup: int = 1) -> dict[str, float]:
+    """Own time per operator name in ms per step, summed over the profiled steps after `warmup` unprofiled ones: CPU
+    time on the CPU; on CUDA the device time of the kernels each operator launched itself (operator events only: the
     kernels' own events would count the same time twice)."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
-    step()
+    for _ in range(warmup):
+        step()
     with torch.profiler.profile(activities=activities) as profiler:
         for _ in range(steps):
             step()
@@ -71,8 +72,8 @@ def render_markdown(meta: dict[str, Any], profiles: list[dict[str, Any]], top: i
     lines = ["# Where each scheme's extra time goes: one self-attention layer, forward + backward", "",
              *environment_lines(meta),
              f"- shape {meta['shape']}, {meta['tokens']} tokens per batch, attention dropout "
-             f"{meta['attention_dropout']:g}, {meta['steps']} profiled steps after 1 unprofiled; time per step: "
-             f"{meta['time']}", ""]
+             f"{meta['attention_dropout']:g}, {meta['steps']} profiled steps after {meta['warmup']} unprofiled; time per "
+             f"step: {meta['time']}", ""]
     for profile in profiles:
         base = profile["schemes"][BASELINE]["ops_ms"]
         lines.append(f"## n = {profile['length']}, batch {profile['batch']}")
@@ -95,9 +96,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--top", type=int, default=6, help="ops listed per scheme in the Markdown")
     args = parser.parse_args(argv)
     check_arguments(args)
-    steps = args.repeats or 3
+    steps, warmup = args.repeats or 3, args.warmup or 1
     meta = environment(args.device, args.dtype) | {
-        "kernel": args.kernel, "shape": args.shape, "tokens": args.tokens, "steps": steps,
+        "kernel": args.kernel, "shape": args.shape, "tokens": args.tokens, "steps": steps, "warmup": warmup,
         "attention_dropout": args.attention_dropout,
         "time": ("device time of the kernels each op launched itself" if args.device == "cuda"
                  else "each op's own CPU time"),
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             torch.manual_seed(0)
             case = attention_case(scheme, SHAPES[args.shape], length, batch, args.device, args.dtype, args.kernel,
                                   args.attention_dropout)
-            schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device),
+            schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device, warmup),
                                "wall_ms": 1000 * statistics.median(timed(case.step, args.device) for _ in range(steps))}
             del case
         base_total = sum(schemes[BASELINE]["ops_ms"].values())

@@ -73,8 +73,10 @@ from hf_relpos.publish.records import (
     source_version,
 )
 from hf_relpos.translation.arguments import data_seed, parse_arguments
-from hf_relpos.translation.data import DataArguments, tokenize_training_pairs
+from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs, tokenize_training_pairs
+from hf_relpos.translation.data_preparation import prepare_evaluation_set
 from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.model_setup import generation_ceiling
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
@@ -324,10 +326,29 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = 
             "train_loss": logged_losses(history)}
 
 
+class PeerTranslationTrainer(TranslationTrainer):
+    """`TranslationTrainer` for a MarianMTModel peer: its evaluations during training decode as hf_relpos' models do,
+    each source capped at floor(generation_max_length_ratio x its tokens + generation_max_length_offset) new tokens
+    under the generation config's max_new_tokens (`SourceLengthCapLogitsProcessor`), which MarianMTModel's generate
+    does not read from its generation config."""
+
+    def prediction_step(self, model: torch.nn.Module, inputs: dict, prediction_loss_only: bool,
+                        ignore_keys: list[str] | None = None, **gen_kwargs: object) -> tuple:
+        if self.args.predict_with_generate and not prediction_loss_only:
+            generation = self.model.generation_config
+            limits = new_token_limits(inputs["attention_mask"].sum(dim=-1), self.args.generation_max_length_ratio,
+                                      self.args.generation_max_length_offset, generation.max_new_tokens)
+            cap = SourceLengthCapLogitsProcessor(limits, 1, generation.eos_token_id)
+            gen_kwargs = {**(gen_kwargs or getattr(self, "_gen_kwargs", {})), "max_new_tokens": int(limits.max()),
+                          "logits_processor": LogitsProcessorList([cap])}
+        return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
+
+
 def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Namespace) -> dict:
     """MarianMTModel (the peer's config and init) trained by hf_relpos' `TranslationTrainer` with the training
     arguments of a recipe run, `argv` (train_translation.py's): its tokenizer, token-budget batches, schedule, steps
-    or epochs and checkpoints in its output_dir, where the model and tokenizer are saved."""
+    or epochs and checkpoints in its output_dir, where the model and tokenizer are saved. With an eval_strategy it is
+    evaluated on validation_file as it trains (so that early_stopping_patience applies to it as to the recipes)."""
     model_args, data_args, training_args = parse_arguments(argv)
     if training_args.cpu_threads is not None:
         torch.set_num_threads(training_args.cpu_threads)
@@ -335,11 +356,24 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
     tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
     train_dataset, _ = tokenize_training_pairs(Dataset.from_dict({"source": sources, "target": targets}), tokenizer,
                                                data_args)
+    evaluation_sets = {}
+    if training_args.eval_strategy != "no":   # evaluated during training (early_stopping_patience) on validation_file
+        pairs = read_pairs(Path(data_args.validation_file), data_args.source_lang, data_args.target_lang)
+        validation, _ = tokenize_evaluation_pairs(Dataset.from_dict({"source": pairs[0], "target": pairs[1]}),
+                                                  tokenizer, data_args, "validation")
+        evaluation_sets["eval"] = prepare_evaluation_set(validation)
     set_seed(training_args.seed)
     model = MarianMTModel(peer_config(tokenizer, args))
-    trainer = TranslationTrainer(
+    generation = model.generation_config   # decoded as build_model sets up the recipes' models
+    generation.num_beams = training_args.generation_num_beams or 1
+    generation.length_penalty = training_args.generation_length_penalty
+    generation.max_length = None
+    generation.max_new_tokens = generation_ceiling(training_args, model.config.max_position_embeddings)
+    trainer = PeerTranslationTrainer(
         model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100), evaluation_sets={},
+        eval_dataset=evaluation_sets["eval"].dataset if evaluation_sets else None,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
+        evaluation_sets=evaluation_sets,
     )
     started = time.perf_counter()
     trainer.train()

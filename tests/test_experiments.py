@@ -439,6 +439,35 @@ def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
 CONVERGENCE = EXPERIMENTS / "convergence.py"
 
 
+def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_rule(tmp_path):
+    """--recipe-flags with early stopping (an evaluation per epoch, patience 1, a threshold no BLEU change passes):
+    the recipe and the peer trained as the recipes are both stop after their second evaluation, and the peer's
+    evaluations decode under the recipes' source-relative cap (MarianMTModel's generate does not apply it itself)."""
+    from transformers import AutoTokenizer
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    work, out = tmp_path / "work", tmp_path / "out"
+    subprocess.run([
+        sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(work), "--out", str(out),
+        "--systems", "peer+recipe-training", "absolute", "--epochs", "4", "--last-n", "2", "--vocab-size", "400",
+        "--d-model", "16", "--layers", "1", "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4",
+        "--device", "cpu", "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16",
+        "--model.encoder_layers", "1", "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32",
+        "--model.decoder_ffn_dim", "32", "--max_tokens_per_batch", "256", "--warmup_steps", "1",
+        "--validation_file", str(data / "validation.jsonl"), "--eval_strategy", "epoch", "--early_stopping_patience",
+        "1", "--early_stopping_threshold", "100", "--generation_max_length_offset", "3",
+    ], check=True, timeout=600)
+    sources = [json.loads(line)["translation"]["en"] for line in (data / "validation.jsonl").read_text().splitlines()]
+    for system in ("peer+recipe-training", "absolute"):
+        model = work / system / "seed1" / "model"
+        state = json.loads((model / "trainer_state.json").read_text())
+        evaluations = [entry for entry in state["log_history"] if "eval_bleu" in entry]
+        assert [entry["epoch"] for entry in evaluations] == [1, 2], system
+        longest = max(len(ids) for ids in AutoTokenizer.from_pretrained(model)(sources)["input_ids"])
+        assert all(entry["eval_gen_len"] <= longest + 3 for entry in evaluations), system
+
+
 def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
     from safetensors.torch import load_file
 

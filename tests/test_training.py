@@ -590,7 +590,12 @@ def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, c
         ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "early_stopping_threshold": -1},
          r"early_stopping_threshold must be a finite number >= 0, got -1"),
         ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "predict_with_generate": False},
-         r"watches metric_for_best_model='bleu', which is scored on generated translations"),
+         r"metric_for_best_model='bleu' is scored on generated translations: it needs predict_with_generate true"),
+        ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "metric_for_best_model": "blue"},
+         r"metric_for_best_model must be one of bleu, brevity_penalty, chrf, gen_len, length_ratio, loss, got 'blue'"),
+        ({"load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 2, "save_strategy": "steps",
+          "save_steps": 2, "predict_with_generate": False, "metric_for_best_model": "eval_chrf"},
+         r"metric_for_best_model='chrf' is scored on generated translations"),
         ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "do_train": False,
           "model_name_or_path": "."}, r"early_stopping_patience=2 stops training: it needs do_train"),
     ],
@@ -608,11 +613,16 @@ def test_early_stopping_watches_validation_bleu_unless_told_otherwise(tmp_path, 
     assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("bleu", True)
     training_args = parse_arguments([str(config), "--metric_for_best_model", "loss"])[2]
     assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("loss", False)
+    # load_best_model_at_end keeps the best checkpoint by the same metric (transformers alone would pick the loss)
+    training_args = parse_arguments([str(config), "--load_best_model_at_end", "true", "--save_strategy", "steps",
+                                     "--save_steps", "2"])[2]
+    assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("bleu", True)
 
 
 def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvement(tmp_path, corpus, capsys):
     """Evaluated every step with a threshold no BLEU change can pass: the first evaluation sets the best, the next
-    two do not improve on it, so the run stops at step 3 of 6 and says why; the final model is saved and scored."""
+    two do not improve on it, so the run stops at step 3 of 6 and says why, once; the final model is saved and
+    scored."""
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
                           early_stopping_threshold=100, eval_strategy="steps", eval_steps=1)
@@ -623,9 +633,49 @@ def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvem
     assert [entry["step"] for entry in state.log_history if "eval_bleu" in entry] == [1, 2, 3]
     assert state.best_metric == next(entry["eval_bleu"] for entry in state.log_history if "eval_bleu" in entry)
     assert "early_stopping_patience=2: eval_bleu has not improved on its best" in printed
+    assert printed.count("training stops") == 1   # the final model's evaluation after training does not count
     assert "in 2 evaluations: training stops at step 3" in printed
     assert "load_best_model_at_end" not in printed + warned
     assert (output_dir / "model.safetensors").is_file() and "test_bleu" in results["test"]
+    # with more patience than evaluations the run goes its 6 steps, and nothing says it stopped early
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "patient", early_stopping_patience=6,
+                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1)
+    run([str(config)])
+    assert TrainerState.load_from_json(str(tmp_path / "patient" / "trainer_state.json")).global_step == 6
+    assert "training stops" not in capsys.readouterr().out
+
+
+def test_early_stopping_on_the_loss_runs_without_generating(tmp_path, corpus, capsys):
+    """predict_with_generate false: evaluations compute the loss alone (no translation is scored), which early
+    stopping can watch; a threshold no loss change passes stops the run after 1 + patience evaluations."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=1,
+                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1,
+                          metric_for_best_model="loss", predict_with_generate=False, do_predict=False)
+    results = run([str(config)])
+    state = TrainerState.load_from_json(str(output_dir / "trainer_state.json"))
+    assert state.global_step == 2 and "eval_loss" in results["eval"] and "eval_bleu" not in results["eval"]
+    assert "early_stopping_patience=1: eval_loss has not improved on its best" in capsys.readouterr().out
+
+
+def test_early_stopping_resumed_counts_the_evaluations_before_the_checkpoint(tmp_path, corpus):
+    """A run stopped at step 3 (max_steps) with 2 evaluations past its best, resumed to 6 steps with patience 4:
+    the counter comes back with the checkpoint, so the run stops at step 5 (from 0 it would go to step 6). A
+    checkpoint saved without early stopping resumes with it."""
+    def resumed(name: str, **first_run) -> TrainerState:
+        output_dir = tmp_path / name
+        common = dict(eval_strategy="steps", eval_steps=1, save_strategy="steps", save_steps=3, do_predict=False)
+        run([str(write_config(tmp_path / f"{name}.yaml", corpus, output_dir, max_steps=3, **common, **first_run))])
+        run([str(write_config(tmp_path / f"{name}.yaml", corpus, output_dir, max_steps=6, **common,
+                              early_stopping_patience=4, early_stopping_threshold=100,
+                              resume_from_checkpoint="last"))])
+        return TrainerState.load_from_json(str(output_dir / "trainer_state.json"))
+
+    assert resumed("counted", early_stopping_patience=4, early_stopping_threshold=100).global_step == 5
+    # without early stopping before: the first evaluation after resuming sets the best, the next 2 do not improve
+    state = resumed("plain")
+    assert state.global_step == 6 and state.stateful_callbacks["EarlyStopping"]["attributes"][
+        "early_stopping_patience_counter"] == 2
 
 
 # --- fade_absolute_positions -----------------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
 logger = logging.getLogger(__name__)
 
 MODEL_SECTION = "model"
+EARLY_STOPPING_METRIC = "bleu"   # what early_stopping_patience watches unless metric_for_best_model is set
 # Config fields set from the tokenizer or by transformers itself; a YAML `model:` section may not set them.
 DERIVED_CONFIG_FIELDS = frozenset({
     "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
@@ -186,10 +187,10 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         default=None,
         metadata={"help": "Stop training once metric_for_best_model (default: bleu on the validation set) has gone "
                           "this many evaluations in a row without improving on its best by more than "
-                          "early_stopping_threshold (transformers' EarlyStoppingCallback). Needs eval_strategy steps "
-                          "or epoch. The final model is then the last weights, the average of the last "
-                          "average_checkpoints checkpoints, or with load_best_model_at_end the best checkpoint. "
-                          "null: train for num_train_epochs or max_steps."},
+                          "early_stopping_threshold (transformers' EarlyStoppingCallback; a resumed run keeps the "
+                          "count). Needs eval_strategy steps or epoch. The final model is then the last weights, the "
+                          "average of the last average_checkpoints checkpoints, or with load_best_model_at_end the "
+                          "best checkpoint. null: train for num_train_epochs or max_steps."},
     )
     early_stopping_threshold: float = field(
         default=0.0,
@@ -500,6 +501,8 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
                               "flags")
         _raise_unknown(flags)
     values = vars(namespace)
+    if values.get("early_stopping_patience") is not None and values.get("metric_for_best_model") is None:
+        values["metric_for_best_model"] = EARLY_STOPPING_METRIC   # greater_is_better follows from the name
     command_line = _current_field_names({dest.removeprefix(f"{MODEL_SECTION}."): values.pop(dest)
                                          for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]})
     model_config.update(command_line)
@@ -556,6 +559,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
         check_early_stopping(training_args)
+    if training_args.metric_for_best_model is not None:
+        check_metric_for_best_model(training_args)
     fade = training_args.fade_absolute_positions
     if fade is not None and not training_args.do_train:
         raise ConfigError("fade_absolute_positions changes the model step by step during training: it needs do_train")
@@ -572,8 +577,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
-    """early_stopping_patience needs training evaluated as it goes, on a metric that evaluation computes; without
-    metric_for_best_model it watches validation BLEU (greater is better)."""
+    """early_stopping_patience needs training evaluated as it goes, and a metric to watch (`check_metric_for_best_model`
+    checks that evaluation computes it)."""
     patience = training_args.early_stopping_patience
     strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
     if not training_args.do_train:
@@ -584,12 +589,20 @@ def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
     threshold = training_args.early_stopping_threshold
     if not is_non_negative_number(threshold):
         raise ConfigError(f"early_stopping_threshold must be a finite number >= 0, got {threshold!r}")
-    if training_args.metric_for_best_model is None:
-        training_args.metric_for_best_model, training_args.greater_is_better = "bleu", True
+    if training_args.metric_for_best_model is None:   # parse_arguments sets EARLY_STOPPING_METRIC
+        raise ConfigError(f"early_stopping_patience={patience} needs metric_for_best_model, the metric it watches")
+
+
+def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> None:
+    """metric_for_best_model must be one that this app's evaluations compute: the loss, and with
+    predict_with_generate the scores of the generated translations."""
     metric = training_args.metric_for_best_model.removeprefix("eval_")
+    allowed = sorted(GENERATED_METRICS | {"loss"}) if training_args.predict_with_generate else ["loss"]
     if metric in GENERATED_METRICS and not training_args.predict_with_generate:
-        raise ConfigError(f"early_stopping_patience watches metric_for_best_model={metric!r}, which is scored on "
-                          "generated translations: it needs predict_with_generate true (or watch 'loss')")
+        raise ConfigError(f"metric_for_best_model={metric!r} is scored on generated translations: it needs "
+                          "predict_with_generate true (or metric_for_best_model: loss)")
+    if metric not in allowed:
+        raise ConfigError(f"metric_for_best_model must be one of {', '.join(allowed)}, got {metric!r}")
 
 
 def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> None:

@@ -178,12 +178,12 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
             logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
             prepared[split] = load_prepared(output_dir, split, key)[0]
-    evaluation_sets = {prefix: _prepare_evaluation_set(prepared[split])
+    evaluation_sets = {prefix: prepare_evaluation_set(prepared[split])
                        for prefix, split in (("eval", "validation"), ("test", "test")) if split in prepared}
     return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
 
 
-def _prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
+def prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
     """An `EvaluationSet` of a tokenized split that kept its text columns."""
     sorted_dataset, order = sort_by_source_length(tokenized)
     return EvaluationSet(sorted_dataset, order, list(tokenized["target"]) if has_references(tokenized) else None,

@@ -9,8 +9,9 @@ import sacrebleu
 from transformers import PreTrainedTokenizerBase
 
 IGNORED_LABEL_ID = -100
-# The metrics `score_translations` computes from generated translations (predict_with_generate).
-GENERATED_METRICS = frozenset({"bleu", "chrf", "brevity_penalty", "length_ratio"})
+# The metrics an evaluation computes from generated translations (predict_with_generate): `score_translations`' and
+# the mean generated length.
+GENERATED_METRICS = frozenset({"bleu", "chrf", "brevity_penalty", "length_ratio", "gen_len"})
 
 
 def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:

@@ -76,16 +76,32 @@ class SamplerEpochCallback(TrainerCallback):
 
 
 class EarlyStopping(EarlyStoppingCallback):
-    """`early_stopping_patience`: transformers' EarlyStoppingCallback, which also says when and why it stops. Its
-    start-of-training checks are `check_early_stopping`'s, made when the arguments are read; the final weights are
-    chosen as the arguments say (last, averaged or best), so its warning about load_best_model_at_end is not given."""
+    """`early_stopping_patience`: transformers' EarlyStoppingCallback over the evaluations made during training (not
+    those after it: the final model's), which also says when and why it stops. Its start-of-training checks are
+    `check_early_stopping`'s, made when the arguments are read; the final weights are chosen as the arguments say
+    (last, averaged or best), so its warning about load_best_model_at_end is not given."""
+
+    training = False
 
     def on_train_begin(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                        **kwargs: Any) -> None:
-        pass
+        """On a resumed run, the evaluations without improvement so far still count (the checkpoint's state of this
+        callback; a checkpoint saved without early stopping has none, and gets one, which saving expects)."""
+        self.training = True
+        name = type(self).__name__
+        saved = state.stateful_callbacks.get(name)
+        if isinstance(saved, dict):
+            self.early_stopping_patience_counter = saved["attributes"]["early_stopping_patience_counter"]
+        state.stateful_callbacks[name] = self.state()
+
+    def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                     **kwargs: Any) -> None:
+        self.training = False
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, float], **kwargs: Any) -> None:
+        if not self.training:
+            return
         super().on_evaluate(args, state, control, metrics, **kwargs)
         if self.early_stopping_patience_counter >= self.early_stopping_patience:
             metric = args.metric_for_best_model.removeprefix("eval_")
@@ -138,7 +154,8 @@ class TranslationTrainer(Seq2SeqTrainer):
     def __init__(self, *args: Any, evaluation_sets: dict[str, EvaluationSet], **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.evaluation_sets = evaluation_sets
-        self.compute_metrics = self._compute_translation_metrics
+        # scores of generated translations; without generation an evaluation computes the loss alone
+        self.compute_metrics = self._compute_translation_metrics if self.args.predict_with_generate else None
         self._active_prefix = "eval"
         self.token_budget_sampler = None
         if self.args.max_tokens_per_batch is not None and self.train_dataset is not None:
