@@ -71,12 +71,13 @@ RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> list[str]:
     """train_translation.py arguments of the scheme's recipe as it is, a checkpoint per epoch (`--recipe-flags`
-    last)."""
+    last). One checkpoint more than are averaged is kept: with early stopping in the flags, transformers keeps the
+    best checkpoint besides the newest, so the last `--last-n` are there to average."""
     return [
         str(recipe_path(scheme)), "--train_file", str(args.data / "train.jsonl"), "--source_lang", args.source_lang,
         "--target_lang", args.target_lang, "--output_dir", str(folder / "model"), "--seed", str(seed),
         "--num_train_epochs", str(args.epochs), "--do_eval", "false", "--do_predict", "false",
-        "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n),
+        "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n + 1),
         "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *args.recipe_flags,
     ]
 

@@ -532,6 +532,10 @@ def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path,
         ({"average_checkpoints": 0}, r"average_checkpoints must be null \(not set\) or an integer >= 1, got 0"),
         ({"average_checkpoints": 2, "save_strategy": "steps", "save_steps": 2, "eval_strategy": "steps",
           "eval_steps": 2, "load_best_model_at_end": True}, r"average_checkpoints and load_best_model_at_end"),
+        ({"average_checkpoints": 2, "save_strategy": "steps", "save_steps": 2, "save_total_limit": 2,
+          "eval_strategy": "steps", "eval_steps": 2, "early_stopping_patience": 3},
+         r"with metric_for_best_model='bleu' \(early_stopping_patience\) transformers keeps the best checkpoint "
+         r"besides the save_total_limit newest: save_total_limit must be null or >= 3, got 2"),
     ],
 )
 def test_average_checkpoints_needs_the_checkpoints_it_averages(tmp_path, corpus, overrides, message):

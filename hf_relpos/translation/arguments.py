@@ -619,6 +619,11 @@ def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> N
     if limit is not None and limit < count:
         raise ConfigError(f"average_checkpoints={count} needs the last {count} checkpoints: save_total_limit must be "
                           f"null or >= {count}, got {limit}")
+    if limit is not None and limit == count and training_args.metric_for_best_model is not None:
+        raise ConfigError(f"average_checkpoints={count} needs the last {count} checkpoints, and with "
+                          f"metric_for_best_model={training_args.metric_for_best_model!r} (early_stopping_patience) "
+                          "transformers keeps the best checkpoint besides the save_total_limit newest: "
+                          f"save_total_limit must be null or >= {count + 1}, got {limit}")
     if training_args.load_best_model_at_end:
         raise ConfigError("average_checkpoints and load_best_model_at_end both choose the final weights: set one")
 
