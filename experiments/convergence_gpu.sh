@@ -9,6 +9,13 @@
 # e.g. (issue #37 item 2: the peer trained as the recipes are, three seeds of every row)
 #   bash experiments/convergence_gpu.sh .data/multi30k /tmp/convergence "$OUT" \
 #       "peer+recipe-training absolute shaw xl directional rope" "1 2 3" 480
+# or (issue #50 item 3: every recipe and the peer trained as they are, to one stopping rule on validation BLEU: an
+# evaluation per epoch, stopped after 3 without a gain of more than 0.1, the last 5 averaged; report test2016 only,
+# since validation chose the stopping point)
+#   bash experiments/convergence_gpu.sh .data/multi30k /tmp/stopping "$OUT" \
+#       "peer+recipe-training absolute shaw xl directional rope" "1 2 3" 480 -- --epochs 100 --recipe-flags \
+#       --validation_file .data/multi30k/validation.jsonl --eval_strategy epoch --early_stopping_patience 3 \
+#       --early_stopping_threshold 0.1
 #
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
 # one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, paths relative to WORK), logs.tgz
