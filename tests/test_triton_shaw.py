@@ -243,6 +243,31 @@ def test_backward_is_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
+    """The three kernels are tuned per flag set and power-of-two bucket of the longer side (64 to 8192), not per
+    shape; forward and backward of one call pass the same bucket."""
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    assert [triton_relative.length_bucket(n, m) for n, m in ((1, 1), (64, 10), (3, 65), (300, 100), (9000, 1))] == [
+        64, 64, 128, 512, 8192]
+    for tuned in (kernels.tuned_forward, kernels.tuned_backward_keys, kernels.tuned_backward_queries):
+        assert tuned.keys == [*kernels.TUNING_KEY, *(["BLOCK_R"] if tuned is not kernels.tuned_backward_keys else [])]
+        assert "length_bucket" in tuned.keys and "length_bucket" in kernels.RUNTIME_INTS   # no compile per bucket
+    buckets, launch = [], triton_relative.launch
+
+    def recording_launch(kernel, tuned, blocks, rows, batch_heads, *args, **settings):
+        buckets.append(args[kernel.arg_names.index("length_bucket")])
+        return launch(kernel, tuned, blocks, rows, batch_heads, *args, **settings)
+
+    monkeypatch.setattr(triton_relative, "launch", recording_launch)
+    cached_chunk = (16, 3, 70, 67, True, False, True, True, 0.0)   # 3 queries after 67 cached keys
+    query, key, value, table, key_start, key_end = kernel_inputs(cached_chunk, torch.float32)
+    output, masses, _ = relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40]),
+                                           8**-0.5, 0.0, 67, 16, True, True)
+    (output.sum() + masses.sum()).backward()
+    assert buckets == [128, 128, 128]
+
+
 def test_dropout_mask_depends_on_seed_and_position():
     """Different seeds draw different masks; the mask is not the same for every row or head."""
     first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)

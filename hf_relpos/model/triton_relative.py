@@ -76,6 +76,12 @@ def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *a
         tuned[lambda meta: (ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
 
 
+def length_bucket(query_length: int, key_length: int) -> int:
+    """The autotuning key's length: the longer side rounded up to a power of two, at least 64 and at most 8192 (the
+    best blocks depend on the length; a bucket per power of two tunes a few times per run, not once per shape)."""
+    return min(max(next_power_of_2(max(query_length, key_length)), 64), 8192)
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
@@ -124,7 +130,7 @@ def relative_attention(
     launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
            query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
            int(seed.item()), dropout, *strides(query, key, value), heads, query_length, key_length, query_offset,
-           max_distance, **settings)
+           max_distance, length_bucket(query_length, key_length), **settings)
     return output, masses, lse
 
 
@@ -166,7 +172,8 @@ def relative_attention_backward(
     settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
     table = query if bias_table is None else bias_table.contiguous()
     common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
-              *strides(query, key, value), heads, query_length, key_length, query_offset, max_distance)
+              *strides(query, key, value), heads, query_length, key_length, query_offset, max_distance,
+              length_bucket(query_length, key_length))
     from .triton_relative_kernels import (
         relative_backward_keys_kernel,
         relative_backward_queries_kernel,

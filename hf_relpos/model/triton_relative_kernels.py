@@ -33,7 +33,9 @@ else:
     raise ImportError("attn_implementation 'relpos_triton' needs triton: pip install triton (or hf_relpos[triton])")
 
 # Lengths, offsets and seeds change from call to call: not specialised on (one compile per flag set, not per shape).
-RUNTIME_INTS = ["seed", "heads", "query_length", "key_length", "query_offset", "max_distance"]
+# `length_bucket` (the longer side rounded up to a power of two, `triton_relative.length_bucket`) is read only by the
+# autotuner: blocks are tuned per flag set and length bucket.
+RUNTIME_INTS = ["seed", "heads", "query_length", "key_length", "query_offset", "max_distance", "length_bucket"]
 
 
 @triton.jit
@@ -239,7 +241,7 @@ def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_b
 def relative_forward_kernel(
     Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -334,7 +336,7 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
 def relative_backward_keys_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -401,7 +403,7 @@ def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k
 def relative_backward_queries_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -456,14 +458,15 @@ def dropout_keep_kernel(KEEP, seed, dropout_p, query_length, key_length, BLOCK_M
 
 def autotuned(kernel, key: list[str]):
     """`kernel` autotuned over block sizes that fit an H100's and an H200's shared memory (228 KB per SM), keyed on
-    the compile-time flags only: lengths are runtime ints, so a new shape neither retunes nor recompiles."""
+    the compile-time flags and the length bucket: lengths are runtime ints, so a new shape never recompiles, and
+    retunes (benchmarks the compiled blocks again) only in a new power-of-two length bucket."""
     configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
                for block_m, block_n, warps, stages in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2),
                                                        (32, 64, 4, 2))]
     return triton.autotune(configs, key=key)(kernel)
 
 
-TUNING_KEY = ["HEAD_DIM", "HAS_BIAS", "HAS_VALUES", "CAUSAL", "DROPOUT", "ACC"]
+TUNING_KEY = ["HEAD_DIM", "HAS_BIAS", "HAS_VALUES", "CAUSAL", "DROPOUT", "ACC", "length_bucket"]
 tuned_forward = autotuned(relative_forward_kernel, TUNING_KEY + ["BLOCK_R"])
 tuned_backward_keys = autotuned(relative_backward_keys_kernel, TUNING_KEY)
 tuned_backward_queries = autotuned(relative_backward_queries_kernel, TUNING_KEY + ["BLOCK_R"])
