@@ -3,7 +3,7 @@
 # Every step is its own process that writes its record when it ends (bench_training: after each length), sized from
 # the calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200_cae802d): a process starts in ~15 s,
 # relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95-120 s (a new
-# power-of-two length bucket autotunes again, without compiling: seconds),
+# power-of-two length bucket autotunes again, without compiling),
 # FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
 # At most 8 minutes (470 s of limits):
 #   (a) 240 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
