@@ -18,6 +18,7 @@ from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.records import RUN_RECORD_FILE
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
@@ -641,12 +642,24 @@ def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvem
     assert "in 2 evaluations: training stops at step 3" in printed
     assert "load_best_model_at_end" not in printed + warned
     assert (output_dir / "model.safetensors").is_file() and "test_bleu" in results["test"]
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())   # the card's record: where and why it stopped
+    assert (record["steps"], record["early_stopping_patience"], record["early_stopping_threshold"],
+            record["metric_for_best_model"]) == (3, 2, 100, "bleu")
+    assert "| `early_stopping_patience` | 2 |" in (output_dir / "README.md").read_text()
     # with more patience than evaluations the run goes its 6 steps, and nothing says it stopped early
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "patient", early_stopping_patience=6,
                           early_stopping_threshold=100, eval_strategy="steps", eval_steps=1)
     run([str(config)])
     assert TrainerState.load_from_json(str(tmp_path / "patient" / "trainer_state.json")).global_step == 6
     assert "training stops" not in capsys.readouterr().out
+
+
+def test_a_run_without_early_stopping_records_none_of_its_settings(trained):
+    output_dir, results = trained
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert record["steps"] == results["train"]["train_steps"] == 6
+    assert record["early_stopping_patience"] is None and record["early_stopping_threshold"] is None
+    assert "early_stopping" not in (output_dir / "README.md").read_text()
 
 
 def test_early_stopping_on_the_loss_runs_without_generating(tmp_path, corpus, capsys):

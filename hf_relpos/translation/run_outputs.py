@@ -28,6 +28,7 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     """The run's record with the scores of `results`; after training, written with the model card into output_dir;
     with `push_to_hub`, output_dir pushed to the Hub with that card."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+    record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
     record.scores = scores_from_results(results)
     if training_args.do_train:
         write_model_card(model, record, training_args)
@@ -46,6 +47,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     if training_args.max_tokens_per_batch is not None:
         omitted.add("per_device_train_batch_size")
+    if training_args.early_stopping_patience is None:
+        omitted.add("early_stopping_threshold")
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
                                         if hasattr(arguments, name)), name))
               for name in RunRecord.recipe_fields() if name not in omitted}

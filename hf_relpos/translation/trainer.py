@@ -293,9 +293,9 @@ def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: P
 
 
 def report_training(trainer: TranslationTrainer, train_result: TrainOutput) -> dict[str, Any]:
-    """Log and save the training metrics (with the number of training pairs) and the Trainer's state; returns the
-    metrics."""
-    metrics = dict(train_result.metrics, train_samples=len(trainer.train_dataset))
+    """Log and save the training metrics (with the number of training pairs and the optimizer steps taken) and the
+    Trainer's state; returns the metrics."""
+    metrics = dict(train_result.metrics, train_samples=len(trainer.train_dataset), train_steps=train_result.global_step)
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", metrics)
     trainer.save_state()
