@@ -76,7 +76,7 @@ from hf_relpos.translation.arguments import data_seed, parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs, tokenize_training_pairs
 from hf_relpos.translation.data_preparation import prepare_evaluation_set
 from hf_relpos.translation.metrics import score_translations
-from hf_relpos.translation.model_setup import generation_ceiling
+from hf_relpos.translation.model_setup import configure_decoding
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
@@ -364,11 +364,8 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
         evaluation_sets["eval"] = prepare_evaluation_set(validation)
     set_seed(training_args.seed)
     model = MarianMTModel(peer_config(tokenizer, args))
-    generation = model.generation_config   # decoded as build_model sets up the recipes' models
-    generation.num_beams = training_args.generation_num_beams or 1
-    generation.length_penalty = training_args.generation_length_penalty
-    generation.max_length = None
-    generation.max_new_tokens = generation_ceiling(training_args, model.config.max_position_embeddings)
+    # decoded as build_model sets up the recipes' models (the cap per source: PeerTranslationTrainer)
+    configure_decoding(model.generation_config, training_args, model.config.max_position_embeddings)
     trainer = PeerTranslationTrainer(
         model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
         eval_dataset=evaluation_sets["eval"].dataset if evaluation_sets else None,

@@ -9,7 +9,7 @@ import logging
 
 import torch
 from safetensors import SafetensorError
-from transformers import PreTrainedTokenizerBase
+from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import new_token_limits, set_relative_limit
@@ -32,6 +32,18 @@ def generation_ceiling(training_args: TranslationTrainingArguments, max_position
     if training_args.generation_max_length is not None:
         limit = min(limit, training_args.generation_max_length - 1)
     return max(1, limit)
+
+
+def configure_decoding(generation: GenerationConfig, training_args: TranslationTrainingArguments,
+                       max_position_embeddings: int) -> None:
+    """Beams, length penalty and the ceiling on new tokens of a model's generation config, from the run's arguments.
+    The ceiling is max_new_tokens, generate's own knob: a saved max_length would make every
+    generate(max_new_tokens=...) call warn that both are set."""
+    generation.num_beams = training_args.generation_num_beams or 1
+    if generation.num_beams > 1:
+        generation.length_penalty = training_args.generation_length_penalty
+    generation.max_length = None
+    generation.max_new_tokens = generation_ceiling(training_args, max_position_embeddings)
 
 
 def max_new_tokens_for(source_length: int, training_args: TranslationTrainingArguments,
@@ -86,13 +98,8 @@ def build_model(
                           "model does not have: train a model with keep_absolute_positions true (e.g. a MarianMT model "
                           "converted with --keep_absolute_positions), or leave fade_absolute_positions null")
     generation = model.generation_config
-    generation.num_beams = training_args.generation_num_beams or 1
-    if generation.num_beams > 1:
-        generation.length_penalty = training_args.generation_length_penalty
-    # The length cap relative to each source (max_len_a, max_len_b), under a ceiling as max_new_tokens, generate's
-    # own knob: a saved max_length would make every generate(max_new_tokens=...) call warn that both are set.
-    generation.max_length = None
-    generation.max_new_tokens = generation_ceiling(training_args, model.config.max_position_embeddings)
+    configure_decoding(generation, training_args, model.config.max_position_embeddings)
+    # The length cap relative to each source (max_len_a, max_len_b), under that ceiling.
     set_relative_limit(generation, training_args.generation_max_length_ratio,
                        training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
