@@ -149,7 +149,7 @@ def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], li
 SCORES_FILE = "long_inputs_scores.json"
 # The settings a model's kept scores depend on: the levels (sizes, pairs, languages) and the decoding.
 SCORED_WITH = ("sizes", "max_pairs", "source_lang", "target_lang", "beams", "length_penalty", "max_len_a", "max_len_b",
-               "max_new_tokens", "eval_batch_size")
+               "min_len_a", "max_new_tokens", "eval_batch_size")
 
 
 def scoring_key(args: argparse.Namespace, level_sizes: dict[str, int]) -> dict:
@@ -157,21 +157,29 @@ def scoring_key(args: argparse.Namespace, level_sizes: dict[str, int]) -> dict:
     return {**{name: getattr(args, name) for name in SCORED_WITH}, "level_sizes": level_sizes}
 
 
-def kept_scores(folder: Path, key: dict) -> dict | None:
-    """The scores kept beside `folder` for exactly `key`, with the code version that decoded them; else None."""
+def kept_entries(folder: Path) -> list[dict]:
+    """Every scoring kept beside `folder` (one per scoring key; a file of one entry, as first written, is a list of
+    one)."""
     path = folder / SCORES_FILE
     if not path.is_file():
-        return None
+        return []
     kept = json.loads(path.read_text(encoding="utf-8"))
-    return kept if kept.get("key") == key else None
+    return kept if isinstance(kept, list) else [kept]
+
+
+def kept_scores(folder: Path, key: dict) -> dict | None:
+    """The scores kept beside `folder` for exactly `key`, with the code version that decoded them; else None."""
+    return next((entry for entry in kept_entries(folder) if entry.get("key") == key), None)
 
 
 def keep_scores(folder: Path, key: dict, scores: dict[str, dict]) -> dict:
-    """Write `scores` beside `folder` under `key` (whole or not at all) and return the kept entry."""
+    """Add `scores` under `key` to those kept beside `folder` (replacing an entry of the same key; the file is
+    written whole or not at all) and return the kept entry."""
     kept = {"key": key, "source_version": source_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
         timespec="seconds"), "scores": scores}
+    entries = [entry for entry in kept_entries(folder) if entry.get("key") != key] + [kept]
     staged = folder / f".{SCORES_FILE}.partial"
-    staged.write_text(json.dumps(kept, indent=1) + "\n", encoding="utf-8")
+    staged.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
     staged.replace(folder / SCORES_FILE)
     return kept
 
@@ -200,11 +208,14 @@ def summarize(runs: dict[str, list[dict]]) -> dict[str, dict[str, dict[str, list
 def markdown(results: dict) -> str:
     """One table per set: a row per system, a column per level, each cell BLEU (min-max) / chrF / hyp/ref."""
     settings = results["settings"]
+    minimum = settings.get("min_len_a")
+    at_least = f"at least {minimum} x source tokens (rounded down) and " if minimum is not None else ""
     lines = [
         "# Long inputs: captions joined as sentences and as one sentence, and the longest sources",
         "",
-        f"Beam {settings['beams']}, length penalty {settings['length_penalty']}, at most {settings['max_len_a']} x "
-        f"source tokens + {settings['max_len_b']} new tokens per source, no sentence splitting. Cells: BLEU mean "
+        f"Beam {settings['beams']}, length penalty {settings['length_penalty']}, {at_least}at most "
+        f"{settings['max_len_a']} x source tokens + {settings['max_len_b']} new tokens per source, no sentence "
+        f"splitting. Cells: BLEU mean "
         f"(min-max over seeds) / chrF mean / hypothesis-reference length ratio mean. Device: {results['device']}.",
         f"sacreBLEU signatures: `{results['signatures']['bleu']}`, `{results['signatures']['chrf']}`.",
     ]
@@ -332,6 +343,38 @@ def options_table(results: dict) -> list[str]:
     return lines
 
 
+# The decoding study of issue #50 item 1 (docs/results.md 5b, the criterion stated before its first number on a
+# recipe model): a source-relative minimum length (--min-len-a) against the same models decoded without it. It becomes
+# the recipes' saved default only if on validation it raises BLEU at OPTION_LEVEL for every model and lowers none's
+# single-caption BLEU by more than MINIMUM_COST.
+MINIMUM_COST = 0.1
+
+
+def paired_bleu(results: dict, level: str) -> dict[tuple[str, int], float]:
+    """(system, seed) -> BLEU on `level` (a record's every scored model)."""
+    return {(system, seed): bleu for system, row in results["levels"][level].items()
+            for seed, bleu in zip(row["seeds"], row["bleu"], strict=True)}
+
+
+def minimum_verdict(baseline: dict, candidate: dict) -> tuple[str, dict[str, float]]:
+    """("adoptable" | "not adoptable: <every failed part>", figures) for `candidate` (the same models decoded with a
+    minimum length) against `baseline` by the criterion above; figures: the mean validation BLEU change at
+    OPTION_LEVEL and on single captions over the models, and the smallest change at OPTION_LEVEL."""
+    joined, single = f"validation: {OPTION_LEVEL}", "validation: 1 caption"
+    models = sorted(paired_bleu(baseline, joined))
+    if sorted(paired_bleu(candidate, joined)) != models:
+        return "not adoptable: the two records score different models", {}
+    gains = {level: {model: paired_bleu(candidate, level)[model] - paired_bleu(baseline, level)[model]
+                     for model in models} for level in (joined, single)}
+    failed = [f"{system} seed {seed}: {OPTION_LEVEL} {gains[joined][(system, seed)]:+.2f} BLEU"
+              for system, seed in models if gains[joined][(system, seed)] <= 0]
+    failed += [f"{system} seed {seed}: 1 caption {gains[single][(system, seed)]:+.2f} BLEU"
+               for system, seed in models if round(gains[single][(system, seed)], 2) < -MINIMUM_COST]  # as reported
+    figures = {"joined gain": statistics.mean(gains[joined].values()), "smallest joined gain": min(gains[joined].values()),
+               "single gain": statistics.mean(gains[single].values())}
+    return ("not adoptable: " + "; ".join(failed)) if failed else "adoptable", figures
+
+
 def bleu_kept(results: dict, level: str, system: str) -> list[float]:
     """Per seed, 100 x BLEU on `level` / BLEU on its set's `1 caption` level (empty when a single-caption BLEU is 0)."""
     single = results["levels"][f"{level.split(': ', 1)[0]}: 1 caption"][system]["bleu"]
@@ -353,6 +396,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--length-penalty", type=float, default=0.6)
     parser.add_argument("--max-len-a", type=float, default=1.0, help="new tokens per source token (fairseq's)")
     parser.add_argument("--max-len-b", type=int, default=50, help="new tokens beyond max-len-a x source tokens")
+    parser.add_argument("--min-len-a", type=float, help="new tokens before the end token, at least, per source token "
+                        "(rounded down; default: no minimum)")
     parser.add_argument("--max-new-tokens", type=int, default=1000, help="ceiling for every output")
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -361,6 +406,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     missing = [name for name in SETS.values() if not (args.data / name).is_file()]
     if missing:
         parser.error(f"--data {args.data} lacks {', '.join(missing)}")
+    if args.min_len_a is not None and not 0 <= args.min_len_a <= args.max_len_a:
+        parser.error(f"--min-len-a must be between 0 and --max-len-a ({args.max_len_a}), got {args.min_len_a}")
     if min(args.sizes) < 2:
         parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
     return args
@@ -375,7 +422,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         limit = args.max_pairs or len(sources)
         levels[set_name] = build_levels(sources[:limit], references[:limit], args.source_lang, args.target_lang,
                                         args.sizes)
-    decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a)
+    decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a,
+                        args.min_len_a)
     level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
                    for level, pair in set_levels.items()}
     key = scoring_key(args, level_sizes)

@@ -766,6 +766,76 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
     return passage
 
 
+def long_inputs_command(settings: dict) -> str:
+    """The long_inputs.py command line of a record's settings (its models as given)."""
+    minimum = f"--min-len-a {settings['min_len_a']} " if settings.get("min_len_a") is not None else ""
+    return (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
+            f"{settings['beams']} --length-penalty {settings['length_penalty']} {minimum}--max-len-a "
+            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} "
+            + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
+
+
+# Issue #50 item 1's decoding study: the same models decoded by several settings, one long_inputs.py record each,
+# docs/results/long_input_decoding/<name>/ (not among the rule's long-input records: one decoding per column there).
+LONG_INPUT_DECODING = "long_input_decoding"
+DECODING_STUDY_LEVELS = ("1 caption", "4 as one sentence", "4 as sentences", "longest 10 %")
+
+
+def decoding_name(settings: dict) -> str:
+    minimum = settings.get("min_len_a")
+    return (f"length penalty {settings['length_penalty']}"
+            + (f", at least {minimum} x source tokens" if minimum is not None else ""))
+
+
+def results_long_input_decoding() -> str:
+    """The decoding study's records side by side: per system and decoding, BLEU (min-max over seeds) and hyp/ref
+    per level and set, the share kept at 4 as one sentence; then each minimum length against the same models at
+    the same length penalty without it (`long_inputs.minimum_verdict`)."""
+    paths = sorted((RESULTS / LONG_INPUT_DECODING).glob("*/long_inputs.json"))
+    if not paths:
+        return "No record yet.\n"
+    records = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
+    records.sort(key=lambda record: (record["settings"]["length_penalty"], record["settings"].get("min_len_a") or 0))
+    first = records[0]
+    lines = [f"Records [`{LONG_INPUT_DECODING}/*/long_inputs.json`](results/{LONG_INPUT_DECODING}) (one per decoding; "
+             f"each README has its command), collected {first['date'][:10]}; {first['device']}; code "
+             f"`{first['source_version']}`. Beam {first['settings']['beams']}, at most {first['settings']['max_len_a']}"
+             f" x source tokens + {first['settings']['max_len_b']} new tokens, no sentence splitting. Cells: BLEU mean "
+             "(min-max over seeds) / hyp/ref; kept: BLEU at 4 as one sentence as a % of single-caption BLEU, mean "
+             "(min-max).", ""]
+    for set_name in long_inputs.SETS:
+        levels = [f"{set_name}: {level}" for level in DECODING_STUDY_LEVELS]
+        lines += [f"**{set_name}**", "", "| system | seeds | decoding | "
+                  + " | ".join(f"{level.split(': ')[1]} ({first['sizes'][level]})" for level in levels)
+                  + " | kept, % |", "|" + " --- |" * (len(levels) + 4)]
+        for system in first["levels"][levels[0]]:
+            for record in records:
+                rows = [record["levels"][level][system] for level in levels]
+                kept = long_inputs.bleu_kept(record, f"{set_name}: {long_inputs.OPTION_LEVEL}", system)
+                lines.append(f"| {system} | {', '.join(map(str, rows[0]['seeds']))} | {decoding_name(record['settings'])} | "
+                             + " | ".join(f"{vs_marian.spread(row['bleu'])} / {statistics.mean(row['length_ratio']):.2f}"
+                                          for row in rows) + f" | {vs_marian.spread(kept, 1) if kept else '-'} |")
+        lines.append("")
+    lines += ["The criterion (docs/results.md 5b, stated before the study's first number on a recipe model): a minimum "
+              "becomes the recipes' saved decoding only if, on validation, it raises BLEU at 4 as one sentence over "
+              "the same length penalty without it for every model and lowers none's single-caption BLEU by more than "
+              f"{long_inputs.MINIMUM_COST}.", "",
+              "| decoding | against | validation, 4 as one sentence: mean change (smallest) | validation, 1 caption: "
+              "mean change | verdict |", "| --- | --- | --- | --- | --- |"]
+    for record in records:
+        minimum = record["settings"].get("min_len_a")
+        baseline = next((other for other in records if other["settings"].get("min_len_a") is None
+                         and other["settings"]["length_penalty"] == record["settings"]["length_penalty"]), None)
+        if minimum is None or baseline is None:
+            continue
+        verdict, figures = long_inputs.minimum_verdict(baseline, record)
+        changes = (f"{figures['joined gain']:+.2f} ({figures['smallest joined gain']:+.2f}) | "
+                   f"{figures['single gain']:+.2f}" if figures else "- | -")
+        lines.append(f"| {decoding_name(record['settings'])} | {decoding_name(baseline['settings'])} | {changes} | "
+                     f"{verdict} |")
+    return "\n".join(lines) + "\n"
+
+
 def results_long_inputs() -> str:
     """experiments/long_inputs.py's records, each with its provenance and the script's own tables."""
     passages = []
@@ -773,10 +843,7 @@ def results_long_inputs() -> str:
         record = json.loads(path.read_text(encoding="utf-8"))
         relative = path.relative_to(RESULTS).as_posix()
         settings = record["settings"]
-        command = (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
-                   f"{settings['beams']} --length-penalty {settings['length_penalty']} --max-len-a "
-                   f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} "
-                   + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
+        command = long_inputs_command(settings)
         passages.append(f"Record [`{relative}`](results/{relative}), collected {record['date'][:10]}; "
                         f"{record['device']}; code `{record['source_version']}`; torch {record['versions']['torch']}, "
                         f"transformers {record['versions']['transformers']}. Command: `{command}`.\n\n"
@@ -873,6 +940,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_marian_long_lengths": results_marian_long_lengths,
     "results_marian_hybrid_long_inputs": results_marian_hybrid_long_inputs,
     "results_long_inputs": results_long_inputs,
+    "results_long_input_decoding": results_long_input_decoding,
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "training_length_penalty": training_length_penalty,
     "benchmarks_query_blocks": training_before_after("benchmarks/query_blocks/training_before",

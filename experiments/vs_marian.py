@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import shlex
 import statistics
@@ -52,6 +53,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    LogitsProcessor,
     LogitsProcessorList,
     MarianConfig,
     MarianMTModel,
@@ -439,13 +441,37 @@ class Decoding:
     `max_new_tokens`, or, with `source_offset`, the longest source of the batch + offset (train_translation.py's
     earlier rule, Vaswani et al.'s input length + 50), or, with `max_len_a` too, each source's own
     floor(max_len_a x its tokens + source_offset) under `max_new_tokens` (fairseq's max_len_a / max_len_b, the rule
-    generation_config.json now saves; `SourceLengthCapLogitsProcessor`, the same for every model, the peer included)."""
+    generation_config.json now saves; `SourceLengthCapLogitsProcessor`, the same for every model, the peer included).
+    With `min_len_a`, each source's output has at least floor(min_len_a x its tokens) new tokens before its end token
+    (`SourceLengthMinimumLogitsProcessor`)."""
 
     beams: int
     length_penalty: float
     max_new_tokens: int = 80
     source_offset: int | None = None
     max_len_a: float | None = None
+    min_len_a: float | None = None
+
+
+class SourceLengthMinimumLogitsProcessor(LogitsProcessor):
+    """While row i has made fewer than `minimums[i]` new tokens, its end token(s) score -inf, so its output has at
+    least that many tokens before the end token (transformers' MinNewTokensLengthLogitsProcessor with a minimum per
+    source). Rows are matched to the scores' rows by repetition (the beams of a row are adjacent)."""
+
+    def __init__(self, minimums: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
+        self.minimums = minimums
+        self.prompt_length = prompt_length
+        self.eos_token_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        generated = input_ids.shape[-1] - self.prompt_length
+        minimums = self.minimums.to(scores.device).repeat_interleave(scores.shape[0] // self.minimums.shape[0])
+        blocked = minimums > generated
+        if not bool(blocked.any()):
+            return scores
+        eos = torch.zeros_like(scores, dtype=torch.bool)
+        eos[:, self.eos_token_ids] = True
+        return scores.masked_fill(blocked[:, None] & eos, -math.inf)
 
 
 PIPELINE_DECODING = "train_translation.py --do_train false --do_predict (its own evaluation path, same settings)"
@@ -481,6 +507,9 @@ def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenize
                 if decoding.source_offset is not None:
                     limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
                 limits = torch.full((len(indices),), limit)
+            if decoding.min_len_a is not None:
+                minimums = torch.floor(batch["attention_mask"].sum(dim=-1).double() * decoding.min_len_a).long()
+                processors.append(SourceLengthMinimumLogitsProcessor(minimums.clamp(max=limits - 1), 1, eos_token_id))
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
                 early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=eos_token_id,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -906,3 +907,129 @@ def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(
     # under a fixed max_new_tokens (no source-relative cap) the mark is against that limit
     fixed = vs_marian.Decoding(2, 0.6, 1)
     assert vs_marian.translate_marking_caps(model, Tokenizer(), sources, fixed, 8) == ([""] * 3, [True] * 3)
+
+
+def test_a_source_relative_minimum_forbids_the_end_token_until_each_row_has_its_new_tokens(monkeypatch):
+    """Rows of 4 and 2 beams' scores: row 0 (minimum 3) may not end before its 3rd new token, row 1 (minimum 1)
+    from its 2nd on; other tokens keep their scores, and a minimum of 0 changes nothing."""
+    vs_marian = load_experiment(EXPERIMENTS / "vs_marian.py", monkeypatch)
+    processor = vs_marian.SourceLengthMinimumLogitsProcessor(torch.tensor([3, 1]), 1, eos_token_id=2)
+    scores = torch.randn(4, 6, dtype=torch.float64)
+    for generated, blocked_rows in ((0, [0, 1, 2, 3]), (1, [0, 1]), (2, [0, 1]), (3, [])):
+        input_ids = torch.zeros(4, 1 + generated, dtype=torch.long)
+        processed = processor(input_ids, scores.clone())
+        expected = scores.clone()
+        expected[blocked_rows, 2] = -math.inf
+        assert torch.equal(processed, expected), generated
+    none = vs_marian.SourceLengthMinimumLogitsProcessor(torch.tensor([0, 0]), 1, eos_token_id=[2, 5])
+    assert torch.equal(none(torch.zeros(4, 1, dtype=torch.long), scores.clone()), scores)
+
+
+def test_long_inputs_with_a_minimum_decode_at_least_that_long_and_keep_every_decodings_scores(tmp_path, monkeypatch):
+    """An hf_relpos model decoded under --min-len-a: every output has at least floor(a x source tokens) tokens before
+    its end token (beam search, batches of unequal sources), its scores kept beside the model next to those of the
+    decoding without a minimum, and both collected again without decoding."""
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 40, 9, 9, seed=5)
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    texts = [text for path in data.glob("*.jsonl") for pair in long_inputs.read_pairs(path, "en", "de")
+             for text in pair]
+    tokenizer = train_joint_tokenizer(texts, vocab_size=400)
+    torch.manual_seed(0)
+    config = RelPosTransformerConfig(position_scheme="shaw", d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
+    model = RelPosTransformerForConditionalGeneration(config)
+    with torch.no_grad():   # an untrained model that ends at once unless the minimum forbids it
+        model.final_logits_bias[..., config.eos_token_id] = 30.0
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    sources, _ = long_inputs.read_pairs(data / "test.jsonl", "en", "de")
+    loaded, loaded_tokenizer = long_inputs.load_trained(tmp_path / "model", False)
+    for minimum in (None, 0.5, 1.0):
+        decoding = long_inputs.Decoding(2, 1.0, 1000, 3, 1.0, minimum)
+        hypotheses, _ = long_inputs.translate_marking_caps(loaded, loaded_tokenizer, sources, decoding, 4)
+        for source, hypothesis in zip(sources, hypotheses, strict=True):
+            made = len(loaded_tokenizer(hypothesis, add_special_tokens=False)["input_ids"])
+            wanted = int((minimum or 0) * len(loaded_tokenizer(source)["input_ids"]))
+            assert made >= wanted and (minimum is not None or made == 0), (minimum, source, hypothesis)
+    common = ["--data", str(data), "--sizes", "2", "--beams", "2", "--max-len-b", "3", "--eval-batch-size", "4",
+              "--length-penalty", "1.0", "--model", f"shaw:1={tmp_path / 'model'}"]
+    plain = long_inputs.main([*common, "--out", str(tmp_path / "plain")])
+    longer = long_inputs.main([*common, "--out", str(tmp_path / "longer"), "--min-len-a", "0.5"])
+    assert longer["settings"]["min_len_a"] == 0.5 and plain["settings"]["min_len_a"] is None
+    ratio = "test2016: 2 as one sentence"
+    assert longer["levels"][ratio]["shaw"]["length_ratio"][0] > plain["levels"][ratio]["shaw"]["length_ratio"][0]
+    assert "at least 0.5 x source tokens (rounded down) and at most 1.0 x source tokens" in (
+        tmp_path / "longer" / "long_inputs.md").read_text()
+    assert len(long_inputs.kept_entries(tmp_path / "model")) == 2
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a kept model was decoded again")
+
+    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
+    for extra, expected in (([], plain), (["--min-len-a", "0.5"], longer)):
+        assert long_inputs.main([*common, "--out", str(tmp_path / "again"), *extra])["levels"] == expected["levels"]
+    with pytest.raises(SystemExit):
+        long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--min-len-a", "1.5"])
+
+
+def test_the_minimum_length_verdict_needs_a_gain_on_every_model_at_little_single_caption_cost(monkeypatch):
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    baseline = option_results({name: {"directional": [30.0, 31.0], "shaw+concat-0.5": [29.0, 29.5]}
+                               for name in ("test2016", "validation")},
+                              {name: {"directional": [10.0, 11.0], "shaw+concat-0.5": [15.0, 14.0]}
+                               for name in ("test2016", "validation")})
+
+    def shifted(single: list[float], joined: list[float]) -> dict:
+        """The baseline with validation's changes per model (directional seeds 1, 2; shaw+concat-0.5 seeds 1, 2)."""
+        shifted_record = json.loads(json.dumps(baseline))
+        for level, changes in (("1 caption", single), ("4 as one sentence", joined)):
+            rows = shifted_record["levels"][f"validation: {level}"]
+            for system, (first, second) in zip(rows, (changes[:2], changes[2:]), strict=True):
+                rows[system]["bleu"] = [rows[system]["bleu"][0] + first, rows[system]["bleu"][1] + second]
+        return shifted_record
+
+    verdict, figures = long_inputs.minimum_verdict(baseline, shifted([0.0, -0.1, 0.2, 0.0], [1.0, 0.5, 2.0, 0.5]))
+    assert verdict == "adoptable"
+    assert figures == pytest.approx({"joined gain": 1.0, "smallest joined gain": 0.5, "single gain": 0.025})
+    verdict, _ = long_inputs.minimum_verdict(baseline, shifted([0.0, -0.3, 0.2, 0.0], [1.0, 0.5, 0.0, 0.5]))
+    assert verdict == ("not adoptable: shaw+concat-0.5 seed 1: 4 as one sentence +0.00 BLEU; directional seed 2: "
+                       "1 caption -0.30 BLEU")
+    fewer = json.loads(json.dumps(baseline))
+    for row in fewer["levels"].values():
+        row.pop("shaw+concat-0.5")
+    assert long_inputs.minimum_verdict(baseline, fewer)[0] == "not adoptable: the two records score different models"
+
+
+def test_the_decoding_study_passage_sets_each_decoding_beside_the_others_with_the_minimums_verdicts(tmp_path,
+                                                                                                     monkeypatch):
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    levels = [f"{name}: {level}" for name in ("test2016", "validation") for level in report.DECODING_STUDY_LEVELS]
+
+    def record(length_penalty: float, minimum: float | None, joined: float, single: float) -> dict:
+        rows = {level: {"directional": {"seeds": [1, 2], "bleu": [joined if "one sentence" in level else single] * 2,
+                                        "chrf": [50.0, 50.0], "length_ratio": [0.9, 0.9]}} for level in levels}
+        return {"settings": {"beams": 4, "length_penalty": length_penalty, "min_len_a": minimum, "max_len_a": 1.0,
+                             "max_len_b": 50}, "date": "2026-11-28T00:00:00", "device": "CPU", "source_version": "abc",
+                "sizes": dict.fromkeys(levels, 10), "levels": rows}
+
+    folder = tmp_path / report.LONG_INPUT_DECODING
+    for name, content in (("lp1.0", record(1.0, None, 10.0, 30.0)), ("lp1.0_min0.7", record(1.0, 0.7, 12.0, 29.8)),
+                          ("lp0.6", record(0.6, None, 9.0, 29.0))):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "long_inputs.json").write_text(json.dumps(content))
+    monkeypatch.setattr(report, "RESULTS", tmp_path)
+    passage = report.results_long_input_decoding()
+    rows = [line for line in passage.splitlines() if line.startswith("| directional |")]
+    assert [row.split(" | ")[2] for row in rows] == [
+        "length penalty 0.6", "length penalty 1.0", "length penalty 1.0, at least 0.7 x source tokens"] * 2
+    assert rows[2].endswith("| 29.80 (29.80-29.80) / 0.90 | 12.00 (12.00-12.00) / 0.90 | 29.80 (29.80-29.80) / 0.90 | "
+                            "29.80 (29.80-29.80) / 0.90 | 40.3 (40.3-40.3) |")
+    verdict = next(line for line in passage.splitlines() if line.startswith("| length penalty 1.0, at least"))
+    assert verdict == ("| length penalty 1.0, at least 0.7 x source tokens | length penalty 1.0 | +2.00 (+2.00) | "
+                       "-0.20 | not adoptable: directional seed 1: 1 caption -0.20 BLEU; directional seed 2: 1 caption "
+                       "-0.20 BLEU |")
