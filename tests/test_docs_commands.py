@@ -213,7 +213,9 @@ def test_make_demo_runs_what_the_readme_says_it_runs():
 @pytest.mark.slow
 def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_path):
     """The README's own-data path on the demo corpus written as data/{train,valid,test}.{en,de}: its training command
-    (the recipe shrunk to a few steps of a tiny model), then its translate command scoring the test set."""
+    (the recipe shrunk to a few steps of a tiny model), then its translate command scoring the test set; then its
+    Deploy commands in order: training the scheme it names for CTranslate2, the export, and translating the exported
+    folder."""
     from hf_relpos.translation.demo_corpus import write_demo_corpus
 
     corpus = write_demo_corpus(tmp_path / "jsonl", 120, 8, 8, seed=3)
@@ -251,3 +253,12 @@ def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_pa
     assert len(hypotheses) == len(references) and "test_bleu" in test_results
     printed = float(re.search(r"sacreBLEU (\d+\.\d+)", translated.stdout).group(1))
     assert printed == round(BLEU().corpus_score(hypotheses, [references]).score, 2)
+
+    deploy = (ROOT / "README.md").read_text(encoding="utf-8").split("## Deploy")[1].split("\n## ")[0]
+    deployed = [argv for argv in readme if argv[0].startswith("hf-relpos-") and " ".join(argv) in " ".join(
+        deploy.replace("\\\n", " ").split())]
+    assert [argv[0] for argv in deployed] == ["hf-relpos-train", "hf-relpos-export", "hf-relpos-translate"]
+    for argv in deployed:
+        done = run([*argv, *tiny] if argv[0] == "hf-relpos-train" else argv)
+        assert done.returncode == 0, (argv, done.stderr[-3000:])
+    assert len((tmp_path / "hyp_ct2.de").read_text(encoding="utf-8").splitlines()) == len(references)

@@ -249,6 +249,25 @@ def test_the_default_position_scheme_is_the_rules_outcome_on_the_records(report)
     assert "xl" not in columns["20 epochs, test2016"]  # its 20-epoch runs had another attention dropout
 
 
+def test_the_scheme_the_readme_names_for_ctranslate2_ties_the_default_and_exports(report):
+    """README 'Deploy': the scheme named for a model meant for CTranslate2 has the default's worst rank under the rule
+    (on the committed records), is a candidate, and exports, while the default itself does not."""
+    from hf_relpos import RelPosTransformerConfig
+    from hf_relpos.tools.export import ExportError, check_exportable
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    named = re.search(r"`(\w+)` has the same worst rank as `(\w+)` under the rule that chose the default", readme)
+    assert named, "README's Deploy section no longer names a scheme for CTranslate2"
+    scheme, default = named.groups()
+    choice, rows = report.choose_default(report.default_rule_columns())
+    assert default == choice == RelPosTransformerConfig().position_scheme
+    assert rows[scheme]["out"] is None and rows[scheme]["worst"] == rows[default]["worst"]
+    check_exportable(RelPosTransformerConfig(position_scheme=scheme))
+    with pytest.raises(ExportError):
+        check_exportable(RelPosTransformerConfig(position_scheme=default))
+    assert f"configs/multi30k_small_{scheme}.yaml" in readme.split("## Deploy")[1].split("## Which scheme")[0]
+
+
 def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     """Rows within each other's spread share a rank; the best worst rank wins; equal worst ranks go to the faster
     (directional trains faster than rope on the H100), whatever the order of the columns."""

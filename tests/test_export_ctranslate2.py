@@ -280,6 +280,10 @@ def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(to
         export_main(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")])
     assert str(raised.value.code).startswith(f"hf-relpos-export: error: {message}")
     assert "\n" not in str(raised.value.code)
+    if "position_scheme" in options and message.startswith("position_scheme"):   # names what does export
+        assert str(raised.value.code).endswith("it exports ['absolute', 'none', 'rope', 'shaw', 't5'], and "
+                                               "hf-relpos-translate or the translation pipeline serve this model as "
+                                               "it is (PyTorch)")
     assert list((tmp_path / "out").iterdir()) == []
 
 

@@ -83,11 +83,11 @@ def import_ctranslate2() -> Any:
 def check_exportable(config: RelPosTransformerConfig, generation: GenerationConfig | None = None) -> None:
     """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
     scheme = config.position_scheme
-    if scheme in REFUSED_SCHEMES:
-        raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: {REFUSED_SCHEMES[scheme]}")
-    if scheme not in POSITION_EXPORTS:
-        raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: the exporter maps "
-                          f"{sorted(POSITION_EXPORTS)} only")
+    if scheme in REFUSED_SCHEMES or scheme not in POSITION_EXPORTS:
+        reason = REFUSED_SCHEMES.get(scheme, "the exporter maps no scheme registered elsewhere")
+        raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: {reason}; it exports "
+                          f"{sorted(POSITION_EXPORTS)}, and hf-relpos-translate or the translation pipeline serve "
+                          "this model as it is (PyTorch)")
     if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
         raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
                           "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
