@@ -740,6 +740,18 @@ def test_joined_lengths_compare_the_training_sources_with_the_longest_level(tmp_
                          "longer than 99 % of them")
 
 
+def long_inputs_corpus(tmp_path: Path, monkeypatch) -> tuple[Path, object, object]:
+    """A tiny demo corpus in tmp_path/data, long_inputs.py loaded, and a joint tokenizer trained on the corpus."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 40, 9, 9, seed=5)
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    texts = [text for path in data.glob("*.jsonl") for pair in long_inputs.read_pairs(path, "en", "de")
+             for text in pair]
+    return data, long_inputs, train_joint_tokenizer(texts, vocab_size=400)
+
+
 def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and_rule_read_it(tmp_path, monkeypatch):
     """Two saved models (an hf_relpos model and a MarianMTModel peer) on tiny sets: every level scored per model, the
     scores those of vs_marian.translate under the per-source cap; report.py renders the record and the rule ranks
@@ -748,14 +760,9 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
 
     from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
     from hf_relpos.translation.metrics import score_translations
-    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+    from hf_relpos.translation.tokenization import special_token_ids
 
-    data = tmp_path / "data"
-    write_demo_corpus(data, 40, 9, 9, seed=5)
-    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
-    texts = [text for path in data.glob("*.jsonl") for pair in long_inputs.read_pairs(path, "en", "de")
-             for text in pair]
-    tokenizer = train_joint_tokenizer(texts, vocab_size=400)
+    data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
     ids = special_token_ids(tokenizer)
     torch.manual_seed(0)
     small = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
@@ -930,14 +937,9 @@ def test_long_inputs_with_a_minimum_decode_at_least_that_long_and_keep_every_dec
     its end token (beam search, batches of unequal sources), its scores kept beside the model next to those of the
     decoding without a minimum, and both collected again without decoding."""
     from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+    from hf_relpos.translation.tokenization import special_token_ids
 
-    data = tmp_path / "data"
-    write_demo_corpus(data, 40, 9, 9, seed=5)
-    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
-    texts = [text for path in data.glob("*.jsonl") for pair in long_inputs.read_pairs(path, "en", "de")
-             for text in pair]
-    tokenizer = train_joint_tokenizer(texts, vocab_size=400)
+    data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
     torch.manual_seed(0)
     config = RelPosTransformerConfig(position_scheme="shaw", d_model=16, encoder_layers=1, decoder_layers=1,
                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
