@@ -358,6 +358,25 @@ def test_the_source_relative_cap_is_the_pytorch_models(exported, tokenizer):
     assert torch.equal(engine.generate(inputs.input_ids, **caps), expected)
 
 
+def test_a_minimum_length_is_generates_with_renormalised_log_probabilities(exported, tokenizer):
+    """min_new_tokens: greedy lines are generate's; in beam search the engine holds back the end token before the
+    softmax, so its lines are generate's with renormalize_logits=True (docs/training.md, Deploy with CTranslate2)."""
+    model, _, folder = exported["t5"]
+    engine = CTranslate2Model(folder, threads=1)
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+
+    def lines(generated: torch.Tensor) -> list[str]:
+        return tokenizer.batch_decode(generated, skip_special_tokens=True)
+
+    for settings in (dict(num_beams=1, min_new_tokens=12), dict(num_beams=4, min_new_tokens=12)):
+        with torch.no_grad():
+            renormalised = lines(model.generate(**inputs, **settings, renormalize_logits=True))
+            unheld = lines(model.generate(**inputs, **{**settings, "min_new_tokens": 0}))
+        assert renormalised != unheld and lines(engine.generate(**inputs, **settings)) == renormalised
+        with torch.no_grad():   # generate's default: the same greedy lines, other beam-search lines here
+            assert (lines(model.generate(**inputs, **settings)) == renormalised) == (settings["num_beams"] == 1)
+
+
 def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):
     """A generation config saved with max_len_a / max_len_b (as train_translation.py saves it): the exported folder
     keeps them, and the engine caps each row as the model does without being told."""
