@@ -797,8 +797,9 @@ def results_long_input_decoding() -> str:
     records = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
     records.sort(key=lambda record: (record["settings"]["length_penalty"], record["settings"].get("min_len_a") or 0))
     first = records[0]
-    lines = [f"Records [`{LONG_INPUT_DECODING}/*/long_inputs.json`](results/{LONG_INPUT_DECODING}) (one per decoding; "
-             f"each README has its command), collected {first['date'][:10]}; {first['device']}; code "
+    lines = [f"Records `{LONG_INPUT_DECODING}/*/long_inputs.json`, one per decoding (the models, how they were trained "
+             f"and the commands: [its README](results/{LONG_INPUT_DECODING}/README.md)), collected {first['date'][:10]}; "
+             f"{first['device']}; code "
              f"`{first['source_version']}`. Beam {first['settings']['beams']}, at most {first['settings']['max_len_a']}"
              f" x source tokens + {first['settings']['max_len_b']} new tokens, no sentence splitting. Cells: BLEU mean "
              "(min-max over seeds) / hyp/ref; kept: BLEU at 4 as one sentence as a % of single-caption BLEU, mean "
