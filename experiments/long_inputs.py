@@ -32,6 +32,7 @@ invocation over all of them, which then decodes nothing.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import json
 import statistics
 import sys
@@ -167,20 +168,29 @@ def kept_entries(folder: Path) -> list[dict]:
     return kept if isinstance(kept, list) else [kept]
 
 
+def same_key(entry: dict, key: dict) -> bool:
+    """Whether a kept entry was scored under `key`; a setting added to SCORED_WITH after the entry was written
+    counts as unset (None) there."""
+    return {**dict.fromkeys(SCORED_WITH), **entry.get("key", {})} == key
+
+
 def kept_scores(folder: Path, key: dict) -> dict | None:
     """The scores kept beside `folder` for exactly `key`, with the code version that decoded them; else None."""
-    return next((entry for entry in kept_entries(folder) if entry.get("key") == key), None)
+    return next((entry for entry in kept_entries(folder) if same_key(entry, key)), None)
 
 
 def keep_scores(folder: Path, key: dict, scores: dict[str, dict]) -> dict:
-    """Add `scores` under `key` to those kept beside `folder` (replacing an entry of the same key; the file is
-    written whole or not at all) and return the kept entry."""
+    """Add `scores` under `key` to those kept beside `folder` (replacing an entry of the same key) and return the
+    kept entry. The file is written whole or not at all, under a lock, so that invocations scoring the same model
+    with other settings at the same time keep each other's entries."""
     kept = {"key": key, "source_version": source_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
         timespec="seconds"), "scores": scores}
-    entries = [entry for entry in kept_entries(folder) if entry.get("key") != key] + [kept]
-    staged = folder / f".{SCORES_FILE}.partial"
-    staged.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
-    staged.replace(folder / SCORES_FILE)
+    with open(folder / f".{SCORES_FILE}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        entries = [entry for entry in kept_entries(folder) if not same_key(entry, key)] + [kept]
+        staged = folder / f".{SCORES_FILE}.partial"
+        staged.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
+        staged.replace(folder / SCORES_FILE)
     return kept
 
 

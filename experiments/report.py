@@ -782,6 +782,7 @@ DECODING_STUDY_LEVELS = ("1 caption", "4 as one sentence", "4 as sentences", "lo
 
 
 def decoding_name(settings: dict) -> str:
+    """A long_inputs.py record's decoding in words: its length penalty and minimum length, if any."""
     minimum = settings.get("min_len_a")
     return (f"length penalty {settings['length_penalty']}"
             + (f", at least {minimum} x source tokens" if minimum is not None else ""))
@@ -789,33 +790,40 @@ def decoding_name(settings: dict) -> str:
 
 def results_long_input_decoding() -> str:
     """The decoding study's records side by side: per system and decoding, BLEU (min-max over seeds) and hyp/ref
-    per level and set, the share kept at 4 as one sentence; then each minimum length against the same models at
-    the same length penalty without it (`long_inputs.minimum_verdict`)."""
+    per level and set, at 4 as one sentence also chrF and the outputs at the length cap per seed, and the share kept
+    there; then each minimum length against the same models at the same length penalty without it
+    (`long_inputs.minimum_verdict`)."""
     paths = sorted((RESULTS / LONG_INPUT_DECODING).glob("*/long_inputs.json"))
     if not paths:
         return "No record yet.\n"
     records = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
     records.sort(key=lambda record: (record["settings"]["length_penalty"], record["settings"].get("min_len_a") or 0))
     first = records[0]
+    scored_by = sorted({run["scored_by"] for record in records for runs in record["runs"].values() for run in runs})
+    collected_at = sorted({record["source_version"] for record in records})
     lines = [f"Records `{LONG_INPUT_DECODING}/*/long_inputs.json`, one per decoding (the models, how they were trained "
-             f"and the commands: [its README](results/{LONG_INPUT_DECODING}/README.md)), collected {first['date'][:10]}; "
-             f"{first['device']}; code "
-             f"`{first['source_version']}`. Beam {first['settings']['beams']}, at most {first['settings']['max_len_a']}"
+             f"and the commands: [its README](results/{LONG_INPUT_DECODING}/README.md)), decoded by code "
+             f"`{'`, `'.join(scored_by)}` and collected at `{'`, `'.join(collected_at)}` on {first['date'][:10]}; "
+             f"{first['device']}. Beam {first['settings']['beams']}, at most {first['settings']['max_len_a']}"
              f" x source tokens + {first['settings']['max_len_b']} new tokens, no sentence splitting. Cells: BLEU mean "
-             "(min-max over seeds) / hyp/ref; kept: BLEU at 4 as one sentence as a % of single-caption BLEU, mean "
-             "(min-max).", ""]
+             "(min-max over seeds) / hyp/ref; at 4 as one sentence also chrF (mean) and the outputs that used every "
+             "new token their cap allowed, per seed; kept: BLEU at 4 as one sentence as a % of single-caption BLEU, "
+             "mean (min-max).", ""]
     for set_name in long_inputs.SETS:
         levels = [f"{set_name}: {level}" for level in DECODING_STUDY_LEVELS]
         lines += [f"**{set_name}**", "", "| system | seeds | decoding | "
                   + " | ".join(f"{level.split(': ')[1]} ({first['sizes'][level]})" for level in levels)
-                  + " | kept, % |", "|" + " --- |" * (len(levels) + 4)]
+                  + " | 4 as one sentence: chrF, at the cap | kept, % |", "|" + " --- |" * (len(levels) + 5)]
         for system in first["levels"][levels[0]]:
             for record in records:
                 rows = [record["levels"][level][system] for level in levels]
+                joined = record["levels"][f"{set_name}: {long_inputs.OPTION_LEVEL}"][system]
                 kept = long_inputs.bleu_kept(record, f"{set_name}: {long_inputs.OPTION_LEVEL}", system)
                 lines.append(f"| {system} | {', '.join(map(str, rows[0]['seeds']))} | {decoding_name(record['settings'])} | "
                              + " | ".join(f"{vs_marian.spread(row['bleu'])} / {statistics.mean(row['length_ratio']):.2f}"
-                                          for row in rows) + f" | {vs_marian.spread(kept, 1) if kept else '-'} |")
+                                          for row in rows)
+                             + f" | {statistics.mean(joined['chrf']):.1f}, {' / '.join(map(str, joined['at_cap']))}"
+                             + f" | {vs_marian.spread(kept, 1) if kept else '-'} |")
         lines.append("")
     lines += ["The criterion (docs/results.md 5b, stated before the study's first number on a recipe model): a minimum "
               "becomes the recipes' saved decoding only if, on validation, it raises BLEU at 4 as one sentence over "

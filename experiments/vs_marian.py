@@ -509,7 +509,8 @@ def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenize
                 limits = torch.full((len(indices),), limit)
             if decoding.min_len_a is not None:
                 minimums = torch.floor(batch["attention_mask"].sum(dim=-1).double() * decoding.min_len_a).long()
-                processors.append(SourceLengthMinimumLogitsProcessor(minimums.clamp(max=limits - 1), 1, eos_token_id))
+                minimums = torch.minimum(minimums, limits.to(minimums.device) - 1)   # the end token at the cap
+                processors.append(SourceLengthMinimumLogitsProcessor(minimums, 1, eos_token_id))
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
                 early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=eos_token_id,

@@ -254,6 +254,7 @@ def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_pa
     printed = float(re.search(r"sacreBLEU (\d+\.\d+)", translated.stdout).group(1))
     assert printed == round(BLEU().corpus_score(hypotheses, [references]).score, 2)
 
+    pytest.importorskip("ctranslate2")   # the dev extra installs it; the Deploy commands need it
     deploy = (ROOT / "README.md").read_text(encoding="utf-8").split("## Deploy")[1].split("\n## ")[0]
     deployed = [argv for argv in readme if argv[0].startswith("hf-relpos-") and " ".join(argv) in " ".join(
         deploy.replace("\\\n", " ").split())]

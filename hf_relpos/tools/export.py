@@ -84,7 +84,7 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
     """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
     scheme = config.position_scheme
     if scheme in REFUSED_SCHEMES or scheme not in POSITION_EXPORTS:
-        reason = REFUSED_SCHEMES.get(scheme, "the exporter maps no scheme registered elsewhere")
+        reason = REFUSED_SCHEMES.get(scheme, "the exporter has no mapping for this scheme")
         raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: {reason}; it exports "
                           f"{sorted(POSITION_EXPORTS)}, and hf-relpos-translate or the translation pipeline serve "
                           "this model as it is (PyTorch)")
