@@ -498,17 +498,18 @@ def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenize
             indices = order[start : start + batch_size]
             batch = tokenizer.pad({"input_ids": [encoded[index] for index in indices]}, return_tensors="pt").to(model.device)
             limit, processors = decoding.max_new_tokens, []
+            lengths = batch["attention_mask"].sum(dim=-1)   # each source's tokens
             if decoding.max_len_a is not None:
-                limits = new_token_limits(batch["attention_mask"].sum(dim=-1), decoding.max_len_a,
-                                          decoding.source_offset or 0, decoding.max_new_tokens)
+                limits = new_token_limits(lengths, decoding.max_len_a, decoding.source_offset or 0,
+                                          decoding.max_new_tokens)
                 limit = int(limits.max())
                 processors.append(SourceLengthCapLogitsProcessor(limits, 1, eos_token_id))
             else:
                 if decoding.source_offset is not None:
-                    limit = int(batch["attention_mask"].sum(dim=-1).max()) + decoding.source_offset
+                    limit = int(lengths.max()) + decoding.source_offset
                 limits = torch.full((len(indices),), limit)
             if decoding.min_len_a is not None:
-                minimums = torch.floor(batch["attention_mask"].sum(dim=-1).double() * decoding.min_len_a).long()
+                minimums = torch.floor(lengths.double() * decoding.min_len_a).long()
                 minimums = torch.minimum(minimums, limits.to(minimums.device) - 1)   # the end token at the cap
                 processors.append(SourceLengthMinimumLogitsProcessor(minimums, 1, eos_token_id))
             generation = GenerationConfig(
