@@ -64,7 +64,7 @@ from transformers import (
 )
 
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerForConditionalGeneration
-from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits
+from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits, per_scores_row
 from hf_relpos.publish import records as run_records
 from hf_relpos.publish.records import (
     RunRecord,
@@ -456,7 +456,7 @@ class Decoding:
 class SourceLengthMinimumLogitsProcessor(LogitsProcessor):
     """While row i has made fewer than `minimums[i]` new tokens, its end token(s) score -inf, so its output has at
     least that many tokens before the end token (transformers' MinNewTokensLengthLogitsProcessor with a minimum per
-    source). Rows are matched to the scores' rows by repetition (the beams of a row are adjacent)."""
+    source). Rows are matched to the scores' rows by repetition (`per_scores_row`)."""
 
     def __init__(self, minimums: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
         self.minimums = minimums
@@ -465,7 +465,7 @@ class SourceLengthMinimumLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids.shape[-1] - self.prompt_length
-        minimums = self.minimums.to(scores.device).repeat_interleave(scores.shape[0] // self.minimums.shape[0])
+        minimums = per_scores_row(self.minimums, scores)
         blocked = minimums > generated
         if not bool(blocked.any()):
             return scores

@@ -64,10 +64,16 @@ def new_token_limits(lengths: torch.Tensor, ratio: float, offset: int, ceiling: 
     return relative.clamp(min=1, max=max(1, ceiling))
 
 
+def per_scores_row(values: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """One value per source row, repeated to the rows of generate's `scores` (a row's beams and returned sequences
+    are adjacent), on their device."""
+    return values.to(scores.device).repeat_interleave(scores.shape[0] // values.shape[0])
+
+
 class SourceLengthCapLogitsProcessor(LogitsProcessor):
     """At the step that makes row i's `limits[i]`-th new token, only the end token(s) keep their scores (the others
     become -inf; the end token's log-probability is left as the model gives it, as in fairseq), so the row ends there.
-    Rows are matched to the scores' rows by repetition (beams and returned sequences of a row are adjacent)."""
+    Rows are matched to the scores' rows by repetition (`per_scores_row`)."""
 
     def __init__(self, limits: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
         self.limits = limits
@@ -76,7 +82,7 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids.shape[-1] - self.prompt_length
-        limits = self.limits.to(scores.device).repeat_interleave(scores.shape[0] // self.limits.shape[0])
+        limits = per_scores_row(self.limits, scores)
         ending = limits == generated + 1
         if not bool(ending.any()):
             return scores
