@@ -1,0 +1,146 @@
+"""Block sizes of relpos_triton's three kernels, and where a training step's device time goes, on a CUDA GPU.
+
+One training step of a one-layer encoder-decoder (`model_case`: encoder self-attention runs the kernels without
+causality, decoder self-attention with it) with every kernel's autotuner given the candidate configs below (the
+package's own among them, marked): Triton's autotuner times each candidate on the step's own inputs (its `do_bench`),
+recorded per kernel, flag set and config. Then, with the blocks so chosen, the device time of every CUDA kernel over
+a few profiled steps, for `absolute` on sdpa and the scheme on relpos_triton in the same process (the per-token costs
+outside the fused kernel show there by name). Writes tuning.md and tuning.json into --out after every timing (a time
+limit keeps what was done).
+
+    python -m benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 \\
+        --tokens 16384 --attention_dropout 0.1 --out /tmp/tune
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bench_training import model_case
+from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
+
+# (BLOCK_M, BLOCK_N, num_warps, num_stages): the package's configs (triton_relative_kernels.autotuned) and others
+# that FlashAttention-2's Triton kernels use on Hopper (larger tiles, deeper pipelines, the backward's 32 x 128).
+CANDIDATES = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2), (32, 64, 4, 2),
+              (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (32, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
+KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
+TOP_KERNELS = 25
+
+
+def config_label(config: Any) -> str:
+    kwargs = config.kwargs
+    return f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']} w{config.num_warps} s{config.num_stages}"
+
+
+def milliseconds(timing: Any) -> float:
+    """do_bench's result: a float, or [median, ...] in some Triton versions."""
+    return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
+
+
+def record_timings(tuner: Any, name: str, timings: list[dict[str, Any]], save: Any) -> None:
+    """Wraps the autotuner's per-config benchmark so that each timing is recorded (with the kernel's CAUSAL flag)
+    and saved as it comes."""
+    bench = tuner._bench
+
+    def recorded(*args: Any, config: Any, **meta: Any) -> Any:
+        result = bench(*args, config=config, **meta)
+        timings.append({"kernel": name, "causal": bool(meta.get("CAUSAL")), "config": config_label(config),
+                        "ms": milliseconds(result)})
+        save()
+        return result
+
+    tuner._bench = recorded
+
+
+def kernel_times_ms(step: Any, steps: int) -> dict[str, float]:
+    """Device time per CUDA kernel name, ms per step, over `steps` profiled steps after one unprofiled."""
+    step()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU,
+                                            torch.profiler.ProfilerActivity.CUDA]) as profiler:
+        for _ in range(steps):
+            step()
+        torch.cuda.synchronize()
+    totals: dict[str, float] = defaultdict(float)
+    for event in profiler.key_averages():
+        if event.device_type == torch.autograd.DeviceType.CUDA:
+            totals[event.key] += event.device_time_total / 1000 / steps
+    return dict(sorted(totals.items(), key=lambda item: -item[1]))
+
+
+def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]], profiles: dict[str, dict[str, float]]) -> str:
+    lines = ["# relpos_triton's block sizes, and each CUDA kernel's device time", "", *environment_lines(meta),
+             f"- shape {meta['shape']} (one encoder and one decoder layer), scheme {meta['scheme']}, n = "
+             f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; * = one of the "
+             "package's configs", ""]
+    by_kernel: dict[tuple[str, bool], list[dict[str, Any]]] = defaultdict(list)
+    for timing in timings:
+        by_kernel[(timing["kernel"], timing["causal"])].append(timing)
+    package = {f"{m}x{n} w{w} s{s}" for m, n, w, s in CANDIDATES[:5]}
+    for (kernel, causal), rows in by_kernel.items():
+        best_package = min((row["ms"] for row in rows if row["config"] in package), default=float("nan"))
+        lines += [f"## {kernel}, causal {causal}", "", markdown_table(
+            ["config", "ms", "vs the package's best"],
+            [[row["config"] + (" *" if row["config"] in package else ""), f"{row['ms']:.4f}",
+              f"{row['ms'] / best_package:.3f}"] for row in sorted(rows, key=lambda row: row["ms"])]), ""]
+    for label, kernels in profiles.items():
+        total = sum(kernels.values())
+        lines += [f"## CUDA kernels of one training step: {label} ({total:.3f} ms)", "",
+                  markdown_table(["kernel", "ms"], [[name[:120], f"{ms:.4f}"]
+                                                    for name, ms in list(kernels.items())[:TOP_KERNELS]]), ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda",), default="cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
+    parser.add_argument("--scheme", default="shaw")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // length)")
+    parser.add_argument("--attention_dropout", type=float, default=0.1)
+    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    import triton
+
+    from hf_relpos.model import triton_relative_kernels
+
+    batch = max(args.tokens // args.length, 1)
+    shape = SHAPES[args.shape]
+    meta = environment(args.device, args.dtype) | {
+        "kernel": "relpos_triton", "scheme": args.scheme, "shape": args.shape, "length": args.length, "batch": batch,
+        "attention_dropout": args.attention_dropout, "candidates": [list(c) for c in CANDIDATES]}
+    timings: list[dict[str, Any]] = []
+    profiles: dict[str, dict[str, float]] = {}
+
+    def save() -> None:
+        write_report(args.out, "tuning", render_markdown(meta, timings, profiles),
+                     {"meta": meta, "timings": timings, "profiles": profiles})
+
+    for name in KERNELS:
+        tuner = getattr(triton_relative_kernels, name)
+        tuner.configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
+                         for m, n, w, s in CANDIDATES]
+        tuner.cache.clear()
+        record_timings(tuner, name, timings, save)
+    cases = {"absolute@sdpa": ("absolute", "sdpa"), f"{args.scheme}@relpos_triton": (args.scheme, "relpos_triton")}
+    for label, (scheme, kernel) in reversed(cases.items()):   # the scheme first: its tuning is the point
+        case = model_case(scheme, shape, args.length, batch, args.device, args.dtype, 1, shape.vocab_size, kernel,
+                          args.attention_dropout)
+        profiles[label] = kernel_times_ms(case.step, args.steps)
+        save()
+        del case
+    print(render_markdown(meta, timings, profiles))
+    return {"meta": meta, "timings": timings, "profiles": profiles}
+
+
+if __name__ == "__main__":
+    main()
