@@ -8,8 +8,11 @@
 # At most 8 minutes (470 s of limits):
 #   (a) 240 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (171 s in all)
-#   (c) 90 s: where shaw's extra time goes on relpos_triton: torch.profiler of one self-attention layer, forward +
-#       backward, absolute and shaw, issue #48's setting, n = 512 then 128 (the kernels compiled by (a) are cached)
+#   (c) 90 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
+#       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
+#       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
+#       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
+#       triton, the operator profile of one self-attention layer on sdpa
 #   (d) 140 s: the CUDA tests (9 of 20 passed in 140 s on the H200)
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
 #       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
@@ -25,9 +28,9 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt, training_dropout0.1/, profile_dropout0.1/, cuda_tests.txt, (training_n512_key_dropout0.1/,
-# training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, triton_tests.txt, precision/, decoding/,)
-# recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
+# environment.txt, training_dropout0.1/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
+# (training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, triton_tests.txt,
+# precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -66,9 +69,15 @@ training() {  # training SECONDS NAME ARGS...
 
 training 240 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
-step 90 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m benchmarks.profile_attention \
-    --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 --kernel "${triton:-sdpa}" \
-    --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
+if [ -n "$triton" ]; then
+    step 90 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
+        benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \
+        --attention_dropout 0.1 --candidates package --out "$out/tuning_n512"
+else
+    step 90 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m \
+        benchmarks.profile_attention --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 \
+        --kernel sdpa --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
+fi
 [ "${TESTS:-1}" = 1 ] && step 140 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
     -k cuda 2>&1 | tee "$out/cuda_tests.txt"
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then

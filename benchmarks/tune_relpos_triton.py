@@ -1,9 +1,9 @@
 """Block sizes of relpos_triton's three kernels, and where a training step's device time goes, on a CUDA GPU.
 
 One training step of a one-layer encoder-decoder (`model_case`: encoder self-attention runs the kernels without
-causality, decoder self-attention with it) with every kernel's autotuner given the candidate configs below (the
-package's own among them, marked): Triton's autotuner times each candidate on the step's own inputs (its `do_bench`),
-recorded per kernel, flag set and config. Then, with the blocks so chosen, the device time of every CUDA kernel over
+causality, decoder self-attention with it) with every kernel's autotuner given the candidate configs (the package's
+`BLOCK_CONFIGS`, marked, and FlashAttention-2's Hopper ones; the package's alone with --candidates package): Triton's
+autotuner times each on the step's own inputs (its `do_bench`), recorded per kernel, flag set and config. Then, with the blocks so chosen, the device time of every CUDA kernel over
 a few profiled steps, for `absolute` on sdpa and the scheme on relpos_triton in the same process (the per-token costs
 outside the fused kernel show there by name). Writes tuning.md and tuning.json into --out after every timing (a time
 limit keeps what was done).
@@ -23,11 +23,12 @@ import torch
 
 from benchmarks.bench_training import model_case
 from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
+from hf_relpos.model.triton_relative import BLOCK_CONFIGS
 
-# (BLOCK_M, BLOCK_N, num_warps, num_stages): the package's configs (triton_relative_kernels.autotuned) and others
-# that FlashAttention-2's Triton kernels use on Hopper (larger tiles, deeper pipelines, the backward's 32 x 128).
-CANDIDATES = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2), (32, 64, 4, 2),
-              (64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (32, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
+# (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the package's: those FlashAttention-2's Triton kernels use on Hopper
+# (larger tiles, deeper pipelines, the backward's 32 x 128).
+HOPPER_CONFIGS = ((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (32, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
+CANDIDATES = {"package": BLOCK_CONFIGS, "all": BLOCK_CONFIGS + HOPPER_CONFIGS}
 KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
 TOP_KERNELS = 25
 
@@ -80,7 +81,7 @@ def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]], profile
     by_kernel: dict[tuple[str, bool], list[dict[str, Any]]] = defaultdict(list)
     for timing in timings:
         by_kernel[(timing["kernel"], timing["causal"])].append(timing)
-    package = {f"{m}x{n} w{w} s{s}" for m, n, w, s in CANDIDATES[:5]}
+    package = {f"{m}x{n} w{w} s{s}" for m, n, w, s in BLOCK_CONFIGS}
     for (kernel, causal), rows in by_kernel.items():
         best_package = min((row["ms"] for row in rows if row["config"] in package), default=float("nan"))
         lines += [f"## {kernel}, causal {causal}", "", markdown_table(
@@ -105,19 +106,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // length)")
     parser.add_argument("--attention_dropout", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--candidates", choices=tuple(CANDIDATES), default="all",
+                        help="block configs timed: the package's own, or those and FlashAttention-2's Hopper ones")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
-    import triton
-
     from hf_relpos.model import triton_relative_kernels
 
     batch = max(args.tokens // args.length, 1)
     shape = SHAPES[args.shape]
     meta = environment(args.device, args.dtype) | {
         "kernel": "relpos_triton", "scheme": args.scheme, "shape": args.shape, "length": args.length, "batch": batch,
-        "attention_dropout": args.attention_dropout, "candidates": [list(c) for c in CANDIDATES]}
+        "attention_dropout": args.attention_dropout, "candidates": [list(c) for c in CANDIDATES[args.candidates]]}
     timings: list[dict[str, Any]] = []
     profiles: dict[str, dict[str, float]] = {}
 
@@ -127,8 +128,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for name in KERNELS:
         tuner = getattr(triton_relative_kernels, name)
-        tuner.configs = [triton.Config({"BLOCK_M": m, "BLOCK_N": n}, num_warps=w, num_stages=s)
-                         for m, n, w, s in CANDIDATES]
+        tuner.configs = triton_relative_kernels.block_configs(CANDIDATES[args.candidates])
         tuner.cache.clear()
         record_timings(tuner, name, timings, save)
     cases = {"absolute@sdpa": ("absolute", "sdpa"), f"{args.scheme}@relpos_triton": (args.scheme, "relpos_triton")}

@@ -31,8 +31,9 @@ import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
-from benchmarks import bench_data, bench_decoding, bench_inference, bench_training  # noqa: E402
+from benchmarks import bench_data, bench_decoding, bench_inference, bench_training, tune_relpos_triton  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
+from hf_relpos.model.triton_relative import BLOCK_CONFIGS  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -313,7 +314,8 @@ def relpos_triton_lengths() -> str:
 
     met = [n for n in lengths if rows[(n, "shaw@relpos_triton")]["ratio"] >= 0.85]
     spread = max(max(row["seconds"]) / min(row["seconds"]) - 1 for row in rows.values())
-    return (f"At n = {', '.join(map(str, lengths))} (the next lease, code `{meta['code']}`, the same kernel code; "
+    return (f"At n = {', '.join(map(str, lengths))} (a later lease, code `{meta['code']}`: the kernel code of "
+            "`3c5d2ac`, its blocks autotuned per power-of-two length bucket; "
             f"[`{H200_LENGTHS_CHECK}`](results/{H200_LENGTHS_CHECK}/README.md)), attention dropout "
             f"{meta['attention_dropout']:g}: `shaw` on `relpos_triton` {listed('shaw@relpos_triton', 'ratio', '.2f')} "
             f"x absolute, peak memory {listed('shaw@relpos_triton', 'memory_overhead', '+.1%')}; on sdpa "
@@ -322,6 +324,61 @@ def relpos_triton_lengths() -> str:
             f"`relpos_triton` takes {extra_ms('shaw@relpos_triton')} ms more than `absolute` "
             f"({', '.join(f'{absolute[n] * 1000:.1f}' for n in lengths)} ms; medians of {meta['repeats']} rounds), "
             f"on sdpa {extra_ms('shaw@sdpa')} ms more. The timed rounds of one series differ by up to {spread:.0%}.\n")
+
+
+KERNEL_KINDS = re.compile(r"relative_\w+_kernel|cudnn|cutlass|splitKreduce|bfloat16_copy|direct_copy|ReduceOp<\w+"
+                          r"|BinaryFunctor<\w+|CUDAFunctor_add<[\w:]+|FillFunctor<\w+")
+
+
+def kernel_kind(name: str) -> str:
+    """A CUDA kernel's name, shortened to what it does (its functor or library)."""
+    found = KERNEL_KINDS.search(name)
+    return found.group() if found else name[:40]
+
+
+def h200_time_split() -> str:
+    """Where shaw's extra device time per training step goes on relpos_triton (H200_TUNING: one encoder and one
+    decoder layer, every CUDA kernel's time), and whether any block size beats the package's."""
+    record = read(H200_TUNING)
+    meta, profiles = record["meta"], record["profiles"]
+    shaw, absolute = profiles[f"{meta['scheme']}@relpos_triton"], profiles["absolute@sdpa"]
+
+    def kind_ms(kernels: dict[str, float]) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        for name, ms in kernels.items():
+            totals[kernel_kind(name)] = totals.get(kernel_kind(name), 0.0) + ms
+        return totals
+
+    shaw_kinds, absolute_kinds = kind_ms(shaw), kind_ms(absolute)
+    fused = {kind: ms for kind, ms in shaw_kinds.items() if kind.startswith("relative_")}
+    cross = shaw_kinds.get("cudnn", 0.0)   # shaw's cross-attention, the one attention left on cuDNN
+    absolute_self = absolute_kinds.get("cudnn", 0.0) - cross
+    gap = sum(shaw.values()) - sum(absolute.values())
+    kernel_gap = sum(fused.values()) - absolute_self
+    outside = sorted(((shaw_kinds.get(kind, 0.0) - absolute_kinds.get(kind, 0.0), kind)
+                      for kind in set(shaw_kinds) | set(absolute_kinds)
+                      if kind != "cudnn" and not kind.startswith("relative_")), reverse=True)
+    package = {f"{m}x{n} w{w} s{stages}" for m, n, w, stages in BLOCK_CONFIGS}
+    best: dict[tuple[str, bool], dict[bool, float]] = {}
+    for timing in record["timings"]:
+        entry = best.setdefault((timing["kernel"], timing["causal"]), {})
+        own = timing["config"] in package
+        entry[own] = min(entry.get(own, float("inf")), timing["ms"])
+    slower = [entry[False] / entry[True] for entry in best.values()]
+    return (f"One encoder and one decoder layer ({meta['shape']} shape, n = {meta['length']}, batch {meta['batch']}, "
+            f"attention dropout {meta['attention_dropout']:g}), code `{meta['code']}`: a training step takes "
+            f"{sum(shaw.values()):.2f} ms of device time with `{meta['scheme']}` on `relpos_triton` and "
+            f"{sum(absolute.values()):.2f} ms with `absolute` on sdpa, {gap:.2f} ms more. The three Triton kernels take "
+            f"{sum(fused.values()):.2f} ms ({', '.join(f'`{kind}` {ms:.2f}' for kind, ms in fused.items())}), where "
+            f"absolute's two self-attentions take {absolute_self:.2f} ms of cuDNN's flash kernels (its three "
+            f"attentions' cuDNN kernels less shaw's cross-attention's, {cross:.2f} ms): the kernel is "
+            f"{sum(fused.values()) / absolute_self:.2f}x cuDNN's time, {kernel_gap:.2f} ms of the gap. The other "
+            f"{gap - kernel_gap:.2f} ms is outside it; the largest differences by kind of kernel: "
+            + ", ".join(f"`{kind}` {ms:+.2f} ms" for ms, kind in outside[:6])
+            + f". Block sizes: for each of the {len(best)} kernels and flag sets, the fastest of the package's "
+            f"{len(package)} configurations against the fastest of the "
+            f"{len(meta['candidates']) - len(package)} others (FlashAttention-2's Hopper tiles): the others "
+            f"{min(slower):.2f}x to {max(slower):.2f}x its time.\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -361,9 +418,13 @@ H200_CHECK = "gpu_check/2026-11-27_h200_3c5d2ac"
 H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1/training.json",
               f"{H200_CHECK}/training_n512_flex_xl_t5/training.json",
               f"{H200_CHECK}/training_n512_flex_shaw_alibi/training.json")
-# relpos_triton at n = 128, 512 and 1024 (H200, attention dropout 0.1, code cae802d: the kernel code of 3c5d2ac).
-H200_LENGTHS_CHECK = "gpu_check/2026-11-27_h200_cae802d"
+# relpos_triton at n = 128, 512 and 1024 (H200, attention dropout 0.1), first at code cae802d (the kernel code of
+# 3c5d2ac), then at the code as it is (1f3e7bf: blocks autotuned per length bucket), with the kernels' block sizes
+# and each CUDA kernel's time (benchmarks/tune_relpos_triton.py).
+H200_LENGTHS_CAE802D = "gpu_check/2026-11-27_h200_cae802d/training_dropout0.1/training.json"
+H200_LENGTHS_CHECK = "gpu_check/2026-11-28_h200_1f3e7bf"
 H200_LENGTHS = f"{H200_LENGTHS_CHECK}/training_dropout0.1/training.json"
+H200_TUNING = f"{H200_LENGTHS_CHECK}/tuning_n512/tuning.json"
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -965,8 +1026,14 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                            bench_training.render_markdown),
     "benchmarks_h200_flex_shaw_alibi_3c5d2ac": benchmark_report(H200_FUSED[2].removesuffix(".json"),
                                                                 bench_training.render_markdown),
+    "benchmarks_h200_relpos_triton_lengths_cae802d": benchmark_report(H200_LENGTHS_CAE802D.removesuffix(".json"),
+                                                                      bench_training.render_markdown),
     "benchmarks_h200_relpos_triton_lengths": benchmark_report(H200_LENGTHS.removesuffix(".json"),
                                                               bench_training.render_markdown),
+    "benchmarks_h200_time_split": h200_time_split,
+    "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
+        tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
+        .replace("\n## ", "\n#### ")) + "\n"),
     "benchmarks_h100_check_n128": benchmark_report(f"{H100_CHECK}/training_n128/training", bench_training.render_markdown),
     "benchmarks_h100_check_n512": benchmark_report(f"{H100_CHECK}/training_n512/training", bench_training.render_markdown),
     "benchmarks_h100_training": benchmark_report("benchmarks_h100/training", bench_training.render_markdown),

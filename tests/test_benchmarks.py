@@ -169,8 +169,9 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
 
 def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) issue
-    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then the
-    profile of one layer in that setting, then the CUDA tests; every step writes its own record; the limits sum to at
+    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then
+    every CUDA kernel's time in that setting (with triton; else the operator profile of one layer), then the CUDA
+    tests; every step writes its own record; the limits sum to at
     most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
     PRECISION=1 and DECODING=1 their benchmarks."""
@@ -199,9 +200,12 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
             in commands[0])
-    assert commands[1].startswith("-m benchmarks.profile_attention --device cuda --dtype bfloat16")
-    assert (f"--lengths 512 128 --kernel {triton.strip() or 'sdpa'} --schemes absolute shaw --attention_dropout 0.1"
-            in commands[1])
+    if triton:   # every CUDA kernel's time with the package's blocks (the operator profile misses Triton's forward)
+        assert commands[1].startswith("-m benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base "
+                                      "--length 512 --tokens 16384 --attention_dropout 0.1 --candidates package")
+    else:
+        assert commands[1].startswith("-m benchmarks.profile_attention --device cuda --dtype bfloat16")
+        assert "--lengths 512 128 --kernel sdpa --schemes absolute shaw --attention_dropout 0.1" in commands[1]
     assert commands[2].startswith("-m pytest") and "tests/test_kernels.py -k cuda" in commands[2]
     assert len(commands) == 3
 
@@ -218,6 +222,39 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
     assert any("benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300" in command
                for command in commands) == bool(triton)
+
+
+def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_configs() -> None:
+    """tune_relpos_triton without a GPU: the wrapped autotuner benchmark records each config's time with the kernel's
+    causal flag and saves after each; the report ranks configs per kernel and flag set against the package's best
+    (BLOCK_CONFIGS, marked) and lists a profile's kernels by time."""
+    triton = pytest.importorskip("triton")
+    from benchmarks import tune_relpos_triton as tune
+    from hf_relpos.model.triton_relative import BLOCK_CONFIGS
+
+    class Tuner:
+        def _bench(self, *args, config, **meta):
+            return [{(64, 32): 0.2, (128, 128): 0.5}.get((config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]), 0.3)]
+
+    timings, saves = [], []
+    tuner = Tuner()
+    tune.record_timings(tuner, "tuned_forward", timings, lambda: saves.append(len(timings)))
+    for block_m, block_n in ((64, 32), (128, 128)):
+        tuner._bench(1, config=triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=4, num_stages=3),
+                     CAUSAL=block_m == 64)
+    assert saves == [1, 2]
+    assert timings == [{"kernel": "tuned_forward", "causal": True, "config": "64x32 w4 s3", "ms": 0.2},
+                       {"kernel": "tuned_forward", "causal": False, "config": "128x128 w4 s3", "ms": 0.5}]
+    assert (64, 32, 4, 3) in BLOCK_CONFIGS and tune.CANDIDATES["package"] == BLOCK_CONFIGS
+    assert not set(tune.HOPPER_CONFIGS) & set(BLOCK_CONFIGS)
+    meta = {"command": "c", "device": "cuda", "device_name": "GPU", "cpu_threads": 1, "dtype": "bfloat16",
+            "kernel": "relpos_triton", "torch": "t", "transformers": "t", "python": "p", "date": "d", "code": "x",
+            "clock": "wall", "shape": "base", "scheme": "shaw", "length": 512, "batch": 32, "attention_dropout": 0.1}
+    timings.append({"kernel": "tuned_forward", "causal": True, "config": "128x128 w8 s2", "ms": 0.4})
+    markdown = tune.render_markdown(meta, timings, {"shaw@relpos_triton": {"relative_forward_kernel": 0.5, "copy": 0.1}})
+    assert "| 64x32 w4 s3 * | 0.2000 | 1.000 |\n| 128x128 w8 s2 | 0.4000 | 2.000 |" in markdown
+    assert "## tuned_forward, causal False" in markdown   # no package config timed there: ratio nan, row kept
+    assert "## CUDA kernels of one training step: shaw@relpos_triton (0.600 ms)" in markdown
 
 
 def test_profile_records_each_schemes_time_per_operator_at_every_length(tmp_path: Path) -> None:

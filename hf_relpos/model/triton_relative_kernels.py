@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from transformers.utils.import_utils import is_triton_available
 
+from .triton_relative import BLOCK_CONFIGS
+
 if is_triton_available():  # (transformers' remote-code import check skips imports under this test)
     import triton
     import triton.language as tl
@@ -456,14 +458,17 @@ def dropout_keep_kernel(KEEP, seed, dropout_p, query_length, key_length, BLOCK_M
              mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
 
 
+def block_configs(candidates=BLOCK_CONFIGS) -> list:
+    """triton.Config of each (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
+    return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
+            for block_m, block_n, warps, stages in candidates]
+
+
 def autotuned(kernel, key: list[str]):
-    """`kernel` autotuned over block sizes that fit an H100's and an H200's shared memory (228 KB per SM), keyed on
-    the compile-time flags and the length bucket: lengths are runtime ints, so a new shape never recompiles, and
-    retunes (benchmarks the compiled blocks again) only in a new power-of-two length bucket."""
-    configs = [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
-               for block_m, block_n, warps, stages in ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2),
-                                                       (32, 64, 4, 2))]
-    return triton.autotune(configs, key=key)(kernel)
+    """`kernel` autotuned over `BLOCK_CONFIGS`, keyed on the compile-time flags and the length bucket: lengths are
+    runtime ints, so a new shape never recompiles, and retunes (benchmarks the compiled blocks again) only in a new
+    power-of-two length bucket."""
+    return triton.autotune(block_configs(), key=key)(kernel)
 
 
 TUNING_KEY = ["HEAD_DIM", "HAS_BIAS", "HAS_VALUES", "CAUSAL", "DROPOUT", "ACC", "length_bucket"]
