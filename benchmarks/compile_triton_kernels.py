@@ -1,6 +1,6 @@
 """Compile the "relpos_triton" kernels ahead of time for a GPU architecture, without a GPU: every autotuning
-configuration of the forward and both backward kernels, for a head size, dtype and set of flags, with the shared
-memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A configuration that does not
+configuration of the forward and both backward kernels, for a head size, dtype and set of flags, and the backward's
+Delta pass, with the shared memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A configuration that does not
 compile is printed as FAILED and the exit status is 1.
 
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype bf16
@@ -73,39 +73,49 @@ def main(argv: list[str] | None = None) -> int:
     from triton.compiler import ASTSource
 
     from hf_relpos.model import triton_relative_kernels as kernels
-    from hf_relpos.model.triton_relative import next_power_of_2
+    from hf_relpos.model.triton_relative import DELTA_BLOCK, next_power_of_2
 
     target = GPUTarget("cuda", args.arch, 32)
     configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
     flag_sets = ((True, False, True), (True, True, True), (False, False, False))[:1 if args.quick else None]
     distances = next_power_of_2(2 * args.max_relative_position + 1)
     failed = 0
+
+    def build(kernel, constexprs: dict, warps: int, stages: int, label: str) -> None:
+        nonlocal failed
+        started = time.time()
+        try:
+            compiled = triton.compile(
+                ASTSource(kernel, argument_types(kernel.arg_names, constexprs, args.dtype), constexprs=constexprs),
+                target=target, options={"num_warps": warps, "num_stages": stages})
+        except Exception as error:  # the compiler's own errors have no common base class
+            failed += 1
+            print(f"FAILED {label}: {type(error).__name__}: {error}", flush=True)
+            return
+        shared = compiled.metadata.shared
+        fits = "fits" if shared <= HOPPER_SHARED_MEMORY else "EXCEEDS sm_90's shared memory"
+        sass = f", {sass_counts(compiled.asm['sass'])}" if args.sass else ""
+        print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s{sass}",
+              flush=True)
+
+    accumulate = kernels.tl.float64 if args.dtype == "fp64" else kernels.tl.float32
+    block_d = max(16, next_power_of_2(args.head_dim))
     for (has_values, causal, dropout), config in itertools.product(flag_sets, configs):
-        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=max(16, next_power_of_2(args.head_dim)), HAS_BIAS=True,
-                        HAS_VALUES=has_values, CAUSAL=causal, DROPOUT=dropout,
-                        ACC=kernels.tl.float64 if args.dtype == "fp64" else kernels.tl.float32,
+        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, HAS_BIAS=True, HAS_VALUES=has_values,
+                        CAUSAL=causal, DROPOUT=dropout, ACC=accumulate,
                         PRECISION="ieee" if args.dtype in ("fp32", "fp64") else "tf32", **config.kwargs)
         for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_R": distances}),
                                     ("backward_keys", kernels.relative_backward_keys_kernel, {}),
                                     ("backward_queries", kernels.relative_backward_queries_kernel,
                                      {"BLOCK_R": distances})):
-            constexprs = {**settings, **extra}
-            label = (f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} causal={causal} "
-                     f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
-            started = time.time()
-            try:
-                compiled = triton.compile(
-                    ASTSource(kernel, argument_types(kernel.arg_names, constexprs, args.dtype), constexprs=constexprs),
-                    target=target, options={"num_warps": config.num_warps, "num_stages": config.num_stages})
-            except Exception as error:  # the compiler's own errors have no common base class
-                failed += 1
-                print(f"FAILED {label}: {type(error).__name__}: {error}", flush=True)
-                continue
-            shared = compiled.metadata.shared
-            fits = "fits" if shared <= HOPPER_SHARED_MEMORY else "EXCEEDS sm_90's shared memory"
-            sass = f", {sass_counts(compiled.asm['sass'])}" if args.sass else ""
-            print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s{sass}",
-                  flush=True)
+            build(kernel, {**settings, **extra}, config.num_warps, config.num_stages,
+                  f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} causal={causal} "
+                  f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
+    for has_values in (True, False)[:1 if args.quick else None]:
+        build(kernels.row_delta_kernel, dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d,
+                                             DISTANCES=2 * args.max_relative_position + 1, BLOCK_R=distances,
+                                             HAS_VALUES=has_values, ACC=accumulate, BLOCK_M=DELTA_BLOCK), 4, 2,
+              f"row_delta {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} rows={DELTA_BLOCK}")
     return 1 if failed else 0
 
 

@@ -243,6 +243,48 @@ def test_backward_is_deterministic():
     assert all(torch.equal(a, b) for a, b in zip(first, second, strict=True))
 
 
+def layout(tensor, form, generator):
+    """`tensor` [B, H, n, d] (float64, a leaf; d may be T's 2k+1) as the same values in another memory layout: "contiguous" (head-major),
+    "token-major" ([B, n, H, d] memory, as the model's projections are split into heads) or "fused" (one of three
+    slices of a [B, n, 3, H, d] buffer: no dense layout), a new leaf."""
+    batch, heads, length, head_dim = tensor.shape
+    if form == "contiguous":
+        laid = tensor.detach().clone()
+    elif form == "token-major":
+        laid = tensor.detach().transpose(1, 2).contiguous().transpose(1, 2)
+    else:
+        buffer = torch.randn(batch, length, 3, heads, head_dim, generator=generator, dtype=tensor.dtype).to(DEVICE)
+        buffer[:, :, 1] = tensor.detach().transpose(1, 2)
+        laid = buffer[:, :, 1].transpose(1, 2)
+    return laid.requires_grad_(tensor.requires_grad)
+
+
+@pytest.mark.parametrize("form", ["token-major", "fused"])
+def test_any_input_layout_gives_the_same_results_and_gradients_in_the_inputs_layout(form):
+    """float64: q, k, v, the bias table T and dO laid out token-major or as slices of a fused buffer give bitwise the
+    results and gradients of head-major inputs; o and dq, dk, dv come dense in their inputs' order of dimensions (token-major:
+    merging the heads afterwards is a view, no copy)."""
+    case = KERNEL_CASES["dropout_encoder"]
+    k, _, _, query_offset, causal, _, _, _, dropout = case
+    generator = torch.Generator().manual_seed(3)
+    inputs = kernel_inputs(case, torch.float64)
+    seed = torch.tensor([2**40 + 11], device=DEVICE)
+    results = {}
+    for name in ("contiguous", form):
+        query, key, value, table = (layout(tensor, name, generator) for tensor in inputs[:4])
+        output, masses, lse = relative_attention(query, key, value, table, *inputs[4:], seed, 8**-0.5, dropout,
+                                                 query_offset, k, causal, True)
+        grad_output = layout(torch.linspace(-1, 1, output.numel(), dtype=torch.float64).view(output.shape), name,
+                             generator)
+        loss = (output * grad_output).sum() + masses.square().sum()
+        grads = torch.autograd.grad(loss, (query, key, value, table))
+        results[name] = (output, masses, lse, *grads)
+        for laid_out in (output, *grads[:3]):   # in the inputs' order of dimensions, dense
+            assert (laid_out if name == "contiguous" else laid_out.transpose(1, 2)).is_contiguous()
+    for got, expected in zip(results[form], results["contiguous"], strict=True):
+        assert torch.equal(got, expected)
+
+
 def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     """The three kernels are tuned per flag set and power-of-two bucket of the longer side (64 to 8192), not per
     shape; forward and backward of one call pass the same bucket."""

@@ -566,9 +566,13 @@ class RelativeValues:
 
 
 def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
-    """x [B, H, n, *] times a distance table [R, d] or [H, R, d] (transposed: x . w_r for every r)."""
+    """x [B, H, n, *] times a distance table [R, d] or [H, R, d] (transposed: x . w_r for every r). A token-major x
+    (the model's heads split from [B, n, H * d]) is multiplied in that order: no copy of x, a token-major result."""
     if table.dim() == 2:
-        return torch.matmul(x, table.t().to(x.dtype) if transpose else table.to(x.dtype))
+        weights = table.t().to(x.dtype) if transpose else table.to(x.dtype)
+        if not x.is_contiguous() and x.transpose(1, 2).is_contiguous():
+            return torch.matmul(x.transpose(1, 2), weights).transpose(1, 2)
+        return torch.matmul(x, weights)
     equation = "bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd"
     return torch.einsum(equation, x, table.to(x.dtype))
 

@@ -25,6 +25,7 @@ import torch
 KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
 INTERPRETER_BLOCKS = (INTERPRETER_BLOCK, INTERPRETER_BLOCK)   # (BLOCK_M, BLOCK_N) of the kernels there
+DELTA_BLOCK = 64   # rows per program of the backward's Delta (a memory-bound pass)
 # The autotuner's candidates (BLOCK_M, BLOCK_N, num_warps, num_stages): they fit an H100's and an H200's shared memory
 # (228 KB per SM); on an H200 the fastest of them beat FlashAttention-2's Hopper tiles for every kernel and flag set
 # (docs/results/gpu_check/2026-11-28_h200_1f3e7bf).
@@ -110,6 +111,16 @@ def with_unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 
+def empty_in_order_of(reference: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
+    """An empty [B, H, n, last] tensor laid out in the order of `reference` [B, H, n, d]: token-major ([B, n, H, last]
+    memory) when the reference is, so that its products with the distance tables need no copy; head-major
+    otherwise."""
+    batch, heads, length, _ = reference.shape
+    if reference.transpose(1, 2).is_contiguous() and not reference.is_contiguous():
+        return reference.new_empty(batch, length, heads, last, dtype=dtype).transpose(1, 2)
+    return reference.new_empty(batch, heads, length, last, dtype=dtype)
+
+
 @torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())
 def relative_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
@@ -124,16 +135,16 @@ def relative_attention(
     key_length = key.size(-2)
     accumulate = torch.promote_types(query.dtype, torch.float32)
     distances = 2 * max_distance + 1
-    output = query.new_empty(batch, heads, query_length, head_dim)
-    masses = query.new_empty(batch, heads, query_length, distances if with_masses else 0, dtype=accumulate)
+    output = torch.empty_like(query)   # query's layout: token-major [B, n, H, d] memory needs no copy to merge heads
+    masses = empty_in_order_of(query, distances if with_masses else 0, accumulate)
     lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
     settings = launch_settings(query, max_distance, bias_table is not None, with_masses, causal, dropout)
-    table = query if bias_table is None else bias_table.contiguous()
+    table = query if bias_table is None else with_unit_last_stride(bias_table)
     from .triton_relative_kernels import relative_forward_kernel, tuned_forward
 
     launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
            query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
-           int(seed.item()), dropout, *strides(query, key, value), heads, query_length, key_length, query_offset,
+           int(seed.item()), dropout, *strides(query, key, value, table, output, masses), heads, query_length, key_length, query_offset,
            max_distance, length_bucket(query_length, key_length), **settings)
     return output, masses, lse
 
@@ -144,7 +155,8 @@ def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
     batch, heads, query_length, _ = query.shape
     accumulate = torch.promote_types(query.dtype, torch.float32)
     distances = 2 * max_distance + 1 if with_masses else 0
-    return (query.new_empty(query.shape), query.new_empty(batch, heads, query_length, distances, dtype=accumulate),
+    return (torch.empty_like(with_unit_last_stride(query)),
+            empty_in_order_of(with_unit_last_stride(query), distances, accumulate),
             query.new_empty(batch, heads, query_length, dtype=accumulate))
 
 
@@ -155,29 +167,24 @@ def relative_attention_backward(
     lse: torch.Tensor, key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float,
     dropout: float, query_offset: int, max_distance: int, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dT) of `relative_attention` (dT [B, H, n, 0] without a bias table), Delta_i = dO_i . o_i +
-    sum_r dM_ir M_ir computed here (O(n d))."""
+    """(dq, dk, dv, dT) of `relative_attention` (dT [B, H, n, 0] without a bias table), after Delta_i = dO_i . o_i +
+    sum_r dM_ir M_ir (one pass, `row_delta_kernel`)."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, _ = query.shape
     key_length = key.size(-2)
     with_masses = masses.size(-1) > 0
     accumulate = torch.promote_types(query.dtype, torch.float32)
-    grad_output = grad_output.contiguous()
-    delta = (grad_output.to(accumulate) * output.to(accumulate)).sum(-1)
-    if with_masses:
-        grad_masses = grad_masses.contiguous()
-        delta = delta + (grad_masses * masses).sum(-1)
-    grad_query = query.new_empty(query.shape)
-    grad_key = key.new_empty(key.shape)
-    grad_value = value.new_empty(value.shape)
+    grad_output, grad_masses = with_unit_last_stride(grad_output), with_unit_last_stride(grad_masses)
+    # each gradient in its input's layout (token-major projections: no copy to merge heads)
+    grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
     with_bias = bias_table is not None
-    grad_table = query.new_empty(batch, heads, query_length, 2 * max_distance + 1 if with_bias else 0,
-                                 dtype=accumulate)
+    grad_table = empty_in_order_of(query, 2 * max_distance + 1 if with_bias else 0, accumulate)
     settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
-    table = query if bias_table is None else bias_table.contiguous()
+    table = query if bias_table is None else with_unit_last_stride(bias_table)
     common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
-              *strides(query, key, value), heads, query_length, key_length, query_offset, max_distance,
-              length_bucket(query_length, key_length))
+              *strides(query, key, value, table, grad_output, grad_masses))
+    sizes = (heads, query_length, key_length, query_offset, max_distance, length_bucket(query_length, key_length))
+    delta = row_deltas(grad_output, output, grad_masses, masses, settings)
     from .triton_relative_kernels import (
         relative_backward_keys_kernel,
         relative_backward_queries_kernel,
@@ -187,21 +194,38 @@ def relative_attention_backward(
 
     launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
            query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
+           *strides(grad_key, grad_value), *sizes,
            **{name: value for name, value in settings.items() if name != "BLOCK_R"})
     launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
            batch * heads, query, key, value, table, grad_output, grad_masses, lse, delta, grad_query, grad_table,
-           *common, **settings)
+           *common, *strides(grad_query, grad_table), *sizes, **settings)
     return grad_query, grad_key, grad_value, grad_table.to(bias_table.dtype) if with_bias else grad_table
+
+
+def row_deltas(grad_output: torch.Tensor, output: torch.Tensor, grad_masses: torch.Tensor, masses: torch.Tensor,
+               settings: dict[str, Any]) -> torch.Tensor:
+    """Delta [B, H, n] (contiguous, in the accumulation dtype) = dO_i . o_i + sum_r dM[i, r] M[i, r], one pass over
+    the four tensors in their layouts (`row_delta_kernel`)."""
+    from .triton_relative_kernels import row_delta_kernel
+
+    batch, heads, query_length, _ = output.shape
+    delta = masses.new_empty(batch, heads, query_length)
+    rows = INTERPRETER_BLOCK if interpreting() else DELTA_BLOCK
+    distances = masses.size(-1)
+    row_delta_kernel[(ceil_div(query_length, rows), batch * heads)](
+        grad_output, output, grad_masses, masses, delta, *strides(grad_output, output, grad_masses, masses), heads,
+        query_length, HEAD_DIM=settings["HEAD_DIM"], BLOCK_D=settings["BLOCK_D"], DISTANCES=distances,
+        BLOCK_R=max(16, next_power_of_2(distances)), HAS_VALUES=distances > 0, ACC=settings["ACC"], BLOCK_M=rows)
+    return delta
 
 
 @relative_attention_backward.register_fake
 def _(grad_output, grad_masses, query, key, value, bias_table, output, masses, lse, key_start, key_end, seed,
       scaling, dropout, query_offset, max_distance, causal):
-    batch, heads, query_length, _ = query.shape
     distances = 2 * max_distance + 1 if bias_table is not None else 0
     dtype = bias_table.dtype if bias_table is not None else torch.promote_types(query.dtype, torch.float32)
-    return (query.new_empty(query.shape), key.new_empty(key.shape), value.new_empty(value.shape),
-            query.new_empty(batch, heads, query_length, distances, dtype=dtype))
+    return (*(torch.empty_like(with_unit_last_stride(tensor)) for tensor in (query, key, value)),
+            empty_in_order_of(with_unit_last_stride(query), distances, dtype))
 
 
 def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:

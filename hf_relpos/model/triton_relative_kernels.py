@@ -131,16 +131,17 @@ def add_distance_sums(sums, x, rows, first_col, query_offset, max_distance, BLOC
 
 
 @triton.jit
-def add_by_distance(x, TABLE, t_base, rows, cols, query_length, query_offset, max_distance, R, SIDE: tl.constexpr):
-    """x_ij + TABLE[i, r(i, j)] for a tile: a tile beyond -k (SIDE -1) or +k (SIDE 1) reads one column of the
+def add_by_distance(x, TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance,
+                    SIDE: tl.constexpr):
+    """x_ij + TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or +k (SIDE 1) reads one column of the
     [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers by distance."""
     row_ok = rows < query_length
     if SIDE == 0:
         bucket = clipped_bucket(rows, cols, query_offset, max_distance)
-        x += tl.load(TABLE + t_base + rows[:, None] * R + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
+        x += tl.load(TABLE + t_base + rows[:, None] * t_stride + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
     else:
         edge = (SIDE + 1) * max_distance
-        x += tl.load(TABLE + t_base + rows * R + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
+        x += tl.load(TABLE + t_base + rows * t_stride + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
     return x
 
 
@@ -165,21 +166,21 @@ def load_rows(X, base, stride, rows, first, end, HEAD_DIM: tl.constexpr, BLOCK_D
 
 
 @triton.jit
-def store_rows(X, base, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """Rows `rows` < `end` of a contiguous [.., d] tensor from `value` [BLOCK, BLOCK_D]."""
+def store_rows(X, base, stride, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Rows `rows` < `end` of a [.., d] tensor (row stride `stride`, unit last stride) from `value` [BLOCK, BLOCK_D]."""
     dims = tl.arange(0, BLOCK_D)
-    tl.store(X + base + rows[:, None] * HEAD_DIM + dims[None, :], value.to(X.dtype.element_ty),
+    tl.store(X + base + rows[:, None].to(tl.int64) * stride + dims[None, :], value.to(X.dtype.element_ty),
              mask=(rows < end)[:, None] & (dims[None, :] < HEAD_DIM))
 
 
 @triton.jit
-def tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset, max_distance, scaling, R,
-                HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
+                scaling, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
                 SIDE: tl.constexpr):
     """The masked scores s of a tile (-inf where not allowed) and its mask; SIDE as in `add_by_distance`."""
     s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
     if HAS_BIAS:
-        s = add_by_distance(s, T, t_base, rows, cols, query_length, query_offset, max_distance, R, SIDE)
+        s = add_by_distance(s, T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, SIDE)
     allowed = (rows < query_length)[:, None] & ((cols >= key_start) & (cols < key_end))[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
@@ -196,10 +197,12 @@ def program_block(heads, max_distance, SCALES, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
-    """dO [BLOCK, BLOCK_D], lse and Delta of the rows `rows` (contiguous [B, H, n, d] and [B, H, n])."""
+def load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
+    """dO [BLOCK, BLOCK_D] (rows at `do_base` + i `stride_don`), lse and Delta (contiguous [B, H, n]) of the rows
+    `rows`."""
     row_ok = rows < query_length
-    return (load_rows(DO, row_base * HEAD_DIM, HEAD_DIM, rows, 0, query_length, HEAD_DIM, BLOCK_D),
+    return (load_rows(DO, do_base, stride_don, rows, 0, query_length, HEAD_DIM, BLOCK_D),
             tl.load(LSE + row_base + rows, mask=row_ok, other=0.0),
             tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
 
@@ -212,8 +215,8 @@ def shift_of(row_max):
 
 @triton.jit
 def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_base, stride_kn, stride_vn, t_base,
-                 rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
-                 query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+                 t_stride, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
+                 query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                  ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  SIDE: tl.constexpr):
@@ -221,8 +224,8 @@ def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_b
     dropped masses M (`sums`, as in `add_distance_sums`) rescaled to the new row max and updated."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s, _ = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
-                       scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    s, _ = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+                       max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     new_max = tl.maximum(row_max, tl.max(s, 1))
     shift = shift_of(new_max)
     p = tl.exp(s - shift[:, None])
@@ -243,7 +246,7 @@ def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_b
 def relative_forward_kernel(
     Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -259,8 +262,8 @@ def relative_forward_kernel(
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
     tile = (q, K, V, T, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn, stride_vn,
-            bh.to(tl.int64) * query_length * R, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
-            query_length, key_length, query_offset, max_distance, R)
+            b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn, rows, key_start, key_end, bh, seed,
+            dropout_p, scaling, keep_scale, query_length, key_length, query_offset, max_distance)
     row_max = tl.full([BLOCK_M], float("-inf"), ACC)
     row_sum = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -283,25 +286,28 @@ def relative_forward_kernel(
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
-    store_rows(OUT, out_base * HEAD_DIM, rows, query_length, acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
+    store_rows(OUT, b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, stride_on, rows, query_length,
+               acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
         distances = tl.arange(0, BLOCK_R)
-        tl.store(M + (out_base + rows[:, None]) * R + distances[None, :],
+        tl.store(M + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh + rows[:, None].to(tl.int64) * stride_mn
+                 + distances[None, :],
                  (masses / normalizer[:, None]).to(M.dtype.element_ty), mask=row_ok[:, None] & (distances[None, :] < R))
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed, dropout_p,
-                   keep_scale, query_length, key_length, query_offset, max_distance, R, HAS_VALUES: tl.constexpr,
+def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_p,
+                   keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                   HAS_VALUES: tl.constexpr,
                    DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
-    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse; SIDE as in
-    `add_by_distance`."""
+    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse (dM's rows
+    at m_base + i m_stride); SIDE as in `add_by_distance`."""
     p = tl.where(allowed, tl.exp(s - shift_of(lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
-        d_dropped = add_by_distance(d_dropped, DM, t_base, rows, cols, query_length, query_offset, max_distance, R,
+        d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset, max_distance,
                                     SIDE)
     dropped = p
     d_p = d_dropped
@@ -313,9 +319,10 @@ def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, 
 
 
 @triton.jit
-def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base, stride_qn, row_base, t_base,
-                       first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length,
-                       key_length, query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base, stride_qn, do_base, stride_don,
+                       t_base, t_stride, row_base, m_base, first_col, key_start, key_end, bh, seed, dropout_p, scaling,
+                       keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        SIDE: tl.constexpr):
@@ -323,11 +330,12 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     rows = first_row + tl.arange(0, BLOCK_M)
     cols = first_col + tl.arange(0, BLOCK_N)
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
-    s, allowed = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset,
-                             max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    dropped, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed,
-                                 dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R,
+    do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
+                                        BLOCK_D)
+    s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+                             max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    dropped, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+                                 dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
     dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
@@ -338,14 +346,15 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
 def relative_backward_keys_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dk, dv of one key block of one (b, h), over the query blocks that may attend to it: those that see its keys
     beyond +k (the first ones), beyond -k (the last ones), then those whose tile meets the band."""
-    first_col, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_N)
+    first_col, bh, b, h, _, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_N)
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
@@ -359,9 +368,12 @@ def relative_backward_keys_kernel(
     end = tl.where(padding_only, 0, query_length)  # padding only: zero gradients
     band_start, band_end = band_query_tiles(first_col, first, end, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
-    tile = (k, v, Q, DO, LSE, DELTA, T, DM, b * stride_qb + h * stride_qh, stride_qn, row_base, row_base * R,
+    tile = (k, v, Q, DO, LSE, DELTA, T, DM, b * stride_qb + h * stride_qh, stride_qn,
+            b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don,
+            b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn, row_base,
+            b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh,
             first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
-            query_offset, max_distance, R)
+            query_offset, max_distance, stride_dmn)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     for first_row in range(first, band_start, BLOCK_M):
@@ -373,15 +385,17 @@ def relative_backward_keys_kernel(
     for first_row in range(band_start, band_end, BLOCK_M):
         dk, dv = backward_keys_tile(dk, dv, first_row, *tile, HEAD_DIM, BLOCK_D, HAS_BIAS, HAS_VALUES, CAUSAL,
                                     DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
-    out_base = bh.to(tl.int64) * key_length * HEAD_DIM
-    store_rows(DK, out_base, cols, key_length, dk * scaling, HEAD_DIM, BLOCK_D)
-    store_rows(DV, out_base, cols, key_length, dv, HEAD_DIM, BLOCK_D)
+    store_rows(DK, b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh, stride_dkn, cols, key_length,
+               dk * scaling, HEAD_DIM, BLOCK_D)
+    store_rows(DV, b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh, stride_dvn, cols, key_length, dv,
+               HEAD_DIM, BLOCK_D)
 
 
 @triton.jit
 def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn, stride_vn,
-                          t_base, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length,
-                          key_length, query_offset, max_distance, R, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                          t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
+                          query_length, key_length, query_offset, max_distance, m_stride, HEAD_DIM: tl.constexpr,
+                          BLOCK_D: tl.constexpr,
                           BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
                           CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
                           BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
@@ -390,10 +404,11 @@ def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s, allowed = tile_scores(q, k, T, t_base, rows, cols, key_start, key_end, query_length, query_offset,
-                             max_distance, scaling, R, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, t_base, rows, cols, first_col, bh, seed,
-                           dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, R, HAS_VALUES,
+    s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+                             max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+    _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+                           dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                           HAS_VALUES,
                            DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
     if HAS_BIAS:
@@ -405,7 +420,8 @@ def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k
 def relative_backward_queries_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
+    stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -417,14 +433,16 @@ def relative_backward_queries_kernel(
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
     q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
+    do, lse, delta = load_row_gradients(DO, b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don,
+                                        LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
     tile = (q, do, lse, delta, K, V, T, DM, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn,
-            stride_vn, row_base * R, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
-            query_length, key_length, query_offset, max_distance, R)
+            stride_vn, b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn,
+            b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh, rows, key_start, key_end, bh, seed, dropout_p,
+            scaling, keep_scale, query_length, key_length, query_offset, max_distance, stride_dmn)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
     right = tl.zeros([BLOCK_M, 1], ACC)
@@ -438,11 +456,40 @@ def relative_backward_queries_kernel(
     for first_col in range(band_start, band_end, BLOCK_N):
         dq, d_table = backward_queries_tile(dq, d_table, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
                                             HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
-    store_rows(DQ, row_base * HEAD_DIM, rows, query_length, dq * scaling, HEAD_DIM, BLOCK_D)
+    store_rows(DQ, b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh, stride_dqn, rows, query_length,
+               dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
         distances = tl.arange(0, BLOCK_R)
-        tl.store(DT + (row_base + rows[:, None]) * R + distances[None, :], d_table.to(DT.dtype.element_ty),
+        tl.store(DT + b.to(tl.int64) * stride_dtb + h.to(tl.int64) * stride_dth
+                 + rows[:, None].to(tl.int64) * stride_dtn + distances[None, :], d_table.to(DT.dtype.element_ty),
                  mask=row_ok[:, None] & (distances[None, :] < R))
+
+
+@triton.jit(do_not_specialize=["query_length"])
+def row_delta_kernel(
+    DO, OUT, DM, M, DELTA, stride_dob, stride_doh, stride_don, stride_ob, stride_oh, stride_on, stride_dmb, stride_dmh,
+    stride_dmn, stride_mb, stride_mh, stride_mn, heads, query_length,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DISTANCES: tl.constexpr, BLOCK_R: tl.constexpr,
+    HAS_VALUES: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r] of one row block of one (b, h), in the accumulation dtype, into
+    the contiguous [B, H, n] DELTA: one pass over the four tensors in whatever layout they come."""
+    bh = tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < query_length
+    grad = load_rows(DO, b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don, rows, 0,
+                     query_length, HEAD_DIM, BLOCK_D)
+    output = load_rows(OUT, b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, stride_on, rows, 0,
+                       query_length, HEAD_DIM, BLOCK_D)
+    delta = tl.sum(grad.to(ACC) * output.to(ACC), 1)
+    if HAS_VALUES:
+        grad_masses = load_rows(DM, b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh, stride_dmn, rows, 0,
+                                query_length, DISTANCES, BLOCK_R)
+        masses = load_rows(M, b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh, stride_mn, rows, 0,
+                           query_length, DISTANCES, BLOCK_R)
+        delta += tl.sum(grad_masses.to(ACC) * masses.to(ACC), 1)
+    tl.store(DELTA + bh.to(tl.int64) * query_length + rows, delta, mask=row_ok)
 
 
 @triton.jit
