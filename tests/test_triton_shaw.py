@@ -598,8 +598,8 @@ def test_a_second_copy_of_the_module_registers_its_own_ops(tmp_path):
 
 @pytest.mark.slow
 def test_kernels_compile_for_an_h100_without_a_gpu():
-    """Triton's compiler and bundled ptxas build the forward and both backward kernels for sm_90 in bf16 (first
-    autotuning configuration), within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
+    """Triton's compiler and bundled ptxas build the forward and both backward kernels (first autotuning
+    configuration) and the Delta pass for sm_90 in bf16, within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick",
                              "--sass"],
@@ -607,6 +607,7 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
                             timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     lines = [line for line in result.stdout.splitlines() if line.startswith("ok ")]
-    assert len(lines) == 3 and all("(fits)" in line for line in lines), result.stdout
-    counts = [re.search(r"SASS (\d+) instructions, STL (\d+), LDL (\d+)", line) for line in lines]
+    assert len(lines) == 4 and all("(fits)" in line for line in lines), result.stdout
+    assert lines[3].startswith("ok row_delta bf16 sm_90"), result.stdout   # the backward's Delta pass
+    counts = [re.search(r"SASS (\d+) instructions, STL (\d+), LDL (\d+)", line) for line in lines[:3]]
     assert all(count and int(count[1]) > 1000 for count in counts), result.stdout   # whole kernels were disassembled
