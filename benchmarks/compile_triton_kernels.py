@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
     flag_sets = ((True, False, True), (True, True, True), (False, False, False))[:1 if args.quick else None]
     distances = next_power_of_2(2 * args.max_relative_position + 1)
+    interior = next_power_of_2(max(2 * args.max_relative_position - 1, 1))
     failed = 0
 
     def build(kernel, constexprs: dict, warps: int, stages: int, label: str) -> None:
@@ -104,10 +105,10 @@ def main(argv: list[str] | None = None) -> int:
         settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, HAS_BIAS=True, HAS_VALUES=has_values,
                         CAUSAL=causal, DROPOUT=dropout, ACC=accumulate,
                         PRECISION="ieee" if args.dtype in ("fp32", "fp64") else "tf32", **config.kwargs)
-        for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_R": distances}),
+        for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_I": interior}),
                                     ("backward_keys", kernels.relative_backward_keys_kernel, {}),
                                     ("backward_queries", kernels.relative_backward_queries_kernel,
-                                     {"BLOCK_R": distances})):
+                                     {"BLOCK_I": interior})):
             build(kernel, {**settings, **extra}, config.num_warps, config.num_stages,
                   f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} causal={causal} "
                   f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")

@@ -293,7 +293,7 @@ def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     assert [triton_relative.length_bucket(n, m) for n, m in ((1, 1), (64, 10), (3, 65), (300, 100), (9000, 1))] == [
         64, 64, 128, 512, 8192]
     for tuned in (kernels.tuned_forward, kernels.tuned_backward_keys, kernels.tuned_backward_queries):
-        assert tuned.keys == [*kernels.TUNING_KEY, *(["BLOCK_R"] if tuned is not kernels.tuned_backward_keys else [])]
+        assert tuned.keys == [*kernels.TUNING_KEY, *(["BLOCK_I"] if tuned is not kernels.tuned_backward_keys else [])]
         assert "length_bucket" in tuned.keys and "length_bucket" in kernels.RUNTIME_INTS   # no compile per bucket
     buckets, launch = [], triton_relative.launch
 

@@ -67,7 +67,7 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                 ACC=tl.float64 if accumulate_64 else tl.float32,
                 PRECISION=("ieee" if query.dtype in (torch.float32, torch.float64)
                            else "float32" if interpreting() else "tf32"),
-                BLOCK_R=next_power_of_2(2 * max_distance + 1))
+                BLOCK_I=next_power_of_2(max(2 * max_distance - 1, 1)))
 
 
 def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *args: Any, **settings: Any) -> None:
@@ -195,7 +195,7 @@ def relative_attention_backward(
     launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
            query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
            *strides(grad_key, grad_value), *sizes,
-           **{name: value for name, value in settings.items() if name != "BLOCK_R"})
+           **{name: value for name, value in settings.items() if name != "BLOCK_I"})
     launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
            batch * heads, query, key, value, table, grad_output, grad_masses, lse, delta, grad_query, grad_table,
            *common, *strides(grad_query, grad_table), *sizes, **settings)

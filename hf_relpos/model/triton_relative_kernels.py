@@ -18,8 +18,9 @@ The dk/dv kernel loops over query blocks per key block, the dq/dT kernel over ke
 program writes only its own rows (no atomics; the backward is deterministic). Each loop runs in three parts (the
 softmax and the gradient sums do not depend on the order): the tiles whose keys are all at distance <= -k from their
 queries (bucket 0), those at >= k (bucket 2k), and those that meet the band. On the edge tiles T and dM are one column
-per row and the sums by distance (M, dT) one row sum per edge, so the [BLOCK_M, 2k+1] sums are live, and buckets
-gathered, only over the band tiles. Imported only when attn_implementation "relpos_triton" runs.
+per row and the sums by distance (M, dT) one row sum per edge, so the interior buckets' [BLOCK_M, 2k-1] sums are live,
+and buckets gathered, only over the band tiles. Every tensor is addressed by its strides (the model's token-major heads
+need no copy). Imported only when attn_implementation "relpos_triton" runs.
 """
 
 from __future__ import annotations
@@ -101,33 +102,33 @@ def band_query_tiles(first_col, first, end, query_offset, max_distance, BLOCK_M:
 
 
 @triton.jit
-def edge_sums(left, right, max_distance, BLOCK_R: tl.constexpr):
-    """[BLOCK_M, BLOCK_R] sums by distance with the edge tiles' row sums `left` [BLOCK_M, 1] in bucket 0 and `right`
-    in bucket 2k (both in bucket 0 when k = 0)."""
-    distances = tl.arange(0, BLOCK_R)[None, :]
-    return tl.where(distances == 0, left, 0.0) + tl.where(distances == 2 * max_distance, right, 0.0)
+def add_band_sums(left, inner, right, x, rows, first_col, query_offset, max_distance, BLOCK_N: tl.constexpr,
+                  BLOCK_I: tl.constexpr):
+    """The sums by distance of a band tile's x_ij added to `left` [BLOCK_M, 1] (bucket 0), `inner` [BLOCK_M, BLOCK_I]
+    (column r - 1 for the 2k - 1 buckets 0 < r < 2k: the one entry per row on the diagonal j = i' + r - k, gathered,
+    O(tile) work, not O(k tile)) and `right` [BLOCK_M, 1] (bucket 2k; k = 0: everything is bucket 0, in `left`).
+    Only band tiles carry `inner`; a tile beyond -k or +k adds its row sums to `left` or `right` alone."""
+    bucket = clipped_bucket(rows, first_col + tl.arange(0, BLOCK_N), query_offset, max_distance)
+    left += tl.sum(tl.where(bucket == 0, x, 0.0), 1, keep_dims=True)
+    right += tl.sum(tl.where((bucket == 2 * max_distance) & (bucket > 0), x, 0.0), 1, keep_dims=True)
+    interior = tl.arange(0, BLOCK_I)[None, :]   # bucket interior + 1
+    column = rows[:, None] + (query_offset - max_distance + 1 - first_col) + interior
+    inside = (interior < 2 * max_distance - 1) & (column >= 0) & (column < BLOCK_N)
+    inner += tl.where(inside, tl.gather(x, tl.where(inside, column, 0), axis=1), 0.0)
+    return left, inner, right
 
 
 @triton.jit
-def add_distance_sums(sums, x, rows, first_col, query_offset, max_distance, BLOCK_N: tl.constexpr,
-                      BLOCK_R: tl.constexpr, SIDE: tl.constexpr):
-    """sums[i, r] + sum_{j in tile: r(i, j) = r} x_ij. A tile beyond -k (SIDE -1) or +k (SIDE 1) adds its row sums to
-    the one edge bucket's `sums` [BLOCK_M, 1]; a band tile (SIDE 0) adds to `sums` [BLOCK_M, BLOCK_R] two masked row
-    sums for the edges and, for the 2k - 1 distances inside, the one entry per row on each diagonal j = i' + r - k,
-    gathered (O(tile) work, not O(k tile))."""
-    if SIDE == 0:
-        bucket = clipped_bucket(rows, first_col + tl.arange(0, BLOCK_N), query_offset, max_distance)
-        distances = tl.arange(0, BLOCK_R)[None, :]
-        left = tl.sum(tl.where(bucket == 0, x, 0.0), 1)
-        right = tl.sum(tl.where((bucket == 2 * max_distance) & (bucket > 0), x, 0.0), 1)  # k = 0: all in bucket 0
-        column = rows[:, None] + (query_offset - max_distance - first_col) + distances
-        inside = (distances > 0) & (distances < 2 * max_distance) & (column >= 0) & (column < BLOCK_N)
-        diagonal = tl.gather(x, tl.where(inside, column, 0), axis=1)
-        sums += (tl.where(inside, diagonal, 0.0) + tl.where(distances == 0, left[:, None], 0.0)
-                 + tl.where(distances == 2 * max_distance, right[:, None], 0.0))
-    else:
-        sums += tl.sum(x, 1, keep_dims=True)
-    return sums
+def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_distance, BLOCK_I: tl.constexpr):
+    """Rows of a [.., 2k+1] tensor (row stride `stride`, unit last stride) from the sums by distance `left`, `inner`
+    and `right` (as in `add_band_sums`; k = 0: left + right in the one bucket)."""
+    row_offsets = base + rows[:, None].to(tl.int64) * stride
+    dtype = X.dtype.element_ty
+    two_buckets = (rows[:, None] * 0 + max_distance) > 0   # [BLOCK_M, 1]: k > 0
+    tl.store(X + row_offsets, tl.where(two_buckets, left, left + right).to(dtype), mask=row_ok[:, None])
+    interior = tl.arange(0, BLOCK_I)[None, :]
+    tl.store(X + row_offsets + 1 + interior, inner.to(dtype), mask=row_ok[:, None] & (interior < 2 * max_distance - 1))
+    tl.store(X + row_offsets + 2 * max_distance, right.to(dtype), mask=row_ok[:, None] & two_buckets)
 
 
 @triton.jit
@@ -214,14 +215,16 @@ def shift_of(row_max):
 
 
 @triton.jit
-def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_base, stride_kn, stride_vn, t_base,
-                 t_stride, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
-                 query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr,
+def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, T, k_base, v_base, stride_kn,
+                 stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
+                 query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 BLOCK_I: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                  ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  SIDE: tl.constexpr):
     """One key tile of the online softmax for lse_i and o_i: the row max, the row sum, o's accumulator and the
-    dropped masses M (`sums`, as in `add_distance_sums`) rescaled to the new row max and updated."""
+    dropped masses M by distance (`left`, `inner`, `right`, as in `add_band_sums`; a tile beyond -k (SIDE -1)
+    updates `left` alone, one beyond +k (SIDE 1) `right` alone) rescaled to the new row max and updated."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     s, _ = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
@@ -237,17 +240,24 @@ def forward_tile(row_max, row_sum, acc, sums, first_col, q, K, V, T, k_base, v_b
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
     if HAS_VALUES:
-        sums = add_distance_sums(sums * rescale[:, None], p, rows, first_col, query_offset, max_distance, BLOCK_N,
-                                 BLOCK_R, SIDE)
-    return new_max, row_sum, acc, sums
+        if SIDE == -1:
+            left = left * rescale[:, None] + tl.sum(p, 1, keep_dims=True)
+        elif SIDE == 1:
+            right = right * rescale[:, None] + tl.sum(p, 1, keep_dims=True)
+        else:
+            left, inner, right = add_band_sums(left * rescale[:, None], inner * rescale[:, None],
+                                               right * rescale[:, None], p, rows, first_col, query_offset,
+                                               max_distance, BLOCK_N, BLOCK_I)
+    return new_max, row_sum, acc, left, inner, right
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_forward_kernel(
     Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
-    stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+    stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -269,20 +279,21 @@ def relative_forward_kernel(
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
     right = tl.zeros([BLOCK_M, 1], ACC)
+    inner = tl.zeros([BLOCK_M, BLOCK_I], ACC)
     for first_col in range(first, band_start, BLOCK_N):
-        row_max, row_sum, acc, left = forward_tile(row_max, row_sum, acc, left, first_col, *tile, HEAD_DIM, BLOCK_D,
-                                                   BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
-                                                   BLOCK_M, BLOCK_N, SIDE=-1)
+        row_max, row_sum, acc, left, _, _ = forward_tile(row_max, row_sum, acc, left, inner, right, first_col, *tile,
+                                                         HEAD_DIM, BLOCK_D, BLOCK_I, HAS_BIAS, HAS_VALUES, CAUSAL,
+                                                         DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
     left_max = row_max  # `left` is relative to the row max so far
     for first_col in range(band_end, last, BLOCK_N):
-        row_max, row_sum, acc, right = forward_tile(row_max, row_sum, acc, right, first_col, *tile, HEAD_DIM, BLOCK_D,
-                                                    BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
-                                                    BLOCK_M, BLOCK_N, SIDE=1)
-    masses = edge_sums(left * tl.exp(left_max - shift_of(row_max))[:, None], right, max_distance, BLOCK_R)
+        row_max, row_sum, acc, _, _, right = forward_tile(row_max, row_sum, acc, left, inner, right, first_col, *tile,
+                                                          HEAD_DIM, BLOCK_D, BLOCK_I, HAS_BIAS, HAS_VALUES, CAUSAL,
+                                                          DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
+    left = left * tl.exp(left_max - shift_of(row_max))[:, None]
     for first_col in range(band_start, band_end, BLOCK_N):
-        row_max, row_sum, acc, masses = forward_tile(row_max, row_sum, acc, masses, first_col, *tile, HEAD_DIM,
-                                                     BLOCK_D, BLOCK_R, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC,
-                                                     PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
+        row_max, row_sum, acc, left, inner, right = forward_tile(
+            row_max, row_sum, acc, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_I, HAS_BIAS,
+            HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
@@ -290,10 +301,9 @@ def relative_forward_kernel(
                acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
-        distances = tl.arange(0, BLOCK_R)
-        tl.store(M + b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh + rows[:, None].to(tl.int64) * stride_mn
-                 + distances[None, :],
-                 (masses / normalizer[:, None]).to(M.dtype.element_ty), mask=row_ok[:, None] & (distances[None, :] < R))
+        scale = 1.0 / normalizer[:, None]
+        store_by_distance(M, b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh, stride_mn, rows, row_ok,
+                          left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
 
 
 @triton.jit
@@ -392,15 +402,15 @@ def relative_backward_keys_kernel(
 
 
 @triton.jit
-def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn, stride_vn,
-                          t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
-                          query_length, key_length, query_offset, max_distance, m_stride, HEAD_DIM: tl.constexpr,
-                          BLOCK_D: tl.constexpr,
-                          BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
-                          CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
-    """One key tile's terms of dq_i / c = sum_j dS_ij k_j and of dT's sums of dS by distance (`sums`, as in
-    `add_distance_sums`)."""
+def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn,
+                          stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_p, scaling,
+                          keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
+                          HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr,
+                          DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
+                          BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
+    """One key tile's terms of dq_i / c = sum_j dS_ij k_j and of dT's sums of dS by distance (`left`, `inner`,
+    `right`, as in `add_band_sums`; SIDE -1 and 1 update `left` and `right` alone)."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
@@ -408,12 +418,17 @@ def backward_queries_tile(dq, sums, first_col, q, do, lse, delta, K, V, T, DM, k
                              max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                            dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
-                           HAS_VALUES,
-                           DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+                           HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
     if HAS_BIAS:
-        sums = add_distance_sums(sums, ds, rows, first_col, query_offset, max_distance, BLOCK_N, BLOCK_R, SIDE)
-    return dq, sums
+        if SIDE == -1:
+            left += tl.sum(ds, 1, keep_dims=True)
+        elif SIDE == 1:
+            right += tl.sum(ds, 1, keep_dims=True)
+        else:
+            left, inner, right = add_band_sums(left, inner, right, ds, rows, first_col, query_offset, max_distance,
+                                               BLOCK_N, BLOCK_I)
+    return dq, left, inner, right
 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
@@ -421,8 +436,9 @@ def relative_backward_queries_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
-    stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_R: tl.constexpr, HAS_BIAS: tl.constexpr,
+    stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
@@ -446,23 +462,24 @@ def relative_backward_queries_kernel(
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
     right = tl.zeros([BLOCK_M, 1], ACC)
+    inner = tl.zeros([BLOCK_M, BLOCK_I], ACC)
     for first_col in range(first, band_start, BLOCK_N):
-        dq, left = backward_queries_tile(dq, left, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                         HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=-1)
+        dq, left, _, _ = backward_queries_tile(dq, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_I,
+                                               HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N,
+                                               SIDE=-1)
     for first_col in range(band_end, last, BLOCK_N):
-        dq, right = backward_queries_tile(dq, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                          HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
-    d_table = edge_sums(left, right, max_distance, BLOCK_R)
+        dq, _, _, right = backward_queries_tile(dq, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_I,
+                                                HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M,
+                                                BLOCK_N, SIDE=1)
     for first_col in range(band_start, band_end, BLOCK_N):
-        dq, d_table = backward_queries_tile(dq, d_table, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_R, HAS_BIAS,
-                                            HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
+        dq, left, inner, right = backward_queries_tile(dq, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D,
+                                                       BLOCK_I, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
+                                                       BLOCK_M, BLOCK_N, SIDE=0)
     store_rows(DQ, b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh, stride_dqn, rows, query_length,
                dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
-        distances = tl.arange(0, BLOCK_R)
-        tl.store(DT + b.to(tl.int64) * stride_dtb + h.to(tl.int64) * stride_dth
-                 + rows[:, None].to(tl.int64) * stride_dtn + distances[None, :], d_table.to(DT.dtype.element_ty),
-                 mask=row_ok[:, None] & (distances[None, :] < R))
+        store_by_distance(DT, b.to(tl.int64) * stride_dtb + h.to(tl.int64) * stride_dth, stride_dtn, rows, row_ok,
+                          left, inner, right, max_distance, BLOCK_I)
 
 
 @triton.jit(do_not_specialize=["query_length"])
@@ -519,6 +536,6 @@ def autotuned(kernel, key: list[str]):
 
 
 TUNING_KEY = ["HEAD_DIM", "HAS_BIAS", "HAS_VALUES", "CAUSAL", "DROPOUT", "ACC", "length_bucket"]
-tuned_forward = autotuned(relative_forward_kernel, TUNING_KEY + ["BLOCK_R"])
+tuned_forward = autotuned(relative_forward_kernel, TUNING_KEY + ["BLOCK_I"])
 tuned_backward_keys = autotuned(relative_backward_keys_kernel, TUNING_KEY)
-tuned_backward_queries = autotuned(relative_backward_queries_kernel, TUNING_KEY + ["BLOCK_R"])
+tuned_backward_queries = autotuned(relative_backward_queries_kernel, TUNING_KEY + ["BLOCK_I"])
