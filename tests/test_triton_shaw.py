@@ -285,6 +285,38 @@ def test_any_input_layout_gives_the_same_results_and_gradients_in_the_inputs_lay
         assert torch.equal(got, expected)
 
 
+def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
+    """The fused path in the model: one self-attention layer's forward and backward under bf16 autocast with attention
+    dropout, counting every copy (clone, copy_, dtype casts) of a tensor of q's size split into heads (4-D): none (the
+    kernels read and write the token-major heads as they are, and T = c q a^K^T is multiplied in that order); sdpa's
+    path, which hands the probabilities to eager for a^V, copies."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks.bench_training import attention_case
+    from benchmarks.common import SHAPES
+
+    copies = {torch.ops.aten.clone.default, torch.ops.aten.copy_.default, torch.ops.aten._to_copy.default}
+
+    class CountCopies(TorchDispatchMode):
+        def __init__(self, size):
+            super().__init__()
+            self.size, self.count = size, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            self.count += func in copies and result.dim() == 4 and result.numel() == self.size
+            return result
+
+    counts = {}
+    for kernel in ("relpos_triton", "sdpa"):
+        case = attention_case("shaw", SHAPES["tiny"], 16, 2, "cpu", "bfloat16", kernel, 0.1)
+        case.step()
+        with CountCopies(2 * 16 * SHAPES["tiny"].d_model) as counter:
+            case.step()
+        counts[kernel] = counter.count
+    assert counts["relpos_triton"] == 0 and counts["sdpa"] > 0, counts
+
+
 def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     """The three kernels are tuned per flag set and power-of-two bucket of the longer side (64 to 8192), not per
     shape; forward and backward of one call pass the same bucket."""
