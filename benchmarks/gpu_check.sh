@@ -21,7 +21,9 @@
 #       3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and determinism tests compiled for the GPU (one
 #       passed in 90 s); DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 200 s: shaw's bf16 training on
 #       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
-#       again; the record rewritten after each of its three runs)
+#       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
+#       a^K bias, a^V masses and dropout switched off one at a time beside sdpa on the same inputs, n = 512, at the
+#       blocks the H200 chose (18 compiles)
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -29,8 +31,8 @@
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
-# (training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, triton_tests.txt,
-# precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
+# (training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
+# triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}
@@ -90,6 +92,10 @@ if [ "${FLEX:-0}" = 1 ]; then
         --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute xl t5 --out "$out/training_n512_flex_xl_t5"
     training 90 "(b) fused path: base model n=512, absolute shaw alibi" --lengths 512 \
         --kernels sdpa ${KERNELS:-flex_attention} --schemes absolute shaw alibi --out "$out/training_n512_flex_shaw_alibi"
+fi
+if [ "${ABLATE:-0}" = 1 ] && [ -n "$triton" ]; then
+    step 150 "(g) what each term of relpos_triton costs, beside sdpa: n=512" "$python" -m \
+        benchmarks.ablate_relpos_triton --length 512 --tokens 16384 --attention_dropout 0.1 --out "$out/ablation_n512"
 fi
 if [ "${TRITON_TESTS:-0}" = 1 ] && [ -n "$triton" ]; then
     step 300 "(d) relpos_triton tests on the GPU" "$python" -m pytest -q -rs -p no:cacheprovider \

@@ -174,7 +174,7 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     tests; every step writes its own record; the limits sum to at
     most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
-    PRECISION=1 and DECODING=1 their benchmarks."""
+    PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks."""
     import importlib.util
     import subprocess
     import sys
@@ -210,13 +210,15 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert len(commands) == 3
 
     ends, commands = check("more", KEY_DROPOUT="1", FLEX="1", TRITON_TESTS="1", PRECISION="1", DECODING="1",
-                           TESTS="0")
+                           ABLATE="1", TESTS="0")
     assert not any("tests/test_kernels.py" in command for command in commands)
     assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[2]
     assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[3]
     assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[4]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
-    assert len(set(outs)) == len(outs) == (7 if triton else 6)   # bench_precision runs only with triton
+    assert len(set(outs)) == len(outs) == (8 if triton else 6)   # bench_precision and the ablation need triton
+    assert any(command.startswith("-m benchmarks.ablate_relpos_triton --length 512") for command in commands) == bool(
+        triton)
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
     assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
@@ -255,6 +257,32 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
     assert "| 64x32 w4 s3 * | 0.2000 | 1.000 |\n| 128x128 w8 s2 | 0.4000 | 2.000 |" in markdown
     assert "## tuned_forward, causal False" in markdown   # no package config timed there: ratio nan, row kept
     assert "## CUDA kernels of one training step: shaw@relpos_triton (0.600 ms)" in markdown
+
+
+def test_ablation_times_the_fused_op_with_each_term_off_beside_sdpa(tmp_path: Path) -> None:
+    """ablate_relpos_triton under Triton's interpreter with a stand-in timer: every variant (all of a^K, a^V and
+    dropout, each off in turn, none) runs the fused op forward and forward + backward and sdpa on the same inputs, and
+    the record has a row per variant with the four times and the ratios."""
+    pytest.importorskip("triton")
+    from benchmarks import ablate_relpos_triton as ablate
+    from hf_relpos.model import triton_relative
+
+    if not triton_relative.interpreting():
+        pytest.skip("runs the kernels under Triton's interpreter")
+    calls = []
+
+    def timer(function) -> float:
+        calls.append(function.__name__)
+        function()
+        return float(len(calls))
+
+    data = ablate.main(["--shape", "tiny", "--length", "16", "--tokens", "32", "--max_distance", "2", "--out",
+                        str(tmp_path)], timer=timer, device="cpu")
+    assert [row["variant"] for row in data["rows"]] == [variant[0] for variant in ablate.VARIANTS]
+    assert calls == ["forward", "training", "sdpa_forward", "sdpa_training"] * len(ablate.VARIANTS)
+    assert json.loads((tmp_path / "ablation.json").read_text()) == json.loads(json.dumps(data))
+    assert "| a^K, a^V, dropout | 1.0000 | 2.0000 | 3.0000 | 4.0000 | 0.33x | 0.50x |" in (
+        tmp_path / "ablation.md").read_text()
 
 
 def test_profile_records_each_schemes_time_per_operator_at_every_length(tmp_path: Path) -> None:
