@@ -1,7 +1,7 @@
 """Compile the "relpos_triton" kernels ahead of time for a GPU architecture, without a GPU: every autotuning
 configuration of the forward and both backward kernels, for a head size, dtype and set of flags, and the backward's
-Delta pass, with the shared memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A configuration that does not
-compile is printed as FAILED and the exit status is 1.
+Delta pass, with the shared memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A
+configuration that does not compile is printed as FAILED and the exit status is 1.
 
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype bf16
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype fp32 --head-dim 128 --quick
@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
 
     target = GPUTarget("cuda", args.arch, 32)
     configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
-    flag_sets = ((True, False, True), (True, True, True), (False, False, False))[:1 if args.quick else None]
-    distances = next_power_of_2(2 * args.max_relative_position + 1)
+    # (a^K, a^V, causal, dropout): Shaw's encoder and decoder with dropout, shaw-k without it, a^V alone
+    flag_sets = ((True, True, False, True), (True, True, True, True), (True, False, False, False),
+                 (False, True, False, True))[:1 if args.quick else None]
     interior = next_power_of_2(max(2 * args.max_relative_position - 1, 1))
     failed = 0
 
@@ -101,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
     accumulate = kernels.tl.float64 if args.dtype == "fp64" else kernels.tl.float32
     block_d = max(16, next_power_of_2(args.head_dim))
-    for (has_values, causal, dropout), config in itertools.product(flag_sets, configs):
-        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, HAS_BIAS=True, HAS_VALUES=has_values,
+    for (has_bias, has_values, causal, dropout), config in itertools.product(flag_sets, configs):
+        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, HAS_BIAS=has_bias, HAS_VALUES=has_values,
                         CAUSAL=causal, DROPOUT=dropout, ACC=accumulate,
                         PRECISION="ieee" if args.dtype in ("fp32", "fp64") else "tf32", **config.kwargs)
         for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_I": interior}),
@@ -110,12 +111,14 @@ def main(argv: list[str] | None = None) -> int:
                                     ("backward_queries", kernels.relative_backward_queries_kernel,
                                      {"BLOCK_I": interior})):
             build(kernel, {**settings, **extra}, config.num_warps, config.num_stages,
-                  f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} causal={causal} "
+                  f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} {'' if has_bias else 'a^K=False '}"
+                  f"a^V={has_values} causal={causal} "
                   f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
     for has_values in (True, False)[:1 if args.quick else None]:
-        build(kernels.row_delta_kernel, dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d,
-                                             DISTANCES=2 * args.max_relative_position + 1, BLOCK_R=distances,
-                                             HAS_VALUES=has_values, ACC=accumulate, BLOCK_M=DELTA_BLOCK), 4, 2,
+        masses = 2 * args.max_relative_position + 1 if has_values else 0
+        build(kernels.row_delta_kernel, dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, DISTANCES=masses,
+                                             BLOCK_R=max(16, next_power_of_2(masses)), HAS_VALUES=has_values,
+                                             ACC=accumulate, BLOCK_M=DELTA_BLOCK), 4, 2,
               f"row_delta {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} rows={DELTA_BLOCK}")
     return 1 if failed else 0
 

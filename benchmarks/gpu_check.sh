@@ -32,7 +32,8 @@
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # (training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
-# triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the package importable (PYTHONPATH=. or an install).
+# triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the
+# package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
 commit=${2:-$(git rev-parse HEAD 2>/dev/null || echo unknown)}

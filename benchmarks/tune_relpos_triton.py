@@ -3,10 +3,11 @@
 One training step of a one-layer encoder-decoder (`model_case`: encoder self-attention runs the kernels without
 causality, decoder self-attention with it) with every kernel's autotuner given the candidate configs (the package's
 `BLOCK_CONFIGS`, marked, and FlashAttention-2's Hopper ones; the package's alone with --candidates package): Triton's
-autotuner times each on the step's own inputs (its `do_bench`), recorded per kernel, flag set and config. Then, with the blocks so chosen, the device time of every CUDA kernel over
-a few profiled steps, for `absolute` on sdpa and the scheme on relpos_triton in the same process (the per-token costs
-outside the fused kernel show there by name). Writes tuning.md and tuning.json into --out after every timing (a time
-limit keeps what was done).
+autotuner times each on the step's own inputs (its `do_bench`), recorded per kernel, tuning key (flags, length
+bucket) and config. Then, with the blocks so chosen, the device time of every CUDA kernel over a few profiled steps,
+for `absolute` on sdpa and the scheme on relpos_triton in the same process (the per-token costs outside the fused
+kernel show there by name). Writes tuning.md and tuning.json into --out after every timing (a time limit keeps what
+was done).
 
     python -m benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 \\
         --tokens 16384 --attention_dropout 0.1 --out /tmp/tune
@@ -43,15 +44,22 @@ def milliseconds(timing: Any) -> float:
     return float(timing[0] if isinstance(timing, (list, tuple)) else timing)
 
 
+def tuning_key(tuner: Any, meta: dict[str, Any]) -> str:
+    """What the autotuner keys a kernel's blocks on, readably: its flags and the length bucket."""
+    flags = ", ".join(f"{label} {bool(meta.get(flag))}" for label, flag in
+                      (("causal", "CAUSAL"), ("dropout", "DROPOUT"), ("a^K", "HAS_BIAS"), ("a^V", "HAS_VALUES")))
+    return f"{flags}, length bucket {getattr(tuner, 'nargs', {}).get('length_bucket')}"
+
+
 def record_timings(tuner: Any, name: str, timings: list[dict[str, Any]], save: Any) -> None:
-    """Wraps the autotuner's per-config benchmark so that each timing is recorded (with the kernel's CAUSAL flag)
-    and saved as it comes."""
+    """Wraps the autotuner's per-config benchmark so that each timing is recorded (with what the autotuner keys it
+    on: the flags and the length bucket) and saved as it comes."""
     bench = tuner._bench
 
     def recorded(*args: Any, config: Any, **meta: Any) -> Any:
         result = bench(*args, config=config, **meta)
-        timings.append({"kernel": name, "causal": bool(meta.get("CAUSAL")), "config": config_label(config),
-                        "ms": milliseconds(result)})
+        timings.append({"kernel": name, "causal": bool(meta.get("CAUSAL")), "key": tuning_key(tuner, meta),
+                        "config": config_label(config), "ms": milliseconds(result)})
         save()
         return result
 
@@ -73,18 +81,19 @@ def kernel_times_ms(step: Any, steps: int) -> dict[str, float]:
     return dict(sorted(totals.items(), key=lambda item: -item[1]))
 
 
-def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]], profiles: dict[str, dict[str, float]]) -> str:
+def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]],
+                    profiles: dict[str, dict[str, float]]) -> str:
     lines = ["# relpos_triton's block sizes, and each CUDA kernel's device time", "", *environment_lines(meta),
              f"- shape {meta['shape']} (one encoder and one decoder layer), scheme {meta['scheme']}, n = "
-             f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; * = one of the "
-             "package's configs", ""]
-    by_kernel: dict[tuple[str, bool], list[dict[str, Any]]] = defaultdict(list)
-    for timing in timings:
-        by_kernel[(timing["kernel"], timing["causal"])].append(timing)
+             f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; * = one of "
+             "the package's configs", ""]
+    by_kernel: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for timing in timings:   # records before the key was kept: the causal flag alone
+        by_kernel[(timing["kernel"], timing.get("key", f"causal {timing['causal']}"))].append(timing)
     package = {f"{m}x{n} w{w} s{s}" for m, n, w, s in BLOCK_CONFIGS}
-    for (kernel, causal), rows in by_kernel.items():
+    for (kernel, key), rows in by_kernel.items():
         best_package = min((row["ms"] for row in rows if row["config"] in package), default=float("nan"))
-        lines += [f"## {kernel}, causal {causal}", "", markdown_table(
+        lines += [f"## {kernel}, {key}", "", markdown_table(
             ["config", "ms", "vs the package's best"],
             [[row["config"] + (" *" if row["config"] in package else ""), f"{row['ms']:.4f}",
               f"{row['ms'] / best_package:.3f}"] for row in sorted(rows, key=lambda row: row["ms"])]), ""]

@@ -326,8 +326,8 @@ def relpos_triton_lengths() -> str:
             f"on sdpa {extra_ms('shaw@sdpa')} ms more. The timed rounds of one series differ by up to {spread:.0%}.\n")
 
 
-KERNEL_KINDS = re.compile(r"relative_\w+_kernel|cudnn|cutlass|splitKreduce|bfloat16_copy|direct_copy|ReduceOp<\w+"
-                          r"|BinaryFunctor<\w+|CUDAFunctor_add<[\w:]+|FillFunctor<\w+")
+KERNEL_KINDS = re.compile(r"relative_\w+_kernel|row_delta_kernel|cudnn|cutlass|splitKreduce|bfloat16_copy"
+                          r"|direct_copy|ReduceOp<\w+|BinaryFunctor<\w+|CUDAFunctor_add<[\w:]+|FillFunctor<\w+")
 
 
 def kernel_kind(name: str) -> str:
@@ -350,35 +350,36 @@ def h200_time_split() -> str:
         return totals
 
     shaw_kinds, absolute_kinds = kind_ms(shaw), kind_ms(absolute)
-    fused = {kind: ms for kind, ms in shaw_kinds.items() if kind.startswith("relative_")}
+    fused = {kind: ms for kind, ms in shaw_kinds.items() if kind.startswith(("relative_", "row_delta"))}
     cross = shaw_kinds.get("cudnn", 0.0)   # shaw's cross-attention, the one attention left on cuDNN
     absolute_self = absolute_kinds.get("cudnn", 0.0) - cross
     gap = sum(shaw.values()) - sum(absolute.values())
     kernel_gap = sum(fused.values()) - absolute_self
     outside = sorted(((shaw_kinds.get(kind, 0.0) - absolute_kinds.get(kind, 0.0), kind)
                       for kind in set(shaw_kinds) | set(absolute_kinds)
-                      if kind != "cudnn" and not kind.startswith("relative_")), reverse=True)
+                      if kind != "cudnn" and kind not in fused), reverse=True)
     package = {f"{m}x{n} w{w} s{stages}" for m, n, w, stages in BLOCK_CONFIGS}
     best: dict[tuple[str, bool], dict[bool, float]] = {}
     for timing in record["timings"]:
         entry = best.setdefault((timing["kernel"], timing["causal"]), {})
         own = timing["config"] in package
         entry[own] = min(entry.get(own, float("inf")), timing["ms"])
-    slower = [entry[False] / entry[True] for entry in best.values()]
+    slower = [entry[False] / entry[True] for entry in best.values() if False in entry and True in entry]
     return (f"One encoder and one decoder layer ({meta['shape']} shape, n = {meta['length']}, batch {meta['batch']}, "
             f"attention dropout {meta['attention_dropout']:g}), code `{meta['code']}`: a training step takes "
             f"{sum(shaw.values()):.2f} ms of device time with `{meta['scheme']}` on `relpos_triton` and "
-            f"{sum(absolute.values()):.2f} ms with `absolute` on sdpa, {gap:.2f} ms more. The three Triton kernels take "
+            f"{sum(absolute.values()):.2f} ms with `absolute` on sdpa, {gap:.2f} ms more. The {len(fused)} Triton "
+            "kernels take "
             f"{sum(fused.values()):.2f} ms ({', '.join(f'`{kind}` {ms:.2f}' for kind, ms in fused.items())}), where "
             f"absolute's two self-attentions take {absolute_self:.2f} ms of cuDNN's flash kernels (its three "
             f"attentions' cuDNN kernels less shaw's cross-attention's, {cross:.2f} ms): the kernel is "
             f"{sum(fused.values()) / absolute_self:.2f}x cuDNN's time, {kernel_gap:.2f} ms of the gap. The other "
             f"{gap - kernel_gap:.2f} ms is outside it; the largest differences by kind of kernel: "
             + ", ".join(f"`{kind}` {ms:+.2f} ms" for ms, kind in outside[:6])
-            + f". Block sizes: for each of the {len(best)} kernels and flag sets, the fastest of the package's "
-            f"{len(package)} configurations against the fastest of the "
-            f"{len(meta['candidates']) - len(package)} others (FlashAttention-2's Hopper tiles): the others "
-            f"{min(slower):.2f}x to {max(slower):.2f}x its time.\n")
+            + "." + (f" Block sizes: for each of the {len(slower)} kernels and flag sets, the fastest of the "
+                     f"package's {len(package)} configurations against the fastest of the "
+                     f"{len(meta['candidates']) - len(package)} others (FlashAttention-2's Hopper tiles): the others "
+                     f"{min(slower):.2f}x to {max(slower):.2f}x its time." if slower else "") + "\n")
 
 
 def recommended_kernel(scheme: str) -> str:

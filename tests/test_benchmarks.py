@@ -235,6 +235,8 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
     from hf_relpos.model.triton_relative import BLOCK_CONFIGS
 
     class Tuner:
+        nargs = {"length_bucket": 512}
+
         def _bench(self, *args, config, **meta):
             return [{(64, 32): 0.2, (128, 128): 0.5}.get((config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"]), 0.3)]
 
@@ -245,17 +247,23 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
         tuner._bench(1, config=triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=4, num_stages=3),
                      CAUSAL=block_m == 64)
     assert saves == [1, 2]
-    assert timings == [{"kernel": "tuned_forward", "causal": True, "config": "64x32 w4 s3", "ms": 0.2},
-                       {"kernel": "tuned_forward", "causal": False, "config": "128x128 w4 s3", "ms": 0.5}]
+    keys = ["causal True, dropout False, a^K False, a^V False, length bucket 512",
+            "causal False, dropout False, a^K False, a^V False, length bucket 512"]
+    assert timings == [{"kernel": "tuned_forward", "causal": True, "key": keys[0], "config": "64x32 w4 s3", "ms": 0.2},
+                       {"kernel": "tuned_forward", "causal": False, "key": keys[1], "config": "128x128 w4 s3",
+                        "ms": 0.5}]
     assert (64, 32, 4, 3) in BLOCK_CONFIGS and tune.CANDIDATES["package"] == BLOCK_CONFIGS
     assert not set(tune.HOPPER_CONFIGS) & set(BLOCK_CONFIGS)
     meta = {"command": "c", "device": "cuda", "device_name": "GPU", "cpu_threads": 1, "dtype": "bfloat16",
             "kernel": "relpos_triton", "torch": "t", "transformers": "t", "python": "p", "date": "d", "code": "x",
             "clock": "wall", "shape": "base", "scheme": "shaw", "length": 512, "batch": 32, "attention_dropout": 0.1}
-    timings.append({"kernel": "tuned_forward", "causal": True, "config": "128x128 w8 s2", "ms": 0.4})
-    markdown = tune.render_markdown(meta, timings, {"shaw@relpos_triton": {"relative_forward_kernel": 0.5, "copy": 0.1}})
+    timings.append({"kernel": "tuned_forward", "causal": True, "key": keys[0], "config": "128x128 w8 s2", "ms": 0.4})
+    profiles = {"shaw@relpos_triton": {"relative_forward_kernel": 0.5, "copy": 0.1}}
+    markdown = tune.render_markdown(meta, timings, profiles)
     assert "| 64x32 w4 s3 * | 0.2000 | 1.000 |\n| 128x128 w8 s2 | 0.4000 | 2.000 |" in markdown
-    assert "## tuned_forward, causal False" in markdown   # no package config timed there: ratio nan, row kept
+    assert f"## tuned_forward, {keys[1]}" in markdown   # no package config timed there: ratio nan, row kept
+    timings.append({"kernel": "tuned_forward", "causal": False, "config": "64x32 w4 s3", "ms": 0.3})
+    assert "## tuned_forward, causal False\n" in tune.render_markdown(meta, timings, {})   # a record without keys
     assert "## CUDA kernels of one training step: shaw@relpos_triton (0.600 ms)" in markdown
 
 

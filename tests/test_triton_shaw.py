@@ -244,7 +244,8 @@ def test_backward_is_deterministic():
 
 
 def layout(tensor, form, generator):
-    """`tensor` [B, H, n, d] (float64, a leaf; d may be T's 2k+1) as the same values in another memory layout: "contiguous" (head-major),
+    """`tensor` [B, H, n, d] (float64, a leaf; d may be T's 2k+1) as the same values in another memory
+    layout: "contiguous" (head-major),
     "token-major" ([B, n, H, d] memory, as the model's projections are split into heads) or "fused" (one of three
     slices of a [B, n, 3, H, d] buffer: no dense layout), a new leaf."""
     batch, heads, length, head_dim = tensor.shape
@@ -262,8 +263,8 @@ def layout(tensor, form, generator):
 @pytest.mark.parametrize("form", ["token-major", "fused"])
 def test_any_input_layout_gives_the_same_results_and_gradients_in_the_inputs_layout(form):
     """float64: q, k, v, the bias table T and dO laid out token-major or as slices of a fused buffer give bitwise the
-    results and gradients of head-major inputs; o and dq, dk, dv come dense in their inputs' order of dimensions (token-major:
-    merging the heads afterwards is a view, no copy)."""
+    results and gradients of head-major inputs; o and dq, dk, dv come dense in their inputs' order of dimensions
+    (token-major: merging the heads afterwards is a view, no copy)."""
     case = KERNEL_CASES["dropout_encoder"]
     k, _, _, query_offset, causal, _, _, _, dropout = case
     generator = torch.Generator().manual_seed(3)
@@ -283,6 +284,16 @@ def test_any_input_layout_gives_the_same_results_and_gradients_in_the_inputs_lay
             assert (laid_out if name == "contiguous" else laid_out.transpose(1, 2)).is_contiguous()
     for got, expected in zip(results[form], results["contiguous"], strict=True):
         assert torch.equal(got, expected)
+
+
+def test_a_head_beyond_32_bit_row_offsets_is_one_clear_error():
+    """The kernels address rows with 32-bit offsets from a 64-bit head base: a head spanning more elements (a huge
+    row stride) is refused with the field and the limit, not read out of bounds."""
+    fits = torch.empty_strided((2, 2, 3, 8), (2**33, 2**32, 2**28, 1), device="meta")
+    triton_relative.check_row_spans(query=fits)   # batch and head strides beyond 2^31 are fine: 64-bit bases
+    too_far = torch.empty_strided((1, 1, 3, 8), (2**32, 2**31, 2**30, 1), device="meta")
+    with pytest.raises(ValueError, match=r"one head of grad_output spans 2147483656 elements .* \(2147483647\)"):
+        triton_relative.check_row_spans(grad_output=too_far)
 
 
 def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
@@ -631,7 +642,8 @@ def test_a_second_copy_of_the_module_registers_its_own_ops(tmp_path):
 @pytest.mark.slow
 def test_kernels_compile_for_an_h100_without_a_gpu():
     """Triton's compiler and bundled ptxas build the forward and both backward kernels (first autotuning
-    configuration) and the Delta pass for sm_90 in bf16, within its shared memory: no GPU needed, so CI catches what the interpreter cannot."""
+    configuration) and the Delta pass for sm_90 in bf16, within its shared memory: no GPU needed, so CI catches what
+    the interpreter cannot."""
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-m", "benchmarks.compile_triton_kernels", "--arch", "90", "--quick",
                              "--sass"],

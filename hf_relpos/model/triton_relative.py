@@ -111,12 +111,25 @@ def with_unit_last_stride(tensor: torch.Tensor) -> torch.Tensor:
     return tensor if tensor.stride(-1) == 1 else tensor.contiguous()
 
 
+MAX_ROW_SPAN = 2**31 - 1   # the kernels address a head's rows with 32-bit offsets from a 64-bit base
+
+
+def check_row_spans(**tensors: torch.Tensor) -> None:
+    """One clear error when a head of a [B, H, n, *] tensor spans more elements than 32-bit row offsets reach."""
+    for name, tensor in tensors.items():
+        span = (tensor.size(2) - 1) * tensor.stride(2) + tensor.size(3) if tensor.numel() else 0
+        if span > MAX_ROW_SPAN:
+            raise ValueError(f"attn_implementation {KERNEL_NAME!r}: one head of {name} spans {span} elements (row "
+                             f"stride {tensor.stride(2)}), more than the kernels' 32-bit row offsets reach "
+                             f"({MAX_ROW_SPAN}): use 'sdpa' or 'eager' for such tensors")
+
+
 def empty_in_order_of(reference: torch.Tensor, last: int, dtype: torch.dtype) -> torch.Tensor:
     """An empty [B, H, n, last] tensor laid out in the order of `reference` [B, H, n, d]: token-major ([B, n, H, last]
-    memory) when the reference is, so that its products with the distance tables need no copy; head-major
-    otherwise."""
+    memory) when the reference's heads are closer in memory than its rows (the model's heads, also as slices of a
+    fused buffer), so that its products with the distance tables need no copy; head-major otherwise."""
     batch, heads, length, _ = reference.shape
-    if reference.transpose(1, 2).is_contiguous() and not reference.is_contiguous():
+    if reference.stride(1) < reference.stride(2):
         return reference.new_empty(batch, length, heads, last, dtype=dtype).transpose(1, 2)
     return reference.new_empty(batch, heads, length, last, dtype=dtype)
 
@@ -131,6 +144,7 @@ def relative_attention(
     module docstring. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout
     mask."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
+    check_row_spans(query=query, key=key, value=value, **({} if bias_table is None else {"bias_table": bias_table}))
     batch, heads, query_length, head_dim = query.shape
     key_length = key.size(-2)
     accumulate = torch.promote_types(query.dtype, torch.float32)
@@ -144,8 +158,8 @@ def relative_attention(
 
     launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
            query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
-           int(seed.item()), dropout, *strides(query, key, value, table, output, masses), heads, query_length, key_length, query_offset,
-           max_distance, length_bucket(query_length, key_length), **settings)
+           int(seed.item()), dropout, *strides(query, key, value, table, output, masses), heads, query_length,
+           key_length, query_offset, max_distance, length_bucket(query_length, key_length), **settings)
     return output, masses, lse
 
 
@@ -175,6 +189,7 @@ def relative_attention_backward(
     with_masses = masses.size(-1) > 0
     accumulate = torch.promote_types(query.dtype, torch.float32)
     grad_output, grad_masses = with_unit_last_stride(grad_output), with_unit_last_stride(grad_masses)
+    check_row_spans(grad_output=grad_output, grad_masses=grad_masses)
     # each gradient in its input's layout (token-major projections: no copy to merge heads)
     grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
     with_bias = bias_table is not None
@@ -209,7 +224,7 @@ def row_deltas(grad_output: torch.Tensor, output: torch.Tensor, grad_masses: tor
     from .triton_relative_kernels import row_delta_kernel
 
     batch, heads, query_length, _ = output.shape
-    delta = masses.new_empty(batch, heads, query_length)
+    delta = output.new_empty(batch, heads, query_length, dtype=torch.promote_types(output.dtype, torch.float32))
     rows = INTERPRETER_BLOCK if interpreting() else DELTA_BLOCK
     distances = masses.size(-1)
     row_delta_kernel[(ceil_div(query_length, rows), batch * heads)](

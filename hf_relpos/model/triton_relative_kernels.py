@@ -122,7 +122,7 @@ def add_band_sums(left, inner, right, x, rows, first_col, query_offset, max_dist
 def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_distance, BLOCK_I: tl.constexpr):
     """Rows of a [.., 2k+1] tensor (row stride `stride`, unit last stride) from the sums by distance `left`, `inner`
     and `right` (as in `add_band_sums`; k = 0: left + right in the one bucket)."""
-    row_offsets = base + rows[:, None].to(tl.int64) * stride
+    row_offsets = base + rows[:, None] * stride
     dtype = X.dtype.element_ty
     two_buckets = (rows[:, None] * 0 + max_distance) > 0   # [BLOCK_M, 1]: k > 0
     tl.store(X + row_offsets, tl.where(two_buckets, left, left + right).to(dtype), mask=row_ok[:, None])
@@ -134,15 +134,17 @@ def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_dis
 @triton.jit
 def add_by_distance(x, TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance,
                     SIDE: tl.constexpr):
-    """x_ij + TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or +k (SIDE 1) reads one column of the
-    [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers by distance."""
+    """x_ij + TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or +k
+    (SIDE 1) reads one column of the [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers
+    by distance."""
     row_ok = rows < query_length
+    row_offsets = t_base + rows * t_stride
     if SIDE == 0:
         bucket = clipped_bucket(rows, cols, query_offset, max_distance)
-        x += tl.load(TABLE + t_base + rows[:, None] * t_stride + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
+        x += tl.load(TABLE + row_offsets[:, None] + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
     else:
         edge = (SIDE + 1) * max_distance
-        x += tl.load(TABLE + t_base + rows * t_stride + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
+        x += tl.load(TABLE + row_offsets + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
     return x
 
 
@@ -159,6 +161,12 @@ def key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL: tl.constex
 
 
 @triton.jit
+def head_base(b, h, stride_b, stride_h):
+    """The offset of head h of batch entry b, in int64 (a tensor of 2^31 elements or more stays addressable)."""
+    return b.to(tl.int64) * stride_b + h.to(tl.int64) * stride_h
+
+
+@triton.jit
 def load_rows(X, base, stride, rows, first, end, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows [BLOCK, BLOCK_D] of a [.., d] tensor, zero outside [first, end) and beyond the head size."""
     dims = tl.arange(0, BLOCK_D)
@@ -170,7 +178,7 @@ def load_rows(X, base, stride, rows, first, end, HEAD_DIM: tl.constexpr, BLOCK_D
 def store_rows(X, base, stride, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
     """Rows `rows` < `end` of a [.., d] tensor (row stride `stride`, unit last stride) from `value` [BLOCK, BLOCK_D]."""
     dims = tl.arange(0, BLOCK_D)
-    tl.store(X + base + rows[:, None].to(tl.int64) * stride + dims[None, :], value.to(X.dtype.element_ty),
+    tl.store(X + base + rows[:, None] * stride + dims[None, :], value.to(X.dtype.element_ty),
              mask=(rows < end)[:, None] & (dims[None, :] < HEAD_DIM))
 
 
@@ -266,13 +274,13 @@ def relative_forward_kernel(
     first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
-    q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
+    q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
-    tile = (q, K, V, T, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn, stride_vn,
-            b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn, rows, key_start, key_end, bh, seed,
+    tile = (q, K, V, T, head_base(b, h, stride_kb, stride_kh), head_base(b, h, stride_vb, stride_vh), stride_kn,
+            stride_vn, head_base(b, h, stride_tb, stride_th), stride_tn, rows, key_start, key_end, bh, seed,
             dropout_p, scaling, keep_scale, query_length, key_length, query_offset, max_distance)
     row_max = tl.full([BLOCK_M], float("-inf"), ACC)
     row_sum = tl.zeros([BLOCK_M], ACC)
@@ -297,12 +305,12 @@ def relative_forward_kernel(
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
-    store_rows(OUT, b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, stride_on, rows, query_length,
+    store_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, query_length,
                acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
         scale = 1.0 / normalizer[:, None]
-        store_by_distance(M, b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh, stride_mn, rows, row_ok,
+        store_by_distance(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, row_ok,
                           left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
 
 
@@ -317,8 +325,8 @@ def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, 
     p = tl.where(allowed, tl.exp(s - shift_of(lse)[:, None]), 0.0)  # no key: P = 0
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
-        d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset, max_distance,
-                                    SIDE)
+        d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset,
+                                    max_distance, SIDE)
     dropped = p
     d_p = d_dropped
     if DROPOUT:
@@ -357,7 +365,8 @@ def relative_backward_keys_kernel(
     Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
-    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn, heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -368,8 +377,8 @@ def relative_backward_keys_kernel(
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
-    k = load_rows(K, b * stride_kb + h * stride_kh, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    v = load_rows(V, b * stride_vb + h * stride_vh, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    k = load_rows(K, head_base(b, h, stride_kb, stride_kh), stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
+    v = load_rows(V, head_base(b, h, stride_vb, stride_vh), stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     row_base = bh.to(tl.int64) * query_length
     first = 0
     if CAUSAL:
@@ -378,10 +387,10 @@ def relative_backward_keys_kernel(
     end = tl.where(padding_only, 0, query_length)  # padding only: zero gradients
     band_start, band_end = band_query_tiles(first_col, first, end, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
-    tile = (k, v, Q, DO, LSE, DELTA, T, DM, b * stride_qb + h * stride_qh, stride_qn,
-            b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don,
-            b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn, row_base,
-            b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh,
+    tile = (k, v, Q, DO, LSE, DELTA, T, DM, head_base(b, h, stride_qb, stride_qh), stride_qn,
+            head_base(b, h, stride_dob, stride_doh), stride_don,
+            head_base(b, h, stride_tb, stride_th), stride_tn, row_base,
+            head_base(b, h, stride_dmb, stride_dmh),
             first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
             query_offset, max_distance, stride_dmn)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
@@ -395,9 +404,9 @@ def relative_backward_keys_kernel(
     for first_row in range(band_start, band_end, BLOCK_M):
         dk, dv = backward_keys_tile(dk, dv, first_row, *tile, HEAD_DIM, BLOCK_D, HAS_BIAS, HAS_VALUES, CAUSAL,
                                     DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
-    store_rows(DK, b.to(tl.int64) * stride_dkb + h.to(tl.int64) * stride_dkh, stride_dkn, cols, key_length,
+    store_rows(DK, head_base(b, h, stride_dkb, stride_dkh), stride_dkn, cols, key_length,
                dk * scaling, HEAD_DIM, BLOCK_D)
-    store_rows(DV, b.to(tl.int64) * stride_dvb + h.to(tl.int64) * stride_dvh, stride_dvn, cols, key_length, dv,
+    store_rows(DV, head_base(b, h, stride_dvb, stride_dvh), stride_dvn, cols, key_length, dv,
                HEAD_DIM, BLOCK_D)
 
 
@@ -448,16 +457,17 @@ def relative_backward_queries_kernel(
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
-    q = load_rows(Q, b * stride_qb + h * stride_qh, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don,
+    q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
+    do, lse, delta = load_row_gradients(DO, head_base(b, h, stride_dob, stride_doh), stride_don,
                                         LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
-    tile = (q, do, lse, delta, K, V, T, DM, b * stride_kb + h * stride_kh, b * stride_vb + h * stride_vh, stride_kn,
-            stride_vn, b.to(tl.int64) * stride_tb + h.to(tl.int64) * stride_th, stride_tn,
-            b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh, rows, key_start, key_end, bh, seed, dropout_p,
+    tile = (q, do, lse, delta, K, V, T, DM, head_base(b, h, stride_kb, stride_kh),
+            head_base(b, h, stride_vb, stride_vh), stride_kn, stride_vn, head_base(b, h, stride_tb, stride_th),
+            stride_tn,
+            head_base(b, h, stride_dmb, stride_dmh), rows, key_start, key_end, bh, seed, dropout_p,
             scaling, keep_scale, query_length, key_length, query_offset, max_distance, stride_dmn)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
@@ -475,10 +485,10 @@ def relative_backward_queries_kernel(
         dq, left, inner, right = backward_queries_tile(dq, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D,
                                                        BLOCK_I, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION,
                                                        BLOCK_M, BLOCK_N, SIDE=0)
-    store_rows(DQ, b.to(tl.int64) * stride_dqb + h.to(tl.int64) * stride_dqh, stride_dqn, rows, query_length,
+    store_rows(DQ, head_base(b, h, stride_dqb, stride_dqh), stride_dqn, rows, query_length,
                dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
-        store_by_distance(DT, b.to(tl.int64) * stride_dtb + h.to(tl.int64) * stride_dth, stride_dtn, rows, row_ok,
+        store_by_distance(DT, head_base(b, h, stride_dtb, stride_dth), stride_dtn, rows, row_ok,
                           left, inner, right, max_distance, BLOCK_I)
 
 
@@ -495,15 +505,15 @@ def row_delta_kernel(
     b, h = bh // heads, bh % heads
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
-    grad = load_rows(DO, b.to(tl.int64) * stride_dob + h.to(tl.int64) * stride_doh, stride_don, rows, 0,
+    grad = load_rows(DO, head_base(b, h, stride_dob, stride_doh), stride_don, rows, 0,
                      query_length, HEAD_DIM, BLOCK_D)
-    output = load_rows(OUT, b.to(tl.int64) * stride_ob + h.to(tl.int64) * stride_oh, stride_on, rows, 0,
+    output = load_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, 0,
                        query_length, HEAD_DIM, BLOCK_D)
     delta = tl.sum(grad.to(ACC) * output.to(ACC), 1)
     if HAS_VALUES:
-        grad_masses = load_rows(DM, b.to(tl.int64) * stride_dmb + h.to(tl.int64) * stride_dmh, stride_dmn, rows, 0,
+        grad_masses = load_rows(DM, head_base(b, h, stride_dmb, stride_dmh), stride_dmn, rows, 0,
                                 query_length, DISTANCES, BLOCK_R)
-        masses = load_rows(M, b.to(tl.int64) * stride_mb + h.to(tl.int64) * stride_mh, stride_mn, rows, 0,
+        masses = load_rows(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, 0,
                            query_length, DISTANCES, BLOCK_R)
         delta += tl.sum(grad_masses.to(ACC) * masses.to(ACC), 1)
     tl.store(DELTA + bh.to(tl.int64) * query_length + rows, delta, mask=row_ok)
