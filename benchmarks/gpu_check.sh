@@ -13,7 +13,9 @@
 #       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
 #       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
 #       triton, the operator profile of one self-attention layer on sdpa
-#   (d) 140 s: the CUDA tests (9 of 20 passed in 140 s on the H200)
+#   (d) 40 + 100 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
+#       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
+#       bf16 inputs (when triton is installed)
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
 #       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
 #       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
@@ -23,7 +25,7 @@
 #       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
 #       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
 #       a^K bias, a^V masses and dropout switched off one at a time beside sdpa on the same inputs, n = 512, at the
-#       blocks the H200 chose (18 compiles)
+#       blocks the H200 chose (18 compiles); FLEX_TESTS=1 adds 300 s: flex_attention's CUDA tests
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -31,7 +33,7 @@
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
-# (training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
+# triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
 # triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
 set -uo pipefail
@@ -81,8 +83,12 @@ else
         benchmarks.profile_attention --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 \
         --kernel sdpa --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
 fi
-[ "${TESTS:-1}" = 1 ] && step 140 "(d) CUDA tests" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
-    -k cuda 2>&1 | tee "$out/cuda_tests.txt"
+if [ "${TESTS:-1}" = 1 ]; then
+    step 40 "(d) CUDA tests: sdpa against eager" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
+        -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
+    [ -n "$triton" ] && step 100 "(d) relpos_triton compiled for the GPU against the oracle, bf16" "$python" -m pytest \
+        -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within" 2>&1 | tee "$out/triton_cuda_tests.txt"
+fi
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then
     training 420 "(f) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
         --kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1 \
@@ -109,4 +115,8 @@ fi
 if [ "${DECODING:-0}" = 1 ]; then
     step 25 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
         --out "$out/decoding"
+fi
+if [ "${FLEX_TESTS:-0}" = 1 ]; then
+    step 300 "(d) CUDA tests: flex_attention against eager" "$python" -m pytest -q -rs -p no:cacheprovider \
+        tests/test_kernels.py -k "cuda and flex" 2>&1 | tee "$out/flex_cuda_tests.txt"
 fi
