@@ -144,7 +144,6 @@ def relative_attention(
     module docstring. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout
     mask."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
-    check_row_spans(query=query, key=key, value=value, **({} if bias_table is None else {"bias_table": bias_table}))
     batch, heads, query_length, head_dim = query.shape
     key_length = key.size(-2)
     accumulate = torch.promote_types(query.dtype, torch.float32)
@@ -154,6 +153,7 @@ def relative_attention(
     lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
     settings = launch_settings(query, max_distance, bias_table is not None, with_masses, causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
+    check_row_spans(query=query, key=key, value=value, bias_table=table, masses=masses)
     from .triton_relative_kernels import relative_forward_kernel, tuned_forward
 
     launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
@@ -189,11 +189,11 @@ def relative_attention_backward(
     with_masses = masses.size(-1) > 0
     accumulate = torch.promote_types(query.dtype, torch.float32)
     grad_output, grad_masses = with_unit_last_stride(grad_output), with_unit_last_stride(grad_masses)
-    check_row_spans(grad_output=grad_output, grad_masses=grad_masses)
     # each gradient in its input's layout (token-major projections: no copy to merge heads)
     grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
     with_bias = bias_table is not None
     grad_table = empty_in_order_of(query, 2 * max_distance + 1 if with_bias else 0, accumulate)
+    check_row_spans(grad_output=grad_output, grad_masses=grad_masses, grad_table=grad_table)
     settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
     common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
