@@ -24,12 +24,11 @@ import torch
 
 from benchmarks.bench_training import model_case
 from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
-from hf_relpos.model.triton_relative import BLOCK_CONFIGS
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the package's: those FlashAttention-2's Triton kernels use on Hopper
 # (larger tiles, deeper pipelines, the backward's 32 x 128).
 HOPPER_CONFIGS = ((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (32, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
-CANDIDATES = {"package": BLOCK_CONFIGS, "all": BLOCK_CONFIGS + HOPPER_CONFIGS}
+CANDIDATES = ("package", "all")   # the package's configs alone, or those and HOPPER_CONFIGS
 KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
 TOP_KERNELS = 25
 
@@ -37,6 +36,13 @@ TOP_KERNELS = 25
 def config_label(config: Any) -> str:
     kwargs = config.kwargs
     return f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']} w{config.num_warps} s{config.num_stages}"
+
+
+def package_configs(meta: dict[str, Any]) -> set[str]:
+    """The labels of the package's own block configs in a record (the 2026-11-28 record, which does not list them,
+    timed the package's five first)."""
+    configs = meta["package_configs"] if "package_configs" in meta else meta["candidates"][:5]
+    return {f"{m}x{n} w{w} s{s}" for m, n, w, s in configs}
 
 
 def milliseconds(timing: Any) -> float:
@@ -90,7 +96,7 @@ def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]],
     by_kernel: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for timing in timings:   # records before the key was kept: the causal flag alone
         by_kernel[(timing["kernel"], timing.get("key", f"causal {timing['causal']}"))].append(timing)
-    package = {f"{m}x{n} w{w} s{s}" for m, n, w, s in BLOCK_CONFIGS}
+    package = package_configs(meta)
     for (kernel, key), rows in by_kernel.items():
         best_package = min((row["ms"] for row in rows if row["config"] in package), default=float("nan"))
         lines += [f"## {kernel}, {key}", "", markdown_table(
@@ -115,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // length)")
     parser.add_argument("--attention_dropout", type=float, default=0.1)
     parser.add_argument("--steps", type=int, default=3, help="profiled steps")
-    parser.add_argument("--candidates", choices=tuple(CANDIDATES), default="all",
+    parser.add_argument("--candidates", choices=CANDIDATES, default="all",
                         help="block configs timed: the package's own, or those and FlashAttention-2's Hopper ones")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
@@ -123,11 +129,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
     from hf_relpos.model import triton_relative_kernels
 
+    package = triton_relative_kernels.BLOCK_CONFIGS
+    candidates = package + (HOPPER_CONFIGS if args.candidates == "all" else ())
     batch = max(args.tokens // args.length, 1)
     shape = SHAPES[args.shape]
     meta = environment(args.device, args.dtype) | {
         "kernel": "relpos_triton", "scheme": args.scheme, "shape": args.shape, "length": args.length, "batch": batch,
-        "attention_dropout": args.attention_dropout, "candidates": [list(c) for c in CANDIDATES[args.candidates]]}
+        "attention_dropout": args.attention_dropout,
+        "candidates": [list(c) for c in candidates], "package_configs": [list(c) for c in package]}
     timings: list[dict[str, Any]] = []
     profiles: dict[str, dict[str, float]] = {}
 
@@ -137,7 +146,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     for name in KERNELS:
         tuner = getattr(triton_relative_kernels, name)
-        tuner.configs = triton_relative_kernels.block_configs(CANDIDATES[args.candidates])
+        tuner.configs = triton_relative_kernels.block_configs(candidates)
         tuner.cache.clear()
         record_timings(tuner, name, timings, save)
     cases = {"absolute@sdpa": ("absolute", "sdpa"), f"{args.scheme}@relpos_triton": (args.scheme, "relpos_triton")}

@@ -33,7 +33,6 @@ import vs_marian  # noqa: E402
 
 from benchmarks import bench_data, bench_decoding, bench_inference, bench_training, tune_relpos_triton  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
-from hf_relpos.model.triton_relative import BLOCK_CONFIGS  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -358,7 +357,7 @@ def h200_time_split() -> str:
     outside = sorted(((shaw_kinds.get(kind, 0.0) - absolute_kinds.get(kind, 0.0), kind)
                       for kind in set(shaw_kinds) | set(absolute_kinds)
                       if kind != "cudnn" and kind not in fused), reverse=True)
-    package = {f"{m}x{n} w{w} s{stages}" for m, n, w, stages in BLOCK_CONFIGS}
+    package = tune_relpos_triton.package_configs(meta)
     best: dict[tuple[str, bool], dict[bool, float]] = {}
     for timing in record["timings"]:
         entry = best.setdefault((timing["kernel"], timing["causal"]), {})

@@ -235,7 +235,7 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
     (BLOCK_CONFIGS, marked) and lists a profile's kernels by time."""
     triton = pytest.importorskip("triton")
     from benchmarks import tune_relpos_triton as tune
-    from hf_relpos.model.triton_relative import BLOCK_CONFIGS
+    from hf_relpos.model.triton_relative_kernels import BLOCK_CONFIGS
 
     class Tuner:
         nargs = {"length_bucket": 512}
@@ -255,11 +255,11 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
     assert timings == [{"kernel": "tuned_forward", "causal": True, "key": keys[0], "config": "64x32 w4 s3", "ms": 0.2},
                        {"kernel": "tuned_forward", "causal": False, "key": keys[1], "config": "128x128 w4 s3",
                         "ms": 0.5}]
-    assert (64, 32, 4, 3) in BLOCK_CONFIGS and tune.CANDIDATES["package"] == BLOCK_CONFIGS
-    assert not set(tune.HOPPER_CONFIGS) & set(BLOCK_CONFIGS)
+    assert (64, 32, 4, 3) in BLOCK_CONFIGS and not set(tune.HOPPER_CONFIGS) & set(BLOCK_CONFIGS)
     meta = {"command": "c", "device": "cuda", "device_name": "GPU", "cpu_threads": 1, "dtype": "bfloat16",
             "kernel": "relpos_triton", "torch": "t", "transformers": "t", "python": "p", "date": "d", "code": "x",
-            "clock": "wall", "shape": "base", "scheme": "shaw", "length": 512, "batch": 32, "attention_dropout": 0.1}
+            "clock": "wall", "shape": "base", "scheme": "shaw", "length": 512, "batch": 32, "attention_dropout": 0.1,
+            "package_configs": [list(config) for config in BLOCK_CONFIGS]}
     timings.append({"kernel": "tuned_forward", "causal": True, "key": keys[0], "config": "128x128 w8 s2", "ms": 0.4})
     profiles = {"shaw@relpos_triton": {"relative_forward_kernel": 0.5, "copy": 0.1}}
     markdown = tune.render_markdown(meta, timings, profiles)

@@ -26,10 +26,6 @@ KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
 INTERPRETER_BLOCKS = (INTERPRETER_BLOCK, INTERPRETER_BLOCK)   # (BLOCK_M, BLOCK_N) of the kernels there
 DELTA_BLOCK = 64   # rows per program of the backward's Delta (a memory-bound pass)
-# The autotuner's candidates (BLOCK_M, BLOCK_N, num_warps, num_stages): they fit an H100's and an H200's shared memory
-# (228 KB per SM); on an H200 the fastest of them beat FlashAttention-2's Hopper tiles for every kernel and flag set
-# (docs/results/gpu_check/2026-11-28_h200_1f3e7bf).
-BLOCK_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2), (32, 64, 4, 2))
 SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
 # The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
 # one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
