@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
+from benchmarks.tune_relpos_triton import block_label
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per autotuned kernel: the H200's choice at n = 512, not causal
 PINNED_BLOCKS = {"tuned_forward": (64, 32, 4, 3), "tuned_backward_keys": (64, 64, 4, 2),
@@ -115,8 +116,8 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
         "kernel": "relpos_triton", "length": args.length, "batch": batch, "heads": shape.heads,
         "head_dim": shape.d_model // shape.heads, "max_distance": args.max_distance,
         "attention_dropout": args.attention_dropout,
-        "blocks": ", ".join(f"{name.removeprefix('tuned_')} {m}x{n} w{w} s{s}"
-                            for name, (m, n, w, s) in PINNED_BLOCKS.items())}
+        "blocks": ", ".join(f"{name.removeprefix('tuned_')} {block_label(*blocks)}"
+                            for name, blocks in PINNED_BLOCKS.items())}
     rows: list[dict[str, Any]] = []
     for variant in VARIANTS:
         functions = steps(batch, shape.heads, args.length, meta["head_dim"], args.max_distance,

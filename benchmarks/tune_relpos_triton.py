@@ -33,16 +33,19 @@ KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
 TOP_KERNELS = 25
 
 
+def block_label(block_m: int, block_n: int, warps: int, stages: int) -> str:
+    return f"{block_m}x{block_n} w{warps} s{stages}"
+
+
 def config_label(config: Any) -> str:
-    kwargs = config.kwargs
-    return f"{kwargs['BLOCK_M']}x{kwargs['BLOCK_N']} w{config.num_warps} s{config.num_stages}"
+    return block_label(config.kwargs["BLOCK_M"], config.kwargs["BLOCK_N"], config.num_warps, config.num_stages)
 
 
 def package_configs(meta: dict[str, Any]) -> set[str]:
     """The labels of the package's own block configs in a record (the 2026-11-28 record, which does not list them,
     timed the package's five first)."""
     configs = meta["package_configs"] if "package_configs" in meta else meta["candidates"][:5]
-    return {f"{m}x{n} w{w} s{s}" for m, n, w, s in configs}
+    return {block_label(*config) for config in configs}
 
 
 def milliseconds(timing: Any) -> float:
@@ -55,6 +58,12 @@ def tuning_key(tuner: Any, meta: dict[str, Any]) -> str:
     flags = ", ".join(f"{label} {bool(meta.get(flag))}" for label, flag in
                       (("causal", "CAUSAL"), ("dropout", "DROPOUT"), ("a^K", "HAS_BIAS"), ("a^V", "HAS_VALUES")))
     return f"{flags}, length bucket {getattr(tuner, 'nargs', {}).get('length_bucket')}"
+
+
+def tuning_group(timing: dict[str, Any]) -> tuple[str, str]:
+    """The kernel and tuning key a recorded timing competes in (records before the key was kept: the causal flag
+    alone)."""
+    return timing["kernel"], timing.get("key", f"causal {timing['causal']}")
 
 
 def record_timings(tuner: Any, name: str, timings: list[dict[str, Any]], save: Any) -> None:
@@ -94,8 +103,8 @@ def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]],
              f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; * = one of "
              "the package's configs", ""]
     by_kernel: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for timing in timings:   # records before the key was kept: the causal flag alone
-        by_kernel[(timing["kernel"], timing.get("key", f"causal {timing['causal']}"))].append(timing)
+    for timing in timings:
+        by_kernel[tuning_group(timing)].append(timing)
     package = package_configs(meta)
     for (kernel, key), rows in by_kernel.items():
         best_package = min((row["ms"] for row in rows if row["config"] in package), default=float("nan"))

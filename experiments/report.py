@@ -18,6 +18,7 @@ import re
 import shlex
 import statistics
 import sys
+from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -343,9 +344,9 @@ def h200_time_split() -> str:
     shaw, absolute = profiles[f"{meta['scheme']}@relpos_triton"], profiles["absolute@sdpa"]
 
     def kind_ms(kernels: dict[str, float]) -> dict[str, float]:
-        totals: dict[str, float] = {}
+        totals: dict[str, float] = defaultdict(float)
         for name, ms in kernels.items():
-            totals[kernel_kind(name)] = totals.get(kernel_kind(name), 0.0) + ms
+            totals[kernel_kind(name)] += ms
         return totals
 
     shaw_kinds, absolute_kinds = kind_ms(shaw), kind_ms(absolute)
@@ -358,9 +359,9 @@ def h200_time_split() -> str:
                       for kind in set(shaw_kinds) | set(absolute_kinds)
                       if kind != "cudnn" and kind not in fused), reverse=True)
     package = tune_relpos_triton.package_configs(meta)
-    best: dict[tuple[str, bool], dict[bool, float]] = {}
+    best: dict[tuple[str, str], dict[bool, float]] = {}
     for timing in record["timings"]:
-        entry = best.setdefault((timing["kernel"], timing["causal"]), {})
+        entry = best.setdefault(tune_relpos_triton.tuning_group(timing), {})
         own = timing["config"] in package
         entry[own] = min(entry.get(own, float("inf")), timing["ms"])
     slower = [entry[False] / entry[True] for entry in best.values() if False in entry and True in entry]
