@@ -41,6 +41,7 @@ def token_major(batch: int, heads: int, length: int, width: int, device: str, dt
 def steps(batch: int, heads: int, length: int, head_dim: int, max_distance: int, dropout: float, device: str,
           dtype: torch.dtype, variant: tuple[str, bool, bool, bool]) -> dict[str, Callable[[], Any]]:
     """The fused op's forward and forward + backward for one variant, and sdpa's on the same inputs."""
+    from hf_relpos.model.positions import aligned_width
     from hf_relpos.model.triton_relative import SEED_RANGE, relative_attention
 
     _, with_bias, with_masses, with_dropout = variant
@@ -55,7 +56,7 @@ def steps(batch: int, heads: int, length: int, head_dim: int, max_distance: int,
 
     def forward() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return relative_attention(query, key, value, table, key_start, key_end, seed, head_dim**-0.5, drop, 0,
-                                  max_distance, False, with_masses)
+                                  max_distance, False, aligned_width(2 * max_distance + 1) if with_masses else 0)
 
     def training() -> None:
         output, masses, _ = forward()

@@ -13,7 +13,15 @@ from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, sinusoid_by_l
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.model.positions import QUERY_BLOCK, PositionContext, clipped_rel_shift, get_scheme_class
+from hf_relpos.model.positions import (
+    QUERY_BLOCK,
+    PositionContext,
+    RelativeValues,
+    aligned_width,
+    clipped_rel_shift,
+    get_scheme_class,
+    times_table,
+)
 from hf_relpos.model.positions_t5 import relative_position_bucket
 
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
@@ -50,6 +58,60 @@ def test_rel_shift_aligns_every_distance():
     for t in range(n):
         for j in range(m):
             assert shifted[t, j] == offset + t - j
+
+
+@pytest.mark.parametrize("per_head", [False, True])
+@pytest.mark.parametrize("token_major", [False, True])
+def test_products_with_a_distance_table_pad_it_to_an_aligned_width_and_equal_the_plain_products(per_head, token_major):
+    """times_table in float64 at 1e-12, values and gradients: x . w_r for the 2k+1 = 33 distances is a view of a
+    40-wide product (rows a multiple of 8 apart); masses 40 wide (zero beyond 33) times the table equal the 33-wide
+    masses times it, and the table's gradient has its own shape."""
+    generator = torch.Generator().manual_seed(5)
+    heads, distances, head_dim = 3, 33, 8
+    assert aligned_width(distances) == 40 and aligned_width(8) == 8 and aligned_width(1) == 8
+
+    def leaf(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).requires_grad_()
+
+    x = leaf(2, 5, heads, head_dim)
+    x_heads = x.transpose(1, 2) if token_major else x.transpose(1, 2).contiguous()
+    table = leaf(*((heads,) if per_head else ()), distances, head_dim)
+    profile = times_table(x_heads, table)
+    heads_table = table if per_head else table.expand(heads, -1, -1)
+    expected = torch.einsum("bhnd,hrd->bhnr", x_heads, heads_table)
+    assert profile.shape == expected.shape and profile.stride(-2) % 8 == 0 and profile.stride(1) % 8 == 0
+    torch.testing.assert_close(profile, expected, rtol=0, atol=1e-12)
+    masses = torch.rand(2, heads, 5, distances, generator=generator, dtype=torch.float64)
+    wide = torch.nn.functional.pad(masses, (0, 7))
+    term = times_table(wide, table, transpose=False)
+    expected_term = torch.einsum("bhnr,hrd->bhnd", masses, heads_table)
+    torch.testing.assert_close(term, expected_term, rtol=0, atol=1e-12)
+    upstream = torch.randn(profile.shape, generator=generator, dtype=torch.float64)
+    upstream_term = torch.randn(term.shape, generator=generator, dtype=torch.float64)
+    grads = torch.autograd.grad((profile * upstream).sum() + (term * upstream_term).sum(), (x, table))
+    expected_grads = torch.autograd.grad((expected * upstream).sum() + (expected_term * upstream_term).sum(),
+                                         (x, table))
+    for got, want in zip(grads, expected_grads, strict=True):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_shaws_masses_by_distance_are_as_wide_as_the_aligned_table():
+    """RelativeValues sums each row's probabilities by clipped distance into mass_columns = aligned(2k+1) columns,
+    zero beyond 2k+1; the term equals the loop over eq. 3 in float64."""
+    k, n = 2, 6
+    generator = torch.Generator().manual_seed(2)
+    table = torch.randn(2 * k + 1, 4, generator=generator, dtype=torch.float64)
+    index = hf_relpos.relative_position_index(n, n, k)
+    values = RelativeValues(table, k, 0, index, consecutive=True)
+    probabilities = torch.softmax(torch.randn(1, 2, n, n, generator=generator, dtype=torch.float64), -1)
+    masses = values.mass_by_distance(probabilities)
+    assert values.mass_columns == 8 and masses.shape == (1, 2, n, 8) and not masses[..., 2 * k + 1:].any()
+    expected = torch.zeros(1, 2, n, 4, dtype=torch.float64)
+    for i in range(n):
+        for j in range(n):
+            expected[:, :, i] += probabilities[:, :, i, j, None] * table[max(-k, min(k, j - i)) + k]
+    torch.testing.assert_close(values(probabilities), expected, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("n, m, k, offset", [(1, 1, 0, 0), (1, 12, 3, 11), (5, 5, 2, 0), (5, 5, 16, 0),

@@ -23,7 +23,8 @@ from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model import attention_functions, triton_relative
-from hf_relpos.model.triton_relative import dropout_keep_mask, relative_attention
+from hf_relpos.model.positions import aligned_width
+from hf_relpos.model.triton_relative import dropout_keep_mask, dropout_rate, relative_attention
 
 DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
 pytestmark = pytest.mark.skipif(
@@ -34,7 +35,8 @@ pytestmark = pytest.mark.skipif(
 def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_offset, k, causal, keep=None,
                 dropout=0.0):
     """Per row, term by term in float64: s_ij = c q_i . k_j + T[i, clip(j - i', k) + k] over the allowed keys,
-    lse_i, D_ij = softmax_ij kappa_ij / (1 - p), o_i = sum_j D_ij v_j, M[i, r] = sum_{clip(j - i', k) + k = r} D_ij."""
+    lse_i, D_ij = softmax_ij kappa_ij / (1 - p), o_i = sum_j D_ij v_j, M[i, r] = sum_{clip(j - i', k) + k = r} D_ij,
+    p the rate the kernels drop at for `dropout` (`dropout_rate`)."""
     batch, heads, query_length, head_dim = query.shape
     distances = 2 * k + 1
     rows_out, masses_out, lse_out = [], [], []
@@ -55,7 +57,7 @@ def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_off
                     for position, (j, r) in enumerate(zip(keys, buckets, strict=True)):
                         dropped = torch.exp(scores[position] - lse)
                         if keep is not None:
-                            dropped = dropped * (float(keep[b, h, i, j]) / (1.0 - dropout))
+                            dropped = dropped * (float(keep[b, h, i, j]) / (1.0 - dropout_rate(dropout)))
                         output = output + dropped * value[b, h, j].double()
                         masses[r] = masses[r] + dropped
                 rows_out.append(output)
@@ -66,20 +68,29 @@ def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_off
             torch.stack(lse_out).view(shape))
 
 
+def mass_columns(k, with_masses):
+    """The masses' width the model asks for: 2k+1 rounded up to the aligned width (0: no masses)."""
+    return aligned_width(2 * k + 1) if with_masses else 0
+
+
 def assert_matches_oracle(outputs, expected_outputs, inputs, with_masses, generator):
-    """The kernel's (o, M, lse) equal the oracle's at 1e-12 (M only `with_masses`), and so do the gradients of a
-    random linear function of o and M with respect to every input (None inputs skipped)."""
+    """The kernel's (o, M, lse) equal the oracle's at 1e-12 (M only `with_masses`; its columns beyond 2k+1 exactly
+    zero), and so do the gradients of a random linear function of o and M (its padding columns included, which
+    must change nothing) with respect to every input (None inputs skipped)."""
     (output, masses, lse), (expected_output, expected_masses, expected_lse) = outputs, expected_outputs
+    distances = expected_masses.size(-1)
     torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
     torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
     if with_masses:
-        torch.testing.assert_close(masses, expected_masses, rtol=0, atol=1e-12)
+        torch.testing.assert_close(masses[..., :distances], expected_masses, rtol=0, atol=1e-12)
+        assert masses.size(-1) >= distances and not masses[..., distances:].any()
     grad_output = torch.randn(output.shape, generator=generator, dtype=torch.float64).to(DEVICE)
-    grad_masses = torch.randn(expected_masses.shape, generator=generator, dtype=torch.float64).to(DEVICE)
+    grad_masses = torch.randn(masses.shape if with_masses else expected_masses.shape, generator=generator,
+                              dtype=torch.float64).to(DEVICE)
     inputs = [tensor for tensor in inputs if tensor is not None]
     loss = (output * grad_output).sum() + ((masses * grad_masses).sum() if with_masses else 0)
     expected_loss = ((expected_output * grad_output).sum()
-                     + ((expected_masses * grad_masses).sum() if with_masses else 0))
+                     + ((expected_masses * grad_masses[..., :distances]).sum() if with_masses else 0))
     expected_grads = torch.autograd.grad(expected_loss, inputs)
     for got, expected in zip(torch.autograd.grad(loss, inputs), expected_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
@@ -133,7 +144,7 @@ def test_kernel_matches_float64_loop_oracle(name):
     scaling = query.size(-1) ** -0.5
     seed = torch.tensor([2**40 + 7], device=DEVICE)
     output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, scaling, dropout,
-                                             query_offset, k, causal, with_masses)
+                                             query_offset, k, causal, mass_columns(k, with_masses))
     keep = None
     if dropout > 0:
         keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device)
@@ -174,9 +185,10 @@ def test_kernel_matches_the_oracle_on_random_cases_with_unequal_blocks(case_seed
     table = draw(2, 1, query_length, 2 * k + 1) if with_bias else None
     key_start = torch.tensor([0, start], dtype=torch.int32, device=DEVICE)
     key_end = torch.tensor([key_length, draw_case.randint(start, key_length)], dtype=torch.int32, device=DEVICE)
+    columns = mass_columns(k, with_masses) if draw_case.random() < 0.5 else (2 * k + 1) * with_masses  # any width
     seed = torch.tensor([2**40 + case_seed], device=DEVICE)
     output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
-                                             query_offset, k, causal, with_masses)
+                                             query_offset, k, causal, columns)
     keep = dropout_keep_mask(int(seed), dropout, 2, 1, query_length, key_length, DEVICE) if dropout else None
     expected_output, expected_masses, expected_lse = loop_oracle(query, key, value, table, key_start, key_end,
                                                                  8**-0.5, query_offset, k, causal, keep, dropout)
@@ -192,11 +204,11 @@ def test_kernel_float32_matches_float64_oracle(name):
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float32)
     seed = torch.tensor([2**41 + 3], device=DEVICE)
     output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
-                                             query_offset, k, causal, with_masses)
+                                             query_offset, k, causal, mass_columns(k, with_masses))
     keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device) if dropout else None
     expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
                            dropout)
-    for got, want in zip((output, masses, lse), expected, strict=True):
+    for got, want in zip((output, masses[..., :2 * k + 1], lse), expected, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
     grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     inputs = (query, key, value, table)
@@ -215,8 +227,9 @@ def test_kernel_bfloat16_within_bfloat16_rounding_of_the_oracle():
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.bfloat16)
     seed = torch.tensor([2**40 + 9])
     output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout,
-                                             query_offset, k, causal, True)
+                                             query_offset, k, causal, mass_columns(k, True))
     assert output.dtype == torch.bfloat16 and masses.dtype == lse.dtype == torch.float32
+    masses = masses[..., :2 * k + 1]
     keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device)
     expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
                            dropout)
@@ -236,7 +249,7 @@ def test_backward_is_deterministic():
     case = KERNEL_CASES["dropout_encoder"]
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float32)
     output, masses, _ = relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40 + 5]),
-                                           8**-0.5, 0.3, 0, 2, False, True)
+                                           8**-0.5, 0.3, 0, 2, False, mass_columns(2, True))
     loss = output.square().sum() + masses.square().sum()
     first = torch.autograd.grad(loss, (query, key, value, table), retain_graph=True)
     second = torch.autograd.grad(loss, (query, key, value, table))
@@ -274,7 +287,7 @@ def test_any_input_layout_gives_the_same_results_and_gradients_in_the_inputs_lay
     for name in ("contiguous", form):
         query, key, value, table = (layout(tensor, name, generator) for tensor in inputs[:4])
         output, masses, lse = relative_attention(query, key, value, table, *inputs[4:], seed, 8**-0.5, dropout,
-                                                 query_offset, k, causal, True)
+                                                 query_offset, k, causal, mass_columns(k, True))
         grad_output = layout(torch.linspace(-1, 1, output.numel(), dtype=torch.float64).view(output.shape), name,
                              generator)
         loss = (output * grad_output).sum() + masses.square().sum()
@@ -328,6 +341,36 @@ def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
     assert counts["relpos_triton"] == 0 and counts["sdpa"] > 0, counts
 
 
+@pytest.mark.parametrize("kernel", ["relpos_triton", "sdpa"])
+def test_a_shaw_layers_products_with_the_distance_tables_are_aligned(kernel):
+    """Every matmul of a shaw layer's training step (a^K's T = c q a^K^T, a^V's M a^V, their gradients; bf16 autocast,
+    attention dropout) has the distance dimension 2k + 1 padded to a multiple of 8: none has a dimension 2k + 1, which
+    cuBLAS runs on unaligned kernels (sm75 CUTLASS, align1, on the H200 of
+    docs/results/gpu_check/2026-11-28_h200_1f3e7bf)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from benchmarks.bench_training import attention_case
+    from benchmarks.common import SHAPES
+
+    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+               torch.ops.aten.baddbmm.default}
+    shapes = []
+
+    class RecordMatmuls(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in matmuls:
+                shapes.append([tuple(arg.shape) for arg in args if isinstance(arg, torch.Tensor)])
+            return func(*args, **(kwargs or {}))
+
+    case = attention_case("shaw", SHAPES["tiny"], 16, 2, "cpu", "bfloat16", kernel, 0.1)
+    distances = 2 * case.module["scheme"].max_relative_position + 1
+    with RecordMatmuls():
+        case.step()
+    with_tables = [operands for operands in shapes if any(aligned_width(distances) in shape for shape in operands)]
+    assert len(with_tables) >= 6, shapes   # T, M a^V, and two gradients of each
+    assert not [operands for operands in shapes if any(distances in shape for shape in operands)], shapes
+
+
 def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     """The three kernels are tuned per flag set and power-of-two bucket of the longer side (64 to 8192), not per
     shape; forward and backward of one call pass the same bucket."""
@@ -348,7 +391,7 @@ def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     cached_chunk = (16, 3, 70, 67, True, False, True, True, 0.0)   # 3 queries after 67 cached keys
     query, key, value, table, key_start, key_end = kernel_inputs(cached_chunk, torch.float32)
     output, masses, _ = relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40]),
-                                           8**-0.5, 0.0, 67, 16, True, True)
+                                           8**-0.5, 0.0, 67, 16, True, mass_columns(16, True))
     (output.sum() + masses.sum()).backward()
     assert buckets == [128, 128, 128]
 
@@ -362,29 +405,52 @@ def test_dropout_mask_depends_on_seed_and_position():
 
 
 def test_dropout_mask_follows_the_documented_philox_counter():
-    """kappa_ij = (u_t >= p), u_t the t-th of the four uniforms triton's Philox (`tl.rand4x`) draws at the counter
-    ((b H + h) n + i) ceil(m / 4) + j // 4, t = j % 4: the kernels' mask against that formula computed apart."""
+    """kappa_ij = (draw >= round(2^16 p)), the draw bits [16 c, 16 c + 16) of the t-th word of triton's Philox-4x32-7
+    (`tl.randint4x`, 7 rounds) at the counter ((b H + h) n + i) ceil(m / 8) + j // 8, with j % 8 = 2 t + c: the
+    kernels' mask against that formula computed apart."""
     import triton
     import triton.language as tl
 
     @triton.jit
-    def four_uniforms(OUT, seed, count, BLOCK: tl.constexpr):
+    def four_words(OUT, seed, count, BLOCK: tl.constexpr):
         counters = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-        uniforms = tl.rand4x(seed, counters.to(tl.int64))
+        words = tl.randint4x(seed, counters.to(tl.int64), 7)
         for t in tl.static_range(4):
-            tl.store(OUT + 4 * counters + t, uniforms[t], mask=counters < count)
+            tl.store(OUT + 4 * counters + t, words[t].to(tl.int64), mask=counters < count)
 
     seed, dropout, batch, heads, query_length, key_length = 2**40 + 5, 0.4, 2, 3, 7, 23
-    groups = -(-key_length // 4)
+    groups = -(-key_length // 8)
     count = batch * heads * query_length * groups
-    uniforms = torch.empty(4 * count, dtype=torch.float32, device=DEVICE)
-    four_uniforms[(-(-count // 64),)](uniforms, seed, count, BLOCK=64)
+    words = torch.empty(4 * count, dtype=torch.int64, device=DEVICE)
+    four_words[(-(-count // 64),)](words, seed, count, BLOCK=64)
     bh = torch.arange(batch * heads, device=DEVICE)[:, None, None]
     i = torch.arange(query_length, device=DEVICE)[None, :, None]
     j = torch.arange(key_length, device=DEVICE)[None, None, :]
-    expected = uniforms[((bh * query_length + i) * groups + j // 4) * 4 + j % 4] >= dropout
+    word = words[((bh * query_length + i) * groups + j // 8) * 4 + (j % 8) // 2]
+    draw = (word >> (16 * (j % 2))) & 0xFFFF
+    expected = draw >= round(dropout * 2**16)
     mask = dropout_keep_mask(seed, dropout, batch, heads, query_length, key_length, DEVICE)
     assert torch.equal(mask, expected.view(batch, heads, query_length, key_length))
+
+
+@pytest.mark.parametrize("dropout", [0.1, 0.3])
+def test_dropout_keeps_each_key_at_the_stated_rate_and_is_unbiased(dropout):
+    """The kernels drop at p = round(2^16 p_asked) / 2^16 (within 2^-17 of the asked rate) and scale kept
+    probabilities by 1 / (1 - p): over 2 x 2 x 64 x 512 draws the kept share is 1 - p within four standard errors,
+    every column parity and row keeps alike (no pattern from the 16-bit halves), and rates that round to 1 are one
+    clear error."""
+    rate = dropout_rate(dropout)
+    assert abs(rate - dropout) <= 2**-17 and rate * 2**16 == round(rate * 2**16)
+    keep = dropout_keep_mask(2**40 + 21, dropout, 2, 2, 64, 512, DEVICE).double()
+    error = 4 * (rate * (1 - rate) / keep.numel()) ** 0.5
+    assert abs(keep.mean().item() - (1 - rate)) < error
+    for parity in range(8):   # the key's place among the eight draws of one Philox call
+        column_keep = keep[..., parity::8]
+        assert abs(column_keep.mean().item() - (1 - rate)) < 4 * (rate * (1 - rate) / column_keep.numel()) ** 0.5
+    scaled = triton_relative.scales(torch.empty(1, dtype=torch.float64), 1.0, dropout)[1].item()
+    assert scaled == 1 / (1 - rate)
+    with pytest.raises(ValueError, match=r"attention dropout 0.999999 must be in \[0, 1 - 2\^-17\)"):
+        triton_relative.dropout_threshold(0.999999)
 
 
 def run_model(model, kernel, batch, backward=True):
@@ -473,7 +539,7 @@ def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatc
         if probabilities.dim() != 4 or p == 0:
             return dropout(probabilities, p, training, inplace)
         keep = dropout_keep_mask(next(replay), p, *probabilities.shape, probabilities.device)
-        return probabilities * keep / (1 - p)
+        return probabilities * keep / (1 - dropout_rate(p))
 
     monkeypatch.setattr(torch.nn.functional, "dropout", kernel_mask_dropout)
     logits, grads = run_model(model, "eager", batch)
@@ -604,7 +670,8 @@ def test_custom_op_registrations():
     """torch.library's checks of the op: schema, fake (meta) kernel and the registered autograd."""
     case = KERNEL_CASES["decoder_k3_padded"]
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
-    arguments = (query, key, value, table, key_start, key_end, torch.tensor([2**40], device=DEVICE), 8**-0.5, 0.0, 0, 3, True, True)
+    arguments = (query, key, value, table, key_start, key_end, torch.tensor([2**40], device=DEVICE), 8**-0.5, 0.0, 0, 3, True,
+                 mass_columns(3, True))
     torch.library.opcheck(relative_attention, arguments,
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
@@ -617,7 +684,8 @@ def test_custom_op_under_torch_compile():
 
     def attend(query, key, value, table):
         output, masses, _ = relative_attention(query, key, value, table, key_start, key_end,
-                                               torch.tensor([2**40 + 11]), 8**-0.5, 0.3, 0, 2, False, True)
+                                               torch.tensor([2**40 + 11]), 8**-0.5, 0.3, 0, 2, False,
+                                               mass_columns(2, True))
         return (output.sum(-1) + masses.sum(-1)).square().sum()
 
     inputs = (query, key, value, table)

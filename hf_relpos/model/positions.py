@@ -539,9 +539,10 @@ class RelativeValues:
     attention probabilities p [B, H, n, m] and a table `table` [2k+1, d] (shared by the heads) or [H, 2k+1, d].
 
     `mass_by_distance(p)` sums each row's probabilities into the 2k+1 clipped distances (a scatter-add over
-    `index` [n, m], the bucket of every query-key pair, or a function giving it); calling the record gives the term.
-    The fused kernel never forms p: the scheme's `fused_attention` computes the masses from key regions' log-sum-exps
-    instead, which needs consecutive positions (`consecutive`: False under randomized positions).
+    `index` [n, m], the bucket of every query-key pair, or a function giving it), in `mass_columns` columns (zero
+    beyond 2k+1, so that `from_masses` multiplies on aligned kernels); calling the record gives the term. The fused
+    kernel never forms p: the scheme's `fused_attention` computes the masses from key regions' log-sum-exps instead,
+    which needs consecutive positions (`consecutive`: False under randomized positions).
     """
 
     table: torch.Tensor
@@ -550,10 +551,15 @@ class RelativeValues:
     index: torch.Tensor | Callable[[], torch.Tensor]
     consecutive: bool
 
+    @property
+    def mass_columns(self) -> int:
+        """The width of the masses M [B, H, n, *] that kernels hand to `from_masses`: 2k+1, aligned."""
+        return aligned_width(2 * self.max_relative_position + 1)
+
     def mass_by_distance(self, probabilities: torch.Tensor) -> torch.Tensor:
-        """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k."""
+        """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k (zero for r > 2k)."""
         batch, heads, query_length, key_length = probabilities.shape
-        by_distance = probabilities.new_zeros(batch, heads, query_length, 2 * self.max_relative_position + 1)
+        by_distance = probabilities.new_zeros(batch, heads, query_length, self.mass_columns)
         index = self.index() if callable(self.index) else self.index
         return by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
 
@@ -565,16 +571,35 @@ class RelativeValues:
         return self.from_masses(self.mass_by_distance(probabilities))
 
 
+DISTANCE_ALIGNMENT = 8   # the distance dimension of `times_table`'s products, rounded up to a multiple of this
+
+
+def aligned_width(distances: int) -> int:
+    """`distances` rounded up to a multiple of `DISTANCE_ALIGNMENT` (8: 16 bytes of half precision): cuBLAS runs a
+    product whose distance dimension is 2k + 1 (odd) on unaligned kernels, several times slower on an H200."""
+    return -(-distances // DISTANCE_ALIGNMENT) * DISTANCE_ALIGNMENT
+
+
 def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
-    """x [B, H, n, *] times a distance table [R, d] or [H, R, d] (transposed: x . w_r for every r). A token-major x
-    (the model's heads split from [B, n, H * d]) is multiplied in that order: no copy of x, a token-major result."""
+    """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
+    product (forward and backward) has an aligned distance dimension. transpose: x . w_r for every r, [B, H, n, R],
+    a view of the [B, H, n, aligned_width(R)] product; otherwise x [B, H, n, R'] with R' >= R (masses as wide as
+    `RelativeValues.mass_columns`, zero beyond R) times the table padded to R' rows. A token-major x (the model's
+    heads split from [B, n, H * d]) is multiplied in that order: no copy of x, a token-major result."""
+    distances = table.size(-2)
+    width = aligned_width(distances) if transpose else x.size(-1)
+    table = table.to(x.dtype)
+    if width > distances:
+        table = nn.functional.pad(table, (0, 0, 0, width - distances))
     if table.dim() == 2:
-        weights = table.t().to(x.dtype) if transpose else table.to(x.dtype)
+        weights = table.t() if transpose else table
         if not x.is_contiguous() and x.transpose(1, 2).is_contiguous():
-            return torch.matmul(x.transpose(1, 2), weights).transpose(1, 2)
-        return torch.matmul(x, weights)
-    equation = "bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd"
-    return torch.einsum(equation, x, table.to(x.dtype))
+            product = torch.matmul(x.transpose(1, 2), weights).transpose(1, 2)
+        else:
+            product = torch.matmul(x, weights)
+    else:
+        product = torch.einsum("bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd", x, table)
+    return product[..., :distances] if transpose else product
 
 
 @dataclass

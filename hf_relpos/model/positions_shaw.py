@@ -125,12 +125,12 @@ class ShawPositions(PositionScheme):
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
         """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
         form (`fused_attention`); each computed only when a kernel asks."""
-        head_dim, key_length = query.size(-1), key.size(-2)
+        key_length = key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
         score_bias = None
         if self.relative_keys is not None:
             def table() -> torch.Tensor:
-                return times_table(query, self.relative_keys[layer_idx]) * head_dim**-0.5
+                return self.key_profile(layer_idx, query)
 
             if consecutive:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -153,6 +153,11 @@ class ShawPositions(PositionScheme):
             def fused(query, key, value, scaling, mask, attend):
                 return self.fused_attention(layer_idx, query, key, value, scaling, mask, attend)
         return AttentionTerms(score_bias=score_bias, value_term=value_term, fused_attention=fused)
+
+    def key_profile(self, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+        """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
+        out over the keys), the scale applied to the small table rather than to the product."""
+        return times_table(query, self.relative_keys[layer_idx] * query.size(-1) ** -0.5)
 
     def fused_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         scaling: float, mask: Any, attend: Any) -> torch.Tensor:
@@ -177,7 +182,7 @@ class ShawPositions(PositionScheme):
             if self.relative_keys is None:
                 return None, None, None
             # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets; the band's diagonal d has bucket d + k
-            profile = times_table(query.to(compute), self.relative_keys[layer_idx]) * query.size(-1) ** -0.5
+            profile = self.key_profile(layer_idx, query.to(compute))
             return profile[..., 0], profile[..., first + kmax : first + kmax + count], profile[..., 2 * kmax]
 
         output, masses = region_attention(query, key, value, scaling, mask, attend, 1 - kmax, max(0, 2 * kmax - 1),

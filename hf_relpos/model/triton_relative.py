@@ -3,10 +3,11 @@ score bias and value term depend on the clipped distance clip(j - i', k) (Shaw e
 
 The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
 kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, 2k+1] and returns the output sum_j D_ij v_j, each
-row's dropped probability mass per clipped distance M [B, H, n, 2k+1] and the row log-sum-exp; the a^V term is the
-small matmul M a^V outside, and autograd takes the tables' gradients through T and M (small matmuls too). No n x m
-tensor is formed, forward or backward; attention dropout is applied to the probabilities after the softmax with a
-Philox mask regenerated in the backward. Registered as torch.library custom ops with their autograd, so autograd and
+row's dropped probability mass per clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the
+row log-sum-exp; the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients through T
+and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor is formed,
+forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox mask (16-bit
+draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their autograd, so autograd and
 torch.compile see one opaque op each way.
 
 Runs on CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which
@@ -87,15 +88,33 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+DROPOUT_LEVELS = 2**16   # the kernels draw each keep decision as a 16-bit integer >= round(2^16 p)
+
+
+def dropout_threshold(dropout: float) -> int:
+    """round(2^16 p): a key is dropped when its 16-bit draw is below it; one clear error when the rate rounds to 1."""
+    threshold = round(dropout * DROPOUT_LEVELS)
+    if not 0 <= threshold < DROPOUT_LEVELS:
+        raise ValueError(f"attn_implementation {KERNEL_NAME!r}: attention dropout {dropout} must be in [0, 1 - 2^-17), "
+                         "the rates its 16-bit draws express")
+    return threshold
+
+
+def dropout_rate(dropout: float) -> float:
+    """The rate the kernels drop at for an asked rate p: round(2^16 p) / 2^16 (within 2^-17 of p), exactly, and the
+    kept probabilities are scaled by 1 / (1 - that rate), so the dropped attention is unbiased."""
+    return dropout_threshold(dropout) / DROPOUT_LEVELS
+
+
 def scales(query: torch.Tensor, scaling: float, dropout: float) -> torch.Tensor:
-    """(c, 1 / (1 - p)) in the accumulation dtype: a float argument would reach the kernel as float32."""
+    """(c, 1 / (1 - `dropout_rate`)) in the accumulation dtype: a float argument would reach the kernel as float32."""
     return scales_on(torch.promote_types(query.dtype, torch.float32), query.device, scaling, dropout)
 
 
 @functools.lru_cache(maxsize=64)
 def scales_on(dtype: torch.dtype, device: torch.device, scaling: float, dropout: float) -> torch.Tensor:
     """`scales`, built once per setting (no host-to-device copy per layer)."""
-    return torch.tensor([scaling, 1.0 / (1.0 - dropout)], dtype=dtype, device=device)
+    return torch.tensor([scaling, 1.0 / (1.0 - dropout_rate(dropout))], dtype=dtype, device=device)
 
 
 def strides(*tensors: torch.Tensor) -> list[int]:
@@ -130,44 +149,53 @@ def empty_in_order_of(reference: torch.Tensor, last: int, dtype: torch.dtype) ->
     return reference.new_empty(batch, heads, length, last, dtype=dtype)
 
 
+def masses_in_order_of(query: torch.Tensor, max_distance: int, mass_columns: int) -> torch.Tensor:
+    """M [B, H, n, mass_columns] in query's order and the accumulation dtype, for the kernel to fill its first 2k+1
+    columns: the others (padding to an aligned width) zero."""
+    masses = empty_in_order_of(query, mass_columns, torch.promote_types(query.dtype, torch.float32))
+    if mass_columns:
+        if mass_columns < 2 * max_distance + 1:
+            raise ValueError(f"attn_implementation {KERNEL_NAME!r}: mass_columns {mass_columns} is less than "
+                             f"2k + 1 = {2 * max_distance + 1}")
+        masses[..., 2 * max_distance + 1:].zero_()
+    return masses
+
+
 @torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())
 def relative_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
     key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float, dropout: float,
-    query_offset: int, max_distance: int, causal: bool, with_masses: bool,
+    query_offset: int, max_distance: int, causal: bool, mass_columns: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o [B, H, n, d], M [B, H, n, 2k+1] or [B, H, n, 0] without `with_masses`, lse [B, H, n]): see the kernels'
-    module docstring. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout
-    mask."""
+    """(o [B, H, n, d], M [B, H, n, mass_columns], lse [B, H, n]): see the kernels' module docstring. M's columns
+    beyond 2k+1 are zero (the value term's aligned width, `RelativeValues.mass_columns`); 0 columns: no masses, no
+    value term. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout mask."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, head_dim = query.shape
     key_length = key.size(-2)
     accumulate = torch.promote_types(query.dtype, torch.float32)
-    distances = 2 * max_distance + 1
     output = torch.empty_like(query)   # query's layout: token-major [B, n, H, d] memory needs no copy to merge heads
-    masses = empty_in_order_of(query, distances if with_masses else 0, accumulate)
+    masses = masses_in_order_of(query, max_distance, mass_columns)
     lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
-    settings = launch_settings(query, max_distance, bias_table is not None, with_masses, causal, dropout)
+    settings = launch_settings(query, max_distance, bias_table is not None, mass_columns > 0, causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
     check_row_spans(query=query, key=key, value=value, bias_table=table, masses=masses)
     from .triton_relative_kernels import relative_forward_kernel, tuned_forward
 
     launch(relative_forward_kernel, tuned_forward, "BLOCK_M", query_length, batch * heads,
            query, key, value, table, output, masses, lse, key_start, key_end, scales(query, scaling, dropout),
-           int(seed.item()), dropout, *strides(query, key, value, table, output, masses), heads, query_length,
-           key_length, query_offset, max_distance, length_bucket(query_length, key_length), **settings)
+           int(seed.item()), dropout_threshold(dropout), *strides(query, key, value, table, output, masses), heads,
+           query_length, key_length, query_offset, max_distance, length_bucket(query_length, key_length), **settings)
     return output, masses, lse
 
 
 @relative_attention.register_fake
 def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout, query_offset, max_distance, causal,
-      with_masses):
+      mass_columns):
     batch, heads, query_length, _ = query.shape
-    accumulate = torch.promote_types(query.dtype, torch.float32)
-    distances = 2 * max_distance + 1 if with_masses else 0
-    return (torch.empty_like(with_unit_last_stride(query)),
-            empty_in_order_of(with_unit_last_stride(query), distances, accumulate),
-            query.new_empty(batch, heads, query_length, dtype=accumulate))
+    query = with_unit_last_stride(query)
+    return (torch.empty_like(query), masses_in_order_of(query, max_distance, mass_columns),
+            query.new_empty(batch, heads, query_length, dtype=torch.promote_types(query.dtype, torch.float32)))
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward", mutates_args=())
@@ -192,7 +220,7 @@ def relative_attention_backward(
     check_row_spans(grad_output=grad_output, grad_masses=grad_masses, grad_table=grad_table)
     settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
-    common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout,
+    common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout_threshold(dropout),
               *strides(query, key, value, table, grad_output, grad_masses))
     sizes = (heads, query_length, key_length, query_offset, max_distance, length_bucket(query_length, key_length))
     delta = row_deltas(grad_output, output, grad_masses, masses, settings)
@@ -279,7 +307,7 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
     from .triton_relative_kernels import dropout_keep_kernel
 
     dropout_keep_kernel[(ceil_div(query_length, block), ceil_div(key_length, block), batch * heads)](
-        keep, seed, dropout, query_length, key_length, BLOCK_M=block, BLOCK_N=block)
+        keep, seed, dropout_threshold(dropout), query_length, key_length, BLOCK_M=block, BLOCK_N=block)
     return keep.view(batch, heads, query_length, key_length).bool()
 
 
@@ -322,7 +350,8 @@ def clipped_relative_attention(
     # a seed is drawn only for dropout: without it torch's random stream stays where sdpa and eager leave it
     seed = dropout_seed() if dropout > 0 else torch.full((1,), SEED_RANGE[0], dtype=torch.int64)
     output, masses, _ = relative_attention(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
-                                           query_offset, max_distance, causal, value_term is not None)
+                                           query_offset, max_distance, causal,
+                                           value_term.mass_columns if value_term is not None else 0)
     if value_term is not None:
         output = output + value_term.from_masses(masses).to(output.dtype)
     return output

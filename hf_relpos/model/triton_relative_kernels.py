@@ -2,7 +2,8 @@
 whose score bias and value term depend on the clipped distance r(i, j) = clip(j - i - query_offset, k) + k.
 
 Per batch entry b and head h, queries i < n, keys j in [key_start_b, key_end_b) (and j <= i + query_offset when
-causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox keep mask kappa_ij, drop rate p:
+causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox keep mask kappa_ij, drop rate p
+(drawn as 16-bit integers: p = round(2^16 p_asked) / 2^16, `triton_relative.dropout_rate`):
 
     s_ij = c q_i . k_j + T[i, r(i, j)]               lse_i = log sum_j exp(s_ij)
     P_ij = exp(s_ij - lse_i)                          D_ij = P_ij kappa_ij / (1 - p)
@@ -36,11 +37,12 @@ else:
 # The autotuner's candidates (BLOCK_M, BLOCK_N, num_warps, num_stages): they fit an H100's and an H200's shared memory
 # (228 KB per SM); on an H200 the fastest of them beat FlashAttention-2's Hopper tiles for every kernel and flag set
 # (docs/results/gpu_check/2026-11-28_h200_1f3e7bf).
+PHILOX_ROUNDS = tl.constexpr(7)   # Philox-4x32-7, as FlashAttention-2 draws its dropout mask
 BLOCK_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2), (32, 64, 4, 2))
 # Lengths, offsets and seeds change from call to call: not specialised on (one compile per flag set, not per shape).
 # `length_bucket` (the longer side rounded up to a power of two, `triton_relative.length_bucket`) is read only by the
 # autotuner: blocks are tuned per flag set and length bucket.
-RUNTIME_INTS = ["seed", "heads", "query_length", "key_length", "query_offset", "max_distance", "length_bucket"]
+RUNTIME_INTS = ["seed", "dropout_threshold", "heads", "query_length", "key_length", "query_offset", "max_distance", "length_bucket"]
 
 
 @triton.jit
@@ -62,18 +64,21 @@ def clipped_bucket(rows, cols, query_offset, max_distance):
 
 
 @triton.jit
-def dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M: tl.constexpr,
+def dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr):
-    """kappa_ij of a tile whose first key `first_col` is a multiple of 4: Philox uniform >= p, the same in forward
-    and backward. One Philox call gives four uniforms: the counter ((b H + h) n + i) ceil(m / 4) + j // 4 gives keys
-    4 (j // 4) .. 4 (j // 4) + 3 of row i, in order (the t-th uniform to key 4 (j // 4) + t)."""
-    tl.static_assert(BLOCK_N % 4 == 0, "dropout_keep: BLOCK_N must be a multiple of 4")
-    groups = first_col // 4 + tl.arange(0, BLOCK_N // 4)
-    offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * ((key_length + 3) // 4) + groups[None, :]
-    u0, u1, u2, u3 = tl.rand4x(seed, offsets)
-    # join stacks on a new last axis: [.., g, a, b] = u_{a + 2 b}, flattened to key 4 g + 2 a + b
-    uniform = tl.reshape(tl.join(tl.join(u0, u2), tl.join(u1, u3)), [BLOCK_M, BLOCK_N])
-    return uniform >= dropout_p
+    """kappa_ij of a tile whose first key `first_col` is a multiple of 8: a 16-bit Philox draw >= the threshold
+    round(2^16 p), the same in forward and backward. One Philox-4x32-7 call (FlashAttention-2's round count) gives
+    four 32-bit words, eight 16-bit draws: the counter ((b H + h) n + i) ceil(m / 8) + j // 8 gives keys
+    8 (j // 8) .. 8 (j // 8) + 7 of row i, key 8 (j // 8) + 2 t + c drawing bits [16 c, 16 c + 16) of word t."""
+    tl.static_assert(BLOCK_N % 8 == 0, "dropout_keep: BLOCK_N must be a multiple of 8")
+    groups = first_col // 8 + tl.arange(0, BLOCK_N // 8)
+    offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * ((key_length + 7) // 8) + groups[None, :]
+    w0, w1, w2, w3 = tl.randint4x(seed, offsets, PHILOX_ROUNDS)
+    # join stacks on a new last axis: [.., g, a, b] = w_{a + 2 b}, flattened to word 4 g + 2 a + b ...
+    words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, BLOCK_N // 2])
+    # ... and each word's low and high halves to keys 2 (4 g + t) and 2 (4 g + t) + 1
+    draws = tl.reshape(tl.join(words & 0xFFFF, words >> 16), [BLOCK_M, BLOCK_N])
+    return draws >= dropout_threshold.to(tl.uint32)
 
 
 @triton.jit
@@ -226,7 +231,7 @@ def shift_of(row_max):
 
 @triton.jit
 def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, T, k_base, v_base, stride_kn,
-                 stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale,
+                 stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_threshold, scaling, keep_scale,
                  query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_I: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -245,7 +250,7 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
     rescale = tl.exp(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(p, 1)
     if DROPOUT:
-        keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
+        keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
         p = tl.where(keep, p * keep_scale, 0.0)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
@@ -263,7 +268,7 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_forward_kernel(
-    Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn,
     heads, query_length, key_length, query_offset, max_distance, length_bucket,
@@ -283,7 +288,7 @@ def relative_forward_kernel(
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
     tile = (q, K, V, T, head_base(b, h, stride_kb, stride_kh), head_base(b, h, stride_vb, stride_vh), stride_kn,
             stride_vn, head_base(b, h, stride_tb, stride_th), stride_tn, rows, key_start, key_end, bh, seed,
-            dropout_p, scaling, keep_scale, query_length, key_length, query_offset, max_distance)
+            dropout_threshold, scaling, keep_scale, query_length, key_length, query_offset, max_distance)
     row_max = tl.full([BLOCK_M], float("-inf"), ACC)
     row_sum = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
@@ -317,7 +322,7 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_p,
+def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_threshold,
                    keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                    HAS_VALUES: tl.constexpr,
                    DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -332,7 +337,7 @@ def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, 
     dropped = p
     d_p = d_dropped
     if DROPOUT:
-        keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
+        keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
         dropped = tl.where(keep, p * keep_scale, 0.0)
         d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
     return dropped, p * (d_p - delta[:, None])
@@ -340,7 +345,7 @@ def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, 
 
 @triton.jit
 def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base, stride_qn, do_base, stride_don,
-                       t_base, t_stride, row_base, m_base, first_col, key_start, key_end, bh, seed, dropout_p, scaling,
+                       t_base, t_stride, row_base, m_base, first_col, key_start, key_end, bh, seed, dropout_threshold, scaling,
                        keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
@@ -355,7 +360,7 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
                              max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     dropped, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                                 dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                                 dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
     dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
@@ -364,7 +369,7 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_backward_keys_kernel(
-    Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    Q, K, V, T, DO, DM, LSE, DELTA, DK, DV, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
@@ -393,7 +398,7 @@ def relative_backward_keys_kernel(
             head_base(b, h, stride_dob, stride_doh), stride_don,
             head_base(b, h, stride_tb, stride_th), stride_tn, row_base,
             head_base(b, h, stride_dmb, stride_dmh),
-            first_col, key_start, key_end, bh, seed, dropout_p, scaling, keep_scale, query_length, key_length,
+            first_col, key_start, key_end, bh, seed, dropout_threshold, scaling, keep_scale, query_length, key_length,
             query_offset, max_distance, stride_dmn)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
@@ -414,7 +419,7 @@ def relative_backward_keys_kernel(
 
 @triton.jit
 def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn,
-                          stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_p, scaling,
+                          stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_threshold, scaling,
                           keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr,
@@ -428,7 +433,7 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
                              max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                           dropout_p, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                           dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                            HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
     if HAS_BIAS:
@@ -444,7 +449,7 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_backward_queries_kernel(
-    Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_p,
+    Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
     stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn,
@@ -469,7 +474,7 @@ def relative_backward_queries_kernel(
     tile = (q, do, lse, delta, K, V, T, DM, head_base(b, h, stride_kb, stride_kh),
             head_base(b, h, stride_vb, stride_vh), stride_kn, stride_vn, head_base(b, h, stride_tb, stride_th),
             stride_tn,
-            head_base(b, h, stride_dmb, stride_dmh), rows, key_start, key_end, bh, seed, dropout_p,
+            head_base(b, h, stride_dmb, stride_dmh), rows, key_start, key_end, bh, seed, dropout_threshold,
             scaling, keep_scale, query_length, key_length, query_offset, max_distance, stride_dmn)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
@@ -522,14 +527,14 @@ def row_delta_kernel(
 
 
 @triton.jit
-def dropout_keep_kernel(KEEP, seed, dropout_p, query_length, key_length, BLOCK_M: tl.constexpr,
+def dropout_keep_kernel(KEEP, seed, dropout_threshold, query_length, key_length, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr):
     """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging)."""
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     first_col = tl.program_id(1) * BLOCK_N
     cols = first_col + tl.arange(0, BLOCK_N)
     bh = tl.program_id(2)
-    keep = dropout_keep(seed, dropout_p, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
+    keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
     tl.store(KEEP + (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :], keep.to(tl.int8),
              mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
 
