@@ -41,7 +41,7 @@ def argument_types(arg_names: list[str], constexprs: dict, dtype: str) -> dict[s
         elif name in pointers:
             types[name] = "*" + pointers[name]
         else:
-            types[name] = {"seed": "i64", "dropout_p": "fp32"}.get(name, "i32")
+            types[name] = {"seed": "i64"}.get(name, "i32")
     return types
 
 
@@ -73,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     from triton.compiler import ASTSource
 
     from hf_relpos.model import triton_relative_kernels as kernels
+    from hf_relpos.model.positions import aligned_width
     from hf_relpos.model.triton_relative import DELTA_BLOCK, next_power_of_2
 
     target = GPUTarget("cuda", args.arch, 32)
@@ -115,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"a^V={has_values} causal={causal} "
                   f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
     for has_values in (True, False)[:1 if args.quick else None]:
-        masses = 2 * args.max_relative_position + 1 if has_values else 0
+        masses = aligned_width(2 * args.max_relative_position + 1) if has_values else 0   # the masses' width
         build(kernels.row_delta_kernel, dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, DISTANCES=masses,
                                              BLOCK_R=max(16, next_power_of_2(masses)), HAS_VALUES=has_values,
                                              ACC=accumulate, BLOCK_M=DELTA_BLOCK), 4, 2,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 # Triton's CPU interpreter for attn_implementation "relpos_triton" (tests/test_triton_shaw.py) where there is no GPU:
 # read when triton decorates its own library functions, so set before anything imports triton (torch._dynamo does).
@@ -170,3 +171,19 @@ def memorised_model_folder(tmp_path_factory) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+class RecordMatmuls(TorchDispatchMode):
+    """The operand shapes of every matmul (mm, bmm, addmm, baddbmm) run inside it."""
+
+    MATMULS = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
+               torch.ops.aten.baddbmm.default}
+
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.MATMULS:
+            self.shapes.append([tuple(arg.shape) for arg in args if isinstance(arg, torch.Tensor)])
+        return func(*args, **(kwargs or {}))

@@ -8,7 +8,7 @@ import math
 
 import pytest
 import torch
-from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, sinusoid_by_loop, tiny_config
+from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, RecordMatmuls, sinusoid_by_loop, tiny_config
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
@@ -86,6 +86,9 @@ def test_products_with_a_distance_table_pad_it_to_an_aligned_width_and_equal_the
     term = times_table(wide, table, transpose=False)
     expected_term = torch.einsum("bhnr,hrd->bhnd", masses, heads_table)
     torch.testing.assert_close(term, expected_term, rtol=0, atol=1e-12)
+    with RecordMatmuls() as recorded:   # 33-wide masses (FlexAttention's regions) are padded before the product
+        torch.testing.assert_close(times_table(masses, table, transpose=False), expected_term, rtol=0, atol=1e-12)
+    assert recorded.shapes and not any(distances in shape for shapes in recorded.shapes for shape in shapes)
     upstream = torch.randn(profile.shape, generator=generator, dtype=torch.float64)
     upstream_term = torch.randn(term.shape, generator=generator, dtype=torch.float64)
     grads = torch.autograd.grad((profile * upstream).sum() + (term * upstream_term).sum(), (x, table))

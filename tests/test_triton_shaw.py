@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import RecordMatmuls, tiny_config
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
@@ -341,31 +341,20 @@ def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
     assert counts["relpos_triton"] == 0 and counts["sdpa"] > 0, counts
 
 
-@pytest.mark.parametrize("kernel", ["relpos_triton", "sdpa"])
-def test_a_shaw_layers_products_with_the_distance_tables_are_aligned(kernel):
+@pytest.mark.parametrize("kernel, dropout", [("relpos_triton", 0.1), ("sdpa", 0.1), ("flex_attention", 0.0)])
+def test_a_shaw_layers_products_with_the_distance_tables_are_aligned(kernel, dropout):
     """Every matmul of a shaw layer's training step (a^K's T = c q a^K^T, a^V's M a^V, their gradients; bf16 autocast,
-    attention dropout) has the distance dimension 2k + 1 padded to a multiple of 8: none has a dimension 2k + 1, which
-    cuBLAS runs on unaligned kernels (sm75 CUTLASS, align1, on the H200 of
+    attention dropout where the kernel takes it) has the distance dimension 2k + 1 padded to a multiple of 8: none has
+    a dimension 2k + 1, which cuBLAS runs on unaligned kernels (sm75 CUTLASS, align1, on the H200 of
     docs/results/gpu_check/2026-11-28_h200_1f3e7bf)."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
     from benchmarks.bench_training import attention_case
     from benchmarks.common import SHAPES
 
-    matmuls = {torch.ops.aten.mm.default, torch.ops.aten.bmm.default, torch.ops.aten.addmm.default,
-               torch.ops.aten.baddbmm.default}
-    shapes = []
-
-    class RecordMatmuls(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            if func in matmuls:
-                shapes.append([tuple(arg.shape) for arg in args if isinstance(arg, torch.Tensor)])
-            return func(*args, **(kwargs or {}))
-
-    case = attention_case("shaw", SHAPES["tiny"], 16, 2, "cpu", "bfloat16", kernel, 0.1)
+    case = attention_case("shaw", SHAPES["tiny"], 16, 2, "cpu", "bfloat16", kernel, dropout)
     distances = 2 * case.module["scheme"].max_relative_position + 1
-    with RecordMatmuls():
+    with RecordMatmuls() as recorded:
         case.step()
+    shapes = recorded.shapes
     with_tables = [operands for operands in shapes if any(aligned_width(distances) in shape for shape in operands)]
     assert len(with_tables) >= 6, shapes   # T, M a^V, and two gradients of each
     assert not [operands for operands in shapes if any(distances in shape for shape in operands)], shapes
@@ -431,6 +420,21 @@ def test_dropout_mask_follows_the_documented_philox_counter():
     expected = draw >= round(dropout * 2**16)
     mask = dropout_keep_mask(seed, dropout, batch, heads, query_length, key_length, DEVICE)
     assert torch.equal(mask, expected.view(batch, heads, query_length, key_length))
+
+
+def test_no_kernel_specialises_on_the_seed_or_the_dropout_threshold():
+    """Triton makes an int argument equal to 1 a constant: a threshold of 1 (p near 2^-16) would then not compile on a
+    GPU (no .to on a constant), and a new value would compile again; every kernel that draws the mask takes both as
+    runtime ints."""
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    for kernel in (kernels.relative_forward_kernel, kernels.relative_backward_keys_kernel,
+                   kernels.relative_backward_queries_kernel, kernels.dropout_keep_kernel):
+        if triton_relative.interpreting():   # the interpreter's function keeps the decorator's arguments
+            runtime = set(kernel.kwargs["do_not_specialize"])
+        else:
+            runtime = {parameter.name for parameter in kernel.params if parameter.do_not_specialize}
+        assert {"seed", "dropout_threshold"} <= runtime, kernel.fn.__name__
 
 
 @pytest.mark.parametrize("dropout", [0.1, 0.3])

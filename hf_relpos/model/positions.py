@@ -584,9 +584,12 @@ def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) ->
     """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
     product (forward and backward) has an aligned distance dimension. transpose: x . w_r for every r, [B, H, n, R],
     a view of the [B, H, n, aligned_width(R)] product; otherwise x [B, H, n, R'] with R' >= R (masses as wide as
-    `RelativeValues.mass_columns`, zero beyond R) times the table padded to R' rows. A token-major x (the model's
-    heads split from [B, n, H * d]) is multiplied in that order: no copy of x, a token-major result."""
+    `RelativeValues.mass_columns`, zero beyond R; narrower ones are padded here, a copy) times the table padded to
+    that width. A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that order: no copy of
+    x, a token-major result."""
     distances = table.size(-2)
+    if not transpose and x.size(-1) % DISTANCE_ALIGNMENT:
+        x = nn.functional.pad(x, (0, aligned_width(x.size(-1)) - x.size(-1)))
     width = aligned_width(distances) if transpose else x.size(-1)
     table = table.to(x.dtype)
     if width > distances:

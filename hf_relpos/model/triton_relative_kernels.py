@@ -74,7 +74,7 @@ def dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key
     groups = first_col // 8 + tl.arange(0, BLOCK_N // 8)
     offsets = (bh.to(tl.int64) * query_length + rows[:, None]) * ((key_length + 7) // 8) + groups[None, :]
     w0, w1, w2, w3 = tl.randint4x(seed, offsets, PHILOX_ROUNDS)
-    # join stacks on a new last axis: [.., g, a, b] = w_{a + 2 b}, flattened to word 4 g + 2 a + b ...
+    # join stacks on a new last axis: [.., g, a, b] = w_{2 a + b}, flattened to word 4 g + 2 a + b ...
     words = tl.reshape(tl.join(tl.join(w0, w2), tl.join(w1, w3)), [BLOCK_M, BLOCK_N // 2])
     # ... and each word's low and high halves to keys 2 (4 g + t) and 2 (4 g + t) + 1
     draws = tl.reshape(tl.join(words & 0xFFFF, words >> 16), [BLOCK_M, BLOCK_N])
@@ -193,14 +193,16 @@ def store_rows(X, base, stride, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_
 def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
                 scaling, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
                 SIDE: tl.constexpr):
-    """The masked scores s of a tile (-inf where not allowed) and its mask; SIDE as in `add_by_distance`."""
+    """The masked scores s of a tile: -inf at keys outside [key_start, key_end) and, causal, beyond i + query_offset;
+    SIDE as in `add_by_distance`. Rows beyond the query length are not masked: their q, T, dO, dM, lse and Delta load
+    as zeros, so their scores are finite, they add exactly zero to dk and dv, and nothing of theirs is stored."""
     s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
     if HAS_BIAS:
         s = add_by_distance(s, T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, SIDE)
-    allowed = (rows < query_length)[:, None] & ((cols >= key_start) & (cols < key_end))[None, :]
+    allowed = ((cols >= key_start) & (cols < key_end))[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
-    return tl.where(allowed, s, float("-inf")), allowed
+    return tl.where(allowed, s, float("-inf"))
 
 
 @triton.jit
@@ -242,7 +244,7 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
     updates `left` alone, one beyond +k (SIDE 1) `right` alone) rescaled to the new row max and updated."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s, _ = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
                        max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     new_max = tl.maximum(row_max, tl.max(s, 1))
     shift = shift_of(new_max)
@@ -322,14 +324,14 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_threshold,
+def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_threshold,
                    keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                    HAS_VALUES: tl.constexpr,
                    DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
     """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse (dM's rows
     at m_base + i m_stride); SIDE as in `add_by_distance`."""
-    p = tl.where(allowed, tl.exp(s - shift_of(lse)[:, None]), 0.0)  # no key: P = 0
+    p = tl.exp(s - shift_of(lse)[:, None])  # masked scores are -inf: P = 0 (rows without a key too)
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
         d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset,
@@ -357,9 +359,9 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
                                         BLOCK_D)
-    s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
                              max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    dropped, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+    dropped, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                                  dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
@@ -430,9 +432,9 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s, allowed = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
+    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
                              max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    _, ds = tile_gradients(q, do, k, v, s, allowed, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+    _, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                            dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                            HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
@@ -526,7 +528,7 @@ def row_delta_kernel(
     tl.store(DELTA + bh.to(tl.int64) * query_length + rows, delta, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["seed", "dropout_threshold"])   # a threshold of 1 would become a constant
 def dropout_keep_kernel(KEEP, seed, dropout_threshold, query_length, key_length, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr):
     """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging)."""
