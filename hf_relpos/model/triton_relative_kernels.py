@@ -241,11 +241,12 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
                  SIDE: tl.constexpr):
     """One key tile of the online softmax for lse_i and o_i: the row max, the row sum, o's accumulator and the
     dropped masses M by distance (`left`, `inner`, `right`, as in `add_band_sums`; a tile beyond -k (SIDE -1)
-    updates `left` alone, one beyond +k (SIDE 1) `right` alone) rescaled to the new row max and updated."""
+    updates `left` alone, one beyond +k (SIDE 1) `right` alone) rescaled to the new row max and updated. Under
+    dropout the accumulator and the masses sum the kept probabilities; the caller scales them by 1 / (1 - p) once."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                       max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     new_max = tl.maximum(row_max, tl.max(s, 1))
     shift = shift_of(new_max)
     p = tl.exp(s - shift[:, None])
@@ -253,7 +254,7 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
     row_sum = row_sum * rescale + tl.sum(p, 1)
     if DROPOUT:
         keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
-        p = tl.where(keep, p * keep_scale, 0.0)
+        p = tl.where(keep, p, 0.0)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     acc = acc * rescale[:, None] + matmul(p.to(v.dtype), v, ACC, PRECISION)
     if HAS_VALUES:
@@ -314,11 +315,11 @@ def relative_forward_kernel(
     has_key = row_sum > 0
     normalizer = tl.where(has_key, row_sum, 1.0)
     out_base = bh.to(tl.int64) * query_length
-    store_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, query_length,
-               acc / normalizer[:, None], HEAD_DIM, BLOCK_D)
+    scale = (keep_scale / normalizer)[:, None]   # the kept probabilities' sums to D's: / (1 - p) / sum_j exp
+    store_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, query_length, acc * scale, HEAD_DIM,
+               BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
-        scale = 1.0 / normalizer[:, None]
         store_by_distance(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, row_ok,
                           left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
 
@@ -329,8 +330,8 @@ def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col
                    HAS_VALUES: tl.constexpr,
                    DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
-    """P, the dropped D and dS = P (dP - Delta) of one tile, recomputed from the scores and the row lse (dM's rows
-    at m_base + i m_stride); SIDE as in `add_by_distance`."""
+    """The kept P (D (1 - p); P without dropout) and dS = P (dP - Delta) of one tile, recomputed from the scores and
+    the row lse (dM's rows at m_base + i m_stride); SIDE as in `add_by_distance`."""
     p = tl.exp(s - shift_of(lse)[:, None])  # masked scores are -inf: P = 0 (rows without a key too)
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
@@ -340,7 +341,7 @@ def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col
     d_p = d_dropped
     if DROPOUT:
         keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
-        dropped = tl.where(keep, p * keep_scale, 0.0)
+        dropped = tl.where(keep, p, 0.0)
         d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
     return dropped, p * (d_p - delta[:, None])
 
@@ -353,14 +354,14 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
                        HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                        SIDE: tl.constexpr):
-    """One query block's terms of dk_j / c = sum_i dS_ij q_i and dv_j = sum_i D_ij dO_i."""
+    """One query block's terms of dk_j / c = sum_i dS_ij q_i and dv_j (1 - p) = sum_i (D_ij (1 - p)) dO_i."""
     rows = first_row + tl.arange(0, BLOCK_M)
     cols = first_col + tl.arange(0, BLOCK_N)
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
                                         BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                             max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     dropped, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                                  dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
@@ -415,7 +416,7 @@ def relative_backward_keys_kernel(
                                     DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=0)
     store_rows(DK, head_base(b, h, stride_dkb, stride_dkh), stride_dkn, cols, key_length,
                dk * scaling, HEAD_DIM, BLOCK_D)
-    store_rows(DV, head_base(b, h, stride_dvb, stride_dvh), stride_dvn, cols, key_length, dv,
+    store_rows(DV, head_base(b, h, stride_dvb, stride_dvh), stride_dvn, cols, key_length, dv * keep_scale,
                HEAD_DIM, BLOCK_D)
 
 
@@ -433,7 +434,7 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                             max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     _, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                            dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                            HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
