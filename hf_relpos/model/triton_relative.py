@@ -17,6 +17,7 @@ the tests use.
 from __future__ import annotations
 
 import functools
+import math
 import os
 import re
 from typing import Any
@@ -107,14 +108,15 @@ def dropout_rate(dropout: float) -> float:
 
 
 def scales(query: torch.Tensor, scaling: float, dropout: float) -> torch.Tensor:
-    """(c, 1 / (1 - `dropout_rate`)) in the accumulation dtype: a float argument would reach the kernel as float32."""
+    """(c, 1 / (1 - `dropout_rate`), log2(e)) in the accumulation dtype: a float argument would reach the kernel as
+    float32."""
     return scales_on(torch.promote_types(query.dtype, torch.float32), query.device, scaling, dropout)
 
 
 @functools.lru_cache(maxsize=64)
 def scales_on(dtype: torch.dtype, device: torch.device, scaling: float, dropout: float) -> torch.Tensor:
     """`scales`, built once per setting (no host-to-device copy per layer)."""
-    return torch.tensor([scaling, 1.0 / (1.0 - dropout_rate(dropout))], dtype=dtype, device=device)
+    return torch.tensor([scaling, 1.0 / (1.0 - dropout_rate(dropout)), 1.0 / math.log(2.0)], dtype=dtype, device=device)
 
 
 def strides(*tensors: torch.Tensor) -> list[int]:

@@ -9,7 +9,8 @@ causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox 
     P_ij = exp(s_ij - lse_i)                          D_ij = P_ij kappa_ij / (1 - p)
     o_i = sum_j D_ij v_j                              M[i, r] = sum_{j: r(i, j) = r} D_ij
 
-(the value term o_i + sum_r M[i, r] a^V_r is one small matmul outside). Backward, given dO and dM:
+(the value term o_i + sum_r M[i, r] a^V_r is one small matmul outside). The kernels keep scores in base 2,
+s_ij log2(e), so that each exponential is one exp2 (the log-sum-exp they store is natural). Backward, given dO and dM:
 
     dD_ij = dO_i . v_j + dM[i, r(i, j)]               dP_ij = dD_ij kappa_ij / (1 - p)
     Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r]     dS_ij = P_ij (dP_ij - Delta_i)
@@ -139,19 +140,19 @@ def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_dis
 
 
 @triton.jit
-def add_by_distance(x, TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance,
+def add_by_distance(x, TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, scale,
                     SIDE: tl.constexpr):
-    """x_ij + TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or +k
-    (SIDE 1) reads one column of the [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers
+    """x_ij + scale TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or
+    +k (SIDE 1) reads one column of the [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers
     by distance."""
     row_ok = rows < query_length
     row_offsets = t_base + rows * t_stride
     if SIDE == 0:
         bucket = clipped_bucket(rows, cols, query_offset, max_distance)
-        x += tl.load(TABLE + row_offsets[:, None] + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype)
+        x += tl.load(TABLE + row_offsets[:, None] + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype) * scale
     else:
         edge = (SIDE + 1) * max_distance
-        x += tl.load(TABLE + row_offsets + edge, mask=row_ok, other=0.0).to(x.dtype)[:, None]
+        x += (tl.load(TABLE + row_offsets + edge, mask=row_ok, other=0.0).to(x.dtype) * scale)[:, None]
     return x
 
 
@@ -191,14 +192,15 @@ def store_rows(X, base, stride, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_
 
 @triton.jit
 def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
-                scaling, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
-                SIDE: tl.constexpr):
-    """The masked scores s of a tile: -inf at keys outside [key_start, key_end) and, causal, beyond i + query_offset;
+                score_scale, log2e, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
+                PRECISION: tl.constexpr, SIDE: tl.constexpr):
+    """The masked scores s log2(e) of a tile (`score_scale` = c log2(e)): -inf at keys outside [key_start, key_end) and, causal, beyond i + query_offset;
     SIDE as in `add_by_distance`. Rows beyond the query length are not masked: their q, T, dO, dM, lse and Delta load
     as zeros, so their scores are finite, they add exactly zero to dk and dv, and nothing of theirs is stored."""
-    s = matmul(q, tl.trans(k), ACC, PRECISION) * scaling
+    s = matmul(q, tl.trans(k), ACC, PRECISION) * score_scale
     if HAS_BIAS:
-        s = add_by_distance(s, T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, SIDE)
+        s = add_by_distance(s, T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, log2e,
+                            SIDE)
     allowed = ((cols >= key_start) & (cols < key_end))[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
@@ -207,21 +209,21 @@ def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query
 
 @triton.jit
 def program_block(heads, max_distance, SCALES, BLOCK: tl.constexpr):
-    """This program's first row (or key) index, b H + h, b, h, 2k + 1, c and 1 / (1 - p) (the scales in the
+    """This program's first row (or key) index, b H + h, b, h, 2k + 1, c, 1 / (1 - p) and log2(e) (the scales in the
     accumulation dtype: a float argument would reach the kernel as float32)."""
     bh = tl.program_id(1)
     return (tl.program_id(0) * BLOCK, bh, bh // heads, bh % heads, 2 * max_distance + 1, tl.load(SCALES),
-            tl.load(SCALES + 1))
+            tl.load(SCALES + 1), tl.load(SCALES + 2))
 
 
 @triton.jit
-def load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: tl.constexpr,
-                       BLOCK_D: tl.constexpr):
-    """dO [BLOCK, BLOCK_D] (rows at `do_base` + i `stride_don`), lse and Delta (contiguous [B, H, n]) of the rows
-    `rows`."""
+def load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, log2e,
+                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+    """dO [BLOCK, BLOCK_D] (rows at `do_base` + i `stride_don`), lse log2(e) and Delta (contiguous [B, H, n]) of the
+    rows `rows`."""
     row_ok = rows < query_length
     return (load_rows(DO, do_base, stride_don, rows, 0, query_length, HEAD_DIM, BLOCK_D),
-            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0),
+            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0) * log2e,
             tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
 
 
@@ -233,8 +235,8 @@ def shift_of(row_max):
 
 @triton.jit
 def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, T, k_base, v_base, stride_kn,
-                 stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_threshold, scaling, keep_scale,
-                 query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
+                 stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_threshold, score_scale, log2e,
+                 keep_scale, query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                  BLOCK_I: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                  ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -246,11 +248,11 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     new_max = tl.maximum(row_max, tl.max(s, 1))
     shift = shift_of(new_max)
-    p = tl.exp(s - shift[:, None])
-    rescale = tl.exp(row_max - shift)
+    p = tl.exp2(s - shift[:, None])
+    rescale = tl.exp2(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(p, 1)
     if DROPOUT:
         keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
@@ -281,7 +283,7 @@ def relative_forward_kernel(
 ):
     """One query block of one (b, h): the online softmax over its key tiles beyond -k, beyond +k, then those that
     meet the band, with the masses M by distance kept as two edge row sums until the band tiles."""
-    first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
+    first_row, bh, b, h, R, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
@@ -291,8 +293,8 @@ def relative_forward_kernel(
     # the tile helpers' loop-invariant runtime arguments (a tuple assigned would turn constexprs into tensors)
     tile = (q, K, V, T, head_base(b, h, stride_kb, stride_kh), head_base(b, h, stride_vb, stride_vh), stride_kn,
             stride_vn, head_base(b, h, stride_tb, stride_th), stride_tn, rows, key_start, key_end, bh, seed,
-            dropout_threshold, scaling, keep_scale, query_length, key_length, query_offset, max_distance)
-    row_max = tl.full([BLOCK_M], float("-inf"), ACC)
+            dropout_threshold, scaling * log2e, log2e, keep_scale, query_length, key_length, query_offset, max_distance)
+    row_max = tl.full([BLOCK_M], float("-inf"), ACC)   # in base 2, as the scores
     row_sum = tl.zeros([BLOCK_M], ACC)
     acc = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
@@ -307,7 +309,7 @@ def relative_forward_kernel(
         row_max, row_sum, acc, _, _, right = forward_tile(row_max, row_sum, acc, left, inner, right, first_col, *tile,
                                                           HEAD_DIM, BLOCK_D, BLOCK_I, HAS_BIAS, HAS_VALUES, CAUSAL,
                                                           DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE=1)
-    left = left * tl.exp(left_max - shift_of(row_max))[:, None]
+    left = left * tl.exp2(left_max - shift_of(row_max))[:, None]
     for first_col in range(band_start, band_end, BLOCK_N):
         row_max, row_sum, acc, left, inner, right = forward_tile(
             row_max, row_sum, acc, left, inner, right, first_col, *tile, HEAD_DIM, BLOCK_D, BLOCK_I, HAS_BIAS,
@@ -318,7 +320,8 @@ def relative_forward_kernel(
     scale = (keep_scale / normalizer)[:, None]   # the kept probabilities' sums to D's: / (1 - p) / sum_j exp
     store_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, query_length, acc * scale, HEAD_DIM,
                BLOCK_D)
-    tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log(normalizer), float("-inf")), mask=row_ok)
+    tl.store(LSE + out_base + rows, tl.where(has_key, row_max / log2e + tl.log(normalizer), float("-inf")),
+             mask=row_ok)
     if HAS_VALUES:
         store_by_distance(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, row_ok,
                           left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
@@ -332,11 +335,11 @@ def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
     """The kept P (D (1 - p); P without dropout) and dS = P (dP - Delta) of one tile, recomputed from the scores and
     the row lse (dM's rows at m_base + i m_stride); SIDE as in `add_by_distance`."""
-    p = tl.exp(s - shift_of(lse)[:, None])  # masked scores are -inf: P = 0 (rows without a key too)
+    p = tl.exp2(s - shift_of(lse)[:, None])  # masked scores are -inf: P = 0 (rows without a key too)
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
     if HAS_VALUES:
         d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset,
-                                    max_distance, SIDE)
+                                    max_distance, 1.0, SIDE)
     dropped = p
     d_p = d_dropped
     if DROPOUT:
@@ -348,8 +351,8 @@ def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col
 
 @triton.jit
 def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base, stride_qn, do_base, stride_don,
-                       t_base, t_stride, row_base, m_base, first_col, key_start, key_end, bh, seed, dropout_threshold, scaling,
-                       keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                       t_base, t_stride, row_base, m_base, first_col, key_start, key_end, bh, seed, dropout_threshold,
+                       score_scale, log2e, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                        HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
                        HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                        ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -358,10 +361,10 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     rows = first_row + tl.arange(0, BLOCK_M)
     cols = first_col + tl.arange(0, BLOCK_N)
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
-                                        BLOCK_D)
+    do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, log2e,
+                                        HEAD_DIM, BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     dropped, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                                  dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
@@ -383,7 +386,7 @@ def relative_backward_keys_kernel(
 ):
     """dk, dv of one key block of one (b, h), over the query blocks that may attend to it: those that see its keys
     beyond +k (the first ones), beyond -k (the last ones), then those whose tile meets the band."""
-    first_col, bh, b, h, _, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_N)
+    first_col, bh, b, h, _, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_N)
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
@@ -401,8 +404,8 @@ def relative_backward_keys_kernel(
             head_base(b, h, stride_dob, stride_doh), stride_don,
             head_base(b, h, stride_tb, stride_th), stride_tn, row_base,
             head_base(b, h, stride_dmb, stride_dmh),
-            first_col, key_start, key_end, bh, seed, dropout_threshold, scaling, keep_scale, query_length, key_length,
-            query_offset, max_distance, stride_dmn)
+            first_col, key_start, key_end, bh, seed, dropout_threshold, scaling * log2e, log2e, keep_scale,
+            query_length, key_length, query_offset, max_distance, stride_dmn)
     dk = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     dv = tl.zeros([BLOCK_N, BLOCK_D], ACC)
     for first_row in range(first, band_start, BLOCK_M):
@@ -422,8 +425,8 @@ def relative_backward_keys_kernel(
 
 @triton.jit
 def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn,
-                          stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_threshold, scaling,
-                          keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
+                          stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_threshold,
+                          score_scale, log2e, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                           HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr,
                           DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -434,7 +437,7 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, scaling, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
+                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
     _, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                            dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                            HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
@@ -463,13 +466,13 @@ def relative_backward_queries_kernel(
 ):
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
     its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then)."""
-    first_row, bh, b, h, R, scaling, keep_scale = program_block(heads, max_distance, SCALES, BLOCK_M)
+    first_row, bh, b, h, R, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, head_base(b, h, stride_dob, stride_doh), stride_don,
-                                        LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
+                                        LSE, DELTA, row_base, rows, query_length, log2e, HEAD_DIM, BLOCK_D)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
@@ -478,7 +481,7 @@ def relative_backward_queries_kernel(
             head_base(b, h, stride_vb, stride_vh), stride_kn, stride_vn, head_base(b, h, stride_tb, stride_th),
             stride_tn,
             head_base(b, h, stride_dmb, stride_dmh), rows, key_start, key_end, bh, seed, dropout_threshold,
-            scaling, keep_scale, query_length, key_length, query_offset, max_distance, stride_dmn)
+            scaling * log2e, log2e, keep_scale, query_length, key_length, query_offset, max_distance, stride_dmn)
     dq = tl.zeros([BLOCK_M, BLOCK_D], ACC)
     left = tl.zeros([BLOCK_M, 1], ACC)
     right = tl.zeros([BLOCK_M, 1], ACC)
