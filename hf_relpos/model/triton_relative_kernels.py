@@ -140,20 +140,17 @@ def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_dis
 
 
 @triton.jit
-def add_by_distance(x, TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, scale,
-                    SIDE: tl.constexpr):
-    """x_ij + scale TABLE[i, r(i, j)] for a tile (TABLE's rows at t_base + i t_stride): a tile beyond -k (SIDE -1) or
-    +k (SIDE 1) reads one column of the [n, 2k+1] table per row, bucket (SIDE + 1) k; only a band tile (SIDE 0) gathers
-    by distance."""
-    row_ok = rows < query_length
-    row_offsets = t_base + rows * t_stride
-    if SIDE == 0:
-        bucket = clipped_bucket(rows, cols, query_offset, max_distance)
-        x += tl.load(TABLE + row_offsets[:, None] + bucket, mask=row_ok[:, None], other=0.0).to(x.dtype) * scale
-    else:
-        edge = (SIDE + 1) * max_distance
-        x += (tl.load(TABLE + row_offsets + edge, mask=row_ok, other=0.0).to(x.dtype) * scale)[:, None]
-    return x
+def by_distance(TABLE, t_base, t_stride, rows, cols, query_length, query_offset, max_distance):
+    """TABLE[i, r(i, j)] for a band tile, gathered (TABLE's rows at t_base + i t_stride; zero beyond the query
+    length)."""
+    bucket = clipped_bucket(rows, cols, query_offset, max_distance)
+    return tl.load(TABLE + t_base + rows[:, None] * t_stride + bucket, mask=(rows < query_length)[:, None], other=0.0)
+
+
+@triton.jit
+def edge_column(TABLE, t_base, t_stride, rows, query_length, max_distance, SIDE: tl.constexpr):
+    """TABLE[i, (SIDE + 1) k] per row: the one bucket of every key of a tile beyond -k (SIDE -1) or +k (SIDE 1)."""
+    return tl.load(TABLE + t_base + rows * t_stride + (SIDE + 1) * max_distance, mask=rows < query_length, other=0.0)
 
 
 @triton.jit
@@ -194,17 +191,28 @@ def store_rows(X, base, stride, rows, end, value, HEAD_DIM: tl.constexpr, BLOCK_
 def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset, max_distance,
                 score_scale, log2e, HAS_BIAS: tl.constexpr, CAUSAL: tl.constexpr, ACC: tl.constexpr,
                 PRECISION: tl.constexpr, SIDE: tl.constexpr):
-    """The masked scores s log2(e) of a tile (`score_scale` = c log2(e)): -inf at keys outside [key_start, key_end) and, causal, beyond i + query_offset;
-    SIDE as in `add_by_distance`. Rows beyond the query length are not masked: their q, T, dO, dM, lse and Delta load
-    as zeros, so their scores are finite, they add exactly zero to dk and dv, and nothing of theirs is stored."""
-    s = matmul(q, tl.trans(k), ACC, PRECISION) * score_scale
-    if HAS_BIAS:
-        s = add_by_distance(s, T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance, log2e,
-                            SIDE)
+    """A tile's scores in base 2, (c q_i . k_j + T[i, r(i, j)]) log2(e), as (s, scale, offset) with scores
+    s_ij scale + offset_i (one fused multiply-add where they are used; `score_scale` = c log2(e)): a band tile
+    (SIDE 0) gathers T by distance into s (scale 1, offset 0); a tile beyond -k (SIDE -1) or +k (SIDE 1) keeps
+    s = q_i . k_j, scale c log2(e), and its one column of T as the offset. s is -inf at keys outside
+    [key_start, key_end) and, causal, beyond i + query_offset. Rows beyond the query length are not masked: their q,
+    T, dO, dM, lse and Delta load as zeros, so their scores are finite, they add exactly zero to dk and dv, and
+    nothing of theirs is stored."""
+    s = matmul(q, tl.trans(k), ACC, PRECISION)
+    offset = tl.zeros_like(rows).to(ACC)
+    if SIDE == 0:
+        scale = 1.0
+        s = s * score_scale
+        if HAS_BIAS:
+            s += by_distance(T, t_base, t_stride, rows, cols, query_length, query_offset, max_distance).to(ACC) * log2e
+    else:
+        scale = score_scale
+        if HAS_BIAS:
+            offset = edge_column(T, t_base, t_stride, rows, query_length, max_distance, SIDE).to(ACC) * log2e
     allowed = ((cols >= key_start) & (cols < key_end))[None, :]
     if CAUSAL:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
-    return tl.where(allowed, s, float("-inf"))
+    return tl.where(allowed, s, float("-inf")), scale, offset
 
 
 @triton.jit
@@ -247,11 +255,12 @@ def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, 
     dropout the accumulator and the masses sum the kept probabilities; the caller scales them by 1 / (1 - p) once."""
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    new_max = tl.maximum(row_max, tl.max(s, 1))
+    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
+                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
+                                   SIDE)
+    new_max = tl.maximum(row_max, tl.max(s, 1) * scale + offset)
     shift = shift_of(new_max)
-    p = tl.exp2(s - shift[:, None])
+    p = tl.exp2(s * scale + (offset - shift)[:, None])
     rescale = tl.exp2(row_max - shift)
     row_sum = row_sum * rescale + tl.sum(p, 1)
     if DROPOUT:
@@ -328,25 +337,31 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed, dropout_threshold,
+def tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+                   dropout_threshold,
                    keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                    HAS_VALUES: tl.constexpr,
                    DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                    BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
-    """The kept P (D (1 - p); P without dropout) and dS = P (dP - Delta) of one tile, recomputed from the scores and
-    the row lse (dM's rows at m_base + i m_stride); SIDE as in `add_by_distance`."""
-    p = tl.exp2(s - shift_of(lse)[:, None])  # masked scores are -inf: P = 0 (rows without a key too)
-    d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)
+    """The kept P (D (1 - p); P without dropout) and dS = P (dP - Delta) of one tile, recomputed from its scores
+    (`tile_scores`) and the row lse in base 2 (dM's rows at m_base + i m_stride; on a tile beyond -k or +k dM is one
+    column, added per row with Delta)."""
+    p = tl.exp2(s * scale + (offset - shift_of(lse))[:, None])  # masked scores are -inf: P = 0 (rows without keys too)
+    d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)   # dO_i . v_j, + dM[i, r(i, j)] below
+    row_term = tl.zeros_like(delta)
     if HAS_VALUES:
-        d_dropped = add_by_distance(d_dropped, DM, m_base, m_stride, rows, cols, query_length, query_offset,
-                                    max_distance, 1.0, SIDE)
+        if SIDE == 0:
+            d_dropped += by_distance(DM, m_base, m_stride, rows, cols, query_length, query_offset, max_distance)
+        else:
+            row_term = edge_column(DM, m_base, m_stride, rows, query_length, max_distance, SIDE).to(delta.dtype)
     dropped = p
-    d_p = d_dropped
-    if DROPOUT:
+    if DROPOUT:   # dP - Delta = kappa (dD / (1 - p)) - Delta
         keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
         dropped = tl.where(keep, p, 0.0)
-        d_p = tl.where(keep, d_dropped * keep_scale, 0.0)
-    return dropped, p * (d_p - delta[:, None])
+        d_p = tl.where(keep, d_dropped * keep_scale + (row_term * keep_scale - delta)[:, None], -delta[:, None])
+    else:
+        d_p = d_dropped + (row_term - delta)[:, None]
+    return dropped, p * d_p
 
 
 @triton.jit
@@ -363,9 +378,10 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, log2e,
                                         HEAD_DIM, BLOCK_D)
-    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    dropped, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
+                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
+                                   SIDE)
+    dropped, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                                  dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                                  HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
@@ -436,9 +452,10 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length, query_offset,
-                    max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION, SIDE)
-    _, ds = tile_gradients(q, do, k, v, s, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
+    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
+                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
+                                   SIDE)
+    _, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
                            dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
                            HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
