@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 import re
 import subprocess
@@ -68,6 +69,11 @@ def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_off
             torch.stack(lse_out).view(shape))
 
 
+def natural(lse):
+    """The op's row log-sum-exp (in base 2, lse log2(e)) in natural units."""
+    return lse * math.log(2.0)
+
+
 def mass_columns(k, with_masses):
     """The masses' width the model asks for: 2k+1 rounded up to the aligned width (0: no masses)."""
     return aligned_width(2 * k + 1) if with_masses else 0
@@ -80,7 +86,7 @@ def assert_matches_oracle(outputs, expected_outputs, inputs, with_masses, genera
     (output, masses, lse), (expected_output, expected_masses, expected_lse) = outputs, expected_outputs
     distances = expected_masses.size(-1)
     torch.testing.assert_close(output, expected_output, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, expected_lse, rtol=0, atol=1e-12)
+    torch.testing.assert_close(natural(lse), expected_lse, rtol=0, atol=1e-12)
     if with_masses:
         torch.testing.assert_close(masses[..., :distances], expected_masses, rtol=0, atol=1e-12)
         assert masses.size(-1) >= distances and not masses[..., distances:].any()
@@ -208,7 +214,7 @@ def test_kernel_float32_matches_float64_oracle(name):
     keep = dropout_keep_mask(int(seed), dropout, *query.shape[:3], key_length, query.device) if dropout else None
     expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, query_offset, k, causal, keep,
                            dropout)
-    for got, want in zip((output, masses[..., :2 * k + 1], lse), expected, strict=True):
+    for got, want in zip((output, masses[..., :2 * k + 1], natural(lse)), expected, strict=True):
         torch.testing.assert_close(got.double(), want, rtol=0, atol=2e-5)
     grad_output = torch.randn(output.shape, generator=torch.Generator().manual_seed(2)).to(DEVICE)
     inputs = (query, key, value, table)
@@ -235,13 +241,23 @@ def test_kernel_bfloat16_within_bfloat16_rounding_of_the_oracle():
                            dropout)
     torch.testing.assert_close(output.double(), expected[0], rtol=2e-2, atol=2e-2)
     torch.testing.assert_close(masses.double(), expected[1], rtol=0, atol=1e-5)   # float32 sums of float32 P
-    torch.testing.assert_close(lse.double(), expected[2], rtol=0, atol=1e-5)
+    torch.testing.assert_close(natural(lse.double()), expected[2], rtol=0, atol=1e-5)
     inputs = (query, key, value, table)
     grads = torch.autograd.grad(output.float().square().sum() + masses.sum(), inputs)
     expected_grads = torch.autograd.grad(expected[0].square().sum() + expected[1].sum(), inputs)
     for got, want in zip(grads, expected_grads, strict=True):
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.double(), want.double(), rtol=2e-2, atol=3e-2 * want.abs().max().item())
+
+
+def test_a_scale_that_is_not_positive_is_one_clear_error():
+    """The kernels take the row max of q . k scaled by c on tiles beyond +-k before scaling: c must be positive (the
+    model's is head_dim^-1/2)."""
+    query, key, value, table, key_start, key_end = kernel_inputs(KERNEL_CASES["encoder_k1_padded"], torch.float64)
+    for scaling in (0.0, -0.35):
+        with pytest.raises(ValueError, match=f"the attention scale must be positive, got {scaling}"):
+            relative_attention(query, key, value, table, key_start, key_end, torch.tensor([2**40]), scaling, 0.0, 0,
+                               1, False, mass_columns(1, True))
 
 
 def test_backward_is_deterministic():

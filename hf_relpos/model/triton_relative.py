@@ -4,7 +4,7 @@ score bias and value term depend on the clipped distance clip(j - i', k) (Shaw e
 The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
 kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, 2k+1] and returns the output sum_j D_ij v_j, each
 row's dropped probability mass per clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the
-row log-sum-exp; the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients through T
+row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients through T
 and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor is formed,
 forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox mask (16-bit
 draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their autograd, so autograd and
@@ -169,9 +169,12 @@ def relative_attention(
     key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float, dropout: float,
     query_offset: int, max_distance: int, causal: bool, mass_columns: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(o [B, H, n, d], M [B, H, n, mass_columns], lse [B, H, n]): see the kernels' module docstring. M's columns
-    beyond 2k+1 are zero (the value term's aligned width, `RelativeValues.mass_columns`); 0 columns: no masses, no
-    value term. Keys of sequence b are those in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout mask."""
+    """(o [B, H, n, d], M [B, H, n, mass_columns], lse log2(e) [B, H, n]: each row's log-sum-exp in base 2, -inf for
+    a row without a key): see the kernels' module docstring. M's columns beyond 2k+1 are zero (the value term's
+    aligned width, `RelativeValues.mass_columns`); 0 columns: no masses, no value term. Keys of sequence b are those
+    in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout mask; the scale c must be positive."""
+    if not scaling > 0:
+        raise ValueError(f"attn_implementation {KERNEL_NAME!r}: the attention scale must be positive, got {scaling}")
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, head_dim = query.shape
     key_length = key.size(-2)

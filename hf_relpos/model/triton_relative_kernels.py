@@ -10,7 +10,7 @@ causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox 
     o_i = sum_j D_ij v_j                              M[i, r] = sum_{j: r(i, j) = r} D_ij
 
 (the value term o_i + sum_r M[i, r] a^V_r is one small matmul outside). The kernels keep scores in base 2,
-s_ij log2(e), so that each exponential is one exp2 (the log-sum-exp they store is natural). Backward, given dO and dM:
+s_ij log2(e), so that each exponential is one exp2, and store lse_i log2(e). Backward, given dO and dM:
 
     dD_ij = dO_i . v_j + dM[i, r(i, j)]               dP_ij = dD_ij kappa_ij / (1 - p)
     Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r]     dS_ij = P_ij (dP_ij - Delta_i)
@@ -225,13 +225,13 @@ def program_block(heads, max_distance, SCALES, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, log2e,
-                       HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr):
+def load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM: tl.constexpr,
+                       BLOCK_D: tl.constexpr):
     """dO [BLOCK, BLOCK_D] (rows at `do_base` + i `stride_don`), lse log2(e) and Delta (contiguous [B, H, n]) of the
     rows `rows`."""
     row_ok = rows < query_length
     return (load_rows(DO, do_base, stride_don, rows, 0, query_length, HEAD_DIM, BLOCK_D),
-            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0) * log2e,
+            tl.load(LSE + row_base + rows, mask=row_ok, other=0.0),
             tl.load(DELTA + row_base + rows, mask=row_ok, other=0.0))
 
 
@@ -329,8 +329,7 @@ def relative_forward_kernel(
     scale = (keep_scale / normalizer)[:, None]   # the kept probabilities' sums to D's: / (1 - p) / sum_j exp
     store_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, query_length, acc * scale, HEAD_DIM,
                BLOCK_D)
-    tl.store(LSE + out_base + rows, tl.where(has_key, row_max / log2e + tl.log(normalizer), float("-inf")),
-             mask=row_ok)
+    tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log2(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
         store_by_distance(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, row_ok,
                           left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
@@ -376,8 +375,8 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     rows = first_row + tl.arange(0, BLOCK_M)
     cols = first_col + tl.arange(0, BLOCK_N)
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, log2e,
-                                        HEAD_DIM, BLOCK_D)
+    do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
+                                        BLOCK_D)
     s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
                                    query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
                                    SIDE)
@@ -489,7 +488,7 @@ def relative_backward_queries_kernel(
     row_base = bh.to(tl.int64) * query_length
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, head_base(b, h, stride_dob, stride_doh), stride_don,
-                                        LSE, DELTA, row_base, rows, query_length, log2e, HEAD_DIM, BLOCK_D)
+                                        LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
