@@ -4,11 +4,11 @@ score bias and value term depend on the clipped distance clip(j - i', k) (Shaw e
 The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
 kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, 2k+1] and returns the output sum_j D_ij v_j, each
 row's dropped probability mass per clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the
-row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients through T
-and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor is formed,
-forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox mask (16-bit
-draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their autograd, so autograd and
-torch.compile see one opaque op each way.
+row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients
+through T and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor
+is formed, forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox
+mask (16-bit draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their
+autograd, so autograd and torch.compile see one opaque op each way.
 
 Runs on CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which
 the tests use.

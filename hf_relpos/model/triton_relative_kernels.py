@@ -43,7 +43,8 @@ BLOCK_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2
 # Lengths, offsets and seeds change from call to call: not specialised on (one compile per flag set, not per shape).
 # `length_bucket` (the longer side rounded up to a power of two, `triton_relative.length_bucket`) is read only by the
 # autotuner: blocks are tuned per flag set and length bucket.
-RUNTIME_INTS = ["seed", "dropout_threshold", "heads", "query_length", "key_length", "query_offset", "max_distance", "length_bucket"]
+RUNTIME_INTS = ["seed", "dropout_threshold", "heads", "query_length", "key_length", "query_offset", "max_distance",
+                "length_bucket"]
 
 
 @triton.jit
@@ -244,8 +245,8 @@ def shift_of(row_max):
 @triton.jit
 def forward_tile(row_max, row_sum, acc, left, inner, right, first_col, q, K, V, T, k_base, v_base, stride_kn,
                  stride_vn, t_base, t_stride, rows, key_start, key_end, bh, seed, dropout_threshold, score_scale, log2e,
-                 keep_scale, query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-                 BLOCK_I: tl.constexpr,
+                 keep_scale, query_length, key_length, query_offset, max_distance, HEAD_DIM: tl.constexpr,
+                 BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
                  HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr,
                  ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                  SIDE: tl.constexpr):
@@ -381,8 +382,8 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
                                    query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
                                    SIDE)
     dropped, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                                 dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
-                                 HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+                                 dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance,
+                                 m_stride, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
     dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
     return dk, dv
@@ -441,8 +442,8 @@ def relative_backward_keys_kernel(
 @triton.jit
 def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn,
                           stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_threshold,
-                          score_scale, log2e, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
-                          HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
+                          score_scale, log2e, keep_scale, query_length, key_length, query_offset, max_distance,
+                          m_stride, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr,
                           HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr,
                           DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
                           BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
@@ -455,8 +456,8 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
                                    query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
                                    SIDE)
     _, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                           dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
-                           HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+                           dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance,
+                           m_stride, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
     if HAS_BIAS:
         if SIDE == -1:
