@@ -117,6 +117,8 @@ KERNEL_CASES = {
     "dropout_decoder_cached": (16, 5, 23, 18, True, True, True, True, 0.25),
     # query blocks that meet tiles beyond -k, then beyond +k, then the band: the masses rescaled between them
     "encoder_k1_both_edges": (1, 48, 48, 0, False, False, False, True, 0.0),
+    # k = 0, causal, one query ahead: the first query block's tile beyond +k holds key 16, which only row 15 may see
+    "decoder_k0_diagonal_beyond_k": (0, 20, 21, 1, True, False, True, True, 0.0),
 }
 
 

@@ -196,9 +196,10 @@ def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query
     s_ij scale + offset_i (one fused multiply-add where they are used; `score_scale` = c log2(e)): a band tile
     (SIDE 0) gathers T by distance into s (scale 1, offset 0); a tile beyond -k (SIDE -1) or +k (SIDE 1) keeps
     s = q_i . k_j, scale c log2(e), and its one column of T as the offset. s is -inf at keys outside
-    [key_start, key_end) and, causal, beyond i + query_offset. Rows beyond the query length are not masked: their q,
-    T, dO, dM, lse and Delta load as zeros, so their scores are finite, they add exactly zero to dk and dv, and
-    nothing of theirs is stored."""
+    [key_start, key_end) and, causal, beyond i + query_offset (checked on band tiles and those beyond +k: beyond -k
+    every key is at j - i' <= -k <= 0). Rows beyond the query length are not masked: their q, T, dO, dM, lse and
+    Delta load as zeros, so their scores are finite, they add exactly zero to dk and dv, and nothing of theirs is
+    stored."""
     s = matmul(q, tl.trans(k), ACC, PRECISION)
     offset = tl.zeros_like(rows).to(ACC)
     if SIDE == 0:
@@ -211,7 +212,7 @@ def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query
         if HAS_BIAS:
             offset = edge_column(T, t_base, t_stride, rows, query_length, max_distance, SIDE).to(ACC) * log2e
     allowed = ((cols >= key_start) & (cols < key_end))[None, :]
-    if CAUSAL:
+    if CAUSAL and SIDE != -1:
         allowed = allowed & (cols[None, :] <= rows[:, None] + query_offset)
     return tl.where(allowed, s, float("-inf")), scale, offset
 
