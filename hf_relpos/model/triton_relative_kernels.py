@@ -338,15 +338,17 @@ def relative_forward_kernel(
 
 
 @triton.jit
-def tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                   dropout_threshold,
-                   keep_scale, query_length, key_length, query_offset, max_distance, m_stride,
-                   HAS_VALUES: tl.constexpr,
-                   DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr, BLOCK_M: tl.constexpr,
-                   BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
+def tile_gradients(q, do, k, v, T, t_base, t_stride, lse, delta, DM, m_base, m_stride, rows, cols, first_col,
+                   key_start, key_end, bh, seed, dropout_threshold, score_scale, log2e, keep_scale, query_length,
+                   key_length, query_offset, max_distance, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
+                   CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
+                   BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SIDE: tl.constexpr):
     """The kept P (D (1 - p); P without dropout) and dS = P (dP - Delta) of one tile, recomputed from its scores
     (`tile_scores`) and the row lse in base 2 (dM's rows at m_base + i m_stride; on a tile beyond -k or +k dM is one
     column, added per row with Delta)."""
+    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
+                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
+                                   SIDE)
     p = tl.exp2(s * scale + (offset - shift_of(lse))[:, None])  # masked scores are -inf: P = 0 (rows without keys too)
     d_dropped = matmul(do, tl.trans(v), ACC, PRECISION)   # dO_i . v_j, + dM[i, r(i, j)] below
     row_term = tl.zeros_like(delta)
@@ -379,12 +381,10 @@ def backward_keys_tile(dk, dv, first_row, k, v, Q, DO, LSE, DELTA, T, DM, q_base
     q = load_rows(Q, q_base, stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
     do, lse, delta = load_row_gradients(DO, do_base, stride_don, LSE, DELTA, row_base, rows, query_length, HEAD_DIM,
                                         BLOCK_D)
-    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
-                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
-                                   SIDE)
-    dropped, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                                 dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance,
-                                 m_stride, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+    dropped, ds = tile_gradients(q, do, k, v, T, t_base, t_stride, lse, delta, DM, m_base, m_stride, rows, cols,
+                                 first_col, key_start, key_end, bh, seed, dropout_threshold, score_scale, log2e,
+                                 keep_scale, query_length, key_length, query_offset, max_distance, HAS_BIAS,
+                                 HAS_VALUES, CAUSAL, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dv += matmul(tl.trans(dropped.to(do.dtype)), do, ACC, PRECISION)
     dk += matmul(tl.trans(ds.to(q.dtype)), q, ACC, PRECISION)
     return dk, dv
@@ -453,12 +453,10 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
     cols = first_col + tl.arange(0, BLOCK_N)
     k = load_rows(K, k_base, stride_kn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
     v = load_rows(V, v_base, stride_vn, cols, key_start, key_end, HEAD_DIM, BLOCK_D)
-    s, scale, offset = tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query_length,
-                                   query_offset, max_distance, score_scale, log2e, HAS_BIAS, CAUSAL, ACC, PRECISION,
-                                   SIDE)
-    _, ds = tile_gradients(q, do, k, v, s, scale, offset, lse, delta, DM, m_base, rows, cols, first_col, bh, seed,
-                           dropout_threshold, keep_scale, query_length, key_length, query_offset, max_distance,
-                           m_stride, HAS_VALUES, DROPOUT, ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
+    _, ds = tile_gradients(q, do, k, v, T, t_base, t_stride, lse, delta, DM, m_base, m_stride, rows, cols, first_col,
+                           key_start, key_end, bh, seed, dropout_threshold, score_scale, log2e, keep_scale,
+                           query_length, key_length, query_offset, max_distance, HAS_BIAS, HAS_VALUES, CAUSAL, DROPOUT,
+                           ACC, PRECISION, BLOCK_M, BLOCK_N, SIDE)
     dq += matmul(ds.to(k.dtype), k, ACC, PRECISION)
     if HAS_BIAS:
         if SIDE == -1:
