@@ -150,7 +150,7 @@ def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], li
 SCORES_FILE = "long_inputs_scores.json"
 # The settings a model's kept scores depend on: the levels (sizes, pairs, languages) and the decoding.
 SCORED_WITH = ("sizes", "max_pairs", "source_lang", "target_lang", "beams", "length_penalty", "max_len_a", "max_len_b",
-               "min_len_a", "max_new_tokens", "eval_batch_size")
+               "min_len_a", "no_repeat_ngram_size", "max_new_tokens", "eval_batch_size")
 
 
 def scoring_key(args: argparse.Namespace, level_sizes: dict[str, int]) -> dict:
@@ -220,11 +220,13 @@ def markdown(results: dict) -> str:
     settings = results["settings"]
     minimum = settings.get("min_len_a")
     at_least = f"at least {minimum} x source tokens (rounded down) and " if minimum is not None else ""
+    blocked = settings.get("no_repeat_ngram_size")
+    no_repeat = f", no repeated {blocked}-gram" if blocked is not None else ""
     lines = [
         "# Long inputs: captions joined as sentences and as one sentence, and the longest sources",
         "",
         f"Beam {settings['beams']}, length penalty {settings['length_penalty']}, {at_least}at most "
-        f"{settings['max_len_a']} x source tokens + {settings['max_len_b']} new tokens per source, no sentence "
+        f"{settings['max_len_a']} x source tokens + {settings['max_len_b']} new tokens per source{no_repeat}, no sentence "
         f"splitting. Cells: BLEU mean "
         f"(min-max over seeds) / chrF mean / hypothesis-reference length ratio mean. Device: {results['device']}.",
         f"sacreBLEU signatures: `{results['signatures']['bleu']}`, `{results['signatures']['chrf']}`.",
@@ -408,6 +410,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--max-len-b", type=int, default=50, help="new tokens beyond max-len-a x source tokens")
     parser.add_argument("--min-len-a", type=float, help="new tokens before the end token, at least, per source token "
                         "(rounded down; default: no minimum)")
+    parser.add_argument("--no-repeat-ngram-size", type=int, metavar="N",
+                        help="no output repeats an N-gram of tokens (transformers' no_repeat_ngram_size; default: none)")
     parser.add_argument("--max-new-tokens", type=int, default=1000, help="ceiling for every output")
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
@@ -418,6 +422,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--data {args.data} lacks {', '.join(missing)}")
     if args.min_len_a is not None and not 0 <= args.min_len_a <= args.max_len_a:
         parser.error(f"--min-len-a must be between 0 and --max-len-a ({args.max_len_a}), got {args.min_len_a}")
+    if args.no_repeat_ngram_size is not None and args.no_repeat_ngram_size < 1:
+        parser.error(f"--no-repeat-ngram-size must be at least 1, got {args.no_repeat_ngram_size}")
     if min(args.sizes) < 2:
         parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
     return args
@@ -433,7 +439,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         levels[set_name] = build_levels(sources[:limit], references[:limit], args.source_lang, args.target_lang,
                                         args.sizes)
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a,
-                        args.min_len_a)
+                        args.min_len_a, args.no_repeat_ngram_size)
     level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
                    for level, pair in set_levels.items()}
     key = scoring_key(args, level_sizes)

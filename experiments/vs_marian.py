@@ -443,7 +443,8 @@ class Decoding:
     floor(max_len_a x its tokens + source_offset) under `max_new_tokens` (fairseq's max_len_a / max_len_b, the rule
     generation_config.json now saves; `SourceLengthCapLogitsProcessor`, the same for every model, the peer included).
     With `min_len_a`, each source's output has at least floor(min_len_a x its tokens) new tokens before its end token
-    (`SourceLengthMinimumLogitsProcessor`)."""
+    (`SourceLengthMinimumLogitsProcessor`); with `no_repeat_ngram_size` N, no output repeats an N-gram of tokens
+    (transformers' `no_repeat_ngram_size`)."""
 
     beams: int
     length_penalty: float
@@ -451,6 +452,7 @@ class Decoding:
     source_offset: int | None = None
     max_len_a: float | None = None
     min_len_a: float | None = None
+    no_repeat_ngram_size: int | None = None
 
 
 class SourceLengthMinimumLogitsProcessor(LogitsProcessor):
@@ -514,7 +516,7 @@ def translate_marking_caps(model: torch.nn.Module, tokenizer: PreTrainedTokenize
                 processors.append(SourceLengthMinimumLogitsProcessor(minimums, 1, eos_token_id))
             generation = GenerationConfig(
                 num_beams=decoding.beams, length_penalty=decoding.length_penalty, max_new_tokens=limit,
-                early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=eos_token_id,
+                no_repeat_ngram_size=decoding.no_repeat_ngram_size or 0, early_stopping=False, pad_token_id=model.config.pad_token_id, eos_token_id=eos_token_id,
                 decoder_start_token_id=model.config.decoder_start_token_id,
             )
             if decoding.max_len_a is not None:  # an hf_relpos model's own cap: the same, not its saved one
