@@ -831,9 +831,11 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
 def long_inputs_command(settings: dict) -> str:
     """The long_inputs.py command line of a record's settings (its models as given)."""
     minimum = f"--min-len-a {settings['min_len_a']} " if settings.get("min_len_a") is not None else ""
+    blocked = settings.get("no_repeat_ngram_size")
+    no_repeat = f"--no-repeat-ngram-size {blocked} " if blocked is not None else ""
     return (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
             f"{settings['beams']} --length-penalty {settings['length_penalty']} {minimum}--max-len-a "
-            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} "
+            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} {no_repeat}"
             + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
 
 
@@ -844,22 +846,29 @@ DECODING_STUDY_LEVELS = ("1 caption", "4 as one sentence", "4 as sentences", "lo
 
 
 def decoding_name(settings: dict) -> str:
-    """A long_inputs.py record's decoding in words: its length penalty and minimum length, if any."""
-    minimum = settings.get("min_len_a")
+    """A long_inputs.py record's decoding in words: its length penalty, and its options (a minimum length, blocked
+    repeated n-grams), if any."""
+    minimum, blocked = settings.get("min_len_a"), settings.get("no_repeat_ngram_size")
     return (f"length penalty {settings['length_penalty']}"
-            + (f", at least {minimum} x source tokens" if minimum is not None else ""))
+            + (f", at least {minimum} x source tokens" if minimum is not None else "")
+            + (f", no repeated {blocked}-gram" if blocked is not None else ""))
+
+
+def decoding_options(settings: dict) -> tuple[float, int]:
+    """A record's decoding options, (minimum length, blocked n-gram size), 0 where unset: (0, 0) is none."""
+    return settings.get("min_len_a") or 0, settings.get("no_repeat_ngram_size") or 0
 
 
 def results_long_input_decoding() -> str:
     """The decoding study's records side by side: per system and decoding, BLEU (min-max over seeds) and hyp/ref
     per level and set, at 4 as one sentence also chrF and the outputs at the length cap per seed, and the share kept
-    there; then each minimum length against the same models at the same length penalty without it
-    (`long_inputs.minimum_verdict`)."""
+    there; then each decoding option against the same models at the same length penalty without any
+    (`long_inputs.decoding_verdict`)."""
     paths = sorted((RESULTS / LONG_INPUT_DECODING).glob("*/long_inputs.json"))
     if not paths:
         return "No record yet.\n"
     records = [json.loads(path.read_text(encoding="utf-8")) for path in paths]
-    records.sort(key=lambda record: (record["settings"]["length_penalty"], record["settings"].get("min_len_a") or 0))
+    records.sort(key=lambda record: (record["settings"]["length_penalty"], *decoding_options(record["settings"])))
     first = records[0]
     scored_by = sorted({run["scored_by"] for record in records for runs in record["runs"].values() for run in runs})
     collected_at = sorted({record["source_version"] for record in records})
@@ -887,19 +896,19 @@ def results_long_input_decoding() -> str:
                              + f" | {statistics.mean(joined['chrf']):.1f}, {' / '.join(map(str, joined['at_cap']))}"
                              + f" | {vs_marian.spread(kept, 1) if kept else '-'} |")
         lines.append("")
-    lines += ["The criterion (docs/results.md 5b, stated before the study's first number on a recipe model): a minimum "
-              "becomes the recipes' saved decoding only if, on validation, it raises BLEU at 4 as one sentence over "
-              "the same length penalty without it for every model and lowers none's single-caption BLEU by more than "
-              f"{long_inputs.MINIMUM_COST}.", "",
+    lines += ["The criterion (docs/results.md 5b, stated before each option's first number on a recipe model): a "
+              "decoding option (a minimum length, blocked repeated n-grams) becomes the recipes' saved decoding only "
+              "if, on validation, it raises BLEU at 4 as one sentence over the same length penalty without it for "
+              "every model and lowers none's single-caption BLEU by more than "
+              f"{long_inputs.DECODING_OPTION_COST}.", "",
               "| decoding | against | validation, 4 as one sentence: mean change (smallest) | validation, 1 caption: "
               "mean change | verdict |", "| --- | --- | --- | --- | --- |"]
     for record in records:
-        minimum = record["settings"].get("min_len_a")
-        baseline = next((other for other in records if other["settings"].get("min_len_a") is None
+        baseline = next((other for other in records if decoding_options(other["settings"]) == (0, 0)
                          and other["settings"]["length_penalty"] == record["settings"]["length_penalty"]), None)
-        if minimum is None or baseline is None:
+        if decoding_options(record["settings"]) == (0, 0) or baseline is None:
             continue
-        verdict, figures = long_inputs.minimum_verdict(baseline, record)
+        verdict, figures = long_inputs.decoding_verdict(baseline, record)
         changes = (f"{figures['joined gain']:+.2f} ({figures['smallest joined gain']:+.2f}) | "
                    f"{figures['single gain']:+.2f}" if figures else "- | -")
         lines.append(f"| {decoding_name(record['settings'])} | {decoding_name(baseline['settings'])} | {changes} | "

@@ -447,7 +447,7 @@ def test_the_long_input_decoding_reading_holds_in_its_records(report):
                for path in (report.RESULTS / report.LONG_INPUT_DECODING).glob("*/long_inputs.json")}
     assert set(records) == {"lp0.6", "lp1.0", "lp1.0-min0.5", "lp1.0-min0.7"}
     for name, cost in (("lp1.0-min0.5", "-0.38"), ("lp1.0-min0.7", "-0.99")):
-        verdict, figures = long_inputs.minimum_verdict(records["lp1.0"], records[name])
+        verdict, figures = long_inputs.decoding_verdict(records["lp1.0"], records[name])
         assert verdict == f"not adoptable: shaw+concat-0.5 seed 1: 1 caption {cost} BLEU"
         assert figures["smallest joined gain"] > 0
         single = records[name]["levels"]["validation: 1 caption"]["directional"]["bleu"]

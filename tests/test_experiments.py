@@ -992,6 +992,73 @@ def test_long_inputs_with_a_minimum_decode_at_least_that_long_and_keep_every_dec
         long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--min-len-a", "1.5"])
 
 
+def repeated_ngrams(tokens: list[int], size: int) -> int:
+    grams = [tuple(tokens[start : start + size]) for start in range(len(tokens) - size + 1)]
+    return len(grams) - len(set(grams))
+
+
+def test_long_inputs_blocking_repeated_ngrams_decodes_no_repeat_and_keeps_each_decodings_scores(tmp_path, monkeypatch):
+    """An hf_relpos model that repeats one token to its cap, decoded under --no-repeat-ngram-size N: no output
+    repeats an N-gram (without the block every output does), the option is in the record's settings, text and
+    scoring key, the kept scores of the decoding without it are still found, and N < 1 is refused."""
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.translation.tokenization import special_token_ids
+
+    data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
+    torch.manual_seed(0)
+    config = RelPosTransformerConfig(position_scheme="directional", d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
+    model = RelPosTransformerForConditionalGeneration(config)
+    repeated = len(tokenizer) - 1
+    with torch.no_grad():   # an untrained model that says one token over and over and never ends
+        model.final_logits_bias[..., repeated] = 30.0
+        model.final_logits_bias[..., config.eos_token_id] = -30.0
+    model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    sources, _ = long_inputs.read_pairs(data / "test.jsonl", "en", "de")
+    loaded, loaded_tokenizer = long_inputs.load_trained(tmp_path / "model", False)
+    generated = []
+    generate = loaded.generate
+    monkeypatch.setattr(loaded, "generate", lambda **kwargs: generated.append(generate(**kwargs)) or generated[-1])
+    for size in (None, 2, 3):
+        generated.clear()
+        decoding = long_inputs.Decoding(2, 1.0, 1000, 3, 1.0, no_repeat_ngram_size=size)
+        _, at_cap = long_inputs.translate_marking_caps(loaded, loaded_tokenizer, sources, decoding, 4)
+        # each output's tokens: after the decoder start token, before the end token (and the padding after it)
+        rows = [row.tolist()[1:] for batch in generated for row in batch]
+        rows = [row[: row.index(config.eos_token_id)] if config.eos_token_id in row else row for row in rows]
+        assert all(at_cap) and len(rows) == len(sources)
+        if size is None:
+            assert all(repeated_ngrams(row, 2) > 0 for row in rows)
+        else:
+            assert all(repeated_ngrams(row, size) == 0 for row in rows), rows
+    common = ["--data", str(data), "--sizes", "2", "--beams", "2", "--max-len-b", "3", "--eval-batch-size", "4",
+              "--length-penalty", "1.0", "--model", f"directional:1={tmp_path / 'model'}"]
+    plain = long_inputs.main([*common, "--out", str(tmp_path / "plain")])
+    blocked = long_inputs.main([*common, "--out", str(tmp_path / "blocked"), "--no-repeat-ngram-size", "2"])
+    assert blocked["settings"]["no_repeat_ngram_size"] == 2 and plain["settings"]["no_repeat_ngram_size"] is None
+    assert blocked["levels"] != plain["levels"]
+    assert "new tokens per source, no repeated 2-gram, no sentence splitting" in (
+        tmp_path / "blocked" / "long_inputs.md").read_text()
+    scores_file = tmp_path / "model" / long_inputs.SCORES_FILE
+    entries = json.loads(scores_file.read_text())
+    assert len(entries) == 2
+    for entry in entries:   # as written before no_repeat_ngram_size was a setting
+        if entry["key"]["no_repeat_ngram_size"] is None:
+            del entry["key"]["no_repeat_ngram_size"]
+    scores_file.write_text(json.dumps(entries))
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a kept model was decoded again")
+
+    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
+    for extra, expected in (([], plain), (["--no-repeat-ngram-size", "2"], blocked)):
+        assert long_inputs.main([*common, "--out", str(tmp_path / "again"), *extra])["levels"] == expected["levels"]
+    with pytest.raises(SystemExit):
+        long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--no-repeat-ngram-size", "0"])
+
+
 def test_the_minimum_length_verdict_needs_a_gain_on_every_model_at_little_single_caption_cost(monkeypatch):
     long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
     baseline = option_results({name: {"directional": [30.0, 31.0], "shaw+concat-0.5": [29.0, 29.5]}
@@ -1008,16 +1075,16 @@ def test_the_minimum_length_verdict_needs_a_gain_on_every_model_at_little_single
                 rows[system]["bleu"] = [rows[system]["bleu"][0] + first, rows[system]["bleu"][1] + second]
         return shifted_record
 
-    verdict, figures = long_inputs.minimum_verdict(baseline, shifted([0.0, -0.1, 0.2, 0.0], [1.0, 0.5, 2.0, 0.5]))
+    verdict, figures = long_inputs.decoding_verdict(baseline, shifted([0.0, -0.1, 0.2, 0.0], [1.0, 0.5, 2.0, 0.5]))
     assert verdict == "adoptable"
     assert figures == pytest.approx({"joined gain": 1.0, "smallest joined gain": 0.5, "single gain": 0.025})
-    verdict, _ = long_inputs.minimum_verdict(baseline, shifted([0.0, -0.3, 0.2, 0.0], [1.0, 0.5, 0.0, 0.5]))
+    verdict, _ = long_inputs.decoding_verdict(baseline, shifted([0.0, -0.3, 0.2, 0.0], [1.0, 0.5, 0.0, 0.5]))
     assert verdict == ("not adoptable: shaw+concat-0.5 seed 1: 4 as one sentence +0.00 BLEU; directional seed 2: "
                        "1 caption -0.30 BLEU")
     fewer = json.loads(json.dumps(baseline))
     for row in fewer["levels"].values():
         row.pop("shaw+concat-0.5")
-    assert long_inputs.minimum_verdict(baseline, fewer)[0] == "not adoptable: the two records score different models"
+    assert long_inputs.decoding_verdict(baseline, fewer)[0] == "not adoptable: the two records score different models"
 
 
 def test_the_decoding_study_passage_sets_each_decoding_beside_the_others_with_the_minimums_verdicts(tmp_path,
@@ -1025,29 +1092,34 @@ def test_the_decoding_study_passage_sets_each_decoding_beside_the_others_with_th
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
     levels = [f"{name}: {level}" for name in ("test2016", "validation") for level in report.DECODING_STUDY_LEVELS]
 
-    def record(length_penalty: float, minimum: float | None, joined: float, single: float) -> dict:
+    def record(length_penalty: float, minimum: float | None, joined: float, single: float,
+               blocked: int | None = None) -> dict:
         rows = {level: {"directional": {"seeds": [1, 2], "bleu": [joined if "one sentence" in level else single] * 2,
                                         "chrf": [50.0, 52.0], "length_ratio": [0.9, 0.9], "at_cap": [3, 0]}}
                 for level in levels}
         return {"settings": {"beams": 4, "length_penalty": length_penalty, "min_len_a": minimum, "max_len_a": 1.0,
-                             "max_len_b": 50}, "date": "2026-11-28T00:00:00", "device": "CPU", "source_version": "abc",
+                             "max_len_b": 50, "no_repeat_ngram_size": blocked}, "date": "2026-11-28T00:00:00",
+                "device": "CPU", "source_version": "abc",
                 "sizes": dict.fromkeys(levels, 10), "levels": rows,
                 "runs": {"directional": [{"seed": 1, "scored_by": "def"}, {"seed": 2, "scored_by": "def"}]}}
 
     folder = tmp_path / report.LONG_INPUT_DECODING
     for name, content in (("lp1.0", record(1.0, None, 10.0, 30.0)), ("lp1.0_min0.7", record(1.0, 0.7, 12.0, 29.8)),
-                          ("lp0.6", record(0.6, None, 9.0, 29.0))):
+                          ("lp0.6", record(0.6, None, 9.0, 29.0)), ("lp1.0-norepeat4", record(1.0, None, 10.5, 29.95, 4))):
         (folder / name).mkdir(parents=True)
         (folder / name / "long_inputs.json").write_text(json.dumps(content))
     monkeypatch.setattr(report, "RESULTS", tmp_path)
     passage = report.results_long_input_decoding()
     rows = [line for line in passage.splitlines() if line.startswith("| directional |")]
     assert [row.split(" | ")[2] for row in rows] == [
-        "length penalty 0.6", "length penalty 1.0", "length penalty 1.0, at least 0.7 x source tokens"] * 2
-    assert rows[2].endswith("| 29.80 (29.80-29.80) / 0.90 | 12.00 (12.00-12.00) / 0.90 | 29.80 (29.80-29.80) / 0.90 | "
+        "length penalty 0.6", "length penalty 1.0", "length penalty 1.0, no repeated 4-gram",
+        "length penalty 1.0, at least 0.7 x source tokens"] * 2
+    assert rows[3].endswith("| 29.80 (29.80-29.80) / 0.90 | 12.00 (12.00-12.00) / 0.90 | 29.80 (29.80-29.80) / 0.90 | "
                             "29.80 (29.80-29.80) / 0.90 | 51.0, 3 / 0 | 40.3 (40.3-40.3) |")
     assert "decoded by code `def` and collected at `abc` on 2026-11-28" in passage
     verdict = next(line for line in passage.splitlines() if line.startswith("| length penalty 1.0, at least"))
     assert verdict == ("| length penalty 1.0, at least 0.7 x source tokens | length penalty 1.0 | +2.00 (+2.00) | "
                        "-0.20 | not adoptable: directional seed 1: 1 caption -0.20 BLEU; directional seed 2: 1 caption "
                        "-0.20 BLEU |")
+    blocked = next(line for line in passage.splitlines() if line.startswith("| length penalty 1.0, no repeated"))
+    assert blocked == "| length penalty 1.0, no repeated 4-gram | length penalty 1.0 | +0.50 (+0.50) | -0.05 | adoptable |"
