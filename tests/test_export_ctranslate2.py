@@ -236,6 +236,11 @@ def test_hf_relpos_translate_runs_an_exported_folder_like_the_pytorch_one(export
         printed[output] = capsys.readouterr().out
     assert (tmp_path / "ct2.txt").read_text() == (tmp_path / "torch.txt").read_text()
     assert printed["ct2.txt"] == printed["torch.txt"] and printed["ct2.txt"].startswith("sacreBLEU ")
+    for model_folder, output in ((source, "torch_blocked.txt"), (folder, "ct2_blocked.txt")):   # the option too
+        translate_main([str(model_folder), "--input", str(tmp_path / "src.txt"), "--output", str(tmp_path / output),
+                        "--no_progress", "--no_repeat_ngram_size", "1", "--num_beams", "1"])
+    blocked = (tmp_path / "torch_blocked.txt").read_text()
+    assert (tmp_path / "ct2_blocked.txt").read_text() == blocked != (tmp_path / "torch.txt").read_text()
     translate_main([str(folder), "--input", str(tmp_path / "src.txt"), "--output", str(tmp_path / "int8.txt"),
                     "--compute_type", "int8", "--no_progress"])
     assert len((tmp_path / "int8.txt").read_text().splitlines()) == 7
@@ -375,6 +380,23 @@ def test_a_minimum_length_is_generates_with_renormalised_log_probabilities(expor
         assert renormalised != unheld and lines(engine.generate(**inputs, **settings)) == renormalised
         with torch.no_grad():   # generate's default: the same greedy lines, other beam-search lines here
             assert (lines(model.generate(**inputs, **settings)) == renormalised) == (settings["num_beams"] == 1)
+
+
+def test_blocked_repeated_ngrams_generate_with_renormalised_log_probabilities(exported, tokenizer):
+    """no_repeat_ngram_size: greedy lines are generate's; in beam search the engine bans the repeating tokens before
+    the softmax, so its lines are generate's with renormalize_logits=True, as with a minimum length."""
+    model, _, folder = exported["t5"]
+    engine = CTranslate2Model(folder, threads=1)
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+
+    def lines(generated: torch.Tensor) -> list[str]:
+        return tokenizer.batch_decode(generated, skip_special_tokens=True)
+
+    for settings in (dict(num_beams=1, no_repeat_ngram_size=1), dict(num_beams=4, no_repeat_ngram_size=1)):
+        with torch.no_grad():
+            renormalised = lines(model.generate(**inputs, **settings, renormalize_logits=True))
+            unblocked = lines(model.generate(**inputs, **{**settings, "no_repeat_ngram_size": 0}))
+        assert renormalised != unblocked and lines(engine.generate(**inputs, **settings)) == renormalised
 
 
 def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):

@@ -67,6 +67,36 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
 
 
+def test_no_repeat_ngram_size_stops_a_looping_translation(memorised_model_folder, tmp_path):
+    """A model made to loop on one token (its logit raised, the end token's lowered): every translation repeats
+    2-grams to the cap; under --no_repeat_ngram_size 2 none does."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    folder = tmp_path / "looping"
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder)
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    word = tokenizer(TARGETS[0].split()[1], add_special_tokens=False)["input_ids"][0]
+    with torch.no_grad():
+        model.final_logits_bias[..., word] = 30.0
+        model.final_logits_bias[..., model.config.eos_token_id] = -30.0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+
+    def repeated_bigrams(line: str) -> int:
+        tokens = tokenizer(line, add_special_tokens=False)["input_ids"]
+        bigrams = list(zip(tokens[:-1], tokens[1:], strict=True))
+        return len(bigrams) - len(set(bigrams))
+
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    for flags, output in (([], "loops.txt"), (["--no_repeat_ngram_size", "2"], "blocked.txt")):
+        main([str(folder), str(source_file), "--output", str(tmp_path / output), "--no_progress", *flags])
+    loops = (tmp_path / "loops.txt").read_text(encoding="utf-8").splitlines()
+    blocked = (tmp_path / "blocked.txt").read_text(encoding="utf-8").splitlines()
+    assert len(loops) == len(blocked) == 3
+    assert all(repeated_bigrams(line) > 0 for line in loops), loops
+    assert not any(repeated_bigrams(line) for line in blocked), blocked
+
+
 def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorised_model_folder, tmp_path):
     """Three sentences on one line, and a blank line: each sentence translated and joined with the spaces between the
     sources; --no_split_sentences gives the model the line in one piece (which a sentence-trained model cuts short)."""
@@ -91,6 +121,7 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
+    (["--no_repeat_ngram_size", "0"], "--no_repeat_ngram_size must be a positive integer, got 0"),
     (["--input", "missing.txt"], "--input 'missing.txt': No such file or directory"),
     (["missing.txt"], "--input 'missing.txt': No such file or directory"),
     (["--reference", "missing.txt"], "--reference 'missing.txt': No such file or directory"),
@@ -172,7 +203,7 @@ def test_help_shows_defaults_only_where_an_option_has_one(capsys):
     with pytest.raises(SystemExit):
         main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
-    assert "(default: None)" not in shown and "(default: False)" not in shown
+    assert "(default: None)" not in shown and "(default: False)" not in shown and "(default: True)" not in shown
     assert "(default: stdin)" in shown and "(default: 4096)" in shown
 
 

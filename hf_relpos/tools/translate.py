@@ -84,10 +84,11 @@ def translate_lines(
 
 
 class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """Appends "(default: X)" only to options with a default; the others say in their help what happens instead."""
+    """Appends "(default: X)" only to options that take a value and have a default; the others (and on/off flags)
+    say in their help what happens instead."""
 
     def _get_help_string(self, action: argparse.Action) -> str:
-        if action.default is None or action.default is False:
+        if action.default is None or action.nargs == 0:
             return action.help or ""
         return super()._get_help_string(action)
 
@@ -113,6 +114,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_len_b", type=int,
                         help="length cap beyond max_len_a x source tokens; setting it gives a folder saved without "
                              "the relative cap one (default: the model's generation config)")
+    parser.add_argument("--no_repeat_ngram_size", type=int, metavar="N",
+                        help="no translation repeats an N-gram of tokens, which stops a translation that loops on a "
+                             "word or phrase (transformers' and CTranslate2's option; default: the model's generation "
+                             "config, which sets none)")
     parser.add_argument("--no_split_sentences", dest="split_sentences", action="store_false",
                         help="translate each line in one piece (default: sentence by sentence, joined back)")
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
@@ -177,7 +182,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.input is not None and args.input != args.input_file:
             parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
         args.input = args.input_file
-    for name in ("num_beams", "max_length", "max_tokens"):
+    for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
@@ -213,8 +218,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
-    generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b")
-                       if (value := getattr(args, name)) is not None}
+    generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b",
+                                                "no_repeat_ngram_size") if (value := getattr(args, name)) is not None}
     if args.max_length is not None:
         generate_kwargs["max_new_tokens"] = None  # the saved cap is max_new_tokens, which would win over max_length
     if args.max_len_a is not None and args.max_len_b is None and getattr(model.generation_config, "max_len_b",
