@@ -171,6 +171,19 @@ def test_invalid_config_values_raise_a_clear_error(overrides, field):
     assert field in str(error.value)
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"d_model": 60}, r"position_scheme 'rope' rotates pairs of dimensions: the head dimension \(d_model / attention "
+                      r"heads\) must be even, got 15"),
+    ({"d_model": 60, "rotary_dim": 16}, r"rotary_dim must be null or an even integer <= the head dimension \(15\)"),
+    ({"d_model": 64, "rotary_dim": 5}, r"rotary_dim must be null or an even integer"),
+])
+def test_rope_refuses_heads_it_cannot_rotate(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(position_scheme="rope", encoder_attention_heads=4, decoder_attention_heads=4, **overrides)
+    tiny_config(position_scheme="rope", encoder_attention_heads=4, decoder_attention_heads=4, d_model=60,
+                rotary_dim=14)   # an odd head rotates an even part of itself
+
+
 def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():
     config = tiny_config()
     config.d_model = 33
