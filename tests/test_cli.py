@@ -51,6 +51,22 @@ def test_every_command_has_a_working_help(name, shown, capsys):
     assert shown in capsys.readouterr().out
 
 
+def test_the_training_help_lists_every_registered_position_scheme(capsys):
+    import hf_relpos
+
+    with pytest.raises(SystemExit):
+        resolve(script_targets()["hf-relpos-train"])(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert f"One of: {', '.join(sorted(hf_relpos.POSITION_SCHEMES))}." in shown
+    assert {"absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"} <= set(hf_relpos.POSITION_SCHEMES)
+
+
+def test_the_training_guide_names_every_command():
+    guide = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
+    introduction = guide.split("```", 1)[0]
+    assert all(f"`{name}`" in introduction for name in SCRIPTS), [name for name in SCRIPTS if f"`{name}`" not in introduction]
+
+
 @pytest.mark.parametrize("name", ["hf-relpos-train", "hf-relpos-convert"])
 def test_an_installed_command_names_itself_in_usage_and_errors(name, tmp_path):
     """Started as its console script, a command's usage and error lines carry that name (not the module's)."""

@@ -45,12 +45,15 @@ def test_file_to_file_keeps_every_line_and_scores_against_references(memorised_m
 
 
 def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
+    """Translations on stdout; with --no_progress nothing on stderr (no progress bar, not even transformers' while
+    the weights load)."""
     completed = subprocess.run(
         [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress"],
         input="".join(line + "\n" for line in SOURCES), capture_output=True, text=True, cwd=tmp_path, timeout=300,
         env={**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "TRANSFORMERS_VERBOSITY": "error"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split("\n") == [*TARGETS, ""]
+    assert completed.stderr == ""
 
 
 def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):

@@ -17,15 +17,17 @@ stdout when the translations go to a file, else to stderr.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import re
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import TextIO
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
 
 from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
@@ -132,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute_type", choices=COMPUTE_TYPES,
                         help="for a CTranslate2 folder (hf-relpos-export ctranslate2): the engine's computation type "
                              "(default: the type the weights were exported in)")
-    parser.add_argument("--no_progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--no_progress", action="store_true",
+                        help="no progress bars on stderr (translation, and transformers' while loading)")
     return parser
 
 
@@ -158,6 +161,17 @@ def attn_implementation(text: str) -> str:
         return check_attn_implementation(text)
     except ValueError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
+
+
+@contextlib.contextmanager
+def progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' progress bars (loading weights) as `shown` says while inside, as they were after."""
+    was_shown = hf_logging.is_progress_bar_enabled()
+    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    try:
+        yield
+    finally:
+        (hf_logging.enable_progress_bar if was_shown else hf_logging.disable_progress_bar)()
 
 
 def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> PreTrainedModel | CTranslate2Model:
@@ -214,8 +228,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(args.model)
-        model = load_model(parser, args)
+        with progress_bars(not args.no_progress):
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b",

@@ -32,7 +32,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from ..model.attention_functions import RELPOS_KERNELS
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import meta_model
-from ..model.positions import scheme_config_fields
+from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
 from .data import DataArguments
 from .metrics import GENERATED_METRICS
@@ -274,7 +274,10 @@ def config_field_help(name: str) -> str:
     if scheme_field is not None:
         return scheme_field.help
     own_docstring = inspect.getdoc(RelPosTransformerConfig) or ""
-    return _backtick_description(own_docstring, name)
+    described = _backtick_description(own_docstring, name)
+    if name == "position_scheme":   # the registry as it is at run time, registered schemes included
+        described += f" One of: {', '.join(sorted(POSITION_SCHEMES))}."
+    return described
 
 
 # --------------------------------------------------------------------------------------------------- the parser
