@@ -186,12 +186,16 @@ def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp
         with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)
 
 
-def test_evaluation_pairs_are_never_dropped(tmp_path, tokenizer):
+def test_evaluation_pairs_are_never_dropped_nor_cut(tmp_path, tokenizer):
+    """The length limits bound training pairs only: an evaluation source or reference beyond them stays whole (the
+    model translates the whole source, as hf-relpos-translate does)."""
     dataset = overlong_corpus(tmp_path)
     arguments = DataArguments(max_source_length=16, max_target_length=16)
     tokenized, report = tokenize_evaluation_pairs(dataset, tokenizer, arguments, "test")
     assert len(tokenized) == 6 and report.dropped == 0 and report.overlong == 2
-    assert max(map(len, tokenized["input_ids"])) == 16
+    assert list(tokenized["input_ids"]) == tokenizer(list(dataset["source"]))["input_ids"]
+    assert max(map(len, tokenized["input_ids"])) > 16 and max(map(len, tokenized["labels"])) > 16
+    assert "2 over the length limits kept whole" in report.describe("keep")
 
 
 def test_sorting_by_length_and_restoring_order_round_trip(tmp_path, tokenizer):

@@ -267,8 +267,10 @@ def test_training_pairs_get_the_token_ids_of_the_code_it_replaced(tmp_path, tric
 
 
 def test_evaluation_pairs_get_the_token_ids_of_the_code_it_replaced(tmp_path, tricky_tokenizer):
+    """Within the length limits (the replaced code cut evaluation pairs beyond them, which no longer happens:
+    tests/test_data.py)."""
     files = write_tricky_corpus(tmp_path / "corpus")
-    arguments = DataArguments(max_source_length=12, max_target_length=10)
+    arguments = DataArguments(max_source_length=1024, max_target_length=1024)
     for layout in ("plain", "txt"):
         dataset = read_local_pairs(files[layout], "en", "de", allow_source_only=True)
         new, new_report = tokenize_evaluation_pairs(dataset, tricky_tokenizer, arguments, "test")

@@ -24,6 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, TrainerState
 import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
+from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
 from hf_relpos.translation.data import DatasetSchemaError
@@ -467,18 +468,24 @@ def test_more_beams_than_vocabulary_is_an_error_before_generating(tmp_path, corp
     assert not (tmp_path / "scratch").exists(), "no tokenizer saved before the error"
 
 
-def test_empty_and_overlong_sources_translate_with_a_warning(tmp_path, corpus, trained, capsys):
+def test_empty_and_overlong_sources_translate_whole(tmp_path, corpus, trained, capsys):
     """An empty source translates to an empty line (the model would invent a sentence after </s> alone); a source
-    over max_source_length is cut to it for the model, with a warning, and still gets its line of output."""
+    over max_source_length (a limit of the training pairs) is translated whole, as hf-relpos-translate translates
+    it, and gets its line of output."""
     long_source = " ".join(["the man sees the dog"] * 40)
     test_file = write_jsonl(tmp_path / "test.jsonl", [("", "Hallo."), (long_source, "Der Mann."), ("A dog.", "Ein Hund.")])
     config = write_config(tmp_path / "p.yaml", corpus, tmp_path / "predict", model_name_or_path=str(trained),
                           do_train=False, do_predict=True, model={}, test_file=str(test_file), max_source_length=16)
     results = run([str(config)])
     assert results["test"]["test_samples"] == 3
-    assert "test: 1 source(s) longer than max_source_length=16 tokens are truncated" in capsys.readouterr().out
+    assert "test: kept 3 of 3 pairs (0 with an empty side dropped, 1 over the length limits kept whole)" in (
+        capsys.readouterr().out)
     lines = (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")
     assert len(lines) == 4 and lines[0] == "" and lines[1] != "" and lines[-1] == ""
+    (tmp_path / "src.txt").write_text(f"\n{long_source}\nA dog.\n", encoding="utf-8")
+    translate_main([str(trained), "--input", str(tmp_path / "src.txt"), "--output",
+                    str(tmp_path / "tool.txt"), "--no_progress", "--no_split_sentences"])
+    assert (tmp_path / "tool.txt").read_text(encoding="utf-8").split("\n") == lines   # the same translations
 
 
 # --- numerical health ----------------------------------------------------------------------------------------------

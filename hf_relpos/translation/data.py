@@ -654,8 +654,9 @@ class LengthReport:
 
     def describe(self, policy: str) -> str:
         kept = self.total - self.dropped
+        treated = {"filter": "dropped", "truncate": "truncated", "keep": "kept whole"}[policy]
         return (f"{self.split}: kept {kept} of {self.total} pairs ({self.empty} with an empty side dropped, "
-                f"{self.overlong} over the length limits {'dropped' if policy == 'filter' else 'truncated'})")
+                f"{self.overlong} over the length limits {treated})")
 
 
 def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
@@ -726,18 +727,13 @@ def tokenize_evaluation_pairs(
     dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str,
     workdir: str | os.PathLike | None = None,
 ) -> tuple[Dataset, LengthReport]:
-    """Tokenize evaluation pairs without dropping any (the test set stays whole); overlong ones are truncated."""
+    """Tokenize evaluation pairs whole: none dropped, none cut. max_source_length / max_target_length bound the
+    training pairs only; a longer source is translated whole, as hf-relpos-translate and the pipeline translate it
+    (its output capped relative to it), so the split's BLEU is that of the whole test set."""
     tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers, workdir, split)
     overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
     report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
-    long_sources = int((example_lengths(tokenized)[0] > data_args.max_source_length).sum())
-    if long_sources:
-        logger.warning("%s: %d source(s) longer than max_source_length=%d tokens are truncated to it for translation "
-                       "(the references stay whole)", split, long_sources, data_args.max_source_length)
-    if report.overlong:
-        tokenized = _truncate(tokenized, data_args.max_source_length, data_args.max_target_length,
-                              tokenizer.eos_token_id, data_args.preprocessing_num_workers, workdir, split)
-    logger.info(report.describe("truncate"))
+    logger.info(report.describe("keep"))
     return tokenized, report
 
 
