@@ -24,6 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, TrainerState
 import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
+import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
@@ -419,6 +420,70 @@ def test_bad_training_data_is_one_error_and_writes_nothing(tmp_path, corpus, tra
         train.write_text(train_text, encoding="utf-8")
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_file=str(train))
     with pytest.raises(DatasetSchemaError, match=message):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+# Per case: the file given for the split, the files written for it, the error after "train_translation.py: error: ".
+BAD_SPLIT_FILES = {
+    "missing_prefix": ("valdi", {}, r"data file '.*valdi' does not exist, nor does the plain-text pair it would name "
+                                    r"as a prefix \(.*valdi\.en \+ .*valdi\.de: .*"),
+    "missing_tsv": ("nope.tsv", {}, r"data file '.*nope\.tsv' does not exist"),
+    "line_counts": ("pair", {"pair.en": "a\nb\nc\nd\n", "pair.de": "A\nB\nC\n"},
+                    r".*pair\.en has 4 lines but .*pair\.de has 3; parallel plain-text files need one line per "
+                    r"sentence, .*"),
+    "tab_in_tsv": ("tab.tsv", {"tab.tsv": "en\tde\na cat\teine Katze\na\tdog\tein Hund\n"},
+                   r".*tab\.tsv:3: 3 tab-separated fields, but the header has 2 \(en, de\); a \.tsv file has no "
+                   r"quoting, so a sentence may not contain a tab"),
+    "malformed_jsonl": ("bad.jsonl", {"bad.jsonl": '{"translation": {"en": "a", "de": "b"}}\n{"translation": {"en": \n'},
+                        r".*bad\.jsonl:2: invalid JSON \(.*\)"),
+}
+
+
+def refuse_to_train_a_tokenizer(*args, **kwargs):
+    raise AssertionError("a tokenizer was trained before every data file was checked")
+
+
+def folder_contents(folder: Path) -> dict[str, bytes | None]:
+    return {str(path.relative_to(folder)): path.read_bytes() if path.is_file() else None
+            for path in sorted(folder.rglob("*"))}
+
+
+@pytest.mark.parametrize("split", ["validation", "test"])
+@pytest.mark.parametrize("case", list(BAD_SPLIT_FILES))
+def test_bad_evaluation_data_is_one_error_before_a_tokenizer_is_trained(tmp_path, corpus, monkeypatch, capsys, split,
+                                                                       case):
+    """A typo in the validation or test files stops a fresh run over an earlier one (overwrite_output_dir) with the
+    error the training split would give, before a tokenizer is trained: output_dir is left exactly as it was."""
+    given, files, message = BAD_SPLIT_FILES[case]
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    output_dir = tmp_path / "out"
+    for name, content in {"model.safetensors": "weights", "config.json": "{}", "tokenizer.json": "{}",
+                          "prepared_data/train-0123/manifest.json": "{}"}.items():
+        (output_dir / name).parent.mkdir(parents=True, exist_ok=True)
+        (output_dir / name).write_text(content, encoding="utf-8")
+    before = folder_contents(output_dir)
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, overwrite_output_dir=True,
+                          do_eval=split == "validation", do_predict=split == "test",
+                          **{f"{split}_file": str(tmp_path / given)})
+    monkeypatch.setattr(tokenizer_setup_module, "train_joint_tokenizer", refuse_to_train_a_tokenizer)
+    with pytest.raises(SystemExit) as exited:
+        main([str(config)])
+    assert exited.value.code == 2
+    error_lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(error_lines) == 1 and re.fullmatch(rf"train_translation.py: error: {message}", error_lines[0]), \
+        error_lines
+    assert folder_contents(output_dir) == before
+
+
+def test_bad_validation_data_with_a_given_tokenizer_prepares_no_split(tmp_path, corpus):
+    """With a tokenizer given (nothing to train), every split to prepare is read before the first is saved."""
+    train_joint_tokenizer(corpus["train"].read_text(encoding="utf-8").splitlines(), 456).save_pretrained(
+        tmp_path / "tokenizer")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", tokenizer_name=str(tmp_path / "tokenizer"),
+                          do_eval=True, validation_file=str(tmp_path / "nope.tsv"))
+    with pytest.raises(DatasetSchemaError, match=r"data file '.*nope\.tsv' does not exist"):
         run([str(config)])
     assert not (tmp_path / "out").exists()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import MEMORISED_PAIRS
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
@@ -217,6 +218,40 @@ def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpu
     assert predicted["test"]["test_bleu"] == pytest.approx(results["test"]["test_bleu"])
     assert (tmp_path / "predict" / "test_hypotheses.txt").read_text() == (model_dir / "test_hypotheses.txt").read_text()
     assert not (tmp_path / "predict" / "model.safetensors").exists()
+
+
+def test_predict_only_with_a_recipe_that_evaluates_every_epoch_needs_no_validation_file(memorised_model_folder,
+                                                                                         tmp_path):
+    """A recipe's `eval_strategy: epoch` (the Multi30k recipes') schedules evaluations during training: a predict-only
+    run of it (do_train false, do_eval false, only a test file) predicts and writes its test results."""
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "de": target}}) + "\n"
+                                 for source, target in MEMORISED_PAIRS), encoding="utf-8")
+    recipe = {**TINY_CONFIG, "eval_strategy": "epoch", "save_strategy": "epoch", "generation_num_beams": 1}
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    output_dir = tmp_path / "predict"
+    results = run([str(config), "--model_name_or_path", str(memorised_model_folder), "--do_train", "false",
+                   "--do_eval", "false", "--test_file", str(test_file), "--output_dir", str(output_dir)])
+    assert set(results) == {"test"}
+    assert results["test"]["test_bleu"] == pytest.approx(100)
+    assert (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines() == [
+        target for _, target in MEMORISED_PAIRS]
+    assert json.loads((output_dir / "test_results.json").read_text())["test_bleu"] == pytest.approx(100)
+
+
+def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model_folder, tmp_path, corpus):
+    """eval_strategy (and load_best_model_at_end, which keeps the best of those evaluations) apply only to training;
+    a training run keeps them."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", eval_strategy="epoch", save_strategy="epoch",
+                          load_best_model_at_end=True, do_eval=False)
+    training_args = parse_arguments([str(config), "--do_train", "false", "--model_name_or_path",
+                                     str(memorised_model_folder)])[2]
+    assert (training_args.eval_strategy, training_args.do_eval, training_args.load_best_model_at_end) == (
+        "no", False, False)
+    training_args = parse_arguments([str(config)])[2]
+    assert (training_args.eval_strategy, training_args.do_eval, training_args.load_best_model_at_end) == (
+        "epoch", True, True)
 
 
 def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained, corpus, tmp_path):

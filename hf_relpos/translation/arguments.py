@@ -226,6 +226,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
             logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
                         "float32 (no GPU with bf16 here, or use_cpu)")
+        if not self.do_train and self.eval_strategy != "no":
+            # Evaluations during training (and keeping the best of them) apply to nothing when nothing trains; left
+            # on, transformers would turn do_eval on, so a recipe's `eval_strategy: epoch` asked a predict-only run
+            # for a validation split.
+            logger.info("do_train is false: eval_strategy %r (evaluations during training) does not apply",
+                        getattr(self.eval_strategy, "value", self.eval_strategy))
+            self.eval_strategy, self.load_best_model_at_end = "no", False
         super().__post_init__()
         if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader

@@ -12,7 +12,6 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +110,18 @@ class RawSplits:
                                                                self.prepared_text_bytes(self.to_prepare)))
         return self.folder
 
+    def read(self, splits: tuple[str, ...]) -> None:
+        """Read each of `splits` (its files are checked as they are read), so that a bad file of any of them stops the
+        run before a tokenizer is trained or a split is prepared."""
+        for split in splits:
+            self.get(split)
+
+    def training_split(self) -> Dataset:
+        """The training split, for a new tokenizer to learn from, read after every split to prepare is (a new
+        tokenizer prepares them all anew): a bad validation or test file stops the run before the tokenizer trains."""
+        self.read(self.to_prepare)
+        return self.get("train")
+
     def get(self, split: str) -> Dataset:
         """The texts of `split` (a Hub dataset loads all its splits at once)."""
         if split not in self.loaded:
@@ -141,13 +152,14 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
     """The tokenizer, the model (built, and so checked, before any data is written) and the tokenized splits: each
     split is loaded (memory-mapped) from output_dir/prepared_data when it was prepared from the same files, tokenizer
     and settings, else read, tokenized, filtered and saved there (see `hf_relpos.translation.prepared`); the texts
-    are read only for a split to prepare or a tokenizer to train."""
+    are read only for a split to prepare or a tokenizer to train, and every split to prepare is read (its files
+    checked) before a tokenizer is trained or any split is saved, so that a bad data file writes nothing."""
     output_dir = training_args.output_dir
     with contextlib.ExitStack() as stack:
         raw = RawSplits(data_args, splits, output_dir, model_args.cache_dir, stack)
         identities = raw.identities()
         tokenizer, new_settings = obtain_tokenizer(model_args, data_args, training_args, identities.get("train"),
-                                                   partial(raw.get, "train"), retrain=retrain, resuming=resuming)
+                                                   raw.training_split, retrain=retrain, resuming=resuming)
         model = build_model(model_args, tokenizer, data_args, training_args)
         token_ids = tokenizer_sha256(tokenizer)
         keys, prepared = {}, {}
@@ -165,6 +177,7 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 logger.info(report.describe(data_args.overlong_pairs if split == "train" else "truncate"))
                 prepared[split] = loaded[0]
         raw.to_prepare = tuple(split for split in splits if split not in prepared)
+        raw.read(raw.to_prepare)
         for split in raw.to_prepare:
             inputs, key = keys[split], preparation_key(keys[split])
             started = time.monotonic()

@@ -111,9 +111,9 @@ def obtain_tokenizer(
         else:
             logger.info("Reusing the tokenizer saved in %s (trained with this run's settings)", output_dir)
         return load_tokenizer(output_dir), None
+    texts = tokenizer_training_sample(training_split(), data_args.tokenizer_training_pairs)
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     started = time.monotonic()
-    texts = tokenizer_training_sample(training_split(), data_args.tokenizer_training_pairs)
     tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
     release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
