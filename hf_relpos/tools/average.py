@@ -20,7 +20,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from ..publish.files import staged_folder
+from ..publish.files import apply_umask_mode_to_weights, staged_folder
 from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
@@ -74,9 +74,10 @@ def average_checkpoints(
     with staged_folder(output_dir) as staging:
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
-                shutil.copy2(item, staging / item.name)
+                shutil.copyfile(item, staging / item.name)
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
+        apply_umask_mode_to_weights(staging)
         provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return output_dir
