@@ -256,9 +256,10 @@ def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path
     moved = []
 
     def crash_while_moving(source, destination):
-        if len(moved) == 1:
-            raise KeyboardInterrupt("simulated kill while moving the final model in")
-        moved.append(destination)
+        if Path(destination).parent == output_dir:   # a move out of the staging folder, not a write inside it
+            if len(moved) == 1:
+                raise KeyboardInterrupt("simulated kill while moving the final model in")
+            moved.append(destination)
         original_replace(source, destination)
 
     with monkeypatch.context() as patch:
