@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import json
+import os
+import stat
 import sys
 from pathlib import Path
 
@@ -13,8 +15,8 @@ import pytest
 import torch
 
 import hf_relpos
-from hf_relpos.tools.ctranslate2_engine import CTranslate2Model, is_ctranslate2_folder
-from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2
+from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
+from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.tools.export import main as export_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.tools.translate import translate_lines
@@ -319,6 +321,33 @@ def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
     with pytest.raises(ExportError, match="exists and is not an empty folder"):
         export_ctranslate2(exported["none"][1], tmp_path / "ct2")
     assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize(("umask", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_the_exported_folder_gets_the_modes_the_umask_gives(tokenizer, tmp_path, umask, file_mode, folder_mode):
+    """OUT_DIR is staged in a tempfile folder (owner-only): once renamed in, it and its files have the modes mkdir()
+    and open() give under the umask."""
+    source = save(tiny_translation_model(tokenizer, "shaw", steps=0), tokenizer, tmp_path / "model")
+    previous = os.umask(umask)
+    try:
+        export_main(["ctranslate2", str(source), str(tmp_path / "ct2")])
+    finally:
+        os.umask(previous)
+    paths = [tmp_path / "ct2", *(tmp_path / "ct2").iterdir()]
+    assert {path.name: oct(stat.S_IMODE(path.stat().st_mode)) for path in paths} == {
+        path.name: oct(folder_mode if path.is_dir() else file_mode) for path in paths}
+
+
+def test_exporting_an_export_is_one_error_naming_it_and_writes_nothing(tokenizer, tmp_path):
+    source = save(tiny_translation_model(tokenizer, "shaw", steps=0), tokenizer, tmp_path / "model")
+    export_ctranslate2(source, tmp_path / "ct2")
+    with pytest.raises(SystemExit) as raised:
+        export_main(["ctranslate2", str(tmp_path / "ct2"), str(tmp_path / "again")])
+    assert raised.value.code == (
+        f"hf-relpos-export: error: MODEL_DIR {str(tmp_path / 'ct2')!r} is already a CTranslate2 export (of "
+        f"{str(source.resolve())!r}); MODEL_DIR must be a trained model folder (model.safetensors, config.json, "
+        "tokenizer), such as that one")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["ct2", "model"]
 
 
 def test_the_inference_benchmark_records_every_engine_on_the_same_lines(exported, tmp_path):

@@ -232,6 +232,30 @@ def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
     assert (result.dataset_type, result.dataset_name, result.dataset_split) == ("custom", "news_test.jsonl", "test")
 
 
+def test_a_card_lists_the_data_the_run_read_and_its_limitation_only_for_that_data():
+    """A Multi30k recipe trained on local files: neither the Hub dataset it did not load nor Multi30k's limitation
+    appears; trained on Multi30k itself, both do. The Trainer's float warmup_steps shows as an integer."""
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml") | {"warmup_steps": 50.0}
+    local = recipe | {"train_file": "data/train.jsonl", "validation_file": "data/valid.jsonl"}
+    hub_card, local_card = (hub.render_model_card(hub.config_from_recipe(recipe), values) for values in (recipe, local))
+    limitation = "Multi30k holds short image captions"
+    assert "| `dataset_name` | bentrevett/multi30k |" in hub_card and limitation in hub_card
+    assert "`dataset_name`" not in local_card and "`dataset_config_name`" not in local_card
+    assert "| `train_file` | data/train.jsonl |" in local_card and limitation not in local_card
+    assert "| `warmup_steps` | 50 |" in local_card and RunRecord.from_recipe(recipe).warmup_steps == 50
+
+
+@pytest.mark.parametrize(("program_path", "command"), [("/venv/bin/hf-relpos-train", "hf-relpos-train"),
+                                                       ("train_translation.py", "python train_translation.py")])
+def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monkeypatch, program_path, command):
+    monkeypatch.setattr(sys, "argv", [program_path, "configs/demo.yaml"])
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    record = run_record(*arguments)
+    assert record.program == Path(program_path).name
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    assert f"Trained as: `{command} {REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir " in card
+
+
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""

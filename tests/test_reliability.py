@@ -9,6 +9,7 @@ import os
 import re
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -25,6 +26,7 @@ import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
+from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
@@ -256,9 +258,10 @@ def test_kill_while_writing_the_final_model_never_leaves_a_mixed_folder(tmp_path
     moved = []
 
     def crash_while_moving(source, destination):
-        if len(moved) == 1:
-            raise KeyboardInterrupt("simulated kill while moving the final model in")
-        moved.append(destination)
+        if Path(destination).parent == output_dir:   # a move out of the staging folder, not a write inside it
+            if len(moved) == 1:
+                raise KeyboardInterrupt("simulated kill while moving the final model in")
+            moved.append(destination)
         original_replace(source, destination)
 
     with monkeypatch.context() as patch:
@@ -607,6 +610,31 @@ def test_no_package_module_unpickles_weights():
 
 def test_saved_models_and_checkpoints_hold_safetensors_only(trained):
     assert_safetensors_only(trained)
+
+
+def modes_under(folder: Path) -> dict[str, int]:
+    """The permission bits of `folder` and of everything in it, by path relative to `folder` ("." for itself)."""
+    return {str(path.relative_to(folder)): stat.S_IMODE(path.stat().st_mode) for path in [folder, *folder.rglob("*")]}
+
+
+@pytest.mark.parametrize(("umask", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
+def test_saved_files_and_folders_get_the_modes_the_umask_gives(tmp_path, corpus, umask, file_mode, folder_mode):
+    """A run with checkpoints (its final model, card and run record) and the folder hf-relpos-average makes of it
+    hold files and folders with the modes open() and mkdir() give under the umask, although safetensors and tempfile
+    create theirs owner-only."""
+    output, averaged = tmp_path / "out", tmp_path / "averaged"
+    previous = os.umask(umask)
+    try:
+        run([str(write_config(tmp_path / "c.yaml", corpus, output, save_strategy="steps", save_steps=2))])
+        average_main([str(output), "--last_n", "2", "--output_dir", str(averaged)])
+    finally:
+        os.umask(previous)
+    assert {"README.md", "run_record.json", "model.safetensors", "checkpoint-2/model.safetensors",
+            "checkpoint-4/model.safetensors"} <= modes_under(output).keys()
+    for folder in (output, averaged):
+        modes = modes_under(folder)
+        expected = {name: folder_mode if (folder / name).is_dir() else file_mode for name in modes}
+        assert {name: oct(mode) for name, mode in modes.items()} == {name: oct(mode) for name, mode in expected.items()}
 
 
 def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp_path):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import MEMORISED_PAIRS
+from conftest import MEMORISED_PAIRS, run_without_hf_relpos
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
@@ -162,6 +162,22 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     assert model.config.vocab_size == len(tokenizer) and model.config.position_scheme == "shaw"
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
     assert not list(output_dir.glob(".tokenizer.*"))
+
+
+def test_the_saved_folder_translates_as_its_card_says_where_hf_relpos_is_not_installed(trained, tmp_path):
+    """The card's `pipeline("translation", ..., trust_remote_code=True)` snippet, run on the folder the run saved in a
+    Python in which hf_relpos cannot be imported: the folder ships the pipeline file and declares it."""
+    output_dir, _ = trained
+    assert (output_dir / "pipeline_relpos.py").is_file()
+    config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
+    card = (output_dir / "README.md").read_text(encoding="utf-8")
+    snippet = card.split("this repository ships one (`pipeline_relpos.py`):\n\n```python\n")[1].split("```")[0]
+    assert 'model="REPO_ID", trust_remote_code=True' in snippet
+    script = snippet.replace('"REPO_ID"', repr(str(output_dir))) + 'print("TRANSLATED", translator(["The cat."]))\n'
+    result = run_without_hf_relpos(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "TRANSLATED [{'translation_text': " in result.stdout
 
 
 def test_generation_length_is_ratio_times_source_length_plus_offset_per_source(trained):
@@ -397,6 +413,10 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
     assert averaged.keys() == first.keys()
     for name, tensor in averaged.items():
         torch.testing.assert_close(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)
+    # the checkpoints ship remote code, so the averaged folder also ships the translation pipeline of a trained one
+    assert (tmp_path / "avg" / "modeling_relpos.py").is_file() and (tmp_path / "avg" / "pipeline_relpos.py").is_file()
+    config = json.loads((tmp_path / "avg" / "config.json").read_text(encoding="utf-8"))
+    assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
 
 
 @pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],

@@ -1,6 +1,8 @@
 """Writing folders and files so that nothing half-written is ever left: a folder filled beside its destination and
 renamed in (`staged_folder`), files moved into a folder with the one that makes it loadable last
-(`move_folder_contents`), text files replaced atomically (`write_text_atomic`)."""
+(`move_folder_contents`), text files replaced atomically (`write_text_atomic`). What these stage (and the weights that
+safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process umask
+(`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them."""
 
 from __future__ import annotations
 
@@ -10,6 +12,32 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
+
+
+def process_umask() -> int:
+    """The process umask (reading it means setting it: it is set to the restrictive 0o077 for that instant, then
+    restored)."""
+    umask = os.umask(0o077)
+    os.umask(umask)
+    return umask
+
+
+def apply_umask_mode(path: str | os.PathLike) -> None:
+    """Give the file or folder `path` the mode `open()` (0o666) or `mkdir()` (0o777) would have created it with
+    under the process umask; for what `tempfile` (always owner-only) or safetensors staged."""
+    path = Path(path)
+    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~process_umask())
+
+
+def apply_umask_mode_to_weights(folder: str | os.PathLike) -> None:
+    """`apply_umask_mode` on the safetensors weights (and shard index) of a model folder just saved: safetensors
+    writes them through an owner-only temporary file whatever the umask."""
+    folder = Path(folder)
+    for path in [*folder.glob("*.safetensors"), folder / SAFE_WEIGHTS_INDEX_NAME]:
+        if path.is_file():
+            apply_umask_mode(path)
 
 
 def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, last: str) -> None:
@@ -36,6 +64,7 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
     try:
+        apply_umask_mode(staging)
         yield staging
         if output_dir.exists():
             output_dir.rmdir()
@@ -53,6 +82,7 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     try:
         with open(descriptor, "w", encoding="utf-8") as handle:
             handle.write(text)
+        apply_umask_mode(temporary)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)

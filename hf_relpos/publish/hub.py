@@ -372,14 +372,16 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
 def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
-    # a run says how it trained (`trained_as`: its recipe file and flags); a recipe card names its configs/ file
-    command = (f"Trained as: `python train_translation.py {record.trained_as}`" if record.trained_as else
+    # a run says how it trained (the program it was started by, its recipe file and flags); a recipe card names its
+    # configs/ file
+    command = (f"Trained as: `{_launch_command(record.program)} {record.trained_as}`" if record.trained_as else
                f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
                if recipe_name else None)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
-    if not _on_hub(record):
-        data_fields = tuple(name for name in data_fields if name != "dataset_config_name")
+    if not _on_hub(record):   # the data table lists what the run read: no dataset it did not load
+        unread = {"dataset_config_name", *(["dataset_name"] if _uses_local_files(record) else [])}
+        data_fields = tuple(name for name in data_fields if name not in unread)
     run_facts = _run_facts(record)
     lines = [
         "## Training",
@@ -402,6 +404,13 @@ def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
         *(["", run_facts] if run_facts else []),
     ]
     return "\n".join(lines)
+
+
+def _launch_command(program: str | None) -> str:
+    """The command a run was started with, as typed: a script after `python`, a console script by its name (runs
+    recorded without their program were started as train_translation.py)."""
+    program = program or "train_translation.py"
+    return f"python {program}" if program.endswith(".py") else program
 
 
 def _run_facts(record: RunRecord) -> str:
@@ -534,8 +543,9 @@ def _limitations_section(config: RelPosTransformerConfig, record: RunRecord) -> 
     if record.max_source_length:
         items.append(f"Training pairs were at most {record.max_source_length} source and "
                      f"{record.max_target_length} target tokens; much longer inputs are out of distribution.")
-    if "limitation" in KNOWN_DATASETS.get(record.dataset_name, {}):
-        items.append(KNOWN_DATASETS[record.dataset_name]["limitation"])
+    read_dataset = None if _uses_local_files(record) else record.dataset_name   # local files: not the named dataset
+    if "limitation" in KNOWN_DATASETS.get(read_dataset, {}):
+        items.append(KNOWN_DATASETS[read_dataset]["limitation"])
     items += _scheme_card(config).limitations_for(config)
     return "## Intended use and limitations\n\n" + "\n".join(f"- {item}" for item in items)
 

@@ -13,6 +13,7 @@ import json
 import os
 import platform
 import subprocess
+import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,6 +147,7 @@ class RunRecord:
     recipe: str | None = None             # the recipe it trained from (configs/ file stem), if any
     system: str | None = None             # the experiment's name for what it trained (a row, a system)
     trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
+    program: str | None = None            # what the run was started by: train_translation.py or hf-relpos-train
     steps: int | None = None
     source_version: str | None = None     # `git describe` of the code that trained it
     date: str | None = None               # ISO 8601, when it was recorded
@@ -156,8 +158,14 @@ class RunRecord:
     measurements: list[Measurement] = dataclasses.field(default_factory=list)   # runs of its recipe (for a card)
 
     def __post_init__(self) -> None:
+        """Refuse an unknown role; a whole-number float in an integer field (the Trainer's float `warmup_steps`)
+        becomes an int, so that 50 is recorded and shown as 50, not 50.0."""
         if self.role not in ROLES:
             raise ValueError(f"role must be one of {list(ROLES)}, got {self.role!r}")
+        for name in INTEGER_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, float) and value.is_integer():
+                setattr(self, name, int(value))
 
     @classmethod
     def recipe_fields(cls, section: str | None = None) -> tuple[str, ...]:
@@ -185,6 +193,10 @@ class RunRecord:
                   for weights, by_split in values.get("scores", {}).items()}
         return cls(**{**values, "scores": scores, "model": current_model_fields(values.get("model", {}))})
 
+
+
+# The fields typed `int | None`, whose values `RunRecord` keeps integers.
+INTEGER_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunRecord).items() if hint == int | None)
 
 def cpu_model_name() -> str:
     """The processor's model name (/proc/cpuinfo on Linux, `platform.processor()` elsewhere)."""

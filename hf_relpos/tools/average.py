@@ -4,7 +4,8 @@
 
 The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last, also when
 the folder holds the final model) or the checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
-the config, generation config and tokenizer of the newest checkpoint.
+the config, generation config, tokenizer and remote code of the newest checkpoint, and (with remote code) the
+translation pipeline that a trained folder ships (`add_translation_pipeline`).
 """
 
 from __future__ import annotations
@@ -18,9 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from safetensors.torch import save_file
-from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from ..publish.files import staged_folder
+from ..publish.files import apply_umask_mode_to_weights, staged_folder
+from ..publish.hub import add_translation_pipeline
 from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
@@ -56,6 +58,12 @@ def _has_weights(folder: Path) -> bool:
     return (folder / SAFE_WEIGHTS_NAME).is_file() or (folder / SAFE_WEIGHTS_INDEX_NAME).is_file()
 
 
+def _ships_remote_code(folder: Path) -> bool:
+    """Whether the model folder declares its remote code (an `auto_map` in config.json)."""
+    config = folder / CONFIG_NAME
+    return config.is_file() and bool(json.loads(config.read_text(encoding="utf-8")).get("auto_map"))
+
+
 def average_checkpoints(
     paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int, output_dir: str | os.PathLike
 ) -> Path:
@@ -74,9 +82,12 @@ def average_checkpoints(
     with staged_folder(output_dir) as staging:
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
-                shutil.copy2(item, staging / item.name)
+                shutil.copyfile(item, staging / item.name)
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
+        apply_umask_mode_to_weights(staging)
+        if _ships_remote_code(staging):
+            add_translation_pipeline(staging)
         provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return output_dir

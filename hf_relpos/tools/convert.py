@@ -33,7 +33,7 @@ from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel,
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
-from ..publish.files import staged_folder
+from ..publish.files import apply_umask_mode_to_weights, staged_folder
 
 logger = logging.getLogger(__name__)
 
@@ -188,6 +188,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     model = marian_to_relpos(source, position_scheme, **config_overrides)
     with staged_folder(output_dir) as staging:
         model.save_pretrained(staging)
+        apply_umask_mode_to_weights(staging)
         tokenizer.save_pretrained(staging)
     return output_dir
 

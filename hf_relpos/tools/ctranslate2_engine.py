@@ -30,11 +30,6 @@ COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int
                  "bfloat16", "float32")
 
 
-def is_ctranslate2_folder(folder: str | Path) -> bool:
-    """Whether `folder` is an export of `hf-relpos-export ctranslate2` (it holds its record)."""
-    return (Path(folder) / EXPORT_RECORD).is_file()
-
-
 class CTranslate2Model:
     """`ctranslate2.Translator` over an exported folder, with generate()'s settings and token ids.
 

@@ -274,10 +274,19 @@ def vocabulary(tokenizer: Any, vocab_size: int) -> list[str]:
     return tokens
 
 
+def is_ctranslate2_folder(folder: str | Path) -> bool:
+    """Whether `folder` is an export of `hf-relpos-export ctranslate2` (it holds its record)."""
+    return (Path(folder) / EXPORT_RECORD).is_file()
+
+
 def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: str | None = None) -> Path:
     """Export the translation model saved in `model_dir` (model, tokenizer, generation config) to a CTranslate2
     folder `out_dir` (which must not exist, or be empty), weights stored as `quantization` (one of QUANTIZATIONS;
     None: float32). Everything that could refuse is checked before anything is written; returns `out_dir`."""
+    if is_ctranslate2_folder(model_dir):
+        source = json.loads((Path(model_dir) / EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
+        raise ExportError(f"MODEL_DIR {str(model_dir)!r} is already a CTranslate2 export (of {source!r}); MODEL_DIR "
+                          "must be a trained model folder (model.safetensors, config.json, tokenizer), such as that one")
     ctranslate2 = import_ctranslate2()
     out_dir = Path(out_dir)
     if quantization is not None and quantization not in QUANTIZATIONS:

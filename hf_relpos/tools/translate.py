@@ -35,7 +35,8 @@ from ..translation.arguments import attention_implementations, check_attn_implem
 from ..translation.batching import cut_token_batches
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
-from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model, is_ctranslate2_folder
+from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
+from .export import is_ctranslate2_folder
 from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"

@@ -48,8 +48,15 @@ DERIVED_CONFIG_FIELDS = frozenset({
     "vocab_size", "pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id", "is_encoder_decoder",
 })
 NULL_TOKENS = ("null", "None")
-# The name the command was started by: the console script's, else the script's (`python train_translation.py`).
-PROGRAM = "hf-relpos-train" if os.path.basename(sys.argv[0]) == "hf-relpos-train" else "train_translation.py"
+CONSOLE_SCRIPT, SCRIPT = "hf-relpos-train", "train_translation.py"
+
+
+def program_name() -> str:
+    """The name training was started by: the console script's, else the script's (`python train_translation.py`)."""
+    return CONSOLE_SCRIPT if os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT else SCRIPT
+
+
+PROGRAM = program_name()
 # report_to integrations with an hf_relpos extra that installs their package.
 REPORTING_EXTRAS = ("tensorboard", "wandb")
 

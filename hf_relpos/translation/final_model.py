@@ -14,6 +14,7 @@ import torch
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..publish.files import move_folder_contents, write_text_atomic
+from ..publish.hub import add_translation_pipeline
 from .checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, complete_checkpoints, config_differences
 from .safety import FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
@@ -64,15 +65,17 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
 
 
 def save_final_model(trainer: TranslationTrainer) -> None:
-    """`trainer.save_model()`, written to a staging folder inside output_dir and moved in file by file with the
-    weights (model.safetensors, or the shard index) removed first and moved last: a kill mid-way leaves a folder
-    without weights, which `from_pretrained` refuses, never one that mixes old and new files."""
+    """`trainer.save_model()` with the translation pipeline its model card shows (`add_translation_pipeline`), written
+    to a staging folder inside output_dir and moved in file by file with the weights (model.safetensors, or the shard
+    index) removed first and moved last: a kill mid-way leaves a folder without weights, which `from_pretrained`
+    refuses, never one that mixes old and new files."""
     output_dir = Path(trainer.args.output_dir)
     staging = output_dir / FINAL_MODEL_STAGING
     if trainer.args.should_save:
         shutil.rmtree(staging, ignore_errors=True)
     trainer.save_model(str(staging))
     if trainer.args.should_save:
+        add_translation_pipeline(staging)
         weights = SAFE_WEIGHTS_INDEX_NAME if (staging / SAFE_WEIGHTS_INDEX_NAME).is_file() else SAFE_WEIGHTS_NAME
         for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)

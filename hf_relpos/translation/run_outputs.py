@@ -18,7 +18,7 @@ from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import write_text_atomic
 from ..publish.hub import CARD_FILE, RunRecord, load_results, push_model_folder, render_model_card
 from ..publish.records import RUN_RECORD_FILE, cpu_model_name, scores_from_results, software_versions
-from .arguments import ModelArguments, TranslationTrainingArguments
+from .arguments import ModelArguments, TranslationTrainingArguments, program_name
 from .data import DataArguments
 
 
@@ -41,7 +41,7 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                training_seconds: float | None = None) -> RunRecord:
     """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
-    added, each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
+    added (and the program it was started by), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
     counts; the pairs per batch only without a token budget), the processes, the hardware and (after training) the
     training time, the date and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
@@ -56,6 +56,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
+                     program=program_name(),
                      trained_as=shlex.join([*([recipe_file] if recipe_file else []), *model_args.recipe_flags]),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions())
 

@@ -33,6 +33,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, 
 
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from ..publish.files import apply_umask_mode_to_weights
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
@@ -197,6 +198,13 @@ class TranslationTrainer(Seq2SeqTrainer):
             folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
         super()._save_checkpoint(model, trial)
+
+    def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
+        """The Trainer's save (final model and every checkpoint), with the weights given the modes the umask allows
+        (`apply_umask_mode_to_weights`: safetensors writes them owner-only)."""
+        super()._save(output_dir, state_dict)
+        if self.args.should_save:
+            apply_umask_mode_to_weights(output_dir if output_dir is not None else self.args.output_dir)
 
     def get_train_dataloader(self) -> DataLoader:
         """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own
