@@ -268,6 +268,9 @@ def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model
     training_args = parse_arguments([str(config)])[2]
     assert (training_args.eval_strategy, training_args.do_eval, training_args.load_best_model_at_end) == (
         "epoch", True, True)
+    own = TranslationTrainingArguments(output_dir=str(tmp_path / "own"), eval_strategy="epoch", save_strategy="epoch",
+                                       load_best_model_at_end=True, use_cpu=True, report_to="none")
+    assert (own.do_train, own.eval_strategy, own.load_best_model_at_end) == (False, "epoch", True)   # a script's own
 
 
 def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained, corpus, tmp_path):

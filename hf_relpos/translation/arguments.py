@@ -233,13 +233,6 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
             logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
                         "float32 (no GPU with bf16 here, or use_cpu)")
-        if not self.do_train and self.eval_strategy != "no":
-            # Evaluations during training (and keeping the best of them) apply to nothing when nothing trains; left
-            # on, transformers would turn do_eval on, so a recipe's `eval_strategy: epoch` asked a predict-only run
-            # for a validation split.
-            logger.info("do_train is false: eval_strategy %r (evaluations during training) does not apply",
-                        getattr(self.eval_strategy, "value", self.eval_strategy))
-            self.eval_strategy, self.load_best_model_at_end = "no", False
         super().__post_init__()
         if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
@@ -520,6 +513,13 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     values = vars(namespace)
     if values.get("early_stopping_patience") is not None and values.get("metric_for_best_model") is None:
         values["metric_for_best_model"] = EARLY_STOPPING_METRIC   # greater_is_better follows from the name
+    if not values.get("do_train") and values.get("eval_strategy", "no") != "no":
+        # A run that trains nothing: the recipe's evaluations during training (and keeping the best of them) apply to
+        # nothing; left on, transformers would turn do_eval on and a predict-only run would need a validation split.
+        # (Here, not in TranslationTrainingArguments: a script of one's own may train with do_train left false.)
+        logger.info("do_train is false: eval_strategy %r (evaluations during training) does not apply",
+                    values["eval_strategy"])
+        values["eval_strategy"], values["load_best_model_at_end"] = "no", False
     command_line = _current_field_names({dest.removeprefix(f"{MODEL_SECTION}."): values.pop(dest)
                                          for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]})
     model_config.update(command_line)
