@@ -363,6 +363,14 @@ def test_plain_text_line_counts_must_match(tmp_path):
         read_local_pairs(prefix, "en", "de")
 
 
+def test_a_wrong_language_code_names_the_files_that_are_there(tmp_path):
+    prefix = write_plain(tmp_path / "train", PAIRS)
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(prefix, "fr", "de")
+    assert (f"({prefix}.fr + {prefix}.de: {prefix}.fr missing) (there are {prefix}.de, {prefix}.en: are source_lang "
+            f"'fr' and target_lang 'de' right?)") in str(error.value)
+
+
 def test_plain_text_prefix_with_a_missing_side(tmp_path):
     prefix = tmp_path / "test"
     (tmp_path / "test.en").write_text("One.\n\nTwo.\n", encoding="utf-8")
@@ -440,6 +448,18 @@ def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
     path.write_bytes(b"PAR1")
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
+
+
+@pytest.mark.parametrize("side", ["en", "de"])
+def test_one_side_of_a_plain_text_pair_is_one_error_naming_its_prefix(tmp_path, side):
+    for lang in ("en", "de"):
+        (tmp_path / f"test.{lang}").write_text("A line.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(tmp_path / f"test.{side}", "en", "de", allow_source_only=True)
+    prefix = str(tmp_path / "test")
+    assert str(error.value) == (f"data file '{prefix}.{side}' is one side of a plain-text pair: give its prefix "
+                                f"'{prefix}' (read as {prefix}.en + {prefix}.de)")
+    assert read_local_pairs(prefix, "en", "de")["target"] == ["A line."]
 
 
 def docs_command(starts_with: str) -> str:

@@ -18,6 +18,7 @@ pairs with an empty side (counted in the log), evaluation keeps them (an empty s
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import itertools
 import json
@@ -346,6 +347,10 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
         if file_format is not None:
             raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
         return _read_plain_text_pair(path, source_lang, target_lang, allow_source_only, sink)
+    if file_format is None and path.suffix in (f".{source_lang}", f".{target_lang}"):
+        prefix = path.with_suffix("")
+        raise DatasetSchemaError(f"data file {str(path)!r} is one side of a plain-text pair: give its prefix "
+                                 f"{str(prefix)!r} (read as {prefix}.{source_lang} + {prefix}.{target_lang})")
     if file_format is None:
         raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)} (or name the "
                                  f"prefix of plain-text files {str(path)}.{source_lang} + {str(path)}.{target_lang}, "
@@ -488,9 +493,13 @@ def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allo
     if missing == [str(target_path)] and allow_source_only:
         return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))}, with_null_target=True)
     if missing:
+        siblings = sorted(str(sibling) for sibling in prefix.parent.glob(f"{glob.escape(prefix.name)}.*")
+                          if sibling.is_file()) if prefix.parent.is_dir() else []
+        found = (f" (there are {', '.join(siblings)}: are source_lang {source_lang!r} and target_lang "
+                 f"{target_lang!r} right?)" if siblings else "")
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
-            f"({source_path} + {target_path}: {' and '.join(missing)} missing); give a "
+            f"({source_path} + {target_path}: {' and '.join(missing)} missing){found}; give a "
             f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist")
     sources = sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))})
     targets = sink.dataset({"target": (lines for _, lines, _ in _line_chunks(target_path))})
