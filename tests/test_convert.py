@@ -18,7 +18,7 @@ from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.records import PEER, RECIPE, TRAINED_WEIGHTS, RunRecord, Scores, read_run_records
-from hf_relpos.tools.convert import convert_marian, main, marian_to_relpos
+from hf_relpos.tools.convert import convert_marian, main, marian_state_to_relpos, marian_to_relpos
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import parse_arguments
@@ -84,6 +84,47 @@ def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
     assert_generates_as_marian(converted, marian, batch)
     assert converted.generation_config.decoder_start_token_id == PAD
     assert converted.generation_config.forced_eos_token_id == EOS
+
+
+def exact_sinusoids(marian: MarianMTModel) -> MarianMTModel:
+    """Marian's position tables recomputed in float64 (transformers builds them in float32, which float64 arithmetic
+    would otherwise carry as a 1e-7 difference)."""
+    for table in (marian.model.encoder.embed_positions, marian.model.decoder.embed_positions):
+        rows, width = table.weight.shape
+        angles = (torch.arange(rows, dtype=torch.float64)[:, None]
+                  / 10000 ** (2 * torch.arange(width // 2, dtype=torch.float64)[None, :] / width))
+        with torch.no_grad():
+            table.weight.copy_(torch.cat([angles.sin(), angles.cos()], dim=-1))
+    return marian
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_a_training_step_is_marians_with_the_same_weights_and_seed(kernel):
+    """Issue #50 item 4: the peer and `absolute` in training mode, the peer's dropout settings (0.1 on embeddings and
+    residuals, 0.1 on attention probabilities, none after the activation), float64: from the same weights and the same
+    seed one step gives Marian's loss and gradients, dropout masks included, so the two place and draw every dropout
+    alike and differ only where they start (their initial draws, and the decoder start token)."""
+    marian = exact_sinusoids(marian_model(activation_function="gelu", dropout=0.1, attention_dropout=0.1,
+                                          activation_dropout=0.0).double())
+    converted = marian_to_relpos(marian, position_scheme="absolute").double()
+    marian.set_attn_implementation(kernel)
+    converted.set_attn_implementation(kernel)
+    batch = padded_batch()
+    labels = torch.cat([batch["decoder_input_ids"][:, 1:], torch.full((3, 1), EOS)], dim=1)
+    steps = {}
+    for name, model, seed in (("marian", marian, 7), ("converted", converted, 7), ("other draw", converted, 8)):
+        model.train().zero_grad()
+        torch.manual_seed(seed)
+        loss = model(**batch, labels=labels).loss
+        loss.backward()
+        steps[name] = loss.detach(), {weight: parameter.grad.clone() for weight, parameter in model.named_parameters()
+                                      if parameter.grad is not None}
+    assert (steps["converted"][0] - steps["marian"][0]).abs() < 1e-12
+    assert (steps["other draw"][0] - steps["marian"][0]).abs() > 1e-3   # dropout is on: another seed, another loss
+    marian_gradients = marian_state_to_relpos(steps["marian"][1])
+    assert marian_gradients.keys() == steps["converted"][1].keys()
+    for weight, gradient in steps["converted"][1].items():
+        assert (gradient - marian_gradients[weight]).abs().max() < 1e-10, weight
 
 
 def test_every_marian_weight_is_copied_and_final_logits_bias_is_used():

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
+import yaml
 from conftest import BUILT_IN_SCHEMES
 
 from hf_relpos.publish.records import RunRecord, read_run_records
@@ -296,6 +297,52 @@ TINY_VS_MARIAN = [
 
 def load_vs_marian(monkeypatch):
     return load_experiment(VS_MARIAN, monkeypatch)
+
+
+def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):
+    """Issue #50 item 4: the peer (vs_marian.peer_config, MarianMTModel's init) and the `absolute` recipe's model at
+    the shape both train at draw every weight from the same distribution: each linear weight and the token
+    embeddings N(0, 0.02) (the standard deviations within 3 % of each other, means near 0), biases and the final
+    logits bias zero, layer norms at one and zero. Only the draws differ, and the decoder start token (the peer
+    starts from <pad>, whose embedding is zero, the recipe from <s>)."""
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.tools.convert import marian_state_to_relpos
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    vs_marian = load_vs_marian(monkeypatch)
+    args = argparse.Namespace(d_model=256, layers=3, heads=4, ffn_dim=1024)
+    tokenizer = train_joint_tokenizer(["Ein Hund läuft durch den Schnee.", "A dog runs through the snow."] * 20,
+                                      vocab_size=300)
+    torch.manual_seed(0)
+    peer = vs_marian.MarianMTModel(vs_marian.peer_config(tokenizer, args))
+    recipe = yaml.safe_load((EXPERIMENTS.parent / "configs" / "multi30k_small_absolute.yaml").read_text(encoding="utf-8"))["model"]
+    assert (recipe["d_model"], recipe["encoder_layers"], recipe["encoder_ffn_dim"]) == (256, 3, 1024)
+    torch.manual_seed(0)   # the same seed: other draws all the same (each model uses the generator its own way)
+    ours = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **recipe, vocab_size=len(tokenizer), **special_token_ids(tokenizer)))
+    peer_state = marian_state_to_relpos(peer.state_dict())
+    ours_state = ours.state_dict()
+    assert set(peer_state) <= set(ours_state)
+    compared = 0
+    for name, peer_weight in peer_state.items():
+        mine = ours_state[name]
+        assert mine.shape == peer_weight.shape, name
+        if name.endswith("embed_positions.weight"):
+            continue
+        if peer_weight.dim() == 2 and name != "final_logits_bias":   # linear weights, token embeddings: N(0, 0.02)
+            rows = [row for row in range(peer_weight.shape[0]) if not (name.endswith("shared.weight") and row == 0)]
+            assert abs(mine[rows].std() / peer_weight[rows].std() - 1) < 0.03, name
+            assert abs(mine[rows].std() - 0.02) < 0.001 and abs(mine[rows].mean()) < 0.001, name
+            compared += 1
+        else:   # biases, layer norms, the final logits bias: constants, the same in both
+            assert torch.equal(mine, peer_weight), name
+    assert compared >= 30
+    pad = tokenizer.pad_token_id
+    assert not peer_state["model.shared.weight"][pad].any() and not ours_state["model.shared.weight"][pad].any()
+    assert not any(torch.equal(peer_state[name], ours_state[name]) for name in peer_state
+                   if peer_state[name].dim() == 2 and peer_state[name].std() > 0)
+    assert (peer.config.decoder_start_token_id, ours.config.decoder_start_token_id) == (
+        tokenizer.pad_token_id, tokenizer.bos_token_id)
 
 
 def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path, monkeypatch):
