@@ -273,6 +273,33 @@ def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model
     assert (own.do_train, own.eval_strategy, own.load_best_model_at_end) == (False, "epoch", True)   # a script's own
 
 
+@pytest.mark.parametrize(("start", "token"), [("pad", "<pad>"), ("eos", "</s>")])
+def test_the_decoder_start_token_can_be_marians_or_fairseqs(tmp_path, corpus, start, token):
+    """decoder_start_token: the new model's config and saved generation config start decoding from that token, its
+    labels are shifted in behind it, and a fine-tuned copy keeps it."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=2, do_eval=False, do_predict=False,
+                          decoder_start_token=start)
+    run([str(config)])
+    tokenizer = AutoTokenizer.from_pretrained(tmp_path / "out")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out")
+    start_id = tokenizer.convert_tokens_to_ids(token)
+    assert model.config.decoder_start_token_id == model.generation_config.decoder_start_token_id == start_id
+    labels = torch.tensor([[5, 6, tokenizer.eos_token_id]])
+    assert model.prepare_decoder_input_ids_from_labels(labels=labels)[0].tolist() == [start_id, 5, 6]
+    assert model.generate(**tokenizer(["A dog."], return_tensors="pt"), max_new_tokens=3)[0, 0] == start_id
+    tuned = write_config(tmp_path / "t.yaml", corpus, tmp_path / "tuned", max_steps=1, do_eval=False,
+                         do_predict=False, model_name_or_path=str(tmp_path / "out"))
+    run([str(tuned)])
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "tuned").generation_config.decoder_start_token_id == start_id
+
+
+def test_an_unknown_decoder_start_token_is_one_error(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", decoder_start_token="sos")
+    with pytest.raises(ConfigError, match=r"decoder_start_token must be one of \['bos', 'pad', 'eos'\], got 'sos'"):
+        parse_arguments([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
 def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained, corpus, tmp_path):
     model_dir, _ = trained
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "tuned", model_name_or_path=str(model_dir),

@@ -37,7 +37,7 @@ from ..model.validation import is_non_negative_number, require_int
 from .data import DataArguments
 from .metrics import GENERATED_METRICS
 from .preflight import missing_local_folder
-from .tokenization import BYTE_TOKENS, SPECIAL_TOKENS
+from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS
 
 logger = logging.getLogger(__name__)
 
@@ -100,6 +100,12 @@ class ModelArguments:
                           "(only for schemes that add no bias, mask or value term to attention, e.g. absolute, "
                           "rope). null: the model's default (sdpa)."},
     )
+    decoder_start_token: str = field(
+        default="bos",
+        metadata={"help": f"The token a new model's decoder starts from: one of {list(DECODER_START_TOKENS)} (the "
+                          "tokenizer's <s>, learned; HF Marian's and T5's <pad>, whose embedding stays zero; "
+                          "fairseq's and BART's </s>). A model_name_or_path keeps the one it was trained with."},
+    )
     model_config: dict[str, Any] = field(default_factory=dict, init=False)
     # The recipe YAML the arguments came from, as given (None: flags only), and the flags given after it, secrets
     # hidden (`without_secrets`: they go into the run record and the model card).
@@ -109,6 +115,9 @@ class ModelArguments:
     def __post_init__(self) -> None:
         if self.attn_implementation is not None:
             check_attn_implementation(self.attn_implementation)
+        if self.decoder_start_token not in DECODER_START_TOKENS:
+            raise ValueError(f"decoder_start_token must be one of {list(DECODER_START_TOKENS)}, got "
+                             f"{self.decoder_start_token!r}")
 
 
 def attention_implementations() -> list[str]:

@@ -81,7 +81,8 @@ def build_model(
     else:
         try:
             config = RelPosTransformerConfig(
-                **model_args.model_config, vocab_size=len(tokenizer), **special_token_ids(tokenizer), **kernel
+                **model_args.model_config, vocab_size=len(tokenizer),
+                **special_token_ids(tokenizer, model_args.decoder_start_token), **kernel
             )
         except (ValueError, TypeError) as error:
             raise ConfigError(f"{MODEL_SECTION}: {error}") from None
@@ -104,7 +105,7 @@ def build_model(
                        training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
-    for name, value in special_token_ids(tokenizer).items():
+    for name, value in special_token_ids(tokenizer, model_args.decoder_start_token).items():
         setattr(generation, name, value if model_args.model_name_or_path is None else getattr(model.config, name))
     return model
 

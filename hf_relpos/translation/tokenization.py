@@ -160,12 +160,18 @@ def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     return tokenizer
 
 
-def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> dict[str, int]:
-    """The ids the model config needs: pad, eos, bos and decoder start (bos, or eos when there is no bos)."""
-    decoder_start = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+# The tokens a new model's decoder may start from (special_token_ids' `decoder_start`).
+DECODER_START_TOKENS = ("bos", "pad", "eos")
+
+
+def special_token_ids(tokenizer: PreTrainedTokenizerBase, decoder_start: str = "bos") -> dict[str, int]:
+    """The ids the model config needs: pad, eos, bos (bos, or eos when there is no bos) and the decoder start token,
+    one of DECODER_START_TOKENS (`bos`: the bos id as above)."""
+    bos = tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+    starts = {"bos": bos, "pad": tokenizer.pad_token_id, "eos": tokenizer.eos_token_id}
     return {
         "pad_token_id": tokenizer.pad_token_id,
         "eos_token_id": tokenizer.eos_token_id,
-        "bos_token_id": decoder_start,
-        "decoder_start_token_id": decoder_start,
+        "bos_token_id": bos,
+        "decoder_start_token_id": starts[decoder_start],
     }
