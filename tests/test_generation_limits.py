@@ -11,6 +11,7 @@ import torch
 from conftest import run_without_hf_relpos, tiny_model
 
 from hf_relpos.model.generation_limits import (
+    DEFAULT_NEW_TOKENS,
     SourceLengthCapLogitsProcessor,
     new_token_limits,
     set_relative_limit,
@@ -106,6 +107,25 @@ def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_c
         old = type(model).from_pretrained(tmp_path / "old").eval()
         assert getattr(old.generation_config, "max_len_b", None) is None
         assert new_lengths(old.generate(input_ids=long_ids, num_beams=1)) == [12]
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_beams):
+    """A generation config with neither max_new_tokens nor max_length (a plain save_pretrained's): the source-relative
+    cap applies under generate's own default of DEFAULT_NEW_TOKENS new tokens, as passed or as saved."""
+    model = tiny_model("shaw")
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e4
+    assert model.generation_config.max_new_tokens is None and model.generation_config.max_length is None
+    ids, mask = sources([4, 9, 30])
+    uncapped = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams)
+    assert new_lengths(uncapped) == [DEFAULT_NEW_TOKENS] * 3   # generate's default, which the cap stays under
+    passed = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_a=1.0, max_len_b=2)
+    assert new_lengths(passed) == [min(n + 2, DEFAULT_NEW_TOKENS) for n in (4, 9, 30)]
+    set_relative_limit(model.generation_config, 0.5, 1)
+    assert new_lengths(model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams)) == [3, 5, 16]
+    assert new_lengths(model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_b=2)) == [
+        4, 6, 17]   # the saved max_len_a with the passed max_len_b
 
 
 def test_a_passed_generation_config_keeps_the_saved_relative_cap():

@@ -58,6 +58,21 @@ def source_lengths(input_ids: torch.Tensor | None, attention_mask: torch.Tensor 
     return torch.full(embedded.shape[:1], embedded.shape[1], dtype=torch.long, device=embedded.device)
 
 
+# New tokens generate makes when neither max_new_tokens nor max_length is set: transformers' default max_length, 20,
+# counted from the end of the decoder prompt (GenerationMixin._prepare_generated_length).
+DEFAULT_NEW_TOKENS = 20
+
+
+def longest_new_output(config: GenerationConfig, prompt_length: int) -> int:
+    """New tokens `config` allows (transformers' rule): max_new_tokens, else max_length minus the decoder prompt,
+    else DEFAULT_NEW_TOKENS."""
+    if config.max_new_tokens is not None:
+        return config.max_new_tokens
+    if config.max_length is not None:
+        return config.max_length - prompt_length
+    return DEFAULT_NEW_TOKENS
+
+
 def new_token_limits(lengths: torch.Tensor, ratio: float, offset: int, ceiling: int) -> torch.Tensor:
     """limit_i = min(floor(ratio * length_i + offset), ceiling), at least 1 (the end token)."""
     relative = torch.floor(lengths.double() * ratio + offset).long()

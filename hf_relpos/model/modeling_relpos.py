@@ -54,6 +54,7 @@ from .configuration_relpos import RelPosTransformerConfig
 from .generation_limits import (
     RELATIVE_LIMIT_FIELDS,
     SourceLengthCapLogitsProcessor,
+    longest_new_output,
     new_token_limits,
     relative_limit,
     source_lengths,
@@ -1048,13 +1049,6 @@ def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationCo
         if name in generate_kwargs:
             setattr(config, name, generate_kwargs[name])
     return config
-
-
-def longest_new_output(config: GenerationConfig, prompt_length: int) -> int:
-    """New tokens `config` allows: max_new_tokens, else max_length minus the decoder prompt (transformers' rule)."""
-    if config.max_new_tokens is not None:
-        return config.max_new_tokens
-    return (config.max_length if config.max_length is not None else GenerationConfig().max_length) - prompt_length
 
 
 def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, prompt_length: int,

@@ -23,7 +23,13 @@ from typing import Any
 import torch
 from transformers import GenerationConfig
 
-from ..model.generation_limits import RELATIVE_LIMIT_FIELDS, new_token_limits, relative_limit, source_lengths
+from ..model.generation_limits import (
+    RELATIVE_LIMIT_FIELDS,
+    longest_new_output,
+    new_token_limits,
+    relative_limit,
+    source_lengths,
+)
 from .export import EXPORT_RECORD, ExportError, import_ctranslate2
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -85,10 +91,7 @@ class CTranslate2Model:
     def decoding_options(self, **settings: Any) -> dict[str, Any]:
         """translate_batch's options for generate()'s `settings` over the folder's generation config."""
         config = self.length_config(**settings)
-        if config.max_new_tokens is not None:
-            max_decoding_length = config.max_new_tokens
-        else:
-            max_decoding_length = (config.max_length or 20) - 1  # generate's max_length counts the start token
+        max_decoding_length = longest_new_output(config, prompt_length=1)   # after the decoder start token
         min_new = config.min_new_tokens if config.min_new_tokens is not None else max((config.min_length or 0) - 1, 0)
         if config.do_sample:
             raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
