@@ -184,6 +184,18 @@ def test_rope_refuses_heads_it_cannot_rotate(overrides, message):
                 rotary_dim=14)   # an odd head rotates an even part of itself
 
 
+@pytest.mark.parametrize(("field", "value", "computed"), [
+    ("encoder_layerdrop", 0.1, "no LayerDrop"), ("decoder_layerdrop", 0.2, "no LayerDrop"),
+    ("layer_norm_eps", 1e-6, "epsilon, 1e-5"), ("share_encoder_decoder_embeddings", False, "tie_word_embeddings"),
+    ("normalize_before", True, "layer_norm_position"),
+])
+def test_marian_fields_the_model_does_not_implement_are_refused_unless_they_say_what_it_computes(field, value, computed):
+    with pytest.raises(ValueError, match=rf"config field {field}={value!r} is not implemented by "
+                                         rf"RelPosTransformerConfig \(it computes [^)]*{computed}"):
+        tiny_config(**{field: value})
+    tiny_config(**{field: hf_relpos.model.configuration_relpos.FIXED_MARIAN_FIELDS[field][0]})
+
+
 def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():
     config = tiny_config()
     config.d_model = 33

@@ -314,9 +314,28 @@ def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
+# Marian/BART config fields this model does not have, with what it computes instead: given with another value, the
+# field would be kept by transformers and silently do nothing.
+FIXED_MARIAN_FIELDS = {
+    "encoder_layerdrop": (0.0, "no LayerDrop"),
+    "decoder_layerdrop": (0.0, "no LayerDrop"),
+    "layer_norm_eps": (1e-5, "torch's LayerNorm epsilon, 1e-5"),
+    "share_encoder_decoder_embeddings": (True, "source embeddings, target embeddings and output layer tied with "
+                                               "tie_word_embeddings true, all three apart with false"),
+    "normalize_before": (None, "layer_norm_position 'pre' or 'post'"),
+    "add_final_layer_norm": (None, "layer_norm_position 'pre' adds one after each stack"),
+    "normalize_embedding": (False, "no layer norm on the embeddings"),
+}
+
+
 def _refuse_misspelled_fields(extra: dict) -> None:
     """transformers keeps unknown config keys (for its own bookkeeping); a near-miss of one of our fields is a typo
-    that would silently fall back to the default, so it is an error."""
+    that would silently fall back to the default, and a Marian/BART field this model does not implement
+    (FIXED_MARIAN_FIELDS) set to another value than what it computes would silently do nothing: both are errors."""
+    for key, value in extra.items():
+        if key in FIXED_MARIAN_FIELDS and value != FIXED_MARIAN_FIELDS[key][0]:
+            raise ValueError(f"config field {key}={value!r} is not implemented by RelPosTransformerConfig (it computes "
+                             f"{FIXED_MARIAN_FIELDS[key][1]}); remove it")
     own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_config_fields())
     for key in extra:
         match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
