@@ -67,6 +67,28 @@ def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(posi
             assert (model(**inputs, decoder_input_ids=input_ids).logits - expected).abs().max() < 1e-12
 
 
+def test_a_kernel_without_a_mask_function_is_warned_of_when_a_batch_has_padding(caplog, monkeypatch):
+    """transformers' convention: a kernel registered without a mask function gets no mask. On a padded batch that
+    attends to padding, so the model says so once, naming the registration that fixes it."""
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    from hf_relpos.model import modeling_relpos
+
+    unmasked = "transformers_sdpa_without_a_mask_for_tests"
+    monkeypatch.setitem(ALL_ATTENTION_FUNCTIONS._global_mapping, unmasked, ALL_ATTENTION_FUNCTIONS[TRANSFORMERS_KERNEL])
+    monkeypatch.setattr(modeling_relpos.logger, "warning_once", modeling_relpos.logger.warning)   # not cached
+    input_ids, attention_mask = batch()
+    model = model_with(unmasked, "absolute").eval()
+    with torch.no_grad(), caplog.at_level("WARNING"):
+        model(input_ids=input_ids, decoder_input_ids=input_ids)   # no padding: nothing to say
+        assert not caplog.records
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids)
+    assert f"attn_implementation {unmasked!r} has no mask function registered" in caplog.text
+    assert f"AttentionMaskInterface.register({unmasked!r}" in caplog.text
+    assert unmasked not in ALL_MASK_ATTENTION_FUNCTIONS
+
+
 @pytest.mark.parametrize(("position_scheme", "additions"), [
     ("shaw", "a score bias and a value term"), ("xl", "a score bias"), ("directional", "an attention mask"),
     ("alibi", "a score bias"), ("t5", "a score bias"),

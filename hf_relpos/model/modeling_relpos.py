@@ -38,6 +38,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.utils import logging as hf_logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
@@ -69,6 +70,7 @@ from .positions import (
     random_positions,
 )
 
+logger = hf_logging.get_logger(__name__)
 # generate's positional parameters, in order (transformers' GenerationMixin.generate).
 GENERATE_ARGUMENTS = tuple(name for name, parameter in inspect.signature(GenerationMixin.generate).parameters.items()
                            if parameter.kind is parameter.POSITIONAL_OR_KEYWORD)[1:]
@@ -203,6 +205,12 @@ def attention_mask_for(
         return FlexMask.from_padding(padding.to(device), query_length, query_offset, **bounds)
     build = sdpa_mask if runs_on_relpos_kernel(config) else ALL_MASK_ATTENTION_FUNCTIONS.get(config._attn_implementation)
     if build is None:  # transformers' convention for a kernel without a mask function: it takes no mask
+        if padding is not None and not bool(padding.all()):
+            logger.warning_once(
+                f"attn_implementation {config._attn_implementation!r} has no mask function registered, so it gets no "
+                "attention mask and attends to the padding of this batch; register one with "
+                f"transformers.AttentionMaskInterface.register({config._attn_implementation!r}, "
+                "transformers.masking_utils.sdpa_mask) (a boolean [B, 1, n, m] mask) or the mask your kernel reads")
         return None
     mask_function = causal_mask_function if causal else bidirectional_mask_function
     if window is not None:
