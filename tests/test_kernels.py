@@ -118,6 +118,15 @@ def test_an_unknown_kernel_name_is_an_error_not_sdpa():
         model(input_ids=batch()[0], decoder_input_ids=batch()[0])
 
 
+@pytest.mark.parametrize("position_scheme", ["shaw", "absolute"])
+def test_a_kernel_name_nobody_registered_is_one_error_listing_the_kernels(position_scheme):
+    model = model_with("sdpa", position_scheme)
+    with pytest.raises(ValueError, match=r"attn_implementation 'bogus' is not a registered attention kernel: one of "
+                                         r"\['eager', .*'relpos_triton', 'sdpa'"):
+        model.set_attn_implementation("bogus")
+    assert model.config._attn_implementation == "sdpa"
+
+
 def test_flex_attention_selected_at_load_time(tmp_path):
     model_with("sdpa", "xl").save_pretrained(tmp_path)
     loaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(
