@@ -35,18 +35,25 @@ def test_empty_text_translates_to_empty_text(translator, text):
     assert translator([text, SOURCES[1]]) == [{"translation_text": ""}, {"translation_text": TARGETS[1]}]
 
 
-def test_one_piece_when_asked_and_a_cut_translation_is_reported_once(translator, caplog):
+def test_one_piece_when_asked_and_a_cut_translation_is_reported_once_naming_the_cap_that_cut_it(translator, caplog):
+    """A folder saved without a source-relative cap: a translation cut by max_new_tokens is reported once as such; cut
+    by a source-relative cap passed to the call, once as that."""
     assert translator(SOURCES[2], split_sentences=False) == [{"translation_text": TARGETS[2]}]
+    assert getattr(translator.model.generation_config, "max_len_b", None) is None
     logging.Logger.warning_once.cache_clear()  # transformers' once-per-process memory
     with caplog.at_level(logging.WARNING):
         cut = translator(SOURCES[1], max_new_tokens=2)[0]["translation_text"]
         translator(SOURCES[2], max_new_tokens=2)
         translator(SOURCES[0])
+        translator(SOURCES[1], max_len_a=0.0, max_len_b=2)
+        translator(SOURCES[2], max_len_a=0.0, max_len_b=2)
     assert TARGETS[1].startswith(cut) and cut != TARGETS[1]
     warnings = [record.getMessage() for record in caplog.records if "reached the maximum length" in record.getMessage()]
-    assert warnings == ["A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most "
-                        "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline "
-                        "call."]
+    assert warnings == [
+        "A translation reached the maximum length (max_new_tokens, else max_length) and may be cut: pass a larger "
+        "max_new_tokens to the pipeline call, or max_len_a and max_len_b for a cap relative to each source.",
+        "A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most max_new_tokens) and "
+        "may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call."]
 
 
 def test_old_translation_pipeline_arguments(translator):

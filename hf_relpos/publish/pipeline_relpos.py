@@ -152,10 +152,20 @@ class TranslationPipeline(ChunkPipeline):
         return [{"translation_text": translation} for translation in translations]
 
     def _warn_if_cut(self, ids: Any, limit: int) -> None:
-        if reached_length_limit(ids, self.model.generation_config.eos_token_id, limit if limit >= 0 else None):
+        """Warn once when a translation reached the cap that applied: the source-relative one (`limit` >= 0), else
+        the fixed max_new_tokens / max_length."""
+        relative = limit >= 0
+        if not reached_length_limit(ids, self.model.generation_config.eos_token_id, limit if relative else None):
+            return
+        if relative:
             logger.warning_once(
                 "A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most "
                 "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call.")
+        else:
+            logger.warning_once(
+                "A translation reached the maximum length (max_new_tokens, else max_length) and may be cut: pass a "
+                "larger max_new_tokens to the pipeline call, or max_len_a and max_len_b for a cap relative to each "
+                "source.")
 
 
 def register_translation_task() -> None:
