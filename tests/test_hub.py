@@ -223,6 +223,16 @@ def test_card_without_results_has_no_model_index():
     assert "No published checkpoint: hf_relpos publishes no trained weights of this recipe" in card.text
 
 
+def test_a_card_without_a_run_names_no_languages():
+    """A model card from a config alone (a converted or a hand-built model) claims no language pair; a recipe's does."""
+    card = ModelCard(hub.render_model_card(hf_relpos.RelPosTransformerConfig(position_scheme="shaw")))
+    assert card.data.language is None
+    assert "An encoder-decoder Transformer for translation whose self-attention" in card.text
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_shaw.yaml")
+    recipe_card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe))
+    assert recipe_card.data.language == ["en", "de"] and "English→German translation" in recipe_card.text
+
+
 def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
     recipe = {"train_file": "data/train.jsonl", "test_file": "data/news_test.jsonl", "source_lang": "de",
               "target_lang": "en", "dataset_name": "wmt/wmt14"}

@@ -207,7 +207,7 @@ def render_model_card(
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
     model_name = (repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
-    metadata = _card_metadata(config, record, results, model_name)
+    metadata = _card_metadata(config, record, results, model_name, recorded)
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
@@ -222,7 +222,9 @@ def render_model_card(
     return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
 
 
-def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str) -> ModelCardData:
+def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str,
+                   recorded: bool) -> ModelCardData:
+    """The card's YAML metadata; its languages only from a recorded run (a model without one names none)."""
     scheme = config.position_scheme
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     source, target = record.source_lang, record.target_lang
@@ -246,7 +248,7 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
                                            metric_value=round(values[f"{prefix}_chrf"], 2),
                                            metric_args={"signature": values.get(f"{prefix}_chrf_signature")}))
     return ModelCardData(
-        language=[source, target],
+        language=[source, target] if recorded else None,
         license=LICENSE,
         library_name="transformers",
         pipeline_tag="translation",
@@ -291,12 +293,12 @@ def _split_title(record: RunRecord, split: str) -> str:
 def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, model_name: str,
                    recipe_name: str | None) -> str:
     scheme = _scheme_card(config).title
-    source, target = (record.source_lang, record.target_lang) if record else ("en", "de")
+    languages = f"{_language(record.source_lang)}→{_language(record.target_lang)} " if record else ""
     trained_on = f", trained on {_dataset_title(record)}" if record else ""
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
         f"# {model_name}\n\n"
-        f"An encoder-decoder Transformer for {_language(source)}→{_language(target)} translation whose self-attention "
+        f"An encoder-decoder Transformer for {languages}translation whose self-attention "
         f"uses {scheme}{trained_on}. It was built with hf_relpos (`position_scheme: {config.position_scheme}`)"
         f"{origin}: a Hugging Face `PreTrainedModel` + `GenerationMixin` that loads with "
         "`from_pretrained`, generates with a KV cache and is stored as safetensors."
