@@ -532,6 +532,18 @@ def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, 
         name: data for name, data in before.items() if name not in files}
 
 
+def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):
+    import re
+
+    guide = (REPO_ROOT / "docs" / "hub.md").read_text(encoding="utf-8")
+    code_row = next(line for line in guide.splitlines() if line.startswith("| `configuration_relpos.py`"))
+    listed = set(re.findall(r"`([a-z_]+\.py)`", code_row))
+    for braces in re.findall(r"`positions_\{([a-z0-9,]+)\}\.py`", code_row):
+        listed |= {f"positions_{name}.py" for name in braces.split(",")}
+    pushed = {name for name in hub.files_to_push(output_folder) if name.endswith(".py")} - {"pipeline_relpos.py"}
+    assert pushed == listed, pushed ^ listed
+
+
 @pytest.mark.parametrize("failing_call", ["create_repo", "create_commit"])
 def test_failed_upload_leaves_folder_intact_and_names_the_repo(output_folder, fake_hub, monkeypatch, failing_call):
     def unreachable(self, *args, **kwargs):
