@@ -64,27 +64,33 @@ from hf_relpos.translation.training import run
 # schedule, epochs): against a recipe, only the model class differs (issue #37 item 2).
 PEER_AS_RECIPE = "peer+recipe-training"
 PEERS = (PEER, PEER_AS_RECIPE)
-SYSTEMS = (*PEERS, *RECIPE_SCHEMES)
+# A recipe with one setting changed, for the single-factor swaps between the peer and `absolute` (issue #50 item 4):
+# system -> (recipe, train_translation.py flags). The one structural difference left between the two networks is the
+# decoder start token (tests/test_convert.py, tests/test_experiments.py): the peer starts from <pad>, the recipe from
+# <s>.
+RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "pad"))}
+SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
 PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
-def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> list[str]:
-    """train_translation.py arguments of the scheme's recipe as it is, a checkpoint per epoch (`--recipe-flags`
-    last). One checkpoint more than are averaged is kept: with early stopping in the flags, transformers keeps the
+def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace, flags: Sequence[str] = ()) -> list[str]:
+    """train_translation.py arguments of the scheme's recipe as it is, a checkpoint per epoch, then `flags` (a
+    RECIPE_OPTIONS system's) and `--recipe-flags` last. One checkpoint more than are averaged is kept: with early stopping in the flags, transformers keeps the
     best checkpoint besides the newest, so the last `--last-n` are there to average."""
     return [
         str(recipe_path(scheme)), "--train_file", str(args.data / "train.jsonl"), "--source_lang", args.source_lang,
         "--target_lang", args.target_lang, "--output_dir", str(folder / "model"), "--seed", str(seed),
         "--num_train_epochs", str(args.epochs), "--do_eval", "false", "--do_predict", "false",
         "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n + 1),
-        "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *args.recipe_flags,
+        "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *flags, *args.recipe_flags,
     ]
 
 
-def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
+def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace,
+                 flags: Sequence[str] = ()) -> tuple[dict, Path]:
     """The scheme's recipe as it is, a checkpoint per epoch; returns the training record and the checkpoints' folder."""
-    argv = recipe_argv(scheme, folder, seed, args)
+    argv = recipe_argv(scheme, folder, seed, args, flags)
     started = time.perf_counter()
     run(argv)
     seconds = time.perf_counter() - started
@@ -122,12 +128,13 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     print(f"{system} seed {seed}: training", flush=True)
     version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system in PEERS
+    recipe, option_flags = RECIPE_OPTIONS.get(system, (system, ()))
     if system == PEER_AS_RECIPE:
         training, checkpoints = train_peer_as_recipe_epochs(folder, seed, args)
     elif is_peer:
         training, checkpoints = train_peer_epochs(folder, seed, args)
     else:
-        training, checkpoints = train_recipe(system, folder, seed, args)
+        training, checkpoints = train_recipe(recipe, folder, seed, args, option_flags)
     averaged = average_checkpoints(checkpoints, args.last_n, folder / "averaged")
     scores = {}
     for weights, model_folder in (("final", folder / "model"), ("averaged", averaged)):
@@ -138,8 +145,8 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE)
     batches = run_batches(folder, seed, batch_args, training.get("argv"), training["steps"])
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    trained_as = system if is_peer else " ".join([recipe_path(system).name, *args.recipe_flags])
-    typed = typed_record(system, is_peer, recipe_path(system).stem, trained_as, seed, version, args.device_name,
+    trained_as = system if is_peer else " ".join([recipe_path(recipe).name, *option_flags, *args.recipe_flags])
+    typed = typed_record(system, is_peer, recipe_path(recipe).stem, trained_as, seed, version, args.device_name,
                          training["steps"], training, batches, scores, date, average_checkpoints=args.last_n,
                          trained=training_record(folder / "model"))
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
@@ -204,7 +211,7 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--work", type=Path, default=Path("/tmp/convergence"), help="run folders (not committed)")
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "results" /
                         "convergence")
-    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=[*PEERS, *RECIPE_SCHEMES])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
     parser.add_argument("--epochs", type=float, default=20, help="training epochs of every system (the recipes' 20)")

@@ -17,6 +17,11 @@
 #       --validation_file .data/multi30k/validation.jsonl --eval_strategy epoch --early_stopping_patience 3 \
 #       --early_stopping_threshold 0.1
 #
+# or (issue #50 item 4 with item 3's carried runs: the decoder start token swapped into absolute, the one structural
+# difference left between it and the peer, beside a third seed of every row and xl as its recipe now is)
+#   PARALLEL=14 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swaps "$OUT" \
+#       "peer+recipe-training absolute absolute+pad-start shaw xl directional rope" "1 2 3" 480
+#
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
 # one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, paths relative to WORK), logs.tgz
 # (one log per process), convergence.md/json when every asked-for run has finished, and status.txt (which finished).

@@ -135,6 +135,10 @@ def test_the_convergence_text_holds_in_the_records(report):
         assert max(test[system]) < min(test["absolute"]), system
     validation_bleu = {system: row["averaged_validation_bleu"] for system, row in one_commit.items()}
     assert overlaps(validation_bleu["peer+recipe-training"], validation_bleu["absolute"])  # on test2016 only
+    # issue #50 item 4: absolute's final weights spread across its seeds by more than the peer's gap to it
+    gap = statistics.mean(test["absolute"]) - statistics.mean(test["peer+recipe-training"])
+    final = one_commit["absolute"]["final_test_bleu"]
+    assert max(final) - min(final) > gap > 0
     # Not converged: averaging the last 5 checkpoints adds about a BLEU point over the final weights in every row.
     for system, row in one_commit.items():
         gains = [averaged - final for averaged, final in zip(row["averaged_test_bleu"], row["final_test_bleu"],

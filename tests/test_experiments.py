@@ -498,7 +498,8 @@ def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_r
     work, out = tmp_path / "work", tmp_path / "out"
     subprocess.run([
         sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(work), "--out", str(out),
-        "--systems", "peer+recipe-training", "absolute", "--epochs", "4", "--last-n", "2", "--vocab-size", "400",
+        "--systems", "peer+recipe-training", "absolute", "absolute+pad-start", "--epochs", "4", "--last-n", "2",
+        "--vocab-size", "400",
         "--d-model", "16", "--layers", "1", "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4",
         "--device", "cpu", "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16",
         "--model.encoder_layers", "1", "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32",
@@ -507,13 +508,18 @@ def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_r
         "1", "--early_stopping_threshold", "100", "--generation_max_length_offset", "3",
     ], check=True, timeout=600)
     sources = [json.loads(line)["translation"]["en"] for line in (data / "validation.jsonl").read_text().splitlines()]
-    for system in ("peer+recipe-training", "absolute"):
+    for system in ("peer+recipe-training", "absolute", "absolute+pad-start"):
         model = work / system / "seed1" / "model"
         state = json.loads((model / "trainer_state.json").read_text())
         evaluations = [entry for entry in state["log_history"] if "eval_bleu" in entry]
         assert [entry["epoch"] for entry in evaluations] == [1, 2], system
         longest = max(len(ids) for ids in AutoTokenizer.from_pretrained(model)(sources)["input_ids"])
         assert all(entry["eval_gen_len"] <= longest + 3 for entry in evaluations), system
+    starts = {system: json.loads((work / system / "seed1" / "model" / "config.json").read_text())["decoder_start_token_id"]
+              for system in ("peer+recipe-training", "absolute", "absolute+pad-start")}
+    assert starts == {"peer+recipe-training": 0, "absolute": 2, "absolute+pad-start": 0}   # <pad>, <s>, <pad>
+    record = json.loads((work / "absolute+pad-start" / "seed1" / "run.json").read_text())
+    assert record["argv"][0].endswith("multi30k_small_absolute.yaml") and "--decoder_start_token" in record["argv"]
 
 
 def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
