@@ -985,30 +985,61 @@ def test_a_source_relative_minimum_forbids_the_end_token_until_each_row_has_its_
     assert torch.equal(none(torch.zeros(4, 1, dtype=torch.long), scores.clone()), scores)
 
 
+def biased_model_recording_generate(folder: Path, monkeypatch, long_inputs, tokenizer, position_scheme: str,
+                                    biases) -> tuple:
+    """A tiny untrained model whose final logits bias is `biases(config)` ({token id: bias}), saved with `tokenizer`
+    in `folder` and loaded as long_inputs.py loads it; returns (config, the loaded model, its tokenizer, the list each
+    generate call's output is appended to)."""
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.translation.tokenization import special_token_ids
+
+    torch.manual_seed(0)
+    config = RelPosTransformerConfig(position_scheme=position_scheme, d_model=16, encoder_layers=1, decoder_layers=1,
+                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                     decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
+    model = RelPosTransformerForConditionalGeneration(config)
+    with torch.no_grad():
+        for token, bias in biases(config).items():
+            model.final_logits_bias[..., token] = bias
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    loaded, loaded_tokenizer = long_inputs.load_trained(folder, False)
+    generated = []
+    generate = loaded.generate
+    monkeypatch.setattr(loaded, "generate", lambda **kwargs: generated.append(generate(**kwargs)) or generated[-1])
+    return config, loaded, loaded_tokenizer, generated
+
+
+def assert_kept_scores_are_found_again(long_inputs, monkeypatch, folder: Path, setting: str, common: list[str],
+                                       out: Path, decodings: list[tuple[list[str], dict]]) -> None:
+    """Each decoding's scores kept beside `folder` are found again without decoding (`decodings`: its flags and the
+    results it gave), the plain decoding's too as written before `setting` was part of the scoring key."""
+    scores_file = folder / long_inputs.SCORES_FILE
+    entries = json.loads(scores_file.read_text())
+    for entry in entries:
+        if entry["key"][setting] is None:
+            del entry["key"][setting]
+    scores_file.write_text(json.dumps(entries))
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("a kept model was decoded again")
+
+    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
+    for flags, expected in decodings:
+        assert long_inputs.main([*common, "--out", str(out), *flags])["levels"] == expected["levels"]
+
+
 def test_long_inputs_with_a_minimum_decode_at_least_that_long_and_keep_every_decodings_scores(tmp_path, monkeypatch):
     """An hf_relpos model that would end at once, decoded under --min-len-a: every output makes exactly
     min(floor(a x source tokens), its cap - 1) new tokens before its end token (beam search, batches of unequal
     sources, a ceiling below some minimums), its scores kept beside the model next to those of the decoding without
     a minimum (and an entry written before min_len_a existed still found), and both collected again without
     decoding."""
-    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-    from hf_relpos.translation.tokenization import special_token_ids
-
     data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
-    torch.manual_seed(0)
-    config = RelPosTransformerConfig(position_scheme="shaw", d_model=16, encoder_layers=1, decoder_layers=1,
-                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                     decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
-    model = RelPosTransformerForConditionalGeneration(config)
-    with torch.no_grad():   # an untrained model that ends at once unless the minimum forbids it
-        model.final_logits_bias[..., config.eos_token_id] = 30.0
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    # an untrained model that ends at once unless the minimum forbids it
+    config, loaded, loaded_tokenizer, generated = biased_model_recording_generate(
+        tmp_path / "model", monkeypatch, long_inputs, tokenizer, "shaw", lambda config: {config.eos_token_id: 30.0})
     sources, _ = long_inputs.read_pairs(data / "test.jsonl", "en", "de")
-    loaded, loaded_tokenizer = long_inputs.load_trained(tmp_path / "model", False)
-    generated = []
-    generate = loaded.generate
-    monkeypatch.setattr(loaded, "generate", lambda **kwargs: generated.append(generate(**kwargs)) or generated[-1])
     source_tokens = sorted((len(ids) for ids in loaded_tokenizer(sources)["input_ids"]), reverse=True)  # batch order
     for minimum, ceiling in ((None, 1000), (0.5, 1000), (1.0, 1000), (1.0, 8)):
         generated.clear()
@@ -1028,19 +1059,8 @@ def test_long_inputs_with_a_minimum_decode_at_least_that_long_and_keep_every_dec
     assert "at least 0.5 x source tokens (rounded down) and at most 1.0 x source tokens" in (
         tmp_path / "longer" / "long_inputs.md").read_text()
     assert len(long_inputs.kept_entries(tmp_path / "model")) == 2
-    scores_file = tmp_path / "model" / long_inputs.SCORES_FILE
-    entries = json.loads(scores_file.read_text())
-    for entry in entries:   # as written before min_len_a was a setting: the plain decoding's entry has no such key
-        if entry["key"]["min_len_a"] is None:
-            del entry["key"]["min_len_a"]
-    scores_file.write_text(json.dumps(entries))
-
-    def no_decoding(*args, **kwargs):
-        raise AssertionError("a kept model was decoded again")
-
-    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
-    for extra, expected in (([], plain), (["--min-len-a", "0.5"], longer)):
-        assert long_inputs.main([*common, "--out", str(tmp_path / "again"), *extra])["levels"] == expected["levels"]
+    assert_kept_scores_are_found_again(long_inputs, monkeypatch, tmp_path / "model", "min_len_a", common,
+                                       tmp_path / "again", [([], plain), (["--min-len-a", "0.5"], longer)])
     with pytest.raises(SystemExit):
         long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--min-len-a", "1.5"])
 
@@ -1054,26 +1074,12 @@ def test_long_inputs_blocking_repeated_ngrams_decodes_no_repeat_and_keeps_each_d
     """An hf_relpos model that repeats one token to its cap, decoded under --no-repeat-ngram-size N: no output
     repeats an N-gram (without the block every output does), the option is in the record's settings, text and
     scoring key, the kept scores of the decoding without it are still found, and N < 1 is refused."""
-    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-    from hf_relpos.translation.tokenization import special_token_ids
-
     data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
-    torch.manual_seed(0)
-    config = RelPosTransformerConfig(position_scheme="directional", d_model=16, encoder_layers=1, decoder_layers=1,
-                                     encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                     decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
-    model = RelPosTransformerForConditionalGeneration(config)
-    repeated = len(tokenizer) - 1
-    with torch.no_grad():   # an untrained model that says one token over and over and never ends
-        model.final_logits_bias[..., repeated] = 30.0
-        model.final_logits_bias[..., config.eos_token_id] = -30.0
-    model.save_pretrained(tmp_path / "model")
-    tokenizer.save_pretrained(tmp_path / "model")
+    # an untrained model that says one token over and over and never ends
+    config, loaded, loaded_tokenizer, generated = biased_model_recording_generate(
+        tmp_path / "model", monkeypatch, long_inputs, tokenizer, "directional",
+        lambda config: {len(tokenizer) - 1: 30.0, config.eos_token_id: -30.0})
     sources, _ = long_inputs.read_pairs(data / "test.jsonl", "en", "de")
-    loaded, loaded_tokenizer = long_inputs.load_trained(tmp_path / "model", False)
-    generated = []
-    generate = loaded.generate
-    monkeypatch.setattr(loaded, "generate", lambda **kwargs: generated.append(generate(**kwargs)) or generated[-1])
     for size in (None, 2, 3):
         generated.clear()
         decoding = long_inputs.Decoding(2, 1.0, 1000, 3, 1.0, no_repeat_ngram_size=size)
@@ -1094,20 +1100,9 @@ def test_long_inputs_blocking_repeated_ngrams_decodes_no_repeat_and_keeps_each_d
     assert blocked["levels"] != plain["levels"]
     assert "new tokens per source, no repeated 2-gram, no sentence splitting" in (
         tmp_path / "blocked" / "long_inputs.md").read_text()
-    scores_file = tmp_path / "model" / long_inputs.SCORES_FILE
-    entries = json.loads(scores_file.read_text())
-    assert len(entries) == 2
-    for entry in entries:   # as written before no_repeat_ngram_size was a setting
-        if entry["key"]["no_repeat_ngram_size"] is None:
-            del entry["key"]["no_repeat_ngram_size"]
-    scores_file.write_text(json.dumps(entries))
-
-    def no_decoding(*args, **kwargs):
-        raise AssertionError("a kept model was decoded again")
-
-    monkeypatch.setattr(long_inputs, "evaluate_model", no_decoding)
-    for extra, expected in (([], plain), (["--no-repeat-ngram-size", "2"], blocked)):
-        assert long_inputs.main([*common, "--out", str(tmp_path / "again"), *extra])["levels"] == expected["levels"]
+    assert len(long_inputs.kept_entries(tmp_path / "model")) == 2
+    assert_kept_scores_are_found_again(long_inputs, monkeypatch, tmp_path / "model", "no_repeat_ngram_size", common,
+                                       tmp_path / "again", [([], plain), (["--no-repeat-ngram-size", "2"], blocked)])
     with pytest.raises(SystemExit):
         long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--no-repeat-ngram-size", "0"])
 

@@ -392,9 +392,11 @@ def test_the_source_relative_cap_is_the_pytorch_models(exported, tokenizer):
     assert torch.equal(engine.generate(inputs.input_ids, **caps), expected)
 
 
-def test_a_minimum_length_is_generates_with_renormalised_log_probabilities(exported, tokenizer):
-    """min_new_tokens: greedy lines are generate's; in beam search the engine holds back the end token before the
-    softmax, so its lines are generate's with renormalize_logits=True (docs/training.md, Deploy with CTranslate2)."""
+@pytest.mark.parametrize(("option", "value"), [("min_new_tokens", 12), ("no_repeat_ngram_size", 1)])
+def test_tokens_banned_by_a_setting_generate_with_renormalised_log_probabilities(exported, tokenizer, option, value):
+    """A minimum length (min_new_tokens) or blocked repeated n-grams (no_repeat_ngram_size): greedy lines are
+    generate's; in beam search the engine bans the tokens before the softmax, so its lines are generate's with
+    renormalize_logits=True (docs/training.md, Deploy with CTranslate2)."""
     model, _, folder = exported["t5"]
     engine = CTranslate2Model(folder, threads=1)
     inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
@@ -402,30 +404,15 @@ def test_a_minimum_length_is_generates_with_renormalised_log_probabilities(expor
     def lines(generated: torch.Tensor) -> list[str]:
         return tokenizer.batch_decode(generated, skip_special_tokens=True)
 
-    for settings in (dict(num_beams=1, min_new_tokens=12), dict(num_beams=4, min_new_tokens=12)):
+    for num_beams in (1, 4):
+        settings = {"num_beams": num_beams, option: value}
         with torch.no_grad():
             renormalised = lines(model.generate(**inputs, **settings, renormalize_logits=True))
-            unheld = lines(model.generate(**inputs, **{**settings, "min_new_tokens": 0}))
-        assert renormalised != unheld and lines(engine.generate(**inputs, **settings)) == renormalised
-        with torch.no_grad():   # generate's default: the same greedy lines, other beam-search lines here
-            assert (lines(model.generate(**inputs, **settings)) == renormalised) == (settings["num_beams"] == 1)
-
-
-def test_blocked_repeated_ngrams_generate_with_renormalised_log_probabilities(exported, tokenizer):
-    """no_repeat_ngram_size: greedy lines are generate's; in beam search the engine bans the repeating tokens before
-    the softmax, so its lines are generate's with renormalize_logits=True, as with a minimum length."""
-    model, _, folder = exported["t5"]
-    engine = CTranslate2Model(folder, threads=1)
-    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
-
-    def lines(generated: torch.Tensor) -> list[str]:
-        return tokenizer.batch_decode(generated, skip_special_tokens=True)
-
-    for settings in (dict(num_beams=1, no_repeat_ngram_size=1), dict(num_beams=4, no_repeat_ngram_size=1)):
-        with torch.no_grad():
-            renormalised = lines(model.generate(**inputs, **settings, renormalize_logits=True))
-            unblocked = lines(model.generate(**inputs, **{**settings, "no_repeat_ngram_size": 0}))
-        assert renormalised != unblocked and lines(engine.generate(**inputs, **settings)) == renormalised
+            unbanned = lines(model.generate(**inputs, **{**settings, option: 0}))
+        assert renormalised != unbanned and lines(engine.generate(**inputs, **settings)) == renormalised
+        if option == "min_new_tokens":
+            with torch.no_grad():   # generate's default: the same greedy lines, other beam-search lines here
+                assert (lines(model.generate(**inputs, **settings)) == renormalised) == (num_beams == 1)
 
 
 def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):
