@@ -173,6 +173,28 @@ def test_randomized_positions_shorter_than_the_runs_sequences_are_refused_when_t
     assert build_model(model_args, tokenizer, data_args, training_args).config.position_randomization_max == 300
 
 
+def test_randomized_positions_at_inference_must_hold_the_longest_evaluation_source(tmp_path):
+    """Evaluation translates sources whole, so with positions randomized at inference the range must hold the
+    longest one and its output: one error before training, naming the split, with only the prepared data written."""
+    from hf_relpos.translation.demo_corpus import write_demo_corpus
+    from hf_relpos.translation.training import run
+
+    files = write_demo_corpus(tmp_path / "data", 100, 8, 8, seed=1)
+    lines = files["test"].read_text(encoding="utf-8").splitlines()
+    record = json.loads(lines[0])
+    record["translation"]["en"] = " ".join([record["translation"]["en"]] * 12)
+    files["test"].write_text("\n".join([json.dumps(record), *lines[1:]]) + "\n", encoding="utf-8")
+    flags = [str(REPO / "configs" / "demo.yaml"), "--train_file", str(files["train"]), "--validation_file",
+             str(files["validation"]), "--test_file", str(files["test"]), "--output_dir", str(tmp_path / "out"),
+             "--model.position_randomization_max", "64", "--model.position_randomization_at_inference", "true",
+             "--max_source_length", "24", "--max_target_length", "24", "--generation_max_length_offset", "5",
+             "--max_steps", "1"]
+    with pytest.raises(ConfigError, match=r"position_randomization_max \(64\) must hold the test split's longest source "
+                                          r"\((\d+) tokens\) and the longest output generated for it"):
+        run(flags)
+    assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["prepared_data"]
+
+
 @pytest.mark.parametrize("name", ["model_name_or_path", "tokenizer_name"])
 def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, tmp_path, monkeypatch):
     """`outputs/my_modle` (a path whose parent exists) is a missing folder, not a Hub id to retry for half a minute."""

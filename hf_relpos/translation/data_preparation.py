@@ -37,7 +37,7 @@ from .data import (
     tokenize_training_pairs,
     with_concatenated_pairs,
 )
-from .model_setup import build_model
+from .model_setup import build_model, max_new_tokens_for
 from .prepared import files_sha256, load_prepared, preparation, preparation_key, publish_prepared, tokenizer_sha256
 from .tokenizer_setup import obtain_tokenizer
 from .trainer import EvaluationSet, padding_multiple
@@ -147,6 +147,10 @@ class PreparedData:
     evaluation_sets: dict[str, EvaluationSet]
 
 
+# The evaluation sets' prefixes (the Trainer's metric prefixes) -> their splits.
+SPLIT_NAMES = {"eval": "validation", "test": "test"}
+
+
 def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                  splits: tuple[str, ...], retrain: bool, resuming: bool) -> PreparedData:
     """The tokenizer, the model (built, and so checked, before any data is written) and the tokenized splits: each
@@ -192,8 +196,29 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
             prepared[split] = load_prepared(output_dir, split, key)[0]
     evaluation_sets = {prefix: prepare_evaluation_set(prepared[split])
-                       for prefix, split in (("eval", "validation"), ("test", "test")) if split in prepared}
+                       for prefix, split in SPLIT_NAMES.items() if split in prepared}
     return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
+
+
+def check_evaluation_lengths(evaluation_sets: dict[str, EvaluationSet], training_args: TranslationTrainingArguments,
+                             model: RelPosTransformerForConditionalGeneration) -> None:
+    """With `position_randomization_at_inference`, `position_randomization_max` must hold each evaluation split's
+    longest source (translated whole) and the longest output generate may give it (Ruoss et al. draw n sorted
+    positions out of the range); checked before training, since evaluation would otherwise stop at that source."""
+    config = model.config
+    limit = config.position_randomization_max
+    if limit is None or not config.position_randomization_at_inference or not training_args.predict_with_generate:
+        return
+    for prefix, evaluation in evaluation_sets.items():
+        sources = example_lengths(evaluation.dataset)[0]
+        longest = int(sources.max()) if len(sources) else 0
+        output = 1 + max_new_tokens_for(longest, training_args, config.max_position_embeddings)
+        if max(longest, output) > limit:
+            raise ConfigError(
+                f"position_randomization_max ({limit}) must hold the {SPLIT_NAMES[prefix]} split's longest source "
+                f"({longest} tokens) and the longest output generated for it ({output} tokens, decoder start "
+                f"included): raise position_randomization_max to {max(longest, output)} or set "
+                "position_randomization_at_inference false")
 
 
 def prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
