@@ -172,14 +172,17 @@ def test_invalid_config_values_raise_a_clear_error(overrides, field):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    ({"d_model": 60}, r"position_scheme 'rope' rotates pairs of dimensions: the head dimension \(d_model / attention "
-                      r"heads\) must be even, got 15"),
-    ({"d_model": 60, "rotary_dim": 16}, r"rotary_dim must be null or an even integer <= the head dimension \(15\)"),
+    ({"d_model": 60}, r"position_scheme 'rope' rotates pairs of dimensions: the encoder's head dimension \(d_model / "
+                      r"encoder_attention_heads = 60 / 4\) must be even, got 15"),
+    ({"d_model": 66, "encoder_attention_heads": 3, "decoder_attention_heads": 2},
+     r"the decoder's head dimension \(d_model / decoder_attention_heads = 66 / 2\) must be even, got 33"),
+    ({"d_model": 60, "rotary_dim": 16}, r"rotary_dim must be null or an even integer <= the encoder's head dimension "
+                                        r"\(15\)"),
     ({"d_model": 64, "rotary_dim": 5}, r"rotary_dim must be null or an even integer"),
 ])
 def test_rope_refuses_heads_it_cannot_rotate(overrides, message):
     with pytest.raises(ValueError, match=message):
-        tiny_config(position_scheme="rope", encoder_attention_heads=4, decoder_attention_heads=4, **overrides)
+        tiny_config(position_scheme="rope", **{"encoder_attention_heads": 4, "decoder_attention_heads": 4, **overrides})
     tiny_config(position_scheme="rope", encoder_attention_heads=4, decoder_attention_heads=4, d_model=60,
                 rotary_dim=14)   # an odd head rotates an even part of itself
 
@@ -193,7 +196,16 @@ def test_marian_fields_the_model_does_not_implement_are_refused_unless_they_say_
     with pytest.raises(ValueError, match=rf"config field {field}={value!r} is not implemented by "
                                          rf"RelPosTransformerConfig \(it computes [^)]*{computed}"):
         tiny_config(**{field: value})
-    tiny_config(**{field: hf_relpos.model.configuration_relpos.FIXED_MARIAN_FIELDS[field][0]})
+    tiny_config(**{field: hf_relpos.model.configuration_relpos.FIXED_MARIAN_FIELDS[field][0](True)})
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_shared_encoder_decoder_embeddings_must_say_what_tie_word_embeddings_does(tied):
+    """Marian's share_encoder_decoder_embeddings: here the source and target embeddings are one matrix exactly when
+    tie_word_embeddings is true, so only that value is accepted."""
+    tiny_config(tie_word_embeddings=tied, share_encoder_decoder_embeddings=tied)
+    with pytest.raises(ValueError, match=rf"share_encoder_decoder_embeddings={not tied!r} is not implemented"):
+        tiny_config(tie_word_embeddings=tied, share_encoder_decoder_embeddings=not tied)
 
 
 def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():

@@ -289,8 +289,12 @@ def test_the_decoder_start_token_can_be_marians_or_fairseqs(tmp_path, corpus, st
     assert model.generate(**tokenizer(["A dog."], return_tensors="pt"), max_new_tokens=3)[0, 0] == start_id
     tuned = write_config(tmp_path / "t.yaml", corpus, tmp_path / "tuned", max_steps=1, do_eval=False,
                          do_predict=False, model_name_or_path=str(tmp_path / "out"))
-    run([str(tuned)])
+    run([str(tuned), "--decoder_start_token", start])   # the same start: accepted
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "tuned").generation_config.decoder_start_token_id == start_id
+    with pytest.raises(ConfigError, match=rf"decoder_start_token 'bos': '.*out' was trained to start decoding from "
+                                          rf"token id {start_id}, which a pretrained model keeps"):
+        run([str(tuned), "--decoder_start_token", "bos", "--output_dir", str(tmp_path / "other")])
+    assert not (tmp_path / "other").exists()
 
 
 def test_an_unknown_decoder_start_token_is_one_error(tmp_path, corpus):

@@ -222,7 +222,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
                     setattr(self, name, value)
                 else:   # another scheme's field: checked, then dropped
                     field.check(value)
-        _refuse_misspelled_fields(kwargs)
+        _refuse_misspelled_fields(kwargs, self.tie_word_embeddings)
         self._validate_relpos()
         super().__post_init__(**kwargs)
 
@@ -314,28 +314,32 @@ def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-# Marian/BART config fields this model does not have, with what it computes instead: given with another value, the
-# field would be kept by transformers and silently do nothing.
+# Marian/BART config fields this model does not have -> (the value that says what it computes, given the config's
+# tie_word_embeddings; what it computes in words): given with another value, the field would be kept by transformers
+# and silently do nothing.
 FIXED_MARIAN_FIELDS = {
-    "encoder_layerdrop": (0.0, "no LayerDrop"),
-    "decoder_layerdrop": (0.0, "no LayerDrop"),
-    "layer_norm_eps": (1e-5, "torch's LayerNorm epsilon, 1e-5"),
-    "share_encoder_decoder_embeddings": (True, "source embeddings, target embeddings and output layer tied with "
-                                               "tie_word_embeddings true, all three apart with false"),
-    "normalize_before": (None, "layer_norm_position 'pre' or 'post'"),
-    "add_final_layer_norm": (None, "layer_norm_position 'pre' adds one after each stack"),
-    "normalize_embedding": (False, "no layer norm on the embeddings"),
+    "encoder_layerdrop": (lambda tied: 0.0, "no LayerDrop"),
+    "decoder_layerdrop": (lambda tied: 0.0, "no LayerDrop"),
+    "layer_norm_eps": (lambda tied: 1e-5, "torch's LayerNorm epsilon, 1e-5"),
+    "share_encoder_decoder_embeddings": (lambda tied: tied, "source embeddings, target embeddings and output layer "
+                                                            "tied with tie_word_embeddings true, all three apart with "
+                                                            "false"),
+    "normalize_before": (lambda tied: None, "layer_norm_position 'pre' or 'post'"),
+    "add_final_layer_norm": (lambda tied: None, "layer_norm_position 'pre' adds one after each stack"),
+    "normalize_embedding": (lambda tied: False, "no layer norm on the embeddings"),
 }
 
 
-def _refuse_misspelled_fields(extra: dict) -> None:
+def _refuse_misspelled_fields(extra: dict, tie_word_embeddings: bool) -> None:
     """transformers keeps unknown config keys (for its own bookkeeping); a near-miss of one of our fields is a typo
     that would silently fall back to the default, and a Marian/BART field this model does not implement
     (FIXED_MARIAN_FIELDS) set to another value than what it computes would silently do nothing: both are errors."""
     for key, value in extra.items():
-        if key in FIXED_MARIAN_FIELDS and value != FIXED_MARIAN_FIELDS[key][0]:
-            raise ValueError(f"config field {key}={value!r} is not implemented by RelPosTransformerConfig (it computes "
-                             f"{FIXED_MARIAN_FIELDS[key][1]}); remove it")
+        if key in FIXED_MARIAN_FIELDS:
+            computed, meaning = FIXED_MARIAN_FIELDS[key]
+            if value != computed(tie_word_embeddings):
+                raise ValueError(f"config field {key}={value!r} is not implemented by RelPosTransformerConfig (it "
+                                 f"computes {meaning}); remove it")
     own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_config_fields())
     for key in extra:
         match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)

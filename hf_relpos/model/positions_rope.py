@@ -73,18 +73,19 @@ class RotaryPositions(PositionScheme):
 
     @classmethod
     def check_config(cls, config: Any) -> None:
-        """Rotations turn pairs of dimensions: the rotated part of every head (all of it when rotary_dim is null) must
-        be even and fit in the head."""
-        head_dim = min(config.d_model // config.encoder_attention_heads,
-                       config.d_model // config.decoder_attention_heads)
-        if config.rotary_dim is None:
-            if head_dim % 2:
-                raise ValueError(f"position_scheme 'rope' rotates pairs of dimensions: the head dimension (d_model / "
-                                 f"attention heads) must be even, got {head_dim} (change d_model or the heads, or set "
-                                 f"rotary_dim to an even integer < {head_dim})")
-        elif config.rotary_dim % 2 or config.rotary_dim > head_dim:
-            raise ValueError(f"rotary_dim must be null or an even integer <= the head dimension ({head_dim}), got "
-                             f"{config.rotary_dim}")
+        """Rotations turn pairs of dimensions: the rotated part of every head of each stack (all of it when
+        rotary_dim is null) must be even and fit in the head."""
+        for stack in ("encoder", "decoder"):
+            heads = getattr(config, f"{stack}_attention_heads")
+            head_dim = config.d_model // heads
+            if config.rotary_dim is None and head_dim % 2:
+                raise ValueError(f"position_scheme 'rope' rotates pairs of dimensions: the {stack}'s head dimension "
+                                 f"(d_model / {stack}_attention_heads = {config.d_model} / {heads}) must be even, got "
+                                 f"{head_dim} (change d_model or the heads, or set rotary_dim to an even integer "
+                                 f"< {head_dim})")
+            if config.rotary_dim is not None and (config.rotary_dim % 2 or config.rotary_dim > head_dim):
+                raise ValueError(f"rotary_dim must be null or an even integer <= the {stack}'s head dimension "
+                                 f"({head_dim}), got {config.rotary_dim}")
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)

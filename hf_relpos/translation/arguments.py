@@ -100,11 +100,12 @@ class ModelArguments:
                           "(only for schemes that add no bias, mask or value term to attention, e.g. absolute, "
                           "rope). null: the model's default (sdpa)."},
     )
-    decoder_start_token: str = field(
-        default="bos",
-        metadata={"help": f"The token a new model's decoder starts from: one of {list(DECODER_START_TOKENS)} (the "
-                          "tokenizer's <s>, learned; HF Marian's and T5's <pad>, whose embedding stays zero; "
-                          "fairseq's and BART's </s>). A model_name_or_path keeps the one it was trained with."},
+    decoder_start_token: str | None = field(
+        default=None,
+        metadata={"help": f"The token a new model's decoder starts from: one of {list(DECODER_START_TOKENS)} (bos: "
+                          "the tokenizer's <s>; pad: <pad>, as HF Marian and T5 start; eos: </s>, as fairseq and BART "
+                          "start). null: bos for a new model; a model_name_or_path keeps the one it was trained with "
+                          "(naming another is an error)."},
     )
     model_config: dict[str, Any] = field(default_factory=dict, init=False)
     # The recipe YAML the arguments came from, as given (None: flags only), and the flags given after it, secrets
@@ -115,7 +116,7 @@ class ModelArguments:
     def __post_init__(self) -> None:
         if self.attn_implementation is not None:
             check_attn_implementation(self.attn_implementation)
-        if self.decoder_start_token not in DECODER_START_TOKENS:
+        if self.decoder_start_token is not None and self.decoder_start_token not in DECODER_START_TOKENS:
             raise ValueError(f"decoder_start_token must be one of {list(DECODER_START_TOKENS)}, got "
                              f"{self.decoder_start_token!r}")
 

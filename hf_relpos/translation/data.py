@@ -112,7 +112,7 @@ class DataArguments:
     overlong_pairs: str = field(
         default="filter",
         metadata={"help": "Training pairs over max_source_length/max_target_length: 'filter' drops them, 'truncate' "
-                          "cuts them. Evaluation pairs are never dropped, only truncated on the source side."},
+                          "cuts them. Evaluation pairs are never dropped nor cut (their sources are translated whole)."},
     )
     concatenated_pairs: float = field(
         default=0.0,

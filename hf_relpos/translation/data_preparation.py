@@ -147,6 +147,8 @@ class PreparedData:
     evaluation_sets: dict[str, EvaluationSet]
 
 
+# What evaluation splits do with pairs over the length limits (`tokenize_evaluation_pairs`): keep them whole.
+EVALUATION_OVERLONG_PAIRS = "keep"
 # The evaluation sets' prefixes (the Trainer's metric prefixes) -> their splits.
 SPLIT_NAMES = {"eval": "validation", "test": "test"}
 
@@ -174,11 +176,13 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 inputs["overlong_pairs"] = data_args.overlong_pairs
                 if data_args.concatenated_pairs:
                     inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args)}
+            else:   # kept whole (evaluation splits prepared before were cut to the length limits: not reused)
+                inputs["overlong_pairs"] = EVALUATION_OVERLONG_PAIRS
             keys[split] = inputs
             loaded = load_prepared(output_dir, split, preparation_key(inputs))
             if loaded is not None:
                 report = LengthReport(**loaded[1]["report"])
-                logger.info(report.describe(data_args.overlong_pairs if split == "train" else "truncate"))
+                logger.info(report.describe(inputs["overlong_pairs"]))
                 prepared[split] = loaded[0]
         raw.to_prepare = tuple(split for split in splits if split not in prepared)
         raw.read(raw.to_prepare)

@@ -31,9 +31,8 @@ from transformers import PreTrainedTokenizerBase
 logger = logging.getLogger(__name__)
 
 PREPARED_FOLDER = "prepared_data"
-# Raised whenever what a prepared folder holds changes meaning, so older folders are never loaded (2: evaluation
-# splits whole, no longer cut to max_source_length / max_target_length).
-PREPARATION_FORMAT = 2
+# Raised whenever what a prepared folder holds changes meaning, so older folders are never loaded.
+PREPARATION_FORMAT = 1
 MANIFEST_FILE = "manifest.json"
 PARTIAL_PREFIX = ".partial-"
 HASH_CHUNK_BYTES = 8 << 20
