@@ -95,7 +95,8 @@ def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):
     assert parse_arguments([str(recipe), "--attn_implementation", "flex_attention"])[0].attn_implementation == \
         "flex_attention"
     assert parse_arguments([str(REPO / "configs" / "demo.yaml")])[0].attn_implementation is None
-    with pytest.raises(ConfigError, match=r"attn_implementation must be one of \[.*'sdpa'.*\], got 'flash'"):
+    with pytest.raises(ConfigError, match=r"attn_implementation 'flash' is not a registered attention kernel: one of "
+                                          r"\[.*'sdpa'.*\], a Hub kernel 'owner/repo'"):
         parse_arguments([str(recipe), "--attn_implementation", "flash"])
     assert {"eager", "sdpa", "flex_attention", "flash_attention_2"} <= set(attention_implementations())
 

@@ -304,7 +304,7 @@ def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):
     the shape both train at draw every weight from the same distribution: each linear weight and the token
     embeddings N(0, 0.02) (the standard deviations within 3 % of each other, means near 0), biases and the final
     logits bias zero, layer norms at one and zero. Only the draws differ, and the decoder start token (the peer
-    starts from <pad>, whose embedding is zero, the recipe from <s>)."""
+    starts from <pad>, zero at initialisation, the recipe from <s>)."""
     from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
     from hf_relpos.tools.convert import marian_state_to_relpos
     from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer

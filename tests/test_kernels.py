@@ -127,6 +127,19 @@ def test_a_kernel_name_nobody_registered_is_one_error_listing_the_kernels(positi
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_the_app_and_the_model_take_the_same_kernel_names():
+    """One rule (attention_functions.check_kernel_name) for the model and the apps' flags: a Hub kernel 'owner/repo'
+    and a paged kernel pass it, a name nobody registered does not."""
+    from hf_relpos.model.attention_functions import check_kernel_name
+    from hf_relpos.translation.arguments import check_attn_implementation
+
+    for name in ("sdpa", "relpos_triton", "paged|sdpa", "paged|eager", "kernels-community/flash-attn2"):
+        assert check_kernel_name(name) == check_attn_implementation(name) == name
+    for check in (check_kernel_name, check_attn_implementation):
+        with pytest.raises(ValueError, match="'bogus' is not a registered attention kernel"):
+            check("bogus")
+
+
 def test_flex_attention_selected_at_load_time(tmp_path):
     model_with("sdpa", "xl").save_pretrained(tmp_path)
     loaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(

@@ -132,7 +132,8 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
     (["--dtype", "fp16"], "argument --dtype: invalid choice: 'fp16' (choose from "),
     (["--device", "gpu"], "argument --device: 'gpu' is not one of auto, cpu, cuda, cuda:N"),
     (["--device", "cuda:64"], "argument --device: 'cuda:64': this machine has"),
-    (["--attn_implementation", "flash"], "argument --attn_implementation: attn_implementation must be one of ['eager', "),
+    (["--attn_implementation", "flash"], "argument --attn_implementation: attn_implementation 'flash' is not a "
+                                         "registered attention kernel: one of ['eager', "),
 ])
 def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
     monkeypatch.chdir(tmp_path)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.utils.checkpoint
 from torch import nn
-from transformers.modeling_utils import AttentionInterface
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import logging
 
 from .positions import DenseBias, RelativeBias, RelativeValues
@@ -32,6 +32,8 @@ from .triton_relative import KERNEL_NAME as TRITON_KERNEL
 from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
+# transformers' prefix for a kernel run on its paged KV cache ("paged|sdpa").
+PAGED_PREFIX = "paged|"
 # the kernels that take `KeyDropout` (attention_dropout_kind "keys"); relpos_triton drops probabilities instead
 KEY_DROPOUT_KERNELS = ("eager", "sdpa", "flex_attention")
 # the kernels that drop attention probabilities after the softmax (attention_dropout_kind "probabilities");
@@ -696,6 +698,22 @@ def relpos_triton_attention_forward(
 
 
 # --- end of "relpos_triton" ---
+
+def registered_kernels() -> list[str]:
+    """The kernels an `attn_implementation` may name: hf_relpos' own and those transformers has registered (a Hub
+    kernel, "owner/repo", registers itself as it loads)."""
+    return sorted({*RELPOS_KERNELS, *ALL_ATTENTION_FUNCTIONS.valid_keys()})
+
+
+def check_kernel_name(name: str) -> str:
+    """`name` when it names a registered kernel (with or without transformers' "paged|" prefix) or a Hub kernel
+    "owner/repo"; else one ValueError listing the registered ones."""
+    if "/" in name or name.removeprefix(PAGED_PREFIX) in registered_kernels():
+        return name
+    raise ValueError(f"attn_implementation {name!r} is not a registered attention kernel: one of "
+                     f"{registered_kernels()}, a Hub kernel 'owner/repo', or one registered with "
+                     "transformers.AttentionInterface.register")
+
 
 RELPOS_ATTENTION_FUNCTIONS = AttentionInterface()
 RELPOS_ATTENTION_FUNCTIONS["eager"] = eager_attention_forward

@@ -38,7 +38,6 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging as hf_logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
@@ -49,6 +48,7 @@ from .attention_functions import (
     RELPOS_KERNELS,
     FlexMask,
     KeyDropout,
+    check_kernel_name,
     dense_mask,
     eager_attention_forward,
 )
@@ -121,11 +121,7 @@ def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, p
     One ValueError naming the field or the scheme, and the kernels that take it."""
     if is_relpos_kernel(kernel):
         return
-    registered = ALL_ATTENTION_FUNCTIONS.valid_keys()
-    if "/" not in kernel and kernel not in registered:   # a Hub kernel ("owner/repo") is registered as it loads
-        raise ValueError(f"attn_implementation {kernel!r} is not a registered attention kernel: one of "
-                         f"{sorted({*RELPOS_KERNELS, *registered})}, a Hub kernel 'owner/repo', or one registered with "
-                         "transformers.AttentionInterface.register")
+    check_kernel_name(kernel)
     for field, off_value in KERNEL_ONLY_FIELDS:
         if getattr(config, field):
             raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "

@@ -26,10 +26,9 @@ import torch
 import yaml
 from transformers import HfArgumentParser, PreTrainedConfig, Seq2SeqTrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import is_torch_bf16_gpu_available
 
-from ..model.attention_functions import RELPOS_KERNELS
+from ..model.attention_functions import check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
@@ -122,16 +121,13 @@ class ModelArguments:
 
 
 def attention_implementations() -> list[str]:
-    """The kernels an `attn_implementation` may name: hf_relpos' own and those transformers has registered."""
-    return sorted({*RELPOS_KERNELS, *ALL_ATTENTION_FUNCTIONS.valid_keys()})
+    """The kernels an `attn_implementation` may name (the model's rule, `check_kernel_name`), for help texts."""
+    return registered_kernels()
 
 
 def check_attn_implementation(name: str) -> str:
-    """`name` when it is a known kernel, else one ValueError naming the allowed values."""
-    allowed = attention_implementations()
-    if name not in allowed:
-        raise ValueError(f"attn_implementation must be one of {allowed}, got {name!r}")
-    return name
+    """`name` when the model takes it as a kernel name, else one ValueError naming the allowed values."""
+    return check_kernel_name(name)
 
 
 @dataclass
