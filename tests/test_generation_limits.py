@@ -110,9 +110,13 @@ def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_c
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])
-def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_beams):
+def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_beams, caplog, monkeypatch):
     """A generation config with neither max_new_tokens nor max_length (a plain save_pretrained's): the source-relative
-    cap applies under generate's own default of DEFAULT_NEW_TOKENS new tokens, as passed or as saved."""
+    cap applies under generate's own default of DEFAULT_NEW_TOKENS new tokens, as passed or as saved, and says so
+    (as generate warns of its default)."""
+    from hf_relpos.model import modeling_relpos
+
+    monkeypatch.setattr(modeling_relpos.logger, "warning_once", modeling_relpos.logger.warning)   # not cached
     model = tiny_model("shaw")
     with torch.no_grad():
         model.final_logits_bias[0, EOS] = -1e4
@@ -120,8 +124,15 @@ def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_bea
     ids, mask = sources([4, 9, 30])
     uncapped = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams)
     assert new_lengths(uncapped) == [DEFAULT_NEW_TOKENS] * 3   # generate's default, which the cap stays under
-    passed = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_a=1.0, max_len_b=2)
+    with caplog.at_level("WARNING"):
+        passed = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_a=1.0, max_len_b=2)
     assert new_lengths(passed) == [min(n + 2, DEFAULT_NEW_TOKENS) for n in (4, 9, 30)]
+    assert f"cap each translation under generate's default ceiling of {DEFAULT_NEW_TOKENS} new tokens" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_a=1.0, max_len_b=2,
+                       max_new_tokens=40)
+    assert "default ceiling" not in caplog.text
     set_relative_limit(model.generation_config, 0.5, 1)
     assert new_lengths(model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams)) == [3, 5, 16]
     assert new_lengths(model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, max_len_b=2)) == [

@@ -64,7 +64,7 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
     cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
     assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
-    assert "2 translation(s) reached the length cap" in capsys.readouterr().err
+    assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
           "--max_length", "20", "--num_beams", "2", "--length_penalty", "1.0"])
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]

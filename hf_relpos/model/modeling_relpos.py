@@ -54,6 +54,7 @@ from .attention_functions import (
 )
 from .configuration_relpos import RelPosTransformerConfig
 from .generation_limits import (
+    DEFAULT_NEW_TOKENS,
     RELATIVE_LIMIT_FIELDS,
     SourceLengthCapLogitsProcessor,
     longest_new_output,
@@ -1072,6 +1073,10 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
         generate_kwargs.pop(name, None)
     if limits is None:
         return
+    if config.max_new_tokens is None and config.max_length is None:
+        logger.warning_once(f"max_len_a / max_len_b cap each translation under generate's default ceiling of "
+                            f"{DEFAULT_NEW_TOKENS} new tokens, since neither max_new_tokens nor max_length is set: "
+                            "pass (or save in generation_config.json) max_new_tokens for a higher ceiling")
     passed = generate_kwargs.get("generation_config")
     if passed is not None:
         generate_kwargs["generation_config"] = copy.deepcopy(passed)

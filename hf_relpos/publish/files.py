@@ -17,8 +17,15 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
 
 def process_umask() -> int:
-    """The process umask (reading it means setting it: it is set to the restrictive 0o077 for that instant, then
-    restored)."""
+    """The process umask: read from /proc/self/status where Linux gives it, else by setting it (to the restrictive
+    0o077 for that instant, which another thread creating a file then would get) and restoring it."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
     umask = os.umask(0o077)
     os.umask(umask)
     return umask

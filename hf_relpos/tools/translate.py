@@ -81,8 +81,11 @@ def translate_lines(
                 translations[wanted[position]] = " ".join(text.splitlines())
             bar.update(len(batch))
     if cut:
-        print(f"{PROGRAM}: warning: {cut} translation(s) reached the length cap (max_len_a x source tokens + "
-              f"max_len_b, at most max_new_tokens) and may be cut; raise --max_len_b or --max_length", file=sys.stderr)
+        cap = ("the length cap (max_len_a x source tokens + max_len_b, at most max_new_tokens) and may be cut; raise "
+               "--max_len_b or --max_length" if limits is not None else
+               "the maximum length (max_new_tokens, else max_length) and may be cut; raise --max_length, or give "
+               "--max_len_a and --max_len_b for a cap relative to each source")
+        print(f"{PROGRAM}: warning: {cut} translation(s) reached {cap}", file=sys.stderr)
     return translations
 
 
@@ -165,14 +168,15 @@ def attn_implementation(text: str) -> str:
 
 
 @contextlib.contextmanager
-def progress_bars(shown: bool) -> Iterator[None]:
-    """transformers' progress bars (loading weights) as `shown` says while inside, as they were after."""
+def hidden_progress_bars() -> Iterator[None]:
+    """transformers' progress bars (loading weights) hidden while inside, as they were after."""
     was_shown = hf_logging.is_progress_bar_enabled()
-    (hf_logging.enable_progress_bar if shown else hf_logging.disable_progress_bar)()
+    hf_logging.disable_progress_bar()
     try:
         yield
     finally:
-        (hf_logging.enable_progress_bar if was_shown else hf_logging.disable_progress_bar)()
+        if was_shown:
+            hf_logging.enable_progress_bar()
 
 
 def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> PreTrainedModel | CTranslate2Model:
@@ -229,7 +233,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     try:
-        with progress_bars(not args.no_progress):
+        with hidden_progress_bars() if args.no_progress else contextlib.nullcontext():
             tokenizer = AutoTokenizer.from_pretrained(args.model)
             model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
