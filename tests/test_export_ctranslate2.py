@@ -415,6 +415,16 @@ def test_tokens_banned_by_a_setting_generate_with_renormalised_log_probabilities
                 assert (lines(model.generate(**inputs, **settings)) == renormalised) == (num_beams == 1)
 
 
+def test_the_engines_ceiling_is_generates(exported):
+    """New tokens without max_new_tokens: max_length minus the decoder start token, else generate's default."""
+    from hf_relpos.model.generation_limits import DEFAULT_NEW_TOKENS
+
+    engine = CTranslate2Model(exported["t5"][2], threads=1)
+    assert engine.decoding_options()["max_decoding_length"] == 60   # the saved max_new_tokens
+    assert engine.decoding_options(max_new_tokens=None, max_length=12)["max_decoding_length"] == 11
+    assert engine.decoding_options(max_new_tokens=None, max_length=None)["max_decoding_length"] == DEFAULT_NEW_TOKENS
+
+
 def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer, tmp_path):
     """A generation config saved with max_len_a / max_len_b (as train_translation.py saves it): the exported folder
     keeps them, and the engine caps each row as the model does without being told."""
