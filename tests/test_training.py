@@ -672,6 +672,23 @@ def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, c
         "checkpoint-4", "checkpoint-6"]
 
 
+def test_hf_relpos_average_writes_the_card_of_the_run_it_averages(tmp_path, corpus, capsys):
+    """hf-relpos-average on a training folder: the averaged folder has a model card from the run's record (its recipe
+    and languages), no scores of its own, and a section naming the checkpoints averaged."""
+    from huggingface_hub import ModelCard
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, save_strategy="steps", save_steps=3,
+                          do_eval=False, do_predict=False)
+    run([str(config)])
+    average_main([str(output_dir), "--last_n", "2", "--output_dir", str(tmp_path / "averaged")])
+    card = ModelCard.load(tmp_path / "averaged" / "README.md")
+    assert card.data.language == ["en", "de"] and card.data.eval_results is None
+    assert "## Checkpoint averaging" in card.text
+    assert "parameter average of 2 checkpoint(s) (`checkpoint-3`, `checkpoint-6`) of `out`" in card.text
+    assert "hf-relpos-train" in card.text or "train_translation.py" in card.text   # the run's command, from its record
+
+
 # --- early_stopping_patience -----------------------------------------------------------------------------------------
 
 
