@@ -194,9 +194,9 @@ class RunRecord:
         return cls(**{**values, "scores": scores, "model": current_model_fields(values.get("model", {}))})
 
 
-
 # The fields typed `int | None`, whose values `RunRecord` keeps integers.
 INTEGER_FIELDS = tuple(name for name, hint in typing.get_type_hints(RunRecord).items() if hint == int | None)
+
 
 def cpu_model_name() -> str:
     """The processor's model name (/proc/cpuinfo on Linux, `platform.processor()` elsewhere)."""

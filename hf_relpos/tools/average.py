@@ -23,11 +23,10 @@ from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHT
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
-from ..publish.hub import add_translation_pipeline, render_model_card
+from ..publish.hub import CARD_FILE, add_translation_pipeline, render_model_card
 from ..publish.records import training_record
 from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
-CARD_FILE = "README.md"
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
     r"|pytorch_model.*)$"

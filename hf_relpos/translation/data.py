@@ -732,6 +732,10 @@ def tokenize_training_pairs(
     return tokenized, report
 
 
+# What evaluation splits do with pairs over the length limits (`LengthReport.describe`'s policy): keep them whole.
+EVALUATION_OVERLONG_PAIRS = "keep"
+
+
 def tokenize_evaluation_pairs(
     dataset: Dataset, tokenizer: PreTrainedTokenizerBase, data_args: DataArguments, split: str,
     workdir: str | os.PathLike | None = None,
@@ -742,7 +746,7 @@ def tokenize_evaluation_pairs(
     tokenized = _tokenize(dataset, tokenizer, data_args.preprocessing_num_workers, workdir, split)
     overlong = _overlong_mask(tokenized, data_args.max_source_length, data_args.max_target_length)
     report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
-    logger.info(report.describe("keep"))
+    logger.info(report.describe(EVALUATION_OVERLONG_PAIRS))
     return tokenized, report
 
 

@@ -24,6 +24,7 @@ from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
 from .batching import check_examples_fit
 from .data import (
     DEMO_DATA_FOLDER,
+    EVALUATION_OVERLONG_PAIRS,
     PROGRESS_MIN_BYTES,
     DataArguments,
     LengthReport,
@@ -147,8 +148,6 @@ class PreparedData:
     evaluation_sets: dict[str, EvaluationSet]
 
 
-# What evaluation splits do with pairs over the length limits (`tokenize_evaluation_pairs`): keep them whole.
-EVALUATION_OVERLONG_PAIRS = "keep"
 # The evaluation sets' prefixes (the Trainer's metric prefixes) -> their splits.
 SPLIT_NAMES = {"eval": "validation", "test": "test"}
 

@@ -63,6 +63,7 @@ def build_model(
     """The run's model, checked against the run and with its generation settings: `model_name_or_path` loaded with
     the `model:` fields as overrides, else a new model of the `model:` config sized to `tokenizer`."""
     kernel = {} if model_args.attn_implementation is None else {"attn_implementation": model_args.attn_implementation}
+    token_ids = special_token_ids(tokenizer, model_args.decoder_start_token or "bos")
     if model_args.model_name_or_path is not None:
         try:
             model = RelPosTransformerForConditionalGeneration.from_pretrained(
@@ -79,16 +80,14 @@ def build_model(
             raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model only "
                               f"{model.config.vocab_size} embeddings")
         asked = model_args.decoder_start_token
-        if asked is not None and special_token_ids(tokenizer, asked)["decoder_start_token_id"] != \
-                model.config.decoder_start_token_id:
+        if asked is not None and token_ids["decoder_start_token_id"] != model.config.decoder_start_token_id:
             raise ConfigError(f"decoder_start_token {asked!r}: {model_args.model_name_or_path!r} was trained to start "
                               f"decoding from token id {model.config.decoder_start_token_id}, which a pretrained model "
                               "keeps; leave decoder_start_token null")
     else:
         try:
             config = RelPosTransformerConfig(
-                **model_args.model_config, vocab_size=len(tokenizer),
-                **special_token_ids(tokenizer, model_args.decoder_start_token or "bos"), **kernel
+                **model_args.model_config, vocab_size=len(tokenizer), **token_ids, **kernel
             )
         except (ValueError, TypeError) as error:
             raise ConfigError(f"{MODEL_SECTION}: {error}") from None
@@ -111,7 +110,7 @@ def build_model(
                        training_args.generation_max_length_offset)
     # A new model's ids come from its tokenizer; a pretrained one keeps those it was trained with (a converted Marian
     # model starts decoding with pad, not with the tokenizer's bos/eos).
-    for name, value in special_token_ids(tokenizer, model_args.decoder_start_token or "bos").items():
+    for name, value in token_ids.items():
         setattr(generation, name, value if model_args.model_name_or_path is None else getattr(model.config, name))
     return model
 
