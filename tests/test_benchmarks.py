@@ -361,3 +361,38 @@ def test_precision_verdict_and_deviations_on_hand_made_curves() -> None:
     assert bench_precision.within_bf16(close, eager, 2.0)
     assert not bench_precision.within_bf16(close, eager, 1.5)
     assert not bench_precision.within_bf16(far_early, eager, 2.0)
+
+
+def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_events():
+    """step_timeline.timeline on stand-in events: busy time is the union of device intervals, the gaps are the
+    rest of the step (largest first) with the host operators inside each, and blocking runtime calls are counted."""
+    from types import SimpleNamespace
+
+    from benchmarks import step_timeline
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+
+    def event(name, device, start, end):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+
+    events = [event("k1", cuda, 100, 300), event("k2", cuda, 250, 400), event("k3", cuda, 1400, 1500),
+              event("cudaStreamSynchronize", cpu, 420, 900), event("aten::item", cpu, 410, 950),
+              event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000)]
+    result = step_timeline.timeline(events, 0, 1450)
+    assert result["wall_ms"] == 1.5 and result["busy_ms"] == 0.4 and result["idle_ms"] == 1.1
+    assert [(gap["offset_ms"], gap["gap_ms"]) for gap in result["gaps"]] == [(0.4, 1.0), (0.0, 0.1)]
+    assert set(result["gaps"][0]["host_ops"]) == {"cudaStreamSynchronize x1", "aten::item x1", "cudaLaunchKernel x1"}
+    assert result["blocking"] == {"cudaStreamSynchronize": {"count": 1, "host_ms": 0.48}}
+    assert result["kernels"] == 3 and result["launches"] == 1
+
+
+def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
+    """step_timeline end to end on the CPU (no device timeline there): a row per series, baseline ratio 1."""
+    from benchmarks import step_timeline
+
+    data = step_timeline.main(["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8",
+                               "--tokens", "16", "--series", "absolute@sdpa", "shaw@eager", "--steps", "1",
+                               "--warmup", "0", "--out", str(tmp_path)])
+    assert list(data["results"]) == ["absolute@sdpa", "shaw@eager"]
+    assert all(result["timing"]["drained_ms"] > 0 for result in data["results"].values())
+    assert "| absolute@sdpa |" in (tmp_path / "timeline.md").read_text()

@@ -1,0 +1,220 @@
+"""Where a training step's wall time goes: device busy time, idle gaps, host enqueue time and synchronizations.
+
+For each series (scheme@kernel), the full encoder-decoder of `bench_training.model_case` (training mode, dropout on),
+after `--warmup` untimed steps (compiles, autotuning):
+
+1. wall ms per step two ways: steps timed one by one with the queue drained around each (as bench_training times
+   them), and `--steps` consecutive steps with one drain at the end (as a training loop runs them);
+2. the host's enqueue time: ms until step() returns after a drained queue (the host's own work, unless it waits
+   on a synchronization);
+3. synchronizations (CUDA): every warning of torch.cuda.set_sync_debug_mode over one step, with its frames in
+   hf_relpos, transformers and benchmarks;
+4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
+   intervals) against the step's wall time, the largest idle gaps with the host operators running during each,
+   and the runtime calls that block the host (synchronize, memcpy) with their counts and host time.
+
+    python -m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \\
+        --attention_dropout 0.1 --series absolute@sdpa shaw@relpos_triton --out /tmp/timeline
+
+Writes timeline.md and timeline.json into --out after each series (a time limit keeps what was done).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import traceback
+import warnings
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from benchmarks.bench_training import model_case
+from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, synchronize, write_report
+
+FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
+BLOCKING_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
+TOP_GAPS = 12
+
+
+def time_steps(step: Any, device: str, steps: int) -> dict[str, float]:
+    """ms per step: drained around each step (median), consecutive (mean), and the host's enqueue time (median)."""
+    drained, enqueue = [], []
+    for _ in range(steps):
+        synchronize(device)
+        start = time.perf_counter()
+        step()
+        enqueue.append(time.perf_counter() - start)
+        synchronize(device)
+        drained.append(time.perf_counter() - start)
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    consecutive = (time.perf_counter() - start) / steps
+    return {"drained_ms": 1e3 * statistics.median(drained), "consecutive_ms": 1e3 * consecutive,
+            "enqueue_ms": 1e3 * statistics.median(enqueue)}
+
+
+def synchronizations(step: Any) -> list[dict[str, Any]]:
+    """Each synchronizing CUDA operation of one step (torch.cuda.set_sync_debug_mode), by its frames in our code."""
+    found: Counter = Counter()
+    previous = warnings.showwarning
+
+    def record(message: Any, category: Any, filename: str, lineno: int, *args: Any) -> None:
+        frames = [f"{frame.filename.split('site-packages/')[-1]}:{frame.lineno} {frame.name}"
+                  for frame in traceback.extract_stack()[:-1] if any(s in frame.filename for s in FRAME_SOURCES)]
+        found[(str(message).split("\n")[0][:100], " < ".join(reversed(frames[-4:])))] += 1
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    warnings.showwarning = record
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("always")
+            warnings.showwarning = record
+            step()
+            torch.cuda.synchronize()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        warnings.showwarning = previous
+    return [{"message": message, "frames": frames, "count": count} for (message, frames), count in found.items()]
+
+
+def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of [start, end) intervals, sorted and disjoint."""
+    union: list[tuple[float, float]] = []
+    for start, end in sorted(intervals):
+        if union and start <= union[-1][1]:
+            union[-1] = (union[-1][0], max(union[-1][1], end))
+        else:
+            union.append((start, end))
+    return union
+
+
+def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str, Any]:
+    """Busy time, idle gaps and blocking runtime calls of one profiled step from the profiler's events (us)."""
+    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    busy = merged([(e.time_range.start, e.time_range.end) for e in device])
+    end = max([step_end] + [b for _, b in busy])
+    wall = end - step_start
+    gaps, cursor = [], step_start
+    for start, stop in busy:
+        if start > cursor:
+            gaps.append((cursor, start))
+        cursor = max(cursor, stop)
+    gaps.sort(key=lambda gap: gap[0] - gap[1])
+    rows = []
+    for start, stop in gaps[:TOP_GAPS]:
+        during = Counter(e.name for e in host if e.time_range.start < stop and e.time_range.end > start
+                         and e.time_range.end - e.time_range.start < stop - start + 1e3)
+        rows.append({"offset_ms": (start - step_start) / 1e3, "gap_ms": (stop - start) / 1e3,
+                     "host_ops": [f"{name} x{count}" for name, count in during.most_common(6)]})
+    blocking: dict[str, list[float]] = {}
+    for e in host:
+        if any(name in e.name for name in BLOCKING_CALLS):
+            blocking.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+    launches = sum(1 for e in host if "LaunchKernel" in e.name)
+    return {"wall_ms": wall / 1e3, "busy_ms": sum(b - a for a, b in busy) / 1e3,
+            "idle_ms": (wall - sum(b - a for a, b in busy)) / 1e3, "kernels": len(device), "launches": launches,
+            "gaps": rows, "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
+                                       for name, times in sorted(blocking.items())}}
+
+
+def profiled_step(step: Any, device: str) -> dict[str, Any]:
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    synchronize(device)
+    with torch.profiler.profile(activities=activities) as profiler:
+        with torch.profiler.record_function("timeline_step"):
+            step()
+        synchronize(device)
+    events = list(profiler.events())
+    marker = next(e for e in events if e.name == "timeline_step")
+    return timeline(events, marker.time_range.start, marker.time_range.end)
+
+
+def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
+    lines = ["# Where a training step's wall time goes", "", *environment_lines(meta),
+             f"- shape {meta['shape']}, {meta['layers']} + {meta['layers']} layers, n = {meta['length']}, batch "
+             f"{meta['batch']}, attention dropout {meta['attention_dropout']:g}; {meta['steps']} steps per timing "
+             f"after {meta['warmup']} untimed", ""]
+    baseline = next(iter(results.values()), None)
+    header = ["series", "drained ms/step", "consecutive ms/step", "ratio (drained)", "ratio (consecutive)",
+              "host enqueue ms", "profiled wall ms", "device busy ms", "device idle ms", "kernels", "syncs"]
+    table = []
+    for label, result in results.items():
+        timing, profile = result["timing"], result.get("profile", {})
+        table.append([label, f"{timing['drained_ms']:.2f}", f"{timing['consecutive_ms']:.2f}",
+                      f"{baseline['timing']['drained_ms'] / timing['drained_ms']:.3f}",
+                      f"{baseline['timing']['consecutive_ms'] / timing['consecutive_ms']:.3f}",
+                      f"{timing['enqueue_ms']:.2f}", *(f"{profile[key]:.2f}" if key in profile else "-"
+                                                       for key in ("wall_ms", "busy_ms", "idle_ms")),
+                      profile.get("kernels", "-"), sum(s["count"] for s in result.get("syncs", []))])
+    lines += [markdown_table(header, table), ""]
+    for label, result in results.items():
+        if result.get("syncs"):
+            lines += [f"## {label}: synchronizing operations in one step", "", markdown_table(
+                ["count", "warning", "frames (innermost first)"],
+                [[s["count"], s["message"], s["frames"]] for s in result["syncs"]]), ""]
+        profile = result.get("profile")
+        if profile:
+            lines += [f"## {label}: the largest device idle gaps of one profiled step", "", markdown_table(
+                ["at ms", "gap ms", "host operators during the gap"],
+                [[f"{g['offset_ms']:.2f}", f"{g['gap_ms']:.3f}", "; ".join(g["host_ops"])] for g in profile["gaps"]]),
+                "", "Blocking runtime calls: " + (", ".join(
+                    f"{name} x{b['count']} ({b['host_ms']:.2f} ms)" for name, b in profile["blocking"].items())
+                    or "none") + f"; kernel launches {profile['launches']}.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
+    parser.add_argument("--layers", type=int, help="layers per stack (default: the shape's)")
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--tokens", type=int, default=16384, help="source tokens per batch (batch = tokens // length)")
+    parser.add_argument("--attention_dropout", type=float, default=0.1)
+    parser.add_argument("--series", nargs="+", default=["absolute@sdpa", "shaw@relpos_triton"],
+                        help="scheme@kernel, the first is the baseline of the ratios")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    shape = SHAPES[args.shape]
+    layers = args.layers or shape.layers
+    batch = max(args.tokens // args.length, 1)
+    meta = environment(args.device, args.dtype) | {
+        "shape": args.shape, "layers": layers, "length": args.length, "batch": batch,
+        "attention_dropout": args.attention_dropout, "warmup": args.warmup, "steps": args.steps,
+        "kernel": " / ".join(dict.fromkeys(label.partition("@")[2] or "sdpa" for label in args.series))}
+    results: dict[str, dict[str, Any]] = {}
+    for label in args.series:
+        scheme, _, kernel = label.partition("@")
+        case = model_case(scheme, shape, args.length, batch, args.device, args.dtype, layers, shape.vocab_size,
+                          kernel or "sdpa", args.attention_dropout)
+        for _ in range(args.warmup):
+            case.step()
+        result: dict[str, Any] = {"timing": time_steps(case.step, args.device, args.steps)}
+        results[label] = result
+        if args.device == "cuda":
+            result["syncs"] = synchronizations(case.step)
+        result["profile"] = profiled_step(case.step, args.device)
+        write_report(args.out, "timeline", render_markdown(meta, results), {"meta": meta, "results": results})
+        print(render_markdown(meta, {label: result} if len(results) == 1 else results), flush=True)
+        del case
+    return {"meta": meta, "results": results}
+
+
+if __name__ == "__main__":
+    main()
