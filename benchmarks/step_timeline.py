@@ -11,7 +11,9 @@ after `--warmup` untimed steps (compiles, autotuning):
    hf_relpos, transformers and benchmarks;
 4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
    intervals) against the step's wall time, the largest idle gaps with the host operators running during each,
-   and the runtime calls that block the host (synchronize, memcpy) with their counts and host time.
+   and the runtime calls that block the host (synchronize, memcpy) with their counts and host time, and the device
+   time per kernel;
+5. with --host_profile, the host's Python functions over the timed steps (cProfile): where the host's time goes.
 
     python -m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \\
         --attention_dropout 0.1 --series absolute@sdpa shaw@relpos_triton --out /tmp/timeline
@@ -22,6 +24,8 @@ Writes timeline.md and timeline.json into --out after each series (a time limit 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import pstats
 import statistics
 import time
 import traceback
@@ -38,6 +42,7 @@ from benchmarks.common import SHAPES, environment, environment_lines, markdown_t
 FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
 BLOCKING_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
 TOP_GAPS = 12
+TOP_ROWS = 25
 
 
 def time_steps(step: Any, device: str, steps: int) -> dict[str, float]:
@@ -120,10 +125,29 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
         if any(name in e.name for name in BLOCKING_CALLS):
             blocking.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     launches = sum(1 for e in host if "LaunchKernel" in e.name)
+    kernel_ms: Counter = Counter()
+    for e in device:
+        kernel_ms[e.name[:120]] += (e.time_range.end - e.time_range.start) / 1e3
     return {"wall_ms": wall / 1e3, "busy_ms": sum(b - a for a, b in busy) / 1e3,
             "idle_ms": (wall - sum(b - a for a, b in busy)) / 1e3, "kernels": len(device), "launches": launches,
-            "gaps": rows, "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
+            "gaps": rows, "kernel_ms": dict(kernel_ms.most_common(TOP_ROWS)), "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
                                        for name, times in sorted(blocking.items())}}
+
+
+def host_functions(step: Any, device: str, steps: int) -> list[dict[str, Any]]:
+    """The host's Python functions over `steps` steps (cProfile), ms per step, the largest own time first."""
+    synchronize(device)
+    profile = cProfile.Profile()
+    profile.enable()
+    for _ in range(steps):
+        step()
+    synchronize(device)
+    profile.disable()
+    stats = pstats.Stats(profile).stats
+    rows = [{"function": f"{path.split('site-packages/')[-1]}:{line} {name}", "calls": calls / steps,
+             "own_ms": 1e3 * own / steps, "cumulative_ms": 1e3 * cumulative / steps}
+            for (path, line, name), (_, calls, own, cumulative, _) in stats.items()]
+    return sorted(rows, key=lambda row: -row["own_ms"])[:TOP_ROWS * 2]
 
 
 def profiled_step(step: Any, device: str) -> dict[str, Any]:
@@ -171,6 +195,13 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
                 "", "Blocking runtime calls: " + (", ".join(
                     f"{name} x{b['count']} ({b['host_ms']:.2f} ms)" for name, b in profile["blocking"].items())
                     or "none") + f"; kernel launches {profile['launches']}.", ""]
+            lines += [f"## {label}: device time per kernel in the profiled step", "", markdown_table(
+                ["kernel", "ms"], [[name, f"{ms:.3f}"] for name, ms in profile["kernel_ms"].items()]), ""]
+        if result.get("host_functions"):
+            lines += [f"## {label}: the host's Python functions per step (cProfile)", "", markdown_table(
+                ["function", "calls", "own ms", "cumulative ms"],
+                [[row["function"], f"{row['calls']:g}", f"{row['own_ms']:.3f}", f"{row['cumulative_ms']:.3f}"]
+                 for row in result["host_functions"]]), ""]
     return "\n".join(lines)
 
 
@@ -187,6 +218,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="scheme@kernel, the first is the baseline of the ratios")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--host_profile", action="store_true",
+                        help="also the host's Python functions over --steps steps (cProfile)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -210,6 +243,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.device == "cuda":
             result["syncs"] = synchronizations(case.step)
         result["profile"] = profiled_step(case.step, args.device)
+        if args.host_profile:
+            result["host_functions"] = host_functions(case.step, args.device, args.steps)
         write_report(args.out, "timeline", render_markdown(meta, results), {"meta": meta, "results": results})
         print(render_markdown(meta, {label: result} if len(results) == 1 else results), flush=True)
         del case

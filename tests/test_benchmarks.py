@@ -384,6 +384,7 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
     assert set(result["gaps"][0]["host_ops"]) == {"cudaStreamSynchronize x1", "aten::item x1", "cudaLaunchKernel x1"}
     assert result["blocking"] == {"cudaStreamSynchronize": {"count": 1, "host_ms": 0.48}}
     assert result["kernels"] == 3 and result["launches"] == 1
+    assert result["kernel_ms"] == {"k1": 0.2, "k2": 0.15, "k3": 0.1}
 
 
 def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
@@ -392,7 +393,8 @@ def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
 
     data = step_timeline.main(["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8",
                                "--tokens", "16", "--series", "absolute@sdpa", "shaw@eager", "--steps", "1",
-                               "--warmup", "0", "--out", str(tmp_path)])
+                               "--warmup", "0", "--host_profile", "--out", str(tmp_path)])
     assert list(data["results"]) == ["absolute@sdpa", "shaw@eager"]
+    assert any("modeling_relpos.py" in row["function"] for row in data["results"]["shaw@eager"]["host_functions"])
     assert all(result["timing"]["drained_ms"] > 0 for result in data["results"].values())
     assert "| absolute@sdpa |" in (tmp_path / "timeline.md").read_text()
