@@ -43,6 +43,7 @@ FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
 BLOCKING_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
 TOP_GAPS = 12
 TOP_ROWS = 25
+STEP_MARKER = "timeline_step"
 
 
 def time_steps(step: Any, device: str, steps: int) -> dict[str, float]:
@@ -103,7 +104,9 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str, Any]:
     """Busy time, idle gaps and blocking runtime calls of one profiled step from the profiler's events (us)."""
-    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    # the device's own activity: kernels, copies and fills, not the GPU ranges of record_function annotations
+    device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
+              and not getattr(e, "is_user_annotation", False) and e.name != STEP_MARKER]
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
     busy = merged([(e.time_range.start, e.time_range.end) for e in device])
     end = max([step_end] + [b for _, b in busy])
@@ -156,11 +159,11 @@ def profiled_step(step: Any, device: str) -> dict[str, Any]:
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     synchronize(device)
     with torch.profiler.profile(activities=activities) as profiler:
-        with torch.profiler.record_function("timeline_step"):
+        with torch.profiler.record_function(STEP_MARKER):
             step()
         synchronize(device)
     events = list(profiler.events())
-    marker = next(e for e in events if e.name == "timeline_step")
+    marker = next(e for e in events if e.name == STEP_MARKER and e.device_type == torch.autograd.DeviceType.CPU)
     return timeline(events, marker.time_range.start, marker.time_range.end)
 
 

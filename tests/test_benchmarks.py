@@ -377,7 +377,8 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
 
     events = [event("k1", cuda, 100, 300), event("k2", cuda, 250, 400), event("k3", cuda, 1400, 1500),
               event("cudaStreamSynchronize", cpu, 420, 900), event("aten::item", cpu, 410, 950),
-              event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000)]
+              event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000),
+              event(step_timeline.STEP_MARKER, cuda, 100, 1500)]   # the annotation's GPU range is no device work
     result = step_timeline.timeline(events, 0, 1450)
     assert result["wall_ms"] == 1.5 and result["busy_ms"] == 0.4 and result["idle_ms"] == 1.1
     assert [(gap["offset_ms"], gap["gap_ms"]) for gap in result["gaps"]] == [(0.4, 1.0), (0.0, 0.1)]
