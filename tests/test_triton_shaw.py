@@ -745,3 +745,59 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     assert lines[3].startswith("ok row_delta bf16 sm_90"), result.stdout   # the backward's Delta pass
     counts = [re.search(r"SASS (\d+) instructions, STL (\d+), LDL (\d+)", line) for line in lines[:3]]
     assert all(count and int(count[1]) > 1000 for count in counts), result.stdout   # whole kernels were disassembled
+
+
+@pytest.mark.parametrize("name", ["dropout_decoder_cached", "shaw_k_without_values", "values_without_bias"])
+def test_the_eager_function_is_the_custom_op(name):
+    """`FusedAttention` (eager mode: no custom-op dispatch per call) returns what the custom op returns, and the
+    same gradients of every input, bit for bit (float64, dropout where the case has it)."""
+    case = KERNEL_CASES[name]
+    k, _, _, query_offset, causal, _, _, with_masses, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+    inputs = [tensor for tensor in (query, key, value, table) if tensor is not None]
+    arguments = (query, key, value, table, key_start, key_end, torch.tensor([2**40 + 3]), 8**-0.5, dropout,
+                 query_offset, k, causal, mass_columns(k, with_masses))
+    results = {}
+    for label, fused in (("op", relative_attention), ("eager", triton_relative.FusedAttention.apply)):
+        output, masses, lse = fused(*arguments)
+        loss = (output.sum(-1) + masses.sum(-1)).square().sum()
+        results[label] = (output, masses, lse, *torch.autograd.grad(loss, inputs))
+    for got, expected in zip(results["eager"], results["op"], strict=True):
+        assert torch.equal(got, expected)
+
+
+def test_the_model_calls_the_custom_op_only_when_compiled():
+    """clipped_relative_attention: eager calls never dispatch the custom ops (their per-call host cost), a
+    torch.compile'd call traces the forward op as one node of the graph."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    case = KERNEL_CASES["dropout_encoder"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+
+    def attend(query, key, value, table):
+        return triton_relative.clipped_relative_attention(query, key, value, table, key_start, key_end, 8**-0.5, 0.0,
+                                                          0, 2, False).sum()
+
+    class RecordOps(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names.add(func.name())
+            return func(*args, **(kwargs or {}))
+
+    with RecordOps() as recorded:
+        attend(query, key, value, table).backward()
+    assert recorded.names and not any(name.startswith(triton_relative.OP_NAMESPACE) for name in recorded.names)
+
+    graphs = []
+
+    def backend(graph, example_inputs):
+        graphs.append(graph)
+        return graph.forward
+
+    torch.compile(attend, backend=backend, fullgraph=True)(query, key, value, table)
+    targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
+    assert sum(target == f"{triton_relative.OP_NAMESPACE}.relative_attention.default" for target in targets) == 1, \
+        targets

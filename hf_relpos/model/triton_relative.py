@@ -8,7 +8,9 @@ row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and
 through T and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor
 is formed, forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox
 mask (16-bit draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their
-autograd, so autograd and torch.compile see one opaque op each way.
+autograd, so that torch.compile sees one opaque op each way; eager calls run the same two functions through an
+autograd.Function (`FusedAttention`), without the custom op's per-call dispatch (host time: the fused path's
+training step is host-bound on an H200, docs/results/gpu_check/2026-11-28_h200_8ed37f1).
 
 Runs on CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which
 the tests use.
@@ -163,8 +165,7 @@ def masses_in_order_of(query: torch.Tensor, max_distance: int, mass_columns: int
     return masses
 
 
-@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())
-def relative_attention(
+def fused_forward(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias_table: torch.Tensor | None,
     key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float, dropout: float,
     query_offset: int, max_distance: int, causal: bool, mass_columns: int,
@@ -194,6 +195,9 @@ def relative_attention(
     return output, masses, lse
 
 
+relative_attention = torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention", mutates_args=())(fused_forward)
+
+
 @relative_attention.register_fake
 def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout, query_offset, max_distance, causal,
       mass_columns):
@@ -203,14 +207,13 @@ def _(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
             query.new_empty(batch, heads, query_length, dtype=torch.promote_types(query.dtype, torch.float32)))
 
 
-@torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward", mutates_args=())
-def relative_attention_backward(
+def fused_backward(
     grad_output: torch.Tensor, grad_masses: torch.Tensor, query: torch.Tensor, key: torch.Tensor,
     value: torch.Tensor, bias_table: torch.Tensor | None, output: torch.Tensor, masses: torch.Tensor,
     lse: torch.Tensor, key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float,
     dropout: float, query_offset: int, max_distance: int, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dT) of `relative_attention` (dT [B, H, n, 0] without a bias table), after Delta_i = dO_i . o_i +
+    """(dq, dk, dv, dT) of `fused_forward` (dT [B, H, n, 0] without a bias table), after Delta_i = dO_i . o_i +
     sum_r dM_ir M_ir (one pass, `row_delta_kernel`)."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, _ = query.shape
@@ -263,6 +266,10 @@ def row_deltas(grad_output: torch.Tensor, output: torch.Tensor, grad_masses: tor
     return delta
 
 
+relative_attention_backward = torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward",
+                                                     mutates_args=())(fused_backward)
+
+
 @relative_attention_backward.register_fake
 def _(grad_output, grad_masses, query, key, value, bias_table, output, masses, lse, key_start, key_end, seed,
       scaling, dropout, query_offset, max_distance, causal):
@@ -281,20 +288,41 @@ def setup_context(ctx: Any, inputs: tuple, output: tuple) -> None:
     ctx.mark_non_differentiable(lse)
 
 
-def backward(ctx: Any, grad_output: torch.Tensor, grad_masses: torch.Tensor | None, _: Any) -> tuple:
+def gradients(ctx: Any, grad_output: torch.Tensor | None, grad_masses: torch.Tensor | None,
+              backward_function: Any) -> tuple:
+    """The inputs' gradients from those of (o, M) by `backward_function` (the backward op, or `fused_backward`)."""
     query, key, value, bias_table, attention_output, masses, lse, key_start, key_end, seed = ctx.saved_tensors
     if grad_output is None:
         grad_output = torch.zeros_like(attention_output)
     if grad_masses is None:
         grad_masses = torch.zeros_like(masses)
-    grad_query, grad_key, grad_value, grad_table = relative_attention_backward(
+    grad_query, grad_key, grad_value, grad_table = backward_function(
         grad_output, grad_masses, query, key, value, bias_table, attention_output, masses, lse, key_start, key_end,
         seed, *ctx.settings)
     return (grad_query, grad_key, grad_value, grad_table if bias_table is not None else None,
             None, None, None, None, None, None, None, None, None)
 
 
+def backward(ctx: Any, grad_output: torch.Tensor | None, grad_masses: torch.Tensor | None, _: Any) -> tuple:
+    return gradients(ctx, grad_output, grad_masses, relative_attention_backward)
+
+
 relative_attention.register_autograd(backward, setup_context=setup_context)
+
+
+class FusedAttention(torch.autograd.Function):
+    """`relative_attention` in eager mode: the same forward and backward functions and autograd context, called
+    directly instead of through the custom ops' dispatch (a per-call cost on the host, forward and backward)."""
+
+    @staticmethod
+    def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = fused_forward(*inputs)
+        setup_context(ctx, inputs, outputs)
+        return outputs
+
+    @staticmethod
+    def backward(ctx: Any, grad_output: torch.Tensor, grad_masses: torch.Tensor, _: Any) -> tuple:
+        return gradients(ctx, grad_output, grad_masses, fused_backward)
 
 
 def dropout_seed() -> torch.Tensor:
@@ -350,13 +378,14 @@ def clipped_relative_attention(
 ) -> torch.Tensor:
     """softmax-attention [B, H, n, d] with the bias T[i, clip(j - i', k) + k] (`bias_table` [B, H, n, 2k+1] or
     None) and, when `value_term` (a `RelativeValues`) is given, its term sum_r M[i, r] a^V_r from the kernel's
-    masses; attention dropout `dropout` on the probabilities, seen by both terms."""
+    masses; attention dropout `dropout` on the probabilities, seen by both terms. torch.compile traces the custom op,
+    eager mode calls `FusedAttention`."""
     check_device(query.device)
     # a seed is drawn only for dropout: without it torch's random stream stays where sdpa and eager leave it
     seed = dropout_seed() if dropout > 0 else torch.full((1,), SEED_RANGE[0], dtype=torch.int64)
-    output, masses, _ = relative_attention(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout,
-                                           query_offset, max_distance, causal,
-                                           value_term.mass_columns if value_term is not None else 0)
+    fused = relative_attention if torch.compiler.is_compiling() else FusedAttention.apply
+    output, masses, _ = fused(query, key, value, bias_table, key_start, key_end, seed, scaling, dropout, query_offset,
+                              max_distance, causal, value_term.mass_columns if value_term is not None else 0)
     if value_term is not None:
         output = output + value_term.from_masses(masses).to(output.dtype)
     return output
