@@ -801,3 +801,26 @@ def test_the_model_calls_the_custom_op_only_when_compiled():
     targets = [str(node.target) for graph in graphs for node in graph.graph.nodes]
     assert sum(target == f"{triton_relative.OP_NAMESPACE}.relative_attention.default" for target in targets) == 1, \
         targets
+
+
+def test_a_compiled_training_step_is_the_eager_one(triton_calls):
+    """torch.compile of a padded training step on relpos_triton (AOT autograd; the padding check breaks the graph
+    where it reads the mask): the eager step's loss and gradients in float64, every self-attention on the kernel."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE, torch.float64).train()
+    model.set_attn_implementation("relpos_triton")
+    batch = seq2seq_batch()
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        loss = model(**batch).loss
+        loss.backward()
+        return loss.detach(), [parameter.grad for parameter in model.parameters()]
+
+    expected_loss, expected_grads = step()
+    eager_calls = len(triton_calls)
+    got_loss, got_grads = torch.compile(step, backend="aot_eager")()
+    assert eager_calls == 4 and len(triton_calls) > eager_calls
+    torch.testing.assert_close(got_loss, expected_loss, rtol=0, atol=1e-12)
+    for got, expected in zip(got_grads, expected_grads, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)

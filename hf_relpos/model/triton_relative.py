@@ -349,13 +349,14 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
     """Per sequence, the keys [start, end) the boolean mask [B, 1, n, m] allows (int32 [B] each), or None when the
     mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
     covered, holes or windows are not. Read and checked once per mask tensor (one host sync per stack call) and
-    kept on it, so every layer of a forward shares them."""
+    kept on it, so every layer of a forward shares them; under torch.compile (which cannot trace attributes set on a
+    tensor) each call reads and checks the mask again."""
     if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
         return None
     if attention_mask is None:
         return (torch.zeros(batch, dtype=torch.int32, device=device),
                 torch.full((batch,), key_length, dtype=torch.int32, device=device))
-    built = attention_mask.__dict__.setdefault("_relpos_triton_key_ranges", {})
+    built = {} if torch.compiler.is_compiling() else attention_mask.__dict__.setdefault("_relpos_triton_key_ranges", {})
     if (causal, query_offset) not in built:
         mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
         allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
