@@ -5,15 +5,19 @@
 # relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95-120 s (a new
 # power-of-two length bucket autotunes again, without compiling),
 # FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
-# At most 8 minutes (470 s of limits):
-#   (a) 240 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
-#       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (171 s in all)
-#   (c) 90 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
+# At most 8 minutes (480 s of limits):
+#   (a) 210 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
+#       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
+#   (t) 80 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
+#       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
+#       time per kernel, the host's Python functions; 2026-11-28 at 8ed37f1: shaw's step was host-bound, its device
+#       time about absolute's + 10 ms in a step twice as long)
+#   (c) 60 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
 #       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
 #       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
 #       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
 #       triton, the operator profile of one self-attention layer on sdpa
-#   (d) 40 + 100 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
+#   (d) 40 + 90 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
 #       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
 #       bf16 inputs (when triton is installed)
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
@@ -32,7 +36,7 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt, training_dropout0.1/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
+# environment.txt, training_dropout0.1/, timeline_n512/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
 # triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
@@ -72,21 +76,24 @@ training() {  # training SECONDS NAME ARGS...
         --tokens 16384 --warmup 1 --repeats 3 --benchmarks model "$@"
 }
 
-training 240 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
+training 210 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
+step 80 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
+    --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 --attention_dropout 0.1 --steps 5 \
+    --series absolute@sdpa "shaw@${triton:-sdpa}" --host_profile --out "$out/timeline_n512"
 if [ -n "$triton" ]; then
-    step 90 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
+    step 60 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
         benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \
         --attention_dropout 0.1 --candidates package --out "$out/tuning_n512"
 else
-    step 90 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m \
+    step 60 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m \
         benchmarks.profile_attention --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 \
         --kernel sdpa --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
 fi
 if [ "${TESTS:-1}" = 1 ]; then
     step 40 "(d) CUDA tests: sdpa against eager" "$python" -m pytest -q -rs -p no:cacheprovider tests/test_kernels.py \
         -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
-    [ -n "$triton" ] && step 100 "(d) relpos_triton compiled for the GPU against the oracle, bf16" "$python" -m pytest \
+    [ -n "$triton" ] && step 90 "(d) relpos_triton compiled for the GPU against the oracle, bf16" "$python" -m pytest \
         -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within" 2>&1 | tee "$out/triton_cuda_tests.txt"
 fi
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then

@@ -196,10 +196,14 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
 
     ends, commands = check("out")
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
-    assert [end.split(" ")[1] for end in ends] == ["(a)", "(c)", "(d)"] + (["(d)"] if triton else [])
+    assert [end.split(" ")[1] for end in ends] == ["(a)", "(t)", "(c)", "(d)"] + (["(d)"] if triton else [])
     assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
             in commands[0])
+    assert commands[1].startswith("-m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length "
+                                  "512 --tokens 16384 --attention_dropout 0.1 --steps 5 --series absolute@sdpa "
+                                  f"shaw@{triton.strip() or 'sdpa'} --host_profile")
+    commands = commands[:1] + commands[2:]
     if triton:   # every CUDA kernel's time with the package's blocks (the operator profile misses Triton's forward)
         assert commands[1].startswith("-m benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base "
                                       "--length 512 --tokens 16384 --attention_dropout 0.1 --candidates package")
@@ -215,11 +219,11 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
                            ABLATE="1", FLEX_TESTS="1", TESTS="0")
     assert [command for command in commands if "tests/test_kernels.py" in command] == [
         "-m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda and flex"]
-    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[2]
-    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[3]
-    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[4]
+    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[3]
+    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[4]
+    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[5]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
-    assert len(set(outs)) == len(outs) == (8 if triton else 6)   # bench_precision and the ablation need triton
+    assert len(set(outs)) == len(outs) == (9 if triton else 7)   # bench_precision and the ablation need triton
     assert any(command.startswith("-m benchmarks.ablate_relpos_triton --length 512") for command in commands) == bool(
         triton)
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
