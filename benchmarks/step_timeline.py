@@ -198,8 +198,9 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
                 "", "Blocking runtime calls: " + (", ".join(
                     f"{name} x{b['count']} ({b['host_ms']:.2f} ms)" for name, b in profile["blocking"].items())
                     or "none") + f"; kernel launches {profile['launches']}.", ""]
-            lines += [f"## {label}: device time per kernel in the profiled step", "", markdown_table(
-                ["kernel", "ms"], [[name, f"{ms:.3f}"] for name, ms in profile["kernel_ms"].items()]), ""]
+            if profile.get("kernel_ms"):
+                lines += [f"## {label}: device time per kernel in the profiled step", "", markdown_table(
+                    ["kernel", "ms"], [[name, f"{ms:.3f}"] for name, ms in profile["kernel_ms"].items()]), ""]
         if result.get("host_functions"):
             lines += [f"## {label}: the host's Python functions per step (cProfile)", "", markdown_table(
                 ["function", "calls", "own ms", "cumulative ms"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 from collections.abc import Iterator
@@ -403,3 +404,30 @@ def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
     assert any("modeling_relpos.py" in row["function"] for row in data["results"]["shaw@eager"]["host_functions"])
     assert all(result["timing"]["drained_ms"] > 0 for result in data["results"].values())
     assert "| absolute@sdpa |" in (tmp_path / "timeline.md").read_text()
+
+
+def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_path, monkeypatch):
+    """host_overhead on the CPU: a row per series (the first is the baseline), relpos_triton's calls reach the
+    stubbed launches instead of the interpreter, and the module's launch functions are restored afterwards."""
+    from benchmarks import host_overhead
+    from hf_relpos.model import triton_relative
+
+    launch, row_deltas = triton_relative.launch, triton_relative.row_deltas
+    calls = []
+    original = host_overhead.kernels_stubbed
+
+    @contextlib.contextmanager
+    def counted():
+        with original():
+            stub = triton_relative.launch
+            triton_relative.launch = lambda *args, **settings: calls.append(args[0].__name__) or stub()
+            yield
+
+    monkeypatch.setattr(host_overhead, "kernels_stubbed", counted)
+    data = host_overhead.main(["--series", "absolute@sdpa", "shaw@relpos_triton", "--steps", "1", "--rounds", "1",
+                               "--out", str(tmp_path)])
+    assert [row["series"] for row in data["rows"]] == ["absolute@sdpa", "shaw@relpos_triton"]
+    assert data["rows"][0]["extra_ms"] == 0 and all(row["ms"] > 0 for row in data["rows"])
+    assert set(calls) == {"relative_forward_kernel", "relative_backward_keys_kernel", "relative_backward_queries_kernel"}
+    assert (triton_relative.launch, triton_relative.row_deltas) == (launch, row_deltas)
+    assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
