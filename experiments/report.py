@@ -32,7 +32,14 @@ import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
 
-from benchmarks import bench_data, bench_decoding, bench_inference, bench_training, tune_relpos_triton  # noqa: E402
+from benchmarks import (  # noqa: E402
+    bench_data,
+    bench_decoding,
+    bench_inference,
+    bench_training,
+    step_timeline,
+    tune_relpos_triton,
+)
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
 
@@ -290,15 +297,19 @@ def benchmarks_h200_summary() -> str:
             f"`{first_code}`, before the three changes below); on sdpa {unfused['ratio']:.2f}x, "
             f"{unfused['memory_overhead']:+.1%}. Issue #48's goals at this length: speed {speed_met}, memory "
             f"{memory_met}. At attention dropout {flex_records[0]['meta']['attention_dropout']:g}, `flex_attention` "
-            f"against sdpa (two processes): absolute {absolute}; {flex}.\n\n" + relpos_triton_lengths())
+            f"against sdpa (two processes): absolute {absolute}; {flex}.\n\n"
+            + relpos_triton_lengths(H200_LENGTHS_CHECK, "a later lease; the kernel code of `3c5d2ac`, its blocks "
+                                    "autotuned per power-of-two length bucket")
+            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; the kernel changes since `1f3e7bf` "
+                                            "listed below") + "\n" + h200_step_timeline())
 
 
-def relpos_triton_lengths() -> str:
-    """shaw on relpos_triton against absolute at every length of the H200 record H200_LENGTHS (issue #48's setting):
+def relpos_triton_lengths(check: str, code_note: str) -> str:
+    """shaw on relpos_triton against absolute at every length of the check's H200 record (issue #48's setting):
     the ratios, the peak memory, and the extra milliseconds per step (medians over the timed rounds, against the
     faster of absolute's two series), which show how the gap grows with n, and the largest spread of one series'
-    timed rounds (slowest / fastest - 1)."""
-    record = read(H200_LENGTHS)
+    timed rounds (slowest / fastest - 1). `code_note` says what the code is."""
+    record = read(f"{check}/{H200_LENGTHS_RECORD}")
     meta = record["meta"]
     rows = {(row["length"], row["scheme"]): row for row in record["training"]}
     lengths = sorted({length for length, _ in rows})
@@ -314,9 +325,8 @@ def relpos_triton_lengths() -> str:
 
     met = [n for n in lengths if rows[(n, "shaw@relpos_triton")]["ratio"] >= 0.85]
     spread = max(max(row["seconds"]) / min(row["seconds"]) - 1 for row in rows.values())
-    return (f"At n = {', '.join(map(str, lengths))} (a later lease, code `{meta['code']}`: the kernel code of "
-            "`3c5d2ac`, its blocks autotuned per power-of-two length bucket; "
-            f"[`{H200_LENGTHS_CHECK}`](results/{H200_LENGTHS_CHECK}/README.md)), attention dropout "
+    return (f"At n = {', '.join(map(str, lengths))} (code `{meta['code']}`: {code_note}; "
+            f"[`{check}`](results/{check}/README.md)), attention dropout "
             f"{meta['attention_dropout']:g}: `shaw` on `relpos_triton` {listed('shaw@relpos_triton', 'ratio', '.2f')} "
             f"x absolute, peak memory {listed('shaw@relpos_triton', 'memory_overhead', '+.1%')}; on sdpa "
             f"{listed('shaw@sdpa', 'ratio', '.2f')} x, {listed('shaw@sdpa', 'memory_overhead', '+.1%')}. Issue #48's "
@@ -336,10 +346,10 @@ def kernel_kind(name: str) -> str:
     return found.group() if found else name[:40]
 
 
-def h200_time_split() -> str:
-    """Where shaw's extra device time per training step goes on relpos_triton (H200_TUNING: one encoder and one
-    decoder layer, every CUDA kernel's time), and whether any block size beats the package's."""
-    record = read(H200_TUNING)
+def h200_time_split(tuning: str) -> str:
+    """Where shaw's extra device time per training step goes on relpos_triton (the `tuning` record: one encoder and
+    one decoder layer, every CUDA kernel's time), and whether any block size beats the package's."""
+    record = read(tuning)
     meta, profiles = record["meta"], record["profiles"]
     shaw, absolute = profiles[f"{meta['scheme']}@relpos_triton"], profiles["absolute@sdpa"]
 
@@ -380,6 +390,47 @@ def h200_time_split() -> str:
                      f"package's {len(package)} configurations against the fastest of the "
                      f"{len(meta['candidates']) - len(package)} others (FlashAttention-2's Hopper tiles): the others "
                      f"{min(slower):.2f}x to {max(slower):.2f}x its time." if slower else "") + "\n")
+
+
+def h200_step_timeline() -> str:
+    """The full model's step on the H200 at the latest check (step_timeline records): wall time per step against
+    the host's enqueue time (equal: host-bound), and the fused kernels' device time against cuDNN's flash kernels
+    in the profiled step."""
+    results = read(H200_LATEST_TIMELINE)["results"]
+    meta = read(H200_LATEST_TIMELINE)["meta"]
+    shaw, absolute = results["shaw@relpos_triton"]["timing"], results["absolute@sdpa"]["timing"]
+    kernels = {label: result["profile"]["kernel_ms"]
+               for label, result in read(H200_LATEST_KERNELS)["results"].items()}
+    fused = {name: ms for name, ms in kernels["shaw@relpos_triton"].items() if kernel_kind(name).startswith("relative_")}
+    cudnn = sum(ms for name, ms in kernels["absolute@sdpa"].items() if kernel_kind(name) == "cudnn")
+    return (f"The full model's step ({meta['layers']} + {meta['layers']} layers, n = {meta['length']}, batch "
+            f"{meta['batch']}, code `{meta['code']}`; `benchmarks/step_timeline.py`) is host-bound on the fused "
+            f"path: {shaw['drained_ms']:.1f} ms with `shaw` on `relpos_triton` against {absolute['drained_ms']:.1f} ms "
+            f"with `absolute` on sdpa (queue drained around each step; {shaw['consecutive_ms']:.1f} and "
+            f"{absolute['consecutive_ms']:.1f} ms for {meta['steps']} consecutive steps), and the host returns from "
+            f"`shaw`'s step {shaw['drained_ms'] - shaw['enqueue_ms']:.1f} ms before the device finishes "
+            f"(`absolute`'s: {absolute['drained_ms'] - absolute['enqueue_ms']:.1f} ms). In a profiled step the fused "
+            f"kernels take {sum(fused.values()):.1f} ms of device time for the {2 * meta['layers']} self-attentions, "
+            f"cuDNN's flash kernels {cudnn:.1f} ms for `absolute`'s {3 * meta['layers']} attentions.\n")
+
+
+def host_overhead_before_after() -> str:
+    """The fused path's extra host time per step (benchmarks/host_overhead.py, launches stubbed on a CPU) before and
+    after eager calls left the custom ops, from the runs of HOST_OVERHEAD (alternated, before then after)."""
+    runs = {name: read(f"{HOST_OVERHEAD}/{name}/host_overhead.json") for name in HOST_OVERHEAD_RUNS}
+
+    def extra(prefix: str) -> str:
+        return " and ".join(f"{next(row['extra_ms'] for row in record['rows'] if row['series'] == 'shaw@relpos_triton'):.1f}"
+                            for name, record in runs.items() if name.startswith(prefix))
+
+    codes = {prefix: next(record["meta"]["code"] for name, record in runs.items() if name.startswith(prefix))
+             for prefix in ("before", "after")}
+    meta = runs[HOST_OVERHEAD_RUNS[0]]["meta"]
+    return (f"With relpos_triton's launches stubbed on a CPU ({meta['device_name']}, {meta['cpu_threads']} thread; "
+            f"the full model at d_model {meta['d_model']}, so that a step's time is the host's work; "
+            f"[`host_overhead`](results/{HOST_OVERHEAD}/README.md)), `shaw` on `relpos_triton` took {extra('before')} "
+            f"ms per step more than `absolute` on sdpa at `{codes['before']}`, {extra('after')} ms at "
+            f"`{codes['after']}`.\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -423,9 +474,20 @@ H200_FUSED = (f"{H200_CHECK}/training_n512_dropout0.1/training.json",
 # 3c5d2ac), then at the code as it is (1f3e7bf: blocks autotuned per length bucket), with the kernels' block sizes
 # and each CUDA kernel's time (benchmarks/tune_relpos_triton.py).
 H200_LENGTHS_CAE802D = "gpu_check/2026-11-27_h200_cae802d/training_dropout0.1/training.json"
+H200_LENGTHS_RECORD = "training_dropout0.1/training.json"
 H200_LENGTHS_CHECK = "gpu_check/2026-11-28_h200_1f3e7bf"
-H200_LENGTHS = f"{H200_LENGTHS_CHECK}/training_dropout0.1/training.json"
+H200_LENGTHS = f"{H200_LENGTHS_CHECK}/{H200_LENGTHS_RECORD}"
 H200_TUNING = f"{H200_LENGTHS_CHECK}/tuning_n512/tuning.json"
+# The latest check (8ed37f1: the kernel changes since 1f3e7bf), with the full model's step timeline
+# (benchmarks/step_timeline.py: the second call's timings, the third call's kernel times).
+H200_LATEST_CHECK = "gpu_check/2026-11-28_h200_8ed37f1"
+H200_LATEST_LENGTHS = f"{H200_LATEST_CHECK}/{H200_LENGTHS_RECORD}"
+H200_LATEST_TUNING = f"{H200_LATEST_CHECK}/tuning_n512/tuning.json"
+H200_LATEST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n512/timeline.json"
+H200_LATEST_KERNELS = f"{H200_LATEST_CHECK}/timeline_host_n512/timeline.json"
+# benchmarks/host_overhead.py before (8ed37f1) and after (eager calls through an autograd.Function), alternated.
+HOST_OVERHEAD = "host_overhead"
+HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -1040,7 +1102,15 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                                       bench_training.render_markdown),
     "benchmarks_h200_relpos_triton_lengths": benchmark_report(H200_LENGTHS.removesuffix(".json"),
                                                               bench_training.render_markdown),
-    "benchmarks_h200_time_split": h200_time_split,
+    "benchmarks_h200_time_split": lambda: h200_time_split(H200_TUNING),
+    "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_LATEST_TUNING),
+    "benchmarks_host_overhead": host_overhead_before_after,
+    "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+                                                                      bench_training.render_markdown),
+    "benchmarks_h200_timeline_8ed37f1": lambda: (
+        f"Record: [`{H200_LATEST_TIMELINE}`](results/{H200_LATEST_TIMELINE}).\n\n" + without_title(
+            step_timeline.render_markdown(read(H200_LATEST_TIMELINE)["meta"], read(H200_LATEST_TIMELINE)["results"])
+            .split("\n## ")[0]).rstrip("\n") + "\n"),
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
         .replace("\n## ", "\n#### ")) + "\n"),
