@@ -18,9 +18,13 @@
 #       --early_stopping_threshold 0.1
 #
 # or (issue #50 item 4 with item 3's carried runs: the decoder start token swapped into absolute, the one structural
-# difference left between it and the peer, beside a third seed of every row and xl as its recipe now is)
-#   PARALLEL=14 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swaps "$OUT" \
-#       "peer+recipe-training absolute absolute+pad-start shaw xl directional rope" "1 2 3" 480
+# difference left between it and the peer, beside a third seed of every other row), sized to the one call a lease
+# has left after the check: a 20-epoch run took about 8.5 minutes with twelve at once on an H100, so eleven runs at
+# once, two invocations side by side (every whole run counts; a second call would finish the rest):
+#   PARALLEL=5 bash experiments/convergence_gpu.sh .data/multi30k /tmp/seed3 "$OUT/seed3" \
+#       "peer+recipe-training shaw xl directional rope" "3" 540 &
+#   PARALLEL=6 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swap "$OUT/swap" \
+#       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
 # one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, paths relative to WORK), logs.tgz
