@@ -10,8 +10,8 @@
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
 #   (t) 80 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
 #       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
-#       time per kernel, the host's Python functions; 2026-11-28 at 8ed37f1: shaw's step was host-bound, its device
-#       time about absolute's + 10 ms in a step twice as long)
+#       time per kernel, the host's Python functions; 2026-11-28 at 8ed37f1: shaw's step was host-bound, twice as
+#       long as absolute's where its device time is an estimated 7 ms more: six times the one-layer model's 1.17 ms)
 #   (c) 60 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
 #       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
 #       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the

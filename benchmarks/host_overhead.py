@@ -33,17 +33,20 @@ HOST_SHAPE = Shape(d_model=64, heads=8, ffn_dim=64, layers=6, vocab_size=64)   #
 
 @contextlib.contextmanager
 def kernels_stubbed() -> Iterator[None]:
-    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, and the backward's Delta)."""
+    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, and the backward's Delta),
+    denormals flushed; both undone on exit (torch's default keeps denormals)."""
     from hf_relpos.model import triton_relative
 
     saved = triton_relative.launch, triton_relative.row_deltas, os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "1"   # the CPU is the kernel's device only under the interpreter
+    torch.set_flush_denormal(True)   # the uninitialised outputs must not slow the operators after them
     triton_relative.launch = lambda *args, **settings: None
     triton_relative.row_deltas = lambda grad_output, output, grad_masses, masses, settings: output.new_empty(
         output.shape[:3], dtype=torch.promote_types(output.dtype, torch.float32))
     try:
         yield
     finally:
+        torch.set_flush_denormal(False)
         triton_relative.launch, triton_relative.row_deltas, interpret = saved
         if interpret is None:
             os.environ.pop("TRITON_INTERPRET")
@@ -75,7 +78,6 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
     shape = HOST_SHAPE
     meta = environment("cpu", "float32") | {
         "kernel": " / ".join(dict.fromkeys(label.partition("@")[2] or "sdpa" for label in args.series)),

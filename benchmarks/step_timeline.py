@@ -11,7 +11,7 @@ after `--warmup` untimed steps (compiles, autotuning):
    hf_relpos, transformers and benchmarks;
 4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
    intervals) against the step's wall time, the largest idle gaps with the host operators running during each,
-   and the runtime calls that block the host (synchronize, memcpy) with their counts and host time, and the device
+   and the runtime calls that synchronize, copy or allocate with their counts and host time, and the device
    time per kernel;
 5. with --host_profile, the host's Python functions over the timed steps (cProfile): where the host's time goes.
 
@@ -40,7 +40,8 @@ from benchmarks.bench_training import model_case
 from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, synchronize, write_report
 
 FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
-BLOCKING_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
+# runtime calls that synchronize the host with the device, copy (cudaMemcpyAsync need not block) or allocate
+SYNC_AND_COPY_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
 TOP_GAPS = 12
 TOP_ROWS = 25
 STEP_MARKER = "timeline_step"
@@ -103,11 +104,14 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str, Any]:
-    """Busy time, idle gaps and blocking runtime calls of one profiled step from the profiler's events (us)."""
+    """Busy time, idle gaps (the trailing one included) and the runtime calls that synchronize or copy, of one
+    profiled step from the profiler's events (us): the host's events are those the step started, before `step_end`
+    (not the harness's drain after it)."""
     # the device's own activity: kernels, copies and fills, not the GPU ranges of record_function annotations
     device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
               and not getattr(e, "is_user_annotation", False) and e.name != STEP_MARKER]
-    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU]
+    host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
+            and step_start <= e.time_range.start < step_end]
     busy = merged([(e.time_range.start, e.time_range.end) for e in device])
     end = max([step_end] + [b for _, b in busy])
     wall = end - step_start
@@ -116,6 +120,8 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
         if start > cursor:
             gaps.append((cursor, start))
         cursor = max(cursor, stop)
+    if end > cursor:
+        gaps.append((cursor, end))
     gaps.sort(key=lambda gap: gap[0] - gap[1])
     rows = []
     for start, stop in gaps[:TOP_GAPS]:
@@ -123,18 +129,20 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
                          and e.time_range.end - e.time_range.start < stop - start + 1e3)
         rows.append({"offset_ms": (start - step_start) / 1e3, "gap_ms": (stop - start) / 1e3,
                      "host_ops": [f"{name} x{count}" for name, count in during.most_common(6)]})
-    blocking: dict[str, list[float]] = {}
+    calls: dict[str, list[float]] = {}
     for e in host:
-        if any(name in e.name for name in BLOCKING_CALLS):
-            blocking.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+        if any(name in e.name for name in SYNC_AND_COPY_CALLS):
+            calls.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
     launches = sum(1 for e in host if "LaunchKernel" in e.name)
     kernel_ms: Counter = Counter()
     for e in device:
         kernel_ms[e.name[:120]] += (e.time_range.end - e.time_range.start) / 1e3
-    return {"wall_ms": wall / 1e3, "busy_ms": sum(b - a for a, b in busy) / 1e3,
-            "idle_ms": (wall - sum(b - a for a, b in busy)) / 1e3, "kernels": len(device), "launches": launches,
-            "gaps": rows, "kernel_ms": dict(kernel_ms.most_common(TOP_ROWS)), "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
-                                       for name, times in sorted(blocking.items())}}
+    busy_us = sum(b - a for a, b in busy)
+    return {"wall_ms": wall / 1e3, "busy_ms": busy_us / 1e3, "idle_ms": (wall - busy_us) / 1e3,
+            "kernels": len(device), "launches": launches, "gaps": rows,
+            "kernel_ms": dict(kernel_ms.most_common(TOP_ROWS)),
+            "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
+                         for name, times in sorted(calls.items())}}
 
 
 def host_functions(step: Any, device: str, steps: int) -> list[dict[str, Any]]:
@@ -195,7 +203,7 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
             lines += [f"## {label}: the largest device idle gaps of one profiled step", "", markdown_table(
                 ["at ms", "gap ms", "host operators during the gap"],
                 [[f"{g['offset_ms']:.2f}", f"{g['gap_ms']:.3f}", "; ".join(g["host_ops"])] for g in profile["gaps"]]),
-                "", "Blocking runtime calls: " + (", ".join(
+                "", "Runtime calls that synchronize, copy or allocate: " + (", ".join(
                     f"{name} x{b['count']} ({b['host_ms']:.2f} ms)" for name, b in profile["blocking"].items())
                     or "none") + f"; kernel launches {profile['launches']}.", ""]
             if profile.get("kernel_ms"):

@@ -37,9 +37,9 @@ from benchmarks import (  # noqa: E402
     bench_decoding,
     bench_inference,
     bench_training,
-    step_timeline,
     tune_relpos_triton,
 )
+from benchmarks.common import markdown_table  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
 
@@ -409,9 +409,10 @@ def h200_step_timeline() -> str:
             f"with `absolute` on sdpa (queue drained around each step; {shaw['consecutive_ms']:.1f} and "
             f"{absolute['consecutive_ms']:.1f} ms for {meta['steps']} consecutive steps), and the host returns from "
             f"`shaw`'s step {shaw['drained_ms'] - shaw['enqueue_ms']:.1f} ms before the device finishes "
-            f"(`absolute`'s: {absolute['drained_ms'] - absolute['enqueue_ms']:.1f} ms). In a profiled step the fused "
-            f"kernels take {sum(fused.values()):.1f} ms of device time for the {2 * meta['layers']} self-attentions, "
-            f"cuDNN's flash kernels {cudnn:.1f} ms for `absolute`'s {3 * meta['layers']} attentions.\n")
+            f"(`absolute`'s: {absolute['drained_ms'] - absolute['enqueue_ms']:.1f} ms). In a profiled step of a later "
+            f"call ([`{H200_LATEST_KERNELS}`](results/{H200_LATEST_KERNELS})) the fused kernels take "
+            f"{sum(fused.values()):.1f} ms of device time for the {2 * meta['layers']} self-attentions, cuDNN's flash "
+            f"kernels {cudnn:.1f} ms for `absolute`'s {3 * meta['layers']} attentions.\n")
 
 
 def host_overhead_before_after() -> str:
@@ -431,6 +432,22 @@ def host_overhead_before_after() -> str:
             f"[`host_overhead`](results/{HOST_OVERHEAD}/README.md)), `shaw` on `relpos_triton` took {extra('before')} "
             f"ms per step more than `absolute` on sdpa at `{codes['before']}`, {extra('after')} ms at "
             f"`{codes['after']}`.\n")
+
+
+def h200_timeline_table() -> str:
+    """The latest check's step timings per series (step_timeline), with the columns that its record supports: the
+    profiled step's busy and idle columns counted the step's own annotation as device work (step_timeline before
+    5b75bf8), and series timed one after another give no ratios (step (a)'s round-robin rounds do)."""
+    record = read(H200_LATEST_TIMELINE)
+    meta, results = record["meta"], record["results"]
+    rows = [[label, f"{result['timing']['drained_ms']:.2f}", f"{result['timing']['consecutive_ms']:.2f}",
+             f"{result['timing']['enqueue_ms']:.2f}",
+             f"{result['timing']['drained_ms'] - result['timing']['enqueue_ms']:.2f}", result["profile"]["kernels"],
+             sum(sync["count"] for sync in result.get("syncs", []))] for label, result in results.items()]
+    return (f"Record: [`{H200_LATEST_TIMELINE}`](results/{H200_LATEST_TIMELINE}) (`{meta['command']}`; series timed "
+            "one after another, so their ratios are step (a)'s, not this table's).\n\n"
+            + markdown_table(["series", "drained ms/step", f"{meta['steps']} consecutive ms/step", "host enqueue ms",
+                              "device after the host ms", "kernels", "syncs"], rows) + "\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -1107,10 +1124,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_host_overhead": host_overhead_before_after,
     "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
-    "benchmarks_h200_timeline_8ed37f1": lambda: (
-        f"Record: [`{H200_LATEST_TIMELINE}`](results/{H200_LATEST_TIMELINE}).\n\n" + without_title(
-            step_timeline.render_markdown(read(H200_LATEST_TIMELINE)["meta"], read(H200_LATEST_TIMELINE)["results"])
-            .split("\n## ")[0]).rstrip("\n") + "\n"),
+    "benchmarks_h200_timeline_8ed37f1": h200_timeline_table,
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
         .replace("\n## ", "\n#### ")) + "\n"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import statistics
 from collections.abc import Iterator
 from pathlib import Path
@@ -383,7 +384,10 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
     events = [event("k1", cuda, 100, 300), event("k2", cuda, 250, 400), event("k3", cuda, 1400, 1500),
               event("cudaStreamSynchronize", cpu, 420, 900), event("aten::item", cpu, 410, 950),
               event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000),
-              event(step_timeline.STEP_MARKER, cuda, 100, 1500)]   # the annotation's GPU range is no device work
+              event(step_timeline.STEP_MARKER, cuda, 100, 1500),   # the annotation's GPU range is no device work
+              event("cudaDeviceSynchronize", cpu, 1460, 1600)]   # the harness's drain after the step
+    assert [(gap["offset_ms"], gap["gap_ms"]) for gap in step_timeline.timeline(events, 0, 1700)["gaps"]] == [
+        (0.4, 1.0), (1.5, 0.2), (0.0, 0.1)]   # a trailing gap too
     result = step_timeline.timeline(events, 0, 1450)
     assert result["wall_ms"] == 1.5 and result["busy_ms"] == 0.4 and result["idle_ms"] == 1.1
     assert [(gap["offset_ms"], gap["gap_ms"]) for gap in result["gaps"]] == [(0.4, 1.0), (0.0, 0.1)]
@@ -413,14 +417,17 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     from hf_relpos.model import triton_relative
 
     launch, row_deltas = triton_relative.launch, triton_relative.row_deltas
+    monkeypatch.delenv("TRITON_INTERPRET")
     calls = []
     original = host_overhead.kernels_stubbed
 
     @contextlib.contextmanager
     def counted():
         with original():
-            stub = triton_relative.launch
-            triton_relative.launch = lambda *args, **settings: calls.append(args[0].__name__) or stub()
+            assert os.environ["TRITON_INTERPRET"] == "1"
+            stubs = triton_relative.launch, triton_relative.row_deltas
+            triton_relative.launch = lambda *args, **settings: calls.append(args[0].__name__) or stubs[0]()
+            triton_relative.row_deltas = lambda *args: calls.append("row_deltas") or stubs[1](*args)
             yield
 
     monkeypatch.setattr(host_overhead, "kernels_stubbed", counted)
@@ -428,6 +435,8 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
                                "--out", str(tmp_path)])
     assert [row["series"] for row in data["rows"]] == ["absolute@sdpa", "shaw@relpos_triton"]
     assert data["rows"][0]["extra_ms"] == 0 and all(row["ms"] > 0 for row in data["rows"])
-    assert set(calls) == {"relative_forward_kernel", "relative_backward_keys_kernel", "relative_backward_queries_kernel"}
+    assert set(calls) == {"relative_forward_kernel", "relative_backward_keys_kernel", "relative_backward_queries_kernel",
+                          "row_deltas"}
     assert (triton_relative.launch, triton_relative.row_deltas) == (launch, row_deltas)
+    assert "TRITON_INTERPRET" not in os.environ
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()

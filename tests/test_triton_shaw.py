@@ -824,3 +824,18 @@ def test_a_compiled_training_step_is_the_eager_one(triton_calls):
     torch.testing.assert_close(got_loss, expected_loss, rtol=0, atol=1e-12)
     for got, expected in zip(got_grads, expected_grads, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])
+def test_a_second_derivative_is_refused_not_wrong(compiled):
+    """Double backward through the fused attention (create_graph) raises on both paths: the kernels' gradients have
+    no derivative of their own, and taking them as constants would give a wrong second derivative silently."""
+    case = KERNEL_CASES["encoder_k1_padded"]
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+    weight = torch.tensor(1.5, dtype=torch.float64, requires_grad=True)
+    fused = relative_attention if compiled else triton_relative.FusedAttention.apply
+    output, _, _ = fused(query.detach() * weight, key, value, table, key_start, key_end, torch.tensor([2**40]),
+                         8**-0.5, 0.0, 0, 1, False, mass_columns(1, True))
+    (grad,) = torch.autograd.grad(output.square().sum() + weight**3, weight, create_graph=True)
+    with pytest.raises(RuntimeError, match="relative_attention_backward"):
+        torch.autograd.grad(grad, weight)

@@ -318,11 +318,15 @@ class FusedAttention(torch.autograd.Function):
     def forward(ctx: Any, *inputs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         outputs = fused_forward(*inputs)
         setup_context(ctx, inputs, outputs)
+        ctx.set_materialize_grads(False)   # `gradients` fills an unused output's gradient itself (lse's: never)
         return outputs
 
     @staticmethod
-    def backward(ctx: Any, grad_output: torch.Tensor, grad_masses: torch.Tensor, _: Any) -> tuple:
-        return gradients(ctx, grad_output, grad_masses, fused_backward)
+    def backward(ctx: Any, grad_output: torch.Tensor | None, grad_masses: torch.Tensor | None, _: Any) -> tuple:
+        # with create_graph the backward op, which has no derivative and says so, instead of kernels whose outputs
+        # autograd would take as constants (a silently wrong second derivative)
+        return gradients(ctx, grad_output, grad_masses,
+                         relative_attention_backward if torch.is_grad_enabled() else fused_backward)
 
 
 def dropout_seed() -> torch.Tensor:
