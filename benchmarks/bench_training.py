@@ -57,11 +57,13 @@ MIB = 2**20
 
 @dataclass
 class Case:
-    """One scheme at one shape and length: `step()` runs one forward + backward of `tokens` tokens."""
+    """One scheme at one shape and length: `step()` runs one forward + backward of `tokens` tokens; `forward()`,
+    where given, the step's forward alone (gradients zeroed first), returning the loss that `step()` backpropagates."""
 
     module: nn.Module
     step: Callable[[], None]
     tokens: int
+    forward: Callable[[], torch.Tensor] | None = None
 
 
 def attention_case(
@@ -99,13 +101,15 @@ def model_case(
     source = torch.randint(4, vocab_size, (batch, length), device=device)
     labels = torch.randint(4, vocab_size, (batch, length), device=device)
 
-    def step() -> None:
+    def forward() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with autocast(device, dtype):
-            loss = model(input_ids=source, labels=labels).loss
-        loss.backward()
+            return model(input_ids=source, labels=labels).loss
 
-    return Case(model, step, 2 * batch * length)
+    def step() -> None:
+        forward().backward()
+
+    return Case(model, step, 2 * batch * length, forward)
 
 
 def series_labels(args: argparse.Namespace) -> list[tuple[str, str, str]]:

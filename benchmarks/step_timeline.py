@@ -6,7 +6,7 @@ after `--warmup` untimed steps (compiles, autotuning):
 1. wall ms per step two ways: steps timed one by one with the queue drained around each (as bench_training times
    them), and `--steps` consecutive steps with one drain at the end (as a training loop runs them);
 2. the host's enqueue time: ms until step() returns after a drained queue (the host's own work, unless it waits
-   on a synchronization);
+   on a synchronization or on a full launch queue), and the forward's part of it (until the loss is returned);
 3. synchronizations (CUDA): every warning of torch.cuda.set_sync_debug_mode over one step, with its frames in
    hf_relpos, transformers and benchmarks;
 4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
@@ -47,24 +47,33 @@ TOP_ROWS = 25
 STEP_MARKER = "timeline_step"
 
 
-def time_steps(step: Any, device: str, steps: int) -> dict[str, float]:
-    """ms per step: drained around each step (median), consecutive (mean), and the host's enqueue time (median)."""
-    drained, enqueue = [], []
+def time_steps(case: Any, device: str, steps: int) -> dict[str, float]:
+    """ms per step: drained around each step (median), consecutive (mean), and the host's enqueue time (median),
+    split into the forward's and the backward's where the case separates them."""
+    drained, enqueue, forward_enqueue = [], [], []
     for _ in range(steps):
         synchronize(device)
         start = time.perf_counter()
-        step()
+        if case.forward is None:
+            case.step()
+        else:
+            loss = case.forward()
+            forward_enqueue.append(time.perf_counter() - start)
+            loss.backward()
         enqueue.append(time.perf_counter() - start)
         synchronize(device)
         drained.append(time.perf_counter() - start)
     synchronize(device)
     start = time.perf_counter()
     for _ in range(steps):
-        step()
+        case.step()
     synchronize(device)
     consecutive = (time.perf_counter() - start) / steps
-    return {"drained_ms": 1e3 * statistics.median(drained), "consecutive_ms": 1e3 * consecutive,
-            "enqueue_ms": 1e3 * statistics.median(enqueue)}
+    timing = {"drained_ms": 1e3 * statistics.median(drained), "consecutive_ms": 1e3 * consecutive,
+              "enqueue_ms": 1e3 * statistics.median(enqueue)}
+    if forward_enqueue:
+        timing["forward_enqueue_ms"] = 1e3 * statistics.median(forward_enqueue)
+    return timing
 
 
 def synchronizations(step: Any) -> list[dict[str, Any]]:
@@ -182,14 +191,16 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
              f"after {meta['warmup']} untimed", ""]
     baseline = next(iter(results.values()), None)
     header = ["series", "drained ms/step", "consecutive ms/step", "ratio (drained)", "ratio (consecutive)",
-              "host enqueue ms", "profiled wall ms", "device busy ms", "device idle ms", "kernels", "syncs"]
+              "host enqueue ms", "of which forward ms", "profiled wall ms", "device busy ms", "device idle ms", "kernels", "syncs"]
     table = []
     for label, result in results.items():
         timing, profile = result["timing"], result.get("profile", {})
         table.append([label, f"{timing['drained_ms']:.2f}", f"{timing['consecutive_ms']:.2f}",
                       f"{baseline['timing']['drained_ms'] / timing['drained_ms']:.3f}",
                       f"{baseline['timing']['consecutive_ms'] / timing['consecutive_ms']:.3f}",
-                      f"{timing['enqueue_ms']:.2f}", *(f"{profile[key]:.2f}" if key in profile else "-"
+                      f"{timing['enqueue_ms']:.2f}",
+                      f"{timing['forward_enqueue_ms']:.2f}" if "forward_enqueue_ms" in timing else "-",
+                      *(f"{profile[key]:.2f}" if key in profile else "-"
                                                        for key in ("wall_ms", "busy_ms", "idle_ms")),
                       profile.get("kernels", "-"), sum(s["count"] for s in result.get("syncs", []))])
     lines += [markdown_table(header, table), ""]
@@ -250,7 +261,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                           kernel or "sdpa", args.attention_dropout)
         for _ in range(args.warmup):
             case.step()
-        result: dict[str, Any] = {"timing": time_steps(case.step, args.device, args.steps)}
+        result: dict[str, Any] = {"timing": time_steps(case, args.device, args.steps)}
         results[label] = result
         if args.device == "cuda":
             result["syncs"] = synchronizations(case.step)

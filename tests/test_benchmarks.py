@@ -406,7 +406,8 @@ def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
                                "--warmup", "0", "--host_profile", "--out", str(tmp_path)])
     assert list(data["results"]) == ["absolute@sdpa", "shaw@eager"]
     assert any("modeling_relpos.py" in row["function"] for row in data["results"]["shaw@eager"]["host_functions"])
-    assert all(result["timing"]["drained_ms"] > 0 for result in data["results"].values())
+    assert all(0 < result["timing"]["forward_enqueue_ms"] < result["timing"]["enqueue_ms"] <= result["timing"]["drained_ms"]
+               for result in data["results"].values())
     assert "| absolute@sdpa |" in (tmp_path / "timeline.md").read_text()
 
 
