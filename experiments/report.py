@@ -257,14 +257,15 @@ def kernels(scheme: str) -> str:
 
 
 def fused_rows(scheme: str) -> list[dict]:
-    """The scheme's rows in the H200 records of the fused kernels, each with the record's attention dropout;
-    `relpos_triton` rows only where that kernel runs the scheme (elsewhere they are sdpa under its name)."""
+    """The scheme's rows at n = 512 in the latest H200 records of the fused kernels (H200_RECOMMENDED), each with
+    the record's attention dropout; `relpos_triton` rows only where that kernel runs the scheme (elsewhere they are
+    sdpa under its name)."""
     rows, on_triton = [], runs_on_triton(scheme)
-    for path in H200_FUSED:
+    for path in H200_RECOMMENDED:
         record = read(path)
         for row in record["training"]:
             name, _, kernel = row["scheme"].partition("@")
-            if name == scheme and (kernel != "relpos_triton" or on_triton):
+            if name == scheme and row["length"] == 512 and (kernel != "relpos_triton" or on_triton):
                 rows.append(row | {"attention_dropout": record["meta"]["attention_dropout"]})
     return rows
 
@@ -502,6 +503,9 @@ H200_LATEST_LENGTHS = f"{H200_LATEST_CHECK}/{H200_LENGTHS_RECORD}"
 H200_LATEST_TUNING = f"{H200_LATEST_CHECK}/tuning_n512/tuning.json"
 H200_LATEST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n512/timeline.json"
 H200_LATEST_KERNELS = f"{H200_LATEST_CHECK}/timeline_host_n512/timeline.json"
+# README's recommended kernels: relpos_triton and sdpa at attention dropout 0.1 from the latest check, flex_attention
+# and sdpa at dropout 0 from 3c5d2ac (the fused path's latest timing at dropout 0).
+H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
 # benchmarks/host_overhead.py before (8ed37f1) and after (eager calls through an autograd.Function), alternated.
 HOST_OVERHEAD = "host_overhead"
 HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
@@ -516,7 +520,7 @@ def h100_model_rows(scheme: str) -> list[dict]:
 def readme_cost() -> str:
     """Per scheme: H100 training speed and memory against absolute (base model), cached decoding, kernels."""
     meta = read(H100_TRAINING[0])["meta"]
-    fused_meta = read(H200_FUSED[0])["meta"]
+    fused_meta, flex_meta = (read(path)["meta"] for path in H200_RECOMMENDED[:2])
     decoding_record = read(H100_DECODING)
     decoding = {row["scheme"]: row for row in decoding_record["decoding"]}
     rows = []
@@ -538,9 +542,13 @@ def readme_cost() -> str:
                f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
                "`xl`. Recommended kernel: the fastest measured for training on an "
                f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
-               f"peak memory against it in the same run ([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)); "
-               f"code `{fused_meta['code'].removesuffix('-dirty')}`.\n\n")
+               f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
+               f"code `{fused_meta['code'].removesuffix('-dirty')}` "
+               f"([`{H200_LATEST_CHECK}`](docs/results/{H200_LATEST_CHECK}/README.md); "
+               "[more](docs/benchmarks.md#one-h200-2026-11-28-later-relpos_triton-at-8ed37f1-a-host-bound-step)), "
+               f"at {flex_meta['attention_dropout']:g} code `{flex_meta['code'].removesuffix('-dirty')}` "
+               f"([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
+               "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)).\n\n")
     return caption + table(["scheme", "training speed vs absolute", "peak memory vs absolute",
                             "cached decoding vs absolute", "recommended `attn_implementation` (H200, n = 512)",
                             "kernels"], rows)
