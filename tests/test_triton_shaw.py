@@ -839,3 +839,26 @@ def test_a_second_derivative_is_refused_not_wrong(compiled):
     (grad,) = torch.autograd.grad(output.square().sum() + weight**3, weight, create_graph=True)
     with pytest.raises(RuntimeError, match="relative_attention_backward"):
         torch.autograd.grad(grad, weight)
+
+
+def test_activation_checkpointing_recomputes_the_same_dropout(triton_calls):
+    """A padded training step with attention and residual dropout on relpos_triton, with activation checkpointing
+    (each layer's forward recomputed in the backward, torch's random state restored) and without: the same loss and
+    the same gradients, exactly (float64): the recomputed kernels draw the dropout seeds of the first pass."""
+    def step(checkpointing):
+        triton_calls.clear()
+        torch.manual_seed(0)
+        model = hf_relpos.RelPosTransformerForConditionalGeneration(
+            tiny_config("shaw", attention_dropout=0.2, dropout=0.1)).to(DEVICE, torch.float64).train()
+        model.set_attn_implementation("relpos_triton")
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        torch.manual_seed(5)
+        loss = model(**seq2seq_batch()).loss
+        loss.backward()
+        assert len(triton_calls) == (8 if checkpointing else 4)   # 2 + 2 self-attentions, recomputed when checkpointed
+        return loss.detach(), [parameter.grad for parameter in model.parameters()]
+
+    (plain_loss, plain_grads), (loss, grads) = step(False), step(True)
+    assert torch.equal(loss, plain_loss)
+    assert all(torch.equal(got, expected) for got, expected in zip(grads, plain_grads, strict=True))
