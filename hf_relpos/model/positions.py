@@ -692,7 +692,12 @@ class PositionContext:
 
     def extend(self, context_class: type[ContextType], **extra: Any) -> ContextType:
         """This context as an instance of the subclass `context_class`, with its extra fields."""
-        return context_class(**{field.name: getattr(self, field.name) for field in fields(PositionContext)}, **extra)
+        return context_class(**{name: getattr(self, name) for name in CONTEXT_FIELDS}, **extra)
+
+
+# PositionContext's field names, read once (torch.compile cannot trace dataclasses.fields of a class: a graph break
+# in every stack call of a scheme with its own context)
+CONTEXT_FIELDS = tuple(field.name for field in fields(PositionContext))
 
 
 class PositionScheme(nn.Module):
