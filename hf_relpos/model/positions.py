@@ -304,11 +304,10 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     """
     *batch, query_length, distance_length = scores.shape
     scores = scores.contiguous()
-    return scores.as_strided(
-        (*batch, query_length, key_length),
-        (*scores.stride()[:-2], distance_length - 1, 1),
-        scores.storage_offset() + query_length - 1,
-    )
+    # the view starts n - 1 elements in, read as from there (a view's own storage offset: torch.compile does not
+    # trace storage_offset())
+    return scores.flatten()[query_length - 1:].as_strided(
+        (*batch, query_length, key_length), (*scores.stride()[:-2], distance_length - 1, 1))
 
 
 QUERY_BLOCK = 64   # queries per block of a dense relative bias (`dense_by_query_blocks`)
