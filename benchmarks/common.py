@@ -76,6 +76,17 @@ def make_config(
     return config
 
 
+def scheme_and_kernel(series: str) -> tuple[str, str]:
+    """(scheme, kernel) of a series label `scheme@kernel` (`scheme` alone: sdpa)."""
+    scheme, _, kernel = series.partition("@")
+    return scheme, kernel or "sdpa"
+
+
+def series_kernels(series: list[str]) -> str:
+    """The kernels the series run on, each once in order of appearance, for a report's header."""
+    return " / ".join(dict.fromkeys(scheme_and_kernel(label)[1] for label in series))
+
+
 def dropout_kind(kernel: str) -> str:
     """The recipes' attention dropout as `kernel` runs it: on the probabilities where it can, else (flex_attention)
     as key dropout, the form the fused path runs (issue #47 item 8: level with it on validation for xl, 3 seeds)."""

@@ -26,7 +26,16 @@ from typing import Any
 import torch
 
 from benchmarks.bench_training import model_case
-from benchmarks.common import Shape, environment, environment_lines, markdown_table, round_robin, write_report
+from benchmarks.common import (
+    Shape,
+    environment,
+    environment_lines,
+    markdown_table,
+    round_robin,
+    scheme_and_kernel,
+    series_kernels,
+    write_report,
+)
 
 HOST_SHAPE = Shape(d_model=64, heads=8, ffn_dim=64, layers=6, vocab_size=64)   # the base model's layers and heads
 
@@ -80,15 +89,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     torch.set_num_threads(args.threads)
     shape = HOST_SHAPE
     meta = environment("cpu", "float32") | {
-        "kernel": " / ".join(dict.fromkeys(label.partition("@")[2] or "sdpa" for label in args.series)),
+        "kernel": series_kernels(args.series),
         "layers": shape.layers, "d_model": shape.d_model, "heads": shape.heads, "length": args.length,
         "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds}
     with kernels_stubbed():
         cases = {}
         for label in args.series:
-            scheme, _, kernel = label.partition("@")
+            scheme, kernel = scheme_and_kernel(label)
             cases[label] = model_case(scheme, shape, args.length, args.batch, "cpu", "float32", shape.layers,
-                                      shape.vocab_size, kernel or "sdpa", args.attention_dropout)
+                                      shape.vocab_size, kernel, args.attention_dropout)
 
         def steps(step: Any) -> Any:
             return lambda: [step() for _ in range(args.steps)]

@@ -37,7 +37,16 @@ from typing import Any
 import torch
 
 from benchmarks.bench_training import model_case
-from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, synchronize, write_report
+from benchmarks.common import (
+    SHAPES,
+    environment,
+    environment_lines,
+    markdown_table,
+    scheme_and_kernel,
+    series_kernels,
+    synchronize,
+    write_report,
+)
 
 FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
 # runtime calls that synchronize the host with the device, copy (cudaMemcpyAsync need not block) or allocate
@@ -253,12 +262,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     meta = environment(args.device, args.dtype) | {
         "shape": args.shape, "layers": layers, "length": args.length, "batch": batch,
         "attention_dropout": args.attention_dropout, "warmup": args.warmup, "steps": args.steps,
-        "kernel": " / ".join(dict.fromkeys(label.partition("@")[2] or "sdpa" for label in args.series))}
+        "kernel": series_kernels(args.series)}
     results: dict[str, dict[str, Any]] = {}
     for label in args.series:
-        scheme, _, kernel = label.partition("@")
-        case = model_case(scheme, shape, args.length, batch, args.device, args.dtype, layers, shape.vocab_size,
-                          kernel or "sdpa", args.attention_dropout)
+        scheme, kernel = scheme_and_kernel(label)
+        case = model_case(scheme, shape, args.length, batch, args.device, args.dtype, layers, shape.vocab_size, kernel,
+                          args.attention_dropout)
         for _ in range(args.warmup):
             case.step()
         result: dict[str, Any] = {"timing": time_steps(case, args.device, args.steps)}

@@ -397,8 +397,8 @@ def h200_step_timeline() -> str:
     """The full model's step on the H200 at the latest check (step_timeline records): wall time per step against
     the host's enqueue time (equal: host-bound), and the fused kernels' device time against cuDNN's flash kernels
     in the profiled step."""
-    results = read(H200_LATEST_TIMELINE)["results"]
-    meta = read(H200_LATEST_TIMELINE)["meta"]
+    record = read(H200_LATEST_TIMELINE)
+    meta, results = record["meta"], record["results"]
     shaw, absolute = results["shaw@relpos_triton"]["timing"], results["absolute@sdpa"]["timing"]
     kernels = {label: result["profile"]["kernel_ms"]
                for label, result in read(H200_LATEST_KERNELS)["results"].items()}
