@@ -4,6 +4,7 @@ every kernel, with and without padding, in the encoder, the decoder and a cached
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -19,6 +20,7 @@ from hf_relpos.model.positions import (
     RelativeValues,
     aligned_width,
     clipped_rel_shift,
+    computed_once,
     get_scheme_class,
     times_table,
 )
@@ -364,6 +366,28 @@ CASES = [
     *SCHEME_ORACLES,   # those of the schemes that tests/test_scheme_*.py register
 ]
 SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
+
+
+def test_a_value_computed_once_is_computed_on_the_first_read_only_and_kept_by_its_own_context():
+    """`computed_once` reads its method once per context: later reads return the same object, another context
+    computes its own, and the frozen context refuses an assignment."""
+    calls = []
+
+    @dataclasses.dataclass(frozen=True)
+    class CountingContext(PositionContext):
+        @computed_once
+        def table(self) -> torch.Tensor:
+            """A table."""
+            calls.append(self.query_length)
+            return torch.arange(self.query_length)
+
+    first, second = (CountingContext(n, n, 0, None, torch.device("cpu"), torch.float32) for n in (3, 5))
+    assert calls == []
+    assert first.table is first.table and calls == [3]
+    assert second.table.tolist() == [0, 1, 2, 3, 4] and calls == [3, 5]
+    assert CountingContext.table.__doc__ == "A table."
+    with pytest.raises(AttributeError):
+        first.table = torch.zeros(3)
 
 
 def test_every_scheme_has_an_oracle():

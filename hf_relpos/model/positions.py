@@ -650,6 +650,21 @@ class AttentionTerms:
 ContextType = TypeVar("ContextType", bound="PositionContext")
 
 
+def computed_once(method: Callable[[Any], Any]) -> property:
+    """A read-only property of a (frozen) context computed on its first read and kept in the instance's __dict__:
+    functools.cached_property without the lock it takes under Python 3.11, which torch.compile cannot trace (a graph
+    break at every read)."""
+    name = method.__name__
+
+    def read(self: Any) -> Any:
+        values = self.__dict__
+        if name not in values:
+            values[name] = method(self)
+        return values[name]
+
+    return property(read, doc=method.__doc__)
+
+
 @dataclass(frozen=True)
 class PositionContext:
     """The positions of one stack call, built once per forward by `PositionScheme.prepare` and read by every layer.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +20,7 @@ from .positions import (
     boolean_field,
     clipped_distance,
     clipped_rel_shift,
+    computed_once,
     integer_field,
     number_field,
     region_attention,
@@ -198,7 +198,7 @@ class ShawContext(PositionContext):
 
     max_relative_position: int = 0
 
-    @functools.cached_property
+    @computed_once
     def index(self) -> torch.Tensor:
         query_positions, key_positions = self.query_and_key_positions()
         return clipped_distance(key_positions[None, :] - query_positions[:, None], self.max_relative_position)

@@ -17,6 +17,7 @@ from .positions import (
     PositionContext,
     PositionScheme,
     SchemeCard,
+    computed_once,
     integer_field,
     region_attention,
     register_position_scheme,
@@ -195,7 +196,7 @@ class T5Context(PositionContext):
     fused_buckets: tuple[int, ...] = ()
     score_mod: Any = None
 
-    @functools.cached_property
+    @computed_once
     def fused_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The band's bias [H, W] and the far regions' [H, 2] (below, above), gathered once per forward."""
         biases = self.weight[torch.tensor(self.fused_buckets, device=self.weight.device)].t()
