@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
-from conftest import tiny_config
+from conftest import SCHEMES, tiny_config
 
 import hf_relpos
 
@@ -20,7 +20,7 @@ def padded_batch() -> dict[str, torch.Tensor]:
                 labels=torch.randint(3, 40, (2, 11), generator=generator))
 
 
-@pytest.mark.parametrize("scheme", ["absolute", "rope", "alibi", "t5", "directional", "xl", "shaw"])
+@pytest.mark.parametrize("scheme", SCHEMES)
 def test_a_padded_training_forward_compiles_into_one_graph(scheme):
     """dynamo traces the whole forward of a padded batch on sdpa, loss included, without a graph break."""
     torch.manual_seed(0)

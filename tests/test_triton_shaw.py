@@ -826,6 +826,42 @@ def test_a_compiled_training_step_is_the_eager_one(triton_calls):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
+def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graphs_do_not_grow_with_depth(
+        triton_calls):
+    """`key_ranges` reads the self-attention mask on the host once per stack call, before the layers
+    (`prepare_kernel`), and every layer reuses it: one torch.equal per stack in eager mode, and under torch.compile
+    the graph breaks only there, so a deeper model compiles into as many graphs (a break inside the layer loop makes
+    dynamo compile each layer on its own)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class CountEqual(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.count += func is torch.ops.aten.equal.default
+            return func(*args, **(kwargs or {}))
+
+    graph_counts = {}
+    for layers in (1, 3):
+        torch.manual_seed(0)
+        config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers)
+        model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(DEVICE).train()
+        model.set_attn_implementation("relpos_triton")
+        batch = seq2seq_batch()
+        with CountEqual() as counted:
+            model(**batch)
+        assert counted.count == 2 and len(triton_calls) == 2 * layers
+        torch._dynamo.reset()
+        explanation = torch._dynamo.explain(lambda model=model, batch=batch: model(**batch).loss)()
+        frames = [[frame.name for frame in reason.user_stack] for reason in explanation.break_reasons]
+        assert all(names[-1] == "key_ranges" and "attend" not in names for names in frames), frames
+        graph_counts[layers] = explanation.graph_count
+        triton_calls.clear()
+    assert graph_counts[1] == graph_counts[3], graph_counts
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])
 def test_a_second_derivative_is_refused_not_wrong(compiled):
     """Double backward through the fused attention (create_graph) raises on both paths: the kernels' gradients have

@@ -27,7 +27,7 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 from transformers.utils import logging
 
-from .positions import DenseBias, RelativeBias, RelativeValues
+from .positions import DenseBias, PositionContext, RelativeBias, RelativeValues
 from .triton_relative import KERNEL_NAME as TRITON_KERNEL
 from .triton_relative import check_device, clipped_relative_attention, key_ranges
 
@@ -663,13 +663,15 @@ def relpos_triton_attention_forward(
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output_attentions: bool = False,
     key_dropout: KeyDropout | None = None,
+    kernel_cache: dict[Any, Any] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Shaw's relative self-attention in one fused Triton kernel (`clipped_relative_attention`): the a^K bias read
     by distance, the a^V term from each row's probability mass per distance, padding from per-sequence key ranges,
-    causal for the decoder, true attention dropout (after the softmax, seen by a^V too). What it does not cover
-    (`triton_clipped_terms`) runs on `TRITON_OTHERWISE`, with a warning (once) when Shaw's terms leave the kernel
-    (`triton_fallback_cause`). On CUDA; on the CPU only under TRITON_INTERPRET=1."""
+    causal for the decoder, true attention dropout (after the softmax, seen by a^V too); the padding ranges come
+    from the stack call's `kernel_cache` (`relpos_triton_prepare`). What it does not cover (`triton_clipped_terms`)
+    runs on `TRITON_OTHERWISE`, with a warning (once) when Shaw's terms leave the kernel (`triton_fallback_cause`).
+    On CUDA; on the CPU only under TRITON_INTERPRET=1."""
     if key_dropout is not None:
         raise ValueError(f"attn_implementation {TRITON_KERNEL!r} drops attention probabilities (true attention "
                          "dropout): set attention_dropout_kind to 'probabilities', or use 'flex_attention', 'sdpa' or "
@@ -681,7 +683,8 @@ def relpos_triton_attention_forward(
     batch, _, query_length, _ = query.shape
     ranges = None
     if clipped is not None and not output_attentions:
-        ranges = key_ranges(attention_mask, batch, query_length, key.size(-2), clipped[1], causal, query.device)
+        ranges = key_ranges(attention_mask, batch, query_length, key.size(-2), clipped[1], causal, query.device,
+                            kernel_cache)
     if ranges is None:
         cause = triton_fallback_cause(clipped, score_bias, value_term, output_attentions)
         if cause is not None:
@@ -697,7 +700,30 @@ def relpos_triton_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
+def relpos_triton_prepare(mask: torch.Tensor | None, context: PositionContext, batch: int, causal: bool) -> None:
+    """Checks a stack call's self-attention mask for padding ranges once, before its layers (`key_ranges`, a host
+    sync), into `context.kernel_cache`: under torch.compile the graph then breaks there, not in the layer loop, where
+    dynamo would give up on the loop and compile each layer on its own. A scheme whose terms the kernel does not
+    cover pays this one check per stack call too."""
+    key_ranges(mask, batch, context.query_length, context.key_length, context.query_offset, causal, context.device,
+               context.kernel_cache)
+
+
 # --- end of "relpos_triton" ---
+
+# what a kernel reads once per stack call, before the layers: f(self-attention mask, context, batch, causal)
+KERNEL_PREPARATIONS: dict[str, Callable[[torch.Tensor | None, PositionContext, int, bool], None]] = {
+    TRITON_KERNEL: relpos_triton_prepare,
+}
+
+
+def prepare_kernel(kernel: str | None, mask: torch.Tensor | None, context: PositionContext, batch: int,
+                   causal: bool) -> None:
+    """Runs `kernel`'s per-stack-call preparation (`KERNEL_PREPARATIONS`; most kernels have none)."""
+    preparation = KERNEL_PREPARATIONS.get(kernel)
+    if preparation is not None:
+        preparation(mask, context, batch, causal)
+
 
 def registered_kernels() -> list[str]:
     """The kernels an `attn_implementation` may name: hf_relpos' own and those transformers has registered (a Hub

@@ -51,6 +51,7 @@ from .attention_functions import (
     check_kernel_name,
     dense_mask,
     eager_attention_forward,
+    prepare_kernel,
 )
 from .configuration_relpos import RelPosTransformerConfig
 from .generation_limits import (
@@ -369,7 +370,8 @@ class RelPosAttention(nn.Module):
                 attention_mask = and_scheme_mask(attention_mask, terms.mask)
             extra.update(score_bias=_as_4d(terms.score_bias) if torch.is_tensor(terms.score_bias) else terms.score_bias,
                          value_term=terms.value_term, score_mod=terms.score_mod,
-                         fused_attention=terms.fused_attention)
+                         fused_attention=terms.fused_attention,
+                         kernel_cache=position_context.kernel_cache if position_context is not None else None)
         else:
             require_relpos_kernel(self.config, kernel, getattr(scheme, "name", None), terms.additions())
         return attention(
@@ -552,15 +554,17 @@ class RelPosStack(nn.Module):
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
-        """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`), then runs the
-        layers. Returns the output, optional per-layer hidden states / attentions / cross-attentions, and the inputs
-        of every layer (what Transformer-XL keeps as memory)."""
+        """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`) and what the
+        kernel reads once (`prepare_kernel`), then runs the layers. Returns the output, optional per-layer hidden
+        states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
         query_length = hidden_states.size(1)
         key_length = query_offset + query_length
         position_context = self.positions.prepare(PositionContext(
             query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype
         ))
         self_mask = with_scheme_mask(self.config, self.positions, position_context, self_mask)
+        prepare_kernel(self.config._attn_implementation, self_mask, position_context, hidden_states.size(0),
+                       self.is_decoder)
         all_hidden, all_self, all_cross, layer_inputs = [], [], [], []
         for idx, layer in enumerate(self.layers):
             layer_inputs.append(hidden_states)

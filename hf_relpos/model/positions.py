@@ -675,7 +675,8 @@ class PositionContext:
     broadcastable to [B, H, n, m] that the scheme adds to every layer's self-attention (DiSAN's directions; True =
     may attend), or `mask_mod(h, i', j)` the same from head h, query position index i' = i + query_offset and key
     index j (its fused form; `dense_mask` expands it for the other kernels); the stack combines it with padding and
-    causality once. Schemes keep what else they precompute in a
+    causality once. `kernel_cache` is where an attention kernel keeps what it reads once per stack call and every
+    layer shares (the fused kernel's padding ranges: a host sync). Schemes keep what else they precompute in a
     subclass (`extend`).
     """
 
@@ -687,6 +688,7 @@ class PositionContext:
     dtype: torch.dtype
     mask: torch.Tensor | None = None
     mask_mod: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    kernel_cache: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     def has_mask(self) -> bool:
         return self.mask is not None or self.mask_mod is not None

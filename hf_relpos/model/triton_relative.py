@@ -349,31 +349,34 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
 
 
 def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: int, key_length: int,
-               query_offset: int, causal: bool, device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+               query_offset: int, causal: bool, device: torch.device,
+               cache: dict[Any, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per sequence, the keys [start, end) the boolean mask [B, 1, n, m] allows (int32 [B] each), or None when the
     mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
-    covered, holes or windows are not. Read and checked once per mask tensor (one host sync per stack call) and
-    kept on it, so every layer of a forward shares them; under torch.compile (which cannot trace attributes set on a
-    tensor) each call reads and checks the mask again."""
+    covered, holes or windows are not. Reading the mask is a host sync (and under torch.compile a graph break):
+    `cache` (a stack call's `PositionContext.kernel_cache`) keeps the answer for that mask tensor, so every layer of
+    the call shares one check."""
     if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
         return None
     if attention_mask is None:
         return (torch.zeros(batch, dtype=torch.int32, device=device),
                 torch.full((batch,), key_length, dtype=torch.int32, device=device))
-    built = {} if torch.compiler.is_compiling() else attention_mask.__dict__.setdefault("_relpos_triton_key_ranges", {})
-    if (causal, query_offset) not in built:
-        mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
-        allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
-        positions = torch.arange(key_length, device=device)
-        start = torch.where(allowed, positions, key_length).amin(-1)
-        end = torch.where(allowed, positions + 1, 0).amax(-1).clamp(min=start)
-        expected = (positions >= start[:, None, None]) & (positions < end[:, None, None])
-        if causal:
-            rows = torch.arange(query_length, device=device)[:, None] + query_offset
-            expected = expected & (positions[None, :] <= rows)
-        covered = bool(torch.equal(expected.expand_as(mask), mask))
-        built[(causal, query_offset)] = (start.to(torch.int32), end.to(torch.int32)) if covered else None
-    return built[(causal, query_offset)]
+    cache_key = ("key_ranges", batch, query_length, key_length, query_offset, causal)
+    if cache is not None and cache_key in cache and cache[cache_key][0] is attention_mask:
+        return cache[cache_key][1]
+    mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
+    allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
+    positions = torch.arange(key_length, device=device)
+    start = torch.where(allowed, positions, key_length).amin(-1)
+    end = torch.where(allowed, positions + 1, 0).amax(-1).clamp(min=start)
+    expected = (positions >= start[:, None, None]) & (positions < end[:, None, None])
+    if causal:
+        rows = torch.arange(query_length, device=device)[:, None] + query_offset
+        expected = expected & (positions[None, :] <= rows)
+    ranges = (start.to(torch.int32), end.to(torch.int32)) if torch.equal(expected.expand_as(mask), mask) else None
+    if cache is not None:
+        cache[cache_key] = (attention_mask, ranges)
+    return ranges
 
 
 def clipped_relative_attention(
