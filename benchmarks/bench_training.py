@@ -92,19 +92,21 @@ def attention_case(
 
 def model_case(
     scheme: str, shape: Shape, length: int, batch: int, device: str, dtype: str, layers: int, vocab_size: int,
-    kernel: str = "sdpa", attention_dropout: float = 0.0,
+    kernel: str = "sdpa", attention_dropout: float = 0.0, compile_backend: str | None = None,
 ) -> Case:
-    """The full encoder-decoder on random source/target ids of `length` tokens each (training mode, dropout on)."""
+    """The full encoder-decoder on random source/target ids of `length` tokens each (training mode, dropout on);
+    with `compile_backend`, run through torch.compile(model, backend=...), as the Trainer's `torch_compile` does."""
     torch.manual_seed(0)
     config = make_config(scheme, shape, layers, vocab_size, kernel, attention_dropout)
     model = RelPosTransformerForConditionalGeneration(config).to(device).train()
+    runner = model if compile_backend is None else torch.compile(model, backend=compile_backend)
     source = torch.randint(4, vocab_size, (batch, length), device=device)
     labels = torch.randint(4, vocab_size, (batch, length), device=device)
 
     def forward() -> torch.Tensor:
         model.zero_grad(set_to_none=True)
         with autocast(device, dtype):
-            return model(input_ids=source, labels=labels).loss
+            return runner(input_ids=source, labels=labels).loss
 
     def step() -> None:
         forward().backward()
@@ -124,24 +126,30 @@ def baseline_labels(args: argparse.Namespace) -> list[str]:
 
 
 class GraphsGrew(RuntimeError):
-    """FlexAttention compiled a graph during the timed rounds: the timings would include compiles."""
+    """FlexAttention or torch.compile compiled a graph during the timed rounds: the timings would include compiles."""
+
+
+def compiled_graphs() -> tuple[int, int]:
+    """How many graphs FlexAttention and torch.compile (dynamo) have compiled in this process."""
+    return compiled_graph_count(), torch._dynamo.utils.counters["stats"]["unique_graphs"]
 
 
 def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str, dict[str, float]], str]:
     """Warm-up rounds, then round-robin timing, then one peak-memory measurement per series (gradients cleared
     before it). Ratios are to absolute on its fastest kernel (the returned label). The compiled FlexAttention graphs
-    must not grow after the warm-up (`GraphsGrew`); a fallback to the unfused kernel raises in the kernel itself."""
+    and torch.compile's graphs must not grow after the warm-up (`GraphsGrew`); a fallback to the unfused kernel raises
+    in the kernel itself."""
     first_call = dict.fromkeys(cases)   # the first warm-up round, timed per case: it holds compiles and autotuning
     for name, case in cases.items() if args.warmup else ():
         first_call[name] = timed(case.step, args.device, args.clock)
         print(f"first call {name}: {first_call[name]:.1f} s", flush=True)
     round_robin({name: case.step for name, case in cases.items()}, max(args.warmup - 1, 0), 0, args.device,
                 args.clock)
-    graphs = compiled_graph_count()
+    graphs = compiled_graphs()
     seconds = round_robin({name: case.step for name, case in cases.items()}, 0, args.repeats, args.device, args.clock)
-    if compiled_graph_count() != graphs:
-        raise GraphsGrew(f"FlexAttention compiled {compiled_graph_count() - graphs} graph(s) during the timed rounds "
-                         f"(after {args.warmup} warm-up rounds): raise --warmup or pad the lengths")
+    if compiled_graphs() != graphs:
+        raise GraphsGrew(f"(FlexAttention, torch.compile) compiled {compiled_graphs()} graphs after {graphs} during "
+                         f"the timed rounds (after {args.warmup} warm-up rounds): raise --warmup or pad the lengths")
     baseline = min(baseline_labels(args), key=lambda label: statistics.median(seconds[label]))
     results = {}
     for name, case in cases.items():
@@ -176,7 +184,7 @@ def run_benchmarks(args: argparse.Namespace, save: Callable[[list[dict[str, Any]
                                           args.attention_dropout)
                     if benchmark == "attention"
                     else model_case(scheme, shape, length, batch, args.device, args.dtype, layers, vocab_size, kernel,
-                                    args.attention_dropout)
+                                    args.attention_dropout, args.compile_backend if args.compile else None)
                     for label, scheme, kernel in series_labels(args)
                 }
                 results, baseline = measure(cases, args)
@@ -318,6 +326,8 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
             f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, schemes round-robin; tokens/s = median; "
             "ratio = median over rounds of absolute's time / the scheme's time in the same round, absolute on its "
             "fastest kernel of the run",
+            *([f"- every model through torch.compile (backend {meta['torch_compile']}), as the Trainer's "
+               "torch_compile runs it"] if meta.get("torch_compile") else []),
             f"- peak memory: {meta['memory_method']}",
             *([f"- compiled FlexAttention graphs in the process: {rows[-1]['compiled_graphs']} (none compiled during "
                "the timed rounds)"] if rows and "compiled_graphs" in rows[-1] else []),
@@ -382,7 +392,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernels", nargs="+", choices=KERNELS,
                         help="measure every scheme on each of these kernels in one round-robin (default: --kernel); "
                         "ratios are then to absolute on its fastest kernel")
+    parser.add_argument("--compile", action="store_true",
+                        help="model benchmark: every model through torch.compile, as the Trainer's torch_compile runs "
+                        "it")
+    parser.add_argument("--compile_backend", default="inductor",
+                        help="torch.compile's backend with --compile (the Trainer's torch_compile_backend)")
     args = parser.parse_args(argv)
+    if args.compile and "attention" in args.benchmarks:
+        raise SystemExit("--compile: compiles the model benchmark only; pass --benchmarks model")
     args.kernels = args.kernels or [args.kernel]
     check_arguments(args)
     # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to
@@ -422,6 +439,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "attention_dropout": args.attention_dropout,
+        "torch_compile": args.compile_backend if args.compile else None,
         **({"attention_dropout_kinds": {kernel: dropout_kind(kernel) for kernel in args.kernels}}
            if args.attention_dropout > 0 else {}),
         "memory_method": "torch.cuda.max_memory_allocated above the pre-step allocation"

@@ -29,7 +29,9 @@
 #       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
 #       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
 #       a^K bias, a^V masses and dropout switched off one at a time beside sdpa on the same inputs, n = 512, at the
-#       blocks the H200 chose (18 compiles); FLEX_TESTS=1 adds 300 s: flex_attention's CUDA tests
+#       blocks the H200 chose (18 compiles); FLEX_TESTS=1 adds 300 s: flex_attention's CUDA tests; COMPILE=1 adds
+#       (h) 420 s: (a) at n = 512 with every model through torch.compile (inductor), as the Trainer's torch_compile
+#       runs it (four compiles of the base model, and relpos_triton's autotuning again; not measured yet)
 # (a) alone is a result. TORCH_LOGS=recompiles goes to recompiles.txt; bench_training fails if FlexAttention compiles a
 # graph during the timed rounds, and the kernel raises instead of falling back to the unfused path.
 #
@@ -38,7 +40,7 @@
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, timeline_n512/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
-# triton_tests.txt, precision/, decoding/,) recompiles.txt and log.txt. Run from the repository root with the
+# triton_tests.txt, precision/, decoding/, training_compiled_n512/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
@@ -122,6 +124,10 @@ fi
 if [ "${DECODING:-0}" = 1 ]; then
     step 25 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
         --out "$out/decoding"
+fi
+if [ "${COMPILE:-0}" = 1 ]; then
+    training 420 "(h) torch.compile'd models: base model, absolute and shaw, n=512" --lengths 512 --kernels sdpa \
+        $triton --schemes absolute shaw --attention_dropout 0.1 --compile --out "$out/training_compiled_n512"
 fi
 if [ "${FLEX_TESTS:-0}" = 1 ]; then
     step 300 "(d) CUDA tests: flex_attention against eager" "$python" -m pytest -q -rs -p no:cacheprovider \

@@ -145,6 +145,33 @@ def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(t
         bench_training.main([*TINY_TRAINING, "--lengths", "8", "--out", str(tmp_path)])
 
 
+def test_compiled_models_are_timed_after_their_compiles_and_the_record_says_so(tmp_path: Path, monkeypatch) -> None:
+    """--compile runs every full model through torch.compile with the chosen backend (the Trainer's torch_compile),
+    compiles in the warm-up only, and the record names the backend; the one-layer benchmark is refused."""
+    import torch._dynamo
+
+    compiled = []
+    compile_model = torch.compile
+
+    def recorded_compile(model, **options):
+        compiled.append((type(model).__name__, options))
+        return compile_model(model, **options)
+
+    monkeypatch.setattr(torch, "compile", recorded_compile)
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    data = bench_training.main(["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--benchmarks", "model",
+                                "--model-tokens", "16", "--layers", "1", "--vocab-size", "64", "--lengths", "8",
+                                "--schemes", "absolute", "shaw", "--warmup", "1", "--repeats", "2", "--compile",
+                                "--compile_backend", "aot_eager", "--out", str(tmp_path)])
+    assert compiled == [("RelPosTransformerForConditionalGeneration", {"backend": "aot_eager"})] * 2
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > graphs
+    assert data["meta"]["torch_compile"] == "aot_eager" and len(data["training"]) == 2
+    assert "- every model through torch.compile (backend aot_eager)" in (tmp_path / "training.md").read_text()
+    with pytest.raises(SystemExit, match="--compile: compiles the model benchmark only"):
+        bench_training.main([*TINY_TRAINING, "--lengths", "8", "--compile", "--out", str(tmp_path)])
+
+
 def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, monkeypatch) -> None:
     """--attention_dropout sets the attention dropout of every measured model, in the form its kernel runs
     (probabilities, or key dropout on flex_attention), and is recorded with the form per kernel."""
@@ -176,7 +203,7 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     tests; every step writes its own record; the limits sum to at
     most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
-    PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks."""
+    PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks, COMPILE=1 (a) at n = 512 with torch.compile'd models."""
     import importlib.util
     import subprocess
     import sys
@@ -218,14 +245,16 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert len(commands) == (4 if triton else 3)
 
     ends, commands = check("more", KEY_DROPOUT="1", FLEX="1", TRITON_TESTS="1", PRECISION="1", DECODING="1",
-                           ABLATE="1", FLEX_TESTS="1", TESTS="0")
+                           ABLATE="1", FLEX_TESTS="1", COMPILE="1", TESTS="0")
     assert [command for command in commands if "tests/test_kernels.py" in command] == [
         "-m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda and flex"]
     assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[3]
     assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[4]
     assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[5]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
-    assert len(set(outs)) == len(outs) == (9 if triton else 7)   # bench_precision and the ablation need triton
+    assert len(set(outs)) == len(outs) == (10 if triton else 8)   # bench_precision and the ablation need triton
+    assert any(f"--lengths 512 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1 --compile --out"
+               in command for command in commands)
     assert any(command.startswith("-m benchmarks.ablate_relpos_triton --length 512") for command in commands) == bool(
         triton)
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
