@@ -51,15 +51,50 @@ def test_relative_position_index_never_out_of_range_for_long_inputs():
     assert index.min() == 0 and index.max() == 32
 
 
-def test_rel_shift_aligns_every_distance():
-    n, m, offset = 4, 9, 5
+@pytest.mark.parametrize("scheme", ["shaw", "xl"])
+@pytest.mark.parametrize("source_length", [5, 65, 129])
+def test_the_packages_dense_relative_biases_give_rel_shift_a_view_to_take(monkeypatch, scheme, source_length):
+    """Shaw's clipped bias and XL's encoder (query blocks, a last block of one query at n = 65 and 129) and decoder
+    (a zero encoding more) hand rel_shift at least m + 1 distance columns or one query: no padded copy."""
+    import hf_relpos.model.positions as positions_module
+    import hf_relpos.model.positions_xl as xl_module
+
+    widths = []
+
+    def recorded(scores, key_length):
+        widths.append((scores.size(-2), scores.size(-1), key_length))
+        return rel_shift(scores, key_length)
+
+    rel_shift = positions_module.rel_shift
+    monkeypatch.setattr(positions_module, "rel_shift", recorded)
+    monkeypatch.setattr(xl_module, "rel_shift", recorded)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(scheme)).eval()
+    model.set_attn_implementation("sdpa")
+    input_ids = torch.randint(3, 40, (2, source_length))
+    model(input_ids=input_ids, decoder_input_ids=input_ids[:, :7])
+    assert widths and all(rows == 1 or columns > key_length for rows, columns, key_length in widths), widths
+
+
+@pytest.mark.parametrize(("n", "m", "offset", "distances"), [
+    (4, 9, 5, 12),   # every distance: n + m - 1 columns
+    (4, 9, 5, 10),   # m + 1 columns
+    (4, 9, 5, 9),    # m columns (a causal table): padded first
+    (1, 9, 8, 9),    # one query
+    (2, 1, 0, 2),
+])
+def test_rel_shift_aligns_every_distance_it_has_and_is_a_view_when_rows_have_m_plus_one_columns(n, m, offset, distances):
+    """rel_shift: out[t, j] = the score of distance offset + t - j wherever the table has that distance (largest
+    first); a view of the table (no copy) when it has at least m + 1 columns, or one query."""
     largest = offset + n - 1
-    distances = torch.arange(largest, offset - m, -1)
-    table = distances.to(torch.float64)[None, :].expand(n, -1).clone()
+    table = torch.arange(largest, largest - distances, -1).to(torch.float64)[None, None, :].expand(3, n, -1).clone()
     shifted = hf_relpos.rel_shift(table, m)
+    assert shifted.shape == (3, n, m)
     for t in range(n):
         for j in range(m):
-            assert shifted[t, j] == offset + t - j
+            if n - 1 - t + j < distances:
+                assert (shifted[:, t, j] == offset + t - j).all()
+    shares_storage = shifted.untyped_storage().data_ptr() == table.untyped_storage().data_ptr()
+    assert shares_storage == (distances > m or n == 1)
 
 
 @pytest.mark.parametrize("per_head", [False, True])

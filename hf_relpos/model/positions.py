@@ -298,16 +298,22 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
 
     `scores[..., t, p]` holds query t against the distance `D_max - p`, with `D_max = query_offset + n - 1` (the
     largest distance). Returns `out[..., t, j] = scores[..., t, n - 1 - t + j]`, i.e. query t against key j at
-    distance `query_offset + t - j`. The paper pads a column and re-views the memory; the same skew is a strided
-    view (row stride D - 1, offset n - 1) of the contiguous scores: no gather, no copy, no n x n x d tensor.
+    distance `query_offset + t - j`. The paper pads a column and re-views the memory; the same skew is a view of
+    each contiguous [n, D] matrix read as rows of D - 1 from element n - 1 on (element (n - 1) + t (D - 1) + j):
+    no gather, no copy, no n x n x d tensor, and only slices and reshapes, which torch.compile traces for any
+    length (an as_strided view's backward specialises on the storage size). A row needs D - 1 >= m: with fewer
+    distance columns (n > 1) the scores are padded to m + 1 first, a copy (the package's callers pass enough).
     Entries whose distance lies outside the range that `scores` covers are arbitrary and must be masked.
     """
-    *batch, query_length, distance_length = scores.shape
-    scores = scores.contiguous()
-    # the view starts n - 1 elements in, read as from there (a view's own storage offset: torch.compile does not
-    # trace storage_offset())
-    return scores.flatten()[query_length - 1:].as_strided(
-        (*batch, query_length, key_length), (*scores.stride()[:-2], distance_length - 1, 1))
+    query_length, distance_length = scores.shape[-2:]
+    if query_length == 1:   # one row: out[..., 0, j] = scores[..., 0, j]
+        return scores[..., :key_length]
+    if distance_length <= key_length:
+        scores = nn.functional.pad(scores, (0, key_length + 1 - distance_length))
+        distance_length = key_length + 1
+    width = distance_length - 1
+    rows = scores.contiguous().flatten(-2)[..., query_length - 1 : query_length - 1 + query_length * width]
+    return rows.unflatten(-1, (query_length, width))[..., :key_length]
 
 
 QUERY_BLOCK = 64   # queries per block of a dense relative bias (`dense_by_query_blocks`)
@@ -319,9 +325,11 @@ def dense_by_query_blocks(query_length: int, key_length: int,
     position p - (n - 1) - query_offset (key minus query, largest distance first, n + m - 1 columns); queries
     [a, a + b) meet only columns n - a - b .. n - a + m - 2, so `block(a, b, columns)` returns just those b + m - 1
     columns [..., b, b + m - 1], which `rel_shift` skews to [..., b, m]: n (b + m - 1) entries read and skewed
-    instead of n (n + m - 1), half at n = m >> b."""
+    instead of n (n + m - 1), half at n = m >> b. The loop runs over the block count, not range(0, n, b): under
+    torch.compile with dynamic shapes a new length recompiles only where the count changes."""
     blocks = []
-    for first in range(0, query_length, QUERY_BLOCK):
+    for index in range((query_length + QUERY_BLOCK - 1) // QUERY_BLOCK):
+        first = index * QUERY_BLOCK
         size = min(QUERY_BLOCK, query_length - first)
         columns = slice(query_length - first - size, query_length - first + key_length - 1)
         blocks.append(rel_shift(block(first, size, columns), key_length))

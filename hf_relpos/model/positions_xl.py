@@ -174,7 +174,7 @@ class XLPositions(PositionScheme):
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
         """(a)+(c) as the query q + u; (b)+(d) as a `RelativeBias` whose table (every distance, for FlexAttention)
         and dense form (consecutive positions: query blocks in the encoder, the rel-shifted table in a decoder, whose
-        table already holds one column per key) are computed only when a kernel asks."""
+        table already holds one column per key, and a zero column more) are computed only when a kernel asks."""
         key_length = key.size(-2)
         bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
         position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
@@ -185,8 +185,9 @@ class XLPositions(PositionScheme):
             key_length=key_length,
             recompute=True,
         )
-        if context.positions is None and self.is_causal:
-            score_bias.densify = lambda: rel_shift(score_bias.full_table(), key_length)
+        if context.positions is None and self.is_causal:   # one zero encoding more: the m + 1 columns rel_shift reads
+            score_bias.densify = lambda: rel_shift(self.position_scores(
+                layer_idx, position_query, nn.functional.pad(encodings, (0, 0, 0, 1))), key_length)
         elif context.positions is None:
             score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
