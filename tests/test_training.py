@@ -3,6 +3,7 @@ prediction, predict-only runs, checkpoint averaging and resuming."""
 
 import json
 import logging
+import math
 import subprocess
 import sys
 import warnings
@@ -162,6 +163,24 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     assert model.config.vocab_size == len(tokenizer) and model.config.position_scheme == "shaw"
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
     assert not list(output_dir.glob(".tokenizer.*"))
+
+
+def test_torch_compile_trains_token_budget_batches_without_a_recompile_per_length(tmp_path, corpus):
+    """`torch_compile: true` (the Trainer's field) trains through the app: the token-budget batches of six steps,
+    of changing sizes, compile two graphs (the first shape, then dynamic sizes), and the saved model is the plain
+    model's weights (no compile wrapper in their names)."""
+    import torch._dynamo
+
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", torch_compile=True,
+                          torch_compile_backend="aot_eager", do_eval=False, do_predict=False)
+    torch._dynamo.reset()
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    results = run([str(config)])
+    assert results["train"]["train_steps"] == 6 and math.isfinite(results["train"]["train_loss"])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 2
+    names = set(load_file(tmp_path / "out" / "model.safetensors"))
+    assert names and not any("_orig_mod" in name for name in names)
+    assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "out"), RelPosTransformerForConditionalGeneration)
 
 
 def test_the_saved_folder_translates_as_its_card_says_where_hf_relpos_is_not_installed(trained, tmp_path):
