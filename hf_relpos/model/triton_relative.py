@@ -361,7 +361,7 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
     if attention_mask is None:
         return (torch.zeros(batch, dtype=torch.int32, device=device),
                 torch.full((batch,), key_length, dtype=torch.int32, device=device))
-    cache_key = ("key_ranges", batch, query_length, key_length, query_offset, causal)
+    cache_key = ("key_ranges", query_offset, causal)   # one mask tensor: one batch and shape
     if cache is not None and cache_key in cache and cache[cache_key][0] is attention_mask:
         return cache[cache_key][1]
     mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
