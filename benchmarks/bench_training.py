@@ -147,9 +147,11 @@ def measure(cases: dict[str, Case], args: argparse.Namespace) -> tuple[dict[str,
                 args.clock)
     graphs = compiled_graphs()
     seconds = round_robin({name: case.step for name, case in cases.items()}, 0, args.repeats, args.device, args.clock)
-    if compiled_graphs() != graphs:
-        raise GraphsGrew(f"(FlexAttention, torch.compile) compiled {compiled_graphs()} graphs after {graphs} during "
-                         f"the timed rounds (after {args.warmup} warm-up rounds): raise --warmup or pad the lengths")
+    after = compiled_graphs()
+    if after != graphs:
+        flex, dynamo = (now - before for now, before in zip(after, graphs, strict=True))
+        raise GraphsGrew(f"FlexAttention compiled {flex} and torch.compile {dynamo} graph(s) during the timed rounds "
+                         f"(after {args.warmup} warm-up rounds): raise --warmup or pad the lengths")
     baseline = min(baseline_labels(args), key=lambda label: statistics.median(seconds[label]))
     results = {}
     for name, case in cases.items():
@@ -395,11 +397,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--compile", action="store_true",
                         help="model benchmark: every model through torch.compile, as the Trainer's torch_compile runs "
                         "it")
-    parser.add_argument("--compile_backend", default="inductor",
-                        help="torch.compile's backend with --compile (the Trainer's torch_compile_backend)")
+    parser.add_argument("--compile_backend",
+                        help="torch.compile's backend with --compile (the Trainer's torch_compile_backend; default "
+                        "inductor)")
     args = parser.parse_args(argv)
     if args.compile and "attention" in args.benchmarks:
         raise SystemExit("--compile: compiles the model benchmark only; pass --benchmarks model")
+    if args.compile_backend and not args.compile:
+        raise SystemExit("--compile_backend: names the backend of --compile; pass --compile too")
+    args.compile_backend = args.compile_backend or "inductor"
     args.kernels = args.kernels or [args.kernel]
     check_arguments(args)
     # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to

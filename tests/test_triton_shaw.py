@@ -831,7 +831,7 @@ def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graph
     """`key_ranges` reads the self-attention mask on the host once per stack call, before the layers
     (`prepare_kernel`), and every layer reuses it: one torch.equal per stack in eager mode, and under torch.compile
     the graph breaks only there, so a deeper model compiles into as many graphs (a break inside the layer loop makes
-    dynamo compile each layer on its own)."""
+    dynamo compile each layer on its own). A scheme the kernel does not take never reads the mask."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class CountEqual(TorchDispatchMode):
@@ -860,6 +860,11 @@ def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graph
         graph_counts[layers] = explanation.graph_count
         triton_calls.clear()
     assert graph_counts[1] == graph_counts[3], graph_counts
+    absolute = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("absolute")).to(DEVICE).train()
+    absolute.set_attn_implementation("relpos_triton")
+    with CountEqual() as counted:
+        absolute(**seq2seq_batch())
+    assert counted.count == 0 and not triton_calls
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])

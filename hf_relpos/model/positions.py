@@ -301,12 +301,13 @@ def rel_shift(scores: torch.Tensor, key_length: int) -> torch.Tensor:
     distance `query_offset + t - j`. The paper pads a column and re-views the memory; the same skew is a view of
     each contiguous [n, D] matrix read as rows of D - 1 from element n - 1 on (element (n - 1) + t (D - 1) + j):
     no gather, no copy, no n x n x d tensor, and only slices and reshapes, which torch.compile traces for any
-    length (an as_strided view's backward specialises on the storage size). A row needs D - 1 >= m: with fewer
-    distance columns (n > 1) the scores are padded to m + 1 first, a copy (the package's callers pass enough).
+    length (an as_strided view's backward specialises on the storage size). A row needs D - 1 >= m (one query:
+    D >= m): with fewer distance columns the scores are padded to m + 1 first, a copy (the package's callers pass
+    enough).
     Entries whose distance lies outside the range that `scores` covers are arbitrary and must be masked.
     """
     query_length, distance_length = scores.shape[-2:]
-    if query_length == 1:   # one row: out[..., 0, j] = scores[..., 0, j]
+    if query_length == 1 and distance_length >= key_length:   # one row: out[..., 0, j] = scores[..., 0, j]
         return scores[..., :key_length]
     if distance_length <= key_length:
         scores = nn.functional.pad(scores, (0, key_length + 1 - distance_length))
@@ -326,7 +327,8 @@ def dense_by_query_blocks(query_length: int, key_length: int,
     [a, a + b) meet only columns n - a - b .. n - a + m - 2, so `block(a, b, columns)` returns just those b + m - 1
     columns [..., b, b + m - 1], which `rel_shift` skews to [..., b, m]: n (b + m - 1) entries read and skewed
     instead of n (n + m - 1), half at n = m >> b. The loop runs over the block count, not range(0, n, b): under
-    torch.compile with dynamic shapes a new length recompiles only where the count changes."""
+    torch.compile with dynamic shapes a new length recompiles only where the count changes or the last block holds
+    one query."""
     blocks = []
     for index in range((query_length + QUERY_BLOCK - 1) // QUERY_BLOCK):
         first = index * QUERY_BLOCK
@@ -697,6 +699,12 @@ class PositionContext:
     mask: torch.Tensor | None = None
     mask_mod: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     kernel_cache: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def clip_distance(self) -> int | None:
+        """k when the scheme's terms are by the clipped distance clip(j - i', k) (what the "relpos_triton" kernel
+        computes itself), else None."""
+        return None
 
     def has_mask(self) -> bool:
         return self.mask is not None or self.mask_mod is not None

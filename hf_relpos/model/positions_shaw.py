@@ -198,6 +198,10 @@ class ShawContext(PositionContext):
 
     max_relative_position: int = 0
 
+    @property
+    def clip_distance(self) -> int | None:
+        return self.max_relative_position
+
     @computed_once
     def index(self) -> torch.Tensor:
         query_positions, key_positions = self.query_and_key_positions()
