@@ -186,7 +186,7 @@ def run_benchmarks(args: argparse.Namespace, save: Callable[[list[dict[str, Any]
                                           args.attention_dropout)
                     if benchmark == "attention"
                     else model_case(scheme, shape, length, batch, args.device, args.dtype, layers, vocab_size, kernel,
-                                    args.attention_dropout, args.compile_backend if args.compile else None)
+                                    args.attention_dropout, args.compile_backend)
                     for label, scheme, kernel in series_labels(args)
                 }
                 results, baseline = measure(cases, args)
@@ -405,7 +405,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--compile: compiles the model benchmark only; pass --benchmarks model")
     if args.compile_backend and not args.compile:
         raise SystemExit("--compile_backend: names the backend of --compile; pass --compile too")
-    args.compile_backend = args.compile_backend or "inductor"
+    args.compile_backend = (args.compile_backend or "inductor") if args.compile else None
     args.kernels = args.kernels or [args.kernel]
     check_arguments(args)
     # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to
@@ -445,7 +445,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "warmup": args.warmup,
         "repeats": args.repeats,
         "attention_dropout": args.attention_dropout,
-        "torch_compile": args.compile_backend if args.compile else None,
+        "torch_compile": args.compile_backend,
         **({"attention_dropout_kinds": {kernel: dropout_kind(kernel) for kernel in args.kernels}}
            if args.attention_dropout > 0 else {}),
         "memory_method": "torch.cuda.max_memory_allocated above the pre-step allocation"

@@ -17,6 +17,7 @@ from .positions import (
     RelativeBias,
     SchemeCard,
     boolean_field,
+    computed_once,
     dense_by_query_blocks,
     integer_field,
     register_position_scheme,
@@ -185,9 +186,9 @@ class XLPositions(PositionScheme):
             key_length=key_length,
             recompute=True,
         )
-        if context.positions is None and self.is_causal:   # one zero encoding more: the m + 1 columns rel_shift reads
+        if context.positions is None and self.is_causal:
             score_bias.densify = lambda: rel_shift(self.position_scores(
-                layer_idx, position_query, nn.functional.pad(encodings, (0, 0, 0, 1))), key_length)
+                layer_idx, position_query, context.encodings_and_a_zero_row), key_length)
         elif context.positions is None:
             score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
         return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
@@ -201,3 +202,9 @@ class XLContext(PositionContext):
 
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     encodings: torch.Tensor | None = None
+
+    @computed_once
+    def encodings_and_a_zero_row(self) -> torch.Tensor:
+        """`encodings` and one zero row more [count + 1, d_model]: a causal table from them has the m + 1 distance
+        columns that `rel_shift` reads as a view (the extra one, a future key's, is masked)."""
+        return nn.functional.pad(self.encodings, (0, 0, 0, 1))
