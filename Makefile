@@ -1,10 +1,12 @@
 # Two entry points, each doing all set-up on a fresh machine:
 #   make demo   trains and scores the embedded demo (no download); each run starts afresh in outputs/demo
-#   make test   runs lint and the test suite (the numerics tests also under two other CPU capabilities)
+#   make test   runs lint and the test suite (the numerics tests also under two other CPU capabilities), spread over
+#               the machine's cores by pytest-xdist (PYTEST_WORKERS=0 runs it in one process)
 # torch is pinned first so pip never pulls a different (CUDA) build; override with TORCH_SPEC=... for GPU wheels.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+PYTEST_WORKERS ?= logical
 BIN := $(VENV)/bin
 
 $(VENV)/.installed: pyproject.toml
@@ -24,12 +26,15 @@ NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_
 	tests/test_loss.py tests/test_window.py tests/test_length_scaling.py tests/test_fused_attention.py \
 	tests/test_triton_shaw.py tests/test_scheme_toy.py tests/test_generation_limits.py tests/test_key_dropout.py
 
+# one worker per logical core, at most 8 (each holds its own torch); worksteal evens out the long end-to-end tests
+PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
+
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(BIN)/python -m pytest -ra
+	$(PYTEST) -ra
 	for capability in default avx2; do \
-		ATEN_CPU_CAPABILITY=$$capability $(BIN)/python -m pytest -q -m "not slow" $(NUMERICS_TESTS) || exit 1; \
+		ATEN_CPU_CAPABILITY=$$capability $(PYTEST) -q -m "not slow" $(NUMERICS_TESTS) || exit 1; \
 	done
 
 .PHONY: install demo test

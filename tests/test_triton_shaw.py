@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import RecordMatmuls, tiny_config
+from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
@@ -641,7 +642,8 @@ def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
 ], ids=["window", "output_attentions", "randomized_positions", "randomized_positions_shaw_k"])
 def test_shaw_off_the_kernel_runs_on_sdpa_with_a_warning(overrides, call, cause, triton_calls, caplog):
     """Shaw's terms that the kernel does not cover run on sdpa/eager (the same logits), said once with the cause;
-    a scheme the kernel never covers (T5) says nothing."""
+    a scheme the kernel never covers (T5) says nothing. Under randomized positions nothing reads the mask for the
+    kernel (`PositionContext.clip_distance` is None)."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw", **overrides)).double().to(DEVICE)
     model.eval()
@@ -653,9 +655,12 @@ def test_shaw_off_the_kernel_runs_on_sdpa_with_a_warning(overrides, call, cause,
     with caplog.at_level(logging.WARNING):
         model.set_attn_implementation("relpos_triton")
         torch.manual_seed(1)
-        logits = model(**batch, **call).logits
+        with CountEqual() as counted:
+            logits = model(**batch, **call).logits
         model(**batch, **call)
     assert triton_calls == []
+    if cause == "randomized positions":
+        assert counted.count == 0
     torch.testing.assert_close(logits, expected, rtol=0, atol=1e-12)
     assert [record.getMessage() for record in caplog.records if "relpos_triton" in record.getMessage()] == [
         f"relpos_triton: Shaw's relative attention with {cause} runs on sdpa and eager, not on the fused kernel "
@@ -826,23 +831,24 @@ def test_a_compiled_training_step_is_the_eager_one(triton_calls):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
 
 
+class CountEqual(TorchDispatchMode):
+    """How many torch.equal calls (the padding check's host reads of the mask) run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten.equal.default
+        return func(*args, **(kwargs or {}))
+
+
 def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graphs_do_not_grow_with_depth(
         triton_calls):
     """`key_ranges` reads the self-attention mask on the host once per stack call, before the layers
     (`prepare_kernel`), and every layer reuses it: one torch.equal per stack in eager mode, and under torch.compile
     the graph breaks only there, so a deeper model compiles into as many graphs (a break inside the layer loop makes
     dynamo compile each layer on its own). A scheme the kernel does not take never reads the mask."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CountEqual(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.count = 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.count += func is torch.ops.aten.equal.default
-            return func(*args, **(kwargs or {}))
-
     graph_counts = {}
     for layers in (1, 3):
         torch.manual_seed(0)

@@ -705,7 +705,7 @@ def relpos_triton_prepare(mask: torch.Tensor | None, context: PositionContext, b
     sync), into `context.kernel_cache`: under torch.compile the graph then breaks there, not in the layer loop, where
     dynamo would give up on the loop and compile each layer on its own. Only for a clipped-distance scheme at
     consecutive positions (`context.clip_distance`), the calls the kernel can take: the others never read the mask."""
-    if context.clip_distance is None or context.positions is not None:
+    if context.clip_distance is None:
         return
     key_ranges(mask, batch, context.query_length, context.key_length, context.query_offset, causal, context.device,
                context.kernel_cache)

@@ -702,8 +702,8 @@ class PositionContext:
 
     @property
     def clip_distance(self) -> int | None:
-        """k when the scheme's terms are by the clipped distance clip(j - i', k) (what the "relpos_triton" kernel
-        computes itself), else None."""
+        """k when the scheme's terms are by the clipped distance clip(j - i', k) at consecutive positions (what the
+        "relpos_triton" kernel computes itself), else None."""
         return None
 
     def has_mask(self) -> bool:

@@ -200,7 +200,7 @@ class ShawContext(PositionContext):
 
     @property
     def clip_distance(self) -> int | None:
-        return self.max_relative_position
+        return self.max_relative_position if self.positions is None else None
 
     @computed_once
     def index(self) -> torch.Tensor:
