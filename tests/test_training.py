@@ -377,6 +377,19 @@ def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp
     assert "length_pool_factor=4 has no effect without max_tokens_per_batch" in caplog.text
 
 
+@pytest.mark.parametrize(("warmup_steps", "warned"), [(3, True), (2, False)])
+def test_a_warmup_as_long_as_the_run_is_one_warning(tmp_path, corpus, capfd, warmup_steps, warned):
+    """A run whose warm-up does not end before its last step says so once (its learning rate never reaches
+    learning_rate); one whose warm-up ends says nothing."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=3, warmup_steps=warmup_steps,
+                          do_eval=False, do_predict=False, save_strategy="no")
+    run([str(config)])
+    message = (f"warmup_steps {warmup_steps} is not below the run's 3 training steps: the learning rate never "
+               "reaches learning_rate 0.001")
+    printed = capfd.readouterr()
+    assert (printed.out + printed.err).count(message) == warned
+
+
 def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus, tmp_path):
     model_dir, _ = trained
     broken = tmp_path / "broken"

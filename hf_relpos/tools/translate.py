@@ -82,7 +82,8 @@ def translate_lines(
             bar.update(len(batch))
     if cut:
         cap = ("the length cap (max_len_a x source tokens + max_len_b, at most max_new_tokens) and may be cut; raise "
-               "--max_len_b or --max_length" if limits is not None else
+               "--max_len_b or --max_length (an output that repeats itself up to the cap is the model's loop, not a "
+               "short cap: --no_repeat_ngram_size N ends such loops)" if limits is not None else
                "the maximum length (max_new_tokens, else max_length) and may be cut; raise --max_length, or give "
                "--max_len_a and --max_len_b for a cap relative to each source")
         print(f"{PROGRAM}: warning: {cut} translation(s) reached {cap}", file=sys.stderr)

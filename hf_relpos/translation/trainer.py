@@ -174,6 +174,17 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.early_stopping_patience is not None:
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
 
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
+        """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
+        small corpus with a recipe's warm-up): the learning rate then never reaches `learning_rate`."""
+        warmup_steps = self.args.get_warmup_steps(num_training_steps)
+        if self.lr_scheduler is None and 0 < num_training_steps <= warmup_steps:
+            logger.warning(
+                "warmup_steps %d is not below the run's %d training steps: the learning rate never reaches "
+                "learning_rate %g. Lower --warmup_steps, or train longer (--max_steps, --num_train_epochs)",
+                warmup_steps, num_training_steps, self.args.learning_rate)
+        return super().create_scheduler(num_training_steps, optimizer)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
         if resume_from_checkpoint is True:
