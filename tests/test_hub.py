@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import statistics
 import subprocess
@@ -635,30 +634,6 @@ def test_translation_pipeline_translates_a_saved_folder(trained_folder, tmp_path
     assert translator([source for source, _ in PAIRS], batch_size=3) == [
         {"translation_text": target} for _, target in PAIRS]
     assert translator(PAIRS[0][0], num_beams=2, num_return_sequences=2)[0] == {"translation_text": PAIRS[0][1]}
-
-
-# a ```python block of a page that opens a folder under outputs/ with pipeline("translation"): (code, folder)
-DOCUMENTED_PIPELINE = re.compile(
-    r'```python\n((?:(?!```).)*?pipeline\("translation", model="(outputs/\w+)"(?:(?!```).)*?)```', re.DOTALL)
-
-
-@pytest.mark.parametrize("page", ["README.md", "docs/hub.md", "docs/internals.md"])
-def test_the_documented_pipeline_snippets_translate_a_trained_folder(page, trained_folder, tmp_path, monkeypatch):
-    """Each page's Python snippet that opens a training run's folder with pipeline("translation") runs as written on
-    such a folder (it declares its own pipeline, `add_translation_pipeline`, as the training app leaves it), with
-    the folder at the snippet's path, and returns a translation."""
-    snippets = DOCUMENTED_PIPELINE.findall((REPO_ROOT / page).read_text(encoding="utf-8"))
-    assert snippets, f"{page}: no pipeline snippet"
-    for code, path in snippets:
-        folder = Path(shutil.copytree(trained_folder, tmp_path / path))
-        hub.add_translation_pipeline(folder)
-        monkeypatch.chdir(tmp_path)
-        namespace = {}
-        exec(compile(code, f"{page} snippet", "exec"), namespace)
-        translate = namespace.get("translate")
-        if translate is not None:
-            (result,) = translate(PAIRS[1][0])
-            assert result == {"translation_text": PAIRS[1][1]}
 
 
 LOAD_SCRIPT = """

@@ -1,19 +1,32 @@
 """The Python examples of the README and of the pages split from it (docs/internals.md, docs/extending.md) run as
-written (each in a fresh process, in an empty folder)."""
+written (each in a fresh process, in an empty folder); those that open a training run's folder with
+pipeline("translation") (docs/hub.md's too) run in this process on such a folder."""
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import MEMORISED_PAIRS
 from huggingface_hub import ModelCard
+
+from hf_relpos.publish import hub
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", ROOT / "docs" / "internals.md", ROOT / "docs" / "extending.md"]
-BLOCKS = [block for page in PAGES
-          for block in re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)]
+
+
+def python_blocks(page: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.DOTALL)
+
+
+BLOCKS = [block for page in PAGES for block in python_blocks(page)]
 SELF_CONTAINED = [block for block in BLOCKS if "outputs/" not in block]
+# (code, folder) of each example that opens a folder under outputs/ with pipeline("translation")
+PIPELINE_EXAMPLES = [(block, folder) for page in [*PAGES, ROOT / "docs" / "hub.md"] for block in python_blocks(page)
+                     for folder in re.findall(r'pipeline\("translation", model="(outputs/\w+)"', block)]
 
 
 def test_the_docs_have_self_contained_examples():
@@ -41,3 +54,21 @@ def test_the_readme_custom_scheme_gets_a_complete_model_card(tmp_path):
                      "its code must be importable wherever this model is loaded",
                      "@inproceedings{press2022alibi", "@inproceedings{vaswani2017attention"):
         assert expected in card.text, expected
+
+
+def test_the_pipeline_examples_translate_a_trained_folder(memorised_model_folder, tmp_path, monkeypatch):
+    """Each example that opens a training run's folder with pipeline("translation") runs as written on such a folder
+    (it declares its own pipeline, `add_translation_pipeline`, as the training app leaves it) at the example's path,
+    and the pipeline it builds translates."""
+    assert len(PIPELINE_EXAMPLES) >= 3
+    monkeypatch.chdir(tmp_path)
+    for index, (code, folder) in enumerate(PIPELINE_EXAMPLES):
+        target = tmp_path / str(index) / folder
+        shutil.copytree(memorised_model_folder, target)
+        hub.add_translation_pipeline(target)
+        monkeypatch.chdir(tmp_path / str(index))
+        namespace = {}
+        exec(compile(code, f"example {index}", "exec"), namespace)
+        translate = namespace.get("translate")
+        if translate is not None:
+            assert translate(MEMORISED_PAIRS[0][0]) == [{"translation_text": MEMORISED_PAIRS[0][1]}]
