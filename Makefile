@@ -21,20 +21,17 @@ install: $(VENV)/.installed
 demo: $(VENV)/.installed
 	$(BIN)/python train_translation.py configs/demo.yaml --overwrite_output_dir true
 
-# The float64 oracle tests again under the CPU kernels torch picks on other machines: a pass must not depend on them.
-NUMERICS_TESTS := tests/test_positions.py tests/test_xl_memory.py tests/test_lm_memory.py tests/test_kernels.py \
-	tests/test_loss.py tests/test_window.py tests/test_length_scaling.py tests/test_fused_attention.py \
-	tests/test_triton_shaw.py tests/test_scheme_toy.py tests/test_generation_limits.py tests/test_key_dropout.py
-
 # one worker per logical core, at most 8 (each holds its own torch); worksteal evens out the long end-to-end tests
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
 
+# Lint, the whole suite, then the tests marked numerics (float64 oracles, paths through torch's CPU kernels compared)
+# again under the CPU kernels torch picks on other machines: a pass must not depend on them.
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(PYTEST) -ra
 	for capability in default avx2; do \
-		ATEN_CPU_CAPABILITY=$$capability $(PYTEST) -q -m "not slow" $(NUMERICS_TESTS) || exit 1; \
+		ATEN_CPU_CAPABILITY=$$capability $(PYTEST) -q -m "numerics and not slow" || exit 1; \
 	done
 
 .PHONY: install demo test

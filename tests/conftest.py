@@ -11,8 +11,15 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+
+# Tiny test models gain nothing from intra-op threads, and two threads on a loaded 2-core machine (one pytest-xdist
+# worker per core) are many times slower than one: one thread here and in every process a test starts.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+torch.set_num_threads(1)
 
 # Triton's CPU interpreter for attn_implementation "relpos_triton" (tests/test_triton_shaw.py) where there is no GPU:
 # read when triton decorates its own library functions, so set before anything imports triton (torch._dynamo does).
@@ -25,10 +32,6 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa
 
 import hf_relpos  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
-
-# Tiny test models gain nothing from intra-op threads, and two threads on a loaded 2-core machine are many times
-# slower than one: pin one so the suite's time does not depend on what else runs.
-torch.set_num_threads(1)
 
 # The schemes hf_relpos ships (what a fresh process running an experiment or a script has registered).
 BUILT_IN_SCHEMES = built_in_schemes()

@@ -98,6 +98,7 @@ def exact_sinusoids(marian: MarianMTModel) -> MarianMTModel:
     return marian
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_a_training_step_is_marians_with_the_same_weights_and_seed(kernel):
     """Issue #50 item 4: the peer and `absolute` in training mode, the peer's dropout settings (0.1 on embeddings and
@@ -142,6 +143,7 @@ def test_every_marian_weight_is_copied_and_final_logits_bias_is_used():
     assert (logits(converted, batch) - logits(marian, batch)).abs().max() > 0.1
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("scheme", ZERO_IS_NEUTRAL)
 def test_relative_conversion_removes_the_sinusoids_and_adds_nothing_at_first(scheme):
     """Converted to a relative scheme, the model is Marian without its position table (zero parameters add nothing),
@@ -526,6 +528,7 @@ def float64_marian() -> MarianMTModel:
     return marian
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("scheme", NEUTRAL_ON_TOP)
 def test_hybrid_conversion_is_the_marian_model_in_float64_logits_and_beam_search(scheme):
     marian = float64_marian()

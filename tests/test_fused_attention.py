@@ -27,6 +27,8 @@ from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import DenseBias, PositionContext, RelativeValues, built_in_schemes, get_scheme_class
 
+pytestmark = pytest.mark.numerics
+
 BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
 

@@ -61,6 +61,7 @@ def test_new_token_limits_follow_the_equation():
     assert source_lengths(None, None, PAD, torch.zeros(2, 7, 4)).tolist() == [7, 7]
 
 
+@pytest.mark.numerics
 def test_processor_ends_each_row_at_its_own_limit_and_keeps_the_end_tokens_score():
     processor = SourceLengthCapLogitsProcessor(torch.tensor([2, 3]), prompt_length=1, eos_token_id=EOS)
     scores = torch.randn(4, 10, dtype=torch.float64)  # 2 rows x 2 beams
@@ -71,6 +72,7 @@ def test_processor_ends_each_row_at_its_own_limit_and_keeps_the_end_tokens_score
     assert torch.equal(processor(torch.zeros(4, 1, dtype=torch.long), scores.clone()), scores)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_each_row_of_a_padded_batch_is_capped_as_if_decoded_alone(num_beams):
     model = capped_model(ratio=0.5, offset=2, ceiling=60).double()
@@ -109,6 +111,7 @@ def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_c
         assert new_lengths(old.generate(input_ids=long_ids, num_beams=1)) == [12]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_beams, caplog, monkeypatch):
     """A generation config with neither max_new_tokens nor max_length (a plain save_pretrained's): the source-relative

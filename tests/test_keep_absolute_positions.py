@@ -26,6 +26,7 @@ def float64_logits(model: RelPosTransformerForConditionalGeneration) -> torch.Te
         return model.double()(**batch()).logits
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("randomized", [False, True])
 def test_none_with_kept_positions_is_the_absolute_model(randomized):
     """`none` + the kept sinusoids computes exactly what `absolute` does with the same weights (float64), also at
@@ -82,6 +83,7 @@ def test_the_field_is_validated_saved_and_shown_on_the_card(tmp_path):
 # --- absolute_positions_scale: the factor of the kept sinusoids (fade_absolute_positions lowers it) ------------------
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("scale", [1.0, 0.25, 0.0])
 def test_the_stack_adds_the_sinusoids_times_the_scale(scale):
     """The embedding of the stack, decoder after a cached prefix included: sqrt(d) E[x] + scale x PE(pos) (Vaswani et

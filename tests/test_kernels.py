@@ -12,6 +12,8 @@ import hf_relpos
 from hf_relpos.model.attention_functions import SDPA_MASK_ALIGNMENT_BYTES, aligned_mask
 from hf_relpos.model.positions import rel_shift
 
+pytestmark = pytest.mark.numerics
+
 FLEX_SCHEMES = [("absolute", {}), ("shaw", {"use_relative_values": False}), ("xl", {}), ("directional", {}),
                 ("none", {}), ("alibi", {}), ("t5", {}), ("rope", {"rotary_dim": 4})]
 MODEL_SCHEMES = [*FLEX_SCHEMES, ("shaw", {})]

@@ -24,6 +24,8 @@ from hf_relpos.model.attention_functions import (
     sdpa_attention_forward,
 )
 
+pytestmark = pytest.mark.numerics
+
 P = 0.3
 # schemes through every fused form: a score_mod (alibi), a table read by bucket and recomputed in the backward (xl),
 # key regions merged with an explicit band (shaw's a^K and a^V, t5 with a short band), a per-head mask_mod

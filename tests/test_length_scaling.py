@@ -14,6 +14,8 @@ import hf_relpos
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for
 from hf_relpos.publish.hub import render_model_card
 
+pytestmark = pytest.mark.numerics
+
 
 def cross_attention_by_loop(attention: RelPosAttention, states: torch.Tensor, source: torch.Tensor,
                             padding: torch.Tensor) -> torch.Tensor:

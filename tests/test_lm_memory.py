@@ -30,6 +30,7 @@ def tokens(count: int = 63) -> torch.Tensor:
     return torch.randint(4, 40, (count,), generator=torch.Generator().manual_seed(2))
 
 
+@pytest.mark.numerics
 def test_segmented_stream_rows_continue_across_batches_and_cover_every_target_once():
     stream = tokens()
     data = SegmentedStream(stream, BATCH, SEGMENT)
@@ -54,6 +55,7 @@ def trainer_for(model, tmp_path, learning_rate: float, steps: int) -> MemoryTrai
     return MemoryTrainer(model=model, args=args, train_dataset=data, eval_dataset=data)
 
 
+@pytest.mark.numerics
 def test_trainer_carries_memory_between_steps(tmp_path):
     """With learning rate 0 the Trainer feeds each step exactly the mems a manual loop gets from the previous step,
     and its step losses equal the loop's."""
@@ -111,6 +113,7 @@ def test_trainer_learns_and_evaluates_with_memory(tmp_path):
     assert after < before
 
 
+@pytest.mark.numerics
 def test_stream_perplexity_with_full_memory_equals_one_long_pass():
     model = xl_lm(mem_len=0).double()
     stream = tokens(31)

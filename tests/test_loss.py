@@ -14,6 +14,8 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, Trai
 import hf_relpos
 from hf_relpos import shift_tokens_right
 
+pytestmark = pytest.mark.numerics
+
 LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
 
 

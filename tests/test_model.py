@@ -146,6 +146,7 @@ def test_cached_generation_equals_uncached(position_scheme, num_beams):
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-5
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("argument", ["cache", "past_key_values"])
 def test_the_kv_cache_is_taken_as_cache_and_under_its_deprecated_name(argument):
     """The cache argument is `cache`, as in transformers' own models; `past_key_values` is still taken (deprecated,
@@ -170,6 +171,7 @@ def test_the_kv_cache_is_taken_as_cache_and_under_its_deprecated_name(argument):
             model(decoder_input_ids=decoder_input_ids[:, :1], cache=cache, past_key_values=cache, **inputs)
 
 
+@pytest.mark.numerics
 def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
     """Under gradient checkpointing `GradientCheckpointingLayer` withholds the cache (`cache=`) from each layer, so
     recomputing a layer in the backward pass cannot write its keys a second time:
@@ -200,6 +202,7 @@ def test_inputs_far_longer_than_training_run(position_scheme):
     assert all(torch.isfinite(step).all() for step in out.logits)
 
 
+@pytest.mark.numerics
 def test_absolute_positions_extend_past_max_position_embeddings():
     """`max_position_embeddings` bounds no table: positions at and beyond it get their own sinusoid (Vaswani et al.,
     sec. 3.5), in the encoder and in cached decoding, and generation runs past it with the cache equal to without."""
@@ -339,6 +342,7 @@ def test_tiny_model_learns_to_reverse_sequences_and_their_reversals(position_sch
     assert all(exact)
 
 
+@pytest.mark.numerics
 def test_alibi_encoder_is_mirror_equivariant():
     """ALiBi's encoder bias -m_h |i - j| does not change when the sequence is reversed, so without a marker at one end
     (such as `</s>`) the encoder states of a reversed input are the reversed states: a source and its reversal look
@@ -496,6 +500,7 @@ def seeded_generate(model, seed: int, use_cache: bool, num_beams: int):
     return generate(model, use_cache, num_beams)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("num_beams", [1, 4], ids=["greedy", "beam4"])
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_randomized_inference_cached_generation_equals_uncached(position_scheme, num_beams):
@@ -516,6 +521,7 @@ def test_randomized_inference_cached_generation_equals_uncached(position_scheme,
         assert torch.equal(torch.stack(other.logits), torch.stack(cached.logits)) == (position_scheme in ORDER_ONLY)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_randomized_inference_decoding_steps_reuse_one_draw(position_scheme):
     """Given one `PositionDraw`, the logits of a whole teacher-forced output equal those of step-by-step cached
@@ -570,6 +576,7 @@ def test_randomized_inference_draws_sorted_positions_in_range_once_per_generate(
     assert all(positions is not None for _, _, positions in recorded.calls) and len(recorded.calls) == 6
 
 
+@pytest.mark.numerics
 def test_randomized_inference_causal_lm_cached_generation_equals_uncached():
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForCausalLM(tiny_config(

@@ -26,6 +26,8 @@ from hf_relpos.model.positions import (
 )
 from hf_relpos.model.positions_t5 import relative_position_bucket
 
+pytestmark = pytest.mark.numerics
+
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 TOLERANCE = 1e-12
 KERNELS = ["eager", "sdpa", "flex_attention"]

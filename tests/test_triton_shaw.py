@@ -360,6 +360,7 @@ def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
     assert counts["relpos_triton"] == 0 and counts["sdpa"] > 0, counts
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kernel, dropout", [("relpos_triton", 0.1), ("sdpa", 0.1), ("flex_attention", 0.0)])
 def test_a_shaw_layers_products_with_the_distance_tables_are_aligned(kernel, dropout):
     """Every matmul of a shaw layer's training step (a^K's T = c q a^K^T, a^V's M a^V, their gradients; bf16 autocast,
@@ -510,6 +511,7 @@ def triton_calls(monkeypatch):
     return calls
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("overrides", [
     pytest.param(dict(max_relative_position=16), marks=pytest.mark.slow),
     {},
@@ -532,6 +534,7 @@ def test_model_matches_eager_with_gradients(overrides, triton_calls):
         torch.testing.assert_close(triton_grads[name], grad, rtol=0, atol=1e-12, msg=name)
 
 
+@pytest.mark.numerics
 def test_model_attention_dropout_matches_eager_under_the_kernels_mask(monkeypatch, triton_calls):
     """Training a decoder-only LM (self-attention only, left-padded) with attention_dropout 0.3: the kernel's seeds
     recorded, eager's dropout replaced by the kernel's mask for the same seeds in the same layer order: logits and
@@ -585,6 +588,7 @@ def test_without_dropout_the_kernel_leaves_torchs_random_stream_as_sdpa_does(tri
     assert torch.equal(states["relpos_triton"], states["sdpa"])
 
 
+@pytest.mark.numerics
 def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
     """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
     (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
@@ -604,6 +608,7 @@ def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
         assert error <= 2 * eager_error + 1e-3 * grad.abs().max().item() + 1e-6, (name, error, eager_error)
 
 
+@pytest.mark.numerics
 def test_cached_generation_matches_eager(triton_calls):
     """Greedy decoding with the KV cache (one query at an offset per step) gives eager's tokens and scores."""
     torch.manual_seed(0)
@@ -621,6 +626,7 @@ def test_cached_generation_matches_eager(triton_calls):
     assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
 
 
+@pytest.mark.numerics
 def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
     """What the kernel does not cover (T5's buckets, plain attention) runs on sdpa: the same logits, no kernel call."""
     torch.manual_seed(0)
@@ -632,6 +638,7 @@ def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
     assert triton_calls == []
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(("overrides", "call", "cause"), [
     (dict(self_attention_window=2), {}, "a mask other than padding ranges and causality (self_attention_window, "
                                         "padding with holes)"),
@@ -703,6 +710,7 @@ def test_custom_op_registrations():
                           test_utils=("test_schema", "test_autograd_registration", "test_faketensor"))
 
 
+@pytest.mark.numerics
 def test_custom_op_under_torch_compile():
     """torch.compile (fullgraph, AOT autograd) traces the op and its backward as opaque ops: the same values and
     gradients as the uncompiled call."""
@@ -808,6 +816,7 @@ def test_the_model_calls_the_custom_op_only_when_compiled():
         targets
 
 
+@pytest.mark.numerics
 def test_a_compiled_training_step_is_the_eager_one(triton_calls):
     """torch.compile of a padded training step on relpos_triton (AOT autograd; the padding check breaks the graph
     where it reads the mask): the eager step's loss and gradients in float64, every self-attention on the kernel."""

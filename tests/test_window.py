@@ -18,6 +18,8 @@ import hf_relpos
 from hf_relpos.model.modeling_relpos import attention_mask_for
 from hf_relpos.publish.hub import render_model_card
 
+pytestmark = pytest.mark.numerics
+
 WINDOW = 2
 
 

@@ -25,6 +25,7 @@ def stream(length: int, batch: int = 2) -> torch.Tensor:
     return torch.randint(4, 40, (batch, length), generator=torch.Generator().manual_seed(5))
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
 @pytest.mark.parametrize("segments, mem_len", [(2, SEGMENT), (3, 2 * SEGMENT), (2, 3 * SEGMENT)])
 def test_segments_with_memory_equal_one_long_segment(segments, mem_len, layer_norm_position):
@@ -41,6 +42,7 @@ def test_segments_with_memory_equal_one_long_segment(segments, mem_len, layer_no
             assert all(m.size(1) == min(mem_len, (index + 1) * SEGMENT) for m in mems)
 
 
+@pytest.mark.numerics
 def test_memory_shorter_than_the_context_forgets_it():
     model = causal_lm(mem_len=2).double()
     tokens = stream(2 * SEGMENT)
@@ -51,6 +53,7 @@ def test_memory_shorter_than_the_context_forgets_it():
     assert (second.logits - whole[:, SEGMENT:]).abs().max() > 1e-3
 
 
+@pytest.mark.numerics
 def test_no_gradient_flows_into_the_memory():
     model = causal_lm().train()
     tokens = stream(2 * SEGMENT)
@@ -63,6 +66,7 @@ def test_no_gradient_flows_into_the_memory():
     assert model.decoder.positions.content_bias.grad.abs().sum() > 0
 
 
+@pytest.mark.numerics
 def test_longer_memory_at_evaluation_than_in_training():
     model = causal_lm(mem_len=SEGMENT).double()
     tokens = stream(3 * SEGMENT)
@@ -76,6 +80,7 @@ def test_longer_memory_at_evaluation_than_in_training():
         assert (out.logits - whole[:, 2 * SEGMENT :]).abs().max() < TOLERANCE
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
 def test_generation_with_mems_as_the_cache_equals_uncached(num_beams):
     model = causal_lm(mem_len=64).double()
@@ -89,6 +94,7 @@ def test_generation_with_mems_as_the_cache_equals_uncached(num_beams):
     assert (torch.stack(with_memory.logits) - torch.stack(uncached.logits)).abs().max() < TOLERANCE
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(position_scheme):
     model = causal_lm(position_scheme, mem_len=0).double()
