@@ -21,6 +21,7 @@ import pytest
 import test_train_distributed as distributed
 from datasets import Dataset
 from test_training import write_config
+from transformers import AutoTokenizer
 
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.data_preparation as preparation_module
@@ -310,6 +311,28 @@ def prepared_run(tmp_path):
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
     prepare_only(config)
     return corpus, config, output_dir
+
+
+def test_a_first_run_says_what_it_prepared_and_a_rerun_what_it_reuses_each_once(tmp_path, capsys):
+    """The log of a first preparation names each split prepared (not reused), the unused dataset_name once, and a
+    tokenizer smaller than asked for; a rerun names each split reused (not prepared) and reuses the tokenizer."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    options = ("--dataset_name", "bentrevett/multi30k", "--tokenizer_vocab_size", "4000")
+    for first in (True, False):
+        capsys.readouterr()
+        prepare_only(config, *options)
+        log = capsys.readouterr().out
+        assert log.count("Local files given: dataset_name 'bentrevett/multi30k' is not used.") == 1
+        for split in ("train", "validation"):
+            assert (log.count(f"Prepared the {split} data"), log.count(f"Reusing the {split} data")) == (
+                (1, 0) if first else (0, 1)), log
+        smaller = re.search(r"The tokenizer has (\d+) tokens of the 4000 asked for \(tokenizer_vocab_size\)", log)
+        if first:
+            assert smaller and int(smaller.group(1)) == len(AutoTokenizer.from_pretrained(output_dir)) < 4000
+        else:
+            assert smaller is None and "Reusing the tokenizer saved in" in log
 
 
 def test_a_rerun_and_the_training_launch_load_the_prepared_data(prepared_run, monkeypatch, capsys):

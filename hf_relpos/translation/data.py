@@ -204,8 +204,6 @@ def load_parallel_splits(
     Every schema problem raises `DatasetSchemaError` here, before any tokenizer or model work starts.
     """
     files = local_split_files(data_args, splits, demo_directory)
-    if files is not None and data_args.uses_local_files and data_args.dataset_name:
-        logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
     if files is not None:
         loaded = {split: read_local_pairs(files[split], data_args.source_lang, data_args.target_lang,
                                           allow_source_only=split == "test", workdir=workdir) for split in splits}

@@ -39,7 +39,15 @@ from .data import (
     with_concatenated_pairs,
 )
 from .model_setup import build_model, max_new_tokens_for
-from .prepared import files_sha256, load_prepared, preparation, preparation_key, publish_prepared, tokenizer_sha256
+from .prepared import (
+    files_sha256,
+    load_prepared,
+    preparation,
+    preparation_key,
+    prepared_folder,
+    publish_prepared,
+    tokenizer_sha256,
+)
 from .tokenizer_setup import obtain_tokenizer
 from .trainer import EvaluationSet, padding_multiple
 
@@ -67,6 +75,8 @@ class RawSplits:
             data_args, splits, output_dir, cache_dir, stack)
         self.demo_directory = Path(output_dir) / DEMO_DATA_FOLDER
         self.files = local_split_files(data_args, splits, self.demo_directory)
+        if self.files is not None and data_args.uses_local_files and data_args.dataset_name:
+            logger.info("Local files given: dataset_name %r is not used.", data_args.dataset_name)
         self.to_prepare = splits
         self.loaded: dict[str, Dataset] = {}
         self.folder: Path | None = None
@@ -178,8 +188,12 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             else:   # kept whole (evaluation splits prepared before were cut to the length limits: not reused)
                 inputs["overlong_pairs"] = EVALUATION_OVERLONG_PAIRS
             keys[split] = inputs
-            loaded = load_prepared(output_dir, split, preparation_key(inputs))
+            started, key = time.monotonic(), preparation_key(inputs)
+            loaded = load_prepared(output_dir, split, key)
             if loaded is not None:
+                logger.info("Reusing the %s data prepared in %s on %s (%d pairs): memory-mapped in %.1f s", split,
+                            prepared_folder(output_dir, split, key), loaded[1]["prepared_at"], len(loaded[0]),
+                            time.monotonic() - started)
                 report = LengthReport(**loaded[1]["report"])
                 logger.info(report.describe(inputs["overlong_pairs"]))
                 prepared[split] = loaded[0]

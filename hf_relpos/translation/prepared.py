@@ -70,19 +70,20 @@ def prepared_root(output_dir: str | os.PathLike) -> Path:
     return Path(output_dir) / PREPARED_FOLDER
 
 
+def prepared_folder(output_dir: str | os.PathLike, split: str, key: str) -> Path:
+    """Where `split` prepared under `key` is kept."""
+    return prepared_root(output_dir) / f"{split}-{key}"
+
+
 def load_prepared(output_dir: str | os.PathLike, split: str, key: str) -> tuple[Dataset, dict[str, Any]] | None:
     """(dataset, manifest) of `split` prepared under `key`, memory-mapped; None when there is none (a `.partial-*`
     folder is never one)."""
-    folder = prepared_root(output_dir) / f"{split}-{key}"
+    folder = prepared_folder(output_dir, split, key)
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    started = time.monotonic()
-    dataset = load_from_disk(str(folder / "data"))
-    logger.info("Reusing the %s data prepared in %s on %s (%d pairs): memory-mapped in %.1f s", split, folder,
-                manifest["prepared_at"], len(dataset), time.monotonic() - started)
-    return dataset, manifest
+    return load_from_disk(str(folder / "data")), manifest
 
 
 @contextlib.contextmanager

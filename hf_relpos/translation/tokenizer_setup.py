@@ -26,6 +26,7 @@ from ..publish.files import move_folder_contents
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
 from .data import DEMO_DATASET_NAME, DataArguments
 from .tokenization import (
+    MIN_FREQUENCY,
     TOKENIZER_FILE,
     has_saved_tokenizer,
     load_tokenizer,
@@ -117,6 +118,10 @@ def obtain_tokenizer(
     tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
     release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
+    if len(tokenizer) < model_args.tokenizer_vocab_size:
+        logger.info("The tokenizer has %d tokens of the %d asked for (tokenizer_vocab_size): the training split has "
+                    "no more pairs of symbols seen at least %d times to merge", len(tokenizer),
+                    model_args.tokenizer_vocab_size, MIN_FREQUENCY)
     return tokenizer, settings
 
 
