@@ -9,7 +9,8 @@ tokenizer, token-budget batches, schedule, epochs and checkpoints), so that agai
 Then the last `--last-n` checkpoints of each are averaged (Vaswani et al. 2017; `hf_relpos.tools.average`), and the final
 and the averaged weights are decoded alike with the recipes' decoding (beam 4, length penalty 1.0, at most the
 longest source + 50 new tokens) and scored with cased sacreBLEU on validation and test2016. One table: mean (min-max)
-over seeds. Finished runs (`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate
+over seeds; then each system's averaged weights against the `--baseline`'s (absolute) of the same seed, the BLEU
+difference and its paired bootstrap p-value (Koehn 2004, sacreBLEU's test). Finished runs (`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate
 processes at once (one per system on one GPU) and the table be collected with `--collect-only`.
 
   python experiments/convergence.py --data ../shared/data/multi30k --work /tmp/convergence \
@@ -41,6 +42,7 @@ from vs_marian import (
     batch_summary,
     evaluate,
     logged_losses,
+    read_pairs,
     recipe_path,
     run_batches,
     spread,
@@ -58,6 +60,7 @@ from hf_relpos.publish.records import (
     training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
+from hf_relpos.translation.metrics import paired_bootstrap
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -72,6 +75,7 @@ RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
 PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
+PAIRED_RESAMPLES = 1000   # paired bootstrap resamples of each system against the baseline (sacreBLEU's default)
 
 
 def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace, flags: Sequence[str] = ()) -> list[str]:
@@ -172,6 +176,16 @@ def markdown(results: dict) -> str:
         f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
+        *table(results),
+    ]
+    if "paired_tests" in results:
+        lines += ["", *paired_tests_table(results["paired_tests"])]
+    return "\n".join(lines) + "\n"
+
+
+def table(results: dict) -> list[str]:
+    """The main table's lines: one row per system, mean (min-max) over seeds."""
+    lines = [
         "| system | seeds | steps | test2016 BLEU, averaged | test2016 BLEU, final | validation BLEU, averaged | "
         "validation BLEU, final | test hyp/ref, averaged | pairs/update | padding % | train min |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
@@ -183,7 +197,55 @@ def markdown(results: dict) -> str:
             f"{spread(row['averaged_validation_bleu'])} | {spread(row['final_validation_bleu'])} | "
             f"{spread(row['averaged_test_length_ratio'], 3)} | {batch_columns(row)} | {spread(row['train_minutes'], 1)} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
+
+
+def paired_tests_table(tests: dict) -> list[str]:
+    """Each system against the baseline, seed by seed: BLEU difference (paired bootstrap p-value)."""
+    lines = [
+        f"Against `{tests['baseline']}` of the same seed, averaged weights: BLEU difference (p-value of paired "
+        f"bootstrap resampling, Koehn 2004, {tests['resamples']} resamples), per seed. Signature: "
+        f"`{tests['signature']}`.",
+        "",
+        "| system | test2016 | validation |",
+        "| --- | --- | --- |",
+    ]
+    for system, splits in tests["systems"].items():
+        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
+                           for seed, result in splits.get(split, {}).items()) or "-" for split in ("test", "validation")]
+        lines.append(f"| {system} | {' | '.join(cells)} |")
+    return lines
+
+
+def averaged_hypotheses(work: Path, system: str, seed: int, split: str) -> Path:
+    return work / system / f"seed{seed}" / "averaged_hypotheses" / f"{split}_hypotheses.txt"
+
+
+def paired_tests(records: dict[str, list[dict]], args: argparse.Namespace) -> dict | None:
+    """Each system's averaged weights against the baseline's of the same seed, on validation and test2016: BLEU
+    difference and paired bootstrap p-value (`paired_bootstrap`), for the seeds whose hypotheses both runs kept; None
+    when the baseline is not among the systems."""
+    if args.baseline not in records:
+        return None
+    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1]
+                  for split, file_name in SPLITS.items()}
+    systems, signature = {}, None
+    for system, runs in records.items():
+        if system == args.baseline:
+            continue
+        for seed in (record["seed"] for record in runs):
+            for split in SPLITS:
+                files = [averaged_hypotheses(args.work, name, seed, split) for name in (args.baseline, system)]
+                if not all(path.is_file() for path in files):
+                    continue
+                # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
+                baseline, hypotheses = (path.read_bytes().decode("utf-8").split("\n")[:-1] for path in files)
+                result = paired_bootstrap(baseline, hypotheses, references[split][:len(baseline)], PAIRED_RESAMPLES)
+                signature = result.pop("signature")
+                systems.setdefault(system, {}).setdefault(split, {})[str(seed)] = result
+    if signature is None:
+        return None
+    return {"baseline": args.baseline, "resamples": PAIRED_RESAMPLES, "signature": signature, "systems": systems}
 
 
 def summarize(records: dict[str, list[dict]]) -> dict:
@@ -214,6 +276,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=[*PEERS, *RECIPE_SCHEMES])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
+    parser.add_argument("--baseline", default="absolute", choices=SYSTEMS,
+                        help="system every other one is compared with, seed by seed (paired bootstrap), when present")
     parser.add_argument("--epochs", type=float, default=20, help="training epochs of every system (the recipes' 20)")
     parser.add_argument("--last-n", type=int, default=5, help="checkpoints averaged")
     parser.add_argument("--peer-warmup-steps", type=int, default=400)
@@ -254,6 +318,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "systems": summarize(records),
         "runs": records,
     }
+    tests = paired_tests(records, args)
+    if tests is not None:
+        results["paired_tests"] = tests
     gather_run_records(results)
     write_results(args.out, "convergence", results, markdown(results))
     return results

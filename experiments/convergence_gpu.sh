@@ -27,8 +27,9 @@
 #       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
-# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, paths relative to WORK), logs.tgz
-# (one log per process), convergence.md/json when every asked-for run has finished, and status.txt (which finished).
+# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json and its averaged weights' hypotheses,
+# which the paired tests against the baseline read; paths relative to WORK), logs.tgz (one log per process),
+# convergence.md/json when every asked-for run has finished, and status.txt (which finished).
 # Collect elsewhere with: tar xzf runs.tgz -C WORK && python experiments/convergence.py --work WORK --collect-only ...
 set -uo pipefail
 data=${1:?usage: convergence_gpu.sh DATA WORK OUT SYSTEMS SEEDS [LIMIT_SECONDS] [-- options]}
@@ -63,7 +64,8 @@ for system in $systems; do
         else echo "missing: $system seed $seed"; fi
     done
 done | tee "$out/status.txt"
-(cd "$work" && find . -name run.json -print0 | tar czf "$out/runs.tgz" --null -T -)
+(cd "$work" && find . \( -name run.json -o -path "*/averaged_hypotheses/*_hypotheses.txt" \) -print0 |
+    tar czf "$out/runs.tgz" --null -T -)
 tar czf "$out/logs.tgz" -C "$work" logs
 if ! grep -q '^missing' "$out/status.txt"; then
     # shellcheck disable=SC2086

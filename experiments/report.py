@@ -785,8 +785,10 @@ def results_convergence() -> str:
                    f"recipes as committed at the runs' code version, {peer}. Decoding for every model: beam {decoding.beams}, "
                    f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
                    "new tokens. Mean over seeds (min-max).\n\n")
-        rows = "".join(line for line in convergence.markdown(record).splitlines(keepends=True) if line.startswith("|"))
-        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + rows)
+        lines = convergence.table(record)
+        if "paired_tests" in record:
+            lines += ["", *convergence.paired_tests_table(record["paired_tests"])]
+        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + "\n".join(lines) + "\n")
     return "\n".join(passages)
 
 

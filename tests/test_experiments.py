@@ -567,6 +567,22 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert results["systems"]["absolute"]["pairs_per_update"] == [run["batches"]["pairs_per_update"]]
     table = (out / "convergence.md").read_text()
     assert "| peer | 1 |" in table and "| absolute | 1 |" in table
+    # every other system against absolute (the default --baseline) of its seed, on the averaged weights' hypotheses
+    tests = results["paired_tests"]
+    assert (tests["baseline"], tests["resamples"], list(tests["systems"])) == (
+        "absolute", 1000, ["peer", "peer+recipe-training"])
+    assert "|bs:1000|seed:12345|" in tests["signature"]
+    for system, splits in tests["systems"].items():
+        for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
+            result = splits[split]["1"]
+            hypotheses = {name: work / name / "seed1" / "averaged_hypotheses" / f"{split}_hypotheses.txt"
+                          for name in (system, "absolute")}
+            assert result["difference"] == pytest.approx(independent_bleu(hypotheses[system], data / file_name)
+                                                         - independent_bleu(hypotheses["absolute"], data / file_name))
+            assert 0 < result["p_value"] <= 1
+        cells = [f"seed 1: {splits[split]['1']['difference']:+.2f} (p {splits[split]['1']['p_value']:.3f})"
+                 for split in ("test", "validation")]
+        assert f"| {system} | {cells[0]} | {cells[1]} |" in table
     typed = {record.system: record for record in read_run_records(out / "convergence.json")}
     assert {system: (record.role, record.recipe) for system, record in typed.items()} == {
         "peer": ("peer", None), "peer+recipe-training": ("peer", None),
@@ -607,9 +623,20 @@ def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_
     assert not (out / "convergence.md").exists()
     assert call(300) == "finished: peer+recipe-training seed 1\nfinished: absolute seed 1\n"
     with tarfile.open(out / "runs.tgz") as runs:
-        assert sorted(runs.getnames()) == ["./absolute/seed1/run.json", "./peer+recipe-training/seed1/run.json"]
+        assert sorted(runs.getnames()) == [f"./{system}/seed1/{name}" for system in ("absolute", "peer+recipe-training")
+                                           for name in ("averaged_hypotheses/test_hypotheses.txt",
+                                                        "averaged_hypotheses/validation_hypotheses.txt", "run.json")]
+        runs.extractall(tmp_path / "collected", filter="data")
     results = json.loads((out / "convergence.json").read_text())
     assert list(results["systems"]) == ["peer+recipe-training", "absolute"]
+    assert list(results["paired_tests"]["systems"]) == ["peer+recipe-training"]
+    # collected elsewhere from runs.tgz alone: the same table and paired tests
+    subprocess.run([sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(tmp_path / "collected"),
+                    "--out", str(tmp_path / "collected_out"), "--systems", "peer+recipe-training", "absolute",
+                    "--seeds", "1", "--collect-only", "--max-eval-samples", "4", "--device", "cpu"],
+                   check=True, timeout=300)
+    collected = json.loads((tmp_path / "collected_out" / "convergence.json").read_text())
+    assert (collected["systems"], collected["paired_tests"]) == (results["systems"], results["paired_tests"])
     records = {path: path.stat().st_mtime_ns for path in work.glob("*/seed1/run.json")}
     call(300)
     assert {path: path.stat().st_mtime_ns for path in work.glob("*/seed1/run.json")} == records

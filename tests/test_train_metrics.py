@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
 
-from hf_relpos.translation.metrics import decode_token_ids, generated_lengths, score_translations
+from hf_relpos.translation.metrics import decode_token_ids, generated_lengths, paired_bootstrap, score_translations
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 
 
@@ -42,3 +42,38 @@ def test_decoding_ignores_padding_and_special_tokens():
 def test_generated_lengths_stop_at_the_first_end_token():
     rows = np.array([[2, 7, 8, 1, 1, 1], [2, 7, 1, 0, 0, 0], [2, 7, 8, 9, -100, -100], [2, 7, 8, 9, 10, 11]])
     assert generated_lengths(rows, eos_token_id=1, pad_token_id=0).tolist() == [2, 1, 3, 5]
+
+
+def koehn_paired_bootstrap(baseline, system, references, resamples, seed=12345):
+    """Paired bootstrap resampling written out: corpus BLEU of each resampled test set (the same sentences for both
+    systems) by sacreBLEU's metric object, p = (c + 1) / (resamples + 1) over the centred absolute differences."""
+    indices = np.random.default_rng(seed).choice(len(references), size=(resamples, len(references)), replace=True)
+
+    def bleu(hypotheses, rows):
+        return BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]]).score
+    differences = np.array([abs(bleu(system, rows) - bleu(baseline, rows)) for rows in indices])
+    observed = abs(BLEU().corpus_score(system, [references]).score - BLEU().corpus_score(baseline, [references]).score)
+    return (np.sum(differences - differences.mean() > observed) + 1) / (resamples + 1)
+
+
+def test_paired_bootstrap_is_koehns_test_with_sacrebleus_draws():
+    rng = np.random.default_rng(0)
+    words = ["Hund", "Katze", "Mann", "Frau", "Kind", "Ball", "Tür", "Haus", "spielt", "sieht", "öffnet", "läuft"]
+    references = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
+
+    def degraded(share):   # a system that gets `share` of the sentences right and the rest half wrong
+        return [reference if rng.random() < share else " ".join(reference.split()[:4] + ["Baum"] * 4)
+                for reference in references]
+    weak, strong = degraded(0.2), degraded(0.8)
+    result = paired_bootstrap(weak, strong, references, resamples=200)
+    assert result["difference"] == pytest.approx(
+        BLEU().corpus_score(strong, [references]).score - BLEU().corpus_score(weak, [references]).score, abs=1e-9)
+    assert result["difference"] > 10 and result["p_value"] < 0.01
+    assert result["p_value"] == koehn_paired_bootstrap(weak, strong, references, 200)
+    one_sentence_apart = [*weak[:-1], references[-1]]
+    close = paired_bootstrap(weak, one_sentence_apart, references, resamples=200)
+    assert close["p_value"] == koehn_paired_bootstrap(weak, one_sentence_apart, references, 200) > 0.05
+    assert paired_bootstrap(weak, strong, references, resamples=200) == result   # sacreBLEU's fixed seed
+    assert "|bs:200|seed:12345|" in result["signature"]
+    with pytest.raises(ValueError, match="59 system hypotheses for 60 references"):
+        paired_bootstrap(weak, strong[:-1], references)

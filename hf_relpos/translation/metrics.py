@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 import sacrebleu
+from sacrebleu.significance import PairedTest
 from transformers import PreTrainedTokenizerBase
 
 IGNORED_LABEL_ID = -100
@@ -30,6 +31,26 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
         "brevity_penalty": bleu.bp,
         "length_ratio": bleu.sys_len / max(bleu.ref_len, 1),
     }
+
+
+def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
+                     resamples: int = 1000) -> dict[str, float | str]:
+    """`system`'s corpus BLEU minus `baseline`'s on the same references, and the p-value of paired bootstrap
+    resampling (Koehn 2004, as sacreBLEU's `PairedTest` computes it): over `resamples` test sets drawn with
+    replacement, the same sentences for both systems, p = (c + 1) / (resamples + 1), c the resampled absolute
+    differences that exceed their mean by more than the observed one. The draws use sacreBLEU's fixed seed
+    (`SACREBLEU_SEED`, default 12345), so a rerun gives the same p-value; the signature names the seed and the
+    resamples."""
+    for name, hypotheses in (("baseline", baseline), ("system", system)):
+        if len(hypotheses) != len(references):
+            raise ValueError(f"{len(hypotheses)} {name} hypotheses for {len(references)} references; they must pair "
+                             "up line by line")
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": sacrebleu.metrics.BLEU()},
+                      [list(references)], test_type="bs", n_samples=resamples)
+    signatures, results = test()
+    base, other = results["BLEU"]
+    return {"difference": other.score - base.score, "p_value": other.p_value,
+            "signature": str(signatures["BLEU"])}
 
 
 def decode_token_ids(token_ids: np.ndarray, tokenizer: PreTrainedTokenizerBase) -> list[str]:
