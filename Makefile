@@ -24,8 +24,8 @@ demo: $(VENV)/.installed
 # one worker per logical core, at most 8 (each holds its own torch); worksteal evens out the long end-to-end tests
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
 
-# Lint, the whole suite, then the tests marked numerics (float64 oracles, paths through torch's CPU kernels compared)
-# again under the CPU kernels torch picks on other machines: a pass must not depend on them.
+# Lint, the whole suite, then the tests marked numerics (pyproject.toml's markers say which) again under the CPU
+# kernels torch picks on other machines: a pass must not depend on them.
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports

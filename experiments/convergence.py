@@ -10,8 +10,9 @@ Then the last `--last-n` checkpoints of each are averaged (Vaswani et al. 2017; 
 and the averaged weights are decoded alike with the recipes' decoding (beam 4, length penalty 1.0, at most the
 longest source + 50 new tokens) and scored with cased sacreBLEU on validation and test2016. One table: mean (min-max)
 over seeds; then each system's averaged weights against the `--baseline`'s (absolute) of the same seed, the BLEU
-difference and its paired bootstrap p-value (Koehn 2004, sacreBLEU's test). Finished runs (`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate
-processes at once (one per system on one GPU) and the table be collected with `--collect-only`.
+difference and its paired bootstrap p-value (Koehn 2004, sacreBLEU's test). Finished runs
+(`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate processes at once (one per system
+on one GPU) and the table be collected with `--collect-only`.
 
   python experiments/convergence.py --data ../shared/data/multi30k --work /tmp/convergence \
       --out docs/results/convergence --systems peer absolute shaw xl directional --seeds 1
@@ -227,8 +228,8 @@ def paired_tests(records: dict[str, list[dict]], args: argparse.Namespace) -> di
     when the baseline is not among the systems."""
     if args.baseline not in records:
         return None
-    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1]
-                  for split, file_name in SPLITS.items()}
+    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1][
+        :args.max_eval_samples] for split, file_name in SPLITS.items()}
     systems, signature = {}, None
     for system, runs in records.items():
         if system == args.baseline:
@@ -240,7 +241,13 @@ def paired_tests(records: dict[str, list[dict]], args: argparse.Namespace) -> di
                     continue
                 # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
                 baseline, hypotheses = (path.read_bytes().decode("utf-8").split("\n")[:-1] for path in files)
-                result = paired_bootstrap(baseline, hypotheses, references[split][:len(baseline)], PAIRED_RESAMPLES)
+                if not len(baseline) == len(hypotheses) == len(references[split]):
+                    print(f"convergence.py: no paired test of {system} seed {seed} on {split}: "
+                          f"{len(baseline)} and {len(hypotheses)} hypothesis lines for {len(references[split])} "
+                          "references (another --max-eval-samples, or a translation holding a line break)",
+                          file=sys.stderr)
+                    continue
+                result = paired_bootstrap(baseline, hypotheses, references[split], PAIRED_RESAMPLES)
                 signature = result.pop("signature")
                 systems.setdefault(system, {}).setdefault(split, {})[str(seed)] = result
     if signature is None:

@@ -27,8 +27,8 @@
 #       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
-# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json and its averaged weights' hypotheses,
-# which the paired tests against the baseline read; paths relative to WORK), logs.tgz (one log per process),
+# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, and the averaged weights' hypotheses
+# that the paired tests against the baseline read; paths relative to WORK), logs.tgz (one log per process),
 # convergence.md/json when every asked-for run has finished, and status.txt (which finished).
 # Collect elsewhere with: tar xzf runs.tgz -C WORK && python experiments/convergence.py --work WORK --collect-only ...
 set -uo pipefail

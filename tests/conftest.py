@@ -14,7 +14,7 @@ import pytest
 
 # Tiny test models gain nothing from intra-op threads, and two threads on a loaded 2-core machine (one pytest-xdist
 # worker per core) are many times slower than one: one thread here and in every process a test starts.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ["OMP_NUM_THREADS"] = "1"
 
 import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402

@@ -111,7 +111,6 @@ def test_an_input_longer_than_any_in_training_gets_a_longer_cap_than_the_saved_c
         assert new_lengths(old.generate(input_ids=long_ids, num_beams=1)) == [12]
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_the_cap_without_a_ceiling_stops_where_generate_stops_by_default(num_beams, caplog, monkeypatch):
     """A generation config with neither max_new_tokens nor max_length (a plain save_pretrained's): the source-relative

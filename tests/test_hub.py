@@ -662,7 +662,7 @@ def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_onl
     hub.add_translation_pipeline(folder)
     sources = [source for source, _ in PAIRS]
     script = LOAD_SCRIPT.format(block=remote_only, folder=str(folder), sources=sources)
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     result = subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path, env=env,
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]

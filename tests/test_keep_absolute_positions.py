@@ -101,6 +101,7 @@ def test_the_stack_adds_the_sinusoids_times_the_scale(scale):
         assert (embedded - expected).abs().max() < 1e-12
 
 
+@pytest.mark.numerics
 def test_scale_zero_is_the_model_without_the_kept_positions():
     """At scale 0 the kept sinusoids are gone exactly: the same weights without keep_absolute_positions give the same
     float64 logits, bit for bit."""

@@ -24,8 +24,6 @@ from hf_relpos.model.attention_functions import (
     sdpa_attention_forward,
 )
 
-pytestmark = pytest.mark.numerics
-
 P = 0.3
 # schemes through every fused form: a score_mod (alibi), a table read by bucket and recomputed in the backward (xl),
 # key regions merged with an explicit band (shaw's a^K and a^V, t5 with a short band), a per-head mask_mod
@@ -77,6 +75,7 @@ def max_difference(first: tuple, second: tuple) -> float:
                + [(gradients[name] - other_gradients[name]).abs().max().item() for name in gradients])
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_flex_and_sdpa_drop_the_same_keys_as_eager(scheme, reference_kernel):
     """Encoder self-attention, decoder causal self-attention and cross-attention, padded: the fused path's logits and
@@ -138,6 +137,7 @@ def attention_inputs(query_length: int, key_length: int):
             for n in (query_length, key_length, key_length)]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("kernel", [eager_attention_forward, sdpa_attention_forward, flex_attention_forward])
 def test_a_query_that_loses_every_key_outputs_zeros_without_nan(kernel, reference_kernel):
     """Every key dropped (threshold 2^KEEP_BITS): each query outputs zeros and every gradient is finite (zero)."""
@@ -149,6 +149,7 @@ def test_a_query_that_loses_every_key_outputs_zeros_without_nan(kernel, referenc
     assert all(torch.isfinite(x.grad).all() for x in (query, key, value))
 
 
+@pytest.mark.numerics
 def test_rows_that_lose_every_key_match_across_kernels(reference_kernel):
     """A causal mask leaves the first queries one or two keys: at p = 0.5 some lose all of them; eager and the fused
     path agree on those (zeros) and on the others, output and gradients, at 1e-12."""
@@ -166,6 +167,7 @@ def test_rows_that_lose_every_key_match_across_kernels(reference_kernel):
         assert (first - second).abs().max().item() < TOLERANCE
 
 
+@pytest.mark.numerics
 def test_torchs_flex_attention_drops_the_same_keys_as_eager():
     """torch's FlexAttention itself (uncompiled on the CPU, forward only), reading the key dropout's score_mod:
     eager's output at 1e-12 with padding, also for queries that lose every key."""

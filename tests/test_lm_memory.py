@@ -30,7 +30,6 @@ def tokens(count: int = 63) -> torch.Tensor:
     return torch.randint(4, 40, (count,), generator=torch.Generator().manual_seed(2))
 
 
-@pytest.mark.numerics
 def test_segmented_stream_rows_continue_across_batches_and_cover_every_target_once():
     stream = tokens()
     data = SegmentedStream(stream, BATCH, SEGMENT)

@@ -57,7 +57,7 @@ TINY = {
     "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 7,
     "disable_tqdm": True, "cpu_threads": 1, "dataloader_pin_memory": False,
 }
-SUBPROCESS_ENV = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error")
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error")
 
 
 @pytest.fixture(scope="module")

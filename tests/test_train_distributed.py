@@ -94,7 +94,7 @@ def write_config(tmp_path: Path) -> tuple[Path, Path]:
 
 def launch(tmp_path: Path, script: Path, *arguments: str) -> subprocess.CompletedProcess:
     """The documented command: accelerate launch --config_file configs/accelerate/cpu_2proc.yaml SCRIPT ..."""
-    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), OMP_NUM_THREADS="1", PYTHONPATH=str(REPO))
+    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=str(REPO))
     return subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG), "--main_process_port",
          str(free_port()), str(script), *arguments],

@@ -1,5 +1,7 @@
 """sacreBLEU/chrF scoring and decoding of generated ids."""
 
+import os
+
 import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU, CHRF
@@ -44,10 +46,11 @@ def test_generated_lengths_stop_at_the_first_end_token():
     assert generated_lengths(rows, eos_token_id=1, pad_token_id=0).tolist() == [2, 1, 3, 5]
 
 
-def koehn_paired_bootstrap(baseline, system, references, resamples, seed=12345):
-    """Paired bootstrap resampling written out: corpus BLEU of each resampled test set (the same sentences for both
-    systems) by sacreBLEU's metric object, p = (c + 1) / (resamples + 1) over the centred absolute differences."""
-    indices = np.random.default_rng(seed).choice(len(references), size=(resamples, len(references)), replace=True)
+def moses_paired_bootstrap(baseline, system, references, resamples):
+    """Paired bootstrap resampling as Moses' bootstrap-hypothesis-difference-significance.pl tests, written out: corpus
+    BLEU of each resampled test set (the same sentences for both systems) by sacreBLEU's metric object, drawn with
+    sacreBLEU's seed, p = (c + 1) / (resamples + 1) over the centred absolute differences."""
+    indices = np.random.default_rng(int(os.environ.get("SACREBLEU_SEED", "12345"))).choice(len(references), size=(resamples, len(references)), replace=True)
 
     def bleu(hypotheses, rows):
         return BLEU().corpus_score([hypotheses[i] for i in rows], [[references[i] for i in rows]]).score
@@ -56,7 +59,7 @@ def koehn_paired_bootstrap(baseline, system, references, resamples, seed=12345):
     return (np.sum(differences - differences.mean() > observed) + 1) / (resamples + 1)
 
 
-def test_paired_bootstrap_is_koehns_test_with_sacrebleus_draws():
+def test_paired_bootstrap_is_the_moses_test_on_sacrebleus_draws():
     rng = np.random.default_rng(0)
     words = ["Hund", "Katze", "Mann", "Frau", "Kind", "Ball", "Tür", "Haus", "spielt", "sieht", "öffnet", "läuft"]
     references = [" ".join(rng.choice(words, size=8)) for _ in range(60)]
@@ -69,11 +72,13 @@ def test_paired_bootstrap_is_koehns_test_with_sacrebleus_draws():
     assert result["difference"] == pytest.approx(
         BLEU().corpus_score(strong, [references]).score - BLEU().corpus_score(weak, [references]).score, abs=1e-9)
     assert result["difference"] > 10 and result["p_value"] < 0.01
-    assert result["p_value"] == koehn_paired_bootstrap(weak, strong, references, 200)
+    assert result["p_value"] == moses_paired_bootstrap(weak, strong, references, 200)
     one_sentence_apart = [*weak[:-1], references[-1]]
     close = paired_bootstrap(weak, one_sentence_apart, references, resamples=200)
-    assert close["p_value"] == koehn_paired_bootstrap(weak, one_sentence_apart, references, 200) > 0.05
+    assert close["p_value"] == moses_paired_bootstrap(weak, one_sentence_apart, references, 200) > 0.05
     assert paired_bootstrap(weak, strong, references, resamples=200) == result   # sacreBLEU's fixed seed
-    assert "|bs:200|seed:12345|" in result["signature"]
+    assert f"|bs:200|seed:{os.environ.get('SACREBLEU_SEED', '12345')}|" in result["signature"]
     with pytest.raises(ValueError, match="59 system hypotheses for 60 references"):
         paired_bootstrap(weak, strong[:-1], references)
+    with pytest.raises(ValueError, match="resamples must be at least 1, got 0"):
+        paired_bootstrap(weak, strong, references, resamples=0)

@@ -360,7 +360,6 @@ def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
     assert counts["relpos_triton"] == 0 and counts["sdpa"] > 0, counts
 
 
-@pytest.mark.numerics
 @pytest.mark.parametrize("kernel, dropout", [("relpos_triton", 0.1), ("sdpa", 0.1), ("flex_attention", 0.0)])
 def test_a_shaw_layers_products_with_the_distance_tables_are_aligned(kernel, dropout):
     """Every matmul of a shaw layer's training step (a^K's T = c q a^K^T, a^V's M a^V, their gradients; bf16 autocast,
@@ -897,6 +896,7 @@ def test_a_second_derivative_is_refused_not_wrong(compiled):
         torch.autograd.grad(grad, weight)
 
 
+@pytest.mark.numerics
 def test_activation_checkpointing_recomputes_the_same_dropout(triton_calls):
     """A padded training step with attention and residual dropout on relpos_triton, with activation checkpointing
     (each layer's forward recomputed in the backward, torch's random state restored) and without: the same loss and

@@ -53,7 +53,6 @@ def test_memory_shorter_than_the_context_forgets_it():
     assert (second.logits - whole[:, SEGMENT:]).abs().max() > 1e-3
 
 
-@pytest.mark.numerics
 def test_no_gradient_flows_into_the_memory():
     model = causal_lm().train()
     tokens = stream(2 * SEGMENT)

@@ -36,11 +36,13 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
                      resamples: int = 1000) -> dict[str, float | str]:
     """`system`'s corpus BLEU minus `baseline`'s on the same references, and the p-value of paired bootstrap
-    resampling (Koehn 2004, as sacreBLEU's `PairedTest` computes it): over `resamples` test sets drawn with
-    replacement, the same sentences for both systems, p = (c + 1) / (resamples + 1), c the resampled absolute
-    differences that exceed their mean by more than the observed one. The draws use sacreBLEU's fixed seed
-    (`SACREBLEU_SEED`, default 12345), so a rerun gives the same p-value; the signature names the seed and the
-    resamples."""
+    resampling (Koehn 2004) in the two-sided form of Moses' bootstrap-hypothesis-difference-significance.pl, which
+    sacreBLEU's `PairedTest` computes: over `resamples` test sets drawn with replacement, the same sentences for both
+    systems, p = (c + 1) / (resamples + 1), c the resampled absolute differences that exceed their mean by more than
+    the observed one. The draws use sacreBLEU's seed (`SACREBLEU_SEED`, default 12345; "none" or 0 draw unseeded), so
+    a rerun gives the same p-value; the signature names the seed and the resamples."""
+    if resamples < 1:
+        raise ValueError(f"resamples must be at least 1, got {resamples}")
     for name, hypotheses in (("baseline", baseline), ("system", system)):
         if len(hypotheses) != len(references):
             raise ValueError(f"{len(hypotheses)} {name} hypotheses for {len(references)} references; they must pair "
