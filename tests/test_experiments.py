@@ -596,6 +596,14 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     missing = subprocess.run([*command[:command.index("--recipe-flags")], "--seeds", "2", "--collect-only"],
                              capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "peer seed 2 has no" in missing.stderr
+    # hypotheses that no longer pair up with the references line by line are not tested, and the run says so
+    cut = work / "peer" / "seed1" / "averaged_hypotheses" / "test_hypotheses.txt"
+    cut.write_bytes(cut.read_bytes().split(b"\n", 1)[1])
+    collected = subprocess.run([*command[:command.index("--recipe-flags")], "--collect-only"], capture_output=True,
+                               text=True, timeout=300, check=True)
+    assert "no paired test of peer seed 1 on test: 4 and 3 hypothesis lines for 4 references" in collected.stderr
+    tests = json.loads((out / "convergence.json").read_text())["paired_tests"]["systems"]
+    assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
 @pytest.mark.slow
