@@ -26,7 +26,7 @@ import argparse
 import json
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -43,7 +43,8 @@ from vs_marian import (
     batch_summary,
     evaluate,
     logged_losses,
-    read_pairs,
+    paired_tests,
+    paired_tests_table,
     recipe_path,
     run_batches,
     spread,
@@ -61,7 +62,6 @@ from hf_relpos.publish.records import (
     training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.metrics import paired_bootstrap
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -76,7 +76,6 @@ RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
 PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
-PAIRED_RESAMPLES = 1000   # paired bootstrap resamples of each system against the baseline (sacreBLEU's default)
 
 
 def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace, flags: Sequence[str] = ()) -> list[str]:
@@ -201,58 +200,9 @@ def table(results: dict) -> list[str]:
     return lines
 
 
-def paired_tests_table(tests: dict) -> list[str]:
-    """Each system against the baseline, seed by seed: BLEU difference (paired bootstrap p-value)."""
-    lines = [
-        f"Against `{tests['baseline']}` of the same seed, averaged weights: BLEU difference (p-value of paired "
-        f"bootstrap resampling, Koehn 2004, {tests['resamples']} resamples), per seed. Signature: "
-        f"`{tests['signature']}`.",
-        "",
-        "| system | test2016 | validation |",
-        "| --- | --- | --- |",
-    ]
-    for system, splits in tests["systems"].items():
-        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
-                           for seed, result in splits.get(split, {}).items()) or "-" for split in ("test", "validation")]
-        lines.append(f"| {system} | {' | '.join(cells)} |")
-    return lines
-
-
-def averaged_hypotheses(work: Path, system: str, seed: int, split: str) -> Path:
-    return work / system / f"seed{seed}" / "averaged_hypotheses" / f"{split}_hypotheses.txt"
-
-
-def paired_tests(records: dict[str, list[dict]], args: argparse.Namespace) -> dict | None:
-    """Each system's averaged weights against the baseline's of the same seed, on validation and test2016: BLEU
-    difference and paired bootstrap p-value (`paired_bootstrap`), for the seeds whose hypotheses both runs kept; None
-    when the baseline is not among the systems."""
-    if args.baseline not in records:
-        return None
-    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1][
-        :args.max_eval_samples] for split, file_name in SPLITS.items()}
-    systems, signature = {}, None
-    for system, runs in records.items():
-        if system == args.baseline:
-            continue
-        for seed in (record["seed"] for record in runs):
-            for split in SPLITS:
-                files = [averaged_hypotheses(args.work, name, seed, split) for name in (args.baseline, system)]
-                if not all(path.is_file() for path in files):
-                    continue
-                # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
-                baseline, hypotheses = (path.read_bytes().decode("utf-8").split("\n")[:-1] for path in files)
-                if not len(baseline) == len(hypotheses) == len(references[split]):
-                    print(f"convergence.py: no paired test of {system} seed {seed} on {split}: "
-                          f"{len(baseline)} and {len(hypotheses)} hypothesis lines for {len(references[split])} "
-                          "references (another --max-eval-samples, or a translation holding a line break)",
-                          file=sys.stderr)
-                    continue
-                result = paired_bootstrap(baseline, hypotheses, references[split], PAIRED_RESAMPLES)
-                signature = result.pop("signature")
-                systems.setdefault(system, {}).setdefault(split, {})[str(seed)] = result
-    if signature is None:
-        return None
-    return {"baseline": args.baseline, "resamples": PAIRED_RESAMPLES, "signature": signature, "systems": systems}
+def averaged_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
+    """Where each run keeps its averaged weights' hypotheses of a split."""
+    return lambda system, seed, split: work / system / f"seed{seed}" / "averaged_hypotheses" / f"{split}_hypotheses.txt"
 
 
 def summarize(records: dict[str, list[dict]]) -> dict:
@@ -325,7 +275,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "systems": summarize(records),
         "runs": records,
     }
-    tests = paired_tests(records, args)
+    seeds = {system: [record["seed"] for record in runs] for system, runs in records.items()}
+    tests = paired_tests(seeds, args.baseline, "averaged", averaged_hypotheses(args.work), args, "convergence.py")
     if tests is not None:
         results["paired_tests"] = tests
     gather_run_records(results)

@@ -24,7 +24,9 @@ Every trained model is decoded by the same function (beam 4, length penalty 0.6,
 64 sorted by source length) and scored by the same sacreBLEU metric object (cased, 13a) on validation and test2016.
 A finished run (`<work>/<row>/seed<S>/run.json`) is reused, so rows can be trained by separate invocations (one per
 core) and the table collected afterwards with `--collect-only` (`--row-seeds NAME=1,2,3` where a row has other seeds
-than `--seeds`). The table (mean and min-max over seeds) goes to `<out>/vs_marian.{json,md}`.
+than `--seeds`). The table (mean and min-max over seeds) goes to `<out>/vs_marian.{json,md}`, followed by each row
+against the `--baseline` row (default `absolute`, when it is among the rows) of the same seed: the BLEU difference and
+its paired bootstrap p-value (Koehn 2004, sacreBLEU's test) on the hypotheses each run kept.
 
   python experiments/vs_marian.py --data ../shared/data/multi30k --work /tmp/vs_marian --out docs/results/vs_marian \
       --rows peer absolute-marian --seeds 1 2 3 --threads 1
@@ -40,7 +42,7 @@ import shlex
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -77,7 +79,7 @@ from hf_relpos.publish.records import (
 from hf_relpos.translation.arguments import data_seed, parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs, tokenize_training_pairs
 from hf_relpos.translation.data_preparation import prepare_evaluation_set
-from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.metrics import paired_bootstrap, score_translations
 from hf_relpos.translation.model_setup import configure_decoding
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
@@ -680,6 +682,66 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     return record
 
 
+PAIRED_RESAMPLES = 1000   # paired bootstrap resamples of each system against the baseline (sacreBLEU's default)
+
+
+def run_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
+    """Where each run of this script keeps its hypotheses of a split."""
+    return lambda row, seed, split: work / row / f"seed{seed}" / f"{split}_hypotheses.txt"
+
+
+def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
+                 hypotheses_of: Callable[[str, int, str], Path], args: argparse.Namespace, script: str) -> dict | None:
+    """Each system against `baseline` of the same seed on validation and test2016, from the hypotheses files
+    `hypotheses_of(system, seed, split)`: the BLEU difference and its paired bootstrap p-value (`paired_bootstrap`),
+    for the seeds whose hypotheses both runs kept and that pair up with the references line by line (else one line on
+    stderr); None when the baseline is not among the systems or no pair was tested."""
+    if baseline not in seeds:
+        return None
+    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1][
+        :args.max_eval_samples] for split, file_name in SPLITS.items()}
+    systems, signature = {}, None
+    for system in seeds:
+        if system == baseline:
+            continue
+        for seed in seeds[system]:
+            for split in SPLITS:
+                files = [hypotheses_of(name, seed, split) for name in (baseline, system)]
+                if not all(path.is_file() for path in files):
+                    continue
+                # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
+                ours, theirs = (path.read_bytes().decode("utf-8").split("\n")[:-1] for path in files)
+                if not len(ours) == len(theirs) == len(references[split]):
+                    print(f"{script}: no paired test of {system} seed {seed} on {split}: {len(ours)} and "
+                          f"{len(theirs)} hypothesis lines for {len(references[split])} references (another "
+                          "--max-eval-samples, or a translation holding a line break)", file=sys.stderr)
+                    continue
+                result = paired_bootstrap(ours, theirs, references[split], PAIRED_RESAMPLES)
+                signature = result.pop("signature")
+                systems.setdefault(system, {}).setdefault(split, {})[str(seed)] = result
+    if signature is None:
+        return None
+    return {"baseline": baseline, "weights": weights, "resamples": PAIRED_RESAMPLES, "signature": signature,
+            "systems": systems}
+
+
+def paired_tests_table(tests: dict) -> list[str]:
+    """Each system against the baseline, seed by seed: BLEU difference (paired bootstrap p-value)."""
+    lines = [
+        f"Against `{tests['baseline']}` of the same seed, {tests['weights']} weights: BLEU difference (p-value of "
+        f"paired bootstrap resampling, Koehn 2004, {tests['resamples']} resamples), per seed. Signature: "
+        f"`{tests['signature']}`.",
+        "",
+        "| system | test2016 | validation |",
+        "| --- | --- | --- |",
+    ]
+    for system, splits in tests["systems"].items():
+        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
+                           for seed, result in splits.get(split, {}).items()) or "-" for split in ("test", "validation")]
+        lines.append(f"| {system} | {' | '.join(cells)} |")
+    return lines
+
+
 def spread(values: Sequence[float], digits: int = 2) -> str:
     """`mean (min-max)`, or the value alone for one seed."""
     mean = f"{statistics.mean(values):.{digits}f}"
@@ -734,6 +796,8 @@ def markdown(results: dict) -> str:
             f"{spread(row['validation_bleu'])} | {spread(row['test_length_ratio'], 3)} | "
             f"{spread(row['validation_length_ratio'], 3)} | {batch_columns(row)} | {spread(row['wall_minutes'], 0)} |"
         )
+    if "paired_tests" in results:
+        lines += ["", *paired_tests_table(results["paired_tests"])]
     return "\n".join(lines) + "\n"
 
 
@@ -775,6 +839,8 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     parser.add_argument("--row-seeds", action="append", default=[], metavar="NAME=S[,S...]",
                         help="the seeds of one row, instead of --seeds (e.g. to collect rows trained to different seeds)")
     parser.add_argument("--collect-only", action="store_true", help="only read finished runs under --work")
+    parser.add_argument("--baseline", default="absolute",
+                        help="row every other one is compared with, seed by seed (paired bootstrap), when present")
     parser.add_argument("--decoding-study", action="store_true",
                         help="decode the finished runs of the rows with every variant (no training); decoding.md")
     parser.add_argument("--source-lang", default="en")
@@ -848,6 +914,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "rows": summarize(rows, records),
         "runs": records,
     }
+    tests = paired_tests({row.name: seeds_of(row, args) for row in rows}, args.baseline, "final",
+                         run_hypotheses(args.work), args, "vs_marian.py")
+    if tests is not None:
+        results["paired_tests"] = tests
     gather_run_records(results)
     write_results(args.out, "vs_marian", results, markdown(results))
     return results

@@ -354,6 +354,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     subprocess.run([*common, "--seeds", "1", "2"], check=True, timeout=600)
     results = json.loads((out / "vs_marian.json").read_text())
     assert list(results["rows"]) == ["peer", "post-hf"]
+    assert "paired_tests" not in results   # no `absolute` row, the default --baseline
     assert results["signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
     vs_marian = load_experiment(VS_MARIAN, monkeypatch)
     settings, _ = vs_marian.parse_command_line(["--data", str(data), *TINY_VS_MARIAN])
@@ -398,6 +399,17 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     assert (out / "vs_marian.md").read_text() == table
     missing = subprocess.run([*common, "--seeds", "3", "--collect-only"], capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "peer seed 3 has no" in missing.stderr
+    # --baseline: every other row against it, seed by seed, on the hypotheses each run kept
+    subprocess.run([*common, "--seeds", "1", "2", "--collect-only", "--baseline", "post-hf"], check=True, timeout=300)
+    tests = json.loads((out / "vs_marian.json").read_text())["paired_tests"]
+    assert (tests["baseline"], tests["weights"], list(tests["systems"])) == ("post-hf", "final", ["peer"])
+    for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
+        assert list(tests["systems"]["peer"][split]) == ["1", "2"]
+        for seed, result in tests["systems"]["peer"][split].items():
+            assert result["difference"] == pytest.approx(
+                independent_bleu(work / "peer" / f"seed{seed}" / f"{split}_hypotheses.txt", data / file_name)
+                - independent_bleu(work / "post-hf" / f"seed{seed}" / f"{split}_hypotheses.txt", data / file_name))
+    assert "Against `post-hf` of the same seed, final weights: BLEU difference" in (out / "vs_marian.md").read_text()
     # rows trained to different seeds, collected into one table
     subprocess.run([*common, "--seeds", "1", "2", "--row-seeds", "peer=2", "--collect-only"], check=True, timeout=300)
     mixed = (out / "vs_marian.md").read_text()
