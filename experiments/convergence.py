@@ -42,6 +42,7 @@ from vs_marian import (
     batch_columns,
     batch_summary,
     evaluate,
+    hypotheses_file,
     logged_losses,
     paired_tests,
     paired_tests_table,
@@ -176,11 +177,17 @@ def markdown(results: dict) -> str:
         f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
-        *table(results),
+        *tables(results),
     ]
+    return "\n".join(lines) + "\n"
+
+
+def tables(results: dict) -> list[str]:
+    """The main table's lines, then the paired tests' when the record has them."""
+    lines = table(results)
     if "paired_tests" in results:
         lines += ["", *paired_tests_table(results["paired_tests"])]
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def table(results: dict) -> list[str]:
@@ -202,7 +209,7 @@ def table(results: dict) -> list[str]:
 
 def averaged_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
     """Where each run keeps its averaged weights' hypotheses of a split."""
-    return lambda system, seed, split: work / system / f"seed{seed}" / "averaged_hypotheses" / f"{split}_hypotheses.txt"
+    return lambda system, seed, split: hypotheses_file(work / system / f"seed{seed}" / "averaged_hypotheses", split)
 
 
 def summarize(records: dict[str, list[dict]]) -> dict:

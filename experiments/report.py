@@ -785,10 +785,8 @@ def results_convergence() -> str:
                    f"recipes as committed at the runs' code version, {peer}. Decoding for every model: beam {decoding.beams}, "
                    f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
                    "new tokens. Mean over seeds (min-max).\n\n")
-        lines = convergence.table(record)
-        if "paired_tests" in record:
-            lines += ["", *convergence.paired_tests_table(record["paired_tests"])]
-        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + "\n".join(lines) + "\n")
+        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption
+                        + "\n".join(convergence.tables(record)) + "\n")
     return "\n".join(passages)
 
 

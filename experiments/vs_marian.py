@@ -564,7 +564,7 @@ def evaluate(model_folder: Path, is_peer: bool, decoding: Decoding, args: argpar
         hypotheses = translate(model, tokenizer, sources[:limit], decoding, args.eval_batch_size)
         seconds = time.perf_counter() - started
         if hypotheses_folder is not None:
-            (hypotheses_folder / f"{split}_hypotheses.txt").write_text("".join(f"{line}\n" for line in hypotheses))
+            hypotheses_file(hypotheses_folder, split).write_text("".join(f"{line}\n" for line in hypotheses))
         scores[split] = {**score_translations(hypotheses, references[:limit]), "decode_seconds": seconds}
     return scores
 
@@ -685,9 +685,14 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
 PAIRED_RESAMPLES = 1000   # paired bootstrap resamples of each system against the baseline (sacreBLEU's default)
 
 
+def hypotheses_file(folder: Path, split: str) -> Path:
+    """Where `evaluate` writes a split's hypotheses in `folder` (one line each)."""
+    return folder / f"{split}_hypotheses.txt"
+
+
 def run_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
     """Where each run of this script keeps its hypotheses of a split."""
-    return lambda row, seed, split: work / row / f"seed{seed}" / f"{split}_hypotheses.txt"
+    return lambda row, seed, split: hypotheses_file(work / row / f"seed{seed}", split)
 
 
 def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
