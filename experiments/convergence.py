@@ -12,7 +12,8 @@ longest source + 50 new tokens) and scored with cased sacreBLEU on validation an
 over seeds; then each system's averaged weights against the `--baseline`'s (absolute) of the same seed, the BLEU
 difference and its paired bootstrap p-value (Koehn 2004, sacreBLEU's test). Finished runs
 (`<work>/<system>/seed<S>/run.json`) are reused, so systems can train in separate processes at once (one per system
-on one GPU) and the table be collected with `--collect-only`.
+on one GPU) and the table be collected with `--collect-only`; a run cut short (a time limit, the end of a session)
+continues from its newest complete checkpoint when called again, and its record names each attempt.
 
   python experiments/convergence.py --data ../shared/data/multi30k --work /tmp/convergence \
       --out docs/results/convergence --systems peer absolute shaw xl directional --seeds 1
@@ -63,6 +64,7 @@ from hf_relpos.publish.records import (
     training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
+from hf_relpos.translation.checkpoints import last_complete_checkpoint
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -73,22 +75,41 @@ PEERS = (PEER, PEER_AS_RECIPE)
 # system -> (recipe, train_translation.py flags). The one structural difference left between the two networks is the
 # decoder start token (tests/test_convert.py, tests/test_experiments.py): the peer starts from <pad>, the recipe from
 # <s>.
-RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "pad"))}
+# `shaw+concat-0.5`: sentence concatenation trained into shaw for the recipes' epochs (issue #50 item 1: whether its
+# single-caption cost at the equal budget remains after 20 epochs; docs/results.md 5b).
+RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "pad")),
+                  "shaw+concat-0.5": ("shaw", ("--concatenated_pairs", "0.5"))}
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
 PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
+def newest_checkpoint(checkpoints: Path) -> Path | None:
+    """The checkpoint a run cut short (by a time limit, or the end of a session) continues from: the newest complete
+    one in its checkpoints' folder, if any."""
+    return last_complete_checkpoint(checkpoints) if checkpoints.is_dir() else None
+
+
+def continuation_flags(checkpoints: Path) -> list[str]:
+    """train_translation.py flags for a run folder left by an earlier attempt: continue from its newest complete
+    checkpoint, or, with none complete, train again from scratch over what it left."""
+    if newest_checkpoint(checkpoints) is not None:
+        return ["--resume_from_checkpoint", "last"]
+    return ["--overwrite_output_dir", "true"] if checkpoints.is_dir() else []
+
+
 def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace, flags: Sequence[str] = ()) -> list[str]:
     """train_translation.py arguments of the scheme's recipe as it is, a checkpoint per epoch, then `flags` (a
-    RECIPE_OPTIONS system's) and `--recipe-flags` last. One checkpoint more than are averaged is kept: with early stopping in the flags, transformers keeps the
-    best checkpoint besides the newest, so the last `--last-n` are there to average."""
+    RECIPE_OPTIONS system's), `--recipe-flags`, and last the continuation of an earlier attempt. One checkpoint more
+    than are averaged is kept: with early stopping in the flags, transformers keeps the best checkpoint besides the
+    newest, so the last `--last-n` are there to average."""
     return [
         str(recipe_path(scheme)), "--train_file", str(args.data / "train.jsonl"), "--source_lang", args.source_lang,
         "--target_lang", args.target_lang, "--output_dir", str(folder / "model"), "--seed", str(seed),
         "--num_train_epochs", str(args.epochs), "--do_eval", "false", "--do_predict", "false",
         "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n + 1),
         "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *flags, *args.recipe_flags,
+        *continuation_flags(folder / "model"),
     ]
 
 
@@ -116,8 +137,9 @@ def train_peer_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tupl
     """The peer for `--epochs` epochs of 64-pair batches, a checkpoint per epoch (vs_marian.py's train_peer)."""
     peer_args = argparse.Namespace(**vars(args), max_steps=-1, batch_size=PEER_BATCH_SIZE, warmup_steps=args.peer_warmup_steps,
                                    logging_steps=50)
+    resume = newest_checkpoint(folder / "trainer")
     training = train_peer(folder, seed, peer_args, num_train_epochs=args.epochs, save_strategy="epoch",
-                          save_total_limit=args.last_n)
+                          save_total_limit=args.last_n, resume_from_checkpoint=resume and str(resume))
     return training, folder / "trainer"
 
 
@@ -130,9 +152,12 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     if args.collect_only:
         raise SystemExit(f"convergence.py: --collect-only: {system} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
-    print(f"{system} seed {seed}: training", flush=True)
     version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system in PEERS
+    starts = record_start(folder, version, newest_checkpoint(folder / ("trainer" if system == PEER else "model")))
+    version = " then ".join(dict.fromkeys(start["source_version"] for start in starts))
+    print(f"{system} seed {seed}: training" + (f", continued from {starts[-1]['continued_from']}"
+                                               if starts[-1]["continued_from"] else ""), flush=True)
     recipe, option_flags = RECIPE_OPTIONS.get(system, (system, ()))
     if system == PEER_AS_RECIPE:
         training, checkpoints = train_peer_as_recipe_epochs(folder, seed, args)
@@ -157,6 +182,8 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
               "device": args.device_name, "wall_seconds": wall_seconds, **training, "batches": batches,
               "scores": scores, "date": date, "record": typed}
+    if len(starts) > 1:
+        record["starts"] = starts
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
           f"{scores['averaged']['test']['bleu']:.2f} averaged", flush=True)
@@ -176,10 +203,21 @@ def markdown(results: dict) -> str:
         f"penalty {RECIPE_DECODING.length_penalty}, at most the longest source + {RECIPE_DECODING.source_offset} new "
         f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
+        *continued_runs(results),
         "",
         *tables(results),
     ]
     return "\n".join(lines) + "\n"
+
+
+def continued_runs(results: dict) -> list[str]:
+    """The line naming the runs that continued from a checkpoint after a cut, if any."""
+    continued = [f"{system} seed {run['seed']} (from {', '.join(start['continued_from'] or 'the start' for start in run['starts'][1:])})"
+                 for system, runs in results["runs"].items() for run in runs if "starts" in run]
+    if not continued:
+        return []
+    return [f"Continued after a cut, from their newest complete checkpoint: {'; '.join(continued)}. Their train min "
+            "counts the last attempt only."]
 
 
 def tables(results: dict) -> list[str]:
@@ -228,6 +266,17 @@ def device_name(device: str) -> str:
     if device.startswith("cuda"):
         return f"{torch.cuda.get_device_name(device)}, one process per system"
     return f"CPU: {cpu_model_name()}"
+
+
+def record_start(folder: Path, version: str, continued_from: Path | None) -> list[dict]:
+    """Append this attempt to the run's `starts.json` (its code version, the checkpoint it continues from) before it
+    trains, so a run continued after a cut says which code trained each part; returns every attempt so far."""
+    path = folder / "starts.json"
+    starts = json.loads(path.read_text()) if path.is_file() else []
+    starts.append({"source_version": version, "continued_from": continued_from and continued_from.name,
+                   "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    path.write_text(json.dumps(starts, indent=1) + "\n")
+    return starts
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:

@@ -26,8 +26,9 @@
 #   PARALLEL=6 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swap "$OUT/swap" \
 #       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
-# A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, so a second call finishes what a first
-# one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, and the averaged weights' hypotheses
+# A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, and one that a time limit cut off
+# continues from its newest complete checkpoint (an epoch's), so a second call in the same lease finishes what a
+# first one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, and the averaged weights' hypotheses
 # that the paired tests against the baseline read; paths relative to WORK), logs.tgz (one log per process),
 # convergence.md/json when every asked-for run has finished, and status.txt (which finished).
 # Collect elsewhere with: tar xzf runs.tgz -C WORK && python experiments/convergence.py --work WORK --collect-only ...

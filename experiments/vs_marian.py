@@ -89,7 +89,7 @@ from hf_relpos.translation.tokenization import (
     train_joint_tokenizer,
     wrap_tokenizer,
 )
-from hf_relpos.translation.trainer import TranslationTrainer
+from hf_relpos.translation.trainer import TranslationTrainer, resolve_resume_checkpoint
 from hf_relpos.translation.training import run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -321,7 +321,7 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = 
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
     )
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resume_from_checkpoint=training_args.resume_from_checkpoint)
     seconds = time.perf_counter() - started
     model.save_pretrained(folder / "model")
     tokenizer.save_pretrained(folder / "model")
@@ -377,7 +377,7 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
         evaluation_sets=evaluation_sets,
     )
     started = time.perf_counter()
-    trainer.train()
+    trainer.train(resolve_resume_checkpoint(training_args))
     seconds = time.perf_counter() - started
     trainer.save_model()
     tokenizer.save_pretrained(training_args.output_dir)

@@ -618,6 +618,58 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
+def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path):
+    """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
+    session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
+    the uninterrupted run's weights bit for bit (the plain peer, the peer trained as the recipes are, a recipe), and
+    its record names both attempts."""
+    import shutil
+
+    from safetensors.torch import load_file
+
+    from hf_relpos.translation.checkpoints import find_checkpoints
+
+    data = tmp_path / "data"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    systems = ("peer", "peer+recipe-training", "absolute")
+
+    def converge(work: Path) -> subprocess.CompletedProcess:
+        return subprocess.run([
+            sys.executable, str(CONVERGENCE), "--data", str(data), "--work", str(work), "--out", str(work / "out"),
+            "--systems", *systems, "--epochs", "2", "--last-n", "1", "--vocab-size", "400", "--d-model", "16",
+            "--layers", "1", "--heads", "2", "--ffn-dim", "32", "--max-eval-samples", "4", "--device", "cpu",
+            "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
+            "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
+            "--max_tokens_per_batch", "256", "--warmup_steps", "1",
+        ], check=True, timeout=600, capture_output=True, text=True)
+
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    converge(whole)
+    for system in systems:   # what an attempt leaves when it is cut during its second epoch
+        checkpoints = "trainer" if system == "peer" else "model"
+        first = find_checkpoints(whole / system / "seed1" / checkpoints)[0]
+        if checkpoints == "model":   # the recipe's tokenizer, written before training
+            shutil.copytree(whole / system / "seed1" / "model", cut / system / "seed1" / "model",
+                            ignore=shutil.ignore_patterns("checkpoint-*", "model.safetensors", "config.json",
+                                                          "generation_config.json", "trainer_state.json", "*.md",
+                                                          "*_results.json"))
+        shutil.copytree(first, cut / system / "seed1" / checkpoints / first.name)
+        shutil.copy(whole / system / "seed1" / "starts.json", cut / system / "seed1")   # the first attempt's
+    continued = converge(cut)
+    for system in systems:
+        first = find_checkpoints(whole / system / "seed1" / ("trainer" if system == "peer" else "model"))[0].name
+        assert f"{system} seed 1: training, continued from {first}" in continued.stdout
+        final = [load_file(work / system / "seed1" / "model" / "model.safetensors") for work in (whole, cut)]
+        assert final[0].keys() == final[1].keys()
+        assert all(torch.equal(final[0][name], final[1][name]) for name in final[0]), system
+        record = json.loads((cut / system / "seed1" / "run.json").read_text())
+        assert [start["continued_from"] for start in record["starts"]] == [None, first]
+        assert "starts" not in json.loads((whole / system / "seed1" / "run.json").read_text())
+    table = (cut / "out" / "convergence.md").read_text()
+    assert "Continued after a cut, from their newest complete checkpoint: peer seed 1 (from checkpoint-" in table
+    assert "Continued after a cut" not in (whole / "out" / "convergence.md").read_text()
+
+
 @pytest.mark.slow
 def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_what_a_time_limit_cut_off(tmp_path):
     """experiments/convergence_gpu.sh (on the CPU here, one process at a time): a run its time limit leaves out is
