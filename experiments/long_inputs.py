@@ -22,7 +22,10 @@ into docs/results.md and feeds each level to the rule that chooses the default p
 A model's scores are kept beside it (`<folder>/long_inputs_scores.json`, with the decoding settings, the levels'
 sizes and the code version that decoded them) and reused when the same settings meet the same levels again: models can
 be scored by separate invocations (one per core, each with its own `--out`) and the table collected by one more
-invocation over all of them, which then decodes nothing.
+invocation over all of them, which then decodes nothing. With `--baseline SYSTEM` every other system is tested
+against the baseline's model of the same seed on `--paired-levels` (single captions and the largest size as one
+sentence by default): the BLEU difference and its paired bootstrap p-value (Koehn 2004, sacreBLEU's test), from the
+hypotheses kept with the scores (a model scored before they were kept is decoded again).
 
   python experiments/long_inputs.py --data ../shared/data/multi30k --out docs/results/long_inputs/equal_budget \
       --model absolute:1=/tmp/exp/absolute/seed1/model --model directional:1=/tmp/exp/directional/seed1/model \
@@ -44,7 +47,16 @@ from pathlib import Path
 
 import torch
 from settings import json_settings
-from vs_marian import Decoding, load_trained, read_pairs, spread, translate_marking_caps, write_results
+from vs_marian import (
+    PAIRED_RESAMPLES,
+    Decoding,
+    load_trained,
+    paired_test_results,
+    read_pairs,
+    spread,
+    translate_marking_caps,
+    write_results,
+)
 
 from hf_relpos.publish.records import (
     PEER,
@@ -133,18 +145,19 @@ def is_peer(folder: Path) -> bool:
 
 
 def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], list[str]]]], decoding: Decoding,
-                   args: argparse.Namespace) -> dict[str, dict]:
+                   args: argparse.Namespace) -> tuple[dict[str, dict], dict[str, list[str]]]:
     """`set: level` -> sacreBLEU, chrF, length ratio (and signatures, decoding seconds, the number of outputs that
-    used every new token their cap allowed) of one saved model."""
+    used every new token their cap allowed) of one saved model, and `set: level` -> its translations."""
     model, tokenizer = load_trained(folder, is_peer(folder), args.device)
-    scores = {}
+    scores, translations = {}, {}
     for set_name, set_levels in levels.items():
         for level, (sources, references) in set_levels.items():
             started = time.perf_counter()
             hypotheses, at_cap = translate_marking_caps(model, tokenizer, sources, decoding, args.eval_batch_size)
             scores[f"{set_name}: {level}"] = {**score_translations(hypotheses, references), "at_cap": sum(at_cap),
                                               "decode_seconds": time.perf_counter() - started}
-    return scores
+            translations[f"{set_name}: {level}"] = hypotheses
+    return scores, translations
 
 
 SCORES_FILE = "long_inputs_scores.json"
@@ -179,12 +192,12 @@ def kept_scores(folder: Path, key: dict) -> dict | None:
     return next((entry for entry in kept_entries(folder) if same_key(entry, key)), None)
 
 
-def keep_scores(folder: Path, key: dict, scores: dict[str, dict]) -> dict:
-    """Add `scores` under `key` to those kept beside `folder` (replacing an entry of the same key) and return the
-    kept entry. The file is written whole or not at all, under a lock, so that invocations scoring the same model
-    with other settings at the same time keep each other's entries."""
+def keep_scores(folder: Path, key: dict, scores: dict[str, dict], hypotheses: dict[str, list[str]]) -> dict:
+    """Add `scores` and the `hypotheses` they score under `key` to those kept beside `folder` (replacing an entry of
+    the same key) and return the kept entry. The file is written whole or not at all, under a lock, so that
+    invocations scoring the same model with other settings at the same time keep each other's entries."""
     kept = {"key": key, "source_version": source_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
-        timespec="seconds"), "scores": scores}
+        timespec="seconds"), "scores": scores, "hypotheses": hypotheses}
     with open(folder / f".{SCORES_FILE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         entries = [entry for entry in kept_entries(folder) if not same_key(entry, key)] + [kept]
@@ -192,6 +205,43 @@ def keep_scores(folder: Path, key: dict, scores: dict[str, dict]) -> dict:
         staged.write_text(json.dumps(entries, indent=1) + "\n", encoding="utf-8")
         staged.replace(folder / SCORES_FILE)
     return kept
+
+
+def paired_levels(args: argparse.Namespace) -> list[str]:
+    """The levels tested against `--baseline`: `--paired-levels`, else single captions and the largest size as one
+    sentence (the levels of the options' criterion)."""
+    return args.paired_levels or ["1 caption", f"{max(args.sizes)} as one sentence"]
+
+
+def level_paired_tests(args: argparse.Namespace, levels: dict[str, dict[str, tuple[list[str], list[str]]]],
+                       seeds: dict[str, list[int]], hypotheses: dict[tuple[str, int], dict[str, list[str]]]
+                       ) -> dict | None:
+    """Each system against `--baseline` of the same seed on each set's paired levels (`paired_test_results`); None
+    without a baseline or when no pair was tested."""
+    if args.baseline is None:
+        return None
+    references = {f"{set_name}: {level}": set_levels[level][1] for set_name, set_levels in levels.items()
+                  for level in paired_levels(args)}
+    systems, signature = paired_test_results(
+        seeds, args.baseline, references, lambda system, seed, name: hypotheses[system, seed].get(name),
+        "long_inputs.py")
+    if signature is None:
+        return None
+    return {"baseline": args.baseline, "resamples": PAIRED_RESAMPLES, "signature": signature,
+            "levels": list(references), "systems": systems}
+
+
+def paired_table(tests: dict) -> list[str]:
+    """Markdown lines: each system against the baseline, per level and seed: BLEU difference (p-value)."""
+    lines = ["", "## Against the baseline", "",
+             f"Each system against `{tests['baseline']}` of the same seed: BLEU difference (p-value of paired bootstrap "
+             f"resampling, Koehn 2004, {tests['resamples']} resamples), per seed. Signature: `{tests['signature']}`.",
+             "", "| system | " + " | ".join(tests["levels"]) + " |", "|" + " --- |" * (len(tests["levels"]) + 1)]
+    for system, by_level in tests["systems"].items():
+        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
+                           for seed, result in by_level.get(level, {}).items()) or "-" for level in tests["levels"]]
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def typed_record(system: str, seed: int, folder: Path, scores: dict[str, dict]) -> RunRecord:
@@ -258,6 +308,8 @@ def markdown(results: dict) -> str:
             lines.append(f"| {system} | " + " | ".join(cells) + " |")
     lines += cap_table(results)
     lines += options_table(results)
+    if "paired_tests" in results:
+        lines += paired_table(results["paired_tests"])
     return "\n".join(lines) + "\n"
 
 
@@ -417,6 +469,10 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--eval-batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--baseline", metavar="SYSTEM",
+                        help="test every other system against this one of the same seed (paired bootstrap)")
+    parser.add_argument("--paired-levels", nargs="+", metavar="LEVEL",
+                        help="levels of the paired tests (default: '1 caption' and the largest size 'as one sentence')")
     args = parser.parse_args(argv)
     missing = [name for name in SETS.values() if not (args.data / name).is_file()]
     if missing:
@@ -427,6 +483,9 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--no-repeat-ngram-size must be at least 1, got {args.no_repeat_ngram_size}")
     if min(args.sizes) < 2:
         parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
+    systems = list(dict.fromkeys(system for system, _, _ in args.model))
+    if args.baseline is not None and args.baseline not in systems:
+        parser.error(f"--baseline must be one of the --model systems ({', '.join(systems)}), got {args.baseline!r}")
     return args
 
 
@@ -439,16 +498,23 @@ def main(argv: Sequence[str] | None = None) -> dict:
         limit = args.max_pairs or len(sources)
         levels[set_name] = build_levels(sources[:limit], references[:limit], args.source_lang, args.target_lang,
                                         args.sizes)
+    names = list(next(iter(levels.values())))
+    unknown = [level for level in args.paired_levels or () if level not in names]
+    if unknown:
+        raise SystemExit(f"long_inputs.py: --paired-levels: unknown {', '.join(map(repr, unknown))}; the levels are "
+                         f"{', '.join(map(repr, names))}")
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a,
                         args.min_len_a, args.no_repeat_ngram_size)
     level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
                    for level, pair in set_levels.items()}
     key = scoring_key(args, level_sizes)
     runs: dict[str, list[dict]] = {}
-    records = []
+    records, hypotheses = [], {}
     for system, seed, folder in args.model:
-        kept = kept_scores(folder, key) or keep_scores(folder, key, evaluate_model(folder, levels, decoding, args))
-        scores = kept["scores"]
+        kept = kept_scores(folder, key)
+        if kept is None or (args.baseline is not None and "hypotheses" not in kept):
+            kept = keep_scores(folder, key, *evaluate_model(folder, levels, decoding, args))
+        scores, hypotheses[system, seed] = kept["scores"], kept.get("hypotheses", {})
         runs.setdefault(system, []).append({"seed": seed, "folder": str(folder), "scored_by": kept["source_version"],
                                             "scores": scores})
         records.append(typed_record(system, seed, folder, scores).to_json())
@@ -464,6 +530,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "signatures": {metric: first[next(iter(first))][f"{metric}_signature"] for metric in ("bleu", "chrf")},
         "levels": summarize(runs), "runs": runs, RECORDS: records,
     }
+    seeds = {system: [run["seed"] for run in system_runs] for system, system_runs in runs.items()}
+    tests = level_paired_tests(args, levels, seeds, hypotheses)
+    if tests is not None:
+        results["paired_tests"] = tests
     write_results(args.out, "long_inputs", results, markdown(results))
     return results
 

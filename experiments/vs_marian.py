@@ -695,35 +695,49 @@ def run_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
     return lambda row, seed, split: hypotheses_file(work / row / f"seed{seed}", split)
 
 
-def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
-                 hypotheses_of: Callable[[str, int, str], Path], args: argparse.Namespace, script: str) -> dict | None:
-    """Each system against `baseline` of the same seed on validation and test2016, from the hypotheses files
-    `hypotheses_of(system, seed, split)`: the BLEU difference and its paired bootstrap p-value (`paired_bootstrap`),
-    for the seeds whose hypotheses both runs kept and that pair up with the references line by line (else one line on
-    stderr); None when the baseline is not among the systems or no pair was tested."""
-    if baseline not in seeds:
-        return None
-    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1][
-        :args.max_eval_samples] for split, file_name in SPLITS.items()}
+def paired_test_results(seeds: dict[str, list[int]], baseline: str, references: dict[str, list[str]],
+                        hypotheses_of: Callable[[str, int, str], list[str] | None], script: str,
+                        mismatch_hint: str = "") -> tuple[dict, str | None]:
+    """Each system of `seeds` against `baseline` of the same seed on each named set of `references`, from
+    `hypotheses_of(system, seed, name)` (None: not kept): the BLEU difference and its paired bootstrap p-value
+    (`paired_bootstrap`), as system -> name -> seed -> result, and the test's signature (None when nothing was
+    tested). Hypotheses that do not pair up with the references line by line are left out with one line on stderr."""
     systems, signature = {}, None
     for system in seeds:
         if system == baseline:
             continue
         for seed in seeds[system]:
-            for split in SPLITS:
-                files = [hypotheses_of(name, seed, split) for name in (baseline, system)]
-                if not all(path.is_file() for path in files):
+            for name, wanted in references.items():
+                ours, theirs = (hypotheses_of(run, seed, name) for run in (baseline, system))
+                if ours is None or theirs is None:
                     continue
-                # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
-                ours, theirs = (path.read_bytes().decode("utf-8").split("\n")[:-1] for path in files)
-                if not len(ours) == len(theirs) == len(references[split]):
-                    print(f"{script}: no paired test of {system} seed {seed} on {split}: {len(ours)} and "
-                          f"{len(theirs)} hypothesis lines for {len(references[split])} references (another "
-                          "--max-eval-samples, or a translation holding a line break)", file=sys.stderr)
+                if not len(ours) == len(theirs) == len(wanted):
+                    print(f"{script}: no paired test of {system} seed {seed} on {name}: {len(ours)} and {len(theirs)} "
+                          f"hypothesis lines for {len(wanted)} references{mismatch_hint}", file=sys.stderr)
                     continue
-                result = paired_bootstrap(ours, theirs, references[split], PAIRED_RESAMPLES)
+                result = paired_bootstrap(ours, theirs, wanted, PAIRED_RESAMPLES)
                 signature = result.pop("signature")
-                systems.setdefault(system, {}).setdefault(split, {})[str(seed)] = result
+                systems.setdefault(system, {}).setdefault(name, {})[str(seed)] = result
+    return systems, signature
+
+
+def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
+                 hypotheses_of: Callable[[str, int, str], Path], args: argparse.Namespace, script: str) -> dict | None:
+    """Each system against `baseline` of the same seed on validation and test2016 (`paired_test_results`), from the
+    hypotheses files `hypotheses_of(system, seed, split)`, for the seeds whose hypotheses both runs kept; None when
+    the baseline is not among the systems or no pair was tested."""
+    if baseline not in seeds:
+        return None
+    references = {split: read_pairs(args.data / file_name, args.source_lang, args.target_lang)[1][
+        :args.max_eval_samples] for split, file_name in SPLITS.items()}
+
+    def read(system: str, seed: int, split: str) -> list[str] | None:
+        path = hypotheses_of(system, seed, split)
+        # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
+        return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
+
+    systems, signature = paired_test_results(seeds, baseline, references, read, script, " (another "
+                                             "--max-eval-samples, or a translation holding a line break)")
     if signature is None:
         return None
     return {"baseline": baseline, "weights": weights, "resamples": PAIRED_RESAMPLES, "signature": signature,

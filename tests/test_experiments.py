@@ -1024,6 +1024,71 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     assert "[`long_inputs/tiny`](docs/results/long_inputs/tiny/long_inputs.md)" in readme
 
 
+def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_paired_levels(tmp_path, monkeypatch):
+    """--baseline: every other system against the baseline's model of the same seed, on single captions and the
+    largest size as one sentence of each set (or --paired-levels): sacreBLEU's paired bootstrap of the kept
+    translations, which are the models' own; scores kept before translations were kept are decoded again only when a
+    test needs them. A baseline or level that is not there is refused."""
+    from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+    from hf_relpos.translation.metrics import paired_bootstrap
+    from hf_relpos.translation.tokenization import special_token_ids
+
+    data, long_inputs, tokenizer = long_inputs_corpus(tmp_path, monkeypatch)
+    small = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=32, decoder_ffn_dim=32, vocab_size=len(tokenizer), **special_token_ids(tokenizer))
+    specs = []
+    for seed in (1, 2):
+        for scheme in ("shaw", "directional"):
+            torch.manual_seed(seed)
+            folder = tmp_path / f"{scheme}{seed}"
+            RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(position_scheme=scheme, **small)
+                                                      ).save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+            specs += ["--model", f"{scheme}:{seed}={folder}"]
+    options = ["--data", str(data), "--sizes", "2", "3", "--beams", "2", "--max-len-b", "3", "--eval-batch-size", "4"]
+    results = long_inputs.main([*options, "--out", str(tmp_path / "out"), *specs])
+    assert "paired_tests" not in results and "## Against the baseline" not in (tmp_path / "out" / "long_inputs.md"
+                                                                              ).read_text()
+    # scores kept before their translations were: decoded again for a paired test
+    for folder in tmp_path.glob("*[12]"):
+        kept = json.loads((folder / long_inputs.SCORES_FILE).read_text())
+        (folder / long_inputs.SCORES_FILE).write_text(json.dumps([{k: v for k, v in entry.items() if k != "hypotheses"}
+                                                                  for entry in kept]))
+    results = long_inputs.main([*options, "--out", str(tmp_path / "paired"), "--baseline", "shaw", *specs])
+    tests = results["paired_tests"]
+    names = [f"{name}: {level}" for name in ("test2016", "validation") for level in ("1 caption", "3 as one sentence")]
+    assert (tests["baseline"], tests["resamples"], tests["levels"]) == ("shaw", 1000, names)
+    decoding = long_inputs.Decoding(2, 0.6, 1000, 3, 1.0)
+    for name in names:
+        set_name, level = name.split(": ")
+        file_name = long_inputs.SETS[set_name]
+        sources, references = long_inputs.build_levels(*long_inputs.read_pairs(data / file_name, "en", "de"), "en",
+                                                       "de", sizes=(2, 3))[level]
+        for seed in (1, 2):
+            translations = []
+            for scheme in ("shaw", "directional"):
+                model, loaded = long_inputs.load_trained(tmp_path / f"{scheme}{seed}", False)
+                translations.append(long_inputs.translate_marking_caps(model, loaded, sources, decoding, 4)[0])
+            expected = paired_bootstrap(*translations, references)
+            assert tests["systems"]["directional"][name][str(seed)] == {
+                key: value for key, value in expected.items() if key != "signature"}
+            assert tests["signature"] == expected["signature"]
+    table = (tmp_path / "paired" / "long_inputs.md").read_text().split("## Against the baseline")[1]
+    result = tests["systems"]["directional"]["validation: 3 as one sentence"]
+    assert (f"seed 1: {result['1']['difference']:+.2f} (p {result['1']['p_value']:.3f}); "
+            f"seed 2: {result['2']['difference']:+.2f} (p {result['2']['p_value']:.3f})") in table
+    # kept with their translations now: a collecting invocation on other levels decodes nothing
+    monkeypatch.setattr(long_inputs, "evaluate_model", lambda *args: pytest.fail("decoded again"))
+    levels = long_inputs.main([*options, "--out", str(tmp_path / "levels"), "--baseline", "shaw", "--paired-levels",
+                               "2 as sentences", *specs])["paired_tests"]["levels"]
+    assert levels == ["test2016: 2 as sentences", "validation: 2 as sentences"]
+    with pytest.raises(SystemExit, match="--paired-levels: unknown '5 as one sentence'"):
+        long_inputs.main([*options, "--out", str(tmp_path / "x"), "--baseline", "shaw", "--paired-levels",
+                          "5 as one sentence", *specs])
+    with pytest.raises(SystemExit):
+        long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), "--baseline", "t5", *specs])
+
+
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
     """Decoding(max_len_a=...) gives each source of a padded batch min(a x |x| + b, ceiling) new tokens, for a
     transformers MarianMTModel that never ends on its own (the peer) as for hf_relpos models."""
