@@ -26,6 +26,18 @@
 #   PARALLEL=6 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swap "$OUT/swap" \
 #       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
+# or (issue #50 item 1: joined-pair training for the recipes' 20 epochs, the criterion in docs/results.md 5b; each
+# finished run's averaged weights then scored by experiments/long_inputs.py as the recipes decode, against shaw of the
+# same seed; a joined-pair run has half as many steps again, so a second call in the same lease finishes what the
+# first one's limit cut off):
+#   LONG_INPUTS="--length-penalty 1.0" PARALLEL=6 bash experiments/convergence_gpu.sh \
+#       .data/multi30k /tmp/joined "$OUT/joined" "shaw shaw+concat-0.5" "1 2 3" 540
+#
+# LONG_INPUTS="OPTIONS" (long_inputs.py's decoding options): when every asked-for run has finished before the limit,
+# each one's averaged weights are scored in its own process (PARALLEL at a time, every process stopped at the limit),
+# then collected into OUT/long_inputs.{json,md} with every system tested against the first of SYSTEMS of the same
+# seed (--baseline); each model's kept scores and translations go into runs.tgz.
+#
 # A run whose <WORK>/<system>/seed<S>/run.json exists is not trained again, and one that a time limit cut off
 # continues from its newest complete checkpoint (an epoch's), so a second call in the same lease finishes what a
 # first one's time limit cut off. Writes into OUT: runs.tgz (every finished run.json, and the averaged weights' hypotheses
@@ -43,6 +55,7 @@ shift $(( $# < 6 ? $# : 6 ))
 [ "${1:-}" = "--" ] && shift
 python=${PYTHON:-python3}
 parallel=${PARALLEL:-6}
+device=$("$python" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 deadline=$((SECONDS + limit))
 mkdir -p "$work/logs" "$out"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1
@@ -65,8 +78,28 @@ for system in $systems; do
         else echo "missing: $system seed $seed"; fi
     done
 done | tee "$out/status.txt"
-(cd "$work" && find . \( -name run.json -o -path "*/averaged_hypotheses/*_hypotheses.txt" \) -print0 |
-    tar czf "$out/runs.tgz" --null -T -)
+if [ -n "${LONG_INPUTS:-}" ] && ! grep -q '^missing' "$out/status.txt"; then
+    models=()
+    for seed in $seeds; do
+        for system in $systems; do
+            models+=(--model "$system:$seed=$work/$system/seed$seed/averaged")
+            while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
+            [ $((deadline - SECONDS)) -le 0 ] && break 2
+            # shellcheck disable=SC2086
+            timeout $((deadline - SECONDS)) "$python" experiments/long_inputs.py --data "$data" \
+                --out "$work/long_inputs/$system-$seed" --model "$system:$seed=$work/$system/seed$seed/averaged" \
+                --device "$device" $LONG_INPUTS > "$work/logs/long_inputs-$system-$seed.log" 2>&1 &
+        done
+    done
+    wait
+    # shellcheck disable=SC2086
+    [ $((deadline - SECONDS)) -gt 0 ] && timeout $((deadline - SECONDS)) "$python" experiments/long_inputs.py \
+        --data "$data" --out "$out/long_inputs" "${models[@]}" --device "$device" --baseline "${systems%% *}" \
+        $LONG_INPUTS \
+        > "$work/logs/long_inputs.log" 2>&1
+fi
+(cd "$work" && find . \( -name run.json -o -path "*/averaged_hypotheses/*_hypotheses.txt" \
+    -o -path "*/averaged/long_inputs_scores.json" \) -print0 | tar czf "$out/runs.tgz" --null -T -)
 tar czf "$out/logs.tgz" -C "$work" logs
 if ! grep -q '^missing' "$out/status.txt"; then
     # shellcheck disable=SC2086

@@ -375,7 +375,10 @@ def option_verdict(results: dict, option: str, recipe: str) -> tuple[str, dict[s
 
 
 def option_rows(results: dict) -> list[tuple[str, str]]:
-    """(option, recipe) for each system named "<recipe>+<option>" whose recipe is a system of the record too."""
+    """(option, recipe) for each system named "<recipe>+<option>" whose recipe is a system of the record too; none
+    when the record lacks the criterion's level (OPTION_LEVEL, of `--sizes` 4)."""
+    if f"test2016: {OPTION_LEVEL}" not in results["levels"]:
+        return []
     systems = list(results["levels"][next(iter(results["levels"]))])
     return [(system, recipe) for system in systems
             if "+" in system and (recipe := system.split("+", 1)[0]) in systems]

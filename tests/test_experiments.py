@@ -714,6 +714,36 @@ def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_
     assert {path: path.stat().st_mtime_ns for path in work.glob("*/seed1/run.json")} == records
 
 
+@pytest.mark.slow
+def test_convergence_gpu_script_scores_the_averaged_weights_on_long_inputs_against_the_first_system(tmp_path):
+    """LONG_INPUTS: after every run has finished, each averaged model is scored by long_inputs.py in its own process,
+    then collected into OUT/long_inputs with every system tested against the first one of the same seed; the kept
+    scores and translations travel in runs.tgz."""
+    import tarfile
+
+    data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
+    write_demo_corpus(data, 60, 8, 8, seed=3)
+    options = ["--epochs", "1", "--last-n", "1", "--max-eval-samples", "4", "--device", "cpu",
+               "--recipe-flags", "--tokenizer_vocab_size", "400", "--model.d_model", "16", "--model.encoder_layers", "1",
+               "--model.decoder_layers", "1", "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32",
+               "--max_tokens_per_batch", "256", "--warmup_steps", "1"]
+    subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
+                    "absolute absolute+pad-start", "1", "300", "--", *options], check=True, timeout=600,
+                   cwd=EXPERIMENTS.parent, capture_output=True,
+                   env=dict(os.environ, PYTHON=sys.executable, PARALLEL="2",
+                            LONG_INPUTS="--sizes 2 --beams 1 --max-len-b 3 --eval-batch-size 4"))
+    results = json.loads((out / "long_inputs" / "long_inputs.json").read_text())
+    assert results["settings"]["beams"] == 1 and results["settings"]["sizes"] == [2]
+    assert {system for level in results["levels"].values() for system in level} == {"absolute", "absolute+pad-start"}
+    tests = results["paired_tests"]
+    assert tests["baseline"] == "absolute" and list(tests["systems"]) == ["absolute+pad-start"]
+    assert set(tests["systems"]["absolute+pad-start"]) == {"test2016: 1 caption", "test2016: 2 as one sentence",
+                                                            "validation: 1 caption", "validation: 2 as one sentence"}
+    with tarfile.open(out / "runs.tgz") as runs:
+        assert {f"./{system}/seed1/averaged/long_inputs_scores.json" for system in ("absolute", "absolute+pad-start")
+                } <= set(runs.getnames())
+
+
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
     """One row per budget and pool factor; the corpus-wide sort pads least and every budget is respected."""
     from hf_relpos.translation.batching import TokenBudgetBatchSampler
@@ -841,6 +871,9 @@ def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(
               "validation": {"shaw": [9.0, 10.2], "shaw+scaled": [11.96, 12.04]}}
     results = option_results(single, joined)
     assert long_inputs.option_rows(results) == [("shaw+scaled", "shaw")]
+    # a record without the criterion's level (scored with other --sizes) judges no option
+    other_sizes = {"levels": {level: row for level, row in results["levels"].items() if long_inputs.OPTION_LEVEL not in level}}
+    assert long_inputs.option_rows(other_sizes) == [] and long_inputs.options_table(other_sizes) == []
     verdict, figures = long_inputs.option_verdict(results, "shaw+scaled", "shaw")
     assert verdict == "adopted"
     assert figures["validation kept"] == pytest.approx(40.0) and figures["validation recipe spread"] == pytest.approx(4)
