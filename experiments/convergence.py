@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -84,7 +85,13 @@ PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperpa
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
-def newest_checkpoint(checkpoints: Path) -> Path | None:
+def checkpoints_folder(folder: Path, system: str) -> Path:
+    """Where a run of `system` in `folder` keeps its epoch checkpoints: the plain peer's Trainer folder, else the
+    model's output folder."""
+    return folder / ("trainer" if system == PEER else "model")
+
+
+def newest_complete_checkpoint(checkpoints: Path) -> Path | None:
     """The checkpoint a run cut short (by a time limit, or the end of a session) continues from: the newest complete
     one in its checkpoints' folder, if any."""
     return last_complete_checkpoint(checkpoints) if checkpoints.is_dir() else None
@@ -93,7 +100,7 @@ def newest_checkpoint(checkpoints: Path) -> Path | None:
 def continuation_flags(checkpoints: Path) -> list[str]:
     """train_translation.py flags for a run folder left by an earlier attempt: continue from its newest complete
     checkpoint, or, with none complete, train again from scratch over what it left."""
-    if newest_checkpoint(checkpoints) is not None:
+    if newest_complete_checkpoint(checkpoints) is not None:
         return ["--resume_from_checkpoint", "last"]
     return ["--overwrite_output_dir", "true"] if checkpoints.is_dir() else []
 
@@ -109,7 +116,7 @@ def recipe_argv(scheme: str, folder: Path, seed: int, args: argparse.Namespace, 
         "--num_train_epochs", str(args.epochs), "--do_eval", "false", "--do_predict", "false",
         "--eval_strategy", "no", "--save_strategy", "epoch", "--save_total_limit", str(args.last_n + 1),
         "--cpu_threads", str(args.threads), "--report_to", "none", "--disable_tqdm", "true", *flags, *args.recipe_flags,
-        *continuation_flags(folder / "model"),
+        *continuation_flags(checkpoints_folder(folder, scheme)),
     ]
 
 
@@ -137,10 +144,11 @@ def train_peer_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tupl
     """The peer for `--epochs` epochs of 64-pair batches, a checkpoint per epoch (vs_marian.py's train_peer)."""
     peer_args = argparse.Namespace(**vars(args), max_steps=-1, batch_size=PEER_BATCH_SIZE, warmup_steps=args.peer_warmup_steps,
                                    logging_steps=50)
-    resume = newest_checkpoint(folder / "trainer")
+    checkpoints = checkpoints_folder(folder, PEER)
+    resume = newest_complete_checkpoint(checkpoints)
     training = train_peer(folder, seed, peer_args, num_train_epochs=args.epochs, save_strategy="epoch",
                           save_total_limit=args.last_n, resume_from_checkpoint=resume and str(resume))
-    return training, folder / "trainer"
+    return training, checkpoints
 
 
 def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
@@ -154,7 +162,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     folder.mkdir(parents=True, exist_ok=True)
     version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system in PEERS
-    starts = record_start(folder, version, newest_checkpoint(folder / ("trainer" if system == PEER else "model")))
+    starts = record_start(folder, version, newest_complete_checkpoint(checkpoints_folder(folder, system)))
     version = " then ".join(dict.fromkeys(start["source_version"] for start in starts))
     print(f"{system} seed {seed}: training" + (f", continued from {starts[-1]['continued_from']}"
                                                if starts[-1]["continued_from"] else ""), flush=True)
@@ -165,6 +173,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         training, checkpoints = train_peer_epochs(folder, seed, args)
     else:
         training, checkpoints = train_recipe(recipe, folder, seed, args, option_flags)
+    shutil.rmtree(folder / "averaged", ignore_errors=True)   # an earlier attempt's, cut before its run.json
     averaged = average_checkpoints(checkpoints, args.last_n, folder / "averaged")
     scores = {}
     for weights, model_folder in (("final", folder / "model"), ("averaged", averaged)):
@@ -182,7 +191,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
               "device": args.device_name, "wall_seconds": wall_seconds, **training, "batches": batches,
               "scores": scores, "date": date, "record": typed}
-    if len(starts) > 1:
+    if any(start["continued_from"] for start in starts):
         record["starts"] = starts
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
@@ -203,7 +212,6 @@ def markdown(results: dict) -> str:
         f"penalty {RECIPE_DECODING.length_penalty}, at most the longest source + {RECIPE_DECODING.source_offset} new "
         f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
-        *continued_runs(results),
         "",
         *tables(results),
     ]
@@ -212,17 +220,18 @@ def markdown(results: dict) -> str:
 
 def continued_runs(results: dict) -> list[str]:
     """The line naming the runs that continued from a checkpoint after a cut, if any."""
-    continued = [f"{system} seed {run['seed']} (from {', '.join(start['continued_from'] or 'the start' for start in run['starts'][1:])})"
+    continued = [f"{system} seed {run['seed']} (from "
+                 f"{', '.join(start['continued_from'] for start in run['starts'] if start['continued_from'])})"
                  for system, runs in results["runs"].items() for run in runs if "starts" in run]
     if not continued:
         return []
-    return [f"Continued after a cut, from their newest complete checkpoint: {'; '.join(continued)}. Their train min "
-            "counts the last attempt only."]
+    return ["", f"Continued after a cut, from their newest complete checkpoint: {'; '.join(continued)}. Their train "
+            "min counts the last attempt only."]
 
 
 def tables(results: dict) -> list[str]:
-    """The main table's lines, then the paired tests' when the record has them."""
-    lines = table(results)
+    """The main table's lines, the runs continued after a cut, then the paired tests' when the record has them."""
+    lines = table(results) + continued_runs(results)
     if "paired_tests" in results:
         lines += ["", *paired_tests_table(results["paired_tests"])]
     return lines
@@ -270,9 +279,10 @@ def device_name(device: str) -> str:
 
 def record_start(folder: Path, version: str, continued_from: Path | None) -> list[dict]:
     """Append this attempt to the run's `starts.json` (its code version, the checkpoint it continues from) before it
-    trains, so a run continued after a cut says which code trained each part; returns every attempt so far."""
+    trains, so a run continued after a cut says which code trained each part; returns the attempts whose training
+    the run keeps (one that starts from scratch replaces the earlier ones)."""
     path = folder / "starts.json"
-    starts = json.loads(path.read_text()) if path.is_file() else []
+    starts = json.loads(path.read_text()) if path.is_file() and continued_from is not None else []
     starts.append({"source_version": version, "continued_from": continued_from and continued_from.name,
                    "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
     path.write_text(json.dumps(starts, indent=1) + "\n")

@@ -28,8 +28,8 @@
 #
 # or (issue #50 item 1: joined-pair training for the recipes' 20 epochs, the criterion in docs/results.md 5b; each
 # finished run's averaged weights then scored by experiments/long_inputs.py as the recipes decode, against shaw of the
-# same seed; a joined-pair run has half as many steps again, so a second call in the same lease finishes what the
-# first one's limit cut off):
+# same seed; a joined-pair run has about twice as many steps as shaw's, so a second call in the same lease finishes
+# what the first one's limit cut off):
 #   LONG_INPUTS="--length-penalty 1.0" PARALLEL=6 bash experiments/convergence_gpu.sh \
 #       .data/multi30k /tmp/joined "$OUT/joined" "shaw shaw+concat-0.5" "1 2 3" 540
 #
@@ -84,19 +84,25 @@ if [ -n "${LONG_INPUTS:-}" ] && ! grep -q '^missing' "$out/status.txt"; then
         for system in $systems; do
             models+=(--model "$system:$seed=$work/$system/seed$seed/averaged")
             while [ "$(jobs -rp | wc -l)" -ge "$parallel" ]; do wait -n; done
-            [ $((deadline - SECONDS)) -le 0 ] && break 2
+            left=$((deadline - SECONDS))
+            [ "$left" -le 30 ] && break 2
             # shellcheck disable=SC2086
-            timeout $((deadline - SECONDS)) "$python" experiments/long_inputs.py --data "$data" \
+            timeout "$left" "$python" experiments/long_inputs.py --data "$data" \
                 --out "$work/long_inputs/$system-$seed" --model "$system:$seed=$work/$system/seed$seed/averaged" \
                 --device "$device" $LONG_INPUTS > "$work/logs/long_inputs-$system-$seed.log" 2>&1 &
         done
     done
     wait
-    # shellcheck disable=SC2086
-    [ $((deadline - SECONDS)) -gt 0 ] && timeout $((deadline - SECONDS)) "$python" experiments/long_inputs.py \
-        --data "$data" --out "$out/long_inputs" "${models[@]}" --device "$device" --baseline "${systems%% *}" \
-        $LONG_INPUTS \
-        > "$work/logs/long_inputs.log" 2>&1
+    read -r baseline _ <<< "$systems"
+    left=$((deadline - SECONDS))
+    if [ "$left" -gt 30 ]; then
+        # shellcheck disable=SC2086
+        timeout "$left" "$python" experiments/long_inputs.py --data "$data" --out "$out/long_inputs" "${models[@]}" \
+            --device "$device" --baseline "$baseline" $LONG_INPUTS > "$work/logs/long_inputs.log" 2>&1
+        echo "long_inputs: exit status $?" | tee -a "$out/status.txt"
+    else
+        echo "long_inputs: not collected, the limit was reached" | tee -a "$out/status.txt"
+    fi
 fi
 (cd "$work" && find . \( -name run.json -o -path "*/averaged_hypotheses/*_hypotheses.txt" \
     -o -path "*/averaged/long_inputs_scores.json" \) -print0 | tar czf "$out/runs.tgz" --null -T -)

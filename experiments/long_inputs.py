@@ -209,7 +209,7 @@ def keep_scores(folder: Path, key: dict, scores: dict[str, dict], hypotheses: di
 
 def paired_levels(args: argparse.Namespace) -> list[str]:
     """The levels tested against `--baseline`: `--paired-levels`, else single captions and the largest size as one
-    sentence (the levels of the options' criterion)."""
+    sentence (with the default sizes, the levels of the options' criterion)."""
     return args.paired_levels or ["1 caption", f"{max(args.sizes)} as one sentence"]
 
 
@@ -223,7 +223,7 @@ def level_paired_tests(args: argparse.Namespace, levels: dict[str, dict[str, tup
     references = {f"{set_name}: {level}": set_levels[level][1] for set_name, set_levels in levels.items()
                   for level in paired_levels(args)}
     systems, signature = paired_test_results(
-        seeds, args.baseline, references, lambda system, seed, name: hypotheses[system, seed].get(name),
+        seeds, args.baseline, references, lambda system, seed, name: hypotheses.get((system, seed), {}).get(name),
         "long_inputs.py")
     if signature is None:
         return None
@@ -487,6 +487,8 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     if min(args.sizes) < 2:
         parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
     systems = list(dict.fromkeys(system for system, _, _ in args.model))
+    if args.paired_levels and args.baseline is None:
+        parser.error("--paired-levels needs --baseline (the system the others are tested against)")
     if args.baseline is not None and args.baseline not in systems:
         parser.error(f"--baseline must be one of the --model systems ({', '.join(systems)}), got {args.baseline!r}")
     return args

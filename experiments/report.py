@@ -920,9 +920,12 @@ def long_inputs_command(settings: dict) -> str:
     minimum = f"--min-len-a {settings['min_len_a']} " if settings.get("min_len_a") is not None else ""
     blocked = settings.get("no_repeat_ngram_size")
     no_repeat = f"--no-repeat-ngram-size {blocked} " if blocked is not None else ""
+    baseline = f"--baseline {shlex.quote(settings['baseline'])} " if settings.get("baseline") is not None else ""
+    levels = settings.get("paired_levels")
+    paired = f"--paired-levels {' '.join(map(shlex.quote, levels))} " if levels else ""
     return (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
             f"{settings['beams']} --length-penalty {settings['length_penalty']} {minimum}--max-len-a "
-            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} {no_repeat}"
+            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} {no_repeat}{baseline}{paired}"
             + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
 
 

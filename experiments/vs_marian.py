@@ -299,7 +299,8 @@ def train_peer(folder: Path, seed: int, args: argparse.Namespace, recipe: str = 
                **training_overrides: object) -> dict:
     """Tokenizer (the peer's own, or the recipes' for PEER_WITH_RECIPE_TOKENIZER), MarianMTModel and a plain
     Seq2SeqTrainer run; the model and tokenizer are saved in `folder`. `training_overrides` replace
-    Seq2SeqTrainingArguments fields (experiments/convergence.py: epochs, checkpoints)."""
+    Seq2SeqTrainingArguments fields (experiments/convergence.py: epochs, checkpoints, and `resume_from_checkpoint`,
+    the checkpoint the Trainer continues from)."""
     sources, targets = read_pairs(args.data / "train.jsonl", args.source_lang, args.target_lang)
     train_tokenizer = {PEER: train_peer_tokenizer, PEER_WITH_RECIPE_TOKENIZER: train_joint_tokenizer}[recipe]
     tokenizer = train_tokenizer([*sources, *targets], args.vocab_size)
@@ -708,14 +709,15 @@ def paired_test_results(seeds: dict[str, list[int]], baseline: str, references: 
             continue
         for seed in seeds[system]:
             for name, wanted in references.items():
-                ours, theirs = (hypotheses_of(run, seed, name) for run in (baseline, system))
-                if ours is None or theirs is None:
+                baseline_lines, system_lines = (hypotheses_of(side, seed, name) for side in (baseline, system))
+                if baseline_lines is None or system_lines is None:
                     continue
-                if not len(ours) == len(theirs) == len(wanted):
-                    print(f"{script}: no paired test of {system} seed {seed} on {name}: {len(ours)} and {len(theirs)} "
-                          f"hypothesis lines for {len(wanted)} references{mismatch_hint}", file=sys.stderr)
+                if not len(baseline_lines) == len(system_lines) == len(wanted):
+                    print(f"{script}: no paired test of {system} seed {seed} on {name}: {len(baseline_lines)} and "
+                          f"{len(system_lines)} hypothesis lines for {len(wanted)} references{mismatch_hint}",
+                          file=sys.stderr)
                     continue
-                result = paired_bootstrap(ours, theirs, wanted, PAIRED_RESAMPLES)
+                result = paired_bootstrap(baseline_lines, system_lines, wanted, PAIRED_RESAMPLES)
                 signature = result.pop("signature")
                 systems.setdefault(system, {}).setdefault(name, {})[str(seed)] = result
     return systems, signature

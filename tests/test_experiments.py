@@ -618,7 +618,7 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
-def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path):
+def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
     """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
     session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
     the uninterrupted run's weights bit for bit (the plain peer, the peer trained as the recipes are, a recipe), and
@@ -655,6 +655,8 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
                                                           "*_results.json"))
         shutil.copytree(first, cut / system / "seed1" / checkpoints / first.name)
         shutil.copy(whole / system / "seed1" / "starts.json", cut / system / "seed1")   # the first attempt's
+    # one attempt was cut after averaging, before its run.json: its averaged weights are made again
+    shutil.copytree(whole / "peer" / "seed1" / "averaged", cut / "absolute" / "seed1" / "averaged")
     continued = converge(cut)
     for system in systems:
         first = find_checkpoints(whole / system / "seed1" / ("trainer" if system == "peer" else "model"))[0].name
@@ -664,10 +666,22 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
         assert all(torch.equal(final[0][name], final[1][name]) for name in final[0]), system
         record = json.loads((cut / system / "seed1" / "run.json").read_text())
         assert [start["continued_from"] for start in record["starts"]] == [None, first]
+        averaged = [load_file(work / system / "seed1" / "averaged" / "model.safetensors") for work in (whole, cut)]
+        assert all(torch.equal(averaged[0][name], averaged[1][name]) for name in averaged[0]), system
         assert "starts" not in json.loads((whole / system / "seed1" / "run.json").read_text())
     table = (cut / "out" / "convergence.md").read_text()
     assert "Continued after a cut, from their newest complete checkpoint: peer seed 1 (from checkpoint-" in table
     assert "Continued after a cut" not in (whole / "out" / "convergence.md").read_text()
+    # an attempt cut before any complete checkpoint: the next one starts from scratch over what it left, and only
+    # that attempt is named
+    restart = tmp_path / "restart" / "absolute" / "seed1"
+    shutil.copytree(cut / "absolute" / "seed1", restart, ignore=shutil.ignore_patterns("run.json"))
+    for checkpoint in find_checkpoints(restart / "model"):
+        (checkpoint / "trainer_state.json").unlink()
+    convergence = load_experiment(CONVERGENCE, monkeypatch)
+    assert convergence.continuation_flags(restart / "model") == ["--overwrite_output_dir", "true"]
+    assert [start["continued_from"] for start in convergence.record_start(restart, "v2", None)] == [None]
+    assert convergence.continuation_flags(tmp_path / "absent") == []
 
 
 @pytest.mark.slow
@@ -742,6 +756,10 @@ def test_convergence_gpu_script_scores_the_averaged_weights_on_long_inputs_again
     with tarfile.open(out / "runs.tgz") as runs:
         assert {f"./{system}/seed1/averaged/long_inputs_scores.json" for system in ("absolute", "absolute+pad-start")
                 } <= set(runs.getnames())
+    for system in ("absolute", "absolute+pad-start"):   # decoded by its own process; the collection decoded nothing
+        kept = work / system / "seed1" / "averaged" / "long_inputs_scores.json"
+        assert kept.stat().st_mtime_ns <= (work / "long_inputs" / f"{system}-1" / "long_inputs.json").stat().st_mtime_ns
+    assert (out / "status.txt").read_text().endswith("long_inputs: exit status 0\n")
 
 
 def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys):
@@ -1057,7 +1075,8 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     assert "[`long_inputs/tiny`](docs/results/long_inputs/tiny/long_inputs.md)" in readme
 
 
-def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_paired_levels(tmp_path, monkeypatch):
+def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_paired_levels(tmp_path, monkeypatch,
+                                                                                           capsys):
     """--baseline: every other system against the baseline's model of the same seed, on single captions and the
     largest size as one sentence of each set (or --paired-levels): sacreBLEU's paired bootstrap of the kept
     translations, which are the models' own; scores kept before translations were kept are decoded again only when a
@@ -1087,8 +1106,10 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
         kept = json.loads((folder / long_inputs.SCORES_FILE).read_text())
         (folder / long_inputs.SCORES_FILE).write_text(json.dumps([{k: v for k, v in entry.items() if k != "hypotheses"}
                                                                   for entry in kept]))
-    results = long_inputs.main([*options, "--out", str(tmp_path / "paired"), "--baseline", "shaw", *specs])
+    unpaired = ["--model", f"directional:3={tmp_path / 'directional1'}"]   # no shaw of seed 3: not tested
+    results = long_inputs.main([*options, "--out", str(tmp_path / "paired"), "--baseline", "shaw", *specs, *unpaired])
     tests = results["paired_tests"]
+    assert {seed for by_level in tests["systems"]["directional"].values() for seed in by_level} == {"1", "2"}
     names = [f"{name}: {level}" for name in ("test2016", "validation") for level in ("1 caption", "3 as one sentence")]
     assert (tests["baseline"], tests["resamples"], tests["levels"]) == ("shaw", 1000, names)
     decoding = long_inputs.Decoding(2, 0.6, 1000, 3, 1.0)
@@ -1103,9 +1124,20 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
                 model, loaded = long_inputs.load_trained(tmp_path / f"{scheme}{seed}", False)
                 translations.append(long_inputs.translate_marking_caps(model, loaded, sources, decoding, 4)[0])
             expected = paired_bootstrap(*translations, references)
-            assert tests["systems"]["directional"][name][str(seed)] == {
-                key: value for key, value in expected.items() if key != "signature"}
+            tested = tests["systems"]["directional"][name][str(seed)]
+            assert tested == {key: value for key, value in expected.items() if key != "signature"}
+            bleu = {scheme: results["levels"][name][scheme]["bleu"][seed - 1] for scheme in ("shaw", "directional")}
+            assert tested["difference"] == pytest.approx(bleu["directional"] - bleu["shaw"])   # system - baseline
             assert tests["signature"] == expected["signature"]
+    # the sign, where the untrained models above may all score 0: a system that gives the references against a
+    # baseline that gives none of their words is ahead, by the system's BLEU
+    wanted = {"set": [f"ein Hund {index} rennt durch den Park" for index in range(8)]}
+    outputs = {"good": wanted["set"], "bad": ["x"] * 8}
+    ahead, _ = long_inputs.paired_test_results({"bad": [1], "good": [1]}, "bad", wanted,
+                                               lambda system, seed, name: outputs[system], "test")
+    assert ahead["good"]["set"]["1"]["difference"] == pytest.approx(100.0)
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    assert "--max-len-b 3 --baseline shaw --model shaw:1=" in report.long_inputs_command(results["settings"])
     table = (tmp_path / "paired" / "long_inputs.md").read_text().split("## Against the baseline")[1]
     result = tests["systems"]["directional"]["validation: 3 as one sentence"]
     assert (f"seed 1: {result['1']['difference']:+.2f} (p {result['1']['p_value']:.3f}); "
@@ -1120,6 +1152,11 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
                           "5 as one sentence", *specs])
     with pytest.raises(SystemExit):
         long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), "--baseline", "t5", *specs])
+    with pytest.raises(SystemExit):
+        long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), "--paired-levels", "1 caption", *specs])
+    errors = capsys.readouterr().err
+    assert "--baseline must be one of the --model systems (shaw, directional), got 't5'" in errors
+    assert "--paired-levels needs --baseline" in errors
 
 
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
