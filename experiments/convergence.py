@@ -65,7 +65,7 @@ from hf_relpos.publish.records import (
     training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
-from hf_relpos.translation.checkpoints import last_complete_checkpoint
+from hf_relpos.translation.checkpoints import TRAINER_STATE_FILE, last_complete_checkpoint
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -181,6 +181,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
         hypotheses.mkdir(exist_ok=True)
         scores[weights] = evaluate(model_folder, is_peer, RECIPE_DECODING, args, hypotheses_folder=hypotheses)
     wall_seconds = time.perf_counter() - started
+    training["train_seconds"] += starts[-1]["trained_seconds_before"] or 0.0   # what its checkpoint holds
     batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE)
     batches = run_batches(folder, seed, batch_args, training.get("argv"), training["steps"])
     date = datetime.now(timezone.utc).isoformat(timespec="seconds")
@@ -226,7 +227,7 @@ def continued_runs(results: dict) -> list[str]:
     if not continued:
         return []
     return ["", f"Continued after a cut, from their newest complete checkpoint: {'; '.join(continued)}. Their train "
-            "min counts the last attempt only."]
+            "min adds the earlier attempts' time up to that checkpoint (where their start is on record)."]
 
 
 def tables(results: dict) -> list[str]:
@@ -278,13 +279,24 @@ def device_name(device: str) -> str:
 
 
 def record_start(folder: Path, version: str, continued_from: Path | None) -> list[dict]:
-    """Append this attempt to the run's `starts.json` (its code version, the checkpoint it continues from) before it
-    trains, so a run continued after a cut says which code trained each part; returns the attempts whose training
-    the run keeps (one that starts from scratch replaces the earlier ones)."""
+    """Append this attempt to the run's `starts.json` before it trains: its code version, the checkpoint it continues
+    from, and the training time that checkpoint holds (`trained_seconds_before`: the attempt that wrote it, from its
+    start to the checkpoint's state file, plus what that attempt continued from; None when no earlier start is on
+    record). Returns the attempts whose training the run keeps: one that starts from scratch replaces the earlier
+    ones, and an attempt cut before it wrote a checkpoint is left out."""
     path = folder / "starts.json"
-    starts = json.loads(path.read_text()) if path.is_file() and continued_from is not None else []
-    starts.append({"source_version": version, "continued_from": continued_from and continued_from.name,
-                   "date": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+    attempt = {"source_version": version, "continued_from": None, "trained_seconds_before": 0.0,
+               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+    starts = []
+    if continued_from is not None:
+        written = (continued_from / TRAINER_STATE_FILE).stat().st_mtime
+        recorded = json.loads(path.read_text()) if path.is_file() else []
+        starts = [start for start in recorded if datetime.fromisoformat(start["date"]).timestamp() <= written]
+        before = starts[-1].get("trained_seconds_before", 0.0) if starts else None
+        attempt["continued_from"] = continued_from.name
+        attempt["trained_seconds_before"] = before if before is None else (
+            before + written - datetime.fromisoformat(starts[-1]["date"]).timestamp())
+    starts.append(attempt)
     path.write_text(json.dumps(starts, indent=1) + "\n")
     return starts
 

@@ -624,6 +624,7 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
     the uninterrupted run's weights bit for bit (the plain peer, the peer trained as the recipes are, a recipe), and
     its record names both attempts."""
     import shutil
+    from datetime import datetime
 
     from safetensors.torch import load_file
 
@@ -666,6 +667,12 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
         assert all(torch.equal(final[0][name], final[1][name]) for name in final[0]), system
         record = json.loads((cut / system / "seed1" / "run.json").read_text())
         assert [start["continued_from"] for start in record["starts"]] == [None, first]
+        # its train time adds the first attempt's, from its start to the checkpoint it wrote (copied with its time)
+        written = (cut / system / "seed1" / ("trainer" if system == "peer" else "model") / first / "trainer_state.json"
+                   ).stat().st_mtime
+        started = datetime.fromisoformat(record["starts"][0]["date"]).timestamp()
+        assert record["starts"][1]["trained_seconds_before"] == pytest.approx(written - started, abs=1e-6)
+        assert record["train_seconds"] > written - started > 0
         averaged = [load_file(work / system / "seed1" / "averaged" / "model.safetensors") for work in (whole, cut)]
         assert all(torch.equal(averaged[0][name], averaged[1][name]) for name in averaged[0]), system
         assert "starts" not in json.loads((whole / system / "seed1" / "run.json").read_text())
@@ -681,6 +688,11 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
     convergence = load_experiment(CONVERGENCE, monkeypatch)
     assert convergence.continuation_flags(restart / "model") == ["--overwrite_output_dir", "true"]
     assert [start["continued_from"] for start in convergence.record_start(restart, "v2", None)] == [None]
+    # continued with no earlier start on record (a folder from before starts.json): the time before is unknown
+    (restart / "starts.json").unlink()
+    (restart / "model" / first / "trainer_state.json").write_text("{}")
+    unknown = convergence.record_start(restart, "v3", restart / "model" / first)
+    assert [(start["continued_from"], start["trained_seconds_before"]) for start in unknown] == [(first, None)]
     assert convergence.continuation_flags(tmp_path / "absent") == []
 
 
