@@ -133,9 +133,14 @@ def vs_marian_passage(path: str) -> str:
 
 
 def convergence_command(record: dict) -> str:
+    """The convergence.py command of a record: its systems and seeds, the device its runs trained on (the record's
+    own settings are the collecting invocation's), and its paired tests' baseline where it is not the default."""
     settings = record["settings"]
+    on_cpu = all(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
+    baseline = settings.get("baseline", "absolute")
     return (f"python experiments/convergence.py --systems {' '.join(settings['systems'])} "
-            f"--seeds {' '.join(map(str, settings['seeds']))} --device cuda")
+            f"--seeds {' '.join(map(str, settings['seeds']))} --device {'cpu' if on_cpu else 'cuda'}"
+            + (f" --baseline {baseline}" if baseline != "absolute" else ""))
 
 
 # --- the README's tables -------------------------------------------------------------------------------------------

@@ -618,6 +618,19 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
+def test_report_gives_a_convergence_record_the_device_its_runs_trained_on_and_its_baseline(monkeypatch):
+    """The command report.py shows for a convergence record: the runs' device (the record's own settings are the
+    collecting invocation's, on a CPU for the GPU records) and --baseline where it is not absolute."""
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    gpu = report.read(report.TWENTY_EPOCHS_ONE_COMMIT)
+    assert gpu["settings"]["device"] == "cpu"
+    assert report.convergence_command(gpu).endswith("--seeds 1 2 --device cuda")
+    pilot = {"settings": {"systems": ["shaw", "shaw+concat-0.5"], "seeds": [1], "baseline": "shaw"},
+             "runs": {system: [{"device": "CPU: Intel(R) Xeon(R) Processor"}] for system in ("shaw", "shaw+concat-0.5")}}
+    assert report.convergence_command(pilot) == ("python experiments/convergence.py --systems shaw shaw+concat-0.5 "
+                                                 "--seeds 1 --device cpu --baseline shaw")
+
+
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
     """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
     session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
