@@ -51,6 +51,7 @@ from vs_marian import (
     PAIRED_RESAMPLES,
     Decoding,
     load_trained,
+    paired_cell,
     paired_test_results,
     read_pairs,
     spread,
@@ -238,8 +239,7 @@ def paired_table(tests: dict) -> list[str]:
              f"resampling, Koehn 2004, {tests['resamples']} resamples), per seed. Signature: `{tests['signature']}`.",
              "", "| system | " + " | ".join(tests["levels"]) + " |", "|" + " --- |" * (len(tests["levels"]) + 1)]
     for system, by_level in tests["systems"].items():
-        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
-                           for seed, result in by_level.get(level, {}).items()) or "-" for level in tests["levels"]]
+        cells = [paired_cell(by_level.get(level, {})) for level in tests["levels"]]
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     return lines
 

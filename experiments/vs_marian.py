@@ -757,10 +757,15 @@ def paired_tests_table(tests: dict) -> list[str]:
         "| --- | --- | --- |",
     ]
     for system, splits in tests["systems"].items():
-        cells = ["; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
-                           for seed, result in splits.get(split, {}).items()) or "-" for split in ("test", "validation")]
+        cells = [paired_cell(splits.get(split, {})) for split in ("test", "validation")]
         lines.append(f"| {system} | {' | '.join(cells)} |")
     return lines
+
+
+def paired_cell(by_seed: dict[str, dict]) -> str:
+    """One table cell of paired tests, seed by seed: `seed S: difference (p p-value)`; "-" when none was tested."""
+    return "; ".join(f"seed {seed}: {result['difference']:+.2f} (p {result['p_value']:.3f})"
+                     for seed, result in by_seed.items()) or "-"
 
 
 def spread(values: Sequence[float], digits: int = 2) -> str:
