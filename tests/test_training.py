@@ -14,7 +14,7 @@ import torch
 import yaml
 from conftest import MEMORISED_PAIRS, run_without_hf_relpos
 from datasets import Dataset
-from safetensors.torch import load_file
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
 from transformers.utils import logging as transformers_logging
 
@@ -511,6 +511,40 @@ def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):
         run([str(resumed), "--output_dir", str(tmp_path / "fresh"), "--resume_from_checkpoint", "last"])
     untrained = load_file(tmp_path / "full" / "checkpoint-5" / "model.safetensors")
     assert any(not torch.equal(untrained[name], tensor) for name, tensor in expected.items())
+
+
+def test_loading_a_checkpoint_ties_the_weights_it_left_out_and_reports_any_other_missing_key(tmp_path, caplog):
+    """`save_pretrained` writes each tied weight once; resuming from such a checkpoint restores every weight, tied
+    as before, without the Trainer's "missing keys" warning, which still names a weight the checkpoint really lacks."""
+    trained = tiny_model(0)
+    trained.save_pretrained(tmp_path / "checkpoint")
+    saved = load_file(tmp_path / "checkpoint" / "model.safetensors")
+    left_out = set(trained.all_tied_weights_keys)
+    assert left_out and not left_out & set(saved)
+
+    def warnings_when_loading(model: RelPosTransformerForConditionalGeneration) -> str:
+        trainer = TranslationTrainer(model=model, args=TranslationTrainingArguments(
+            output_dir=str(tmp_path / "out"), report_to=[], use_cpu=True), evaluation_sets={})
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            transformers_logging.enable_propagation()
+            try:
+                trainer._load_from_checkpoint(str(tmp_path / "checkpoint"))
+            finally:
+                transformers_logging.disable_propagation()
+        return caplog.text
+
+    resumed = tiny_model(1)
+    assert "missing keys" not in warnings_when_loading(resumed)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(resumed.state_dict()[name], tensor), name
+    assert resumed.lm_head.weight is resumed.model.shared.weight
+
+    lacking = "model.encoder.layers.0.final_layer_norm.weight"
+    save_file({name: tensor for name, tensor in saved.items() if name != lacking},
+              str(tmp_path / "checkpoint" / "model.safetensors"), metadata={"format": "pt"})
+    logged = warnings_when_loading(tiny_model(1))
+    assert f"missing keys in the checkpoint model loaded: ['{lacking}']" in logged
 
 
 def test_token_budget_loader_keeps_the_trainers_loader_settings(tmp_path):
