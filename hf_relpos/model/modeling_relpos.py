@@ -784,8 +784,12 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     def post_init(self) -> None:
         """transformers' post_init, then `check_kernel`: a kernel that cannot run this model is refused when the
-        model is built (or loaded), not at its first forward pass."""
+        model is built (or loaded), not at its first forward pass. The tied targets join `_keys_to_ignore_on_save`:
+        `save_pretrained` leaves them out anyway (each tied weight is saved once, under its source), and the
+        `Trainer`, resuming from a checkpoint that lacks exactly those, ties them again instead of warning that they
+        are missing (as it does for Marian and BART: huggingface/transformers#29128)."""
         super().post_init()
+        self._keys_to_ignore_on_save.update(self.all_tied_weights_keys)
         check_kernel(self.config, self.config._attn_implementation)
 
     def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:

@@ -191,18 +191,6 @@ class TranslationTrainer(Seq2SeqTrainer):
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
-    def _issue_warnings_after_load(self, load_result: Any) -> None:
-        """A checkpoint holds each tied weight once, under its source (`save_pretrained` leaves the tied targets out):
-        targets missing from it are tied again, not reported. The Trainer's own check names them missing on every
-        resume of a tied model, Marian's and BART's included (huggingface/transformers#29128); any other missing key
-        is still reported."""
-        tied_targets = set(getattr(self.model, "all_tied_weights_keys", None) or ())
-        if any(key in tied_targets for key in load_result.missing_keys):
-            self.model.tie_weights()
-            load_result = load_result._replace(
-                missing_keys=[key for key in load_result.missing_keys if key not in tied_targets])
-        super()._issue_warnings_after_load(load_result)
-
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
     ) -> torch.Tensor:
