@@ -935,15 +935,16 @@ def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(
     joined["test2016"]["shaw+scaled"] = [8.0, 8.0]
     assert long_inputs.option_verdict(option_results(single, joined), "shaw+scaled", "shaw")[0] == (
         "not adopted: test2016 kept below the recipe's")
-    # one seed adopts nothing, however far ahead; the table names that and any other failed part
+    # one seed decides nothing, however far ahead; the table names that and any other failed part
     one_seed = option_results({name: {"shaw": [30.0, 30.0], "shaw+scaled": [30.0]} for name in single},
                               {name: {"shaw": [9.0, 9.0], "shaw+scaled": [15.0]} for name in joined})
     assert long_inputs.option_verdict(one_seed, "shaw+scaled", "shaw")[0] == (
-        "not adopted: shaw+scaled 1, shaw 2 seed(s), 2 needed")
+        "not decided: shaw+scaled 1, shaw 2 seed(s), 2 needed")
     table = "\n".join(long_inputs.options_table(one_seed))
-    assert "| shaw+scaled | shaw | 1 | 50.0 (30.0, 0.0) | 50.0 (30.0) | +0.00 / +0.00 | not adopted: shaw+sc" in table
+    assert "| shaw+scaled | shaw | 1 | 50.0 (30.0, 0.0) | 50.0 (30.0) | +0.00 / +0.00 | not decided: shaw+sc" in table
     collapsed = option_results({name: {"shaw": [30.0, 30.0], "shaw+scaled": [10.0]} for name in single},
                                {name: {"shaw": [9.0, 9.0], "shaw+scaled": [6.0]} for name in joined})
+    # ... and one seed with another part failed is named with it, not adopted
     assert long_inputs.option_verdict(collapsed, "shaw+scaled", "shaw")[0] == (
         "not adopted: shaw+scaled 1, shaw 2 seed(s), 2 needed; test2016 single captions -20.00 BLEU; validation "
         "single captions -20.00 BLEU")
