@@ -36,7 +36,8 @@ def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: s
     data_args = data_args or DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
     if data_args.concatenated_pairs and seed is None:
         raise ValueError("read_lengths: concatenated_pairs draws the joined pairs with the run's data seed; pass seed")
-    pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target), data_args.concatenated_pairs, seed)
+    pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target), data_args.concatenated_pairs, seed,
+                                    max_pairs=data_args.max_pairs_per_join)
     tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
     return example_lengths(tokenized)
 

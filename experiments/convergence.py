@@ -77,9 +77,11 @@ PEERS = (PEER, PEER_AS_RECIPE)
 # decoder start token (tests/test_convert.py, tests/test_experiments.py): the peer starts from <pad>, the recipe from
 # <s>.
 # `shaw+concat-0.5`: sentence concatenation trained into shaw for the recipes' epochs (issue #50 item 1: whether its
-# single-caption cost at the equal budget remains after 20 epochs; docs/results.md 5b).
+# single-caption cost at the equal budget remains after 20 epochs; docs/results.md 5b); `shaw+concat-0.5-up-to-4`:
+# as many joined pairs, each of 2 to 4 captions, so training covers the longest level's lengths (a data remedy).
 RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "pad")),
-                  "shaw+concat-0.5": ("shaw", ("--concatenated_pairs", "0.5"))}
+                  "shaw+concat-0.5": ("shaw", ("--concatenated_pairs", "0.5")),
+                  "shaw+concat-0.5-up-to-4": ("shaw", ("--concatenated_pairs", "0.5", "--max_pairs_per_join", "4"))}
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
 PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)

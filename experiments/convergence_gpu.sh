@@ -28,10 +28,10 @@
 #
 # or (issue #50 item 1: joined-pair training for the recipes' 20 epochs, the criterion in docs/results.md 5b; each
 # finished run's averaged weights then scored by experiments/long_inputs.py as the recipes decode, against shaw of the
-# same seed; a joined-pair run has about twice as many steps as shaw's, so a second call in the same lease finishes
-# what the first one's limit cut off):
-#   LONG_INPUTS="--length-penalty 1.0" PARALLEL=6 bash experiments/convergence_gpu.sh \
-#       .data/multi30k /tmp/joined "$OUT/joined" "shaw shaw+concat-0.5" "1 2 3" 540
+# same seed; a joined-pair run has about twice as many steps as shaw's, up to 4 pairs per join 2.5 times, so a second
+# call in the same lease finishes what the first one's limit cut off):
+#   LONG_INPUTS="--length-penalty 1.0" PARALLEL=9 bash experiments/convergence_gpu.sh \
+#       .data/multi30k /tmp/joined "$OUT/joined" "shaw shaw+concat-0.5 shaw+concat-0.5-up-to-4" "1 2 3" 540
 #
 # LONG_INPUTS="OPTIONS" (long_inputs.py's decoding options): when every asked-for run has finished before the limit,
 # each one's averaged weights are scored in its own process (PARALLEL at a time, every process stopped at the limit),

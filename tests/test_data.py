@@ -111,6 +111,13 @@ def test_argument_values_are_checked():
         with pytest.raises(ValueError, match=r"concatenated_pairs must be a number from 0 \(none\) to 4 \(that many "
                                              rf"joined pairs per training pair\), got {ratio!r}"):
             DataArguments(concatenated_pairs=ratio)
+    for size in (1, 9, 3.0, True):
+        with pytest.raises(ValueError, match=r"max_pairs_per_join must be an integer from 2 to 8 \(training pairs in "
+                                             rf"each joined pair\), got {size!r}"):
+            DataArguments(concatenated_pairs=0.5, max_pairs_per_join=size)
+    with pytest.raises(ValueError, match=r"max_pairs_per_join 4 sets how many pairs a joined pair of concatenated_pairs "
+                                         r"joins, and concatenated_pairs is 0 \(no joined pairs\): set both"):
+        DataArguments(max_pairs_per_join=4)
 
 
 def test_sample_caps_keep_the_first_pairs(tmp_path):
@@ -184,6 +191,28 @@ def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp
     with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins two different training pairs; the "
                                                  r"training data has 1 pair\(s\) with text on both sides"):
         with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)
+
+
+def test_joined_pairs_of_up_to_n_pairs_join_from_2_to_n_different_pairs_the_first_two_as_with_2():
+    """max_pairs 4: each joined pair joins 2, 3 or 4 different usable pairs (each size drawn), sources and targets
+    from the same pairs in the same order; its first two pairs are those max_pairs 2 joins with the same seed."""
+    sources, targets = [f"s{i}" for i in range(12)], [f"t{i}" for i in range(12)]
+    sources[5] = ""   # pair 5 has an empty side: never joined
+    dataset = Dataset.from_dict({"source": sources, "target": targets})
+    joined = with_concatenated_pairs(dataset, 20.0, seed=3, max_pairs=4)
+    two = with_concatenated_pairs(dataset, 20.0, seed=3)
+    assert len(joined) == 12 + 240 and joined["source"][:12] == sources
+    sizes = []
+    for source, target, pair in zip(joined["source"][12:], joined["target"][12:], two["source"][12:], strict=True):
+        parts = source.split(" ")
+        assert target == " ".join(f"t{part[1:]}" for part in parts)
+        assert len(set(parts)) == len(parts) and "s5" not in parts and " ".join(parts[:2]) == pair
+        sizes.append(len(parts))
+    assert set(sizes) == {2, 3, 4}
+    assert with_concatenated_pairs(dataset, 20.0, seed=3, max_pairs=4)["source"] == joined["source"]
+    with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins up to 4 different training pairs; the "
+                                                 r"training data has 3 pair\(s\) with text on both sides"):
+        with_concatenated_pairs(dataset.select([0, 1, 2, 5]), 1.0, seed=4, max_pairs=4)
 
 
 def test_evaluation_pairs_are_never_dropped_nor_cut(tmp_path, tokenizer):

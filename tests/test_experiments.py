@@ -618,6 +618,20 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
+def test_every_recipe_option_of_convergence_is_its_recipe_with_valid_flags(monkeypatch):
+    """Each convergence.py system "<recipe>+<option>" parses as train_translation.py would run it: the recipe's file
+    and the option's flags, every flag applied (a flag the app refuses would only fail on the GPU)."""
+    from hf_relpos.translation.arguments import parse_arguments
+    convergence = load_experiment(EXPERIMENTS / "convergence.py", monkeypatch)
+    for system, (recipe, flags) in convergence.RECIPE_OPTIONS.items():
+        assert system.split("+", 1)[0] == recipe
+        parsed = parse_arguments([str(EXPERIMENTS.parent / "configs" / f"multi30k_small_{recipe}.yaml"), *flags])
+        applied = {name: getattr(next(group for group in parsed if hasattr(group, name)), name)
+                   for name in (flag.removeprefix("--") for flag in flags[::2])}
+        assert {name: str(value) for name, value in applied.items()} == dict(zip(
+            (flag.removeprefix("--") for flag in flags[::2]), flags[1::2], strict=True)), system
+
+
 def test_report_gives_a_convergence_record_the_device_its_runs_trained_on_and_its_baseline(monkeypatch):
     """The command report.py shows for a convergence record: the runs' device (the record's own settings are the
     collecting invocation's, on a CPU for the GPU records) and --baseline where it is not absolute."""

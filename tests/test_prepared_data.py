@@ -409,6 +409,14 @@ def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, monkeypatch,
     assert "Reusing the train data" in capsys.readouterr().out
     prepare_only(config, "--concatenated_pairs", "0.5", "--seed", "2")   # other pairs joined
     assert "Prepared the train data" in capsys.readouterr().out
+    prepare_only(config, "--concatenated_pairs", "0.5", "--max_pairs_per_join", "4")   # 2 to 4 pairs joined
+    log = capsys.readouterr().out
+    assert "Added 60 joined training pairs (concatenated_pairs 0.5, 4 pairs per join at most) to the 120 pairs" in log
+    assert "Prepared the train data" in log
+    size = corpus["train"].stat().st_size
+    assert budgets[-1] == size + int(3 * 0.5 * size), "a joined pair holds 3 pairs' text on average"
+    prepare_only(config, "--concatenated_pairs", "0.5", "--max_pairs_per_join", "4")
+    assert "Reusing the train data" in capsys.readouterr().out
 
 
 def test_preparing_one_split_reads_and_budgets_for_that_split_only(prepared_run, monkeypatch, capsys):

@@ -110,6 +110,7 @@ class RunRecord:
     max_target_length: int | None = _recipe_field(DATA)
     overlong_pairs: str | None = _recipe_field(DATA)
     concatenated_pairs: float | None = _recipe_field(DATA)
+    max_pairs_per_join: int | None = _recipe_field(DATA)
     model_name_or_path: str | None = _recipe_field(DATA)
     tokenizer_name: str | None = _recipe_field(DATA)
     tokenizer_vocab_size: int | None = _recipe_field(DATA)

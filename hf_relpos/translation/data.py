@@ -67,8 +67,10 @@ TRANSLATION_COLUMN = "translation"
 SPLITS = ("train", "validation", "test")
 
 
-# concatenated_pairs: at most this many joined pairs per training pair; joined pairs built this many at a time.
+# concatenated_pairs: at most this many joined pairs per training pair; joined pairs built this many at a time;
+# max_pairs_per_join: at most this many training pairs in one joined pair.
 MAX_CONCATENATED_PAIRS = 4
+MAX_PAIRS_PER_JOIN = 8
 JOIN_CHUNK_PAIRS = 100_000
 
 
@@ -121,6 +123,12 @@ class DataArguments:
                           "with a space and targets likewise (sentence concatenation, Kondo et al. 2021), so the model "
                           "trains on inputs of two sentences, up to twice the training lengths. 0: none."},
     )
+    max_pairs_per_join: int = field(
+        default=2,
+        metadata={"help": "Training pairs in each joined pair of concatenated_pairs: 2 joins two; N > 2 joins from 2 "
+                          "to N different pairs, the number drawn uniformly (the run's seed), so the model trains on "
+                          "inputs of up to N sentences."},
+    )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
     tokenizer_training_pairs: int | None = field(
         default=None,
@@ -147,6 +155,13 @@ class DataArguments:
                 or not 0 <= self.concatenated_pairs <= MAX_CONCATENATED_PAIRS):
             raise ValueError(f"concatenated_pairs must be a number from 0 (none) to {MAX_CONCATENATED_PAIRS} (that many "
                              f"joined pairs per training pair), got {self.concatenated_pairs!r}")
+        if (isinstance(self.max_pairs_per_join, bool) or not isinstance(self.max_pairs_per_join, int)
+                or not 2 <= self.max_pairs_per_join <= MAX_PAIRS_PER_JOIN):
+            raise ValueError(f"max_pairs_per_join must be an integer from 2 to {MAX_PAIRS_PER_JOIN} (training pairs in "
+                             f"each joined pair), got {self.max_pairs_per_join!r}")
+        if self.max_pairs_per_join > 2 and not self.concatenated_pairs:
+            raise ValueError(f"max_pairs_per_join {self.max_pairs_per_join} sets how many pairs a joined pair of "
+                             "concatenated_pairs joins, and concatenated_pairs is 0 (no joined pairs): set both")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
                     null_means="tokenize in this process")
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
@@ -666,36 +681,54 @@ class LengthReport:
                 f"{self.overlong} over the length limits {treated})")
 
 
-def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int,
-                            workdir: str | os.PathLike | None = None) -> Dataset:
-    """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: pair a's source,
-    a space, pair b's source, and the same for the targets, for a != b drawn uniformly (numpy's default_rng(seed))
-    among the pairs with text on both sides (sentence concatenation, Kondo et al. 2021). The joined pairs are written
-    to an Arrow file in `workdir` when given (memory otherwise). With no pair to join, `dataset` itself."""
+def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: str | os.PathLike | None = None,
+                            max_pairs: int = 2) -> Dataset:
+    """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: the sources of k
+    different pairs joined by spaces, and their targets likewise, for pairs drawn uniformly (numpy's
+    default_rng(seed)) among those with text on both sides (sentence concatenation, Kondo et al. 2021); k is 2, or
+    drawn uniformly from 2 to `max_pairs` (the first two pairs of each are those `max_pairs` 2 draws). The joined pairs
+    are written to an Arrow file in `workdir` when given (memory otherwise). With no pair to join, `dataset` itself."""
     count = round(ratio * len(dataset))
     if count == 0:
         return dataset
     usable = np.flatnonzero(has_text(dataset, "source") & has_text(dataset, "target"))
-    if len(usable) < 2:
-        raise DatasetSchemaError(f"concatenated_pairs joins two different training pairs; the training data has "
-                                 f"{len(usable)} pair(s) with text on both sides")
+    if len(usable) < max_pairs:
+        raise DatasetSchemaError(f"concatenated_pairs joins {'two' if max_pairs == 2 else f'up to {max_pairs}'} "
+                                 f"different training pairs; the training data has {len(usable)} pair(s) with text on "
+                                 "both sides")
     generator = np.random.default_rng(seed)
     first = generator.integers(len(usable), size=count)
     second = (first + generator.integers(1, len(usable), size=count)) % len(usable)   # never the same pair
+    drawn = [first, second]
+    if max_pairs > 2:
+        sizes = generator.integers(2, max_pairs + 1, size=count)
+        for position in range(2, max_pairs):
+            more = generator.integers(len(usable), size=count)
+            while (repeated := np.flatnonzero(np.any(np.stack(drawn) == more, axis=0))).size:
+                more[repeated] = generator.integers(len(usable), size=repeated.size)
+            drawn.append(np.where(sizes > position, more, -1))   # -1: this joined pair has fewer parts
     pairs = dataset.select_columns(["source", "target"])
     texts = pairs.with_format("arrow")
 
+    def trimmed(table: pa.Table, column: str, present: np.ndarray) -> pa.Array:
+        """`column` of `table` without surrounding whitespace, null where `present` is False."""
+        values = pc.utf8_trim_whitespace(table[column]).combine_chunks()
+        return values if present.all() else pc.if_else(pa.array(present), values, pa.scalar(None, values.type))
+
     def joined_chunks() -> Iterator[dict[str, pa.Array]]:
         for start in range(0, count, JOIN_CHUNK_PAIRS):
-            left = texts[usable[first[start:start + JOIN_CHUNK_PAIRS]]]
-            right = texts[usable[second[start:start + JOIN_CHUNK_PAIRS]]]
-            yield {column: pc.binary_join_element_wise(pc.utf8_trim_whitespace(left[column]),
-                                                       pc.utf8_trim_whitespace(right[column]),
-                                                       pa.scalar(" ", left[column].type)).combine_chunks()
-                   for column in ("source", "target")}
+            chunk = [indices[start:start + JOIN_CHUNK_PAIRS] for indices in drawn]
+            tables = [(texts[usable[np.maximum(indices, 0)]], indices >= 0) for indices in chunk]
+            columns = {}
+            for column in ("source", "target"):
+                parts = [trimmed(table, column, present) for table, present in tables]
+                columns[column] = pc.binary_join_element_wise(*parts, pa.scalar(" ", parts[0].type),
+                                                              null_handling="skip")
+            yield columns
 
     joined = _ArrowSink(workdir, "joined").dataset(joined_chunks())
-    logger.info("Added %d joined training pairs (concatenated_pairs %g) to the %d pairs", count, ratio, len(dataset))
+    logger.info("Added %d joined training pairs (concatenated_pairs %g%s) to the %d pairs", count, ratio,
+                f", {max_pairs} pairs per join at most" if max_pairs > 2 else "", len(dataset))
     return concatenate_datasets([pairs, joined])
 
 

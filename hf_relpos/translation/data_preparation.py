@@ -108,9 +108,11 @@ class RawSplits:
         return sum(path.stat().st_size for split in splits for path in self.data_files(split))
 
     def prepared_text_bytes(self, splits: tuple[str, ...]) -> int:
-        """`text_bytes` of `splits`, the training text counted 1 + 2 x concatenated_pairs times (each joined pair
-        holds two pairs' text)."""
-        joined = 2 * self.data_args.concatenated_pairs * self.text_bytes(("train",)) if "train" in splits else 0
+        """`text_bytes` of `splits`, the training text counted 1 + k x concatenated_pairs times (a joined pair holds
+        k pairs' text, on average (2 + max_pairs_per_join) / 2)."""
+        pairs_per_join = (2 + self.data_args.max_pairs_per_join) / 2
+        joined = (pairs_per_join * self.data_args.concatenated_pairs * self.text_bytes(("train",))
+                  if "train" in splits else 0)
         return self.text_bytes(splits) + int(joined)
 
     def workdir(self) -> Path:
@@ -185,6 +187,8 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 inputs["overlong_pairs"] = data_args.overlong_pairs
                 if data_args.concatenated_pairs:
                     inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args)}
+                    if data_args.max_pairs_per_join > 2:
+                        inputs["max_pairs_per_join"] = data_args.max_pairs_per_join
             else:   # kept whole (evaluation splits prepared before were cut to the length limits: not reused)
                 inputs["overlong_pairs"] = EVALUATION_OVERLONG_PAIRS
             keys[split] = inputs
@@ -205,7 +209,7 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             workdir = raw.workdir() / "work"
             if split == "train":
                 pairs = with_concatenated_pairs(raw.get(split), data_args.concatenated_pairs,
-                                                data_seed(training_args), workdir)
+                                                data_seed(training_args), workdir, data_args.max_pairs_per_join)
                 dataset, report = tokenize_training_pairs(pairs, tokenizer, data_args, workdir, keep_text=False)
             else:
                 dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
