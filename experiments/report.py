@@ -1011,21 +1011,65 @@ def results_long_input_decoding() -> str:
     return "\n".join(lines) + "\n"
 
 
+def long_inputs_passage(relative: str) -> str:
+    """One experiments/long_inputs.py record: its provenance, then the script's own tables."""
+    record = read(relative)
+    return (f"Record [`{relative}`](results/{relative}), collected {record['date'][:10]}; {record['device']}; code "
+            f"`{record['source_version']}`; torch {record['versions']['torch']}, transformers "
+            f"{record['versions']['transformers']}. Command: `{long_inputs_command(record['settings'])}`.\n\n"
+            + without_title(long_inputs.markdown(record)).replace("\n## ", "\n#### "))
+
+
 def results_long_inputs() -> str:
     """experiments/long_inputs.py's records, each with its provenance and the script's own tables."""
-    passages = []
-    for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
-        record = json.loads(path.read_text(encoding="utf-8"))
-        relative = path.relative_to(RESULTS).as_posix()
-        settings = record["settings"]
-        command = long_inputs_command(settings)
-        passages.append(f"Record [`{relative}`](results/{relative}), collected {record['date'][:10]}; "
-                        f"{record['device']}; code `{record['source_version']}`; torch {record['versions']['torch']}, "
-                        f"transformers {record['versions']['transformers']}. Command: `{command}`.\n\n"
-                        + without_title(long_inputs.markdown(record)).replace("\n## ", "\n#### "))
+    passages = [long_inputs_passage(path.relative_to(RESULTS).as_posix())
+                for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json"))]
     return "\n".join(passages) if passages else (
         "No record yet: the trained models of the one-commit tables were not kept where this was written, and the "
         "three-seed runs need a machine with the time for them (issue #50).\n")
+
+
+# The joined-pair study at the recipes' 20 epochs (docs/results.md 5b): convergence.py's record of the runs and
+# long_inputs.py's record of their averaged weights, with `--baseline shaw`. Issue #50's goal: the option keeps at least
+# this % of its single-caption BLEU at long_inputs.OPTION_LEVEL on both sets, besides meeting the criterion.
+JOINED_PAIRS_20_EPOCHS = "joined_pairs_20_epochs"
+ISSUE_50_KEPT_GOAL = 70.0
+
+
+def joined_pairs_goal(record: dict) -> str:
+    """Each option of a long_inputs.py record against its recipe: the criterion's verdict and issue #50's goal."""
+    lines = []
+    for option, recipe in long_inputs.option_rows(record):
+        verdict, figures = long_inputs.option_verdict(record, option, recipe)
+        kept = {set_name: figures[f"{set_name} kept"] for set_name in long_inputs.SETS if f"{set_name} kept" in figures}
+        reached = len(kept) == len(long_inputs.SETS) and min(kept.values()) >= ISSUE_50_KEPT_GOAL
+        outcome = ("not decided" if verdict.startswith("not decided") else
+                   "met" if verdict == "adopted" and reached else "not met")
+        shares = " and ".join(f"{value:.1f} % on {set_name}" for set_name, value in kept.items())
+        lines.append(f"`{option}` against `{recipe}`: {verdict}. At `{long_inputs.OPTION_LEVEL}` it keeps {shares} "
+                     f"of its single-caption BLEU (issue #50's goal: at least {ISSUE_50_KEPT_GOAL:g} % on both sets, "
+                     f"with the criterion met): goal {outcome}.")
+    return "\n".join(lines) + "\n"
+
+
+def results_joined_pairs_20_epochs() -> str:
+    """The joined-pair study at the recipes' 20 epochs: the training record (convergence.py's tables), the long-input
+    record of the same averaged weights (long_inputs.py's tables, the criterion's verdict), and issue #50's goal."""
+    training_path = f"{JOINED_PAIRS_20_EPOCHS}/convergence.json"
+    long_path = f"{JOINED_PAIRS_20_EPOCHS}/long_inputs.json"
+    record = read(training_path)
+    decoding = convergence.RECIPE_DECODING
+    on_cpu = all(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
+    caption = (f"{record['settings']['epochs']:g} epochs of each one's training set, a checkpoint per epoch, the last "
+               f"{record['settings']['last_n']} averaged; the recipe as committed at the runs' code version, "
+               "`shaw+concat-0.5` with `--concatenated_pairs 0.5` added. Decoding in this table: beam "
+               f"{decoding.beams}, length penalty {decoding.length_penalty}, at most the longest source + "
+               f"{decoding.source_offset} new tokens. Mean over seeds (min-max)."
+               + (" The runs trained side by side on a CPU, one thread each, paused while other work ran: their "
+                  "train min is wall time, not a speed figure." if on_cpu else "") + "\n\n")
+    return (provenance(record, training_path, convergence_command(record)) + "\n" + caption
+            + "\n".join(convergence.tables(record)) + "\n\n" + long_inputs_passage(long_path) + "\n"
+            + joined_pairs_goal(read(long_path)))
 
 
 MARIAN_HYBRID = "marian_conversion/peer_hybrid/marian_conversion.json"
@@ -1115,6 +1159,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_marian_long_lengths": results_marian_long_lengths,
     "results_marian_hybrid_long_inputs": results_marian_hybrid_long_inputs,
     "results_long_inputs": results_long_inputs,
+    "results_joined_pairs_20_epochs": results_joined_pairs_20_epochs,
     "results_long_input_decoding": results_long_input_decoding,
     "results_marian_fade": marian_conversion_passage("marian_conversion/peer_hybrid_fade/marian_conversion.json"),
     "training_length_penalty": training_length_penalty,

@@ -422,8 +422,10 @@ def test_the_long_input_text_holds_in_the_record(report):
     assert min(costs, key=costs.get) == "directional+concat-0.5"
     for option, recipe in options.items():
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
-        assert verdict.startswith("not adopted"), (option, verdict)
-        if option != "absolute+randomized-positions":
+        if option == "absolute+randomized-positions":   # one seed decides nothing; it failed the cost part
+            assert verdict.startswith("not decided") and "failed so far: test2016 single captions" in verdict
+        else:
+            assert verdict.startswith("not adopted"), (option, verdict)
             assert record["levels"]["test2016: 1 caption"][option]["seeds"] == [1, 2, 3], option
         if option.endswith(("length-scaling", "window-8")):   # validation kept within the recipe's seed spread
             lead = figures["validation kept"] - figures["validation recipe kept"]
@@ -496,3 +498,31 @@ def test_the_long_input_decoding_reading_holds_in_its_records(report):
         single = {name: statistics.mean(records[name]["levels"][f"{set_name}: 1 caption"]["shaw+concat-0.5"]["bleu"])
                   for name in records if name.startswith("lp1.0")}
         assert min(single, key=single.get) == "lp1.0-min0.7"
+
+
+def test_the_joined_pair_20_epoch_text_holds_in_its_records(report):
+    """docs/results.md 5b, the 20-epoch joined-pair pilot: one seed of each, so nothing decided; at 4 captions as one
+    sentence shaw+concat-0.5 keeps about two thirds of its single-caption BLEU on both sets, shaw less than half, with
+    longer outputs and significant paired tests, short of issue #50's goal; on single captions above shaw on
+    test2016, below it by more than the criterion allows on validation, neither paired test significant."""
+    import long_inputs
+
+    record = report.read(f"{report.JOINED_PAIRS_20_EPOCHS}/long_inputs.json")
+    levels = record["levels"]
+    assert {system: row["seeds"] for system, row in levels["test2016: 1 caption"].items()} == {
+        "shaw": [1], "shaw+concat-0.5": [1]}
+    verdict, figures = long_inputs.option_verdict(record, "shaw+concat-0.5", "shaw")
+    assert verdict.startswith("not decided") and "goal not decided" in report.joined_pairs_goal(record)
+    tests = record["paired_tests"]["systems"]["shaw+concat-0.5"]
+    for set_name in long_inputs.SETS:
+        level = f"{set_name}: {long_inputs.OPTION_LEVEL}"
+        assert 60 < figures[f"{set_name} kept"] < report.ISSUE_50_KEPT_GOAL and figures[f"{set_name} recipe kept"] < 50
+        assert levels[level]["shaw+concat-0.5"]["length_ratio"][0] > levels[level]["shaw"]["length_ratio"][0]
+        assert tests[level]["1"]["difference"] > 0 and tests[level]["1"]["p_value"] < 0.05
+        assert tests[f"{set_name}: 1 caption"]["1"]["p_value"] > 0.05
+    assert figures["test2016 1 caption difference"] > 0
+    assert figures["validation 1 caption difference"] < -long_inputs.OPTION_COST
+    training = report.read(f"{report.JOINED_PAIRS_20_EPOCHS}/convergence.json")
+    assert {system: row["seeds"] for system, row in training["systems"].items()} == {"shaw": [1], "shaw+concat-0.5": [1]}
+    assert (training["systems"]["shaw+concat-0.5"]["averaged_test_bleu"]
+            == levels["test2016: 1 caption"]["shaw+concat-0.5"]["bleu"]), "the two records decode alike"
