@@ -345,8 +345,9 @@ OPTION_COST = 0.3
 
 def option_verdict(results: dict, option: str, recipe: str) -> tuple[str, dict[str, float]]:
     """("adopted" | "not adopted: <every failed part>" | "not decided: <why>", figures) for `option` against
-    `recipe` by the criterion above (too few seeds decide nothing: not decided, with the parts failed so far); figures: mean % kept at OPTION_LEVEL per set (option, recipe), the recipe's
-    validation spread of it, and the single-caption BLEU difference per set."""
+    `recipe` by the criterion above (too few seeds decide nothing: "not decided", with the parts failed so far);
+    figures: mean % kept at OPTION_LEVEL per set (option, recipe), the recipe's validation spread of it, and the
+    single-caption BLEU difference per set."""
     figures: dict[str, float] = {}
     for set_name in SETS:
         level = f"{set_name}: {OPTION_LEVEL}"
