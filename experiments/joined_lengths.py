@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 from long_inputs import build_levels
 
-from hf_relpos.translation.data import read_local_pairs, with_concatenated_pairs
+from hf_relpos.translation.data import MAX_PAIRS_PER_JOIN, read_local_pairs, with_concatenated_pairs
 
 
 def words(texts: Sequence[str]) -> np.ndarray:
@@ -47,7 +47,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data", type=Path, required=True, help="folder with train.jsonl and test.jsonl")
     parser.add_argument("--ratio", type=float, required=True, help="concatenated_pairs")
     parser.add_argument("--seeds", type=int, nargs="+", required=True, help="the runs' seeds (they draw the pairs)")
-    parser.add_argument("--max-pairs-per-join", type=int, default=2, help="max_pairs_per_join")
+    parser.add_argument("--max-pairs-per-join", type=int, default=2, choices=range(2, MAX_PAIRS_PER_JOIN + 1),
+                        metavar="N", help=f"max_pairs_per_join (2 to {MAX_PAIRS_PER_JOIN})")
     args = parser.parse_args(argv)
     print("\n".join(joined_lengths(args.data, args.ratio, args.seeds, max_pairs=args.max_pairs_per_join)))
 

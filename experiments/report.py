@@ -1059,14 +1059,15 @@ def results_joined_pairs_20_epochs() -> str:
     long_path = f"{JOINED_PAIRS_20_EPOCHS}/long_inputs.json"
     record = read(training_path)
     decoding = convergence.RECIPE_DECODING
-    on_cpu = all(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
+    on_cpu = any(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
+    options = "; ".join(f"`{system}` with `{' '.join(convergence.RECIPE_OPTIONS[system][1])}` added"
+                        for system in record["settings"]["systems"] if system in convergence.RECIPE_OPTIONS)
     caption = (f"{record['settings']['epochs']:g} epochs of each one's training set, a checkpoint per epoch, the last "
-               f"{record['settings']['last_n']} averaged; the recipe as committed at the runs' code version, "
-               "`shaw+concat-0.5` with `--concatenated_pairs 0.5` added. Decoding in this table: beam "
-               f"{decoding.beams}, length penalty {decoding.length_penalty}, at most the longest source + "
-               f"{decoding.source_offset} new tokens. Mean over seeds (min-max)."
-               + (" The runs trained side by side on a CPU, one thread each, paused while other work ran: their "
-                  "train min is wall time, not a speed figure." if on_cpu else "") + "\n\n")
+               f"{record['settings']['last_n']} averaged; each recipe as committed at the runs' code version"
+               f"{', ' + options if options else ''}. Decoding in this table: beam {decoding.beams}, length penalty {decoding.length_penalty}, at "
+               f"most the longest source + {decoding.source_offset} new tokens. Mean over seeds (min-max)."
+               + (" The train min of a run on a CPU is not a speed figure: such runs shared the machine (the record's "
+                  "README)." if on_cpu else "") + "\n\n")
     return (provenance(record, training_path, convergence_command(record)) + "\n" + caption
             + "\n".join(convergence.tables(record)) + "\n\n" + long_inputs_passage(long_path) + "\n"
             + joined_pairs_goal(read(long_path)))

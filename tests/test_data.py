@@ -193,9 +193,10 @@ def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp
         with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)
 
 
-def test_joined_pairs_of_up_to_n_pairs_join_from_2_to_n_different_pairs_the_first_two_as_with_2():
+def test_joined_pairs_of_up_to_n_pairs_join_from_2_to_n_different_pairs_the_first_two_as_with_2(monkeypatch):
     """max_pairs 4: each joined pair joins 2, 3 or 4 different usable pairs (each size drawn), sources and targets
-    from the same pairs in the same order; its first two pairs are those max_pairs 2 joins with the same seed."""
+    from the same pairs in the same order; its first two pairs are those max_pairs 2 joins with the same seed; built
+    in chunks, the same pairs; with exactly 4 usable pairs, still 4 different ones."""
     sources, targets = [f"s{i}" for i in range(12)], [f"t{i}" for i in range(12)]
     sources[5] = ""   # pair 5 has an empty side: never joined
     dataset = Dataset.from_dict({"source": sources, "target": targets})
@@ -210,8 +211,15 @@ def test_joined_pairs_of_up_to_n_pairs_join_from_2_to_n_different_pairs_the_firs
         sizes.append(len(parts))
     assert set(sizes) == {2, 3, 4}
     assert with_concatenated_pairs(dataset, 20.0, seed=3, max_pairs=4)["source"] == joined["source"]
-    with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins up to 4 different training pairs; the "
-                                                 r"training data has 3 pair\(s\) with text on both sides"):
+    monkeypatch.setattr(data_module, "JOIN_CHUNK_PAIRS", 7)
+    chunked = with_concatenated_pairs(dataset, 20.0, seed=3, max_pairs=4)
+    assert chunked["source"] == joined["source"] and chunked["target"] == joined["target"]
+    four = with_concatenated_pairs(dataset.select([0, 1, 2, 3, 5]), 10.0, seed=3, max_pairs=4)["source"][5:]
+    assert all(len(set(parts := source.split(" "))) == len(parts) for source in four)
+    assert {len(source.split(" ")) for source in four} == {2, 3, 4}
+    with pytest.raises(DatasetSchemaError, match=r"concatenated_pairs joins up to 4 \(max_pairs_per_join\) different "
+                                                 r"training pairs; the training data has 3 pair\(s\) with text on "
+                                                 r"both sides"):
         with_concatenated_pairs(dataset.select([0, 1, 2, 5]), 1.0, seed=4, max_pairs=4)
 
 

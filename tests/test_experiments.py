@@ -998,6 +998,11 @@ def test_joined_lengths_compare_the_training_sources_with_the_longest_level(tmp_
     assert seed.startswith("concatenated_pairs 0.5, seed 3: 4 training sources, 2.5 words on average (max 4), 2 joined, ")
     assert seed.endswith("of the 4 as one sentence sources, 100.0 % are longer than every training source, 100.0 % "
                          "longer than 99 % of them")
+    # joins of up to 4 pairs (the 4 training sources, 10 words together): the level is no longer the longest
+    _, up_to_4 = joined_lengths.joined_lengths(tmp_path, 4.0, [3], max_pairs=4)
+    assert up_to_4.startswith("concatenated_pairs 4, max_pairs_per_join 4, seed 3: 4 training sources, 2.5 words on "
+                              "average (max 4), 16 joined, ")
+    assert "(max 10); of the 4 as one sentence sources, 0.0 % are longer than every training source" in up_to_4
 
 
 def long_inputs_corpus(tmp_path: Path, monkeypatch) -> tuple[Path, object, object]:

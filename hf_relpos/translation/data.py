@@ -693,9 +693,9 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: 
         return dataset
     usable = np.flatnonzero(has_text(dataset, "source") & has_text(dataset, "target"))
     if len(usable) < max_pairs:
-        raise DatasetSchemaError(f"concatenated_pairs joins {'two' if max_pairs == 2 else f'up to {max_pairs}'} "
-                                 f"different training pairs; the training data has {len(usable)} pair(s) with text on "
-                                 "both sides")
+        joins = "two" if max_pairs == 2 else f"up to {max_pairs} (max_pairs_per_join)"
+        raise DatasetSchemaError(f"concatenated_pairs joins {joins} different training pairs; the training data has "
+                                 f"{len(usable)} pair(s) with text on both sides")
     generator = np.random.default_rng(seed)
     first = generator.integers(len(usable), size=count)
     second = (first + generator.integers(1, len(usable), size=count)) % len(usable)   # never the same pair
@@ -703,9 +703,9 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: 
     if max_pairs > 2:
         sizes = generator.integers(2, max_pairs + 1, size=count)
         for position in range(2, max_pairs):
-            more = generator.integers(len(usable), size=count)
-            while (repeated := np.flatnonzero(np.any(np.stack(drawn) == more, axis=0))).size:
-                more[repeated] = generator.integers(len(usable), size=repeated.size)
+            more, rows = generator.integers(len(usable), size=count), np.arange(count)
+            while (rows := rows[np.any(np.stack([indices[rows] for indices in drawn]) == more[rows], axis=0)]).size:
+                more[rows] = generator.integers(len(usable), size=rows.size)   # drawn again where it repeats a pair
             drawn.append(np.where(sizes > position, more, -1))   # -1: this joined pair has fewer parts
     pairs = dataset.select_columns(["source", "target"])
     texts = pairs.with_format("arrow")
