@@ -132,11 +132,24 @@ def vs_marian_passage(path: str) -> str:
     return provenance(record, path, vs_marian_command(record)) + "\n" + without_title(vs_marian.markdown(record))
 
 
+def run_devices(record: dict) -> list[str]:
+    """The device each run of a convergence record trained on."""
+    return [run["device"] for runs in record["runs"].values() for run in runs]
+
+
+def convergence_caption(record: dict, trained: str) -> str:
+    """The caption of a convergence record's tables: epochs, averaging, `trained` (what the systems are), decoding."""
+    settings, decoding = record["settings"], convergence.RECIPE_DECODING
+    return (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; {trained}. "
+            f"Decoding for every model: beam {decoding.beams}, length penalty {decoding.length_penalty}, at most the "
+            f"longest source + {decoding.source_offset} new tokens. Mean over seeds (min-max).")
+
+
 def convergence_command(record: dict) -> str:
     """The convergence.py command of a record: its systems and seeds, the device its runs trained on (the record's
     own settings are the collecting invocation's), and its paired tests' baseline where it is not the default."""
     settings = record["settings"]
-    on_cpu = all(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
+    on_cpu = all(device.startswith("CPU") for device in run_devices(record))
     baseline = settings.get("baseline", "absolute")
     return (f"python experiments/convergence.py --systems {' '.join(settings['systems'])} "
             f"--seeds {' '.join(map(str, settings['seeds']))} --device {'cpu' if on_cpu else 'cuda'}"
@@ -782,15 +795,12 @@ def results_convergence() -> str:
     for path in (TWENTY_EPOCHS_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
                  "convergence/peer_seed_1/convergence.json"):
         record = read(path)
-        settings, decoding = record["settings"], convergence.RECIPE_DECODING
+        settings = record["settings"]
         peer = (f"`{convergence.PEER_AS_RECIPE}` (HF MarianMTModel) trained exactly as the recipes are"
                 if convergence.PEER_AS_RECIPE in settings["systems"] else
                 f"the peer with vs_marian.py's sentence batches and {settings['peer_warmup_steps']} warm-up steps")
-        caption = (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; the "
-                   f"recipes as committed at the runs' code version, {peer}. Decoding for every model: beam {decoding.beams}, "
-                   f"length penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} "
-                   "new tokens. Mean over seeds (min-max).\n\n")
-        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption
+        caption = convergence_caption(record, f"the recipes as committed at the runs' code version, {peer}")
+        passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + "\n\n"
                         + "\n".join(convergence.tables(record)) + "\n")
     return "\n".join(passages)
 
@@ -1058,16 +1068,12 @@ def results_joined_pairs_20_epochs() -> str:
     training_path = f"{JOINED_PAIRS_20_EPOCHS}/convergence.json"
     long_path = f"{JOINED_PAIRS_20_EPOCHS}/long_inputs.json"
     record = read(training_path)
-    decoding = convergence.RECIPE_DECODING
-    on_cpu = any(run["device"].startswith("CPU") for runs in record["runs"].values() for run in runs)
-    options = "; ".join(f"`{system}` with `{' '.join(convergence.RECIPE_OPTIONS[system][1])}` added"
-                        for system in record["settings"]["systems"] if system in convergence.RECIPE_OPTIONS)
-    caption = (f"{record['settings']['epochs']:g} epochs of each one's training set, a checkpoint per epoch, the last "
-               f"{record['settings']['last_n']} averaged; each recipe as committed at the runs' code version"
-               f"{', ' + options if options else ''}. Decoding in this table: beam {decoding.beams}, length penalty {decoding.length_penalty}, at "
-               f"most the longest source + {decoding.source_offset} new tokens. Mean over seeds (min-max)."
+    options = "".join(f", `{system}` with `{' '.join(convergence.RECIPE_OPTIONS[system][1])}` added"
+                      for system in record["settings"]["systems"] if system in convergence.RECIPE_OPTIONS)
+    caption = (convergence_caption(record, "each system for the epochs of its own training set, the recipe as "
+                                           f"committed at the runs' code version{options}")
                + (" The train min of a run on a CPU is not a speed figure: such runs shared the machine (the record's "
-                  "README)." if on_cpu else "") + "\n\n")
+                  "README)." if any(device.startswith("CPU") for device in run_devices(record)) else "") + "\n\n")
     return (provenance(record, training_path, convergence_command(record)) + "\n" + caption
             + "\n".join(convergence.tables(record)) + "\n\n" + long_inputs_passage(long_path) + "\n"
             + joined_pairs_goal(read(long_path)))
