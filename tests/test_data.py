@@ -91,7 +91,9 @@ def test_missing_file_and_missing_split_are_reported(tmp_path):
         read_local_pairs(tmp_path / "nope.jsonl", "en", "de")
     train = write_jsonl(tmp_path / "train.jsonl", [{"en": "a", "de": "b"}])
     arguments = DataArguments(train_file=str(train))
-    with pytest.raises(DatasetSchemaError, match="no validation_file was given"):
+    with pytest.raises(DatasetSchemaError, match=r"the run needs the validation split\(s\) \(validation: do_eval, or "
+                                                 r"evaluation during training unless eval_strategy is 'no'\) but no "
+                                                 r"validation_file was given"):
         load_parallel_splits(arguments, ("train", "validation"), tmp_path / "demo")
 
 

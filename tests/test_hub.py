@@ -266,6 +266,20 @@ def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monk
     assert f"Trained as: `{command} {REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir " in card
 
 
+def test_a_run_card_gives_the_vocabulary_the_tokenizer_has(output_folder):
+    """A corpus may give fewer BPE pieces than `tokenizer_vocab_size` asks for: the card states the model's size."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    record = run_record(*arguments)
+    config = tiny_config("shaw")
+    assert record.tokenizer_vocab_size != config.vocab_size
+    card = hub.render_model_card(config, record)
+    assert (f"BPE vocabulary of {config.vocab_size} pieces ({record.tokenizer_vocab_size} asked for) trained on the "
+            "training split") in card
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "demo.yaml")
+    recipe_card = hub.render_model_card(hub.config_from_recipe(recipe), recipe)
+    assert f"BPE vocabulary of {recipe['tokenizer_vocab_size']} pieces trained on the training split" in recipe_card
+
+
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""
@@ -542,6 +556,19 @@ def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):
         listed |= {f"positions_{name}.py" for name in braces.split(",")}
     pushed = {name for name in hub.files_to_push(output_folder) if name.endswith(".py")} - {"pipeline_relpos.py"}
     assert pushed == listed, pushed ^ listed
+
+
+def test_a_failed_upload_on_the_command_line_is_one_error_line(output_folder, fake_hub, monkeypatch, capsys):
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("huggingface.co is unreachable")
+
+    monkeypatch.setattr(HfApi, "create_commit", unreachable)
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["push", str(output_folder), "me/tiny-shaw"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m hf_relpos.publish.hub push: error: pushing ") and "'me/tiny-shaw' failed (ConnectionError" in error
+    assert error.count("\n") == 1 and "Traceback" not in error
 
 
 @pytest.mark.parametrize("failing_call", ["create_repo", "create_commit"])

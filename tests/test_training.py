@@ -337,6 +337,27 @@ def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained,
     assert RelPosTransformerConfig.from_pretrained(tmp_path / "tuned").dropout == pytest.approx(0.2)
 
 
+def test_fine_tuning_with_a_recipe_that_sets_another_schemes_field(corpus, tmp_path, caplog):
+    """The Multi30k recipes set Shaw's max_relative_position whatever their scheme; a model of another scheme saves
+    no such field. Fine-tuning it with its recipe trains (the field is not passed on as an override), and evaluating
+    it warns of nothing."""
+    recipe_model = {**TINY_CONFIG["model"], "position_scheme": "directional"}
+    base = write_config(tmp_path / "base.yaml", corpus, tmp_path / "base", model=recipe_model, max_steps=1,
+                        do_eval=False, do_predict=False)
+    run([str(base)])
+    assert "max_relative_position" not in RelPosTransformerConfig.from_pretrained(tmp_path / "base").to_dict()
+    tuned = write_config(tmp_path / "tuned.yaml", corpus, tmp_path / "tuned", model=recipe_model, max_steps=1,
+                         do_eval=False, do_predict=False, model_name_or_path=str(tmp_path / "base"))
+    model_args, _, _ = parse_arguments([str(tuned)])
+    assert model_args.model_config == {}
+    run([str(tuned)])
+    assert load_file(tmp_path / "tuned" / "model.safetensors").keys() == load_file(
+        tmp_path / "base" / "model.safetensors").keys()
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
+        parse_arguments([str(tuned), "--do_train", "false", "--do_predict", "true", "--output_dir", str(tmp_path / "eval")])
+    assert not [record for record in caplog.records if record.name == "hf_relpos.translation.arguments"]
+
+
 @pytest.mark.parametrize(
     ("model_overrides", "message"),
     [
@@ -463,6 +484,7 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     provenance = json.loads((averaged_dir / "averaged_checkpoints.json").read_text())
     assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-200", "checkpoint-300",
                                                                         "checkpoint-1000"]
+    assert all(Path(path).is_absolute() for path in provenance["checkpoints"])   # readable from any directory
     with pytest.raises(ValueError, match="already exists and is not empty"):
         average_checkpoints(run_dir, last_n=2, output_dir=averaged_dir)
     with pytest.raises(ValueError, match="last_n=5 but only 4"):
@@ -753,6 +775,8 @@ def test_hf_relpos_average_writes_the_card_of_the_run_it_averages(tmp_path, corp
     average_main([str(output_dir), "--last_n", "2", "--output_dir", str(tmp_path / "averaged")])
     card = ModelCard.load(tmp_path / "averaged" / "README.md")
     assert card.data.language == ["en", "de"] and card.data.eval_results is None
+    assert "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below)." in card.text
+    assert "this run wrote no scores" not in card.text
     assert "## Checkpoint averaging" in card.text
     assert "parameter average of 2 checkpoint(s) (`checkpoint-3`, `checkpoint-6`) of `out`" in card.text
     assert "hf-relpos-train" in card.text or "train_translation.py" in card.text   # the run's command, from its record

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,6 +112,16 @@ def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorise
           "--no_progress", "--no_split_sentences"])
     whole = (tmp_path / "whole.txt").read_text(encoding="utf-8").splitlines()
     assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}"
+
+
+def test_the_progress_bar_counts_the_sentences_it_translates(memorised_model_folder, tmp_path, capsys):
+    """Lines split into sentences: the bar counts the sentences (4 here, the blank line generates nothing)."""
+    source_file = write_lines(tmp_path / "src.txt", [f"{SOURCES[0]} {SOURCES[1]} {SOURCES[2]}", "", SOURCES[3]])
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "hyp.txt")])
+    assert re.search(r"translating: 100%.* 4/4 .*sentence", capsys.readouterr().err)
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "whole.txt"),
+          "--no_split_sentences"])
+    assert re.search(r"translating: 100%.* 2/2 .*line", capsys.readouterr().err)
 
 
 def test_token_batches_hold_the_budget_and_cover_every_line():

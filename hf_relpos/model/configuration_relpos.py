@@ -228,14 +228,18 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     def _scheme_fields(self) -> tuple[SchemeField, ...]:
         """The config fields of the chosen scheme (none for a name that is not registered)."""
-        scheme_class = POSITION_SCHEMES.get(self.position_scheme) if isinstance(self.position_scheme, str) else None
-        return scheme_class.config_fields if scheme_class is not None else ()
+        return _fields_of_scheme(self.position_scheme)
+
+    @staticmethod
+    def held_fields(position_scheme: Any, values: dict[str, Any]) -> dict[str, Any]:
+        """`values` without the fields that a config of `position_scheme` drops: those other registered schemes
+        declare (a recipe may set Shaw's `max_relative_position` whatever its scheme)."""
+        own = {field.name for field in _fields_of_scheme(position_scheme)}
+        return {key: value for key, value in values.items() if key in own or key not in scheme_config_fields()}
 
     def to_dict(self) -> dict[str, Any]:
         """transformers' dict (what config.json holds), with the fields of the chosen scheme only."""
-        output = super().to_dict()
-        own = {field.name for field in self._scheme_fields()}
-        return {key: value for key, value in output.items() if key in own or key not in scheme_config_fields()}
+        return self.held_fields(self.position_scheme, super().to_dict())
 
     def _validate_relpos(self) -> None:
         """One clear ValueError per bad value, naming the field and what is allowed. The chosen scheme's fields that
@@ -295,6 +299,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for field in self._scheme_fields():
             field.check(getattr(self, field.name))
         get_scheme_class(self.position_scheme).check_config(self)
+
+
+def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:
+    """The config fields `position_scheme` declares (none for a name that is not registered)."""
+    scheme_class = POSITION_SCHEMES.get(position_scheme) if isinstance(position_scheme, str) else None
+    return scheme_class.config_fields if scheme_class is not None else ()
 
 
 def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:

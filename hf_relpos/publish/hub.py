@@ -192,12 +192,14 @@ def render_model_card(
     repo_id: str | None = None,
     recipe_name: str | None = None,
     published: bool = False,
+    unscored: str | None = None,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
     `config` is the model's config (or its config.json dict), `record` the run (`RunRecord`, or a configs/*.yaml dict
     read with `RunRecord.from_recipe`; None: not recorded), `results` maps "eval"/"test" to the dicts of
-    `{eval,test}_results.json`; `published`: the card goes with the trained weights to the Hub repository `repo_id`.
+    `{eval,test}_results.json`; `published`: the card goes with the trained weights to the Hub repository `repo_id`;
+    `unscored`: what the Results section says when it has no scores, in place of its own sentence.
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
@@ -212,9 +214,9 @@ def render_model_card(
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
-        _training_section(record if recorded else None, recipe_name),
+        _training_section(config, record if recorded else None, recipe_name),
         _results_section(record, results, trained=recorded and (bool(results) or record.training_seconds is not None),
-                         published_as=repo_id if published else None),
+                         published_as=repo_id if published else None, unscored=unscored),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang),
         _limitations_section(config, record),
         _citation_section(config),
@@ -371,7 +373,7 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 
-def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
+def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags); a recipe card names its
@@ -389,7 +391,7 @@ def _training_section(record: RunRecord | None, recipe_name: str | None) -> str:
         "## Training",
         "",
         f"Data: {_dataset_title(record)}, {_language(source)} (`{source}`) → {_language(target)} (`{target}`). "
-        + _tokenizer_sentence(record),
+        + _tokenizer_sentence(config, record),
         "",
         *([command, ""] if command else []),
         _record_table("Data", record, data_fields),
@@ -428,10 +430,14 @@ def _run_facts(record: RunRecord) -> str:
     return " ".join(facts)
 
 
-def _tokenizer_sentence(record: RunRecord) -> str:
+def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> str:
+    """How the run got its tokenizer; the vocabulary size is the model's (a corpus may give fewer pieces than the
+    run's `tokenizer_vocab_size` asked for)."""
     if record.tokenizer_name or record.model_name_or_path:
         return f"Tokenizer: reused from `{record.tokenizer_name or record.model_name_or_path}`."
-    return (f"Tokenizer: one joint source+target BPE vocabulary of {record.tokenizer_vocab_size} pieces trained "
+    asked = record.tokenizer_vocab_size
+    fewer = f" ({asked} asked for)" if asked is not None and asked != config.vocab_size else ""
+    return (f"Tokenizer: one joint source+target BPE vocabulary of {config.vocab_size} pieces{fewer} trained "
             "on the training split (NFC, SentencePiece-style ▁ word starts, `<pad>`=0, `</s>`=1, `<s>`=2, `<unk>`=3).")
 
 
@@ -448,7 +454,8 @@ def _spread(values: Sequence[float], digits: int = 2) -> str:
     return f"{mean:.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
-def _results_section(record: RunRecord, results: dict, trained: bool, published_as: str | None) -> str:
+def _results_section(record: RunRecord, results: dict, trained: bool, published_as: str | None,
+                     unscored: str | None = None) -> str:
     parts = ["## Results"]
     if results:
         rows = []
@@ -480,7 +487,9 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
             f"{measurement.setup}\n\nMean over seeds (min-max):\n\n"
             + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
     if not results and not record.measurements:
-        if trained:
+        if unscored is not None:
+            parts.append(unscored)
+        elif trained:
             parts.append("Not measured: this run wrote no scores.")
         elif record.dataset_name == "demo":
             parts.append("Not recorded: `make demo` trains this recipe in minutes and prints its scores; no run of it "
@@ -510,7 +519,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
 model = AutoModelForSeq2SeqLM.from_pretrained("{repo_id}")
 inputs = tokenizer(["{example}"], return_tensors="pt")
-output_ids = model.generate(**inputs, num_beams=4, max_new_tokens=128)
+output_ids = model.generate(**inputs)  # the saved decoding: beams, and a length cap relative to each source
 print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
 ```
 
@@ -705,7 +714,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             recipe_name = Path(args.recipe).stem if args.recipe else None
             print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
                                     private=args.private or None))
-    except (OSError, ValueError) as error:  # a missing or unsaved folder, a bad recipe, a refused upload
+    except (OSError, ValueError, HubPushError) as error:  # a missing or unsaved folder, a bad recipe, a failed upload
         parser.exit(2, f"{parser.prog} {args.command}: error: {' '.join(str(error).split())}\n")
 
 

@@ -91,7 +91,7 @@ def average_checkpoints(
         if _ships_remote_code(staging):
             add_translation_pipeline(staging)
             (staging / CARD_FILE).write_text(averaged_model_card(staging, checkpoints), encoding="utf-8")
-        provenance = {"checkpoints": [str(path) for path in checkpoints], "last_n": last_n}
+        provenance = {"checkpoints": [str(path.resolve()) for path in checkpoints], "last_n": last_n}
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return output_dir
 
@@ -103,10 +103,11 @@ def averaged_model_card(folder: Path, checkpoints: Sequence[Path]) -> str:
     config = RelPosTransformerConfig.from_pretrained(folder)
     record = training_record(checkpoints[-1].parent)
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
-    return (render_model_card(config, record).rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
+    unscored = "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below)."
+    return (render_model_card(config, record, unscored=unscored).rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
             f"These weights are the parameter average of {len(checkpoints)} checkpoint(s) ({names}) of "
-            f"`{checkpoints[-1].parent.name}`, written by hf-relpos-average and not evaluated since: the scores of "
-            "the training run, where the card shows any, are those of its own final weights. Score these with "
+            f"`{checkpoints[-1].parent.name}`, written by hf-relpos-average and not evaluated since: the scores the "
+            "training run wrote are those of its own final weights. Score these with "
             "`hf-relpos-translate FOLDER --input SOURCES --reference REFERENCES`.\n")
 
 

@@ -57,9 +57,10 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 def translate_lines(
     lines: Sequence[str], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096,
-    progress: bool = True, **generate_kwargs,
+    progress: bool = True, unit: str = "line", **generate_kwargs,
 ) -> list[str]:
-    """One translation per line, in order; blank lines give "" (nothing is generated for them)."""
+    """One translation per line, in order; blank lines give "" (nothing is generated for them). The progress bar
+    counts `unit`s: the lines given (sentences, when they are the sentences of the input's lines)."""
     wanted = [index for index, line in enumerate(lines) if line.strip()]
     translations = [""] * len(lines)
     if not wanted:
@@ -67,7 +68,7 @@ def translate_lines(
     encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
     cut = 0
     eos_token_id = model.generation_config.eos_token_id
-    with tqdm(total=len(wanted), desc="translating", unit="line", file=sys.stderr, disable=not progress) as bar:
+    with tqdm(total=len(wanted), desc="translating", unit=unit, file=sys.stderr, disable=not progress) as bar:
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
             inputs = inputs.to(model.device)
@@ -249,7 +250,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                        "source-relative cap\n")
 
     def translate(lines: list[str]) -> list[str]:
-        return translate_lines(lines, model, tokenizer, args.max_tokens, not args.no_progress, **generate_kwargs)
+        return translate_lines(lines, model, tokenizer, args.max_tokens, not args.no_progress,
+                               "sentence" if args.split_sentences else "line", **generate_kwargs)
 
     translations = translate_by_sentence(sources, translate) if args.split_sentences else translate(sources)
     text = "".join(line + "\n" for line in translations)

@@ -667,7 +667,8 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
         raise ConfigError(f"{MODEL_SECTION}: {error}") from None
     except OSError as error:
         raise ConfigError(f"model_name_or_path: {error}") from None
-    requested = model_args.model_config
+    requested = RelPosTransformerConfig.held_fields(
+        model_args.model_config.get("position_scheme", saved.position_scheme), model_args.model_config)
     if not training:
         from_command_line = from_command_line or set()
         ignored = {name: value for name, value in requested.items()
@@ -698,6 +699,13 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
 
 def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
     return RelPosTransformerConfig.from_dict({**config.to_dict(), **overrides})
+
+
+def saved_config_with_overrides(model_args: ModelArguments) -> RelPosTransformerConfig:
+    """The config a run with `model_name_or_path` builds its model from: the saved one with the overrides that
+    `check_model_config` left in `model_args.model_config`, built whole (a scheme's fields with its defaults)."""
+    saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    return _with_overrides(saved, model_args.model_config)
 
 
 def _changes_shapes(saved: RelPosTransformerConfig, name: str, value: Any,

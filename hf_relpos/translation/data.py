@@ -179,6 +179,11 @@ class DataArguments:
         return any((self.train_file, self.validation_file, self.test_file))
 
 
+# what reads each split (training_args' flags, as data_preparation.splits_to_read applies them)
+SPLIT_USES = {"train": "do_train", "validation": "do_eval, or evaluation during training unless eval_strategy is 'no'",
+              "test": "do_predict"}
+
+
 def local_split_files(
     data_args: DataArguments, splits: tuple[str, ...], demo_directory: str | os.PathLike
 ) -> dict[str, str] | None:
@@ -197,7 +202,8 @@ def local_split_files(
     missing = [split for split in splits if files.get(split) is None]
     if missing:
         needed = " or ".join(f"{split}_file" for split in missing)
-        raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) but no {needed} was given")
+        uses = "; ".join(f"{split}: {SPLIT_USES[split]}" for split in missing)
+        raise DatasetSchemaError(f"the run needs the {', '.join(missing)} split(s) ({uses}) but no {needed} was given")
     return {split: files[split] for split in splits}
 
 

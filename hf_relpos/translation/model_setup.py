@@ -14,7 +14,13 @@ from transformers import GenerationConfig, PreTrainedTokenizerBase
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
-from .arguments import MODEL_SECTION, ConfigError, ModelArguments, TranslationTrainingArguments
+from .arguments import (
+    MODEL_SECTION,
+    ConfigError,
+    ModelArguments,
+    TranslationTrainingArguments,
+    saved_config_with_overrides,
+)
 from .data import DataArguments
 from .tokenization import special_token_ids
 
@@ -67,7 +73,8 @@ def build_model(
     if model_args.model_name_or_path is not None:
         try:
             model = RelPosTransformerForConditionalGeneration.from_pretrained(
-                model_args.model_name_or_path, cache_dir=model_args.cache_dir, **kernel, **model_args.model_config
+                model_args.model_name_or_path, config=saved_config_with_overrides(model_args),
+                cache_dir=model_args.cache_dir, **kernel
             )
         except SafetensorError as error:
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: its weights file is corrupt or "
@@ -155,8 +162,7 @@ def estimated_weight_bytes(model_args: ModelArguments) -> int | None:
         if model_args.model_name_or_path is None:
             config = RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
         else:
-            config = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path,
-                                                             cache_dir=model_args.cache_dir, **model_args.model_config)
+            config = saved_config_with_overrides(model_args)
     except (OSError, ValueError, TypeError):
         return None
     return sum(parameter.numel() * parameter.element_size() for parameter in meta_model(config).parameters())
