@@ -4,8 +4,10 @@ converted folder fine-tunes with train_translation.py as it is."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -253,6 +255,20 @@ def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, caps
     with pytest.raises(ValueError, match="exists and is not empty"):
         convert_marian(marian_folder / "model", output, "absolute")
     assert [path.name for path in tmp_path.iterdir()] == ["out"] and [p.name for p in output.iterdir()] == ["keep.txt"]
+
+
+def test_a_marian_folder_without_tokenizer_files_is_one_error_naming_them(marian_folder, tmp_path, capsys):
+    folder = tmp_path / "weights_only"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copyfile(marian_folder / "model" / name, folder / name)
+    assert main(["marian", str(folder), str(tmp_path / "out"), "--position_scheme", "shaw"]) == 2
+    error = capsys.readouterr().err
+    assert "cannot load its tokenizer" in error and error.count("\n") == 1
+    if importlib.util.find_spec("sentencepiece") is not None:   # else the error names the missing package
+        assert "MarianTokenizer needs source.spm, target.spm, vocab.json; the folder lacks source.spm, target.spm, " \
+               "vocab.json" in error
+    assert not (tmp_path / "out").exists()
 
 
 def test_finetune_recipe_parses_and_names_no_architecture(marian_folder, tmp_path):

@@ -295,15 +295,80 @@ def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(to
 
 
 def test_sampling_settings_are_refused(exported, tokenizer, tmp_path):
+    """do_sample true is refused; set false, as generate's default, it exports."""
     model, _, _ = exported["absolute"]
+    saved = copy.deepcopy(model.generation_config)
     model.generation_config.do_sample = True
     try:
         folder = save(model, tokenizer, tmp_path / "model")
-    finally:
         model.generation_config.do_sample = False
+        greedy_folder = save(model, tokenizer, tmp_path / "greedy")
+    finally:
+        model.generation_config = saved
     with pytest.raises(ExportError, match="^generation_config do_sample True cannot be exported"):
         export_ctranslate2(folder, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()
+    assert is_ctranslate2_folder(export_ctranslate2(greedy_folder, tmp_path / "ct2_greedy"))
+
+
+def test_generation_settings_the_engine_lacks_are_named_together(exported, tokenizer, tmp_path):
+    model, _, _ = exported["absolute"]
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.forced_bos_token_id, model.generation_config.encoder_no_repeat_ngram_size = 5, 2
+    try:
+        folder = save(model, tokenizer, tmp_path / "model")
+    finally:
+        model.generation_config = saved
+    with pytest.raises(ExportError, match=r"^generation_config forced_bos_token_id 5, encoder_no_repeat_ngram_size 2 "
+                                          r"cannot be exported: .*remove them from generation_config\.json"):
+        export_ctranslate2(folder, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_a_forced_token_other_than_the_end_token_is_refused(exported, tokenizer, tmp_path):
+    model, _, _ = exported["absolute"]
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.forced_eos_token_id = tokenizer.pad_token_id
+    try:
+        folder = save(model, tokenizer, tmp_path / "model")
+    finally:
+        model.generation_config = saved
+    with pytest.raises(ExportError, match=rf"^generation_config forced_eos_token_id {tokenizer.pad_token_id} cannot be "
+                                          r"exported: it is not an end token"):
+        export_ctranslate2(folder, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
+def test_marians_forced_end_token_and_banned_words_export_and_decode_as_generate(exported, tokenizer, tmp_path):
+    """MarianMT's generation configs (kept by a converted model) force the end token at max_length
+    (`forced_eos_token_id` = eos) and ban tokens (`bad_words_ids`): the export keeps both, and greedy decoding gives
+    generate's ids, rows cut at the ceiling (the end token forced) included; beam search, below the ceiling, gives
+    generate's with renormalize_logits=True (the engine bans before the softmax)."""
+    model, _, _ = exported["shaw"]
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        plain = model.generate(**inputs, num_beams=1)
+    frequent = torch.bincount(plain[:, 1:].flatten(), minlength=len(tokenizer))
+    frequent[[tokenizer.eos_token_id, tokenizer.pad_token_id]] = 0
+    banned = int(frequent.argmax())
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.forced_eos_token_id = tokenizer.eos_token_id
+    model.generation_config.bad_words_ids = [[banned], [tokenizer.pad_token_id]]
+    model.generation_config.max_new_tokens = 8
+    try:
+        folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+        engine = CTranslate2Model(folder, threads=1)
+        with torch.no_grad():
+            greedy = model.generate(**inputs, num_beams=1)
+            beam = model.generate(**inputs, num_beams=4, max_new_tokens=60, renormalize_logits=True)
+    finally:
+        model.generation_config = saved
+    assert banned in plain.flatten().tolist() and banned not in greedy.flatten().tolist()
+    assert greedy.size(1) == 1 + 8 and (greedy[:, -1] == tokenizer.eos_token_id).sum() > 0   # forced at the ceiling
+    assert torch.equal(engine.generate(**inputs, num_beams=1), greedy)
+    assert tokenizer.batch_decode(engine.generate(**inputs, num_beams=4, max_new_tokens=60),
+                                  skip_special_tokens=True) == (
+        tokenizer.batch_decode(beam, skip_special_tokens=True))
 
 
 def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch):

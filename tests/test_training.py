@@ -508,6 +508,20 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
 
 
+@pytest.mark.parametrize(("schedule", "goal"), [({"max_steps": 4}, "max_steps=4"),
+                                              ({"max_steps": -1, "num_train_epochs": 1}, "num_train_epochs=1")])
+def test_resuming_a_run_that_trained_all_its_steps_is_refused(tmp_path, corpus, schedule, goal):
+    """The Trainer would train one step past the end and replace the final model: one error, nothing changed."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, max_train_samples=40, **schedule)
+    run([str(config)])
+    final = (tmp_path / "out" / "model.safetensors").read_bytes()
+    with pytest.raises(ConfigError, match=rf"resume_from_checkpoint: '.*checkpoint-\d+' has already trained {goal} "
+                                          rf"\(step \d+, epoch [\d.]+\): raise {goal.split('=')[0]} to train on"):
+        run([str(config), "--resume_from_checkpoint", "last"])
+    assert (tmp_path / "out" / "model.safetensors").read_bytes() == final
+
+
 @pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],
                          ids=["sorted-batches", "pooled-batches"])
 def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):

@@ -3,6 +3,7 @@ against references with sacreBLEU and chrF."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import pytest
 import torch
 from conftest import MEMORISED_PAIRS
 
-from hf_relpos.tools.translate import main, token_batches
+from hf_relpos.tools.translate import main, read_lines, token_batches
 from hf_relpos.translation.metrics import score_translations
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,6 +56,34 @@ def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split("\n") == [*TARGETS, ""]
     assert completed.stderr == ""
+
+
+def test_lines_are_read_as_the_training_app_reads_a_data_file():
+    """A byte order mark dropped, split at "\n" only with a "\r" before it dropped (a stray "\r" stays in its line),
+    a final "\n" starting no line: as many lines as `wc -l` counts."""
+    assert read_lines(b"") == [] and read_lines(b"\n") == [""] and read_lines(b"a") == ["a"]
+    assert read_lines("\ufeffA dog.\r\n\r\nA cat\rsits.\nLast".encode()) == ["A dog.", "", "A cat\rsits.", "Last"]
+    with pytest.raises(UnicodeDecodeError):
+        read_lines(b"\xff\n")
+
+
+def test_a_file_and_stdin_with_windows_line_ends_and_a_bom_translate_as_the_plain_file(memorised_model_folder,
+                                                                                       tmp_path, capsys, monkeypatch):
+    plain = write_lines(tmp_path / "plain.txt", SOURCES)
+    windows = tmp_path / "windows.txt"
+    windows.write_bytes(("\ufeff" + "".join(line + "\r\n" for line in SOURCES)).encode("utf-8"))
+    main([str(memorised_model_folder), "--no_progress", str(plain)])   # the input file after an option
+    expected = capsys.readouterr().out
+    assert expected.splitlines() == TARGETS
+    main([str(memorised_model_folder), str(windows), "--no_progress", "--no_split_sentences"])
+    assert capsys.readouterr().out == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(windows.read_bytes())))
+    main([str(memorised_model_folder), "--no_progress", "--no_split_sentences"])
+    assert capsys.readouterr().out == expected
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A dog\xff\n")))
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), "--no_progress"])
+    assert capsys.readouterr().err.startswith("hf-relpos-translate: error: stdin: 'utf-8' codec can't decode")
 
 
 def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):

@@ -383,9 +383,11 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
                if recipe_name else None)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
-    if not _on_hub(record):   # the data table lists what the run read: no dataset it did not load
-        unread = {"dataset_config_name", *(["dataset_name"] if _uses_local_files(record) else [])}
-        data_fields = tuple(name for name in data_fields if name not in unread)
+    unread = set() if _on_hub(record) else {   # the data table lists what the run read: no dataset it did not load
+        "dataset_config_name", *(["dataset_name"] if _uses_local_files(record) else [])}
+    if _reuses_tokenizer(record):   # no tokenizer trained: the size a new one would have asked for does not apply
+        unread.add("tokenizer_vocab_size")
+    data_fields = tuple(name for name in data_fields if name not in unread)
     run_facts = _run_facts(record)
     lines = [
         "## Training",
@@ -430,10 +432,14 @@ def _run_facts(record: RunRecord) -> str:
     return " ".join(facts)
 
 
+def _reuses_tokenizer(record: RunRecord) -> bool:
+    return bool(record.tokenizer_name or record.model_name_or_path)
+
+
 def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> str:
     """How the run got its tokenizer; the vocabulary size is the model's (a corpus may give fewer pieces than the
     run's `tokenizer_vocab_size` asked for)."""
-    if record.tokenizer_name or record.model_name_or_path:
+    if _reuses_tokenizer(record):
         return f"Tokenizer: reused from `{record.tokenizer_name or record.model_name_or_path}`."
     asked = record.tokenizer_vocab_size
     fewer = f" ({asked} asked for)" if asked is not None and asked != config.vocab_size else ""

@@ -51,6 +51,8 @@ FIELDS_FROM_MARIAN = (
     "layer_norm_position",
 )
 # Marian's module names that differ from ours.
+# the files of a MarianMT folder's own tokenizer (MarianTokenizer), which its converted model keeps
+MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
 
 
@@ -205,7 +207,11 @@ def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTMo
 def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(str(source))
-    except (OSError, ValueError, ImportError) as error:
+    except (OSError, ValueError, ImportError, TypeError) as error:
+        folder = Path(source)
+        missing = [name for name in MARIAN_TOKENIZER_FILES if not (folder / name).is_file()] if folder.is_dir() else []
+        if isinstance(error, TypeError) and missing:   # MarianTokenizer given no path for a file it needs
+            error = f"MarianTokenizer needs {', '.join(MARIAN_TOKENIZER_FILES)}; the folder lacks {', '.join(missing)}"
         raise ValueError(f"{source}: cannot load its tokenizer, which the converted model needs ({error}); "
                          "Marian's own tokenizer (MarianTokenizer) needs sentencepiece: pip install '.[marian]' in "
                          "the hf_relpos checkout") from None

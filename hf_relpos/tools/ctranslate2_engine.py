@@ -10,7 +10,8 @@ greedy decoding, and beam search with `early_stopping=True`, give the same lines
 (max_len_b) the PyTorch model forces the end token as a row's `limit`-th new token: the engine decodes at most
 `limit - 1` tokens and appends the end token to a row that did not end, which is greedy decoding's result exactly;
 in beam search the forced end token's score is not part of the engine's ranking, so a capped row (one
-`hf-relpos-translate` warns about) can differ.
+`hf-relpos-translate` warns about) can differ. A `forced_eos_token_id` that is an end token (MarianMT's generation
+configs set one) forces it the same way at the ceiling; `bad_words_ids` are translate_batch's `suppress_sequences`.
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ class CTranslate2Model:
         min_new = config.min_new_tokens if config.min_new_tokens is not None else max((config.min_length or 0) - 1, 0)
         if config.do_sample:
             raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
-        return {
+        options = {
             "beam_size": config.num_beams or 1,
             "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
             "max_decoding_length": max(1, max_decoding_length),
@@ -103,6 +104,13 @@ class CTranslate2Model:
             "repetition_penalty": float(config.repetition_penalty or 1.0),
             "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
         }
+        if config.bad_words_ids:
+            options["suppress_sequences"] = [[self.tokens[token] for token in ids] for ids in config.bad_words_ids]
+        return options
+
+    def forces_end_token(self, **settings: Any) -> bool:
+        """Whether generate forces the end token as the last new token it allows (`forced_eos_token_id`)."""
+        return self.length_config(**settings).forced_eos_token_id in self.end_token_ids
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **settings: Any) -> torch.Tensor:
@@ -125,7 +133,10 @@ class CTranslate2Model:
                              f"cap of {options['max_decoding_length']}")
         sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
                    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
-        caps = [options["max_decoding_length"] + 1] * len(sources) if limits is None else limits.tolist()
+        forced_end = limits is not None or self.forces_end_token(**settings)
+        if limits is None:   # the ceiling: as a cap whose last new token is forced only with forced_eos_token_id
+            limits = torch.full((len(sources),), options["max_decoding_length"] + (0 if forced_end else 1))
+        caps = limits.tolist()
         outputs: list[list[int]] = [[] for _ in sources]
         for cap in sorted(set(caps)):
             group = [index for index, row_cap in enumerate(caps) if row_cap == cap]
@@ -136,7 +147,7 @@ class CTranslate2Model:
                        "min_decoding_length": min(options["min_decoding_length"], cap - 1)}))]
             for index, tokens in zip(group, hypotheses, strict=True):
                 new_ids = [self.token_ids[token] for token in tokens]
-                if limits is not None and (not new_ids or new_ids[-1] not in self.end_token_ids):
+                if forced_end and (not new_ids or new_ids[-1] not in self.end_token_ids):
                     new_ids.append(self.end_token_ids[0])   # the model forces the end token as new token number `cap`
                 outputs[index] = [self.start_token_id, *new_ids]
         pad = self.generation_config.pad_token_id or 0

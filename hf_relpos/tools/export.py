@@ -61,10 +61,12 @@ REFUSED_SCHEMES = {
                    "specification",
     "alibi": "CTranslate2's ALiBi is causal (decoder-only models); this model's encoder adds the symmetric -m |i - j|",
 }
-# generate() settings CTranslate2's translate_batch has no option for: exported only at their defaults.
+# generate() settings CTranslate2's translate_batch has no option for: exported only at their defaults. (The engine
+# maps `bad_words_ids` to translate_batch's suppress_sequences, and a `forced_eos_token_id` that is an end token (as
+# in MarianMT's generation configs) to the end token it appends at the length cap.)
 UNSUPPORTED_GENERATION = ("do_sample", "num_beam_groups", "diversity_penalty", "forced_bos_token_id",
-                          "forced_eos_token_id", "bad_words_ids", "exponential_decay_length_penalty",
-                          "encoder_no_repeat_ngram_size", "constraints", "force_words_ids")
+                          "exponential_decay_length_penalty", "encoder_no_repeat_ngram_size", "constraints",
+                          "force_words_ids")
 
 
 class ExportError(ValueError):
@@ -110,11 +112,17 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
             raise ExportError(f"{name} {getattr(config, name)!r} cannot be exported to CTranslate2: {reason}")
     if generation is not None:
         default = GenerationConfig()
-        for name in UNSUPPORTED_GENERATION:
-            value = getattr(generation, name, None)
-            if value not in (None, getattr(default, name, None)):
-                raise ExportError(f"generation_config {name} {value!r} cannot be exported: CTranslate2's "
-                                  "translate_batch has no such option")
+        unsupported = [f"{name} {value!r}" for name in UNSUPPORTED_GENERATION   # False, 0: off, as their default
+                       if (value := getattr(generation, name, None)) not in (None, False, getattr(default, name, None))]
+        if unsupported:
+            raise ExportError(f"generation_config {', '.join(unsupported)} cannot be exported: CTranslate2's "
+                              "translate_batch has no such option; remove them from generation_config.json to "
+                              "export")
+        forced_end, end = generation.forced_eos_token_id, generation.eos_token_id
+        if forced_end is not None and forced_end not in (end if isinstance(end, list) else [end]):
+            raise ExportError(f"generation_config forced_eos_token_id {forced_end!r} cannot be exported: it is not "
+                              f"an end token (eos_token_id {end!r}), which is all the engine can force at the length "
+                              "cap")
 
 
 def _array(tensor: torch.Tensor) -> Any:

@@ -22,7 +22,6 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TextIO
 
 import torch
 from tqdm import tqdm
@@ -33,6 +32,7 @@ from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..translation.arguments import attention_implementations, check_attn_implementation
 from ..translation.batching import cut_token_batches
+from ..translation.data import BYTE_ORDER_MARK
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
@@ -43,9 +43,14 @@ PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
 
 
-def read_lines(handle: TextIO) -> list[str]:
-    """The lines of a text stream without their line ends (a final newline ends the last line, it starts none)."""
-    return [line.removesuffix("\n") for line in handle]
+def read_lines(data: bytes) -> list[str]:
+    """The lines of UTF-8 text, read as the training app reads a plain-text data file: a byte order mark at the start
+    dropped, split at "\n" only (a final "\n" ends the last line, it starts none), a "\r" before it dropped; a stray
+    "\r" inside a line stays in it. So a file gives as many lines as `wc -l` counts, from a file or from stdin."""
+    lines = data.decode("utf-8").removeprefix(BYTE_ORDER_MARK).split("\n")
+    if lines[-1] == "":
+        lines.pop()
+    return [line.removesuffix("\r") for line in lines]
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -198,7 +203,7 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
 
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)   # the input file may come after options
     if args.input_file is not None:
         if args.input is not None and args.input != args.input_file:
             parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
@@ -219,12 +224,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path is not None:
             try:
-                with open(path, encoding="utf-8") as handle:
-                    texts[flag] = read_lines(handle)
+                texts[flag] = read_lines(Path(path).read_bytes())
             except (OSError, ValueError) as error:
                 reason = error.strerror if isinstance(error, OSError) and error.strerror else error
                 parser.exit(2, f"{PROGRAM}: error: {flag} {path!r}: {' '.join(str(reason).split())}\n")
-    sources = texts["--input"] if args.input is not None else read_lines(sys.stdin)
+    if args.input is None:
+        try:
+            texts["--input"] = read_lines(sys.stdin.buffer.read())
+        except ValueError as error:
+            parser.exit(2, f"{PROGRAM}: error: stdin: {' '.join(str(error).split())}\n")
+    sources = texts["--input"]
     references = texts.get("--reference")
     if references is not None and len(references) != len(sources):
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")

@@ -6,6 +6,7 @@ checkpoint a run resumes from, and the report of each stage: metrics logged and 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -358,15 +359,28 @@ def _last_complete_checkpoint(output_dir: str, setting: str) -> Path:
 
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
-    (a checkpoint whose writing was cut short is skipped)."""
+    (a checkpoint whose writing was cut short is skipped). A training run refuses a checkpoint that has already
+    trained all the run's steps (the Trainer would train one step more and replace the final model)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
         return None
     if resume_from.lower() in ("true", "last"):
-        return str(_last_complete_checkpoint(training_args.output_dir, resume_from))
-    if not os.path.isdir(resume_from):
+        resume_from = str(_last_complete_checkpoint(training_args.output_dir, resume_from))
+    elif not os.path.isdir(resume_from):
         raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder")
-    if not is_complete_checkpoint(resume_from):
+    elif not is_complete_checkpoint(resume_from):
         raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a complete checkpoint (its "
                           f"{TRAINER_STATE_FILE}, written last, is missing or cut short); use an older checkpoint")
+    if training_args.do_train:
+        state = json.loads((Path(resume_from) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
+        if training_args.max_steps > 0:
+            finished, goal = step >= training_args.max_steps, f"max_steps={training_args.max_steps}"
+        else:
+            finished, goal = epoch >= training_args.num_train_epochs, f"num_train_epochs={training_args.num_train_epochs:g}"
+        if finished:
+            raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already trained {goal} (step {step}, "
+                              f"epoch {epoch:g}): raise {goal.split('=')[0]} to train on, or score the run's model "
+                              "with --do_train false")
+        logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
