@@ -311,30 +311,22 @@ def test_sampling_settings_are_refused(exported, tokenizer, tmp_path):
     assert is_ctranslate2_folder(export_ctranslate2(greedy_folder, tmp_path / "ct2_greedy"))
 
 
-def test_generation_settings_the_engine_lacks_are_named_together(exported, tokenizer, tmp_path):
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"forced_bos_token_id": 5, "encoder_no_repeat_ngram_size": 2},   # every one named, in one line
+     r"^generation_config forced_bos_token_id 5, encoder_no_repeat_ngram_size 2 cannot be exported: .*remove them from "
+     r"generation_config\.json"),
+    ({"forced_eos_token_id": 0}, r"^generation_config forced_eos_token_id 0 cannot be exported: it is not an end token"),
+])
+def test_generation_settings_the_engine_lacks_are_refused(exported, tokenizer, tmp_path, settings, message):
     model, _, _ = exported["absolute"]
+    assert tokenizer.pad_token_id == 0 != tokenizer.eos_token_id
     saved = copy.deepcopy(model.generation_config)
-    model.generation_config.forced_bos_token_id, model.generation_config.encoder_no_repeat_ngram_size = 5, 2
+    model.generation_config.update(**settings)
     try:
         folder = save(model, tokenizer, tmp_path / "model")
     finally:
         model.generation_config = saved
-    with pytest.raises(ExportError, match=r"^generation_config forced_bos_token_id 5, encoder_no_repeat_ngram_size 2 "
-                                          r"cannot be exported: .*remove them from generation_config\.json"):
-        export_ctranslate2(folder, tmp_path / "ct2")
-    assert not (tmp_path / "ct2").exists()
-
-
-def test_a_forced_token_other_than_the_end_token_is_refused(exported, tokenizer, tmp_path):
-    model, _, _ = exported["absolute"]
-    saved = copy.deepcopy(model.generation_config)
-    model.generation_config.forced_eos_token_id = tokenizer.pad_token_id
-    try:
-        folder = save(model, tokenizer, tmp_path / "model")
-    finally:
-        model.generation_config = saved
-    with pytest.raises(ExportError, match=rf"^generation_config forced_eos_token_id {tokenizer.pad_token_id} cannot be "
-                                          r"exported: it is not an end token"):
+    with pytest.raises(ExportError, match=message):
         export_ctranslate2(folder, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()
 
