@@ -50,9 +50,9 @@ FIELDS_FROM_MARIAN = (
       if name not in ("dropout", "attention_dropout", "activation_dropout", "init_std", "use_cache")),
     "layer_norm_position",
 )
-# Marian's module names that differ from ours.
 # the files of a MarianMT folder's own tokenizer (MarianTokenizer), which its converted model keeps
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
+# Marian's module names that differ from ours.
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
 
 

@@ -375,12 +375,13 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
         state = json.loads((Path(resume_from) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
         if training_args.max_steps > 0:
-            finished, goal = step >= training_args.max_steps, f"max_steps={training_args.max_steps}"
+            field, goal, reached = "max_steps", f"{training_args.max_steps}", step >= training_args.max_steps
         else:
-            finished, goal = epoch >= training_args.num_train_epochs, f"num_train_epochs={training_args.num_train_epochs:g}"
-        if finished:
-            raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already trained {goal} (step {step}, "
-                              f"epoch {epoch:g}): raise {goal.split('=')[0]} to train on, or score the run's model "
-                              "with --do_train false")
+            field, goal, reached = ("num_train_epochs", f"{training_args.num_train_epochs:g}",
+                                    epoch >= training_args.num_train_epochs)
+        if reached:
+            raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already trained {field}={goal} (step "
+                              f"{step}, epoch {epoch:g}): raise {field} to train on, or score the run's model with "
+                              "--do_train false")
         logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
