@@ -16,6 +16,7 @@ from hf_relpos.translation.data import (
     read_local_pairs,
     restore_order,
     sort_by_source_length,
+    text_lines,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
     with_concatenated_pairs,
@@ -427,6 +428,19 @@ def test_plain_text_that_is_not_utf8_names_file_and_line(tmp_path):
     (tmp_path / "train.de").write_bytes("Eine Katze.\nGr\xf6\xdfe\n".encode("latin-1"))
     with pytest.raises(DatasetSchemaError, match=r"train\.de:2: not UTF-8 text"):
         read_local_pairs(prefix, "en", "de")
+
+
+def test_text_in_memory_gives_the_lines_of_the_same_bytes_read_as_a_file(tmp_path):
+    """`text_lines` (stdin, `hf-relpos-translate`'s files) and a data file's reader: a byte order mark dropped, split at
+    "\n" only with a "\r" before it dropped (a stray "\r" stays in its line), a final "\n" starting no line."""
+    assert text_lines(b"", "stdin") == [] and text_lines(b"\n", "stdin") == [""] and text_lines(b"a", "x") == ["a"]
+    data = "\ufeffA dog.\r\n\r\nA cat\rsits.\nLast".encode()
+    assert text_lines(data, "stdin") == ["A dog.", "", "A cat\rsits.", "Last"]
+    (tmp_path / "test.en").write_bytes(data)
+    assert read_local_pairs(tmp_path / "test", "en", "de", allow_source_only=True)["source"] == text_lines(data, "x")
+    with pytest.raises(DatasetSchemaError, match=r"^stdin:2: not UTF-8 text \(invalid start byte at byte 2 of the "
+                                                 r"line\)$"):
+        text_lines(b"A.\nGr\xff\n", "stdin")
 
 
 def test_plain_text_empty_lines_stay_aligned_and_training_drops_them(tmp_path, tokenizer):

@@ -16,7 +16,7 @@ import pytest
 import torch
 from conftest import MEMORISED_PAIRS
 
-from hf_relpos.tools.translate import main, read_lines, token_batches
+from hf_relpos.tools.translate import main, token_batches
 from hf_relpos.translation.metrics import score_translations
 
 REPO = Path(__file__).resolve().parents[1]
@@ -58,15 +58,6 @@ def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
     assert completed.stderr == ""
 
 
-def test_lines_are_read_as_the_training_app_reads_a_data_file():
-    """A byte order mark dropped, split at "\n" only with a "\r" before it dropped (a stray "\r" stays in its line),
-    a final "\n" starting no line: as many lines as `wc -l` counts."""
-    assert read_lines(b"") == [] and read_lines(b"\n") == [""] and read_lines(b"a") == ["a"]
-    assert read_lines("\ufeffA dog.\r\n\r\nA cat\rsits.\nLast".encode()) == ["A dog.", "", "A cat\rsits.", "Last"]
-    with pytest.raises(UnicodeDecodeError):
-        read_lines(b"\xff\n")
-
-
 def test_a_file_and_stdin_with_windows_line_ends_and_a_bom_translate_as_the_plain_file(memorised_model_folder,
                                                                                        tmp_path, capsys, monkeypatch):
     plain = write_lines(tmp_path / "plain.txt", SOURCES)
@@ -80,10 +71,15 @@ def test_a_file_and_stdin_with_windows_line_ends_and_a_bom_translate_as_the_plai
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(windows.read_bytes())))
     main([str(memorised_model_folder), "--no_progress", "--no_split_sentences"])
     assert capsys.readouterr().out == expected
-    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A dog\xff\n")))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"A dog.\nA cat\xff\n")))
     with pytest.raises(SystemExit):
         main([str(memorised_model_folder), "--no_progress"])
-    assert capsys.readouterr().err.startswith("hf-relpos-translate: error: stdin: 'utf-8' codec can't decode")
+    assert capsys.readouterr().err.startswith("hf-relpos-translate: error: stdin:2: not UTF-8 text (")
+    invalid = tmp_path / "invalid.txt"
+    invalid.write_bytes(b"A dog.\nA cat\xff\n")
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), "--no_progress", str(invalid)])
+    assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {invalid}:2: not UTF-8 text (")
 
 
 def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):

@@ -32,7 +32,7 @@ from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..translation.arguments import attention_implementations, check_attn_implementation
 from ..translation.batching import cut_token_batches
-from ..translation.data import BYTE_ORDER_MARK
+from ..translation.data import DatasetSchemaError, text_lines
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
@@ -41,16 +41,6 @@ from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
-
-
-def read_lines(data: bytes) -> list[str]:
-    """The lines of UTF-8 text, read as the training app reads a plain-text data file: a byte order mark at the start
-    dropped, split at "\n" only (a final "\n" ends the last line, it starts none), a "\r" before it dropped; a stray
-    "\r" inside a line stays in it. So a file gives as many lines as `wc -l` counts, from a file or from stdin."""
-    lines = data.decode("utf-8").removeprefix(BYTE_ORDER_MARK).split("\n")
-    if lines[-1] == "":
-        lines.pop()
-    return [line.removesuffix("\r") for line in lines]
 
 
 def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -224,15 +214,16 @@ def main(argv: Sequence[str] | None = None) -> None:
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path is not None:
             try:
-                texts[flag] = read_lines(Path(path).read_bytes())
-            except (OSError, ValueError) as error:
-                reason = error.strerror if isinstance(error, OSError) and error.strerror else error
-                parser.exit(2, f"{PROGRAM}: error: {flag} {path!r}: {' '.join(str(reason).split())}\n")
+                texts[flag] = text_lines(Path(path).read_bytes(), path)
+            except OSError as error:
+                parser.exit(2, f"{PROGRAM}: error: {flag} {path!r}: {' '.join(str(error.strerror or error).split())}\n")
+            except DatasetSchemaError as error:
+                parser.exit(2, f"{PROGRAM}: error: {flag} {error}\n")
     if args.input is None:
         try:
-            texts["--input"] = read_lines(sys.stdin.buffer.read())
-        except ValueError as error:
-            parser.exit(2, f"{PROGRAM}: error: stdin: {' '.join(str(error).split())}\n")
+            texts["--input"] = text_lines(sys.stdin.buffer.read(), "stdin")
+        except DatasetSchemaError as error:
+            parser.exit(2, f"{PROGRAM}: error: {error}\n")
     sources = texts["--input"]
     references = texts.get("--reference")
     if references is not None and len(references) != len(sources):

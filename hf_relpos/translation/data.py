@@ -578,7 +578,7 @@ def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
             progress.update(len(block))
             data = carry + block
             if at_start:
-                data, at_start = data.removeprefix(BYTE_ORDER_MARK.encode("utf-8")), False
+                data, at_start = _without_byte_order_mark(data), False
             cut = data.rfind(b"\n") + 1 if block else len(data)
             if block and cut == 0:  # one line longer than the chunk: read on
                 carry = data
@@ -592,7 +592,19 @@ def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
                 return
 
 
-def _split_lines(piece: bytes, path: Path, first_line: int) -> pa.Array:
+def text_lines(data: bytes, name: str) -> list[str]:
+    """The lines of UTF-8 text held in memory (stdin, a small file), by `_line_chunks`' rule for data files; an
+    invalid line is an error naming it as "NAME:LINE"."""
+    data = _without_byte_order_mark(data)
+    return _split_lines(data, name, 1).to_pylist() if data else []
+
+
+def _without_byte_order_mark(data: bytes) -> bytes:
+    """`data` without the UTF-8 byte order mark a text file may start with."""
+    return data.removeprefix(BYTE_ORDER_MARK.encode("utf-8"))
+
+
+def _split_lines(piece: bytes, path: Path | str, first_line: int) -> pa.Array:
     """The lines of `piece` (whole lines; a final "\n" starts no line) as a UTF-8-checked string array."""
     parts = pc.split_pattern(pa.array([piece], pa.binary()), b"\n")[0].values
     if piece.endswith(b"\n"):
