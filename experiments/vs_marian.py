@@ -217,6 +217,10 @@ ROWS = {row.name: row for row in [
     # as many again) was added after 0.5's first seed had cost single-caption BLEU
     *(_row(f"{scheme}+concat-{ratio}", scheme, f"{RECIPE_EQUAL_BUDGET} --concatenated_pairs {ratio}")
       for ratio in ("0.5", "0.2") for scheme in RECIPE_SCHEMES),
+    # ... and joins of 2 to 4 captions (`--max_pairs_per_join 4`), whose training sources reach the lengths of 4
+    # captions joined into one sentence: an equal-budget probe beside the 20-epoch study of docs/results.md 5b
+    *(_row(f"{scheme}+concat-0.5-up-to-4", scheme,
+           f"{RECIPE_EQUAL_BUDGET} --concatenated_pairs 0.5 --max_pairs_per_join 4") for scheme in RECIPE_SCHEMES),
     _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
     _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
