@@ -88,6 +88,15 @@ def test_absolute_conversion_reproduces_marian_logits_and_beam_search():
     assert converted.generation_config.forced_eos_token_id == EOS
 
 
+def test_a_marian_model_with_its_own_output_layer_converts_untied():
+    marian = marian_model(tie_word_embeddings=False)
+    converted = marian_to_relpos(marian, position_scheme="absolute")
+    assert not converted.config.tie_word_embeddings and converted.model.shared is None
+    batch = padded_batch()
+    assert (logits(converted, batch) - logits(marian, batch)).abs().max() < 1e-5
+    assert_generates_as_marian(converted, marian, batch)
+
+
 def exact_sinusoids(marian: MarianMTModel) -> MarianMTModel:
     """Marian's position tables recomputed in float64 (transformers builds them in float32, which float64 arithmetic
     would otherwise carry as a 1e-7 difference)."""

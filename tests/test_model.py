@@ -172,23 +172,37 @@ def test_the_kv_cache_is_taken_as_cache_and_under_its_deprecated_name(argument):
 
 
 @pytest.mark.numerics
-def test_gradient_checkpointing_keeps_the_backward_replay_out_of_the_kv_cache():
-    """Under gradient checkpointing `GradientCheckpointingLayer` withholds the cache (`cache=`) from each layer, so
-    recomputing a layer in the backward pass cannot write its keys a second time:
-    the returned cache stays empty and the gradients equal those of a run without checkpointing or cache."""
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position_scheme, reentrant):
+    """Under gradient checkpointing every parameter gets the gradient of a run without it, the stack's shared terms
+    included (t5's bias table, read by every layer: built in each layer's checkpoint, not kept from the first), and
+    `GradientCheckpointingLayer` withholds the cache (`cache=`) from each layer, so recomputing a layer in the backward
+    pass cannot write its keys a second time: the returned cache stays empty."""
     input_ids, attention_mask, _ = padded_batch()
     decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
     gradients = []
     for checkpointing in (False, True):
-        model = tiny_model("shaw", seed=1, dropout=0.0, attention_dropout=0.0).double().train()
+        model = tiny_model(position_scheme, seed=1, dropout=0.0, attention_dropout=0.0).double().train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            model.activation_checkpointing_enable({"use_reentrant": reentrant})
         out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                     use_cache=checkpointing)
         out.logits.square().sum().backward()
+        assert all(parameter.grad is not None for parameter in model.parameters() if parameter.requires_grad)
         gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
     assert out.cache.get_seq_length() == 0
     assert (gradients[0] - gradients[1]).abs().max() < 1e-12
+
+
+@pytest.mark.parametrize("position_scheme", ["absolute", "shaw"])
+def test_a_static_cache_is_refused_with_one_error_naming_it(position_scheme):
+    model = tiny_model(position_scheme)
+    input_ids = torch.randint(4, 40, (1, 5))
+    with pytest.raises(ValueError, match=r"^a cache of fixed-size layers \(EncoderDecoderCache, cache_implementation "
+                                         r"'static'\) is not supported: .* \(cache_implementation None or 'dynamic'\)$"):
+        model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="static")
+    assert model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="dynamic").shape == (1, 4)
 
 
 @pytest.mark.parametrize("position_scheme", RELATIVE_SCHEMES)
@@ -230,7 +244,40 @@ def test_tied_embeddings_share_one_matrix_and_untied_do_not():
     assert tied.lm_head.weight is tied.model.shared.weight is tied.model.encoder.embed_tokens.weight
     assert tied.model.decoder.embed_tokens.weight is tied.model.shared.weight
     untied = tiny_model("shaw", tie_word_embeddings=False)
-    assert untied.lm_head.weight is not untied.model.shared.weight
+    assert untied.model.shared is None and not any("shared" in name for name, _ in untied.named_parameters())
+    assert untied.get_input_embeddings() is untied.model.encoder.embed_tokens
+    matrices = (untied.lm_head.weight, untied.model.encoder.embed_tokens.weight, untied.model.decoder.embed_tokens.weight)
+    assert len({id(matrix) for matrix in matrices}) == 3
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_input_embeddings_are_the_ones_the_model_reads_and_resizing_keeps_the_trained_rows(tied, tmp_path):
+    """`get_input_embeddings()` is the matrix the encoder reads (inputs_embeds from it give the logits of input_ids,
+    and it gets the gradient); `resize_token_embeddings` grows every matrix of the joint vocabulary (the untied
+    decoder's too) and leaves the logits of the old tokens as they were; the resized model saves and reloads."""
+    model = tiny_model("shaw", tie_word_embeddings=tied).double()
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = input_ids[:, :4]
+    inputs = dict(attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+    expected = model(input_ids=input_ids, **inputs).logits
+    from_embeds = model(inputs_embeds=model.get_input_embeddings()(input_ids), **inputs).logits
+    assert (from_embeds - expected).abs().max() < 1e-12
+    model.train()
+    model(input_ids=input_ids, labels=decoder_input_ids, attention_mask=attention_mask).loss.backward()
+    assert model.get_input_embeddings().weight.grad.abs().sum() > 0
+    model.eval()
+    vocab_size = model.config.vocab_size
+    model.resize_token_embeddings(vocab_size + 3)
+    stacks = (model.model.encoder, model.model.decoder)
+    assert [stack.embed_tokens.weight.size(0) for stack in stacks] == [vocab_size + 3] * 2
+    assert model.lm_head.weight.size(0) == model.final_logits_bias.size(1) == model.config.vocab_size == vocab_size + 3
+    with torch.no_grad():
+        resized = model(input_ids=input_ids, **inputs).logits
+    assert (resized[..., :vocab_size] - expected).abs().max() < 1e-12
+    model.save_pretrained(tmp_path)
+    reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path).double().eval()
+    with torch.no_grad():
+        assert torch.equal(reloaded(input_ids=input_ids, **inputs).logits, resized)
 
 
 def logits_of(model):
@@ -253,7 +300,7 @@ def test_save_load_round_trip_with_package_and_auto_classes(position_scheme, tmp
     assert isinstance(AutoConfig.from_pretrained(tmp_path), hf_relpos.RelPosTransformerConfig)
     base = AutoModel.from_pretrained(tmp_path)
     assert isinstance(base, hf_relpos.RelPosTransformerModel)
-    assert torch.equal(base.shared.weight, model.model.shared.weight)
+    assert torch.equal(base.get_input_embeddings().weight, model.get_input_embeddings().weight)
 
 
 @pytest.mark.parametrize("position_scheme", ["shaw", "none", "alibi", "t5", "rope"])

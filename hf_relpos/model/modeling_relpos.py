@@ -554,13 +554,17 @@ class RelPosStack(nn.Module):
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
-        """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`) and what the
-        kernel reads once (`prepare_kernel`), then runs the layers. Returns the output, optional per-layer hidden
+        """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`; what the layers
+        build from it is not shared among checkpointed layers) and what the kernel reads once (`prepare_kernel`), then
+        runs the layers. Returns the output, optional per-layer hidden
         states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
         query_length = hidden_states.size(1)
         key_length = query_offset + query_length
+        checkpointed = torch.is_grad_enabled() and any(layer.gradient_checkpointing and layer.training
+                                                       for layer in self.layers)
         position_context = self.positions.prepare(PositionContext(
-            query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype
+            query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype,
+            reuse_across_layers=not checkpointed,
         ))
         self_mask = with_scheme_mask(self.config, self.positions, position_context, self_mask)
         prepare_kernel(self.config._attn_implementation, self_mask, position_context, hidden_states.size(0),
@@ -678,6 +682,11 @@ class RelPosDecoder(RelPosStack):
                 if encoder_hidden_states is not None
                 else DynamicCache(config=self.config)
             )
+        if cache is not None and cache.is_compileable:
+            raise ValueError(
+                f"a cache of fixed-size layers ({type(cache).__name__}, cache_implementation 'static') is not "
+                "supported: the position schemes place the cached keys at 0 .. m-1 of the keys seen so far; generate "
+                "with the default dynamic cache (cache_implementation None or 'dynamic')")
         past_length = cache.get_seq_length() if cache is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw)
@@ -819,7 +828,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
 
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
-    """Encoder-decoder without a head; with `tie_word_embeddings` both stacks share `shared` (a joint vocabulary)."""
+    """Encoder-decoder without a head; with `tie_word_embeddings` both stacks share `shared` (a joint vocabulary),
+    without it each stack has its own embeddings (and there is no `shared`, as in Marian)."""
 
     remote_auto_classes = {
         "AutoModel": "RelPosTransformerModel",
@@ -832,18 +842,25 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
 
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config)
-        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        tied = config.tie_word_embeddings
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id) if tied else None
+        if not tied:   # untied checkpoints of earlier versions hold a `shared` matrix that no stack read
+            self._keys_to_ignore_on_load_unexpected = [r"(^|\.)shared\.weight$"]
         self.encoder = RelPosEncoder(config)
         self.decoder = RelPosDecoder(config)
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
-        return self.shared
+        """`shared`, or untied the encoder's embeddings (Marian's choice); the decoder's are
+        `decoder.embed_tokens`."""
+        return self.encoder.embed_tokens if self.shared is None else self.shared
 
     def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.shared = value
+        """Tied: `shared` and both stacks' embeddings; untied: the encoder's only."""
         self.encoder.embed_tokens = value
-        self.decoder.embed_tokens = value
+        if self.shared is not None:
+            self.shared = value
+            self.decoder.embed_tokens = value
 
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
@@ -925,10 +942,18 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
-    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """`PreTrainedModel.resize_token_embeddings`, with `final_logits_bias` cut or zero-extended alike (BART's)."""
-        embeddings = super().resize_token_embeddings(*args, **kwargs)
-        old_bias, new_size = self.final_logits_bias, embeddings.weight.size(0)
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """`PreTrainedModel.resize_token_embeddings` (the input embeddings and, untied, the output layer), with the
+        untied decoder embeddings (the vocabulary is joint) and `final_logits_bias` cut or extended alike; the
+        rows kept are unchanged."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new_size = embeddings.weight.size(0)
+        decoder = self.model.decoder
+        if decoder.embed_tokens.weight.size(0) != new_size:
+            decoder.embed_tokens = self._get_resized_embeddings(decoder.embed_tokens, new_size,
+                                                                mean_resizing=mean_resizing)
+        old_bias = self.final_logits_bias
         new_bias = old_bias.new_zeros(1, new_size)
         new_bias[:, : min(new_size, old_bias.size(1))] = old_bias[:, :new_size]
         self.register_buffer("final_logits_bias", new_bias)

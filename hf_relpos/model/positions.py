@@ -411,13 +411,17 @@ class RelativeBias:
 
 class DenseBias:
     """A dense score bias [1|B, H, n, m] computed by `build` when a kernel first asks (eager, SDPA, a decoding step),
-    once per record; the fused path reads the scheme's score_mod instead and never builds it."""
+    once per stack call and kept for every layer, or at every read when `reuse` is false (the context's
+    `reuse_across_layers`); the fused path reads the scheme's score_mod instead and never builds it."""
 
-    def __init__(self, build: Callable[[], torch.Tensor]) -> None:
+    def __init__(self, build: Callable[[], torch.Tensor], reuse: bool = True) -> None:
         self.build = build
+        self.reuse = reuse
         self._dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
+        if not self.reuse:
+            return self.build()
         if self._dense is None:
             self._dense = self.build()
         return self._dense
@@ -661,12 +665,14 @@ ContextType = TypeVar("ContextType", bound="PositionContext")
 
 
 def computed_once(method: Callable[[Any], Any]) -> property:
-    """A read-only property of a (frozen) context computed on its first read and kept in the instance's __dict__:
-    functools.cached_property without the lock it takes under Python 3.11, which torch.compile cannot trace (a graph
-    break at every read)."""
+    """A read-only property of a (frozen) context computed on its first read and kept in the instance's __dict__
+    (computed at every read when the context's `reuse_across_layers` is false): functools.cached_property without the
+    lock it takes under Python 3.11, which torch.compile cannot trace (a graph break at every read)."""
     name = method.__name__
 
     def read(self: Any) -> Any:
+        if not self.reuse_across_layers:
+            return method(self)
         values = self.__dict__
         if name not in values:
             values[name] = method(self)
@@ -687,7 +693,10 @@ class PositionContext:
     index j (its fused form; `dense_mask` expands it for the other kernels); the stack combines it with padding and
     causality once. `kernel_cache` is where an attention kernel keeps what it reads once per stack call and every
     layer shares (the fused kernel's padding ranges: a host sync). Schemes keep what else they precompute in a
-    subclass (`extend`).
+    subclass (`extend`). `reuse_across_layers` is false while the layers are checkpointed (gradient checkpointing):
+    what a layer builds on its first read (`computed_once`, `DenseBias`), possibly from a parameter, is then built
+    at every read, inside each layer's checkpoint, since a copy kept for the next layers would escape the layer's
+    recomputation (and under reentrant checkpointing be built without gradients).
     """
 
     query_length: int
@@ -698,6 +707,7 @@ class PositionContext:
     dtype: torch.dtype
     mask: torch.Tensor | None = None
     mask_mod: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    reuse_across_layers: bool = True
     kernel_cache: dict[Any, Any] = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
     @property

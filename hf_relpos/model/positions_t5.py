@@ -142,15 +142,16 @@ class T5Positions(PositionScheme):
         def dense() -> torch.Tensor:
             return weight[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
 
+        bias = DenseBias(dense, context.reuse_across_layers)
         positions = context.positions
         if positions is None:
-            return context.extend(T5Context, bias=DenseBias(dense), weight=weight, band_first=self.band_first,
+            return context.extend(T5Context, bias=bias, weight=weight, band_first=self.band_first,
                                   fused_buckets=self.fused_buckets)
         table, offset = weight.t(), context.query_offset
 
         def score_mod(score, b, h, q, kv):
             return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
-        return context.extend(T5Context, bias=DenseBias(dense), score_mod=score_mod)
+        return context.extend(T5Context, bias=bias, score_mod=score_mod)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: T5Context) -> AttentionTerms:
         fused = None
