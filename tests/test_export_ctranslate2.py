@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from transformers import GenerationConfig
 
 import hf_relpos
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
@@ -329,6 +330,32 @@ def test_generation_settings_the_engine_lacks_are_refused(exported, tokenizer, t
     with pytest.raises(ExportError, match=message):
         export_ctranslate2(folder, tmp_path / "ct2")
     assert not (tmp_path / "ct2").exists()
+
+
+def test_the_defaults_an_evaluation_fills_in_export_as_unset_and_real_settings_are_still_refused(exported, tokenizer,
+                                                                                                 tmp_path):
+    """Seq2SeqTrainer's evaluation fills generate's defaults into unset generation settings (num_beam_groups 1,
+    diversity_penalty 0.0, do_sample false, top_k 50, ...): a folder saved so exports and translates as the one
+    without them; the same settings at other values are still named together and refused."""
+    model, _, plain_export = exported["absolute"]
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.update(**GenerationConfig._get_default_generation_params(), defaults_only=True)
+    try:
+        filled = save(model, tokenizer, tmp_path / "filled")
+        model.generation_config.update(num_beam_groups=2, diversity_penalty=0.5)
+        diverse = save(model, tokenizer, tmp_path / "diverse")
+    finally:
+        model.generation_config = saved
+    filled_settings = json.loads((filled / "generation_config.json").read_text())
+    assert filled_settings["num_beam_groups"] == 1 and filled_settings["top_k"] == 50
+    engine = CTranslate2Model(export_ctranslate2(filled, tmp_path / "ct2"), threads=1)
+    settings = dict(progress=False, max_tokens=160)
+    assert translate_lines(TEST_SOURCES, engine, tokenizer, **settings) == translate_lines(
+        TEST_SOURCES, CTranslate2Model(plain_export, threads=1), tokenizer, **settings)
+    with pytest.raises(ExportError, match=r"^generation_config num_beam_groups 2, diversity_penalty 0\.5 cannot be "
+                                          r"exported: CTranslate2's translate_batch has no such option"):
+        export_ctranslate2(diverse, tmp_path / "ct2_diverse")
+    assert not (tmp_path / "ct2_diverse").exists()
 
 
 def test_marians_forced_end_token_and_banned_words_export_and_decode_as_generate(exported, tokenizer, tmp_path):

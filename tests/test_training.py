@@ -24,6 +24,7 @@ from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGe
 from hf_relpos.publish.records import RUN_RECORD_FILE
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
+from hf_relpos.tools.export import export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.demo_corpus import write_demo_corpus
@@ -243,6 +244,22 @@ def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path
     printed = capfd.readouterr().err + caplog.text + " ".join(str(warning.message) for warning in caught)
     assert "max_length" not in printed and "max_new_tokens" not in printed
     assert short.shape[-1] == 1 + 3  # the decoder start token and 3 new tokens: max_new_tokens took effect
+
+
+def test_evaluating_during_training_saves_the_generation_config_the_run_set_and_it_exports(trained, corpus, tmp_path):
+    """Seq2SeqTrainer fills generate's defaults (num_beam_groups 1, top_k 50, ...) into the model's generation config
+    when it evaluates: the final model and each checkpoint are still saved with the config a run without evaluations
+    saves, and the folder exports to CTranslate2 (README: Deploy)."""
+    pytest.importorskip("ctranslate2")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False,
+                          eval_strategy="steps", eval_steps=3, save_strategy="steps", save_steps=3)
+    run([str(config)])
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    assert [entry["step"] for entry in state["log_history"] if "eval_bleu" in entry] == [3, 6]
+    without_evaluations = json.loads((trained[0] / "generation_config.json").read_text())
+    for folder in (tmp_path / "out", tmp_path / "out" / "checkpoint-3", tmp_path / "out" / "checkpoint-6"):
+        assert json.loads((folder / "generation_config.json").read_text()) == without_evaluations, folder
+    assert is_ctranslate2_folder(export_ctranslate2(tmp_path / "out", tmp_path / "ct2", quantization="int8"))
 
 
 def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):

@@ -67,6 +67,9 @@ REFUSED_SCHEMES = {
 UNSUPPORTED_GENERATION = ("do_sample", "num_beam_groups", "diversity_penalty", "forced_bos_token_id",
                           "exponential_decay_length_penalty", "encoder_no_repeat_ngram_size", "constraints",
                           "force_words_ids")
+# The values generate() uses for a setting left unset, which Seq2SeqTrainer's evaluation also writes into a model's
+# generation config (num_beam_groups 1, do_sample false, ...): they change nothing, so they count as unset.
+GENERATION_DEFAULTS = GenerationConfig._get_default_generation_params()
 
 
 class ExportError(ValueError):
@@ -111,9 +114,8 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
         if is_set:
             raise ExportError(f"{name} {getattr(config, name)!r} cannot be exported to CTranslate2: {reason}")
     if generation is not None:
-        default = GenerationConfig()
-        unsupported = [f"{name} {value!r}" for name in UNSUPPORTED_GENERATION   # False, 0: off, as their default
-                       if (value := getattr(generation, name, None)) not in (None, False, getattr(default, name, None))]
+        unsupported = [f"{name} {value!r}" for name in UNSUPPORTED_GENERATION
+                       if (value := getattr(generation, name, None)) not in (None, GENERATION_DEFAULTS.get(name))]
         if unsupported:
             raise ExportError(f"generation_config {', '.join(unsupported)} cannot be exported: CTranslate2's "
                               "translate_batch has no such option; remove them from generation_config.json to "

@@ -6,6 +6,7 @@ checkpoint a run resumes from, and the report of each stage: metrics logged and 
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -263,20 +264,22 @@ class TranslationTrainer(Seq2SeqTrainer):
         ignore_keys: list[str] | None = None, **gen_kwargs: Any,
     ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
         """Generation is capped per source by the model's generation config (max_len_a, max_len_b, and
-        max_new_tokens as the ceiling: `build_model`), as generate() and the pipeline cap it after training."""
+        max_new_tokens as the ceiling: `build_model`), as generate() and the pipeline cap it after training.
+        Seq2SeqTrainer fills generate's defaults (max_length 20, num_beam_groups 1, top_k 50, ...) into the model's
+        generation config; it gets a copy to fill, so the config saved with the model and its checkpoints stays the
+        one the run set (a max_length beside max_new_tokens would make every generate(max_new_tokens=...) warn that
+        both are set, and the exporter would see settings nobody chose)."""
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
-        # Seq2SeqTrainer writes generate's defaults (max_length 20) into the model's generation config; a max_length
-        # saved next to its max_new_tokens would make every generate(max_new_tokens=...) warn that both are set.
         generation = self.model.generation_config
-        max_length = generation.max_length
+        self.model.generation_config = copy.deepcopy(generation)
         try:
             return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
         finally:
-            generation.max_length = max_length
+            self.model.generation_config = generation
 
     def _compute_translation_metrics(self, prediction: EvalPrediction) -> dict[str, float | str]:
         evaluation_set = self.evaluation_sets[self._active_prefix]
