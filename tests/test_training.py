@@ -262,6 +262,23 @@ def test_evaluating_during_training_saves_the_generation_config_the_run_set_and_
     assert is_ctranslate2_folder(export_ctranslate2(tmp_path / "out", tmp_path / "ct2", quantization="int8"))
 
 
+@pytest.mark.parametrize(("batching", "epochs"), [
+    ({"max_tokens_per_batch": 100_000, "max_steps": 3}, 3),   # a token budget holding the corpus: one batch an epoch
+    ({"max_tokens_per_batch": None, "per_device_train_batch_size": 16, "max_steps": 8}, 1),   # 7 x 16 + 8 pairs
+])
+def test_train_samples_per_second_counts_the_pairs_trained_on(tmp_path, corpus, batching, epochs):
+    """train_samples_per_second x train_runtime is the number of pairs trained on (here every pair of the 120-pair
+    corpus `epochs` times), not steps x per_device_train_batch_size; as printed, returned and saved."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False, **batching)
+    metrics = run([str(config)])["train"]
+    assert metrics["train_samples"] == 120 and metrics["epoch"] == pytest.approx(epochs)
+    assert metrics["train_samples_per_second"] * metrics["train_runtime"] == pytest.approx(120 * epochs, rel=1e-4)
+    saved = json.loads((tmp_path / "out" / "train_results.json").read_text())
+    logged = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"][-1]
+    assert saved["train_samples_per_second"] == logged["train_samples_per_second"] == (
+        metrics["train_samples_per_second"])
+
+
 def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpus, tmp_path):
     model_dir, results = trained
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "predict", model_name_or_path=str(model_dir),

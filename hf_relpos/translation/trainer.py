@@ -160,6 +160,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         # scores of generated translations; without generation an evaluation computes the loss alone
         self.compute_metrics = self._compute_translation_metrics if self.args.predict_with_generate else None
         self._active_prefix = "eval"
+        self.pairs_trained = 0   # by this process in the current train() call: `log` reports their rate
         self.token_budget_sampler = None
         if self.args.max_tokens_per_batch is not None and self.train_dataset is not None:
             source_lengths, target_lengths = example_lengths(self.train_dataset)
@@ -191,6 +192,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
+        self.pairs_trained = 0
         return super().train(resume_from_checkpoint, *args, **kwargs)
 
     def training_step(
@@ -202,7 +204,18 @@ class TranslationTrainer(Seq2SeqTrainer):
         if not torch.isfinite(loss).all():
             raise NonFiniteLossError(float(loss.detach().float().mean()), self.state.global_step + 1,
                                      self.state.epoch or 0.0)
+        self.pairs_trained += len(inputs["input_ids"])
         return loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The training's final metrics get `train_samples_per_second` = the pairs trained on in this train() call,
+        summed over the processes, per second of `train_runtime`: the Trainer's own figure assumes
+        per_device_train_batch_size pairs a step, which token-budget batches do not hold. Set in `logs` itself (as
+        the Trainer sets `epoch`), so the metrics train() returns carry it too."""
+        if "train_samples_per_second" in logs:
+            pairs = self.accelerator.gather(torch.tensor(self.pairs_trained, device=self.args.device)).sum().item()
+            logs["train_samples_per_second"] = round(pairs / logs["train_runtime"], 3)
+        super().log(logs, start_time)
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """A rewritten checkpoint folder (a resumed run reaching the step of an older attempt) loses its state file
