@@ -8,9 +8,11 @@ import math
 import pytest
 import torch
 from conftest import tiny_config
+from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
+from hf_relpos.model import positions
 from hf_relpos.publish import hub
 from hf_relpos.translation.training import parse_arguments
 
@@ -97,11 +99,13 @@ def test_a_config_holds_the_fields_of_its_own_scheme_only(tmp_path):
 
 def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
     """No `card` on the class: a generic title, and still the settings table from its fields and the note that its
-    code must be importable where the model is loaded."""
+    module must be imported before the model is loaded."""
     text = hub.render_model_card(tiny_config("test_alibi", test_alibi_exponent=2))
     for expected in ("uses the `test_alibi` position scheme", "## Position scheme: `test_alibi`",
                      "| `test_alibi_exponent` (e) | 2 | initial slopes 2^(-e h) |",
-                     "(`test_registry_and_config.LearnedAlibi`); its code must be importable"):
+                     "(`test_registry_and_config.LearnedAlibi`), not one of hf_relpos' own: this model loads only "
+                     "where hf_relpos is installed and the module that registers the scheme has been imported before "
+                     "`from_pretrained`"):
         assert expected in text, expected
 
 
@@ -118,6 +122,51 @@ def test_a_field_declared_differently_by_two_schemes_is_refused():
     with pytest.raises(ValueError, match="'max_relative_position' of scheme 'test_clash' is already declared"):
         register_position_scheme("test_clash")(clash)
     assert "test_clash" not in hf_relpos.POSITION_SCHEMES
+
+
+@pytest.fixture
+def registry_before():
+    """The registry as it was before the test, restored after it (a scheme registered by mistake leaves no trace)."""
+    before = dict(hf_relpos.POSITION_SCHEMES)
+    yield before
+    hf_relpos.POSITION_SCHEMES.clear()
+    hf_relpos.POSITION_SCHEMES.update(before)
+
+
+@pytest.mark.parametrize("field_name", ["d_model", "hidden_size", "attention_type", "id2label"])
+def test_a_scheme_field_named_as_the_configs_own_is_refused_at_registration(field_name, registry_before):
+    """A field of the config, an alias (transformers' `hidden_size`, the deprecated `attention_type`) or one of
+    transformers' own: registering is one error naming the scheme and the field, the registry stays as it was, and
+    every other config still builds."""
+    clash = type("Core", (PositionScheme,), {"config_fields": (integer_field(field_name, 3, "x", minimum=1),)})
+    with pytest.raises(ValueError, match=f"config field '{field_name}' of scheme 'test_core' is a name "
+                                         "RelPosTransformerConfig already has"):
+        register_position_scheme("test_core")(clash)
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+    assert tiny_config("shaw").position_scheme == "shaw"
+
+
+def test_reserving_a_name_a_registered_scheme_declares_is_refused():
+    """The built-in schemes register before the config class exists; reserving its names then checks them."""
+    with pytest.raises(ValueError, match="config field 'max_relative_position' of scheme 'shaw' is a name"):
+        positions.reserve_config_names({"max_relative_position"})
+    assert "max_relative_position" not in positions.CONFIG_NAMES and "d_model" in positions.CONFIG_NAMES
+
+
+def test_a_scheme_not_registered_in_this_process_is_one_error_saying_to_import_its_module(tmp_path, monkeypatch):
+    """A model saved with a scheme registered from user code, where that code was not imported (a fresh process: the
+    scheme taken out of the registry): building its config and loading the model after `import hf_relpos` are one
+    error that lists the registered schemes and says to import the module that registers the scheme first."""
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2)).save_pretrained(
+        tmp_path)
+    monkeypatch.delitem(hf_relpos.POSITION_SCHEMES, "test_alibi")
+    expected = (r"^position_scheme must be one of \['absolute', 'alibi', .*'xl'\], got 'test_alibi'\. A scheme "
+                r"registered outside hf_relpos .* imported the module that registers it: import that module before "
+                r"the config or model is built or loaded")
+    with pytest.raises(ValueError, match=expected):
+        tiny_config("test_alibi", test_alibi_exponent=2)
+    with pytest.raises(ValueError, match=expected):
+        AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
 
 
 def test_registering_a_different_class_under_a_taken_name_is_refused():

@@ -16,6 +16,7 @@ from .positions import (
     PositionScheme,
     SchemeField,
     get_scheme_class,
+    reserve_config_names,
     scheme_config_fields,
     warn_renamed,
 )
@@ -211,11 +212,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
             if alias in kwargs:
                 setattr(self, name, kwargs.pop(alias))
+        get_scheme_class(self.position_scheme)   # an unregistered scheme is the error, not its fields looking unknown
         own = {field.name for field in self._scheme_fields()}
         for name, field in scheme_config_fields().items():
-            if name in self.__dataclass_fields__:
-                raise ValueError(f"a position scheme declares config field {name!r}, which RelPosTransformerConfig "
-                                 "already has")
             if name in kwargs:
                 value = kwargs.pop(name)
                 if name in own:
@@ -299,6 +298,13 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for field in self._scheme_fields():
             field.check(getattr(self, field.name))
         get_scheme_class(self.position_scheme).check_config(self)
+
+
+# no scheme may declare a config field under a name of the config's own (the built-in schemes, registered by the
+# imports above before the class existed, are checked now)
+reserve_config_names({*(name for name in dir(RelPosTransformerConfig) if not name.startswith("_")),
+                      *(field.name for field in dataclasses.fields(RelPosTransformerConfig)),
+                      *RelPosTransformerConfig.attribute_map, *DEPRECATED_FIELDS})
 
 
 def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:

@@ -30,10 +30,15 @@ from torch import nn
 from .validation import is_int_at_least, is_positive_number
 
 POSITION_SCHEMES: dict[str, type[PositionScheme]] = {}
+# The names RelPosTransformerConfig has itself (its fields, their aliases, its attributes), which no scheme may
+# declare as a config field: reserved by configuration_relpos.py once the class exists (`reserve_config_names`).
+CONFIG_NAMES: set[str] = set()
 
 
 def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
-    """Class decorator that makes a `PositionScheme` selectable as `config.position_scheme = name`."""
+    """Class decorator that makes a `PositionScheme` selectable as `config.position_scheme = name`. A scheme whose
+    config field is a name of the config itself (`CONFIG_NAMES`) or is declared differently by another scheme is
+    refused, and the registry is left as it was."""
 
     def decorator(scheme_class: type[PositionScheme]) -> type[PositionScheme]:
         if not (isinstance(scheme_class, type) and issubclass(scheme_class, PositionScheme)):
@@ -42,6 +47,8 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         if existing is not None and existing.__qualname__ != scheme_class.__qualname__:
             raise ValueError(f"position_scheme {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
         for field in scheme_class.config_fields:
+            if field.name in CONFIG_NAMES:
+                raise _config_name_clash(name, field.name)
             for other_name, other in POSITION_SCHEMES.items():
                 declared = {f.name: f for f in other.config_fields}.get(field.name)
                 if other_name != name and declared is not None and declared != field:
@@ -52,6 +59,23 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         return scheme_class
 
     return decorator
+
+
+def reserve_config_names(names: set[str]) -> None:
+    """Add `names` (those of RelPosTransformerConfig itself) to `CONFIG_NAMES`, which `register_position_scheme`
+    refuses as a scheme's config field; a scheme registered before (the built-in ones) that declares one is refused
+    here."""
+    for scheme_name, scheme_class in POSITION_SCHEMES.items():
+        for field in scheme_class.config_fields:
+            if field.name in names:
+                raise _config_name_clash(scheme_name, field.name)
+    CONFIG_NAMES.update(names)
+
+
+def _config_name_clash(scheme_name: str, field_name: str) -> ValueError:
+    """The refusal of a scheme's config field that bears a name of the config itself."""
+    return ValueError(f"config field {field_name!r} of scheme {scheme_name!r} is a name RelPosTransformerConfig "
+                      "already has (a field of its own, an alias or an attribute): give the scheme's field another name")
 
 
 Returned = TypeVar("Returned")
@@ -107,9 +131,14 @@ def stack_level_outside(module_roots: frozenset[str]) -> int:
 
 
 def get_scheme_class(name: str) -> type[PositionScheme]:
-    """Registry lookup with an error that lists what is registered."""
+    """Registry lookup with an error that lists what is registered and, for a name, says that a scheme registered
+    outside hf_relpos exists in a process only once the module that registers it has been imported."""
     if not isinstance(name, str) or name not in POSITION_SCHEMES:
-        raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}")
+        unregistered = (f". A scheme registered outside hf_relpos (@register_position_scheme({name!r}) in your own "
+                        "code) is known only in a process that has imported the module that registers it: import "
+                        "that module before the config or model is built or loaded (from_pretrained, pipeline)"
+                        if isinstance(name, str) else "")
+        raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}{unregistered}")
     return POSITION_SCHEMES[name]
 
 

@@ -329,8 +329,10 @@ def _scheme_section(config: RelPosTransformerConfig) -> str:
         parts.append(_table(("setting", "value", "meaning"), rows))
     if not _is_packaged(scheme_class):
         parts.append(f"`{config.position_scheme}` is a scheme registered with `hf_relpos.register_position_scheme` "
-                     f"(`{scheme_class.__module__}.{scheme_class.__qualname__}`); its code must be importable wherever "
-                     "this model is loaded.")
+                     f"(`{scheme_class.__module__}.{scheme_class.__qualname__}`), not one of hf_relpos' own: this model "
+                     "loads only where hf_relpos is installed and the module that registers the scheme has been "
+                     "imported before `from_pretrained` or `pipeline` (the remote code stored with the model holds "
+                     "hf_relpos' own schemes only).")
     if config.layer_norm_position == "pre":
         norm = "Pre-LN blocks: LayerNorm before each sub-layer, x + Sublayer(LayerNorm(x)) (Xiong et al. 2020)."
     else:
