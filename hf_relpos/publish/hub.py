@@ -380,7 +380,7 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags); a recipe card names its
     # configs/ file
-    command = (f"Trained as: `{_launch_command(record.program)} {record.trained_as}`" if record.trained_as else
+    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`" if record.trained_as else
                f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
                if recipe_name else None)
     source, target = record.source_lang, record.target_lang
@@ -414,11 +414,19 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     return "\n".join(lines)
 
 
-def _launch_command(program: str | None) -> str:
+def _launch_command(record: RunRecord) -> str:
     """The command a run was started with, as typed: a script after `python`, a console script by its name (runs
-    recorded without their program were started as train_translation.py)."""
-    program = program or "train_translation.py"
-    return f"python {program}" if program.endswith(".py") else program
+    recorded without their program were started as train_translation.py). A run of N > 1 processes was started by
+    `accelerate launch` as docs/training.md documents data parallelism: the DDP config of its hardware
+    (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`, then the program (a console script
+    after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
+    program = record.program or "train_translation.py"
+    is_script = program.endswith(".py")
+    if (record.devices or 1) == 1:
+        return f"python {program}" if is_script else program
+    config = "cpu_2proc" if (record.hardware or "").startswith("CPU") else "multi_gpu"
+    return (f"accelerate launch --config_file configs/accelerate/{config}.yaml --num_processes {record.devices} "
+            + (program if is_script else f"--no_python {program}"))
 
 
 def _run_facts(record: RunRecord) -> str:
