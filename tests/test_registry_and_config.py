@@ -105,8 +105,12 @@ def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
                      "| `test_alibi_exponent` (e) | 2 | initial slopes 2^(-e h) |",
                      "(`test_registry_and_config.LearnedAlibi`), not one of hf_relpos' own: this model loads only "
                      "where hf_relpos is installed and the module that registers the scheme has been imported before "
-                     "`from_pretrained`"):
+                     "`from_pretrained`",
+                     "import hf_relpos  # noqa: F401\nimport test_registry_and_config  # noqa: F401\n"
+                     "from transformers import AutoModelForSeq2SeqLM, AutoTokenizer"):
         assert expected in text, expected
+    assert "trust_remote_code=True)" not in text   # the stored code lacks the scheme: no way that cannot work
+    assert "trust_remote_code=True)" in hub.render_model_card(tiny_config("shaw"))
 
 
 def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):

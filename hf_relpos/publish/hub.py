@@ -217,7 +217,7 @@ def render_model_card(
         _training_section(config, record if recorded else None, recipe_name),
         _results_section(record, results, trained=recorded and (bool(results) or record.training_seconds is not None),
                          published_as=repo_id if published else None, unscored=unscored),
-        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang),
+        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
         _limitations_section(config, record),
         _citation_section(config),
     ]
@@ -522,22 +522,34 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     return "\n\n".join(parts)
 
 
-def _usage_section(repo_id: str, source: str) -> str:
+def _usage_section(repo_id: str, source: str, scheme_class: type[PositionScheme]) -> str:
+    """Loading and translating with `hf_relpos` imported, and through the remote code stored with the model; for a
+    scheme registered outside hf_relpos, which that code lacks, its module is imported too and there is no
+    remote-code way."""
     example = {"de": "Der Hund schläft.", "en": "The dog is sleeping."}.get(source, "...")
-    return f"""## How to use
+    packaged = _is_packaged(scheme_class)
+    registers = ("`import hf_relpos` registers the model with the Auto classes" if packaged else
+                 f"`import hf_relpos` registers the model with the Auto classes, and importing `{scheme_class.__module__}` "
+                 "registers its position scheme (the code stored with the model cannot load it: `trust_remote_code=True` "
+                 "alone does not work)")
+    scheme_import = "" if packaged else f"import {scheme_class.__module__}  # noqa: F401\n"
+    with_package = f"""## How to use
 
-With the `hf_relpos` package installed, `import hf_relpos` registers the model with the Auto classes:
+With the `hf_relpos` package installed, {registers}:
 
 ```python
 import hf_relpos  # noqa: F401
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+{scheme_import}from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 tokenizer = AutoTokenizer.from_pretrained("{repo_id}")
 model = AutoModelForSeq2SeqLM.from_pretrained("{repo_id}")
 inputs = tokenizer(["{example}"], return_tensors="pt")
 output_ids = model.generate(**inputs)  # the saved decoding: beams, and a length cap relative to each source
 print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
-```
+```"""
+    if not packaged:
+        return with_package
+    return with_package + f"""
 
 Without it, the modeling code stored in this repository is used (read it first):
 
