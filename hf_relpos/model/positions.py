@@ -440,8 +440,9 @@ class RelativeBias:
 
 class DenseBias:
     """A dense score bias [1|B, H, n, m] computed by `build` when a kernel first asks (eager, SDPA, a decoding step),
-    once per stack call and kept for every layer, or at every read when `reuse` is false (the context's
-    `reuse_across_layers`); the fused path reads the scheme's score_mod instead and never builds it."""
+    once per stack call and kept for every layer, or at every read when `reuse` is false (set by
+    `PositionContext.extend` from the context's `reuse_across_layers`); the fused path reads the scheme's score_mod
+    instead and never builds it."""
 
     def __init__(self, build: Callable[[], torch.Tensor], reuse: bool = True) -> None:
         self.build = build
@@ -762,7 +763,11 @@ class PositionContext:
         return query_and_key_positions(self.query_length, self.key_length, self.positions, self.device)
 
     def extend(self, context_class: type[ContextType], **extra: Any) -> ContextType:
-        """This context as an instance of the subclass `context_class`, with its extra fields."""
+        """This context as an instance of the subclass `context_class`, with its extra fields; a `DenseBias` among
+        them is kept for the next layers only as `reuse_across_layers` allows."""
+        for value in extra.values():
+            if isinstance(value, DenseBias):
+                value.reuse = self.reuse_across_layers
         return context_class(**{name: getattr(self, name) for name in CONTEXT_FIELDS}, **extra)
 
 

@@ -76,7 +76,7 @@ class AlibiPositions(PositionScheme):
         else:
             def score_mod(score, b, h, q, kv):
                 return score - slopes[h] * (positions[q + offset] - positions[kv]).abs()
-        return context.extend(AlibiContext, bias=DenseBias(dense, context.reuse_across_layers), score_mod=score_mod)
+        return context.extend(AlibiContext, bias=DenseBias(dense), score_mod=score_mod)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: AlibiContext) -> AttentionTerms:
         return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod)

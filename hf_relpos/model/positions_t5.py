@@ -142,7 +142,7 @@ class T5Positions(PositionScheme):
         def dense() -> torch.Tensor:
             return weight[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
 
-        bias = DenseBias(dense, context.reuse_across_layers)
+        bias = DenseBias(dense)
         positions = context.positions
         if positions is None:
             return context.extend(T5Context, bias=bias, weight=weight, band_first=self.band_first,
