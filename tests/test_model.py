@@ -195,11 +195,32 @@ def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position
     assert (gradients[0] - gradients[1]).abs().max() < 1e-12
 
 
+@pytest.mark.numerics
+def test_layers_checkpointed_by_torchs_wrapper_give_the_gradients_of_a_run_without_it():
+    """Layers wrapped by torch's checkpoint_wrapper (FSDP's activation checkpointing) instead of transformers' flag:
+    t5's shared bias table still gets the gradient of a run without checkpointing."""
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointImpl, checkpoint_wrapper
+
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
+    gradients = []
+    for wrapped in (False, True):
+        model = tiny_model("t5", seed=1, dropout=0.0, attention_dropout=0.0).double().train()
+        if wrapped:
+            for stack in (model.model.encoder, model.model.decoder):
+                for index, layer in enumerate(stack.layers):
+                    stack.layers[index] = checkpoint_wrapper(layer, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
+              use_cache=False).logits.square().sum().backward()   # as in training (labels turn the cache off)
+        gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
+    assert (gradients[0] - gradients[1]).abs().max() < 1e-12
+
+
 @pytest.mark.parametrize("position_scheme", ["absolute", "shaw"])
 def test_a_static_cache_is_refused_with_one_error_naming_it(position_scheme):
     model = tiny_model(position_scheme)
     input_ids = torch.randint(4, 40, (1, 5))
-    with pytest.raises(ValueError, match=r"^a cache of fixed-size layers \(EncoderDecoderCache, cache_implementation "
+    with pytest.raises(ValueError, match=r"^a cache of fixed-size layers \(EncoderDecoderCache, e\.g\. cache_implementation "
                                          r"'static'\) is not supported: .* \(cache_implementation None or 'dynamic'\)$"):
         model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="static")
     assert model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="dynamic").shape == (1, 4)
@@ -278,6 +299,9 @@ def test_input_embeddings_are_the_ones_the_model_reads_and_resizing_keeps_the_tr
     reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path).double().eval()
     with torch.no_grad():
         assert torch.equal(reloaded(input_ids=input_ids, **inputs).logits, resized)
+    base = hf_relpos.RelPosTransformerModel(tiny_config("shaw", tie_word_embeddings=tied))
+    base.resize_token_embeddings(vocab_size + 5)
+    assert [stack.embed_tokens.weight.size(0) for stack in (base.encoder, base.decoder)] == [vocab_size + 5] * 2
 
 
 def logits_of(model):

@@ -113,6 +113,15 @@ def test_a_registered_scheme_without_card_text_still_gets_a_complete_card():
     assert "trust_remote_code=True)" in hub.render_model_card(tiny_config("shaw"))
 
 
+def test_the_card_of_a_scheme_registered_by_a_script_imports_a_module_that_can_exist(monkeypatch):
+    """A scheme registered in a script or notebook has `__module__` "__main__", which no loading process can import:
+    the usage shows a module that holds it instead, and says so."""
+    monkeypatch.setattr(LearnedAlibi, "__module__", "__main__")
+    text = hub.render_model_card(tiny_config("test_alibi"))
+    assert "import __main__" not in text and "import my_schemes  # noqa: F401" in text
+    assert "`LearnedAlibi` was registered by a script, so `my_schemes` stands for a module that holds it" in text
+
+
 def test_the_training_cli_accepts_a_registered_schemes_fields(tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model:\n  position_scheme: test_alibi\n  test_alibi_exponent: 3\n"

@@ -127,8 +127,8 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert state["global_step"] == ranks[0]["steps"]
     metrics = json.loads((output_dir / "train_results.json").read_text())
-    assert metrics["train_samples_per_second"] * metrics["train_runtime"] == pytest.approx(60, rel=1e-4), (
-        "the pairs both ranks trained on")
+    assert metrics["train_samples_per_second"] * metrics["train_runtime"] == pytest.approx(   # rate: 3 decimals
+        60, abs=0.0005 * metrics["train_runtime"] + 1e-6), "the pairs both ranks trained on"
     eval_lines = (output_dir / "eval_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     assert len(eval_lines) == 6
 

@@ -272,7 +272,9 @@ def test_train_samples_per_second_counts_the_pairs_trained_on(tmp_path, corpus, 
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False, **batching)
     metrics = run([str(config)])["train"]
     assert metrics["train_samples"] == 120 and metrics["epoch"] == pytest.approx(epochs)
-    assert metrics["train_samples_per_second"] * metrics["train_runtime"] == pytest.approx(120 * epochs, rel=1e-4)
+    # the rate is rounded to 3 decimals (as transformers rounds it): off by at most 0.0005 pairs a second
+    assert metrics["train_samples_per_second"] * metrics["train_runtime"] == pytest.approx(
+        120 * epochs, abs=0.0005 * metrics["train_runtime"] + 1e-6)
     saved = json.loads((tmp_path / "out" / "train_results.json").read_text())
     logged = json.loads((tmp_path / "out" / "trainer_state.json").read_text())["log_history"][-1]
     assert saved["train_samples_per_second"] == logged["train_samples_per_second"] == (
@@ -611,7 +613,7 @@ def test_a_trainer_resuming_from_a_checkpoint_ties_what_it_left_out_and_names_an
     assert "missing keys" not in warnings_when_loading(resumed)
     for name, tensor in trained.state_dict().items():
         assert torch.equal(resumed.state_dict()[name], tensor), name
-    assert (resumed.lm_head.weight is resumed.model.shared.weight) == tied
+    assert (resumed.lm_head.weight is resumed.get_input_embeddings().weight) == tied
 
     lacking = "model.encoder.layers.0.final_layer_norm.weight"
     save_file({name: tensor for name, tensor in saved.items() if name != lacking},

@@ -560,8 +560,11 @@ class RelPosStack(nn.Module):
         states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
         query_length = hidden_states.size(1)
         key_length = query_offset + query_length
-        checkpointed = torch.is_grad_enabled() and any(layer.gradient_checkpointing and layer.training
-                                                       for layer in self.layers)
+        # a layer checkpointed by transformers (gradient_checkpointing) or wrapped by another module (torch's
+        # checkpoint_wrapper, as FSDP's activation checkpointing applies it) may be recomputed in the backward pass
+        checkpointed = torch.is_grad_enabled() and any(
+            not isinstance(layer, RelPosLayer) or (layer.gradient_checkpointing and layer.training)
+            for layer in self.layers)
         position_context = self.positions.prepare(PositionContext(
             query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype,
             reuse_across_layers=not checkpointed,
@@ -684,7 +687,7 @@ class RelPosDecoder(RelPosStack):
             )
         if cache is not None and cache.is_compileable:
             raise ValueError(
-                f"a cache of fixed-size layers ({type(cache).__name__}, cache_implementation 'static') is not "
+                f"a cache of fixed-size layers ({type(cache).__name__}, e.g. cache_implementation 'static') is not "
                 "supported: the position schemes place the cached keys at 0 .. m-1 of the keys seen so far; generate "
                 "with the default dynamic cache (cache_implementation None or 'dynamic')")
         past_length = cache.get_seq_length() if cache is not None else 0
@@ -862,6 +865,20 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             self.shared = value
             self.decoder.embed_tokens = value
 
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True) -> nn.Embedding:
+        """`PreTrainedModel.resize_token_embeddings`, with the untied decoder's embeddings resized alike (one joint
+        vocabulary)."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.decoder_embeddings_follow(embeddings.weight.size(0), mean_resizing)
+        return embeddings
+
+    def decoder_embeddings_follow(self, vocab_size: int, mean_resizing: bool = True) -> None:
+        """Untied decoder embeddings resized to `vocab_size` (the joint vocabulary's), the rows kept unchanged."""
+        if self.decoder.embed_tokens.weight.size(0) != vocab_size:
+            self.decoder.embed_tokens = self._get_resized_embeddings(self.decoder.embed_tokens, vocab_size,
+                                                                     mean_resizing=mean_resizing)
+
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @can_return_tuple
     def forward(
@@ -949,10 +966,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         rows kept are unchanged."""
         embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
         new_size = embeddings.weight.size(0)
-        decoder = self.model.decoder
-        if decoder.embed_tokens.weight.size(0) != new_size:
-            decoder.embed_tokens = self._get_resized_embeddings(decoder.embed_tokens, new_size,
-                                                                mean_resizing=mean_resizing)
+        self.model.decoder_embeddings_follow(new_size, mean_resizing)
         old_bias = self.final_logits_bias
         new_bias = old_bias.new_zeros(1, new_size)
         new_bias[:, : min(new_size, old_bias.size(1))] = old_bias[:, :new_size]

@@ -528,11 +528,16 @@ def _usage_section(repo_id: str, source: str, scheme_class: type[PositionScheme]
     remote-code way."""
     example = {"de": "Der Hund schläft.", "en": "The dog is sleeping."}.get(source, "...")
     packaged = _is_packaged(scheme_class)
+    module = scheme_class.__module__
+    in_a_script = module == "__main__"   # registered by a script or notebook: no module to import
+    if in_a_script:
+        module = "my_schemes"
     registers = ("`import hf_relpos` registers the model with the Auto classes" if packaged else
-                 f"`import hf_relpos` registers the model with the Auto classes, and importing `{scheme_class.__module__}` "
-                 "registers its position scheme (the code stored with the model cannot load it: `trust_remote_code=True` "
-                 "alone does not work)")
-    scheme_import = "" if packaged else f"import {scheme_class.__module__}  # noqa: F401\n"
+                 f"`import hf_relpos` registers the model with the Auto classes, and importing `{module}` registers "
+                 "its position scheme (the code stored with the model cannot load it: `trust_remote_code=True` alone "
+                 "does not work)" + (f"; `{scheme_class.__qualname__}` was registered by a script, so `{module}` "
+                                      "stands for a module that holds it" if in_a_script else ""))
+    scheme_import = "" if packaged else f"import {module}  # noqa: F401\n"
     with_package = f"""## How to use
 
 With the `hf_relpos` package installed, {registers}:

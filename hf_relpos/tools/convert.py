@@ -155,7 +155,7 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, position_
     config = marian_config_to_relpos(marian.config, position_scheme, **config_overrides)
     model = RelPosTransformerForConditionalGeneration(config).to(marian.dtype)
     state = marian_state_to_relpos(marian.state_dict())
-    if model.model.shared is None:   # untied: Marian's shared matrix is the one both stacks' embeddings hold
+    if model.model.shared is None:   # untied: no shared matrix here (Marian's, untied, is read by no stack)
         del state["model.shared.weight"]
     if "final_logits_bias" not in state:
         state["final_logits_bias"] = torch.zeros_like(model.final_logits_bias)
