@@ -267,22 +267,41 @@ def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monk
     assert f"Trained as: `{command} {REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir " in card
 
 
-@pytest.mark.parametrize(("program", "devices", "hardware", "launch"), [
-    ("train_translation.py", 2, "CPU: AMD EPYC", "accelerate launch --config_file configs/accelerate/cpu_2proc.yaml "
-                                                 "--num_processes 2 train_translation.py"),
-    ("hf-relpos-train", 4, "NVIDIA H100 80GB HBM3", "accelerate launch --config_file configs/accelerate/multi_gpu.yaml "
-                                                    "--num_processes 4 --no_python hf-relpos-train"),
-    ("train_translation.py", 1, "CPU: AMD EPYC", "python train_translation.py"),
+@pytest.mark.parametrize(("program", "devices", "hardware", "sharded", "launch"), [
+    ("train_translation.py", 2, "CPU: AMD EPYC", False, "accelerate launch --config_file "
+                                                        "configs/accelerate/cpu_2proc.yaml --num_processes 2 "
+                                                        "train_translation.py"),
+    ("hf-relpos-train", 4, "NVIDIA H100 80GB HBM3", False, "accelerate launch --config_file "
+                                                           "configs/accelerate/multi_gpu.yaml --num_processes 4 "
+                                                           "--no_python hf-relpos-train"),
+    ("train_translation.py", 8, "NVIDIA H100 80GB HBM3", True, "accelerate launch --config_file "
+                                                               "configs/accelerate/fsdp.yaml --num_processes 8 "
+                                                               "train_translation.py"),
+    ("train_translation.py", 1, "CPU: AMD EPYC", False, "python train_translation.py"),
 ])
-def test_a_run_card_starts_as_many_processes_as_the_run_had(program, devices, hardware, launch):
-    """A data-parallel run's command is docs/training.md's `accelerate launch` with its DDP config and process count
-    (`python train_translation.py` would train one process at 1/N of the effective batch); its flags follow."""
+def test_a_run_card_starts_as_many_processes_as_the_run_had(program, devices, hardware, sharded, launch):
+    """A data-parallel run's command is docs/training.md's `accelerate launch` with its config (FSDP's for a sharded
+    run, else the DDP one of its hardware) and process count (`python train_translation.py` would train one process
+    at 1/N of the effective batch); its flags follow."""
     flags = "/tmp/hcfg/tiny.yaml --use_cpu true --max_tokens_per_batch 256"
-    record = RunRecord(program=program, devices=devices, hardware=hardware, trained_as=flags)
+    record = RunRecord(program=program, devices=devices, hardware=hardware, sharded=sharded, trained_as=flags)
     card = hub.render_model_card(tiny_config("shaw"), record)
     assert f"Trained as: `{launch} {flags}`" in card
     if "--config_file" in launch:
         assert (REPO_ROOT / launch.split()[3]).is_file()
+
+
+@pytest.mark.parametrize(("world_size", "use_fsdp", "sharded"), [(2, "true", True), (2, "false", False),
+                                                                   (1, "true", False)])
+def test_the_run_record_notes_a_sharded_run_from_accelerates_setting(output_folder, monkeypatch, world_size, use_fsdp,
+                                                                      sharded):
+    """`accelerate launch` with an FSDP config sets ACCELERATE_USE_FSDP in every process: a run of several processes
+    records itself as sharded (its card then names fsdp.yaml); one process shards nothing."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    monkeypatch.setattr(type(arguments[2]), "world_size", property(lambda self: world_size))
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", use_fsdp)
+    record = run_record(*arguments)
+    assert record.devices == world_size and record.sharded is sharded
 
 
 def test_a_run_card_gives_the_vocabulary_the_tokenizer_has(output_folder):

@@ -417,14 +417,17 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
 def _launch_command(record: RunRecord) -> str:
     """The command a run was started with, as typed: a script after `python`, a console script by its name (runs
     recorded without their program were started as train_translation.py). A run of N > 1 processes was started by
-    `accelerate launch` as docs/training.md documents data parallelism: the DDP config of its hardware
-    (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`, then the program (a console script
-    after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
+    `accelerate launch` as docs/training.md documents data parallelism: `fsdp.yaml` for a sharded run, else the DDP
+    config of its hardware (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`, then the
+    program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
     program = record.program or "train_translation.py"
     is_script = program.endswith(".py")
     if (record.devices or 1) == 1:
         return f"python {program}" if is_script else program
-    config = "cpu_2proc" if (record.hardware or "").startswith("CPU") else "multi_gpu"
+    if record.sharded:
+        config = "fsdp"
+    else:
+        config = "cpu_2proc" if (record.hardware or "").startswith("CPU") else "multi_gpu"
     return (f"accelerate launch --config_file configs/accelerate/{config}.yaml --num_processes {record.devices} "
             + (program if is_script else f"--no_python {program}"))
 

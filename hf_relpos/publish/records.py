@@ -142,6 +142,7 @@ class RunRecord:
     generation_length_penalty: float | None = _recipe_field(DECODING)
     generation_max_length_offset: int | None = _recipe_field(DECODING)
     devices: int | None = None            # processes that trained it together (data parallel)
+    sharded: bool | None = None           # those processes sharded the parameters (FSDP) instead of each holding all
     hardware: str | None = None           # e.g. the GPU's name
     training_seconds: float | None = None
     role: str = RECIPE                    # RECIPE: hf_relpos trained by a recipe; PEER: a model it is compared with

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 import shlex
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,7 +43,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                training_seconds: float | None = None) -> RunRecord:
     """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
     added (and the program it was started by), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
-    counts; the pairs per batch only without a token budget), the processes, the hardware and (after training) the
+    counts; the pairs per batch only without a token budget), the processes (and whether `accelerate launch` sharded
+    them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the
     training time, the date and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     if training_args.max_tokens_per_batch is not None:
@@ -53,7 +55,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                                         if hasattr(arguments, name)), name))
               for name in RunRecord.recipe_fields() if name not in omitted}
     recipe_file = model_args.recipe_file
-    return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size,
+    sharded = training_args.world_size > 1 and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size, sharded=sharded,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
                      program=program_name(),
