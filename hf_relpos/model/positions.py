@@ -46,9 +46,8 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         existing = POSITION_SCHEMES.get(name)
         if existing is not None and existing.__qualname__ != scheme_class.__qualname__:
             raise ValueError(f"position_scheme {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
+        _refuse_config_names(name, scheme_class, CONFIG_NAMES)
         for field in scheme_class.config_fields:
-            if field.name in CONFIG_NAMES:
-                raise _config_name_clash(name, field.name)
             for other_name, other in POSITION_SCHEMES.items():
                 declared = {f.name: f for f in other.config_fields}.get(field.name)
                 if other_name != name and declared is not None and declared != field:
@@ -66,16 +65,17 @@ def reserve_config_names(names: set[str]) -> None:
     refuses as a scheme's config field; a scheme registered before (the built-in ones) that declares one is refused
     here."""
     for scheme_name, scheme_class in POSITION_SCHEMES.items():
-        for field in scheme_class.config_fields:
-            if field.name in names:
-                raise _config_name_clash(scheme_name, field.name)
+        _refuse_config_names(scheme_name, scheme_class, names)
     CONFIG_NAMES.update(names)
 
 
-def _config_name_clash(scheme_name: str, field_name: str) -> ValueError:
-    """The refusal of a scheme's config field that bears a name of the config itself."""
-    return ValueError(f"config field {field_name!r} of scheme {scheme_name!r} is a name RelPosTransformerConfig "
-                      "already has (a field of its own, an alias or an attribute): give the scheme's field another name")
+def _refuse_config_names(scheme_name: str, scheme_class: type[PositionScheme], names: set[str]) -> None:
+    """Refuse a scheme whose config field bears one of `names` (those of the config itself)."""
+    for field in scheme_class.config_fields:
+        if field.name in names:
+            raise ValueError(f"config field {field.name!r} of scheme {scheme_name!r} is a name RelPosTransformerConfig "
+                             "already has (a field of its own, an alias or an attribute): give the scheme's field "
+                             "another name")
 
 
 Returned = TypeVar("Returned")
@@ -444,9 +444,9 @@ class DenseBias:
     `PositionContext.extend` from the context's `reuse_across_layers`); the fused path reads the scheme's score_mod
     instead and never builds it."""
 
-    def __init__(self, build: Callable[[], torch.Tensor], reuse: bool = True) -> None:
+    def __init__(self, build: Callable[[], torch.Tensor]) -> None:
         self.build = build
-        self.reuse = reuse
+        self.reuse = True
         self._dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
