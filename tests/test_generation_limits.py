@@ -152,6 +152,69 @@ def test_a_passed_generation_config_keeps_the_saved_relative_cap():
     assert torch.equal(output, positional)
 
 
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_a_minimum_length_beyond_a_rows_cap_is_one_error_and_one_within_it_ends_at_the_cap(num_beams):
+    """min_new_tokens / min_length ban the end token until their length: at or beyond a row's cap they would leave
+    that step with no token to choose (fairseq refuses min_len > max_len likewise)."""
+    model = capped_model(ratio=1.0, offset=2, ceiling=60)
+    ids, mask = sources([4, 9])   # caps 6 and 11 new tokens
+    for too_long in ({"min_new_tokens": 6}, {"min_length": 7}):   # min_length counts the decoder start token
+        with pytest.raises(ValueError, match=r"at least 6 new tokens .* ends a row of this batch after 6 new tokens"):
+            model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, **too_long)
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, min_new_tokens=5)
+    assert new_lengths(output) == [6, 11]
+
+
+@pytest.mark.parametrize("num_beams", [1, 3])
+def test_the_cap_ends_a_row_whose_end_token_another_processor_bans(num_beams):
+    """With the end token suppressed, every score of the capped step would be -inf: the row still ends there, with
+    its end token and a finite score."""
+    model = tiny_model("shaw")
+    set_relative_limit(model.generation_config, 1.0, 2)
+    model.generation_config.max_new_tokens = 60
+    ids, mask = sources([4, 9])
+    with torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, suppress_tokens=[EOS],
+                                return_dict_in_generate=True, output_scores=True)
+    assert new_lengths(output.sequences) == [6, 11]
+    assert [row[:length + 1][-1] for row, length in zip(output.sequences.tolist(), [6, 11], strict=True)] == [EOS] * 2
+    if num_beams > 1:
+        assert torch.isfinite(output.sequences_scores).all() and (output.sequences_scores > -1e4).all()
+
+
+def test_a_cap_set_on_the_generation_config_survives_save_and_load(tmp_path):
+    """Fields set directly on a generation config made from the model's config (transformers drops the custom fields
+    of such a config when it loads it): save_pretrained keeps them."""
+    model = tiny_model("shaw")
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e4
+    assert model.generation_config._from_model_config
+    model.generation_config.max_len_a, model.generation_config.max_len_b = 1.0, 5
+    model.generation_config.max_new_tokens = 200
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path).eval()
+    assert (loaded.generation_config.max_len_a, loaded.generation_config.max_len_b) == (1.0, 5)
+    ids, _ = sources([4])
+    with torch.no_grad():
+        assert new_lengths(loaded.generate(input_ids=ids)) == [9]
+
+
+def test_a_max_length_that_the_saved_ceiling_overrides_is_said(caplog, monkeypatch):
+    from hf_relpos.model import modeling_relpos
+
+    monkeypatch.setattr(modeling_relpos.logger, "warning_once", modeling_relpos.logger.warning)   # not cached
+    model = capped_model(ratio=1.0, offset=2, ceiling=60)
+    ids, _ = sources([9])
+    with caplog.at_level("WARNING"), torch.no_grad():
+        assert new_lengths(model.generate(input_ids=ids, max_length=4)) == [11]
+    assert "max_length=4 is ignored: max_new_tokens (60) is the ceiling" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING"), torch.no_grad():
+        assert new_lengths(model.generate(input_ids=ids, max_length=4, max_new_tokens=None)) == [3]
+    assert "is ignored" not in caplog.text
+
+
 @pytest.mark.parametrize("field, value, allowed", [
     ("max_len_a", -1.0, "a finite number >= 0"), ("max_len_a", "x", "a finite number >= 0"),
     ("max_len_a", float("inf"), "a finite number >= 0"), ("max_len_b", 1.5, "an integer >= 0"),

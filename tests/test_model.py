@@ -750,6 +750,10 @@ def test_the_decoder_mask_of_the_new_tokens_or_of_all_tokens_is_taken_with_a_cac
      r"the encoder's inputs must hold at least one token per sequence .* got shape \[3, 0, 32\]"),
     (lambda ids: dict(input_ids=ids, decoder_input_ids=ids[:1]),
      r"the decoder's batch \(1\) and the encoder output's \(3\) must be the same size"),
+    # what a Trainer passes when it takes the labels out (label smoothing) and the collator made no decoder inputs
+    (lambda ids: dict(input_ids=ids),
+     r"Pass exactly one of decoder_input_ids and decoder_inputs_embeds, or labels .* "
+     r"DataCollatorForSeq2Seq\(tokenizer, model=model\) adds them"),
 ])
 def test_malformed_token_inputs_are_one_error_naming_them(inputs, message):
     model = tiny_model("xl", seed=1).eval()

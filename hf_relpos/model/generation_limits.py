@@ -85,10 +85,30 @@ def per_scores_row(values: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
     return values.to(scores.device).repeat_interleave(scores.shape[0] // values.shape[0])
 
 
+def shortest_new_output(config: GenerationConfig, prompt_length: int) -> int:
+    """New tokens before which `config` bans the end token (transformers' `min_new_tokens`, and `min_length` counted
+    with the decoder prompt): the larger of the two, 0 when neither is set."""
+    from_min_length = (config.min_length or 0) - prompt_length
+    return max(config.min_new_tokens or 0, from_min_length, 0)
+
+
+def check_shortest_below_limits(limits: torch.Tensor, shortest: int) -> None:
+    """One ValueError when a minimum output length bans the end token at the step where a row's cap must end it
+    (fairseq refuses min_len > max_len likewise): every row needs limit_i > `shortest`."""
+    tightest = int(limits.min())
+    if shortest >= tightest:
+        raise ValueError(f"min_new_tokens / min_length ask for at least {shortest} new tokens before the end token, "
+                         f"but max_len_a * source length + max_len_b ends a row of this batch after {tightest} new "
+                         f"tokens (its end token included): lower min_new_tokens / min_length, or raise max_len_a / "
+                         "max_len_b (max_len_b=None switches the source-relative cap off)")
+
+
 class SourceLengthCapLogitsProcessor(LogitsProcessor):
     """At the step that makes row i's `limits[i]`-th new token, only the end token(s) keep their scores (the others
     become -inf; the end token's log-probability is left as the model gives it, as in fairseq), so the row ends there.
-    Rows are matched to the scores' rows by repetition (`per_scores_row`)."""
+    The cap wins over other processors: an end token they set to -inf (`bad_words_ids`, `suppress_tokens`) scores 0
+    there, so the row still ends instead of choosing among -inf scores. Rows are matched to the scores' rows by
+    repetition (`per_scores_row`)."""
 
     def __init__(self, limits: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
         self.limits = limits
@@ -102,5 +122,7 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
         if not bool(ending.any()):
             return scores
         ended = torch.full_like(scores, -math.inf)
-        ended[:, self.eos_token_ids] = scores[:, self.eos_token_ids]
+        end_scores = scores[:, self.eos_token_ids]
+        banned = torch.isneginf(end_scores).all(dim=-1, keepdim=True)   # every end token of the row at -inf
+        ended[:, self.eos_token_ids] = torch.where(banned, 0.0, end_scores)
         return torch.where(ending[:, None], ended, scores)

@@ -58,9 +58,11 @@ from .generation_limits import (
     DEFAULT_NEW_TOKENS,
     RELATIVE_LIMIT_FIELDS,
     SourceLengthCapLogitsProcessor,
+    check_shortest_below_limits,
     longest_new_output,
     new_token_limits,
     relative_limit,
+    shortest_new_output,
     source_lengths,
 )
 from .positions import (
@@ -787,6 +789,10 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         for auto_class, model_class in self.remote_auto_classes.items():
             auto_map.setdefault(auto_class, f"modeling_relpos.{model_class}")
         self.config.auto_map = auto_map
+        generation_config = getattr(self, "generation_config", None)
+        if generation_config is not None and relative_limit(generation_config) is not None:
+            # transformers drops custom fields of a config made from the model's config when it loads it again
+            generation_config._from_model_config = False
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
@@ -910,6 +916,12 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
+        if (decoder_input_ids is None) == (decoder_inputs_embeds is None):
+            raise ValueError(
+                "Pass exactly one of decoder_input_ids and decoder_inputs_embeds, or labels to the "
+                "ForConditionalGeneration model (which shifts them right into decoder_input_ids). A Trainer that takes "
+                "the labels out of the batch (label smoothing) needs decoder_input_ids in it: "
+                "DataCollatorForSeq2Seq(tokenizer, model=model) adds them")
         decoder_outputs = self.decoder(
             input_ids=decoder_input_ids,
             attention_mask=decoder_attention_mask,
@@ -1103,7 +1115,8 @@ def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationCo
                 setattr(config, name, getattr(model.generation_config, name, None))
     if generate_kwargs.get("max_length") is not None:
         config.max_length = generate_kwargs["max_length"]
-    for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):  # max_new_tokens=None: max_length caps instead
+    # max_new_tokens=None: max_length caps instead
+    for name in ("max_new_tokens", "min_new_tokens", "min_length", *RELATIVE_LIMIT_FIELDS):
         if name in generate_kwargs:
             setattr(config, name, generate_kwargs[name])
     return config
@@ -1120,6 +1133,11 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
         generate_kwargs.pop(name, None)
     if limits is None:
         return
+    check_shortest_below_limits(limits, shortest_new_output(config, prompt_length))
+    if generate_kwargs.get("max_length") is not None and config.max_new_tokens is not None:
+        logger.warning_once(f"max_length={generate_kwargs['max_length']} is ignored: max_new_tokens "
+                            f"({config.max_new_tokens}) is the ceiling of the max_len_a / max_len_b cap; pass "
+                            "max_new_tokens=None as well to make max_length the ceiling")
     if config.max_new_tokens is None and config.max_length is None:
         logger.warning_once(f"max_len_a / max_len_b cap each translation under generate's default ceiling of "
                             f"{DEFAULT_NEW_TOKENS} new tokens, since neither max_new_tokens nor max_length is set: "
