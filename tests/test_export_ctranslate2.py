@@ -7,6 +7,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
+import shutil
 import stat
 import sys
 from pathlib import Path
@@ -218,13 +220,76 @@ def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
 
 def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokenizer):
     """absolute and none carry max_position_embeddings (128) rows of positions: a longer cap is refused, not
-    truncated or read out of range."""
+    truncated or read out of range; under max_len_b each row's own cap counts, not the ceiling above it."""
     engine = CTranslate2Model(exported["absolute"][2], threads=1)
     inputs = tokenizer(TEST_SOURCES[:2], padding=True, return_tensors="pt")
-    with pytest.raises(ValueError, match="position table has 128 rows"):
+    with pytest.raises(ValueError, match="position table has 128 rows: .* length cap of 129; export again with "
+                                         "hf-relpos-export ctranslate2 --max_positions 129 or more"):
         engine.generate(**inputs, max_new_tokens=129)
     assert engine.generate(**inputs, max_new_tokens=128).size(0) == 2
+    assert engine.generate(**inputs, max_new_tokens=500, max_len_a=1.0, max_len_b=5).size(0) == 2
+    with pytest.raises(ValueError, match=f"length cap of {int(inputs.attention_mask.sum(-1).max()) + 135};"):
+        engine.generate(**inputs, max_new_tokens=500, max_len_a=1.0, max_len_b=135)
     assert CTranslate2Model(exported["shaw"][2], threads=1).position_table_rows is None
+
+
+@pytest.mark.parametrize("name", ["absolute", "none"])
+def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_max_position_embeddings(
+        exported, tokenizer, tmp_path, capsys, name):
+    """The sinusoids (or zeros) are exact at any length, and the PyTorch model has no bound: with --max_positions the
+    export serves a source longer than max_position_embeddings (128) with PyTorch's greedy ids; the default export
+    refuses it in one line of hf-relpos-translate, writing no output."""
+    model, source, default_export = exported[name]
+    long_source = " ".join(TEST_SOURCES)
+    inputs = tokenizer([long_source, TEST_SOURCES[0]], padding=True, return_tensors="pt")
+    assert inputs.input_ids.size(1) > 128
+    export_main(["ctranslate2", str(source), str(tmp_path / "ct2"), "--max_positions", "400"])
+    engine = CTranslate2Model(tmp_path / "ct2", threads=1)
+    assert engine.position_table_rows == 400
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1, max_new_tokens=30)
+    assert torch.equal(engine.generate(**inputs, num_beams=1, max_new_tokens=30), expected)
+    (tmp_path / "long.txt").write_text(f"{TEST_SOURCES[1]}\n{long_source}\n")
+    with pytest.raises(SystemExit) as raised:
+        translate_main([str(default_export), "--input", str(tmp_path / "long.txt"), "--output",
+                        str(tmp_path / "out.txt"), "--no_progress", "--no_split_sentences"])
+    assert raised.value.code == 2 and not (tmp_path / "out.txt").exists()
+    assert re.fullmatch(r"hf-relpos-translate: error: this export's position table has 128 rows: .* --max_positions "
+                        r"\d+ or more, or translate with the PyTorch folder", capsys.readouterr().err.splitlines()[-1])
+
+
+def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):
+    with pytest.raises(ExportError, match="max_positions sizes the position table of absolute and none; "
+                                          "position_scheme 'shaw' exports no such table"):
+        export_ctranslate2(exported["shaw"][1], tmp_path / "ct2", max_positions=400)
+    with pytest.raises(ExportError, match="max_positions must be a positive integer, got 0"):
+        export_ctranslate2(exported["absolute"][1], tmp_path / "ct2", max_positions=0)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_folder_without_a_tokenizer_is_one_error_naming_it(exported, tmp_path, capsys):
+    source = tmp_path / "model"
+    source.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copyfile(exported["shaw"][1] / name, source / name)
+    message = r"has no tokenizer \(tokenizer.json or tokenizer_config.json\): save the tokenizer beside the model"
+    with pytest.raises(ExportError, match=message):
+        export_ctranslate2(source, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+    (tmp_path / "src.txt").write_text("A dog runs.\n")
+    with pytest.raises(SystemExit) as raised:
+        translate_main([str(source), "--input", str(tmp_path / "src.txt"), "--no_progress"])
+    assert raised.value.code == 2
+    assert re.fullmatch(f"hf-relpos-translate: error: .*{message}.*\n", capsys.readouterr().err)
+
+
+def test_a_minimum_length_beyond_a_rows_cap_is_refused_as_generate_refuses_it(exported, tokenizer):
+    model, _, folder = exported["t5"]
+    inputs = tokenizer(TEST_SOURCES[:3], padding=True, return_tensors="pt")
+    settings = dict(max_len_a=0.0, max_len_b=4, min_new_tokens=4, num_beams=1)
+    for decoder in (model, CTranslate2Model(folder, threads=1)):
+        with pytest.raises(ValueError, match="at least 4 new tokens .* after 4 new tokens"):
+            decoder.generate(**inputs, **settings)
 
 
 def test_hf_relpos_translate_runs_an_exported_folder_like_the_pytorch_one(exported, tmp_path, capsys):

@@ -26,9 +26,11 @@ from transformers import GenerationConfig
 
 from ..model.generation_limits import (
     RELATIVE_LIMIT_FIELDS,
+    check_shortest_below_limits,
     longest_new_output,
     new_token_limits,
     relative_limit,
+    shortest_new_output,
     source_lengths,
 )
 from .export import EXPORT_RECORD, ExportError, import_ctranslate2
@@ -93,7 +95,7 @@ class CTranslate2Model:
         """translate_batch's options for generate()'s `settings` over the folder's generation config."""
         config = self.length_config(**settings)
         max_decoding_length = longest_new_output(config, prompt_length=1)   # after the decoder start token
-        min_new = config.min_new_tokens if config.min_new_tokens is not None else max((config.min_length or 0) - 1, 0)
+        min_new = shortest_new_output(config, prompt_length=1)
         if config.do_sample:
             raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
         options = {
@@ -112,6 +114,16 @@ class CTranslate2Model:
         """Whether generate forces the end token as the last new token it allows (`forced_eos_token_id`)."""
         return self.length_config(**settings).forced_eos_token_id in self.end_token_ids
 
+    def check_position_table(self, longest_source: int, longest_output: int) -> None:
+        """One ValueError when a position table (`absolute`, `none`) has fewer rows than the longest source or the
+        most new tokens a row may get (its own cap under max_len_b, else the ceiling)."""
+        rows = self.position_table_rows
+        if rows is not None and max(longest_source, longest_output) > rows:
+            raise ValueError(f"this export's position table has {rows} rows: it serves sources and translations of "
+                             f"at most {rows} tokens, got a source of {longest_source} tokens and a length cap of "
+                             f"{longest_output}; export again with hf-relpos-export ctranslate2 --max_positions "
+                             f"{max(longest_source, longest_output)} or more, or translate with the PyTorch folder")
+
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **settings: Any) -> torch.Tensor:
         """The translations of the (padded) sources as generated ids [batch, length], the decoder start token first
@@ -125,12 +137,10 @@ class CTranslate2Model:
             attention_mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
         options = self.decoding_options(**settings)
         limits = self.new_token_limits(input_ids, attention_mask, **settings)
-        lengths = attention_mask.sum(-1).tolist()
-        rows = self.position_table_rows
-        if rows is not None and (max(lengths) > rows or options["max_decoding_length"] > rows):
-            raise ValueError(f"this export's position table has {rows} rows (max_position_embeddings): sources and "
-                             f"translations must not be longer, got a source of {max(lengths)} tokens and a length "
-                             f"cap of {options['max_decoding_length']}")
+        self.check_position_table(max(attention_mask.sum(-1).tolist()),
+                                  options["max_decoding_length"] if limits is None else int(limits.max()))
+        if limits is not None:
+            check_shortest_below_limits(limits, options["min_decoding_length"])
         sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
                    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
         forced_end = limits is not None or self.forces_end_token(**settings)

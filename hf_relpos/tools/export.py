@@ -5,7 +5,8 @@ these schemes and options of an hf_relpos translation model, so the same weights
 
 - `absolute`: the [sin | cos] sinusoids of `hf_relpos.model.positions.sinusoids` written as the position table of
   both stacks (CTranslate2's built-in sinusoids use the frequencies 10000^(-i / (d/2 - 1)), not Vaswani et al.'s
-  10000^(-i / (d/2)), so they are not used); the table has `max_position_embeddings` rows.
+  10000^(-i / (d/2)), so they are not used); the table has `max_position_embeddings` rows, or `--max_positions`:
+  the longest source and translation the export serves (the PyTorch model has no such bound).
 - `shaw`: `relative_position` (Shaw et al. 2018 as OpenNMT-py's `max_relative_positions`): per layer one table of
   2k + 1 key and one of value vectors shared by the heads, indexed by clip(j - i, k) + k as here. A model without
   a^K or a^V gets a zero table in its place (which adds exactly nothing).
@@ -47,6 +48,7 @@ from ..publish.files import staged_folder
 
 PROGRAM = "hf-relpos-export"
 EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")   # a saved tokenizer has one of them
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -132,26 +134,21 @@ def _array(tensor: torch.Tensor) -> Any:
     return tensor.detach().to(device="cpu", dtype=torch.float32).numpy().copy()
 
 
-def _zero_table(config: RelPosTransformerConfig) -> Any:
-    return _array(torch.zeros(config.max_position_embeddings, config.d_model))
+def _sinusoid_table(rows: int, config: RelPosTransformerConfig, scale: float = 1.0) -> Any:
+    return _array(scale * sinusoids(torch.arange(rows), config.d_model, torch.float64))
 
 
-def _sinusoid_table(config: RelPosTransformerConfig, scale: float = 1.0) -> Any:
-    positions = torch.arange(config.max_position_embeddings)
-    return _array(scale * sinusoids(positions, config.d_model, torch.float64))
+def _absolute(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
+    spec.position_encodings.encodings = _sinusoid_table(rows, config)
 
 
-def _absolute(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
-    spec.position_encodings.encodings = _sinusoid_table(config)
-
-
-def _none(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
+def _none(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     kept = config.keep_absolute_positions
-    spec.position_encodings.encodings = (_sinusoid_table(config, config.absolute_positions_scale) if kept
-                                         else _zero_table(config))
+    spec.position_encodings.encodings = (_sinusoid_table(rows, config, config.absolute_positions_scale) if kept
+                                         else _array(torch.zeros(rows, config.d_model)))
 
 
-def _shaw(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
+def _shaw(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     scheme = stack.positions
     shape = (2 * scheme.max_relative_position + 1, scheme.head_dim)
     for index, layer in enumerate(spec.layer):
@@ -161,7 +158,7 @@ def _shaw(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> Non
         layer.self_attention.relative_position_values = _array(values)
 
 
-def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
+def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     import numpy as np
 
     table = _array(stack.positions.relative_attention_bias.weight)  # [buckets, heads], as T5's
@@ -174,15 +171,15 @@ def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
 @dataclass(frozen=True)
 class SchemeExport:
     """How one scheme enters CTranslate2's specification: `options` of both stacks' specifications (from the config),
-    `write` of its tables into a stack's specification, and whether it is a position table added to the embeddings
-    (which then bounds the lengths, `max_position_embeddings` rows)."""
+    `write` of its tables into a stack's specification (given the rows of a position table), and whether it is a
+    position table added to the embeddings (which then bounds the lengths of sources and translations)."""
 
     options: Callable[[RelPosTransformerConfig], dict]
-    write: Callable[[Any, RelPosStack, RelPosTransformerConfig], None]
+    write: Callable[[Any, RelPosStack, RelPosTransformerConfig, int], None]
     position_table: bool = False
 
 
-def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig) -> None:
+def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     """rope: the rotation is all in the specification's options."""
 
 
@@ -196,8 +193,10 @@ POSITION_EXPORTS: dict[str, SchemeExport] = {
 }
 
 
-def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[str], unk_token: str | None) -> Any:
-    """The CTranslate2 `TransformerSpec` of `model` with the vocabulary `tokens` (id order), weights set."""
+def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[str], unk_token: str | None,
+               position_rows: int | None = None) -> Any:
+    """The CTranslate2 `TransformerSpec` of `model` with the vocabulary `tokens` (id order), weights set; a position
+    table (`absolute`, `none`) has `position_rows` rows (None: max_position_embeddings)."""
     from ctranslate2.converters import utils
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -228,7 +227,7 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
             _set_layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
         if hasattr(spec, "position_encodings") and not scheme.position_table:
             del spec.position_encodings  # relative schemes: no table (the engine adds nothing to the embeddings)
-        scheme.write(spec, stack, config)
+        scheme.write(spec, stack, config, position_rows or config.max_position_embeddings)
     _set_linear(decoder_spec.projection, model.lm_head)
     decoder_spec.projection.bias = _array(model.final_logits_bias.reshape(-1))
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
@@ -284,15 +283,26 @@ def vocabulary(tokenizer: Any, vocab_size: int) -> list[str]:
     return tokens
 
 
+def check_tokenizer_saved(folder: str | Path) -> None:
+    """One error when the model folder `folder` holds no saved tokenizer (AutoTokenizer's own error there names a
+    missing sentencepiece or tiktoken)."""
+    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
+        raise ExportError(f"the model folder {str(folder)!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save "
+                          "the tokenizer beside the model (tokenizer.save_pretrained(folder))")
+
+
 def is_ctranslate2_folder(folder: str | Path) -> bool:
     """Whether `folder` is an export of `hf-relpos-export ctranslate2` (it holds its record)."""
     return (Path(folder) / EXPORT_RECORD).is_file()
 
 
-def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: str | None = None) -> Path:
+def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization: str | None = None,
+                       max_positions: int | None = None) -> Path:
     """Export the translation model saved in `model_dir` (model, tokenizer, generation config) to a CTranslate2
     folder `out_dir` (which must not exist, or be empty), weights stored as `quantization` (one of QUANTIZATIONS;
-    None: float32). Everything that could refuse is checked before anything is written; returns `out_dir`."""
+    None: float32). A scheme exported as a position table (`absolute`, `none`) gets `max_positions` rows (None:
+    max_position_embeddings), which bound the sources and translations the export serves. Everything that could
+    refuse is checked before anything is written; returns `out_dir`."""
     if is_ctranslate2_folder(model_dir):
         source = json.loads((Path(model_dir) / EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
         raise ExportError(f"MODEL_DIR {str(model_dir)!r} is already a CTranslate2 export (of {source!r}); MODEL_DIR "
@@ -306,9 +316,18 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     config = RelPosTransformerConfig.from_pretrained(model_dir)
     generation = _generation_config(model_dir)
     check_exportable(config, generation)
+    position_table = POSITION_EXPORTS[config.position_scheme].position_table
+    if max_positions is not None:
+        if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
+            raise ExportError(f"max_positions must be a positive integer, got {max_positions!r}")
+        if not position_table:
+            raise ExportError(f"max_positions sizes the position table of absolute and none; position_scheme "
+                              f"{config.position_scheme!r} exports no such table and has no length bound")
+    check_tokenizer_saved(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token)
+    rows = max_positions or config.max_position_embeddings
+    spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token, rows)
     spec.validate()
     spec.optimize(quantization=quantization)
     record = {
@@ -317,8 +336,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         "quantization": quantization or "float32",
         "source_model": str(Path(model_dir).resolve()),
         "position_scheme": config.position_scheme,
-        "position_table_rows": (config.max_position_embeddings
-                                if POSITION_EXPORTS[config.position_scheme].position_table else None),
+        "position_table_rows": rows if position_table else None,
     }
     with staged_folder(out_dir) as staging:
         spec.save(str(staging))
@@ -346,6 +364,10 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("out_dir", metavar="OUT_DIR", help="the CTranslate2 folder to write (new or empty)")
     engine.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="weight type in the engine (default: float32); int8: about 4x smaller and faster on CPU")
+    engine.add_argument("--max_positions", type=int, metavar="N",
+                        help="absolute and none only: rows of the position table, the longest source and translation "
+                             "(in tokens) the export serves (default: the model's max_position_embeddings); the "
+                             "PyTorch model has no such bound")
     return parser
 
 
@@ -354,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     if not Path(args.model_dir).is_dir():
         sys.exit(f"{PROGRAM}: error: no model folder {args.model_dir!r}")
     try:
-        out_dir = export_ctranslate2(args.model_dir, args.out_dir, args.quantization)
+        out_dir = export_ctranslate2(args.model_dir, args.out_dir, args.quantization, args.max_positions)
     except (ValueError, OSError) as error:  # ExportError, and a folder that is no hf_relpos model
         sys.exit(f"{PROGRAM}: error: {' '.join(str(error).split())}")
     print(f"{PROGRAM}: wrote {out_dir} (CTranslate2, {args.quantization or 'float32'}); translate with: "

@@ -36,7 +36,7 @@ from ..translation.data import DatasetSchemaError, text_lines
 from ..translation.metrics import score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
-from .export import is_ctranslate2_folder
+from .export import check_tokenizer_saved, is_ctranslate2_folder
 from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
@@ -236,6 +236,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     try:
         with hidden_progress_bars() if args.no_progress else contextlib.nullcontext():
+            if Path(args.model).is_dir():
+                check_tokenizer_saved(args.model)
             tokenizer = AutoTokenizer.from_pretrained(args.model)
             model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
@@ -253,7 +255,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         return translate_lines(lines, model, tokenizer, args.max_tokens, not args.no_progress,
                                "sentence" if args.split_sentences else "line", **generate_kwargs)
 
-    translations = translate_by_sentence(sources, translate) if args.split_sentences else translate(sources)
+    try:
+        translations = translate_by_sentence(sources, translate) if args.split_sentences else translate(sources)
+    except ValueError as error:   # settings the model refuses for this input (nothing is written)
+        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     text = "".join(line + "\n" for line in translations)
     if output is None:
         sys.stdout.write(text)
