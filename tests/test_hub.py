@@ -202,6 +202,18 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
 
 
+def test_a_card_without_a_repository_says_what_its_placeholder_stands_for():
+    """A training folder's own card (not pushed, no hub_model_id) and a recipe card load from REPO_ID: the card says
+    it is the Hub repository or the folder's path; a pushed card names its repository and no placeholder."""
+    config = hf_relpos.RelPosTransformerConfig(vocab_size=100, d_model=32, encoder_layers=1, decoder_layers=1,
+                                               encoder_attention_heads=2, decoder_attention_heads=2)
+    local = hub.render_model_card(config, {}, None)
+    assert "`REPO_ID` stands for the model's Hub repository, or the path of its folder." in local
+    assert 'from_pretrained("REPO_ID")' in local
+    pushed = hub.render_model_card(config, {}, None, repo_id="me/relpos-model")
+    assert "REPO_ID" not in pushed and 'from_pretrained("me/relpos-model")' in pushed
+
+
 @pytest.mark.parametrize(("decoder_heads", "warned"), [(None, False), (["forward", "backward"], True)])
 def test_directional_card_warns_of_silent_decoder_heads_only_when_there_are_some(decoder_heads, warned):
     """The default decoder heads are all forward; an explicit backward head in the causal decoder outputs zeros."""

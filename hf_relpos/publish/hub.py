@@ -541,9 +541,11 @@ def _usage_section(repo_id: str, source: str, scheme_class: type[PositionScheme]
                  "does not work)" + (f"; `{scheme_class.__qualname__}` was registered by a script, so `{module}` "
                                       "stands for a module that holds it" if in_a_script else ""))
     scheme_import = "" if packaged else f"import {module}  # noqa: F401\n"
+    placeholder = (f"`{RECIPE_TEMPLATE_NAME}` stands for the model's Hub repository, or the path of its folder.\n\n"
+                   if repo_id == RECIPE_TEMPLATE_NAME else "")
     with_package = f"""## How to use
 
-With the `hf_relpos` package installed, {registers}:
+{placeholder}With the `hf_relpos` package installed, {registers}:
 
 ```python
 import hf_relpos  # noqa: F401
