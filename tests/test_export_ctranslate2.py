@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import stat
+import subprocess
 import sys
 from pathlib import Path
 
@@ -200,6 +201,42 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
     assert CTranslate2Model(folder, threads=1).decoding_options(max_length=9, max_new_tokens=None)[
         "max_decoding_length"] == 8  # generate's max_length counts the decoder start token
     assert not [path.name for path in folder.parent.iterdir() if path.name.startswith(".")]  # no staging left
+
+
+def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_translates_as_the_engine(
+        exported, tokenizer, tmp_path):
+    """README.md of an export: the pair, scheme, quantization and saved decoding; its Python snippet (CTranslate2 and
+    transformers alone, FOLDER and the example sentence filled in) prints the engine's translation of the sentence."""
+    from huggingface_hub import ModelCard
+
+    from hf_relpos.model.generation_limits import set_relative_limit
+    from hf_relpos.publish.records import RUN_RECORD_FILE
+
+    model, _, _ = exported["absolute"]
+    saved = copy.deepcopy(model.generation_config)
+    set_relative_limit(model.generation_config, 1.5, 7)
+    try:
+        source = save(model, tokenizer, tmp_path / "model")
+    finally:
+        model.generation_config = saved
+    (source / RUN_RECORD_FILE).write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    export_main(["ctranslate2", str(source), str(tmp_path / "ct2"), "--quantization", "int8", "--max_positions", "300"])
+    card = ModelCard.load(tmp_path / "ct2" / "README.md")
+    assert card.data.language == ["en", "de"] and card.data.library_name == "ctranslate2"
+    assert "absolute" in card.data.tags
+    for expected in ("(English→German, position scheme `absolute`, Post-LN)", "weights stored as `int8`",
+                     "beam 4, length penalty 1, at most 1.5 x source tokens + 7 new tokens (and never more than 60)",
+                     "sources and translations of at most 300 tokens", "hf-relpos-translate FOLDER --input"):
+        assert expected in card.text, expected
+    snippet = card.text.split("```python\n")[1].split("```")[0]
+    assert 'tokenizer("The dog is sleeping.")' in snippet and "max_decoding_length=int(1.5 * len(source) + 7)" in snippet
+    sentence = TEST_SOURCES[3]
+    snippet = snippet.replace('"FOLDER"', repr(str(tmp_path / "ct2"))).replace("The dog is sleeping.", sentence)
+    printed = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True).stdout
+    engine = CTranslate2Model(tmp_path / "ct2", threads=1)
+    expected = tokenizer.decode(engine.generate(**tokenizer([sentence], return_tensors="pt"))[0],
+                                skip_special_tokens=True)
+    assert printed == expected + "\n"
 
 
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):

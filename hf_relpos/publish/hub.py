@@ -525,11 +525,16 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     return "\n\n".join(parts)
 
 
+def example_source(language: str | None) -> str:
+    """The sentence a card's usage example translates, in the model's source language ("..." where none is known)."""
+    return {"de": "Der Hund schläft.", "en": "The dog is sleeping."}.get(language or "", "...")
+
+
 def _usage_section(repo_id: str, source: str, scheme_class: type[PositionScheme]) -> str:
     """Loading and translating with `hf_relpos` imported, and through the remote code stored with the model; for a
     scheme registered outside hf_relpos, which that code lacks, its module is imported too and there is no
     remote-code way."""
-    example = {"de": "Der Hund schläft.", "en": "The dog is sleeping."}.get(source, "...")
+    example = example_source(source)
     packaged = _is_packaged(scheme_class)
     module = scheme_class.__module__
     in_a_script = module == "__main__"   # registered by a script or notebook: no module to import

@@ -25,7 +25,9 @@ under a relative scheme, `self_attention_window`, `cross_attention_length_scalin
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
-decodes with them) and `ctranslate2_export.json` (what was exported, how, and from which model). It is filled beside its destination and renamed in: never half-written.
+decodes with them), `ctranslate2_export.json` (what was exported, how, and from which model) and a README.md (what
+the folder is, its saved decoding, and how to translate with it, with and without hf_relpos). It is filled beside its
+destination and renamed in: never half-written.
 """
 
 from __future__ import annotations
@@ -39,12 +41,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from transformers import AutoTokenizer, GenerationConfig
 
 from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.generation_limits import longest_new_output, relative_limit
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import sinusoids
 from ..publish.files import staged_folder
+from ..publish.hub import LANGUAGE_NAMES, LICENSE, example_source
+from ..publish.records import training_record
 
 PROGRAM = "hf-relpos-export"
 EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
@@ -345,7 +351,71 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if generation is not None:
             generation.save_pretrained(staging)
         (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record),
+                                           encoding="utf-8")
     return out_dir
+
+
+def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig, generation: GenerationConfig | None,
+                record: dict[str, Any]) -> str:
+    """README.md of an exported folder: what it is, the decoding it saves, and how to translate with it, through
+    hf-relpos-translate and with CTranslate2 and transformers alone (`FOLDER` standing for its path)."""
+    run = training_record(model_dir)
+    languages = [run.source_lang, run.target_lang] if run is not None else []
+    metadata = {"language": languages, "library_name": "ctranslate2", "license": LICENSE, "pipeline_tag": "translation",
+                "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
+    if not languages:
+        del metadata["language"]
+    pair = (f"{LANGUAGE_NAMES.get(languages[0], languages[0])}→{LANGUAGE_NAMES.get(languages[1], languages[1])}, "
+            if languages else "")
+    generation = generation or GenerationConfig()
+    beams = generation.num_beams or 1
+    length_penalty = 1.0 if generation.length_penalty is None else float(generation.length_penalty)
+    ceiling = longest_new_output(generation, prompt_length=1)
+    limit = relative_limit(generation)
+    cap = (f"at most {limit[0]:g} x source tokens + {limit[1]} new tokens (and never more than {ceiling})"
+           if limit is not None else f"at most {ceiling} new tokens")
+    longest = f"int({limit[0]:g} * len(source) + {limit[1]})" if limit is not None else str(ceiling)
+    rows = record["position_table_rows"]
+    table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
+             "the export)." if rows is not None else "")
+    source_card = (" Its training and scores: the card of the source model (`README.md` beside its weights)."
+                   if (model_dir / "README.md").is_file() else "")
+    norm = "Pre-LN" if config.layer_norm_position == "pre" else "Post-LN"
+    return f"""---
+{yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
+
+# {out_dir.name}
+
+The hf_relpos translation model `{model_dir.name}` ({pair}position scheme `{config.position_scheme}`, {norm}) exported to
+[CTranslate2](https://github.com/OpenNMT/CTranslate2) {record["ctranslate2_version"]} by `hf-relpos-export ctranslate2`,
+weights stored as `{record["quantization"]}`.{source_card}
+
+Saved decoding (`generation_config.json`): beam {beams}, length penalty {length_penalty:g}, {cap}.{table}
+
+## How to use
+
+`FOLDER` stands for the path of this folder. With hf_relpos installed, `hf-relpos-translate` applies the saved
+tokenization and decoding (sentence by sentence, each output capped relative to its own source):
+
+```bash
+hf-relpos-translate FOLDER --input source.txt --output translations.txt
+```
+
+With CTranslate2 and transformers alone (the saved beam and length penalty, the cap as the longest decoding):
+
+```python
+import ctranslate2
+from transformers import AutoTokenizer
+
+translator = ctranslate2.Translator("FOLDER")
+tokenizer = AutoTokenizer.from_pretrained("FOLDER")
+source = tokenizer.convert_ids_to_tokens(tokenizer("{example_source(languages[0] if languages else None)}").input_ids)
+result = translator.translate_batch([source], beam_size={beams}, length_penalty={length_penalty:g}, max_input_length=0,
+                                    max_decoding_length={longest})
+print(tokenizer.decode(tokenizer.convert_tokens_to_ids(result[0].hypotheses[0]), skip_special_tokens=True))
+```
+"""
 
 
 def _generation_config(model_dir: str | Path) -> GenerationConfig | None:
