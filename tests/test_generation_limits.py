@@ -154,8 +154,8 @@ def test_a_passed_generation_config_keeps_the_saved_relative_cap():
 
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_a_minimum_length_beyond_a_rows_cap_is_one_error_and_one_within_it_ends_at_the_cap(num_beams):
-    """min_new_tokens / min_length ban the end token until their length: at or beyond a row's cap they would leave
-    that step with no token to choose (fairseq refuses min_len > max_len likewise)."""
+    """min_new_tokens / min_length ban the end token until their length: at or beyond a row's source-relative cap
+    they would leave that step with no token to choose (fairseq refuses min_len > max_len likewise)."""
     model = capped_model(ratio=1.0, offset=2, ceiling=60)
     ids, mask = sources([4, 9])   # caps 6 and 11 new tokens
     for too_long in ({"min_new_tokens": 6}, {"min_length": 7}):   # min_length counts the decoder start token
@@ -163,7 +163,11 @@ def test_a_minimum_length_beyond_a_rows_cap_is_one_error_and_one_within_it_ends_
             model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, **too_long)
     with torch.no_grad():
         output = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, min_new_tokens=5)
+        # where max_new_tokens binds, as it always does in generate: exactly that many tokens, no end token forced
+        exact = model.generate(input_ids=ids, attention_mask=mask, num_beams=num_beams, min_new_tokens=5,
+                               max_new_tokens=5)
     assert new_lengths(output) == [6, 11]
+    assert new_lengths(exact) == [5, 5] and bool((exact[:, 1:] != EOS).all())
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

@@ -92,10 +92,14 @@ def shortest_new_output(config: GenerationConfig, prompt_length: int) -> int:
     return max(config.min_new_tokens or 0, from_min_length, 0)
 
 
-def check_shortest_below_limits(limits: torch.Tensor, shortest: int) -> None:
-    """One ValueError when a minimum output length bans the end token at the step where a row's cap must end it
-    (fairseq refuses min_len > max_len likewise): every row needs limit_i > `shortest`."""
-    tightest = int(limits.min())
+def check_shortest_below_limits(limits: torch.Tensor, shortest: int, ceiling: int) -> None:
+    """One ValueError when a minimum output length bans the end token at the step where a row's source-relative cap
+    must end it (fairseq refuses min_len > max_len likewise): every row capped below the `ceiling` (max_new_tokens)
+    needs limit_i > `shortest`. At the ceiling, generate stops as it always does, without an end token."""
+    capped = limits[limits < ceiling]
+    if capped.numel() == 0:
+        return
+    tightest = int(capped.min())
     if shortest >= tightest:
         raise ValueError(f"min_new_tokens / min_length ask for at least {shortest} new tokens before the end token, "
                          f"but max_len_a * source length + max_len_b ends a row of this batch after {tightest} new "
@@ -106,14 +110,17 @@ def check_shortest_below_limits(limits: torch.Tensor, shortest: int) -> None:
 class SourceLengthCapLogitsProcessor(LogitsProcessor):
     """At the step that makes row i's `limits[i]`-th new token, only the end token(s) keep their scores (the others
     become -inf; the end token's log-probability is left as the model gives it, as in fairseq), so the row ends there.
-    The cap wins over other processors: an end token they set to -inf (`bad_words_ids`, `suppress_tokens`) scores 0
-    there, so the row still ends instead of choosing among -inf scores. Rows are matched to the scores' rows by
-    repetition (`per_scores_row`)."""
+    The cap wins over other processors: an end token they set to -inf (`bad_words_ids`, `suppress_tokens`, a minimum
+    length) scores 0 there, so the row still ends instead of choosing among -inf scores; except at the `ceiling`
+    (max_new_tokens, when given), where generate stops anyway and such a row keeps its scores, as without the cap.
+    Rows are matched to the scores' rows by repetition (`per_scores_row`)."""
 
-    def __init__(self, limits: torch.Tensor, prompt_length: int, eos_token_id: int | list[int]):
+    def __init__(self, limits: torch.Tensor, prompt_length: int, eos_token_id: int | list[int],
+                 ceiling: int | None = None):
         self.limits = limits
         self.prompt_length = prompt_length
         self.eos_token_ids = eos_token_id if isinstance(eos_token_id, list) else [eos_token_id]
+        self.ceiling = ceiling
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         generated = input_ids.shape[-1] - self.prompt_length
@@ -123,6 +130,8 @@ class SourceLengthCapLogitsProcessor(LogitsProcessor):
             return scores
         ended = torch.full_like(scores, -math.inf)
         end_scores = scores[:, self.eos_token_ids]
-        banned = torch.isneginf(end_scores).all(dim=-1, keepdim=True)   # every end token of the row at -inf
-        ended[:, self.eos_token_ids] = torch.where(banned, 0.0, end_scores)
+        banned = torch.isneginf(end_scores).all(dim=-1)   # every end token of the row at -inf
+        ended[:, self.eos_token_ids] = torch.where(banned[:, None], 0.0, end_scores)
+        if self.ceiling is not None:
+            ending = ending & ~(banned & (limits == self.ceiling))
         return torch.where(ending[:, None], ended, scores)

@@ -1133,7 +1133,8 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
         generate_kwargs.pop(name, None)
     if limits is None:
         return
-    check_shortest_below_limits(limits, shortest_new_output(config, prompt_length))
+    ceiling = longest_new_output(config, prompt_length)
+    check_shortest_below_limits(limits, shortest_new_output(config, prompt_length), ceiling)
     if generate_kwargs.get("max_length") is not None and config.max_new_tokens is not None:
         logger.warning_once(f"max_length={generate_kwargs['max_length']} is ignored: max_new_tokens "
                             f"({config.max_new_tokens}) is the ceiling of the max_len_a / max_len_b cap; pass "
@@ -1152,7 +1153,7 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
     eos_token_id = config.eos_token_id if config.eos_token_id is not None else model.config.eos_token_id
     generate_kwargs["logits_processor"] = LogitsProcessorList(
         [*(generate_kwargs.get("logits_processor") or []),
-         SourceLengthCapLogitsProcessor(limits, prompt_length, eos_token_id)])
+         SourceLengthCapLogitsProcessor(limits, prompt_length, eos_token_id, ceiling)])
 
 
 class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationMixin):

@@ -140,7 +140,7 @@ class CTranslate2Model:
         self.check_position_table(max(attention_mask.sum(-1).tolist()),
                                   options["max_decoding_length"] if limits is None else int(limits.max()))
         if limits is not None:
-            check_shortest_below_limits(limits, options["min_decoding_length"])
+            check_shortest_below_limits(limits, options["min_decoding_length"], options["max_decoding_length"])
         sources = [[self.tokens[token] for token, kept in zip(ids, mask, strict=True) if kept]  # either padding side
                    for ids, mask in zip(input_ids.tolist(), attention_mask.tolist(), strict=True)]
         forced_end = limits is not None or self.forces_end_token(**settings)
