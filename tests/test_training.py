@@ -558,6 +558,26 @@ def test_resuming_a_run_that_trained_all_its_steps_is_refused(tmp_path, corpus, 
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == final
 
 
+def test_resuming_a_run_that_early_stopping_ended_is_refused(tmp_path, corpus):
+    """Stopped by early stopping at step 3 of 6, with a checkpoint at that step: the same command resuming from it
+    would train on to max_steps and replace the final model and card. One error, nothing changed; with more patience
+    it trains on."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
+                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                          save_steps=1, do_predict=False)
+    run([str(config)])
+    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 3
+    written = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: '.*checkpoint-3' has already reached "
+                                          r"early_stopping_patience=2 \(2 evaluations without improvement; step 3, "
+                                          r"epoch [\d.]+\): raise early_stopping_patience to train on"):
+        run([str(config), "--resume_from_checkpoint", "last"])
+    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == written
+    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_patience", "4"])
+    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
+
+
 @pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],
                          ids=["sorted-batches", "pooled-batches"])
 def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):

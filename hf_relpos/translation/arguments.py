@@ -201,7 +201,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "Stop training once metric_for_best_model (default: bleu on the validation set) has gone "
                           "this many evaluations in a row without improving on its best by more than "
                           "early_stopping_threshold (transformers' EarlyStoppingCallback; a resumed run keeps the "
-                          "count). Needs eval_strategy steps or epoch. The final model is then the last weights, the "
+                          "count, and a checkpoint whose count reaches it is not resumed). Needs eval_strategy steps or epoch. The final model is then the last weights, the "
                           "average of the last average_checkpoints checkpoints, or with load_best_model_at_end the "
                           "best checkpoint. null: train for num_train_epochs or max_steps."},
     )

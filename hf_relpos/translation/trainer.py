@@ -373,10 +373,20 @@ def _last_complete_checkpoint(output_dir: str, setting: str) -> Path:
     return last
 
 
+def _evaluations_without_improvement(state: dict[str, Any]) -> int:
+    """The count of evaluations without improvement that a checkpoint's trainer state saved for `EarlyStopping`
+    (0 for a checkpoint saved without early stopping)."""
+    saved = state.get("stateful_callbacks", {}).get(EarlyStopping.__name__)
+    if not isinstance(saved, dict):
+        return 0
+    return saved.get("attributes", {}).get("early_stopping_patience_counter", 0)
+
+
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
     (a checkpoint whose writing was cut short is skipped). A training run refuses a checkpoint that has already
-    trained all the run's steps (the Trainer would train one step more and replace the final model)."""
+    trained all the run's steps, or whose evaluations without improvement already reach the run's
+    early_stopping_patience (the Trainer would train on and replace the final model)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
         return None
@@ -399,5 +409,12 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
             raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already trained {field}={goal} (step "
                               f"{step}, epoch {epoch:g}): raise {field} to train on, or score the run's model with "
                               "--do_train false")
+        patience = training_args.early_stopping_patience
+        stale = _evaluations_without_improvement(state)
+        if patience is not None and stale >= patience:
+            raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already reached early_stopping_patience="
+                              f"{patience} ({stale} evaluations without improvement; step {step}, epoch {epoch:g}): "
+                              "raise early_stopping_patience to train on, or score the run's model with --do_train "
+                              "false")
         logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
