@@ -303,6 +303,22 @@ def test_a_run_card_starts_as_many_processes_as_the_run_had(program, devices, ha
         assert (REPO_ROOT / launch.split()[3]).is_file()
 
 
+@pytest.mark.parametrize("resume", [["--resume_from_checkpoint", "last"], ["--resume-from-checkpoint=last"]])
+def test_a_resumed_runs_card_leaves_the_resume_flag_out_and_labels_the_time_as_its_last_segments(tmp_path, resume):
+    """The command in the card trains from the start (resuming in a new folder finds no checkpoint); the card says
+    which checkpoint the run resumed from, and that its training time is that last segment's."""
+    output_folder = tmp_path / "out"
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--max_steps", "8", *resume,
+                                 "--output_dir", str(output_folder)])
+    record = run_record(*arguments, training_seconds=90.0)
+    assert record.trained_as == f"{REPO_ROOT / 'configs' / 'demo.yaml'} --max_steps 8 --output_dir {output_folder}"
+    record.resumed_from = "checkpoint-5"
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    assert f"--output_dir {output_folder}`, resumed from `checkpoint-5`" in card
+    assert ("Training time: 1.5 minutes (the segment resumed from `checkpoint-5`; the time before it is not "
+            "recorded).") in card
+
+
 @pytest.mark.parametrize(("world_size", "use_fsdp", "sharded"), [(2, "true", True), (2, "false", False),
                                                                    (1, "true", False)])
 def test_the_run_record_notes_a_sharded_run_from_accelerates_setting(output_folder, monkeypatch, world_size, use_fsdp,

@@ -578,6 +578,21 @@ def test_resuming_a_run_that_early_stopping_ended_is_refused(tmp_path, corpus):
     assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
 
 
+def test_the_card_of_a_resumed_run_reproduces_it_from_the_start_and_says_where_it_resumed(tmp_path, corpus):
+    """`--resume_from_checkpoint last` in a new folder finds no checkpoint: the card's command leaves it out and says
+    which checkpoint the run resumed from; its training time is that last segment's, and says so."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, save_strategy="steps", save_steps=2, max_steps=2,
+                          do_eval=False, do_predict=False, max_train_samples=40)
+    run([str(config)])
+    run([str(config), "--max_steps", "4", "--resume_from_checkpoint", "last"])
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert record["trained_as"] == f"{config} --max_steps 4" and record["resumed_from"] == "checkpoint-2"
+    card = (output_dir / "README.md").read_text()
+    assert f"{config} --max_steps 4`, resumed from `checkpoint-2`" in card and "--resume_from_checkpoint" not in card
+    assert "minutes (the segment resumed from `checkpoint-2`; the time before it is not recorded)." in card
+
+
 @pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],
                          ids=["sorted-batches", "pooled-batches"])
 def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):

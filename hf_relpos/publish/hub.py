@@ -380,7 +380,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags); a recipe card names its
     # configs/ file
-    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`" if record.trained_as else
+    resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
+    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}" if record.trained_as else
                f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
                if recipe_name else None)
     source, target = record.source_lang, record.target_lang
@@ -441,7 +442,9 @@ def _run_facts(record: RunRecord) -> str:
     if record.hardware:
         facts.append(f"Hardware: {record.hardware}" + (f", {record.devices} process(es)." if record.devices else "."))
     if record.training_seconds is not None:
-        facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes.")
+        segment = (f" (the segment resumed from `{record.resumed_from}`; the time before it is not recorded)"
+                   if record.resumed_from else "")
+        facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes{segment}.")
     return " ".join(facts)
 
 

@@ -149,6 +149,7 @@ class RunRecord:
     recipe: str | None = None             # the recipe it trained from (configs/ file stem), if any
     system: str | None = None             # the experiment's name for what it trained (a row, a system)
     trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
+    resumed_from: str | None = None       # the checkpoint a resumed run continued from (e.g. checkpoint-300)
     program: str | None = None            # what the run was started by: train_translation.py or hf-relpos-train
     steps: int | None = None
     source_version: str | None = None     # `git describe` of the code that trained it

@@ -9,6 +9,7 @@ import enum
 import json
 import os
 import shlex
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -25,10 +26,12 @@ from .data import DataArguments
 
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
-               push_to_hub: bool) -> None:
-    """The run's record with the scores of `results`; after training, written with the model card into output_dir;
-    with `push_to_hub`, output_dir pushed to the Hub with that card."""
+               push_to_hub: bool, resumed_from: str | None = None) -> None:
+    """The run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed run continued
+    from); after training, written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
+    Hub with that card."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+    record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
     record.scores = scores_from_results(results)
     if training_args.do_train:
@@ -60,8 +63,25 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
                      program=program_name(),
-                     trained_as=shlex.join([*([recipe_file] if recipe_file else []), *model_args.recipe_flags]),
+                     trained_as=shlex.join([*([recipe_file] if recipe_file else []),
+                                            *_without_resume_flag(model_args.recipe_flags)]),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions())
+
+
+def _without_resume_flag(flags: Sequence[str]) -> list[str]:
+    """`flags` without `--resume_from_checkpoint VALUE` (or `=VALUE`, dashed or not): the command that reproduces a
+    resumed run trains from the start (in a new folder there is no checkpoint to resume from)."""
+    kept: list[str] = []
+    skip_value = False
+    for flag in flags:
+        option, equals, _ = flag.partition("=")
+        if skip_value:
+            skip_value = False
+        elif flag.startswith("--") and option.removeprefix("--").replace("-", "_") == "resume_from_checkpoint":
+            skip_value = not equals
+        else:
+            kept.append(flag)
+    return kept
 
 
 def _plain(value: Any) -> Any:
