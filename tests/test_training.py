@@ -527,13 +527,20 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
         average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")
 
 
-def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
+def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsys):
+    """Folders listed are all averaged unless --last_n picks the newest of them."""
     folders = []
-    for seed in range(2):
+    for seed in range(3):
         tiny_model(seed).save_pretrained(tmp_path / f"c{seed}")
         folders.append(str(tmp_path / f"c{seed}"))
-    average_main([*folders, "--last_n", "2", "--output_dir", str(tmp_path / "avg")])
-    first, second = (load_file(Path(folder) / "model.safetensors") for folder in folders)
+    average_main([*folders[1:], "--output_dir", str(tmp_path / "avg")])
+    assert capsys.readouterr().out == f"averaged 2 checkpoint(s) into {tmp_path / 'avg'}\n"
+    average_main([*folders, "--last_n", "2", "--output_dir", str(tmp_path / "newest")])
+    assert load_file(tmp_path / "newest" / "model.safetensors").keys() == load_file(
+        tmp_path / "avg" / "model.safetensors").keys()
+    for name, tensor in load_file(tmp_path / "newest" / "model.safetensors").items():
+        torch.testing.assert_close(tensor, load_file(tmp_path / "avg" / "model.safetensors")[name], rtol=0, atol=0)
+    first, second = (load_file(Path(folder) / "model.safetensors") for folder in folders[1:])
     averaged = load_file(tmp_path / "avg" / "model.safetensors")
     assert averaged.keys() == first.keys()
     for name, tensor in averaged.items():
@@ -542,6 +549,25 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path):
     assert (tmp_path / "avg" / "modeling_relpos.py").is_file() and (tmp_path / "avg" / "pipeline_relpos.py").is_file()
     config = json.loads((tmp_path / "avg" / "config.json").read_text(encoding="utf-8"))
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
+
+
+def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    for step in range(1, 7):
+        tiny_model(step).save_pretrained(run_dir / f"checkpoint-{step}")
+    average_main([str(run_dir), "--output_dir", str(tmp_path / "avg")])
+    provenance = json.loads((tmp_path / "avg" / "averaged_checkpoints.json").read_text())
+    assert [Path(path).name for path in provenance["checkpoints"]] == [f"checkpoint-{step}" for step in range(2, 7)]
+    assert provenance["last_n"] == 5
+    for step in range(1, 3):
+        tiny_model(step).save_pretrained(tmp_path / "short" / f"checkpoint-{step}")
+    with pytest.raises(ValueError, match=r"last_n=5 \(the default for a training output folder\) but only 2"):
+        average_checkpoints(tmp_path / "short", None, tmp_path / "other")
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        average_main(["--help"])
+    assert "(default: 5 of a training output folder's, all of the checkpoint folders listed)" in " ".join(
+        capsys.readouterr().out.split())
 
 
 @pytest.mark.parametrize(("schedule", "goal"), [({"max_steps": 4}, "max_steps=4"),

@@ -2,8 +2,9 @@
 
     python -m hf_relpos.tools.average outputs/run --last_n 5 --output_dir outputs/run/averaged
 
-The inputs are either one training output folder (its `checkpoint-<step>` folders are used, newest last, also when
-the folder holds the final model) or the checkpoint folders themselves. The result is a model folder loadable with `from_pretrained`: the averaged weights plus
+The inputs are either one training output folder (its newest `checkpoint-<step>` folders are used, 5 unless
+`--last_n` says otherwise, also when the folder holds the final model) or the checkpoint folders themselves (all of
+them unless `--last_n` says otherwise). The result is a model folder loadable with `from_pretrained`: the averaged weights plus
 the config, generation config, tokenizer and remote code of the newest checkpoint, and (with remote code) the
 translation pipeline that a trained folder ships (`add_translation_pipeline`) and a model card (`averaged_model_card`).
 """
@@ -33,7 +34,13 @@ TRAINER_STATE_FILES = re.compile(
 )
 
 
-def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int) -> list[Path]:
+DEFAULT_LAST_N = 5   # checkpoints of a training output folder averaged unless told otherwise (Vaswani et al.'s base)
+
+
+def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike],
+                       last_n: int | None = None) -> list[Path]:
+    """The checkpoints to average, oldest first: the newest `last_n` of one training output folder's
+    `checkpoint-<step>` folders (`DEFAULT_LAST_N` when None), or of the checkpoint folders given (all when None)."""
     if isinstance(paths_or_output_dir, (str, os.PathLike)):
         paths_or_output_dir = [paths_or_output_dir]
     paths = [Path(path) for path in paths_or_output_dir]
@@ -41,6 +48,10 @@ def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | 
         if not path.is_dir():
             raise ValueError(f"{str(path)!r} is not a folder")
     checkpoints = find_checkpoints(paths[0]) if len(paths) == 1 else []
+    default = ""
+    if last_n is None:
+        last_n = DEFAULT_LAST_N if checkpoints else len(paths)
+        default = " (the default for a training output folder)"
     if not checkpoints:
         if len(paths) == 1 and not _has_weights(paths[0]):
             raise ValueError(f"{str(paths[0])!r} holds neither model weights nor checkpoint-<step> folders")
@@ -48,7 +59,8 @@ def _select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | 
     if last_n < 1:
         raise ValueError(f"last_n must be a positive integer, got {last_n}")
     if last_n > len(checkpoints):
-        raise ValueError(f"last_n={last_n} but only {len(checkpoints)} checkpoint(s): {[str(p) for p in checkpoints]}")
+        raise ValueError(f"last_n={last_n}{default} but only {len(checkpoints)} checkpoint(s): "
+                         f"{[str(p) for p in checkpoints]}")
     selected = checkpoints[-last_n:]
     for checkpoint in selected:
         if not _has_weights(checkpoint):
@@ -67,15 +79,17 @@ def _ships_remote_code(folder: Path) -> bool:
 
 
 def average_checkpoints(
-    paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int, output_dir: str | os.PathLike
+    paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int | None,
+    output_dir: str | os.PathLike
 ) -> Path:
-    """Average the parameters of the last `last_n` checkpoints into a new model folder `output_dir` and return it.
+    """Average the parameters of the last `last_n` checkpoints (`select_checkpoints`; None: 5 of a training output
+    folder, all of the checkpoint folders given) into a new model folder `output_dir` and return it.
 
     Floating-point tensors are averaged in float64 and cast back to their dtype; other tensors (integer buffers) are
     taken from the newest checkpoint. All checkpoints must hold the same tensor names and shapes. `output_dir` must
     not exist yet or be empty; it is filled through a temporary folder, so a failure leaves nothing half-written.
     """
-    checkpoints = _select_checkpoints(paths_or_output_dir, last_n)
+    checkpoints = select_checkpoints(paths_or_output_dir, last_n)
     output_dir = Path(output_dir)
     if output_dir.exists() and any(output_dir.iterdir()):
         raise ValueError(f"output_dir {str(output_dir)!r} already exists and is not empty")
@@ -91,7 +105,7 @@ def average_checkpoints(
         if _ships_remote_code(staging):
             add_translation_pipeline(staging)
             (staging / CARD_FILE).write_text(averaged_model_card(staging, checkpoints), encoding="utf-8")
-        provenance = {"checkpoints": [str(path.resolve()) for path in checkpoints], "last_n": last_n}
+        provenance = {"checkpoints": [str(path.resolve()) for path in checkpoints], "last_n": len(checkpoints)}
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
     return output_dir
 
@@ -117,15 +131,17 @@ def main(argv: Sequence[str] | None = None) -> None:
         description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
     )
     parser.add_argument("inputs", nargs="+", help="a training output folder, or checkpoint folders (oldest first)")
-    parser.add_argument("--last_n", type=int, default=5, help="how many of the newest checkpoints to average")
+    parser.add_argument("--last_n", type=int, default=None,
+                        help=f"how many of the newest checkpoints to average (default: {DEFAULT_LAST_N} of a "
+                             "training output folder's, all of the checkpoint folders listed)")
     parser.add_argument("--output_dir", required=True, help="new folder for the averaged model")
     args = parser.parse_args(argv)
     try:
-        written = average_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n,
-                                      args.output_dir)
+        checkpoints = select_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n)
+        written = average_checkpoints(checkpoints, len(checkpoints), args.output_dir)
     except ValueError as error:
         parser.error(str(error))
-    print(f"averaged {args.last_n} checkpoint(s) into {written}")
+    print(f"averaged {len(checkpoints)} checkpoint(s) into {written}")
 
 
 if __name__ == "__main__":
