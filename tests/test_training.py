@@ -412,11 +412,12 @@ def test_fine_tuning_overrides_are_validated_before_anything_is_written(trained,
     assert not (tmp_path / "tuned").exists()
 
 
-def test_token_budget_smaller_than_a_pair_stops_before_the_tokenizer_is_saved(tmp_path, corpus):
-    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_tokens_per_batch=5)
-    with pytest.raises(ConfigError, match=r"max_tokens_per_batch=5 is smaller than \d+ training pair"):
+def test_token_budget_smaller_than_a_pair_stops_before_anything_is_written(tmp_path, corpus):
+    """Checked on the tokenized pairs before the prepared splits are saved into output_dir, as is the tokenizer."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_tokens_per_batch=16)
+    with pytest.raises(ConfigError, match=r"max_tokens_per_batch=16 is smaller than \d+ training pair"):
         run([str(config)])
-    assert not list((tmp_path / "out").glob("tokenizer*"))
+    assert not (tmp_path / "out").exists()
 
 
 def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus):

@@ -170,7 +170,8 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
     split is loaded (memory-mapped) from output_dir/prepared_data when it was prepared from the same files, tokenizer
     and settings, else read, tokenized, filtered and saved there (see `hf_relpos.translation.prepared`); the texts
     are read only for a split to prepare or a tokenizer to train, and every split to prepare is read (its files
-    checked) before a tokenizer is trained or any split is saved, so that a bad data file writes nothing."""
+    checked) before a tokenizer is trained or any split is saved, so that a bad data file writes nothing; the
+    training pairs are checked against the token budget (`check_token_budget`) before any split is saved too."""
     output_dir = training_args.output_dir
     with contextlib.ExitStack() as stack:
         raw = RawSplits(data_args, splits, output_dir, model_args.cache_dir, stack)
@@ -201,9 +202,11 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 report = LengthReport(**loaded[1]["report"])
                 logger.info(report.describe(inputs["overlong_pairs"]))
                 prepared[split] = loaded[0]
+        if "train" in prepared:
+            check_token_budget(prepared["train"], training_args, model)
         raw.to_prepare = tuple(split for split in splits if split not in prepared)
         raw.read(raw.to_prepare)
-        for split in raw.to_prepare:
+        for split in raw.to_prepare:   # "train" first: its token budget is checked before any split is saved
             inputs, key = keys[split], preparation_key(keys[split])
             started = time.monotonic()
             workdir = raw.workdir() / "work"
@@ -211,6 +214,7 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 pairs = with_concatenated_pairs(raw.get(split), data_args.concatenated_pairs,
                                                 data_seed(training_args), workdir, data_args.max_pairs_per_join)
                 dataset, report = tokenize_training_pairs(pairs, tokenizer, data_args, workdir, keep_text=False)
+                check_token_budget(dataset, training_args, model)
             else:
                 dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
             publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
@@ -251,8 +255,8 @@ def prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
 
 def check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments,
                        model: RelPosTransformerForConditionalGeneration) -> None:
-    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own; checked before
-    the tokenizer is saved."""
+    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own; checked on the
+    tokenized pairs before any prepared split or the tokenizer is saved into output_dir."""
     if training_args.max_tokens_per_batch is None:
         return
     try:

@@ -19,7 +19,7 @@ from ..publish.hub import HubPushError
 from .arguments import PROGRAM, ConfigError, TranslationTrainingArguments, parse_arguments
 from .coordination import main_process_first_without_timeout
 from .data import DatasetSchemaError
-from .data_preparation import check_evaluation_lengths, check_token_budget, prepare_data, splits_to_read
+from .data_preparation import check_evaluation_lengths, prepare_data, splits_to_read
 from .final_model import average_final_weights, save_final_model
 from .model_setup import estimated_weight_bytes, log_model, required_disk_bytes
 from .preflight import (
@@ -60,8 +60,6 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     with main_process_first_without_timeout(training_args, desc="data preparation"):
         prepared = prepare_data(model_args, data_args, training_args, splits_to_read(training_args),
                                 retrain=fresh_run and training_args.should_save, resuming=resume_from is not None)
-        if prepared.train_dataset is not None:
-            check_token_budget(prepared.train_dataset, training_args, prepared.model)
         check_evaluation_lengths(prepared.evaluation_sets, training_args, prepared.model)
         if training_args.should_save:  # the first write of the run besides the prepared data: every check has passed
             if fresh_run:
