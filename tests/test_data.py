@@ -465,6 +465,13 @@ def test_tsv_has_no_quoting_and_round_trips_every_character(tmp_path):
     assert list(zip(dataset["source"], dataset["target"], strict=True)) == TRICKY
 
 
+def test_a_tsv_header_without_the_languages_is_an_error_naming_line_1(tmp_path):
+    path = tmp_path / "hdr.tsv"
+    path.write_text("src\ttgt\nA cat.\tEine Katze.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"hdr\.tsv:1, header: no 'en' or 'de' \(found \['src', 'tgt'\]\)"):
+        read_local_pairs(path, "en", "de")
+
+
 def test_tsv_with_a_tab_inside_a_sentence_is_refused(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("en\tde\nA cat.\tEine Katze.\nA\ttab.\tEin Tab.\n", encoding="utf-8")

@@ -650,15 +650,17 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,
                  allow_source_only: bool) -> Iterator[dict[str, pa.Array]]:
     """`source`/`target` chunks of a tab-separated file whose first line names the columns (e.g. `en<TAB>de`), split
-    at tabs with no quoting: every character but the tab and the line end is text. A row with another number of
-    fields than the header (a tab inside a sentence, or a missing field) is an error naming the line; an empty line
-    is skipped."""
+    at tabs with no quoting: every character but the tab and the line end is text. A header without the languages is
+    an error naming line 1; a row with another number of fields than the header (a tab inside a sentence, or a
+    missing field) is an error naming the line; an empty line is skipped."""
     header: list[str] | None = None
     for first_line, lines, _ in _line_chunks(path):
         if header is None:
             header = lines[0].as_py().split("\t")
-            lines, first_line = lines[1:], first_line + 1
             source_only = allow_source_only and target_lang not in header
+            _require_languages(list(dict.fromkeys(header)), source_lang, source_lang if source_only else target_lang,
+                               f"{path}:{first_line}, header")
+            lines, first_line = lines[1:], first_line + 1
         fields = pc.split_pattern(lines, "\t")
         counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
         filled = pc.utf8_length(lines).to_numpy(zero_copy_only=False) > 0
@@ -671,8 +673,6 @@ def _tsv_columns(path: Path, source_lang: str, target_lang: str,
         rows = np.flatnonzero(filled)
         if rows.size == 0:
             continue
-        _require_languages(list(dict.fromkeys(header)), source_lang, source_lang if source_only else target_lang,
-                           f"{path}:{first_line + int(rows[0])}, fields")
         fields = fields.take(pa.array(rows))
         # A name given twice in the header: the last column of that name, as a dict of the row would keep.
         source = pc.list_element(fields, len(header) - 1 - header[::-1].index(source_lang))
