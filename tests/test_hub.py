@@ -246,6 +246,14 @@ def test_a_card_without_a_run_names_no_languages():
     assert recipe_card.data.language == ["en", "de"] and "English→German translation" in recipe_card.text
 
 
+@pytest.mark.parametrize(("source", "target", "named"), [("zh", "en", "Chinese→English"), ("ja", "ko", "Japanese→Korean"),
+                                                          ("uk", "pt", "Ukrainian→Portuguese"), ("xx", "de", "xx→German")])
+def test_a_card_names_the_common_translation_languages(source, target, named):
+    recipe = {"train_file": "data/train.jsonl", "source_lang": source, "target_lang": target}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe))
+    assert card.data.language == [source, target] and f"{named} translation" in card.text
+
+
 def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
     recipe = {"train_file": "data/train.jsonl", "test_file": "data/news_test.jsonl", "source_lang": "de",
               "target_lang": "en", "dataset_name": "wmt/wmt14"}
