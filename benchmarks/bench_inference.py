@@ -110,7 +110,7 @@ def measure(args: argparse.Namespace, threads: int | None, exports: dict[str, Pa
     translations, seconds = run_engines(engines, encoded, batches, args.device)
     rows = {}
     for name in engines:
-        scores = score_translations(translations[name], references)
+        scores = score_translations(translations[name], references, target_lang=args.target_lang)
         rows[name] = {
             "sentences_per_second": len(sources) / seconds[name],
             "seconds": seconds[name],
@@ -120,7 +120,8 @@ def measure(args: argparse.Namespace, threads: int | None, exports: dict[str, Pa
             "identical_lines": sum(a == b for a, b in zip(translations[name], translations[BASELINE], strict=True)),
         }
     return {"threads": threads, "device": args.device, "pytorch_dtype": dtype, "engines": rows,
-            "bleu_signature": score_translations(translations[BASELINE], references)["bleu_signature"]}
+            "bleu_signature": score_translations(translations[BASELINE], references,
+                                                 target_lang=args.target_lang)["bleu_signature"]}
 
 
 def render(record: dict[str, Any]) -> str:

@@ -155,7 +155,8 @@ def evaluate_model(folder: Path, levels: dict[str, dict[str, tuple[list[str], li
         for level, (sources, references) in set_levels.items():
             started = time.perf_counter()
             hypotheses, at_cap = translate_marking_caps(model, tokenizer, sources, decoding, args.eval_batch_size)
-            scores[f"{set_name}: {level}"] = {**score_translations(hypotheses, references), "at_cap": sum(at_cap),
+            scored = score_translations(hypotheses, references, target_lang=args.target_lang)
+            scores[f"{set_name}: {level}"] = {**scored, "at_cap": sum(at_cap),
                                               "decode_seconds": time.perf_counter() - started}
             translations[f"{set_name}: {level}"] = hypotheses
     return scores, translations
@@ -225,7 +226,7 @@ def level_paired_tests(args: argparse.Namespace, levels: dict[str, dict[str, tup
                   for level in paired_levels(args)}
     systems, signature = paired_test_results(
         seeds, args.baseline, references, lambda system, seed, name: hypotheses.get((system, seed), {}).get(name),
-        "long_inputs.py")
+        "long_inputs.py", target_lang=args.target_lang)
     if signature is None:
         return None
     return {"baseline": args.baseline, "resamples": PAIRED_RESAMPLES, "signature": signature,

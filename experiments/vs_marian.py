@@ -379,7 +379,7 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
         model=model, args=training_args, train_dataset=train_dataset, processing_class=tokenizer,
         eval_dataset=evaluation_sets["eval"].dataset if evaluation_sets else None,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100),
-        evaluation_sets=evaluation_sets,
+        evaluation_sets=evaluation_sets, target_lang=data_args.target_lang,
     )
     started = time.perf_counter()
     trainer.train(resolve_resume_checkpoint(training_args))
@@ -570,7 +570,8 @@ def evaluate(model_folder: Path, is_peer: bool, decoding: Decoding, args: argpar
         seconds = time.perf_counter() - started
         if hypotheses_folder is not None:
             hypotheses_file(hypotheses_folder, split).write_text("".join(f"{line}\n" for line in hypotheses))
-        scores[split] = {**score_translations(hypotheses, references[:limit]), "decode_seconds": seconds}
+        scores[split] = {**score_translations(hypotheses, references[:limit], target_lang=args.target_lang),
+                         "decode_seconds": seconds}
     return scores
 
 
@@ -702,11 +703,12 @@ def run_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
 
 def paired_test_results(seeds: dict[str, list[int]], baseline: str, references: dict[str, list[str]],
                         hypotheses_of: Callable[[str, int, str], list[str] | None], script: str,
-                        mismatch_hint: str = "") -> tuple[dict, str | None]:
+                        mismatch_hint: str = "", target_lang: str = "") -> tuple[dict, str | None]:
     """Each system of `seeds` against `baseline` of the same seed on each named set of `references`, from
     `hypotheses_of(system, seed, name)` (None: not kept): the BLEU difference and its paired bootstrap p-value
     (`paired_bootstrap`), as system -> name -> seed -> result, and the test's signature (None when nothing was
-    tested). Hypotheses that do not pair up with the references line by line are left out with one line on stderr."""
+    tested). BLEU is tokenized for `target_lang` as `score_translations` tokenizes it. Hypotheses that do not pair up
+    with the references line by line are left out with one line on stderr."""
     systems, signature = {}, None
     for system in seeds:
         if system == baseline:
@@ -721,7 +723,8 @@ def paired_test_results(seeds: dict[str, list[int]], baseline: str, references: 
                           f"{len(system_lines)} hypothesis lines for {len(wanted)} references{mismatch_hint}",
                           file=sys.stderr)
                     continue
-                result = paired_bootstrap(baseline_lines, system_lines, wanted, PAIRED_RESAMPLES)
+                result = paired_bootstrap(baseline_lines, system_lines, wanted, PAIRED_RESAMPLES,
+                                          target_lang=target_lang)
                 signature = result.pop("signature")
                 systems.setdefault(system, {}).setdefault(name, {})[str(seed)] = result
     return systems, signature
@@ -743,7 +746,8 @@ def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
         return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
 
     systems, signature = paired_test_results(seeds, baseline, references, read, script, " (another "
-                                             "--max-eval-samples, or a translation holding a line break)")
+                                             "--max-eval-samples, or a translation holding a line break)",
+                                             args.target_lang)
     if signature is None:
         return None
     return {"baseline": baseline, "weights": weights, "resamples": PAIRED_RESAMPLES, "signature": signature,

@@ -1,5 +1,6 @@
 """sacreBLEU/chrF scoring and decoding of generated ids."""
 
+import importlib.util
 import os
 
 import numpy as np
@@ -82,3 +83,44 @@ def test_paired_bootstrap_is_the_moses_test_on_sacrebleus_draws():
         paired_bootstrap(weak, strong[:-1], references)
     with pytest.raises(ValueError, match="resamples must be at least 1, got 0"):
         paired_bootstrap(weak, strong, references, resamples=0)
+
+
+# Chinese without spaces: under 13a each sentence is one token, so a single wrong character scores 0.
+CHINESE_REFERENCES = ["他看见狗。", "她打开门。", "孩子喜欢猫。"]
+CHINESE_HYPOTHESES = ["他看见的。", "她打开门。", "孩子喜欢的。"]
+
+
+@pytest.mark.parametrize("target_lang", ["zh", "zh-CN", "zh_Hans"])
+def test_a_chinese_target_is_scored_with_sacrebleus_chinese_tokenization(target_lang):
+    scores = score_translations(CHINESE_HYPOTHESES, CHINESE_REFERENCES, target_lang=target_lang)
+    expected = BLEU(tokenize="zh").corpus_score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES])
+    assert 0.0 < scores["bleu"] < 100.0
+    assert scores["bleu"] == pytest.approx(expected.score, abs=1e-9)
+    assert "|tok:zh|" in scores["bleu_signature"]
+    untokenized = score_translations(CHINESE_HYPOTHESES[:1] + CHINESE_HYPOTHESES[2:],
+                                     CHINESE_REFERENCES[:1] + CHINESE_REFERENCES[2:], tokenize="13a")
+    assert untokenized["bleu"] == 0.0 and "|tok:13a|" in untokenized["bleu_signature"]
+
+
+def test_an_explicit_tokenization_wins_over_the_target_language():
+    scores = score_translations(CHINESE_HYPOTHESES, CHINESE_REFERENCES, tokenize="char", target_lang="zh")
+    expected = BLEU(tokenize="char").corpus_score(CHINESE_HYPOTHESES, [CHINESE_REFERENCES])
+    assert scores["bleu"] == pytest.approx(expected.score, abs=1e-9)
+    assert "|tok:char|" in scores["bleu_signature"]
+    assert "|tok:13a|" in score_translations(["Der Hund."], ["Der Hund."], target_lang="de")["bleu_signature"]
+    test = paired_bootstrap(CHINESE_HYPOTHESES, CHINESE_REFERENCES, CHINESE_REFERENCES, resamples=10,
+                            target_lang="zh")
+    assert "|tok:zh|" in test["signature"]
+
+
+def test_an_unknown_tokenization_is_one_error_naming_the_allowed_ones():
+    with pytest.raises(ValueError, match=r"^tokenize must be one of none, zh, 13a, .*ja-mecab, ko-mecab.*; "
+                                         r"got 'mecab'$"):
+        score_translations(CHINESE_HYPOTHESES, CHINESE_REFERENCES, tokenize="mecab")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacrebleu[ja] is installed")
+def test_japanese_without_its_extra_is_one_line_naming_it():
+    with pytest.raises(ValueError) as raised:
+        score_translations(["猫です。"], ["猫です。"], target_lang="ja")
+    assert "sacrebleu[ja]" in str(raised.value) and "\n" not in str(raised.value)

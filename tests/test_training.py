@@ -1,6 +1,7 @@
 """train_translation.py end to end on tiny generated corpora: argument parsing and errors, training, evaluation,
 prediction, predict-only runs, checkpoint averaging and resuming."""
 
+import importlib.util
 import json
 import logging
 import math
@@ -114,6 +115,9 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),
+        ({}, ["--bleu_tokenize", "zh-cn"], r"^bleu_tokenize must be one of none, zh, 13a, .*ja-mecab, ko-mecab.*; "
+                                           r"got 'zh-cn'$"),
+        ({"bleu_tokenize": "mecab"}, [], r"^bleu_tokenize must be one of none, zh, 13a, .*; got 'mecab'$"),
     ],
 )
 def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flags, message):
@@ -141,6 +145,19 @@ def test_missing_language_stops_before_anything_is_written(tmp_path, corpus):
     with pytest.raises(ValueError, match=r"train\.jsonl:1, field 'translation': no 'de'"):
         run([str(config)])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacrebleu[ja] is installed")
+@pytest.mark.parametrize("flags", [["--target_lang", "ja"], ["--bleu_tokenize", "ja-mecab"]])
+def test_japanese_bleu_without_its_extra_is_refused_before_training(tmp_path, corpus, flags):
+    """ja-mecab, chosen for a ja target or named, needs sacrebleu[ja]: one line when the arguments are read, not a
+    failure at the first evaluation after training."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError) as raised:
+        parse_arguments([str(config), *flags])
+    assert str(raised.value).startswith("bleu_tokenize: ") and "pip install sacrebleu[ja]" in str(raised.value)
+    assert "\n" not in str(raised.value)
+    parse_arguments([str(config), *flags, "--do_eval", "false", "--do_predict", "false"])   # nothing is scored
 
 
 # --- end to end ----------------------------------------------------------------------------------------------------
@@ -310,6 +327,24 @@ def test_predict_only_with_a_recipe_that_evaluates_every_epoch_needs_no_validati
     assert (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines() == [
         target for _, target in MEMORISED_PAIRS]
     assert json.loads((output_dir / "test_results.json").read_text())["test_bleu"] == pytest.approx(100)
+
+
+def test_bleu_is_tokenized_for_the_target_language_unless_bleu_tokenize_names_one(memorised_model_folder, tmp_path):
+    """A zh target is scored with sacreBLEU's zh tokenization (its choice for zh), as the signature in the results
+    says; an explicit bleu_tokenize wins."""
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "zh": target}}) + "\n"
+                                 for source, target in MEMORISED_PAIRS), encoding="utf-8")
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({**TINY_CONFIG, "target_lang": "zh", "generation_num_beams": 1}),
+                      encoding="utf-8")
+    flags = ["--model_name_or_path", str(memorised_model_folder), "--do_train", "false", "--do_eval", "false",
+             "--test_file", str(test_file)]
+    chosen = run([str(config), *flags, "--output_dir", str(tmp_path / "chosen")])
+    assert "|tok:zh|" in chosen["test"]["test_bleu_signature"]
+    assert "|tok:zh|" in json.loads((tmp_path / "chosen" / "test_results.json").read_text())["test_bleu_signature"]
+    named = run([str(config), *flags, "--output_dir", str(tmp_path / "named"), "--bleu_tokenize", "char"])
+    assert "|tok:char|" in named["test"]["test_bleu_signature"]
 
 
 def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model_folder, tmp_path, corpus):

@@ -3,6 +3,7 @@ against references with sacreBLEU and chrF."""
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import json
 import os
@@ -16,6 +17,7 @@ import pytest
 import torch
 from conftest import MEMORISED_PAIRS
 
+from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
 from hf_relpos.tools.translate import main, token_batches
 from hf_relpos.translation.metrics import score_translations
 
@@ -170,6 +172,9 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
     (["--device", "cuda:64"], "argument --device: 'cuda:64': this machine has"),
     (["--attn_implementation", "flash"], "argument --attn_implementation: attn_implementation 'flash' is not a "
                                          "registered attention kernel: one of ['eager', "),
+    (["--reference", "src.txt", "--tokenize", "zh-cn"], "argument --tokenize: invalid choice: 'zh-cn' (choose from "),
+    (["--tokenize", "zh"], "--tokenize sets how --reference is scored: give --reference"),
+    (["--target_lang", "zh"], "--target_lang sets how --reference is scored: give --reference"),
 ])
 def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, flags, message, monkeypatch):
     monkeypatch.chdir(tmp_path)
@@ -177,6 +182,42 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
         main([str(memorised_model_folder), *flags])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_bleu_is_tokenized_for_the_target_language_unless_tokenize_names_one(memorised_model_folder, tmp_path,
+                                                                              capsys):
+    """The default tokenization is sacreBLEU's choice for the target language: --target_lang, else the target_lang of
+    the folder's run record (none here: 13a); --tokenize wins over both."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    reference_file = write_lines(tmp_path / "ref.txt", TARGETS)
+    folder = shutil.copytree(memorised_model_folder, tmp_path / "model")
+    scoring = [str(folder), str(source_file), "--output", str(tmp_path / "hyp.txt"), "--no_progress", "--reference",
+               str(reference_file)]
+
+    def signature(*flags: str) -> str:
+        main([*scoring, *flags])
+        return re.search(r"^sacreBLEU \S+  \((.*)\)$", capsys.readouterr().out, re.MULTILINE).group(1)
+
+    assert "|tok:13a|" in signature()
+    assert "|tok:zh|" in signature("--target_lang", "zh")
+    (folder / RUN_RECORD_FILE).write_text(json.dumps(RunRecord(target_lang="zh").to_json()), encoding="utf-8")
+    assert "|tok:zh|" in signature()
+    assert "|tok:13a|" in signature("--tokenize", "13a")
+    assert "|tok:char|" in signature("--target_lang", "de", "--tokenize", "char")
+
+
+@pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacrebleu[ja] is installed")
+def test_japanese_bleu_without_its_extra_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
+                                                                          monkeypatch):
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before setting up BLEU"))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), str(source_file), "--reference", str(source_file), "--target_lang", "ja"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("hf-relpos-translate: error: --tokenize: ") and "pip install sacrebleu[ja]" in error
+    assert len(error.splitlines()) == 1
 
 
 def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,

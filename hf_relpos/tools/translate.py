@@ -11,7 +11,9 @@ one piece; see hf_relpos.tools.sentences). Lines are sorted by length and batche
 and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
 default to the model's generation_config.json. A progress bar goes
 to stderr. With `--reference`, corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
-stdout when the translations go to a file, else to stderr.
+stdout when the translations go to a file, else to stderr. BLEU is tokenized as `--tokenize` says, by default as
+sacreBLEU chooses for the target language (`--target_lang`, else the model folder's run record): zh, ja-mecab or
+ko-mecab for zh, ja or ko, else 13a.
 """
 
 from __future__ import annotations
@@ -30,10 +32,11 @@ from transformers.utils import logging as hf_logging
 
 from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
+from ..publish.records import training_record
 from ..translation.arguments import attention_implementations, check_attn_implementation
 from ..translation.batching import cut_token_batches
 from ..translation.data import DatasetSchemaError, text_lines
-from ..translation.metrics import score_translations
+from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import check_tokenizer_saved, is_ctranslate2_folder
@@ -105,6 +108,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", help="source text, one sentence per line (default: stdin)")
     parser.add_argument("--output", help="where the translations go, one per line (default: stdout)")
     parser.add_argument("--reference", help="reference translations, one per line: print sacreBLEU and chrF")
+    parser.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
+                        help="sacreBLEU's tokenization of BLEU for --reference (its --tokenize; ja-mecab needs pip "
+                             "install 'sacrebleu[ja]', ko-mecab 'sacrebleu[ko]'; default: sacreBLEU's choice for the "
+                             "target language: zh, ja-mecab, ko-mecab for zh, ja, ko, else 13a)")
+    parser.add_argument("--target_lang", metavar="LANG",
+                        help="language of the translations (e.g. zh), which picks --tokenize's default (default: the "
+                             "target_lang of the run_record.json train_translation.py saved in the model folder; none "
+                             "in a converted, exported or Hub model: 13a)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's generation config)")
     parser.add_argument("--length_penalty", type=float,
                         help="beam-search length penalty (default: the model's generation config)")
@@ -191,6 +202,12 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
     return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
 
 
+def recorded_target_lang(model: str) -> str:
+    """The target_lang of the run record train_translation.py saved in the model folder; "" where it has none."""
+    record = training_record(model) if Path(model).is_dir() else None
+    return record.target_lang if record is not None else ""
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_intermixed_args(argv)   # the input file may come after options
@@ -206,6 +223,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and not 0 <= value < float("inf"):
             parser.error(f"--{name} must be a number >= 0, got {value}")
+    for name in ("tokenize", "target_lang"):
+        if getattr(args, name) is not None and args.reference is None:
+            parser.error(f"--{name} sets how --reference is scored: give --reference")
     missing_folder = missing_local_folder(args.model)
     if missing_folder is not None:
         parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
@@ -230,6 +250,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
     if references is not None and not sources:
         parser.exit(2, f"{PROGRAM}: error: nothing to score: the source and --reference have no lines\n")
+    target_lang = args.target_lang if args.target_lang is not None else recorded_target_lang(args.model)
+    if references is not None:   # set up before translating: a missing sacrebleu extra is an error now, not after it
+        try:
+            bleu_metric(args.tokenize, target_lang)
+        except ValueError as error:
+            parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}\n")
     output = None if args.output is None else Path(args.output).expanduser()
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
@@ -266,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         write_text_atomic(output, text)
     if references is not None:
-        scores = score_translations(translations, references)
+        scores = score_translations(translations, references, args.tokenize, target_lang)
         report = sys.stderr if output is None else sys.stdout
         print(f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
               f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report, flush=True)

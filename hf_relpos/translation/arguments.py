@@ -34,7 +34,7 @@ from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
 from .data import DataArguments
-from .metrics import GENERATED_METRICS
+from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import missing_local_folder
 from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS
 
@@ -216,6 +216,13 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "null keeps torch's default."},
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "Score generated translations (BLEU)."})
+    bleu_tokenize: str | None = field(
+        default=None,
+        metadata={"help": f"sacreBLEU's tokenization of BLEU, one of {', '.join(BLEU_TOKENIZERS)} (its --tokenize). "
+                          "null: sacreBLEU's choice for target_lang, as its command line chooses: zh for zh, ja-mecab "
+                          "for ja, ko-mecab for ko, else 13a. ja-mecab needs pip install 'sacrebleu[ja]', ko-mecab "
+                          "'sacrebleu[ko]' (checked before training). The BLEU signature names it (tok:...)."},
+    )
     generation_num_beams: int | None = field(
         default=4, metadata={"help": "Beam size (Vaswani et al.: 4; 1 = greedy); saved in generation_config.json."}
     )
@@ -235,6 +242,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self) -> None:
+        check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
         if self.bf16_if_supported and not (self.bf16 or self.fp16):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
             logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
@@ -541,6 +549,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args.model_config = model_config
     model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
     check_arguments(model_args, training_args)
+    check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     return model_args, data_args, training_args
 
@@ -597,6 +606,17 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
+
+
+def check_bleu_tokenizer(data_args: DataArguments, training_args: TranslationTrainingArguments) -> None:
+    """A run that scores generated translations sets up its BLEU tokenization (`bleu_tokenize`, else sacreBLEU's
+    choice for target_lang) now, so that a missing package (sacrebleu[ja] for ja-mecab, sacrebleu[ko] for ko-mecab)
+    is one ConfigError before training, not a failure at its first evaluation."""
+    if training_args.predict_with_generate and (training_args.do_eval or training_args.do_predict):
+        try:
+            bleu_metric(training_args.bleu_tokenize, data_args.target_lang)
+        except ValueError as error:
+            raise ConfigError(f"bleu_tokenize: {error}") from None
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:

@@ -13,19 +13,52 @@ IGNORED_LABEL_ID = -100
 # The metrics an evaluation computes from generated translations (predict_with_generate): `score_translations`' and
 # the mean generated length.
 GENERATED_METRICS = frozenset({"bleu", "chrf", "brevity_penalty", "length_ratio", "gen_len"})
+# sacreBLEU's BLEU tokenizations (13a, intl, zh, ja-mecab, ko-mecab, char, none, flores101, ...), in its order.
+BLEU_TOKENIZERS = tuple(sacrebleu.metrics.BLEU.TOKENIZERS)
 
 
-def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> dict[str, float | str]:
-    """sacreBLEU corpus BLEU (default 13a tokenisation, as reported in MT papers) and chrF, with their signatures."""
+def check_bleu_tokenize(tokenize: str | None, field_name: str = "tokenize") -> None:
+    """`tokenize` must be one of sacreBLEU's tokenizations, or None for sacreBLEU's choice by target language; else
+    one ValueError naming `field_name` and the allowed values."""
+    if tokenize is not None and tokenize not in BLEU_TOKENIZERS:
+        raise ValueError(f"{field_name} must be one of {', '.join(BLEU_TOKENIZERS)}, or null for sacreBLEU's choice "
+                         f"by target language; got {tokenize!r}")
+
+
+def bleu_language(target_lang: str) -> str:
+    """The language sacreBLEU chooses a tokenization by: the primary subtag of a language key (zh of zh, zh-CN and
+    zh_Hans), lower-cased; "" for no language."""
+    return target_lang.replace("_", "-").split("-")[0].lower()
+
+
+def bleu_metric(tokenize: str | None = None, target_lang: str = "") -> sacrebleu.metrics.BLEU:
+    """sacreBLEU's BLEU with the tokenization `tokenize`, or with None the one sacreBLEU itself chooses for the target
+    language (`BLEU(trg_lang=...)`, as its command line does: zh for zh, ja-mecab for ja, ko-mecab for ko, else 13a).
+    A tokenization that cannot be set up here (ja-mecab without `sacrebleu[ja]`, ko-mecab without `sacrebleu[ko]`,
+    flores* without sentencepiece or the download of their model) is one ValueError line that says what it needs."""
+    check_bleu_tokenize(tokenize)
+    language = bleu_language(target_lang)
+    try:
+        return sacrebleu.metrics.BLEU(tokenize=tokenize, trg_lang=language)
+    except (ImportError, RuntimeError, OSError) as error:
+        chosen = repr(tokenize) if tokenize is not None else f"sacreBLEU's choice for target language {language!r}"
+        raise ValueError(f"the BLEU tokenization ({chosen}) cannot be set up: {' '.join(str(error).split())}") from None
+
+
+def score_translations(hypotheses: Sequence[str], references: Sequence[str], tokenize: str | None = None,
+                       target_lang: str = "") -> dict[str, float | str]:
+    """sacreBLEU corpus BLEU (tokenized as `bleu_metric(tokenize, target_lang)` says: 13a, as reported in MT papers,
+    unless given or chosen for a zh, ja or ko target) and chrF, with their signatures (the BLEU one names the
+    tokenization, tok:...)."""
     if len(hypotheses) != len(references):
         raise ValueError(f"{len(hypotheses)} hypotheses for {len(references)} references; they must pair up line by line")
-    bleu_metric = sacrebleu.metrics.BLEU()
+    bleu_scorer = bleu_metric(tokenize, target_lang)
     chrf_metric = sacrebleu.metrics.CHRF()
-    bleu = bleu_metric.corpus_score(list(hypotheses), [list(references)])
+    bleu = bleu_scorer.corpus_score(list(hypotheses), [list(references)])
     chrf = chrf_metric.corpus_score(list(hypotheses), [list(references)])
     return {
         "bleu": bleu.score,
-        "bleu_signature": str(bleu_metric.get_signature()),
+        "bleu_signature": str(bleu_scorer.get_signature()),
         "chrf": chrf.score,
         "chrf_signature": str(chrf_metric.get_signature()),
         "brevity_penalty": bleu.bp,
@@ -34,21 +67,24 @@ def score_translations(hypotheses: Sequence[str], references: Sequence[str]) -> 
 
 
 def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references: Sequence[str],
-                     resamples: int = 1000) -> dict[str, float | str]:
+                     resamples: int = 1000, tokenize: str | None = None,
+                     target_lang: str = "") -> dict[str, float | str]:
     """`system`'s corpus BLEU minus `baseline`'s on the same references, and the p-value of paired bootstrap
     resampling (Koehn 2004) in the two-sided form of Moses' bootstrap-hypothesis-difference-significance.pl, which
     sacreBLEU's `PairedTest` computes: over `resamples` test sets drawn with replacement, the same sentences for both
     systems, p = (c + 1) / (resamples + 1), c the resampled absolute differences that exceed their mean by more than
     the observed one. The draws use sacreBLEU's seed (`SACREBLEU_SEED`, default 12345; "none" or 0 draw unseeded), so
-    a rerun gives the same p-value; the signature names the seed and the resamples."""
+    a rerun gives the same p-value; the signature names the seed and the resamples. BLEU is tokenized as
+    `score_translations` tokenizes it (`bleu_metric(tokenize, target_lang)`)."""
     if resamples < 1:
         raise ValueError(f"resamples must be at least 1, got {resamples}")
     for name, hypotheses in (("baseline", baseline), ("system", system)):
         if len(hypotheses) != len(references):
             raise ValueError(f"{len(hypotheses)} {name} hypotheses for {len(references)} references; they must pair "
                              "up line by line")
-    test = PairedTest([("baseline", list(baseline)), ("system", list(system))], {"BLEU": sacrebleu.metrics.BLEU()},
-                      [list(references)], test_type="bs", n_samples=resamples)
+    test = PairedTest([("baseline", list(baseline)), ("system", list(system))],
+                      {"BLEU": bleu_metric(tokenize, target_lang)}, [list(references)], test_type="bs",
+                      n_samples=resamples)
     signatures, results = test()
     base, other = results["BLEU"]
     return {"difference": other.score - base.score, "p_value": other.p_value,

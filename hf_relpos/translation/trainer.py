@@ -154,9 +154,13 @@ class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches, "source length + offset" generation per batch, and
     sacreBLEU/chrF against the raw references, with hypotheses kept in source order."""
 
-    def __init__(self, *args: Any, evaluation_sets: dict[str, EvaluationSet], **kwargs: Any) -> None:
+    def __init__(self, *args: Any, evaluation_sets: dict[str, EvaluationSet], target_lang: str = "",
+                 **kwargs: Any) -> None:
+        """`target_lang`: the language of the references, which picks BLEU's tokenization unless `bleu_tokenize`
+        names one ("": sacreBLEU's default, 13a)."""
         super().__init__(*args, **kwargs)
         self.evaluation_sets = evaluation_sets
+        self.target_lang = target_lang
         # scores of generated translations; without generation an evaluation computes the loss alone
         self.compute_metrics = self._compute_translation_metrics if self.args.predict_with_generate else None
         self._active_prefix = "eval"
@@ -305,7 +309,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         evaluation_set.hypotheses = hypotheses
         scores: dict[str, float | str] = {}
         if evaluation_set.references is not None:
-            scores = score_translations(hypotheses, evaluation_set.references)
+            scores = score_translations(hypotheses, evaluation_set.references, self.args.bleu_tokenize,
+                                        self.target_lang)
         lengths = generated_lengths(generated, self.processing_class.eos_token_id, self.processing_class.pad_token_id)
         scores["gen_len"] = float(lengths.mean()) if len(lengths) else 0.0
         return scores
@@ -313,9 +318,10 @@ class TranslationTrainer(Seq2SeqTrainer):
 
 def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
                   training_args: TranslationTrainingArguments, train_dataset: Dataset | None,
-                  evaluation_sets: dict[str, EvaluationSet]) -> TranslationTrainer:
-    """The run's `TranslationTrainer`: it evaluates on the "eval" set during training, and its collator pads batch
-    lengths to the multiple the model's kernel needs."""
+                  evaluation_sets: dict[str, EvaluationSet], target_lang: str) -> TranslationTrainer:
+    """The run's `TranslationTrainer`: it evaluates on the "eval" set during training, scores BLEU tokenized for
+    `target_lang` (unless `bleu_tokenize` names a tokenization), and its collator pads batch lengths to the multiple
+    the model's kernel needs."""
     return TranslationTrainer(
         model=model,
         args=training_args,
@@ -325,6 +331,7 @@ def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: P
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100,
                                              pad_to_multiple_of=length_multiple(model.config._attn_implementation)),
         evaluation_sets=evaluation_sets,
+        target_lang=target_lang,
     )
 
 

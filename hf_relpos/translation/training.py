@@ -76,7 +76,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
 
     log_model(prepared.model, model_args, training_args)
     trainer = build_trainer(prepared.model, prepared.tokenizer, training_args, prepared.train_dataset,
-                            prepared.evaluation_sets)
+                            prepared.evaluation_sets, data_args.target_lang)
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
