@@ -9,7 +9,7 @@ import pytest
 from conftest import MEMORISED_PAIRS
 from transformers import pipeline
 
-from hf_relpos.publish.pipeline_relpos import split_into_sentences
+from hf_relpos.publish.pipeline_relpos import join_translations, split_into_sentences
 
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
 TARGETS = [target for _, target in MEMORISED_PAIRS]
@@ -86,8 +86,38 @@ def test_old_translation_pipeline_arguments(translator):
         ("\"Stop!\" he said. Wait... what? Ok.", [("\"Stop!\" he said.", " "), ("Wait... what?", " "), ("Ok.", "")]),
         ("Ein Mann, z. B. ein Koch, kocht. Eine Frau liest.", [("Ein Mann, z. B. ein Koch, kocht.", " "),
                                                                ("Eine Frau liest.", "")]),
+        ("他看见狗。她打开门！孩子喜欢猫？", [("他看见狗。", ""), ("她打开门！", ""), ("孩子喜欢猫？", "")]),
+        ("他说：「好。」她笑了。 然后呢？！走吧", [("他说：「好。」", ""), ("她笑了。", " "), ("然后呢？！", ""),
+                                             ("走吧", "")]),
+        ("彼は猫です。（本当に？）次です。", [("彼は猫です。", ""), ("（本当に？）", ""), ("次です。", "")]),
+        ("I waited... Then he came.", [("I waited...", " "), ("Then he came.", "")]),
+        ("I waited… Then he came.", [("I waited…", " "), ("Then he came.", "")]),
+        ("He said \"Wait...\" Then he left...", [("He said \"Wait...\"", " "), ("Then he left...", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):
     assert split_into_sentences(text) == pieces
     assert "".join(sentence + space for sentence, space in pieces) == text
+
+
+@pytest.mark.parametrize(
+    ("pieces", "joined"),
+    [
+        ([("He sees the dog.", ""), ("She opens the door!", ""), ("", "")], "He sees the dog. She opens the door!"),
+        ([("他看见狗。", ""), ("她打开门！", ""), ("「好。」", ""), ("走吧", "")], "他看见狗。她打开门！「好。」走吧"),
+        ([("Er sagte: »Gut.«", ""), ("Sie lacht.", "\n"), ("Dann.", "")], "Er sagte: »Gut.« Sie lacht.\nDann."),
+        ([("One.", "  "), ("Two.", "")], "One.  Two."),
+    ],
+)
+def test_translations_of_sentences_without_spaces_between_them_are_joined_as_their_script_writes(pieces, joined):
+    """Chinese and Japanese sentences follow each other without a space: their translations get one, unless they are
+    in such a script themselves; the whitespace after any other sentence is kept as it was."""
+    assert join_translations(pieces) == joined
+
+
+def test_a_chinese_text_is_translated_sentence_by_sentence(translator):
+    """A text of 。！-ended sentences without spaces is translated as its sentences are, one by one, joined by a space
+    (the memorised model writes German)."""
+    first, second = (translator(sentence)[0]["translation_text"] for sentence in ("他看见狗。", "她打开门！"))
+    assert first and second
+    assert translator("他看见狗。她打开门！") == [{"translation_text": f"{first} {second}"}]

@@ -11,6 +11,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ import torch
 from conftest import MEMORISED_PAIRS
 
 from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
+from hf_relpos.tools.sentences import translate_by_sentence
 from hf_relpos.tools.translate import main, token_batches
 from hf_relpos.translation.metrics import score_translations
 
@@ -139,6 +141,27 @@ def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorise
           "--no_progress", "--no_split_sentences"])
     whole = (tmp_path / "whole.txt").read_text(encoding="utf-8").splitlines()
     assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}"
+
+
+def test_lines_of_chinese_sentences_are_translated_sentence_by_sentence_and_joined_per_line():
+    """Sentences ended by 。！？ with no space after them are translated one by one; each line's translations are
+    joined (with a space in a language written with spaces, without one in Chinese or Japanese) into one line."""
+    english = {"他看见狗。": "He sees the dog.", "她打开门！": "She opens the door!", "孩子喜欢猫？": "Does the child like cats?",
+               "I waited...": "Ich wartete...", "Then he came.": "Dann kam er."}
+    japanese = {"他看见狗。": "彼は犬を見る。", "她打开门！": "彼女はドアを開ける！"}
+    given = []
+
+    def translate(table: dict[str, str]) -> Callable[[list[str]], list[str]]:
+        def run(sentences: list[str]) -> list[str]:
+            given.append(sentences)
+            return [table[sentence] if sentence.strip() else "" for sentence in sentences]
+        return run
+
+    lines = ["他看见狗。她打开门！孩子喜欢猫？", "", "I waited... Then he came."]
+    assert translate_by_sentence(lines, translate(english)) == [
+        "He sees the dog. She opens the door! Does the child like cats?", "", "Ich wartete... Dann kam er."]
+    assert given[0] == ["他看见狗。", "她打开门！", "孩子喜欢猫？", "", "I waited...", "Then he came."]
+    assert translate_by_sentence(["他看见狗。她打开门！"], translate(japanese)) == ["彼は犬を見る。彼女はドアを開ける！"]
 
 
 def test_the_progress_bar_counts_the_sentences_it_translates(memorised_model_folder, tmp_path, capsys):

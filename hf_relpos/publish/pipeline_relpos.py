@@ -23,8 +23,15 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 SENTENCE_END = ".!?…。！？"
-CLOSING = "\"'”’»)]"
-WHITESPACE = re.compile(r"\s+")
+NO_SPACE_SENTENCE_END = "。！？"   # Chinese and Japanese: the next sentence follows without a space
+CLOSING = "\"'”’»)]」』）】〕〉》〗〙〛＂＇］｝"
+ELLIPSIS = "..."   # three periods, which end a sentence as … does
+# Where a sentence may end: whitespace (`ends_sentence` decides), or 。！？ (with closing quotes or brackets) right
+# before the next sentence's first character.
+SENTENCE_BOUNDARY = re.compile(
+    rf"\s+|[{NO_SPACE_SENTENCE_END}]+[{re.escape(CLOSING)}]*(?=[^\s{re.escape(CLOSING)}])")
+# The scripts written without spaces between sentences (CJK symbols and punctuation, kana, Han, full-width forms).
+NO_SPACE_SCRIPT = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]$")
 # Words whose period does not end a sentence when a capital or a number follows (English and German titles,
 # references, Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
 ABBREVIATIONS = frozenset(
@@ -47,15 +54,20 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
-    break, or at . ! ? … (and CJK 。！？), closing quotes or brackets allowed, followed by whitespace and no
+    break; at . ! ? … or ... (three periods), closing quotes or brackets allowed, followed by whitespace and no
     lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
     `ABBREVIATIONS` ("Dr. Smith", "No. 5"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"),
-    or a list number opening the sentence ("1. Take"). Decimals ("3.5") hold no whitespace and are never split."""
+    or a list number opening the sentence ("1. Take"); and at Chinese and Japanese 。！？ (closing quotes or brackets
+    such as 」』） allowed), with or without whitespace after them (none: the sentence is followed by ""). Decimals
+    ("3.5") hold no whitespace and are never split."""
     pieces = []
     start = 0
-    for match in WHITESPACE.finditer(text):
-        if match.start() > start and ("\n" in match.group() or ends_sentence(text[start:match.start()],
-                                                                             text[match.end():match.end() + 1])):
+    for match in SENTENCE_BOUNDARY.finditer(text):
+        if not match.group().isspace():   # 。！？ right before the next sentence
+            pieces.append((text[start:match.end()], ""))
+            start = match.end()
+        elif match.start() > start and ("\n" in match.group() or ends_sentence(text[start:match.start()],
+                                                                               text[match.end():match.end() + 1])):
             pieces.append((text[start:match.start()], match.group()))
             start = match.end()
     pieces.append((text[start:], ""))
@@ -67,12 +79,25 @@ def ends_sentence(sentence: str, next_character: str) -> bool:
     word = sentence.rsplit(None, 1)[-1].rstrip(CLOSING)
     if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
         return False
-    if not word.endswith("."):
+    if not word.endswith(".") or word.endswith(ELLIPSIS):
         return True
     stem = word[:-1].lstrip("\"'“‘«([")
     if stem.lower() in ABBREVIATIONS or "." in stem or (len(stem) == 1 and stem.isupper()):
         return False
     return not (stem.isdigit() and sentence.strip() == word)
+
+
+def join_translations(pieces: list[tuple[str, str]]) -> str:
+    """The translations of a text's sentences, each with the whitespace that followed its source sentence
+    (`split_into_sentences`), joined. Where a sentence was followed by none (Chinese or Japanese 。！？ before the
+    next one) a space separates two translations, unless the first ends in a script written without spaces (a
+    Chinese or Japanese translation)."""
+    joined = []
+    for index, (translation, separator) in enumerate(pieces):
+        between = not separator and bool(translation) and index + 1 < len(pieces) and bool(pieces[index + 1][0])
+        written_without_spaces = NO_SPACE_SCRIPT.search(translation.rstrip(CLOSING)) is not None
+        joined.append(translation + (" " if between and not written_without_spaces else separator))
+    return "".join(joined)
 
 
 class TranslationPipeline(ChunkPipeline):
@@ -139,7 +164,7 @@ class TranslationPipeline(ChunkPipeline):
         return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1]), "limits": limits, **extras}
 
     def postprocess(self, outputs: list[dict], clean_up_tokenization_spaces: bool = False) -> list[dict[str, str]]:
-        translations = [""] * outputs[0]["output_ids"].shape[1]
+        translations: list[list[tuple[str, str]]] = [[] for _ in range(outputs[0]["output_ids"].shape[1])]
         for output in outputs:
             for index, ids in enumerate(output["output_ids"][0]):
                 if output["blank"]:
@@ -148,8 +173,8 @@ class TranslationPipeline(ChunkPipeline):
                     self._warn_if_cut(ids, int(output["limits"].reshape(-1)[0]))
                     text = self.tokenizer.decode(ids, skip_special_tokens=True,
                                                  clean_up_tokenization_spaces=clean_up_tokenization_spaces).strip()
-                translations[index] += text + output["separator"]
-        return [{"translation_text": translation} for translation in translations]
+                translations[index].append((text, output["separator"]))
+        return [{"translation_text": join_translations(pieces)} for pieces in translations]
 
     def _warn_if_cut(self, ids: Any, limit: int) -> None:
         """Warn once when a translation reached the cap that applied: the source-relative one (`limit` >= 0), else
