@@ -214,7 +214,7 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
 
     model, _, _ = exported["absolute"]
     saved = copy.deepcopy(model.generation_config)
-    set_relative_limit(model.generation_config, 1.5, 7)
+    set_relative_limit(model.generation_config, 0.3, 2)   # shorter than its translations: the cap binds
     try:
         source = save(model, tokenizer, tmp_path / "model")
     finally:
@@ -225,18 +225,21 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     assert card.data.language == ["en", "de"] and card.data.library_name == "ctranslate2"
     assert "absolute" in card.data.tags
     for expected in ("(English→German, position scheme `absolute`, Post-LN)", "weights stored as `int8`",
-                     "beam 4, length penalty 1, at most 1.5 x source tokens + 7 new tokens (and never more than 60)",
+                     "beam 4, length penalty 1, at most 0.3 x source tokens + 2 new tokens (and never more than 60)",
                      "sources and translations of at most 300 tokens", "hf-relpos-translate FOLDER --input"):
         assert expected in card.text, expected
     snippet = card.text.split("```python\n")[1].split("```")[0]
-    assert 'tokenizer("The dog is sleeping.")' in snippet and "max_decoding_length=int(1.5 * len(source) + 7)" in snippet
+    assert 'tokenizer("The dog is sleeping.")' in snippet
+    assert "max_decoding_length=min(int(0.3 * len(source) + 2), 60) - 1" in snippet
     sentence = TEST_SOURCES[3]
     snippet = snippet.replace('"FOLDER"', repr(str(tmp_path / "ct2"))).replace("The dog is sleeping.", sentence)
     printed = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True).stdout
     engine = CTranslate2Model(tmp_path / "ct2", threads=1)
-    expected = tokenizer.decode(engine.generate(**tokenizer([sentence], return_tensors="pt"))[0],
-                                skip_special_tokens=True)
-    assert printed == expected + "\n"
+    inputs = tokenizer([sentence], return_tensors="pt")
+    capped, uncapped = engine.generate(**inputs), engine.generate(**inputs, max_len_b=None)
+    assert capped.shape[-1] < uncapped.shape[-1]
+    assert printed == tokenizer.decode(capped[0], skip_special_tokens=True) + "\n"
+    assert (tmp_path / "ct2" / RUN_RECORD_FILE).read_bytes() == (source / RUN_RECORD_FILE).read_bytes()
 
 
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):

@@ -9,6 +9,7 @@ import re
 import pytest
 import torch
 from conftest import run_without_hf_relpos, tiny_model
+from transformers import GenerationConfig
 
 from hf_relpos.model.generation_limits import (
     DEFAULT_NEW_TOKENS,
@@ -168,6 +169,9 @@ def test_a_minimum_length_beyond_a_rows_cap_is_one_error_and_one_within_it_ends_
                                max_new_tokens=5)
     assert new_lengths(output) == [6, 11]
     assert new_lengths(exact) == [5, 5] and bool((exact[:, 1:] != EOS).all())
+    model.generation_config.min_new_tokens = 8   # saved, under a passed config that leaves it unset
+    with pytest.raises(ValueError, match=r"at least 8 new tokens .* after 6 new tokens"):
+        model.generate(input_ids=ids, attention_mask=mask, generation_config=GenerationConfig(num_beams=num_beams))
 
 
 @pytest.mark.parametrize("num_beams", [1, 3])

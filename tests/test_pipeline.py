@@ -87,9 +87,12 @@ def test_old_translation_pipeline_arguments(translator):
         ("Ein Mann, z. B. ein Koch, kocht. Eine Frau liest.", [("Ein Mann, z. B. ein Koch, kocht.", " "),
                                                                ("Eine Frau liest.", "")]),
         ("他看见狗。她打开门！孩子喜欢猫？", [("他看见狗。", ""), ("她打开门！", ""), ("孩子喜欢猫？", "")]),
-        ("他说：「好。」她笑了。 然后呢？！走吧", [("他说：「好。」", ""), ("她笑了。", " "), ("然后呢？！", ""),
-                                             ("走吧", "")]),
-        ("彼は猫です。（本当に？）次です。", [("彼は猫です。", ""), ("（本当に？）", ""), ("次です。", "")]),
+        # a closing quote or bracket right after 。！？ goes on: a quoted sentence inside the next one
+        ("他说：「好。」她笑了。 然后呢？！走吧", [("他说：「好。」她笑了。", " "), ("然后呢？！", ""), ("走吧", "")]),
+        ("「はい。」と彼は言った。次です。", [("「はい。」と彼は言った。", ""), ("次です。", "")]),
+        ("“你去哪儿？”他问道。", [("“你去哪儿？”他问道。", "")]),
+        ("彼は猫です。（本当に？）次です。", [("彼は猫です。", ""), ("（本当に？）次です。", "")]),
+        ("「好。」 她笑了。", [("「好。」", " "), ("她笑了。", "")]),
         ("I waited... Then he came.", [("I waited...", " "), ("Then he came.", "")]),
         ("I waited… Then he came.", [("I waited…", " "), ("Then he came.", "")]),
         ("He said \"Wait...\" Then he left...", [("He said \"Wait...\"", " "), ("Then he left...", "")]),
@@ -106,6 +109,9 @@ def test_sentence_splitting_keeps_every_character(text, pieces):
         ([("He sees the dog.", ""), ("She opens the door!", ""), ("", "")], "He sees the dog. She opens the door!"),
         ([("他看见狗。", ""), ("她打开门！", ""), ("「好。」", ""), ("走吧", "")], "他看见狗。她打开门！「好。」走吧"),
         ([("Er sagte: »Gut.«", ""), ("Sie lacht.", "\n"), ("Dann.", "")], "Er sagte: »Gut.« Sie lacht.\nDann."),
+        # a translation into a spaced script that ends in Han characters (a name) still gets its space
+        ([("I met 田中", ""), ("He left.", "")], "I met 田中 He left."),
+        ([("I met Tanaka (田中)", ""), ("「He left.」", "")], "I met Tanaka (田中) 「He left.」"),
         ([("One.", "  "), ("Two.", "")], "One.  Two."),
     ],
 )

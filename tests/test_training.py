@@ -604,6 +604,12 @@ def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told
         average_main(["--help"])
     assert "(default: 5 of a training output folder's, all of the checkpoint folders listed)" in " ".join(
         capsys.readouterr().out.split())
+    tiny_model(1).save_pretrained(tmp_path / "final")   # a folder of one model, no checkpoints: nothing to average
+    with pytest.raises(ValueError, match=r"'.*final' is one model without checkpoint-<step> folders: nothing to "
+                                         r"average"):
+        average_checkpoints(tmp_path / "final", None, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
+    average_checkpoints(tmp_path / "final", 1, tmp_path / "copy")   # asked for: a copy of the one model
 
 
 @pytest.mark.parametrize(("schedule", "goal"), [({"max_steps": 4}, "max_steps=4"),
@@ -927,6 +933,8 @@ def test_hf_relpos_average_writes_the_card_of_the_run_it_averages(tmp_path, corp
     assert "## Checkpoint averaging" in card.text
     assert "parameter average of 2 checkpoint(s) (`checkpoint-3`, `checkpoint-6`) of `out`" in card.text
     assert "hf-relpos-train" in card.text or "train_translation.py" in card.text   # the run's command, from its record
+    # the run's record travels with the averaged weights: hf-relpos-translate scores BLEU for its target language
+    assert (tmp_path / "averaged" / "run_record.json").read_bytes() == (output_dir / "run_record.json").read_bytes()
 
 
 # --- early_stopping_patience -----------------------------------------------------------------------------------------

@@ -34,11 +34,17 @@ def relative_limit(config: GenerationConfig) -> tuple[float, int] | None:
 
 
 def set_relative_limit(config: GenerationConfig, max_len_a: float, max_len_b: int) -> None:
-    """Save the source-relative cap in `config` (validated). A generation config made from the model's config
-    (`_from_model_config`) loses custom fields when loaded again, so it becomes a config of its own."""
+    """Save the source-relative cap in `config` (validated; `keep_relative_limit`)."""
     relative_limit(GenerationConfig(max_len_a=max_len_a, max_len_b=max_len_b))
     config.max_len_a, config.max_len_b = float(max_len_a), max_len_b
-    config._from_model_config = False
+    keep_relative_limit(config)
+
+
+def keep_relative_limit(config: GenerationConfig) -> None:
+    """A generation config made from the model's config (`_from_model_config`) loses custom fields when it is loaded
+    again: one that holds the source-relative cap becomes a config of its own, so that saving keeps the cap."""
+    if relative_limit(config) is not None:
+        config._from_model_config = False
 
 
 def source_lengths(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, pad_token_id: int | None,

@@ -59,6 +59,7 @@ from .generation_limits import (
     RELATIVE_LIMIT_FIELDS,
     SourceLengthCapLogitsProcessor,
     check_shortest_below_limits,
+    keep_relative_limit,
     longest_new_output,
     new_token_limits,
     relative_limit,
@@ -789,10 +790,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         for auto_class, model_class in self.remote_auto_classes.items():
             auto_map.setdefault(auto_class, f"modeling_relpos.{model_class}")
         self.config.auto_map = auto_map
-        generation_config = getattr(self, "generation_config", None)
-        if generation_config is not None and relative_limit(generation_config) is not None:
-            # transformers drops custom fields of a config made from the model's config when it loads it again
-            generation_config._from_model_config = False
+        if getattr(self, "generation_config", None) is not None:
+            keep_relative_limit(self.generation_config)
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @classmethod
@@ -1102,21 +1101,24 @@ def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_k
     return PositionDraw(random_positions(length, position_range, device=model.device))
 
 
+# The generation fields besides max_length that `length_config` merges.
+LENGTH_FIELDS = ("max_new_tokens", "min_new_tokens", "min_length", *RELATIVE_LIMIT_FIELDS)
+
+
 def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationConfig:
     """The length settings `generate(**generate_kwargs)` runs with: the passed generation config (its unset
-    max_new_tokens / max_len_a / max_len_b taken from the model's, as transformers merges them) or the model's,
-    updated with the keyword arguments (`max_len_b=None` switches the source-relative cap off, `max_new_tokens=None`
-    lets `max_length` be the ceiling)."""
+    max_new_tokens / min_new_tokens / min_length / max_len_a / max_len_b taken from the model's, as transformers
+    merges them) or the model's, updated with the keyword arguments (`max_len_b=None` switches the source-relative cap
+    off, `max_new_tokens=None` lets `max_length` be the ceiling)."""
     passed = generate_kwargs.get("generation_config")
     config = copy.deepcopy(passed or model.generation_config)
     if passed is not None:
-        for name in ("max_new_tokens", *RELATIVE_LIMIT_FIELDS):
+        for name in LENGTH_FIELDS:
             if getattr(config, name, None) is None:
                 setattr(config, name, getattr(model.generation_config, name, None))
     if generate_kwargs.get("max_length") is not None:
         config.max_length = generate_kwargs["max_length"]
-    # max_new_tokens=None: max_length caps instead
-    for name in ("max_new_tokens", "min_new_tokens", "min_length", *RELATIVE_LIMIT_FIELDS):
+    for name in LENGTH_FIELDS:   # max_new_tokens=None: max_length caps instead
         if name in generate_kwargs:
             setattr(config, name, generate_kwargs[name])
     return config

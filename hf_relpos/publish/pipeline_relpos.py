@@ -26,12 +26,13 @@ SENTENCE_END = ".!?…。！？"
 NO_SPACE_SENTENCE_END = "。！？"   # Chinese and Japanese: the next sentence follows without a space
 CLOSING = "\"'”’»)]」』）】〕〉》〗〙〛＂＇］｝"
 ELLIPSIS = "..."   # three periods, which end a sentence as … does
-# Where a sentence may end: whitespace (`ends_sentence` decides), or 。！？ (with closing quotes or brackets) right
-# before the next sentence's first character.
-SENTENCE_BOUNDARY = re.compile(
-    rf"\s+|[{NO_SPACE_SENTENCE_END}]+[{re.escape(CLOSING)}]*(?=[^\s{re.escape(CLOSING)}])")
-# The scripts written without spaces between sentences (CJK symbols and punctuation, kana, Han, full-width forms).
-NO_SPACE_SCRIPT = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]$")
+# Where a sentence may end: whitespace (`ends_sentence` decides), or 。！？ right before the next sentence's first
+# character. Not after a closing quote or bracket: 「はい。」と彼は言った。 and “你去哪儿？”他问道。 go on past it.
+SENTENCE_BOUNDARY = re.compile(rf"\s+|[{NO_SPACE_SENTENCE_END}]+(?=[^\s{re.escape(CLOSING)}])")
+# A character of the scripts written without spaces between sentences (CJK symbols and punctuation, kana, Han,
+# full-width forms), and the opening quotes and brackets before a sentence's first letter.
+NO_SPACE_SCRIPT = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+OPENING = "\"'“‘«([「『（【〔〈《〖〘〚＂＇［｛"
 # Words whose period does not end a sentence when a capital or a number follows (English and German titles,
 # references, Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
 ABBREVIATIONS = frozenset(
@@ -57,8 +58,9 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     break; at . ! ? … or ... (three periods), closing quotes or brackets allowed, followed by whitespace and no
     lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
     `ABBREVIATIONS` ("Dr. Smith", "No. 5"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"),
-    or a list number opening the sentence ("1. Take"); and at Chinese and Japanese 。！？ (closing quotes or brackets
-    such as 」』） allowed), with or without whitespace after them (none: the sentence is followed by ""). Decimals
+    or a list number opening the sentence ("1. Take"); and at Chinese and Japanese 。！？, with whitespace after them
+    (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
+    sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
     ("3.5") hold no whitespace and are never split."""
     pieces = []
     start = 0
@@ -90,13 +92,16 @@ def ends_sentence(sentence: str, next_character: str) -> bool:
 def join_translations(pieces: list[tuple[str, str]]) -> str:
     """The translations of a text's sentences, each with the whitespace that followed its source sentence
     (`split_into_sentences`), joined. Where a sentence was followed by none (Chinese or Japanese 。！？ before the
-    next one) a space separates two translations, unless the first ends in a script written without spaces (a
-    Chinese or Japanese translation)."""
+    next one) a space separates two translations, unless both are written without spaces there: the first ends and
+    the second starts in such a script (Chinese or Japanese translations; not an English one ending in a name in
+    Han characters)."""
     joined = []
     for index, (translation, separator) in enumerate(pieces):
-        between = not separator and bool(translation) and index + 1 < len(pieces) and bool(pieces[index + 1][0])
-        written_without_spaces = NO_SPACE_SCRIPT.search(translation.rstrip(CLOSING)) is not None
-        joined.append(translation + (" " if between and not written_without_spaces else separator))
+        following = pieces[index + 1][0] if index + 1 < len(pieces) else ""
+        between = not separator and bool(translation) and bool(following)
+        without_spaces = (NO_SPACE_SCRIPT.fullmatch(translation.rstrip(CLOSING)[-1:]) is not None
+                          and NO_SPACE_SCRIPT.fullmatch(following.lstrip(OPENING)[:1]) is not None)
+        joined.append(translation + (" " if between and not without_spaces else separator))
     return "".join(joined)
 
 

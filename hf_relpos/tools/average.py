@@ -25,7 +25,7 @@ from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHT
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, render_model_card
-from ..publish.records import training_record
+from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
@@ -48,13 +48,16 @@ def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | o
         if not path.is_dir():
             raise ValueError(f"{str(path)!r} is not a folder")
     checkpoints = find_checkpoints(paths[0]) if len(paths) == 1 else []
-    default = ""
+    told = last_n is not None
     if last_n is None:
         last_n = DEFAULT_LAST_N if checkpoints else len(paths)
-        default = " (the default for a training output folder)"
+    default = "" if told else " (the default for a training output folder)"
     if not checkpoints:
         if len(paths) == 1 and not _has_weights(paths[0]):
             raise ValueError(f"{str(paths[0])!r} holds neither model weights nor checkpoint-<step> folders")
+        if len(paths) == 1 and not told:
+            raise ValueError(f"{str(paths[0])!r} is one model without checkpoint-<step> folders: nothing to average; "
+                             "give a training output folder or two or more checkpoint folders")
         checkpoints = paths
     if last_n < 1:
         raise ValueError(f"last_n must be a positive integer, got {last_n}")
@@ -99,6 +102,9 @@ def average_checkpoints(
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
                 shutil.copyfile(item, staging / item.name)
+        run_record = checkpoints[-1].parent / RUN_RECORD_FILE   # languages and recipe of the run, for its scoring
+        if run_record.is_file() and not (staging / RUN_RECORD_FILE).exists():
+            shutil.copyfile(run_record, staging / RUN_RECORD_FILE)
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
         apply_umask_mode_to_weights(staging)

@@ -27,13 +27,15 @@ OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the toke
 (hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
 decodes with them), `ctranslate2_export.json` (what was exported, how, and from which model) and a README.md (what
 the folder is, its saved decoding, and how to translate with it, with and without hf_relpos). It is filled beside its
-destination and renamed in: never half-written.
+destination and renamed in: never half-written. The source folder's run record (run_record.json: languages and
+recipe) is copied along, so that hf-relpos-translate scores the export's BLEU for its target language.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditional
 from ..model.positions import sinusoids
 from ..publish.files import staged_folder
 from ..publish.hub import LANGUAGE_NAMES, LICENSE, example_source
-from ..publish.records import training_record
+from ..publish.records import RUN_RECORD_FILE, training_record
 
 PROGRAM = "hf-relpos-export"
 EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
@@ -351,6 +353,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if generation is not None:
             generation.save_pretrained(staging)
         (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+        if (Path(model_dir) / RUN_RECORD_FILE).is_file():   # languages and recipe of the run, for its scoring
+            shutil.copyfile(Path(model_dir) / RUN_RECORD_FILE, staging / RUN_RECORD_FILE)
         (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record),
                                            encoding="utf-8")
     return out_dir
@@ -375,7 +379,11 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     limit = relative_limit(generation)
     cap = (f"at most {limit[0]:g} x source tokens + {limit[1]} new tokens (and never more than {ceiling})"
            if limit is not None else f"at most {ceiling} new tokens")
-    longest = f"int({limit[0]:g} * len(source) + {limit[1]})" if limit is not None else str(ceiling)
+    # the engine decodes one token short of a source-relative cap and ends the row there (CTranslate2Model.generate)
+    # and, with forced_eos_token_id, one short of the ceiling
+    forced_end = generation.forced_eos_token_id is not None
+    longest = (f"min(int({limit[0]:g} * len(source) + {limit[1]}), {ceiling}) - 1" if limit is not None
+               else str(ceiling - 1 if forced_end else ceiling))
     rows = record["position_table_rows"]
     table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
              "the export)." if rows is not None else "")
@@ -385,9 +393,9 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     return f"""---
 {yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
 
-# {out_dir.name}
+# {out_dir.resolve().name}
 
-The hf_relpos translation model `{model_dir.name}` ({pair}position scheme `{config.position_scheme}`, {norm}) exported to
+The hf_relpos translation model `{model_dir.resolve().name}` ({pair}position scheme `{config.position_scheme}`, {norm}) exported to
 [CTranslate2](https://github.com/OpenNMT/CTranslate2) {record["ctranslate2_version"]} by `hf-relpos-export ctranslate2`,
 weights stored as `{record["quantization"]}`.{source_card}
 
