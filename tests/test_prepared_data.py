@@ -230,9 +230,14 @@ def test_reading_errors_are_those_of_the_code_it_replaced(tmp_path, monkeypatch)
     (folder / "list.jsonl").write_text(good + '["a", "b"]\n')
     (folder / "missing.jsonl").write_text(good + '{"en": "a"}\n')
     (folder / "nested.jsonl").write_text(good + '{"translation": "a"}\n')
-    cases = [("utf", False), ("count", False), ("tabs.tsv", False), ("languages.tsv", False), ("typed.jsonl", False),
+    cases = [("utf", False), ("count", False), ("tabs.tsv", False), ("typed.jsonl", False),
              ("mixed.jsonl", True), ("invalid.jsonl", False), ("list.jsonl", False), ("missing.jsonl", False),
              ("nested.jsonl", False)]
+    # one change on purpose: a .tsv header without the languages names line 1, where they are (the old code: line 2)
+    with pytest.raises(DatasetSchemaError, match=r"languages\.tsv:1, header: no 'de'"):
+        read_local_pairs(folder / "languages.tsv", "en", "de")
+    with pytest.raises(DatasetSchemaError, match=r"languages\.tsv:2, fields: no 'de'"):
+        legacy.read_local_pairs(folder / "languages.tsv", "en", "de")
     for name, source_only in cases:
         with pytest.raises(DatasetSchemaError) as new:
             read_local_pairs(folder / name, "en", "de", allow_source_only=source_only)
