@@ -97,6 +97,17 @@ def test_a_marian_model_with_its_own_output_layer_converts_untied():
     assert_generates_as_marian(converted, marian, batch)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_marian_model_converts_with_its_logits(dtype):
+    """A checkpoint saved in float16 or bfloat16 (transformers loads it so): its sinusoid table is Marian's to that
+    dtype's rounding, and the converted model computes Marian's logits in that dtype."""
+    marian = marian_model().to(dtype)
+    converted = marian_to_relpos(marian, position_scheme="absolute")
+    assert next(converted.parameters()).dtype == dtype
+    batch = padded_batch()
+    assert torch.equal(logits(converted, batch), logits(marian, batch))
+
+
 def exact_sinusoids(marian: MarianMTModel) -> MarianMTModel:
     """Marian's position tables recomputed in float64 (transformers builds them in float32, which float64 arithmetic
     would otherwise carry as a 1e-7 difference)."""
@@ -203,7 +214,8 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
     [
         ({"share_encoder_decoder_embeddings": False}, "share_encoder_decoder_embeddings must be true"),
         ({"decoder_vocab_size": 70}, r"decoder_vocab_size \(70\) must equal vocab_size \(60\)"),
-        ({"d_model": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3}, r"d_model \(33\)"),
+        ({"d_model": 33, "encoder_attention_heads": 3, "decoder_attention_heads": 3},
+         r"d_model \(33\): .* \(Marian puts one more sine than cosine when d_model is odd"),
     ],
 )
 def test_marian_features_hf_relpos_lacks_are_refused(overrides, message):

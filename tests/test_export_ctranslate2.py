@@ -362,6 +362,20 @@ def test_translate_refuses_the_other_engines_option(exported, tmp_path, capsys, 
     assert raised.value.code == 2
 
 
+def test_a_model_whose_sinusoids_are_faded_out_exports_as_its_relative_scheme(tokenizer, tmp_path):
+    """keep_absolute_positions at absolute_positions_scale 0 (the end of fade_absolute_positions) adds nothing: it
+    exports as the plain relative scheme, and the engine translates as PyTorch does."""
+    model = tiny_translation_model(tokenizer, "shaw", steps=30)
+    model.config.keep_absolute_positions, model.config.absolute_positions_scale = True, 0.0
+    for stack in (model.get_encoder(), model.get_decoder()):
+        stack.config.keep_absolute_positions, stack.config.absolute_positions_scale = True, 0.0
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    inputs = tokenizer(TEST_SOURCES[:6], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1)
+    assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
+
+
 # --- refusals: one line naming what cannot be expressed, nothing written ----------------------------------------
 
 

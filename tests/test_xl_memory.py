@@ -156,3 +156,19 @@ def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
         "AutoConfig": "configuration_relpos.RelPosTransformerConfig",
         "AutoModelForCausalLM": "modeling_relpos.RelPosTransformerForCausalLM",
     }
+
+
+@pytest.mark.parametrize(("overrides", "added"), [
+    ({"position_scheme": "absolute"}, "position_scheme 'absolute' adds its positions"),
+    ({"position_scheme": "shaw", "keep_absolute_positions": True}, "keep_absolute_positions adds sinusoids"),
+])
+def test_memory_with_positions_added_to_the_embeddings_is_refused(overrides, added):
+    """Once the memory is full, every later segment would sit at the same absolute positions (Dai et al. 2019,
+    sec. 3.3): refused when the model is built with mem_len, and when a forward call asks for memory."""
+    message = rf"mem_len {SEGMENT} \(Transformer-XL segment memory\) needs relative positions: {added} to the"
+    with pytest.raises(ValueError, match=message):
+        causal_lm(**overrides)
+    model = causal_lm(**overrides, mem_len=0)
+    with pytest.raises(ValueError, match=message):
+        model(input_ids=stream(SEGMENT), mem_len=SEGMENT)
+    assert model(input_ids=stream(SEGMENT)).logits.shape[:2] == (2, SEGMENT)   # without memory it runs

@@ -631,6 +631,18 @@ class RelPosEncoder(RelPosStack):
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
 
+def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionScheme, mem_len: int) -> None:
+    """Segment recurrence (`mem_len` > 0) needs positions relative to each query: an encoding added to the
+    embeddings (a scheme's own `embed`, or `keep_absolute_positions`) would give every segment after the memory fills
+    the same positions (Dai et al. 2019, sec. 3.3: temporal confusion). One ValueError naming both fields."""
+    if mem_len > 0 and (type(scheme).embed is not PositionScheme.embed or config.keep_absolute_positions):
+        added = ("keep_absolute_positions adds sinusoids" if config.keep_absolute_positions
+                 else f"position_scheme {config.position_scheme!r} adds its positions")
+        raise ValueError(f"mem_len {mem_len} (Transformer-XL segment memory) needs relative positions: {added} "
+                         "to the embeddings, which the memory would repeat for every later segment; use a relative "
+                         "scheme (e.g. 'xl') or mem_len 0")
+
+
 @dataclass
 class RelPosDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
     """Decoder output plus `mems`: per layer, the last `mem_len` layer inputs, detached (Transformer-XL memory)."""
@@ -676,6 +688,7 @@ class RelPosDecoder(RelPosStack):
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
         mem_len = self.config.mem_len if mem_len is None else mem_len
+        check_memory_positions(self.config, self.positions, mem_len)
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
         if mems is not None:
@@ -1179,6 +1192,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         config.is_decoder = True
         super().__init__(config)
         self.decoder = RelPosDecoder(config, cross=False)
+        check_memory_positions(config, self.decoder.positions, config.mem_len)
         self.lm_head = nn.Linear(config.d_model, config.vocab_size, bias=False)
         self.post_init()
 

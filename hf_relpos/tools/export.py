@@ -21,7 +21,7 @@ Pre- or Post-LN (`pre_norm`; the Pre-LN stacks' final LayerNorm), the activation
 the tied embeddings (one matrix, stored once), `final_logits_bias` (the output projection's bias) and the LayerNorm
 epsilon carry over. What the specification cannot express is refused before anything is written, in one line naming
 it: `xl`, `directional`, `alibi`, schemes registered elsewhere, Shaw's per-head tables, `keep_absolute_positions`
-under a relative scheme, `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference.
+under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing), `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference.
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
@@ -106,9 +106,10 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
     if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
         raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
                           "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
-    if config.keep_absolute_positions and scheme != "none":
+    if config.keep_absolute_positions and scheme != "none" and config.absolute_positions_scale != 0:
         raise ExportError(f"keep_absolute_positions with position_scheme {scheme!r} cannot be exported to "
-                          "CTranslate2: it adds no position table to the embeddings of a model with relative attention")
+                          "CTranslate2: it adds no position table to the embeddings of a model with relative attention "
+                          "(a model whose sinusoids are faded out, absolute_positions_scale 0, exports)")
     if config.activation_function not in ACTIVATIONS:
         raise ExportError(f"activation_function {config.activation_function!r} cannot be exported to CTranslate2, "
                           f"which computes {sorted(ACTIVATIONS)}")
