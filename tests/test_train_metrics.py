@@ -79,6 +79,8 @@ def test_paired_bootstrap_is_the_moses_test_on_sacrebleus_draws():
     assert close["p_value"] == moses_paired_bootstrap(weak, one_sentence_apart, references, 200) > 0.05
     assert paired_bootstrap(weak, strong, references, resamples=200) == result   # sacreBLEU's fixed seed
     assert f"|bs:200|seed:{os.environ.get('SACREBLEU_SEED', '12345')}|" in result["signature"]
+    same = paired_bootstrap(weak, list(weak), references, resamples=200)   # every resampled difference is 0 too
+    assert (same["difference"], same["p_value"]) == (0.0, 1.0)
     with pytest.raises(ValueError, match="59 system hypotheses for 60 references"):
         paired_bootstrap(weak, strong[:-1], references)
     with pytest.raises(ValueError, match="resamples must be at least 1, got 0"):

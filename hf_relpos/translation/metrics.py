@@ -73,7 +73,8 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
     resampling (Koehn 2004) in the two-sided form of Moses' bootstrap-hypothesis-difference-significance.pl, which
     sacreBLEU's `PairedTest` computes: over `resamples` test sets drawn with replacement, the same sentences for both
     systems, p = (c + 1) / (resamples + 1), c the resampled absolute differences that exceed their mean by more than
-    the observed one. The draws use sacreBLEU's seed (`SACREBLEU_SEED`, default 12345; "none" or 0 draw unseeded), so
+    the observed one (an observed difference of 0, as of the same translations, is p = 1). The draws use sacreBLEU's
+    seed (`SACREBLEU_SEED`, default 12345; "none" or 0 draw unseeded), so
     a rerun gives the same p-value; the signature names the seed and the resamples. BLEU is tokenized as
     `score_translations` tokenizes it (`bleu_metric(tokenize, target_lang)`)."""
     if resamples < 1:
@@ -87,7 +88,10 @@ def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], references:
                       n_samples=resamples)
     signatures, results = test()
     base, other = results["BLEU"]
-    return {"difference": other.score - base.score, "p_value": other.p_value,
+    difference = other.score - base.score
+    # sacreBLEU counts resampled differences strictly beyond the observed one: where every one is 0 as well (the same
+    # translations) it would give 1 / (resamples + 1); an observed difference of 0 is no evidence of one, p = 1
+    return {"difference": difference, "p_value": 1.0 if difference == 0 else other.p_value,
             "signature": str(signatures["BLEU"])}
 
 
