@@ -23,10 +23,12 @@ from benchmarks.common import (
     add_common_arguments,
     autocast,
     check_arguments,
+    check_kernels_run,
     environment,
     environment_lines,
     make_config,
     markdown_table,
+    positive_int,
     round_robin,
     write_report,
 )
@@ -125,27 +127,36 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU-sized defaults: the small shape, batch 4, 1 warm-up + 3 timed rounds")
     parser.add_argument("--shape", choices=tuple(SHAPES), help="default base (--quick: small)")
-    parser.add_argument("--layers", type=int, help="layers per stack (default: the shape's)")
-    parser.add_argument("--vocab-size", type=int, help="default: the shape's")
-    parser.add_argument("--batch", type=int, help="sequences per generate() call (default 32, --quick: 4)")
-    parser.add_argument("--source-length", type=int, default=32)
-    parser.add_argument("--new-tokens", type=int, default=128)
+    parser.add_argument("--layers", type=positive_int, help="layers per stack (default: the shape's)")
+    parser.add_argument("--vocab-size", type=positive_int, help="default: the shape's")
+    parser.add_argument("--batch", type=positive_int, help="sequences per generate() call (default 32, --quick: 4)")
+    parser.add_argument("--source-length", type=positive_int, default=32)
+    parser.add_argument("--new-tokens", type=positive_int, default=128)
     args = parser.parse_args(argv)
     check_arguments(args)
     quick = args.quick
-    args.shape = args.shape or ("small" if quick else "base")
-    args.layers = args.layers or SHAPES[args.shape].layers
-    args.vocab_size = args.vocab_size or SHAPES[args.shape].vocab_size
-    args.batch = args.batch or (4 if quick else 32)
-    args.warmup = 1 if args.warmup is None else args.warmup
-    args.repeats = 3 if args.repeats is None and quick else 5 if args.repeats is None else args.repeats
+    if args.shape is None:
+        args.shape = "small" if quick else "base"
+    if args.layers is None:
+        args.layers = SHAPES[args.shape].layers
+    if args.vocab_size is None:
+        args.vocab_size = SHAPES[args.shape].vocab_size
+    if args.batch is None:
+        args.batch = 4 if quick else 32
+    if args.warmup is None:
+        args.warmup = 1
+    if args.repeats is None:
+        args.repeats = 3 if quick else 5
     return args
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark, writes decoding.{md,json} into --out and returns the JSON data."""
     args = parse_args(argv)
+    check_kernels_run([args.kernel], args.device, "--kernel", backward=False)
     meta = environment(args.device, args.dtype, args.clock) | {
         key: getattr(args, key)
         for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "warmup", "repeats")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from benchmarks.common import environment, markdown_table, synchronize, write_report
+from benchmarks.common import environment, markdown_table, positive_int, synchronize, write_report
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import export_ctranslate2
 from hf_relpos.translation.metrics import score_translations
@@ -136,6 +136,19 @@ def render(record: dict[str, Any]) -> str:
                           rows)
 
 
+def render_markdown(record: dict[str, Any]) -> str:
+    """The record's report: the table, then the command, code, machine, versions, date, model and notes."""
+    run_environment = record["environment"]
+    return "\n".join([
+        f"# Inference: PyTorch generate vs CTranslate2 ({run_environment['device']})", "", render(record), "",
+        f"- command: `{run_environment['command']}`",
+        f"- code `{run_environment['code']}`, {run_environment['device_name']}"
+        + (f"; {record['hardware_note']}" if record["hardware_note"] else ""),
+        f"- torch {run_environment['torch']}, transformers {run_environment['transformers']}, ctranslate2 "
+        f"{record['ctranslate2']}, python {run_environment['python']}, {run_environment['date']}",
+        f"- model: {record['model']}" + (f" ({record['model_note']})" if record["model_note"] else "")])
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="trained model folder (model, tokenizer, generation config)")
@@ -143,10 +156,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--source_lang", default="en")
     parser.add_argument("--target_lang", default="de")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
-    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2], help="CPU thread counts, one run each")
-    parser.add_argument("--batch_size", type=int, default=32)
-    parser.add_argument("--num_beams", type=int, default=4)
-    parser.add_argument("--limit", type=int, help="first N pairs only (smoke runs)")
+    parser.add_argument("--threads", type=positive_int, nargs="+", default=[1, 2],
+                        help="CPU thread counts, one run each")
+    parser.add_argument("--batch_size", type=positive_int, default=32)
+    parser.add_argument("--num_beams", type=positive_int, default=4)
+    parser.add_argument("--limit", type=positive_int, help="first N pairs only (smoke runs)")
     parser.add_argument("--skip_default_search", action="store_true",
                         help="leave out PyTorch with early_stopping=False")
     parser.add_argument("--model_note", default="", help="what the record says about the model (e.g. its training)")
@@ -154,6 +168,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
     parser.add_argument("--stem", default="inference")
     args = parser.parse_args(argv)
+    if not args.model.is_dir():
+        parser.error(f"model: no model folder at {args.model}")
+    if not args.test_file.is_file():
+        parser.error(f"--test_file: no file at {args.test_file}")
     sources, references = read_pairs(args.test_file, args.source_lang, args.target_lang, args.limit)
     quantizations = ("float32", "int8") if args.device == "cpu" else ("float16", "int8_float16")
     with tempfile.TemporaryDirectory() as folder:
@@ -170,10 +188,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ctranslate2": __import__("ctranslate2").__version__, "runs": runs,
         "goals": GOALS[args.device], "max_bleu_loss_int8": MAX_BLEU_LOSS_INT8,
     }
-    markdown = "\n".join([f"# Inference: PyTorch generate vs CTranslate2 ({args.device})", "", render(record), "",
-                          f"- command: `{record['environment']['command']}`",
-                          f"- code `{record['environment']['code']}`, {record['environment']['device_name']}",
-                          f"- model: {args.model} ({args.model_note}); {args.hardware_note}"])
+    markdown = render_markdown(record)
     print(markdown)
     write_report(args.out, args.stem, markdown, record)
     return record

@@ -33,6 +33,7 @@ from benchmarks.common import (
     add_common_arguments,
     autocast,
     check_arguments,
+    check_kernels_run,
     dropout_kind,
     environment,
     environment_lines,
@@ -41,6 +42,7 @@ from benchmarks.common import (
     markdown_table,
     paired_ratio,
     peak_memory,
+    positive_int,
     round_robin,
     timed,
     write_report,
@@ -176,11 +178,14 @@ def run_benchmarks(args: argparse.Namespace, save: Callable[[list[dict[str, Any]
         lengths = args.lengths if benchmark == "attention" else args.model_lengths
         for shape_name in args.shapes:
             shape = SHAPES[shape_name]
-            layers = 1 if benchmark == "attention" else args.layers or shape.layers
+            if benchmark == "attention":
+                layers = 1
+            else:
+                layers = shape.layers if args.layers is None else args.layers
             for length in lengths:
-                batch = max(tokens // length, 1)
+                batch = tokens // length
                 torch.manual_seed(0)
-                vocab_size = args.vocab_size or shape.vocab_size
+                vocab_size = shape.vocab_size if args.vocab_size is None else args.vocab_size
                 cases = {
                     label: attention_case(scheme, shape, length, batch, args.device, args.dtype, kernel,
                                           args.attention_dropout)
@@ -383,14 +388,19 @@ def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU-sized defaults: 2048 tokens per batch for one attention layer, a 1 + 1-layer model "
+                        "with an 8000-token vocabulary at n = 64, 128, 256 (512 source tokens), 1 warm-up + 4 timed "
+                        "rounds")
     parser.add_argument("--benchmarks", nargs="+", choices=BENCHMARKS, default=list(BENCHMARKS))
     parser.add_argument("--shapes", nargs="+", choices=tuple(SHAPES), default=["base", "small"])
-    parser.add_argument("--lengths", nargs="+", type=int, help="attention benchmark (default 64 .. 1024)")
-    parser.add_argument("--model-lengths", nargs="+", type=int, help="model benchmark (default: --lengths)")
-    parser.add_argument("--tokens", type=int, help="tokens per batch, attention benchmark (default 16384)")
-    parser.add_argument("--model-tokens", type=int, help="source tokens per batch, model benchmark (default --tokens)")
-    parser.add_argument("--layers", type=int, help="full model: layers per stack (default: the shape's, base 6)")
-    parser.add_argument("--vocab-size", type=int, help="full model: vocabulary (default: the shape's, base 32768)")
+    parser.add_argument("--lengths", nargs="+", type=positive_int, help="attention benchmark (default 64 .. 1024)")
+    parser.add_argument("--model-lengths", nargs="+", type=positive_int, help="model benchmark (default: --lengths)")
+    parser.add_argument("--tokens", type=positive_int, help="tokens per batch, attention benchmark (default 16384)")
+    parser.add_argument("--model-tokens", type=positive_int,
+                        help="source tokens per batch, model benchmark (default --tokens)")
+    parser.add_argument("--layers", type=positive_int, help="full model: layers per stack (default: the shape's)")
+    parser.add_argument("--vocab-size", type=positive_int, help="full model: vocabulary (default: the shape's)")
     parser.add_argument("--kernels", nargs="+", choices=KERNELS,
                         help="measure every scheme on each of these kernels in one round-robin (default: --kernel); "
                         "ratios are then to absolute on its fastest kernel")
@@ -405,20 +415,34 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         raise SystemExit("--compile: compiles the model benchmark only; pass --benchmarks model")
     if args.compile_backend and not args.compile:
         raise SystemExit("--compile_backend: names the backend of --compile; pass --compile too")
-    args.compile_backend = (args.compile_backend or "inductor") if args.compile else None
-    args.kernels = args.kernels or [args.kernel]
+    if args.compile:
+        args.compile_backend = args.compile_backend or "inductor"
+    if args.kernels is None:
+        args.kernels = [args.kernel]
     check_arguments(args)
-    # --quick: every length for one attention layer (2048 tokens), a 1+1-layer model with an 8k vocabulary up to
-    # n = 256 (512 source tokens), 1 warm-up + 4 timed rounds.
     quick = args.quick
-    args.lengths = args.lengths or [64, 128, 256, 512, 1024]
-    args.model_lengths = args.model_lengths or ([64, 128, 256] if quick else args.lengths)
-    args.tokens = args.tokens or (2048 if quick else 16384)
-    args.model_tokens = args.model_tokens or (512 if quick else args.tokens)
-    args.layers = args.layers or (1 if quick else None)
-    args.vocab_size = args.vocab_size or (8000 if quick else None)
-    args.warmup = 1 if args.warmup is None and quick else 3 if args.warmup is None else args.warmup
-    args.repeats = 4 if args.repeats is None and quick else 10 if args.repeats is None else args.repeats
+    if args.lengths is None:
+        args.lengths = [64, 128, 256, 512, 1024]
+    if args.model_lengths is None:
+        args.model_lengths = [64, 128, 256] if quick else args.lengths
+    if args.tokens is None:
+        args.tokens = 2048 if quick else 16384
+    if args.model_tokens is None:
+        args.model_tokens = 512 if quick else args.tokens
+    if args.layers is None and quick:
+        args.layers = 1
+    if args.vocab_size is None and quick:
+        args.vocab_size = 8000
+    if args.warmup is None:
+        args.warmup = 1 if quick else 3
+    if args.repeats is None:
+        args.repeats = 4 if quick else 10
+    for benchmark, tokens_flag, tokens, lengths_flag, lengths in (
+            ("attention", "--tokens", args.tokens, "--lengths", args.lengths),
+            ("model", "--model-tokens", args.model_tokens, "--model-lengths", args.model_lengths)):
+        if benchmark in args.benchmarks and tokens < max(lengths):
+            raise SystemExit(f"{tokens_flag} {tokens}: fewer than the longest of {lengths_flag} ({max(lengths)}); a "
+                             "batch holds at least one whole sequence")
     return args
 
 
@@ -434,14 +458,19 @@ def dropout_kinds_text(meta: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmarks, writes training.{md,json,png} into --out and returns the JSON data."""
     args = parse_args(argv)
+    check_kernels_run(args.kernels, args.device, "--kernel" if args.kernels == [args.kernel] else "--kernels")
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
     meta = environment(args.device, args.dtype, args.clock) | {
         "kernel": args.kernel if len(args.kernels) == 1 else " / ".join(args.kernels),
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,
-        "model_layers": f"{args.layers} + {args.layers} layers" if args.layers else "the shape's layers (base 6 + 6),",
-        "vocab_size": args.vocab_size or "of the shape (base 32768)",
+        "model_layers": (f"{args.layers} + {args.layers} layers" if args.layers is not None
+                         else "the shape's layers (" + ", ".join(f"{name} {SHAPES[name].layers} + {SHAPES[name].layers}"
+                                                                 for name in args.shapes) + "),"),
+        "vocab_size": (args.vocab_size if args.vocab_size is not None
+                       else "of the shape (" + ", ".join(f"{name} {SHAPES[name].vocab_size}" for name in args.shapes)
+                       + ")"),
         "warmup": args.warmup,
         "repeats": args.repeats,
         "attention_dropout": args.attention_dropout,

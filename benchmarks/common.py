@@ -20,6 +20,7 @@ import torch
 
 import hf_relpos
 from hf_relpos.model.attention_functions import PROBABILITY_DROPOUT_KERNELS, RELPOS_KERNELS
+from hf_relpos.model.triton_relative import interpreting
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import cpu_model_name, source_version
 
@@ -93,9 +94,25 @@ def dropout_kind(kernel: str) -> str:
     return "probabilities" if kernel in PROBABILITY_DROPOUT_KERNELS else "keys"
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (a count or size of which 0 would measure nothing)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def add_common_arguments(parser: argparse.ArgumentParser) -> None:
-    """--device, --dtype, --kernel, --attention_dropout, --out, --quick, --schemes, --warmup, --repeats (shared by
-    every benchmark script)."""
+    """--device, --dtype, --kernel, --attention_dropout, --out, --schemes, --warmup, --repeats, --threads, --clock
+    (shared by the scheme benchmarks)."""
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument(
         "--dtype", choices=("float32", "bfloat16"), default="float32", help="bfloat16 = autocast (weights stay fp32)"
@@ -111,11 +128,10 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
              "cannot drop probabilities",
     )
     parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
-    parser.add_argument("--quick", action="store_true", help="CPU-sized subset (see the script's help)")
     parser.add_argument("--schemes", nargs="+", choices=tuple(SCHEMES), default=list(SCHEMES))
-    parser.add_argument("--warmup", type=int, default=None, help="untimed rounds before the timed ones")
-    parser.add_argument("--repeats", type=int, default=None, help="timed rounds (the median is reported)")
-    parser.add_argument("--threads", type=int, help="CPU: torch.set_num_threads (default: torch's choice)")
+    parser.add_argument("--warmup", type=non_negative_int, help="untimed rounds before the timed ones")
+    parser.add_argument("--repeats", type=positive_int, help="timed rounds (the median is reported)")
+    parser.add_argument("--threads", type=positive_int, help="CPU: torch.set_num_threads (default: torch's choice)")
     parser.add_argument(
         "--clock", choices=CLOCKS, default="wall",
         help="wall: elapsed seconds; cpu: the CPU seconds of the timing thread (CPU, --threads 1 only), which other "
@@ -124,10 +140,12 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> None:
+    """One clear error for a device, dropout or clock this run cannot use; adds absolute to the schemes and sets
+    --threads. Whether the kernels run on the device is `check_kernels_run`'s, in `main` (a documented --device cuda
+    command parses on a CPU-only machine)."""
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
-    if not 0.0 <= args.attention_dropout < 1.0:
-        raise SystemExit(f"--attention_dropout: must be in [0, 1), got {args.attention_dropout}")
+    check_attention_dropout(args.attention_dropout)
     if BASELINE not in args.schemes:
         args.schemes.insert(0, BASELINE)
     if args.clock == "cpu" and (args.device != "cpu" or args.threads != 1):
@@ -135,6 +153,33 @@ def check_arguments(args: argparse.Namespace) -> None:
                          f"every operator); got --device {args.device} --threads {args.threads}")
     if args.threads:
         torch.set_num_threads(args.threads)
+
+
+def check_attention_dropout(value: float) -> None:
+    if not 0.0 <= value < 1.0:
+        raise SystemExit(f"--attention_dropout: must be in [0, 1), got {value}")
+
+
+def check_kernels_run(kernels: list[str], device: str, flag: str, backward: bool = True) -> None:
+    """One clear error, naming `flag`, for a kernel that cannot run on `device`: relpos_triton on the CPU outside
+    Triton's interpreter (TRITON_INTERPRET=1), flex_attention's backward (`backward`: the run trains) on the CPU."""
+    if device != "cpu":
+        return
+    if "relpos_triton" in kernels and not interpreting():
+        raise SystemExit(f"{flag} relpos_triton: needs --device cuda (on the CPU only under Triton's interpreter, "
+                         "TRITON_INTERPRET=1)")
+    if "flex_attention" in kernels and backward:
+        raise SystemExit(f"{flag} flex_attention: training needs --device cuda (FlexAttention has no backward on the "
+                         "CPU)")
+
+
+def check_series(series: list[str]) -> None:
+    """One clear error for a --series label that is not scheme@kernel with a known scheme and kernel."""
+    for label in series:
+        scheme, kernel = scheme_and_kernel(label)
+        if scheme not in SCHEMES or kernel not in KERNELS:
+            raise SystemExit(f"--series {label}: must be scheme@kernel, scheme one of {', '.join(SCHEMES)}; kernel "
+                             f"one of {', '.join(KERNELS)}")
 
 
 def autocast(device: str, dtype: str) -> contextlib.AbstractContextManager:

@@ -28,9 +28,12 @@ import torch
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
     Shape,
+    check_attention_dropout,
+    check_series,
     environment,
     environment_lines,
     markdown_table,
+    positive_int,
     round_robin,
     scheme_and_kernel,
     series_kernels,
@@ -78,14 +81,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--series", nargs="+", default=["absolute@sdpa", "shaw@relpos_triton"],
                         help="scheme@kernel; the first is the baseline")
-    parser.add_argument("--length", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--length", type=positive_int, default=8)
+    parser.add_argument("--batch", type=positive_int, default=2)
     parser.add_argument("--attention_dropout", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=10, help="steps per round")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=positive_int, default=10, help="steps per round")
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--threads", type=positive_int, default=1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    check_series(args.series)
+    if any(scheme_and_kernel(label)[1] == "flex_attention" for label in args.series):
+        raise SystemExit("--series flex_attention: training needs --device cuda (FlexAttention has no backward on the "
+                         "CPU), and this benchmark runs on the CPU")
+    check_attention_dropout(args.attention_dropout)
     torch.set_num_threads(args.threads)
     shape = HOST_SHAPE
     meta = environment("cpu", "float32") | {

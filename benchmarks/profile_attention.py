@@ -28,9 +28,11 @@ from benchmarks.common import (
     SHAPES,
     add_common_arguments,
     check_arguments,
+    check_kernels_run,
     environment,
     environment_lines,
     markdown_table,
+    positive_int,
     timed,
     write_report,
 )
@@ -91,13 +93,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--lengths", type=int, nargs="+", default=[128])
-    parser.add_argument("--tokens", type=int, default=4096, help="tokens per batch (batch = tokens // length)")
-    parser.add_argument("--top", type=int, default=6, help="ops listed per scheme in the Markdown")
+    parser.add_argument("--lengths", type=positive_int, nargs="+", default=[128])
+    parser.add_argument("--tokens", type=positive_int, default=4096, help="tokens per batch (batch = tokens // length)")
+    parser.add_argument("--top", type=positive_int, default=6, help="ops listed per scheme in the Markdown")
     args = parser.parse_args(argv)
     check_arguments(args)
-    steps, warmup = args.repeats or 3, args.warmup or 1
-    meta = environment(args.device, args.dtype) | {
+    check_kernels_run([args.kernel], args.device, "--kernel")
+    if args.tokens < max(args.lengths):
+        raise SystemExit(f"--tokens {args.tokens}: fewer than the longest of --lengths ({max(args.lengths)}); a batch "
+                         "holds at least one whole sequence")
+    steps = 3 if args.repeats is None else args.repeats
+    warmup = 1 if args.warmup is None else args.warmup
+    meta = environment(args.device, args.dtype, args.clock) | {
         "kernel": args.kernel, "shape": args.shape, "tokens": args.tokens, "steps": steps, "warmup": warmup,
         "attention_dropout": args.attention_dropout,
         "time": ("device time of the kernels each op launched itself" if args.device == "cuda"
@@ -105,14 +112,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     }
     profiles: list[dict[str, Any]] = []
     for length in args.lengths:
-        batch = max(args.tokens // length, 1)
+        batch = args.tokens // length
         schemes = {}
         for scheme in args.schemes:
             torch.manual_seed(0)
             case = attention_case(scheme, SHAPES[args.shape], length, batch, args.device, args.dtype, args.kernel,
                                   args.attention_dropout)
             schemes[scheme] = {"ops_ms": self_times_ms(case.step, steps, args.device, warmup),
-                               "wall_ms": 1000 * statistics.median(timed(case.step, args.device) for _ in range(steps))}
+                               "wall_ms": 1000 * statistics.median(timed(case.step, args.device, args.clock)
+                                                              for _ in range(steps))}
             del case
         base_total = sum(schemes[BASELINE]["ops_ms"].values())
         for entry in schemes.values():

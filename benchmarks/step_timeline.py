@@ -39,9 +39,14 @@ import torch
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
+    check_attention_dropout,
+    check_kernels_run,
+    check_series,
     environment,
     environment_lines,
     markdown_table,
+    non_negative_int,
+    positive_int,
     scheme_and_kernel,
     series_kernels,
     synchronize,
@@ -242,23 +247,30 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--layers", type=int, help="layers per stack (default: the shape's)")
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=16384, help="source tokens per batch (batch = tokens // length)")
+    parser.add_argument("--layers", type=positive_int, help="layers per stack (default: the shape's)")
+    parser.add_argument("--length", type=positive_int, default=512)
+    parser.add_argument("--tokens", type=positive_int, default=16384,
+                        help="source tokens per batch (batch = tokens // length)")
     parser.add_argument("--attention_dropout", type=float, default=0.1)
     parser.add_argument("--series", nargs="+", default=["absolute@sdpa", "shaw@relpos_triton"],
                         help="scheme@kernel, the first is the baseline of the ratios")
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--warmup", type=non_negative_int, default=2)
+    parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--host_profile", action="store_true",
                         help="also the host's Python functions over --steps steps (cProfile)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_series(args.series)
+    check_kernels_run([scheme_and_kernel(label)[1] for label in args.series], args.device, "--series")
+    check_attention_dropout(args.attention_dropout)
+    if args.tokens < args.length:
+        raise SystemExit(f"--tokens {args.tokens}: fewer than --length ({args.length}); a batch holds at least one "
+                         "whole sequence")
     shape = SHAPES[args.shape]
-    layers = args.layers or shape.layers
-    batch = max(args.tokens // args.length, 1)
+    layers = shape.layers if args.layers is None else args.layers
+    batch = args.tokens // args.length
     meta = environment(args.device, args.dtype) | {
         "shape": args.shape, "layers": layers, "length": args.length, "batch": batch,
         "attention_dropout": args.attention_dropout, "warmup": args.warmup, "steps": args.steps,

@@ -472,3 +472,125 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     assert (triton_relative.launch, triton_relative.row_deltas) == (launch, row_deltas)
     assert "TRITON_INTERPRET" not in os.environ
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
+
+
+def one_line_error(main, argv: list[str], capsys) -> str:
+    """The one line a benchmark's `main(argv)` exits with: SystemExit's message, or argparse's error line."""
+    with pytest.raises(SystemExit) as raised:
+        main(argv)
+    if isinstance(raised.value.code, str):
+        message = raised.value.code
+    else:
+        message = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "\n" not in message
+    return message
+
+
+TINY_DECODING = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1", "--source-length", "4",
+                 "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--schemes", "absolute"]
+TINY_PROFILE = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--lengths", "8", "--tokens", "16",
+                "--schemes", "absolute"]
+
+
+@pytest.mark.parametrize(("script", "argv", "message"), [
+    ("bench_training", ["--lengths", "0"], "argument --lengths: must be a positive integer, got 0"),
+    ("bench_training", ["--lengths", "8", "--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
+    ("bench_training", ["--lengths", "8", "--warmup", "-1"], "argument --warmup: must be 0 or more, got -1"),
+    ("bench_training", ["--lengths", "8", "--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
+    ("bench_training", ["--lengths", "8", "--benchmarks", "model", "--layers", "0"],
+     "argument --layers: must be a positive integer, got 0"),
+    ("bench_training", ["--lengths", "8", "--benchmarks", "model", "--vocab-size", "0"],
+     "argument --vocab-size: must be a positive integer, got 0"),
+    ("bench_training", ["--lengths", "8", "--tokens", "4"],
+     "--tokens 4: fewer than the longest of --lengths (8); a batch holds at least one whole sequence"),
+    ("bench_training", ["--lengths", "8", "--benchmarks", "model", "--model-tokens", "4"],
+     "--model-tokens 4: fewer than the longest of --model-lengths (8)"),
+    ("bench_training", ["--lengths", "8", "--kernel", "relpos_triton"],
+     "--kernel relpos_triton: needs --device cuda (on the CPU only under Triton's interpreter, TRITON_INTERPRET=1)"),
+    ("bench_training", ["--lengths", "8", "--kernels", "sdpa", "flex_attention"],
+     "--kernels flex_attention: training needs --device cuda (FlexAttention has no backward on the CPU)"),
+    ("bench_decoding", ["--new-tokens", "0"], "argument --new-tokens: must be a positive integer, got 0"),
+    ("bench_decoding", ["--batch", "0"], "argument --batch: must be a positive integer, got 0"),
+    ("bench_decoding", ["--layers", "0"], "argument --layers: must be a positive integer, got 0"),
+    ("bench_decoding", ["--kernel", "relpos_triton"], "--kernel relpos_triton: needs --device cuda"),
+    ("profile_attention", ["--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
+    ("profile_attention", ["--tokens", "4"], "--tokens 4: fewer than the longest of --lengths (8)"),
+    ("profile_attention", ["--kernel", "flex_attention"], "--kernel flex_attention: training needs --device cuda"),
+    ("profile_attention", ["--quick"], "unrecognized arguments: --quick"),
+    ("host_overhead", ["--series", "absolute@sdpa", "foo@bar"], "--series foo@bar: must be scheme@kernel, scheme one of"),
+    ("host_overhead", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    ("host_overhead", ["--series", "absolute@sdpa", "shaw@flex_attention"],
+     "--series flex_attention: training needs --device cuda"),
+    ("step_timeline", ["--series", "absolute@sdpa", "shaw@nope"], "--series shaw@nope: must be scheme@kernel"),
+    ("step_timeline", ["--series", "absolute@sdpa", "shaw@relpos_triton"], "--series relpos_triton: needs --device cuda"),
+    ("bench_inference", ["/nonexistent/model", "--test_file", "test.jsonl"], "model: no model folder at /nonexistent/model"),
+])
+def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
+                                                   monkeypatch, capsys) -> None:
+    """Each bad value ends the run before any work with one line that names the flag: no traceback, and no value the
+    user gave replaced by a default (0 layers, batch 0 or 0 rounds used to run the default or fail deep inside)."""
+    import importlib
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    module = importlib.import_module(f"benchmarks.{script}")
+    tiny = {"bench_training": TINY_TRAINING, "bench_decoding": TINY_DECODING, "profile_attention": TINY_PROFILE,
+            "host_overhead": ["--steps", "1", "--rounds", "1", "--series", "absolute@sdpa"],
+            "step_timeline": ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--tokens",
+                              "16", "--steps", "1", "--warmup", "0"],
+            "bench_inference": []}[script]
+    assert message in one_line_error(module.main, [*tiny, *argv, "--out", str(tmp_path)], capsys)
+    assert not any(tmp_path.iterdir())
+
+
+def test_profile_keeps_the_warmup_repeats_and_clock_given(tmp_path: Path, monkeypatch) -> None:
+    """profile_attention --warmup 0 --repeats 2 --clock cpu: no unprofiled step (0 is not replaced by the default),
+    two profiled and two wall-timed steps, timed on the CPU clock, and the record says so."""
+    from benchmarks import common, profile_attention
+
+    clock_calls = []
+    monkeypatch.setitem(common.CLOCKS, "cpu", lambda: clock_calls.append(1) or float(len(clock_calls)))
+    steps = []
+    attention_case = profile_attention.attention_case
+
+    def counted_case(*args, **kwargs):
+        case = attention_case(*args, **kwargs)
+        step = case.step
+        case.step = lambda: steps.append(1) or step()
+        return case
+
+    monkeypatch.setattr(profile_attention, "attention_case", counted_case)
+    data = profile_attention.main([*TINY_PROFILE, "--warmup", "0", "--repeats", "2", "--clock", "cpu", "--out",
+                                   str(tmp_path)])
+    assert (data["meta"]["warmup"], data["meta"]["steps"], data["meta"]["clock"]) == (0, 2, "cpu")
+    assert len(steps) == 2 + 2   # profiled + wall-timed, none unprofiled
+    assert len(clock_calls) == 2 * 2   # start and stop of each wall-timed step
+    assert data["profiles"][0]["schemes"]["absolute"]["wall_ms"] == 1000.0
+    assert "clock: cpu" in (tmp_path / "profile.md").read_text()
+
+
+def test_training_record_names_the_layers_and_vocabulary_of_the_shapes_used(tmp_path: Path) -> None:
+    """Without --layers and --vocab-size the full model has each shape's own, and the record names the shapes run,
+    not base's."""
+    data = bench_training.main([*TINY_TRAINING, "--benchmarks", "model", "--lengths", "8", "--out", str(tmp_path)])
+    assert {row["layers"] for row in data["training"]} == {bench_training.SHAPES["tiny"].layers}
+    assert "full model: the shape's layers (tiny 1 + 1), vocabulary of the shape (tiny 64)" in (
+        tmp_path / "training.md").read_text()
+
+
+def test_inference_report_has_the_versions_and_date_and_no_empty_notes() -> None:
+    """bench_inference's Markdown carries the JSON's torch, transformers and CTranslate2 versions and date; notes
+    appear only where given."""
+    from benchmarks import bench_inference
+
+    record = {"environment": {"device": "cpu", "command": "python -m benchmarks.bench_inference m", "code": "abc1234",
+                              "device_name": "a CPU", "torch": "2.9.0", "transformers": "4.57.0", "python": "3.11.9",
+                              "date": "2026-11-30T12:00:00+00:00"},
+              "model": "models/tiny", "model_note": "", "hardware_note": "", "ctranslate2": "4.6.0",
+              "sentences": 1, "runs": []}
+    markdown = bench_inference.render_markdown(record)
+    assert ("- torch 2.9.0, transformers 4.57.0, ctranslate2 4.6.0, python 3.11.9, 2026-11-30T12:00:00+00:00"
+            in markdown.splitlines())
+    assert "- model: models/tiny" in markdown.splitlines() and "()" not in markdown
+    assert markdown.splitlines()[-3] == "- code `abc1234`, a CPU"
+    noted = bench_inference.render_markdown(record | {"model_note": "12 epochs", "hardware_note": "shared"})
+    assert "- model: models/tiny (12 epochs)" in noted and "- code `abc1234`, a CPU; shared" in noted
