@@ -303,7 +303,8 @@ def record_start(folder: Path, version: str, continued_from: Path | None) -> lis
     return starts
 
 
-def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """convergence.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k",
                         help="folder with train/validation/test.jsonl")
@@ -332,6 +333,11 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
                         help="where the models decode (training: the Trainer's choice)")
+    return parser
+
+
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     missing = [name for name in ("train.jsonl", *SPLITS.values()) if not (args.data / name).is_file()]
     if missing:

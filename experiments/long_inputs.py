@@ -453,7 +453,8 @@ def bleu_kept(results: dict, level: str, system: str) -> list[float]:
     return [] if 0 in single else [100 * value / base for value, base in zip(joined, single, strict=True)]
 
 
-def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+def argument_parser() -> argparse.ArgumentParser:
+    """long_inputs.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="folder with test.jsonl and validation.jsonl")
     parser.add_argument("--out", type=Path, required=True, help="where long_inputs.{json,md} go")
@@ -479,6 +480,11 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
                         help="test every other system against this one of the same seed (paired bootstrap)")
     parser.add_argument("--paired-levels", nargs="+", metavar="LEVEL",
                         help="levels of the paired tests (default: '1 caption' and the largest size 'as one sentence')")
+    return parser
+
+
+def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     missing = [name for name in SETS.values() if not (args.data / name).is_file()]
     if missing:

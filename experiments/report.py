@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import shlex
 import statistics
 import sys
 from collections import defaultdict
@@ -31,6 +30,7 @@ import convergence  # noqa: E402
 import long_inputs  # noqa: E402
 import marian_conversion  # noqa: E402
 import vs_marian  # noqa: E402
+from settings import command_line  # noqa: E402
 
 from benchmarks import (  # noqa: E402
     bench_data,
@@ -45,6 +45,8 @@ from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_r
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+# Options of the experiments that are modes of the invocation that collected a record, no setting of its runs.
+INVOCATION_MODES = ("collect_only", "list", "decoding_study")
 PASSAGE = re.compile(r"(<!-- generated: (?P<name>[a-z0-9_]+) -->\n)(?P<body>.*?)(<!-- end: (?P=name) -->)", re.DOTALL)
 
 # The order of the README's scheme rows: the schemes as the records first measured them, then every other scheme
@@ -120,10 +122,12 @@ def without_title(markdown: str) -> str:
 
 
 def vs_marian_command(record: dict) -> str:
+    """The vs_marian.py command of a record: every setting it holds that is not the script's default (its rows'
+    `--row-seeds` as given; `--collect-only`, `--list` and `--decoding-study` are the collecting invocation's)."""
     settings = record["settings"]
-    extra = "".join(f" --row {shlex.quote(spec)}" for spec in settings.get("row", []))
-    return (f"python experiments/vs_marian.py --rows {' '.join(settings['rows'])}{extra} "
-            f"--seeds {' '.join(map(str, settings['seeds']))}")
+    row_seeds = [f"{row}={','.join(map(str, seeds))}" for row, seeds in dict(settings.get("row_seeds") or {}).items()]
+    return command_line("experiments/vs_marian.py", vs_marian.argument_parser(), {**settings, "row_seeds": row_seeds},
+                        leave_out=INVOCATION_MODES)
 
 
 def vs_marian_passage(path: str) -> str:
@@ -146,14 +150,12 @@ def convergence_caption(record: dict, trained: str) -> str:
 
 
 def convergence_command(record: dict) -> str:
-    """The convergence.py command of a record: its systems and seeds, the device its runs trained on (the record's
-    own settings are the collecting invocation's), and its paired tests' baseline where it is not the default."""
-    settings = record["settings"]
+    """The convergence.py command of a record: every setting it holds that is not the script's default, with the
+    device its runs trained on (the record's own settings are the collecting invocation's)."""
     on_cpu = all(device.startswith("CPU") for device in run_devices(record))
-    baseline = settings.get("baseline", "absolute")
-    return (f"python experiments/convergence.py --systems {' '.join(settings['systems'])} "
-            f"--seeds {' '.join(map(str, settings['seeds']))} --device {'cpu' if on_cpu else 'cuda'}"
-            + (f" --baseline {baseline}" if baseline != "absolute" else ""))
+    return command_line("experiments/convergence.py", convergence.argument_parser(),
+                        {**record["settings"], "device": "cpu" if on_cpu else "cuda"}, leave_out=INVOCATION_MODES,
+                        always=("device",))
 
 
 # --- the README's tables -------------------------------------------------------------------------------------------
@@ -931,17 +933,9 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
 
 
 def long_inputs_command(settings: dict) -> str:
-    """The long_inputs.py command line of a record's settings (its models as given)."""
-    minimum = f"--min-len-a {settings['min_len_a']} " if settings.get("min_len_a") is not None else ""
-    blocked = settings.get("no_repeat_ngram_size")
-    no_repeat = f"--no-repeat-ngram-size {blocked} " if blocked is not None else ""
-    baseline = f"--baseline {shlex.quote(settings['baseline'])} " if settings.get("baseline") is not None else ""
-    levels = settings.get("paired_levels")
-    paired = f"--paired-levels {' '.join(map(shlex.quote, levels))} " if levels else ""
-    return (f"python experiments/long_inputs.py --sizes {' '.join(map(str, settings['sizes']))} --beams "
-            f"{settings['beams']} --length-penalty {settings['length_penalty']} {minimum}--max-len-a "
-            f"{settings['max_len_a']} --max-len-b {settings['max_len_b']} {no_repeat}{baseline}{paired}"
-            + " ".join(f"--model {shlex.quote(model)}" for model in settings["model"]))
+    """The long_inputs.py command line of a record's settings: every one that is not the script's default (its models
+    as given)."""
+    return command_line("experiments/long_inputs.py", long_inputs.argument_parser(), settings)
 
 
 # Issue #50 item 1's decoding study: the same models decoded by several settings, one long_inputs.py record each,

@@ -859,7 +859,8 @@ def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
     return study
 
 
-def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Row]]:
+def argument_parser() -> argparse.ArgumentParser:
+    """vs_marian.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k",
                         help="folder with train/validation/test.jsonl")
@@ -896,6 +897,11 @@ def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Ro
     parser.add_argument("--logging-steps", type=int, default=50)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--device", default="cpu", help="where the models decode (training: the Trainer's choice)")
+    return parser
+
+
+def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Row]]:
+    parser = argument_parser()
     args = parser.parse_args(argv)
     if args.list:
         for row in ROWS.values():

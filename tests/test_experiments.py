@@ -8,6 +8,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -641,8 +642,67 @@ def test_report_gives_a_convergence_record_the_device_its_runs_trained_on_and_it
     assert report.convergence_command(gpu).endswith("--seeds 1 2 --device cuda")
     pilot = {"settings": {"systems": ["shaw", "shaw+concat-0.5"], "seeds": [1], "baseline": "shaw"},
              "runs": {system: [{"device": "CPU: Intel(R) Xeon(R) Processor"}] for system in ("shaw", "shaw+concat-0.5")}}
-    assert report.convergence_command(pilot) == ("python experiments/convergence.py --systems shaw shaw+concat-0.5 "
-                                                 "--seeds 1 --device cpu --baseline shaw")
+    assert report.convergence_command(pilot) == ("python experiments/convergence.py --data DATA --work WORK --out OUT "
+                                                 "--systems shaw shaw+concat-0.5 --baseline shaw --device cpu")
+
+
+# Per experiment, settings of a record that differ from every default of the script (but `device`, whose default
+# is the machine's), and how report.py writes its command.
+NON_DEFAULT_SETTINGS = {
+    "long_inputs": {
+        "data": "/data/multi30k", "out": "/tmp/out", "model": ["shaw:1=/tmp/work/shaw/seed1", "xl:2=/tmp/xl model"],
+        "source_lang": "de", "target_lang": "en", "sizes": [3, 5], "max_pairs": 20, "beams": 2, "length_penalty": 1.0,
+        "max_len_a": 1.5, "max_len_b": 20, "min_len_a": 0.5, "no_repeat_ngram_size": 4, "max_new_tokens": 300,
+        "eval_batch_size": 8, "threads": 2, "device": "cuda", "baseline": "shaw",
+        "paired_levels": ["1 caption", "3 as one sentence"]},
+    "convergence": {
+        "data": "/data/multi30k", "work": "/tmp/work", "out": "/tmp/out", "systems": ["shaw", "shaw+concat-0.5"],
+        "seeds": [2, 3], "baseline": "shaw", "epochs": 2.5, "last_n": 2, "peer_warmup_steps": 10,
+        "source_lang": "de", "target_lang": "en", "vocab_size": 400, "d_model": 16, "layers": 1, "heads": 2,
+        "ffn_dim": 32, "eval_batch_size": 8, "max_eval_samples": 4, "threads": 2, "device": "cuda",
+        "recipe_flags": ["--model.d_model", "32", "--max_tokens_per_batch", "256"]},
+    "vs_marian": {
+        "data": "/data/multi30k", "work": "/tmp/work", "out": "/tmp/out", "rows": ["peer", "shaw"],
+        "row": ["shaw+small=shaw --model.d_model 32"], "seeds": [2, 3], "row_seeds": {"peer": [4, 5]},
+        "baseline": "shaw", "source_lang": "de", "target_lang": "en", "max_steps": 10, "warmup_steps": 2,
+        "batch_size": 8, "max_tokens_per_batch": 256, "vocab_size": 400, "d_model": 16, "layers": 1, "heads": 2,
+        "ffn_dim": 32, "beams": 2, "length_penalty": 1.0, "max_new_tokens": 20, "eval_batch_size": 8,
+        "max_eval_samples": 4, "logging_steps": 5, "threads": 2, "device": "cuda"},
+}
+
+
+@pytest.mark.parametrize("script", sorted(NON_DEFAULT_SETTINGS))
+def test_report_prints_a_command_that_gives_back_every_setting_of_a_record(script, monkeypatch):
+    """The command report.py prints for a record whose settings differ from every default: the script's own parser
+    accepts it and it parses back to the same settings (the invocation's modes, such as --collect-only, left out)."""
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    experiment = getattr(report, script)
+    parser = experiment.argument_parser()
+    settings = NON_DEFAULT_SETTINGS[script]
+    options = {action.dest for action in parser._actions if action.option_strings and action.dest != "help"}
+    assert options - set(report.INVOCATION_MODES) == set(settings)
+    assert all(value != parser.get_default(name) for name, value in settings.items() if name != "device")
+    record = {"settings": {**settings, "collect_only": True},
+              "runs": {system: [{"device": "NVIDIA H200"}] for system in settings.get("systems", ())}}
+    command = (report.long_inputs_command(record["settings"]) if script == "long_inputs" else
+               getattr(report, f"{script}_command")(record))
+    words = shlex.split(command)
+    assert words[:2] == ["python", f"experiments/{script}.py"]
+    parsed = vars(parser.parse_args(words[2:]))
+    assert not any(parsed[mode] for mode in report.INVOCATION_MODES if mode in parsed)
+    parsed = {name: str(value) if isinstance(value, Path) else value for name, value in parsed.items()
+              if name in settings}
+    if script == "long_inputs":
+        parsed["model"] = [f"{system}:{seed}={folder}" for system, seed, folder in parsed["model"]]
+    if script == "vs_marian":
+        parsed["row_seeds"] = experiment.parse_row_seeds(parsed["row_seeds"], ["peer", "shaw", "shaw+small"])
+    assert parsed == settings
+
+
+def test_report_writes_placeholders_for_the_folders_a_long_inputs_record_lacks(monkeypatch):
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    assert report.long_inputs_command({"model": ["shaw:1=/tmp/m"], "beams": 4}) == (
+        "python experiments/long_inputs.py --data DATA --out OUT --model shaw:1=/tmp/m")
 
 
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
@@ -1204,7 +1264,8 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
                                                lambda system, seed, name: outputs[system], "test")
     assert ahead["good"]["set"]["1"]["difference"] == pytest.approx(100.0)
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
-    assert "--max-len-b 3 --baseline shaw --model shaw:1=" in report.long_inputs_command(results["settings"])
+    command = report.long_inputs_command(results["settings"])
+    assert "--model shaw:1=" in command and "--sizes 2 --beams 2 --max-len-b 3 --eval-batch-size 4 --baseline shaw" in command
     table = (tmp_path / "paired" / "long_inputs.md").read_text().split("## Against the baseline")[1]
     result = tests["systems"]["directional"]["validation: 2 as one sentence"]
     assert (f"seed 1: {result['1']['difference']:+.2f} (p {result['1']['p_value']:.3f}); "
