@@ -51,10 +51,18 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.publish.records import RECORDS, SCHEME_FIELD, RunRecord, cpu_model_name, software_versions
+from hf_relpos.publish.records import (
+    RECORDS,
+    SCHEME_FIELD,
+    RunRecord,
+    cpu_model_name,
+    software_versions,
+    source_version,
+)
 from hf_relpos.tools.viz import require_matplotlib
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
+ROOT = Path(__file__).resolve().parents[1]
 PAD, EOS, BOS, UNK = 0, 1, 2, 3
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>"]
 SYMBOLS = list(string.ascii_lowercase)
@@ -447,10 +455,15 @@ def plot(results: dict, out: Path) -> list[Path]:
     return paths
 
 
+# --quick: the settings of a smoke run that trains in seconds (small model, few steps, small sets).
+QUICK_SETTINGS = {"steps": 4, "d_model": 16, "layers": 1, "heads": 2, "eval_size": 6, "seeds": [1]}
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, Markdown and PNG files")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run (seconds): small model, few steps")
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny smoke run (seconds): small model, few steps, for the settings not given")
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
@@ -463,7 +476,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--eval-seed", type=int, default=1234)
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads per run (tiny models run best on one)")
     parser.add_argument("--jobs", type=int, default=2, help="runs trained at the same time (one per core)")
-    parser.add_argument("--only", nargs="+", help="run only these run names (default: all)")
+    parser.add_argument("--only", nargs="+", choices=[spec.name for spec in run_specs()], metavar="RUN",
+                        help="run only these run names (default: all)")
     parser.add_argument("--one-length-batches", action="store_true",
                         help="every training batch holds sequences of one length, drawn uniformly from the training "
                              "lengths (as Ruoss et al. 2023 train), and every evaluation batch one length; default: "
@@ -474,8 +488,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "on the sets of --eval-seed. Settings are chosen looking at one evaluation seed "
                              "(1234 so far); the table to report comes from another seed's sets, never looked at")
     args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.d_model, args.layers, args.heads, args.eval_size, args.seeds = 4, 16, 1, 2, 6, [1]
+    if args.quick:   # the smoke run's settings as defaults: what the command line gives stays
+        parser.set_defaults(**QUICK_SETTINGS)
+        args = parser.parse_args(argv)
     return args
 
 
@@ -511,6 +526,7 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
         runs.append({"name": spec.name, "model": str(folder), "result": result})
         records.append(typed_record(spec, args, result))
     results = {"buckets": [f"{low}-{high}" for low, high in BUCKETS], "settings": json_settings(args),
+               "source_version": source_version(ROOT),
                "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "bleu_signature": signature,
                "runs": runs, RECORDS: records}
@@ -577,6 +593,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_lengths": list(TRAIN_LENGTHS),
         "buckets": [f"{low}-{high}" for low, high in BUCKETS],
         "settings": settings,
+        "source_version": source_version(ROOT),
         "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bleu_signature": signature,

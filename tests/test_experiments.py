@@ -20,7 +20,7 @@ import transformers
 import yaml
 from conftest import BUILT_IN_SCHEMES
 
-from hf_relpos.publish.records import RunRecord, read_run_records
+from hf_relpos.publish.records import RunRecord, read_run_records, source_version
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"
@@ -256,9 +256,34 @@ def test_saved_models_score_as_in_training_on_its_sets_and_afresh_on_another_see
     assert (saved.system, saved.model, saved.metrics) == (run_name, first_seed.model, first_seed.metrics)
     assert (saved.seed, saved.steps, saved.training_seconds) == (None, None, None)
     assert f"| {run_name} |" in (tmp_path / "seed99" / "saved_models.md").read_text()
+    code = source_version(EXPERIMENTS.parent)   # the code that trained and scored, as the other experiments record it
+    assert code != "unknown"
+    assert json.loads((tmp_path / "trained" / "length_generalization.json").read_text())["source_version"] == code
+    assert json.loads((tmp_path / "seed99" / "saved_models.json").read_text())["source_version"] == code
     missing = subprocess.run([sys.executable, str(EXPERIMENT), "--quick", "--only", "xl", "--out", str(tmp_path / "x"),
                               "--evaluate-saved", str(tmp_path / "models")], capture_output=True, text=True, timeout=300)
     assert missing.returncode != 0 and "no saved model of 'xl'" in missing.stderr
+
+
+def test_quick_fills_in_only_the_settings_not_given(monkeypatch, tmp_path):
+    task = load_task(monkeypatch)
+    given = task.parse_args(["--quick", "--only", "absolute", "--seeds", "1", "2", "--steps", "10", "--d-model", "32",
+                             "--out", str(tmp_path)])
+    assert (given.seeds, given.steps, given.d_model) == ([1, 2], 10, 32)
+    assert (given.layers, given.heads, given.eval_size) == (1, 2, 6)   # not given: the smoke run's
+    quick = task.parse_args(["--quick", "--out", str(tmp_path)])
+    assert {name: getattr(quick, name) for name in task.QUICK_SETTINGS} == task.QUICK_SETTINGS
+    full = task.parse_args(["--out", str(tmp_path)])
+    assert (full.steps, full.d_model, full.layers) == (1500, 64, 2)
+
+
+def test_an_unknown_run_name_is_one_clear_error_naming_the_runs(monkeypatch, tmp_path, capsys):
+    task = load_task(monkeypatch)
+    with pytest.raises(SystemExit):
+        task.parse_args(["--quick", "--only", "nonesuch", "--out", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert "argument --only: invalid choice: 'nonesuch'" in error
+    assert all(repr(spec.name) in error for spec in task.run_specs())
 
 
 def test_one_length_evaluation_batches_hold_one_length_each_and_cover_every_sequence(monkeypatch):
