@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import shutil
 import sys
 import time
@@ -50,6 +51,7 @@ from vs_marian import (
     paired_tests_table,
     recipe_path,
     run_batches,
+    scored_pairs,
     spread,
     train_peer,
     train_peer_as_recipe,
@@ -202,18 +204,27 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     return record
 
 
+def added_recipe_flags(settings: dict) -> str:
+    """A caption's note on the train_translation.py flags a record's `--recipe-flags` added to every recipe (else
+    nothing: the recipes as they are)."""
+    flags = settings.get("recipe_flags")
+    return f", `{shlex.join(flags)}` added to every recipe" if flags else ""
+
+
 def markdown(results: dict) -> str:
     settings = results["settings"]
+    recipes = (f"Recipes{added_recipe_flags(settings)} (pairs a step: the table's)" if settings.get("recipe_flags")
+               else "Recipes as they are (about 230 pairs a step)")
     lines = [
         f"# The multi30k_small_* recipes for {settings['epochs']} epochs, last {settings['last_n']} averaged, against "
         "HF MarianMT trained the same way",
         "",
-        f"{settings['epochs']} epochs each, a checkpoint per epoch, the last {settings['last_n']} averaged. Recipes as "
-        "they are (about 230 pairs a step); `peer` with the issue's hyperparameters (64 pairs a step, learning rate "
+        f"{settings['epochs']} epochs each, a checkpoint per epoch, the last {settings['last_n']} averaged. {recipes}; "
+        "`peer` with the issue's hyperparameters (64 pairs a step, learning rate "
         f"1e-3, {settings['peer_warmup_steps']} warm-up steps), `peer+recipe-training` trained as the recipes are. "
         f"Decoding: beam {RECIPE_DECODING.beams}, length "
         f"penalty {RECIPE_DECODING.length_penalty}, at most the longest source + {RECIPE_DECODING.source_offset} new "
-        f"tokens, for every model. Mean over seeds (min-max). Device: {results['device']}.",
+        f"tokens, for every model. Mean over seeds (min-max).{scored_pairs(settings)} Device: {results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
         *tables(results),

@@ -142,11 +142,13 @@ def run_devices(record: dict) -> list[str]:
 
 
 def convergence_caption(record: dict, trained: str) -> str:
-    """The caption of a convergence record's tables: epochs, averaging, `trained` (what the systems are), decoding."""
+    """The caption of a convergence record's tables: epochs, averaging, `trained` (what the systems are) and the flags
+    added to every recipe, decoding, and the pairs scored where not every pair."""
     settings, decoding = record["settings"], convergence.RECIPE_DECODING
-    return (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; {trained}. "
-            f"Decoding for every model: beam {decoding.beams}, length penalty {decoding.length_penalty}, at most the "
-            f"longest source + {decoding.source_offset} new tokens. Mean over seeds (min-max).")
+    return (f"{settings['epochs']} epochs, a checkpoint per epoch, the last {settings['last_n']} averaged; {trained}"
+            f"{convergence.added_recipe_flags(settings)}. Decoding for every model: beam {decoding.beams}, length "
+            f"penalty {decoding.length_penalty}, at most the longest source + {decoding.source_offset} new tokens. Mean "
+            f"over seeds (min-max).{vs_marian.scored_pairs(settings)}")
 
 
 def convergence_command(record: dict) -> str:

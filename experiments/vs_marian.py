@@ -808,6 +808,14 @@ def summarize(rows: list[Row], records: dict[str, list[dict]]) -> dict:
     return summary
 
 
+def scored_pairs(settings: dict) -> str:
+    """A caption's note on the pairs a record scored where `--max-eval-samples` cut the sets (else nothing: every
+    pair)."""
+    limit = settings.get("max_eval_samples")
+    return (f" BLEU and hyp/ref of the first {limit} pairs of test2016 and of validation only (`--max-eval-samples "
+            f"{limit}`)." if limit else "")
+
+
 def markdown(results: dict) -> str:
     settings = results["settings"]
     lines = [
@@ -817,7 +825,8 @@ def markdown(results: dict) -> str:
         f"{settings['batch_size']} pairs, hf_relpos `--max_tokens_per_batch {settings['max_tokens_per_batch']}` "
         "(a row's own flags, in its system column, win); "
         f"beam {settings['beams']}, length penalty {settings['length_penalty']}, at most "
-        f"{settings['max_new_tokens']} new tokens. Mean over seeds (min-max). Device: {results['device']}.",
+        f"{settings['max_new_tokens']} new tokens. Mean over seeds (min-max).{scored_pairs(settings)} Device: "
+        f"{results['device']}.",
         f"sacreBLEU signature: `{results['signature']}`.",
         "",
         "| row | system | seeds | test2016 BLEU | validation BLEU | test hyp/ref | validation hyp/ref | pairs/update "

@@ -730,6 +730,28 @@ def test_report_writes_placeholders_for_the_folders_a_long_inputs_record_lacks(m
         "python experiments/long_inputs.py --data DATA --out OUT --model shaw:1=/tmp/m")
 
 
+def test_the_captions_state_the_recipe_flags_and_the_scored_pairs_of_a_record(monkeypatch):
+    """convergence.py's and vs_marian.py's reports, and report.py's convergence caption, name the flags --recipe-flags
+    added to every recipe and the pairs --max-eval-samples cut the sets to; a record of neither says neither."""
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    converged, equal_budget = report.read(report.TWENTY_EPOCHS_ONE_COMMIT), report.read(report.ONE_COMMIT)
+    scored = "BLEU and hyp/ref of the first 4 pairs of test2016 and of validation only (`--max-eval-samples 4`)."
+    flags = "`--model.d_model 32 --label_smoothing 0` added to every recipe"
+    plain = convergence_report, caption, marian_report = (report.convergence.markdown(converged),
+                                                          report.convergence_caption(converged, "the recipes"),
+                                                          report.vs_marian.markdown(equal_budget))
+    assert "Recipes as they are (about 230 pairs a step)" in convergence_report
+    assert not any(scored in text or flags in text for text in plain)
+    for record in (converged, equal_budget):
+        record["settings"] = {**record["settings"], "max_eval_samples": 4,
+                              "recipe_flags": ["--model.d_model", "32", "--label_smoothing", "0"]}
+    convergence_report, caption = (report.convergence.markdown(converged),
+                                   report.convergence_caption(converged, "the recipes"))
+    assert "about 230 pairs a step" not in convergence_report
+    assert all(flags in text and scored in text for text in (convergence_report, caption))
+    assert scored in report.vs_marian.markdown(equal_budget)
+
+
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
     """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
     session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
