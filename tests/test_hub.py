@@ -32,6 +32,7 @@ from hf_relpos.publish.records import (
     RunRecord,
     Scores,
     read_run_records,
+    source_version,
 )
 from hf_relpos.translation import preflight
 from hf_relpos.translation.arguments import parse_arguments
@@ -274,6 +275,26 @@ def test_a_card_lists_the_data_the_run_read_and_its_limitation_only_for_that_dat
     assert "`dataset_name`" not in local_card and "`dataset_config_name`" not in local_card
     assert "| `train_file` | data/train.jsonl |" in local_card and limitation not in local_card
     assert "| `warmup_steps` | 50 |" in local_card and RunRecord.from_recipe(recipe).warmup_steps == 50
+
+
+def test_a_run_record_names_the_code_that_trained_it(tmp_path, monkeypatch):
+    """run_record's source_version: `git describe` of the checkout the package runs from (as the experiments record
+    it); run from no checkout, the installed package's version; where neither is known, None (no failure)."""
+    import importlib.metadata
+
+    from hf_relpos.publish import records
+
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(tmp_path / "run")])
+    checkout = source_version(REPO_ROOT)
+    assert checkout != "unknown" and run_record(*arguments).source_version == checkout
+    monkeypatch.setattr(records, "PACKAGE_CHECKOUT", tmp_path)   # no .git: installed, not a checkout
+    assert run_record(*arguments).source_version == importlib.metadata.version("hf_relpos")
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert run_record(*arguments).source_version is None
 
 
 @pytest.mark.parametrize(("program_path", "command"), [("/venv/bin/hf-relpos-train", "hf-relpos-train"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.metadata
 import json
 import os
 import platform
@@ -211,9 +212,31 @@ def cpu_model_name() -> str:
 
 
 def source_version(checkout: Path) -> str:
-    """`git describe --always --dirty` of the git checkout at `checkout` (which code ran; "unknown" outside one)."""
-    described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=checkout, capture_output=True, text=True)
+    """`git describe --always --dirty` of the git checkout at `checkout` (which code ran; "unknown" outside one, or
+    without git)."""
+    try:
+        described = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=checkout, capture_output=True,
+                                   text=True)
+    except FileNotFoundError:
+        return "unknown"
     return described.stdout.strip() or "unknown"
+
+
+# The folder above the hf_relpos package: its git checkout where it runs from one (not from site-packages).
+PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]
+
+
+def package_version() -> str | None:
+    """Which hf_relpos code runs, for a run's `source_version`: `source_version` of the git checkout it runs from (a
+    commit, `-dirty` with uncommitted changes), else the installed package's version (None where neither is known)."""
+    if (PACKAGE_CHECKOUT / ".git").exists():
+        described = source_version(PACKAGE_CHECKOUT)
+        if described != "unknown":
+            return described
+    try:
+        return importlib.metadata.version("hf_relpos")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def software_versions() -> dict[str, str]:

@@ -19,7 +19,7 @@ import torch
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import write_text_atomic
 from ..publish.hub import CARD_FILE, RunRecord, load_results, push_model_folder, render_model_card
-from ..publish.records import RUN_RECORD_FILE, cpu_model_name, scores_from_results, software_versions
+from ..publish.records import RUN_RECORD_FILE, cpu_model_name, package_version, scores_from_results, software_versions
 from .arguments import ModelArguments, TranslationTrainingArguments, program_name
 from .data import DataArguments
 
@@ -48,7 +48,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     added (and the program it was started by), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
     counts; the pairs per batch only without a token budget), the processes (and whether `accelerate launch` sharded
     them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the
-    training time, the date and the releases it ran with."""
+    training time, the date, the code (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     if training_args.max_tokens_per_batch is not None:
         omitted.add("per_device_train_batch_size")
@@ -65,7 +65,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                      program=program_name(),
                      trained_as=shlex.join([*([recipe_file] if recipe_file else []),
                                             *_without_resume_flag(model_args.recipe_flags)]),
-                     date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions())
+                     date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
+                     source_version=package_version())
 
 
 def _without_resume_flag(flags: Sequence[str]) -> list[str]:
