@@ -195,13 +195,30 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
                          trained=training_record(folder / "model"))
     record = {"system": system, "seed": seed, "source_version": version, "versions": software_versions(),
               "device": args.device_name, "wall_seconds": wall_seconds, **training, "batches": batches,
-              "scores": scores, "date": date, "record": typed}
+              "scores": scores, "date": date, "record": typed,
+              **{name: vars(args)[name] for name in RUN_SETTINGS}}
     if any(start["continued_from"] for start in starts):
         record["starts"] = starts
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
           f"{scores['averaged']['test']['bleu']:.2f} averaged", flush=True)
     return record
+
+
+# The settings that shape what a run trains and scores: each run records them, and a collection states the runs'.
+RUN_SETTINGS = ("recipe_flags", "max_eval_samples")
+
+
+def adopt_run_settings(args: argparse.Namespace, records: dict[str, list[dict]]) -> None:
+    """Set `RUN_SETTINGS` of `args` to the runs' own (a --collect-only describes and tests the runs it collects, not
+    its own command line; runs recorded before these fields keep the command line's). Runs that differ in one of them
+    are one error naming it."""
+    for name in RUN_SETTINGS:
+        values = {json.dumps(run[name]) for runs in records.values() for run in runs if name in run}
+        if len(values) > 1:
+            raise SystemExit(f"convergence.py: the runs collected differ in {name}: {', '.join(sorted(values))}")
+        if values:
+            setattr(args, name, json.loads(values.pop()))
 
 
 def added_recipe_flags(settings: dict) -> str:
@@ -364,6 +381,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     records = {system: [run_one(system, seed, args) for seed in args.seeds] for system in args.systems}
     first = records[args.systems[0]][0]
+    adopt_run_settings(args, records)
     results = {
         "settings": json_settings(args),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

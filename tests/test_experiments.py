@@ -752,6 +752,20 @@ def test_the_captions_state_the_recipe_flags_and_the_scored_pairs_of_a_record(mo
     assert scored in report.vs_marian.markdown(equal_budget)
 
 
+def test_a_collection_states_the_settings_its_runs_were_trained_and_scored_with(monkeypatch):
+    """--collect-only with other --recipe-flags / --max-eval-samples than the runs had (or none): the runs' own;
+    runs that differ in one are one error naming it."""
+    convergence = load_experiment(EXPERIMENTS / "convergence.py", monkeypatch)
+    args = argparse.Namespace(recipe_flags=[], max_eval_samples=None)
+    runs = {"absolute": [{"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4}],
+            "peer": [{"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4}, {"seed": 2}]}
+    convergence.adopt_run_settings(args, runs)
+    assert (args.recipe_flags, args.max_eval_samples) == (["--warmup_steps", "1"], 4)
+    runs["peer"][0]["max_eval_samples"] = 8
+    with pytest.raises(SystemExit, match="the runs collected differ in max_eval_samples: 4, 8"):
+        convergence.adopt_run_settings(args, runs)
+
+
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
     """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
     session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
