@@ -34,7 +34,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import torch
-from settings import json_settings
+from settings import adopt_run_settings, json_settings
 from vs_marian import (
     PEER,
     PEER_TRAINING_RECIPE,
@@ -209,18 +209,6 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
 RUN_SETTINGS = ("recipe_flags", "max_eval_samples")
 
 
-def adopt_run_settings(args: argparse.Namespace, records: dict[str, list[dict]]) -> None:
-    """Set `RUN_SETTINGS` of `args` to the runs' own (a --collect-only describes and tests the runs it collects, not
-    its own command line; runs recorded before these fields keep the command line's). Runs that differ in one of them
-    are one error naming it."""
-    for name in RUN_SETTINGS:
-        values = {json.dumps(run[name]) for runs in records.values() for run in runs if name in run}
-        if len(values) > 1:
-            raise SystemExit(f"convergence.py: the runs collected differ in {name}: {', '.join(sorted(values))}")
-        if values:
-            setattr(args, name, json.loads(values.pop()))
-
-
 def added_recipe_flags(settings: dict) -> str:
     """A caption's note on the train_translation.py flags a record's `--recipe-flags` added to every recipe (else
     nothing: the recipes as they are)."""
@@ -381,7 +369,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     torch.set_num_threads(args.threads)
     records = {system: [run_one(system, seed, args) for seed in args.seeds] for system in args.systems}
     first = records[args.systems[0]][0]
-    adopt_run_settings(args, records)
+    adopt_run_settings(args, [run for runs in records.values() for run in runs], RUN_SETTINGS, "convergence.py")
     results = {
         "settings": json_settings(args),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),

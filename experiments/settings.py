@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from pathlib import Path
 
 
@@ -46,3 +47,16 @@ def command_line(script: str, parser: argparse.ArgumentParser, settings: dict, l
         elif value is not None:
             words += [option, str(value)]
     return shlex.join(["python", script, *words, *rest])
+
+
+def adopt_run_settings(args: argparse.Namespace, runs: Iterable[dict], names: Collection[str], script: str) -> None:
+    """Set the `names` of `args` (settings that shape what a run trains and scores, which each run records) to the
+    runs' own: a --collect-only describes and tests the runs it collects, not its own command line (runs recorded
+    before a setting was recorded keep the command line's). Runs that differ in one are one error naming it."""
+    runs = list(runs)
+    for name in names:
+        values = {json.dumps(run[name]) for run in runs if name in run}
+        if len(values) > 1:
+            raise SystemExit(f"{script}: the runs collected differ in {name}: {', '.join(sorted(values))}")
+        if values:
+            setattr(args, name, json.loads(values.pop()))

@@ -50,7 +50,7 @@ from pathlib import Path
 import torch
 from batch_statistics import batch_figures, read_lengths, training_batches
 from datasets import Dataset
-from settings import json_settings
+from settings import adopt_run_settings, json_settings
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import (
     DataCollatorForSeq2Seq,
@@ -681,13 +681,15 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
                          scores, date, trained=run_records.training_record(folder / "model"))
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
               "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
-              "record": typed}
+              "record": typed, **{name: vars(args)[name] for name in RUN_SETTINGS}}
     record_path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
           f"{scores['validation']['bleu']:.2f}", flush=True)
     return record
 
 
+# The setting that shapes what a run scores: each run records it, and a collection states the runs'.
+RUN_SETTINGS = ("max_eval_samples",)
 PAIRED_RESAMPLES = 1000   # paired bootstrap resamples of each system against the baseline (sacreBLEU's default)
 
 
@@ -954,6 +956,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         return decoding_study(rows, args)
     records = {row.name: [run_one(row, seed, args) for seed in seeds_of(row, args)] for row in rows}
     first = records[rows[0].name][0]
+    adopt_run_settings(args, [run for runs in records.values() for run in runs], RUN_SETTINGS, "vs_marian.py")
     settings = json_settings(args)
     results = {
         "settings": settings,

@@ -757,13 +757,13 @@ def test_a_collection_states_the_settings_its_runs_were_trained_and_scored_with(
     runs that differ in one are one error naming it."""
     convergence = load_experiment(EXPERIMENTS / "convergence.py", monkeypatch)
     args = argparse.Namespace(recipe_flags=[], max_eval_samples=None)
-    runs = {"absolute": [{"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4}],
-            "peer": [{"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4}, {"seed": 2}]}
-    convergence.adopt_run_settings(args, runs)
+    runs = [{"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4},
+            {"recipe_flags": ["--warmup_steps", "1"], "max_eval_samples": 4}, {"seed": 2}]   # the last: an older run
+    convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
     assert (args.recipe_flags, args.max_eval_samples) == (["--warmup_steps", "1"], 4)
-    runs["peer"][0]["max_eval_samples"] = 8
-    with pytest.raises(SystemExit, match="the runs collected differ in max_eval_samples: 4, 8"):
-        convergence.adopt_run_settings(args, runs)
+    runs[1]["max_eval_samples"] = 8
+    with pytest.raises(SystemExit, match="convergence.py: the runs collected differ in max_eval_samples: 4, 8"):
+        convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
 
 
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
