@@ -27,13 +27,11 @@ from transformers import GenerationConfig
 from ..model.generation_limits import (
     RELATIVE_LIMIT_FIELDS,
     check_shortest_below_limits,
-    longest_new_output,
     new_token_limits,
     relative_limit,
-    shortest_new_output,
     source_lengths,
 )
-from .export import EXPORT_RECORD, ExportError, import_ctranslate2
+from .export import EXPORT_RECORD, import_ctranslate2, translate_options
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -94,18 +92,7 @@ class CTranslate2Model:
     def decoding_options(self, **settings: Any) -> dict[str, Any]:
         """translate_batch's options for generate()'s `settings` over the folder's generation config."""
         config = self.length_config(**settings)
-        max_decoding_length = longest_new_output(config, prompt_length=1)   # after the decoder start token
-        min_new = shortest_new_output(config, prompt_length=1)
-        if config.do_sample:
-            raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
-        options = {
-            "beam_size": config.num_beams or 1,
-            "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
-            "max_decoding_length": max(1, max_decoding_length),
-            "min_decoding_length": min_new,
-            "repetition_penalty": float(config.repetition_penalty or 1.0),
-            "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
-        }
+        options = translate_options(config)
         if config.bad_words_ids:
             options["suppress_sequences"] = [[self.tokens[token] for token in ids] for ids in config.bad_words_ids]
         return options

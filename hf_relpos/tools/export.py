@@ -47,7 +47,7 @@ import yaml
 from transformers import AutoTokenizer, GenerationConfig
 
 from ..model.configuration_relpos import RelPosTransformerConfig
-from ..model.generation_limits import longest_new_output, relative_limit
+from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import sinusoids
 from ..publish.files import staged_folder
@@ -361,6 +361,22 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     return out_dir
 
 
+def translate_options(config: GenerationConfig) -> dict[str, Any]:
+    """CTranslate2's `translate_batch` options for the generation settings `config` (greedy or beam search): beam,
+    length penalty, the most and fewest new tokens after the decoder start token, repetition penalty, blocked
+    n-grams. Banned words need the vocabulary (`CTranslate2Model.decoding_options` adds them)."""
+    if config.do_sample:
+        raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
+    return {
+        "beam_size": config.num_beams or 1,
+        "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
+        "max_decoding_length": max(1, longest_new_output(config, prompt_length=1)),
+        "min_decoding_length": shortest_new_output(config, prompt_length=1),
+        "repetition_penalty": float(config.repetition_penalty or 1.0),
+        "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
+    }
+
+
 def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig, generation: GenerationConfig | None,
                 record: dict[str, Any]) -> str:
     """README.md of an exported folder: what it is, the decoding it saves, and how to translate with it, through
@@ -374,9 +390,8 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     pair = (f"{LANGUAGE_NAMES.get(languages[0], languages[0])}→{LANGUAGE_NAMES.get(languages[1], languages[1])}, "
             if languages else "")
     generation = generation or GenerationConfig()
-    beams = generation.num_beams or 1
-    length_penalty = 1.0 if generation.length_penalty is None else float(generation.length_penalty)
-    ceiling = longest_new_output(generation, prompt_length=1)
+    options = translate_options(generation)
+    beams, length_penalty, ceiling = (options[name] for name in ("beam_size", "length_penalty", "max_decoding_length"))
     limit = relative_limit(generation)
     cap = (f"at most {limit[0]:g} x source tokens + {limit[1]} new tokens (and never more than {ceiling})"
            if limit is not None else f"at most {ceiling} new tokens")
