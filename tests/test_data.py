@@ -67,10 +67,10 @@ def test_missing_language_names_the_file_and_line(tmp_path):
         read_local_pairs(path, "en", "de")
 
 
-def test_missing_column_in_csv_names_the_columns(tmp_path):
+def test_missing_column_in_csv_names_the_header_line_and_the_columns(tmp_path):
     path = tmp_path / "train.csv"
     path.write_text("english,german\nhello,hallo\n", encoding="utf-8")
-    with pytest.raises(DatasetSchemaError, match=r"train\.csv:2, fields: no 'en' or 'de' \(found \['english', 'german'\]\)"):
+    with pytest.raises(DatasetSchemaError, match=r"train\.csv:1, header: no 'en' or 'de' \(found \['english', 'german'\]\)"):
         read_local_pairs(path, "en", "de")
 
 

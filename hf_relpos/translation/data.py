@@ -390,6 +390,8 @@ def _record_columns(path: Path, file_format: str, source_lang: str, target_lang:
     chunk (an error to name, nulls, mixed schemas, a source-only record) is read record by record, as are .json and
     .csv files, `RECORDS_PER_CHUNK` records at a time."""
     columns = _RecordColumns(file_format, source_lang, target_lang, allow_source_only)
+    if file_format == "csv":
+        columns.check_header(_csv_header(path), f"{path}:1, header")
     if file_format != "jsonl":
         for location, record in _records(path, file_format):
             columns.add(location, record)
@@ -454,6 +456,13 @@ class _RecordColumns:
             if value is not None and not isinstance(value, str):
                 raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
             column.append(None if source_only and lang == self.target_lang else value or "")
+
+    def check_header(self, header: list[str], where: str) -> None:
+        """The languages in a .csv header (named at its line, not at the first row's); an empty file has none."""
+        if header:
+            source_only = self.allow_source_only and self.target_lang not in header
+            _require_languages(header, self.source_lang, self.source_lang if source_only else self.target_lang,
+                               where)
 
     def saw_pair(self, where: str) -> None:
         """A record with both languages at `where`."""
@@ -645,6 +654,12 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
                 if None in row:
                     raise DatasetSchemaError(f"{path}:{reader.line_num}: more fields than the header has")
                 yield f"{path}:{reader.line_num}", row
+
+
+def _csv_header(path: Path) -> list[str]:
+    """The column names of a .csv file's first row (none for an empty file)."""
+    with open(path, encoding="utf-8-sig", newline="") as handle:
+        return next(csv.reader(handle), [])
 
 
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,
