@@ -19,7 +19,16 @@ from typing import Any
 
 import torch
 
-from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
+from benchmarks.common import (
+    SHAPES,
+    check_attention_dropout,
+    check_whole_sequence,
+    environment,
+    environment_lines,
+    markdown_table,
+    positive_int,
+    write_report,
+)
 from benchmarks.tune_relpos_triton import block_label
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per autotuned kernel: the H200's choice at n = 512, not causal
@@ -97,12 +106,14 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // length)")
-    parser.add_argument("--max_distance", type=int, default=16)
+    parser.add_argument("--length", type=positive_int, default=512)
+    parser.add_argument("--tokens", type=positive_int, default=16384, help="tokens per batch (batch = tokens // length)")
+    parser.add_argument("--max_distance", type=positive_int, default=16)
     parser.add_argument("--attention_dropout", type=float, default=0.1)
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    check_attention_dropout(args.attention_dropout)
+    check_whole_sequence(args.tokens, args.length)
     if device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit("needs a CUDA GPU: torch.cuda.is_available() is False")
@@ -111,7 +122,7 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
         for name, blocks in PINNED_BLOCKS.items():
             getattr(triton_relative_kernels, name).configs = triton_relative_kernels.block_configs((blocks,))
     shape = SHAPES[args.shape]
-    batch = max(args.tokens // args.length, 1)
+    batch = args.tokens // args.length
     dtype = getattr(torch, args.dtype)
     meta = environment(device, args.dtype) | {
         "kernel": "relpos_triton", "length": args.length, "batch": batch, "heads": shape.heads,

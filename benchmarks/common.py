@@ -160,6 +160,12 @@ def check_attention_dropout(value: float) -> None:
         raise SystemExit(f"--attention_dropout: must be in [0, 1), got {value}")
 
 
+def check_whole_sequence(tokens: int, length: int) -> None:
+    """A batch of `tokens` holds at least one sequence of `length` (--tokens and --length)."""
+    if tokens < length:
+        raise SystemExit(f"--tokens {tokens}: fewer than --length ({length}); a batch holds at least one whole sequence")
+
+
 def check_kernels_run(kernels: list[str], device: str, flag: str, backward: bool = True) -> None:
     """One clear error, naming `flag`, for a kernel that cannot run on `device`: relpos_triton on the CPU outside
     Triton's interpreter (TRITON_INTERPRET=1), flex_attention's backward (`backward`: the run trains) on the CPU."""

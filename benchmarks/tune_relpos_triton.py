@@ -23,7 +23,17 @@ from typing import Any
 import torch
 
 from benchmarks.bench_training import model_case
-from benchmarks.common import SHAPES, environment, environment_lines, markdown_table, write_report
+from benchmarks.common import (
+    SHAPES,
+    check_attention_dropout,
+    check_whole_sequence,
+    environment,
+    environment_lines,
+    markdown_table,
+    positive_int,
+    write_report,
+)
+from hf_relpos import POSITION_SCHEMES
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the package's: those FlashAttention-2's Triton kernels use on Hopper
 # (larger tiles, deeper pipelines, the backward's 32 x 128).
@@ -125,22 +135,24 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--device", choices=("cuda",), default="cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--scheme", default="shaw")
-    parser.add_argument("--length", type=int, default=512)
-    parser.add_argument("--tokens", type=int, default=16384, help="tokens per batch (batch = tokens // length)")
+    parser.add_argument("--scheme", choices=tuple(POSITION_SCHEMES), default="shaw")
+    parser.add_argument("--length", type=positive_int, default=512)
+    parser.add_argument("--tokens", type=positive_int, default=16384, help="tokens per batch (batch = tokens // length)")
     parser.add_argument("--attention_dropout", type=float, default=0.1)
-    parser.add_argument("--steps", type=int, default=3, help="profiled steps")
+    parser.add_argument("--steps", type=positive_int, default=3, help="profiled steps")
     parser.add_argument("--candidates", choices=CANDIDATES, default="all",
                         help="block configs timed: the package's own, or those and FlashAttention-2's Hopper ones")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    check_attention_dropout(args.attention_dropout)
+    check_whole_sequence(args.tokens, args.length)
     if not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
     from hf_relpos.model import triton_relative_kernels
 
     package = triton_relative_kernels.BLOCK_CONFIGS
     candidates = package + (HOPPER_CONFIGS if args.candidates == "all" else ())
-    batch = max(args.tokens // args.length, 1)
+    batch = args.tokens // args.length
     shape = SHAPES[args.shape]
     meta = environment(args.device, args.dtype) | {
         "kernel": "relpos_triton", "scheme": args.scheme, "shape": args.shape, "length": args.length, "batch": batch,

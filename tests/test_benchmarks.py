@@ -524,6 +524,16 @@ TINY_PROFILE = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--lengt
     ("step_timeline", ["--series", "absolute@sdpa", "shaw@nope"], "--series shaw@nope: must be scheme@kernel"),
     ("step_timeline", ["--series", "absolute@sdpa", "shaw@relpos_triton"], "--series relpos_triton: needs --device cuda"),
     ("bench_inference", ["/nonexistent/model", "--test_file", "test.jsonl"], "model: no model folder at /nonexistent/model"),
+    ("tune_relpos_triton", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    ("tune_relpos_triton", ["--length", "0"], "argument --length: must be a positive integer, got 0"),
+    ("tune_relpos_triton", ["--tokens", "4", "--length", "8"],
+     "--tokens 4: fewer than --length (8); a batch holds at least one whole sequence"),
+    ("tune_relpos_triton", ["--scheme", "shawx"], "argument --scheme: invalid choice: 'shawx'"),
+    ("tune_relpos_triton", ["--attention_dropout", "1"], "--attention_dropout: must be in [0, 1), got 1.0"),
+    ("ablate_relpos_triton", ["--max_distance", "0"], "argument --max_distance: must be a positive integer, got 0"),
+    ("ablate_relpos_triton", ["--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
+    ("ablate_relpos_triton", ["--tokens", "4", "--length", "8"],
+     "--tokens 4: fewer than --length (8); a batch holds at least one whole sequence"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
@@ -537,7 +547,7 @@ def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str],
             "host_overhead": ["--steps", "1", "--rounds", "1", "--series", "absolute@sdpa"],
             "step_timeline": ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--tokens",
                               "16", "--steps", "1", "--warmup", "0"],
-            "bench_inference": []}[script]
+            "bench_inference": [], "tune_relpos_triton": [], "ablate_relpos_triton": []}[script]
     assert message in one_line_error(module.main, [*tiny, *argv, "--out", str(tmp_path)], capsys)
     assert not any(tmp_path.iterdir())
 
