@@ -5,6 +5,7 @@ import importlib.util
 import json
 import logging
 import math
+import shlex
 import subprocess
 import sys
 import warnings
@@ -659,6 +660,23 @@ def test_the_card_of_a_resumed_run_reproduces_it_from_the_start_and_says_where_i
     card = (output_dir / "README.md").read_text()
     assert f"{config} --max_steps 4`, resumed from `checkpoint-2`" in card and "--resume_from_checkpoint" not in card
     assert "minutes (the segment resumed from `checkpoint-2`; the time before it is not recorded)." in card
+
+
+def test_the_card_of_a_run_whose_recipe_resumes_trains_it_from_the_start(tmp_path, corpus):
+    """A recipe YAML that sets `resume_from_checkpoint: last` resumes whatever the flags: the card's command says
+    `--resume_from_checkpoint null`, and parsed, that command trains from the start."""
+    output_dir = tmp_path / "out"
+    common = {"save_strategy": "steps", "save_steps": 2, "do_eval": False, "do_predict": False, "max_train_samples": 40}
+    run([str(write_config(tmp_path / "first.yaml", corpus, output_dir, max_steps=2, **common))])
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=4, resume_from_checkpoint="last",
+                          **common)
+    run([str(config)])
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert record["trained_as"] == f"{config} --resume_from_checkpoint null" and record["resumed_from"] == "checkpoint-2"
+    assert parse_arguments(shlex.split(record["trained_as"]))[2].resume_from_checkpoint is None
+    run([str(config), "--resume_from_checkpoint", "last", "--max_steps", "6"])
+    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["trained_as"] == (
+        f"{config} --max_steps 6 --resume_from_checkpoint null")
 
 
 @pytest.mark.parametrize("batching", [{}, {"length_pool_factor": 1}],

@@ -111,6 +111,9 @@ class ModelArguments:
     # hidden (`without_secrets`: they go into the run record and the model card).
     recipe_file: str | None = field(default=None, init=False)
     recipe_flags: tuple[str, ...] = field(default=(), init=False)
+    # Whether the recipe YAML itself resumes (sets resume_from_checkpoint): a command that trains the run from the start
+    # must then say `--resume_from_checkpoint null`.
+    recipe_resumes: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
         if self.attn_implementation is not None:
@@ -548,6 +551,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args, data_args, training_args = built
     model_args.model_config = model_config
     model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
+    model_args.recipe_resumes = yaml_values.get("resume_from_checkpoint") not in (None, *NULL_TOKENS)
     check_arguments(model_args, training_args)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)

@@ -63,15 +63,22 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
                      program=program_name(),
-                     trained_as=shlex.join([*([recipe_file] if recipe_file else []),
-                                            *_without_resume_flag(model_args.recipe_flags)]),
+                     trained_as=shlex.join(_from_the_start(model_args)),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
                      source_version=package_version())
 
 
+def _from_the_start(model_args: ModelArguments) -> list[str]:
+    """The recipe file and flags of a run as a command that trains it from the start (in a new folder there is no
+    checkpoint to resume from): without a `--resume_from_checkpoint` flag, and with `--resume_from_checkpoint null`
+    where the recipe file itself resumes."""
+    return [*([model_args.recipe_file] if model_args.recipe_file else []),
+            *_without_resume_flag(model_args.recipe_flags),
+            *(["--resume_from_checkpoint", "null"] if model_args.recipe_resumes else [])]
+
+
 def _without_resume_flag(flags: Sequence[str]) -> list[str]:
-    """`flags` without `--resume_from_checkpoint VALUE` (or `=VALUE`, dashed or not): the command that reproduces a
-    resumed run trains from the start (in a new folder there is no checkpoint to resume from)."""
+    """`flags` without `--resume_from_checkpoint VALUE` (or `=VALUE`, dashed or not)."""
     kept: list[str] = []
     skip_value = False
     for flag in flags:
