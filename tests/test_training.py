@@ -647,6 +647,27 @@ def test_resuming_a_run_that_early_stopping_ended_is_refused(tmp_path, corpus):
     assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
 
 
+def test_resuming_before_the_step_where_early_stopping_ended_the_run_is_refused(tmp_path, corpus):
+    """Stopped by early stopping at step 3 with the last checkpoint at step 2: resumed from it, the run would train
+    step 3 again and stop there, replacing the final model and card. One error naming the stopping step, nothing
+    changed; with more patience it trains on."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
+                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1, save_strategy="steps",
+                          save_steps=2, do_predict=False)
+    run([str(config)])
+    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 3
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-2"]
+    written = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: the run in .* went on from '.*checkpoint-2' \(step "
+                                          r"2\) and stopped at step 3, where early_stopping_patience=2 was reached \(2 "
+                                          r"evaluations without improvement\); resumed, it would train those steps"):
+        run([str(config), "--resume_from_checkpoint", "last"])
+    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == written
+    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_patience", "4"])
+    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
+
+
 def test_the_card_of_a_resumed_run_reproduces_it_from_the_start_and_says_where_it_resumed(tmp_path, corpus):
     """`--resume_from_checkpoint last` in a new folder finds no checkpoint: the card's command leaves it out and says
     which checkpoint the run resumed from; its training time is that last segment's, and says so."""

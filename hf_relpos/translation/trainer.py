@@ -99,7 +99,10 @@ class EarlyStopping(EarlyStoppingCallback):
 
     def on_train_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                      **kwargs: Any) -> None:
+        """The run's final state (output_dir/trainer_state.json) keeps the count at its end, also where no checkpoint
+        was saved at the stopping step."""
         self.training = False
+        state.stateful_callbacks[type(self).__name__] = self.state()
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
                     metrics: dict[str, float], **kwargs: Any) -> None:
@@ -389,6 +392,23 @@ def _evaluations_without_improvement(state: dict[str, Any]) -> int:
     return saved.get("attributes", {}).get("early_stopping_patience_counter", 0)
 
 
+def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume_from: str, step: int) -> None:
+    """The run in output_dir did not go on from `resume_from` to a stop by early stopping: resumed, it would train the
+    same steps again and stop at the same evaluation."""
+    patience = training_args.early_stopping_patience
+    final_state = Path(training_args.output_dir) / TRAINER_STATE_FILE
+    if patience is None or not final_state.is_file():
+        return
+    ended = json.loads(final_state.read_text(encoding="utf-8"))
+    stopped_at, stale = ended.get("global_step", 0), _evaluations_without_improvement(ended)
+    if stopped_at > step and stale >= patience:
+        raise ConfigError(f"resume_from_checkpoint: the run in {training_args.output_dir} went on from "
+                          f"{resume_from!r} (step {step}) and stopped at step {stopped_at}, where early_stopping_patience="
+                          f"{patience} was reached ({stale} evaluations without improvement); resumed, it would train "
+                          "those steps again and stop there: raise early_stopping_patience to train on, or score the "
+                          "run's model with --do_train false")
+
+
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
     (a checkpoint whose writing was cut short is skipped). A training run refuses a checkpoint that has already
@@ -423,5 +443,6 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
                               f"{patience} ({stale} evaluations without improvement; step {step}, epoch {epoch:g}): "
                               "raise early_stopping_patience to train on, or score the run's model with --do_train "
                               "false")
+        _check_not_stopped_later(training_args, resume_from, step)
         logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
