@@ -20,7 +20,7 @@ from conftest import BUILT_IN_SCHEMES, train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
-from transformers import pipeline
+from transformers import AutoModelForSeq2SeqLM, pipeline
 
 import hf_relpos
 from hf_relpos.publish import hub
@@ -759,6 +759,25 @@ def test_translation_pipeline_translates_a_saved_folder(trained_folder, tmp_path
     assert translator([source for source, _ in PAIRS], batch_size=3) == [
         {"translation_text": target} for _, target in PAIRS]
     assert translator(PAIRS[0][0], num_beams=2, num_return_sequences=2)[0] == {"translation_text": PAIRS[0][1]}
+
+
+def test_a_resaved_model_declares_its_pipeline_only_where_the_pipeline_code_is(trained_folder, tmp_path):
+    """A model loaded from a folder that declares `pipeline_relpos.py` and saved elsewhere (fine-tuning, Trainer
+    checkpoints, push_to_hub) does not write that file: the new folder declares no pipeline, and the plain translation
+    pipeline serves it. Saved over a folder that has the file, the declaration stays; the loaded model keeps it."""
+    folder = Path(shutil.copytree(trained_folder, tmp_path / "model"))
+    hub.add_translation_pipeline(folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder)
+    model.save_pretrained(tmp_path / "resaved")
+    assert "custom_pipelines" not in json.loads((tmp_path / "resaved" / "config.json").read_text())
+    assert not (tmp_path / "resaved" / hub.PIPELINE_FILE).exists()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folder / name, tmp_path / "resaved" / name)
+    translator = pipeline("translation", model=str(tmp_path / "resaved"), trust_remote_code=True, device="cpu")
+    assert translator(PAIRS[1][0]) == [{"translation_text": PAIRS[1][1]}]
+    assert model.config.custom_pipelines["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
+    model.save_pretrained(folder)
+    assert json.loads((folder / "config.json").read_text())["custom_pipelines"] == model.config.custom_pipelines
 
 
 LOAD_SCRIPT = """

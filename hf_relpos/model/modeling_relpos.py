@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import inspect
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -798,14 +799,28 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     def save_pretrained(self, save_directory, *args, **kwargs):
         """Records every Auto class this checkpoint loads into (HF records only the saved class) in `auto_map`, so
-        `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone."""
+        `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone. A pipeline the config
+        declares (`custom_pipelines`) stays declared only where its code file is in `save_directory`: the model
+        does not write that file, and a declaration without it breaks `pipeline(..., trust_remote_code=True)`."""
         auto_map = dict(getattr(self.config, "auto_map", None) or {})
         for auto_class, model_class in self.remote_auto_classes.items():
             auto_map.setdefault(auto_class, f"modeling_relpos.{model_class}")
         self.config.auto_map = auto_map
         if getattr(self, "generation_config", None) is not None:
             keep_relative_limit(self.generation_config)
-        return super().save_pretrained(save_directory, *args, **kwargs)
+        declared = getattr(self.config, "custom_pipelines", None)
+        if declared:
+            shipped = {task: entry for task, entry in declared.items()
+                       if os.path.isfile(os.path.join(save_directory, entry["impl"].rpartition(".")[0] + ".py"))}
+            if shipped:
+                self.config.custom_pipelines = shipped
+            else:
+                del self.config.custom_pipelines
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            if declared:
+                self.config.custom_pipelines = declared
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
