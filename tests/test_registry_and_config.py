@@ -282,6 +282,15 @@ def test_the_common_names_set_the_fields_they_stand_for():
     assert (config.encoder_attention_heads, config.d_model, config.encoder_layers) == (4, 64, 3)
 
 
+def test_the_common_layer_and_head_names_stand_for_the_decoders_fields_in_a_causal_lm_config():
+    """A causal LM's config (is_encoder_decoder false) has only the decoder in use: transformers' num_hidden_layers
+    (what it sizes the KV cache by) and num_attention_heads read and set the decoder's fields."""
+    config = tiny_config(is_encoder_decoder=False, num_hidden_layers=3, num_attention_heads=2)
+    assert (config.decoder_layers, config.decoder_attention_heads, config.encoder_layers) == (3, 2, 2)
+    config.num_hidden_layers = 5
+    assert (config.num_hidden_layers, config.decoder_layers, config.encoder_layers) == (5, 5, 2)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [({"layer_norm_position": "sandwich"}, "layer_norm_position"), ({"dropout": 1.5}, "dropout"),

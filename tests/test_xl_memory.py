@@ -172,3 +172,22 @@ def test_memory_with_positions_added_to_the_embeddings_is_refused(overrides, add
     with pytest.raises(ValueError, match=message):
         model(input_ids=stream(SEGMENT), mem_len=SEGMENT)
     assert model(input_ids=stream(SEGMENT)).logits.shape[:2] == (2, SEGMENT)   # without memory it runs
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("encoder_layers", "decoder_layers"), [(1, 3), (3, 1)])
+def test_causal_lm_cache_has_one_layer_per_decoder_layer(encoder_layers, decoder_layers):
+    """transformers sizes the KV cache by `num_hidden_layers`: in a causal LM's config that is decoder_layers, never
+    the unused encoder_layers (fewer: an IndexError at the first cached layer beyond them; more: empty layers)."""
+    model = causal_lm("rope", mem_len=0, encoder_layers=encoder_layers, decoder_layers=decoder_layers).double()
+    prompt = stream(4)
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        assert len(model(input_ids=prompt).cache.layers) == decoder_layers
+        cached = model.generate(input_ids=prompt, use_cache=True, **kwargs)
+        uncached = model.generate(input_ids=prompt, use_cache=False, **kwargs)
+    assert len(cached.past_key_values.layers) == decoder_layers
+    assert torch.equal(cached.sequences, uncached.sequences)
+    assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < TOLERANCE
+    assert model.config.num_hidden_layers == decoder_layers

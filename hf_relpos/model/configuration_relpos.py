@@ -42,6 +42,29 @@ BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "positi
                   "cross_attention_length_scaling", "keep_absolute_positions")
 
 
+def stack_field_alias(encoder_field: str, decoder_field: str) -> property:
+    """One of transformers' common names for a stack's size (`STACK_FIELD_ALIASES`): it stands for `encoder_field` in
+    an encoder-decoder config (transformers reads the decoder's through `get_text_config(decoder=True)`) and for
+    `decoder_field` in a causal LM's (`is_encoder_decoder` false), whose decoder is the whole model: the KV cache that
+    transformers builds from `num_hidden_layers` then has one layer per decoder layer."""
+
+    def field(config: PreTrainedConfig) -> str:
+        return encoder_field if config.is_encoder_decoder else decoder_field
+
+    def get(config: PreTrainedConfig) -> Any:
+        return getattr(config, field(config))
+
+    def set_(config: PreTrainedConfig, value: Any) -> None:
+        setattr(config, field(config), value)
+
+    return property(get, set_, doc=f"`{encoder_field}`, or `{decoder_field}` in a causal LM's config.")
+
+
+# transformers' common names of one stack's sizes -> the encoder's and the decoder's field (`stack_field_alias`)
+STACK_FIELD_ALIASES = {"num_hidden_layers": ("encoder_layers", "decoder_layers"),
+                       "num_attention_heads": ("encoder_attention_heads", "decoder_attention_heads")}
+
+
 def deprecated_field_alias(old: str, new: str) -> property:
     """The config attribute `old`, a deprecated alias of the field `new`: reading or setting it warns (FutureWarning)
     and reads or sets `new`."""
@@ -134,16 +157,16 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `use_cache`: return the key/value cache from the decoder, for fast step-by-step generation.
     - `tie_word_embeddings`: share one matrix between source embeddings, target embeddings and the output projection
       (Vaswani et al. 2017, sec. 3.4); this needs a joint source-target vocabulary.
+
+    transformers' common names read and set these fields: `hidden_size` is `d_model`; `num_hidden_layers` and
+    `num_attention_heads` are the encoder's `encoder_layers` and `encoder_attention_heads`, and in a causal LM's
+    config (`is_encoder_decoder` false, as `RelPosTransformerForCausalLM` saves it) the decoder's.
     """
 
     model_type = "relpos_transformer"
     # outputs the Trainer leaves out of eval predictions: the KV cache (under both of its names), XL memory
     keys_to_ignore_at_inference = ["past_key_values", "cache", "mems"]
-    attribute_map = {
-        "num_attention_heads": "encoder_attention_heads",
-        "hidden_size": "d_model",
-        "num_hidden_layers": "encoder_layers",
-    }
+    attribute_map = {"hidden_size": "d_model"}   # num_hidden_layers, num_attention_heads: STACK_FIELD_ALIASES
 
     vocab_size: int = 32768
     d_model: int = 512
@@ -180,6 +203,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
     absolute_positions_scale: float = 1.0
 
     attention_type = deprecated_field_alias("attention_type", "position_scheme")
+    num_hidden_layers = stack_field_alias(*STACK_FIELD_ALIASES["num_hidden_layers"])
+    num_attention_heads = stack_field_alias(*STACK_FIELD_ALIASES["num_attention_heads"])
 
     def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
         """Checks the deprecated field names among the keywords (`rename_deprecated_fields`) while it can still tell
@@ -212,6 +237,9 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
             if alias in kwargs:
                 setattr(self, name, kwargs.pop(alias))
+        for alias in STACK_FIELD_ALIASES:   # the encoder's or the decoder's field, by is_encoder_decoder
+            if alias in kwargs:
+                setattr(self, alias, kwargs.pop(alias))
         get_scheme_class(self.position_scheme)   # an unregistered scheme is the error, not its fields looking unknown
         own = {field.name for field in self._scheme_fields()}
         for name, field in scheme_config_fields().items():
@@ -304,7 +332,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
 # imports above before the class existed, are checked now)
 reserve_config_names({*(name for name in dir(RelPosTransformerConfig) if not name.startswith("_")),
                       *(field.name for field in dataclasses.fields(RelPosTransformerConfig)),
-                      *RelPosTransformerConfig.attribute_map, *DEPRECATED_FIELDS})
+                      *RelPosTransformerConfig.attribute_map, *STACK_FIELD_ALIASES, *DEPRECATED_FIELDS})
 
 
 def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:
