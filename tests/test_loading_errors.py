@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from conftest import SCHEMES, run_without_hf_relpos, tiny_model
+from conftest import SCHEMES, run_without_hf_relpos, tiny_config, tiny_model
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, MarianConfig, MarianMTModel
 
@@ -62,6 +62,19 @@ def test_config_of_another_model_type_is_refused(tmp_path):
     with pytest.raises(ValueError, match="marian"):
         Model.from_pretrained(tmp_path)
     assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(tmp_path), MarianMTModel)
+
+
+@pytest.mark.parametrize("model_class", [Model, hf_relpos.RelPosTransformerModel])
+def test_a_causal_lms_config_does_not_build_the_encoder_decoder(tmp_path, model_class):
+    """A causal LM saves is_encoder_decoder false: the encoder-decoder classes refuse its config, built or loaded,
+    instead of building a model whose generate fails on an unrelated missing input."""
+    hf_relpos.RelPosTransformerForCausalLM(tiny_config()).save_pretrained(tmp_path)
+    config = hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path)
+    message = r"is_encoder_decoder is false: this is a causal LM's config .* RelPosTransformerForCausalLM"
+    with pytest.raises(ValueError, match=message):
+        model_class(config)
+    with pytest.raises(ValueError, match=message):
+        model_class.from_pretrained(tmp_path)
 
 
 def test_pickled_weights_are_never_read(saved):

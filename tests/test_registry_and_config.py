@@ -225,6 +225,7 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         ({"num_attention_heads": 7}, "encoder_attention_heads"),  # transformers' common names stand for the fields
         ({"hidden_size": 30}, "d_model"),
         ({"num_hidden_layers": -2}, "encoder_layers"),
+        ({"is_encoder_decoder": "x"}, "is_encoder_decoder"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):

@@ -39,7 +39,7 @@ ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
 # by earlier versions), in a recipe's model: section and as --model.NAME flags; only the current one is saved
 DEPRECATED_FIELDS = {"attention_type": "position_scheme"}
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
-                  "cross_attention_length_scaling", "keep_absolute_positions")
+                  "cross_attention_length_scaling", "keep_absolute_positions", "is_encoder_decoder")
 
 
 def stack_field_alias(encoder_field: str, decoder_field: str) -> property:

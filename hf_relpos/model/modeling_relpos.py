@@ -863,6 +863,14 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
             init.zeros_(module.final_logits_bias)
 
 
+def check_encoder_decoder_config(config: RelPosTransformerConfig) -> None:
+    """What the encoder-decoder classes refuse in a config a causal LM takes, in one ValueError naming the field."""
+    if not config.is_encoder_decoder:
+        raise ValueError("is_encoder_decoder is false: this is a causal LM's config (RelPosTransformerForCausalLM "
+                         "saves it so); build or load it with RelPosTransformerForCausalLM, or set is_encoder_decoder "
+                         "true for an encoder-decoder")
+
+
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
     """Encoder-decoder without a head; with `tie_word_embeddings` both stacks share `shared` (a joint vocabulary),
     without it each stack has its own embeddings (and there is no `shared`, as in Marian)."""
@@ -878,6 +886,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
 
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config)
+        check_encoder_decoder_config(config)
         tied = config.tie_word_embeddings
         self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id) if tied else None
         if not tied:   # untied checkpoints of earlier versions hold a `shared` matrix that no stack read
