@@ -191,3 +191,20 @@ def test_causal_lm_cache_has_one_layer_per_decoder_layer(encoder_layers, decoder
     assert torch.equal(cached.sequences, uncached.sequences)
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < TOLERANCE
     assert model.config.num_hidden_layers == decoder_layers
+
+
+@pytest.mark.parametrize("position_scheme", ["xl", "absolute"])
+def test_the_encoder_decoder_refuses_segment_memory(position_scheme):
+    """mem_len is the causal LM's: the encoder-decoder refused it only at its first forward with `absolute` (naming
+    the scheme) and ignored it with a relative scheme. It is one error when the model is built, and a mem_len set
+    after that changes nothing."""
+    with pytest.raises(ValueError, match=r"mem_len must be 0 for the encoder-decoder, got 4: Transformer-XL segment "
+                                         r"memory is RelPosTransformerForCausalLM's"):
+        hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, mem_len=4))
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme)).eval()
+    tokens = stream(SEGMENT)
+    with torch.no_grad():
+        expected = model(input_ids=tokens, labels=tokens).logits
+        model.config.mem_len = 4
+        assert torch.equal(model(input_ids=tokens, labels=tokens).logits, expected)

@@ -95,7 +95,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
     - `embedding_init_std`: std of the token embeddings at initialisation; null (the default) draws them
       N(0, d_model^-0.5) (Vaswani et al. 2017, fairseq: scaled by sqrt(d_model) they start at the sinusoids' unit
       size), a number N(0, embedding_init_std) (transformers' Marian/BART draw them at init_std, 0.02).
-    - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none).
+    - `mem_len`: Transformer-XL memory length of `RelPosTransformerForCausalLM` (0 = none; the encoder-decoder
+      refuses more).
     - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
       stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
       instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default).

@@ -869,6 +869,9 @@ def check_encoder_decoder_config(config: RelPosTransformerConfig) -> None:
         raise ValueError("is_encoder_decoder is false: this is a causal LM's config (RelPosTransformerForCausalLM "
                          "saves it so); build or load it with RelPosTransformerForCausalLM, or set is_encoder_decoder "
                          "true for an encoder-decoder")
+    if config.mem_len > 0:
+        raise ValueError(f"mem_len must be 0 for the encoder-decoder, got {config.mem_len}: Transformer-XL segment "
+                         "memory is RelPosTransformerForCausalLM's")
 
 
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
@@ -968,6 +971,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             use_cache=self.config.use_cache if use_cache is None else use_cache,
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
+            mem_len=0,   # no segment memory here (check_encoder_decoder_config), whatever config.mem_len became
             draw=decoder_positions,
             return_dict=True,
         )
