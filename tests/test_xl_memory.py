@@ -208,3 +208,11 @@ def test_the_encoder_decoder_refuses_segment_memory(position_scheme):
         expected = model(input_ids=tokens, labels=tokens).logits
         model.config.mem_len = 4
         assert torch.equal(model(input_ids=tokens, labels=tokens).logits, expected)
+
+
+def test_the_encoder_decoder_refuses_a_decoder_without_layers():
+    """Only the decoder layers' cross-attention reads the source: without them the model translated every source
+    alike (a causal LM of 0 layers is still a model of its input)."""
+    with pytest.raises(ValueError, match=r"decoder_layers must be at least 1 for the encoder-decoder, got 0"):
+        hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(decoder_layers=0))
+    assert causal_lm(mem_len=0, decoder_layers=0)(input_ids=stream(SEGMENT)).logits.shape == (2, SEGMENT, 40)

@@ -872,6 +872,9 @@ def check_encoder_decoder_config(config: RelPosTransformerConfig) -> None:
     if config.mem_len > 0:
         raise ValueError(f"mem_len must be 0 for the encoder-decoder, got {config.mem_len}: Transformer-XL segment "
                          "memory is RelPosTransformerForCausalLM's")
+    if config.decoder_layers == 0:
+        raise ValueError("decoder_layers must be at least 1 for the encoder-decoder, got 0: only a decoder layer's "
+                         "cross-attention reads the source")
 
 
 class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
