@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 from conftest import tiny_config
-from transformers import AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
@@ -303,6 +303,26 @@ def test_overrides_given_to_from_pretrained_are_validated(tmp_path, overrides, f
     with pytest.raises(ValueError) as error:
         hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path, **overrides)
     assert field in str(error.value)
+
+
+@pytest.mark.parametrize("load", [hf_relpos.RelPosTransformerConfig.from_pretrained, AutoConfig.from_pretrained,
+                                  hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained],
+                         ids=["config", "AutoConfig", "model"])
+@pytest.mark.parametrize(("override", "field"), [("dropuot", "dropout"),
+                                                 ("max_relative_positon", "max_relative_position")])
+def test_a_misspelled_override_given_to_from_pretrained_is_refused(tmp_path, load, override, field):
+    """transformers drops an override that names no attribute of the config: a misspelled one would silently leave
+    the field at its saved value. It is the constructor's error."""
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config()).save_pretrained(tmp_path)
+    message = rf"unknown config field '{override}'; did you mean '{field}'\?"
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**{override: 3})
+    with pytest.raises(ValueError, match=message):
+        load(tmp_path, **{override: 3})
+    with pytest.raises(ValueError, match="clamp_len"):   # another scheme's field: checked, then dropped
+        load(tmp_path, clamp_len=-1)
+    config = getattr(loaded := load(tmp_path, clamp_len=7, dropout=0.3), "config", loaded)
+    assert config.dropout == 0.3 and not hasattr(config, "clamp_len")
 
 
 @pytest.mark.parametrize("embedding_init_std", [None, 0.02])

@@ -225,14 +225,18 @@ class RelPosTransformerConfig(PreTrainedConfig):
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> RelPosTransformerConfig:
         """Refuses another model's config (transformers only warns), so no folder loads as the wrong model, and
-        validates again after the keyword overrides (transformers sets those after `__post_init__` has run)."""
+        validates again after the keyword overrides (transformers sets those after `__post_init__` has run); an
+        override transformers leaves unused is refused as a misspelled field as in the constructor
+        (`_refuse_misspelled_fields`; transformers drops it), or, another scheme's field, checked and dropped."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
-        loaded = super().from_dict(config_dict, **kwargs)
-        config = loaded[0] if isinstance(loaded, tuple) else loaded
+        return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
+        config, unused = super().from_dict(config_dict, **kwargs, return_unused_kwargs=True)
+        _refuse_misspelled_fields(unused, config.tie_word_embeddings)
+        unused = {key: value for key, value in unused.items() if key not in scheme_config_fields()}   # checked above
         config._validate_relpos()
-        return loaded
+        return (config, unused) if return_unused_kwargs else config
 
     def __post_init__(self, **kwargs) -> None:
         for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
@@ -385,8 +389,12 @@ def _refuse_misspelled_fields(extra: dict, tie_word_embeddings: bool) -> None:
             if value != computed(tie_word_embeddings):
                 raise ValueError(f"config field {key}={value!r} is not implemented by RelPosTransformerConfig (it "
                                  f"computes {meaning}); remove it")
-    own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_config_fields())
+    scheme_fields = scheme_config_fields()
+    own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_fields)
     for key in extra:
+        if key in scheme_fields:   # another scheme's field as a from_pretrained override: checked, then dropped
+            scheme_fields[key].check(extra[key])
+            continue
         match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
         if match:
             raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
