@@ -216,3 +216,44 @@ def test_the_encoder_decoder_refuses_a_decoder_without_layers():
     with pytest.raises(ValueError, match=r"decoder_layers must be at least 1 for the encoder-decoder, got 0"):
         hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(decoder_layers=0))
     assert causal_lm(mem_len=0, decoder_layers=0)(input_ids=stream(SEGMENT)).logits.shape == (2, SEGMENT, 40)
+
+
+@pytest.mark.numerics
+def test_a_mask_given_with_mems_covers_the_memory_and_the_input():
+    """The memory of a left-padded row holds padding: only a mask over memory and input says where. A mask over the
+    input alone was taken as all memory real (the padding attended); it is refused, and the wide one continues the
+    sequence exactly."""
+    model = causal_lm(mem_len=4 * SEGMENT).double()
+    tokens = stream(2 * SEGMENT)
+    mask = torch.ones_like(tokens)
+    mask[0, :3] = 0
+    with torch.no_grad():
+        whole = model(input_ids=tokens, attention_mask=mask, mem_len=0).logits
+        first = model(input_ids=tokens[:, :SEGMENT], attention_mask=mask[:, :SEGMENT])
+        second = model(input_ids=tokens[:, SEGMENT:], attention_mask=mask, mems=first.mems)
+        assert (second.logits - whole[:, SEGMENT:]).abs().max() < TOLERANCE
+        with pytest.raises(ValueError, match=r"with mems the decoder's attention_mask must cover the memory and the "
+                                             r"input \(the memory may hold padding\): \[2, 12\] \(6 memory \+ 6 "
+                                             r"input\) or wider, got \[2, 6\]"):
+            model(input_ids=tokens[:, SEGMENT:], attention_mask=mask[:, SEGMENT:], mems=first.mems)
+
+
+def memories(*shapes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
+    return tuple(torch.zeros(shape) for shape in shapes)
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    ({"mem_len": 2.5}, r"mem_len must be an integer >= 0, got 2.5"),
+    ({"mem_len": -3}, r"mem_len must be an integer >= 0, got -3"),
+    ({"mems": memories((3, 4, 32), (3, 4, 32))}, r"mems hold a batch of 3 sequences, the input 2"),
+    ({"mems": memories((2, 4, 31), (2, 4, 31))}, r"\[batch, M, d_model=32\] tensor per layer \(2\), .* got "
+                                                 r"\[\[2, 4, 31\], \[2, 4, 31\]\]"),
+    ({"mems": memories((2, 4, 32), (2, 5, 32))}, r"with the same batch and M in every layer, got \[\[2, 4, 32\], "
+                                                 r"\[2, 5, 32\]\]"),
+    ({"mems": memories((4, 32), (4, 32))}, r"mems must hold one \[batch, M, d_model=32\] tensor per layer"),
+    ({"mems": memories((2, 4, 32))}, r"tensor per layer \(2\), .* got \[\[2, 4, 32\]\]"),
+], ids=["fractional mem_len", "negative mem_len", "batch", "width", "lengths", "rank", "layers"])
+def test_bad_memory_inputs_are_one_error_naming_them(inputs, message):
+    """Each was a raw TypeError or torch.cat error, or (a negative mem_len) silently no memory."""
+    with pytest.raises(ValueError, match=message):
+        causal_lm()(input_ids=stream(SEGMENT), **inputs)

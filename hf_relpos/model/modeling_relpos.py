@@ -76,6 +76,7 @@ from .positions import (
     get_scheme_class,
     random_positions,
 )
+from .validation import require_int
 
 logger = hf_logging.get_logger(__name__)
 # generate's positional parameters, in order (transformers' GenerationMixin.generate).
@@ -632,6 +633,26 @@ class RelPosEncoder(RelPosStack):
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
 
+def memory_length(config: RelPosTransformerConfig, mem_len: object) -> int:
+    """The Transformer-XL memory length of a call: `mem_len`, or `config.mem_len` when None; one ValueError naming
+    mem_len unless it is an integer >= 0."""
+    mem_len = config.mem_len if mem_len is None else mem_len
+    require_int("mem_len", mem_len, minimum=0)
+    return mem_len
+
+
+def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers: int, width: int) -> None:
+    """Transformer-XL memory is one [batch, M, d_model] tensor per layer, with the same batch and M in every layer;
+    anything else is one ValueError naming mems and the shapes it got."""
+    shapes = [list(memory.shape) if torch.is_tensor(memory) else type(memory).__name__ for memory in mems]
+    first = shapes[0] if shapes else None
+    if len(mems) != num_layers or not all(
+            isinstance(shape, list) and len(shape) == 3 and shape[2] == width and shape[:2] == first[:2]
+            for shape in shapes):
+        raise ValueError(f"mems must hold one [batch, M, d_model={width}] tensor per layer ({num_layers}), with the "
+                         f"same batch and M in every layer, got {shapes}")
+
+
 def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionScheme, mem_len: int) -> None:
     """Segment recurrence (`mem_len` > 0) needs positions relative to each query: an encoding added to the
     embeddings (a scheme's own `embed`, or `keep_absolute_positions`) would give every segment after the memory fills
@@ -688,13 +709,12 @@ class RelPosDecoder(RelPosStack):
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
-        mem_len = self.config.mem_len if mem_len is None else mem_len
+        mem_len = memory_length(self.config, mem_len)
         check_memory_positions(self.config, self.positions, mem_len)
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
         if mems is not None:
-            if len(mems) != len(self.layers):
-                raise ValueError(f"mems must hold one tensor per layer ({len(self.layers)}), got {len(mems)}")
+            check_memory(mems, len(self.layers), self.config.d_model)
             cache = None
         elif use_cache and cache is None:
             cache = (
@@ -712,7 +732,13 @@ class RelPosDecoder(RelPosStack):
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
+        if mems is not None and mems[0].size(0) != batch_size:
+            raise ValueError(f"mems hold a batch of {mems[0].size(0)} sequences, the input {batch_size}")
         check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=key_length)
+        if mems is not None and attention_mask is not None and attention_mask.size(1) < key_length:
+            raise ValueError(f"with mems the decoder's attention_mask must cover the memory and the input (the memory "
+                             f"may hold padding): [{batch_size}, {key_length}] ({key_length - query_length} memory + "
+                             f"{query_length} input) or wider, got {list(attention_mask.shape)}")
         if attention_mask is not None and attention_mask.size(1) != key_length:
             if attention_mask.size(1) == query_length:
                 attention_mask = torch.cat([attention_mask.new_ones(attention_mask.size(0), past_length), attention_mask], 1)
@@ -1264,7 +1290,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         if isinstance(cache, (list, tuple)):
             mems, cache = cache, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        memory_mode = (self.config.mem_len if mem_len is None else mem_len) > 0
+        memory_mode = memory_length(self.config, mem_len) > 0
         if memory_mode and isinstance(cache, Cache) and cache.get_seq_length() == 0:
             cache = None
         outputs = self.decoder(
