@@ -257,3 +257,63 @@ def test_bad_memory_inputs_are_one_error_naming_them(inputs, message):
     """Each was a raw TypeError or torch.cat error, or (a negative mem_len) silently no memory."""
     with pytest.raises(ValueError, match=message):
         causal_lm()(input_ids=stream(SEGMENT), **inputs)
+
+
+def positions_of(mask: torch.Tensor) -> torch.Tensor:
+    """transformers' position_ids of a padded batch: each token numbered among its sequence's unpadded tokens."""
+    return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("overrides", [{"position_scheme": "absolute"},
+                                       {"position_scheme": "shaw", "keep_absolute_positions": True}],
+                         ids=["absolute", "keep_absolute_positions"])
+@pytest.mark.parametrize("use_cache", [True, False], ids=["cached", "uncached"])
+def test_a_left_padded_prompt_is_encoded_as_the_prompt_alone(overrides, use_cache):
+    """Sinusoids added to the embeddings placed a left-padded prompt's tokens after its padding (logits off by up to
+    1.3): with position_ids, which generate counts over the unpadded tokens as transformers does, the padded row's
+    logits and greedy output are those of the prompt alone."""
+    model = causal_lm(mem_len=0, **overrides).double()
+    short, long = stream(4, batch=1), stream(7, batch=1).flip(-1)
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    mask = (batch != 0).long()
+    kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0, use_cache=use_cache)
+    with torch.no_grad():
+        padded = model(input_ids=batch, attention_mask=mask, position_ids=positions_of(mask)).logits[0, 3:]
+        assert (padded - model(input_ids=short).logits[0]).abs().max() < TOLERANCE
+        together = model.generate(input_ids=batch, attention_mask=mask, **kwargs)
+        alone = model.generate(input_ids=short, **kwargs)
+    assert torch.equal(together.sequences[0, 3:], alone.sequences[0])
+    assert (torch.stack(together.logits)[:, 0] - torch.stack(alone.logits)[:, 0]).abs().max() < TOLERANCE
+
+
+@pytest.mark.numerics
+def test_a_left_padded_prompt_keeps_its_randomized_positions():
+    """With randomized positions at inference, generate's position_ids pick each token's entry of the one draw: the
+    padded row's tokens sit where the prompt's alone do."""
+    model = causal_lm("absolute", mem_len=0, position_randomization_max=64,
+                      position_randomization_at_inference=True).double()
+    short, long = stream(4, batch=1), stream(7, batch=1).flip(-1)
+    batch = torch.cat([torch.cat([torch.zeros(1, 3, dtype=torch.long), short], 1), long])
+    draw = hf_relpos.PositionDraw(torch.arange(0, 60, 4))
+    kwargs = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0, positions=draw)
+    with torch.no_grad():
+        together = model.generate(input_ids=batch, attention_mask=(batch != 0).long(), **kwargs)
+        alone = model.generate(input_ids=short, **kwargs)
+    assert torch.equal(together.sequences[0, 3:], alone.sequences[0])
+    assert (torch.stack(together.logits)[:, 0] - torch.stack(alone.logits)[:, 0]).abs().max() < TOLERANCE
+
+
+@pytest.mark.parametrize(("position_ids", "message"), [
+    (torch.zeros(2, 3, dtype=torch.long), r"got shape \[2, 3\] and dtype torch.int64"),
+    (torch.zeros(3, 6, dtype=torch.long), r"got shape \[3, 6\] and dtype torch.int64"),
+    (torch.zeros(6, dtype=torch.long), r"got shape \[6\] and dtype torch.int64"),
+    (torch.zeros(2, 6), r"got shape \[2, 6\] and dtype torch.float32"),
+], ids=["length", "batch", "rank", "dtype"])
+def test_position_ids_of_another_shape_are_one_error_naming_them(position_ids, message):
+    """They were swallowed by forward's **kwargs."""
+    with pytest.raises(ValueError, match=r"position_ids must be a \[batch, length\] tensor of integer positions, "
+                                         r"\[2, 6\] or \[1, 6\], " + message):
+        causal_lm("absolute", mem_len=0)(input_ids=stream(SEGMENT), position_ids=position_ids)

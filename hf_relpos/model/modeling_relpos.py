@@ -502,10 +502,10 @@ class RelPosStack(nn.Module):
 
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
-        draw: PositionDraw | None = None,
+        draw: PositionDraw | None = None, position_ids: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The embedded tokens, and the positions of every key of this stack's self-attention [past_length + n]
-        (`key_positions`)."""
+        (`key_positions`); `position_ids` place the tokens for the embedding-level encodings (`token_positions`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         stack = "decoder" if self.is_decoder else "encoder"
@@ -519,12 +519,42 @@ class RelPosStack(nn.Module):
             raise ValueError(f"the {stack}'s inputs must hold at least one token per sequence ([batch, length] ids or "
                              f"[batch, length, d_model] embeddings), got shape {list(inputs_embeds.shape)}")
         key_positions = self.key_positions(past_length, inputs_embeds.size(1), draw, inputs_embeds.device)
-        randomized = {} if key_positions is None else {"positions": key_positions[past_length:]}
-        hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **randomized)
+        token_positions = self.token_positions(past_length, inputs_embeds, key_positions, position_ids)
+        placed = {} if token_positions is None else {"positions": token_positions}
+        hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **placed)
         if self.config.keep_absolute_positions:
-            hidden_states = add_sinusoids(hidden_states, past_length, **randomized,
+            hidden_states = add_sinusoids(hidden_states, past_length, **placed,
                                           scale=self.config.absolute_positions_scale)
         return nn.functional.dropout(hidden_states, p=self.config.dropout, training=self.training), key_positions
+
+    @staticmethod
+    def token_positions(
+        past_length: int, inputs_embeds: torch.Tensor, key_positions: torch.Tensor | None,
+        position_ids: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Where the embedding-level encodings place this call's n tokens: None for the ordinary past_length ..
+        past_length + n - 1, else [n] or [B, n] positions. Token (b, i) is the sequence's token number
+        `position_ids[b, i]` (transformers' causal-LM input, [B or 1, n], counted over the unpadded tokens in
+        generate) instead of number past_length + i, and sits at that entry of `key_positions` when they are
+        randomized."""
+        if position_ids is None:
+            return None if key_positions is None else key_positions[past_length:]
+        batch_size, length = inputs_embeds.shape[:2]
+        if (not torch.is_tensor(position_ids) or position_ids.dim() != 2 or position_ids.size(0) not in (1, batch_size)
+                or position_ids.size(1) != length or position_ids.is_floating_point()
+                or position_ids.dtype == torch.bool):
+            given = (f"shape {list(position_ids.shape)} and dtype {position_ids.dtype}" if torch.is_tensor(position_ids)
+                     else type(position_ids).__name__)
+            raise ValueError(f"position_ids must be a [batch, length] tensor of integer positions, [{batch_size}, "
+                             f"{length}] or [1, {length}], got {given}")
+        position_ids = position_ids.to(inputs_embeds.device)
+        if key_positions is None:
+            return position_ids
+        lowest, highest = (int(bound) for bound in torch.aminmax(position_ids))
+        if lowest < 0 or highest >= key_positions.numel():
+            raise ValueError(f"with randomized positions, position_ids must index the sequence's {key_positions.numel()} "
+                             f"positions (0 .. {key_positions.numel() - 1}), got {lowest} .. {highest}")
+        return key_positions[position_ids]
 
     def key_positions(
         self, past_length: int, length: int, draw: PositionDraw | None, device: torch.device
@@ -703,12 +733,13 @@ class RelPosDecoder(RelPosStack):
         mems: list[torch.Tensor] | tuple[torch.Tensor, ...] | None = None,
         mem_len: int | None = None,
         draw: PositionDraw | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
-        past_length + n - 1 (None: see `RelPosStack.key_positions`)."""
+        past_length + n - 1 (None: see `RelPosStack.key_positions`). `position_ids`: see `RelPosStack.token_positions`."""
         mem_len = memory_length(self.config, mem_len)
         check_memory_positions(self.config, self.positions, mem_len)
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
@@ -729,7 +760,7 @@ class RelPosDecoder(RelPosStack):
                 "with the default dynamic cache (cache_implementation None or 'dynamic')")
         past_length = cache.get_seq_length() if cache is not None else 0
         past_length += mems[0].size(1) if mems is not None else 0
-        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw, position_ids)
         batch_size, query_length = hidden_states.shape[:2]
         key_length = past_length + query_length
         if mems is not None and mems[0].size(0) != batch_size:
@@ -1281,12 +1312,16 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         positions: PositionDraw | None = None,
+        position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> RelPosCausalLMOutput | tuple:
         """`labels` are the input ids (shifted inside, -100 ignored; `num_items_in_batch` as in the seq2seq model);
         `mems` continue the previous segment; `positions` those of the whole sequence (`PositionDraw`, see
-        `RelPosDecoder.forward`). In memory mode (`mem_len` > 0) the returned cache is `mems`, and a tuple passed as
-        `cache` is taken as `mems` (how `generate` hands it back)."""
+        `RelPosDecoder.forward`); `position_ids` [B or 1, n]: each token's number in its sequence for the
+        embedding-level encodings (`RelPosStack.token_positions`; None: past_length + i), which `generate` counts
+        over the tokens the attention mask keeps (cumsum - 1), as for transformers' causal LMs, so a left-padded
+        prompt is encoded as without its padding. In memory mode (`mem_len` > 0) the returned cache is `mems`, and
+        a tuple passed as `cache` is taken as `mems` (how `generate` hands it back)."""
         if isinstance(cache, (list, tuple)):
             mems, cache = cache, None
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -1304,6 +1339,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             mems=mems,
             mem_len=mem_len,
             draw=positions,
+            position_ids=position_ids,
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)

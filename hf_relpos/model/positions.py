@@ -295,7 +295,7 @@ class PositionDraw:
 
 
 def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Vaswani et al. (2017) sinusoids [sin(p / 10000^(2i/d)) | cos(p / 10000^(2i/d))], shape [len(positions), dim].
+    """Vaswani et al. (2017) sinusoids [sin(p / 10000^(2i/d)) | cos(p / 10000^(2i/d))], shape [*positions.shape, dim].
 
     Works for any (also negative, as Transformer-XL's R needs) position, so no table limits the length.
     """
@@ -303,7 +303,7 @@ def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.floa
     inverse_frequency = torch.exp(
         torch.arange(half, device=positions.device, dtype=torch.float64) * (-math.log(10000.0) / max(half, 1))
     )
-    angles = positions.to(torch.float64)[:, None] * inverse_frequency[None, :]
+    angles = positions.to(torch.float64)[..., None] * inverse_frequency
     encoding = torch.cat([angles.sin(), angles.cos()], dim=-1)
     if dim % 2:
         encoding = torch.nn.functional.pad(encoding, (0, 1))
@@ -314,8 +314,8 @@ def add_sinusoids(
     inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None, scale: float = 1.0
 ) -> torch.Tensor:
     """inputs_embeds [B, n, d] + scale x the `sinusoids` of positions past_length .. past_length + n - 1 (or
-    `positions`): Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and `keep_absolute_positions`'
-    under any other scheme (with its `absolute_positions_scale`)."""
+    `positions`, [n] or per sequence [B, n]): Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and
+    `keep_absolute_positions`' under any other scheme (with its `absolute_positions_scale`)."""
     if positions is None:
         positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
     encoding = sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
@@ -795,12 +795,17 @@ class PositionScheme(nn.Module):
     Positions. By default the tokens of a call sit at the ordinary positions: key j at j, query i at
     `query_offset + i`. With `config.position_randomization_max` = L set, a stack in training mode draws its
     positions instead as a sorted random subset of 0 .. L-1 (Ruoss et al. 2023; `random_positions`, one draw per
-    batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n], to `prepare` (in
+    batch and stack) and passes them as `positions`: to `embed` the positions of its n tokens [n] (or [B, n], see
+    below), to `prepare` (in
     the context) those of the m keys [m] (the queries are the last n of them). With
     `config.position_randomization_at_inference` as well, evaluation draws them too, and generation keeps one decoder
     draw for the whole output (`PositionDraw`). `positions=None` always means the ordinary positions. A scheme reads
     both cases through `PositionContext.query_and_key_positions`, and so takes randomized positions without further
     code; fast paths that rely on consecutive positions (XL's rel-shift) apply only when `positions` is None.
+    The causal LM's `position_ids` (transformers' name; `generate` counts them over the tokens the attention mask
+    keeps) place each sequence's tokens for `embed` alone, as [B, n] `positions`: left padding then leaves a prompt's
+    embedding-level encoding as without it; the relative terms read distances in the sequence, which left padding
+    does not change.
     """
 
     name: str = ""
@@ -832,7 +837,8 @@ class PositionScheme(nn.Module):
                 parameter.zero_()
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
-        """Embedding-level position encoding; identity for purely relative schemes."""
+        """Embedding-level position encoding of tokens at past_length + i (or at `positions`, [n] or [B, n]);
+        identity for purely relative schemes."""
         return inputs_embeds
 
     def prepare(self, context: PositionContext) -> PositionContext:
