@@ -159,6 +159,25 @@ def test_a_scheme_field_named_as_the_configs_own_is_refused_at_registration(fiel
     assert tiny_config("shaw").position_scheme == "shaw"
 
 
+@pytest.mark.parametrize("field_name, reason", [
+    ("temperature", "a generation setting of transformers' GenerationConfig"),
+    ("max_length", "a generation setting of transformers' GenerationConfig"),
+    ("num_beams", "a generation setting of transformers' GenerationConfig"),
+    ("forced_eos_token_id", "a generation setting of transformers' GenerationConfig"),
+    ("auto_map", "a key transformers' PreTrainedConfig reads or writes itself"),
+    ("custom_pipelines", "a key transformers' PreTrainedConfig reads or writes itself"),
+    ("_attn_implementation", "a private name"),
+])
+def test_a_scheme_field_that_transformers_reads_from_a_config_is_refused_at_registration(field_name, reason,
+                                                                                         registry_before):
+    """A generation setting would be taken up by generate (and make save_pretrained fail), auto_map and the private
+    attributes would break saving or building the model: registering is one error naming the field and why."""
+    clash = type("Reader", (PositionScheme,), {"config_fields": (integer_field(field_name, 3, "x", minimum=1),)})
+    with pytest.raises(ValueError, match=f"config field '{field_name}' of scheme 'test_reader' is {reason}"):
+        register_position_scheme("test_reader")(clash)
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+
+
 def test_reserving_a_name_a_registered_scheme_declares_is_refused():
     """The built-in schemes register before the config class exists; reserving its names then checks them."""
     with pytest.raises(ValueError, match="config field 'max_relative_position' of scheme 'shaw' is a name"):

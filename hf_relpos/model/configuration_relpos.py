@@ -8,7 +8,7 @@ import dataclasses
 import difflib
 from typing import Any
 
-from transformers import PreTrainedConfig
+from transformers import GenerationConfig, PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .positions import (
@@ -38,6 +38,10 @@ ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
 # a config field's deprecated name -> its current name: both are accepted as keywords, in config.json (configs saved
 # by earlier versions), in a recipe's model: section and as --model.NAME flags; only the current one is saved
 DEPRECATED_FIELDS = {"attention_type": "position_scheme"}
+# config.json keys and keywords that transformers' PreTrainedConfig handles itself rather than as fields (the
+# remote-code map, declared pipelines, keywords its __init__ and from_dict take away)
+TRANSFORMERS_CONFIG_KEYS = ("auto_map", "custom_pipelines", "attn_implementation", "experts_implementation",
+                            "quantization_config", "name_or_path", "return_unused_kwargs", "kwargs")
 BOOLEAN_FIELDS = ("scale_embedding", "use_cache", "tie_word_embeddings", "position_randomization_at_inference",
                   "cross_attention_length_scaling", "keep_absolute_positions", "is_encoder_decoder")
 
@@ -333,11 +337,18 @@ class RelPosTransformerConfig(PreTrainedConfig):
         get_scheme_class(self.position_scheme).check_config(self)
 
 
-# no scheme may declare a config field under a name of the config's own (the built-in schemes, registered by the
-# imports above before the class existed, are checked now)
+# no scheme may declare a config field under a name of the config's own, nor under one that transformers reads from a
+# config: a generation setting (generate would take it up from the model config, and save_pretrained refuses it there)
+# or a key that saving and loading handle themselves (the built-in schemes, registered by the imports above before the
+# class existed, are checked now)
 reserve_config_names({*(name for name in dir(RelPosTransformerConfig) if not name.startswith("_")),
                       *(field.name for field in dataclasses.fields(RelPosTransformerConfig)),
                       *RelPosTransformerConfig.attribute_map, *STACK_FIELD_ALIASES, *DEPRECATED_FIELDS})
+reserve_config_names(GenerationConfig().to_dict(), "a generation setting of transformers' GenerationConfig (generate "
+                                                   "would read it from the model config, and save_pretrained refuses it "
+                                                   "there)")
+reserve_config_names(TRANSFORMERS_CONFIG_KEYS, "a key transformers' PreTrainedConfig reads or writes itself when a "
+                                               "config is built, saved or loaded")
 
 
 def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:

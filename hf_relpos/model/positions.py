@@ -20,7 +20,7 @@ import functools
 import math
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -30,14 +30,17 @@ from torch import nn
 from .validation import is_int_at_least, is_positive_number
 
 POSITION_SCHEMES: dict[str, type[PositionScheme]] = {}
-# The names RelPosTransformerConfig has itself (its fields, their aliases, its attributes), which no scheme may
-# declare as a config field: reserved by configuration_relpos.py once the class exists (`reserve_config_names`).
-CONFIG_NAMES: set[str] = set()
+# The names no scheme may declare as a config field, each with the reason: those RelPosTransformerConfig has itself
+# (its fields, their aliases, its attributes) and those transformers reads from it (generation settings, auto_map, ...),
+# reserved by configuration_relpos.py once the class exists (`reserve_config_names`).
+CONFIG_NAMES: dict[str, str] = {}
+OWN_NAME = "a name RelPosTransformerConfig already has (a field of its own, an alias or an attribute)"
 
 
 def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type[PositionScheme]]:
     """Class decorator that makes a `PositionScheme` selectable as `config.position_scheme = name`. A scheme whose
-    config field is a name of the config itself (`CONFIG_NAMES`) or is declared differently by another scheme is
+    config field is a reserved name (`CONFIG_NAMES`: the config's own, transformers' generation settings, ...) or is
+    declared differently by another scheme is
     refused, and the registry is left as it was."""
 
     def decorator(scheme_class: type[PositionScheme]) -> type[PositionScheme]:
@@ -60,22 +63,26 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
     return decorator
 
 
-def reserve_config_names(names: set[str]) -> None:
-    """Add `names` (those of RelPosTransformerConfig itself) to `CONFIG_NAMES`, which `register_position_scheme`
-    refuses as a scheme's config field; a scheme registered before (the built-in ones) that declares one is refused
-    here."""
+def reserve_config_names(names: Iterable[str], reason: str = OWN_NAME) -> None:
+    """Add `names` to `CONFIG_NAMES`, which `register_position_scheme` refuses as a scheme's config field, saying
+    `reason` (what the name is); a scheme registered before (the built-in ones) that declares one is refused here. A
+    name reserved before keeps its first reason."""
+    reserved = dict.fromkeys(names, reason)
     for scheme_name, scheme_class in POSITION_SCHEMES.items():
-        _refuse_config_names(scheme_name, scheme_class, names)
-    CONFIG_NAMES.update(names)
+        _refuse_config_names(scheme_name, scheme_class, reserved)
+    for name in reserved:
+        CONFIG_NAMES.setdefault(name, reason)
 
 
-def _refuse_config_names(scheme_name: str, scheme_class: type[PositionScheme], names: set[str]) -> None:
-    """Refuse a scheme whose config field bears one of `names` (those of the config itself)."""
+def _refuse_config_names(scheme_name: str, scheme_class: type[PositionScheme], names: dict[str, str]) -> None:
+    """Refuse a scheme whose config field bears one of `names` (name -> what it is) or starts with "_" (transformers'
+    private config attributes, such as `_attn_implementation`)."""
     for field in scheme_class.config_fields:
-        if field.name in names:
-            raise ValueError(f"config field {field.name!r} of scheme {scheme_name!r} is a name RelPosTransformerConfig "
-                             "already has (a field of its own, an alias or an attribute): give the scheme's field "
-                             "another name")
+        reason = "a private name (transformers keeps its own config attributes under a leading '_')" if (
+            field.name.startswith("_")) else names.get(field.name)
+        if reason is not None:
+            raise ValueError(f"config field {field.name!r} of scheme {scheme_name!r} is {reason}: give the scheme's "
+                             "field another name")
 
 
 Returned = TypeVar("Returned")
