@@ -208,6 +208,21 @@ def test_registering_a_different_class_under_a_taken_name_is_refused():
         register_position_scheme("not_a_scheme")(int)
 
 
+def test_a_class_of_another_module_with_a_built_in_schemes_name_does_not_replace_it(registry_before):
+    """A copy of positions_shaw.py registering "shaw" under the built-in class's own name, in a module of its own: one
+    error naming the built-in registration; the same class defined again in its own module (a reload) is accepted."""
+    built_in = hf_relpos.POSITION_SCHEMES["shaw"]
+    copy = type(built_in.__name__, (PositionScheme,), {"__module__": "positions_shaw",
+                                                       "__qualname__": built_in.__qualname__})
+    with pytest.raises(ValueError, match="position_scheme 'shaw' is already registered by "
+                                         "hf_relpos.model.positions_shaw.ShawPositions: register yours under another"):
+        register_position_scheme("shaw")(copy)
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+    redefined = type("LearnedAlibi", (PositionScheme,), {"__module__": LearnedAlibi.__module__,
+                                                         "__qualname__": LearnedAlibi.__qualname__})
+    assert register_position_scheme("test_alibi")(redefined) is hf_relpos.POSITION_SCHEMES["test_alibi"]
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [

@@ -47,8 +47,11 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         if not (isinstance(scheme_class, type) and issubclass(scheme_class, PositionScheme)):
             raise TypeError(f"register_position_scheme({name!r}) expects a PositionScheme subclass, got {scheme_class!r}")
         existing = POSITION_SCHEMES.get(name)
-        if existing is not None and existing.__qualname__ != scheme_class.__qualname__:
-            raise ValueError(f"position_scheme {name!r} is already registered by {existing.__module__}.{existing.__qualname__}")
+        # the same class defined again (a module reloaded, a notebook cell run twice) replaces itself; any other is
+        # refused, so no class of another module takes over a name (a copy of a built-in scheme's file included)
+        if existing is not None and _defined_at(existing) != _defined_at(scheme_class):
+            raise ValueError(f"position_scheme {name!r} is already registered by {'.'.join(_defined_at(existing))}: "
+                             "register yours under another name")
         _refuse_config_names(name, scheme_class, CONFIG_NAMES)
         for field in scheme_class.config_fields:
             for other_name, other in POSITION_SCHEMES.items():
@@ -61,6 +64,11 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
         return scheme_class
 
     return decorator
+
+
+def _defined_at(scheme_class: type) -> tuple[str, str]:
+    """Where a class is defined: its module and qualified name."""
+    return scheme_class.__module__, scheme_class.__qualname__
 
 
 def reserve_config_names(names: Iterable[str], reason: str = OWN_NAME) -> None:
