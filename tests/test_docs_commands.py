@@ -117,6 +117,7 @@ def check_training_arguments(arguments: list[str], work: Path) -> None:
     without one)."""
     import torch
 
+    import hf_relpos
     from hf_relpos import RelPosTransformerConfig
     from hf_relpos.translation.training import parse_arguments
 
@@ -129,7 +130,21 @@ def check_training_arguments(arguments: list[str], work: Path) -> None:
         RelPosTransformerConfig(**recipe_values(source).get("model", {})).save_pretrained(work / folder)
     if not torch.cuda.is_available():
         arguments = [*arguments, "--bf16", "false"]
-    parse_arguments(arguments)
+    if "--import_modules" not in arguments:
+        parse_arguments(arguments)
+        return
+    # the module of the command is extending.md's example scheme (its first block, up to where it builds a config)
+    example = re.search(r"```python\n(.*?)\nconfig = ", (ROOT / "docs" / "extending.md").read_text(encoding="utf-8"),
+                        flags=re.DOTALL).group(1)
+    module = arguments[arguments.index("--import_modules") + 1]
+    (work / f"{module}.py").write_text(example, encoding="utf-8")
+    registry = dict(hf_relpos.POSITION_SCHEMES)
+    try:
+        parse_arguments(arguments)
+    finally:   # the scheme registered for this command only
+        sys.modules.pop(module, None)
+        hf_relpos.POSITION_SCHEMES.clear()
+        hf_relpos.POSITION_SCHEMES.update(registry)
 
 
 def check_arguments(program: str, arguments: list[str], work: Path) -> None:

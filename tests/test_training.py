@@ -27,6 +27,7 @@ from hf_relpos.publish.records import RUN_RECORD_FILE
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.export import export_ctranslate2, is_ctranslate2_folder
+from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.demo_corpus import write_demo_corpus
@@ -526,6 +527,66 @@ def test_plain_batch_size_and_a_rerun_needs_resume_or_overwrite(tmp_path, corpus
     assert len(AutoTokenizer.from_pretrained(output_dir)) == 536
     assert RelPosTransformerConfig.from_pretrained(output_dir).vocab_size == 536
     assert not list(output_dir.glob("checkpoint-*"))
+
+
+# A position scheme of the user's own, in a module of its own (what --import_modules imports).
+USER_SCHEME_MODULE = """
+import torch
+from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
+
+
+@register_position_scheme("cli_headbias")
+class CliHeadBias(PositionScheme):
+    config_fields = (integer_field("cli_headbias_k", 2, "clipping distance", minimum=0),)
+
+    def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.table = torch.nn.Parameter(torch.zeros(num_heads, 2 * config.cli_headbias_k + 1))
+
+    def terms(self, layer_idx, query, key, context):
+        i, j = context.query_and_key_positions()
+        k = self.config.cli_headbias_k
+        return AttentionTerms(score_bias=self.table[:, (j[None, :] - i[:, None]).clamp(-k, k) + k])
+"""
+
+
+@pytest.fixture
+def user_scheme_module(tmp_path, monkeypatch):
+    """tmp_path/cli_schemes.py registering the scheme "cli_headbias", tmp_path the current directory; the registry,
+    sys.path and sys.modules as they were after the test."""
+    (tmp_path / "cli_schemes.py").write_text(USER_SCHEME_MODULE, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = dict(hf_relpos.POSITION_SCHEMES)
+    yield "cli_schemes"
+    sys.modules.pop("cli_schemes", None)
+    hf_relpos.POSITION_SCHEMES.clear()
+    hf_relpos.POSITION_SCHEMES.update(before)
+
+
+def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(user_scheme_module, tmp_path, corpus):
+    """`--import_modules MODULE` imports the module that registers the scheme before the model fields are read: its
+    field is a flag, the run trains and saves, and the card's and run record's command carries the flag."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=2, do_eval=False, do_predict=False)
+    run([str(config), "--import_modules", user_scheme_module, "--model.position_scheme", "cli_headbias",
+         "--model.cli_headbias_k", "3"])
+    output_dir = tmp_path / "out"
+    assert AutoModelForSeq2SeqLM.from_pretrained(output_dir).config.cli_headbias_k == 3
+    command = f"{config} --import_modules cli_schemes --model.position_scheme cli_headbias --model.cli_headbias_k 3"
+    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["trained_as"] == command
+    assert command in (output_dir / "README.md").read_text(encoding="utf-8")
+    del hf_relpos.POSITION_SCHEMES["cli_headbias"], sys.modules["cli_schemes"]   # a new process, as translating is
+    (tmp_path / "src.txt").write_text("a small test\n", encoding="utf-8")
+    translate_main([str(output_dir), "src.txt", "--output", "hyp.txt", "--import_modules", "cli_schemes.py"])
+    assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 1
+
+
+@pytest.mark.parametrize("module", ["no_such_module", "no_such_file.py"])
+def test_a_missing_import_modules_module_is_one_error_naming_the_flag(module, tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError, match=f"^import_modules: no (module named|such file) '{module}'"):
+        run([str(config), "--import_modules", module])
+    assert not (tmp_path / "out").exists()
 
 
 # --- checkpoints ---------------------------------------------------------------------------------------------------

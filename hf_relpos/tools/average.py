@@ -26,6 +26,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, render_model_card
 from ..publish.records import RUN_RECORD_FILE, training_record
+from ..translation.arguments import add_import_modules_argument, import_user_modules
 from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
@@ -141,8 +142,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         help=f"how many of the newest checkpoints to average (default: {DEFAULT_LAST_N} of a "
                              "training output folder's, all of the checkpoint folders listed)")
     parser.add_argument("--output_dir", required=True, help="new folder for the averaged model")
+    add_import_modules_argument(parser)
     args = parser.parse_args(argv)
     try:
+        import_user_modules(args.import_modules)
         checkpoints = select_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n)
         written = average_checkpoints(checkpoints, len(checkpoints), args.output_dir)
     except ValueError as error:

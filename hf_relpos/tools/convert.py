@@ -34,6 +34,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
+from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_of
 
 logger = logging.getLogger(__name__)
 
@@ -258,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
     marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
                         choices=sorted(POSITION_SCHEMES),
                         help="position scheme of the converted model (--attention_type: its deprecated name)")
+    add_import_modules_argument(marian)
     marian.add_argument("--keep_absolute_positions", action="store_true",
                         help="keep Marian's sinusoidal positions and add the scheme on top of them, starting neutral "
                              "(the config field keep_absolute_positions; for shaw, xl, t5, none)")
@@ -270,6 +272,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    try:   # before the parser is built: --position_scheme chooses from the registry
+        import_modules_of(sys.argv[1:] if argv is None else argv)
+    except ConfigError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     arguments = build_parser().parse_args(argv)
     overrides = dict(arguments.overrides)
     if arguments.keep_absolute_positions:

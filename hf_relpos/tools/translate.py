@@ -33,7 +33,13 @@ from transformers.utils import logging as hf_logging
 from ..publish.files import write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
-from ..translation.arguments import attention_implementations, check_attn_implementation
+from ..translation.arguments import (
+    ConfigError,
+    add_import_modules_argument,
+    attention_implementations,
+    check_attn_implementation,
+    import_user_modules,
+)
 from ..translation.batching import cut_token_batches
 from ..translation.data import DatasetSchemaError, text_lines
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
@@ -137,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
     parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
+    add_import_modules_argument(parser)
     parser.add_argument("--dtype", choices=DTYPES,
                         help="dtype of the weights and computation (default: the dtype the weights were saved in, "
                              "float32 for a trained folder)")
@@ -226,6 +233,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("tokenize", "target_lang"):
         if getattr(args, name) is not None and args.reference is None:
             parser.error(f"--{name} sets how --reference is scored: give --reference")
+    try:
+        import_user_modules(args.import_modules)
+    except ConfigError as error:
+        parser.error(str(error))
     missing_folder = missing_local_folder(args.model)
     if missing_folder is not None:
         parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "

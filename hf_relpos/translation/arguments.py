@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import importlib
 import inspect
 import logging
 import os
@@ -20,6 +21,7 @@ import sys
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -64,6 +66,63 @@ class ConfigError(ValueError):
     """A YAML file or command-line flag is wrong; raised before anything is trained or written."""
 
 
+IMPORT_MODULES = "import_modules"
+IMPORT_MODULES_HELP = ("Python modules imported before anything else (fairseq's --user-dir): each a module name "
+                       "importable from the current directory or a .py file. Those that register position schemes "
+                       "of your own (@register_position_scheme, docs/extending.md), whose names and fields the "
+                       "arguments may then use and whose models may then load.")
+
+
+def add_import_modules_argument(parser: argparse.ArgumentParser) -> None:
+    """`--import_modules MODULE [MODULE ...]` (also dashed), for the commands that load models by scheme."""
+    parser.add_argument(f"--{IMPORT_MODULES}", f"--{IMPORT_MODULES.replace('_', '-')}", dest=IMPORT_MODULES,
+                        nargs="+", default=[], metavar="MODULE", help=IMPORT_MODULES_HELP)
+
+
+class _ScanParser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:
+        raise ConfigError(message)
+
+
+def import_modules_of(argv: Sequence[str], default: Any = ()) -> list[str]:
+    """Import the modules that `--import_modules` names in `argv` (else `default`: a recipe's `import_modules`)
+    before the rest of `argv` is parsed, where registered schemes' names and fields must already be known; returns
+    their names."""
+    scan = _ScanParser(add_help=False, allow_abbrev=False)
+    add_import_modules_argument(scan)
+    scan.set_defaults(**{IMPORT_MODULES: default})
+    names = scan.parse_known_args(argv)[0].import_modules
+    import_user_modules(names)
+    return names
+
+
+def import_user_modules(names: Any) -> None:
+    """Import each module of `names`: a module name importable from the current directory (put first on sys.path, as
+    `python -m` does), or a .py file (imported under its file name, its folder put first on sys.path). A module
+    that is not there is one ConfigError naming `import_modules`."""
+    if isinstance(names, str) or not isinstance(names, (list, tuple)) or not all(
+            isinstance(name, str) and name for name in names):
+        raise ConfigError(f"{IMPORT_MODULES} must be a list of module names or .py files, got {names!r}")
+    for name in names:
+        path = Path(name).resolve() if name.endswith(".py") else None
+        if path is not None and not path.is_file():
+            raise ConfigError(f"{IMPORT_MODULES}: no such file {name!r}")
+        folder, module_name = (str(path.parent), path.stem) if path is not None else (os.getcwd(), name)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as error:
+            if error.name is None or not (module_name + ".").startswith(error.name + "."):
+                raise   # a module that the user's module imports
+            raise ConfigError(f"{IMPORT_MODULES}: no module named {name!r} in the current directory ({os.getcwd()}) "
+                              "or on the Python path: give a module name importable from the current directory or "
+                              "the path of a .py file") from None
+        if path is not None and Path(module.__file__ or "").resolve() != path:
+            raise ConfigError(f"{IMPORT_MODULES}: {name!r} would be imported as the module {module_name!r}, which is "
+                              f"{module.__file__} in this process: rename the file")
+
+
 @dataclass
 class ModelArguments:
     """Which model and tokenizer to start from. The YAML `model:` section holds `RelPosTransformerConfig` fields."""
@@ -90,6 +149,7 @@ class ModelArguments:
                           "included (as SentencePiece counts)."},
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub datasets and models."})
+    import_modules: list[str] = field(default_factory=list, metadata={"help": IMPORT_MODULES_HELP})
     attn_implementation: str | None = field(
         default=None,
         metadata={"help": "Attention kernel, transformers' attn_implementation (passed to from_pretrained or to the "
@@ -516,6 +576,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     argv = list(argv) or ["--help"]
     recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
     yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}
+    import_modules_of(argv, yaml_values.get(IMPORT_MODULES, []))   # their schemes' names and fields are arguments
     recipe_flags = without_secrets(argv)
     defaults, model_config = _split_yaml(yaml_values)
     parser = TranslationArgumentParser(model_config)
