@@ -21,8 +21,6 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-import yaml
-
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
 
@@ -41,7 +39,7 @@ from benchmarks import (  # noqa: E402
 )
 from benchmarks.common import markdown_table  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
-from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, read_run_records  # noqa: E402
+from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, load_yaml, read_run_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -170,7 +168,7 @@ def recipe_overrides(path: str) -> str:
     for run in read_run_records(RESULTS / path):
         if run.role != RECIPE:
             continue
-        recipe = RunRecord.from_recipe(yaml.safe_load((ROOT / "configs" / f"{run.recipe}.yaml").read_text(
+        recipe = RunRecord.from_recipe(load_yaml((ROOT / "configs" / f"{run.recipe}.yaml").read_text(
             encoding="utf-8")))
         changed = []
         for name in ("max_steps", "max_tokens_per_batch", "warmup_steps"):

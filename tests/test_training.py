@@ -99,6 +99,17 @@ def test_yaml_fills_the_arguments_and_flags_override(tmp_path, corpus):
     assert data_args.dataset_config_name is None
 
 
+def test_numbers_in_exponent_form_are_numbers_in_model_flags_and_recipe_files(tmp_path, corpus):
+    """YAML 1.2 floats (1e-1, 1e4, 2E-2), which PyYAML's YAML 1.1 reads as strings, are numbers in a --model.FIELD
+    flag and in a recipe file's model: section, as they are in --learning_rate."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    config.write_text(config.read_text(encoding="utf-8").replace("  dropout: 0.0", "  dropout: 2E-2"), encoding="utf-8")
+    model_args, _, _ = parse_arguments([str(config), "--model.attention_dropout", "1e-1", "--model.position_scheme",
+                                        "rope", "--model.rope_theta", "1e4"])
+    assert model_args.model_config["dropout"] == 0.02 and model_args.model_config["attention_dropout"] == 0.1
+    assert model_args.model_config["rope_theta"] == 1e4
+
+
 def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", position_scheme="directional")
     model_args, _, _ = parse_arguments([str(config)])

@@ -20,7 +20,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import yaml
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
 from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.tokenization_utils_base import (
@@ -47,6 +46,7 @@ from .records import (
     MeasuredScores,
     Measurement,
     RunRecord,
+    load_yaml,
     read_run_records,
 )
 
@@ -121,7 +121,7 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     """A recipe YAML file (configs/*.yaml) as a dict."""
     with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle) or {}
+        return load_yaml(handle) or {}
 
 
 def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:

@@ -13,6 +13,7 @@ import importlib.metadata
 import json
 import os
 import platform
+import re
 import subprocess
 import typing
 from collections.abc import Mapping
@@ -20,7 +21,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "setting"
+
+
+class RecipeLoader(yaml.SafeLoader):
+    """PyYAML's safe loader (YAML 1.1) that also reads YAML 1.2's floats: 1e-3, 1e4, 2E+3 are numbers, not strings."""
+
+
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
+def load_yaml(stream: Any) -> Any:
+    """A recipe file (or a value of one: a --model.FIELD flag's) read as YAML with `RecipeLoader`."""
+    return yaml.load(stream, Loader=RecipeLoader)
 
 
 def _recipe_field(section: str, default: Any = None) -> Any:

@@ -27,13 +27,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
+from ..publish.records import load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_of
 
 logger = logging.getLogger(__name__)
@@ -228,7 +228,7 @@ def _override(text: str) -> tuple[str, Any]:
     field, separator, value = text.partition("=")
     if not separator or not field:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
-    return field.strip(), yaml.safe_load(value)
+    return field.strip(), load_yaml(value)
 
 
 class DeprecatedLastOptionString(argparse.Action):

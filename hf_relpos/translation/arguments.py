@@ -35,6 +35,7 @@ from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerCon
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
+from ..publish.records import load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import missing_local_folder
@@ -455,7 +456,7 @@ def _or_null(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _yaml_value(text: str) -> Any:
     try:
-        return yaml.safe_load(text)
+        return load_yaml(text)
     except yaml.YAMLError as error:
         raise argparse.ArgumentTypeError(f"{text!r} is not a YAML value ({error.problem})") from None
 
@@ -481,7 +482,7 @@ def _read_yaml(path: str) -> dict[str, Any]:
         raise ConfigError(f"config file {path!r} does not exist")
     try:
         with open(path, encoding="utf-8") as handle:
-            content = yaml.safe_load(handle)
+            content = load_yaml(handle)
     except yaml.YAMLError as error:
         raise ConfigError(f"{path}: invalid YAML: {error}") from None
     if content is None:
