@@ -137,6 +137,19 @@ def test_a_field_declared_differently_by_two_schemes_is_refused():
     assert "test_clash" not in hf_relpos.POSITION_SCHEMES
 
 
+def test_two_schemes_may_declare_the_same_field_alike_but_not_with_other_bounds(registry_before):
+    """The same declaration (name, default, help, allowed values, symbol) in two schemes is one field; a minimum of
+    its own is another declaration, refused."""
+    def declared(minimum):
+        return (integer_field("test_shared_k", 4, "clipping distance", minimum=minimum, symbol="k"),)
+
+    register_position_scheme("test_shared_a")(type("SharedA", (PositionScheme,), {"config_fields": declared(0)}))
+    register_position_scheme("test_shared_b")(type("SharedB", (PositionScheme,), {"config_fields": declared(0)}))
+    assert tiny_config("test_shared_b", test_shared_k=2).test_shared_k == 2
+    with pytest.raises(ValueError, match="'test_shared_k' of scheme 'test_shared_c' is already declared differently"):
+        register_position_scheme("test_shared_c")(type("SharedC", (PositionScheme,), {"config_fields": declared(1)}))
+
+
 @pytest.fixture
 def registry_before():
     """The registry as it was before the test, restored after it (a scheme registered by mistake leaves no trace)."""

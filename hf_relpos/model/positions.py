@@ -174,13 +174,14 @@ def scheme_config_fields() -> dict[str, SchemeField]:
 class SchemeField:
     """One config field a scheme declares: its default, what it does (`help`, shown in model cards), and its
     validation (`valid(value)`; `allowed` completes the error "NAME must be ..."). `symbol` is the paper's name for
-    it (e.g. "k"), shown next to the field in model cards."""
+    it (e.g. "k"), shown next to the field in model cards. Two declarations are equal when all but `valid` are: what
+    a value must be is compared as `allowed` says it (bounds included), as two validators never compare equal."""
 
     name: str
     default: Any
     help: str
     allowed: str
-    valid: Callable[[Any], bool]
+    valid: Callable[[Any], bool] = dataclasses.field(compare=False)
     symbol: str = ""
 
     def check(self, value: Any) -> None:
