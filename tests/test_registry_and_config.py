@@ -150,6 +150,18 @@ def test_two_schemes_may_declare_the_same_field_alike_but_not_with_other_bounds(
         register_position_scheme("test_shared_c")(type("SharedC", (PositionScheme,), {"config_fields": declared(1)}))
 
 
+def test_a_check_config_that_is_not_a_classmethod_is_refused_at_registration(registry_before):
+    """check_config is called on the class with the config; an instance method would fail only when a config is
+    built (a TypeError about a missing argument)."""
+    def check_config(self, config):
+        pass
+
+    scheme = type("InstanceCheck", (PositionScheme,), {"check_config": check_config})
+    with pytest.raises(TypeError, match="check_config of scheme 'test_check' must be a classmethod"):
+        register_position_scheme("test_check")(scheme)
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+
+
 @pytest.fixture
 def registry_before():
     """The registry as it was before the test, restored after it (a scheme registered by mistake leaves no trace)."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 import sys
 import warnings
@@ -46,6 +47,9 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
     def decorator(scheme_class: type[PositionScheme]) -> type[PositionScheme]:
         if not (isinstance(scheme_class, type) and issubclass(scheme_class, PositionScheme)):
             raise TypeError(f"register_position_scheme({name!r}) expects a PositionScheme subclass, got {scheme_class!r}")
+        if not isinstance(inspect.getattr_static(scheme_class, "check_config"), (classmethod, staticmethod)):
+            raise TypeError(f"check_config of scheme {name!r} must be a classmethod (it checks a config before any "
+                            "instance of the scheme exists): decorate it with @classmethod")
         existing = POSITION_SCHEMES.get(name)
         # the same class defined again (a module reloaded, a notebook cell run twice) replaces itself; any other is
         # refused, so no class of another module takes over a name (a copy of a built-in scheme's file included)
