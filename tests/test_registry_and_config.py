@@ -11,7 +11,7 @@ from conftest import tiny_config
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_relpos
-from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
+from hf_relpos import AttentionTerms, PositionScheme, integer_field, number_field, register_position_scheme
 from hf_relpos.model import positions
 from hf_relpos.publish import hub
 from hf_relpos.translation.training import parse_arguments
@@ -159,6 +159,22 @@ def test_a_check_config_that_is_not_a_classmethod_is_refused_at_registration(reg
     scheme = type("InstanceCheck", (PositionScheme,), {"check_config": check_config})
     with pytest.raises(TypeError, match="check_config of scheme 'test_check' must be a classmethod"):
         register_position_scheme("test_check")(scheme)
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+
+
+@pytest.mark.parametrize("name", [None, 3, "", "my alibi", "a/b"])
+def test_a_scheme_name_that_is_not_letters_digits_and_underscores_is_refused(name, registry_before):
+    with pytest.raises(ValueError, match="the name must be a non-empty string of letters, digits and underscores"):
+        register_position_scheme(name)(type("Named", (PositionScheme,), {}))
+    assert hf_relpos.POSITION_SCHEMES == registry_before
+
+
+def test_a_scheme_field_whose_default_fails_its_own_check_is_refused_at_registration(registry_before):
+    scheme = type("BadDefault", (PositionScheme,), {"config_fields": (number_field("test_scale", 0.0, "scale"),)})
+    with pytest.raises(ValueError, match="config field 'test_scale' of scheme 'test_bad_default' has a default that "
+                                         "its own check refuses: test_scale must be a positive number, got the "
+                                         "default 0.0"):
+        register_position_scheme("test_bad_default")(scheme)
     assert hf_relpos.POSITION_SCHEMES == registry_before
 
 

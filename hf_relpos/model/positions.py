@@ -19,6 +19,7 @@ import dataclasses
 import functools
 import inspect
 import math
+import re
 import sys
 import warnings
 from collections.abc import Callable, Iterable
@@ -31,6 +32,7 @@ from torch import nn
 from .validation import is_int_at_least, is_positive_number
 
 POSITION_SCHEMES: dict[str, type[PositionScheme]] = {}
+SCHEME_NAME = re.compile(r"[A-Za-z0-9_]+")   # what a scheme may be registered as (a YAML value, a flag, a Hub tag)
 # The names no scheme may declare as a config field, each with the reason: those RelPosTransformerConfig has itself
 # (its fields, their aliases, its attributes) and those transformers reads from it (generation settings, auto_map, ...),
 # reserved by configuration_relpos.py once the class exists (`reserve_config_names`).
@@ -44,12 +46,20 @@ def register_position_scheme(name: str) -> Callable[[type[PositionScheme]], type
     declared differently by another scheme is
     refused, and the registry is left as it was."""
 
+    if not (isinstance(name, str) and SCHEME_NAME.fullmatch(name)):
+        raise ValueError(f"register_position_scheme: the name must be a non-empty string of letters, digits and "
+                         f"underscores (e.g. 'my_alibi'), got {name!r}")
+
     def decorator(scheme_class: type[PositionScheme]) -> type[PositionScheme]:
         if not (isinstance(scheme_class, type) and issubclass(scheme_class, PositionScheme)):
             raise TypeError(f"register_position_scheme({name!r}) expects a PositionScheme subclass, got {scheme_class!r}")
         if not isinstance(inspect.getattr_static(scheme_class, "check_config"), (classmethod, staticmethod)):
             raise TypeError(f"check_config of scheme {name!r} must be a classmethod (it checks a config before any "
                             "instance of the scheme exists): decorate it with @classmethod")
+        for field in scheme_class.config_fields:
+            if not field.valid(field.default):
+                raise ValueError(f"config field {field.name!r} of scheme {name!r} has a default that its own check "
+                                 f"refuses: {field.name} must be {field.allowed}, got the default {field.default!r}")
         existing = POSITION_SCHEMES.get(name)
         # the same class defined again (a module reloaded, a notebook cell run twice) replaces itself; any other is
         # refused, so no class of another module takes over a name (a copy of a built-in scheme's file included)
