@@ -178,6 +178,36 @@ def test_a_scheme_field_whose_default_fails_its_own_check_is_refused_at_registra
     assert hf_relpos.POSITION_SCHEMES == registry_before
 
 
+TERMS_MISTAKES = {   # what the decoder's terms() returns -> the error (the first decoding step has n = m = 1)
+    "transposed bias": (lambda query, key: AttentionTerms(score_bias=torch.zeros(2, key.size(2), query.size(2))),
+                        r"terms\(\)\.score_bias must be a floating-point tensor broadcastable to \[B, H, n, m\] = "
+                        r"\[1, 2, 1, 2\], got a torch.float32 tensor of shape \[2, 2, 1\]"),
+    "bool bias": (lambda query, key: AttentionTerms(score_bias=torch.ones(2, 1, 1, dtype=torch.bool)),
+                  r"terms\(\)\.score_bias must be a floating-point tensor .* got a torch.bool tensor"),
+    "float mask": (lambda query, key: AttentionTerms(mask=torch.ones(2, 1, 1)),
+                   r"terms\(\)\.mask must be a boolean tensor broadcastable to \[B, H, n, m\] = \[1, 2, 1, 1\]"),
+    "keys without the cache": (lambda query, key: AttentionTerms(key=key[:, :, -query.size(2):]),
+                               r"terms\(\)\.key must be a tensor of the shape it replaces, \[1, 2, 2, 16\], got "
+                               r"a torch.float32 tensor of shape \[1, 2, 1, 16\]"),
+    "None": (lambda query, key: None, r"terms\(\) must return an AttentionTerms, got NoneType"),
+}
+
+
+@pytest.mark.parametrize("mistake", TERMS_MISTAKES)
+def test_terms_of_the_wrong_type_or_shape_are_one_error_naming_the_scheme_and_the_term(mistake, registry_before):
+    """Checked where the attention layer receives them, in every call: a bias given as [H, m, n] (which passes while
+    n = m: the encoder, the first decoding step) fails at the next cached step, not deep in torch; a bool bias is not
+    added as 0/1."""
+    make, message = TERMS_MISTAKES[mistake]
+    register_position_scheme("test_terms")(type("Mistaken", (PositionScheme,), {
+        "terms": lambda self, layer_idx, query, key, context: make(query, key) if self.is_causal else AttentionTerms()}))
+    config = tiny_config("test_terms", encoder_attention_heads=2, decoder_attention_heads=2)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).eval()
+    with torch.no_grad(), pytest.raises((ValueError, TypeError), match=f"^position scheme 'test_terms': {message}"):
+        model.generate(input_ids=torch.randint(4, 40, (1, 5)), max_new_tokens=3, min_new_tokens=3, num_beams=1,
+                       do_sample=False)
+
+
 @pytest.fixture
 def registry_before():
     """The registry as it was before the test, restored after it (a scheme registered by mistake leaves no trace)."""

@@ -75,6 +75,7 @@ from .positions import (
     add_sinusoids,
     get_scheme_class,
     random_positions,
+    scheme_terms_of,
 )
 from .validation import require_int
 
@@ -170,7 +171,7 @@ def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[Att
         scheme = get_scheme_class(config.position_scheme)(config, 1, num_heads, head_dim, is_causal=is_decoder)
         query = key = torch.zeros(1, num_heads, 3, head_dim)
         context = scheme.prepare(PositionContext(3, 3, 0, None, query.device, query.dtype))
-        return scheme.terms(0, query, key, context), context
+        return scheme_terms_of(scheme, 0, query, key, context), context
 
 
 def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[str]:
@@ -357,7 +358,7 @@ class RelPosAttention(nn.Module):
         (eager)."""
         terms = AttentionTerms()
         if scheme is not None:
-            terms = scheme.terms(self.layer_idx, query, key, position_context)
+            terms = scheme_terms_of(scheme, self.layer_idx, query, key, position_context)
         query = query if terms.query is None else terms.query
         key = key if terms.key is None else terms.key
         kernel = self.config._attn_implementation

@@ -721,6 +721,40 @@ class AttentionTerms:
         return [name for name, term in named if term is not None]
 
 
+def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
+                    context: PositionContext) -> AttentionTerms:
+    """`scheme.terms(...)`, checked against what `AttentionTerms` documents for queries [B, H, n, d] and keys
+    [B, H, m, d]: one error naming the scheme, the term and what it must be. Types and shapes only (no tensor
+    operation, no device sync), so every attention call checks."""
+    terms = scheme.terms(layer_idx, query, key, context)
+    where = f"position scheme {scheme.name!r}: terms()"
+    if not isinstance(terms, AttentionTerms):
+        raise TypeError(f"{where} must return an AttentionTerms, got {_described(terms)}")
+    for name, replaced, given in (("query", terms.query, query), ("key", terms.key, key)):
+        if replaced is not None and not (torch.is_tensor(replaced) and replaced.shape == given.shape):
+            raise ValueError(f"{where}.{name} must be a tensor of the shape it replaces, {list(given.shape)}, got "
+                             f"{_described(replaced)}")
+    target = (*query.shape[:3], key.size(-2))
+    for name, tensor, kind in (("score_bias", terms.score_bias, "floating-point"), ("mask", terms.mask, "boolean")):
+        if tensor is None or (name == "score_bias" and isinstance(tensor, (RelativeBias, DenseBias))):
+            continue
+        typed = torch.is_tensor(tensor) and (tensor.is_floating_point() if name == "score_bias" else
+                                             tensor.dtype == torch.bool)
+        if not (typed and tensor.dim() <= 4 and all(
+                size in (1, full) for size, full in zip(tensor.shape[::-1], target[::-1], strict=False))):
+            raise ValueError(f"{where}.{name} must be a {kind} tensor broadcastable to [B, H, n, m] = {list(target)}, "
+                             f"got {_described(tensor)}")
+    for name in ("value_term", "score_mod", "fused_attention"):
+        if getattr(terms, name) is not None and not callable(getattr(terms, name)):
+            raise TypeError(f"{where}.{name} must be callable, got {_described(getattr(terms, name))}")
+    return terms
+
+
+def _described(value: Any) -> str:
+    """A term as an error names it: a tensor by its shape and dtype, anything else by its type."""
+    return f"a {value.dtype} tensor of shape {list(value.shape)}" if torch.is_tensor(value) else type(value).__name__
+
+
 ContextType = TypeVar("ContextType", bound="PositionContext")
 
 
