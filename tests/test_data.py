@@ -87,6 +87,39 @@ def test_non_string_text_is_reported(tmp_path):
         read_local_pairs(path, "en", "de")
 
 
+@pytest.mark.parametrize("layout", ["jsonl", "json"])
+@pytest.mark.parametrize("side", ["en", "de"])
+def test_a_null_text_is_one_error_naming_the_record(tmp_path, layout, side):
+    records = [{"translation": {"en": "a", "de": "b"}}, {"translation": {"en": "c", "de": "d", side: None}}]
+    if layout == "jsonl":
+        path, location = write_jsonl(tmp_path / "valid.jsonl", records), r"valid\.jsonl:2"
+    else:
+        path, location = tmp_path / "valid.json", r"valid\.json: record 1"
+        path.write_text(json.dumps(records), encoding="utf-8")
+    for source_only in (False, True):
+        with pytest.raises(DatasetSchemaError, match=rf"^.*{location}: '{side}' must be a string, got null$"):
+            read_local_pairs(path, "en", "de", allow_source_only=source_only and side == "en")
+
+
+def test_a_test_file_whose_targets_are_all_null_is_source_only(tmp_path):
+    path = write_jsonl(tmp_path / "test.jsonl", [{"en": "a", "de": None}, {"en": "b", "de": None}])
+    dataset = read_local_pairs(path, "en", "de", allow_source_only=True)
+    assert dataset["source"] == ["a", "b"] and dataset["target"] == [None, None]
+    write_jsonl(path, [{"en": "a", "de": "x"}, {"en": "b", "de": None}])
+    with pytest.raises(DatasetSchemaError, match=r"test\.jsonl:2, fields: no 'de', although .*test\.jsonl:1, fields "
+                                                 r"has one"):
+        read_local_pairs(path, "en", "de", allow_source_only=True)
+
+
+@pytest.mark.parametrize(("row", "found"), [("hello", 1), ("hello,hallo,extra", 3), ('"a, b"', 1)])
+def test_a_csv_row_with_another_number_of_fields_than_the_header_names_its_line(tmp_path, row, found):
+    path = tmp_path / "valid.csv"
+    path.write_text(f"en,de\nA cat.,Eine Katze.\n\n{row}\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=rf"^.*valid\.csv:4: {found} field\(s\), but the header has 2 "
+                                                 r"\(en, de\)$"):
+        read_local_pairs(path, "en", "de")
+
+
 def test_missing_file_and_missing_split_are_reported(tmp_path):
     with pytest.raises(DatasetSchemaError, match="does not exist"):
         read_local_pairs(tmp_path / "nope.jsonl", "en", "de")

@@ -180,10 +180,10 @@ def write_tricky_corpus(folder, with_final_newline=True):
         writer.writerow(["en", "de"])
         writer.writerows(TRICKY_LINES)
     (folder / "sources.txt").write_bytes(("\n".join(sources) + end).encode("utf-8"))
-    # JSON lines of several shapes: flat with extra fields, nested, blank lines, a null text, source-only records.
+    # JSON lines of several shapes: flat with extra fields, nested, blank lines, an empty text, source-only records.
     mixed = [json.dumps({"en": en, "de": de, "id": i}) if i % 5 else json.dumps({"translation": {"en": en, "de": de}})
              for i, (en, de) in enumerate(TRICKY_LINES)]
-    mixed[20:20] = ["", "   ", json.dumps({"en": None, "de": "Null-Quelle"})]
+    mixed[20:20] = ["", "   ", json.dumps({"en": "", "de": "Leere Quelle"})]
     (folder / "mixed.jsonl").write_bytes(("\n".join(mixed) + end).encode("utf-8"))
     (folder / "sources.jsonl").write_text("".join(json.dumps({"translation": {"en": en}}) + "\n"
                                                   for en in sources), encoding="utf-8")

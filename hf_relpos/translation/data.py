@@ -444,7 +444,7 @@ class _RecordColumns:
         if not isinstance(texts, dict):
             raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
         where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
-        source_only = self.allow_source_only and self.target_lang not in texts
+        source_only = self.allow_source_only and texts.get(self.target_lang) is None
         _require_languages(list(texts), self.source_lang, self.source_lang if source_only else self.target_lang, where)
         if source_only:
             self.first_without_target = self.first_without_target or where
@@ -453,9 +453,13 @@ class _RecordColumns:
             self.saw_pair(where)
         for lang, column in ((self.source_lang, self.sources), (self.target_lang, self.targets)):
             value = texts.get(lang)
-            if value is not None and not isinstance(value, str):
-                raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {type(value).__name__}")
-            column.append(None if source_only and lang == self.target_lang else value or "")
+            if source_only and lang == self.target_lang:
+                column.append(None)
+            elif isinstance(value, str):
+                column.append(value)
+            else:
+                found = "null" if value is None else type(value).__name__
+                raise DatasetSchemaError(f"{location}: {lang!r} must be a string, got {found}")
 
     def check_header(self, header: list[str], where: str) -> None:
         """The languages in a .csv header (named at its line, not at the first row's); an empty file has none."""
@@ -649,11 +653,15 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
             yield f"{path}: record {index}", record
     else:
         with open(path, encoding="utf-8-sig", newline="") as handle:
-            reader = csv.DictReader(handle)
+            reader = csv.reader(handle)
+            header = next(reader, [])
             for row in reader:
-                if None in row:
-                    raise DatasetSchemaError(f"{path}:{reader.line_num}: more fields than the header has")
-                yield f"{path}:{reader.line_num}", row
+                if not row:  # a blank line
+                    continue
+                if len(row) != len(header):
+                    raise DatasetSchemaError(f"{path}:{reader.line_num}: {len(row)} field(s), but the header has "
+                                             f"{len(header)} ({', '.join(header)})")
+                yield f"{path}:{reader.line_num}", dict(zip(header, row, strict=True))
 
 
 def _csv_header(path: Path) -> list[str]:
