@@ -22,7 +22,7 @@ def translator(memorised_model_folder):
 
 def test_a_long_text_is_translated_in_full(translator):
     """Six sentences in one text (a model trained on single sentences stops after about one): every sentence is
-    translated, joined by the whitespace that separated the sources (a line break stays a line break)."""
+    translated, joined by one space (a line break stays a line break)."""
     text = " ".join(SOURCES[:3]) + "\n" + " ".join(SOURCES[3:])
     assert translator(text) == [{"translation_text": " ".join(TARGETS[:3]) + "\n" + " ".join(TARGETS[3:])}]
     assert translator([text, SOURCES[0]], batch_size=4) == [
@@ -112,13 +112,30 @@ def test_sentence_splitting_keeps_every_character(text, pieces):
         # a translation into a spaced script that ends in Han characters (a name) still gets its space
         ([("I met 田中", ""), ("He left.", "")], "I met 田中 He left."),
         ([("I met Tanaka (田中)", ""), ("「He left.」", "")], "I met Tanaka (田中) 「He left.」"),
-        ([("One.", "  "), ("Two.", "")], "One.  Two."),
+        # Chinese or Japanese translations meet without a space whatever separated their sources
+        ([("女人喜欢猫。", " "), ("男人喂狗。", "\u3000"), ("「好。」", "\t"), ("走吧", "")], "女人喜欢猫。男人喂狗。「好。」走吧"),
+        ([("One.", "  "), ("Two.", "")], "One. Two."),
+        # line breaks are kept ("\r\n" as "\n"), also at the end; other whitespace at the ends and empty
+        # translations give nothing
+        ([("One.", " \r\n"), ("Two.", "\n\n"), ("三。", "\n"), ("四。", "\n")], "One.\nTwo.\n\n三。\n四。\n"),
+        ([("One.", " "), ("", "  "), ("Three.", " "), ("", "")], "One. Three."),
     ],
 )
-def test_translations_of_sentences_without_spaces_between_them_are_joined_as_their_script_writes(pieces, joined):
-    """Chinese and Japanese sentences follow each other without a space: their translations get one, unless they are
-    in such a script themselves; the whitespace after any other sentence is kept as it was."""
+def test_translations_of_sentences_are_joined_as_their_script_writes(pieces, joined):
+    """Two translations are joined with one space, or none where both are in a script written without spaces
+    (Chinese, Japanese), whatever whitespace separated their sources; line breaks are kept."""
     assert join_translations(pieces) == joined
+
+
+@pytest.mark.parametrize("whitespace", ["\r", "\x0c", "\u2028", "\u2029", "\x85", "\t", "\x0b", "\x1c", "\xa0", " \r "])
+def test_whitespace_between_sentences_becomes_one_space(whitespace):
+    """A line break other than "\n" (or a tab) between two sentences of a line is no line break in their translation,
+    so one line in gives one line out for every reader (`str.splitlines`, universal newlines)."""
+    text = f"One dog.{whitespace}Two cats."
+    pieces = split_into_sentences(text)
+    assert [sentence for sentence, _ in pieces] == ["One dog.", "Two cats."]
+    joined = join_translations([(sentence.replace("One", "Ein"), separator) for sentence, separator in pieces])
+    assert joined == "Ein dog. Two cats." and joined.splitlines() == [joined]
 
 
 def test_a_chinese_text_is_translated_sentence_by_sentence(translator):

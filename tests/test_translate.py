@@ -131,16 +131,17 @@ def test_no_repeat_ngram_size_stops_a_looping_translation(memorised_model_folder
 
 
 def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorised_model_folder, tmp_path):
-    """Three sentences on one line, and a blank line: each sentence translated and joined with the spaces between the
-    sources; --no_split_sentences gives the model the line in one piece (which a sentence-trained model cuts short)."""
-    source_file = write_lines(tmp_path / "src.txt", [f"{SOURCES[0]}  {SOURCES[1]} {SOURCES[2]}", "", SOURCES[3]])
+    """Three sentences on one line (two spaces, a form feed between them), and a blank line: each sentence translated
+    and joined with one space; --no_split_sentences gives the model the line in one piece (which a sentence-trained
+    model cuts short)."""
+    source_file = write_lines(tmp_path / "src.txt", [f"{SOURCES[0]}  {SOURCES[1]}\x0c{SOURCES[2]}", "", SOURCES[3]])
     main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
     assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == [
-        f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}", "", TARGETS[3]]
+        f"{TARGETS[0]} {TARGETS[1]} {TARGETS[2]}", "", TARGETS[3]]
     main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "whole.txt"),
           "--no_progress", "--no_split_sentences"])
     whole = (tmp_path / "whole.txt").read_text(encoding="utf-8").splitlines()
-    assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]}  {TARGETS[1]} {TARGETS[2]}"
+    assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]} {TARGETS[1]} {TARGETS[2]}"
 
 
 def test_lines_of_chinese_sentences_are_translated_sentence_by_sentence_and_joined_per_line():
@@ -161,7 +162,8 @@ def test_lines_of_chinese_sentences_are_translated_sentence_by_sentence_and_join
     assert translate_by_sentence(lines, translate(english)) == [
         "He sees the dog. She opens the door! Does the child like cats?", "", "Ich wartete... Dann kam er."]
     assert given[0] == ["他看见狗。", "她打开门！", "孩子喜欢猫？", "", "I waited...", "Then he came."]
-    assert translate_by_sentence(["他看见狗。她打开门！"], translate(japanese)) == ["彼は犬を見る。彼女はドアを開ける！"]
+    assert translate_by_sentence(["他看见狗。她打开门！", "他看见狗。 她打开门！"], translate(japanese)) == [
+        "彼は犬を見る。彼女はドアを開ける！"] * 2
 
 
 def test_the_progress_bar_counts_the_sentences_it_translates(memorised_model_folder, tmp_path, capsys):

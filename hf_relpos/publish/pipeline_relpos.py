@@ -30,8 +30,9 @@ ELLIPSIS = "..."   # three periods, which end a sentence as … does
 # character. Not after a closing quote or bracket: 「はい。」と彼は言った。 and “你去哪儿？”他问道。 go on past it.
 SENTENCE_BOUNDARY = re.compile(rf"\s+|[{NO_SPACE_SENTENCE_END}]+(?=[^\s{re.escape(CLOSING)}])")
 # A character of the scripts written without spaces between sentences (CJK symbols and punctuation, kana, Han,
-# full-width forms), and the opening quotes and brackets before a sentence's first letter.
-NO_SPACE_SCRIPT = re.compile(r"[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
+# full-width forms; the characters themselves, not escapes, so that Arrow's RE2 reads the pattern too), and the
+# opening quotes and brackets before a sentence's first letter.
+NO_SPACE_SCRIPT = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
 OPENING = "\"'“‘«([「『（【〔〈《〖〘〚＂＇［｛"
 # Words whose period does not end a sentence when a capital or a number follows (English and German titles,
 # references, Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
@@ -90,19 +91,21 @@ def ends_sentence(sentence: str, next_character: str) -> bool:
 
 
 def join_translations(pieces: list[tuple[str, str]]) -> str:
-    """The translations of a text's sentences, each with the whitespace that followed its source sentence
-    (`split_into_sentences`), joined. Where a sentence was followed by none (Chinese or Japanese 。！？ before the
-    next one) a space separates two translations, unless both are written without spaces there: the first ends and
-    the second starts in such a script (Chinese or Japanese translations; not an English one ending in a name in
-    Han characters)."""
-    joined = []
-    for index, (translation, separator) in enumerate(pieces):
-        following = pieces[index + 1][0] if index + 1 < len(pieces) else ""
-        between = not separator and bool(translation) and bool(following)
-        without_spaces = (NO_SPACE_SCRIPT.fullmatch(translation.rstrip(CLOSING)[-1:]) is not None
-                          and NO_SPACE_SCRIPT.fullmatch(following.lstrip(OPENING)[:1]) is not None)
-        joined.append(translation + (" " if between and not without_spaces else separator))
-    return "".join(joined)
+    """The translations of a text's sentences, given with the whitespace that followed each source sentence
+    (`split_into_sentences`), joined into one text: the line breaks ("\n") of that whitespace are kept (a paragraph
+    break stays one), any other whitespace (spaces, tabs, "\r", U+2028, ...) or none becomes one space between two
+    translations, or none where both are written without spaces there: the first ends and the second starts in such
+    a script (Chinese or Japanese translations; not an English one ending in a name in Han characters). Empty
+    translations and whitespace at the ends give nothing but their line breaks."""
+    joined, line_breaks = "", 0
+    for translation, separator in pieces:
+        if translation:
+            without_space = not joined or (NO_SPACE_SCRIPT.fullmatch(joined.rstrip(CLOSING)[-1:]) is not None
+                                            and NO_SPACE_SCRIPT.fullmatch(translation.lstrip(OPENING)[:1]) is not None)
+            joined += ("\n" * line_breaks if line_breaks else "" if without_space else " ") + translation
+            line_breaks = 0
+        line_breaks += separator.count("\n")
+    return joined + "\n" * line_breaks
 
 
 class TranslationPipeline(ChunkPipeline):
@@ -110,8 +113,8 @@ class TranslationPipeline(ChunkPipeline):
     `[{"translation_text": ...}]` out (one dict per `num_return_sequences`).
 
     The models are trained on sentences, so a text is translated sentence by sentence (`split_sentences=False`
-    translates it in one piece) and the translations are joined with the whitespace that separated the sentences:
-    a long text is translated in full, never cut to a first fragment. An empty (or blank) text or sentence translates
+    translates it in one piece) and the translations are joined as `join_translations` says (line breaks kept, one
+    space or none between sentences): a long text is translated in full, never cut to a first fragment. An empty (or blank) text or sentence translates
     to "". Generation settings (`num_beams`, the length cap `max_len_a` x source tokens + `max_len_b` under
     `max_new_tokens`, ...) come from the model's generation_config.json unless passed as keyword arguments; a
     translation that reaches its length cap is reported once with a warning. Of the old `TranslationPipeline` arguments, `truncation` is passed to the tokenizer

@@ -1,6 +1,6 @@
 """Translating lines sentence by sentence: each line is split into sentences (the pipeline's `split_into_sentences`),
-all sentences are translated as one list, and each line is put back together from its sentences' translations and
-the whitespace that separated them (the pipeline's `join_translations`). The models are trained on single sentences:
+all sentences are translated as one list, and each line is put back together from its sentences' translations (the
+pipeline's `join_translations`: one space between two, none between Chinese or Japanese ones). The models are trained on single sentences:
 a line of several would otherwise be translated as one long input, which they stop after about its first sentence."""
 
 from __future__ import annotations
@@ -12,9 +12,8 @@ from ..publish.pipeline_relpos import join_translations, split_into_sentences
 
 def translate_by_sentence(lines: Sequence[str], translate: Callable[[list[str]], list[str]]) -> list[str]:
     """One translation per line: `translate` gets every sentence of every line in one list (a blank line gives one
-    blank sentence) and returns one translation per sentence; a line's translation joins its sentences' with the
-    whitespace that followed each source sentence (none after the last; a space where Chinese or Japanese sentences
-    had none, unless the translations are in such a script: `join_translations`)."""
+    blank sentence) and returns one translation per sentence; a line's translation joins its sentences' with one
+    space, or none where two translations meet in Chinese or Japanese script (`join_translations`)."""
     layout = [split_into_sentences(line) for line in lines]
     translations = iter(translate([sentence for pieces in layout for sentence, _ in pieces]))
     return [join_translations([(next(translations), separator) for _, separator in pieces]) for pieces in layout]
