@@ -229,6 +229,25 @@ def test_concatenated_pairs_join_two_different_pairs_with_text_on_both_sides(tmp
         with_concatenated_pairs(dataset.select([0, 3, 7]), 1.0, seed=4)
 
 
+@pytest.mark.parametrize("max_pairs", [2, 4])
+def test_joined_chinese_or_japanese_sentences_meet_without_a_space_and_others_with_one(max_pairs):
+    """The texts of a joined pair are joined as the pipeline joins translated sentences: Chinese or Japanese sentences
+    without a space (either side), any other with one, exactly as before for German (a name in Han characters at
+    the end of a German sentence still gets its space)."""
+    ids = [f"s{i}" for i in range(8)]
+    chinese = ["女人喜欢猫。", "男人喂狗。", "「好。」", "孩子在跑！", "他说：“走吧。”", "下雨了？", "天很蓝。", "鸟在唱歌。"]
+    german = ["Er traf 田中", "Der Hund läuft.", "  mit Leerzeichen  ", "Zeilen\u2028trenner.", "「Zitat」 sagte er.",
+              "Straße, Größe.", "Emoji 🙂.", "Ende."]
+    for targets, separator in ((chinese, ""), (german, " ")):
+        dataset = Dataset.from_dict({"source": ids, "target": targets})
+        joined = with_concatenated_pairs(dataset, 3.0, seed=2, max_pairs=max_pairs)
+        for source, target in zip(joined["source"][8:], joined["target"][8:], strict=True):
+            assert target == separator.join(targets[int(part[1:])].strip() for part in source.split(" "))
+        reverse = with_concatenated_pairs(Dataset.from_dict({"source": targets, "target": ids}), 3.0, seed=2,
+                                          max_pairs=max_pairs)
+        assert reverse["source"] == joined["target"] and reverse["target"] == joined["source"]
+
+
 def test_joined_pairs_of_up_to_n_pairs_join_from_2_to_n_different_pairs_the_first_two_as_with_2(monkeypatch):
     """max_pairs 4: each joined pair joins 2, 3 or 4 different usable pairs (each size drawn), sources and targets
     from the same pairs in the same order; its first two pairs are those max_pairs 2 joins with the same seed; built

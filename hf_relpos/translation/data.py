@@ -45,6 +45,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.validation import require_int
+from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from .demo_corpus import write_demo_corpus
 
 logger = logging.getLogger(__name__)
@@ -725,7 +726,8 @@ class LengthReport:
 def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: str | os.PathLike | None = None,
                             max_pairs: int = 2) -> Dataset:
     """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: the sources of k
-    different pairs joined by spaces, and their targets likewise, for pairs drawn uniformly (numpy's
+    different pairs joined as the pipeline joins sentences (`join_translations`: one space, none between Chinese or
+    Japanese sentences), and their targets likewise, for pairs drawn uniformly (numpy's
     default_rng(seed)) among those with text on both sides (sentence concatenation, Kondo et al. 2021); k is 2, or
     drawn uniformly from 2 to `max_pairs` (the first two pairs of each are those `max_pairs` 2 draws). The joined pairs
     are written to an Arrow file in `workdir` when given (memory otherwise). With no pair to join, `dataset` itself."""
@@ -763,8 +765,15 @@ def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: 
             columns = {}
             for column in ("source", "target"):
                 parts = [trimmed(table, column, present) for table, present in tables]
-                columns[column] = pc.binary_join_element_wise(*parts, pa.scalar(" ", parts[0].type),
-                                                              null_handling="skip")
+                joined = pc.binary_join_element_wise(*parts, pa.scalar(" ", parts[0].type), null_handling="skip")
+                # `join_translations` joins with one space but where a script written without spaces meets itself.
+                rows = pc.match_substring_regex(joined, NO_SPACE_SCRIPT.pattern)
+                if pc.any(rows).as_py():
+                    texts_by_row = zip(*(pc.filter(part, rows).to_pylist() for part in parts), strict=True)
+                    rejoined = [join_translations([(text, " ") for text in texts if text is not None])
+                                for texts in texts_by_row]
+                    joined = pc.replace_with_mask(joined, rows, pa.array(rejoined, joined.type))
+                columns[column] = joined
             yield columns
 
     joined = _ArrowSink(workdir, "joined").dataset(joined_chunks())

@@ -187,7 +187,9 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             if split == "train":
                 inputs["overlong_pairs"] = data_args.overlong_pairs
                 if data_args.concatenated_pairs:
-                    inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args)}
+                    # join_rule 2: joined as join_translations joins sentences (before it, always with a space)
+                    inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args),
+                               "join_rule": 2}
                     if data_args.max_pairs_per_join > 2:
                         inputs["max_pairs_per_join"] = data_args.max_pairs_per_join
             else:   # kept whole (evaluation splits prepared before were cut to the length limits: not reused)
