@@ -204,9 +204,10 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
 
 
 def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_translates_as_the_engine(
-        exported, tokenizer, tmp_path):
+        exported, tokenizer, tmp_path, capsys):
     """README.md of an export: the pair, scheme, quantization and saved decoding; its Python snippet (CTranslate2 and
-    transformers alone, FOLDER and the example sentence filled in) prints the engine's translation of the sentence."""
+    transformers alone, FOLDER and the example sentence filled in) prints the engine's translation of the sentence.
+    The run record comes along: hf-relpos-translate scores the export's BLEU as the run did (its bleu_tokenize)."""
     from huggingface_hub import ModelCard
 
     from hf_relpos.model.generation_limits import set_relative_limit
@@ -219,7 +220,7 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
         source = save(model, tokenizer, tmp_path / "model")
     finally:
         model.generation_config = saved
-    (source / RUN_RECORD_FILE).write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    (source / RUN_RECORD_FILE).write_text(json.dumps({"source_lang": "en", "target_lang": "de", "bleu_tokenize": "char"}))
     export_main(["ctranslate2", str(source), str(tmp_path / "ct2"), "--quantization", "int8", "--max_positions", "300"])
     card = ModelCard.load(tmp_path / "ct2" / "README.md")
     assert card.data.language == ["en", "de"] and card.data.library_name == "ctranslate2"
@@ -240,6 +241,11 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     assert capped.shape[-1] < uncapped.shape[-1]
     assert printed == tokenizer.decode(capped[0], skip_special_tokens=True) + "\n"
     assert (tmp_path / "ct2" / RUN_RECORD_FILE).read_bytes() == (source / RUN_RECORD_FILE).read_bytes()
+    (tmp_path / "src.txt").write_text(sentence + "\n", encoding="utf-8")
+    capsys.readouterr()
+    translate_main([str(tmp_path / "ct2"), str(tmp_path / "src.txt"), "--reference", str(tmp_path / "src.txt"),
+                    "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert "|tok:char|" in capsys.readouterr().out
 
 
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):

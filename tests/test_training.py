@@ -5,6 +5,7 @@ import importlib.util
 import json
 import logging
 import math
+import re
 import shlex
 import subprocess
 import sys
@@ -358,6 +359,26 @@ def test_bleu_is_tokenized_for_the_target_language_unless_bleu_tokenize_names_on
     assert "|tok:zh|" in json.loads((tmp_path / "chosen" / "test_results.json").read_text())["test_bleu_signature"]
     named = run([str(config), *flags, "--output_dir", str(tmp_path / "named"), "--bleu_tokenize", "char"])
     assert "|tok:char|" in named["test"]["test_bleu_signature"]
+
+
+def test_the_runs_bleu_tokenization_is_recorded_and_translate_scores_with_it(tmp_path, corpus, capsys):
+    """A run trained with `--bleu_tokenize char` records it in run_record.json, and hf-relpos-translate --reference
+    on its folder scores BLEU as the run did (the same signature) without being told."""
+    from hf_relpos.tools.translate import main as translate_main
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_eval=False, max_train_samples=40,
+                          max_predict_samples=4, generation_num_beams=1)
+    results = run([str(config), "--bleu_tokenize", "char"])
+    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["bleu_tokenize"] == "char"
+    pairs = [json.loads(line)["translation"] for line in corpus["test"].read_text(encoding="utf-8").splitlines()[:4]]
+    for lang in ("en", "de"):
+        (tmp_path / f"test.{lang}").write_text("".join(pair[lang] + "\n" for pair in pairs), encoding="utf-8")
+    capsys.readouterr()
+    translate_main([str(output_dir), str(tmp_path / "test.en"), "--output", str(tmp_path / "hyp.de"), "--no_progress",
+                    "--reference", str(tmp_path / "test.de")])
+    signature = re.search(r"^sacreBLEU \S+  \((.*)\)$", capsys.readouterr().out, re.MULTILINE).group(1)
+    assert "|tok:char|" in signature and signature == results["test"]["test_bleu_signature"]
 
 
 def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model_folder, tmp_path, corpus):

@@ -211,8 +211,9 @@ def test_bad_flags_are_one_error_line(memorised_model_folder, tmp_path, capsys, 
 
 def test_bleu_is_tokenized_for_the_target_language_unless_tokenize_names_one(memorised_model_folder, tmp_path,
                                                                               capsys):
-    """The default tokenization is sacreBLEU's choice for the target language: --target_lang, else the target_lang of
-    the folder's run record (none here: 13a); --tokenize wins over both."""
+    """The default tokenization is the training run's (the bleu_tokenize of the folder's run record), else sacreBLEU's
+    choice for the target language: --target_lang, else the target_lang of the run record (none here: 13a);
+    --tokenize wins over both. A record written before it held bleu_tokenize scores as before."""
     source_file = write_lines(tmp_path / "src.txt", SOURCES)
     reference_file = write_lines(tmp_path / "ref.txt", TARGETS)
     folder = shutil.copytree(memorised_model_folder, tmp_path / "model")
@@ -229,6 +230,14 @@ def test_bleu_is_tokenized_for_the_target_language_unless_tokenize_names_one(mem
     assert "|tok:zh|" in signature()
     assert "|tok:13a|" in signature("--tokenize", "13a")
     assert "|tok:char|" in signature("--target_lang", "de", "--tokenize", "char")
+    # a ja run scored with char BLEU: scored so again, without sacrebleu[ja]
+    (folder / RUN_RECORD_FILE).write_text(json.dumps(RunRecord(target_lang="ja", bleu_tokenize="char").to_json()),
+                                          encoding="utf-8")
+    assert "|tok:char|" in signature() and "|tok:char|" in signature("--target_lang", "zh")
+    assert "|tok:13a|" in signature("--tokenize", "13a")
+    older = {name: value for name, value in RunRecord(target_lang="zh").to_json().items() if name != "bleu_tokenize"}
+    (folder / RUN_RECORD_FILE).write_text(json.dumps(older), encoding="utf-8")
+    assert "|tok:zh|" in signature()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("MeCab") is not None, reason="sacrebleu[ja] is installed")
@@ -242,6 +251,7 @@ def test_japanese_bleu_without_its_extra_is_refused_before_the_model_loads(memor
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert error.startswith("hf-relpos-translate: error: --tokenize: ") and "pip install sacrebleu[ja]" in error
+    assert error.endswith("; or name another tokenization with --tokenize (e.g. char)\n")
     assert len(error.splitlines()) == 1
 
 

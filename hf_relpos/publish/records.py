@@ -116,6 +116,7 @@ class RunRecord:
     target_lang: str = _recipe_field(SETTING, "de")
     validation_split_name: str = _recipe_field(SETTING, "validation")
     test_split_name: str = _recipe_field(SETTING, "test")
+    bleu_tokenize: str | None = _recipe_field(SETTING)   # sacreBLEU's tokenization of its BLEU; None: by target_lang
     dataset_name: str | None = _recipe_field(DATA)
     dataset_config_name: str | None = _recipe_field(DATA)
     train_file: str | None = _recipe_field(DATA)

@@ -28,7 +28,8 @@ OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the toke
 decodes with them), `ctranslate2_export.json` (what was exported, how, and from which model) and a README.md (what
 the folder is, its saved decoding, and how to translate with it, with and without hf_relpos). It is filled beside its
 destination and renamed in: never half-written. The source folder's run record (run_record.json: languages and
-recipe) is copied along, so that hf-relpos-translate scores the export's BLEU for its target language.
+recipe) is copied along, so that hf-relpos-translate scores the export's BLEU as the run did (its bleu_tokenize,
+else the choice for its target language).
 """
 
 from __future__ import annotations

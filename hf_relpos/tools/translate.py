@@ -12,8 +12,8 @@ and beam size, length penalty and the length cap (max_len_a x source length + ma
 default to the model's generation_config.json. A progress bar goes
 to stderr. With `--reference`, corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
 stdout when the translations go to a file, else to stderr. BLEU is tokenized as `--tokenize` says, by default as
-sacreBLEU chooses for the target language (`--target_lang`, else the model folder's run record): zh, ja-mecab or
-ko-mecab for zh, ja or ko, else 13a.
+the training run did (the `bleu_tokenize` of the model folder's run record), else as sacreBLEU chooses for the target
+language (`--target_lang`, else the run record's): zh, ja-mecab or ko-mecab for zh, ja or ko, else 13a.
 """
 
 from __future__ import annotations
@@ -116,8 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--reference", help="reference translations, one per line: print sacreBLEU and chrF")
     parser.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
                         help="sacreBLEU's tokenization of BLEU for --reference (its --tokenize; ja-mecab needs pip "
-                             "install 'sacrebleu[ja]', ko-mecab 'sacrebleu[ko]'; default: sacreBLEU's choice for the "
-                             "target language: zh, ja-mecab, ko-mecab for zh, ja, ko, else 13a)")
+                             "install 'sacrebleu[ja]', ko-mecab 'sacrebleu[ko]'; default: the bleu_tokenize of the "
+                             "run_record.json train_translation.py saved in the model folder, else sacreBLEU's choice "
+                             "for the target language: zh, ja-mecab, ko-mecab for zh, ja, ko, else 13a)")
     parser.add_argument("--target_lang", metavar="LANG",
                         help="language of the translations (e.g. zh), which picks --tokenize's default (default: the "
                              "target_lang of the run_record.json train_translation.py saved in the model folder; none "
@@ -209,10 +210,11 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
     return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
 
 
-def recorded_target_lang(model: str) -> str:
-    """The target_lang of the run record train_translation.py saved in the model folder; "" where it has none."""
+def recorded_scoring(model: str) -> tuple[str | None, str]:
+    """(bleu_tokenize, target_lang) of the run record train_translation.py saved in the model folder (or an export
+    of it); (None, "") where it has none, and None for a record written before it held bleu_tokenize."""
     record = training_record(model) if Path(model).is_dir() else None
-    return record.target_lang if record is not None else ""
+    return (record.bleu_tokenize, record.target_lang) if record is not None else (None, "")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -261,12 +263,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
     if references is not None and not sources:
         parser.exit(2, f"{PROGRAM}: error: nothing to score: the source and --reference have no lines\n")
-    target_lang = args.target_lang if args.target_lang is not None else recorded_target_lang(args.model)
+    recorded_tokenize, recorded_target = recorded_scoring(args.model)
+    target_lang = args.target_lang if args.target_lang is not None else recorded_target
+    tokenize = args.tokenize if args.tokenize is not None else recorded_tokenize
     if references is not None:   # set up before translating: a missing sacrebleu extra is an error now, not after it
         try:
-            bleu_metric(args.tokenize, target_lang)
+            bleu_metric(tokenize, target_lang)
         except ValueError as error:
-            parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}\n")
+            parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}; or name another tokenization with --tokenize "
+                           "(e.g. char)\n")
     output = None if args.output is None else Path(args.output).expanduser()
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
@@ -303,7 +308,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     else:
         write_text_atomic(output, text)
     if references is not None:
-        scores = score_translations(translations, references, args.tokenize, target_lang)
+        scores = score_translations(translations, references, tokenize, target_lang)
         report = sys.stderr if output is None else sys.stdout
         print(f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})\n"
               f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})", file=report, flush=True)
