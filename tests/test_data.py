@@ -57,6 +57,9 @@ def test_every_file_format_and_schema_reads_the_same_pairs(tmp_path, layout):
     assert list(zip(dataset["source"], dataset["target"], strict=True)) == PAIRS
     reverse = read_local_pairs(path, "de", "en")
     assert reverse["source"] == [de for _, de in PAIRS]
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())   # a byte order mark (Windows editors write one)
+    with_mark = read_local_pairs(path, "en", "de")
+    assert list(zip(with_mark["source"], with_mark["target"], strict=True)) == PAIRS
 
 
 def test_missing_language_names_the_file_and_line(tmp_path):

@@ -642,7 +642,7 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
     """(location, record) for each example of a .json/.csv file; location is "file:line" (or "file: record N" for a
     JSON array)."""
     if file_format == "json":
-        with open(path, encoding="utf-8") as handle:
+        with open(path, encoding="utf-8-sig") as handle:
             try:
                 content = json.load(handle)
             except json.JSONDecodeError as error:
