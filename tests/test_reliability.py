@@ -20,7 +20,7 @@ import pytest
 import torch
 import yaml
 from safetensors.torch import load_file
-from transformers import AutoModelForSeq2SeqLM, TrainerState
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
 
 import hf_relpos
 import hf_relpos.publish.files as files_module
@@ -520,6 +520,29 @@ def trained(tmp_path_factory, corpus) -> Path:
     config = write_config(folder / "c.yaml", corpus, folder / "out", max_steps=4)
     run([str(config)])
     return folder / "out"
+
+
+def test_a_tokenizer_other_than_the_models_own_is_one_warning_naming_both(tmp_path, corpus, trained, capsys):
+    """`tokenizer_name` with a pretrained `model_name_or_path` whose saved tokenizer has another vocabulary (here a
+    smaller one, which the model's embeddings hold) is one warning naming both folders; the model's own tokenizer
+    saved elsewhere is none."""
+    texts = corpus["train"].read_text(encoding="utf-8").splitlines()
+    train_joint_tokenizer(texts, 300).save_pretrained(tmp_path / "other")
+    AutoTokenizer.from_pretrained(trained).save_pretrained(tmp_path / "same")
+    for name in ("other", "same"):
+        config = write_config(tmp_path / f"{name}.yaml", corpus, tmp_path / f"out_{name}",
+                              model_name_or_path=str(trained), tokenizer_name=str(tmp_path / name), model={},
+                              prepare_only=True)
+        capsys.readouterr()
+        run([str(config)])
+        warned = [line for line in capsys.readouterr().out.splitlines() if "is not the tokenizer saved" in line]
+        if name == "same":
+            assert warned == []
+        else:
+            (line,) = warned
+            assert re.search(rf" WARNING hf_relpos\.translation\.tokenizer_setup: tokenizer_name {tmp_path / name} is "
+                             rf"not the tokenizer saved with model_name_or_path {trained} \(\d+ of its 300 tokens are "
+                             r"missing there or have another id; that one has 456\): .*leave tokenizer_name null", line)
 
 
 def test_more_beams_than_vocabulary_is_an_error_before_generating(tmp_path, corpus, trained):

@@ -20,7 +20,8 @@ from typing import Any
 import numpy as np
 from datasets import Dataset
 from tqdm.auto import tqdm
-from transformers import PreTrainedTokenizerBase
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 
 from ..publish.files import move_folder_contents
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
@@ -89,9 +90,12 @@ def obtain_tokenizer(
         name_or_path = getattr(model_args, field_name)
         if name_or_path is not None:
             try:
-                return load_tokenizer(name_or_path), None
+                tokenizer = load_tokenizer(name_or_path)
             except (OSError, ValueError) as error:
                 raise ConfigError(f"{field_name} {name_or_path!r}: cannot load its tokenizer: {error}") from None
+            if field_name == "tokenizer_name" and model_args.model_name_or_path is not None:
+                _warn_if_not_the_models_tokenizer(tokenizer, model_args.tokenizer_name, model_args.model_name_or_path)
+            return tokenizer, None
     if train_data_sha256 is None:
         raise ConfigError("no tokenizer_name or model_name_or_path, and no training split to train a tokenizer on")
     output_dir = training_args.output_dir
@@ -123,6 +127,27 @@ def obtain_tokenizer(
                     "no more pairs of symbols seen at least %d times to merge", len(tokenizer),
                     model_args.tokenizer_vocab_size, MIN_FREQUENCY)
     return tokenizer, settings
+
+
+def _warn_if_not_the_models_tokenizer(tokenizer: PreTrainedTokenizerBase, tokenizer_name: str,
+                                      model_name_or_path: str) -> None:
+    """A warning when `model_name_or_path` is a folder with a saved tokenizer whose vocabulary (token -> id) is not
+    `tokenizer`'s: the pretrained embeddings would be read for other tokens than they were trained on. (A larger
+    tokenizer than the model's embeddings is refused when the model is built.)"""
+    if not (Path(model_name_or_path) / TOKENIZER_CONFIG_FILE).is_file():
+        return
+    try:
+        own = AutoTokenizer.from_pretrained(model_name_or_path).get_vocab()
+    except (OSError, ValueError):   # a tokenizer that does not load cannot be compared
+        return
+    given = tokenizer.get_vocab()
+    if given != own:
+        moved = sum(own.get(token) != index for token, index in given.items())
+        logger.warning(
+            "tokenizer_name %s is not the tokenizer saved with model_name_or_path %s (%d of its %d tokens are missing "
+            "there or have another id; that one has %d): the model reads and writes those ids as the tokens it was "
+            "trained on until fine-tuning relearns them; leave tokenizer_name null to use the model's own tokenizer",
+            tokenizer_name, model_name_or_path, moved, len(given), len(own))
 
 
 def release_freed_memory() -> None:
