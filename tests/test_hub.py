@@ -248,11 +248,15 @@ def test_a_card_without_a_run_names_no_languages():
 
 
 @pytest.mark.parametrize(("source", "target", "named"), [("zh", "en", "Chinese→English"), ("ja", "ko", "Japanese→Korean"),
-                                                          ("uk", "pt", "Ukrainian→Portuguese"), ("xx", "de", "xx→German")])
+                                                          ("uk", "pt", "Ukrainian→Portuguese"), ("xx", "de", "xx→German"),
+                                                          ("en", "zh-Hans", "English→Chinese"),
+                                                          ("pt_BR", "xx-Yy", "Portuguese→xx-Yy")])
 def test_a_card_names_the_common_translation_languages(source, target, named):
+    """By the language code, or its primary subtag where it has a script or region (zh-Hans: Chinese)."""
     recipe = {"train_file": "data/train.jsonl", "source_lang": source, "target_lang": target}
     card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe))
     assert card.data.language == [source, target] and f"{named} translation" in card.text
+    assert f"{named.split('→')[1]} (`{target}`)" in card.text
 
 
 def test_card_for_local_files_names_them_and_lists_no_hub_dataset():

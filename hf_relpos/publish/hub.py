@@ -287,8 +287,10 @@ def _on_hub(record: RunRecord) -> bool:
     return "/" in (record.dataset_name or "") and not _uses_local_files(record)
 
 
-def _language(code: str) -> str:
-    return LANGUAGE_NAMES.get(code, code)
+def language_name(code: str) -> str:
+    """The English name of a language code, by its primary subtag where it has more (zh-Hans, pt_BR: Chinese,
+    Portuguese); the code itself where it is unknown."""
+    return LANGUAGE_NAMES.get(code) or LANGUAGE_NAMES.get(code.replace("_", "-").split("-")[0].lower(), code)
 
 
 def _dataset_title(record: RunRecord) -> str:
@@ -307,7 +309,7 @@ def _split_title(record: RunRecord, split: str) -> str:
 def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, model_name: str,
                    recipe_name: str | None) -> str:
     scheme = _scheme_card(config).title
-    languages = f"{_language(record.source_lang)}→{_language(record.target_lang)} " if record else ""
+    languages = f"{language_name(record.source_lang)}→{language_name(record.target_lang)} " if record else ""
     trained_on = f", trained on {_dataset_title(record)}" if record else ""
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
@@ -407,7 +409,7 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     lines = [
         "## Training",
         "",
-        f"Data: {_dataset_title(record)}, {_language(source)} (`{source}`) → {_language(target)} (`{target}`). "
+        f"Data: {_dataset_title(record)}, {language_name(source)} (`{source}`) → {language_name(target)} (`{target}`). "
         + _tokenizer_sentence(config, record),
         "",
         *([command, ""] if command else []),
@@ -601,7 +603,7 @@ translator("{example}")  # [{{"translation_text": "..."}}]
 def _limitations_section(config: RelPosTransformerConfig, record: RunRecord) -> str:
     source, target = record.source_lang, record.target_lang
     items = [
-        f"Intended for research on position representations and for {_language(source)}→{_language(target)} "
+        f"Intended for research on position representations and for {language_name(source)}→{language_name(target)} "
         "sentence translation in the training domain; it is not a general-purpose or production translation system.",
         "Sentence-level: it translates one sentence at a time and never sees document context.",
         "Outputs can be fluent and wrong (omissions, hallucinated content, wrong names and numbers); BLEU and chrF "

@@ -52,7 +52,7 @@ from ..model.generation_limits import longest_new_output, relative_limit, shorte
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import sinusoids
 from ..publish.files import staged_folder
-from ..publish.hub import LANGUAGE_NAMES, LICENSE, example_source
+from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
 
 PROGRAM = "hf-relpos-export"
@@ -388,7 +388,7 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
                 "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
     if not languages:
         del metadata["language"]
-    pair = (f"{LANGUAGE_NAMES.get(languages[0], languages[0])}→{LANGUAGE_NAMES.get(languages[1], languages[1])}, "
+    pair = (f"{language_name(languages[0])}→{language_name(languages[1])}, "
             if languages else "")
     generation = generation or GenerationConfig()
     options = translate_options(generation)
