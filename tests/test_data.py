@@ -73,7 +73,9 @@ def test_missing_language_names_the_file_and_line(tmp_path):
 def test_missing_column_in_csv_names_the_header_line_and_the_columns(tmp_path):
     path = tmp_path / "train.csv"
     path.write_text("english,german\nhello,hallo\n", encoding="utf-8")
-    with pytest.raises(DatasetSchemaError, match=r"train\.csv:1, header: no 'en' or 'de' \(found \['english', 'german'\]\)"):
+    with pytest.raises(DatasetSchemaError, match=r"train\.csv:1, header: no 'en' or 'de' \(found \['english', 'german'\]\); "
+                                                 r"its first line names the columns: add a header line naming the "
+                                                 r"languages, e\.g\. en,de \(set source_lang/target_lang\)$"):
         read_local_pairs(path, "en", "de")
 
 
@@ -521,10 +523,17 @@ def test_tsv_has_no_quoting_and_round_trips_every_character(tmp_path):
 
 
 def test_a_tsv_header_without_the_languages_is_an_error_naming_line_1(tmp_path):
+    """Also a file without a header (OPUS, Tatoeba): the error says to add one, not to use the JSON schema."""
     path = tmp_path / "hdr.tsv"
     path.write_text("src\ttgt\nA cat.\tEine Katze.\n", encoding="utf-8")
     with pytest.raises(DatasetSchemaError, match=r"hdr\.tsv:1, header: no 'en' or 'de' \(found \['src', 'tgt'\]\)"):
         read_local_pairs(path, "en", "de")
+    path.write_text("A cat.\tEine Katze.\nA dog.\tEin Hund.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(path, "en", "de")
+    assert str(error.value) == (f"{path}:1, header: no 'en' or 'de' (found ['A cat.', 'Eine Katze.']); its first line "
+                                "names the columns: add a header line naming the languages, e.g. en<TAB>de (set "
+                                "source_lang/target_lang)")
 
 
 def test_tsv_with_a_tab_inside_a_sentence_is_refused(tmp_path):

@@ -328,14 +328,22 @@ def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origi
     return dataset.map(extract, batched=True, remove_columns=columns, desc="Selecting language pair")
 
 
-def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str) -> None:
+def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str,
+                       expected: str | None = None) -> None:
+    """One error at `where` unless `available` holds both languages; `expected` says what would (by default the
+    WMT schema or flat columns)."""
     missing = [lang for lang in dict.fromkeys((source_lang, target_lang)) if lang not in available]
     if missing:
-        raise DatasetSchemaError(
-            f"{where}: no {' or '.join(repr(lang) for lang in missing)} (found {sorted(available)}); expected "
-            f"'{TRANSLATION_COLUMN}': {{'{source_lang}': ..., '{target_lang}': ...}} or flat columns "
-            f"'{source_lang}' and '{target_lang}' (set source_lang/target_lang)"
-        )
+        expected = expected or (f"expected '{TRANSLATION_COLUMN}': {{'{source_lang}': ..., '{target_lang}': ...}} or "
+                                f"flat columns '{source_lang}' and '{target_lang}'")
+        raise DatasetSchemaError(f"{where}: no {' or '.join(repr(lang) for lang in missing)} (found "
+                                 f"{sorted(available)}); {expected} (set source_lang/target_lang)")
+
+
+def _header_hint(source_lang: str, target_lang: str, separator: str) -> str:
+    """What a .csv/.tsv file without the languages in its first line needs."""
+    return (f"its first line names the columns: add a header line naming the languages, e.g. "
+            f"{source_lang}{separator}{target_lang}")
 
 
 def _text(value: Any) -> str:
@@ -467,7 +475,7 @@ class _RecordColumns:
         if header:
             source_only = self.allow_source_only and self.target_lang not in header
             _require_languages(header, self.source_lang, self.source_lang if source_only else self.target_lang,
-                               where)
+                               where, _header_hint(self.source_lang, self.target_lang, ","))
 
     def saw_pair(self, where: str) -> None:
         """A record with both languages at `where`."""
@@ -683,7 +691,7 @@ def _tsv_columns(path: Path, source_lang: str, target_lang: str,
             header = lines[0].as_py().split("\t")
             source_only = allow_source_only and target_lang not in header
             _require_languages(list(dict.fromkeys(header)), source_lang, source_lang if source_only else target_lang,
-                               f"{path}:{first_line}, header")
+                               f"{path}:{first_line}, header", _header_hint(source_lang, target_lang, "<TAB>"))
             lines, first_line = lines[1:], first_line + 1
         fields = pc.split_pattern(lines, "\t")
         counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
