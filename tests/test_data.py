@@ -125,6 +125,23 @@ def test_a_csv_row_with_another_number_of_fields_than_the_header_names_its_line(
         read_local_pairs(path, "en", "de")
 
 
+def test_a_local_dataset_folder_with_the_default_config_name_says_to_set_it_null(tmp_path):
+    """`dataset_name` naming a local folder of .jsonl files loads with dataset_config_name null; with the default
+    (WMT14's de-en), the error says so."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        write_jsonl(folder / f"{split}.jsonl", [{"translation": {"en": en, "de": de}} for en, de in PAIRS])
+    arguments = DataArguments(dataset_name=str(folder))
+    with pytest.raises(DatasetSchemaError, match=r"BuilderConfig 'de-en' not found.*; a local folder of data files "
+                                                 r"\(JSON, CSV, Parquet, save_to_disk\) has no configuration of that "
+                                                 r"name: set dataset_config_name null"):
+        load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+    loaded = load_parallel_splits(arguments, ("train", "validation"), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
+    assert list(zip(loaded["validation"]["source"], loaded["validation"]["target"], strict=True)) == PAIRS
+
+
 def test_missing_file_and_missing_split_are_reported(tmp_path):
     with pytest.raises(DatasetSchemaError, match="does not exist"):
         read_local_pairs(tmp_path / "nope.jsonl", "en", "de")

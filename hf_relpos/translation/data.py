@@ -272,7 +272,10 @@ def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_di
                                                  cache_dir=cache_dir)
     except (ConnectionError, OSError, ValueError) as error:
         hint = " (HF_HUB_OFFLINE is set: only a dataset in the local cache loads)" if offline else ""
-        raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}") from None
+        remedy = ("; a local folder of data files (JSON, CSV, Parquet, save_to_disk) has no configuration of that "
+                  "name: set dataset_config_name null (its default, de-en, is WMT14's)"
+                  if os.path.isdir(data_args.dataset_name) and data_args.dataset_config_name is not None else "")
+        raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}{remedy}") from None
     result = {}
     for split in splits:
         name = hub_split_names[split]
