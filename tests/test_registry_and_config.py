@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import warnings
 
 import pytest
 import torch
@@ -428,6 +429,26 @@ def test_a_misspelled_override_given_to_from_pretrained_is_refused(tmp_path, loa
         load(tmp_path, clamp_len=-1)
     config = getattr(loaded := load(tmp_path, clamp_len=7, dropout=0.3), "config", loaded)
     assert config.dropout == 0.3 and not hasattr(config, "clamp_len")
+
+
+@pytest.mark.parametrize("load", [hf_relpos.RelPosTransformerConfig.from_pretrained, AutoConfig.from_pretrained,
+                                  hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained],
+                         ids=["config", "AutoConfig", "model"])
+@pytest.mark.parametrize("scheme_name", ["position_scheme", "attention_type"])
+def test_a_scheme_switched_in_from_pretrained_keeps_the_fields_given_for_it(tmp_path, load, scheme_name):
+    """A t5 folder loaded with position_scheme='shaw' and max_relative_position=8 (or the deprecated attention_type)
+    is a shaw config with k = 8, as the constructor gives: the field is not dropped as another scheme's."""
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme="t5")).save_pretrained(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        model_class = hf_relpos.RelPosTransformerForConditionalGeneration
+        extra = {"allow_missing_weights": True} if load == model_class.from_pretrained else {}   # no shaw tables saved
+        loaded = load(tmp_path, **{scheme_name: "shaw"}, max_relative_position=8, **extra)
+    config = getattr(loaded, "config", loaded)
+    assert (config.position_scheme, config.max_relative_position) == ("shaw", 8)
+    assert not hasattr(config, "relative_attention_num_buckets")
+    if config is not loaded:
+        assert loaded.model.encoder.positions.relative_keys.shape[1] == 2 * 8 + 1
 
 
 @pytest.mark.parametrize("embedding_init_std", [None, 0.02])

@@ -236,6 +236,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
         return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
+        # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the
+        # constructor keeps the fields of the scheme the config ends with (transformers sets overrides afterwards)
+        scheme_overrides = rename_deprecated_fields(
+            {key: kwargs.pop(key) for key in [*kwargs] if key in {"position_scheme", *DEPRECATED_FIELDS,
+                                                                  *scheme_config_fields()}})
+        config_dict = {**config_dict, **scheme_overrides}
         config, unused = super().from_dict(config_dict, **kwargs, return_unused_kwargs=True)
         _refuse_misspelled_fields(unused, config.tie_word_embeddings)
         unused = {key: value for key, value in unused.items() if key not in scheme_config_fields()}   # checked above
