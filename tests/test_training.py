@@ -757,7 +757,9 @@ def test_resuming_before_the_step_where_early_stopping_ended_the_run_is_refused(
                                           r"evaluations without improvement\); resumed, it would train those steps"):
         run([str(config), "--resume_from_checkpoint", "last"])
     assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == written
-    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_patience", "4"])
+    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_threshold", "0"])   # may stop elsewhere
+    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["resumed_from"] == "checkpoint-2"
+    run([str(config), "--resume_from_checkpoint", str(output_dir / "checkpoint-2"), "--early_stopping_patience", "4"])
     assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
 
 

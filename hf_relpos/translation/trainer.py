@@ -393,15 +393,18 @@ def _evaluations_without_improvement(state: dict[str, Any]) -> int:
 
 
 def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume_from: str, step: int) -> None:
-    """The run in output_dir did not go on from `resume_from` to a stop by early stopping: resumed, it would train the
-    same steps again and stop at the same evaluation."""
+    """The run in output_dir did not go on from `resume_from`, one of its checkpoints, to a stop by early stopping
+    with the same threshold: resumed, it would train the same steps again and stop at the same evaluation."""
     patience = training_args.early_stopping_patience
     final_state = Path(training_args.output_dir) / TRAINER_STATE_FILE
-    if patience is None or not final_state.is_file():
+    if (patience is None or not final_state.is_file()
+            or Path(resume_from).resolve().parent != Path(training_args.output_dir).resolve()):
         return
     ended = json.loads(final_state.read_text(encoding="utf-8"))
     stopped_at, stale = ended.get("global_step", 0), _evaluations_without_improvement(ended)
-    if stopped_at > step and stale >= patience:
+    saved = ended.get("stateful_callbacks", {}).get(EarlyStopping.__name__, {})
+    same_threshold = saved.get("args", {}).get("early_stopping_threshold") == training_args.early_stopping_threshold
+    if stopped_at > step and stale >= patience and same_threshold:
         raise ConfigError(f"resume_from_checkpoint: the run in {training_args.output_dir} went on from "
                           f"{resume_from!r} (step {step}) and stopped at step {stopped_at}, where early_stopping_patience="
                           f"{patience} was reached ({stale} evaluations without improvement); resumed, it would train "
