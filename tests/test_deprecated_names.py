@@ -9,13 +9,12 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from conftest import run_without_hf_relpos, tiny_model
 from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, SchemeCard
-from hf_relpos.publish.hub import measurements_from_record
+from hf_relpos.publish.hub import load_recipe, measurements_from_record
 from hf_relpos.publish.records import RunRecord, legacy_model_runs, read_run_records
 from hf_relpos.tools.convert import build_parser
 from hf_relpos.translation.arguments import ConfigError, parse_arguments
@@ -223,7 +222,7 @@ def test_a_recipe_with_the_old_key_gets_its_runs_on_its_card(monkeypatch):
     scheme under `position_scheme`, so its card's measurements are those of the recipe as it says it today (the
     runs are matched by their scheme: without the rename none would match)."""
     monkeypatch.chdir(Path(__file__).resolve().parents[1])
-    recipe = yaml.safe_load((Path("configs") / "multi30k_small_absolute.yaml").read_text(encoding="utf-8"))
+    recipe = load_recipe(Path("configs") / "multi30k_small_absolute.yaml")
     old = {**recipe, "model": {("attention_type" if key == "position_scheme" else key): value
                                for key, value in recipe["model"].items()}}
     assert "attention_type" in old["model"]

@@ -105,9 +105,9 @@ def recipe_outputs() -> dict[str, Path]:
 
 
 def recipe_values(recipe: str | Path | None) -> dict:
-    import yaml
+    from hf_relpos.publish.hub import load_recipe
 
-    return yaml.safe_load(Path(recipe).read_text(encoding="utf-8")) if recipe else {}
+    return load_recipe(recipe) if recipe else {}
 
 
 def check_training_arguments(arguments: list[str], work: Path) -> None:

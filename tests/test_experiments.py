@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 import transformers
-import yaml
 from conftest import BUILT_IN_SCHEMES
 
+from hf_relpos.publish.hub import load_recipe
 from hf_relpos.publish.records import RunRecord, read_run_records, source_version
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -341,7 +341,7 @@ def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):
                                       vocab_size=300)
     torch.manual_seed(0)
     peer = vs_marian.MarianMTModel(vs_marian.peer_config(tokenizer, args))
-    recipe = yaml.safe_load((EXPERIMENTS.parent / "configs" / "multi30k_small_absolute.yaml").read_text(encoding="utf-8"))["model"]
+    recipe = load_recipe(EXPERIMENTS.parent / "configs" / "multi30k_small_absolute.yaml")["model"]
     assert (recipe["d_model"], recipe["encoder_layers"], recipe["encoder_ffn_dim"]) == (256, 3, 1024)
     torch.manual_seed(0)   # the same seed: other draws all the same (each model uses the generator its own way)
     ours = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(

@@ -3,9 +3,9 @@
 from pathlib import Path
 
 import pytest
-import yaml
 from transformers.utils import is_torch_bf16_gpu_available
 
+from hf_relpos.publish.hub import load_recipe
 from hf_relpos.translation.training import parse_arguments
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -57,7 +57,7 @@ def test_wmt14_big_recipe():
 
 
 def test_multi30k_recipes_differ_only_in_the_scheme():
-    texts = {scheme: yaml.safe_load((CONFIGS / f"multi30k_small_{scheme}.yaml").read_text()) for scheme in SCHEMES}
+    texts = {scheme: load_recipe(CONFIGS / f"multi30k_small_{scheme}.yaml") for scheme in SCHEMES}
     for scheme, config in texts.items():
         assert config["model"].pop("position_scheme") == scheme
         assert config.pop("output_dir") == f"outputs/multi30k_small_{scheme}"

@@ -197,17 +197,20 @@ def test_causal_lm_cache_has_one_layer_per_decoder_layer(encoder_layers, decoder
 def test_the_encoder_decoder_refuses_segment_memory(position_scheme):
     """mem_len is the causal LM's: the encoder-decoder refused it only at its first forward with `absolute` (naming
     the scheme) and ignored it with a relative scheme. It is one error when the model is built, and a mem_len set
-    after that changes nothing."""
+    after that changes nothing: the decoder computes no memory."""
     with pytest.raises(ValueError, match=r"mem_len must be 0 for the encoder-decoder, got 4: Transformer-XL segment "
                                          r"memory is RelPosTransformerForCausalLM's"):
         hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, mem_len=4))
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme)).eval()
     tokens = stream(SEGMENT)
+    decoder_outputs = []
+    model.model.decoder.register_forward_hook(lambda module, args, output: decoder_outputs.append(output))
     with torch.no_grad():
         expected = model(input_ids=tokens, labels=tokens).logits
         model.config.mem_len = 4
         assert torch.equal(model(input_ids=tokens, labels=tokens).logits, expected)
+    assert [output.mems for output in decoder_outputs] == [None, None]
 
 
 def test_the_encoder_decoder_refuses_a_decoder_without_layers():

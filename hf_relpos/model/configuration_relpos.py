@@ -50,7 +50,9 @@ def stack_field_alias(encoder_field: str, decoder_field: str) -> property:
     """One of transformers' common names for a stack's size (`STACK_FIELD_ALIASES`): it stands for `encoder_field` in
     an encoder-decoder config (transformers reads the decoder's through `get_text_config(decoder=True)`) and for
     `decoder_field` in a causal LM's (`is_encoder_decoder` false), whose decoder is the whole model: the KV cache that
-    transformers builds from `num_hidden_layers` then has one layer per decoder layer."""
+    transformers builds from `num_hidden_layers` then has one layer per decoder layer. Given as a keyword, the alias
+    sets the field of the config being built: `RelPosTransformerConfig(num_hidden_layers=2)` sets `encoder_layers`
+    (build a causal LM's config with `is_encoder_decoder=False` for it to set `decoder_layers`)."""
 
     def field(config: PreTrainedConfig) -> str:
         return encoder_field if config.is_encoder_decoder else decoder_field

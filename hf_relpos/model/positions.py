@@ -869,7 +869,8 @@ class PositionScheme(nn.Module):
     The causal LM's `position_ids` (transformers' name; `generate` counts them over the tokens the attention mask
     keeps) place each sequence's tokens for `embed` alone, as [B, n] `positions`: left padding then leaves a prompt's
     embedding-level encoding as without it; the relative terms read distances in the sequence, which left padding
-    does not change.
+    does not change with ordinary positions (with randomized ones at inference they read the draw by column, so a
+    left-padded row is not encoded as the prompt alone).
     """
 
     name: str = ""

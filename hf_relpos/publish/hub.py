@@ -287,10 +287,16 @@ def _on_hub(record: RunRecord) -> bool:
     return "/" in (record.dataset_name or "") and not _uses_local_files(record)
 
 
+def primary_subtag(code: str) -> str:
+    """The language of a language code without its script or region subtags, lower-cased: zh of zh, zh-CN and
+    zh_Hans; "" for no language."""
+    return code.replace("_", "-").split("-")[0].lower()
+
+
 def language_name(code: str) -> str:
     """The English name of a language code, by its primary subtag where it has more (zh-Hans, pt_BR: Chinese,
     Portuguese); the code itself where it is unknown."""
-    return LANGUAGE_NAMES.get(code) or LANGUAGE_NAMES.get(code.replace("_", "-").split("-")[0].lower(), code)
+    return LANGUAGE_NAMES.get(code) or LANGUAGE_NAMES.get(primary_subtag(code), code)
 
 
 def _dataset_title(record: RunRecord) -> str:

@@ -120,7 +120,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "run_record.json train_translation.py saved in the model folder, else sacreBLEU's choice "
                              "for the target language: zh, ja-mecab, ko-mecab for zh, ja, ko, else 13a)")
     parser.add_argument("--target_lang", metavar="LANG",
-                        help="language of the translations (e.g. zh), which picks --tokenize's default (default: the "
+                        help="language of the translations (e.g. zh), which picks --tokenize's default where the run "
+                             "record names no bleu_tokenize (default: the "
                              "target_lang of the run_record.json train_translation.py saved in the model folder; none "
                              "in a converted, exported or Hub model: 13a)")
     parser.add_argument("--num_beams", type=int, help="beam size (default: the model's generation config)")

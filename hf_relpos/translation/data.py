@@ -734,6 +734,11 @@ class LengthReport:
                 f"{self.overlong} over the length limits {treated})")
 
 
+# the version of how `with_concatenated_pairs` joins texts, in the prepared training split's key (1: always one space;
+# 2: as `join_translations` joins sentences); a change to that rule raises it, so splits joined before are not reused
+CONCATENATION_JOIN_RULE = 2
+
+
 def with_concatenated_pairs(dataset: Dataset, ratio: float, seed: int, workdir: str | os.PathLike | None = None,
                             max_pairs: int = 2) -> Dataset:
     """The `source`/`target` pairs of `dataset` followed by round(ratio * len(dataset)) joined pairs: the sources of k

@@ -23,6 +23,7 @@ from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments, data_seed
 from .batching import check_examples_fit
 from .data import (
+    CONCATENATION_JOIN_RULE,
     DEMO_DATA_FOLDER,
     EVALUATION_OVERLONG_PAIRS,
     PROGRESS_MIN_BYTES,
@@ -187,9 +188,8 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             if split == "train":
                 inputs["overlong_pairs"] = data_args.overlong_pairs
                 if data_args.concatenated_pairs:
-                    # join_rule 2: joined as join_translations joins sentences (before it, always with a space)
                     inputs |= {"concatenated_pairs": data_args.concatenated_pairs, "seed": data_seed(training_args),
-                               "join_rule": 2}
+                               "join_rule": CONCATENATION_JOIN_RULE}
                     if data_args.max_pairs_per_join > 2:
                         inputs["max_pairs_per_join"] = data_args.max_pairs_per_join
             else:   # kept whole (evaluation splits prepared before were cut to the length limits: not reused)

@@ -9,6 +9,8 @@ import sacrebleu
 from sacrebleu.significance import PairedTest
 from transformers import PreTrainedTokenizerBase
 
+from ..publish.hub import primary_subtag
+
 IGNORED_LABEL_ID = -100
 # The metrics an evaluation computes from generated translations (predict_with_generate): `score_translations`' and
 # the mean generated length.
@@ -25,19 +27,13 @@ def check_bleu_tokenize(tokenize: str | None, field_name: str = "tokenize") -> N
                          f"by target language; got {tokenize!r}")
 
 
-def bleu_language(target_lang: str) -> str:
-    """The language sacreBLEU chooses a tokenization by: the primary subtag of a language key (zh of zh, zh-CN and
-    zh_Hans), lower-cased; "" for no language."""
-    return target_lang.replace("_", "-").split("-")[0].lower()
-
-
 def bleu_metric(tokenize: str | None = None, target_lang: str = "") -> sacrebleu.metrics.BLEU:
     """sacreBLEU's BLEU with the tokenization `tokenize`, or with None the one sacreBLEU itself chooses for the target
     language (`BLEU(trg_lang=...)`, as its command line does: zh for zh, ja-mecab for ja, ko-mecab for ko, else 13a).
     A tokenization that cannot be set up here (ja-mecab without `sacrebleu[ja]`, ko-mecab without `sacrebleu[ko]`,
     flores* without sentencepiece or the download of their model) is one ValueError line that says what it needs."""
     check_bleu_tokenize(tokenize)
-    language = bleu_language(target_lang)
+    language = primary_subtag(target_lang)   # the language sacreBLEU chooses a tokenization by
     try:
         return sacrebleu.metrics.BLEU(tokenize=tokenize, trg_lang=language)
     except (ImportError, RuntimeError, OSError) as error:
