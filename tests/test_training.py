@@ -720,46 +720,34 @@ def test_resuming_a_run_that_trained_all_its_steps_is_refused(tmp_path, corpus, 
     assert (tmp_path / "out" / "model.safetensors").read_bytes() == final
 
 
-def test_resuming_a_run_that_early_stopping_ended_is_refused(tmp_path, corpus):
-    """Stopped by early stopping at step 3 of 6, with a checkpoint at that step: the same command resuming from it
-    would train on to max_steps and replace the final model and card. One error, nothing changed; with more patience
-    it trains on."""
+@pytest.mark.parametrize(("save_steps", "refusal"), [
+    (1, r"resume_from_checkpoint: '.*checkpoint-3' has already reached early_stopping_patience=2 \(2 evaluations "
+        r"without improvement; step 3, epoch [\d.]+\): raise early_stopping_patience to train on"),
+    (2, r"resume_from_checkpoint: the run in .* went on from '.*checkpoint-2' \(step 2\) and stopped at step 3, where "
+        r"early_stopping_patience=2 was reached \(2 evaluations without improvement\); resumed, it would train those "
+        r"steps again"),
+], ids=["checkpoint-at-the-stop", "checkpoint-before-the-stop"])
+def test_resuming_a_run_that_early_stopping_ended_is_refused(tmp_path, corpus, save_steps, refusal):
+    """Stopped by early stopping at step 3 of 6: resumed from a checkpoint at that step, the same command would train
+    on to max_steps; from the checkpoint before it (step 2), it would train step 3 again and stop there. Either
+    replaces the final model and card: one error, nothing changed. With more patience it trains on; with another
+    threshold (which may stop elsewhere) the earlier checkpoint resumes."""
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
                           early_stopping_threshold=100, eval_strategy="steps", eval_steps=1, save_strategy="steps",
-                          save_steps=1, do_predict=False)
+                          save_steps=save_steps, do_predict=False)
     run([str(config)])
     assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 3
+    last = f"checkpoint-{3 // save_steps * save_steps}"
+    assert max(output_dir.glob("checkpoint-*"), key=lambda path: int(path.name.split("-")[1])).name == last
     written = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
-    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: '.*checkpoint-3' has already reached "
-                                          r"early_stopping_patience=2 \(2 evaluations without improvement; step 3, "
-                                          r"epoch [\d.]+\): raise early_stopping_patience to train on"):
+    with pytest.raises(ConfigError, match=refusal):
         run([str(config), "--resume_from_checkpoint", "last"])
     assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == written
-    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_patience", "4"])
-    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
-
-
-def test_resuming_before_the_step_where_early_stopping_ended_the_run_is_refused(tmp_path, corpus):
-    """Stopped by early stopping at step 3 with the last checkpoint at step 2: resumed from it, the run would train
-    step 3 again and stop there, replacing the final model and card. One error naming the stopping step, nothing
-    changed; with more patience it trains on."""
-    output_dir = tmp_path / "out"
-    config = write_config(tmp_path / "c.yaml", corpus, output_dir, early_stopping_patience=2,
-                          early_stopping_threshold=100, eval_strategy="steps", eval_steps=1, save_strategy="steps",
-                          save_steps=2, do_predict=False)
-    run([str(config)])
-    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 3
-    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == ["checkpoint-2"]
-    written = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
-    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: the run in .* went on from '.*checkpoint-2' \(step "
-                                          r"2\) and stopped at step 3, where early_stopping_patience=2 was reached \(2 "
-                                          r"evaluations without improvement\); resumed, it would train those steps"):
-        run([str(config), "--resume_from_checkpoint", "last"])
-    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == written
-    run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_threshold", "0"])   # may stop elsewhere
-    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["resumed_from"] == "checkpoint-2"
-    run([str(config), "--resume_from_checkpoint", str(output_dir / "checkpoint-2"), "--early_stopping_patience", "4"])
+    if save_steps == 2:
+        run([str(config), "--resume_from_checkpoint", "last", "--early_stopping_threshold", "0"])
+        assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["resumed_from"] == last
+    run([str(config), "--resume_from_checkpoint", str(output_dir / last), "--early_stopping_patience", "4"])
     assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == 5
 
 
