@@ -124,12 +124,12 @@ def output_folder(trained_folder, tmp_path) -> Path:
 @pytest.fixture
 def fake_hub(monkeypatch) -> SimpleNamespace:
     """Replaces the Hub client's network calls: records created repos and each commit's files (name -> bytes); the
-    login check of train_translation.py sees the user "me"."""
+    login check of train_translation.py sees the user "me", whose namespace a repository id without one goes to."""
     recorded = SimpleNamespace(repos=[], commits=[])
 
     def create_repo(self, repo_id, *, private=None, exist_ok=False, **kwargs):
         recorded.repos.append({"repo_id": repo_id, "private": private, "exist_ok": exist_ok})
-        return RepoUrl(f"https://huggingface.co/{repo_id}")
+        return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else f'me/{repo_id}'}")
 
     def create_commit(self, repo_id, operations, *, commit_message=None, **kwargs):
         files = {}
@@ -646,6 +646,15 @@ def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, 
         name: files[name] for name in ("README.md", "pipeline_relpos.py", "config.json")}
     assert {name: data for name, data in after.items() if name not in files} == {
         name: data for name, data in before.items() if name not in files}
+
+
+def test_a_repository_id_without_a_namespace_is_carded_with_the_namespace_it_was_pushed_to(output_folder, fake_hub):
+    hub.push_model_folder(output_folder, "tiny-shaw")
+    (commit,) = fake_hub.commits
+    assert commit["repo_id"] == "me/tiny-shaw"
+    card = commit["files"]["README.md"].decode()
+    assert "published as [`me/tiny-shaw`](https://huggingface.co/me/tiny-shaw)" in card
+    assert 'from_pretrained("me/tiny-shaw")' in card and '"tiny-shaw"' not in card
 
 
 def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):

@@ -14,9 +14,10 @@ pushed model as `pipeline_relpos.py` (remote code). The model code never imports
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -715,15 +716,19 @@ def push_model_folder(
     Pushed: the files of `files_to_push`, `pipeline_relpos.py`, config.json declaring that pipeline, and README.md
     (`card`, or rendered from the config, `recipe` (a `RunRecord` or a recipe YAML dict) and `results`; `results`
     default to the folder's
-    `{eval,test}_results.json`). The folder is only read until the commit succeeds; then README.md,
+    `{eval,test}_results.json`; the card names the repository as the Hub created it, a `repo_id` without a namespace
+    in the account's). The folder is only read until the commit succeeds; then README.md,
     pipeline_relpos.py and config.json are written into it, so it matches the repository. A failed upload raises
     `HubPushError` naming the repository and leaves the folder byte-for-byte as it was.
     """
     folder = Path(folder)
     files = files_to_push(folder)
     config = json.loads(files[CONFIG_NAME].read_text(encoding="utf-8"))
+    results = load_results(folder) if results is None else results
+    api = HfApi(token=token)
+    with _hub_errors(folder, repo_id):
+        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id   # with the namespace it went to
     if card is None:
-        results = load_results(folder) if results is None else results
         card = render_model_card(config, recipe, results, repo_id=repo_id, recipe_name=recipe_name, published=True)
     generated = {
         CONFIG_NAME: _config_json(with_translation_pipeline(config)),
@@ -734,15 +739,20 @@ def push_model_folder(
                   for name, path in files.items() if name not in generated]
     operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode("utf-8"))
                    for name, text in generated.items()]
-    api = HfApi(token=token)
+    with _hub_errors(folder, repo_id):
+        commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
+    _write_files(folder, generated)
+    return commit.commit_url
+
+
+@contextlib.contextmanager
+def _hub_errors(folder: Path, repo_id: str) -> Iterator[None]:
+    """A failed Hub call as `HubPushError`, naming the repository and the cause."""
     try:
-        repo_url = api.create_repo(repo_id, private=private, exist_ok=True)
-        commit = api.create_commit(repo_url.repo_id, operations=operations, commit_message=commit_message)
+        yield
     except Exception as error:
         raise HubPushError(f"pushing {folder} to the Hub repository {repo_id!r} failed "
                            f"({type(error).__name__}: {error}); nothing in {folder} was changed") from error
-    _write_files(folder, generated)
-    return commit.commit_url
 
 
 def _config_json(config: Mapping[str, Any]) -> str:
