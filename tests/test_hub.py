@@ -38,6 +38,7 @@ from hf_relpos.translation import preflight
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.run_outputs import push_training_output, run_record
+from hf_relpos.translation.training import main as training_main
 from hf_relpos.translation.training import run
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -746,6 +747,19 @@ def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake
     assert record.trained_as.startswith(f"{REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir {output_dir} ")
     assert record.software["transformers"] == transformers.__version__ and record.date.startswith("20")
     assert "Trained as: `python train_translation.py " in card.text
+
+
+def test_push_to_hub_without_training_is_one_error_line_before_anything_runs(output_folder, fake_hub, tmp_path,
+                                                                             capsys):
+    output_dir = tmp_path / "predicted"
+    with pytest.raises(SystemExit) as exited:
+        training_main([str(REPO_ROOT / "configs" / "demo.yaml"), "--do_train", "false", "--model_name_or_path",
+                       str(output_folder), "--output_dir", str(output_dir), "--push_to_hub", "true"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("train_translation.py: error: push_to_hub publishes the model this run trains") and (
+        "it needs do_train" in error and "python -m hf_relpos.publish.hub push FOLDER REPO" in error)
+    assert error.count("\n") == 1 and fake_hub.repos == [] and not output_dir.exists()
 
 
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):

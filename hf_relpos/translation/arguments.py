@@ -648,6 +648,9 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
             raise ConfigError(str(error)) from None
     if training_args.prepare_only and not training_args.do_train:
         raise ConfigError("prepare_only trains the tokenizer on the training split: it needs do_train")
+    if training_args.push_to_hub and not training_args.do_train:
+        raise ConfigError("push_to_hub publishes the model this run trains, with its card: it needs do_train (push an "
+                          "existing model folder with `python -m hf_relpos.publish.hub push FOLDER REPO`)")
     if training_args.generation_max_length == 1:
         raise ConfigError("generation_max_length must be at least 2 (it counts the decoder start token), got 1")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:

@@ -27,17 +27,15 @@ from .data import DataArguments
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
                push_to_hub: bool, resumed_from: str | None = None) -> None:
-    """The run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed run continued
-    from); after training, written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
+    """After training: the run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed
+    run continued from), written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
     Hub with that card."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
     record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
     record.scores = scores_from_results(results)
-    if training_args.do_train:
-        write_model_card(model, record, training_args)
-        write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE,
-                          json.dumps(record.to_json(), indent=1) + "\n")
+    write_model_card(model, record, training_args)
+    write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
     if push_to_hub:
         push_training_output(record, training_args)
 

@@ -89,7 +89,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.do_predict:
         prediction = trainer.predict(prepared.evaluation_sets["test"].dataset, metric_key_prefix="test")
         results["test"] = report_split(trainer, "test", prediction.metrics)
-    if training_args.should_save and (training_args.do_train or push_to_hub):
+    if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
         record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from)
     return results
 
