@@ -34,6 +34,7 @@ from hf_relpos.publish.records import (
     read_run_records,
     source_version,
 )
+from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation import preflight
 from hf_relpos.translation.arguments import parse_arguments
 from hf_relpos.translation.metrics import score_translations
@@ -658,6 +659,45 @@ def test_a_repository_id_without_a_namespace_is_carded_with_the_namespace_it_was
     assert 'from_pretrained("me/tiny-shaw")' in card and '"tiny-shaw"' not in card
 
 
+def with_run_record(folder: Path, *flags: str) -> Path:
+    """`folder` with the run record a train_translation.py run of configs/demo.yaml and `flags` writes into it."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(folder), *flags])
+    (folder / RUN_RECORD_FILE).write_text(json.dumps(run_record(*arguments).to_json()))
+    return folder
+
+
+def test_a_folder_is_pushed_with_the_card_of_its_run_record_and_a_recipe_for_it_is_refused(
+        output_folder, fake_hub, capsys):
+    with_run_record(output_folder, "--warmup_steps", "7", "--max_steps", "33")
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["push", str(output_folder), "me/tiny-shaw", "--recipe", str(REPO_ROOT / "configs" / "demo.yaml")])
+    assert exited.value.code == 2 and fake_hub.repos == []
+    error = capsys.readouterr().err
+    assert "has the record of the run that trained it (run_record.json)" in error and error.count("\n") == 1
+    hub.main(["push", str(output_folder), "me/tiny-shaw"])
+    card = fake_hub.commits[0]["files"]["README.md"].decode()
+    assert "| `warmup_steps` | 7 |" in card and "| `max_steps` | 33 |" in card
+    assert "Trained as: `python " in card and "--warmup_steps 7 --max_steps 33`" in card and "Hardware: CPU" in card
+
+
+def test_an_averaged_folder_is_pushed_with_its_averaging_card_and_provenance(trained_folder, fake_hub, tmp_path):
+    (tmp_path / "run").mkdir()
+    run_dir = with_run_record(tmp_path / "run")
+    for step in (1, 2):
+        shutil.copytree(trained_folder, run_dir / f"checkpoint-{step}", ignore=shutil.ignore_patterns("*_results.json"))
+    averaged = average_checkpoints(run_dir, 2, tmp_path / "averaged")
+    local_card = (averaged / "README.md").read_text()
+    hub.push_model_folder(averaged, "me/tiny-averaged")
+    files = fake_hub.commits[0]["files"]
+    assert files["averaged_checkpoints.json"] == (averaged / "averaged_checkpoints.json").read_bytes()
+    card = ModelCard(files["README.md"].decode())
+    assert card.data.language == ["en", "de"] and card.data.eval_results is None
+    for expected in ("## Training", "Trained as: `python ", "Not measured: these averaged weights were not evaluated",
+                     "## Checkpoint averaging", "(`checkpoint-1`, `checkpoint-2`) of `run`"):
+        assert expected in card.text and expected in local_card, expected
+    assert "published as [`me/tiny-averaged`]" in card.text
+
+
 def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):
     import re
 
@@ -708,7 +748,8 @@ def test_training_hook_pushes_output_dir_with_the_run_recipe(output_folder, fake
     """What train_translation.py calls after evaluation when the YAML says push_to_hub: true."""
     arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder),
                                  "--push_to_hub", "true", "--hub_model_id", "me/demo-shaw", "--learning_rate", "0.003"])
-    push_training_output(run_record(*arguments), arguments[2])
+    (output_folder / RUN_RECORD_FILE).write_text(json.dumps(run_record(*arguments).to_json()))   # as the run writes it
+    push_training_output(arguments[2])
     (commit,) = fake_hub.commits
     assert commit["repo_id"] == "me/demo-shaw"
     card = ModelCard(commit["files"]["README.md"].decode())

@@ -37,11 +37,13 @@ from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
 from .files import write_text_atomic
 from .pipeline_relpos import TranslationPipeline
 from .records import (
+    AVERAGED_CHECKPOINTS_FILE,
     DATA,
     DECODING,
     OPTIMISATION,
     RECIPE,
     RESULT_SPLITS,
+    RUN_RECORD_FILE,
     SCHEME_FIELD,
     TRAINED_WEIGHTS,
     MeasuredScores,
@@ -49,6 +51,7 @@ from .records import (
     RunRecord,
     load_yaml,
     read_run_records,
+    training_record,
 )
 
 LICENSE = "apache-2.0"
@@ -665,11 +668,54 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     return written
 
 
+def folder_record(folder: str | os.PathLike,
+                  recipe: RunRecord | Mapping[str, Any] | None = None) -> RunRecord | Mapping[str, Any] | None:
+    """What a model folder's card is built from: its run record (`RUN_RECORD_FILE`), else `recipe` (a `RunRecord` or
+    a recipe YAML dict). ValueError for a `recipe` given with a folder that has a record."""
+    record = training_record(folder)
+    if record is not None and recipe is not None:
+        raise ValueError(f"{folder} has the record of the run that trained it ({RUN_RECORD_FILE}), which its card is "
+                         "built from: a recipe is only for a folder without one")
+    return record if record is not None else recipe
+
+
+def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str, Any] | None,
+                      results: Mapping[str, Mapping[str, Any]] | None = None, *, repo_id: str | None = None,
+                      recipe_name: str | None = None, published: bool = False) -> str:
+    """The card of a saved model folder (`render_model_card` of its config.json, `record` and `results`); for a
+    folder that hf-relpos-average wrote, without scores of its own and with a section naming the checkpoints it
+    averaged."""
+    folder = Path(folder)
+    config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
+    checkpoints = averaged_checkpoints(folder)
+    if checkpoints is None:
+        return render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name,
+                                 published=published)
+    unscored = "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below)."
+    card = render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name, published=published,
+                             unscored=unscored)
+    names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
+    return (card.rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
+            f"These weights are the parameter average of {len(checkpoints)} checkpoint(s) ({names}) of "
+            f"`{checkpoints[-1].parent.name}`, written by hf-relpos-average and not evaluated since: the scores the "
+            "training run wrote are those of its own final weights. Score these with "
+            "`hf-relpos-translate FOLDER --input SOURCES --reference REFERENCES`.\n")
+
+
+def averaged_checkpoints(folder: Path) -> list[Path] | None:
+    """The checkpoints hf-relpos-average averaged into `folder` (its `AVERAGED_CHECKPOINTS_FILE` names them by path,
+    with `last_n`); None for any other folder, such as a training run's that averaged its own checkpoints (named
+    under `average_checkpoints`) and scored the average."""
+    path = folder / AVERAGED_CHECKPOINTS_FILE
+    provenance = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    return [Path(checkpoint) for checkpoint in provenance["checkpoints"]] if "last_n" in provenance else None
+
+
 # --------------------------------------------------------------------------------------------------- pushing
 
 def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
-    code, tokenizer. Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
+    code, tokenizer, and which checkpoints averaged weights are the mean of. Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
     folder = Path(folder)
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
@@ -690,7 +736,8 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
         names.add(module_file.name)
         if module_file.is_file():
             names |= {Path(path).name for path in get_relative_import_files(str(module_file))}
-    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
+    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES, AVERAGED_CHECKPOINTS_FILE)
+              if (folder / name).is_file()}
     missing = sorted(name for name in names if not (folder / name).is_file())
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
@@ -714,22 +761,23 @@ def push_model_folder(
     commit URL.
 
     Pushed: the files of `files_to_push`, `pipeline_relpos.py`, config.json declaring that pipeline, and README.md
-    (`card`, or rendered from the config, `recipe` (a `RunRecord` or a recipe YAML dict) and `results`; `results`
-    default to the folder's
-    `{eval,test}_results.json`; the card names the repository as the Hub created it, a `repo_id` without a namespace
-    in the account's). The folder is only read until the commit succeeds; then README.md,
-    pipeline_relpos.py and config.json are written into it, so it matches the repository. A failed upload raises
+    (`card`, or `folder_model_card` of the folder's run record (`recipe`, a `RunRecord` or a recipe YAML dict, only
+    for a folder without one) and `results`, which default to the folder's `{eval,test}_results.json`; the card names
+    the repository as the Hub created it, a `repo_id` without a namespace in the account's). The folder is only read
+    until the commit succeeds; then README.md, pipeline_relpos.py and config.json are written into it, so it matches
+    the repository. A failed upload raises
     `HubPushError` naming the repository and leaves the folder byte-for-byte as it was.
     """
     folder = Path(folder)
     files = files_to_push(folder)
     config = json.loads(files[CONFIG_NAME].read_text(encoding="utf-8"))
     results = load_results(folder) if results is None else results
+    record = folder_record(folder, recipe) if card is None else None
     api = HfApi(token=token)
     with _hub_errors(folder, repo_id):
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id   # with the namespace it went to
     if card is None:
-        card = render_model_card(config, recipe, results, repo_id=repo_id, recipe_name=recipe_name, published=True)
+        card = folder_model_card(folder, record, results, repo_id=repo_id, recipe_name=recipe_name, published=True)
     generated = {
         CONFIG_NAME: _config_json(with_translation_pipeline(config)),
         PIPELINE_FILE: pipeline_source(),
@@ -778,7 +826,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     push = commands.add_parser("push", help="push a trained model folder with its card")
     push.add_argument("folder")
     push.add_argument("repo_id")
-    push.add_argument("--recipe", help="the recipe YAML the model was trained with (for the card)")
+    push.add_argument("--recipe", help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
     try:

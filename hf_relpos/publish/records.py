@@ -52,6 +52,7 @@ ROLES = (RECIPE, PEER)
 # weights of a run whose scores cover one set of weights only (the trained ones)
 TRAINED_WEIGHTS = ""
 RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into its output_dir
+AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
 RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
 

@@ -6,7 +6,7 @@ The inputs are either one training output folder (its newest `checkpoint-<step>`
 `--last_n` says otherwise, also when the folder holds the final model) or the checkpoint folders themselves (all of
 them unless `--last_n` says otherwise). The result is a model folder loadable with `from_pretrained`: the averaged weights plus
 the config, generation config, tokenizer and remote code of the newest checkpoint, and (with remote code) the
-translation pipeline that a trained folder ships (`add_translation_pipeline`) and a model card (`averaged_model_card`).
+translation pipeline that a trained folder ships (`add_translation_pipeline`) and a model card (`folder_model_card`).
 """
 
 from __future__ import annotations
@@ -22,12 +22,11 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
-from ..publish.hub import CARD_FILE, add_translation_pipeline, render_model_card
-from ..publish.records import RUN_RECORD_FILE, training_record
+from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
+from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
 from ..translation.arguments import add_import_modules_argument, import_user_modules
-from ..translation.checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, find_checkpoints
+from ..translation.checkpoints import average_weights, find_checkpoints
 
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
@@ -109,27 +108,12 @@ def average_checkpoints(
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
         apply_umask_mode_to_weights(staging)
-        if _ships_remote_code(staging):
-            add_translation_pipeline(staging)
-            (staging / CARD_FILE).write_text(averaged_model_card(staging, checkpoints), encoding="utf-8")
         provenance = {"checkpoints": [str(path.resolve()) for path in checkpoints], "last_n": len(checkpoints)}
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
+        if _ships_remote_code(staging):
+            add_translation_pipeline(staging)
+            (staging / CARD_FILE).write_text(folder_model_card(staging, training_record(staging)), encoding="utf-8")
     return output_dir
-
-
-def averaged_model_card(folder: Path, checkpoints: Sequence[Path]) -> str:
-    """The model card of an averaged hf_relpos model: rendered from its config and the run record of the training
-    folder the checkpoints came from (when there is one), with no scores (the averaged weights are not evaluated
-    here) and a section naming the checkpoints averaged."""
-    config = RelPosTransformerConfig.from_pretrained(folder)
-    record = training_record(checkpoints[-1].parent)
-    names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
-    unscored = "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below)."
-    return (render_model_card(config, record, unscored=unscored).rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
-            f"These weights are the parameter average of {len(checkpoints)} checkpoint(s) ({names}) of "
-            f"`{checkpoints[-1].parent.name}`, written by hf-relpos-average and not evaluated since: the scores the "
-            "training run wrote are those of its own final weights. Score these with "
-            "`hf-relpos-translate FOLDER --input SOURCES --reference REFERENCES`.\n")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -20,7 +20,6 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
-AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
 
 
 def find_checkpoints(output_dir: str | os.PathLike) -> list[Path]:

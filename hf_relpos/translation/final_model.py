@@ -15,7 +15,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
-from .checkpoints import AVERAGED_CHECKPOINTS_FILE, average_weights, complete_checkpoints, config_differences
+from ..publish.records import AVERAGED_CHECKPOINTS_FILE
+from .checkpoints import average_weights, complete_checkpoints, config_differences
 from .safety import FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
 

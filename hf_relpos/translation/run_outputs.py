@@ -37,7 +37,7 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     write_model_card(model, record, training_args)
     write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
     if push_to_hub:
-        push_training_output(record, training_args)
+        push_training_output(training_args)
 
 
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
@@ -113,9 +113,9 @@ def write_model_card(model: RelPosTransformerForConditionalGeneration, record: R
     return path
 
 
-def push_training_output(record: RunRecord, training_args: TranslationTrainingArguments) -> str:
+def push_training_output(training_args: TranslationTrainingArguments) -> str:
     """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_model_id` (default: the output
-    folder's name) with the card of this run."""
+    folder's name) with the card of the run record written there."""
     folder = Path(training_args.output_dir)
-    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name, recipe=record,
+    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name,
                              token=training_args.hub_token, private=training_args.hub_private_repo)
