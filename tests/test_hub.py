@@ -32,7 +32,9 @@ from hf_relpos.publish.records import (
     RunRecord,
     Scores,
     read_run_records,
+    scores_from_results,
     source_version,
+    training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation import preflight
@@ -696,6 +698,19 @@ def test_an_averaged_folder_is_pushed_with_its_averaging_card_and_provenance(tra
                      "## Checkpoint averaging", "(`checkpoint-1`, `checkpoint-2`) of `run`"):
         assert expected in card.text and expected in local_card, expected
     assert "published as [`me/tiny-averaged`]" in card.text
+
+
+def test_an_averaged_folder_keeps_the_run_record_without_the_scores_of_the_runs_final_weights(trained_folder, tmp_path):
+    run_dir = tmp_path / "run"
+    shutil.copytree(trained_folder, run_dir)
+    record = RunRecord.from_json(json.loads(with_run_record(run_dir).joinpath(RUN_RECORD_FILE).read_text()))
+    record.scores = scores_from_results(hub.load_results(run_dir))
+    (run_dir / RUN_RECORD_FILE).write_text(json.dumps(record.to_json()))
+    for step in (1, 2):
+        shutil.copytree(trained_folder, run_dir / f"checkpoint-{step}", ignore=shutil.ignore_patterns("*_results.json"))
+    averaged = training_record(average_checkpoints(run_dir, 2, tmp_path / "averaged"))
+    assert record.scores and averaged.scores == {}
+    assert averaged == dataclasses.replace(record, scores={})   # languages, BLEU tokenization and recipe kept
 
 
 def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):

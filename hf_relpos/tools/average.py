@@ -6,7 +6,8 @@ The inputs are either one training output folder (its newest `checkpoint-<step>`
 `--last_n` says otherwise, also when the folder holds the final model) or the checkpoint folders themselves (all of
 them unless `--last_n` says otherwise). The result is a model folder loadable with `from_pretrained`: the averaged weights plus
 the config, generation config, tokenizer and remote code of the newest checkpoint, and (with remote code) the
-translation pipeline that a trained folder ships (`add_translation_pipeline`) and a model card (`folder_model_card`).
+translation pipeline that a trained folder ships (`add_translation_pipeline`), a model card (`folder_model_card`) and
+the training run's record without the scores of its final weights.
 """
 
 from __future__ import annotations
@@ -102,9 +103,12 @@ def average_checkpoints(
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
                 shutil.copyfile(item, staging / item.name)
-        run_record = checkpoints[-1].parent / RUN_RECORD_FILE   # languages and recipe of the run, for its scoring
-        if run_record.is_file() and not (staging / RUN_RECORD_FILE).exists():
-            shutil.copyfile(run_record, staging / RUN_RECORD_FILE)
+        # the record of the run (languages and recipe, for scoring these weights), without the scores and metrics
+        # of its final weights: this average is not measured
+        record = training_record(staging) or training_record(checkpoints[-1].parent)
+        if record is not None:
+            record.scores, record.metrics = {}, {}
+            (staging / RUN_RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
         save_file({name: tensor.contiguous() for name, tensor in averaged.items()}, staging / SAFE_WEIGHTS_NAME,
                   metadata={"format": "pt"})
         apply_umask_mode_to_weights(staging)
