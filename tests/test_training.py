@@ -35,6 +35,7 @@ from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import max_new_tokens_for
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.trainer import AbsolutePositionFadeCallback, SamplerEpochCallback, TranslationTrainer
+from hf_relpos.translation.training import main as training_main
 from hf_relpos.translation.training import run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -960,6 +961,23 @@ def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
     assert isinstance(errors[0], ValueError)
     assert isinstance(errors[1], ProcessGroupError) and "failed during tokenizer training" in str(errors[1])
     assert events == ["0 starts"]
+
+
+@pytest.mark.parametrize(("rank", "lines"), [(None, 1), ("0", 1), ("1", 0)])
+def test_a_check_error_is_one_line_from_the_main_process_and_exit_status_2_on_every_process(tmp_path, monkeypatch,
+                                                                                          capsys, rank, lines):
+    """Under accelerate launch every process fails the same check: only process 0 (RANK 0, or no launcher) says so."""
+    if rank is None:
+        monkeypatch.delenv("RANK", raising=False)
+    else:
+        monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as exited:
+        training_main([str(REPO / "configs" / "demo.yaml"), "--output_dir", str(tmp_path / "out"), "--do_train",
+                       "false"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error == "train_translation.py: error: do_eval/do_predict without do_train need model_name_or_path (a " \
+                    "trained model)\n" * lines
 
 
 def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path, corpus, monkeypatch):

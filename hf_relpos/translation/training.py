@@ -7,6 +7,7 @@ run record, Hub push). Each step is a call into the module of its job: `coordina
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -24,7 +25,6 @@ from .final_model import average_final_weights, save_final_model
 from .model_setup import estimated_weight_bytes, log_model, required_disk_bytes
 from .preflight import (
     PreflightError,
-    ProcessGroupError,
     check_hub_login,
     check_process_group,
     check_rerun,
@@ -108,16 +108,21 @@ def _set_up_process(training_args: TranslationTrainingArguments) -> None:
     set_seed(training_args.seed)
 
 
+def _is_main_process() -> bool:
+    """Whether this is process 0 of its launch (or not launched at all): its process group's rank, else the RANK
+    that `accelerate launch` (torchrun) gives each process before any group exists."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     """Command-line entry point: `python train_translation.py configs/NAME.yaml [--name value ...]`."""
     try:
         run(sys.argv[1:] if argv is None else argv)
-    except ProcessGroupError as error:
-        if torch.distributed.get_rank() == 0:  # all processes stop here: one line is enough
-            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
-        sys.exit(2)
     except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError, PreflightError, PreparationError) as error:
-        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        if _is_main_process():  # under accelerate launch every process that stops here stops alike: one line
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteLossError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
