@@ -272,6 +272,18 @@ def test_card_for_local_files_names_them_and_lists_no_hub_dataset():
     assert (result.dataset_type, result.dataset_name, result.dataset_split) == ("custom", "news_test.jsonl", "test")
 
 
+@pytest.mark.parametrize("dataset", ["wmt16", "opus_books", "wmt/wmt14", "{local}"])
+def test_a_dataset_name_that_is_no_local_path_is_a_hub_dataset_with_or_without_a_namespace(tmp_path, dataset):
+    local = dataset == "{local}"
+    dataset = dataset.format(local=tmp_path)
+    recipe = {"dataset_name": dataset, "dataset_config_name": "de-en", "source_lang": "de", "target_lang": "en"}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, {"test": RESULTS["test"]}))
+    assert card.data.datasets == (None if local else [dataset])
+    (result, _) = card.data.eval_results
+    assert (result.dataset_type, result.dataset_config) == (("custom", None) if local else (dataset, "de-en"))
+    assert ("| `dataset_config_name` | de-en |" in card.text) != local
+
+
 def test_a_card_lists_the_data_the_run_read_and_its_limitation_only_for_that_data():
     """A Multi30k recipe trained on local files: neither the Hub dataset it did not load nor Multi30k's limitation
     appears; trained on Multi30k itself, both do. The Trainer's float warmup_steps shows as an integer."""

@@ -287,8 +287,10 @@ def _uses_local_files(record: RunRecord) -> bool:
 
 
 def _on_hub(record: RunRecord) -> bool:
-    """Whether the run's data is a Hub dataset (an owner/name id, no local files)."""
-    return "/" in (record.dataset_name or "") and not _uses_local_files(record)
+    """Whether the run's data is a Hub dataset: a dataset_name that is neither the demo corpus nor an existing local
+    path (as `load_dataset` reads it: `wmt16` is a Hub id too), and no local files."""
+    name = record.dataset_name
+    return name not in (None, "demo") and not os.path.exists(name) and not _uses_local_files(record)
 
 
 def primary_subtag(code: str) -> str:
