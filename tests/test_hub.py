@@ -694,7 +694,7 @@ def test_a_folder_is_pushed_with_the_card_of_its_run_record_and_a_recipe_for_it_
     assert "Trained as: `python " in card and "--warmup_steps 7 --max_steps 33`" in card and "Hardware: CPU" in card
 
 
-def test_an_averaged_folder_is_pushed_with_its_averaging_card_and_provenance(trained_folder, fake_hub, tmp_path):
+def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fake_hub, tmp_path):
     (tmp_path / "run").mkdir()
     run_dir = with_run_record(tmp_path / "run")
     for step in (1, 2):
@@ -703,7 +703,7 @@ def test_an_averaged_folder_is_pushed_with_its_averaging_card_and_provenance(tra
     local_card = (averaged / "README.md").read_text()
     hub.push_model_folder(averaged, "me/tiny-averaged")
     files = fake_hub.commits[0]["files"]
-    assert files["averaged_checkpoints.json"] == (averaged / "averaged_checkpoints.json").read_bytes()
+    assert "averaged_checkpoints.json" not in files   # local paths: the card names the checkpoints
     card = ModelCard(files["README.md"].decode())
     assert card.data.language == ["en", "de"] and card.data.eval_results is None
     for expected in ("## Training", "Trained as: `python ", "Not measured: these averaged weights were not evaluated",

@@ -717,7 +717,8 @@ def averaged_checkpoints(folder: Path) -> list[Path] | None:
 
 def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
-    code, tokenizer, and which checkpoints averaged weights are the mean of. Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
+    code, tokenizer (not `AVERAGED_CHECKPOINTS_FILE`: it names the checkpoints by local path; the card names them).
+    Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
     folder = Path(folder)
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
@@ -738,8 +739,7 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
         names.add(module_file.name)
         if module_file.is_file():
             names |= {Path(path).name for path in get_relative_import_files(str(module_file))}
-    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES, AVERAGED_CHECKPOINTS_FILE)
-              if (folder / name).is_file()}
+    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
     missing = sorted(name for name in names if not (folder / name).is_file())
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
