@@ -209,6 +209,14 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
                                                               layer_norm_position="pre")
 
 
+@pytest.mark.parametrize(("alias", "field"), [("num_attention_heads", "encoder_attention_heads"),
+                                              ("num_hidden_layers", "encoder_layers"), ("hidden_size", "d_model")])
+def test_an_alias_of_a_field_from_marian_is_refused_as_that_field(alias, field):
+    """transformers' common names are resolved before the check: num_attention_heads=1 would change the heads."""
+    with pytest.raises(ValueError, match=rf"^{alias} \(= {field}\) come\(s\) from the Marian model"):
+        marian_to_relpos(marian_model(), "absolute", **{alias: 1})
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -365,6 +365,14 @@ def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:
     return scheme_class.config_fields if scheme_class is not None else ()
 
 
+def field_named(name: str, is_encoder_decoder: bool = True) -> str:
+    """The config field that the keyword `name` sets: `name`, or the field its alias stands for (`attribute_map`,
+    `STACK_FIELD_ALIASES`: the encoder's field in an encoder-decoder config, `DEPRECATED_FIELDS`)."""
+    if name in STACK_FIELD_ALIASES:
+        return STACK_FIELD_ALIASES[name][0 if is_encoder_decoder else 1]
+    return {**RelPosTransformerConfig.attribute_map, **DEPRECATED_FIELDS}.get(name, name)
+
+
 def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
     """`values` (config keywords, a config.json's dict, a recipe's `model:` section) with each deprecated field name
     of `DEPRECATED_FIELDS` replaced by its current name, with a FutureWarning; both names with different values are

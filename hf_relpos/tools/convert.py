@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
 
-from ..model.configuration_relpos import RelPosTransformerConfig
+from ..model.configuration_relpos import RelPosTransformerConfig, field_named
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
 from ..publish.files import apply_umask_mode_to_weights, staged_folder
@@ -73,7 +73,8 @@ def marian_config_to_relpos(marian_config: MarianConfig, position_scheme: str,
         if getattr(marian_config, layerdrop, 0.0):
             logger.warning("%s=%s is dropped: hf_relpos has no LayerDrop (inference is unchanged)", layerdrop,
                            getattr(marian_config, layerdrop))
-    fixed = sorted(set(config_overrides) & set(FIELDS_FROM_MARIAN))
+    fixed = sorted(name if field_named(name) == name else f"{name} (= {field_named(name)})"
+                   for name in config_overrides if field_named(name) in FIELDS_FROM_MARIAN)
     if fixed:
         raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
                          "dropout, attention_dropout, activation_dropout, init_std, use_cache, attn_implementation "
