@@ -16,9 +16,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import GenerationConfig
+from transformers import GenerationConfig, MarianConfig, MarianMTModel
 
 import hf_relpos
+from hf_relpos.tools.convert import marian_to_relpos
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.tools.export import main as export_main
@@ -513,6 +514,27 @@ def test_marians_forced_end_token_and_banned_words_export_and_decode_as_generate
     assert tokenizer.batch_decode(engine.generate(**inputs, num_beams=4, max_new_tokens=60),
                                   skip_special_tokens=True) == (
         tokenizer.batch_decode(beam, skip_special_tokens=True))
+
+
+def test_a_converted_marian_model_without_a_bos_token_exports_and_translates_as_generate(tokenizer, tmp_path):
+    """MarianConfig's bos_token_id is None (decoding starts with the pad token): the export names the decoder's start
+    token as CTranslate2's bos token, and greedy decoding gives generate's ids."""
+    ids = special_token_ids(tokenizer)
+    torch.manual_seed(0)
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+        scale_embedding=True, pad_token_id=ids["pad_token_id"], eos_token_id=ids["eos_token_id"],
+        decoder_start_token_id=ids["pad_token_id"], forced_eos_token_id=ids["eos_token_id"], bos_token_id=None,
+        init_std=0.5)).eval()
+    model = marian_to_relpos(marian, "absolute")
+    model.generation_config.max_new_tokens = 20
+    assert model.config.bos_token_id is None
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1)
+    assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
 
 
 def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch):

@@ -243,7 +243,9 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
     spec.config.layer_norm_epsilon = float(model.get_encoder().layers[0].final_layer_norm.eps)
     spec.config.unk_token = unk_token if unk_token in tokens else tokens[config.pad_token_id]
-    spec.config.bos_token = tokens[config.bos_token_id]
+    # the decoder starts from decoder_start_token; a model without a bos token (MarianConfig's default) names that
+    spec.config.bos_token = tokens[config.decoder_start_token_id if config.bos_token_id is None
+                                   else config.bos_token_id]
     spec.config.eos_token = tokens[config.eos_token_id]
     spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
     spec.register_source_vocabulary(tokens)
