@@ -278,6 +278,14 @@ def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, caps
     assert "max_relative_position" in capsys.readouterr().err
     assert main(["marian", str(marian_folder / "data"), str(output), "--position_scheme", "shaw"]) == 2
     assert "error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_info:
+        main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "shaw",
+              "--set", "position_scheme=rope"])
+    assert exit_info.value.code == 2
+    assert "position_scheme is chosen with --position_scheme, not --set" in capsys.readouterr().err
+    assert main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "shaw",
+                 "--set", "hidden_size=64"]) == 2
+    assert "hidden_size (= d_model) come(s) from the Marian model" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
     output.mkdir()
     (output / "keep.txt").write_text("x")
@@ -297,6 +305,21 @@ def test_a_marian_folder_without_tokenizer_files_is_one_error_naming_them(marian
     if importlib.util.find_spec("sentencepiece") is not None:   # else the error names the missing package
         assert "MarianTokenizer needs source.spm, target.spm, vocab.json; the folder lacks source.spm, target.spm, " \
                "vocab.json" in error
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_sentencepiece_model_is_one_error_naming_the_tokenizer(marian_folder, tmp_path, capsys):
+    pytest.importorskip("sentencepiece")
+    folder = tmp_path / "corrupt"
+    folder.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copyfile(marian_folder / "model" / name, folder / name)
+    (folder / "vocab.json").write_text(json.dumps({"<pad>": 0, "</s>": 1, "<unk>": 2}))
+    for name in ("source.spm", "target.spm"):
+        (folder / name).write_text("garbage")
+    assert main(["marian", str(folder), str(tmp_path / "out"), "--position_scheme", "shaw"]) == 2
+    error = capsys.readouterr().err
+    assert "cannot load its tokenizer" in error and error.count("\n") == 1
     assert not (tmp_path / "out").exists()
 
 

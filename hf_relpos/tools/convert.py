@@ -214,7 +214,7 @@ def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTMo
 def _load_tokenizer(source: str | os.PathLike) -> PreTrainedTokenizerBase:
     try:
         return AutoTokenizer.from_pretrained(str(source))
-    except (OSError, ValueError, ImportError, TypeError) as error:
+    except (OSError, ValueError, ImportError, TypeError, RuntimeError) as error:   # RuntimeError: a corrupt .spm
         folder = Path(source)
         missing = [name for name in MARIAN_TOKENIZER_FILES if not (folder / name).is_file()] if folder.is_dir() else []
         if isinstance(error, TypeError) and missing:   # MarianTokenizer given no path for a file it needs
@@ -229,6 +229,8 @@ def _override(text: str) -> tuple[str, Any]:
     field, separator, value = text.partition("=")
     if not separator or not field:
         raise argparse.ArgumentTypeError(f"expected FIELD=VALUE, got {text!r}")
+    if field_named(field.strip()) == "position_scheme":
+        raise argparse.ArgumentTypeError(f"{field.strip()} is chosen with --position_scheme, not --set")
     return field.strip(), load_yaml(value)
 
 
