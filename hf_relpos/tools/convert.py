@@ -8,8 +8,10 @@ projection, a `final_logits_bias`. Its field names are already ours; what moves 
 
 - `position_scheme="absolute"` reproduces the Marian model: same logits (float32 rounding), same beam search.
 - Any other scheme removes the sinusoids and starts its own parameters neutral (`PositionScheme.start_neutral`:
-  e.g. Shaw's tables and Transformer-XL's u, v, W_kR at zero), so the switch costs exactly the absolute positions and
-  adds nothing; fine-tuning (`train_translation.py --model_name_or_path OUT`) teaches the new terms.
+  e.g. Shaw's tables and Transformer-XL's u, v, W_kR at zero). Where zero parameters add zero terms (shaw, xl, t5,
+  none) the switch costs exactly the absolute positions and adds nothing; rope, alibi and directional change
+  attention from the first step (rotations, fixed biases, masks). Fine-tuning (`train_translation.py
+  --model_name_or_path OUT`) teaches the new terms.
 - `keep_absolute_positions=True` (`--keep_absolute_positions`) keeps the sinusoids and adds the scheme on top of
   them, starting neutral: the converted model is the Marian model (same logits, same beam search) and fine-tuning
   can only add. Only a scheme whose neutral start changes nothing converts so (Shaw, Transformer-XL, T5: zero
