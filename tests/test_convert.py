@@ -209,6 +209,28 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
                                                               layer_norm_position="pre")
 
 
+@pytest.mark.parametrize(("scheme", "overrides", "message"), [
+    ("shaw", {"num_beams": 1}, r"^num_beams is a generation setting, not a config field: .* edit generation_config"),
+    ("shaw", {"unknownfield": 1}, r"^unknownfield cannot be set in a conversion; settable: .*max_relative_position"),
+    ("absolute", {"self_attention_window": 8}, r"^self_attention_window cannot be set in a conversion \(it changes "
+                                               r"what the model computes, and a absolute conversion reproduces Marian"),
+    ("shaw", {"keep_absolute_positions": True, "cross_attention_length_scaling": True},
+     r"^cross_attention_length_scaling cannot be set in a conversion \(.* a shaw conversion with "
+     r"keep_absolute_positions reproduces Marian\)"),
+])
+def test_a_setting_a_conversion_cannot_take_is_one_error_naming_it(scheme, overrides, message):
+    """A generation setting (silently dropped before), a name the config does not know (written into config.json),
+    and, where the conversion promises Marian's logits, a field that changes attention beyond the scheme (a window
+    or length scaling changed them by up to 1.7)."""
+    with pytest.raises(ValueError, match=message):
+        marian_to_relpos(marian_model(), scheme, **overrides)
+
+
+def test_a_plain_switch_takes_the_fields_that_change_attention_beyond_the_scheme():
+    converted = marian_to_relpos(marian_model(), "shaw", self_attention_window=8, cross_attention_length_scaling=True)
+    assert converted.config.self_attention_window == 8 and converted.config.cross_attention_length_scaling
+
+
 @pytest.mark.parametrize(("alias", "field"), [("num_attention_heads", "encoder_attention_heads"),
                                               ("num_hidden_layers", "encoder_layers"), ("hidden_size", "d_model")])
 def test_an_alias_of_a_field_from_marian_is_refused_as_that_field(alias, field):

@@ -29,7 +29,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoTokenizer,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerBase,
+)
 
 from ..model.configuration_relpos import RelPosTransformerConfig, field_named
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
@@ -53,10 +60,37 @@ FIELDS_FROM_MARIAN = (
       if name not in ("dropout", "attention_dropout", "activation_dropout", "init_std", "use_cache")),
     "layer_norm_position",
 )
+# Fields a conversion may set: how the converted model trains and runs, never what it computes at step 0; beside
+# them, the chosen scheme's own fields, and for a plain switch to a relative scheme (which already changes what the
+# model computes) the fields that change attention beyond the scheme.
+OVERRIDABLE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "attention_dropout_kind", "init_std",
+                      "use_cache", "attn_implementation", "keep_absolute_positions")
+SWITCH_ONLY_FIELDS = ("self_attention_window", "cross_attention_length_scaling")
 # the files of a MarianMT folder's own tokenizer (MarianTokenizer), which its converted model keeps
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 # Marian's module names that differ from ours.
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
+
+
+def check_overridable(config_overrides: dict[str, Any], position_scheme: str) -> None:
+    """Each override is one a conversion may set (`OVERRIDABLE_FIELDS`, the scheme's fields, and `SWITCH_ONLY_FIELDS`
+    where the model does not keep Marian's computation: a relative scheme without keep_absolute_positions); a
+    generation setting or any other name is one ValueError naming it."""
+    generation_settings = GenerationConfig().to_dict()
+    scheme_class = POSITION_SCHEMES.get(position_scheme)
+    allowed = {*OVERRIDABLE_FIELDS, *(field.name for field in getattr(scheme_class, "config_fields", ()))}
+    keeps_marian = position_scheme == "absolute" or config_overrides.get("keep_absolute_positions")
+    if not keeps_marian:
+        allowed.update(SWITCH_ONLY_FIELDS)
+    for name in config_overrides:
+        if name in generation_settings:
+            raise ValueError(f"{name} is a generation setting, not a config field: the converted model keeps the "
+                             "source's generation config; edit generation_config.json in the output folder")
+        if field_named(name) not in allowed:
+            why = (f" (it changes what the model computes, and a {position_scheme} conversion"
+                   f"{' with keep_absolute_positions' if position_scheme != 'absolute' else ''} reproduces Marian)"
+                   if name in SWITCH_ONLY_FIELDS else "")
+            raise ValueError(f"{name} cannot be set in a conversion{why}; settable: {', '.join(sorted(allowed))}")
 
 
 def marian_config_to_relpos(marian_config: MarianConfig, position_scheme: str,
@@ -79,8 +113,8 @@ def marian_config_to_relpos(marian_config: MarianConfig, position_scheme: str,
                    for name in config_overrides if field_named(name) in FIELDS_FROM_MARIAN)
     if fixed:
         raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
-                         "dropout, attention_dropout, activation_dropout, init_std, use_cache, attn_implementation "
-                         "and the position scheme's fields")
+                         f"{', '.join(OVERRIDABLE_FIELDS)} and the position scheme's fields")
+    check_overridable(config_overrides, position_scheme)
     fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
     if isinstance(fields["eos_token_id"], list):
         raise ValueError(f"eos_token_id must be one id, got {fields['eos_token_id']!r}")
@@ -270,8 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(the config field keep_absolute_positions; for shaw, xl, t5, none)")
     marian.add_argument("--set", dest="overrides", type=_override, action="append", default=[],
                         metavar="FIELD=VALUE",
-                        help="any other RelPosTransformerConfig field, e.g. --set max_relative_position=16 "
-                             "(repeatable; VALUE read as YAML)")
+                        help="a config field of how the model trains and runs (the scheme's settings, dropout, ...), "
+                             "e.g. --set max_relative_position=16 (repeatable; VALUE read as YAML)")
     return parser
 
 
