@@ -75,7 +75,13 @@ RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2
 def check_overridable(config_overrides: dict[str, Any], position_scheme: str) -> None:
     """Each override is one a conversion may set (`OVERRIDABLE_FIELDS`, the scheme's fields, and `SWITCH_ONLY_FIELDS`
     where the model does not keep Marian's computation: a relative scheme without keep_absolute_positions); a
-    generation setting or any other name is one ValueError naming it."""
+    field defining Marian's weights (also under an alias), a generation setting or any other name is one ValueError
+    naming it."""
+    fixed = sorted(name if field_named(name) == name else f"{name} (= {field_named(name)})"
+                   for name in config_overrides if field_named(name) in FIELDS_FROM_MARIAN)
+    if fixed:
+        raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
+                         f"{', '.join(OVERRIDABLE_FIELDS)} and the position scheme's fields")
     generation_settings = GenerationConfig().to_dict()
     scheme_class = POSITION_SCHEMES.get(position_scheme)
     allowed = {*OVERRIDABLE_FIELDS, *(field.name for field in getattr(scheme_class, "config_fields", ()))}
@@ -109,11 +115,6 @@ def marian_config_to_relpos(marian_config: MarianConfig, position_scheme: str,
         if getattr(marian_config, layerdrop, 0.0):
             logger.warning("%s=%s is dropped: hf_relpos has no LayerDrop (inference is unchanged)", layerdrop,
                            getattr(marian_config, layerdrop))
-    fixed = sorted(name if field_named(name) == name else f"{name} (= {field_named(name)})"
-                   for name in config_overrides if field_named(name) in FIELDS_FROM_MARIAN)
-    if fixed:
-        raise ValueError(f"{', '.join(fixed)} come(s) from the Marian model and cannot be overridden; overridable: "
-                         f"{', '.join(OVERRIDABLE_FIELDS)} and the position scheme's fields")
     check_overridable(config_overrides, position_scheme)
     fields = {name: getattr(marian_config, name) for name in SHARED_CONFIG_FIELDS}
     if isinstance(fields["eos_token_id"], list):
