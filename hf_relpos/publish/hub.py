@@ -690,12 +690,12 @@ def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str
     folder = Path(folder)
     config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     checkpoints = averaged_checkpoints(folder)
-    if checkpoints is None:
-        return render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name,
-                                 published=published)
-    unscored = "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below)."
+    unscored = (None if checkpoints is None
+                else "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below).")
     card = render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name, published=published,
                              unscored=unscored)
+    if checkpoints is None:
+        return card
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
     return (card.rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
             f"These weights are the parameter average of {len(checkpoints)} checkpoint(s) ({names}) of "
