@@ -37,7 +37,7 @@ from typing import Any
 import psutil
 
 from hf_relpos.publish.files import write_text_atomic
-from hf_relpos.publish.records import cpu_model_name, source_version
+from hf_relpos.publish.records import checkout_version, cpu_model_name
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path("/work/shared/data/multi30k")
@@ -206,7 +206,7 @@ def run_size(pairs: int, work: Path, workers: int, tokenizer_training_pairs: str
     prepared_bytes = sum(path.stat().st_size for path in (output_dir / "prepared_data").rglob("*") if path.is_file())
     return {"pairs": pairs, "tokenizer_training_pairs": sample, "train_text_mib": round(text_bytes / 2**20),
             "prepared_mib": round(prepared_bytes / 2**20),
-            "code": source_version(ROOT), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "code": checkout_version(ROOT), "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "command": " ".join(command[1:]).replace(str(work), "WORK"), "first_run": first, "second_run": second,
             "sampler": sampler_epoch(output_dir, max_tokens=3125, pool_factor=4)}
 
@@ -304,7 +304,7 @@ def main(argv: list[str] | None = None) -> None:
     meta = {"command": " ".join(["python -m benchmarks.bench_data", *(argv if argv is not None else sys.argv[1:])]),
             "hardware": f"{cpu_model_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
                         + (f"; {args.hardware_note}" if args.hardware_note else ""),
-            "code": source_version(ROOT), "python": platform.python_version(),
+            "code": checkout_version(ROOT), "python": platform.python_version(),
             "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
             "preprocessing_num_workers": args.workers}
     record: dict[str, Any] = {"meta": meta, "sizes": []}

@@ -22,7 +22,7 @@ import hf_relpos
 from hf_relpos.model.attention_functions import PROBABILITY_DROPOUT_KERNELS, RELPOS_KERNELS
 from hf_relpos.model.triton_relative import interpreting
 from hf_relpos.publish.files import write_text_atomic
-from hf_relpos.publish.records import cpu_model_name, source_version
+from hf_relpos.publish.records import checkout_version, cpu_model_name
 
 # Benchmark label -> config overrides: every registered scheme under its own name, and "shaw-k", Shaw's a^K without
 # the a^V term ("shaw" is the paper's a^K + a^V).
@@ -290,7 +290,7 @@ def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
         "torch": torch.__version__,
         "transformers": __import__("transformers").__version__,
         "python": platform.python_version(),
-        "code": source_version(Path(__file__).resolve().parents[1]),
+        "code": checkout_version(Path(__file__).resolve().parents[1]),
         "clock": clock,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
     }

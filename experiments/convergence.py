@@ -60,10 +60,10 @@ from vs_marian import (
 )
 
 from hf_relpos.publish.records import (
+    checkout_version,
     cpu_model_name,
     gather_run_records,
     software_versions,
-    source_version,
     training_record,
 )
 from hf_relpos.tools.average import average_checkpoints
@@ -164,7 +164,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     if args.collect_only:
         raise SystemExit(f"convergence.py: --collect-only: {system} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
-    version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
+    version, started = checkout_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     is_peer = system in PEERS
     starts = record_start(folder, version, newest_complete_checkpoint(checkpoints_folder(folder, system)))
     version = " then ".join(dict.fromkeys(start["source_version"] for start in starts))

@@ -55,9 +55,9 @@ from hf_relpos.publish.records import (
     RECORDS,
     SCHEME_FIELD,
     RunRecord,
+    checkout_version,
     cpu_model_name,
     software_versions,
-    source_version,
 )
 from hf_relpos.tools.viz import require_matplotlib
 from hf_relpos.translation.tokenization import wrap_tokenizer
@@ -526,7 +526,7 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
         runs.append({"name": spec.name, "model": str(folder), "result": result})
         records.append(typed_record(spec, args, result))
     results = {"buckets": [f"{low}-{high}" for low, high in BUCKETS], "settings": json_settings(args),
-               "source_version": source_version(ROOT),
+               "source_version": checkout_version(ROOT),
                "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "bleu_signature": signature,
                "runs": runs, RECORDS: records}
@@ -593,7 +593,7 @@ def main(argv: list[str] | None = None) -> dict:
         "train_lengths": list(TRAIN_LENGTHS),
         "buckets": [f"{low}-{high}" for low, high in BUCKETS],
         "settings": settings,
-        "source_version": source_version(ROOT),
+        "source_version": checkout_version(ROOT),
         "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "bleu_signature": signature,

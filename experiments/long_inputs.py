@@ -66,9 +66,9 @@ from hf_relpos.publish.records import (
     TRAINED_WEIGHTS,
     RunRecord,
     Scores,
+    checkout_version,
     cpu_model_name,
     software_versions,
-    source_version,
     training_record,
 )
 from hf_relpos.translation.metrics import score_translations
@@ -198,7 +198,7 @@ def keep_scores(folder: Path, key: dict, scores: dict[str, dict], hypotheses: di
     """Add `scores` and the `hypotheses` they score under `key` to those kept beside `folder` (replacing an entry of
     the same key) and return the kept entry. The file is written whole or not at all, under a lock, so that
     invocations scoring the same model with other settings at the same time keep each other's entries."""
-    kept = {"key": key, "source_version": source_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
+    kept = {"key": key, "source_version": checkout_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
         timespec="seconds"), "scores": scores, "hypotheses": hypotheses}
     with open(folder / f".{SCORES_FILE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -537,7 +537,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     first = next(iter(runs.values()))[0]["scores"]
     results = {
         "settings": {**json_settings(args), "model": [f"{system}:{seed}={folder}" for system, seed, folder in args.model]},
-        "source_version": source_version(ROOT), "versions": software_versions(),
+        "source_version": checkout_version(ROOT), "versions": software_versions(),
         "device": cpu_model_name() if args.device == "cpu" else args.device,
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "sizes": level_sizes,

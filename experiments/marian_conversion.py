@@ -449,13 +449,13 @@ def main(argv: list[str] | None = None) -> None:
             parser.error("--describe-long-bucket needs --data, --marian-model and --long-pairs")
         from transformers import AutoTokenizer
 
-        from hf_relpos.publish.records import source_version
+        from hf_relpos.publish.records import checkout_version
 
         bucket = long_pairs(read_pairs(args.data / "train.jsonl", "en", "de"),
                             read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
         description = describe_long_bucket(bucket, AutoTokenizer.from_pretrained(str(args.marian_model)),
                                            args.long_max_new_tokens, args.max_len_a, args.max_len_b)
-        description |= {"tokenizer_of": str(args.marian_model), "source_version": source_version(ROOT),
+        description |= {"tokenizer_of": str(args.marian_model), "source_version": checkout_version(ROOT),
                         "command": "python experiments/marian_conversion.py " + " ".join(sys.argv[1:] if argv is None
                                                                                          else argv)}
         args.out.mkdir(parents=True, exist_ok=True)
@@ -492,7 +492,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from settings import json_settings
 
-    from hf_relpos.publish.records import cpu_model_name, software_versions, source_version
+    from hf_relpos.publish.records import checkout_version, cpu_model_name, software_versions
     from hf_relpos.tools.convert import convert_marian
     from hf_relpos.translation.tokenization import has_saved_tokenizer, load_tokenizer, train_joint_tokenizer
 
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> None:
             setattr(args, name, None)  # set by the given model, not by this run
     bucket = long_pairs(train_pairs, read_pairs(args.data / "test.jsonl", "en", "de"), args.long_pairs)
     results = {"settings": json_settings(args) | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
-               "source_version": source_version(ROOT), "versions": software_versions(),
+               "source_version": checkout_version(ROOT), "versions": software_versions(),
                "device": f"CPU: {cpu_model_name()}, {args.threads} thread(s)",
                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}

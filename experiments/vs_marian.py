@@ -70,11 +70,11 @@ from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, ne
 from hf_relpos.publish import records as run_records
 from hf_relpos.publish.records import (
     RunRecord,
+    checkout_version,
     cpu_model_name,
     gather_run_records,
     scores_by_weights,
     software_versions,
-    source_version,
 )
 from hf_relpos.translation.arguments import data_seed, parse_arguments
 from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs, tokenize_training_pairs
@@ -665,7 +665,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         raise SystemExit(f"vs_marian.py: --collect-only: {row.name} seed {seed} has no {record_path}")
     folder.mkdir(parents=True, exist_ok=True)
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
-    version, started = source_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
+    version, started = checkout_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     if row.recipe == PEER_WITH_RECIPE_TRAINING:
         training = train_peer_as_recipe(folder, recipe_argv(row, folder, seed, args), args)
     elif row.is_peer:

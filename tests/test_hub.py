@@ -317,6 +317,19 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path, monkeypatch):
     assert run_record(*arguments).source_version is None
 
 
+def test_experiment_records_refuse_a_package_imported_from_another_checkout(tmp_path, monkeypatch):
+    """The experiments and benchmarks record `checkout_version` of their own checkout: where the environment imports
+    hf_relpos from another checkout (an editable install of a second clone), the record would name code that did not
+    run, so it is refused with the fix."""
+    from hf_relpos.publish import records
+
+    assert records.checkout_version(REPO_ROOT) == source_version(REPO_ROOT) != "unknown"
+    monkeypatch.setattr(records, "PACKAGE_CHECKOUT", tmp_path)
+    with pytest.raises(SystemExit, match=f"imported from {tmp_path / 'hf_relpos'}, not from .*{REPO_ROOT.name}.*"
+                                         f"PYTHONPATH={REPO_ROOT}"):
+        records.checkout_version(REPO_ROOT)
+
+
 @pytest.mark.parametrize(("program_path", "command"), [("/venv/bin/hf-relpos-train", "hf-relpos-train"),
                                                        ("train_translation.py", "python train_translation.py")])
 def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monkeypatch, program_path, command):

@@ -245,6 +245,17 @@ def source_version(checkout: Path) -> str:
 PACKAGE_CHECKOUT = Path(__file__).resolve().parents[2]
 
 
+def checkout_version(checkout: Path) -> str:
+    """`source_version` of the checkout whose experiment or benchmark scripts run, which must be the checkout hf_relpos
+    is imported from: otherwise the record would name code that did not run (an environment installed from another
+    checkout imports that one's package)."""
+    if PACKAGE_CHECKOUT != Path(checkout).resolve():
+        raise SystemExit(f"hf_relpos is imported from {PACKAGE_CHECKOUT / 'hf_relpos'}, not from the checkout of these "
+                         f"scripts ({Path(checkout).resolve()}): a record would name code that did not run; run them "
+                         f"with PYTHONPATH={Path(checkout).resolve()}")
+    return source_version(checkout)
+
+
 def package_version() -> str | None:
     """Which hf_relpos code runs, for a run's `source_version`: `source_version` of the git checkout it runs from (a
     commit, `-dirty` with uncommitted changes), else the installed package's version (None where neither is known)."""
