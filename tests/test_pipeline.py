@@ -144,3 +144,13 @@ def test_a_chinese_text_is_translated_sentence_by_sentence(translator):
     first, second = (translator(sentence)[0]["translation_text"] for sentence in ("他看见狗。", "她打开门！"))
     assert first and second
     assert translator("他看见狗。她打开门！") == [{"translation_text": f"{first} {second}"}]
+
+
+def test_a_source_relative_cap_given_when_the_pipeline_is_made_holds_for_every_call(memorised_model_folder):
+    """max_len_a / max_len_b are no GenerationConfig fields: given to `pipeline(...)`, they cap every call as given to
+    the call (they were dropped by each call's own keyword arguments)."""
+    capped = pipeline("translation", model=str(memorised_model_folder), device="cpu", max_len_a=0.0, max_len_b=2)
+    cut = capped(SOURCES[1])[0]["translation_text"]
+    assert cut != TARGETS[1] and TARGETS[1].startswith(cut)
+    assert capped(SOURCES[1], num_beams=1) == capped(SOURCES[1], max_len_a=0.0, max_len_b=2, num_beams=1)
+    assert capped(SOURCES[1], max_len_b=None) == [{"translation_text": TARGETS[1]}]

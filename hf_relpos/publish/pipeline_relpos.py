@@ -149,7 +149,10 @@ class TranslationPipeline(ChunkPipeline):
                                                       ("split_sentences", split_sentences)) if value is not None}
         postprocess = {} if clean_up_tokenization_spaces is None else {
             "clean_up_tokenization_spaces": clean_up_tokenization_spaces}
-        return preprocess, {"generate_kwargs": generate_kwargs}, postprocess
+        # Settings generate takes that are not GenerationConfig fields (max_len_a, max_len_b) reach here, not the
+        # pipeline's own generation kwargs: a call's are added to those given when the pipeline was made.
+        given_at_init = getattr(self, "_forward_params", {}).get("generate_kwargs", {})
+        return preprocess, {"generate_kwargs": {**given_at_init, **generate_kwargs}}, postprocess
 
     def preprocess(self, text: str, truncation: bool | str = False, split_sentences: bool = True) -> Iterator[dict]:
         if not isinstance(text, str):
