@@ -96,6 +96,14 @@ def test_old_translation_pipeline_arguments(translator):
         ("I waited... Then he came.", [("I waited...", " "), ("Then he came.", "")]),
         ("I waited… Then he came.", [("I waited…", " "), ("Then he came.", "")]),
         ("He said \"Wait...\" Then he left...", [("He said \"Wait...\"", " "), ("Then he left...", "")]),
+        # no, art, ... hold a period only before a number: as words they end a sentence
+        ("The answer is no. We left. No. 5 and Art. 3 stay.",
+         [("The answer is no.", " "), ("We left.", " "), ("No. 5 and Art. 3 stay.", "")]),
+        ("No. He loves art. She does not.", [("No.", " "), ("He loves art.", " "), ("She does not.", "")]),
+        # German quotes close with “ ‘ « and open with „ ‚ »
+        ("Er sagte: „Ja.“ Sie rief ‚Nein!‘ »Komm.« Dann ging er.",
+         [("Er sagte: „Ja.“", " "), ("Sie rief ‚Nein!‘", " "), ("»Komm.«", " "), ("Dann ging er.", "")]),
+        ("„Dr. Müller kam.“ Er ging.", [("„Dr. Müller kam.“", " "), ("Er ging.", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):

@@ -33,13 +33,19 @@ SENTENCE_BOUNDARY = re.compile(rf"\s+|[{NO_SPACE_SENTENCE_END}]+(?=[^\s{re.escap
 # full-width forms; the characters themselves, not escapes, so that Arrow's RE2 reads the pattern too), and the
 # opening quotes and brackets before a sentence's first letter.
 NO_SPACE_SCRIPT = re.compile("[\u3000-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uff00-\uffef]")
-OPENING = "\"'“‘«([「『（【〔〈《〖〘〚＂＇［｛"
+OPENING = "\"'“‘«„‚»([「『（【〔〈《〖〘〚＂＇［｛"
+# After a sentence's end, German quotes „…“, ‚…‘ and »…« close with “ ‘ « (which open quotes elsewhere, so they are
+# not in CLOSING, whose 。！？ rule must not read “ as closing).
+QUOTE_CLOSING = CLOSING + "“‘«"
 # Words whose period does not end a sentence when a capital or a number follows (English and German titles,
-# references, Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
+# Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
 ABBREVIATIONS = frozenset(
-    "mr mrs ms dr prof st jr sr sen rep gov gen col capt lt sgt rev fr hr frl mt ft vs cf approx ca no nr nos fig "
-    "figs vol vols pp ch sec art abs str bzw usw vgl inc ltd corp co dept univ jan feb aug sept oct nov dec z d u".split()
+    "mr mrs ms dr prof st jr sr sen rep gov gen col capt lt sgt rev fr hr frl mt ft vs cf approx ca str bzw usw vgl "
+    "inc ltd corp co dept univ jan feb aug sept oct nov dec z d u".split()
 )
+# References whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4"; Moses'
+# NUMERIC_ONLY prefixes): as words ("The answer is no. We left.", "He loves art. She hates it.") they end one.
+NUMBER_ABBREVIATIONS = frozenset("no nos nr art pp fig figs vol vols ch sec abs".split())
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
 
@@ -58,11 +64,12 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
     break; at . ! ? … or ... (three periods), closing quotes or brackets allowed, followed by whitespace and no
     lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
-    `ABBREVIATIONS` ("Dr. Smith", "No. 5"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"),
-    or a list number opening the sentence ("1. Take"); and at Chinese and Japanese 。！？, with whitespace after them
-    (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
-    sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
-    ("3.5") hold no whitespace and are never split."""
+    `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS` before a number ("No. 5"), a capital initial or a
+    dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"), or a list number opening the sentence ("1. Take"),
+    quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese
+    。！？, with whitespace after them (closing quotes or brackets such as 」』） allowed) or right before the next
+    sentence's first character (the sentence is followed by ""; a closing quote there continues the sentence:
+    「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace and are never split."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
@@ -79,13 +86,15 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
 
 def ends_sentence(sentence: str, next_character: str) -> bool:
     """Whether `sentence` (the text since the last split, up to a space) ends where `next_character` follows."""
-    word = sentence.rsplit(None, 1)[-1].rstrip(CLOSING)
+    word = sentence.rsplit(None, 1)[-1].rstrip(QUOTE_CLOSING)
     if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
         return False
     if not word.endswith(".") or word.endswith(ELLIPSIS):
         return True
-    stem = word[:-1].lstrip("\"'“‘«([")
-    if stem.lower() in ABBREVIATIONS or "." in stem or (len(stem) == 1 and stem.isupper()):
+    stem = word[:-1].lstrip(OPENING)
+    if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and next_character.isdigit()):
+        return False
+    if "." in stem or (len(stem) == 1 and stem.isupper()):
         return False
     return not (stem.isdigit() and sentence.strip() == word)
 
