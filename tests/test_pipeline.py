@@ -104,6 +104,10 @@ def test_old_translation_pipeline_arguments(translator):
         ("Er sagte: „Ja.“ Sie rief ‚Nein!‘ »Komm.« Dann ging er.",
          [("Er sagte: „Ja.“", " "), ("Sie rief ‚Nein!‘", " "), ("»Komm.«", " "), ("Dann ging er.", "")]),
         ("„Dr. Müller kam.“ Er ging.", [("„Dr. Müller kam.“", " "), ("Er ging.", "")]),
+        # a German date's day is an ordinal number with a period
+        ("Er kam am 3. Oktober. Am 24. Dezember ging er. Er zählte bis 3. Dann ging er.",
+         [("Er kam am 3. Oktober.", " "), ("Am 24. Dezember ging er.", " "), ("Er zählte bis 3.", " "),
+          ("Dann ging er.", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):

@@ -46,6 +46,11 @@ ABBREVIATIONS = frozenset(
 # References whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4"; Moses'
 # NUMERIC_ONLY prefixes): as words ("The answer is no. We left.", "He loves art. She hates it.") they end one.
 NUMBER_ABBREVIATIONS = frozenset("no nos nr art pp fig figs vol vols ch sec abs".split())
+# German writes a date's day as an ordinal number with a period ("am 3. Oktober"): before a month's name, a day's
+# number does not end a sentence.
+MONTHS = frozenset("januar jänner februar feber märz april mai juni juli august september oktober november "
+                   "dezember".split())
+NEXT_WORD = re.compile(r"\S*")
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
 
@@ -66,26 +71,28 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
     `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS` before a number ("No. 5"), a capital initial or a
     dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"), or a list number opening the sentence ("1. Take"),
-    quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese
-    。！？, with whitespace after them (closing quotes or brackets such as 」』） allowed) or right before the next
-    sentence's first character (the sentence is followed by ""; a closing quote there continues the sentence:
-    「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace and are never split."""
+    a day's number before a month's name (German "am 3. Oktober"), quotes allowed around the word (German „Ja.“ ends
+    a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after them (closing quotes
+    or brackets such as 」』） allowed) or right before the next sentence's first character (the sentence is followed
+    by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace
+    and are never split."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
         if not match.group().isspace():   # 。！？ right before the next sentence
             pieces.append((text[start:match.end()], ""))
             start = match.end()
-        elif match.start() > start and ("\n" in match.group() or ends_sentence(text[start:match.start()],
-                                                                               text[match.end():match.end() + 1])):
+        elif match.start() > start and ("\n" in match.group() or ends_sentence(
+                text[start:match.start()], NEXT_WORD.match(text, match.end()).group())):
             pieces.append((text[start:match.start()], match.group()))
             start = match.end()
     pieces.append((text[start:], ""))
     return pieces
 
 
-def ends_sentence(sentence: str, next_character: str) -> bool:
-    """Whether `sentence` (the text since the last split, up to a space) ends where `next_character` follows."""
+def ends_sentence(sentence: str, next_word: str) -> bool:
+    """Whether `sentence` (the text since the last split, up to a space) ends where `next_word` follows."""
+    next_character = next_word[:1]
     word = sentence.rsplit(None, 1)[-1].rstrip(QUOTE_CLOSING)
     if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
         return False
@@ -95,6 +102,8 @@ def ends_sentence(sentence: str, next_character: str) -> bool:
     if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and next_character.isdigit()):
         return False
     if "." in stem or (len(stem) == 1 and stem.isupper()):
+        return False
+    if stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS:
         return False
     return not (stem.isdigit() and sentence.strip() == word)
 
