@@ -377,6 +377,11 @@ def test_the_long_input_text_holds_in_the_record(report):
             else:
                 ratios = {system: statistics.mean(row["length_ratio"]) for system, row in levels[level].items()}
                 assert min(ratios, key=ratios.get) == "xl", (level, ratios)
+    # README 'Which scheme' says the same of the one-sentence form: shaw first on means, then per set the second
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert ("`shaw` keeps the largest mean share of its single-caption BLEU on test2016 and validation (on means only: "
+            "its worst seed keeps less than the best seeds of `directional` and `rope`), second `directional` on "
+            "validation and `rope` on test2016, `t5` the smallest") in readme
     # the peer: seeds 1-3; at 4 as one sentence it keeps more than absolute on means (their seeds overlapping; with
     # longer outputs) and less than shaw on both sets, more than directional on test2016 and less on validation
     peer = {name: level[PEER_ROW] for name, level in record["levels"].items()}
