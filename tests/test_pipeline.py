@@ -104,6 +104,11 @@ def test_old_translation_pipeline_arguments(translator):
         ("Er sagte: „Ja.“ Sie rief ‚Nein!‘ »Komm.« Dann ging er.",
          [("Er sagte: „Ja.“", " "), ("Sie rief ‚Nein!‘", " "), ("»Komm.«", " "), ("Dann ging er.", "")]),
         ("„Dr. Müller kam.“ Er ging.", [("„Dr. Müller kam.“", " "), ("Er ging.", "")]),
+        # other scripts' sentence ends, followed by a space: Hindi's danda, Arabic's question mark, Urdu's full stop
+        ("वह घर गया। वह सो गई॥ क्या?", [("वह घर गया।", " "), ("वह सो गई॥", " "), ("क्या?", "")]),
+        ("هل أنت بخير؟ نعم.", [("هل أنت بخير؟", " "), ("نعم.", "")]),
+        ("وہ گھر گیا۔ وہ سو گئی۔", [("وہ گھر گیا۔", " "), ("وہ سو گئی۔", "")]),
+        ("Բարեւ։ Ինչպես ես։", [("Բարեւ։", " "), ("Ինչպես ես։", "")]),
         # a German date's day is an ordinal number with a period
         ("Er kam am 3. Oktober. Am 24. Dezember ging er. Er zählte bis 3. Dann ging er.",
          [("Er kam am 3. Oktober.", " "), ("Am 24. Dezember ging er.", " "), ("Er zählte bis 3.", " "),

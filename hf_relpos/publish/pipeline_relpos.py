@@ -22,7 +22,9 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-SENTENCE_END = ".!?…。！？"
+# Sentence ends followed by whitespace: Latin, Greek, Cyrillic . ! ? …; Devanagari danda । ॥ (Hindi, Marathi,
+# Nepali), Arabic-script ؟ and ۔ (Arabic, Persian, Urdu), Armenian ։, Ethiopic ። ፧ ፨, Burmese ။; and CJK 。！？.
+SENTENCE_END = ".!?…।॥؟۔։።፧፨။。！？"
 NO_SPACE_SENTENCE_END = "。！？"   # Chinese and Japanese: the next sentence follows without a space
 CLOSING = "\"'”’»)]」』）】〕〉》〗〙〛＂＇］｝"
 ELLIPSIS = "..."   # three periods, which end a sentence as … does
@@ -67,7 +69,7 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
-    break; at . ! ? … or ... (three periods), closing quotes or brackets allowed, followed by whitespace and no
+    break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing quotes or brackets allowed, followed by whitespace and no
     lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
     `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS` before a number ("No. 5"), a capital initial or a
     dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"), or a list number opening the sentence ("1. Take"),
