@@ -469,6 +469,28 @@ def test_return_dict_false_returns_the_output_as_a_tuple(case):
         assert isinstance(encoder, tuple)
 
 
+@pytest.mark.parametrize("case", range(3), ids=["seq2seq", "base", "causal_lm"])
+def test_output_flags_left_unset_take_the_configs(case):
+    """`config.output_attentions` / `output_hidden_states` (e.g. `from_pretrained(path, output_attentions=True)`)
+    stand for the flags a call leaves unset, as in Marian and BART; a flag passed wins."""
+    model, inputs = return_dict_cases()[case]
+    model.set_attn_implementation("eager")   # transformers allows config.output_attentions on eager only
+    with torch.no_grad():
+        expected = model(**inputs, output_attentions=True, output_hidden_states=True)
+        model.config.output_attentions = model.config.output_hidden_states = True
+        from_config = model(**inputs)
+        overridden = model(**inputs, output_attentions=False, output_hidden_states=False)
+        encoder = model.get_encoder()(input_ids=inputs["input_ids"]) if hasattr(model, "get_encoder") else None
+    flagged = [key for key in expected if "attentions" in key or key.endswith("hidden_states")]
+    assert len(flagged) >= 2
+    for key in flagged:
+        assert len(from_config[key]) == len(expected[key])
+        assert all(torch.equal(got, want) for got, want in zip(from_config[key], expected[key], strict=True))
+        assert overridden.get(key) is None
+    if encoder is not None:
+        assert encoder.attentions is not None and encoder.hidden_states is not None
+
+
 class RecordedPositions:
     """Records the positions each stack's scheme receives (`embed`'s and `terms`' `positions`, None = ordinary)."""
 

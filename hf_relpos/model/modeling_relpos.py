@@ -162,6 +162,16 @@ def check_padding_mask(name: str, mask: torch.Tensor | None, batch_size: int, le
                          f"{list(mask.shape)}")
 
 
+def output_flags(config: RelPosTransformerConfig, output_attentions: bool | None,
+                 output_hidden_states: bool | None) -> tuple[bool, bool]:
+    """transformers' rule for the output flags of a forward call: one left None takes the config's
+    (`config.output_attentions`, `config.output_hidden_states`, e.g. from `from_pretrained(path,
+    output_attentions=True)`), as in Marian and BART."""
+    attentions = config.output_attentions if output_attentions is None else output_attentions
+    hidden_states = config.output_hidden_states if output_hidden_states is None else output_hidden_states
+    return bool(attentions), bool(hidden_states)
+
+
 def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[AttentionTerms, PositionContext]:
     """The self-attention terms (and prepared context) of the encoder's (or the decoder's) position scheme of
     `config`, read off a fresh one-layer copy of the scheme on the CPU over 3 tokens."""
@@ -659,7 +669,8 @@ class RelPosEncoder(RelPosStack):
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
                                        device=hidden_states.device, window=self.config.self_attention_window)
         hidden_states, all_hidden, all_self, _, _ = self.run_layers(
-            hidden_states, self_mask, bool(output_attentions), bool(output_hidden_states), key_positions=key_positions
+            hidden_states, self_mask, *output_flags(self.config, output_attentions, output_hidden_states),
+            key_positions=key_positions,
         )
         return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=all_self)
 
@@ -791,8 +802,7 @@ class RelPosDecoder(RelPosStack):
         hidden_states, all_hidden, all_self, all_cross, layer_inputs = self.run_layers(
             hidden_states,
             self_mask,
-            bool(output_attentions),
-            bool(output_hidden_states),
+            *output_flags(self.config, output_attentions, output_hidden_states),
             encoder_hidden_states=encoder_hidden_states,
             cross_mask=cross_mask,
             cache=cache,
