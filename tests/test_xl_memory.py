@@ -107,6 +107,22 @@ def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(position_scheme):
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < TOLERANCE
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("position_scheme, mem_len", [*((scheme, 0) for scheme in SCHEMES), ("xl", 64)])
+def test_generate_takes_an_embedded_prompt_as_the_same_tokens(position_scheme, mem_len):
+    """generate(inputs_embeds=...) was refused ("doesn't have its forwarding implemented"): the prompt given as its
+    token embeddings gives the logits and new tokens of the prompt given as ids."""
+    model = causal_lm(position_scheme, mem_len=mem_len).double()
+    prompt = stream(4)
+    kwargs = dict(max_new_tokens=5, min_new_tokens=5, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        from_ids = model.generate(input_ids=prompt, **kwargs)
+        from_embeds = model.generate(inputs_embeds=model.get_input_embeddings()(prompt), **kwargs)
+    assert torch.equal(from_embeds.sequences, from_ids.sequences[:, prompt.size(1):])
+    assert (torch.stack(from_embeds.logits) - torch.stack(from_ids.logits)).abs().max() < TOLERANCE
+
+
 def test_causal_lm_round_trips_through_auto_class(tmp_path):
     model = causal_lm()
     model.save_pretrained(tmp_path)

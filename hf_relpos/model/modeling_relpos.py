@@ -1379,12 +1379,14 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             kwargs["positions"] = draw_output_positions(self, 0 if prompt is None else prompt.size(1), kwargs)
         return super().generate(*args, **kwargs)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, **kwargs) -> dict:
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,
+                                      **kwargs) -> dict:
         """`generate` stores returned `mems` as the cache even with `use_cache=False`; drop them then, so an uncached
-        step really recomputes the whole sequence."""
+        step really recomputes the whole sequence. `inputs_embeds` (a prompt given embedded) is named here, since
+        `generate` takes it only from a model whose signature names it, and feeds the first step (transformers')."""
         if not kwargs.get("use_cache", True):
             kwargs.pop("cache", None)
-        return super().prepare_inputs_for_generation(input_ids, **kwargs)
+        return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
 
     def _reorder_cache(self, past, beam_idx: torch.Tensor):
         """Beam search: reorder the memory (a tuple of tensors) or the KV cache along the batch."""
