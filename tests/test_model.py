@@ -172,6 +172,31 @@ def test_the_kv_cache_is_taken_as_cache_and_under_its_deprecated_name(argument):
 
 
 @pytest.mark.numerics
+def test_the_decoder_called_alone_returns_the_cache_it_fills():
+    """`model.get_decoder()` stepped without `use_cache` takes `config.use_cache` (true), as Marian's decoder does: it
+    returned no cache (None after the first step, so the next step restarted at position 0); handing back the cache
+    it returns gives the teacher-forced hidden states (float64)."""
+    model = tiny_model("shaw", seed=1).double()
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(3))
+    decoder = model.get_decoder()
+    with torch.no_grad():
+        inputs = dict(encoder_hidden_states=model.get_encoder()(input_ids=input_ids,
+                                                                attention_mask=attention_mask).last_hidden_state,
+                      encoder_attention_mask=attention_mask)
+        whole = decoder(input_ids=decoder_input_ids, use_cache=False, **inputs).last_hidden_state
+        cache, steps = None, []
+        for step in range(decoder_input_ids.size(1)):
+            out = decoder(input_ids=decoder_input_ids[:, step:step + 1], cache=cache, **inputs)
+            cache = out.cache
+            steps.append(out.last_hidden_state)
+        assert cache.get_seq_length() == decoder_input_ids.size(1)
+        assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
+        model.config.use_cache = False
+        assert decoder(input_ids=decoder_input_ids, **inputs).cache is None
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position_scheme, reentrant):
