@@ -53,6 +53,18 @@ def test_memory_shorter_than_the_context_forgets_it():
     assert (second.logits - whole[:, SEGMENT:]).abs().max() > 1e-3
 
 
+def test_the_decoder_called_alone_with_memory_returns_memory_and_no_cache():
+    """Memory and a KV cache are exclusive: the decoder stepped alone with `mem_len` > 0 and `use_cache` unset returns
+    the new memory and no cache (`config.use_cache` stands for the cache of a model without memory)."""
+    decoder = causal_lm().get_decoder()
+    tokens = stream(2 * SEGMENT)
+    with torch.no_grad():
+        first = decoder(input_ids=tokens[:, :SEGMENT])
+        second = decoder(input_ids=tokens[:, SEGMENT:], mems=first.mems)
+    assert first.cache is None and second.cache is None
+    assert len(first.mems) == len(second.mems) == len(decoder.layers)
+
+
 def test_no_gradient_flows_into_the_memory():
     model = causal_lm().train()
     tokens = stream(2 * SEGMENT)

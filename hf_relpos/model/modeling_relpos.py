@@ -750,11 +750,12 @@ class RelPosDecoder(RelPosStack):
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
-        `use_cache` None takes `config.use_cache` (as Marian's decoder), so a cache this call fills is returned.
+        `use_cache` None takes `config.use_cache` (as Marian's decoder) without memory, so a cache this call fills is
+        returned; with memory, no cache.
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`). `position_ids`: see `RelPosStack.token_positions`."""
-        use_cache = self.config.use_cache if use_cache is None else use_cache
         mem_len = memory_length(self.config, mem_len)
+        use_cache = self.config.use_cache and mem_len == 0 if use_cache is None else use_cache
         check_memory_positions(self.config, self.positions, mem_len)
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
