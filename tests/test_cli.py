@@ -80,6 +80,15 @@ def test_an_installed_command_names_itself_in_usage_and_errors(name, tmp_path):
     assert "train_translation.py" not in completed.stderr and "python -m" not in completed.stderr
 
 
+def test_the_training_module_runs_as_a_program():
+    """`python -m hf_relpos.translation.training` is the training command (as `python -m hf_relpos.tools.translate`
+    is hf-relpos-translate), not a silent exit 0 that trained nothing."""
+    completed = subprocess.run([sys.executable, "-m", "hf_relpos.translation.training", "--no-such-flag"],
+                               capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert "error: " in completed.stderr
+
+
 def test_train_translation_script_is_the_same_main():
     namespace: dict = {}
     exec((REPO / "train_translation.py").read_text(encoding="utf-8").replace('if __name__ == "__main__"', "if False"),

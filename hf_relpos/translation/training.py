@@ -132,3 +132,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     state = PartialState()
     state.wait_for_everyone()
     state.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
