@@ -265,6 +265,26 @@ def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model
     assert "--input" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("flag", "name"), [("--input", "test.jsonl"), ("--input", "test.TSV"),
+                                            ("--reference", "test.csv"), ("--reference", "test.json")])
+def test_a_file_of_records_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys, monkeypatch,
+                                                             flag, name):
+    """A .jsonl/.json/.csv/.tsv file (the training app's formats) is one error, not its raw lines translated or
+    scored as sentences."""
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before refusing the file"))
+    records = tmp_path / name
+    records.write_text(json.dumps({"translation": {"en": SOURCES[0], "de": TARGETS[0]}}) + "\n", encoding="utf-8")
+    plain = write_lines(tmp_path / "plain.txt", SOURCES[:1])
+    given = [str(records), "--reference", str(plain)] if flag == "--input" else [str(plain), "--reference", str(records)]
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), *given])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"hf-relpos-translate: error: {flag} {str(records)!r} is a ") and "file of records" in error
+    assert len(error.splitlines()) == 1
+
+
 @pytest.mark.parametrize("model", ["outputs/dmeo", "./dmeo", "runs/a/b"])
 def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, capsys, monkeypatch, model):
     monkeypatch.chdir(tmp_path)

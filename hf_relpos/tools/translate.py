@@ -41,7 +41,7 @@ from ..translation.arguments import (
     import_user_modules,
 )
 from ..translation.batching import cut_token_batches
-from ..translation.data import DatasetSchemaError, text_lines
+from ..translation.data import FILE_FORMATS, SOURCE_ONLY_FORMATS, DatasetSchemaError, text_lines
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
@@ -246,6 +246,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                        f"'{missing_folder}')\n")
     texts = {}
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
+        if path is not None and FILE_FORMATS.get(Path(path).suffix.lower()) not in (None, *SOURCE_ONLY_FORMATS):
+            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {Path(path).suffix} file of records, not plain "
+                           f"text: {PROGRAM} reads one sentence per line; write each language's side to a text file "
+                           "(docs/training.md#data shows how), or give the file to train_translation.py as --test_file "
+                           "with --do_predict true\n")
         if path is not None:
             try:
                 texts[flag] = text_lines(Path(path).read_bytes(), path)
