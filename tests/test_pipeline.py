@@ -100,6 +100,9 @@ def test_old_translation_pipeline_arguments(translator):
         ("The answer is no. We left. No. 5 and Art. 3 stay.",
          [("The answer is no.", " "), ("We left.", " "), ("No. 5 and Art. 3 stay.", "")]),
         ("No. He loves art. She does not.", [("No.", " "), ("He loves art.", " "), ("She does not.", "")]),
+        ("Ich traf Jan. Er lachte am 5. Jan. 2020. Dann Sept. 3 und Dec. Dann ging er.",
+         [("Ich traf Jan.", " "), ("Er lachte am 5. Jan. 2020.", " "), ("Dann Sept. 3 und Dec.", " "),
+          ("Dann ging er.", "")]),
         # German quotes close with “ ‘ « and open with „ ‚ »
         ("Er sagte: „Ja.“ Sie rief ‚Nein!‘ »Komm.« Dann ging er.",
          [("Er sagte: „Ja.“", " "), ("Sie rief ‚Nein!‘", " "), ("»Komm.«", " "), ("Dann ging er.", "")]),

@@ -43,15 +43,16 @@ QUOTE_CLOSING = CLOSING + "“‘«"
 # Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
 ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof st jr sr sen rep gov gen col capt lt sgt rev fr hr frl mt ft vs cf approx ca str bzw usw vgl "
-    "inc ltd corp co dept univ jan feb aug sept oct nov dec z d u".split()
+    "inc ltd corp co dept univ z d u".split()
 )
-# References whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4"; Moses'
-# NUMERIC_ONLY prefixes): as words ("The answer is no. We left.", "He loves art. She hates it.") they end one.
-NUMBER_ABBREVIATIONS = frozenset("no nos nr art pp fig figs vol vols ch sec abs".split())
-# German writes a date's day as an ordinal number with a period ("am 3. Oktober"): before a month's name, a day's
-# number does not end a sentence.
+# References and months whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4",
+# "Jan. 5"; Moses' NUMERIC_ONLY prefixes): as words or names ("The answer is no. We left.", "He loves art. She hates
+# it.", "Ich traf Jan. Er lachte.") they end one.
+NUMBER_ABBREVIATIONS = frozenset("no nos nr art pp fig figs vol vols ch sec abs jan feb aug sept oct nov dec".split())
+# German writes a date's day as an ordinal number with a period ("am 3. Oktober", "am 5. Jan."): before a month's
+# name or its abbreviation, a day's number does not end a sentence.
 MONTHS = frozenset("januar jänner februar feber märz april mai juni juli august september oktober november "
-                   "dezember".split())
+                   "dezember jan feb mär apr jun jul aug sep sept okt nov dez".split())
 NEXT_WORD = re.compile(r"\S*")
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
