@@ -725,6 +725,27 @@ def choose_default(columns: dict[str, dict[str, list[float]]]) -> tuple[str, dic
     return choice, table_rows
 
 
+# The two Multi30k sets every column of the rule is drawn from, as the column names spell them. Both were read while
+# the recipes' shared settings were chosen (README, "Which sets chose which settings"), and both are columns here.
+RULE_SETS = ("validation", "test2016")
+
+
+def outcome_on_one_set(columns: dict[str, dict[str, list[float]]], name: str) -> str:
+    """The rule applied to the columns drawn from one set alone (`name` in the column's name), in words: its choice, and
+    the candidates that share the choice's worst rank (the tie the GPU speed breaks), or why it chooses none."""
+    subset = {column: values for column, values in columns.items() if name in column}
+    if not ranked_columns(subset):
+        return f"no {name} column counts"
+    try:
+        choice, rows = choose_default(subset)
+    except ValueError:   # no candidate measured in every column of the set
+        return f"no candidate measured in every {name} column"
+    tied = [f"`{scheme}`" for scheme, row in rows.items()
+            if scheme != choice and row["out"] is None and row["worst"] == rows[choice]["worst"]]
+    tie = f" (tied on worst rank with {', '.join(tied)}, the faster on the GPU)" if tied else ""
+    return f"**`{choice}`**{tie}"
+
+
 def long_input_records() -> list[str]:
     """The names of the long-input records (docs/results/long_inputs/<name>/long_inputs.json)."""
     return [path.parent.name for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json"))]
@@ -766,7 +787,14 @@ def readme_default_rule() -> str:
                f"([`{ONE_COMMIT}`](docs/results/{ONE_COMMIT}), [`{TWENTY_EPOCHS_ONE_COMMIT}`]"
                f"(docs/results/{TWENTY_EPOCHS_ONE_COMMIT}){long_inputs_link}), each recipe as committed now; GPU "
                f"speed: the slowest of the H100 training ratios to `absolute` ([`{H100_CHECK}`]"
-               f"(docs/results/{H100_CHECK}/README.md)).\n\n")
+               f"(docs/results/{H100_CHECK}/README.md)).")
+    one_set = {name: outcome_on_one_set(columns, name) for name in RULE_SETS}
+    agreement = (" Each set alone gives the outcome of both." if all(
+        outcome.startswith(f"**`{choice}`**") for outcome in one_set.values()) else
+        " The sets alone do not both give the outcome of both.")
+    caption += (" The rule on the columns of one set alone (a long-input level counts for the set its captions come "
+                "from): " + "; ".join(f"{name}, {outcome}" for name, outcome in one_set.items()) + "." + agreement
+                + "\n\n")
     return caption + table(["scheme", "GPU speed vs absolute (slowest)", *(f"rank: {name}" for name in shown),
                             "worst rank", "status"], body)
 
