@@ -534,6 +534,12 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
             f"{_spread(measurement.training_minutes, 1)} minutes per run. Setup as the record reports it: "
             f"{measurement.setup}\n\nMean over seeds (min-max):\n\n"
             + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
+    if record.measurements and "multi30k" in (record.dataset_name or "").lower():
+        parts.append("Neither set above is an untouched test set: scores on both Multi30k test2016 and validation were "
+                     "read before settings this recipe shares with the other Multi30k recipes were adopted (which "
+                     "settings, on which set, in which record: docs/results.md, \"Which sets chose which settings\", "
+                     "in the hf_relpos repository), so these figures are in part the scores those settings were "
+                     "chosen for.")
     if not results and not record.measurements:
         if unscored is not None:
             parts.append(unscored)
