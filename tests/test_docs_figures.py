@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import re
 import statistics
 import sys
@@ -611,3 +612,50 @@ def test_the_joined_pair_20_epoch_text_holds_in_its_records(report):
     assert {system: row["seeds"] for system, row in training["systems"].items()} == {"shaw": [1], "shaw+concat-0.5": [1]}
     assert (training["systems"]["shaw+concat-0.5"]["averaged_test_bleu"]
             == levels["test2016: 1 caption"]["shaw+concat-0.5"]["bleu"]), "the two records decode alike"
+
+
+def scored_entries(value, path=""):
+    """(path, scores) of every sacreBLEU scoring in a record: a dict holding bleu and length_ratio."""
+    if isinstance(value, dict):
+        if "bleu" in value and "length_ratio" in value:
+            yield path, value
+        for key, item in value.items():
+            yield from scored_entries(item, f"{path}.{key}")
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from scored_entries(item, f"{path}[{index}]")
+
+
+def test_recorded_scores_agree_with_themselves():
+    """Without the hypotheses (not committed) BLEU cannot be recomputed, but a record's figures must agree: each
+    brevity penalty is sacreBLEU's of its length ratio (exp(1 - 1/ratio) below 1), every BLEU signature of a
+    record is the one its table states, and a table's per-seed lists are its runs' scores."""
+    checked = 0
+    for path in sorted((ROOT / "docs" / "results").rglob("*.json")):
+        record = json.loads(path.read_text(encoding="utf-8"))
+        signatures = set()
+        for where, scores in scored_entries(record):
+            if "brevity_penalty" in scores:
+                ratio = scores["length_ratio"]
+                expected = 1.0 if ratio >= 1 else math.exp(1 - 1 / ratio)
+                assert scores["brevity_penalty"] == pytest.approx(expected, abs=1e-9), (path, where)
+                assert scores["bleu"] <= 100 * scores["brevity_penalty"] + 1e-9, (path, where)
+                checked += 1
+            signatures.add(scores.get("bleu_signature") or scores.get("signature"))
+        signatures.discard(None)
+        stated = record.get("signature") if isinstance(record.get("signature"), str) else (
+            record.get("signatures", {}).get("bleu") if isinstance(record.get("signatures"), dict) else None)
+        if stated is not None and signatures:
+            assert signatures == {stated}, path
+        if path.name == "vs_marian.json":
+            for name, row in record["rows"].items():
+                for key in ("validation_bleu", "test_bleu", "validation_length_ratio", "test_length_ratio"):
+                    split, metric = key.split("_", 1)
+                    assert row[key] == [run["scores"][split][metric] for run in record["runs"][name]], (path, name)
+        if path.name == "long_inputs.json":
+            for level, systems in record["levels"].items():
+                for system, row in systems.items():
+                    for metric in ("bleu", "chrf", "length_ratio"):
+                        assert row[metric] == [run["scores"][level][metric] for run in record["runs"][system]], (
+                            path, level, system)
+    assert checked > 1000
