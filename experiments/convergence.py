@@ -46,6 +46,7 @@ from vs_marian import (
     batch_summary,
     evaluate,
     hypotheses_file,
+    kept_hypotheses,
     logged_losses,
     paired_tests,
     paired_tests_table,
@@ -273,9 +274,15 @@ def table(results: dict) -> list[str]:
     return lines
 
 
+def weights_hypotheses(work: Path) -> Callable[[str, int, str, str], Path]:
+    """Where each run keeps its hypotheses of a split, from its final or averaged weights."""
+    return lambda system, seed, split, weights: hypotheses_file(work / system / f"seed{seed}" / f"{weights}_hypotheses",
+                                                                split)
+
+
 def averaged_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
     """Where each run keeps its averaged weights' hypotheses of a split."""
-    return lambda system, seed, split: hypotheses_file(work / system / f"seed{seed}" / "averaged_hypotheses", split)
+    return lambda system, seed, split: weights_hypotheses(work)(system, seed, split, "averaged")
 
 
 def summarize(records: dict[str, list[dict]]) -> dict:
@@ -383,7 +390,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if tests is not None:
         results["paired_tests"] = tests
     gather_run_records(results)
-    write_results(args.out, "convergence", results, markdown(results))
+    write_results(args.out, "convergence", results, markdown(results),
+                  kept_hypotheses(seeds, ("final", "averaged"), weights_hypotheses(args.work)))
     return results
 
 

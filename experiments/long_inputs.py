@@ -548,7 +548,9 @@ def main(argv: Sequence[str] | None = None) -> dict:
     tests = level_paired_tests(args, levels, seeds, hypotheses)
     if tests is not None:
         results["paired_tests"] = tests
-    write_results(args.out, "long_inputs", results, markdown(results))
+    write_results(args.out, "long_inputs", results, markdown(results),
+                  {f"{system} seed {seed}: {level}": lines for (system, seed), by_level in hypotheses.items()
+                   for level, lines in by_level.items()})
     return results
 
 

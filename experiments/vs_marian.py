@@ -35,6 +35,7 @@ its paired bootstrap p-value (Koehn 2004, sacreBLEU's test) on the hypotheses ea
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import math
 import os
@@ -594,12 +595,49 @@ def pipeline_scores(model_folder: Path, work: Path, args: argparse.Namespace) ->
             for split, prefix in (("validation", "eval"), ("test", "test"))}
 
 
-def write_results(out: Path, stem: str, results: dict, table: str) -> None:
-    """Print the Markdown table and write it and the results to `<out>/<stem>.md` and `<out>/<stem>.json`."""
+# Beside a collection's record: the translations it scores, {"SYSTEM seed S[ WEIGHTS]: SET": lines}.
+HYPOTHESES_ARCHIVE = "hypotheses.json.gz"
+
+
+def write_results(out: Path, stem: str, results: dict, table: str,
+                  hypotheses: dict[str, list[str]] | None = None) -> None:
+    """Print the Markdown table and write it and the results to `<out>/<stem>.md` and `<out>/<stem>.json`, and the
+    `hypotheses` the results score to `<out>/hypotheses.json.gz` (`HYPOTHESES_ARCHIVE`, gzip without a timestamp: the
+    same translations give the same bytes), so that its BLEU, chrF and paired tests can be recomputed from the
+    references; an archive of an earlier collection without them is removed."""
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(table)
+    archive = out / HYPOTHESES_ARCHIVE
+    if hypotheses:
+        text = json.dumps(hypotheses, ensure_ascii=False, indent=0, sort_keys=True)
+        archive.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+    else:
+        archive.unlink(missing_ok=True)
+
+
+def read_hypotheses(path: Path) -> list[str] | None:
+    """The lines of a hypotheses file `evaluate` wrote (one each, ended by "\n": a hypothesis may hold a bare "\r",
+    which splitlines would cut); None when there is none."""
+    return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
+
+
+def kept_hypotheses(seeds: dict[str, list[int]], weights: Sequence[str],
+                    hypotheses_of: Callable[..., Path]) -> dict[str, list[str]]:
+    """Every kept hypotheses file of the runs `seeds` ({system: seeds}), as `write_results` archives them:
+    "SYSTEM seed S: SPLIT" (`weights` empty: `hypotheses_of(system, seed, split)`) or "SYSTEM seed S WEIGHTS: SPLIT"
+    (`hypotheses_of(system, seed, split, weights)`)."""
+    kept = {}
+    for system, system_seeds in seeds.items():
+        for seed in system_seeds:
+            for weight in weights or [None]:
+                for split in SPLITS:
+                    lines = read_hypotheses(hypotheses_of(system, seed, split) if weight is None
+                                            else hypotheses_of(system, seed, split, weight))
+                    if lines is not None:
+                        kept[f"{system} seed {seed}{'' if weight is None else ' ' + weight}: {split}"] = lines
+    return kept
 
 
 def run_batches(folder: Path, seed: int, args: argparse.Namespace, argv: Sequence[str] | None,
@@ -743,9 +781,7 @@ def paired_tests(seeds: dict[str, list[int]], baseline: str, weights: str,
         :args.max_eval_samples] for split, file_name in SPLITS.items()}
 
     def read(system: str, seed: int, split: str) -> list[str] | None:
-        path = hypotheses_of(system, seed, split)
-        # one line each, written with "\n" (a hypothesis may hold a bare "\r", which splitlines would cut)
-        return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
+        return read_hypotheses(hypotheses_of(system, seed, split))
 
     systems, signature = paired_test_results(seeds, baseline, references, read, script, " (another "
                                              "--max-eval-samples, or a translation holding a line break)",
@@ -966,12 +1002,13 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "rows": summarize(rows, records),
         "runs": records,
     }
-    tests = paired_tests({row.name: seeds_of(row, args) for row in rows}, args.baseline, "final",
-                         run_hypotheses(args.work), args, "vs_marian.py")
+    seeds = {row.name: seeds_of(row, args) for row in rows}
+    tests = paired_tests(seeds, args.baseline, "final", run_hypotheses(args.work), args, "vs_marian.py")
     if tests is not None:
         results["paired_tests"] = tests
     gather_run_records(results)
-    write_results(args.out, "vs_marian", results, markdown(results))
+    write_results(args.out, "vs_marian", results, markdown(results),
+                  kept_hypotheses(seeds, (), run_hypotheses(args.work)))
     return results
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import gzip
 import importlib.util
 import json
 import math
@@ -30,14 +31,20 @@ K_VALUES = {0, 1, 2, 4, 16}
 BUCKETS = ["1-20", "21-40", "41-80"]
 
 
-def independent_bleu(hypotheses_file: Path, test_file: Path, target: str = "de") -> float:
-    """Corpus BLEU of a hypotheses file (one line each) against the first as many references of a WMT-schema JSONL
-    file, by sacreBLEU's own metric object (not hf_relpos.translation.metrics)."""
+def independent_bleu(hypotheses_file: Path | list[str], test_file: Path, target: str = "de") -> float:
+    """Corpus BLEU of a hypotheses file (one line each) or list against the first as many references of a WMT-schema
+    JSONL file, by sacreBLEU's own metric object (not hf_relpos.translation.metrics)."""
     from sacrebleu.metrics import BLEU
 
-    hypotheses = hypotheses_file.read_bytes().decode("utf-8").split("\n")[:-1]   # a line may hold a bare "\r"
+    hypotheses = (hypotheses_file if isinstance(hypotheses_file, list)
+                  else hypotheses_file.read_bytes().decode("utf-8").split("\n")[:-1])   # a line may hold a bare "\r"
     references = [json.loads(line)["translation"][target] for line in test_file.read_text(encoding="utf-8").splitlines()]
     return BLEU().corpus_score(hypotheses, [references[: len(hypotheses)]]).score
+
+
+def archived_hypotheses(out: Path) -> dict[str, list[str]]:
+    """The translations a collection keeps beside its record (`hypotheses.json.gz`)."""
+    return json.loads(gzip.decompress((out / "hypotheses.json.gz").read_bytes()).decode("utf-8"))
 
 
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
@@ -385,6 +392,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     vs_marian = load_experiment(VS_MARIAN, monkeypatch)
     settings, _ = vs_marian.parse_command_line(["--data", str(data), *TINY_VS_MARIAN])
     test_sources, _ = vs_marian.read_pairs(data / "test.jsonl", "en", "de")
+    archive = archived_hypotheses(out)
     for name, row in results["rows"].items():
         assert row["seeds"] == [1, 2]
         for index, seed in enumerate((1, 2)):
@@ -392,6 +400,9 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
             for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
                 assert row[f"{split}_bleu"][index] == pytest.approx(
                     independent_bleu(folder / f"{split}_hypotheses.txt", data / file_name))
+                # the collection keeps what it scored beside the record: its BLEU recomputes from the archive
+                assert row[f"{split}_bleu"][index] == pytest.approx(
+                    independent_bleu(archive.pop(f"{name} seed {seed}: {split}"), data / file_name))
             hypotheses = (folder / "test_hypotheses.txt").read_bytes().decode("utf-8").split("\n")[:-1]
             assert len(hypotheses) == 4
             # the peer and the hf_relpos row: one decoding function, the table's settings, the table's hypotheses
@@ -400,6 +411,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
                                             "RelPosTransformerForConditionalGeneration")
             assert vs_marian.translate(model, tokenizer, test_sources[:4], vs_marian.table_decoding(settings),
                                        settings.eval_batch_size) == hypotheses
+    assert archive == {}   # nothing else archived
     table = (out / "vs_marian.md").read_text()
     peer = results["rows"]["peer"]
     bleus = peer["test_bleu"]
@@ -579,6 +591,7 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     subprocess.run(command, check=True, timeout=600)
     results = json.loads((out / "convergence.json").read_text())
     assert list(results["systems"]) == ["peer", "peer+recipe-training", "absolute"]
+    archive = archived_hypotheses(out)
     for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"),
                                 ("peer+recipe-training", work / "peer+recipe-training" / "seed1" / "model"),
                                 ("absolute", work / "absolute" / "seed1" / "model")):
@@ -588,6 +601,8 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
             for split, file_name in (("test", "test.jsonl"), ("validation", "validation.jsonl")):
                 assert row[f"{weights}_{split}_bleu"][0] == pytest.approx(independent_bleu(
                     work / system / "seed1" / f"{weights}_hypotheses" / f"{split}_hypotheses.txt", data / file_name))
+                assert row[f"{weights}_{split}_bleu"][0] == pytest.approx(
+                    independent_bleu(archive.pop(f"{system} seed 1 {weights}: {split}"), data / file_name))
         folders = find_checkpoints(checkpoints)
         assert [folder.name for folder in folders][-1:] == [f"checkpoint-{row['steps'][0]}"] and len(folders) == 2
         first, second = (load_file(folder / "model.safetensors") for folder in folders)
@@ -1180,6 +1195,10 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
         assert row["at_cap"] == [sum(at_cap)]
         assert row["length_ratio"] == [pytest.approx(expected["length_ratio"])]
         assert row["chrf"] == [pytest.approx(expected["chrf"])]
+        # kept beside the record: the level's translations, which give back its BLEU
+        archived = archived_hypotheses(out)[f"{system} seed 1: test2016: 4 as one sentence"]
+        assert archived == hypotheses and score_translations(archived, level[1])["bleu"] == row["bleu"][0]
+    assert len(archived_hypotheses(out)) == len(models) * len(results["levels"])
     table = (out / "long_inputs.md").read_text()
     assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
     # the outputs at the cap, per seed and level: an untrained model runs to its cap of a x |x| + 3 new tokens
