@@ -112,6 +112,14 @@ def test_old_translation_pipeline_arguments(translator):
         ("هل أنت بخير؟ نعم.", [("هل أنت بخير؟", " "), ("نعم.", "")]),
         ("وہ گھر گیا۔ وہ سو گئی۔", [("وہ گھر گیا۔", " "), ("وہ سو گئی۔", "")]),
         ("Բարեւ։ Ինչպես ես։", [("Բարեւ։", " "), ("Ինչպես ես։", "")]),
+        # a reference holds its period before a Roman numeral or a capital letter too, not before "A" or a lone "I"
+        ("Vol. II is out. See Art. IV, Ch. V and Fig. B now. No. I won't. The answer is no. A man came.",
+         [("Vol. II is out.", " "), ("See Art. IV, Ch. V and Fig. B now.", " "), ("No.", " "), ("I won't.", " "),
+          ("The answer is no.", " "), ("A man came.", "")]),
+        # a number before a month's name is a German date's day only after a word that opens a date
+        ("The temperature rose to 30. August was hot. Sie lag auf Platz 3. Juli wurde Zweite. Bis zum 5. Okt. 2020 "
+         "war es warm.", [("The temperature rose to 30.", " "), ("August was hot.", " "), ("Sie lag auf Platz 3.", " "),
+                          ("Juli wurde Zweite.", " "), ("Bis zum 5. Okt. 2020 war es warm.", "")]),
         # a German date's day is an ordinal number with a period
         ("Er kam am 3. Oktober. Am 24. Dezember ging er. Er zählte bis 3. Dann ging er.",
          [("Er kam am 3. Oktober.", " "), ("Am 24. Dezember ging er.", " "), ("Er zählte bis 3.", " "),

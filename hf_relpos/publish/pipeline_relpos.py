@@ -22,7 +22,7 @@ from transformers.utils import logging
 
 logger = logging.get_logger(__name__)
 
-# Sentence ends followed by whitespace: Latin, Greek, Cyrillic . ! ? …; Devanagari danda । ॥ (Hindi, Marathi,
+# Sentence ends followed by whitespace: Latin and Cyrillic . ! ? …; Devanagari danda । ॥ (Hindi, Marathi,
 # Nepali), Arabic-script ؟ and ۔ (Arabic, Persian, Urdu), Armenian ։, Ethiopic ። ፧ ፨, Burmese ။; and CJK 。！？.
 SENTENCE_END = ".!?…।॥؟۔։።፧፨။。！？"
 NO_SPACE_SENTENCE_END = "。！？"   # Chinese and Japanese: the next sentence follows without a space
@@ -45,14 +45,20 @@ ABBREVIATIONS = frozenset(
     "mr mrs ms dr prof st jr sr sen rep gov gen col capt lt sgt rev fr hr frl mt ft vs cf approx ca str bzw usw vgl "
     "inc ltd corp co dept univ z d u".split()
 )
+MONTH_ABBREVIATIONS = "jan feb mar mär apr jun jul aug sep sept oct okt nov dec dez"   # English and German
 # References and months whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4",
 # "Jan. 5"; Moses' NUMERIC_ONLY prefixes): as words or names ("The answer is no. We left.", "He loves art. She hates
 # it.", "Ich traf Jan. Er lachte.") they end one.
-NUMBER_ABBREVIATIONS = frozenset("no nos nr art pp fig figs vol vols ch sec abs jan feb aug sept oct nov dec".split())
-# German writes a date's day as an ordinal number with a period ("am 3. Oktober", "am 5. Jan."): before a month's
-# name or its abbreviation, a day's number does not end a sentence.
+NUMBER_ABBREVIATIONS = frozenset(f"no nos nr art pp fig figs vol vols ch sec abs {MONTH_ABBREVIATIONS}".split())
+# A number after a reference: digits, a Roman numeral but a lone "I" ("Vol. II", "Art. IV"; "No. I won't." ends), or a
+# capital letter but "A" and "I" ("Fig. B").
+REFERENCE_NUMBER = re.compile(r"\d|(?!I(?:\W|$))[IVXLCDM]+(?:\W|$)|[B-HJ-Z](?:\W|$)")
+# German writes a date's day as an ordinal number with a period ("am 3. Oktober", "bis zum 5. Jan."): after one of
+# `DATE_OPENERS` and before a month's name or its abbreviation, a day's number does not end a sentence (elsewhere it
+# may: "He finished 3. September began well.", "Sie lag auf Platz 3. Juli wurde Zweite.").
 MONTHS = frozenset("januar jänner februar feber märz april mai juni juli august september oktober november "
-                   "dezember jan feb mär apr jun jul aug sep sept okt nov dez".split())
+                   f"dezember {MONTH_ABBREVIATIONS}".split())
+DATE_OPENERS = frozenset("am vom zum bis ab seit den dem der des im".split())
 NEXT_WORD = re.compile(r"\S*")
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
 MULTILINGUAL_ARGUMENTS = ("src_lang", "tgt_lang")
@@ -70,12 +76,12 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
-    break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing quotes or brackets allowed, followed by whitespace and no
-    lowercase letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of
-    `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS` before a number ("No. 5"), a capital initial or a
-    dotted shorthand ("J. Smith", "U.S. Army", "e.g. Paris"), or a list number opening the sentence ("1. Take"),
-    a day's number before a month's name (German "am 3. Oktober"), quotes allowed around the word (German „Ja.“ ends
-    a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after them (closing quotes
+    break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing
+    quotes or brackets allowed, followed by whitespace and no lowercase letter ("e.g. the" is not split), except after
+    a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
+    before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
+    number opening the sentence ("1. Take"), a German date's day ("am 3. Oktober"), quotes allowed around the word
+    (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after them (closing quotes
     or brackets such as 」』） allowed) or right before the next sentence's first character (the sentence is followed
     by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace
     and are never split."""
@@ -102,11 +108,13 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
     if not word.endswith(".") or word.endswith(ELLIPSIS):
         return True
     stem = word[:-1].lstrip(OPENING)
-    if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and next_character.isdigit()):
+    if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and REFERENCE_NUMBER.match(next_word)):
         return False
     if "." in stem or (len(stem) == 1 and stem.isupper()):
         return False
-    if stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS:
+    before = sentence.rsplit(None, 2)[-2:-1]
+    if (stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS
+            and before and before[0].rstrip(",").lower() in DATE_OPENERS):
         return False
     return not (stem.isdigit() and sentence.strip() == word)
 
