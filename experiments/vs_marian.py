@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import io
 import json
 import math
 import os
@@ -595,24 +596,27 @@ def pipeline_scores(model_folder: Path, work: Path, args: argparse.Namespace) ->
             for split, prefix in (("validation", "eval"), ("test", "test"))}
 
 
-# Beside a collection's record: the translations it scores, {"SYSTEM seed S[ WEIGHTS]: SET": lines}.
-HYPOTHESES_ARCHIVE = "hypotheses.json.gz"
+def hypotheses_archive(out: Path, stem: str) -> Path:
+    """Beside a collection's record `<stem>.json`: the translations it scores, {"SYSTEM seed S[ WEIGHTS]: SET": lines}."""
+    return out / f"{stem}_hypotheses.json.gz"
 
 
 def write_results(out: Path, stem: str, results: dict, table: str,
                   hypotheses: dict[str, list[str]] | None = None) -> None:
     """Print the Markdown table and write it and the results to `<out>/<stem>.md` and `<out>/<stem>.json`, and the
-    `hypotheses` the results score to `<out>/hypotheses.json.gz` (`HYPOTHESES_ARCHIVE`, gzip without a timestamp: the
-    same translations give the same bytes), so that its BLEU, chrF and paired tests can be recomputed from the
-    references; an archive of an earlier collection without them is removed."""
+    `hypotheses` the results score to `<out>/<stem>_hypotheses.json.gz` (gzip without a name or timestamp: the same
+    translations give the same bytes), so that its BLEU, chrF and paired tests can be recomputed from the references;
+    an archive of an earlier collection of `stem` without them is removed."""
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
     (out / f"{stem}.md").write_text(table)
-    archive = out / HYPOTHESES_ARCHIVE
+    archive = hypotheses_archive(out, stem)
     if hypotheses:
-        text = json.dumps(hypotheses, ensure_ascii=False, indent=0, sort_keys=True)
-        archive.write_bytes(gzip.compress(text.encode("utf-8"), mtime=0))
+        compressed = io.BytesIO()
+        with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0) as writer:
+            writer.write(json.dumps(hypotheses, ensure_ascii=False, indent=0, sort_keys=True).encode("utf-8"))
+        archive.write_bytes(compressed.getvalue())
     else:
         archive.unlink(missing_ok=True)
 

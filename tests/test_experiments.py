@@ -42,9 +42,9 @@ def independent_bleu(hypotheses_file: Path | list[str], test_file: Path, target:
     return BLEU().corpus_score(hypotheses, [references[: len(hypotheses)]]).score
 
 
-def archived_hypotheses(out: Path) -> dict[str, list[str]]:
-    """The translations a collection keeps beside its record (`hypotheses.json.gz`)."""
-    return json.loads(gzip.decompress((out / "hypotheses.json.gz").read_bytes()).decode("utf-8"))
+def archived_hypotheses(out: Path, stem: str) -> dict[str, list[str]]:
+    """The translations a collection keeps beside its record `<stem>.json`."""
+    return json.loads(gzip.decompress((out / f"{stem}_hypotheses.json.gz").read_bytes()).decode("utf-8"))
 
 
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
@@ -392,7 +392,7 @@ def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_pa
     vs_marian = load_experiment(VS_MARIAN, monkeypatch)
     settings, _ = vs_marian.parse_command_line(["--data", str(data), *TINY_VS_MARIAN])
     test_sources, _ = vs_marian.read_pairs(data / "test.jsonl", "en", "de")
-    archive = archived_hypotheses(out)
+    archive = archived_hypotheses(out, "vs_marian")
     for name, row in results["rows"].items():
         assert row["seeds"] == [1, 2]
         for index, seed in enumerate((1, 2)):
@@ -591,7 +591,7 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     subprocess.run(command, check=True, timeout=600)
     results = json.loads((out / "convergence.json").read_text())
     assert list(results["systems"]) == ["peer", "peer+recipe-training", "absolute"]
-    archive = archived_hypotheses(out)
+    archive = archived_hypotheses(out, "convergence")
     for system, checkpoints in (("peer", work / "peer" / "seed1" / "trainer"),
                                 ("peer+recipe-training", work / "peer+recipe-training" / "seed1" / "model"),
                                 ("absolute", work / "absolute" / "seed1" / "model")):
@@ -1196,9 +1196,9 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
         assert row["length_ratio"] == [pytest.approx(expected["length_ratio"])]
         assert row["chrf"] == [pytest.approx(expected["chrf"])]
         # kept beside the record: the level's translations, which give back its BLEU
-        archived = archived_hypotheses(out)[f"{system} seed 1: test2016: 4 as one sentence"]
+        archived = archived_hypotheses(out, "long_inputs")[f"{system} seed 1: test2016: 4 as one sentence"]
         assert archived == hypotheses and score_translations(archived, level[1])["bleu"] == row["bleu"][0]
-    assert len(archived_hypotheses(out)) == len(models) * len(results["levels"])
+    assert len(archived_hypotheses(out, "long_inputs")) == len(models) * len(results["levels"])
     table = (out / "long_inputs.md").read_text()
     assert "| directional | 1 |" in table and "4 as one sentence (2)" in table
     # the outputs at the cap, per seed and level: an untrained model runs to its cap of a x |x| + 3 new tokens

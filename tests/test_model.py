@@ -194,6 +194,11 @@ def test_the_decoder_called_alone_returns_the_cache_it_fills():
         assert (torch.cat(steps, 1) - whole).abs().max() < 1e-12
         model.config.use_cache = False
         assert decoder(input_ids=decoder_input_ids, **inputs).cache is None
+    # under gradient checkpointing in training, none (as Marian's decoder), and no warning that a cache was dropped
+    model.config.use_cache = True
+    model.gradient_checkpointing_enable()
+    model.train()
+    assert decoder(input_ids=decoder_input_ids, **inputs).cache is None
 
 
 @pytest.mark.numerics

@@ -172,6 +172,11 @@ def output_flags(config: RelPosTransformerConfig, output_attentions: bool | None
     return bool(attentions), bool(hidden_states)
 
 
+def cache_flag(config: RelPosTransformerConfig, use_cache: bool | None) -> bool:
+    """transformers' rule for `use_cache` of a forward call: None takes `config.use_cache`, as in Marian and BART."""
+    return bool(config.use_cache if use_cache is None else use_cache)
+
+
 def scheme_terms(config: RelPosTransformerConfig, is_decoder: bool) -> tuple[AttentionTerms, PositionContext]:
     """The self-attention terms (and prepared context) of the encoder's (or the decoder's) position scheme of
     `config`, read off a fresh one-layer copy of the scheme on the CPU over 3 tokens."""
@@ -750,12 +755,14 @@ class RelPosDecoder(RelPosStack):
     ) -> RelPosDecoderOutput | tuple:
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
-        `use_cache` None takes `config.use_cache` (as Marian's decoder) without memory, so a cache this call fills is
-        returned; with memory, no cache.
+        `use_cache` None takes `config.use_cache` (`cache_flag`, as Marian's decoder), so a cache this call fills is
+        returned; with memory, or gradient checkpointing in training, none.
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`). `position_ids`: see `RelPosStack.token_positions`."""
         mem_len = memory_length(self.config, mem_len)
-        use_cache = self.config.use_cache and mem_len == 0 if use_cache is None else use_cache
+        if use_cache is None:
+            checkpointed = self.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)
+            use_cache = mem_len == 0 and not checkpointed and cache_flag(self.config, None)
         check_memory_positions(self.config, self.positions, mem_len)
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
@@ -1042,7 +1049,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             encoder_attention_mask=attention_mask,
             cache=cache,
             inputs_embeds=decoder_inputs_embeds,
-            use_cache=self.config.use_cache if use_cache is None else use_cache,
+            use_cache=cache_flag(self.config, use_cache),
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             mem_len=0,   # no segment memory here (check_encoder_decoder_config), whatever config.mem_len became
@@ -1338,7 +1345,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         a tuple passed as `cache` is taken as `mems` (how `generate` hands it back)."""
         if isinstance(cache, (list, tuple)):
             mems, cache = cache, None
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        use_cache = cache_flag(self.config, use_cache)
         memory_mode = memory_length(self.config, mem_len) > 0
         if memory_mode and isinstance(cache, Cache) and cache.get_seq_length() == 0:
             cache = None
