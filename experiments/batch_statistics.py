@@ -13,6 +13,7 @@ The figures in docs/training.md (the tokenizer of a vs_marian.py run, trained on
 from __future__ import annotations
 
 import argparse
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -32,14 +33,18 @@ def read_lengths(train_file: Path, tokenizer_folder: str, source: str, target: s
                  data_args: DataArguments | None = None, seed: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Token counts of every training pair's source and target, read and tokenized by train_translation.py's own
     functions (with `</s>`; with the joined pairs of `data_args.concatenated_pairs` a run of data seed `seed` adds;
-    empty pairs dropped and overlong ones handled as `data_args` says, by default at the default length limits)."""
+    empty pairs dropped and overlong ones handled as `data_args` says, by default at the default length limits).
+    The texts and token ids go to memory-mapped Arrow files in a temporary folder, as the run writes them, so memory
+    does not grow with the corpus."""
     data_args = data_args or DataArguments(train_file=str(train_file), source_lang=source, target_lang=target)
     if data_args.concatenated_pairs and seed is None:
         raise ValueError("read_lengths: concatenated_pairs draws the joined pairs with the run's data seed; pass seed")
-    pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target), data_args.concatenated_pairs, seed,
-                                    max_pairs=data_args.max_pairs_per_join)
-    tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args)
-    return example_lengths(tokenized)
+    with tempfile.TemporaryDirectory(prefix="batch_statistics-") as workdir:
+        pairs = with_concatenated_pairs(read_local_pairs(train_file, source, target, workdir=workdir),
+                                        data_args.concatenated_pairs, seed, workdir, data_args.max_pairs_per_join)
+        tokenized, _ = tokenize_training_pairs(pairs, load_tokenizer(tokenizer_folder), data_args, workdir,
+                                               keep_text=False)
+        return tuple(lengths.copy() for lengths in example_lengths(tokenized))
 
 
 def batch_figures(batches: list[np.ndarray], source_lengths: np.ndarray, target_lengths: np.ndarray) -> dict[str, float]:

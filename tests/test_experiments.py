@@ -969,6 +969,31 @@ def test_batch_statistics_counts_pairs_and_padding(tmp_path, monkeypatch, capsys
     assert row == pytest.approx({"batches": 2, "pairs": 2.0, "padded_tokens": 12.0, "padding": 1 - 22 / 24})
 
 
+def test_batch_statistics_reads_and_tokenizes_into_files_not_memory(tmp_path, monkeypatch):
+    """On a WMT-size file the texts and token ids are memory-mapped Arrow files (as the run writes them), the texts
+    not kept beside the ids: held in memory they grew with the corpus (2.9 GB at 1.5M pairs)."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+
+    corpus = write_demo_corpus(tmp_path / "data", 50, 4, 4, seed=1)
+    pairs = [json.loads(line)["translation"] for line in corpus["train"].read_text(encoding="utf-8").splitlines()]
+    train_joint_tokenizer([text for pair in pairs for text in pair.values()], vocab_size=300).save_pretrained(
+        tmp_path / "tokenizer")
+    statistics = load_experiment(EXPERIMENTS / "batch_statistics.py", monkeypatch)
+    seen = {}
+
+    def tokenize(dataset, *args, **kwargs):
+        tokenized, report = tokenize_training_pairs(dataset, *args, **kwargs)
+        seen.update(read=dataset.cache_files, tokenized=tokenized.cache_files, columns=tokenized.column_names)
+        return tokenized, report
+
+    tokenize_training_pairs = statistics.tokenize_training_pairs
+    monkeypatch.setattr(statistics, "tokenize_training_pairs", tokenize)
+    sources, targets = statistics.read_lengths(corpus["train"], str(tmp_path / "tokenizer"), "en", "de")
+    assert seen["read"] and seen["tokenized"]
+    assert "source" not in seen["columns"] and "target" not in seen["columns"]
+    assert len(sources) == len(targets) == 50 and (sources >= 2).all()
+
+
 def test_every_predefined_vs_marian_row_parses_with_its_recipe(monkeypatch):
     """A recipe change must not break a row's flags (e.g. pools in the recipe, sentence batches in the row)."""
     from hf_relpos.translation.training import parse_arguments
