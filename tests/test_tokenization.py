@@ -114,6 +114,21 @@ def test_rare_characters_of_the_training_text_are_left_to_byte_fallback():
         assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
 
 
+def test_tokenizer_texts_say_when_the_trainer_goes_on_to_its_merges(caplog):
+    """The progress bar counts the texts the trainer reads; after the last one a log line says that the merges, which
+    show no progress, follow (at 1.5M pairs the bar stood at 100 % for 100 s of silence)."""
+    from datasets import Dataset
+
+    from hf_relpos.translation.tokenizer_setup import text_batches
+
+    batches = text_batches(Dataset.from_dict({"source": ENGLISH, "target": GERMAN}))
+    with caplog.at_level("INFO", logger="hf_relpos.translation.tokenizer_setup"):
+        assert next(batches) == ENGLISH and next(batches) == GERMAN
+        assert "merges" not in caplog.text
+        assert list(batches) == []
+    assert f"has read the {len(ENGLISH) + len(GERMAN)} texts; it now learns the BPE merges" in caplog.text
+
+
 TOKENIZER_WITHOUT_HF_RELPOS = """
 from transformers import AutoTokenizer
 tokenizer = AutoTokenizer.from_pretrained({folder!r}, trust_remote_code=False)

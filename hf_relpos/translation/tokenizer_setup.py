@@ -70,13 +70,17 @@ def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
 
 
 def text_batches(dataset: Dataset) -> Iterator[list[str]]:
-    """The source texts, then the target texts, `TOKENIZER_TRAINING_BATCH` at a time, read as Arrow columns."""
+    """The source texts, then the target texts, `TOKENIZER_TRAINING_BATCH` at a time, read as Arrow columns; the
+    progress bar counts the texts the trainer has read, and a log line says when it has read them all and goes on to
+    its merges, which show no progress."""
     columns = dataset.with_format("arrow")
-    with tqdm(total=2 * len(dataset), desc="Training the tokenizer", unit=" texts") as bar:
+    with tqdm(total=2 * len(dataset), desc="Reading texts for the tokenizer", unit=" texts") as bar:
         for column in ("source", "target"):
             for batch in columns.iter(TOKENIZER_TRAINING_BATCH):
                 bar.update(batch.num_rows)
                 yield batch[column].to_pylist()
+    logger.info("The tokenizer trainer has read the %d texts; it now learns the BPE merges, with no progress shown "
+                "(minutes on a large corpus)", 2 * len(dataset))
 
 
 def obtain_tokenizer(
