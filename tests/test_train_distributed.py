@@ -142,8 +142,11 @@ def test_two_process_training_with_pooled_batches_splits_each_epoch(tmp_path):
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER, encoding="utf-8")
     (tmp_path / "records").mkdir()
-    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--length_pool_factor", "1")
+    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--length_pool_factor", "1",
+                       "--warmup_steps", "1000")
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    # the same warning on each rank was printed once per process (8 copies on 8 GPUs)
+    assert (completed.stdout + completed.stderr).count("warmup_steps 1000 is not below the run's") == 1
     ranks = [json.loads((tmp_path / "records" / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert ranks[0]["steps"] > 0 and ranks[0]["steps"] == ranks[1]["steps"] == len(ranks[0]["epoch_batches"])
     examples = [index for r in ranks for batch in r["epoch_batches"] for index in batch]

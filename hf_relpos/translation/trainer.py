@@ -186,9 +186,10 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
-        small corpus with a recipe's warm-up): the learning rate then never reaches `learning_rate`."""
+        small corpus with a recipe's warm-up): the learning rate then never reaches `learning_rate`. Given by the
+        processes that log (one per machine), not by every rank of a launch."""
         warmup_steps = self.args.get_warmup_steps(num_training_steps)
-        if self.lr_scheduler is None and 0 < num_training_steps <= warmup_steps:
+        if self.lr_scheduler is None and 0 < num_training_steps <= warmup_steps and self.args.should_log:
             logger.warning(
                 "warmup_steps %d is not below the run's %d training steps: the learning rate never reaches "
                 "learning_rate %g. Lower --warmup_steps, or train longer (--max_steps, --num_train_epochs)",
