@@ -35,3 +35,11 @@ def test_the_torch_floor_is_not_below_the_one_transformers_imports_torch_with():
                           if parsed.name == "torch" and parsed.marker and parsed.marker.evaluate({"extra": "torch"})]
     assert transformers_torch, "transformers' metadata has no torch extra"
     assert ours >= floor(transformers_torch[0]), f"torch>={ours} admits a torch transformers will not use"
+
+
+@pytest.mark.parametrize("platform_system", ["Darwin", "Windows"])
+def test_the_dev_extra_installs_where_triton_has_no_wheels(platform_system):
+    """triton publishes Linux wheels only: `make test` and `make demo` install the dev extra on every system."""
+    triton = requirement(project()["optional-dependencies"]["dev"], "triton")
+    assert triton.marker is not None and not triton.marker.evaluate({"platform_system": platform_system})
+    assert triton.marker.evaluate({"platform_system": "Linux"})
