@@ -4,13 +4,18 @@ extra."""
 from __future__ import annotations
 
 import importlib.metadata
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.version import Version
 
+from hf_relpos.translation import TRAIN_EXTRA_MODULES
+
 REPO = Path(__file__).resolve().parents[1]
+IMPORT_NAMES = {"pyyaml": "yaml"}   # a distribution whose import name differs from its name
 
 
 def project() -> dict:
@@ -37,9 +42,29 @@ def test_the_torch_floor_is_not_below_the_one_transformers_imports_torch_with():
     assert ours >= floor(transformers_torch[0]), f"torch>={ours} admits a torch transformers will not use"
 
 
+def test_the_train_extra_modules_are_the_train_extra():
+    """`TRAIN_EXTRA_MODULES` (the check the commands make) names every package of pyproject.toml's train extra."""
+    names = {Requirement(line).name.lower() for line in project()["optional-dependencies"]["train"]}
+    assert set(TRAIN_EXTRA_MODULES) == {IMPORT_NAMES.get(name, name) for name in names}
+
+
 @pytest.mark.parametrize("platform_system", ["Darwin", "Windows"])
 def test_the_dev_extra_installs_where_triton_has_no_wheels(platform_system):
     """triton publishes Linux wheels only: `make test` and `make demo` install the dev extra on every system."""
     triton = requirement(project()["optional-dependencies"]["dev"], "triton")
     assert triton.marker is not None and not triton.marker.evaluate({"platform_system": platform_system})
     assert triton.marker.evaluate({"platform_system": "Linux"})
+
+
+def test_a_command_without_the_train_extra_names_the_extra(tmp_path):
+    """A plain `pip install hf_relpos` installs every console command; one that needs the train extra says so, naming
+    what is missing, instead of failing on its first third-party import."""
+    code = ("import sys; sys.modules['accelerate'] = sys.modules['sacrebleu'] = None\n"
+            "import hf_relpos\n"
+            "import hf_relpos.tools.translate\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=300)
+    assert completed.returncode == 1
+    last_line = completed.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("ModuleNotFoundError: ") and "pip install 'hf_relpos[train]'" in last_line
+    assert last_line.endswith("missing: sacrebleu, accelerate")
