@@ -49,6 +49,7 @@ from .records import (
     MeasuredScores,
     Measurement,
     RunRecord,
+    accelerate_program,
     load_yaml,
     read_run_records,
     training_record,
@@ -448,15 +449,14 @@ def _launch_command(record: RunRecord) -> str:
     config of its hardware (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`, then the
     program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
     program = record.program or "train_translation.py"
-    is_script = program.endswith(".py")
     if (record.devices or 1) == 1:
-        return f"python {program}" if is_script else program
+        return f"python {program}" if program.endswith(".py") else program
     if record.sharded:
         config = "fsdp"
     else:
         config = "cpu_2proc" if (record.hardware or "").startswith("CPU") else "multi_gpu"
     return (f"accelerate launch --config_file configs/accelerate/{config}.yaml --num_processes {record.devices} "
-            + (program if is_script else f"--no_python {program}"))
+            f"{accelerate_program(program)}")
 
 
 def _run_facts(record: RunRecord) -> str:

@@ -256,6 +256,12 @@ def checkout_version(checkout: Path) -> str:
     return source_version(checkout)
 
 
+def accelerate_program(program: str) -> str:
+    """`program` (a run's: train_translation.py or hf-relpos-train) as `accelerate launch` starts it: a script by its
+    path, a console script after `--no_python` (else accelerate runs `python hf-relpos-train`, a file not there)."""
+    return program if program.endswith(".py") else f"--no_python {program}"
+
+
 def package_version() -> str | None:
     """Which hf_relpos code runs, for a run's `source_version`: `source_version` of the git checkout it runs from (a
     commit, `-dirty` with uncommitted changes), else the installed package's version (None where neither is known)."""

@@ -35,7 +35,7 @@ from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerCon
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, require_int
-from ..publish.records import load_yaml
+from ..publish.records import accelerate_program, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import missing_local_folder
@@ -391,7 +391,7 @@ examples:
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --max_steps 1000 --model.dropout 0.2
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --resume_from_checkpoint last
   {PROGRAM} configs/demo.yaml --model_name_or_path outputs/demo --do_train false --output_dir outputs/demo_eval
-  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {PROGRAM} configs/NAME.yaml
+  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {accelerate_program(PROGRAM)} configs/NAME.yaml
 
 See docs/training.md for every recipe."""
 
