@@ -1,11 +1,14 @@
-"""What `pip install` of the package gets: its dependency floors, its extras, and the commands without the `train`
-extra."""
+"""What `pip install` of the package gets: its dependency floors, its extras, the commands without the `train` extra,
+and the files of its wheel and sdist."""
 
 from __future__ import annotations
 
 import importlib.metadata
+import shutil
 import subprocess
 import sys
+import tarfile
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -68,3 +71,47 @@ def test_a_command_without_the_train_extra_names_the_extra(tmp_path):
     last_line = completed.stderr.strip().splitlines()[-1]
     assert last_line.startswith("ModuleNotFoundError: ") and "pip install 'hf_relpos[train]'" in last_line
     assert last_line.endswith("missing: sacrebleu, accelerate")
+
+
+def built_files(tmp_path: Path, kind: str) -> set[str]:
+    """The files of the wheel or the sdist that setuptools builds from a copy of the checkout's package sources."""
+    try:
+        if Version(importlib.metadata.version("setuptools")) < Version("77"):
+            pytest.skip("needs setuptools >= 77 (the dev extra installs it), as pyproject.toml's build-system does")
+    except importlib.metadata.PackageNotFoundError:
+        pytest.skip("needs setuptools >= 77 (the dev extra installs it)")
+    source = tmp_path / "source"
+    for name in ("hf_relpos", "tests"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
+        shutil.copy2(REPO / name, source / name)
+    out = tmp_path / "out"
+    code = f"from setuptools import build_meta; print(build_meta.build_{kind}({str(out)!r}))"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=source, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    archive = out / completed.stdout.strip().splitlines()[-1]
+    if kind == "wheel":
+        with zipfile.ZipFile(archive) as wheel:
+            return set(wheel.namelist())
+    with tarfile.open(archive) as sdist:
+        return {name.split("/", 1)[1] for name in sdist.getnames() if "/" in name}
+
+
+def package_sources() -> set[str]:
+    return {path.relative_to(REPO).as_posix() for path in (REPO / "hf_relpos").rglob("*")
+            if path.is_file() and "__pycache__" not in path.parts}
+
+
+def test_the_wheel_holds_the_whole_package_and_nothing_else(tmp_path):
+    """Every file of hf_relpos/ (the remote code saved beside a model, pipeline_relpos.py, ...) is in the wheel, and
+    only the package and its metadata are."""
+    files = built_files(tmp_path, "wheel")
+    assert package_sources() <= files, sorted(package_sources() - files)
+    assert {name for name in files if not name.startswith(("hf_relpos/", "hf_relpos-"))} == set()
+
+
+def test_the_sdist_holds_the_package_without_a_partial_test_suite(tmp_path):
+    """The sdist builds the same package; tests/ (which runs only in a checkout) is not shipped half."""
+    files = built_files(tmp_path, "sdist")
+    assert package_sources() <= files, sorted(package_sources() - files)
+    assert not [name for name in files if name.startswith("tests/")]
