@@ -83,7 +83,7 @@ def built_files(tmp_path: Path, kind: str) -> set[str]:
     source = tmp_path / "source"
     for name in ("hf_relpos", "tests"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
-    for name in ("pyproject.toml", "MANIFEST.in", "README.md"):
+    for name in ("pyproject.toml", "MANIFEST.in", "README.md", "LICENSE"):
         shutil.copy2(REPO / name, source / name)
     out = tmp_path / "out"
     code = f"from setuptools import build_meta; print(build_meta.build_{kind}({str(out)!r}))"
@@ -108,6 +108,7 @@ def test_the_wheel_holds_the_whole_package_and_nothing_else(tmp_path):
     files = built_files(tmp_path, "wheel")
     assert package_sources() <= files, sorted(package_sources() - files)
     assert {name for name in files if not name.startswith(("hf_relpos/", "hf_relpos-"))} == set()
+    assert any(name.endswith(".dist-info/licenses/LICENSE") for name in files)   # the text of pyproject's license
 
 
 def test_the_sdist_holds_the_package_without_a_partial_test_suite(tmp_path):
