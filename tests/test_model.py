@@ -196,7 +196,7 @@ def test_the_decoder_called_alone_returns_the_cache_it_fills():
         assert decoder(input_ids=decoder_input_ids, **inputs).cache is None
     # under gradient checkpointing in training, none (as Marian's decoder), and no warning that a cache was dropped
     model.config.use_cache = True
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     model.train()
     assert decoder(input_ids=decoder_input_ids, **inputs).cache is None
 
