@@ -153,6 +153,21 @@ def test_missing_file_and_missing_split_are_reported(tmp_path):
         load_parallel_splits(arguments, ("train", "validation"), tmp_path / "demo")
 
 
+def test_hub_config_of_another_language_pair_is_refused_before_loading():
+    """The default dataset_config_name (de-en) with another pair is an error at once, not after load_dataset has
+    downloaded WMT14 de-en; a matching pair (either direction, a region subtag) or local files pass."""
+    with pytest.raises(ValueError, match=r"dataset_config_name 'de-en' is the configuration of another language pair "
+                                         r"than source_lang 'hi' / target_lang 'en'.*\(WMT's is 'hi-en'\)"):
+        DataArguments(source_lang="hi", target_lang="en")
+    with pytest.raises(ValueError, match=r"\(WMT's is 'zh-en'\)"):
+        DataArguments(dataset_name="wmt/wmt19", source_lang="en", target_lang="zh")
+    DataArguments(source_lang="de", target_lang="en")
+    DataArguments(dataset_name="wmt/wmt19", dataset_config_name="zh-en", source_lang="zh-CN", target_lang="en")
+    DataArguments(source_lang="hi", target_lang="en", train_file="data/train")
+    DataArguments(dataset_name="demo", source_lang="hi", target_lang="en")
+    DataArguments(dataset_name="some/corpus", dataset_config_name="iwslt2017-de-en", source_lang="ja", target_lang="en")
+
+
 def test_argument_values_are_checked():
     with pytest.raises(ValueError, match=r"overlong_pairs must be one of \['filter', 'truncate'\]"):
         DataArguments(overlong_pairs="drop")
@@ -409,8 +424,10 @@ def test_hub_loading_path_maps_the_wmt_schema(monkeypatch, tmp_path):
     assert splits["test"]["target"] == [PAIRS[1][1], PAIRS[2][1]]
     reverse = load_parallel_splits(DataArguments(source_lang="de", target_lang="en"), ("train",), tmp_path / "demo")
     assert reverse["train"]["target"] == [en for en, _ in PAIRS]
-    with pytest.raises(DatasetSchemaError, match=r"'de-en'\), split 'train', field 'translation': no 'fr' \(found \['de', 'en'\]\)"):
-        load_parallel_splits(DataArguments(target_lang="fr"), ("train",), tmp_path / "demo")
+    with pytest.raises(DatasetSchemaError, match=r"'wmt/wmt14', split 'train', field 'translation': no 'fr' \(found \['de', 'en'\]\)"):
+        load_parallel_splits(DataArguments(dataset_config_name=None, target_lang="fr"), ("train",), tmp_path / "demo")
+    with pytest.raises(ValueError, match=r"dataset_config_name 'de-en' is the configuration of another language pair"):
+        DataArguments(target_lang="fr")   # refused before anything is loaded
     with pytest.raises(DatasetSchemaError, match=r"has no split 'newstest2015'; its splits are"):
         load_parallel_splits(DataArguments(test_split_name="newstest2015"), ("test",), tmp_path / "demo")
 
@@ -423,8 +440,9 @@ def test_hub_loading_path_maps_flat_language_columns(monkeypatch, tmp_path):
     arguments = DataArguments(dataset_name="bentrevett/multi30k", dataset_config_name=None)
     splits = load_parallel_splits(arguments, ("train",), tmp_path / "demo")
     assert list(zip(splits["train"]["source"], splits["train"]["target"], strict=True)) == PAIRS
-    with pytest.raises(DatasetSchemaError, match=r"dataset 'x' \(config 'de-en'\), split 'train', columns: no 'cs' \(found \['de', 'en'\]\)"):
-        load_parallel_splits(DataArguments(dataset_name="x", source_lang="cs"), ("train",), tmp_path / "demo")
+    with pytest.raises(DatasetSchemaError, match=r"dataset 'x', split 'train', columns: no 'cs' \(found \['de', 'en'\]\)"):
+        load_parallel_splits(DataArguments(dataset_name="x", dataset_config_name=None, source_lang="cs"), ("train",),
+                             tmp_path / "demo")
 
 
 # --- plain-text pairs by prefix, TSV without quoting, tricky characters ----------------------------------------------

@@ -24,6 +24,7 @@ import itertools
 import json
 import logging
 import os
+import re
 import sys
 import uuid
 from collections.abc import Callable, Iterator
@@ -45,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.validation import require_int
+from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from .demo_corpus import write_demo_corpus
 
@@ -52,6 +54,8 @@ logger = logging.getLogger(__name__)
 
 DEMO_DATASET_NAME = "demo"
 DEMO_DATA_FOLDER = "demo_data"
+# A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
+LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
@@ -168,6 +172,7 @@ class DataArguments:
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
         for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
             require_int(name, getattr(self, name), minimum=1)
+        check_config_languages(self)
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
             if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:
@@ -178,6 +183,22 @@ class DataArguments:
     @property
     def uses_local_files(self) -> bool:
         return any((self.train_file, self.validation_file, self.test_file))
+
+
+def check_config_languages(data_args: DataArguments) -> None:
+    """A Hub dataset's configuration named by another language pair than source_lang/target_lang (the default de-en
+    with --source_lang hi) is an error now, not after `load_dataset` has downloaded that pair (4.5M pairs for WMT14)."""
+    config = data_args.dataset_config_name
+    if (data_args.uses_local_files or data_args.dataset_name in (None, DEMO_DATASET_NAME) or config is None
+            or not LANGUAGE_PAIR_CONFIG.fullmatch(config)):
+        return
+    wanted = {primary_subtag(data_args.source_lang), primary_subtag(data_args.target_lang)}
+    if set(config.split("-")) != wanted:
+        wmt_config = "-".join([*sorted(wanted - {"en"}), *sorted(wanted & {"en"})])   # xx-en
+        raise ValueError(f"dataset_config_name {config!r} is the configuration of another language pair than "
+                         f"source_lang {data_args.source_lang!r} / target_lang {data_args.target_lang!r}: set "
+                         f"dataset_config_name to the pair's configuration (WMT's is {wmt_config!r}), or null for a "
+                         "dataset without configurations")
 
 
 # what reads each split (training_args' flags, as data_preparation.splits_to_read applies them)
