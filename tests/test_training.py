@@ -171,7 +171,9 @@ def test_japanese_bleu_without_its_extra_is_refused_before_training(tmp_path, co
     with pytest.raises(ConfigError) as raised:
         parse_arguments([str(config), *flags])
     assert str(raised.value).startswith("bleu_tokenize: ") and "pip install sacrebleu[ja]" in str(raised.value)
+    assert str(raised.value).endswith("or set bleu_tokenize to another tokenization (e.g. char, which needs no package)")
     assert "\n" not in str(raised.value)
+    parse_arguments([str(config), *flags[:2], "--bleu_tokenize", "char"])   # the way out the error names
     parse_arguments([str(config), *flags, "--do_eval", "false", "--do_predict", "false"])   # nothing is scored
 
 

@@ -685,7 +685,8 @@ def check_bleu_tokenizer(data_args: DataArguments, training_args: TranslationTra
         try:
             bleu_metric(training_args.bleu_tokenize, data_args.target_lang)
         except ValueError as error:
-            raise ConfigError(f"bleu_tokenize: {error}") from None
+            raise ConfigError(f"bleu_tokenize: {error}; or set bleu_tokenize to another tokenization (e.g. char, "
+                              "which needs no package)") from None
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
