@@ -23,9 +23,10 @@ from transformers.utils import logging
 logger = logging.get_logger(__name__)
 
 # Sentence ends followed by whitespace: Latin and Cyrillic . ! ? …; Devanagari danda । ॥ (Hindi, Marathi,
-# Nepali), Arabic-script ؟ and ۔ (Arabic, Persian, Urdu), Armenian ։, Ethiopic ። ፧ ፨, Burmese ။; and CJK 。！？.
-SENTENCE_END = ".!?…।॥؟۔։።፧፨။。！？"
-NO_SPACE_SENTENCE_END = "。！？"   # Chinese and Japanese: the next sentence follows without a space
+# Nepali), Arabic-script ؟ and ۔ (Arabic, Persian, Urdu), Armenian ։, Ethiopic ። ፧ ፨, Burmese ။; and CJK 。！？ (｡ the
+# half-width 。).
+SENTENCE_END = ".!?…।॥؟۔։።፧፨။。！？｡"
+NO_SPACE_SENTENCE_END = "。！？｡"   # Chinese and Japanese: the next sentence follows without a space
 CLOSING = "\"'”’»)]」』）】〕〉》〗〙〛＂＇］｝"
 ELLIPSIS = "..."   # three periods, which end a sentence as … does
 # Where a sentence may end: whitespace (`ends_sentence` decides), or 。！？ right before the next sentence's first
