@@ -82,10 +82,10 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
     before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
     number opening the sentence ("1. Take"), a German date's day ("am 3. Oktober"), quotes allowed around the word
-    (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after them (closing quotes
-    or brackets such as 」』） allowed) or right before the next sentence's first character (the sentence is followed
-    by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace
-    and are never split."""
+    (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
+    them (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
+    sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
+    ("3.5") hold no whitespace and are never split."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
@@ -103,7 +103,8 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
 def ends_sentence(sentence: str, next_word: str) -> bool:
     """Whether `sentence` (the text since the last split, up to a space) ends where `next_word` follows."""
     next_character = next_word[:1]
-    word = sentence.rsplit(None, 1)[-1].rstrip(QUOTE_CLOSING)
+    words = sentence.rsplit(None, 2)   # the last word, and the one before it (a German date's opener)
+    word = words[-1].rstrip(QUOTE_CLOSING)
     if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
         return False
     if not word.endswith(".") or word.endswith(ELLIPSIS):
@@ -113,9 +114,8 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
         return False
     if "." in stem or (len(stem) == 1 and stem.isupper()):
         return False
-    before = sentence.rsplit(None, 2)[-2:-1]
     if (stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS
-            and before and before[0].rstrip(",").lower() in DATE_OPENERS):
+            and len(words) > 1 and words[-2].rstrip(",").lower() in DATE_OPENERS):
         return False
     return not (stem.isdigit() and sentence.strip() == word)
 
