@@ -274,15 +274,9 @@ def table(results: dict) -> list[str]:
     return lines
 
 
-def weights_hypotheses(work: Path) -> Callable[[str, int, str, str], Path]:
-    """Where each run keeps its hypotheses of a split, from its final or averaged weights."""
-    return lambda system, seed, split, weights: hypotheses_file(work / system / f"seed{seed}" / f"{weights}_hypotheses",
-                                                                split)
-
-
-def averaged_hypotheses(work: Path) -> Callable[[str, int, str], Path]:
-    """Where each run keeps its averaged weights' hypotheses of a split."""
-    return lambda system, seed, split: weights_hypotheses(work)(system, seed, split, "averaged")
+def weights_hypotheses(work: Path, weights: str) -> Callable[[str, int, str], Path]:
+    """Where each run keeps its hypotheses of a split from its `weights` ("final" or "averaged")."""
+    return lambda system, seed, split: hypotheses_file(work / system / f"seed{seed}" / f"{weights}_hypotheses", split)
 
 
 def summarize(records: dict[str, list[dict]]) -> dict:
@@ -386,12 +380,14 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "runs": records,
     }
     seeds = {system: [record["seed"] for record in runs] for system, runs in records.items()}
-    tests = paired_tests(seeds, args.baseline, "averaged", averaged_hypotheses(args.work), args, "convergence.py")
+    tests = paired_tests(seeds, args.baseline, "averaged", weights_hypotheses(args.work, "averaged"), args,
+                         "convergence.py")
     if tests is not None:
         results["paired_tests"] = tests
     gather_run_records(results)
     write_results(args.out, "convergence", results, markdown(results),
-                  kept_hypotheses(seeds, ("final", "averaged"), weights_hypotheses(args.work)))
+                  {name: lines for weights in ("final", "averaged")
+                   for name, lines in kept_hypotheses(seeds, weights_hypotheses(args.work, weights), weights).items()})
     return results
 
 

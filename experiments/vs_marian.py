@@ -627,20 +627,18 @@ def read_hypotheses(path: Path) -> list[str] | None:
     return path.read_bytes().decode("utf-8").split("\n")[:-1] if path.is_file() else None
 
 
-def kept_hypotheses(seeds: dict[str, list[int]], weights: Sequence[str],
-                    hypotheses_of: Callable[..., Path]) -> dict[str, list[str]]:
-    """Every kept hypotheses file of the runs `seeds` ({system: seeds}), as `write_results` archives them:
-    "SYSTEM seed S: SPLIT" (`weights` empty: `hypotheses_of(system, seed, split)`) or "SYSTEM seed S WEIGHTS: SPLIT"
-    (`hypotheses_of(system, seed, split, weights)`)."""
+def kept_hypotheses(seeds: dict[str, list[int]], hypotheses_of: Callable[[str, int, str], Path],
+                    weights: str | None = None) -> dict[str, list[str]]:
+    """Every kept hypotheses file `hypotheses_of(system, seed, split)` of the runs `seeds` ({system: seeds}), keyed as
+    `write_results` archives them: "SYSTEM seed S: SPLIT", or "SYSTEM seed S WEIGHTS: SPLIT" for `weights`."""
+    label = "" if weights is None else f" {weights}"
     kept = {}
     for system, system_seeds in seeds.items():
         for seed in system_seeds:
-            for weight in weights or [None]:
-                for split in SPLITS:
-                    lines = read_hypotheses(hypotheses_of(system, seed, split) if weight is None
-                                            else hypotheses_of(system, seed, split, weight))
-                    if lines is not None:
-                        kept[f"{system} seed {seed}{'' if weight is None else ' ' + weight}: {split}"] = lines
+            for split in SPLITS:
+                lines = read_hypotheses(hypotheses_of(system, seed, split))
+                if lines is not None:
+                    kept[f"{system} seed {seed}{label}: {split}"] = lines
     return kept
 
 
@@ -1012,7 +1010,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         results["paired_tests"] = tests
     gather_run_records(results)
     write_results(args.out, "vs_marian", results, markdown(results),
-                  kept_hypotheses(seeds, (), run_hypotheses(args.work)))
+                  kept_hypotheses(seeds, run_hypotheses(args.work)))
     return results
 
 
