@@ -299,7 +299,8 @@ def test_a_card_lists_the_data_the_run_read_and_its_limitation_only_for_that_dat
 
 def test_a_run_record_names_the_code_that_trained_it(tmp_path, monkeypatch):
     """run_record's source_version: `git describe` of the checkout the package runs from (as the experiments record
-    it); run from no checkout, the installed package's version; where neither is known, None (no failure)."""
+    it); run from no checkout, the installed package's version, with the commit pip recorded for an install from a git
+    URL; where neither is known, None (no failure)."""
     import importlib.metadata
 
     from hf_relpos.publish import records
@@ -310,10 +311,30 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path, monkeypatch):
     monkeypatch.setattr(records, "PACKAGE_CHECKOUT", tmp_path)   # no .git: installed, not a checkout
     assert run_record(*arguments).source_version == importlib.metadata.version("hf_relpos")
 
+    class Installed:
+        """An installed hf_relpos 0.1.0 whose direct_url.json (PEP 610) holds `direct_url`."""
+
+        version = "0.1.0"
+
+        def __init__(self, direct_url: dict | None):
+            self.direct_url = direct_url
+
+        def read_text(self, name):
+            return None if name != "direct_url.json" or self.direct_url is None else json.dumps(self.direct_url)
+
+    commit = "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
+    installs = {  # what pip records: from a git URL, from a folder, from an index (no direct_url.json)
+        "0.1.0+g1a2b3c4": {"url": "https://github.com/o/hf_relpos", "vcs_info": {"vcs": "git", "commit_id": commit}},
+        "0.1.0": {"url": "file:///home/user/hf_relpos", "dir_info": {}},
+    }
+    for expected, direct_url in [*installs.items(), ("0.1.0", None)]:
+        monkeypatch.setattr(importlib.metadata, "distribution", lambda name, url=direct_url: Installed(url))
+        assert run_record(*arguments).source_version == expected
+
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)
 
-    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(importlib.metadata, "distribution", not_installed)
     assert run_record(*arguments).source_version is None
 
 

@@ -264,15 +264,27 @@ def accelerate_program(program: str) -> str:
 
 def package_version() -> str | None:
     """Which hf_relpos code runs, for a run's `source_version`: `source_version` of the git checkout it runs from (a
-    commit, `-dirty` with uncommitted changes), else the installed package's version (None where neither is known)."""
+    commit, `-dirty` with uncommitted changes), else `installed_version()` (None where neither is known)."""
     if (PACKAGE_CHECKOUT / ".git").exists():
         described = source_version(PACKAGE_CHECKOUT)
         if described != "unknown":
             return described
+    return installed_version()
+
+
+def installed_version() -> str | None:
+    """The installed package's version; for an install from a git URL (`pip install git+https://...@ref`), with the
+    commit pip recorded (PEP 610 `direct_url.json`, `vcs_info.commit_id`) as a local version label, `0.1.0+g1a2b3c4`,
+    since a version alone does not say which commit of a branch ran. None where hf_relpos is not installed."""
     try:
-        return importlib.metadata.version("hf_relpos")
+        distribution = importlib.metadata.distribution("hf_relpos")
     except importlib.metadata.PackageNotFoundError:
         return None
+    try:
+        commit = json.loads(distribution.read_text("direct_url.json") or "{}").get("vcs_info", {}).get("commit_id")
+    except (ValueError, AttributeError):
+        commit = None
+    return f"{distribution.version}+g{commit[:7]}" if isinstance(commit, str) and commit else distribution.version
 
 
 def software_versions() -> dict[str, str]:
