@@ -364,7 +364,8 @@ def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Names
     if training_args.cpu_threads is not None:
         torch.set_num_threads(training_args.cpu_threads)
     sources, targets = read_pairs(Path(data_args.train_file), data_args.source_lang, data_args.target_lang)
-    tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size)
+    tokenizer = train_joint_tokenizer([*sources, *targets], model_args.tokenizer_vocab_size,
+                                      character_coverage=model_args.tokenizer_character_coverage)
     train_dataset, _ = tokenize_training_pairs(Dataset.from_dict({"source": sources, "target": targets}), tokenizer,
                                                data_args)
     evaluation_sets = {}

@@ -425,8 +425,10 @@ def test_a_run_card_gives_the_vocabulary_the_tokenizer_has(output_folder):
     assert (f"BPE vocabulary of {config.vocab_size} pieces ({record.tokenizer_vocab_size} asked for) trained on the "
             "training split") in card
     assert f"| `tokenizer_vocab_size` | {record.tokenizer_vocab_size} |" in card
+    assert f"| `tokenizer_character_coverage` | {record.tokenizer_character_coverage} |" in card
     reused = hub.render_model_card(config, dataclasses.replace(record, tokenizer_name="outputs/earlier"))
     assert "Tokenizer: reused from `outputs/earlier`." in reused and "`tokenizer_vocab_size`" not in reused
+    assert "`tokenizer_character_coverage`" not in reused
     recipe = hub.load_recipe(REPO_ROOT / "configs" / "demo.yaml")
     recipe_card = hub.render_model_card(hub.config_from_recipe(recipe), recipe)
     assert f"BPE vocabulary of {recipe['tokenizer_vocab_size']} pieces trained on the training split" in recipe_card

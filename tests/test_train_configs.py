@@ -35,7 +35,7 @@ def test_wmt14_base_recipes(scheme):
     assert {name: model[name] for name in SCHEME_FIELDS[scheme]} == SCHEME_FIELDS[scheme]
     assert (data_args.dataset_name, data_args.dataset_config_name) == ("wmt/wmt14", "de-en")
     assert (data_args.source_lang, data_args.target_lang) == ("en", "de")
-    assert model_args.tokenizer_vocab_size == 32768
+    assert model_args.tokenizer_vocab_size == 32768 and model_args.tokenizer_character_coverage == 0.9999
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
     assert training_args.lr_scheduler_type == "inverse_sqrt" and training_args.warmup_steps == 4000
     assert training_args.learning_rate == pytest.approx(512**-0.5 * 4000**-0.5, rel=0.01)
@@ -65,6 +65,7 @@ def test_multi30k_recipes_differ_only_in_the_scheme():
     assert all(config == texts["shaw"] for config in texts.values())
     model_args, data_args, _ = parse("multi30k_small_shaw.yaml")
     assert data_args.dataset_name == "bentrevett/multi30k" and data_args.dataset_config_name is None
+    assert model_args.tokenizer_character_coverage == 1.0   # every character: the recorded tokenizers stay valid
     _, local, _ = parse("multi30k_small_shaw.yaml", "--train_file", "t.jsonl", "--validation_file", "v.jsonl")
     assert local.uses_local_files
 
@@ -73,6 +74,7 @@ def test_demo_recipe_uses_the_generated_corpus():
     model_args, data_args, training_args = parse("demo.yaml")
     assert data_args.dataset_name == "demo" and training_args.do_train and training_args.do_predict
     assert model_args.tokenizer_vocab_size == 400 + 256  # 400 pieces as before byte fallback
+    assert model_args.tokenizer_character_coverage == 1.0
     assert training_args.cpu_threads == 1 and training_args.max_tokens_per_batch == 512
 
 

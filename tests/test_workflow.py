@@ -107,6 +107,9 @@ def test_help_shows_the_usage_and_every_field_by_section(flags, tmp_path):
                      r"\(default: 512\)", architecture)
     assert re.search(r"--tokenizer_vocab_size TOKENIZER_VOCAB_SIZE, --tokenizer-vocab-size TOKENIZER_VOCAB_SIZE\s+"
                      r"Vocabulary size .*\(default: 8000\)\n", sections["model: where to start from"])
+    assert re.search(r"--tokenizer_character_coverage TOKENIZER_CHARACTER_COVERAGE, --tokenizer-character-coverage "
+                     r"TOKENIZER_CHARACTER_COVERAGE\s+SentencePiece's\s+character_coverage.*byte\s+fallback.*"
+                     r"\(default: 1.0\)\n", sections["model: where to start from"], re.DOTALL)
     for name, help_start in (("max_source_length", "Longest source, in tokens"),
                              ("overlong_pairs", "Training pairs over")):
         assert re.search(rf"--{name} \S+, --\S+ \S+\s+{help_start}.*\(default: \S+\)\n", sections["data"]), name

@@ -134,6 +134,7 @@ class RunRecord:
     model_name_or_path: str | None = _recipe_field(DATA)
     tokenizer_name: str | None = _recipe_field(DATA)
     tokenizer_vocab_size: int | None = _recipe_field(DATA)
+    tokenizer_character_coverage: float | None = _recipe_field(DATA)
     max_steps: int | None = _recipe_field(OPTIMISATION)
     num_train_epochs: float | None = _recipe_field(OPTIMISATION)
     max_tokens_per_batch: int | None = _recipe_field(OPTIMISATION)

@@ -39,7 +39,7 @@ from ..publish.records import accelerate_program, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import missing_local_folder
-from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS
+from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS, require_character_coverage
 
 logger = logging.getLogger(__name__)
 
@@ -148,6 +148,15 @@ class ModelArguments:
         default=8000,
         metadata={"help": "Vocabulary size of a newly trained tokenizer, 4 special and 256 byte-fallback tokens "
                           "included (as SentencePiece counts)."},
+    )
+    tokenizer_character_coverage: float = field(
+        default=1.0,
+        metadata={"help": "SentencePiece's character_coverage for a newly trained tokenizer, a number in (0, 1]: its "
+                          "alphabet keeps the most frequent characters of the training texts that together make up "
+                          "this share of all character occurrences; rarer characters get no piece of their own and "
+                          "are encoded as their UTF-8 bytes (byte fallback), leaving those vocabulary slots to "
+                          "merges. 1.0: every character, as far as the vocabulary has room; below 1 for corpora with "
+                          "a long tail of rare characters (web crawl; SentencePiece's default is 0.9995)."},
     )
     cache_dir: str | None = field(default=None, metadata={"help": "Cache folder for Hub datasets and models."})
     import_modules: list[str] = field(default_factory=list, metadata={"help": IMPORT_MODULES_HELP})
@@ -637,6 +646,10 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if model_args.tokenizer_vocab_size <= reserved:
         raise ConfigError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "
                           f"{len(BYTE_TOKENS)} byte-fallback tokens), got {model_args.tokenizer_vocab_size}")
+    try:
+        require_character_coverage(model_args.tokenizer_character_coverage)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     if training_args.overwrite_output_dir and training_args.resume_from_checkpoint is not None:
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")

@@ -4,8 +4,11 @@ SentencePiece-like: a Unicode normaliser (`NORMALIZER`), a Metaspace pre-tokeniz
 BPE merges with byte fallback, and a decoder that joins the bytes back into characters and the pieces into words.
 So `decode(encode(text)) == normalised text` for every text that does not start with a space (what sacreBLEU needs):
 a character outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`,
-never dropped or turned into `<unk>`. Every encoding ends with "</s>". Special token ids are fixed: "<pad>"=0,
-"</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tokens follow (4-259), then the learned pieces.
+never dropped or turned into `<unk>`. Which characters get a piece of their own is SentencePiece's
+`character_coverage` (`covered_characters`): every character of the training texts by default, or the most frequent
+ones that make up that share of all character occurrences. Every encoding ends with "</s>". Special token ids are
+fixed: "<pad>"=0, "</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tokens follow (4-259), then the learned
+pieces.
 
 The normaliser is NFC: it composes characters ("a" + combining diaeresis -> "ä") and changes nothing a reader would
 see, so every reference character can be produced by the model. NFKC would also fold compatibility characters
@@ -18,6 +21,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -39,19 +43,24 @@ NORMALIZER = normalizers.NFC()
 
 
 def train_joint_tokenizer(
-    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int = MIN_FREQUENCY
+    texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int = MIN_FREQUENCY,
+    character_coverage: float = 1.0,
 ) -> PreTrainedTokenizerFast:
     """Train a BPE tokenizer with byte fallback on `texts` (source and target sentences together: strings, or
     batches of strings, which cross into the Rust trainer a batch at a time) and wrap it for transformers.
 
     `vocab_size` counts everything, as SentencePiece does: the 4 special tokens, the 256 byte tokens and the learned
-    pieces (characters first, at most `vocab_size` - 260 of them, the rarest left to the byte tokens; then merges). A
-    small corpus may yield fewer pieces than asked for.
+    pieces (characters first, then merges; a small corpus may yield fewer pieces than asked for). The characters are
+    SentencePiece's `character_coverage` of the texts (`covered_characters`), at most `vocab_size` - 260 of them;
+    coverage 1 keeps every character the vocabulary has room for, the rarest left to the byte tokens. A coverage
+    below 1 reads `texts` twice (to count the characters, then to train): they must be re-iterable (a list, or an
+    object whose every `iter()` reads them afresh), not a one-shot iterator.
     """
     reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
     if vocab_size <= reserved:
         raise ValueError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "
                          f"{len(BYTE_TOKENS)} byte-fallback tokens), got {vocab_size}")
+    require_character_coverage(character_coverage)
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
     tokenizer.normalizer = NORMALIZER
     tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
@@ -59,20 +68,76 @@ def train_joint_tokenizer(
         decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme="always"),
     ])
     pieces = vocab_size - len(BYTE_TOKENS)
+    room = pieces - len(SPECIAL_TOKENS)
+    alphabet = _covered_alphabet(texts, character_coverage, room) if character_coverage < 1 else []
+    # The trainer counts character occurrences as `character_counts` does and keeps the `limit_alphabet` most
+    # frequent, ties broken in hash order; giving it `alphabet` as its initial alphabet, which it ranks above every
+    # counted character, makes the kept characters exactly `alphabet`.
     trainer = trainers.BpeTrainer(
         vocab_size=pieces,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
-        limit_alphabet=pieces - len(SPECIAL_TOKENS),
+        limit_alphabet=len(alphabet) if alphabet else room,
+        initial_alphabet=alphabet,
         show_progress=False,
     )
-    tokenizer.train_from_iterator(_non_empty(texts), trainer=trainer)
+    tokenizer.train_from_iterator(_fed_to_trainer(texts), trainer=trainer)
     tokenizer = _with_byte_tokens(tokenizer)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
         single=f"$A {EOS_TOKEN}", pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}", special_tokens=[(EOS_TOKEN, eos_id)]
     )
     return wrap_tokenizer(tokenizer)
+
+
+def require_character_coverage(value: Any) -> None:
+    """Raise ValueError naming tokenizer_character_coverage unless `value` is a number in (0, 1]."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+        raise ValueError("tokenizer_character_coverage must be a number in (0, 1] (the share of the training texts' "
+                         f"character occurrences whose characters get a piece of their own; 1: all), got {value!r}")
+
+
+def character_counts(texts: Iterable[str] | Iterable[list[str]]) -> Counter[str]:
+    """How often each character occurs in `texts` as the BPE trainer sees them: normalised (`NORMALIZER`) and
+    pre-tokenized by Metaspace (each space becomes a "▁", and a text that does not then start with "▁" gets one
+    prepended)."""
+    counts: Counter[str] = Counter()
+    for item in _non_empty(texts):
+        normalised = [NORMALIZER.normalize_str(text) for text in ([item] if isinstance(item, str) else item)]
+        counts.update("".join(normalised))
+        counts[WORD_START] += sum(not text.startswith((" ", WORD_START)) for text in normalised)
+    counts[WORD_START] += counts.pop(" ", 0)
+    return counts
+
+
+def covered_characters(counts: Counter[str], coverage: float) -> list[str]:
+    """SentencePiece's character coverage: the characters by decreasing count (ties by code point), up to the first
+    whose cumulative count reaches `coverage` x the total count, with "▁" (word start) first and always kept."""
+    total = sum(counts.values())
+    kept: list[str] = []
+    covered = 0
+    for character, count in sorted(counts.items(), key=lambda item: (-item[1], item[0])):
+        if covered >= coverage * total:
+            break
+        kept.append(character)
+        covered += count
+    return [WORD_START, *(character for character in kept if character != WORD_START)]
+
+
+def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: float, room: int) -> list[str]:
+    """The `covered_characters` of `texts`, at most `room` of them (the most frequent), logged."""
+    if iter(texts) is texts:
+        raise TypeError("a character_coverage below 1 reads the texts twice (to count their characters, then to "
+                        "train): pass a list or another re-iterable collection, not a one-shot iterator")
+    logger.info("Counting the characters of the tokenizer's training texts (tokenizer_character_coverage %g)",
+                coverage)
+    counts = character_counts(texts)
+    alphabet = covered_characters(counts, coverage)[:room]
+    total = sum(counts.values())
+    logger.info("The tokenizer's alphabet keeps %d of the %d characters of its training texts (%.4f %% of their %d "
+                "character occurrences); the rarer ones are encoded as bytes", len(alphabet), len(counts),
+                100 * sum(counts[character] for character in alphabet) / max(total, 1), total)
+    return alphabet
 
 
 def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
@@ -108,12 +173,29 @@ def _non_empty(texts: Iterable[str] | Iterable[list[str]]) -> Iterator[str | lis
             yield text
 
 
-def tokenizer_settings(data_sha256: str, vocab_size: int, data: str) -> dict[str, Any]:
+def _fed_to_trainer(texts: Iterable[str] | Iterable[list[str]]) -> Iterator[str | list[str]]:
+    """The non-empty texts, then a log line saying that the trainer, having read them all, goes on to its merges,
+    which show no progress."""
+    fed = 0
+    for item in _non_empty(texts):
+        fed += 1 if isinstance(item, str) else len(item)
+        yield item
+    logger.info("The tokenizer trainer has read the %d texts; it now learns the BPE merges, with no progress shown "
+                "(minutes on a large corpus)", fed)
+
+
+def tokenizer_settings(data_sha256: str, vocab_size: int, character_coverage: float, data: str) -> dict[str, Any]:
     """What determines a trained tokenizer: the training data (`data_sha256`, the SHA-256 of its files and of the
-    settings that select its texts), the vocabulary size and the training recipe; `data` says in words where the
-    texts came from (for messages only)."""
-    return {"tokenizer_vocab_size": vocab_size, "min_frequency": MIN_FREQUENCY, "normalizer": type(NORMALIZER).__name__,
-            "byte_fallback": True, "training_data_sha256": data_sha256, "data": data}
+    settings that select its texts), the vocabulary size, the character coverage and the training recipe; `data`
+    says in words where the texts came from (for messages only)."""
+    return {"tokenizer_vocab_size": vocab_size, "tokenizer_character_coverage": float(character_coverage),
+            "min_frequency": MIN_FREQUENCY, "normalizer": type(NORMALIZER).__name__, "byte_fallback": True,
+            "training_data_sha256": data_sha256, "data": data}
+
+
+# Settings recorded only since they became settings, with the value every tokenizer saved before then was trained
+# with (a record without them means that value).
+SETTINGS_BEFORE_THEY_WERE_RECORDED = {"tokenizer_character_coverage": 1.0}
 
 
 def save_tokenizer_settings(settings: dict[str, Any], directory: str | os.PathLike) -> None:
@@ -134,7 +216,8 @@ def settings_differences(saved: dict[str, Any] | None, wanted: dict[str, Any]) -
         return ["its training settings are not recorded"]
     differences = []
     for name, value in wanted.items():
-        if name == "data" or saved.get(name) == value:
+        saved_value = saved.get(name, SETTINGS_BEFORE_THEY_WERE_RECORDED.get(name))
+        if name == "data" or saved_value == value:
             continue
         if name == "training_data_sha256":
             if saved.get("data") == wanted["data"]:
@@ -142,7 +225,7 @@ def settings_differences(saved: dict[str, Any] | None, wanted: dict[str, Any]) -
             else:
                 differences.append(f"training text differs (saved: {saved.get('data')}; now: {wanted['data']})")
         else:
-            differences.append(f"{name} {saved.get(name)!r} -> {value!r}")
+            differences.append(f"{name} {saved_value!r} -> {value!r}")
     return differences
 
 

@@ -69,18 +69,21 @@ def tokenizer_training_sample(train: Dataset, pairs: int | None) -> Dataset:
     return train.select(np.sort(chosen))
 
 
-def text_batches(dataset: Dataset) -> Iterator[list[str]]:
-    """The source texts, then the target texts, `TOKENIZER_TRAINING_BATCH` at a time, read as Arrow columns; the
-    progress bar counts the texts the trainer has read, and a log line says when it has read them all and goes on to
-    its merges, which show no progress."""
-    columns = dataset.with_format("arrow")
-    with tqdm(total=2 * len(dataset), desc="Reading texts for the tokenizer", unit=" texts") as bar:
-        for column in ("source", "target"):
-            for batch in columns.iter(TOKENIZER_TRAINING_BATCH):
-                bar.update(batch.num_rows)
-                yield batch[column].to_pylist()
-    logger.info("The tokenizer trainer has read the %d texts; it now learns the BPE merges, with no progress shown "
-                "(minutes on a large corpus)", 2 * len(dataset))
+class TextBatches:
+    """The source texts, then the target texts of `dataset`, `TOKENIZER_TRAINING_BATCH` at a time, read as Arrow
+    columns with a progress bar; re-iterable: each `iter()` reads the dataset afresh (a tokenizer_character_coverage
+    below 1 reads it twice, to count its characters and to train)."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __iter__(self) -> Iterator[list[str]]:
+        columns = self.dataset.with_format("arrow")
+        with tqdm(total=2 * len(self.dataset), desc="Reading texts for the tokenizer", unit=" texts") as bar:
+            for column in ("source", "target"):
+                for batch in columns.iter(TOKENIZER_TRAINING_BATCH):
+                    bar.update(batch.num_rows)
+                    yield batch[column].to_pylist()
 
 
 def obtain_tokenizer(
@@ -106,7 +109,8 @@ def obtain_tokenizer(
     if data_args.tokenizer_training_pairs is not None:
         sample = f"{train_data_sha256}\0sample {data_args.tokenizer_training_pairs} seed {TOKENIZER_SAMPLE_SEED}"
         train_data_sha256 = hashlib.sha256(sample.encode()).hexdigest()
-    settings = tokenizer_settings(train_data_sha256, model_args.tokenizer_vocab_size, describe_training_data(data_args))
+    settings = tokenizer_settings(train_data_sha256, model_args.tokenizer_vocab_size,
+                                  model_args.tokenizer_character_coverage, describe_training_data(data_args))
     if has_saved_tokenizer(output_dir) and not retrain:
         differences = settings_differences(load_tokenizer_settings(output_dir), settings)
         if differences and not resuming:
@@ -123,7 +127,8 @@ def obtain_tokenizer(
     texts = tokenizer_training_sample(training_split(), data_args.tokenizer_training_pairs)
     logger.info("Training a joint BPE tokenizer (vocabulary %d) on the training split", model_args.tokenizer_vocab_size)
     started = time.monotonic()
-    tokenizer = train_joint_tokenizer(text_batches(texts), model_args.tokenizer_vocab_size)
+    tokenizer = train_joint_tokenizer(TextBatches(texts), model_args.tokenizer_vocab_size,
+                                      character_coverage=model_args.tokenizer_character_coverage)
     release_freed_memory()
     logger.info("Trained the tokenizer in %.1f s", time.monotonic() - started)
     if len(tokenizer) < model_args.tokenizer_vocab_size:
