@@ -157,6 +157,31 @@ def test_shaws_masses_by_distance_are_as_wide_as_the_aligned_table():
     torch.testing.assert_close(values(probabilities), expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="CUDA's scatter-add rounds after every addition"))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_shaws_masses_of_half_precision_probabilities_are_summed_in_float32(dtype, device):
+    """An edge bucket of a^V (eager, SDPA) sums up to m probabilities: in promote_types(dtype, float32), as the fused
+    kernels' masses are, not in the probabilities' dtype (CUDA's scatter-add rounds after every addition: bf16 additions
+    in sequence give a 0.99 edge mass over 1000 keys as 0.58, an error that grows with the length). The term comes in
+    the probabilities' dtype, within its rounding of the float64 term."""
+    n, k = 1024, 4
+    generator = torch.Generator().manual_seed(3)
+    probabilities = torch.softmax(torch.randn(1, 2, n, n, generator=generator, dtype=torch.float64) * 0.5, -1).to(dtype)
+    table = torch.randn(2 * k + 1, 8, generator=generator, dtype=torch.float64).to(dtype)
+    index = hf_relpos.relative_position_index(n, n, k)
+    exact = RelativeValues(table.double(), k, 0, index, consecutive=True)
+    values = RelativeValues(table.to(device), k, 0, index.to(device), consecutive=True)
+    masses = values.mass_by_distance(probabilities.to(device)).cpu()
+    mass_error = (masses.double() - exact.mass_by_distance(probabilities.double())).abs().max().item()
+    assert mass_error < 2e-5, mass_error
+    term = values(probabilities.to(device)).cpu()
+    expected = exact(probabilities.double())
+    assert term.dtype == dtype
+    term_error = (term.double() - expected).abs().max().item()
+    assert term_error <= 2 * torch.finfo(dtype).eps * expected.abs().max().item(), term_error
+
+
 @pytest.mark.parametrize("n, m, k, offset", [(1, 1, 0, 0), (1, 12, 3, 11), (5, 5, 2, 0), (5, 5, 16, 0),
                                               (3, 10, 2, 7), (4, 9, 0, 5), (6, 6, 1, 0), (2, 30, 4, 28)])
 def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_gradient_sums_per_bucket(n, m, k, offset):

@@ -630,18 +630,23 @@ class RelativeValues:
         return aligned_width(2 * self.max_relative_position + 1)
 
     def mass_by_distance(self, probabilities: torch.Tensor) -> torch.Tensor:
-        """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k (zero for r > 2k)."""
+        """M[b, h, i, r] = sum of p[b, h, i, j] over the keys j at clipped distance r - k (zero for r > 2k), summed in
+        promote_types(dtype, float32) as the fused kernels' masses are: an edge bucket adds up to m probabilities, and
+        CUDA's scatter-add rounds after every addition (in bf16 that loses the mass of keys far beyond k)."""
         batch, heads, query_length, key_length = probabilities.shape
-        by_distance = probabilities.new_zeros(batch, heads, query_length, self.mass_columns)
+        accumulate = torch.promote_types(probabilities.dtype, torch.float32)
+        by_distance = probabilities.new_zeros(batch, heads, query_length, self.mass_columns, dtype=accumulate)
         index = self.index() if callable(self.index) else self.index
-        return by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length), probabilities)
+        return by_distance.scatter_add_(-1, index.expand(batch, heads, query_length, key_length),
+                                        probabilities.to(accumulate))
 
     def from_masses(self, masses: torch.Tensor) -> torch.Tensor:
         """sum_r M[..., r] w_r: [B, H, n, d]."""
         return times_table(masses, self.table, transpose=False)
 
     def __call__(self, probabilities: torch.Tensor) -> torch.Tensor:
-        return self.from_masses(self.mass_by_distance(probabilities))
+        """The term of the probabilities [B, H, n, m], in their dtype (the masses in between in float32 at least)."""
+        return self.from_masses(self.mass_by_distance(probabilities)).to(probabilities.dtype)
 
 
 DISTANCE_ALIGNMENT = 8   # the distance dimension of `times_table`'s products, rounded up to a multiple of this
