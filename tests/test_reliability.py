@@ -29,7 +29,7 @@ import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
-from hf_relpos.translation.checkpoints import is_complete_checkpoint, last_complete_checkpoint
+from hf_relpos.translation.checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint
 from hf_relpos.translation.data import DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import required_disk_bytes
@@ -277,6 +277,71 @@ def assert_does_not_load(folder: Path) -> None:
         Model.from_pretrained(folder)
     with pytest.raises((OSError, ValueError), match="config.json|model.safetensors"):
         AutoModelForSeq2SeqLM.from_pretrained(folder)
+
+
+def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
+    a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"
+    (KeyboardInterrupt): what a kill while writing leaves on disk."""
+    real_open = open
+
+    class DyingFile:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, text):
+            self.handle.write(text[: max(1, len(text) // 2)])
+            self.handle.flush()
+            raise KeyboardInterrupt(f"simulated kill while writing {path}")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exception):
+            self.handle.close()
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    def dying_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        written = not isinstance(file, int) and any(flag in mode for flag in "wax")
+        if written and Path(file).parent == path.parent and path.name in Path(file).name:
+            return DyingFile(handle)
+        return handle
+
+    monkeypatch.setattr("builtins.open", dying_open)
+    monkeypatch.setattr("io.open", dying_open)
+
+
+@pytest.mark.parametrize("name", ["test_hypotheses.txt", "test_results.json", "all_results.json"])
+def test_kill_while_writing_a_runs_scores_keeps_the_previous_file(tmp_path, corpus, monkeypatch, name):
+    """A run killed while it writes its translations or scores leaves the previous file whole (never one cut short
+    that looks finished, or a JSON file that the next run's merge into all_results.json or the card fails on), and
+    the next run goes through."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2, do_predict=True)
+    run([str(config)])
+    before = (output_dir / name).read_text(encoding="utf-8")
+    score_again = [str(config), "--do_train", "false", "--model_name_or_path", str(output_dir)]
+    with monkeypatch.context() as patch:
+        die_while_writing(patch, output_dir / name)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            run(score_again)
+    assert (output_dir / name).read_text(encoding="utf-8") == before
+    assert run(score_again)["test"]["test_samples"] == 4
+
+
+def test_kill_while_writing_the_trainer_state_leaves_none(tmp_path, corpus, monkeypatch):
+    """output_dir/trainer_state.json (which a resumed run reads for early stopping) is whole or absent after a kill
+    while the Trainer writes it."""
+    output_dir = tmp_path / "out"
+    with monkeypatch.context() as patch:
+        die_while_writing(patch, output_dir / TRAINER_STATE_FILE)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            run([str(write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2))])
+    assert (output_dir / "model.safetensors").is_file()   # killed after the final model, in save_state
+    assert not (output_dir / TRAINER_STATE_FILE).exists()
 
 
 # --- output folder -------------------------------------------------------------------------------------------------

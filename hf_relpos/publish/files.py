@@ -1,8 +1,8 @@
 """Writing folders and files so that nothing half-written is ever left: a folder filled beside its destination and
 renamed in (`staged_folder`), files moved into a folder with the one that makes it loadable last
-(`move_folder_contents`), text files replaced atomically (`write_text_atomic`). What these stage (and the weights that
-safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process umask
-(`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them."""
+(`move_folder_contents`), files replaced atomically (`atomic_file`, `write_text_atomic`). What these stage (and the
+weights that safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process
+umask (`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them."""
 
 from __future__ import annotations
 
@@ -80,17 +80,25 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` to `path` through a temporary file of its own in the same folder and an atomic `os.replace`: the
-    file is either the old one or the whole new one, even with several processes writing it at once; a failed write
-    removes its temporary file."""
+@contextmanager
+def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
+    """A new empty file beside `path` (with the mode `open()` gives under the umask) for the block to write; when the
+    block ends without an error it replaces `path` in one atomic `os.replace`, else it is removed: `path` is the old
+    file or the whole new one, never a part of it, even with several processes writing it at once."""
     path = Path(path)
     descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    os.close(descriptor)
     try:
-        with open(descriptor, "w", encoding="utf-8") as handle:
-            handle.write(text)
         apply_umask_mode(temporary)
+        yield Path(temporary)
         os.replace(temporary, path)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write `text` (UTF-8) to `path` through `atomic_file`: the file is either the old one or the whole new one; a
+    failed write removes its temporary file."""
+    with atomic_file(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")

@@ -35,7 +35,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, 
 
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from ..publish.files import apply_umask_mode_to_weights
+from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
@@ -46,6 +46,7 @@ from .safety import NonFiniteLossError
 logger = logging.getLogger(__name__)
 
 HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
+ALL_RESULTS_FILE = "all_results.json"   # the Trainer's merge of every `{split}_results.json`
 
 
 def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
@@ -233,6 +234,26 @@ class TranslationTrainer(Seq2SeqTrainer):
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
         super()._save_checkpoint(model, trial)
 
+    def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
+        """The Trainer's `save_metrics` (`{split}_results.json`, merged into all_results.json when `combined`), each
+        file replaced atomically (`write_text_atomic`): a process killed while writing leaves the previous file,
+        never one cut short that the card (`load_results`) or the next run's merge would fail to read."""
+        if not self.is_world_process_zero():
+            return
+        output_dir = Path(self.args.output_dir)
+        write_text_atomic(output_dir / f"{split}_results.json", json.dumps(metrics, indent=4, sort_keys=True))
+        if combined:
+            path = output_dir / ALL_RESULTS_FILE
+            merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            write_text_atomic(path, json.dumps({**merged, **metrics}, indent=4, sort_keys=True))
+
+    def save_state(self) -> None:
+        """The Trainer's `save_state` (output_dir/trainer_state.json, which a resumed run reads for early stopping),
+        replaced atomically (`atomic_file`): whole or the previous one after a kill."""
+        if self.is_world_process_zero():
+            with atomic_file(Path(self.args.output_dir) / TRAINER_STATE_FILE) as temporary:
+                self.state.save_to_json(str(temporary))
+
     def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The Trainer's save (final model and every checkpoint), with the weights given the modes the umask allows
         (`apply_umask_mode_to_weights`: safetensors writes them owner-only)."""
@@ -350,9 +371,8 @@ def report_training(trainer: TranslationTrainer, train_result: TrainOutput) -> d
 
 
 def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        for hypothesis in hypotheses:
-            handle.write(" ".join(hypothesis.splitlines()) + "\n")
+    """One translation a line, written atomically (`write_text_atomic`): a kill never leaves a file cut short."""
+    write_text_atomic(path, "".join(" ".join(hypothesis.splitlines()) + "\n" for hypothesis in hypotheses))
 
 
 def report_split(trainer: TranslationTrainer, prefix: str, metrics: dict[str, Any]) -> dict[str, Any]:
