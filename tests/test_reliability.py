@@ -26,6 +26,7 @@ import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
+import hf_relpos.translation.training as training_module
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
@@ -277,6 +278,56 @@ def assert_does_not_load(folder: Path) -> None:
         Model.from_pretrained(folder)
     with pytest.raises((OSError, ValueError), match="config.json|model.safetensors"):
         AutoModelForSeq2SeqLM.from_pretrained(folder)
+
+
+
+def test_a_replaced_final_model_never_keeps_the_previous_ones_record_card_or_scores(tmp_path, corpus, monkeypatch):
+    """A resumed run killed after its new final model is in place but before it has scored and recorded it (here:
+    while predicting) leaves a model without a record, card, scores or translations, never the new weights beside the
+    record, card and scores of the model they replaced (which a push would publish as this model's); the metrics it
+    wrote since are its own."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2, do_predict=True,
+                          save_strategy="steps", save_steps=2)
+    run([str(config), "--average_checkpoints", "1"])
+    previous = load_file(output_dir / "model.safetensors")
+    described = ["run_record.json", "README.md", "test_results.json", "test_hypotheses.txt",
+                 "averaged_checkpoints.json"]
+    assert all((output_dir / name).is_file() for name in described)
+
+    def killed_while_predicting(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill while predicting")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationTrainer, "predict", killed_while_predicting)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            run([str(config), "--max_steps", "3", "--resume_from_checkpoint", "last"])
+    replaced = load_file(output_dir / "model.safetensors")
+    assert any(not torch.equal(replaced[name], tensor) for name, tensor in previous.items())
+    assert [name for name in described if (output_dir / name).exists()] == []
+    assert json.loads((output_dir / TRAINER_STATE_FILE).read_text())["global_step"] == 3
+    assert "test_bleu" not in json.loads((output_dir / "all_results.json").read_text())
+
+
+
+def test_a_fresh_run_leaves_no_record_of_the_run_it_replaces(tmp_path, corpus, monkeypatch):
+    """A run started afresh (`overwrite_output_dir`) over a finished one and killed before its own record is written
+    leaves no record of the old run beside its checkpoints: hf-relpos-average would describe their average with it."""
+    output_dir, averaged = tmp_path / "out", tmp_path / "averaged"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2)
+    run([str(config)])
+    assert json.loads((output_dir / "run_record.json").read_text())["learning_rate"] == 1.0e-3
+
+    def killed_before_the_final_model(*args, **kwargs):
+        raise KeyboardInterrupt("simulated kill before the final model")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(training_module, "save_final_model", killed_before_the_final_model)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            run([str(config), "--overwrite_output_dir", "true", "--learning_rate", "5e-4"])
+    assert not (output_dir / "run_record.json").exists()
+    average_main([str(output_dir), "--last_n", "1", "--output_dir", str(averaged)])
+    assert not (averaged / "run_record.json").exists()
 
 
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:

@@ -1,6 +1,7 @@
 """The final model of a training run: optionally the average of its last checkpoints (`average_checkpoints`,
 Vaswani et al. 2017) loaded into the trained model in every process, then saved into output_dir so that a kill
-mid-way never leaves a folder mixing old and new files. The checkpoint folders themselves (listing, completeness,
+mid-way never leaves a folder mixing old and new files, nor the new model beside the record, card or scores of the
+one it replaced. The checkpoint folders themselves (listing, completeness,
 the average of their weights) are `checkpoints`' job."""
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import json
 import logging
 import shutil
 from pathlib import Path
+from typing import Any
 
 import torch
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
@@ -17,26 +19,27 @@ from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE
 from .checkpoints import average_weights, complete_checkpoints, config_differences
-from .safety import FINAL_MODEL_STAGING
+from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
 
 logger = logging.getLogger(__name__)
 
 
-def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
+def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, Any] | None:
     """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
     it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model
     saved, evaluated and predicted with is the average (Vaswani et al. 2017). Only checkpoints saved with the newest
     one's config are averaged (the others are named in a warning; under `fade_absolute_positions` they were trained
     to another `absolute_positions_scale`), and the model takes that checkpoint's scale.
-    output_dir/averaged_checkpoints.json names the checkpoints."""
+    Returns what averaged_checkpoints.json, saved with the model (`save_final_model`), says: the checkpoints averaged
+    (None: none were)."""
     trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
     output_dir = Path(trainer.args.output_dir)
     checkpoints = complete_checkpoints(output_dir)[-count:]
     if not checkpoints:
         logger.warning("average_checkpoints=%d: the run saved no checkpoint; the final model is the trained weights",
                        count)
-        return
+        return None
     if len(checkpoints) < count:
         logger.warning("average_checkpoints=%d: the run saved only %d checkpoint(s); averaging those", count,
                        len(checkpoints))
@@ -59,17 +62,18 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> None:
     with torch.no_grad():
         for name, tensor in averaged.items():
             state[name].copy_(tensor)
-    if trainer.args.should_save:
-        provenance = {"average_checkpoints": count, "checkpoints": [path.name for path in checkpoints]}
-        write_text_atomic(output_dir / AVERAGED_CHECKPOINTS_FILE, json.dumps(provenance, indent=2) + "\n")
     logger.info("average_checkpoints: the final model is the average of %s", ", ".join(path.name for path in checkpoints))
+    return {"average_checkpoints": count, "checkpoints": [path.name for path in checkpoints]}
 
 
-def save_final_model(trainer: TranslationTrainer) -> None:
-    """`trainer.save_model()` with the translation pipeline its model card shows (`add_translation_pipeline`), written
-    to a staging folder inside output_dir and moved in file by file with the weights (model.safetensors, or the shard
-    index) removed first and moved last: a kill mid-way leaves a folder without weights, which `from_pretrained`
-    refuses, never one that mixes old and new files."""
+def save_final_model(trainer: TranslationTrainer, averaged: dict[str, Any] | None = None) -> None:
+    """`trainer.save_model()` with the translation pipeline its model card shows (`add_translation_pipeline`) and, for
+    an average (`average_final_weights`), averaged_checkpoints.json saying which, written to a staging folder inside
+    output_dir. The previous final model's record, card, scores and translations (`FINAL_MODEL_DESCRIPTIONS`) are
+    removed, then its weights (model.safetensors, or the shard index), and the staged files are moved in with the
+    weights last: a kill mid-way leaves a folder without weights, which `from_pretrained` refuses, or the new model
+    without a record; never one that mixes old and new files, or that describes the new model with the old one's
+    record and scores."""
     output_dir = Path(trainer.args.output_dir)
     staging = output_dir / FINAL_MODEL_STAGING
     if trainer.args.should_save:
@@ -77,7 +81,12 @@ def save_final_model(trainer: TranslationTrainer) -> None:
     trainer.save_model(str(staging))
     if trainer.args.should_save:
         add_translation_pipeline(staging)
+        if averaged is not None:
+            write_text_atomic(staging / AVERAGED_CHECKPOINTS_FILE, json.dumps(averaged, indent=2) + "\n")
         weights = SAFE_WEIGHTS_INDEX_NAME if (staging / SAFE_WEIGHTS_INDEX_NAME).is_file() else SAFE_WEIGHTS_NAME
+        for pattern in FINAL_MODEL_DESCRIPTIONS:
+            for path in output_dir.glob(pattern):
+                path.unlink()
         for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)
         move_folder_contents(staging, output_dir, last=weights)

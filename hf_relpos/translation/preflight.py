@@ -12,8 +12,8 @@ import torch
 from huggingface_hub import HfApi, get_token
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from .checkpoints import TRAINER_STATE_FILE, find_checkpoints, last_complete_checkpoint
-from .safety import FINAL_MODEL_STAGING, OutputDirError
+from .checkpoints import find_checkpoints, last_complete_checkpoint
+from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
 CHECKPOINT_GLOB = "checkpoint-*"
 # Files of a finished model: a folder holding one of them loads (or half-loads) as a trained model.
@@ -100,12 +100,13 @@ def check_hub_login(token: str | None) -> str:
                              f"false") from None
 
 
-# What a run of train_translation.py writes into output_dir and a fresh run (overwrite_output_dir) removes first; the
-# generated demo corpus stays (it is regenerated identically from demo_seed).
+# What a run of train_translation.py writes into output_dir and a fresh run (overwrite_output_dir) removes first (its
+# record too, which hf-relpos-average would otherwise take for the new run's checkpoints); the generated demo corpus
+# stays (it is regenerated identically from demo_seed).
 PREVIOUS_RUN_PATTERNS = (
     CHECKPOINT_GLOB, "model*.safetensors", SAFE_WEIGHTS_INDEX_NAME, CONFIG_NAME, GENERATION_CONFIG_NAME,
-    "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "*_results.json", "*_hypotheses.txt",
-    TRAINER_STATE_FILE, "training_args.bin", "README.md", FINAL_MODEL_STAGING,
+    "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "training_args.bin", FINAL_MODEL_STAGING,
+    *FINAL_MODEL_DESCRIPTIONS,
 )
 
 

@@ -80,9 +80,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
-        if training_args.average_checkpoints is not None:
-            average_final_weights(trainer, training_args.average_checkpoints)
-        save_final_model(trainer)
+        averaged = (average_final_weights(trainer, training_args.average_checkpoints)
+                    if training_args.average_checkpoints is not None else None)
+        save_final_model(trainer, averaged)
         results["train"] = report_training(trainer, train_result)
     if training_args.do_eval:
         results["eval"] = report_split(trainer, "eval", trainer.evaluate(metric_key_prefix="eval"))
