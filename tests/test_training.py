@@ -709,6 +709,23 @@ def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told
     average_checkpoints(tmp_path / "final", 1, tmp_path / "copy")   # asked for: a copy of the one model
 
 
+def test_averaging_a_checkpoint_whose_weights_were_cut_short_is_one_error_naming_it(tmp_path, capsys):
+    """A checkpoint whose model.safetensors a kill cut short (safetensors before 0.8 writes it in place) is refused
+    with one line naming the checkpoint, not a traceback, and nothing is written."""
+    run_dir = tmp_path / "run"
+    for step in (1, 2):
+        tiny_model(step).save_pretrained(run_dir / f"checkpoint-{step}")
+    weights = run_dir / "checkpoint-2" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(SystemExit) as exit_info:
+        average_main([str(run_dir), "--last_n", "2", "--output_dir", str(tmp_path / "avg")])
+    assert exit_info.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith("hf-relpos-average: error: ") and f"{str(weights)!r}" in error
+    assert "cut short or corrupt" in error and "Traceback" not in error
+    assert not (tmp_path / "avg").exists()
+
+
 @pytest.mark.parametrize(("schedule", "goal"), [({"max_steps": 4}, "max_steps=4"),
                                               ({"max_steps": -1, "num_train_epochs": 1}, "num_train_epochs=1")])
 def test_resuming_a_run_that_trained_all_its_steps_is_refused(tmp_path, corpus, schedule, goal):

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
@@ -59,15 +60,24 @@ def last_complete_checkpoint(output_dir: str | os.PathLike) -> Path | None:
 
 
 def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
-    """All tensors of a checkpoint saved as one safetensors file or as shards with an index."""
+    """All tensors of a checkpoint saved as one safetensors file or as shards with an index. A weights file that a
+    kill cut short (safetensors before 0.8 writes in place) or that is corrupt is a ValueError naming it."""
     checkpoint = Path(checkpoint)
     if (checkpoint / SAFE_WEIGHTS_NAME).is_file():
-        return load_file(checkpoint / SAFE_WEIGHTS_NAME)
+        return _load_weights_file(checkpoint / SAFE_WEIGHTS_NAME)
     index = json.loads((checkpoint / SAFE_WEIGHTS_INDEX_NAME).read_text())
     weights: dict[str, torch.Tensor] = {}
     for shard in sorted(set(index["weight_map"].values())):
-        weights.update(load_file(checkpoint / shard))
+        weights.update(_load_weights_file(checkpoint / shard))
     return weights
+
+
+def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(path)
+    except SafetensorError as error:
+        raise ValueError(f"{str(path)!r} is cut short or corrupt ({error}): a checkpoint whose writing was "
+                         "interrupted; leave it out (name the checkpoints to average, or a smaller last_n)") from None
 
 
 @functools.cache
