@@ -27,6 +27,7 @@ import hf_relpos.publish.files as files_module
 import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
 import hf_relpos.translation.training as training_module
+from hf_relpos.publish.hub import render_recipe_cards
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
@@ -381,6 +382,20 @@ def test_kill_while_writing_a_runs_scores_keeps_the_previous_file(tmp_path, corp
             run(score_again)
     assert (output_dir / name).read_text(encoding="utf-8") == before
     assert run(score_again)["test"]["test_samples"] == 4
+
+
+
+def test_kill_while_rendering_a_recipe_card_keeps_the_previous_card(tmp_path, monkeypatch):
+    """`python -m hf_relpos.publish.hub render-cards` killed while it writes a card leaves the previous card whole."""
+    card = tmp_path / "demo.md"
+    render_recipe_cards([REPO / "configs" / "demo.yaml"], tmp_path)
+    card.write_text(card.read_text(encoding="utf-8") + "rendered before\n", encoding="utf-8")
+    before = card.read_text(encoding="utf-8")
+    with monkeypatch.context() as patch:
+        die_while_writing(patch, card)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            render_recipe_cards([REPO / "configs" / "demo.yaml"], tmp_path)
+    assert card.read_text(encoding="utf-8") == before
 
 
 def test_kill_while_writing_the_trainer_state_leaves_none(tmp_path, corpus, monkeypatch):

@@ -671,7 +671,7 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
                                for measurement in measurements_from_record(record_path, path.stem, record)]
         card = render_model_card(config_from_recipe(recipe), record, recipe_name=path.stem)
         target = out / f"{path.stem}.md"
-        target.write_text(card, encoding="utf-8")
+        write_text_atomic(target, card)   # a kill never leaves a card cut short
         written.append(target)
     return written
 
