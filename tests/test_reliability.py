@@ -331,6 +331,38 @@ def test_a_fresh_run_leaves_no_record_of_the_run_it_replaces(tmp_path, corpus, m
     assert not (averaged / "run_record.json").exists()
 
 
+
+def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, corpus, monkeypatch):
+    """With `enable_jit_checkpoint` a SIGTERM (a scheduler ending the allocation) makes the Trainer save a checkpoint
+    and stop; the run then ends with one error naming the checkpoint and how to resume, exit status 143, and writes no
+    final model, scores, card or record that would present the stopped run as a finished one. Resumed, it finishes."""
+    from transformers.trainer_jit_checkpoint import CheckpointManager
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=6, do_predict=True,
+                          enable_jit_checkpoint=True)
+    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))   # no 3 s wait for a SIGKILL to follow
+    original_training_step = TranslationTrainer.training_step
+
+    def sigterm_at_step_3(self, *args, **kwargs):
+        if self.state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+        return original_training_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationTrainer, "training_step", sigterm_at_step_3)
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(config)])
+    assert exit_info.value.code == 143
+    assert [path.name for path in output_dir.iterdir() if path.name in ("model.safetensors", "config.json",
+            "run_record.json", "README.md", "test_results.json", "test_hypotheses.txt")] == []
+    checkpoint = last_complete_checkpoint(output_dir)
+    assert checkpoint is not None and 2 <= int(checkpoint.name.removeprefix("checkpoint-")) < 6
+    assert run([str(config), "--resume_from_checkpoint", "last"])["train"]["train_steps"] == 6
+    assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 6
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

@@ -38,6 +38,19 @@ class NonFiniteLossError(RuntimeError):
         self.step = step
 
 
+class TrainingStoppedError(RuntimeError):
+    """`enable_jit_checkpoint`: a SIGTERM stopped training before its last step, after the Trainer saved a checkpoint;
+    the run is not finished, so no final model, scores, card or record are written."""
+
+    def __init__(self, step: int, checkpoint: str | os.PathLike | None) -> None:
+        saved = f"{Path(checkpoint).name} is saved" if checkpoint is not None else "no complete checkpoint was saved"
+        super().__init__(
+            f"training was stopped by SIGTERM at step {step} (enable_jit_checkpoint): {saved}, and no final model, "
+            f"scores, card or run record were written; continue with --resume_from_checkpoint last"
+        )
+        self.step = step
+
+
 def format_bytes(count: float) -> str:
     for unit in ("B", "KB", "MB", "GB"):
         if count < 1000:

@@ -31,6 +31,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 
 from ..model.attention_functions import length_multiple
@@ -41,7 +42,7 @@ from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
 from .data import example_lengths, restore_order
 from .metrics import decode_token_ids, generated_lengths, score_translations
-from .safety import NonFiniteLossError
+from .safety import NonFiniteLossError, TrainingStoppedError
 
 logger = logging.getLogger(__name__)
 
@@ -184,6 +185,24 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.add_callback(AbsolutePositionFadeCallback(self.args.fade_absolute_positions))
         if self.args.early_stopping_patience is not None:
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
+        self.stopped_by_signal = False
+        self._note_signal_checkpoints()
+
+    def _note_signal_checkpoints(self) -> None:
+        """`enable_jit_checkpoint`: remember when the Trainer's SIGTERM handler has saved a checkpoint and stopped
+        training, which `train` then reports as `TrainingStoppedError` instead of returning as if training had
+        finished."""
+        jit = next((callback for callback in self.callback_handler.callbacks
+                    if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
+        if jit is None:
+            return
+        save_checkpoint = jit.jit_manager.execute_jit_checkpoint
+
+        def save_checkpoint_and_stop() -> None:
+            save_checkpoint()
+            self.stopped_by_signal = True
+
+        jit.jit_manager.execute_jit_checkpoint = save_checkpoint_and_stop
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
@@ -198,11 +217,15 @@ class TranslationTrainer(Seq2SeqTrainer):
         return super().create_scheduler(num_training_steps, optimizer)
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
-        """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir."""
+        """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir. Training that a
+        SIGTERM stopped (`enable_jit_checkpoint`) raises `TrainingStoppedError` after its checkpoint is saved."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
-        return super().train(resume_from_checkpoint, *args, **kwargs)
+        result = super().train(resume_from_checkpoint, *args, **kwargs)
+        if self.stopped_by_signal:
+            raise TrainingStoppedError(self.state.global_step, last_complete_checkpoint(self.args.output_dir))
+        return result
 
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -32,7 +33,7 @@ from .preflight import (
 )
 from .prepared import PreparationError, prepared_root
 from .run_outputs import record_run
-from .safety import NonFiniteLossError, OutputDirError, check_output_dir
+from .safety import NonFiniteLossError, OutputDirError, TrainingStoppedError, check_output_dir
 from .tokenizer_setup import save_tokenizer
 from .trainer import build_trainer, report_split, report_training, resolve_resume_checkpoint
 
@@ -127,6 +128,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     except NonFiniteLossError as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(1)
+    except TrainingStoppedError as error:   # exit status as a process the SIGTERM had ended: 128 + 15
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        sys.exit(128 + signal.SIGTERM)
     # Under accelerate launch: no rank may exit (and tear gloo/NCCL down in the interpreter's shutdown, which can
     # abort with SIGABRT) while another still runs.
     state = PartialState()
