@@ -547,6 +547,35 @@ def test_json_lines_of_one_schema_are_parsed_by_arrow_not_record_by_record(tmp_p
     assert columns(read_local_pairs(files["jsonl"], "en", "de")) == expected
 
 
+
+def test_a_kill_while_removing_data_prepared_under_other_settings_leaves_nothing_a_run_loads(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """A split prepared under new settings replaces the one prepared under the old settings; a kill part-way through
+    removing the old one (here: after its dataset's state.json) never leaves a folder under the old key, which a run
+    with the old settings would load and fail on: that run prepares the split again."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=False)
+    prepare_only(config)
+    real_rmtree = shutil.rmtree
+
+    def killed_while_removing_a_split(path, *args, **kwargs):
+        path = Path(path)
+        if (path / MANIFEST_FILE).is_file() and (path / "data" / "state.json").is_file():
+            (path / "data" / "state.json").unlink()
+            raise KeyboardInterrupt(f"killed while removing {path.name}")
+        return real_rmtree(path, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(shutil, "rmtree", killed_while_removing_a_split)
+        with pytest.raises(KeyboardInterrupt, match="killed while removing"):
+            prepare_only(config, "--max_source_length", "40")
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Prepared the train data" in log and "Reusing the train data" not in log
+
+
 def test_a_preparation_interrupted_after_a_split_resumes_after_it(tmp_path, monkeypatch, capsys):
     """The training split prepared before the kill is reused: the tokenizer, trained again, is the same."""
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)

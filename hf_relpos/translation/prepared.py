@@ -6,7 +6,8 @@ stale data is never loaded.
 
 A preparation writes into a `.partial-*` folder beside the final ones and renames a split's folder when its data and
 manifest (written last) are on disk: an interrupted preparation leaves only a `.partial-*` folder, which no run
-loads and the next preparation removes.
+loads and the next preparation removes. A split prepared under another key is renamed to a `.partial-*` name before
+its files are deleted, for the same reason.
 """
 
 from __future__ import annotations
@@ -151,8 +152,19 @@ def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manif
     for other in root.glob(f"{split}-*"):
         if other != target:
             logger.info("Removing %s, prepared for other data or settings", other)
-            shutil.rmtree(other, ignore_errors=True)
+            _remove_prepared(other)
     return target
+
+
+def _remove_prepared(folder: Path) -> None:
+    """Remove a prepared split's folder: renamed to a `.partial-*` name first (atomic), so a kill while its files are
+    deleted never leaves a folder under the split's key that a run would load."""
+    doomed = folder.parent / f"{PARTIAL_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        folder.rename(doomed)
+    except OSError:   # removed meanwhile by another job
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
