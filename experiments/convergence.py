@@ -60,6 +60,7 @@ from vs_marian import (
     write_results,
 )
 
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import (
     checkout_version,
     cpu_model_name,
@@ -200,7 +201,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
               **{name: vars(args)[name] for name in RUN_SETTINGS}}
     if any(start["continued_from"] for start in starts):
         record["starts"] = starts
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    write_text_atomic(record_path, json.dumps(record, indent=1) + "\n")
     print(f"{system} seed {seed}: test BLEU {scores['final']['test']['bleu']:.2f} final, "
           f"{scores['averaged']['test']['bleu']:.2f} averaged", flush=True)
     return record
@@ -316,7 +317,7 @@ def record_start(folder: Path, version: str, continued_from: Path | None) -> lis
         attempt["trained_seconds_before"] = before if before is None else (
             before + written - datetime.fromisoformat(starts[-1]["date"]).timestamp())
     starts.append(attempt)
-    path.write_text(json.dumps(starts, indent=1) + "\n")
+    write_text_atomic(path, json.dumps(starts, indent=1) + "\n")
     return starts
 
 

@@ -70,6 +70,7 @@ from transformers import (
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits, per_scores_row
 from hf_relpos.publish import records as run_records
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import (
     RunRecord,
     checkout_version,
@@ -572,7 +573,7 @@ def evaluate(model_folder: Path, is_peer: bool, decoding: Decoding, args: argpar
         hypotheses = translate(model, tokenizer, sources[:limit], decoding, args.eval_batch_size)
         seconds = time.perf_counter() - started
         if hypotheses_folder is not None:
-            hypotheses_file(hypotheses_folder, split).write_text("".join(f"{line}\n" for line in hypotheses))
+            write_text_atomic(hypotheses_file(hypotheses_folder, split), "".join(f"{line}\n" for line in hypotheses))
         scores[split] = {**score_translations(hypotheses, references[:limit], target_lang=args.target_lang),
                          "decode_seconds": seconds}
     return scores
@@ -723,7 +724,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     record = {"row": row_record(row), "seed": seed, "source_version": version, "versions": software_versions(),
               "wall_seconds": wall_seconds, **training, "batches": batches, "scores": scores, "date": date,
               "record": typed, **{name: vars(args)[name] for name in RUN_SETTINGS}}
-    record_path.write_text(json.dumps(record, indent=1) + "\n")
+    write_text_atomic(record_path, json.dumps(record, indent=1) + "\n")
     print(f"{row.name} seed {seed}: test BLEU {scores['test']['bleu']:.2f}, validation BLEU "
           f"{scores['validation']['bleu']:.2f}", flush=True)
     return record

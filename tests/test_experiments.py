@@ -1638,3 +1638,26 @@ def test_the_decoding_study_passage_sets_each_decoding_beside_the_others_with_th
                        "-0.20 BLEU |")
     blocked = next(line for line in passage.splitlines() if line.startswith("| length penalty 1.0, no repeated"))
     assert blocked == "| length penalty 1.0, no repeated 4-gram | length penalty 1.0 | +0.50 (+0.50) | -0.05 | adoptable |"
+
+
+def test_a_kill_while_recording_a_start_keeps_the_previous_starts(tmp_path, monkeypatch):
+    """starts.json, which the next attempt reads to add up the training time, is replaced atomically: a process killed
+    while writing it (a write that stops half-way) leaves the previous attempts, never a file cut short."""
+    import pathlib
+
+    convergence = load_experiment(CONVERGENCE, monkeypatch)
+    run_folder = tmp_path / "absolute" / "seed1"
+    run_folder.mkdir(parents=True)
+    previous = convergence.record_start(run_folder, "v1", None)
+    written = (run_folder / "starts.json").read_text()
+    write_text = pathlib.Path.write_text
+
+    def killed_half_way(path, text, *args, **kwargs):
+        write_text(path, text[: len(text) // 2], *args, **kwargs)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pathlib.Path, "write_text", killed_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        convergence.record_start(run_folder, "v2", None)
+    assert (run_folder / "starts.json").read_text() == written
+    assert json.loads(written) == previous and [path.name for path in run_folder.iterdir()] == ["starts.json"]
