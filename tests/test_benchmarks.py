@@ -241,7 +241,7 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     else:
         assert commands[1].startswith("-m benchmarks.profile_attention --device cuda --dtype bfloat16")
         assert "--lengths 512 128 --kernel sdpa --schemes absolute shaw --attention_dropout 0.1" in commands[1]
-    assert commands[2].startswith("-m pytest") and 'tests/test_kernels.py -k cuda and not flex' in commands[2]
+    assert commands[2].startswith("-m pytest") and 'tests/test_positions.py tests/test_kernels.py -k cuda and not flex' in commands[2]
     if triton:   # the fused kernels compiled for the GPU, against the oracle
         assert "tests/test_triton_shaw.py -k bfloat16_within" in commands[3]
     assert len(commands) == (4 if triton else 3)
