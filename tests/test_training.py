@@ -508,6 +508,23 @@ def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp
     assert "length_pool_factor=4 has no effect without max_tokens_per_batch" in caplog.text
 
 
+@pytest.mark.parametrize("strategy", ["group_by_length", "sequential"])
+def test_a_train_sampling_strategy_with_a_token_budget_is_refused(tmp_path, corpus, strategy):
+    """The token-budget sampler makes the batches: a sampling strategy of the Trainer's would have no effect."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_sampling_strategy=strategy)
+    with pytest.raises(ConfigError, match=rf"train_sampling_strategy='{strategy}' orders batches of "
+                                          r"per_device_train_batch_size pairs, but max_tokens_per_batch=400"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_train_sampling_strategy_applies_to_batches_of_pairs(tmp_path, corpus):
+    """Without a token budget the strategy is the Trainer's, as in transformers."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_sampling_strategy="group_by_length")
+    _, _, training_args = parse_arguments([str(config), "--max_tokens_per_batch", "null"])
+    assert training_args.train_sampling_strategy == "group_by_length"
+
+
 @pytest.mark.parametrize(("warmup_steps", "warned"), [(3, True), (2, False)])
 def test_a_warmup_as_long_as_the_run_is_one_warning(tmp_path, corpus, capfd, warmup_steps, warned):
     """A run whose warm-up does not end before its last step says so once (its learning rate never reaches

@@ -219,7 +219,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
     max_tokens_per_batch: int | None = field(
         default=None,
         metadata={"help": "Token budget per device and batch (padded size: examples x longest source and x longest "
-                          "target). null batches by per_device_train_batch_size."},
+                          "target). null batches by per_device_train_batch_size, ordered by train_sampling_strategy "
+                          "(which a token budget must leave at random)."},
     )
     length_pool_factor: int | None = field(
         default=None,
@@ -669,6 +670,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
         logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
+    check_train_sampling_strategy(training_args)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
@@ -700,6 +702,18 @@ def check_bleu_tokenizer(data_args: DataArguments, training_args: TranslationTra
         except ValueError as error:
             raise ConfigError(f"bleu_tokenize: {error}; or set bleu_tokenize to another tokenization (e.g. char, "
                               "which needs no package)") from None
+
+
+def check_train_sampling_strategy(training_args: TranslationTrainingArguments) -> None:
+    """The Trainer's `train_sampling_strategy` (transformers 4's `group_by_length`) orders batches of
+    per_device_train_batch_size pairs; a training run with max_tokens_per_batch draws its batches from the token-budget
+    sampler instead, which would leave any strategy but the default, random, without effect: one ConfigError."""
+    strategy = training_args.train_sampling_strategy
+    if training_args.do_train and training_args.max_tokens_per_batch is not None and strategy != "random":
+        raise ConfigError(f"train_sampling_strategy={strategy!r} orders batches of per_device_train_batch_size pairs, "
+                          f"but max_tokens_per_batch={training_args.max_tokens_per_batch} batches by tokens (sorted "
+                          "by length, batch order shuffled from data_seed; length_pool_factor mixes lengths): set "
+                          "max_tokens_per_batch null to batch by pairs, or leave train_sampling_strategy random")
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
