@@ -479,8 +479,18 @@ def _is_optional(argument_class: type, name: str) -> bool:
     return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
 
 
+# transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement.
+TRANSFORMERS_4_FIELDS = {
+    "group_by_length": "train_sampling_strategy group_by_length",
+    "no_cuda": "use_cpu",
+    "logging_dir": "the TENSORBOARD_LOGGING_DIR environment variable",
+}
+
+
 def _suggest(key: str, candidates: set[str]) -> str:
     bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.").partition("=")[0]
+    if bare in TRANSFORMERS_4_FIELDS:
+        return f"{key} (a transformers 4 field; transformers 5 has {TRANSFORMERS_4_FIELDS[bare]} instead)"
     close = difflib.get_close_matches(bare, sorted(candidates), n=1)
     return f"{key} (did you mean {close[0]}?)" if close else key
 
