@@ -1195,6 +1195,32 @@ def test_a_run_without_early_stopping_records_none_of_its_settings(trained):
     assert "early_stopping" not in (output_dir / "README.md").read_text()
 
 
+def test_load_best_model_at_end_saves_the_best_checkpoint_and_its_card_says_so(tmp_path, corpus, trained):
+    """The final model is the weights of the best checkpoint by metric_for_best_model and greater_is_better
+    (transformers' rule; here the highest loss, not the last step), and the run record and card say that the weights
+    are the best checkpoint's, not the last step's; a run without it records nothing of it."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, eval_strategy="steps", eval_steps=2,
+                          save_strategy="steps", save_steps=2, load_best_model_at_end=True,
+                          metric_for_best_model="loss", greater_is_better=True, do_predict=False)
+    results = run([str(config)])
+    state = TrainerState.load_from_json(str(output_dir / "trainer_state.json"))
+    losses = {entry["step"]: entry["eval_loss"] for entry in state.log_history if "eval_loss" in entry and
+              entry["step"] <= state.global_step and "eval_runtime" in entry}
+    best_step = max(losses, key=losses.get)
+    assert state.best_model_checkpoint == str(output_dir / f"checkpoint-{best_step}")
+    final, best = load_file(output_dir / "model.safetensors"), load_file(Path(state.best_model_checkpoint) /
+                                                                         "model.safetensors")
+    assert final.keys() == best.keys() and all(torch.equal(final[name], best[name]) for name in final)
+    assert results["eval"]["eval_loss"] == pytest.approx(losses[best_step])
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert (record["load_best_model_at_end"], record["metric_for_best_model"]) == (True, "loss")
+    assert "| `load_best_model_at_end` | True |" in (output_dir / "README.md").read_text()
+    plain_output_dir, _ = trained
+    assert json.loads((plain_output_dir / RUN_RECORD_FILE).read_text())["load_best_model_at_end"] is None
+    assert "load_best_model_at_end" not in (plain_output_dir / "README.md").read_text()
+
+
 def test_early_stopping_on_the_loss_runs_without_generating(tmp_path, corpus, capsys):
     """predict_with_generate false: evaluations compute the loss alone (no translation is scored), which early
     stopping can watch; a threshold no loss change passes stops the run after 1 + patience evaluations."""

@@ -158,6 +158,7 @@ class RunRecord:
     early_stopping_patience: int | None = _recipe_field(OPTIMISATION)
     early_stopping_threshold: float | None = _recipe_field(OPTIMISATION)
     metric_for_best_model: str | None = _recipe_field(OPTIMISATION)
+    load_best_model_at_end: bool | None = _recipe_field(OPTIMISATION)   # the weights are the best checkpoint's
     fade_absolute_positions: int | None = _recipe_field(OPTIMISATION)
     generation_num_beams: int | None = _recipe_field(DECODING)
     generation_length_penalty: float | None = _recipe_field(DECODING)

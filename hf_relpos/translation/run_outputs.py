@@ -52,6 +52,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("per_device_train_batch_size")
     if training_args.early_stopping_patience is None:
         omitted.add("early_stopping_threshold")
+    if not training_args.load_best_model_at_end:
+        omitted.add("load_best_model_at_end")
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
                                         if hasattr(arguments, name)), name))
               for name in RunRecord.recipe_fields() if name not in omitted}
