@@ -833,3 +833,30 @@ def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp
     files_module.write_text_atomic(path, "new\n")
     assert path.read_text(encoding="utf-8") == "new\n"
     assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
+
+
+def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_left(tmp_path):
+    """A write killed part-way (SIGKILL, out of memory) leaves its temporary beside the destination (a staged model
+    folder can be gigabytes); the next write of that destination removes those of processes that are gone on this
+    machine, and keeps a running process's and another machine's."""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    host = socket.gethostname()
+    for destination in ("card.md", "averaged"):
+        abandoned = [tmp_path / f".{destination}.{host}-{gone.pid}-x1.partial", tmp_path / f".{destination}.{host}-{gone.pid}-x2"]
+        kept = [tmp_path / f".{destination}.{host}-{os.getpid()}-x3", tmp_path / f".{destination}.elsewhere-{gone.pid}-x4",
+                tmp_path / f".other.{host}-{gone.pid}-x5"]
+        abandoned[0].write_text("half")
+        abandoned[1].mkdir()
+        (abandoned[1] / "model.safetensors").write_bytes(b"\0" * 8)
+        for path in kept:
+            path.write_text("")
+        if destination == "card.md":
+            files_module.write_text_atomic(tmp_path / destination, "whole\n")
+        else:
+            with files_module.staged_folder(tmp_path / destination) as staging:
+                (staging / "config.json").write_text("{}")
+        assert not any(path.exists() for path in abandoned) and all(path.exists() for path in kept)
+        for path in kept:
+            path.unlink()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "card.md"]

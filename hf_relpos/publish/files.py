@@ -2,12 +2,16 @@
 renamed in (`staged_folder`), files moved into a folder with the one that makes it loadable last
 (`move_folder_contents`), files replaced atomically (`atomic_file`, `write_text_atomic`). What these stage (and the
 weights that safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process
-umask (`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them."""
+umask (`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them. Each
+temporary is named after the process that owns it (`owned_prefix`), so the next write of the same destination
+removes those a killed process left (`remove_abandoned`) instead of letting them fill the disk."""
 
 from __future__ import annotations
 
+import glob
 import os
 import shutil
+import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -47,6 +51,36 @@ def apply_umask_mode_to_weights(folder: str | os.PathLike) -> None:
             apply_umask_mode(path)
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this machine still runs (one of another user counts as running)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def owned_prefix(name: str) -> str:
+    """How the name of a temporary that stands in for `name` begins: `.NAME.HOST-PID-`, naming this process."""
+    return f".{name}.{socket.gethostname()}-{os.getpid()}-"
+
+
+def remove_abandoned(folder: str | os.PathLike, name: str) -> None:
+    """Remove the temporaries of `name` in `folder` (`owned_prefix`) whose process on this machine is gone: what a
+    write killed part-way (SIGKILL, out of memory) left. Those of running processes and other machines stay."""
+    host_prefix = f".{name}.{socket.gethostname()}-"
+    for abandoned in Path(folder).glob(f"{glob.escape(host_prefix)}*"):
+        pid = abandoned.name[len(host_prefix):].split("-")[0]
+        if not pid.isdigit() or process_alive(int(pid)):
+            continue
+        if abandoned.is_dir() and not abandoned.is_symlink():
+            shutil.rmtree(abandoned, ignore_errors=True)
+        else:
+            abandoned.unlink(missing_ok=True)
+
+
 def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, last: str) -> None:
     """Move every file of `staging` into `target` (replacing files of the same name), then remove `staging`.
 
@@ -69,7 +103,8 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
     `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written."""
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.", dir=output_dir.parent))
+    remove_abandoned(output_dir.parent, output_dir.name)
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(output_dir.name), dir=output_dir.parent))
     try:
         apply_umask_mode(staging)
         yield staging
@@ -86,7 +121,8 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     block ends without an error it replaces `path` in one atomic `os.replace`, else it is removed: `path` is the old
     file or the whole new one, never a part of it, even with several processes writing it at once."""
     path = Path(path)
-    descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".partial", dir=path.parent)
+    remove_abandoned(path.parent, path.name)
+    descriptor, temporary = tempfile.mkstemp(prefix=owned_prefix(path.name), suffix=".partial", dir=path.parent)
     os.close(descriptor)
     try:
         apply_umask_mode(temporary)

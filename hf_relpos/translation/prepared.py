@@ -29,6 +29,8 @@ from typing import Any
 from datasets import Dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
+from ..publish.files import process_alive
+
 logger = logging.getLogger(__name__)
 
 PREPARED_FOLDER = "prepared_data"
@@ -98,7 +100,7 @@ def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path
     root.mkdir(parents=True, exist_ok=True)
     host = socket.gethostname()
     for stale in root.glob(f"{PARTIAL_PREFIX}{host}-*"):
-        if not _process_alive(int(stale.name.removeprefix(f"{PARTIAL_PREFIX}{host}-").split("-")[0])):
+        if not process_alive(int(stale.name.removeprefix(f"{PARTIAL_PREFIX}{host}-").split("-")[0])):
             logger.info("Removing %s, left by an interrupted preparation", stale)
             shutil.rmtree(stale, ignore_errors=True)
     folder = root / f"{PARTIAL_PREFIX}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -122,16 +124,6 @@ def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path
         for made in reversed(created):
             with contextlib.suppress(OSError):
                 made.rmdir()   # only when empty
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manifest: dict[str, Any]) -> Path:

@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 
-from ..publish.files import move_folder_contents
+from ..publish.files import move_folder_contents, owned_prefix, remove_abandoned
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
 from .data import DEMO_DATASET_NAME, DataArguments
 from .tokenization import (
@@ -39,6 +39,9 @@ from .tokenization import (
 )
 
 logger = logging.getLogger(__name__)
+
+# The folder a tokenizer is saved into before its files move into output_dir (`save_tokenizer`).
+TOKENIZER_STAGING = "tokenizer"
 
 # The seed of the sample of training pairs a tokenizer is trained on (`tokenizer_training_pairs`).
 TOKENIZER_SAMPLE_SEED = 0
@@ -172,7 +175,8 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerBase, output_dir: str | os.Path
     marker) last."""
     output_dir = Path(output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".tokenizer.", dir=output_dir))
+    remove_abandoned(output_dir, TOKENIZER_STAGING)
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(TOKENIZER_STAGING), dir=output_dir))
     try:
         tokenizer.save_pretrained(staging)
         if settings is not None:
