@@ -363,6 +363,33 @@ def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model
     assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 6
 
 
+def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monkeypatch):
+    """A SIGTERM whose checkpoint the Trainer saves in the run's last step stops nothing: training has reached
+    max_steps, so the run saves its final model, scores and record as any finished run does (reporting it stopped
+    would leave no model, and the resume it names is refused: the checkpoint has trained all max_steps)."""
+    from transformers.trainer_jit_checkpoint import CheckpointManager
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=3, do_predict=True,
+                          enable_jit_checkpoint=True)
+    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))   # no 3 s wait for a SIGKILL to follow
+    original_training_step = TranslationTrainer.training_step
+
+    def sigterm_in_the_last_step(self, *args, **kwargs):
+        if self.state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+        return original_training_step(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationTrainer, "training_step", sigterm_in_the_last_step)
+        results = run([str(config)])
+    assert results["train"]["train_steps"] == 3 and "test" in results
+    assert last_complete_checkpoint(output_dir) is not None   # the Trainer's SIGTERM checkpoint
+    assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 3
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "test_results.json").is_file()
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

@@ -190,8 +190,8 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def _note_signal_checkpoints(self) -> None:
         """`enable_jit_checkpoint`: remember when the Trainer's SIGTERM handler has saved a checkpoint and stopped
-        training, which `train` then reports as `TrainingStoppedError` instead of returning as if training had
-        finished."""
+        training, which `train` then reports as `TrainingStoppedError` (when it stopped before the last step) instead of
+        returning as if training had finished."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
@@ -218,12 +218,13 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir. Training that a
-        SIGTERM stopped (`enable_jit_checkpoint`) raises `TrainingStoppedError` after its checkpoint is saved."""
+        SIGTERM stopped (`enable_jit_checkpoint`) before its last step raises `TrainingStoppedError` after its
+        checkpoint is saved; one whose checkpoint came in the last step has finished and returns as usual."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
         result = super().train(resume_from_checkpoint, *args, **kwargs)
-        if self.stopped_by_signal:
+        if self.stopped_by_signal and self.state.global_step < self.state.max_steps:
             raise TrainingStoppedError(self.state.global_step, last_complete_checkpoint(self.args.output_dir))
         return result
 
