@@ -126,6 +126,10 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--group_by_length", "true"], r"unknown key\(s\): --group_by_length \(a transformers 4 field; "
                                             r"transformers 5 has train_sampling_strategy group_by_length instead\)"),
         ({"no_cuda": True}, [], r"unknown key\(s\): no_cuda \(a transformers 4 field; transformers 5 has use_cpu"),
+        ({}, ["--no-cuda", "true"], r"unknown key\(s\): --no-cuda \(a transformers 4 field; transformers 5 has use_cpu"),
+        ({}, ["--logging-dir", "logs"], r"unknown key\(s\): --logging-dir \(a transformers 4 field; transformers 5 has "
+                                        r"the TENSORBOARD_LOGGING_DIR environment variable instead\)"),
+        ({}, ["--learning-rat", "0.1"], r"unknown key\(s\): --learning-rat \(did you mean learning_rate\?\)"),
         ({"model": {**TINY_CONFIG["model"], "d_modle": 8}}, [], r"model\.d_modle \(did you mean d_model\?\)"),
         ({"model": {**TINY_CONFIG["model"], "vocab_size": 8}}, [], r"unknown key\(s\): model\.vocab_size"),
         ({}, ["--learning_rate", "fast"], r"argument --learning_rate/--learning-rate: invalid float value: 'fast'"),

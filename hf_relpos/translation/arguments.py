@@ -488,7 +488,8 @@ TRANSFORMERS_4_FIELDS = {
 
 
 def _suggest(key: str, candidates: set[str]) -> str:
-    bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.").partition("=")[0]
+    # the field name, as the parser also takes it with dashes (--no-cuda for no_cuda)
+    bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.").partition("=")[0].replace("-", "_")
     if bare in TRANSFORMERS_4_FIELDS:
         return f"{key} (a transformers 4 field; transformers 5 has {TRANSFORMERS_4_FIELDS[bare]} instead)"
     close = difflib.get_close_matches(bare, sorted(candidates), n=1)
