@@ -390,6 +390,37 @@ def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monk
     assert (output_dir / "model.safetensors").is_file() and (output_dir / "test_results.json").is_file()
 
 
+def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, monkeypatch):
+    """enable_jit_checkpoint saves a checkpoint of training; a run that only scores a model (do_train false) has none
+    to save, and a SIGTERM ends it as it would without the setting (the Trainer's handler, installed when it is built
+    and restored only when training ends, would leave the signal ignored for the rest of the process)."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=True)
+    run([str(config)])
+
+    class Terminated(Exception):
+        pass
+
+    def terminated(signum, frame):
+        raise Terminated
+
+    def sigterm_while_predicting(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        raise AssertionError("the SIGTERM did not end the run")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(TranslationTrainer, "predict", sigterm_while_predicting)
+            with pytest.raises(Terminated):
+                run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir),
+                     "--enable_jit_checkpoint", "true"])
+        assert signal.getsignal(signal.SIGTERM) is terminated
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

@@ -620,6 +620,11 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
         logger.info("do_train is false: eval_strategy %r (evaluations during training) does not apply",
                     values["eval_strategy"])
         values["eval_strategy"], values["load_best_model_at_end"] = "no", False
+    if not values.get("do_train") and values.get("enable_jit_checkpoint"):
+        # Nothing to checkpoint: the Trainer's SIGTERM handler, restored only when training ends, would leave the
+        # signal ignored for the rest of the run.
+        logger.info("do_train is false: enable_jit_checkpoint (a checkpoint of training on SIGTERM) does not apply")
+        values["enable_jit_checkpoint"] = False
     command_line = _current_field_names({dest.removeprefix(f"{MODEL_SECTION}."): values.pop(dest)
                                          for dest in [dest for dest in values if dest.startswith(f"{MODEL_SECTION}.")]})
     model_config.update(command_line)
