@@ -611,8 +611,8 @@ def write_results(out: Path, stem: str, results: dict, table: str,
     an archive of an earlier collection of `stem` without them is removed."""
     print(table)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{stem}.json").write_text(json.dumps(results, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(table)
+    write_text_atomic(out / f"{stem}.json", json.dumps(results, indent=1) + "\n")
+    write_text_atomic(out / f"{stem}.md", table)
     archive = hypotheses_archive(out, stem)
     if hypotheses:
         compressed = io.BytesIO()

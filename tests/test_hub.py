@@ -323,13 +323,19 @@ def test_a_run_record_names_the_code_that_trained_it(tmp_path, monkeypatch):
             return None if name != "direct_url.json" or self.direct_url is None else json.dumps(self.direct_url)
 
     commit = "1a2b3c4d5e6f7a8b9c0d1e2f3a4b5c6d7e8f9a0b"
-    installs = {  # what pip records: from a git URL, from a folder, from an index (no direct_url.json)
-        "0.1.0+g1a2b3c4": {"url": "https://github.com/o/hf_relpos", "vcs_info": {"vcs": "git", "commit_id": commit}},
-        "0.1.0": {"url": "file:///home/user/hf_relpos", "dir_info": {}},
-    }
-    for expected, direct_url in [*installs.items(), ("0.1.0", None)]:
+    git_install = {"url": "https://github.com/o/hf_relpos", "vcs_info": {"vcs": "git", "commit_id": commit}}
+    installs = [  # what pip records: from a git URL, another VCS, a folder, an index (no direct_url.json)
+        ("0.1.0+g1a2b3c4", git_install),
+        ("0.1.0", {"url": "https://hg.example.org/hf_relpos", "vcs_info": {"vcs": "hg", "commit_id": "a" * 40}}),
+        ("0.1.0", {"url": "file:///home/user/hf_relpos", "dir_info": {}}),
+        ("0.1.0", None),
+    ]
+    for expected, direct_url in installs:
         monkeypatch.setattr(importlib.metadata, "distribution", lambda name, url=direct_url: Installed(url))
         assert run_record(*arguments).source_version == expected
+    Installed.version = "0.1.0+local"   # one local label only: kept as it is
+    monkeypatch.setattr(importlib.metadata, "distribution", lambda name: Installed(git_install))
+    assert run_record(*arguments).source_version == "0.1.0+local"
 
     def not_installed(name):
         raise importlib.metadata.PackageNotFoundError(name)

@@ -277,16 +277,20 @@ def package_version() -> str | None:
 def installed_version() -> str | None:
     """The installed package's version; for an install from a git URL (`pip install git+https://...@ref`), with the
     commit pip recorded (PEP 610 `direct_url.json`, `vcs_info.commit_id`) as a local version label, `0.1.0+g1a2b3c4`,
-    since a version alone does not say which commit of a branch ran. None where hf_relpos is not installed."""
+    since a version alone does not say which commit of a branch ran (a version that has a local label already is kept
+    as it is). None where hf_relpos is not installed."""
     try:
         distribution = importlib.metadata.distribution("hf_relpos")
     except importlib.metadata.PackageNotFoundError:
         return None
     try:
-        commit = json.loads(distribution.read_text("direct_url.json") or "{}").get("vcs_info", {}).get("commit_id")
+        vcs = json.loads(distribution.read_text("direct_url.json") or "{}").get("vcs_info", {})
+        commit = vcs.get("commit_id") if vcs.get("vcs") == "git" else None
     except (ValueError, AttributeError):
         commit = None
-    return f"{distribution.version}+g{commit[:7]}" if isinstance(commit, str) and commit else distribution.version
+    if not isinstance(commit, str) or not commit or "+" in distribution.version:   # a local label cannot take a second
+        return distribution.version
+    return f"{distribution.version}+g{commit[:7]}"
 
 
 def software_versions() -> dict[str, str]:
