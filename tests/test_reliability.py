@@ -3,6 +3,7 @@ folders, a failing rank, bad input, non-finite losses, and safetensors-only weig
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -13,6 +14,7 @@ import stat
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import NamedTuple
 
@@ -332,16 +334,13 @@ def test_a_fresh_run_leaves_no_record_of_the_run_it_replaces(tmp_path, corpus, m
 
 
 
-def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, corpus, monkeypatch):
-    """With `enable_jit_checkpoint` a SIGTERM (a scheduler ending the allocation) makes the Trainer save a checkpoint
-    and stop; the run then ends with one error naming the checkpoint and how to resume, exit status 143, and writes no
-    final model, scores, card or record that would present the stopped run as a finished one. Resumed, it finishes."""
+@contextlib.contextmanager
+def sigterm_in_step_3(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Within the block, a SIGTERM arrives during training step 3, its JIT checkpoint requested at once (transformers'
+    `CheckpointManager` waits 3 s for a SIGKILL to follow by default)."""
     from transformers.trainer_jit_checkpoint import CheckpointManager
 
-    output_dir = tmp_path / "out"
-    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=6, do_predict=True,
-                          enable_jit_checkpoint=True)
-    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))   # no 3 s wait for a SIGKILL to follow
+    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))
     original_training_step = TranslationTrainer.training_step
 
     def sigterm_at_step_3(self, *args, **kwargs):
@@ -352,8 +351,18 @@ def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model
 
     with monkeypatch.context() as patch:
         patch.setattr(TranslationTrainer, "training_step", sigterm_at_step_3)
-        with pytest.raises(SystemExit) as exit_info:
-            main([str(config)])
+        yield
+
+
+def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, corpus, monkeypatch):
+    """With `enable_jit_checkpoint` a SIGTERM (a scheduler ending the allocation) makes the Trainer save a checkpoint
+    and stop; the run then ends with one error naming the checkpoint and how to resume, exit status 143, and writes no
+    final model, scores, card or record that would present the stopped run as a finished one. Resumed, it finishes."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=6, do_predict=True,
+                          enable_jit_checkpoint=True)
+    with sigterm_in_step_3(monkeypatch), pytest.raises(SystemExit) as exit_info:
+        main([str(config)])
     assert exit_info.value.code == 143
     assert [path.name for path in output_dir.iterdir() if path.name in ("model.safetensors", "config.json",
             "run_record.json", "README.md", "test_results.json", "test_hypotheses.txt")] == []
@@ -367,22 +376,10 @@ def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monk
     """A SIGTERM whose checkpoint the Trainer saves in the run's last step stops nothing: training has reached
     max_steps, so the run saves its final model, scores and record as any finished run does (reporting it stopped
     would leave no model, and the resume it names is refused: the checkpoint has trained all max_steps)."""
-    from transformers.trainer_jit_checkpoint import CheckpointManager
-
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=3, do_predict=True,
                           enable_jit_checkpoint=True)
-    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))   # no 3 s wait for a SIGKILL to follow
-    original_training_step = TranslationTrainer.training_step
-
-    def sigterm_in_the_last_step(self, *args, **kwargs):
-        if self.state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
-        return original_training_step(self, *args, **kwargs)
-
-    with monkeypatch.context() as patch:
-        patch.setattr(TranslationTrainer, "training_step", sigterm_in_the_last_step)
+    with sigterm_in_step_3(monkeypatch):
         results = run([str(config)])
     assert results["train"]["train_steps"] == 3 and "test" in results
     assert last_complete_checkpoint(output_dir) is not None   # the Trainer's SIGTERM checkpoint
