@@ -73,6 +73,7 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:
+    """The tensors of one safetensors file; a file cut short or corrupt is a ValueError naming it."""
     try:
         return load_file(path)
     except SafetensorError as error:
