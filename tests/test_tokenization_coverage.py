@@ -114,6 +114,19 @@ def test_rare_characters_leave_the_vocabulary_and_their_slots_go_to_merges():
     assert len(merges(covered)) - len(merges(full)) == len(RARE)
 
 
+def test_no_piece_spans_a_character_left_to_the_bytes():
+    """A character outside the alphabet is encoded as byte tokens between the pieces on either side, so a merge across
+    it could never apply: every learned piece occurs in a training text as the trainer sees it (spaces as "▁", one
+    in front), and the pieces around such a character are those of its neighbours."""
+    texts = synthetic_corpus() + [f"qx{RARE[0]}zj"] * 60
+    tokenizer = train_joint_tokenizer(texts, vocab_size=800, character_coverage=0.98)
+    seen = [WORD_START + text.replace(" ", WORD_START) for text in texts]
+    learned = [piece for piece in tokenizer.get_vocab() if piece not in SPECIAL_TOKENS and piece not in BYTE_TOKENS]
+    assert [piece for piece in learned if not any(piece in text for text in seen)] == []
+    pieces = tokenizer.convert_ids_to_tokens(tokenizer(f"qx{RARE[0]}zj", add_special_tokens=False)["input_ids"])
+    assert pieces == ["▁qx", *(f"<0x{byte:02X}>" for byte in RARE[0].encode()), "zj"]
+
+
 def test_rare_characters_round_trip_through_byte_fallback():
     tokenizer = train_joint_tokenizer(synthetic_corpus(), vocab_size=800, character_coverage=0.98)
     for text in ["abc 中文 und Жук → 😀!", unicodedata.normalize("NFD", "Äpfel über Öl"), f"x {RARE[0]}{RARE[-1]}"]:

@@ -26,7 +26,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 logger = logging.getLogger(__name__)
@@ -81,7 +81,10 @@ def train_joint_tokenizer(
         initial_alphabet=alphabet,
         show_progress=False,
     )
+    if alphabet:
+        tokenizer.pre_tokenizer = _splitting_at_characters_outside(alphabet)
     tokenizer.train_from_iterator(_fed_to_trainer(texts), trainer=trainer)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
     tokenizer = _with_byte_tokens(tokenizer)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -122,6 +125,18 @@ def covered_characters(counts: Counter[str], coverage: float) -> list[str]:
         kept.append(character)
         covered += count
     return [WORD_START, *(character for character in kept if character != WORD_START)]
+
+
+def _splitting_at_characters_outside(alphabet: list[str]) -> pre_tokenizers.PreTokenizer:
+    """The training pre-tokenizer below full coverage: Metaspace, then each word split at the characters outside
+    `alphabet`, which are dropped. Encoded, such a character is byte tokens between the pieces on either side, so no
+    piece can span it; the trainer, which drops it from the word, would otherwise count its neighbours as adjacent and
+    learn merges across it that never apply (SentencePiece's trainer splits there too)."""
+    outside = "[^" + "".join(f"\\x{{{ord(character):04X}}}" for character in sorted(alphabet)) + "]"
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always"),
+        pre_tokenizers.Split(Regex(outside), behavior="removed"),
+    ])
 
 
 def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: float, room: int) -> list[str]:
