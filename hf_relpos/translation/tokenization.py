@@ -63,7 +63,6 @@ def train_joint_tokenizer(
     require_character_coverage(character_coverage)
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
     tokenizer.normalizer = NORMALIZER
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
     tokenizer.decoder = decoders.Sequence([
         decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme="always"),
     ])
@@ -81,10 +80,9 @@ def train_joint_tokenizer(
         initial_alphabet=alphabet,
         show_progress=False,
     )
-    if alphabet:
-        tokenizer.pre_tokenizer = _splitting_at_characters_outside(alphabet)
+    tokenizer.pre_tokenizer = _training_pre_tokenizer(alphabet)
     tokenizer.train_from_iterator(_fed_to_trainer(texts), trainer=trainer)
-    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    tokenizer.pre_tokenizer = _word_starts()
     tokenizer = _with_byte_tokens(tokenizer)
     eos_id = tokenizer.token_to_id(EOS_TOKEN)
     tokenizer.post_processor = processors.TemplateProcessing(
@@ -127,16 +125,20 @@ def covered_characters(counts: Counter[str], coverage: float) -> list[str]:
     return [WORD_START, *(character for character in kept if character != WORD_START)]
 
 
-def _splitting_at_characters_outside(alphabet: list[str]) -> pre_tokenizers.PreTokenizer:
-    """The training pre-tokenizer below full coverage: Metaspace, then each word split at the characters outside
-    `alphabet`, which are dropped. Encoded, such a character is byte tokens between the pieces on either side, so no
-    piece can span it; the trainer, which drops it from the word, would otherwise count its neighbours as adjacent and
-    learn merges across it that never apply (SentencePiece's trainer splits there too)."""
+def _word_starts() -> pre_tokenizers.PreTokenizer:
+    """The tokenizer's pre-tokenizer: Metaspace, a "▁" for every space and one in front of the text."""
+    return pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+
+
+def _training_pre_tokenizer(alphabet: list[str]) -> pre_tokenizers.PreTokenizer:
+    """`_word_starts`, and below full coverage (an `alphabet` given) each word then split at the characters outside
+    it, which are dropped. Encoded, such a character is byte tokens between the pieces on either side, so no piece can
+    span it; the trainer, which drops it from the word, would otherwise count its neighbours as adjacent and learn
+    merges across it that never apply (SentencePiece's trainer splits there too)."""
+    if not alphabet:
+        return _word_starts()
     outside = "[^" + "".join(f"\\x{{{ord(character):04X}}}" for character in sorted(alphabet)) + "]"
-    return pre_tokenizers.Sequence([
-        pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always"),
-        pre_tokenizers.Split(Regex(outside), behavior="removed"),
-    ])
+    return pre_tokenizers.Sequence([_word_starts(), pre_tokenizers.Split(Regex(outside), behavior="removed")])
 
 
 def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: float, room: int) -> list[str]:
