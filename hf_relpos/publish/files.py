@@ -62,15 +62,18 @@ def process_alive(pid: int) -> bool:
     return True
 
 
-def owned_prefix(name: str) -> str:
-    """How the name of a temporary that stands in for `name` begins: `.NAME.HOST-PID-`, naming this process."""
-    return f".{name}.{socket.gethostname()}-{os.getpid()}-"
+def owned_prefix(tag: str) -> str:
+    """How the name of a temporary begins: `tag` (`.NAME.` for one that stands in for NAME), then `HOST-PID-`,
+    naming this process."""
+    return f"{tag}{socket.gethostname()}-{os.getpid()}-"
 
 
-def remove_abandoned(folder: str | os.PathLike, name: str) -> None:
-    """Remove the temporaries of `name` in `folder` (`owned_prefix`) whose process on this machine is gone: what a
-    write killed part-way (SIGKILL, out of memory) left. Those of running processes and other machines stay."""
-    host_prefix = f".{name}.{socket.gethostname()}-"
+def remove_abandoned(folder: str | os.PathLike, tag: str) -> list[Path]:
+    """Remove the temporaries `owned_prefix(tag)` names in `folder` whose process on this machine is gone: what a
+    write killed part-way (SIGKILL, out of memory) left. Those of running processes and other machines stay. Returns
+    the paths removed."""
+    host_prefix = f"{tag}{socket.gethostname()}-"
+    removed = []
     for abandoned in Path(folder).glob(f"{glob.escape(host_prefix)}*"):
         pid = abandoned.name[len(host_prefix):].split("-")[0]
         if not pid.isdigit() or process_alive(int(pid)):
@@ -79,6 +82,8 @@ def remove_abandoned(folder: str | os.PathLike, name: str) -> None:
             shutil.rmtree(abandoned, ignore_errors=True)
         else:
             abandoned.unlink(missing_ok=True)
+        removed.append(abandoned)
+    return removed
 
 
 def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, last: str) -> None:
@@ -103,8 +108,9 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
     `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written."""
     output_dir = Path(output_dir)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned(output_dir.parent, output_dir.name)
-    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(output_dir.name), dir=output_dir.parent))
+    tag = f".{output_dir.name}."
+    remove_abandoned(output_dir.parent, tag)
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=output_dir.parent))
     try:
         apply_umask_mode(staging)
         yield staging
@@ -121,8 +127,9 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     block ends without an error it replaces `path` in one atomic `os.replace`, else it is removed: `path` is the old
     file or the whole new one, never a part of it, even with several processes writing it at once."""
     path = Path(path)
-    remove_abandoned(path.parent, path.name)
-    descriptor, temporary = tempfile.mkstemp(prefix=owned_prefix(path.name), suffix=".partial", dir=path.parent)
+    tag = f".{path.name}."
+    remove_abandoned(path.parent, tag)
+    descriptor, temporary = tempfile.mkstemp(prefix=owned_prefix(tag), suffix=".partial", dir=path.parent)
     os.close(descriptor)
     try:
         apply_umask_mode(temporary)

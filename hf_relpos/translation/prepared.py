@@ -19,7 +19,6 @@ import json
 import logging
 import os
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -29,7 +28,7 @@ from typing import Any
 from datasets import Dataset, load_from_disk
 from transformers import PreTrainedTokenizerBase
 
-from ..publish.files import process_alive
+from ..publish.files import owned_prefix, remove_abandoned
 
 logger = logging.getLogger(__name__)
 
@@ -98,12 +97,9 @@ def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path
     root = prepared_root(output_dir)
     created = [folder for folder in (root.parent, root) if not folder.exists()]
     root.mkdir(parents=True, exist_ok=True)
-    host = socket.gethostname()
-    for stale in root.glob(f"{PARTIAL_PREFIX}{host}-*"):
-        if not process_alive(int(stale.name.removeprefix(f"{PARTIAL_PREFIX}{host}-").split("-")[0])):
-            logger.info("Removing %s, left by an interrupted preparation", stale)
-            shutil.rmtree(stale, ignore_errors=True)
-    folder = root / f"{PARTIAL_PREFIX}{host}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    for stale in remove_abandoned(root, PARTIAL_PREFIX):
+        logger.info("Removed %s, left by an interrupted preparation", stale)
+    folder = partial_folder(root)
     needed = DISK_PER_TEXT_BYTE * text_bytes
     try:
         free = shutil.disk_usage(root).free
@@ -124,6 +120,12 @@ def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path
         for made in reversed(created):
             with contextlib.suppress(OSError):
                 made.rmdir()   # only when empty
+
+
+def partial_folder(root: Path) -> Path:
+    """A new `.partial-HOST-PID-*` name in `root` (`owned_prefix`): never loaded, and removed by the next preparation
+    once this process is gone."""
+    return root / f"{owned_prefix(PARTIAL_PREFIX)}{uuid.uuid4().hex[:8]}"
 
 
 def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manifest: dict[str, Any]) -> Path:
@@ -151,7 +153,7 @@ def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manif
 def _remove_prepared(folder: Path) -> None:
     """Remove a prepared split's folder: renamed to a `.partial-*` name first (atomic), so a kill while its files are
     deleted never leaves a folder under the split's key that a run would load."""
-    doomed = folder.parent / f"{PARTIAL_PREFIX}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    doomed = partial_folder(folder.parent)
     try:
         folder.rename(doomed)
     except OSError:   # removed meanwhile by another job

@@ -40,8 +40,8 @@ from .tokenization import (
 
 logger = logging.getLogger(__name__)
 
-# The folder a tokenizer is saved into before its files move into output_dir (`save_tokenizer`).
-TOKENIZER_STAGING = "tokenizer"
+# The tag of the folder a tokenizer is saved into before its files move into output_dir (`save_tokenizer`).
+TOKENIZER_STAGING = ".tokenizer."
 
 # The seed of the sample of training pairs a tokenizer is trained on (`tokenizer_training_pairs`).
 TOKENIZER_SAMPLE_SEED = 0
