@@ -19,6 +19,7 @@ from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE
 from .checkpoints import average_weights, complete_checkpoints, config_differences
+from .preflight import remove_matching
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
 
@@ -84,9 +85,7 @@ def save_final_model(trainer: TranslationTrainer, averaged: dict[str, Any] | Non
         if averaged is not None:
             write_text_atomic(staging / AVERAGED_CHECKPOINTS_FILE, json.dumps(averaged, indent=2) + "\n")
         weights = SAFE_WEIGHTS_INDEX_NAME if (staging / SAFE_WEIGHTS_INDEX_NAME).is_file() else SAFE_WEIGHTS_NAME
-        for pattern in FINAL_MODEL_DESCRIPTIONS:
-            for path in output_dir.glob(pattern):
-                path.unlink()
+        remove_matching(output_dir, FINAL_MODEL_DESCRIPTIONS)
         for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)
         move_folder_contents(staging, output_dir, last=weights)

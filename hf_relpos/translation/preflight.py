@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -113,9 +114,15 @@ PREVIOUS_RUN_PATTERNS = (
 def remove_previous_run(output_dir: str | os.PathLike) -> list[str]:
     """Delete what an earlier run left in `output_dir` (model, checkpoints, tokenizer, results, card); returns the
     names removed. Called by a fresh run only when every check has passed and it starts writing."""
-    folder = Path(output_dir)
+    return remove_matching(output_dir, PREVIOUS_RUN_PATTERNS)
+
+
+def remove_matching(folder: str | os.PathLike, patterns: Sequence[str]) -> list[str]:
+    """Delete the files and folders of `folder` that match `patterns` (globs), pattern by pattern; returns their
+    names."""
+    folder = Path(folder)
     removed = []
-    for pattern in PREVIOUS_RUN_PATTERNS:
+    for pattern in patterns:
         for path in sorted(folder.glob(pattern)):
             if path.is_dir():
                 shutil.rmtree(path)
