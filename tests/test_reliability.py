@@ -283,7 +283,6 @@ def assert_does_not_load(folder: Path) -> None:
         AutoModelForSeq2SeqLM.from_pretrained(folder)
 
 
-
 def test_a_replaced_final_model_never_keeps_the_previous_ones_record_card_or_scores(tmp_path, corpus, monkeypatch):
     """A resumed run killed after its new final model is in place but before it has scored and recorded it (here:
     while predicting) leaves a model without a record, card, scores or translations, never the new weights beside the
@@ -310,7 +309,6 @@ def test_a_replaced_final_model_never_keeps_the_previous_ones_record_card_or_sco
     assert [name for name in described if (output_dir / name).exists()] == []
     assert json.loads((output_dir / TRAINER_STATE_FILE).read_text())["global_step"] == 3
     assert "test_bleu" not in json.loads((output_dir / "all_results.json").read_text())
-
 
 
 def test_a_fresh_run_leaves_no_record_of_the_run_it_replaces(tmp_path, corpus, monkeypatch):
@@ -469,7 +467,6 @@ def test_kill_while_writing_a_runs_scores_keeps_the_previous_file(tmp_path, corp
             run(score_again)
     assert (output_dir / name).read_text(encoding="utf-8") == before
     assert run(score_again)["test"]["test_samples"] == 4
-
 
 
 def test_kill_while_rendering_a_recipe_card_keeps_the_previous_card(tmp_path, monkeypatch):
