@@ -1225,6 +1225,21 @@ def test_load_best_model_at_end_saves_the_best_checkpoint_and_its_card_says_so(t
     assert "load_best_model_at_end" not in (plain_output_dir / "README.md").read_text()
 
 
+def test_load_best_model_at_end_without_an_evaluation_records_the_last_weights(tmp_path, corpus, capsys):
+    """No evaluation within the steps trained (eval_delay past max_steps; transformers otherwise evaluates at the last
+    step): there is no best checkpoint, the final model is the last step's weights, and the record, card and log say
+    so rather than load_best_model_at_end true."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, eval_strategy="steps", eval_steps=2, eval_delay=100,
+                          save_strategy="steps", save_steps=2, load_best_model_at_end=True, do_predict=False)
+    run([str(config)])
+    state = TrainerState.load_from_json(str(output_dir / "trainer_state.json"))
+    assert state.best_model_checkpoint is None and state.global_step == 6
+    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["load_best_model_at_end"] is False
+    assert "| `load_best_model_at_end` | True |" not in (output_dir / "README.md").read_text()
+    assert "no evaluation ran during the 6 steps trained" in capsys.readouterr().out
+
+
 def test_early_stopping_on_the_loss_runs_without_generating(tmp_path, corpus, capsys):
     """predict_with_generate false: evaluations compute the loss alone (no translation is scored), which early
     stopping can watch; a threshold no loss change passes stops the run after 1 + patience evaluations."""

@@ -26,11 +26,15 @@ from .data import DataArguments
 
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
-               push_to_hub: bool, resumed_from: str | None = None) -> None:
+               push_to_hub: bool, resumed_from: str | None = None, best_checkpoint: str | None = None) -> None:
     """After training: the run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed
     run continued from), written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
-    Hub with that card."""
+    Hub with that card. `best_checkpoint`: the checkpoint whose weights `load_best_model_at_end` loaded (None: no
+    evaluation ran during training, so the weights are the last step's and the record says
+    load_best_model_at_end false)."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
+    if record.load_best_model_at_end and best_checkpoint is None:
+        record.load_best_model_at_end = False
     record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
     record.scores = scores_from_results(results)

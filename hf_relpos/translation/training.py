@@ -81,6 +81,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
+        if training_args.load_best_model_at_end and trainer.state.best_model_checkpoint is None:
+            logger.warning("load_best_model_at_end: no evaluation ran during the %d steps trained, so there is no best "
+                           "checkpoint; the final model is the last step's weights", trainer.state.global_step)
         averaged = (average_final_weights(trainer, training_args.average_checkpoints)
                     if training_args.average_checkpoints is not None else None)
         save_final_model(trainer, averaged)
@@ -91,7 +94,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         prediction = trainer.predict(prepared.evaluation_sets["test"].dataset, metric_key_prefix="test")
         results["test"] = report_split(trainer, "test", prediction.metrics)
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
-        record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from)
+        record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
+                   trainer.state.best_model_checkpoint)
     return results
 
 
