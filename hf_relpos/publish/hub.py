@@ -43,6 +43,7 @@ from .records import (
     OPTIMISATION,
     RECIPE,
     RESULT_SPLITS,
+    RESULTS_FILE,
     RUN_RECORD_FILE,
     SCHEME_FIELD,
     TRAINED_WEIGHTS,
@@ -195,7 +196,7 @@ def load_results(folder: str | os.PathLike) -> dict[str, dict[str, Any]]:
     """The `{eval,test}_results.json` files that train_translation.py wrote into `folder`, by prefix."""
     results = {}
     for prefix in RESULT_SPLITS:
-        path = Path(folder) / f"{prefix}_results.json"
+        path = Path(folder) / RESULTS_FILE.format(prefix=prefix)
         if path.is_file():
             results[prefix] = json.loads(path.read_text(encoding="utf-8"))
     return results

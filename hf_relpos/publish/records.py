@@ -55,6 +55,10 @@ RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into it
 AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
 RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
+# What train_translation.py writes per metric prefix: the Trainer's `save_metrics` file and the translations.
+RESULTS_FILE = "{prefix}_results.json"
+ALL_RESULTS_FILE = "all_results.json"   # the Trainer's merge of every RESULTS_FILE
+HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
 
 
 @dataclass(frozen=True)

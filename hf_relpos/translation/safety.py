@@ -10,15 +10,15 @@ import tempfile
 from pathlib import Path
 
 from ..publish.hub import CARD_FILE
-from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE
+from ..publish.records import AVERAGED_CHECKPOINTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .checkpoints import TRAINER_STATE_FILE
 
 # train_translation.py saves the final model here inside output_dir, then moves it in (`move_folder_contents`).
 FINAL_MODEL_STAGING = ".final-model-staging"
 # What output_dir holds about its final model besides the model: the run's record, card, scores, translations, end
 # state and the checkpoints it averages. They go with the model they describe when a new one replaces it.
-FINAL_MODEL_DESCRIPTIONS = (RUN_RECORD_FILE, CARD_FILE, AVERAGED_CHECKPOINTS_FILE, "*_results.json", "*_hypotheses.txt",
-                            TRAINER_STATE_FILE)
+FINAL_MODEL_DESCRIPTIONS = (RUN_RECORD_FILE, CARD_FILE, AVERAGED_CHECKPOINTS_FILE, RESULTS_FILE.format(prefix="*"),
+                            HYPOTHESES_FILE.format(prefix="*"), TRAINER_STATE_FILE)
 
 
 class OutputDirError(ValueError):

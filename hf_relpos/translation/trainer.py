@@ -37,6 +37,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, 
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
+from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
@@ -46,8 +47,6 @@ from .safety import NonFiniteLossError, TrainingStoppedError
 
 logger = logging.getLogger(__name__)
 
-HYPOTHESES_FILE = "{prefix}_hypotheses.txt"
-ALL_RESULTS_FILE = "all_results.json"   # the Trainer's merge of every `{split}_results.json`
 
 
 def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
@@ -265,7 +264,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if not self.is_world_process_zero():
             return
         output_dir = Path(self.args.output_dir)
-        write_text_atomic(output_dir / f"{split}_results.json", json.dumps(metrics, indent=4, sort_keys=True))
+        write_text_atomic(output_dir / RESULTS_FILE.format(prefix=split), json.dumps(metrics, indent=4, sort_keys=True))
         if combined:
             path = output_dir / ALL_RESULTS_FILE
             merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
