@@ -20,7 +20,7 @@ from conftest import BUILT_IN_SCHEMES, train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
-from transformers import AutoModelForSeq2SeqLM, pipeline
+from transformers import AutoModelForSeq2SeqLM, TrainerState, pipeline
 
 import hf_relpos
 from hf_relpos.publish import hub
@@ -741,6 +741,7 @@ def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fa
     run_dir = with_run_record(tmp_path / "run")
     for step in (1, 2):
         shutil.copytree(trained_folder, run_dir / f"checkpoint-{step}", ignore=shutil.ignore_patterns("*_results.json"))
+        TrainerState(global_step=step).save_to_json(str(run_dir / f"checkpoint-{step}" / "trainer_state.json"))
     averaged = average_checkpoints(run_dir, 2, tmp_path / "averaged")
     local_card = (averaged / "README.md").read_text()
     hub.push_model_folder(averaged, "me/tiny-averaged")
@@ -762,6 +763,7 @@ def test_an_averaged_folder_keeps_the_run_record_without_the_scores_of_the_runs_
     (run_dir / RUN_RECORD_FILE).write_text(json.dumps(record.to_json()))
     for step in (1, 2):
         shutil.copytree(trained_folder, run_dir / f"checkpoint-{step}", ignore=shutil.ignore_patterns("*_results.json"))
+        TrainerState(global_step=step).save_to_json(str(run_dir / f"checkpoint-{step}" / "trainer_state.json"))
     averaged = training_record(average_checkpoints(run_dir, 2, tmp_path / "averaged"))
     assert record.scores and averaged.scores == {}
     assert averaged == dataclasses.replace(record, scores={})   # languages, BLEU tokenization and recipe kept

@@ -31,6 +31,7 @@ from hf_relpos.tools.export import export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
+from hf_relpos.translation.checkpoints import complete_checkpoints
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import max_new_tokens_for
 from hf_relpos.translation.safety import OutputDirError
@@ -659,12 +660,18 @@ def tiny_model(seed: int, **config_fields: Any) -> RelPosTransformerForCondition
     return RelPosTransformerForConditionalGeneration(config)
 
 
+def save_checkpoint(model: RelPosTransformerForConditionalGeneration, folder: Path) -> None:
+    """`model` saved as the Trainer's checkpoint `folder` (checkpoint-<step>): weights, then its state, last."""
+    model.save_pretrained(folder)
+    TrainerState(global_step=int(folder.name.rpartition("-")[2])).save_to_json(str(folder / "trainer_state.json"))
+
+
 def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     """A finished run's folder: the checkpoints, and the final model at the top level (which is not averaged)."""
     run_dir = tmp_path / "run"
     models = [tiny_model(seed) for seed in range(4)]
     for step, model in zip((100, 200, 300, 1000), models, strict=True):
-        model.save_pretrained(run_dir / f"checkpoint-{step}")
+        save_checkpoint(model, run_dir / f"checkpoint-{step}")
         (run_dir / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"not copied")
     tiny_model(99).save_pretrained(run_dir)
     averaged_dir = average_checkpoints(run_dir, last_n=3, output_dir=tmp_path / "averaged")
@@ -711,13 +718,13 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsy
 def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told(tmp_path, capsys):
     run_dir = tmp_path / "run"
     for step in range(1, 7):
-        tiny_model(step).save_pretrained(run_dir / f"checkpoint-{step}")
+        save_checkpoint(tiny_model(step), run_dir / f"checkpoint-{step}")
     average_main([str(run_dir), "--output_dir", str(tmp_path / "avg")])
     provenance = json.loads((tmp_path / "avg" / "averaged_checkpoints.json").read_text())
     assert [Path(path).name for path in provenance["checkpoints"]] == [f"checkpoint-{step}" for step in range(2, 7)]
     assert provenance["last_n"] == 5
     for step in range(1, 3):
-        tiny_model(step).save_pretrained(tmp_path / "short" / f"checkpoint-{step}")
+        save_checkpoint(tiny_model(step), tmp_path / "short" / f"checkpoint-{step}")
     with pytest.raises(ValueError, match=r"last_n=5 \(the default for a training output folder\) but only 2"):
         average_checkpoints(tmp_path / "short", None, tmp_path / "other")
     capsys.readouterr()
@@ -733,12 +740,40 @@ def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told
     average_checkpoints(tmp_path / "final", 1, tmp_path / "copy")   # asked for: a copy of the one model
 
 
+def test_averaging_a_training_folder_skips_the_checkpoints_the_trainer_did_not_finish(tmp_path, capsys, caplog):
+    """As the app's `average_checkpoints`: the newest complete checkpoints of a training folder (a kill while the
+    Trainer wrote checkpoint-4 left it without its trainer_state.json; checkpoint-3's state names another step), with
+    a warning naming those skipped; none complete is one error; listed folders are averaged as given."""
+    run_dir = tmp_path / "run"
+    for step in (1, 2, 3, 4):
+        save_checkpoint(tiny_model(step), run_dir / f"checkpoint-{step}")
+    (run_dir / "checkpoint-4" / "trainer_state.json").unlink()
+    TrainerState(global_step=2).save_to_json(str(run_dir / "checkpoint-3" / "trainer_state.json"))
+    with caplog.at_level(logging.WARNING):
+        average_main([str(run_dir), "--last_n", "2", "--output_dir", str(tmp_path / "avg")])
+    provenance = json.loads((tmp_path / "avg" / "averaged_checkpoints.json").read_text())
+    assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-1", "checkpoint-2"]
+    assert "skipping checkpoint-3, checkpoint-4 (no trainer_state.json for the folder's step" in caplog.text
+    assert complete_checkpoints(run_dir) == [Path(path) for path in provenance["checkpoints"]]   # the app's choice
+    average_main([str(run_dir / "checkpoint-3"), str(run_dir / "checkpoint-4"), "--output_dir", str(tmp_path / "as")])
+    assert [Path(path).name for path in json.loads((tmp_path / "as" / "averaged_checkpoints.json").read_text())[
+        "checkpoints"]] == ["checkpoint-3", "checkpoint-4"]
+    for step in (1, 2):
+        (run_dir / f"checkpoint-{step}" / "trainer_state.json").unlink()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        average_main([str(run_dir), "--output_dir", str(tmp_path / "none")])
+    assert "no complete checkpoint-<step> folder (checkpoint-1, checkpoint-2, checkpoint-3, checkpoint-4: no " \
+           "trainer_state.json" in capsys.readouterr().err
+    assert not (tmp_path / "none").exists()
+
+
 def test_averaging_a_checkpoint_whose_weights_were_cut_short_is_one_error_naming_it(tmp_path, capsys):
     """A checkpoint whose model.safetensors a kill cut short (safetensors before 0.8 writes it in place) is refused
     with one line naming the checkpoint, not a traceback, and nothing is written."""
     run_dir = tmp_path / "run"
     for step in (1, 2):
-        tiny_model(step).save_pretrained(run_dir / f"checkpoint-{step}")
+        save_checkpoint(tiny_model(step), run_dir / f"checkpoint-{step}")
     weights = run_dir / "checkpoint-2" / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     with pytest.raises(SystemExit) as exit_info:

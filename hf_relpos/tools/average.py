@@ -2,9 +2,10 @@
 
     python -m hf_relpos.tools.average outputs/run --last_n 5 --output_dir outputs/run/averaged
 
-The inputs are either one training output folder (its newest `checkpoint-<step>` folders are used, 5 unless
-`--last_n` says otherwise, also when the folder holds the final model) or the checkpoint folders themselves (all of
-them unless `--last_n` says otherwise). The result is a model folder loadable with `from_pretrained`: the averaged weights plus
+The inputs are either one training output folder (its newest complete `checkpoint-<step>` folders are used, 5 unless
+`--last_n` says otherwise, also when the folder holds the final model; as the training app's `average_checkpoints`,
+a checkpoint the Trainer did not finish writing is skipped with a warning) or the checkpoint folders themselves (all
+of them unless `--last_n` says otherwise). The result is a model folder loadable with `from_pretrained`: the averaged weights plus
 the config, generation config, tokenizer and remote code of the newest checkpoint, and (with remote code) the
 translation pipeline that a trained folder ships (`add_translation_pipeline`), a model card (`folder_model_card`) and
 the training run's record without the scores of its final weights.
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import re
 import shutil
@@ -27,7 +29,9 @@ from ..publish.files import apply_umask_mode_to_weights, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
 from ..translation.arguments import add_import_modules_argument, import_user_modules
-from ..translation.checkpoints import average_weights, find_checkpoints
+from ..translation.checkpoints import TRAINER_STATE_FILE, average_weights, find_checkpoints, is_complete_checkpoint
+
+logger = logging.getLogger(__name__)
 
 TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
@@ -40,15 +44,24 @@ DEFAULT_LAST_N = 5   # checkpoints of a training output folder averaged unless t
 
 def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike],
                        last_n: int | None = None) -> list[Path]:
-    """The checkpoints to average, oldest first: the newest `last_n` of one training output folder's
-    `checkpoint-<step>` folders (`DEFAULT_LAST_N` when None), or of the checkpoint folders given (all when None)."""
+    """The checkpoints to average, oldest first: the newest `last_n` of one training output folder's complete
+    `checkpoint-<step>` folders (`is_complete_checkpoint`; `DEFAULT_LAST_N` when None), or of the checkpoint folders
+    given (all when None)."""
     if isinstance(paths_or_output_dir, (str, os.PathLike)):
         paths_or_output_dir = [paths_or_output_dir]
     paths = [Path(path) for path in paths_or_output_dir]
     for path in paths:
         if not path.is_dir():
             raise ValueError(f"{str(path)!r} is not a folder")
-    checkpoints = find_checkpoints(paths[0]) if len(paths) == 1 else []
+    found = find_checkpoints(paths[0]) if len(paths) == 1 else []
+    checkpoints = [path for path in found if is_complete_checkpoint(path)]
+    incomplete = ", ".join(path.name for path in found if path not in checkpoints)
+    why = f"no {TRAINER_STATE_FILE} for the folder's step: the Trainer did not finish writing it"
+    if found and not checkpoints:
+        raise ValueError(f"{str(paths[0])!r}: no complete checkpoint-<step> folder ({incomplete}: {why}); list "
+                         "checkpoint folders to average them anyway")
+    if incomplete:
+        logger.warning("skipping %s (%s); list checkpoint folders to average them anyway", incomplete, why)
     told = last_n is not None
     if last_n is None:
         last_n = DEFAULT_LAST_N if checkpoints else len(paths)
