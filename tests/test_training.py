@@ -7,6 +7,7 @@ import logging
 import math
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 import warnings
@@ -1258,6 +1259,54 @@ def test_load_best_model_at_end_saves_the_best_checkpoint_and_its_card_says_so(t
     plain_output_dir, _ = trained
     assert json.loads((plain_output_dir / RUN_RECORD_FILE).read_text())["load_best_model_at_end"] is None
     assert "load_best_model_at_end" not in (plain_output_dir / "README.md").read_text()
+
+
+def test_scoring_a_trained_folder_in_place_updates_its_record_and_card(tmp_path, corpus):
+    """A run that only scores (do_train false) the model of its own output_dir: the test scores the training run did
+    not compute go into its run record and card beside its validation scores, so that both match the results files
+    a push publishes."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, do_predict=False)
+    run([str(config)])
+    assert "test.jsonl (" not in (output_dir / "README.md").read_text()
+    validation = json.loads((output_dir / RUN_RECORD_FILE).read_text())["scores"][""]["validation"]
+    results = run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir), "--do_eval", "false",
+                   "--do_predict", "true"])
+    scores = json.loads((output_dir / RUN_RECORD_FILE).read_text())["scores"][""]
+    assert scores["validation"] == validation
+    assert scores["test"]["chrf"] == pytest.approx(results["test"]["test_chrf"])
+    card = (output_dir / "README.md").read_text()
+    assert f"| test.jsonl ({len(corpus['test'].read_text().splitlines())} pairs) | " in card
+    assert f" | {results['test']['test_chrf']:.2f} | " in card
+
+
+@pytest.mark.parametrize(("flags", "refusal"), [
+    (["--generation_num_beams", "1"], r"this run's differ \(generation_num_beams 1 \(recorded 2\)\)"),
+    (["--max_predict_samples", "3"], r"this run's differ \(max_predict_samples 3 \(recorded None\)\)"),
+    (["--model_name_or_path", "CHECKPOINT"], r"holds another trained model than the one scored \('.*checkpoint-6'\)"),
+    (["AVERAGED"], r"was written by hf-relpos-average, and its card says its weights were not evaluated"),
+])
+def test_scoring_into_a_trained_folder_with_other_settings_or_another_model_is_refused(tmp_path, trained, flags,
+                                                                                       refusal):
+    """Scores written into a trained model's folder are taken (card, push) for its weights under its record's
+    settings: scoring another model there, or with other decoding or test data than its recorded scores had, is one
+    error naming what differs, and nothing in the folder changes."""
+    output_dir = tmp_path / "run"
+    shutil.copytree(trained[0], output_dir)
+    recipe = TINY_CONFIG | {"output_dir": str(output_dir)}
+    if "AVERAGED" in flags:   # what hf-relpos-average writes beside the weights it averaged
+        flags = []
+        (output_dir / "averaged_checkpoints.json").write_text(json.dumps({"checkpoints": ["a", "b"], "last_n": 2}))
+    before = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+    if "CHECKPOINT" in flags:
+        RelPosTransformerForConditionalGeneration.from_pretrained(output_dir).save_pretrained(output_dir / "checkpoint-6")
+    flags = [str(output_dir / "checkpoint-6") if flag == "CHECKPOINT" else flag for flag in flags]
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**recipe, **{name: json.loads((output_dir / RUN_RECORD_FILE).read_text())[name]
+                                                  for name in ("train_file", "validation_file", "test_file")}}))
+    with pytest.raises(OutputDirError, match=refusal):
+        run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir), *flags])
+    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == before
 
 
 def test_load_best_model_at_end_without_an_evaluation_records_the_last_weights(tmp_path, corpus, capsys):

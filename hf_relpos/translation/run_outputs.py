@@ -18,10 +18,22 @@ import torch
 
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import write_text_atomic
-from ..publish.hub import CARD_FILE, RunRecord, load_results, push_model_folder, render_model_card
-from ..publish.records import RUN_RECORD_FILE, cpu_model_name, package_version, scores_from_results, software_versions
+from ..publish.hub import CARD_FILE, averaged_checkpoints, load_results, push_model_folder, render_model_card
+from ..publish.records import (
+    DECODING,
+    RESULT_SPLITS,
+    RUN_RECORD_FILE,
+    TRAINED_WEIGHTS,
+    RunRecord,
+    cpu_model_name,
+    package_version,
+    scores_from_results,
+    software_versions,
+    training_record,
+)
 from .arguments import ModelArguments, TranslationTrainingArguments, program_name
 from .data import DataArguments
+from .safety import OutputDirError
 
 
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
@@ -42,6 +54,82 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
     if push_to_hub:
         push_training_output(training_args)
+
+
+# The settings besides the decoding ones that decide a split's scores: for every split, and for each split (by metric
+# prefix) its own data.
+SCORING_FIELDS = ("source_lang", "target_lang", "bleu_tokenize", "dataset_name", "dataset_config_name",
+                  "max_source_length", "max_target_length")
+SPLIT_SCORING_FIELDS = {"eval": ("validation_file", "validation_split_name", "max_eval_samples"),
+                        "test": ("test_file", "test_split_name", "max_predict_samples")}
+
+
+def check_scoring_in_place(model_args: ModelArguments, data_args: DataArguments,
+                           training_args: TranslationTrainingArguments, holds_trained_model: bool) -> None:
+    """A run that only scores (do_train false) writes its `{eval,test}_results.json` and translations into
+    output_dir, where a card and a push take them for the scores of the weights there, under the decoding and data
+    settings of the folder's run record. So when output_dir holds a trained model (`holds_trained_model`), it must
+    be the model scored, and where it has a run record, the settings that decide the scores must be the record's
+    (`SCORING_FIELDS`, the decoding fields, and the data of each split the record has scores for); a split the record
+    has no scores for may be scored from any data. Raises OutputDirError naming what differs."""
+    output_dir = Path(training_args.output_dir)
+    if not holds_trained_model:
+        return
+    scored = Path(model_args.model_name_or_path or "")
+    if not scored.is_dir() or scored.resolve() != output_dir.resolve():
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} holds another trained model than the one scored "
+            f"({model_args.model_name_or_path!r}): its card and a push would take these scores for its own weights; "
+            "choose another output_dir")
+    if averaged_checkpoints(output_dir) is not None:
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} was written by hf-relpos-average, and its card says its weights were not "
+            "evaluated: score them into another output_dir")
+    record = training_record(output_dir)
+    if record is None:
+        return
+    differences = scoring_differences(record, run_record(model_args, data_args, training_args),
+                                      scored_splits(training_args))
+    if differences:
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} is the scored model's training folder, whose card and run record state "
+            f"the settings of its scores; this run's differ ({'; '.join(differences)}): score into another "
+            "output_dir, or with the recorded settings")
+
+
+def scored_splits(training_args: TranslationTrainingArguments) -> list[str]:
+    """The metric prefixes ("eval", "test") a run scores."""
+    return [prefix for prefix, asked in (("eval", training_args.do_eval), ("test", training_args.do_predict)) if asked]
+
+
+def scoring_differences(record: RunRecord, current: RunRecord, prefixes: Sequence[str]) -> list[str]:
+    """`name VALUE (recorded VALUE)` for each setting deciding scores on which `current` differs from `record`: the
+    decoding fields and `SCORING_FIELDS`, and the data of each split in `prefixes` that `record` has scores for."""
+    recorded = {split for by_split in record.scores.values() for split in by_split}
+    names = [*RunRecord.recipe_fields(DECODING), *SCORING_FIELDS,
+             *(name for prefix in prefixes if RESULT_SPLITS[prefix] in recorded for name in SPLIT_SCORING_FIELDS[prefix])]
+    return [f"{name} {getattr(current, name)!r} (recorded {getattr(record, name)!r})" for name in names
+            if getattr(current, name) != getattr(record, name)]
+
+
+def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
+                           data_args: DataArguments, training_args: TranslationTrainingArguments,
+                           results: dict[str, dict[str, Any]]) -> None:
+    """After a run that scored output_dir's own model (`check_scoring_in_place`): its run record takes the new
+    scores (and the data they were scored on) and its card is rendered again, so that both match the results files
+    the run replaced. A folder without a run record has no card of ours to update."""
+    output_dir = Path(training_args.output_dir)
+    record = training_record(output_dir)
+    if record is None:
+        return
+    current = run_record(model_args, data_args, training_args)
+    for prefix in results:
+        for name in SPLIT_SCORING_FIELDS.get(prefix, ()):
+            setattr(record, name, getattr(current, name))
+    record.scores = {**record.scores, TRAINED_WEIGHTS: {**record.scores.get(TRAINED_WEIGHTS, {}),
+                                                        **scores_from_results(results).get(TRAINED_WEIGHTS, {})}}
+    write_model_card(model, record, training_args)
+    write_text_atomic(output_dir / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
 
 
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,

@@ -29,10 +29,11 @@ from .preflight import (
     check_hub_login,
     check_process_group,
     check_rerun,
+    previous_run,
     remove_previous_run,
 )
 from .prepared import PreparationError, prepared_root
-from .run_outputs import record_run
+from .run_outputs import check_scoring_in_place, record_run, record_scores_in_place
 from .safety import NonFiniteLossError, OutputDirError, TrainingStoppedError, check_output_dir
 from .tokenizer_setup import save_tokenizer
 from .trainer import build_trainer, report_split, report_training, resolve_resume_checkpoint
@@ -55,6 +56,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:
         check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None)
+    else:
+        check_scoring_in_place(model_args, data_args, training_args, holds_trained_model=bool(previous_run(output_dir)))
     if push_to_hub and training_args.should_save:
         logger.info("push_to_hub: logged in to the Hugging Face Hub as %s", check_hub_login(training_args.hub_token))
 
@@ -96,6 +99,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
         record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
                    trainer.state.best_model_checkpoint)
+    elif training_args.should_save and previous_run(output_dir):   # check_scoring_in_place: output_dir's own model
+        record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
     return results
 
 
