@@ -51,6 +51,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import (
     RECORDS,
     SCHEME_FIELD,
@@ -59,7 +60,7 @@ from hf_relpos.publish.records import (
     cpu_model_name,
     software_versions,
 )
-from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib, save_figure
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -451,7 +452,7 @@ def plot(results: dict, out: Path) -> list[Path]:
         axes.legend(fontsize=8)
         figure.tight_layout()
         paths.append(out / filename)
-        figure.savefig(paths[-1], dpi=90)
+        save_figure(figure, paths[-1], dpi=90)
     return paths
 
 
@@ -539,8 +540,8 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
                            for b in results["buckets"])
         lines.append(f"| {run['name']} | {cells} |")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "saved_models.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "saved_models.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(args.out / "saved_models.json", json.dumps(results, indent=1) + "\n")
+    write_text_atomic(args.out / "saved_models.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     return results
 
@@ -600,8 +601,8 @@ def main(argv: list[str] | None = None) -> dict:
         "runs": runs,
         RECORDS: records,
     }
-    (args.out / "length_generalization.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "length_generalization.md").write_text(markdown(results))
+    write_text_atomic(args.out / "length_generalization.json", json.dumps(results, indent=1) + "\n")
+    write_text_atomic(args.out / "length_generalization.md", markdown(results))
     plot(results, args.out)
     return results
 

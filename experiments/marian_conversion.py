@@ -64,6 +64,7 @@ from pathlib import Path
 
 import torch
 
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import (
     PEER,
     RECIPE,
@@ -459,7 +460,7 @@ def main(argv: list[str] | None = None) -> None:
                         "command": "python experiments/marian_conversion.py " + " ".join(sys.argv[1:] if argv is None
                                                                                          else argv)}
         args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "long_bucket.json").write_text(json.dumps(description, indent=1) + "\n")
+        write_text_atomic(args.out / "long_bucket.json", json.dumps(description, indent=1) + "\n")
         print(json.dumps(description, indent=1))
         return
     if args.work is None:
@@ -599,8 +600,8 @@ def write_record(results: dict, out: Path) -> None:
     """<out>/marian_conversion.json and .md (the report, also printed)."""
     report = markdown(results)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "marian_conversion.json").write_text(json.dumps(results, indent=2, ensure_ascii=False) + "\n")
-    (out / "marian_conversion.md").write_text(report)
+    write_text_atomic(out / "marian_conversion.json", json.dumps(results, indent=2, ensure_ascii=False) + "\n")
+    write_text_atomic(out / "marian_conversion.md", report)
     print(report)
 
 

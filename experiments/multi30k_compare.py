@@ -32,8 +32,9 @@ from pathlib import Path
 
 import torch
 
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import RECORDS, RUN_RECORD_FILE, RunRecord, cpu_model_name, training_record
-from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib, save_figure
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")
@@ -174,7 +175,7 @@ def plot(results: dict, path: Path) -> None:
     bleu_axes.legend()
     loss_axes.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    figure.savefig(path, dpi=100)
+    save_figure(figure, path, dpi=100)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -233,8 +234,8 @@ def main(argv: list[str] | None = None) -> dict:
         RECORDS: records,
     }
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "multi30k.json").write_text(json.dumps(results, indent=1) + "\n")
-    (args.out / "multi30k.md").write_text(markdown(results))
+    write_text_atomic(args.out / "multi30k.json", json.dumps(results, indent=1) + "\n")
+    write_text_atomic(args.out / "multi30k.md", markdown(results))
     plot(results, args.out / "multi30k_curves.png")
     return results
 

@@ -39,6 +39,7 @@ from benchmarks import (  # noqa: E402
 )
 from benchmarks.common import markdown_table  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
+from hf_relpos.publish.files import write_text_atomic  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, load_yaml, read_run_records  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -1279,7 +1280,7 @@ def main(argv: list[str] | None = None) -> int:
         text = path.read_text(encoding="utf-8")
         fresh = render(text, rendered, path.name)
         if fresh != text:
-            path.write_text(fresh, encoding="utf-8")
+            write_text_atomic(path, fresh)
             print(f"rewrote {path.relative_to(ROOT)}")
     return 0
 

@@ -23,9 +23,10 @@ import torch
 from transformers import TrainingArguments
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForCausalLM
+from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import RECORDS, SCHEME_FIELD, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
-from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib, save_figure
 
 BYTE_OFFSET = 4
 
@@ -145,13 +146,13 @@ def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, 
 def write_outputs(results: dict, args: argparse.Namespace) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=2))
+    write_text_atomic(out / "results.json", json.dumps(results, indent=2))
     names = [name for name in ("xl+memory", "xl", "absolute") if name in results]
     lines = ["| context (bytes) | " + " | ".join(names) + " |", "|---" * (len(names) + 1) + "|"]
     for context in args.contexts:
         cells = [f"{results[name]['perplexity'][context]:.3f}" for name in names]
         lines.append(f"| {context} | " + " | ".join(cells) + " |")
-    (out / "results.md").write_text("\n".join(lines) + "\n")
+    write_text_atomic(out / "results.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
     import matplotlib
 
@@ -166,7 +167,7 @@ def write_outputs(results: dict, args: argparse.Namespace) -> None:
     axis.set_ylabel("perplexity (per byte)")
     axis.legend()
     figure.tight_layout()
-    figure.savefig(out / "perplexity_vs_context.png", dpi=120)
+    save_figure(figure, out / "perplexity_vs_context.png", dpi=120)
 
 
 if __name__ == "__main__":

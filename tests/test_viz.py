@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from hf_relpos.tools.viz import (  # noqa: E402
     plot_relative_embeddings,
     relative_similarities,
     require_matplotlib,
+    save_figure,
 )
 from hf_relpos.translation.tokenization import train_joint_tokenizer  # noqa: E402
 
@@ -90,3 +92,26 @@ def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
         require_matplotlib()
     with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):
         plot_relative_embeddings(tiny_model("shaw"))
+
+
+@pytest.mark.parametrize("suffix", [".png", ".pdf"])
+def test_a_figure_is_saved_whole_or_not_at_all(tmp_path, suffix, monkeypatch):
+    """`save_figure` writes the format of the path's suffix and replaces the file in one step: a write that fails
+    part-way (a kill, a full disk) leaves the previous image and no temporary file."""
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure()
+    path = tmp_path / f"map{suffix}"
+    save_figure(figure, path, dpi=50)
+    first = path.read_bytes()
+    assert first.startswith(PNG_MAGIC if suffix == ".png" else b"%PDF")
+
+    def cut_short(target, **kwargs):
+        Path(target).write_bytes(first[:10])
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(figure, "savefig", cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        save_figure(figure, path, dpi=50)
+    assert path.read_bytes() == first and [item.name for item in tmp_path.iterdir()] == [path.name]
+    plt.close(figure)

@@ -10,12 +10,15 @@ Command line, for a saved model folder (tokenizer from the folder, or `--token-i
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from ..publish.files import atomic_file
 
 
 def require_matplotlib() -> None:
@@ -25,6 +28,14 @@ def require_matplotlib() -> None:
     except ImportError as error:
         raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install '.[viz]' in the hf_relpos "
                           "checkout") from error
+
+
+def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
+    """`figure.savefig(path)` (the format from `path`'s suffix) through `atomic_file`: a kill never leaves an image
+    cut short."""
+    path = Path(path)
+    with atomic_file(path) as temporary:
+        figure.savefig(temporary, dpi=dpi, format=path.suffix.removeprefix(".") or None)
 
 
 def _stack(model: nn.Module, stack: str) -> nn.Module:
@@ -97,7 +108,7 @@ def plot_attention_maps(
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6)
     figure.suptitle(title or f"encoder self-attention ({model.config.position_scheme})")
     if out_path is not None:
-        figure.savefig(out_path, dpi=100)
+        save_figure(figure, out_path, dpi=100)
     return figure
 
 
@@ -155,7 +166,7 @@ def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = Non
     figure.colorbar(image, ax=axes.ravel().tolist(), shrink=0.6, label="cosine similarity")
     figure.suptitle(f"Shaw relative embeddings ({stack}, k = {k})")
     if out_path is not None:
-        figure.savefig(out_path, dpi=100)
+        save_figure(figure, out_path, dpi=100)
     return figure
 
 
