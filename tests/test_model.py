@@ -246,16 +246,6 @@ def test_layers_checkpointed_by_torchs_wrapper_give_the_gradients_of_a_run_witho
     assert (gradients[0] - gradients[1]).abs().max() < 1e-12
 
 
-@pytest.mark.parametrize("position_scheme", ["absolute", "shaw"])
-def test_a_static_cache_is_refused_with_one_error_naming_it(position_scheme):
-    model = tiny_model(position_scheme)
-    input_ids = torch.randint(4, 40, (1, 5))
-    with pytest.raises(ValueError, match=r"^a cache of fixed-size layers \(EncoderDecoderCache, e\.g\. cache_implementation "
-                                         r"'static'\) is not supported: .* \(cache_implementation None or 'dynamic'\)$"):
-        model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="static")
-    assert model.generate(input_ids=input_ids, max_new_tokens=3, cache_implementation="dynamic").shape == (1, 4)
-
-
 @pytest.mark.parametrize("position_scheme", RELATIVE_SCHEMES)
 def test_inputs_far_longer_than_training_run(position_scheme):
     model = tiny_model(position_scheme)

@@ -626,6 +626,26 @@ def test_cached_generation_matches_eager(triton_calls):
 
 
 @pytest.mark.numerics
+def test_generation_on_a_static_cache_matches_eager_on_the_dynamic_one(triton_calls):
+    """cache_implementation "static": the kernel reads the cache's fill level (a tensor) as its query offset and
+    the unused slots as keys past the causal limit; greedy decoding gives eager's tokens and scores on the dynamic
+    cache."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).eval()
+    batch = seq2seq_batch()
+    outputs = {}
+    for kernel, cache_implementation in (("eager", None), ("relpos_triton", "static")):
+        model.set_attn_implementation(kernel)
+        outputs[kernel] = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                         max_new_tokens=6, do_sample=False, num_beams=1, output_scores=True,
+                                         return_dict_in_generate=True, cache_implementation=cache_implementation)
+    assert torch.equal(outputs["relpos_triton"].sequences, outputs["eager"].sequences)
+    for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
+
+
+@pytest.mark.numerics
 def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
     """What the kernel does not cover (T5's buckets, plain attention) runs on sdpa: the same logits, no kernel call."""
     torch.manual_seed(0)

@@ -39,6 +39,9 @@ KEY_DROPOUT_KERNELS = ("eager", "sdpa", "flex_attention")
 # the kernels that drop attention probabilities after the softmax (attention_dropout_kind "probabilities");
 # flex_attention cannot (its score_mod acts before the softmax)
 PROBABILITY_DROPOUT_KERNELS = ("eager", "sdpa", TRITON_KERNEL)
+# the kernels that take a fixed-size KV cache (generate's cache_implementation "static"), whose query offset is a
+# 0-dim tensor: FlexAttention's masks and fused regions slice by the offset as an integer
+FIXED_SIZE_CACHE_KERNELS = ("eager", "sdpa", TRITON_KERNEL)
 
 logger = logging.get_logger(__name__)
 
@@ -694,6 +697,7 @@ def relpos_triton_attention_forward(
             module, query, key, value, attention_mask, scaling, dropout, score_bias, value_term,
             output_attentions=output_attentions)
     max_distance, query_offset = clipped
+    query_offset = int(query_offset)   # a fixed-size cache's fill level (a 0-dim tensor): the kernel takes an int
     bias_table = score_bias.full_table() if score_bias is not None else None
     output = clipped_relative_attention(query, key, value, bias_table, *ranges, scaling, dropout, query_offset,
                                         max_distance, causal, value_term)

@@ -44,6 +44,7 @@ from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import (
+    FIXED_SIZE_CACHE_KERNELS,
     KEY_DROPOUT_KERNELS,
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
@@ -581,8 +582,7 @@ class RelPosStack(nn.Module):
         0 .. position_randomization_max - 1 (Ruoss et al. 2023)."""
         if draw is not None:
             return draw.first(past_length + length).to(device)
-        randomize = self.training or self.config.position_randomization_at_inference
-        if self.config.position_randomization_max is None or not randomize:
+        if not self.randomizes_positions(draw):
             return None
         if past_length and not self.training:
             raise ValueError(
@@ -591,6 +591,11 @@ class RelPosStack(nn.Module):
                 "PositionDraw(...), or positions= for the causal LM), as generate() does itself"
             )
         return random_positions(past_length + length, self.config.position_randomization_max, device=device)
+
+    def randomizes_positions(self, draw: PositionDraw | None) -> bool:
+        """Whether a call with `draw` places its tokens at randomized positions (`key_positions`)."""
+        randomize = self.training or self.config.position_randomization_at_inference
+        return draw is not None or (self.config.position_randomization_max is not None and randomize)
 
     def run_layers(
         self,
@@ -601,16 +606,19 @@ class RelPosStack(nn.Module):
         encoder_hidden_states: torch.Tensor | None = None,
         cross_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
-        query_offset: int = 0,
+        query_offset: int | torch.Tensor = 0,
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
+        key_length: int | None = None,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
         """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`; what the layers
         build from it is not shared among checkpointed layers) and what the kernel reads once (`prepare_kernel`), then
-        runs the layers. Returns the output, optional per-layer hidden
+        runs the layers. `key_length`: the self-attention keys (None: `query_offset` + n; a fixed-size cache's
+        length, with `query_offset` a 0-dim tensor). Returns the output, optional per-layer hidden
         states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
         query_length = hidden_states.size(1)
-        key_length = query_offset + query_length
+        if key_length is None:
+            key_length = query_offset + query_length
         # a layer checkpointed by transformers (gradient_checkpointing) or wrapped by another module (torch's
         # checkpoint_wrapper, as FSDP's activation checkpointing applies it) may be recomputed in the backward pass
         checkpointed = torch.is_grad_enabled() and any(
@@ -712,6 +720,47 @@ def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionSche
                          "scheme (e.g. 'xl') or mem_len 0")
 
 
+def check_fixed_size_cache(config: RelPosTransformerConfig, scheme: PositionScheme, with_memory: bool,
+                           randomized: bool) -> None:
+    """What a fixed-size KV cache (transformers' StaticCache: `generate(..., cache_implementation="static")`) runs
+    with, in one place: a scheme that declares it (`PositionScheme.takes_fixed_size_cache`), a kernel of
+    `FIXED_SIZE_CACHE_KERNELS`, no Transformer-XL memory (`with_memory`: mem_len > 0 or mems given; the memory is
+    generate's cache) and no randomized positions (`randomized`). One ValueError naming cache_implementation and the
+    values it may take."""
+    refusal = None
+    kernel = config._attn_implementation or "eager"
+    if not scheme.takes_fixed_size_cache:
+        refusal = f"position_scheme {scheme.name!r} does not declare that it takes one (takes_fixed_size_cache)"
+    elif with_memory:
+        refusal = ("Transformer-XL segment memory (mem_len > 0, or mems) is the cache itself and drops its oldest "
+                   "states; set mem_len to 0 for a KV cache")
+    elif randomized:
+        refusal = ("randomized positions (position_randomization_max in training, or "
+                   "position_randomization_at_inference) place the cached keys at drawn positions, not at their slots")
+    elif kernel not in FIXED_SIZE_CACHE_KERNELS:
+        refusal = f"it runs with attn_implementation {list(FIXED_SIZE_CACHE_KERNELS)}, got {kernel!r}"
+    if refusal is not None:
+        raise ValueError(f"a fixed-size KV cache (cache_implementation 'static', transformers' StaticCache) is not "
+                         f"supported here: {refusal}. Use cache_implementation None or 'dynamic' (the default "
+                         "dynamic cache)")
+
+
+def fixed_size_padding(mask: torch.Tensor, query_length: int, cache_length: int,
+                       query_offset: torch.Tensor) -> torch.Tensor:
+    """A decoder's [B, w] 1/0 key mask over the `cache_length` slots of a fixed-size cache: w = n (this call's
+    tokens) is placed at slots `query_offset` .. `query_offset` + n - 1 (the cached slots kept), any other
+    w <= cache_length covers slots 0 .. w - 1 (the cached tokens and this call's, as generate extends it). The slots
+    it does not cover are taken as tokens (1): past the queries causality masks them."""
+    batch_size, width = mask.shape
+    if width > cache_length:
+        raise ValueError(f"the decoder's attention_mask must be a [batch, length] mask of at most the fixed-size "
+                         f"cache's {cache_length} slots, got {list(mask.shape)}")
+    slots = torch.arange(width, device=mask.device)
+    if width == query_length:
+        slots = slots + query_offset.to(mask.device)
+    return mask.new_ones(batch_size, cache_length).index_copy(1, slots, mask)
+
+
 @dataclass
 class RelPosDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
     """Decoder output plus `mems`: per layer, the last `mem_len` layer inputs, detached (Transformer-XL memory)."""
@@ -728,7 +777,10 @@ class RelPosCausalLMOutput(CausalLMOutputWithPast):
 
 class RelPosDecoder(RelPosStack):
     """Causal decoder. With a KV cache (`cache`) or a Transformer-XL memory (`mems`, the detached inputs
-    of every layer for the previous positions), queries start at position `past_length` and see every earlier key."""
+    of every layer for the previous positions), queries start at position `past_length` and see every earlier key. A
+    fixed-size cache (transformers' StaticCache, cache_implementation "static") keeps the token at position t in slot
+    t: queries start at its fill level (read as a 0-dim tensor) and the keys are all its slots, those past each query
+    masked (`check_fixed_size_cache` says what runs with it, `fixed_size_padding` how a decoder mask covers it)."""
 
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
         super().__init__(config, is_decoder=True, cross=cross)
@@ -764,6 +816,10 @@ class RelPosDecoder(RelPosStack):
             checkpointed = self.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)
             use_cache = mem_len == 0 and not checkpointed and cache_flag(self.config, None)
         check_memory_positions(self.config, self.positions, mem_len)
+        fixed_size = cache is not None and cache.is_compileable
+        if fixed_size:
+            check_fixed_size_cache(self.config, self.positions, mem_len > 0 or mems is not None,
+                                   self.randomizes_positions(draw))
         if mems is not None and cache is not None and cache.get_seq_length() > 0:
             raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
         if mems is not None:
@@ -775,24 +831,26 @@ class RelPosDecoder(RelPosStack):
                 if encoder_hidden_states is not None
                 else DynamicCache(config=self.config)
             )
-        if cache is not None and cache.is_compileable:
-            raise ValueError(
-                f"a cache of fixed-size layers ({type(cache).__name__}, e.g. cache_implementation 'static') is not "
-                "supported: the position schemes place the cached keys at 0 .. m-1 of the keys seen so far; generate "
-                "with the default dynamic cache (cache_implementation None or 'dynamic')")
-        past_length = cache.get_seq_length() if cache is not None else 0
-        past_length += mems[0].size(1) if mems is not None else 0
+        if fixed_size:   # the fill level as a tensor (the layers' updates advance the cache's own in place)
+            self_cache = cache.self_attention_cache if isinstance(cache, EncoderDecoderCache) else cache
+            past_length = torch.as_tensor(self_cache.get_seq_length(), device=self.embed_tokens.weight.device).clone()
+        else:
+            past_length = cache.get_seq_length() if cache is not None else 0
+            past_length += mems[0].size(1) if mems is not None else 0
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length, draw, position_ids)
         batch_size, query_length = hidden_states.shape[:2]
-        key_length = past_length + query_length
+        key_length = self_cache.get_max_length() if fixed_size else past_length + query_length
         if mems is not None and mems[0].size(0) != batch_size:
             raise ValueError(f"mems hold a batch of {mems[0].size(0)} sequences, the input {batch_size}")
-        check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=key_length)
+        check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length,
+                           with_cache=query_length if fixed_size else key_length)
         if mems is not None and attention_mask is not None and attention_mask.size(1) < key_length:
             raise ValueError(f"with mems the decoder's attention_mask must cover the memory and the input (the memory "
                              f"may hold padding): [{batch_size}, {key_length}] ({key_length - query_length} memory + "
                              f"{query_length} input) or wider, got {list(attention_mask.shape)}")
-        if attention_mask is not None and attention_mask.size(1) != key_length:
+        if attention_mask is not None and fixed_size:
+            attention_mask = fixed_size_padding(attention_mask, query_length, key_length, past_length)
+        elif attention_mask is not None and attention_mask.size(1) != key_length:
             if attention_mask.size(1) == query_length:
                 attention_mask = torch.cat([attention_mask.new_ones(attention_mask.size(0), past_length), attention_mask], 1)
             else:
@@ -819,6 +877,7 @@ class RelPosDecoder(RelPosStack):
             query_offset=past_length,
             memory=mems,
             key_positions=key_positions,
+            key_length=key_length,
         )
         new_mems = None
         if mem_len > 0:
@@ -845,6 +904,9 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_flex_attn = True
     _supports_flash_attn = True  # for schemes that add nothing to attention (RelPosAttention checks)
+    # A forward (training, or a decoding step on a fixed-size cache) traces as one graph on eager and sdpa for every
+    # built-in scheme (tests/test_static_cache.py); relpos_triton's padding check reads the mask on the host.
+    _can_compile_fullgraph = True
     _no_split_modules = ["RelPosLayer"]
 
     remote_auto_classes: dict[str, str] = {}
@@ -899,6 +961,14 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         finally:
             if declared:
                 self.config.custom_pipelines = declared
+
+    @staticmethod
+    def create_masks_for_generate(attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
+        """The hook by which `generate` turns the 2-D attention mask into the kernel's 4-D mask for a fixed-size
+        cache (transformers' `masking_utils.create_masks_for_generate`): here the mask passes unchanged, since the
+        decoder builds its masks itself, over the cache's slots and with the scheme's mask (`fixed_size_padding`,
+        `attention_mask_for`)."""
+        return attention_mask
 
     @classmethod
     def _can_set_attn_implementation(cls) -> bool:
@@ -1347,7 +1417,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             mems, cache = cache, None
         use_cache = cache_flag(self.config, use_cache)
         memory_mode = memory_length(self.config, mem_len) > 0
-        if memory_mode and isinstance(cache, Cache) and cache.get_seq_length() == 0:
+        if memory_mode and isinstance(cache, Cache) and not cache.is_compileable and cache.get_seq_length() == 0:
             cache = None
         outputs = self.decoder(
             input_ids=input_ids,

@@ -278,12 +278,19 @@ def clipped_distance(distance: torch.Tensor, max_relative_position: int) -> torc
 
 
 def query_and_key_positions(
-    query_length: int, key_length: int, positions: torch.Tensor | None, device: Any = None
+    query_length: int, key_length: int, positions: torch.Tensor | None, device: Any = None,
+    query_offset: int | torch.Tensor | None = None,
 ) -> tuple[torch.LongTensor, torch.LongTensor]:
     """The absolute positions of the queries [n] and keys [m] of one attention call: `positions` (the keys'
-    positions, queries being the last n keys) or, when None, the ordinary 0 .. m-1."""
-    keys = torch.arange(key_length, device=device) if positions is None else positions
-    return keys[key_length - query_length :], keys
+    positions, queries being the last n keys) or, when None, the ordinary 0 .. m-1 with the queries at
+    `query_offset` .. `query_offset` + n - 1 (None: the last n keys; a 0-dim tensor for a fixed-size cache, whose
+    slots past the queries are unused)."""
+    if positions is not None:
+        return positions[key_length - query_length :], positions
+    keys = torch.arange(key_length, device=device)
+    if query_offset is None:
+        return keys[key_length - query_length :], keys
+    return torch.arange(query_length, device=device) + query_offset, keys
 
 
 def random_positions(length: int, position_range: int, device: Any = None) -> torch.LongTensor:
@@ -346,8 +353,8 @@ def add_sinusoids(
     """inputs_embeds [B, n, d] + scale x the `sinusoids` of positions past_length .. past_length + n - 1 (or
     `positions`, [n] or per sequence [B, n]): Vaswani et al. (2017) sec. 3.5, the `absolute` scheme's encoding, and
     `keep_absolute_positions`' under any other scheme (with its `absolute_positions_scale`)."""
-    if positions is None:
-        positions = torch.arange(past_length, past_length + inputs_embeds.size(1), device=inputs_embeds.device)
+    if positions is None:   # past_length may be a 0-dim tensor (a fixed-size cache's fill level)
+        positions = torch.arange(inputs_embeds.size(1), device=inputs_embeds.device) + past_length
     encoding = sinusoids(positions, inputs_embeds.size(-1), inputs_embeds.dtype)
     return inputs_embeds + (encoding if scale == 1.0 else scale * encoding)
 
@@ -786,9 +793,10 @@ class PositionContext:
 
     The call's n queries sit at `query_offset` .. `query_offset` + n - 1 and its m keys (cached ones and
     Transformer-XL memory included) at 0 .. m-1, or, with randomized positions, the keys at `positions` [m] and the
-    queries at its last n entries. `dtype` is the dtype of the stack's hidden states. `mask` is a boolean mask
-    broadcastable to [B, H, n, m] that the scheme adds to every layer's self-attention (DiSAN's directions; True =
-    may attend), or `mask_mod(h, i', j)` the same from head h, query position index i' = i + query_offset and key
+    queries at its last n entries. With a fixed-size KV cache (`fixed_size_cache`) `query_offset` is a 0-dim tensor
+    and the m keys are the cache's slots, m >= `query_offset` + n. `dtype` is the dtype of the stack's hidden
+    states. `mask` is a boolean mask broadcastable to [B, H, n, m] that the scheme adds to every layer's
+    self-attention (DiSAN's directions; True = may attend), or `mask_mod(h, i', j)` the same from head h, query position index i' = i + query_offset and key
     index j (its fused form; `dense_mask` expands it for the other kernels); the stack combines it with padding and
     causality once. `kernel_cache` is where an attention kernel keeps what it reads once per stack call and every
     layer shares (the fused kernel's padding ranges: a host sync). Schemes keep what else they precompute in a
@@ -800,7 +808,7 @@ class PositionContext:
 
     query_length: int
     key_length: int
-    query_offset: int
+    query_offset: int | torch.Tensor
     positions: torch.Tensor | None
     device: torch.device
     dtype: torch.dtype
@@ -822,14 +830,24 @@ class PositionContext:
         """The scheme's mask as a boolean [1, H, n, m] tensor (from `mask_mod` when it gives only that)."""
         if self.mask is not None or self.mask_mod is None:
             return self.mask
-        query_positions = torch.arange(self.query_offset, self.query_offset + self.query_length, device=self.device)
+        query_positions = torch.arange(self.query_length, device=self.device) + self.query_offset
         keys = torch.arange(self.key_length, device=self.device)
         heads_index = torch.arange(heads, device=self.device)[:, None, None]
         return self.mask_mod(heads_index, query_positions[:, None], keys[None, :]).expand(heads, -1, -1)[None]
 
     def query_and_key_positions(self) -> tuple[torch.LongTensor, torch.LongTensor]:
         """The queries' [n] and keys' [m] absolute positions."""
-        return query_and_key_positions(self.query_length, self.key_length, self.positions, self.device)
+        return query_and_key_positions(self.query_length, self.key_length, self.positions, self.device,
+                                       self.query_offset)
+
+    @property
+    def fixed_size_cache(self) -> bool:
+        """Whether the keys are the slots of a fixed-size KV cache (transformers' StaticCache, `generate(...,
+        cache_implementation="static")`): `query_offset` is then a 0-dim tensor (the cache's fill level, read on the
+        device so that a compiled decoding step does not depend on its value), the m keys are all the cache's
+        slots, those past each query's position unused and masked (causally), and `positions` is None. A fast path
+        that slices by the offset applies only when this is false."""
+        return torch.is_tensor(self.query_offset)
 
     def extend(self, context_class: type[ContextType], **extra: Any) -> ContextType:
         """This context as an instance of the subclass `context_class`, with its extra fields; a `DenseBias` among
@@ -853,8 +871,9 @@ class PositionScheme(nn.Module):
     - `embed(inputs_embeds, past_length, positions=None)`: an embedding-level encoding (absolute sinusoids).
     - `prepare(context) -> PositionContext`: once per stack call, everything that depends on the positions only
       (index tables, masks, angles), returned in the context (a subclass of it, see `PositionContext.extend`).
-    - `transform_new_keys(layer_idx, key, context)`: the keys [B, H, c, d] this call computed (the last c of the m
-      keys), before they enter the KV cache (RoPE rotates them here, so a cached step rotates only its new key).
+    - `transform_new_keys(layer_idx, key, context)`: the keys [B, H, c, d] this call computed, at the c positions
+      that end with the last query's (the last c of the m keys; in a fixed-size cache the slots before the unused
+      ones), before they enter the KV cache (RoPE rotates them here, so a cached step rotates only its new key).
     - `terms(layer_idx, query, key, context) -> AttentionTerms`: what layer `layer_idx` adds to attention, given its
       per-head projections (queries [B, H, n, d], keys [B, H, m, d] including any cache or memory).
     - `config_fields`: the config fields it reads (`SchemeField`), `check_config` for checks across fields,
@@ -881,6 +900,10 @@ class PositionScheme(nn.Module):
     name: str = ""
     config_fields: tuple[SchemeField, ...] = ()
     card: SchemeCard | None = None
+    # Whether the scheme runs with a fixed-size KV cache (`generate(..., cache_implementation="static")`): its
+    # `embed` takes `past_length` as a 0-dim tensor and its `prepare` / `transform_new_keys` / `terms` a context whose
+    # `fixed_size_cache` is true (`PositionContext`). A scheme that does not declare it is refused with one error.
+    takes_fixed_size_cache: bool = False
 
     def __init__(self, config: Any, num_layers: int, num_heads: int, head_dim: int, is_causal: bool) -> None:
         super().__init__()

@@ -29,6 +29,8 @@ class AbsolutePositions(PositionScheme):
     decoding step gets its true position. Attention itself has no position term, so every kernel runs it.
     """
 
+    takes_fixed_size_cache = True
+
     card = SchemeCard(title="sinusoidal absolute positions (Vaswani et al. 2017)", description=describe)
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:

@@ -37,6 +37,8 @@ class AlibiPositions(PositionScheme):
     that take a dense bias; the fused kernel computes it per score from the indices.
     """
 
+    takes_fixed_size_cache = True
+
     card = SchemeCard(
         title="ALiBi linear distance biases (Press et al. 2022)",
         description=lambda config: (

@@ -81,6 +81,8 @@ class DirectionalPositions(PositionScheme):
     decoder, the causal mask); a query left with no key outputs zeros.
     """
 
+    takes_fixed_size_cache = True
+
     config_fields = (
         SchemeField("directional_heads", None,
                     "pattern of directions cycled over the heads (null: encoder half forward, half backward; decoder "

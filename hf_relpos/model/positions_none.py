@@ -31,6 +31,8 @@ class NoPositions(PositionScheme):
     in length better than several encodings. Adds nothing to attention, so every kernel runs it.
     """
 
+    takes_fixed_size_cache = True
+
     card = SchemeCard(
         title="no position information (NoPE, Kazemnejad et al. 2023)",
         description=(

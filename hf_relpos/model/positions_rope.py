@@ -59,6 +59,8 @@ class RotaryPositions(PositionScheme):
     once per stack call.
     """
 
+    takes_fixed_size_cache = True
+
     config_fields = (
         number_field("rope_theta", 10000.0, "base of the rotation frequencies theta_t = base^(-2t/d)", symbol="θ"),
         integer_field("rotary_dim", None, "leading dimensions of each head that are rotated (even; null: all)",
@@ -114,13 +116,12 @@ class RotaryPositions(PositionScheme):
         return context.extend(RopeContext, cos=cos, sin=sin)
 
     def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
-        """The c keys of this call sit at the last c key positions: rotated once, before they are cached."""
-        count = key.size(-2)
-        return self.rotate(key, context.cos[-count:], context.sin[-count:])
+        """The c keys of this call sit at the c positions ending with the last query's: rotated once, before they
+        are cached."""
+        return self.rotate(key, *context.angles_up_to_last_query(key.size(-2)))
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: RopeContext) -> AttentionTerms:
-        count = query.size(-2)
-        return AttentionTerms(query=self.rotate(query, context.cos[-count:], context.sin[-count:]))
+        return AttentionTerms(query=self.rotate(query, *context.angles_up_to_last_query(query.size(-2))))
 
 
 @dataclass(frozen=True)
@@ -129,3 +130,12 @@ class RopeContext(PositionContext):
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
+
+    def angles_up_to_last_query(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [count, d_rot / 2] of the `count` key slots that end with the last query's: the last `count`
+        rows, or in a fixed-size cache (whose slots past the queries are unused) the rows before
+        `query_offset` + n, gathered by the offset tensor."""
+        if not self.fixed_size_cache:
+            return self.cos[-count:], self.sin[-count:]
+        rows = torch.arange(count, device=self.cos.device) + (self.query_offset + self.query_length - count)
+        return self.cos.index_select(0, rows), self.sin.index_select(0, rows)

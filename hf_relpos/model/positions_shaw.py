@@ -77,6 +77,8 @@ class ShawPositions(PositionScheme):
     query-key pair inside the score_mod (O(n (2k+1) d + n^2)). No n x n x d tensor.
     """
 
+    takes_fixed_size_cache = True
+
     config_fields = (
         integer_field("max_relative_position", 16, "clipping distance: relative distances beyond ±k share one vector",
                       symbol="k"),
@@ -142,7 +144,7 @@ class ShawPositions(PositionScheme):
                     return index[i, j]
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
-            if consecutive:
+            if consecutive and not context.fixed_size_cache:   # the skew slices by the offset, an int here
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
         value_term = None
         if self.relative_values is not None:

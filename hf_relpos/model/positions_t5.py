@@ -92,6 +92,8 @@ class T5Positions(PositionScheme):
     scaling every other scheme uses, so the schemes compare on equal terms.
     """
 
+    takes_fixed_size_cache = True
+
     config_fields = (
         integer_field("relative_attention_num_buckets", 32, "buckets of relative positions (T5)", minimum=4),
         integer_field("relative_attention_max_distance", 128,

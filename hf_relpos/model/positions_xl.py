@@ -64,6 +64,8 @@ class XLPositions(PositionScheme):
     (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
     """
 
+    takes_fixed_size_cache = True
+
     config_fields = (
         integer_field("clamp_len", None, "largest distance |i - j| encoded in R (null: no clamping)", optional=True),
         boolean_field("untie_relative_biases", True,
@@ -122,8 +124,11 @@ class XLPositions(PositionScheme):
             def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
                 return (largest_distance - query_positions[i] + key_positions[j]).clamp(max=distance_count - 1)
 
-        distances = torch.arange(largest_distance, largest_distance - distance_count, -1, device=context.device)
-        span = max(abs(largest_distance), abs(largest_distance - distance_count + 1))
+        distances = largest_distance - torch.arange(distance_count, device=context.device)
+        if context.fixed_size_cache:   # the offset is a tensor; the queries fit in the m slots: |distance| < m
+            span = key_length - 1
+        else:
+            span = max(abs(largest_distance), abs(largest_distance - distance_count + 1))
         if self.clamp_len is not None:
             distances = distances.clamp(-self.clamp_len, self.clamp_len)
             span = min(span, self.clamp_len)
