@@ -6,6 +6,8 @@ which re-runs the decoder over the whole prefix at every step. Scheme x cache ru
 
     python -m benchmarks.bench_decoding --quick            # CPU-sized subset
     python -m benchmarks.bench_decoding --dtype bfloat16   # on a GPU
+    python -m benchmarks.bench_decoding --dtype bfloat16 --cache-implementation static   # the cached runs on
+        # transformers' fixed-size StaticCache (generate compiles the decoding step on a GPU; the warm-up takes it)
 """
 
 from __future__ import annotations
@@ -38,9 +40,11 @@ REQUIRED_SPEEDUP = 5.0
 
 
 def generation(
-    model: RelPosTransformerForConditionalGeneration, source: torch.Tensor, new_tokens: int, use_cache: bool, dtype: str
+    model: RelPosTransformerForConditionalGeneration, source: torch.Tensor, new_tokens: int, use_cache: bool, dtype: str,
+    cache_implementation: str = "dynamic",
 ) -> Callable[[], None]:
-    """A call that generates exactly `new_tokens` tokens per sequence (greedy, EOS cannot stop it early)."""
+    """A call that generates exactly `new_tokens` tokens per sequence (greedy, EOS cannot stop it early); with
+    `use_cache`, on the cache `cache_implementation` ("dynamic" or "static")."""
     device = source.device.type
 
     def run() -> None:
@@ -53,6 +57,7 @@ def generation(
                 do_sample=False,
                 num_beams=1,
                 use_cache=use_cache,
+                cache_implementation=cache_implementation if use_cache else None,
             )
         if output.size(1) != new_tokens + 1:
             raise RuntimeError(f"generate() returned {output.size(1) - 1} new tokens, expected {new_tokens}")
@@ -70,7 +75,8 @@ def run_benchmark(args: argparse.Namespace) -> list[dict[str, Any]]:
         model = RelPosTransformerForConditionalGeneration(config).to(args.device).eval()
         source = torch.randint(4, config.vocab_size, (args.batch, args.source_length), device=args.device)
         for use_cache in (True, False):
-            runs[(scheme, use_cache)] = generation(model, source, args.new_tokens, use_cache, args.dtype)
+            runs[(scheme, use_cache)] = generation(model, source, args.new_tokens, use_cache, args.dtype,
+                                                   args.cache_implementation)
     keys = list(runs)
     seconds = round_robin({f"{s}/{c}": runs[(s, c)] for s, c in keys}, args.warmup, args.repeats, args.device, args.clock)
     tokens = args.batch * args.new_tokens
@@ -113,7 +119,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
             *environment_lines(meta),
             f"- shape {meta['shape']} ({meta['layers']} + {meta['layers']} layers, vocabulary {meta['vocab_size']}), "
             f"batch {meta['batch']}, source length {meta['source_length']}, {meta['new_tokens']} new tokens "
-            f"(min_new_tokens = max_new_tokens), greedy",
+            f"(min_new_tokens = max_new_tokens), greedy; cached runs on the {meta['cache_implementation']} cache",
             f"- {meta['warmup']} warm-up + {meta['repeats']} timed rounds, scheme x cache round-robin; "
             "tokens/s = generated tokens / median seconds",
             "",
@@ -135,6 +141,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--batch", type=positive_int, help="sequences per generate() call (default 32, --quick: 4)")
     parser.add_argument("--source-length", type=positive_int, default=32)
     parser.add_argument("--new-tokens", type=positive_int, default=128)
+    parser.add_argument("--cache-implementation", choices=("dynamic", "static"), default="dynamic",
+                        help="the KV cache of the cached runs (static: transformers' fixed-size StaticCache)")
     args = parser.parse_args(argv)
     check_arguments(args)
     quick = args.quick
@@ -159,7 +167,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_kernels_run([args.kernel], args.device, "--kernel", backward=False)
     meta = environment(args.device, args.dtype, args.clock) | {
         key: getattr(args, key)
-        for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "warmup", "repeats")
+        for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "cache_implementation",
+                    "warmup", "repeats")
     }
     rows = run_benchmark(args)
     data = {"meta": meta, "decoding": rows}

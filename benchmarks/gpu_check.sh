@@ -25,7 +25,8 @@
 #       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
 #       absolute / shaw / alibi (two processes, so that one slow compile does not lose the other half; measured at
 #       3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and determinism tests compiled for the GPU (one
-#       passed in 90 s); DECODING=1 adds 25 s: cached decoding; PRECISION=1 adds 200 s: shaw's bf16 training on
+#       passed in 90 s); DECODING=1 adds 25 + 120 s: cached decoding, then on the static cache (absolute and shaw; generate
+#       compiles the decoding step, not measured yet); PRECISION=1 adds 200 s: shaw's bf16 training on
 #       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
 #       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
 #       a^K bias, a^V masses and dropout switched off one at a time beside sdpa on the same inputs, n = 512, at the
@@ -40,7 +41,7 @@
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
 # environment.txt, training_dropout0.1/, timeline_n512/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
-# triton_tests.txt, precision/, decoding/, training_compiled_n512/,) recompiles.txt and log.txt. Run from the repository root with the
+# triton_tests.txt, precision/, decoding/, decoding_static/, training_compiled_n512/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
 set -uo pipefail
 out=${1:?usage: gpu_check.sh OUT_DIR [COMMIT]}
@@ -124,6 +125,9 @@ fi
 if [ "${DECODING:-0}" = 1 ]; then
     step 25 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
         --out "$out/decoding"
+    step 120 "(e) cached decoding on the static cache (generate compiles the step)" "$python" -m \
+        benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 --cache-implementation static \
+        --schemes absolute shaw --out "$out/decoding_static"
 fi
 if [ "${COMPILE:-0}" = 1 ]; then
     training 420 "(h) torch.compile'd models: base model, absolute and shaw, n=512" --lengths 512 --kernels sdpa \

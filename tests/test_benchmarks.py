@@ -79,6 +79,27 @@ def test_decoding_benchmark_reports_every_scheme(tmp_path: Path, kernel: str, mo
     assert all(len(_table_rows(markdown, scheme)) == 1 for scheme in SCHEMES)
 
 
+def test_decoding_benchmark_runs_its_cached_generation_on_the_static_cache_when_asked(tmp_path: Path, monkeypatch) -> None:
+    """--cache-implementation static: the cached runs generate on transformers' StaticCache (the record says so)."""
+    from transformers import StaticCache
+
+    caches = []
+    original = StaticCache.__init__
+
+    def recording(self, *args, **kwargs):
+        caches.append(type(self).__name__)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(StaticCache, "__init__", recording)
+    data = bench_decoding.main(["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batch", "1",
+                                "--source-length", "4", "--new-tokens", "4", "--warmup", "0", "--repeats", "1",
+                                "--schemes", "absolute", "shaw", "--cache-implementation", "static",
+                                "--out", str(tmp_path)])
+    assert caches and data["meta"]["cache_implementation"] == "static"
+    assert "cached runs on the static cache" in (tmp_path / "decoding.md").read_text()
+    assert [row["scheme"] for row in data["decoding"]] == ["absolute", "shaw"]
+
+
 def test_training_benchmark_compares_kernels_with_absolute_on_its_fastest(tmp_path: Path) -> None:
     """--kernels: every scheme on each kernel in one round-robin; each ratio is to absolute on its fastest kernel."""
     argv = ["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--lengths", "8", "--tokens", "16",
@@ -205,7 +226,8 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     tests; every step writes its own record; the limits sum to at
     most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
-    PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks, COMPILE=1 (a) at n = 512 with torch.compile'd models."""
+    PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks (decoding on the dynamic, then the static cache), COMPILE=1
+    (a) at n = 512 with torch.compile'd models."""
     import importlib.util
     import subprocess
     import sys
@@ -254,14 +276,15 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[4]
     assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[5]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
-    assert len(set(outs)) == len(outs) == (10 if triton else 8)   # bench_precision and the ablation need triton
+    assert len(set(outs)) == len(outs) == (11 if triton else 9)   # bench_precision and the ablation need triton
     assert any(f"--lengths 512 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1 --compile --out"
                in command for command in commands)
     assert any(command.startswith("-m benchmarks.ablate_relpos_triton --length 512") for command in commands) == bool(
         triton)
     triton_tests = [command for command in commands if "pytest" in command and "tests/test_triton_shaw.py" in command]
     assert len(triton_tests) == (1 if triton else 0)   # the kernel compiled for the GPU, not only interpreted
-    assert any("benchmarks.bench_decoding --device cuda" in command for command in commands)
+    decoding = [command for command in commands if "benchmarks.bench_decoding --device cuda" in command]
+    assert len(decoding) == 2 and "--cache-implementation static --schemes absolute shaw" in decoding[1]
     assert any("benchmarks.bench_precision --device cuda --kernel relpos_triton --scheme shaw --steps 300" in command
                for command in commands) == bool(triton)
 
