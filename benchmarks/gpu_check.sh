@@ -94,7 +94,7 @@ else
         --kernel sdpa --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
 fi
 if [ "${TESTS:-1}" = 1 ]; then
-    step 40 "(d) CUDA tests: sdpa against eager, Shaw's masses in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
+    step 40 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
         tests/test_positions.py tests/test_kernels.py -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
     [ -n "$triton" ] && step 90 "(d) relpos_triton compiled for the GPU against the oracle, bf16" "$python" -m pytest \
         -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within" 2>&1 | tee "$out/triton_cuda_tests.txt"

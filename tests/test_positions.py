@@ -17,8 +17,10 @@ from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for,
 from hf_relpos.model.positions import (
     QUERY_BLOCK,
     PositionContext,
+    RelativeBias,
     RelativeValues,
     aligned_width,
+    clipped_distance,
     clipped_rel_shift,
     computed_once,
     get_scheme_class,
@@ -180,6 +182,39 @@ def test_shaws_masses_of_half_precision_probabilities_are_summed_in_float32(dtyp
     assert term.dtype == dtype
     term_error = (term.double() - expected).abs().max().item()
     assert term_error <= 2 * torch.finfo(dtype).eps * expected.abs().max().item(), term_error
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="no CUDA device"))])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_a_gathered_bias_sums_its_buckets_gradients_in_float32(dtype, device):
+    """Shaw's a^K at randomized positions is gathered by bucket (`RelativeBias.dense`): its backward sums the gradient
+    of every key in a bucket, up to m for an edge bucket. The gather runs in promote_types(dtype, float32), so the
+    sum does too (CUDA's scatter-add rounds after every addition); the bias keeps the table's dtype and values."""
+    n, m, k = 4, 1024, 4
+    generator = torch.Generator().manual_seed(4)
+    positions = torch.sort(torch.randperm(4 * m, generator=generator)[:m]).values
+    index = clipped_distance(positions[None, :] - positions[-n:, None], k)
+    table = torch.randn(1, 2, n, 2 * k + 1, generator=generator, dtype=torch.float64)
+    upstream = torch.rand(1, 2, n, m, generator=generator, dtype=torch.float64).to(dtype)
+    half = table.to(dtype).to(device).requires_grad_()
+    bias = RelativeBias(table=half, bucket=lambda i, j: index.to(device)[i, j], key_length=m, consecutive=False)
+    gathered = []
+
+    class RecordGathers(torch.overrides.TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is torch.gather:
+                gathered.append(args[0].dtype)
+            return func(*args, **(kwargs or {}))
+
+    with RecordGathers():
+        dense = bias.dense()
+    assert gathered == [torch.float32] and dense.dtype == dtype
+    assert torch.equal(dense.cpu(), torch.gather(half.detach().cpu(), -1, index.expand(1, 2, n, m)))
+    (dense * upstream.to(device)).sum().backward()
+    expected = torch.zeros_like(table).scatter_add_(-1, index.expand(1, 2, n, m), upstream.double())
+    error = (half.grad.cpu().double() - expected).abs().max().item()
+    assert error <= torch.finfo(dtype).eps * expected.abs().max().item(), error
 
 
 @pytest.mark.parametrize("n, m, k, offset", [(1, 1, 0, 0), (1, 12, 3, 11), (5, 5, 2, 0), (5, 5, 16, 0),

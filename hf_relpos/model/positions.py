@@ -437,8 +437,10 @@ class RelativeBias:
     `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
     distance d; T5: the bucket table, expanded), or a function computing it when a kernel first asks
     (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
-    scheme has a cheaper way, such as XL's rel-shift, else by a gather), once per record: a record shared by every
-    layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
+    scheme has a cheaper way, such as XL's rel-shift, else by a gather in promote_types(dtype, float32), returned in
+    the table's dtype: the gather's backward sums the gradients of every key in a bucket, up to m for a clipped
+    distance's edge bucket, and CUDA's scatter-add would round after each addition in half precision), once per
+    record: a record shared by every layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
     score_mod and never builds the n x m float tensor; with `recompute` (a table computed by a function) it computes
     the table again in the backward instead of keeping it (XL's n x (n + m - 1) per head, one layer's at a time).
     `clip_distance` = k says that the bucket is the clipped distance clip(j - i', k) + k between the query's and
@@ -471,7 +473,8 @@ class RelativeBias:
                 queries = torch.arange(query_length, device=table.device)[:, None]
                 keys = torch.arange(self.key_length, device=table.device)[None, :]
                 index = self.bucket(queries, keys).expand(batch, heads, query_length, self.key_length)
-                self._dense = torch.gather(table, -1, index)
+                compute = torch.promote_types(table.dtype, torch.float32)
+                self._dense = torch.gather(table.to(compute), -1, index).to(table.dtype)
         return self._dense
 
 
