@@ -204,6 +204,41 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, corpus
     assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(output_dir), Model)
 
 
+def test_a_checkpoint_is_marked_complete_only_after_every_process_saved_its_random_state(tmp_path, corpus,
+                                                                                          monkeypatch):
+    """Each process saves its own rng_state file and the main process alone writes trainer_state.json (which makes
+    the checkpoint complete): the processes wait for each other between the two, so a kill cannot leave a
+    "complete" checkpoint without some process's random state."""
+    from accelerate import Accelerator
+
+    events = []
+    save, wait, save_state = torch.save, Accelerator.wait_for_everyone, TrainerState.save_to_json
+
+    def recording_save(obj, path, *args, **kwargs):
+        if Path(str(path)).name.startswith("rng_state"):
+            events.append("rng")
+        return save(obj, path, *args, **kwargs)
+
+    def recording_wait(self):
+        events.append("wait")
+        return wait(self)
+
+    def recording_state(self, path):
+        if Path(path).parent.name.startswith("checkpoint-"):
+            events.append("state")
+        return save_state(self, path)
+
+    monkeypatch.setattr(torch, "save", recording_save)
+    monkeypatch.setattr(Accelerator, "wait_for_everyone", recording_wait)
+    monkeypatch.setattr(TrainerState, "save_to_json", recording_state)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=4, save_strategy="steps",
+                          save_steps=2, do_eval=False, do_predict=False)
+    run([str(config)])
+    checkpoints = "".join(event[0] for event in events if event in ("rng", "state", "wait"))
+    saves = [index for index, event in enumerate(checkpoints) if event == "r"]
+    assert len(saves) == 2 and all("w" in checkpoints[start:checkpoints.index("s", start)] for start in saves), events
+
+
 def test_trainer_resume_true_skips_an_incomplete_checkpoint(tmp_path, corpus):
     """`TranslationTrainer.train(resume_from_checkpoint=True)` (the Python API) also ignores a half-written one."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=2, save_strategy="steps",

@@ -257,6 +257,13 @@ class TranslationTrainer(Seq2SeqTrainer):
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
         super()._save_checkpoint(model, trial)
 
+    def _save_rng_state(self, output_dir: str) -> None:
+        """Every process saves its random state (`rng_state_RANK.pth`), then waits for the others: the main process
+        writes `trainer_state.json`, which marks the checkpoint complete, only after all of them exist (a kill in
+        between would leave a "complete" checkpoint that resumes without some process's random state)."""
+        super()._save_rng_state(output_dir)
+        self.accelerator.wait_for_everyone()
+
     def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
         """The Trainer's `save_metrics` (`{split}_results.json`, merged into all_results.json when `combined`), each
         file replaced atomically (`write_text_atomic`): a process killed while writing leaves the previous file,
