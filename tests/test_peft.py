@@ -65,8 +65,13 @@ def test_lora_training_changes_only_the_adapters(scheme, tmp_path):
     assert all(weight.abs().sum() > 0 for name, weight in adapted.items() if "lora_B" in name), "the adapters trained"
 
 
-# every scheme with the attention projections
-ADAPTED = [(scheme, ATTENTION_TARGETS) for scheme in BUILT_IN_SCHEMES]
+# every scheme with the attention projections; the schemes' own modules an adapter can target (XL's W_kR,
+# T5's bucket embedding), and all linear layers (which include XL's W_kR)
+ADAPTED = [(scheme, ATTENTION_TARGETS) for scheme in BUILT_IN_SCHEMES] + [
+    ("xl", ["q_proj", "position_projections.0"]),
+    ("xl", "all-linear"),
+    ("t5", ["q_proj", "relative_attention_bias"]),
+]
 
 
 @pytest.mark.parametrize(("scheme", "targets"), ADAPTED)
@@ -88,7 +93,7 @@ def test_saved_adapter_reloads_and_merges_to_the_same_logits(scheme, targets, tm
     torch.testing.assert_close(logits(plain), expected, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("scheme", ["t5", "shaw"])
+@pytest.mark.parametrize("scheme", ["t5", "xl"])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generate_on_the_peft_model_equals_the_merged_model(scheme, num_beams):
     torch.manual_seed(3)
@@ -104,7 +109,8 @@ def test_generate_on_the_peft_model_equals_the_merged_model(scheme, num_beams):
 
 
 @pytest.mark.parametrize(("scheme", "targets", "tie_word_embeddings"), [
-    ("shaw", ATTENTION_TARGETS, True), ("shaw", ATTENTION_TARGETS, False)])
+    ("shaw", ATTENTION_TARGETS, True), ("shaw", ATTENTION_TARGETS, False), ("xl", "all-linear", True),
+    ("t5", ["q_proj", "relative_attention_bias"], True)])
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_gradient_checkpointing_reaches_the_adapters_of_a_frozen_model(scheme, targets, tie_word_embeddings,
                                                                        use_reentrant):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -131,36 +132,45 @@ class T5Positions(PositionScheme):
     def init_parameters(self, std: float) -> None:
         init.normal_(self.relative_attention_bias.weight, mean=0.0, std=std)
 
+    def bucket_biases(self, context: PositionContext) -> torch.Tensor:
+        """The table b [R, H] in the stack's dtype, read through the embedding's forward rather than its weight, so
+        that a module an adapter put in its place (PEFT's LoRA embedding: weight + B A) gives the biases it computes.
+        Read where it is used (in a layer, or a bias built when a kernel first asks), never kept from `prepare`: a
+        tensor computed outside the layers would join every layer's graph, which reentrant gradient checkpointing
+        then differentiates once per layer."""
+        return self.relative_attention_bias(torch.arange(self.num_buckets, device=context.device)).to(context.dtype)
+
     def prepare(self, context: PositionContext) -> T5Context:
         """The bias of every query-key pair in its forms, shared by the layers (as T5 computes it once per stack):
         dense [1, H, n, m] from the [n, m] bucket index, or at consecutive positions the fused path's band and far
         biases (`T5Context.fused_bias`, no n x m tensor), each built when a kernel first asks for it, once; under
-        randomized positions a score_mod that computes each score's bucket by the same arithmetic and reads the
-        [H, buckets] table."""
+        randomized positions a score_mod (`terms`) that computes each score's bucket by the same arithmetic and
+        reads the [H, buckets] table."""
         query_positions, key_positions = context.query_and_key_positions()
-        weight = self.relative_attention_bias.weight.to(context.dtype)  # [R, H]
         bucket_of = self.bucket_of
 
         def dense() -> torch.Tensor:
-            return weight[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
+            biases = self.bucket_biases(context)
+            return biases[bucket_of(key_positions[None, :] - query_positions[:, None])].permute(2, 0, 1)[None]
 
         bias = DenseBias(dense)
-        positions = context.positions
-        if positions is None:
-            return context.extend(T5Context, bias=bias, weight=weight, band_first=self.band_first,
-                                  fused_buckets=self.fused_buckets)
-        table, offset = weight.t(), context.query_offset
-
-        def score_mod(score, b, h, q, kv):
-            return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
-        return context.extend(T5Context, bias=bias, score_mod=score_mod)
+        if context.positions is None:
+            return context.extend(T5Context, bias=bias, bucket_biases=functools.partial(self.bucket_biases, context),
+                                  band_first=self.band_first, fused_buckets=self.fused_buckets)
+        return context.extend(T5Context, bias=bias)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: T5Context) -> AttentionTerms:
-        fused = None
+        fused = score_mod = None
         if context.positions is None:
             def fused(query, key, value, scaling, mask, attend):
                 return self.fused_attention(context, query, key, value, scaling, mask, attend)
-        return AttentionTerms(score_bias=context.bias, score_mod=context.score_mod, fused_attention=fused)
+        else:
+            table, positions, offset, bucket_of = (self.bucket_biases(context).t(), context.positions,
+                                                   context.query_offset, self.bucket_of)
+
+            def score_mod(score, b, h, q, kv):
+                return score + table[h, bucket_of(positions[kv] - positions[q + offset])]
+        return AttentionTerms(score_bias=context.bias, score_mod=score_mod, fused_attention=fused)
 
     def fused_attention(self, context: T5Context, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                         scaling: float, mask: Any, attend: Any) -> torch.Tensor:
@@ -189,18 +199,17 @@ def last_bucket_from(bucket_of: Any, max_distance: int, sign: int) -> int:
 @dataclass(frozen=True)
 class T5Context(PositionContext):
     """`bias`: the stack's bias [1, H, n, m] for every layer when first read (once per forward). At consecutive
-    positions `fused_bias` (from the table `weight` [R, H] and `fused_buckets`: the buckets of the offsets
-    `band_first` .. `band_first` + W - 1, then of the offsets below and above them); under randomized positions
-    `score_mod`: the bias per score, from the indices."""
+    positions `fused_bias` (from the table [R, H] that `bucket_biases()` reads and `fused_buckets`: the buckets of the
+    offsets `band_first` .. `band_first` + W - 1, then of the offsets below and above them)."""
 
     bias: DenseBias | None = None
-    weight: torch.Tensor | None = None
+    bucket_biases: Callable[[], torch.Tensor] | None = None
     band_first: int = 0
     fused_buckets: tuple[int, ...] = ()
-    score_mod: Any = None
 
     @computed_once
     def fused_bias(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The band's bias [H, W] and the far regions' [H, 2] (below, above), gathered once per forward."""
-        biases = self.weight[torch.tensor(self.fused_buckets, device=self.weight.device)].t()
+        table = self.bucket_biases()
+        biases = table[torch.tensor(self.fused_buckets, device=table.device)].t()
         return biases[:, :-2], biases[:, -2:]

@@ -144,25 +144,32 @@ class XLPositions(PositionScheme):
 
         Two orders of the same product, the cheaper one for the shapes at hand: project the `count` encodings
         (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
-        (W_kR^T (q + v), then dot each R_d: cached decoding, where one query meets every earlier distance).
+        (W_kR^T (q + v), then dot each R_d: cached decoding, where one query meets every earlier distance). The
+        second needs the matrix W_kR itself: only a plain nn.Linear's weight is that (`projected_encodings`).
         """
         batch, heads, query_length, head_dim = position_query.shape
         encodings = encodings.to(position_query.dtype)
         count = encodings.size(0)
-        weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
-        model_dim = weight.size(1)
+        model_dim = encodings.size(1)
         queries = batch * query_length
-        if queries * (model_dim + heads * count) < count * (model_dim + queries):
+        if (isinstance(self.position_projections[layer_idx], nn.Linear)
+                and queries * (model_dim + heads * count) < count * (model_dim + queries)):
+            weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
             by_head = position_query.transpose(0, 1).reshape(heads, queries, head_dim)
             projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
             scores = torch.matmul(projected_queries, encodings.t())
             return scores.view(heads, batch, query_length, count).transpose(0, 1)
-        return torch.matmul(position_query, self.projected_encodings(weight, encodings, heads))
+        return torch.matmul(position_query, self.projected_encodings(layer_idx, encodings, heads, head_dim))
 
-    @staticmethod
-    def projected_encodings(weight: torch.Tensor, encodings: torch.Tensor, heads: int) -> torch.Tensor:
-        """W_kR R_d / sqrt(d) per head: [H, d, count]."""
-        return (encodings @ weight.t()).view(encodings.size(0), heads, -1).permute(1, 2, 0)
+    def projected_encodings(self, layer_idx: int, encodings: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
+        """W_kR R_d / sqrt(d) per head: [H, d, count]. A module an adapter put in the nn.Linear's place (PEFT's
+        LoRA: W_kR + B A) projects the encodings by its forward: its weight alone would leave the adapter out."""
+        projection = self.position_projections[layer_idx]
+        if isinstance(projection, nn.Linear):
+            projected = encodings @ self.scaled_projection(layer_idx, encodings.dtype, head_dim).t()
+        else:
+            projected = projection(encodings) * head_dim**-0.5
+        return projected.view(encodings.size(0), heads, -1).permute(1, 2, 0)
 
     def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor,
                               key_length: int) -> torch.Tensor:
@@ -170,8 +177,7 @@ class XLPositions(PositionScheme):
         (`dense_by_query_blocks`): each block is multiplied with only the distances it meets (`encodings` [n + m - 1,
         d_model], largest first) and aligned by `rel_shift`."""
         query_length, heads, head_dim = position_query.size(-2), position_query.size(1), position_query.size(-1)
-        weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
-        projected = self.projected_encodings(weight, encodings.to(position_query.dtype), heads)
+        projected = self.projected_encodings(layer_idx, encodings.to(position_query.dtype), heads, head_dim)
         return dense_by_query_blocks(
             query_length, key_length,
             lambda first, size, columns: torch.matmul(position_query[:, :, first : first + size], projected[..., columns]),
