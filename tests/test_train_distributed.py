@@ -92,12 +92,13 @@ def write_config(tmp_path: Path) -> tuple[Path, Path]:
     return config_path, output_dir
 
 
-def launch(tmp_path: Path, script: Path, *arguments: str) -> subprocess.CompletedProcess:
+def launch(tmp_path: Path, script: Path, *arguments: str, config_file: Path = CPU_CONFIG,
+           launch_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """The documented command: accelerate launch --config_file configs/accelerate/cpu_2proc.yaml SCRIPT ..."""
     environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=str(REPO))
     return subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG), "--main_process_port",
-         str(free_port()), str(script), *arguments],
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), *launch_flags,
+         "--main_process_port", str(free_port()), str(script), *arguments],
         capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=300,
     )
 

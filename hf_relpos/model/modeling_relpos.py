@@ -1062,6 +1062,14 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         self.encoder = RelPosEncoder(config)
         self.decoder = RelPosDecoder(config)
         self.post_init()
+        if tied:   # after post_init (which ties the weights), so that a seed still draws the weights it drew before
+            self.share_embedding_module()
+
+    def share_embedding_module(self) -> None:
+        """Tied, both stacks call `shared` itself (one module, as `set_input_embeddings` keeps it), not modules of
+        their own that hold its weight: FSDP2 as accelerate applies it shards `shared` with lm_head and refuses the
+        weight seen again under another module ('shared with a parameter already managed by another FSDP group')."""
+        self.encoder.embed_tokens = self.decoder.embed_tokens = self.shared
 
     def get_input_embeddings(self) -> nn.Embedding:
         """`shared`, or untied the encoder's embeddings (Marian's choice); the decoder's are
