@@ -2,22 +2,25 @@
 runs an FSDP launch as DDP), so the launched worker sets the plugin that the launch built from fsdp.yaml's settings
 by hand and wraps the model with accelerate's own `fsdp2_prepare_model`, what the Trainer calls on GPUs: one FSDP unit
 per `RelPosLayer`, the tied embeddings sharded once, two gloo processes training the model a single process trains
-on the whole batch, and a full state dict that `from_pretrained` loads."""
+on the whole batch, and a full state dict that `from_pretrained` loads. train_translation.py itself refuses an FSDP
+launch on the CPU instead of training it unsharded."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import yaml
 from accelerate.utils import FullyShardedDataParallelPlugin
 from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
 from conftest import tiny_config
-from test_train_distributed import launch
+from test_train_distributed import launch, write_config
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.model.modeling_relpos import RelPosLayer
+from hf_relpos.translation.preflight import PreflightError, check_sharding
 
 REPO = Path(__file__).resolve().parents[1]
 FSDP_CONFIG = REPO / "configs" / "accelerate" / "fsdp.yaml"
@@ -127,3 +130,26 @@ def test_two_gloo_processes_train_with_fsdp2_as_one_process_does(tmp_path):
         for name, weight in sharded.state_dict().items():
             torch.testing.assert_close(weight, expected[name], rtol=0, atol=1e-12, msg=f"{scheme}: {name}")
         assert sharded.lm_head.weight is sharded.model.shared.weight
+
+
+@pytest.mark.parametrize(("world_size", "device", "use_fsdp", "refused"), [
+    (2, "cpu", "true", True), (2, "cuda", "true", False), (1, "cpu", "true", False), (2, "cpu", "false", False)])
+def test_only_an_fsdp_launch_of_several_cpu_processes_is_refused(monkeypatch, world_size, device, use_fsdp, refused):
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", use_fsdp)
+    if refused:
+        with pytest.raises(PreflightError, match="accelerate shards only over GPUs"):
+            check_sharding(world_size, torch.device(device))
+    else:
+        check_sharding(world_size, torch.device(device))
+
+
+@pytest.mark.slow
+def test_train_translation_refuses_an_fsdp_launch_on_the_cpu(tmp_path):
+    """accelerate would run it as DDP (each process holding the whole model) and the run record would say sharded."""
+    config_path, output_dir = write_config(tmp_path)
+    completed = launch(tmp_path, REPO / "train_translation.py", str(config_path), "--use_cpu", "true",
+                       config_file=FSDP_CONFIG, launch_flags=ON_TWO_CPU_PROCESSES)
+    assert completed.returncode != 0
+    assert completed.stderr.count("train_translation.py: error: an FSDP launch (ACCELERATE_USE_FSDP") == 1
+    assert "configs/accelerate/cpu_2proc.yaml" in completed.stderr
+    assert not output_dir.exists()

@@ -58,6 +58,25 @@ def check_process_group(trainer_world_size: int) -> None:
             f"train_translation.py CONFIG.yaml --use_cpu true); on GPUs, check that CUDA is available")
 
 
+def fsdp_launch() -> bool:
+    """Whether `accelerate launch` was given an FSDP config (configs/accelerate/fsdp.yaml): it sets
+    ACCELERATE_USE_FSDP in every process it starts."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
+
+def check_sharding(trainer_world_size: int, device: torch.device) -> None:
+    """An FSDP launch whose processes train on the CPU (`--use_cpu true`): accelerate shards only over accelerators
+    (its AcceleratorState selects FSDP for multi-GPU-like process groups, never for MULTI_CPU), so each process would
+    hold and train the whole model as plain data parallelism (DDP), without a word, and the run would be recorded as
+    sharded."""
+    if trainer_world_size > 1 and fsdp_launch() and device.type == "cpu":
+        raise PreflightError(
+            f"an FSDP launch (ACCELERATE_USE_FSDP, e.g. configs/accelerate/fsdp.yaml) of {trainer_world_size} "
+            "processes on the CPU (use_cpu): accelerate shards only over GPUs, and these processes would train "
+            "unsharded copies of the model (DDP). For a CPU run launch with configs/accelerate/cpu_2proc.yaml; for "
+            "FSDP, launch on GPUs without --use_cpu")
+
+
 def previous_run(output_dir: str | os.PathLike) -> list[str]:
     """What a finished or interrupted training run left in `output_dir`: model files and checkpoint folders."""
     folder = Path(output_dir)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 import shlex
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -33,6 +32,7 @@ from ..publish.records import (
 )
 from .arguments import ModelArguments, TranslationTrainingArguments, program_name
 from .data import DataArguments
+from .preflight import fsdp_launch
 from .safety import OutputDirError
 
 
@@ -150,7 +150,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                                         if hasattr(arguments, name)), name))
               for name in RunRecord.recipe_fields() if name not in omitted}
     recipe_file = model_args.recipe_file
-    sharded = training_args.world_size > 1 and os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    sharded = training_args.world_size > 1 and fsdp_launch()   # on GPUs: check_sharding refuses it on the CPU
     return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size, sharded=sharded,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,

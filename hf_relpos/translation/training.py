@@ -29,6 +29,7 @@ from .preflight import (
     check_hub_login,
     check_process_group,
     check_rerun,
+    check_sharding,
     previous_run,
     remove_previous_run,
 )
@@ -112,6 +113,7 @@ def _set_up_process(training_args: TranslationTrainingArguments) -> None:
     if not training_args.should_log:
         logging.getLogger().setLevel(logging.WARNING)
     check_process_group(training_args.world_size)
+    check_sharding(training_args.world_size, training_args.device)
     logger.info("world size %d, process %d", training_args.world_size, training_args.process_index)
     if training_args.cpu_threads is not None:
         torch.set_num_threads(training_args.cpu_threads)
