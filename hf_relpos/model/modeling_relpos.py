@@ -993,20 +993,6 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         check_kernel(self.config, requested)
         super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
 
-    def enable_input_require_grads(self) -> None:
-        """transformers' `enable_input_require_grads` (the embedded tokens require grad, so that with reentrant
-        gradient checkpointing the gradient reaches the adapters, e.g. LoRA's, of a frozen model), hooked on the
-        embeddings the stacks call. transformers hooks each PreTrainedModel's `get_input_embeddings()`: tied, that is
-        `shared`, which no forward pass calls (each stack calls its own `embed_tokens`, tied to it by weight)."""
-        def make_inputs_require_grads(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
-            output.requires_grad_(True)
-
-        embeddings = {id(stack.embed_tokens): stack.embed_tokens
-                      for stack in self.modules() if isinstance(stack, RelPosStack)}
-        self._require_grads_hooks = [embedding.register_forward_hook(make_inputs_require_grads)
-                                     for embedding in embeddings.values()]
-        self._require_grads_hook = self._require_grads_hooks[0]  # transformers' name for the first hook
-
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, embedding_init_std) or, when
