@@ -10,7 +10,7 @@ import pytest
 import torch
 import torch._dynamo.testing
 from conftest import BUILT_IN_SCHEMES, tiny_config
-from transformers.cache_utils import EncoderDecoderCache, StaticCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, register_position_scheme
@@ -219,3 +219,21 @@ def test_inductor_compiled_decoding_on_a_static_cache_matches_the_uncached_forwa
     torch._dynamo.reset()
     stepped, full = compiled_decoding(spread_model("shaw", "sdpa").float(), "inductor")
     torch.testing.assert_close(stepped, full, rtol=0, atol=1e-4)
+
+
+@pytest.mark.parametrize("cache_kind", ["static", "dynamic"])
+def test_a_cache_passed_in_training_with_gradient_checkpointing_is_not_used(cache_kind):
+    """In training with gradient checkpointing the layers run without a cache passed to them (transformers'
+    GradientCheckpointingLayer drops it): the decoder too then runs as with none, its keys the call's tokens, and
+    its logits equal the uncached forward's (float64, 1e-12); the cache is left as it was, and the backward runs."""
+    model = spread_model("shaw", "eager").train()
+    model.activation_checkpointing_enable()
+    attention_mask = (SOURCE != 0).long()
+    target = torch.randint(3, 40, (SOURCE.size(0), 6), generator=torch.Generator().manual_seed(3))
+    cache = static_cache(model, 8) if cache_kind == "static" else EncoderDecoderCache(DynamicCache(), DynamicCache())
+    uncached = model(input_ids=SOURCE, attention_mask=attention_mask, decoder_input_ids=target, use_cache=False).logits
+    output = model(input_ids=SOURCE, attention_mask=attention_mask, decoder_input_ids=target, cache=cache,
+                   use_cache=True)
+    torch.testing.assert_close(output.logits, uncached, rtol=0, atol=1e-12)
+    assert cache.get_seq_length() == 0
+    output.logits.sum().backward()

@@ -785,6 +785,12 @@ class RelPosDecoder(RelPosStack):
     def __init__(self, config: RelPosTransformerConfig, cross: bool = True):
         super().__init__(config, is_decoder=True, cross=cross)
 
+    def layers_drop_cache(self) -> bool:
+        """Whether the layers run without a cache passed to them: transformers' GradientCheckpointingLayer drops it
+        in a layer checkpointed in training with gradients enabled (the backward replays the layer)."""
+        return torch.is_grad_enabled() and any(
+            getattr(layer, "gradient_checkpointing", False) and layer.training for layer in self.layers)
+
     @deprecate_kwarg("past_key_values", "6.0.0", new_name="cache", raise_if_both_names=True)
     @deprecate_kwarg("positions", "6.0.0", new_name="draw", raise_if_both_names=True)
     @can_return_tuple
@@ -808,7 +814,8 @@ class RelPosDecoder(RelPosStack):
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `use_cache` None takes `config.use_cache` (`cache_flag`, as Marian's decoder), so a cache this call fills is
-        returned; with memory, or gradient checkpointing in training, none.
+        returned; with memory, or gradient checkpointing in training, none (a cache passed then is not used:
+        `layers_drop_cache`).
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`). `position_ids`: see `RelPosStack.token_positions`."""
         mem_len = memory_length(self.config, mem_len)
@@ -816,6 +823,8 @@ class RelPosDecoder(RelPosStack):
             checkpointed = self.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)
             use_cache = mem_len == 0 and not checkpointed and cache_flag(self.config, None)
         check_memory_positions(self.config, self.positions, mem_len)
+        if cache is not None and self.layers_drop_cache():
+            cache = None   # the keys are this call's tokens only: a fixed-size cache's slots would not be its keys
         fixed_size = cache is not None and cache.is_compileable
         if fixed_size:
             check_fixed_size_cache(self.config, self.positions, mem_len > 0 or mems is not None,
