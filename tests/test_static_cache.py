@@ -237,3 +237,31 @@ def test_a_cache_passed_in_training_with_gradient_checkpointing_is_not_used(cach
     torch.testing.assert_close(output.logits, uncached, rtol=0, atol=1e-12)
     assert cache.get_seq_length() == 0
     output.logits.sum().backward()
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("position_scheme", ["shaw", "rope"])
+def test_a_decoder_mask_wider_than_the_cached_and_new_tokens_counts_by_its_last_columns(position_scheme):
+    """A decoder mask wider than the cached and new tokens counts by its last columns on a static cache as on the
+    dynamic one (`check_padding_mask`): two leading columns of 0 are ignored, and the steps' logits equal those of
+    masks of exactly the cached and new tokens (float64, 1e-12)."""
+    model = spread_model(position_scheme, "sdpa")
+    attention_mask = (SOURCE != 0).long()
+    target = torch.randint(3, 40, (SOURCE.size(0), 6), generator=torch.Generator().manual_seed(4))
+    target_mask = torch.ones_like(target)
+    target_mask[1, 0] = 0
+    with torch.no_grad():
+        encoded = model.model.encoder(input_ids=SOURCE, attention_mask=attention_mask)
+        logits = {}
+        for kind, leading in (("static", 2), ("dynamic", 2), ("static", 0)):
+            cache, steps, first = static_cache(model, 8) if kind == "static" else None, [], 0
+            for last in (3, 4, 5, 6):
+                wide = torch.cat([target_mask.new_zeros(SOURCE.size(0), leading), target_mask[:, :last]], dim=1)
+                output = model(encoder_outputs=encoded, attention_mask=attention_mask,
+                               decoder_input_ids=target[:, first:last], decoder_attention_mask=wide, cache=cache,
+                               use_cache=True)
+                cache, first = output.cache, last
+                steps.append(output.logits)
+            logits[kind, leading] = torch.cat(steps, dim=1)
+    torch.testing.assert_close(logits["static", 2], logits["dynamic", 2], rtol=0, atol=1e-12)
+    torch.testing.assert_close(logits["static", 2], logits["static", 0], rtol=0, atol=1e-12)

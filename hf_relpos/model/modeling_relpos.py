@@ -747,18 +747,20 @@ def check_fixed_size_cache(config: RelPosTransformerConfig, scheme: PositionSche
 
 def fixed_size_padding(mask: torch.Tensor, query_length: int, cache_length: int,
                        query_offset: torch.Tensor) -> torch.Tensor:
-    """A decoder's [B, w] 1/0 key mask over the `cache_length` slots of a fixed-size cache: w = n (this call's
-    tokens) is placed at slots `query_offset` .. `query_offset` + n - 1 (the cached slots kept), any other
-    w <= cache_length covers slots 0 .. w - 1 (the cached tokens and this call's, as generate extends it). The slots
-    it does not cover are taken as tokens (1): past the queries causality masks them."""
+    """A decoder's [B, w] 1/0 key mask over the `cache_length` slots of a fixed-size cache, by the dynamic cache's
+    rule (`check_padding_mask`: its last columns count): its last column is the last query's slot `query_offset` +
+    n - 1, so w = n covers this call's tokens and w >= `query_offset` + n the cached ones too (columns before slot 0
+    ignored). The slots it does not cover are taken as tokens (1): past the queries causality masks them. A width
+    between n and `query_offset` + n, which the dynamic cache refuses, is not refused here (that would read the fill
+    level on the host): it covers the w slots that end with the last query's."""
     batch_size, width = mask.shape
     if width > cache_length:
         raise ValueError(f"the decoder's attention_mask must be a [batch, length] mask of at most the fixed-size "
                          f"cache's {cache_length} slots, got {list(mask.shape)}")
-    slots = torch.arange(width, device=mask.device)
-    if width == query_length:
-        slots = slots + query_offset.to(mask.device)
-    return mask.new_ones(batch_size, cache_length).index_copy(1, slots, mask)
+    columns = torch.arange(cache_length, device=mask.device) - (query_offset.to(mask.device) + query_length - width)
+    covered = (columns >= 0) & (columns < width)
+    taken = mask.gather(1, columns.clamp(0, width - 1).expand(batch_size, -1))
+    return torch.where(covered, taken, torch.ones_like(taken))
 
 
 @dataclass
