@@ -115,3 +115,15 @@ def test_a_figure_is_saved_whole_or_not_at_all(tmp_path, suffix, monkeypatch):
         save_figure(figure, path, dpi=50)
     assert path.read_bytes() == first and [item.name for item in tmp_path.iterdir()] == [path.name]
     plt.close(figure)
+
+
+def test_a_figure_path_without_a_suffix_is_saved_as_matplotlib_saves_it(tmp_path):
+    """As `figure.savefig` does: a path without a suffix gets the format `savefig.format` (PNG) and its extension,
+    and no temporary file is left."""
+    import matplotlib.pyplot as plt
+
+    figure = plt.figure()
+    save_figure(figure, tmp_path / "map", dpi=50)
+    plt.close(figure)
+    assert [item.name for item in tmp_path.iterdir()] == ["map.png"]
+    assert (tmp_path / "map.png").read_bytes().startswith(PNG_MAGIC)

@@ -31,11 +31,15 @@ def require_matplotlib() -> None:
 
 
 def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
-    """`figure.savefig(path)` (the format from `path`'s suffix) through `atomic_file`: a kill never leaves an image
-    cut short."""
+    """`figure.savefig(path)` through `atomic_file`: a kill never leaves an image cut short. The format is savefig's:
+    from `path`'s suffix, or for a path without one matplotlib's `savefig.format` (PNG), its extension appended."""
+    from matplotlib import rcParams
+
     path = Path(path)
+    if not path.suffix:
+        path = path.with_name(f"{path.name}.{rcParams['savefig.format']}")
     with atomic_file(path) as temporary:
-        figure.savefig(temporary, dpi=dpi, format=path.suffix.removeprefix(".") or None)
+        figure.savefig(temporary, dpi=dpi, format=path.suffix.removeprefix("."))
 
 
 def _stack(model: nn.Module, stack: str) -> nn.Module:
