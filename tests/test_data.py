@@ -1,6 +1,7 @@
 """Loading parallel text: file formats and schemas, clear schema errors, length filtering, order restoration, and the
 generated demo corpus."""
 
+import io
 import json
 import random
 
@@ -16,6 +17,7 @@ from hf_relpos.translation.data import (
     read_local_pairs,
     restore_order,
     sort_by_source_length,
+    text_line_chunks,
     text_lines,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
@@ -533,6 +535,37 @@ def test_text_in_memory_gives_the_lines_of_the_same_bytes_read_as_a_file(tmp_pat
     with pytest.raises(DatasetSchemaError, match=r"^stdin:2: not UTF-8 text \(invalid start byte at byte 2 of the "
                                                  r"line\)$"):
         text_lines(b"A.\nGr\xff\n", "stdin")
+
+
+@pytest.mark.parametrize("data", [b"", b"\n", b"a", "\ufeff".encode(), "\ufeff\n".encode(),
+                                  "\ufeffA dog.\r\n\r\nA cat\rsits.\n\ufeffLast".encode(), b"x\ny\nz\n"])
+@pytest.mark.parametrize("chunk_lines", [1, 2, 3, 100])
+def test_text_read_in_chunks_gives_the_lines_of_the_whole_text(data, chunk_lines):
+    """`text_line_chunks` (`hf-relpos-translate`'s source as it is read): chunks of `chunk_lines` lines (the last one
+    shorter) that together are `text_lines` of the same bytes: a byte order mark dropped at the start only, "\r\n"
+    as "\n", a last line without "\n" kept, blank lines kept."""
+    chunks = list(text_line_chunks(io.BytesIO(data), "stdin", chunk_lines))
+    assert [line for chunk in chunks for line in chunk] == text_lines(data, "stdin")
+    assert all(len(chunk) == chunk_lines for chunk in chunks[:-1]) and all(chunks)
+    assert len(chunks[-1] if chunks else []) <= chunk_lines
+
+
+def test_text_chunks_are_given_as_their_lines_arrive_and_an_invalid_line_is_named_across_chunks():
+    """A chunk is given once its last line is read, before the stream's next line is asked for (a pipe's writer may
+    still be writing it); a line that is not UTF-8 is named by its line number in the whole stream."""
+    asked = []
+
+    def stream():
+        for line in (b"A.\n", b"B.\n", b"C.\n", b"D.\n", b"Gr\xff\n", b"F.\n"):
+            asked.append(line)
+            yield line
+
+    chunks = text_line_chunks(stream(), "stdin", 2)
+    assert next(chunks) == ["A.", "B."] and len(asked) == 2
+    assert next(chunks) == ["C.", "D."] and len(asked) == 4
+    with pytest.raises(DatasetSchemaError, match=r"^stdin:5: not UTF-8 text \(invalid start byte at byte 2 of the "
+                                                 r"line\)$"):
+        next(chunks)
 
 
 def test_plain_text_empty_lines_stay_aligned_and_training_drops_them(tmp_path, tokenizer):

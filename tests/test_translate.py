@@ -3,14 +3,17 @@ against references with sacreBLEU and chrF."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import io
 import json
 import os
+import queue
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -19,6 +22,7 @@ import torch
 from conftest import MEMORISED_PAIRS
 
 from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
+from hf_relpos.tools import translate as translate_module
 from hf_relpos.tools.sentences import translate_by_sentence
 from hf_relpos.tools.translate import main, token_batches
 from hf_relpos.translation.metrics import score_translations
@@ -86,6 +90,153 @@ def test_a_file_and_stdin_with_windows_line_ends_and_a_bom_translate_as_the_plai
     assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {invalid}:2: not UTF-8 text (")
 
 
+# lines of one, two and no sentences, blank ones among them: what each chunk size must translate as the whole input
+MIXED_SOURCES = [SOURCES[4], "", f"{SOURCES[0]} {SOURCES[1]}", SOURCES[2], "   ", SOURCES[3],
+                 f"{SOURCES[5]}  {SOURCES[0]}", SOURCES[1]]
+MIXED_TARGETS = [TARGETS[4], "", f"{TARGETS[0]} {TARGETS[1]}", TARGETS[2], "", TARGETS[3], f"{TARGETS[5]} {TARGETS[0]}",
+                 TARGETS[1]]
+
+
+@pytest.mark.parametrize("buffer_lines", ["1", "3", "100"])
+def test_any_buffer_size_gives_the_whole_input_s_translations_and_scores(memorised_model_folder, tmp_path, capsys,
+                                                                         monkeypatch, buffer_lines):
+    """The input read and translated in chunks of 1, 3 or more lines than it has (one chunk, as the whole input was
+    translated before --buffer_lines): the same lines, from a file or stdin, sentence by sentence or whole, and the
+    same scores against references (float64: no batching difference can change a token)."""
+    source_file = write_lines(tmp_path / "src.txt", MIXED_SOURCES)
+    references = [*MIXED_TARGETS[:3], "Der kleine Vogel schläft.", *MIXED_TARGETS[4:]]
+    reference_file = write_lines(tmp_path / "ref.txt", references)
+    settings = [str(memorised_model_folder), "--no_progress", "--dtype", "float64", "--buffer_lines", buffer_lines]
+    main([*settings, str(source_file), "--output", str(tmp_path / "hyp.txt"), "--reference", str(reference_file)])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8") == "".join(line + "\n" for line in MIXED_TARGETS)
+    scores = score_translations(MIXED_TARGETS, references)
+    assert scores["bleu"] < 100
+    assert capsys.readouterr().out.splitlines() == [f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})",
+                                                    f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})"]
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source_file.read_bytes())))
+    main(settings)
+    assert capsys.readouterr().out == "".join(line + "\n" for line in MIXED_TARGETS)
+    main([*settings, "--buffer_lines", "100", "--no_split_sentences", str(source_file)])
+    whole = capsys.readouterr().out
+    assert whole.splitlines()[2] != MIXED_TARGETS[2] and len(whole.splitlines()) == len(MIXED_SOURCES)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source_file.read_bytes())))
+    main([*settings, "--no_split_sentences"])
+    assert capsys.readouterr().out == whole
+
+
+def test_stdin_is_translated_as_it_arrives(memorised_model_folder, tmp_path):
+    """A pipe's first chunk of lines is translated and on stdout while its writer has not closed it yet."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress",
+         "--buffer_lines", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+    printed = queue.Queue()
+    threading.Thread(target=lambda: [printed.put(line) for line in process.stdout] + [printed.put(None)],
+                     daemon=True).start()
+
+    def printed_line() -> str:
+        line = printed.get(timeout=300)   # a job that prints nothing until stdin closes fails here
+        assert line is not None, f"stdout closed: {process.stderr.read()[-3000:]}"
+        return line
+
+    with process:
+        process.stdin.write(f"{SOURCES[0]}\n{SOURCES[1]}\n")
+        process.stdin.flush()
+        first = [printed_line(), printed_line()]
+        assert first == [f"{TARGETS[0]}\n", f"{TARGETS[1]}\n"]
+        assert process.poll() is None   # still reading its stdin
+        process.stdin.write("".join(line + "\n" for line in SOURCES[2:]))
+        process.stdin.close()
+        assert process.wait(timeout=300) == 0, process.stderr.read()[-3000:]
+    rest = [printed.get(timeout=10) for _ in SOURCES[2:]]
+    assert [*first, *rest] == [target + "\n" for target in TARGETS] and printed.get(timeout=10) is None
+
+
+def test_a_reader_that_stops_stops_the_job_without_a_traceback(memorised_model_folder, tmp_path):
+    """stdout's reader gone after the first line (`| head -1`): the next chunk's translation cannot be written, and
+    the job ends with status 1 and nothing on stderr."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress",
+         "--buffer_lines", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+    with process:
+        process.stdin.write(f"{SOURCES[0]}\n")
+        process.stdin.flush()
+        assert process.stdout.readline() == f"{TARGETS[0]}\n"
+        process.stdout.close()
+        with contextlib.suppress(BrokenPipeError):
+            process.stdin.write("".join(line + "\n" for line in SOURCES[1:]))
+            process.stdin.close()
+        assert process.wait(timeout=300) == 1
+        assert process.stderr.read() == ""
+
+
+def test_a_line_that_is_not_utf8_in_a_later_chunk_is_named_and_output_is_not_written(memorised_model_folder,
+                                                                                     tmp_path, capsys, monkeypatch):
+    """Line 5, in the third chunk of 2: the error names stdin's (or the file's) line 5; what stdout got before is the
+    first chunks' translations, and --output is not written."""
+    data = "".join(line + "\n" for line in SOURCES[:4]).encode() + b"A cat\xff\n" + f"{SOURCES[5]}\n".encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--no_progress", "--buffer_lines", "2"])
+    assert exited.value.code == 2
+    printed = capsys.readouterr()
+    assert printed.out.splitlines() == TARGETS[:4]
+    assert printed.err.startswith("hf-relpos-translate: error: stdin:5: not UTF-8 text (")
+    invalid = tmp_path / "invalid.txt"
+    invalid.write_bytes(data)
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), "--no_progress", "--buffer_lines", "2", str(invalid), "--output",
+              str(tmp_path / "hyp.txt")])
+    assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {invalid}:5: not UTF-8 text (")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["invalid.txt"]
+
+
+@pytest.mark.parametrize("old_output", [None, "an earlier job's translations\n"], ids=["new", "replaced"])
+def test_a_job_that_fails_mid_way_leaves_no_part_of_its_output(memorised_model_folder, tmp_path, monkeypatch,
+                                                               old_output):
+    """--output is written as the chunks are translated into a file beside it, renamed to it when the job ends: the
+    translation failing on the second chunk leaves the old file (or none), and no temporary."""
+    output = tmp_path / "out" / "hyp.txt"
+    output.parent.mkdir()
+    if old_output is not None:
+        output.write_text(old_output, encoding="utf-8")
+    translate_lines = translate_module.translate_lines
+    partial = []
+
+    def failing_on_the_second_chunk(lines, *args, **kwargs):
+        if partial or lines[0] != SOURCES[0]:
+            (temporary,) = [path for path in output.parent.iterdir() if path != output]
+            partial.append(temporary.read_text(encoding="utf-8"))
+            raise RuntimeError("the GPU fell off the bus")
+        partial.append(None)
+        return translate_lines(lines, *args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_lines", failing_on_the_second_chunk)
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    with pytest.raises(RuntimeError, match="fell off the bus"):
+        main([str(memorised_model_folder), str(source_file), "--output", str(output), "--no_progress",
+              "--buffer_lines", "3", "--no_split_sentences"])
+    assert partial == [None, "".join(target + "\n" for target in TARGETS[:3])]  # written as it went
+    assert [path.name for path in output.parent.iterdir()] == ([] if old_output is None else ["hyp.txt"])
+    assert old_output is None or output.read_text(encoding="utf-8") == old_output
+
+
+def test_stdin_with_another_line_count_than_the_references_is_refused_as_it_ends(memorised_model_folder, tmp_path,
+                                                                                 capsys, monkeypatch):
+    """stdin's lines are counted when it ends (translated in chunks by then): the mismatch is one error, and --output
+    is not written."""
+    write_lines(tmp_path / "ref.txt", TARGETS[:2])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(line + "\n" for line in SOURCES[:3])
+                                                                   .encode())))
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--reference", str(tmp_path / "ref.txt"), "--output",
+              str(tmp_path / "hyp.txt"), "--buffer_lines", "1", "--no_progress"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == "hf-relpos-translate: error: 3 source lines but 2 reference lines\n"
+    assert not (tmp_path / "hyp.txt").exists()
+
+
 def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):
     folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
     generation = json.loads((folder / "generation_config.json").read_text())
@@ -95,6 +246,10 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
     assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
     assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress",
+          "--buffer_lines", "1"])   # counted over the chunks, in one warning
+    assert capsys.readouterr().err.count("translation(s) reached") == 1
+    assert (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines() == cut
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
           "--max_length", "20", "--num_beams", "2", "--length_penalty", "1.0"])
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
@@ -174,6 +329,10 @@ def test_the_progress_bar_counts_the_sentences_it_translates(memorised_model_fol
     main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "whole.txt"),
           "--no_split_sentences"])
     assert re.search(r"translating: 100%.* 2/2 .*line", capsys.readouterr().err)
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "hyp.txt"),
+          "--buffer_lines", "1"])   # one bar for the whole job, counting on over the chunks
+    (bar,) = [line for line in capsys.readouterr().err.split("\n") if "translating" in line]
+    assert re.fullmatch(r"translating: 100%.* 4/4 .*sentence.*", bar.split("\r")[-1])
 
 
 def test_token_batches_hold_the_budget_and_cover_every_line():
@@ -188,6 +347,7 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
     (["--no_repeat_ngram_size", "0"], "--no_repeat_ngram_size must be a positive integer, got 0"),
+    (["--buffer_lines", "0"], "--buffer_lines must be a positive integer, got 0"),
     (["--input", "missing.txt"], "--input 'missing.txt': No such file or directory"),
     (["missing.txt"], "--input 'missing.txt': No such file or directory"),
     (["--reference", "missing.txt"], "--reference 'missing.txt': No such file or directory"),
@@ -340,7 +500,7 @@ def test_help_shows_defaults_only_where_an_option_has_one(capsys):
         main(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "(default: None)" not in shown and "(default: False)" not in shown and "(default: True)" not in shown
-    assert "(default: stdin)" in shown and "(default: 4096)" in shown
+    assert "(default: stdin)" in shown and "(default: 4096)" in shown and "(default: 10000)" in shown
 
 
 def test_reference_with_another_line_count_is_refused(memorised_model_folder, tmp_path, capsys):

@@ -5,12 +5,16 @@
 
 (`python -m hf_relpos.tools.translate` is the same program.)
 
-One output line per input line, in input order; a blank input line gives a blank output line. A line of several
+One output line per input line, in input order; a blank input line gives a blank output line. The input is read,
+translated and written `--buffer_lines` lines at a time (as fairseq-interactive's --buffer-size), so memory stays
+bounded whatever its length and each chunk's translations appear (stdout is flushed) before the next chunk is read;
+`--output` is written beside its destination and renamed there when the job ends, so a failed job leaves no part
+of it. A line of several
 sentences is translated sentence by sentence and put back together (`--no_split_sentences` translates each line in
-one piece; see hf_relpos.tools.sentences). Lines are sorted by length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
+one piece; see hf_relpos.tools.sentences). The lines of a chunk are sorted by length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
 and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
 default to the model's generation_config.json. A progress bar goes
-to stderr. With `--reference`, corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
+to stderr. With `--reference` (read whole, as the translations are kept to score them), corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
 stdout when the translations go to a file, else to stderr. BLEU is tokenized as `--tokenize` says, by default as
 the training run did (the `bleu_tokenize` of the model folder's run record), else as sacreBLEU chooses for the target
 language (`--target_lang`, else the run record's): zh, ja-mecab or ko-mecab for zh, ja or ko, else 13a.
@@ -20,17 +24,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO, NoReturn, TextIO
 
 import torch
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from ..publish.files import write_text_atomic
+from ..publish.files import atomic_file
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
@@ -41,7 +48,7 @@ from ..translation.arguments import (
     import_user_modules,
 )
 from ..translation.batching import cut_token_batches
-from ..translation.data import FILE_FORMATS, SOURCE_ONLY_FORMATS, DatasetSchemaError, text_lines
+from ..translation.data import FILE_FORMATS, SOURCE_ONLY_FORMATS, DatasetSchemaError, text_line_chunks, text_lines
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
@@ -59,20 +66,48 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return cut_token_batches(order, [lengths[position] for position in order], max_tokens)
 
 
+@dataclass
+class LengthCapCount:
+    """How many translations reached their length cap, over the `translate_lines` calls that share this count, and
+    whether the cap was the source-relative one (a model with `new_token_limits`)."""
+
+    translations: int = 0
+    relative: bool = False
+
+    def warn(self) -> None:
+        """One warning on stderr where a translation reached its cap."""
+        if not self.translations:
+            return
+        cap = ("the length cap (max_len_a x source tokens + max_len_b, at most max_new_tokens) and may be cut; raise "
+               "--max_len_b or --max_length (an output that repeats itself up to the cap is the model's loop, not a "
+               "short cap: --no_repeat_ngram_size N ends such loops)" if self.relative else
+               "the maximum length (max_new_tokens, else max_length) and may be cut; raise --max_length, or give "
+               "--max_len_a and --max_len_b for a cap relative to each source")
+        print(f"{PROGRAM}: warning: {self.translations} translation(s) reached {cap}", file=sys.stderr)
+
+
 def translate_lines(
     lines: Sequence[str], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096,
-    progress: bool = True, unit: str = "line", **generate_kwargs,
+    progress: bool | tqdm = True, unit: str = "line", capped: LengthCapCount | None = None, **generate_kwargs,
 ) -> list[str]:
     """One translation per line, in order; blank lines give "" (nothing is generated for them). The progress bar
-    counts `unit`s: the lines given (sentences, when they are the sentences of the input's lines)."""
+    counts `unit`s: the lines given (sentences, when they are the sentences of the input's lines); given a bar
+    (`progress`), its total grows by them and it counts on. Translations that reach their length cap are counted in
+    `capped`, else in a warning when this call ends."""
     wanted = [index for index, line in enumerate(lines) if line.strip()]
     translations = [""] * len(lines)
     if not wanted:
         return translations
+    warn_here = capped is None
+    capped = LengthCapCount() if capped is None else capped
     encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
-    cut = 0
     eos_token_id = model.generation_config.eos_token_id
-    with tqdm(total=len(wanted), desc="translating", unit=unit, file=sys.stderr, disable=not progress) as bar:
+    if isinstance(progress, tqdm):
+        progress.total += len(wanted)
+        progress.refresh()
+    shown = (contextlib.nullcontext(progress) if isinstance(progress, tqdm) else
+             tqdm(total=len(wanted), desc="translating", unit=unit, file=sys.stderr, disable=not progress))
+    with shown as bar:
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
             inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
             inputs = inputs.to(model.device)
@@ -80,19 +115,40 @@ def translate_lines(
                 output_ids = model.generate(**inputs, **generate_kwargs)
             limits = (model.new_token_limits(**inputs, **generate_kwargs) if hasattr(model, "new_token_limits")
                       else None)
+            capped.relative = limits is not None
             for row, (position, ids) in enumerate(zip(batch, output_ids, strict=True)):
-                cut += reached_length_limit(ids, eos_token_id, None if limits is None else int(limits[row]))
+                capped.translations += reached_length_limit(ids, eos_token_id,
+                                                            None if limits is None else int(limits[row]))
                 text = tokenizer.decode(ids, skip_special_tokens=True).strip()
                 translations[wanted[position]] = " ".join(text.splitlines())
             bar.update(len(batch))
-    if cut:
-        cap = ("the length cap (max_len_a x source tokens + max_len_b, at most max_new_tokens) and may be cut; raise "
-               "--max_len_b or --max_length (an output that repeats itself up to the cap is the model's loop, not a "
-               "short cap: --no_repeat_ngram_size N ends such loops)" if limits is not None else
-               "the maximum length (max_new_tokens, else max_length) and may be cut; raise --max_length, or give "
-               "--max_len_a and --max_len_b for a cap relative to each source")
-        print(f"{PROGRAM}: warning: {cut} translation(s) reached {cap}", file=sys.stderr)
+    if warn_here:
+        capped.warn()
     return translations
+
+
+def translate_stream(chunks: Iterable[list[str]], translate: Callable[[list[str]], list[str]], sink: TextIO,
+                     keep: bool) -> tuple[int, list[str]]:
+    """Each chunk of lines translated and its translations written to `sink` (one a line, in order, flushed) before
+    the next chunk is read. Returns the number of lines, and their translations where `keep` (else [])."""
+    count, kept = 0, []
+    for chunk in chunks:
+        translations = translate(chunk)
+        sink.write("".join(line + "\n" for line in translations))
+        sink.flush()
+        count += len(chunk)
+        if keep:
+            kept.extend(translations)
+    return count, kept
+
+
+def line_count_error(source_lines: int, references: Sequence[str]) -> str | None:
+    """Why a source of `source_lines` lines cannot be scored against `references`; None where it can."""
+    if source_lines != len(references):
+        return f"{source_lines} source lines but {len(references)} reference lines"
+    if not source_lines:
+        return "nothing to score: the source and --reference have no lines"
+    return None
 
 
 class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -143,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--no_split_sentences", dest="split_sentences", action="store_false",
                         help="translate each line in one piece (default: sentence by sentence, joined back)")
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
+    parser.add_argument("--buffer_lines", type=int, default=10000, metavar="N",
+                        help="input lines read, translated and written at a time (fairseq-interactive's "
+                             "--buffer-size): memory holds one such chunk, and its translations are written before "
+                             "the next is read. A chunk is sorted by length and cut into --max_tokens batches: the "
+                             "default makes many batches of like-length lines at the default --max_tokens, so little "
+                             "padding; a smaller chunk shows output sooner and holds less (1: each line as it "
+                             "comes)")
     parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
     add_import_modules_argument(parser)
@@ -225,7 +288,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.input is not None and args.input != args.input_file:
             parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
         args.input = args.input_file
-    for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size"):
+    for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size", "buffer_lines"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
@@ -244,31 +307,47 @@ def main(argv: Sequence[str] | None = None) -> None:
     if missing_folder is not None:
         parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
                        f"'{missing_folder}')\n")
-    texts = {}
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path is not None and FILE_FORMATS.get(Path(path).suffix.lower()) not in (None, *SOURCE_ONLY_FORMATS):
             parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {Path(path).suffix} file of records, not plain "
                            f"text: {PROGRAM} reads one sentence per line; write each language's side to a text file "
                            "(docs/training.md#data shows how), or give the file to train_translation.py as --test_file "
                            "with --do_predict true\n")
-        if path is not None:
-            try:
-                texts[flag] = text_lines(Path(path).read_bytes(), path)
-            except OSError as error:
-                parser.exit(2, f"{PROGRAM}: error: {flag} {path!r}: {' '.join(str(error.strerror or error).split())}\n")
-            except DatasetSchemaError as error:
-                parser.exit(2, f"{PROGRAM}: error: {flag} {error}\n")
-    if args.input is None:
+    try:
+        source = sys.stdin.buffer if args.input is None else open(args.input, "rb")  # noqa: SIM115 (closed below)
+    except OSError as error:
+        exit_unreadable(parser, "--input", args.input, error)
+    with contextlib.nullcontext(source) if args.input is None else source:
+        translate_source(parser, args, source)
+
+
+def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
+                    error: OSError | DatasetSchemaError) -> NoReturn:
+    """One error naming `flag`: the file `path` cannot be read, or a line of it is not UTF-8 text (the error names
+    the file and line)."""
+    reason = (error if isinstance(error, DatasetSchemaError) else
+              f"{path!r}: {' '.join(str(error.strerror or error).split())}")
+    parser.exit(2, f"{PROGRAM}: error: {flag} {reason}\n")
+
+
+def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, source: BinaryIO) -> None:
+    """`main` once its flags are checked: `source` (the opened --input, or stdin) read, translated and written
+    `--buffer_lines` lines at a time, then scored against --reference."""
+    references = None
+    if args.reference is not None:
         try:
-            texts["--input"] = text_lines(sys.stdin.buffer.read(), "stdin")
-        except DatasetSchemaError as error:
-            parser.exit(2, f"{PROGRAM}: error: {error}\n")
-    sources = texts["--input"]
-    references = texts.get("--reference")
-    if references is not None and len(references) != len(sources):
-        parser.exit(2, f"{PROGRAM}: error: {len(sources)} source lines but {len(references)} reference lines\n")
-    if references is not None and not sources:
-        parser.exit(2, f"{PROGRAM}: error: nothing to score: the source and --reference have no lines\n")
+            references = text_lines(Path(args.reference).read_bytes(), args.reference)
+        except (OSError, DatasetSchemaError) as error:
+            exit_unreadable(parser, "--reference", args.reference, error)
+        if args.input is not None and source.seekable():  # counted now: a mismatch stops the job before it starts
+            try:
+                mismatch = line_count_error(sum(map(len, text_line_chunks(source, args.input, args.buffer_lines))),
+                                            references)
+            except DatasetSchemaError as error:
+                exit_unreadable(parser, "--input", args.input, error)
+            source.seek(0)
+            if mismatch is not None:
+                parser.exit(2, f"{PROGRAM}: error: {mismatch}\n")
     recorded_tokenize, recorded_target = recorded_scoring(args.model)
     target_lang = args.target_lang if args.target_lang is not None else recorded_target
     tokenize = args.tokenize if args.tokenize is not None else recorded_tokenize
@@ -299,20 +378,33 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"{PROGRAM}: error: --max_len_a needs --max_len_b: {args.model}'s generation config has no "
                        "source-relative cap\n")
 
-    def translate(lines: list[str]) -> list[str]:
-        return translate_lines(lines, model, tokenizer, args.max_tokens, not args.no_progress,
-                               "sentence" if args.split_sentences else "line", **generate_kwargs)
+    unit = "sentence" if args.split_sentences else "line"
+    capped = LengthCapCount()
+    bar = tqdm(total=0, desc="translating", unit=unit, file=sys.stderr, disable=args.no_progress)
 
+    def translate(lines: list[str]) -> list[str]:
+        return translate_lines(lines, model, tokenizer, args.max_tokens, bar, unit, capped, **generate_kwargs)
+
+    def translate_chunk(lines: list[str]) -> list[str]:
+        return translate_by_sentence(lines, translate) if args.split_sentences else translate(lines)
+
+    chunks = text_line_chunks(source, "stdin" if args.input is None else args.input, args.buffer_lines)
     try:
-        translations = translate_by_sentence(sources, translate) if args.split_sentences else translate(sources)
-    except ValueError as error:   # settings the model refuses for this input (nothing is written)
+        with bar, contextlib.ExitStack() as outputs:
+            sink = sys.stdout if output is None else outputs.enter_context(
+                open(outputs.enter_context(atomic_file(output)), "w", encoding="utf-8"))
+            source_lines, translations = translate_stream(chunks, translate_chunk, sink, keep=references is not None)
+            mismatch = None if references is None else line_count_error(source_lines, references)
+            if mismatch is not None:   # stdin, counted as it ends: --output is not written
+                parser.exit(2, f"{PROGRAM}: error: {mismatch}\n")
+    except BrokenPipeError:   # what reads stdout stopped (`| head`): stop translating, without a traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nor one from the exit's flush
+        parser.exit(1)
+    except DatasetSchemaError as error:   # a line that is not UTF-8: --output is not written
+        parser.exit(2, f"{PROGRAM}: error: {'' if args.input is None else '--input '}{error}\n")
+    except ValueError as error:   # settings the model refuses for this input: --output is not written
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
-    text = "".join(line + "\n" for line in translations)
-    if output is None:
-        sys.stdout.write(text)
-        sys.stdout.flush()
-    else:
-        write_text_atomic(output, text)
+    capped.warn()
     if references is not None:
         scores = score_translations(translations, references, tokenize, target_lang)
         report = sys.stderr if output is None else sys.stdout

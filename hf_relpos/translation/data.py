@@ -30,7 +30,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import datasets.config
 import huggingface_hub.constants
@@ -643,6 +643,26 @@ def text_lines(data: bytes, name: str) -> list[str]:
     invalid line is an error naming it as "NAME:LINE"."""
     data = _without_byte_order_mark(data)
     return _split_lines(data, name, 1).to_pylist() if data else []
+
+
+def text_line_chunks(stream: BinaryIO, name: str, chunk_lines: int) -> Iterator[list[str]]:
+    """The lines of UTF-8 text read from `stream` as it comes (stdin, a pipe, a file), `chunk_lines` at a time, each
+    chunk given as soon as its last line is read: together the lines `text_lines` gives for all the bytes at once, an
+    invalid line an error naming it as "NAME:LINE" (counted from the start of the stream)."""
+    first_line = 1
+    pending: list[bytes] = []
+    for raw in stream:   # split at b"\n" only, each piece with its "\n"
+        if first_line == 1 and not pending:
+            raw = _without_byte_order_mark(raw)
+            if not raw:   # the stream held only a byte order mark
+                continue
+        pending.append(raw)
+        if len(pending) == chunk_lines:
+            yield _split_lines(b"".join(pending), name, first_line).to_pylist()
+            first_line += chunk_lines
+            pending = []
+    if pending:
+        yield _split_lines(b"".join(pending), name, first_line).to_pylist()
 
 
 def _without_byte_order_mark(data: bytes) -> bytes:
