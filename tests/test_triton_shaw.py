@@ -8,6 +8,7 @@ tests run the compiled kernels on CUDA."""
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import logging
 import math
@@ -643,6 +644,27 @@ def test_generation_on_a_static_cache_matches_eager_on_the_dynamic_one(triton_ca
     for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
     assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
+
+
+def test_generate_does_not_compile_a_static_cache_step_on_the_kernel(caplog):
+    """The kernel reads a static cache's fill level on the host, so a compiled step would recompile at every fill
+    level: generate, which compiles a static-cache step on CUDA (here on every device, as CompileConfig allows),
+    decodes uncompiled on it with one warning naming sdpa, and compiles on sdpa as transformers decides."""
+    from transformers import CompileConfig, EncoderDecoderCache, StaticCache
+
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).eval()
+    cache = EncoderDecoderCache(StaticCache(config=model.config, max_cache_len=8),
+                                StaticCache(config=model.config, max_cache_len=8))
+    config = copy.deepcopy(model.generation_config)
+    config.compile_config = CompileConfig()
+    config.compile_config._compile_all_devices = True
+    decisions = {}
+    for kernel in ("sdpa", "relpos_triton"):
+        model.set_attn_implementation(kernel)
+        with caplog.at_level(logging.WARNING):
+            decisions[kernel] = model._valid_auto_compile_criteria({"cache": cache}, config)
+    assert decisions == {"sdpa": True, "relpos_triton": False}
+    assert "does not compile the decoding step on attn_implementation 'relpos_triton'" in caplog.text
 
 
 @pytest.mark.numerics

@@ -42,6 +42,8 @@ PROBABILITY_DROPOUT_KERNELS = ("eager", "sdpa", TRITON_KERNEL)
 # the kernels that take a fixed-size KV cache (generate's cache_implementation "static"), whose query offset is a
 # 0-dim tensor: FlexAttention's masks and fused regions slice by the offset as an integer
 FIXED_SIZE_CACHE_KERNELS = ("eager", "sdpa", TRITON_KERNEL)
+# of those, the kernels that read the fill level on the host: a compiled step would recompile at every fill level
+HOST_OFFSET_KERNELS = (TRITON_KERNEL,)
 
 logger = logging.get_logger(__name__)
 

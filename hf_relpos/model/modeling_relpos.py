@@ -45,6 +45,7 @@ from transformers.utils.generic import can_return_tuple
 
 from .attention_functions import (
     FIXED_SIZE_CACHE_KERNELS,
+    HOST_OFFSET_KERNELS,
     KEY_DROPOUT_KERNELS,
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
@@ -972,6 +973,20 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         finally:
             if declared:
                 self.config.custom_pipelines = declared
+
+    def _valid_auto_compile_criteria(self, model_kwargs: dict, generation_config: GenerationConfig) -> bool:
+        """Whether `generate` compiles its decoding step (on CUDA with a static cache): as transformers decides,
+        except on a kernel of `HOST_OFFSET_KERNELS` (relpos_triton), which reads the fill level on the host, so a
+        compiled step would recompile at every step: that decodes uncompiled, with a warning naming sdpa."""
+        compiles = super()._valid_auto_compile_criteria(model_kwargs, generation_config)
+        if compiles and self.config._attn_implementation in HOST_OFFSET_KERNELS:
+            logger.warning_once(
+                f"generate does not compile the decoding step on attn_implementation "
+                f"{self.config._attn_implementation!r}: it reads the static cache's fill level on the host, so a "
+                "compiled step would recompile at every step; for compiled decoding use "
+                "model.set_attn_implementation('sdpa')")
+            return False
+        return compiles
 
     @staticmethod
     def create_masks_for_generate(attention_mask: torch.Tensor | None = None, **kwargs) -> torch.Tensor | None:
