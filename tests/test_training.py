@@ -1280,6 +1280,21 @@ def test_scoring_a_trained_folder_in_place_updates_its_record_and_card(tmp_path,
     assert f" | {results['test']['test_chrf']:.2f} | " in card
 
 
+def test_scoring_in_place_keeps_the_cards_hub_repository(tmp_path, corpus):
+    """The card of a run trained with hub_model_id names that repository (title, usage); scoring its folder in place
+    without the flag re-renders the card with the new scores and the same repository."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, do_predict=False, hub_model_id="someone/tiny-relpos")
+    run([str(config)])
+    assert 'from_pretrained("someone/tiny-relpos"' in (output_dir / "README.md").read_text()
+    scoring = write_config(tmp_path / "s.yaml", corpus, output_dir, do_predict=False)
+    run([str(scoring), "--do_train", "false", "--model_name_or_path", str(output_dir), "--do_eval", "false",
+         "--do_predict", "true"])
+    card = (output_dir / "README.md").read_text()
+    assert "test.jsonl (" in card
+    assert 'from_pretrained("someone/tiny-relpos"' in card
+
+
 @pytest.mark.parametrize(("flags", "refusal"), [
     (["--generation_num_beams", "1"], r"this run's differ \(generation_num_beams 1 \(recorded 2\)\)"),
     (["--max_predict_samples", "3"], r"this run's differ \(max_predict_samples 3 \(recorded None\)\)"),

@@ -177,6 +177,7 @@ class RunRecord:
     trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
     resumed_from: str | None = None       # the checkpoint a resumed run continued from (e.g. checkpoint-300)
     program: str | None = None            # what the run was started by: train_translation.py or hf-relpos-train
+    hub_model_id: str | None = None       # the Hub repository the run's card names (title, usage), if it named one
     steps: int | None = None
     source_version: str | None = None     # `git describe` of the code that trained it
     date: str | None = None               # ISO 8601, when it was recorded

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import json
+import logging
 import shlex
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -35,6 +36,8 @@ from .data import DataArguments
 from .preflight import fsdp_launch
 from .safety import OutputDirError
 
+logger = logging.getLogger(__name__)
+
 
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
@@ -46,6 +49,9 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     load_best_model_at_end false)."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
     if record.load_best_model_at_end and best_checkpoint is None:
+        logger.warning("load_best_model_at_end: no evaluation ran during the %s steps trained, so there is no best "
+                       "checkpoint; the final model is the last step's weights", results.get("train", {}).get(
+                           "train_steps"))
         record.load_best_model_at_end = False
     record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
@@ -65,16 +71,14 @@ SPLIT_SCORING_FIELDS = {"eval": ("validation_file", "validation_split_name", "ma
 
 
 def check_scoring_in_place(model_args: ModelArguments, data_args: DataArguments,
-                           training_args: TranslationTrainingArguments, holds_trained_model: bool) -> None:
+                           training_args: TranslationTrainingArguments) -> None:
     """A run that only scores (do_train false) writes its `{eval,test}_results.json` and translations into
     output_dir, where a card and a push take them for the scores of the weights there, under the decoding and data
-    settings of the folder's run record. So when output_dir holds a trained model (`holds_trained_model`), it must
+    settings of the folder's run record. So when output_dir holds a trained model (the caller's test), it must
     be the model scored, and where it has a run record, the settings that decide the scores must be the record's
     (`SCORING_FIELDS`, the decoding fields, and the data of each split the record has scores for); a split the record
     has no scores for may be scored from any data. Raises OutputDirError naming what differs."""
     output_dir = Path(training_args.output_dir)
-    if not holds_trained_model:
-        return
     scored = Path(model_args.model_name_or_path or "")
     if not scored.is_dir() or scored.resolve() != output_dir.resolve():
         raise OutputDirError(
@@ -128,6 +132,7 @@ def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, mod
             setattr(record, name, getattr(current, name))
     record.scores = {**record.scores, TRAINED_WEIGHTS: {**record.scores.get(TRAINED_WEIGHTS, {}),
                                                         **scores_from_results(results).get(TRAINED_WEIGHTS, {})}}
+    record.hub_model_id = training_args.hub_model_id or record.hub_model_id
     write_model_card(model, record, training_args)
     write_text_atomic(output_dir / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
 
@@ -154,7 +159,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size, sharded=sharded,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
-                     program=program_name(),
+                     program=program_name(), hub_model_id=training_args.hub_model_id,
                      trained_as=shlex.join(_from_the_start(model_args)),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
                      source_version=package_version())
@@ -198,11 +203,11 @@ def _hardware_name(training_args: TranslationTrainingArguments) -> str:
 
 def write_model_card(model: RelPosTransformerForConditionalGeneration, record: RunRecord,
                      training_args: TranslationTrainingArguments) -> Path:
-    """output_dir/README.md: the model card of this run (recipe, run facts and scores), as run_translation's
-    `create_model_card` writes one, so a folder uploaded by hand is documented."""
+    """output_dir/README.md: the model card of this run (recipe, run facts and scores; named after the record's
+    `hub_model_id`), as run_translation's `create_model_card` writes one, so a folder uploaded by hand is
+    documented."""
     path = Path(training_args.output_dir) / CARD_FILE
-    card = render_model_card(model.config, record, load_results(training_args.output_dir),
-                             repo_id=training_args.hub_model_id)
+    card = render_model_card(model.config, record, load_results(training_args.output_dir), repo_id=record.hub_model_id)
     write_text_atomic(path, card)
     return path
 

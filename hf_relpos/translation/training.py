@@ -57,8 +57,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:
         check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None)
-    else:
-        check_scoring_in_place(model_args, data_args, training_args, holds_trained_model=bool(previous_run(output_dir)))
+    scores_in_place = not training_args.do_train and bool(previous_run(output_dir))   # output_dir's own model
+    if scores_in_place:
+        check_scoring_in_place(model_args, data_args, training_args)
     if push_to_hub and training_args.should_save:
         logger.info("push_to_hub: logged in to the Hugging Face Hub as %s", check_hub_login(training_args.hub_token))
 
@@ -85,9 +86,6 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     if training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
-        if training_args.load_best_model_at_end and trainer.state.best_model_checkpoint is None:
-            logger.warning("load_best_model_at_end: no evaluation ran during the %d steps trained, so there is no best "
-                           "checkpoint; the final model is the last step's weights", trainer.state.global_step)
         averaged = (average_final_weights(trainer, training_args.average_checkpoints)
                     if training_args.average_checkpoints is not None else None)
         save_final_model(trainer, averaged)
@@ -100,7 +98,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
         record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
                    trainer.state.best_model_checkpoint)
-    elif training_args.should_save and previous_run(output_dir):   # check_scoring_in_place: output_dir's own model
+    elif training_args.should_save and scores_in_place:
         record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
     return results
 
