@@ -33,6 +33,7 @@ from ..publish.records import (
 )
 from .arguments import ModelArguments, TranslationTrainingArguments, program_name
 from .data import DataArguments
+from .data_preparation import splits_to_read
 from .preflight import fsdp_launch
 from .safety import OutputDirError
 
@@ -62,11 +63,10 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
         push_training_output(training_args)
 
 
-# The settings besides the decoding ones that decide a split's scores: for every split, and for each split (by metric
-# prefix) its own data.
+# The settings besides the decoding ones that decide a split's scores: for every split, and for each split its own data.
 SCORING_FIELDS = ("source_lang", "target_lang", "bleu_tokenize", "dataset_name", "dataset_config_name",
                   "max_source_length", "max_target_length")
-SPLIT_SCORING_FIELDS = {"eval": ("validation_file", "validation_split_name", "max_eval_samples"),
+SPLIT_SCORING_FIELDS = {"validation": ("validation_file", "validation_split_name", "max_eval_samples"),
                         "test": ("test_file", "test_split_name", "max_predict_samples")}
 
 
@@ -93,7 +93,7 @@ def check_scoring_in_place(model_args: ModelArguments, data_args: DataArguments,
     if record is None:
         return
     differences = scoring_differences(record, run_record(model_args, data_args, training_args),
-                                      scored_splits(training_args))
+                                      splits_to_read(training_args))
     if differences:
         raise OutputDirError(
             f"output_dir {str(output_dir)!r} is the scored model's training folder, whose card and run record state "
@@ -101,17 +101,12 @@ def check_scoring_in_place(model_args: ModelArguments, data_args: DataArguments,
             "output_dir, or with the recorded settings")
 
 
-def scored_splits(training_args: TranslationTrainingArguments) -> list[str]:
-    """The metric prefixes ("eval", "test") a run scores."""
-    return [prefix for prefix, asked in (("eval", training_args.do_eval), ("test", training_args.do_predict)) if asked]
-
-
-def scoring_differences(record: RunRecord, current: RunRecord, prefixes: Sequence[str]) -> list[str]:
+def scoring_differences(record: RunRecord, current: RunRecord, splits: Sequence[str]) -> list[str]:
     """`name VALUE (recorded VALUE)` for each setting deciding scores on which `current` differs from `record`: the
-    decoding fields and `SCORING_FIELDS`, and the data of each split in `prefixes` that `record` has scores for."""
+    decoding fields and `SCORING_FIELDS`, and the data of each of `splits` that `record` has scores for."""
     recorded = {split for by_split in record.scores.values() for split in by_split}
     names = [*RunRecord.recipe_fields(DECODING), *SCORING_FIELDS,
-             *(name for prefix in prefixes if RESULT_SPLITS[prefix] in recorded for name in SPLIT_SCORING_FIELDS[prefix])]
+             *(name for split in splits if split in recorded for name in SPLIT_SCORING_FIELDS[split])]
     return [f"{name} {getattr(current, name)!r} (recorded {getattr(record, name)!r})" for name in names
             if getattr(current, name) != getattr(record, name)]
 
@@ -128,7 +123,7 @@ def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, mod
         return
     current = run_record(model_args, data_args, training_args)
     for prefix in results:
-        for name in SPLIT_SCORING_FIELDS.get(prefix, ()):
+        for name in SPLIT_SCORING_FIELDS.get(RESULT_SPLITS.get(prefix), ()):
             setattr(record, name, getattr(current, name))
     record.scores = {**record.scores, TRAINED_WEIGHTS: {**record.scores.get(TRAINED_WEIGHTS, {}),
                                                         **scores_from_results(results).get(TRAINED_WEIGHTS, {})}}
