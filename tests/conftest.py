@@ -77,6 +77,22 @@ def tiny_model(position_scheme: str = "shaw", seed: int = 0, **overrides):
     return hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, **overrides)).eval()
 
 
+def spread_model(position_scheme: str, kernel: str, layer_norm_position: str = "post", **overrides):
+    """A tiny float64 model whose weights are drawn wide (N(0, 0.5)), so that greedy and beam outputs vary from step
+    to step instead of repeating one token."""
+    torch.manual_seed(0)
+    config = tiny_config(position_scheme, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
+                         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0,
+                         eos_token_id=2, bos_token_id=1, decoder_start_token_id=1, attn_implementation=kernel,
+                         layer_norm_position=layer_norm_position, relative_attention_num_buckets=8,
+                         relative_attention_max_distance=10, tie_word_embeddings=False, **overrides)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().eval()
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_(0.0, 0.5)
+    return model
+
+
 def assert_cached_generation_equals_uncached(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                             num_beams: int) -> None:
     """generate with and without the KV cache (10 tokens, greedy or beam search): the same tokens, logits within

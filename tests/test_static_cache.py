@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo.testing
-from conftest import BUILT_IN_SCHEMES, tiny_config
+from conftest import BUILT_IN_SCHEMES, spread_model, tiny_config
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 import hf_relpos
@@ -19,22 +19,6 @@ KERNELS = ("eager", "sdpa")
 SOURCE = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2, 0, 0, 0, 0], [15, 16, 17, 18, 19, 2, 0, 0]])
 REFUSAL = r"^a fixed-size KV cache \(cache_implementation 'static', transformers' StaticCache\) is not supported here: "
 DYNAMIC = r"\. Use cache_implementation None or 'dynamic' \(the default dynamic cache\)$"
-
-
-def spread_model(position_scheme: str, kernel: str, layer_norm_position: str = "post", **overrides):
-    """A tiny float64 model whose weights are drawn wide (N(0, 0.5)), so that greedy and beam outputs vary from step
-    to step instead of repeating one token."""
-    torch.manual_seed(0)
-    config = tiny_config(position_scheme, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
-                         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0,
-                         eos_token_id=2, bos_token_id=1, decoder_start_token_id=1, attn_implementation=kernel,
-                         layer_norm_position=layer_norm_position, relative_attention_num_buckets=8,
-                         relative_attention_max_distance=10, tie_word_embeddings=False, **overrides)
-    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().eval()
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.normal_(0.0, 0.5)
-    return model
 
 
 def static_cache(model, cache_length: int) -> EncoderDecoderCache:
@@ -265,3 +249,21 @@ def test_a_decoder_mask_wider_than_the_cached_and_new_tokens_counts_by_its_last_
             logits[kind, leading] = torch.cat(steps, dim=1)
     torch.testing.assert_close(logits["static", 2], logits["dynamic", 2], rtol=0, atol=1e-12)
     torch.testing.assert_close(logits["static", 2], logits["static", 0], rtol=0, atol=1e-12)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("cache_kind", ["static", "dynamic"])
+def test_a_bare_cache_given_to_the_translation_model_holds_the_decoders_self_attention(cache_kind):
+    """A StaticCache or DynamicCache passed as such (not in an EncoderDecoderCache) takes the decoder's
+    self-attention keys, the encoder's get their own: generate's tokens and logits equal those of its own cache, and
+    the passed cache holds one entry per decoder token fed."""
+    model = spread_model("shaw", "eager")
+    bare = (StaticCache(config=model.config, max_cache_len=16) if cache_kind == "static"
+            else DynamicCache(config=model.config))
+    settings = dict(input_ids=SOURCE, attention_mask=(SOURCE != 0).long(), do_sample=False, max_new_tokens=6,
+                    min_new_tokens=6, output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        own, passed = model.generate(**settings), model.generate(**settings, cache=bare)
+    assert torch.equal(passed.sequences, own.sequences)
+    torch.testing.assert_close(torch.stack(passed.logits), torch.stack(own.logits), rtol=0, atol=1e-12)
+    assert int(bare.get_seq_length()) == own.sequences.size(1) - 1

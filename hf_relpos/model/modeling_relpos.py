@@ -721,6 +721,25 @@ def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionSche
                          "scheme (e.g. 'xl') or mem_len 0")
 
 
+def check_assisted_decoding(config: RelPosTransformerConfig, mem_len: int, drafting: bool) -> None:
+    """Assisted decoding crops the cache of the main model and of its draft model back past the draft tokens the main
+    model rejects, and calls the draft model's generate once per round. A Transformer-XL memory (`mem_len` > 0) has
+    dropped its oldest states to hold the drafts, so it can neither decode nor draft; a draft model with
+    `position_randomization_at_inference` would draw new positions each round for the keys its cache holds. One
+    ValueError naming the field."""
+    role = "draft for another model" if drafting else "decode with an assistant"
+    if mem_len > 0:
+        refusal = (f"a Transformer-XL memory (mem_len={mem_len}) drops its oldest states and cannot be cropped back past "
+                   "rejected draft tokens. Set mem_len to 0 for a KV cache")
+    elif drafting and config.position_randomization_at_inference:
+        refusal = ("position_randomization_at_inference would draw new positions in each round for the keys its cache "
+                   "holds. Set it to false in the draft model")
+    else:
+        return
+    raise ValueError(f"this model cannot {role} in assisted decoding (assistant_model, prompt_lookup_num_tokens, "
+                     f"assistant_early_exit): {refusal}")
+
+
 def check_fixed_size_cache(config: RelPosTransformerConfig, scheme: PositionScheme, with_memory: bool,
                            randomized: bool) -> None:
     """What a fixed-size KV cache (transformers' StaticCache: `generate(..., cache_implementation="static")`) runs
@@ -828,6 +847,9 @@ class RelPosDecoder(RelPosStack):
         check_memory_positions(self.config, self.positions, mem_len)
         if cache is not None and self.layers_drop_cache():
             cache = None   # the keys are this call's tokens only: a fixed-size cache's slots would not be its keys
+        if encoder_hidden_states is not None and cache is not None and not isinstance(cache, EncoderDecoderCache):
+            # a bare cache given to the translation model holds the self-attention; the encoder's keys get their own
+            cache = EncoderDecoderCache(cache, DynamicCache(config=self.config))
         fixed_size = cache is not None and cache.is_compileable
         if fixed_size:
             check_fixed_size_cache(self.config, self.positions, mem_len > 0 or mems is not None,
@@ -1275,7 +1297,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         (`check_num_beams`); with `max_len_b` set (in the generation config, or passed with `max_len_a`) each row's
         output is capped relative to its source (`generation_limits`); with `position_randomization_at_inference` it
         then draws the decoder's positions for the whole output (`draw_output_positions`), unless `decoder_positions`
-        is given."""
+        is given (and not by the main model this one drafts for in assisted decoding)."""
         if len(args) > len(GENERATE_ARGUMENTS):
             raise TypeError(f"generate takes at most {len(GENERATE_ARGUMENTS)} positional arguments "
                             f"({', '.join(GENERATE_ARGUMENTS)}), got {len(args)}")
@@ -1286,6 +1308,9 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         decoder_input_ids = kwargs.get("decoder_input_ids")
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
         cap_by_source_length(self, prompt_length, kwargs)
+        if getattr(generation_config, "is_assistant", False):   # drafting for another model's generate
+            check_assisted_decoding(self.config, mem_len=0, drafting=True)
+            kwargs.pop("decoder_positions", None)   # the main model's
         if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
             kwargs["decoder_positions"] = draw_output_positions(self, prompt_length, kwargs)
         return super().generate(**kwargs)
@@ -1483,7 +1508,10 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
         whole sequence (`draw_output_positions`), unless `positions` is given. Not with a Transformer-XL memory,
-        which drops its oldest positions."""
+        which drops its oldest positions. Drafting for another model's assisted decoding: `check_assisted_decoding`."""
+        if getattr(kwargs.get("generation_config"), "is_assistant", False):   # drafting for another model's generate
+            check_assisted_decoding(self.config, memory_length(self.config, kwargs.get("mem_len")), drafting=True)
+            kwargs.pop("positions", None)   # the main model's
         if self.config.position_randomization_at_inference and kwargs.get("positions") is None:
             if self.config.mem_len > 0:
                 raise ValueError("position_randomization_at_inference does not work with a Transformer-XL memory "
@@ -1501,6 +1529,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         if not kwargs.get("use_cache", True):
             kwargs.pop("cache", None)
         return super().prepare_inputs_for_generation(input_ids, inputs_embeds=inputs_embeds, **kwargs)
+
+    def _assisted_decoding(self, *args, **model_kwargs):
+        """Assisted decoding (`assistant_model`, `prompt_lookup_num_tokens`, `assistant_early_exit`): not with a
+        Transformer-XL memory (`check_assisted_decoding`)."""
+        check_assisted_decoding(self.config, memory_length(self.config, model_kwargs.get("mem_len")), drafting=False)
+        return super()._assisted_decoding(*args, **model_kwargs)
 
     def _reorder_cache(self, past, beam_idx: torch.Tensor):
         """Beam search: reorder the memory (a tuple of tensors) or the KV cache along the batch."""
