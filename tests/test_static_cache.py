@@ -267,3 +267,18 @@ def test_a_bare_cache_given_to_the_translation_model_holds_the_decoders_self_att
     assert torch.equal(passed.sequences, own.sequences)
     torch.testing.assert_close(torch.stack(passed.logits), torch.stack(own.logits), rtol=0, atol=1e-12)
     assert int(bare.get_seq_length()) == own.sequences.size(1) - 1
+
+
+@pytest.mark.parametrize("use_cache", [None, True])
+def test_a_cache_is_returned_exactly_when_the_layers_keep_one(use_cache):
+    """With use_cache unset (config.use_cache true) or true the decoder returns a cache unless its checkpointed layers
+    drop it (training with gradients enabled): then none, not an empty one; in training under no_grad the layers
+    keep it, and so does the decoder."""
+    model = spread_model("shaw", "eager").train()
+    model.activation_checkpointing_enable()
+    arguments = dict(input_ids=SOURCE, attention_mask=(SOURCE != 0).long(), decoder_input_ids=SOURCE[:, :3],
+                     use_cache=use_cache)
+    assert model(**arguments).cache is None
+    with torch.no_grad():
+        assert model(**arguments).cache.get_seq_length() == 3
+    assert model.eval()(**arguments).cache.get_seq_length() == 3

@@ -836,17 +836,16 @@ class RelPosDecoder(RelPosStack):
         """`mem_len` (default `config.mem_len`) > 0 returns new `mems`; a longer one at evaluation than in training
         is allowed (Dai et al. 2019, sec. 4). Memory and a KV cache are exclusive: the memory is the cache.
         `use_cache` None takes `config.use_cache` (`cache_flag`, as Marian's decoder), so a cache this call fills is
-        returned; with memory, or gradient checkpointing in training, none (a cache passed then is not used:
-        `layers_drop_cache`).
+        returned; with memory none; with gradient checkpointing in training none whatever `use_cache` says, and a
+        cache passed is not used (`layers_drop_cache`; Marian's decoder likewise sets use_cache to False).
         `draw`: the positions of the whole output, of which this call's tokens take entries past_length ..
         past_length + n - 1 (None: see `RelPosStack.key_positions`). `position_ids`: see `RelPosStack.token_positions`."""
         mem_len = memory_length(self.config, mem_len)
-        if use_cache is None:
-            checkpointed = self.training and any(getattr(layer, "gradient_checkpointing", False) for layer in self.layers)
-            use_cache = mem_len == 0 and not checkpointed and cache_flag(self.config, None)
+        if self.layers_drop_cache():   # the keys are this call's tokens only, not a cache's slots
+            cache, use_cache = None, False
+        elif use_cache is None:
+            use_cache = mem_len == 0 and cache_flag(self.config, None)
         check_memory_positions(self.config, self.positions, mem_len)
-        if cache is not None and self.layers_drop_cache():
-            cache = None   # the keys are this call's tokens only: a fixed-size cache's slots would not be its keys
         if encoder_hidden_states is not None and cache is not None and not isinstance(cache, EncoderDecoderCache):
             # a bare cache given to the translation model holds the self-attention; the encoder's keys get their own
             cache = EncoderDecoderCache(cache, DynamicCache(config=self.config))
