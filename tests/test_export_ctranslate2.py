@@ -671,3 +671,66 @@ def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer
                            model.new_token_limits(**inputs))
     finally:
         model.generation_config = saved
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_the_engines_n_best_lists_are_generates(exported, tokenizer, num_beams):
+    """num_hypotheses: the same hypotheses as generate's num_return_sequences (early_stopping=True, length penalty 1),
+    in the same order, of the same lengths (CTranslate2 normalises its score by the tokens it returns, the end token
+    included: transformers' convention). F0 and SCORE agree to the float32 rounding of the two stacks: 1e-4 per token
+    (test_the_engine_scores_every_target_token_as_pytorch_does), so F0 within 1e-4 x length and SCORE (F0 / length)
+    within 1e-4."""
+    from hf_relpos.tools.n_best import generate_n_best
+
+    model, _, folder = exported["shaw"]
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    n_best = min(num_beams, 3)
+    with torch.no_grad():
+        expected = generate_n_best(model, dict(inputs), n_best, num_beams=num_beams)
+    scored = CTranslate2Model(folder, threads=1).generate_n_best(**inputs, n_best=n_best, num_beams=num_beams)
+    lines = tokenizer.batch_decode(expected.sequences, skip_special_tokens=True)
+    assert tokenizer.batch_decode(scored.sequences, skip_special_tokens=True) == lines
+    assert len(set(lines)) >= len(lines) // 3 and torch.equal(scored.lengths, expected.lengths)
+    assert torch.all((scored.log_probabilities - expected.log_probabilities).abs() <= 1e-4 * expected.lengths)
+    assert torch.allclose(scored.scores, expected.scores, atol=1e-4, rtol=0)
+
+
+def test_the_end_token_the_engine_appends_at_the_source_relative_cap_scores_as_in_greedy_search(exported, tokenizer):
+    """Under max_len_b the engine decodes a row to one token short of its cap and appends the end token, unscored:
+    it counts in the length and adds 0 to F0, which is what generate's greedy search gives it (the cap leaves the end
+    token the only one, and greedy search's F0 is the log-softmax after the processors). (Beam search takes the
+    log-softmax before them: generate's F0 keeps the end token's log-probability there, and ranks by it, so a capped
+    row can differ in beam search, as its line can: hf_relpos.tools.ctranslate2_engine.)"""
+    from hf_relpos.tools.n_best import generate_n_best
+
+    model, _, folder = exported["t5"]
+    caps = dict(max_len_a=0.8, max_len_b=3, num_beams=1)
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = generate_n_best(model, dict(inputs), 1, **caps)
+    scored = CTranslate2Model(folder, threads=1).generate_n_best(**inputs, **caps)
+    assert torch.equal(scored.sequences, expected.sequences) and torch.equal(scored.lengths, expected.lengths)
+    cut = expected.lengths == model.new_token_limits(**inputs, **caps)
+    assert 0 < int(cut.sum()) < len(TEST_SOURCES)
+    assert torch.all((scored.log_probabilities - expected.log_probabilities).abs() <= 1e-4 * expected.lengths)
+    assert torch.allclose(scored.scores, expected.scores, atol=1e-4, rtol=0)
+
+
+def test_hf_relpos_translate_writes_an_exported_folders_n_best_lists_as_the_pytorch_ones(exported, tmp_path):
+    """--n_best 3 through the command on both folders: the same line indices and hypotheses; the scores within the
+    tolerance above."""
+    _, source, folder = exported["shaw"]
+    write = "".join(f"{line}\n" for line in [TEST_SOURCES[0], "", *TEST_SOURCES[1:6]])
+    (tmp_path / "src.txt").write_text(write)
+    entries = {}
+    for model_folder, output in ((source, "torch.txt"), (folder, "ct2.txt")):
+        translate_main([str(model_folder), "--input", str(tmp_path / "src.txt"), "--output", str(tmp_path / output),
+                        "--n_best", "3", "--no_split_sentences", "--no_progress", "--buffer_lines", "3"])
+        entries[output] = [line.split(" ||| ") for line in (tmp_path / output).read_text().splitlines()]
+    assert len(entries["torch.txt"]) == 7 * 3
+    for (index, text, log_probability, score), (*same, engine_log_probability, engine_score) in zip(
+            entries["torch.txt"], entries["ct2.txt"], strict=True):
+        assert same == [index, text]
+        assert abs(float(engine_score) - float(score)) <= 1e-4
+        assert abs(float(engine_log_probability.removeprefix("F0= ")) - float(log_probability.removeprefix("F0= "))) \
+            <= 1e-4 * 60

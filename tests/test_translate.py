@@ -529,3 +529,121 @@ def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, t
     main([str(memorised_model_folder), str(source_file), "--no_progress", "--device", "auto"])
     assert loaded[-1].dtype == torch.float32  # the saved dtype
     assert loaded[-1].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+N_BEST_LINE = re.compile(r"(\d+) \|\|\| (.*) \|\|\| F0= (\S+) \|\|\| (\S+)")
+
+
+def read_n_best(text: str) -> list[tuple[int, str, float, float]]:
+    """(line index, hypothesis, F0, SCORE) of each line of an n-best file; every line must parse."""
+    entries = []
+    for line in text.splitlines():
+        match = N_BEST_LINE.fullmatch(line)
+        assert match is not None, line
+        entries.append((int(match[1]), match[2], float(match[3]), float(match[4])))
+    return entries
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_n_best_scores_are_the_summed_log_probabilities_generate_ranks_by(memorised_model_folder, num_beams):
+    """F0 of each hypothesis against an independent float64 computation: one teacher-forced forward pass of the
+    hypothesis, the logits as generate takes them (cast to float32), their log-softmax (beam search takes it in
+    float32, greedy search's F0 in float64) gathered and summed in float64 up to the first end token; SCORE = F0 /
+    length ** length_penalty with length the new tokens, end token included (transformers' convention: its
+    sequences_scores agree to float32 rounding). Both at 1e-12; no logits processor is active here."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_relpos.tools.n_best import generate_n_best
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder, dtype=torch.float64).eval()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    inputs = tokenizer([*SOURCES, "The bird sees the red house.", "The dog"], padding=True, return_tensors="pt")
+    n_best, length_penalty = min(num_beams, 3), 0.6
+    settings = dict(num_beams=num_beams, length_penalty=length_penalty)
+    with torch.inference_mode():
+        scored = generate_n_best(model, dict(inputs), n_best, **settings)
+        reference = model.generate(**inputs, **settings, num_return_sequences=n_best, output_scores=True,
+                                   return_dict_in_generate=True)
+        sources = {name: tensor.repeat_interleave(n_best, 0) for name, tensor in inputs.items()}
+        logits = model(**sources, decoder_input_ids=scored.sequences[:, :-1]).logits.to(torch.float32)
+    assert torch.equal(scored.sequences, reference.sequences)
+    log_softmax = logits.log_softmax(-1).double() if num_beams > 1 else logits.double().log_softmax(-1)
+    token_log_probabilities = log_softmax.gather(-1, scored.sequences[:, 1:, None])[..., 0]
+    for row, ids in enumerate(scored.sequences[:, 1:].tolist()):
+        length = ids.index(tokenizer.eos_token_id) + 1   # every hypothesis here ends
+        expected = token_log_probabilities[row, :length].sum()
+        assert scored.lengths[row] == length
+        assert abs(scored.log_probabilities[row] - expected) <= 1e-12 * abs(expected)
+        assert abs(scored.scores[row] - expected / length ** length_penalty) <= 1e-12 * abs(expected)
+    assert len(set(scored.log_probabilities.tolist())) == len(scored.log_probabilities)   # varied hypotheses
+    if num_beams > 1:
+        assert torch.allclose(scored.scores, reference.sequences_scores.double(), rtol=1e-6, atol=0)
+
+
+def test_n_best_lists_keep_the_input_s_line_indices_across_chunks_and_parse_back(memorised_model_folder, tmp_path,
+                                                                                  capsys):
+    """--n_best 3 over chunks of 2 lines: every input line (a blank one too) has 3 entries under its own index,
+    counted from 0 over the whole input, best first by SCORE; the numbers read back as translate_lines gave them, and
+    the file is the one a single chunk writes (float64 weights: float32 ones round the scores by their batch)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    sources = [SOURCES[0], "", *SOURCES[1:4], "The bird sees the red house."]
+    source_file = write_lines(tmp_path / "src.txt", sources)
+    written = {}
+    for buffer_lines in ("2", "100"):
+        output = tmp_path / f"nbest_{buffer_lines}.txt"
+        main([str(memorised_model_folder), str(source_file), "--output", str(output), "--n_best", "3", "--num_beams",
+              "4", "--no_split_sentences", "--buffer_lines", buffer_lines, "--no_progress", "--dtype", "float64"])
+        written[buffer_lines] = output.read_text(encoding="utf-8")
+    assert written["2"] == written["100"]
+    entries = read_n_best(written["2"])
+    assert [index for index, *_ in entries] == [index for index in range(len(sources)) for _ in range(3)]
+    assert entries[3:6] == [(1, "", 0.0, 0.0)] * 3   # the blank line: 3 empty hypotheses scored 0
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder, dtype=torch.float64)
+    expected = translate_module.translate_lines(sources, model, AutoTokenizer.from_pretrained(memorised_model_folder),
+                                                progress=False, n_best=3, num_beams=4)
+    assert entries == [(index, hypothesis.text, hypothesis.log_probability, hypothesis.score)
+                       for index, hypotheses in enumerate(expected) for hypothesis in hypotheses]
+    for index in range(len(sources)):
+        scores = [score for line, _, _, score in entries if line == index]
+        assert scores == sorted(scores, reverse=True)
+    assert entries[0][1] == TARGETS[0] and len({text for _, text, *_ in entries}) > len(sources)
+
+
+def test_n_best_1_gives_the_translations_and_reference_scores_the_best(memorised_model_folder, tmp_path, capsys):
+    """--n_best 1: each line's hypothesis is the line written without --n_best (the same beam search);
+    --reference with --n_best scores the best hypotheses, as it scores the plain output."""
+    sources = [*SOURCES, "The bird sees the red house.", ""]
+    source_file = write_lines(tmp_path / "src.txt", sources)
+    reference = write_lines(tmp_path / "ref.txt", [*TARGETS, "Der Vogel sieht das rote Haus.", ""])
+    flags = ["--num_beams", "3", "--no_split_sentences", "--no_progress", "--reference", str(reference)]
+    main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "plain.txt"), *flags])
+    plain_scores = capsys.readouterr().out
+    for n_best in ("1", "3"):
+        main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "best.txt"), *flags,
+              "--n_best", n_best])
+        assert capsys.readouterr().out == plain_scores and plain_scores.startswith("sacreBLEU ")
+        entries = read_n_best((tmp_path / "best.txt").read_text(encoding="utf-8"))
+        assert len(entries) == len(sources) * int(n_best)
+        assert [text for _, text, *_ in entries[::int(n_best)]] == (tmp_path / "plain.txt").read_text(
+            encoding="utf-8").splitlines()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--n_best", "2"], "--n_best lists a line's best translations by beam search, which a line translated "
+                        "sentence by sentence does not have: give --no_split_sentences with --n_best"),
+    (["--n_best", "0", "--no_split_sentences"], "--n_best must be a positive integer, got 0"),
+    (["--n_best", "5", "--num_beams", "4", "--no_split_sentences"],
+     "--n_best 5 is more than --num_beams 4: beam search keeps --num_beams hypotheses; give --n_best at most "
+     "--num_beams, or raise --num_beams"),
+    (["--n_best", "2", "--no_split_sentences"],
+     "--n_best 2 is more than --num_beams 1 (the model's generation config)"),
+])
+def test_an_n_best_it_cannot_give_is_one_error_naming_the_flags(memorised_model_folder, tmp_path, capsys, flags,
+                                                                 message):
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), str(source_file), "--no_progress", *flags])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert message in error.splitlines()[-1] and error.count("error:") == 1, error

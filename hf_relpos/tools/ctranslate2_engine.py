@@ -12,6 +12,8 @@ greedy decoding, and beam search with `early_stopping=True`, give the same lines
 in beam search the forced end token's score is not part of the engine's ranking, so a capped row (one
 `hf-relpos-translate` warns about) can differ. A `forced_eos_token_id` that is an end token (MarianMT's generation
 configs set one) forces it the same way at the ceiling; `bad_words_ids` are translate_batch's `suppress_sequences`.
+`generate_n_best` gives translate_batch's `num_hypotheses` with the n-best scores of the PyTorch model
+(hf_relpos.tools.n_best): the engine's score is the same length-normalised score over the same tokens.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ..model.generation_limits import (
     source_lengths,
 )
 from .export import EXPORT_RECORD, import_ctranslate2, translate_options
+from .n_best import ScoredSequences, length_normalised
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
                  "bfloat16", "float32")
@@ -114,11 +117,22 @@ class CTranslate2Model:
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **settings: Any) -> torch.Tensor:
         """The translations of the (padded) sources as generated ids [batch, length], the decoder start token first
-        (as generate returns them), padded with pad_token_id. With a source-relative cap (max_len_b), the rows are
-        decoded in groups of equal `new_token_limits`, each to one token short of its cap, the end token then
-        ending a row that did not end (as the PyTorch model forces it; a row's translation does not depend on the rows
-        beside it). Without an attention mask, the tokens that are not pad_token_id are the sources (as the model
-        infers it)."""
+        (as generate returns them), padded with pad_token_id (`generate_n_best`'s best hypotheses)."""
+        return self.generate_n_best(input_ids, attention_mask, 1, **settings).sequences
+
+    def generate_n_best(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, n_best: int = 1,
+                        **settings: Any) -> ScoredSequences:
+        """The `n_best` best translations of each (padded) source, rows i * n_best ..., as generated ids (the decoder
+        start token first, as generate returns them, padded with pad_token_id) with F0 and SCORE as the PyTorch model
+        gives them (hf_relpos.tools.n_best): the engine's score is F0 / length ** length_penalty over the tokens it
+        returns (the end token included, as `return_end_token` gives it), F0 is that score times length **
+        length_penalty. With a source-relative cap (max_len_b), the rows are decoded in groups of equal
+        `new_token_limits`, each to one token short of its cap, the end token then ending a row that did not end (as
+        the PyTorch model forces it; a row's translation does not depend on the rows beside it): it counts in the
+        length and adds 0 to F0, as generate's greedy search and `forced_eos_token_id` score it (the engine does not
+        score it; generate's beam search keeps the model's log-probability of the end token at the source-relative
+        cap, so a capped row's F0 differs there, as its translation can). Without an attention mask, the tokens that
+        are not pad_token_id are the sources (as the model infers it)."""
         if attention_mask is None:
             pad = self.generation_config.pad_token_id
             attention_mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
@@ -134,19 +148,27 @@ class CTranslate2Model:
         if limits is None:   # the ceiling: as a cap whose last new token is forced only with forced_eos_token_id
             limits = torch.full((len(sources),), options["max_decoding_length"] + (0 if forced_end else 1))
         caps = limits.tolist()
-        outputs: list[list[int]] = [[] for _ in sources]
+        length_penalty = options["length_penalty"]
+        outputs: list[list[int]] = [[] for _ in range(len(sources) * n_best)]
+        log_probabilities = [0.0] * len(outputs)
         for cap in sorted(set(caps)):
             group = [index for index, row_cap in enumerate(caps) if row_cap == cap]
-            hypotheses = [[] for _ in group] if cap == 1 else [result.hypotheses[0] for result in (
-                self.translator.translate_batch(
+            results = [([[]] * n_best, [0.0] * n_best) for _ in group] if cap == 1 else [
+                (result.hypotheses, result.scores) for result in self.translator.translate_batch(
                     [sources[index] for index in group], max_input_length=0, return_end_token=True,
+                    num_hypotheses=n_best, return_scores=True,
                     **{**options, "max_decoding_length": cap - 1,
-                       "min_decoding_length": min(options["min_decoding_length"], cap - 1)}))]
-            for index, tokens in zip(group, hypotheses, strict=True):
-                new_ids = [self.token_ids[token] for token in tokens]
-                if forced_end and (not new_ids or new_ids[-1] not in self.end_token_ids):
-                    new_ids.append(self.end_token_ids[0])   # the model forces the end token as new token number `cap`
-                outputs[index] = [self.start_token_id, *new_ids]
+                       "min_decoding_length": min(options["min_decoding_length"], cap - 1)})]
+            for index, (hypotheses, scores) in zip(group, results, strict=True):
+                for rank, (tokens, score) in enumerate(zip(hypotheses, scores, strict=True)):
+                    new_ids = [self.token_ids[token] for token in tokens]
+                    log_probabilities[index * n_best + rank] = score * len(new_ids) ** length_penalty if new_ids else 0.0
+                    if forced_end and (not new_ids or new_ids[-1] not in self.end_token_ids):
+                        new_ids.append(self.end_token_ids[0])   # the model forces the end token as new token `cap`
+                    outputs[index * n_best + rank] = [self.start_token_id, *new_ids]
         pad = self.generation_config.pad_token_id or 0
         longest = max((len(ids) for ids in outputs), default=0)
-        return torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long)
+        lengths = torch.tensor([len(ids) - 1 for ids in outputs])
+        log_probabilities = torch.tensor(log_probabilities, dtype=torch.float64)
+        return ScoredSequences(torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long),
+                               log_probabilities, length_normalised(log_probabilities, lengths, length_penalty), lengths)

@@ -18,6 +18,11 @@ to stderr. With `--reference` (read whole, as the translations are kept to score
 stdout when the translations go to a file, else to stderr. BLEU is tokenized as `--tokenize` says, by default as
 the training run did (the `bleu_tokenize` of the model folder's run record), else as sacreBLEU chooses for the target
 language (`--target_lang`, else the run record's): zh, ja-mecab or ko-mecab for zh, ja or ko, else 13a.
+
+`--n_best N` (with `--no_split_sentences`: a line translated sentence by sentence has no n best of its own) writes
+each line's N best translations by beam search instead (N <= num_beams), best first, as Moses / Marian n-best lines
+`LINE_INDEX ||| HYPOTHESIS ||| F0= SUM_LOGPROB ||| SCORE` (hf_relpos.tools.n_best says what each number is); a blank
+line gives N empty hypotheses scored 0, so every line keeps N entries, and `--reference` scores the best ones.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translatio
 from ..translation.preflight import missing_local_folder
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import check_tokenizer_saved, is_ctranslate2_folder
+from .n_best import Hypothesis, generate_n_best, n_best_lines
 from .sentences import translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
@@ -88,14 +94,16 @@ class LengthCapCount:
 
 def translate_lines(
     lines: Sequence[str], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096,
-    progress: bool | tqdm = True, unit: str = "line", capped: LengthCapCount | None = None, **generate_kwargs,
-) -> list[str]:
-    """One translation per line, in order; blank lines give "" (nothing is generated for them). The progress bar
-    counts `unit`s: the lines given (sentences, when they are the sentences of the input's lines); given a bar
-    (`progress`), its total grows by them and it counts on. Translations that reach their length cap are counted in
-    `capped`, else in a warning when this call ends."""
+    progress: bool | tqdm = True, unit: str = "line", capped: LengthCapCount | None = None,
+    n_best: int | None = None, **generate_kwargs,
+) -> list[str] | list[list[Hypothesis]]:
+    """One translation per line, in order; blank lines give "" (nothing is generated for them). With `n_best`, each
+    line's `n_best` best hypotheses instead, with their scores (hf_relpos.tools.n_best), best first; a blank line's
+    are `n_best` empty ones scored 0. The progress bar counts `unit`s: the lines given (sentences, when they are the
+    sentences of the input's lines); given a bar (`progress`), its total grows by them and it counts on. Translations
+    that reach their length cap are counted in `capped`, else in a warning when this call ends."""
     wanted = [index for index, line in enumerate(lines) if line.strip()]
-    translations = [""] * len(lines)
+    translations = [""] * len(lines) if n_best is None else [[Hypothesis("", 0.0, 0.0)] * n_best for _ in lines]
     if not wanted:
         return translations
     warn_here = capped is None
@@ -112,33 +120,47 @@ def translate_lines(
             inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
             inputs = inputs.to(model.device)
             with torch.inference_mode():
-                output_ids = model.generate(**inputs, **generate_kwargs)
+                if n_best is None:
+                    output_ids = model.generate(**inputs, **generate_kwargs)
+                else:
+                    scored = (model.generate_n_best(**inputs, n_best=n_best, **generate_kwargs)
+                              if isinstance(model, CTranslate2Model) else
+                              generate_n_best(model, inputs, n_best, **generate_kwargs))
+                    output_ids = scored.sequences
             limits = (model.new_token_limits(**inputs, **generate_kwargs) if hasattr(model, "new_token_limits")
                       else None)
             capped.relative = limits is not None
-            for row, (position, ids) in enumerate(zip(batch, output_ids, strict=True)):
+            per_line = n_best or 1   # generate's rows: each source's hypotheses in a row
+            texts = []
+            for row, ids in enumerate(output_ids):
                 capped.translations += reached_length_limit(ids, eos_token_id,
-                                                            None if limits is None else int(limits[row]))
-                text = tokenizer.decode(ids, skip_special_tokens=True).strip()
-                translations[wanted[position]] = " ".join(text.splitlines())
+                                                            None if limits is None else int(limits[row // per_line]))
+                texts.append(" ".join(tokenizer.decode(ids, skip_special_tokens=True).strip().splitlines()))
+            for row, position in enumerate(batch):
+                translations[wanted[position]] = texts[row] if n_best is None else sorted(
+                    (Hypothesis(texts[index], float(scored.log_probabilities[index]), float(scored.scores[index]))
+                     for index in range(row * n_best, (row + 1) * n_best)), key=lambda hypothesis: -hypothesis.score)
             bar.update(len(batch))
     if warn_here:
         capped.warn()
     return translations
 
 
-def translate_stream(chunks: Iterable[list[str]], translate: Callable[[list[str]], list[str]], sink: TextIO,
-                     keep: bool) -> tuple[int, list[str]]:
-    """Each chunk of lines translated and its translations written to `sink` (one a line, in order, flushed) before
-    the next chunk is read. Returns the number of lines, and their translations where `keep` (else [])."""
+def translate_stream(chunks: Iterable[list[str]],
+                     translate: Callable[[list[str]], list[str]] | Callable[[list[str]], list[list[Hypothesis]]],
+                     sink: TextIO, keep: bool) -> tuple[int, list[str]]:
+    """Each chunk of lines translated and its translations written to `sink` (in order, flushed) before the next
+    chunk is read: one a line, or a line's hypotheses in the n-best format, indexed over the whole input. Returns the
+    number of lines, and their (best) translations where `keep` (else [])."""
     count, kept = 0, []
     for chunk in chunks:
         translations = translate(chunk)
-        sink.write("".join(line + "\n" for line in translations))
+        sink.write("".join(line + "\n" if isinstance(line, str) else n_best_lines(count + index, line)
+                           for index, line in enumerate(translations)))
         sink.flush()
         count += len(chunk)
         if keep:
-            kept.extend(translations)
+            kept.extend(line if isinstance(line, str) else line[0].text for line in translations)
     return count, kept
 
 
@@ -196,6 +218,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="no translation repeats an N-gram of tokens, which stops a translation that loops on a "
                              "word or phrase (transformers' and CTranslate2's option; default: the model's generation "
                              "config, which sets none)")
+    parser.add_argument("--n_best", type=int, metavar="N",
+                        help="write each line's N best translations by beam search (N <= --num_beams; needs "
+                             "--no_split_sentences), best first, as n-best lists: LINE_INDEX ||| HYPOTHESIS ||| F0= "
+                             "SUM_LOGPROB ||| SCORE, the line index counted from 0, F0 the summed token "
+                             "log-probability and SCORE = F0 / length ** length_penalty (beam search's score); a blank "
+                             "line gives N empty hypotheses scored 0, and --reference scores the best (default: one "
+                             "translation per line, no scores)")
     parser.add_argument("--no_split_sentences", dest="split_sentences", action="store_false",
                         help="translate each line in one piece (default: sentence by sentence, joined back)")
     parser.add_argument("--max_tokens", type=int, default=4096, help="source tokens per batch, padding included")
@@ -288,7 +317,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.input is not None and args.input != args.input_file:
             parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
         args.input = args.input_file
-    for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size", "buffer_lines"):
+    for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size", "buffer_lines", "n_best"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
@@ -296,6 +325,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and not 0 <= value < float("inf"):
             parser.error(f"--{name} must be a number >= 0, got {value}")
+    if args.n_best is not None and args.split_sentences:
+        parser.error("--n_best lists a line's best translations by beam search, which a line translated sentence by "
+                     "sentence does not have: give --no_split_sentences with --n_best")
     for name in ("tokenize", "target_lang"):
         if getattr(args, name) is not None and args.reference is None:
             parser.error(f"--{name} sets how --reference is scored: give --reference")
@@ -378,14 +410,20 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         parser.exit(2, f"{PROGRAM}: error: --max_len_a needs --max_len_b: {args.model}'s generation config has no "
                        "source-relative cap\n")
 
+    num_beams = args.num_beams or model.generation_config.num_beams or 1
+    if args.n_best is not None and args.n_best > num_beams:
+        whose = "" if args.num_beams else " (the model's generation config)"
+        parser.exit(2, f"{PROGRAM}: error: --n_best {args.n_best} is more than --num_beams {num_beams}{whose}: beam "
+                       "search keeps --num_beams hypotheses; give --n_best at most --num_beams, or raise --num_beams\n")
     unit = "sentence" if args.split_sentences else "line"
     capped = LengthCapCount()
     bar = tqdm(total=0, desc="translating", unit=unit, file=sys.stderr, disable=args.no_progress)
 
-    def translate(lines: list[str]) -> list[str]:
-        return translate_lines(lines, model, tokenizer, args.max_tokens, bar, unit, capped, **generate_kwargs)
+    def translate(lines: list[str]) -> list[str] | list[list[Hypothesis]]:
+        return translate_lines(lines, model, tokenizer, args.max_tokens, bar, unit, capped, args.n_best,
+                               **generate_kwargs)
 
-    def translate_chunk(lines: list[str]) -> list[str]:
+    def translate_chunk(lines: list[str]) -> list[str] | list[list[Hypothesis]]:
         return translate_by_sentence(lines, translate) if args.split_sentences else translate(lines)
 
     chunks = text_line_chunks(source, "stdin" if args.input is None else args.input, args.buffer_lines)
