@@ -6,7 +6,8 @@ defaults (beams, length penalty, length cap), so a line is translated the same w
 One difference is the engine's: its beam search ends once num_beams hypotheses have finished, which is generate's
 `early_stopping=True`. With transformers' default (`early_stopping=False`) generate may search on while a running
 beam could still win, so a few beam-search lines can differ (never to a translation that PyTorch scores higher);
-greedy decoding, and beam search with `early_stopping=True`, give the same lines. Under the source-relative cap
+greedy decoding, and beam search with `early_stopping=True`, give the same lines (at the length penalties checked, 0.6 and 1.0; at 0
+the engine can end with other hypotheses, which it scores higher). Under the source-relative cap
 (max_len_b) the PyTorch model forces the end token as a row's `limit`-th new token: the engine decodes at most
 `limit - 1` tokens and appends the end token to a row that did not end, which is greedy decoding's result exactly;
 in beam search the forced end token's score is not part of the engine's ranking, so a capped row (one
