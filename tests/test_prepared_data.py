@@ -5,13 +5,16 @@ reused by a rerun and by a second process, rebuilt when a file or a setting chan
 from __future__ import annotations
 
 import csv
+import errno
 import json
+import os
 import random
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -25,8 +28,10 @@ from transformers import AutoTokenizer
 
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.data_preparation as preparation_module
+import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_module
 import hf_relpos.translation.trainer as trainer_module
+import hf_relpos.translation.training as training_module
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.data import (
     DataArguments,
@@ -38,6 +43,7 @@ from hf_relpos.translation.data import (
 )
 from hf_relpos.translation.demo_corpus import random_sentence_pair, write_demo_corpus
 from hf_relpos.translation.prepared import MANIFEST_FILE, PARTIAL_PREFIX, PREPARED_FOLDER, PreparationError
+from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import ConfigError, run
 
@@ -501,17 +507,22 @@ def test_a_full_disk_is_one_clear_error(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_the_second_rank_maps_what_the_first_prepared(tmp_path):
-    """Two processes (accelerate launch, gloo on CPU): rank 0 prepares, rank 1 waits and loads its folders."""
+@pytest.mark.parametrize("shared", [False, True], ids=["output_dir", "prepared_data_dir"])
+def test_the_second_rank_maps_what_the_first_prepared(tmp_path, shared):
+    """Two processes (accelerate launch, gloo on CPU): rank 0 prepares, rank 1 waits and loads its folders, in
+    output_dir/prepared_data or in prepared_data_dir."""
     config_path, output_dir = distributed.write_config(tmp_path)
+    root = tmp_path / "shared" if shared else output_dir / PREPARED_FOLDER
     worker = tmp_path / "worker.py"
     worker.write_text(PREPARE_WORKER, encoding="utf-8")
     (tmp_path / "records").mkdir()
-    completed = distributed.launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--prepare_only", "true")
+    completed = distributed.launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--prepare_only", "true",
+                                   *(["--prepared_data_dir", str(root)] if shared else []))
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ranks = [json.loads((tmp_path / "records" / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [r["prepared"] for r in ranks] == [["train", "validation"], []]
-    assert ranks[0]["files"] == ranks[1]["files"] and all(f.startswith(str(output_dir)) for f in ranks[1]["files"])
+    assert ranks[0]["files"] == ranks[1]["files"] and all(f.startswith(str(root)) for f in ranks[1]["files"])
+    assert (output_dir / PREPARED_FOLDER).exists() != shared
 
 
 PREPARE_WORKER = '''
@@ -522,9 +533,9 @@ from hf_relpos.translation import data_preparation, prepared, training
 record = {"prepared": [], "files": []}
 original_publish, original_prepare = data_preparation.publish_prepared, training.prepare_data
 
-def publish(folder, split, *args, **kwargs):
+def publish(store, folder, split, *args, **kwargs):
     record["prepared"].append(split)
-    return original_publish(folder, split, *args, **kwargs)
+    return original_publish(store, folder, split, *args, **kwargs)
 
 def prepare(*args, **kwargs):
     result = original_prepare(*args, **kwargs)
@@ -616,3 +627,165 @@ def test_a_tokenizer_can_learn_from_a_sample_of_the_training_pairs(tmp_path, mon
         prepare_only(config)
     with pytest.raises(ValueError, match=r"tokenizer_training_pairs must be null \(every pair\) or an integer >= 1"):
         DataArguments(tokenizer_training_pairs=0)
+
+
+# ---- A prepared_data_dir shared by runs ----------------------------------------------------------------------------
+@pytest.fixture
+def shared_run(tmp_path):
+    """A corpus, a config, a shared prepared_data_dir and the output_dir of a first `--prepare_only true` run that
+    prepared its splits there."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    shared = tmp_path / "shared"
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "first", max_steps=1, do_predict=False,
+                          prepared_data_dir=str(shared))
+    prepare_only(config)
+    return config, shared
+
+
+def split_folders(root: Path) -> list[str]:
+    return sorted(path.name for path in root.iterdir())
+
+
+def test_a_run_in_another_output_dir_loads_the_split_another_run_prepared_in_prepared_data_dir(shared_run, tmp_path,
+                                                                                               monkeypatch, capsys):
+    """The second run trains its tokenizer again (the same one: the same key), tokenizes nothing, trains on the
+    shared folders and says so in its log and run record; with --tokenizer_name it trains no tokenizer either."""
+    config, shared = shared_run
+    assert not (tmp_path / "first" / PREPARED_FOLDER).exists()
+    published = split_folders(shared)
+    assert [name.split("-")[0] for name in published] == ["train", "validation"]
+    built = {}
+    original_prepare = training_module.prepare_data
+
+    def remember(*args, **kwargs):
+        built["data"] = original_prepare(*args, **kwargs)
+        return built["data"]
+    with monkeypatch.context() as patch:
+        patch.setattr(training_module, "prepare_data", remember)
+        patch.setattr(preparation_module, "tokenize_training_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        patch.setattr(preparation_module, "tokenize_evaluation_pairs", lambda *a, **k: pytest.fail("tokenized again"))
+        capsys.readouterr()
+        assert "train" in run([str(config), "--output_dir", str(tmp_path / "second")])
+        log = capsys.readouterr().out
+        assert "Trained the tokenizer" in log
+        for name in published:
+            assert f"Reusing the {name.split('-')[0]} data prepared in {shared / name} on" in log
+        patch.setattr(tokenizer_module, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer"))
+        prepare_only(config, "--output_dir", str(tmp_path / "third"), "--tokenizer_name", str(tmp_path / "first"))
+    assert split_folders(shared) == published and not (tmp_path / "second" / PREPARED_FOLDER).exists()
+    for dataset in (built["data"].train_dataset, built["data"].evaluation_sets["eval"].dataset):
+        assert all(Path(item["filename"]).is_relative_to(shared) for item in dataset.cache_files)
+    record = json.loads((tmp_path / "second" / "run_record.json").read_text())
+    assert record["prepared_from"] == {name.split("-")[0]: {"folder": str(shared / name), "key": name.split("-")[1],
+                                                            "reused": True} for name in published}
+
+
+def test_a_first_run_records_the_splits_it_prepared_in_prepared_data_dir(tmp_path):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False,
+                          prepared_data_dir=str(tmp_path / "shared"))
+    assert "train" in run([str(config)])
+    record = json.loads((tmp_path / "out" / "run_record.json").read_text())
+    assert {split: (Path(source["folder"]).parent, source["reused"]) for split, source in
+            record["prepared_from"].items()} == {"train": (tmp_path / "shared", False),
+                                                 "validation": (tmp_path / "shared", False)}
+
+
+def test_prepared_data_dir_keeps_the_splits_of_other_settings(shared_run):
+    """In output_dir/prepared_data a split prepared under another key is removed (test above); in a shared folder it
+    is another run's data: a run with other length settings prepares beside it."""
+    config, shared = shared_run
+    first = split_folders(shared)
+    prepare_only(config, "--max_source_length", "40")
+    both = split_folders(shared)
+    assert len(both) == 4 and set(first) < set(both)
+
+
+def test_a_run_that_publishes_a_split_second_loads_the_one_published_first(shared_run, tmp_path, monkeypatch, capsys):
+    """Two runs preparing one key at once (simulated: the key is published between this run's preparation and its
+    publication): both succeed, the second discards its copy and loads the published one, leaving no partial folder."""
+    config, shared = shared_run
+    (train,) = shared.glob("train-*")
+    other_run = tmp_path / "other_run"
+    shutil.move(train, other_run)
+    manifest = json.loads((other_run / MANIFEST_FILE).read_text())
+    (other_run / MANIFEST_FILE).write_text(json.dumps({**manifest, "prepared_at": "by the other run"}))
+    real_publish, built = preparation_module.publish_prepared, {}
+
+    def published_meanwhile(store, folder, split, *args, **kwargs):
+        if split == "train":
+            shutil.copytree(other_run, train)
+        return real_publish(store, folder, split, *args, **kwargs)
+
+    def remember(*args, **kwargs):
+        built["data"] = original_prepare(*args, **kwargs)
+        return built["data"]
+    original_prepare = training_module.prepare_data
+    monkeypatch.setattr(preparation_module, "publish_prepared", published_meanwhile)
+    monkeypatch.setattr(training_module, "prepare_data", remember)
+    capsys.readouterr()
+    prepare_only(config, "--output_dir", str(tmp_path / "second"))
+    log = capsys.readouterr().out
+    assert f"but another run published it in {train} meanwhile: loading that one" in log
+    assert json.loads((train / MANIFEST_FILE).read_text())["prepared_at"] == "by the other run"
+    assert not list(shared.glob(f"{PARTIAL_PREFIX}*")) and len(split_folders(shared)) == 2
+    assert all(Path(item["filename"]).is_relative_to(train) for item in built["data"].train_dataset.cache_files)
+    assert built["data"].prepared_from["train"] == {"folder": str(train), "key": train.name.split("-")[1],
+                                                    "reused": True}
+
+
+def test_a_partial_folder_in_prepared_data_dir_is_removed_only_when_its_process_is_gone(shared_run):
+    config, shared = shared_run
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    try:
+        host = f"{PARTIAL_PREFIX}{socket.gethostname()}"
+        running, dead = shared / f"{host}-{alive.pid}-0", shared / f"{host}-{dead_pid()}-0"
+        for partial in (running, dead):
+            (partial / "train-0").mkdir(parents=True)
+        prepare_only(config, "--max_source_length", "40")   # a preparation: removes what dead processes left
+        assert running.exists() and not dead.exists()
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_the_disk_space_check_applies_to_prepared_data_dir(tmp_path, monkeypatch):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    shared = tmp_path / "shared"
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False,
+                          prepared_data_dir=str(shared))
+    real_usage = shutil.disk_usage
+
+    def full_where_shared(path):
+        usage = real_usage(path)
+        return usage._replace(free=1000) if Path(path) == shared else usage
+    monkeypatch.setattr(shutil, "disk_usage", full_where_shared)
+    with pytest.raises(PreparationError, match=rf"GiB free in {re.escape(str(shared))} .* free some space or choose "
+                                               r"another prepared_data_dir"):
+        prepare_only(config)
+    assert list(shared.iterdir()) == [], "no partial folder left"
+
+
+@pytest.mark.parametrize("bad", ["file", "read_only"])
+def test_a_prepared_data_dir_that_cannot_hold_the_data_is_one_error_before_any_work(tmp_path, monkeypatch, bad):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    folder = tmp_path / "shared"
+    real_mkdtemp = tempfile.mkdtemp
+
+    def read_only_mkdtemp(*args, dir=None, **kwargs):   # what a read-only folder gives, even to root
+        if Path(dir) == folder:
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+        return real_mkdtemp(*args, dir=dir, **kwargs)
+    if bad == "file":
+        folder.write_text("not a folder")
+        expected = rf"prepared_data_dir '{re.escape(str(folder))}': .* is a file, not a folder"
+    else:
+        folder.mkdir()
+        monkeypatch.setattr(safety_module.tempfile, "mkdtemp", read_only_mkdtemp)
+        expected = rf"prepared_data_dir '{re.escape(str(folder))}' is not writable: cannot create files in"
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False,
+                          prepared_data_dir=str(folder))
+    monkeypatch.setattr(tokenizer_module, "train_joint_tokenizer", lambda *a, **k: pytest.fail("trained a tokenizer"))
+    with pytest.raises(OutputDirError, match=expected):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()

@@ -176,6 +176,8 @@ class RunRecord:
     system: str | None = None             # the experiment's name for what it trained (a row, a system)
     trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
     resumed_from: str | None = None       # the checkpoint a resumed run continued from (e.g. checkpoint-300)
+    # split -> where the run's prepared data came from: its folder, key and whether an earlier run prepared it (reused)
+    prepared_from: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
     program: str | None = None            # what the run was started by: train_translation.py or hf-relpos-train
     hub_model_id: str | None = None       # the Hub repository the run's card names (title, usage), if it named one
     steps: int | None = None

@@ -135,6 +135,13 @@ class DataArguments:
                           "inputs of up to N sentences."},
     )
     preprocessing_num_workers: int | None = field(default=None, metadata={"help": "Processes for tokenization."})
+    prepared_data_dir: str | None = field(
+        default=None,
+        metadata={"help": "A folder shared by runs for the prepared (tokenized, filtered) splits, each kept under a key "
+                          "of its data files, tokenizer and length settings: runs with the same ones prepare a split "
+                          "once and the others load it; no run removes another's. null: output_dir/prepared_data, "
+                          "the run's own (a split prepared there under older data or settings is removed)."},
+    )
     tokenizer_training_pairs: int | None = field(
         default=None,
         metadata={"help": "Train a new tokenizer on a random sample of this many training pairs (fixed seed) instead "

@@ -2,7 +2,7 @@
 before any data is written), and each split tokenized and filtered, or loaded when an earlier run or process
 prepared it from the same files, tokenizer and settings; the evaluation splits sorted by source length for
 generation. How a prepared split is stored on disk (memory-mapped Arrow under a key of its inputs, published
-atomically) is `prepared`'s job."""
+atomically, in output_dir or in a `prepared_data_dir` shared by runs) is `prepared`'s job."""
 
 from __future__ import annotations
 
@@ -41,11 +41,12 @@ from .data import (
 )
 from .model_setup import build_model, max_new_tokens_for
 from .prepared import (
+    PreparedStore,
     files_sha256,
     load_prepared,
     preparation,
     preparation_key,
-    prepared_folder,
+    prepared_store,
     publish_prepared,
     tokenizer_sha256,
 )
@@ -70,10 +71,10 @@ class RawSplits:
     train, data to prepare); local files are read into memory-mapped Arrow files in the preparation folder, whose disk
     budget counts the splits in `to_prepare` (all of them until the run knows which need preparing)."""
 
-    def __init__(self, data_args: DataArguments, splits: tuple[str, ...], output_dir: str, cache_dir: str | None,
-                 stack: contextlib.ExitStack) -> None:
-        self.data_args, self.splits, self.output_dir, self.cache_dir, self.stack = (
-            data_args, splits, output_dir, cache_dir, stack)
+    def __init__(self, data_args: DataArguments, splits: tuple[str, ...], output_dir: str, store: PreparedStore,
+                 cache_dir: str | None, stack: contextlib.ExitStack) -> None:
+        self.data_args, self.splits, self.store, self.cache_dir, self.stack = (
+            data_args, splits, store, cache_dir, stack)
         self.demo_directory = Path(output_dir) / DEMO_DATA_FOLDER
         self.files = local_split_files(data_args, splits, self.demo_directory)
         if self.files is not None and data_args.uses_local_files and data_args.dataset_name:
@@ -120,7 +121,7 @@ class RawSplits:
         """The preparation folder of this run (created at the first call, with the disk budget of the splits in
         `to_prepare`; removed when the run's preparation ends)."""
         if self.folder is None:
-            self.folder = self.stack.enter_context(preparation(self.output_dir,
+            self.folder = self.stack.enter_context(preparation(self.store,
                                                                self.prepared_text_bytes(self.to_prepare)))
         return self.folder
 
@@ -159,6 +160,9 @@ class PreparedData:
     model: RelPosTransformerForConditionalGeneration
     train_dataset: Dataset | None
     evaluation_sets: dict[str, EvaluationSet]
+    # split -> where its prepared data came from: {"folder", "key", "reused"} (reused: prepared by an earlier run or
+    # process, not by this one)
+    prepared_from: dict[str, dict[str, Any]]
 
 
 # The evaluation sets' prefixes (the Trainer's metric prefixes) -> their splits.
@@ -168,14 +172,17 @@ SPLIT_NAMES = {"eval": "validation", "test": "test"}
 def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                  splits: tuple[str, ...], retrain: bool, resuming: bool) -> PreparedData:
     """The tokenizer, the model (built, and so checked, before any data is written) and the tokenized splits: each
-    split is loaded (memory-mapped) from output_dir/prepared_data when it was prepared from the same files, tokenizer
-    and settings, else read, tokenized, filtered and saved there (see `hf_relpos.translation.prepared`); the texts
+    split is loaded (memory-mapped) from output_dir/prepared_data (or prepared_data_dir) when it was prepared from the
+    same files, tokenizer and settings, else read, tokenized, filtered and saved there (see
+    `hf_relpos.translation.prepared`); the texts
     are read only for a split to prepare or a tokenizer to train, and every split to prepare is read (its files
     checked) before a tokenizer is trained or any split is saved, so that a bad data file writes nothing; the
     training pairs are checked against the token budget (`check_token_budget`) before any split is saved too."""
     output_dir = training_args.output_dir
+    store = prepared_store(output_dir, data_args.prepared_data_dir)
+    prepared_from: dict[str, dict[str, Any]] = {}
     with contextlib.ExitStack() as stack:
-        raw = RawSplits(data_args, splits, output_dir, model_args.cache_dir, stack)
+        raw = RawSplits(data_args, splits, output_dir, store, model_args.cache_dir, stack)
         identities = raw.identities()
         tokenizer, new_settings = obtain_tokenizer(model_args, data_args, training_args, identities.get("train"),
                                                    raw.training_split, retrain=retrain, resuming=resuming)
@@ -196,11 +203,12 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 inputs["overlong_pairs"] = EVALUATION_OVERLONG_PAIRS
             keys[split] = inputs
             started, key = time.monotonic(), preparation_key(inputs)
-            loaded = load_prepared(output_dir, split, key)
+            loaded = load_prepared(store, split, key)
             if loaded is not None:
                 logger.info("Reusing the %s data prepared in %s on %s (%d pairs): memory-mapped in %.1f s", split,
-                            prepared_folder(output_dir, split, key), loaded[1]["prepared_at"], len(loaded[0]),
+                            store.folder(split, key), loaded[1]["prepared_at"], len(loaded[0]),
                             time.monotonic() - started)
+                prepared_from[split] = {"folder": str(store.folder(split, key)), "key": key, "reused": True}
                 report = LengthReport(**loaded[1]["report"])
                 logger.info(report.describe(inputs["overlong_pairs"]))
                 prepared[split] = loaded[0]
@@ -219,12 +227,19 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
                 check_token_budget(dataset, training_args, model)
             else:
                 dataset, report = tokenize_evaluation_pairs(raw.get(split), tokenizer, data_args, split, workdir)
-            publish_prepared(raw.workdir(), split, key, dataset, {"inputs": inputs, "report": vars(report)})
-            logger.info("Prepared the %s data in %.1f s", split, time.monotonic() - started)
-            prepared[split] = load_prepared(output_dir, split, key)[0]
+            published = publish_prepared(store, raw.workdir(), split, key, dataset,
+                                         {"inputs": inputs, "report": vars(report)})
+            folder = store.folder(split, key)
+            if published:
+                logger.info("Prepared the %s data in %.1f s, saved in %s", split, time.monotonic() - started, folder)
+            else:
+                logger.info("Prepared the %s data in %.1f s, but another run published it in %s meanwhile: loading "
+                            "that one, this run's copy is discarded", split, time.monotonic() - started, folder)
+            prepared_from[split] = {"folder": str(folder), "key": key, "reused": not published}
+            prepared[split] = load_prepared(store, split, key)[0]
     evaluation_sets = {prefix: prepare_evaluation_set(prepared[split])
                        for prefix, split in SPLIT_NAMES.items() if split in prepared}
-    return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets)
+    return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets, prepared_from)
 
 
 def check_evaluation_lengths(evaluation_sets: dict[str, EvaluationSet], training_args: TranslationTrainingArguments,

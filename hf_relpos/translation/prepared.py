@@ -1,13 +1,15 @@
 """Prepared data: each tokenized, filtered split of a run saved once as memory-mapped Arrow under
-`output_dir/prepared_data/SPLIT-KEY/`, where KEY is the SHA-256 of everything the split depends on (its data files'
-contents, the tokenizer, the length settings). A rerun, a later training launch and every other process of a launch load it
-in seconds and share its pages through the page cache; a change of any of those inputs gives another KEY, so
-stale data is never loaded.
+`output_dir/prepared_data/SPLIT-KEY/` (or `prepared_data_dir/SPLIT-KEY/`, shared by runs), where KEY is the SHA-256
+of everything the split depends on (its data files' contents, the tokenizer, the length settings). A rerun, a later
+training launch and every other process of a launch load it in seconds and share its pages through the page cache;
+a change of any of those inputs gives another KEY, so stale data is never loaded.
 
 A preparation writes into a `.partial-*` folder beside the final ones and renames a split's folder when its data and
 manifest (written last) are on disk: an interrupted preparation leaves only a `.partial-*` folder, which no run
-loads and the next preparation removes. A split prepared under another key is renamed to a `.partial-*` name before
-its files are deleted, for the same reason.
+loads and the next preparation removes once its process is gone. In a run's own folder a split prepared under another
+key is stale (older data or settings): it is renamed to a `.partial-*` name before its files are deleted, for the same
+reason. In a shared `prepared_data_dir` every key is data some run uses: none is removed, and a run that finds its
+key published by another run while it prepared the same split discards its own copy and loads that one.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +48,33 @@ DISK_PER_TEXT_BYTE = 3
 
 
 class PreparationError(OSError):
-    """The data cannot be prepared in output_dir (not enough free disk)."""
+    """The data cannot be prepared in output_dir or prepared_data_dir (not enough free disk)."""
+
+
+@dataclass(frozen=True)
+class PreparedStore:
+    """Where a run's prepared splits are kept: `output_dir/prepared_data`, the run's own, where a split prepared under
+    another key is stale and removed; or `prepared_data_dir` (`shared`), where runs with the same data, tokenizer and
+    length settings find one preparation, and no run removes another key's split."""
+
+    root: Path
+    shared: bool
+
+    @property
+    def setting(self) -> str:
+        """The argument that names the folder (for messages)."""
+        return "prepared_data_dir" if self.shared else "output_dir"
+
+    def folder(self, split: str, key: str) -> Path:
+        """Where `split` prepared under `key` is kept."""
+        return self.root / f"{split}-{key}"
+
+
+def prepared_store(output_dir: str | os.PathLike, prepared_data_dir: str | os.PathLike | None) -> PreparedStore:
+    """`prepared_data_dir` when given (shared), else `output_dir/prepared_data`."""
+    if prepared_data_dir is not None:
+        return PreparedStore(Path(prepared_data_dir), shared=True)
+    return PreparedStore(Path(output_dir) / PREPARED_FOLDER, shared=False)
 
 
 def files_sha256(paths: Iterable[str | os.PathLike], on_chunk: Callable[[int], Any] | None = None) -> str:
@@ -68,19 +97,10 @@ def preparation_key(inputs: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
-def prepared_root(output_dir: str | os.PathLike) -> Path:
-    return Path(output_dir) / PREPARED_FOLDER
-
-
-def prepared_folder(output_dir: str | os.PathLike, split: str, key: str) -> Path:
-    """Where `split` prepared under `key` is kept."""
-    return prepared_root(output_dir) / f"{split}-{key}"
-
-
-def load_prepared(output_dir: str | os.PathLike, split: str, key: str) -> tuple[Dataset, dict[str, Any]] | None:
+def load_prepared(store: PreparedStore, split: str, key: str) -> tuple[Dataset, dict[str, Any]] | None:
     """(dataset, manifest) of `split` prepared under `key`, memory-mapped; None when there is none (a `.partial-*`
     folder is never one)."""
-    folder = prepared_folder(output_dir, split, key)
+    folder = store.folder(split, key)
     try:
         manifest = json.loads((folder / MANIFEST_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -89,13 +109,14 @@ def load_prepared(output_dir: str | os.PathLike, split: str, key: str) -> tuple[
 
 
 @contextlib.contextmanager
-def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path]:
-    """A fresh `.partial-*` folder to prepare data in, removed when the block ends (with the folders it created, when
-    left empty; a full disk becomes one `PreparationError`). Partial folders of preparations on this machine whose
-    process is gone are removed first, and a `PreparationError` is raised at once when the disk has less than
+def preparation(store: PreparedStore, text_bytes: int) -> Iterator[Path]:
+    """A fresh `.partial-*` folder in `store` to prepare data in, removed when the block ends (with the folders it
+    created in output_dir, when left empty: a shared folder stays, another run may be about to prepare in it; a full
+    disk becomes one `PreparationError`). Partial folders of preparations on this machine whose process is gone are
+    removed first, and a `PreparationError` is raised at once when the disk has less than
     `DISK_PER_TEXT_BYTE * text_bytes` free."""
-    root = prepared_root(output_dir)
-    created = [folder for folder in (root.parent, root) if not folder.exists()]
+    root = store.root
+    created = [] if store.shared else [folder for folder in (root.parent, root) if not folder.exists()]
     root.mkdir(parents=True, exist_ok=True)
     for stale in remove_abandoned(root, PARTIAL_PREFIX):
         logger.info("Removed %s, left by an interrupted preparation", stale)
@@ -106,14 +127,15 @@ def preparation(output_dir: str | os.PathLike, text_bytes: int) -> Iterator[Path
         if needed > free:
             raise PreparationError(errno.ENOSPC, f"preparing the data needs about {needed / 2**30:.1f} GiB free in "
                                    f"{root} ({DISK_PER_TEXT_BYTE} x the {text_bytes / 2**30:.2f} GiB of text), but "
-                                   f"only {free / 2**30:.1f} GiB are free; free some space or choose another output_dir")
+                                   f"only {free / 2**30:.1f} GiB are free; free some space or choose another "
+                                   f"{store.setting}")
         folder.mkdir()
         yield folder
     except OSError as error:
         if error.errno == errno.ENOSPC and not isinstance(error, PreparationError):
             raise PreparationError(errno.ENOSPC, f"the disk of {root} filled up while preparing the data "
                                    f"({error}); about {needed / 2**30:.1f} GiB are needed: free some space or "
-                                   "choose another output_dir") from None
+                                   f"choose another {store.setting}") from None
         raise
     finally:
         shutil.rmtree(folder, ignore_errors=True)
@@ -128,26 +150,30 @@ def partial_folder(root: Path) -> Path:
     return root / f"{owned_prefix(PARTIAL_PREFIX)}{uuid.uuid4().hex[:8]}"
 
 
-def publish_prepared(folder: Path, split: str, key: str, dataset: Dataset, manifest: dict[str, Any]) -> Path:
-    """Save `dataset` into the preparation `folder`, its manifest last, and rename that to the split's key: the
-    prepared split appears whole or not at all. The split prepared under other keys (older data or settings) is
-    removed."""
+def publish_prepared(store: PreparedStore, folder: Path, split: str, key: str, dataset: Dataset,
+                     manifest: dict[str, Any]) -> bool:
+    """Save `dataset` into the preparation `folder` (in `store`), its manifest last, and rename that to the split's
+    key: the prepared split appears whole or not at all. False when another run published the key meanwhile: its
+    split is kept and this one is left in `folder`, to be removed with it. In a run's own store the split prepared
+    under other keys (older data or settings) is removed."""
     staged = folder / f"{split}-{key}"
     dataset.save_to_disk(str(staged / "data"))
     manifest = dict(manifest, prepared_at=time.strftime("%Y-%m-%d %H:%M:%S %Z"))
     (staged / MANIFEST_FILE).write_text(json.dumps(manifest, indent=2) + "\n", encoding="utf-8")
-    root = folder.parent
-    target = root / staged.name
+    target = store.folder(split, key)
     try:
         staged.rename(target)
-    except OSError:   # prepared meanwhile by another job: keep that one
+        published = True
+    except OSError:   # prepared meanwhile by another run: keep that one
         if not (target / MANIFEST_FILE).is_file():
             raise
-    for other in root.glob(f"{split}-*"):
-        if other != target:
-            logger.info("Removing %s, prepared for other data or settings", other)
-            _remove_prepared(other)
-    return target
+        published = False
+    if not store.shared:
+        for other in store.root.glob(f"{split}-*"):
+            if other != target:
+                logger.info("Removing %s, prepared for other data or settings", other)
+                _remove_prepared(other)
+    return published
 
 
 def _remove_prepared(folder: Path) -> None:

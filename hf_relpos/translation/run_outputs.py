@@ -42,9 +42,10 @@ logger = logging.getLogger(__name__)
 
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
-               push_to_hub: bool, resumed_from: str | None = None, best_checkpoint: str | None = None) -> None:
+               push_to_hub: bool, resumed_from: str | None = None, best_checkpoint: str | None = None,
+               prepared_from: dict[str, dict[str, Any]] | None = None) -> None:
     """After training: the run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed
-    run continued from), written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
+    run continued from; `prepared_from`, where each split's prepared data came from), written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
     Hub with that card. `best_checkpoint`: the checkpoint whose weights `load_best_model_at_end` loaded (None: no
     evaluation ran during training, so the weights are the last step's and the record says
     load_best_model_at_end false)."""
@@ -55,6 +56,7 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
                            "train_steps"))
         record.load_best_model_at_end = False
     record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
+    record.prepared_from = prepared_from or {}
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
     record.scores = scores_from_results(results)
     write_model_card(model, record, training_args)

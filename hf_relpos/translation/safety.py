@@ -59,9 +59,10 @@ def format_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
-def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0) -> None:
+def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
     """Raise `OutputDirError` unless `output_dir` (or, if it does not exist yet, its nearest existing parent) is a
-    folder in which a file can be created and deleted, on a disk with at least `required_bytes` free.
+    folder in which a file can be created and deleted, on a disk with at least `required_bytes` free. `setting`: the
+    argument that names the folder (output_dir, prepared_data_dir), for the error.
 
     Nothing is left behind: the probe is a temporary folder removed again, and `output_dir` itself is not created.
     """
@@ -70,7 +71,7 @@ def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0) -> 
     while not existing.exists():
         existing = existing.parent
     if not existing.is_dir():
-        raise OutputDirError(f"output_dir {str(path)!r}: {str(existing)!r} is a file, not a folder")
+        raise OutputDirError(f"{setting} {str(path)!r}: {str(existing)!r} is a file, not a folder")
     try:
         probe = Path(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
         try:
@@ -79,12 +80,12 @@ def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0) -> 
             shutil.rmtree(probe, ignore_errors=True)
     except OSError as error:
         raise OutputDirError(
-            f"output_dir {str(path)!r} is not writable: cannot create files in {str(existing)!r} ({error.strerror})"
+            f"{setting} {str(path)!r} is not writable: cannot create files in {str(existing)!r} ({error.strerror})"
         ) from None
     free = shutil.disk_usage(existing).free
     if required_bytes > free:
         raise OutputDirError(
-            f"output_dir {str(path)!r}: only {format_bytes(free)} free on its disk, but the run needs about "
+            f"{setting} {str(path)!r}: only {format_bytes(free)} free on its disk, but the run needs about "
             f"{format_bytes(required_bytes)} (final model and checkpoints with optimizer state); free some space, "
             f"lower save_total_limit or choose another output_dir"
         )

@@ -33,7 +33,7 @@ from .preflight import (
     previous_run,
     remove_previous_run,
 )
-from .prepared import PreparationError, prepared_root
+from .prepared import PreparationError, prepared_store
 from .run_outputs import check_scoring_in_place, record_run, record_scores_in_place
 from .safety import NonFiniteLossError, OutputDirError, TrainingStoppedError, check_output_dir
 from .tokenizer_setup import save_tokenizer
@@ -53,6 +53,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     _set_up_process(training_args)
     output_dir = training_args.output_dir
     check_output_dir(output_dir, required_disk_bytes(estimated_weight_bytes(model_args) or 0, training_args))
+    if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
+        check_output_dir(data_args.prepared_data_dir, setting="prepared_data_dir")
     resume_from = resolve_resume_checkpoint(training_args)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:
@@ -77,7 +79,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                 save_tokenizer(prepared.tokenizer, output_dir, prepared.new_tokenizer_settings)
     if training_args.prepare_only:
         logger.info("prepare_only: tokenizer in %s, data prepared in %s; stopping before training", output_dir,
-                    prepared_root(output_dir))
+                    prepared_store(output_dir, data_args.prepared_data_dir).root)
         return {}
 
     log_model(prepared.model, model_args, training_args)
@@ -97,7 +99,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         results["test"] = report_split(trainer, "test", prediction.metrics)
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
         record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
-                   trainer.state.best_model_checkpoint)
+                   trainer.state.best_model_checkpoint, prepared.prepared_from)
     elif training_args.should_save and scores_in_place:
         record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
     return results
