@@ -766,7 +766,7 @@ def test_the_disk_space_check_applies_to_prepared_data_dir(tmp_path, monkeypatch
     assert list(shared.iterdir()) == [], "no partial folder left"
 
 
-@pytest.mark.parametrize("bad", ["file", "read_only"])
+@pytest.mark.parametrize("bad", ["file", "read_only", "dangling_link"])
 def test_a_prepared_data_dir_that_cannot_hold_the_data_is_one_error_before_any_work(tmp_path, monkeypatch, bad):
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
     folder = tmp_path / "shared"
@@ -779,6 +779,11 @@ def test_a_prepared_data_dir_that_cannot_hold_the_data_is_one_error_before_any_w
     if bad == "file":
         folder.write_text("not a folder")
         expected = rf"prepared_data_dir '{re.escape(str(folder))}': .* is a file, not a folder"
+    elif bad == "dangling_link":   # a link to a folder not there (an unmounted disk, a moved folder)
+        folder.symlink_to(tmp_path / "gone")
+        expected = (rf"prepared_data_dir '{re.escape(str(folder))}': '{re.escape(str(folder))}' is a link to "
+                    rf"'{re.escape(str(tmp_path / 'gone'))}', which does not exist; create that folder or remove "
+                    "the link")
     else:
         folder.mkdir()
         monkeypatch.setattr(safety_module.tempfile, "mkdtemp", read_only_mkdtemp)

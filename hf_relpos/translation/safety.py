@@ -61,7 +61,8 @@ def format_bytes(count: float) -> str:
 
 def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
     """Raise `OutputDirError` unless `output_dir` (or, if it does not exist yet, its nearest existing parent) is a
-    folder in which a file can be created and deleted, on a disk with at least `required_bytes` free. `setting`: the
+    folder in which a file can be created and deleted, on a disk with at least `required_bytes` free; a link on the
+    way to a target that does not exist (no folder can be created through it) is an error too. `setting`: the
     argument that names the folder (output_dir, prepared_data_dir), for the error.
 
     Nothing is left behind: the probe is a temporary folder removed again, and `output_dir` itself is not created.
@@ -69,6 +70,10 @@ def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, set
     path = Path(output_dir).absolute()
     existing = path
     while not existing.exists():
+        if existing.is_symlink():
+            raise OutputDirError(f"{setting} {str(path)!r}: {str(existing)!r} is a link to "
+                                 f"{os.readlink(existing)!r}, which does not exist; create that folder or remove the "
+                                 "link")
         existing = existing.parent
     if not existing.is_dir():
         raise OutputDirError(f"{setting} {str(path)!r}: {str(existing)!r} is a file, not a folder")
