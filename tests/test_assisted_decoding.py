@@ -120,3 +120,19 @@ def test_a_draft_model_with_randomized_positions_is_one_error(model_class):
         model, draft = causal_lm("shaw"), causal_lm("shaw", **randomized)
     with pytest.raises(ValueError, match=REFUSAL.format("draft for another model") + "position_randomization_at_"):
         model.generate(input_ids=SOURCE, **GREEDY, assistant_model=draft)
+
+
+@pytest.mark.parametrize("model_class", ["translation", "causal LM"])
+def test_the_main_model_s_drawn_positions_are_not_passed_to_its_draft(model_class):
+    """A main model with position_randomization_at_inference draws its positions in generate; its draft (not
+    randomized) is called without them, at its own positions, in every round."""
+    randomized = dict(position_randomization_max=64, position_randomization_at_inference=True)
+    if model_class == "translation":
+        model, draft, argument = spread_model("shaw", "eager", **randomized), spread_model("shaw", "eager"), "decoder_positions"
+    else:
+        model, draft, argument = causal_lm("shaw", **randomized), redrawn(causal_lm("shaw"), seed=1), "positions"
+    passed = []
+    draft.register_forward_pre_hook(lambda module, args, kwargs: passed.append(kwargs.get(argument)), with_kwargs=True)
+    with torch.no_grad():
+        model.generate(input_ids=SOURCE, **GREEDY, assistant_model=draft)
+    assert len(passed) > 1 and all(positions is None for positions in passed)
