@@ -647,3 +647,15 @@ def test_an_n_best_it_cannot_give_is_one_error_naming_the_flags(memorised_model_
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert message in error.splitlines()[-1] and error.count("error:") == 1, error
+
+
+def test_the_length_cap_warning_of_n_best_lists_counts_hypotheses(memorised_model_folder, tmp_path, capsys):
+    """With --n_best 3 under a cap of 3 tokens most of the 2 lines' 6 hypotheses are cut: the warning counts them as
+    hypotheses, not as more translations than the input has lines."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
+    main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "nbest.txt"), "--no_progress",
+          "--no_split_sentences", "--num_beams", "3", "--n_best", "3", "--max_length", "3"])
+    assert len(read_n_best((tmp_path / "nbest.txt").read_text(encoding="utf-8"))) == 6
+    error = capsys.readouterr().err
+    counted = re.search(r"warning: (\d+) n-best hypothesis\(es\) reached the maximum length", error)
+    assert counted is not None and 2 < int(counted[1]) <= 6 and "translation(s)" not in error, error

@@ -74,11 +74,13 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 @dataclass
 class LengthCapCount:
-    """How many translations reached their length cap, over the `translate_lines` calls that share this count, and
-    whether the cap was the source-relative one (a model with `new_token_limits`)."""
+    """How many translations reached their length cap, over the `translate_lines` calls that share this count,
+    whether the cap was the source-relative one (a model with `new_token_limits`), and whether they are the
+    hypotheses of n-best lists (`--n_best`: each line's are counted)."""
 
     translations: int = 0
     relative: bool = False
+    n_best: bool = False
 
     def warn(self) -> None:
         """One warning on stderr where a translation reached its cap."""
@@ -89,7 +91,8 @@ class LengthCapCount:
                "short cap: --no_repeat_ngram_size N ends such loops)" if self.relative else
                "the maximum length (max_new_tokens, else max_length) and may be cut; raise --max_length, or give "
                "--max_len_a and --max_len_b for a cap relative to each source")
-        print(f"{PROGRAM}: warning: {self.translations} translation(s) reached {cap}", file=sys.stderr)
+        counted = "n-best hypothesis(es)" if self.n_best else "translation(s)"
+        print(f"{PROGRAM}: warning: {self.translations} {counted} reached {cap}", file=sys.stderr)
 
 
 def translate_lines(
@@ -129,7 +132,7 @@ def translate_lines(
                     output_ids = scored.sequences
             limits = (model.new_token_limits(**inputs, **generate_kwargs) if hasattr(model, "new_token_limits")
                       else None)
-            capped.relative = limits is not None
+            capped.relative, capped.n_best = limits is not None, n_best is not None
             per_line = n_best or 1   # generate's rows: each source's hypotheses in a row
             texts = []
             for row, ids in enumerate(output_ids):
