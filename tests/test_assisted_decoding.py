@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import BUILT_IN_SCHEMES, spread_model, tiny_config
+from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 import hf_relpos
 
@@ -136,3 +137,21 @@ def test_the_main_model_s_drawn_positions_are_not_passed_to_its_draft(model_clas
     with torch.no_grad():
         model.generate(input_ids=SOURCE, **GREEDY, assistant_model=draft)
     assert len(passed) > 1 and all(positions is None for positions in passed)
+
+
+
+def test_a_beam_search_asked_for_with_a_draft_model_ignores_the_draft():
+    """transformers' assisted decoding has greedy search and sampling only: with num_beams 4 (as a translation run's
+    saved generation config may set) it warns and runs the beam search, never calling the draft model (no speed-up),
+    as docs/internals.md says."""
+    model = spread_model("shaw", "eager")
+    draft = redrawn(spread_model("shaw", "eager"), seed=1)
+    calls = []
+    draft.register_forward_pre_hook(lambda module, args: calls.append(1))
+    settings = dict(GREEDY, num_beams=4, output_scores=True)
+    with torch.no_grad():
+        beam = model.generate(input_ids=SOURCE, **settings)
+        assisted = model.generate(input_ids=SOURCE, **settings, assistant_model=draft)
+    assert isinstance(assisted, GenerateBeamEncoderDecoderOutput) and not calls
+    assert torch.equal(assisted.sequences, beam.sequences)
+    torch.testing.assert_close(assisted.sequences_scores, beam.sequences_scores, rtol=0, atol=1e-12)
