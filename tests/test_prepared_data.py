@@ -794,3 +794,12 @@ def test_a_prepared_data_dir_that_cannot_hold_the_data_is_one_error_before_any_w
     with pytest.raises(OutputDirError, match=expected):
         run([str(config)])
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("blank", ["", "  "])
+def test_a_blank_prepared_data_dir_is_one_error_naming_the_field(blank):
+    """An empty prepared_data_dir (`--prepared_data_dir ""`, `prepared_data_dir: ''`) is no folder: it would put the
+    prepared splits in the current folder, so it is refused, with null named as the way to the run's own folder."""
+    with pytest.raises(ValueError, match=r"^prepared_data_dir must name a folder, or be null \(output_dir/prepared_data, "
+                                         rf"the run's own\); got {re.escape(repr(blank))}$"):
+        DataArguments(prepared_data_dir=blank)

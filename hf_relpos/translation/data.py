@@ -174,6 +174,9 @@ class DataArguments:
         if self.max_pairs_per_join > 2 and not self.concatenated_pairs:
             raise ValueError(f"max_pairs_per_join {self.max_pairs_per_join} sets how many pairs a joined pair of "
                              "concatenated_pairs joins, and concatenated_pairs is 0 (no joined pairs): set both")
+        if self.prepared_data_dir is not None and not self.prepared_data_dir.strip():   # Path("") is the current folder
+            raise ValueError("prepared_data_dir must name a folder, or be null (output_dir/prepared_data, the run's "
+                             f"own); got {self.prepared_data_dir!r}")
         require_int("preprocessing_num_workers", self.preprocessing_num_workers, minimum=1,
                     null_means="tokenize in this process")
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
