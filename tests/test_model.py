@@ -729,8 +729,19 @@ def test_randomized_inference_errors_name_the_field():
     torch.manual_seed(0)
     memory_lm = hf_relpos.RelPosTransformerForCausalLM(tiny_config(
         "xl", mem_len=4, position_randomization_max=40, position_randomization_at_inference=True)).eval()
-    with torch.no_grad(), pytest.raises(ValueError, match="does not work with a Transformer-XL memory"):
+    with torch.no_grad(), pytest.raises(ValueError, match=r"does not work with a Transformer-XL memory \(mem_len=4\)"):
         memory_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=2)
+    memoryless_lm = copy.deepcopy(memory_lm)
+    memoryless_lm.config.mem_len = 0
+    with torch.no_grad():   # the call's mem_len decides: 0 switches the memory off, so positions are drawn
+        torch.manual_seed(3)
+        expected = memoryless_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=6, output_logits=True,
+                                          return_dict_in_generate=True)
+        torch.manual_seed(3)
+        got = memory_lm.generate(input_ids=torch.tensor([[5, 6]]), max_new_tokens=6, mem_len=0, output_logits=True,
+                                 return_dict_in_generate=True)
+    assert torch.equal(got.sequences, expected.sequences)
+    torch.testing.assert_close(torch.stack(got.logits), torch.stack(expected.logits), rtol=0, atol=0)
 
 
 def test_generate_refuses_a_beam_wider_than_the_vocabulary():

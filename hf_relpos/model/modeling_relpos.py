@@ -1295,8 +1295,8 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         """`GenerationMixin.generate`, refusing a beam narrower than 1 or wider than the vocabulary
         (`check_num_beams`); with `max_len_b` set (in the generation config, or passed with `max_len_a`) each row's
         output is capped relative to its source (`generation_limits`); with `position_randomization_at_inference` it
-        then draws the decoder's positions for the whole output (`draw_output_positions`), unless `decoder_positions`
-        is given (and not by the main model this one drafts for in assisted decoding)."""
+        then draws the decoder's positions for the whole output unless `decoder_positions` is given, and drafting for
+        another model's assisted decoding it drops that model's (`set_output_positions`)."""
         if len(args) > len(GENERATE_ARGUMENTS):
             raise TypeError(f"generate takes at most {len(GENERATE_ARGUMENTS)} positional arguments "
                             f"({', '.join(GENERATE_ARGUMENTS)}), got {len(args)}")
@@ -1307,11 +1307,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         decoder_input_ids = kwargs.get("decoder_input_ids")
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
         cap_by_source_length(self, prompt_length, kwargs)
-        if getattr(generation_config, "is_assistant", False):   # drafting for another model's generate
-            check_assisted_decoding(self.config, mem_len=0, drafting=True)
-            kwargs.pop("decoder_positions", None)   # the main model's
-        if self.config.position_randomization_at_inference and kwargs.get("decoder_positions") is None:
-            kwargs["decoder_positions"] = draw_output_positions(self, prompt_length, kwargs)
+        set_output_positions(self, kwargs, "decoder_positions", prompt_length, mem_len=0)
         return super().generate(**kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
@@ -1336,6 +1332,23 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         lengths = source_lengths(inputs if inputs is not None else generate_kwargs.get("input_ids"), attention_mask,
                                  pad_token_id, embedded)
         return new_token_limits(lengths, *limit, longest_new_output(config, prompt_length))
+
+
+def set_output_positions(model: PreTrainedModel, generate_kwargs: dict, positions_argument: str, prompt_length: int,
+                         mem_len: int) -> None:
+    """The positions `generate(**generate_kwargs)` decodes at, in `generate_kwargs[positions_argument]`. Drafting for
+    another model's assisted decoding (transformers passes a generation config marked `is_assistant`): refused where
+    it cannot draft (`check_assisted_decoding`), and the main model's drawn positions are dropped. Then, with
+    `position_randomization_at_inference` and none given, one draw for the whole output (`draw_output_positions`);
+    not with a Transformer-XL memory (`mem_len` > 0), which drops its oldest positions."""
+    if getattr(generate_kwargs.get("generation_config") or model.generation_config, "is_assistant", False):
+        check_assisted_decoding(model.config, mem_len, drafting=True)
+        generate_kwargs.pop(positions_argument, None)
+    if model.config.position_randomization_at_inference and generate_kwargs.get(positions_argument) is None:
+        if mem_len > 0:
+            raise ValueError("position_randomization_at_inference does not work with a Transformer-XL memory "
+                             f"(mem_len={mem_len}) in generate: set mem_len to 0")
+        generate_kwargs[positions_argument] = draw_output_positions(model, prompt_length, generate_kwargs)
 
 
 def draw_output_positions(model: PreTrainedModel, prompt_length: int, generate_kwargs: dict) -> PositionDraw:
@@ -1506,18 +1519,12 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
-        whole sequence (`draw_output_positions`), unless `positions` is given. Not with a Transformer-XL memory,
-        which drops its oldest positions. Drafting for another model's assisted decoding: `check_assisted_decoding`."""
-        if getattr(kwargs.get("generation_config"), "is_assistant", False):   # drafting for another model's generate
-            check_assisted_decoding(self.config, memory_length(self.config, kwargs.get("mem_len")), drafting=True)
-            kwargs.pop("positions", None)   # the main model's
-        if self.config.position_randomization_at_inference and kwargs.get("positions") is None:
-            if self.config.mem_len > 0:
-                raise ValueError("position_randomization_at_inference does not work with a Transformer-XL memory "
-                                 f"(mem_len={self.config.mem_len}) in generate: set mem_len to 0")
-            prompt = kwargs.get("input_ids", args[0] if args else None)
-            prompt = kwargs.get("inputs_embeds") if prompt is None else prompt
-            kwargs["positions"] = draw_output_positions(self, 0 if prompt is None else prompt.size(1), kwargs)
+        whole sequence unless `positions` is given, and drafting for another model's assisted decoding it drops that
+        model's (`set_output_positions`)."""
+        prompt = kwargs.get("input_ids", args[0] if args else None)
+        prompt = kwargs.get("inputs_embeds") if prompt is None else prompt
+        set_output_positions(self, kwargs, "positions", 0 if prompt is None else prompt.size(1),
+                             memory_length(self.config, kwargs.get("mem_len")))
         return super().generate(*args, **kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,
