@@ -63,7 +63,10 @@ def new_token_lengths(sequences: torch.Tensor, end_token_ids: Sequence[int]) -> 
 def generate_n_best(model: PreTrainedModel, inputs: dict[str, torch.Tensor], n_best: int,
                     **generate_kwargs: Any) -> ScoredSequences:
     """`model.generate`'s `n_best` best hypotheses per source row (rows i * n_best ... in generate's order), with F0
-    gathered from generate's own step scores (`compute_transition_scores` with the beam indices) and SCORE."""
+    gathered from generate's own step scores (`compute_transition_scores` with the beam indices) and SCORE. An engine
+    that scores its own hypotheses (hf_relpos.tools.ctranslate2_engine) gives them from its `generate_n_best`."""
+    if hasattr(model, "generate_n_best"):
+        return model.generate_n_best(**inputs, n_best=n_best, **generate_kwargs)
     output = model.generate(**inputs, **generate_kwargs, num_return_sequences=n_best, output_scores=True,
                             return_dict_in_generate=True)
     beam_indices = getattr(output, "beam_indices", None)

@@ -126,9 +126,7 @@ def translate_lines(
                 if n_best is None:
                     output_ids = model.generate(**inputs, **generate_kwargs)
                 else:
-                    scored = (model.generate_n_best(**inputs, n_best=n_best, **generate_kwargs)
-                              if isinstance(model, CTranslate2Model) else
-                              generate_n_best(model, inputs, n_best, **generate_kwargs))
+                    scored = generate_n_best(model, inputs, n_best, **generate_kwargs)
                     output_ids = scored.sequences
             limits = (model.new_token_limits(**inputs, **generate_kwargs) if hasattr(model, "new_token_limits")
                       else None)
