@@ -206,3 +206,20 @@ class RecordMatmuls(TorchDispatchMode):
         if func in self.MATMULS:
             self.shapes.append([tuple(arg.shape) for arg in args if isinstance(arg, torch.Tensor)])
         return func(*args, **(kwargs or {}))
+
+
+def make_unwritable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
+    """`folder` behaves as a folder without write permission even for root: creating a temporary file or folder in it
+    (how the package writes every output, `hf_relpos.publish.files`, and probes a folder) fails with EACCES."""
+    import errno
+    import tempfile
+
+    for name in ("mkstemp", "mkdtemp"):
+        create = getattr(tempfile, name)
+
+        def refuse(*args, create=create, **kwargs):
+            if Path(kwargs.get("dir") or "").resolve() == folder.resolve():
+                raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+            return create(*args, **kwargs)
+
+        monkeypatch.setattr(tempfile, name, refuse)

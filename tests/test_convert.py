@@ -316,6 +316,15 @@ def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, caps
     assert [path.name for path in tmp_path.iterdir()] == ["out"] and [p.name for p in output.iterdir()] == ["keep.txt"]
 
 
+def test_an_output_dir_under_a_file_is_one_error_naming_it(marian_folder, tmp_path, capsys):
+    (tmp_path / "file").write_text("mine")
+    assert main(["marian", str(marian_folder / "model"), str(tmp_path / "file" / "out"), "--position_scheme",
+                 "shaw"]) == 2
+    assert f"error: output_dir '{tmp_path / 'file' / 'out'}': '{tmp_path / 'file'}' is a file, not a folder" in (
+        capsys.readouterr().err)
+    assert [path.name for path in tmp_path.iterdir()] == ["file"]
+
+
 def test_a_marian_folder_without_tokenizer_files_is_one_error_naming_them(marian_folder, tmp_path, capsys):
     folder = tmp_path / "weights_only"
     folder.mkdir()

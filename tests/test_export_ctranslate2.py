@@ -554,6 +554,15 @@ def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
     assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
 
 
+def test_an_out_dir_under_a_file_is_one_error_naming_it(exported, tmp_path):
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(SystemExit) as raised:
+        export_main(["ctranslate2", str(exported["none"][1]), str(tmp_path / "file" / "ct2")])
+    assert raised.value.code == (f"hf-relpos-export: error: OUT_DIR '{tmp_path / 'file' / 'ct2'}': "
+                                 f"'{tmp_path / 'file'}' is a file, not a folder")
+    assert [path.name for path in tmp_path.iterdir()] == ["file"]
+
+
 @pytest.mark.parametrize(("umask", "file_mode", "folder_mode"), [(0o022, 0o644, 0o755), (0o077, 0o600, 0o700)])
 def test_the_exported_folder_gets_the_modes_the_umask_gives(tokenizer, tmp_path, umask, file_mode, folder_mode):
     """OUT_DIR is staged in a tempfile folder (owner-only): once renamed in, it and its files have the modes mkdir()

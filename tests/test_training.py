@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 import yaml
-from conftest import MEMORISED_PAIRS, run_without_hf_relpos
+from conftest import MEMORISED_PAIRS, make_unwritable, run_without_hf_relpos
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerState
@@ -714,6 +714,24 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsy
     assert (tmp_path / "avg" / "modeling_relpos.py").is_file() and (tmp_path / "avg" / "pipeline_relpos.py").is_file()
     config = json.loads((tmp_path / "avg" / "config.json").read_text(encoding="utf-8"))
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
+
+
+@pytest.mark.parametrize("output", ["file", "file/averaged", "read_only/averaged"])
+def test_average_checkpoints_to_an_output_dir_it_cannot_create_is_one_error_naming_it(output, tmp_path, capsys,
+                                                                                      monkeypatch):
+    for seed in range(2):
+        tiny_model(seed).save_pretrained(tmp_path / f"c{seed}")
+    (tmp_path / "file").write_text("mine")
+    (tmp_path / "read_only").mkdir()
+    make_unwritable(monkeypatch, tmp_path / "read_only")
+    with pytest.raises(SystemExit) as exited:
+        average_main([str(tmp_path / "c0"), str(tmp_path / "c1"), "--output_dir", str(tmp_path / output)])
+    assert exited.value.code == 2
+    reason = "is not writable: cannot create files in" if output.startswith("read_only") else "is a file, not a folder"
+    error = capsys.readouterr().err
+    assert f"error: output_dir '{tmp_path / output}'" in error and reason in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c0", "c1", "file", "read_only"]
+    assert (tmp_path / "file").read_text() == "mine" and not any((tmp_path / "read_only").iterdir())
 
 
 def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told(tmp_path, capsys):

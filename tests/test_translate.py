@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MEMORISED_PAIRS
+from conftest import MEMORISED_PAIRS, make_unwritable
 
 from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
 from hf_relpos.tools import translate as translate_module
@@ -478,6 +478,36 @@ def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(memo
         main([str(memorised_model_folder), "--input", str(source_file), "--output", output])
     assert exited.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_output_folder_without_write_permission_is_one_error_before_the_model_loads(memorised_model_folder,
+                                                                                      tmp_path, capsys, monkeypatch):
+    (tmp_path / "read_only").mkdir()
+    make_unwritable(monkeypatch, tmp_path / "read_only")
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before checking --output"))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "read_only" / "h")])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert f"--output's folder '{tmp_path / 'read_only'}' is not writable: cannot create files in" in error
+    assert "Permission denied" in error and "Traceback" not in error
+
+
+@pytest.mark.parametrize("flag", ["--input", "--reference"])
+def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_kept(memorised_model_folder, tmp_path,
+                                                                                    capsys, flag):
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
+    reference_file = write_lines(tmp_path / "ref.txt", ["a reference"])
+    same = source_file if flag == "--input" else reference_file
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
+              "--output", str(tmp_path / "." / same.name)])
+    assert exited.value.code == 2
+    assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
+    assert source_file.read_text(encoding="utf-8") == SOURCES[0] + "\n"
+    assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 
 
 def test_an_empty_source_with_references_has_nothing_to_score(memorised_model_folder, tmp_path, capsys):

@@ -56,6 +56,7 @@ from ..translation.batching import cut_token_batches
 from ..translation.data import FILE_FORMATS, SOURCE_ONLY_FORMATS, DatasetSchemaError, text_line_chunks, text_lines
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
 from ..translation.preflight import missing_local_folder
+from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import check_tokenizer_saved, is_ctranslate2_folder
 from .n_best import Hypothesis, generate_n_best, n_best_lines
@@ -394,6 +395,15 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
+    if output is not None:
+        for flag, path in (("--input", args.input), ("--reference", args.reference)):
+            if path is not None and output.exists() and output.samefile(path):
+                parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
+                               f"would replace it; write them to another file\n")
+        try:
+            check_output_dir(output.parent, setting="--output's folder")
+        except OutputDirError as error:
+            parser.exit(2, f"{PROGRAM}: error: {error}\n")
     try:
         with hidden_progress_bars() if args.no_progress else contextlib.nullcontext():
             if Path(args.model).is_dir():
