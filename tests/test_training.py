@@ -507,6 +507,32 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("overrides", "message"), [
+    ({"per_device_train_batch_size": 0}, "per_device_train_batch_size must be an integer >= 1, got 0"),
+    ({"per_device_eval_batch_size": 0}, "per_device_eval_batch_size must be an integer >= 1, got 0"),
+    ({"gradient_accumulation_steps": 0}, "gradient_accumulation_steps must be an integer >= 1, got 0"),
+    ({"dataloader_num_workers": -1}, "dataloader_num_workers must be an integer >= 0, got -1"),
+    ({"label_smoothing_factor": 1.1}, r"label_smoothing_factor must be a number in \[0, 1\), got 1.1"),
+    ({"label_smoothing_factor": -0.1}, r"label_smoothing_factor must be a number in \[0, 1\), got -0.1"),
+    ({"adam_beta2": 1.5}, r"adam_beta2 must be a number in \[0, 1\), got 1.5"),
+    ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs must be a positive number when max_steps is not set, "
+                                               "got 0.0: the run would train no step"),
+    ({"output_dir": ""}, "output_dir must name a folder, got ''"),
+], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
+        "output_dir"])
+def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
+        tmp_path, corpus, monkeypatch, overrides, message):
+    """Left to transformers these fail once training starts (a traceback, with output_dir already written: batch size
+    0, gradient accumulation 0, negative workers, an Adam beta >= 1), or train silently wrong (label smoothing outside
+    [0, 1) weighs the label's own log-likelihood by 1 - epsilon <= 0) or not at all (no epoch: a model saved untrained)."""
+    monkeypatch.chdir(tmp_path)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    flags = [item for name, value in overrides.items() for item in (f"--{name}", str(value))]
+    with pytest.raises(ConfigError, match=f"^{message}"):
+        run([str(config), *flags, "--max_tokens_per_batch", "null"])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]
+
+
 def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp_path, corpus, caplog):
     """A recipe's pools do not stop a sentence-batch override (`--max_tokens_per_batch null`)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=4)

@@ -31,7 +31,7 @@ from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
 from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
-from .validation import require_int, require_positive_number
+from .validation import require_int, require_positive_number, require_probability
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
@@ -332,9 +332,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         require_positive_number("init_std", self.init_std)
         require_positive_number("embedding_init_std", self.embedding_init_std, null_means="d_model^-0.5")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
-                raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")
+            require_probability(name, getattr(self, name))
         for name in ("pad_token_id", "eos_token_id", "bos_token_id", "decoder_start_token_id"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)

@@ -47,3 +47,10 @@ def require_non_negative_number(name: str, value: Any) -> None:
     """Raise ValueError naming `name` unless `value` is a finite number >= 0."""
     if not is_non_negative_number(value):
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+
+
+def require_probability(name: str, value: Any) -> None:
+    """Raise ValueError naming `name` unless `value` is a number p in [0, 1) (a dropout rate, a label-smoothing
+    epsilon, an Adam beta): at p = 1 dropout drops everything and smoothing ignores the label."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value < 1.0:
+        raise ValueError(f"{name} must be a number in [0, 1), got {value!r}")

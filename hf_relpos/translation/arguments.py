@@ -34,7 +34,7 @@ from ..model.attention_functions import check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
-from ..model.validation import is_non_negative_number, require_int
+from ..model.validation import is_non_negative_number, is_positive_number, require_int, require_probability
 from ..publish.records import accelerate_program, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
@@ -670,12 +670,27 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if training_args.overwrite_output_dir and training_args.resume_from_checkpoint is not None:
         raise ConfigError("overwrite_output_dir (train from scratch) and resume_from_checkpoint (continue a run) "
                           "contradict each other: choose one")
+    if not training_args.output_dir.strip():   # Path("") is the current folder
+        raise ConfigError(f"output_dir must name a folder, got {training_args.output_dir!r}")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
                  "generation_max_length", "average_checkpoints", "fade_absolute_positions", "early_stopping_patience"):
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
             raise ConfigError(str(error)) from None
+    # transformers' own fields that it leaves unchecked until training fails on them, after output_dir is written
+    minimums = {"per_device_train_batch_size": 1, "per_device_eval_batch_size": 1, "gradient_accumulation_steps": 1,
+                "dataloader_num_workers": 0}
+    try:
+        for name, minimum in minimums.items():
+            require_int(name, getattr(training_args, name), minimum)
+        for name in ("label_smoothing_factor", "adam_beta1", "adam_beta2"):
+            require_probability(name, getattr(training_args, name))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    if training_args.do_train and training_args.max_steps <= 0 and not is_positive_number(training_args.num_train_epochs):
+        raise ConfigError(f"num_train_epochs must be a positive number when max_steps is not set, got "
+                          f"{training_args.num_train_epochs!r}: the run would train no step")
     if training_args.prepare_only and not training_args.do_train:
         raise ConfigError("prepare_only trains the tokenizer on the training split: it needs do_train")
     if training_args.push_to_hub and not training_args.do_train:
