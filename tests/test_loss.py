@@ -137,3 +137,29 @@ def test_loss_is_the_token_sum_over_num_items_in_batch_and_stays_float64(model_c
     assert mean.dtype == torch.float64 and model.accepts_loss_kwargs
     assert abs(mean.item() - total.item() / count) < 1e-12
     assert abs(scaled.item() - total.item() / 50) < 1e-12
+
+
+@pytest.mark.parametrize(("labels", "decoder_input_ids", "message"), [
+    (lambda ids: ids[0], None, r"labels must be a \[batch, length\] tensor of integer token ids \(-100: ignored\), got "
+                               r"shape \[7\] and dtype torch.int64"),
+    (lambda ids: ids.float(), None, r"labels must be a \[batch, length\] tensor of integer token ids \(-100: ignored\), "
+                                    r"got shape \[2, 7\] and dtype torch.float32"),
+    (lambda ids: ids, lambda ids: ids[:, :4], r"labels must hold one id per token of the decoder's inputs: shape "
+                                              r"\[2, 4\], got \[2, 7\]"),
+], ids=["one sentence", "float", "longer than the decoder inputs"])
+def test_malformed_labels_are_one_error_naming_them(labels, decoder_input_ids, message):
+    """A sentence's ids without the batch dimension, float ids, or one label per token of other decoder inputs: one
+    ValueError naming labels, not an IndexError in the shift or a flattened size mismatch in the cross-entropy."""
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config())
+    causal_lm = hf_relpos.RelPosTransformerForCausalLM(tiny_config(is_encoder_decoder=False))
+    ids = torch.randint(3, 40, (2, 7))
+    inputs = {} if decoder_input_ids is None else {"decoder_input_ids": decoder_input_ids(ids)}
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        model(input_ids=ids, labels=labels(ids), **inputs)
+    if decoder_input_ids is None:
+        with pytest.raises(ValueError, match=f"^{message}$"):
+            causal_lm(input_ids=ids, labels=labels(ids))
+    else:
+        with pytest.raises(ValueError, match=r"^labels must hold one id per token of the inputs: shape \[2, 4\], got "
+                                             r"\[2, 7\]$"):
+            causal_lm(input_ids=ids[:, :4], labels=labels(ids))

@@ -13,7 +13,7 @@ import copy
 import inspect
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,6 +95,22 @@ def shift_tokens_right(input_ids: torch.Tensor, pad_token_id: int, decoder_start
     shifted[:, 1:] = input_ids[:, :-1].clone()
     shifted[:, 0] = decoder_start_token_id
     return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+def is_token_id_matrix(ids: torch.Tensor) -> bool:
+    """Whether `ids` is a [batch, length] tensor of integers (token ids, or labels with -100)."""
+    return ids.dim() == 2 and not ids.dtype.is_floating_point and ids.dtype != torch.bool
+
+
+def check_labels(labels: torch.Tensor, inputs_shape: Sequence[int] | None, inputs: str) -> None:
+    """One ValueError naming `labels` unless they are [batch, length] integer ids with one label per token of
+    `inputs`, whose [batch, length] is `inputs_shape` (None: the labels make those inputs)."""
+    if not is_token_id_matrix(labels):
+        raise ValueError("labels must be a [batch, length] tensor of integer token ids (-100: ignored), got shape "
+                         f"{list(labels.shape)} and dtype {labels.dtype}")
+    if inputs_shape is not None and tuple(labels.shape) != tuple(inputs_shape):
+        raise ValueError(f"labels must hold one id per token of {inputs}: shape {list(inputs_shape)}, got "
+                         f"{list(labels.shape)}")
 
 
 def token_cross_entropy(
@@ -527,8 +543,7 @@ class RelPosStack(nn.Module):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         stack = "decoder" if self.is_decoder else "encoder"
-        if input_ids is not None and (input_ids.dim() != 2 or input_ids.dtype.is_floating_point
-                                      or input_ids.dtype == torch.bool):
+        if input_ids is not None and not is_token_id_matrix(input_ids):
             raise ValueError(f"the {stack}'s input_ids must be a [batch, length] tensor of integer token ids, got "
                              f"shape {list(input_ids.shape)} and dtype {input_ids.dtype}")
         if inputs_embeds is None:
@@ -1255,6 +1270,8 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` as in
         `RelPosTransformerModel.forward`."""
         if labels is not None:
+            decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
+            check_labels(labels, None if decoder_inputs is None else decoder_inputs.shape[:2], "the decoder's inputs")
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = shift_tokens_right(
@@ -1484,6 +1501,9 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         over the tokens the attention mask keeps (cumsum - 1), as for transformers' causal LMs, so a left-padded
         prompt is encoded as without its padding. In memory mode (`mem_len` > 0) the returned cache is `mems`, and
         a tuple passed as `cache` is taken as `mems` (how `generate` hands it back)."""
+        if labels is not None:
+            inputs = input_ids if input_ids is not None else inputs_embeds
+            check_labels(labels, None if inputs is None else inputs.shape[:2], "the inputs")
         if isinstance(cache, (list, tuple)):
             mems, cache = cache, None
         use_cache = cache_flag(self.config, use_cache)
