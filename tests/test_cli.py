@@ -220,15 +220,18 @@ def test_randomized_positions_at_inference_must_hold_the_longest_evaluation_sour
     assert sorted(path.name for path in (tmp_path / "out").iterdir()) == ["prepared_data"]
 
 
-@pytest.mark.parametrize("name", ["model_name_or_path", "tokenizer_name"])
-def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, tmp_path, monkeypatch):
+@pytest.mark.parametrize(("name", "kind"), [("model_name_or_path", "model"), ("tokenizer_name", "model"),
+                                           ("dataset_name", "dataset")])
+def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, kind, tmp_path, monkeypatch):
     """`outputs/my_modle` (a path whose parent exists) is a missing folder, not a Hub id to retry for half a minute."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "outputs").mkdir()
     monkeypatch.setattr("huggingface_hub.file_download.hf_hub_download",
                         lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
+    monkeypatch.setattr("huggingface_hub.HfApi.dataset_info",
+                        lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
     with pytest.raises(ConfigError, match=rf"^{name} 'outputs/my_modle': no such folder \(the nearest existing folder "
-                                          r"is 'outputs'\); a Hub model id has the form owner/name$"):
+                                          rf"is 'outputs'\); a Hub {kind} id has the form owner/name$"):
         parse_arguments([str(REPO / "configs" / "demo.yaml"), f"--{name}", "outputs/my_modle"])
 
 

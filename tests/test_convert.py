@@ -325,6 +325,17 @@ def test_an_output_dir_under_a_file_is_one_error_naming_it(marian_folder, tmp_pa
     assert [path.name for path in tmp_path.iterdir()] == ["file"]
 
 
+def test_a_mistyped_local_marian_folder_is_one_error_without_a_hub_lookup(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    monkeypatch.setattr("huggingface_hub.file_download.hf_hub_download",
+                        lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
+    assert main(["marian", "models/opus-mt-en-dee", "out", "--position_scheme", "shaw"]) == 2
+    assert capsys.readouterr().err == ("error: source 'models/opus-mt-en-dee': no such folder (the nearest existing "
+                                       "folder is 'models'); a Hub model id has the form owner/name\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["models"]
+
+
 def test_a_marian_folder_without_tokenizer_files_is_one_error_naming_them(marian_folder, tmp_path, capsys):
     folder = tmp_path / "weights_only"
     folder.mkdir()
