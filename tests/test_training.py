@@ -760,6 +760,18 @@ def test_average_checkpoints_to_an_output_dir_it_cannot_create_is_one_error_nami
     assert (tmp_path / "file").read_text() == "mine" and not any((tmp_path / "read_only").iterdir())
 
 
+def test_a_checkpoint_listed_twice_is_one_error_not_averaged_double(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for seed in range(2):
+        tiny_model(seed).save_pretrained(tmp_path / f"c{seed}")
+    with pytest.raises(SystemExit) as exited:
+        average_main(["c0", "c1", str(tmp_path / "c0"), "--output_dir", "avg"])
+    assert exited.value.code == 2
+    assert (f"error: '{tmp_path / 'c0'}' is listed twice (also as 'c0'): the average would weigh it double; list each "
+            "checkpoint once") in capsys.readouterr().err
+    assert not (tmp_path / "avg").exists()
+
+
 def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told(tmp_path, capsys):
     run_dir = tmp_path / "run"
     for step in range(1, 7):

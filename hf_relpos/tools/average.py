@@ -54,6 +54,11 @@ def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | o
     for path in paths:
         if not path.is_dir():
             raise ValueError(f"{str(path)!r} is not a folder")
+    resolved = [path.resolve() for path in paths]
+    for index, folder in enumerate(resolved):
+        if folder in resolved[:index]:
+            raise ValueError(f"{str(paths[index])!r} is listed twice (also as {str(paths[resolved.index(folder)])!r}): "
+                             "the average would weigh it double; list each checkpoint once")
     found = find_checkpoints(paths[0]) if len(paths) == 1 else []
     checkpoints = [path for path in found if is_complete_checkpoint(path)]
     incomplete = ", ".join(path.name for path in found if path not in checkpoints)
