@@ -533,6 +533,19 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]
 
 
+@pytest.mark.parametrize(("name", "value", "shape"), [("seed", [1], "a list"), ("max_source_length", [48], "a list"),
+                                                   ("generation_num_beams", {"beams": 4}, "a mapping")])
+def test_a_list_or_mapping_in_the_yaml_for_a_number_is_one_error_naming_the_field(tmp_path, corpus, name, value,
+                                                                                   shape):
+    """A YAML list or mapping passed on unconverted to a number field crashed later: `seed: [1]` in the Trainer's
+    seeding (a traceback), `max_source_length: [48]` as "'<' not supported between list and int"."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **{name: value})
+    with pytest.raises(ConfigError, match=rf"^{name} must be a single value, got {shape} {re.escape(repr(value))}$"):
+        parse_arguments([str(config)])
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", report_to=["none"])
+    assert parse_arguments([str(config)])[2].report_to == []   # a field that takes a list still does
+
+
 def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp_path, corpus, caplog):
     """A recipe's pools do not stop a sentence-batch override (`--max_tokens_per_batch null`)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=4)

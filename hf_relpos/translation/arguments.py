@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import sys
+import types
 import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -479,6 +480,14 @@ def _is_optional(argument_class: type, name: str) -> bool:
     return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
 
 
+def _is_number_or_flag(argument_class: type, name: str) -> bool:
+    """Whether the field holds one number or true/false (or null), as its type says: never a list or a mapping.
+    (Text fields are left alone: transformers takes lists for some that it declares str, e.g. fsdp.)"""
+    hint = typing.get_type_hints(argument_class)[name]
+    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    return all(kind in (int, float, bool, type(None)) for kind in kinds)
+
+
 # transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement.
 TRANSFORMERS_4_FIELDS = {
     "group_by_length": "train_sampling_strategy group_by_length",
@@ -538,6 +547,9 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         if name in argument_fields:
             if value is None and not _is_optional(argument_fields[name], name):
                 raise ConfigError(f"{name} cannot be null")
+            if isinstance(value, (list, dict)) and _is_number_or_flag(argument_fields[name], name):
+                shape = "a list" if isinstance(value, list) else "a mapping"
+                raise ConfigError(f"{name} must be a single value, got {shape} {value!r}")
             defaults[name] = _as_default(value)
         elif name in config_fields:
             model_config[name] = value
