@@ -673,6 +673,19 @@ def test_the_command_line_gives_one_error_line(output_folder, fake_hub, tmp_path
     assert message in capsys.readouterr().err and fake_hub.commits == []
 
 
+def test_a_recipe_that_is_not_a_mapping_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys):
+    """A YAML file holding a list or a bare string (a file given by mistake) crashed render-cards with a traceback
+    (AttributeError: 'str' object has no attribute 'get'), after it had created the --out folder."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.yaml").write_text("just a note\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["render-cards", str(REPO_ROOT / "configs" / "demo.yaml"), "notes.yaml", "--out", "cards"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == ("python -m hf_relpos.publish.hub render-cards: error: notes.yaml: a recipe's top "
+                                       "level must be a mapping of field: value, got str\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.yaml"]
+
+
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):
     before = folder_snapshot(output_folder)
     url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)

@@ -125,9 +125,12 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
 # --------------------------------------------------------------------------------------------------- model cards
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
-    """A recipe YAML file (configs/*.yaml) as a dict."""
+    """A recipe YAML file (configs/*.yaml) as a dict; one ValueError naming the file unless it holds a mapping."""
     with open(path, encoding="utf-8") as handle:
-        return load_yaml(handle) or {}
+        recipe = load_yaml(handle) or {}
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: a recipe's top level must be a mapping of field: value, got {type(recipe).__name__}")
+    return recipe
 
 
 def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
@@ -660,11 +663,11 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
+    loaded = {path: load_recipe(path) for path in recipes}   # a recipe that cannot be read leaves no --out folder
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for path in recipes:
-        recipe = load_recipe(path)
+    for path, recipe in loaded.items():
         if recipe.get("model_name_or_path"):
             continue
         record = RunRecord.from_recipe(recipe)
