@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import math
 import os
 import re
 import sys
@@ -323,10 +324,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
+    if args.max_length == 1:   # the train_translation.py rule for generation_max_length: 1 leaves no new token
+        parser.error("--max_length must be at least 2 (it counts the decoder start token), got 1")
     for name in ("max_len_a", "max_len_b"):
         value = getattr(args, name)
         if value is not None and not 0 <= value < float("inf"):
             parser.error(f"--{name} must be a number >= 0, got {value}")
+    if args.length_penalty is not None and not math.isfinite(args.length_penalty):   # NaN scores rank beams at random
+        parser.error(f"--length_penalty must be a finite number, got {args.length_penalty}")
     if args.n_best is not None and args.split_sentences:
         parser.error("--n_best lists a line's best translations by beam search, which a line translated sentence by "
                      "sentence does not have: give --no_split_sentences with --n_best")
