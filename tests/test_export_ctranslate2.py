@@ -655,6 +655,65 @@ def test_tokens_banned_by_a_setting_generate_with_renormalised_log_probabilities
                 assert (lines(model.generate(**inputs, **settings)) == renormalised) == (num_beams == 1)
 
 
+def with_decoder_start(model, token_id: int, **generation):
+    """A copy of `model` whose decoder starts from `token_id`, with these generation settings saved."""
+    copied = copy.deepcopy(model)
+    copied.config.decoder_start_token_id = token_id
+    copied.generation_config.update(decoder_start_token_id=token_id, **generation)
+    return copied
+
+
+@pytest.mark.parametrize("start", ["bos", "eos"])
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_blocking_every_repeated_token_bans_the_decoder_start_token_as_generate_does(exported, tokenizer, tmp_path,
+                                                                                      start, num_beams):
+    """no_repeat_ngram_size 1: generate's history holds the decoder start token, so it is banned from the first
+    step; the engine's holds the generated tokens only and bans it as a suppressed token. A decoder that starts from
+    its end token (`decoder_start_token: eos`) then never ends a line before its cap, in both engines (beam search:
+    generate's with renormalize_logits=True, as for every banned token)."""
+    start_id = getattr(tokenizer, f"{start}_token_id")
+    model = with_decoder_start(exported["t5"][0], start_id, max_new_tokens=10)
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    inputs = tokenizer(TEST_SOURCES[:8], padding=True, return_tensors="pt")
+    settings = dict(num_beams=num_beams, no_repeat_ngram_size=1)
+    with torch.no_grad():
+        expected = model.generate(**inputs, **settings, renormalize_logits=True)
+    assert (tokenizer.eos_token_id in expected[:, 1:].flatten().tolist()) == (start != "eos")   # new tokens
+    assert tokenizer.batch_decode(CTranslate2Model(folder, threads=1).generate(**inputs, **settings),
+                                  skip_special_tokens=True) == tokenizer.batch_decode(expected,
+                                                                                      skip_special_tokens=True)
+
+
+@pytest.mark.parametrize(("start", "num_beams", "refusal"), [
+    ("bos", 1, None),
+    ("bos", 4, r"^repetition_penalty 1\.3 with num_beams 4: generate's beam search applies the penalty to the "
+               r"log-probabilities"),
+    ("eos", 1, r"^repetition_penalty 1\.3 with a decoder that starts from its end token \(decoder_start_token_id 1\)"),
+])
+def test_a_repetition_penalty_decodes_as_generate_or_is_refused(exported, tokenizer, tmp_path, start, num_beams,
+                                                               refusal):
+    """repetition_penalty: greedy search penalises the logits in both engines, which give the same lines. generate's
+    beam search penalises the log-probabilities, and a decoder starting from its end token has that token penalised
+    from the first step (it is in generate's history, not in the engine's): both are refused, when decoding and,
+    saved in the generation config, when exporting (nothing written)."""
+    settings = dict(num_beams=num_beams, repetition_penalty=1.3)
+    model = with_decoder_start(exported["shaw"][0], getattr(tokenizer, f"{start}_token_id"))
+    engine = CTranslate2Model(export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2"),
+                              threads=1)
+    lines = dict(progress=False, max_tokens=160)
+    if refusal is None:
+        expected = translate_lines(TEST_SOURCES, model, tokenizer, **lines, **settings)
+        assert expected != translate_lines(TEST_SOURCES, model, tokenizer, **lines, num_beams=num_beams)
+        assert translate_lines(TEST_SOURCES, engine, tokenizer, **lines, **settings) == expected
+        return
+    with pytest.raises(ExportError, match=refusal):
+        translate_lines(TEST_SOURCES, engine, tokenizer, **lines, **settings)
+    model.generation_config.update(**settings, early_stopping=num_beams > 1)   # early stopping: beam search only
+    with pytest.raises(ExportError, match=refusal.replace("^", "^generation_config ")):
+        export_ctranslate2(save(model, tokenizer, tmp_path / "saved"), tmp_path / "ct2_saved")
+    assert not (tmp_path / "ct2_saved").exists()
+
+
 def test_the_engines_ceiling_is_generates(exported):
     """New tokens without max_new_tokens: max_length minus the decoder start token, else generate's default."""
     from hf_relpos.model.generation_limits import DEFAULT_NEW_TOKENS

@@ -12,7 +12,10 @@ the engine can end with other hypotheses, which it scores higher). Under the sou
 `limit - 1` tokens and appends the end token to a row that did not end, which is greedy decoding's result exactly;
 in beam search the forced end token's score is not part of the engine's ranking, so a capped row (one
 `hf-relpos-translate` warns about) can differ. A `forced_eos_token_id` that is an end token (MarianMT's generation
-configs set one) forces it the same way at the ceiling; `bad_words_ids` are translate_batch's `suppress_sequences`.
+configs set one) forces it the same way at the ceiling; `bad_words_ids` are translate_batch's `suppress_sequences`,
+as is the decoder start token under `no_repeat_ngram_size` 1 (generate's history holds it, the engine's does not).
+A `repetition_penalty` is refused with beam search and for a decoder that starts from its end token
+(`translate_options`), where the engines' translations differ.
 `generate_n_best` gives translate_batch's `num_hypotheses` with the n-best scores of the PyTorch model
 (hf_relpos.tools.n_best): the engine's score is the same length-normalised score over the same tokens.
 """
@@ -97,8 +100,11 @@ class CTranslate2Model:
         """translate_batch's options for generate()'s `settings` over the folder's generation config."""
         config = self.length_config(**settings)
         options = translate_options(config)
-        if config.bad_words_ids:
-            options["suppress_sequences"] = [[self.tokens[token] for token in ids] for ids in config.bad_words_ids]
+        banned = [list(ids) for ids in config.bad_words_ids or []]
+        if options["no_repeat_ngram_size"] == 1:   # generate's history holds the start token, which it bans then
+            banned.append([self.start_token_id])
+        if banned:
+            options["suppress_sequences"] = [[self.tokens[token] for token in ids] for ids in banned]
         return options
 
     def forces_end_token(self, **settings: Any) -> bool:

@@ -133,6 +133,10 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
             raise ExportError(f"generation_config {', '.join(unsupported)} cannot be exported: CTranslate2's "
                               "translate_batch has no such option; remove them from generation_config.json to "
                               "export")
+        try:   # the saved decoding, as the engine will run it
+            translate_options(generation)
+        except ExportError as error:
+            raise ExportError(f"generation_config {error}; remove it from generation_config.json to export") from None
         forced_end, end = generation.forced_eos_token_id, generation.eos_token_id
         if forced_end is not None and forced_end not in (end if isinstance(end, list) else [end]):
             raise ExportError(f"generation_config forced_eos_token_id {forced_end!r} cannot be exported: it is not "
@@ -369,15 +373,30 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
 def translate_options(config: GenerationConfig) -> dict[str, Any]:
     """CTranslate2's `translate_batch` options for the generation settings `config` (greedy or beam search): beam,
     length penalty, the most and fewest new tokens after the decoder start token, repetition penalty, blocked
-    n-grams. Banned words need the vocabulary (`CTranslate2Model.decoding_options` adds them)."""
+    n-grams. Banned words need the vocabulary (`CTranslate2Model.decoding_options` adds them). A repetition penalty
+    the engine would apply otherwise than generate (beam search; a decoder starting from its end token) is an
+    ExportError."""
     if config.do_sample:
         raise ExportError("do_sample: this exported model decodes with greedy or beam search only")
+    beams, penalty = config.num_beams or 1, float(config.repetition_penalty or 1.0)
+    if beams > 1 and penalty != 1.0:
+        raise ExportError(f"repetition_penalty {penalty:g} with num_beams {beams}: generate's beam search applies the "
+                          "penalty to the log-probabilities, CTranslate2's to the logits before the softmax, so their "
+                          "translations differ; decode with num_beams 1 (greedy search penalises the logits in both) "
+                          "or without repetition_penalty")
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
+    ends = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    if penalty != 1.0 and start is not None and start in ends:
+        raise ExportError(f"repetition_penalty {penalty:g} with a decoder that starts from its end token "
+                          f"(decoder_start_token_id {start}): generate penalises the end token from the first step, as "
+                          "the start token is in the history it penalises, and CTranslate2's history holds the "
+                          "generated tokens only, so their translations differ; decode without repetition_penalty")
     return {
-        "beam_size": config.num_beams or 1,
+        "beam_size": beams,
         "length_penalty": 1.0 if config.length_penalty is None else float(config.length_penalty),
         "max_decoding_length": max(1, longest_new_output(config, prompt_length=1)),
         "min_decoding_length": shortest_new_output(config, prompt_length=1),
-        "repetition_penalty": float(config.repetition_penalty or 1.0),
+        "repetition_penalty": penalty,
         "no_repeat_ngram_size": config.no_repeat_ngram_size or 0,
     }
 
