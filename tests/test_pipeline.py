@@ -35,6 +35,19 @@ def test_empty_text_translates_to_empty_text(translator, text):
     assert translator([text, SOURCES[1]]) == [{"translation_text": ""}, {"translation_text": TARGETS[1]}]
 
 
+@pytest.mark.parametrize("batch_size", [1, 3])
+@pytest.mark.parametrize("text", ["", "   ", "\n"])
+def test_a_blank_text_is_not_generated_so_settings_it_cannot_meet_stop_nothing(translator, text, batch_size):
+    """A blank text translates to "" without being generated (as in hf-relpos-translate): a minimum length above the
+    source-relative cap of its one-token source (max_len_a x 1 + max_len_b) stops neither it nor the texts batched
+    with it."""
+    settings = dict(min_new_tokens=3, max_len_a=1.0, max_len_b=1)
+    expected = translator(SOURCES[1], **settings)
+    assert expected[0]["translation_text"]
+    assert translator([text, SOURCES[1], text], batch_size=batch_size, **settings) == [
+        {"translation_text": ""}, *expected, {"translation_text": ""}]
+
+
 def test_one_piece_when_asked_and_a_cut_translation_is_reported_once_naming_the_cap_that_cut_it(translator, caplog):
     """A folder saved without a source-relative cap: a translation cut by max_new_tokens is reported once as such; cut
     by a source-relative cap passed to the call, once as that."""

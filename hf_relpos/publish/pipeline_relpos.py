@@ -196,13 +196,23 @@ class TranslationPipeline(ChunkPipeline):
         extras = {name: model_inputs.pop(name) for name in ("blank", "separator", "is_last")}
         batch_size = model_inputs["input_ids"].shape[0]
         generate_kwargs = self._prepare_generate_kwargs(generate_kwargs)
-        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
-        # Each source's own length cap (hf_relpos models with max_len_b saved), -1 where there is none.
-        limits = (self.model.new_token_limits(**model_inputs, **generate_kwargs)
-                  if hasattr(self.model, "new_token_limits") else None)
-        if limits is None:
-            limits = torch.full((batch_size,), -1)
-        return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1]), "limits": limits, **extras}
+        settings = generate_kwargs.get("generation_config", self.model.generation_config)
+        sequences = generate_kwargs.get("num_return_sequences") or settings.num_return_sequences or 1
+        # A blank sentence translates to "" (postprocess): only the others are generated, so that settings a one-token
+        # source cannot meet (a minimum length above its length cap) do not stop them.
+        wanted = ~torch.tensor(extras["blank"]).reshape(batch_size)
+        output_ids = torch.zeros((batch_size, sequences, 0), dtype=torch.long)
+        limits = torch.full((batch_size,), -1)   # each source's own length cap, -1 where there is none
+        if bool(wanted.any()):
+            sources = {name: value[wanted.to(value.device)] for name, value in model_inputs.items()}
+            generated = self.model.generate(**sources, **generate_kwargs).cpu()
+            output_ids = torch.zeros((batch_size, sequences, generated.shape[-1]), dtype=generated.dtype)
+            output_ids[wanted] = generated.reshape(-1, sequences, generated.shape[-1])
+            wanted_limits = (self.model.new_token_limits(**sources, **generate_kwargs)
+                             if hasattr(self.model, "new_token_limits") else None)
+            if wanted_limits is not None:
+                limits[wanted] = wanted_limits.cpu()
+        return {"output_ids": output_ids, "limits": limits, **extras}
 
     def postprocess(self, outputs: list[dict], clean_up_tokenization_spaces: bool = False) -> list[dict[str, str]]:
         translations: list[list[tuple[str, str]]] = [[] for _ in range(outputs[0]["output_ids"].shape[1])]
