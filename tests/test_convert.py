@@ -311,7 +311,7 @@ def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, caps
     assert list(tmp_path.iterdir()) == []
     output.mkdir()
     (output / "keep.txt").write_text("x")
-    with pytest.raises(ValueError, match="exists and is not empty"):
+    with pytest.raises(ValueError, match="output_dir .* exists and is not an empty folder"):
         convert_marian(marian_folder / "model", output, "absolute")
     assert [path.name for path in tmp_path.iterdir()] == ["out"] and [p.name for p in output.iterdir()] == ["keep.txt"]
 

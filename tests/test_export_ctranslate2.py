@@ -27,6 +27,7 @@ from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.tools.translate import translate_lines
 from hf_relpos.translation.demo_corpus import generate_demo_splits
 from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
 
 ctranslate2 = pytest.importorskip("ctranslate2")
@@ -549,7 +550,7 @@ def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path,
 def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
     (tmp_path / "ct2").mkdir()
     (tmp_path / "ct2" / "keep.txt").write_text("mine")
-    with pytest.raises(ExportError, match="exists and is not an empty folder"):
+    with pytest.raises(OutputDirError, match="OUT_DIR .* exists and is not an empty folder"):
         export_ctranslate2(exported["none"][1], tmp_path / "ct2")
     assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
 

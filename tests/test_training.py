@@ -725,7 +725,7 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-200", "checkpoint-300",
                                                                         "checkpoint-1000"]
     assert all(Path(path).is_absolute() for path in provenance["checkpoints"])   # readable from any directory
-    with pytest.raises(ValueError, match="already exists and is not empty"):
+    with pytest.raises(ValueError, match="output_dir .* exists and is not an empty folder"):
         average_checkpoints(run_dir, last_n=2, output_dir=averaged_dir)
     with pytest.raises(ValueError, match="last_n=5 but only 4"):
         average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")

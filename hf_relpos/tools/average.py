@@ -30,7 +30,7 @@ from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
 from ..translation.arguments import add_import_modules_argument, import_user_modules
 from ..translation.checkpoints import TRAINER_STATE_FILE, average_weights, find_checkpoints, is_complete_checkpoint
-from ..translation.safety import check_output_dir
+from ..translation.safety import check_new_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -114,9 +114,7 @@ def average_checkpoints(
     """
     checkpoints = select_checkpoints(paths_or_output_dir, last_n)
     output_dir = Path(output_dir)
-    check_output_dir(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()):
-        raise ValueError(f"output_dir {str(output_dir)!r} already exists and is not empty")
+    check_new_output_dir(output_dir)
     averaged = average_weights(checkpoints)
 
     with staged_folder(output_dir) as staging:

@@ -45,7 +45,7 @@ from ..publish.files import apply_umask_mode_to_weights, staged_folder
 from ..publish.records import load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_of
 from ..translation.preflight import missing_local_folder
-from ..translation.safety import check_output_dir
+from ..translation.safety import check_new_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -227,9 +227,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     in `output_dir`, which must not exist yet (or be empty). Everything is checked and written in a sibling temporary
     folder first, then renamed into place: an error leaves nothing behind."""
     output_dir = Path(output_dir)
-    if output_dir.exists() and (not output_dir.is_dir() or any(output_dir.iterdir())):
-        raise ValueError(f"output_dir {str(output_dir)!r} exists and is not empty; choose a new folder")
-    check_output_dir(output_dir)
+    check_new_output_dir(output_dir)
     if (nearest := missing_local_folder(str(source))) is not None:
         raise ValueError(f"source {str(source)!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
                          "model id has the form owner/name")

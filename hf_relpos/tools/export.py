@@ -54,7 +54,7 @@ from ..model.positions import sinusoids
 from ..publish.files import staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
-from ..translation.safety import check_output_dir
+from ..translation.safety import check_new_output_dir
 
 PROGRAM = "hf-relpos-export"
 EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
@@ -328,9 +328,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     out_dir = Path(out_dir)
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
-        raise ExportError(f"OUT_DIR {str(out_dir)!r} exists and is not an empty folder; choose a new one")
-    check_output_dir(out_dir, setting="OUT_DIR")
+    check_new_output_dir(out_dir, setting="OUT_DIR")
     config = RelPosTransformerConfig.from_pretrained(model_dir)
     generation = _generation_config(model_dir)
     check_exportable(config, generation)

@@ -59,6 +59,14 @@ def format_bytes(count: float) -> str:
     return f"{count:.1f} TB"
 
 
+def check_new_output_dir(output_dir: str | os.PathLike, setting: str = "output_dir") -> None:
+    """The folder a tool writes its result into: raise `OutputDirError` naming `setting` unless it does not exist yet
+    or is an empty folder, and can be written (`check_output_dir`)."""
+    check_output_dir(output_dir, setting=setting)
+    if Path(output_dir).is_dir() and any(Path(output_dir).iterdir()):
+        raise OutputDirError(f"{setting} {str(output_dir)!r} exists and is not an empty folder; choose a new one")
+
+
 def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
     """Raise `OutputDirError` unless `output_dir` (or, if it does not exist yet, its nearest existing parent) is a
     folder in which a file can be created and deleted, on a disk with at least `required_bytes` free; a link on the
