@@ -705,6 +705,25 @@ def test_randomized_inference_causal_lm_cached_generation_equals_uncached():
     assert (torch.stack(results[0].logits) - torch.stack(results[1].logits)).abs().max() < 1e-12
 
 
+@pytest.mark.parametrize("prompt_argument", ["input_ids", "inputs", "positional"])
+def test_randomized_inference_causal_lm_draws_for_the_prompt_however_it_is_passed(prompt_argument):
+    """generate's prompt is `inputs` (its first parameter, by name or position) or `input_ids`: each draws positions
+    for the prompt plus the new tokens and generates the same tokens, where `inputs=` drew for the new tokens only
+    (a ValueError once the decoder passed them)."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForCausalLM(tiny_config(
+        "xl", position_randomization_max=40, position_randomization_at_inference=True)).eval()
+    prompt = torch.tensor([[5, 6, 7]])
+    settings = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False)
+    with torch.no_grad():
+        torch.manual_seed(1)
+        expected = model.generate(input_ids=prompt, **settings)
+        torch.manual_seed(1)
+        got = (model.generate(prompt, **settings) if prompt_argument == "positional"
+               else model.generate(**{prompt_argument: prompt}, **settings))
+    assert expected.shape == (1, 7) and torch.equal(got, expected)
+
+
 def test_randomized_inference_errors_name_the_field():
     with pytest.raises(ValueError, match="position_randomization_at_inference needs position_randomization_max"):
         tiny_config(position_randomization_at_inference=True)

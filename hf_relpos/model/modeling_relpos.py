@@ -1541,8 +1541,8 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
         whole sequence unless `positions` is given, and drafting for another model's assisted decoding it drops that
         model's (`set_output_positions`)."""
-        prompt = kwargs.get("input_ids", args[0] if args else None)
-        prompt = kwargs.get("inputs_embeds") if prompt is None else prompt
+        prompts = (kwargs.get("input_ids"), kwargs.get("inputs", args[0] if args else None), kwargs.get("inputs_embeds"))
+        prompt = next((value for value in prompts if value is not None), None)   # generate's first parameter: inputs
         set_output_positions(self, kwargs, "positions", 0 if prompt is None else prompt.size(1),
                              memory_length(self.config, kwargs.get("mem_len")))
         return super().generate(*args, **kwargs)
