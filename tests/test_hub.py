@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -38,7 +39,7 @@ from hf_relpos.publish.records import (
 )
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation import preflight
-from hf_relpos.translation.arguments import parse_arguments
+from hf_relpos.translation.arguments import ConfigError, parse_arguments
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.run_outputs import push_training_output, run_record
 from hf_relpos.translation.training import main as training_main
@@ -673,17 +674,38 @@ def test_the_command_line_gives_one_error_line(output_folder, fake_hub, tmp_path
     assert message in capsys.readouterr().err and fake_hub.commits == []
 
 
-def test_a_recipe_that_is_not_a_mapping_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys):
-    """A YAML file holding a list or a bare string (a file given by mistake) crashed render-cards with a traceback
-    (AttributeError: 'str' object has no attribute 'get'), after it had created the --out folder."""
+@pytest.mark.parametrize(("content", "kind"), [("just a note", "str"), ("[]", "list"), ("false", "bool"), ("0", "int")])
+def test_a_recipe_that_is_not_a_mapping_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys,
+                                                                                   content, kind):
+    """A YAML file holding a list or a bare value (a file given by mistake) crashed render-cards with a traceback
+    (AttributeError: 'str' object has no attribute 'get'), after it had created the --out folder; an empty list,
+    false or 0 rendered a card of an empty recipe. Only an empty file is an empty recipe, as for train_translation.py
+    (one rule: `load_recipe`)."""
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "notes.yaml").write_text("just a note\n", encoding="utf-8")
+    (tmp_path / "notes.yaml").write_text(content + "\n", encoding="utf-8")
     with pytest.raises(SystemExit) as exited:
         hub.main(["render-cards", str(REPO_ROOT / "configs" / "demo.yaml"), "notes.yaml", "--out", "cards"])
     assert exited.value.code == 2
-    assert capsys.readouterr().err == ("python -m hf_relpos.publish.hub render-cards: error: notes.yaml: a recipe's top "
-                                       "level must be a mapping of field: value, got str\n")
+    message = f"notes.yaml: a recipe's top level must be a mapping of field: value, got {kind}"
+    assert capsys.readouterr().err == f"python -m hf_relpos.publish.hub render-cards: error: {message}\n"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["notes.yaml"]
+    with pytest.raises(ConfigError, match=f"^{re.escape(message)}$"):
+        parse_arguments(["notes.yaml"])
+
+
+def test_a_recipe_that_is_not_yaml_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys):
+    """A malformed YAML file crashed render-cards with a yaml.parser traceback; it is the one line naming the file
+    that train_translation.py gives (one rule: `load_recipe`)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.yaml").write_text("a: [\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["render-cards", "notes.yaml", "--out", "cards"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith("python -m hf_relpos.publish.hub render-cards: error: notes.yaml: invalid YAML: ")
+    assert error.count("\n") == 1 and sorted(path.name for path in tmp_path.iterdir()) == ["notes.yaml"]
+    with pytest.raises(ConfigError, match=r"^notes.yaml: invalid YAML: "):
+        parse_arguments(["notes.yaml"])
 
 
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):

@@ -51,7 +51,7 @@ from .records import (
     Measurement,
     RunRecord,
     accelerate_program,
-    load_yaml,
+    load_recipe,
     read_run_records,
     training_record,
 )
@@ -123,15 +123,6 @@ def add_translation_pipeline(folder: str | os.PathLike) -> None:
 
 
 # --------------------------------------------------------------------------------------------------- model cards
-
-def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
-    """A recipe YAML file (configs/*.yaml) as a dict; one ValueError naming the file unless it holds a mapping."""
-    with open(path, encoding="utf-8") as handle:
-        recipe = load_yaml(handle) or {}
-    if not isinstance(recipe, dict):
-        raise ValueError(f"{path}: a recipe's top level must be a mapping of field: value, got {type(recipe).__name__}")
-    return recipe
-
 
 def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
     """The model config a recipe trains (the vocabulary size is the tokenizer's, taken from the recipe)."""

@@ -40,6 +40,21 @@ def load_yaml(stream: Any) -> Any:
     return yaml.load(stream, Loader=RecipeLoader)
 
 
+def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    """A recipe YAML file (configs/*.yaml) as its mapping of field: value, an empty file as an empty one; one
+    ValueError naming the file for invalid YAML or any other top level (a list, a bare value)."""
+    with open(path, encoding="utf-8") as handle:
+        try:
+            recipe = load_yaml(handle)
+        except yaml.YAMLError as error:
+            raise ValueError(f"{path}: invalid YAML: {error}") from None
+    if recipe is None:
+        return {}
+    if not isinstance(recipe, dict):
+        raise ValueError(f"{path}: a recipe's top level must be a mapping of field: value, got {type(recipe).__name__}")
+    return recipe
+
+
 def _recipe_field(section: str, default: Any = None) -> Any:
     """A field that is also a train_translation.py argument of that name; `section` is the card table it is listed
     in (`SETTING`: used in the text, in no table)."""

@@ -36,7 +36,7 @@ from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerCon
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, is_positive_number, require_int, require_probability
-from ..publish.records import accelerate_program, load_yaml
+from ..publish.records import accelerate_program, load_recipe, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import missing_local_folder
@@ -511,15 +511,9 @@ def _read_yaml(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist")
     try:
-        with open(path, encoding="utf-8") as handle:
-            content = load_yaml(handle)
-    except yaml.YAMLError as error:
-        raise ConfigError(f"{path}: invalid YAML: {error}") from None
-    if content is None:
-        return {}
-    if not isinstance(content, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of field: value")
-    return content
+        return load_recipe(path)
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
 
 
 def _as_default(value: Any) -> Any:
