@@ -37,7 +37,7 @@ from ..model.generation_limits import (
     relative_limit,
     source_lengths,
 )
-from .export import EXPORT_RECORD, import_ctranslate2, translate_options
+from .export import EXPORT_RECORD, import_ctranslate2, start_and_end_tokens, translate_options
 from .n_best import ScoredSequences, length_normalised
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -71,10 +71,7 @@ class CTranslate2Model:
             str(folder), device=kind, device_index=int(index or 0), compute_type=compute_type,
             intra_threads=torch.get_num_threads() if threads is None else threads)
         self.position_table_rows = self.record.get("position_table_rows")
-        start = self.generation_config.decoder_start_token_id
-        self.start_token_id = start if start is not None else self.generation_config.bos_token_id
-        end = self.generation_config.eos_token_id
-        self.end_token_ids = end if isinstance(end, list) else [end]
+        self.start_token_id, self.end_token_ids = start_and_end_tokens(self.generation_config)
 
     def length_config(self, **settings: Any) -> GenerationConfig:
         """The folder's generation config updated with generate()'s `settings` (max_len_a / max_len_b included)."""

@@ -368,6 +368,13 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     return out_dir
 
 
+def start_and_end_tokens(config: GenerationConfig) -> tuple[int | None, list[int | None]]:
+    """The token the decoder starts from (decoder_start_token_id, else bos_token_id) and the end tokens (eos_token_id,
+    one or a list) of the generation settings `config`."""
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
+    return start, config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+
+
 def translate_options(config: GenerationConfig) -> dict[str, Any]:
     """CTranslate2's `translate_batch` options for the generation settings `config` (greedy or beam search): beam,
     length penalty, the most and fewest new tokens after the decoder start token, repetition penalty, blocked
@@ -382,8 +389,7 @@ def translate_options(config: GenerationConfig) -> dict[str, Any]:
                           "penalty to the log-probabilities, CTranslate2's to the logits before the softmax, so their "
                           "translations differ; decode with num_beams 1 (greedy search penalises the logits in both) "
                           "or without repetition_penalty")
-    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
-    ends = config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+    start, ends = start_and_end_tokens(config)
     if penalty != 1.0 and start is not None and start in ends:
         raise ExportError(f"repetition_penalty {penalty:g} with a decoder that starts from its end token "
                           f"(decoder_start_token_id {start}): generate penalises the end token from the first step, as "
