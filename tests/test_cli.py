@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -263,3 +264,25 @@ def test_the_run_record_says_how_the_run_was_launched_without_its_hub_token(tmp_
         record = run_record(model_args, data_args, training_args)
         assert record.trained_as == f"{demo} --seed 7 {shown} --output_dir {tmp_path}"
         assert record.recipe == "demo" and "hf_SECRET" not in json.dumps(record.to_json())
+
+
+@pytest.mark.parametrize(("name", "argv", "named"), [
+    ("hf-relpos-train", ["missing.yaml"], "missing.yaml"),
+    ("hf-relpos-translate", ["./missing_model", "--input", "source.txt"], "missing_model"),
+    ("hf-relpos-convert", ["marian", "./missing_model", "out", "--position_scheme", "shaw"], "missing_model"),
+    ("hf-relpos-average", ["./missing_run", "--output_dir", "out"], "missing_run"),
+    ("hf-relpos-export", ["ctranslate2", "./missing_model", "out"], "missing_model"),
+])
+def test_every_command_refuses_a_missing_input_alike(name, argv, named, tmp_path):
+    """Each console command stops on bad input the same way: exit status 2, one line `NAME: error: ...` naming the
+    path, nothing written."""
+    script = Path(sys.executable).parent / name
+    if not script.exists():
+        pytest.skip(f"{name} is not installed next to this Python")
+    (tmp_path / "source.txt").write_text("A dog runs.\n")
+    completed = subprocess.run([str(script), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                               env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert completed.stderr.startswith(f"{name}: error: ") and completed.stderr.count("\n") == 1, completed.stderr
+    assert named in completed.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["source.txt"]

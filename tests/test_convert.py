@@ -331,8 +331,9 @@ def test_a_mistyped_local_marian_folder_is_one_error_without_a_hub_lookup(tmp_pa
     monkeypatch.setattr("huggingface_hub.file_download.hf_hub_download",
                         lambda *args, **kwargs: pytest.fail("looked the folder up on the Hub"))
     assert main(["marian", "models/opus-mt-en-dee", "out", "--position_scheme", "shaw"]) == 2
-    assert capsys.readouterr().err == ("error: source 'models/opus-mt-en-dee': no such folder (the nearest existing "
-                                       "folder is 'models'); a Hub model id has the form owner/name\n")
+    assert capsys.readouterr().err == ("python -m hf_relpos.tools.convert: error: source 'models/opus-mt-en-dee': no "
+                                       "such folder (the nearest existing folder is 'models'); a Hub model id has the "
+                                       "form owner/name\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["models"]
 
 

@@ -104,6 +104,17 @@ def exported(tokenizer, tmp_path_factory) -> dict[str, tuple]:
     return result
 
 
+def export_error(argv: list[str], capsys) -> str:
+    """hf-relpos-export's refusal of `argv`: exit status 2 and one line on stderr, returned without its newline."""
+    capsys.readouterr()   # what the test printed before
+    with pytest.raises(SystemExit) as raised:
+        export_main(argv)
+    assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert error.endswith("\n") and error.count("\n") == 1, error
+    return error[:-1]
+
+
 def torch_log_probs(model, tokenizer, sources: list[str], targets: list[str]) -> list[torch.Tensor]:
     """log p(y_t | y_<t, x) of each target token (end token included), from one padded forward pass."""
     inputs = tokenizer(sources, padding=True, return_tensors="pt")
@@ -172,9 +183,10 @@ def test_beam_search_stops_as_generate_does_with_early_stopping(exported, tokeni
 
 
 @pytest.mark.slow
-def test_int8_stays_within_one_bleu_of_float32(tokenizer, tmp_path):
-    """A model trained until it translates its training pairs, exported as int8: corpus BLEU within 1 of the float32
-    export on them (and both of PyTorch's)."""
+def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path):
+    """A model trained until it translates its training pairs, exported as int8: corpus BLEU at most 1 below the
+    float32 export's on them (the float32 export's is PyTorch's). Rounding may also land on a better translation, so
+    the bound is one-sided."""
     model = tiny_translation_model(tokenizer, "shaw", steps=200)
     folder = save(model, tokenizer, tmp_path / "model")
     sources, references = [source for source, _ in TRAIN_PAIRS], [target for _, target in TRAIN_PAIRS]
@@ -186,7 +198,7 @@ def test_int8_stays_within_one_bleu_of_float32(tokenizer, tmp_path):
         hypotheses = translate_lines(sources, CTranslate2Model(export, threads=1), tokenizer, progress=False)
         scores[quantization] = score_translations(hypotheses, references)["bleu"]
     assert pytorch_bleu > 90 and scores["float32"] == pytorch_bleu
-    assert abs(scores["int8"] - scores["float32"]) <= 1.0, scores
+    assert scores["int8"] >= scores["float32"] - 1.0, scores
     assert (tmp_path / "int8" / "model.bin").stat().st_size < 0.5 * (tmp_path / "float32" / "model.bin").stat().st_size
 
 
@@ -411,12 +423,10 @@ def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(to
     (tmp_path / "out").mkdir()
     with pytest.raises(ExportError, match="^" + message.replace("(", r"\(")):
         export_ctranslate2(folder, tmp_path / "out" / "ct2")
-    with pytest.raises(SystemExit) as raised:
-        export_main(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")])
-    assert str(raised.value.code).startswith(f"hf-relpos-export: error: {message}")
-    assert "\n" not in str(raised.value.code)
+    error = export_error(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")], capsys)
+    assert error.startswith(f"hf-relpos-export: error: {message}")
     if "position_scheme" in options and message.startswith("position_scheme"):   # names what does export
-        assert str(raised.value.code).endswith("it exports ['absolute', 'none', 'rope', 'shaw', 't5'], and "
+        assert error.endswith("it exports ['absolute', 'none', 'rope', 'shaw', 't5'], and "
                                                "hf-relpos-translate or the translation pipeline serve this model as "
                                                "it is (PyTorch)")
     assert list((tmp_path / "out").iterdir()) == []
@@ -538,11 +548,10 @@ def test_a_converted_marian_model_without_a_bos_token_exports_and_translates_as_
     assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
 
 
-def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch):
+def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # importing it now raises ImportError
-    with pytest.raises(SystemExit) as raised:
-        export_main(["ctranslate2", str(exported["none"][1]), str(tmp_path / "ct2")])
-    assert raised.value.code == f"hf-relpos-export: error: {ENGINE_MISSING}"
+    assert export_error(["ctranslate2", str(exported["none"][1]), str(tmp_path / "ct2")], capsys) == (
+        f"hf-relpos-export: error: {ENGINE_MISSING}")
     assert "hf_relpos[export]" in ENGINE_MISSING
     assert list(tmp_path.iterdir()) == []
 
@@ -555,11 +564,10 @@ def test_an_existing_folder_is_not_overwritten(exported, tmp_path):
     assert [path.name for path in (tmp_path / "ct2").iterdir()] == ["keep.txt"]
 
 
-def test_an_out_dir_under_a_file_is_one_error_naming_it(exported, tmp_path):
+def test_an_out_dir_under_a_file_is_one_error_naming_it(exported, tmp_path, capsys):
     (tmp_path / "file").write_text("mine")
-    with pytest.raises(SystemExit) as raised:
-        export_main(["ctranslate2", str(exported["none"][1]), str(tmp_path / "file" / "ct2")])
-    assert raised.value.code == (f"hf-relpos-export: error: OUT_DIR '{tmp_path / 'file' / 'ct2'}': "
+    assert export_error(["ctranslate2", str(exported["none"][1]), str(tmp_path / "file" / "ct2")], capsys) == (
+        f"hf-relpos-export: error: OUT_DIR '{tmp_path / 'file' / 'ct2'}': "
                                  f"'{tmp_path / 'file'}' is a file, not a folder")
     assert [path.name for path in tmp_path.iterdir()] == ["file"]
 
@@ -579,12 +587,10 @@ def test_the_exported_folder_gets_the_modes_the_umask_gives(tokenizer, tmp_path,
         path.name: oct(folder_mode if path.is_dir() else file_mode) for path in paths}
 
 
-def test_exporting_an_export_is_one_error_naming_it_and_writes_nothing(tokenizer, tmp_path):
+def test_exporting_an_export_is_one_error_naming_it_and_writes_nothing(tokenizer, tmp_path, capsys):
     source = save(tiny_translation_model(tokenizer, "shaw", steps=0), tokenizer, tmp_path / "model")
     export_ctranslate2(source, tmp_path / "ct2")
-    with pytest.raises(SystemExit) as raised:
-        export_main(["ctranslate2", str(tmp_path / "ct2"), str(tmp_path / "again")])
-    assert raised.value.code == (
+    assert export_error(["ctranslate2", str(tmp_path / "ct2"), str(tmp_path / "again")], capsys) == (
         f"hf-relpos-export: error: MODEL_DIR {str(tmp_path / 'ct2')!r} is already a CTranslate2 export (of "
         f"{str(source.resolve())!r}); MODEL_DIR must be a trained model folder (model.safetensors, config.json, "
         "tokenizer), such as that one")

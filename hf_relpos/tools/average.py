@@ -154,8 +154,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         import_user_modules(args.import_modules)
         checkpoints = select_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n)
         written = average_checkpoints(checkpoints, len(checkpoints), args.output_dir)
-    except ValueError as error:
-        parser.error(str(error))
+    except (ValueError, OSError) as error:   # OutputDirError is a ValueError
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(error).split())}\n")
     print(f"averaged {len(checkpoints)} checkpoint(s) into {written}")
 
 

@@ -285,9 +285,14 @@ class DeprecatedLastOptionString(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+def program_name() -> str:
+    """How the command was started: its console script, or the module."""
+    return "hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert",
+        prog=program_name(),
         description="Convert a pretrained model to hf_relpos (weights, config, tokenizer, generation config).",
     )
     sources = parser.add_subparsers(dest="source_type", required=True, metavar="{marian}")
@@ -319,7 +324,7 @@ def main(argv: list[str] | None = None) -> int:
     try:   # before the parser is built: --position_scheme chooses from the registry
         import_modules_of(sys.argv[1:] if argv is None else argv)
     except ConfigError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{program_name()}: error: {error}", file=sys.stderr)
         return 2
     arguments = build_parser().parse_args(argv)
     overrides = dict(arguments.overrides)
@@ -328,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         output_dir = convert_marian(arguments.source, arguments.output_dir, arguments.position_scheme, **overrides)
     except (OSError, ValueError) as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"{program_name()}: error: {error}", file=sys.stderr)
         return 2
     kept = " on top of the kept absolute positions" if overrides.get("keep_absolute_positions") else ""
     print(f"saved {arguments.position_scheme} model{kept}, tokenizer and generation config to {output_dir}")

@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -494,13 +493,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     if not Path(args.model_dir).is_dir():
-        sys.exit(f"{PROGRAM}: error: no model folder {args.model_dir!r}")
+        parser.exit(2, f"{PROGRAM}: error: no model folder {args.model_dir!r}\n")
     try:
         out_dir = export_ctranslate2(args.model_dir, args.out_dir, args.quantization, args.max_positions)
     except (ValueError, OSError) as error:  # ExportError, and a folder that is no hf_relpos model
-        sys.exit(f"{PROGRAM}: error: {' '.join(str(error).split())}")
+        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     print(f"{PROGRAM}: wrote {out_dir} (CTranslate2, {args.quantization or 'float32'}); translate with: "
           f"hf-relpos-translate {out_dir} --input SRC.txt")
 
