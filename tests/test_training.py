@@ -518,13 +518,19 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs must be a positive number when max_steps is not set, "
                                                "got 0.0: the run would train no step"),
     ({"output_dir": ""}, "output_dir must name a folder, got ''"),
+    ({"learning_rate": -0.001}, r"learning_rate must be a finite number >= 0 \(0: no update\), got -0.001"),
+    ({"weight_decay": -0.1}, r"weight_decay must be a finite number >= 0 \(0: no decay\), got -0.1"),
+    ({"max_grad_norm": "nan"}, r"max_grad_norm must be a finite number >= 0 \(0: no clipping\), got nan"),
+    ({"adam_epsilon": 0}, "adam_epsilon must be a finite number > 0, got 0.0"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
-        "output_dir"])
+        "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
         tmp_path, corpus, monkeypatch, overrides, message):
     """Left to transformers these fail once training starts (a traceback, with output_dir already written: batch size
     0, gradient accumulation 0, negative workers, an Adam beta >= 1), or train silently wrong (label smoothing outside
-    [0, 1) weighs the label's own log-likelihood by 1 - epsilon <= 0) or not at all (no epoch: a model saved untrained)."""
+    [0, 1) weighs the label's own log-likelihood by 1 - epsilon <= 0; a negative learning rate ascends the loss, a
+    negative weight decay grows the weights, a negative max_grad_norm turns clipping off, a zero Adam epsilon divides
+    by zero) or not at all (no epoch: a model saved untrained)."""
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
     flags = [item for name, value in overrides.items() for item in (f"--{name}", str(value))]

@@ -694,6 +694,13 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
             require_probability(name, getattr(training_args, name))
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for name, meaning_of_zero in (("learning_rate", "no update"), ("weight_decay", "no decay"),
+                                  ("max_grad_norm", "no clipping")):
+        if not is_non_negative_number(getattr(training_args, name)):
+            raise ConfigError(f"{name} must be a finite number >= 0 (0: {meaning_of_zero}), got "
+                              f"{getattr(training_args, name)!r}")
+    if not is_positive_number(training_args.adam_epsilon):   # Adam divides by sqrt(v) + epsilon
+        raise ConfigError(f"adam_epsilon must be a finite number > 0, got {training_args.adam_epsilon!r}")
     if training_args.do_train and training_args.max_steps <= 0 and not is_positive_number(training_args.num_train_epochs):
         raise ConfigError(f"num_train_epochs must be a positive number when max_steps is not set, got "
                           f"{training_args.num_train_epochs!r}: the run would train no step")
