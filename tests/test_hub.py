@@ -708,6 +708,31 @@ def test_a_recipe_that_is_not_yaml_is_one_error_line_and_leaves_no_out_folder(tm
         parse_arguments(["notes.yaml"])
 
 
+@pytest.mark.parametrize(("files", "given", "message"), [
+    ({"notes.md": "# notes\n"}, "notes.md",
+     "records 'notes.md': an experiment record is the .json file that experiments/ writes (with its .md report beside "
+     "it)"),
+    ({}, "missing.json", "records 'missing.json': no file 'missing.json'"),
+    ({"run.json": '{"runs": {}}\n'}, "run.json",
+     "records 'run.json': no file 'run.md' (the record's report, whose title and setup the card cites)"),
+    ({"run.json": "{runs\n", "run.md": "# Title\n\nSetup.\n"}, "run.json",
+     "records 'run.json': not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
+], ids=["report_given", "missing", "no_report", "not_json"])
+def test_a_record_that_cannot_be_read_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys, files,
+                                                                                 given, message):
+    """render-cards --records takes an experiment's .json with its .md report beside it: the report given instead
+    was a bare JSON error naming no file, and a record without its report an error naming only the .md (after the
+    --out folder was made)."""
+    monkeypatch.chdir(tmp_path)
+    for name, text in files.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["render-cards", str(REPO_ROOT / "configs" / "demo.yaml"), "--out", "cards", "--records", given])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"python -m hf_relpos.publish.hub render-cards: error: {message}\n"
+    assert sorted(path.name for path in tmp_path.iterdir()) == sorted(files)
+
+
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):
     before = folder_snapshot(output_folder)
     url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)

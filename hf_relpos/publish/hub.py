@@ -129,6 +129,25 @@ def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
     return RelPosTransformerConfig(**recipe.get("model", {}), vocab_size=recipe.get("tokenizer_vocab_size", 8000))
 
 
+def read_experiment_record(path: str | os.PathLike) -> tuple[list[RunRecord], list[str]]:
+    """The runs of an experiment record (its .json) and the paragraphs of its Markdown report beside it (the same
+    name, .md); ValueError naming the file when either is missing or the JSON does not parse."""
+    path = Path(path)
+    if path.suffix != ".json":
+        raise ValueError(f"records {str(path)!r}: an experiment record is the .json file that experiments/ writes "
+                         "(with its .md report beside it)")
+    report = path.with_suffix(".md")
+    for needed in (path, report):
+        if not needed.is_file():
+            raise ValueError(f"records {str(path)!r}: no file {str(needed)!r}" + (
+                "" if needed == path else " (the record's report, whose title and setup the card cites)"))
+    try:
+        runs = read_run_records(path)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"records {str(path)!r}: not valid JSON ({error})") from None
+    return runs, report.read_text(encoding="utf-8").split("\n\n")
+
+
 def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: RunRecord) -> list[Measurement]:
     """The runs that trained the recipe `recipe_name` (a configs/ file stem) in a committed experiment record (the
     JSON that experiments/vs_marian.py or experiments/convergence.py writes, with its Markdown report beside it), one
@@ -136,10 +155,10 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
     peer's run trained from the recipe's settings is not the recipe's (`RunRecord.role`), nor is a run of the recipe
     that swapped its position scheme for another."""
     path = Path(path)
-    report = path.with_suffix(".md").read_text(encoding="utf-8").split("\n\n")
+    runs_of_record, report = read_experiment_record(path)
     scheme = record.model.get(SCHEME_FIELD)
     systems: dict[str, list[RunRecord]] = {}
-    for run in read_run_records(path):
+    for run in runs_of_record:
         if run.role == RECIPE and run.recipe == recipe_name and run.model.get(SCHEME_FIELD, scheme) == scheme:
             systems.setdefault(run.system, []).append(run)
     measurements = []
@@ -654,7 +673,9 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
-    loaded = {path: load_recipe(path) for path in recipes}   # a recipe that cannot be read leaves no --out folder
+    loaded = {path: load_recipe(path) for path in recipes}   # a recipe or record that cannot be read leaves no --out
+    for record_path in records:                               # folder
+        read_experiment_record(record_path)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     written = []
