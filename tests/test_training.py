@@ -539,15 +539,22 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]
 
 
-@pytest.mark.parametrize(("name", "value", "shape"), [("seed", [1], "a list"), ("max_source_length", [48], "a list"),
-                                                   ("generation_num_beams", {"beams": 4}, "a mapping")])
-def test_a_list_or_mapping_in_the_yaml_for_a_number_is_one_error_naming_the_field(tmp_path, corpus, name, value,
-                                                                                   shape):
-    """A YAML list or mapping passed on unconverted to a number field crashed later: `seed: [1]` in the Trainer's
-    seeding (a traceback), `max_source_length: [48]` as "'<' not supported between list and int"."""
+@pytest.mark.parametrize(("name", "value", "shape", "flag_value"), [
+    ("seed", [1], "a list", "2"), ("max_source_length", [48], "a list", "64"),
+    ("generation_num_beams", {"beams": 4}, "a mapping", "2"), ("source_lang", ["en"], "a list", "en"),
+    ("run_name", ["tiny"], "a list", "tiny"), ("bleu_tokenize", ["13a"], "a list", "13a"),
+])
+def test_a_list_or_mapping_in_the_yaml_for_a_single_value_is_one_error_naming_the_field(tmp_path, corpus, name, value,
+                                                                                        shape, flag_value):
+    """A YAML list or mapping passed on unconverted to a single-valued field crashed later: `seed: [1]` in the
+    Trainer's seeding (a traceback), `max_source_length: [48]` as "'<' not supported between list and int",
+    `output_dir: [out]` as "expected str, bytes or os.PathLike object, not list", naming no field; `source_lang: [en]`
+    and `run_name: [tiny]` were taken. A flag of the field replaces the YAML's value, so then the run goes on."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **{name: value})
     with pytest.raises(ConfigError, match=rf"^{name} must be a single value, got {shape} {re.escape(repr(value))}$"):
         parse_arguments([str(config)])
+    arguments = parse_arguments([str(config), f"--{name}", flag_value])
+    assert [str(getattr(group, name)) for group in arguments if hasattr(group, name)] == [flag_value]
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", report_to=["none"])
     assert parse_arguments([str(config)])[2].report_to == []   # a field that takes a list still does
 

@@ -480,12 +480,25 @@ def _is_optional(argument_class: type, name: str) -> bool:
     return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
 
 
-def _is_number_or_flag(argument_class: type, name: str) -> bool:
-    """Whether the field holds one number or true/false (or null), as its type says: never a list or a mapping.
-    (Text fields are left alone: transformers takes lists for some that it declares str, e.g. fsdp.)"""
+# transformers' fields declared as text that it also takes as a list
+LIST_TAKING_TEXT_FIELDS = {"fsdp"}
+
+
+def _is_single_value(argument_class: type, name: str) -> bool:
+    """Whether the field holds one value, never a list or a mapping, as its type says: a number, true/false or text
+    (but `LIST_TAKING_TEXT_FIELDS`)."""
     hint = typing.get_type_hints(argument_class)[name]
-    kinds = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
-    return all(kind in (int, float, bool, type(None)) for kind in kinds)
+    kinds = set(typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) - {type(None)}
+    return kinds <= {int, float, bool} or (kinds == {str} and name not in LIST_TAKING_TEXT_FIELDS)
+
+
+def _check_single_values(values: dict[str, Any]) -> None:
+    """A YAML list or mapping left for a single-valued field (a flag of the field replaces it) is one ConfigError."""
+    for name, argument_class in _argument_fields().items():
+        value = values.get(name)
+        if isinstance(value, (list, dict)) and _is_single_value(argument_class, name):
+            shape = "a list" if isinstance(value, list) else "a mapping"
+            raise ConfigError(f"{name} must be a single value, got {shape} {value!r}")
 
 
 # transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement.
@@ -541,9 +554,6 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         if name in argument_fields:
             if value is None and not _is_optional(argument_fields[name], name):
                 raise ConfigError(f"{name} cannot be null")
-            if isinstance(value, (list, dict)) and _is_number_or_flag(argument_fields[name], name):
-                shape = "a list" if isinstance(value, list) else "a mapping"
-                raise ConfigError(f"{name} must be a single value, got {shape} {value!r}")
             defaults[name] = _as_default(value)
         elif name in config_fields:
             model_config[name] = value
@@ -617,6 +627,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
                               "flags")
         _raise_unknown(flags)
     values = vars(namespace)
+    _check_single_values(values)
     if values.get("early_stopping_patience") is not None and values.get("metric_for_best_model") is None:
         values["metric_for_best_model"] = EARLY_STOPPING_METRIC   # greater_is_better follows from the name
     if not values.get("do_train") and values.get("eval_strategy", "no") != "no":
