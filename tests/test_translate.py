@@ -11,6 +11,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import threading
@@ -511,6 +512,43 @@ def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_
     assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
     assert source_file.read_text(encoding="utf-8") == SOURCES[0] + "\n"
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
+
+
+def test_an_output_that_is_a_pipe_or_a_link_is_written_through_and_kept(memorised_model_folder, tmp_path):
+    """--output is replaced atomically when it is a plain file; a named pipe, or a link (kept as the link, its file
+    written), is written through: a rename would have put a plain file in the pipe's or the link's place."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    expected = "".join(line + "\n" for line in TARGETS[:3])
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    received: list[str] = []
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text(encoding="utf-8")))
+    reader.start()
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(pipe), "--no_progress"])
+    reader.join(timeout=60)
+    assert received == [expected] and stat.S_ISFIFO(pipe.stat().st_mode)
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "hyp.txt").write_text("old\n", encoding="utf-8")
+    (tmp_path / "hyp.txt").symlink_to(tmp_path / "elsewhere" / "hyp.txt")
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"),
+          "--no_progress"])
+    assert (tmp_path / "hyp.txt").is_symlink()
+    assert (tmp_path / "elsewhere" / "hyp.txt").read_text(encoding="utf-8") == expected
+
+
+def test_output_to_dev_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
+    """`--output /dev/stdout` (a link to the process's stdout, here a pipe) prints the translations and leaves
+    /dev/stdout as it was."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    before = os.lstat("/dev/stdout")
+    completed = subprocess.run(
+        [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--input", str(source_file),
+         "--output", "/dev/stdout", "--no_progress"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stdout == "".join(line + "\n" for line in TARGETS[:3])
+    after = os.lstat("/dev/stdout")
+    assert (stat.S_IFMT(after.st_mode), after.st_ino) == (stat.S_IFMT(before.st_mode), before.st_ino)
 
 
 def test_an_empty_source_with_references_has_nothing_to_score(memorised_model_folder, tmp_path, capsys):

@@ -121,12 +121,24 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def writes_in_place(path: str | os.PathLike) -> bool:
+    """Whether `path` is written through rather than replaced: a symbolic link (kept as one: /dev/stdout, a link of
+    one's own) or an existing file that is not a regular one (a pipe, a terminal, a device), which a rename would
+    replace by a plain file."""
+    path = Path(path)
+    return path.is_symlink() or (path.exists() and not path.is_file())
+
+
 @contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """A new empty file beside `path` (with the mode `open()` gives under the umask) for the block to write; when the
     block ends without an error it replaces `path` in one atomic `os.replace`, else it is removed: `path` is the old
-    file or the whole new one, never a part of it, even with several processes writing it at once."""
+    file or the whole new one, never a part of it, even with several processes writing it at once. A path that
+    `writes_in_place` is given to the block itself."""
     path = Path(path)
+    if writes_in_place(path):
+        yield path
+        return
     tag = f".{path.name}."
     remove_abandoned(path.parent, tag)
     descriptor, temporary = tempfile.mkstemp(prefix=owned_prefix(tag), suffix=".partial", dir=path.parent)

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from ..publish.files import atomic_file
+from ..publish.files import atomic_file, writes_in_place
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
@@ -400,7 +400,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
-    if output is not None:
+    if output is not None and not writes_in_place(output):   # a pipe, /dev/stdout, a link: written through
         for flag, path in (("--input", args.input), ("--reference", args.reference)):
             if path is not None and output.exists() and output.samefile(path):
                 parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
