@@ -505,11 +505,13 @@ def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
     reference_file = write_lines(tmp_path / "ref.txt", ["a reference"])
     same = source_file if flag == "--input" else reference_file
-    with pytest.raises(SystemExit) as exited:
-        main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
-              "--output", str(tmp_path / "." / same.name)])
-    assert exited.value.code == 2
-    assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
+    (tmp_path / "link.txt").symlink_to(same)   # written through, it would be overwritten as it is read
+    for output in (tmp_path / "." / same.name, tmp_path / "link.txt"):
+        with pytest.raises(SystemExit) as exited:
+            main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
+                  "--output", str(output)])
+        assert exited.value.code == 2
+        assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
     assert source_file.read_text(encoding="utf-8") == SOURCES[0] + "\n"
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 

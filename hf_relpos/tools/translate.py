@@ -400,11 +400,12 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     if output is not None and (output.is_dir() or not output.parent.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
-    if output is not None and not writes_in_place(output):   # a pipe, /dev/stdout, a link: written through
+    if output is not None and output.is_file():   # a plain file, through a link or not (a terminal may be both)
         for flag, path in (("--input", args.input), ("--reference", args.reference)):
-            if path is not None and output.exists() and output.samefile(path):
+            if path is not None and output.samefile(path):
                 parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
                                f"would replace it; write them to another file\n")
+    if output is not None and not writes_in_place(output):   # a pipe, /dev/stdout, a link: written through
         try:
             check_output_dir(output.parent, setting="--output's folder")
         except OutputDirError as error:
