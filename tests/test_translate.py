@@ -499,19 +499,22 @@ def test_an_output_folder_without_write_permission_is_one_error_before_the_model
     assert "Permission denied" in error and "Traceback" not in error
 
 
+@pytest.mark.parametrize("through_link", [False, True])
 @pytest.mark.parametrize("flag", ["--input", "--reference"])
 def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_kept(memorised_model_folder, tmp_path,
-                                                                                    capsys, flag):
+                                                                                    capsys, flag, through_link):
+    """Named as itself or through a link of its own (which is written through, so it truncated the file unread)."""
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
     reference_file = write_lines(tmp_path / "ref.txt", ["a reference"])
-    same = source_file if flag == "--input" else reference_file
-    (tmp_path / "link.txt").symlink_to(same)   # written through, it would be overwritten as it is read
-    for output in (tmp_path / "." / same.name, tmp_path / "link.txt"):
-        with pytest.raises(SystemExit) as exited:
-            main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
-                  "--output", str(output)])
-        assert exited.value.code == 2
-        assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
+    same = tmp_path / "." / (source_file if flag == "--input" else reference_file).name
+    if through_link:
+        (tmp_path / "hyp.txt").symlink_to(same.name)
+        same = tmp_path / "hyp.txt"
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
+              "--output", str(same)])
+    assert exited.value.code == 2
+    assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
     assert source_file.read_text(encoding="utf-8") == SOURCES[0] + "\n"
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 
