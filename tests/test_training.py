@@ -767,6 +767,25 @@ def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsy
     config = json.loads((tmp_path / "avg" / "config.json").read_text(encoding="utf-8"))
     assert config["custom_pipelines"]["translation"]["impl"] == "pipeline_relpos.TranslationPipeline"
 
+def test_average_output_dir_through_a_link_dot_or_dotdot_is_the_folder_meant(tmp_path, monkeypatch, capsys):
+    """An empty output folder named through a link (kept as the link, its folder filled), as `.` (the working folder)
+    or with `..` over a folder not there yet: each once ended in `[Errno 20] Not a directory`, `[Errno 22] Invalid
+    argument` or `[Errno 39] Directory not empty` after the averaging, the last leaving that folder behind."""
+    for seed in range(2):
+        tiny_model(seed).save_pretrained(tmp_path / f"c{seed}")
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "link").symlink_to("empty")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    for output_dir in (tmp_path / "link", ".", tmp_path / "new" / "sub" / ".."):
+        average_main([str(tmp_path / "c0"), str(tmp_path / "c1"), "--output_dir", str(output_dir)])
+        assert capsys.readouterr().out == f"averaged 2 checkpoint(s) into {output_dir}\n"
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "link").readlink() == Path("empty")
+    for folder in ("empty", "here", "new"):
+        assert (tmp_path / folder / "model.safetensors").is_file()
+    assert not (tmp_path / "new" / "sub").exists()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["c0", "c1", "empty", "here", "link", "new"]
+
 
 @pytest.mark.parametrize("output", ["file", "file/averaged", "read_only/averaged"])
 def test_average_checkpoints_to_an_output_dir_it_cannot_create_is_one_error_naming_it(output, tmp_path, capsys,

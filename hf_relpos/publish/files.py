@@ -105,8 +105,10 @@ def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, 
 @contextmanager
 def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
     """A new temporary folder beside `output_dir` to fill; when the block ends without an error it is renamed to
-    `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written."""
-    output_dir = Path(output_dir)
+    `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written.
+    `output_dir` is the folder it names (`Path.resolve`): a link to an empty folder stays a link, to the filled folder
+    (staged beside that folder, on its disk), and `.` or `a/b/..` is the folder meant, not a name a rename refuses."""
+    output_dir = Path(output_dir).resolve()
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     tag = f".{output_dir.name}."
     remove_abandoned(output_dir.parent, tag)
