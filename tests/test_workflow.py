@@ -8,6 +8,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,6 +34,7 @@ from hf_relpos.translation.arguments import (
 from hf_relpos.translation.data import DataArguments, DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.preflight import PreflightError
+from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.trainer import TranslationTrainer
 from hf_relpos.translation.training import run
 
@@ -195,6 +197,25 @@ def test_overwrite_removes_the_old_run_only_once_the_new_one_starts_writing(tmp_
     assert len(AutoTokenizer.from_pretrained(output_dir)) == 430
     state = json.loads((output_dir / "trainer_state.json").read_text())
     assert state["global_step"] == 3 and state["max_steps"] == 3
+
+
+@pytest.mark.parametrize("setting", ["model_name_or_path", "tokenizer_name"])
+def test_a_fresh_run_never_deletes_the_model_or_tokenizer_it_starts_from(trained, tmp_path, corpus, setting):
+    """A fresh run (overwrite_output_dir) empties output_dir of its previous run before training: a
+    model_name_or_path or tokenizer_name that is output_dir (however spelled) or one of its checkpoints was deleted
+    before the run trained on it, and lost for good if the run then failed."""
+    output_dir = tmp_path / "out"
+    shutil.copytree(trained[0], tmp_path / "checkpoint-1")
+    shutil.copytree(trained[0], output_dir)
+    shutil.move(tmp_path / "checkpoint-1", output_dir / "checkpoint-1")
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir)
+    before = sorted(str(path.relative_to(output_dir)) for path in output_dir.rglob("*"))
+    for given, how in ((f"{tmp_path}/./out/", "is"), (str(output_dir / "checkpoint-1"), "is in")):
+        with pytest.raises(OutputDirError, match=f"^{setting} '{re.escape(given)}' {how} output_dir "
+                                                 f"'{re.escape(str(output_dir))}': a fresh run"):
+            run([str(config), "--overwrite_output_dir", "true", f"--{setting}", given, "--model.max_relative_position",
+                 "2"])
+    assert sorted(str(path.relative_to(output_dir)) for path in output_dir.rglob("*")) == before
 
 
 def test_a_stale_tokenizer_is_never_reused_silently(tmp_path, corpus, monkeypatch):

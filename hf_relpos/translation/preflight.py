@@ -4,6 +4,7 @@ the Hub login a `push_to_hub` run needs exists. Each failure is one `PreflightEr
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import shutil
 from collections.abc import Sequence
@@ -86,9 +87,13 @@ def previous_run(output_dir: str | os.PathLike) -> list[str]:
     return found + [path.name for path in find_checkpoints(folder)]
 
 
-def check_rerun(output_dir: str | os.PathLike, overwrite: bool, resuming: bool) -> None:
+def check_rerun(output_dir: str | os.PathLike, overwrite: bool, resuming: bool,
+                starts_from: dict[str, str | None] | None = None) -> None:
     """A training run into a folder that holds a trained model or checkpoints must say what it means: resume, or
-    start again (`overwrite_output_dir`). Silently training from step 0 over them loses them."""
+    start again (`overwrite_output_dir`). Silently training from step 0 over them loses them. A fresh run never starts
+    from what it removes (`starts_from`: setting -> the model or tokenizer folder it names)."""
+    if overwrite:
+        check_fresh_run_keeps(output_dir, starts_from or {})
     if overwrite or resuming:
         return
     found = previous_run(output_dir)
@@ -128,6 +133,24 @@ PREVIOUS_RUN_PATTERNS = (
     "tokenizer*.json", "special_tokens_map.json", "added_tokens.json", "training_args.bin", FINAL_MODEL_STAGING,
     *FINAL_MODEL_DESCRIPTIONS,
 )
+
+
+def check_fresh_run_keeps(output_dir: str | os.PathLike, starts_from: dict[str, str | None]) -> None:
+    """OutputDirError when a folder of `starts_from` (setting -> path, e.g. model_name_or_path) is output_dir or in
+    what `remove_previous_run` deletes from it (a checkpoint): the fresh run would delete the model or tokenizer it
+    starts from, before training on it, and lose it for good if the run then failed."""
+    folder = Path(output_dir).resolve()
+    for setting, given in starts_from.items():
+        path = None if given is None else Path(given).expanduser().resolve()
+        if path is None or not path.is_relative_to(folder):
+            continue
+        inside = path.relative_to(folder).parts
+        if not inside or any(fnmatch.fnmatch(inside[0], pattern) for pattern in PREVIOUS_RUN_PATTERNS):
+            raise OutputDirError(
+                f"{setting} {given!r} is {'in ' if inside else ''}output_dir {str(output_dir)!r}: a fresh run "
+                f"(overwrite_output_dir) deletes the previous run there before training, and with it the "
+                f"{setting.partition('_')[0]} it starts from; choose another output_dir, or copy {given!r} elsewhere "
+                "first")
 
 
 def remove_previous_run(output_dir: str | os.PathLike) -> list[str]:

@@ -58,7 +58,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     resume_from = resolve_resume_checkpoint(training_args)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:
-        check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None)
+        check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None,
+                    starts_from={"model_name_or_path": model_args.model_name_or_path,
+                                 "tokenizer_name": model_args.tokenizer_name})
     scores_in_place = not training_args.do_train and bool(previous_run(output_dir))   # output_dir's own model
     if scores_in_place:
         check_scoring_in_place(model_args, data_args, training_args)
