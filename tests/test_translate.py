@@ -471,17 +471,19 @@ def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_
 @pytest.mark.parametrize(("output", "message"), [
     ("missing/hyp.txt", "--output 'missing/hyp.txt': no folder 'missing' to write it in"),
     (".", "--output '.': is a folder"),
+    ("link.txt", "--output 'link.txt': no folder '{tmp}/missing' to write it in"),   # the link is written through
 ])
 def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
                                                                           monkeypatch, output, message):
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "link.txt").symlink_to("missing/hyp.txt")
     monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
                         lambda *args, **kwargs: pytest.fail("loaded the model before checking --output"))
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
     with pytest.raises(SystemExit) as exited:
         main([str(memorised_model_folder), "--input", str(source_file), "--output", output])
     assert exited.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message.format(tmp=tmp_path.resolve()) in capsys.readouterr().err
 
 
 def test_an_output_folder_without_write_permission_is_one_error_before_the_model_loads(memorised_model_folder,

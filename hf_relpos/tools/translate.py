@@ -397,8 +397,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}; or name another tokenization with --tokenize "
                            "(e.g. char)\n")
     output = None if args.output is None else Path(args.output).expanduser()
-    if output is not None and (output.is_dir() or not output.parent.is_dir()):
-        reason = "is a folder" if output.is_dir() else f"no folder '{output.parent}' to write it in"
+    folder = None if output is None else (output.resolve() if output.is_symlink() else output).parent   # a link's file's
+    if output is not None and (output.is_dir() or not folder.is_dir()):
+        reason = "is a folder" if output.is_dir() else f"no folder '{folder}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     if output is not None and output.is_file():   # a plain file, through a link or not (a terminal may be both)
         for flag, path in (("--input", args.input), ("--reference", args.reference)):
