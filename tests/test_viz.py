@@ -86,6 +86,23 @@ def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path)
         main([str(tmp_path / "plain"), "--sentence", "no tokenizer here", "--out", str(tmp_path / "c")])
 
 
+@pytest.mark.parametrize("out", ["file", "dangling"])
+def test_an_out_that_is_a_file_or_a_dangling_link_is_one_error_before_the_model_loads(tmp_path, capsys, monkeypatch,
+                                                                                    out):
+    """Was a FileExistsError traceback (exit status 1) from `mkdir`, after loading the model."""
+    (tmp_path / "file").write_text("kept\n")
+    (tmp_path / "dangling").symlink_to("missing")
+    monkeypatch.setattr("transformers.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before checking --out"))
+    with pytest.raises(SystemExit) as exited:
+        main([str(tmp_path / "model"), "--token-ids", "5", "--out", str(tmp_path / out)])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"python -m hf_relpos.tools.viz: error: --out '{tmp_path / out}': ")
+    assert len(error.splitlines()) == 1 and "Traceback" not in error
+    assert (tmp_path / "file").read_text() == "kept\n" and (tmp_path / "dangling").is_symlink()
+
+
 def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing matplotlib now raises ImportError
     with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):

@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from ..publish.files import atomic_file
+from ..translation.safety import OutputDirError, check_output_dir
 
 
 def require_matplotlib() -> None:
@@ -188,6 +189,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = parser.parse_args(argv)
     if (args.sentence is None) == (args.token_ids is None):
         parser.error("pass exactly one of --sentence and --token-ids")
+    try:
+        check_output_dir(args.out, setting="--out")
+    except OutputDirError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
 
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir)
     tokenizer_or_tokens: Any = args.token_ids
