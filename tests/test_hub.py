@@ -733,6 +733,23 @@ def test_a_record_that_cannot_be_read_is_one_error_line_and_leaves_no_out_folder
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(files)
 
 
+@pytest.mark.parametrize(("out", "message"), [
+    ("cards.md", "out 'cards.md' is a file, not a folder for the cards"),
+    ("cards", "out 'cards' is a link to 'missing', which does not exist, not a folder for the cards"),
+], ids=["file", "dangling_link"])
+def test_an_out_that_is_not_a_folder_is_one_error_line_naming_it(tmp_path, monkeypatch, capsys, out, message):
+    """Was `[Errno 17] File exists: 'cards'`, naming no setting (and wrong for a link to a missing folder)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "cards.md").write_text("kept\n", encoding="utf-8")
+    (tmp_path / "cards").symlink_to("missing")
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["render-cards", str(REPO_ROOT / "configs" / "demo.yaml"), "--out", out])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == f"python -m hf_relpos.publish.hub render-cards: error: {message}\n"
+    assert (tmp_path / "cards.md").read_text(encoding="utf-8") == "kept\n" and (tmp_path / "cards").is_symlink()
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cards", "cards.md"]
+
+
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):
     before = folder_snapshot(output_folder)
     url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)

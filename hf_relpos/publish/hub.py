@@ -677,6 +677,9 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     for record_path in records:                               # folder
         read_experiment_record(record_path)
     out = Path(out)
+    if not out.is_dir() and (out.exists() or out.is_symlink()):   # mkdir's bare "File exists" named no setting
+        whose = f"a link to {os.readlink(out)!r}, which does not exist" if out.is_symlink() else "a file"
+        raise ValueError(f"out {str(out)!r} is {whose}, not a folder for the cards")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for path, recipe in loaded.items():
