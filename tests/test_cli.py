@@ -4,8 +4,10 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -286,3 +288,43 @@ def test_every_command_refuses_a_missing_input_alike(name, argv, named, tmp_path
     assert completed.stderr.startswith(f"{name}: error: ") and completed.stderr.count("\n") == 1, completed.stderr
     assert named in completed.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["source.txt"]
+
+
+def test_a_path_that_starts_with_a_tilde_is_in_the_home_folder(memorised_model_folder, tmp_path, monkeypatch, capsys):
+    """A `~` no shell expanded (a quoted flag, a recipe value, a Python argument) is the home folder for every command,
+    as transformers takes it for output_dir: it was a Hub id error (translate), "not a folder" (average, export), or a
+    folder named `~` in the working folder (prepared_data_dir)."""
+    from conftest import MEMORISED_PAIRS
+
+    from hf_relpos.publish import hub
+    from hf_relpos.tools import average, export, translate
+
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    for name in ("model", "copy"):
+        shutil.copytree(memorised_model_folder, home / name)
+    (home / "src.txt").write_text("".join(source + "\n" for source, _ in MEMORISED_PAIRS[:2]), encoding="utf-8")
+    translate.main(["~/model", "--input", "~/src.txt", "--output", "~/hyp.txt", "--no_progress"])
+    assert (home / "hyp.txt").read_text(encoding="utf-8") == "".join(target + "\n" for _, target in MEMORISED_PAIRS[:2])
+    average.main(["~/model", "~/copy", "--output_dir", "~/averaged"])
+    assert (home / "averaged" / "model.safetensors").is_file()
+    if importlib.util.find_spec("ctranslate2") is not None:
+        export.main(["ctranslate2", "~/model", "~/ct2"])
+        assert (home / "ct2" / "model.bin").is_file()
+    shutil.copyfile(REPO / "configs" / "demo.yaml", home / "demo.yaml")
+    hub.main(["render-cards", "~/demo.yaml", "--out", "~/cards"])
+    assert (home / "cards" / "demo.md").is_file()
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text((REPO / "configs" / "demo.yaml").read_text(encoding="utf-8") + "prepared_data_dir: ~/prepared\n"
+                      "train_file: ~/train.jsonl\ntokenizer_name: ~/model\nresume_from_checkpoint: ~/run/checkpoint-2\n",
+                      encoding="utf-8")
+    model_args, data_args, training_args = parse_arguments([str(recipe), "--output_dir", "~/run", "--do_train", "false",
+                                                            "--model_name_or_path", "~/model"])
+    assert (model_args.model_name_or_path, model_args.tokenizer_name) == (str(home / "model"), str(home / "model"))
+    assert (data_args.prepared_data_dir, data_args.train_file) == (str(home / "prepared"), str(home / "train.jsonl"))
+    assert (training_args.output_dir, training_args.resume_from_checkpoint) == (
+        str(home / "run"), str(home / "run" / "checkpoint-2"))
+    assert not (tmp_path / "~").exists()
+    capsys.readouterr()

@@ -123,6 +123,12 @@ def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def expand_home(path: str | None) -> str | None:
+    """`path` with a leading `~` or `~user` expanded to that home folder (`os.path.expanduser`), as a shell expands
+    it; None stays None. For paths a shell never saw: recipe values, quoted flags, Python arguments."""
+    return None if path is None else os.path.expanduser(path)
+
+
 def writes_in_place(path: str | os.PathLike) -> bool:
     """Whether `path` is written through rather than replaced: a symbolic link (kept as one: /dev/stdout, a link of
     one's own) or an existing file that is not a regular one (a pipe, a terminal, a device), which a rename would

@@ -34,7 +34,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
-from .files import write_text_atomic
+from .files import expand_home, write_text_atomic
 from .pipeline_relpos import TranslationPipeline
 from .records import (
     AVERAGED_CHECKPOINTS_FILE,
@@ -846,14 +846,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m hf_relpos.publish.hub", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render = commands.add_parser("render-cards", help="render model_cards/<recipe>.md for recipe YAML files")
-    render.add_argument("paths", nargs="+", help="recipe .yaml files or folders of them")
-    render.add_argument("--out", default="model_cards", help="output folder (default: model_cards)")
-    render.add_argument("--records", nargs="*", default=[],
+    render.add_argument("paths", nargs="+", type=expand_home, help="recipe .yaml files or folders of them")
+    render.add_argument("--out", default="model_cards", type=expand_home, help="output folder (default: model_cards)")
+    render.add_argument("--records", nargs="*", default=[], type=expand_home,
                         help="experiment records (JSON) whose runs of a recipe go into its card's results")
     push = commands.add_parser("push", help="push a trained model folder with its card")
-    push.add_argument("folder")
+    push.add_argument("folder", type=expand_home)
     push.add_argument("repo_id")
-    push.add_argument("--recipe", help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
+    push.add_argument("--recipe", type=expand_home, help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
     try:

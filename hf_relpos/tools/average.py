@@ -25,7 +25,7 @@ from pathlib import Path
 from safetensors.torch import save_file
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
-from ..publish.files import apply_umask_mode_to_weights, staged_folder
+from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
 from ..translation.arguments import add_import_modules_argument, import_user_modules
@@ -143,11 +143,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="hf-relpos-average",
         description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
     )
-    parser.add_argument("inputs", nargs="+", help="a training output folder, or checkpoint folders (oldest first)")
+    parser.add_argument("inputs", nargs="+", type=expand_home, help="a training output folder, or checkpoint folders (oldest first)")
     parser.add_argument("--last_n", type=int, default=None,
                         help=f"how many of the newest checkpoints to average (default: {DEFAULT_LAST_N} of a "
                              "training output folder's, all of the checkpoint folders listed)")
-    parser.add_argument("--output_dir", required=True, help="new folder for the averaged model")
+    parser.add_argument("--output_dir", required=True, type=expand_home, help="new folder for the averaged model")
     add_import_modules_argument(parser)
     args = parser.parse_args(argv)
     try:

@@ -41,7 +41,7 @@ from transformers import (
 from ..model.configuration_relpos import RelPosTransformerConfig, field_named
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
-from ..publish.files import apply_umask_mode_to_weights, staged_folder
+from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.records import load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_of
 from ..translation.preflight import missing_local_folder
@@ -303,8 +303,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "--keep_absolute_positions the scheme is added to the sinusoids instead, and the converted model "
                     "reproduces the Marian model exactly.",
     )
-    marian.add_argument("source", help="folder or Hub id of a MarianMTModel with its tokenizer")
-    marian.add_argument("output_dir", help="new folder for the converted model (must not exist or be empty)")
+    marian.add_argument("source", type=expand_home, help="folder or Hub id of a MarianMTModel with its tokenizer")
+    marian.add_argument("output_dir", type=expand_home, help="new folder for the converted model (must not exist or be empty)")
     marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
                         choices=sorted(POSITION_SCHEMES),
                         help="position scheme of the converted model (--attention_type: its deprecated name)")

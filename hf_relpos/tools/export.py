@@ -50,7 +50,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import sinusoids
-from ..publish.files import staged_folder
+from ..publish.files import expand_home, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
@@ -480,9 +480,9 @@ def build_parser() -> argparse.ArgumentParser:
     engines = parser.add_subparsers(dest="engine", required=True, metavar="ENGINE")
     engine = engines.add_parser("ctranslate2", help="CTranslate2 (OpenNMT's inference engine)",
                                 description="Export a saved hf_relpos translation model to a CTranslate2 folder.")
-    engine.add_argument("model_dir", metavar="MODEL_DIR", help="saved model folder (model, tokenizer, generation "
+    engine.add_argument("model_dir", type=expand_home, metavar="MODEL_DIR", help="saved model folder (model, tokenizer, generation "
                                                                 "config; e.g. a train_translation.py output_dir)")
-    engine.add_argument("out_dir", metavar="OUT_DIR", help="the CTranslate2 folder to write (new or empty)")
+    engine.add_argument("out_dir", type=expand_home, metavar="OUT_DIR", help="the CTranslate2 folder to write (new or empty)")
     engine.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="weight type in the engine (default: float32); int8: about 4x smaller and faster on CPU")
     engine.add_argument("--max_positions", type=int, metavar="N",

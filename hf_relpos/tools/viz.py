@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..publish.files import atomic_file
+from ..publish.files import atomic_file, expand_home
 from ..translation.safety import OutputDirError, check_output_dir
 
 
@@ -182,10 +182,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     import hf_relpos  # noqa: F401  (registers the model with the Auto classes)
 
     parser = argparse.ArgumentParser(prog="python -m hf_relpos.tools.viz", description=main.__doc__)
-    parser.add_argument("model_dir", type=Path)
+    parser.add_argument("model_dir", type=lambda text: Path(expand_home(text)))
     parser.add_argument("--sentence", help="source sentence (tokenized with the tokenizer saved in MODEL_DIR)")
     parser.add_argument("--token-ids", type=int, nargs="+", help="source token ids, when the folder has no tokenizer")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the PNG files")
+    parser.add_argument("--out", type=lambda text: Path(expand_home(text)), required=True, help="folder for the PNG files")
     args = parser.parse_args(argv)
     if (args.sentence is None) == (args.token_ids is None):
         parser.error("pass exactly one of --sentence and --token-ids")

@@ -36,6 +36,7 @@ from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerCon
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import is_non_negative_number, is_positive_number, require_int, require_probability
+from ..publish.files import expand_home
 from ..publish.records import accelerate_program, load_recipe, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
@@ -187,6 +188,8 @@ class ModelArguments:
     recipe_resumes: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
+        for name in ("model_name_or_path", "tokenizer_name", "cache_dir"):
+            setattr(self, name, expand_home(getattr(self, name)))
         if self.attn_implementation is not None:
             check_attn_implementation(self.attn_implementation)
         if self.decoder_start_token is not None and self.decoder_start_token not in DECODER_START_TOKENS:
@@ -318,6 +321,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
+        self.resume_from_checkpoint = expand_home(self.resume_from_checkpoint)   # output_dir: transformers expands it
         if self.bf16_if_supported and not (self.bf16 or self.fp16):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
             logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else

@@ -46,6 +46,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
 from ..model.validation import require_int
+from ..publish.files import expand_home
 from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from .demo_corpus import write_demo_corpus
@@ -155,6 +156,8 @@ class DataArguments:
     demo_seed: int = field(default=1234, metadata={"help": "Demo corpus: generator seed."})
 
     def __post_init__(self) -> None:
+        for name in ("train_file", "validation_file", "test_file", "prepared_data_dir"):
+            setattr(self, name, expand_home(getattr(self, name)))
         if self.overlong_pairs not in OVERLONG_PAIR_POLICIES:
             raise ValueError(f"overlong_pairs must be one of {list(OVERLONG_PAIR_POLICIES)}, got {self.overlong_pairs!r}")
         if self.source_lang == self.target_lang:
