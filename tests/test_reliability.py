@@ -922,6 +922,35 @@ def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp
     assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
 
 
+def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_last(tmp_path, monkeypatch):
+    """A mount point (`docker run -v host:/out`) or the working folder cannot be removed or renamed over (EBUSY,
+    EXDEV): an existing empty output folder is kept and filled, the file it loads by moved in last, so a fill cut short
+    does not load; a new folder is still renamed into place whole."""
+    out = tmp_path / "out"
+    out.mkdir()
+    folder_identity = out.stat().st_ino
+    with files_module.staged_folder(out, last="config.json") as staging:
+        (staging / "config.json").write_text("{}")
+        (staging / "model.safetensors").write_bytes(b"weights")
+    assert out.stat().st_ino == folder_identity
+    assert sorted(path.name for path in out.iterdir()) == ["config.json", "model.safetensors"]
+    cut_short = tmp_path / "cut_short"
+    cut_short.mkdir()
+    replace = os.replace
+
+    def replace_all_but_config(source, target):
+        if Path(target).name == "config.json":
+            raise OSError(28, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(files_module.os, "replace", replace_all_but_config)
+    with pytest.raises(OSError, match="No space left"), \
+            files_module.staged_folder(cut_short, last="config.json") as staging:
+        (staging / "config.json").write_text("{}")
+        (staging / "model.safetensors").write_bytes(b"weights")
+    assert [path.name for path in cut_short.iterdir()] == ["model.safetensors"]   # no config: it does not load
+
+
 def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_left(tmp_path):
     """A write killed part-way (SIGKILL, out of memory) leaves its temporary beside the destination (a staged model
     folder can be gigabytes); the next write of that destination removes those of processes that are gone on this
@@ -941,7 +970,7 @@ def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_
         if destination == "card.md":
             files_module.write_text_atomic(tmp_path / destination, "whole\n")
         else:
-            with files_module.staged_folder(tmp_path / destination) as staging:
+            with files_module.staged_folder(tmp_path / destination, last="config.json") as staging:
                 (staging / "config.json").write_text("{}")
         assert not any(path.exists() for path in abandoned) and all(path.exists() for path in kept)
         for path in kept:

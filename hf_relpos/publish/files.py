@@ -103,22 +103,27 @@ def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, 
 
 
 @contextmanager
-def staged_folder(output_dir: str | os.PathLike) -> Iterator[Path]:
-    """A new temporary folder beside `output_dir` to fill; when the block ends without an error it is renamed to
-    `output_dir` (which must not exist, or be an empty folder), else removed: `output_dir` is never half-written.
-    `output_dir` is the folder it names (`Path.resolve`): a link to an empty folder stays a link, to the filled folder
-    (staged beside that folder, on its disk), and `.` or `a/b/..` is the folder meant, not a name a rename refuses."""
+def staged_folder(output_dir: str | os.PathLike, last: str) -> Iterator[Path]:
+    """A new temporary folder to fill for `output_dir` (which must not exist, or be an empty folder); removed if the
+    block raises. A new `output_dir` is staged beside it and renamed to it: never half-written. An existing empty
+    folder is kept, as a mount point or a working folder must be: staged inside it and filled file by file with `last`
+    moved in last (`move_folder_contents`), so a fill cut short lacks `last` (for a model folder, a file it cannot load
+    without). `output_dir` is the folder it names (`Path.resolve`): a link to it stays a link, and `.` or `a/b/..` is
+    the folder meant."""
     output_dir = Path(output_dir).resolve()
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    fill_in_place = output_dir.is_dir()
+    beside = output_dir if fill_in_place else output_dir.parent
+    beside.mkdir(parents=True, exist_ok=True)
     tag = f".{output_dir.name}."
-    remove_abandoned(output_dir.parent, tag)
-    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=output_dir.parent))
+    remove_abandoned(beside, tag)
+    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=beside))
     try:
         apply_umask_mode(staging)
         yield staging
-        if output_dir.exists():
-            output_dir.rmdir()
-        os.replace(staging, output_dir)
+        if fill_in_place:
+            move_folder_contents(staging, output_dir, last)
+        else:
+            os.replace(staging, output_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -117,7 +117,7 @@ def average_checkpoints(
     check_new_output_dir(output_dir)
     averaged = average_weights(checkpoints)
 
-    with staged_folder(output_dir) as staging:
+    with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         for item in checkpoints[-1].iterdir():
             if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
                 shutil.copyfile(item, staging / item.name)

@@ -37,6 +37,7 @@ from transformers import (
     MarianMTModel,
     PreTrainedTokenizerBase,
 )
+from transformers.utils import CONFIG_NAME
 
 from ..model.configuration_relpos import RelPosTransformerConfig, field_named
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
@@ -236,7 +237,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")
     tokenizer = _load_tokenizer(source)
     model = marian_to_relpos(source, position_scheme, **config_overrides)
-    with staged_folder(output_dir) as staging:
+    with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         model.save_pretrained(staging)
         apply_umask_mode_to_weights(staging)
         tokenizer.save_pretrained(staging)

@@ -353,7 +353,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         "position_scheme": config.position_scheme,
         "position_table_rows": rows if position_table else None,
     }
-    with staged_folder(out_dir) as staging:
+    with staged_folder(out_dir, last="model.bin") as staging:   # what CTranslate2 loads
         spec.save(str(staging))
         tokenizer.save_pretrained(staging)
         (staging / "hf_relpos_config.json").write_text(config.to_json_string(), encoding="utf-8")
