@@ -951,6 +951,21 @@ def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_l
     assert [path.name for path in cut_short.iterdir()] == ["model.safetensors"]   # no config: it does not load
 
 
+def test_atomic_text_write_through_a_link_keeps_the_link_and_the_old_file_when_it_fails(tmp_path):
+    """A destination that is a link (a run record or card linked elsewhere) stays a link, and the file it leads to is
+    replaced whole like any other: written through, a failed write left that file cut short."""
+    (tmp_path / "elsewhere").mkdir()
+    target = tmp_path / "elsewhere" / "card.md"
+    target.write_text("old\n", encoding="utf-8")
+    (tmp_path / "card.md").symlink_to(target)
+    with pytest.raises(UnicodeEncodeError):
+        files_module.write_text_atomic(tmp_path / "card.md", "new " * 1000 + "\ud800\n")   # fails after the first part
+    assert target.read_text(encoding="utf-8") == "old\n"
+    files_module.write_text_atomic(tmp_path / "card.md", "new\n")
+    assert (tmp_path / "card.md").readlink() == target and target.read_text(encoding="utf-8") == "new\n"
+    assert sorted(item.name for item in tmp_path.rglob("*")) == ["card.md", "card.md", "elsewhere"]
+
+
 def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_left(tmp_path):
     """A write killed part-way (SIGKILL, out of memory) leaves its temporary beside the destination (a staged model
     folder can be gigabytes); the next write of that destination removes those of processes that are gone on this

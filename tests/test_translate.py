@@ -471,7 +471,7 @@ def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_
 @pytest.mark.parametrize(("output", "message"), [
     ("missing/hyp.txt", "--output 'missing/hyp.txt': no folder 'missing' to write it in"),
     (".", "--output '.': is a folder"),
-    ("link.txt", "--output 'link.txt': no folder '{tmp}/missing' to write it in"),   # the link is written through
+    ("link.txt", "--output 'link.txt': no folder '{tmp}/missing' to write it in"),   # the link's file is written
 ])
 def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
                                                                           monkeypatch, output, message):
@@ -505,7 +505,7 @@ def test_an_output_folder_without_write_permission_is_one_error_before_the_model
 @pytest.mark.parametrize("flag", ["--input", "--reference"])
 def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_kept(memorised_model_folder, tmp_path,
                                                                                     capsys, flag, through_link):
-    """Named as itself or through a link of its own (which is written through, so it truncated the file unread)."""
+    """Named as itself or through a link of its own (which then truncated the file unread)."""
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
     reference_file = write_lines(tmp_path / "ref.txt", ["a reference"])
     same = tmp_path / "." / (source_file if flag == "--input" else reference_file).name
@@ -521,9 +521,9 @@ def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 
 
-def test_an_output_that_is_a_pipe_or_a_link_is_written_through_and_kept(memorised_model_folder, tmp_path):
-    """--output is replaced atomically when it is a plain file; a named pipe, or a link (kept as the link, its file
-    written), is written through: a rename would have put a plain file in the pipe's or the link's place."""
+def test_an_output_that_is_a_pipe_or_a_link_is_kept(memorised_model_folder, tmp_path):
+    """--output is replaced atomically when it is a plain file; a named pipe is written through and a link stays a
+    link, the file it leads to replaced: a rename would have put a plain file in the pipe's or the link's place."""
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
     expected = "".join(line + "\n" for line in TARGETS[:3])
     pipe = tmp_path / "pipe"

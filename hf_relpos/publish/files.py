@@ -135,23 +135,23 @@ def expand_home(path: str | None) -> str | None:
 
 
 def writes_in_place(path: str | os.PathLike) -> bool:
-    """Whether `path` is written through rather than replaced: a symbolic link (kept as one: /dev/stdout, a link of
-    one's own) or an existing file that is not a regular one (a pipe, a terminal, a device), which a rename would
-    replace by a plain file."""
+    """Whether `path` is written through rather than replaced: an existing file that is not a regular one, named
+    itself or through links (a pipe, a terminal, a device: /dev/stdout), which a rename would replace by a plain
+    file."""
     path = Path(path)
-    return path.is_symlink() or (path.exists() and not path.is_file())
+    return path.exists() and not path.is_file()
 
 
 @contextmanager
 def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
     """A new empty file beside `path` (with the mode `open()` gives under the umask) for the block to write; when the
     block ends without an error it replaces `path` in one atomic `os.replace`, else it is removed: `path` is the old
-    file or the whole new one, never a part of it, even with several processes writing it at once. A path that
-    `writes_in_place` is given to the block itself."""
-    path = Path(path)
+    file or the whole new one, never a part of it, even with several processes writing it at once. A link stays a
+    link: the file it leads to is the one replaced. A path that `writes_in_place` is given to the block itself."""
     if writes_in_place(path):
-        yield path
+        yield Path(path)
         return
+    path = Path(os.path.realpath(path))
     tag = f".{path.name}."
     remove_abandoned(path.parent, tag)
     descriptor, temporary = tempfile.mkstemp(prefix=owned_prefix(tag), suffix=".partial", dir=path.parent)

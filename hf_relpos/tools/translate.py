@@ -406,9 +406,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             if path is not None and output.samefile(path):
                 parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
                                f"would replace it; write them to another file\n")
-    if output is not None and not writes_in_place(output):   # a pipe, /dev/stdout, a link: written through
+    if output is not None and not writes_in_place(output):   # a pipe or a device (/dev/stdout) is written through
         try:
-            check_output_dir(output.parent, setting="--output's folder")
+            check_output_dir(folder, setting="--output's folder")   # a link's file is replaced in its own folder
         except OutputDirError as error:
             parser.exit(2, f"{PROGRAM}: error: {error}\n")
     try:
