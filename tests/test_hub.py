@@ -733,21 +733,27 @@ def test_a_record_that_cannot_be_read_is_one_error_line_and_leaves_no_out_folder
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(files)
 
 
-@pytest.mark.parametrize(("out", "message"), [
-    ("cards.md", "out 'cards.md' is a file, not a folder for the cards"),
-    ("cards", "out 'cards' is a link to 'missing', which does not exist, not a folder for the cards"),
-], ids=["file", "dangling_link"])
-def test_an_out_that_is_not_a_folder_is_one_error_line_naming_it(tmp_path, monkeypatch, capsys, out, message):
-    """Was `[Errno 17] File exists: 'cards'`, naming no setting (and wrong for a link to a missing folder)."""
+@pytest.mark.parametrize(("out", "blocker", "whose"), [
+    ("cards.md", "cards.md", "a file, not a folder"),
+    ("cards", "cards", "a link to 'missing', which does not exist; create that folder or remove the link"),
+    ("notes", "notes", "a file, not a folder"),
+    ("cards.md/sub", "cards.md", "a file, not a folder"),
+    ("cards/sub", "cards", "a link to 'missing', which does not exist; create that folder or remove the link"),
+], ids=["file", "dangling_link", "link_to_a_file", "under_a_file", "under_a_dangling_link"])
+def test_an_out_that_is_not_a_folder_is_one_error_line_naming_it(tmp_path, monkeypatch, capsys, out, blocker, whose):
+    """Was `[Errno 17] File exists: 'cards'` or `[Errno 20] Not a directory`, naming no setting; a link to a file was
+    said to lead nowhere."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "cards.md").write_text("kept\n", encoding="utf-8")
     (tmp_path / "cards").symlink_to("missing")
+    (tmp_path / "notes").symlink_to("cards.md")
     with pytest.raises(SystemExit) as exited:
         hub.main(["render-cards", str(REPO_ROOT / "configs" / "demo.yaml"), "--out", out])
     assert exited.value.code == 2
-    assert capsys.readouterr().err == f"python -m hf_relpos.publish.hub render-cards: error: {message}\n"
+    assert capsys.readouterr().err == (f"python -m hf_relpos.publish.hub render-cards: error: out "
+                                       f"'{tmp_path / out}': '{tmp_path / blocker}' is {whose}\n")
     assert (tmp_path / "cards.md").read_text(encoding="utf-8") == "kept\n" and (tmp_path / "cards").is_symlink()
-    assert sorted(path.name for path in tmp_path.iterdir()) == ["cards", "cards.md"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["cards", "cards.md", "notes"]
 
 
 def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, fake_hub):

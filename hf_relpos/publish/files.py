@@ -102,6 +102,21 @@ def move_folder_contents(staging: str | os.PathLike, target: str | os.PathLike, 
     staging.rmdir()
 
 
+def nearest_existing_folder(path: str | os.PathLike, setting: str) -> Path:
+    """The nearest of `path` (made absolute) and its parents that exists, which must be a folder for `path` to be made
+    or filled: ValueError naming `setting` when it is a file, or a link to nothing (no folder can be made through it)."""
+    path = Path(path).absolute()
+    existing = path
+    while not existing.exists():
+        if existing.is_symlink():
+            raise ValueError(f"{setting} {str(path)!r}: {str(existing)!r} is a link to {os.readlink(existing)!r}, "
+                             "which does not exist; create that folder or remove the link")
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"{setting} {str(path)!r}: {str(existing)!r} is a file, not a folder")
+    return existing
+
+
 @contextmanager
 def staged_folder(output_dir: str | os.PathLike, last: str) -> Iterator[Path]:
     """A new temporary folder to fill for `output_dir` (which must not exist, or be an empty folder); removed if the

@@ -34,7 +34,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
-from .files import expand_home, write_text_atomic
+from .files import expand_home, nearest_existing_folder, write_text_atomic
 from .pipeline_relpos import TranslationPipeline
 from .records import (
     AVERAGED_CHECKPOINTS_FILE,
@@ -677,9 +677,7 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     for record_path in records:                               # folder
         read_experiment_record(record_path)
     out = Path(out)
-    if not out.is_dir() and (out.exists() or out.is_symlink()):   # mkdir's bare "File exists" named no setting
-        whose = f"a link to {os.readlink(out)!r}, which does not exist" if out.is_symlink() else "a file"
-        raise ValueError(f"out {str(out)!r} is {whose}, not a folder for the cards")
+    nearest_existing_folder(out, "out")   # mkdir's bare "File exists" or "Not a directory" named no setting
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for path, recipe in loaded.items():

@@ -9,6 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..publish.files import nearest_existing_folder
 from ..publish.hub import CARD_FILE
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .checkpoints import TRAINER_STATE_FILE
@@ -76,15 +77,10 @@ def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, set
     Nothing is left behind: the probe is a temporary folder removed again, and `output_dir` itself is not created.
     """
     path = Path(output_dir).absolute()
-    existing = path
-    while not existing.exists():
-        if existing.is_symlink():
-            raise OutputDirError(f"{setting} {str(path)!r}: {str(existing)!r} is a link to "
-                                 f"{os.readlink(existing)!r}, which does not exist; create that folder or remove the "
-                                 "link")
-        existing = existing.parent
-    if not existing.is_dir():
-        raise OutputDirError(f"{setting} {str(path)!r}: {str(existing)!r} is a file, not a folder")
+    try:
+        existing = nearest_existing_folder(path, setting)
+    except ValueError as error:
+        raise OutputDirError(str(error)) from None
     try:
         probe = Path(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
         try:
