@@ -717,7 +717,9 @@ def test_a_recipe_that_is_not_yaml_is_one_error_line_and_leaves_no_out_folder(tm
      "records 'run.json': no file 'run.md' (the record's report, whose title and setup the card cites)"),
     ({"run.json": "{runs\n", "run.md": "# Title\n\nSetup.\n"}, "run.json",
      "records 'run.json': not valid JSON (Expecting property name enclosed in double quotes: line 1 column 2 (char 1))"),
-], ids=["report_given", "missing", "no_report", "not_json"])
+    ({"run.json": '{"meta": {}, "training": []}\n', "run.md": "# Title\n\nSetup.\n"}, "run.json",
+     "records 'run.json': not an experiment record (a JSON object with 'records' or 'runs', as experiments/ writes)"),
+], ids=["report_given", "missing", "no_report", "not_json", "benchmark_json"])
 def test_a_record_that_cannot_be_read_is_one_error_line_and_leaves_no_out_folder(tmp_path, monkeypatch, capsys, files,
                                                                                  given, message):
     """render-cards --records takes an experiment's .json with its .md report beside it: the report given instead

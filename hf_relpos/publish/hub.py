@@ -131,7 +131,7 @@ def config_from_recipe(recipe: Mapping[str, Any]) -> RelPosTransformerConfig:
 
 def read_experiment_record(path: str | os.PathLike) -> tuple[list[RunRecord], list[str]]:
     """The runs of an experiment record (its .json) and the paragraphs of its Markdown report beside it (the same
-    name, .md); ValueError naming the file when either is missing or the JSON does not parse."""
+    name, .md); ValueError naming the file when either is missing or the JSON does not parse or is no record."""
     path = Path(path)
     if path.suffix != ".json":
         raise ValueError(f"records {str(path)!r}: an experiment record is the .json file that experiments/ writes "
@@ -143,8 +143,9 @@ def read_experiment_record(path: str | os.PathLike) -> tuple[list[RunRecord], li
                 "" if needed == path else " (the record's report, whose title and setup the card cites)"))
     try:
         runs = read_run_records(path)
-    except json.JSONDecodeError as error:
-        raise ValueError(f"records {str(path)!r}: not valid JSON ({error})") from None
+    except ValueError as error:   # json.JSONDecodeError is one
+        what = f"not valid JSON ({error})" if isinstance(error, json.JSONDecodeError) else str(error)
+        raise ValueError(f"records {str(path)!r}: {what}") from None
     return runs, report.read_text(encoding="utf-8").split("\n\n")
 
 

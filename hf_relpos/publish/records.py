@@ -326,8 +326,12 @@ def software_versions() -> dict[str, str]:
 
 
 def read_run_records(path: str | os.PathLike) -> list[RunRecord]:
-    """Every run of an experiment's result JSON (`run_records`)."""
-    return run_records(json.loads(Path(path).read_text(encoding="utf-8")))
+    """Every run of an experiment's result JSON (`run_records`); ValueError for a JSON with neither `RECORDS` nor
+    "runs" (another JSON, e.g. a benchmark's), whose runs would otherwise be none."""
+    result = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(result, dict) or not {RECORDS, "runs"} & result.keys():
+        raise ValueError(f"not an experiment record (a JSON object with {RECORDS!r} or 'runs', as experiments/ writes)")
+    return run_records(result)
 
 
 def training_record(output_dir: str | os.PathLike) -> RunRecord | None:
