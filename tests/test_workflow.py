@@ -33,7 +33,7 @@ from hf_relpos.translation.arguments import (
 )
 from hf_relpos.translation.data import DataArguments, DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
-from hf_relpos.translation.preflight import PreflightError
+from hf_relpos.translation.preflight import PreflightError, check_fresh_run_keeps
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.trainer import TranslationTrainer
 from hf_relpos.translation.training import run
@@ -216,6 +216,26 @@ def test_a_fresh_run_never_deletes_the_model_or_tokenizer_it_starts_from(trained
             run([str(config), "--overwrite_output_dir", "true", f"--{setting}", given, "--model.max_relative_position",
                  "2"])
     assert sorted(str(path.relative_to(output_dir)) for path in output_dir.rglob("*")) == before
+
+
+@pytest.mark.parametrize(("output_dir", "given", "refused"), [
+    (".", "Helsinki-NLP/opus-mt-en-de", False), ("work", "work/base_model", False), (".", "work", False),
+    ("work", "link", True), ("work", "link/checkpoint-2", True), ("link", "work/checkpoint-2", True),
+])
+def test_a_fresh_run_refuses_only_a_start_it_would_delete(tmp_path, monkeypatch, output_dir, given, refused):
+    """Only output_dir itself (through a link too) and what the fresh run deletes in it (a checkpoint) are refused: a
+    Hub id, or a folder in output_dir that the run leaves alone, is no reason to stop it."""
+    monkeypatch.chdir(tmp_path)
+    for folder in ("work/base_model", "work/checkpoint-2"):
+        (tmp_path / folder).mkdir(parents=True)
+    (tmp_path / "link").symlink_to("work")
+    for setting in ("model_name_or_path", "tokenizer_name"):
+        if refused:
+            with pytest.raises(OutputDirError, match=f"^{setting} '{re.escape(given)}' is (in )?output_dir "
+                                                     f"'{output_dir}': a fresh run"):
+                check_fresh_run_keeps(output_dir, {setting: given})
+        else:
+            check_fresh_run_keeps(output_dir, {setting: given})
 
 
 def test_a_stale_tokenizer_is_never_reused_silently(tmp_path, corpus, monkeypatch):
