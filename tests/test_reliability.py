@@ -966,6 +966,19 @@ def test_atomic_text_write_through_a_link_keeps_the_link_and_the_old_file_when_i
     assert sorted(item.name for item in tmp_path.rglob("*")) == ["card.md", "card.md", "elsewhere"]
 
 
+def test_atomic_text_write_to_dev_stdout_on_a_deleted_file_writes_to_it_and_makes_no_file(tmp_path):
+    """/dev/stdout on a file deleted since it was opened leads to a path 'FILE (deleted)' that does not exist: the
+    text goes to the open file, and no file of that name is made."""
+    held = tmp_path / "out.txt"
+    with open(held, "w+", encoding="utf-8") as stdout:
+        held.unlink()
+        subprocess.run([sys.executable, "-c", "from hf_relpos.publish.files import write_text_atomic; "
+                        "write_text_atomic('/dev/stdout', 'whole\\n')"], stdout=stdout, check=True, timeout=120)
+        stdout.seek(0)
+        assert stdout.read() == "whole\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_left(tmp_path):
     """A write killed part-way (SIGKILL, out of memory) leaves its temporary beside the destination (a staged model
     folder can be gigabytes); the next write of that destination removes those of processes that are gone on this

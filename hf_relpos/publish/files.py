@@ -152,9 +152,9 @@ def expand_home(path: str | None) -> str | None:
 def writes_in_place(path: str | os.PathLike) -> bool:
     """Whether `path` is written through rather than replaced: an existing file that is not a regular one, named
     itself or through links (a pipe, a terminal, a device: /dev/stdout), which a rename would replace by a plain
-    file."""
+    file, or one that no path reaches (/dev/stdout on a deleted file: its link names 'FILE (deleted)')."""
     path = Path(path)
-    return path.exists() and not path.is_file()
+    return path.exists() and (not path.is_file() or not Path(os.path.realpath(path)).exists())
 
 
 @contextmanager
