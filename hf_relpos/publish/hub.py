@@ -852,7 +852,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     push = commands.add_parser("push", help="push a trained model folder with its card")
     push.add_argument("folder", type=expand_home)
     push.add_argument("repo_id")
-    push.add_argument("--recipe", type=expand_home, help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
+    push.add_argument("--recipe", type=expand_home,
+                      help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     args = parser.parse_args(argv)
     try:

@@ -143,7 +143,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="hf-relpos-average",
         description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
     )
-    parser.add_argument("inputs", nargs="+", type=expand_home, help="a training output folder, or checkpoint folders (oldest first)")
+    parser.add_argument("inputs", nargs="+", type=expand_home,
+                        help="a training output folder, or checkpoint folders (oldest first)")
     parser.add_argument("--last_n", type=int, default=None,
                         help=f"how many of the newest checkpoints to average (default: {DEFAULT_LAST_N} of a "
                              "training output folder's, all of the checkpoint folders listed)")

@@ -305,7 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "reproduces the Marian model exactly.",
     )
     marian.add_argument("source", type=expand_home, help="folder or Hub id of a MarianMTModel with its tokenizer")
-    marian.add_argument("output_dir", type=expand_home, help="new folder for the converted model (must not exist or be empty)")
+    marian.add_argument("output_dir", type=expand_home,
+                        help="new folder for the converted model (must not exist or be empty)")
     marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
                         choices=sorted(POSITION_SCHEMES),
                         help="position scheme of the converted model (--attention_type: its deprecated name)")

@@ -480,9 +480,11 @@ def build_parser() -> argparse.ArgumentParser:
     engines = parser.add_subparsers(dest="engine", required=True, metavar="ENGINE")
     engine = engines.add_parser("ctranslate2", help="CTranslate2 (OpenNMT's inference engine)",
                                 description="Export a saved hf_relpos translation model to a CTranslate2 folder.")
-    engine.add_argument("model_dir", type=expand_home, metavar="MODEL_DIR", help="saved model folder (model, tokenizer, generation "
-                                                                "config; e.g. a train_translation.py output_dir)")
-    engine.add_argument("out_dir", type=expand_home, metavar="OUT_DIR", help="the CTranslate2 folder to write (new or empty)")
+    engine.add_argument("model_dir", type=expand_home, metavar="MODEL_DIR",
+                        help="saved model folder (model, tokenizer, generation config; e.g. a train_translation.py "
+                             "output_dir)")
+    engine.add_argument("out_dir", type=expand_home, metavar="OUT_DIR",
+                        help="the CTranslate2 folder to write (new or empty)")
     engine.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="weight type in the engine (default: float32); int8: about 4x smaller and faster on CPU")
     engine.add_argument("--max_positions", type=int, metavar="N",

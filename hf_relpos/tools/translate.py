@@ -189,12 +189,15 @@ class DefaultsWhereSetFormatter(argparse.ArgumentDefaultsHelpFormatter):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
                                      formatter_class=DefaultsWhereSetFormatter)
-    parser.add_argument("model", type=expand_home, help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), "
-                                      "or a CTranslate2 folder written by hf-relpos-export ctranslate2")
-    parser.add_argument("input_file", nargs="?", type=expand_home, metavar="INPUT", help="source text file (the same as --input)")
+    parser.add_argument("model", type=expand_home,
+                        help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), or a "
+                             "CTranslate2 folder written by hf-relpos-export ctranslate2")
+    parser.add_argument("input_file", nargs="?", type=expand_home, metavar="INPUT",
+                        help="source text file (the same as --input)")
     parser.add_argument("--input", type=expand_home, help="source text, one sentence per line (default: stdin)")
     parser.add_argument("--output", type=expand_home, help="where the translations go, one per line (default: stdout)")
-    parser.add_argument("--reference", type=expand_home, help="reference translations, one per line: print sacreBLEU and chrF")
+    parser.add_argument("--reference", type=expand_home,
+                        help="reference translations, one per line: print sacreBLEU and chrF")
     parser.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
                         help="sacreBLEU's tokenization of BLEU for --reference (its --tokenize; ja-mecab needs pip "
                              "install 'sacrebleu[ja]', ko-mecab 'sacrebleu[ko]'; default: the bleu_tokenize of the "
@@ -397,7 +400,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}; or name another tokenization with --tokenize "
                            "(e.g. char)\n")
     output = None if args.output is None else Path(args.output)
-    folder = None if output is None else (output.resolve() if output.is_symlink() else output).parent   # a link's file's
+    folder = None if output is None else (output.resolve() if output.is_symlink() else output).parent   # a link: its file's
     if output is not None and (output.is_dir() or not folder.is_dir()):
         reason = "is a folder" if output.is_dir() else f"no folder '{folder}' to write it in"
         parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")

@@ -185,7 +185,8 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("model_dir", type=lambda text: Path(expand_home(text)))
     parser.add_argument("--sentence", help="source sentence (tokenized with the tokenizer saved in MODEL_DIR)")
     parser.add_argument("--token-ids", type=int, nargs="+", help="source token ids, when the folder has no tokenizer")
-    parser.add_argument("--out", type=lambda text: Path(expand_home(text)), required=True, help="folder for the PNG files")
+    parser.add_argument("--out", type=lambda text: Path(expand_home(text)), required=True,
+                        help="folder for the PNG files")
     args = parser.parse_args(argv)
     if (args.sentence is None) == (args.token_ids is None):
         parser.error("pass exactly one of --sentence and --token-ids")
