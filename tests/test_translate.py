@@ -472,6 +472,7 @@ def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_
     ("missing/hyp.txt", "--output 'missing/hyp.txt': no folder 'missing' to write it in"),
     (".", "--output '.': is a folder"),
     ("link.txt", "--output 'link.txt': no folder '{tmp}/missing' to write it in"),   # the link's file is written
+    ("hyp.txt/", "--output 'hyp.txt/': ends in '/', which names a folder; give a file name"),   # not the file hyp.txt
 ])
 def test_an_output_that_cannot_be_written_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
                                                                           monkeypatch, output, message):

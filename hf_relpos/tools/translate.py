@@ -401,9 +401,12 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                            "(e.g. char)\n")
     output = None if args.output is None else Path(args.output)
     folder = None if output is None else (output.resolve() if output.is_symlink() else output).parent   # a link: its file's
-    if output is not None and (output.is_dir() or not folder.is_dir()):
-        reason = "is a folder" if output.is_dir() else f"no folder '{folder}' to write it in"
-        parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
+    if output is not None:
+        reasons = {"is a folder": output.is_dir(), f"no folder '{folder}' to write it in": not folder.is_dir(),
+                   "ends in '/', which names a folder; give a file name": args.output.endswith(("/", os.sep))}
+        reason = next((reason for reason, applies in reasons.items() if applies), None)
+        if reason is not None:
+            parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
     if output is not None and output.is_file():   # a plain file, through a link or not (a terminal may be both)
         for flag, path in (("--input", args.input), ("--reference", args.reference)):
             if path is not None and output.samefile(path):
