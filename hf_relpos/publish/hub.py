@@ -674,8 +674,9 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
-    loaded = {path: load_recipe(path) for path in recipes}   # a recipe or record that cannot be read leaves no --out
-    for record_path in records:                               # folder
+    # a recipe or record that cannot be read, or an --out that cannot be a folder, leaves no --out folder
+    loaded = {path: load_recipe(path) for path in recipes}
+    for record_path in records:
         read_experiment_record(record_path)
     out = Path(out)
     nearest_existing_folder(out, "out")   # mkdir's bare "File exists" or "Not a directory" named no setting
