@@ -979,6 +979,27 @@ def test_atomic_text_write_to_dev_stdout_on_a_deleted_file_writes_to_it_and_make
     assert list(tmp_path.iterdir()) == []
 
 
+def test_atomic_text_write_to_a_descriptor_appends_where_the_shell_opened_it_to_append(tmp_path):
+    """/dev/stdout (and /dev/fd/N) name this process's open descriptor: `>> log` appends to log, as the shell opened
+    it; log is not replaced and no temporary is made beside it."""
+    log = tmp_path / "log.txt"
+    log.write_text("earlier\n", encoding="utf-8")
+    with open(log, "a", encoding="utf-8") as stdout:
+        subprocess.run([sys.executable, "-c", "from hf_relpos.publish.files import write_text_atomic; "
+                        "write_text_atomic('/dev/stdout', 'whole\\n'); write_text_atomic('/dev/fd/1', 'again\\n')"],
+                       stdout=stdout, check=True, timeout=120)
+    assert log.read_text(encoding="utf-8") == "earlier\nwhole\nagain\n"
+    assert list(tmp_path.iterdir()) == [log]
+
+
+def test_named_descriptor_follows_links_to_this_process_descriptors_only(tmp_path):
+    (tmp_path / "out").symlink_to("/dev/stdout")
+    assert [files_module.named_descriptor(path) for path in ("/dev/stdout", "/dev/fd/2", tmp_path / "out")] == [1, 2, 1]
+    (tmp_path / "plain").write_text("")
+    assert [files_module.named_descriptor(path) for path in (tmp_path / "plain", "/dev/null", tmp_path / "gone",
+                                                               f"/proc/{os.getppid()}/fd/1")] == [None] * 4
+
+
 def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_left(tmp_path):
     """A write killed part-way (SIGKILL, out of memory) leaves its temporary beside the destination (a staged model
     folder can be gigabytes); the next write of that destination removes those of processes that are gone on this

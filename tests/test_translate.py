@@ -559,6 +559,29 @@ def test_output_to_dev_stdout_in_a_fresh_process(memorised_model_folder, tmp_pat
     assert (stat.S_IFMT(after.st_mode), after.st_ino) == (stat.S_IFMT(before.st_mode), before.st_ino)
 
 
+@pytest.mark.parametrize("mode", ["a", "w"])
+def test_output_to_dev_stdout_on_a_file_keeps_what_the_file_had(memorised_model_folder, tmp_path, mode):
+    """`--output /dev/stdout >> log` appends to log, and with `> log` the translations follow what was already written
+    through that descriptor: the descriptor is written as the shell opened it (replacing the file it leads to lost
+    the log's earlier lines)."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    log = tmp_path / "log.txt"
+    log.write_text("earlier\n", encoding="utf-8")
+    with open(log, mode, encoding="utf-8") as stdout:
+        if mode == "w":
+            stdout.write("written first\n")
+            stdout.flush()
+        completed = subprocess.run(
+            [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--input",
+             str(source_file), "--output", "/dev/stdout", "--no_progress"], stdout=stdout, stderr=subprocess.PIPE,
+            text=True, cwd=tmp_path, timeout=300,
+            env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    kept = "earlier\n" if mode == "a" else "written first\n"
+    assert log.read_text(encoding="utf-8") == kept + "".join(line + "\n" for line in TARGETS[:3])
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["log.txt", "src.txt"]
+
+
 def test_an_empty_source_with_references_has_nothing_to_score(memorised_model_folder, tmp_path, capsys):
     source_file = write_lines(tmp_path / "src.txt", [])
     reference_file = write_lines(tmp_path / "ref.txt", [])

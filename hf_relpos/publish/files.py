@@ -1,8 +1,9 @@
 """Writing folders and files so that nothing half-written is ever left: a folder filled beside its destination and
 renamed in (`staged_folder`), files moved into a folder with the one that makes it loadable last
-(`move_folder_contents`), files replaced atomically (`atomic_file`, `write_text_atomic`). What these stage (and the
-weights that safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process
-umask (`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them. Each
+(`move_folder_contents`), files replaced atomically (`atomic_file`, `write_text_atomic`), and this process's open
+descriptors (/dev/stdout) written through as the shell opened them (`text_output`). What these stage (and the weights
+that safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process umask
+(`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them. Each
 temporary is named after the process that owns it (`owned_prefix`), so the next write of the same destination
 removes those a killed process left (`remove_abandoned`) instead of letting them fill the disk."""
 
@@ -16,6 +17,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TextIO
 
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
 
@@ -149,12 +151,28 @@ def expand_home(path: str | None) -> str | None:
     return None if path is None else os.path.expanduser(path)
 
 
+def named_descriptor(path: str | os.PathLike) -> int | None:
+    """The open file descriptor of this process that `path` names, itself or through links (/dev/stdout, /dev/fd/3,
+    /proc/self/fd/1), else None."""
+    path = Path(os.path.abspath(path))
+    descriptors = Path(f"/proc/{os.getpid()}/fd")
+    for _ in range(40):   # the kernel's limit on links followed
+        folder = Path(os.path.realpath(path.parent))
+        if folder == descriptors and path.name.isdigit():
+            return int(path.name)
+        if not (folder / path.name).is_symlink():
+            return None
+        path = folder / os.readlink(folder / path.name)
+    return None
+
+
 def writes_in_place(path: str | os.PathLike) -> bool:
-    """Whether `path` is written through rather than replaced: an existing file that is not a regular one, named
-    itself or through links (a pipe, a terminal, a device: /dev/stdout), which a rename would replace by a plain
-    file, or one that no path reaches (/dev/stdout on a deleted file: its link names 'FILE (deleted)')."""
+    """Whether `path` is written through rather than replaced: one of this process's open descriptors
+    (`named_descriptor`: /dev/stdout, which the shell may have opened on a file with `>>`), or an existing file that
+    is not a regular one, named itself or through links (a pipe, a terminal, a device), which a rename would replace
+    by a plain file."""
     path = Path(path)
-    return path.exists() and (not path.is_file() or not Path(os.path.realpath(path)).exists())
+    return named_descriptor(path) is not None or (path.exists() and not path.is_file())
 
 
 @contextmanager
@@ -180,8 +198,23 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
         raise
 
 
+@contextmanager
+def text_output(path: str | os.PathLike) -> Iterator[TextIO]:
+    """A UTF-8 text file to write `path` through: this process's descriptor that `path` names, as it is open (`>>`
+    appends, `>` writes on from where it is: nothing earlier is cut); else an existing file that is not a regular one
+    (a pipe), opened; else `atomic_file`'s temporary, which replaces `path` only when the block ends without an
+    error."""
+    descriptor = named_descriptor(path)
+    if descriptor is not None:
+        with os.fdopen(os.dup(descriptor), "w", encoding="utf-8") as output:
+            yield output
+        return
+    with atomic_file(path) as temporary, open(temporary, "w", encoding="utf-8") as output:
+        yield output
+
+
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` (UTF-8) to `path` through `atomic_file`: the file is either the old one or the whole new one; a
+    """Write `text` (UTF-8) to `path` through `text_output`: a file is either the old one or the whole new one; a
     failed write removes its temporary file."""
-    with atomic_file(path) as temporary:
-        temporary.write_text(text, encoding="utf-8")
+    with text_output(path) as output:
+        output.write(text)

@@ -43,7 +43,7 @@ from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
-from ..publish.files import atomic_file, expand_home, writes_in_place
+from ..publish.files import expand_home, text_output, writes_in_place
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
@@ -412,7 +412,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             if path is not None and output.samefile(path):
                 parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
                                f"would replace it; write them to another file\n")
-    if output is not None and not writes_in_place(output):   # a pipe or a device (/dev/stdout) is written through
+    if output is not None and not writes_in_place(output):   # a pipe, a device or /dev/stdout is written through
         try:
             check_output_dir(folder, setting="--output's folder")   # a link's file is replaced in its own folder
         except OutputDirError as error:
@@ -453,8 +453,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     chunks = text_line_chunks(source, "stdin" if args.input is None else args.input, args.buffer_lines)
     try:
         with bar, contextlib.ExitStack() as outputs:
-            sink = sys.stdout if output is None else outputs.enter_context(
-                open(outputs.enter_context(atomic_file(output)), "w", encoding="utf-8"))
+            sink = sys.stdout if output is None else outputs.enter_context(text_output(output))
             source_lines, translations = translate_stream(chunks, translate_chunk, sink, keep=references is not None)
             mismatch = None if references is None else line_count_error(source_lines, references)
             if mismatch is not None:   # stdin, counted as it ends: --output is not written
