@@ -951,6 +951,30 @@ def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_l
     assert [path.name for path in cut_short.iterdir()] == ["model.safetensors"]   # no config: it does not load
 
 
+def test_an_existing_output_folder_a_killed_fill_left_its_staging_in_is_filled_again(tmp_path):
+    """A fill of an existing empty folder (a mount point) killed while it staged leaves its hidden staging folder
+    inside: the next average / convert / export takes the folder as empty and removes it, where it refused the folder
+    as not empty; a staging of another machine (a new container has a new host name) is named in the refusal."""
+    from hf_relpos.translation.safety import OutputDirError, check_new_output_dir
+
+    out = tmp_path / "out"
+    out.mkdir()
+    subprocess.run([sys.executable, "-c", "import os, signal; from hf_relpos.publish.files import staged_folder\n"
+                    f"with staged_folder({str(out)!r}, last='config.json') as staging:\n"
+                    "    (staging / 'model.safetensors').write_bytes(b'half')\n"
+                    "    os.kill(os.getpid(), signal.SIGKILL)"], timeout=120)
+    assert [entry.name.startswith(".out.") for entry in out.iterdir()] == [True]
+    check_new_output_dir(out)
+    with files_module.staged_folder(out, last="config.json") as staging:
+        (staging / "config.json").write_text("{}")
+    assert [entry.name for entry in out.iterdir()] == ["config.json"]
+    (out / "config.json").unlink()
+    (out / ".out.elsewhere-1-x").mkdir()
+    with pytest.raises(OutputDirError, match=r"not an empty folder; it holds '\.out\.elsewhere-1-x', a fill's staging "
+                                             r"folder \(of another machine or a process still running\); remove it"):
+        check_new_output_dir(out)
+
+
 def test_atomic_text_write_through_a_link_keeps_the_link_and_the_old_file_when_it_fails(tmp_path):
     """A destination that is a link (a run record or card linked elsewhere) stays a link, and the file it leads to is
     replaced whole like any other: written through, a failed write left that file cut short."""

@@ -70,21 +70,26 @@ def owned_prefix(tag: str) -> str:
     return f"{tag}{socket.gethostname()}-{os.getpid()}-"
 
 
-def remove_abandoned(folder: str | os.PathLike, tag: str) -> list[Path]:
-    """Remove the temporaries `owned_prefix(tag)` names in `folder` whose process on this machine is gone: what a
-    write killed part-way (SIGKILL, out of memory) left. Those of running processes and other machines stay. Returns
-    the paths removed."""
+def abandoned_temporaries(folder: str | os.PathLike, tag: str) -> list[Path]:
+    """The temporaries `owned_prefix(tag)` names in `folder` whose process on this machine is gone: what a write
+    killed part-way (SIGKILL, out of memory) left. Those of running processes and other machines are not."""
     host_prefix = f"{tag}{socket.gethostname()}-"
-    removed = []
-    for abandoned in Path(folder).glob(f"{glob.escape(host_prefix)}*"):
-        pid = abandoned.name[len(host_prefix):].split("-")[0]
-        if not pid.isdigit() or process_alive(int(pid)):
-            continue
+    abandoned = []
+    for temporary in Path(folder).glob(f"{glob.escape(host_prefix)}*"):
+        pid = temporary.name[len(host_prefix):].split("-")[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            abandoned.append(temporary)
+    return abandoned
+
+
+def remove_abandoned(folder: str | os.PathLike, tag: str) -> list[Path]:
+    """Remove the `abandoned_temporaries` of `tag` in `folder`. Returns the paths removed."""
+    removed = abandoned_temporaries(folder, tag)
+    for abandoned in removed:
         if abandoned.is_dir() and not abandoned.is_symlink():
             shutil.rmtree(abandoned, ignore_errors=True)
         else:
             abandoned.unlink(missing_ok=True)
-        removed.append(abandoned)
     return removed
 
 
@@ -119,6 +124,18 @@ def nearest_existing_folder(path: str | os.PathLike, setting: str) -> Path:
     return existing
 
 
+def staging_tag(output_dir: str | os.PathLike) -> str:
+    """How the names of `staged_folder`'s temporaries for `output_dir` begin (before `owned_prefix`'s HOST-PID-)."""
+    return f".{Path(output_dir).resolve().name}."
+
+
+def unfilled_entries(output_dir: str | os.PathLike) -> list[Path]:
+    """What the existing folder `output_dir` holds besides what `staged_folder` would remove before filling it: the
+    staging of a fill that was killed (SIGKILL, out of memory) on this machine. Empty: the folder can be filled."""
+    abandoned = set(abandoned_temporaries(output_dir, staging_tag(output_dir)))
+    return sorted(entry for entry in Path(output_dir).iterdir() if entry not in abandoned)
+
+
 @contextmanager
 def staged_folder(output_dir: str | os.PathLike, last: str) -> Iterator[Path]:
     """A new temporary folder to fill for `output_dir` (which must not exist, or be an empty folder); removed if the
@@ -131,7 +148,7 @@ def staged_folder(output_dir: str | os.PathLike, last: str) -> Iterator[Path]:
     fill_in_place = output_dir.is_dir()
     beside = output_dir if fill_in_place else output_dir.parent
     beside.mkdir(parents=True, exist_ok=True)
-    tag = f".{output_dir.name}."
+    tag = staging_tag(output_dir)
     remove_abandoned(beside, tag)
     staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=beside))
     try:

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from ..publish.files import nearest_existing_folder
+from ..publish.files import nearest_existing_folder, staging_tag, unfilled_entries
 from ..publish.hub import CARD_FILE
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .checkpoints import TRAINER_STATE_FILE
@@ -62,10 +62,15 @@ def format_bytes(count: float) -> str:
 
 def check_new_output_dir(output_dir: str | os.PathLike, setting: str = "output_dir") -> None:
     """The folder a tool writes its result into: raise `OutputDirError` naming `setting` unless it does not exist yet
-    or is an empty folder, and can be written (`check_output_dir`)."""
+    or is an empty folder (but for the staging of a fill killed on this machine, which `staged_folder` removes), and
+    can be written (`check_output_dir`)."""
     check_output_dir(output_dir, setting=setting)
-    if Path(output_dir).is_dir() and any(Path(output_dir).iterdir()):
-        raise OutputDirError(f"{setting} {str(output_dir)!r} exists and is not an empty folder; choose a new one")
+    if not Path(output_dir).is_dir() or not (entries := unfilled_entries(output_dir)):
+        return
+    staging = [entry.name for entry in entries if entry.name.startswith(staging_tag(output_dir))]
+    held = (f"it holds {', '.join(map(repr, staging))}, a fill's staging folder (of another machine or a process "
+            "still running); remove it if no job writes there, or choose a new one") if staging else "choose a new one"
+    raise OutputDirError(f"{setting} {str(output_dir)!r} exists and is not an empty folder; {held}")
 
 
 def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
