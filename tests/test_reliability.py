@@ -1003,15 +1003,16 @@ def test_atomic_text_write_to_dev_stdout_on_a_deleted_file_writes_to_it_and_make
     assert list(tmp_path.iterdir()) == []
 
 
-def test_atomic_text_write_to_a_descriptor_appends_where_the_shell_opened_it_to_append(tmp_path):
+def test_a_text_output_to_a_descriptor_appends_where_the_shell_opened_it_to_append(tmp_path):
     """/dev/stdout (and /dev/fd/N) name this process's open descriptor: `>> log` appends to log, as the shell opened
     it; log is not replaced and no temporary is made beside it."""
     log = tmp_path / "log.txt"
     log.write_text("earlier\n", encoding="utf-8")
     with open(log, "a", encoding="utf-8") as stdout:
-        subprocess.run([sys.executable, "-c", "from hf_relpos.publish.files import write_text_atomic; "
-                        "write_text_atomic('/dev/stdout', 'whole\\n'); write_text_atomic('/dev/fd/1', 'again\\n')"],
-                       stdout=stdout, check=True, timeout=120)
+        subprocess.run([sys.executable, "-c", "from hf_relpos.publish.files import text_output\n"
+                        "for path, text in (('/dev/stdout', 'whole\\n'), ('/dev/fd/1', 'again\\n')):\n"
+                        "    with text_output(path) as output:\n"
+                        "        output.write(text)"], stdout=stdout, check=True, timeout=120)
     assert log.read_text(encoding="utf-8") == "earlier\nwhole\nagain\n"
     assert list(tmp_path.iterdir()) == [log]
 

@@ -231,7 +231,7 @@ def text_output(path: str | os.PathLike) -> Iterator[TextIO]:
 
 
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write `text` (UTF-8) to `path` through `text_output`: a file is either the old one or the whole new one; a
+    """Write `text` (UTF-8) to `path` through `atomic_file`: the file is either the old one or the whole new one; a
     failed write removes its temporary file."""
-    with text_output(path) as output:
-        output.write(text)
+    with atomic_file(path) as temporary:
+        temporary.write_text(text, encoding="utf-8")
