@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -30,6 +29,7 @@ from benchmarks.common import (
     write_report,
 )
 from benchmarks.tune_relpos_triton import block_label
+from hf_relpos.translation.safety import output_folder
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) per autotuned kernel: the H200's choice at n = 512, not causal
 PINNED_BLOCKS = {"tuned_forward": (64, 32, 4, 3), "tuned_backward_keys": (64, 64, 4, 2),
@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
     parser.add_argument("--tokens", type=positive_int, default=16384, help="tokens per batch (batch = tokens // length)")
     parser.add_argument("--max_distance", type=positive_int, default=16)
     parser.add_argument("--attention_dropout", type=float, default=0.1)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     check_attention_dropout(args.attention_dropout)
     check_whole_sequence(args.tokens, args.length)

@@ -38,6 +38,7 @@ import psutil
 
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import checkout_version, cpu_model_name
+from hf_relpos.translation.safety import output_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 MULTI30K = Path("/work/shared/data/multi30k")
@@ -293,7 +294,8 @@ def minutes(seconds: float) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, nargs="+", default=[400_000])
-    parser.add_argument("--work", type=Path, default=Path("/tmp/bench_data"), help="corpora and output folders")
+    parser.add_argument("--work", type=output_folder, default=Path("/tmp/bench_data"),
+                        help="corpora and output folders")
     parser.add_argument("--workers", type=int, default=os.cpu_count(), help="preprocessing_num_workers")
     parser.add_argument("--hardware_note", default="", help="appended to the hardware line (e.g. shared machine)")
     parser.add_argument("--record", type=Path, required=True, help="JSON record to write (after every size)")

@@ -35,6 +35,7 @@ from benchmarks.common import environment, markdown_table, positive_int, synchro
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import export_ctranslate2
 from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.safety import output_folder
 
 BASELINE = "pytorch"
 GOALS = {"cpu": {"ct2_int8": 4.0, "ct2_float32": 2.0}, "cuda": {"ct2_float16": 3.0}}
@@ -165,7 +166,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="leave out PyTorch with early_stopping=False")
     parser.add_argument("--model_note", default="", help="what the record says about the model (e.g. its training)")
     parser.add_argument("--hardware_note", default="", help="what the record says about the machine (e.g. shared)")
-    parser.add_argument("--out", type=Path, default=Path("benchmarks/results"))
+    parser.add_argument("--out", type=output_folder, default=Path("benchmarks/results"))
     parser.add_argument("--stem", default="inference")
     args = parser.parse_args(argv)
     if not args.model.is_dir():

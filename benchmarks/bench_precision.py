@@ -36,6 +36,7 @@ from benchmarks.common import (
     write_report,
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.translation.safety import output_folder
 
 
 def precision_config(scheme: str, shape: Shape, layers: int | None, vocab_size: int | None, kernel: str):
@@ -162,7 +163,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=2.0,
                         help="the kernel's deviations may be this many times bf16 eager's")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "precision")
+    parser.add_argument("--out", type=output_folder, default=Path(__file__).resolve().parent / "results" / "precision")
     parser.add_argument("--quick", action="store_true", help="CPU-sized: the tiny shape, 6 steps of 4 x 16 tokens")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():

@@ -23,6 +23,7 @@ from hf_relpos.model.attention_functions import PROBABILITY_DROPOUT_KERNELS, REL
 from hf_relpos.model.triton_relative import interpreting
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import checkout_version, cpu_model_name
+from hf_relpos.translation.safety import output_folder
 
 # Benchmark label -> config overrides: every registered scheme under its own name, and "shaw-k", Shaw's a^K without
 # the a^V term ("shaw" is the paper's a^K + a^V).
@@ -127,7 +128,8 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
         help="attention dropout in training mode: on the probabilities, or as key dropout on flex_attention, which "
              "cannot drop probabilities",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_RESULTS, help="directory for the .md, .json and .png")
+    parser.add_argument("--out", type=output_folder, default=DEFAULT_RESULTS,
+                        help="directory for the .md, .json and .png")
     parser.add_argument("--schemes", nargs="+", choices=tuple(SCHEMES), default=list(SCHEMES))
     parser.add_argument("--warmup", type=non_negative_int, help="untimed rounds before the timed ones")
     parser.add_argument("--repeats", type=positive_int, help="timed rounds (the median is reported)")

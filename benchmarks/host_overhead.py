@@ -20,7 +20,6 @@ import contextlib
 import os
 import statistics
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -39,6 +38,7 @@ from benchmarks.common import (
     series_kernels,
     write_report,
 )
+from hf_relpos.translation.safety import output_folder
 
 HOST_SHAPE = Shape(d_model=64, heads=8, ffn_dim=64, layers=6, vocab_size=64)   # the base model's layers and heads
 
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=positive_int, default=10, help="steps per round")
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--threads", type=positive_int, default=1)
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     check_series(args.series)
     if any(scheme_and_kernel(label)[1] == "flex_attention" for label in args.series):

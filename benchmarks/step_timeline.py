@@ -31,7 +31,6 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -52,6 +51,7 @@ from benchmarks.common import (
     synchronize,
     write_report,
 )
+from hf_relpos.translation.safety import output_folder
 
 FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
 # runtime calls that synchronize the host with the device, copy (cudaMemcpyAsync need not block) or allocate
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=positive_int, default=5)
     parser.add_argument("--host_profile", action="store_true",
                         help="also the host's Python functions over --steps steps (cProfile)")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -34,6 +33,7 @@ from benchmarks.common import (
     write_report,
 )
 from hf_relpos import POSITION_SCHEMES
+from hf_relpos.translation.safety import output_folder
 
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the package's: those FlashAttention-2's Triton kernels use on Hopper
 # (larger tiles, deeper pipelines, the backward's 32 x 128).
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=positive_int, default=3, help="profiled steps")
     parser.add_argument("--candidates", choices=CANDIDATES, default="all",
                         help="block configs timed: the package's own, or those and FlashAttention-2's Hopper ones")
-    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     check_attention_dropout(args.attention_dropout)
     check_whole_sequence(args.tokens, args.length)

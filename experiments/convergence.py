@@ -70,6 +70,7 @@ from hf_relpos.publish.records import (
 )
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation.checkpoints import TRAINER_STATE_FILE, last_complete_checkpoint
+from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
@@ -326,8 +327,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k",
                         help="folder with train/validation/test.jsonl")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/convergence"), help="run folders (not committed)")
-    parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "results" /
+    parser.add_argument("--work", type=output_folder, default=Path("/tmp/convergence"),
+                        help="run folders (not committed)")
+    parser.add_argument("--out", type=output_folder, default=Path(__file__).resolve().parents[1] / "docs" / "results" /
                         "convergence")
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=[*PEERS, *RECIPE_SCHEMES])
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])

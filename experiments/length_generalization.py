@@ -61,6 +61,7 @@ from hf_relpos.publish.records import (
     software_versions,
 )
 from hf_relpos.tools.viz import require_matplotlib, save_figure
+from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -462,7 +463,7 @@ QUICK_SETTINGS = {"steps": 4, "d_model": 16, "layers": 1, "heads": 2, "eval_size
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, Markdown and PNG files")
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for the JSON, Markdown and PNG files")
     parser.add_argument("--quick", action="store_true",
                         help="tiny smoke run (seconds): small model, few steps, for the settings not given")
     parser.add_argument("--steps", type=int, default=1500)

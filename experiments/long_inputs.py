@@ -72,6 +72,7 @@ from hf_relpos.publish.records import (
     training_record,
 )
 from hf_relpos.translation.metrics import score_translations
+from hf_relpos.translation.safety import output_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SETS = {"test2016": "test.jsonl", "validation": "validation.jsonl"}
@@ -457,7 +458,7 @@ def argument_parser() -> argparse.ArgumentParser:
     """long_inputs.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="folder with test.jsonl and validation.jsonl")
-    parser.add_argument("--out", type=Path, required=True, help="where long_inputs.{json,md} go")
+    parser.add_argument("--out", type=output_folder, required=True, help="where long_inputs.{json,md} go")
     parser.add_argument("--model", type=parse_model, action="append", required=True, metavar="SYSTEM:SEED=FOLDER",
                         help="a trained model folder (hf_relpos or MarianMTModel with its tokenizer); repeat")
     parser.add_argument("--source-lang", default="en")

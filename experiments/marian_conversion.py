@@ -75,6 +75,7 @@ from hf_relpos.publish.records import (
     Scores,
     training_record,
 )
+from hf_relpos.translation.safety import output_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNE_CONFIG = ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"
@@ -397,8 +398,9 @@ def markdown(results: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="folder with {train,test}.jsonl (Multi30k); not with --quick")
-    parser.add_argument("--work", type=Path, help="models and logs (reused when present); required unless --merge")
-    parser.add_argument("--out", type=Path, required=True, help="folder for marian_conversion.{json,md}")
+    parser.add_argument("--work", type=output_folder,
+                        help="models and logs (reused when present); required unless --merge")
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for marian_conversion.{json,md}")
     parser.add_argument("--schemes", nargs="+", default=["shaw"],
                         help="relative schemes to convert to: NAME, NAME+absolute for the hybrid (Marian's "
                              "sinusoids kept, keep_absolute_positions), or NAME+absolute-fade for the hybrid whose "

@@ -35,6 +35,7 @@ import torch
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import RECORDS, RUN_RECORD_FILE, RunRecord, cpu_model_name, training_record
 from hf_relpos.tools.viz import require_matplotlib, save_figure
+from hf_relpos.translation.safety import output_folder
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMES = ("absolute", "shaw", "xl", "directional")
@@ -183,8 +184,9 @@ def main(argv: list[str] | None = None) -> dict:
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="folder with train/validation/test.jsonl")
-    parser.add_argument("--work", type=Path, required=True, help="folder for the runs' output_dirs (not committed)")
-    parser.add_argument("--out", type=Path, required=True, help="folder for the JSON, Markdown and PNG")
+    parser.add_argument("--work", type=output_folder, required=True,
+                        help="folder for the runs' output_dirs (not committed)")
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for the JSON, Markdown and PNG")
     parser.add_argument("--schemes", nargs="+", default=list(SCHEMES), choices=SCHEMES)
     parser.add_argument("--seeds", type=int, nargs="+", default=[1])
     parser.add_argument("--max-steps", type=int, default=400)

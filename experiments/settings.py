@@ -8,6 +8,8 @@ import shlex
 from collections.abc import Collection, Iterable
 from pathlib import Path
 
+from hf_relpos.translation.safety import output_folder
+
 
 def json_settings(args: argparse.Namespace) -> dict:
     """A script's parsed command line as JSON values (paths as strings), for its report's settings."""
@@ -27,7 +29,7 @@ def command_line(script: str, parser: argparse.ArgumentParser, settings: dict, l
     for action in parser._actions:
         if not action.option_strings or action.dest in leave_out or isinstance(action, argparse._HelpAction):
             continue
-        written = action.type is Path or action.dest in always
+        written = action.type in (Path, output_folder) or action.dest in always
         if action.dest not in settings:
             if written or action.required:
                 words += [action.option_strings[-1], action.metavar or action.dest.upper()]

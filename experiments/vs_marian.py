@@ -84,6 +84,7 @@ from hf_relpos.translation.data import DataArguments, tokenize_evaluation_pairs,
 from hf_relpos.translation.data_preparation import prepare_evaluation_set
 from hf_relpos.translation.metrics import paired_bootstrap, score_translations
 from hf_relpos.translation.model_setup import configure_decoding
+from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.tokenization import (
     EOS_TOKEN,
     SPECIAL_TOKENS,
@@ -915,8 +916,9 @@ def argument_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k",
                         help="folder with train/validation/test.jsonl")
-    parser.add_argument("--work", type=Path, default=Path("/tmp/vs_marian"), help="run folders (not committed)")
-    parser.add_argument("--out", type=Path, default=ROOT / "docs" / "results" / "vs_marian")
+    parser.add_argument("--work", type=output_folder, default=Path("/tmp/vs_marian"),
+                        help="run folders (not committed)")
+    parser.add_argument("--out", type=output_folder, default=ROOT / "docs" / "results" / "vs_marian")
     parser.add_argument("--rows", nargs="+", default=[PEER, "absolute-marian"], help="predefined row names")
     parser.add_argument("--row", action="append", default=[], metavar="'NAME=RECIPE [--flag value ...]'",
                         help="an extra hf_relpos row (RECIPE: scheme or .yaml; --init hf|vaswani: token-embedding init)")

@@ -27,6 +27,7 @@ from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import RECORDS, SCHEME_FIELD, RunRecord, cpu_model_name, software_versions
 from hf_relpos.tools.lm_memory import MemoryTrainer, SegmentedStream, stream_perplexity
 from hf_relpos.tools.viz import require_matplotlib, save_figure
+from hf_relpos.translation.safety import output_folder
 
 BYTE_OFFSET = 4
 
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--text-jsonl", help="a WMT-schema jsonl file; its --language side is concatenated")
     parser.add_argument("--language", default="de")
     parser.add_argument("--text-file", help="a plain text file (default: a generated text)")
-    parser.add_argument("--out", default="benchmarks/results/xl_perplexity")
+    parser.add_argument("--out", type=output_folder, default="benchmarks/results/xl_perplexity")
     parser.add_argument("--segment", type=int, default=64)
     parser.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512])
     parser.add_argument("--steps", type=int, default=1200)
@@ -110,7 +111,7 @@ def main() -> None:
     tokens = encode(read_text(args))
     evaluation, training = tokens[: args.eval_tokens], tokens[args.eval_tokens :]
     variants = {"xl+memory": ("xl", args.segment), "xl": ("xl", 0), "absolute": ("absolute", 0)}
-    results: dict = {"args": vars(args), "train_tokens": training.numel(), "eval_tokens": evaluation.numel(),
+    results: dict = {"args": {**vars(args), "out": str(args.out)}, "train_tokens": training.numel(), "eval_tokens": evaluation.numel(),
                      RECORDS: []}
     with tempfile.TemporaryDirectory() as workdir:
         for name, (position_scheme, mem_len) in variants.items():

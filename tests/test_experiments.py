@@ -1661,3 +1661,20 @@ def test_a_kill_while_recording_a_start_keeps_the_previous_starts(tmp_path, monk
         convergence.record_start(run_folder, "v2", None)
     assert (run_folder / "starts.json").read_text() == written
     assert json.loads(written) == previous and [path.name for path in run_folder.iterdir()] == ["starts.json"]
+
+
+@pytest.mark.parametrize("command", [
+    ["experiments/long_inputs.py", "--data", "data", "--model", "absolute:1=model"],
+    ["experiments/convergence.py", "--systems", "absolute"],
+    ["-m", "benchmarks.bench_decoding", "--quick"],
+])
+def test_a_results_folder_that_cannot_be_made_is_refused_before_any_work(tmp_path, command):
+    """--out (and --work) that is a file, or lies under one, is one usage error naming it when the arguments are read:
+    the scores of hours of decoding were lost when it was found only where they were to be written."""
+    (tmp_path / "a_file").write_text("")
+    completed = subprocess.run([sys.executable, *command, "--out", str(tmp_path / "a_file" / "out")],
+                               capture_output=True, text=True, cwd=EXPERIMENTS.parent, timeout=300)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert (f"error: argument --out: the folder '{tmp_path / 'a_file' / 'out'}': '{tmp_path / 'a_file'}' is a file, "
+            "not a folder") in completed.stderr
+    assert "Traceback" not in completed.stderr and sorted(tmp_path.iterdir()) == [tmp_path / "a_file"]

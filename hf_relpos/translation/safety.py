@@ -4,12 +4,13 @@ docs/reliability.md."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
-from ..publish.files import nearest_existing_folder, staging_tag, unfilled_entries
+from ..publish.files import expand_home, nearest_existing_folder, staging_tag, unfilled_entries
 from ..publish.hub import CARD_FILE
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .checkpoints import TRAINER_STATE_FILE
@@ -71,6 +72,16 @@ def check_new_output_dir(output_dir: str | os.PathLike, setting: str = "output_d
     held = (f"it holds {', '.join(map(repr, staging))}, a fill's staging folder (of another machine or a process "
             "still running); remove it if no job writes there, or choose a new one") if staging else "choose a new one"
     raise OutputDirError(f"{setting} {str(output_dir)!r} exists and is not an empty folder; {held}")
+
+
+def output_folder(value: str) -> Path:
+    """argparse type of a folder that results go into (`--out`, `--work`): one that can be made or written
+    (`check_output_dir`), checked when the arguments are read rather than when the results are written at the end."""
+    try:
+        check_output_dir(expand_home(value), setting="the folder")
+    except OutputDirError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+    return Path(expand_home(value))
 
 
 def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
