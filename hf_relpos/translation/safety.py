@@ -77,11 +77,12 @@ def check_new_output_dir(output_dir: str | os.PathLike, setting: str = "output_d
 def output_folder(value: str) -> Path:
     """argparse type of a folder that results go into (`--out`, `--work`): one that can be made or written
     (`check_output_dir`), checked when the arguments are read rather than when the results are written at the end."""
+    folder = Path(expand_home(value))
     try:
-        check_output_dir(expand_home(value), setting="the folder")
+        check_output_dir(folder, setting="the folder")
     except OutputDirError as error:
         raise argparse.ArgumentTypeError(str(error)) from None
-    return Path(expand_home(value))
+    return folder
 
 
 def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, setting: str = "output_dir") -> None:
