@@ -514,14 +514,15 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"dataloader_num_workers": -1}, "dataloader_num_workers must be an integer >= 0, got -1"),
     ({"label_smoothing_factor": 1.1}, r"label_smoothing_factor must be a number in \[0, 1\), got 1.1"),
     ({"label_smoothing_factor": -0.1}, r"label_smoothing_factor must be a number in \[0, 1\), got -0.1"),
-    ({"adam_beta2": 1.5}, r"adam_beta2 must be a number in \[0, 1\), got 1.5"),
+    ({"adam_beta2": 1.5}, r"adam_beta2 must be a number in \[0, 1\), got 1.5 \(optim 'adamw_torch'\)"),
     ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs must be a positive number when max_steps is not set, "
                                                "got 0.0: the run would train no step"),
     ({"output_dir": ""}, "output_dir must name a folder, got ''"),
     ({"learning_rate": -0.001}, r"learning_rate must be a finite number >= 0 \(0: no update\), got -0.001"),
     ({"weight_decay": -0.1}, r"weight_decay must be a finite number >= 0 \(0: no decay\), got -0.1"),
     ({"max_grad_norm": "nan"}, r"max_grad_norm must be a finite number >= 0 \(0: no clipping\), got nan"),
-    ({"adam_epsilon": 0}, "adam_epsilon must be a finite number > 0, got 0.0"),
+    ({"adam_epsilon": 0}, r"adam_epsilon must be a finite number > 0 \(optim 'adamw_torch' divides by sqrt\(v\) \+ "
+                          r"epsilon\), got 0.0"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
         "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
@@ -537,6 +538,28 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     with pytest.raises(ConfigError, match=f"^{message}"):
         run([str(config), *flags, "--max_tokens_per_batch", "null"])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["c.yaml"]
+
+
+@pytest.mark.parametrize(("optimizer", "overrides", "message"), [
+    ("sgd", {"adam_epsilon": 0, "adam_beta1": 1.5, "adam_beta2": -1}, None),
+    ("adafactor", {"adam_epsilon": 0, "adam_beta2": 2}, None),
+    ("lion_32bit", {"adam_epsilon": 0}, None),
+    ("lion_32bit", {"adam_beta1": 1.0}, r"adam_beta1 must be a number in \[0, 1\), got 1.0 \(optim 'lion_32bit'\)"),
+    ("adamw_torch_fused", {"adam_epsilon": 0}, "adam_epsilon must be a finite number > 0 .optim 'adamw_torch_fused'"),
+    ("ademamix", {"adam_epsilon": -1e-8}, "adam_epsilon must be a finite number > 0 .optim 'ademamix'"),
+])
+def test_the_adam_fields_are_checked_only_for_the_optimizers_that_read_them(tmp_path, corpus, optimizer, overrides,
+                                                                           message):
+    """adam_epsilon is Adam's m / (sqrt(v) + epsilon): 0 divides by zero there, while SGD, Adagrad, RMSprop and
+    Adafactor never read it nor the betas (Lion reads the betas only), so a value left in a recipe switched to such
+    an optimizer is no error."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", optim=optimizer, **overrides)
+    if message is None:
+        training_args = parse_arguments([str(config)])[2]
+        assert [getattr(training_args, name) for name in overrides] == list(overrides.values())
+    else:
+        with pytest.raises(ConfigError, match=f"^{message}"):
+            parse_arguments([str(config)])
 
 
 @pytest.mark.parametrize(("name", "value", "shape", "flag_value"), [

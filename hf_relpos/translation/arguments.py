@@ -705,17 +705,25 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     try:
         for name, minimum in minimums.items():
             require_int(name, getattr(training_args, name), minimum)
-        for name in ("label_smoothing_factor", "adam_beta1", "adam_beta2"):
-            require_probability(name, getattr(training_args, name))
+        require_probability("label_smoothing_factor", training_args.label_smoothing_factor)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    optimizer = str(getattr(training_args.optim, "value", training_args.optim))
+    fields_read = adam_fields_read(optimizer)
+    for name in ("adam_beta1", "adam_beta2"):
+        if name in fields_read:
+            try:
+                require_probability(name, getattr(training_args, name))
+            except ValueError as error:
+                raise ConfigError(f"{error} (optim {optimizer!r})") from None
     for name, meaning_of_zero in (("learning_rate", "no update"), ("weight_decay", "no decay"),
                                   ("max_grad_norm", "no clipping")):
         if not is_non_negative_number(getattr(training_args, name)):
             raise ConfigError(f"{name} must be a finite number >= 0 (0: {meaning_of_zero}), got "
                               f"{getattr(training_args, name)!r}")
-    if not is_positive_number(training_args.adam_epsilon):   # Adam divides by sqrt(v) + epsilon
-        raise ConfigError(f"adam_epsilon must be a finite number > 0, got {training_args.adam_epsilon!r}")
+    if "adam_epsilon" in fields_read and not is_positive_number(training_args.adam_epsilon):
+        raise ConfigError(f"adam_epsilon must be a finite number > 0 (optim {optimizer!r} divides by sqrt(v) + "
+                          f"epsilon), got {training_args.adam_epsilon!r}")
     if training_args.do_train and training_args.max_steps <= 0 and not is_positive_number(training_args.num_train_epochs):
         raise ConfigError(f"num_train_epochs must be a positive number when max_steps is not set, got "
                           f"{training_args.num_train_epochs!r}: the run would train no step")
@@ -749,6 +757,15 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
+
+
+def adam_fields_read(optimizer: str) -> tuple[str, ...]:
+    """The adam_* training arguments that transformers' optimizer `optimizer` (TrainingArguments.optim) takes: the
+    Adam family, m / (sqrt(v) + epsilon) with moment decays beta1 and beta2, all three; Lion its betas; SGD, Adagrad,
+    RMSprop and Adafactor none."""
+    if "adam" in optimizer or "ademamix" in optimizer:
+        return ("adam_beta1", "adam_beta2", "adam_epsilon")
+    return ("adam_beta1", "adam_beta2") if "lion" in optimizer else ()
 
 
 def check_bleu_tokenizer(data_args: DataArguments, training_args: TranslationTrainingArguments) -> None:
