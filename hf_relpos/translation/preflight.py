@@ -135,6 +135,29 @@ PREVIOUS_RUN_PATTERNS = (
 )
 
 
+# The files among them (a run writes each at its end): checkpoints and the staging are folders.
+RUN_FILE_PATTERNS = tuple(pattern for pattern in PREVIOUS_RUN_PATTERNS
+                          if pattern not in (CHECKPOINT_GLOB, FINAL_MODEL_STAGING))
+
+
+def check_run_file_names(output_dir: str | os.PathLike) -> None:
+    """OutputDirError when output_dir holds a folder (or a pipe, a link to nothing, ...) under a name the run writes
+    a file to (`RUN_FILE_PATTERNS`: config.json, test_results.json, README.md, ...): writing it would fail after the
+    whole training, or the final model's replacement of its old record and scores would delete the folder. A fresh
+    run (overwrite_output_dir) removes such entries with the rest of the previous run instead."""
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return
+    for pattern in RUN_FILE_PATTERNS:
+        for path in sorted(folder.glob(pattern)):
+            if not path.is_file():   # through links: a link to a file is written through as before
+                kind = "a folder" if path.is_dir() else "an entry that is not a file"
+                raise OutputDirError(
+                    f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
+                    "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
+                    "removes it with the previous run)")
+
+
 def check_fresh_run_keeps(output_dir: str | os.PathLike, starts_from: dict[str, str | None]) -> None:
     """OutputDirError when a folder of `starts_from` (setting -> path, e.g. model_name_or_path) is output_dir or in
     what `remove_previous_run` deletes from it (a checkpoint): the fresh run would delete the model or tokenizer it

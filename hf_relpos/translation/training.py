@@ -29,6 +29,7 @@ from .preflight import (
     check_hub_login,
     check_process_group,
     check_rerun,
+    check_run_file_names,
     check_sharding,
     previous_run,
     remove_previous_run,
@@ -61,6 +62,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None,
                     starts_from={"model_name_or_path": model_args.model_name_or_path,
                                  "tokenizer_name": model_args.tokenizer_name})
+    if not fresh_run:
+        check_run_file_names(output_dir)
     scores_in_place = not training_args.do_train and bool(previous_run(output_dir))   # output_dir's own model
     if scores_in_place:
         check_scoring_in_place(model_args, data_args, training_args)
