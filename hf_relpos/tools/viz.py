@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from ..publish.files import atomic_file, expand_home
-from ..translation.safety import OutputDirError, check_output_dir
+from ..translation.safety import output_folder
 
 
 def require_matplotlib() -> None:
@@ -185,15 +185,10 @@ def main(argv: list[str] | None = None) -> list[Path]:
     parser.add_argument("model_dir", type=lambda text: Path(expand_home(text)))
     parser.add_argument("--sentence", help="source sentence (tokenized with the tokenizer saved in MODEL_DIR)")
     parser.add_argument("--token-ids", type=int, nargs="+", help="source token ids, when the folder has no tokenizer")
-    parser.add_argument("--out", type=lambda text: Path(expand_home(text)), required=True,
-                        help="folder for the PNG files")
+    parser.add_argument("--out", type=output_folder, required=True, help="folder for the PNG files")
     args = parser.parse_args(argv)
     if (args.sentence is None) == (args.token_ids is None):
         parser.error("pass exactly one of --sentence and --token-ids")
-    try:
-        check_output_dir(args.out, setting="--out")
-    except OutputDirError as error:
-        parser.exit(2, f"{parser.prog}: error: {error}\n")
 
     model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir)
     tokenizer_or_tokens: Any = args.token_ids
