@@ -828,6 +828,23 @@ def test_average_checkpoints_to_an_output_dir_it_cannot_create_is_one_error_nami
     assert (tmp_path / "file").read_text() == "mine" and not any((tmp_path / "read_only").iterdir())
 
 
+def test_averaging_into_a_folder_named_as_a_checkpoint_of_the_run_is_one_error(tmp_path, capsys):
+    """RUN/checkpoint-9 beside the run's checkpoints: the Trainer's rotation (save_total_limit) deleted it as an old
+    checkpoint, a resumed run reaching step 9 wrote into it, and the next average of RUN took it for a checkpoint.
+    Elsewhere the name is free."""
+    run_dir = tmp_path / "run"
+    for step in (1, 2):
+        save_checkpoint(tiny_model(step), run_dir / f"checkpoint-{step}")
+    with pytest.raises(SystemExit) as exited:
+        average_main([str(run_dir), "--last_n", "2", "--output_dir", str(run_dir / "checkpoint-9")])
+    assert exited.value.code == 2
+    assert (f"error: output_dir '{run_dir / 'checkpoint-9'}' is named as a checkpoint of the training run in "
+            f"'{run_dir}'") in capsys.readouterr().err
+    assert sorted(path.name for path in run_dir.iterdir()) == ["checkpoint-1", "checkpoint-2"]
+    average_main([str(run_dir), "--last_n", "2", "--output_dir", str(run_dir / "averaged")])
+    average_main([str(run_dir), "--last_n", "2", "--output_dir", str(tmp_path / "checkpoint-9")])
+    assert (tmp_path / "checkpoint-9" / "model.safetensors").is_file()
+
 def test_a_checkpoint_listed_twice_is_one_error_not_averaged_double(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     for seed in range(2):

@@ -29,8 +29,14 @@ from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_fol
 from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
 from ..translation.arguments import add_import_modules_argument, import_user_modules
-from ..translation.checkpoints import TRAINER_STATE_FILE, average_weights, find_checkpoints, is_complete_checkpoint
-from ..translation.safety import check_new_output_dir
+from ..translation.checkpoints import (
+    CHECKPOINT_PATTERN,
+    TRAINER_STATE_FILE,
+    average_weights,
+    find_checkpoints,
+    is_complete_checkpoint,
+)
+from ..translation.safety import OutputDirError, check_new_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -101,6 +107,18 @@ def _ships_remote_code(folder: Path) -> bool:
     return config.is_file() and bool(json.loads(config.read_text(encoding="utf-8")).get("auto_map"))
 
 
+def check_not_a_checkpoint_name(output_dir: Path) -> None:
+    """OutputDirError when `output_dir` is named `checkpoint-<step>` in a training output folder (one holding
+    checkpoints or a trainer state): there the Trainer's save_total_limit would delete it as an old checkpoint, a
+    resumed run reaching that step would write its checkpoint into it, and the next average would take it for one."""
+    run_dir = Path(os.path.abspath(output_dir)).parent
+    if CHECKPOINT_PATTERN.match(output_dir.name) and run_dir.is_dir() and (
+            find_checkpoints(run_dir) or (run_dir / TRAINER_STATE_FILE).is_file()):
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} is named as a checkpoint of the training run in {str(run_dir)!r}: its "
+            "Trainer would delete it (save_total_limit) or write a checkpoint into it on resuming, and averaging "
+            "that run would take it for a checkpoint; choose another name (e.g. averaged)")
+
 def average_checkpoints(
     paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int | None,
     output_dir: str | os.PathLike
@@ -115,6 +133,7 @@ def average_checkpoints(
     checkpoints = select_checkpoints(paths_or_output_dir, last_n)
     output_dir = Path(output_dir)
     check_new_output_dir(output_dir)
+    check_not_a_checkpoint_name(output_dir)
     averaged = average_weights(checkpoints)
 
     with staged_folder(output_dir, last=CONFIG_NAME) as staging:
