@@ -694,7 +694,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if not training_args.output_dir.strip():   # Path("") is the current folder
         raise ConfigError(f"output_dir must name a folder, got {training_args.output_dir!r}")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
-                 "generation_max_length", "average_checkpoints", "fade_absolute_positions", "early_stopping_patience"):
+                 "generation_max_length", "average_checkpoints", "fade_absolute_positions", "early_stopping_patience",
+                 "save_total_limit"):   # transformers keeps every checkpoint at save_total_limit 0
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
@@ -708,6 +709,13 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         require_probability("label_smoothing_factor", training_args.label_smoothing_factor)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for kind in ("logging", "eval", "save"):
+        strategy, interval = getattr(training_args, f"{kind}_strategy"), getattr(training_args, f"{kind}_steps")
+        if getattr(strategy, "value", strategy) == "steps" and not is_positive_number(interval):
+            raise ConfigError(f"{kind}_steps must be a number of steps >= 1, or a fraction of the training steps in "
+                              f"(0, 1), with {kind}_strategy steps, got {interval!r}"
+                              + (" (0 would never save: for no checkpoints use save_strategy no)"
+                                 if kind == "save" and interval == 0 else ""))
     optimizer = str(getattr(training_args.optim, "value", training_args.optim))
     fields_read = adam_fields_read(optimizer)
     for name in ("adam_beta1", "adam_beta2"):
