@@ -119,6 +119,7 @@ def check_not_a_checkpoint_name(output_dir: Path) -> None:
             "Trainer would delete it (save_total_limit) or write a checkpoint into it on resuming, and averaging "
             "that run would take it for a checkpoint; choose another name (e.g. averaged)")
 
+
 def average_checkpoints(
     paths_or_output_dir: str | os.PathLike | Sequence[str | os.PathLike], last_n: int | None,
     output_dir: str | os.PathLike
