@@ -24,12 +24,13 @@ demo: $(VENV)/.installed
 # one worker per logical core, at most 8 (each holds its own torch); worksteal evens out the long end-to-end tests
 PYTEST := $(BIN)/python -m pytest -n $(PYTEST_WORKERS) --maxprocesses 8 --dist worksteal
 
-# Lint, the whole suite, then the tests marked numerics (pyproject.toml's markers say which) again under the CPU
-# kernels torch picks on other machines (those of this machine ran in the whole suite): a pass must not depend on them.
+# Lint, the whole suite (its 20 slowest tests listed at the end, for CI's time), then the tests marked numerics
+# (pyproject.toml's markers say which) again under the CPU kernels torch picks on other machines (those of this
+# machine ran in the whole suite): a pass must not depend on them.
 test: $(VENV)/.installed
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
-	$(PYTEST) -ra
+	$(PYTEST) -ra --durations=20
 	native=$$($(BIN)/python -c "import torch; print(torch.backends.cpu.get_cpu_capability().lower())"); \
 	for capability in default avx2; do \
 		if [ "$$capability" = "$$native" ]; then echo "numerics under $$capability: run above"; continue; fi; \
