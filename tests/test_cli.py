@@ -7,6 +7,7 @@ import importlib
 import importlib.util
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -266,6 +267,35 @@ def test_the_run_record_says_how_the_run_was_launched_without_its_hub_token(tmp_
         record = run_record(model_args, data_args, training_args)
         assert record.trained_as == f"{demo} --seed 7 {shown} --output_dir {tmp_path}"
         assert record.recipe == "demo" and "hf_SECRET" not in json.dumps(record.to_json())
+
+
+def test_the_run_record_names_the_folder_its_relative_paths_start_from(tmp_path, monkeypatch):
+    """A recipe and flags given by relative paths (the recipe through a link, a data file, a module to import) parse
+    to the same arguments again when the recorded command runs in the recorded working directory, which the card
+    states; from another folder they would name other files or none."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record
+
+    started_in = tmp_path / "runs"
+    (started_in / "recipes").mkdir(parents=True)
+    (started_in / "recipes" / "mine.yaml").symlink_to(REPO / "configs" / "demo.yaml")
+    (started_in / "extra.py").write_text("", encoding="utf-8")
+    monkeypatch.syspath_prepend(str(started_in))
+    monkeypatch.chdir(started_in)
+    arguments = parse_arguments(["recipes/mine.yaml", "--max_steps", "4", "--model.dropout", "0.2",
+                                 "--dataset_name=null", "--train_file", "data/train.jsonl",
+                                 "--run_name", "a 'quoted' name", "--import_modules", "extra.py",
+                                 "--output_dir", "out"])
+    record = run_record(*arguments)
+    assert record.working_directory == str(started_in)
+    monkeypatch.chdir(record.working_directory)
+    again = parse_arguments(shlex.split(record.trained_as))
+    assert again[0].model_config == arguments[0].model_config and again[1] == arguments[1]
+    assert again[2].to_dict() == arguments[2].to_dict()
+    card = render_model_card(tiny_config(), record)
+    assert f"`python train_translation.py {record.trained_as}` (working directory `{started_in}`)" in card
 
 
 @pytest.mark.parametrize(("name", "argv", "named"), [

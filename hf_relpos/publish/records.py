@@ -190,6 +190,7 @@ class RunRecord:
     recipe: str | None = None             # the recipe it trained from (configs/ file stem), if any
     system: str | None = None             # the experiment's name for what it trained (a row, a system)
     trained_as: str | None = None         # how, in one line: the recipe and the flags the run added
+    working_directory: str | None = None  # where it was started: what the relative paths of `trained_as` start from
     resumed_from: str | None = None       # the checkpoint a resumed run continued from (e.g. checkpoint-300)
     # split -> where the run's prepared data came from: its folder, key and whether an earlier run prepared it (reused)
     prepared_from: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)

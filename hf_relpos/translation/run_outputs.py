@@ -8,6 +8,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import os
 import shlex
 from collections.abc import Sequence
 from datetime import datetime, timezone
@@ -137,7 +138,7 @@ def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, mod
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                training_seconds: float | None = None) -> RunRecord:
     """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
-    added (and the program it was started by), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
+    added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
     counts; the pairs per batch only without a token budget), the processes (and whether `accelerate launch` sharded
     them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the
     training time, the date, the code (`package_version`) and the releases it ran with."""
@@ -157,7 +158,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
                      program=program_name(), hub_model_id=training_args.hub_model_id,
-                     trained_as=shlex.join(_from_the_start(model_args)),
+                     trained_as=shlex.join(_from_the_start(model_args)), working_directory=os.getcwd(),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
                      source_version=package_version())
 
