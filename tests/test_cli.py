@@ -298,6 +298,27 @@ def test_the_run_record_names_the_folder_its_relative_paths_start_from(tmp_path,
     assert f"`python train_translation.py {record.trained_as}` (working directory `{started_in}`)" in card
 
 
+def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
+    """generation_max_length_ratio and generation_max_length decide the scores as the beam size does: the record
+    and its card's decoding table state them, and a run that scores the recorded model in place with other values is
+    told they differ (the card, reading the ratio as 1 unless set, would state settings the scores were not made
+    with)."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record, scoring_differences
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    recorded = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path)]))
+    assert (recorded.generation_max_length_ratio, recorded.generation_max_length) == (None, None)
+    current = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--generation_max_length_ratio", "1.5",
+                                           "--generation_max_length", "40"]))
+    assert scoring_differences(recorded, current, ()) == ["generation_max_length_ratio 1.5 (recorded None)",
+                                                          "generation_max_length 40 (recorded None)"]
+    card = render_model_card(tiny_config(), current)
+    assert "| `generation_max_length_ratio` | 1.5 |" in card and "| `generation_max_length` | 40 |" in card
+
+
 @pytest.mark.parametrize(("name", "argv", "named"), [
     ("hf-relpos-train", ["missing.yaml"], "missing.yaml"),
     ("hf-relpos-translate", ["./missing_model", "--input", "source.txt"], "missing_model"),

@@ -181,7 +181,9 @@ class RunRecord:
     fade_absolute_positions: int | None = _recipe_field(OPTIMISATION)
     generation_num_beams: int | None = _recipe_field(DECODING)
     generation_length_penalty: float | None = _recipe_field(DECODING)
+    generation_max_length_ratio: float | None = _recipe_field(DECODING)   # None: 1, the argument's default
     generation_max_length_offset: int | None = _recipe_field(DECODING)
+    generation_max_length: int | None = _recipe_field(DECODING)
     devices: int | None = None            # processes that trained it together (data parallel)
     sharded: bool | None = None           # those processes sharded the parameters (FSDP) instead of each holding all
     hardware: str | None = None           # e.g. the GPU's name

@@ -138,10 +138,11 @@ def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, mod
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                training_seconds: float | None = None) -> RunRecord:
     """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
-    added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the argument that bears its name (steps or epochs, whichever the run
-    counts; the pairs per batch only without a token budget), the processes (and whether `accelerate launch` sharded
-    them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the
-    training time, the date, the code (`package_version`) and the releases it ran with."""
+    added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the
+    argument that bears its name (steps or epochs, whichever the run counts; the pairs per batch only without a token
+    budget; the length ratio only where it is not 1), the processes (and whether `accelerate launch` sharded them,
+    FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
+    (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     if training_args.max_tokens_per_batch is not None:
         omitted.add("per_device_train_batch_size")
@@ -149,6 +150,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("early_stopping_threshold")
     if not training_args.load_best_model_at_end:
         omitted.add("load_best_model_at_end")
+    if training_args.generation_max_length_ratio == 1:   # the card reads it as 1 unless set
+        omitted.add("generation_max_length_ratio")
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
                                         if hasattr(arguments, name)), name))
               for name in RunRecord.recipe_fields() if name not in omitted}
