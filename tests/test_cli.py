@@ -319,6 +319,26 @@ def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
     assert "| `generation_max_length_ratio` | 1.5 |" in card and "| `generation_max_length` | 40 |" in card
 
 
+def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
+    """An optimizer that takes no Adam moments (sgd) leaves the recipe's adam_beta1/2 and adam_epsilon unread, and
+    batches of pairs leave a token budget's length_pool_factor unread (one warning says so): neither the record nor
+    the card's optimisation table states them as settings of the run; a Lion optimizer's betas are."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    record = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--optim", "sgd",
+                                          "--max_tokens_per_batch", "null", "--length_pool_factor", "4"]))
+    unread = ("adam_beta1", "adam_beta2", "adam_epsilon", "length_pool_factor")
+    assert [getattr(record, name) for name in unread] == [None] * 4
+    card = render_model_card(tiny_config(), record)
+    assert not any(f"`{name}`" in card for name in unread) and "| `optim` | sgd |" in card
+    lion = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--optim", "lion_32bit"]))
+    assert (lion.adam_beta1, lion.adam_beta2, lion.adam_epsilon) == (0.9, 0.98, None)
+
+
 @pytest.mark.parametrize(("name", "argv", "named"), [
     ("hf-relpos-train", ["missing.yaml"], "missing.yaml"),
     ("hf-relpos-translate", ["./missing_model", "--input", "source.txt"], "missing_model"),
