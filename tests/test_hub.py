@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -367,6 +368,28 @@ def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monk
     assert record.program == Path(program_path).name
     card = hub.render_model_card(tiny_config("shaw"), record)
     assert f"Trained as: `{command} {REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir " in card
+
+
+@pytest.mark.parametrize(("argv0", "program"), [
+    ("../train_translation.py", "../train_translation.py"),
+    (str(REPO_ROOT / "hf_relpos" / "translation" / "training.py"), "-m hf_relpos.translation.training"),
+])
+def test_a_run_card_starts_the_program_as_the_run_started_it(output_folder, monkeypatch, argv0, program):
+    """train_translation.py given by a path is started by that path (from the working directory the card states,
+    not by its bare name, which is not there); a run of the training module (`python -m`, `accelerate launch -m`) by
+    the module, which an installed package has where train_translation.py is not; with one process and under
+    `accelerate launch` alike."""
+    from accelerate.commands.launch import launch_command_parser
+
+    monkeypatch.setattr(sys, "argv", [argv0, "configs/demo.yaml"])
+    record = run_record(*parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)]))
+    assert f"Trained as: `python {program} {record.trained_as}`" in hub.render_model_card(tiny_config("shaw"), record)
+    record.devices, record.hardware = 2, "NVIDIA H100 80GB HBM3"
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    command = re.search(r"Trained as: `accelerate launch (.*?)`", card).group(1)
+    assert command.endswith(f" --num_processes 2 {program} {record.trained_as}")
+    launched = launch_command_parser().parse_args(shlex.split(command))
+    assert (launched.training_script, bool(launched.module)) == (program.removeprefix("-m "), program.startswith("-m "))
 
 
 @pytest.mark.parametrize(("program", "devices", "hardware", "sharded", "launch"), [

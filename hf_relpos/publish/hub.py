@@ -53,6 +53,7 @@ from .records import (
     accelerate_program,
     load_recipe,
     read_run_records,
+    runs_under_python,
     training_record,
 )
 
@@ -459,14 +460,15 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
 
 
 def _launch_command(record: RunRecord) -> str:
-    """The command a run was started with, as typed: a script after `python`, a console script by its name (runs
-    recorded without their program were started as train_translation.py). A run of N > 1 processes was started by
-    `accelerate launch` as docs/training.md documents data parallelism: `fsdp.yaml` for a sharded run, else the DDP
-    config of its hardware (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`, then the
-    program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
+    """The command a run was started with, as typed: a script or `-m MODULE` after `python`, a console script by its
+    name (runs recorded without their program were started as train_translation.py). A run of N > 1 processes was
+    started by `accelerate launch` as docs/training.md documents data parallelism: `fsdp.yaml` for a sharded run,
+    else the DDP config of its hardware (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`,
+    then the program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in
+    `trained_as`."""
     program = record.program or "train_translation.py"
     if (record.devices or 1) == 1:
-        return f"python {program}" if program.endswith(".py") else program
+        return f"python {program}" if runs_under_python(program) else program
     if record.sharded:
         config = "fsdp"
     else:

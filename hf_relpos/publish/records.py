@@ -196,7 +196,8 @@ class RunRecord:
     resumed_from: str | None = None       # the checkpoint a resumed run continued from (e.g. checkpoint-300)
     # split -> where the run's prepared data came from: its folder, key and whether an earlier run prepared it (reused)
     prepared_from: dict[str, dict[str, Any]] = dataclasses.field(default_factory=dict)
-    program: str | None = None            # what the run was started by: train_translation.py or hf-relpos-train
+    # what the run was started by: hf-relpos-train, train_translation.py (by the path given) or -m MODULE (python -m)
+    program: str | None = None
     hub_model_id: str | None = None       # the Hub repository the run's card names (title, usage), if it named one
     steps: int | None = None
     source_version: str | None = None     # `git describe` of the code that trained it
@@ -283,10 +284,17 @@ def checkout_version(checkout: Path) -> str:
     return source_version(checkout)
 
 
+def runs_under_python(program: str) -> bool:
+    """Whether `program` (a run's, `RunRecord.program`) is a script or `-m MODULE`, which python runs, rather than a
+    console script."""
+    return program.endswith(".py") or program.startswith("-m ")
+
+
 def accelerate_program(program: str) -> str:
-    """`program` (a run's: train_translation.py or hf-relpos-train) as `accelerate launch` starts it: a script by its
-    path, a console script after `--no_python` (else accelerate runs `python hf-relpos-train`, a file not there)."""
-    return program if program.endswith(".py") else f"--no_python {program}"
+    """`program` (a run's: train_translation.py, -m MODULE or hf-relpos-train) as `accelerate launch` starts it: a
+    script by its path, a module after `-m`, a console script after `--no_python` (else accelerate runs `python
+    hf-relpos-train`, a file not there)."""
+    return program if runs_under_python(program) else f"--no_python {program}"
 
 
 def package_version() -> str | None:

@@ -53,11 +53,26 @@ DERIVED_CONFIG_FIELDS = frozenset({
 })
 NULL_TOKENS = ("null", "None")
 CONSOLE_SCRIPT, SCRIPT = "hf-relpos-train", "train_translation.py"
+TRAINING_MODULE = "hf_relpos.translation.training"   # `python -m` runs the same main
 
 
 def program_name() -> str:
     """The name training was started by: the console script's, else the script's (`python train_translation.py`)."""
     return CONSOLE_SCRIPT if os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT else SCRIPT
+
+
+def started_program() -> str:
+    """The program this process was started as, written as a command in its working directory starts it again: the
+    console script by its name (found on PATH), train_translation.py by the path it was given as (`python
+    ../train_translation.py`), the training module as `-m MODULE` (`python -m`, `accelerate launch -m`)."""
+    given = sys.argv[0]
+    if os.path.basename(given) == CONSOLE_SCRIPT:
+        return CONSOLE_SCRIPT
+    if os.path.basename(given) == SCRIPT:
+        return given
+    if given and Path(given).resolve() == Path(__file__).with_name("training.py").resolve():
+        return f"-m {TRAINING_MODULE}"
+    return SCRIPT
 
 
 PROGRAM = program_name()

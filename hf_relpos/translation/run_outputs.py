@@ -32,7 +32,7 @@ from ..publish.records import (
     software_versions,
     training_record,
 )
-from .arguments import ModelArguments, TranslationTrainingArguments, adam_fields_read, program_name
+from .arguments import ModelArguments, TranslationTrainingArguments, adam_fields_read, started_program
 from .data import DataArguments
 from .data_preparation import splits_to_read
 from .preflight import fsdp_launch
@@ -163,7 +163,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     return RunRecord(model=dict(model_args.model_config), **recipe, devices=training_args.world_size, sharded=sharded,
                      hardware=_hardware_name(training_args), training_seconds=training_seconds,
                      recipe=Path(recipe_file).stem if recipe_file else None,
-                     program=program_name(), hub_model_id=training_args.hub_model_id,
+                     program=started_program(), hub_model_id=training_args.hub_model_id,
                      trained_as=shlex.join(_from_the_start(model_args)), working_directory=os.getcwd(),
                      date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
                      source_version=package_version())
