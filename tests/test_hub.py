@@ -375,7 +375,7 @@ def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monk
     (str(REPO_ROOT / "hf_relpos" / "translation" / "training.py"), "-m hf_relpos.translation.training"),
 ])
 def test_a_run_card_starts_the_program_as_the_run_started_it(output_folder, monkeypatch, argv0, program):
-    """train_translation.py given by a path is started by that path (from the working directory the card states,
+    """train_translation.py given by a path is started by that path (from the working directory the run record keeps,
     not by its bare name, which is not there); a run of the training module (`python -m`, `accelerate launch -m`) by
     the module, which an installed package has where train_translation.py is not; with one process and under
     `accelerate launch` alike."""

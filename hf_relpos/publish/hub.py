@@ -421,11 +421,11 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
 def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
-    # a run says how it trained (the program it was started by, its recipe file and flags, and the folder their
-    # relative paths start from); a recipe card names its configs/ file
+    # a run says how it trained (the program it was started by, its recipe file and flags; not the folder it was
+    # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here); a recipe card names its
+    # configs/ file
     resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
-    folder = f" (working directory `{record.working_directory}`)" if record.working_directory else ""
-    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}{folder}" if record.trained_as else
+    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}" if record.trained_as else
                f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
                if recipe_name else None)
     source, target = record.source_lang, record.target_lang
