@@ -322,8 +322,9 @@ def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
 
 def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     """An optimizer that takes no Adam moments (sgd) leaves the recipe's adam_beta1/2 and adam_epsilon unread, and
-    batches of pairs leave a token budget's length_pool_factor unread (one warning says so): neither the record nor
-    the card's optimisation table states them as settings of the run; a Lion optimizer's betas are."""
+    batches of pairs leave a token budget's length_pool_factor unread (one warning says so), and without joined pairs
+    max_pairs_per_join is unread: neither the record nor the card's tables state them as settings of the run; a Lion
+    optimizer's betas are, and the join size of a run that joins pairs."""
     from conftest import tiny_config
 
     from hf_relpos.publish.hub import render_model_card
@@ -332,12 +333,15 @@ def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     demo = str(REPO / "configs" / "demo.yaml")
     record = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--optim", "sgd",
                                           "--max_tokens_per_batch", "null", "--length_pool_factor", "4"]))
-    unread = ("adam_beta1", "adam_beta2", "adam_epsilon", "length_pool_factor")
-    assert [getattr(record, name) for name in unread] == [None] * 4
+    unread = ("adam_beta1", "adam_beta2", "adam_epsilon", "length_pool_factor", "max_pairs_per_join")
+    assert [getattr(record, name) for name in unread] == [None] * 5
     card = render_model_card(tiny_config(), record)
     assert not any(f"`{name}`" in card for name in unread) and "| `optim` | sgd |" in card
     lion = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--optim", "lion_32bit"]))
     assert (lion.adam_beta1, lion.adam_beta2, lion.adam_epsilon) == (0.9, 0.98, None)
+    joined = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--concatenated_pairs", "0.5",
+                                          "--max_pairs_per_join", "3"]))
+    assert (joined.concatenated_pairs, joined.max_pairs_per_join) == (0.5, 3)
 
 
 @pytest.mark.parametrize(("name", "argv", "named"), [

@@ -140,10 +140,10 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
     added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the
     argument that bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs
-    per batch only without a token budget, its pools only with one; the adam_* its optimizer takes) and the length
-    ratio where it is 1, the processes (and whether `accelerate launch` sharded them, FSDP: its
-    ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code (`package_version`)
-    and the releases it ran with."""
+    per batch only without a token budget, its pools only with one; the adam_* its optimizer takes; the join size
+    only with joined pairs) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
+    them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
+    (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     # pairs per batch with a token budget, the budget's pools without one
     omitted.add("per_device_train_batch_size" if training_args.max_tokens_per_batch is not None else "length_pool_factor")
@@ -151,6 +151,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("early_stopping_threshold")
     if not training_args.load_best_model_at_end:
         omitted.add("load_best_model_at_end")
+    if not data_args.concatenated_pairs:   # no joined pairs: their size is unread
+        omitted.add("max_pairs_per_join")
     if training_args.generation_max_length_ratio == 1:   # the card reads it as 1 unless set
         omitted.add("generation_max_length_ratio")
     optimizer_reads = adam_fields_read(str(getattr(training_args.optim, "value", training_args.optim)))
