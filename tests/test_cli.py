@@ -344,6 +344,20 @@ def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     assert (joined.concatenated_pairs, joined.max_pairs_per_join) == (0.5, 3)
 
 
+def test_the_run_record_keeps_the_data_seed_that_drew_the_batches(tmp_path):
+    """data_seed (when set) draws the batch order and the joined pairs in place of seed: a run reproduced from its
+    record without it trains on other batches."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    assert run_record(*parse_arguments([demo, "--output_dir", str(tmp_path)])).data_seed is None
+    record = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--data_seed", "11"]))
+    assert record.data_seed == 11 and "| `data_seed` | 11 |" in render_model_card(tiny_config(), record)
+
+
 @pytest.mark.parametrize(("name", "argv", "named"), [
     ("hf-relpos-train", ["missing.yaml"], "missing.yaml"),
     ("hf-relpos-translate", ["./missing_model", "--input", "source.txt"], "missing_model"),

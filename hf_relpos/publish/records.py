@@ -173,6 +173,7 @@ class RunRecord:
     bf16: bool | None = _recipe_field(OPTIMISATION)
     fp16: bool | None = _recipe_field(OPTIMISATION)
     seed: int | None = _recipe_field(OPTIMISATION)
+    data_seed: int | None = _recipe_field(OPTIMISATION)   # None: the batches and joins are drawn from `seed`
     average_checkpoints: int | None = _recipe_field(OPTIMISATION)
     early_stopping_patience: int | None = _recipe_field(OPTIMISATION)
     early_stopping_threshold: float | None = _recipe_field(OPTIMISATION)
