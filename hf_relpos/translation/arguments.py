@@ -35,7 +35,13 @@ from ..model.attention_functions import check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
-from ..model.validation import is_non_negative_number, is_positive_number, require_int, require_probability
+from ..model.validation import (
+    is_int_at_least,
+    is_non_negative_number,
+    is_positive_number,
+    require_int,
+    require_probability,
+)
 from ..publish.files import expand_home
 from ..publish.records import accelerate_program, load_recipe, load_yaml
 from .data import DataArguments
@@ -724,6 +730,10 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         require_probability("label_smoothing_factor", training_args.label_smoothing_factor)
     except ValueError as error:
         raise ConfigError(str(error)) from None
+    for name in ("seed", "data_seed"):   # set_seed seeds numpy too, which takes [0, 2**32 - 1] only
+        value = getattr(training_args, name)
+        if not (value is None and name == "data_seed") and not (is_int_at_least(value, 0) and value < 2**32):
+            raise ConfigError(f"{name} must be an integer in [0, 2**32 - 1], got {value!r}")
     for kind in ("logging", "eval", "save"):
         strategy, interval = getattr(training_args, f"{kind}_strategy"), getattr(training_args, f"{kind}_steps")
         if getattr(strategy, "value", strategy) == "steps" and not is_positive_number(interval):
