@@ -304,6 +304,22 @@ def test_fine_tuning_refuses_the_recipes_shape_changes(trained, tmp_path):
         parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--output_dir", str(tmp_path / "ft")])
 
 
+@pytest.mark.parametrize("training", ["true", "false"])
+def test_another_position_scheme_of_the_same_shapes_is_refused(corpus, tmp_path, training):
+    """alibi and rope have no parameters, so an alibi model's weights have rope's shapes: asking for rope is still one
+    error naming the field, not an alibi-trained model fine-tuned (or scored) as a rope model."""
+    saved = tmp_path / "alibi"
+    RelPosTransformerConfig(**{**TINY["model"], "position_scheme": "alibi"}, vocab_size=456).save_pretrained(saved)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError) as refused:
+        parse_arguments([str(config), "--model_name_or_path", str(saved), "--do_train", training,
+                         "--model.position_scheme", "rope"])
+    assert str(refused.value) == (
+        f"model_name_or_path {str(saved)!r}: its weights were trained with position_scheme alibi, but model: "
+        "position_scheme=rope would run them under another scheme; remove it from the 'model:' section or the flags "
+        "(or set the saved value)")
+
+
 def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trained, tmp_path, capsys):
     output_dir, config, results = trained
     model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",

@@ -881,9 +881,10 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
                        training: bool = True) -> dict[str, Any]:
     """The `model:` section as it applies to this run, checked: the fields of a new config, or, with
     `model_name_or_path`, the overrides of its saved config. The saved config is the architecture: fields equal to
-    the saved value are dropped; fields that would change the shapes of its weights are refused. Without training
-    (`training=False`) only the `--model.*` flags of `from_command_line` override the saved config: the recipe file's
-    differing fields are ignored, with one warning that names them."""
+    the saved value are dropped; fields that would change the shapes of its weights are refused, and so is another
+    `position_scheme` (rope, alibi, absolute, ... have no parameters: the shapes alone do not tell them apart).
+    Without training (`training=False`) only the `--model.*` flags of `from_command_line` override the saved config:
+    the recipe file's differing fields are ignored, with one warning that names them."""
     try:
         if model_args.model_name_or_path is None:
             RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
@@ -920,6 +921,12 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
             f"model_name_or_path {model_args.model_name_or_path!r}: its saved config is the architecture, but "
             f"{MODEL_SECTION}: {described} would change the shapes of its weights; remove them from the "
             f"'{MODEL_SECTION}:' section or the flags (or set the saved values)")
+    if "position_scheme" in overrides:
+        raise ConfigError(
+            f"model_name_or_path {model_args.model_name_or_path!r}: its weights were trained with position_scheme "
+            f"{saved.position_scheme}, but {MODEL_SECTION}: position_scheme={overrides['position_scheme']} would "
+            f"run them under another scheme; remove it from the '{MODEL_SECTION}:' section or the flags (or set the "
+            "saved value)")
     return overrides
 
 
