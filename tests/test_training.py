@@ -1476,6 +1476,24 @@ def test_scoring_into_a_trained_folder_with_other_settings_or_another_model_is_r
     assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == before
 
 
+def test_scoring_in_place_with_other_training_length_limits_is_accepted(tmp_path, trained):
+    """max_source_length / max_target_length bound the training pairs only: a fine-tuned folder (trained with 48)
+    scored in place by a recipe of other limits gets the same scores, and its record keeps the limits it trained
+    with."""
+    output_dir = tmp_path / "run"
+    shutil.copytree(trained[0], output_dir)
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({**TINY_CONFIG, "output_dir": str(output_dir),
+                                      **{name: record[name] for name in ("train_file", "validation_file", "test_file")}}))
+    results = run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir), "--do_eval", "false",
+                   "--max_source_length", "64", "--max_target_length", "64"])
+    assert results["test"]["test_bleu"] == pytest.approx(trained[1]["test"]["test_bleu"])
+    rescored = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert (rescored["max_source_length"], rescored["max_target_length"]) == (48, 48)
+    assert rescored["scores"][""]["test"]["bleu"] == pytest.approx(results["test"]["test_bleu"])
+
+
 def test_load_best_model_at_end_without_an_evaluation_records_the_last_weights(tmp_path, corpus, capsys):
     """No evaluation within the steps trained (eval_delay past max_steps; transformers otherwise evaluates at the last
     step): there is no best checkpoint, the final model is the last step's weights, and the record, card and log say

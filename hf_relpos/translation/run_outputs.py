@@ -67,8 +67,8 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
 
 
 # The settings besides the decoding ones that decide a split's scores: for every split, and for each split its own data.
-SCORING_FIELDS = ("source_lang", "target_lang", "bleu_tokenize", "dataset_name", "dataset_config_name",
-                  "max_source_length", "max_target_length")
+# Not max_source_length / max_target_length: they bound the training pairs only (evaluation pairs are kept whole).
+SCORING_FIELDS = ("source_lang", "target_lang", "bleu_tokenize", "dataset_name", "dataset_config_name")
 SPLIT_SCORING_FIELDS = {"validation": ("validation_file", "validation_split_name", "max_eval_samples"),
                         "test": ("test_file", "test_split_name", "max_predict_samples")}
 
