@@ -131,6 +131,9 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--no-cuda", "true"], r"unknown key\(s\): --no-cuda \(a transformers 4 field; transformers 5 has use_cpu"),
         ({}, ["--logging-dir", "logs"], r"unknown key\(s\): --logging-dir \(a transformers 4 field; transformers 5 has "
                                         r"the TENSORBOARD_LOGGING_DIR environment variable instead\)"),
+        ({}, ["--warmup_ratio", "0.1"], r"unknown key\(s\): --warmup_ratio \(a transformers 4 field; transformers 5 "
+                                        r"has warmup_steps below 1, a fraction of the training steps \(warmup_steps "
+                                        r"0\.1\) instead\)"),
         ({}, ["--learning-rat", "0.1"], r"unknown key\(s\): --learning-rat \(did you mean learning_rate\?\)"),
         ({"model": {**TINY_CONFIG["model"], "d_modle": 8}}, [], r"model\.d_modle \(did you mean d_model\?\)"),
         ({"model": {**TINY_CONFIG["model"], "vocab_size": 8}}, [], r"unknown key\(s\): model\.vocab_size"),

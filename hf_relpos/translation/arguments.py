@@ -526,9 +526,11 @@ def _check_single_values(values: dict[str, Any]) -> None:
             raise ConfigError(f"{name} must be a single value, got {shape} {value!r}")
 
 
-# transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement.
+# transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement (or
+# the similar name does not say how it takes the old value).
 TRANSFORMERS_4_FIELDS = {
     "group_by_length": "train_sampling_strategy group_by_length",
+    "warmup_ratio": "warmup_steps below 1, a fraction of the training steps (warmup_steps 0.1)",
     "no_cuda": "use_cpu",
     "logging_dir": "the TENSORBOARD_LOGGING_DIR environment variable",
 }
