@@ -464,6 +464,18 @@ def test_a_run_card_gives_the_vocabulary_the_tokenizer_has(output_folder):
     assert f"BPE vocabulary of {recipe['tokenizer_vocab_size']} pieces trained on the training split" in recipe_card
 
 
+def test_a_fine_tuned_runs_card_says_what_it_started_from(output_folder):
+    """A run from model_name_or_path on new data: the card's opening sentence names the model it was fine-tuned from,
+    not only the data this run trained on."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    record = dataclasses.replace(run_record(*arguments), model_name_or_path="outputs/demo",
+                                 train_file="data/medical/train")
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    assert ", fine-tuned from `outputs/demo` on local parallel files. It was built with hf_relpos" in card
+    scratch = hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, model_name_or_path=None))
+    assert ", trained on local parallel files. It was built" in scratch and "fine-tuned" not in scratch
+
+
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""

@@ -339,7 +339,10 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
                    recipe_name: str | None) -> str:
     scheme = _scheme_card(config).title
     languages = f"{language_name(record.source_lang)}→{language_name(record.target_lang)} " if record else ""
-    trained_on = f", trained on {_dataset_title(record)}" if record else ""
+    trained_on = ""
+    if record:   # a fine-tuned model says what it started from, not only what this run trained it on
+        start = f"fine-tuned from `{record.model_name_or_path}` on" if record.model_name_or_path else "trained on"
+        trained_on = f", {start} {_dataset_title(record)}"
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
         f"# {model_name}\n\n"
