@@ -320,6 +320,22 @@ def test_another_position_scheme_of_the_same_shapes_is_refused(corpus, tmp_path,
         "(or set the saved value)")
 
 
+def test_new_tokenizer_flags_with_a_reused_tokenizer_are_one_warning(trained, tmp_path, caplog):
+    """Fine-tuning uses the saved model's tokenizer: --tokenizer_vocab_size and --tokenizer_character_coverage on the
+    command line are named in one warning (they change nothing); the recipe's own values are not."""
+    output_dir, config, _ = trained
+    fine_tune = [str(config), "--model_name_or_path", str(output_dir), "--output_dir", str(tmp_path / "ft"),
+                 "--model.max_relative_position", "2"]   # the saved value (the recipe says 4)
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
+        parse_arguments(fine_tune)
+        assert not [record for record in caplog.records if record.name == "hf_relpos.translation.arguments"]
+        parse_arguments([*fine_tune, "--tokenizer_vocab_size", "2000", "--tokenizer-character-coverage=0.99"])
+    warnings = [record.getMessage() for record in caplog.records if record.name == "hf_relpos.translation.arguments"]
+    assert warnings == [f"--tokenizer_vocab_size, --tokenizer_character_coverage: the run uses the tokenizer of "
+                        f"{str(output_dir)!r} and trains none, so each (a setting of a newly trained tokenizer) does "
+                        "not apply"]
+
+
 def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trained, tmp_path, capsys):
     output_dir, config, results = trained
     model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",

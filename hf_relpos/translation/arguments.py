@@ -685,12 +685,29 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
     model_args.recipe_resumes = yaml_values.get("resume_from_checkpoint") not in (None, *NULL_TOKENS)
     check_arguments(model_args, training_args)
+    warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     return model_args, data_args, training_args
 
 
 # --------------------------------------------------------------------------------------------------- checks
+
+# Settings of a tokenizer the run trains, which a run that uses the tokenizer of tokenizer_name or model_name_or_path
+# does not read.
+NEW_TOKENIZER_FIELDS = ("tokenizer_vocab_size", "tokenizer_character_coverage", "tokenizer_training_pairs")
+
+
+def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]) -> None:
+    """One warning naming the `NEW_TOKENIZER_FIELDS` given as flags when the run trains no tokenizer (the recipe's
+    values are left unread without a word: a recipe of a model trained from scratch sets them)."""
+    source = model_args.tokenizer_name or model_args.model_name_or_path
+    given = {flag.removeprefix("--").partition("=")[0].replace("-", "_") for flag in flags if flag.startswith("--")}
+    unread = [name for name in NEW_TOKENIZER_FIELDS if name in given]
+    if source is not None and unread:
+        logger.warning("%s: the run uses the tokenizer of %r and trains none, so %s (a setting of a newly trained "
+                       "tokenizer) does not apply", ", ".join(f"--{name}" for name in unread), source,
+                       "this" if len(unread) == 1 else "each")
 
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
     """What can be wrong with the arguments alone (no files, no network), as one ConfigError."""
