@@ -709,6 +709,7 @@ def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]
                        "tokenizer) does not apply", ", ".join(f"--{name}" for name in unread), source,
                        "this" if len(unread) == 1 else "each")
 
+
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
     """What can be wrong with the arguments alone (no files, no network), as one ConfigError."""
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
