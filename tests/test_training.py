@@ -34,7 +34,7 @@ from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArgu
 from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.checkpoints import complete_checkpoints
 from hf_relpos.translation.demo_corpus import write_demo_corpus
-from hf_relpos.translation.model_setup import max_new_tokens_for
+from hf_relpos.translation.model_setup import log_model, max_new_tokens_for
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.trainer import AbsolutePositionFadeCallback, SamplerEpochCallback, TranslationTrainer
 from hf_relpos.translation.training import main as training_main
@@ -455,6 +455,29 @@ def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained,
     assert tuned.keys() == start.keys()
     assert max((tuned[name] - start[name]).abs().max().item() for name in start) < 1e-4
     assert RelPosTransformerConfig.from_pretrained(tmp_path / "tuned").dropout == pytest.approx(0.2)
+
+
+@pytest.mark.parametrize(("model_overrides", "warned"), [
+    ({"dropout": 0.2, "attention_dropout": 0.1}, False),
+    ({"dropout": 0.2, "activation_function": "gelu"}, True),
+    ({"scale_embedding": False}, True),
+])
+def test_fine_tuning_overrides_that_change_what_the_weights_compute_are_a_warning(trained, corpus, tmp_path, caplog,
+                                                                                  model_overrides, warned):
+    """A recipe's dropout differing from the saved model's is the ordinary fine-tuning override (logged at INFO); an
+    activation or an embedding scale differing from it makes the trained weights compute something else from the
+    first step on, which a recipe written for another model sets without the user meaning to: a warning naming
+    them."""
+    model_dir, _ = trained
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "tuned", model_name_or_path=str(model_dir),
+                          model=model_overrides, do_eval=False, do_predict=False)
+    model_args, _, training_args = parse_arguments([str(config)])
+    assert model_args.model_config == model_overrides
+    with caplog.at_level(logging.INFO, logger="hf_relpos.translation.model_setup"):
+        log_model(RelPosTransformerForConditionalGeneration.from_pretrained(model_dir), model_args, training_args)
+    [logged] = [record for record in caplog.records if "overrides of the saved config" in record.getMessage()]
+    assert logged.levelno == (logging.WARNING if warned else logging.INFO)
+    assert ("change what its trained weights compute" in logged.getMessage()) == warned
 
 
 def test_fine_tuning_with_a_recipe_that_sets_another_schemes_field(corpus, tmp_path, caplog):

@@ -180,13 +180,23 @@ def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArg
     return weight_bytes * (1 + CHECKPOINT_SIZE_FACTOR * checkpoints)
 
 
+def acts_in_training_only(field: str) -> bool:
+    """Whether a config field leaves what trained weights compute unchanged: dropout rates (off in evaluation) and
+    initialisation scales (of weights not yet trained)."""
+    return "dropout" in field or field.endswith("init_std")
+
+
 def log_model(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
               training_args: TranslationTrainingArguments) -> None:
-    """Log the model's scheme and size, and the `model:` fields overriding the saved config of `model_name_or_path`
-    (a warning when the run does not train: the evaluated model is not the saved one)."""
+    """Log the model's scheme and size, and the `model:` fields overriding the saved config of `model_name_or_path`:
+    a warning when the run does not train (the evaluated model is not the saved one) or when a field changes what
+    the trained weights compute (an activation, an embedding scale: not `acts_in_training_only`)."""
     if model_args.model_config and model_args.model_name_or_path is not None:
-        log = logger.info if training_args.do_train else logger.warning
-        log("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,
-            ", ".join(f"{name}={value!r}" for name, value in model_args.model_config.items()))
+        computing = not all(acts_in_training_only(name) for name in model_args.model_config)
+        log = logger.warning if computing or not training_args.do_train else logger.info
+        log("model: overrides of the saved config of %s: %s%s", model_args.model_name_or_path,
+            ", ".join(f"{name}={value!r}" for name, value in model_args.model_config.items()),
+            " (these change what its trained weights compute, from the first step on)"
+            if computing and training_args.do_train else "")
     logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.position_scheme,
                 model.num_parameters() / 1e6)
