@@ -476,6 +476,17 @@ def test_a_fine_tuned_runs_card_says_what_it_started_from(output_folder):
     assert ", trained on local parallel files. It was built" in scratch and "fine-tuned" not in scratch
 
 
+def test_a_fractional_warm_up_reads_as_a_fraction_of_the_training_steps(output_folder):
+    """transformers 5 reads warmup_steps below 1 as a fraction of the training steps; the card's optimisation table
+    said `warmup_steps | 0.5`, half a step."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    record = run_record(*arguments)
+    card = hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, warmup_steps=0.1))
+    assert "| `warmup_steps` | 0.1 (of the training steps) |" in card
+    card = hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, warmup_steps=100))
+    assert "| `warmup_steps` | 100 |" in card
+
+
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""

@@ -511,8 +511,17 @@ def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> s
 
 
 def _record_table(title: str, record: RunRecord, names: Sequence[str]) -> str:
-    rows = [(f"`{name}`", getattr(record, name)) for name in names if getattr(record, name) is not None]
+    rows = [(f"`{name}`", _setting_value(name, getattr(record, name))) for name in names
+            if getattr(record, name) is not None]
     return f"**{title}**\n\n" + (_table(("setting", "value"), rows) if rows else "(defaults)")
+
+
+def _setting_value(name: str, value: Any) -> Any:
+    """A recorded setting as the card shows it: warmup_steps below 1 is transformers' fraction of the training
+    steps, not a number of steps."""
+    if name == "warmup_steps" and 0 < value < 1:
+        return f"{value:g} (of the training steps)"
+    return value
 
 
 def _spread(values: Sequence[float], digits: int = 2) -> str:
