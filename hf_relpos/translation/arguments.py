@@ -761,7 +761,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                               f"(0, 1), with {kind}_strategy steps, got {interval!r}"
                               + (" (0 would never save: for no checkpoints use save_strategy no)"
                                  if kind == "save" and interval == 0 else ""))
-    optimizer = str(getattr(training_args.optim, "value", training_args.optim))
+    optimizer = optimizer_name(training_args)
     fields_read = adam_fields_read(optimizer)
     for name in ("adam_beta1", "adam_beta2"):
         if name in fields_read:
@@ -810,6 +810,11 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
     check_reporting_integrations(training_args.report_to)
+
+
+def optimizer_name(training_args: TranslationTrainingArguments) -> str:
+    """The run's `optim` as transformers names it (`OptimizerNames` value), e.g. "adamw_torch"."""
+    return str(getattr(training_args.optim, "value", training_args.optim))
 
 
 def adam_fields_read(optimizer: str) -> tuple[str, ...]:

@@ -32,7 +32,13 @@ from ..publish.records import (
     software_versions,
     training_record,
 )
-from .arguments import ModelArguments, TranslationTrainingArguments, adam_fields_read, started_program
+from .arguments import (
+    ModelArguments,
+    TranslationTrainingArguments,
+    adam_fields_read,
+    optimizer_name,
+    started_program,
+)
 from .data import DataArguments
 from .data_preparation import splits_to_read
 from .preflight import fsdp_launch
@@ -155,7 +161,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("max_pairs_per_join")
     if training_args.generation_max_length_ratio == 1:   # the card reads it as 1 unless set
         omitted.add("generation_max_length_ratio")
-    optimizer_reads = adam_fields_read(str(getattr(training_args.optim, "value", training_args.optim)))
+    optimizer_reads = adam_fields_read(optimizer_name(training_args))
     omitted.update(name for name in ("adam_beta1", "adam_beta2", "adam_epsilon") if name not in optimizer_reads)
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
                                         if hasattr(arguments, name)), name))
