@@ -189,14 +189,26 @@ def acts_in_training_only(field: str) -> bool:
 def log_model(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
               training_args: TranslationTrainingArguments) -> None:
     """Log the model's scheme and size, and the `model:` fields overriding the saved config of `model_name_or_path`:
-    a warning when the run does not train (the evaluated model is not the saved one) or when a field changes what
-    the trained weights compute (an activation, an embedding scale: not `acts_in_training_only`)."""
-    if model_args.model_config and model_args.model_name_or_path is not None:
-        computing = not all(acts_in_training_only(name) for name in model_args.model_config)
-        log = logger.warning if computing or not training_args.do_train else logger.info
-        log("model: overrides of the saved config of %s: %s%s", model_args.model_name_or_path,
-            ", ".join(f"{name}={value!r}" for name, value in model_args.model_config.items()),
-            " (these change what its trained weights compute, from the first step on)"
-            if computing and training_args.do_train else "")
+    one warning naming them all when the run does not train (the evaluated model is not the saved one); when it
+    trains, a warning naming those that change what the trained weights compute (an activation, an embedding scale)
+    and INFO for the others (`acts_in_training_only`)."""
+    overrides = model_args.model_config if model_args.model_name_or_path is not None else {}
+    if overrides and not training_args.do_train:
+        logger.warning("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,
+                       _named_values(overrides))
+    elif overrides:
+        training_only = {name: value for name, value in overrides.items() if acts_in_training_only(name)}
+        computing = {name: value for name, value in overrides.items() if name not in training_only}
+        if training_only:
+            logger.info("model: overrides of the saved config of %s: %s", model_args.model_name_or_path,
+                        _named_values(training_only))
+        if computing:
+            logger.warning("model: overrides of the saved config of %s: %s (these change what its trained weights "
+                           "compute, from the first step on)", model_args.model_name_or_path,
+                           _named_values(computing))
     logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.position_scheme,
                 model.num_parameters() / 1e6)
+
+
+def _named_values(fields: dict[str, object]) -> str:
+    return ", ".join(f"{name}={value!r}" for name, value in fields.items())
