@@ -33,7 +33,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 
 from ..model.attention_functions import check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
-from ..model.modeling_relpos import meta_model
+from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
 from ..model.validation import (
     is_int_at_least,
@@ -912,7 +912,8 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
     the recipe file's differing fields are ignored, with one warning that names them."""
     try:
         if model_args.model_name_or_path is None:
-            RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size)
+            check_encoder_decoder_config(
+                RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size))
             return model_args.model_config
         saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     except (ValueError, TypeError) as error:
@@ -933,7 +934,7 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
                           for name, value in ignored.items()))
         requested = {name: value for name, value in requested.items() if name in from_command_line}
     try:
-        RelPosTransformerConfig.from_dict({**saved.to_dict(), **requested})
+        check_encoder_decoder_config(RelPosTransformerConfig.from_dict({**saved.to_dict(), **requested}))
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{MODEL_SECTION}: {error}") from None
     overrides = {name: value for name, value in requested.items() if getattr(saved, name, None) != value}
