@@ -141,6 +141,9 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--position_scheme", "sandwich"], r"model: position_scheme must be one of"),
         ({}, ["--model.mem_len", "4"], r"^model: mem_len must be 0 for the encoder-decoder, got 4"),
         ({}, ["--model.decoder_layers", "0"], r"^model: decoder_layers must be at least 1 for the encoder-decoder"),
+        ({}, ["--model.attention_dropout", "0.1", "--attn_implementation", "flex_attention"],
+         r"^attn_implementation flex_attention cannot drop attention probabilities, got model: attention_dropout=0.1 "
+         r"with attention_dropout_kind probabilities: set attention_dropout_kind to keys"),
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),

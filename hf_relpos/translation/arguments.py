@@ -688,6 +688,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
+    check_flex_attention_dropout(model_args, training_args)
     return model_args, data_args, training_args
 
 
@@ -954,6 +955,20 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
             f"run them under another scheme; remove it from the '{MODEL_SECTION}:' section or the flags (or set the "
             "saved value)")
     return overrides
+
+
+def check_flex_attention_dropout(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
+    """flex_attention cannot drop attention probabilities: training on it with attention dropout of that kind is
+    refused here, not by the kernel at the first training step, after the tokenizer is trained and the data saved."""
+    if not training_args.do_train or model_args.attn_implementation != "flex_attention":
+        return
+    config = (saved_config_with_overrides(model_args) if model_args.model_name_or_path is not None
+              else RelPosTransformerConfig(**model_args.model_config))
+    if config.attention_dropout > 0 and config.attention_dropout_kind == "probabilities":
+        raise ConfigError(f"attn_implementation flex_attention cannot drop attention probabilities, got "
+                          f"{MODEL_SECTION}: attention_dropout={config.attention_dropout} with attention_dropout_kind "
+                          "probabilities: set attention_dropout_kind to keys (key dropout inside the kernel, a "
+                          "different regulariser), attention_dropout to 0, or attn_implementation sdpa or eager")
 
 
 def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
