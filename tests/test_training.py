@@ -142,8 +142,13 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--model.mem_len", "4"], r"^model: mem_len must be 0 for the encoder-decoder, got 4"),
         ({}, ["--model.decoder_layers", "0"], r"^model: decoder_layers must be at least 1 for the encoder-decoder"),
         ({}, ["--model.attention_dropout", "0.1", "--attn_implementation", "flex_attention"],
-         r"^attn_implementation flex_attention cannot drop attention probabilities, got model: attention_dropout=0.1 "
-         r"with attention_dropout_kind probabilities: set attention_dropout_kind to keys"),
+         r"^model: attention_dropout_kind 'probabilities' runs with attn_implementation \['eager', 'sdpa', "
+         r"'relpos_triton'\], got 'flex_attention' with attention_dropout=0.1 in training; set attention_dropout_kind "
+         r"to 'keys'"),
+        ({}, ["--model.attention_dropout", "0.1", "--model.attention_dropout_kind", "keys", "--attn_implementation",
+              "relpos_triton"],
+         r"^model: attention_dropout_kind 'keys' runs with attn_implementation \['eager', 'sdpa', 'flex_attention'\], "
+         r"got 'relpos_triton'"),
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),

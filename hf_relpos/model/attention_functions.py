@@ -739,6 +739,20 @@ def registered_kernels() -> list[str]:
     return sorted({*RELPOS_KERNELS, *ALL_ATTENTION_FUNCTIONS.valid_keys()})
 
 
+def check_dropout_kernel(kernel: str | None, dropout: float, dropout_kind: str) -> None:
+    """One ValueError when `kernel` cannot run attention dropout `dropout` of `dropout_kind` in training:
+    "probabilities" runs on `PROBABILITY_DROPOUT_KERNELS` (flex_attention cannot: its score_mod acts before the
+    softmax), "keys" on `KEY_DROPOUT_KERNELS` (relpos_triton drops probabilities instead). Kernels outside
+    `RELPOS_KERNELS` (transformers' or a Hub kernel) are not checked here."""
+    kernel = (kernel or "eager").removeprefix(PAGED_PREFIX)
+    takes = PROBABILITY_DROPOUT_KERNELS if dropout_kind == "probabilities" else KEY_DROPOUT_KERNELS
+    if dropout > 0 and kernel in RELPOS_KERNELS and kernel not in takes:
+        other = "keys" if dropout_kind == "probabilities" else "probabilities"
+        raise ValueError(f"attention_dropout_kind {dropout_kind!r} runs with attn_implementation {list(takes)}, got "
+                         f"{kernel!r} with attention_dropout={dropout} in training; set attention_dropout_kind to "
+                         f"{other!r}, attention_dropout to 0, or use one of those kernels")
+
+
 def check_kernel_name(name: str) -> str:
     """`name` when it names a registered kernel (with or without transformers' "paged|" prefix) or a Hub kernel
     "owner/repo"; else one ValueError listing the registered ones."""

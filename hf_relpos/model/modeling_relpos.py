@@ -46,11 +46,11 @@ from transformers.utils.generic import can_return_tuple
 from .attention_functions import (
     FIXED_SIZE_CACHE_KERNELS,
     HOST_OFFSET_KERNELS,
-    KEY_DROPOUT_KERNELS,
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
     FlexMask,
     KeyDropout,
+    check_dropout_kernel,
     check_kernel_name,
     dense_mask,
     eager_attention_forward,
@@ -398,11 +398,8 @@ class RelPosAttention(nn.Module):
         attention = RELPOS_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
         extra = {}
         dropout = self.dropout if self.training else 0.0
+        check_dropout_kernel(kernel, dropout, self.config.attention_dropout_kind)
         if dropout > 0 and self.config.attention_dropout_kind == "keys":
-            if kernel not in (None, *KEY_DROPOUT_KERNELS):
-                raise ValueError(f"attention_dropout_kind 'keys' runs with attn_implementation "
-                                 f"{list(KEY_DROPOUT_KERNELS)}, got {kernel!r}; set attention_dropout_kind to "
-                                 "'probabilities' or use one of those")
             extra["key_dropout"], dropout = KeyDropout.draw(dropout, query.device), 0.0
         if runs_on_relpos_kernel(self.config):
             if terms.mask is not None:  # per-head masks (DiSAN): masking_utils builds one mask for all heads

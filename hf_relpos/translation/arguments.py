@@ -31,7 +31,7 @@ from transformers import HfArgumentParser, PreTrainedConfig, Seq2SeqTrainingArgu
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 from transformers.utils import is_torch_bf16_gpu_available
 
-from ..model.attention_functions import check_kernel_name, registered_kernels
+from ..model.attention_functions import check_dropout_kernel, check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
 from ..model.positions import POSITION_SCHEMES, scheme_config_fields
@@ -688,7 +688,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
     warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
-    check_flex_attention_dropout(model_args, training_args)
+    check_training_kernel(model_args, training_args)
     return model_args, data_args, training_args
 
 
@@ -957,18 +957,18 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
     return overrides
 
 
-def check_flex_attention_dropout(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
-    """flex_attention cannot drop attention probabilities: training on it with attention dropout of that kind is
-    refused here, not by the kernel at the first training step, after the tokenizer is trained and the data saved."""
-    if not training_args.do_train or model_args.attn_implementation != "flex_attention":
+def check_training_kernel(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
+    """The kernel the run trains on takes the model's attention dropout (`check_dropout_kernel`: flex_attention
+    drops no probabilities, relpos_triton no keys): checked here, not by the model at the first training step, after
+    the tokenizer is trained and the data saved."""
+    if not training_args.do_train or model_args.attn_implementation is None:
         return
     config = (saved_config_with_overrides(model_args) if model_args.model_name_or_path is not None
               else RelPosTransformerConfig(**model_args.model_config))
-    if config.attention_dropout > 0 and config.attention_dropout_kind == "probabilities":
-        raise ConfigError(f"attn_implementation flex_attention cannot drop attention probabilities, got "
-                          f"{MODEL_SECTION}: attention_dropout={config.attention_dropout} with attention_dropout_kind "
-                          "probabilities: set attention_dropout_kind to keys (key dropout inside the kernel, a "
-                          "different regulariser), attention_dropout to 0, or attn_implementation sdpa or eager")
+    try:
+        check_dropout_kernel(model_args.attn_implementation, config.attention_dropout, config.attention_dropout_kind)
+    except ValueError as error:
+        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
 
 
 def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
