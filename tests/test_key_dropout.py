@@ -217,3 +217,21 @@ def test_a_model_on_relpos_triton_refuses_key_dropout_naming_the_kernels_that_ta
     with pytest.raises(ValueError, match=r"runs with attn_implementation \['eager', 'sdpa', 'flex_attention'\], got "
                                          r"'relpos_triton'"):
         model(**padded_batch())
+
+
+@pytest.mark.parametrize(("kernel", "dropout", "kind", "refused"), [
+    (None, P, "keys", False), ("sdpa", P, "keys", False), ("flex_attention", P, "keys", False),
+    ("relpos_triton", P, "keys", True), ("kernels-community/flash-attn", P, "keys", True),
+    ("eager", P, "probabilities", False), ("relpos_triton", P, "probabilities", False),
+    ("kernels-community/flash-attn", P, "probabilities", False), ("flex_attention", P, "probabilities", True),
+    ("flex_attention", 0.0, "probabilities", False), ("relpos_triton", 0.0, "keys", False),
+])
+def test_one_rule_says_which_kernels_run_which_attention_dropout(kernel, dropout, kind, refused):
+    """`check_dropout_kernel`, which the model's attention and the training app's early check both apply: key
+    dropout runs on the kernels that draw it (any other would ignore the draw: a Hub kernel too), probability
+    dropout on every kernel but flex_attention; no dropout runs anywhere."""
+    if refused:
+        with pytest.raises(ValueError, match=rf"^attention_dropout_kind '{kind}' runs with attn_implementation"):
+            attention_functions.check_dropout_kernel(kernel, dropout, kind)
+    else:
+        attention_functions.check_dropout_kernel(kernel, dropout, kind)

@@ -740,13 +740,17 @@ def registered_kernels() -> list[str]:
 
 
 def check_dropout_kernel(kernel: str | None, dropout: float, dropout_kind: str) -> None:
-    """One ValueError when `kernel` cannot run attention dropout `dropout` of `dropout_kind` in training:
-    "probabilities" runs on `PROBABILITY_DROPOUT_KERNELS` (flex_attention cannot: its score_mod acts before the
-    softmax), "keys" on `KEY_DROPOUT_KERNELS` (relpos_triton drops probabilities instead). Kernels outside
-    `RELPOS_KERNELS` (transformers' or a Hub kernel) are not checked here."""
-    kernel = (kernel or "eager").removeprefix(PAGED_PREFIX)
-    takes = PROBABILITY_DROPOUT_KERNELS if dropout_kind == "probabilities" else KEY_DROPOUT_KERNELS
-    if dropout > 0 and kernel in RELPOS_KERNELS and kernel not in takes:
+    """One ValueError when `kernel` (None: eager) cannot run attention dropout `dropout` of `dropout_kind` in
+    training: "keys" runs on `KEY_DROPOUT_KERNELS` only (relpos_triton drops probabilities instead; any other kernel
+    would ignore the draw); "probabilities" on every kernel but flex_attention (its score_mod acts before the
+    softmax), transformers' and Hub kernels taking their dropout argument as usual."""
+    kernel = kernel or "eager"
+    if dropout_kind == "keys":
+        takes, refused = KEY_DROPOUT_KERNELS, kernel not in KEY_DROPOUT_KERNELS
+    else:
+        takes = PROBABILITY_DROPOUT_KERNELS
+        refused = kernel in RELPOS_KERNELS and kernel not in takes
+    if dropout > 0 and refused:
         other = "keys" if dropout_kind == "probabilities" else "probabilities"
         raise ValueError(f"attention_dropout_kind {dropout_kind!r} runs with attn_implementation {list(takes)}, got "
                          f"{kernel!r} with attention_dropout={dropout} in training; set attention_dropout_kind to "
