@@ -744,13 +744,15 @@ def check_dropout_kernel(kernel: str | None, dropout: float, dropout_kind: str) 
     training: "keys" runs on `KEY_DROPOUT_KERNELS` only (relpos_triton drops probabilities instead; any other kernel
     would ignore the draw); "probabilities" on every kernel but flex_attention (its score_mod acts before the
     softmax), transformers' and Hub kernels taking their dropout argument as usual."""
+    if dropout <= 0:   # every attention call in evaluation: nothing to check
+        return
     kernel = kernel or "eager"
     if dropout_kind == "keys":
         takes, refused = KEY_DROPOUT_KERNELS, kernel not in KEY_DROPOUT_KERNELS
     else:
         takes = PROBABILITY_DROPOUT_KERNELS
         refused = kernel in RELPOS_KERNELS and kernel not in takes
-    if dropout > 0 and refused:
+    if refused:
         other = "keys" if dropout_kind == "probabilities" else "probabilities"
         raise ValueError(f"attention_dropout_kind {dropout_kind!r} runs with attn_implementation {list(takes)}, got "
                          f"{kernel!r} with attention_dropout={dropout} in training; set attention_dropout_kind to "

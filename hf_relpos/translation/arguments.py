@@ -536,9 +536,14 @@ TRANSFORMERS_4_FIELDS = {
 }
 
 
+def flag_field_name(flag: str) -> str:
+    """The field a `--name` or `--name=value` flag sets, as the parser also takes it with dashes (--no-cuda for
+    no_cuda); `--model.NAME` gives `model.NAME`."""
+    return flag.removeprefix("--").partition("=")[0].replace("-", "_")
+
+
 def _suggest(key: str, candidates: set[str]) -> str:
-    # the field name, as the parser also takes it with dashes (--no-cuda for no_cuda)
-    bare = key.removeprefix("--").removeprefix(f"{MODEL_SECTION}.").partition("=")[0].replace("-", "_")
+    bare = flag_field_name(key).removeprefix(f"{MODEL_SECTION}.")
     if bare in TRANSFORMERS_4_FIELDS:
         return f"{key} (a transformers 4 field; transformers 5 has {TRANSFORMERS_4_FIELDS[bare]} instead)"
     close = difflib.get_close_matches(bare, sorted(candidates), n=1)
@@ -605,7 +610,7 @@ def without_secrets(flags: Sequence[str]) -> tuple[str, ...]:
             secret = None
             continue
         option, equals, _ = flag.partition("=")
-        name = option.removeprefix("--").replace("-", "_")
+        name = flag_field_name(flag)
         if not (flag.startswith("--") and name.endswith(SECRET_SUFFIX)):
             shown.append(flag)
         elif equals:
@@ -703,7 +708,7 @@ def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]
     """One warning naming the `NEW_TOKENIZER_FIELDS` given as flags when the run trains no tokenizer (the recipe's
     values are left unread without a word: a recipe of a model trained from scratch sets them)."""
     source = model_args.tokenizer_name or model_args.model_name_or_path
-    given = {flag.removeprefix("--").partition("=")[0].replace("-", "_") for flag in flags if flag.startswith("--")}
+    given = {flag_field_name(flag) for flag in flags if flag.startswith("--")}
     unread = [name for name in NEW_TOKENIZER_FIELDS if name in given]
     if source is not None and unread:
         logger.warning("%s: the run uses the tokenizer of %r and trains none, so %s (a setting of a newly trained "

@@ -36,6 +36,7 @@ from .arguments import (
     ModelArguments,
     TranslationTrainingArguments,
     adam_fields_read,
+    flag_field_name,
     optimizer_name,
     started_program,
 )
@@ -191,11 +192,10 @@ def _without_resume_flag(flags: Sequence[str]) -> list[str]:
     kept: list[str] = []
     skip_value = False
     for flag in flags:
-        option, equals, _ = flag.partition("=")
         if skip_value:
             skip_value = False
-        elif flag.startswith("--") and option.removeprefix("--").replace("-", "_") == "resume_from_checkpoint":
-            skip_value = not equals
+        elif flag.startswith("--") and flag_field_name(flag) == "resume_from_checkpoint":
+            skip_value = "=" not in flag
         else:
             kept.append(flag)
     return kept
