@@ -35,6 +35,7 @@ from hf_relpos.translation.batching import TokenBudgetBatchSampler
 from hf_relpos.translation.checkpoints import complete_checkpoints
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import log_model, max_new_tokens_for
+from hf_relpos.translation.preflight import PreflightError
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.trainer import AbsolutePositionFadeCallback, SamplerEpochCallback, TranslationTrainer
 from hf_relpos.translation.training import main as training_main
@@ -544,6 +545,19 @@ def test_token_budget_smaller_than_a_pair_stops_before_anything_is_written(tmp_p
     with pytest.raises(ConfigError, match=r"max_tokens_per_batch=16 is smaller than \d+ training pair"):
         run([str(config)])
     assert not (tmp_path / "out").exists()
+
+
+def test_a_kernel_that_cannot_run_on_the_runs_device_stops_before_anything_is_written(tmp_path, corpus, monkeypatch):
+    """relpos_triton on a CPU run (without Triton's interpreter): one error before the tokenizer is trained, not a
+    traceback from the first forward; a prepare_only run, which runs no model, goes on."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(PreflightError, match=r"^attn_implementation 'relpos_triton' runs on CUDA GPUs .* not on "
+                                             r"'cpu': use 'sdpa' or 'eager' on this device$"):
+        run([str(config), "--attn_implementation", "relpos_triton", "--use_cpu", "true"])
+    assert not (tmp_path / "out").exists()
+    assert run([str(config), "--attn_implementation", "relpos_triton", "--use_cpu", "true", "--prepare_only",
+                "true"]) == {}
 
 
 def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus):

@@ -633,6 +633,18 @@ def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, t
     assert loaded[-1].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def test_a_kernel_that_cannot_run_on_the_device_is_one_error_before_loading(memorised_model_folder, capsys,
+                                                                            monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--device", "cpu", "--attn_implementation", "relpos_triton"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [
+        "hf-relpos-translate: error: --attn_implementation: attn_implementation 'relpos_triton' runs on CUDA GPUs (on "
+        "the CPU only under Triton's interpreter, TRITON_INTERPRET=1, for tests), not on 'cpu': use 'sdpa' or "
+        "'eager' on this device"]
+
+
 N_BEST_LINE = re.compile(r"(\d+) \|\|\| (.*) \|\|\| F0= (\S+) \|\|\| (\S+)")
 
 

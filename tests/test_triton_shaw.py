@@ -741,6 +741,18 @@ def test_refused_on_cpu_without_the_interpreter(monkeypatch):
         model(**seq2seq_batch())
 
 
+def test_the_device_check_a_run_makes_first_finds_a_missing_triton(monkeypatch):
+    """`check_kernel_device`, which train_translation.py and hf-relpos-translate run before anything else: triton's
+    absence is the kernels' own ImportError there, not at the first forward; kernels without a device rule pass."""
+    monkeypatch.delitem(sys.modules, "hf_relpos.model.triton_relative_kernels", raising=False)
+    monkeypatch.delattr(hf_relpos.model, "triton_relative_kernels", raising=False)
+    monkeypatch.setattr("transformers.utils.import_utils.is_triton_available", lambda: False)
+    with pytest.raises(ImportError, match=r"^attn_implementation 'relpos_triton' needs triton: pip install triton"):
+        attention_functions.check_kernel_device("relpos_triton", DEVICE)
+    for kernel in (None, "eager", "sdpa", "flex_attention"):
+        attention_functions.check_kernel_device(kernel, torch.device("cpu"))
+
+
 def test_custom_op_registrations():
     """torch.library's checks of the op: schema, fake (meta) kernel and the registered autograd."""
     case = KERNEL_CASES["decoder_k3_padded"]

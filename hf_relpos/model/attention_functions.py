@@ -29,7 +29,7 @@ from transformers.utils import logging
 
 from .positions import DenseBias, PositionContext, RelativeBias, RelativeValues
 from .triton_relative import KERNEL_NAME as TRITON_KERNEL
-from .triton_relative import check_device, clipped_relative_attention, key_ranges
+from .triton_relative import check_device, check_runs_on, clipped_relative_attention, key_ranges
 
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 # transformers' prefix for a kernel run on its paged KV cache ("paged|sdpa").
@@ -757,6 +757,19 @@ def check_dropout_kernel(kernel: str | None, dropout: float, dropout_kind: str) 
         raise ValueError(f"attention_dropout_kind {dropout_kind!r} runs with attn_implementation {list(takes)}, got "
                          f"{kernel!r} with attention_dropout={dropout} in training; set attention_dropout_kind to "
                          f"{other!r}, attention_dropout to 0, or use one of those kernels")
+
+
+# Kernels that run on some devices only: the check a run makes before it prepares anything (raising RuntimeError or
+# ImportError); the others run wherever torch does (flex_attention off CUDA with a warning, eagerly).
+KERNEL_DEVICE_CHECKS: dict[str, Callable[[torch.device], None]] = {TRITON_KERNEL: check_runs_on}
+
+
+def check_kernel_device(kernel: str | None, device: torch.device) -> None:
+    """One RuntimeError or ImportError when `kernel` (None: the model's default) cannot run on `device` here
+    (`KERNEL_DEVICE_CHECKS`)."""
+    check = KERNEL_DEVICE_CHECKS.get(kernel or "")
+    if check is not None:
+        check(device)
 
 
 def check_kernel_name(name: str) -> str:

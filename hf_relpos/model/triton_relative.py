@@ -47,7 +47,14 @@ def check_device(device: torch.device) -> None:
         return
     raise RuntimeError(
         f"attn_implementation {KERNEL_NAME!r} runs on CUDA GPUs (on the CPU only under Triton's interpreter, "
-        f"TRITON_INTERPRET=1, for tests), got tensors on {device.type!r}: use 'sdpa' or 'eager' on this device")
+        f"TRITON_INTERPRET=1, for tests), not on {device.type!r}: use 'sdpa' or 'eager' on this device")
+
+
+def check_runs_on(device: torch.device) -> None:
+    """`check_device`, then triton's presence (the kernels' module raises its ImportError): what a run checks once,
+    before it prepares anything, that the kernel's first call would otherwise find."""
+    check_device(device)
+    from . import triton_relative_kernels  # noqa: F401
 
 
 def next_power_of_2(value: int) -> int:

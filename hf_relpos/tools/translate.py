@@ -43,6 +43,7 @@ from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from ..model.attention_functions import check_kernel_device
 from ..publish.files import expand_home, text_output, writes_in_place
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
@@ -305,6 +306,10 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
     if args.compute_type is not None:
         parser.exit(2, f"{PROGRAM}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
                        f"{args.model!r} is a PyTorch model folder (use --dtype)\n")
+    try:
+        check_kernel_device(args.attn_implementation, torch.device(args.device))
+    except (RuntimeError, ImportError) as error:
+        parser.exit(2, f"{PROGRAM}: error: --attn_implementation: {error}\n")
     loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
 

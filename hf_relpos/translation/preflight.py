@@ -14,6 +14,7 @@ import torch
 from huggingface_hub import HfApi, get_token
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from ..model.attention_functions import check_kernel_device
 from .checkpoints import find_checkpoints, last_complete_checkpoint
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
@@ -76,6 +77,16 @@ def check_sharding(trainer_world_size: int, device: torch.device) -> None:
             "processes on the CPU (use_cpu): accelerate shards only over GPUs, and these processes would train "
             "unsharded copies of the model (DDP). For a CPU run launch with configs/accelerate/cpu_2proc.yaml; for "
             "FSDP, launch on GPUs without --use_cpu")
+
+
+def check_kernel_runs_here(kernel: str | None, device: torch.device) -> None:
+    """The attention kernel the run asks for runs on the device it trains and evaluates on (`check_kernel_device`:
+    relpos_triton needs CUDA and triton): checked before the tokenizer is trained and the data prepared, not by the
+    model's first forward."""
+    try:
+        check_kernel_device(kernel, device)
+    except (RuntimeError, ImportError) as error:
+        raise PreflightError(str(error)) from None
 
 
 def previous_run(output_dir: str | os.PathLike) -> list[str]:

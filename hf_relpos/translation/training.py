@@ -27,6 +27,7 @@ from .model_setup import estimated_weight_bytes, log_model, required_disk_bytes
 from .preflight import (
     PreflightError,
     check_hub_login,
+    check_kernel_runs_here,
     check_process_group,
     check_rerun,
     check_run_file_names,
@@ -52,6 +53,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     # checkpoints and a generic card before evaluation.
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     _set_up_process(training_args)
+    if not training_args.prepare_only:
+        check_kernel_runs_here(model_args.attn_implementation, training_args.device)
     output_dir = training_args.output_dir
     check_output_dir(output_dir, required_disk_bytes(estimated_weight_bytes(model_args) or 0, training_args))
     if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
