@@ -62,11 +62,6 @@ CONSOLE_SCRIPT, SCRIPT = "hf-relpos-train", "train_translation.py"
 TRAINING_MODULE = "hf_relpos.translation.training"   # `python -m` runs the same main
 
 
-def program_name() -> str:
-    """The name training was started by: the console script's, else the script's (`python train_translation.py`)."""
-    return CONSOLE_SCRIPT if os.path.basename(sys.argv[0]) == CONSOLE_SCRIPT else SCRIPT
-
-
 def started_program() -> str:
     """The program this process was started as, written as a command in its working directory starts it again: the
     console script by its name (found on PATH), train_translation.py by the path it was given as (`python
@@ -79,6 +74,12 @@ def started_program() -> str:
     if given and Path(given).resolve() == Path(__file__).with_name("training.py").resolve():
         return f"-m {TRAINING_MODULE}"
     return SCRIPT
+
+
+def program_name() -> str:
+    """The name errors are reported under: the console script's when it started the run (`started_program`), else
+    the script's (`python train_translation.py`, `python -m`)."""
+    return CONSOLE_SCRIPT if started_program() == CONSOLE_SCRIPT else SCRIPT
 
 
 PROGRAM = program_name()
