@@ -323,8 +323,9 @@ def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
 def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     """An optimizer that takes no Adam moments (sgd) leaves the recipe's adam_beta1/2 and adam_epsilon unread, and
     batches of pairs leave a token budget's length_pool_factor unread (one warning says so), and without joined pairs
-    max_pairs_per_join is unread: neither the record nor the card's tables state them as settings of the run; a Lion
-    optimizer's betas are, and the join size of a run that joins pairs."""
+    max_pairs_per_join is unread, and a new tokenizer's settings with a reused tokenizer: neither the record nor the
+    card's tables state them as settings of the run; a Lion optimizer's betas are, and the join size of a run that
+    joins pairs."""
     from conftest import tiny_config
 
     from hf_relpos.publish.hub import render_model_card
@@ -342,6 +343,9 @@ def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     joined = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--concatenated_pairs", "0.5",
                                           "--max_pairs_per_join", "3"]))
     assert (joined.concatenated_pairs, joined.max_pairs_per_join) == (0.5, 3)
+    reused = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--tokenizer_name", str(tmp_path)]))
+    assert (reused.tokenizer_vocab_size, reused.tokenizer_character_coverage) == (None, None)
+    assert run_record(*parse_arguments([demo, "--output_dir", str(tmp_path)])).tokenizer_vocab_size is not None
 
 
 def test_the_run_record_keeps_the_data_seed_that_drew_the_batches(tmp_path):

@@ -435,7 +435,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     data_fields = RunRecord.recipe_fields(DATA)
     unread = set() if _on_hub(record) else {   # the data table lists what the run read: no dataset it did not load
         "dataset_config_name", *(["dataset_name"] if _uses_local_files(record) else [])}
-    if _reuses_tokenizer(record):   # no tokenizer trained: the settings a new one would have asked for do not apply
+    if _reuses_tokenizer(record):   # no tokenizer trained: the settings a new one would have asked for (in records
+        # written before run_record left them out) do not apply
         unread.update(("tokenizer_vocab_size", "tokenizer_character_coverage"))
     data_fields = tuple(name for name in data_fields if name not in unread)
     run_facts = _run_facts(record)

@@ -33,6 +33,7 @@ from ..publish.records import (
     training_record,
 )
 from .arguments import (
+    NEW_TOKENIZER_FIELDS,
     ModelArguments,
     TranslationTrainingArguments,
     adam_fields_read,
@@ -148,7 +149,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the
     argument that bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs
     per batch only without a token budget, its pools only with one; the adam_* its optimizer takes; the join size
-    only with joined pairs) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
+    only with joined pairs; a new tokenizer's settings only when the run trains one) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
     them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
     (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
@@ -160,6 +161,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("load_best_model_at_end")
     if not data_args.concatenated_pairs:   # no joined pairs: their size is unread
         omitted.add("max_pairs_per_join")
+    if model_args.tokenizer_name or model_args.model_name_or_path:   # a reused tokenizer: no new one's settings
+        omitted.update(NEW_TOKENIZER_FIELDS)
     if training_args.generation_max_length_ratio == 1:   # the card reads it as 1 unless set
         omitted.add("generation_max_length_ratio")
     optimizer_reads = adam_fields_read(optimizer_name(training_args))
