@@ -222,6 +222,8 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     assert model.config.vocab_size == len(tokenizer) and model.config.position_scheme == "shaw"
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
     assert not list(output_dir.glob(".tokenizer.*"))
+    card = (output_dir / "README.md").read_text(encoding="utf-8")   # named as a push without hub_model_id names it
+    assert "\n# out\n" in card and "model-index:\n- name: out\n" in card and "# tiny\n" not in card
 
 
 def test_torch_compile_trains_token_budget_batches_without_a_recompile_per_length(tmp_path, corpus):
@@ -831,6 +833,7 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-200", "checkpoint-300",
                                                                         "checkpoint-1000"]
     assert all(Path(path).is_absolute() for path in provenance["checkpoints"])   # readable from any directory
+    assert "\n# averaged\n" in (averaged_dir / "README.md").read_text(encoding="utf-8")   # the folder's name
     with pytest.raises(ValueError, match="output_dir .* exists and is not an empty folder"):
         average_checkpoints(run_dir, last_n=2, output_dir=averaged_dir)
     with pytest.raises(ValueError, match="last_n=5 but only 4"):

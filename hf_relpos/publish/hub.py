@@ -226,13 +226,15 @@ def render_model_card(
     recipe_name: str | None = None,
     published: bool = False,
     unscored: str | None = None,
+    name: str | None = None,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
     `config` is the model's config (or its config.json dict), `record` the run (`RunRecord`, or a configs/*.yaml dict
     read with `RunRecord.from_recipe`; None: not recorded), `results` maps "eval"/"test" to the dicts of
     `{eval,test}_results.json`; `published`: the card goes with the trained weights to the Hub repository `repo_id`;
-    `unscored`: what the Results section says when it has no scores, in place of its own sentence.
+    `unscored`: what the Results section says when it has no scores, in place of its own sentence; `name`: the
+    model's name in the title and model-index (default: `repo_id`'s, else the recipe's).
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
@@ -241,7 +243,7 @@ def render_model_card(
         record = RunRecord.from_recipe(record or {})
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
-    model_name = (repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
+    model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
     metadata = _card_metadata(config, record, results, model_name, recorded)
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
@@ -724,17 +726,17 @@ def folder_record(folder: str | os.PathLike,
 
 def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str, Any] | None,
                       results: Mapping[str, Mapping[str, Any]] | None = None, *, repo_id: str | None = None,
-                      recipe_name: str | None = None, published: bool = False) -> str:
-    """The card of a saved model folder (`render_model_card` of its config.json, `record` and `results`); for a
-    folder that hf-relpos-average wrote, without scores of its own and with a section naming the checkpoints it
-    averaged."""
+                      recipe_name: str | None = None, published: bool = False, name: str | None = None) -> str:
+    """The card of a saved model folder (`render_model_card` of its config.json, `record` and `results`, named
+    `name`); for a folder that hf-relpos-average wrote, without scores of its own and with a section naming the
+    checkpoints it averaged."""
     folder = Path(folder)
     config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     checkpoints = averaged_checkpoints(folder)
     unscored = (None if checkpoints is None
                 else "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below).")
     card = render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name, published=published,
-                             unscored=unscored)
+                             unscored=unscored, name=name)
     if checkpoints is None:
         return card
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)

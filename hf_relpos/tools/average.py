@@ -154,7 +154,8 @@ def average_checkpoints(
         (staging / AVERAGED_CHECKPOINTS_FILE).write_text(json.dumps(provenance, indent=2) + "\n")
         if _ships_remote_code(staging):
             add_translation_pipeline(staging)
-            (staging / CARD_FILE).write_text(folder_model_card(staging, record), encoding="utf-8")
+            (staging / CARD_FILE).write_text(folder_model_card(staging, record, name=output_dir.resolve().name),
+                                             encoding="utf-8")
     return output_dir
 
 

@@ -218,18 +218,24 @@ def _hardware_name(training_args: TranslationTrainingArguments) -> str:
 
 def write_model_card(model: RelPosTransformerForConditionalGeneration, record: RunRecord,
                      training_args: TranslationTrainingArguments) -> Path:
-    """output_dir/README.md: the model card of this run (recipe, run facts and scores; named after the record's
-    `hub_model_id`), as run_translation's `create_model_card` writes one, so a folder uploaded by hand is
-    documented."""
+    """output_dir/README.md: the model card of this run (recipe, run facts and scores; named as the Hub repository a
+    push makes, the record's `hub_model_id`, else the output folder's name), as the Trainer's `create_model_card`
+    writes one, so a folder uploaded by hand is documented."""
     path = Path(training_args.output_dir) / CARD_FILE
-    card = render_model_card(model.config, record, load_results(training_args.output_dir), repo_id=record.hub_model_id)
+    card = render_model_card(model.config, record, load_results(training_args.output_dir), repo_id=record.hub_model_id,
+                             name=hub_repository(record.hub_model_id, path.parent))
     write_text_atomic(path, card)
     return path
 
 
+def hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> str:
+    """The Hub repository a run's push goes to: `hub_model_id`, else the output folder's name (as the Trainer's)."""
+    return hub_model_id or Path(output_dir).resolve().name
+
+
 def push_training_output(training_args: TranslationTrainingArguments) -> str:
-    """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_model_id` (default: the output
-    folder's name) with the card of the run record written there."""
+    """`push_to_hub: true`: push output_dir (model, tokenizer, results) to `hub_repository` with the card of the run
+    record written there."""
     folder = Path(training_args.output_dir)
-    return push_model_folder(folder, training_args.hub_model_id or folder.resolve().name,
+    return push_model_folder(folder, hub_repository(training_args.hub_model_id, folder),
                              token=training_args.hub_token, private=training_args.hub_private_repo)
