@@ -320,6 +320,33 @@ def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
     assert "| `generation_max_length_ratio` | 1.5 |" in card and "| `generation_max_length` | 40 |" in card
 
 
+def test_the_demo_corpus_settings_are_recorded_and_decide_scores_in_place(tmp_path):
+    """The demo corpus's sizes and seed decide its every split: a demo run's record and card state them, a run on
+    local files records none, and scoring a demo folder in place with another demo test set is told they differ
+    (a record written before they were recorded has none to compare)."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record, scoring_differences
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    recorded = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path)]))
+    assert (recorded.demo_train_pairs, recorded.demo_validation_pairs, recorded.demo_test_pairs,
+            recorded.demo_seed) == (8000, 200, 200, 1234)
+    assert "| `demo_test_pairs` | 200 |" in render_model_card(tiny_config(), recorded)
+    recorded.scores = {"": {"test": {"bleu": 50.0}}}
+    current = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--demo_test_pairs", "50",
+                                           "--demo_seed", "7"]))
+    assert scoring_differences(recorded, current, ("test",)) == ["demo_test_pairs 50 (recorded 200)",
+                                                                 "demo_seed 7 (recorded 1234)"]
+    assert scoring_differences(recorded, current, ("validation",)) == []   # no validation scores recorded
+    recorded.demo_test_pairs = recorded.demo_seed = None
+    assert scoring_differences(recorded, current, ("test",)) == []
+    local = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--train_file", str(tmp_path / "t.tsv"),
+                                         "--do_eval", "false", "--do_predict", "false"]))
+    assert (local.demo_train_pairs, local.demo_seed) == (None, None)
+
+
 def test_the_run_record_leaves_out_settings_the_run_did_not_read(tmp_path):
     """An optimizer that takes no Adam moments (sgd) leaves the recipe's adam_beta1/2 and adam_epsilon unread, and
     batches of pairs leave a token budget's length_pool_factor unread (one warning says so), and without joined pairs

@@ -139,6 +139,10 @@ class RunRecord:
     bleu_tokenize: str | None = _recipe_field(SETTING)   # sacreBLEU's tokenization of its BLEU; None: by target_lang
     dataset_name: str | None = _recipe_field(DATA)
     dataset_config_name: str | None = _recipe_field(DATA)
+    demo_train_pairs: int | None = _recipe_field(DATA)
+    demo_validation_pairs: int | None = _recipe_field(DATA)
+    demo_test_pairs: int | None = _recipe_field(DATA)
+    demo_seed: int | None = _recipe_field(DATA)
     train_file: str | None = _recipe_field(DATA)
     validation_file: str | None = _recipe_field(DATA)
     test_file: str | None = _recipe_field(DATA)

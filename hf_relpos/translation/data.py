@@ -56,6 +56,7 @@ logger = logging.getLogger(__name__)
 
 DEMO_DATASET_NAME = "demo"
 DEMO_DATA_FOLDER = "demo_data"
+DEMO_CORPUS_FIELDS = ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs", "demo_seed")   # its every split
 # A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
 LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
@@ -201,6 +202,11 @@ class DataArguments:
     def uses_local_files(self) -> bool:
         return any((self.train_file, self.validation_file, self.test_file))
 
+    @property
+    def uses_demo_corpus(self) -> bool:
+        """Whether the run reads the generated demo corpus (`DEMO_CORPUS_FIELDS` decide its every split)."""
+        return self.dataset_name == DEMO_DATASET_NAME and not self.uses_local_files
+
 
 def check_config_languages(data_args: DataArguments) -> None:
     """A Hub dataset's configuration named by another language pair than source_lang/target_lang (the default de-en
@@ -228,7 +234,7 @@ def local_split_files(
 ) -> dict[str, str] | None:
     """The local file (or plain-text prefix) each requested split is read from (the demo corpus is written to
     `demo_directory` first), or None for a Hub dataset."""
-    if data_args.dataset_name == DEMO_DATASET_NAME and not data_args.uses_local_files:
+    if data_args.uses_demo_corpus:
         paths = write_demo_corpus(
             demo_directory, data_args.demo_train_pairs, data_args.demo_validation_pairs, data_args.demo_test_pairs,
             seed=data_args.demo_seed,

@@ -41,7 +41,7 @@ from .arguments import (
     optimizer_name,
     started_program,
 )
-from .data import DataArguments
+from .data import DEMO_CORPUS_FIELDS, DataArguments
 from .data_preparation import splits_to_read
 from .preflight import fsdp_launch
 from .safety import OutputDirError
@@ -77,8 +77,9 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
 # The settings besides the decoding ones that decide a split's scores: for every split, and for each split its own data.
 # Not max_source_length / max_target_length: they bound the training pairs only (evaluation pairs are kept whole).
 SCORING_FIELDS = ("source_lang", "target_lang", "bleu_tokenize", "dataset_name", "dataset_config_name")
-SPLIT_SCORING_FIELDS = {"validation": ("validation_file", "validation_split_name", "max_eval_samples"),
-                        "test": ("test_file", "test_split_name", "max_predict_samples")}
+SPLIT_SCORING_FIELDS = {"validation": ("validation_file", "validation_split_name", "max_eval_samples",
+                                        *DEMO_CORPUS_FIELDS),
+                        "test": ("test_file", "test_split_name", "max_predict_samples", *DEMO_CORPUS_FIELDS)}
 
 
 def check_scoring_in_place(model_args: ModelArguments, data_args: DataArguments,
@@ -116,10 +117,12 @@ def scoring_differences(record: RunRecord, current: RunRecord, splits: Sequence[
     """`name VALUE (recorded VALUE)` for each setting deciding scores on which `current` differs from `record`: the
     decoding fields and `SCORING_FIELDS`, and the data of each of `splits` that `record` has scores for."""
     recorded = {split for by_split in record.scores.values() for split in by_split}
-    names = [*RunRecord.recipe_fields(DECODING), *SCORING_FIELDS,
-             *(name for split in splits if split in recorded for name in SPLIT_SCORING_FIELDS[split])]
+    names = dict.fromkeys([*RunRecord.recipe_fields(DECODING), *SCORING_FIELDS,
+                           *(name for split in splits if split in recorded for name in SPLIT_SCORING_FIELDS[split])])
+    # a record written before the demo corpus's settings were recorded has none to compare
+    unrecorded = {name for name in DEMO_CORPUS_FIELDS if getattr(record, name) is None}
     return [f"{name} {getattr(current, name)!r} (recorded {getattr(record, name)!r})" for name in names
-            if getattr(current, name) != getattr(record, name)]
+            if getattr(current, name) != getattr(record, name) and name not in unrecorded]
 
 
 def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments,
@@ -149,7 +152,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the
     argument that bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs
     per batch only without a token budget, its pools only with one; the adam_* its optimizer takes; the join size
-    only with joined pairs; a new tokenizer's settings only when the run trains one) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
+    only with joined pairs; a new tokenizer's settings only when the run trains one; the demo corpus's only when the
+    run reads it) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
     them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
     (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
@@ -159,6 +163,8 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.add("early_stopping_threshold")
     if not training_args.load_best_model_at_end:
         omitted.add("load_best_model_at_end")
+    if not data_args.uses_demo_corpus:
+        omitted.update(DEMO_CORPUS_FIELDS)
     if not data_args.concatenated_pairs:   # no joined pairs: their size is unread
         omitted.add("max_pairs_per_join")
     if model_args.tokenizer_name or model_args.model_name_or_path:   # a reused tokenizer: no new one's settings
