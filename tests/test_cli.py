@@ -101,11 +101,18 @@ def test_the_help_launches_the_command_it_was_started_as_under_accelerate(argv0,
 
 def test_the_training_module_runs_as_a_program():
     """`python -m hf_relpos.translation.training` is the training command (as `python -m hf_relpos.tools.translate`
-    is hf-relpos-translate), not a silent exit 0 that trained nothing."""
+    is hf-relpos-translate), not a silent exit 0 that trained nothing; its errors and help name it so (a pip install
+    has no train_translation.py to run)."""
     completed = subprocess.run([sys.executable, "-m", "hf_relpos.translation.training", "--no-such-flag"],
                                capture_output=True, text=True, cwd=REPO, timeout=300)
     assert completed.returncode == 2, completed.stderr[-2000:]
-    assert "error: " in completed.stderr
+    assert completed.stderr.startswith("python -m hf_relpos.translation.training: error: unknown key(s): "
+                                       "--no-such-flag")
+    assert "; python -m hf_relpos.translation.training --help lists every field" in completed.stderr
+    shown = subprocess.run([sys.executable, "-m", "hf_relpos.translation.training", "--help"], capture_output=True,
+                           text=True, cwd=REPO, timeout=300).stdout
+    assert shown.startswith("usage: python -m hf_relpos.translation.training CONFIG.yaml")
+    assert "accelerate launch --config_file configs/accelerate/multi_gpu.yaml -m hf_relpos.translation.training " in shown
 
 
 def test_train_translation_script_is_the_same_main():

@@ -77,9 +77,12 @@ def started_program() -> str:
 
 
 def program_name() -> str:
-    """The name errors are reported under: the console script's when it started the run (`started_program`), else
-    the script's (`python train_translation.py`, `python -m`)."""
-    return CONSOLE_SCRIPT if started_program() == CONSOLE_SCRIPT else SCRIPT
+    """The name the help and errors give the program, as a command that starts it (`started_program`): the console
+    script's, `python -m MODULE` for the module, else the script's (`train_translation.py`)."""
+    started = started_program()
+    if started == CONSOLE_SCRIPT:
+        return CONSOLE_SCRIPT
+    return f"python {started}" if started.startswith("-m ") else SCRIPT
 
 
 PROGRAM = program_name()
@@ -428,7 +431,7 @@ examples:
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --max_steps 1000 --model.dropout 0.2
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --resume_from_checkpoint last
   {PROGRAM} configs/demo.yaml --model_name_or_path outputs/demo --do_train false --output_dir outputs/demo_eval
-  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {accelerate_program(PROGRAM)} configs/NAME.yaml
+  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {accelerate_program(PROGRAM.removeprefix("python "))} configs/NAME.yaml
 
 See docs/training.md for every recipe."""
 
