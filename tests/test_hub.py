@@ -867,6 +867,31 @@ def test_a_folder_is_pushed_with_the_card_of_its_run_record_and_a_recipe_for_it_
     assert "Trained as: `python " in card and "--warmup_steps 7 --max_steps 33`" in card and "Hardware: CPU" in card
 
 
+def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder, fake_hub, tmp_path, monkeypatch):
+    """docs/hub.md's push examples (its Python block and its shell commands) run as written from a folder holding
+    configs/: a folder they name that is a recipe's output_dir holds the run record train_translation.py writes
+    there, any other is a model saved by hand (model and tokenizer, no record); each example pushes once."""
+    guide = (REPO_ROOT / "docs" / "hub.md").read_text(encoding="utf-8")
+    (code,) = [block for block in re.findall(r"```python\n(.*?)```", guide, flags=re.DOTALL)
+               if "push_model_folder(" in block]
+    commands = [shlex.split(line)[4:] for block in re.findall(r"```bash\n(.*?)```", guide, flags=re.DOTALL)
+                for line in block.replace("\\\n", " ").splitlines()
+                if line.startswith("python -m hf_relpos.publish.hub push ")]
+    recipe_outputs = {hub.load_recipe(path).get("output_dir") for path in (REPO_ROOT / "configs").glob("*.yaml")}
+    folders = {*re.findall(r'push_model_folder\(\s*"([^"]+)"', code), *(argv[0] for argv in commands)}
+    assert commands and folders
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "configs").symlink_to(REPO_ROOT / "configs")
+    for folder in folders:
+        shutil.copytree(trained_folder, tmp_path / folder)
+        if folder in recipe_outputs:
+            with_run_record(tmp_path / folder)
+    exec(compile(code, "docs/hub.md", "exec"), {})
+    for argv in commands:
+        hub.main(["push", *argv])
+    assert len(fake_hub.commits) == 1 + len(commands)
+
+
 def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fake_hub, tmp_path):
     (tmp_path / "run").mkdir()
     run_dir = with_run_record(tmp_path / "run")

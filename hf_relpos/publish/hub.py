@@ -3,7 +3,8 @@
     python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ \\
         --records docs/results/convergence/one_commit_seeds_1_2/convergence.json \\
         docs/results/vs_marian/recipes_one_commit/vs_marian.json        # one card per recipe, with its measurements
-    python -m hf_relpos.publish.hub push outputs/NAME USER/NAME --recipe configs/NAME.yaml
+    python -m hf_relpos.publish.hub push outputs/NAME USER/NAME      # a training run's folder, carded from its record
+    python -m hf_relpos.publish.hub push FOLDER USER/NAME --recipe configs/NAME.yaml   # a folder without a record
 
 `render_model_card` writes a README.md (YAML metadata that `huggingface_hub.ModelCard` parses, then the scheme, the
 training recipe, the results, usage, limitations and BibTeX). `push_model_folder` uploads a saved model folder with
