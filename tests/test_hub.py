@@ -4,6 +4,7 @@ pipeline, and loading a pushed folder in fresh processes with hf_relpos and with
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -207,6 +208,19 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
     own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.POSITION_SCHEMES[position_scheme].card.bibtex}
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
+
+
+def test_the_hub_guide_gives_render_model_cards_signature():
+    """docs/hub.md writes render_model_card's signature as the function has it: every parameter with its default, a
+    `*` before those that are keyword-only (a call copied from the guide must not pass them by position)."""
+    parts = []
+    for parameter in inspect.signature(hub.render_model_card).parameters.values():
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and "*" not in parts:
+            parts.append("*")
+        empty = parameter.default is inspect.Parameter.empty
+        parts.append(parameter.name if empty else f"{parameter.name}={parameter.default!r}")
+    guide = (REPO_ROOT / "docs" / "hub.md").read_text(encoding="utf-8")
+    assert f"`hf_relpos.publish.hub.render_model_card({', '.join(parts)})`" in guide
 
 
 def test_a_card_without_a_repository_says_what_its_placeholder_stands_for():
