@@ -218,6 +218,18 @@ def test_the_readme_documents_the_commands_a_user_needs():
     assert {"make demo", "make test", "hf-relpos-train", "hf-relpos-translate"} <= programs
 
 
+def test_the_readme_says_how_many_processes_its_multi_gpu_command_starts():
+    """The README's `accelerate launch` command starts as many processes as its config says, whatever the GPUs: the
+    README names that count and the flag that changes it."""
+    import yaml
+
+    (argv,) = [argv for page, argv in COMMANDS if page == "README.md" and argv[:2] == ["accelerate", "launch"]]
+    config = yaml.safe_load((ROOT / argv[argv.index("--config_file") + 1]).read_text(encoding="utf-8"))
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"the config starts {config['num_processes']} processes, one per GPU" in readme
+    assert "add `--num_processes N`" in readme
+
+
 def test_make_demo_runs_what_the_readme_says_it_runs():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     recipe = re.search(r"^demo:.*\n\t(.*)$", makefile, re.MULTILINE).group(1)
