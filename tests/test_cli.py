@@ -65,6 +65,17 @@ def test_the_training_help_lists_every_registered_position_scheme(capsys):
     assert {"absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"} <= set(hf_relpos.POSITION_SCHEMES)
 
 
+def test_the_training_help_says_push_to_hub_pushes_once_and_where(capsys):
+    """push_to_hub and hub_model_id are help of hf_relpos' own (docs/hub.md): one push after the run, the Trainer's
+    pushes at every save being off, to output_dir's folder name unless hub_model_id names a repository."""
+    with pytest.raises(SystemExit):
+        resolve(script_targets()["hf-relpos-train"])(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "push output_dir once" in shown and "The Trainer's own pushes (hub_strategy) stay off" in shown
+    assert "every time the model is saved" not in shown and "keep in sync with the local `output_dir`" not in shown
+    assert "null: the name of output_dir's folder. (default: null)" in shown
+
+
 def test_the_training_guide_names_every_command():
     guide = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     introduction = guide.split("```", 1)[0]

@@ -245,6 +245,18 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "the new run starts writing. Without it such a folder is refused (or resume with "
                           "resume_from_checkpoint: last)."},
     )
+    push_to_hub: bool = field(
+        default=False,
+        metadata={"help": "After training, evaluation and prediction, push output_dir once (weights, code, tokenizer "
+                          "and the run's model card, no checkpoints) to hub_model_id (docs/hub.md). Needs do_train; "
+                          "the Hub login is checked before training. The Trainer's own pushes (hub_strategy) stay "
+                          "off."},
+    )
+    hub_model_id: str | None = field(
+        default=None,
+        metadata={"help": "The Hub repository push_to_hub pushes to, USER/NAME or NAME (in your namespace). null: "
+                          "the name of output_dir's folder."},
+    )
     max_tokens_per_batch: int | None = field(
         default=None,
         metadata={"help": "Token budget per device and batch (padded size: examples x longest source and x longest "
