@@ -2,7 +2,8 @@
 #   make demo   trains and scores the embedded demo (no download); each run starts afresh in outputs/demo
 #   make test   runs lint and the test suite (the numerics tests also under two other CPU capabilities), spread over
 #               the machine's cores by pytest-xdist (PYTEST_WORKERS=0 runs it in one process)
-# torch is pinned first so pip never pulls a different (CUDA) build; override with TORCH_SPEC=... for GPU wheels.
+# torch is pinned first so pip never pulls a different (CUDA) build; TORCH_SPEC is pip's arguments for it, e.g.
+# TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" for a CUDA build.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -12,7 +13,7 @@ BIN := $(VENV)/bin
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet $(TORCH_SPEC)
 	$(BIN)/pip install --quiet -e ".[train,dev,viz]"
 	touch $@
 

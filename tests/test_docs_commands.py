@@ -230,6 +230,18 @@ def test_the_readme_says_how_many_processes_its_multi_gpu_command_starts():
     assert "add `--num_processes N`" in readme
 
 
+def test_make_install_gives_pip_the_documented_torch_spec_as_its_arguments(tmp_path):
+    """TORCH_SPEC, as benchmarks/README.md sets it for a CUDA build (a spec and pip's --index-url), reaches pip as
+    those arguments (`make -n` prints the commands without running them)."""
+    (documented,) = re.findall(r'^make install TORCH_SPEC="([^"]+)"$',
+                               (ROOT / "benchmarks" / "README.md").read_text(encoding="utf-8"), re.MULTILINE)
+    printed = subprocess.run(["make", "-n", "install", f"TORCH_SPEC={documented}", f"VENV={tmp_path / 'venv'}"],
+                             capture_output=True, text=True, cwd=ROOT, timeout=60, check=True).stdout
+    pip_torch = next(shlex.split(line) for line in printed.splitlines() if "--upgrade" not in line
+                     and shlex.split(line)[1:3] == ["install", "--quiet"] and "-e" not in shlex.split(line))
+    assert pip_torch[3:] == documented.split()
+
+
 def test_make_demo_runs_what_the_readme_says_it_runs():
     makefile = (ROOT / "Makefile").read_text(encoding="utf-8")
     recipe = re.search(r"^demo:.*\n\t(.*)$", makefile, re.MULTILINE).group(1)
