@@ -20,6 +20,7 @@ from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.model.positions import sinusoids
+from hf_relpos.publish.hub import files_to_push
 from hf_relpos.tools.convert import main
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -142,3 +143,20 @@ def test_hub_folder_with_pytorch_model_bin_converts(hub_folder, tmp_path):
     loaded = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
     inputs = AutoTokenizer.from_pretrained(output)(sentences(hub_folder)[:2], padding=True, return_tensors="pt")
     assert torch.equal(loaded.generate(**inputs, max_new_tokens=10), marian.eval().generate(**inputs, max_new_tokens=10))
+
+
+def test_a_converted_folder_pushes_its_marian_tokenizer(hub_folder, tmp_path):
+    """What a push of a converted folder uploads (`files_to_push`) holds the MarianTokenizer it kept (its .spm models
+    and vocab.json; it has no tokenizer.json): a folder of exactly those files encodes as the converted one. Without
+    one of them the push is refused, naming it."""
+    output = convert(hub_folder / "model", tmp_path / "converted", "--position_scheme", "shaw",
+                     "--keep_absolute_positions")
+    uploaded = tmp_path / "uploaded"
+    uploaded.mkdir()
+    for name, path in files_to_push(output).items():
+        shutil.copy(path, uploaded / name)
+    english = sentences(hub_folder)
+    assert AutoTokenizer.from_pretrained(uploaded)(english) == AutoTokenizer.from_pretrained(output)(english)
+    (output / "target.spm").unlink()
+    with pytest.raises(ValueError, match=r"lacks target\.spm"):
+        files_to_push(output)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -24,6 +25,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
 from transformers.dynamic_module_utils import get_relative_import_files
+from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 from transformers.tokenization_utils_base import (
     ADDED_TOKENS_FILE,
     FULL_TOKENIZER_FILE,
@@ -62,7 +64,6 @@ LICENSE = "apache-2.0"
 CARD_FILE = "README.md"
 PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
-REQUIRED_TOKENIZER_FILES = (FULL_TOKENIZER_FILE, TOKENIZER_CONFIG_FILE)
 OPTIONAL_TOKENIZER_FILES = (SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE)
 RECIPE_TEMPLATE_NAME = "REPO_ID"
 
@@ -772,7 +773,7 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     if config.get("model_type") != RelPosTransformerConfig.model_type or "AutoModelForSeq2SeqLM" not in auto_map:
         raise ValueError(f"{config_path} is not a RelPosTransformer config with an auto_map for AutoModelForSeq2SeqLM; "
                          "save the model with hf_relpos imported")
-    names = {CONFIG_NAME, *REQUIRED_TOKENIZER_FILES}
+    names = {CONFIG_NAME, *tokenizer_files(folder)}
     if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
         index = json.loads((folder / SAFE_WEIGHTS_INDEX_NAME).read_text(encoding="utf-8"))
         names |= {SAFE_WEIGHTS_INDEX_NAME, *index["weight_map"].values()}
@@ -783,12 +784,34 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
         names.add(module_file.name)
         if module_file.is_file():
             names |= {Path(path).name for path in get_relative_import_files(str(module_file))}
-    names |= {name for name in (GENERATION_CONFIG_NAME, *OPTIONAL_TOKENIZER_FILES) if (folder / name).is_file()}
+    if (folder / GENERATION_CONFIG_NAME).is_file():
+        names.add(GENERATION_CONFIG_NAME)
     missing = sorted(name for name in names if not (folder / name).is_file())
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
                          "remote code and tokenizer (save the tokenizer next to the model)")
     return {name: folder / name for name in sorted(names)}
+
+
+def tokenizer_files(folder: Path) -> set[str]:
+    """The files of the tokenizer saved in `folder`, present or not (a missing one is what `files_to_push` names):
+    tokenizer_config.json and the vocabulary files of the class it names (`vocab_files_names`), those its __init__
+    requires (MarianTokenizer's source.spm, target.spm and vocab.json, for a converted MarianMT model) or else
+    tokenizer.json (hf_relpos' tokenizers) when none of them is there; with each other vocabulary, special-tokens and
+    added-tokens file that is there."""
+    config_path = folder / TOKENIZER_CONFIG_FILE
+    class_name = json.loads(config_path.read_text(encoding="utf-8")).get("tokenizer_class") if config_path.is_file() else None
+    tokenizer_class = tokenizer_class_from_name(class_name) if class_name else None
+    vocabulary = {key: name for key, name in getattr(tokenizer_class, "vocab_files_names", {}).items()
+                  if name != TOKENIZER_CONFIG_FILE}
+    parameters = inspect.signature(tokenizer_class.__init__).parameters if tokenizer_class is not None else {}
+    required = {name for key, name in vocabulary.items()
+                if key in parameters and parameters[key].default is inspect.Parameter.empty}
+    present = {name for name in (FULL_TOKENIZER_FILE, *vocabulary.values(), *OPTIONAL_TOKENIZER_FILES)
+               if (folder / name).is_file()}
+    if not required and not present & {FULL_TOKENIZER_FILE, *vocabulary.values()}:
+        required = {FULL_TOKENIZER_FILE}
+    return {TOKENIZER_CONFIG_FILE, *required, *present}
 
 
 def push_model_folder(
