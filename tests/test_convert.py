@@ -226,6 +226,12 @@ def test_a_setting_a_conversion_cannot_take_is_one_error_naming_it(scheme, overr
         marian_to_relpos(marian_model(), scheme, **overrides)
 
 
+def test_use_cache_is_settable_though_generate_also_reads_it():
+    """use_cache is a config field a conversion may set (docs/conversion.md), not refused as a generation setting."""
+    for scheme in ("absolute", "shaw"):
+        assert marian_to_relpos(marian_model(), scheme, use_cache=False).config.use_cache is False
+
+
 def test_a_plain_switch_takes_the_fields_that_change_attention_beyond_the_scheme():
     converted = marian_to_relpos(marian_model(), "shaw", self_attention_window=8, cross_attention_length_scaling=True)
     assert converted.config.self_attention_window == 8 and converted.config.cross_attention_length_scaling

@@ -92,7 +92,7 @@ def check_overridable(config_overrides: dict[str, Any], position_scheme: str) ->
     if not keeps_marian:
         allowed.update(SWITCH_ONLY_FIELDS)
     for name in config_overrides:
-        if name in generation_settings:
+        if name in generation_settings and field_named(name) not in allowed:   # use_cache is a config field too
             raise ValueError(f"{name} is a generation setting, not a config field: the converted model keeps the "
                              "source's generation config; edit generation_config.json in the output folder")
         if field_named(name) not in allowed:
