@@ -129,6 +129,17 @@ def test_a_kernel_name_nobody_registered_is_one_error_listing_the_kernels(positi
     assert model.config._attn_implementation == "sdpa"
 
 
+def test_a_kernel_name_nobody_registered_is_the_same_error_when_the_model_is_built_or_loaded(tmp_path):
+    """Building or loading with an unknown kernel lists hf_relpos' kernels too, not only transformers' own."""
+    model_with("sdpa", "shaw").save_pretrained(tmp_path)
+    listing = r"attn_implementation 'bogus' is not a registered attention kernel: one of \[.*'relpos_triton', 'sdpa'"
+    with pytest.raises(ValueError, match=listing):
+        hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path, attn_implementation="bogus")
+    config = hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path, attn_implementation="bogus")
+    with pytest.raises(ValueError, match=listing):
+        hf_relpos.RelPosTransformerForConditionalGeneration(config)
+
+
 def test_the_app_and_the_model_take_the_same_kernel_names():
     """One rule (attention_functions.check_kernel_name) for the model and the apps' flags: a Hub kernel 'owner/repo'
     and a paged kernel pass it, a name nobody registered does not."""

@@ -958,8 +958,12 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     def __init__(self, config: RelPosTransformerConfig, *inputs, **kwargs) -> None:
         """Validates `config` again (`RelPosTransformerConfig._validate_relpos`): its fields may have been set after
-        it was built, and a bad value would otherwise fail deep inside a layer's construction or forward pass."""
+        it was built, and a bad value would otherwise fail deep inside a layer's construction or forward pass. An
+        unknown `attn_implementation` is `check_kernel_name`'s error, which lists hf_relpos' kernels too (transformers'
+        own lists only its built-in ones)."""
         config._validate_relpos()
+        if isinstance(config._attn_implementation, str):
+            check_kernel_name(config._attn_implementation)
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
