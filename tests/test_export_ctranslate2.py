@@ -432,6 +432,27 @@ def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(to
     assert list((tmp_path / "out").iterdir()) == []
 
 
+def test_a_scheme_registered_in_other_code_is_refused_as_such_where_it_is_not_imported(tokenizer, tmp_path, capsys):
+    """hf-relpos-export has no --import_modules (CTranslate2 runs hf_relpos' own schemes only): a model of a scheme
+    registered elsewhere is one line saying so, not the advice to import the module that registers it."""
+    registry = dict(hf_relpos.POSITION_SCHEMES)
+    try:
+        hf_relpos.register_position_scheme("exported_elsewhere")(type("Elsewhere", (hf_relpos.PositionScheme,), {}))
+        config = hf_relpos.RelPosTransformerConfig(
+            position_scheme="exported_elsewhere", vocab_size=len(tokenizer), d_model=16, encoder_layers=1,
+            decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=16,
+            decoder_ffn_dim=16, **special_token_ids(tokenizer))
+        folder = save(hf_relpos.RelPosTransformerForConditionalGeneration(config), tokenizer, tmp_path / "model")
+    finally:   # as in a process that has not imported the module
+        hf_relpos.POSITION_SCHEMES.clear()
+        hf_relpos.POSITION_SCHEMES.update(registry)
+    (tmp_path / "out").mkdir()
+    error = export_error(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")], capsys)
+    assert error.startswith("hf-relpos-export: error: position_scheme 'exported_elsewhere' cannot be exported to "
+                            "CTranslate2: it is not one of hf_relpos' own schemes"), error
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_sampling_settings_are_refused(exported, tokenizer, tmp_path):
     """do_sample true is refused; set false, as generate's default, it exports."""
     model, _, _ = exported["absolute"]

@@ -49,7 +49,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
-from ..model.positions import sinusoids
+from ..model.positions import built_in_schemes, sinusoids
 from ..publish.files import expand_home, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
@@ -96,14 +96,20 @@ def import_ctranslate2() -> Any:
     return ctranslate2
 
 
-def check_exportable(config: RelPosTransformerConfig, generation: GenerationConfig | None = None) -> None:
-    """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
-    scheme = config.position_scheme
+def check_exportable_scheme(scheme: Any) -> None:
+    """Raises ExportError when CTranslate2 cannot express position scheme `scheme`."""
     if scheme in REFUSED_SCHEMES or scheme not in POSITION_EXPORTS:
-        reason = REFUSED_SCHEMES.get(scheme, "the exporter has no mapping for this scheme")
+        reason = REFUSED_SCHEMES.get(scheme, "the exporter has no mapping for this scheme" if scheme in built_in_schemes()
+                                     else "it is not one of hf_relpos' own schemes (registered in other code)")
         raise ExportError(f"position_scheme {scheme!r} cannot be exported to CTranslate2: {reason}; it exports "
                           f"{sorted(POSITION_EXPORTS)}, and hf-relpos-translate or the translation pipeline serve "
                           "this model as it is (PyTorch)")
+
+
+def check_exportable(config: RelPosTransformerConfig, generation: GenerationConfig | None = None) -> None:
+    """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
+    scheme = config.position_scheme
+    check_exportable_scheme(scheme)
     if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
         raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
                           "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
@@ -328,6 +334,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     check_new_output_dir(out_dir, setting="OUT_DIR")
+    saved, _ = RelPosTransformerConfig.get_config_dict(str(model_dir))
+    if (saved_scheme := saved.get("position_scheme", saved.get("attention_type"))) is not None:
+        check_exportable_scheme(saved_scheme)   # before the config, which a scheme registered elsewhere cannot build
     config = RelPosTransformerConfig.from_pretrained(model_dir)
     generation = _generation_config(model_dir)
     check_exportable(config, generation)
