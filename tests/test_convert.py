@@ -214,12 +214,16 @@ def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
     ("shaw", {"unknownfield": 1}, r"^unknownfield cannot be set in a conversion; settable: .*max_relative_position"),
     ("absolute", {"self_attention_window": 8}, r"^self_attention_window cannot be set in a conversion \(it changes "
                                                r"what the model computes, and a absolute conversion reproduces Marian"),
+    ("shaw", {"attn_implementation": "flex_attention"},
+     r"^attn_implementation is not saved with a model, so a conversion cannot set it: pass it when the converted "
+     r"folder is loaded"),
     ("shaw", {"keep_absolute_positions": True, "cross_attention_length_scaling": True},
      r"^cross_attention_length_scaling cannot be set in a conversion \(.* a shaw conversion with "
      r"keep_absolute_positions reproduces Marian\)"),
 ])
 def test_a_setting_a_conversion_cannot_take_is_one_error_naming_it(scheme, overrides, message):
-    """A generation setting (silently dropped before), a name the config does not know (written into config.json),
+    """A generation setting (silently dropped before), the kernel (accepted, then lost on saving: the folder loaded
+    on sdpa), a name the config does not know (written into config.json),
     and, where the conversion promises Marian's logits, a field that changes attention beyond the scheme (a window
     or length scaling changed them by up to 1.7)."""
     with pytest.raises(ValueError, match=message):

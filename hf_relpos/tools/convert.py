@@ -67,7 +67,11 @@ FIELDS_FROM_MARIAN = (
 # them, the chosen scheme's own fields, and for a plain switch to a relative scheme (which already changes what the
 # model computes) the fields that change attention beyond the scheme.
 OVERRIDABLE_FIELDS = ("dropout", "attention_dropout", "activation_dropout", "attention_dropout_kind", "init_std",
-                      "use_cache", "attn_implementation", "keep_absolute_positions")
+                      "use_cache", "keep_absolute_positions")
+# The attention kernel is not saved with a model: transformers picks it when the model is loaded.
+KERNEL_CHOICE = ("attn_implementation is not saved with a model, so a conversion cannot set it: pass it when the "
+                 "converted folder is loaded (from_pretrained(..., attn_implementation=...), --attn_implementation of "
+                 "hf-relpos-train and hf-relpos-translate), or call set_attn_implementation on the converted model")
 SWITCH_ONLY_FIELDS = ("self_attention_window", "cross_attention_length_scaling")
 # the files of a MarianMT folder's own tokenizer (MarianTokenizer), which its converted model keeps
 MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
@@ -92,6 +96,8 @@ def check_overridable(config_overrides: dict[str, Any], position_scheme: str) ->
     if not keeps_marian:
         allowed.update(SWITCH_ONLY_FIELDS)
     for name in config_overrides:
+        if name == "attn_implementation":
+            raise ValueError(KERNEL_CHOICE)
         if name in generation_settings and field_named(name) not in allowed:   # use_cache is a config field too
             raise ValueError(f"{name} is a generation setting, not a config field: the converted model keeps the "
                              "source's generation config; edit generation_config.json in the output folder")
