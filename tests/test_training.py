@@ -738,6 +738,9 @@ def test_plain_batch_size_and_a_rerun_needs_resume_or_overwrite(tmp_path, corpus
 
 
 # A position scheme of the user's own, in a module of its own (what --import_modules imports).
+HOW_SCHEMES_ARE_KNOWN = ("A scheme registered outside hf_relpos (@register_position_scheme('cli_headbias') in your own "
+                         "code) is known only in a process that has imported the module that registers it: import "
+                         "that module before the config or model is built or loaded (from_pretrained, pipeline)")
 USER_SCHEME_MODULE = """
 import torch
 from hf_relpos import AttentionTerms, PositionScheme, integer_field, register_position_scheme
@@ -772,9 +775,12 @@ def user_scheme_module(tmp_path, monkeypatch):
     hf_relpos.POSITION_SCHEMES.update(before)
 
 
-def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(user_scheme_module, tmp_path, corpus):
+def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(user_scheme_module, tmp_path, corpus,
+                                                                               capsys):
     """`--import_modules MODULE` imports the module that registers the scheme before the model fields are read: its
-    field is a flag, the run trains and saves, and the card's and run record's command carries the flag."""
+    field is a flag, the run trains and saves, and the card's and run record's command carries the flag. In a
+    process that has not imported it, translating or fine-tuning the saved model without the flag is one error that
+    names the flag."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=2, do_eval=False, do_predict=False)
     run([str(config), "--import_modules", user_scheme_module, "--model.position_scheme", "cli_headbias",
          "--model.cli_headbias_k", "3"])
@@ -785,6 +791,13 @@ def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(u
     assert command in (output_dir / "README.md").read_text(encoding="utf-8")
     del hf_relpos.POSITION_SCHEMES["cli_headbias"], sys.modules["cli_schemes"]   # a new process, as translating is
     (tmp_path / "src.txt").write_text("a small test\n", encoding="utf-8")
+    hint = "; with this command, name that module with --import_modules MODULE (a module or a .py file)"
+    with pytest.raises(SystemExit):
+        translate_main([str(output_dir), "src.txt", "--output", "hyp.txt"])
+    assert capsys.readouterr().err.endswith(f"got 'cli_headbias'. {HOW_SCHEMES_ARE_KNOWN}{hint}\n")
+    with pytest.raises(ConfigError) as refused:
+        parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--output_dir", str(tmp_path / "ft")])
+    assert str(refused.value).endswith(hint)
     translate_main([str(output_dir), "src.txt", "--output", "hyp.txt", "--import_modules", "cli_schemes.py"])
     assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 1
 

@@ -159,15 +159,22 @@ def stack_level_outside(module_roots: frozenset[str]) -> int:
     return level
 
 
+class UnregisteredSchemeError(ValueError):
+    """A `position_scheme` name that no imported module has registered."""
+
+
 def get_scheme_class(name: str) -> type[PositionScheme]:
-    """Registry lookup with an error that lists what is registered and, for a name, says that a scheme registered
-    outside hf_relpos exists in a process only once the module that registers it has been imported."""
-    if not isinstance(name, str) or name not in POSITION_SCHEMES:
-        unregistered = (f". A scheme registered outside hf_relpos (@register_position_scheme({name!r}) in your own "
-                        "code) is known only in a process that has imported the module that registers it: import "
-                        "that module before the config or model is built or loaded (from_pretrained, pipeline)"
-                        if isinstance(name, str) else "")
-        raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}{unregistered}")
+    """Registry lookup with an error that lists what is registered and, for a name (`UnregisteredSchemeError`),
+    says that a scheme registered outside hf_relpos exists in a process only once the module that registers it has
+    been imported."""
+    if not isinstance(name, str):
+        raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}")
+    if name not in POSITION_SCHEMES:
+        raise UnregisteredSchemeError(
+            f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}. A scheme registered outside "
+            f"hf_relpos (@register_position_scheme({name!r}) in your own code) is known only in a process that has "
+            "imported the module that registers it: import that module before the config or model is built or "
+            "loaded (from_pretrained, pipeline)")
     return POSITION_SCHEMES[name]
 
 

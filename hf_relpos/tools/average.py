@@ -28,7 +28,7 @@ from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHT
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.hub import CARD_FILE, add_translation_pipeline, folder_model_card
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, RUN_RECORD_FILE, training_record
-from ..translation.arguments import add_import_modules_argument, import_user_modules
+from ..translation.arguments import add_import_modules_argument, import_modules_hint, import_user_modules
 from ..translation.checkpoints import (
     CHECKPOINT_PATTERN,
     TRAINER_STATE_FILE,
@@ -177,7 +177,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         checkpoints = select_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n)
         written = average_checkpoints(checkpoints, len(checkpoints), args.output_dir)
     except (ValueError, OSError) as error:   # OutputDirError is a ValueError
-        parser.exit(2, f"{parser.prog}: error: {' '.join(str(error).split())}\n")
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
     print(f"averaged {len(checkpoints)} checkpoint(s) into {written}")
 
 

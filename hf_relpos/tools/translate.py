@@ -52,6 +52,7 @@ from ..translation.arguments import (
     add_import_modules_argument,
     attention_implementations,
     check_attn_implementation,
+    import_modules_hint,
     import_user_modules,
 )
 from ..translation.batching import cut_token_batches
@@ -429,7 +430,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             tokenizer = AutoTokenizer.from_pretrained(args.model)
             model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
-        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
+        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b",
                                                 "no_repeat_ngram_size") if (value := getattr(args, name)) is not None}
     if args.max_length is not None:

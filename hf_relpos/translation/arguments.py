@@ -34,7 +34,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 from ..model.attention_functions import check_dropout_kernel, check_kernel_name, registered_kernels
 from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
 from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
-from ..model.positions import POSITION_SCHEMES, scheme_config_fields
+from ..model.positions import POSITION_SCHEMES, UnregisteredSchemeError, scheme_config_fields
 from ..model.validation import (
     is_int_at_least,
     is_non_negative_number,
@@ -99,6 +99,16 @@ IMPORT_MODULES_HELP = ("Python modules imported before anything else (fairseq's 
                        "importable from the current directory or a .py file. Those that register position schemes "
                        "of your own (@register_position_scheme, docs/extending.md), whose names and fields the "
                        "arguments may then use and whose models may then load.")
+
+
+def import_modules_hint(error: BaseException) -> str:
+    """What the hf_relpos commands add to an error naming a scheme no imported module registered
+    (`UnregisteredSchemeError`, also as the cause of another): the flag that imports that module; else nothing."""
+    while error is not None:
+        if isinstance(error, UnregisteredSchemeError):
+            return f"; with this command, name that module with --{IMPORT_MODULES} MODULE (a module or a .py file)"
+        error = error.__cause__ or error.__context__
+    return ""
 
 
 def add_import_modules_argument(parser: argparse.ArgumentParser) -> None:
@@ -939,7 +949,7 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
             return model_args.model_config
         saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     except (ValueError, TypeError) as error:
-        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+        raise ConfigError(f"{MODEL_SECTION}: {error}{import_modules_hint(error)}") from None
     except OSError as error:
         raise ConfigError(f"model_name_or_path: {error}") from None
     requested = RelPosTransformerConfig.held_fields(
