@@ -304,7 +304,12 @@ def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, caps
         main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "rotary"])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err   # the flag named with its deprecated alias: --position_scheme/--attention_type
-    assert "argument --position_scheme/" in error and "invalid choice: 'rotary' (choose from" in error
+    assert "argument --position_scheme/--attention_type: position_scheme must be one of ['absolute', " in error
+    assert error.rstrip().endswith("got 'rotary'. A scheme registered outside hf_relpos (@register_position_scheme("
+                                   "'rotary') in your own code) is known only in a process that has imported the "
+                                   "module that registers it: import that module before the config or model is built "
+                                   "or loaded (from_pretrained, pipeline); with this command, name that module with "
+                                   "--import_modules MODULE (a module or a .py file)")
     assert main(["marian", str(marian_folder / "model"), str(output), "--position_scheme", "shaw",
                  "--set", "max_relative_position=-1"]) == 2
     assert "max_relative_position" in capsys.readouterr().err

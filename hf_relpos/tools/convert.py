@@ -41,10 +41,17 @@ from transformers.utils import CONFIG_NAME
 
 from ..model.configuration_relpos import RelPosTransformerConfig, field_named
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
-from ..model.positions import POSITION_SCHEMES, PositionContext, PositionScheme, sinusoids, warn_renamed
+from ..model.positions import (
+    POSITION_SCHEMES,
+    PositionContext,
+    PositionScheme,
+    get_scheme_class,
+    sinusoids,
+    warn_renamed,
+)
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.records import load_yaml
-from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_of
+from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import missing_local_folder
 from ..translation.safety import check_new_output_dir
 
@@ -297,6 +304,16 @@ def program_name() -> str:
     return "hf-relpos-convert" if Path(sys.argv[0]).name == "hf-relpos-convert" else "python -m hf_relpos.tools.convert"
 
 
+def scheme_name(text: str) -> str:
+    """A registered position scheme's name; else the registry's error, naming --import_modules for a scheme of
+    one's own."""
+    try:
+        get_scheme_class(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"{error}{import_modules_hint(error)}") from None
+    return text
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=program_name(),
@@ -314,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     marian.add_argument("output_dir", type=expand_home,
                         help="new folder for the converted model (must not exist or be empty)")
     marian.add_argument("--position_scheme", "--attention_type", action=DeprecatedLastOptionString, required=True,
-                        choices=sorted(POSITION_SCHEMES),
-                        help="position scheme of the converted model (--attention_type: its deprecated name)")
+                        type=scheme_name, metavar="SCHEME",
+                        help=f"position scheme of the converted model: one of {', '.join(sorted(POSITION_SCHEMES))}, "
+                             "or one that --import_modules registers (--attention_type: its deprecated name)")
     add_import_modules_argument(marian)
     marian.add_argument("--keep_absolute_positions", action="store_true",
                         help="keep Marian's sinusoidal positions and add the scheme on top of them, starting neutral "
