@@ -892,9 +892,11 @@ def test_no_package_module_unpickles_weights():
     """Weights are read with safetensors only: no torch.load / pickle anywhere in the package. (The Trainer itself
     torch.loads optimizer, scheduler and random states when resuming; that is training state, not weights.)"""
     offenders = []
-    for source in sorted(Path(hf_relpos.__file__).parent.glob("*.py")):
+    package = Path(hf_relpos.__file__).parent
+    for source in sorted(package.rglob("*.py")):
         text = source.read_text(encoding="utf-8")
-        offenders += [f"{source.name}: {match}" for match in re.findall(r"torch\.load\(|\bpickle\b|weights_only", text)]
+        offenders += [f"{source.relative_to(package)}: {match}"
+                      for match in re.findall(r"torch\.load\(|\bpickle\b|weights_only", text)]
     assert offenders == []
 
 
