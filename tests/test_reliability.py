@@ -387,7 +387,8 @@ def sigterm_in_step_3(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
         yield
 
 
-def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, corpus, monkeypatch):
+def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model(tmp_path, corpus, monkeypatch,
+                                                                                   capsys):
     """With `enable_jit_checkpoint` a SIGTERM (a scheduler ending the allocation) makes the Trainer save a checkpoint
     and stop; the run then ends with one error naming the checkpoint and how to resume, exit status 143, and writes no
     final model, scores, card or record that would present the stopped run as a finished one. Resumed, it finishes."""
@@ -397,10 +398,14 @@ def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model
     with sigterm_in_step_3(monkeypatch), pytest.raises(SystemExit) as exit_info:
         main([str(config)])
     assert exit_info.value.code == 143
-    assert [path.name for path in output_dir.iterdir() if path.name in ("model.safetensors", "config.json",
-            "run_record.json", "README.md", "test_results.json", "test_hypotheses.txt")] == []
     checkpoint = last_complete_checkpoint(output_dir)
     assert checkpoint is not None and 2 <= int(checkpoint.name.removeprefix("checkpoint-")) < 6
+    error_lines = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
+    assert len(error_lines) == 1 and re.fullmatch(
+        rf"train_translation.py: error: training was stopped by SIGTERM at step \d+ \(enable_jit_checkpoint\): "
+        rf"{checkpoint.name} is saved, .*; continue with --resume_from_checkpoint last", error_lines[0]), error_lines
+    assert [path.name for path in output_dir.iterdir() if path.name in ("model.safetensors", "config.json",
+            "run_record.json", "README.md", "test_results.json", "test_hypotheses.txt")] == []
     assert run([str(config), "--resume_from_checkpoint", "last"])["train"]["train_steps"] == 6
     assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 6
 
