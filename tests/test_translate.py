@@ -505,8 +505,12 @@ def test_an_output_folder_without_write_permission_is_one_error_before_the_model
 @pytest.mark.parametrize("through_link", [False, True])
 @pytest.mark.parametrize("flag", ["--input", "--reference"])
 def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_kept(memorised_model_folder, tmp_path,
-                                                                                    capsys, flag, through_link):
-    """Named as itself or through a link of its own (which then truncated the file unread)."""
+                                                                                    capsys, monkeypatch, flag,
+                                                                                    through_link):
+    """Named as itself or through a link of its own (which then truncated the file unread): one error line, before
+    the model loads."""
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before checking --output"))
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
     reference_file = write_lines(tmp_path / "ref.txt", ["a reference"])
     same = tmp_path / "." / (source_file if flag == "--input" else reference_file).name
@@ -517,7 +521,9 @@ def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_
         main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(reference_file),
               "--output", str(same)])
     assert exited.value.code == 2
-    assert f"is the {flag} file: the translations would replace it" in capsys.readouterr().err
+    assert capsys.readouterr().err.splitlines() == [
+        f"hf-relpos-translate: error: --output {str(same)!r} is the {flag} file: the translations would replace it; "
+        "write them to another file"]
     assert source_file.read_text(encoding="utf-8") == SOURCES[0] + "\n"
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 
