@@ -550,21 +550,29 @@ def test_output_dir_under_a_file_is_one_error_before_data_is_read(tmp_path, corp
     assert "is a file, not a folder" in completed.stderr
 
 
+@pytest.mark.parametrize("kind", ["folder", "link_to_nothing"])
 @pytest.mark.parametrize("name", ["test_results.json", "config.json", "README.md"])
-def test_a_folder_where_the_run_writes_a_file_is_one_error_before_training(tmp_path, corpus, name):
+def test_a_folder_where_the_run_writes_a_file_is_one_error_before_training(tmp_path, corpus, name, kind):
     """A folder in output_dir named as a file the run writes: config.json failed with IsADirectoryError after the
     whole training; test_results.json or README.md (a previous model's scores, card) was deleted with its contents
-    when the final model replaced them. Now the run names it before anything is written. A fresh run
-    (overwrite_output_dir) removes it with the rest of the previous run, as before."""
+    when the final model replaced them. A link to nothing named README.md (or config.json) was let through and the
+    card failed with FileNotFoundError after the training. Now the run names it before anything is written. A fresh
+    run (overwrite_output_dir) removes it with the rest of the previous run, as before."""
     output_dir = tmp_path / "out"
-    (output_dir / name).mkdir(parents=True)
+    output_dir.mkdir()
+    if kind == "folder":
+        (output_dir / name).mkdir()
+    else:
+        (output_dir / name).symlink_to(f"missing/{name}")
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1)
-    with pytest.raises(OutputDirError, match=re.escape(f"output_dir {str(output_dir)!r} holds a folder {name!r} where "
-                                                       "the run writes a file")):
+    described = "a folder" if kind == "folder" else "an entry that is not a file"
+    with pytest.raises(OutputDirError, match=re.escape(f"output_dir {str(output_dir)!r} holds {described} {name!r} "
+                                                       "where the run writes a file")):
         run([str(config)])
     assert sorted(path.name for path in output_dir.iterdir()) == [name]
     run([str(config), "--overwrite_output_dir", "true"])
-    assert not (output_dir / name).is_dir() and (output_dir / "train_results.json").is_file()
+    assert not (output_dir / name).is_dir() and not (output_dir / name).is_symlink()
+    assert (output_dir / "train_results.json").is_file()
 
 
 def test_read_only_output_dir_is_detected(tmp_path, monkeypatch):

@@ -159,14 +159,13 @@ def check_run_file_names(output_dir: str | os.PathLike) -> None:
     folder = Path(output_dir)
     if not folder.is_dir():
         return
-    for pattern in RUN_FILE_PATTERNS:
-        for path in sorted(folder.glob(pattern)):
-            if not path.is_file():   # through links: a link to a file is written through as before
-                kind = "a folder" if path.is_dir() else "an entry that is not a file"
-                raise OutputDirError(
-                    f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
-                    "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
-                    "removes it with the previous run)")
+    for path in matching_entries(folder, RUN_FILE_PATTERNS):
+        if not path.is_file():   # through links: a link to a file is written through as before
+            kind = "a folder" if path.is_dir() else "an entry that is not a file"
+            raise OutputDirError(
+                f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
+                "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
+                "removes it with the previous run)")
 
 
 def check_fresh_run_keeps(output_dir: str | os.PathLike, starts_from: dict[str, str | None]) -> None:
@@ -196,13 +195,19 @@ def remove_previous_run(output_dir: str | os.PathLike) -> list[str]:
 def remove_matching(folder: str | os.PathLike, patterns: Sequence[str]) -> list[str]:
     """Delete the files and folders of `folder` that match `patterns` (globs), pattern by pattern; returns their
     names."""
-    folder = Path(folder)
     removed = []
-    for pattern in patterns:
-        for path in sorted(folder.glob(pattern)):
-            if path.is_dir():
-                shutil.rmtree(path)
-            else:
-                path.unlink()
-            removed.append(path.name)
+    for path in matching_entries(folder, patterns):
+        if path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        removed.append(path.name)
     return removed
+
+
+def matching_entries(folder: str | os.PathLike, patterns: Sequence[str]) -> list[Path]:
+    """The entries of `folder` whose names match `patterns` (globs), pattern by pattern, links to nothing included
+    (`Path.glob` leaves out such a link when the pattern is a plain name, such as README.md)."""
+    folder = Path(folder)
+    entries = sorted(folder.iterdir()) if folder.is_dir() else []
+    return [path for pattern in patterns for path in entries if fnmatch.fnmatchcase(path.name, pattern)]
