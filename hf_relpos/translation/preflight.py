@@ -206,8 +206,9 @@ def remove_matching(folder: str | os.PathLike, patterns: Sequence[str]) -> list[
 
 
 def matching_entries(folder: str | os.PathLike, patterns: Sequence[str]) -> list[Path]:
-    """The entries of `folder` whose names match `patterns` (globs), pattern by pattern, links to nothing included
-    (`Path.glob` leaves out such a link when the pattern is a plain name, such as README.md)."""
+    """The entries of `folder` whose names match `patterns` (globs), pattern by pattern, each once, links to nothing
+    included (`Path.glob` leaves out such a link when the pattern is a plain name, such as README.md)."""
     folder = Path(folder)
     entries = sorted(folder.iterdir()) if folder.is_dir() else []
-    return [path for pattern in patterns for path in entries if fnmatch.fnmatchcase(path.name, pattern)]
+    return list(dict.fromkeys(path for pattern in patterns for path in entries
+                              if fnmatch.fnmatchcase(path.name, pattern)))
