@@ -535,3 +535,17 @@ def test_cpu_runs_do_not_pin_dataloader_memory(tmp_path, corpus, monkeypatch):
         monkeypatch.setattr(arguments_module.torch.accelerator, "is_available", lambda available=accelerator_available: available)
         *_, training_args = parse_arguments([str(config)])
         assert training_args.dataloader_pin_memory is accelerator_available
+
+
+def test_remove_matching_removes_each_entry_once_links_to_nothing_and_folder_links_included(tmp_path):
+    """An entry two patterns match is removed once; a link to nothing is found by a plain name (Path.glob skips it);
+    a link to a folder is unlinked, the folder kept."""
+    from hf_relpos.translation.preflight import remove_matching
+
+    (tmp_path / "tokenizer_config.json").write_text("{}")
+    (tmp_path / "README.md").symlink_to(tmp_path / "missing" / "README.md")
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "checkpoint-1").symlink_to(tmp_path / "kept", target_is_directory=True)
+    removed = remove_matching(tmp_path, ["tokenizer*.json", "*_config.json", "README.md", "checkpoint-*"])
+    assert removed == ["tokenizer_config.json", "README.md", "checkpoint-1"]
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["kept"]
