@@ -716,3 +716,17 @@ def test_the_fresh_set_reading_holds_in_its_records(report):
     assert sum(row[1] > 0 for row in differences) == 2 and all(row[2] > 0 for row in differences)
     assert ("a little lower at lengths 1-40 on average (at 21-40 two of the six score higher), higher at 41-80 (every "
             "one)" in page_text("docs/results.md"))
+
+
+def test_the_hybrid_validation_curve_reading_holds_in_the_record(report):
+    """docs/results.md: at the last step of the validation curve both hybrids end level with absolute kept, each
+    ahead of it on two seeds and behind on the third, their mean within the range of absolute kept's seeds."""
+    schemes = report.read(report.MARIAN_HYBRID)["schemes"]
+    final = {scheme: [seed["curve"][-1]["bleu"] for _, seed in sorted(entry["seeds"].items())]
+             for scheme, entry in schemes.items()}
+    kept = final["absolute"]
+    for hybrid in ("shaw+absolute", "xl+absolute"):
+        assert sum(value > reference for value, reference in zip(final[hybrid], kept, strict=True)) == 2, hybrid
+        assert min(kept) <= statistics.mean(final[hybrid]) <= max(kept), hybrid
+    assert ("where both end level with it (each a little ahead of it on two seeds and behind on the third, within the "
+            "spread of its seeds)" in page_text("docs/results.md"))
