@@ -95,11 +95,15 @@ def test_an_installed_command_names_itself_in_usage_and_errors(name, tmp_path):
     assert "train_translation.py" not in completed.stderr and "python -m" not in completed.stderr
 
 
-@pytest.mark.parametrize(("argv0", "script"), [("/venv/bin/hf-relpos-train", "hf-relpos-train"),
-                                               ("train_translation.py", "train_translation.py")])
+@pytest.mark.parametrize(("argv0", "script"), [
+    ("/venv/bin/hf-relpos-train", "hf-relpos-train"), ("train_translation.py", "train_translation.py"),
+    ("../train_translation.py", "../train_translation.py"),
+    (str(REPO / "hf_relpos" / "translation" / "training.py"), "hf_relpos.translation.training"),
+])
 def test_the_help_launches_the_command_it_was_started_as_under_accelerate(argv0, script):
     """The help's `accelerate launch` example runs the program it names: a console script after `--no_python`, as
-    accelerate would otherwise run `python hf-relpos-train` (no such file in the working directory)."""
+    accelerate would otherwise run `python hf-relpos-train` (no such file in the working directory), the script by
+    the path it was started by, the module (`python -m`) after `-m`."""
     from accelerate.commands.launch import launch_command_parser
 
     code = f"import sys; sys.argv[0] = {argv0!r}; from hf_relpos.translation import arguments; print(arguments.EPILOG)"
@@ -108,6 +112,7 @@ def test_the_help_launches_the_command_it_was_started_as_under_accelerate(argv0,
     example = next(line.split()[2:] for line in completed.stdout.splitlines() if "accelerate launch" in line)
     launched = launch_command_parser().parse_args(example)
     assert launched.training_script == script and bool(launched.no_python) == (script == "hf-relpos-train")
+    assert bool(launched.module) == (script == "hf_relpos.translation.training")
 
 
 def test_the_training_module_runs_as_a_program():

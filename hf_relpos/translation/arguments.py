@@ -453,7 +453,7 @@ examples:
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --max_steps 1000 --model.dropout 0.2
   {PROGRAM} configs/wmt14_en_de_base_shaw.yaml --resume_from_checkpoint last
   {PROGRAM} configs/demo.yaml --model_name_or_path outputs/demo --do_train false --output_dir outputs/demo_eval
-  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {accelerate_program(PROGRAM.removeprefix("python "))} configs/NAME.yaml
+  accelerate launch --config_file configs/accelerate/multi_gpu.yaml {accelerate_program(started_program())} configs/NAME.yaml
 
 See docs/training.md for every recipe."""
 
