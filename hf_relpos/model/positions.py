@@ -160,7 +160,9 @@ def stack_level_outside(module_roots: frozenset[str]) -> int:
 
 
 class UnregisteredSchemeError(ValueError):
-    """A `position_scheme` name that no imported module has registered."""
+    """A `position_scheme` name (`scheme`) that no imported module has registered."""
+
+    scheme: str
 
 
 def get_scheme_class(name: str) -> type[PositionScheme]:
@@ -170,11 +172,13 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
     if not isinstance(name, str):
         raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}")
     if name not in POSITION_SCHEMES:
-        raise UnregisteredSchemeError(
+        error = UnregisteredSchemeError(
             f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}. A scheme registered outside "
             f"hf_relpos (@register_position_scheme({name!r}) in your own code) is known only in a process that has "
             "imported the module that registers it: import that module before the config or model is built or "
             "loaded (from_pretrained, pipeline)")
+        error.scheme = name
+        raise error
     return POSITION_SCHEMES[name]
 
 

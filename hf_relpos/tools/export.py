@@ -49,7 +49,7 @@ from transformers import AutoTokenizer, GenerationConfig
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
-from ..model.positions import built_in_schemes, sinusoids
+from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
 from ..publish.files import expand_home, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
@@ -334,10 +334,11 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     if quantization is not None and quantization not in QUANTIZATIONS:
         raise ExportError(f"quantization must be one of {list(QUANTIZATIONS)}, got {quantization!r}")
     check_new_output_dir(out_dir, setting="OUT_DIR")
-    saved, _ = RelPosTransformerConfig.get_config_dict(str(model_dir))
-    if (saved_scheme := saved.get("position_scheme", saved.get("attention_type"))) is not None:
-        check_exportable_scheme(saved_scheme)   # before the config, which a scheme registered elsewhere cannot build
-    config = RelPosTransformerConfig.from_pretrained(model_dir)
+    try:
+        config = RelPosTransformerConfig.from_pretrained(model_dir)
+    except UnregisteredSchemeError as error:   # a scheme registered in code this process has not imported
+        check_exportable_scheme(error.scheme)
+        raise
     generation = _generation_config(model_dir)
     check_exportable(config, generation)
     position_table = POSITION_EXPORTS[config.position_scheme].position_table
