@@ -25,7 +25,7 @@ from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 
 from ..publish.files import move_folder_contents, owned_prefix, remove_abandoned
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments
-from .data import DEMO_DATASET_NAME, DataArguments
+from .data import DataArguments
 from .tokenization import (
     MIN_FREQUENCY,
     TOKENIZER_FILE,
@@ -53,7 +53,7 @@ def describe_training_data(data_args: DataArguments) -> str:
     """Where the training pairs come from, in words (recorded with a trained tokenizer)."""
     if data_args.train_file:
         origin = f"train_file {str(Path(data_args.train_file).resolve())!r}"
-    elif data_args.dataset_name == DEMO_DATASET_NAME:
+    elif data_args.uses_demo_corpus:
         origin = f"demo corpus (demo_seed {data_args.demo_seed}, {data_args.demo_train_pairs} pairs)"
     else:
         origin = f"dataset {data_args.dataset_name!r} ({data_args.dataset_config_name})"
