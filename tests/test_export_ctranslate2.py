@@ -569,6 +569,38 @@ def test_a_converted_marian_model_without_a_bos_token_exports_and_translates_as_
     assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
 
 
+def test_a_model_without_a_decoder_start_token_exports_and_translates_as_generate(tokenizer, tmp_path):
+    """decoder_start_token_id None: generate starts from bos_token_id, and so does the export (it once failed with
+    `TypeError: list indices must be integers or slices, not NoneType`)."""
+    model = tiny_translation_model(tokenizer, "shaw", steps=0)
+    model.config.decoder_start_token_id = model.generation_config.decoder_start_token_id = None
+    folder = export_ctranslate2(save(model, tokenizer, tmp_path / "model"), tmp_path / "ct2")
+    inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = model.generate(**inputs, num_beams=1)
+    assert expected[0, 0] == model.config.bos_token_id
+    assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
+
+
+@pytest.mark.parametrize(("ids", "message"), [
+    (dict(eos_token_id=None), "eos_token_id None cannot be exported"),
+    (dict(decoder_start_token_id=None, bos_token_id=None), "decoder_start_token_id None with bos_token_id None"),
+])
+def test_a_model_without_an_end_or_start_token_is_refused_before_anything_is_written(tokenizer, tmp_path, capsys, ids,
+                                                                                      message):
+    config = hf_relpos.RelPosTransformerConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, position_scheme="shaw",
+        **{**special_token_ids(tokenizer), **ids})
+    folder = save(hf_relpos.RelPosTransformerForConditionalGeneration(config), tokenizer, tmp_path / "model")
+    (tmp_path / "out").mkdir()
+    with pytest.raises(ExportError, match="^" + message):
+        export_ctranslate2(folder, tmp_path / "out" / "ct2")
+    assert export_error(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")], capsys).startswith(
+        f"hf-relpos-export: error: {message}")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_a_missing_engine_names_the_extra_and_writes_nothing(exported, tmp_path, monkeypatch, capsys):
     monkeypatch.setitem(sys.modules, "ctranslate2", None)  # importing it now raises ImportError
     assert export_error(["ctranslate2", str(exported["none"][1]), str(tmp_path / "ct2")], capsys) == (

@@ -117,6 +117,12 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
         raise ExportError(f"keep_absolute_positions with position_scheme {scheme!r} cannot be exported to "
                           "CTranslate2: it adds no position table to the embeddings of a model with relative attention "
                           "(a model whose sinusoids are faded out, absolute_positions_scale 0, exports)")
+    if config.eos_token_id is None:
+        raise ExportError("eos_token_id None cannot be exported to CTranslate2: the engine decodes up to an end token, "
+                          "and the model names none")
+    if config.decoder_start_token_id is None and config.bos_token_id is None:
+        raise ExportError("decoder_start_token_id None with bos_token_id None cannot be exported to CTranslate2: the "
+                          "engine's decoder starts from one of them, and the model names neither")
     if config.activation_function not in ACTIVATIONS:
         raise ExportError(f"activation_function {config.activation_function!r} cannot be exported to CTranslate2, "
                           f"which computes {sorted(ACTIVATIONS)}")
@@ -253,11 +259,12 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
     spec = transformer_spec.TransformerSpec(encoder_spec, decoder_spec)
     spec.config.layer_norm_epsilon = float(model.get_encoder().layers[0].final_layer_norm.eps)
     spec.config.unk_token = unk_token if unk_token in tokens else tokens[config.pad_token_id]
-    # the decoder starts from decoder_start_token; a model without a bos token (MarianConfig's default) names that
-    spec.config.bos_token = tokens[config.decoder_start_token_id if config.bos_token_id is None
-                                   else config.bos_token_id]
+    # the decoder starts from decoder_start_token_id, else (as generate) from bos_token_id; a model without a bos token
+    # (MarianConfig's default) names the start token as the engine's bos token
+    start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
+    spec.config.bos_token = tokens[start if config.bos_token_id is None else config.bos_token_id]
     spec.config.eos_token = tokens[config.eos_token_id]
-    spec.config.decoder_start_token = tokens[config.decoder_start_token_id]
+    spec.config.decoder_start_token = tokens[start]
     spec.register_source_vocabulary(tokens)
     spec.register_target_vocabulary(tokens)
     return spec
