@@ -70,6 +70,15 @@ def test_relative_embeddings_with_keys_only_and_without_tables():
         relative_similarities(tiny_model("xl"))
 
 
+@pytest.mark.parametrize("plot", [plot_attention_maps, plot_relative_embeddings])
+def test_an_encoder_without_layers_is_one_error_naming_encoder_layers(plot):
+    """encoder_layers 0: one ValueError (it was torch.stack's "expects a non-empty TensorList", or matplotlib's
+    "Number of columns must be a positive integer")."""
+    args = ([3, 4, 5],) if plot is plot_attention_maps else ()
+    with pytest.raises(ValueError, match=r"^the encoder of this model has no layers \(encoder_layers 0\)"):
+        plot(tiny_model("shaw", encoder_layers=0), *args)
+
+
 def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path):
     tokenizer = train_joint_tokenizer(["the dog sees the cat", "der Hund sieht die Katze"] * 5, vocab_size=296)
     model = tiny_model("shaw", vocab_size=len(tokenizer))

@@ -44,10 +44,14 @@ def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
 
 
 def _stack(model: nn.Module, stack: str) -> nn.Module:
-    """The encoder or decoder stack of a model with a head (`model.model`) or of a base model."""
+    """The encoder or decoder stack of a model with a head (`model.model`) or of a base model; one without layers
+    (`encoder_layers` 0) is a ValueError, as it has nothing to plot."""
     base = getattr(model, "model", model)
     if not hasattr(base, stack):
         raise ValueError(f"{type(model).__name__} has no {stack} stack")
+    if len(getattr(base, stack).layers) == 0:
+        raise ValueError(f"the {stack} of this model has no layers ({stack}_layers 0): it has no attention or "
+                         "relative tables to plot")
     return getattr(base, stack)
 
 
