@@ -65,7 +65,7 @@ from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.tokenization import wrap_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
-PAD, EOS, BOS, UNK = 0, 1, 2, 3
+PAD, EOS, BOS = 0, 1, 2
 SPECIAL_TOKENS = ["<pad>", "</s>", "<s>", "<unk>"]
 SYMBOLS = list(string.ascii_lowercase)
 VOCAB_SIZE = len(SPECIAL_TOKENS) + len(SYMBOLS)

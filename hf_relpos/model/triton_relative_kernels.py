@@ -218,12 +218,12 @@ def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query
 
 
 @triton.jit
-def program_block(heads, max_distance, SCALES, BLOCK: tl.constexpr):
-    """This program's first row (or key) index, b H + h, b, h, 2k + 1, c, 1 / (1 - p) and log2(e) (the scales in the
+def program_block(heads, SCALES, BLOCK: tl.constexpr):
+    """This program's first row (or key) index, b H + h, b, h, c, 1 / (1 - p) and log2(e) (the scales in the
     accumulation dtype: a float argument would reach the kernel as float32)."""
     bh = tl.program_id(1)
-    return (tl.program_id(0) * BLOCK, bh, bh // heads, bh % heads, 2 * max_distance + 1, tl.load(SCALES),
-            tl.load(SCALES + 1), tl.load(SCALES + 2))
+    return (tl.program_id(0) * BLOCK, bh, bh // heads, bh % heads, tl.load(SCALES), tl.load(SCALES + 1),
+            tl.load(SCALES + 2))
 
 
 @triton.jit
@@ -294,7 +294,7 @@ def relative_forward_kernel(
 ):
     """One query block of one (b, h): the online softmax over its key tiles beyond -k, beyond +k, then those that
     meet the band, with the masses M by distance kept as two edge row sums until the band tiles."""
-    first_row, bh, b, h, R, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_M)
+    first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
@@ -403,7 +403,7 @@ def relative_backward_keys_kernel(
 ):
     """dk, dv of one key block of one (b, h), over the query blocks that may attend to it: those that see its keys
     beyond +k (the first ones), beyond -k (the last ones), then those whose tile meets the band."""
-    first_col, bh, b, h, _, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_N)
+    first_col, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_N)
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
@@ -482,7 +482,7 @@ def relative_backward_queries_kernel(
 ):
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
     its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then)."""
-    first_row, bh, b, h, R, scaling, keep_scale, log2e = program_block(heads, max_distance, SCALES, BLOCK_M)
+    first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
