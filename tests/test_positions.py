@@ -454,6 +454,8 @@ CASES = [
     ("directional", naive_directional, {}),
     ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"]}),
     ("directional", naive_directional, {"directional_disable_diagonal": False}),
+    ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"],
+                                        "directional_disable_diagonal": False}),
     ("absolute", naive_absolute, {}),
     ("none", naive_absolute, {}),
     ("alibi", naive_alibi, {}),
