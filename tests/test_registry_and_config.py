@@ -477,6 +477,20 @@ def test_shaw_tables_start_at_relative_embedding_init_std_or_tensor2tensor_scale
             assert tables.mean().abs().item() < expected * 0.1
 
 
+def test_shaw_tables_are_drawn_at_exactly_the_tensor2tensor_std():
+    """The null std is sqrt(2 / (2k + 1 + d_z)) itself: the tables are the normals torch draws at that std from the same
+    seed. (At k = 64 the sampled std above cannot tell a fan of 2k + d_z, the 1 dropped, from the right one.)"""
+    k, head_dim = 1, 2
+    config = tiny_config(d_model=8, encoder_attention_heads=4, decoder_attention_heads=4, max_relative_position=k)
+    scheme = positions.get_scheme_class("shaw")(config, 2, 4, head_dim, is_causal=False)
+    torch.manual_seed(0)
+    scheme.init_parameters(std=0.05)
+    torch.manual_seed(0)
+    std = math.sqrt(2 / (2 * k + 1 + head_dim))
+    for tables in (scheme.relative_keys, scheme.relative_values):
+        assert torch.equal(tables.detach(), torch.empty_like(tables).normal_(0.0, std))
+
+
 def test_unknown_scheme_error_lists_the_registered_ones():
     with pytest.raises(ValueError) as error:
         tiny_config("sandwich")
