@@ -88,6 +88,17 @@ def test_flex_and_sdpa_drop_the_same_keys_as_eager(scheme, reference_kernel):
     assert max_difference(eager, train_step(scheme, "eager", seed=6)) > 1e-3
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("scheme", ["alibi", "absolute"])
+def test_sdpa_drops_the_probabilities_as_eager_does(scheme):
+    """attention_dropout_kind "probabilities" on sdpa itself (a dense score bias, and none): the probabilities are
+    dropped after the softmax as eager drops them, logits and every gradient equal eager's at 1e-12 under the same
+    seed (the CPU's SDPA draws its mask as nn.functional.dropout does), and the drop is real."""
+    eager = train_step(scheme, "eager", attention_dropout_kind="probabilities")
+    assert max_difference(eager, train_step(scheme, "sdpa", attention_dropout_kind="probabilities")) < TOLERANCE
+    assert max_difference(eager, train_step(scheme, "eager", attention_dropout=0.0)) > 1e-3
+
+
 def test_the_dropped_fraction_is_p_and_masks_vary_with_seed_and_position():
     """Over 2 x 8 x 256 x 256 scores the dropped fraction is p within 5 standard deviations; each (batch, head)
     slice, query row and key column has its own pattern; another seed gives another mask; a seed gives one mask."""
