@@ -813,6 +813,23 @@ def test_the_decoder_mask_of_the_new_tokens_or_of_all_tokens_is_taken_with_a_cac
                   decoder_attention_mask=torch.ones(2, 2), cache=copy.deepcopy(prefix.cache))
 
 
+def test_a_decoder_mask_of_the_new_tokens_puts_the_cached_tokens_before_them():
+    """Cached decoding with a mask of the new tokens only, one of them padding: the cached tokens count as tokens
+    before the new ones, so the last logits equal the uncached call's under the mask ones (cached) + the new tokens'
+    mask (float64, 1e-12)."""
+    model = tiny_model("shaw", seed=1).double().eval()
+    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = input_ids[:, :5]
+    new_tokens_mask = torch.tensor([[1, 1, 1], [0, 1, 1]])
+    with torch.no_grad():
+        full = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids,
+                     decoder_attention_mask=torch.cat([torch.ones(2, 2, dtype=torch.long), new_tokens_mask], 1))
+        prefix = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids[:, :2], use_cache=True)
+        step = model(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_input_ids[:, 2:],
+                     decoder_attention_mask=new_tokens_mask, cache=prefix.cache)
+    assert (step.logits[:, -1] - full.logits[:, -1]).abs().max() < 1e-12
+
+
 @pytest.mark.parametrize(("inputs", "message"), [
     (lambda ids: dict(input_ids=ids[0], decoder_input_ids=ids),
      r"the encoder's input_ids must be a \[batch, length\] tensor of integer token ids, got shape \[7\]"),
