@@ -233,3 +233,14 @@ def test_an_example_that_fits_only_unpadded_is_refused_when_padded():
         check_examples_fit([40], [30], max_tokens=50, length_multiple=64)
     with pytest.raises(ValueError, match="padded to 64"):
         TokenBudgetBatchSampler([40], [30], max_tokens=50, length_multiple=64)
+
+
+def test_an_example_exactly_as_long_as_the_budget_fits_in_a_batch_of_its_own():
+    """The budget is inclusive (n x longest <= max_tokens): a pair whose longer side, padded, is max_tokens is
+    accepted and batched alone; one token more is refused."""
+    check_examples_fit([50], [20], max_tokens=50)
+    check_examples_fit([30], [40], max_tokens=64, length_multiple=64)
+    sampler = TokenBudgetBatchSampler([50, 10, 12], [20, 50, 3], max_tokens=50, shuffle=False)
+    assert list(sampler) == [[1], [2], [0]]   # sorted by source length; 1 and 0 are 50 long, 2 joins neither
+    with pytest.raises(ValueError, match=r"max_tokens_per_batch=50 is smaller than 1 training pair"):
+        check_examples_fit([51], [20], max_tokens=50)
