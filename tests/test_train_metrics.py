@@ -42,9 +42,20 @@ def test_decoding_ignores_padding_and_special_tokens():
     assert decode_token_ids(rows, tokenizer) == ["Der Hund", "die Katze."]
 
 
+def test_decoding_strips_the_space_of_a_lone_word_boundary_piece():
+    """A generated lone "▁" first or last decodes to a leading or trailing space, which the scored text drops."""
+    tokenizer = train_joint_tokenizer(["Der Hund sieht die Katze."] * 5, vocab_size=316)
+    space = tokenizer.convert_tokens_to_ids("▁")
+    words = tokenizer("Der Hund", add_special_tokens=False)["input_ids"]
+    rows = np.array([[0, space, *words, 1, -100], [0, *words, space, 1, -100]])
+    assert tokenizer.batch_decode(rows[:, :-1].tolist(), skip_special_tokens=True) == [" Der Hund", "Der Hund "]
+    assert decode_token_ids(rows, tokenizer) == ["Der Hund", "Der Hund"]
+
+
 def test_generated_lengths_stop_at_the_first_end_token():
-    rows = np.array([[2, 7, 8, 1, 1, 1], [2, 7, 1, 0, 0, 0], [2, 7, 8, 9, -100, -100], [2, 7, 8, 9, 10, 11]])
-    assert generated_lengths(rows, eos_token_id=1, pad_token_id=0).tolist() == [2, 1, 3, 5]
+    rows = np.array([[2, 7, 8, 1, 1, 1], [2, 7, 1, 0, 0, 0], [2, 7, 8, 9, -100, -100], [2, 7, 8, 9, 10, 11],
+                     [2, 7, 8, 0, 0, 0]])   # the last: a finished row filled with pad, no end token
+    assert generated_lengths(rows, eos_token_id=1, pad_token_id=0).tolist() == [2, 1, 3, 5, 2]
 
 
 def moses_paired_bootstrap(baseline, system, references, resamples):
