@@ -930,13 +930,15 @@ def test_an_averaged_folder_keeps_the_run_record_without_the_scores_of_the_runs_
     shutil.copytree(trained_folder, run_dir)
     record = RunRecord.from_json(json.loads(with_run_record(run_dir).joinpath(RUN_RECORD_FILE).read_text()))
     record.scores = scores_from_results(hub.load_results(run_dir))
+    record.metrics = {"long": {"accuracy": 0.5, "bleu": 20.0}}   # measured on the final weights too
     (run_dir / RUN_RECORD_FILE).write_text(json.dumps(record.to_json()))
     for step in (1, 2):
         shutil.copytree(trained_folder, run_dir / f"checkpoint-{step}", ignore=shutil.ignore_patterns("*_results.json"))
         TrainerState(global_step=step).save_to_json(str(run_dir / f"checkpoint-{step}" / "trainer_state.json"))
     averaged = training_record(average_checkpoints(run_dir, 2, tmp_path / "averaged"))
-    assert record.scores and averaged.scores == {}
-    assert averaged == dataclasses.replace(record, scores={})   # languages, BLEU tokenization and recipe kept
+    assert record.scores and averaged.scores == {} and averaged.metrics == {}
+    # languages, BLEU tokenization and recipe kept
+    assert averaged == dataclasses.replace(record, scores={}, metrics={})
 
 
 def test_the_hub_guide_lists_every_code_file_a_push_uploads(output_folder):

@@ -827,13 +827,19 @@ def save_checkpoint(model: RelPosTransformerForConditionalGeneration, folder: Pa
     TrainerState(global_step=int(folder.name.rpartition("-")[2])).save_to_json(str(folder / "trainer_state.json"))
 
 
+# what a Trainer checkpoint holds besides the model's files (trainer_state.json aside): none belongs in a model folder
+TRAINER_ONLY_FILES = ("optimizer.pt", "scheduler.pt", "scaler.pt", "rng_state.pth", "rng_state_1.pth",
+                      "training_args.bin")
+
+
 def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     """A finished run's folder: the checkpoints, and the final model at the top level (which is not averaged)."""
     run_dir = tmp_path / "run"
     models = [tiny_model(seed) for seed in range(4)]
     for step, model in zip((100, 200, 300, 1000), models, strict=True):
         save_checkpoint(model, run_dir / f"checkpoint-{step}")
-        (run_dir / f"checkpoint-{step}" / "optimizer.pt").write_bytes(b"not copied")
+        for trainer_file in TRAINER_ONLY_FILES:
+            (run_dir / f"checkpoint-{step}" / trainer_file).write_bytes(b"not copied")
     tiny_model(99).save_pretrained(run_dir)
     averaged_dir = average_checkpoints(run_dir, last_n=3, output_dir=tmp_path / "averaged")
     averaged = RelPosTransformerForConditionalGeneration.from_pretrained(averaged_dir)
@@ -841,7 +847,7 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     for name, parameter in averaged.named_parameters():
         expected = (newest[0][name] + newest[1][name] + newest[2][name]) / 3
         torch.testing.assert_close(parameter, expected, rtol=0, atol=1e-6)
-    assert not (averaged_dir / "optimizer.pt").exists()
+    assert not any((averaged_dir / trainer_file).exists() for trainer_file in (*TRAINER_ONLY_FILES, "trainer_state.json"))
     provenance = json.loads((averaged_dir / "averaged_checkpoints.json").read_text())
     assert [Path(path).name for path in provenance["checkpoints"]] == ["checkpoint-200", "checkpoint-300",
                                                                         "checkpoint-1000"]
