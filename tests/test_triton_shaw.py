@@ -26,7 +26,7 @@ from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model import attention_functions, triton_relative
-from hf_relpos.model.positions import aligned_width
+from hf_relpos.model.positions import RelativeBias, RelativeValues, aligned_width
 from hf_relpos.model.triton_relative import dropout_keep_mask, dropout_rate, relative_attention
 
 DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
@@ -677,6 +677,29 @@ def test_other_schemes_and_cross_attention_run_on_sdpa(triton_calls):
         triton_logits, _ = run_model(model, "relpos_triton", seq2seq_batch(), backward=False)
         torch.testing.assert_close(triton_logits, sdpa_logits, rtol=0, atol=1e-12)
     assert triton_calls == []
+
+
+def test_the_kernel_takes_only_one_clip_and_offset_and_masks_of_padding_ranges():
+    """What the kernel reads is one k and one query offset for a^K and a^V, and one key range per sequence:
+    terms clipped at different k or offsets (a user scheme's) and a mask per head are not its calls (None: they run on
+    sdpa), while a^K and a^V of one clip, and a padding mask shared by the heads, are."""
+    def bias(k, offset):
+        return RelativeBias(table=torch.zeros(1, 1, 3, 2 * k + 1), bucket=None, key_length=3, clip_distance=k,
+                            query_offset=offset)
+
+    def values(k, offset):
+        return RelativeValues(torch.zeros(2 * k + 1, 4), k, offset, torch.zeros(3, 3, dtype=torch.long), True)
+
+    assert attention_functions.triton_clipped_terms(bias(2, 1), values(2, 1)) == (2, 1)
+    assert attention_functions.triton_clipped_terms(bias(2, 1), values(3, 1)) is None
+    assert attention_functions.triton_clipped_terms(bias(2, 0), values(2, 1)) is None
+    padding = torch.ones(2, 1, 3, 3, dtype=torch.bool)
+    padding[1, ..., 2] = False
+    ranges = triton_relative.key_ranges(padding, 2, 3, 3, 0, False, torch.device("cpu"))
+    assert [bound.tolist() for bound in ranges] == [[0, 0], [3, 2]]
+    per_head = padding.expand(2, 2, 3, 3).clone()
+    per_head[0, 1, :, 0] = False
+    assert triton_relative.key_ranges(per_head, 2, 3, 3, 0, False, torch.device("cpu")) is None
 
 
 @pytest.mark.numerics
