@@ -5,6 +5,7 @@ every kernel, with and without padding, in the encoder, the decoder and a cached
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import pytest
@@ -26,7 +27,7 @@ from hf_relpos.model.positions import (
     get_scheme_class,
     times_table,
 )
-from hf_relpos.model.positions_t5 import relative_position_bucket
+from hf_relpos.model.positions_t5 import last_bucket_from, relative_position_bucket
 
 pytestmark = pytest.mark.numerics
 
@@ -565,6 +566,20 @@ def test_t5_relative_position_bucket_matches_the_paper_loop_and_transformers(bid
     for offset, bucket in zip(relative_position[:, 0].tolist(), buckets[:, 0].tolist(), strict=True):
         assert bucket == t5_bucket_by_loop(offset, bidirectional, num_buckets, max_distance), offset
     assert 0 <= buckets.min() and buckets.max() < num_buckets
+
+
+@pytest.mark.parametrize("num_buckets, max_distance", [(32, 128), (8, 5), (16, 64), (5, 7)])
+@pytest.mark.parametrize("bidirectional", [True, False], ids=["bidirectional", "unidirectional"])
+def test_t5s_far_regions_begin_where_each_halfs_last_bucket_begins(bidirectional, num_buckets, max_distance):
+    """`last_bucket_from` is the smallest D >= 1 from which every offset of a sign has the bucket of sign x
+    max_distance: the fused path's band stops there (a later D is exact too, but forms diagonals it need not)."""
+    bucket_of = functools.partial(relative_position_bucket, bidirectional=bidirectional, num_buckets=num_buckets,
+                                  max_distance=max_distance)
+    for sign in (-1, 1):
+        first = last_bucket_from(bucket_of, max_distance, sign)
+        offsets = sign * torch.arange(first, max_distance + 1000)
+        assert torch.equal(bucket_of(offsets), bucket_of(torch.full_like(offsets, sign * max_distance)))
+        assert first == 1 or bucket_of(torch.tensor(sign * (first - 1))) != bucket_of(torch.tensor(sign * max_distance))
 
 
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
