@@ -859,6 +859,22 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
         average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")
 
 
+def test_folders_listed_are_averaged_themselves_even_when_they_hold_checkpoints(tmp_path):
+    """Two training output folders listed (the final models of two runs) average their own weights, not the
+    checkpoint-<step> folders inside the first."""
+    runs = []
+    for seed in (0, 1):
+        run_dir = tmp_path / f"run{seed}"
+        tiny_model(seed).save_pretrained(run_dir)
+        save_checkpoint(tiny_model(10 + seed), run_dir / "checkpoint-100")
+        runs.append(run_dir)
+    averaged = load_file(average_checkpoints(runs, None, tmp_path / "averaged") / "model.safetensors")
+    first, second = (load_file(run_dir / "model.safetensors") for run_dir in runs)
+    assert averaged.keys() == first.keys()
+    for name, tensor in averaged.items():
+        torch.testing.assert_close(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)
+
+
 def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsys):
     """Folders listed are all averaged unless --last_n picks the newest of them."""
     folders = []
