@@ -244,3 +244,10 @@ def test_an_example_exactly_as_long_as_the_budget_fits_in_a_batch_of_its_own():
     assert list(sampler) == [[1], [2], [0]]   # sorted by source length; 1 and 0 are 50 long, 2 joins neither
     with pytest.raises(ValueError, match=r"max_tokens_per_batch=50 is smaller than 1 training pair"):
         check_examples_fit([51], [20], max_tokens=50)
+
+
+def test_a_batch_split_for_the_processes_is_halved():
+    """Ten pairs of 10 tokens at 40 tokens a batch cut into 4 + 4 + 2; for two processes the largest is halved (2 + 2),
+    not one example split off, so the two halves cost about the same."""
+    sampler = TokenBudgetBatchSampler([10] * 10, [10] * 10, max_tokens=40, num_processes=2, shuffle=False)
+    assert [len(batch) for batch in sampler] == [2, 2, 4, 2]
