@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 
 import pytest
@@ -541,6 +542,33 @@ def test_scheme_matches_naive_equations_at_randomized_positions(position_scheme,
     positions = key_positions.tolist()
     expected = reference(scheme, 1, q, k, v, allowed, positions[offset:], positions)
     assert (fast - expected).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_shaws_value_term_sees_the_dropped_probabilities(kernel):
+    """Attention dropout (kind "probabilities") drops alpha_ij in both of eq. 3's terms: z_i = sum_j alpha'_ij (v_j +
+    a^V_ij), alpha' = nn.functional.dropout(alpha) under the same seed."""
+    attention, scheme = make_attention("shaw", False, kernel, attention_dropout=0.4)
+    attention.train()
+    q, k, v = inputs(6, 6)
+    context = scheme.prepare(PositionContext(6, 6, 0, None, q.device, q.dtype))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        output, _ = attention.attend(q, k, v, None, scheme, context, False)
+    kmax = scheme.max_relative_position
+
+    def relative(tables, i, j):
+        return tables[1][max(-kmax, min(kmax, j - i)) + kmax]
+
+    scores = torch.zeros(BATCH, HEADS, 6, 6, dtype=torch.float64)
+    for b, h, i, j in itertools.product(range(BATCH), range(HEADS), range(6), range(6)):
+        scores[b, h, i, j] = q[b, h, i] @ (k[b, h, j] + relative(scheme.relative_keys, i, j)) / math.sqrt(HEAD_DIM)
+    torch.manual_seed(3)
+    dropped = torch.nn.functional.dropout(scores.softmax(-1), 0.4)
+    expected = torch.zeros(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64)
+    for b, h, i, j in itertools.product(range(BATCH), range(HEADS), range(6), range(6)):
+        expected[b, h, i] += dropped[b, h, i, j] * (v[b, h, j] + relative(scheme.relative_values, i, j))
+    assert (dropped == 0).any() and (output.transpose(1, 2) - expected).abs().max().item() < TOLERANCE
 
 
 @pytest.mark.parametrize("heads", range(1, 65))
