@@ -193,6 +193,10 @@ def test_argument_values_are_checked():
     with pytest.raises(ValueError, match=r"max_pairs_per_join 4 sets how many pairs a joined pair of concatenated_pairs "
                                          r"joins, and concatenated_pairs is 0 \(no joined pairs\): set both"):
         DataArguments(max_pairs_per_join=4)
+    for name in ("max_source_length", "max_target_length"):
+        with pytest.raises(ValueError, match=rf"{name} must be at least 2 \(one token and </s>\), got 1"):
+            DataArguments(**{name: 1})
+        DataArguments(**{name: 2})
 
 
 def test_sample_caps_keep_the_first_pairs(tmp_path):
@@ -236,6 +240,18 @@ def test_training_pairs_can_be_truncated_instead(tmp_path, tokenizer):
     assert len(tokenized) == 4
     assert max(map(len, tokenized["input_ids"])) == 16 and max(map(len, tokenized["labels"])) == 12
     assert all(ids[-1] == tokenizer.eos_token_id for ids in list(tokenized["input_ids"]) + list(tokenized["labels"]))
+
+
+def test_a_pair_exactly_at_the_length_limits_is_kept_and_one_token_over_is_filtered(tmp_path, tokenizer):
+    """The limits count tokens with </s>: a side of exactly max_source_length / max_target_length tokens is kept."""
+    dataset = Dataset.from_dict({"source": ["The small dog.", "a"], "target": ["Der kleine Hund.", "e"]})
+    source_length, target_length = (len(tokenizer(text)["input_ids"]) for text in ("The small dog.", "Der kleine Hund."))
+    assert min(source_length, target_length) > 2 and len(tokenizer("a")["input_ids"]) == 2
+    for limits, kept in (((source_length, target_length), True), ((source_length - 1, target_length), False),
+                         ((source_length, target_length - 1), False)):
+        arguments = DataArguments(max_source_length=limits[0], max_target_length=limits[1])
+        filtered, report = tokenize_training_pairs(dataset, tokenizer, arguments)
+        assert ("The small dog." in filtered["source"]) == kept and report.overlong == (not kept), limits
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
