@@ -395,6 +395,29 @@ def test_demo_corpus_files_use_the_wmt_schema(tmp_path):
     assert len(read_local_pairs(paths["validation"], "en", "de")) == 5
 
 
+def test_demo_corpus_files_hold_the_pairs_of_their_seed_english_as_source(tmp_path):
+    paths = write_demo_corpus(tmp_path / "demo", 20, 5, 5, seed=7)
+    for split, pairs in generate_demo_splits(20, 5, 5, seed=7).items():
+        read = read_local_pairs(paths[split], "en", "de")
+        assert list(zip(read["source"], read["target"], strict=True)) == pairs
+
+
+def test_demo_corpus_of_the_default_size_has_no_english_sentence_twice():
+    """At the default 8000 + 300 + 300 pairs the grammar repeats sentences: each is kept once."""
+    splits = generate_demo_splits(8000, 300, 300, seed=1234)
+    english = [source for pairs in splits.values() for source, _ in pairs]
+    assert len(english) == 8600 and len(set(english)) == 8600
+
+
+def test_the_demo_corpus_a_run_reads_is_the_one_of_its_demo_seed(tmp_path):
+    sizes = {"demo_train_pairs": 20, "demo_validation_pairs": 5, "demo_test_pairs": 5}
+    for seed in (7, 8):
+        arguments = DataArguments(dataset_name="demo", demo_seed=seed, **sizes)
+        splits = load_parallel_splits(arguments, ("train",), tmp_path / f"run-{seed}")
+        expected = generate_demo_splits(20, 5, 5, seed=seed)["train"]
+        assert list(zip(splits["train"]["source"], splits["train"]["target"], strict=True)) == expected
+
+
 def test_demo_corpus_written_by_several_processes_at_once_is_whole(tmp_path):
     """Under `main_process_first` every non-main rank writes the demo corpus at the same time."""
     from concurrent.futures import ThreadPoolExecutor
