@@ -400,6 +400,27 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
 
 
+@pytest.mark.parametrize(("overrides", "prepared", "reused"), [
+    (["--max_source_length", "40"], ["train", "validation"], []),
+    (["--max_train_samples", "100"], ["train"], ["validation"]),
+    (["--max_eval_samples", "6"], ["validation"], ["train"]),
+    (["--source_lang", "de", "--target_lang", "en"], ["train", "validation"], []),
+])
+def test_a_changed_length_limit_sample_cap_or_language_direction_prepares_those_splits_again(prepared_run, capsys,
+                                                                                            overrides, prepared,
+                                                                                            reused):
+    """Each setting that cuts or selects a split's texts is in its key: a split prepared under another one is never
+    reused (the tokenizer of output_dir is kept: it is not what is tested here)."""
+    _, config, output_dir = prepared_run
+    capsys.readouterr()
+    prepare_only(config, *overrides, "--tokenizer_name", str(output_dir))
+    log = capsys.readouterr().out
+    for split in prepared:
+        assert f"Prepared the {split} data" in log, (overrides, split)
+    for split in reused:
+        assert f"Reusing the {split} data" in log, (overrides, split)
+
+
 def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, monkeypatch, capsys):
     corpus, config, output_dir = prepared_run
     budgets, budgeted = [], preparation_module.preparation
