@@ -421,6 +421,15 @@ def test_a_changed_length_limit_sample_cap_or_language_direction_prepares_those_
         assert f"Reusing the {split} data" in log, (overrides, split)
 
 
+def test_a_tokenizer_learnt_from_a_sample_of_another_size_is_not_reused(tmp_path):
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    prepare_only(config, "--tokenizer_training_pairs", "30")
+    with pytest.raises(ConfigError, match=r"training text differs \(saved: .*a sample of 30 pairs; now: .*a sample of "
+                                          r"40 pairs\)"):
+        prepare_only(config, "--tokenizer_training_pairs", "40")
+
+
 def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, monkeypatch, capsys):
     corpus, config, output_dir = prepared_run
     budgets, budgeted = [], preparation_module.preparation
