@@ -1291,6 +1291,24 @@ def test_a_failing_main_rank_stops_the_waiting_ones(tmp_path):
     assert events == ["0 starts"]
 
 
+@pytest.mark.parametrize("stop", [SystemExit(2), KeyboardInterrupt()], ids=["exit", "interrupt"])
+def test_a_main_rank_stopped_by_an_exit_or_an_interrupt_stops_the_waiting_ones(tmp_path, stop):
+    """A main rank that leaves its block by SystemExit (a check's exit status 2) or Ctrl-C, not an Exception, still
+    marks the turn failed: the waiting ranks stop instead of polling for ever."""
+    from hf_relpos.translation.preflight import ProcessGroupError
+
+    def leave() -> None:
+        raise stop
+
+    try:
+        events, errors = run_ranks(tmp_path / "turn", {0: leave, 1: lambda: None})
+    finally:
+        (tmp_path / "turn.0.done").touch()   # lets a rank that would still wait leave (the check then fails)
+    assert type(errors[0]) is type(stop)
+    assert isinstance(errors.get(1), ProcessGroupError) and "failed during tokenizer training" in str(errors[1])
+    assert events == ["0 starts"]
+
+
 @pytest.mark.parametrize(("rank", "lines"), [(None, 1), ("0", 1), ("1", 0)])
 def test_a_check_error_is_one_line_from_the_main_process_and_exit_status_2_on_every_process(tmp_path, monkeypatch,
                                                                                           capsys, rank, lines):
