@@ -1339,6 +1339,23 @@ def test_prepare_only_saves_the_tokenizer_that_the_training_run_reuses(tmp_path,
                          "--model_name_or_path", "x"])
 
 
+def test_generation_max_length_must_leave_room_for_a_token_after_the_decoder_start(tmp_path, corpus):
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError, match=r"generation_max_length must be at least 2 \(it counts the decoder start "
+                                          r"token\), got 1"):
+        parse_arguments([str(config), "--generation_max_length", "1"])
+    assert parse_arguments([str(config), "--generation_max_length", "2"])[2].generation_max_length == 2
+
+
+def test_data_seed_draws_the_data_when_set_and_seed_otherwise(tmp_path, corpus):
+    """The batches and the joined pairs are drawn with data_seed when it is set, else with seed."""
+    from hf_relpos.translation.arguments import data_seed
+
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", seed=3)
+    assert data_seed(parse_arguments([str(config)])[2]) == 3
+    assert data_seed(parse_arguments([str(config), "--data_seed", "11"])[2]) == 11
+
+
 # --- average_checkpoints ---------------------------------------------------------------------------------------------
 
 
