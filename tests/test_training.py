@@ -1356,6 +1356,18 @@ def test_data_seed_draws_the_data_when_set_and_seed_otherwise(tmp_path, corpus):
     assert data_seed(parse_arguments([str(config), "--data_seed", "11"])[2]) == 11
 
 
+def test_a_run_that_evaluates_only_when_asked_needs_no_validation_split_to_train(tmp_path, corpus):
+    """do_train with eval_strategy 'no' and do_eval false reads no validation split; evaluation during training
+    (eval_strategy 'steps') or at the end (do_eval) needs it."""
+    from hf_relpos.translation.data_preparation import splits_to_read
+
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=False, do_predict=False)
+    assert splits_to_read(parse_arguments([str(config)])[2]) == ("train",)
+    assert splits_to_read(parse_arguments([str(config), "--eval_strategy", "steps", "--eval_steps", "2"])[2]) == (
+        "train", "validation")
+    assert splits_to_read(parse_arguments([str(config), "--do_eval", "true"])[2]) == ("train", "validation")
+
+
 # --- average_checkpoints ---------------------------------------------------------------------------------------------
 
 
