@@ -279,6 +279,20 @@ def test_generation_length_is_ratio_times_source_length_plus_offset_per_source(t
     assert max_new_tokens_for(17, arguments, 30) == 29
 
 
+@pytest.mark.parametrize("beams", [2, 4])
+def test_the_runs_beam_length_penalty_is_saved_with_beam_search(tmp_path, beams):
+    """generation_length_penalty goes into the generation config whenever the run decodes with beams."""
+    from transformers import GenerationConfig
+
+    from hf_relpos.translation.model_setup import configure_decoding
+
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), generation_num_beams=beams,
+                                             generation_length_penalty=0.8, use_cpu=True, report_to="none")
+    generation = GenerationConfig()
+    configure_decoding(generation, arguments, 64)
+    assert (generation.num_beams, generation.length_penalty) == (beams, 0.8)
+
+
 def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path, corpus, capfd, caplog):
     """The saved generation config caps lengths with max_new_tokens, never max_length (with both set, generate warns
     at every call), also after evaluations during training (Seq2SeqTrainer fills generate's defaults into it)."""
