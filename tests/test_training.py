@@ -293,6 +293,25 @@ def test_the_runs_beam_length_penalty_is_saved_with_beam_search(tmp_path, beams)
     assert (generation.num_beams, generation.length_penalty) == (beams, 0.8)
 
 
+def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path):
+    """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
+    predict padding."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.trainer import build_trainer
+
+    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
+    trainer = build_trainer(model, tokenizer, arguments, None, {}, "de")
+    short, long = (tokenizer(text, text_target=text) for text in ("a cat", "a small cat and a small cat"))
+    batch = trainer.data_collator([dict(short), dict(long)])
+    padding = len(long["labels"]) - len(short["labels"])
+    assert padding > 0
+    assert batch["labels"][0, len(short["labels"]):].tolist() == [-100] * padding
+    assert batch["labels"][0, :len(short["labels"])].tolist() == short["labels"]
+
+
 def test_generate_with_max_new_tokens_on_a_trained_folder_does_not_warn(tmp_path, corpus, capfd, caplog):
     """The saved generation config caps lengths with max_new_tokens, never max_length (with both set, generate warns
     at every call), also after evaluations during training (Seq2SeqTrainer fills generate's defaults into it)."""
