@@ -430,6 +430,16 @@ def test_a_tokenizer_learnt_from_a_sample_of_another_size_is_not_reused(tmp_path
         prepare_only(config, "--tokenizer_training_pairs", "40")
 
 
+def test_a_token_budget_smaller_than_a_reused_training_pair_is_one_error(prepared_run, capsys):
+    """The budget is checked on reused training pairs as on newly prepared ones, before the run goes on."""
+    _, config, output_dir = prepared_run
+    for prepare_only_flags in (["--prepare_only", "true"], []):
+        with pytest.raises(ConfigError, match=r"max_tokens_per_batch=16 is smaller than \d+ training pair"):
+            run([str(config), *prepare_only_flags, "--max_tokens_per_batch", "16"])
+        assert "Reusing the train data" in capsys.readouterr().out
+    assert not (output_dir / "model.safetensors").exists()
+
+
 def test_joined_pairs_are_prepared_per_ratio_and_seed(prepared_run, monkeypatch, capsys):
     corpus, config, output_dir = prepared_run
     budgets, budgeted = [], preparation_module.preparation
