@@ -794,6 +794,26 @@ def test_tokenizer_larger_than_the_model_vocabulary_is_one_error(tmp_path, corpu
     assert not (tmp_path / "out").exists()
 
 
+def test_a_model_vocabulary_of_exactly_the_tokenizers_size_is_accepted_and_one_less_refused(tmp_path, corpus):
+    from hf_relpos.translation.model_setup import build_model
+
+    texts = corpus["train"].read_text(encoding="utf-8").splitlines()
+    tokenizer = train_joint_tokenizer(texts, 456)
+    for vocab_size, fits in ((len(tokenizer), True), (len(tokenizer) - 1, False)):
+        model = tmp_path / f"model-{vocab_size}"
+        Model(hf_relpos.RelPosTransformerConfig(vocab_size=vocab_size, d_model=16, encoder_layers=1, decoder_layers=1,
+                                                encoder_attention_heads=2, decoder_attention_heads=2,
+                                                encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(model)
+        config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", model_name_or_path=str(model), model={})
+        model_args, data_args, training_args = parse_arguments([str(config)])
+        if fits:
+            assert build_model(model_args, tokenizer, data_args, training_args).config.vocab_size == len(tokenizer)
+        else:
+            with pytest.raises(ConfigError, match=rf"the tokenizer has {len(tokenizer)} tokens but the model only "
+                                                  rf"{vocab_size} embeddings"):
+                build_model(model_args, tokenizer, data_args, training_args)
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, corpus) -> Path:
     folder = tmp_path_factory.mktemp("trained")
