@@ -1725,6 +1725,14 @@ def test_early_stopping_resumed_counts_the_evaluations_before_the_checkpoint(tmp
 # --- fade_absolute_positions -----------------------------------------------------------------------------------------
 
 
+def test_a_fade_that_ends_at_the_last_step_gives_no_warning(tmp_path, corpus, caplog):
+    """fade_absolute_positions = max_steps fades the sinusoids out by the run's end: nothing to warn about."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=6)
+    with caplog.at_level(logging.WARNING):
+        parse_arguments([str(config)])   # max_steps 6
+    assert "fade_absolute_positions" not in caplog.text
+
+
 def test_fade_absolute_positions_is_refused_where_it_cannot_apply(tmp_path, corpus, caplog):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", fade_absolute_positions=8)
     with caplog.at_level(logging.WARNING):
