@@ -1627,6 +1627,7 @@ def test_scoring_in_place_keeps_the_cards_hub_repository(tmp_path, corpus):
 @pytest.mark.parametrize(("flags", "refusal"), [
     (["--generation_num_beams", "1"], r"this run's differ \(generation_num_beams 1 \(recorded 2\)\)"),
     (["--max_predict_samples", "3"], r"this run's differ \(max_predict_samples 3 \(recorded None\)\)"),
+    (["--max_eval_samples", "3"], r"this run's differ \(max_eval_samples 3 \(recorded None\)\)"),
     (["--generation_max_length_ratio", "1.5", "--generation_max_length", "40"],
      r"this run's differ \(generation_max_length_ratio 1\.5 \(recorded None\); generation_max_length 40 "
      r"\(recorded None\)\)"),
