@@ -293,6 +293,27 @@ def test_the_runs_beam_length_penalty_is_saved_with_beam_search(tmp_path, beams)
     assert (generation.num_beams, generation.length_penalty) == (beams, 0.8)
 
 
+def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_empty_line():
+    """Whatever the model generates for an empty (or blank) source, its hypothesis is the empty line (the model
+    would invent a sentence after </s> alone); other sources keep theirs, in source order."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    from transformers import EvalPrediction
+
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.trainer import EvaluationSet
+
+    tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 20, vocab_size=300)
+    invented = [tokenizer.bos_token_id, *tokenizer(text_target="ein kleiner Hund")["input_ids"]]
+    sources = ["a small dog", "", "  ", "a dog"]
+    evaluation = EvaluationSet(dataset=None, order=np.array([3, 0, 1, 2]), references=None, sources=sources)
+    trainer = SimpleNamespace(evaluation_sets={"test": evaluation}, _active_prefix="test", processing_class=tokenizer,
+                              args=SimpleNamespace(bleu_tokenize=None), target_lang="de")
+    TranslationTrainer._compute_translation_metrics(trainer, EvalPrediction(np.array([invented] * 4), None))
+    assert evaluation.hypotheses == ["ein kleiner Hund", "", "", "ein kleiner Hund"]
+
+
 def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path):
     """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
     predict padding."""
