@@ -314,6 +314,19 @@ def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_
     assert evaluation.hypotheses == ["ein kleiner Hund", "", "", "ein kleiner Hund"]
 
 
+def test_only_the_main_process_writes_the_results_files(tmp_path):
+    """Under a launch every process holds the same metrics; the main process alone writes them (a merge of
+    all_results.json by every process at once would race)."""
+    from types import SimpleNamespace
+
+    for main in (False, True):
+        trainer = SimpleNamespace(is_world_process_zero=lambda main=main: main,
+                                  args=SimpleNamespace(output_dir=str(tmp_path)))
+        TranslationTrainer.save_metrics(trainer, "eval", {"eval_bleu": 1.0})
+        assert sorted(path.name for path in tmp_path.iterdir()) == (
+            ["all_results.json", "eval_results.json"] if main else [])
+
+
 def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path):
     """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
     predict padding."""
