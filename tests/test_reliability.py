@@ -204,6 +204,36 @@ def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, corpus
     assert isinstance(AutoModelForSeq2SeqLM.from_pretrained(output_dir), Model)
 
 
+def test_a_kill_while_a_resumed_run_rewrites_an_earlier_attempts_checkpoint_leaves_it_incomplete(tmp_path, corpus,
+                                                                                               monkeypatch):
+    """A run resumed from checkpoint-2 rewrites the checkpoint-4 an earlier attempt left: killed while writing its
+    weights, checkpoint-4 must not count as complete through the earlier attempt's state file."""
+    from transformers import Seq2SeqTrainer
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=4, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False)
+    run([str(config)])
+    assert is_complete_checkpoint(output_dir / "checkpoint-4")
+
+    class Killed(Exception):
+        pass
+
+    save_checkpoint = Seq2SeqTrainer._save_checkpoint
+
+    def killed_while_writing_the_weights(self, model, trial):
+        if self.state.global_step == 4:
+            (output_dir / "checkpoint-4" / "model.safetensors").write_bytes(b"cut sh")
+            raise Killed
+        return save_checkpoint(self, model, trial)
+
+    monkeypatch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_while_writing_the_weights)
+    with pytest.raises(Killed):
+        run([str(config), "--resume_from_checkpoint", str(output_dir / "checkpoint-2")])
+    assert not is_complete_checkpoint(output_dir / "checkpoint-4")
+    assert last_complete_checkpoint(output_dir) == output_dir / "checkpoint-2"
+
+
 def test_a_checkpoint_is_marked_complete_only_after_every_process_saved_its_random_state(tmp_path, corpus,
                                                                                           monkeypatch):
     """Each process saves its own rng_state file and the main process alone writes trainer_state.json (which makes
