@@ -62,6 +62,14 @@ def test_vocabulary_size_is_configurable(tokenizer):
     assert len(small) == 406
 
 
+def test_a_word_seen_once_is_not_learnt_as_a_piece():
+    """min_frequency 2 (the recorded training recipe): merges come from pairs seen at least twice, so a word that
+    occurs once stays in characters while a repeated one becomes a piece."""
+    tokenizer = train_joint_tokenizer(["zqxw"] + ["ab cd ab cd"] * 10, vocab_size=300)
+    assert tokenizer.tokenize("ab") == ["\u2581ab"]
+    assert tokenizer.tokenize("zqxw") == ["\u2581", "z", "q", "x", "w"]
+
+
 def test_saved_tokenizer_loads_with_auto_tokenizer(tokenizer, tmp_path):
     assert not has_saved_tokenizer(tmp_path)
     tokenizer.save_pretrained(tmp_path)
