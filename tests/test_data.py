@@ -643,6 +643,16 @@ def test_a_tsv_header_without_the_languages_is_an_error_naming_line_1(tmp_path):
                                 "source_lang/target_lang)")
 
 
+@pytest.mark.parametrize("separator", [",", "\t"], ids=["csv", "tsv"])
+def test_a_language_named_twice_in_the_header_reads_its_last_column(tmp_path, separator):
+    """As a dict of the row keeps it: the last column of a name given twice."""
+    path = tmp_path / ("pairs.csv" if separator == "," else "pairs.tsv")
+    path.write_text(separator.join(["en", "de", "en"]) + "\n" + separator.join(["first", "Hund", "last"]) + "\n",
+                    encoding="utf-8")
+    pairs = read_local_pairs(path, "en", "de")
+    assert (pairs["source"], pairs["target"]) == (["last"], ["Hund"])
+
+
 def test_tsv_with_a_tab_inside_a_sentence_is_refused(tmp_path):
     path = tmp_path / "train.tsv"
     path.write_text("en\tde\nA cat.\tEine Katze.\nA\ttab.\tEin Tab.\n", encoding="utf-8")
