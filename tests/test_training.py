@@ -327,6 +327,23 @@ def test_only_the_main_process_writes_the_results_files(tmp_path):
             ["all_results.json", "eval_results.json"] if main else [])
 
 
+def test_evaluation_reads_its_examples_in_order_under_a_length_grouping_training_strategy(tmp_path):
+    """Evaluation predictions are put back in source order by position: the evaluation sampler keeps dataset order
+    even where train_sampling_strategy group_by_length would have the Trainer's group them by length."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+    from hf_relpos.translation.trainer import build_trainer
+
+    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                             train_sampling_strategy="group_by_length", per_device_eval_batch_size=2)
+    trainer = build_trainer(model, tokenizer, arguments, None, {}, "de")
+    lengths = [3, 9, 1, 7, 2, 8, 5, 4, 6, 10, 3, 2]
+    dataset = Dataset.from_dict({"input_ids": [[5] * length for length in lengths]})
+    assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
+
+
 def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path):
     """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
     predict padding."""
