@@ -943,6 +943,21 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
         average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")
 
 
+def test_a_checkpoint_saved_before_a_config_field_existed_averages_with_one_at_its_default(tmp_path):
+    """A config field added after a checkpoint was saved loads at its default: that checkpoint has the same config
+    as a newer one saved with the default value, and the two average."""
+    run_dir = tmp_path / "run"
+    for step, seed in ((100, 0), (200, 1)):
+        save_checkpoint(tiny_model(seed), run_dir / f"checkpoint-{step}")
+    older = run_dir / "checkpoint-100" / "config.json"
+    config = json.loads(older.read_text())
+    assert config.pop("absolute_positions_scale") == RelPosTransformerConfig().absolute_positions_scale
+    older.write_text(json.dumps(config))
+    averaged_dir = average_checkpoints(run_dir, last_n=2, output_dir=tmp_path / "averaged")
+    assert RelPosTransformerConfig.from_pretrained(averaged_dir).absolute_positions_scale == (
+        RelPosTransformerConfig().absolute_positions_scale)
+
+
 def test_folders_listed_are_averaged_themselves_even_when_they_hold_checkpoints(tmp_path):
     """Two training output folders listed (the final models of two runs) average their own weights, not the
     checkpoint-<step> folders inside the first."""
