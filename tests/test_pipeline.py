@@ -138,6 +138,13 @@ def test_old_translation_pipeline_arguments(translator):
         ("Er kam am 3. Oktober. Am 24. Dezember ging er. Er zählte bis 3. Dann ging er.",
          [("Er kam am 3. Oktober.", " "), ("Am 24. Dezember ging er.", " "), ("Er zählte bis 3.", " "),
           ("Dann ging er.", "")]),
+        # the last day of a month is a day too; a sentence opening with a day has no word before it
+        ("Er kam am 31. Dezember. Am 1. Januar ging er. 3. Oktober war ein Montag.",
+         [("Er kam am 31. Dezember.", " "), ("Am 1. Januar ging er.", " "), ("3. Oktober war ein Montag.", "")]),
+        # titles, "u. U." (German "unter Umständen") and page references hold their period
+        ("Mrs. Brown met Prof. Lee. Das geht u. U. schief. It is on pp. 4-7. Then stop.",
+         [("Mrs. Brown met Prof. Lee.", " "), ("Das geht u. U. schief.", " "), ("It is on pp. 4-7.", " "),
+          ("Then stop.", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):
