@@ -168,6 +168,8 @@ def test_sentence_splitting_keeps_every_character(text, pieces):
         # translations give nothing
         ([("One.", " \r\n"), ("Two.", "\n\n"), ("三。", "\n"), ("四。", "\n")], "One.\nTwo.\n\n三。\n四。\n"),
         ([("One.", " "), ("", "  "), ("Three.", " "), ("", "")], "One. Three."),
+        # Chinese quotes “…” around a sentence: no space between it and the next Chinese one, on either side
+        ([("他说：“好。”", " "), ("她笑了。", " "), ("“走吧。”", "")], "他说：“好。”她笑了。“走吧。”"),
     ],
 )
 def test_translations_of_sentences_are_joined_as_their_script_writes(pieces, joined):
