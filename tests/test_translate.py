@@ -345,6 +345,7 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
     assert [5] in batches  # longer than the budget: alone
 
 
+
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
     (["--no_repeat_ngram_size", "0"], "--no_repeat_ngram_size must be a positive integer, got 0"),
@@ -637,6 +638,33 @@ def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, t
     main([str(memorised_model_folder), str(source_file), "--no_progress", "--device", "auto"])
     assert loaded[-1].dtype == torch.float32  # the saved dtype
     assert loaded[-1].device.type == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_generation_flags_and_the_token_budget_reach_generate(memorised_model_folder, tmp_path, capsys, monkeypatch):
+    """Each decoding flag is passed to every generate call as given (--max_length clears the saved max_new_tokens,
+    which would win over it), and --max_tokens bounds each batch's padded source tokens."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    calls = []
+    load = AutoModelForSeq2SeqLM.from_pretrained
+
+    def loading(*args, **kwargs):
+        model = load(*args, **kwargs)
+        generate = model.generate
+        model.generate = lambda **settings: calls.append(settings) or generate(**settings)
+        return model
+
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained", loading)
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    flags = dict(num_beams=3, length_penalty=0.5, max_length=30, max_len_a=0.5, max_len_b=4, no_repeat_ngram_size=3)
+    main([str(memorised_model_folder), str(source_file), "--no_progress", "--no_split_sentences", "--max_tokens", "16",
+          *(item for name, value in flags.items() for item in (f"--{name}", str(value)))])
+    assert len(capsys.readouterr().out.splitlines()) == len(SOURCES)
+    assert len(calls) > 1
+    for settings in calls:
+        assert {name: settings.get(name, "not passed") for name in [*flags, "max_new_tokens"]} == {
+            **flags, "max_new_tokens": None}
+        assert settings["input_ids"].shape[0] == 1 or settings["input_ids"].numel() <= 16
 
 
 def test_a_kernel_that_cannot_run_on_the_device_is_one_error_before_loading(memorised_model_folder, capsys,
