@@ -345,6 +345,11 @@ def test_token_batches_hold_the_budget_and_cover_every_line():
     assert [5] in batches  # longer than the budget: alone
 
 
+def test_token_batches_go_longest_first_with_lines_of_similar_length_together():
+    """Lines sorted longest first (the largest batch is the first one) and cut where the next line would take the
+    batch's count x longest over the budget: 12 alone (over it), 9, 7, then 4 + 4 (8), then 3 + 2 + 1 (3 x 3 = 9)."""
+    assert token_batches([3, 9, 1, 4, 4, 12, 2, 7], max_tokens=10) == [[5], [1], [7], [3, 4], [0, 6, 2]]
+
 
 @pytest.mark.parametrize(("flags", "message"), [
     (["--num_beams", "0"], "--num_beams must be a positive integer, got 0"),
