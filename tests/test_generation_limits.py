@@ -310,6 +310,20 @@ def test_translate_and_the_pipeline_cap_a_long_line_by_its_own_length(never_endi
     assert sorted(length for call in recorded for length in call) == sorted(length + 2 for length in lengths)
 
 
+def test_each_n_best_hypothesis_is_held_to_its_own_sources_cap(never_ending_folder, capsys):
+    """n-best lists under the source-relative cap: every hypothesis of both lines (a short and a long one, in one
+    batch) ends at its own source's cap, so all 4 are reported as reaching it."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from hf_relpos.tools.translate import translate_lines
+
+    tokenizer = AutoTokenizer.from_pretrained(never_ending_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(never_ending_folder).eval()
+    lists = translate_lines(LINES, model, tokenizer, progress=False, n_best=2, num_beams=2)
+    assert [len(hypotheses) for hypotheses in lists] == [2, 2]
+    assert "warning: 4 n-best hypothesis(es) reached the length cap" in capsys.readouterr().err
+
+
 def test_the_translate_command_caps_by_source_and_takes_the_cap_as_flags(never_ending_folder, tmp_path, capsys):
     from hf_relpos.tools.translate import main
 
