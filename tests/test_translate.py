@@ -286,6 +286,26 @@ def test_no_repeat_ngram_size_stops_a_looping_translation(memorised_model_folder
     assert not any(repeated_bigrams(line) for line in blocked), blocked
 
 
+def test_a_translation_that_decodes_to_several_lines_is_written_as_one(memorised_model_folder, tmp_path,
+                                                                         monkeypatch):
+    """A line break in a decoded translation (a vocabulary may hold one) becomes a space: each input line still gives
+    exactly one output line, so the output stays aligned with the input and the references."""
+    from transformers import AutoTokenizer
+
+    load = AutoTokenizer.from_pretrained
+
+    def loading(*args, **kwargs):
+        tokenizer = load(*args, **kwargs)
+        decode = tokenizer.decode
+        tokenizer.decode = lambda *ids, **options: decode(*ids, **options).replace(" ", "\n", 1).replace(" ", "\r\n", 1)
+        return tokenizer
+
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoTokenizer.from_pretrained", loading)
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == TARGETS
+
+
 def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorised_model_folder, tmp_path):
     """Three sentences on one line (two spaces, a form feed between them), and a blank line: each sentence translated
     and joined with one space; --no_split_sentences gives the model the line in one piece (which a sentence-trained
