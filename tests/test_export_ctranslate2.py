@@ -801,10 +801,11 @@ def test_a_saved_source_relative_cap_travels_with_the_export(exported, tokenizer
         model.generation_config = saved
 
 
+@pytest.mark.parametrize("length_penalty", [1.0, 0.6])
 @pytest.mark.parametrize("num_beams", [1, 4])
-def test_the_engines_n_best_lists_are_generates(exported, tokenizer, num_beams):
-    """num_hypotheses: the same hypotheses as generate's num_return_sequences (early_stopping=True, length penalty 1),
-    in the same order, of the same lengths (CTranslate2 normalises its score by the tokens it returns, the end token
+def test_the_engines_n_best_lists_are_generates(exported, tokenizer, num_beams, length_penalty):
+    """num_hypotheses: the same hypotheses as generate's num_return_sequences (early_stopping=True, length penalty 1
+    and 0.6, passed as generate's setting), in the same order, of the same lengths (CTranslate2 normalises its score by the tokens it returns, the end token
     included: transformers' convention). F0 and SCORE agree to the float32 rounding of the two stacks: 1e-4 per token
     (test_the_engine_scores_every_target_token_as_pytorch_does), so F0 within 1e-4 x length and SCORE (F0 / length)
     within 1e-4."""
@@ -814,8 +815,9 @@ def test_the_engines_n_best_lists_are_generates(exported, tokenizer, num_beams):
     inputs = tokenizer(TEST_SOURCES, padding=True, return_tensors="pt")
     n_best = min(num_beams, 3)
     with torch.no_grad():
-        expected = generate_n_best(model, dict(inputs), n_best, num_beams=num_beams)
-    scored = CTranslate2Model(folder, threads=1).generate_n_best(**inputs, n_best=n_best, num_beams=num_beams)
+        expected = generate_n_best(model, dict(inputs), n_best, num_beams=num_beams, length_penalty=length_penalty)
+    scored = CTranslate2Model(folder, threads=1).generate_n_best(**inputs, n_best=n_best, num_beams=num_beams,
+                                                                 length_penalty=length_penalty)
     lines = tokenizer.batch_decode(expected.sequences, skip_special_tokens=True)
     assert tokenizer.batch_decode(scored.sequences, skip_special_tokens=True) == lines
     assert len(set(lines)) >= len(lines) // 3 and torch.equal(scored.lengths, expected.lengths)
