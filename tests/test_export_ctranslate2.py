@@ -203,13 +203,16 @@ def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path):
 
 
 def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
-    _, source, folder = exported["shaw"]
+    model, source, folder = exported["shaw"]
     assert is_ctranslate2_folder(folder) and not is_ctranslate2_folder(source)
     for name in ("model.bin", "config.json", "shared_vocabulary.json", "tokenizer.json", "generation_config.json"):
         assert (folder / name).is_file(), name
     generation = json.loads((folder / "generation_config.json").read_text())
     assert (generation["num_beams"], generation["length_penalty"], generation["max_new_tokens"]) == (4, 1.0, 60)
     assert generation["early_stopping"] is True
+    # the engine's LayerNorm epsilon is the model's (unset, the engine takes its own default; float32 scores hide it)
+    assert json.loads((folder / "config.json").read_text())["layer_norm_epsilon"] == pytest.approx(
+        model.get_encoder().layers[0].final_layer_norm.eps, rel=1e-6)
     options = CTranslate2Model(folder, threads=1).decoding_options()
     assert (options["beam_size"], options["length_penalty"], options["max_decoding_length"]) == (4, 1.0, 60)
     assert CTranslate2Model(folder, threads=1).decoding_options(max_length=9, max_new_tokens=None)[
