@@ -332,6 +332,10 @@ def test_a_class_of_another_module_with_a_built_in_schemes_name_does_not_replace
         ({"hidden_size": 30}, "d_model"),
         ({"num_hidden_layers": -2}, "encoder_layers"),
         ({"is_encoder_decoder": "x"}, "is_encoder_decoder"),
+        ({"decoder_layers": -1}, "decoder_layers"),
+        ({"attention_dropout": 1.0}, "attention_dropout"),   # p = 1 drops every probability
+        ({"position_randomization_at_inference": True}, "position_randomization_max"),   # the range it draws from
+        ({"position_randomization_max": 0}, "position_randomization_max"),
     ],
 )
 def test_invalid_config_values_raise_a_clear_error(overrides, field):
@@ -359,7 +363,8 @@ def test_rope_refuses_heads_it_cannot_rotate(overrides, message):
 @pytest.mark.parametrize(("field", "value", "computed"), [
     ("encoder_layerdrop", 0.1, "no LayerDrop"), ("decoder_layerdrop", 0.2, "no LayerDrop"),
     ("layer_norm_eps", 1e-6, "epsilon, 1e-5"), ("share_encoder_decoder_embeddings", False, "tie_word_embeddings"),
-    ("normalize_before", True, "layer_norm_position"),
+    ("normalize_before", True, "layer_norm_position"), ("add_final_layer_norm", True, "layer_norm_position 'pre'"),
+    ("normalize_embedding", True, "no layer norm on the embeddings"),
 ])
 def test_marian_fields_the_model_does_not_implement_are_refused_unless_they_say_what_it_computes(field, value, computed):
     with pytest.raises(ValueError, match=rf"config field {field}={value!r} is not implemented by "
