@@ -382,6 +382,13 @@ def test_shared_encoder_decoder_embeddings_must_say_what_tie_word_embeddings_doe
         tiny_config(tie_word_embeddings=tied, share_encoder_decoder_embeddings=not tied)
 
 
+def test_a_bad_value_given_when_a_config_is_loaded_is_one_error_naming_it(tmp_path):
+    """transformers sets from_pretrained's keyword overrides after the config is built: they are validated too."""
+    tiny_config().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got 1.5$"):
+        hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path, dropout=1.5)
+
+
 def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():
     config = tiny_config()
     config.d_model = 33
