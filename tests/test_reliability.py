@@ -1033,6 +1033,27 @@ def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_l
     assert [path.name for path in cut_short.iterdir()] == ["model.safetensors"]   # no config: it does not load
 
 
+def test_files_moved_over_an_earlier_model_never_leave_its_config_with_the_new_weights(tmp_path, monkeypatch):
+    """Moving a new model over an earlier one (a replaced final model): the earlier file the folder loads by goes
+    first, so a move cut short leaves a folder that does not load, never the new weights under the old config."""
+    target, staging = tmp_path / "model", tmp_path / "staging"
+    for folder, version in ((target, "old"), (staging, "new")):
+        folder.mkdir()
+        (folder / "config.json").write_text(version)
+        (folder / "model.safetensors").write_text(f"{version} weights")
+    replace = os.replace
+
+    def replace_all_but_config(source, destination):
+        if Path(destination).name == "config.json":
+            raise OSError(28, "No space left on device")
+        replace(source, destination)
+
+    monkeypatch.setattr(files_module.os, "replace", replace_all_but_config)
+    with pytest.raises(OSError, match="No space left"):
+        files_module.move_folder_contents(staging, target, last="config.json")
+    assert [path.name for path in target.iterdir()] == ["model.safetensors"]
+
+
 def test_an_existing_output_folder_a_killed_fill_left_its_staging_in_is_filled_again(tmp_path):
     """A fill of an existing empty folder (a mount point) killed while it staged leaves its hidden staging folder
     inside: the next average / convert / export takes the folder as empty and removes it, where it refused the folder
