@@ -1054,6 +1054,21 @@ def test_files_moved_over_an_earlier_model_never_leave_its_config_with_the_new_w
     assert [path.name for path in target.iterdir()] == ["model.safetensors"]
 
 
+def test_staged_files_and_folders_get_what_open_and_mkdir_give_under_a_group_writable_umask(tmp_path):
+    """Under umask 002 (a shared group) open() gives 664 and mkdir() 775: an atomic write and a staged folder too."""
+    previous = os.umask(0o002)
+    try:
+        (tmp_path / "opened").write_text("text")
+        (tmp_path / "made").mkdir()
+        files_module.write_text_atomic(tmp_path / "card.md", "text")
+        with files_module.staged_folder(tmp_path / "out", last="config.json") as staging:
+            (staging / "config.json").write_text("{}")
+    finally:
+        os.umask(previous)
+    modes = {name: oct(stat.S_IMODE((tmp_path / name).stat().st_mode)) for name in ("opened", "made", "card.md", "out")}
+    assert modes == {"opened": "0o664", "made": "0o775", "card.md": "0o664", "out": "0o775"}
+
+
 def test_an_existing_output_folder_a_killed_fill_left_its_staging_in_is_filled_again(tmp_path):
     """A fill of an existing empty folder (a mount point) killed while it staged leaves its hidden staging folder
     inside: the next average / convert / export takes the folder as empty and removes it, where it refused the folder
