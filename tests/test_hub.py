@@ -672,6 +672,7 @@ def test_a_legacy_run_reads_a_bare_switch_as_true_and_the_flag_after_it_with_its
     assert (switched.bf16, switched.seed, switched.fp16) == (True, 1, True)   # the run's own seed wins
     valued = run("--bf16", "false", "--warmup_steps", "400")
     assert (valued.bf16, valued.warmup_steps) == (False, 400)
+    assert run("--bf16", "True", "--fp16", "False").bf16 is True   # transformers' flags take Python's spelling too
 
 
 def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
@@ -680,6 +681,16 @@ def test_a_run_record_round_trips_through_json_and_refuses_an_unknown_role():
     assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
     with pytest.raises(ValueError, match="role must be one of"):
         RunRecord(role="baseline")
+
+
+def test_a_runs_scores_keep_their_length_ratio():
+    """train_translation.py's metrics become the record's scores of the trained weights, hypothesis/reference length
+    ratio included (a split without BLEU has no scores)."""
+    from hf_relpos.publish.records import TRAINED_WEIGHTS, scores_from_results
+
+    results = {"eval": {"eval_loss": 2.0},
+               "test": {"test_bleu": 30.5, "test_chrf": 55.25, "test_bleu_signature": "nrefs:1", "test_length_ratio": 0.97}}
+    assert scores_from_results(results) == {TRAINED_WEIGHTS: {"test": Scores(30.5, 55.25, "nrefs:1", 0.97)}}
 
 
 def test_unmeasured_recipe_cards_say_they_were_never_trained(monkeypatch):
