@@ -991,6 +991,16 @@ def test_failed_upload_leaves_folder_intact_and_names_the_repo(output_folder, fa
     assert not list(output_folder.glob(".*"))  # no temporary files either
 
 
+def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder):
+    """Weights saved in shards: the index and each shard it names go to the Hub (the folder loads from neither alone)."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_folder)
+    (output_folder / "model.safetensors").unlink()
+    model.save_pretrained(output_folder, max_shard_size="50KB")
+    shards = {path.name for path in output_folder.glob("model-*-of-*.safetensors")}
+    assert len(shards) > 1
+    assert {"model.safetensors.index.json", *shards} <= hub.files_to_push(output_folder).keys()
+
+
 def test_incomplete_folder_is_refused_before_any_upload(output_folder, fake_hub):
     (output_folder / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="lacks tokenizer.json"):
