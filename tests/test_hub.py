@@ -569,6 +569,14 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
     assert "No published checkpoint" in text and "Never trained" not in text
 
 
+def test_the_effective_batch_multiplies_the_devices_and_the_accumulation_steps():
+    assert hub._batch_sentence(1280, None, 2, 4) == (
+        "10240 tokens (padded, on the source and on the target side each) per update (1280 per device and step x 4 "
+        "device(s) x 2 accumulation step(s))")
+    assert hub._batch_sentence(None, 32, 3, None) == (
+        "96 sentence pairs per update and device (32 per step x 3 accumulation step(s)), times the number of devices")
+
+
 def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monkeypatch):
     """The convergence record's `peer+recipe-training` (HF MarianMT trained with multi30k_small_absolute.yaml's
     settings) is a peer (`RunRecord.role`), so the absolute card shows absolute's runs only."""
