@@ -1009,6 +1009,14 @@ def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder)
     assert {"model.safetensors.index.json", *shards} <= hub.files_to_push(output_folder).keys()
 
 
+def test_a_tokenizers_special_and_added_tokens_files_are_pushed_where_it_has_them(output_folder):
+    """A tokenizer saved with special_tokens_map.json or added_tokens.json (older transformers, Marian) needs them on
+    the Hub too."""
+    for name in ("special_tokens_map.json", "added_tokens.json"):
+        (output_folder / name).write_text("{}")
+    assert {"special_tokens_map.json", "added_tokens.json"} <= hub.files_to_push(output_folder).keys()
+
+
 def test_incomplete_folder_is_refused_before_any_upload(output_folder, fake_hub):
     (output_folder / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="lacks tokenizer.json"):
