@@ -195,6 +195,15 @@ def test_every_registered_scheme_takes_every_marian_weight(scheme):
     assert torch.isfinite(logits(converted, padded_batch())).all()
 
 
+def test_the_marian_config_fields_carry_over_where_they_differ_from_hf_relpos_defaults():
+    """Marian's own values of the shared fields (not hf_relpos' defaults: scale_embedding true, init_std 0.02,
+    decoder_start_token_id 2), and a dropout override a conversion may set."""
+    config = marian_to_relpos(marian_model(scale_embedding=False, init_std=0.05, decoder_start_token_id=3),
+                              "absolute").config
+    assert (config.scale_embedding, config.init_std, config.decoder_start_token_id) == (False, 0.05, 3)
+    assert marian_to_relpos(marian_model(), "shaw", attention_dropout=0.2).config.attention_dropout == 0.2
+
+
 def test_scheme_settings_pass_through_and_bad_ones_name_the_field():
     converted = marian_to_relpos(
         marian_model(), position_scheme="shaw", max_relative_position=5, dropout=0.0)
