@@ -1004,6 +1004,18 @@ def test_atomic_text_write_keeps_the_old_file_and_no_temporary_when_it_fails(tmp
     assert [item.name for item in tmp_path.iterdir()] == ["card.md"]
 
 
+def disk_full_when_moving(monkeypatch, name: str) -> None:
+    """os.replace, as hf_relpos.publish.files calls it, fails with ENOSPC for a target named `name`."""
+    replace = os.replace
+
+    def replace_all_but(source, target):
+        if Path(target).name == name:
+            raise OSError(28, "No space left on device")
+        replace(source, target)
+
+    monkeypatch.setattr(files_module.os, "replace", replace_all_but)
+
+
 def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_last(tmp_path, monkeypatch):
     """A mount point (`docker run -v host:/out`) or the working folder cannot be removed or renamed over (EBUSY,
     EXDEV): an existing empty output folder is kept and filled, the file it loads by moved in last, so a fill cut short
@@ -1018,14 +1030,7 @@ def test_an_existing_empty_output_folder_is_filled_in_place_with_its_last_file_l
     assert sorted(path.name for path in out.iterdir()) == ["config.json", "model.safetensors"]
     cut_short = tmp_path / "cut_short"
     cut_short.mkdir()
-    replace = os.replace
-
-    def replace_all_but_config(source, target):
-        if Path(target).name == "config.json":
-            raise OSError(28, "No space left on device")
-        replace(source, target)
-
-    monkeypatch.setattr(files_module.os, "replace", replace_all_but_config)
+    disk_full_when_moving(monkeypatch, "config.json")
     with pytest.raises(OSError, match="No space left"), \
             files_module.staged_folder(cut_short, last="config.json") as staging:
         (staging / "config.json").write_text("{}")
@@ -1041,14 +1046,7 @@ def test_files_moved_over_an_earlier_model_never_leave_its_config_with_the_new_w
         folder.mkdir()
         (folder / "config.json").write_text(version)
         (folder / "model.safetensors").write_text(f"{version} weights")
-    replace = os.replace
-
-    def replace_all_but_config(source, destination):
-        if Path(destination).name == "config.json":
-            raise OSError(28, "No space left on device")
-        replace(source, destination)
-
-    monkeypatch.setattr(files_module.os, "replace", replace_all_but_config)
+    disk_full_when_moving(monkeypatch, "config.json")
     with pytest.raises(OSError, match="No space left"):
         files_module.move_folder_contents(staging, target, last="config.json")
     assert [path.name for path in target.iterdir()] == ["model.safetensors"]
