@@ -577,6 +577,32 @@ def test_the_effective_batch_multiplies_the_devices_and_the_accumulation_steps()
         "96 sentence pairs per update and device (32 per step x 3 accumulation step(s)), times the number of devices")
 
 
+def test_a_measurement_shows_every_seeds_test_and_validation_scores_and_the_runs_own_batch(tmp_path):
+    """A recipe's runs in a record: one row per evaluation set (test, then validation) with each seed's scores, and
+    the update size of the runs as they recorded it (pairs per device here), the recipe's only where a run has none."""
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
+    record = dataclasses.replace(RunRecord.from_recipe(recipe), per_device_train_batch_size=32)
+    common = dict(role=RECIPE, recipe="multi30k_small_absolute", system="absolute", trained_as="absolute recipe",
+                  steps=100, hardware="CPU", devices=2, training_seconds=60.0, date="2026-11-20T10:00:00+00:00",
+                  per_device_train_batch_size=24, max_tokens_per_batch=None)
+    runs = [RunRecord(seed=seed, scores={TRAINED_WEIGHTS: {"test": Scores(30.0 + seed, 60.0 + seed, "sig"),
+                                                           "validation": Scores(40.0 + seed, 70.0 + seed, "sig")}},
+                      **common) for seed in (1, 2)]
+    path = tmp_path / "vs_marian.json"
+    path.write_text(json.dumps({"records": [run.to_json() for run in runs]}))
+    path.with_suffix(".md").write_text("# Recipes\n\nTwo seeds.\n")
+    (measurement,) = hub.measurements_from_record(path, "multi30k_small_absolute", record)
+    assert [(row.bleu, row.chrf) for row in measurement.scores] == [((31.0, 32.0), (61.0, 62.0)),
+                                                                     ((41.0, 42.0), (71.0, 72.0))]
+    assert [row.evaluation_set for row in measurement.scores] == [hub._split_title(record, "test"),
+                                                                   hub._split_title(record, "validation")]
+    assert measurement.batch.startswith("48 sentence pairs per update (24 per device and step x 2 device(s)")
+    unrecorded = [dataclasses.replace(run, per_device_train_batch_size=None) for run in runs]
+    path.write_text(json.dumps({"records": [run.to_json() for run in unrecorded]}))
+    (measurement,) = hub.measurements_from_record(path, "multi30k_small_absolute", record)
+    assert measurement.batch.startswith("64 sentence pairs per update (32 per device and step x 2 device(s)")
+
+
 def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monkeypatch):
     """The convergence record's `peer+recipe-training` (HF MarianMT trained with multi30k_small_absolute.yaml's
     settings) is a peer (`RunRecord.role`), so the absolute card shows absolute's runs only."""
