@@ -562,7 +562,8 @@ def test_an_output_that_is_a_pipe_or_a_link_is_kept(memorised_model_folder, tmp_
     pipe = tmp_path / "pipe"
     os.mkfifo(pipe)
     received: list[str] = []
-    reader = threading.Thread(target=lambda: received.append(pipe.read_text(encoding="utf-8")))
+    # a daemon: should the pipe be replaced by a file, the reader waits on it for ever, and the test still fails
+    reader = threading.Thread(target=lambda: received.append(pipe.read_text(encoding="utf-8")), daemon=True)
     reader.start()
     main([str(memorised_model_folder), "--input", str(source_file), "--output", str(pipe), "--no_progress"])
     reader.join(timeout=60)
