@@ -293,7 +293,26 @@ def test_the_runs_beam_length_penalty_is_saved_with_beam_search(tmp_path, beams)
     assert (generation.num_beams, generation.length_penalty) == (beams, 0.8)
 
 
-def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_empty_line():
+@pytest.fixture(scope="module")
+def small_tokenizer():
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+
+    return train_joint_tokenizer(["a small dog", "ein kleiner Hund", "a small cat", "eine kleine Katze"] * 20,
+                                 vocab_size=300)
+
+
+def small_trainer(tokenizer, output_dir: Path, **arguments) -> TranslationTrainer:
+    """The app's trainer (build_trainer) of a tiny absolute model, on CPU."""
+    from hf_relpos.translation.trainer import build_trainer
+
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
+    training_arguments = TranslationTrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none",
+                                                      **arguments)
+    return build_trainer(model, tokenizer, training_arguments, None, {}, "de")
+
+
+def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_empty_line(small_tokenizer):
     """Whatever the model generates for an empty (or blank) source, its hypothesis is the empty line (the model
     would invent a sentence after </s> alone); other sources keep theirs, in source order."""
     from types import SimpleNamespace
@@ -301,10 +320,9 @@ def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_
     import numpy as np
     from transformers import EvalPrediction
 
-    from hf_relpos.translation.tokenization import train_joint_tokenizer
     from hf_relpos.translation.trainer import EvaluationSet
 
-    tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 20, vocab_size=300)
+    tokenizer = small_tokenizer
     invented = [tokenizer.bos_token_id, *tokenizer(text_target="ein kleiner Hund")["input_ids"]]
     sources = ["a small dog", "", "  ", "a dog"]
     evaluation = EvaluationSet(dataset=None, order=np.array([3, 0, 1, 2]), references=None, sources=sources)
@@ -327,34 +345,21 @@ def test_only_the_main_process_writes_the_results_files(tmp_path):
             ["all_results.json", "eval_results.json"] if main else [])
 
 
-def test_evaluation_reads_its_examples_in_order_under_a_length_grouping_training_strategy(tmp_path):
+def test_evaluation_reads_its_examples_in_order_under_a_length_grouping_training_strategy(tmp_path, small_tokenizer):
     """Evaluation predictions are put back in source order by position: the evaluation sampler keeps dataset order
     even where train_sampling_strategy group_by_length would have the Trainer's group them by length."""
-    from hf_relpos.translation.tokenization import train_joint_tokenizer
-    from hf_relpos.translation.trainer import build_trainer
-
-    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
-    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
-        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
-    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
-                                             train_sampling_strategy="group_by_length", per_device_eval_batch_size=2)
-    trainer = build_trainer(model, tokenizer, arguments, None, {}, "de")
+    trainer = small_trainer(small_tokenizer, tmp_path, train_sampling_strategy="group_by_length",
+                            per_device_eval_batch_size=2)
     lengths = [3, 9, 1, 7, 2, 8, 5, 4, 6, 10, 3, 2]
     dataset = Dataset.from_dict({"input_ids": [[5] * length for length in lengths]})
     assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
 
 
-def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path):
+def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path, small_tokenizer):
     """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
     predict padding."""
-    from hf_relpos.translation.tokenization import train_joint_tokenizer
-    from hf_relpos.translation.trainer import build_trainer
-
-    tokenizer = train_joint_tokenizer(["a small cat", "eine kleine Katze"] * 20, vocab_size=300)
-    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
-        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
-    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none")
-    trainer = build_trainer(model, tokenizer, arguments, None, {}, "de")
+    tokenizer = small_tokenizer
+    trainer = small_trainer(tokenizer, tmp_path)
     short, long = (tokenizer(text, text_target=text) for text in ("a cat", "a small cat and a small cat"))
     batch = trainer.data_collator([dict(short), dict(long)])
     padding = len(long["labels"]) - len(short["labels"])

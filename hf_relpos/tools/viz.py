@@ -47,12 +47,13 @@ def _stack(model: nn.Module, stack: str) -> nn.Module:
     """The encoder or decoder stack of a model with a head (`model.model`) or of a base model; one without layers
     (`encoder_layers` 0) is a ValueError, as it has nothing to plot."""
     base = getattr(model, "model", model)
-    if not hasattr(base, stack):
+    module = getattr(base, stack, None)
+    if module is None:
         raise ValueError(f"{type(model).__name__} has no {stack} stack")
-    if len(getattr(base, stack).layers) == 0:
+    if len(module.layers) == 0:
         raise ValueError(f"the {stack} of this model has no layers ({stack}_layers 0): it has no attention or "
                          "relative tables to plot")
-    return getattr(base, stack)
+    return module
 
 
 def encode_sentence(tokenizer_or_tokens: Any, sentence: str | None) -> tuple[list[int], list[str]]:
