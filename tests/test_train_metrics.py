@@ -137,3 +137,14 @@ def test_japanese_without_its_extra_is_one_line_naming_it():
     with pytest.raises(ValueError) as raised:
         score_translations(["猫です。"], ["猫です。"], target_lang="ja")
     assert "sacrebleu[ja]" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_the_paired_bootstrap_scores_with_the_tokenization_it_is_given():
+    """An explicit tokenization wins over the target language in the paired test too: the difference is that of
+    character-tokenized BLEU, and the signature says tok:char."""
+    test = paired_bootstrap(CHINESE_HYPOTHESES, CHINESE_REFERENCES, CHINESE_REFERENCES, resamples=10, tokenize="char",
+                            target_lang="zh")
+    scored = {name: BLEU(tokenize="char").corpus_score(hypotheses, [CHINESE_REFERENCES]).score
+              for name, hypotheses in (("baseline", CHINESE_HYPOTHESES), ("system", CHINESE_REFERENCES))}
+    assert test["difference"] == pytest.approx(scored["system"] - scored["baseline"], abs=1e-9)
+    assert "|tok:char|" in test["signature"]
