@@ -1392,6 +1392,42 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
     assert "--paired-levels needs --baseline" in errors
 
 
+def test_paired_tests_pair_each_system_with_the_baseline_of_its_seed_and_skip_what_does_not_pair(monkeypatch, capsys):
+    """paired_test_results: every system but the baseline, seed by seed against the baseline of the same seed (system
+    minus baseline, sacreBLEU's paired bootstrap); a seed whose hypotheses one side lacks, or that do not pair up with
+    the references line by line, is not tested, the latter with a line on stderr. A cell lists the seeds tested."""
+    from hf_relpos.translation.metrics import paired_bootstrap
+
+    vs_marian = load_experiment(VS_MARIAN, monkeypatch)
+    wanted = {"set": [f"ein Hund {index} rennt durch den Park" for index in range(8)]}
+    outputs = {("base", 1): ["x"] * 8, ("base", 2): wanted["set"], ("good", 1): wanted["set"],
+               ("good", 2): wanted["set"][:4] + ["x"] * 4, ("good", 3): wanted["set"], ("short", 1): wanted["set"][:7]}
+    systems, signature = vs_marian.paired_test_results(
+        {"base": [1, 2], "good": [1, 2, 3], "short": [1], "unkept": [1]}, "base", wanted,
+        lambda system, seed, name: outputs.get((system, seed)), "test")
+    assert list(systems) == ["good"] and list(systems["good"]["set"]) == ["1", "2"]   # no baseline of seed 3
+    for seed in (1, 2):
+        expected = paired_bootstrap(outputs["base", seed], outputs["good", seed], wanted["set"])
+        assert systems["good"]["set"][str(seed)] == {key: value for key, value in expected.items() if key != "signature"}
+        assert signature == expected["signature"]
+    assert systems["good"]["set"]["1"]["difference"] == pytest.approx(100.0) and systems["good"]["set"]["2"]["difference"] < 0
+    assert "no paired test of short seed 1 on set: 8 and 7 hypothesis lines for 8 references" in capsys.readouterr().err
+    assert vs_marian.paired_cell(systems["good"]["set"]).startswith("seed 1: +100.00 (p 0.")
+    assert vs_marian.paired_cell({}) == "-"
+
+
+def test_vs_marian_summarizes_every_seed_of_a_row(monkeypatch):
+    """A row's table columns hold one value per run, in seed order, however many seeds it has."""
+    vs_marian = load_experiment(VS_MARIAN, monkeypatch)
+    runs = [{"seed": seed, "wall_seconds": 60.0 * seed,
+             "scores": {split: {"bleu": 30.0 + seed, "length_ratio": 1.0 - seed / 100} for split in vs_marian.SPLITS}}
+            for seed in (1, 2, 3)]
+    row = vs_marian.summarize([vs_marian.ROWS["absolute"]], {"absolute": runs})["absolute"]
+    assert row["seeds"] == [1, 2, 3] and row["wall_minutes"] == [1.0, 2.0, 3.0]
+    assert row["test_bleu"] == row["validation_bleu"] == [31.0, 32.0, 33.0]
+    assert row["test_length_ratio"] == pytest.approx([0.99, 0.98, 0.97])
+
+
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
     """Decoding(max_len_a=...) gives each source of a padded batch min(a x |x| + b, ceiling) new tokens, for a
     transformers MarianMTModel that never ends on its own (the peer) as for hf_relpos models."""
