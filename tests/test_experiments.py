@@ -1127,6 +1127,32 @@ def test_a_length_generalization_option_is_adopted_only_by_the_stated_criterion(
                                                     {n: {"shaw": [1.0]} for n in joined})) == []
 
 
+def test_the_default_paired_levels_are_single_captions_and_the_largest_size_as_one_sentence(monkeypatch):
+    """Without --paired-levels the paired tests run on `1 caption` and the largest of --sizes as one sentence (the
+    level of the options' criterion with the default sizes), in whatever order the sizes are given."""
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    assert long_inputs.paired_levels(argparse.Namespace(paired_levels=None, sizes=[3, 4, 2])) == [
+        "1 caption", "4 as one sentence"]
+    assert long_inputs.paired_levels(argparse.Namespace(paired_levels=["2 as sentences"], sizes=[2])) == [
+        "2 as sentences"]
+
+
+def test_the_bounds_of_the_levels_and_of_the_option_criterion(monkeypatch):
+    """Every complete group of K captions is a joined input (only an incomplete last group is dropped), and a lead in
+    % kept equal to the recipe's validation spread is not "more than" it: the option is not adopted."""
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    captions = [f"A dog {index} runs." for index in range(5)]
+    for count, groups in ((4, 2), (5, 2)):
+        levels = long_inputs.build_levels(captions[:count], captions[:count], "en", "en", sizes=(2,))
+        assert len(levels["2 as sentences"][0]) == len(levels["2 as one sentence"][1]) == groups
+    single = {name: {"shaw": [25.0, 25.0], "shaw+scaled": [25.0, 25.0]} for name in ("test2016", "validation")}
+    joined = {"test2016": {"shaw": [5.0, 5.0], "shaw+scaled": [5.0, 5.0]},
+              "validation": {"shaw": [5.0, 6.0], "shaw+scaled": [6.5, 6.5]}}   # kept 20 and 24 %, against 26 %
+    verdict, figures = long_inputs.option_verdict(option_results(single, joined), "shaw+scaled", "shaw")
+    assert figures["validation kept"] - figures["validation recipe kept"] == figures["validation recipe spread"] == 4.0
+    assert verdict == ("not adopted: validation kept +4.0 points against the recipe's, not beyond its seed spread 4.0")
+
+
 def test_the_joined_pair_study_meets_issue_50s_goal_only_with_the_criterion_met_and_70_percent_kept(monkeypatch):
     """report.py's verdict line on the 20-epoch joined-pair study: goal met only when the option is adopted and keeps
     at least 70 % of its single-caption BLEU at 4 as one sentence on both sets; one seed decides nothing."""
