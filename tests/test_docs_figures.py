@@ -334,6 +334,51 @@ def test_the_rule_ranks_by_seed_spread_and_breaks_ties_by_gpu_speed(report):
     assert report.ranked_columns({"one": level, "single": single_seed}) == {"one": level}
 
 
+def test_the_rules_bounds_are_inclusive_as_the_readme_states_them(report, monkeypatch):
+    """'worst seed beats best seed' is strict: a row whose worst seed equals another's best seed does not outrank it,
+    and a row of equal seeds does not outrank itself; 'at least 0.8 x absolute's speed': a scheme at exactly
+    SPEED_FLOOR is a candidate."""
+    assert report.ranks_by_spread({"a": [1.0, 2.0], "b": [2.0, 3.0], "c": [5.0, 5.0]}) == {"a": 2, "b": 2, "c": 1}
+    monkeypatch.setattr(report, "gpu_speed", lambda scheme: report.SPEED_FLOOR if scheme == "rope" else 1.0)
+    choice, rows = report.choose_default({"one": {"absolute": [30.0, 30.2], "rope": [31.1, 31.3]}})
+    assert choice == "rope" and rows["rope"]["out"] is None and rows["rope"]["speed"] == report.SPEED_FLOOR
+
+
+def test_the_rules_equal_budget_columns_take_each_recipe_as_committed_now(report):
+    """`xl`'s equal-budget columns are the one-commit record's row trained as its recipe is now (attention dropout
+    0.1), not its `xl` row (attention dropout 0, the recipe then)."""
+    columns = report.default_rule_columns()
+    for split, name in (("test", "test2016"), ("validation", "validation")):
+        one_commit = report.bleu_by_system(report.ONE_COMMIT, split)
+        row = report.ONE_COMMIT_RECIPE_ROWS["xl"]
+        assert columns[f"equal budget, {name}"]["xl"] == one_commit[row] != one_commit["xl"]
+
+
+def test_a_readme_cell_states_its_mean_spread_and_seed_count(report):
+    assert report.seeds_and_spread([30.0]) == "30.00, 1 seed"
+    assert report.seeds_and_spread([31.0, 30.0, 32.5]) == "31.17 (30.00-32.50), 3 seeds"
+
+
+def test_the_rule_on_one_set_reads_that_sets_columns_only(report):
+    """outcome_on_one_set: the columns named for the set, and no other; a tie on worst rank is named."""
+    validation = {"absolute": [30.0, 30.2], "directional": [31.0, 31.2], "rope": [32.0, 32.2]}
+    test2016 = {"absolute": [30.0, 30.2], "directional": [33.0, 33.2], "rope": [31.0, 31.2]}
+    columns = {"equal budget, validation": validation, "equal budget, test2016": test2016}
+    assert report.outcome_on_one_set(columns, "validation") == "**`rope`**"
+    assert report.outcome_on_one_set(columns, "test2016") == "**`directional`**"
+    assert report.outcome_on_one_set({"equal budget, validation": dict(validation, rope=[31.0, 31.2])},
+                                     "validation") == "**`directional`** (tied on worst rank with `rope`, the faster on the GPU)"
+
+
+def test_the_readme_names_the_columns_the_rule_sets_aside(report, monkeypatch):
+    """A column in which some scheme has fewer than MIN_SEEDS seeds is named as set aside under the rule's outcome."""
+    columns = report.default_rule_columns()
+    monkeypatch.setattr(report, "default_rule_columns", lambda: {
+        **columns, "a probe, validation": {"absolute": [30.0], "directional": [31.0, 31.2]}})
+    assert (f"Set aside, a scheme there having fewer than {report.MIN_SEEDS} seeds: 1 column(s) (a probe, validation)."
+            in report.readme_default_rule())
+
+
 def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
     """README's kernels column: relpos_triton for Shaw, the scheme whose clipped terms `triton_clipped_terms` fuses,
     and for no other; transformers' kernels only for schemes that add nothing."""
