@@ -88,6 +88,9 @@ def test_paired_bootstrap_is_the_moses_test_on_sacrebleus_draws():
     one_sentence_apart = [*weak[:-1], references[-1]]
     close = paired_bootstrap(weak, one_sentence_apart, references, resamples=200)
     assert close["p_value"] == moses_paired_bootstrap(weak, one_sentence_apart, references, 200) > 0.05
+    one_word = [*weak[:-1], " ".join(weak[-1].split()[:-1] + references[-1].split()[-1:])]
+    tiny = paired_bootstrap(weak, one_word, references, resamples=200)   # only an observed 0 is p = 1
+    assert 0 < tiny["difference"] < 0.1 and tiny["p_value"] == moses_paired_bootstrap(weak, one_word, references, 200)
     assert paired_bootstrap(weak, strong, references, resamples=200) == result   # sacreBLEU's fixed seed
     assert f"|bs:200|seed:{os.environ.get('SACREBLEU_SEED', '12345')}|" in result["signature"]
     same = paired_bootstrap(weak, list(weak), references, resamples=200)   # every resampled difference is 0 too
