@@ -1454,6 +1454,53 @@ def test_vs_marian_summarizes_every_seed_of_a_row(monkeypatch):
     assert row["test_length_ratio"] == pytest.approx([0.99, 0.98, 0.97])
 
 
+def test_long_inputs_paired_tests_score_against_each_levels_references_and_kept_shares_skip_a_zero_base(monkeypatch):
+    """level_paired_tests scores each system's translations of a level against that level's references (not its
+    sources); bleu_kept is empty only where a single-caption BLEU is 0 (a joined BLEU of 0 keeps 0 %)."""
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    sources = [f"a dog {number} runs through the park" for number in "one two three four five six seven eight".split()]
+    references = [f"ein Hund {index} rennt durch den Park" for index in range(8)]
+    levels = {"test2016": {"1 caption": (sources, references)}}
+    hypotheses = {("bad", 1): {"test2016: 1 caption": sources}, ("good", 1): {"test2016: 1 caption": references}}
+    args = argparse.Namespace(baseline="bad", paired_levels=["1 caption"], sizes=[2], target_lang="de")
+    tests = long_inputs.level_paired_tests(args, levels, {"bad": [1], "good": [1]}, hypotheses)
+    assert tests["levels"] == ["test2016: 1 caption"]
+    assert tests["systems"]["good"]["test2016: 1 caption"]["1"]["difference"] == pytest.approx(100.0)
+    results = {"levels": {"test2016: 1 caption": {"shaw": {"bleu": [20.0, 0.0]}, "xl": {"bleu": [20.0, 25.0]}},
+                          "test2016: 4 as one sentence": {"shaw": {"bleu": [5.0, 5.0]}, "xl": {"bleu": [0.0, 5.0]}}}}
+    assert long_inputs.bleu_kept(results, "test2016: 4 as one sentence", "shaw") == []
+    assert long_inputs.bleu_kept(results, "test2016: 4 as one sentence", "xl") == [0.0, 20.0]
+
+
+def test_convergence_summarizes_each_weights_per_seed_and_training_minutes(monkeypatch):
+    convergence = load_experiment(CONVERGENCE, monkeypatch)
+    runs = [{"seed": seed, "steps": 100 * seed, "train_seconds": 120.0 * seed,
+             "scores": {weights: {split: {"bleu": seed + offset, "length_ratio": 1.0} for split in convergence.SPLITS}
+                        for weights, offset in (("final", 30.0), ("averaged", 31.0))}} for seed in (1, 2, 3)]
+    row = convergence.summarize({"absolute": runs})["absolute"]
+    assert row["seeds"] == [1, 2, 3] and row["steps"] == [100, 200, 300] and row["train_minutes"] == [2.0, 4.0, 6.0]
+    assert row["final_test_bleu"] == [31.0, 32.0, 33.0] and row["averaged_validation_bleu"] == [32.0, 33.0, 34.0]
+
+
+def test_vs_marian_records_no_paired_tests_when_no_pair_was_tested(tmp_path, monkeypatch):
+    """paired_tests: None when the baseline's or the system's hypotheses were not kept; else each split's test."""
+    vs_marian = load_experiment(VS_MARIAN, monkeypatch)
+    pairs = [{"translation": {"en": f"a dog {index}", "de": f"ein Hund {index} rennt"}} for index in range(4)]
+    for file_name in vs_marian.SPLITS.values():
+        (tmp_path / file_name).write_text("".join(json.dumps(pair) + "\n" for pair in pairs), encoding="utf-8")
+    args = argparse.Namespace(data=tmp_path, source_lang="en", target_lang="de", max_eval_samples=None)
+    kept = tmp_path / "kept"
+    seeds = {"base": [1], "system": [1]}
+    assert vs_marian.paired_tests(seeds, "base", "final", vs_marian.run_hypotheses(kept), args, "test") is None
+    for system in seeds:
+        (kept / system / "seed1").mkdir(parents=True)
+        for split in vs_marian.SPLITS:
+            vs_marian.hypotheses_file(kept / system / "seed1", split).write_text(
+                "".join(f"ein Hund {index} rennt\n" for index in range(4)), encoding="utf-8")
+    tests = vs_marian.paired_tests(seeds, "base", "final", vs_marian.run_hypotheses(kept), args, "test")
+    assert list(tests["systems"]["system"]) == ["validation", "test"] and tests["signature"].startswith("nrefs:1|bs:1000")
+
+
 def test_vs_marian_decoding_caps_each_source_by_its_own_length_for_the_peer_too(monkeypatch):
     """Decoding(max_len_a=...) gives each source of a padded batch min(a x |x| + b, ceiling) new tokens, for a
     transformers MarianMTModel that never ends on its own (the peer) as for hf_relpos models."""
