@@ -379,6 +379,24 @@ def test_the_readme_names_the_columns_the_rule_sets_aside(report, monkeypatch):
             in report.readme_default_rule())
 
 
+def test_the_readme_says_when_the_sets_alone_disagree(report, monkeypatch):
+    """The agreement sentence under the rule's outcome reads both sets' outcomes, not the first only."""
+    outcome = report.outcome_on_one_set
+    monkeypatch.setattr(report, "outcome_on_one_set", lambda columns, name: (
+        "**`absolute`**" if name == "test2016" else outcome(columns, name)))
+    assert " The sets alone do not both give the outcome of both." in report.readme_default_rule()
+
+
+def test_a_records_provenance_spans_its_earliest_to_its_latest_run(report, monkeypatch):
+    from hf_relpos.publish.records import RunRecord
+
+    runs = [RunRecord(date=date, source_version="abc1234") for date in ("2026-11-20T10:00", "2026-11-18T09:00",
+                                                                          "2026-11-22T08:00", "2026-11-19T07:00")]
+    monkeypatch.setattr(report, "read_run_records", lambda path: runs)
+    line = report.provenance({"date": "2026-11-23T00:00", "device": "CPU", "signature": "nrefs:1"}, "x.json", "cmd")
+    assert "(runs 2026-11-18 to 2026-11-22)" in line
+
+
 def test_the_kernels_column_lists_the_fused_kernel_where_its_rule_covers_the_scheme(report):
     """README's kernels column: relpos_triton for Shaw, the scheme whose clipped terms `triton_clipped_terms` fuses,
     and for no other; transformers' kernels only for schemes that add nothing."""
