@@ -659,6 +659,34 @@ def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_
     assert list(tests["peer"]) == ["validation"] and list(tests["peer+recipe-training"]) == ["validation", "test"]
 
 
+def test_convergence_scores_the_averaged_folder_as_averaged_and_the_final_model_as_final(tmp_path, monkeypatch):
+    """run_one: the last --last-n checkpoints averaged into `averaged/`, its scores and hypotheses kept as the
+    averaged weights', those of `model/` as the final weights' (training and decoding replaced by stand-ins)."""
+    convergence = load_experiment(CONVERGENCE, monkeypatch)
+    scored, averaged_with = [], []
+
+    def evaluate(model_folder, is_peer, decoding, args, hypotheses_folder):
+        scored.append((model_folder.name, hypotheses_folder.name))
+        return {split: {"bleu": 40.0 if model_folder.name == "averaged" else 30.0} for split in convergence.SPLITS}
+
+    def average(checkpoints, last_n, output_dir):
+        averaged_with.append(last_n)
+        return output_dir
+
+    monkeypatch.setattr(convergence, "train_recipe", lambda recipe, folder, seed, args, flags: (
+        {"train_seconds": 1.0, "steps": 10}, folder / "model"))
+    monkeypatch.setattr(convergence, "average_checkpoints", average)
+    monkeypatch.setattr(convergence, "evaluate", evaluate)
+    monkeypatch.setattr(convergence, "run_batches", lambda *args: {})
+    monkeypatch.setattr(convergence, "typed_record", lambda *args, **kwargs: {})
+    args = argparse.Namespace(work=tmp_path, collect_only=False, last_n=3, device_name="CPU", recipe_flags=[],
+                              max_eval_samples=None)
+    record = convergence.run_one("absolute", 1, args)
+    assert averaged_with == [3]
+    assert scored == [("model", "final_hypotheses"), ("averaged", "averaged_hypotheses")]
+    assert record["scores"]["averaged"]["test"]["bleu"] == 40.0 and record["scores"]["final"]["test"]["bleu"] == 30.0
+
+
 def test_every_recipe_option_of_convergence_is_its_recipe_with_valid_flags(monkeypatch):
     """Each convergence.py system "<recipe>+<option>" parses as train_translation.py would run it: the recipe's file
     and the option's flags, every flag applied (a flag the app refuses would only fail on the GPU)."""
