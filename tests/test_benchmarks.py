@@ -628,3 +628,301 @@ def test_inference_report_has_the_versions_and_date_and_no_empty_notes() -> None
     assert markdown.splitlines()[-3] == "- code `abc1234`, a CPU"
     noted = bench_inference.render_markdown(record | {"model_note": "12 epochs", "hardware_note": "shared"})
     assert "- model: models/tiny (12 epochs)" in noted and "- code `abc1234`, a CPU; shared" in noted
+
+
+class FakeClock:
+    """A clock that only the stand-in steps move: `advance(seconds)`; read it with `now()`."""
+
+    def __init__(self) -> None:
+        self.time = 0.0
+
+    def now(self) -> float:
+        return self.time
+
+    def advance(self, seconds: float) -> None:
+        self.time += seconds
+
+
+def test_round_robin_times_only_the_rounds_after_the_warmup_and_rotates_the_first_entry(monkeypatch) -> None:
+    """warmup 1 + repeats 2: three rounds, the first untimed; each round starts one entry later; each entry's seconds
+    are its own calls' in the timed rounds."""
+    from benchmarks import common
+
+    clock, calls = FakeClock(), []
+    monkeypatch.setitem(common.CLOCKS, "wall", clock.now)
+
+    def entry(name: str):
+        return lambda: calls.append(name) or clock.advance(len(calls))   # the n-th call takes n seconds
+
+    seconds = common.round_robin({name: entry(name) for name in "abc"}, 1, 2, "cpu")
+    assert calls == list("abc" "bca" "cab")
+    assert seconds == {"a": [6.0, 8.0], "b": [4.0, 9.0], "c": [5.0, 7.0]}
+
+
+def test_timed_drains_the_device_queue_before_and_after_the_call(monkeypatch) -> None:
+    """The clock starts after a drain and stops after another, so queued work of before stays out and the call's
+    own asynchronous work is in."""
+    from benchmarks import common
+
+    events = []
+    monkeypatch.setattr(common, "synchronize", lambda device: events.append(f"drain {device}"))
+    monkeypatch.setitem(common.CLOCKS, "wall", lambda: events.append("clock") or 0.0)
+    common.timed(lambda: events.append("run"), "cuda")
+    assert events == ["drain cuda", "clock", "run", "drain cuda", "clock"]
+
+
+def test_paired_ratio_is_the_median_of_the_baselines_time_over_the_own_time_round_by_round() -> None:
+    from benchmarks.common import paired_ratio
+
+    # rounds: 1/4, 2/6, 9/3: median 1/3; not the ratio of medians (2/4), the mean, the minimum or the inverse
+    assert paired_ratio([4.0, 6.0, 3.0], [1.0, 2.0, 9.0]) == pytest.approx(1 / 3)
+
+
+def test_cuda_peak_memory_is_the_calls_own_peak_above_what_was_allocated_before(monkeypatch) -> None:
+    """With a stand-in CUDA allocator: the peak of an earlier call (500) is reset, and what was allocated before
+    the call (10) is not counted: a call that allocates 30 and frees 20 peaks at 30."""
+    allocator = {"allocated": 10, "peak": 500}
+
+    def allocate(size: int) -> None:
+        allocator["allocated"] += size
+        allocator["peak"] = max(allocator["peak"], allocator["allocated"])
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda: allocator.update(peak=allocator["allocated"]))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: allocator["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda: allocator["peak"])
+    from benchmarks.common import peak_memory
+
+    assert peak_memory(lambda: (allocate(30), allocate(-20)), "cuda") == 30
+
+
+def test_cpu_peak_memory_counts_a_tensor_freed_before_the_call_returns() -> None:
+    from benchmarks.common import peak_memory
+
+    assert peak_memory(lambda: torch.ones(2**18).sum(), "cpu") >= 2**20   # 1 MiB of float32, freed inside the call
+
+
+def test_training_rows_take_medians_and_ratios_against_absolute_on_its_fastest_kernel(monkeypatch) -> None:
+    """run_benchmarks with stand-in steps on a fake clock and stand-in peaks: the first (warm-up) call is recorded
+    apart and no other untimed round runs, tokens/s is the real tokens (batch = tokens // length) over the median,
+    the ratio is the median of paired ratios to absolute on its fastest kernel (eager here, by the median, though
+    sdpa comes first), memory is against that same series, and each row names its own kernel and the baseline's.
+    Gradients are cleared before the peak is measured."""
+    import argparse
+
+    from benchmarks import common
+
+    clock = FakeClock()
+    monkeypatch.setitem(common.CLOCKS, "wall", clock.now)
+    durations = {"absolute@sdpa": [100.0, 4.0, 4.0, 4.0], "absolute@eager": [100.0, 1.0, 2.0, 9.0],
+                 "shaw@sdpa": [100.0, 4.0, 6.0, 3.0], "shaw@eager": [100.0, 2.0, 2.0, 2.0]}
+    peaks = {"absolute@sdpa": 50 * 2**20, "absolute@eager": 100 * 2**20, "shaw@sdpa": 150 * 2**20,
+             "shaw@eager": 120 * 2**20}
+    cases = {}
+
+    def stand_in_case(scheme, shape, length, batch, device, dtype, kernel, attention_dropout):
+        label, module = f"{scheme}@{kernel}", torch.nn.Linear(1, 1)
+        remaining = iter(durations[label])
+
+        def step() -> None:
+            module.weight.grad = torch.ones_like(module.weight)
+            clock.advance(next(remaining))
+
+        cases[step] = label, module
+        return bench_training.Case(module, step, batch * length)
+
+    def stand_in_peak(step, device) -> int:
+        label, module = cases[step]
+        assert module.weight.grad is None
+        return peaks[label]
+
+    monkeypatch.setattr(bench_training, "attention_case", stand_in_case)
+    monkeypatch.setattr(bench_training, "peak_memory", stand_in_peak)
+    monkeypatch.setattr(bench_training, "compiled_graph_count", lambda: 0)
+    args = argparse.Namespace(benchmarks=["attention"], tokens=20, lengths=[8], shapes=["tiny"], kernels=["sdpa", "eager"],
+                              schemes=["absolute", "shaw"], device="cpu", dtype="float32", attention_dropout=0.0,
+                              warmup=1, repeats=3, clock="wall", vocab_size=None, compile_backend=None)
+    rows = {row["scheme"]: row for row in bench_training.run_benchmarks(args)}
+    shaw = rows["shaw@sdpa"]
+    assert shaw["seconds"] == [4.0, 6.0, 3.0] and shaw["first_call_s"] == 100.0
+    assert shaw["batch"] == 2 and shaw["tokens_per_s"] == 16 / 4.0
+    assert (shaw["baseline"], shaw["kernel"], shaw["baseline_kernel"]) == ("absolute@eager", "sdpa", "eager")
+    assert shaw["ratio"] == pytest.approx(1 / 3)   # rounds: 1/4, 2/6, 9/3
+    assert shaw["peak_mib"] == 150 and shaw["memory_overhead"] == pytest.approx(0.5)
+    assert rows["absolute@eager"]["ratio"] == 1.0 and rows["absolute@sdpa"]["memory_overhead"] == pytest.approx(-0.5)
+
+
+def test_model_case_counts_source_and_target_tokens() -> None:
+    from benchmarks.common import SHAPES
+
+    case = bench_training.model_case("absolute", SHAPES["tiny"], 8, 3, "cpu", "float32", 1, 64)
+    assert case.tokens == 2 * 3 * 8
+
+
+def test_memory_growth_on_hand_made_peaks() -> None:
+    """Peaks built as 1000 B per token + c B per sequence and squared length: shaw's c is absolute's + 40 B per score
+    element (heads 4; one self-attention layer in the attention benchmark, two in the model), so 40 B beyond
+    absolute's per score, at or above the bfloat16 n^2 d threshold (head_dim 8 x 2 B); growth from n = 8 to 16."""
+    import argparse
+    import math
+
+    args = argparse.Namespace(dtype="bfloat16", kernels=["sdpa"], schemes=["absolute", "shaw"])
+    quadratic = {("attention", "absolute"): 16, ("attention", "shaw"): 16 + 4 * 40,
+                 ("model", "absolute"): 16, ("model", "shaw"): 16 + 4 * 2 * 40}
+    rows = [{"benchmark": benchmark, "shape": "tiny", "scheme": scheme, "layers": 1, "length": length, "batch": batch,
+             "peak_mib": (1000 * 32 + quadratic[(benchmark, scheme)] * batch * length**2) / 2**20}
+            for benchmark in ("attention", "model") for scheme in ("absolute", "shaw")
+            for length, batch in ((8, 4), (16, 2))]
+    growth = {(g["benchmark"], g["scheme"]): g for g in bench_training.memory_growth(rows, args)}
+    for benchmark in ("attention", "model"):
+        shaw, peaks = growth[(benchmark, "shaw")], (1000 * 32 + quadratic[(benchmark, "shaw")] * n for n in (256, 512))
+        assert shaw["extra_bytes_per_score"] == pytest.approx(40.0)
+        assert growth[(benchmark, "absolute")]["extra_bytes_per_score"] == pytest.approx(0.0, abs=1e-6)
+        small, large = peaks
+        assert shaw["peak_ratio_2n"] == pytest.approx(large / small)
+        assert shaw["exponent"] == pytest.approx(math.log2(large / small * 4 / 2))   # per sequence: batch 4 -> 2
+        assert (shaw["n2d_threshold_bytes"], shaw["grows_like"]) == (16, "n^2 d")
+
+
+def test_decoding_rows_count_generated_tokens_over_the_median_and_compare_cached_speeds(monkeypatch) -> None:
+    """bench_decoding.run_benchmark with stand-in timings: tokens/s = batch x new tokens / median seconds, the
+    speed-up is cached over uncached (exactly 5x meets the goal), and the cached speed is compared with absolute's
+    cached speed."""
+    import argparse
+
+    seconds = {"absolute/True": [1.0, 1.0, 4.0], "absolute/False": [5.0, 5.0, 5.0],
+               "shaw/True": [2.0, 3.0, 3.0], "shaw/False": [4.0, 6.0, 8.0]}
+    monkeypatch.setattr(bench_decoding, "round_robin", lambda runs, *settings: seconds)
+    args = argparse.Namespace(shape="tiny", schemes=["absolute", "shaw"], layers=1, vocab_size=64, kernel="sdpa",
+                              attention_dropout=0.0, device="cpu", batch=2, source_length=4, new_tokens=3,
+                              dtype="float32", cache_implementation="dynamic", warmup=0, repeats=3, clock="wall")
+    rows = {row["scheme"]: row for row in bench_decoding.run_benchmark(args)}
+    assert rows["absolute"]["cached_tokens_per_s"] == 6.0 and rows["absolute"]["uncached_tokens_per_s"] == 6 / 5
+    assert rows["absolute"]["speedup"] == 5.0 and rows["absolute"]["meets_5x"]
+    assert rows["shaw"]["cached_tokens_per_s"] == 2.0 and rows["shaw"]["speedup"] == 2.0
+    assert not rows["shaw"]["meets_5x"] and rows["shaw"]["cached_ratio_to_absolute"] == pytest.approx(1 / 3)
+
+
+def test_step_timeline_times_steps_drained_consecutive_and_enqueued_on_a_fake_clock(monkeypatch) -> None:
+    """time_steps with a stand-in step (forward 1 s, backward 2 s of host time) and drains of 3, 3 and 12 s: drained
+    = median of host + drain, enqueue = host time until step() returns (before the drain), consecutive = one drain
+    for all steps, per step; the report's ratios are the baseline's time over the series'."""
+    from types import SimpleNamespace
+
+    from benchmarks import step_timeline
+
+    clock, drains = FakeClock(), iter([0.0, 3.0, 0.0, 3.0, 0.0, 12.0, 0.0, 6.0])   # (before, after) each step
+    monkeypatch.setattr(step_timeline, "time", SimpleNamespace(perf_counter=clock.now))
+    monkeypatch.setattr(step_timeline, "synchronize", lambda device: clock.advance(next(drains, 0.0)))
+
+    def forward():
+        clock.advance(1.0)
+        return SimpleNamespace(backward=lambda: clock.advance(2.0))
+
+    case = SimpleNamespace(forward=forward, step=lambda: forward().backward())
+    timing = step_timeline.time_steps(case, "cuda", 3)
+    assert timing == {"drained_ms": 6e3, "enqueue_ms": 3e3, "forward_enqueue_ms": 1e3,
+                      "consecutive_ms": pytest.approx(1e3 * (3 * 3.0 + 6.0) / 3)}
+    meta = {"command": "c", "device": "cuda", "device_name": "d", "cpu_threads": 1, "dtype": "bfloat16", "kernel": "k",
+            "torch": "t", "transformers": "t", "python": "p", "date": "today", "shape": "tiny", "layers": 1,
+            "length": 8, "batch": 2, "attention_dropout": 0.0, "steps": 3, "warmup": 0}
+    slower = {"drained_ms": 8.0, "consecutive_ms": 10.0, "enqueue_ms": 1.0}
+    markdown = step_timeline.render_markdown(meta, {"a": {"timing": {**slower, "drained_ms": 4.0, "consecutive_ms": 5.0}},
+                                                    "b": {"timing": slower}})
+    assert "| b | 8.00 | 10.00 | 0.500 | 0.500 |" in markdown
+
+
+def test_host_overhead_ms_per_step_is_the_median_rounds_time_per_step_after_one_untimed_round(tmp_path, monkeypatch):
+    """host_overhead with stand-in steps on a fake clock (--steps 2 --rounds 3): one untimed round then three timed,
+    ms per step = median round / steps, extra ms against the first series, spread = slowest / fastest round - 1."""
+    from types import SimpleNamespace
+
+    from benchmarks import common, host_overhead
+
+    clock = FakeClock()
+    monkeypatch.setitem(common.CLOCKS, "wall", clock.now)
+    step_seconds = {"absolute@sdpa": iter([9.0] * 2 + [0.001] * 6),
+                    "shaw@sdpa": iter([9.0] * 2 + [0.002] * 2 + [0.004] * 2 + [0.003] * 2)}
+
+    def stand_in_case(scheme, *settings):
+        label = f"{scheme}@{settings[7]}"
+        return SimpleNamespace(step=lambda: clock.advance(next(step_seconds[label])))
+
+    monkeypatch.setattr(host_overhead, "model_case", stand_in_case)
+    rows = host_overhead.main(["--series", "absolute@sdpa", "shaw@sdpa", "--steps", "2", "--rounds", "3",
+                               "--out", str(tmp_path)])["rows"]
+    assert [row["ms"] for row in rows] == pytest.approx([1.0, 3.0])
+    assert [row["extra_ms"] for row in rows] == pytest.approx([0.0, 2.0])
+    assert [row["spread"] for row in rows] == pytest.approx([0.0, 1.0])
+    assert all(next(steps, None) is None for steps in step_seconds.values())
+
+
+def test_inference_batches_run_longest_first_through_every_engine_with_the_first_engine_rotating(monkeypatch):
+    """bench_inference: fixed batches in length-sorted order, longest first; one untimed warm-up batch per engine,
+    then each batch through every engine, the first engine rotating, each engine's seconds summed over batches."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_inference
+
+    assert bench_inference.fixed_batches([3, 1, 2, 5, 4], 2) == [[3, 4], [0, 2], [1]]
+    clock, calls = FakeClock(), []
+    monkeypatch.setattr(bench_inference, "time", SimpleNamespace(perf_counter=clock.now))
+
+    def engine(name: str, seconds: float):
+        def run(batch):
+            calls.append(name)
+            clock.advance(seconds)
+            return [f"{name} {ids[0]}" for ids in batch]
+        return run
+
+    encoded = [[10], [11], [12]]
+    translations, seconds = bench_inference.run_engines({"a": engine("a", 1.0), "b": engine("b", 2.0)}, encoded,
+                                                        [[2, 0], [1]], "cpu")
+    assert calls == ["a", "b", "a", "b", "b", "a"]
+    assert seconds == {"a": 2.0, "b": 4.0}
+    assert translations["b"] == ["b 10", "b 11", "b 12"]
+
+
+def test_inference_rows_give_sentences_per_second_and_speed_against_pytorch(monkeypatch) -> None:
+    """bench_inference.measure with stand-in model, tokenizer, timings and scores: sentences/s = test sentences /
+    the engine's seconds, the speed-up is PyTorch's seconds over the engine's, identical lines against PyTorch's."""
+    import argparse
+    from types import SimpleNamespace
+
+    from benchmarks import bench_inference
+
+    stand_in = SimpleNamespace(to=lambda device: SimpleNamespace(eval=lambda: None))
+    monkeypatch.setattr(bench_inference.AutoTokenizer, "from_pretrained",
+                        lambda folder: lambda texts: {"input_ids": [[1] * len(text) for text in texts]})
+    monkeypatch.setattr(bench_inference.AutoModelForSeq2SeqLM, "from_pretrained", lambda folder, dtype: stand_in)
+    lines = {"pytorch": ["x", "y", "z", "w"], "pytorch (early_stopping=False)": ["x", "y", "q", "w"]}
+    monkeypatch.setattr(bench_inference, "run_engines", lambda engines, encoded, batches, device: (
+        lines, {"pytorch": 8.0, "pytorch (early_stopping=False)": 2.0}))
+    monkeypatch.setattr(bench_inference, "score_translations", lambda hypotheses, references, target_lang: {
+        "bleu": 1.0, "chrf": 2.0, "bleu_signature": "s"})
+    args = argparse.Namespace(model="m", device="cpu", num_beams=4, skip_default_search=False, batch_size=2,
+                              target_lang="de")
+    rows = bench_inference.measure(args, None, {}, ["a", "bb", "ccc", "dddd"], ["r"] * 4)["engines"]
+    default = rows["pytorch (early_stopping=False)"]
+    assert (default["sentences_per_second"], default["speedup"], default["identical_lines"]) == (2.0, 4.0, 3)
+    assert (rows["pytorch"]["sentences_per_second"], rows["pytorch"]["speedup"]) == (0.5, 1.0)
+
+
+def test_block_tuning_reads_the_median_and_reports_device_ms_per_profiled_step(monkeypatch) -> None:
+    """tune_relpos_triton with a stand-in profiler: each CUDA kernel's device time summed over the profiled steps,
+    per step, after one unprofiled step; an autotuner timing given as quantiles is read as their first, the median."""
+    from types import SimpleNamespace
+
+    from benchmarks import tune_relpos_triton as tune
+
+    assert tune.milliseconds([0.3, 0.2, 0.4]) == 0.3 and tune.milliseconds(0.5) == 0.5
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    events = [SimpleNamespace(device_type=cuda, key="k", device_time_total=3000.0),
+              SimpleNamespace(device_type=cuda, key="m", device_time_total=6000.0),
+              SimpleNamespace(device_type=cpu, key="aten::add", device_time_total=0.0)]
+    profiler = SimpleNamespace(key_averages=lambda: events)
+    monkeypatch.setattr(torch.profiler, "profile", lambda activities: contextlib.nullcontext(profiler))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    steps = []
+    assert tune.kernel_times_ms(lambda: steps.append(1), 3) == {"m": 2.0, "k": 1.0}
+    assert len(steps) == 1 + 3
