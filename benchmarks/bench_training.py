@@ -37,12 +37,12 @@ from benchmarks.common import (
     dropout_kind,
     environment,
     environment_lines,
-    fit_quadratic_memory,
     make_config,
     markdown_table,
     paired_ratio,
     peak_memory,
     positive_int,
+    quadratic_memory,
     round_robin,
     timed,
     write_report,
@@ -247,8 +247,7 @@ def memory_growth(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[
             )
             lengths, batches = [r["length"] for r in series], [r["batch"] for r in series]
             peaks = [r["peak_mib"] * MIB for r in series]
-            tokens = max(b * n for b, n in zip(batches, lengths, strict=True))
-            fits[scheme] = (series, fit_quadratic_memory(lengths, batches, peaks, tokens)[1] if len(series) > 1 else 0.0)
+            fits[scheme] = (series, quadratic_memory(lengths, batches, peaks) if len(series) > 1 else 0.0)
         for scheme, (series, quadratic) in fits.items():
             if len(series) < 2:   # one length: no growth measured
                 continue

@@ -266,15 +266,20 @@ def peak_memory(run: Callable[[], Any], device: str) -> int:
     return peak
 
 
-def fit_quadratic_memory(lengths: list[int], batches: list[int], peaks: list[float], tokens: int) -> tuple[float, float]:
-    """Least-squares fit of peak = a * tokens + c * batch * n^2; returns (a, c) in bytes.
+def quadratic_memory(lengths: list[int], batches: list[int], peaks: list[float]) -> float:
+    """c of the least-squares fit peak = k + a * batch * n + c * batch * n^2, in bytes per sequence and squared length
+    (an n x n score tensor costs c = heads * element size, an n x n x d one c = heads * d * element size).
 
-    With a fixed token count per batch, a is the per-token (linear) memory and c the memory per sequence and squared
-    length: an n x n score tensor costs c = heads * element size, an n x n x d one c = heads * d * element size.
+    a is the memory per token, on each batch's own tokens (batch = tokens // n holds fewer where n does not divide
+    --tokens); k, what a step holds at any length (the weights' gradients), is fitted where three lengths or more
+    determine it. With two lengths it is left out: it then moves every scheme's c alike, so the difference between
+    two schemes' c stays exact where their k is the same. Where every batch holds the same tokens, k and a * tokens
+    are one constant, and the minimum-norm solution (gelsd) leaves c exact.
     """
-    rows = torch.tensor([[float(tokens), float(b * n * n)] for n, b in zip(lengths, batches, strict=True)])
-    solution = torch.linalg.lstsq(rows.double(), torch.tensor(peaks, dtype=torch.float64)[:, None]).solution
-    return float(solution[0]), float(solution[1])
+    rows = torch.tensor([[*([1.0] if len(lengths) > 2 else []), float(b * n), float(b * n * n)]
+                         for n, b in zip(lengths, batches, strict=True)], dtype=torch.float64)
+    solution = torch.linalg.lstsq(rows, torch.tensor(peaks, dtype=torch.float64)[:, None], driver="gelsd").solution
+    return float(solution[-1])
 
 
 def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
