@@ -792,7 +792,7 @@ def readme_default_rule() -> str:
     one_set = {name: outcome_on_one_set(columns, name) for name in RULE_SETS}
     agreement = (" Each set alone gives the outcome of both." if all(
         outcome.startswith(f"**`{choice}`**") for outcome in one_set.values()) else
-        " The sets alone do not both give the outcome of both.")
+        " Not every set alone gives the outcome of both.")
     caption += (" The rule on the columns of one set alone (a long-input level counts for the set its captions come "
                 "from): " + "; ".join(f"{name}, {outcome}" for name, outcome in one_set.items()) + "." + agreement
                 + "\n\n")

@@ -384,7 +384,7 @@ def test_the_readme_says_when_the_sets_alone_disagree(report, monkeypatch):
     outcome = report.outcome_on_one_set
     monkeypatch.setattr(report, "outcome_on_one_set", lambda columns, name: (
         "**`absolute`**" if name == "test2016" else outcome(columns, name)))
-    assert " The sets alone do not both give the outcome of both." in report.readme_default_rule()
+    assert " Not every set alone gives the outcome of both." in report.readme_default_rule()
 
 
 def test_a_records_provenance_spans_its_earliest_to_its_latest_run(report, monkeypatch):
