@@ -56,8 +56,8 @@ SCHEMES = (*(scheme for scheme in MEASURED_ORDER if scheme in built_in_schemes()
 # The row of vs_marian/eight_schemes_three_seeds that trained each scheme at the equal budget, Marian's architecture.
 EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-table-init",
                      **{scheme: f"{scheme}-matched" for scheme in MEASURED_ORDER[2:]}}
-# The recipe file of each scheme (`none`, the position-blind control, has none).
-RECIPES = {scheme: f"configs/multi30k_small_{scheme}.yaml" for scheme in SCHEMES if scheme != "none"}
+# The recipe file of each scheme that has one in configs/ (`none`, the position-blind control, has none).
+RECIPES = {scheme: path for scheme in SCHEMES if (ROOT / (path := f"configs/multi30k_small_{scheme}.yaml")).is_file()}
 UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
@@ -473,8 +473,8 @@ def h200_timeline_table() -> str:
 
 
 def recommended_kernel(scheme: str) -> str:
-    """The fastest kernel measured for the scheme at each attention dropout of the H200 records (ratios to absolute
-    on sdpa in the same run), sdpa where nothing else was measured."""
+    """The fastest kernel measured for the scheme at each attention dropout of the H200 records (ratios to the run's
+    baseline, absolute on its fastest kernel: sdpa in these records), sdpa where nothing else was measured."""
     rows = fused_rows(scheme)
     if scheme == "absolute":
         measured = {}

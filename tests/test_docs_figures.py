@@ -359,6 +359,32 @@ def test_a_readme_cell_states_its_mean_spread_and_seed_count(report):
     assert report.seeds_and_spread([31.0, 30.0, 32.5]) == "31.17 (30.00-32.50), 3 seeds"
 
 
+def test_the_rules_recipes_are_the_committed_files_that_train_each_scheme(report):
+    """A scheme counts as having a recipe (a candidate of the rule) only where configs/ holds its file, and that file
+    trains the scheme: `none`, the control, has none."""
+    from hf_relpos.publish.hub import load_recipe
+
+    assert "none" in report.SCHEMES and "none" not in report.RECIPES
+    assert set(report.RECIPES) == set(report.SCHEMES) - {"none"}
+    for scheme, path in report.RECIPES.items():
+        assert load_recipe(ROOT / path)["model"]["position_scheme"] == scheme
+
+
+def test_a_scheme_without_a_recipe_file_has_none_for_the_rule(tmp_path):
+    """report.py in a checkout whose configs/ lacks t5's recipe: t5 has no recipe there (the rule sets such a scheme
+    out: NO_RECIPE)."""
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "experiments" / "report.py").write_bytes((ROOT / "experiments" / "report.py").read_bytes())
+    (tmp_path / "configs").mkdir()
+    for recipe in (ROOT / "configs").glob("multi30k_small_*.yaml"):
+        if recipe.name != "multi30k_small_t5.yaml":
+            (tmp_path / "configs" / recipe.name).write_bytes(recipe.read_bytes())
+    spec = importlib.util.spec_from_file_location("report_without_t5", tmp_path / "experiments" / "report.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert "t5" in module.SCHEMES and "t5" not in module.RECIPES and "shaw" in module.RECIPES
+
+
 def test_the_rule_on_one_set_reads_that_sets_columns_only(report):
     """outcome_on_one_set: the columns named for the set, and no other; a tie on worst rank is named."""
     validation = {"absolute": [30.0, 30.2], "directional": [31.0, 31.2], "rope": [32.0, 32.2]}
