@@ -228,7 +228,7 @@ def readme_quality() -> str:
             recipe_cell,
             seeds_and_spread(converged[scheme]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
             if scheme in converged else UNMEASURED,
-            f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)",
+            f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)" if scheme == "none" else "none",
         ])
     rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test"]) + " (its own tokenizer)",
                  seeds_and_spread(peer["validation"]),
