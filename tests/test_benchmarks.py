@@ -928,33 +928,23 @@ def test_block_tuning_reads_the_median_and_reports_device_ms_per_profiled_step(m
     assert len(steps) == 1 + 3
 
 
-def test_memory_growth_fits_each_rows_own_tokens_beside_what_every_step_holds() -> None:
-    """--tokens 40 at n = 8, 16 and 24 gives batches of 5, 2 and 1 (40, 32 and 24 tokens); every peak holds 1000 B
-    (absolute) or 1200 B (shaw) per token, and what a step holds at any length differs by scheme (5000 and 5600 B, the
-    gradients of shaw's tables beside the weights'): shaw's 40 B per score beyond absolute's is found."""
+@pytest.mark.parametrize("lengths_and_batches,constant", [
+    (((8, 3), (16, 1)), {"absolute": 0, "shaw": 0}),
+    (((8, 5), (16, 2), (24, 1)), {"absolute": 5000, "shaw": 5600}),
+], ids=["two lengths", "three lengths, each scheme's own constant"])
+def test_memory_growth_fits_each_rows_own_tokens(lengths_and_batches, constant) -> None:
+    """--tokens 24 at n = 8 and 16 gives batches of 3 and 1 (24 and 16 tokens), --tokens 40 at n = 8, 16 and 24
+    batches of 5, 2 and 1: every peak holds 1000 B (absolute) or 1200 B (shaw) per token of its own batch, and in the
+    second case what a step holds at any length differs by scheme (the gradients of shaw's tables beside the
+    weights'): shaw's 40 B per score beyond absolute's is found."""
     import argparse
 
     args = argparse.Namespace(dtype="float32", kernels=["sdpa"], schemes=["absolute", "shaw"])
     per_token, quadratic = {"absolute": 1000, "shaw": 1200}, {"absolute": 16, "shaw": 16 + 4 * 40}
-    constant = {"absolute": 5000, "shaw": 5600}
     rows = [{"benchmark": "attention", "shape": "tiny", "scheme": scheme, "layers": 1, "length": length, "batch": batch,
              "peak_mib": (constant[scheme] + per_token[scheme] * batch * length
                           + quadratic[scheme] * batch * length**2) / 2**20}
-            for scheme in ("absolute", "shaw") for length, batch in ((8, 5), (16, 2), (24, 1))]
+            for scheme in ("absolute", "shaw") for length, batch in lengths_and_batches]
     growth = {g["scheme"]: g for g in bench_training.memory_growth(rows, args)}
     assert growth["shaw"]["extra_bytes_per_score"] == pytest.approx(40.0)
     assert growth["absolute"]["extra_bytes_per_score"] == pytest.approx(0.0, abs=1e-6)
-
-
-def test_memory_growth_fits_each_rows_own_token_count() -> None:
-    """--tokens 24 at n = 8 and 16 gives batches of 3 and 1 (24 and 16 tokens): the per-token memory (1000 B for
-    absolute, 1200 B for shaw) is fitted on each row's tokens, so shaw's 40 B per score beyond absolute's is found."""
-    import argparse
-
-    args = argparse.Namespace(dtype="float32", kernels=["sdpa"], schemes=["absolute", "shaw"])
-    per_token, quadratic = {"absolute": 1000, "shaw": 1200}, {"absolute": 16, "shaw": 16 + 4 * 40}
-    rows = [{"benchmark": "attention", "shape": "tiny", "scheme": scheme, "layers": 1, "length": length, "batch": batch,
-             "peak_mib": (per_token[scheme] * batch * length + quadratic[scheme] * batch * length**2) / 2**20}
-            for scheme in ("absolute", "shaw") for length, batch in ((8, 3), (16, 1))]
-    shaw = next(g for g in bench_training.memory_growth(rows, args) if g["scheme"] == "shaw")
-    assert shaw["extra_bytes_per_score"] == pytest.approx(40.0)

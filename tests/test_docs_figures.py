@@ -24,13 +24,18 @@ MEASURED = re.compile(r"\d+(?:\.\d+)?\s?%|\b\d+\.\d+x\b|\b\d+(?:\.\d+)?\s?BLEU\b
 PASSAGE = re.compile(r"<!-- generated: (?P<name>[a-z0-9_]+) -->\n.*?<!-- end: (?P=name) -->", re.DOTALL)
 
 
-@pytest.fixture(scope="module")
-def report():
-    spec = importlib.util.spec_from_file_location("report", ROOT / "experiments" / "report.py")
+def load_report(path: Path, name: str):
+    """experiments/report.py at `path`, imported as module `name` (registered in sys.modules)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
-    sys.modules["report"] = module
+    sys.modules[name] = module
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def report():
+    return load_report(ROOT / "experiments" / "report.py", "report")
 
 
 def test_every_generated_passage_matches_its_records(report):
@@ -379,9 +384,7 @@ def test_a_scheme_without_a_recipe_file_has_none_for_the_rule(tmp_path):
     for recipe in (ROOT / "configs").glob("multi30k_small_*.yaml"):
         if recipe.name != "multi30k_small_t5.yaml":
             (tmp_path / "configs" / recipe.name).write_bytes(recipe.read_bytes())
-    spec = importlib.util.spec_from_file_location("report_without_t5", tmp_path / "experiments" / "report.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_report(tmp_path / "experiments" / "report.py", "report_without_t5")
     assert "t5" in module.SCHEMES and "t5" not in module.RECIPES and "shaw" in module.RECIPES
 
 
