@@ -101,8 +101,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
                          f"{row['training'] / row['sdpa_training']:.2f}x"] for row in rows]), ""])
 
 
-def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], float] = cuda_milliseconds,
-         device: str = "cuda") -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
@@ -111,6 +110,12 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
     parser.add_argument("--max_distance", type=positive_int, default=16)
     parser.add_argument("--attention_dropout", type=float, default=0.1)
     parser.add_argument("--out", type=output_folder, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], float] = cuda_milliseconds,
+         device: str = "cuda") -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     check_attention_dropout(args.attention_dropout)
     check_whole_sequence(args.tokens, args.length)

@@ -291,7 +291,7 @@ def minutes(seconds: float) -> str:
     return f"{int(seconds // 60)} min {seconds % 60:04.1f} s" if seconds >= 60 else f"{seconds} s"
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, nargs="+", default=[400_000])
     parser.add_argument("--work", type=output_folder, default=Path("/tmp/bench_data"),
@@ -301,6 +301,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--record", type=Path, required=True, help="JSON record to write (after every size)")
     parser.add_argument("--append", action="store_true", help="add the sizes to an existing --record")
     parser.add_argument("--tokenizer_training_pairs", help="override the recipe's tokenizer sample (null: every pair)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
 
     meta = {"command": " ".join(["python -m benchmarks.bench_data", *(argv if argv is not None else sys.argv[1:])]),

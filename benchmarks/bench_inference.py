@@ -150,7 +150,7 @@ def render_markdown(record: dict[str, Any]) -> str:
         f"- model: {record['model']}" + (f" ({record['model_note']})" if record["model_note"] else "")])
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("model", type=Path, help="trained model folder (model, tokenizer, generation config)")
     parser.add_argument("--test_file", type=Path, required=True, help="WMT-schema JSON lines (Multi30k test.jsonl)")
@@ -168,6 +168,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--hardware_note", default="", help="what the record says about the machine (e.g. shared)")
     parser.add_argument("--out", type=output_folder, default=Path("benchmarks/results"))
     parser.add_argument("--stem", default="inference")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.model.is_dir():
         parser.error(f"model: no model folder at {args.model}")

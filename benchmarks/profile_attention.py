@@ -89,13 +89,18 @@ def render_markdown(meta: dict[str, Any], profiles: list[dict[str, Any]], top: i
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_common_arguments(parser)
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
     parser.add_argument("--lengths", type=positive_int, nargs="+", default=[128])
     parser.add_argument("--tokens", type=positive_int, default=4096, help="tokens per batch (batch = tokens // length)")
     parser.add_argument("--top", type=positive_int, default=6, help="ops listed per scheme in the Markdown")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     check_arguments(args)
     check_kernels_run([args.kernel], args.device, "--kernel")

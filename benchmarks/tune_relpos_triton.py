@@ -130,7 +130,7 @@ def render_markdown(meta: dict[str, Any], timings: list[dict[str, Any]],
     return "\n".join(lines)
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda",), default="cuda")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
@@ -143,6 +143,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--candidates", choices=CANDIDATES, default="all",
                         help="block configs timed: the package's own, or those and FlashAttention-2's Hopper ones")
     parser.add_argument("--out", type=output_folder, required=True)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
     args = parser.parse_args(argv)
     check_attention_dropout(args.attention_dropout)
     check_whole_sequence(args.tokens, args.length)

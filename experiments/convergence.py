@@ -322,7 +322,7 @@ def record_start(folder: Path, version: str, continued_from: Path | None) -> lis
     return starts
 
 
-def argument_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """convergence.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data" / "multi30k",
@@ -357,7 +357,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argument_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     missing = [name for name in ("train.jsonl", *SPLITS.values()) if not (args.data / name).is_file()]
     if missing:

@@ -454,7 +454,7 @@ def bleu_kept(results: dict, level: str, system: str) -> list[float]:
     return [] if 0 in single else [100 * value / base for value, base in zip(joined, single, strict=True)]
 
 
-def argument_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """long_inputs.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, required=True, help="folder with test.jsonl and validation.jsonl")
@@ -485,7 +485,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argument_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     missing = [name for name in SETS.values() if not (args.data / name).is_file()]
     if missing:

@@ -395,7 +395,7 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, help="folder with {train,test}.jsonl (Multi30k); not with --quick")
     parser.add_argument("--work", type=output_folder,
@@ -443,6 +443,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--merge", type=Path, nargs="+", metavar="RECORD",
                         help="join marian_conversion.json records of one conversion with different --seeds into "
                              "one record in --out (no training, no decoding)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.merge:
         write_record(merge_records(args.merge), args.out)

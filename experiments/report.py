@@ -125,7 +125,7 @@ def vs_marian_command(record: dict) -> str:
     `--row-seeds` as given; `--collect-only`, `--list` and `--decoding-study` are the collecting invocation's)."""
     settings = record["settings"]
     row_seeds = [f"{row}={','.join(map(str, seeds))}" for row, seeds in dict(settings.get("row_seeds") or {}).items()]
-    return command_line("experiments/vs_marian.py", vs_marian.argument_parser(), {**settings, "row_seeds": row_seeds},
+    return command_line("experiments/vs_marian.py", vs_marian.build_parser(), {**settings, "row_seeds": row_seeds},
                         leave_out=INVOCATION_MODES)
 
 
@@ -154,7 +154,7 @@ def convergence_command(record: dict) -> str:
     """The convergence.py command of a record: every setting it holds that is not the script's default, with the
     device its runs trained on (the record's own settings are the collecting invocation's)."""
     on_cpu = all(device.startswith("CPU") for device in run_devices(record))
-    return command_line("experiments/convergence.py", convergence.argument_parser(),
+    return command_line("experiments/convergence.py", convergence.build_parser(),
                         {**record["settings"], "device": "cpu" if on_cpu else "cuda"}, leave_out=INVOCATION_MODES,
                         always=("device",))
 
@@ -964,7 +964,7 @@ def marian_conversion_passage(path: str) -> Callable[[], str]:
 def long_inputs_command(settings: dict) -> str:
     """The long_inputs.py command line of a record's settings: every one that is not the script's default (its models
     as given)."""
-    return command_line("experiments/long_inputs.py", long_inputs.argument_parser(), settings)
+    return command_line("experiments/long_inputs.py", long_inputs.build_parser(), settings)
 
 
 # Issue #50 item 1's decoding study: the same models decoded by several settings, one long_inputs.py record each,

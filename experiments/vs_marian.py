@@ -911,7 +911,7 @@ def decoding_study(rows: list[Row], args: argparse.Namespace) -> dict:
     return study
 
 
-def argument_parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
     """vs_marian.py's options (report.py writes a record's command line from their defaults)."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--data", type=Path, default=ROOT.parent / "shared" / "data" / "multi30k",
@@ -954,7 +954,7 @@ def argument_parser() -> argparse.ArgumentParser:
 
 
 def parse_command_line(argv: Sequence[str]) -> tuple[argparse.Namespace, list[Row]]:
-    parser = argument_parser()
+    parser = build_parser()
     args = parser.parse_args(argv)
     if args.list:
         for row in ROWS.values():

@@ -745,7 +745,7 @@ def test_report_prints_a_command_that_gives_back_every_setting_of_a_record(scrip
     accepts it and it parses back to the same settings (the invocation's modes, such as --collect-only, left out)."""
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
     experiment = getattr(report, script)
-    parser = experiment.argument_parser()
+    parser = experiment.build_parser()
     settings = NON_DEFAULT_SETTINGS[script]
     options = {action.dest for action in parser._actions if action.option_strings and action.dest != "help"}
     assert options - set(report.INVOCATION_MODES) == set(settings)

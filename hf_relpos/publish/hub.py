@@ -884,7 +884,7 @@ def _write_files(folder: Path, texts: Mapping[str, str]) -> None:
 
 # --------------------------------------------------------------------------------------------------- command line
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m hf_relpos.publish.hub", description=__doc__.split("\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
     render = commands.add_parser("render-cards", help="render model_cards/<recipe>.md for recipe YAML files")
@@ -898,6 +898,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     push.add_argument("--recipe", type=expand_home,
                       help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         if args.command == "render-cards":

@@ -159,7 +159,7 @@ def average_checkpoints(
     return output_dir
 
 
-def main(argv: Sequence[str] | None = None) -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="hf-relpos-average",
         description="Average the parameters of the last N Trainer checkpoints into a loadable model folder.",
@@ -171,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> None:
                              "training output folder's, all of the checkpoint folders listed)")
     parser.add_argument("--output_dir", required=True, type=expand_home, help="new folder for the averaged model")
     add_import_modules_argument(parser)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
     args = parser.parse_args(argv)
     try:
         import_user_modules(args.import_modules)
