@@ -13,6 +13,7 @@ README or docs/ pages other than docs/archive/ (kept as it was written, history)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import re
 import statistics
@@ -38,9 +39,11 @@ from benchmarks import (  # noqa: E402
     tune_relpos_triton,
 )
 from benchmarks.common import markdown_table  # noqa: E402
+from hf_relpos.model.configuration_relpos import RelPosTransformerConfig  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
 from hf_relpos.publish.files import write_text_atomic  # noqa: E402
 from hf_relpos.publish.records import RECIPE, TRAINED_WEIGHTS, RunRecord, load_yaml, read_run_records  # noqa: E402
+from hf_relpos.translation.arguments import ARGUMENT_CLASSES  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 DOCUMENTS = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
@@ -661,24 +664,79 @@ NO_RECIPE = "no committed recipe (the control)"
 LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/results/long_inputs/<name>/long_inputs.json
 
 
+# What every recipe run of an experiment sets alike, its protocol rather than a change of the recipe: the budget (steps
+# or epochs, token budget, warm-up; README's tables state it), the seed, the checkpoints averaged for scoring, and where
+# the same data was read from.
+PROTOCOL_SETTINGS = ("max_steps", "num_train_epochs", "max_tokens_per_batch", "warmup_steps", "seed",
+                     "average_checkpoints", "dataset_name", "dataset_config_name", "train_file", "validation_file",
+                     "test_file")
+# Model settings runs trained with that their record, written before runs recorded their model, does not hold: the
+# `xl` rows of the one-commit records ran with attention dropout 0, the recipe then.
+UNRECORDED_MODEL_SETTINGS = {(ONE_COMMIT, "xl"): {"attention_dropout": 0.0},
+                             (TWENTY_EPOCHS_ONE_COMMIT, "xl"): {"attention_dropout": 0.0}}
+
+
+def run_scheme(run: RunRecord) -> str | None:
+    """The scheme a recipe run trained: that of the recipe file it trained from (RECIPES), else its system's name where
+    that names a scheme (a model scored without its training record); None for a peer or anything else."""
+    if run.role != RECIPE:
+        return None
+    by_recipe = {Path(path).stem: scheme for scheme, path in RECIPES.items()}
+    return by_recipe.get(run.recipe) or (run.system if run.system in SCHEMES else None)
+
+
+def recipe_changes(run: RunRecord, scheme: str, unrecorded: dict | None = None) -> list[str]:
+    """What `run` of `scheme` trained with other than the scheme's recipe as committed now, as `name` value (recipe:
+    value): each setting the run records (and the model settings `unrecorded` adds) against the recipe file's, where
+    the file leaves a setting out train_translation.py's default or the model config's; PROTOCOL_SETTINGS are no
+    change. A scheme without a recipe file has nothing to differ from."""
+    if scheme not in RECIPES:
+        return []
+    recipe = RunRecord.from_recipe(load_yaml((ROOT / RECIPES[scheme]).read_text(encoding="utf-8")))
+    config = RelPosTransformerConfig(**recipe.model)
+    defaults = {item.name: item.default for arguments in ARGUMENT_CLASSES for item in dataclasses.fields(arguments)
+                if item.default is not dataclasses.MISSING}
+    changes = [f"`model.{name}` {value} (recipe: {was})" for name, value in {**run.model, **(unrecorded or {})}.items()
+               if value != (was := recipe.model.get(name, getattr(config, name, None)))]
+    for name in RunRecord.recipe_fields():
+        value, was = getattr(run, name), getattr(recipe, name)
+        was = defaults.get(name) if was is None else was
+        if name not in PROTOCOL_SETTINGS and value is not None and value != was:
+            changes.append(f"`{name}` {value} (recipe: {was})")
+    return changes
+
+
+def committed_recipe_runs(path: str) -> list[tuple[str, RunRecord]]:
+    """(scheme, run) for each run of a record that trained its scheme's recipe as committed now (no `recipe_changes`):
+    the runs the rule reads, of every record."""
+    return [(scheme, run) for run in read_run_records(RESULTS / path) if (scheme := run_scheme(run)) is not None
+            and not recipe_changes(run, scheme, UNRECORDED_MODEL_SETTINGS.get((path, run.system)))]
+
+
+def bleu_by_scheme(runs: list[tuple[str, RunRecord]], split: str, weights: str = TRAINED_WEIGHTS
+                   ) -> dict[str, list[float]]:
+    """{scheme: BLEU on `split` per run} of `committed_recipe_runs`, in SCHEMES order."""
+    by_scheme: dict[str, list[float]] = defaultdict(list)
+    for scheme, run in runs:
+        if split in run.scores[weights]:
+            by_scheme[scheme].append(run.scores[weights][split].bleu)
+    return {scheme: by_scheme[scheme] for scheme in SCHEMES if scheme in by_scheme}
+
+
 def default_rule_columns() -> dict[str, dict[str, list[float]]]:
-    """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, for the recipes as committed now (a
-    row trained with another recipe setting is left out): test2016 and validation of the one-commit records (at the
-    equal budget, and 20 epochs with the last 5 averaged), then every level of every long-input record."""
+    """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, of the recipes as committed now (a run
+    trained with another recipe setting is left out, in every record: `committed_recipe_runs`): test2016 and
+    validation of the one-commit records (at the equal budget, and 20 epochs with the last 5 averaged), then every
+    level of every long-input record."""
+    one_commit, twenty = committed_recipe_runs(ONE_COMMIT), committed_recipe_runs(TWENTY_EPOCHS_ONE_COMMIT)
     columns: dict[str, dict[str, list[float]]] = {}
     for split, name in (("test", "test2016"), ("validation", "validation")):
-        one_commit = bleu_by_system(ONE_COMMIT, split)
-        twenty = bleu_by_system(TWENTY_EPOCHS_ONE_COMMIT, split, "averaged")
-        columns[f"equal budget, {name}"] = {
-            scheme: one_commit[row] for scheme in SCHEMES if (row := ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)) in one_commit}
-        columns[f"20 epochs, {name}"] = {scheme: twenty[scheme] for scheme in SCHEMES
-                                         if scheme in twenty and scheme not in TWENTY_EPOCHS_NOTES}
+        columns[f"equal budget, {name}"] = bleu_by_scheme(one_commit, split)
+        columns[f"20 epochs, {name}"] = bleu_by_scheme(twenty, split, "averaged")
     for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json")):
-        for run in read_run_records(path):
-            for level, scores in run.scores[TRAINED_WEIGHTS].items():
-                column = columns.setdefault(f"{path.parent.name}: {level}", {})
-                if run.system in SCHEMES:
-                    column.setdefault(run.system, []).append(scores.bleu)
+        runs = committed_recipe_runs(path.relative_to(RESULTS).as_posix())
+        for level in dict.fromkeys(level for run in read_run_records(path) for level in run.scores[TRAINED_WEIGHTS]):
+            columns[f"{path.parent.name}: {level}"] = bleu_by_scheme(runs, level)
     return columns
 
 

@@ -359,6 +359,34 @@ def test_the_rules_equal_budget_columns_take_each_recipe_as_committed_now(report
         assert columns[f"equal budget, {name}"]["xl"] == one_commit[row] != one_commit["xl"]
 
 
+def test_the_rule_leaves_out_runs_of_another_recipe_setting_in_every_record(report, tmp_path, monkeypatch):
+    """A long-input record (its runs from several commits) whose `xl` system holds a run trained with attention
+    dropout 0, not the committed recipe's 0.1, and a `directional` run with joined pairs: the rule's columns take only
+    the runs trained as the recipes are committed now, as in the one-commit records."""
+    from hf_relpos.publish.records import RunRecord, Scores, load_recipe
+
+    def run(system: str, seed: int, bleu: float, **changed) -> dict:
+        scheme = system.split("+")[0]
+        model = {**load_recipe(ROOT / report.RECIPES[scheme])["model"], **changed.pop("model", {})}
+        return RunRecord(recipe=f"multi30k_small_{scheme}", system=system, seed=seed, model=model, **changed,
+                         scores={"": {"test2016: 1 caption": Scores(bleu, 60.0, "nrefs:1")}}).to_json()
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for child in report.RESULTS.iterdir():
+        if child.name != report.LONG_INPUTS:
+            (results / child.name).symlink_to(child)
+    record = results / report.LONG_INPUTS / "mixed" / "long_inputs.json"
+    record.parent.mkdir(parents=True)
+    record.write_text(json.dumps({"records": [
+        run("xl", 1, 30.0), run("xl", 2, 30.2), run("xl", 3, 35.0, model={"attention_dropout": 0.0}),
+        run("directional", 1, 31.0), run("directional", 2, 31.2), run("directional", 3, 20.0, concatenated_pairs=0.5),
+    ]}), encoding="utf-8")
+    monkeypatch.setattr(report, "RESULTS", results)
+    assert report.default_rule_columns()["mixed: test2016: 1 caption"] == {"xl": [30.0, 30.2],
+                                                                            "directional": [31.0, 31.2]}
+
+
 def test_a_readme_cell_states_its_mean_spread_and_seed_count(report):
     assert report.seeds_and_spread([30.0]) == "30.00, 1 seed"
     assert report.seeds_and_spread([31.0, 30.0, 32.5]) == "31.17 (30.00-32.50), 3 seeds"
