@@ -477,16 +477,23 @@ def h200_timeline_table() -> str:
 
 def recommended_kernel(scheme: str) -> str:
     """The fastest kernel measured for the scheme at each attention dropout of the H200 records (ratios to the run's
-    baseline, absolute on its fastest kernel: sdpa in these records), sdpa where nothing else was measured."""
+    baseline, absolute on its fastest kernel, which each record names), sdpa where nothing else was measured."""
     rows = fused_rows(scheme)
     if scheme == "absolute":
-        measured = {}
+        by_baseline: dict[str, dict[tuple[str, float], list[str]]] = {}
         for row in rows:
-            if row["kernel"] != "sdpa":
+            measured = by_baseline.setdefault(row["baseline_kernel"], {})
+            if row["kernel"] != row["baseline_kernel"]:
                 measured.setdefault((row["kernel"], row["attention_dropout"]), []).append(f"{row['ratio']:.2f}x")
-        others = ", ".join(f"{kernel} {' and '.join(ratios)} at dropout {dropout:g}"
-                           for (kernel, dropout), ratios in measured.items())
-        return "`sdpa` (the baseline" + (f"; {others})" if others else ")")
+        parts = []
+        for baseline, measured in (by_baseline or {"sdpa": {}}).items():
+            dropouts = sorted({row["attention_dropout"] for row in rows if row["baseline_kernel"] == baseline},
+                              reverse=True)
+            at = f" at dropout {' and '.join(f'{dropout:g}' for dropout in dropouts)}" if len(by_baseline) > 1 else ""
+            others = ", ".join(f"{kernel} {' and '.join(ratios)} at dropout {dropout:g}"
+                               for (kernel, dropout), ratios in measured.items())
+            parts.append(f"`{baseline}` (the baseline{at}" + (f"; {others})" if others else ")"))
+        return "; ".join(parts)
     if not rows:
         return "`sdpa` (fused paths not measured)"
     parts = []
@@ -558,6 +565,7 @@ def readme_cost() -> str:
             cached = f"{decoding[scheme]['cached_ratio_to_absolute']:.2f}x" if scheme in decoding else UNMEASURED
         rows.append([f"`{scheme}`", speed, memory, cached, recommended_kernel(scheme), kernels(scheme)])
     baseline = h100_model_rows("absolute")
+    baseline_kernels = " or ".join(sorted({row["baseline_kernel"] for row in fused_rows("absolute")}))
     caption = (f"Training: {meta['device_name']}, {meta['dtype']} autocast, `{meta['kernel']}` kernel, torch "
                f"{meta['torch']}, transformers {meta['transformers']}, {meta['date'][:10]}, code `{meta['code']}` "
                f"(records [`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)); the base "
@@ -565,7 +573,7 @@ def readme_cost() -> str:
                "a batch; ratios to `absolute` in the same round. Cached decoding: the "
                f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
                "`xl`. Recommended kernel: the fastest measured for training on an "
-               f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on sdpa and "
+               f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on {baseline_kernels} and "
                f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
                f"code `{fused_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_LATEST_CHECK}`](docs/results/{H200_LATEST_CHECK}/README.md); "

@@ -484,6 +484,35 @@ def test_the_recommended_kernel_is_the_fastest_measured_at_each_dropout(report):
         assert all(row["kernel"] != "relpos_triton" for row in rows) or report.runs_on_triton(scheme)
 
 
+def test_the_recommended_kernel_names_absolutes_fastest_kernel_as_the_baseline(report, tmp_path, monkeypatch):
+    """H200 records in which flex_attention, not sdpa, is absolute's fastest kernel (the records' baseline): README's
+    absolute row and caption name that kernel as the baseline, per dropout where the records' baselines differ."""
+    def record(dropout: float, baseline: str, sdpa_ratio: float) -> dict:
+        rows = [{"scheme": f"absolute@{kernel}", "kernel": kernel, "baseline_kernel": baseline, "length": 512,
+                 "ratio": ratio, "memory_overhead": 0.0}
+                for kernel, ratio in (("sdpa", sdpa_ratio), ("flex_attention", 1.0 if baseline != "sdpa" else 0.8))]
+        return {"meta": {"attention_dropout": dropout, "device_name": "NVIDIA H200", "code": "abc1234"},
+                "training": rows}
+
+    results = tmp_path / "results"
+    results.mkdir()
+    for child in report.RESULTS.iterdir():
+        (results / child.name).symlink_to(child)
+    fixtures = {"flex_0.1.json": record(0.1, "flex_attention", 0.95), "flex_0.json": record(0.0, "flex_attention", 0.9),
+                "sdpa_0.1.json": record(0.1, "sdpa", 1.0)}
+    for name, content in fixtures.items():
+        (results / name).write_text(json.dumps(content), encoding="utf-8")
+    monkeypatch.setattr(report, "RESULTS", results)
+    monkeypatch.setattr(report, "H200_RECOMMENDED", ("flex_0.1.json", "flex_0.json"))
+    assert report.recommended_kernel("absolute") == (
+        "`flex_attention` (the baseline; sdpa 0.95x at dropout 0.1, sdpa 0.90x at dropout 0)")
+    assert "ratio to `absolute` on flex_attention and peak memory" in report.readme_cost()
+    monkeypatch.setattr(report, "H200_RECOMMENDED", ("sdpa_0.1.json", "flex_0.json"))
+    assert report.recommended_kernel("absolute") == ("`sdpa` (the baseline at dropout 0.1; flex_attention 0.80x at "
+                                                     "dropout 0.1); `flex_attention` (the baseline at dropout 0; sdpa "
+                                                     "0.90x at dropout 0)")
+
+
 def test_the_key_dropout_text_holds_in_the_record(report):
     """README, docs/training.md and docs/benchmarks.md on key dropout (issue #47 item 8), against its 3-seed record:
     level with probability dropout on validation (ranges overlap; the criterion), a little behind on test2016 within
