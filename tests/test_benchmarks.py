@@ -514,6 +514,7 @@ TINY_DECODING = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--batc
                  "--new-tokens", "4", "--warmup", "0", "--repeats", "1", "--schemes", "absolute"]
 TINY_PROFILE = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--lengths", "8", "--tokens", "16",
                 "--schemes", "absolute"]
+TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--length", "4", "--tokens", "8"]
 
 
 @pytest.mark.parametrize(("script", "argv", "message"), [
@@ -558,6 +559,11 @@ TINY_PROFILE = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--lengt
     ("ablate_relpos_triton", ["--tokens", "0"], "argument --tokens: must be a positive integer, got 0"),
     ("ablate_relpos_triton", ["--tokens", "4", "--length", "8"],
      "--tokens 4: fewer than --length (8); a batch holds at least one whole sequence"),
+    ("ablate_relpos_triton", ["--attention_dropout", "1"], "--attention_dropout: must be in [0, 1), got 1.0"),
+    ("bench_precision", ["--steps", "0"], "--steps: must be at least 1, got 0"),
+    ("bench_precision", ["--warmup_steps", "0"], "--warmup_steps: must be at least 1, got 0"),
+    ("bench_precision", ["--tolerance", "0"], "--tolerance: must be a positive number, got 0.0"),
+    ("bench_precision", ["--tolerance", "inf"], "--tolerance: must be a positive number, got inf"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
@@ -571,7 +577,8 @@ def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str],
             "host_overhead": ["--steps", "1", "--rounds", "1", "--series", "absolute@sdpa"],
             "step_timeline": ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--tokens",
                               "16", "--steps", "1", "--warmup", "0"],
-            "bench_inference": [], "tune_relpos_triton": [], "ablate_relpos_triton": []}[script]
+            "bench_inference": [], "tune_relpos_triton": [], "ablate_relpos_triton": [],
+            "bench_precision": TINY_PRECISION}[script]
     assert message in one_line_error(module.main, [*tiny, *argv, "--out", str(tmp_path)], capsys)
     assert not any(tmp_path.iterdir())
 
@@ -948,3 +955,297 @@ def test_memory_growth_fits_each_rows_own_tokens(lengths_and_batches, constant) 
     growth = {g["scheme"]: g for g in bench_training.memory_growth(rows, args)}
     assert growth["shaw"]["extra_bytes_per_score"] == pytest.approx(40.0)
     assert growth["absolute"]["extra_bytes_per_score"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_ablation_steps_give_the_fused_op_and_sdpa_each_variants_terms_on_token_major_inputs(monkeypatch) -> None:
+    """ablate_relpos_triton.steps with stand-ins for the fused op, sdpa and autograd.grad: each variant's label says
+    which terms are on (a^K: a [B, H, n, 2k + 1] bias table, a^V: masses 2k + 1 rounded up to 8 columns that enter
+    the loss, dropout: the rate given, else 0, for sdpa too); scaling 1/sqrt(d), every key of every row attended,
+    encoder self-attention (offset 0, not causal); gradients for the fused op's inputs, sdpa's for its three."""
+    from benchmarks import ablate_relpos_triton as ablate
+    from hf_relpos.model import triton_relative
+
+    fused_calls, sdpa_calls, gradients, mass_gradients = [], [], [], []
+
+    def fused(query, key, value, table, key_start, key_end, seed, scaling, dropout, offset, max_distance, causal,
+              mass_columns):
+        fused_calls.append(locals().copy())
+        masses = query[..., :1].expand(*query.shape[:3], mass_columns) * 1.0
+        masses.register_hook(lambda grad: mass_gradients.append(True))
+        return query * 1.0, masses, query.sum(-1)
+
+    def sdpa(query, key, value, dropout_p):
+        sdpa_calls.append((query, key, value, dropout_p))
+        return query * 1.0
+
+    grad = torch.autograd.grad
+    monkeypatch.setattr(triton_relative, "relative_attention", fused)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", sdpa)
+    monkeypatch.setattr(torch.autograd, "grad", lambda loss, inputs: gradients.append(tuple(inputs)) or grad(
+        loss, inputs, allow_unused=True))
+    labels = [variant[0] for variant in ablate.VARIANTS]
+    assert labels[0] == "a^K, a^V, dropout" and labels[-1] == "plain" and len(set(labels)) == 6
+    for variant in ablate.VARIANTS:
+        for calls in (fused_calls, sdpa_calls, gradients, mass_gradients):
+            calls.clear()
+        label = variant[0]
+        with_bias, with_masses, with_dropout = "a^K" in label, "a^V" in label, "dropout" in label
+        for function in ablate.steps(2, 3, 5, 4, 2, 0.25, "cpu", torch.float32, variant).values():
+            function()
+        forward, training = fused_calls
+        query, key, value, table = forward["query"], forward["key"], forward["value"], forward["table"]
+        ids = [id(query), id(key), id(value)]
+        assert training["query"] is query and [list(map(id, call[:3])) for call in sdpa_calls] == [ids] * 2
+        assert query.shape == key.shape == value.shape == (2, 3, 5, 4)
+        assert query.transpose(1, 2).is_contiguous() and not query.is_contiguous()   # [B, n, H, d] in memory
+        assert (table is not None) == with_bias
+        if with_bias:
+            assert table.shape == (2, 3, 5, 5) and table.transpose(1, 2).is_contiguous()
+        assert forward["mass_columns"] == (8 if with_masses else 0) and mass_gradients == [True] * with_masses
+        assert forward["dropout"] == training["dropout"] == (0.25 if with_dropout else 0.0)
+        assert [sdpa_call[3] for sdpa_call in sdpa_calls] == [forward["dropout"]] * 2
+        assert forward["key_start"].tolist() == [0, 0] and forward["key_end"].tolist() == [5, 5]
+        assert triton_relative.SEED_RANGE[0] <= forward["seed"].item() < triton_relative.SEED_RANGE[1]
+        assert (forward["scaling"], forward["offset"], forward["max_distance"], forward["causal"]) == (0.5, 0, 2, False)
+        fused_ids = [*ids, id(table)] if with_bias else ids
+        assert [list(map(id, inputs)) for inputs in gradients] == [fused_ids, ids]   # fused op's, then sdpa's
+
+
+def test_ablation_runs_each_variant_at_the_flags_shape_and_writes_the_record_after_every_row(tmp_path, monkeypatch):
+    """ablate_relpos_triton.main with a stand-in for the steps: batch = tokens // length, the shape's heads and head
+    width, --max_distance and --attention_dropout reach every variant; a run stopped in the second variant leaves
+    the first row written; --device cuda without CUDA is one error."""
+    from benchmarks import ablate_relpos_triton as ablate
+
+    calls = []
+
+    def stand_in_steps(*settings):
+        calls.append(settings)
+        return {name: name for name in ("forward", "training", "sdpa_forward", "sdpa_training")}
+
+    monkeypatch.setattr(ablate, "steps", stand_in_steps)
+    times = {"forward": 1.0, "training": 3.0, "sdpa_forward": 4.0, "sdpa_training": 2.0}
+    argv = ["--shape", "tiny", "--dtype", "float32", "--length", "16", "--tokens", "40", "--max_distance", "3",
+            "--attention_dropout", "0.2", "--out", str(tmp_path)]
+    data = ablate.main(argv, timer=times.__getitem__, device="cpu")
+    assert calls == [(2, 4, 16, 8, 3, 0.2, "cpu", torch.float32, variant) for variant in ablate.VARIANTS]
+    assert (data["meta"]["batch"], data["meta"]["heads"], data["meta"]["head_dim"]) == (2, 4, 8)
+    assert "| plain | 1.0000 | 3.0000 | 4.0000 | 2.0000 | 0.25x | 1.50x |" in (tmp_path / "ablation.md").read_text()
+
+    def stopping_timer(name):
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return times[name]
+
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        ablate.main(argv, timer=stopping_timer, device="cpu")
+    assert [row["variant"] for row in json.loads((tmp_path / "ablation.json").read_text())["rows"]] == [
+        ablate.VARIANTS[0][0]]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match="needs a CUDA GPU"):
+        ablate.main(argv, timer=times.__getitem__, device="cuda")
+
+
+def test_profile_sums_each_operators_own_time_per_step_from_operator_events(monkeypatch) -> None:
+    """self_times_ms with a stand-in profiler: on CUDA each operator's own device time (kernels' own events left
+    out, operators with none dropped), on the CPU its own CPU time, in ms per profiled step, after `warmup` steps."""
+    from types import SimpleNamespace
+
+    from benchmarks import profile_attention
+
+    cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
+    events = [SimpleNamespace(device_type=cpu, key="aten::mm", self_device_time_total=6000.0, self_cpu_time_total=300.0),
+              SimpleNamespace(device_type=cpu, key="aten::view", self_device_time_total=0.0, self_cpu_time_total=30.0),
+              SimpleNamespace(device_type=cuda, key="gemm_kernel", self_device_time_total=6000.0,
+                              self_cpu_time_total=0.0)]
+    profiled = []
+
+    def profile(activities):
+        profiled.append(activities)
+        return contextlib.nullcontext(SimpleNamespace(key_averages=lambda: events))
+
+    monkeypatch.setattr(torch.profiler, "profile", profile)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
+    steps = []
+    assert profile_attention.self_times_ms(lambda: steps.append(1), 3, "cuda", warmup=2) == {"aten::mm": 2.0}
+    assert len(steps) == 2 + 3 and torch.profiler.ProfilerActivity.CUDA in profiled[0]
+    assert profile_attention.self_times_ms(lambda: None, 3, "cpu", warmup=0) == pytest.approx(
+        {"aten::mm": 0.1, "aten::view": 0.01})
+    assert profiled[1] == [torch.profiler.ProfilerActivity.CPU]
+
+
+def test_profile_extra_ops_rank_by_time_beyond_the_baselines_and_the_baseline_by_its_own() -> None:
+    from benchmarks.profile_attention import extra_ops
+
+    own, base = {"a": 5.0, "b": 3.0, "c": 1.0}, {"a": 4.5, "c": 0.25, "d": 9.0}
+    assert extra_ops(own, base, 2) == [("b", 3.0, 3.0), ("c", 1.0, 0.75)]
+    assert extra_ops(base, base, 2) == [("d", 9.0, 0.0), ("a", 4.5, 0.0)]
+
+
+def test_profile_rows_compare_with_absolute_wherever_it_is_listed_and_keep_small_ops_in_the_total(tmp_path,
+                                                                                                  monkeypatch):
+    """profile_attention.main with stand-in cases, op times and a fake clock (--schemes shaw absolute, --lengths 20 8
+    --tokens 20: batches 1 and 2): each case gets the flags' shape, length, batch, kernel and dropout; totals count
+    every op, the record keeps ops from 0.005 ms up, largest first; extra times are against absolute's; wall time is
+    the median step; a run stopped at the second length leaves the first written."""
+    from types import SimpleNamespace
+
+    from benchmarks import common, profile_attention
+
+    clock, cases = FakeClock(), []
+    monkeypatch.setitem(common.CLOCKS, "wall", clock.now)
+    seconds = {"shaw": [1.0, 9.0, 2.0], "absolute": [1.0, 1.0, 1.0]}
+    ops = {"shaw": {"aten::mm": 3.0, "aten::tiny": 0.004, "aten::edge": 0.005, "aten::scatter_add_": 2.0},
+           "absolute": {"aten::add": 0.5, "aten::mm": 2.5}}
+
+    def stand_in_case(*settings):
+        cases.append(settings)
+        durations = iter(seconds[settings[0]])
+        return SimpleNamespace(scheme=settings[0], step=lambda: clock.advance(next(durations)))
+
+    def stand_in_times(step, steps, device, warmup):
+        if cases[-1][2] == failing_length:
+            raise RuntimeError("stopped")
+        return dict(ops[cases[-1][0]])
+
+    monkeypatch.setattr(profile_attention, "attention_case", stand_in_case)
+    monkeypatch.setattr(profile_attention, "self_times_ms", stand_in_times)
+    argv = ["--device", "cpu", "--threads", "1", "--shape", "tiny", "--lengths", "20", "8", "--tokens", "20",
+            "--kernel", "eager", "--attention_dropout", "0.1", "--schemes", "shaw", "absolute", "--top", "2",
+            "--out", str(tmp_path)]
+    failing_length = None
+    data = profile_attention.main(argv)
+    tiny = common.SHAPES["tiny"]
+    assert cases == [(scheme, tiny, length, batch, "cpu", "float32", "eager", 0.1)
+                     for length, batch in ((20, 1), (8, 2)) for scheme in ("shaw", "absolute")]
+    shaw, absolute = data["profiles"][0]["schemes"]["shaw"], data["profiles"][0]["schemes"]["absolute"]
+    assert list(shaw["ops_ms"].items()) == [("aten::mm", 3.0), ("aten::scatter_add_", 2.0), ("aten::edge", 0.005)]
+    assert shaw["total_ms"] == pytest.approx(5.009) and shaw["extra_ms"] == pytest.approx(2.009)
+    assert (shaw["wall_ms"], shaw["extra_wall_ms"], absolute["extra_ms"]) == (2000.0, 1000.0, 0.0)
+    markdown = (tmp_path / "profile.md").read_text()
+    assert "shaw: 5.01 ms per step (+2.01 ms vs absolute); wall 2000.00 ms (+1000.00 ms)" in markdown
+    assert "| aten::scatter_add_ | 2.000 | +2.000 |\n| aten::mm | 3.000 | +0.500 |\n\n" in markdown
+    failing_length = 8
+    with pytest.raises(RuntimeError, match="stopped"):
+        profile_attention.main(argv)
+    assert [profile["length"] for profile in json.loads((tmp_path / "profile.json").read_text())["profiles"]] == [20]
+
+
+def test_precision_run_trains_three_runs_from_the_flags_and_measures_both_bf16_runs_against_float32(monkeypatch):
+    """bench_precision.run with a stand-in train_curve and hand-made curves (8 steps: the last tenth is the last
+    step): batch = max(tokens // length, 1), --vocab_size, --layers, --learning_rate and --warmup_steps reach the
+    runs, every dropout is 0, both bf16 runs are measured against float32 eager (not against the run before), the
+    verdict is the kernel's deviations against --tolerance times bf16 eager's, and the record is saved after each
+    run and after the verdict; --device cuda without CUDA is one error."""
+    from benchmarks import bench_precision
+
+    curves = {("eager", "float32"): [4.0] * 8, ("sdpa", "bfloat16"): [5.0] + [4.0] * 6 + [4.5],
+              ("eager", "bfloat16"): [4.5] + [4.0] * 6 + [3.75]}
+    runs = []
+
+    def stand_in_curve(initial, config_of, kernel, dtype, batches, device, learning_rate, warmup):
+        config = config_of(kernel)
+        runs.append((kernel, dtype, [tuple(ids.shape) for ids in batches], device, learning_rate, warmup,
+                     config.vocab_size, config.encoder_layers, config._attn_implementation,
+                     (config.dropout, config.activation_dropout, config.attention_dropout)))
+        assert all(4 <= int(ids.min()) and int(ids.max()) < 32 for ids in batches)
+        return curves[(kernel, dtype)]
+
+    monkeypatch.setattr(bench_precision, "train_curve", stand_in_curve)
+    args = bench_precision.parse_args(["--device", "cpu", "--shape", "tiny", "--kernel", "sdpa", "--steps", "8",
+                                       "--length", "16", "--tokens", "8", "--vocab_size", "32", "--layers", "2",
+                                       "--learning_rate", "0.01", "--warmup_steps", "3", "--tolerance", "1.5"])
+    saved = []
+    data = bench_precision.run(args, lambda data: saved.append(json.loads(json.dumps(data))))
+    assert runs == [(kernel, dtype, [(1, 16)] * 8, "cpu", 0.01, 3, 32, 2, kernel, (0.0, 0.0, 0.0))
+                    for kernel, dtype in (("eager", "float32"), ("sdpa", "bfloat16"), ("eager", "bfloat16"))]
+    assert (data["meta"]["batch"], data["meta"]["layers"], data["meta"]["vocab_size"]) == (1, 2, 32)
+    kernel, eager = data["runs"][1], data["runs"][2]
+    assert (kernel["max_deviation"], kernel["final_deviation"]) == (1.0, 0.5)
+    assert (eager["max_deviation"], eager["final_deviation"]) == (0.5, 0.25)
+    assert data["within_bf16"] is False   # 1.0 > 1.5 x 0.5 (within at 2.0, and bf16 eager within the kernel's)
+    assert [(len(record["runs"]), record["within_bf16"]) for record in saved] == [(1, None), (2, None), (3, None),
+                                                                                (3, False)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"--device cuda: torch.cuda.is_available\(\) is False"):
+        bench_precision.parse_args(["--device", "cuda"])
+
+
+def test_precision_training_warms_up_the_learning_rate_and_clips_each_steps_gradient(monkeypatch) -> None:
+    """train_curve on a one-weight stand-in model (loss = w x the batch's mean id, so the gradient is the mean id),
+    from the given weights: the losses match AdamW written out by hand with lr x min(1, step / warmup) at steps
+    1, 2, ... and each step's own gradient clipped at norm 1."""
+    from types import SimpleNamespace
+
+    from benchmarks import bench_precision
+
+    class OneWeight(torch.nn.Module):
+        def __init__(self, config) -> None:
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.zeros((), dtype=torch.float64))
+
+        def forward(self, input_ids, labels):
+            return SimpleNamespace(loss=self.weight * input_ids.double().mean())
+
+    monkeypatch.setattr(bench_precision, "RelPosTransformerForConditionalGeneration", OneWeight)
+    gradients = [4.0, 8.0, 0.5, 2.0, -3.0]
+    batches = [torch.tensor([[int(2 * g), 0]]) for g in gradients]   # mean id = g
+    losses = bench_precision.train_curve({"weight": torch.tensor(0.5, dtype=torch.float64)}, lambda kernel: None,
+                                         "eager", "float32", batches, "cpu", 0.1, 3)
+    weight, first, second, expected = 0.5, 0.0, 0.0, []
+    for step, gradient in enumerate(gradients, 1):
+        expected.append(weight * gradient)
+        rate = 0.1 * min(1.0, step / 3)
+        gradient *= min(1.0, 1.0 / (abs(gradient) + 1e-6))
+        first, second = 0.9 * first + 0.1 * gradient, 0.999 * second + 0.001 * gradient**2
+        weight *= 1 - rate * 0.01   # AdamW's decoupled weight decay (0.01)
+        weight -= rate * (first / (1 - 0.9**step)) / ((second / (1 - 0.999**step)) ** 0.5 + 1e-8)
+    assert losses == pytest.approx(expected, rel=1e-9)
+
+
+def test_precision_copy_batches_are_seeded_ids_past_the_special_tokens() -> None:
+    from benchmarks.bench_precision import copy_batches
+
+    batches = copy_batches(3, 2, 20, 7, seed=5)
+    assert [tuple(ids.shape) for ids in batches] == [(2, 20)] * 3
+    assert set(torch.cat(batches).flatten().tolist()) == {4, 5, 6}
+    assert all(torch.equal(a, b) for a, b in zip(batches, copy_batches(3, 2, 20, 7, seed=5), strict=True))
+    assert not torch.equal(batches[0], copy_batches(1, 2, 20, 7, seed=6)[0])
+
+
+def test_precision_report_shows_every_tenth_step_and_the_last_and_the_verdict() -> None:
+    """render_markdown for 32 steps shows steps 1, 4, ..., 31 and 32 (numbered from 1), and the verdict: within,
+    NOT within, or not decided before bf16 eager ran."""
+    from benchmarks import bench_precision
+
+    meta = {"command": "c", "device": "cpu", "device_name": "d", "cpu_threads": 1, "dtype": "bf16", "torch": "t",
+            "transformers": "t", "python": "p", "date": "today", "kernel": "sdpa", "scheme": "shaw", "shape": "tiny",
+            "layers": 1, "vocab_size": 64, "length": 16, "batch": 4, "steps": 32, "learning_rate": 1e-3,
+            "warmup_steps": 2, "seed": 0, "tolerance": 2.0}
+    runs = [{"kernel": "eager", "dtype": "float32", "losses": [float(step) for step in range(32)]},
+            {"kernel": "sdpa", "dtype": "bfloat16", "losses": [0.5] * 32, "max_deviation": 1.0,
+             "final_deviation": 0.25}]
+    markdown = bench_precision.render_markdown({"meta": meta, "runs": runs, "within_bf16": None})
+    steps = [int(line.split("|")[1]) for line in markdown.splitlines() if line[:2] == "| " and line[2:3].isdigit()]
+    assert steps == [*range(1, 32, 3), 32]
+    assert "| 32 | 31.0000 | 0.5000 |" in markdown and "| bfloat16 sdpa | 1.0000 | 0.2500 |" in markdown
+    assert markdown.endswith("not decided yet (bf16 eager not run).")
+    assert bench_precision.render_markdown({"meta": meta, "runs": runs, "within_bf16": True}).endswith(": within.")
+    assert bench_precision.render_markdown({"meta": meta, "runs": runs, "within_bf16": False}).endswith(
+        ": NOT within.")
+
+
+def test_console_rows_of_the_training_and_decoding_benchmarks() -> None:
+    """format_row's one line per row: the training row's throughput, ratio to absolute and peak with its overhead as
+    a percentage; the decoding row's cached and uncached speeds and speed-up, flagged below 5x."""
+    training = {"benchmark": "attention", "shape": "tiny", "length": 8, "batch": 4, "scheme": "shaw@sdpa",
+                "tokens_per_s": 1234.4, "ratio": 0.75, "peak_mib": 12.5, "memory_overhead": 0.125}
+    assert " ".join(bench_training.format_row(training).split()) == (
+        "attention tiny n=8 batch=4 shaw@sdpa 1234 tok/s x0.750 peak 12.5 MiB (+12.5%)")
+    decoding = {"scheme": "shaw", "cached_tokens_per_s": 123.46, "uncached_tokens_per_s": 20.0, "speedup": 6.17,
+                "meets_5x": True}
+    assert " ".join(bench_decoding.format_row(decoding).split()) == (
+        "shaw cached 123.5 tok/s uncached 20.0 tok/s speed-up x6.2")
+    assert bench_decoding.format_row(decoding | {"speedup": 4.96, "meets_5x": False}).endswith(
+        "speed-up x5.0  (below 5x)")
