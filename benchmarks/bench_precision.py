@@ -33,6 +33,7 @@ from benchmarks.common import (
     environment_lines,
     make_config,
     markdown_table,
+    positive_int,
     write_report,
 )
 from hf_relpos import RelPosTransformerForConditionalGeneration
@@ -90,17 +91,18 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     """The three runs (float32 eager, then the kernel, then bf16 eager), `save(data)` after each, so that a time
     limit keeps the runs done."""
     shape = SHAPES[args.shape]
-    vocab_size = args.vocab_size or shape.vocab_size
+    vocab_size = shape.vocab_size if args.vocab_size is None else args.vocab_size
+    layers = shape.layers if args.layers is None else args.layers
     batch = max(args.tokens // args.length, 1)
 
     def config_of(kernel: str):
-        return precision_config(args.scheme, shape, args.layers, vocab_size, kernel)
+        return precision_config(args.scheme, shape, layers, vocab_size, kernel)
 
     torch.manual_seed(args.seed)
     initial = RelPosTransformerForConditionalGeneration(config_of("eager")).state_dict()
     batches = copy_batches(args.steps, batch, args.length, vocab_size, args.seed)
     meta = environment(args.device, "bfloat16 autocast against float32") | {
-        "kernel": args.kernel, "scheme": args.scheme, "shape": args.shape, "layers": args.layers or shape.layers,
+        "kernel": args.kernel, "scheme": args.scheme, "shape": args.shape, "layers": layers,
         "vocab_size": vocab_size, "length": args.length, "batch": batch, "steps": args.steps,
         "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps, "seed": args.seed,
         "tolerance": args.tolerance,
@@ -153,8 +155,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--kernel", choices=KERNELS, default="sdpa", help="the kernel of the third run")
     parser.add_argument("--scheme", choices=tuple(SCHEMES), default="shaw")
     parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
-    parser.add_argument("--layers", type=int, help="layers per stack (default: the shape's)")
-    parser.add_argument("--vocab_size", type=int, help="vocabulary (default: the shape's)")
+    parser.add_argument("--layers", type=positive_int, help="layers per stack (default: the shape's)")
+    parser.add_argument("--vocab_size", type=int, help="vocabulary (default: the shape's; at least 5: ids 0-3 are "
+                        "the special tokens)")
     parser.add_argument("--length", type=int, default=128, help="source and target tokens per sequence")
     parser.add_argument("--tokens", type=int, default=8192, help="source tokens per batch")
     parser.add_argument("--steps", type=int, default=300)
@@ -173,8 +176,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "length", "tokens", "warmup_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1, got {getattr(args, name)}")
-    if not (args.tolerance > 0 and math.isfinite(args.tolerance)):
-        raise SystemExit(f"--tolerance: must be a positive number, got {args.tolerance}")
+    if args.vocab_size is not None and args.vocab_size < 5:
+        raise SystemExit(f"--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got {args.vocab_size}")
+    for name in ("learning_rate", "tolerance"):
+        if not (getattr(args, name) > 0 and math.isfinite(getattr(args, name))):
+            raise SystemExit(f"--{name}: must be a positive number, got {getattr(args, name)}")
     return args
 
 

@@ -564,6 +564,10 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_precision", ["--warmup_steps", "0"], "--warmup_steps: must be at least 1, got 0"),
     ("bench_precision", ["--tolerance", "0"], "--tolerance: must be a positive number, got 0.0"),
     ("bench_precision", ["--tolerance", "inf"], "--tolerance: must be a positive number, got inf"),
+    ("bench_precision", ["--layers", "0"], "argument --layers: must be a positive integer, got 0"),
+    ("bench_precision", ["--vocab_size", "0"], "--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got 0"),
+    ("bench_precision", ["--vocab_size", "4"], "--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got 4"),
+    ("bench_precision", ["--learning_rate", "-1"], "--learning_rate: must be a positive number, got -1.0"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
