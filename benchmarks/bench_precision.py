@@ -29,6 +29,7 @@ from benchmarks.common import (
     SHAPES,
     Shape,
     autocast,
+    check_whole_sequence,
     environment,
     environment_lines,
     make_config,
@@ -93,7 +94,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     shape = SHAPES[args.shape]
     vocab_size = shape.vocab_size if args.vocab_size is None else args.vocab_size
     layers = shape.layers if args.layers is None else args.layers
-    batch = max(args.tokens // args.length, 1)
+    batch = args.tokens // args.length
 
     def config_of(kernel: str):
         return precision_config(args.scheme, shape, layers, vocab_size, kernel)
@@ -159,7 +160,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--vocab_size", type=int, help="vocabulary (default: the shape's; at least 5: ids 0-3 are "
                         "the special tokens)")
     parser.add_argument("--length", type=int, default=128, help="source and target tokens per sequence")
-    parser.add_argument("--tokens", type=int, default=8192, help="source tokens per batch")
+    parser.add_argument("--tokens", type=int, default=8192, help="source tokens per batch (batch = tokens // length)")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--learning_rate", type=float, default=3e-4)
     parser.add_argument("--warmup_steps", type=int, default=50)
@@ -176,6 +177,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in ("steps", "length", "tokens", "warmup_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1, got {getattr(args, name)}")
+    check_whole_sequence(args.tokens, args.length)
     if args.vocab_size is not None and args.vocab_size < 5:
         raise SystemExit(f"--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got {args.vocab_size}")
     for name in ("learning_rate", "tolerance"):

@@ -568,6 +568,7 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_precision", ["--vocab_size", "0"], "--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got 0"),
     ("bench_precision", ["--vocab_size", "4"], "--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got 4"),
     ("bench_precision", ["--learning_rate", "-1"], "--learning_rate: must be a positive number, got -1.0"),
+    ("bench_precision", ["--tokens", "3"], "--tokens 3: fewer than --length (4); a batch holds at least one whole sequence"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
@@ -1138,7 +1139,7 @@ def test_profile_rows_compare_with_absolute_wherever_it_is_listed_and_keep_small
 
 def test_precision_run_trains_three_runs_from_the_flags_and_measures_both_bf16_runs_against_float32(monkeypatch):
     """bench_precision.run with a stand-in train_curve and hand-made curves (8 steps: the last tenth is the last
-    step): batch = max(tokens // length, 1), --vocab_size, --layers, --learning_rate and --warmup_steps reach the
+    step): batch = tokens // length, --vocab_size, --layers, --learning_rate and --warmup_steps reach the
     runs, every dropout is 0, both bf16 runs are measured against float32 eager (not against the run before), the
     verdict is the kernel's deviations against --tolerance times bf16 eager's, and the record is saved after each
     run and after the verdict; --device cuda without CUDA is one error."""
@@ -1158,7 +1159,7 @@ def test_precision_run_trains_three_runs_from_the_flags_and_measures_both_bf16_r
 
     monkeypatch.setattr(bench_precision, "train_curve", stand_in_curve)
     args = bench_precision.parse_args(["--device", "cpu", "--shape", "tiny", "--kernel", "sdpa", "--steps", "8",
-                                       "--length", "16", "--tokens", "8", "--vocab_size", "32", "--layers", "2",
+                                       "--length", "16", "--tokens", "24", "--vocab_size", "32", "--layers", "2",
                                        "--learning_rate", "0.01", "--warmup_steps", "3", "--tolerance", "1.5"])
     saved = []
     data = bench_precision.run(args, lambda data: saved.append(json.loads(json.dumps(data))))
