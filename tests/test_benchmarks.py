@@ -391,6 +391,7 @@ def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their
     assert [(entry["dtype"], entry["kernel"]) for entry in runs] == [
         ("float32", "eager"), ("bfloat16", "sdpa"), ("bfloat16", "eager")]
     assert all(len(entry["losses"]) == 6 for entry in runs)
+    assert (data["meta"]["layers"], data["meta"]["vocab_size"], data["meta"]["batch"]) == (1, 64, 4)   # tiny's, 64 // 16
     assert all(entry["max_deviation"] > 0 for entry in runs[1:])
     assert data["within_bf16"] == bench_precision.within_bf16(runs[1], runs[2], 2.0)
     assert json.loads((tmp_path / "precision.json").read_text())["within_bf16"] == data["within_bf16"]
@@ -409,7 +410,7 @@ def test_precision_benchmark_trains_three_runs_from_one_start_and_measures_their
 
 def test_precision_verdict_and_deviations_on_hand_made_curves() -> None:
     """The largest and the last-tenth deviations from the reference, and the verdict: within when both are at most
-    the tolerance times bf16 eager's, not within when either exceeds it."""
+    the tolerance times bf16 eager's (equal included), not within when either exceeds it."""
     from benchmarks import bench_precision
 
     reference = [4.0] * 10
@@ -421,6 +422,8 @@ def test_precision_verdict_and_deviations_on_hand_made_curves() -> None:
     assert bench_precision.within_bf16(close, eager, 2.0)
     assert not bench_precision.within_bf16(close, eager, 1.5)
     assert not bench_precision.within_bf16(far_early, eager, 2.0)
+    at_tolerance = {"max_deviation": 1.0, "final_deviation": 0.5}   # exactly 2 x 0.5 and 2 x 0.25
+    assert bench_precision.within_bf16(at_tolerance, {"max_deviation": 0.5, "final_deviation": 0.25}, 2.0)
 
 
 def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_events():
