@@ -429,13 +429,16 @@ def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_positio
 
     def widened(first_query: int, size: int, columns: slice) -> torch.Tensor:
         rows = table[..., first_query : first_query + size, :]
-        # columns up to largest - k hold bucket 0, from largest + k bucket 2k, between them bucket p - largest + k
-        band_first, band_last = max(columns.start, largest - k), min(columns.stop - 1, largest + k)
+        # columns [start, lo) hold bucket 0, [lo, hi) bucket p - largest + k, [hi, stop) bucket 2k: each bound
+        # clamped into the columns, so that the three widths add up to the block's by construction (under dynamic
+        # shapes torch.compile then has no Min/Max sums to prove equal, which took most of a recompile)
+        lo = min(max(largest - k, columns.start), columns.stop)
+        hi = min(max(largest + k + 1, lo), columns.stop)
         edge_shape = rows.shape[:-1]
         return torch.cat([
-            rows[..., :1].expand(*edge_shape, max(0, min(columns.stop, band_first) - columns.start)),
-            rows[..., band_first - largest + k : band_last - largest + k + 1],
-            rows[..., -1:].expand(*edge_shape, max(0, columns.stop - max(columns.start, band_last + 1))),
+            rows[..., :1].expand(*edge_shape, lo - columns.start),
+            rows[..., lo - largest + k : hi - largest + k],
+            rows[..., -1:].expand(*edge_shape, columns.stop - hi),
         ], dim=-1)
 
     return dense_by_query_blocks(query_length, key_length, widened)
