@@ -20,7 +20,9 @@ import statistics
 import sys
 from collections import defaultdict
 from collections.abc import Callable, Iterable
+from functools import cache
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "experiments"), str(ROOT)]
@@ -61,6 +63,7 @@ EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-tab
                      **{scheme: f"{scheme}-matched" for scheme in MEASURED_ORDER[2:]}}
 # The recipe file of each scheme that has one in configs/ (`none`, the position-blind control, has none).
 RECIPES = {scheme: path for scheme in SCHEMES if (ROOT / (path := f"configs/multi30k_small_{scheme}.yaml")).is_file()}
+RECIPE_SCHEMES = {Path(path).stem: scheme for scheme, path in RECIPES.items()}   # recipe name -> its scheme
 UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
@@ -689,8 +692,21 @@ def run_scheme(run: RunRecord) -> str | None:
     that names a scheme (a model scored without its training record); None for a peer or anything else."""
     if run.role != RECIPE:
         return None
-    by_recipe = {Path(path).stem: scheme for scheme, path in RECIPES.items()}
-    return by_recipe.get(run.recipe) or (run.system if run.system in SCHEMES else None)
+    return RECIPE_SCHEMES.get(run.recipe) or (run.system if run.system in SCHEMES else None)
+
+
+@cache
+def committed_recipe(scheme: str) -> tuple[RunRecord, RelPosTransformerConfig]:
+    """The scheme's recipe file as committed now, as a RunRecord, and the model config it builds (read once)."""
+    recipe = RunRecord.from_recipe(load_yaml((ROOT / RECIPES[scheme]).read_text(encoding="utf-8")))
+    return recipe, RelPosTransformerConfig(**recipe.model)
+
+
+@cache
+def training_defaults() -> dict[str, Any]:
+    """train_translation.py's default of each of its fields that has one."""
+    return {item.name: item.default for arguments in ARGUMENT_CLASSES for item in dataclasses.fields(arguments)
+            if item.default is not dataclasses.MISSING}
 
 
 def recipe_changes(run: RunRecord, scheme: str, unrecorded: dict | None = None) -> list[str]:
@@ -700,10 +716,8 @@ def recipe_changes(run: RunRecord, scheme: str, unrecorded: dict | None = None) 
     change. A scheme without a recipe file has nothing to differ from."""
     if scheme not in RECIPES:
         return []
-    recipe = RunRecord.from_recipe(load_yaml((ROOT / RECIPES[scheme]).read_text(encoding="utf-8")))
-    config = RelPosTransformerConfig(**recipe.model)
-    defaults = {item.name: item.default for arguments in ARGUMENT_CLASSES for item in dataclasses.fields(arguments)
-                if item.default is not dataclasses.MISSING}
+    recipe, config = committed_recipe(scheme)
+    defaults = training_defaults()
     changes = [f"`model.{name}` {value} (recipe: {was})" for name, value in {**run.model, **(unrecorded or {})}.items()
                if value != (was := recipe.model.get(name, getattr(config, name, None)))]
     for name in RunRecord.recipe_fields():
