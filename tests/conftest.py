@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import math
 import os
 import subprocess
@@ -223,3 +224,14 @@ def make_unwritable(monkeypatch: pytest.MonkeyPatch, folder: Path) -> None:
             return create(*args, **kwargs)
 
         monkeypatch.setattr(tempfile, name, refuse)
+
+
+def load_experiment(script: Path, monkeypatch):
+    """A script (experiments/X.py) imported as a module, registered in sys.modules for the test's duration, with its
+    folder on sys.path, as when it runs as a script."""
+    monkeypatch.syspath_prepend(str(script.parent))   # its sibling scripts, as when it runs as a script
+    spec = importlib.util.spec_from_file_location(script.stem, script)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, module)
+    spec.loader.exec_module(module)
+    return module

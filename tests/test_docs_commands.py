@@ -6,7 +6,6 @@ kept as written, and not checked."""
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import re
 import shlex
@@ -15,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
@@ -141,18 +141,9 @@ def check_training_arguments(arguments: list[str], work: Path) -> None:
 
 def program_module(program: str, monkeypatch):
     """The module a documented program runs: `MODULE` or `MODULE:FUNCTION` imported, a script (experiments/X.py)
-    loaded from its path with its folder on sys.path, as when it runs as a script."""
+    loaded from its path as when it runs as a script (`load_experiment`)."""
     module = program.split(":")[0]
-    if not module.endswith(".py"):
-        return importlib.import_module(module)
-    script = Path(module)
-    monkeypatch.syspath_prepend(str(ROOT))
-    monkeypatch.syspath_prepend(str(script.parent))
-    spec = importlib.util.spec_from_file_location(script.stem, script)
-    loaded = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, loaded)
-    spec.loader.exec_module(loaded)
-    return loaded
+    return load_experiment(Path(module), monkeypatch) if module.endswith(".py") else importlib.import_module(module)
 
 
 def check_arguments(program: str, arguments: list[str], work: Path, monkeypatch) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import gzip
-import importlib.util
 import json
 import math
 import os
@@ -18,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import BUILT_IN_SCHEMES
+from conftest import BUILT_IN_SCHEMES, load_experiment
 
 from hf_relpos.publish.hub import load_recipe
 from hf_relpos.publish.records import RunRecord, read_run_records, source_version
@@ -161,16 +160,6 @@ def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_r
         assert f"| {scheme} | {run['eval_loss'][-1][1]:.3f} |" in table
     assert len(vocabularies) == 1
     assert (out / "multi30k_curves.png").read_bytes().startswith(b"\x89PNG")
-
-
-def load_experiment(script: Path, monkeypatch):
-    """The experiment script imported as a module (registered in sys.modules for the test's duration)."""
-    monkeypatch.syspath_prepend(str(script.parent))   # its sibling scripts, as when it runs as a script
-    spec = importlib.util.spec_from_file_location(script.stem, script)
-    module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, spec.name, module)
-    spec.loader.exec_module(module)
-    return module
 
 
 def load_task(monkeypatch):
