@@ -71,14 +71,15 @@ TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
 # Issue #52: data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
 DATA_PREPARATION = "benchmarks/data_preparation/cpu_2core.json"
 PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
-# The one-commit record's row that is the recipe as committed now (the record's `xl` row ran with attention
-# dropout 0, as the recipe then set), and where a 20-epoch run's recipe differs from the committed one.
+# Model settings runs trained with that their record, written before runs recorded their model, does not hold: the
+# `xl` rows of the one-commit records ran with attention dropout 0, the recipe then.
+UNRECORDED_MODEL_SETTINGS = {(ONE_COMMIT, "xl"): {"attention_dropout": 0.0},
+                             (TWENTY_EPOCHS_ONE_COMMIT, "xl"): {"attention_dropout": 0.0}}
+# The one-commit record's row that is the recipe as committed now (its `xl` row ran with the settings above).
 ONE_COMMIT_RECIPE_ROWS = {"xl": "xl+attention-dropout-0.1"}
-ONE_COMMIT_NOTES = {"xl": " (attention dropout 0.1, as the recipe now)"}
 # The recipes the one-commit record lacks, trained later at the same equal budget from another commit (and CPU): shown
 # in the same column with that said, and left out of the rule's one-commit columns.
 LATER_EQUAL_BUDGET = "vs_marian/alibi_t5_equal_budget/vs_marian.json"
-TWENTY_EPOCHS_NOTES = {"xl": " (attention dropout 0, its recipe then)"}
 
 
 def read(relative: str) -> dict:
@@ -204,6 +205,20 @@ def bleu_of_runs(runs: list[RunRecord], split: str, weights: str = TRAINED_WEIGH
     return by_system
 
 
+def settings_note(settings: dict[str, Any], when: str) -> str:
+    """' (attention dropout 0, its recipe then)': model settings of a table cell's runs, said beside it."""
+    return "".join(f" ({name.replace('_', ' ')} {value:g}, {when})" for name, value in settings.items())
+
+
+def recipe_now(scheme: str) -> dict[str, Any]:
+    """Where the one-commit record's recipe row is another row (ONE_COMMIT_RECIPE_ROWS): the committed recipe's values
+    of the settings the record's own row of the scheme trained with otherwise (UNRECORDED_MODEL_SETTINGS)."""
+    if scheme not in ONE_COMMIT_RECIPE_ROWS:
+        return {}
+    config = committed_recipe(scheme)[1]
+    return {name: getattr(config, name) for name in UNRECORDED_MODEL_SETTINGS[(ONE_COMMIT, scheme)]}
+
+
 def readme_quality() -> str:
     """One row per scheme (and the peer): equal-budget test2016 and validation BLEU with Marian's architecture, the
     recipe at the equal budget (every run from one commit, the peer with the recipes' tokenizer), 20 epochs with the
@@ -222,7 +237,7 @@ def readme_quality() -> str:
         equal = EQUAL_BUDGET_ROWS.get(scheme)
         recipe = one_commit.get(ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme))
         if recipe:
-            recipe_cell = seeds_and_spread(recipe) + ONE_COMMIT_NOTES.get(scheme, "")
+            recipe_cell = seeds_and_spread(recipe) + settings_note(recipe_now(scheme), "as the recipe now")
         elif scheme in later:
             recipe_cell = (f"{seeds_and_spread(later[scheme])} (trained later from {later_commit} on another CPU: "
                            f"[record](docs/results/{LATER_EQUAL_BUDGET.rsplit('/', 1)[0]}/README.md))")
@@ -232,7 +247,8 @@ def readme_quality() -> str:
             f"`{scheme}`", *((seeds_and_spread(schemes["test"][equal]), seeds_and_spread(schemes["validation"][equal]))
                              if equal in schemes["test"] else (UNMEASURED, UNMEASURED)),
             recipe_cell,
-            seeds_and_spread(converged[scheme]) + TWENTY_EPOCHS_NOTES.get(scheme, "")
+            seeds_and_spread(converged[scheme])
+            + settings_note(UNRECORDED_MODEL_SETTINGS.get((TWENTY_EPOCHS_ONE_COMMIT, scheme), {}), "its recipe then")
             if scheme in converged else UNMEASURED,
             f"`{RECIPES[scheme]}`" if scheme in RECIPES else "none (the control)" if scheme == "none" else "none",
         ])
@@ -681,12 +697,6 @@ LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/result
 PROTOCOL_SETTINGS = ("max_steps", "num_train_epochs", "max_tokens_per_batch", "warmup_steps", "seed",
                      "average_checkpoints", "dataset_name", "dataset_config_name", "train_file", "validation_file",
                      "test_file")
-# Model settings runs trained with that their record, written before runs recorded their model, does not hold: the
-# `xl` rows of the one-commit records ran with attention dropout 0, the recipe then.
-UNRECORDED_MODEL_SETTINGS = {(ONE_COMMIT, "xl"): {"attention_dropout": 0.0},
-                             (TWENTY_EPOCHS_ONE_COMMIT, "xl"): {"attention_dropout": 0.0}}
-
-
 def run_scheme(run: RunRecord) -> str | None:
     """The scheme a recipe run trained: that of the recipe file it trained from (RECIPES), else its system's name where
     that names a scheme (a model scored without its training record); None for a peer or anything else."""
