@@ -33,9 +33,11 @@ BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
 
 
-def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, **kwargs):
+def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, return_lse=False,
+                   **kwargs):
     """softmax(score_mod(q k^T * scale), masked by block_mask.mask_mod) v and the row log-sum-exp, densely (zero
-    output and -inf for a query with no key, as FlexAttention)."""
+    output and -inf for a query with no key, as FlexAttention), asked for as torch's FlexAttention takes it:
+    `return_aux` where torch has `AuxRequest`, else `return_lse` (torch 2.6 and 2.7)."""
     batch, heads, query_length, _ = query.shape
     b, h = torch.arange(batch)[:, None, None, None], torch.arange(heads)[None, :, None, None]
     q, kv = torch.arange(query_length)[None, None, :, None], torch.arange(key.size(-2))[None, None, None, :]
@@ -49,12 +51,37 @@ def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=Non
     log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), -1, keepdim=True)
     output = torch.matmul(torch.exp(scores - log_normalizer) * has_key, value.to(compute)).to(query.dtype)
     lse = torch.where(has_key, log_normalizer, float("-inf")).squeeze(-1)
-    return (output, types.SimpleNamespace(lse=lse)) if return_aux is not None else output
+    if return_aux is not None:
+        return output, types.SimpleNamespace(lse=lse)
+    return (output, lse) if return_lse else output
 
 
 @pytest.fixture
 def reference_kernel(monkeypatch):
     monkeypatch.setattr(attention_functions, "flex_kernel", lambda query: reference_flex)
+
+
+@pytest.mark.parametrize("kernel", [reference_flex, torch.nn.attention.flex_attention.flex_attention],
+                         ids=["reference_flex", "flex_attention"])
+@pytest.mark.parametrize("has_aux_request", [True, False], ids=["return_aux", "return_lse"])
+def test_the_row_log_sum_exp_comes_back_from_either_api_of_flex_attention(kernel, has_aux_request, monkeypatch):
+    """A torch without `AuxRequest` (2.6, 2.7) returns FlexAttention's log-sum-exp with `return_lse`:
+    `with_log_sum_exp` gets the output and the row log-sum-exp [B, H, n] either way, from torch's kernel (forward
+    only on the CPU) and from the test kernel `reference_flex` that the fused-form tests run instead."""
+    flex = torch.nn.attention.flex_attention
+    if not has_aux_request:
+        monkeypatch.delattr(flex, "AuxRequest", raising=False)
+    elif not hasattr(flex, "AuxRequest"):
+        pytest.skip("this torch's FlexAttention has no return_aux")
+    generator = torch.Generator().manual_seed(0)
+    query, key, value = (torch.randn(BATCH, HEADS, 6, HEAD_DIM, dtype=torch.float64, generator=generator)
+                         for _ in range(3))
+    causal = FlexMask(BATCH, 6, 6, highest=0)
+    output, lse = attention_functions.with_log_sum_exp(kernel, query, key, value, None,
+                                                       causal.block_mask(query.device), 0.5)
+    scores = (query @ key.transpose(-1, -2) * 0.5).masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), -torch.inf)
+    torch.testing.assert_close(lse, torch.logsumexp(scores, -1), rtol=0, atol=TOLERANCE)
+    torch.testing.assert_close(output, torch.softmax(scores, -1) @ value, rtol=0, atol=TOLERANCE)
 
 
 CASES = [
@@ -329,12 +356,15 @@ class LargeTensors(TorchDispatchMode):
         return result
 
 
-def opaque_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, **kwargs):
+def opaque_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, return_lse=False,
+                **kwargs):
     """A stand-in for FlexAttention's kernel that creates nothing of n x m: the kernel is torch's, what is traced is
     the package's code around it."""
     output = query * value.mean(-2, keepdim=True)
     lse = (query * key.mean(-2, keepdim=True)).sum(-1)
-    return (output, types.SimpleNamespace(lse=lse)) if return_aux is not None else output
+    if return_aux is not None:
+        return output, types.SimpleNamespace(lse=lse)
+    return (output, lse) if return_lse else output
 
 
 @pytest.mark.parametrize("position_scheme", built_in_schemes())
