@@ -35,6 +35,13 @@ def floor(parsed: Requirement) -> Version:
     return max(Version(spec.version) for spec in parsed.specifier if spec.operator == ">=")
 
 
+def test_the_python_floor_is_not_below_the_one_transformers_installs_on():
+    """pip installs no transformers (of our range) on an older Python, so it cannot install hf_relpos there."""
+    ours = floor(Requirement(f"python{project()['requires-python']}"))
+    theirs = floor(Requirement(f"python{importlib.metadata.metadata('transformers')['Requires-Python']}"))
+    assert ours >= theirs, f"requires-python >={ours} admits a Python transformers does not install on"
+
+
 def test_the_torch_floor_is_not_below_the_one_transformers_imports_torch_with():
     """transformers disables torch below its own floor (the `torch` extra's), and `import hf_relpos` then fails: pip
     must not keep an older torch that satisfies hf_relpos' floor."""
