@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
+from packaging.utils import canonicalize_name
 from packaging.version import Version
 
 from hf_relpos.translation import TRAIN_EXTRA_MODULES
@@ -42,14 +43,19 @@ def test_the_python_floor_is_not_below_the_one_transformers_installs_on():
     assert ours >= theirs, f"requires-python >={ours} admits a Python transformers does not install on"
 
 
-def test_the_torch_floor_is_not_below_the_one_transformers_imports_torch_with():
-    """transformers disables torch below its own floor (the `torch` extra's), and `import hf_relpos` then fails: pip
-    must not keep an older torch that satisfies hf_relpos' floor."""
-    ours = floor(requirement(project()["dependencies"], "torch"))
-    transformers_torch = [parsed for parsed in map(Requirement, importlib.metadata.requires("transformers") or [])
-                          if parsed.name == "torch" and parsed.marker and parsed.marker.evaluate({"extra": "torch"})]
-    assert transformers_torch, "transformers' metadata has no torch extra"
-    assert ours >= floor(transformers_torch[0]), f"torch>={ours} admits a torch transformers will not use"
+def test_no_floor_is_below_the_one_transformers_requires():
+    """transformers' own requirements, and its `torch` extra's (it disables an older torch, and `import hf_relpos` then
+    fails; its Trainer refuses an older accelerate), raise the floors of the packages we name too: pip must not keep
+    an older version that satisfies our floor."""
+    ours = {canonicalize_name(parsed.name): parsed
+            for parsed in map(Requirement, project()["dependencies"] + project()["optional-dependencies"]["train"])}
+    theirs = [parsed for parsed in map(Requirement, importlib.metadata.requires("transformers") or [])
+              if canonicalize_name(parsed.name) in ours and any(spec.operator == ">=" for spec in parsed.specifier)
+              and (parsed.marker is None or parsed.marker.evaluate({"extra": "torch"}))]
+    assert {canonicalize_name(parsed.name) for parsed in theirs} >= {"torch", "accelerate", "huggingface-hub"}
+    for parsed in theirs:
+        name = canonicalize_name(parsed.name)
+        assert floor(ours[name]) >= floor(parsed), f"{ours[name]} admits a {name} transformers will not use"
 
 
 def test_the_train_extra_modules_are_the_train_extra():
