@@ -58,6 +58,15 @@ def test_no_floor_is_below_the_one_transformers_requires():
         assert floor(ours[name]) >= floor(parsed), f"{ours[name]} admits a {name} transformers will not use"
 
 
+def test_the_readme_states_the_declared_python_torch_and_transformers_floors():
+    """The README's install paragraph names the floors pyproject.toml declares."""
+    python = floor(Requirement(f"python{project()['requires-python']}"))
+    torch, transformers = (floor(requirement(project()["dependencies"], name)) for name in ("torch", "transformers"))
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert (f"Python {python} or newer, torch {torch} or newer and transformers {transformers} or newer"
+            in readme)
+
+
 def test_the_train_extra_modules_are_the_train_extra():
     """`TRAIN_EXTRA_MODULES` (the check the commands make) names every package of pyproject.toml's train extra."""
     names = {Requirement(line).name.lower() for line in project()["optional-dependencies"]["train"]}
