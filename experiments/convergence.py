@@ -30,7 +30,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -191,7 +191,7 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     training["train_seconds"] += starts[-1]["trained_seconds_before"] or 0.0   # what its checkpoint holds
     batch_args = argparse.Namespace(**vars(args), batch_size=PEER_BATCH_SIZE)
     batches = run_batches(folder, seed, batch_args, training.get("argv"), training["steps"])
-    date = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    date = datetime.now(UTC).isoformat(timespec="seconds")
     trained_as = system if is_peer else " ".join([recipe_path(recipe).name, *option_flags, *args.recipe_flags])
     typed = typed_record(system, is_peer, recipe_path(recipe).stem, trained_as, seed, version, args.device_name,
                          training["steps"], training, batches, scores, date, average_checkpoints=args.last_n,
@@ -307,7 +307,7 @@ def record_start(folder: Path, version: str, continued_from: Path | None) -> lis
     ones, and an attempt cut before it wrote a checkpoint is left out."""
     path = folder / "starts.json"
     attempt = {"source_version": version, "continued_from": None, "trained_seconds_before": 0.0,
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds")}
+               "date": datetime.now(UTC).isoformat(timespec="seconds")}
     starts = []
     if continued_from is not None:
         written = (continued_from / TRAINER_STATE_FILE).stat().st_mtime
@@ -376,7 +376,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     adopt_run_settings(args, [run for runs in records.values() for run in runs], RUN_SETTINGS, "convergence.py")
     results = {
         "settings": json_settings(args),
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": first["device"],
         "signature": first["scores"]["averaged"]["test"]["bleu_signature"],
         "systems": summarize(records),

@@ -41,7 +41,7 @@ import string
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -504,7 +504,7 @@ def typed_record(spec: RunSpec, args: argparse.Namespace, result: dict[str, dict
     return RunRecord(
         model={SCHEME_FIELD: spec.position_scheme, **spec.overrides}, system=spec.name, seed=seed,
         steps=args.steps if training_seconds is not None else None, training_seconds=training_seconds,
-        hardware=f"CPU: {cpu_model_name()}", devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        hardware=f"CPU: {cpu_model_name()}", devices=1, date=datetime.now(UTC).isoformat(timespec="seconds"),
         software=software_versions(),
         metrics={bucket: {"accuracy": scores["accuracy"], "bleu": scores["bleu"]} for bucket, scores in result.items()},
     ).to_json()
@@ -530,7 +530,7 @@ def evaluate_saved(args: argparse.Namespace, specs: list[RunSpec]) -> dict:
     results = {"buckets": [f"{low}-{high}" for low, high in BUCKETS], "settings": json_settings(args),
                "source_version": checkout_version(ROOT),
                "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "bleu_signature": signature,
+               "date": datetime.now(UTC).isoformat(timespec="seconds"), "bleu_signature": signature,
                "runs": runs, RECORDS: records}
     lines = [f"# Saved models scored on evaluation seed {args.eval_seed}", "",
              f"{args.eval_size} sequences per bucket, greedy; exact match (%) and BLEU (`{signature}`).", "",
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> dict:
         "settings": settings,
         "source_version": checkout_version(ROOT),
         "device": {"cpu": cpu_model_name(), "threads": args.threads, "torch": torch.__version__},
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "bleu_signature": signature,
         "runs": runs,
         RECORDS: records,

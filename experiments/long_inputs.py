@@ -42,7 +42,7 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -199,7 +199,7 @@ def keep_scores(folder: Path, key: dict, scores: dict[str, dict], hypotheses: di
     """Add `scores` and the `hypotheses` they score under `key` to those kept beside `folder` (replacing an entry of
     the same key) and return the kept entry. The file is written whole or not at all, under a lock, so that
     invocations scoring the same model with other settings at the same time keep each other's entries."""
-    kept = {"key": key, "source_version": checkout_version(ROOT), "date": datetime.now(timezone.utc).isoformat(
+    kept = {"key": key, "source_version": checkout_version(ROOT), "date": datetime.now(UTC).isoformat(
         timespec="seconds"), "scores": scores, "hypotheses": hypotheses}
     with open(folder / f".{SCORES_FILE}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
@@ -540,7 +540,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
         "settings": {**json_settings(args), "model": [f"{system}:{seed}={folder}" for system, seed, folder in args.model]},
         "source_version": checkout_version(ROOT), "versions": software_versions(),
         "device": cpu_model_name() if args.device == "cpu" else args.device,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "sizes": level_sizes,
         "signatures": {metric: first[next(iter(first))][f"{metric}_signature"] for metric in ("bleu", "chrf")},
         "levels": summarize(runs), "runs": runs, RECORDS: records,

@@ -59,7 +59,7 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -520,7 +520,7 @@ def main(argv: list[str] | None = None) -> None:
     results = {"settings": json_settings(args) | {"finetune_config": str(FINETUNE_CONFIG.relative_to(ROOT))},
                "source_version": checkout_version(ROOT), "versions": software_versions(),
                "device": f"CPU: {cpu_model_name()}, {args.threads} thread(s)",
-               "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+               "date": datetime.now(UTC).isoformat(timespec="seconds"),
                "marian": bleu(marian_folder, test_pairs, args, marian=True), "schemes": {}}
     print(f"Marian: BLEU {results['marian']['bleu']:.2f}", flush=True)
     if bucket:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> dict:
     first = next(iter(schemes.values()))["runs"][0]
     results = {
         "settings": settings,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": device_description(),
         "signature": first["test_bleu_signature"],
         "schemes": schemes,

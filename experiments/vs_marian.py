@@ -46,7 +46,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -717,7 +717,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
         training = train_recipe(row, folder, seed, args)
     scores = evaluate(folder / "model", row.is_peer, table_decoding(args), args, hypotheses_folder=folder)
     wall_seconds = time.perf_counter() - started
-    batches, date = run_batches(folder, seed, args, training.get("argv")), datetime.now(timezone.utc).isoformat(
+    batches, date = run_batches(folder, seed, args, training.get("argv")), datetime.now(UTC).isoformat(
         timespec="seconds")
     typed = typed_record(row.name, row.is_peer, recipe_path(row.recipe).stem, row.describe(), seed, version,
                          device_description(args), training.get("steps") or args.max_steps, training, batches,
@@ -1002,7 +1002,7 @@ def main(argv: Sequence[str] | None = None) -> dict:
     settings = json_settings(args)
     results = {
         "settings": settings,
-        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "device": device_description(args),
         "signature": first["scores"]["test"]["bleu_signature"],
         "rows": summarize(rows, records),

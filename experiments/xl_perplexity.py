@@ -16,7 +16,7 @@ import argparse
 import json
 import tempfile
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import torch
@@ -139,7 +139,7 @@ def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, 
                "decoder_layers": args.layers, "decoder_attention_heads": args.heads},
         system=name, seed=args.seed, steps=args.steps, learning_rate=args.learning_rate,
         per_device_train_batch_size=args.batch_size, training_seconds=seconds, hardware=f"CPU: {cpu_model_name()}",
-        devices=1, date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
+        devices=1, date=datetime.now(UTC).isoformat(timespec="seconds"), software=software_versions(),
         metrics={f"context {context}": {"perplexity": value} for context, value in perplexity.items()},
     ).to_json()
 

@@ -11,7 +11,7 @@ import logging
 import os
 import shlex
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -183,7 +183,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
                      recipe=Path(recipe_file).stem if recipe_file else None,
                      program=started_program(), hub_model_id=training_args.hub_model_id,
                      trained_as=shlex.join(_from_the_start(model_args)), working_directory=os.getcwd(),
-                     date=datetime.now(timezone.utc).isoformat(timespec="seconds"), software=software_versions(),
+                     date=datetime.now(UTC).isoformat(timespec="seconds"), software=software_versions(),
                      source_version=package_version())
 
 
