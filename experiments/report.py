@@ -697,6 +697,8 @@ LONG_INPUTS = "long_inputs"  # experiments/long_inputs.py's records, docs/result
 PROTOCOL_SETTINGS = ("max_steps", "num_train_epochs", "max_tokens_per_batch", "warmup_steps", "seed",
                      "average_checkpoints", "dataset_name", "dataset_config_name", "train_file", "validation_file",
                      "test_file")
+
+
 def run_scheme(run: RunRecord) -> str | None:
     """The scheme a recipe run trained: that of the recipe file it trained from (RECIPES), else its system's name where
     that names a scheme (a model scored without its training record); None for a peer or anything else."""
