@@ -33,6 +33,14 @@ BATCH, HEADS, HEAD_DIM = 2, 3, 4
 TOLERANCE = 1e-12
 
 
+def flex_returns(output, lse, return_aux, return_lse):
+    """What FlexAttention returns for the log-sum-exp asked for: with `return_aux` (an AuxRequest) the output and an
+    object holding `lse`, with `return_lse` (torch before AuxRequest) the pair, else the output alone."""
+    if return_aux is not None:
+        return output, types.SimpleNamespace(lse=lse)
+    return (output, lse) if return_lse else output
+
+
 def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=None, return_aux=None, return_lse=False,
                    **kwargs):
     """softmax(score_mod(q k^T * scale), masked by block_mask.mask_mod) v and the row log-sum-exp, densely (zero
@@ -51,9 +59,7 @@ def reference_flex(query, key, value, score_mod=None, block_mask=None, scale=Non
     log_normalizer = torch.logsumexp(torch.where(has_key, scores, 0.0), -1, keepdim=True)
     output = torch.matmul(torch.exp(scores - log_normalizer) * has_key, value.to(compute)).to(query.dtype)
     lse = torch.where(has_key, log_normalizer, float("-inf")).squeeze(-1)
-    if return_aux is not None:
-        return output, types.SimpleNamespace(lse=lse)
-    return (output, lse) if return_lse else output
+    return flex_returns(output, lse, return_aux, return_lse)
 
 
 @pytest.fixture
@@ -362,9 +368,7 @@ def opaque_flex(query, key, value, score_mod=None, block_mask=None, scale=None, 
     the package's code around it."""
     output = query * value.mean(-2, keepdim=True)
     lse = (query * key.mean(-2, keepdim=True)).sum(-1)
-    if return_aux is not None:
-        return output, types.SimpleNamespace(lse=lse)
-    return (output, lse) if return_lse else output
+    return flex_returns(output, lse, return_aux, return_lse)
 
 
 @pytest.mark.parametrize("position_scheme", built_in_schemes())

@@ -36,9 +36,14 @@ def floor(parsed: Requirement) -> Version:
     return max(Version(spec.version) for spec in parsed.specifier if spec.operator == ">=")
 
 
+def python_floor() -> Version:
+    """The lowest Python `requires-python` admits."""
+    return floor(Requirement(f"python{project()['requires-python']}"))
+
+
 def test_the_python_floor_is_not_below_the_one_transformers_installs_on():
     """pip installs no transformers (of our range) on an older Python, so it cannot install hf_relpos there."""
-    ours = floor(Requirement(f"python{project()['requires-python']}"))
+    ours = python_floor()
     theirs = floor(Requirement(f"python{importlib.metadata.metadata('transformers')['Requires-Python']}"))
     assert ours >= theirs, f"requires-python >={ours} admits a Python transformers does not install on"
 
@@ -60,7 +65,7 @@ def test_no_floor_is_below_the_one_transformers_requires():
 
 def test_the_readme_states_the_declared_python_torch_and_transformers_floors():
     """The README's install paragraph names the floors pyproject.toml declares."""
-    python = floor(Requirement(f"python{project()['requires-python']}"))
+    python = python_floor()
     torch, transformers = (floor(requirement(project()["dependencies"], name)) for name in ("torch", "transformers"))
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     assert (f"Python {python} or newer, torch {torch} or newer and transformers {transformers} or newer"
