@@ -9,6 +9,7 @@ tests run the compiled kernels on CUDA."""
 from __future__ import annotations
 
 import copy
+import importlib.metadata
 import importlib.util
 import logging
 import math
@@ -16,11 +17,14 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import RecordMatmuls, tiny_config
+from packaging.requirements import Requirement
+from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
 
@@ -29,10 +33,25 @@ from hf_relpos.model import attention_functions, triton_relative
 from hf_relpos.model.positions import RelativeBias, RelativeValues, aligned_width
 from hf_relpos.model.triton_relative import dropout_keep_mask, dropout_rate, relative_attention
 
+
+def interpreter_triton() -> Version:
+    """The dev extra's triton floor (pyproject.toml): the first triton whose interpreter runs these kernels."""
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as handle:
+        dev = tomllib.load(handle)["project"]["optional-dependencies"]["dev"]
+    triton = next(parsed for parsed in map(Requirement, dev) if parsed.name == "triton")
+    return next(Version(spec.version) for spec in triton.specifier if spec.operator == ">=")
+
+
 DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
-pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("triton") is None or (DEVICE.type == "cuda" and not torch.cuda.is_available()),
-    reason="needs triton, and a GPU or Triton's interpreter (TRITON_INTERPRET=1)")
+INSTALLED_TRITON = Version(importlib.metadata.version("triton")) if importlib.util.find_spec("triton") else None
+pytestmark = [
+    pytest.mark.skipif(INSTALLED_TRITON is None or (DEVICE.type == "cuda" and not torch.cuda.is_available()),
+                       reason="needs triton, and a GPU or Triton's interpreter (TRITON_INTERPRET=1)"),
+    pytest.mark.skipif(DEVICE.type == "cpu" and INSTALLED_TRITON is not None
+                       and INSTALLED_TRITON < interpreter_triton(),
+                       reason=f"Triton's interpreter runs these kernels from triton {interpreter_triton()} (the dev "
+                              f"extra's floor); {INSTALLED_TRITON} is installed"),
+]
 
 
 def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_offset, k, causal, keep=None,
