@@ -17,13 +17,11 @@ import os
 import re
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import RecordMatmuls, tiny_config
-from packaging.requirements import Requirement
 from packaging.version import Version
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
@@ -33,24 +31,17 @@ from hf_relpos.model import attention_functions, triton_relative
 from hf_relpos.model.positions import RelativeBias, RelativeValues, aligned_width
 from hf_relpos.model.triton_relative import dropout_keep_mask, dropout_rate, relative_attention
 
-
-def interpreter_triton() -> Version:
-    """The dev extra's triton floor (pyproject.toml): the first triton whose interpreter runs these kernels."""
-    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as handle:
-        dev = tomllib.load(handle)["project"]["optional-dependencies"]["dev"]
-    triton = next(parsed for parsed in map(Requirement, dev) if parsed.name == "triton")
-    return next(Version(spec.version) for spec in triton.specifier if spec.operator == ">=")
-
-
 DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
+# the first triton whose interpreter runs the kernels (pyproject.toml's dev extra says why)
+INTERPRETER_TRITON = Version("3.7")
 INSTALLED_TRITON = Version(importlib.metadata.version("triton")) if importlib.util.find_spec("triton") else None
 pytestmark = [
     pytest.mark.skipif(INSTALLED_TRITON is None or (DEVICE.type == "cuda" and not torch.cuda.is_available()),
                        reason="needs triton, and a GPU or Triton's interpreter (TRITON_INTERPRET=1)"),
     pytest.mark.skipif(DEVICE.type == "cpu" and INSTALLED_TRITON is not None
-                       and INSTALLED_TRITON < interpreter_triton(),
-                       reason=f"Triton's interpreter runs these kernels from triton {interpreter_triton()} (the dev "
-                              f"extra's floor); {INSTALLED_TRITON} is installed"),
+                       and INSTALLED_TRITON < INTERPRETER_TRITON,
+                       reason=f"Triton's interpreter runs these kernels from triton {INTERPRETER_TRITON} on; "
+                              f"{INSTALLED_TRITON} is installed"),
 ]
 
 
@@ -853,6 +844,25 @@ def test_kernels_compile_for_an_h100_without_a_gpu():
     assert lines[3].startswith("ok row_delta bf16 sm_90"), result.stdout   # the backward's Delta pass
     counts = [re.search(r"SASS (\d+) instructions, STL (\d+), LDL (\d+)", line) for line in lines[:3]]
     assert all(count and int(count[1]) > 1000 for count in counts), result.stdout   # whole kernels were disassembled
+
+
+def test_float64_inputs_on_a_triton_without_float64_dot_are_one_error(monkeypatch):
+    """Before triton 3.5 tl.dot has no float64 operands: a float64 call is one error naming the version needed,
+    while float32 runs as before."""
+    from hf_relpos.model import triton_relative_kernels
+
+    monkeypatch.setattr(triton_relative_kernels, "FLOAT64_DOT", False)
+    case = KERNEL_CASES["encoder_k1_padded"]
+    k, _, _, query_offset, causal, _, _, with_masses, dropout = case
+    for dtype in (torch.float64, torch.float32):
+        query, key, value, table, key_start, key_end = kernel_inputs(case, dtype)
+        arguments = (query, key, value, table, key_start, key_end, torch.tensor([0]), 8**-0.5, dropout, query_offset,
+                     k, causal, mass_columns(k, with_masses))
+        if dtype == torch.float64:
+            with pytest.raises(RuntimeError, match=r"float64 inputs with triton 3\.5 or newer.*float32 or bfloat16"):
+                relative_attention(*arguments)
+        else:
+            assert relative_attention(*arguments)[0].dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", ["dropout_decoder_cached", "shaw_k_without_values", "values_without_bias"])

@@ -65,10 +65,15 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                     dropout: float) -> dict[str, Any]:
     """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
     inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
-    the interpreter, `matmul`)."""
-    from .triton_relative_kernels import tl  # each use imports the kernels' module: triton only when they run
+    the interpreter, `matmul`): float64 from triton 3.5 on, else one error."""
+    # each use imports the kernels' module: triton only when they run
+    from .triton_relative_kernels import FLOAT64_DOT, tl, triton
     head_dim = query.size(-1)
     accumulate_64 = query.dtype == torch.float64
+    if accumulate_64 and not FLOAT64_DOT:
+        raise RuntimeError(f"attn_implementation {KERNEL_NAME!r} runs float64 inputs with triton 3.5 or newer "
+                           f"(float64 tl.dot); triton {triton.__version__} is installed: upgrade triton, or run "
+                           f"the model in float32 or bfloat16, or on 'sdpa'")
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
                 HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout > 0,
                 ACC=tl.float64 if accumulate_64 else tl.float32,
