@@ -7,7 +7,7 @@ configuration that does not compile is printed as FAILED and the exit status is 
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype fp32 --head-dim 128 --quick
     python -m benchmarks.compile_triton_kernels --arch 90 --sass    # + SASS instructions and register spills
 
-`--sass` disassembles each kernel (triton's bundled nvdisasm) and counts its instructions and its local-memory
+`--sass` disassembles each kernel (triton's bundled cuobjdump) and counts its instructions and its local-memory
 stores and loads (STL/LDL: registers spilled); static counts of the whole kernel, each loop body counted once, a proxy
 for run time where no GPU is at hand, not a measurement of it.
 
@@ -21,7 +21,10 @@ import argparse
 import collections
 import itertools
 import os
+import re
+import subprocess
 import sys
+import tempfile
 import time
 
 HOPPER_SHARED_MEMORY = 232448   # bytes one block may use on sm_90 (H100, H200)
@@ -45,15 +48,29 @@ def argument_types(arg_names: list[str], constexprs: dict, dtype: str) -> dict[s
     return types
 
 
-def sass_counts(sass: str) -> str:
-    """Instructions, and local-memory stores and loads (register spills), in a kernel's SASS listing."""
+INSTRUCTION = re.compile(r"/\*[0-9a-f]{4,}\*/\s+([^;]*);")   # cuobjdump -sass: /*01a0*/  @P0 LDG.E R2, [R4] ;
+
+
+def sass_listing(cubin: bytes) -> str:
+    """A compiled kernel's SASS as triton's bundled cuobjdump prints it (read here, not through triton's parser,
+    which before triton 3.9 stops at the 4096th instruction)."""
+    from triton.tools.disasm import path_to_cuobjdump
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        return subprocess.run([path_to_cuobjdump(), "-sass", handle.name], capture_output=True, text=True,
+                              check=True).stdout
+
+
+def sass_counts(listing: str) -> str:
+    """Instructions, and local-memory stores and loads (register spills), in a cuobjdump SASS listing."""
     opcodes = collections.Counter()
-    for line in sass.splitlines():
-        words = line.split("\t", 1)[1].split() if "\t" in line else []
-        if words and words[0].startswith("@"):   # a predicate guards the instruction
+    for instruction in INSTRUCTION.findall(listing):
+        words = instruction.split()
+        if words[0].startswith("@"):   # a predicate guards the instruction
             words = words[1:]
-        if words and words[0][:1].isupper():
-            opcodes[words[0].split(".")[0]] += 1
+        opcodes[words[0].split(".")[0]] += 1
     return f"SASS {sum(opcodes.values())} instructions, STL {opcodes['STL']}, LDL {opcodes['LDL']}"
 
 
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             return
         shared = compiled.metadata.shared
         fits = "fits" if shared <= HOPPER_SHARED_MEMORY else "EXCEEDS sm_90's shared memory"
-        sass = f", {sass_counts(compiled.asm['sass'])}" if args.sass else ""
+        sass = f", {sass_counts(sass_listing(compiled.asm['cubin']))}" if args.sass else ""
         print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s{sass}",
               flush=True)
 

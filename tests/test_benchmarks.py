@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from benchmarks import bench_decoding, bench_training
+from benchmarks import bench_decoding, bench_training, compile_triton_kernels
 from benchmarks.common import SCHEMES
 
 
@@ -25,6 +25,16 @@ def _restore_threads() -> Iterator[None]:
 
 def _table_rows(markdown: str, scheme: str) -> list[str]:
     return [line for line in markdown.splitlines() if line.startswith("|") and f"| {scheme} |" in line]
+
+
+def test_sass_counts_read_every_instruction_of_a_long_kernel() -> None:
+    """The `--sass` counts read cuobjdump's listing itself: every instruction past the 4096th (five hex digits of
+    address, where triton's parser before 3.9 stopped), predicated ones by their opcode, encoding lines not counted."""
+    opcodes = ["FFMA", "@P0 STL.64 [R1+0x8], R2", "@!P1 LDL R4, [R1]", "LDL.64 R6, [R1+0x10]", "BRA 0x40"]
+    listing = "\t\tFunction : relative_forward_kernel\n" + "".join(
+        f"        /*{16 * index:04x}*/                   {opcodes[index % 5]} ;     /* 0x000fe20000000800 */\n"
+        f"                                                      /* 0x000fca00078e00ff */\n" for index in range(5000))
+    assert compile_triton_kernels.sass_counts(listing) == "SASS 5000 instructions, STL 1000, LDL 2000"
 
 
 def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
