@@ -39,7 +39,7 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt, training_dropout0.1/, timeline_n512/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
+# environment.txt (GPU, torch, transformers, triton and the training stack's versions), training_dropout0.1/, timeline_n512/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
 # triton_tests.txt, precision/, decoding/, decoding_static/, training_compiled_n512/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
@@ -67,6 +67,12 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit (recompile logs 
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
     "$python" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"
+    "$python" -c "import importlib.metadata as metadata
+for name in ('triton', 'accelerate', 'datasets', 'numpy', 'pyarrow', 'tokenizers', 'huggingface_hub'):
+    try:
+        print(name, metadata.version(name))
+    except metadata.PackageNotFoundError:
+        print(name, 'not installed')"
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 

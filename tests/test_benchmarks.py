@@ -238,6 +238,7 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
     PRECISION=1, ABLATE=1 and DECODING=1 their benchmarks (decoding on the dynamic, then the static cache), COMPILE=1
     (a) at n = 512 with torch.compile'd models."""
+    import importlib.metadata
     import importlib.util
     import subprocess
     import sys
@@ -259,6 +260,9 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
 
     ends, commands = check("out")
     triton = " relpos_triton" if importlib.util.find_spec("triton") else ""
+    environment = (tmp_path / "out" / "environment.txt").read_text()   # the versions a record's figures depend on
+    assert (f"triton {importlib.metadata.version('triton')}" if triton else "triton not installed") in environment
+    assert f"accelerate {importlib.metadata.version('accelerate')}" in environment
     assert [end.split(" ")[1] for end in ends] == ["(a)", "(t)", "(c)", "(d)"] + (["(d)"] if triton else [])
     assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
