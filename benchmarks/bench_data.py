@@ -198,7 +198,8 @@ def run_size(pairs: int, work: Path, workers: int, tokenizer_training_pairs: str
     if tokenizer_training_pairs is not None:
         command += ["--tokenizer_training_pairs", tokenizer_training_pairs]
     sample = tokenizer_sample(command[2:])
-    env = dict(os.environ, PYTHONPATH=str(ROOT), HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+               HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1")   # this checkout first, ahead of the caller's path
     if output_dir.exists():
         subprocess.run(["rm", "-rf", str(output_dir)], check=True)
     text_bytes = sum(Path(f"{corpus['train']}.{lang}").stat().st_size for lang in ("en", "de"))

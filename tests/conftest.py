@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import importlib.util
 import math
 import os
@@ -26,6 +27,31 @@ torch.set_num_threads(1)
 # read when triton decorates its own library functions, so set before anything imports triton (torch._dynamo does).
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def checkout_first_on_path() -> str:
+    """PYTHONPATH for a process a test starts: this checkout, ahead of what the environment already puts there (an
+    overlay of packages, as the GPU machine's carried wheels, stays in effect)."""
+    return os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))
+
+
+def relpos_triton_unavailable() -> str | None:
+    """Why attn_implementation "relpos_triton" cannot run its kernels here, or None: they need triton, and a GPU or
+    Triton's interpreter from triton 3.7 on (before 3.4 triton.autotune wants a GPU driver; 3.4 to 3.6 index with a
+    one-element array, an error from NumPy 2.4)."""
+    if importlib.util.find_spec("triton") is None:
+        return "needs triton"
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        installed = importlib.metadata.version("triton")
+        if tuple(int(part) for part in installed.split(".")[:2]) < (3, 7):
+            return f"Triton's interpreter runs these kernels from triton 3.7 on; {installed} is installed"
+    elif not torch.cuda.is_available():
+        return "needs a GPU or Triton's interpreter (TRITON_INTERPRET=1)"
+    return None
+
+
+requires_relpos_triton = pytest.mark.skipif(relpos_triton_unavailable() is not None,
+                                            reason=str(relpos_triton_unavailable()))
 
 from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402

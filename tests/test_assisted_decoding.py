@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BUILT_IN_SCHEMES, spread_model, tiny_config
+from conftest import BUILT_IN_SCHEMES, requires_relpos_triton, spread_model, tiny_config
 from transformers.generation.utils import GenerateBeamEncoderDecoderOutput
 
 import hf_relpos
@@ -58,6 +58,7 @@ def test_assisted_decoding_gives_the_greedy_tokens(position_scheme, kernel, draf
     assert_same_decoding(assisted, greedy)
 
 
+@requires_relpos_triton
 @pytest.mark.parametrize("draft", ["itself", "another model"])
 def test_assisted_decoding_on_the_fused_kernel_gives_the_greedy_tokens(draft):
     model = spread_model("shaw", "relpos_triton")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import requires_relpos_triton
 
 from benchmarks import bench_decoding, bench_training, compile_triton_kernels
 from benchmarks.common import SCHEMES
@@ -344,11 +345,11 @@ def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_co
     assert "## CUDA kernels of one training step: shaw@relpos_triton (0.600 ms)" in markdown
 
 
+@requires_relpos_triton
 def test_ablation_times_the_fused_op_with_each_term_off_beside_sdpa(tmp_path: Path) -> None:
     """ablate_relpos_triton under Triton's interpreter with a stand-in timer: every variant (all of a^K, a^V and
     dropout, each off in turn, none) runs the fused op forward and forward + backward and sdpa on the same inputs, and
     the record has a row per variant with the four times and the ratios."""
-    pytest.importorskip("triton")
     from benchmarks import ablate_relpos_triton as ablate
     from hf_relpos.model import triton_relative
 

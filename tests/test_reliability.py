@@ -21,6 +21,7 @@ from typing import NamedTuple
 import pytest
 import torch
 import yaml
+from conftest import checkout_first_on_path
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
 
@@ -61,7 +62,7 @@ TINY = {
     "logging_steps": 1, "save_strategy": "no", "report_to": "none", "use_cpu": True, "seed": 7,
     "disable_tqdm": True, "cpu_threads": 1, "dataloader_pin_memory": False,
 }
-SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error")
+SUBPROCESS_ENV = dict(os.environ, PYTHONPATH=checkout_first_on_path(), TRANSFORMERS_VERBOSITY="error")
 
 
 @pytest.fixture(scope="module")

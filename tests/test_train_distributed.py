@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from conftest import checkout_first_on_path
 
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -95,7 +96,7 @@ def write_config(tmp_path: Path) -> tuple[Path, Path]:
 def launch(tmp_path: Path, script: Path, *arguments: str, config_file: Path = CPU_CONFIG,
            launch_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """The documented command: accelerate launch --config_file configs/accelerate/cpu_2proc.yaml SCRIPT ..."""
-    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=str(REPO))
+    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=checkout_first_on_path())
     return subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), *launch_flags,
          "--main_process_port", str(free_port()), str(script), *arguments],

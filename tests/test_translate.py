@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import MEMORISED_PAIRS, make_unwritable
+from conftest import MEMORISED_PAIRS, checkout_first_on_path, make_unwritable
 
 from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
 from hf_relpos.tools import translate as translate_module
@@ -28,7 +28,6 @@ from hf_relpos.tools.sentences import translate_by_sentence
 from hf_relpos.tools.translate import main, token_batches
 from hf_relpos.translation.metrics import score_translations
 
-REPO = Path(__file__).resolve().parents[1]
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
 TARGETS = [target for _, target in MEMORISED_PAIRS]
 
@@ -61,7 +60,7 @@ def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
     completed = subprocess.run(
         [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress"],
         input="".join(line + "\n" for line in SOURCES), capture_output=True, text=True, cwd=tmp_path, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+        env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "TRANSFORMERS_VERBOSITY": "error"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout.split("\n") == [*TARGETS, ""]
     assert completed.stderr == ""
@@ -130,7 +129,7 @@ def test_stdin_is_translated_as_it_arrives(memorised_model_folder, tmp_path):
     process = subprocess.Popen(
         [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress",
          "--buffer_lines", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "TRANSFORMERS_VERBOSITY": "error"})
     printed = queue.Queue()
     threading.Thread(target=lambda: [printed.put(line) for line in process.stdout] + [printed.put(None)],
                      daemon=True).start()
@@ -159,7 +158,7 @@ def test_a_reader_that_stops_stops_the_job_without_a_traceback(memorised_model_f
     process = subprocess.Popen(
         [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--no_progress",
          "--buffer_lines", "1"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+        cwd=tmp_path, env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "TRANSFORMERS_VERBOSITY": "error"})
     with process:
         process.stdin.write(f"{SOURCES[0]}\n")
         process.stdin.flush()
@@ -585,7 +584,7 @@ def test_output_to_dev_stdout_in_a_fresh_process(memorised_model_folder, tmp_pat
     completed = subprocess.run(
         [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--input", str(source_file),
          "--output", "/dev/stdout", "--no_progress"], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-        env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+        env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "TRANSFORMERS_VERBOSITY": "error"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert completed.stdout == "".join(line + "\n" for line in TARGETS[:3])
     after = os.lstat("/dev/stdout")
@@ -608,7 +607,7 @@ def test_output_to_dev_stdout_on_a_file_keeps_what_the_file_had(memorised_model_
             [sys.executable, "-m", "hf_relpos.tools.translate", str(memorised_model_folder), "--input",
              str(source_file), "--output", "/dev/stdout", "--no_progress"], stdout=stdout, stderr=subprocess.PIPE,
             text=True, cwd=tmp_path, timeout=300,
-            env={**os.environ, "PYTHONPATH": str(REPO), "TRANSFORMERS_VERBOSITY": "error"})
+            env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "TRANSFORMERS_VERBOSITY": "error"})
     assert completed.returncode == 0, completed.stderr[-3000:]
     kept = "earlier\n" if mode == "a" else "written first\n"
     assert log.read_text(encoding="utf-8") == kept + "".join(line + "\n" for line in TARGETS[:3])

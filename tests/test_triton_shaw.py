@@ -9,7 +9,6 @@ tests run the compiled kernels on CUDA."""
 from __future__ import annotations
 
 import copy
-import importlib.metadata
 import importlib.util
 import logging
 import math
@@ -21,8 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import RecordMatmuls, tiny_config
-from packaging.version import Version
+from conftest import RecordMatmuls, requires_relpos_triton, tiny_config
 from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import AutoModelForSeq2SeqLM
 
@@ -32,17 +30,7 @@ from hf_relpos.model.positions import RelativeBias, RelativeValues, aligned_widt
 from hf_relpos.model.triton_relative import dropout_keep_mask, dropout_rate, relative_attention
 
 DEVICE = torch.device("cpu" if triton_relative.interpreting() else "cuda")
-# the first triton whose interpreter runs the kernels (pyproject.toml's dev extra says why)
-INTERPRETER_TRITON = Version("3.7")
-INSTALLED_TRITON = Version(importlib.metadata.version("triton")) if importlib.util.find_spec("triton") else None
-pytestmark = [
-    pytest.mark.skipif(INSTALLED_TRITON is None or (DEVICE.type == "cuda" and not torch.cuda.is_available()),
-                       reason="needs triton, and a GPU or Triton's interpreter (TRITON_INTERPRET=1)"),
-    pytest.mark.skipif(DEVICE.type == "cpu" and INSTALLED_TRITON is not None
-                       and INSTALLED_TRITON < INTERPRETER_TRITON,
-                       reason=f"Triton's interpreter runs these kernels from triton {INTERPRETER_TRITON} on; "
-                              f"{INSTALLED_TRITON} is installed"),
-]
+pytestmark = requires_relpos_triton
 
 
 def loop_oracle(query, key, value, table, key_start, key_end, scaling, query_offset, k, causal, keep=None,

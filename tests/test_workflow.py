@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import checkout_first_on_path
 from huggingface_hub import ModelCard
 from huggingface_hub.errors import RepositoryNotFoundError
 from transformers import AutoTokenizer, GenerationConfig
@@ -41,7 +42,7 @@ from hf_relpos.translation.training import run
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "train_translation.py"
 # COLUMNS: argparse wraps --help to the terminal width; one line per field keeps the checks simple.
-ENV = dict(os.environ, PYTHONPATH=str(REPO), TRANSFORMERS_VERBOSITY="error", COLUMNS="1000")
+ENV = dict(os.environ, PYTHONPATH=checkout_first_on_path(), TRANSFORMERS_VERBOSITY="error", COLUMNS="1000")
 TINY = {
     "model": {"position_scheme": "shaw", "d_model": 32, "encoder_layers": 1, "decoder_layers": 1,
               "encoder_attention_heads": 2, "decoder_attention_heads": 2, "encoder_ffn_dim": 64,
