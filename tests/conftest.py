@@ -50,8 +50,9 @@ def relpos_triton_unavailable() -> str | None:
     return None
 
 
-requires_relpos_triton = pytest.mark.skipif(relpos_triton_unavailable() is not None,
-                                            reason=str(relpos_triton_unavailable()))
+RELPOS_TRITON_UNAVAILABLE = relpos_triton_unavailable()
+requires_relpos_triton = pytest.mark.skipif(RELPOS_TRITON_UNAVAILABLE is not None,
+                                            reason=str(RELPOS_TRITON_UNAVAILABLE))
 
 from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402
