@@ -67,12 +67,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit (recompile logs 
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
     "$python" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 'transformers', transformers.__version__)"
-    "$python" -c "import importlib.metadata as metadata
+    "$python" -c "import importlib, importlib.util
 for name in ('triton', 'accelerate', 'datasets', 'numpy', 'pyarrow', 'tokenizers', 'huggingface_hub'):
-    try:
-        print(name, metadata.version(name))
-    except metadata.PackageNotFoundError:
-        print(name, 'not installed')"
+    print(name, importlib.import_module(name).__version__ if importlib.util.find_spec(name) else 'not installed')"
 } > "$out/environment.txt" 2>&1
 cat "$out/environment.txt"
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import importlib.metadata
 import importlib.util
 import math
 import os
@@ -37,14 +36,20 @@ def checkout_first_on_path() -> str:
 
 def relpos_triton_unavailable() -> str | None:
     """Why attn_implementation "relpos_triton" cannot run its kernels here, or None: they need triton, and a GPU or
-    Triton's interpreter from triton 3.7 on (before 3.4 triton.autotune wants a GPU driver; 3.4 to 3.6 index with a
-    one-element array, an error from NumPy 2.4)."""
+    Triton's interpreter from triton 3.5 on (before 3.4 triton.autotune wants a GPU driver, 3.4 has no float64
+    tl.dot), from 3.7 on with NumPy 2.4 or newer (3.5 and 3.6 index with a one-element array, which NumPy 2.4
+    refuses)."""
     if importlib.util.find_spec("triton") is None:
         return "needs triton"
     if os.environ.get("TRITON_INTERPRET") == "1":
-        installed = importlib.metadata.version("triton")
-        if tuple(int(part) for part in installed.split(".")[:2]) < (3, 7):
-            return f"Triton's interpreter runs these kernels from triton 3.7 on; {installed} is installed"
+        import numpy
+        import triton
+
+        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
+        new_numpy = tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (2, 4)
+        if version < (3, 5) or (version < (3, 7) and new_numpy):
+            return (f"Triton's interpreter runs these kernels from triton 3.5 on, from 3.7 on with NumPy 2.4 or newer; "
+                    f"triton {triton.__version__} and NumPy {numpy.__version__} are installed")
     elif not torch.cuda.is_available():
         return "needs a GPU or Triton's interpreter (TRITON_INTERPRET=1)"
     return None

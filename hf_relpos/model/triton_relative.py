@@ -67,11 +67,12 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
     inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
     the interpreter, `matmul`): float64 from triton 3.5 on, else one error."""
     # each use imports the kernels' module: triton only when they run
-    from .triton_relative_kernels import FLOAT64_DOT, tl, triton
+    from .triton_relative_kernels import FLOAT64_DOT, FLOAT64_DOT_TRITON, tl, triton
     head_dim = query.size(-1)
     accumulate_64 = query.dtype == torch.float64
     if accumulate_64 and not FLOAT64_DOT:
-        raise RuntimeError(f"attn_implementation {KERNEL_NAME!r} runs float64 inputs with triton 3.5 or newer "
+        raise RuntimeError(f"attn_implementation {KERNEL_NAME!r} runs float64 inputs with triton "
+                           f"{'.'.join(map(str, FLOAT64_DOT_TRITON))} or newer "
                            f"(float64 tl.dot); triton {triton.__version__} is installed: upgrade triton, or run "
                            f"the model in float32 or bfloat16, or on 'sdpa'")
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,

@@ -36,7 +36,8 @@ else:
     raise ImportError("attn_implementation 'relpos_triton' needs triton: pip install triton (or hf_relpos[triton])")
 
 # tl.dot takes float64 operands from triton 3.5 on (before, "Unsupported lhs dtype fp64" when a kernel compiles)
-FLOAT64_DOT = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= (3, 5)
+FLOAT64_DOT_TRITON = (3, 5)
+FLOAT64_DOT = tuple(int(part) for part in triton.__version__.split(".")[:2]) >= FLOAT64_DOT_TRITON
 
 # The autotuner's candidates (BLOCK_M, BLOCK_N, num_warps, num_stages): they fit an H100's and an H200's shared memory
 # (228 KB per SM); on an H200 the fastest of them beat FlashAttention-2's Hopper tiles for every kernel and flag set
