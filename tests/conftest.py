@@ -34,6 +34,12 @@ def checkout_first_on_path() -> str:
     return os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))
 
 
+def major_minor(version: str) -> tuple[int, int]:
+    """(3, 6) for "3.6.0+git1234"."""
+    major, minor = version.split(".")[:2]
+    return int(major), int(minor)
+
+
 def relpos_triton_unavailable() -> str | None:
     """Why attn_implementation "relpos_triton" cannot run its kernels here, or None: they need triton, and a GPU or
     Triton's interpreter from triton 3.5 on (before 3.4 triton.autotune wants a GPU driver, 3.4 has no float64
@@ -45,9 +51,8 @@ def relpos_triton_unavailable() -> str | None:
         import numpy
         import triton
 
-        version = tuple(int(part) for part in triton.__version__.split(".")[:2])
-        new_numpy = tuple(int(part) for part in numpy.__version__.split(".")[:2]) >= (2, 4)
-        if version < (3, 5) or (version < (3, 7) and new_numpy):
+        version = major_minor(triton.__version__)
+        if version < (3, 5) or (version < (3, 7) and major_minor(numpy.__version__) >= (2, 4)):
             return (f"Triton's interpreter runs these kernels from triton 3.5 on, from 3.7 on with NumPy 2.4 or newer; "
                     f"triton {triton.__version__} and NumPy {numpy.__version__} are installed")
     elif not torch.cuda.is_available():

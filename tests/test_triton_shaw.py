@@ -842,15 +842,14 @@ def test_float64_inputs_on_a_triton_without_float64_dot_are_one_error(monkeypatc
     monkeypatch.setattr(triton_relative_kernels, "FLOAT64_DOT", False)
     case = KERNEL_CASES["encoder_k1_padded"]
     k, _, _, query_offset, causal, _, _, with_masses, dropout = case
-    for dtype in (torch.float64, torch.float32):
-        query, key, value, table, key_start, key_end = kernel_inputs(case, dtype)
-        arguments = (query, key, value, table, key_start, key_end, torch.tensor([0]), 8**-0.5, dropout, query_offset,
-                     k, causal, mass_columns(k, with_masses))
-        if dtype == torch.float64:
-            with pytest.raises(RuntimeError, match=r"float64 inputs with triton 3\.5 or newer.*float32 or bfloat16"):
-                relative_attention(*arguments)
-        else:
-            assert relative_attention(*arguments)[0].dtype == torch.float32
+
+    def arguments(dtype):
+        return (*kernel_inputs(case, dtype), torch.tensor([0]), 8**-0.5, dropout, query_offset, k, causal,
+                mass_columns(k, with_masses))
+
+    with pytest.raises(RuntimeError, match=r"float64 inputs with triton 3\.5 or newer.*float32 or bfloat16"):
+        relative_attention(*arguments(torch.float64))
+    assert relative_attention(*arguments(torch.float32))[0].dtype == torch.float32
 
 
 @pytest.mark.parametrize("name", ["dropout_decoder_cached", "shaw_k_without_values", "values_without_bias"])
