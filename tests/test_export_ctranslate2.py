@@ -182,7 +182,6 @@ def test_beam_search_stops_as_generate_does_with_early_stopping(exported, tokeni
         assert engine_score.sum() / len(target_ids[0]) <= normalised[index] + 1e-5
 
 
-@pytest.mark.slow
 def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path):
     """A model trained until it translates its training pairs, exported as int8: corpus BLEU at most 1 below the
     float32 export's on them (the float32 export's is PyTorch's). Rounding may also land on a better translation, so

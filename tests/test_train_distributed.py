@@ -104,7 +104,6 @@ def launch(tmp_path: Path, script: Path, *arguments: str, config_file: Path = CP
     )
 
 
-@pytest.mark.slow
 def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
     config_path, output_dir = write_config(tmp_path)
     worker = tmp_path / "worker.py"

@@ -1335,7 +1335,6 @@ def test_epoch_callback_sets_the_sampler_epoch_on_resume():
 # --- the embedded demo ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow
 def test_demo_learns_the_reordering_grammar(tmp_path):
     """`python train_translation.py configs/demo.yaml`: the tiny model must really learn the word order.
     Threshold: sacreBLEU > 80 on dev and test (it reaches ~99 in about 90 s on 2 CPU cores)."""

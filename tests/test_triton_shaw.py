@@ -139,11 +139,7 @@ def kernel_inputs(case, dtype, seed=0):
     return query, key, value, table, key_start, key_end
 
 
-SLOW_CASES = {"encoder_k16_padded_long"}   # three tiles of the band at k = 16 (minutes under the interpreter)
-
-
-@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.slow) if name in SLOW_CASES else name
-                                  for name in sorted(KERNEL_CASES)])
+@pytest.mark.parametrize("name", sorted(KERNEL_CASES))
 def test_kernel_matches_float64_loop_oracle(name):
     """float64: o, M, lse and dq, dk, dv, dT at 1e-12 (with dropout: under the mask the kernel exposes)."""
     case = KERNEL_CASES[name]
@@ -511,7 +507,7 @@ def triton_calls(monkeypatch):
 
 @pytest.mark.numerics
 @pytest.mark.parametrize("overrides", [
-    pytest.param(dict(max_relative_position=16), marks=pytest.mark.slow),
+    dict(max_relative_position=16),
     {},
     dict(use_relative_values=False),   # shaw-k
     dict(use_relative_keys=False, max_relative_position=1),
