@@ -46,6 +46,7 @@ def archived_hypotheses(out: Path, stem: str) -> dict[str, list[str]]:
     return json.loads(gzip.decompress((out / f"{stem}_hypotheses.json.gz").read_bytes()).decode("utf-8"))
 
 
+@pytest.mark.slow
 def test_quick_run_writes_json_markdown_and_plots(tmp_path):
     subprocess.run([sys.executable, str(EXPERIMENT), "--quick", "--out", str(tmp_path)], check=True, timeout=300)
     results = json.loads((tmp_path / "length_generalization.json").read_text())
@@ -122,6 +123,7 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
         assert (tmp_path / name).read_bytes().startswith(b"\x89PNG")
 
 
+@pytest.mark.slow
 def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_report(tmp_path):
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
@@ -232,6 +234,7 @@ def test_longest_repeat_is_the_longest_run_of_letters_occurring_twice(monkeypatc
     assert task.repeat_class(sequence) == task.REPEAT_CLASSES[min(max(longest - 1, 0), 2)]
 
 
+@pytest.mark.slow
 def test_saved_models_score_as_in_training_on_its_sets_and_afresh_on_another_seed(tmp_path):
     """--evaluate-saved scores a saved model without training: on the training run's evaluation seed it reproduces
     that run's figures; on another seed it scores other sequences; a run with no saved model is one clear error."""
@@ -367,6 +370,7 @@ def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):
         tokenizer.pad_token_id, tokenizer.bos_token_id)
 
 
+@pytest.mark.slow
 def test_vs_marian_trains_the_peer_and_hf_relpos_rows_and_tabulates_seeds(tmp_path, monkeypatch):
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
@@ -526,6 +530,7 @@ def test_vs_marian_rows_parse_with_recipe_flags_and_init(monkeypatch, tmp_path):
 CONVERGENCE = EXPERIMENTS / "convergence.py"
 
 
+@pytest.mark.slow
 def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_rule(tmp_path):
     """--recipe-flags with early stopping (an evaluation per epoch, patience 1, a threshold no BLEU change passes):
     the recipe and the peer trained as the recipes are both stop after their second evaluation, and the peer's
@@ -561,6 +566,7 @@ def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_r
     assert record["argv"][0].endswith("multi30k_small_absolute.yaml") and "--decoder_start_token" in record["argv"]
 
 
+@pytest.mark.slow
 def test_convergence_averages_the_last_checkpoints_of_the_peer_and_a_recipe_and_scores_both(tmp_path):
     from safetensors.torch import load_file
 
@@ -798,6 +804,7 @@ def test_a_collection_states_the_settings_its_runs_were_trained_and_scored_with(
         convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
 
 
+@pytest.mark.slow
 def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_weights(tmp_path, monkeypatch):
     """A run folder left by an attempt cut short after its first epoch's checkpoint (a time limit, the end of a
     session): the next call continues from that checkpoint instead of refusing the folder or starting again, ends with
@@ -1345,6 +1352,7 @@ def test_long_inputs_scores_every_level_of_saved_models_alike_and_the_report_and
     assert "[`long_inputs/tiny`](docs/results/long_inputs/tiny/long_inputs.md)" in readme
 
 
+@pytest.mark.slow
 def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_paired_levels(tmp_path, monkeypatch,
                                                                                            capsys):
     """--baseline: every other system against the baseline's model of the same seed, on single captions and the
