@@ -110,7 +110,7 @@ KERNEL_CASES = {
     "decoder_k3_padded": (3, 33, 33, 0, True, True, True, True, 0.0),
     "cached_step": (3, 1, 21, 20, True, True, True, True, 0.0),
     "cached_chunk_k16": (16, 3, 35, 32, True, False, True, True, 0.0),
-    "encoder_k16_padded_long": (16, 41, 41, 0, False, True, True, True, 0.0),
+    "encoder_k16_padded_long": (16, 41, 41, 0, False, True, True, True, 0.0),   # three tiles of the band at k = 16
     "shaw_k_without_values": (2, 23, 23, 0, False, True, True, False, 0.0),
     "values_without_bias": (2, 23, 23, 0, True, True, False, True, 0.0),
     "dropout_encoder": (2, 21, 21, 0, False, True, True, True, 0.3),
