@@ -3,9 +3,9 @@
 #   make test   runs lint and the test suite but the tests marked slow (the numerics tests also under another CPU
 #               capability), spread over the machine's cores by pytest-xdist (PYTEST_WORKERS=0 runs it in one process);
 #               CI runs it
-# and a third for the tests marked slow (the experiments' scripts, the tools and the README's quickstart end to end, more
-# multi-process runs, fault injection, long inductor compiles, Triton's compile for a GPU), to run before a change
-# to what they cover lands and before GPU time is spent on an experiment:
+# and a third for the tests marked slow (the experiments' scripts end to end, fine-tuning a converted Marian model,
+# more multi-process runs, fault injection, long inductor compiles, Triton's compile for a GPU), to run before a
+# change to what they cover lands and before GPU time is spent on an experiment:
 #   make test-slow
 # torch is pinned first so pip never pulls a different (CUDA) build; TORCH_SPEC is pip's arguments for it, e.g.
 # TORCH_SPEC="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128" for a CUDA build.

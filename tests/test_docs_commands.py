@@ -248,7 +248,6 @@ def test_make_demo_runs_what_the_readme_says_it_runs():
     assert f"`{command}`" in (ROOT / "README.md").read_text(encoding="utf-8")
 
 
-@pytest.mark.slow
 def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_path):
     """The README's own-data path on the demo corpus written as data/{train,valid,test}.{en,de}: its training command
     (the recipe shrunk to a few steps of a tiny model), then its translate command scoring the test set; then its
