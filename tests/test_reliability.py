@@ -121,7 +121,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
-@pytest.mark.slow
 def test_killed_run_resumes_to_bitwise_the_same_weights(tmp_path, corpus):
     """SIGKILL after checkpoint-5 is complete, resume with "last": same weights (torch.equal), same learning rate and
     loss at every step (the loss per step pins the data order and dropout), as the uninterrupted run."""
@@ -179,7 +178,6 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
-@pytest.mark.slow
 def test_kill_while_writing_a_checkpoint_keeps_the_previous_one(tmp_path, corpus):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6, save_strategy="steps",
                           save_steps=2, save_total_limit=1)
@@ -693,7 +691,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-@pytest.mark.slow
 def test_one_failing_rank_stops_the_whole_job_with_its_error(tmp_path, corpus):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6,
                           ddp_find_unused_parameters=False, ddp_timeout=120)
