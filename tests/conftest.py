@@ -63,6 +63,16 @@ def relpos_triton_unavailable() -> str | None:
 RELPOS_TRITON_UNAVAILABLE = relpos_triton_unavailable()
 requires_relpos_triton = pytest.mark.skipif(RELPOS_TRITON_UNAVAILABLE is not None,
                                             reason=str(RELPOS_TRITON_UNAVAILABLE))
+# Set by .ci/run: CI must run the relpos_triton tests (Triton's interpreter on the CPU), never skip them.
+REQUIRE_RELPOS_TRITON = "HF_RELPOS_TESTS_REQUIRE_TRITON"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """With HF_RELPOS_TESTS_REQUIRE_TRITON=1, a machine where the relpos_triton tests would be skipped is a usage error
+    before any test runs, not a pass without them."""
+    if os.environ.get(REQUIRE_RELPOS_TRITON) == "1" and RELPOS_TRITON_UNAVAILABLE is not None:
+        raise pytest.UsageError(f"{REQUIRE_RELPOS_TRITON}=1, but the relpos_triton tests cannot run here: "
+                                f"{RELPOS_TRITON_UNAVAILABLE}")
 
 from transformers import AttentionInterface  # noqa: E402
 from transformers.integrations.sdpa_attention import sdpa_attention_forward  # noqa: E402

@@ -4,6 +4,7 @@ and the files of its wheel and sdist."""
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import shutil
 import subprocess
 import sys
@@ -12,6 +13,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import torch
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -84,6 +86,38 @@ def test_the_dev_extra_installs_where_triton_has_no_wheels(platform_system):
     triton = requirement(project()["optional-dependencies"]["dev"], "triton")
     assert triton.marker is not None and not triton.marker.evaluate({"platform_system": platform_system})
     assert triton.marker.evaluate({"platform_system": "Linux"})
+
+
+def test_ci_stops_where_the_triton_kernel_tests_would_be_skipped(monkeypatch):
+    """.ci/run sets HF_RELPOS_TESTS_REQUIRE_TRITON=1: where triton is missing or too old for its interpreter, pytest
+    stops with a usage error naming why, instead of passing without the relpos_triton tests; unset, they skip."""
+    import conftest
+
+    assert f"export {conftest.REQUIRE_RELPOS_TRITON}=1\n" in (REPO / ".ci" / "run").read_text(encoding="utf-8")
+    monkeypatch.setattr(conftest, "RELPOS_TRITON_UNAVAILABLE", "needs triton")
+    monkeypatch.setenv(conftest.REQUIRE_RELPOS_TRITON, "1")
+    with pytest.raises(pytest.UsageError, match="HF_RELPOS_TESTS_REQUIRE_TRITON=1, .*: needs triton$"):
+        conftest.pytest_configure(None)
+    monkeypatch.delenv(conftest.REQUIRE_RELPOS_TRITON)
+    conftest.pytest_configure(None)
+    monkeypatch.setenv(conftest.REQUIRE_RELPOS_TRITON, "1")
+    monkeypatch.setattr(conftest, "RELPOS_TRITON_UNAVAILABLE", None)
+    conftest.pytest_configure(None)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the kernels without Triton's interpreter")
+def test_a_pytest_run_that_requires_triton_stops_before_any_test_where_it_cannot_run():
+    """The hook as pytest calls it, on a CPU where the interpreter is switched off: exit status 4 (usage error) and
+    the reason, before a test is collected."""
+    import conftest
+
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
+                             str(REPO / "tests" / "test_packaging.py")], capture_output=True, text=True, cwd=REPO,
+                            timeout=300, env=dict(os.environ, PYTHONPATH=conftest.checkout_first_on_path(), TRITON_INTERPRET="0",
+                                     **{conftest.REQUIRE_RELPOS_TRITON: "1"}))
+    assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "the relpos_triton tests cannot run here: needs a GPU or Triton's interpreter" in result.stderr
+    assert "test_packaging.py::" not in result.stdout
 
 
 def test_a_command_without_the_train_extra_names_the_extra(tmp_path):
