@@ -111,10 +111,11 @@ def test_a_pytest_run_that_requires_triton_stops_before_any_test_where_it_cannot
     the reason, before a test is collected."""
     import conftest
 
+    environment = dict(os.environ, PYTHONPATH=conftest.checkout_first_on_path(), TRITON_INTERPRET="0",
+                       **{conftest.REQUIRE_RELPOS_TRITON: "1"})
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
                              str(REPO / "tests" / "test_packaging.py")], capture_output=True, text=True, cwd=REPO,
-                            timeout=300, env=dict(os.environ, PYTHONPATH=conftest.checkout_first_on_path(), TRITON_INTERPRET="0",
-                                     **{conftest.REQUIRE_RELPOS_TRITON: "1"}))
+                            timeout=300, env=environment)
     assert result.returncode == 4, result.stdout[-2000:] + result.stderr[-2000:]
     assert "the relpos_triton tests cannot run here: needs a GPU or Triton's interpreter" in result.stderr
     assert "test_packaging.py::" not in result.stdout
