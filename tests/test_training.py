@@ -169,7 +169,7 @@ def test_the_suggested_name_does_not_depend_on_which_string_is_compared_with_whi
     and below get_close_matches' cutoff; the hint takes the smaller, so a name nothing like any field gets none."""
     from difflib import SequenceMatcher
 
-    from hf_relpos.translation.arguments import closest_name
+    from hf_relpos.model.validation import closest_name
 
     ratios = [SequenceMatcher(None, *pair).ratio() for pair in (("no_such_flag", "source_lang"),
                                                                 ("source_lang", "no_such_flag"))]

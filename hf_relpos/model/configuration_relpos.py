@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import difflib
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedConfig
@@ -31,7 +30,7 @@ from .positions_rope import RotaryPositions  # noqa: F401
 from .positions_shaw import ShawPositions  # noqa: F401
 from .positions_t5 import T5Positions  # noqa: F401
 from .positions_xl import XLPositions  # noqa: F401
-from .validation import require_int, require_positive_number, require_probability
+from .validation import closest_name, require_int, require_positive_number, require_probability
 
 LAYER_NORM_POSITIONS = ("pre", "post")
 ATTENTION_DROPOUT_KINDS = ("probabilities", "keys")
@@ -420,7 +419,7 @@ def _refuse_misspelled_fields(extra: dict, tie_word_embeddings: bool) -> None:
         if key in scheme_fields:   # another scheme's field as a from_pretrained override: checked, then dropped
             scheme_fields[key].check(extra[key])
             continue
-        match = difflib.get_close_matches(key, own_fields, n=1, cutoff=0.85)
+        match = closest_name(key, own_fields, cutoff=0.85)
         if match:
-            raise ValueError(f"unknown config field {key!r}; did you mean {match[0]!r}?")
+            raise ValueError(f"unknown config field {key!r}; did you mean {match!r}?")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import importlib
 import inspect
 import logging
@@ -20,7 +19,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +35,7 @@ from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerCon
 from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
 from ..model.positions import POSITION_SCHEMES, UnregisteredSchemeError, scheme_config_fields
 from ..model.validation import (
+    closest_name,
     is_int_at_least,
     is_non_negative_number,
     is_positive_number,
@@ -574,18 +574,6 @@ def _suggest(key: str, candidates: set[str]) -> str:
         return f"{key} (a transformers 4 field; transformers 5 has {TRANSFORMERS_4_FIELDS[bare]} instead)"
     close = closest_name(bare, candidates)
     return f"{key} (did you mean {close}?)" if close else key
-
-
-def closest_name(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
-    """The candidate most like `name` by difflib's similarity ratio (get_close_matches' measure and cutoff), taken the
-    smaller of its two orders: the ratio is not symmetric (--no-such-flag against source_lang: 0.61 one way, 0.43 the
-    other), and a hint should not depend on which string is which."""
-    def similarity(candidate: str) -> float:
-        return min(difflib.SequenceMatcher(None, name, candidate).ratio(),
-                   difflib.SequenceMatcher(None, candidate, name).ratio())
-
-    score, best = max(((similarity(candidate), candidate) for candidate in candidates), default=(0.0, None))
-    return best if score >= cutoff else None
 
 
 def _read_yaml(path: str) -> dict[str, Any]:
