@@ -205,8 +205,9 @@ def test_flex_attention_still_refuses_probability_dropout_and_names_the_keys_opt
 
 def test_relpos_triton_refuses_key_dropout():
     query = torch.randn(1, 1, 4, 2)
-    dropout = KeyDropout(torch.tensor([1]), 1)
-    with pytest.raises(ValueError, match="attention_dropout_kind"):
+    dropout = KeyDropout.draw(0.25, query.device)
+    with pytest.raises(ValueError, match=r"^attention_dropout_kind 'keys' runs with attn_implementation \['eager', "
+                                         r"'sdpa', 'flex_attention'\], got 'relpos_triton' with attention_dropout=0.25"):
         attention_functions.relpos_triton_attention_forward(None, query, query, query, None, key_dropout=dropout)
 
 

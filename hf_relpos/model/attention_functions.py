@@ -84,6 +84,11 @@ class KeyDropout:
         seed = torch.randint(0, HASH_MASK, (1,), dtype=torch.int64, device=device)
         return cls(seed, round(probability * 2**KEEP_BITS))
 
+    @property
+    def probability(self) -> float:
+        """The drop probability p the threshold stands for, threshold / 2^KEEP_BITS."""
+        return self.threshold / 2**KEEP_BITS
+
     def keeps(self, b: torch.Tensor, h: torch.Tensor, q: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
         """Whether score (b, h, q, kv) is kept, at broadcastable integer indices."""
         state = self.seed[0]
@@ -575,11 +580,7 @@ def flex_attention_forward(
     `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention cannot drop
     probabilities after the softmax: attention dropout > 0 is an error (checked first); `key_dropout`
     (attention_dropout_kind "keys") runs fused, inside every FlexAttention call's score_mod and a scheme's band."""
-    if dropout > 0:
-        raise ValueError(f"attn_implementation 'flex_attention' cannot drop attention probabilities, got "
-                         f"attention_dropout={dropout} in training with attention_dropout_kind 'probabilities': set "
-                         "attention_dropout_kind to 'keys' (key dropout inside the kernel, a different regulariser), "
-                         "attention_dropout to 0, or use 'sdpa' or 'eager'")
+    check_dropout_kernel("flex_attention", dropout, "probabilities")
     query_length = query.size(-2)
     unfused_value_term = value_term is not None and fused_attention is None
     if unfused_value_term and not (output_attentions or query_length == 1):
@@ -678,9 +679,7 @@ def relpos_triton_attention_forward(
     runs on `TRITON_OTHERWISE`, with a warning (once) when Shaw's terms leave the kernel (`triton_fallback_cause`).
     On CUDA; on the CPU only under TRITON_INTERPRET=1."""
     if key_dropout is not None:
-        raise ValueError(f"attn_implementation {TRITON_KERNEL!r} drops attention probabilities (true attention "
-                         "dropout): set attention_dropout_kind to 'probabilities', or use 'flex_attention', 'sdpa' or "
-                         "'eager' for 'keys'")
+        check_dropout_kernel(TRITON_KERNEL, key_dropout.probability, "keys")
     check_device(query.device)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
     clipped = triton_clipped_terms(score_bias, value_term)
