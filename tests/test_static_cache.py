@@ -165,6 +165,26 @@ def test_a_decoder_mask_wider_than_the_cache_is_one_error():
               decoder_attention_mask=torch.ones(3, 5, dtype=torch.long), cache=cache, use_cache=True)
 
 
+@pytest.mark.parametrize("cache_kind", ["static", "dynamic"])
+def test_a_decoder_mask_narrower_than_the_cached_and_new_tokens_is_one_error(cache_kind):
+    """The prompt's [3, 3] mask passed again with the next token, after 3 cached ones: wider than the new token, narrower
+    than the cached and new ones. The static cache laid it over slots 1 .. 3 (row 1's padding moved one slot on, in
+    silence); it is the dynamic cache's error on both."""
+    model = spread_model("shaw", "sdpa")
+    attention_mask = (SOURCE != 0).long()
+    prompt_mask = torch.ones(3, 3, dtype=torch.long)
+    prompt_mask[1, 0] = 0
+    cache = static_cache(model, 8) if cache_kind == "static" else None
+    with torch.no_grad():
+        cache = model(input_ids=SOURCE, attention_mask=attention_mask, decoder_input_ids=torch.full((3, 3), 5),
+                      decoder_attention_mask=prompt_mask, cache=cache, use_cache=True).cache
+        with pytest.raises(ValueError, match=r"^the decoder's attention_mask must be a \[batch, length\] mask of 1 "
+                                             r"\(attend\) and 0 \(padding\): \[3, 1\] \(new tokens\) or \[3, 4 or more\] "
+                                             r"\(cached and new\), got \[3, 3\]$"):
+            model(input_ids=SOURCE, attention_mask=attention_mask, decoder_input_ids=torch.full((3, 1), 6),
+                  decoder_attention_mask=prompt_mask, cache=cache, use_cache=True)
+
+
 def compiled_decoding(model, backend) -> tuple[torch.Tensor, torch.Tensor]:
     """Greedy decoding of a fixed target by hand: the first step uncompiled (as generate does), the next 7 through
     `torch.compile(model, fullgraph=True, dynamic=False, backend=backend)` on one static cache. Returns the steps'

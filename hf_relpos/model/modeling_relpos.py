@@ -777,14 +777,25 @@ def check_fixed_size_cache(config: RelPosTransformerConfig, scheme: PositionSche
                          "dynamic cache)")
 
 
+def fixed_size_tokens(mask: torch.Tensor | None, query_offset: torch.Tensor, query_length: int) -> int:
+    """The cached and new tokens a decoder `mask` wider than the n new ones must cover on a fixed-size cache
+    (`check_padding_mask`'s `with_cache`): `query_offset` + n, the fill level read on the host; n where there is
+    nothing to check (no mask, or one of the new tokens), and in a compiled step, which must not read the fill level
+    (any width from n up is taken there, `fixed_size_padding`)."""
+    if mask is None or mask.size(-1) == query_length or torch.compiler.is_compiling():
+        return query_length
+    return int(query_offset) + query_length
+
+
 def fixed_size_padding(mask: torch.Tensor, query_length: int, cache_length: int,
                        query_offset: torch.Tensor) -> torch.Tensor:
     """A decoder's [B, w] 1/0 key mask over the `cache_length` slots of a fixed-size cache, by the dynamic cache's
     rule (`check_padding_mask`: its last columns count): its last column is the last query's slot `query_offset` +
     n - 1, so w = n covers this call's tokens and w >= `query_offset` + n the cached ones too (columns before slot 0
     ignored). The slots it does not cover are taken as tokens (1): past the queries causality masks them. A width
-    between n and `query_offset` + n, which the dynamic cache refuses, is not refused here (that would read the fill
-    level on the host): it covers the w slots that end with the last query's."""
+    between n and `query_offset` + n is refused before, as on the dynamic cache (`fixed_size_tokens`), except in a
+    compiled step, which does not read the fill level on the host: there it covers the w slots that end with the last
+    query's."""
     batch_size, width = mask.shape
     if width > cache_length:
         raise ValueError(f"the decoder's attention_mask must be a [batch, length] mask of at most the fixed-size "
@@ -887,8 +898,8 @@ class RelPosDecoder(RelPosStack):
         key_length = self_cache.get_max_length() if fixed_size else past_length + query_length
         if mems is not None and mems[0].size(0) != batch_size:
             raise ValueError(f"mems hold a batch of {mems[0].size(0)} sequences, the input {batch_size}")
-        check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length,
-                           with_cache=query_length if fixed_size else key_length)
+        covered = fixed_size_tokens(attention_mask, past_length, query_length) if fixed_size else key_length
+        check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=covered)
         if mems is not None and attention_mask is not None and attention_mask.size(1) < key_length:
             raise ValueError(f"with mems the decoder's attention_mask must cover the memory and the input (the memory "
                              f"may hold padding): [{batch_size}, {key_length}] ({key_length - query_length} memory + "
