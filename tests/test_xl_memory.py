@@ -337,6 +337,29 @@ def test_a_left_padded_prompt_keeps_its_randomized_positions():
     assert (torch.stack(together.logits)[:, 0] - torch.stack(alone.logits)[:, 0]).abs().max() < TOLERANCE
 
 
+@pytest.mark.parametrize("position_scheme", ["rope", "shaw", "t5", "alibi", "xl", "directional"])
+def test_position_ids_that_attention_would_ignore_are_one_error(position_scheme):
+    """A scheme whose attention reads positions reads each token's place in the sequence, so position_ids are honoured
+    there only as a shift of a row's tokens (what generate gives a left-padded prompt: the same distances). Gaps or a
+    restart gave the logits of no position_ids, in silence; now one error. A shift, and generate's ids for a
+    left-padded row, still give the logits of no position_ids (float64)."""
+    model = causal_lm(position_scheme, mem_len=0).double()
+    tokens = stream(SEGMENT)
+    with torch.no_grad():
+        plain = model(input_ids=tokens).logits
+        shifted = model(input_ids=tokens, position_ids=torch.arange(SEGMENT)[None] + 7).logits
+        assert (shifted - plain).abs().max() < TOLERANCE
+        mask = torch.ones_like(tokens)
+        mask[1, :2] = 0
+        padded = model(input_ids=tokens, attention_mask=mask, position_ids=positions_of(mask)).logits
+        assert (padded - model(input_ids=tokens, attention_mask=mask).logits).abs().max() < TOLERANCE
+        for position_ids, shown in ((torch.arange(0, 2 * SEGMENT, 2)[None], r"\[0, 2, 4, 6, 8, 10\]"),
+                                    (torch.tensor([[0, 1, 2, 0, 1, 2], [0, 1, 2, 3, 4, 5]]), r"\[0, 1, 2, 0, 1, 2\]")):
+            with pytest.raises(ValueError, match=rf"^position_scheme '{position_scheme}' reads each token's place in "
+                                                 rf"the sequence in attention.* got {shown} in row 0"):
+                model(input_ids=tokens, position_ids=position_ids)
+
+
 @pytest.mark.parametrize(("position_ids", "message"), [
     (torch.zeros(2, 3, dtype=torch.long), r"got shape \[2, 3\] and dtype torch.int64"),
     (torch.zeros(3, 6, dtype=torch.long), r"got shape \[3, 6\] and dtype torch.int64"),

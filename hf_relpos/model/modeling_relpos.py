@@ -806,6 +806,33 @@ def fixed_size_padding(mask: torch.Tensor, query_length: int, cache_length: int,
     return torch.where(covered, taken, torch.ones_like(taken))
 
 
+def check_position_ids(scheme: PositionScheme, position_ids: torch.Tensor | None, attention_mask: torch.Tensor | None,
+                       query_length: int) -> None:
+    """`position_ids` place a stack's tokens for the embedding-level encodings (`RelPosStack.token_positions`); a
+    scheme whose attention reads positions (`PositionScheme.attention_reads_positions`) reads each token's place in
+    the sequence instead, which is the same only where the ids advance by one per token over each row's attended
+    tokens of this call (the last n columns of `attention_mask`): a shift per row, as generate counts a left-padded
+    prompt. Other ids are one ValueError, not ignored in silence. Not checked (no host read): a one-token call, ids
+    continuing a row after cached tokens, a compiled call."""
+    if (position_ids is None or query_length == 1 or not scheme.attention_reads_positions
+            or torch.compiler.is_compiling()):
+        return
+    device = position_ids.device
+    attended = (torch.ones(1, query_length, dtype=torch.bool, device=device) if attention_mask is None
+                else attention_mask[:, -query_length:].to(device=device, dtype=torch.bool))
+    shifts = position_ids - torch.arange(query_length, device=device)
+    limit = torch.iinfo(shifts.dtype)
+    uneven = (torch.where(attended, shifts, limit.min).amax(-1) > torch.where(attended, shifts, limit.max).amin(-1))
+    if bool(uneven.any()):
+        row = int(uneven.nonzero()[0, 0])
+        raise ValueError(
+            f"position_scheme {scheme.name!r} reads each token's place in the sequence in attention (cached tokens "
+            "first), where position_ids do not reach: they are taken only as a shift of each row's tokens, advancing "
+            "by one per attended token (as generate counts a left-padded prompt), got "
+            f"{position_ids[row if position_ids.size(0) > 1 else 0].tolist()} in row {row}; leave position_ids out, "
+            "or use a scheme that adds its positions to the embeddings (e.g. 'absolute')")
+
+
 @dataclass
 class RelPosDecoderOutput(BaseModelOutputWithPastAndCrossAttentions):
     """Decoder output plus `mems`: per layer, the last `mem_len` layer inputs, detached (Transformer-XL memory)."""
@@ -900,6 +927,7 @@ class RelPosDecoder(RelPosStack):
             raise ValueError(f"mems hold a batch of {mems[0].size(0)} sequences, the input {batch_size}")
         covered = fixed_size_tokens(attention_mask, past_length, query_length) if fixed_size else key_length
         check_padding_mask("the decoder's attention_mask", attention_mask, batch_size, query_length, with_cache=covered)
+        check_position_ids(self.positions, position_ids, attention_mask, query_length)
         if mems is not None and attention_mask is not None and attention_mask.size(1) < key_length:
             raise ValueError(f"with mems the decoder's attention_mask must cover the memory and the input (the memory "
                              f"may hold padding): [{batch_size}, {key_length}] ({key_length - query_length} memory + "
@@ -1511,7 +1539,8 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
         `RelPosDecoder.forward`); `position_ids` [B or 1, n]: each token's number in its sequence for the
         embedding-level encodings (`RelPosStack.token_positions`; None: past_length + i), which `generate` counts
         over the tokens the attention mask keeps (cumsum - 1), as for transformers' causal LMs, so a left-padded
-        prompt is encoded as without its padding. In memory mode (`mem_len` > 0) the returned cache is `mems`, and
+        prompt is encoded as without its padding; a scheme whose attention reads positions takes them only as such
+        a shift of each row's tokens (`check_position_ids`). In memory mode (`mem_len` > 0) the returned cache is `mems`, and
         a tuple passed as `cache` is taken as `mems` (how `generate` hands it back)."""
         if labels is not None:
             inputs = input_ids if input_ids is not None else inputs_embeds

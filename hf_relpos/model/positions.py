@@ -911,7 +911,8 @@ class PositionScheme(nn.Module):
     keeps) place each sequence's tokens for `embed` alone, as [B, n] `positions`: left padding then leaves a prompt's
     embedding-level encoding as without it; the relative terms read distances in the sequence, which left padding
     does not change with ordinary positions (with randomized ones at inference they read the draw by column, so a
-    left-padded row is not encoded as the prompt alone).
+    left-padded row is not encoded as the prompt alone). So a scheme whose attention reads positions
+    (`attention_reads_positions`) takes `position_ids` only as such a shift of a row's tokens; others are one error.
     """
 
     name: str = ""
@@ -945,6 +946,13 @@ class PositionScheme(nn.Module):
         with torch.no_grad():
             for parameter in self.parameters():
                 parameter.zero_()
+
+    @property
+    def attention_reads_positions(self) -> bool:
+        """Whether self-attention reads the tokens' positions (the scheme overrides `prepare`, `transform_new_keys`
+        or `terms`): by each token's place in the sequence, where the causal LM's `position_ids` do not reach."""
+        return any(getattr(type(self), name) is not getattr(PositionScheme, name)
+                   for name in ("prepare", "transform_new_keys", "terms"))
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding-level position encoding of tokens at past_length + i (or at `positions`, [n] or [B, n]);
