@@ -849,3 +849,24 @@ def test_malformed_token_inputs_are_one_error_naming_them(inputs, message):
     ids = torch.randint(4, 40, (3, 7), generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=message):
         model(**inputs(ids))
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("position_scheme", ["absolute", "shaw"])
+def test_decoder_position_ids_place_a_left_padded_decoder_prompt_as_without_its_padding(position_scheme):
+    """`decoder_position_ids` (transformers' name in an encoder-decoder, which generate extends step by step) reach the
+    decoder as the causal LM's position_ids do: a decoder prompt left-padded by two gives the logits of the prompt
+    alone (float64, 1e-12; with absolute sinusoids they were swallowed, and the padded prompt placed after its
+    padding), and ids that Shaw's attention would ignore are its one error."""
+    model = tiny_model(position_scheme, keep_absolute_positions=position_scheme != "absolute").double()
+    source, prompt = torch.tensor([[5, 6, 7, 8, 1]]), torch.tensor([[2, 9, 10, 11]])
+    padded = torch.cat([torch.zeros(1, 2, dtype=torch.long), prompt], 1)
+    mask = (torch.arange(6) >= 2).long()[None]
+    with torch.no_grad():
+        alone = model(input_ids=source, decoder_input_ids=prompt).logits
+        placed = model(input_ids=source, decoder_input_ids=padded, decoder_attention_mask=mask,
+                       decoder_position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+        assert (placed[:, 2:] - alone).abs().max() < 1e-12
+        if position_scheme == "shaw":
+            with pytest.raises(ValueError, match=r"^position_scheme 'shaw' reads each token's place in the sequence"):
+                model(input_ids=source, decoder_input_ids=prompt, decoder_position_ids=torch.tensor([[0, 2, 4, 6]]))

@@ -1201,10 +1201,12 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         decoder_positions: PositionDraw | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> Seq2SeqModelOutput | tuple:
         """`decoder_positions`: the decoder's positions for the whole output (`PositionDraw`; None: drawn or ordinary,
-        see `RelPosStack.key_positions`)."""
+        see `RelPosStack.key_positions`); `decoder_position_ids` [B or 1, n] (transformers' name, which generate
+        extends step by step): the decoder's `position_ids` (`RelPosStack.token_positions`, `check_position_ids`)."""
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids=input_ids,
@@ -1234,6 +1236,7 @@ class RelPosTransformerModel(RelPosTransformerPreTrainedModel):
             output_hidden_states=output_hidden_states,
             mem_len=0,   # no segment memory here (check_encoder_decoder_config), whatever config.mem_len became
             draw=decoder_positions,
+            position_ids=decoder_position_ids,
             return_dict=True,
         )
         return Seq2SeqModelOutput(
@@ -1304,11 +1307,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         output_hidden_states: bool | None = None,
         num_items_in_batch: torch.Tensor | int | None = None,
         decoder_positions: PositionDraw | None = None,
+        decoder_position_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> Seq2SeqLMOutput | tuple:
         """`labels` [B, T] (-100 ignored) give the loss; `num_items_in_batch` (passed by the Trainer) is the number of
-        labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` as in
-        `RelPosTransformerModel.forward`."""
+        labelled tokens in the whole optimizer step, see `token_cross_entropy`; `decoder_positions` and
+        `decoder_position_ids` as in `RelPosTransformerModel.forward`."""
         if labels is not None:
             decoder_inputs = decoder_input_ids if decoder_input_ids is not None else decoder_inputs_embeds
             check_labels(labels, None if decoder_inputs is None else decoder_inputs.shape[:2], "the decoder's inputs")
@@ -1330,6 +1334,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             output_attentions=output_attentions,
             output_hidden_states=output_hidden_states,
             decoder_positions=decoder_positions,
+            decoder_position_ids=decoder_position_ids,
             return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state) + self.final_logits_bias
