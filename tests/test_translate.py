@@ -832,3 +832,35 @@ def test_the_length_cap_warning_of_n_best_lists_counts_hypotheses(memorised_mode
     error = capsys.readouterr().err
     counted = re.search(r"warning: (\d+) n-best hypothesis\(es\) reached the maximum length", error)
     assert counted is not None and 2 < int(counted[1]) <= 6 and "translation(s)" not in error, error
+
+
+def test_an_n_best_hypothesis_with_the_field_separator_is_escaped_as_moses_escapes_it(tmp_path):
+    """A translation holding "|||" (or a "|" or "&") does not break the n-best format: the hypothesis is written with
+    Moses' escapes (escape-special-chars.perl: "&" as "&amp;", "|" as "&#124;"), so every line splits at "|||" into
+    its 4 fields, and unescaping the hypothesis (html.unescape, deescape-special-chars.perl) gives the translation
+    the plain output writes; a text that already reads "&#124;" comes back as it was, not as "|"."""
+    import html
+
+    from conftest import train_memorising_model
+
+    pairs = (("Yes or no?", "Ja ||| nein | so & so"), ("The cat sleeps.", "Die Katze &#124; schläft."))
+    model, tokenizer, _ = train_memorising_model(pairs, steps=150)
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    source_file = write_lines(tmp_path / "src.txt", [source for source, _ in pairs])
+    main([str(folder), str(source_file), "--output", str(tmp_path / "plain.txt"), "--no_progress",
+          "--no_split_sentences", "--num_beams", "2"])
+    main([str(folder), str(source_file), "--output", str(tmp_path / "nbest.txt"), "--no_progress",
+          "--no_split_sentences", "--num_beams", "2", "--n_best", "2"])
+    plain = (tmp_path / "plain.txt").read_text(encoding="utf-8").splitlines()
+    assert plain == [target for _, target in pairs]
+    lines = (tmp_path / "nbest.txt").read_text(encoding="utf-8").splitlines()
+    fields = [line.split("|||") for line in lines]
+    assert [len(entry) for entry in fields] == [4] * 4, lines
+    assert [int(entry[0]) for entry in fields] == [0, 0, 1, 1]
+    best = [html.unescape(fields[index][1].strip()) for index in (0, 2)]
+    assert best == plain
+    assert fields[0][1] == " Ja &#124;&#124;&#124; nein &#124; so &amp; so "
+    assert fields[2][1] == " Die Katze &amp;#124; schläft. "
+    assert all(float(entry[2].removeprefix(" F0= ")) < 0 and float(entry[3]) < 0 for entry in fields)

@@ -12,6 +12,10 @@ scores. generate takes the logits in float32 whatever the model's dtype; F0 is s
 F0 / length ** length_penalty, length the same new tokens: transformers' beam-search score of a finished hypothesis
 (`sequences_scores`, computed here in float64 rather than generate's float32), and CTranslate2's, whose length counts
 the end token it returns. A line's hypotheses come best first by SCORE.
+
+HYPOTHESIS is the translation with Moses' escapes for "&" and "|" ("&amp;", "&#124;", as escape-special-chars.perl
+writes them), so that "|||" only ever separates fields, whatever the model translates: `html.unescape` (or Moses'
+deescape-special-chars.perl) gives the translation back exactly.
 """
 
 from __future__ import annotations
@@ -85,7 +89,14 @@ def generate_n_best(model: PreTrainedModel, inputs: dict[str, torch.Tensor], n_b
                            length_normalised(log_probabilities, lengths, length_penalty), lengths)
 
 
+def escaped(text: str) -> str:
+    """`text` with Moses' escapes for "&" and "|" (escape-special-chars.perl's "&amp;" and "&#124;"), "&" first, so
+    that `html.unescape` reverses it exactly."""
+    return text.replace("&", "&amp;").replace("|", "&#124;")
+
+
 def n_best_lines(line_index: int, hypotheses: Sequence[Hypothesis]) -> str:
-    """A line's hypotheses in the n-best format, one a line (the numbers as Python's repr, which reads back exactly)."""
-    return "".join(f"{line_index} ||| {hypothesis.text} ||| F0= {hypothesis.log_probability!r} ||| "
+    """A line's hypotheses in the n-best format, one a line: the hypothesis `escaped` (a "|||" in it would read as a
+    field separator), the numbers as Python's repr, which reads back exactly."""
+    return "".join(f"{line_index} ||| {escaped(hypothesis.text)} ||| F0= {hypothesis.log_probability!r} ||| "
                    f"{hypothesis.score!r}\n" for hypothesis in hypotheses)

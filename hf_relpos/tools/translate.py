@@ -21,8 +21,9 @@ language (`--target_lang`, else the run record's): zh, ja-mecab or ko-mecab for 
 
 `--n_best N` (with `--no_split_sentences`: a line translated sentence by sentence has no n best of its own) writes
 each line's N best translations by beam search instead (N <= num_beams), best first, as Moses / Marian n-best lines
-`LINE_INDEX ||| HYPOTHESIS ||| F0= SUM_LOGPROB ||| SCORE` (hf_relpos.tools.n_best says what each number is); a blank
-line gives N empty hypotheses scored 0, so every line keeps N entries, and `--reference` scores the best ones.
+`LINE_INDEX ||| HYPOTHESIS ||| F0= SUM_LOGPROB ||| SCORE` (hf_relpos.tools.n_best says what each number is; HYPOTHESIS
+has Moses' escapes for "&" and "|", "&amp;" and "&#124;", so a "|||" in a translation cannot read as a separator); a
+blank line gives N empty hypotheses scored 0, so every line keeps N entries, and `--reference` scores the best ones.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n_best", type=int, metavar="N",
                         help="write each line's N best translations by beam search (N <= --num_beams; needs "
                              "--no_split_sentences), best first, as n-best lists: LINE_INDEX ||| HYPOTHESIS ||| F0= "
-                             "SUM_LOGPROB ||| SCORE, the line index counted from 0, F0 the summed token "
+                             "SUM_LOGPROB ||| SCORE, the line index counted from 0, HYPOTHESIS with Moses' escapes "
+                             "for & and | (&amp; and &#124;), F0 the summed token "
                              "log-probability and SCORE = F0 / length ** length_penalty (beam search's score); a blank "
                              "line gives N empty hypotheses scored 0, and --reference scores the best (default: one "
                              "translation per line, no scores)")
