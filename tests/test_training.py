@@ -371,6 +371,37 @@ def test_evaluation_reads_its_examples_in_order_under_a_length_grouping_training
     assert list(trainer._get_eval_sampler(dataset)) == list(range(len(lengths)))
 
 
+@pytest.mark.parametrize("split", ["eval", "test"])
+def test_evaluation_translates_and_scores_every_sentence_under_dataloader_drop_last(tmp_path, small_tokenizer, split):
+    """dataloader_drop_last drops the last incomplete batch of training pairs only: evaluation and prediction
+    still translate every sentence (5 in batches of 2) and score all of them. The Trainer's loaders dropped the
+    fifth, and putting 4 translations back in the order of 5 sources failed after training."""
+    from hf_relpos.translation.data import sort_by_source_length
+    from hf_relpos.translation.trainer import EvaluationSet
+
+    tokenizer = small_tokenizer
+    sources = ["a small dog", "a cat", "a small small cat", "dog", "a dog"]
+    references = ["ein kleiner Hund", "eine Katze", "eine kleine kleine Katze", "Hund", "ein Hund"]
+    source_ids = [tokenizer(text)["input_ids"] for text in sources]
+    target_ids = [tokenizer(text_target=text)["input_ids"] for text in references]
+    dataset, order = sort_by_source_length(Dataset.from_dict({
+        "input_ids": source_ids, "labels": target_ids, "source_length": [len(ids) for ids in source_ids],
+        "target_length": [len(ids) for ids in target_ids]}))
+    trainer = small_trainer(tokenizer, tmp_path, per_device_eval_batch_size=2, dataloader_drop_last=True,
+                            generation_num_beams=1)
+    trainer.model.generation_config.max_new_tokens = 2
+    trainer.evaluation_sets = {split: EvaluationSet(dataset, order, references, sources)}
+    loader = trainer.get_eval_dataloader(dataset) if split == "eval" else trainer.get_test_dataloader(dataset)
+    assert [len(batch["input_ids"]) for batch in loader] == [2, 2, 1]
+    assert trainer.args.dataloader_drop_last, "the training pairs' setting is left as it was"
+
+    if split == "eval":
+        metrics = trainer.evaluate(dataset)
+    else:
+        metrics = trainer.predict(dataset, metric_key_prefix="test").metrics
+    assert f"{split}_bleu" in metrics and len(trainer.evaluation_sets[split].hypotheses) == 5
+
+
 def test_the_collator_pads_labels_with_the_index_the_loss_ignores(tmp_path, small_tokenizer):
     """Label padding is -100, which the loss leaves out; padding with the pad token would train the model to
     predict padding."""

@@ -6,11 +6,13 @@ checkpoint a run resumes from, and the report of each stage: metrics logged and 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
 import math
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -316,6 +318,30 @@ class TranslationTrainer(Seq2SeqTrainer):
     def _get_eval_sampler(self, eval_dataset: Dataset) -> torch.utils.data.Sampler | None:
         """Always in dataset order (never length-grouped at random), so predictions can be put back in source order."""
         return SequentialSampler(eval_dataset) if self.args.world_size <= 1 else None
+
+    def get_eval_dataloader(self, eval_dataset: str | Dataset | None = None) -> DataLoader:
+        """The Trainer's evaluation loader, keeping its last batch whatever `dataloader_drop_last` says
+        (`_every_batch`)."""
+        with self._every_batch():
+            return super().get_eval_dataloader(eval_dataset)
+
+    def get_test_dataloader(self, test_dataset: Dataset) -> DataLoader:
+        """The Trainer's prediction loader, keeping its last batch whatever `dataloader_drop_last` says
+        (`_every_batch`)."""
+        with self._every_batch():
+            return super().get_test_dataloader(test_dataset)
+
+    @contextlib.contextmanager
+    def _every_batch(self) -> Iterator[None]:
+        """`dataloader_drop_last` off while a loader is built: it drops the last incomplete batch of training pairs,
+        but an evaluation or prediction translates and scores every sentence of its split (the Trainer would drop
+        the last sentences from BLEU, or leave fewer translations than sources)."""
+        drop_last = self.args.dataloader_drop_last
+        self.args.dataloader_drop_last = False
+        try:
+            yield
+        finally:
+            self.args.dataloader_drop_last = drop_last
 
     def evaluate(
         self, eval_dataset: Dataset | None = None, ignore_keys: list[str] | None = None,
