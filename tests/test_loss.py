@@ -1,5 +1,7 @@
 """The loss follows the Trainer's contract: `num_items_in_batch` makes every labelled token of an optimizer step weigh
-the same under gradient accumulation, with and without label smoothing, and a float64 model has a float64 loss."""
+the same under gradient accumulation, with and without label smoothing, and a float64 model has a float64 loss; the
+translation app's trainer keeps that over token-budget batches of uneven sizes, its label-smoothed loss in float64
+too."""
 
 from __future__ import annotations
 
@@ -9,10 +11,21 @@ from typing import Any
 import pytest
 import torch
 from conftest import tiny_config
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, Trainer, TrainingArguments, default_data_collator
+from datasets import Dataset
+from transformers import (
+    DataCollatorForSeq2Seq,
+    Seq2SeqTrainer,
+    Seq2SeqTrainingArguments,
+    Trainer,
+    TrainingArguments,
+    default_data_collator,
+)
 
 import hf_relpos
 from hf_relpos import shift_tokens_right
+from hf_relpos.translation.arguments import TranslationTrainingArguments
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.trainer import build_trainer
 
 pytestmark = pytest.mark.numerics
 
@@ -117,7 +130,8 @@ def test_gradient_accumulation_weighs_every_token_alike(model_class, label_smoot
         causal_examples())
     expected = reference_gradient(tiny_float64(model_class), examples, label_smoothing)
     applied = trainer_gradient(tiny_float64(model_class), examples, label_smoothing, tmp_path)
-    # the LabelSmoother sums its smoothing term in float32, so the smoothed case is float32-exact only
+    # transformers' LabelSmoother sums its smoothing term in float32, so the smoothed case is float32-exact only
+    # (the translation app's trainer computes it in float64: test_the_apps_token_budget_steps_weigh_every_token_alike)
     tolerance = 1e-12 if label_smoothing == 0 else 1e-6
     for name, gradient in expected.items():
         assert (applied[name] - gradient).abs().max() < tolerance * max(1.0, gradient.abs().max().item()), name
@@ -163,3 +177,61 @@ def test_malformed_labels_are_one_error_naming_them(labels, decoder_input_ids, m
         with pytest.raises(ValueError, match=r"^labels must hold one id per token of the inputs: shape \[2, 4\], got "
                                              r"\[2, 7\]$"):
             causal_lm(input_ids=ids[:, :4], labels=labels(ids))
+
+
+# (source, target) lengths, </s> included, of the token-budget examples: batches of a 20-token budget hold 1 to 3 of
+# them, each with its own number of labelled tokens
+TOKEN_BUDGET_LENGTHS = ((3, 2), (4, 6), (9, 3), (2, 4), (3, 2), (8, 7), (5, 5))
+
+
+def token_budget_examples() -> list[dict[str, Any]]:
+    generator = torch.Generator().manual_seed(3)
+    examples = []
+    for source_length, target_length in TOKEN_BUDGET_LENGTHS:
+        source = [*torch.randint(4, 40, (source_length - 1,), generator=generator).tolist(), 1]
+        target = [*torch.randint(4, 40, (target_length - 1,), generator=generator).tolist(), 1]
+        examples.append({"input_ids": source, "attention_mask": [1] * source_length, "labels": target,
+                         "source_length": source_length, "target_length": target_length})
+    return examples
+
+
+@pytest.fixture(scope="module")
+def pad_tokenizer():
+    """A tokenizer for the app's collator (pad id 0, as the model's config), which pads the examples' ids."""
+    return train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
+
+
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1], ids=["plain", "label_smoothing"])
+@pytest.mark.parametrize("accumulation", [2, 3], ids=["two_of_three_batches", "whole_epoch"])
+def test_the_apps_token_budget_steps_weigh_every_token_alike(pad_tokenizer, label_smoothing, accumulation, tmp_path):
+    """The translation app's trainer (`build_trainer`, batches of at most max_tokens_per_batch padded tokens) takes
+    one SGD step (lr 1) over `accumulation` token-budget batches of different sizes and numbers of labelled tokens:
+    the step is minus the gradient of the mean loss over every labelled token of those batches in one batch, to
+    1e-12 in float64, with label smoothing too (the Trainer's LabelSmoother summed its smoothing term in float32)."""
+    examples = token_budget_examples()
+    arguments = TranslationTrainingArguments(
+        output_dir=str(tmp_path), max_tokens_per_batch=20, gradient_accumulation_steps=accumulation, max_steps=1,
+        learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+        label_smoothing_factor=label_smoothing, report_to="none", save_strategy="no", use_cpu=True,
+        disable_tqdm=True, seed=0, dataloader_num_workers=0, generation_num_beams=1)
+    model = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration)
+    trainer = build_trainer(model, pad_tokenizer, arguments, Dataset.from_list(examples), {}, "de")
+    step_batches = list(trainer.token_budget_sampler)[:accumulation]
+    labelled = [sum(TOKEN_BUDGET_LENGTHS[index][1] for index in batch) for batch in step_batches]
+    assert len(set(labelled)) == len(labelled), "micro-batches of different weights"
+
+    before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+    trainer.train()
+    assert trainer.state.global_step == 1
+    applied = {name: before[name] - parameter.detach() for name, parameter in model.named_parameters()}
+
+    reference = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration)
+    collator = DataCollatorForSeq2Seq(pad_tokenizer, model=reference, label_pad_token_id=-100)
+    step_examples = [{name: examples[index][name] for name in ("input_ids", "attention_mask", "labels")}
+                     for batch in step_batches for index in batch]
+    total, count = token_losses(reference, collator(step_examples), label_smoothing)
+    assert count == sum(labelled)
+    (total / count).backward()
+    for name, parameter in reference.named_parameters():
+        gradient = parameter.grad
+        assert (applied[name] - gradient).abs().max() < 1e-12 * max(1.0, gradient.abs().max().item()), name

@@ -1,7 +1,7 @@
 """Data-parallel training on CPU: `accelerate launch --config_file configs/accelerate/cpu_2proc.yaml
 train_translation.py CONFIG --use_cpu true` runs two gloo processes (`--use_cpu true` makes the Trainer pick the
-CPU/gloo backend). Both ranks must train on disjoint token-budget batches covering the data, and only the main process
-may write the model. Without `--use_cpu true` on a machine without GPUs, the run stops before writing anything."""
+CPU/gloo backend). Both ranks must train on disjoint token-budget batches covering the data, their step must weigh
+every labelled token of both alike, and only the main process may write the model. Without `--use_cpu true` on a machine without GPUs, the run stops before writing anything."""
 
 import json
 import os
@@ -94,9 +94,10 @@ def write_config(tmp_path: Path) -> tuple[Path, Path]:
 
 
 def launch(tmp_path: Path, script: Path, *arguments: str, config_file: Path = CPU_CONFIG,
-           launch_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+           launch_flags: tuple[str, ...] = (), environment: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """The documented command: accelerate launch --config_file configs/accelerate/cpu_2proc.yaml SCRIPT ..."""
-    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=checkout_first_on_path())
+    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=checkout_first_on_path(),
+                       **(environment or {}))
     return subprocess.run(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file), *launch_flags,
          "--main_process_port", str(free_port()), str(script), *arguments],
@@ -132,6 +133,73 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
         60, abs=0.0005 * metrics["train_runtime"] + 1e-6), "the pairs both ranks trained on"
     eval_lines = (output_dir / "eval_hypotheses.txt").read_text(encoding="utf-8").splitlines()
     assert len(eval_lines) == 6
+
+
+# One SGD step (lr 1) of the app's trainer, float64, over two accumulated token-budget batches in each of two
+# processes (7 examples, 4 batches of different sizes and labelled tokens: the ranks' shares differ); process 0
+# compares the step with the gradient of the token-mean loss of all four batches in one batch.
+GRADIENT_WORKER = '''
+import json, os, sys
+sys.path.insert(0, os.environ["TESTS_DIR"])
+import torch
+from accelerate import PartialState
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq
+import hf_relpos
+from hf_relpos.translation.arguments import TranslationTrainingArguments
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.trainer import build_trainer
+from test_loss import TOKEN_BUDGET_LENGTHS, tiny_float64, token_budget_examples, token_losses
+
+label_smoothing = float(sys.argv[1])
+tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
+examples = token_budget_examples()
+arguments = TranslationTrainingArguments(
+    output_dir=os.path.join(os.environ["RECORD_DIR"], "out"), max_tokens_per_batch=20, gradient_accumulation_steps=2,
+    max_steps=1, learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
+    label_smoothing_factor=label_smoothing, report_to="none", save_strategy="no", use_cpu=True, disable_tqdm=True,
+    seed=0, dataloader_num_workers=0, generation_num_beams=1, ddp_find_unused_parameters=False)
+model = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration)
+trainer = build_trainer(model, tokenizer, arguments, Dataset.from_list(examples), {}, "de")
+batches = list(trainer.token_budget_sampler)   # the global list: process r trains on batches r, r + 2, ...
+before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
+trainer.train()
+state = PartialState()
+if state.is_main_process:
+    applied = {name: before[name] - parameter.detach() for name, parameter in model.named_parameters()}
+    reference = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration)
+    collator = DataCollatorForSeq2Seq(tokenizer, model=reference, label_pad_token_id=-100)
+    total, count = token_losses(reference, collator([{name: examples[index][name] for name in
+                                                      ("input_ids", "attention_mask", "labels")}
+                                                     for batch in batches for index in batch]), label_smoothing)
+    (total / count).backward()
+    error = max(((applied[name] - parameter.grad).abs().max() / max(1.0, parameter.grad.abs().max().item())).item()
+                for name, parameter in reference.named_parameters())
+    labelled = [sum(TOKEN_BUDGET_LENGTHS[index][1] for index in batch) for batch in batches]
+    record = {"world_size": state.num_processes, "steps": trainer.state.global_step, "batches": batches,
+              "labelled": labelled, "count": count, "relative_error": error}
+    with open(os.path.join(os.environ["RECORD_DIR"], "gradient.json"), "w") as handle:
+        json.dump(record, handle)
+'''
+
+
+def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_alike(tmp_path):
+    """Two gloo processes, each accumulating two token-budget batches of its own (the ranks hold different numbers
+    of labelled tokens): the Trainer's num_items_in_batch (summed over the processes) and the app's label-smoothed
+    loss make the step the gradient of the mean over every labelled token of the four batches, to 1e-12 in
+    float64."""
+    worker = tmp_path / "gradient_worker.py"
+    worker.write_text(GRADIENT_WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    completed = launch(tmp_path, worker, "0.1", environment={"TESTS_DIR": str(REPO / "tests")})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    record = json.loads((records / "gradient.json").read_text())
+    assert (record["world_size"], record["steps"], len(record["batches"])) == (2, 1, 4)
+    assert sorted(index for batch in record["batches"] for index in batch) == list(range(7))
+    per_rank = [sum(record["labelled"][rank::2]) for rank in range(2)]
+    assert per_rank[0] != per_rank[1] and sum(per_rank) == record["count"]
+    assert record["relative_error"] < 1e-12
 
 
 @pytest.mark.slow

@@ -34,6 +34,7 @@ from transformers import (
     TrainingArguments,
 )
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
 
 from ..model.attention_functions import length_multiple
@@ -66,6 +67,29 @@ class EvaluationSet:
     references: list[str] | None  # None for a source-only file: translations are written, nothing is scored
     sources: list[str]
     hypotheses: list[str] = field(default_factory=list)
+
+
+class PromotedLabelSmoother(LabelSmoother):
+    """transformers' `LabelSmoother` (the loss of a run with `label_smoothing_factor` > 0): over the labelled tokens
+    (`ignore_index` left out of both terms), (1 - epsilon) (-log p_label) + epsilon mean_v (-log p_v), summed and
+    divided by `num_items_in_batch` (the labelled tokens of the optimizer step, over its micro-batches and
+    processes) or, without it, by this batch's labelled tokens. Computed in promote_types(logits dtype, float32),
+    as the model's own loss is: transformers' sums the smoothing term in float32, which made a float64 model's
+    loss and gradients float32-exact only."""
+
+    def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False,
+                 num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
+        if shift_labels:
+            logits, labels = logits[..., :-1, :], labels[..., 1:]
+        log_probs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        labels = labels.to(log_probs.device)
+        labelled = labels != self.ignore_index
+        nll = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+        smoothed = -log_probs.mean(dim=-1)
+        per_token = torch.where(labelled, (1 - self.epsilon) * nll + self.epsilon * smoothed, 0.0)
+        count = labelled.sum() if num_items_in_batch is None else num_items_in_batch
+        return per_token.sum() / (count.to(per_token.device) if torch.is_tensor(count) else count)
 
 
 class SamplerEpochCallback(TrainerCallback):
@@ -165,6 +189,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         """`target_lang`: the language of the references, which picks BLEU's tokenization unless `bleu_tokenize`
         names one ("": sacreBLEU's default, 13a)."""
         super().__init__(*args, **kwargs)
+        if self.label_smoother is not None:
+            self.label_smoother = PromotedLabelSmoother(epsilon=self.args.label_smoothing_factor)
         self.evaluation_sets = evaluation_sets
         self.target_lang = target_lang
         # scores of generated translations; without generation an evaluation computes the loss alone
