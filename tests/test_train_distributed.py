@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import checkout_first_on_path
+from conftest import MEMORISED_PAIRS, checkout_first_on_path
 
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -200,6 +200,32 @@ def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_al
     per_rank = [sum(record["labelled"][rank::2]) for rank in range(2)]
     assert per_rank[0] != per_rank[1] and sum(per_rank) == record["count"]
     assert record["relative_error"] < 1e-12
+
+
+def test_two_process_evaluation_translates_and_scores_every_sentence_once(tmp_path, memorised_model_folder):
+    """A predict-only run under two processes: 6 validation and 6 test sentences in batches of 2 are dealt to the
+    ranks (3 batches: accelerate pads the second step with a copy of the first batch), gathered and put back in
+    source order: each split's translations are its references line by line (a model that memorised them), none
+    twice and none missing, and BLEU over the whole set is 100."""
+    pairs = {"validation": MEMORISED_PAIRS, "test": MEMORISED_PAIRS[::-1]}
+    for split, split_pairs in pairs.items():
+        (tmp_path / f"{split}.jsonl").write_text("".join(
+            json.dumps({"translation": {"en": source, "de": target}}) + "\n" for source, target in split_pairs),
+            encoding="utf-8")
+    config = {"model_name_or_path": str(memorised_model_folder), "source_lang": "en", "target_lang": "de",
+              "validation_file": str(tmp_path / "validation.jsonl"), "test_file": str(tmp_path / "test.jsonl"),
+              "output_dir": str(tmp_path / "out"), "do_train": False, "do_eval": True, "do_predict": True,
+              "per_device_eval_batch_size": 2, "generation_num_beams": 1, "report_to": "none", "disable_tqdm": True}
+    config_path = tmp_path / "predict.yaml"
+    config_path.write_text(yaml.safe_dump(config, allow_unicode=True), encoding="utf-8")
+    completed = launch(tmp_path, REPO / "train_translation.py", str(config_path), "--use_cpu", "true")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "world size 2, process 0" in completed.stdout
+    for prefix, split in (("eval", "validation"), ("test", "test")):
+        hypotheses = (tmp_path / "out" / f"{prefix}_hypotheses.txt").read_text(encoding="utf-8").splitlines()
+        assert hypotheses == [target for _, target in pairs[split]], prefix
+        results = json.loads((tmp_path / "out" / f"{prefix}_results.json").read_text())
+        assert results[f"{prefix}_bleu"] == pytest.approx(100) and results[f"{prefix}_samples"] == 6
 
 
 @pytest.mark.slow
