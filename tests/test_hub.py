@@ -926,6 +926,32 @@ def test_a_folder_is_pushed_with_the_card_of_its_run_record_and_a_recipe_for_it_
     assert "Trained as: `python " in card and "--warmup_steps 7 --max_steps 33`" in card and "Hardware: CPU" in card
 
 
+@pytest.mark.parametrize("given", ["own", "link"])
+def test_a_folder_saved_by_hand_is_carded_with_the_recipe_file_given_and_no_training_command(
+        output_folder, fake_hub, tmp_path, given):
+    """A folder without a run record, pushed with --recipe: the card named the training command
+    `python train_translation.py configs/<stem>.yaml`, a file that does not exist for the user's own recipe (or a
+    link to a repository recipe), as if the weights had been trained by it. It names the file given and shows its
+    settings, saying that how the weights were trained is not known."""
+    recipe = tmp_path / "my_recipe.yaml"
+    if given == "own":
+        recipe.write_text((REPO_ROOT / "configs" / "demo.yaml").read_text().replace("warmup_steps: 100",
+                                                                                   "warmup_steps: 37"))
+    else:
+        recipe.symlink_to(REPO_ROOT / "configs" / "demo.yaml")
+    assert not (output_folder / RUN_RECORD_FILE).exists()
+    hub.main(["push", str(output_folder), "me/tiny-shaw", "--recipe", str(recipe)])
+    card = fake_hub.commits[0]["files"]["README.md"].decode()
+    training = card[card.index("## Training"):card.index("## Results")]
+    assert "train_translation.py" not in card and "configs/my_recipe.yaml" not in card and "Trained as" not in card
+    assert ("These weights were saved without the record of the run that trained them (`run_record.json`), so how "
+            "they were trained (command, data read, hardware, time) is not known. What follows is the recipe given "
+            "for them when this card was written (`my_recipe.yaml`).") in training
+    assert f"| `warmup_steps` | {37 if given == 'own' else 100} |" in training
+    assert str(tmp_path) not in card   # a local path stays off the card
+    assert (output_folder / "README.md").read_text() == card
+
+
 def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder, fake_hub, tmp_path, monkeypatch):
     """docs/hub.md's push examples (its Python block and its shell commands) run as written from a folder holding
     configs/: a folder they name that is a recipe's output_dir holds the run record train_translation.py writes

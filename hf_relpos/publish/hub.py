@@ -229,6 +229,7 @@ def render_model_card(
     published: bool = False,
     unscored: str | None = None,
     name: str | None = None,
+    without_run_record: bool = False,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
@@ -236,7 +237,10 @@ def render_model_card(
     read with `RunRecord.from_recipe`; None: not recorded), `results` maps "eval"/"test" to the dicts of
     `{eval,test}_results.json`; `published`: the card goes with the trained weights to the Hub repository `repo_id`;
     `unscored`: what the Results section says when it has no scores, in place of its own sentence; `name`: the
-    model's name in the title and model-index (default: `repo_id`'s, else the recipe's).
+    model's name in the title and model-index (default: `repo_id`'s, else the recipe's); `without_run_record`: the card
+    is of trained weights saved without the record of the run that trained them (a model folder without
+    run_record.json), so `record`, if given, is the recipe named `recipe_name` given for them: the card shows its
+    settings and says that how the weights were trained is not known, with no training command.
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
@@ -251,7 +255,7 @@ def render_model_card(
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
-        _training_section(config, record if recorded else None, recipe_name),
+        _training_section(config, record if recorded else None, recipe_name, without_run_record),
         _results_section(record, results, trained=recorded and (bool(results) or record.training_seconds is not None),
                          published_as=repo_id if published else None, unscored=unscored),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
@@ -425,16 +429,27 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 
-def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None) -> str:
+def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None,
+                      without_run_record: bool = False) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags; not the folder it was
     # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here); a recipe card names its
-    # configs/ file
+    # configs/ file; weights without their run's record name the recipe given for them (any file: no command of ours
+    # trains them), and no more
     resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
-    command = (f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}" if record.trained_as else
-               f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
-               if recipe_name else None)
+    given = None
+    if without_run_record:
+        command = None
+        given = ("These weights were saved without the record of the run that trained them "
+                 f"(`{RUN_RECORD_FILE}`), so how they were trained (command, data read, hardware, time) is not known. "
+                 "What follows is the recipe given for them when this card was written"
+                 + (f" (`{recipe_name}`)." if recipe_name else "."))
+    elif record.trained_as:
+        command = f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}"
+    else:
+        command = (f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
+                   if recipe_name else None)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
     unread = set() if _on_hub(record) else {   # the data table lists what the run read: no dataset it did not load
@@ -447,6 +462,7 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     lines = [
         "## Training",
         "",
+        *([given, ""] if given else []),
         f"Data: {_dataset_title(record)}, {language_name(source)} (`{source}`) → {language_name(target)} (`{target}`). "
         + _tokenizer_sentence(config, record),
         "",
@@ -731,14 +747,15 @@ def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str
                       recipe_name: str | None = None, published: bool = False, name: str | None = None) -> str:
     """The card of a saved model folder (`render_model_card` of its config.json, `record` and `results`, named
     `name`); for a folder that hf-relpos-average wrote, without scores of its own and with a section naming the
-    checkpoints it averaged."""
+    checkpoints it averaged. A folder without its run's record (`RUN_RECORD_FILE`: saved by hand) is carded
+    `without_run_record`: `record` is the recipe given for it, named `recipe_name`."""
     folder = Path(folder)
     config = json.loads((folder / CONFIG_NAME).read_text(encoding="utf-8"))
     checkpoints = averaged_checkpoints(folder)
     unscored = (None if checkpoints is None
                 else "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below).")
     card = render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name, published=published,
-                             unscored=unscored, name=name)
+                             unscored=unscored, name=name, without_run_record=training_record(folder) is None)
     if checkpoints is None:
         return card
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
@@ -896,7 +913,9 @@ def build_parser() -> argparse.ArgumentParser:
     push.add_argument("folder", type=expand_home)
     push.add_argument("repo_id")
     push.add_argument("--recipe", type=expand_home,
-                      help="the recipe YAML the model was trained with (for the card of a folder without run_record.json)")
+                      help="the recipe YAML the model was trained with (for the card of a folder without "
+                           "run_record.json: it shows the file's name and settings, and says how the weights were "
+                           "trained is not known)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
     return parser
 
@@ -910,7 +929,7 @@ def main(argv: Sequence[str] | None = None) -> None:
                 print(path)
         else:
             recipe = load_recipe(args.recipe) if args.recipe else None
-            recipe_name = Path(args.recipe).stem if args.recipe else None
+            recipe_name = Path(args.recipe).name if args.recipe else None   # the file given, not a local path
             print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
                                     private=args.private or None))
     except (OSError, ValueError, HubPushError) as error:  # a missing or unsaved folder, a bad recipe, a failed upload
