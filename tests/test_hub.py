@@ -952,6 +952,39 @@ def test_a_folder_saved_by_hand_is_carded_with_the_recipe_file_given_and_no_trai
     assert (output_folder / "README.md").read_text() == card
 
 
+@pytest.mark.parametrize("recipe", [None, "demo.yaml", "multi30k_small_xl.yaml"])
+def test_a_folder_saved_by_hand_without_scores_is_carded_as_trained_weights_not_measured(output_folder, fake_hub,
+                                                                                          recipe):
+    """A folder without a run record or scores, pushed with or without --recipe: its card said "Never trained in the
+    hf_relpos repository" (or, for the demo recipe, "Not recorded: `make demo` trains this recipe"), although the
+    weights pushed with it were trained. It says no scores were saved with them."""
+    for prefix in ("eval", "test"):
+        (output_folder / f"{prefix}_results.json").unlink()
+    hub.main(["push", str(output_folder), "me/tiny-shaw", *(["--recipe", str(REPO_ROOT / "configs" / recipe)]
+                                                             if recipe else [])])
+    card = ModelCard(fake_hub.commits[0]["files"]["README.md"].decode())
+    results = card.text[card.text.index("## Results"):card.text.index("## How to use")]
+    assert results == ("## Results\n\nNot measured: no scores were saved with these weights.\n\n"
+                       "The trained weights are published as [`me/tiny-shaw`](https://huggingface.co/me/tiny-shaw).\n\n")
+    assert "Never trained" not in card.text and "make demo" not in card.text and card.data.eval_results is None
+
+
+def test_an_averaged_folder_without_a_run_record_is_carded_as_trained_weights(trained_folder, tmp_path):
+    """hf-relpos-average of checkpoints whose run left no record (stopped before it wrote one): the card said "No
+    published checkpoint: hf_relpos publishes no trained weights of this recipe; train them with the command above",
+    with no recipe and no command above. It says these weights were not pushed."""
+    for step in (1, 2):
+        shutil.copytree(trained_folder, tmp_path / "run" / f"checkpoint-{step}",
+                        ignore=shutil.ignore_patterns("*_results.json"))
+        TrainerState(global_step=step).save_to_json(str(tmp_path / "run" / f"checkpoint-{step}" / "trainer_state.json"))
+    card = (average_checkpoints(tmp_path / "run", 2, tmp_path / "averaged") / "README.md").read_text()
+    results = card[card.index("## Results"):card.index("## How to use")]
+    assert results == ("## Results\n\nNot measured: these averaged weights were not evaluated (Checkpoint averaging, "
+                       "below).\n\nNo published checkpoint: these weights were not pushed to the Hugging Face Hub "
+                       "with this card.\n\n")
+    assert "The training recipe was not recorded with this model." in card
+
+
 def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder, fake_hub, tmp_path, monkeypatch):
     """docs/hub.md's push examples (its Python block and its shell commands) run as written from a folder holding
     configs/: a folder they name that is a recipe's output_dir holds the run record train_translation.py writes

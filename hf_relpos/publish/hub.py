@@ -240,7 +240,8 @@ def render_model_card(
     model's name in the title and model-index (default: `repo_id`'s, else the recipe's); `without_run_record`: the card
     is of trained weights saved without the record of the run that trained them (a model folder without
     run_record.json), so `record`, if given, is the recipe named `recipe_name` given for them: the card shows its
-    settings and says that how the weights were trained is not known, with no training command.
+    settings and says that how the weights were trained is not known, with no training command, and without scores
+    it says none were saved with the weights (never that they were not trained).
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
@@ -251,13 +252,17 @@ def render_model_card(
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
     metadata = _card_metadata(config, record, results, model_name, recorded)
+    # saved weights were trained, whether or not a record says how; a recipe is trained where a run of it is recorded
+    trained = without_run_record or (recorded and (bool(results) or record.training_seconds is not None))
+    if unscored is None and without_run_record:
+        unscored = "Not measured: no scores were saved with these weights."
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
         _training_section(config, record if recorded else None, recipe_name, without_run_record),
-        _results_section(record, results, trained=recorded and (bool(results) or record.training_seconds is not None),
-                         published_as=repo_id if published else None, unscored=unscored),
+        _results_section(record, results, trained=trained, published_as=repo_id if published else None,
+                         unscored=unscored),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
         _limitations_section(config, record),
         _citation_section(config),
