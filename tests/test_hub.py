@@ -502,6 +502,28 @@ def test_a_fractional_warm_up_reads_as_a_fraction_of_the_training_steps(output_f
     assert "| `warmup_steps` | 100 |" in card
 
 
+def test_a_recipe_file_outside_configs_is_carded_as_that_file_and_a_link_into_configs_as_its_target(tmp_path,
+                                                                                                   monkeypatch):
+    """A copy of a configs/ recipe elsewhere (the user's own, perhaps edited) is not the repository's recipe: its card
+    names the file and the command that trains it, and takes no runs from the records (they are of configs/ recipes,
+    matched by name); a link into configs/ is carded as the recipe it points to."""
+    monkeypatch.chdir(REPO_ROOT)
+    copy = tmp_path / "recipes" / "multi30k_small_shaw.yaml"
+    copy.parent.mkdir()
+    copy.write_text((REPO_ROOT / "configs" / "multi30k_small_shaw.yaml").read_text(encoding="utf-8"), encoding="utf-8")
+    link = tmp_path / "links" / "mine.yaml"
+    link.parent.mkdir()
+    link.symlink_to(REPO_ROOT / "configs" / "multi30k_small_shaw.yaml")
+    hub.render_recipe_cards([copy, link], tmp_path / "cards", RECIPE_RECORDS)
+    card = (tmp_path / "cards" / "multi30k_small_shaw.md").read_text(encoding="utf-8")
+    assert "Command: `hf-relpos-train multi30k_small_shaw.yaml`" in card
+    assert "hf_relpos repository): `python train_translation.py" not in card and "Never trained" not in card
+    assert "Not measured: no run of this recipe file is recorded in the hf_relpos repository" in card
+    assert "model-index" not in card and "BLEU" not in card.partition("## Results")[2].partition("## ")[0]
+    assert (tmp_path / "cards" / "mine.md").read_text(encoding="utf-8") == \
+        (REPO_ROOT / "model_cards" / "multi30k_small_shaw.md").read_text(encoding="utf-8")
+
+
 def test_recipe_cards_in_model_cards_are_current(tmp_path, monkeypatch):
     """model_cards/ holds `python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ --records RECORDS...` as
     it renders today."""

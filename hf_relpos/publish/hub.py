@@ -45,6 +45,7 @@ from .records import (
     DATA,
     DECODING,
     OPTIMISATION,
+    PACKAGE_CHECKOUT,
     RECIPE,
     RESULT_SPLITS,
     RESULTS_FILE,
@@ -231,6 +232,7 @@ def render_model_card(
     unscored: str | None = None,
     name: str | None = None,
     without_run_record: bool = False,
+    recipe_command: str | None = None,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
@@ -242,7 +244,8 @@ def render_model_card(
     is of trained weights saved without the record of the run that trained them (a model folder without
     run_record.json), so `record`, if given, is the recipe named `recipe_name` given for them: the card shows its
     settings and says that how the weights were trained is not known, with no training command, and without scores
-    it says none were saved with the weights (never that they were not trained).
+    it says none were saved with the weights (never that they were not trained); `recipe_command`: the command that
+    trains a recipe card's recipe (default: the repository's `python train_translation.py configs/<recipe_name>.yaml`).
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
@@ -261,7 +264,7 @@ def render_model_card(
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
-        _training_section(config, record if recorded else None, recipe_name, without_run_record),
+        _training_section(config, record if recorded else None, recipe_name, without_run_record, recipe_command),
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
                          unscored=unscored),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
@@ -436,7 +439,7 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
 
 
 def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None,
-                      without_run_record: bool = False) -> str:
+                      without_run_record: bool = False, recipe_command: str | None = None) -> str:
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags; not the folder it was
@@ -453,6 +456,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
                  + (f" (`{recipe_name}`)." if recipe_name else "."))
     elif record.trained_as:
         command = f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}"
+    elif recipe_command:
+        command = f"Command: `{recipe_command}`"
     else:
         command = (f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
                    if recipe_name else None)
@@ -712,7 +717,9 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     """Render `<out>/<recipe>.md` for each recipe YAML (a folder stands for its *.yaml files), with the runs of the
     recipe found in the experiment `records` (`measurements_from_record`). A recipe that fine-tunes a saved model
     (`model_name_or_path`) has no architecture of its own and gets no card here: its model's config is known only
-    when it trains (train_translation.py writes that card)."""
+    when it trains (train_translation.py writes that card). A recipe file outside this checkout's configs/ (the
+    user's own, or a copy) is carded as that file, `hf-relpos-train NAME.yaml`, with no runs: the records' runs are of
+    configs/ recipes, matched by name (a link into configs/ is carded as the recipe it points to)."""
     recipes = []
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
@@ -728,9 +735,16 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
         if recipe.get("model_name_or_path"):
             continue
         record = RunRecord.from_recipe(recipe)
-        record.measurements = [measurement for record_path in records
-                               for measurement in measurements_from_record(record_path, path.stem, record)]
-        card = render_model_card(config_from_recipe(recipe), record, recipe_name=path.stem)
+        repository_recipe = path.resolve().parent == PACKAGE_CHECKOUT / "configs"
+        stem = path.resolve().stem if repository_recipe else path.stem
+        if repository_recipe:
+            record.measurements = [measurement for record_path in records
+                                   for measurement in measurements_from_record(record_path, stem, record)]
+        card = render_model_card(
+            config_from_recipe(recipe), record, recipe_name=stem,
+            recipe_command=None if repository_recipe else f"hf-relpos-train {path.name}",
+            unscored=None if repository_recipe else ("Not measured: no run of this recipe file is recorded in the "
+                                                     "hf_relpos repository, so this card reports no scores."))
         target = out / f"{path.stem}.md"
         write_text_atomic(target, card)   # a kill never leaves a card cut short
         written.append(target)
