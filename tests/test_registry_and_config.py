@@ -503,6 +503,43 @@ def test_shaw_tables_are_drawn_at_exactly_the_tensor2tensor_std():
         assert torch.equal(tables.detach(), torch.empty_like(tables).normal_(0.0, std))
 
 
+@pytest.mark.parametrize("position_scheme", [name for name in positions.built_in_schemes()
+                                             if any(True for _ in positions.get_scheme_class(name)(
+                                                 tiny_config(name), 1, 4, 8, is_causal=False).parameters())])
+def test_a_built_model_runs_each_schemes_own_initialisation(position_scheme, monkeypatch):
+    """`PositionScheme.init_parameters(init_std)` runs for the scheme of each stack when a model is built, also for a
+    scheme whose parameters all live in submodules (T5's table is an nn.Embedding): transformers skips a module of
+    custom code whose own parameters (recurse=False) are all initialised, which a module without any of its own
+    always is, so T5's init never ran before."""
+    calls = []
+    scheme_class = positions.get_scheme_class(position_scheme)
+    original = scheme_class.init_parameters
+    monkeypatch.setattr(scheme_class, "init_parameters",
+                        lambda self, std: (calls.append((self, std)), original(self, std))[1])
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(position_scheme, init_std=0.03))
+    stacks = (model.model.encoder.positions, model.model.decoder.positions)
+    assert sorted(map(id, (scheme for scheme, _ in calls))) == sorted(map(id, stacks))
+    assert {std for _, std in calls} == {0.03}
+
+
+def test_t5_buckets_start_at_init_std_not_at_the_token_embeddings_std(tmp_path):
+    """T5's bucket table is drawn N(0, init_std) (`T5Positions.init_parameters`, as init_std's doc says of the schemes'
+    parameters), not by the token embeddings' rule N(0, d_model^-0.5) that transformers' init gives an nn.Embedding
+    (what it held before: the scheme's own init was skipped). A loaded model keeps the table it saved."""
+    torch.manual_seed(0)
+    config = tiny_config("t5", d_model=64, encoder_attention_heads=8, decoder_attention_heads=8,
+                         relative_attention_num_buckets=64, init_std=0.005)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
+    tables = [stack.positions.relative_attention_bias.weight for stack in (model.model.encoder, model.model.decoder)]
+    for table in tables:
+        assert table.std().item() == pytest.approx(0.005, rel=0.1)   # 512 draws: the std within 3%
+    model.save_pretrained(tmp_path)
+    torch.manual_seed(1)
+    reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    for stack, table in zip((reloaded.model.encoder, reloaded.model.decoder), tables, strict=True):
+        assert torch.equal(stack.positions.relative_attention_bias.weight, table)
+
+
 def test_unknown_scheme_error_lists_the_registered_ones():
     with pytest.raises(ValueError) as error:
         tiny_config("sandwich")

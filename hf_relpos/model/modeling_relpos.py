@@ -1095,6 +1095,17 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         check_kernel(self.config, requested)
         super().set_attn_implementation(attn_implementation, allow_all_kernels=allow_all_kernels)
 
+    def _initialize_weights(self, module: nn.Module, is_custom_code: bool = False) -> None:
+        """transformers' rule, except that a position scheme is initialised (`_init_weights`, its `init_parameters`)
+        while any of its parameters, those of its submodules included, is not: for custom code transformers skips a
+        module whose own parameters (recurse=False) are all initialised, which a scheme keeping every parameter in
+        submodules (T5's nn.Embedding) always is, so its init never ran. A scheme whose parameters were all loaded is
+        still skipped (its init may write them in place)."""
+        if is_custom_code and isinstance(module, PositionScheme) and any(
+                not getattr(parameter, "_is_hf_initialized", False) for parameter in module.parameters()):
+            is_custom_code = False
+        super()._initialize_weights(module, is_custom_code)
+
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, embedding_init_std) or, when
