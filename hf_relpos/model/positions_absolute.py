@@ -23,7 +23,8 @@ def describe(config: Any) -> str:
 
 @register_position_scheme("absolute")
 class AbsolutePositions(PositionScheme):
-    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(...), added to the embeddings.
+    """PE(pos, i) = sin(pos / 10000^(2i/d)), PE(pos, d/2 + i) = cos(...), i < d/2 (the sines in the first half, the
+    cosines in the second, as Marian and fairseq lay them out), added to the embeddings.
 
     Computed on the fly for positions `past_length .. past_length + n - 1` (or the randomized `positions`), so any length works and a cached
     decoding step gets its true position. Attention itself has no position term, so every kernel runs it.
