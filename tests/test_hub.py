@@ -211,6 +211,15 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
 
 
+@pytest.mark.parametrize(("decoder_heads", "size"), [(4, "d_z = 12 for"), (2, "d_z = 12 in the encoder and 24 in the decoder")])
+def test_shaws_card_gives_the_table_size_of_each_stack(decoder_heads, size):
+    """Shaw's tables are 2k+1 vectors of the head size d_z = d_model / heads of each stack: a decoder with other heads
+    than the encoder learns vectors of another size, which the card names (it gave the encoder's alone before)."""
+    config = hf_relpos.RelPosTransformerConfig(vocab_size=100, d_model=48, encoder_attention_heads=4,
+                                               decoder_attention_heads=decoder_heads, position_scheme="shaw")
+    assert f"vectors of size {size}" in hub.render_model_card(config, {}, None)
+
+
 def test_the_hub_guide_gives_render_model_cards_signature():
     """docs/hub.md writes render_model_card's signature as the function has it: every parameter with its default, a
     `*` before those that are keyword-only (a call copied from the guide must not pass them by position)."""

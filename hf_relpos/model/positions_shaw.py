@@ -41,7 +41,9 @@ SHAW_BIBTEX = """@inproceedings{shaw2018self,
 def describe(config: Any) -> str:
     """The model-card text: eqs. 3-4 with the terms this config uses, and what each layer learns."""
     k = config.max_relative_position
-    head_dim = config.d_model // config.encoder_attention_heads
+    head_dims = [config.d_model // config.encoder_attention_heads, config.d_model // config.decoder_attention_heads]
+    size = (f"d_z = {head_dims[0]}" if head_dims[0] == head_dims[1]
+            else f"d_z = {head_dims[0]} in the encoder and {head_dims[1]} in the decoder")
     key_term = " + a^K_{ij}" if config.use_relative_keys else ""
     value_term = " + a^V_{ij}" if config.use_relative_values else ""
     tables = [name for name, used in (("a^K", config.use_relative_keys), ("a^V", config.use_relative_values)) if used]
@@ -49,7 +51,7 @@ def describe(config: Any) -> str:
         sharing = "one table shared by all heads of a layer, as in the paper"
     else:
         sharing = "one table per head"
-    learned = (f"Each self-attention layer learns 2k+1 = {2 * k + 1} vectors of size d_z = {head_dim} for "
+    learned = (f"Each self-attention layer learns 2k+1 = {2 * k + 1} vectors of size {size} for "
                f"{' and '.join(f'${name}$' for name in tables)} ({sharing}); distances beyond k = {k} are clipped "
                "to ±k." if tables else "Both relative terms are off, so attention has no position information.")
     return (
