@@ -242,6 +242,24 @@ def test_training_pairs_can_be_truncated_instead(tmp_path, tokenizer):
     assert all(ids[-1] == tokenizer.eos_token_id for ids in list(tokenized["input_ids"]) + list(tokenized["labels"]))
 
 
+@pytest.mark.parametrize("workers", [None, 2])
+def test_a_sentence_that_spells_a_special_token_is_tokenized_as_text(tmp_path, tokenizer, workers):
+    """A literal "</s>" or "<s>" in a training or evaluation pair is text (its characters), in this process and in
+    preprocessing workers alike: the only </s> of input_ids and labels is the final one, and the ids are those the
+    tokenizer gives the text."""
+    text = "Er schrieb <s>alt</s> neu <unk>."
+    dataset = Dataset.from_dict({"source": [text, "The dog."], "target": [text, "Der Hund."]})
+    arguments = DataArguments(max_source_length=256, max_target_length=256, preprocessing_num_workers=workers)
+    training, _ = tokenize_training_pairs(dataset, tokenizer, arguments, workdir=tmp_path / "train")
+    evaluation, _ = tokenize_evaluation_pairs(dataset, tokenizer, arguments, "test", workdir=tmp_path / "test")
+    for tokenized in (training, evaluation):
+        for column in ("input_ids", "labels"):
+            ids = list(tokenized[column])
+            assert ids == tokenizer([text, "The dog." if column == "input_ids" else "Der Hund."])["input_ids"]
+            assert [index for row in ids for index in row if index < 4] == [tokenizer.eos_token_id] * 2, column
+        assert tokenizer.decode(tokenized[0]["labels"], skip_special_tokens=True) == text
+
+
 def test_a_pair_exactly_at_the_length_limits_is_kept_and_one_token_over_is_filtered(tmp_path, tokenizer):
     """The limits count tokens with </s>: a side of exactly max_source_length / max_target_length tokens is kept."""
     dataset = Dataset.from_dict({"source": ["The small dog.", "a"], "target": ["Der kleine Hund.", "e"]})

@@ -1,13 +1,15 @@
 """The joint BPE tokenizer: exact detokenization, fixed special ids, save/load through AutoTokenizer."""
 
+import hashlib
 import json
 import unicodedata
 
 import pytest
 from conftest import run_without_hf_relpos
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.translation.prepared import tokenizer_sha256
 from hf_relpos.translation.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
 
 GERMAN = [
@@ -107,6 +109,37 @@ def test_no_character_is_lost(tokenizer, text):
     assert tokenizer.decode(ids, skip_special_tokens=True) == unicodedata.normalize("NFC", text)
 
 
+# Text that spells a special token: an HTML strikethrough, a corpus whose unknown words were written as <unk>.
+SPECIAL_TOKENS_AS_TEXT = "Er schrieb <s>alt</s> neu, x <unk> y und <pad>."
+
+
+def test_text_that_spells_a_special_token_is_text(tokenizer, tmp_path):
+    """A "<s>", "</s>", "<unk>" or "<pad>" written in a sentence is encoded as its characters, as SentencePiece encodes
+    it, not as the control token: a "</s>" inside a training target would teach the model to stop there, and decoding
+    would drop it. The one </s> is the one the tokenizer appends, and the saved tokenizer does the same."""
+    specials = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
+    tokenizer.save_pretrained(tmp_path)
+    loaded = AutoTokenizer.from_pretrained(tmp_path)
+    for encoder in (tokenizer, loaded):
+        ids = encoder(SPECIAL_TOKENS_AS_TEXT)["input_ids"]
+        assert [index for index in ids if index in specials] == [tokenizer.eos_token_id] and ids[-1] == 1
+        assert encoder(text_target=SPECIAL_TOKENS_AS_TEXT)["input_ids"] == ids
+        assert encoder.decode(ids, skip_special_tokens=True) == SPECIAL_TOKENS_AS_TEXT
+        assert encoder.tokenize("x <unk> y")[:1] == encoder.tokenize("x y")[:1]   # its neighbour's pieces unchanged
+    assert loaded(SPECIAL_TOKENS_AS_TEXT)["input_ids"] == tokenizer(SPECIAL_TOKENS_AS_TEXT)["input_ids"]
+
+
+def test_the_prepared_data_key_of_a_tokenizer_says_whether_it_splits_special_token_text(tokenizer):
+    """Prepared data is keyed by the tokenizer's ids: a tokenizer that splits "</s>" in the text and one that does
+    not (one saved before) encode the same text differently, so their keys differ; the latter's is the key of before."""
+    backend = tokenizer.backend_tokenizer
+    unsplit = PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="</s>", pad_token="<pad>")
+    assert unsplit(SPECIAL_TOKENS_AS_TEXT)["input_ids"] != tokenizer(SPECIAL_TOKENS_AS_TEXT)["input_ids"]
+    assert tokenizer_sha256(unsplit) != tokenizer_sha256(tokenizer)
+    before = hashlib.sha256(f"{type(unsplit).__name__}\0{backend.to_str()}".encode()).hexdigest()
+    assert tokenizer_sha256(unsplit) == before
+
+
 def test_byte_tokens_follow_the_special_tokens(tokenizer):
     assert [tokenizer.convert_ids_to_tokens(index) for index in (4, 5, 259)] == ["<0x00>", "<0x01>", "<0xFF>"]
     dash = tokenizer("—", add_special_tokens=False)["input_ids"]
@@ -156,7 +189,7 @@ def test_saved_tokenizer_loads_without_hf_relpos_and_without_custom_code(tokeniz
         decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32)).save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     assert "AutoConfig" in json.loads((folder / "config.json").read_text())["auto_map"]
-    texts = [unicodedata.normalize("NFC", text) for text in RARE_TEXTS + GERMAN]
+    texts = [unicodedata.normalize("NFC", text) for text in RARE_TEXTS + GERMAN + [SPECIAL_TOKENS_AS_TEXT]]
     completed = run_without_hf_relpos(TOKENIZER_WITHOUT_HF_RELPOS.format(folder=str(folder), texts=texts), tmp_path)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "ROUND TRIP OK" in completed.stdout and str(len(tokenizer)) in completed.stdout

@@ -940,10 +940,18 @@ def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: in
 def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str], bool], list[list[int]]]:
     """`encode(texts, as_target)`: the token ids of each text, as `tokenizer(texts)` (or `text_target=texts`) gives
     them; for a plain fast tokenizer without truncation or padding (this package's own) straight from its Rust
-    backend's `encode_batch_fast`, which skips the offsets and masks nothing here reads."""
+    backend's `encode_batch_fast`, which skips the offsets and masks nothing here reads. The backend is told the
+    tokenizer's `split_special_tokens` at each call, as `tokenizer(texts)` tells it: the flag is not part of the
+    backend's serialisation, so a copy pickled into a preprocessing worker would otherwise lose it."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if type(tokenizer) is PreTrainedTokenizerFast and backend.truncation is None and backend.padding is None:
-        return lambda texts, as_target: [encoding.ids for encoding in backend.encode_batch_fast(texts)]
+        split_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
+
+        def encode(texts: list[str], as_target: bool) -> list[list[int]]:
+            backend.encode_special_tokens = split_special_tokens
+            return [encoding.ids for encoding in backend.encode_batch_fast(texts)]
+
+        return encode
     return lambda texts, as_target: (tokenizer(text_target=texts) if as_target else tokenizer(texts))["input_ids"]
 
 

@@ -189,8 +189,11 @@ def _remove_prepared(folder: Path) -> None:
 
 def tokenizer_sha256(tokenizer: PreTrainedTokenizerBase) -> str:
     """What identifies a tokenizer's token ids: a fast tokenizer's full serialisation (normaliser, model, post
-    processor), else its class, vocabulary and special tokens."""
+    processor) and, when set, its `split_special_tokens` (a "</s>" in the text is its characters, not the control
+    token; not part of that serialisation), else its class, vocabulary and special tokens."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
     described = (backend.to_str() if backend is not None
                  else json.dumps([sorted(tokenizer.get_vocab().items()), tokenizer.all_special_tokens]))
+    if getattr(tokenizer, "split_special_tokens", False):   # unset: the key of data prepared before the setting
+        described += "\0split_special_tokens"
     return hashlib.sha256(f"{type(tokenizer).__name__}\0{described}".encode()).hexdigest()

@@ -4,7 +4,9 @@ SentencePiece-like: a Unicode normaliser (`NORMALIZER`), a Metaspace pre-tokeniz
 BPE merges with byte fallback, and a decoder that joins the bytes back into characters and the pieces into words.
 So `decode(encode(text)) == normalised text` for every text that does not start with a space (what sacreBLEU needs):
 a character outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`,
-never dropped or turned into `<unk>`. Which characters get a piece of their own is SentencePiece's
+never dropped or turned into `<unk>`; a special token written in the text ("<s>", "</s>", "<unk>", "<pad>": an HTML
+strikethrough, a corpus's placeholder) is text too, encoded as its characters as SentencePiece encodes it
+(`split_special_tokens`), never the control token. Which characters get a piece of their own is SentencePiece's
 `character_coverage` (`covered_characters`): every character of the training texts by default, or the most frequent
 ones that make up that share of all character occurrences. Every encoding ends with "</s>". Special token ids are
 fixed: "<pad>"=0, "</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tokens follow (4-259), then the learned
@@ -170,7 +172,10 @@ def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
 
 
 def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
-    """A `PreTrainedTokenizerFast` around a raw `tokenizers.Tokenizer` with this package's special tokens."""
+    """A `PreTrainedTokenizerFast` around a raw `tokenizers.Tokenizer` with this package's special tokens, which a
+    text that spells them ("</s>" in a sentence) does not produce: `split_special_tokens` encodes such text as its
+    characters (saved in tokenizer_config.json, so the saved tokenizer does the same), and the only special tokens of
+    an encoding are the ones the tokenizer adds (the final "</s>")."""
     return PreTrainedTokenizerFast(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
@@ -179,6 +184,7 @@ def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
         unk_token=UNK_TOKEN,
         model_input_names=["input_ids", "attention_mask"],
         clean_up_tokenization_spaces=False,
+        split_special_tokens=True,
     )
 
 
