@@ -246,3 +246,28 @@ def test_a_run_reuses_an_old_tokenizer_at_full_coverage_and_retrains_at_another(
     retrained, new_settings = obtain("0.9995", retrain=True)
     assert new_settings["tokenizer_character_coverage"] == 0.9995
     assert learned_alphabet(retrained) < learned_alphabet(tokenizer)
+
+
+def test_characters_that_fill_the_vocabulary_are_kept_by_count_then_code_point_and_said(caplog):
+    """At full coverage, training texts with more characters than the vocabulary has room for: the alphabet is the
+    most frequent characters, ties broken by code point as at any other coverage, so every training (another process,
+    another node of a launch) gives the same tokenizer (the trainer alone broke the ties in hash order: another
+    alphabet each time), and a warning says that no merge was learnt and what to set."""
+    greek = "".join(chr(0x3B1 + offset) for offset in range(20))   # 20 characters, 3 occurrences each: a tie at the cut
+    texts = ["abc abc abc"] * 50 + [greek] * 3
+    room = 10
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.tokenization"):
+        alphabets = [learned_alphabet(train_joint_tokenizer(texts, vocab_size=RESERVED + room)) for _ in range(4)]
+    assert alphabets == [{WORD_START, "a", "b", "c", *greek[:6]}] * 4
+    assert "the most frequent characters of the 24 distinct characters of the training texts" in caplog.text
+    assert "learnt no merges" in caplog.text and "lower tokenizer_character_coverage" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.tokenization"):
+        assert learned_alphabet(train_joint_tokenizer(texts, vocab_size=RESERVED + room, character_coverage=0.999)) \
+            == alphabets[0]
+    assert "learnt no merges" in caplog.text and "tokenizer_character_coverage 0.999 keeps" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.tokenization"):
+        roomy = train_joint_tokenizer(texts, vocab_size=RESERVED + 30)   # room for the 24 characters and merges
+    assert learned_alphabet(roomy) == {WORD_START, "a", "b", "c", *greek} and merges(roomy)
+    assert caplog.text == ""

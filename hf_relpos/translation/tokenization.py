@@ -56,21 +56,54 @@ def train_joint_tokenizer(
     SentencePiece's `character_coverage` of the texts (`covered_characters`), at most `vocab_size` - 260 of them;
     coverage 1 keeps every character the vocabulary has room for, the rarest left to the byte tokens. A coverage
     below 1 reads `texts` twice (to count the characters, then to train): they must be re-iterable (a list, or an
-    object whose every `iter()` reads them afresh), not a one-shot iterator.
+    object whose every `iter()` reads them afresh), not a one-shot iterator. Characters that take every learned piece
+    leave none to merges, which a warning says; at coverage 1 re-iterable texts are then read again, so that ties
+    at the cut are broken by code point (the trainer's own order changes from process to process).
     """
     reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
     if vocab_size <= reserved:
         raise ValueError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "
                          f"{len(BYTE_TOKENS)} byte-fallback tokens), got {vocab_size}")
     require_character_coverage(character_coverage)
+    pieces = vocab_size - len(BYTE_TOKENS)
+    room = pieces - len(SPECIAL_TOKENS)
+    alphabet = _covered_alphabet(texts, character_coverage, room) if character_coverage < 1 else []
+    tokenizer = _trained(texts, alphabet, pieces, room, min_frequency)
+    if _alphabet_size(tokenizer) >= room:
+        distinct = ""
+        if not alphabet and iter(texts) is not texts:
+            # Full coverage, and the characters took every learned piece: the trainer kept the `room` most frequent,
+            # breaking ties at the cut in hash order (another alphabet in each process); they are chosen as at any
+            # other coverage instead (count, then code point), which reads the texts once more.
+            counts = character_counts(texts)
+            distinct = f" of the {len(counts)} distinct characters of the training texts"
+            tokenizer = _trained(texts, covered_characters(counts, 1.0)[:room], pieces, room, min_frequency)
+        logger.warning(
+            "The tokenizer learnt no merges: its alphabet (the most frequent characters%s that "
+            "tokenizer_character_coverage %g keeps) takes all %d learned pieces that tokenizer_vocab_size %d leaves "
+            "besides the %d special and %d byte tokens, so words are split into single characters; lower "
+            "tokenizer_character_coverage (e.g. 0.9999, as the WMT14 recipes set) to leave the rarest characters to "
+            "the byte tokens and their pieces to merges, or raise tokenizer_vocab_size", distinct, character_coverage,
+            room, vocab_size, len(SPECIAL_TOKENS), len(BYTE_TOKENS))
+    tokenizer.pre_tokenizer = _word_starts()
+    tokenizer = _with_byte_tokens(tokenizer)
+    eos_id = tokenizer.token_to_id(EOS_TOKEN)
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single=f"$A {EOS_TOKEN}", pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}", special_tokens=[(EOS_TOKEN, eos_id)]
+    )
+    return wrap_tokenizer(tokenizer)
+
+
+def _trained(texts: Iterable[str] | Iterable[list[str]], alphabet: list[str], pieces: int, room: int,
+             min_frequency: int) -> Tokenizer:
+    """A BPE tokenizer (byte fallback, `NORMALIZER`, the decoder) trained on `texts`: `pieces` special tokens and
+    learned pieces, the characters `alphabet` (given) or the `room` most frequent ones (none given); its
+    pre-tokenizer is the training one."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
     tokenizer.normalizer = NORMALIZER
     tokenizer.decoder = decoders.Sequence([
         decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme="always"),
     ])
-    pieces = vocab_size - len(BYTE_TOKENS)
-    room = pieces - len(SPECIAL_TOKENS)
-    alphabet = _covered_alphabet(texts, character_coverage, room) if character_coverage < 1 else []
     # The trainer counts character occurrences as `character_counts` does and keeps the `limit_alphabet` most
     # frequent, ties broken in hash order; giving it `alphabet` as its initial alphabet, which it ranks above every
     # counted character, makes the kept characters exactly `alphabet`.
@@ -84,13 +117,12 @@ def train_joint_tokenizer(
     )
     tokenizer.pre_tokenizer = _training_pre_tokenizer(alphabet)
     tokenizer.train_from_iterator(_fed_to_trainer(texts), trainer=trainer)
-    tokenizer.pre_tokenizer = _word_starts()
-    tokenizer = _with_byte_tokens(tokenizer)
-    eos_id = tokenizer.token_to_id(EOS_TOKEN)
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single=f"$A {EOS_TOKEN}", pair=f"$A {EOS_TOKEN} $B {EOS_TOKEN}", special_tokens=[(EOS_TOKEN, eos_id)]
-    )
-    return wrap_tokenizer(tokenizer)
+    return tokenizer
+
+
+def _alphabet_size(tokenizer: Tokenizer) -> int:
+    """The characters among a trained tokenizer's pieces (a merge joins two or more)."""
+    return sum(len(token) == 1 for token in tokenizer.get_vocab())
 
 
 def require_character_coverage(value: Any) -> None:
