@@ -363,6 +363,34 @@ def test_evaluation_pairs_are_never_dropped_nor_cut(tmp_path, tokenizer):
     assert "2 over the length limits kept whole" in report.describe("keep")
 
 
+def test_references_the_tokenizer_cannot_give_back_are_named_in_a_warning(tokenizer, caplog):
+    """A reference whose characters NFC changes (U+095B DEVANAGARI LETTER ZA becomes ZA's two code points; a
+    decomposed "a" + U+0308 is composed) can never be matched by a translation, which is decoded from NFC tokens: the
+    preparation says how many and which characters (the references stay as they are). Clean references, white space
+    as it is, or a source-only split: no warning."""
+    from hf_relpos.translation.data import unwritable_references, warn_of_unwritable_references
+
+    clean = ["Der Hund.", "  Zwei   Hunde. ", "Eine \"kleine\" Katze…"]
+    hindi, decomposed = "\u095bरूर", "Ma\u0308dchen"
+    dataset = Dataset.from_dict({"source": ["a"] * 5, "target": [*clean, hindi, decomposed]})
+    tokenized, _ = tokenize_evaluation_pairs(dataset, tokenizer, DataArguments(), "test")
+    assert unwritable_references(tokenized, tokenizer) == ([3, 4], ["\u095b", "\u0308"])
+    assert tokenized["target"] == [*clean, hindi, decomposed]   # scored as they are
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.data"):
+        warn_of_unwritable_references(tokenized, tokenizer, "test")
+    assert "test: 2 of the 5 references hold text the tokenizer gives back otherwise (its normaliser, NFC" in caplog.text
+    assert "first in reference 4" in caplog.text
+    assert "U+095B DEVANAGARI LETTER ZA, U+0308 COMBINING DIAERESIS" in caplog.text
+    caplog.clear()
+    clean_split, _ = tokenize_evaluation_pairs(dataset.select(range(3)), tokenizer, DataArguments(), "validation")
+    source_only, _ = tokenize_evaluation_pairs(Dataset.from_dict({"source": [hindi], "target": [None]}), tokenizer,
+                                               DataArguments(), "test")
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.data"):
+        warn_of_unwritable_references(clean_split, tokenizer, "validation")
+        warn_of_unwritable_references(source_only, tokenizer, "test")
+    assert caplog.text == ""
+
+
 def test_sorting_by_length_and_restoring_order_round_trip(tmp_path, tokenizer):
     dataset = overlong_corpus(tmp_path)
     tokenized, _ = tokenize_evaluation_pairs(dataset, tokenizer, DataArguments(), "test")

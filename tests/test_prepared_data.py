@@ -346,6 +346,21 @@ def test_a_first_run_says_what_it_prepared_and_a_rerun_what_it_reuses_each_once(
             assert smaller is None and "Reusing the tokenizer saved in" in log
 
 
+def test_a_run_warns_of_references_no_translation_can_write_when_prepared_and_when_reused(tmp_path, capsys):
+    """A validation reference holding U+095B (DEVANAGARI LETTER ZA, which NFC, the tokenizer's normaliser, turns into
+    two code points) is named in a warning by the run that prepares the split and by the rerun that reuses it."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    with open(corpus["validation"], "a", encoding="utf-8") as handle:
+        handle.write(json.dumps({"translation": {"en": "Life.", "de": "\u095bिंदगी"}}, ensure_ascii=False) + "\n")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False)
+    for _ in range(2):
+        capsys.readouterr()
+        prepare_only(config)
+        log = capsys.readouterr().out
+        assert log.count("validation: 1 of the 13 references hold text the tokenizer gives back otherwise") == 1, log
+        assert "first in reference 13" in log and "U+095B DEVANAGARI LETTER ZA" in log
+
+
 def test_a_rerun_and_the_training_launch_load_the_prepared_data(prepared_run, monkeypatch, capsys):
     corpus, config, output_dir = prepared_run
     assert prepared_folders(output_dir) == ["train", "validation"]

@@ -26,6 +26,7 @@ import logging
 import os
 import re
 import sys
+import unicodedata
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -909,6 +910,57 @@ def tokenize_evaluation_pairs(
     report = LengthReport(split, len(dataset), overlong=int(overlong.sum()))
     logger.info(report.describe(EVALUATION_OVERLONG_PAIRS))
     return tokenized, report
+
+
+def unwritable_references(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[str]]:
+    """(the rows whose reference the tokenizer does not give back, the characters of those references missing from
+    what it gives back) of a tokenized split with references: its labels decoded, compared with the reference
+    word by word (white space does not count, as BLEU and chrF ignore it). What the tokenizer's normaliser changes
+    (NFC changes 1120 characters: Devanagari's precomposed nukta letters such as U+095B, the Greek question mark,
+    the Angstrom sign, CJK compatibility ideographs; NFD text is composed) or drops is text no translation from this
+    tokenizer can hold."""
+    if not has_references(dataset):
+        return [], []
+    references = dataset["target"]
+    decoded = tokenizer.batch_decode(list(dataset["labels"]), skip_special_tokens=True)
+    rows = [row for row, (reference, text) in enumerate(zip(references, decoded, strict=True))
+            if reference is not None and reference.split() != text.split()]
+    missing = dict.fromkeys(character for row in rows for character in references[row]
+                            if _not_written(character, decoded[row]))
+    return rows, list(missing)
+
+
+def _not_written(character: str, text: str) -> bool:
+    """Whether `character` of a reference is missing from `text`, the reference as the tokenizer gives it back: not
+    in it, and changed by NFC, a combining mark, or not even part of a composed character there (a base letter that
+    NFC composed with its mark is written, inside the composed character)."""
+    if character in text:
+        return False
+    return (unicodedata.normalize("NFC", character) != character or unicodedata.combining(character) != 0
+            or character not in unicodedata.normalize("NFD", text))
+
+
+def warn_of_unwritable_references(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, split: str) -> None:
+    """A warning when some of the split's references are text the tokenizer cannot give back as written (see
+    `unwritable_references`): they are scored as they are, so BLEU and chrF count those characters as errors in every
+    translation."""
+    rows, missing = unwritable_references(dataset, tokenizer)
+    if not rows:
+        return
+    shown = ", ".join(f"U+{ord(character):04X} {unicodedata.name(character, '')}".strip() for character in missing[:5])
+    more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
+    logger.warning(
+        "%s: %d of the %d references hold text the tokenizer gives back otherwise (its normaliser, %s, changes it, "
+        "or it cannot encode it), first in reference %d; characters no translation can write as they are: %s%s. "
+        "The references are scored as they are, so BLEU and chrF count these as errors in any translation; "
+        "normalise the reference file the same way (e.g. unicodedata.normalize('NFC', line)) to score the "
+        "translations alone", split, len(rows), len(dataset), _normaliser_name(tokenizer), rows[0] + 1,
+        shown or "none (only their order or composition differs)", more)
+
+
+def _normaliser_name(tokenizer: PreTrainedTokenizerBase) -> str:
+    normalizer = getattr(getattr(tokenizer, "backend_tokenizer", None), "normalizer", None)
+    return type(normalizer).__name__ if normalizer is not None else "none"
 
 
 # Token columns as the tokenization maps write them (int32: half the disk of Arrow's default int64).

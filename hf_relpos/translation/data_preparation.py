@@ -37,6 +37,7 @@ from .data import (
     sort_by_source_length,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
+    warn_of_unwritable_references,
     with_concatenated_pairs,
 )
 from .model_setup import build_model, max_new_tokens_for
@@ -239,6 +240,9 @@ def prepare_data(model_args: ModelArguments, data_args: DataArguments, training_
             prepared[split] = load_prepared(store, split, key)[0]
     evaluation_sets = {prefix: prepare_evaluation_set(prepared[split])
                        for prefix, split in SPLIT_NAMES.items() if split in prepared}
+    for split in SPLIT_NAMES.values():
+        if split in prepared:
+            warn_of_unwritable_references(prepared[split], tokenizer, split)
     return PreparedData(tokenizer, new_settings, model, prepared.get("train"), evaluation_sets, prepared_from)
 
 

@@ -13,7 +13,9 @@ fixed: "<pad>"=0, "</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tok
 pieces.
 
 The normaliser is NFC: it composes characters ("a" + combining diaeresis -> "ä") and changes nothing a reader would
-see, so every reference character can be produced by the model. NFKC would also fold compatibility characters
+see, so NFC text can be produced by the model; text NFC changes (decomposed text, and 1120 characters such as
+U+095B DEVANAGARI LETTER ZA, the Greek question mark, CJK compatibility ideographs) cannot, and a reference holding
+it is named in a warning (`data.warn_of_unwritable_references`). NFKC would also fold compatibility characters
 ("²" -> "2", "…" -> "...", "ﬁ" -> "fi", full-width forms), sharing more pieces but making those characters
 impossible to output. The choice is the one line `NORMALIZER = ...`; it is recorded with every trained tokenizer.
 """
