@@ -266,3 +266,60 @@ def test_processes_the_trainer_does_not_use_stop_before_anything_is_written(tmp_
     assert completed.stderr.count("train_translation.py: error:") == 1, completed.stderr[-3000:]
     assert message in completed.stderr, completed.stderr[-3000:]
     assert not output_dir.exists()
+
+
+def launch_machines(tmp_path: Path, script: Path, *arguments: str) -> list[subprocess.CompletedProcess]:
+    """Two machines of one process each, simulated on this one: two `accelerate launch --num_machines 2` commands
+    (machine ranks 0 and 1, one rendezvous), each with its own temporary folder as separate machines have; the
+    output_dir of the arguments is the folder the machines share (a network filesystem)."""
+    port = str(free_port())
+    started = []
+    for machine in range(2):
+        temporary = tmp_path / f"machine{machine}-tmp"
+        temporary.mkdir()
+        environment = dict(os.environ, PYTHONPATH=checkout_first_on_path(), TMPDIR=str(temporary))
+        logs = [(tmp_path / f"machine{machine}.{stream}").open("w+", encoding="utf-8") for stream in ("out", "err")]
+        started.append((subprocess.Popen(
+            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_machines", "2",
+             "--machine_rank", str(machine), "--num_processes", "2", "--main_process_ip", "127.0.0.1",
+             "--main_process_port", port, "--rdzv_backend", "static", "--same_network", "--mixed_precision", "no",
+             "--dynamo_backend", "no", str(script), *arguments],
+            stdout=logs[0], stderr=logs[1], text=True, cwd=tmp_path, env=environment), logs))
+    completed = []
+    for process, logs in started:
+        try:
+            process.wait(timeout=300)
+        finally:
+            process.kill()
+        stdout, stderr = (log.seek(0) or log.read() for log in logs)
+        for log in logs:
+            log.close()
+        completed.append(subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr))
+    return completed
+    return completed
+
+
+def test_two_machines_sharing_output_dir_start_afresh_over_an_earlier_runs_tokenizer(tmp_path):
+    """A fresh run (overwrite_output_dir) of two machines into an output_dir they share, holding the tokenizer of an
+    earlier run with other settings: process 0, which replaces it, prepares first, and the other machine's process
+    then loads the new tokenizer and data it saved. It used to prepare at the same time on its own machine, read the
+    earlier run's tokenizer there and stop with "holds a tokenizer trained with other settings" (a fresh run does
+    not keep it), while process 0 trained on."""
+    from hf_relpos.translation.tokenization import tokenizer_settings, train_joint_tokenizer
+    from hf_relpos.translation.tokenizer_setup import save_tokenizer
+
+    config_path, output_dir = write_config(tmp_path)
+    earlier = train_joint_tokenizer(["an earlier corpus", "ein früherer Korpus"] * 5, vocab_size=270)
+    save_tokenizer(earlier, output_dir, tokenizer_settings("0" * 64, 270, 1.0, "an earlier corpus"))
+    machines = launch_machines(tmp_path, REPO / "train_translation.py", str(config_path), "--use_cpu", "true",
+                               "--overwrite_output_dir", "true")
+    for machine, completed in enumerate(machines):
+        assert completed.returncode == 0, f"machine {machine}: " + completed.stdout[-3000:] + completed.stderr[-3000:]
+    first, second = (completed.stdout for completed in machines)
+    assert "world size 2, process 0" in first
+    assert "Training a joint BPE tokenizer" in first and "Training a joint BPE tokenizer" not in second
+    assert f"Reusing the tokenizer saved in {output_dir} (trained with this run's settings)" in second
+    assert "Reusing the train data prepared in" in second
+    settings = json.loads((output_dir / "tokenizer_training.json").read_text())
+    assert settings["tokenizer_vocab_size"] == 456 and settings["training_data_sha256"] != "0" * 64
+    assert (output_dir / "model.safetensors").is_file() and (output_dir / "eval_hypotheses.txt").is_file()
