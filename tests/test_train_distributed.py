@@ -323,3 +323,27 @@ def test_two_machines_sharing_output_dir_start_afresh_over_an_earlier_runs_token
     settings = json.loads((output_dir / "tokenizer_training.json").read_text())
     assert settings["tokenizer_vocab_size"] == 456 and settings["training_data_sha256"] != "0" * 64
     assert (output_dir / "model.safetensors").is_file() and (output_dir / "eval_hypotheses.txt").is_file()
+
+
+@pytest.mark.parametrize(("rank", "local_rank", "prints"), [(0, 0, True), (1, 1, False), (2, 0, True)],
+                         ids=["process_0", "another_process_of_machine_0", "main_process_of_machine_1"])
+def test_a_checks_error_is_printed_once_on_each_machine(monkeypatch, capsys, rank, local_rank, prints):
+    """Under accelerate launch on two machines of two processes, the main process of each machine prints the one-line
+    error (exit status 2 on every process): an error that machine 1's processes alone meet (its files, its disk) used
+    to be printed by no process at all, since only process 0 printed, leaving an exit status 2 and no reason."""
+    from hf_relpos.translation import training
+    from hf_relpos.translation.arguments import ConfigError
+
+    def stop(argv):
+        raise ConfigError("output_dir 'out' holds a tokenizer trained with other settings")
+
+    monkeypatch.setattr(training, "run", stop)
+    monkeypatch.setenv("RANK", str(rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    with pytest.raises(SystemExit) as stopped:
+        training.main(["config.yaml"])
+    assert stopped.value.code == 2
+    line = "train_translation.py: error: output_dir 'out' holds a tokenizer trained with other settings\n"
+    assert capsys.readouterr().err == (line if prints else "")

@@ -128,9 +128,13 @@ def _set_up_process(training_args: TranslationTrainingArguments) -> None:
     set_seed(training_args.seed)
 
 
-def _is_main_process() -> bool:
-    """Whether this is process 0 of its launch (or not launched at all): its process group's rank, else the RANK
-    that `accelerate launch` (torchrun) gives each process before any group exists."""
+def _prints_errors() -> bool:
+    """Whether this process prints the run's one-line error: the main process of its machine (LOCAL_RANK 0, which
+    `accelerate launch` (torchrun) gives each process), or a process not launched at all. Every process of a machine
+    that stops on a check stops alike, so its log gets the line once; a process of another machine may stop on its
+    own (its local files, its disk, what it read in a shared output_dir), and its line is the only word of why."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"]) == 0
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank() == 0
     return int(os.environ.get("RANK", "0")) == 0
@@ -141,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         run(sys.argv[1:] if argv is None else argv)
     except (ConfigError, DatasetSchemaError, OutputDirError, HubPushError, PreflightError, PreparationError) as error:
-        if _is_main_process():  # under accelerate launch every process that stops here stops alike: one line
+        if _prints_errors():  # one line per machine under accelerate launch
             print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(2)
     except NonFiniteLossError as error:
