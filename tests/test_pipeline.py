@@ -94,6 +94,10 @@ def test_old_translation_pipeline_arguments(translator):
          [("See No. 5 and J. R. Tolkien in the U.S. Army.", " "), ("Then go.", "")]),
         ("It costs 3.50 euros. In 1990. Then.", [("It costs 3.50 euros.", " "), ("In 1990.", " "), ("Then.", "")]),
         ("1. Take the bus. 2. Walk home.", [("1. Take the bus.", " "), ("2. Walk home.", "")]),
+        # a number's period ends a sentence as a word's does; a list or section number opening one holds it
+        ("It rose to 3.5. Then it fell to 1.000. We met at 10.30. It cost $4.99. 2.1. Overview of it. Version 2.0. Ok.",
+         [("It rose to 3.5.", " "), ("Then it fell to 1.000.", " "), ("We met at 10.30.", " "), ("It cost $4.99.", " "),
+          ("2.1. Overview of it.", " "), ("Version 2.0.", " "), ("Ok.", "")]),
         ("He asked: \"Why?\" She said (loudly): \"No!\" \"Go.\"",
          [("He asked: \"Why?\"", " "), ("She said (loudly): \"No!\"", " "), ("\"Go.\"", "")]),
         ("\"Stop!\" he said. Wait... what? Ok.", [("\"Stop!\" he said.", " "), ("Wait... what?", " "), ("Ok.", "")]),
