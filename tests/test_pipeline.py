@@ -98,6 +98,10 @@ def test_old_translation_pipeline_arguments(translator):
         ("It rose to 3.5. Then it fell to 1.000. We met at 10.30. It cost $4.99. 2.1. Overview of it. Version 2.0. Ok.",
          [("It rose to 3.5.", " "), ("Then it fell to 1.000.", " "), ("We met at 10.30.", " "), ("It cost $4.99.", " "),
           ("2.1. Overview of it.", " "), ("Version 2.0.", " "), ("Ok.", "")]),
+        # an address's periods are its own: the period after it ends a sentence
+        ("Write to info@example.com. We answer. See https://example.org/a.html. Or www.example.de. Then (mail@x.de.) Go.",
+         [("Write to info@example.com.", " "), ("We answer.", " "), ("See https://example.org/a.html.", " "),
+          ("Or www.example.de.", " "), ("Then (mail@x.de.)", " "), ("Go.", "")]),
         ("He asked: \"Why?\" She said (loudly): \"No!\" \"Go.\"",
          [("He asked: \"Why?\"", " "), ("She said (loudly): \"No!\"", " "), ("\"Go.\"", "")]),
         ("\"Stop!\" he said. Wait... what? Ok.", [("\"Stop!\" he said.", " "), ("Wait... what?", " "), ("Ok.", "")]),

@@ -61,6 +61,9 @@ MONTHS = frozenset("januar jänner februar feber märz april mai juni juli augus
                    f"dezember {MONTH_ABBREVIATIONS}".split())
 DATE_OPENERS = frozenset("am vom zum bis ab seit den dem der des im".split())
 NEXT_WORD = re.compile(r"\S*")
+# An e-mail or web address ("info@example.com", "https://example.com/a", "www.example.com"): its periods are its
+# own, so a period after it ends a sentence as after a word.
+ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+|(?:[a-z][a-z0-9+.-]*://|www\.)\S+", re.IGNORECASE)
 # A list or section number ("1", "2.1"), whose period does not end a sentence it opens ("1. Take", "2.1. Overview").
 LIST_NUMBER = re.compile(r"\d+(?:\.\d+)*")
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
@@ -83,12 +86,12 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     quotes or brackets allowed, followed by whitespace and no lowercase letter ("e.g. the" is not split), except after
     a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
     before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
-    or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober"), quotes allowed around the word
-    (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
+    or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober"),
+    quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
     them (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
     sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
     ("3.5") hold no whitespace and are never split; a number's period ends a sentence as a word's does ("It rose to
-    3.5. Then it fell.")."""
+    3.5. Then it fell."), as does the period after an e-mail or web address ("Write to info@example.com. We")."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
@@ -115,6 +118,8 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
     stem = word[:-1].lstrip(OPENING)
     if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and REFERENCE_NUMBER.match(next_word)):
         return False
+    if ADDRESS.fullmatch(stem):
+        return True
     if ("." in stem and any(character.isalpha() for character in stem)) or (len(stem) == 1 and stem.isupper()):
         return False   # a dotted shorthand ("U.S", "e.g", "z.B") or an initial; a number's periods are its own ("3.5.")
     if (stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS
