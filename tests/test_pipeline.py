@@ -29,6 +29,13 @@ def test_a_long_text_is_translated_in_full(translator):
         {"translation_text": " ".join(TARGETS[:3]) + "\n" + " ".join(TARGETS[3:])}, {"translation_text": TARGETS[0]}]
 
 
+def test_whitespace_at_a_text_s_ends_is_not_translated_and_its_line_breaks_are_kept(translator):
+    """The model gets no whitespace before a text's first sentence (the tokenizer makes tokens of it, which changed
+    the translation); the line breaks there are kept, as those at the end are."""
+    assert translator(f"  {SOURCES[3]}") == [{"translation_text": TARGETS[3]}]
+    assert translator(f"\n\n {SOURCES[3]} \n") == [{"translation_text": f"\n\n{TARGETS[3]}\n"}]
+
+
 @pytest.mark.parametrize("text", ["", "   ", "\n"])
 def test_empty_text_translates_to_empty_text(translator, text):
     assert translator(text) == [{"translation_text": ""}]
@@ -87,8 +94,13 @@ def test_old_translation_pipeline_arguments(translator):
         ("He said: \"Go.\" Then left.", [("He said: \"Go.\"", " "), ("Then left.", "")]),
         ("Take e.g. the bus. Or walk.", [("Take e.g. the bus.", " "), ("Or walk.", "")]),
         ("one line\n\ntwo", [("one line", "\n\n"), ("two", "")]),
-        ("  lead. Next", [("  lead.", " "), ("Next", "")]),
+        # whitespace opening the text is no part of its first sentence; a blank text is one piece
+        ("  lead. Next", [("", "  "), ("lead.", " "), ("Next", "")]),
+        ("\n\tlead.  ", [("", "\n\t"), ("lead.", "  "), ("", "")]),
+        ("No end  ", [("No end", "  "), ("", "")]),
+        ("Das ist gut usw. \t", [("Das ist gut usw.", " \t"), ("", "")]),
         ("", [("", "")]),
+        (" \t ", [(" \t ", "")]),
         ("Dr. Smith met Mr. Brown. They left.", [("Dr. Smith met Mr. Brown.", " "), ("They left.", "")]),
         ("See No. 5 and J. R. Tolkien in the U.S. Army. Then go.",
          [("See No. 5 and J. R. Tolkien in the U.S. Army.", " "), ("Then go.", "")]),

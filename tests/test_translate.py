@@ -319,6 +319,26 @@ def test_a_line_of_several_sentences_is_translated_sentence_by_sentence(memorise
     assert whole[1:] == ["", TARGETS[3]] and whole[0] != f"{TARGETS[0]} {TARGETS[1]} {TARGETS[2]}"
 
 
+def test_whitespace_at_a_line_s_ends_is_no_part_of_its_sentences(memorised_model_folder, tmp_path):
+    """Whitespace at either end of a line is kept from the model as whitespace between sentences is (the tokenizer
+    makes tokens of it: "  The house is red." was translated otherwise than "The house is red.", and a line's trailing
+    whitespace reached the model where its last sentence did not end in . ! ?); the translation is written without
+    it."""
+    given = []
+
+    def translate(sentences: list[str]) -> list[str]:
+        given.extend(sentences)
+        return [sentence.strip().upper() for sentence in sentences]
+
+    assert translate_by_sentence(["  A b.", "\tA b. C d.  ", " ", " No end "], translate) == [
+        "A B.", "A B. C D.", "", "NO END"]
+    assert [sentence for sentence in given if sentence.strip()] == ["A b.", "A b.", "C d.", "No end"]
+    assert all(sentence == sentence.strip() for sentence in given if sentence.strip())
+    source_file = write_lines(tmp_path / "src.txt", [f"  {SOURCES[3]}", f"\t{SOURCES[4]}  {SOURCES[0]}  "])
+    main([str(memorised_model_folder), source_file.as_posix(), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == [TARGETS[3], f"{TARGETS[4]} {TARGETS[0]}"]
+
+
 def test_lines_of_chinese_sentences_are_translated_sentence_by_sentence_and_joined_per_line():
     """Sentences ended by 。！？ with no space after them are translated one by one; each line's translations are
     joined (with a space in a language written with spaces, without one in Chinese or Japanese) into one line."""

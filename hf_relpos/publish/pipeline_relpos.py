@@ -81,8 +81,9 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
 
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
-    """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`. A sentence ends at a line
-    break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing
+    """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`; no sentence starts or ends
+    with whitespace (whitespace opening the text is the first pair's, ("", whitespace); a blank text is one pair,
+    (text, "")). A sentence ends at a line break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing
     quotes or brackets allowed, followed by whitespace and no lowercase letter ("e.g. the" is not split), except after
     a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
     before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
@@ -98,7 +99,10 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
         if not match.group().isspace():   # 。！？ right before the next sentence
             pieces.append((text[start:match.end()], ""))
             start = match.end()
-        elif match.start() > start and ("\n" in match.group() or ends_sentence(
+        elif match.start() == 0 and match.end() < len(text):   # whitespace before the first sentence: not part of it
+            pieces.append(("", match.group()))
+            start = match.end()
+        elif match.start() > start and (match.end() == len(text) or "\n" in match.group() or ends_sentence(
                 text[start:match.start()], NEXT_WORD.match(text, match.end()).group())):
             pieces.append((text[start:match.start()], match.group()))
             start = match.end()
