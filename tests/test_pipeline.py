@@ -158,6 +158,10 @@ def test_old_translation_pipeline_arguments(translator):
         ("Er kam am 3. Oktober. Am 24. Dezember ging er. Er zählte bis 3. Dann ging er.",
          [("Er kam am 3. Oktober.", " "), ("Am 24. Dezember ging er.", " "), ("Er zählte bis 3.", " "),
           ("Dann ging er.", "")]),
+        # a German ordinal number after an article (or a preposition joined with one) and before a noun
+        ("Das war im 19. Jahrhundert. Der 2. Weltkrieg endete. Zum 3. Mal kam er des 20. „Tatort“ wegen. Er ist 3. Dann.",
+         [("Das war im 19. Jahrhundert.", " "), ("Der 2. Weltkrieg endete.", " "),
+          ("Zum 3. Mal kam er des 20. „Tatort“ wegen.", " "), ("Er ist 3.", " "), ("Dann.", "")]),
         # the last day of a month is a day too; a sentence opening with a day has no word before it
         ("Er kam am 31. Dezember. Am 1. Januar ging er. 3. Oktober war ein Montag.",
          [("Er kam am 31. Dezember.", " "), ("Am 1. Januar ging er.", " "), ("3. Oktober war ein Montag.", "")]),

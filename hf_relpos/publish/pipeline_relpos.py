@@ -60,6 +60,10 @@ REFERENCE_NUMBER = re.compile(r"\d|(?!I(?:\W|$))[IVXLCDM]+(?:\W|$)|[B-HJ-Z](?:\W
 MONTHS = frozenset("januar jänner februar feber märz april mai juni juli august september oktober november "
                    f"dezember {MONTH_ABBREVIATIONS}".split())
 DATE_OPENERS = frozenset("am vom zum bis ab seit den dem der des im".split())
+# German writes every ordinal number with a period ("im 19. Jahrhundert", "der 2. Weltkrieg", "zum 3. Mal"): after an
+# article or a preposition joined with one, a number before a capitalised word (German capitalises its nouns) does not
+# end a sentence ("Er zählte bis 3. Dann ging er." does).
+ORDINAL_OPENERS = frozenset("am vom zum zur im ins beim der die das den dem des".split())
 NEXT_WORD = re.compile(r"\S*")
 # An e-mail or web address ("info@example.com", "https://example.com/a", "www.example.com"): its periods are its
 # own, so a period after it ends a sentence as after a word.
@@ -87,8 +91,8 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     quotes or brackets allowed, followed by whitespace and no lowercase letter ("e.g. the" is not split), except after
     a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
     before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
-    or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober"),
-    quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
+    or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober") or
+    ordinal number ("im 19. Jahrhundert"), quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
     them (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
     sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
     ("3.5") hold no whitespace and are never split; a number's period ends a sentence as a word's does ("It rose to
@@ -128,6 +132,9 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
         return False   # a dotted shorthand ("U.S", "e.g", "z.B") or an initial; a number's periods are its own ("3.5.")
     if (stem.isdigit() and 1 <= int(stem) <= 31 and next_word.rstrip(".,;:!?").lower() in MONTHS
             and len(words) > 1 and words[-2].rstrip(",").lower() in DATE_OPENERS):
+        return False
+    if (stem.isdigit() and next_word.lstrip(OPENING)[:1].isupper() and len(words) > 1
+            and words[-2].lower() in ORDINAL_OPENERS):
         return False
     return not (LIST_NUMBER.fullmatch(stem) and sentence.strip() == word)
 
