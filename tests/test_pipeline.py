@@ -166,9 +166,9 @@ def test_old_translation_pipeline_arguments(translator):
         ("Er kam am 31. Dezember. Am 1. Januar ging er. 3. Oktober war ein Montag.",
          [("Er kam am 31. Dezember.", " "), ("Am 1. Januar ging er.", " "), ("3. Oktober war ein Montag.", "")]),
         # titles, "u. U." (German "unter Umständen") and page references hold their period
-        ("Mrs. Brown met Prof. Lee. Das geht u. U. schief. It is on pp. 4-7. Then stop.",
+        ("Mrs. Brown met Prof. Lee. Das geht u. U. schief. It is on pp. 4-7. Then stop. See p. 5. Then go.",
          [("Mrs. Brown met Prof. Lee.", " "), ("Das geht u. U. schief.", " "), ("It is on pp. 4-7.", " "),
-          ("Then stop.", "")]),
+          ("Then stop.", " "), ("See p. 5.", " "), ("Then go.", "")]),
     ],
 )
 def test_sentence_splitting_keeps_every_character(text, pieces):

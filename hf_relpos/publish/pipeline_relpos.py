@@ -47,10 +47,10 @@ ABBREVIATIONS = frozenset(
     "inc ltd corp co dept univ z d u".split()
 )
 MONTH_ABBREVIATIONS = "jan feb mar mär apr jun jul aug sep sept oct okt nov dec dez"   # English and German
-# References and months whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "pp. 4",
+# References and months whose period does not end a sentence only when a number follows ("No. 5", "Art. 3", "p. 4",
 # "Jan. 5"; Moses' NUMERIC_ONLY prefixes): as words or names ("The answer is no. We left.", "He loves art. She hates
 # it.", "Ich traf Jan. Er lachte.") they end one.
-NUMBER_ABBREVIATIONS = frozenset(f"no nos nr art pp fig figs vol vols ch sec abs {MONTH_ABBREVIATIONS}".split())
+NUMBER_ABBREVIATIONS = frozenset(f"no nos nr art p pp fig figs vol vols ch sec abs {MONTH_ABBREVIATIONS}".split())
 # A number after a reference: digits, a Roman numeral but a lone "I" ("Vol. II", "Art. IV"; "No. I won't." ends), or a
 # capital letter but "A" and "I" ("Fig. B").
 REFERENCE_NUMBER = re.compile(r"\d|(?!I(?:\W|$))[IVXLCDM]+(?:\W|$)|[B-HJ-Z](?:\W|$)")
