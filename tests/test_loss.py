@@ -8,6 +8,7 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import tiny_config
@@ -25,7 +26,7 @@ import hf_relpos
 from hf_relpos import shift_tokens_right
 from hf_relpos.translation.arguments import TranslationTrainingArguments
 from hf_relpos.translation.tokenization import train_joint_tokenizer
-from hf_relpos.translation.trainer import build_trainer
+from hf_relpos.translation.trainer import EvaluationSet, build_trainer
 
 pytestmark = pytest.mark.numerics
 
@@ -235,3 +236,45 @@ def test_the_apps_token_budget_steps_weigh_every_token_alike(pad_tokenizer, labe
     for name, parameter in reference.named_parameters():
         gradient = parameter.grad
         assert (applied[name] - gradient).abs().max() < 1e-12 * max(1.0, gradient.abs().max().item()), name
+
+
+def set_token_means(model, tokenizer, examples: list[dict[str, Any]], label_smoothing: float) -> tuple[float, float]:
+    """(loss, -log p_label) averaged over every labelled target token of `examples`, in one batch: the naive oracle
+    of an evaluation's `eval_loss` and `eval_nll_loss`."""
+    collator = DataCollatorForSeq2Seq(tokenizer, model=model, label_pad_token_id=-100)
+    batch = collator([{name: example[name] for name in ("input_ids", "attention_mask", "labels")}
+                      for example in examples])
+    with torch.no_grad():
+        total, count = token_losses(model, batch, label_smoothing)
+        nll, _ = token_losses(model, batch, 0.0)
+    return total.item() / count, nll.item() / count
+
+
+@pytest.mark.parametrize("predict_with_generate", [False, True], ids=["loss_only", "generate"])
+@pytest.mark.parametrize("label_smoothing", [0.0, 0.1], ids=["plain", "label_smoothing"])
+def test_the_apps_eval_and_test_loss_are_the_token_mean_over_the_whole_set(pad_tokenizer, label_smoothing,
+                                                                           predict_with_generate, tmp_path):
+    """The app's evaluation (and prediction) of 7 sentences in batches of 3, 3 and 1 holding 11, 13 and 5 labelled
+    tokens: eval_loss / test_loss is the training objective (label-smoothed when training is) averaged over every
+    labelled token of the set, and eval_nll_loss / test_nll_loss the mean -log p_label, to 1e-12 in float64 (the
+    Trainer's mean of the batches' token means, weighted by their sentences, was 6.197 against the set's 6.129)."""
+    examples = token_budget_examples()
+    arguments = TranslationTrainingArguments(
+        output_dir=str(tmp_path), per_device_eval_batch_size=3, label_smoothing_factor=label_smoothing,
+        predict_with_generate=predict_with_generate, report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
+        dataloader_num_workers=0, generation_num_beams=1)
+    model = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration).eval()
+    dataset = Dataset.from_list(examples)
+    evaluation_sets = {prefix: EvaluationSet(dataset, np.arange(len(examples)), ["ein Hund"] * len(examples),
+                                             ["a dog"] * len(examples)) for prefix in ("eval", "test")}
+    trainer = build_trainer(model, pad_tokenizer, arguments, None, evaluation_sets, "de")
+    labelled = [sum(TOKEN_BUDGET_LENGTHS[index][1] for index in batch) for batch in ((0, 1, 2), (3, 4, 5), (6,))]
+    assert labelled == [11, 13, 5]
+    loss, nll_loss = set_token_means(model, pad_tokenizer, examples, label_smoothing)
+    evaluated = trainer.evaluate(dataset)
+    predicted = trainer.predict(dataset).metrics
+    for metrics, prefix in ((evaluated, "eval"), (predicted, "test")):
+        assert abs(metrics[f"{prefix}_loss"] - loss) < 1e-12 * loss, prefix
+        assert abs(metrics[f"{prefix}_nll_loss"] - nll_loss) < 1e-12 * nll_loss, prefix
+        assert (f"{prefix}_bleu" in metrics) == predict_with_generate
+    assert (nll_loss == loss) == (label_smoothing == 0)

@@ -202,6 +202,67 @@ def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_al
     assert record["relative_error"] < 1e-12
 
 
+# The app's evaluation and prediction, float64, of the 7 token-budget examples in batches of 2 under two processes:
+# the second step's batches are [4, 5] and [6, 0], the 0 a copy that pads rank 1's batch. Process 0 records the
+# metrics beside the naive token means of the 7 sentences in one batch.
+EVAL_WORKER = '''
+import json, os, sys
+sys.path.insert(0, os.environ["TESTS_DIR"])
+import numpy as np
+from accelerate import PartialState
+from datasets import Dataset
+import hf_relpos
+from hf_relpos.translation.arguments import TranslationTrainingArguments
+from hf_relpos.translation.tokenization import train_joint_tokenizer
+from hf_relpos.translation.trainer import EvaluationSet, build_trainer
+from test_loss import set_token_means, tiny_float64, token_budget_examples
+
+label_smoothing = float(sys.argv[1])
+tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
+examples = token_budget_examples()
+arguments = TranslationTrainingArguments(
+    output_dir=os.path.join(os.environ["RECORD_DIR"], "out"), per_device_eval_batch_size=2,
+    label_smoothing_factor=label_smoothing, report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
+    dataloader_num_workers=0, generation_num_beams=1)
+model = tiny_float64(hf_relpos.RelPosTransformerForConditionalGeneration).eval()
+dataset = Dataset.from_list(examples)
+evaluation_sets = {prefix: EvaluationSet(dataset, np.arange(7), ["ein Hund"] * 7, ["a dog"] * 7)
+                   for prefix in ("eval", "test")}
+trainer = build_trainer(model, tokenizer, arguments, None, evaluation_sets, "de")
+steps = len(trainer.get_eval_dataloader(dataset))
+evaluated = trainer.evaluate(dataset)
+predicted = trainer.predict(dataset).metrics
+state = PartialState()
+if state.is_main_process:
+    loss, nll_loss = set_token_means(model, tokenizer, examples, label_smoothing)
+    record = {"world_size": state.num_processes, "steps": steps, "loss": loss, "nll_loss": nll_loss,
+              "eval": evaluated, "test": predicted}
+    with open(os.path.join(os.environ["RECORD_DIR"], "evaluation.json"), "w") as handle:
+        json.dump(record, handle)
+'''
+
+
+def test_two_process_eval_and_test_loss_are_the_token_mean_over_the_set_without_padding_copies(tmp_path):
+    """Two gloo processes evaluate and predict 7 sentences in batches of 2 (2 steps: 8 places, one filled by a copy
+    of the first sentence): eval_loss / test_loss (label-smoothed, as the run trains) and eval_nll_loss /
+    test_nll_loss are the means over every labelled token of the 7 sentences, each counted once, to 1e-12 in
+    float64, and BLEU is still scored."""
+    worker = tmp_path / "evaluation_worker.py"
+    worker.write_text(EVAL_WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    completed = launch(tmp_path, worker, "0.1", environment={"TESTS_DIR": str(REPO / "tests")})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    record = json.loads((records / "evaluation.json").read_text())
+    assert (record["world_size"], record["steps"]) == (2, 2)
+    assert record["nll_loss"] != record["loss"]
+    for prefix in ("eval", "test"):
+        metrics = record[prefix]
+        assert abs(metrics[f"{prefix}_loss"] - record["loss"]) < 1e-12 * record["loss"], prefix
+        assert abs(metrics[f"{prefix}_nll_loss"] - record["nll_loss"]) < 1e-12 * record["nll_loss"], prefix
+        assert f"{prefix}_bleu" in metrics, prefix
+
+
 def test_two_process_evaluation_translates_and_scores_every_sentence_once(tmp_path, memorised_model_folder):
     """A predict-only run under two processes: 6 validation and 6 test sentences in batches of 2 are dealt to the
     ranks (3 batches: accelerate pads the second step with a copy of the first batch), gathered and put back in

@@ -1616,7 +1616,8 @@ def test_hf_relpos_average_writes_the_card_of_the_run_it_averages(tmp_path, corp
         ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "predict_with_generate": False},
          r"metric_for_best_model='bleu' is scored on generated translations: it needs predict_with_generate true"),
         ({"early_stopping_patience": 2, "eval_strategy": "steps", "eval_steps": 1, "metric_for_best_model": "blue"},
-         r"metric_for_best_model must be one of bleu, brevity_penalty, chrf, gen_len, length_ratio, loss, got 'blue'"),
+         r"metric_for_best_model must be one of bleu, brevity_penalty, chrf, gen_len, length_ratio, loss, nll_loss, "
+         r"got 'blue'"),
         ({"load_best_model_at_end": True, "eval_strategy": "steps", "eval_steps": 2, "save_strategy": "steps",
           "save_steps": 2, "predict_with_generate": False, "metric_for_best_model": "eval_chrf"},
          r"metric_for_best_model='chrf' is scored on generated translations"),

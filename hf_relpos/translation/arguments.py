@@ -900,10 +900,11 @@ def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
 
 
 def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> None:
-    """metric_for_best_model must be one that this app's evaluations compute: the loss, and with
-    predict_with_generate the scores of the generated translations."""
+    """metric_for_best_model must be one that this app's evaluations compute: the loss (and its -log p_label part,
+    nll_loss), and with predict_with_generate the scores of the generated translations."""
     metric = training_args.metric_for_best_model.removeprefix("eval_")
-    allowed = sorted(GENERATED_METRICS | {"loss"}) if training_args.predict_with_generate else ["loss"]
+    losses = {"loss", "nll_loss"}
+    allowed = sorted(GENERATED_METRICS | losses) if training_args.predict_with_generate else sorted(losses)
     if metric in GENERATED_METRICS and not training_args.predict_with_generate:
         raise ConfigError(f"metric_for_best_model={metric!r} is scored on generated translations: it needs "
                           "predict_with_generate true (or metric_for_best_model: loss)")

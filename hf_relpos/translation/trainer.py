@@ -35,7 +35,13 @@ from transformers import (
 )
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_pt_utils import LabelSmoother
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, PredictionOutput, TrainOutput, seed_worker
+from transformers.trainer_utils import (
+    PREFIX_CHECKPOINT_DIR,
+    EvalLoopOutput,
+    PredictionOutput,
+    TrainOutput,
+    seed_worker,
+)
 
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
@@ -79,6 +85,13 @@ class PromotedLabelSmoother(LabelSmoother):
 
     def __call__(self, model_output: Any, labels: torch.Tensor, shift_labels: bool = False,
                  num_items_in_batch: torch.Tensor | int | None = None) -> torch.Tensor:
+        per_token, _, labelled = self.token_losses(model_output, labels, shift_labels)
+        count = labelled.sum() if num_items_in_batch is None else num_items_in_batch
+        return per_token.sum() / (count.to(per_token.device) if torch.is_tensor(count) else count)
+
+    def token_losses(self, model_output: Any, labels: torch.Tensor,
+                     shift_labels: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Per target position: the loss, its -log p_label (both 0 where unlabelled), and whether it is labelled."""
         logits = model_output["logits"] if isinstance(model_output, dict) else model_output[0]
         if shift_labels:
             logits, labels = logits[..., :-1, :], labels[..., 1:]
@@ -88,8 +101,21 @@ class PromotedLabelSmoother(LabelSmoother):
         nll = -log_probs.gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
         smoothed = -log_probs.mean(dim=-1)
         per_token = torch.where(labelled, (1 - self.epsilon) * nll + self.epsilon * smoothed, 0.0)
-        count = labelled.sum() if num_items_in_batch is None else num_items_in_batch
-        return per_token.sum() / (count.to(per_token.device) if torch.is_tensor(count) else count)
+        return per_token, torch.where(labelled, nll, 0.0), labelled
+
+
+class EvaluationLoss(PromotedLabelSmoother):
+    """The loss of an evaluation batch, the training objective (label-smoothed as the run trains, plain NLL without
+    smoothing), which also keeps each sentence's summed loss and summed -log p_label beside its number of labelled
+    tokens (`sentences`, of its last call), from which `TranslationTrainer` takes the evaluation set's token mean."""
+
+    sentences: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def token_losses(self, model_output: Any, labels: torch.Tensor,
+                     shift_labels: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        per_token, nll, labelled = super().token_losses(model_output, labels, shift_labels)
+        self.sentences = (torch.stack([per_token.sum(-1), nll.sum(-1)], dim=-1).detach(), labelled.sum(-1))
+        return per_token, nll, labelled
 
 
 class SamplerEpochCallback(TrainerCallback):
@@ -191,6 +217,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         super().__init__(*args, **kwargs)
         if self.label_smoother is not None:
             self.label_smoother = PromotedLabelSmoother(epsilon=self.args.label_smoothing_factor)
+        self.evaluation_loss = EvaluationLoss(epsilon=self.args.label_smoothing_factor)
+        self._sentence_losses: list[tuple[torch.Tensor, torch.Tensor]] | None = None  # during an evaluation loop
         self.evaluation_sets = evaluation_sets
         self.target_lang = target_lang
         # scores of generated translations; without generation an evaluation computes the loss alone
@@ -383,6 +411,30 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._active_prefix = metric_key_prefix
         return super().predict(test_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
 
+    def evaluation_loop(
+        self, dataloader: DataLoader, description: str, prediction_loss_only: bool | None = None,
+        ignore_keys: list[str] | None = None, metric_key_prefix: str = "eval",
+    ) -> EvalLoopOutput:
+        """`{prefix}_loss` (eval_loss, test_loss) is the mean loss per labelled target token over the whole set, each
+        sentence counted once (under several processes too: the copies of the first sentences that pad the last
+        step are left out, as they are from the predictions), and `{prefix}_nll_loss` the same mean of
+        -log p_label (its exp is the perplexity). The Trainer's own figure is the mean of the batches' token means,
+        weighted by their sentences, duplicates included. Sums in float64."""
+        self._sentence_losses = []
+        try:
+            output = super().evaluation_loop(dataloader, description, prediction_loss_only, ignore_keys,
+                                             metric_key_prefix)
+            sentences = self._sentence_losses
+        finally:
+            self._sentence_losses = None
+        if f"{metric_key_prefix}_loss" in output.metrics and sentences:
+            losses = torch.cat([loss.to("cpu", torch.promote_types(loss.dtype, torch.float64))
+                                for loss, _ in sentences]).sum(0)
+            tokens = int(sum(count.sum().item() for _, count in sentences))
+            output.metrics[f"{metric_key_prefix}_loss"] = (losses[0] / tokens).item()
+            output.metrics[f"{metric_key_prefix}_nll_loss"] = (losses[1] / tokens).item()
+        return output
+
     def prediction_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], prediction_loss_only: bool,
         ignore_keys: list[str] | None = None, **gen_kwargs: Any,
@@ -392,18 +444,25 @@ class TranslationTrainer(Seq2SeqTrainer):
         Seq2SeqTrainer fills generate's defaults (max_length 20, num_beam_groups 1, top_k 50, ...) into the model's
         generation config; it gets a copy to fill, so the config saved with the model and its checkpoints stays the
         one the run set (a max_length beside max_new_tokens would make every generate(max_new_tokens=...) warn that
-        both are set, and the exporter would see settings nobody chose)."""
+        both are set, and the exporter would see settings nobody chose).
+        The loss is `evaluation_loss`'s, whose per-sentence sums are gathered here (`gather_for_metrics`, which drops
+        the padding copies of the last step) for `evaluation_loop`'s token mean."""
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
-        generation = self.model.generation_config
+        generation, label_smoother = self.model.generation_config, self.label_smoother
         self.model.generation_config = copy.deepcopy(generation)
+        self.label_smoother, self.evaluation_loss.sentences = self.evaluation_loss, None
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            result = super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys,
+                                             **gen_kwargs)
         finally:
-            self.model.generation_config = generation
+            self.model.generation_config, self.label_smoother = generation, label_smoother
+        if self._sentence_losses is not None and self.evaluation_loss.sentences is not None:
+            self._sentence_losses.append(self.accelerator.gather_for_metrics(self.evaluation_loss.sentences))
+        return result
 
     def _compute_translation_metrics(self, prediction: EvalPrediction) -> dict[str, float | str]:
         evaluation_set = self.evaluation_sets[self._active_prefix]
