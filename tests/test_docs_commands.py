@@ -1,7 +1,7 @@
 """Every command in the ```bash blocks of README.md and docs/*.md is checked: `--help` commands run, every other
 command's program exists and its arguments parse with that program's own parser (recipes and accelerate configs must
-exist); one slow test runs the README's own-data quickstart end to end on the demo corpus. docs/archive/ is history,
-kept as written, and not checked."""
+exist); one test (in `make test`, not marked slow) runs the README's own-data quickstart end to end on the demo
+corpus. docs/archive/ is history, kept as written, and not checked."""
 
 from __future__ import annotations
 
