@@ -54,6 +54,25 @@ def test_file_to_file_keeps_every_line_and_scores_against_references(memorised_m
     assert "translating" in printed.err  # the progress bar, on stderr
 
 
+def test_references_no_translation_can_hold_are_named_in_a_warning_before_translating(memorised_model_folder,
+                                                                                        tmp_path, capsys):
+    """A reference the tokenizer gives back otherwise (NFC composes "a" + U+0308; U+095B becomes two code points)
+    cannot be matched by any translation: --reference says so, as the training app does of its splits, and scores
+    it as it is; clean references give no such warning."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    write_lines(tmp_path / "ref.txt", [TARGETS[0], "Ma\u0308dchen", "\u095bरूर"])
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"),
+          "--reference", str(tmp_path / "ref.txt"), "--no_progress"])
+    err = capsys.readouterr().err
+    assert ("hf-relpos-translate: warning: --reference: 2 of the 3 references hold text the tokenizer gives back "
+            "otherwise (its normaliser, NFC, changes it, or it cannot encode it), first in reference 2; characters no "
+            "translation can write as they are: U+0308 COMBINING DIAERESIS, U+095B DEVANAGARI LETTER ZA.") in err
+    write_lines(tmp_path / "ref.txt", TARGETS[:3])
+    main([str(memorised_model_folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"),
+          "--reference", str(tmp_path / "ref.txt"), "--no_progress"])
+    assert "warning" not in capsys.readouterr().err
+
+
 def test_stdin_to_stdout_in_a_fresh_process(memorised_model_folder, tmp_path):
     """Translations on stdout; with --no_progress nothing on stderr (no progress bar, not even transformers' while
     the weights load)."""

@@ -15,7 +15,9 @@ one piece; see hf_relpos.tools.sentences). The lines of a chunk are sorted by le
 and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
 default to the model's generation_config.json. A progress bar goes
 to stderr. With `--reference` (read whole, as the translations are kept to score them), corpus sacreBLEU and chrF (the sacrebleu library, with signatures) are printed: to
-stdout when the translations go to a file, else to stderr. BLEU is tokenized as `--tokenize` says, by default as
+stdout when the translations go to a file, else to stderr; references holding text the tokenizer gives back
+otherwise (what its normaliser changes), which no translation can match, are named in a warning before translating.
+BLEU is tokenized as `--tokenize` says, by default as
 the training run did (the `bleu_tokenize` of the model folder's run record), else as sacreBLEU chooses for the target
 language (`--target_lang`, else the run record's): zh, ja-mecab or ko-mecab for zh, ja or ko, else 13a.
 
@@ -57,7 +59,15 @@ from ..translation.arguments import (
     import_user_modules,
 )
 from ..translation.batching import cut_token_batches
-from ..translation.data import FILE_FORMATS, SOURCE_ONLY_FORMATS, DatasetSchemaError, text_line_chunks, text_lines
+from ..translation.data import (
+    FILE_FORMATS,
+    SOURCE_ONLY_FORMATS,
+    DatasetSchemaError,
+    text_line_chunks,
+    text_lines,
+    unwritable_references_message,
+    unwritable_texts,
+)
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
 from ..translation.preflight import missing_local_folder
 from ..translation.safety import OutputDirError, check_output_dir
@@ -433,6 +443,12 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             model = load_model(parser, args)
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
+    if references is not None:   # said before translating: text in them that no translation can hold
+        decoded = tokenizer.batch_decode(tokenizer(text_target=references)["input_ids"], skip_special_tokens=True)
+        message = unwritable_references_message("--reference", *unwritable_texts(references, decoded),
+                                                len(references), tokenizer)
+        if message is not None:
+            print(f"{PROGRAM}: warning: {message}", file=sys.stderr)
     generate_kwargs = {name: value for name in ("num_beams", "length_penalty", "max_length", "max_len_a", "max_len_b",
                                                 "no_repeat_ngram_size") if (value := getattr(args, name)) is not None}
     if args.max_length is not None:

@@ -28,7 +28,7 @@ import re
 import sys
 import unicodedata
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -913,16 +913,21 @@ def tokenize_evaluation_pairs(
 
 
 def unwritable_references(dataset: Dataset, tokenizer: PreTrainedTokenizerBase) -> tuple[list[int], list[str]]:
-    """(the rows whose reference the tokenizer does not give back, the characters of those references missing from
-    what it gives back) of a tokenized split with references: its labels decoded, compared with the reference
-    word by word (white space does not count, as BLEU and chrF ignore it). What the tokenizer's normaliser changes
-    (NFC changes 1120 characters: Devanagari's precomposed nukta letters such as U+095B, the Greek question mark,
-    the Angstrom sign, CJK compatibility ideographs; NFD text is composed) or drops is text no translation from this
-    tokenizer can hold."""
+    """`unwritable_texts` of a tokenized split with references: its labels decoded, against its references. What the
+    tokenizer's normaliser changes (NFC changes 1120 characters: Devanagari's precomposed nukta letters such as
+    U+095B, the Greek question mark, the Angstrom sign, CJK compatibility ideographs; NFD text is composed) or drops
+    is text no translation from this tokenizer can hold."""
     if not has_references(dataset):
         return [], []
-    references = dataset["target"]
-    decoded = tokenizer.batch_decode(list(dataset["labels"]), skip_special_tokens=True)
+    return unwritable_texts(dataset["target"],
+                            tokenizer.batch_decode(list(dataset["labels"]), skip_special_tokens=True))
+
+
+def unwritable_texts(references: Sequence[str | None], decoded: Sequence[str]) -> tuple[list[int], list[str]]:
+    """(the rows whose reference the tokenizer does not give back, the characters of those references missing from
+    what it gives back): each reference against `decoded`, the same reference encoded and decoded, compared word by
+    word (white space does not count, as BLEU and chrF ignore it); a None reference (none given) counts as given
+    back."""
     rows = [row for row, (reference, text) in enumerate(zip(references, decoded, strict=True))
             if reference is not None and reference.split() != text.split()]
     missing = dict.fromkeys(character for row in rows for character in references[row]
@@ -944,18 +949,25 @@ def warn_of_unwritable_references(dataset: Dataset, tokenizer: PreTrainedTokeniz
     """A warning when some of the split's references are text the tokenizer cannot give back as written (see
     `unwritable_references`): they are scored as they are, so BLEU and chrF count those characters as errors in every
     translation."""
-    rows, missing = unwritable_references(dataset, tokenizer)
+    message = unwritable_references_message(split, *unwritable_references(dataset, tokenizer), len(dataset), tokenizer)
+    if message is not None:
+        logger.warning("%s", message)
+
+
+def unwritable_references_message(where: str, rows: list[int], missing: list[str], references: int,
+                                  tokenizer: PreTrainedTokenizerBase) -> str | None:
+    """What `where`'s `references` references hold that the tokenizer cannot give back as written (`rows` and
+    `missing`, of `unwritable_texts`), and what it means for their scores; None when they hold nothing such."""
     if not rows:
-        return
+        return None
     shown = ", ".join(f"U+{ord(character):04X} {unicodedata.name(character, '')}".strip() for character in missing[:5])
     more = f" and {len(missing) - 5} more" if len(missing) > 5 else ""
-    logger.warning(
-        "%s: %d of the %d references hold text the tokenizer gives back otherwise (its normaliser, %s, changes it, "
-        "or it cannot encode it), first in reference %d; characters no translation can write as they are: %s%s. "
-        "The references are scored as they are, so BLEU and chrF count these as errors in any translation; "
-        "normalise the reference file the same way (e.g. unicodedata.normalize('NFC', line)) to score the "
-        "translations alone", split, len(rows), len(dataset), _normaliser_name(tokenizer), rows[0] + 1,
-        shown or "none (only their order or composition differs)", more)
+    return (f"{where}: {len(rows)} of the {references} references hold text the tokenizer gives back otherwise (its "
+            f"normaliser, {_normaliser_name(tokenizer)}, changes it, or it cannot encode it), first in reference "
+            f"{rows[0] + 1}; characters no translation can write as they are: "
+            f"{shown or 'none (only their order or composition differs)'}{more}. The references are scored as they "
+            "are, so BLEU and chrF count these as errors in any translation; normalise the reference file the same "
+            "way (e.g. unicodedata.normalize('NFC', line)) to score the translations alone")
 
 
 def _normaliser_name(tokenizer: PreTrainedTokenizerBase) -> str:
