@@ -20,7 +20,8 @@ splitter. Models are only read; nothing is trained here. The records go to `<out
 into docs/results.md and feeds each level to the rule that chooses the default position_scheme.
 
 A model's scores are kept beside it (`<folder>/long_inputs_scores.json`, with the decoding settings, the levels'
-sizes and the code version that decoded them) and reused when the same settings meet the same levels again: models can
+sizes, a digest of their text and the code version that decoded them) and reused when the same settings meet the same
+levels again: models can
 be scored by separate invocations (one per core, each with its own `--out`) and the table collected by one more
 invocation over all of them, which then decodes nothing. With `--baseline SYSTEM` every other system is tested
 against the baseline's model of the same seed on `--paired-levels` (single captions and the largest size as one
@@ -36,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import fcntl
+import hashlib
 import json
 import statistics
 import sys
@@ -169,9 +171,21 @@ SCORED_WITH = ("sizes", "max_pairs", "source_lang", "target_lang", "beams", "len
                "min_len_a", "no_repeat_ngram_size", "max_new_tokens", "eval_batch_size")
 
 
-def scoring_key(args: argparse.Namespace, level_sizes: dict[str, int]) -> dict:
-    """What a model's scores were computed under: the settings of SCORED_WITH and the number of inputs per level."""
-    return {**{name: getattr(args, name) for name in SCORED_WITH}, "level_sizes": level_sizes}
+def levels_digest(levels: dict[str, dict[str, tuple[list[str], list[str]]]]) -> str:
+    """SHA-256 of every level's sources and references: the levels' text itself, so that kept scores are not reused
+    for other data of the same size (another `--data`, e.g. a test set of as many lines) or for levels that a change
+    of their construction (the joining, the longest tenth) has changed."""
+    return hashlib.sha256(json.dumps(levels, ensure_ascii=False, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def scoring_key(args: argparse.Namespace, levels: dict[str, dict[str, tuple[list[str], list[str]]]]) -> dict:
+    """What a model's scores were computed under: the settings of SCORED_WITH, the number of inputs per level and
+    the digest of the levels' text (an entry kept before the digest was part of the key is not reused: what it
+    scored cannot be told)."""
+    level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
+                   for level, pair in set_levels.items()}
+    return {**{name: getattr(args, name) for name in SCORED_WITH}, "level_sizes": level_sizes,
+            "levels_sha256": levels_digest(levels)}
 
 
 def kept_entries(folder: Path) -> list[dict]:
@@ -520,9 +534,8 @@ def main(argv: Sequence[str] | None = None) -> dict:
                          f"{', '.join(map(repr, names))}")
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a,
                         args.min_len_a, args.no_repeat_ngram_size)
-    level_sizes = {f"{set_name}: {level}": len(pair[0]) for set_name, set_levels in levels.items()
-                   for level, pair in set_levels.items()}
-    key = scoring_key(args, level_sizes)
+    key = scoring_key(args, levels)
+    level_sizes = key["level_sizes"]
     runs: dict[str, list[dict]] = {}
     records, hypotheses = [], {}
     for system, seed, folder in args.model:

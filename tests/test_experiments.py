@@ -1708,6 +1708,48 @@ def test_long_inputs_blocking_repeated_ngrams_decodes_no_repeat_and_keeps_each_d
         long_inputs.parse_command_line([*common, "--out", str(tmp_path / "x"), "--no-repeat-ngram-size", "0"])
 
 
+def test_long_inputs_kept_scores_are_not_reused_for_other_levels_of_the_same_sizes(tmp_path, monkeypatch):
+    """Scores kept beside a model are reused only for the very levels they scored: other data of the same sizes (a
+    test set of as many lines) or levels built otherwise are decoded and scored again, and the record's scores are
+    those of the data it names; the same data again decodes nothing."""
+    from hf_relpos.translation.metrics import score_translations
+
+    long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
+    first, second, model = tmp_path / "first", tmp_path / "second", tmp_path / "model"
+    write_demo_corpus(first, 40, 9, 9, seed=5)
+    write_demo_corpus(second, 40, 9, 9, seed=6)
+    assert (first / "test.jsonl").read_text() != (second / "test.jsonl").read_text()
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "relpos_transformer"}))
+    decoded = []
+    monkeypatch.setattr(long_inputs, "load_trained", lambda folder, peer, device: (None, None))
+
+    def echo(model_, tokenizer, sources, decoding, batch_size):   # a "translation" that copies its source
+        decoded.append(len(sources))
+        return list(sources), [False] * len(sources)
+
+    monkeypatch.setattr(long_inputs, "translate_marking_caps", echo)
+
+    def collect(data: Path, out: str) -> dict:
+        return long_inputs.main(["--data", str(data), "--sizes", "2", "--out", str(tmp_path / out),
+                                 "--model", f"shaw:1={model}"])
+
+    collect(first, "a")
+    assert decoded
+    decoded.clear()
+    again = collect(second, "b")
+    assert decoded, "scores kept for the first data were reused for the second"
+    sources, references = long_inputs.read_pairs(second / "test.jsonl", "en", "de")
+    assert again["levels"]["test2016: 1 caption"]["shaw"]["bleu"] == [score_translations(sources, references)["bleu"]]
+    assert len(long_inputs.kept_entries(model)) == 2
+    decoded.clear()
+    assert collect(second, "c")["levels"] == again["levels"] and not decoded
+    # a change of how the levels are built (here: the joining word) is no reuse either
+    monkeypatch.setitem(long_inputs.JOINING_WORD, "de", "sowie")
+    collect(second, "d")
+    assert decoded
+
+
 def test_the_minimum_length_verdict_needs_a_gain_on_every_model_at_little_single_caption_cost(monkeypatch):
     long_inputs = load_experiment(LONG_INPUTS, monkeypatch)
     baseline = option_results({name: {"directional": [30.0, 31.0], "shaw+concat-0.5": [29.0, 29.5]}
