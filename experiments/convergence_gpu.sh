@@ -55,6 +55,17 @@ shift $(( $# < 6 ? $# : 6 ))
 [ "${1:-}" = "--" ] && shift
 python=${PYTHON:-python3}
 parallel=${PARALLEL:-6}
+# Every argument checked before anything trains: a misspelt system, a seed that is no number or a bad
+# convergence.py option would otherwise fail only in its own process while the other runs spend the lease.
+if ! [[ $limit =~ ^[0-9]+$ ]]; then
+    echo "convergence_gpu.sh: LIMIT_SECONDS must be a whole number of seconds, got '$limit'" >&2; exit 2
+fi
+if ! [[ $parallel =~ ^[1-9][0-9]*$ ]]; then
+    echo "convergence_gpu.sh: PARALLEL must be a positive whole number, got '$parallel'" >&2; exit 2
+fi
+# shellcheck disable=SC2086
+"$python" -c 'import sys; sys.path.insert(0, "experiments"); import convergence; convergence.parse_command_line(sys.argv[1:])' \
+    --data "$data" --work "$work" --out "$out" --systems $systems --seeds $seeds "$@" || exit 2
 device=$("$python" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 deadline=$((SECONDS + limit))
 mkdir -p "$work/logs" "$out"

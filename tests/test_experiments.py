@@ -883,6 +883,25 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
     assert convergence.continuation_flags(tmp_path / "absent") == []
 
 
+def test_convergence_gpu_script_refuses_a_bad_argument_before_anything_trains(tmp_path):
+    """A misspelt system, a seed that is no number, a bad convergence.py option or a limit that is no number (e.g.
+    options given without LIMIT_SECONDS, so that `--` takes its place) stop experiments/convergence_gpu.sh before any
+    run starts: nothing trained, no status, the error named."""
+    data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
+    write_demo_corpus(data, 4, 2, 2, seed=3)
+    for arguments, error in (
+            (["absolute shwa", "1", "5"], "invalid choice: 'shwa'"),
+            (["absolute", "1 x", "5"], "invalid int value: 'x'"),
+            (["absolute", "1", "5", "--", "--epochs", "many"], "invalid float value: 'many'"),
+            (["absolute", "1", "--", "--epochs", "1"], "LIMIT_SECONDS must be a whole number of seconds, got '--'")):
+        called = subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
+                                 *arguments], timeout=300, cwd=EXPERIMENTS.parent, capture_output=True, text=True,
+                                env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1"))
+        assert called.returncode == 2, (arguments, called.stderr)
+        assert error in called.stderr, (arguments, called.stderr)
+        assert not work.exists() and not out.exists(), arguments
+
+
 @pytest.mark.slow
 def test_convergence_gpu_script_trains_each_run_in_its_own_process_and_finishes_what_a_time_limit_cut_off(tmp_path):
     """experiments/convergence_gpu.sh (on the CPU here, one process at a time): a run its time limit leaves out is
