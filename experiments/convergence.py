@@ -208,8 +208,9 @@ def run_one(system: str, seed: int, args: argparse.Namespace) -> dict:
     return record
 
 
-# The settings that shape what a run trains and scores: each run records them, and a collection states the runs'.
-RUN_SETTINGS = ("recipe_flags", "max_eval_samples")
+# The settings that shape what a run trains and scores: each run records them, and a collection states the runs' (a
+# collection's caption names the epochs trained and the checkpoints averaged: the runs', not the collecting command's).
+RUN_SETTINGS = ("recipe_flags", "max_eval_samples", "epochs", "last_n")
 
 
 def added_recipe_flags(settings: dict) -> str:

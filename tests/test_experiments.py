@@ -675,11 +675,12 @@ def test_convergence_scores_the_averaged_folder_as_averaged_and_the_final_model_
     monkeypatch.setattr(convergence, "run_batches", lambda *args: {})
     monkeypatch.setattr(convergence, "typed_record", lambda *args, **kwargs: {})
     args = argparse.Namespace(work=tmp_path, collect_only=False, last_n=3, device_name="CPU", recipe_flags=[],
-                              max_eval_samples=None)
+                              max_eval_samples=None, epochs=20)
     record = convergence.run_one("absolute", 1, args)
     assert averaged_with == [3]
     assert scored == [("model", "final_hypotheses"), ("averaged", "averaged_hypotheses")]
     assert record["scores"]["averaged"]["test"]["bleu"] == 40.0 and record["scores"]["final"]["test"]["bleu"] == 30.0
+    assert (record["epochs"], record["last_n"]) == (20, 3)
 
 
 def test_every_recipe_option_of_convergence_is_its_recipe_with_valid_flags(monkeypatch):
@@ -801,6 +802,25 @@ def test_a_collection_states_the_settings_its_runs_were_trained_and_scored_with(
     assert (args.recipe_flags, args.max_eval_samples) == (["--warmup_steps", "1"], 4)
     runs[1]["max_eval_samples"] = 8
     with pytest.raises(SystemExit, match="convergence.py: the runs collected differ in max_eval_samples: 4, 8"):
+        convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
+
+
+
+def test_a_convergence_collection_states_the_epochs_and_averaged_checkpoints_its_runs_had(monkeypatch):
+    """Runs trained with --epochs 100 --last-n 3 (e.g. the early-stopping study) collected by a command without
+    them: the record's settings, and so its caption, name the runs' 100 epochs and 3 averaged checkpoints, not the
+    defaults 20 and 5; runs trained for different epochs are one error naming it."""
+    convergence = load_experiment(EXPERIMENTS / "convergence.py", monkeypatch)
+    args = convergence.build_parser().parse_args(["--collect-only"])
+    assert (args.epochs, args.last_n) == (20, 5)
+    runs = [{"recipe_flags": [], "max_eval_samples": None, "epochs": 100, "last_n": 3, "seed": seed} for seed in (1, 2)]
+    convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
+    assert (args.epochs, args.last_n) == (100, 3)
+    caption = convergence.markdown({"settings": {**vars(args), "peer_warmup_steps": 400}, "signature": "s",
+                                    "device": "d", "systems": {}, "runs": {}}).splitlines()[0]
+    assert caption.startswith("# The multi30k_small_* recipes for 100 epochs, last 3 averaged")
+    runs[1]["epochs"] = 20
+    with pytest.raises(SystemExit, match="the runs collected differ in epochs: 100, 20"):
         convergence.adopt_run_settings(args, runs, convergence.RUN_SETTINGS, "convergence.py")
 
 
