@@ -135,25 +135,41 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
     assert len(eval_lines) == 6
 
 
-# One SGD step (lr 1) of the app's trainer, float64, over two accumulated token-budget batches in each of two
-# processes (7 examples, 4 batches of different sizes and labelled tokens: the ranks' shares differ); process 0
-# compares the step with the gradient of the token-mean loss of all four batches in one batch.
-GRADIENT_WORKER = '''
+# What both float64 workers below start with: the app's trainer, a tiny tokenizer, the 7 token-budget examples of
+# tests/test_loss.py, and the label smoothing given as the first argument.
+TOKEN_BUDGET_WORKER_START = '''
 import json, os, sys
 sys.path.insert(0, os.environ["TESTS_DIR"])
-import torch
 from accelerate import PartialState
 from datasets import Dataset
-from transformers import DataCollatorForSeq2Seq
 import hf_relpos
 from hf_relpos.translation.arguments import TranslationTrainingArguments
 from hf_relpos.translation.tokenization import train_joint_tokenizer
-from hf_relpos.translation.trainer import build_trainer
-from test_loss import TOKEN_BUDGET_LENGTHS, tiny_float64, token_budget_examples, token_losses
+from hf_relpos.translation.trainer import EvaluationSet, build_trainer
+from test_loss import TOKEN_BUDGET_LENGTHS, set_token_means, tiny_float64, token_budget_examples, token_losses
 
 label_smoothing = float(sys.argv[1])
 tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
 examples = token_budget_examples()
+'''
+
+def run_token_budget_worker(tmp_path: Path, source: str, name: str) -> dict:
+    """Runs a worker of TOKEN_BUDGET_WORKER_START in two gloo processes at label smoothing 0.1; its record
+    `name`.json."""
+    worker = tmp_path / f"{name}_worker.py"
+    worker.write_text(source, encoding="utf-8")
+    (tmp_path / "records").mkdir()
+    completed = launch(tmp_path, worker, "0.1", environment={"TESTS_DIR": str(REPO / "tests")})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    return json.loads((tmp_path / "records" / f"{name}.json").read_text())
+
+
+# One SGD step (lr 1) of the app's trainer, float64, over two accumulated token-budget batches in each of two
+# processes (7 examples, 4 batches of different sizes and labelled tokens: the ranks' shares differ); process 0
+# compares the step with the gradient of the token-mean loss of all four batches in one batch.
+GRADIENT_WORKER = TOKEN_BUDGET_WORKER_START + '''
+import torch
+from transformers import DataCollatorForSeq2Seq
 arguments = TranslationTrainingArguments(
     output_dir=os.path.join(os.environ["RECORD_DIR"], "out"), max_tokens_per_batch=20, gradient_accumulation_steps=2,
     max_steps=1, learning_rate=1.0, optim="sgd", lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0,
@@ -188,13 +204,7 @@ def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_al
     of labelled tokens): the Trainer's num_items_in_batch (summed over the processes) and the app's label-smoothed
     loss make the step the gradient of the mean over every labelled token of the four batches, to 1e-12 in
     float64."""
-    worker = tmp_path / "gradient_worker.py"
-    worker.write_text(GRADIENT_WORKER, encoding="utf-8")
-    records = tmp_path / "records"
-    records.mkdir()
-    completed = launch(tmp_path, worker, "0.1", environment={"TESTS_DIR": str(REPO / "tests")})
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    record = json.loads((records / "gradient.json").read_text())
+    record = run_token_budget_worker(tmp_path, GRADIENT_WORKER, "gradient")
     assert (record["world_size"], record["steps"], len(record["batches"])) == (2, 1, 4)
     assert sorted(index for batch in record["batches"] for index in batch) == list(range(7))
     per_rank = [sum(record["labelled"][rank::2]) for rank in range(2)]
@@ -205,21 +215,8 @@ def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_al
 # The app's evaluation and prediction, float64, of the 7 token-budget examples in batches of 2 under two processes:
 # the second step's batches are [4, 5] and [6, 0], the 0 a copy that pads rank 1's batch. Process 0 records the
 # metrics beside the naive token means of the 7 sentences in one batch.
-EVAL_WORKER = '''
-import json, os, sys
-sys.path.insert(0, os.environ["TESTS_DIR"])
+EVAL_WORKER = TOKEN_BUDGET_WORKER_START + '''
 import numpy as np
-from accelerate import PartialState
-from datasets import Dataset
-import hf_relpos
-from hf_relpos.translation.arguments import TranslationTrainingArguments
-from hf_relpos.translation.tokenization import train_joint_tokenizer
-from hf_relpos.translation.trainer import EvaluationSet, build_trainer
-from test_loss import set_token_means, tiny_float64, token_budget_examples
-
-label_smoothing = float(sys.argv[1])
-tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
-examples = token_budget_examples()
 arguments = TranslationTrainingArguments(
     output_dir=os.path.join(os.environ["RECORD_DIR"], "out"), per_device_eval_batch_size=2,
     label_smoothing_factor=label_smoothing, report_to="none", use_cpu=True, disable_tqdm=True, seed=0,
@@ -247,13 +244,7 @@ def test_two_process_eval_and_test_loss_are_the_token_mean_over_the_set_without_
     of the first sentence): eval_loss / test_loss (label-smoothed, as the run trains) and eval_nll_loss /
     test_nll_loss are the means over every labelled token of the 7 sentences, each counted once, to 1e-12 in
     float64, and BLEU is still scored."""
-    worker = tmp_path / "evaluation_worker.py"
-    worker.write_text(EVAL_WORKER, encoding="utf-8")
-    records = tmp_path / "records"
-    records.mkdir()
-    completed = launch(tmp_path, worker, "0.1", environment={"TESTS_DIR": str(REPO / "tests")})
-    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
-    record = json.loads((records / "evaluation.json").read_text())
+    record = run_token_budget_worker(tmp_path, EVAL_WORKER, "evaluation")
     assert (record["world_size"], record["steps"]) == (2, 2)
     assert record["nll_loss"] != record["loss"]
     for prefix in ("eval", "test"):
