@@ -69,7 +69,7 @@ def train_joint_tokenizer(
     require_character_coverage(character_coverage)
     pieces = vocab_size - len(BYTE_TOKENS)
     room = pieces - len(SPECIAL_TOKENS)
-    alphabet = _covered_alphabet(texts, character_coverage, room) if character_coverage < 1 else []
+    alphabet = _covered_alphabet(texts, character_coverage, room)[0] if character_coverage < 1 else []
     tokenizer = _trained(texts, alphabet, pieces, room, min_frequency)
     if _alphabet_size(tokenizer) >= room:
         distinct = ""
@@ -77,9 +77,9 @@ def train_joint_tokenizer(
             # Full coverage, and the characters took every learned piece: the trainer kept the `room` most frequent,
             # breaking ties at the cut in hash order (another alphabet in each process); they are chosen as at any
             # other coverage instead (count, then code point), which reads the texts once more.
-            counts = character_counts(texts)
-            distinct = f" of the {len(counts)} distinct characters of the training texts"
-            tokenizer = _trained(texts, covered_characters(counts, 1.0)[:room], pieces, room, min_frequency)
+            alphabet, characters = _covered_alphabet(texts, 1.0, room)
+            distinct = f" of the {characters} distinct characters of the training texts"
+            tokenizer = _trained(texts, alphabet, pieces, room, min_frequency)
         logger.warning(
             "The tokenizer learnt no merges: its alphabet (the most frequent characters%s that "
             "tokenizer_character_coverage %g keeps) takes all %d learned pieces that tokenizer_vocab_size %d leaves "
@@ -177,8 +177,9 @@ def _training_pre_tokenizer(alphabet: list[str]) -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Sequence([_word_starts(), pre_tokenizers.Split(Regex(outside), behavior="removed")])
 
 
-def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: float, room: int) -> list[str]:
-    """The `covered_characters` of `texts`, at most `room` of them (the most frequent), logged."""
+def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: float, room: int) -> tuple[list[str], int]:
+    """The `covered_characters` of `texts`, at most `room` of them (the most frequent), logged, and the number of
+    distinct characters in `texts`."""
     if iter(texts) is texts:
         raise TypeError("a character_coverage below 1 reads the texts twice (to count their characters, then to "
                         "train): pass a list or another re-iterable collection, not a one-shot iterator")
@@ -190,7 +191,7 @@ def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: floa
     logger.info("The tokenizer's alphabet keeps %d of the %d characters of its training texts (%.4f %% of their %d "
                 "character occurrences); the rarer ones are encoded as bytes", len(alphabet), len(counts),
                 100 * sum(counts[character] for character in alphabet) / max(total, 1), total)
-    return alphabet
+    return alphabet, len(counts)
 
 
 def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
