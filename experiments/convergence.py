@@ -365,6 +365,11 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
         raise SystemExit(f"convergence.py: --data {args.data} lacks {', '.join(missing)}")
     if args.last_n < 1:
         raise SystemExit(f"convergence.py: --last-n must be at least 1, got {args.last_n}")
+    for option, values in (("--systems", args.systems), ("--seeds", args.seeds)):
+        repeated = sorted({str(value) for value in values if values.count(value) > 1})
+        if repeated:
+            raise SystemExit(f"convergence.py: {option} names {', '.join(repeated)} more than once (each run counts "
+                             "once in a table)")
     args.device_name = device_name(args.device)
     return args
 

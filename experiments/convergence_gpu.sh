@@ -55,8 +55,9 @@ shift $(( $# < 6 ? $# : 6 ))
 [ "${1:-}" = "--" ] && shift
 python=${PYTHON:-python3}
 parallel=${PARALLEL:-6}
-# Every argument checked before anything trains: a misspelt system, a seed that is no number or a bad
-# convergence.py option would otherwise fail only in its own process while the other runs spend the lease.
+# Every argument checked before anything trains: a misspelt system, a seed that is no number, a bad convergence.py
+# option or a bad LONG_INPUTS option would otherwise fail only in its own process (or after every run has trained)
+# while the other runs spend the lease.
 if ! [[ $limit =~ ^[0-9]+$ ]]; then
     echo "convergence_gpu.sh: LIMIT_SECONDS must be a whole number of seconds, got '$limit'" >&2; exit 2
 fi
@@ -66,6 +67,14 @@ fi
 # shellcheck disable=SC2086
 "$python" -c 'import sys; sys.path.insert(0, "experiments"); import convergence; convergence.parse_command_line(sys.argv[1:])' \
     --data "$data" --work "$work" --out "$out" --systems $systems --seeds $seeds "$@" || exit 2
+if [ -n "${LONG_INPUTS:-}" ]; then
+    read -r first_system _ <<< "$systems"
+    read -r first_seed _ <<< "$seeds"
+    # shellcheck disable=SC2086
+    "$python" -c 'import sys; sys.path.insert(0, "experiments"); import long_inputs; long_inputs.parse_command_line(sys.argv[1:])' \
+        --data "$data" --out "$out/long_inputs" --model "$first_system:$first_seed=$work/$first_system/seed$first_seed/averaged" \
+        --baseline "$first_system" $LONG_INPUTS || exit 2
+fi
 device=$("$python" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
 deadline=$((SECONDS + limit))
 mkdir -p "$work/logs" "$out"

@@ -510,6 +510,10 @@ def parse_command_line(argv: Sequence[str]) -> argparse.Namespace:
         parser.error(f"--no-repeat-ngram-size must be at least 1, got {args.no_repeat_ngram_size}")
     if min(args.sizes) < 2:
         parser.error(f"--sizes must be at least 2 (1 caption is always a level), got {args.sizes}")
+    runs = [f"{system}:{seed}" for system, seed, _ in args.model]
+    repeated = sorted({run for run in runs if runs.count(run) > 1})
+    if repeated:
+        parser.error(f"--model names {', '.join(repeated)} more than once (each SYSTEM:SEED counts once per level)")
     systems = list(dict.fromkeys(system for system, _, _ in args.model))
     if args.paired_levels and args.baseline is None:
         parser.error("--paired-levels needs --baseline (the system the others are tested against)")

@@ -904,19 +904,24 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
 
 
 def test_convergence_gpu_script_refuses_a_bad_argument_before_anything_trains(tmp_path):
-    """A misspelt system, a seed that is no number, a bad convergence.py option or a limit that is no number (e.g.
-    options given without LIMIT_SECONDS, so that `--` takes its place) stop experiments/convergence_gpu.sh before any
-    run starts: nothing trained, no status, the error named."""
+    """A misspelt system, a seed that is no number, a system or seed named twice (its runs would count twice), a bad
+    convergence.py option, a bad LONG_INPUTS option (met otherwise only after every run has trained) or a limit that
+    is no number (e.g. options given without LIMIT_SECONDS, so that `--` takes its place) stop
+    experiments/convergence_gpu.sh before any run starts: nothing trained, no status, the error named."""
     data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
     write_demo_corpus(data, 4, 2, 2, seed=3)
-    for arguments, error in (
-            (["absolute shwa", "1", "5"], "invalid choice: 'shwa'"),
-            (["absolute", "1 x", "5"], "invalid int value: 'x'"),
-            (["absolute", "1", "5", "--", "--epochs", "many"], "invalid float value: 'many'"),
-            (["absolute", "1", "--", "--epochs", "1"], "LIMIT_SECONDS must be a whole number of seconds, got '--'")):
+    for arguments, long_inputs, error in (
+            (["absolute shwa", "1", "5"], "", "invalid choice: 'shwa'"),
+            (["absolute", "1 x", "5"], "", "invalid int value: 'x'"),
+            (["absolute shaw absolute", "1", "5"], "", "--systems names absolute more than once"),
+            (["absolute", "2 1 2", "5"], "", "--seeds names 2 more than once"),
+            (["absolute", "1", "5", "--", "--epochs", "many"], "", "invalid float value: 'many'"),
+            (["absolute shaw", "1", "5"], "--beams four", "invalid int value: 'four'"),
+            (["absolute shaw", "1", "5"], "--sizes 1", "--sizes must be at least 2"),
+            (["absolute", "1", "--", "--epochs", "1"], "", "LIMIT_SECONDS must be a whole number of seconds, got '--'")):
         called = subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
                                  *arguments], timeout=300, cwd=EXPERIMENTS.parent, capture_output=True, text=True,
-                                env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1"))
+                                env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1", LONG_INPUTS=long_inputs))
         assert called.returncode == 2, (arguments, called.stderr)
         assert error in called.stderr, (arguments, called.stderr)
         assert not work.exists() and not out.exists(), arguments
@@ -1477,9 +1482,12 @@ def test_long_inputs_tests_each_system_against_the_baseline_of_its_seed_on_the_p
         long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), "--baseline", "t5", *specs])
     with pytest.raises(SystemExit):
         long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), "--paired-levels", "1 caption", *specs])
+    with pytest.raises(SystemExit):
+        long_inputs.parse_command_line([*options, "--out", str(tmp_path / "x"), *specs, specs[-2], specs[-1]])
     errors = capsys.readouterr().err
     assert "--baseline must be one of the --model systems (shaw, directional), got 't5'" in errors
     assert "--paired-levels needs --baseline" in errors
+    assert "--model names directional:2 more than once" in errors
 
 
 def test_paired_tests_pair_each_system_with_the_baseline_of_its_seed_and_skip_what_does_not_pair(monkeypatch, capsys):
