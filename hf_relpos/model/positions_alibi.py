@@ -47,8 +47,10 @@ class AlibiPositions(PositionScheme):
             "$$\\mathrm{softmax}_j\\!\\left(\\frac{q_i^\\top k_j}{\\sqrt{d_{head}}} - m_h\\,|i - j|\\right), \\qquad "
             "m_h = 2^{-8h/H}$$\n\n"
             "with the paper's geometric slopes (for a head count H that is not a power of 2, those of the power below "
-            "and every other slope of the power above, as in the paper's code). Encoder: symmetric |i − j|; decoder: "
-            f"causal, j ≤ i. Slopes: encoder {_slope_text(config.encoder_attention_heads)}; decoder "
+            "and every other slope of the power above, as in the paper's code). Encoder: symmetric |i − j|, so it "
+            "cannot tell left from right by itself: a source reversed, end token `</s>` included, gets the reversed "
+            "encoder states and the same translation, and only where `</s>` stands gives the encoder a direction; "
+            f"decoder: causal, j ≤ i. Slopes: encoder {_slope_text(config.encoder_attention_heads)}; decoder "
             f"{_slope_text(config.decoder_attention_heads)}. Nothing is learned."
         ),
         bibtex=(PRESS_BIBTEX,),
