@@ -114,6 +114,10 @@ def test_old_translation_pipeline_arguments(translator):
         ("Write to info@example.com. We answer. See https://example.org/a.html. Or www.example.de. Then (mail@x.de.) Go.",
          [("Write to info@example.com.", " "), ("We answer.", " "), ("See https://example.org/a.html.", " "),
           ("Or www.example.de.", " "), ("Then (mail@x.de.)", " "), ("Go.", "")]),
+        # a bare host name too; a dotted shorthand is none ("M.Sc", "Ph.D", "Dr.med" hold their period)
+        ("Visit example.com. We open. See bbc.co.uk. It is news.org. Then an M.Sc. Student and a Ph.D. Thesis by Dr.med. Kurz.",
+         [("Visit example.com.", " "), ("We open.", " "), ("See bbc.co.uk.", " "), ("It is news.org.", " "),
+          ("Then an M.Sc. Student and a Ph.D. Thesis by Dr.med. Kurz.", "")]),
         ("He asked: \"Why?\" She said (loudly): \"No!\" \"Go.\"",
          [("He asked: \"Why?\"", " "), ("She said (loudly): \"No!\"", " "), ("\"Go.\"", "")]),
         ("\"Stop!\" he said. Wait... what? Ok.", [("\"Stop!\" he said.", " "), ("Wait... what?", " "), ("Ok.", "")]),

@@ -68,6 +68,9 @@ NEXT_WORD = re.compile(r"\S*")
 # An e-mail or web address ("info@example.com", "https://example.com/a", "www.example.com"): its periods are its
 # own, so a period after it ends a sentence as after a word.
 ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\.[^@\s]+|(?:[a-z][a-z0-9+.-]*://|www\.)\S+", re.IGNORECASE)
+# A bare host name ("example.com", "bbc.co.uk"): a label of three characters or more, and a lowercase country code or
+# common generic top-level domain last, which no dotted shorthand has ("U.S", "M.Sc", "Ph.D", "z.B", "Dr.med").
+HOST_NAME = re.compile(r"(?=.*[A-Za-z0-9-]{3})(?:[A-Za-z0-9-]+\.)+(?:[a-z]{2}|com|org|net|edu|gov|info|biz|app|dev)")
 # A list or section number ("1", "2.1"), whose period does not end a sentence it opens ("1. Take", "2.1. Overview").
 LIST_NUMBER = re.compile(r"\d+(?:\.\d+)*")
 # Keyword arguments of transformers 4's TranslationPipeline that cannot mean anything for a bilingual model.
@@ -96,7 +99,8 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     them (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
     sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
     ("3.5") hold no whitespace and are never split; a number's period ends a sentence as a word's does ("It rose to
-    3.5. Then it fell."), as does the period after an e-mail or web address ("Write to info@example.com. We")."""
+    3.5. Then it fell."), as does the period after an e-mail or web address or a host name ("Write to
+    info@example.com. We", "See example.com. We")."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
@@ -126,7 +130,7 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
     stem = word[:-1].lstrip(OPENING)
     if stem.lower() in ABBREVIATIONS or (stem.lower() in NUMBER_ABBREVIATIONS and REFERENCE_NUMBER.match(next_word)):
         return False
-    if ADDRESS.fullmatch(stem):
+    if ADDRESS.fullmatch(stem) or HOST_NAME.fullmatch(stem):
         return True
     if ("." in stem and any(character.isalpha() for character in stem)) or (len(stem) == 1 and stem.isupper()):
         return False   # a dotted shorthand ("U.S", "e.g", "z.B") or an initial; a number's periods are its own ("3.5.")
