@@ -415,12 +415,14 @@ def test_a_model_whose_sinusoids_are_faded_out_exports_as_its_relative_scheme(to
     (dict(position_scheme="absolute", position_randomization_max=64, position_randomization_at_inference=True),
      "position_randomization_at_inference True cannot be exported"),
     (dict(position_scheme="absolute", activation_function="mish"), "activation_function 'mish' cannot be exported"),
+    (dict(position_scheme="shaw", encoder_layers=0), "encoder_layers 0 cannot be exported to CTranslate2"),
 ])
 def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(tokenizer, tmp_path, capsys, options,
                                                                                message):
+    sizes = dict(d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
+                 encoder_ffn_dim=16, decoder_ffn_dim=16)
     config = hf_relpos.RelPosTransformerConfig(
-        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=16, decoder_ffn_dim=16, **special_token_ids(tokenizer), **options)
+        vocab_size=len(tokenizer), **special_token_ids(tokenizer), **{**sizes, **options})
     folder = save(hf_relpos.RelPosTransformerForConditionalGeneration(config), tokenizer, tmp_path / "model")
     (tmp_path / "out").mkdir()
     with pytest.raises(ExportError, match="^" + message.replace("(", r"\(")):

@@ -21,7 +21,8 @@ Pre- or Post-LN (`pre_norm`; the Pre-LN stacks' final LayerNorm), the activation
 the tied embeddings (one matrix, stored once), `final_logits_bias` (the output projection's bias) and the LayerNorm
 epsilon carry over. What the specification cannot express is refused before anything is written, in one line naming
 it: `xl`, `directional`, `alibi`, schemes registered elsewhere, Shaw's per-head tables, `keep_absolute_positions`
-under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing), `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference.
+under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing), `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference, an
+encoder without layers (`encoder_layers` 0).
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
@@ -117,6 +118,9 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
         raise ExportError(f"keep_absolute_positions with position_scheme {scheme!r} cannot be exported to "
                           "CTranslate2: it adds no position table to the embeddings of a model with relative attention "
                           "(a model whose sinusoids are faded out, absolute_positions_scale 0, exports)")
+    if config.encoder_layers == 0:
+        raise ExportError("encoder_layers 0 cannot be exported to CTranslate2: its Transformer encoder loads only with "
+                          "at least one layer")
     if config.eos_token_id is None:
         raise ExportError("eos_token_id None cannot be exported to CTranslate2: the engine decodes up to an end token, "
                           "and the model names none")
