@@ -479,6 +479,11 @@ def test_sampling_settings_are_refused(exported, tokenizer, tmp_path):
      r"^generation_config forced_bos_token_id 5, encoder_no_repeat_ngram_size 2 cannot be exported: .*remove them from "
      r"generation_config\.json"),
     ({"forced_eos_token_id": 0}, r"^generation_config forced_eos_token_id 0 cannot be exported: it is not an end token"),
+    # logits processors of generate, which the engine would leave out: other translations, exported silently
+    ({"suppress_tokens": [5], "begin_suppress_tokens": [5], "sequence_bias": [[[5], -10.0]],
+      "encoder_repetition_penalty": 1.5},
+     r"^generation_config suppress_tokens \[5\], begin_suppress_tokens \[5\], sequence_bias \[\[\[5\], -10\.0\]\], "
+     r"encoder_repetition_penalty 1\.5 cannot be exported: CTranslate2's translate_batch has no such option"),
 ])
 def test_generation_settings_the_engine_lacks_are_refused(exported, tokenizer, tmp_path, settings, message):
     model, _, _ = exported["absolute"]

@@ -78,7 +78,8 @@ REFUSED_SCHEMES = {
 # in MarianMT's generation configs) to the end token it appends at the length cap.)
 UNSUPPORTED_GENERATION = ("do_sample", "num_beam_groups", "diversity_penalty", "forced_bos_token_id",
                           "exponential_decay_length_penalty", "encoder_no_repeat_ngram_size", "constraints",
-                          "force_words_ids")
+                          "force_words_ids", "suppress_tokens", "begin_suppress_tokens", "sequence_bias",
+                          "encoder_repetition_penalty")
 # The values generate() uses for a setting left unset, which Seq2SeqTrainer's evaluation also writes into a model's
 # generation config (num_beam_groups 1, do_sample false, ...): they change nothing, so they count as unset.
 GENERATION_DEFAULTS = GenerationConfig._get_default_generation_params()
