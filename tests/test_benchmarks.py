@@ -784,6 +784,37 @@ def test_training_rows_take_medians_and_ratios_against_absolute_on_its_fastest_k
     assert rows["absolute@eager"]["ratio"] == 1.0 and rows["absolute@sdpa"]["memory_overhead"] == pytest.approx(-0.5)
 
 
+@pytest.mark.parametrize("benchmark", bench_training.BENCHMARKS)
+def test_no_gradient_a_step_computes_is_held_when_its_peak_memory_is_measured(benchmark: str, monkeypatch) -> None:
+    """Every gradient a step computes (the weights', and the attention benchmark's input's) is freed before its peak
+    is measured: on CUDA the peak is counted above what was allocated before the call, so a gradient left from the
+    timed rounds, freed and computed again inside the call, would be missing from it (the input's, 32 MiB of the
+    base shape at 16384 tokens, was)."""
+    import argparse
+    import gc
+
+    def held_gradients() -> dict[int, torch.Tensor]:
+        return {id(tensor): tensor.grad for tensor in gc.get_objects()
+                if issubclass(type(tensor), torch.Tensor) and tensor.is_leaf and tensor.grad is not None}
+
+    recomputed = []
+
+    def stand_in_peak(step, device) -> int:
+        before = held_gradients()
+        step()
+        after = held_gradients()
+        recomputed.extend(grad.shape for key, grad in before.items() if after.get(key) is not grad)
+        return 2**20
+
+    monkeypatch.setattr(bench_training, "peak_memory", stand_in_peak)
+    args = argparse.Namespace(benchmarks=[benchmark], tokens=16, lengths=[8], model_tokens=16, model_lengths=[8],
+                              shapes=["tiny"], layers=1, vocab_size=64, kernels=["sdpa"], schemes=["absolute", "shaw"],
+                              device="cpu", dtype="float32", attention_dropout=0.0, warmup=0, repeats=1, clock="wall",
+                              compile_backend=None)
+    rows = bench_training.run_benchmarks(args)
+    assert [row["scheme"] for row in rows] == ["absolute", "shaw"] and recomputed == []
+
+
 def test_model_case_counts_source_and_target_tokens() -> None:
     from benchmarks.common import SHAPES
 
