@@ -469,7 +469,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
     meta = environment(args.device, args.dtype, args.clock) | {
-        "kernel": args.kernel if len(args.kernels) == 1 else " / ".join(args.kernels),
+        "kernel": " / ".join(args.kernels),
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,
         "model_layers": (f"{args.layers} + {args.layers} layers" if args.layers is not None

@@ -126,6 +126,13 @@ def test_training_benchmark_compares_kernels_with_absolute_on_its_fastest(tmp_pa
     assert statistics.median(rows[other]["seconds"]) >= statistics.median(rows[baseline]["seconds"])
 
 
+def test_training_record_names_the_one_kernel_given_by_kernels(tmp_path: Path) -> None:
+    """--kernels eager alone: the record's header names eager, the kernel every row ran, not --kernel's default."""
+    data = bench_training.main([*TINY_TRAINING, "--lengths", "8", "--kernels", "eager", "--out", str(tmp_path)])
+    assert {row["kernel"] for row in data["training"]} == {"eager"} and data["meta"]["kernel"] == "eager"
+    assert "attention kernel eager" in (tmp_path / "training.md").read_text()
+
+
 def test_cpu_clock_times_the_one_thread_and_is_recorded_with_the_code_version(tmp_path: Path, monkeypatch) -> None:
     """--clock cpu reads the timing thread's CPU time (time.thread_time), and the record says which clock and code;
     with more than one thread (or a GPU) it is one clear error, as the other threads' time would be missed."""
