@@ -147,6 +147,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the KV cache of the cached runs (static: transformers' fixed-size StaticCache)")
     args = parser.parse_args(argv)
     check_arguments(args)
+    if args.attention_dropout:
+        raise SystemExit(f"--attention_dropout {args.attention_dropout}: generate() runs the model in eval mode, where "
+                         "attention dropout is off; the decoding benchmark would measure the same as without it")
     quick = args.quick
     if args.shape is None:
         args.shape = "small" if quick else "base"

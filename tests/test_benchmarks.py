@@ -565,6 +565,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_decoding", ["--batch", "0"], "argument --batch: must be a positive integer, got 0"),
     ("bench_decoding", ["--layers", "0"], "argument --layers: must be a positive integer, got 0"),
     ("bench_decoding", ["--kernel", "relpos_triton"], "--kernel relpos_triton: needs --device cuda"),
+    ("bench_decoding", ["--attention_dropout", "0.1"],
+     "--attention_dropout 0.1: generate() runs the model in eval mode, where attention dropout is off"),
     ("profile_attention", ["--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
     ("profile_attention", ["--tokens", "4"], "--tokens 4: fewer than the longest of --lengths (8)"),
     ("profile_attention", ["--kernel", "flex_attention"], "--kernel flex_attention: training needs --device cuda"),
