@@ -40,6 +40,10 @@ from benchmarks.common import (
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.safety import output_folder
 
+# The flags --quick sizes for the CPU, and their values with and without it (a value given on the command line stays).
+FULL_SIZE = {"shape": "base", "steps": 300, "length": 128, "tokens": 8192, "warmup_steps": 50}
+QUICK_SIZE = {"shape": "tiny", "steps": 6, "length": 16, "tokens": 64, "warmup_steps": 2}
+
 
 def precision_config(scheme: str, shape: Shape, layers: int | None, vocab_size: int | None, kernel: str):
     """`make_config` with every dropout 0 (the runs must differ only by kernel and dtype)."""
@@ -153,27 +157,30 @@ def render_markdown(data: dict[str, Any]) -> str:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--kernel", choices=KERNELS, default="sdpa", help="the kernel of the third run")
+    parser.add_argument("--kernel", choices=KERNELS, default="sdpa", help="the kernel of the bf16 run beside eager's")
     parser.add_argument("--scheme", choices=tuple(SCHEMES), default="shaw")
-    parser.add_argument("--shape", choices=tuple(SHAPES), default="base")
+    parser.add_argument("--shape", choices=tuple(SHAPES), help="default base (--quick: tiny)")
     parser.add_argument("--layers", type=positive_int, help="layers per stack (default: the shape's)")
     parser.add_argument("--vocab_size", type=int, help="vocabulary (default: the shape's; at least 5: ids 0-3 are "
                         "the special tokens)")
-    parser.add_argument("--length", type=int, default=128, help="source and target tokens per sequence")
-    parser.add_argument("--tokens", type=int, default=8192, help="source tokens per batch (batch = tokens // length)")
-    parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument("--length", type=int, help="source and target tokens per sequence (default 128, --quick: 16)")
+    parser.add_argument("--tokens", type=int,
+                        help="source tokens per batch (batch = tokens // length; default 8192, --quick: 64)")
+    parser.add_argument("--steps", type=int, help="default 300 (--quick: 6)")
     parser.add_argument("--learning_rate", type=float, default=3e-4)
-    parser.add_argument("--warmup_steps", type=int, default=50)
+    parser.add_argument("--warmup_steps", type=int, help="default 50 (--quick: 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--tolerance", type=float, default=2.0,
                         help="the kernel's deviations may be this many times bf16 eager's")
     parser.add_argument("--out", type=output_folder, default=Path(__file__).resolve().parent / "results" / "precision")
-    parser.add_argument("--quick", action="store_true", help="CPU-sized: the tiny shape, 6 steps of 4 x 16 tokens")
+    parser.add_argument("--quick", action="store_true",
+                        help="CPU-sized defaults: the tiny shape, 6 steps of 4 x 16 tokens, 2 warm-up steps")
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
-    if args.quick:
-        args.shape, args.steps, args.length, args.tokens, args.warmup_steps = "tiny", 6, 16, 64, 2
+    for name, value in (QUICK_SIZE if args.quick else FULL_SIZE).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     for name in ("steps", "length", "tokens", "warmup_steps"):
         if getattr(args, name) < 1:
             raise SystemExit(f"--{name}: must be at least 1, got {getattr(args, name)}")

@@ -1237,6 +1237,20 @@ def test_precision_run_trains_three_runs_from_the_flags_and_measures_both_bf16_r
         bench_precision.parse_args(["--device", "cuda"])
 
 
+def test_precision_quick_sizes_only_what_the_command_line_leaves_unset() -> None:
+    """bench_precision --quick is CPU-sized defaults, as in the other benchmarks: a --steps, --length, --tokens,
+    --warmup_steps or --shape given beside it is kept (they were all replaced by --quick's)."""
+    from benchmarks import bench_precision
+
+    quick = bench_precision.parse_args(["--quick", "--device", "cpu"])
+    assert (quick.shape, quick.steps, quick.length, quick.tokens, quick.warmup_steps) == ("tiny", 6, 16, 64, 2)
+    given = bench_precision.parse_args(["--quick", "--device", "cpu", "--shape", "small", "--steps", "20",
+                                        "--length", "8", "--tokens", "32", "--warmup_steps", "5"])
+    assert (given.shape, given.steps, given.length, given.tokens, given.warmup_steps) == ("small", 20, 8, 32, 5)
+    full = bench_precision.parse_args(["--device", "cpu"])
+    assert (full.shape, full.steps, full.length, full.tokens, full.warmup_steps) == ("base", 300, 128, 8192, 50)
+
+
 def test_precision_training_warms_up_the_learning_rate_and_clips_each_steps_gradient(monkeypatch) -> None:
     """train_curve on a one-weight stand-in model (loss = w x the batch's mean id, so the gradient is the mean id),
     from the given weights: the losses match AdamW written out by hand with lr x min(1, step / warmup) at steps
