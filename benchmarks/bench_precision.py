@@ -29,6 +29,7 @@ from benchmarks.common import (
     SHAPES,
     Shape,
     autocast,
+    check_kernels_run,
     check_whole_sequence,
     environment,
     environment_lines,
@@ -178,6 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_kernels_run([args.kernel], args.device, "--kernel")
     for name, value in (QUICK_SIZE if args.quick else FULL_SIZE).items():
         if getattr(args, name) is None:
             setattr(args, name, value)

@@ -598,6 +598,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_precision", ["--vocab_size", "4"], "--vocab_size: must be at least 5 (ids 0-3 are the special tokens), got 4"),
     ("bench_precision", ["--learning_rate", "-1"], "--learning_rate: must be a positive number, got -1.0"),
     ("bench_precision", ["--tokens", "3"], "--tokens 3: fewer than --length (4); a batch holds at least one whole sequence"),
+    ("bench_precision", ["--kernel", "flex_attention"], "--kernel flex_attention: training needs --device cuda"),
+    ("bench_precision", ["--kernel", "relpos_triton"], "--kernel relpos_triton: needs --device cuda"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
