@@ -313,6 +313,19 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
                for command in commands) == bool(triton)
 
 
+def test_the_benchmark_docs_name_every_switch_of_the_gpu_check() -> None:
+    """docs/benchmarks.md describes the prepared GPU check: every switch of benchmarks/gpu_check.sh (TESTS=0 and each
+    optional step's NAME=1) is named there, so that a session plans its device time from the whole list."""
+    import re
+
+    repo = Path(__file__).resolve().parents[1]
+    script = (repo / "benchmarks" / "gpu_check.sh").read_text()
+    switches = re.findall(r'"\$\{([A-Z_]+):-([01])\}" = 1', script)
+    assert len(switches) > 5
+    docs = (repo / "docs" / "benchmarks.md").read_text()
+    assert [name for name, default in switches if f"`{name}={1 - int(default)}`" not in docs] == []
+
+
 def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_configs() -> None:
     """tune_relpos_triton without a GPU: the wrapped autotuner benchmark records each config's time with the kernel's
     causal flag and saves after each; the report ranks configs per kernel and flag set against the package's best
