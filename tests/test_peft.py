@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import BUILT_IN_SCHEMES, tiny_model
+from conftest import BUILT_IN_SCHEMES, tiny_config, tiny_model
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos import RelPosTransformerForCausalLM, RelPosTransformerForConditionalGeneration
 
 ATTENTION_TARGETS = ["q_proj", "v_proj"]
 
@@ -157,3 +157,30 @@ def test_modules_to_save_trains_a_schemes_own_tables(tmp_path):
     reloaded = PeftModel.from_pretrained(tiny_float64("shaw"), tmp_path).eval()
     torch.testing.assert_close(logits(reloaded), expected, rtol=0, atol=0)
     torch.testing.assert_close(logits(reloaded.merge_and_unload()), expected, rtol=0, atol=1e-12)
+
+
+def test_modules_to_save_trains_the_schemes_parameters_of_a_causal_lm_with_memory():
+    """The XL causal LM with a Transformer-XL memory (mem_len > 0), its `positions` (u, v, W_kR) trained as
+    `modules_to_save`: every forward raised AttributeError ('ModulesToSaveWrapper' has no attribute 'embed') where the
+    decoder checked the scheme's class, not the scheme, for an embedding-level encoding. A second segment continues
+    the first through the memory, and the merged model gives the adapted model's logits (float64, 1e-12)."""
+    torch.manual_seed(3)
+    model = RelPosTransformerForCausalLM(tiny_config("xl", mem_len=6, decoder_layers=1)).double()
+    adapters = LoraConfig(task_type="CAUSAL_LM", r=4, lora_alpha=8, target_modules=ATTENTION_TARGETS,
+                          modules_to_save=["positions"], init_lora_weights=False)
+    peft_model = get_peft_model(model, adapters).train()
+    tokens = torch.randint(3, 40, (2, 12), generator=torch.Generator().manual_seed(1))
+    first = peft_model(input_ids=tokens[:, :6], labels=tokens[:, :6])
+    second = peft_model(input_ids=tokens[:, 6:], labels=tokens[:, 6:], mems=first.mems)
+    (first.loss + second.loss).backward()
+    positions = peft_model.get_base_model().decoder.positions
+    assert positions.modules_to_save["default"].content_bias.grad.abs().sum() > 0
+    assert positions.original_module.content_bias.grad is None
+    peft_model.eval()
+    with torch.no_grad():
+        memory = peft_model(input_ids=tokens[:, :6]).mems
+        expected = peft_model(input_ids=tokens[:, 6:], mems=memory).logits
+        merged = peft_model.merge_and_unload()
+        merged_memory = merged(input_ids=tokens[:, :6]).mems
+        torch.testing.assert_close(merged(input_ids=tokens[:, 6:], mems=merged_memory).logits, expected, rtol=0,
+                                   atol=1e-12)

@@ -954,6 +954,13 @@ class PositionScheme(nn.Module):
         return any(getattr(type(self), name) is not getattr(PositionScheme, name)
                    for name in ("prepare", "transform_new_keys", "terms"))
 
+    @property
+    def embeds_positions(self) -> bool:
+        """Whether the scheme adds an embedding-level encoding (overrides `embed`), which a Transformer-XL memory
+        would repeat for every later segment. A property of the instance, so that it is also read through a module
+        that wraps the scheme (PEFT's `modules_to_save` copy)."""
+        return type(self).embed is not PositionScheme.embed
+
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding-level position encoding of tokens at past_length + i (or at `positions`, [n] or [B, n]);
         identity for purely relative schemes."""
