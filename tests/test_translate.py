@@ -274,6 +274,18 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
 
 
+def test_one_translation_a_line_when_the_saved_generation_config_returns_several(memorised_model_folder, tmp_path):
+    """A generation config saved with num_return_sequences 2 (for the pipeline's alternatives) gave generate two rows
+    per source, which were written as the translations of the next lines: each line still gets its own best one."""
+    folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 2,
+                                                               "num_return_sequences": 2}))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:4])
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:4]
+
+
 def test_no_repeat_ngram_size_stops_a_looping_translation(memorised_model_folder, tmp_path):
     """A model made to loop on one token (its logit raised, the end token's lowered): every translation repeats
     2-grams to the cap; under --no_repeat_ngram_size 2 none does."""

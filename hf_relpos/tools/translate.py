@@ -138,8 +138,8 @@ def translate_lines(
             inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
             inputs = inputs.to(model.device)
             with torch.inference_mode():
-                if n_best is None:
-                    output_ids = model.generate(**inputs, **generate_kwargs)
+                if n_best is None:   # one row per line, whatever the saved generation config returns
+                    output_ids = model.generate(**inputs, **generate_kwargs, num_return_sequences=1)
                 else:
                     scored = generate_n_best(model, inputs, n_best, **generate_kwargs)
                     output_ids = scored.sequences
