@@ -507,6 +507,25 @@ def test_predict_only_with_a_recipe_that_evaluates_every_epoch_needs_no_validati
     assert json.loads((output_dir / "test_results.json").read_text())["test_bleu"] == pytest.approx(100)
 
 
+def test_a_saved_model_that_returns_several_sequences_is_scored_on_one_translation_per_source(
+        memorised_model_folder, tmp_path):
+    """A model whose saved generation config has num_return_sequences 2 gave evaluation two rows per source, scored
+    and written as the next sources' translations (test BLEU 20 for a model that has the test set by heart)."""
+    folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 2, "num_return_sequences": 2}))
+    test_file = tmp_path / "test.jsonl"
+    test_file.write_text("".join(json.dumps({"translation": {"en": source, "de": target}}) + "\n"
+                                 for source, target in MEMORISED_PAIRS), encoding="utf-8")
+    config = tmp_path / "recipe.yaml"
+    config.write_text(yaml.safe_dump({**TINY_CONFIG, "generation_num_beams": 2}), encoding="utf-8")
+    results = run([str(config), "--model_name_or_path", str(folder), "--do_train", "false", "--do_eval", "false",
+                   "--test_file", str(test_file), "--output_dir", str(tmp_path / "predict")])
+    assert results["test"]["test_bleu"] == pytest.approx(100)
+    assert (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines() == [
+        target for _, target in MEMORISED_PAIRS]
+
+
 def test_bleu_is_tokenized_for_the_target_language_unless_bleu_tokenize_names_one(memorised_model_folder, tmp_path):
     """A zh target is scored with sacreBLEU's zh tokenization (its choice for zh), as the signature in the results
     says; an explicit bleu_tokenize wins."""

@@ -450,6 +450,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
+            gen_kwargs["num_return_sequences"] = 1   # one translation per source is scored, whatever the model saved
             if (gen_kwargs.get("num_beams") or self.model.generation_config.num_beams) > 1:
                 gen_kwargs.setdefault("length_penalty", self.args.generation_length_penalty)
         generation, label_smoother = self.model.generation_config, self.label_smoother
