@@ -745,11 +745,12 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"eval_strategy": "steps", "eval_steps": -2}, "eval_steps must be a number of steps >= 1, or a fraction of the "
                                                    r"training steps in \(0, 1\), with eval_strategy steps, got -2.0$"),
     ({"save_total_limit": 0}, r"save_total_limit must be null \(not set\) or an integer >= 1, got 0"),
+    ({"eval_accumulation_steps": 0}, r"eval_accumulation_steps must be null \(not set\) or an integer >= 1, got 0"),
     ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
     ({"data_seed": 2**32}, r"data_seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
         "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon", "save_steps", "eval_steps",
-        "save_total_limit", "seed", "data_seed"])
+        "save_total_limit", "eval_accumulation_steps", "seed", "data_seed"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
         tmp_path, corpus, monkeypatch, overrides, message):
     """Left to transformers these fail once training starts (a traceback, with output_dir already written: batch size
@@ -757,7 +758,8 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     [0, 1) weighs the label's own log-likelihood by 1 - epsilon <= 0; a negative learning rate ascends the loss, a
     negative weight decay grows the weights, a negative max_grad_norm turns clipping off, a zero Adam epsilon divides
     by zero, save_steps 0 saves no checkpoint, a negative eval_steps evaluates only at the end, save_total_limit 0
-    keeps every checkpoint; a seed outside numpy's range was a ValueError traceback) or not at all (no epoch: a model
+    keeps every checkpoint; a seed outside numpy's range was a ValueError traceback; eval_accumulation_steps 0 was a
+    ZeroDivisionError traceback at the first evaluation, after the model was saved) or not at all (no epoch: a model
     saved untrained)."""
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")

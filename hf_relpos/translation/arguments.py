@@ -768,7 +768,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         raise ConfigError(f"output_dir must name a folder, got {training_args.output_dir!r}")
     for name in ("max_tokens_per_batch", "length_pool_factor", "cpu_threads", "generation_num_beams",
                  "generation_max_length", "average_checkpoints", "fade_absolute_positions", "early_stopping_patience",
-                 "save_total_limit"):   # transformers keeps every checkpoint at save_total_limit 0
+                 "save_total_limit",   # transformers keeps every checkpoint at save_total_limit 0
+                 "eval_accumulation_steps"):   # transformers divides by it in each evaluation, after training
         try:
             require_int(name, getattr(training_args, name), minimum=1, null_means="not set")
         except ValueError as error:
