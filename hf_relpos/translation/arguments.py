@@ -828,6 +828,10 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
         check_early_stopping(training_args)
+    save_strategy = getattr(training_args.save_strategy, "value", training_args.save_strategy)
+    if save_strategy == "best" and training_args.metric_for_best_model is None:
+        raise ConfigError("save_strategy best saves a checkpoint whenever metric_for_best_model improves: set "
+                          f"metric_for_best_model, one of {', '.join(best_model_metrics(training_args))}")
     if training_args.metric_for_best_model is not None:
         check_metric_for_best_model(training_args)
     fade = training_args.fade_absolute_positions
@@ -900,12 +904,17 @@ def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
         raise ConfigError(f"early_stopping_patience={patience} needs metric_for_best_model, the metric it watches")
 
 
-def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> None:
-    """metric_for_best_model must be one that this app's evaluations compute: the loss (and its -log p_label part,
-    nll_loss), and with predict_with_generate the scores of the generated translations."""
-    metric = training_args.metric_for_best_model.removeprefix("eval_")
+def best_model_metrics(training_args: TranslationTrainingArguments) -> list[str]:
+    """The metrics this app's evaluations compute, which metric_for_best_model may name: the loss (and its -log p_label
+    part, nll_loss), and with predict_with_generate the scores of the generated translations."""
     losses = {"loss", "nll_loss"}
-    allowed = sorted(GENERATED_METRICS | losses) if training_args.predict_with_generate else sorted(losses)
+    return sorted(GENERATED_METRICS | losses) if training_args.predict_with_generate else sorted(losses)
+
+
+def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> None:
+    """metric_for_best_model must be one that this app's evaluations compute (`best_model_metrics`)."""
+    metric = training_args.metric_for_best_model.removeprefix("eval_")
+    allowed = best_model_metrics(training_args)
     if metric in GENERATED_METRICS and not training_args.predict_with_generate:
         raise ConfigError(f"metric_for_best_model={metric!r} is scored on generated translations: it needs "
                           "predict_with_generate true (or metric_for_best_model: loss)")
