@@ -156,6 +156,9 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--bleu_tokenize", "zh-cn"], r"^bleu_tokenize must be one of none, zh, 13a, .*ja-mecab, ko-mecab.*; "
                                            r"got 'zh-cn'$"),
         ({"bleu_tokenize": "mecab"}, [], r"^bleu_tokenize must be one of none, zh, 13a, .*; got 'mecab'$"),
+        ({}, ["--lr_scheduler_kwargs", "{min_lr: 1e-5}"],   # was json's "Expecting property name ...", naming no field
+         r"""^lr_scheduler_kwargs must be a JSON object such as \{"key": 1\} \(its keys in double quotes\), got """
+         r"'\{min_lr: 1e-5\}': Expecting property name enclosed in double quotes: line 1 column 2 \(char 1\)$"),
     ],
 )
 def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flags, message):

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import json
 import logging
 import os
 import re
@@ -368,6 +369,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
+        for name in self._VALID_DICT_FIELDS:   # transformers json.loads these, and its error names no field
+            value = getattr(self, name)
+            if isinstance(value, str) and value.startswith("{"):
+                try:
+                    json.loads(value)
+                except json.JSONDecodeError as error:
+                    raise ValueError(f'{name} must be a JSON object such as {{"key": 1}} (its keys in double '
+                                     f"quotes), got {value!r}: {error}") from None
         self.resume_from_checkpoint = expand_home(self.resume_from_checkpoint)   # output_dir: transformers expands it
         if self.bf16_if_supported and not (self.bf16 or self.fp16):
             self.bf16 = not self.use_cpu and is_torch_bf16_gpu_available()
