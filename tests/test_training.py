@@ -159,6 +159,9 @@ def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
         ({}, ["--lr_scheduler_kwargs", "{min_lr: 1e-5}"],   # was json's "Expecting property name ...", naming no field
          r"""^lr_scheduler_kwargs must be a JSON object such as \{"key": 1\} \(its keys in double quotes\), got """
          r"'\{min_lr: 1e-5\}': Expecting property name enclosed in double quotes: line 1 column 2 \(char 1\)$"),
+        pytest.param({}, ["--deepspeed", "ds_config.json"], r"'deepspeed>=[\d.]+' distribution was not found",
+                     marks=pytest.mark.skipif(importlib.util.find_spec("deepspeed") is not None,
+                                              reason="deepspeed is installed")),   # was a PackageNotFoundError traceback
     ],
 )
 def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flags, message):

@@ -718,7 +718,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
         names = {item.name for item in dataclasses.fields(argument_class) if item.init}
         try:
             built.append(argument_class(**{name: values[name] for name in names}))
-        except (ValueError, TypeError) as error:
+        except (ValueError, TypeError, ImportError) as error:   # ImportError: a flag's package (deepspeed) missing
             raise ConfigError(str(error)) from None
     model_args, data_args, training_args = built
     model_args.model_config = model_config
