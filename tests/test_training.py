@@ -878,6 +878,28 @@ def test_corrupt_model_weights_are_one_clear_command_line_error(trained, corpus,
     assert f"model_name_or_path {str(broken)!r}: its weights file is corrupt or incomplete" in completed.stderr
 
 
+@pytest.mark.parametrize("field", ["model_name_or_path", "tokenizer_name"])
+def test_a_folder_without_a_saved_tokenizer_is_one_error_line_naming_the_field(trained, corpus, tmp_path, field):
+    """A model folder saved without its tokenizer (`model.save_pretrained` alone): it was transformers' five lines
+    "Couldn't instantiate the backend tokenizer from one of: ... You need to have sentencepiece or tiktoken installed",
+    advice that does not apply."""
+    model_dir, _ = trained
+    without = tmp_path / "model_only"
+    without.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copyfile(model_dir / name, without / name)
+    starts_from = {"model_name_or_path": str(without), "do_train": False} if field == "model_name_or_path" else {
+        "model_name_or_path": str(model_dir), "tokenizer_name": str(without), "do_train": False}
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **starts_from)
+    completed = subprocess.run([sys.executable, str(REPO / "train_translation.py"), str(config)],
+                               capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    assert completed.stderr.splitlines()[-1:] == [
+        f"train_translation.py: error: {field} {str(without)!r}: cannot load its tokenizer: the folder holds no saved "
+        "tokenizer (tokenizer.json or tokenizer_config.json): save one there with tokenizer.save_pretrained"]
+    assert "sentencepiece" not in completed.stderr and not (tmp_path / "out").exists()
+
+
 def test_plain_batch_size_and_a_rerun_needs_resume_or_overwrite(tmp_path, corpus):
     """Without a token budget the Trainer batches by per_device_train_batch_size. A second run into the same
     output_dir is refused (it would silently train from step 0 over the model); with --overwrite_output_dir true it is

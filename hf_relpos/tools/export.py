@@ -55,10 +55,10 @@ from ..publish.files import expand_home, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
+from ..translation.tokenization import SAVED_TOKENIZER_FILES, has_tokenizer_files
 
 PROGRAM = "hf-relpos-export"
 EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")   # a saved tokenizer has one of them
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -318,11 +318,10 @@ def vocabulary(tokenizer: Any, vocab_size: int) -> list[str]:
 
 
 def check_tokenizer_saved(folder: str | Path) -> None:
-    """One error when the model folder `folder` holds no saved tokenizer (AutoTokenizer's own error there names a
-    missing sentencepiece or tiktoken)."""
-    if not any((Path(folder) / name).is_file() for name in TOKENIZER_FILES):
-        raise ExportError(f"the model folder {str(folder)!r} has no tokenizer ({' or '.join(TOKENIZER_FILES)}): save "
-                          "the tokenizer beside the model (tokenizer.save_pretrained(folder))")
+    """One error when the model folder `folder` holds no saved tokenizer (`has_tokenizer_files`)."""
+    if not has_tokenizer_files(folder):
+        raise ExportError(f"the model folder {str(folder)!r} has no tokenizer ({' or '.join(SAVED_TOKENIZER_FILES)}): "
+                          "save the tokenizer beside the model (tokenizer.save_pretrained(folder))")
 
 
 def is_ctranslate2_folder(folder: str | Path) -> bool:

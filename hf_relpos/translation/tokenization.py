@@ -40,6 +40,9 @@ SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
 BYTE_TOKENS = tuple(f"<0x{value:02X}>" for value in range(256))
 WORD_START = "▁"
 TOKENIZER_FILE = "tokenizer.json"
+# A folder holds a tokenizer saved by `save_pretrained` when it has one of these (a slow one, Marian's, has no
+# tokenizer.json).
+SAVED_TOKENIZER_FILES = (TOKENIZER_FILE, "tokenizer_config.json")
 # How the tokenizer was trained, written next to it: a saved tokenizer is reused only for the same settings.
 TOKENIZER_SETTINGS_FILE = "tokenizer_training.json"
 MIN_FREQUENCY = 2
@@ -292,8 +295,17 @@ def has_saved_tokenizer(directory: str | os.PathLike) -> bool:
     return (Path(directory) / TOKENIZER_FILE).is_file()
 
 
+def has_tokenizer_files(folder: str | os.PathLike) -> bool:
+    """Whether `folder` holds one of `SAVED_TOKENIZER_FILES` (where it holds none, AutoTokenizer's own error names a
+    missing sentencepiece or tiktoken)."""
+    return any((Path(folder) / name).is_file() for name in SAVED_TOKENIZER_FILES)
+
+
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer (a folder or a Hub id) and check it has the special tokens translation needs."""
+    if Path(name_or_path).is_dir() and not has_tokenizer_files(name_or_path):
+        raise ValueError(f"the folder holds no saved tokenizer ({' or '.join(SAVED_TOKENIZER_FILES)}): save one there "
+                         "with tokenizer.save_pretrained")
     tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
     missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]
     if missing:
