@@ -113,6 +113,35 @@ def test_an_out_that_is_a_file_or_a_dangling_link_is_one_error_before_the_model_
     assert (tmp_path / "file").read_text() == "kept\n" and (tmp_path / "dangling").is_symlink()
 
 
+def test_a_folder_the_command_cannot_plot_or_ids_outside_the_vocabulary_are_one_error_before_writing(tmp_path,
+                                                                                                   capsys):
+    """Each was a traceback (exit status 1): a missing folder a Hub lookup's OSError, a MarianMT or BART folder an
+    AttributeError (no position_scheme) once `--out` was made, ids outside the vocabulary torch's `index out of range
+    in self`."""
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    tiny_model("shaw").save_pretrained(tmp_path / "model")
+    BartForConditionalGeneration(BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
+                                            encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
+                                            decoder_ffn_dim=32)).save_pretrained(tmp_path / "bart")
+    cases = [
+        ([str(tmp_path / "missing"), "--token-ids", "5"],
+         f"model_dir '{tmp_path / 'missing'}': no such folder (the nearest existing folder is '{tmp_path}')"),
+        ([str(tmp_path / "bart"), "--token-ids", "5"],
+         f"model_dir '{tmp_path / 'bart'}' holds a 'bart' model; this command plots hf_relpos models "
+         "('relpos_transformer')"),
+        ([str(tmp_path / "model"), "--token-ids", "5", "40", "-1"],
+         "--token-ids must be ids in [0, 40) (the model's vocab_size), got [40, -1]"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exited:
+            main([*argv, "--out", str(tmp_path / "out")])
+        assert exited.value.code == 2
+        error = capsys.readouterr().err
+        assert "Traceback" not in error and error.splitlines()[-1] == f"python -m hf_relpos.tools.viz: error: {message}"
+        assert not (tmp_path / "out").exists()
+
+
 def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing matplotlib now raises ImportError
     with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):

@@ -18,7 +18,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import atomic_file, expand_home
+from ..translation.preflight import missing_local_folder
 from ..translation.safety import output_folder
 
 
@@ -180,9 +182,27 @@ def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = Non
     return figure
 
 
+def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
+    """The hf_relpos translation model saved in `model_dir`; a missing folder (without a Hub lookup), one that does not
+    load, or another architecture's (Marian, BART) is one usage error naming it."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    nearest = missing_local_folder(str(model_dir))
+    if nearest is not None:
+        parser.error(f"model_dir '{model_dir}': no such folder (the nearest existing folder is '{nearest}')")
+    try:
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    except (OSError, ValueError) as error:
+        parser.error(f"model_dir '{model_dir}': {' '.join(str(error).split())}")
+    if not isinstance(model.config, RelPosTransformerConfig):
+        parser.error(f"model_dir '{model_dir}' holds a {model.config.model_type!r} model; this command plots hf_relpos "
+                     f"models ({RelPosTransformerConfig.model_type!r})")
+    return model
+
+
 def main(argv: list[str] | None = None) -> list[Path]:
     """Render attention maps (and, for Shaw models, the relative-embedding heatmaps) of a saved model folder."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoTokenizer
 
     import hf_relpos  # noqa: F401  (registers the model with the Auto classes)
 
@@ -194,8 +214,19 @@ def main(argv: list[str] | None = None) -> list[Path]:
     args = parser.parse_args(argv)
     if (args.sentence is None) == (args.token_ids is None):
         parser.error("pass exactly one of --sentence and --token-ids")
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model_dir)
+    try:
+        require_matplotlib()
+    except ImportError as error:
+        parser.error(str(error))
+    model = load_model(parser, args.model_dir)
+    vocab_size = model.config.vocab_size
+    outside = [token for token in args.token_ids or () if not 0 <= token < vocab_size]
+    if outside:
+        parser.error(f"--token-ids must be ids in [0, {vocab_size}) (the model's vocab_size), got {outside}")
+    try:
+        _stack(model, "encoder")
+    except ValueError as error:
+        parser.error(str(error))
     tokenizer_or_tokens: Any = args.token_ids
     if args.sentence is not None:
         try:
