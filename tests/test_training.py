@@ -754,11 +754,14 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"eval_accumulation_steps": 0}, r"eval_accumulation_steps must be null \(not set\) or an integer >= 1, got 0"),
     ({"save_strategy": "best"}, "save_strategy best saves a checkpoint whenever metric_for_best_model improves: set "
                                 "metric_for_best_model, one of bleu, .*, loss, nll_loss$"),
+    ({"save_strategy": "best", "metric_for_best_model": "loss"}, "save_strategy best saves a checkpoint when an "
+     "evaluation during training improves metric_for_best_model, and eval_strategy no evaluates only after training"),
     ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
     ({"data_seed": 2**32}, r"data_seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
         "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon", "save_steps", "eval_steps",
-        "save_total_limit", "eval_accumulation_steps", "save_best", "seed", "data_seed"])
+        "save_total_limit", "eval_accumulation_steps", "save_best", "save_best_without_evaluations", "seed",
+        "data_seed"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
         tmp_path, corpus, monkeypatch, overrides, message):
     """Left to transformers these fail once training starts (a traceback, with output_dir already written: batch size
@@ -768,8 +771,8 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     by zero, save_steps 0 saves no checkpoint, a negative eval_steps evaluates only at the end, save_total_limit 0
     keeps every checkpoint; a seed outside numpy's range was a ValueError traceback; eval_accumulation_steps 0 was a
     ZeroDivisionError traceback at the first evaluation, after the model was saved; save_strategy best without
-    metric_for_best_model was the Trainer's ValueError traceback once the tokenizer and data were saved) or not at all (no epoch: a model
-    saved untrained)."""
+    metric_for_best_model was the Trainer's ValueError traceback once the tokenizer and data were saved; with eval_strategy
+    no it saved no checkpoint, silently) or not at all (no epoch: a model saved untrained)."""
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
     flags = [item for name, value in overrides.items() for item in (f"--{name}", str(value))]
