@@ -1346,6 +1346,31 @@ def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):
     assert any(not torch.equal(untrained[name], tensor) for name, tensor in expected.items())
 
 
+@pytest.mark.parametrize(("trained_with", "resumed_with", "refusal"), [
+    ({"position_scheme": "alibi"}, ["--model.position_scheme", "rope"],
+     r"checkpoint-2': its weights were trained with position_scheme alibi, but model: position_scheme=rope would run "
+     r"them under another scheme"),
+    ({}, ["--model.d_model", "16"],
+     r"checkpoint-2': its saved config is the architecture, but model: d_model=16 \(saved: 32\) would change the "
+     r"shapes of its weights"),
+], ids=["scheme-without-parameters", "shapes"])
+def test_resuming_with_a_model_section_of_another_architecture_is_refused_before_anything_is_written(
+        tmp_path, corpus, trained_with, resumed_with, refusal):
+    """A resumed run trains on the checkpoint's weights: another position_scheme (alibi's weights trained on as rope,
+    silently) or other shapes (the Trainer's traceback after the data was prepared) is one error, as for
+    model_name_or_path; a dropout rate still changes."""
+    output_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, model={**TINY_CONFIG["model"], **trained_with})
+    run([str(config)])
+    resume = [str(config), "--resume_from_checkpoint", "last", "--max_steps", "4"]
+    before = {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")}
+    with pytest.raises(ConfigError, match=refusal):
+        run([*resume, *resumed_with])
+    assert {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")} == before
+    assert run([*resume, "--model.dropout", "0.2"])["train"]["train_steps"] == 4
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_a_trainer_resuming_from_a_checkpoint_ties_what_it_left_out_and_names_any_other_missing_key(
         tmp_path, caplog, tied):

@@ -994,22 +994,43 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{MODEL_SECTION}: {error}") from None
     overrides = {name: value for name, value in requested.items() if getattr(saved, name, None) != value}
+    _check_same_architecture(saved, overrides, f"model_name_or_path {model_args.model_name_or_path!r}")
+    return overrides
+
+
+def check_resumed_model_config(model_args: ModelArguments, checkpoint: str) -> None:
+    """A resumed run trains on the checkpoint's weights: its `model:` fields (checked by `check_model_config`) must
+    keep their shapes and their `position_scheme`, as for `model_name_or_path`. Otherwise the Trainer failed to load
+    them after the data was prepared or, for schemes without parameters (alibi, rope), trained them on under the
+    other scheme without a word."""
+    try:
+        saved = RelPosTransformerConfig.from_pretrained(checkpoint)
+    except (OSError, ValueError, TypeError) as error:
+        raise ConfigError(f"resume_from_checkpoint {checkpoint!r}: {error}") from None
+    requested = RelPosTransformerConfig.held_fields(
+        model_args.model_config.get("position_scheme", saved.position_scheme), model_args.model_config)
+    overrides = {name: value for name, value in requested.items() if getattr(saved, name, None) != value}
+    _check_same_architecture(saved, overrides, f"resume_from_checkpoint {checkpoint!r}")
+
+
+def _check_same_architecture(saved: RelPosTransformerConfig, overrides: dict[str, Any], source: str) -> None:
+    """ConfigError naming the fields of `overrides` that would change the shapes of the weights saved with `saved`
+    (those of `source`), or their `position_scheme` (rope, alibi, absolute, ... have no parameters: the shapes alone
+    do not tell them apart)."""
     saved_shapes = weight_shapes(saved)
     if weight_shapes(_with_overrides(saved, overrides)) != saved_shapes:
         reshaping = [name for name in overrides if _changes_shapes(saved, name, overrides[name], saved_shapes)]
         described = ", ".join(f"{name}={_yaml_text(overrides[name])} (saved: {_yaml_text(getattr(saved, name))})"
                               for name in reshaping or overrides)
         raise ConfigError(
-            f"model_name_or_path {model_args.model_name_or_path!r}: its saved config is the architecture, but "
-            f"{MODEL_SECTION}: {described} would change the shapes of its weights; remove them from the "
-            f"'{MODEL_SECTION}:' section or the flags (or set the saved values)")
+            f"{source}: its saved config is the architecture, but {MODEL_SECTION}: {described} would change the "
+            f"shapes of its weights; remove them from the '{MODEL_SECTION}:' section or the flags (or set the saved "
+            "values)")
     if "position_scheme" in overrides:
         raise ConfigError(
-            f"model_name_or_path {model_args.model_name_or_path!r}: its weights were trained with position_scheme "
-            f"{saved.position_scheme}, but {MODEL_SECTION}: position_scheme={overrides['position_scheme']} would "
-            f"run them under another scheme; remove it from the '{MODEL_SECTION}:' section or the flags (or set the "
-            "saved value)")
-    return overrides
+            f"{source}: its weights were trained with position_scheme {saved.position_scheme}, but {MODEL_SECTION}: "
+            f"position_scheme={overrides['position_scheme']} would run them under another scheme; remove it from the "
+            f"'{MODEL_SECTION}:' section or the flags (or set the saved value)")
 
 
 def check_training_kernel(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:

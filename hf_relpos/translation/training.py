@@ -18,7 +18,13 @@ from accelerate import PartialState
 from transformers import set_seed
 
 from ..publish.hub import HubPushError
-from .arguments import PROGRAM, ConfigError, TranslationTrainingArguments, parse_arguments
+from .arguments import (
+    PROGRAM,
+    ConfigError,
+    TranslationTrainingArguments,
+    check_resumed_model_config,
+    parse_arguments,
+)
 from .coordination import main_process_first_without_timeout
 from .data import DatasetSchemaError
 from .data_preparation import check_evaluation_lengths, prepare_data, splits_to_read
@@ -60,6 +66,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
         check_output_dir(data_args.prepared_data_dir, setting="prepared_data_dir")
     resume_from = resolve_resume_checkpoint(training_args)
+    if resume_from is not None and training_args.do_train:
+        check_resumed_model_config(model_args, resume_from)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:
         check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None,
