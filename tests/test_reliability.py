@@ -38,7 +38,12 @@ from hf_relpos.translation.checkpoints import TRAINER_STATE_FILE, is_complete_ch
 from hf_relpos.translation.data import DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import required_disk_bytes
-from hf_relpos.translation.safety import NonFiniteLossError, OutputDirError, check_output_dir
+from hf_relpos.translation.safety import (
+    NonFiniteLossError,
+    OutputDirError,
+    TrainingStoppedError,
+    check_output_dir,
+)
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.trainer import TranslationTrainer
 from hf_relpos.translation.training import main, run
@@ -437,6 +442,25 @@ def test_a_run_stopped_by_sigterm_keeps_its_checkpoint_and_writes_no_final_model
             "run_record.json", "README.md", "test_results.json", "test_hypotheses.txt")] == []
     assert run([str(config), "--resume_from_checkpoint", "last"])["train"]["train_steps"] == 6
     assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 6
+
+
+def test_a_run_stopped_by_sigterm_resumes_to_bitwise_the_same_weights(tmp_path, corpus, monkeypatch):
+    """The checkpoint of a SIGTERM noticed within step 3 is step 3's, saved once the step is taken and logged, as a
+    regular one: resumed, the run ends with the uninterrupted run's weights, learning rate and loss at every step
+    (dropout on). transformers saved checkpoint-2 before step 3's optimizer step, with the random state past step 3's
+    dropout masks, and the resumed run redid step 3 with other masks."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in_step_3(monkeypatch), pytest.raises(TrainingStoppedError):
+        run([str(config)])
+    stopped_at = last_complete_checkpoint(tmp_path / "stopped").name
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+    assert stopped_at == "checkpoint-3"
 
 
 def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monkeypatch):

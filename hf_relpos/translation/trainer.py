@@ -39,6 +39,7 @@ from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
     PredictionOutput,
+    SaveStrategy,
     TrainOutput,
     seed_worker,
 )
@@ -206,6 +207,10 @@ def adopt_saved_absolute_positions_scale(model: torch.nn.Module, checkpoint: str
         model.config.absolute_positions_scale = config["absolute_positions_scale"]
 
 
+def _leave_to_the_step_end(*args: Any, **kwargs: Any) -> None:
+    """A JIT checkpoint requested before the optimizer step waits for the step's end (`_note_signal_checkpoints`)."""
+
+
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches, "source length + offset" generation per batch, and
     sacreBLEU/chrF against the raw references, with hypotheses kept in source order."""
@@ -246,18 +251,39 @@ class TranslationTrainer(Seq2SeqTrainer):
     def _note_signal_checkpoints(self) -> None:
         """`enable_jit_checkpoint`: remember when the Trainer's SIGTERM handler has saved a checkpoint and stopped
         training, which `train` then reports as `TrainingStoppedError` (when it stopped before the last step) instead of
-        returning as if training had finished."""
+        returning as if training had finished. A SIGTERM noticed within a step (before its optimizer step, or at its
+        end) is checkpointed as the step's regular checkpoint is, once the step has been taken, logged and evaluated
+        (under save_strategy best, which saves after an evaluation only at a new best, before the step evaluates),
+        so that the resumed run goes on as the uninterrupted one: transformers saved one before the optimizer step,
+        with the random state past the step's dropout masks (the resumed run redid the step with other masks), or at
+        the step's end, before its log entry and evaluation (which the resumed run then lacked)."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
             return
-        save_checkpoint = jit.jit_manager.execute_jit_checkpoint
+        manager = jit.jit_manager
+        save_checkpoint = manager.execute_jit_checkpoint
 
         def save_checkpoint_and_stop() -> None:
             save_checkpoint()
             self.stopped_by_signal = True
 
-        jit.jit_manager.execute_jit_checkpoint = save_checkpoint_and_stop
+        def save_after_the_step_and_stop(args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                         **kwargs: Any) -> None:
+            if not manager.is_checkpoint_requested:
+                return
+            control.should_training_stop = True
+            if args.save_strategy == SaveStrategy.BEST and control.should_evaluate:
+                control.should_save = False   # the Trainer saves after an evaluation only at a new best: save now
+                save_checkpoint_and_stop()
+            else:
+                manager.is_checkpoint_requested = False
+                control.should_save = True
+                self.stopped_by_signal = True
+
+        manager.execute_jit_checkpoint = save_checkpoint_and_stop
+        jit.on_pre_optimizer_step = _leave_to_the_step_end
+        jit.on_step_end = jit.on_epoch_end = save_after_the_step_and_stop
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
