@@ -463,6 +463,27 @@ def test_a_run_stopped_by_sigterm_resumes_to_bitwise_the_same_weights(tmp_path, 
     assert stopped_at == "checkpoint-3"
 
 
+def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_without_evaluating(tmp_path, corpus,
+                                                                                               monkeypatch):
+    """An evaluation (translations generated) may outlast the time a scheduler leaves after its SIGTERM: step 3, with
+    an evaluation due, is checkpointed after its log entry and the evaluation left out; resumed, the run trains on to the end
+    at the uninterrupted run's learning rates (its dropout masks after step 3 differ: the uninterrupted run's
+    evaluation drew from the random state)."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True, "eval_strategy": "steps", "eval_steps": 3}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in_step_3(monkeypatch), pytest.raises(TrainingStoppedError):
+        run([str(config)])
+    checkpoint = last_complete_checkpoint(tmp_path / "stopped")
+    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
+    assert checkpoint.name == "checkpoint-3" and not [entry for entry in state["log_history"] if "eval_loss" in entry]
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert [(step, rate) for step, rate, _ in learning_rate_and_loss_per_step(tmp_path / "stopped")] == [
+        (step, rate) for step, rate, _ in learning_rate_and_loss_per_step(tmp_path / "reference")]
+    assert (tmp_path / "stopped" / "model.safetensors").is_file()
+
+
 def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monkeypatch):
     """A SIGTERM whose checkpoint the Trainer saves in the run's last step stops nothing: training has reached
     max_steps, so the run saves its final model, scores and record as any finished run does (reporting it stopped

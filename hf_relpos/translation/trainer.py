@@ -39,7 +39,6 @@ from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
     PredictionOutput,
-    SaveStrategy,
     TrainOutput,
     seed_worker,
 )
@@ -252,11 +251,13 @@ class TranslationTrainer(Seq2SeqTrainer):
         """`enable_jit_checkpoint`: remember when the Trainer's SIGTERM handler has saved a checkpoint and stopped
         training, which `train` then reports as `TrainingStoppedError` (when it stopped before the last step) instead of
         returning as if training had finished. A SIGTERM noticed within a step (before its optimizer step, or at its
-        end) is checkpointed as the step's regular checkpoint is, once the step has been taken, logged and evaluated
-        (under save_strategy best, which saves after an evaluation only at a new best, before the step evaluates),
-        so that the resumed run goes on as the uninterrupted one: transformers saved one before the optimizer step,
-        with the random state past the step's dropout masks (the resumed run redid the step with other masks), or at
-        the step's end, before its log entry and evaluation (which the resumed run then lacked)."""
+        end) is checkpointed as the step's regular checkpoint is, once the step has been taken and logged, so that
+        the resumed run goes on as the uninterrupted one: transformers saved one before the optimizer step, with the
+        random state past the step's dropout masks (the resumed run redid the step with other masks), or at the
+        step's end, before its log entry (which the resumed run then lacked). A step with an evaluation due is
+        checkpointed without it (an evaluation, generating translations, may outlast the time a scheduler leaves
+        after its SIGTERM); the resumed run goes on from the next step without it, with the random
+        state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted run's)."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
@@ -272,14 +273,12 @@ class TranslationTrainer(Seq2SeqTrainer):
                                          **kwargs: Any) -> None:
             if not manager.is_checkpoint_requested:
                 return
-            control.should_training_stop = True
-            if args.save_strategy == SaveStrategy.BEST and control.should_evaluate:
-                control.should_save = False   # the Trainer saves after an evaluation only at a new best: save now
-                save_checkpoint_and_stop()
-            else:
-                manager.is_checkpoint_requested = False
-                control.should_save = True
-                self.stopped_by_signal = True
+            manager.is_checkpoint_requested = False
+            # saved as a regular checkpoint, after the step's log entry; not evaluated first, since an evaluation may
+            # outlast the scheduler's wait after SIGTERM (so under save_strategy best it saves too)
+            control.should_training_stop = control.should_save = True
+            control.should_evaluate = False
+            self.stopped_by_signal = True
 
         manager.execute_jit_checkpoint = save_checkpoint_and_stop
         jit.on_pre_optimizer_step = _leave_to_the_step_end
