@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import pytest
 import transformers
-from conftest import BUILT_IN_SCHEMES, train_memorising_model
+from conftest import BUILT_IN_SCHEMES, run_without_hf_relpos, train_memorising_model
 from huggingface_hub import HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
@@ -1309,6 +1309,26 @@ def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_onl
         assert lines["PIPELINE"] == expected
     else:
         assert lines["MODULE"] == "hf_relpos.model.modeling_relpos"
+
+
+def test_each_block_of_a_pushed_cards_usage_runs_as_written_where_hf_relpos_is_not_installed(
+        output_folder, fake_hub, tmp_path):
+    """The card's blocks for a machine without hf_relpos (all but the first, which imports it), each copied alone
+    into a fresh Python: the remote-code block used AutoTokenizer and AutoModelForSeq2SeqLM without importing them
+    (NameError) and translated nothing. Its example sentence is replaced by one the model knows."""
+    hub.push_model_folder(output_folder, "me/tiny-shaw")
+    card = fake_hub.commits[0]["files"]["README.md"].decode()
+    first, *without_hf_relpos = re.findall(r"```python\n(.*?)```", card[card.index("## How to use"):], re.S)
+    assert "import hf_relpos" in first and len(without_hf_relpos) == 2
+    example = re.search(r"tokenizer\(\[(\".*?\")\]", first).group(1)   # the sentence the card translates
+    outputs = []
+    for block in without_hf_relpos:
+        assert "import hf_relpos" not in block
+        script = block.replace('"me/tiny-shaw"', repr(str(output_folder))).replace(example, repr(PAIRS[1][0]))
+        result = run_without_hf_relpos(script, tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        outputs.append(result.stdout.splitlines())
+    assert outputs[0][-1] == str([PAIRS[1][1]])   # the remote-code block generates and prints the translation
 
 
 @pytest.mark.parametrize("kind, shown", [("probabilities", "| 0.1 / 0.2 / 0.0 |"),

@@ -666,8 +666,13 @@ print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
 Without it, the modeling code stored in this repository is used (read it first):
 
 ```python
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
 tokenizer = AutoTokenizer.from_pretrained("{repo_id}", trust_remote_code=True)
 model = AutoModelForSeq2SeqLM.from_pretrained("{repo_id}", trust_remote_code=True)
+inputs = tokenizer(["{example}"], return_tensors="pt")
+output_ids = model.generate(**inputs)
+print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
 ```
 
 transformers 5 removed the built-in translation pipeline; this repository ships one (`{PIPELINE_FILE}`):
