@@ -493,14 +493,18 @@ def test_predict_only_run_on_the_saved_model_scores_the_test_file(trained, corpu
     assert not (tmp_path / "predict" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("saving", [{"save_strategy": "epoch"},
+                                    {"save_strategy": "best", "metric_for_best_model": "loss"}], ids=["epoch", "best"])
 def test_predict_only_with_a_recipe_that_evaluates_every_epoch_needs_no_validation_file(memorised_model_folder,
-                                                                                         tmp_path):
+                                                                                         tmp_path, saving):
     """A recipe's `eval_strategy: epoch` (the Multi30k recipes') schedules evaluations during training: a predict-only
-    run of it (do_train false, do_eval false, only a test file) predicts and writes its test results."""
+    run of it (do_train false, do_eval false, only a test file) predicts and writes its test results, whether it
+    saves checkpoints every epoch or at the best evaluation (save_strategy best, which needs evaluations only to
+    train)."""
     test_file = tmp_path / "test.jsonl"
     test_file.write_text("".join(json.dumps({"translation": {"en": source, "de": target}}) + "\n"
                                  for source, target in MEMORISED_PAIRS), encoding="utf-8")
-    recipe = {**TINY_CONFIG, "eval_strategy": "epoch", "save_strategy": "epoch", "generation_num_beams": 1}
+    recipe = {**TINY_CONFIG, "eval_strategy": "epoch", **saving, "generation_num_beams": 1}
     config = tmp_path / "recipe.yaml"
     config.write_text(yaml.safe_dump(recipe), encoding="utf-8")
     output_dir = tmp_path / "predict"

@@ -841,7 +841,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if save_strategy == "best" and training_args.metric_for_best_model is None:
         raise ConfigError("save_strategy best saves a checkpoint whenever metric_for_best_model improves: set "
                           f"metric_for_best_model, one of {', '.join(best_model_metrics(training_args))}")
-    if save_strategy == "best" and getattr(training_args.eval_strategy, "value", training_args.eval_strategy) == "no":
+    eval_strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    if save_strategy == "best" and eval_strategy == "no" and training_args.do_train:   # untrained: nothing to save
         raise ConfigError("save_strategy best saves a checkpoint when an evaluation during training improves "
                           "metric_for_best_model, and eval_strategy no evaluates only after training: the run would "
                           "save no checkpoint; set eval_strategy steps or epoch")
