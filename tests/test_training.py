@@ -1375,6 +1375,29 @@ def test_resuming_with_a_model_section_of_another_architecture_is_refused_before
     assert run([*resume, "--model.dropout", "0.2"])["train"]["train_steps"] == 4
 
 
+@pytest.mark.parametrize(("field", "value", "refusal"), [
+    ("position_scheme", "rope", r"checkpoint-2': its weights were trained with position_scheme rope, but model: "
+                                r"position_scheme=directional would run them under another scheme"),
+    ("d_model", 32, r"checkpoint-2': its saved config is the architecture, but model: d_model=512 \(saved: 32\) would "
+                    r"change the shapes of its weights"),
+], ids=["scheme-without-parameters", "shapes"])
+def test_resuming_without_the_model_flag_the_run_was_trained_with_is_refused(tmp_path, corpus, field, value, refusal):
+    """A field the model: section leaves out takes its default in the model a resumed run builds: trained with
+    --model.FIELD and resumed without it, the run trained rope's weights on under the default scheme (directional),
+    silently, or failed to load a d_model 32 checkpoint into the default d_model 512 after the data was prepared."""
+    output_dir = tmp_path / "run"
+    model = {name: setting for name, setting in TINY_CONFIG["model"].items() if name != field}
+    config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, model=model)
+    run([str(config), f"--model.{field}", str(value)])
+    resume = [str(config), "--resume_from_checkpoint", "last", "--max_steps", "4"]
+    before = {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")}
+    with pytest.raises(ConfigError, match=refusal):
+        run(resume)
+    assert {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")} == before
+    assert run([*resume, f"--model.{field}", str(value)])["train"]["train_steps"] == 4
+
+
 @pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
 def test_a_trainer_resuming_from_a_checkpoint_ties_what_it_left_out_and_names_any_other_missing_key(
         tmp_path, caplog, tied):

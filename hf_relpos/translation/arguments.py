@@ -1000,17 +1000,17 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
 
 
 def check_resumed_model_config(model_args: ModelArguments, checkpoint: str) -> None:
-    """A resumed run trains on the checkpoint's weights: its `model:` fields (checked by `check_model_config`) must
-    keep their shapes and their `position_scheme`, as for `model_name_or_path`. Otherwise the Trainer failed to load
-    them after the data was prepared or, for schemes without parameters (alibi, rope), trained them on under the
-    other scheme without a word."""
+    """A resumed run trains on the checkpoint's weights: the model it builds (`run_model_config`: a field the `model:`
+    section leaves out takes its default) must keep their shapes and their `position_scheme`, as for
+    `model_name_or_path`. Otherwise the Trainer failed to load them after the data was prepared or, for schemes
+    without parameters (alibi, rope), trained them on under the other scheme without a word."""
     try:
         saved = RelPosTransformerConfig.from_pretrained(checkpoint)
     except (OSError, ValueError, TypeError) as error:
         raise ConfigError(f"resume_from_checkpoint {checkpoint!r}: {error}") from None
-    requested = RelPosTransformerConfig.held_fields(
-        model_args.model_config.get("position_scheme", saved.position_scheme), model_args.model_config)
-    overrides = {name: value for name, value in requested.items() if getattr(saved, name, None) != value}
+    fields = model_config_fields()
+    overrides = {name: value for name, value in run_model_config(model_args).to_dict().items()
+                 if name in fields and getattr(saved, name, None) != value}
     _check_same_architecture(saved, overrides, f"resume_from_checkpoint {checkpoint!r}")
 
 
@@ -1040,8 +1040,7 @@ def check_training_kernel(model_args: ModelArguments, training_args: Translation
     the tokenizer is trained and the data saved."""
     if not training_args.do_train or model_args.attn_implementation is None:
         return
-    config = (saved_config_with_overrides(model_args) if model_args.model_name_or_path is not None
-              else RelPosTransformerConfig(**model_args.model_config))
+    config = run_model_config(model_args)
     try:
         check_dropout_kernel(model_args.attn_implementation, config.attention_dropout, config.attention_dropout_kind)
     except ValueError as error:
@@ -1050,6 +1049,14 @@ def check_training_kernel(model_args: ModelArguments, training_args: Translation
 
 def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
     return RelPosTransformerConfig.from_dict({**config.to_dict(), **overrides})
+
+
+def run_model_config(model_args: ModelArguments) -> RelPosTransformerConfig:
+    """The config a training run builds its model from (its vocabulary aside): `saved_config_with_overrides` with
+    `model_name_or_path`, else a new config of the `model:` section."""
+    if model_args.model_name_or_path is not None:
+        return saved_config_with_overrides(model_args)
+    return RelPosTransformerConfig(**model_args.model_config)
 
 
 def saved_config_with_overrides(model_args: ModelArguments) -> RelPosTransformerConfig:
