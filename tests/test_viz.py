@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -121,12 +122,17 @@ def test_a_folder_the_command_cannot_plot_or_ids_outside_the_vocabulary_are_one_
     from transformers import BartConfig, BartForConditionalGeneration
 
     tiny_model("shaw").save_pretrained(tmp_path / "model")
+    shutil.copytree(tmp_path / "model", tmp_path / "corrupt")
+    weights = tmp_path / "corrupt" / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])   # as a kill while saving leaves it
     BartForConditionalGeneration(BartConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
                                             encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
                                             decoder_ffn_dim=32)).save_pretrained(tmp_path / "bart")
     cases = [
         ([str(tmp_path / "missing"), "--token-ids", "5"],
          f"model_dir '{tmp_path / 'missing'}': no such folder (the nearest existing folder is '{tmp_path}')"),
+        ([str(tmp_path / "corrupt"), "--token-ids", "5"],
+         f"model_dir '{tmp_path / 'corrupt'}': Error while deserializing header: invalid header length"),
         ([str(tmp_path / "bart"), "--token-ids", "5"],
          f"model_dir '{tmp_path / 'bart'}' holds a 'bart' model; this command plots hf_relpos models "
          "('relpos_transformer')"),

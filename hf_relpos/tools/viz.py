@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 
 from ..model.configuration_relpos import RelPosTransformerConfig
@@ -184,7 +185,7 @@ def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = Non
 
 def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
     """The hf_relpos translation model saved in `model_dir`; a missing folder (without a Hub lookup), one that does not
-    load, or another architecture's (Marian, BART) is one usage error naming it."""
+    load (its weights file corrupt included), or another architecture's (Marian, BART) is one usage error naming it."""
     from transformers import AutoModelForSeq2SeqLM
 
     nearest = missing_local_folder(str(model_dir))
@@ -192,7 +193,7 @@ def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
         parser.error(f"model_dir '{model_dir}': no such folder (the nearest existing folder is '{nearest}')")
     try:
         model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
-    except (OSError, ValueError) as error:
+    except (OSError, ValueError, SafetensorError) as error:   # SafetensorError: a weights file cut short or corrupt
         parser.error(f"model_dir '{model_dir}': {' '.join(str(error).split())}")
     if not isinstance(model.config, RelPosTransformerConfig):
         parser.error(f"model_dir '{model_dir}' holds a {model.config.model_type!r} model; this command plots hf_relpos "
