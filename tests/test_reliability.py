@@ -484,6 +484,30 @@ def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_with
     assert (tmp_path / "stopped" / "model.safetensors").is_file()
 
 
+def test_a_sigterm_mid_epoch_under_the_epoch_strategies_is_neither_evaluated_nor_saved_again(tmp_path, corpus,
+                                                                                             monkeypatch):
+    """Stopped by a SIGTERM in step 3 of an epoch of 7, the Trainer still ran its epoch end, where eval_strategy and
+    save_strategy epoch (the Multi30k recipes') evaluated (translations generated, after the SIGTERM) and saved
+    checkpoint-3 over again, its log now holding that evaluation. The checkpoint is now the step's, and nothing
+    follows it."""
+    evaluated_at = []
+    evaluate = TranslationTrainer.evaluate
+
+    def noting_evaluate(self, *args, **kwargs):
+        evaluated_at.append(self.state.global_step)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TranslationTrainer, "evaluate", noting_evaluate)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=20, enable_jit_checkpoint=True,
+                          eval_strategy="epoch", save_strategy="epoch")
+    with sigterm_in_step_3(monkeypatch), pytest.raises(TrainingStoppedError):
+        run([str(config)])
+    checkpoint = last_complete_checkpoint(tmp_path / "out")
+    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
+    assert checkpoint.name == "checkpoint-3" and state["epoch"] < 1
+    assert evaluated_at == [] and not [entry for entry in state["log_history"] if "eval_loss" in entry]
+
+
 def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monkeypatch):
     """A SIGTERM whose checkpoint the Trainer saves in the run's last step stops nothing: training has reached
     max_steps, so the run saves its final model, scores and record as any finished run does (reporting it stopped

@@ -256,8 +256,10 @@ class TranslationTrainer(Seq2SeqTrainer):
         random state past the step's dropout masks (the resumed run redid the step with other masks), or at the
         step's end, before its log entry (which the resumed run then lacked). A step with an evaluation due is
         checkpointed without it (an evaluation, generating translations, may outlast the time a scheduler leaves
-        after its SIGTERM); the resumed run goes on from the next step without it, with the random
-        state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted run's)."""
+        after its SIGTERM), and so is the epoch end the Trainer then runs (where eval_strategy or save_strategy epoch
+        would evaluate and save the step again); the resumed run goes on from the next step without it, with the
+        random state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted
+        run's)."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
@@ -280,9 +282,21 @@ class TranslationTrainer(Seq2SeqTrainer):
             control.should_evaluate = False
             self.stopped_by_signal = True
 
+        def nothing_more_at_the_epoch_end(args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                          **kwargs: Any) -> None:
+            if self.stopped_early_by_signal():   # broken off mid-epoch: no epoch-end evaluation, no second save
+                control.should_evaluate = control.should_save = False
+            else:
+                save_after_the_step_and_stop(args, state, control)
+
         manager.execute_jit_checkpoint = save_checkpoint_and_stop
         jit.on_pre_optimizer_step = _leave_to_the_step_end
-        jit.on_step_end = jit.on_epoch_end = save_after_the_step_and_stop
+        jit.on_step_end = save_after_the_step_and_stop
+        jit.on_epoch_end = nothing_more_at_the_epoch_end
+
+    def stopped_early_by_signal(self) -> bool:
+        """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) stopped training before its last step."""
+        return self.stopped_by_signal and self.state.global_step < self.state.max_steps
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
@@ -304,7 +318,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
         result = super().train(resume_from_checkpoint, *args, **kwargs)
-        if self.stopped_by_signal and self.state.global_step < self.state.max_steps:
+        if self.stopped_early_by_signal():
             raise TrainingStoppedError(self.state.global_step, last_complete_checkpoint(self.args.output_dir))
         return result
 
