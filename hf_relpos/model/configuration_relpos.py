@@ -12,7 +12,6 @@ from transformers.activations import ACT2FN
 
 from .positions import (
     POSITION_SCHEMES,
-    PositionScheme,
     SchemeField,
     get_scheme_class,
     reserve_config_names,
@@ -315,7 +314,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in BOOLEAN_FIELDS:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be true or false, got {getattr(self, name)!r}")
-        if self.keep_absolute_positions and get_scheme_class(self.position_scheme).embed is not PositionScheme.embed:
+        if self.keep_absolute_positions and get_scheme_class(self.position_scheme).embeds_positions():
             raise ValueError(f"keep_absolute_positions must be false with position_scheme {self.position_scheme!r}: that "
                              "scheme adds an embedding-level position encoding of its own, so the sinusoids would be "
                              "added twice (keep_absolute_positions adds them under a scheme that has none)")

@@ -725,7 +725,7 @@ def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionSche
     """Segment recurrence (`mem_len` > 0) needs positions relative to each query: an encoding added to the
     embeddings (a scheme's own `embed`, or `keep_absolute_positions`) would give every segment after the memory fills
     the same positions (Dai et al. 2019, sec. 3.3: temporal confusion). One ValueError naming both fields."""
-    if mem_len > 0 and (scheme.embeds_positions or config.keep_absolute_positions):
+    if mem_len > 0 and (scheme.embeds_positions() or config.keep_absolute_positions):
         added = ("keep_absolute_positions adds sinusoids" if config.keep_absolute_positions
                  else f"position_scheme {config.position_scheme!r} adds its positions")
         raise ValueError(f"mem_len {mem_len} (Transformer-XL segment memory) needs relative positions: {added} "

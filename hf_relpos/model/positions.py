@@ -954,12 +954,13 @@ class PositionScheme(nn.Module):
         return any(getattr(type(self), name) is not getattr(PositionScheme, name)
                    for name in ("prepare", "transform_new_keys", "terms"))
 
-    @property
-    def embeds_positions(self) -> bool:
-        """Whether the scheme adds an embedding-level encoding (overrides `embed`), which a Transformer-XL memory
-        would repeat for every later segment. A property of the instance, so that it is also read through a module
-        that wraps the scheme (PEFT's `modules_to_save` copy)."""
-        return type(self).embed is not PositionScheme.embed
+    @classmethod
+    def embeds_positions(cls) -> bool:
+        """Whether the scheme adds an embedding-level encoding (overrides `embed`): sinusoids added beside it would
+        count positions twice, and a Transformer-XL memory would repeat it for every later segment. Called on the
+        class (a config) or on an instance, also through a module that wraps the scheme (PEFT's `modules_to_save`
+        copy), which reads the wrapped scheme's class."""
+        return cls.embed is not PositionScheme.embed
 
     def embed(self, inputs_embeds: torch.Tensor, past_length: int, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Embedding-level position encoding of tokens at past_length + i (or at `positions`, [n] or [B, n]);
