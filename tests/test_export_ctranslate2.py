@@ -329,6 +329,17 @@ def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_folder_whose_weights_file_is_cut_short_is_one_error_naming_it(exported, tmp_path):
+    """A weights file cut short (a copy broken off) was safetensors' traceback; nothing is written."""
+    source = Path(shutil.copytree(exported["shaw"][1], tmp_path / "model"))
+    weights = source / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ExportError, match=f"MODEL_DIR {re.escape(repr(str(source)))}: its weights file is corrupt or "
+                                          "incomplete"):
+        export_ctranslate2(source, tmp_path / "ct2")
+    assert not (tmp_path / "ct2").exists()
+
+
 def test_a_folder_without_a_tokenizer_is_one_error_naming_it(exported, tmp_path, capsys):
     source = tmp_path / "model"
     source.mkdir()

@@ -274,6 +274,21 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
 
 
+def test_a_model_folder_whose_weights_file_is_cut_short_is_one_error_line(memorised_model_folder, tmp_path, capsys):
+    """A weights file cut short (a copy or download broken off) was safetensors' traceback."""
+    folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
+    with pytest.raises(SystemExit) as stopped:
+        main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "hyp.txt"), "--no_progress"])
+    assert stopped.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert error.startswith(f"hf-relpos-translate: error: the model folder {str(folder)!r}: its weights file is "
+                            "corrupt or incomplete (")
+    assert not (tmp_path / "hyp.txt").exists()
+
+
 def test_one_translation_a_line_when_the_saved_generation_config_returns_several(memorised_model_folder, tmp_path):
     """A generation config saved with num_return_sequences 2 (for the pipeline's alternatives) gave generate two rows
     per source, which were written as the translations of the next lines: each line still gets its own best one."""

@@ -45,6 +45,7 @@ from typing import Any
 
 import torch
 import yaml
+from safetensors import SafetensorError
 from transformers import AutoTokenizer, GenerationConfig
 
 from ..model.configuration_relpos import RelPosTransformerConfig
@@ -361,7 +362,10 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
                               f"{config.position_scheme!r} exports no such table and has no length bound")
     check_tokenizer_saved(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    try:
+        model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    except SafetensorError as error:
+        raise ExportError(f"MODEL_DIR {str(model_dir)!r}: its weights file is corrupt or incomplete ({error})") from None
     rows = max_positions or config.max_position_embeddings
     spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token, rows)
     spec.validate()

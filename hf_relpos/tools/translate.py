@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import BinaryIO, NoReturn, TextIO
 
 import torch
+from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
@@ -441,6 +442,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
                 check_tokenizer_saved(args.model)
             tokenizer = AutoTokenizer.from_pretrained(args.model)
             model = load_model(parser, args)
+    except SafetensorError as error:
+        parser.exit(2, f"{PROGRAM}: error: the model folder {args.model!r}: its weights file is corrupt or incomplete "
+                       f"({error})\n")
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
     if references is not None:   # said before translating: text in them that no translation can hold
