@@ -145,6 +145,31 @@ def test_a_local_dataset_folder_with_the_default_config_name_says_to_set_it_null
     assert list(zip(loaded["validation"]["source"], loaded["validation"]["target"], strict=True)) == PAIRS
 
 
+def write_hub_layout(folder, splits):
+    """A local folder in a Hub dataset's layout: the files of configuration de-en under de-en/, named in README.md."""
+    (folder / "de-en").mkdir(parents=True, exist_ok=True)
+    for split, pairs in splits.items():
+        write_jsonl(folder / "de-en" / f"{split}.jsonl", [{"translation": {"en": en, "de": de}} for en, de in pairs])
+    entries = "".join(f"  - split: {split}\n    path: de-en/{split}.jsonl\n" for split in splits)
+    (folder / "README.md").write_text(f"---\nconfigs:\n- config_name: de-en\n  data_files:\n{entries}---\n",
+                                      encoding="utf-8")
+
+
+def test_a_local_folder_in_the_hub_layout_is_read_afresh_after_its_files_change(tmp_path):
+    """A folder in a Hub dataset's layout, read with its configuration: changed files, and another folder of the same
+    name, give their own pairs, not those `datasets` cached for the folder's name before."""
+    write_hub_layout(tmp_path / "first" / "corpus", {"train": PAIRS})
+    arguments = DataArguments(dataset_name=str(tmp_path / "first" / "corpus"), dataset_config_name="de-en")
+    cache = str(tmp_path / "cache")
+    train = load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache)["train"]
+    assert list(zip(train["source"], train["target"], strict=True)) == PAIRS
+    write_hub_layout(tmp_path / "first" / "corpus", {"train": PAIRS[:2]})
+    assert len(load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache)["train"]) == 2
+    write_hub_layout(tmp_path / "second" / "corpus", {"train": PAIRS[2:]})
+    arguments.dataset_name = str(tmp_path / "second" / "corpus")
+    assert load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache)["train"]["source"] == ["Two dogs."]
+
+
 def test_missing_file_and_missing_split_are_reported(tmp_path):
     with pytest.raises(DatasetSchemaError, match="does not exist"):
         read_local_pairs(tmp_path / "nope.jsonl", "en", "de")

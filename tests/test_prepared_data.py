@@ -22,7 +22,8 @@ import legacy_data_pipeline as legacy
 import numpy as np
 import pytest
 import test_train_distributed as distributed
-from datasets import Dataset
+from datasets import Dataset, load_from_disk
+from test_data import write_hub_layout
 from test_training import write_config
 from transformers import AutoTokenizer
 
@@ -413,6 +414,28 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     assert "Prepared the train data" in log and "Reusing the validation data" in log
     (train,) = (output_dir / PREPARED_FOLDER).glob("train-*")
     assert json.loads((train / MANIFEST_FILE).read_text())["report"]["total"] == len(lines) - 1
+
+
+def test_a_changed_file_in_a_local_dataset_folder_prepares_its_splits_again(tmp_path, capsys):
+    """A folder in a Hub dataset's layout, read with its configuration: a rerun after one of its files changed
+    prepares its splits again from the changed texts (every file of the folder is in each split's key; the tokenizer
+    of output_dir is kept: it is not what is tested here)."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    splits = {split: [tuple(json.loads(line)["translation"][lang] for lang in ("en", "de"))
+                      for line in corpus[split].read_text(encoding="utf-8").splitlines()]
+              for split in ("train", "validation")}
+    write_hub_layout(tmp_path / "hub", splits)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_file=None, validation_file=None,
+                          test_file=None, dataset_name=str(tmp_path / "hub"), dataset_config_name="de-en",
+                          cache_dir=str(tmp_path / "cache"), max_steps=1, do_predict=False)
+    prepare_only(config)
+    write_hub_layout(tmp_path / "hub", {**splits, "validation": splits["validation"][::-1]})
+    capsys.readouterr()
+    prepare_only(config, "--tokenizer_name", str(tmp_path / "out"))
+    assert "Prepared the validation data" in capsys.readouterr().out
+    (validation,) = (tmp_path / "out" / PREPARED_FOLDER).glob("validation-*")
+    prepared = load_from_disk(str(validation / "data"))
+    assert list(zip(prepared["source"], prepared["target"], strict=True)) == splits["validation"][::-1]
 
 
 @pytest.mark.parametrize(("overrides", "prepared", "reused"), [

@@ -39,7 +39,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
-from datasets import Dataset, DatasetDict, Features, List, Value, concatenate_datasets, load_dataset
+from datasets import (
+    Dataset,
+    DatasetDict,
+    DownloadMode,
+    Features,
+    List,
+    Value,
+    VerificationMode,
+    concatenate_datasets,
+    load_dataset,
+)
 from datasets.table import InMemoryTable
 from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
@@ -204,6 +214,14 @@ class DataArguments:
         return any((self.train_file, self.validation_file, self.test_file))
 
     @property
+    def local_dataset_folder(self) -> Path | None:
+        """The local folder `dataset_name` names (data files, a `save_to_disk` folder, a Hub dataset's layout) when the
+        run reads it (no local files given), else None."""
+        if self.uses_local_files or self.uses_demo_corpus or not (self.dataset_name and os.path.isdir(self.dataset_name)):
+            return None
+        return Path(self.dataset_name)
+
+    @property
     def uses_demo_corpus(self) -> bool:
         """Whether the run reads the generated demo corpus (`DEMO_CORPUS_FIELDS` decide its every split)."""
         return self.dataset_name == DEMO_DATASET_NAME and not self.uses_local_files
@@ -304,26 +322,40 @@ def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: 
                                      f"{len(dataset)} lines")
 
 
+def hub_split_names(data_args: DataArguments) -> dict[str, str]:
+    """The Hub dataset's split read for each of `SPLITS`."""
+    return {"train": "train", "validation": data_args.validation_split_name, "test": data_args.test_split_name}
+
+
+def local_folder_files(folder: Path) -> list[Path]:
+    """The files of a local dataset folder, in path order, without hidden ones (`.git`, `hf download`'s `.cache`)."""
+    return sorted(path for path in folder.rglob("*")
+                  if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts))
+
+
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
-    hub_split_names = {"train": "train", "validation": data_args.validation_split_name, "test": data_args.test_split_name}
     origin = f"dataset {data_args.dataset_name!r}" + (
         f" (config {data_args.dataset_config_name!r})" if data_args.dataset_config_name else ""
     )
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
     if not offline:
         check_hub_dataset(data_args.dataset_name)
+    # `datasets` caches a local folder's configuration under the folder's name alone: changed files, or another folder
+    # of that name, would load the Arrow it cached before; so a local folder is read afresh every time.
+    afresh = ({"download_mode": DownloadMode.FORCE_REDOWNLOAD, "verification_mode": VerificationMode.NO_CHECKS}
+              if data_args.local_dataset_folder is not None else {})
     try:
         dataset_dict: DatasetDict = load_dataset(data_args.dataset_name, data_args.dataset_config_name,
-                                                 cache_dir=cache_dir)
+                                                 cache_dir=cache_dir, **afresh)
     except (ConnectionError, OSError, ValueError) as error:
         hint = " (HF_HUB_OFFLINE is set: only a dataset in the local cache loads)" if offline else ""
         remedy = ("; a local folder of data files (JSON, CSV, Parquet, save_to_disk) has no configuration of that "
                   "name: set dataset_config_name null (its default, de-en, is WMT14's)"
-                  if os.path.isdir(data_args.dataset_name) and data_args.dataset_config_name is not None else "")
+                  if data_args.local_dataset_folder is not None and data_args.dataset_config_name is not None else "")
         raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}{remedy}") from None
     result = {}
     for split in splits:
-        name = hub_split_names[split]
+        name = hub_split_names(data_args)[split]
         if name not in dataset_dict:
             raise DatasetSchemaError(f"{origin} has no split {name!r}; its splits are {sorted(dataset_dict)}")
         result[split] = to_source_target(

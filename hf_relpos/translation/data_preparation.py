@@ -32,7 +32,9 @@ from .data import (
     example_lengths,
     existing_data_files,
     has_references,
+    hub_split_names,
     load_parallel_splits,
+    local_folder_files,
     local_split_files,
     sort_by_source_length,
     tokenize_evaluation_pairs,
@@ -85,21 +87,34 @@ class RawSplits:
         self.folder: Path | None = None
 
     def data_files(self, split: str) -> list[Path]:
-        return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
+        """The files `split` is read from: its local file or plain-text pair, or every file of a local dataset
+        folder (none for a Hub dataset)."""
+        if self.files is not None:
+            return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
+        folder = self.data_args.local_dataset_folder
+        return [] if folder is None else local_folder_files(folder)
 
     def identities(self) -> dict[str, str]:
-        """Per split, what its texts depend on: the SHA-256 of its files and the settings that select its texts (the
-        languages, the sample cap); for a Hub dataset, the `datasets` fingerprint of the loaded split."""
-        if self.files is None:
+        """Per split, what its texts depend on: the SHA-256 of its files (a local dataset folder's: all of them, with
+        the configuration and split read) and the settings that select its texts (the languages, the sample cap); for
+        a Hub dataset, the `datasets` fingerprint of the loaded split."""
+        folder = self.data_args.local_dataset_folder if self.files is None else None
+        if self.files is None and folder is None:
             return {split: self.get(split)._fingerprint for split in self.splits}
         identities = {}
-        started, size = time.monotonic(), self.text_bytes(self.splits)
+        files = {split: tuple(self.data_files(split)) for split in self.splits}
+        distinct = dict.fromkeys(files.values())   # a folder's files, read by every split, are hashed once
+        started, size = time.monotonic(), sum(path.stat().st_size for paths in distinct for path in paths)
         with tqdm(total=size, unit="B", unit_scale=True, desc="Hashing the data files",
                   disable=size < PROGRESS_MIN_BYTES) as bar:
+            digests = {paths: files_sha256(paths, bar.update) for paths in distinct}
             for split in self.splits:
-                selection = {"files": files_sha256(self.data_files(split), bar.update),
-                             "sample_cap": getattr(self.data_args, SAMPLE_CAPS[split]),
+                selection = {"files": digests[files[split]], "sample_cap": getattr(self.data_args, SAMPLE_CAPS[split]),
                              "languages": [self.data_args.source_lang, self.data_args.target_lang]}
+                if folder is not None:   # which of the folder's files, configurations and splits
+                    selection |= {"paths": [path.relative_to(folder).as_posix() for path in files[split]],
+                                  "config": self.data_args.dataset_config_name,
+                                  "split_name": hub_split_names(self.data_args)[split]}
                 identities[split] = hashlib.sha256(json.dumps(selection, sort_keys=True).encode()).hexdigest()
         logger.info("Hashed the data files (%.0f MiB) in %.1f s", size / 2**20, time.monotonic() - started)
         return identities
