@@ -1151,6 +1151,14 @@ def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder)
     assert {"model.safetensors.index.json", *shards} <= hub.files_to_push(output_folder).keys()
 
 
+def test_a_weights_file_cut_short_is_refused_before_anything_is_pushed(output_folder):
+    """A model.safetensors cut short (a copy broken off) went to the Hub as it was, a model no user could load."""
+    weights = output_folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 10])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(weights))} is cut short or corrupt"):
+        hub.files_to_push(output_folder)
+
+
 def test_a_tokenizers_special_and_added_tokens_files_are_pushed_where_it_has_them(output_folder):
     """A tokenizer saved with special_tokens_map.json or added_tokens.json (older transformers, Marian) needs them on
     the Hub too."""

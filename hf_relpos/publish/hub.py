@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
+from safetensors import SafetensorError, safe_open
 from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 from transformers.tokenization_utils_base import (
@@ -832,6 +833,13 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     if missing:
         raise ValueError(f"{folder} lacks {', '.join(missing)}: a pushed model needs its weights (safetensors), "
                          "remote code and tokenizer (save the tokenizer next to the model)")
+    for name in sorted(name for name in names if name.endswith(".safetensors")):
+        try:   # the header: a file cut short no longer spans what it declares
+            with safe_open(folder / name, framework="pt"):
+                pass
+        except SafetensorError as error:
+            raise ValueError(f"{folder / name} is cut short or corrupt ({error}): push a folder whose weights load "
+                             "(save the model again, or copy it whole)") from None
     return {name: folder / name for name in sorted(names)}
 
 
