@@ -558,6 +558,32 @@ def test_hub_loading_path_maps_flat_language_columns(monkeypatch, tmp_path):
                              tmp_path / "demo")
 
 
+
+def test_a_missing_hub_text_is_an_error_naming_its_row_and_a_test_split_without_targets_is_source_only(
+        monkeypatch, tmp_path):
+    """A None text in a Hub split is refused as a `null` in a local file is (it was scored or trained on as ""); a test
+    split with no target on any row is source-only."""
+    features = Features({"translation": Translation(languages=["de", "en"])})
+
+    def split(*pairs):
+        return Dataset.from_dict({"translation": [{"en": en, "de": de} for en, de in pairs]}, features=features)
+
+    splits = {"train": split(("a", "b"), ("c", None)), "validation": split(("a", "b"), (None, "d")),
+              "test": split(("a", None), ("c", None))}
+    monkeypatch.setattr(data_module, "check_hub_dataset", lambda name: None)
+    monkeypatch.setattr(data_module, "load_dataset", lambda name, config_name, cache_dir=None: DatasetDict(splits))
+    with pytest.raises(DatasetSchemaError, match=r"^'wmt/wmt14' train split, row 1: the target text \('de'\) is "
+                                                 r"missing \(None\) in 1 of its 2 rows; every pair needs both texts$"):
+        load_parallel_splits(DataArguments(), ("train",), tmp_path / "demo")
+    with pytest.raises(DatasetSchemaError, match=r"validation split, row 1: the source text \('en'\) is missing"):
+        load_parallel_splits(DataArguments(), ("validation",), tmp_path / "demo")
+    test = load_parallel_splits(DataArguments(), ("test",), tmp_path / "demo")["test"]
+    assert test["source"] == ["a", "c"] and test["target"] == [None, None]
+    splits["test"] = split(("a", "x"), ("c", None))
+    with pytest.raises(DatasetSchemaError, match=r"test split, row 1: .*; a test split is either parallel on every "
+                                                 r"row or source-only \(no target on any row\)$"):
+        load_parallel_splits(DataArguments(), ("test",), tmp_path / "demo")
+
 # --- plain-text pairs by prefix, TSV without quoting, tricky characters ----------------------------------------------
 
 TRICKY = [

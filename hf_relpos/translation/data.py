@@ -301,6 +301,8 @@ def load_parallel_splits(
         if cap is not None and cap < len(dataset):
             loaded[split] = dataset.select(range(cap))
         origin = f"{split} file {files[split]!r}" if files is not None else f"{data_args.dataset_name!r} {split} split"
+        _require_present_texts(loaded[split], origin, data_args.source_lang, data_args.target_lang,
+                               allow_source_only=split == "test")
         _require_text(loaded[split], origin, data_args.source_lang, data_args.target_lang)
     return loaded
 
@@ -308,6 +310,22 @@ def load_parallel_splits(
 def has_references(dataset: Dataset) -> bool:
     """Whether a split has target texts (False for a source-only test file)."""
     return dataset.with_format("arrow")["target"].null_count < len(dataset)
+
+
+def _require_present_texts(dataset: Dataset, origin: str, source_lang: str, target_lang: str,
+                           allow_source_only: bool) -> None:
+    """A missing (None) text is an error naming its row, as a `null` in a local file is one naming its line; only a
+    test split (`allow_source_only`) may lack the target, on every row, and is then source-only."""
+    columns = dataset.with_format("arrow")
+    for column, lang in (("source", source_lang), ("target", target_lang)):
+        missing = columns[column].null_count
+        if missing == 0 or (column == "target" and allow_source_only and missing == len(dataset)):
+            continue
+        row = pc.index(pc.is_null(columns[column]), True).as_py()
+        rule = ("a test split is either parallel on every row or source-only (no target on any row)"
+                if column == "target" and allow_source_only else "every pair needs both texts")
+        raise DatasetSchemaError(f"{origin}, row {row}: the {column} text ({lang!r}) is missing (None) in {missing} of "
+                                 f"its {len(dataset)} rows; {rule}")
 
 
 def _require_text(dataset: Dataset, origin: str, source_lang: str, target_lang: str) -> None:
@@ -388,7 +406,8 @@ def check_hub_dataset(name: str) -> None:
 
 
 def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origin: str) -> Dataset:
-    """Map a Hub dataset in the WMT or the flat schema to `source`/`target` columns, checking the languages exist."""
+    """Map a Hub dataset in the WMT or the flat schema to `source`/`target` columns, checking the languages exist; a
+    missing text stays None (`_require_present_texts` decides on it)."""
     columns = dataset.column_names
     if TRANSLATION_COLUMN in columns:
         feature = dataset.features[TRANSLATION_COLUMN]
@@ -405,7 +424,8 @@ def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origi
         def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
             return {"source": [_text(text) for text in batch[source_lang]],
                     "target": [_text(text) for text in batch[target_lang]]}
-    return dataset.map(extract, batched=True, remove_columns=columns, desc="Selecting language pair")
+    return dataset.map(extract, batched=True, remove_columns=columns, desc="Selecting language pair",
+                       features=Features({"source": Value("string"), "target": Value("string")}))
 
 
 def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str,
@@ -426,8 +446,8 @@ def _header_hint(source_lang: str, target_lang: str, separator: str) -> str:
             f"{source_lang}{separator}{target_lang}")
 
 
-def _text(value: Any) -> str:
-    return "" if value is None else str(value)
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def plain_text_files(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> tuple[Path, Path]:
