@@ -1,6 +1,7 @@
 """Loading parallel text: file formats and schemas, clear schema errors, length filtering, order restoration, and the
 generated demo corpus."""
 
+import gzip
 import io
 import json
 import logging
@@ -788,6 +789,26 @@ def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
 
+
+
+def test_a_compressed_data_file_or_prefix_is_one_error_naming_the_field_the_files_and_the_supported_forms(tmp_path):
+    """A .gz file, or a prefix whose pair is only there gzipped, was read as a prefix and refused as missing files
+    ('are source_lang and target_lang right?'), the field unnamed."""
+    for name in ("train.jsonl.gz", "train.en.gz", "train.de.gz"):
+        (tmp_path / name).write_bytes(gzip.compress(b"text\n"))
+    supported = r"give a \.jsonl, \.json, \.csv, \.tsv file or the prefix of plain-text files PREFIX\.en \+ PREFIX\.de$"
+    with pytest.raises(ValueError, match=rf"^train_file '.*train\.jsonl\.gz' names compressed file\(s\) \(.*train\.jsonl"
+                                         rf"\.gz\); data files are read uncompressed: decompress first \(gunzip -k .*"
+                                         rf"train\.jsonl\.gz\) and {supported}"):
+        DataArguments(train_file=str(tmp_path / "train.jsonl.gz"))
+    with pytest.raises(ValueError, match=rf"^validation_file '.*train' names compressed file\(s\) \(.*train\.en\.gz, "
+                                         rf".*train\.de\.gz\); .*\(gunzip -k .*train\.en\.gz; gunzip -k .*train\.de\.gz\) "
+                                         rf"and {supported}"):
+        DataArguments(validation_file=str(tmp_path / "train"))
+    with pytest.raises(ValueError, match=r"^test_file .* \.tsv, \.txt \(sources only\) file or the prefix"):
+        DataArguments(test_file=str(tmp_path / "train"))
+    write_plain(tmp_path / "train", PAIRS)   # the plain pair beside the compressed one is read
+    assert DataArguments(train_file=str(tmp_path / "train")).train_file == str(tmp_path / "train")
 
 @pytest.mark.parametrize("side", ["en", "de"])
 def test_one_side_of_a_plain_text_pair_is_one_error_naming_its_prefix(tmp_path, side):

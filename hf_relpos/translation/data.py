@@ -71,6 +71,8 @@ DEMO_CORPUS_FIELDS = ("demo_train_pairs", "demo_validation_pairs", "demo_test_pa
 # A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
 LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
+# Compressed files are not read (decompress them first, with this command).
+DECOMPRESS_COMMANDS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd", ".zip": "unzip"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
 # Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
@@ -204,6 +206,13 @@ class DataArguments:
         check_config_languages(self)
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)
+            if path is not None and (compressed := compressed_data_files(path, self.source_lang, self.target_lang)):
+                decompress = "; ".join(f"{DECOMPRESS_COMMANDS[file.suffix.lower()]} {file}" for file in compressed)
+                sources_only = ", .txt (sources only)" if name == "test_file" else ""
+                raise ValueError(f"{name} {path!r} names compressed file(s) ({', '.join(map(str, compressed))}); data "
+                                 f"files are read uncompressed: decompress first ({decompress}) and give a .jsonl, .json, "
+                                 f".csv, .tsv{sources_only} file or the prefix of plain-text files "
+                                 f"PREFIX.{self.source_lang} + PREFIX.{self.target_lang}")
             if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:
                 raise ValueError(f"{name} {path!r}: a .txt file holds sources only; training and validation need "
                                  "pairs (.jsonl, .json, .csv, .tsv, or a prefix of plain-text files PREFIX."
@@ -448,6 +457,20 @@ def _header_hint(source_lang: str, target_lang: str, separator: str) -> str:
 
 def _text(value: Any) -> str | None:
     return None if value is None else str(value)
+
+
+def compressed_data_files(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
+    """The compressed files (`DECOMPRESS_COMMANDS`) a data file or plain-text prefix names, which are not read: the
+    path itself (`train.jsonl.gz`), or for a prefix the compressed files of its missing plain-text pair
+    (`train.en.gz` for `train`)."""
+    path = Path(path)
+    pair = plain_text_files(path, source_lang, target_lang)
+    if path.suffix.lower() in DECOMPRESS_COMMANDS and not all(side.is_file() for side in pair):
+        return [path]
+    if path.is_file():
+        return []
+    return [Path(f"{side}{suffix}") for side in pair if not side.is_file() for suffix in DECOMPRESS_COMMANDS
+            if Path(f"{side}{suffix}").is_file()]
 
 
 def plain_text_files(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> tuple[Path, Path]:
