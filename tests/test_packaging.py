@@ -74,6 +74,14 @@ def test_the_readme_states_the_declared_python_torch_and_transformers_floors():
             in readme)
 
 
+def test_model_cards_state_the_declared_transformers_range():
+    """A card tells a user without hf_relpos which transformers the stored modeling code needs: the declared range."""
+    from hf_relpos.publish.hub import transformers_requirement
+
+    declared = next(parsed for parsed in map(Requirement, project()["dependencies"]) if parsed.name == "transformers")
+    assert transformers_requirement() == str(declared.specifier)
+
+
 def test_the_train_extra_modules_are_the_train_extra():
     """`TRAIN_EXTRA_MODULES` (the check the commands make) names every package of pyproject.toml's train extra."""
     names = {Requirement(line).name.lower() for line in project()["optional-dependencies"]["train"]}

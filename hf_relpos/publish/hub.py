@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib.metadata
 import inspect
 import json
 import os
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
+from packaging.requirements import Requirement
 from safetensors import SafetensorError, safe_open
 from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
@@ -664,7 +666,8 @@ print(tokenizer.batch_decode(output_ids, skip_special_tokens=True))
         return with_package
     return with_package + f"""
 
-Without it, the modeling code stored in this repository is used (read it first):
+Without it, the modeling code stored in this repository is used (read it first; it needs
+`transformers{transformers_requirement()}`):
 
 ```python
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
@@ -802,6 +805,14 @@ def averaged_checkpoints(folder: Path) -> list[Path] | None:
 
 
 # --------------------------------------------------------------------------------------------------- pushing
+
+def transformers_requirement() -> str:
+    """The transformers versions hf_relpos requires (its package metadata, from pyproject.toml), which the modeling
+    code stored with a model needs as well: e.g. "<6,>=5.24"."""
+    requirements = [Requirement(text) for text in importlib.metadata.requires("hf_relpos") or ()]
+    return next(str(requirement.specifier) for requirement in requirements
+                if requirement.name == "transformers" and requirement.marker is None)
+
 
 def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
