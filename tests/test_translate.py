@@ -285,7 +285,7 @@ def test_a_model_folder_whose_weights_file_is_cut_short_is_one_error_line(memori
     assert stopped.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert error.startswith(f"hf-relpos-translate: error: the model folder {str(folder)!r}: its weights file is "
-                            "corrupt or incomplete (")
+                            "cut short or corrupt (")
     assert not (tmp_path / "hyp.txt").exists()
 
 

@@ -132,7 +132,8 @@ def test_a_folder_the_command_cannot_plot_or_ids_outside_the_vocabulary_are_one_
         ([str(tmp_path / "missing"), "--token-ids", "5"],
          f"model_dir '{tmp_path / 'missing'}': no such folder (the nearest existing folder is '{tmp_path}')"),
         ([str(tmp_path / "corrupt"), "--token-ids", "5"],
-         f"model_dir '{tmp_path / 'corrupt'}': Error while deserializing header: invalid header length"),
+         f"model_dir '{tmp_path / 'corrupt'}': its weights file is cut short or corrupt (Error while deserializing header: "
+         "invalid header length)"),
         ([str(tmp_path / "bart"), "--token-ids", "5"],
          f"model_dir '{tmp_path / 'bart'}' holds a 'bart' model; this command plots hf_relpos models "
          "('relpos_transformer')"),

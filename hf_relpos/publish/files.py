@@ -5,7 +5,8 @@ descriptors (/dev/stdout) written through as the shell opened them (`text_output
 that safetensors writes owner-only) gets the modes an ordinary `open()` / `mkdir()` gives under the process umask
 (`apply_umask_mode`), so a serving account or a group can read a saved model when the umask lets them. Each
 temporary is named after the process that owns it (`owned_prefix`), so the next write of the same destination
-removes those a killed process left (`remove_abandoned`) instead of letting them fill the disk."""
+removes those a killed process left (`remove_abandoned`) instead of letting them fill the disk. A weights file that
+does not read (a kill cut it short, or it is corrupt) is one `WeightsFileError` wherever it is read (`reading_weights`)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,22 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import TextIO
 
+from safetensors import SafetensorError
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
+
+
+class WeightsFileError(ValueError):
+    """A safetensors weights file that does not read: cut short (a kill while it was written) or corrupt."""
+
+
+@contextmanager
+def reading_weights() -> Iterator[None]:
+    """Inside, safetensors' error for a weights file cut short or corrupt (from `from_pretrained`, `load_file` or
+    `safe_open`) is a `WeightsFileError` saying so; the caller names the file or folder and what to do."""
+    try:
+        yield
+    except SafetensorError as error:
+        raise WeightsFileError(f"its weights file is cut short or corrupt ({error})") from None
 
 
 def process_umask() -> int:

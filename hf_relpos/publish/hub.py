@@ -27,7 +27,7 @@ from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
 from packaging.requirements import Requirement
-from safetensors import SafetensorError, safe_open
+from safetensors import safe_open
 from transformers.dynamic_module_utils import get_relative_import_files
 from transformers.models.auto.tokenization_auto import tokenizer_class_from_name
 from transformers.tokenization_utils_base import (
@@ -41,7 +41,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
-from .files import expand_home, nearest_existing_folder, write_text_atomic
+from .files import WeightsFileError, expand_home, nearest_existing_folder, reading_weights, write_text_atomic
 from .pipeline_relpos import TranslationPipeline
 from .records import (
     AVERAGED_CHECKPOINTS_FILE,
@@ -846,11 +846,11 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
                          "remote code and tokenizer (save the tokenizer next to the model)")
     for name in sorted(name for name in names if name.endswith(".safetensors")):
         try:   # the header: a file cut short no longer spans what it declares
-            with safe_open(folder / name, framework="pt"):
+            with reading_weights(), safe_open(folder / name, framework="pt"):
                 pass
-        except SafetensorError as error:
-            raise ValueError(f"{folder / name} is cut short or corrupt ({error}): push a folder whose weights load "
-                             "(save the model again, or copy it whole)") from None
+        except WeightsFileError as error:
+            raise WeightsFileError(f"{folder}: {error}: push a folder whose weights load (save the model again, or "
+                                   "copy it whole)") from None
     return {name: folder / name for name in sorted(names)}
 
 

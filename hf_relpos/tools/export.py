@@ -45,14 +45,13 @@ from typing import Any
 
 import torch
 import yaml
-from safetensors import SafetensorError
 from transformers import AutoTokenizer, GenerationConfig
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
-from ..publish.files import expand_home, staged_folder
+from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
@@ -363,9 +362,10 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     check_tokenizer_saved(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     try:
-        model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
-    except SafetensorError as error:
-        raise ExportError(f"MODEL_DIR {str(model_dir)!r}: its weights file is corrupt or incomplete ({error})") from None
+        with reading_weights():
+            model = RelPosTransformerForConditionalGeneration.from_pretrained(model_dir, dtype=torch.float32).eval()
+    except WeightsFileError as error:
+        raise ExportError(f"MODEL_DIR {str(model_dir)!r}: {error}") from None
     rows = max_positions or config.max_position_embeddings
     spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token, rows)
     spec.validate()

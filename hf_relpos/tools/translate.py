@@ -42,13 +42,12 @@ from pathlib import Path
 from typing import BinaryIO, NoReturn, TextIO
 
 import torch
-from safetensors import SafetensorError
 from tqdm import tqdm
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
 from ..model.attention_functions import check_kernel_device
-from ..publish.files import expand_home, text_output, writes_in_place
+from ..publish.files import WeightsFileError, expand_home, reading_weights, text_output, writes_in_place
 from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
@@ -441,10 +440,10 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             if Path(args.model).is_dir():
                 check_tokenizer_saved(args.model)
             tokenizer = AutoTokenizer.from_pretrained(args.model)
-            model = load_model(parser, args)
-    except SafetensorError as error:
-        parser.exit(2, f"{PROGRAM}: error: the model folder {args.model!r}: its weights file is corrupt or incomplete "
-                       f"({error})\n")
+            with reading_weights():
+                model = load_model(parser, args)
+    except WeightsFileError as error:
+        parser.exit(2, f"{PROGRAM}: error: the model folder {args.model!r}: {error}\n")
     except (OSError, ValueError, ImportError, RuntimeError) as error:
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
     if references is not None:   # said before translating: text in them that no translation can hold

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError
 from torch import nn
 
 from ..model.configuration_relpos import RelPosTransformerConfig
-from ..publish.files import atomic_file, expand_home
+from ..publish.files import atomic_file, expand_home, reading_weights
 from ..translation.preflight import missing_local_folder
 from ..translation.safety import output_folder
 
@@ -192,8 +191,9 @@ def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
     if nearest is not None:
         parser.error(f"model_dir '{model_dir}': no such folder (the nearest existing folder is '{nearest}')")
     try:
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
-    except (OSError, ValueError, SafetensorError) as error:   # SafetensorError: a weights file cut short or corrupt
+        with reading_weights():
+            model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)
+    except (OSError, ValueError) as error:
         parser.error(f"model_dir '{model_dir}': {' '.join(str(error).split())}")
     if not isinstance(model.config, RelPosTransformerConfig):
         parser.error(f"model_dir '{model_dir}' holds a {model.config.model_type!r} model; this command plots hf_relpos "

@@ -13,11 +13,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers.utils import CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..model.configuration_relpos import RelPosTransformerConfig
+from ..publish.files import WeightsFileError, reading_weights
 
 CHECKPOINT_PATTERN = re.compile(r"^checkpoint-(\d+)$")
 TRAINER_STATE_FILE = "trainer_state.json"
@@ -75,10 +75,11 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
 def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:
     """The tensors of one safetensors file; a file cut short or corrupt is a ValueError naming it."""
     try:
-        return load_file(path)
-    except SafetensorError as error:
-        raise ValueError(f"{str(path)!r} is cut short or corrupt ({error}): a checkpoint whose writing was "
-                         "interrupted; leave it out (name the checkpoints to average, or a smaller last_n)") from None
+        with reading_weights():
+            return load_file(path)
+    except WeightsFileError as error:
+        raise WeightsFileError(f"{str(path.parent)!r}: {error}: a checkpoint whose writing was interrupted; leave it "
+                               "out (name the checkpoints to average, or a smaller last_n)") from None
 
 
 @functools.cache

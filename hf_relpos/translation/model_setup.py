@@ -8,12 +8,12 @@ from __future__ import annotations
 import logging
 
 import torch
-from safetensors import SafetensorError
 from transformers import GenerationConfig, PreTrainedTokenizerBase
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import new_token_limits, set_relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration, check_num_beams, meta_model
+from ..publish.files import reading_weights
 from .arguments import (
     MODEL_SECTION,
     ConfigError,
@@ -72,13 +72,11 @@ def build_model(
     token_ids = special_token_ids(tokenizer, model_args.decoder_start_token or "bos")
     if model_args.model_name_or_path is not None:
         try:
-            model = RelPosTransformerForConditionalGeneration.from_pretrained(
-                model_args.model_name_or_path, config=saved_config_with_overrides(model_args),
-                cache_dir=model_args.cache_dir, **kernel
-            )
-        except SafetensorError as error:
-            raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: its weights file is corrupt or "
-                              f"incomplete ({error})") from None
+            with reading_weights():
+                model = RelPosTransformerForConditionalGeneration.from_pretrained(
+                    model_args.model_name_or_path, config=saved_config_with_overrides(model_args),
+                    cache_dir=model_args.cache_dir, **kernel
+                )
         except ImportError as error:  # a transformers kernel whose package is missing (flash_attention_2, ...)
             raise ConfigError(f"attn_implementation {model_args.attn_implementation!r}: {error}") from None
         except (OSError, ValueError, RuntimeError) as error:
