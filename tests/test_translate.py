@@ -549,7 +549,8 @@ def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, cap
     with pytest.raises(SystemExit) as exited:
         main([model])
     assert exited.value.code == 2
-    assert f"no model folder {model!r}" in capsys.readouterr().err
+    error = capsys.readouterr().err
+    assert f"hf-relpos-translate: error: model {model!r}: no such folder (the nearest existing folder is " in error
 
 
 @pytest.mark.parametrize("sources", [[], ["", "   "]], ids=["no lines", "blank lines"])

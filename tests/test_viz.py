@@ -130,7 +130,8 @@ def test_a_folder_the_command_cannot_plot_or_ids_outside_the_vocabulary_are_one_
                                             decoder_ffn_dim=32)).save_pretrained(tmp_path / "bart")
     cases = [
         ([str(tmp_path / "missing"), "--token-ids", "5"],
-         f"model_dir '{tmp_path / 'missing'}': no such folder (the nearest existing folder is '{tmp_path}')"),
+         f"model_dir '{tmp_path / 'missing'}': no such folder (the nearest existing folder is '{tmp_path}'); a Hub model "
+         "id has the form owner/name"),
         ([str(tmp_path / "corrupt"), "--token-ids", "5"],
          f"model_dir '{tmp_path / 'corrupt'}': its weights file is cut short or corrupt (Error while deserializing header: "
          "invalid header length)"),

@@ -52,7 +52,7 @@ from ..model.positions import (
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.records import load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
-from ..translation.preflight import missing_local_folder
+from ..translation.preflight import check_local_folder
 from ..translation.safety import check_new_output_dir
 
 logger = logging.getLogger(__name__)
@@ -242,9 +242,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     folder first, then renamed into place: an error leaves nothing behind."""
     output_dir = Path(output_dir)
     check_new_output_dir(output_dir)
-    if (nearest := missing_local_folder(str(source))) is not None:
-        raise ValueError(f"source {str(source)!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
-                         "model id has the form owner/name")
+    check_local_folder(str(source), "source")
     model_type = AutoConfig.from_pretrained(str(source)).model_type
     if model_type != "marian":
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")

@@ -69,7 +69,7 @@ from ..translation.data import (
     unwritable_texts,
 )
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
-from ..translation.preflight import missing_local_folder
+from ..translation.preflight import check_local_folder
 from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import check_tokenizer_saved, is_ctranslate2_folder
@@ -363,10 +363,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         import_user_modules(args.import_modules)
     except ConfigError as error:
         parser.error(str(error))
-    missing_folder = missing_local_folder(args.model)
-    if missing_folder is not None:
-        parser.exit(2, f"{PROGRAM}: error: no model folder {args.model!r} (the nearest existing folder is "
-                       f"'{missing_folder}')\n")
+    try:
+        check_local_folder(args.model, "model")
+    except ValueError as error:
+        parser.exit(2, f"{PROGRAM}: error: {error}\n")
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
         if path is not None and FILE_FORMATS.get(Path(path).suffix.lower()) not in (None, *SOURCE_ONLY_FORMATS):
             parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {Path(path).suffix} file of records, not plain "

@@ -20,7 +20,7 @@ from torch import nn
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import atomic_file, expand_home, reading_weights
-from ..translation.preflight import missing_local_folder
+from ..translation.preflight import check_local_folder
 from ..translation.safety import output_folder
 
 
@@ -187,9 +187,10 @@ def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
     load (its weights file corrupt included), or another architecture's (Marian, BART) is one usage error naming it."""
     from transformers import AutoModelForSeq2SeqLM
 
-    nearest = missing_local_folder(str(model_dir))
-    if nearest is not None:
-        parser.error(f"model_dir '{model_dir}': no such folder (the nearest existing folder is '{nearest}')")
+    try:
+        check_local_folder(str(model_dir), "model_dir")
+    except ValueError as error:
+        parser.error(str(error))
     try:
         with reading_weights():
             model = AutoModelForSeq2SeqLM.from_pretrained(model_dir)

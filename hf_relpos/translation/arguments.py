@@ -47,7 +47,7 @@ from ..publish.files import expand_home
 from ..publish.records import accelerate_program, load_recipe, load_yaml
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
-from .preflight import missing_local_folder
+from .preflight import check_local_folder
 from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS, require_character_coverage
 
 logger = logging.getLogger(__name__)
@@ -759,9 +759,11 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         raise ConfigError("do_eval/do_predict without do_train need model_name_or_path (a trained model)")
     for name in ("model_name_or_path", "tokenizer_name"):
         value = getattr(model_args, name)
-        if value is not None and (nearest := missing_local_folder(value)) is not None:
-            raise ConfigError(f"{name} {value!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
-                              "model id has the form owner/name")
+        try:
+            if value is not None:
+                check_local_folder(value, name)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
     reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
     if model_args.tokenizer_vocab_size <= reserved:
         raise ConfigError(f"tokenizer_vocab_size must be larger than {reserved} ({len(SPECIAL_TOKENS)} special and "

@@ -61,7 +61,7 @@ from ..publish.files import expand_home
 from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from .demo_corpus import write_demo_corpus
-from .preflight import missing_local_folder
+from .preflight import check_local_folder
 
 logger = logging.getLogger(__name__)
 
@@ -200,9 +200,8 @@ class DataArguments:
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
         for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
             require_int(name, getattr(self, name), minimum=1)
-        if self.dataset_name is not None and (nearest := missing_local_folder(self.dataset_name)) is not None:
-            raise ValueError(f"dataset_name {self.dataset_name!r}: no such folder (the nearest existing folder is "
-                             f"'{nearest}'); a Hub dataset id has the form owner/name")
+        if self.dataset_name is not None:
+            check_local_folder(self.dataset_name, "dataset_name", hub_kind="dataset")
         check_config_languages(self)
         for name in ("train_file", "validation_file", "test_file"):
             path = getattr(self, name)

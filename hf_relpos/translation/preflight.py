@@ -44,6 +44,14 @@ def missing_local_folder(model: str) -> Path | None:
     return None
 
 
+def check_local_folder(value: str, setting: str, hub_kind: str = "model") -> None:
+    """A ValueError naming `setting` when `value` is meant as a local folder that does not exist
+    (`missing_local_folder`); a Hub id passes."""
+    if (nearest := missing_local_folder(value)) is not None:
+        raise ValueError(f"{setting} {value!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
+                         f"{hub_kind} id has the form owner/name")
+
+
 def check_process_group(trainer_world_size: int) -> None:
     """A job launched with N processes (an initialised torch.distributed group of N) whose Trainer runs on one
     process would train N independent copies that all write the same output_dir: the case of
