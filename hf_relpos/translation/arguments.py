@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import importlib
 import inspect
 import json
@@ -800,7 +801,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
             raise ConfigError(f"{name} must be an integer in [0, 2**32 - 1], got {value!r}")
     for kind in ("logging", "eval", "save"):
         strategy, interval = getattr(training_args, f"{kind}_strategy"), getattr(training_args, f"{kind}_steps")
-        if getattr(strategy, "value", strategy) == "steps" and not is_positive_number(interval):
+        if choice(strategy) == "steps" and not is_positive_number(interval):
             raise ConfigError(f"{kind}_steps must be a number of steps >= 1, or a fraction of the training steps in "
                               f"(0, 1), with {kind}_strategy steps, got {interval!r}"
                               + (" (0 would never save: for no checkpoints use save_strategy no)"
@@ -839,11 +840,11 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
         check_early_stopping(training_args)
-    save_strategy = getattr(training_args.save_strategy, "value", training_args.save_strategy)
+    save_strategy = choice(training_args.save_strategy)
     if save_strategy == "best" and training_args.metric_for_best_model is None:
         raise ConfigError("save_strategy best saves a checkpoint whenever metric_for_best_model improves: set "
                           f"metric_for_best_model, one of {', '.join(best_model_metrics(training_args))}")
-    eval_strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    eval_strategy = choice(training_args.eval_strategy)
     if save_strategy == "best" and eval_strategy == "no" and training_args.do_train:   # untrained: nothing to save
         raise ConfigError("save_strategy best saves a checkpoint when an evaluation during training improves "
                           "metric_for_best_model, and eval_strategy no evaluates only after training: the run would "
@@ -865,9 +866,15 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     check_reporting_integrations(training_args.report_to)
 
 
+def choice(value: enum.Enum | str) -> str:
+    """A TrainingArguments choice (a strategy, `optim`) as its string: transformers turns the YAML's string into its
+    enum (`IntervalStrategy`, `OptimizerNames`, ...) in __post_init__."""
+    return str(value.value if isinstance(value, enum.Enum) else value)
+
+
 def optimizer_name(training_args: TranslationTrainingArguments) -> str:
     """The run's `optim` as transformers names it (`OptimizerNames` value), e.g. "adamw_torch"."""
-    return str(getattr(training_args.optim, "value", training_args.optim))
+    return choice(training_args.optim)
 
 
 def adam_fields_read(optimizer: str) -> tuple[str, ...]:
@@ -907,7 +914,7 @@ def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
     """early_stopping_patience needs training evaluated as it goes, and a metric to watch (`check_metric_for_best_model`
     checks that evaluation computes it)."""
     patience = training_args.early_stopping_patience
-    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    strategy = choice(training_args.eval_strategy)
     if not training_args.do_train:
         raise ConfigError(f"early_stopping_patience={patience} stops training: it needs do_train")
     if strategy not in ("steps", "epoch"):
@@ -942,7 +949,7 @@ def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> N
     """average_checkpoints needs a training run that keeps that many checkpoints, and no other choice of final
     weights."""
     count = training_args.average_checkpoints
-    strategy = getattr(training_args.save_strategy, "value", training_args.save_strategy)
+    strategy = choice(training_args.save_strategy)
     if not training_args.do_train:
         raise ConfigError("average_checkpoints averages the checkpoints of this run's training: it needs do_train")
     if strategy not in ("steps", "epoch"):
