@@ -323,6 +323,43 @@ def test_a_head_beyond_32_bit_row_offsets_is_one_clear_error():
         triton_relative.check_row_spans(grad_output=too_far)
 
 
+def test_the_grid_keeps_batch_times_heads_within_cudas_limit_and_is_unchanged_below_it():
+    """CUDA launches at most 65,535 programs along a grid's dimension 1 or 2: batch x heads beyond it is split over
+    both, (min(B H, 65,535), ceil(B H / 65,535)), covering B H with less than one slice of dimension 1 to spare; up to
+    it the grid is (tiles, B H, 1), the launch of (tiles, B H) (Triton pads a grid to three dimensions with 1s)."""
+    limit = triton_relative.GRID_LIMIT
+    assert limit == 65535
+    for batch_heads, split in ((65535, (65535, 1)), (65536, (65535, 2)), (200_000, (65535, 4))):
+        tiles, across, slices = triton_relative.program_grid(7, batch_heads)
+        assert (tiles, across, slices) == (7, *split)
+        assert across <= limit and slices <= limit and across * (slices - 1) < batch_heads <= across * slices
+    for batch_heads in (1, 8, 4096 * 15):
+        assert triton_relative.program_grid(5, batch_heads) == (5, batch_heads, 1)
+
+
+def test_batch_times_heads_beyond_the_grid_limit_matches_the_oracle(monkeypatch):
+    """float64 at 1e-12, with the grid's limit lowered to 3 so that B H = 4 x 2 = 8 is split as (tiles, 3, 3), its
+    last program past B H returning: o, M, lse, the dropout mask and every gradient (the forward, the Delta pass and
+    both backward kernels each recover b H + h from the two dimensions), sequences with unlike key ranges."""
+    monkeypatch.setattr(triton_relative, "GRID_LIMIT", 3)
+    k, length, dropout = 2, 21, 0.3
+    generator = torch.Generator().manual_seed(5)
+
+    def draw(*shape):
+        return torch.randn(*shape, generator=generator, dtype=torch.float64).to(DEVICE).requires_grad_()
+
+    query, key, value = (draw(4, 2, length, 8) for _ in range(3))
+    table = draw(4, 2, length, 2 * k + 1)
+    key_start = torch.tensor([0, 3, 1, 6], dtype=torch.int32, device=DEVICE)
+    key_end = torch.tensor([length, 17, 20, 12], dtype=torch.int32, device=DEVICE)
+    seed = torch.tensor([2**40 + 13], device=DEVICE)
+    output, masses, lse = relative_attention(query, key, value, table, key_start, key_end, seed, 8**-0.5, dropout, 0,
+                                             k, False, mass_columns(k, True))
+    keep = dropout_keep_mask(int(seed), dropout, 4, 2, length, length, DEVICE)
+    expected = loop_oracle(query, key, value, table, key_start, key_end, 8**-0.5, 0, k, False, keep, dropout)
+    assert_matches_oracle((output, masses, lse), expected, [query, key, value, table], True, generator)
+
+
 def test_a_shaw_layers_training_step_copies_no_head_sized_tensor():
     """The fused path in the model: one self-attention layer's forward and backward under bf16 autocast with attention
     dropout, counting every copy (clone, copy_, dtype casts) of a tensor of q's size split into heads (4-D): none (the

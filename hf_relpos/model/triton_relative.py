@@ -83,15 +83,28 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                 BLOCK_I=next_power_of_2(max(2 * max_distance - 1, 1)))
 
 
+GRID_LIMIT = 65535   # CUDA's most programs along a grid's dimension 1 or 2 (dimension 0: 2^31 - 1)
+
+
+def program_grid(tiles: int, batch_heads: int) -> tuple[int, int, int]:
+    """The kernels' grid (tiles, min(B H, GRID_LIMIT), ceil(B H / GRID_LIMIT)): batch x heads over dimensions 1 and
+    2, so that more than CUDA's 65,535 (a large batch or beam) launch. Up to the limit it is (tiles, B H, 1), the
+    launch of (tiles, B H): dimension 0 runs fastest, and one (b, h)'s tiles, neighbours, share its K and V in L2.
+    The kernels take b H + h = program_id(1) + program_id(2) num_programs(1) (`program_batch_head`), and the
+    programs beyond B H of the last slice return."""
+    return tiles, min(batch_heads, GRID_LIMIT), ceil_div(batch_heads, GRID_LIMIT)
+
+
 def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *args: Any, **settings: Any) -> None:
-    """Run `kernel` over a grid of (row blocks, batch x heads): autotuned on a GPU, with `INTERPRETER_BLOCKS` under
-    the interpreter. `blocks` names the block size that tiles `rows`."""
+    """Run `kernel` over the `program_grid` of (row blocks, batch x heads): autotuned on a GPU, with
+    `INTERPRETER_BLOCKS` under the interpreter. `blocks` names the block size that tiles `rows`."""
     if interpreting():
         block_m, block_n = INTERPRETER_BLOCKS
-        kernel[(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
-            *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
+        kernel[program_grid(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
+            *args, batch_heads=batch_heads, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
     else:
-        tuned[lambda meta: (ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
+        tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](
+            *args, batch_heads=batch_heads, **settings)
 
 
 def length_bucket(query_length: int, key_length: int) -> int:
@@ -272,9 +285,9 @@ def row_deltas(grad_output: torch.Tensor, output: torch.Tensor, grad_masses: tor
     delta = output.new_empty(batch, heads, query_length, dtype=torch.promote_types(output.dtype, torch.float32))
     rows = INTERPRETER_BLOCK if interpreting() else DELTA_BLOCK
     distances = masses.size(-1)
-    row_delta_kernel[(ceil_div(query_length, rows), batch * heads)](
+    row_delta_kernel[program_grid(ceil_div(query_length, rows), batch * heads)](
         grad_output, output, grad_masses, masses, delta, *strides(grad_output, output, grad_masses, masses), heads,
-        query_length, HEAD_DIM=settings["HEAD_DIM"], BLOCK_D=settings["BLOCK_D"], DISTANCES=distances,
+        query_length, batch * heads, HEAD_DIM=settings["HEAD_DIM"], BLOCK_D=settings["BLOCK_D"], DISTANCES=distances,
         BLOCK_R=max(16, next_power_of_2(distances)), HAS_VALUES=distances > 0, ACC=settings["ACC"], BLOCK_M=rows)
     return delta
 
@@ -356,8 +369,9 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
     block = INTERPRETER_BLOCK
     from .triton_relative_kernels import dropout_keep_kernel
 
-    dropout_keep_kernel[(ceil_div(query_length, block), ceil_div(key_length, block), batch * heads)](
-        keep, seed, dropout_threshold(dropout), query_length, key_length, BLOCK_M=block, BLOCK_N=block)
+    # the tiles in dimension 0, row blocks fastest: key blocks beyond 65,535 (m > 2^20) launch too
+    dropout_keep_kernel[program_grid(ceil_div(query_length, block) * ceil_div(key_length, block), batch * heads)](
+        keep, seed, dropout_threshold(dropout), query_length, key_length, batch * heads, BLOCK_M=block, BLOCK_N=block)
     return keep.view(batch, heads, query_length, key_length).bool()
 
 

@@ -48,7 +48,7 @@ BLOCK_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2
 # `length_bucket` (the longer side rounded up to a power of two, `triton_relative.length_bucket`) is read only by the
 # autotuner: blocks are tuned per flag set and length bucket.
 RUNTIME_INTS = ["seed", "dropout_threshold", "heads", "query_length", "key_length", "query_offset", "max_distance",
-                "length_bucket"]
+                "length_bucket", "batch_heads"]
 
 
 @triton.jit
@@ -222,10 +222,17 @@ def tile_scores(q, k, T, t_base, t_stride, rows, cols, key_start, key_end, query
 
 
 @triton.jit
+def program_batch_head():
+    """This program's b H + h = program_id(1) + program_id(2) num_programs(1): batch x heads split over the grid's
+    dimensions 1 and 2 (`triton_relative.program_grid`); a program at B H or beyond (the last slice's rest) returns."""
+    return tl.program_id(1) + tl.program_id(2) * tl.num_programs(1)
+
+
+@triton.jit
 def program_block(heads, SCALES, BLOCK: tl.constexpr):
-    """This program's first row (or key) index, b H + h, b, h, c, 1 / (1 - p) and log2(e) (the scales in the
-    accumulation dtype: a float argument would reach the kernel as float32)."""
-    bh = tl.program_id(1)
+    """This program's first row (or key) index, b H + h (`program_batch_head`), b, h, c, 1 / (1 - p) and log2(e)
+    (the scales in the accumulation dtype: a float argument would reach the kernel as float32)."""
+    bh = program_batch_head()
     return (tl.program_id(0) * BLOCK, bh, bh // heads, bh % heads, tl.load(SCALES), tl.load(SCALES + 1),
             tl.load(SCALES + 2))
 
@@ -291,7 +298,7 @@ def relative_forward_kernel(
     Q, K, V, T, OUT, M, LSE, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -299,6 +306,8 @@ def relative_forward_kernel(
     """One query block of one (b, h): the online softmax over its key tiles beyond -k, beyond +k, then those that
     meet the band, with the masses M by distance kept as two edge row sums until the band tiles."""
     first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
+    if bh >= batch_heads:
+        return
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
@@ -400,7 +409,7 @@ def relative_backward_keys_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
     stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr,
     CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr, PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -408,6 +417,8 @@ def relative_backward_keys_kernel(
     """dk, dv of one key block of one (b, h), over the query blocks that may attend to it: those that see its keys
     beyond +k (the first ones), beyond -k (the last ones), then those whose tile meets the band."""
     first_col, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_N)
+    if bh >= batch_heads:
+        return
     cols = first_col + tl.arange(0, BLOCK_N)
     key_start = tl.load(KEY_START + b)
     key_end = tl.load(KEY_END + b)
@@ -479,7 +490,7 @@ def relative_backward_queries_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
     stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
     HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -487,6 +498,8 @@ def relative_backward_queries_kernel(
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
     its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then)."""
     first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
+    if bh >= batch_heads:
+        return
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
@@ -525,16 +538,18 @@ def relative_backward_queries_kernel(
                           left, inner, right, max_distance, BLOCK_I)
 
 
-@triton.jit(do_not_specialize=["query_length"])
+@triton.jit(do_not_specialize=["query_length", "batch_heads"])
 def row_delta_kernel(
     DO, OUT, DM, M, DELTA, stride_dob, stride_doh, stride_don, stride_ob, stride_oh, stride_on, stride_dmb, stride_dmh,
-    stride_dmn, stride_mb, stride_mh, stride_mn, heads, query_length,
+    stride_dmn, stride_mb, stride_mh, stride_mn, heads, query_length, batch_heads,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DISTANCES: tl.constexpr, BLOCK_R: tl.constexpr,
     HAS_VALUES: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r] of one row block of one (b, h), in the accumulation dtype, into
     the contiguous [B, H, n] DELTA: one pass over the four tensors in whatever layout they come."""
-    bh = tl.program_id(1)
+    bh = program_batch_head()
+    if bh >= batch_heads:
+        return
     b, h = bh // heads, bh % heads
     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
@@ -553,13 +568,17 @@ def row_delta_kernel(
 
 
 @triton.jit(do_not_specialize=["seed", "dropout_threshold"])   # a threshold of 1 would become a constant
-def dropout_keep_kernel(KEEP, seed, dropout_threshold, query_length, key_length, BLOCK_M: tl.constexpr,
+def dropout_keep_kernel(KEEP, seed, dropout_threshold, query_length, key_length, batch_heads, BLOCK_M: tl.constexpr,
                         BLOCK_N: tl.constexpr):
-    """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging)."""
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    first_col = tl.program_id(1) * BLOCK_N
+    """KEEP[bh, i, j] = kappa_ij, the mask the attention kernels apply (for tests and debugging): one tile per
+    program, tiles numbered in dimension 0 with the row blocks fastest."""
+    bh = program_batch_head()
+    if bh >= batch_heads:
+        return
+    row_blocks = tl.cdiv(query_length, BLOCK_M)
+    rows = tl.program_id(0) % row_blocks * BLOCK_M + tl.arange(0, BLOCK_M)
+    first_col = tl.program_id(0) // row_blocks * BLOCK_N
     cols = first_col + tl.arange(0, BLOCK_N)
-    bh = tl.program_id(2)
     keep = dropout_keep(seed, dropout_threshold, bh, rows, first_col, query_length, key_length, BLOCK_M, BLOCK_N)
     tl.store(KEEP + (bh.to(tl.int64) * query_length + rows[:, None]) * key_length + cols[None, :], keep.to(tl.int8),
              mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
