@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.common import (
     SHAPES,
     check_attention_dropout,
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None, timer: Callable[[Callable[[], Any]], flo
     shape = SHAPES[args.shape]
     batch = args.tokens // args.length
     dtype = getattr(torch, args.dtype)
-    meta = environment(device, args.dtype) | {
+    meta = environment(device, args.dtype, command=command_line("benchmarks.ablate_relpos_triton", argv)) | {
         "kernel": "relpos_triton", "length": args.length, "batch": batch, "heads": shape.heads,
         "head_dim": shape.d_model // shape.heads, "max_distance": args.max_distance,
         "attention_dropout": args.attention_dropout,

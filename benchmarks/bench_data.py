@@ -36,6 +36,7 @@ from typing import Any
 
 import psutil
 
+from benchmarks import command_line
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import checkout_version, cpu_model_name
 from hf_relpos.translation.safety import output_folder
@@ -309,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
 
-    meta = {"command": " ".join(["python -m benchmarks.bench_data", *(argv if argv is not None else sys.argv[1:])]),
+    meta = {"command": command_line("benchmarks.bench_data", argv),
             "hardware": f"{cpu_model_name()}, {os.cpu_count()} cores, {psutil.virtual_memory().total / 2**30:.0f} GiB"
                         + (f"; {args.hardware_note}" if args.hardware_note else ""),
             "code": checkout_version(ROOT), "python": platform.python_version(),

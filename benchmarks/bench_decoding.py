@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.common import (
     BASELINE,
     SHAPES,
@@ -170,7 +171,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     """Runs the benchmark, writes decoding.{md,json} into --out and returns the JSON data."""
     args = parse_args(argv)
     check_kernels_run([args.kernel], args.device, "--kernel", backward=False)
-    meta = environment(args.device, args.dtype, args.clock) | {
+    meta = environment(args.device, args.dtype, args.clock,
+                       command=command_line("benchmarks.bench_decoding", argv)) | {
         key: getattr(args, key)
         for key in ("kernel", "shape", "layers", "vocab_size", "batch", "source_length", "new_tokens", "cache_implementation",
                     "warmup", "repeats")

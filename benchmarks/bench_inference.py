@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,6 +29,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from benchmarks import command_line
 from benchmarks.common import environment, markdown_table, positive_int, synchronize, write_report
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import export_ctranslate2
@@ -186,8 +185,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         configurations = args.threads if args.device == "cpu" else [None]
         runs = [measure(args, threads, exports, sources, references) for threads in configurations]
     record = {
-        "environment": {**environment(args.device, "float32" if args.device == "cpu" else "bfloat16"),
-                        "command": shlex.join(["python", "-m", "benchmarks.bench_inference", *(argv or sys.argv[1:])])},
+        "environment": environment(args.device, "float32" if args.device == "cpu" else "bfloat16",
+                                   command=command_line("benchmarks.bench_inference", argv)),
         "model": str(args.model), "model_note": args.model_note, "hardware_note": args.hardware_note,
         "test_file": str(args.test_file),
         "sentences": len(sources), "batch_size": args.batch_size, "num_beams": args.num_beams,

@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.common import (
     KERNELS,
     SCHEMES,
@@ -93,9 +94,9 @@ def within_bf16(candidate: dict[str, float], bf16_eager: dict[str, float], toler
     return all(candidate[key] <= tolerance * bf16_eager[key] for key in ("max_deviation", "final_deviation"))
 
 
-def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
-    """The three runs (float32 eager, then the kernel, then bf16 eager), `save(data)` after each, so that a time
-    limit keeps the runs done."""
+def run(args: argparse.Namespace, command: str, save: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The three runs (float32 eager, then the kernel, then bf16 eager) of `command`, `save(data)` after each, so
+    that a time limit keeps the runs done."""
     shape = SHAPES[args.shape]
     vocab_size = shape.vocab_size if args.vocab_size is None else args.vocab_size
     layers = shape.layers if args.layers is None else args.layers
@@ -107,7 +108,7 @@ def run(args: argparse.Namespace, save: Callable[[dict[str, Any]], None]) -> dic
     torch.manual_seed(args.seed)
     initial = RelPosTransformerForConditionalGeneration(config_of("eager")).state_dict()
     batches = copy_batches(args.steps, batch, args.length, vocab_size, args.seed)
-    meta = environment(args.device, "bfloat16 autocast against float32") | {
+    meta = environment(args.device, "bfloat16 autocast against float32", command=command) | {
         "kernel": args.kernel, "scheme": args.scheme, "shape": args.shape, "layers": layers,
         "vocab_size": vocab_size, "length": args.length, "batch": batch, "steps": args.steps,
         "learning_rate": args.learning_rate, "warmup_steps": args.warmup_steps, "seed": args.seed,
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     def save(data: dict[str, Any]) -> None:
         paths[:] = write_report(args.out, "precision", render_markdown(data), data)
 
-    data = run(args, save)
+    data = run(args, command_line("benchmarks.bench_precision", argv), save)
     markdown_path, json_path = paths
     print(render_markdown(data))
     print(f"\nwrote {markdown_path}, {json_path}")

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from benchmarks import command_line
 from benchmarks.common import (
     BASELINE,
     KERNELS,
@@ -468,7 +469,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_kernels_run(args.kernels, args.device, "--kernel" if args.kernels == [args.kernel] else "--kernels")
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
     torch.manual_seed(0)
-    meta = environment(args.device, args.dtype, args.clock) | {
+    meta = environment(args.device, args.dtype, args.clock,
+                       command=command_line("benchmarks.bench_training", argv)) | {
         "kernel": " / ".join(args.kernels),
         "tokens": args.tokens,
         "model_tokens": args.model_tokens,

@@ -9,7 +9,6 @@ import gc
 import json
 import platform
 import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -282,14 +281,15 @@ def quadratic_memory(lengths: list[int], batches: list[int], peaks: list[float])
     return float(solution[-1])
 
 
-def environment(device: str, dtype: str, clock: str = "wall") -> dict[str, Any]:
-    """Device, processor, versions, code, clock, date and command line of this run (the header of every report)."""
+def environment(device: str, dtype: str, clock: str = "wall", *, command: str) -> dict[str, Any]:
+    """Device, processor, versions, code, clock, date and the command of this run, from `benchmarks.command_line` (the
+    header of every report)."""
     if device == "cuda":
         device_name = torch.cuda.get_device_name()
     else:
         device_name = cpu_model_name()
     return {
-        "command": " ".join(["python -m benchmarks." + Path(sys.argv[0]).stem, *sys.argv[1:]]),
+        "command": command,
         "device": device,
         "device_name": device_name,
         "cpu_threads": torch.get_num_threads(),

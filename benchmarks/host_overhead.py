@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
     Shape,
@@ -96,7 +97,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_attention_dropout(args.attention_dropout)
     torch.set_num_threads(args.threads)
     shape = HOST_SHAPE
-    meta = environment("cpu", "float32") | {
+    meta = environment("cpu", "float32", command=command_line("benchmarks.host_overhead", argv)) | {
         "kernel": series_kernels(args.series),
         "layers": shape.layers, "d_model": shape.d_model, "heads": shape.heads, "length": args.length,
         "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds}

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.bench_training import attention_case
 from benchmarks.common import (
     BASELINE,
@@ -109,7 +110,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "holds at least one whole sequence")
     steps = 3 if args.repeats is None else args.repeats
     warmup = 1 if args.warmup is None else args.warmup
-    meta = environment(args.device, args.dtype, args.clock) | {
+    meta = environment(args.device, args.dtype, args.clock,
+                       command=command_line("benchmarks.profile_attention", argv)) | {
         "kernel": args.kernel, "shape": args.shape, "tokens": args.tokens, "steps": steps, "warmup": warmup,
         "attention_dropout": args.attention_dropout,
         "time": ("device time of the kernels each op launched itself" if args.device == "cuda"

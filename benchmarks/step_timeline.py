@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
@@ -271,7 +272,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shape = SHAPES[args.shape]
     layers = shape.layers if args.layers is None else args.layers
     batch = args.tokens // args.length
-    meta = environment(args.device, args.dtype) | {
+    meta = environment(args.device, args.dtype, command=command_line("benchmarks.step_timeline", argv)) | {
         "shape": args.shape, "layers": layers, "length": args.length, "batch": batch,
         "attention_dropout": args.attention_dropout, "warmup": args.warmup, "steps": args.steps,
         "kernel": series_kernels(args.series)}

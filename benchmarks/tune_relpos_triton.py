@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from benchmarks import command_line
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
@@ -159,7 +160,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     candidates = package + (HOPPER_CONFIGS if args.candidates == "all" else ())
     batch = args.tokens // args.length
     shape = SHAPES[args.shape]
-    meta = environment(args.device, args.dtype) | {
+    meta = environment(args.device, args.dtype, command=command_line("benchmarks.tune_relpos_triton", argv)) | {
         "kernel": "relpos_triton", "scheme": args.scheme, "shape": args.shape, "length": args.length, "batch": batch,
         "attention_dropout": args.attention_dropout,
         "candidates": [list(c) for c in candidates], "package_configs": [list(c) for c in package]}

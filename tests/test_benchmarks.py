@@ -5,7 +5,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shlex
 import statistics
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import pytest
 import torch
 from conftest import checkout_first_on_path, requires_relpos_triton
 
-from benchmarks import bench_decoding, bench_training, compile_triton_kernels
+from benchmarks import bench_decoding, bench_training, command_line, compile_triton_kernels
 from benchmarks.common import SCHEMES
 
 
@@ -173,6 +175,16 @@ def test_training_benchmark_writes_each_length_as_it_goes(tmp_path: Path, monkey
     assert {(r["length"], r["scheme"]) for r in rows} == {(8, "absolute"), (8, "shaw")}
     assert "| shaw |" in (tmp_path / "training.md").read_text()
     assert all(r["compiled_graphs"] == rows[0]["compiled_graphs"] for r in rows)
+
+
+def test_a_benchmark_called_from_code_records_the_command_that_reproduces_its_run(tmp_path: Path, monkeypatch) -> None:
+    """The record's command is `python -m benchmarks.<module>` with the arguments main parsed (quoted for a shell),
+    not the calling process's command line; sys.argv's arguments only where main was given none."""
+    argv = [*TINY_TRAINING, "--lengths", "8", "--out", str(tmp_path / "a folder")]
+    data = bench_training.main(argv)
+    assert data["meta"]["command"] == shlex.join(["python", "-m", "benchmarks.bench_training", *argv])
+    monkeypatch.setattr(sys, "argv", ["/repo/benchmarks/bench_training.py", "--quick"])
+    assert command_line("benchmarks.bench_training", None) == "python -m benchmarks.bench_training --quick"
 
 
 def test_training_benchmark_fails_when_graphs_are_compiled_in_the_timed_rounds(tmp_path: Path, monkeypatch) -> None:
@@ -1237,10 +1249,12 @@ def test_precision_run_trains_three_runs_from_the_flags_and_measures_both_bf16_r
                                        "--length", "16", "--tokens", "24", "--vocab_size", "32", "--layers", "2",
                                        "--learning_rate", "0.01", "--warmup_steps", "3", "--tolerance", "1.5"])
     saved = []
-    data = bench_precision.run(args, lambda data: saved.append(json.loads(json.dumps(data))))
+    data = bench_precision.run(args, "python -m benchmarks.bench_precision ...",
+                               lambda data: saved.append(json.loads(json.dumps(data))))
     assert runs == [(kernel, dtype, [(1, 16)] * 8, "cpu", 0.01, 3, 32, 2, kernel, (0.0, 0.0, 0.0))
                     for kernel, dtype in (("eager", "float32"), ("sdpa", "bfloat16"), ("eager", "bfloat16"))]
     assert (data["meta"]["batch"], data["meta"]["layers"], data["meta"]["vocab_size"]) == (1, 2, 32)
+    assert data["meta"]["command"] == "python -m benchmarks.bench_precision ..."
     kernel, eager = data["runs"][1], data["runs"][2]
     assert (kernel["max_deviation"], kernel["final_deviation"]) == (1.0, 0.5)
     assert (eager["max_deviation"], eager["final_deviation"]) == (0.5, 0.25)
