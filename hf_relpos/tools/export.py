@@ -62,9 +62,11 @@ EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpo
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
-# transformers' ACT2FN names -> CTranslate2's Activation members computing the same function.
-ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_new": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh",
-               "silu": "SWISH", "swish": "SWISH", "quick_gelu": "GELUSigmoid", "tanh": "Tanh", "sigmoid": "Sigmoid"}
+# transformers' ACT2FN names -> CTranslate2's Activation members computing the same function (gelu_python is gelu's
+# exact erf GELU, written out in Python).
+ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new": "GELUTanh",
+               "gelu_pytorch_tanh": "GELUTanh", "silu": "SWISH", "swish": "SWISH", "quick_gelu": "GELUSigmoid",
+               "tanh": "Tanh", "sigmoid": "Sigmoid"}
 # Schemes CTranslate2 cannot express, and why.
 REFUSED_SCHEMES = {
     "xl": "Transformer-XL's content and position biases u, v over projected sinusoids have no counterpart in "
