@@ -1351,6 +1351,47 @@ def test_resume_continues_from_the_saved_step(tmp_path, corpus, batching):
     assert any(not torch.equal(untrained[name], tensor) for name, tensor in expected.items())
 
 
+BATCH_ORDER_CHANGED = "the resumed run no longer follows the recorded run's batch order"
+
+
+def test_resuming_with_settings_that_change_the_batch_order_warns_once_for_each(tmp_path, corpus, capfd):
+    """Each checkpoint records the settings that decide the batch order (`batch_order_settings`, in trainer_state.json
+    under stateful_callbacks); a run resumed with other values trains on (a legitimate change) with one warning per
+    changed setting, naming both values: seed (data_seed being unset) and max_tokens_per_batch here. Resumed with
+    the same values, or with another seed beside an unchanged data_seed, it says nothing; a checkpoint saved without
+    the record is not compared. The record is the resumed run's own, also where the Trainer restores the checkpoint's
+    (restore_callback_states_from_checkpoint)."""
+    output_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, max_train_samples=40)
+    run([str(config)])
+
+    def resume(max_steps: int, *flags: str) -> list[str]:
+        capfd.readouterr()
+        run([str(config), "--resume_from_checkpoint", "last", "--max_steps", str(max_steps), *flags])
+        printed = capfd.readouterr()
+        return [line for line in (printed.out + printed.err).splitlines() if BATCH_ORDER_CHANGED in line]
+
+    warned = resume(4, "--seed", "4", "--max_tokens_per_batch", "300", "--restore_callback_states_from_checkpoint",
+                    "true")
+    assert len(warned) == 2 and all(" WARNING " in line for line in warned)
+    assert (f"max_tokens_per_batch is 300 in this run, 400 in the run that saved {output_dir / 'checkpoint-2'}: "
+            f"{BATCH_ORDER_CHANGED}") in warned[0]
+    assert "data_seed (data_seed if set, else seed) is 4 in this run, 3 in the run that saved" in warned[1]
+    state = json.loads((output_dir / "checkpoint-4" / "trainer_state.json").read_text())
+    assert state["stateful_callbacks"]["BatchOrderRecord"]["args"]["batch_order"] == {
+        "max_tokens_per_batch": 300, "gradient_accumulation_steps": 1, "world_size": 1, "data_seed": 4,
+        "length_pool_factor": None}
+    assert resume(6, "--data_seed", "4", "--seed", "4", "--max_tokens_per_batch", "300") == []
+    assert resume(8, "--data_seed", "4", "--seed", "11", "--max_tokens_per_batch", "300") == []
+    state = json.loads((output_dir / "checkpoint-8" / "trainer_state.json").read_text())
+    del state["stateful_callbacks"]["BatchOrderRecord"]   # as an earlier version saved it
+    (output_dir / "checkpoint-8" / "trainer_state.json").write_text(json.dumps(state))
+    assert resume(10) == []
+    assert "BatchOrderRecord" in json.loads((output_dir / "checkpoint-10" / "trainer_state.json").read_text())[
+        "stateful_callbacks"]
+
+
 @pytest.mark.parametrize(("trained_with", "resumed_with", "refusal"), [
     ({"position_scheme": "alibi"}, ["--model.position_scheme", "rope"],
      r"checkpoint-2': its weights were trained with position_scheme alibi, but model: position_scheme=rope would run "

@@ -501,7 +501,7 @@ class TranslationArgumentParser(HfArgumentParser):
             common = dict(dest=f"{MODEL_SECTION}.{name}", type=_yaml_value, nargs="?", const=True,
                           default=argparse.SUPPRESS, metavar="VALUE")
             group.add_argument(f"--{MODEL_SECTION}.{name}", *[f"--{name}"] * plain, **common,
-                               help=f"{help_text} (default: {_yaml_text(value)})".lstrip())
+                               help=f"{help_text} (default: {yaml_text(value)})".lstrip())
             dashed = name.replace("_", "-")
             if dashed != name:  # --model.d-model as HfArgumentParser accepts --max-train-samples; not listed
                 group.add_argument(f"--{MODEL_SECTION}.{dashed}", *[f"--{dashed}"] * plain, **common,
@@ -533,7 +533,8 @@ def _yaml_value(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"{text!r} is not a YAML value ({error.problem})") from None
 
 
-def _yaml_text(value: Any) -> str:
+def yaml_text(value: Any) -> str:
+    """`value` as YAML writes it in flow style (null, true, 400, [a, b]): how messages name a setting's value."""
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
@@ -996,7 +997,7 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
             logger.warning(
                 "model_name_or_path %r: its saved config is the architecture; the recipe's %s: %s differ from it and "
                 "are ignored", model_args.model_name_or_path, MODEL_SECTION,
-                ", ".join(f"{name}={_yaml_text(value)} (saved: {_yaml_text(getattr(saved, name, None))})"
+                ", ".join(f"{name}={yaml_text(value)} (saved: {yaml_text(getattr(saved, name, None))})"
                           for name, value in ignored.items()))
         requested = {name: value for name, value in requested.items() if name in from_command_line}
     try:
@@ -1030,7 +1031,7 @@ def _check_same_architecture(saved: RelPosTransformerConfig, overrides: dict[str
     saved_shapes = weight_shapes(saved)
     if weight_shapes(_with_overrides(saved, overrides)) != saved_shapes:
         reshaping = [name for name in overrides if _changes_shapes(saved, name, overrides[name], saved_shapes)]
-        described = ", ".join(f"{name}={_yaml_text(overrides[name])} (saved: {_yaml_text(getattr(saved, name))})"
+        described = ", ".join(f"{name}={yaml_text(overrides[name])} (saved: {yaml_text(getattr(saved, name))})"
                               for name in reshaping or overrides)
         raise ConfigError(
             f"{source}: its saved config is the architecture, but {MODEL_SECTION}: {described} would change the "

@@ -1,8 +1,8 @@
 """The Trainer of a translation run and its callbacks: `TranslationTrainer` (a `Seq2SeqTrainer` with token-budget
 training batches, generation capped per source, sacreBLEU/chrF against the raw references and a stop on a
-non-finite loss), the callbacks that tell the batch sampler the epoch and fade the absolute positions out, the
-checkpoint a run resumes from, and the report of each stage: metrics logged and saved, translations written to
-`{prefix}_hypotheses.txt`, scores printed."""
+non-finite loss), the callbacks that tell the batch sampler the epoch, record the settings that decide the batch order
+and fade the absolute positions out, the checkpoint a run resumes from, and the report of each stage: metrics logged
+and saved, translations written to `{prefix}_hypotheses.txt`, scores printed."""
 
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import (
@@ -47,7 +48,7 @@ from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
 from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE
-from .arguments import ConfigError, TranslationTrainingArguments, data_seed
+from .arguments import ConfigError, TranslationTrainingArguments, data_seed, yaml_text
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
 from .data import example_lengths, restore_order
@@ -129,6 +130,56 @@ class SamplerEpochCallback(TrainerCallback):
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
         self.sampler.set_epoch(math.floor(state.epoch or 0.0))
+
+
+def batch_order_settings(args: TranslationTrainingArguments) -> dict[str, int | str | bool | None]:
+    """The settings that decide which pairs each training step of a run takes: a resumed run follows the batch order
+    of the run that saved its checkpoint only where all of them are unchanged (`BatchOrderRecord` records them,
+    `resolve_resume_checkpoint` compares). Always gradient_accumulation_steps and the world size (the batches an
+    optimizer step takes, and where in its epoch a resumed run goes on: the Trainer skips (global_step mod steps per
+    epoch) x gradient_accumulation_steps batches of each process) and max_tokens_per_batch; with a token budget the
+    sampler's seed, data_seed(args), and length_pool_factor; with batches of pairs per_device_train_batch_size,
+    dataloader_drop_last (the batches of an epoch) and train_sampling_strategy, whose random order accelerate's
+    seedable sampler draws from data_seed(args) and whose group_by_length order the Trainer draws from the global
+    generator, seeded with `seed`."""
+    settings: dict[str, int | str | bool | None] = {
+        "max_tokens_per_batch": args.max_tokens_per_batch,
+        "gradient_accumulation_steps": args.gradient_accumulation_steps,
+        "world_size": args.world_size,
+    }
+    if args.max_tokens_per_batch is not None:
+        return settings | {"data_seed": data_seed(args), "length_pool_factor": args.length_pool_factor}
+    settings |= {"per_device_train_batch_size": args.per_device_train_batch_size,
+                 "dataloader_drop_last": args.dataloader_drop_last,
+                 "train_sampling_strategy": args.train_sampling_strategy}
+    if args.train_sampling_strategy == "random":
+        settings["data_seed"] = data_seed(args)
+    elif args.train_sampling_strategy == "group_by_length":
+        settings["seed"] = args.seed
+    return settings
+
+
+# how a warning names the settings of `batch_order_settings` that are no TrainingArguments field of that name
+_SETTING_NAMES = {"data_seed": "data_seed (data_seed if set, else seed)", "world_size": "world_size (the number of "
+                  "processes)"}
+
+
+class BatchOrderRecord(TrainerCallback, ExportableState):
+    """Keeps the run's `batch_order_settings` in its trainer state ("stateful_callbacks"), so in each checkpoint's
+    trainer_state.json, for a resumed run to compare. Set when training begins, from the run's own arguments: also
+    over a record that `restore_callback_states_from_checkpoint` restored from the checkpoint, and where the
+    checkpoint's state has none (saving expects an entry for each stateful callback)."""
+
+    def __init__(self, batch_order: dict[str, int | str | bool | None] | None = None) -> None:
+        self.batch_order = batch_order
+
+    def state(self) -> dict[str, Any]:
+        return {"args": {"batch_order": self.batch_order}, "attributes": {}}
+
+    def on_train_begin(self, args: TranslationTrainingArguments, state: TrainerState, control: TrainerControl,
+                       **kwargs: Any) -> None:
+        self.batch_order = batch_order_settings(args)
+        state.stateful_callbacks[type(self).__name__] = self.state()
 
 
 class EarlyStopping(EarlyStoppingCallback):
@@ -230,6 +281,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._active_prefix = "eval"
         self.pairs_trained = 0   # by this process in the current train() call: `log` reports their rate
         self.token_budget_sampler = None
+        self.add_callback(BatchOrderRecord())
         if self.args.max_tokens_per_batch is not None and self.train_dataset is not None:
             source_lengths, target_lengths = example_lengths(self.train_dataset)
             self.token_budget_sampler = TokenBudgetBatchSampler(
@@ -614,11 +666,32 @@ def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume
                           "run's model with --do_train false")
 
 
+def _warn_of_another_batch_order(training_args: TranslationTrainingArguments, resume_from: str,
+                                 state: dict[str, Any]) -> None:
+    """One warning (main process) per `batch_order_settings` field whose value differs from the one recorded in the
+    checkpoint's trainer state: legitimate, but the resumed run no longer goes on as the recorded run did. A
+    checkpoint saved without the record (an earlier version) is not compared."""
+    if training_args.process_index != 0:
+        return
+    saved = state.get("stateful_callbacks", {}).get(BatchOrderRecord.__name__)
+    recorded = saved.get("args", {}).get("batch_order") if isinstance(saved, dict) else None
+    if not isinstance(recorded, dict):
+        logger.info("resume_from_checkpoint: %s has no record of the settings that decide the batch order (saved by "
+                    "an earlier version): not compared with this run's", resume_from)
+        return
+    for name, value in batch_order_settings(training_args).items():
+        if name in recorded and recorded[name] != value:
+            logger.warning("resume_from_checkpoint: %s is %s in this run, %s in the run that saved %s: the resumed "
+                           "run no longer follows the recorded run's batch order", _SETTING_NAMES.get(name, name),
+                           yaml_text(value), yaml_text(recorded[name]), resume_from)
+
+
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
     (a checkpoint whose writing was cut short is skipped). A training run refuses a checkpoint that has already
     trained all the run's steps, or whose evaluations without improvement already reach the run's
-    early_stopping_patience (the Trainer would train on and replace the final model)."""
+    early_stopping_patience (the Trainer would train on and replace the final model), and warns of each setting that
+    changes the checkpoint run's batch order (`_warn_of_another_batch_order`)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
         return None
@@ -649,5 +722,6 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
                               "raise early_stopping_patience to train on, or score the run's model with --do_train "
                               "false")
         _check_not_stopped_later(training_args, resume_from, step)
+        _warn_of_another_batch_order(training_args, resume_from, state)
         logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
