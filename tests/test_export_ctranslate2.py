@@ -36,12 +36,14 @@ SPLITS = generate_demo_splits(num_train=12, num_validation=0, num_test=24, seed=
 TOKENIZER_TEXTS = [text for pair in generate_demo_splits(3000, 0, 0, seed=11)["train"] for text in pair]
 TRAIN_PAIRS, TEST_SOURCES = SPLITS["train"], [source for source, _ in SPLITS["test"]]
 # Each exportable scheme with architecture options around it, so that every option's mapping is exercised: both LN
-# positions, five activations (gelu_python: the erf GELU written in Python), the embedding scale off, untied output
-# projection, Shaw without a^V, partial rotary, kept sinusoids at a scale under `none`.
+# positions, six activations (gelu_python: the erf GELU written in Python; gelu_fast: gelu_new's tanh GELU with
+# sqrt(2/pi) written as 0.7978845608), the embedding scale off, untied output projection, Shaw without a^V, partial
+# rotary, kept sinusoids at a scale under `none`.
 EXPORTABLE = {
     "absolute": dict(layer_norm_position="post", activation_function="gelu"),
     "shaw": dict(layer_norm_position="pre", activation_function="relu"),
-    "shaw_keys_only": dict(position_scheme="shaw", use_relative_values=False, tie_word_embeddings=False),
+    "shaw_keys_only": dict(position_scheme="shaw", use_relative_values=False, tie_word_embeddings=False,
+                           activation_function="gelu_fast"),
     "shaw_values_only": dict(position_scheme="shaw", use_relative_keys=False, layer_norm_position="pre",
                              activation_function="gelu_python"),
     "t5": dict(layer_norm_position="post", scale_embedding=False, relative_attention_num_buckets=8,

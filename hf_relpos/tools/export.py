@@ -63,10 +63,11 @@ ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip i
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 # transformers' ACT2FN names -> CTranslate2's Activation members computing the same function (gelu_python is gelu's
-# exact erf GELU, written out in Python).
+# exact erf GELU, written out in Python; gelu_accurate, gelu_fast and gelu_pytorch_tanh are gelu_new's tanh
+# approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), gelu_fast with sqrt(2/pi) as 0.7978845608).
 ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new": "GELUTanh",
-               "gelu_pytorch_tanh": "GELUTanh", "silu": "SWISH", "swish": "SWISH", "quick_gelu": "GELUSigmoid",
-               "tanh": "Tanh", "sigmoid": "Sigmoid"}
+               "gelu_accurate": "GELUTanh", "gelu_fast": "GELUTanh", "gelu_pytorch_tanh": "GELUTanh",
+               "silu": "SWISH", "swish": "SWISH", "quick_gelu": "GELUSigmoid", "tanh": "Tanh", "sigmoid": "Sigmoid"}
 # Schemes CTranslate2 cannot express, and why.
 REFUSED_SCHEMES = {
     "xl": "Transformer-XL's content and position biases u, v over projected sinusoids have no counterpart in "
