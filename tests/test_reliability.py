@@ -523,6 +523,66 @@ def test_a_sigterm_in_the_last_step_leaves_a_finished_run(tmp_path, corpus, monk
     assert (output_dir / "model.safetensors").is_file() and (output_dir / "test_results.json").is_file()
 
 
+@contextlib.contextmanager
+def sigterm_in(monkeypatch: pytest.MonkeyPatch, method: str, step: int) -> Iterator[list[int]]:
+    """Within the block, a SIGTERM arrives in the first call of `TranslationTrainer.<method>` once `step` steps are
+    taken, its JIT checkpoint requested at once (as in `sigterm_in_step_3`); yields the steps taken at each later call
+    of the method."""
+    from transformers.trainer_jit_checkpoint import CheckpointManager
+
+    monkeypatch.setattr(CheckpointManager.__init__, "__defaults__", (0,))
+    original = getattr(TranslationTrainer, method)
+    sent, later_calls = [], []
+
+    def sigterm_once(self, *args, **kwargs):
+        if sent:
+            later_calls.append(self.state.global_step)
+        elif self.state.global_step == step:
+            sent.append(step)
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+        return original(self, *args, **kwargs)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(TranslationTrainer, method, sigterm_once)
+        yield later_calls
+    assert sent, f"no call of {method} after step {step}"
+
+
+def steps_at_each_call(patch: pytest.MonkeyPatch, method: str) -> list[int]:
+    """The steps taken at each call of `TranslationTrainer.<method>` from now on."""
+    original, steps = getattr(TranslationTrainer, method), []
+
+    def noting(self, *args, **kwargs):
+        steps.append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    patch.setattr(TranslationTrainer, method, noting)
+    return steps
+
+
+def test_a_sigterm_during_a_checkpoint_save_stops_before_the_next_step_without_saving_again(tmp_path, corpus,
+                                                                                         monkeypatch):
+    """A SIGTERM noticed between two steps, here while checkpoint-2 is saved, ends the run before step 3 with that
+    checkpoint. transformers' handler, at step 3's start, saved checkpoint-2 again, whole (more time after the
+    SIGTERM, for a large model the scheduler's whole wait), then trained step 3, thrown away, and the error named
+    step 3. Resumed, the run ends with the uninterrupted run's weights, learning rate and loss at every step."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with monkeypatch.context() as patch:
+        saved_at, trained_from = steps_at_each_call(patch, "_save_checkpoint"), steps_at_each_call(patch, "training_step")
+        with sigterm_in(patch, "_save_checkpoint", 2), pytest.raises(
+                TrainingStoppedError, match=r"at step 2 \(enable_jit_checkpoint\): checkpoint-2 is saved"):
+            run([str(config)])
+    assert saved_at == [2] and trained_from == [0, 1]
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+
+
 def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, monkeypatch):
     """enable_jit_checkpoint saves a checkpoint of training; a run that only scores a model (do_train false) has none
     to save, and a SIGTERM ends it as it would without the setting (the Trainer's handler, installed when it is built

@@ -261,6 +261,11 @@ def _leave_to_the_step_end(*args: Any, **kwargs: Any) -> None:
     """A JIT checkpoint requested before the optimizer step waits for the step's end (`_note_signal_checkpoints`)."""
 
 
+class _StoppedBetweenSteps(Exception):
+    """A SIGTERM checkpoint requested between two training steps, noticed before the next one begins: raised out of
+    the Trainer's loop, which has no way to stop before a step; `TranslationTrainer.train` checkpoints and stops."""
+
+
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches, "source length + offset" generation per batch, and
     sacreBLEU/chrF against the raw references, with hypotheses kept in source order."""
@@ -297,6 +302,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.early_stopping_patience is not None:
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
         self.stopped_by_signal = False
+        self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved
+        self._jit_checkpoint: JITCheckpointCallback | None = None
         self._note_signal_checkpoints()
 
     def _note_signal_checkpoints(self) -> None:
@@ -311,11 +318,14 @@ class TranslationTrainer(Seq2SeqTrainer):
         after its SIGTERM), and so is the epoch end the Trainer then runs (where eval_strategy or save_strategy epoch
         would evaluate and save the step again); the resumed run goes on from the next step without it, with the
         random state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted
-        run's)."""
+        run's). A SIGTERM noticed between two steps (after an evaluation, a checkpoint save or the epoch end) stops
+        before the next step begins (`_StoppedBetweenSteps`): transformers saved the previous step's checkpoint
+        again, whole, and trained one more step, thrown away."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
             return
+        self._jit_checkpoint = jit
         manager = jit.jit_manager
         save_checkpoint = manager.execute_jit_checkpoint
 
@@ -341,7 +351,13 @@ class TranslationTrainer(Seq2SeqTrainer):
             else:
                 save_after_the_step_and_stop(args, state, control)
 
+        def stop_before_the_step(args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                 **kwargs: Any) -> None:
+            if manager.is_checkpoint_requested:
+                raise _StoppedBetweenSteps
+
         manager.execute_jit_checkpoint = save_checkpoint_and_stop
+        jit.on_step_begin = stop_before_the_step
         jit.on_pre_optimizer_step = _leave_to_the_step_end
         jit.on_step_end = save_after_the_step_and_stop
         jit.on_epoch_end = nothing_more_at_the_epoch_end
@@ -365,14 +381,29 @@ class TranslationTrainer(Seq2SeqTrainer):
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir. Training that a
         SIGTERM stopped (`enable_jit_checkpoint`) before its last step raises `TrainingStoppedError` after its
-        checkpoint is saved; one whose checkpoint came in the last step has finished and returns as usual."""
+        checkpoint is saved (`_checkpoint_the_stop` for one noticed between steps); one whose checkpoint came in the
+        last step has finished and returns as usual."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
-        self.pairs_trained = 0
-        result = super().train(resume_from_checkpoint, *args, **kwargs)
+        self.pairs_trained, self._checkpointed_step = 0, None
+        try:
+            result = super().train(resume_from_checkpoint, *args, **kwargs)
+        except _StoppedBetweenSteps:
+            self._checkpoint_the_stop()
         if self.stopped_early_by_signal():
             raise TrainingStoppedError(self.state.global_step, last_complete_checkpoint(self.args.output_dir))
         return result
+
+    def _checkpoint_the_stop(self) -> None:
+        """After `_StoppedBetweenSteps`: the step's checkpoint, unless this train() call has saved it already (a
+        SIGTERM during its regular save), and the SIGTERM handler of before training back, as the Trainer's end of
+        training restores it."""
+        jit = self._jit_checkpoint
+        jit.jit_manager.is_checkpoint_requested = False
+        self.stopped_by_signal = True
+        if self._checkpointed_step != self.state.global_step:
+            self._save_checkpoint(self.model, trial=None)
+        jit.on_train_end(self.args, self.state, self.control)
 
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
@@ -403,6 +434,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
         super()._save_checkpoint(model, trial)
+        self._checkpointed_step = self.state.global_step
 
     def _save_rng_state(self, output_dir: str) -> None:
         """Every process saves its random state (`rng_state_RANK.pth`), then waits for the others: the main process
