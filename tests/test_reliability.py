@@ -583,6 +583,32 @@ def test_a_sigterm_during_a_checkpoint_save_stops_before_the_next_step_without_s
         tmp_path / "reference")
 
 
+@pytest.mark.parametrize("strategy, stop_step", [("steps", 2), ("epoch", 7)])
+def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(tmp_path, corpus, monkeypatch,
+                                                                               strategy, stop_step):
+    """An evaluation in training (beam search over the validation set: minutes on a real one) outlasts the time a
+    scheduler leaves after its SIGTERM: one noticed during it, at step 2 (eval_steps 2) or at the end of the first
+    epoch (7 steps, eval_strategy and save_strategy epoch), stops it at the next batch and checkpoints the step
+    without it. It ran to its end before (the checkpoint request was noticed when the next step began). Resumed, the
+    run goes on from the next step and ends with the uninterrupted run's weights, learning rate and loss at every
+    step (the evaluation draws from the random state when its loader starts, before the SIGTERM's batch)."""
+    common = {"max_steps": 9, "enable_jit_checkpoint": True, "eval_strategy": strategy, "eval_steps": 2,
+              "save_strategy": "no" if strategy == "steps" else "epoch", "per_device_eval_batch_size": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "prediction_step", stop_step) as later_batches, pytest.raises(
+            TrainingStoppedError, match=rf"at step {stop_step} .*: checkpoint-{stop_step} is saved"):
+        run([str(config)])
+    assert later_batches == []   # of the validation set's 3 batches
+    state = json.loads((tmp_path / "stopped" / f"checkpoint-{stop_step}" / TRAINER_STATE_FILE).read_text())
+    assert not [entry for entry in state["log_history"] if "eval_loss" in entry]
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+
+
 def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, monkeypatch):
     """enable_jit_checkpoint saves a checkpoint of training; a run that only scores a model (do_train false) has none
     to save, and a SIGTERM ends it as it would without the setting (the Trainer's handler, installed when it is built

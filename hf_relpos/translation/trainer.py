@@ -320,7 +320,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         random state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted
         run's). A SIGTERM noticed between two steps (after an evaluation, a checkpoint save or the epoch end) stops
         before the next step begins (`_StoppedBetweenSteps`): transformers saved the previous step's checkpoint
-        again, whole, and trained one more step, thrown away."""
+        again, whole, and trained one more step, thrown away. One noticed during an evaluation in training, before
+        the last step, stops it at its next batch (`prediction_step`), for the same reason as above."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
@@ -362,6 +363,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         jit.on_step_end = save_after_the_step_and_stop
         jit.on_epoch_end = nothing_more_at_the_epoch_end
 
+    def _stop_requested_before_the_last_step(self) -> bool:
+        """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) is requested while training has steps to go."""
+        return (self.is_in_train and self._jit_checkpoint is not None
+                and self._jit_checkpoint.jit_manager.is_checkpoint_requested
+                and self.state.global_step < self.state.max_steps)
+
     def stopped_early_by_signal(self) -> bool:
         """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) stopped training before its last step."""
         return self.stopped_by_signal and self.state.global_step < self.state.max_steps
@@ -400,7 +407,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         training restores it."""
         jit = self._jit_checkpoint
         jit.jit_manager.is_checkpoint_requested = False
-        self.stopped_by_signal = True
+        self.stopped_by_signal, self.is_in_train = True, False
         if self._checkpointed_step != self.state.global_step:
             self._save_checkpoint(self.model, trial=None)
         jit.on_train_end(self.args, self.state, self.control)
@@ -569,7 +576,10 @@ class TranslationTrainer(Seq2SeqTrainer):
         one the run set (a max_length beside max_new_tokens would make every generate(max_new_tokens=...) warn that
         both are set, and the exporter would see settings nobody chose).
         The loss is `evaluation_loss`'s, whose per-sentence sums are gathered here (`gather_for_metrics`, which drops
-        the padding copies of the last step) for `evaluation_loop`'s token mean."""
+        the padding copies of the last step) for `evaluation_loop`'s token mean. An evaluation in training stops at
+        the batch where a SIGTERM checkpoint is requested before the last step (`_note_signal_checkpoints`)."""
+        if self._stop_requested_before_the_last_step():
+            raise _StoppedBetweenSteps
         if self.args.predict_with_generate and not prediction_loss_only:
             gen_kwargs = dict(gen_kwargs or getattr(self, "_gen_kwargs", {}))
             gen_kwargs.pop("max_length", None)  # generation_max_length, folded into the saved max_new_tokens
