@@ -111,6 +111,18 @@ def test_bf16_if_supported_turns_bf16_on_only_where_the_gpu_has_it(monkeypatch):
     assert not parse("demo.yaml")[2].bf16  # off unless a recipe asks for it
 
 
+def test_the_yaml_precision_wins_over_the_launch_configs_mixed_precision(monkeypatch):
+    """`accelerate launch` exports its config's mixed_precision (fsdp.yaml said bf16), which transformers took when the
+    YAML's bf16 was off: --bf16_if_supported false, or a GPU without bf16, trained (or failed) in bf16 anyway."""
+    import hf_relpos.translation.arguments
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(hf_relpos.translation.arguments, "is_torch_bf16_gpu_available", lambda: False)
+    assert parse("wmt14_en_de_big_shaw.yaml")[2].mixed_precision == "no"
+    monkeypatch.setattr(hf_relpos.translation.arguments, "is_torch_bf16_gpu_available", lambda: True)
+    assert parse("wmt14_en_de_big_shaw.yaml", "--bf16_if_supported", "false")[2].mixed_precision == "no"
+
+
 @pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml") if not path.name.startswith("finetune")))
 def test_every_recipe_parses_with_a_valid_model_config(name):
     """parse_arguments builds the recipe's RelPosTransformerConfig, so each scheme checks its own fields here."""

@@ -384,6 +384,14 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
             logger.info("bf16_if_supported: %s", "bf16 autocast on this GPU" if self.bf16 else
                         "float32 (no GPU with bf16 here, or use_cpu)")
         super().__post_init__()
+        # transformers takes `accelerate launch`'s mixed_precision (ACCELERATE_MIXED_PRECISION) when bf16 and fp16 are
+        # off: the YAML's precision is the run's (docs/training.md, Multi-GPU), whatever the launch config says.
+        launched_with = self.mixed_precision
+        self.mixed_precision = "bf16" if self.bf16 else "fp16" if self.fp16 else "no"
+        if launched_with != self.mixed_precision:
+            logger.warning("accelerate's mixed_precision %r is not used: the run trains in %s, as the training YAML "
+                           "says (bf16_if_supported, bf16, fp16)", launched_with,
+                           "float32" if self.mixed_precision == "no" else self.mixed_precision)
         if not torch.accelerator.is_available():   # use_cpu: transformers turns pinning off itself
             self.dataloader_pin_memory = False   # nothing to pin to: spares torch's warning per DataLoader
 
