@@ -4,6 +4,7 @@ reused by a rerun and by a second process, rebuilt when a file or a setting chan
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import errno
 import json
@@ -43,7 +44,13 @@ from hf_relpos.translation.data import (
     tokenize_training_pairs,
 )
 from hf_relpos.translation.demo_corpus import random_sentence_pair, write_demo_corpus
-from hf_relpos.translation.prepared import MANIFEST_FILE, PARTIAL_PREFIX, PREPARED_FOLDER, PreparationError
+from hf_relpos.translation.prepared import (
+    MANIFEST_FILE,
+    PARTIAL_PREFIX,
+    PREPARED_FOLDER,
+    PreparationError,
+    prepared_store,
+)
 from hf_relpos.translation.safety import OutputDirError
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import ConfigError, run
@@ -418,8 +425,8 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
 
 def test_a_changed_file_in_a_local_dataset_folder_prepares_its_splits_again(tmp_path, capsys):
     """A folder in a Hub dataset's layout, read with its configuration: a rerun after one of its files changed
-    prepares its splits again from the changed texts (every file of the folder is in each split's key; the tokenizer
-    of output_dir is kept: it is not what is tested here)."""
+    prepares its splits again from the changed texts (the files its configuration reads for a split are in that split's
+    key; the tokenizer of output_dir is kept: it is not what is tested here)."""
     corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
     splits = {split: [tuple(json.loads(line)["translation"][lang] for lang in ("en", "de"))
                       for line in corpus[split].read_text(encoding="utf-8").splitlines()]
@@ -436,6 +443,35 @@ def test_a_changed_file_in_a_local_dataset_folder_prepares_its_splits_again(tmp_
     (validation,) = (tmp_path / "out" / PREPARED_FOLDER).glob("validation-*")
     prepared = load_from_disk(str(validation / "data"))
     assert list(zip(prepared["source"], prepared["target"], strict=True)) == splits["validation"][::-1]
+
+
+def test_a_local_copy_of_a_hub_dataset_keys_each_split_by_the_files_its_configuration_reads(tmp_path):
+    """A copy of a whole Hub dataset (`hf download wmt/wmt14`) holds every configuration: a split's key (and so what
+    each process of a launch hashes) is the files its own configuration and split read, so a file of another
+    configuration, or of another split, neither is hashed for it nor prepares it again."""
+    hub = tmp_path / "hub"
+    write_hub_layout(hub, {"train": [("A dog.", "Ein Hund.")] * 3, "validation": [("A cat.", "Eine Katze.")] * 2})
+    readme = (hub / "README.md").read_text(encoding="utf-8").removesuffix("---\n")
+    (hub / "README.md").write_text(f"{readme}- config_name: fr-en\n  data_files:\n  - split: train\n    path: "
+                                   "fr-en/train.jsonl\n---\n", encoding="utf-8")
+    (hub / "fr-en").mkdir()
+    (hub / "fr-en" / "train.jsonl").write_text('{"translation": {"en": "A dog.", "fr": "Un chien."}}\n')
+    arguments = DataArguments(dataset_name=str(hub), dataset_config_name="de-en")
+
+    def identities() -> dict[str, str]:
+        with contextlib.ExitStack() as stack:
+            raw = preparation_module.RawSplits(arguments, ("train", "validation"), str(tmp_path / "out"),
+                                               prepared_store(tmp_path / "out", None), str(tmp_path / "cache"), stack)
+            assert [path.relative_to(hub).as_posix() for path in raw.data_files("train")] == ["README.md",
+                                                                                             "de-en/train.jsonl"]
+            return raw.identities()
+
+    first = identities()
+    (hub / "fr-en" / "train.jsonl").write_text('{"translation": {"en": "A cat.", "fr": "Un chat."}}\n')
+    assert identities() == first
+    (hub / "de-en" / "validation.jsonl").write_text('{"translation": {"en": "A cat.", "de": "Eine Katze."}}\n')
+    changed = identities()
+    assert changed["train"] == first["train"] and changed["validation"] != first["validation"]
 
 
 @pytest.mark.parametrize(("overrides", "prepared", "reused"), [

@@ -49,6 +49,7 @@ from datasets import (
     VerificationMode,
     concatenate_datasets,
     load_dataset,
+    load_dataset_builder,
 )
 from datasets.table import InMemoryTable
 from huggingface_hub import HfApi
@@ -357,6 +358,23 @@ def local_folder_files(folder: Path) -> list[Path]:
     """The files of a local dataset folder, in path order, without hidden ones (`.git`, `hf download`'s `.cache`)."""
     return sorted(path for path in folder.rglob("*")
                   if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts))
+
+
+def local_folder_split_files(folder: Path, config_name: str | None, split_name: str,
+                             cache_dir: str | None) -> list[Path]:
+    """The files of a local dataset folder that `load_dataset(folder, config_name)` reads for `split_name` (the data
+    files `datasets` resolves for that configuration and split), with the folder's README.md, whose YAML declares them;
+    every file of the folder where `datasets` resolves none (`load_dataset` then says why). A copy of a Hub dataset
+    holds every configuration (`hf download wmt/wmt14`: fr-en's 40.8M pairs beside de-en's 4.5M), whose other files
+    neither the split's texts nor so its prepared data depend on."""
+    try:
+        data_files = load_dataset_builder(str(folder), config_name, cache_dir=cache_dir).config.data_files
+    except (ValueError, OSError):
+        return local_folder_files(folder)
+    if not data_files or split_name not in data_files:
+        return local_folder_files(folder)
+    readme = [folder / "README.md"] if (folder / "README.md").is_file() else []
+    return sorted({folder / os.path.relpath(path, folder) for path in data_files[split_name]}.union(readme))
 
 
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:

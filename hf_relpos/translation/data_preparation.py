@@ -34,7 +34,7 @@ from .data import (
     has_references,
     hub_split_names,
     load_parallel_splits,
-    local_folder_files,
+    local_folder_split_files,
     local_split_files,
     sort_by_source_length,
     tokenize_evaluation_pairs,
@@ -87,16 +87,18 @@ class RawSplits:
         self.folder: Path | None = None
 
     def data_files(self, split: str) -> list[Path]:
-        """The files `split` is read from: its local file or plain-text pair, or every file of a local dataset
-        folder (none for a Hub dataset)."""
+        """The files `split` is read from: its local file or plain-text pair, or those of a local dataset folder that
+        its configuration reads for it (`local_folder_split_files`; none for a Hub dataset)."""
         if self.files is not None:
             return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
         folder = self.data_args.local_dataset_folder
-        return [] if folder is None else local_folder_files(folder)
+        return [] if folder is None else local_folder_split_files(folder, self.data_args.dataset_config_name,
+                                                                  hub_split_names(self.data_args)[split],
+                                                                  self.cache_dir)
 
     def identities(self) -> dict[str, str]:
-        """Per split, what its texts depend on: the SHA-256 of its files (a local dataset folder's: all of them, with
-        the configuration and split read) and the settings that select its texts (the languages, the sample cap); for
+        """Per split, what its texts depend on: the SHA-256 of its files (a local dataset folder's: those its
+        configuration reads for it, with the configuration and split read) and the settings that select its texts (the languages, the sample cap); for
         a Hub dataset, the `datasets` fingerprint of the loaded split."""
         folder = self.data_args.local_dataset_folder if self.files is None else None
         if self.files is None and folder is None:
