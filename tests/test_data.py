@@ -7,6 +7,7 @@ import json
 import logging
 import random
 
+import datasets.table
 import numpy as np
 import pytest
 from datasets import Dataset, DatasetDict, Features, Translation, Value
@@ -15,6 +16,7 @@ import hf_relpos.translation.data as data_module
 from hf_relpos.translation.data import (
     DataArguments,
     DatasetSchemaError,
+    example_lengths,
     load_parallel_splits,
     read_local_pairs,
     restore_order,
@@ -297,6 +299,17 @@ def test_a_pair_exactly_at_the_length_limits_is_kept_and_one_token_over_is_filte
         arguments = DataArguments(max_source_length=limits[0], max_target_length=limits[1])
         filtered, report = tokenize_training_pairs(dataset, tokenizer, arguments)
         assert ("The small dog." in filtered["source"]) == kept and report.overlong == (not kept), limits
+
+
+def test_example_lengths_of_a_selected_split_are_picked_by_index_not_gathered_row_by_row(monkeypatch):
+    """The training split filtered to the length limits (a `select`) has its token budget checked: `datasets` gathers
+    a column of a selected dataset row by row (`Table.fast_gather` of every index), which took 21 s and 2.4 GB of
+    memory for a WMT14-sized split of 4.65M pairs, so example_lengths picks the rows itself."""
+    dataset = Dataset.from_dict({"source_length": [3, 1, 4, 1, 5], "target_length": [2, 7, 1, 8, 2]})
+    monkeypatch.setattr(datasets.table.Table, "fast_gather", lambda *_: pytest.fail("gathered row by row"))
+    sources, targets = example_lengths(dataset.select([4, 0, 2]))
+    assert (sources.tolist(), targets.tolist()) == ([5, 3, 4], [2, 2, 1])
+    assert [lengths.tolist() for lengths in example_lengths(dataset)] == [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2]]
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
