@@ -583,6 +583,27 @@ def test_a_sigterm_during_a_checkpoint_save_stops_before_the_next_step_without_s
         tmp_path / "reference")
 
 
+def test_a_sigterm_before_a_resumed_runs_first_step_leaves_the_checkpoint_it_resumed_from_as_it_is(tmp_path, corpus,
+                                                                                                     monkeypatch):
+    """A resumed run stopped before its first step (a job preempted again while it loads) has trained nothing since
+    the checkpoint it resumed from, which holds that step: it stops with that checkpoint, without saving it again.
+    A second save would spend the scheduler's wait after the SIGTERM rewriting the run's newest complete checkpoint,
+    incomplete from its first moment (its trainer_state.json goes first), so a SIGKILL then would lose it."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2}
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "_save_checkpoint", 2), pytest.raises(TrainingStoppedError):
+        run([str(config)])
+    state_file = tmp_path / "stopped" / "checkpoint-2" / TRAINER_STATE_FILE
+    written = state_file.read_bytes(), state_file.stat().st_mtime_ns
+    with monkeypatch.context() as patch:
+        saved_at, trained_from = steps_at_each_call(patch, "_save_checkpoint"), steps_at_each_call(patch, "training_step")
+        with sigterm_in(patch, "_load_rng_state", 2), pytest.raises(
+                TrainingStoppedError, match=r"at step 2 \(enable_jit_checkpoint\): checkpoint-2 is saved"):
+            run([str(config), "--resume_from_checkpoint", "last"])
+    assert saved_at == [] and trained_from == []
+    assert (state_file.read_bytes(), state_file.stat().st_mtime_ns) == written
+
+
 @pytest.mark.parametrize("strategy, stop_step", [("steps", 2), ("epoch", 7)])
 def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(tmp_path, corpus, monkeypatch,
                                                                                strategy, stop_step):

@@ -50,7 +50,13 @@ from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text
 from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed, yaml_text
 from .batching import TokenBudgetBatchSampler
-from .checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint, saved_config
+from .checkpoints import (
+    CHECKPOINT_PATTERN,
+    TRAINER_STATE_FILE,
+    is_complete_checkpoint,
+    last_complete_checkpoint,
+    saved_config,
+)
 from .data import example_lengths, restore_order
 from .metrics import decode_token_ids, generated_lengths, score_translations
 from .safety import NonFiniteLossError, TrainingStoppedError
@@ -302,7 +308,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.early_stopping_patience is not None:
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
         self.stopped_by_signal = False
-        self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved
+        self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved or
+        # resumed from (in output_dir)
         self._jit_checkpoint: JITCheckpointCallback | None = None
         self._note_signal_checkpoints()
 
@@ -392,7 +399,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         last step has finished and returns as usual."""
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
-        self.pairs_trained, self._checkpointed_step = 0, None
+        self.pairs_trained = 0
+        self._checkpointed_step = _own_checkpoint_step(resume_from_checkpoint, self.args.output_dir)
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         except _StoppedBetweenSteps:
@@ -403,8 +411,9 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def _checkpoint_the_stop(self) -> None:
         """After `_StoppedBetweenSteps`: the step's checkpoint, unless this train() call has saved it already (a
-        SIGTERM during its regular save), and the SIGTERM handler of before training back, as the Trainer's end of
-        training restores it."""
+        SIGTERM during its regular save) or resumed from it (a SIGTERM before its first step: rewriting the newest
+        complete checkpoint would leave it incomplete until written whole), and the SIGTERM handler of before training
+        back, as the Trainer's end of training restores it."""
         jit = self._jit_checkpoint
         jit.jit_manager.is_checkpoint_requested = False
         self.stopped_by_signal, self.is_in_train = True, False
@@ -670,6 +679,16 @@ def report_split(trainer: TranslationTrainer, prefix: str, metrics: dict[str, An
         print(f"{prefix}: sacreBLEU {metrics[f'{prefix}_bleu']:.2f}  chrF {metrics[f'{prefix}_chrf']:.2f}  "
               f"({metrics[f'{prefix}_bleu_signature']})", flush=True)
     return metrics
+
+
+def _own_checkpoint_step(checkpoint: str | None, output_dir: str) -> int | None:
+    """The step of `checkpoint` where it is output_dir's own `checkpoint-<step>`, the folder a save at that step
+    writes; None for another folder or none."""
+    if not checkpoint:
+        return None
+    folder = Path(checkpoint)
+    match = CHECKPOINT_PATTERN.match(folder.name)
+    return int(match.group(1)) if match and folder.resolve().parent == Path(output_dir).resolve() else None
 
 
 def _last_complete_checkpoint(output_dir: str, setting: str) -> Path:
