@@ -1155,7 +1155,21 @@ def test_a_weights_file_cut_short_is_refused_before_anything_is_pushed(output_fo
     """A model.safetensors cut short (a copy broken off) went to the Hub as it was, a model no user could load."""
     weights = output_folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size - 10])
-    with pytest.raises(ValueError, match=f"^{re.escape(str(output_folder))}: its weights file is cut short or corrupt"):
+    with pytest.raises(ValueError, match=f"^{re.escape(str(output_folder))}: its weights file model.safetensors is cut "
+                                         "short or corrupt"):
+        hub.files_to_push(output_folder)
+
+
+def test_a_shard_cut_short_is_refused_by_its_name(output_folder):
+    """A folder of shards names the shard that does not read: "its weights file" alone would leave the user to find
+    which of them."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_folder)
+    (output_folder / "model.safetensors").unlink()
+    model.save_pretrained(output_folder, max_shard_size="50KB")
+    shard = sorted(output_folder.glob("model-*-of-*.safetensors"))[-1]
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size - 10])
+    with pytest.raises(ValueError, match=f"^{re.escape(str(output_folder))}: its weights file {re.escape(shard.name)} "
+                                         "is cut short or corrupt"):
         hub.files_to_push(output_folder)
 
 

@@ -1240,10 +1240,24 @@ def test_averaging_a_checkpoint_whose_weights_were_cut_short_is_one_error_naming
         average_main([str(run_dir), "--last_n", "2", "--output_dir", str(tmp_path / "avg")])
     assert exit_info.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
-    assert error.startswith(f"hf-relpos-average: error: {str(weights.parent)!r}: its weights file is cut short or "
-                            "corrupt (")
+    assert error.startswith(f"hf-relpos-average: error: {str(weights.parent)!r}: its weights file model.safetensors is "
+                            "cut short or corrupt (")
     assert "Traceback" not in error
     assert not (tmp_path / "avg").exists()
+
+
+def test_a_checkpoint_shard_cut_short_is_one_error_naming_the_shard(tmp_path):
+    """A checkpoint saved in shards, one of them cut short: the error names that shard, not only the checkpoint."""
+    from hf_relpos.translation.checkpoints import load_weights
+
+    checkpoint = tmp_path / "checkpoint-1"
+    tiny_model(1).save_pretrained(checkpoint, max_shard_size="20KB")
+    shards = sorted(checkpoint.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1
+    shards[-1].write_bytes(shards[-1].read_bytes()[: shards[-1].stat().st_size // 2])
+    with pytest.raises(ValueError, match=f"^{re.escape(repr(str(checkpoint)))}: its weights file "
+                                         f"{re.escape(shards[-1].name)} is cut short or corrupt \\("):
+        load_weights(checkpoint)
 
 
 @pytest.mark.parametrize(("schedule", "goal"), [({"max_steps": 4}, "max_steps=4"),

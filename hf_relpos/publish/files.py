@@ -29,13 +29,15 @@ class WeightsFileError(ValueError):
 
 
 @contextmanager
-def reading_weights() -> Iterator[None]:
+def reading_weights(name: str | None = None) -> Iterator[None]:
     """Inside, safetensors' error for a weights file cut short or corrupt (from `from_pretrained`, `load_file` or
-    `safe_open`) is a `WeightsFileError` saying so; the caller names the file or folder and what to do."""
+    `safe_open`) is a `WeightsFileError` saying so, with the file's `name` where the caller reads one file of a
+    folder (one shard of several); the caller names the folder and what to do."""
     try:
         yield
     except SafetensorError as error:
-        raise WeightsFileError(f"its weights file is cut short or corrupt ({error})") from None
+        named = "" if name is None else f" {name}"
+        raise WeightsFileError(f"its weights file{named} is cut short or corrupt ({error})") from None
 
 
 def process_umask() -> int:

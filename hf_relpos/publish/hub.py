@@ -846,7 +846,7 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
                          "remote code and tokenizer (save the tokenizer next to the model)")
     for name in sorted(name for name in names if name.endswith(".safetensors")):
         try:   # the header: a file cut short no longer spans what it declares
-            with reading_weights(), safe_open(folder / name, framework="pt"):
+            with reading_weights(name), safe_open(folder / name, framework="pt"):
                 pass
         except WeightsFileError as error:
             raise WeightsFileError(f"{folder}: {error}: push a folder whose weights load (save the model again, or "

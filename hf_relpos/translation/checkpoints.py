@@ -73,9 +73,9 @@ def load_weights(checkpoint: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def _load_weights_file(path: Path) -> dict[str, torch.Tensor]:
-    """The tensors of one safetensors file; a file cut short or corrupt is a ValueError naming it."""
+    """The tensors of one safetensors file; a file cut short or corrupt is a ValueError naming it and its checkpoint."""
     try:
-        with reading_weights():
+        with reading_weights(path.name):
             return load_file(path)
     except WeightsFileError as error:
         raise WeightsFileError(f"{str(path.parent)!r}: {error}: a checkpoint whose writing was interrupted; leave it "
