@@ -24,6 +24,7 @@ import yaml
 from conftest import checkout_first_on_path
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
+from transformers.trainer_callback import CallbackHandler
 
 import hf_relpos
 import hf_relpos.publish.files as files_module
@@ -573,10 +574,15 @@ def test_a_sigterm_during_a_checkpoint_save_stops_before_the_next_step_without_s
     config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
     with monkeypatch.context() as patch:
         saved_at, trained_from = steps_at_each_call(patch, "_save_checkpoint"), steps_at_each_call(patch, "training_step")
+        ended_at = []   # every callback's end of training (TensorBoard closes its writer, the progress bar ends)
+        end_training = CallbackHandler.on_train_end
+        patch.setattr(CallbackHandler, "on_train_end",
+                      lambda handler, args, state, control: ended_at.append(state.global_step)
+                      or end_training(handler, args, state, control))
         with sigterm_in(patch, "_save_checkpoint", 2), pytest.raises(
                 TrainingStoppedError, match=r"at step 2 \(enable_jit_checkpoint\): checkpoint-2 is saved"):
             run([str(config)])
-    assert saved_at == [2] and trained_from == [0, 1]
+    assert saved_at == [2] and trained_from == [0, 1] and ended_at == [2]
     run([str(config), "--resume_from_checkpoint", "last"])
     assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
     assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(

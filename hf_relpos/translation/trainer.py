@@ -412,14 +412,14 @@ class TranslationTrainer(Seq2SeqTrainer):
     def _checkpoint_the_stop(self) -> None:
         """After `_StoppedBetweenSteps`: the step's checkpoint, unless this train() call has saved it already (a
         SIGTERM during its regular save) or resumed from it (a SIGTERM before its first step: rewriting the newest
-        complete checkpoint would leave it incomplete until written whole), and the SIGTERM handler of before training
-        back, as the Trainer's end of training restores it."""
-        jit = self._jit_checkpoint
-        jit.jit_manager.is_checkpoint_requested = False
+        complete checkpoint would leave it incomplete until written whole), then every callback's end of training, as
+        the Trainer's own end runs it after a stop within a step (the SIGTERM handler of before training back,
+        TensorBoard's writer closed, the progress bar ended)."""
+        self._jit_checkpoint.jit_manager.is_checkpoint_requested = False
         self.stopped_by_signal, self.is_in_train = True, False
         if self._checkpointed_step != self.state.global_step:
             self._save_checkpoint(self.model, trial=None)
-        jit.on_train_end(self.args, self.state, self.control)
+        self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
 
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
