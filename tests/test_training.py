@@ -591,6 +591,21 @@ def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model
     assert (own.do_train, own.eval_strategy, own.load_best_model_at_end) == (False, "epoch", True)   # a script's own
 
 
+def test_do_eval_false_with_evaluations_during_training_is_a_warning(tmp_path, corpus, caplog):
+    """--do_eval false given to a run that evaluates during training does not apply (transformers turns do_eval on
+    again), so it is one warning naming the flag that skips every evaluation; the recipe's own values pass silently."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", eval_strategy="epoch", do_eval=False)
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
+        assert parse_arguments([str(config)])[2].do_eval
+        assert "--do_eval false" not in caplog.text
+        assert parse_arguments([str(config), "--do_eval", "false"])[2].do_eval
+    assert "--do_eval false does not apply" in caplog.text and "--eval_strategy no" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
+        assert not parse_arguments([str(config), "--do_eval", "false", "--eval_strategy", "no"])[2].do_eval
+    assert "--do_eval false" not in caplog.text
+
+
 @pytest.mark.parametrize(("start", "token"), [("pad", "<pad>"), ("eos", "</s>")])
 def test_the_decoder_start_token_can_be_marians_or_fairseqs(tmp_path, corpus, start, token):
     """decoder_start_token: the new model's config and saved generation config start decoding from that token, its

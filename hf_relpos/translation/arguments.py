@@ -21,7 +21,7 @@ import re
 import sys
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -714,6 +714,7 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
         logger.info("do_train is false: eval_strategy %r (evaluations during training) does not apply",
                     values["eval_strategy"])
         values["eval_strategy"], values["load_best_model_at_end"] = "no", False
+    warn_overridden_do_eval(values, argv)
     if not values.get("do_train") and values.get("enable_jit_checkpoint"):
         # Nothing to checkpoint: the Trainer's SIGTERM handler, restored only when training ends, would leave the
         # signal ignored for the rest of the run.
@@ -759,6 +760,18 @@ def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]
         logger.warning("%s: the run uses the tokenizer of %r and trains none, so %s (a setting of a newly trained "
                        "tokenizer) does not apply", ", ".join(f"--{name}" for name in unread), source,
                        "this" if len(unread) == 1 else "each")
+
+
+def warn_overridden_do_eval(values: Mapping[str, Any], flags: Sequence[str]) -> None:
+    """One warning for `--do_eval false` given to a run that evaluates during training (`eval_strategy` not "no"):
+    transformers' `TrainingArguments` turns `do_eval` back on there, so the run still scores the validation split at
+    its end; `--eval_strategy no` is what skips every evaluation (the recipe's own values pass without a word)."""
+    given = {flag_field_name(flag) for flag in flags if flag.startswith("--")}
+    evaluates_during_training = values.get("do_train") and values.get("eval_strategy", "no") != "no"
+    if "do_eval" in given and not values.get("do_eval") and evaluates_during_training:
+        logger.warning("--do_eval false does not apply: eval_strategy %r evaluates during training, with which "
+                       "transformers sets do_eval, so the run also scores the validation split at its end; add "
+                       "--eval_strategy no to skip every evaluation", values["eval_strategy"])
 
 
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
