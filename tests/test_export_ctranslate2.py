@@ -390,12 +390,20 @@ def test_hf_relpos_translate_runs_an_exported_folder_like_the_pytorch_one(export
     assert len((tmp_path / "int8.txt").read_text().splitlines()) == 7
 
 
-@pytest.mark.parametrize(("flag", "which"), [(["--compute_type", "int8"], "torch"), (["--dtype", "bfloat16"], "ct2")])
-def test_translate_refuses_the_other_engines_option(exported, tmp_path, capsys, flag, which):
+@pytest.mark.parametrize(("flag", "which", "advice"), [
+    (["--compute_type", "int8"], "torch", "(use --dtype)"),
+    (["--dtype", "bfloat16"], "ct2", "(use --compute_type)"),
+    (["--attn_implementation", "eager"], "ct2", "own attention kernels: leave the option out"),
+])
+def test_translate_refuses_the_other_engines_option(exported, tmp_path, capsys, flag, which, advice):
+    """Each refusal says what to do instead (rule: one clear error naming the option and the way out)."""
     _, source, folder = exported["absolute"]
+    (tmp_path / "src.txt").write_text("A line.\n", encoding="utf-8")
     with pytest.raises(SystemExit) as raised:
-        translate_main([str(source if which == "torch" else folder), "--input", str(tmp_path / "none.txt"), *flag])
+        translate_main([str(source if which == "torch" else folder), "--input", str(tmp_path / "src.txt"), *flag])
     assert raised.value.code == 2
+    error = capsys.readouterr().err
+    assert flag[0] in error and advice in error
 
 
 def test_a_model_whose_sinusoids_are_faded_out_exports_as_its_relative_scheme(tokenizer, tmp_path):

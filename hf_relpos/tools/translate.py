@@ -308,13 +308,18 @@ def hidden_progress_bars() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+# The options a CTranslate2 folder refuses, each with what to do instead.
+PYTORCH_ONLY_OPTIONS = {"dtype": "use --compute_type",
+                        "attn_implementation": "the engine picks its own attention kernels: leave the option out"}
+
+
 def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> PreTrainedModel | CTranslate2Model:
     """The PyTorch model of a saved folder, or CTranslate2 over an exported one (each refuses the other's options)."""
     if is_ctranslate2_folder(args.model):
-        for name in ("dtype", "attn_implementation"):
+        for name, advice in PYTORCH_ONLY_OPTIONS.items():
             if getattr(args, name) is not None:
                 parser.exit(2, f"{PROGRAM}: error: --{name} is for PyTorch model folders; {args.model!r} is a "
-                               "CTranslate2 export (use --compute_type)\n")
+                               f"CTranslate2 export ({advice})\n")
         return CTranslate2Model(args.model, device=args.device, compute_type=args.compute_type or "default")
     if args.compute_type is not None:
         parser.exit(2, f"{PROGRAM}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
