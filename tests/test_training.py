@@ -1065,8 +1065,9 @@ def test_average_checkpoints_equals_the_hand_computed_mean(tmp_path):
     assert "\n# averaged\n" in (averaged_dir / "README.md").read_text(encoding="utf-8")   # the folder's name
     with pytest.raises(ValueError, match="output_dir .* exists and is not an empty folder"):
         average_checkpoints(run_dir, last_n=2, output_dir=averaged_dir)
-    with pytest.raises(ValueError, match="last_n=5 but only 4"):
+    with pytest.raises(ValueError, match="last_n=5 but only 4") as raised:
         average_checkpoints(run_dir, last_n=5, output_dir=tmp_path / "other")
+    assert "average at most last_n=4, or train with more checkpoints kept (save_strategy steps" in str(raised.value)
 
 
 def test_a_checkpoint_saved_before_a_config_field_existed_averages_with_one_at_its_default(tmp_path):
@@ -1201,6 +1202,9 @@ def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told
     for step in range(1, 3):
         save_checkpoint(tiny_model(step), tmp_path / "short" / f"checkpoint-{step}")
     with pytest.raises(ValueError, match=r"last_n=5 \(the default for a training output folder\) but only 2"):
+        average_checkpoints(tmp_path / "short", None, tmp_path / "other")
+    shutil.rmtree(tmp_path / "short" / "checkpoint-2")   # one checkpoint left: keeping more is the only way out
+    with pytest.raises(ValueError, match=r"but only 1 checkpoint\(s\): .*; train with more checkpoints kept"):
         average_checkpoints(tmp_path / "short", None, tmp_path / "other")
     capsys.readouterr()
     with pytest.raises(SystemExit):

@@ -88,8 +88,10 @@ def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | o
     if last_n < 1:
         raise ValueError(f"last_n must be a positive integer, got {last_n}")
     if last_n > len(checkpoints):
+        fewer = f"average at most last_n={len(checkpoints)}, or " if len(checkpoints) > 1 else ""
         raise ValueError(f"last_n={last_n}{default} but only {len(checkpoints)} checkpoint(s): "
-                         f"{[str(p) for p in checkpoints]}")
+                         f"{[str(p) for p in checkpoints]}; {fewer}train with more checkpoints kept (save_strategy "
+                         "steps with save_steps, or epoch, and save_total_limit null or at least last_n)")
     selected = checkpoints[-last_n:]
     for checkpoint in selected:
         if not _has_weights(checkpoint):
