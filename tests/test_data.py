@@ -657,11 +657,15 @@ def test_a_wrong_language_code_names_the_files_that_are_there(tmp_path):
 
 
 def test_plain_text_prefix_with_a_missing_side(tmp_path):
+    """A source file alone, outside a test split, is one error saying that the file needs its references (not that
+    the language codes may be wrong: the source's code is right)."""
     prefix = tmp_path / "test"
     (tmp_path / "test.en").write_text("One.\n\nTwo.\n", encoding="utf-8")
     with pytest.raises(DatasetSchemaError, match=r"'.*test' does not exist, nor does the plain-text pair .*test\.de "
-                                                 r"missing"):
+                                                 r"missing") as error:
         read_local_pairs(prefix, "en", "de")
+    assert ("only a test file may be source-only, translated and not scored; a training or validation file needs its "
+            ".de side too") in str(error.value) and "are source_lang" not in str(error.value)
     source_only = read_local_pairs(prefix, "en", "de", allow_source_only=True)
     assert source_only["source"] == ["One.", "", "Two."] and source_only["target"] == [None, None, None]
     with pytest.raises(DatasetSchemaError, match=r"nope\.en and .*nope\.de missing"):

@@ -673,11 +673,15 @@ def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allo
     missing = [str(candidate) for candidate in (source_path, target_path) if not candidate.is_file()]
     if missing == [str(target_path)] and allow_source_only:
         return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))}, with_null_target=True)
-    if missing:
+    if missing == [str(target_path)]:   # the source alone: not a language mix-up, a split that needs references
+        found = (f" (only {source_path} is there: only a test file may be source-only, translated and not scored; "
+                 f"a training or validation file needs its .{target_lang} side too)")
+    elif missing:
         siblings = sorted(str(sibling) for sibling in prefix.parent.glob(f"{glob.escape(prefix.name)}.*")
                           if sibling.is_file()) if prefix.parent.is_dir() else []
         found = (f" (there are {', '.join(siblings)}: are source_lang {source_lang!r} and target_lang "
                  f"{target_lang!r} right?)" if siblings else "")
+    if missing:
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
             f"({source_path} + {target_path}: {' and '.join(missing)} missing){found}; give a "
