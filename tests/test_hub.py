@@ -1181,6 +1181,19 @@ def test_a_tokenizers_special_and_added_tokens_files_are_pushed_where_it_has_the
     assert {"special_tokens_map.json", "added_tokens.json"} <= hub.files_to_push(output_folder).keys()
 
 
+def test_a_ctranslate2_export_is_refused_naming_what_to_push_instead(tmp_path, fake_hub):
+    """An export of hf-relpos-export was refused as a config to save "with hf_relpos imported", which misleads: it
+    loads in CTranslate2 only, so the error names its source folder or a plain upload instead."""
+    export = tmp_path / "model_ct2"
+    export.mkdir()
+    (export / "ctranslate2_export.json").write_text("{}")
+    (export / "config.json").write_text('{"add_source_bos": false}')   # CTranslate2's config, not a model's
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(export))} is a CTranslate2 export .*: push the model "
+                                         rf"folder it was exported from, or upload the export as it is \(hf upload "):
+        hub.push_model_folder(export, "me/model-ct2")
+    assert fake_hub.repos == [] and fake_hub.commits == []
+
+
 def test_incomplete_folder_is_refused_before_any_upload(output_folder, fake_hub):
     (output_folder / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="lacks tokenizer.json"):

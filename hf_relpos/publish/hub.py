@@ -45,6 +45,7 @@ from .files import WeightsFileError, expand_home, nearest_existing_folder, readi
 from .pipeline_relpos import TranslationPipeline
 from .records import (
     AVERAGED_CHECKPOINTS_FILE,
+    CTRANSLATE2_EXPORT_RECORD,
     DATA,
     DECODING,
     OPTIMISATION,
@@ -817,8 +818,13 @@ def transformers_requirement() -> str:
 def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     """The files of a saved model folder that go to the Hub, by name: weights, config, generation config, remote
     code, tokenizer (not `AVERAGED_CHECKPOINTS_FILE`: it names the checkpoints by local path; the card names them).
-    Raises ValueError, naming what is missing, for a folder that would not load from the Hub."""
+    Raises ValueError, naming what is missing, for a folder that would not load from the Hub (a CTranslate2 export
+    among them: it names the folder to push instead)."""
     folder = Path(folder)
+    if (folder / CTRANSLATE2_EXPORT_RECORD).is_file():
+        raise ValueError(f"{folder} is a CTranslate2 export (hf-relpos-export), which loads in CTranslate2, not in "
+                         "transformers: push the model folder it was exported from, or upload the export as it is "
+                         f"(hf upload REPO_ID {folder})")
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
         raise ValueError(f"{folder} has no {CONFIG_NAME}: save the model there with save_pretrained first")

@@ -68,6 +68,7 @@ ROLES = (RECIPE, PEER)
 TRAINED_WEIGHTS = ""
 RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into its output_dir
 AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
+CTRANSLATE2_EXPORT_RECORD = "ctranslate2_export.json"   # marks a folder of hf-relpos-export ctranslate2
 RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
 # What train_translation.py writes per metric prefix: the Trainer's `save_metrics` file and the translations.

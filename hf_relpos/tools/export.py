@@ -53,12 +53,12 @@ from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditional
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name
+from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
 from ..translation.tokenization import SAVED_TOKENIZER_FILES, has_tokenizer_files
 
 PROGRAM = "hf-relpos-export"
-EXPORT_RECORD = "ctranslate2_export.json"   # marks an exported folder (hf-relpos-translate detects it by this file)
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
