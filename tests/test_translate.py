@@ -252,7 +252,9 @@ def test_stdin_with_another_line_count_than_the_references_is_refused_as_it_ends
         main([str(memorised_model_folder), "--reference", str(tmp_path / "ref.txt"), "--output",
               str(tmp_path / "hyp.txt"), "--buffer_lines", "1", "--no_progress"])
     assert exited.value.code == 2
-    assert capsys.readouterr().err == "hf-relpos-translate: error: 3 source lines but 2 reference lines\n"
+    assert capsys.readouterr().err == (f"hf-relpos-translate: error: 3 source lines (stdin) but 2 reference lines "
+                                       f"(--reference {str(tmp_path / 'ref.txt')!r}): each source line needs its "
+                                       "reference on the same line\n")
     assert not (tmp_path / "hyp.txt").exists()
 
 
@@ -710,7 +712,8 @@ def test_reference_with_another_line_count_is_refused(memorised_model_folder, tm
     with pytest.raises(SystemExit) as exited:
         main([str(memorised_model_folder), "--input", str(source_file), "--reference", str(tmp_path / "ref.txt")])
     assert exited.value.code == 2
-    assert "3 source lines but 2 reference lines" in capsys.readouterr().err
+    assert (f"3 source lines (--input {str(source_file)!r}) but 2 reference lines (--reference "
+            f"{str(tmp_path / 'ref.txt')!r})") in capsys.readouterr().err
 
 
 def test_dtype_device_and_kernel_flags_reach_the_model(memorised_model_folder, tmp_path, capsys, monkeypatch):

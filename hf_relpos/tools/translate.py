@@ -180,10 +180,12 @@ def translate_stream(chunks: Iterable[list[str]],
     return count, kept
 
 
-def line_count_error(source_lines: int, references: Sequence[str]) -> str | None:
-    """Why a source of `source_lines` lines cannot be scored against `references`; None where it can."""
+def line_count_error(source_lines: int, references: Sequence[str], source_name: str, reference_name: str) -> str | None:
+    """Why a source of `source_lines` lines cannot be scored against `references` (each named as the user gave it);
+    None where it can."""
     if source_lines != len(references):
-        return f"{source_lines} source lines but {len(references)} reference lines"
+        return (f"{source_lines} source lines ({source_name}) but {len(references)} reference lines "
+                f"(--reference {reference_name!r}): each source line needs its reference on the same line")
     if not source_lines:
         return "nothing to score: the source and --reference have no lines"
     return None
@@ -407,7 +409,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         if args.input is not None and source.seekable():  # counted now: a mismatch stops the job before it starts
             try:
                 mismatch = line_count_error(sum(map(len, text_line_chunks(source, args.input, args.buffer_lines))),
-                                            references)
+                                            references, f"--input {args.input!r}", args.reference)
             except DatasetSchemaError as error:
                 exit_unreadable(parser, "--input", args.input, error)
             source.seek(0)
@@ -487,7 +489,8 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         with bar, contextlib.ExitStack() as outputs:
             sink = sys.stdout if output is None else outputs.enter_context(text_output(output))
             source_lines, translations = translate_stream(chunks, translate_chunk, sink, keep=references is not None)
-            mismatch = None if references is None else line_count_error(source_lines, references)
+            mismatch = None if references is None else line_count_error(
+                source_lines, references, "stdin" if args.input is None else f"--input {args.input!r}", args.reference)
             if mismatch is not None:   # stdin, counted as it ends: --output is not written
                 parser.exit(2, f"{PROGRAM}: error: {mismatch}\n")
     except BrokenPipeError:   # what reads stdout stopped (`| head`): stop translating, without a traceback
