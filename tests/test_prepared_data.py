@@ -23,7 +23,7 @@ import legacy_data_pipeline as legacy
 import numpy as np
 import pytest
 import test_train_distributed as distributed
-from datasets import Dataset, load_from_disk
+from datasets import Dataset, load_dataset_builder, load_from_disk
 from test_data import write_hub_layout
 from test_training import write_config
 from transformers import AutoTokenizer
@@ -445,10 +445,18 @@ def test_a_changed_file_in_a_local_dataset_folder_prepares_its_splits_again(tmp_
     assert list(zip(prepared["source"], prepared["target"], strict=True)) == splits["validation"][::-1]
 
 
-def test_a_local_copy_of_a_hub_dataset_keys_each_split_by_the_files_its_configuration_reads(tmp_path):
+def test_a_local_copy_of_a_hub_dataset_keys_each_split_by_the_files_its_configuration_reads(tmp_path, monkeypatch):
     """A copy of a whole Hub dataset (`hf download wmt/wmt14`) holds every configuration: a split's key (and so what
     each process of a launch hashes) is the files its own configuration and split read, so a file of another
-    configuration, or of another split, neither is hashed for it nor prepares it again."""
+    configuration, or of another split, neither is hashed for it nor prepares it again; the folder's data files are
+    resolved once per run, for all its splits."""
+    resolutions = []
+
+    def counted_builder(*args, **kwargs):
+        resolutions.append(args)
+        return load_dataset_builder(*args, **kwargs)
+
+    monkeypatch.setattr(data_module, "load_dataset_builder", counted_builder)
     hub = tmp_path / "hub"
     write_hub_layout(hub, {"train": [("A dog.", "Ein Hund.")] * 3, "validation": [("A cat.", "Eine Katze.")] * 2})
     readme = (hub / "README.md").read_text(encoding="utf-8").removesuffix("---\n")
@@ -464,7 +472,10 @@ def test_a_local_copy_of_a_hub_dataset_keys_each_split_by_the_files_its_configur
                                                prepared_store(tmp_path / "out", None), str(tmp_path / "cache"), stack)
             assert [path.relative_to(hub).as_posix() for path in raw.data_files("train")] == ["README.md",
                                                                                              "de-en/train.jsonl"]
-            return raw.identities()
+            resolutions.clear()
+            identities = raw.identities()
+            assert raw.identities() == identities and raw.data_files("validation") and resolutions == []
+            return identities
 
     first = identities()
     (hub / "fr-en" / "train.jsonl").write_text('{"translation": {"en": "A cat.", "fr": "Un chat."}}\n')

@@ -360,21 +360,21 @@ def local_folder_files(folder: Path) -> list[Path]:
                   if path.is_file() and not any(part.startswith(".") for part in path.relative_to(folder).parts))
 
 
-def local_folder_split_files(folder: Path, config_name: str | None, split_name: str,
-                             cache_dir: str | None) -> list[Path]:
-    """The files of a local dataset folder that `load_dataset(folder, config_name)` reads for `split_name` (the data
-    files `datasets` resolves for that configuration and split), with the folder's README.md, whose YAML declares them;
-    every file of the folder where `datasets` resolves none (`load_dataset` then says why). A copy of a Hub dataset
-    holds every configuration (`hf download wmt/wmt14`: fr-en's 40.8M pairs beside de-en's 4.5M), whose other files
-    neither the split's texts nor so its prepared data depend on."""
+def local_folder_split_files(folder: Path, config_name: str | None, split_names: Sequence[str],
+                             cache_dir: str | None) -> dict[str, list[Path]]:
+    """Per split name, the files of a local dataset folder that `load_dataset(folder, config_name)` reads for it (the
+    data files `datasets` resolves for that configuration and split, all in one resolution), with the folder's
+    README.md, whose YAML declares them; every file of the folder where `datasets` resolves none (`load_dataset` then
+    says why). A copy of a Hub dataset holds every configuration (`hf download wmt/wmt14`: fr-en's 40.8M pairs beside
+    de-en's 4.5M), whose other files neither the split's texts nor so its prepared data depend on."""
     try:
-        data_files = load_dataset_builder(str(folder), config_name, cache_dir=cache_dir).config.data_files
+        data_files = load_dataset_builder(str(folder), config_name, cache_dir=cache_dir).config.data_files or {}
     except (ValueError, OSError):
-        return local_folder_files(folder)
-    if not data_files or split_name not in data_files:
-        return local_folder_files(folder)
+        data_files = {}
     readme = [folder / "README.md"] if (folder / "README.md").is_file() else []
-    return sorted({folder / os.path.relpath(path, folder) for path in data_files[split_name]}.union(readme))
+    every_file = local_folder_files(folder) if any(name not in data_files for name in split_names) else []
+    return {name: sorted({folder / os.path.relpath(path, folder) for path in data_files[name]}.union(readme))
+            if name in data_files else every_file for name in split_names}
 
 
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:

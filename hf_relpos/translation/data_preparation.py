@@ -85,16 +85,22 @@ class RawSplits:
         self.to_prepare = splits
         self.loaded: dict[str, Dataset] = {}
         self.folder: Path | None = None
+        self.folder_files: dict[str, list[Path]] | None = None   # a local dataset folder's, per split name
 
     def data_files(self, split: str) -> list[Path]:
         """The files `split` is read from: its local file or plain-text pair, or those of a local dataset folder that
-        its configuration reads for it (`local_folder_split_files`; none for a Hub dataset)."""
+        its configuration reads for it (`local_folder_split_files`, resolved once for every split; none for a Hub
+        dataset)."""
         if self.files is not None:
             return existing_data_files(self.files[split], self.data_args.source_lang, self.data_args.target_lang)
         folder = self.data_args.local_dataset_folder
-        return [] if folder is None else local_folder_split_files(folder, self.data_args.dataset_config_name,
-                                                                  hub_split_names(self.data_args)[split],
-                                                                  self.cache_dir)
+        if folder is None:
+            return []
+        if self.folder_files is None:
+            self.folder_files = local_folder_split_files(folder, self.data_args.dataset_config_name,
+                                                         [hub_split_names(self.data_args)[name] for name in self.splits],
+                                                         self.cache_dir)
+        return self.folder_files[hub_split_names(self.data_args)[split]]
 
     def identities(self) -> dict[str, str]:
         """Per split, what its texts depend on: the SHA-256 of its files (a local dataset folder's: those its
