@@ -386,12 +386,13 @@ def test_experiment_records_refuse_a_package_imported_from_another_checkout(tmp_
 @pytest.mark.parametrize(("program_path", "command"), [("/venv/bin/hf-relpos-train", "hf-relpos-train"),
                                                        ("train_translation.py", "python train_translation.py")])
 def test_a_run_card_names_the_program_the_run_was_started_by(output_folder, monkeypatch, program_path, command):
+    monkeypatch.chdir(REPO_ROOT)
     monkeypatch.setattr(sys, "argv", [program_path, "configs/demo.yaml"])
     arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
     record = run_record(*arguments)
     assert record.program == Path(program_path).name
     card = hub.render_model_card(tiny_config("shaw"), record)
-    assert f"Trained as: `{command} {REPO_ROOT / 'configs' / 'demo.yaml'} --output_dir " in card
+    assert f"Trained as: `{command} configs/demo.yaml --output_dir '<local>/output'`" in card   # started in REPO_ROOT
 
 
 @pytest.mark.parametrize(("argv0", "program"), [
@@ -407,11 +408,13 @@ def test_a_run_card_starts_the_program_as_the_run_started_it(output_folder, monk
 
     monkeypatch.setattr(sys, "argv", [argv0, "configs/demo.yaml"])
     record = run_record(*parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)]))
-    assert f"Trained as: `python {program} {record.trained_as}`" in hub.render_model_card(tiny_config("shaw"), record)
+    shown = hub.shown_command(record.trained_as, record.working_directory)   # configs/demo.yaml, <local>/output
+    assert f"Trained as: `python {hub.shown_path(program, record.working_directory)} {shown}`" in hub.render_model_card(
+        tiny_config("shaw"), record)
     record.devices, record.hardware = 2, "NVIDIA H100 80GB HBM3"
     card = hub.render_model_card(tiny_config("shaw"), record)
     command = re.search(r"Trained as: `accelerate launch (.*?)`", card).group(1)
-    assert command.endswith(f" --num_processes 2 {program} {record.trained_as}")
+    assert command.endswith(f" --num_processes 2 {hub.shown_path(program, record.working_directory)} {shown}")
     launched = launch_command_parser().parse_args(shlex.split(command))
     assert (launched.training_script, bool(launched.module)) == (program.removeprefix("-m "), program.startswith("-m "))
 
@@ -432,7 +435,7 @@ def test_a_run_card_starts_as_many_processes_as_the_run_had(program, devices, ha
     """A data-parallel run's command is docs/training.md's `accelerate launch` with its config (FSDP's for a sharded
     run, else the DDP one of its hardware) and process count (`python train_translation.py` would train one process
     at 1/N of the effective batch); its flags follow."""
-    flags = "/tmp/hcfg/tiny.yaml --use_cpu true --max_tokens_per_batch 256"
+    flags = "hcfg/tiny.yaml --use_cpu true --max_tokens_per_batch 256"
     record = RunRecord(program=program, devices=devices, hardware=hardware, sharded=sharded, trained_as=flags)
     card = hub.render_model_card(tiny_config("shaw"), record)
     assert f"Trained as: `{launch} {flags}`" in card
@@ -451,9 +454,51 @@ def test_a_resumed_runs_card_leaves_the_resume_flag_out_and_labels_the_time_as_i
     assert record.trained_as == f"{REPO_ROOT / 'configs' / 'demo.yaml'} --max_steps 8 --output_dir {output_folder}"
     record.resumed_from = "checkpoint-5"
     card = hub.render_model_card(tiny_config("shaw"), record)
-    assert f"--output_dir {output_folder}`, resumed from `checkpoint-5`" in card
+    assert "--output_dir '<local>/out'`, resumed from `checkpoint-5`" in card
     assert ("Training time: 1.5 minutes (the segment resumed from `checkpoint-5`; the time before it is not "
             "recorded).") in card
+
+
+def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
+    """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
+    shows a path under that folder relative to it, as the command runs again from there, and any other absolute path
+    as <local>/NAME, in the command, the data table, the opening sentence and the tokenizer line; the folder's
+    run_record.json (the local record, not pushed) keeps every path as typed."""
+    started_in, data = "/home/alice/hf_relpos", "/home/alice/data/train.jsonl"
+    record = RunRecord(
+        program=f"{started_in}/train_translation.py", working_directory=started_in, devices=1, hardware="CPU: x",
+        trained_as=shlex.join([f"{started_in}/configs/demo.yaml", "--train_file", data, "--validation_file",
+                               f"{started_in}/data/valid.jsonl", "--model_name_or_path=/scratch/alice/base",
+                               "--run_name", "alice's run", "--output_dir", "/scratch/alice/run 1"]),
+        train_file=data, validation_file=f"{started_in}/data/valid.jsonl", model_name_or_path="/scratch/alice/base",
+        training_seconds=60.0)
+    stored = json.dumps(record.to_json())
+    (output_folder / RUN_RECORD_FILE).write_text(stored)
+    hub.main(["push", str(output_folder), "me/tiny-shaw"])
+    card = fake_hub.commits[0]["files"]["README.md"].decode()
+    assert ("Trained as: `python train_translation.py configs/demo.yaml --train_file '<local>/train.jsonl' "
+            "--validation_file data/valid.jsonl '--model_name_or_path=<local>/base' --run_name 'alice'\"'\"'s run' "
+            "--output_dir '<local>/run 1'`") in card
+    assert "| `train_file` | <local>/train.jsonl |" in card and "| `validation_file` | data/valid.jsonl |" in card
+    assert "| `model_name_or_path` | <local>/base |" in card and "fine-tuned from `<local>/base` on" in card
+    assert "Tokenizer: reused from `<local>/base`." in card
+    assert "/home/alice" not in card and "/scratch" not in card
+    assert (output_folder / RUN_RECORD_FILE).read_text() == stored and RUN_RECORD_FILE not in fake_hub.commits[0]["files"]
+    assert (output_folder / "README.md").read_text() == card
+    # an older record without its working directory: every absolute path is <local>/NAME
+    older = hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, working_directory=None))
+    assert "Trained as: `python '<local>/train_translation.py' '<local>/demo.yaml' --train_file" in older
+    assert "/home/alice" not in older and "/scratch" not in older
+
+
+@pytest.mark.parametrize("dataset", ["/home/alice/corpora/de-en", "~/corpora/de-en"])
+def test_a_local_dataset_folder_by_an_absolute_path_is_no_hub_dataset_and_its_card_names_no_local_folder(dataset):
+    """A dataset_name that is an absolute path is a local folder even where the machine writing the card lacks it
+    (pushed from another one): no Hub dataset in the metadata, and <local>/NAME in the card's text."""
+    recipe = {"dataset_name": dataset, "source_lang": "de", "target_lang": "en"}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, {"test": RESULTS["test"]}))
+    assert card.data.datasets is None and card.data.eval_results[0].dataset_type == "custom"
+    assert "/home/alice" not in str(card) and "~/" not in str(card) and "trained on <local>/de-en" in card.text
 
 
 @pytest.mark.parametrize(("world_size", "use_fsdp", "sharded"), [(2, "true", True), (2, "false", False),

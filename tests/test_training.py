@@ -25,6 +25,7 @@ from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.publish.hub import shown_command
 from hf_relpos.publish.records import RUN_RECORD_FILE
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
@@ -997,8 +998,10 @@ def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(u
     output_dir = tmp_path / "out"
     assert AutoModelForSeq2SeqLM.from_pretrained(output_dir).config.cli_headbias_k == 3
     command = f"{config} --import_modules cli_schemes --model.position_scheme cli_headbias --model.cli_headbias_k 3"
-    assert json.loads((output_dir / RUN_RECORD_FILE).read_text())["trained_as"] == command
-    assert command in (output_dir / "README.md").read_text(encoding="utf-8")
+    record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
+    assert record["trained_as"] == command
+    card = (output_dir / "README.md").read_text(encoding="utf-8")   # the recipe's absolute path as the card shows it
+    assert shown_command(command, record["working_directory"]) in card and str(tmp_path) not in card
     del hf_relpos.POSITION_SCHEMES["cli_headbias"], sys.modules["cli_schemes"]   # a new process, as translating is
     (tmp_path / "src.txt").write_text("a small test\n", encoding="utf-8")
     hint = "; with this command, name that module with --import_modules MODULE (a module or a .py file)"
@@ -1335,7 +1338,8 @@ def test_the_card_of_a_resumed_run_reproduces_it_from_the_start_and_says_where_i
     record = json.loads((output_dir / RUN_RECORD_FILE).read_text())
     assert record["trained_as"] == f"{config} --max_steps 4" and record["resumed_from"] == "checkpoint-2"
     card = (output_dir / "README.md").read_text()
-    assert f"{config} --max_steps 4`, resumed from `checkpoint-2`" in card and "--resume_from_checkpoint" not in card
+    shown = shown_command(f"{config} --max_steps 4", record["working_directory"])   # no absolute path in a card
+    assert f"{shown}`, resumed from `checkpoint-2`" in card and "--resume_from_checkpoint" not in card
     assert "minutes (the segment resumed from `checkpoint-2`; the time before it is not recorded)." in card
 
 

@@ -21,8 +21,10 @@ import importlib.metadata
 import inspect
 import json
 import os
+import posixpath
+import shlex
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
+from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
@@ -72,6 +74,8 @@ PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
 OPTIONAL_TOKENIZER_FILES = (SPECIAL_TOKENS_MAP_FILE, ADDED_TOKENS_FILE)
 RECIPE_TEMPLATE_NAME = "REPO_ID"
+# What a card shows for the folder of a local absolute path outside the run's working directory (`shown_path`).
+LOCAL_PLACEHOLDER = "<local>"
 
 # ISO 639-1 codes of languages machine translation commonly covers (WMT, FLORES), by the name a card gives them; other
 # codes are shown as they are.
@@ -185,8 +189,8 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
                 scores.append(MeasuredScores(label, tuple(score.bleu for score in per_seed),
                                              tuple(score.chrf for score in per_seed), per_seed[0].bleu_signature))
         measurements.append(Measurement(
-            record=path.as_posix(), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
-            trained_as=first.trained_as, code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
+            record=shown_path(path.as_posix(), str(PACKAGE_CHECKOUT)), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
+            trained_as=first.trained_as and shown_command(first.trained_as, first.working_directory), code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
             seeds=tuple(run.seed for run in runs), steps=tuple(run.steps for run in runs),
             hardware=first.hardware, devices=first.devices, batch=_update_size(first, record),
             training_minutes=tuple(run.training_seconds / 60 for run in runs),
@@ -326,9 +330,11 @@ def _uses_local_files(record: RunRecord) -> bool:
 
 def _on_hub(record: RunRecord) -> bool:
     """Whether the run's data is a Hub dataset: a dataset_name that is neither the demo corpus nor an existing local
-    path (as `load_dataset` reads it: `wmt16` is a Hub id too), and no local files."""
+    path (as `load_dataset` reads it: `wmt16` is a Hub id too) nor an absolute one (a folder of the machine that
+    trained it, which the one pushing it may lack), and no local files."""
     name = record.dataset_name
-    return name not in (None, "demo") and not os.path.exists(name) and not _uses_local_files(record)
+    return (name not in (None, "demo") and not os.path.exists(name) and shown_path(name) == name   # not absolute
+            and not _uses_local_files(record))
 
 
 def primary_subtag(code: str) -> str:
@@ -346,7 +352,8 @@ def language_name(code: str) -> str:
 def _dataset_title(record: RunRecord) -> str:
     if _uses_local_files(record):
         return "local parallel files"
-    return KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
+    title = KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
+    return shown_path(title, record.working_directory)   # a local dataset folder by a path that leaks no folders
 
 
 def _split_title(record: RunRecord, split: str) -> str:
@@ -362,7 +369,8 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
     languages = f"{language_name(record.source_lang)}→{language_name(record.target_lang)} " if record else ""
     trained_on = ""
     if record:   # a fine-tuned model says what it started from, not only what this run trained it on
-        start = f"fine-tuned from `{record.model_name_or_path}` on" if record.model_name_or_path else "trained on"
+        start = (f"fine-tuned from `{shown_path(record.model_name_or_path, record.working_directory)}` on"
+                 if record.model_name_or_path else "trained on")
         trained_on = f", {start} {_dataset_title(record)}"
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
@@ -447,7 +455,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags; not the folder it was
-    # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here); a recipe card names its
+    # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here, and its absolute paths
+    # are shown by `shown_command`, relative to that folder or as <local>/NAME); a recipe card names its
     # configs/ file; weights without their run's record name the recipe given for them (any file: no command of ours
     # trains them), and no more
     resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
@@ -459,7 +468,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
                  "What follows is the recipe given for them when this card was written"
                  + (f" (`{recipe_name}`)." if recipe_name else "."))
     elif record.trained_as:
-        command = f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}"
+        command = (f"Trained as: `{_launch_command(record)} {shown_command(record.trained_as, record.working_directory)}`"
+                   f"{resumed}")
     elif recipe_command:
         command = f"Command: `{recipe_command}`"
     else:
@@ -498,6 +508,42 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     return "\n".join(lines)
 
 
+def shown_path(value: str, working_directory: str | None = None) -> str:
+    """A local path as a card shows it (a card goes to the Hub; run_record.json, the local record, keeps the path as
+    typed): an absolute path under `working_directory` (where the run was started) relative to it, as the run's
+    command is run again from that folder ("." for the folder itself); any other absolute path (or one from the home
+    folder, `~`) as `LOCAL_PLACEHOLDER` and its file name, `<local>/train.jsonl`, which names the file without the
+    machine's folders; a relative path, or anything else, as it is."""
+    windows = PureWindowsPath(value)
+    if value.startswith("~") or (windows.drive and windows.is_absolute()):
+        return f"{LOCAL_PLACEHOLDER}/{windows.name if windows.drive else PurePosixPath(value).name}".rstrip("/")
+    if not value.startswith("/"):
+        return value
+    path = PurePosixPath(posixpath.normpath(value))
+    if working_directory and path.is_relative_to(posixpath.normpath(working_directory)):
+        return str(path.relative_to(posixpath.normpath(working_directory)))
+    return f"{LOCAL_PLACEHOLDER}/{path.name}".rstrip("/")
+
+
+def shown_command(command: str, working_directory: str | None = None) -> str:
+    """A recorded command line (`RunRecord.trained_as`) with each local path in it, a word or a `--flag=PATH`
+    value, as `shown_path` shows it, quoted as a shell reads it (a placeholder too: `'<local>/train.jsonl'`); a command
+    without absolute paths as it was recorded."""
+    try:
+        words = shlex.split(command)
+    except ValueError:   # unbalanced quotes: not a command line shlex wrote
+        return " ".join(_shown_word(word, working_directory) for word in command.split())
+    shown = [_shown_word(word, working_directory) for word in words]
+    return command if shown == words else shlex.join(shown)
+
+
+def _shown_word(word: str, working_directory: str | None) -> str:
+    flag, equals, value = word.partition("=")
+    if equals and flag.startswith("-"):
+        return f"{flag}={shown_path(value, working_directory)}"
+    return shown_path(word, working_directory)
+
+
 def _launch_command(record: RunRecord) -> str:
     """The command a run was started with, as typed: a script or `-m MODULE` after `python`, a console script by its
     name (runs recorded without their program were started as train_translation.py). A run of N > 1 processes was
@@ -506,14 +552,17 @@ def _launch_command(record: RunRecord) -> str:
     then the program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in
     `trained_as`."""
     program = record.program or "train_translation.py"
+    shown = shown_path(program, record.working_directory)
+    if shown != program:   # a script by an absolute path: as `shown_command` shows the flags' paths, quoted
+        shown = shlex.quote(shown)
     if (record.devices or 1) == 1:
-        return f"python {program}" if runs_under_python(program) else program
+        return f"python {shown}" if runs_under_python(program) else shown
     if record.sharded:
         config = "fsdp"
     else:
         config = "cpu_2proc" if (record.hardware or "").startswith("CPU") else "multi_gpu"
     return (f"accelerate launch --config_file configs/accelerate/{config}.yaml --num_processes {record.devices} "
-            f"{accelerate_program(program)}")
+            f"{accelerate_program(program).removesuffix(program)}{shown}")
 
 
 def _run_facts(record: RunRecord) -> str:
@@ -539,7 +588,8 @@ def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> s
     """How the run got its tokenizer; the vocabulary size is the model's (a corpus may give fewer pieces than the
     run's `tokenizer_vocab_size` asked for)."""
     if _reuses_tokenizer(record):
-        return f"Tokenizer: reused from `{record.tokenizer_name or record.model_name_or_path}`."
+        reused = shown_path(record.tokenizer_name or record.model_name_or_path, record.working_directory)
+        return f"Tokenizer: reused from `{reused}`."
     asked = record.tokenizer_vocab_size
     fewer = f" ({asked} asked for)" if asked is not None and asked != config.vocab_size else ""
     return (f"Tokenizer: one joint source+target BPE vocabulary of {config.vocab_size} pieces{fewer} trained "
@@ -547,17 +597,17 @@ def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> s
 
 
 def _record_table(title: str, record: RunRecord, names: Sequence[str]) -> str:
-    rows = [(f"`{name}`", _setting_value(name, getattr(record, name))) for name in names
+    rows = [(f"`{name}`", _setting_value(name, getattr(record, name), record.working_directory)) for name in names
             if getattr(record, name) is not None]
     return f"**{title}**\n\n" + (_table(("setting", "value"), rows) if rows else "(defaults)")
 
 
-def _setting_value(name: str, value: Any) -> Any:
+def _setting_value(name: str, value: Any, working_directory: str | None = None) -> Any:
     """A recorded setting as the card shows it: warmup_steps below 1 is transformers' fraction of the training
-    steps, not a number of steps."""
+    steps, not a number of steps; a local path (a data file, a saved model) as `shown_path` shows it."""
     if name == "warmup_steps" and 0 < value < 1:
         return f"{value:g} (of the training steps)"
-    return value
+    return shown_path(value, working_directory) if isinstance(value, str) else value
 
 
 def _spread(values: Sequence[float], digits: int = 2) -> str:
