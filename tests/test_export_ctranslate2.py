@@ -267,6 +267,27 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     assert "|tok:char|" in capsys.readouterr().out
 
 
+@pytest.mark.parametrize("generation_saved", [True, False])
+def test_every_file_the_export_card_names_is_in_the_export_and_the_source_card_is_named_by_its_folder(
+        tokenizer, tmp_path, generation_saved):
+    """The export's README.md is its own card: each file it names in backticks is in the export folder
+    (generation_config.json only where the source model saved one), and the source model's card, which the export
+    does not copy, is named by the source folder's name, whose path ctranslate2_export.json records."""
+    source = save(tiny_translation_model(tokenizer, "absolute", steps=0), tokenizer, tmp_path / "my_model")
+    (source / "README.md").write_text("# the source model's card\n", encoding="utf-8")
+    if not generation_saved:
+        (source / "generation_config.json").unlink()
+    out = export_ctranslate2(source, tmp_path / "ct2")
+    card = (out / "README.md").read_text(encoding="utf-8")
+    named = set(re.findall(r"`([\w.-]+\.(?:json|md|bin|txt|py|spm))`", card))
+    assert ("generation_config.json" in named) == generation_saved
+    assert named and all((out / name).is_file() for name in named), named
+    assert "README.md` beside its weights" not in card
+    assert "the model card (README.md) in the source model's folder `my_model`" in card
+    recorded = Path(json.loads((out / "ctranslate2_export.json").read_text())["source_model"])
+    assert recorded.name == "my_model" and (recorded / "README.md").is_file()
+
+
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
     """use_relative_keys and use_relative_values both false: no position term at all, exported as two zero tables
     (an untrained model: the scores agree all the same)."""

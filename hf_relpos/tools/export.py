@@ -25,12 +25,13 @@ under a relative scheme (unless faded out to `absolute_positions_scale` 0, where
 encoder without layers (`encoder_layers` 0).
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
-(hf_relpos_config.json), generation_config.json (beams, length penalty, length cap: `hf-relpos-translate OUT_DIR`
-decodes with them), `ctranslate2_export.json` (what was exported, how, and from which model) and a README.md (what
-the folder is, its saved decoding, and how to translate with it, with and without hf_relpos). It is filled beside its
-destination and renamed in: never half-written. The source folder's run record (run_record.json: languages and
-recipe) is copied along, so that hf-relpos-translate scores the export's BLEU as the run did (its bleu_tokenize,
-else the choice for its target language).
+(hf_relpos_config.json), generation_config.json where the source model has one (beams, length penalty, length cap:
+`hf-relpos-translate OUT_DIR` decodes with them), `ctranslate2_export.json` (what was exported, how, and from which
+model) and a README.md (what the folder is, its saved decoding, and how to translate with it, with and without
+hf_relpos; the source model's own card, with its training and scores, is not copied: it names the source folder). It
+is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
+languages and recipe) is copied along, so that hf-relpos-translate scores the export's BLEU as the run did (its
+bleu_tokenize, else the choice for its target language).
 """
 
 from __future__ import annotations
@@ -444,6 +445,9 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
         del metadata["language"]
     pair = (f"{language_name(languages[0])}→{language_name(languages[1])}, "
             if languages else "")
+    saved = ("Saved decoding (`generation_config.json`)" if generation is not None else
+             "Decoding (the source model saved no generation_config.json, so neither does this folder: transformers' "
+             "defaults)")
     generation = generation or GenerationConfig()
     options = translate_options(generation)
     beams, length_penalty, ceiling = (options[name] for name in ("beam_size", "length_penalty", "max_decoding_length"))
@@ -458,8 +462,11 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     rows = record["position_table_rows"]
     table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
              "the export)." if rows is not None else "")
-    source_card = (" Its training and scores: the card of the source model (`README.md` beside its weights)."
-                   if (model_dir / "README.md").is_file() else "")
+    # this README.md is the export's own: the source model's card (its training and scores) stays in the source
+    # folder, named here by its folder name (its full path is the export record's `source_model`)
+    source_card = (f" How it was trained and what it scored: the model card (README.md) in the source model's folder "
+                   f"`{model_dir.resolve().name}`, whose path `{EXPORT_RECORD}` records as `source_model`; this folder "
+                   "does not hold that card." if (model_dir / "README.md").is_file() else "")
     norm = "Pre-LN" if config.layer_norm_position == "pre" else "Post-LN"
     return f"""---
 {yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
@@ -470,7 +477,7 @@ The hf_relpos translation model `{model_dir.resolve().name}` ({pair}position sch
 [CTranslate2](https://github.com/OpenNMT/CTranslate2) {record["ctranslate2_version"]} by `hf-relpos-export ctranslate2`,
 weights stored as `{record["quantization"]}`.{source_card}
 
-Saved decoding (`generation_config.json`): beam {beams}, length penalty {length_penalty:g}, {cap}.{table}
+{saved}: beam {beams}, length penalty {length_penalty:g}, {cap}.{table}
 
 ## How to use
 
