@@ -998,6 +998,58 @@ def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, 
         name: data for name, data in before.items() if name not in files}
 
 
+@pytest.mark.parametrize("repo_id", ["me/tiny-shaw", "tiny-shaw"])
+def test_a_dry_run_lists_what_the_push_would_upload_and_sends_and_changes_nothing(output_folder, fake_hub, monkeypatch,
+                                                                                   tmp_path, capsys, repo_id):
+    """`push --dry_run` makes no Hub call and leaves the folder byte-for-byte as it was; it prints the repository id as
+    given (without a namespace: that the Hub's account namespace is not resolved, and what the card names instead)
+    and each file the push uploads with its size, the generated card, config.json and pipeline_relpos.py included;
+    `--card_out` writes that card, the push's own (the same files, the same card), elsewhere."""
+    hub_calls = {name: getattr(HfApi, name) for name in ("create_repo", "create_commit", "whoami", "repo_info")}
+    for name in hub_calls:
+        monkeypatch.setattr(HfApi, name, lambda *args, **kwargs: pytest.fail("a dry run called the Hub"))
+    before = folder_snapshot(output_folder)
+    hub.main(["push", str(output_folder), repo_id, "--dry_run", "--card_out", str(tmp_path / "cards" / "card.md")])
+    printed = capsys.readouterr().out
+    assert folder_snapshot(output_folder) == before and fake_hub.commits == []
+    carded = repo_id if "/" in repo_id else f"<account>/{repo_id}"
+    assert f"Repository: {repo_id} (as given" in printed and "nothing was sent to the Hub" in printed
+    assert ("which a dry run cannot resolve without the network, so the card names it <account>/tiny-shaw"
+            in printed) == ("/" not in repo_id)
+    card = (tmp_path / "cards" / "card.md").read_text(encoding="utf-8")
+    assert f'from_pretrained("{carded}")' in card
+    plan = hub.PushPlan.of(output_folder)
+    uploads = plan.uploads(carded)
+    assert set(uploads) == MODEL_FILES | {"README.md", "pipeline_relpos.py"} and uploads["README.md"] == card
+    listed = dict(re.findall(r"^  (\S+) +(\d+(?:\.\d)? k?M?B)", printed, flags=re.MULTILINE))
+    assert set(listed) == set(uploads)
+    assert listed["model.safetensors"] == hub._size((output_folder / "model.safetensors").stat().st_size)
+    assert listed["README.md"] == hub._size(len(card.encode("utf-8")))
+    for generated in ("README.md", "config.json", "pipeline_relpos.py"):
+        assert re.search(rf"^  {re.escape(generated)} .*\(written by the push: ", printed, flags=re.MULTILINE)
+    assert "Not uploaded from" in printed and "eval_results.json" in printed and "demo_data/" in printed
+    # the push itself uploads exactly these files, the card the same but for the repository it names
+    for name, call in hub_calls.items():
+        monkeypatch.setattr(HfApi, name, call)
+    hub.push_model_folder(output_folder, repo_id)
+    (commit,) = fake_hub.commits
+    assert set(commit["files"]) == set(uploads)
+    assert commit["files"]["README.md"].decode() == card.replace("<account>/", "me/")
+
+
+def test_a_dry_runs_card_goes_only_where_it_is_asked_and_never_into_the_folder(output_folder, fake_hub, capsys):
+    """--card_out inside the folder, or without --dry_run, is one error line, and nothing is written or pushed."""
+    before = folder_snapshot(output_folder)
+    for argv, message in ((["--dry_run", "--card_out", str(output_folder / "card.md")], "which a dry run leaves as it is"),
+                          (["--card_out", str(output_folder.parent / "card.md")], "is for a dry run")):
+        with pytest.raises(SystemExit) as exited:
+            hub.main(["push", str(output_folder), "me/tiny-shaw", *argv])
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and message in error and error.count("\n") == 1
+    assert folder_snapshot(output_folder) == before and fake_hub.repos == [] and fake_hub.commits == []
+    assert not (output_folder.parent / "card.md").exists()
+
+
 def test_a_repository_id_without_a_namespace_is_carded_with_the_namespace_it_was_pushed_to(output_folder, fake_hub):
     hub.push_model_folder(output_folder, "tiny-shaw")
     (commit,) = fake_hub.commits
@@ -1090,7 +1142,8 @@ def test_an_averaged_folder_without_a_run_record_is_carded_as_trained_weights(tr
 def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder, fake_hub, tmp_path, monkeypatch):
     """docs/hub.md's push examples (its Python block and its shell commands) run as written from a folder holding
     configs/: a folder they name that is a recipe's output_dir holds the run record train_translation.py writes
-    there, any other is a model saved by hand (model and tokenizer, no record); each example pushes once."""
+    there, any other is a model saved by hand (model and tokenizer, no record); each example pushes once, but a dry
+    run, which pushes nothing and writes the card its --card_out names."""
     guide = (REPO_ROOT / "docs" / "hub.md").read_text(encoding="utf-8")
     (code,) = [block for block in re.findall(r"```python\n(.*?)```", guide, flags=re.DOTALL)
                if "push_model_folder(" in block]
@@ -1109,7 +1162,10 @@ def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder,
     exec(compile(code, "docs/hub.md", "exec"), {})
     for argv in commands:
         hub.main(["push", *argv])
-    assert len(fake_hub.commits) == 1 + len(commands)
+    dry_runs = [argv for argv in commands if "--dry_run" in argv]
+    assert dry_runs and len(fake_hub.commits) == 1 + len(commands) - len(dry_runs)
+    for argv in dry_runs:
+        assert (tmp_path / argv[argv.index("--card_out") + 1]).read_text(encoding="utf-8").startswith("---\n")
 
 
 def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fake_hub, tmp_path):

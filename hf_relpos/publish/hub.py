@@ -6,6 +6,7 @@
         docs/results/vs_marian/alibi_t5_equal_budget/vs_marian.json     # one card per recipe, with its measurements
     python -m hf_relpos.publish.hub push outputs/NAME USER/NAME      # a training run's folder, carded from its record
     python -m hf_relpos.publish.hub push FOLDER USER/NAME --recipe configs/NAME.yaml   # a folder without a record
+    python -m hf_relpos.publish.hub push FOLDER USER/NAME --dry_run    # what would be pushed; no Hub call
 
 `render_model_card` writes a README.md (YAML metadata that `huggingface_hub.ModelCard` parses, then the scheme, the
 training recipe, the results, usage, limitations and BibTeX). `push_model_folder` uploads a saved model folder with
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import importlib.metadata
 import inspect
 import json
@@ -28,6 +30,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from packaging.requirements import Requirement
 from safetensors import safe_open
 from transformers.dynamic_module_utils import get_relative_import_files
@@ -931,6 +934,54 @@ def tokenizer_files(folder: Path) -> set[str]:
     return {TOKENIZER_CONFIG_FILE, *required, *present}
 
 
+@dataclasses.dataclass
+class PushPlan:
+    """What `push_model_folder` commits, one rule for a push and its dry run: the folder's files (`files_to_push`)
+    and the files it generates, `pipeline_relpos.py`, config.json declaring that pipeline, and README.md (`card`,
+    else `folder_model_card` of the folder's run record, or `recipe` for a folder without one, and `results`)."""
+
+    folder: Path
+    files: dict[str, Path]                                # the folder's files that go to the Hub, by name
+    config: dict[str, Any]
+    results: Mapping[str, Mapping[str, Any]]
+    record: RunRecord | Mapping[str, Any] | None
+    recipe_name: str | None
+    card: str | None                                      # a card given as text, pushed as it is
+
+    @classmethod
+    def of(cls, folder: str | os.PathLike, *, recipe: RunRecord | Mapping[str, Any] | None = None,
+           results: Mapping[str, Mapping[str, Any]] | None = None, recipe_name: str | None = None,
+           card: str | None = None) -> PushPlan:
+        """The plan of pushing `folder`, checked before anything is sent: ValueError for a folder that would not
+        load from the Hub (`files_to_push`) or a `recipe` given for a folder with a run record (`folder_record`);
+        `results` default to the folder's `{eval,test}_results.json`."""
+        folder = Path(folder)
+        files = files_to_push(folder)
+        return cls(folder=folder, files=files, config=json.loads(files[CONFIG_NAME].read_text(encoding="utf-8")),
+                   results=load_results(folder) if results is None else results,
+                   record=folder_record(folder, recipe) if card is None else None, recipe_name=recipe_name, card=card)
+
+    def generated(self, repo_id: str) -> dict[str, str]:
+        """The files the push writes, by name, with the card naming the repository `repo_id`."""
+        card = self.card if self.card is not None else folder_model_card(
+            self.folder, self.record, self.results, repo_id=repo_id, recipe_name=self.recipe_name, published=True)
+        return {CONFIG_NAME: _config_json(with_translation_pipeline(self.config)), PIPELINE_FILE: pipeline_source(),
+                CARD_FILE: card}
+
+    def uploads(self, repo_id: str) -> dict[str, Path | str]:
+        """Every file of the commit by name: a folder's file by its path, a generated one by its text."""
+        generated = self.generated(repo_id)
+        return dict(sorted({**{name: path for name, path in self.files.items() if name not in generated},
+                            **generated}.items()))
+
+
+# What a dry run's card names for the namespace a repository id without one would be created in (the logged-in
+# account's, which only the Hub knows).
+NAMESPACE_PLACEHOLDER = "<account>"
+GENERATED_FILES = {CARD_FILE: "the model card", CONFIG_NAME: "the folder's config.json, declaring the pipeline",
+                   PIPELINE_FILE: "the translation pipeline"}
+
+
 def push_model_folder(
     folder: str | os.PathLike,
     repo_id: str,
@@ -942,41 +993,93 @@ def push_model_folder(
     token: str | None = None,
     private: bool | None = None,
     commit_message: str = "Upload hf_relpos translation model",
+    dry_run: bool = False,
+    card_out: str | os.PathLike | None = None,
 ) -> str:
     """Upload a trained model folder to the Hub repository `repo_id` (created if needed) in one commit; returns the
     commit URL.
 
-    Pushed: the files of `files_to_push`, `pipeline_relpos.py`, config.json declaring that pipeline, and README.md
-    (`card`, or `folder_model_card` of the folder's run record (`recipe`, a `RunRecord` or a recipe YAML dict, only
-    for a folder without one) and `results`, which default to the folder's `{eval,test}_results.json`; the card names
-    the repository as the Hub created it, a `repo_id` without a namespace in the account's). The folder is only read
-    until the commit succeeds; then README.md, pipeline_relpos.py and config.json are written into it, so it matches
-    the repository. A failed upload raises
-    `HubPushError` naming the repository and leaves the folder byte-for-byte as it was.
+    Pushed: the files of `PushPlan`: those of `files_to_push`, `pipeline_relpos.py`, config.json declaring that
+    pipeline, and README.md (`card`, or `folder_model_card` of the folder's run record (`recipe`, a `RunRecord` or a
+    recipe YAML dict, only for a folder without one) and `results`, which default to the folder's
+    `{eval,test}_results.json`; the card names the repository as the Hub created it, a `repo_id` without a namespace
+    in the account's). The folder is only read until the commit succeeds; then README.md, pipeline_relpos.py and
+    config.json are written into it, so it matches the repository. A failed upload raises `HubPushError` naming the
+    repository and leaves the folder byte-for-byte as it was.
+
+    `dry_run`: no Hub call and nothing written into the folder; returns what the push would do (`dry_run_report`):
+    the repository id as given and each file with its size. `card_out` (a dry run only, outside the folder): where
+    to write the card that the push would upload.
     """
-    folder = Path(folder)
-    files = files_to_push(folder)
-    config = json.loads(files[CONFIG_NAME].read_text(encoding="utf-8"))
-    results = load_results(folder) if results is None else results
-    record = folder_record(folder, recipe) if card is None else None
+    if card_out is not None and not dry_run:
+        raise ValueError("card_out (--card_out) is for a dry run (dry_run, --dry_run): a push writes its card into "
+                         "the folder, as README.md")
+    plan = PushPlan.of(folder, recipe=recipe, results=results, recipe_name=recipe_name, card=card)
+    if dry_run:
+        return dry_run_report(plan, repo_id, private=private, card_out=card_out)
     api = HfApi(token=token)
-    with _hub_errors(folder, repo_id):
+    with _hub_errors(plan.folder, repo_id):
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id   # with the namespace it went to
-    if card is None:
-        card = folder_model_card(folder, record, results, repo_id=repo_id, recipe_name=recipe_name, published=True)
-    generated = {
-        CONFIG_NAME: _config_json(with_translation_pipeline(config)),
-        PIPELINE_FILE: pipeline_source(),
-        CARD_FILE: card,
-    }
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(path))
-                  for name, path in files.items() if name not in generated]
-    operations += [CommitOperationAdd(path_in_repo=name, path_or_fileobj=text.encode("utf-8"))
-                   for name, text in generated.items()]
-    with _hub_errors(folder, repo_id):
+    uploads = plan.uploads(repo_id)
+    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
+                                     else content.encode("utf-8")) for name, content in uploads.items()]
+    with _hub_errors(plan.folder, repo_id):
         commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
-    _write_files(folder, generated)
+    _write_files(plan.folder, {name: text for name, text in uploads.items() if isinstance(text, str)})
     return commit.commit_url
+
+
+def dry_run_report(plan: PushPlan, repo_id: str, *, private: bool | None = None,
+                   card_out: str | os.PathLike | None = None) -> str:
+    """What pushing `plan` to `repo_id` would do, without the Hub (no login, no repository looked up): the repository
+    id as given, each file with its size, the folder's files left out, and `card_out` written with the card (a path
+    outside the folder, which a dry run leaves as it is). A `repo_id` without a namespace goes to the logged-in
+    account's, which only the Hub knows: its card names it `NAMESPACE_PLACEHOLDER`/NAME."""
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        raise ValueError(f"repository id {repo_id!r}: {error}") from None
+    if "/" in repo_id:
+        carded, where = repo_id, f"{repo_id} (as given)"
+    else:
+        carded = f"{NAMESPACE_PLACEHOLDER}/{repo_id}"
+        where = (f"{repo_id} (as given, without a namespace: the Hub creates it in the namespace of the account that "
+                 f"is logged in, which a dry run cannot resolve without the network, so the card names it {carded})")
+    if card_out is not None:
+        card_out = Path(card_out)
+        if card_out.resolve().is_relative_to(plan.folder.resolve()):
+            raise ValueError(f"card_out {str(card_out)!r} is in {plan.folder}, which a dry run leaves as it is: write "
+                             "the card elsewhere")
+        nearest_existing_folder(card_out.parent, "card_out")
+    uploads = plan.uploads(carded)
+    sizes = {name: content.stat().st_size if isinstance(content, Path) else len(content.encode("utf-8"))
+             for name, content in uploads.items()}
+    width = max(map(len, uploads))
+    lines = [f"Dry run: nothing was sent to the Hub (login not checked) and nothing in {plan.folder} was changed.",
+             f"Repository: {where}; a push creates it if it does not exist"
+             + (", as private." if private else "."),
+             f"Files that would be uploaded ({len(uploads)}, {_size(sum(sizes.values()))} in all):"]
+    lines += [f"  {name:<{width}}  {_size(sizes[name]):>9}"
+              + (f"  (written by the push: {GENERATED_FILES[name]})" if name in GENERATED_FILES else "")
+              for name in uploads]
+    left_out = sorted(path.name + ("/" if path.is_dir() else "") for path in plan.folder.iterdir()
+                      if path.name not in uploads)
+    if left_out:
+        lines.append(f"Not uploaded from {plan.folder}: {', '.join(left_out)}")
+    if card_out is not None:
+        card_out.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(card_out, uploads[CARD_FILE])
+        lines.append(f"Card written to {card_out}")
+    return "\n".join(lines)
+
+
+def _size(size: int) -> str:
+    """A file size in bytes, kB, MB or GB (powers of 1000, as the Hub shows them)."""
+    for unit in ("B", "kB", "MB"):
+        if size < 1000:
+            return f"{size} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1000
+    return f"{size:.1f} GB"
 
 
 @contextlib.contextmanager
@@ -1017,6 +1120,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "run_record.json: it shows the file's name and settings, and says how the weights were "
                            "trained is not known)")
     push.add_argument("--private", action="store_true", help="create the repository as private")
+    push.add_argument("--dry_run", action="store_true",
+                      help="push nothing and change nothing in the folder: print the repository id as given and each "
+                           "file the push would upload, with its size (the card, config.json and pipeline_relpos.py "
+                           "as the push would write them)")
+    push.add_argument("--card_out", type=expand_home, metavar="PATH",
+                      help="with --dry_run: write the card the push would upload to PATH (outside the folder)")
     return parser
 
 
@@ -1031,7 +1140,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             recipe = load_recipe(args.recipe) if args.recipe else None
             recipe_name = Path(args.recipe).name if args.recipe else None   # the file given, not a local path
             print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
-                                    private=args.private or None))
+                                    private=args.private or None, dry_run=args.dry_run, card_out=args.card_out))
     except (OSError, ValueError, HubPushError) as error:  # a missing or unsaved folder, a bad recipe, a failed upload
         parser.exit(2, f"{parser.prog} {args.command}: error: {' '.join(str(error).split())}\n")
 
