@@ -192,8 +192,10 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
                 scores.append(MeasuredScores(label, tuple(score.bleu for score in per_seed),
                                              tuple(score.chrf for score in per_seed), per_seed[0].bleu_signature))
         measurements.append(Measurement(
-            record=shown_path(path.as_posix(), str(PACKAGE_CHECKOUT)), title=report[0].removeprefix("# ").strip(), setup=" ".join(report[1].split()),
-            trained_as=first.trained_as and shown_command(first.trained_as, first.working_directory), code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
+            record=shown_path(path.as_posix(), str(PACKAGE_CHECKOUT)), title=report[0].removeprefix("# ").strip(),
+            setup=" ".join(report[1].split()),
+            trained_as=first.trained_as and shown_command(first.trained_as, first.working_directory),
+            code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
             seeds=tuple(run.seed for run in runs), steps=tuple(run.steps for run in runs),
             hardware=first.hardware, devices=first.devices, batch=_update_size(first, record),
             training_minutes=tuple(run.training_seconds / 60 for run in runs),
@@ -471,8 +473,8 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
                  "What follows is the recipe given for them when this card was written"
                  + (f" (`{recipe_name}`)." if recipe_name else "."))
     elif record.trained_as:
-        command = (f"Trained as: `{_launch_command(record)} {shown_command(record.trained_as, record.working_directory)}`"
-                   f"{resumed}")
+        shown = shown_command(record.trained_as, record.working_directory)
+        command = f"Trained as: `{_launch_command(record)} {shown}`{resumed}"
     elif recipe_command:
         command = f"Command: `{recipe_command}`"
     else:
