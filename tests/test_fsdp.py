@@ -153,3 +153,61 @@ def test_train_translation_refuses_an_fsdp_launch_on_the_cpu(tmp_path):
     assert completed.stderr.count("train_translation.py: error: an FSDP launch (ACCELERATE_USE_FSDP") == 1
     assert "configs/accelerate/cpu_2proc.yaml" in completed.stderr
     assert not output_dir.exists()
+
+
+# Each process: the model wrapped as the Trainer wraps it under fsdp.yaml, then `average_final_weights` of a run
+# folder holding two checkpoints (other seeds' weights); rank 0 records which tensors of the full state dict differ
+# from the mean of the two checkpoints.
+AVERAGE_WORKER = '''
+import json, os
+from pathlib import Path
+from types import SimpleNamespace
+import torch
+from accelerate import Accelerator
+from accelerate.utils import FullyShardedDataParallelPlugin
+from accelerate.utils.fsdp_utils import fsdp2_prepare_model
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.translation.final_model import average_final_weights
+
+accelerator = Accelerator(cpu=True)
+accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin()
+rank, out = accelerator.process_index, Path(os.environ["RECORD_DIR"])
+run = out / "run"
+
+def build(seed):
+    torch.manual_seed(seed)
+    config = RelPosTransformerConfig(vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2,
+                                     encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                                     decoder_ffn_dim=64, dropout=0.0, max_relative_position=3, position_scheme="shaw")
+    return RelPosTransformerForConditionalGeneration(config)
+
+if rank == 0:
+    for step, seed in ((2, 1), (4, 2)):
+        build(seed).save_pretrained(run / f"checkpoint-{step}")
+        (run / f"checkpoint-{step}" / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+accelerator.wait_for_everyone()
+model = fsdp2_prepare_model(accelerator, build(0))
+average_final_weights(SimpleNamespace(accelerator=accelerator, args=SimpleNamespace(output_dir=str(run)),
+                                      model=model), 2)
+full = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+if rank == 0:
+    first, second = build(1).state_dict(), build(2).state_dict()
+    differing = [name for name, tensor in full.items()
+                 if not torch.allclose(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)]
+    (out / "record.json").write_text(json.dumps({"tensors": len(full), "differing": differing}))
+accelerator.wait_for_everyone()
+'''
+
+
+def test_average_checkpoints_loads_the_average_into_an_fsdp2_sharded_model(tmp_path):
+    """`average_checkpoints` under fsdp.yaml (the big recipe's launch): the model's parameters are DTensor shards, and
+    copying the full average into them failed after training ('aten.copy_.default got mixed torch.Tensor and
+    DTensor'); each process now takes its shard of the average."""
+    worker = tmp_path / "worker.py"
+    worker.write_text(AVERAGE_WORKER, encoding="utf-8")
+    (tmp_path / "records").mkdir()
+    completed = launch(tmp_path, worker, config_file=FSDP_CONFIG, launch_flags=ON_TWO_CPU_PROCESSES)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    record = json.loads((tmp_path / "records" / "record.json").read_text())
+    assert record["tensors"] > 0 and record["differing"] == []

@@ -62,9 +62,24 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, 
         raise RuntimeError(f"average_checkpoints: the checkpoints hold tensors the model lacks: {unknown[:10]}")
     with torch.no_grad():
         for name, tensor in averaged.items():
-            state[name].copy_(tensor)
+            state[name].copy_(_as_target(tensor, state[name]))
     logger.info("average_checkpoints: the final model is the average of %s", ", ".join(path.name for path in checkpoints))
     return {"average_checkpoints": count, "checkpoints": [path.name for path in checkpoints]}
+
+
+def _as_target(tensor: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """A full tensor of the average, as `target` holds it: under FSDP2 (configs/accelerate/fsdp.yaml) the model's
+    parameters are DTensors sharded over the processes, and copying a plain tensor into one is an error ("got mixed
+    torch.Tensor and DTensor"); every process holds the same average, so it is distributed like the target and each
+    process copies its own shard."""
+    if not torch.distributed.is_available():
+        return tensor
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    if isinstance(target, DTensor):
+        return distribute_tensor(tensor.to(device=target.device, dtype=target.dtype), target.device_mesh,
+                                 target.placements)
+    return tensor
 
 
 def save_final_model(trainer: TranslationTrainer, averaged: dict[str, Any] | None = None) -> None:
