@@ -1751,9 +1751,26 @@ def test_average_checkpoints_makes_the_final_model_the_mean_of_the_last_checkpoi
     assert torch.equal(model.get_input_embeddings().weight, final["model.shared.weight"])
     assert "average_checkpoints" in (output_dir / "README.md").read_text()
     # the test split was scored with the averaged model: decoding it again from the saved folder gives the same BLEU
+    # (with the same recipe: its average_checkpoints, a training run's choice, does not apply when nothing is trained)
     again = run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir),
-                 "--output_dir", str(tmp_path / "again"), "--average_checkpoints", "null"])
+                 "--output_dir", str(tmp_path / "again")])
     assert again["test"]["test_bleu"] == results["test"]["test_bleu"]
+
+
+def test_a_recipes_average_checkpoints_does_not_apply_to_a_run_that_trains_nothing(tmp_path, corpus, trained, caplog):
+    """The WMT14 recipes set average_checkpoints: scoring or translating a saved model with such a recipe
+    (`--do_train false`) was refused ('average_checkpoints ... it needs do_train'); the recipe's value is now left
+    out with a note, and only the flag itself, which asks for an average that cannot be made, is an error."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", save_strategy="steps", save_steps=2,
+                          save_total_limit=2, average_checkpoints=2)
+    assert parse_arguments([str(config)])[2].average_checkpoints == 2
+    not_training = [str(config), "--do_train", "false", "--model_name_or_path", str(trained[0])]
+    with caplog.at_level(logging.INFO, logger="hf_relpos.translation.arguments"):
+        assert parse_arguments(not_training)[2].average_checkpoints is None
+    assert "do_train is false: the recipe's average_checkpoints 2" in caplog.text
+    with pytest.raises(ConfigError, match="average_checkpoints averages the checkpoints of this run's training: it "
+                                          "needs do_train"):
+        parse_arguments([*not_training, "--average_checkpoints", "2"])
 
 
 def test_average_checkpoints_averages_what_a_short_run_saved(tmp_path, corpus, capsys):

@@ -715,6 +715,14 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
                     values["eval_strategy"])
         values["eval_strategy"], values["load_best_model_at_end"] = "no", False
     warn_overridden_do_eval(values, argv)
+    if (not values.get("do_train") and values.get("average_checkpoints") is not None
+            and "average_checkpoints" not in {flag_field_name(flag) for flag in argv if flag.startswith("--")}):
+        # The recipe's choice of a training run's final model (the WMT14 recipes average their last checkpoints):
+        # a run that only scores or translates a saved model with the recipe has nothing to average. Given as a
+        # flag, it stays an error (check_checkpoint_averaging).
+        logger.info("do_train is false: the recipe's average_checkpoints %d (the final model of a training run) "
+                    "does not apply", values["average_checkpoints"])
+        values["average_checkpoints"] = None
     if not values.get("do_train") and values.get("enable_jit_checkpoint"):
         # Nothing to checkpoint: the Trainer's SIGTERM handler, restored only when training ends, would leave the
         # signal ignored for the rest of the run.
