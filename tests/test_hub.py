@@ -63,7 +63,7 @@ MODEL_FILES = {"model.safetensors", "config.json", "generation_config.json", "to
 RESULTS = {
     "eval": {"eval_bleu": 27.3456, "eval_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
              "eval_chrf": 56.789, "eval_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
-             "eval_samples": 3000},
+             "eval_samples": 1000},   # the recipe's max_eval_samples: the first 1000 pairs of newstest2013
     "test": {"test_bleu": 28.4049, "test_bleu_signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
              "test_chrf": 57.1234, "test_chrf_signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
              "test_samples": 3003},
@@ -186,7 +186,9 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     assert ("relative-position" in data.tags) == (position_scheme not in UNTAGGED_AS_RELATIVE)
 
     results = {(result.dataset_split, result.metric_type): result for result in data.eval_results}
-    assert set(results) == {(split, metric) for split in ("validation", "test") for metric in ("sacrebleu", "chrf")}
+    # the recipe's max_eval_samples: 1000 scores a slice of newstest2013, and the model-index says which
+    assert set(results) == {(split, metric) for split in ("validation[:1000]", "test")
+                            for metric in ("sacrebleu", "chrf")}
     test_bleu = results["test", "sacrebleu"]
     assert test_bleu.metric_value == 28.40
     assert test_bleu.metric_args == {"signature": RESULTS["test"]["test_bleu_signature"]}
@@ -194,7 +196,7 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     assert test_bleu.dataset_config == "de-en"
     assert test_bleu.dataset_name == "WMT14 newstest2014"
     assert results["test", "chrf"].metric_value == 57.12
-    assert results["validation", "sacrebleu"].dataset_name == "WMT14 newstest2013"
+    assert results["validation[:1000]", "sacrebleu"].dataset_name == "WMT14 newstest2013, first 1000 pairs"
 
     body = card.text
     for expected in SCHEME_TEXT.get(position_scheme, ()):
@@ -202,13 +204,31 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     signature_cell = "`" + RESULTS["test"]["test_bleu_signature"].replace("|", "\\|") + "`"  # pipes escaped in tables
     for expected in ("## Training", "| `learning_rate` | 0.0007 |", "| `warmup_steps` | 4000 |", "## Results",
                      f"| WMT14 newstest2014 (3003 pairs) | 28.40 | 57.12 | {signature_cell} |",
-                     "first 1000 pairs", "## How to use", 'from_pretrained("me/relpos-model", trust_remote_code=True)',
+                     "| WMT14 newstest2013, first 1000 pairs | 27.35 | 56.79 |",
+                     "The validation score covers the first 1000 pairs of the split only (`max_eval_samples`).",
+                     "## How to use", 'from_pretrained("me/relpos-model", trust_remote_code=True)',
                      "import hf_relpos", 'pipeline("translation", model="me/relpos-model", trust_remote_code=True)',
                      "## Intended use and limitations", "Post-LN"):
         assert expected in body, expected
     cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
     own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.POSITION_SCHEMES[position_scheme].card.bibtex}
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
+
+
+@pytest.mark.parametrize(("cap", "scored", "label", "split"), [
+    (100, 100, "WMT14 newstest2014, first 100 pairs", "test[:100]"),
+    (5000, 3003, "WMT14 newstest2014", "test"),   # a cap above the split's size leaves it whole
+])
+def test_a_capped_test_split_is_labelled_as_its_first_pairs(cap, scored, label, split):
+    """max_predict_samples as max_eval_samples: the card's table and model-index name the slice that was scored,
+    never the whole set, and a cap that cut nothing is not mentioned."""
+    recipe = {**hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml"), "max_predict_samples": cap}
+    results = {"test": {**RESULTS["test"], "test_samples": scored}}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, results))
+    assert {(result.dataset_name, result.dataset_split) for result in card.data.eval_results} == {(label, split)}
+    row = f"| {label} | 28.40 |" if cap == scored else f"| {label} ({scored} pairs) | 28.40 |"
+    assert row in card.text
+    assert ("The test score covers the first 100 pairs of the split only" in card.text) == (cap == scored)
 
 
 @pytest.mark.parametrize(("decoder_heads", "size"), [(4, "d_z = 12 for"), (2, "d_z = 12 in the encoder and 24 in the decoder")])

@@ -301,10 +301,13 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
             "task_type": "translation",
             "task_name": f"Translation {source}-{target}",
             "dataset_type": record.dataset_name if on_hub else "custom",
-            "dataset_name": _split_title(record, split),
+            "dataset_name": _scored_set_title(record, prefix, values),
             "dataset_config": record.dataset_config_name if on_hub else None,
             "dataset_split": _split_name(record, split) if on_hub else split,
         }
+        cap = _sample_cap(record, prefix, values)
+        if cap is not None:   # datasets' slice syntax: the split's first `cap` pairs
+            common["dataset_split"] += f"[:{cap}]"
         eval_results.append(EvalResult(**common, metric_type="sacrebleu", metric_name="sacreBLEU",
                                        metric_value=round(values[f"{prefix}_bleu"], 2),
                                        metric_args={"signature": values.get(f"{prefix}_bleu_signature")}))
@@ -323,6 +326,22 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
         model_name=model_name,
         eval_results=eval_results or None,
     )
+
+
+def _sample_cap(record: RunRecord, prefix: str, values: Mapping[str, Any]) -> int | None:
+    """The N of `max_eval_samples` / `max_predict_samples` where the run scored the first N pairs of the split of
+    `prefix` ("eval", "test") only, as its results say (`{prefix}_samples`; a split of at most N pairs is whole)."""
+    cap = record.max_eval_samples if RESULT_SPLITS[prefix] == "validation" else record.max_predict_samples
+    count = values.get(f"{prefix}_samples")
+    return cap if cap is not None and (count is None or count >= cap) else None
+
+
+def _scored_set_title(record: RunRecord, prefix: str, values: Mapping[str, Any]) -> str:
+    """What the scores of `prefix` were computed on: the split's title, with the first N pairs where the run capped
+    it (the WMT14 recipes' `max_eval_samples: 1000`: a slice of newstest2013, not newstest2013)."""
+    title = _split_title(record, RESULT_SPLITS[prefix])
+    cap = _sample_cap(record, prefix, values)
+    return title if cap is None else f"{title}, first {cap} pairs"
 
 
 def _split_name(record: RunRecord, split: str) -> str:
@@ -629,17 +648,18 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     if results:
         rows = []
         for prefix, values in results.items():
-            split = RESULT_SPLITS[prefix]
             count = values.get(f"{prefix}_samples")
+            scored = _scored_set_title(record, prefix, values)
             rows.append((
-                _split_title(record, split) + (f" ({count} pairs)" if count else ""),
+                scored + (f" ({count} pairs)" if count and _sample_cap(record, prefix, values) is None else ""),
                 f"{values[f'{prefix}_bleu']:.2f}",
                 f"{values[f'{prefix}_chrf']:.2f}" if f"{prefix}_chrf" in values else "",
                 f"`{values.get(f'{prefix}_bleu_signature', '')}`",
             ))
-        caveat = ""
-        if record.max_eval_samples and "eval" in results:
-            caveat = f" The validation score covers the first {record.max_eval_samples} pairs only."
+        caveat = "".join(f" The {RESULT_SPLITS[prefix]} score covers the first {cap} pairs of the split only "
+                         f"(`{'max_eval_samples' if prefix == 'eval' else 'max_predict_samples'}`)."
+                         for prefix, values in results.items()
+                         if (cap := _sample_cap(record, prefix, values)) is not None)
         parts.append("Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of beam-search translations of this "
                      f"model against the raw, detokenized references.{caveat}\n\n"
                      + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
