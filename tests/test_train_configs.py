@@ -44,6 +44,9 @@ def test_wmt14_base_recipes(scheme):
             training_args.generation_max_length_offset) == (4, 0.6, 50)
     assert training_args.max_tokens_per_batch * 8 == 25000
     assert training_args.bf16_if_supported and training_args.bf16 == is_torch_bf16_gpu_available()
+    # Vaswani et al.: the last 5 checkpoints averaged, written every 10 minutes (1500 steps at 0.4 s a step)
+    assert (training_args.save_strategy, training_args.save_steps, training_args.save_total_limit,
+            training_args.average_checkpoints) == ("steps", 1500, 5, 5)
     header = (CONFIGS / f"wmt14_en_de_base_{scheme}.yaml").read_text().splitlines()[1]
     assert header.endswith(f"wmt14_en_de_base_{scheme}.yaml --gradient_accumulation_steps 8   # one GPU")
 
@@ -53,7 +56,9 @@ def test_wmt14_big_recipe():
     assert (model["d_model"], model["encoder_attention_heads"], model["encoder_ffn_dim"]) == (1024, 16, 4096)
     assert (model["dropout"], model["max_relative_position"]) == (0.3, 8)
     assert training_args.learning_rate == pytest.approx(1024**-0.5 * 4000**-0.5, rel=0.01)
-    assert training_args.save_total_limit == 20
+    # Vaswani et al.: the last 20 checkpoints averaged, written every 10 minutes (600 steps at 1.0 s a step)
+    assert (training_args.save_strategy, training_args.save_steps, training_args.save_total_limit,
+            training_args.average_checkpoints) == ("steps", 600, 20, 20)
 
 
 def test_multi30k_recipes_differ_only_in_the_scheme():
