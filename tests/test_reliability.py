@@ -837,14 +837,20 @@ class DiskUsage(NamedTuple):
     free: int
 
 
-def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path):
+def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path, monkeypatch):
     def arguments(**values) -> TranslationTrainingArguments:
         return TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, **values)
 
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
     assert required_disk_bytes(100, arguments(do_train=True, save_strategy="no")) == 100
     assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps")) == 100 + 3 * 100
     assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps", save_total_limit=2)) == 1000
     assert required_disk_bytes(100, arguments(do_train=False, do_predict=True)) == 0
+    # an FSDP launch (fsdp.yaml, the big recipe's): each checkpoint holds the weights twice (model.safetensors and
+    # accelerate's pytorch_model_fsdp.bin) besides Adam's state; the big recipe keeps 20, so 21 at a time
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps", save_total_limit=20)) == \
+        100 + 4 * 100 * 21
 
 
 # --- a failing rank ------------------------------------------------------------------------------------------------

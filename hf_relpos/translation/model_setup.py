@@ -22,12 +22,16 @@ from .arguments import (
     saved_config_with_overrides,
 )
 from .data import DataArguments
+from .preflight import fsdp_launch
 from .tokenization import special_token_ids
 
 logger = logging.getLogger(__name__)
 
 # Disk needed per checkpoint, in multiples of the weights: weights + Adam's two moment estimates.
 CHECKPOINT_SIZE_FACTOR = 3
+# Under FSDP with full state dicts (configs/accelerate/fsdp.yaml) a checkpoint holds the weights twice: the Trainer's
+# model.safetensors and accelerate's pytorch_model_fsdp.bin (transformers' Trainer saves both).
+FSDP_CHECKPOINT_SIZE_FACTOR = CHECKPOINT_SIZE_FACTOR + 1
 
 
 def generation_ceiling(training_args: TranslationTrainingArguments, max_position_embeddings: int) -> int:
@@ -169,13 +173,15 @@ def estimated_weight_bytes(model_args: ModelArguments) -> int | None:
 def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArguments) -> int:
     """Free space a run needs in output_dir, roughly: the final model, plus, when checkpointing, `save_total_limit`
     + 1 checkpoints (the new one is written before the oldest is deleted; 1 without a limit) of weights and optimizer
-    state. Tokenizer, results and data files are small next to it."""
+    state (and, in an FSDP launch, a second copy of the weights). Tokenizer, results and data files are small next
+    to it."""
     if not training_args.do_train:
         return 0
     checkpoints = 0
     if training_args.save_strategy != "no":
         checkpoints = training_args.save_total_limit + 1 if training_args.save_total_limit else 1
-    return weight_bytes * (1 + CHECKPOINT_SIZE_FACTOR * checkpoints)
+    factor = FSDP_CHECKPOINT_SIZE_FACTOR if fsdp_launch() else CHECKPOINT_SIZE_FACTOR
+    return weight_bytes * (1 + factor * checkpoints)
 
 
 def acts_in_training_only(field: str) -> bool:
