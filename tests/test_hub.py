@@ -725,6 +725,24 @@ def test_a_measurement_shows_every_seeds_test_and_validation_scores_and_the_runs
     assert measurement.batch.startswith("64 sentence pairs per update (32 per device and step x 2 device(s)")
 
 
+def test_a_measurement_of_runs_that_scored_a_slice_names_the_slice(tmp_path):
+    """Runs with the WMT14 recipes' max_eval_samples: 1000 scored the first 1000 pairs of newstest2013: a recipe
+    card's measurement row says so, never 'WMT14 newstest2013' alone; an uncapped split keeps its plain name."""
+    recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
+    record = RunRecord.from_recipe(recipe)
+    common = dict(role=RECIPE, recipe="wmt14_en_de_base_shaw", system="shaw", trained_as="shaw recipe", steps=100,
+                  hardware="GPU", devices=8, training_seconds=60.0, date="2026-11-20T10:00:00+00:00",
+                  max_eval_samples=1000, average_checkpoints=5)
+    scores = {"averaged": {"test": Scores(27.0, 57.0, "sig"), "validation": Scores(26.0, 56.0, "sig")}}
+    path = tmp_path / "wmt.json"
+    path.write_text(json.dumps({"records": [RunRecord(seed=1, scores=scores, **common).to_json()]}))
+    path.with_suffix(".md").write_text("# WMT14\n\nOne seed.\n")
+    (measurement,) = hub.measurements_from_record(path, "wmt14_en_de_base_shaw", record)
+    assert [row.evaluation_set for row in measurement.scores] == [
+        "WMT14 newstest2014, average of the last 5 checkpoints",
+        "WMT14 newstest2013, first 1000 pairs, average of the last 5 checkpoints"]
+
+
 def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monkeypatch):
     """The convergence record's `peer+recipe-training` (HF MarianMT trained with multi30k_small_absolute.yaml's
     settings) is a peer (`RunRecord.role`), so the absolute card shows absolute's runs only."""

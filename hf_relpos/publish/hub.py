@@ -186,7 +186,7 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
         for weight in weights:
             for split in ("test", "validation"):
                 per_seed = [run.scores[weight][split] for run in runs]
-                label = _split_title(record, split) + {
+                label = _split_title(record, split) + _measured_slice(runs, split) + {
                     "averaged": f", average of the last {first.average_checkpoints} checkpoints",
                     "final": ", final weights", TRAINED_WEIGHTS: ""}.get(weight, f", {weight}")
                 scores.append(MeasuredScores(label, tuple(score.bleu for score in per_seed),
@@ -202,6 +202,18 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
             date=max(run.date or "" for run in runs)[:10],
             scores=tuple(scores)))
     return measurements
+
+
+def _measured_slice(runs: Sequence[RunRecord], split: str) -> str:
+    """", first N pairs" where the runs scored `split` on its first N pairs only (`max_eval_samples`,
+    `max_predict_samples`; a record holds no count of the pairs scored, so a cap is taken to have cut the split);
+    "" where none was capped."""
+    caps = {run.max_eval_samples if split == "validation" else run.max_predict_samples for run in runs}
+    capped = sorted(cap for cap in caps if cap is not None)
+    if not capped:
+        return ""
+    return f", first {' / '.join(map(str, capped))} pairs" + (" in some runs" if len(caps) > len(capped) or
+                                                               len(capped) > 1 else "")
 
 
 def _update_size(run: RunRecord, recipe: RunRecord) -> str:
