@@ -3,8 +3,10 @@ train_translation.py CONFIG --use_cpu true` runs two gloo processes (`--use_cpu 
 CPU/gloo backend). Both ranks must train on disjoint token-budget batches covering the data, their step must weigh
 every labelled token of both alike, and only the main process may write the model. Without `--use_cpu true` on a machine without GPUs, the run stops before writing anything."""
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -15,6 +17,7 @@ import torch
 import yaml
 from conftest import MEMORISED_PAIRS, checkout_first_on_path
 
+from hf_relpos.translation.checkpoints import last_complete_checkpoint
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -399,3 +402,148 @@ def test_a_checks_error_is_printed_once_on_each_machine(monkeypatch, capsys, ran
     assert stopped.value.code == 2
     line = "train_translation.py: error: output_dir 'out' holds a tokenizer trained with other settings\n"
     assert capsys.readouterr().err == (line if prints else "")
+
+
+# Runs train_translation.py's main() in each process; the rank SIGTERM_RANK sends itself a SIGTERM (to its own pid
+# alone, the other rank gets none) in its first call of TranslationTrainer.<SIGTERM_METHOD> once SIGTERM_STEP steps
+# are taken, its JIT checkpoint requested at once (transformers waits 3 s for a SIGKILL to follow by default). Each
+# rank records the steps it trained from, saved a checkpoint at and stopped at, and its exit status.
+SIGTERM_WORKER = '''
+import json, os, signal, sys, time
+from transformers.trainer_jit_checkpoint import CheckpointManager
+from hf_relpos.translation import trainer, training
+
+CheckpointManager.__init__.__defaults__ = (0,)
+Trainer = trainer.TranslationTrainer
+rank, records = int(os.environ["RANK"]), os.environ["RECORD_DIR"]
+with open(os.path.join(records, f"pid{rank}"), "w") as handle:
+    handle.write(str(os.getpid()))
+record = {"rank": rank, "trained_from": [], "saved_at": [], "calls_after_the_signal": 0, "signalled": False}
+
+def noting(name, steps):
+    original = getattr(Trainer, name)
+
+    def noted(self, *args, **kwargs):
+        record[steps].append(self.state.global_step)
+        return original(self, *args, **kwargs)
+
+    setattr(Trainer, name, noted)
+
+if os.environ.get("STOP_GROUP_OF_ITS_OWN") and hasattr(trainer, "_StopAgreement"):
+    # as under nccl, whose default group takes no CPU tensors: the agreement creates a gloo group of its own
+    import torch.distributed as dist
+    among_the_processes = trainer._StopAgreement.among_the_processes.__func__
+
+    def among_nccl_processes(cls):
+        get_backend, dist.get_backend = dist.get_backend, lambda group=None: "nccl"
+        try:
+            agreement = among_the_processes(cls)
+        finally:
+            dist.get_backend = get_backend
+        record["group_of_its_own"] = agreement.group is not None and dist.get_backend(agreement.group) == "gloo"
+        return agreement
+
+    trainer._StopAgreement.among_the_processes = classmethod(among_nccl_processes)
+noting("training_step", "trained_from")
+noting("_save_checkpoint", "saved_at")
+method = os.environ.get("SIGTERM_METHOD")
+if method:
+    original = getattr(Trainer, method)
+
+    def signalled(self, *args, **kwargs):
+        if record["signalled"]:
+            record["calls_after_the_signal"] += 1
+        elif rank == int(os.environ["SIGTERM_RANK"]) and self.state.global_step == int(os.environ["SIGTERM_STEP"]):
+            record["signalled"] = True
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+        return original(self, *args, **kwargs)
+
+    setattr(Trainer, method, signalled)
+original_train = Trainer.train
+
+def train(self, *args, **kwargs):
+    try:
+        return original_train(self, *args, **kwargs)
+    finally:
+        record["stopped_at"] = self.state.global_step
+
+Trainer.train = train
+try:
+    training.main(sys.argv[1:])
+    record["exit"] = 0
+except SystemExit as exit:
+    record["exit"] = exit.code
+    raise
+finally:
+    with open(os.path.join(records, f"{os.environ['RECORD_NAME']}{rank}.json"), "w") as handle:
+        json.dump(record, handle)
+'''
+
+
+def launch_within(seconds: float, tmp_path: Path, script: Path, *arguments: str,
+                  environment: dict[str, str]) -> subprocess.CompletedProcess:
+    """`launch`, failing the test when it has not ended within `seconds` (processes waiting on each other in
+    collectives), after killing the launcher and the workers (in sessions of their own: they write their pids to
+    RECORD_DIR/pid<rank>)."""
+    environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=checkout_first_on_path(),
+                       **environment)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
+         "--main_process_port", str(free_port()), str(script), *arguments],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=environment)
+    try:
+        stdout, stderr = process.communicate(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        for pid_file in (tmp_path / "records").glob("pid*"):
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid_file.read_text()), signal.SIGKILL)
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the launch did not end within {seconds} s:\n{stdout[-3000:]}\n{stderr[-3000:]}")
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+@pytest.mark.parametrize(("method", "rank", "stop_step", "group_of_its_own"),
+                         [("training_step", 1, 3, False), ("prediction_step", 0, 2, True)],
+                         ids=["in-a-step-to-rank-1", "in-an-evaluation-to-rank-0-gloo-group-of-its-own"])
+def test_a_sigterm_to_one_rank_stops_both_at_the_same_step_with_its_checkpoint(tmp_path, method, rank, stop_step,
+                                                                               group_of_its_own):
+    """enable_jit_checkpoint under two processes, a SIGTERM delivered to one rank only (to its pid: a scheduler's
+    SIGTERMs reach the ranks at different instants, or only one): the ranks agree on the stop at each check, so both
+    stop at the same step, rank 1's SIGTERM in step 3 (checkpointed at the step's end), or rank 0's in the first
+    evaluation batch at step 2 (eval_steps 2: the evaluation stops at that batch on both), save its checkpoint
+    together and end with exit status 143. Each noticed the request by itself before: the one that had it entered the
+    checkpoint's collectives while the other ran the next step's or batch's, and both waited there (until
+    ddp_timeout). Resumed, both go on from that step to max_steps. The agreement's all-reduce runs on the default
+    group under gloo, and on a gloo group of its own otherwise (nccl, whose group takes no CPU tensors: its backend
+    made to read "nccl" in the second case)."""
+    config_path, output_dir = write_config(tmp_path)
+    settings = ["--use_cpu", "true", "--max_steps", "5", "--enable_jit_checkpoint", "true", "--do_eval", "false",
+                "--eval_strategy", "steps", "--eval_steps", "2", "--per_device_eval_batch_size", "1"]
+    worker = tmp_path / "worker.py"
+    worker.write_text(SIGTERM_WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    signal_at = {"SIGTERM_METHOD": method, "SIGTERM_RANK": str(rank), "SIGTERM_STEP": str(stop_step - 1)
+                 if method == "training_step" else str(stop_step), "RECORD_NAME": "stopped",
+                 **({"STOP_GROUP_OF_ITS_OWN": "1"} if group_of_its_own else {})}
+    completed = launch_within(120, tmp_path, worker, str(config_path), *settings, environment=signal_at)
+    output = completed.stdout[-3000:] + completed.stderr[-3000:]
+    stopped = [json.loads((records / f"stopped{r}.json").read_text()) for r in range(2)]
+    assert [r["signalled"] for r in stopped] == [r == rank for r in range(2)], output
+    assert [r.get("group_of_its_own", False) for r in stopped] == [group_of_its_own] * 2, output
+    assert [(r["exit"], r["stopped_at"], r["saved_at"]) for r in stopped] == [(143, stop_step, [stop_step])] * 2, output
+    assert [r["calls_after_the_signal"] for r in stopped] == [0, 0], output   # no step or batch after it
+    assert completed.returncode != 0, output
+    assert completed.stderr.count(f"error: training was stopped by SIGTERM at step {stop_step} ") == 2, output
+    assert last_complete_checkpoint(output_dir).name == f"checkpoint-{stop_step}"
+    assert sorted(path.name for path in (output_dir / f"checkpoint-{stop_step}").glob("rng_state_*")) == [
+        "rng_state_0.pth", "rng_state_1.pth"]
+
+    completed = launch_within(120, tmp_path, worker, str(config_path), *settings, "--resume_from_checkpoint", "last",
+                              environment={"RECORD_NAME": "resumed"})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    resumed = [json.loads((records / f"resumed{r}.json").read_text()) for r in range(2)]
+    assert [r["trained_from"] for r in resumed] == [list(range(stop_step, 5))] * 2
+    assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 5

@@ -272,6 +272,34 @@ class _StoppedBetweenSteps(Exception):
     the Trainer's loop, which has no way to stop before a step; `TranslationTrainer.train` checkpoints and stops."""
 
 
+class _StopAgreement:
+    """Whether any process of a multi-process run has a SIGTERM checkpoint requested, agreed by all of them: each
+    process's handler and timer are its own (a scheduler's SIGTERMs reach the ranks at different instants, or one rank
+    alone), so without it a process may enter the checkpoint's collectives while another runs the next step's or
+    evaluation batch's, and both wait there until ddp_timeout or the scheduler's SIGKILL. One all-reduce (MAX) of a
+    flag at each check, on a CPU (gloo) group: no GPU work to wait for, no host-device copy."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group   # None: the default group (gloo already)
+
+    @classmethod
+    def among_the_processes(cls) -> _StopAgreement | None:
+        """The agreement among this run's processes, its gloo group created here (every process must call this, in
+        the same order as its other group creations); None for a single process."""
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()
+                and torch.distributed.get_world_size() > 1):
+            return None
+        if torch.distributed.get_backend() == "gloo":
+            return cls(None)
+        return cls(torch.distributed.new_group(backend="gloo"))
+
+    def any(self, requested: bool) -> bool:
+        """Whether `requested` holds for any process; every process must call this at the same point."""
+        flag = torch.tensor([int(requested)], dtype=torch.int32)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX, group=self.group)
+        return bool(flag.item())
+
+
 class TranslationTrainer(Seq2SeqTrainer):
     """`Seq2SeqTrainer` with token-budget training batches, "source length + offset" generation per batch, and
     sacreBLEU/chrF against the raw references, with hypotheses kept in source order."""
@@ -311,6 +339,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved or
         # resumed from (in output_dir)
         self._jit_checkpoint: JITCheckpointCallback | None = None
+        self._stop_agreement: _StopAgreement | None = None   # several processes: they agree on a SIGTERM's stop
         self._note_signal_checkpoints()
 
     def _note_signal_checkpoints(self) -> None:
@@ -328,12 +357,16 @@ class TranslationTrainer(Seq2SeqTrainer):
         run's). A SIGTERM noticed between two steps (after an evaluation, a checkpoint save or the epoch end) stops
         before the next step begins (`_StoppedBetweenSteps`): transformers saved the previous step's checkpoint
         again, whole, and trained one more step, thrown away. One noticed during an evaluation in training, before
-        the last step, stops it at its next batch (`prediction_step`), for the same reason as above."""
+        the last step, stops it at its next batch (`prediction_step`), for the same reason as above.
+        Under several processes each notices the request by itself (its own handler and timer, its own SIGTERM, when
+        it gets one): at each of these checks they agree on it (`_checkpoint_requested`), so that all of them stop at
+        the same step or batch and enter the checkpoint's collectives together."""
         jit = next((callback for callback in self.callback_handler.callbacks
                     if isinstance(callback, JITCheckpointCallback) and callback.jit_manager is not None), None)
         if jit is None:
             return
         self._jit_checkpoint = jit
+        self._stop_agreement = _StopAgreement.among_the_processes()
         manager = jit.jit_manager
         save_checkpoint = manager.execute_jit_checkpoint
 
@@ -343,7 +376,7 @@ class TranslationTrainer(Seq2SeqTrainer):
 
         def save_after_the_step_and_stop(args: TrainingArguments, state: TrainerState, control: TrainerControl,
                                          **kwargs: Any) -> None:
-            if not manager.is_checkpoint_requested:
+            if not self._checkpoint_requested():
                 return
             manager.is_checkpoint_requested = False
             # saved as a regular checkpoint, after the step's log entry; not evaluated first, since an evaluation may
@@ -361,7 +394,7 @@ class TranslationTrainer(Seq2SeqTrainer):
 
         def stop_before_the_step(args: TrainingArguments, state: TrainerState, control: TrainerControl,
                                  **kwargs: Any) -> None:
-            if manager.is_checkpoint_requested:
+            if self._checkpoint_requested():
                 raise _StoppedBetweenSteps
 
         manager.execute_jit_checkpoint = save_checkpoint_and_stop
@@ -370,11 +403,22 @@ class TranslationTrainer(Seq2SeqTrainer):
         jit.on_step_end = save_after_the_step_and_stop
         jit.on_epoch_end = nothing_more_at_the_epoch_end
 
+    def _checkpoint_requested(self) -> bool:
+        """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) is requested: by this process's handler, or under
+        several processes by any process's (`_StopAgreement`; every process must make this call at the same point).
+        Not again once the signal has stopped this train() call: a process whose own SIGTERM came later than
+        another's would otherwise request a second stop (at the last step's epoch end, a second save)."""
+        if self.stopped_by_signal:
+            return False
+        requested = self._jit_checkpoint.jit_manager.is_checkpoint_requested
+        if self._stop_agreement is not None:
+            requested = self._stop_agreement.any(requested)
+        return requested
+
     def _stop_requested_before_the_last_step(self) -> bool:
         """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) is requested while training has steps to go."""
         return (self.is_in_train and self._jit_checkpoint is not None
-                and self._jit_checkpoint.jit_manager.is_checkpoint_requested
-                and self.state.global_step < self.state.max_steps)
+                and self.state.global_step < self.state.max_steps and self._checkpoint_requested())
 
     def stopped_early_by_signal(self) -> bool:
         """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) stopped training before its last step."""
@@ -400,6 +444,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
+        self.stopped_by_signal = False
         self._checkpointed_step = _own_checkpoint_step(resume_from_checkpoint, self.args.output_dir)
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
