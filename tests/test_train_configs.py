@@ -128,6 +128,21 @@ def test_the_yaml_precision_wins_over_the_launch_configs_mixed_precision(monkeyp
     assert parse("wmt14_en_de_big_shaw.yaml", "--bf16_if_supported", "false")[2].mixed_precision == "no"
 
 
+@pytest.mark.parametrize("logs", [True, False], ids=["process-that-logs", "other-rank"])
+def test_the_unused_launch_precision_is_said_once_by_the_process_that_logs(monkeypatch, caplog, logs):
+    """The warning that accelerate's mixed_precision is not used comes from the process that logs (one per machine,
+    `should_log`), not from every rank of the launch (8 copies on 8 GPUs)."""
+    from hf_relpos.translation.arguments import TranslationTrainingArguments
+
+    monkeypatch.setenv("ACCELERATE_MIXED_PRECISION", "bf16")
+    monkeypatch.setattr(TranslationTrainingArguments, "should_log", property(lambda self: logs))
+    with caplog.at_level("WARNING", logger="hf_relpos.translation.arguments"):
+        assert parse("demo.yaml")[2].mixed_precision == "no"
+    said = [record for record in caplog.records
+            if "accelerate's mixed_precision 'bf16' is not used" in record.getMessage()]
+    assert len(said) == (1 if logs else 0)
+
+
 @pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml") if not path.name.startswith("finetune")))
 def test_every_recipe_parses_with_a_valid_model_config(name):
     """parse_arguments builds the recipe's RelPosTransformerConfig, so each scheme checks its own fields here."""

@@ -385,10 +385,11 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                         "float32 (no GPU with bf16 here, or use_cpu)")
         super().__post_init__()
         # transformers takes `accelerate launch`'s mixed_precision (ACCELERATE_MIXED_PRECISION) when bf16 and fp16 are
-        # off: the YAML's precision is the run's (docs/training.md, Multi-GPU), whatever the launch config says.
+        # off: the YAML's precision is the run's (docs/training.md, Multi-GPU), whatever the launch config says. Said
+        # by the processes that log (one per machine), not by every rank of the launch.
         launched_with = self.mixed_precision
         self.mixed_precision = "bf16" if self.bf16 else "fp16" if self.fp16 else "no"
-        if launched_with != self.mixed_precision:
+        if launched_with != self.mixed_precision and self.should_log:
             logger.warning("accelerate's mixed_precision %r is not used: the run trains in %s, as the training YAML "
                            "says (bf16_if_supported, bf16, fp16)", launched_with,
                            "float32" if self.mixed_precision == "no" else self.mixed_precision)
