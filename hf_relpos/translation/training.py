@@ -160,7 +160,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(1)
     except TrainingStoppedError as error:   # exit status as a process the SIGTERM had ended: 128 + 15
-        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        if _prints_errors():   # the processes agree on the stop (TranslationTrainer): one line per machine
+            print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         sys.exit(128 + signal.SIGTERM)
     # Under accelerate launch: no rank may exit (and tear gloo/NCCL down in the interpreter's shutdown, which can
     # abort with SIGABRT) while another still runs.
