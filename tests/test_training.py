@@ -24,6 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, S
 from transformers.utils import logging as transformers_logging
 
 import hf_relpos  # noqa: F401 - registers the model with the Auto classes
+import hf_relpos.translation.arguments as arguments_module
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.hub import shown_command
 from hf_relpos.publish.records import RUN_RECORD_FILE
@@ -605,6 +606,23 @@ def test_do_eval_false_with_evaluations_during_training_is_a_warning(tmp_path, c
     with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
         assert not parse_arguments([str(config), "--do_eval", "false", "--eval_strategy", "no"])[2].do_eval
     assert "--do_eval false" not in caplog.text
+
+
+@pytest.mark.parametrize(("local_rank", "said"), [("0", True), ("1", False)])
+def test_a_warning_of_parsing_is_said_by_the_main_process_of_each_machine(tmp_path, corpus, caplog, monkeypatch,
+                                                                           local_rank, said):
+    """Every process of a launch parses the same arguments, before the run's logging is set up: a warning of parsing
+    (here --do_eval false beside evaluations during training) comes from LOCAL_RANK 0 only, and the other ranks' own
+    logging is as it was afterwards."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", eval_strategy="epoch")
+    monkeypatch.setenv("LOCAL_RANK", local_rank)
+    assert arguments_module.local_main_process() is said
+    monkeypatch.delenv("LOCAL_RANK")   # the training arguments would join the launch's process group
+    monkeypatch.setattr(arguments_module, "local_main_process", lambda: said)
+    with caplog.at_level(logging.WARNING):
+        assert parse_arguments([str(config), "--do_eval", "false"])[2].do_eval
+    assert ("--do_eval false does not apply" in caplog.text) is said
+    assert logging.getLogger("hf_relpos.translation.arguments").isEnabledFor(logging.WARNING)
 
 
 @pytest.mark.parametrize(("start", "token"), [("pad", "<pad>"), ("eos", "</s>")])

@@ -682,13 +682,36 @@ def _raise_unknown(keys: Sequence[str]) -> typing.NoReturn:
                       f"fields under '{MODEL_SECTION}:')")
 
 
+def local_main_process() -> bool:
+    """Whether this is the main process of its machine: LOCAL_RANK 0 (which `accelerate launch` (torchrun) gives each
+    process), or a process not launched at all (rank 0 of an initialized process group, else RANK 0 or unset)."""
+    if "LOCAL_RANK" in os.environ:
+        return int(os.environ["LOCAL_RANK"]) == 0
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank() == 0
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def parse_arguments(argv: Sequence[str]) -> Arguments:
     """Parse `CONFIG.yaml [--name value ...]`: the YAML fills the argument dataclasses, flags override it.
 
     A `model:` mapping in the YAML (or flat keys / `--model.NAME` flags naming config fields) becomes
     `ModelArguments.model_config`. No arguments, `-h` or `--help` print the usage and exit 0. Unknown keys, bad values
-    and nulls for non-optional fields raise one `ConfigError`.
+    and nulls for non-optional fields raise one `ConfigError`. Every process of a launch parses the same arguments:
+    the warnings of parsing (said before the run's logging is set up) come from the main process of each machine
+    (`local_main_process`) only.
     """
+    package_logger = logging.getLogger(__name__.split(".")[0])
+    level = package_logger.level
+    if not local_main_process():
+        package_logger.setLevel(logging.ERROR)
+    try:
+        return _parse_arguments(argv)
+    finally:
+        package_logger.setLevel(level)
+
+
+def _parse_arguments(argv: Sequence[str]) -> Arguments:
     argv = list(argv) or ["--help"]
     recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
     yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}

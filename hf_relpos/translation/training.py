@@ -7,7 +7,6 @@ run record, Hub push). Each step is a call into the module of its job: `coordina
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from .arguments import (
     ConfigError,
     TranslationTrainingArguments,
     check_resumed_model_config,
+    local_main_process,
     parse_arguments,
 )
 from .coordination import main_process_first_without_timeout
@@ -137,15 +137,11 @@ def _set_up_process(training_args: TranslationTrainingArguments) -> None:
 
 
 def _prints_errors() -> bool:
-    """Whether this process prints the run's one-line error: the main process of its machine (LOCAL_RANK 0, which
-    `accelerate launch` (torchrun) gives each process), or a process not launched at all. Every process of a machine
-    that stops on a check stops alike, so its log gets the line once; a process of another machine may stop on its
-    own (its local files, its disk, what it read in a shared output_dir), and its line is the only word of why."""
-    if "LOCAL_RANK" in os.environ:
-        return int(os.environ["LOCAL_RANK"]) == 0
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank() == 0
-    return int(os.environ.get("RANK", "0")) == 0
+    """Whether this process prints the run's one-line error: the main process of its machine (`local_main_process`).
+    Every process of a machine that stops on a check stops alike, so its log gets the line once; a process of another
+    machine may stop on its own (its local files, its disk, what it read in a shared output_dir), and its line is the
+    only word of why."""
+    return local_main_process()
 
 
 def main(argv: Sequence[str] | None = None) -> None:
