@@ -272,7 +272,7 @@ def test_every_file_the_export_card_names_is_in_the_export_and_the_source_card_i
         tokenizer, tmp_path, generation_saved):
     """The export's README.md is its own card: each file it names in backticks is in the export folder
     (generation_config.json only where the source model saved one), and the source model's card, which the export
-    does not copy, is named by the source folder's name, whose path ctranslate2_export.json records."""
+    does not copy, is named by the source folder's name, which ctranslate2_export.json records as `source_model`."""
     source = save(tiny_translation_model(tokenizer, "absolute", steps=0), tokenizer, tmp_path / "my_model")
     (source / "README.md").write_text("# the source model's card\n", encoding="utf-8")
     if not generation_saved:
@@ -283,9 +283,26 @@ def test_every_file_the_export_card_names_is_in_the_export_and_the_source_card_i
     assert ("generation_config.json" in named) == generation_saved
     assert named and all((out / name).is_file() for name in named), named
     assert "README.md` beside its weights" not in card
-    assert "the model card (README.md) in the source model's folder `my_model`" in card
-    recorded = Path(json.loads((out / "ctranslate2_export.json").read_text())["source_model"])
-    assert recorded.name == "my_model" and (recorded / "README.md").is_file()
+    assert "the model card (README.md) in the source model's folder `my_model` (`source_model` in" in card
+    assert json.loads((out / "ctranslate2_export.json").read_text())["source_model"] == "<local>/my_model"
+
+
+def test_the_export_record_names_its_source_without_the_machines_folders(tokenizer, tmp_path, monkeypatch):
+    """ctranslate2_export.json goes wherever the folder is uploaded (hf-relpos-translate recognises an export by it),
+    so `source_model` shows the source folder as a model card shows a local path: relative to the folder the export
+    ran in, else <local>/NAME; it held the absolute path, which an `hf upload` of the folder published."""
+    source = save(tiny_translation_model(tokenizer, "absolute", steps=0), tokenizer, tmp_path / "runs" / "my_model")
+    monkeypatch.chdir(tmp_path)
+    export_main(["ctranslate2", str(source), "ct2_inside"])   # run where the source lies under the working folder
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    monkeypatch.chdir(outside)
+    export_main(["ctranslate2", str(source), str(tmp_path / "ct2_outside")])
+    for name, shown in (("ct2_inside", "runs/my_model"), ("ct2_outside", "<local>/my_model")):
+        text = (tmp_path / name / "ctranslate2_export.json").read_text()
+        assert json.loads(text)["source_model"] == shown and str(tmp_path) not in text
+    with pytest.raises(ExportError, match=r"is already a CTranslate2 export \(of 'runs/my_model'\)"):
+        export_ctranslate2(tmp_path / "ct2_inside", tmp_path / "again")
 
 
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):
@@ -697,7 +714,7 @@ def test_exporting_an_export_is_one_error_naming_it_and_writes_nothing(tokenizer
     export_ctranslate2(source, tmp_path / "ct2")
     assert export_error(["ctranslate2", str(tmp_path / "ct2"), str(tmp_path / "again")], capsys) == (
         f"hf-relpos-export: error: MODEL_DIR {str(tmp_path / 'ct2')!r} is already a CTranslate2 export (of "
-        f"{str(source.resolve())!r}); MODEL_DIR must be a trained model folder (model.safetensors, config.json, "
+        "'<local>/model'); MODEL_DIR must be a trained model folder (model.safetensors, config.json, "
         "tokenizer), such as that one")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["ct2", "model"]
 

@@ -27,7 +27,8 @@ encoder without layers (`encoder_layers` 0).
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json where the source model has one (beams, length penalty, length cap:
 `hf-relpos-translate OUT_DIR` decodes with them), `ctranslate2_export.json` (what was exported, how, and from which
-model) and a README.md (what the folder is, its saved decoding, and how to translate with it, with and without
+model: `source_model`, its folder relative to the folder the export ran in, else `<local>/NAME`, as model cards show
+local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding, and how to translate with it, with and without
 hf_relpos; the source model's own card, with its training and scores, is not copied: it names the source folder). It
 is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
 languages and recipe) is copied along, so that hf-relpos-translate scores the export's BLEU as the run did (its
@@ -53,7 +54,7 @@ from ..model.generation_limits import longest_new_output, relative_limit, shorte
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
-from ..publish.hub import LICENSE, example_source, language_name
+from ..publish.hub import LICENSE, example_source, language_name, shown_path
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
@@ -378,7 +379,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         "engine": "ctranslate2",
         "ctranslate2_version": ctranslate2.__version__,
         "quantization": quantization or "float32",
-        "source_model": str(Path(model_dir).resolve()),
+        # the source folder as a card shows a path (`shown_path`): relative to the folder the export runs in, else
+        # <local>/NAME, so that an upload of the folder as it is publishes no local folders
+        "source_model": shown_path(Path(model_dir).resolve().as_posix(), Path.cwd().resolve().as_posix()),
         "position_scheme": config.position_scheme,
         "position_table_rows": rows if position_table else None,
     }
@@ -463,10 +466,10 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
              "the export)." if rows is not None else "")
     # this README.md is the export's own: the source model's card (its training and scores) stays in the source
-    # folder, named here by its folder name (its full path is the export record's `source_model`)
+    # folder, named here by its folder name (the export record's `source_model`: its path as `shown_path` shows it)
     source_card = (f" How it was trained and what it scored: the model card (README.md) in the source model's folder "
-                   f"`{model_dir.resolve().name}`, whose path `{EXPORT_RECORD}` records as `source_model`; this folder "
-                   "does not hold that card." if (model_dir / "README.md").is_file() else "")
+                   f"`{model_dir.resolve().name}` (`source_model` in `{EXPORT_RECORD}`); this folder does not hold "
+                   "that card." if (model_dir / "README.md").is_file() else "")
     norm = "Pre-LN" if config.layer_norm_position == "pre" else "Post-LN"
     return f"""---
 {yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
