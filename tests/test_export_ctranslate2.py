@@ -230,7 +230,7 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     from huggingface_hub import ModelCard
 
     from hf_relpos.model.generation_limits import set_relative_limit
-    from hf_relpos.publish.records import RUN_RECORD_FILE
+    from hf_relpos.publish.records import RUN_RECORD_FILE, training_record
 
     model, _, _ = exported["absolute"]
     saved = copy.deepcopy(model.generation_config)
@@ -259,7 +259,7 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     capped, uncapped = engine.generate(**inputs), engine.generate(**inputs, max_len_b=None)
     assert capped.shape[-1] < uncapped.shape[-1]
     assert printed == tokenizer.decode(capped[0], skip_special_tokens=True) + "\n"
-    assert (tmp_path / "ct2" / RUN_RECORD_FILE).read_bytes() == (source / RUN_RECORD_FILE).read_bytes()
+    assert training_record(tmp_path / "ct2") == training_record(source)
     (tmp_path / "src.txt").write_text(sentence + "\n", encoding="utf-8")
     capsys.readouterr()
     translate_main([str(tmp_path / "ct2"), str(tmp_path / "src.txt"), "--reference", str(tmp_path / "src.txt"),
@@ -303,6 +303,44 @@ def test_the_export_record_names_its_source_without_the_machines_folders(tokeniz
         assert json.loads(text)["source_model"] == shown and str(tmp_path) not in text
     with pytest.raises(ExportError, match=r"is already a CTranslate2 export \(of 'runs/my_model'\)"):
         export_ctranslate2(tmp_path / "ct2_inside", tmp_path / "again")
+
+
+def test_no_file_of_an_export_holds_a_local_absolute_path(tokenizer, tmp_path, monkeypatch):
+    """An export is a folder to serve and share (`hf upload REPO_ID FOLDER`, as hub push advises for one): none of its
+    files (CTranslate2's, the tokenizer's, the configs, the card, the records) holds the machine's folders. The run
+    record comes along with its local paths as a card shows them (relative to the folder the run was started in,
+    else <local>/NAME; that folder left out), where it was copied as the run wrote it: the folder it was started in,
+    the command with its data files, the program, the prepared-data folders; what hf-relpos-translate reads of it
+    (bleu_tokenize, target_lang) and the rest of the recipe are kept."""
+    from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord, training_record
+    from hf_relpos.tools.translate import recorded_scoring
+
+    work, data = tmp_path / "work", tmp_path / "data"
+    source = save(tiny_translation_model(tokenizer, "absolute", steps=0), tokenizer, work / "outputs" / "my_model")
+    (source / "README.md").write_text("# the source model's card\n", encoding="utf-8")
+    run = RunRecord(
+        source_lang="en", target_lang="ja", bleu_tokenize="char", train_file=f"{data}/train.jsonl",
+        validation_file="data/dev.jsonl", test_file=f"{work}/data/test.jsonl", tokenizer_name=f"{tmp_path}/tok",
+        trained_as=f"{work}/configs/x.yaml --output_dir={work}/outputs/my_model --seed 1", working_directory=str(work),
+        program=f"{tmp_path}/src/train_translation.py", resumed_from="checkpoint-30", learning_rate=0.002,
+        prepared_from={"train": {"folder": f"{work}/outputs/my_model/prepared_data/train-1", "key": "1",
+                                 "reused": False}})
+    (source / RUN_RECORD_FILE).write_text(json.dumps(run.to_json(), indent=1), encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    out = export_ctranslate2(source, tmp_path / "ct2")
+    leaking = [path.name for path in out.iterdir() if str(tmp_path).encode() in path.read_bytes()]
+    assert leaking == []
+    shown = training_record(out)
+    assert (shown.train_file, shown.validation_file, shown.test_file, shown.tokenizer_name) == (
+        "<local>/train.jsonl", "data/dev.jsonl", "data/test.jsonl", "<local>/tok")
+    assert shown.trained_as == "configs/x.yaml --output_dir=outputs/my_model --seed 1"
+    assert (shown.working_directory, shown.program, shown.resumed_from) == (
+        None, "<local>/train_translation.py", "checkpoint-30")
+    assert shown.prepared_from == {"train": {"folder": "outputs/my_model/prepared_data/train-1", "key": "1",
+                                             "reused": False}}
+    assert (shown.learning_rate, shown.source_lang) == (0.002, "en")
+    assert recorded_scoring(str(out)) == ("char", "ja")
+    assert training_record(source) == run   # the source folder's record, the local one, keeps its paths as typed
 
 
 def test_shaw_without_either_table_exports_as_zero_tables(tokenizer, tmp_path):

@@ -580,6 +580,24 @@ def _shown_word(word: str, working_directory: str | None) -> str:
     return shown_path(word, working_directory)
 
 
+def shown_record(record: RunRecord) -> RunRecord:
+    """`record` as a folder meant for sharing holds it (a CTranslate2 export's run_record.json; run_record.json in the
+    run's own folder, the local record, keeps its paths as typed): each local path as a card shows it (`shown_path`:
+    the data files, a model or tokenizer reused, a local dataset, the program, each split's prepared-data folder; the
+    command by `shown_command`), relative to the folder the run was started in, which is left out."""
+    where = record.working_directory
+    recipe = {name: shown_path(value, where) for name in RunRecord.recipe_fields()
+              if isinstance(value := getattr(record, name), str)}
+    prepared = {split: {**source, "folder": shown_path(source["folder"], where)}
+                if isinstance(source.get("folder"), str) else dict(source)
+                for split, source in record.prepared_from.items()}
+    return dataclasses.replace(
+        record, **recipe, prepared_from=prepared, working_directory=None,
+        trained_as=record.trained_as and shown_command(record.trained_as, where),
+        program=record.program and shown_path(record.program, where),
+        resumed_from=record.resumed_from and shown_path(record.resumed_from, where))
+
+
 def _launch_command(record: RunRecord) -> str:
     """The command a run was started with, as typed: a script or `-m MODULE` after `python`, a console script by its
     name (runs recorded without their program were started as train_translation.py). A run of N > 1 processes was

@@ -31,15 +31,17 @@ model: `source_model`, its folder relative to the folder the export ran in, else
 local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding, and how to translate with it, with and without
 hf_relpos; the source model's own card, with its training and scores, is not copied: it names the source folder). It
 is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
-languages and recipe) is copied along, so that hf-relpos-translate scores the export's BLEU as the run did (its
-bleu_tokenize, else the choice for its target language).
+languages and recipe) comes along, so that hf-relpos-translate scores the export's BLEU as the run did (its
+bleu_tokenize, else the choice for its target language), with its local paths as a model card shows them
+(`hf_relpos.publish.hub.shown_record`: data files, command, program, prepared data relative to the folder the run was
+started in, else `<local>/NAME`; that folder left out). No file of OUT_DIR holds an absolute local path, so the
+folder can be uploaded as it is.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -54,7 +56,7 @@ from ..model.generation_limits import longest_new_output, relative_limit, shorte
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
-from ..publish.hub import LICENSE, example_source, language_name, shown_path
+from ..publish.hub import LICENSE, example_source, language_name, shown_path, shown_record
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
 from ..publish.records import RUN_RECORD_FILE, training_record
 from ..translation.safety import check_new_output_dir
@@ -375,6 +377,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token, rows)
     spec.validate()
     spec.optimize(quantization=quantization)
+    run = training_record(model_dir)
     record = {
         "engine": "ctranslate2",
         "ctranslate2_version": ctranslate2.__version__,
@@ -392,8 +395,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if generation is not None:
             generation.save_pretrained(staging)
         (staging / EXPORT_RECORD).write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-        if (Path(model_dir) / RUN_RECORD_FILE).is_file():   # languages and recipe of the run, for its scoring
-            shutil.copyfile(Path(model_dir) / RUN_RECORD_FILE, staging / RUN_RECORD_FILE)
+        if run is not None:   # languages and recipe of the run, for its scoring; its local paths as a card shows them
+            (staging / RUN_RECORD_FILE).write_text(json.dumps(shown_record(run).to_json(), indent=1) + "\n",
+                                                   encoding="utf-8")
         (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record),
                                            encoding="utf-8")
     return out_dir
