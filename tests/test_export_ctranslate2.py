@@ -312,6 +312,7 @@ def test_no_file_of_an_export_holds_a_local_absolute_path(tokenizer, tmp_path, m
     else <local>/NAME; that folder left out), where it was copied as the run wrote it: the folder it was started in,
     the command with its data files, the program, the prepared-data folders; what hf-relpos-translate reads of it
     (bleu_tokenize, target_lang) and the rest of the recipe are kept."""
+    from hf_relpos.publish.hub import export_files_with_local_paths
     from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord, training_record
     from hf_relpos.tools.translate import recorded_scoring
 
@@ -340,6 +341,7 @@ def test_no_file_of_an_export_holds_a_local_absolute_path(tokenizer, tmp_path, m
                                              "reused": False}}
     assert (shown.learning_rate, shown.source_lang) == (0.002, "en")
     assert recorded_scoring(str(out)) == ("char", "ja")
+    assert export_files_with_local_paths(out) == []   # hub push's refusal advises uploading it as it is
     assert training_record(source) == run   # the source folder's record, the local one, keeps its paths as typed
 
 

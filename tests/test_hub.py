@@ -1333,6 +1333,39 @@ def test_a_ctranslate2_export_is_refused_naming_what_to_push_instead(tmp_path, f
     assert fake_hub.repos == [] and fake_hub.commits == []
 
 
+def test_an_export_that_holds_local_paths_is_refused_advising_a_new_export_not_a_plain_upload(tmp_path, fake_hub):
+    """An export written while hf-relpos-export kept local absolute paths (ctranslate2_export.json's source_model, the
+    run record as typed) is refused advising to export again and upload that: the advised `hf upload` of the folder
+    as it is would publish them. An export without such paths keeps the plain advice; each record is named alone."""
+    def export(name: str, source_model: str, run: RunRecord | None) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "ctranslate2_export.json").write_text(json.dumps({"engine": "ctranslate2",
+                                                                     "source_model": source_model}))
+        if run is not None:
+            (folder / RUN_RECORD_FILE).write_text(json.dumps(run.to_json()))
+        return folder
+
+    typed = RunRecord(train_file=f"{tmp_path}/train.jsonl", trained_as="configs/demo.yaml",
+                      working_directory=str(tmp_path))
+    old = export("old_ct2", str(tmp_path / "model"), typed)
+    with pytest.raises(ValueError, match=rf"^{re.escape(str(old))} is a CTranslate2 export .*: push the model folder "
+                                         r"it was exported from, or upload an export of it: ctranslate2_export\.json "
+                                         r"and run_record\.json of this one hold local absolute paths .*export it "
+                                         r"again \(hf-relpos-export ctranslate2 MODEL_DIR OUT_DIR\) and upload that "
+                                         r"\(hf upload REPO_ID OUT_DIR\)$"):
+        hub.push_model_folder(old, "me/model-ct2")
+    assert hub.export_files_with_local_paths(export("old_record", "model", typed)) == [RUN_RECORD_FILE]
+    assert hub.export_files_with_local_paths(export("old_source", "/data/model", None)) == ["ctranslate2_export.json"]
+    new = export("new_ct2", "model", hub.shown_record(typed))
+    with pytest.raises(ValueError, match=rf"or upload the export as it is \(hf upload REPO_ID {re.escape(str(new))}\)$"):
+        hub.push_model_folder(new, "me/model-ct2")
+    unreadable = export("unreadable", "<local>/model", None)
+    (unreadable / RUN_RECORD_FILE).write_text("{not json")
+    assert hub.export_files_with_local_paths(unreadable) == []
+    assert fake_hub.repos == [] and fake_hub.commits == []
+
+
 def test_incomplete_folder_is_refused_before_any_upload(output_folder, fake_hub):
     (output_folder / "tokenizer.json").unlink()
     with pytest.raises(ValueError, match="lacks tokenizer.json"):

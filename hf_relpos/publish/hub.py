@@ -927,9 +927,15 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
     among them: it names the folder to push instead)."""
     folder = Path(folder)
     if (folder / CTRANSLATE2_EXPORT_RECORD).is_file():
-        raise ValueError(f"{folder} is a CTranslate2 export (hf-relpos-export), which loads in CTranslate2, not in "
-                         "transformers: push the model folder it was exported from, or upload the export as it is "
-                         f"(hf upload REPO_ID {folder})")
+        refusal = (f"{folder} is a CTranslate2 export (hf-relpos-export), which loads in CTranslate2, not in "
+                   "transformers: push the model folder it was exported from, or ")
+        leaking = export_files_with_local_paths(folder)
+        if leaking:
+            raise ValueError(refusal + f"upload an export of it: {' and '.join(leaking)} of this one hold local "
+                             "absolute paths (written by an hf-relpos-export that kept them), which an upload would "
+                             "publish; export it again (hf-relpos-export ctranslate2 MODEL_DIR OUT_DIR) and upload "
+                             "that (hf upload REPO_ID OUT_DIR)")
+        raise ValueError(refusal + f"upload the export as it is (hf upload REPO_ID {folder})")
     config_path = folder / CONFIG_NAME
     if not config_path.is_file():
         raise ValueError(f"{folder} has no {CONFIG_NAME}: save the model there with save_pretrained first")
@@ -963,6 +969,27 @@ def files_to_push(folder: str | os.PathLike) -> dict[str, Path]:
             raise WeightsFileError(f"{folder}: {error}: push a folder whose weights load (save the model again, or "
                                    "copy it whole)") from None
     return {name: folder / name for name in sorted(names)}
+
+
+def export_files_with_local_paths(folder: Path) -> list[str]:
+    """The records of the CTranslate2 export `folder` that hold a local absolute path, which its files have shown as
+    model cards show them since hf-relpos-export wrote them so (`shown_path`, `shown_record`): its
+    ctranslate2_export.json's `source_model`, its copy of the run record (a record that cannot be read is not
+    named: nothing is known of its paths)."""
+    def source_leaks() -> bool:
+        source = json.loads((folder / CTRANSLATE2_EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
+        return isinstance(source, str) and shown_path(source) != source
+
+    def run_record_leaks() -> bool:
+        run = training_record(folder)
+        return run is not None and shown_record(run) != run
+
+    leaking = []
+    for name, leaks in ((CTRANSLATE2_EXPORT_RECORD, source_leaks), (RUN_RECORD_FILE, run_record_leaks)):
+        with contextlib.suppress(OSError, ValueError, TypeError, AttributeError):   # not as hf-relpos-export writes it
+            if leaks():
+                leaking.append(name)
+    return leaking
 
 
 def tokenizer_files(folder: Path) -> set[str]:
