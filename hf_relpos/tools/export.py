@@ -21,16 +21,17 @@ Pre- or Post-LN (`pre_norm`; the Pre-LN stacks' final LayerNorm), the activation
 the tied embeddings (one matrix, stored once), `final_logits_bias` (the output projection's bias) and the LayerNorm
 epsilon carry over. What the specification cannot express is refused before anything is written, in one line naming
 it: `xl`, `directional`, `alibi`, schemes registered elsewhere, Shaw's per-head tables, `keep_absolute_positions`
-under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing), `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference, an
-encoder without layers (`encoder_layers` 0).
+under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing),
+`self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference, an encoder without
+layers (`encoder_layers` 0).
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json where the source model has one (beams, length penalty, length cap:
 `hf-relpos-translate OUT_DIR` decodes with them), `ctranslate2_export.json` (what was exported, how, and from which
 model: `source_model`, its folder relative to the folder the export ran in, else `<local>/NAME`, as model cards show
-local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding, and how to translate with it, with and without
-hf_relpos; the source model's own card, with its training and scores, is not copied: it names the source folder). It
-is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
+local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding,
+and how to translate with it, with and without hf_relpos; the source model's own card, with its training and scores,
+is not copied: it names the source folder). It is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
 languages and recipe) comes along, so that hf-relpos-translate scores the export's BLEU as the run did (its
 bleu_tokenize, else the choice for its target language), with its local paths as a model card shows them
 (`hf_relpos.publish.hub.shown_record`: data files, command, program, prepared data relative to the folder the run was
