@@ -1177,6 +1177,29 @@ def test_an_averaged_folder_without_a_run_record_is_carded_as_trained_weights(tr
     assert "The training recipe was not recorded with this model." in card
 
 
+def test_the_files_the_hub_guide_says_a_push_leaves_out_are_left_out(output_folder, fake_hub):
+    """docs/hub.md names what a push leaves out of a training folder (the run record, the tokenizer's settings, an
+    average's checkpoint list, prepared data, checkpoints, scores), and each of them, put in a pushable folder, is
+    left out."""
+    guide = (REPO_ROOT / "docs" / "hub.md").read_text(encoding="utf-8")
+    paragraph = guide[guide.index("Nothing else in the folder is uploaded"):]
+    paragraph = paragraph[:paragraph.index("A folder without weights")]
+    named = set(re.findall(r"`([^`]+)`", paragraph)) - {"README.md"}
+    for name in ("run_record.json", "tokenizer_training.json", "averaged_checkpoints.json", "prepared_data/",
+                 "checkpoint-<step>/", "all_results.json", "trainer_state.json", "training_args.bin"):
+        assert name in named, name
+    for name in named:
+        path = output_folder / name.replace("<step>", "100").replace("*", "eval")
+        if name.endswith("/"):
+            path.mkdir(exist_ok=True)
+            (path / "x.json").write_text("{}\n")
+        elif not path.exists():
+            path.write_text("{}\n")
+    hub.push_model_folder(output_folder, "me/tiny-shaw")
+    (commit,) = fake_hub.commits
+    assert set(commit["files"]) == MODEL_FILES | {"README.md", "pipeline_relpos.py"}
+
+
 def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder, fake_hub, tmp_path, monkeypatch):
     """docs/hub.md's push examples (its Python block and its shell commands) run as written from a folder holding
     configs/: a folder they name that is a recipe's output_dir holds the run record train_translation.py writes
