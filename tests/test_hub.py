@@ -511,6 +511,23 @@ def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_the
     assert "/home/alice" not in older and "/scratch" not in older
 
 
+@pytest.mark.parametrize(("value", "shown"), [
+    ("C:\\Users\\alice\\hf_relpos\\configs\\demo.yaml", "configs/demo.yaml"),
+    ("c:/users/Alice/hf_relpos/data/train.jsonl", "data/train.jsonl"),   # Windows compares paths in any case
+    ("C:\\Users\\alice\\hf_relpos", "."),
+    ("C:\\Users\\alice\\hf_relpos\\..\\data\\train.jsonl", "<local>/train.jsonl"),
+    ("D:\\Users\\alice\\hf_relpos\\demo.yaml", "<local>/demo.yaml"),
+    ("\\\\server\\share\\train.jsonl", "<local>/train.jsonl"),
+    ("configs\\demo.yaml", "configs\\demo.yaml"),
+])
+def test_a_windows_run_shows_its_paths_under_the_folder_it_was_started_in_relative_to_it(value, shown):
+    """As on Linux, a path under the working directory of a run started on Windows is shown relative to it (the
+    command runs again from there), any other absolute path as <local>/NAME, a relative one as typed."""
+    assert hub.shown_path(value, "C:\\Users\\alice\\hf_relpos") == shown
+    command = hub.shown_command(shlex.join([value, f"--train_file={value}"]), "C:\\Users\\alice\\hf_relpos")
+    assert shlex.split(command) == [shown, f"--train_file={shown}"]   # the command as trained_as records it
+
+
 @pytest.mark.parametrize("dataset", ["/home/alice/corpora/de-en", "~/corpora/de-en"])
 def test_a_local_dataset_folder_by_an_absolute_path_is_no_hub_dataset_and_its_card_names_no_local_folder(dataset):
     """A dataset_name that is an absolute path is a local folder even where the machine writing the card lacks it

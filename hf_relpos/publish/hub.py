@@ -22,6 +22,7 @@ import dataclasses
 import importlib.metadata
 import inspect
 import json
+import ntpath
 import os
 import posixpath
 import shlex
@@ -549,10 +550,17 @@ def shown_path(value: str, working_directory: str | None = None) -> str:
     typed): an absolute path under `working_directory` (where the run was started) relative to it, as the run's
     command is run again from that folder ("." for the folder itself); any other absolute path (or one from the home
     folder, `~`) as `LOCAL_PLACEHOLDER` and its file name, `<local>/train.jsonl`, which names the file without the
-    machine's folders; a relative path, or anything else, as it is."""
+    machine's folders; a relative path, or anything else, as it is. A Windows path (`C:\\...`, `\\\\server\\share\\...`)
+    follows the same rule against a Windows working directory (as Windows compares paths: in any case), its relative
+    path shown with `/`."""
     windows = PureWindowsPath(value)
-    if value.startswith("~") or (windows.drive and windows.is_absolute()):
-        return f"{LOCAL_PLACEHOLDER}/{windows.name if windows.drive else PurePosixPath(value).name}".rstrip("/")
+    if windows.drive and windows.is_absolute():
+        path, base = PureWindowsPath(ntpath.normpath(value)), PureWindowsPath(ntpath.normpath(working_directory or ""))
+        if base.drive and base.is_absolute() and path.is_relative_to(base):
+            return path.relative_to(base).as_posix()
+        return f"{LOCAL_PLACEHOLDER}/{path.name}".rstrip("/")
+    if value.startswith("~"):
+        return f"{LOCAL_PLACEHOLDER}/{PurePosixPath(value).name}".rstrip("/")
     if not value.startswith("/"):
         return value
     path = PurePosixPath(posixpath.normpath(value))
