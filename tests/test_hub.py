@@ -503,7 +503,8 @@ def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_the
     assert "| `model_name_or_path` | <local>/base |" in card and "fine-tuned from `<local>/base` on" in card
     assert "Tokenizer: reused from `<local>/base`." in card
     assert "/home/alice" not in card and "/scratch" not in card
-    assert (output_folder / RUN_RECORD_FILE).read_text() == stored and RUN_RECORD_FILE not in fake_hub.commits[0]["files"]
+    assert (output_folder / RUN_RECORD_FILE).read_text() == stored
+    assert RUN_RECORD_FILE not in fake_hub.commits[0]["files"]
     assert (output_folder / "README.md").read_text() == card
     # an older record without its working directory: every absolute path is <local>/NAME
     older = hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, working_directory=None))
@@ -1095,7 +1096,8 @@ def test_a_dry_run_lists_what_the_push_would_upload_and_sends_and_changes_nothin
 def test_a_dry_runs_card_goes_only_where_it_is_asked_and_never_into_the_folder(output_folder, fake_hub, capsys):
     """--card_out inside the folder, or without --dry_run, is one error line, and nothing is written or pushed."""
     before = folder_snapshot(output_folder)
-    for argv, message in ((["--dry_run", "--card_out", str(output_folder / "card.md")], "which a dry run leaves as it is"),
+    for argv, message in ((["--dry_run", "--card_out", str(output_folder / "card.md")],
+                           "which a dry run leaves as it is"),
                           (["--card_out", str(output_folder.parent / "card.md")], "is for a dry run")):
         with pytest.raises(SystemExit) as exited:
             hub.main(["push", str(output_folder), "me/tiny-shaw", *argv])
@@ -1398,7 +1400,8 @@ def test_an_export_that_holds_local_paths_is_refused_advising_a_new_export_not_a
     assert hub.export_files_with_local_paths(export("old_record", "model", typed)) == [RUN_RECORD_FILE]
     assert hub.export_files_with_local_paths(export("old_source", "/data/model", None)) == ["ctranslate2_export.json"]
     new = export("new_ct2", "model", hub.shown_record(typed))
-    with pytest.raises(ValueError, match=rf"or upload the export as it is \(hf upload REPO_ID {re.escape(str(new))}\)$"):
+    with pytest.raises(ValueError,
+                       match=rf"or upload the export as it is \(hf upload REPO_ID {re.escape(str(new))}\)$"):
         hub.push_model_folder(new, "me/model-ct2")
     unreadable = export("unreadable", "<local>/model", None)
     (unreadable / RUN_RECORD_FILE).write_text("{not json")

@@ -29,13 +29,13 @@ OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the toke
 (hf_relpos_config.json), generation_config.json where the source model has one (beams, length penalty, length cap:
 `hf-relpos-translate OUT_DIR` decodes with them), `ctranslate2_export.json` (what was exported, how, and from which
 model: `source_model`, its folder relative to the folder the export ran in, else `<local>/NAME`, as model cards show
-local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding,
-and how to translate with it, with and without hf_relpos; the source model's own card, with its training and scores,
-is not copied: it names the source folder). It is filled beside its destination and renamed in: never half-written. The source folder's run record (run_record.json:
-languages and recipe) comes along, so that hf-relpos-translate scores the export's BLEU as the run did (its
-bleu_tokenize, else the choice for its target language), with its local paths as a model card shows them
-(`hf_relpos.publish.hub.shown_record`: data files, command, program, prepared data relative to the folder the run was
-started in, else `<local>/NAME`; that folder left out). No file of OUT_DIR holds an absolute local path, so the
+local paths, so that the folder can be uploaded as it is) and a README.md (what the folder is, its saved decoding, and
+how to translate with it, with and without hf_relpos; the source model's own card, with its training and scores, is not
+copied: it names the source folder). It is filled beside its destination and renamed in: never half-written. The source
+folder's run record (run_record.json: languages and recipe) comes along, so that hf-relpos-translate scores the export's
+BLEU as the run did (its bleu_tokenize, else the choice for its target language), with its local paths as a model card
+shows them (`hf_relpos.publish.hub.shown_record`: data files, command, program, prepared data relative to the folder the
+run was started in, else `<local>/NAME`; that folder left out). No file of OUT_DIR holds an absolute local path, so the
 folder can be uploaded as it is.
 """
 

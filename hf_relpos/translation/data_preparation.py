@@ -97,8 +97,8 @@ class RawSplits:
         if folder is None:
             return []
         if self.folder_files is None:
-            self.folder_files = local_folder_split_files(folder, self.data_args.dataset_config_name,
-                                                         [hub_split_names(self.data_args)[name] for name in self.splits],
+            names = [hub_split_names(self.data_args)[name] for name in self.splits]
+            self.folder_files = local_folder_split_files(folder, self.data_args.dataset_config_name, names,
                                                          self.cache_dir)
         return self.folder_files[hub_split_names(self.data_args)[split]]
 
