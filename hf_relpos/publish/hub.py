@@ -60,6 +60,7 @@ from .records import (
     RESULT_SPLITS,
     RESULTS_FILE,
     RUN_RECORD_FILE,
+    SAMPLE_CAPS,
     SCHEME_FIELD,
     TRAINED_WEIGHTS,
     MeasuredScores,
@@ -209,7 +210,7 @@ def _measured_slice(runs: Sequence[RunRecord], split: str) -> str:
     """", first N pairs" where the runs scored `split` on its first N pairs only (`max_eval_samples`,
     `max_predict_samples`; a record holds no count of the pairs scored, so a cap is taken to have cut the split);
     "" where none was capped."""
-    caps = {run.max_eval_samples if split == "validation" else run.max_predict_samples for run in runs}
+    caps = {getattr(run, SAMPLE_CAPS[split]) for run in runs}
     capped = sorted(cap for cap in caps if cap is not None)
     if not capped:
         return ""
@@ -344,7 +345,7 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
 def _sample_cap(record: RunRecord, prefix: str, values: Mapping[str, Any]) -> int | None:
     """The N of `max_eval_samples` / `max_predict_samples` where the run scored the first N pairs of the split of
     `prefix` ("eval", "test") only, as its results say (`{prefix}_samples`; a split of at most N pairs is whole)."""
-    cap = record.max_eval_samples if RESULT_SPLITS[prefix] == "validation" else record.max_predict_samples
+    cap = getattr(record, SAMPLE_CAPS[RESULT_SPLITS[prefix]])
     count = values.get(f"{prefix}_samples")
     return cap if cap is not None and (count is None or count >= cap) else None
 
@@ -695,7 +696,7 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
                 f"`{values.get(f'{prefix}_bleu_signature', '')}`",
             ))
         caveat = "".join(f" The {RESULT_SPLITS[prefix]} score covers the first {cap} pairs of the split only "
-                         f"(`{'max_eval_samples' if prefix == 'eval' else 'max_predict_samples'}`)."
+                         f"(`{SAMPLE_CAPS[RESULT_SPLITS[prefix]]}`)."
                          for prefix, values in results.items()
                          if (cap := _sample_cap(record, prefix, values)) is not None)
         parts.append("Corpus-level sacreBLEU and chrF (the `sacrebleu` library) of beam-search translations of this "

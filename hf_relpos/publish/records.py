@@ -71,6 +71,8 @@ AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an
 CTRANSLATE2_EXPORT_RECORD = "ctranslate2_export.json"   # marks a folder of hf-relpos-export ctranslate2
 RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
+# split -> the setting that keeps its first N pairs only (a run's preparation, a card naming a scored slice)
+SAMPLE_CAPS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
 # What train_translation.py writes per metric prefix: the Trainer's `save_metrics` file and the translations.
 RESULTS_FILE = "{prefix}_results.json"
 ALL_RESULTS_FILE = "all_results.json"   # the Trainer's merge of every RESULTS_FILE

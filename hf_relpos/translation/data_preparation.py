@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase
 
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from ..publish.records import SAMPLE_CAPS
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments, data_seed
 from .batching import check_examples_fit
 from .data import (
@@ -57,9 +58,6 @@ from .tokenizer_setup import obtain_tokenizer
 from .trainer import EvaluationSet, padding_multiple
 
 logger = logging.getLogger(__name__)
-
-SAMPLE_CAPS = {"train": "max_train_samples", "validation": "max_eval_samples", "test": "max_predict_samples"}
-
 
 def splits_to_read(training_args: TranslationTrainingArguments) -> tuple[str, ...]:
     """The splits the run needs: "train" to train, "validation" to evaluate (at the end, or during training), "test"
