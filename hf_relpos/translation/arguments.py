@@ -588,6 +588,11 @@ def flag_field_name(flag: str) -> str:
     return flag.removeprefix("--").partition("=")[0].replace("-", "_")
 
 
+def given_fields(argv: Sequence[str]) -> set[str]:
+    """The fields that flags of the command line `argv` set (`flag_field_name` of each `--name`), not the recipe."""
+    return {flag_field_name(flag) for flag in argv if flag.startswith("--")}
+
+
 def _suggest(key: str, candidates: set[str]) -> str:
     bare = flag_field_name(key).removeprefix(f"{MODEL_SECTION}.")
     if bare in TRANSFORMERS_4_FIELDS:
@@ -740,7 +745,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
         values["eval_strategy"], values["load_best_model_at_end"] = "no", False
     warn_overridden_do_eval(values, argv)
     if (not values.get("do_train") and values.get("average_checkpoints") is not None
-            and "average_checkpoints" not in {flag_field_name(flag) for flag in argv if flag.startswith("--")}):
+            and "average_checkpoints" not in given_fields(argv)):
         # The recipe's choice of a training run's final model (the WMT14 recipes average their last checkpoints):
         # a run that only scores or translates a saved model with the recipe has nothing to average. Given as a
         # flag, it stays an error (check_checkpoint_averaging).
@@ -786,7 +791,7 @@ def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]
     """One warning naming the `NEW_TOKENIZER_FIELDS` given as flags when the run trains no tokenizer (the recipe's
     values are left unread without a word: a recipe of a model trained from scratch sets them)."""
     source = model_args.tokenizer_name or model_args.model_name_or_path
-    given = {flag_field_name(flag) for flag in flags if flag.startswith("--")}
+    given = given_fields(flags)
     unread = [name for name in NEW_TOKENIZER_FIELDS if name in given]
     if source is not None and unread:
         logger.warning("%s: the run uses the tokenizer of %r and trains none, so %s (a setting of a newly trained "
@@ -798,7 +803,7 @@ def warn_overridden_do_eval(values: Mapping[str, Any], flags: Sequence[str]) -> 
     """One warning for `--do_eval false` given to a run that evaluates during training (`eval_strategy` not "no"):
     transformers' `TrainingArguments` turns `do_eval` back on there, so the run still scores the validation split at
     its end; `--eval_strategy no` is what skips every evaluation (the recipe's own values pass without a word)."""
-    given = {flag_field_name(flag) for flag in flags if flag.startswith("--")}
+    given = given_fields(flags)
     evaluates_during_training = values.get("do_train") and values.get("eval_strategy", "no") != "no"
     if "do_eval" in given and not values.get("do_eval") and evaluates_during_training:
         logger.warning("--do_eval false does not apply: eval_strategy %r evaluates during training, with which "
