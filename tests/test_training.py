@@ -608,6 +608,17 @@ def test_do_eval_false_with_evaluations_during_training_is_a_warning(tmp_path, c
     assert "--do_eval false" not in caplog.text
 
 
+def test_the_notes_of_parsing_the_arguments_are_in_the_runs_log(tmp_path, corpus, capsys, monkeypatch):
+    """A note said while the arguments are parsed (a recipe's evaluations during training left out of a run that
+    trains nothing) is in the run's log on stdout, although the run's logging is set up by what is parsed."""
+    monkeypatch.setattr(logging.getLogger(), "level", logging.WARNING)   # as a fresh process starts
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", eval_strategy="epoch")
+    with pytest.raises(ConfigError, match="model_name_or_path"):
+        run([str(config), "--do_train", "false", "--model_name_or_path", str(tmp_path / "no_model")])
+    assert "do_train is false: eval_strategy 'epoch' (evaluations during training) does not apply" in (
+        capsys.readouterr().out)
+
+
 @pytest.mark.parametrize(("local_rank", "said"), [("0", True), ("1", False)])
 def test_a_warning_of_parsing_is_said_by_the_main_process_of_each_machine(tmp_path, corpus, caplog, monkeypatch,
                                                                            local_rank, said):

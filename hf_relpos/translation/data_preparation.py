@@ -59,6 +59,7 @@ from .trainer import EvaluationSet, padding_multiple
 
 logger = logging.getLogger(__name__)
 
+
 def splits_to_read(training_args: TranslationTrainingArguments) -> tuple[str, ...]:
     """The splits the run needs: "train" to train, "validation" to evaluate (at the end, or during training), "test"
     to predict."""

@@ -54,6 +54,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Parse, check, prepare, train (average, save), evaluate, predict, record; returns the metrics of each stage run
     ("train", "eval", "test"). Every check that can fail (arguments, environment, output_dir, data, tokenizer, model)
     runs before anything is written to output_dir."""
+    _set_up_logging()
     model_args, data_args, training_args = parse_arguments(argv)
     # hf_relpos.publish.hub pushes once, after scoring, with the rendered card; the Trainer's own pushes would upload
     # checkpoints and a generic card before evaluation.
@@ -121,11 +122,22 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     return results
 
 
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _set_up_logging() -> None:
+    """The run's log on stdout from its start: hf_relpos' own lines at INFO, so that the notes of parsing the
+    arguments are seen (`parse_arguments` keeps them to the main process of each machine), other libraries' at
+    WARNING until `_set_up_process` knows which processes log."""
+    logging.basicConfig(format=LOG_FORMAT, level=logging.WARNING, stream=sys.stdout, force=True)
+    logging.getLogger(__name__.split(".")[0]).setLevel(logging.INFO)
+
+
 def _set_up_process(training_args: TranslationTrainingArguments) -> None:
     """Logging (INFO on the processes that log, WARNING on the others), the process group's check, the CPU threads
     and the seed."""
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO,
-                        stream=sys.stdout, force=True)
+    logging.basicConfig(format=LOG_FORMAT, level=logging.INFO, stream=sys.stdout, force=True)
+    logging.getLogger(__name__.split(".")[0]).setLevel(logging.NOTSET)   # the root's level, as for every library
     if not training_args.should_log:
         logging.getLogger().setLevel(logging.WARNING)
     check_process_group(training_args.world_size)
