@@ -191,6 +191,14 @@ TERMS_MISTAKES = {   # what the decoder's terms() returns -> the error (the firs
                                r"terms\(\)\.key must be a tensor of the shape it replaces, \[1, 2, 2, 16\], got "
                                r"a torch.float32 tensor of shape \[1, 2, 1, 16\]"),
     "None": (lambda query, key: None, r"terms\(\) must return an AttentionTerms, got NoneType"),
+    # FlexAttention's forms alone: eager and sdpa read score_bias / value_term and ran plain attention, silently
+    "score_mod without score_bias": (
+        lambda query, key: AttentionTerms(score_mod=lambda score, b, h, q, kv: score - (q - kv).abs()),
+        r"terms\(\)\.score_mod is FlexAttention's form of a score bias: give the bias as score_bias too"),
+    "fused_attention without its terms": (
+        lambda query, key: AttentionTerms(fused_attention=lambda *args: None),
+        r"terms\(\)\.fused_attention is FlexAttention's form of a score bias or value term: give score_bias or "
+        r"value_term too"),
 }
 
 

@@ -722,7 +722,8 @@ class AttentionTerms:
     - `value_term(probabilities)`: added to the output [B, H, n, d], computed from the attention probabilities
       [B, H, n, m] after dropout (Shaw's a^V, a `RelativeValues`).
 
-    The fused kernel (FlexAttention) reads instead, when the scheme gives them:
+    The fused kernel (FlexAttention) reads instead, when the scheme gives them besides the `score_bias` /
+    `value_term` that the other kernels read (either alone is an error, `scheme_terms_of`):
     - `score_mod(score, b, h, i, j)`: the score bias computed from the indices (query i of the call, key j) and small
       tables, never an [n, m] tensor (ALiBi's closed form, T5's bucket by arithmetic under randomized positions);
     - `fused_attention(query, key, value, scaling, mask, attend)`: the scheme's own composition of FlexAttention
@@ -776,6 +777,16 @@ def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor,
     for name in ("value_term", "score_mod", "fused_attention"):
         if getattr(terms, name) is not None and not callable(getattr(terms, name)):
             raise TypeError(f"{where}.{name} must be callable, got {_described(getattr(terms, name))}")
+    # score_mod and fused_attention are FlexAttention's forms of a score bias and value term: eager, sdpa, a decoding
+    # step and the flash kernels' check read score_bias and value_term only, and would run plain attention
+    if terms.score_mod is not None and terms.score_bias is None:
+        raise ValueError(f"{where}.score_mod is FlexAttention's form of a score bias: give the bias as score_bias too "
+                         "(a tensor or a DenseBias), which eager, sdpa and decoding steps read; without it they "
+                         "would attend without the bias")
+    if terms.fused_attention is not None and terms.score_bias is None and terms.value_term is None:
+        raise ValueError(f"{where}.fused_attention is FlexAttention's form of a score bias or value term: give "
+                         "score_bias or value_term too, which eager, sdpa and decoding steps read; without them "
+                         "they would attend without the scheme's terms")
     return terms
 
 
