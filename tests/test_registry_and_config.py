@@ -58,6 +58,42 @@ def test_user_registered_scheme_trains_and_round_trips(tmp_path):
         assert torch.equal(reloaded(input_ids=input_ids, decoder_input_ids=input_ids).logits, expected)
 
 
+def test_loading_keeps_a_schemes_loaded_parameters_where_its_init_writes_in_place(tmp_path, registry_before):
+    """A scheme with a non-persistent buffer (left uninitialised by transformers while a model loads, so the scheme is
+    initialised again, its buffer set by `init_parameters`) whose `init_parameters` writes its parameter in place, as
+    LearnedAlibi's does: from_pretrained gives the trained parameter back, where it gave the initial one."""
+
+    @register_position_scheme("test_buffered")
+    class Buffered(LearnedAlibi):
+        def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+            super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+            self.register_buffer("scale", torch.empty(num_heads), persistent=False)
+
+        def init_parameters(self, std):
+            super().init_parameters(std)
+            with torch.no_grad():
+                self.scale.fill_(2.0)
+
+        def terms(self, layer_idx, query, key, context):
+            terms = super().terms(layer_idx, query, key, context)
+            return AttentionTerms(score_bias=self.scale[:, None, None] * terms.score_bias)
+
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(
+        tiny_config("test_buffered", test_alibi_exponent=1)).eval()
+    with torch.no_grad():
+        model.model.encoder.positions.slopes.mul_(3.0)
+    model.save_pretrained(tmp_path)
+    reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    for stack in ("encoder", "decoder"):
+        scheme = getattr(reloaded.model, stack).positions
+        assert torch.equal(scheme.slopes, getattr(model.model, stack).positions.slopes), stack
+        assert torch.equal(scheme.scale, torch.full((4,), 2.0)), stack
+    input_ids = torch.randint(4, 40, (2, 6))
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
+        assert torch.equal(reloaded(input_ids=input_ids, decoder_input_ids=input_ids).logits, expected)
+
+
 def test_a_registered_schemes_config_field_has_its_default_validation_and_a_place_in_config_json(tmp_path):
     config = tiny_config("test_alibi", test_alibi_exponent=2)
     assert tiny_config("test_alibi").test_alibi_exponent == 1
