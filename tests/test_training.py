@@ -1044,6 +1044,26 @@ def test_a_scheme_of_ones_own_trains_from_the_command_line_with_import_modules(u
     assert len((tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines()) == 1
 
 
+def test_a_field_of_ones_own_scheme_without_import_modules_is_one_error_naming_the_flag(user_scheme_module, tmp_path,
+                                                                                       corpus):
+    """The field of a scheme of one's own given without --import_modules (as a flag or a recipe's model key) is an
+    unknown key, and the error says how a scheme's fields become known, where it named --help alone; with the module
+    imported, an unknown key is a typo and the error says nothing of it."""
+    hint = ("; the fields of a position scheme registered in your own code are known once --import_modules MODULE (a "
+            "recipe's 'import_modules:') names the module that registers it")
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError, match="^unknown key\\(s\\): --model.cli_headbias_k;") as refused:
+        parse_arguments([str(config), "--model.position_scheme", "cli_headbias", "--model.cli_headbias_k", "3"])
+    assert str(refused.value).endswith(hint)
+    recipe = write_config(tmp_path / "r.yaml", corpus, tmp_path / "out", model={"cli_headbias_k": 3})
+    with pytest.raises(ConfigError, match="^unknown key\\(s\\): model.cli_headbias_k") as refused:
+        parse_arguments([str(recipe)])
+    assert str(refused.value).endswith(hint)
+    with pytest.raises(ConfigError, match="^unknown key\\(s\\): --model.cli_headbias_kk") as refused:
+        parse_arguments([str(config), "--import_modules", user_scheme_module, "--model.cli_headbias_kk", "3"])
+    assert "import_modules" not in str(refused.value)
+
+
 @pytest.mark.parametrize("module", ["no_such_module", "no_such_file.py"])
 def test_a_missing_import_modules_module_is_one_error_naming_the_flag(module, tmp_path, corpus):
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")

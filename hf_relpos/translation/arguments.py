@@ -622,9 +622,9 @@ def _as_default(value: Any) -> Any:
     return value
 
 
-def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
     """(argument field defaults, model config) from a YAML mapping; unknown keys and nulls of required fields are
-    one ConfigError."""
+    one ConfigError (`imported`: the modules `import_modules` named, `_raise_unknown`)."""
     model_config = yaml_values.pop(MODEL_SECTION, None) or {}
     if not isinstance(model_config, dict):
         raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
@@ -643,7 +643,7 @@ def _split_yaml(yaml_values: dict[str, Any]) -> tuple[dict[str, Any], dict[str, 
         else:
             unknown.append(name)
     if unknown:
-        _raise_unknown(unknown)
+        _raise_unknown(unknown, imported)
     return defaults, dict(model_config)
 
 
@@ -680,11 +680,16 @@ def _current_field_names(model_config: dict[str, Any]) -> dict[str, Any]:
         raise ConfigError(str(error)) from None
 
 
-def _raise_unknown(keys: Sequence[str]) -> typing.NoReturn:
+def _raise_unknown(keys: Sequence[str], imported: Sequence[str] = ()) -> typing.NoReturn:
+    """One ConfigError naming the unknown `keys`; where no module was imported (`imported`, from `import_modules`),
+    it says that a scheme's fields are known once the module that registers the scheme is."""
     candidates = set(_argument_fields()) | model_config_fields()
     described = [_suggest(key, candidates) for key in keys]
+    own_scheme = "" if imported else (
+        f"; the fields of a position scheme registered in your own code are known once --{IMPORT_MODULES} MODULE (a "
+        f"recipe's '{IMPORT_MODULES}:') names the module that registers it")
     raise ConfigError(f"unknown key(s): {', '.join(described)}; {PROGRAM} --help lists every field (the config "
-                      f"fields under '{MODEL_SECTION}:')")
+                      f"fields under '{MODEL_SECTION}:'){own_scheme}")
 
 
 def local_main_process() -> bool:
@@ -720,9 +725,10 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
     argv = list(argv) or ["--help"]
     recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
     yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}
-    import_modules_of(argv, yaml_values.get(IMPORT_MODULES, []))   # their schemes' names and fields are arguments
+    # their schemes' names and fields are arguments
+    imported = import_modules_of(argv, yaml_values.get(IMPORT_MODULES, []))
     recipe_flags = without_secrets(argv)
-    defaults, model_config = _split_yaml(yaml_values)
+    defaults, model_config = _split_yaml(yaml_values, imported)
     parser = TranslationArgumentParser(model_config)
     parser.set_defaults(**defaults)
     namespace, remaining = parser.parse_known_args(argv)
@@ -731,7 +737,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
         if not flags:
             raise ConfigError(f"unexpected argument {remaining[0]!r}: give one YAML file first, then --name value "
                               "flags")
-        _raise_unknown(flags)
+        _raise_unknown(flags, imported)
     values = vars(namespace)
     _check_single_values(values)
     if values.get("early_stopping_patience") is not None and values.get("metric_for_best_model") is None:
