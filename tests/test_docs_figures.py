@@ -107,7 +107,9 @@ def test_the_readme_recommendation_holds_in_the_records(report):
     assert beyond(recipe, "rope") and overlaps(converged["rope"], converged["absolute"])
     for column in (equal, recipe, converged):
         assert not beyond(column, "shaw")
-    assert all(speed["shaw"][index] == min(ratios[index] for scheme, ratios in speed.items() if scheme != "absolute")
+    # the slowest of the schemes measured (a scheme added since, with no GPU record yet, has no ratios)
+    assert all(speed["shaw"][index] == min(ratios[index] for scheme, ratios in speed.items()
+                                           if scheme != "absolute" and ratios)
                for index in range(len(speed["shaw"])))
     for scheme in ("alibi", "t5", "none"):
         assert statistics.mean(equal[scheme]) < statistics.mean(equal["absolute"]), scheme
