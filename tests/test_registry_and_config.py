@@ -14,6 +14,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, integer_field, number_field, register_position_scheme
 from hf_relpos.model import positions
+from hf_relpos.model.positions import DenseBias
 from hf_relpos.publish import hub
 from hf_relpos.translation.training import parse_arguments
 
@@ -227,6 +228,12 @@ TERMS_MISTAKES = {   # what the decoder's terms() returns -> the error (the firs
                                r"terms\(\)\.key must be a tensor of the shape it replaces, \[1, 2, 2, 16\], got "
                                r"a torch.float32 tensor of shape \[1, 2, 1, 16\]"),
     "None": (lambda query, key: None, r"terms\(\) must return an AttentionTerms, got NoneType"),
+    # a DenseBias is checked when a kernel builds it: the transposed bias was torch's broadcasting error, or eager's
+    # matmul error further on, naming neither the scheme nor the term
+    "transposed DenseBias": (
+        lambda query, key: AttentionTerms(score_bias=DenseBias(lambda: torch.zeros(1, 2, key.size(2), query.size(2)))),
+        r"terms\(\)\.score_bias \(the tensor its DenseBias builds\) must be a floating-point tensor broadcastable to "
+        r"\[B, H, n, m\] = \[1, 2, 1, 2\], got a torch.float32 tensor of shape \[1, 2, 2, 1\]"),
     # FlexAttention's forms alone: eager and sdpa read score_bias / value_term and ran plain attention, silently
     "score_mod without score_bias": (
         lambda query, key: AttentionTerms(score_mod=lambda score, b, h, q, kv: score - (q - kv).abs()),

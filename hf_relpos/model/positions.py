@@ -496,19 +496,27 @@ class DenseBias:
     """A dense score bias [1|B, H, n, m] computed by `build` when a kernel first asks (eager, SDPA, a decoding step),
     once per stack call and kept for every layer, or at every read when `reuse` is false (set by
     `PositionContext.extend` from the context's `reuse_across_layers`); the fused path reads the scheme's score_mod
-    instead and never builds it."""
+    instead and never builds it. `check` (set by `scheme_terms_of`) raises for a built tensor of the wrong type or
+    shape, naming the scheme."""
 
     def __init__(self, build: Callable[[], torch.Tensor]) -> None:
         self.build = build
         self.reuse = True
+        self.check: Callable[[torch.Tensor], None] | None = None
         self._dense: torch.Tensor | None = None
 
     def dense(self) -> torch.Tensor:
         if not self.reuse:
-            return self.build()
+            return self._checked()
         if self._dense is None:
-            self._dense = self.build()
+            self._dense = self._checked()
         return self._dense
+
+    def _checked(self) -> torch.Tensor:
+        dense = self.build()
+        if self.check is not None:
+            self.check(dense)
+        return dense
 
 
 BAND_BLOCK = 64   # queries per block of `band_scores` / `band_values`
@@ -765,15 +773,13 @@ def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor,
             raise ValueError(f"{where}.{name} must be a tensor of the shape it replaces, {list(given.shape)}, got "
                              f"{_described(replaced)}")
     target = (*query.shape[:3], key.size(-2))
-    for name, tensor, kind in (("score_bias", terms.score_bias, "floating-point"), ("mask", terms.mask, "boolean")):
-        if tensor is None or (name == "score_bias" and isinstance(tensor, (RelativeBias, DenseBias))):
-            continue
-        typed = torch.is_tensor(tensor) and (tensor.is_floating_point() if name == "score_bias" else
-                                             tensor.dtype == torch.bool)
-        if not (typed and tensor.dim() <= 4 and all(
-                size in (1, full) for size, full in zip(tensor.shape[::-1], target[::-1], strict=False))):
-            raise ValueError(f"{where}.{name} must be a {kind} tensor broadcastable to [B, H, n, m] = {list(target)}, "
-                             f"got {_described(tensor)}")
+    if isinstance(terms.score_bias, DenseBias):   # checked when a kernel builds it
+        terms.score_bias.check = functools.partial(
+            _check_term_tensor, f"{where}.score_bias (the tensor its DenseBias builds)", "score_bias", target)
+    elif terms.score_bias is not None and not isinstance(terms.score_bias, RelativeBias):
+        _check_term_tensor(f"{where}.score_bias", "score_bias", target, terms.score_bias)
+    if terms.mask is not None:
+        _check_term_tensor(f"{where}.mask", "mask", target, terms.mask)
     for name in ("value_term", "score_mod", "fused_attention"):
         if getattr(terms, name) is not None and not callable(getattr(terms, name)):
             raise TypeError(f"{where}.{name} must be callable, got {_described(getattr(terms, name))}")
@@ -788,6 +794,18 @@ def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor,
                          "score_bias or value_term too, which eager, sdpa and decoding steps read; without them "
                          "they would attend without the scheme's terms")
     return terms
+
+
+def _check_term_tensor(what: str, name: str, target: tuple[int, ...], tensor: Any) -> None:
+    """Raise for a score bias (`name` "score_bias") that is not a floating-point tensor, or a mask that is not a
+    boolean one, broadcastable to `target` = [B, H, n, m]; `what` names the term in the error."""
+    kind = "floating-point" if name == "score_bias" else "boolean"
+    typed = torch.is_tensor(tensor) and (tensor.is_floating_point() if name == "score_bias" else
+                                         tensor.dtype == torch.bool)
+    if not (typed and tensor.dim() <= 4 and all(
+            size in (1, full) for size, full in zip(tensor.shape[::-1], target[::-1], strict=False))):
+        raise ValueError(f"{what} must be a {kind} tensor broadcastable to [B, H, n, m] = {list(target)}, "
+                         f"got {_described(tensor)}")
 
 
 def _described(value: Any) -> str:
