@@ -9,7 +9,9 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -173,8 +175,19 @@ SCHEME_ORACLES = [case for module in SCHEME_TEST_MODULES for case in module.ORAC
 SCHEMES = tuple(hf_relpos.POSITION_SCHEMES)
 RELATIVE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("absolute", "none"))
 # Schemes whose encoder tells a sequence from its reversal without an end marker: not the position-blind control, and
-# not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant).
-ORDER_AWARE_SCHEMES = tuple(scheme for scheme in SCHEMES if scheme not in ("none", "alibi"))
+# not alibi, whose encoder bias -m |i - j| is symmetric (test_model.py checks that it is mirror-equivariant), nor
+# those a tests/test_scheme_*.py names in its ORDER_BLIND_SCHEMES (a symmetric scheme of its own).
+ORDER_BLIND_SCHEMES = ("none", "alibi")
+
+
+def order_aware_schemes(schemes: Iterable[str], scheme_test_modules: Iterable[Any]) -> tuple[str, ...]:
+    """`schemes` but ORDER_BLIND_SCHEMES and those each scheme test module lists in its `ORDER_BLIND_SCHEMES`."""
+    blind = set(ORDER_BLIND_SCHEMES).union(*(getattr(module, "ORDER_BLIND_SCHEMES", ()) for module in
+                                             scheme_test_modules))
+    return tuple(scheme for scheme in schemes if scheme not in blind)
+
+
+ORDER_AWARE_SCHEMES = order_aware_schemes(SCHEMES, SCHEME_TEST_MODULES)
 
 
 @pytest.fixture(autouse=True)

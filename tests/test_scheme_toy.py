@@ -83,3 +83,16 @@ def test_the_toy_bias_reaches_the_model():
         model.model.encoder.positions.bias.add_(4.0 * torch.arange(5.0))
         after = model.get_encoder()(input_ids=input_ids).last_hidden_state
     assert (before - after).abs().max() > 1e-3   # float32 noise is below 1e-6
+
+
+def test_a_scheme_files_order_blind_schemes_are_left_out_of_the_reversal_test():
+    """A scheme of a test file that cannot tell a sequence from its reversal (a bias of |i - j| alone, as ALiBi's)
+    names itself in the file's ORDER_BLIND_SCHEMES, and the reversal test (ORDER_AWARE_SCHEMES) leaves it out, as it
+    does `none` and `alibi`; toy's bias is by the signed distance, so toy stays in."""
+    from types import SimpleNamespace
+
+    from conftest import ORDER_AWARE_SCHEMES, order_aware_schemes
+
+    assert "toy" in ORDER_AWARE_SCHEMES and "alibi" not in ORDER_AWARE_SCHEMES
+    symmetric = SimpleNamespace(ORDER_BLIND_SCHEMES=("toy_symmetric",), ORACLE_CASES=[])
+    assert order_aware_schemes(("shaw", "alibi", "toy", "toy_symmetric"), [symmetric]) == ("shaw", "toy")
