@@ -1588,3 +1588,19 @@ def test_card_says_what_attention_dropout_drops(kind, shown):
     config.attention_dropout, config.attention_dropout_kind = 0.2, kind
     config._validate_relpos()
     assert f"| dropout / attention / activation dropout {shown}" in hub._architecture_section(config)
+
+
+@pytest.mark.parametrize(("record", "recipe_name", "command"), [
+    (None, None, None),
+    ({"source_lang": "en", "target_lang": "de"}, None, None),
+    ({"source_lang": "en", "target_lang": "de"}, "multi30k_small_shaw", "python train_translation.py configs/"),
+])
+def test_an_untrained_card_points_to_a_training_command_only_where_it_shows_one(record, recipe_name, command):
+    """A card of weights nobody trained says that no checkpoint is published, and 'train them with the command above'
+    only where its Training section shows a command (a recipe's): a card of a config alone, or of a recipe dict
+    without a name, shows none."""
+    card = hub.render_model_card(tiny_config("shaw"), record, recipe_name=recipe_name)
+    assert "No published checkpoint: hf_relpos publishes no trained weights of this" in card
+    assert ("train them with the command above" in card) is (command is not None)
+    if command is not None:
+        assert command in card[card.index("## Training"):card.index("## Results")]

@@ -293,7 +293,8 @@ def render_model_card(
         _architecture_section(config),
         _training_section(config, record if recorded else None, recipe_name, without_run_record, recipe_command),
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
-                         unscored=unscored),
+                         unscored=unscored, shows_command=recorded and not without_run_record
+                         and bool(record.trained_as or recipe_command or recipe_name)),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
         _limitations_section(config, record),
         _citation_section(config),
@@ -682,7 +683,10 @@ def _spread(values: Sequence[float], digits: int = 2) -> str:
 
 
 def _results_section(record: RunRecord, results: dict, trained: bool, published_as: str | None,
-                     unscored: str | None = None) -> str:
+                     unscored: str | None = None, shows_command: bool = False) -> str:
+    """The scores (`results`, and a recipe's committed measurements) or why there are none, and whether the weights
+    are published; an untrained recipe's card points to its training command where `_training_section` shows one
+    (`shows_command`)."""
     parts = ["## Results"]
     if results:
         rows = []
@@ -734,9 +738,12 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     if published_as:
         parts.append(f"The trained weights are published as [`{published_as}`](https://huggingface.co/{published_as}).")
     else:
-        parts.append("No published checkpoint: these weights were not pushed to the Hugging Face Hub with this card."
-                     if trained else "No published checkpoint: hf_relpos publishes no trained weights of this "
-                     "recipe; train them with the command above.")
+        if trained:
+            parts.append("No published checkpoint: these weights were not pushed to the Hugging Face Hub with this "
+                         "card.")
+        else:
+            parts.append("No published checkpoint: hf_relpos publishes no trained weights of this "
+                         + ("recipe; train them with the command above." if shows_command else "model."))
     return "\n\n".join(parts)
 
 
