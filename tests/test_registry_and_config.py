@@ -8,7 +8,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import run_without_hf_relpos, tiny_config
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_relpos
@@ -322,6 +322,27 @@ def test_a_scheme_not_registered_in_this_process_is_one_error_saying_to_import_i
         tiny_config("test_alibi", test_alibi_exponent=2)
     with pytest.raises(ValueError, match=expected):
         AutoModelForSeq2SeqLM.from_pretrained(tmp_path)
+
+
+def test_a_scheme_of_ones_own_loaded_through_remote_code_is_one_error_saying_remote_code_cannot_hold_it(tmp_path):
+    """The remote code saved with a model holds hf_relpos' built-in schemes only: loading a model of a scheme
+    registered in one's own code with trust_remote_code, where hf_relpos is not installed, is one error that says so
+    and what loads it (hf_relpos and the scheme's package imported), not advice to import a module that cannot be
+    imported there."""
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2)).save_pretrained(
+        tmp_path / "model")
+    loaded = run_without_hf_relpos("""
+        from transformers import AutoModelForSeq2SeqLM
+        try:
+            AutoModelForSeq2SeqLM.from_pretrained("model", trust_remote_code=True)
+        except ValueError as error:
+            print(error)
+        """, tmp_path)
+    assert loaded.returncode == 0, loaded.stderr
+    assert "got 'test_alibi'" in loaded.stdout
+    assert ("this is a model's remote code (trust_remote_code), which holds hf_relpos' built-in schemes only, never one "
+            "registered elsewhere: install hf_relpos and the package that registers it") in loaded.stdout
+    assert "import that module before" not in loaded.stdout
 
 
 def test_registering_a_different_class_under_a_taken_name_is_refused():

@@ -28,6 +28,7 @@ from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from transformers.utils import TRANSFORMERS_DYNAMIC_MODULE_NAME
 
 from .validation import is_int_at_least, is_positive_number
 
@@ -172,11 +173,15 @@ def get_scheme_class(name: str) -> type[PositionScheme]:
     if not isinstance(name, str):
         raise ValueError(f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}")
     if name not in POSITION_SCHEMES:
+        remedy = ("import that module before the config or model is built or loaded (from_pretrained, pipeline)"
+                  if not __name__.startswith(f"{TRANSFORMERS_DYNAMIC_MODULE_NAME}.") else
+                  "this is a model's remote code (trust_remote_code), which holds hf_relpos' built-in schemes only, "
+                  "never one registered elsewhere: install hf_relpos and the package that registers it, import that "
+                  "module, and load the model without trust_remote_code")
         error = UnregisteredSchemeError(
             f"position_scheme must be one of {sorted(POSITION_SCHEMES)}, got {name!r}. A scheme registered outside "
             f"hf_relpos (@register_position_scheme({name!r}) in your own code) is known only in a process that has "
-            "imported the module that registers it: import that module before the config or model is built or "
-            "loaded (from_pretrained, pipeline)")
+            f"imported the module that registers it: {remedy}")
         error.scheme = name
         raise error
     return POSITION_SCHEMES[name]
