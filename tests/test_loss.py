@@ -5,7 +5,6 @@ too."""
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,17 +30,6 @@ from hf_relpos.translation.trainer import EvaluationSet, build_trainer
 pytestmark = pytest.mark.numerics
 
 LABELLED = (5, 1, 2, 4)  # labelled target tokens of the four examples: the micro-batches weigh differently
-
-
-class CausalLMTrainer(Trainer):
-    """`Trainer` for `RelPosTransformerForCausalLM`: with `label_smoothing_factor` > 0 the label smoother scores the
-    logits of token t against label t + 1, as the model's own loss does (the plain `Trainer` shifts only for the
-    causal LMs of transformers' own model table)."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if self.label_smoother is not None and self.compute_loss_func is None:
-            self.compute_loss_func = partial(self.label_smoother, shift_labels=True)
 
 
 def seq2seq_examples() -> list[dict[str, torch.Tensor]]:
@@ -96,7 +84,7 @@ def trainer_gradient(model, examples, label_smoothing: float, tmp_path) -> dict[
         seed=0, dataloader_num_workers=0,
     )
     before = {name: parameter.detach().clone() for name, parameter in model.named_parameters()}
-    trainer_class = Seq2SeqTrainer if seq2seq else CausalLMTrainer
+    trainer_class = Seq2SeqTrainer if seq2seq else Trainer
     trainer_class(model=model, args=args, train_dataset=examples, data_collator=default_data_collator).train()
     return {name: before[name] - parameter.detach() for name, parameter in model.named_parameters()}
 
@@ -125,8 +113,10 @@ def tiny_float64(model_class):
 def test_gradient_accumulation_weighs_every_token_alike(model_class, label_smoothing, tmp_path):
     """The Trainer counts the labelled tokens of both micro-batches (`num_items_in_batch`); the model's loss (or
     the Trainer's LabelSmoother, which takes over the loss when label_smoothing_factor > 0) divides by that count,
-    so the applied gradient is the one of the mean over all tokens of the step. Under `CausalLMTrainer` the
-    LabelSmoother scores the causal LM's token t against label t+1 as the model's own loss does."""
+    so the applied gradient is the one of the mean over all tokens of the step. Under a plain `Trainer` the
+    LabelSmoother scores the causal LM's token t against label t+1 as the model's own loss does: transformers
+    shifts only for the class names of its causal-LM table, which hf_relpos joins at import (it scored token t against
+    label t, a copying objective, before)."""
     examples = seq2seq_examples() if model_class is hf_relpos.RelPosTransformerForConditionalGeneration else (
         causal_examples())
     expected = reference_gradient(tiny_float64(model_class), examples, label_smoothing)

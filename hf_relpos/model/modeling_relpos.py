@@ -39,6 +39,7 @@ from transformers.modeling_outputs import (
     Seq2SeqLMOutput,
     Seq2SeqModelOutput,
 )
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 from transformers.utils import logging as hf_logging
 from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.generic import can_return_tuple
@@ -1648,3 +1649,16 @@ def meta_model(config: RelPosTransformerConfig) -> RelPosTransformerForCondition
     """The translation model of `config` on the meta device: its parameter shapes and count, no memory used."""
     with torch.device("meta"):
         return RelPosTransformerForConditionalGeneration(config)
+
+
+def name_the_causal_lm_for_the_trainer() -> None:
+    """transformers' `Trainer` scores a label-smoothed loss (`label_smoothing_factor` > 0) with the labels shifted
+    one step, as a causal LM's own loss does, only for a model whose class name is a value of its table
+    `MODEL_FOR_CAUSAL_LM_MAPPING_NAMES`; registering with `AutoModelForCausalLM` does not put it there, and a plain
+    `Trainer` scored `RelPosTransformerForCausalLM`'s logits at token t against label t (a copying objective, far
+    below the model's own loss). Named here, at import, for the installed package and its remote code alike."""
+    MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.setdefault(RelPosTransformerConfig.model_type,
+                                                 RelPosTransformerForCausalLM.__name__)
+
+
+name_the_causal_lm_for_the_trainer()
