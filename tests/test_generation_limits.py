@@ -355,3 +355,20 @@ def test_the_remote_code_applies_the_saved_cap_without_hf_relpos(tmp_path):
         """
     result = run_without_hf_relpos(script, tmp_path)
     assert "LENGTHS [8, 43]" in result.stdout, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("passed", [False, True], ids=["saved", "passed"])
+def test_a_max_length_beside_the_cap_ceiling_gives_no_warning_that_both_are_set(passed, caplog):
+    """Seq2SeqTrainer's evaluation fills generate's defaults into the model's generation config (max_length 20
+    beside the cap's max_new_tokens), and the model is saved with them: the cap folds max_length into its ceiling,
+    so generate neither warns at every call that both are set nor stops at max_length."""
+    model = capped_model(ratio=1.0, offset=30, ceiling=60)
+    model.generation_config.update(**model.generation_config._get_default_generation_params(), defaults_only=True)
+    assert model.generation_config.max_length == 20
+    ids, mask = sources([4, 9])
+    config = type(model.generation_config)(num_beams=2, max_length=20) if passed else None
+    with caplog.at_level("WARNING"), torch.no_grad():
+        output = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    assert new_lengths(output) == [34, 39]
+    assert "seem to have been set" not in caplog.text
+    assert model.generation_config.max_length == 20   # the model's config is left as it was

@@ -1388,9 +1388,19 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         check_num_beams((generation_config.num_beams or 1) if num_beams is None else num_beams, self.config.vocab_size)
         decoder_input_ids = kwargs.get("decoder_input_ids")
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
-        cap_by_source_length(self, prompt_length, kwargs)
+        capped = cap_by_source_length(self, prompt_length, kwargs)
         set_output_positions(self, kwargs, "decoder_positions", prompt_length, mem_len=0)
-        return super().generate(**kwargs)
+        if not capped or self.generation_config.max_length is None:
+            return super().generate(**kwargs)
+        # The cap's max_new_tokens already holds the saved max_length (a ceiling of the cap); left in the model's
+        # config, transformers would warn at every call that both are set (Seq2SeqTrainer's evaluation writes
+        # max_length 20 into it, and the model is saved with it).
+        saved, self.generation_config = self.generation_config, copy.deepcopy(self.generation_config)
+        self.generation_config.max_length = None
+        try:
+            return super().generate(**kwargs)
+        finally:
+            self.generation_config = saved
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
@@ -1470,16 +1480,18 @@ def length_config(model: PreTrainedModel, generate_kwargs: dict) -> GenerationCo
 
 
 def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, prompt_length: int,
-                         generate_kwargs: dict) -> None:
+                         generate_kwargs: dict) -> bool:
     """With max_len_b set, rewrite `generate_kwargs` so that row i ends after its `new_token_limits` entry
     (`SourceLengthCapLogitsProcessor`) and the batch after the largest; otherwise (a folder saved without max_len_b,
-    or `max_len_b=None` passed) leave it alone. `max_len_a` / `max_len_b` keyword arguments are consumed here."""
+    or `max_len_b=None` passed) leave it alone. `max_len_a` / `max_len_b` keyword arguments are consumed here.
+    Whether the cap applies: then `max_new_tokens` (the largest row's limit, under every ceiling) is the batch's
+    length, and a passed generation config's `max_length` is cleared, as generate would warn of both."""
     limits = model.new_token_limits(prompt_length=prompt_length, **generate_kwargs)
     config = length_config(model, generate_kwargs)
     for name in RELATIVE_LIMIT_FIELDS:
         generate_kwargs.pop(name, None)
     if limits is None:
-        return
+        return False
     ceiling = longest_new_output(config, prompt_length)
     check_shortest_below_limits(limits, shortest_new_output(config, prompt_length), ceiling)
     if generate_kwargs.get("max_length") is not None and config.max_new_tokens is not None:
@@ -1494,6 +1506,7 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
     if passed is not None:
         generate_kwargs["generation_config"] = copy.deepcopy(passed)
         generate_kwargs["generation_config"].max_new_tokens = int(limits.max())
+        generate_kwargs["generation_config"].max_length = None
     else:
         generate_kwargs["max_new_tokens"] = int(limits.max())
     generate_kwargs.pop("max_length", None)  # folded into the ceiling; with both set, generate warns
@@ -1501,6 +1514,7 @@ def cap_by_source_length(model: RelPosTransformerForConditionalGeneration, promp
     generate_kwargs["logits_processor"] = LogitsProcessorList(
         [*(generate_kwargs.get("logits_processor") or []),
          SourceLengthCapLogitsProcessor(limits, prompt_length, eos_token_id, ceiling)])
+    return True
 
 
 class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationMixin):
