@@ -372,3 +372,22 @@ def test_a_max_length_beside_the_cap_ceiling_gives_no_warning_that_both_are_set(
     assert new_lengths(output) == [34, 39]
     assert "seem to have been set" not in caplog.text
     assert model.generation_config.max_length == 20   # the model's config is left as it was
+
+
+def test_a_model_built_in_a_script_caps_by_source_once_the_readme_fields_are_set():
+    """README: a model built from its config has no source-relative rule (transformers' default of 20 new tokens, 19
+    once Seq2SeqTrainer has written max_length 20 into its generation config) until max_len_a, max_len_b and
+    max_new_tokens are set on its generation config; then each source is capped by its own length, the trainer's
+    max_length notwithstanding."""
+    model = tiny_model("shaw")
+    with torch.no_grad():
+        model.final_logits_bias[0, EOS] = -1e4
+    ids, mask = sources([4, 30])
+    with torch.no_grad(), pytest.warns(UserWarning, match="model-agnostic default `max_length`"):
+        assert new_lengths(model.generate(input_ids=ids, attention_mask=mask)) == [DEFAULT_NEW_TOKENS] * 2
+    with torch.no_grad():
+        model.generation_config.update(**model.generation_config._get_default_generation_params(), defaults_only=True)
+        assert new_lengths(model.generate(input_ids=ids, attention_mask=mask)) == [DEFAULT_NEW_TOKENS - 1] * 2
+        model.generation_config.max_len_a, model.generation_config.max_len_b = 1.0, 50
+        model.generation_config.max_new_tokens = 1023
+        assert new_lengths(model.generate(input_ids=ids, attention_mask=mask)) == [54, 80]
