@@ -82,6 +82,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa
 
 import hf_relpos  # noqa: E402
 from hf_relpos.model.positions import built_in_schemes  # noqa: E402
+from hf_relpos.testing import tiny_config  # noqa: E402
 
 # The schemes hf_relpos ships (what a fresh process running an experiment or a script has registered).
 BUILT_IN_SCHEMES = built_in_schemes()
@@ -91,25 +92,6 @@ BUILT_IN_SCHEMES = built_in_schemes()
 TRANSFORMERS_KERNEL = "transformers_sdpa_for_tests"
 AttentionInterface.register(TRANSFORMERS_KERNEL, sdpa_attention_forward)
 AttentionMaskInterface.register(TRANSFORMERS_KERNEL, sdpa_mask)
-
-
-def tiny_config(position_scheme: str = "shaw", **overrides) -> hf_relpos.RelPosTransformerConfig:
-    values = dict(
-        vocab_size=40,
-        d_model=32,
-        encoder_layers=2,
-        decoder_layers=2,
-        encoder_attention_heads=4,
-        decoder_attention_heads=4,
-        encoder_ffn_dim=64,
-        decoder_ffn_dim=64,
-        dropout=0.0,
-        max_relative_position=3,
-        clamp_len=50,
-        position_scheme=position_scheme,
-    )
-    values.update(overrides)
-    return hf_relpos.RelPosTransformerConfig(**values)
 
 
 def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:

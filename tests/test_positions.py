@@ -15,7 +15,6 @@ from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, RecordMatmuls
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
-from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import (
     QUERY_BLOCK,
     PositionContext,
@@ -25,16 +24,25 @@ from hf_relpos.model.positions import (
     clipped_distance,
     clipped_rel_shift,
     computed_once,
-    get_scheme_class,
     times_table,
 )
 from hf_relpos.model.positions_t5 import last_bucket_from, relative_position_bucket
+from hf_relpos.testing import (
+    BATCH,
+    HEAD_DIM,
+    HEADS,
+    KERNELS,
+    SHAPES,
+    TOLERANCE,
+    check_oracle_case,
+    fast_attention,
+    inputs,
+    make_attention,
+    naive_allowed,
+)
+from hf_relpos.testing import softmax_attention_by_loop as naive_softmax_attention
 
 pytestmark = pytest.mark.numerics
-
-BATCH, HEADS, HEAD_DIM = 2, 4, 8
-TOLERANCE = 1e-12
-KERNELS = ["eager", "sdpa", "flex_attention"]
 
 
 def test_relative_position_index_matches_the_paper_table():
@@ -240,57 +248,6 @@ def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_grad
     torch.testing.assert_close(table.grad, expected_grad, rtol=0, atol=1e-12)
 
 
-def make_attention(position_scheme: str, is_causal: bool, kernel: str, **overrides):
-    """Layer 1's float64 self-attention module with its stack's scheme (random parameters, two layers)."""
-    config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
-    config._attn_implementation = kernel
-    scheme = get_scheme_class(position_scheme)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
-    for parameter in scheme.parameters():
-        torch.nn.init.normal_(parameter, std=0.5)
-    return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
-
-
-def inputs(query_length: int, key_length: int, seed: int = 1):
-    generator = torch.Generator().manual_seed(seed)
-    make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64)  # noqa: E731
-    return make(query_length), make(key_length), make(key_length)
-
-
-def key_padding(key_length: int, padded: bool) -> torch.Tensor | None:
-    """The [B, m] 1/0 key mask: the second sequence loses its last two keys."""
-    if not padded:
-        return None
-    mask = torch.ones(BATCH, key_length, dtype=torch.long)
-    mask[1, -2:] = 0
-    return mask
-
-
-def naive_allowed(query_length: int, key_length: int, offset: int, is_causal: bool, padded: bool) -> torch.Tensor:
-    """[B, H, n, m]: key j is real and, in a decoder, not after query i (at absolute position i + offset)."""
-    allowed = torch.ones(BATCH, HEADS, query_length, key_length, dtype=torch.bool)
-    for b in range(BATCH):
-        for i in range(query_length):
-            for j in range(key_length):
-                if (padded and b == 1 and j >= key_length - 2) or (is_causal and j > i + offset):
-                    allowed[b, :, i, j] = False
-    return allowed
-
-
-def naive_softmax_attention(scores, allowed, values_for):
-    """z_i = sum_j alpha_ij values_for(i, j), alpha = softmax over allowed j; zeros when no j is allowed."""
-    out = torch.zeros(BATCH, HEADS, scores.size(2), HEAD_DIM, dtype=torch.float64)
-    for b in range(BATCH):
-        for h in range(HEADS):
-            for i in range(scores.size(2)):
-                keys = [j for j in range(scores.size(3)) if allowed[b, h, i, j]]
-                if not keys:
-                    continue
-                weights = torch.softmax(torch.stack([scores[b, h, i, j] for j in keys]), dim=0)
-                for weight, j in zip(weights, keys, strict=True):
-                    out[b, h, i] += weight * values_for(b, h, i, j)
-    return out
-
-
 def naive_shaw(scheme, layer, q, k, v, allowed, query_at, key_at):
     """Shaw et al. eqs. 3-4: e_ij = q_i (k_j + a^K_ij)^T / sqrt(d_z), z_i = sum_j alpha_ij (v_j + a^V_ij).
 
@@ -467,7 +424,6 @@ CASES = [
     ("rope", naive_rope, {"rotary_dim": 4, "rope_theta": 100.0}),
     *SCHEME_ORACLES,   # those of the schemes that tests/test_scheme_*.py register
 ]
-SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
 
 
 def test_a_value_computed_once_is_computed_on_the_first_read_only_and_kept_by_its_own_context():
@@ -496,34 +452,14 @@ def test_every_scheme_has_an_oracle():
     assert set(SCHEMES) <= {case[0] for case in CASES}
 
 
-def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
-                   key_positions=None):
-    """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`."""
-    q, k, v = inputs(query_length, key_length)
-    offset = key_length - query_length
-    mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
-                              key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
-    context = scheme.prepare(PositionContext(query_length, key_length, offset, key_positions, q.device, q.dtype))
-    mask = with_scheme_mask(attention.config, scheme, context, mask)
-    with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered by the model tests
-        keys = scheme.transform_new_keys(1, k, context)
-        output, weights = attention.attend(q, keys, v, mask, scheme, context, output_attentions)
-    return (q, k, v), output.transpose(1, 2), weights
-
-
 @pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("shape", list(SHAPES))
 @pytest.mark.parametrize("position_scheme, reference, overrides", CASES, ids=[f"{c[0]}-{i}" for i, c in enumerate(CASES)])
 def test_scheme_matches_naive_equations(position_scheme, reference, overrides, shape, kernel, padded):
-    """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_kernels.py) is exact in float64."""
-    is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(position_scheme, is_causal, kernel, **overrides)
-    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded)
-    offset = key_length - query_length
-    allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
-    expected = reference(scheme, 1, q, k, v, allowed, range(offset, key_length), range(key_length))
-    assert (fast - expected).abs().max().item() < TOLERANCE
+    """Every kernel (FlexAttention unfused here on CPU; compiled on CUDA in test_kernels.py) is exact in float64
+    (hf_relpos.testing.check_oracle_case, what check_position_scheme runs on a user's oracle)."""
+    check_oracle_case(position_scheme, reference, overrides, kernel=kernel, shape=shape, padded=padded)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -532,16 +468,10 @@ def test_scheme_matches_naive_equations(position_scheme, reference, overrides, s
 def test_scheme_matches_naive_equations_at_randomized_positions(position_scheme, reference, overrides, shape, kernel):
     """Randomized positions (`position_randomization_max`, Ruoss et al. 2023): given the keys' positions, a sorted
     subset of 0 .. 39 with gaps, each scheme computes its paper equation at those positions, on every kernel."""
-    is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(position_scheme, is_causal, kernel, **overrides)
+    key_length = SHAPES[shape][2]
     key_positions = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:key_length].sort().values
-    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, True,
-                                        key_positions=key_positions)
-    offset = key_length - query_length
-    allowed = naive_allowed(query_length, key_length, offset, is_causal, True)
-    positions = key_positions.tolist()
-    expected = reference(scheme, 1, q, k, v, allowed, positions[offset:], positions)
-    assert (fast - expected).abs().max().item() < TOLERANCE
+    check_oracle_case(position_scheme, reference, overrides, kernel=kernel, shape=shape, padded=True,
+                      key_positions=key_positions)
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])

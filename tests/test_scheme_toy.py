@@ -17,6 +17,7 @@ from torch import nn
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionContext, PositionScheme, integer_field, register_position_scheme
 from hf_relpos.model.positions import clipped_distance
+from hf_relpos.testing import check_position_scheme, softmax_attention_by_loop
 
 
 @register_position_scheme("toy")
@@ -51,8 +52,6 @@ class ToyContext(PositionContext):
 
 def naive_toy(scheme, layer, q, k, v, allowed, query_at, key_at):
     """e_ij = q_i k_j / sqrt(d) + b^l_h(clip(j - i, K)), term by term in float64."""
-    from test_positions import naive_softmax_attention  # imported when the oracle runs: test_positions imports us
-
     scores = torch.zeros(q.size(0), q.size(1), q.size(2), k.size(2), dtype=torch.float64)
     for b in range(q.size(0)):
         for h in range(q.size(1)):
@@ -61,7 +60,7 @@ def naive_toy(scheme, layer, q, k, v, allowed, query_at, key_at):
                     distance = max(-scheme.max_distance, min(scheme.max_distance, key_at[j] - query_at[i]))
                     scores[b, h, i, j] = (q[b, h, i] @ k[b, h, j] / math.sqrt(q.size(-1))
                                           + scheme.bias[layer, h, distance + scheme.max_distance])
-    return naive_softmax_attention(scores, allowed, lambda b, h, i, j: v[b, h, j])
+    return softmax_attention_by_loop(scores, allowed, lambda b, h, i, j: v[b, h, j])
 
 
 ORACLE_CASES = [("toy", naive_toy, {}), ("toy", naive_toy, {"toy_max_distance": 0})]
@@ -96,3 +95,9 @@ def test_a_scheme_files_order_blind_schemes_are_left_out_of_the_reversal_test():
     assert "toy" in ORDER_AWARE_SCHEMES and "alibi" not in ORDER_AWARE_SCHEMES
     symmetric = SimpleNamespace(ORDER_BLIND_SCHEMES=("toy_symmetric",), ORACLE_CASES=[])
     assert order_aware_schemes(("shaw", "alibi", "toy", "toy_symmetric"), [symmetric]) == ("shaw", "toy")
+
+
+def test_the_toy_scheme_passes_the_packages_check_as_a_users_scheme_would():
+    """What a scheme kept in a package of its own calls from its tests: hf_relpos.testing.check_position_scheme, with
+    its oracle and its config fields."""
+    check_position_scheme("toy", oracle=naive_toy, config_overrides={"toy_max_distance": 3})

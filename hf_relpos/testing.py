@@ -1,0 +1,423 @@
+"""Checks that a position scheme honours the contract (docs/extending.md), to call from your own tests.
+
+`check_position_scheme(name)` runs every check below on a tiny float64 model on the CPU and raises AssertionError
+naming the scheme, the property and the largest difference at the first one that fails; each check is also a
+function of its own. The repository's tests run the same functions on every built-in scheme, so a scheme of your own
+package is held to the rules a built-in one is:
+
+- `check_kernels_agree`: eager, sdpa and flex_attention give the same loss and logits, and eager and sdpa the same
+  gradients (1e-12), with and without padding: a `score_mod` / `fused_attention` (FlexAttention's form) that
+  disagrees with the `score_bias` / `value_term` the other kernels read fails here;
+- `check_cached_decoding`: decoding one token at a time with the KV cache gives the logits of the whole forward;
+- `check_save_load`: `save_pretrained` / `from_pretrained` give the same scheme parameters and buffers and logits;
+- `check_padding_invariance`: a padded batch gives each sequence's real tokens the outputs of that sequence alone;
+- `check_oracle` (with `oracle=`): one self-attention layer equals your naive float64 form of the equation, in the
+  encoder, the decoder and a cached step, padded or not, at randomized positions, on every kernel;
+- `check_order_aware`: the encoder tells a sequence from its reversal (skip for a symmetric scheme, as ALiBi's).
+
+Importing this module imports nothing beyond hf_relpos, torch and transformers (no pytest)."""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+
+from .model.configuration_relpos import RelPosTransformerConfig
+from .model.modeling_relpos import (
+    RelPosAttention,
+    RelPosTransformerForConditionalGeneration,
+    attention_mask_for,
+    with_scheme_mask,
+)
+from .model.positions import PositionContext, get_scheme_class
+
+__all__ = [
+    "KERNELS",
+    "TOLERANCE",
+    "check_cached_decoding",
+    "check_kernels_agree",
+    "check_oracle",
+    "check_oracle_case",
+    "check_order_aware",
+    "check_padding_invariance",
+    "check_position_scheme",
+    "check_save_load",
+    "softmax_attention_by_loop",
+    "tiny_config",
+]
+
+TOLERANCE = 1e-12   # float64: a float32 step anywhere, or a term computed differently, exceeds it
+KERNELS = ("eager", "sdpa", "flex_attention")
+# The oracle's sizes: q, k, v are [BATCH, HEADS, n, HEAD_DIM]
+BATCH, HEADS, HEAD_DIM = 2, 4, 8
+# encoder (n = m = 6), decoder (causal, n = m = 6), a cached step (causal, 2 new queries after 5 cached keys)
+SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
+# An oracle: (scheme, layer, q, k, v, allowed, query_at, key_at) -> the attention output [B, H, n, d] (see check_oracle)
+Oracle = Callable[..., torch.Tensor]
+
+
+def fail(name: str, prop: str, difference: float | None, detail: str = "") -> None:
+    """Raise the AssertionError every check raises: the scheme, the property, the largest difference."""
+    measured = "" if difference is None else f": max difference {difference:.3g}"
+    raise AssertionError(f"position scheme {name!r}: {prop}{measured}{detail}")
+
+
+def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
+    if a.shape != b.shape:
+        return math.inf
+    return (a.double() - b.double()).abs().max().item() if a.numel() else 0.0
+
+
+def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransformerConfig:
+    """The tiny config every check builds its model from (2 + 2 layers, d_model 32, 4 heads, vocabulary 40, no
+    dropout); `overrides` are config fields (your scheme's among them)."""
+    values = dict(
+        vocab_size=40,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        dropout=0.0,
+        max_relative_position=3,
+        clamp_len=50,
+        position_scheme=position_scheme,
+    )
+    values.update(overrides)
+    return RelPosTransformerConfig(**values)
+
+
+def tiny_float64_model(name: str, config_overrides: Mapping[str, Any] | None = None, kernel: str = "eager",
+                       seed: int = 0) -> RelPosTransformerForConditionalGeneration:
+    """A tiny model of scheme `name` in float64 (eval mode), its weights from `seed` (the scheme's own init)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = RelPosTransformerForConditionalGeneration(tiny_config(name, **dict(config_overrides or {})))
+    model = model.double().eval()
+    model.set_attn_implementation(kernel)
+    return model
+
+
+def padded_sources() -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Three sources of lengths 9, 6 and 2 (ids 4..39, no special token), right-padded with id 0, and their mask."""
+    lengths = [9, 6, 2]
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, length in enumerate(lengths):
+        input_ids[row, :length] = torch.randint(4, 40, (length,), generator=generator)
+        attention_mask[row, :length] = 1
+    return input_ids, attention_mask, lengths
+
+
+def decoder_inputs(batch: int, length: int = 6) -> torch.Tensor:
+    return torch.randint(4, 40, (batch, length), generator=torch.Generator().manual_seed(1))
+
+
+# --- (1) every kernel gives the same model -------------------------------------------------------------------------
+
+def check_kernels_agree(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                        kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """Loss and logits of one float64 model on each of `kernels` equal the first's, with and without a padded
+    source; gradients (every parameter's, the scheme's included) too, except on flex_attention (no backward on the
+    CPU). FlexAttention reads the scheme's `score_mod` / `fused_attention`, the others its `score_bias` /
+    `value_term`: a scheme whose two forms disagree fails here."""
+    model = tiny_float64_model(name, config_overrides, kernels[0])
+    input_ids, attention_mask, _ = padded_sources()
+    for padded in (False, True):
+        inputs = dict(input_ids=input_ids, labels=decoder_inputs(len(input_ids)),
+                      attention_mask=attention_mask if padded else None)
+        reference = None
+        for kernel in kernels:
+            model.set_attn_implementation(kernel)
+            model.zero_grad(set_to_none=True)
+            backward = kernel != "flex_attention"
+            with torch.set_grad_enabled(backward):
+                output = model(**inputs)
+                if backward:
+                    output.loss.backward()
+            grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
+            result = (output.loss.detach(), output.logits.detach(), grads if backward else None)
+            if reference is None:
+                reference, first = result, kernel
+                continue
+            where = f"{'padded' if padded else 'unpadded'} batch"
+            for what, got, want in (("logits", result[1], reference[1]), ("loss", result[0], reference[0])):
+                difference = max_difference(got, want)
+                if not difference <= tolerance:
+                    fail(name, f"kernels agree: {kernel} and {first} give different {what} ({where})", difference,
+                         f" > {tolerance:g}" + (" (flex_attention reads the scheme's score_mod / fused_attention, "
+                                                "the other kernels its score_bias / value_term)"
+                                                if "flex_attention" in (kernel, first) else ""))
+            if result[2] is not None and reference[2] is not None:
+                for parameter, want in reference[2].items():
+                    got = result[2].get(parameter)
+                    difference = math.inf if got is None else max_difference(got, want)
+                    if not difference <= tolerance * max(1.0, want.abs().max().item()):
+                        fail(name, f"kernels agree: {kernel} and {first} give different gradients of {parameter} "
+                                   f"({where})", difference)
+    model.zero_grad(set_to_none=True)
+
+
+# --- (2) cached decoding -------------------------------------------------------------------------------------------
+
+def check_cached_decoding(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                          kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """Decoding one token at a time, handing back the KV cache, gives the logits of the whole teacher-forced forward
+    (float64, padded source) on each kernel: a scheme that places a decoding step's query at 0 instead of at
+    `query_offset`, or forgets the cached keys' positions, fails here."""
+    model = tiny_float64_model(name, config_overrides)
+    input_ids, attention_mask, _ = padded_sources()
+    targets = decoder_inputs(len(input_ids))
+    for kernel in kernels:
+        model.set_attn_implementation(kernel)
+        with torch.no_grad():
+            encoded = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+            inputs = dict(encoder_outputs=encoded, attention_mask=attention_mask)
+            whole = model(decoder_input_ids=targets, use_cache=False, **inputs).logits
+            cache, steps = None, []
+            for step in range(targets.size(1)):
+                out = model(decoder_input_ids=targets[:, step:step + 1], use_cache=True, cache=cache, **inputs)
+                cache, _ = out.cache, steps.append(out.logits)
+        stepped = torch.cat(steps, 1)
+        for step in range(targets.size(1)):
+            difference = max_difference(stepped[:, step], whole[:, step])
+            if not difference <= tolerance:
+                fail(name, f"cached decoding equals the full forward: step {step} ({kernel}) with the KV cache of "
+                           f"{step} tokens differs from the whole forward's logits", difference,
+                     " (a step's query sits at position query_offset, its keys at their cached positions)")
+
+
+# --- (3) save_pretrained / from_pretrained --------------------------------------------------------------------------
+
+def check_save_load(name: str, *, config_overrides: Mapping[str, Any] | None = None) -> None:
+    """A model saved with `save_pretrained` and loaded with `from_pretrained` has the scheme's parameters and buffers
+    (persistent or not) of the saved model and its logits, bit for bit: a scheme whose `init_parameters` overwrites
+    what was loaded, or whose non-persistent buffer only `__init__` fills (left uninitialised while a model loads,
+    docs/extending.md), fails here."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(2)
+        model = tiny_float64_model(name, config_overrides, seed=3)
+        with torch.no_grad():   # away from the values a fresh init gives, so a re-initialised tensor shows
+            for stack in (model.model.encoder, model.model.decoder):
+                for parameter in stack.positions.parameters():
+                    if parameter.is_floating_point():
+                        parameter.add_(0.01 * torch.randn_like(parameter))
+    input_ids, attention_mask, _ = padded_sources()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_inputs(3))
+    with torch.no_grad():
+        expected = model(**inputs).logits
+    with tempfile.TemporaryDirectory() as folder:
+        model.save_pretrained(folder)
+        loaded = RelPosTransformerForConditionalGeneration.from_pretrained(folder, dtype=torch.float64).eval()
+    loaded.set_attn_implementation(model.config._attn_implementation)
+    for stack in ("encoder", "decoder"):
+        saved_scheme = getattr(model.model, stack).positions
+        loaded_scheme = getattr(loaded.model, stack).positions
+        loaded_tensors = dict(loaded_scheme.named_parameters()) | dict(loaded_scheme.named_buffers())
+        for kind, tensors in (("parameter", saved_scheme.named_parameters()), ("buffer", saved_scheme.named_buffers())):
+            for tensor_name, tensor in tensors:
+                got = loaded_tensors.get(tensor_name)
+                if got is None or got.shape != tensor.shape or not torch.equal(got.to(tensor.dtype), tensor):
+                    difference = math.inf if got is None or got.shape != tensor.shape else max_difference(got, tensor)
+                    fail(name, f"save_pretrained / from_pretrained keeps the scheme's {kind} "
+                               f"model.{stack}.positions.{tensor_name}", difference,
+                         " (a loaded model gets what was saved: init_parameters must not overwrite it, and a "
+                         "non-persistent buffer gets its values in init_parameters, which runs while a model loads)")
+    with torch.no_grad():
+        got = loaded(**inputs).logits
+    difference = max_difference(got, expected)
+    if difference != 0:
+        fail(name, "save_pretrained / from_pretrained gives the saved model's logits", difference)
+
+
+# --- (4) padding ----------------------------------------------------------------------------------------------------
+
+def check_padding_invariance(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                             kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """In a right-padded batch of sources, each sequence's real tokens get the encoder states, and its decoder the
+    logits, of that sequence run alone (float64, each kernel)."""
+    model = tiny_float64_model(name, config_overrides)
+    input_ids, attention_mask, lengths = padded_sources()
+    targets = decoder_inputs(len(input_ids))
+    for kernel in kernels:
+        model.set_attn_implementation(kernel)
+        with torch.no_grad():
+            batched = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=targets)
+            for row, length in enumerate(lengths):
+                if length == input_ids.size(1):
+                    continue   # not padded
+                alone = model(input_ids=input_ids[row:row + 1, :length], decoder_input_ids=targets[row:row + 1])
+                for what, got, want in (
+                        ("encoder states", batched.encoder_last_hidden_state[row, :length],
+                         alone.encoder_last_hidden_state[0]),
+                        ("decoder logits", batched.logits[row], alone.logits[0])):
+                    difference = max_difference(got, want)
+                    if not difference <= tolerance:
+                        fail(name, f"padding invariance: the {what} of a source of {length} tokens padded to "
+                                   f"{input_ids.size(1)} differ from those of the source alone ({kernel})", difference)
+
+
+# --- (5) the oracle -------------------------------------------------------------------------------------------------
+
+def softmax_attention_by_loop(scores: torch.Tensor, allowed: torch.Tensor,
+                              values_for: Callable[[int, int, int, int], torch.Tensor]) -> torch.Tensor:
+    """z_i = sum_j alpha_ij values_for(b, h, i, j), alpha = softmax of `scores` [B, H, n, m] over the j `allowed`
+    [B, H, n, m]; zeros where no j is allowed. The end of an oracle whose scores you computed term by term
+    (`values_for` = lambda b, h, i, j: v[b, h, j], plus a value term of your own)."""
+    out = None
+    for b in range(scores.size(0)):
+        for h in range(scores.size(1)):
+            for i in range(scores.size(2)):
+                keys = [j for j in range(scores.size(3)) if allowed[b, h, i, j]]
+                weights = torch.softmax(torch.stack([scores[b, h, i, j] for j in keys]), dim=0) if keys else []
+                for weight, j in zip(weights, keys, strict=True):
+                    value = values_for(b, h, i, j)
+                    if out is None:
+                        out = torch.zeros(*scores.shape[:3], value.size(-1), dtype=torch.float64)
+                    out[b, h, i] += weight * value
+    return out if out is not None else torch.zeros(*scores.shape[:3], HEAD_DIM, dtype=torch.float64)
+
+
+def make_attention(position_scheme: str, is_causal: bool, kernel: str, **overrides: Any):
+    """Layer 1's float64 self-attention module and its stack's scheme (two layers, parameters drawn N(0, 0.5))."""
+    config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
+    config._attn_implementation = kernel
+    scheme = get_scheme_class(position_scheme)(config, 2, HEADS, HEAD_DIM, is_causal=is_causal).double()
+    for parameter in scheme.parameters():
+        torch.nn.init.normal_(parameter, std=0.5)
+    return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
+
+
+def inputs(query_length: int, key_length: int, seed: int = 1):
+    """q [B, H, n, d], k and v [B, H, m, d], float64 N(0, 1)."""
+    generator = torch.Generator().manual_seed(seed)
+    make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64)  # noqa: E731
+    return make(query_length), make(key_length), make(key_length)
+
+
+def key_padding(key_length: int, padded: bool) -> torch.Tensor | None:
+    """The [B, m] 1/0 key mask: the second sequence loses its last two keys."""
+    if not padded:
+        return None
+    mask = torch.ones(BATCH, key_length, dtype=torch.long)
+    mask[1, -2:] = 0
+    return mask
+
+
+def naive_allowed(query_length: int, key_length: int, offset: int, is_causal: bool, padded: bool) -> torch.Tensor:
+    """[B, H, n, m]: key j is real and, in a decoder, not after query i (at absolute position i + offset)."""
+    allowed = torch.ones(BATCH, HEADS, query_length, key_length, dtype=torch.bool)
+    for b in range(BATCH):
+        for i in range(query_length):
+            for j in range(key_length):
+                if (padded and b == 1 and j >= key_length - 2) or (is_causal and j > i + offset):
+                    allowed[b, :, i, j] = False
+    return allowed
+
+
+def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
+                   key_positions=None):
+    """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`; returns
+    (q, k, v), the output [B, H, n, d] and the attention weights."""
+    q, k, v = inputs(query_length, key_length)
+    offset = key_length - query_length
+    mask = attention_mask_for(attention.config, BATCH, query_length, key_length, offset,
+                              key_padding(key_length, padded), causal=is_causal, device=torch.device("cpu"))
+    context = scheme.prepare(PositionContext(query_length, key_length, offset, key_positions, q.device, q.dtype))
+    mask = with_scheme_mask(attention.config, scheme, context, mask)
+    with torch.no_grad():  # FlexAttention has no CPU backward; gradients are covered at model level
+        keys = scheme.transform_new_keys(1, k, context)
+        output, weights = attention.attend(q, keys, v, mask, scheme, context, output_attentions)
+    return (q, k, v), output.transpose(1, 2), weights
+
+
+def check_oracle_case(name: str, oracle: Oracle, config_overrides: Mapping[str, Any] | None = None, *,
+                      kernel: str = "eager", shape: str = "encoder", padded: bool = False,
+                      key_positions: torch.Tensor | None = None, tolerance: float = TOLERANCE) -> None:
+    """One case of `check_oracle`: layer 1's self-attention on `kernel` for one of `SHAPES`, padded or not, at the
+    keys' `key_positions` (None: key j at j) against `oracle`."""
+    is_causal, query_length, key_length = SHAPES[shape]
+    attention, scheme = make_attention(name, is_causal, kernel, **dict(config_overrides or {}))
+    (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded,
+                                        key_positions=key_positions)
+    offset = key_length - query_length
+    allowed = naive_allowed(query_length, key_length, offset, is_causal, padded)
+    positions = list(range(key_length)) if key_positions is None else key_positions.tolist()
+    with torch.no_grad():
+        expected = oracle(scheme, 1, q, k, v, allowed, positions[offset:], positions)
+    difference = max_difference(fast, expected)
+    if not difference <= tolerance:
+        where = (f"{shape}, {'padded' if padded else 'unpadded'}, {kernel}"
+                 + (", randomized positions" if key_positions is not None else "")
+                 + (f", config {dict(config_overrides)}" if config_overrides else ""))
+        fail(name, f"self-attention matches the oracle ({where})", difference, f" > {tolerance:g}")
+
+
+def check_oracle(name: str, oracle: Oracle, *, config_overrides: Mapping[str, Any] | None = None,
+                 kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """Layer 1's self-attention (the scheme's parameters drawn N(0, 0.5)) equals `oracle`, your naive float64 form
+    of the scheme's equation, in the encoder (6 queries, 6 keys), the decoder (causal) and a cached step (2 queries
+    after 5 cached keys), with and without padding, and (padded) at randomized positions, on each kernel.
+
+    `oracle(scheme, layer, q, k, v, allowed, query_at, key_at)` gets the scheme instance (read its parameters), the
+    layer index, q [B, H, n, d] and k, v [B, H, m, d] (float64), `allowed` [B, H, n, m] (padding and causality:
+    True where query i may attend to key j), and the absolute positions of the queries (`query_at[i]`) and keys
+    (`key_at[j]`); it returns the attention output [B, H, n, d] (softmax over the allowed keys, zero for a query with
+    none): compute the scores term by term and end with `softmax_attention_by_loop`."""
+    for shape in SHAPES:
+        for padded in (False, True):
+            for kernel in kernels:
+                check_oracle_case(name, oracle, config_overrides, kernel=kernel, shape=shape, padded=padded,
+                                  tolerance=tolerance)
+        key_positions = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:SHAPES[shape][2]].sort().values
+        for kernel in kernels:
+            check_oracle_case(name, oracle, config_overrides, kernel=kernel, shape=shape, padded=True,
+                              key_positions=key_positions, tolerance=tolerance)
+
+
+# --- (6) order ------------------------------------------------------------------------------------------------------
+
+def check_order_aware(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                      threshold: float = 1e-8) -> None:
+    """The encoder tells a sequence from its reversal: without positions (or with a symmetric bias such as ALiBi's
+    -m |i - j|) a reversed source gives the reversed encoder states, which cross-attention cannot tell apart. The
+    states of the reversed source must differ from the reversed states by more than `threshold`."""
+    model = tiny_float64_model(name, config_overrides)
+    source = torch.randint(4, 40, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        states = model.get_encoder()(input_ids=source).last_hidden_state
+        mirrored = model.get_encoder()(input_ids=source.flip(1)).last_hidden_state
+    difference = max_difference(mirrored, states.flip(1))
+    if not difference > threshold:
+        fail(name, "order awareness: the encoder's states of a reversed source are the reversed states, so it cannot "
+                   "tell a sequence from its reversal", difference,
+             f" <= {threshold:g} (pass order_aware=False for a scheme symmetric in i - j)")
+
+
+# --- all of them ----------------------------------------------------------------------------------------------------
+
+def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                          oracle: Oracle | None = None, order_aware: bool = True,
+                          kernels: Iterable[str] = KERNELS) -> None:
+    """Every check of this module for the registered scheme `name` (its module imported first), on tiny float64
+    models on the CPU: kernels agree, cached decoding, save/load, padding invariance, the oracle (when given) and
+    order awareness (when `order_aware`). `config_overrides`: config fields of the tiny model (your scheme's own);
+    `kernels`: those the scheme runs on (flex_attention runs unfused on the CPU). Raises AssertionError naming the
+    scheme, the property and the largest difference at the first check that fails."""
+    get_scheme_class(name)   # an unregistered name: one error saying to import the module that registers it
+    kernels = tuple(kernels)
+    check_kernels_agree(name, config_overrides=config_overrides, kernels=kernels)
+    check_cached_decoding(name, config_overrides=config_overrides, kernels=kernels)
+    check_save_load(name, config_overrides=config_overrides)
+    check_padding_invariance(name, config_overrides=config_overrides, kernels=kernels)
+    if oracle is not None:
+        check_oracle(name, oracle, config_overrides=config_overrides, kernels=kernels)
+    if order_aware:
+        check_order_aware(name, config_overrides=config_overrides)

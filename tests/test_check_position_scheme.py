@@ -1,0 +1,209 @@
+"""hf_relpos.testing.check_position_scheme, the check a scheme kept in a package of its own calls from its own tests:
+every built-in scheme (and the toy scheme of a test file) passes it with its oracle, and a user's scheme broken in
+one way fails it with one AssertionError naming the scheme, the property and the largest difference."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+import torch
+from conftest import ORDER_AWARE_SCHEMES, SCHEMES
+from test_positions import CASES
+from torch import nn
+
+from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
+from hf_relpos.model.positions import POSITION_SCHEMES
+from hf_relpos.testing import check_position_scheme, softmax_attention_by_loop
+
+pytestmark = pytest.mark.numerics
+
+ORACLES = {}
+for _name, _oracle, _overrides in CASES:
+    ORACLES.setdefault(_name, (_oracle, _overrides))   # each scheme's first case: its defaults
+
+
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_every_scheme_passes_the_check(position_scheme):
+    """Every built-in scheme and the toy one (order-blind ones told so). Their oracles run through the same
+    check_oracle_case in test_positions.py, case by case; here shaw's (a value term), and toy's in test_scheme_toy.py,
+    run through check_position_scheme's oracle argument."""
+    oracle = ORACLES[position_scheme][0] if position_scheme == "shaw" else None
+    check_position_scheme(position_scheme, oracle=oracle, order_aware=position_scheme in ORDER_AWARE_SCHEMES)
+
+
+def signed_bias(scheme, query_positions, key_positions, dtype):
+    """b_h clip(j - i, -2, 2), slopes b_h = h / H: [H, n, m] (clipped: a linear bias moved by a constant per query
+    would cancel in the softmax)."""
+    slopes = torch.arange(1, scheme.num_heads + 1, dtype=dtype) / scheme.num_heads
+    distance = (key_positions[None, None, :] - query_positions[None, :, None]).clamp(-2, 2)
+    return slopes[:, None, None] * distance.to(dtype)
+
+
+class SignedSlopes(PositionScheme):
+    """A signed bias b_h clip(j - i, -2, 2) with fixed slopes, as a score_bias and as FlexAttention's score_mod."""
+
+    score_mod_sign = 1
+
+    def terms(self, layer_idx, query, key, context):
+        dtype = torch.promote_types(context.dtype, torch.float32)
+        bias = signed_bias(self, *context.query_and_key_positions(), dtype)
+        slopes, offset, sign = bias.new_tensor(range(1, self.num_heads + 1)) / self.num_heads, context.query_offset, \
+            self.score_mod_sign
+
+        def score_mod(score, b, h, q, kv):
+            return score + sign * slopes[h] * (kv - q - offset).clamp(-2, 2)
+
+        return AttentionTerms(score_bias=bias[None], score_mod=score_mod)
+
+
+class SignFlippedScoreMod(SignedSlopes):
+    """Its score_mod is b_h clip(i - j), its score_bias b_h clip(j - i): FlexAttention gives another model."""
+
+    score_mod_sign = -1
+
+
+class CacheIgnoresPastPositions(PositionScheme):
+    """b_h clip(j - i) with queries at 0 .. n-1 whatever query_offset is: a decoding step's query sits at 0."""
+
+    def terms(self, layer_idx, query, key, context):
+        positions = torch.arange(context.key_length, device=context.device)
+        return AttentionTerms(score_bias=signed_bias(self, positions[:context.query_length], positions,
+                                                     torch.promote_types(context.dtype, torch.float32))[None])
+
+
+class InitOverwritesLoadedBuffer(PositionScheme):
+    """Per-head slopes in a persistent buffer that init_parameters draws, and a non-persistent scale it computes; as
+    init_parameters runs while a model loads (for the scale), it draws the loaded slopes afresh."""
+
+    def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.register_buffer("slopes", torch.zeros(num_heads))
+        self.register_buffer("scale", torch.zeros(()), persistent=False)
+
+    def init_parameters(self, std):
+        with torch.no_grad():
+            self.slopes.copy_(torch.rand(self.num_heads) + 0.1)
+            self.scale.fill_(0.5)
+
+    def terms(self, layer_idx, query, key, context):
+        bias = signed_bias(self, *context.query_and_key_positions(), torch.float64)
+        return AttentionTerms(score_bias=(self.scale * self.slopes[:, None, None] * bias).to(query.dtype)[None])
+
+
+class InitReplacesLoadedParameter(InitOverwritesLoadedBuffer):
+    """The slopes as a parameter that init_parameters replaces (a new nn.Parameter, not the loaded one)."""
+
+    def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+        PositionScheme.__init__(self, config, num_layers, num_heads, head_dim, is_causal)
+        self.slopes = nn.Parameter(torch.zeros(num_heads))
+        self.register_buffer("scale", torch.zeros(()), persistent=False)
+
+    def init_parameters(self, std):
+        self.slopes = nn.Parameter(torch.rand(self.num_heads) + 0.1)
+        self.scale.fill_(0.5)
+
+
+class BufferOnlyInInit(PositionScheme):
+    """A non-persistent buffer whose values only __init__ gives: left uninitialised while a model loads."""
+
+    def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.register_buffer("slopes", torch.arange(1.0, num_heads + 1) / num_heads, persistent=False)
+
+    def terms(self, layer_idx, query, key, context):
+        bias = signed_bias(self, *context.query_and_key_positions(), torch.float64)
+        return AttentionTerms(score_bias=(self.slopes[:, None, None] * bias).to(query.dtype)[None])
+
+
+class EncoderBiasByLength(PositionScheme):
+    """The encoder's bias b_h clip(j - i) divided by the key length m (padding included): a padded source is encoded as
+    a longer one."""
+
+    def terms(self, layer_idx, query, key, context):
+        bias = signed_bias(self, *context.query_and_key_positions(), torch.promote_types(context.dtype, torch.float32))
+        return AttentionTerms(score_bias=(bias if self.is_causal else bias / context.key_length)[None])
+
+
+@pytest.fixture
+def registered():
+    """register(name, scheme_class) for the test only: the registry is as before afterwards."""
+    names = []
+
+    def register(name, scheme_class):
+        register_position_scheme(name)(scheme_class)
+        names.append(name)
+        return name
+
+    yield register
+    for name in names:
+        POSITION_SCHEMES.pop(name, None)
+
+
+def test_a_users_scheme_with_a_score_mod_that_agrees_passes(registered):
+    check_position_scheme(registered("check_signed_slopes", SignedSlopes))
+
+
+@pytest.mark.parametrize(("scheme_class", "prop"), [
+    (SignFlippedScoreMod, "kernels agree: flex_attention and eager give different logits"),
+    (CacheIgnoresPastPositions, "cached decoding equals the full forward: step 3 (eager)"),
+    (InitOverwritesLoadedBuffer, "save_pretrained / from_pretrained keeps the scheme's buffer "
+                                 "model.encoder.positions.slopes"),
+    (InitReplacesLoadedParameter, "save_pretrained / from_pretrained keeps the scheme's parameter "
+                                  "model.encoder.positions.slopes"),
+    (BufferOnlyInInit, "save_pretrained / from_pretrained keeps the scheme's buffer model.encoder.positions.slopes"),
+    (EncoderBiasByLength, "padding invariance: the encoder states of a source of 6 tokens padded to 9"),
+], ids=["score_mod", "cache", "init-buffer", "init-parameter", "non-persistent-buffer", "padding"])
+def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_class, prop):
+    name = registered(f"check_broken_{scheme_class.__name__.lower()}", scheme_class)
+    with pytest.raises(AssertionError) as error:
+        check_position_scheme(name)
+    message = str(error.value)
+    assert message.startswith(f"position scheme {name!r}: {prop}"), message
+    assert "max difference" in message
+
+
+def test_an_oracle_that_disagrees_fails_the_check_naming_the_oracle():
+    """The toy scheme's oracle with the distance's sign flipped: the check names the oracle and the case."""
+    from test_scheme_toy import naive_toy
+
+    def flipped(scheme, layer, q, k, v, allowed, query_at, key_at):
+        return naive_toy(scheme, layer, q, k, v, allowed, [-i for i in query_at], [-j for j in key_at])
+
+    with pytest.raises(AssertionError, match=r"position scheme 'toy': self-attention matches the oracle \(encoder, "
+                                             r"unpadded, eager\): max difference"):
+        check_position_scheme("toy", oracle=flipped)
+
+
+def test_an_oracle_ends_with_the_packages_softmax_by_loop():
+    """softmax_attention_by_loop: softmax over the allowed keys, zeros for a query with none."""
+    scores = torch.tensor([[[[0.0, 1.0], [2.0, 3.0]]]], dtype=torch.float64)
+    allowed = torch.tensor([[[[True, True], [False, False]]]])
+    values = torch.tensor([[[[1.0], [2.0]]]], dtype=torch.float64)
+    out = softmax_attention_by_loop(scores, allowed, lambda b, h, i, j: values[b, h, j])
+    weight = torch.softmax(torch.tensor([0.0, 1.0], dtype=torch.float64), 0)
+    assert torch.equal(out[0, 0, 1], torch.zeros(1, dtype=torch.float64))
+    assert abs(out[0, 0, 0, 0].item() - (weight[0] + 2 * weight[1]).item()) < 1e-15
+
+
+def test_a_symmetric_scheme_fails_the_order_check_unless_told_it_is_order_blind():
+    """ALiBi's encoder bias -m |i - j| cannot tell a sequence from its reversal: order_aware=True (the default) fails
+    naming the property and how to pass; order_aware=False passes."""
+    with pytest.raises(AssertionError, match=r"position scheme 'alibi': order awareness: .* max difference .*"
+                                             r"pass order_aware=False"):
+        check_position_scheme("alibi")
+    check_position_scheme("alibi", order_aware=False)
+
+
+def test_an_unregistered_scheme_is_one_error_saying_to_import_its_module():
+    with pytest.raises(ValueError, match="position_scheme must be one of"):
+        check_position_scheme("no_such_scheme")
+
+
+def test_the_check_module_imports_no_test_runner():
+    """hf_relpos.testing is installed with the package: it imports the standard library, torch, transformers and
+    hf_relpos only (no pytest), at any depth."""
+    from test_layers import PACKAGE, imports_of
+
+    imported = {name.split(".")[0] for _, name, level in imports_of(PACKAGE / "testing.py") if level == 0}
+    assert imported <= {"torch", "transformers", "hf_relpos"} | sys.stdlib_module_names, imported
