@@ -33,11 +33,41 @@ def test_the_docs_have_self_contained_examples():
     assert len(SELF_CONTAINED) >= 2 and any("register_position_scheme" in block for block in SELF_CONTAINED)
 
 
+def extending_example_module() -> str:
+    """docs/extending.md's example scheme (its first block, up to where it builds a config): the `my_schemes` module
+    that its later examples import."""
+    return re.search(r"```python\n(.*?)\nconfig = ", (ROOT / "docs" / "extending.md").read_text(encoding="utf-8"),
+                     flags=re.DOTALL).group(1)
+
+
+# an example that imports the example scheme's module and defines tests (docs/extending.md's check of it): its tests
+# are called after it runs
+RUN_ITS_TESTS = """
+for _name, _test in list(globals().items()):
+    if _name.startswith("test_") and callable(_test):
+        _test()
+        print("PASSED", _name)
+"""
+
+
 @pytest.mark.parametrize("block", SELF_CONTAINED, ids=[f"block{index}" for index in range(len(SELF_CONTAINED))])
 def test_readme_example_runs(block, tmp_path):
-    completed = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True, cwd=tmp_path,
+    code = block
+    if "import my_schemes" in block:
+        (tmp_path / "my_schemes.py").write_text(extending_example_module(), encoding="utf-8")
+        code = block + RUN_ITS_TESTS
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                                timeout=300)
     assert completed.returncode == 0, completed.stderr[-3000:]
+    if code != block:
+        assert "PASSED test_" in completed.stdout, completed.stdout[-3000:]
+
+
+def test_the_extending_guide_shows_a_users_scheme_checked_from_its_tests():
+    """docs/extending.md's check of its ALiBi example is a self-contained example that runs (above) and calls
+    hf_relpos.testing.check_position_scheme with an oracle."""
+    assert any("import my_schemes" in block and "check_position_scheme(" in block and "oracle=" in block
+               for block in SELF_CONTAINED)
 
 
 def test_the_readme_custom_scheme_gets_a_complete_model_card(tmp_path):
