@@ -344,7 +344,9 @@ def check_oracle_case(name: str, oracle: Oracle, config_overrides: Mapping[str, 
     """One case of `check_oracle`: layer 1's self-attention on `kernel` for one of `SHAPES`, padded or not, at the
     keys' `key_positions` (None: key j at j) against `oracle`."""
     is_causal, query_length, key_length = SHAPES[shape]
-    attention, scheme = make_attention(name, is_causal, kernel, **dict(config_overrides or {}))
+    with torch.random.fork_rng(devices=[]):   # the same parameters at every call, the caller's generator untouched
+        torch.manual_seed(0)
+        attention, scheme = make_attention(name, is_causal, kernel, **dict(config_overrides or {}))
     (q, k, v), fast, _ = fast_attention(attention, scheme, query_length, key_length, is_causal, padded,
                                         key_positions=key_positions)
     offset = key_length - query_length
