@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -406,19 +407,30 @@ def test_a_checks_error_is_printed_once_on_each_machine(monkeypatch, capsys, ran
 
 # Runs train_translation.py's main() in each process; the rank SIGTERM_RANK sends itself a SIGTERM (to its own pid
 # alone, the other rank gets none) in its first call of TranslationTrainer.<SIGTERM_METHOD> once SIGTERM_STEP steps
-# are taken, its JIT checkpoint requested at once (transformers waits 3 s for a SIGKILL to follow by default). Each
-# rank records the steps it trained from, saved a checkpoint at and stopped at, and its exit status.
+# are taken, its JIT checkpoint requested at once (transformers waits 3 s for a SIGKILL to follow by default; KILL_WAIT
+# sets it). With SIGTERM_TO=launcher it sends the SIGTERM to the `accelerate launch` process instead (its pid in
+# RECORD_DIR/launcher, written by `launch_within`) and waits in that call until its own request is marked. Each rank
+# records the steps it trained from, saved a checkpoint at and stopped at, when SIGTERMs reached it, and its exit
+# status.
 SIGTERM_WORKER = '''
 import json, os, signal, sys, time
 from transformers.trainer_jit_checkpoint import CheckpointManager
 from hf_relpos.translation import trainer, training
 
-CheckpointManager.__init__.__defaults__ = (0,)
+CheckpointManager.__init__.__defaults__ = (int(os.environ.get("KILL_WAIT", "0")),)
 Trainer = trainer.TranslationTrainer
 rank, records = int(os.environ["RANK"]), os.environ["RECORD_DIR"]
 with open(os.path.join(records, f"pid{rank}"), "w") as handle:
     handle.write(str(os.getpid()))
-record = {"rank": rank, "trained_from": [], "saved_at": [], "calls_after_the_signal": 0, "signalled": False}
+record = {"rank": rank, "trained_from": [], "saved_at": [], "calls_after_the_signal": 0, "signalled": False,
+          "sigterms_at": []}
+sigterm_handler = CheckpointManager._sigterm_handler
+
+def noted_sigterm(self, *args):
+    record["sigterms_at"].append(time.time())
+    return sigterm_handler(self, *args)
+
+CheckpointManager._sigterm_handler = noted_sigterm
 
 def noting(name, steps):
     original = getattr(Trainer, name)
@@ -455,8 +467,19 @@ if method:
             record["calls_after_the_signal"] += 1
         elif rank == int(os.environ["SIGTERM_RANK"]) and self.state.global_step == int(os.environ["SIGTERM_STEP"]):
             record["signalled"] = True
-            os.kill(os.getpid(), signal.SIGTERM)
-            time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+            target = os.getpid()
+            if os.environ.get("SIGTERM_TO") == "launcher":   # the `accelerate launch` process the test started
+                with open(os.path.join(records, "launcher")) as handle:
+                    target = int(handle.read())
+                record.update(launcher=target, parent=os.getppid(), signalled_at=time.time())
+            os.kill(target, signal.SIGTERM)
+            if target == os.getpid():
+                time.sleep(0.5)   # the handler's timer marks the checkpoint as requested
+            else:   # until the launcher's SIGTERM has come and the handler's timer has marked the request
+                manager = self._jit_checkpoint.jit_manager
+                while not manager.is_checkpoint_requested and time.time() < record["signalled_at"] + 60:
+                    time.sleep(0.05)
+                record["requested_at"] = time.time()
         return original(self, *args, **kwargs)
 
     setattr(Trainer, method, signalled)
@@ -485,13 +508,14 @@ def launch_within(seconds: float, tmp_path: Path, script: Path, *arguments: str,
                   environment: dict[str, str]) -> subprocess.CompletedProcess:
     """`launch`, failing the test when it has not ended within `seconds` (processes waiting on each other in
     collectives), after killing the launcher and the workers (in sessions of their own: they write their pids to
-    RECORD_DIR/pid<rank>)."""
+    RECORD_DIR/pid<rank>). The launcher's pid is written to RECORD_DIR/launcher as soon as it has started."""
     environment = dict(os.environ, RECORD_DIR=str(tmp_path / "records"), PYTHONPATH=checkout_first_on_path(),
                        **environment)
     process = subprocess.Popen(
         [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(CPU_CONFIG),
          "--main_process_port", str(free_port()), str(script), *arguments],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=environment)
+    (tmp_path / "records" / "launcher").write_text(str(process.pid))
     try:
         stdout, stderr = process.communicate(timeout=seconds)
     except subprocess.TimeoutExpired:
@@ -546,4 +570,47 @@ def test_a_sigterm_to_one_rank_stops_both_at_the_same_step_with_its_checkpoint(t
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     resumed = [json.loads((records / f"resumed{r}.json").read_text()) for r in range(2)]
     assert [r["trained_from"] for r in resumed] == [list(range(stop_step, 5))] * 2
+    assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 5
+
+
+def test_a_sigterm_to_the_launcher_alone_stops_both_ranks_at_the_same_step_with_its_checkpoint(tmp_path):
+    """enable_jit_checkpoint under `accelerate launch` with two processes, a SIGTERM sent to the launcher alone (the
+    `accelerate launch` process the test started, whose torchrun elastic agent sends SIGTERM to each process and
+    SIGKILL TORCH_ELASTIC_SHUTDOWN_TIMEOUT, 30 s, later), by rank 0 in step 3: both ranks stop at step 3 with its
+    checkpoint, saved whole, and end with exit status 143 before any SIGKILL, the launcher too (128 + SIGTERM), well
+    within the 30 s; resumed, both go on from step 3 to max_steps."""
+    config_path, output_dir = write_config(tmp_path)
+    settings = ["--use_cpu", "true", "--max_steps", "5", "--enable_jit_checkpoint", "true", "--do_eval", "false"]
+    worker = tmp_path / "worker.py"
+    worker.write_text(SIGTERM_WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    signal_at = {"SIGTERM_METHOD": "training_step", "SIGTERM_RANK": "0", "SIGTERM_STEP": "2",
+                 "SIGTERM_TO": "launcher", "KILL_WAIT": "3", "RECORD_NAME": "stopped"}
+    completed = launch_within(120, tmp_path, worker, str(config_path), *settings, environment=signal_at)
+    ended_at = time.time()
+    output = completed.stdout[-3000:] + completed.stderr[-3000:]
+    stopped = [json.loads((records / f"stopped{r}.json").read_text()) for r in range(2)]
+    launcher = int((records / "launcher").read_text())
+    assert (stopped[0]["launcher"], stopped[0]["parent"]) == (launcher, launcher), output   # not a rank's pid
+    assert [r["signalled"] for r in stopped] == [True, False], output
+    signalled_at = stopped[0]["signalled_at"]
+    assert [len(r["sigterms_at"]) for r in stopped] == [1, 1], output   # forwarded to each, once
+    assert all(signalled_at < r["sigterms_at"][0] < signalled_at + 5 for r in stopped), output
+    assert [(r["exit"], r["stopped_at"], r["saved_at"]) for r in stopped] == [(143, 3, [3])] * 2, output
+    assert [r["calls_after_the_signal"] for r in stopped] == [0, 0], output
+    assert completed.returncode == 143, output
+    # torchrun's agent logs its SIGKILLs as "Unable to shutdown process P via 15, forcefully exiting via 9"
+    assert "forcefully exiting" not in completed.stderr, output
+    assert completed.stderr.count("error: training was stopped by SIGTERM at step 3 ") == 1, output
+    assert last_complete_checkpoint(output_dir).name == "checkpoint-3"
+    assert sorted(path.name for path in (output_dir / "checkpoint-3").glob("rng_state_*")) == [
+        "rng_state_0.pth", "rng_state_1.pth"]
+    assert ended_at - signalled_at < 20, output   # 5.5 s (of them the 3 s wait) on a shared 2-core machine
+
+    completed = launch_within(120, tmp_path, worker, str(config_path), *settings, "--resume_from_checkpoint", "last",
+                              environment={"RECORD_NAME": "resumed"})
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    resumed = [json.loads((records / f"resumed{r}.json").read_text()) for r in range(2)]
+    assert [r["trained_from"] for r in resumed] == [list(range(3, 5))] * 2
     assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 5
