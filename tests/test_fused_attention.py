@@ -96,6 +96,7 @@ CASES = [
     ("shaw", {}),
     ("shaw", {"use_relative_values": False}),
     ("shaw", {"use_relative_keys": False}),
+    ("shaw", {"use_relative_keys": False, "use_relative_values": False}),   # no term: plain attention
     ("shaw", {"relative_embeddings_shared_across_heads": False}),
     ("shaw", {"max_relative_position": 0}),
     ("shaw", {"max_relative_position": 1}),

@@ -128,7 +128,8 @@ class ShawPositions(PositionScheme):
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
         """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
-        form (`fused_attention`); each computed only when a kernel asks."""
+        form (`fused_attention`); each computed only when a kernel asks. Without either (`use_relative_keys` and
+        `use_relative_values` false) no term: plain attention."""
         key_length = key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
         score_bias = None
@@ -153,7 +154,7 @@ class ShawPositions(PositionScheme):
             value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
                                         consecutive)
         fused = None
-        if consecutive:
+        if consecutive and (score_bias is not None or value_term is not None):
             def fused(query, key, value, scaling, mask, attend):
                 return self.fused_attention(layer_idx, query, key, value, scaling, mask, attend)
         return AttentionTerms(score_bias=score_bias, value_term=value_term, fused_attention=fused)
