@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 
 import pytest
 import torch
 from conftest import run_without_hf_relpos, tiny_model
-from transformers import GenerationConfig
+from transformers import GenerationConfig, LogitsProcessorList
 
 from hf_relpos.model.generation_limits import (
     DEFAULT_NEW_TOKENS,
@@ -391,3 +392,45 @@ def test_a_model_built_in_a_script_caps_by_source_once_the_readme_fields_are_set
         model.generation_config.max_len_a, model.generation_config.max_len_b = 1.0, 50
         model.generation_config.max_new_tokens = 1023
         assert new_lengths(model.generate(input_ids=ids, attention_mask=mask)) == [54, 80]
+
+
+def test_a_capped_generate_leaves_the_models_generation_config_to_a_call_in_another_thread(caplog):
+    """A capped generate leaves the model's generation config alone while it runs: a call in another thread (a
+    server's), started before the capped one ends and ending after it, reads the saved max_length (an uncapped call,
+    max_len_b=None, ends there, where the model-agnostic default of 20 was read), and so does any other reader; the
+    capped call gives no warning that both max_new_tokens and max_length are set."""
+    model = capped_model(ratio=1.0, offset=3, ceiling=60)
+    model.generation_config.max_length = 25
+    config = model.generation_config
+    first_in, second_in, first_done = threading.Event(), threading.Event(), threading.Event()
+    seen, results = [], {}
+
+    def step(entered: threading.Event, wait_for: threading.Event):
+        def processor(input_ids, scores):
+            seen.append(model.generation_config.max_length)
+            if not entered.is_set():
+                entered.set()
+                wait_for.wait(timeout=60)
+            return scores
+        return processor
+
+    def run(name: str, processor, **kwargs) -> None:
+        ids, mask = sources([4, 9])
+        with torch.no_grad():
+            results[name] = new_lengths(model.generate(input_ids=ids, attention_mask=mask,
+                                                       logits_processor=LogitsProcessorList([processor]), **kwargs))
+
+    first = threading.Thread(target=run, args=("capped", step(first_in, second_in)))
+    second = threading.Thread(target=run, args=("uncapped", step(second_in, first_done)),
+                              kwargs={"max_len_b": None, "max_new_tokens": None})
+    with caplog.at_level("WARNING"):
+        first.start()
+        assert first_in.wait(timeout=60)
+        second.start()
+        first.join(timeout=120)
+        first_done.set()
+        second.join(timeout=120)
+    assert results == {"capped": [7, 12], "uncapped": [24, 24]}
+    assert model.generation_config is config and config.max_length == 25
+    assert set(seen) == {25}
+    assert "seem to have been set" not in caplog.text

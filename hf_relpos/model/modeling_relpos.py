@@ -9,6 +9,7 @@ sec. 3).
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import inspect
 import math
@@ -136,6 +137,11 @@ def runs_on_relpos_kernel(config: RelPosTransformerConfig) -> bool:
     """Whether `config._attn_implementation` is one of hf_relpos' kernels."""
     return is_relpos_kernel(config._attn_implementation)
 
+
+# The model whose generate call in this context (thread, task) cap_by_source_length capped, for
+# _prepare_generated_length; a context variable, as the model's generation config is shared between threads
+SOURCE_CAPPED_CALL: contextvars.ContextVar[PreTrainedModel | None] = contextvars.ContextVar(
+    "SOURCE_CAPPED_CALL", default=None)
 
 KERNEL_ONLY_FIELDS = (("self_attention_window", "null"), ("cross_attention_length_scaling", "false"))
 
@@ -1390,17 +1396,24 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
         capped = cap_by_source_length(self, prompt_length, kwargs)
         set_output_positions(self, kwargs, "decoder_positions", prompt_length, mem_len=0)
-        if not capped or self.generation_config.max_length is None:
+        if not capped:
             return super().generate(**kwargs)
-        # The cap's max_new_tokens already holds the saved max_length (a ceiling of the cap); left in the model's
-        # config, transformers would warn at every call that both are set (Seq2SeqTrainer's evaluation writes
-        # max_length 20 into it, and the model is saved with it).
-        saved, self.generation_config = self.generation_config, copy.deepcopy(self.generation_config)
-        self.generation_config.max_length = None
+        # The cap's max_new_tokens already holds the saved max_length (a ceiling of the cap); transformers would warn
+        # at every call that both are set (Seq2SeqTrainer's evaluation writes max_length 20 into the model's
+        # generation config, and the model is saved with it). Marked for this call's context only
+        # (_prepare_generated_length): the model's generation config, which other threads read, is left alone.
+        token = SOURCE_CAPPED_CALL.set(self)
         try:
             return super().generate(**kwargs)
         finally:
-            self.generation_config = saved
+            SOURCE_CAPPED_CALL.reset(token)
+
+    def _prepare_generated_length(self, generation_config, has_default_max_length, *args, **kwargs):
+        """`GenerationMixin._prepare_generated_length`; in a call that `cap_by_source_length` capped, a saved
+        `max_length` counts as a default, folded into the cap's `max_new_tokens` (no warning that both are set)."""
+        if SOURCE_CAPPED_CALL.get() is self:
+            has_default_max_length = True
+        return super()._prepare_generated_length(generation_config, has_default_max_length, *args, **kwargs)
 
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
