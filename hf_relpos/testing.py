@@ -198,9 +198,9 @@ def check_cached_decoding(name: str, *, config_overrides: Mapping[str, Any] | No
 
 def check_save_load(name: str, *, config_overrides: Mapping[str, Any] | None = None) -> None:
     """A model saved with `save_pretrained` and loaded with `from_pretrained` has the scheme's parameters and buffers
-    (persistent or not) of the saved model and its logits, bit for bit: a scheme whose `init_parameters` overwrites
-    what was loaded, or whose non-persistent buffer only `__init__` fills (left uninitialised while a model loads,
-    docs/extending.md), fails here."""
+    (persistent or not) of the saved model and its logits, bit for bit: a scheme whose `init_parameters` replaces
+    what was loaded with a new tensor (one written in place gets its loaded values back), or whose non-persistent
+    buffer only `__init__` fills (left uninitialised while a model loads, docs/extending.md), fails here."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(2)
         model = tiny_float64_model(name, config_overrides, seed=3)
@@ -228,8 +228,9 @@ def check_save_load(name: str, *, config_overrides: Mapping[str, Any] | None = N
                     difference = math.inf if got is None or got.shape != tensor.shape else max_difference(got, tensor)
                     fail(name, f"save_pretrained / from_pretrained keeps the scheme's {kind} "
                                f"model.{stack}.positions.{tensor_name}", difference,
-                         " (a loaded model gets what was saved: init_parameters must not overwrite it, and a "
-                         "non-persistent buffer gets its values in init_parameters, which runs while a model loads)")
+                         " (a loaded model gets what was saved: init_parameters must not replace it with a new "
+                         "tensor, and a non-persistent buffer gets its values in init_parameters, which runs while a "
+                         "model loads)")
     with torch.no_grad():
         got = loaded(**inputs).logits
     difference = max_difference(got, expected)

@@ -72,9 +72,10 @@ class CacheIgnoresPastPositions(PositionScheme):
                                                      torch.promote_types(context.dtype, torch.float32))[None])
 
 
-class InitOverwritesLoadedBuffer(PositionScheme):
-    """Per-head slopes in a persistent buffer that init_parameters draws, and a non-persistent scale it computes; as
-    init_parameters runs while a model loads (for the scale), it draws the loaded slopes afresh."""
+class InitReplacesLoadedBuffer(PositionScheme):
+    """Per-head slopes in a persistent buffer that init_parameters draws as a new tensor, and a non-persistent scale
+    it computes; as init_parameters runs while a model loads (for the scale), it replaces the loaded slopes with a
+    fresh draw (a loaded tensor written in place keeps its values: the model restores them)."""
 
     def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
@@ -82,8 +83,8 @@ class InitOverwritesLoadedBuffer(PositionScheme):
         self.register_buffer("scale", torch.zeros(()), persistent=False)
 
     def init_parameters(self, std):
+        self.slopes = torch.rand(self.num_heads) + 0.1
         with torch.no_grad():
-            self.slopes.copy_(torch.rand(self.num_heads) + 0.1)
             self.scale.fill_(0.5)
 
     def terms(self, layer_idx, query, key, context):
@@ -91,7 +92,7 @@ class InitOverwritesLoadedBuffer(PositionScheme):
         return AttentionTerms(score_bias=(self.scale * self.slopes[:, None, None] * bias).to(query.dtype)[None])
 
 
-class InitReplacesLoadedParameter(InitOverwritesLoadedBuffer):
+class InitReplacesLoadedParameter(InitReplacesLoadedBuffer):
     """The slopes as a parameter that init_parameters replaces (a new nn.Parameter, not the loaded one)."""
 
     def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
@@ -147,7 +148,7 @@ def test_a_users_scheme_with_a_score_mod_that_agrees_passes(registered):
 @pytest.mark.parametrize(("scheme_class", "prop"), [
     (SignFlippedScoreMod, "kernels agree: flex_attention and eager give different logits"),
     (CacheIgnoresPastPositions, "cached decoding equals the full forward: step 3 (eager)"),
-    (InitOverwritesLoadedBuffer, "save_pretrained / from_pretrained keeps the scheme's buffer "
+    (InitReplacesLoadedBuffer, "save_pretrained / from_pretrained keeps the scheme's buffer "
                                  "model.encoder.positions.slopes"),
     (InitReplacesLoadedParameter, "save_pretrained / from_pretrained keeps the scheme's parameter "
                                   "model.encoder.positions.slopes"),

@@ -95,6 +95,41 @@ def test_loading_keeps_a_schemes_loaded_parameters_where_its_init_writes_in_plac
         assert torch.equal(reloaded(input_ids=input_ids, decoder_input_ids=input_ids).logits, expected)
 
 
+def test_loading_keeps_a_schemes_loaded_persistent_buffer_where_its_init_draws_it_in_place(tmp_path, registry_before):
+    """A scheme initialised again while the model loads (it has a non-persistent buffer) whose persistent buffer, a
+    table drawn at random in `init_parameters` and saved with the model, is written in place there: from_pretrained
+    gives the saved table back, where it gave a new draw (and other logits)."""
+
+    @register_position_scheme("test_drawn_table")
+    class DrawnTable(LearnedAlibi):
+        def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+            super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+            self.register_buffer("table", torch.empty(num_heads))
+            self.register_buffer("scale", torch.empty(num_heads), persistent=False)
+
+        def init_parameters(self, std):
+            super().init_parameters(std)
+            with torch.no_grad():
+                self.table.copy_(torch.rand(self.table.shape) + 0.5)
+                self.scale.fill_(2.0)
+
+        def terms(self, layer_idx, query, key, context):
+            terms = super().terms(layer_idx, query, key, context)
+            return AttentionTerms(score_bias=(self.scale * self.table)[:, None, None] * terms.score_bias)
+
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(
+        tiny_config("test_drawn_table", test_alibi_exponent=1)).eval()
+    model.save_pretrained(tmp_path)
+    reloaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    for stack in ("encoder", "decoder"):
+        assert torch.equal(getattr(reloaded.model, stack).positions.table,
+                           getattr(model.model, stack).positions.table), stack
+    input_ids = torch.randint(4, 40, (2, 6))
+    with torch.no_grad():
+        expected = model(input_ids=input_ids, decoder_input_ids=input_ids).logits
+        assert torch.equal(reloaded(input_ids=input_ids, decoder_input_ids=input_ids).logits, expected)
+
+
 def test_a_registered_schemes_config_field_has_its_default_validation_and_a_place_in_config_json(tmp_path):
     config = tiny_config("test_alibi", test_alibi_exponent=2)
     assert tiny_config("test_alibi").test_alibi_exponent == 1

@@ -1127,14 +1127,14 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
             super()._init_weights(module)
         if isinstance(module, PositionScheme):
             # While a model loads, a scheme with a weight the checkpoint lacks or a non-persistent buffer (which
-            # transformers leaves uninitialised) is initialised too: its parameters that were loaded keep their
-            # values, also where init_parameters writes in place (fill_, copy_) rather than through the guarded
-            # torch.nn.init / transformers.initialization functions
-            loaded = [(parameter, parameter.detach().clone()) for parameter in module.parameters()
-                      if getattr(parameter, "_is_hf_initialized", False)]
+            # transformers leaves uninitialised) is initialised too: its parameters and persistent buffers that were
+            # loaded keep their values, also where init_parameters writes in place (fill_, copy_) rather than
+            # through the guarded torch.nn.init / transformers.initialization functions
+            loaded = [(tensor, tensor.detach().clone()) for tensor in (*module.parameters(), *module.buffers())
+                      if getattr(tensor, "_is_hf_initialized", False)]
             module.init_parameters(self.config.init_std)
-            for parameter, value in loaded:
-                parameter.copy_(value)
+            for tensor, value in loaded:
+                tensor.copy_(value)
         if isinstance(getattr(module, "final_logits_bias", None), torch.Tensor):
             init.zeros_(module.final_logits_bias)
 
