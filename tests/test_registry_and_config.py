@@ -347,8 +347,8 @@ def test_a_scheme_not_registered_in_this_process_is_one_error_saying_to_import_i
     """A model saved with a scheme registered from user code, where that code was not imported (a fresh process: the
     scheme taken out of the registry): building its config and loading the model after `import hf_relpos` are one
     error that lists the registered schemes and says to import the module that registers the scheme first."""
-    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2)).save_pretrained(
-        tmp_path)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2))
+    model.save_pretrained(tmp_path)
     monkeypatch.delitem(hf_relpos.POSITION_SCHEMES, "test_alibi")
     expected = (r"^position_scheme must be one of \['absolute', 'alibi', .*'xl'\], got 'test_alibi'\. A scheme "
                 r"registered outside hf_relpos .* imported the module that registers it: import that module before "
@@ -364,8 +364,8 @@ def test_a_scheme_of_ones_own_loaded_through_remote_code_is_one_error_saying_rem
     registered in one's own code with trust_remote_code, where hf_relpos is not installed, is one error that says so
     and what loads it (hf_relpos and the scheme's package imported), not advice to import a module that cannot be
     imported there."""
-    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2)).save_pretrained(
-        tmp_path / "model")
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("test_alibi", test_alibi_exponent=2))
+    model.save_pretrained(tmp_path / "model")
     loaded = run_without_hf_relpos("""
         from transformers import AutoModelForSeq2SeqLM
         try:
@@ -375,8 +375,8 @@ def test_a_scheme_of_ones_own_loaded_through_remote_code_is_one_error_saying_rem
         """, tmp_path)
     assert loaded.returncode == 0, loaded.stderr
     assert "got 'test_alibi'" in loaded.stdout
-    assert ("this is a model's remote code (trust_remote_code), which holds hf_relpos' built-in schemes only, never one "
-            "registered elsewhere: install hf_relpos and the package that registers it") in loaded.stdout
+    assert ("this is a model's remote code (trust_remote_code), which holds hf_relpos' built-in schemes only, never "
+            "one registered elsewhere: install hf_relpos and the package that registers it") in loaded.stdout
     assert "import that module before" not in loaded.stdout
 
 
