@@ -203,8 +203,12 @@ def test_an_unregistered_scheme_is_one_error_saying_to_import_its_module():
 
 def test_the_check_module_imports_no_test_runner():
     """hf_relpos.testing is installed with the package: it imports the standard library, torch, transformers and
-    hf_relpos only (no pytest), at any depth."""
+    hf_relpos' model unit only (no pytest, and none of the training app's dependencies; docs/internals.md), at any
+    depth."""
     from test_layers import PACKAGE, imports_of
 
-    imported = {name.split(".")[0] for _, name, level in imports_of(PACKAGE / "testing.py") if level == 0}
-    assert imported <= {"torch", "transformers", "hf_relpos"} | sys.stdlib_module_names, imported
+    imports = imports_of(PACKAGE / "testing.py")
+    imported = {name.split(".")[0] for _, name, level in imports if level == 0}
+    assert imported <= {"torch", "transformers"} | sys.stdlib_module_names, imported
+    relative = {(level, name.split(".")[0]) for _, name, level in imports if level > 0}
+    assert relative <= {(1, "model")}, relative
