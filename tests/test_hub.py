@@ -491,14 +491,14 @@ def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_the
                                f"{started_in}/data/valid.jsonl", "--model_name_or_path=/scratch/alice/base",
                                "--run_name", "alice's run", "--output_dir", "/scratch/alice/run 1"]),
         train_file=data, validation_file=f"{started_in}/data/valid.jsonl", model_name_or_path="/scratch/alice/base",
-        training_seconds=60.0)
+        training_seconds=60.0, resumed_from="/scratch/alice/run 1/checkpoint-100")
     stored = json.dumps(record.to_json())
     (output_folder / RUN_RECORD_FILE).write_text(stored)
     hub.main(["push", str(output_folder), "me/tiny-shaw"])
     card = fake_hub.commits[0]["files"]["README.md"].decode()
     assert ("Trained as: `python train_translation.py configs/demo.yaml --train_file '<local>/train.jsonl' "
             "--validation_file data/valid.jsonl '--model_name_or_path=<local>/base' --run_name 'alice'\"'\"'s run' "
-            "--output_dir '<local>/run 1'`") in card
+            "--output_dir '<local>/run 1'`, resumed from `<local>/checkpoint-100`") in card
     assert "| `train_file` | <local>/train.jsonl |" in card and "| `validation_file` | data/valid.jsonl |" in card
     assert "| `model_name_or_path` | <local>/base |" in card and "fine-tuned from `<local>/base` on" in card
     assert "Tokenizer: reused from `<local>/base`." in card

@@ -293,8 +293,8 @@ def render_model_card(
         _architecture_section(config),
         _training_section(config, record if recorded else None, recipe_name, without_run_record, recipe_command),
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
-                         unscored=unscored, shows_command=recorded and not without_run_record
-                         and bool(record.trained_as or recipe_command or recipe_name)),
+                         unscored=unscored, shows_command=_training_command(
+                             record if recorded else None, recipe_name, without_run_record, recipe_command) is not None),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
         _limitations_section(config, record),
         _citation_section(config),
@@ -498,22 +498,13 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     # are shown by `shown_command`, relative to that folder or as <local>/NAME); a recipe card names its
     # configs/ file; weights without their run's record name the recipe given for them (any file: no command of ours
     # trains them), and no more
-    resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
     given = None
     if without_run_record:
-        command = None
         given = ("These weights were saved without the record of the run that trained them "
                  f"(`{RUN_RECORD_FILE}`), so how they were trained (command, data read, hardware, time) is not known. "
                  "What follows is the recipe given for them when this card was written"
                  + (f" (`{recipe_name}`)." if recipe_name else "."))
-    elif record.trained_as:
-        shown = shown_command(record.trained_as, record.working_directory)
-        command = f"Trained as: `{_launch_command(record)} {shown}`{resumed}"
-    elif recipe_command:
-        command = f"Command: `{recipe_command}`"
-    else:
-        command = (f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
-                   if recipe_name else None)
+    command = _training_command(record, recipe_name, without_run_record, recipe_command)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
     unread = set() if _on_hub(record) else {   # the data table lists what the run read: no dataset it did not load
@@ -545,6 +536,23 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
         *(["", run_facts] if run_facts else []),
     ]
     return "\n".join(lines)
+
+
+def _training_command(record: RunRecord | None, recipe_name: str | None, without_run_record: bool = False,
+                      recipe_command: str | None = None) -> str | None:
+    """The Training section's command line: how the run was started ("Trained as"), else the command that trains the
+    recipe; None where the card shows none (no record, weights saved without their run's record, an unnamed recipe)."""
+    if record is None or without_run_record:
+        return None
+    if record.trained_as:
+        resumed = (f", resumed from `{shown_path(record.resumed_from, record.working_directory)}`"
+                   if record.resumed_from else "")
+        shown = shown_command(record.trained_as, record.working_directory)
+        return f"Trained as: `{_launch_command(record)} {shown}`{resumed}"
+    if recipe_command:
+        return f"Command: `{recipe_command}`"
+    return (f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
+            if recipe_name else None)
 
 
 def shown_path(value: str, working_directory: str | None = None) -> str:
@@ -638,7 +646,8 @@ def _run_facts(record: RunRecord) -> str:
     if record.hardware:
         facts.append(f"Hardware: {record.hardware}" + (f", {record.devices} process(es)." if record.devices else "."))
     if record.training_seconds is not None:
-        segment = (f" (the segment resumed from `{record.resumed_from}`; the time before it is not recorded)"
+        segment = (f" (the segment resumed from `{shown_path(record.resumed_from, record.working_directory)}`; the "
+                   "time before it is not recorded)"
                    if record.resumed_from else "")
         facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes{segment}.")
     return " ".join(facts)
