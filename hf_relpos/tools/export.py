@@ -59,7 +59,7 @@ from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoi
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name, shown_path, shown_record
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
-from ..publish.records import RUN_RECORD_FILE, training_record
+from ..publish.records import RUN_RECORD_FILE, RunRecord, training_record
 from ..translation.safety import check_new_output_dir
 from ..translation.tokenization import SAVED_TOKENIZER_FILES, has_tokenizer_files
 
@@ -399,7 +399,7 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if run is not None:   # languages and recipe of the run, for its scoring; its local paths as a card shows them
             (staging / RUN_RECORD_FILE).write_text(json.dumps(shown_record(run).to_json(), indent=1) + "\n",
                                                    encoding="utf-8")
-        (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record),
+        (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record, run),
                                            encoding="utf-8")
     return out_dir
 
@@ -442,10 +442,10 @@ def translate_options(config: GenerationConfig) -> dict[str, Any]:
 
 
 def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig, generation: GenerationConfig | None,
-                record: dict[str, Any]) -> str:
-    """README.md of an exported folder: what it is, the decoding it saves, and how to translate with it, through
-    hf-relpos-translate and with CTranslate2 and transformers alone (`FOLDER` standing for its path)."""
-    run = training_record(model_dir)
+                record: dict[str, Any], run: RunRecord | None) -> str:
+    """README.md of an exported folder: what it is, the decoding it saves (`run`: the source folder's run record, for
+    its languages), and how to translate with it, through hf-relpos-translate and with CTranslate2 and transformers
+    alone (`FOLDER` standing for its path)."""
     languages = [run.source_lang, run.target_lang] if run is not None else []
     metadata = {"language": languages, "library_name": "ctranslate2", "license": LICENSE, "pipeline_tag": "translation",
                 "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
