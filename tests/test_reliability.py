@@ -667,6 +667,121 @@ def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, mo
         signal.signal(signal.SIGTERM, previous)
 
 
+# --- a requeued job: the same command at every start ---------------------------------------------------------------
+
+FROM_STEP_0 = "no checkpoint to resume from was found in output_dir"
+
+
+def warnings_of_a_start_from_step_0(capfd: pytest.CaptureFixture[str]) -> list[str]:
+    printed = capfd.readouterr()
+    return [line.split(": ", 1)[1] for line in (printed.out + printed.err).splitlines() if FROM_STEP_0 in line]
+
+
+def test_a_requeued_job_runs_the_same_resume_last_command_at_every_start(tmp_path, corpus, monkeypatch, capfd):
+    """A job that its scheduler requeues (SLURM --requeue) reruns the same command at each start. At its first,
+    output_dir does not exist yet: `--resume_from_checkpoint last` trains from step 0 (it was an error: no
+    checkpoint), with one warning naming output_dir; stopped there by a SIGTERM (enable_jit_checkpoint), the same
+    command resumes from the checkpoint and ends with bitwise the weights, learning rates and losses of an
+    uninterrupted run."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    output_dir = tmp_path / "job"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, **common)), "--resume_from_checkpoint",
+               "last"]
+    capfd.readouterr()
+    with sigterm_in_step_3(monkeypatch), pytest.raises(SystemExit) as exit_info:
+        main(command)
+    assert exit_info.value.code == 143
+    assert warnings_of_a_start_from_step_0(capfd) == [
+        f"resume_from_checkpoint=last: {FROM_STEP_0} {output_dir} (it does not exist yet): training from step 0"]
+    assert last_complete_checkpoint(output_dir) == output_dir / "checkpoint-3"
+    assert run(command)["train"]["train_steps"] == 5
+    assert warnings_of_a_start_from_step_0(capfd) == []
+    assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] == "checkpoint-3"
+    assert_same_weights(tmp_path / "reference", output_dir)
+    assert learning_rate_and_loss_per_step(output_dir) == learning_rate_and_loss_per_step(tmp_path / "reference")
+
+
+def test_resume_last_after_a_kill_in_the_first_checkpoint_save_trains_from_step_0_and_rewrites_it(tmp_path, corpus,
+                                                                                                   capfd):
+    """Killed while writing its first checkpoint (checkpoint-2's weights cut short, no trainer_state.json), a run
+    leaves nothing to resume: `--resume_from_checkpoint true` (as `last`) trains from step 0 with one warning naming
+    the incomplete folder, and its save at step 2 rewrites that folder whole: complete, loading, and holding the
+    uninterrupted run's step-2 weights, as the final model holds its last ones. A rerun without the flag is still
+    refused (it says neither resume nor start again)."""
+    common = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, **common)
+    (tmp_path / "die.py").write_text(DIE_WHILE_WRITING.replace("checkpoint-4", "checkpoint-2"), encoding="utf-8")
+    completed = subprocess.run([sys.executable, str(tmp_path / "die.py"), str(SCRIPT), str(config)],
+                               capture_output=True, text=True, env=SUBPROCESS_ENV, cwd=tmp_path, timeout=180)
+    assert completed.returncode == 137, completed.stdout[-3000:] + completed.stderr[-3000:]
+    partial = output_dir / "checkpoint-2"
+    assert [path.name for path in output_dir.glob("checkpoint-*")] == ["checkpoint-2"]
+    assert (partial / "model.safetensors").is_file() and not is_complete_checkpoint(partial)
+    with pytest.raises(OutputDirError, match="already holds a trained model or checkpoints"):
+        run([str(config)])
+    capfd.readouterr()
+    run([str(config), "--resume_from_checkpoint", "true"])
+    assert warnings_of_a_start_from_step_0(capfd) == [
+        f"resume_from_checkpoint=true: {FROM_STEP_0} {output_dir} (incomplete, their writing cut short: "
+        "checkpoint-2): training from step 0"]
+    assert [path.name for path in output_dir.glob("checkpoint-*") if is_complete_checkpoint(path)] == [
+        "checkpoint-2", "checkpoint-4"]
+    Model.from_pretrained(partial)
+    assert_same_weights(tmp_path / "reference" / "checkpoint-2", partial)
+    assert_same_weights(tmp_path / "reference", output_dir)
+    assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] is None
+
+
+def test_resume_last_takes_up_what_a_run_stopped_before_training_left(tmp_path, corpus, capfd):
+    """A run stopped before its Trainer was built leaves the tokenizer and the prepared data (`prepare_only` stops
+    there), which is also all that the main process of a launch writes before the other processes decide what
+    `last` means: `--resume_from_checkpoint last` trains from step 0 on them (one warning), reusing the tokenizer as a
+    run without the flag does, and records a run from the start."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2)
+    run([str(config), "--prepare_only", "true"])
+    assert (output_dir / "tokenizer.json").is_file() and (output_dir / "prepared_data").is_dir()
+    capfd.readouterr()
+    run([str(config), "--resume_from_checkpoint", "last"])
+    printed = capfd.readouterr()
+    assert "Reusing the tokenizer saved in" in printed.out and "Training a joint BPE tokenizer" not in printed.out
+    assert [line.split(": ", 1)[1] for line in printed.out.splitlines() if FROM_STEP_0 in line] == [
+        f"resume_from_checkpoint=last: {FROM_STEP_0} {output_dir} (it holds none): training from step 0"]
+    record = json.loads((output_dir / "run_record.json").read_text())
+    assert record["resumed_from"] is None and record["trained_as"] == str(config) and record["steps"] == 2
+
+
+def test_resume_last_still_refuses_where_a_run_from_step_0_would_replace_a_model(tmp_path, corpus, capfd):
+    """Without a complete checkpoint, `last` trains from step 0 only where that loses nothing: beside a finished model
+    (saved without checkpoints) it is one error naming the model's files, and nothing is written; a checkpoint named
+    by its path stays strict (a missing folder is an error), and so does `last` in a run that trains nothing."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1)
+    run([str(config)])
+    before = {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()}
+    with pytest.raises(ConfigError) as error:
+        run([str(config), "--resume_from_checkpoint", "last"])
+    assert str(error.value) == (
+        f"resume_from_checkpoint=last: no checkpoint-<step> folder in {output_dir} is complete, and it holds a trained "
+        f"model (model.safetensors, config.json), which a run from step 0 would replace: score it with --do_train "
+        f"false, train on from it with --model_name_or_path {output_dir} (into another output_dir), or train from "
+        "scratch with --overwrite_output_dir true (without --resume_from_checkpoint)")
+    assert {path.name: path.read_bytes() for path in output_dir.iterdir() if path.is_file()} == before
+    with pytest.raises(ConfigError, match=r"resume_from_checkpoint: '.*checkpoint-7' is not a folder"):
+        run([str(config), "--output_dir", str(tmp_path / "new"), "--resume_from_checkpoint",
+             str(tmp_path / "new" / "checkpoint-7")])
+    with pytest.raises(ConfigError, match="no checkpoint-<step> folder in .* is complete$"):
+        run([str(config), "--output_dir", str(tmp_path / "scores"), "--resume_from_checkpoint", "last",
+             "--do_train", "false", "--do_predict", "true", "--model_name_or_path", str(output_dir)])
+    assert not (tmp_path / "new").exists() and not (tmp_path / "scores").exists()
+    assert FROM_STEP_0 not in capfd.readouterr().out
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

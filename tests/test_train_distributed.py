@@ -157,6 +157,28 @@ tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, voca
 examples = token_budget_examples()
 '''
 
+def test_two_processes_given_resume_last_in_a_new_output_dir_both_train_from_step_0(tmp_path):
+    """A requeued job's first start under `accelerate launch`: output_dir does not exist, and with
+    `--resume_from_checkpoint last` every process decides alike to train from step 0 (the main process writing
+    output_dir, its tokenizer and prepared data meanwhile changes nothing in that decision), the warning said once,
+    by the main process, and the run finishes as a run without the flag does."""
+    config_path, output_dir = write_config(tmp_path)
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER, encoding="utf-8")
+    records = tmp_path / "records"
+    records.mkdir()
+    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true", "--resume_from_checkpoint", "last")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    printed = (completed.stdout + completed.stderr).splitlines()
+    assert [line.split(": ", 1)[1] for line in printed if "no checkpoint to resume from" in line] == [
+        f"resume_from_checkpoint=last: no checkpoint to resume from was found in output_dir {output_dir} (it does "
+        "not exist yet): training from step 0"]
+    ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(2)]
+    assert ranks[0]["steps"] > 0 and ranks[0]["steps"] == ranks[1]["steps"] == len(ranks[0]["epoch_batches"])
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert state["global_step"] == ranks[0]["steps"] and (output_dir / "model.safetensors").is_file()
+    assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] is None
+
 def run_token_budget_worker(tmp_path: Path, source: str, name: str) -> dict:
     """Runs a worker of TOKEN_BUDGET_WORKER_START in two gloo processes at label smoothing 0.1; its record
     `name`.json."""

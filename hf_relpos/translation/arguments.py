@@ -257,6 +257,15 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "the new run starts writing. Without it such a folder is refused (or resume with "
                           "resume_from_checkpoint: last)."},
     )
+    resume_from_checkpoint: str | None = field(
+        default=None,
+        metadata={"help": "Continue a run: a checkpoint folder (it must be a complete checkpoint), or last (true "
+                          "alike) for the newest complete checkpoint-<step> in output_dir. Where a training run's "
+                          "output_dir has none, last trains from step 0 with a warning, provided that loses nothing "
+                          "(output_dir does not exist yet, or holds no finished model: only checkpoints cut short, "
+                          "a tokenizer, prepared data), so that a requeued job reruns one command at every start; "
+                          "beside a finished model, or in a run that trains nothing, it is an error."},
+    )
     push_to_hub: bool = field(
         default=False,
         metadata={"help": "After training, evaluation and prediction, push output_dir once (weights, code, tokenizer "

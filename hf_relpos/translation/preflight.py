@@ -97,13 +97,18 @@ def check_kernel_runs_here(kernel: str | None, device: torch.device) -> None:
         raise PreflightError(str(error)) from None
 
 
+def finished_model_files(output_dir: str | os.PathLike) -> list[str]:
+    """The files of a finished model (`FINISHED_MODEL_FILES`) that `output_dir` holds."""
+    folder = Path(output_dir)
+    return [name for name in FINISHED_MODEL_FILES if (folder / name).is_file()] if folder.is_dir() else []
+
+
 def previous_run(output_dir: str | os.PathLike) -> list[str]:
     """What a finished or interrupted training run left in `output_dir`: model files and checkpoint folders."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return []
-    found = [name for name in FINISHED_MODEL_FILES if (folder / name).is_file()]
-    return found + [path.name for path in find_checkpoints(folder)]
+    return finished_model_files(folder) + [path.name for path in find_checkpoints(folder)]
 
 
 def check_rerun(output_dir: str | os.PathLike, overwrite: bool, resuming: bool,

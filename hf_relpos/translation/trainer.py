@@ -53,12 +53,14 @@ from .batching import TokenBudgetBatchSampler
 from .checkpoints import (
     CHECKPOINT_PATTERN,
     TRAINER_STATE_FILE,
+    find_checkpoints,
     is_complete_checkpoint,
     last_complete_checkpoint,
     saved_config,
 )
 from .data import example_lengths, restore_order
 from .metrics import decode_token_ids, generated_lengths, score_translations
+from .preflight import finished_model_files
 from .safety import NonFiniteLossError, TrainingStoppedError
 
 logger = logging.getLogger(__name__)
@@ -792,17 +794,51 @@ def _warn_of_another_batch_order(training_args: TranslationTrainingArguments, re
                            yaml_text(value), yaml_text(recorded[name]), resume_from)
 
 
+def _last_or_none(training_args: TranslationTrainingArguments, setting: str) -> Path | None:
+    """"last"/"true": the newest complete checkpoint of output_dir; in a training run whose output_dir holds none and
+    nothing that a run from step 0 would lose (no finished model: `finished_model_files`; it may not exist yet, or
+    hold only checkpoints whose writing was cut short, or what a run stopped before training leaves, its tokenizer
+    and prepared data, which a fresh run takes up), None, with one warning: the run trains from step 0, so that a
+    requeued job reruns the same command on its first start as on later ones. Where a finished model is there, or
+    the run trains nothing, one error. Under several processes each decides by itself, alike: what the main process
+    may write meanwhile (output_dir, tokenizer, prepared data) changes none of it."""
+    output_dir = training_args.output_dir
+    if (last := last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else None) is not None:
+        return last
+    error = f"resume_from_checkpoint={setting}: no checkpoint-<step> folder in {output_dir} is complete"
+    if not training_args.do_train:
+        raise ConfigError(error)
+    if found := finished_model_files(output_dir):
+        raise ConfigError(f"{error}, and it holds a trained model ({', '.join(found)}), which a run from step 0 would "
+                          f"replace: score it with --do_train false, train on from it with --model_name_or_path "
+                          f"{output_dir} (into another output_dir), or train from scratch with --overwrite_output_dir "
+                          "true (without --resume_from_checkpoint)")
+    if training_args.process_index == 0:
+        if not os.path.isdir(output_dir):
+            found_there = "it does not exist yet"
+        elif incomplete := [path.name for path in find_checkpoints(output_dir)]:
+            found_there = f"incomplete, their writing cut short: {', '.join(incomplete)}"
+        else:
+            found_there = "it holds none"
+        logger.warning("resume_from_checkpoint=%s: no checkpoint to resume from was found in output_dir %s (%s): "
+                       "training from step 0", setting, output_dir, found_there)
+    return None
+
+
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
-    (a checkpoint whose writing was cut short is skipped). A training run refuses a checkpoint that has already
-    trained all the run's steps, or whose evaluations without improvement already reach the run's
-    early_stopping_patience (the Trainer would train on and replace the final model), and warns of each setting that
-    changes the checkpoint run's batch order (`_warn_of_another_batch_order`)."""
+    (a checkpoint whose writing was cut short is skipped; none there: `_last_or_none`). A training run refuses a
+    checkpoint that has already trained all the run's steps, or whose evaluations without improvement already reach
+    the run's early_stopping_patience (the Trainer would train on and replace the final model), and warns of each
+    setting that changes the checkpoint run's batch order (`_warn_of_another_batch_order`)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
         return None
     if resume_from.lower() in ("true", "last"):
-        resume_from = str(_last_complete_checkpoint(training_args.output_dir, resume_from))
+        last = _last_or_none(training_args, resume_from)
+        if last is None:
+            return None
+        resume_from = str(last)
     elif not os.path.isdir(resume_from):
         raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder")
     elif not is_complete_checkpoint(resume_from):

@@ -70,8 +70,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if resume_from is not None and training_args.do_train:
         check_resumed_model_config(model_args, resume_from)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
-    if training_args.do_train:
-        check_rerun(output_dir, overwrite=fresh_run, resuming=resume_from is not None,
+    if training_args.do_train:   # resuming "last" from none: resolve_resume_checkpoint found nothing a run would lose
+        check_rerun(output_dir, overwrite=fresh_run, resuming=training_args.resume_from_checkpoint is not None,
                     starts_from={"model_name_or_path": model_args.model_name_or_path,
                                  "tokenizer_name": model_args.tokenizer_name})
     if not fresh_run:
