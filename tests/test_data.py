@@ -1,10 +1,12 @@
 """Loading parallel text: file formats and schemas, clear schema errors, length filtering, order restoration, and the
 generated demo corpus."""
 
+import bz2
 import gzip
 import io
 import json
 import logging
+import lzma
 import random
 
 import datasets.table
@@ -805,27 +807,128 @@ def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
     path.write_bytes(b"PAR1")
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
+    compressed = write_compressed(tmp_path / "train.gz", "A line.\n")   # compressed, but what format?
+    with pytest.raises(DatasetSchemaError, match=r"train\.gz' must end in one of \['\.csv', '\.json', '\.jsonl', '\.tsv', "
+                                                 r"'\.txt'\], or in one of them and \.gz, \.bz2, \.xz \(compressed\) "
+                                                 r"\(or name the prefix"):
+        read_local_pairs(compressed, "en", "de")
 
 
 
-def test_a_compressed_data_file_or_prefix_is_one_error_naming_the_field_the_files_and_the_supported_forms(tmp_path):
-    """A .gz file, or a prefix whose pair is only there gzipped, was read as a prefix and refused as missing files
-    ('are source_lang and target_lang right?'), the field unnamed."""
-    for name in ("train.jsonl.gz", "train.en.gz", "train.de.gz"):
-        (tmp_path / name).write_bytes(gzip.compress(b"text\n"))
-    supported = r"give a \.jsonl, \.json, \.csv, \.tsv file or the prefix of plain-text files PREFIX\.en \+ PREFIX\.de$"
-    with pytest.raises(ValueError, match=rf"^train_file '.*train\.jsonl\.gz' names compressed file\(s\) \(.*train\.jsonl"
-                                         rf"\.gz\); data files are read uncompressed: decompress first \(gunzip -k .*"
-                                         rf"train\.jsonl\.gz\) and {supported}"):
-        DataArguments(train_file=str(tmp_path / "train.jsonl.gz"))
-    with pytest.raises(ValueError, match=rf"^validation_file '.*train' names compressed file\(s\) \(.*train\.en\.gz, "
-                                         rf".*train\.de\.gz\); .*\(gunzip -k .*train\.en\.gz; gunzip -k .*train\.de\.gz\) "
+def test_a_zstd_or_zip_data_file_or_prefix_is_one_error_naming_the_field_the_files_and_the_supported_forms(tmp_path):
+    """A .zst file (zstandard is no dependency) or a .zip archive, or a prefix whose pair is only there so, was read as
+    a prefix and refused as missing files ('are source_lang and target_lang right?'), the field unnamed."""
+    for name in ("train.jsonl.zst", "train.en.zip", "train.de.zip"):
+        (tmp_path / name).write_bytes(b"\x28\xb5\x2f\xfd" if name.endswith(".zst") else b"PK\x05\x06" + bytes(18))
+    supported = (r"give a \.jsonl, \.json, \.csv, \.tsv file or the prefix of plain-text files PREFIX\.en \+ PREFIX\.de, "
+                 r"uncompressed or compressed with gzip, bzip2 or xz \(\.gz, \.bz2, \.xz\)$")
+    with pytest.raises(ValueError, match=rf"^train_file '.*train\.jsonl\.zst' names compressed file\(s\) \(.*train\."
+                                         rf"jsonl\.zst\) of a kind that is not read \(\.zst, \.zip\): decompress first "
+                                         rf"\(unzstd .*train\.jsonl\.zst\) and {supported}"):
+        DataArguments(train_file=str(tmp_path / "train.jsonl.zst"))
+    with pytest.raises(ValueError, match=rf"^validation_file '.*train' names compressed file\(s\) \(.*train\.en\.zip, "
+                                         rf".*train\.de\.zip\) .*\(unzip .*train\.en\.zip; unzip .*train\.de\.zip\) "
                                          rf"and {supported}"):
         DataArguments(validation_file=str(tmp_path / "train"))
     with pytest.raises(ValueError, match=r"^test_file .* \.tsv, \.txt \(sources only\) file or the prefix"):
         DataArguments(test_file=str(tmp_path / "train"))
-    write_plain(tmp_path / "train", PAIRS)   # the plain pair beside the compressed one is read
+    (tmp_path / "train.en.gz").write_bytes(gzip.compress(b"A line.\n"))   # a side readable otherwise is read so
+    with pytest.raises(ValueError, match=r"names compressed file\(s\) \(.*train\.de\.zip\) of a kind"):
+        DataArguments(train_file=str(tmp_path / "train"))
+    write_plain(tmp_path / "train", PAIRS)   # the plain pair beside the compressed ones is read
     assert DataArguments(train_file=str(tmp_path / "train")).train_file == str(tmp_path / "train")
+
+
+def write_compressed(path, text, suffix=".gz"):
+    compress = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix]
+    path.write_bytes(compress(text.encode("utf-8")))
+    return path
+
+
+def test_a_compressed_plain_text_pair_is_found_by_its_prefix_and_its_line_counts_must_match(tmp_path):
+    """`--train_file data/train` reads train.en.gz + train.de.gz (or one side compressed, the other not); their line
+    counts are checked as those of uncompressed files are, each file named as it is."""
+    prefix = tmp_path / "train"
+    (tmp_path / "train.en.gz").write_bytes(b"".join(gzip.compress(f"{en}\n".encode()) for en, _ in PAIRS))   # 3 members
+    write_compressed(tmp_path / "train.de.xz", "".join(f"{de}\n" for _, de in PAIRS), ".xz")
+    arguments = DataArguments(train_file=str(prefix))
+    loaded = load_parallel_splits(arguments, ("train",), tmp_path / "demo")["train"]
+    assert list(zip(loaded["source"], loaded["target"], strict=True)) == PAIRS
+    assert data_module.existing_data_files(prefix, "en", "de") == [tmp_path / "train.en.gz", tmp_path / "train.de.xz"]
+    write_compressed(tmp_path / "train.de.xz", "Eine kleine Katze.\nGuten Morgen!\n", ".xz")
+    with pytest.raises(DatasetSchemaError, match=r"train\.en\.gz has 3 lines but .*train\.de\.xz has 2; parallel"):
+        read_local_pairs(prefix, "en", "de")
+    (tmp_path / "train.de.xz").unlink()
+    (tmp_path / "train.de").write_text("Eine kleine Katze.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=r"train\.en\.gz has 3 lines but .*train\.de has 1; parallel"):
+        read_local_pairs(prefix, "en", "de")
+
+
+def test_one_compressed_side_of_a_plain_text_pair_is_named_and_a_test_prefix_reads_it_source_only(tmp_path):
+    prefix = tmp_path / "test"
+    (tmp_path / "test.en.bz2").write_bytes(bz2.compress(b"One.\n\n") + bz2.compress(b"Two.\n"))   # 2 streams (pbzip2)
+    with pytest.raises(DatasetSchemaError, match=r"\(.*test\.en \+ .*test\.de: .*test\.de missing\) "
+                                                 r"\(only .*test\.en\.bz2 is there: only a test file may be source-only"):
+        read_local_pairs(prefix, "en", "de")
+    source_only = read_local_pairs(prefix, "en", "de", allow_source_only=True)
+    assert source_only["source"] == ["One.", "", "Two."] and source_only["target"] == [None, None, None]
+    with pytest.raises(DatasetSchemaError, match=r"'.*test\.en\.bz2' is one side of a plain-text pair: give its prefix "
+                                                 r"'.*test' \(read as .*test\.en \+ .*test\.de, or their \.bz2 files\)"):
+        read_local_pairs(tmp_path / "test.en.bz2", "en", "de")
+
+
+def test_a_side_there_uncompressed_is_read_and_one_there_compressed_twice_is_an_error(tmp_path):
+    """`gunzip -k` leaves train.en beside train.en.gz: train.en is read. train.en.gz and train.en.xz without
+    train.en: which to read is no guess to make."""
+    prefix = write_plain(tmp_path / "train", PAIRS)
+    write_compressed(tmp_path / "train.en.gz", "Other text.\n")
+    assert read_local_pairs(prefix, "en", "de")["source"] == [en for en, _ in PAIRS]
+    assert data_module.existing_data_files(prefix, "en", "de") == [tmp_path / "train.en", tmp_path / "train.de"]
+    (tmp_path / "train.en").unlink()
+    write_compressed(tmp_path / "train.en.xz", "Other text.\n", ".xz")
+    for read in (read_local_pairs, data_module.existing_data_files):
+        with pytest.raises(DatasetSchemaError, match=r"^plain-text prefix '.*train': its 'en' side is there compressed "
+                                                     r"twice \(.*train\.en\.gz, .*train\.en\.xz\) and .*train\.en is "
+                                                     r"not; keep the one to read$"):
+            read(prefix, "en", "de")
+
+
+@pytest.mark.parametrize("name", ["train.jsonl.gz", "train.csv.bz2", "train.en.xz"])
+def test_a_compressed_file_that_does_not_decompress_is_one_error_naming_it(tmp_path, name):
+    whole = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[name[name.rindex("."):]](
+        b'en,de\n"a","b"\n' * 50)
+    (tmp_path / name).write_bytes(whole[:-8])   # cut short, as an interrupted download leaves it
+    path = tmp_path / (name if "jsonl" in name or "csv" in name else "train")
+    if name.endswith(".xz"):
+        (tmp_path / "train.de").write_text("b\n" * 50, encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=rf"^{tmp_path / name}: not a whole \.\w+ file, it does not "
+                                                 r"decompress \(\w+: .*\)$"):
+        read_local_pairs(path, "en", "de")
+
+
+def test_a_compressed_training_file_of_sources_only_is_refused_as_the_uncompressed_one(tmp_path):
+    write_compressed(tmp_path / "train.txt.gz", "A line.\n")
+    with pytest.raises(ValueError, match=r"train_file '.*train\.txt\.gz': a \.txt file holds sources only"):
+        DataArguments(train_file=str(tmp_path / "train.txt.gz"))
+    assert read_local_pairs(tmp_path / "train.txt.gz", "en", "de", allow_source_only=True)["source"] == ["A line."]
+
+
+def test_a_local_dataset_folder_of_compressed_files_is_read_by_datasets(tmp_path):
+    """`dataset_name` naming a folder of .jsonl.gz / .jsonl.bz2 / .jsonl.xz files: `datasets` decompresses them by their
+    suffix (its extractors, standard library); the files a split's key hashes are the compressed ones."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    records = "".join(json.dumps({"translation": {"en": en, "de": de}}) + "\n" for en, de in PAIRS)
+    for split, suffix in (("train", ".gz"), ("validation", ".bz2"), ("test", ".xz")):
+        write_compressed(folder / f"{split}.jsonl{suffix}", records, suffix)
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+    loaded = load_parallel_splits(arguments, ("train", "validation", "test"), tmp_path / "demo",
+                                  cache_dir=str(tmp_path / "cache"))
+    for split in ("train", "validation", "test"):
+        assert list(zip(loaded[split]["source"], loaded[split]["target"], strict=True)) == PAIRS, split
+    files = data_module.local_folder_split_files(folder, None, ["train", "validation"], str(tmp_path / "cache"))
+    assert files == {"train": [folder / "train.jsonl.gz"], "validation": [folder / "validation.jsonl.bz2"]}
+
 
 @pytest.mark.parametrize("side", ["en", "de"])
 def test_one_side_of_a_plain_text_pair_is_one_error_naming_its_prefix(tmp_path, side):

@@ -4,10 +4,13 @@ reused by a rerun and by a second process, rebuilt when a file or a setting chan
 
 from __future__ import annotations
 
+import bz2
 import contextlib
 import csv
 import errno
+import gzip
 import json
+import lzma
 import os
 import random
 import re
@@ -39,6 +42,7 @@ from hf_relpos.translation.data import (
     DataArguments,
     DatasetSchemaError,
     has_references,
+    load_parallel_splits,
     read_local_pairs,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
@@ -300,6 +304,101 @@ def test_evaluation_pairs_get_the_token_ids_of_the_code_it_replaced(tmp_path, tr
         for column in ("source", "target", *TOKEN_COLUMNS):
             assert list(new[column]) == list(old[column]), (layout, column)
         assert has_references(new) == (layout == "plain")
+
+
+COMPRESSORS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+
+
+def compressed_copy(files: dict[str, Path], folder: Path, suffix: str) -> dict[str, Path]:
+    """Each of `files` (a plain-text prefix: both its files) compressed with `suffix` into `folder`, by layout."""
+    folder.mkdir()
+    copies = {}
+    for layout, path in files.items():
+        originals = [path] if path.is_file() else [Path(f"{path}.{lang}") for lang in ("en", "de")]
+        for original in originals:
+            (folder / f"{original.name}{suffix}").write_bytes(COMPRESSORS[suffix](original.read_bytes()))
+        copies[layout] = folder / (f"{path.name}{suffix}" if path.is_file() else path.name)
+    return copies
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_file_of_every_layout_gives_the_pairs_and_token_ids_of_the_uncompressed_one(
+        tmp_path, monkeypatch, tricky_tokenizer, suffix):
+    """Each layout (a plain-text prefix, .tsv, .jsonl, .json, .csv, a source-only .txt and .jsonl) compressed, read as
+    a run reads its split's file (`DataArguments`, in chunks shorter than a line, so the decompressed text is cut where
+    the file's is), gives the pairs of the uncompressed file, and tokenized its token ids and length counts; the files
+    its prepared split's key hashes are the compressed ones."""
+    monkeypatch.setattr(data_module, "READ_CHUNK_BYTES", 64)
+    monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
+    files = write_tricky_corpus(tmp_path / "corpus")
+    files["json"] = tmp_path / "corpus" / "pairs.json"
+    files["json"].write_text(json.dumps({"data": [{"en": en, "de": de} for en, de in TRICKY_LINES]}), encoding="utf-8")
+    compressed = compressed_copy(files, tmp_path / "compressed", suffix)
+    for layout, path in files.items():
+        split = "test" if layout in ("txt", "source_jsonl") else "train"
+        prepared = []
+        for data_file in (path, compressed[layout]):
+            arguments = DataArguments(**{f"{split}_file": str(data_file)}, max_source_length=12, max_target_length=10)
+            pairs = load_parallel_splits(arguments, (split,), tmp_path / "demo", workdir=tmp_path / "work")[split]
+            tokenized, report = (tokenize_training_pairs(pairs, tricky_tokenizer, arguments) if split == "train"
+                                 else tokenize_evaluation_pairs(pairs, tricky_tokenizer, arguments, split))
+            prepared.append((columns(pairs), {column: list(tokenized[column]) for column in TOKEN_COLUMNS},
+                             vars(report)))
+        assert prepared[1] == prepared[0], layout
+        assert len(prepared[0][1]["input_ids"]) > 0, layout
+        hashed = data_module.existing_data_files(compressed[layout], "en", "de")
+        assert [item.name for item in hashed] == ([f"plain.en{suffix}", f"plain.de{suffix}"] if layout == "plain"
+                                                  else [compressed[layout].name]), layout
+
+
+def test_a_compressed_corpus_prepares_the_data_of_the_uncompressed_one_and_a_changed_file_prepares_again(
+        tmp_path, monkeypatch, capsys):
+    """train_file train.jsonl.gz and validation_file the prefix of validation.en.xz + validation.de.xz: the run trains
+    the tokenizer and prepares the data (token ids, length counts) of the same corpus uncompressed, budgeting disk for
+    the compressed files' estimated text; a rerun reuses both splits; a changed compressed file prepares its split
+    again."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / "train.jsonl.gz").write_bytes(gzip.compress(corpus["train"].read_bytes()))
+
+    def write_validation(pairs):
+        for lang in ("en", "de"):
+            (packed / f"validation.{lang}.xz").write_bytes(
+                lzma.compress("".join(pair[lang] + "\n" for pair in pairs).encode("utf-8")))
+    validation = [json.loads(line)["translation"] for line in corpus["validation"].read_text("utf-8").splitlines()]
+    write_validation(validation)
+    prepare_only(write_config(tmp_path / "plain.yaml", corpus, tmp_path / "plain", max_steps=1, do_predict=False))
+    config = write_config(tmp_path / "packed.yaml", {**corpus, "train": packed / "train.jsonl.gz",
+                                                     "validation": packed / "validation"},
+                          tmp_path / "out", max_steps=1, do_predict=False)
+    real_preparation, budgets = preparation_module.preparation, []
+    monkeypatch.setattr(preparation_module, "preparation",
+                        lambda folder, text_bytes: budgets.append(text_bytes) or real_preparation(folder, text_bytes))
+    prepare_only(config)
+    packed_bytes = sum(path.stat().st_size for path in packed.iterdir())
+    assert budgets == [preparation_module.TEXT_PER_COMPRESSED_BYTE * packed_bytes]
+    assert ((tmp_path / "out" / "tokenizer.json").read_text("utf-8")
+            == (tmp_path / "plain" / "tokenizer.json").read_text("utf-8")), "the tokenizer learnt from the same text"
+    for split in ("train", "validation"):
+        (plain,), (compressed,) = ((tmp_path / run_dir / PREPARED_FOLDER).glob(f"{split}-*") for run_dir in
+                                   ("plain", "out"))
+        manifests = [json.loads((folder / MANIFEST_FILE).read_text())["report"] for folder in (plain, compressed)]
+        assert manifests[0] == manifests[1] and manifests[0]["total"] > 0, split
+        datasets = [load_from_disk(str(folder / "data")) for folder in (plain, compressed)]
+        assert datasets[0].column_names == datasets[1].column_names, split
+        for column in datasets[0].column_names:
+            assert list(datasets[0][column]) == list(datasets[1][column]), (split, column)
+    capsys.readouterr()
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Reusing the train data" in log and "Reusing the validation data" in log
+    write_validation([validation[1], validation[0], *validation[2:]])   # as many lines, other contents
+    prepare_only(config)
+    log = capsys.readouterr().out
+    assert "Reusing the train data" in log and "Prepared the validation data" in log
+    (changed,) = (tmp_path / "out" / PREPARED_FOLDER).glob("validation-*")
+    assert load_from_disk(str(changed / "data"))["source"][:2] == [validation[1]["en"], validation[0]["en"]]
 
 
 class SlowPathTokenizer:

@@ -4,9 +4,10 @@ tokenization with length filtering or truncation, and source-length ordering for
 Every split is reduced to two text columns, `source` and `target`, before tokenization. Accepted schemas are the WMT one,
 `{"translation": {"en": "...", "de": "..."}}`, flat language columns (`en`, `de`), and plain-text files by prefix as
 fairseq and OpenNMT-py read them: `data/train` names `data/train.en` and `data/train.de`, line i of one the translation
-of line i of the other. A test file may be source-only (a `.txt` file with one source per line, a prefix with only the
-source-language file, or records without the target language): its `target` column is all None, and it is translated
-but not scored.
+of line i of the other. Any data file may be compressed with gzip, bzip2 or xz (`train.tsv.gz`, `data/train.en.gz`):
+it is decompressed while read, by the standard library. A test file may be source-only (a `.txt` file with one source
+per line, a prefix with only the source-language file, or records without the target language): its `target` column is
+all None, and it is translated but not scored.
 
 Line-based files (plain text, `.tsv`, `.txt`) are split at "\n" only (a "\r" before it is dropped), so a line count is
 `wc -l`'s and a stray "\r" or U+2028 inside a sentence cannot shift one side against the other. A `.tsv` file has no
@@ -17,17 +18,22 @@ pairs with an empty side (counted in the log), evaluation keeps them (an empty s
 
 from __future__ import annotations
 
+import bz2
+import contextlib
 import csv
 import glob
+import gzip
 import io
 import itertools
 import json
 import logging
+import lzma
 import os
 import re
 import sys
 import unicodedata
 import uuid
+import zlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,8 +78,15 @@ DEMO_CORPUS_FIELDS = ("demo_train_pairs", "demo_validation_pairs", "demo_test_pa
 # A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
 LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
-# Compressed files are not read (decompress them first, with this command).
-DECOMPRESS_COMMANDS = {".gz": "gunzip -k", ".bz2": "bunzip2 -k", ".xz": "unxz -k", ".zst": "unzstd", ".zip": "unzip"}
+# Compressed data files read as they are, decompressed while read by the standard library (gzip, bzip2, xz; a file of
+# several streams, as `cat a.gz b.gz` or pbzip2 write, is read whole): suffix -> opener of the compressed byte stream.
+COMPRESSIONS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"), ".bz2": lambda raw: bz2.BZ2File(raw, "rb"),
+    ".xz": lambda raw: lzma.LZMAFile(raw, "rb"),
+}
+# Compressed files that are not read (decompress them first, with this command): zstd needs a package that is no
+# dependency (the standard library has none before Python 3.14), and a zip is an archive of files, not one text.
+DECOMPRESS_COMMANDS = {".zst": "unzstd", ".zip": "unzip"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
 # Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
@@ -117,14 +130,17 @@ class DataArguments:
     train_file: str | None = field(
         default=None,
         metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv), or the prefix of two plain-text files, one "
-                          "sentence per line: data/train reads data/train.SOURCE_LANG and data/train.TARGET_LANG."},
+                          "sentence per line: data/train reads data/train.SOURCE_LANG and data/train.TARGET_LANG. A "
+                          "file may be compressed with gzip, bzip2 or xz (train.tsv.gz, data/train.en.gz + "
+                          "data/train.de.gz; .zst and .zip are refused)."},
     )
-    validation_file: str | None = field(default=None, metadata={"help": "Local validation file or plain-text prefix."})
+    validation_file: str | None = field(default=None, metadata={"help": "Local validation file or plain-text prefix "
+                                                                         "(compressed too, as train_file)."})
     test_file: str | None = field(
         default=None,
-        metadata={"help": "Local test file or plain-text prefix; may be source-only (.txt, one sentence per line, a "
-                          "prefix with only the source-language file, or records without the target language): "
-                          "translated into test_hypotheses.txt, not scored."},
+        metadata={"help": "Local test file or plain-text prefix (compressed too, as train_file); may be source-only "
+                          "(.txt, one sentence per line, a prefix with only the source-language file, or records "
+                          "without the target language): translated into test_hypotheses.txt, not scored."},
     )
     validation_split_name: str = field(default="validation", metadata={"help": "Hub split used for evaluation."})
     test_split_name: str = field(default="test", metadata={"help": "Hub split used for prediction."})
@@ -209,11 +225,12 @@ class DataArguments:
             if path is not None and (compressed := compressed_data_files(path, self.source_lang, self.target_lang)):
                 decompress = "; ".join(f"{DECOMPRESS_COMMANDS[file.suffix.lower()]} {file}" for file in compressed)
                 sources_only = ", .txt (sources only)" if name == "test_file" else ""
-                raise ValueError(f"{name} {path!r} names compressed file(s) ({', '.join(map(str, compressed))}); data "
-                                 f"files are read uncompressed: decompress first ({decompress}) and give a .jsonl, .json, "
-                                 f".csv, .tsv{sources_only} file or the prefix of plain-text files "
-                                 f"PREFIX.{self.source_lang} + PREFIX.{self.target_lang}")
-            if path is not None and name != "test_file" and FILE_FORMATS.get(Path(path).suffix.lower()) in SOURCE_ONLY_FORMATS:
+                raise ValueError(f"{name} {path!r} names compressed file(s) ({', '.join(map(str, compressed))}) of a "
+                                 f"kind that is not read ({', '.join(DECOMPRESS_COMMANDS)}): decompress first "
+                                 f"({decompress}) and give a .jsonl, .json, .csv, .tsv{sources_only} file or the prefix "
+                                 f"of plain-text files PREFIX.{self.source_lang} + PREFIX.{self.target_lang}, "
+                                 f"uncompressed or compressed with gzip, bzip2 or xz ({', '.join(COMPRESSIONS)})")
+            if path is not None and name != "test_file" and data_file_format(path) in SOURCE_ONLY_FORMATS:
                 raise ValueError(f"{name} {path!r}: a .txt file holds sources only; training and validation need "
                                  "pairs (.jsonl, .json, .csv, .tsv, or a prefix of plain-text files PREFIX."
                                  f"{self.source_lang} + PREFIX.{self.target_lang})")
@@ -281,11 +298,12 @@ def local_split_files(
 
 
 def existing_data_files(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
-    """The files a data file or a plain-text prefix names, those that exist (what its contents depend on)."""
+    """The files a data file or a plain-text prefix names, those that exist (what its contents depend on): for a
+    prefix, the file each side is read from (`plain_text_side`), compressed or not."""
     path = Path(path)
     if path.is_file():
         return [path]
-    return [candidate for candidate in plain_text_files(path, source_lang, target_lang) if candidate.is_file()]
+    return [side for lang in (source_lang, target_lang) if (side := plain_text_side(path, lang)) is not None]
 
 
 def load_parallel_splits(
@@ -477,22 +495,55 @@ def _text(value: Any) -> str | None:
 
 
 def compressed_data_files(path: str | os.PathLike, source_lang: str, target_lang: str) -> list[Path]:
-    """The compressed files (`DECOMPRESS_COMMANDS`) a data file or plain-text prefix names, which are not read: the
-    path itself (`train.jsonl.gz`), or for a prefix the compressed files of its missing plain-text pair
-    (`train.en.gz` for `train`)."""
+    """The compressed files of a kind that is not read (`DECOMPRESS_COMMANDS`) a data file or plain-text prefix names:
+    the path itself (`train.jsonl.zst`), or for a prefix those of a side that has no file to read otherwise
+    (`train.en.zst` for `train` without `train.en`, `train.en.gz`, ...)."""
     path = Path(path)
     pair = plain_text_files(path, source_lang, target_lang)
     if path.suffix.lower() in DECOMPRESS_COMMANDS and not all(side.is_file() for side in pair):
         return [path]
     if path.is_file():
         return []
-    return [Path(f"{side}{suffix}") for side in pair if not side.is_file() for suffix in DECOMPRESS_COMMANDS
-            if Path(f"{side}{suffix}").is_file()]
+    return [Path(f"{side}{suffix}") for side in pair
+            if not any(Path(f"{side}{readable}").is_file() for readable in ("", *COMPRESSIONS))
+            for suffix in DECOMPRESS_COMMANDS if Path(f"{side}{suffix}").is_file()]
+
+
+def compression_of(path: str | os.PathLike) -> str | None:
+    """The suffix of the compression (`COMPRESSIONS`) a data file is read through, or None for an uncompressed one."""
+    suffix = Path(path).suffix.lower()
+    return suffix if suffix in COMPRESSIONS else None
+
+
+def uncompressed_name(path: Path) -> Path:
+    """`path` without the suffix of the compression it is read through (`train.tsv.gz` -> `train.tsv`)."""
+    return path.with_suffix("") if compression_of(path) else path
+
+
+def data_file_format(path: str | os.PathLike) -> str | None:
+    """The format (`FILE_FORMATS`) a data file's suffix names, before the compression suffix when it has one
+    (`train.tsv.gz` is a .tsv file); None for any other suffix (a plain-text prefix)."""
+    return FILE_FORMATS.get(uncompressed_name(Path(path)).suffix.lower())
 
 
 def plain_text_files(prefix: str | os.PathLike, source_lang: str, target_lang: str) -> tuple[Path, Path]:
-    """The two plain-text files a prefix names, fairseq-style: `data/train` -> `data/train.en`, `data/train.de`."""
+    """The two plain-text files a prefix names, fairseq-style: `data/train` -> `data/train.en`, `data/train.de`
+    (each may be there compressed instead: `plain_text_side`)."""
     return tuple(Path(f"{prefix}.{lang}") for lang in (source_lang, target_lang))
+
+
+def plain_text_side(prefix: str | os.PathLike, lang: str) -> Path | None:
+    """The file one side of a plain-text pair is read from: `prefix.LANG`, else the one of `prefix.LANG.gz`,
+    `.bz2`, `.xz` that exists (`prefix.LANG` is read when it is there too, as `gunzip -k` leaves both); None when
+    there is none. Two compressed files of one side, without the uncompressed one, are an error naming them."""
+    plain = Path(f"{prefix}.{lang}")
+    if plain.is_file():
+        return plain
+    compressed = [Path(f"{plain}{suffix}") for suffix in COMPRESSIONS if Path(f"{plain}{suffix}").is_file()]
+    if len(compressed) > 1:
+        raise DatasetSchemaError(f"plain-text prefix {str(prefix)!r}: its {lang!r} side is there compressed twice "
+                                 f"({', '.join(map(str, compressed))}) and {plain} is not; keep the one to read")
+    return compressed[0] if compressed else None
 
 
 def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
@@ -509,20 +560,21 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
     source-language file, or a file whose records all lack the target language is read with a `target` column of
     None."""
     path = Path(path)
-    file_format = FILE_FORMATS.get(path.suffix.lower())
+    file_format = data_file_format(path)
     sink = _ArrowSink(workdir, path.name)
     if not path.is_file():
         if file_format is not None:
             raise DatasetSchemaError(f"data file {str(path)!r} does not exist")
         return _read_plain_text_pair(path, source_lang, target_lang, allow_source_only, sink)
-    if file_format is None and path.suffix in (f".{source_lang}", f".{target_lang}"):
-        prefix = path.with_suffix("")
+    if file_format is None and uncompressed_name(path).suffix in (f".{source_lang}", f".{target_lang}"):
+        prefix = uncompressed_name(path).with_suffix("")
+        compressed = f", or their {compression_of(path)} files" if compression_of(path) else ""
         raise DatasetSchemaError(f"data file {str(path)!r} is one side of a plain-text pair: give its prefix "
-                                 f"{str(prefix)!r} (read as {prefix}.{source_lang} + {prefix}.{target_lang})")
+                                 f"{str(prefix)!r} (read as {prefix}.{source_lang} + {prefix}.{target_lang}{compressed})")
     if file_format is None:
-        raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)} (or name the "
-                                 f"prefix of plain-text files {str(path)}.{source_lang} + {str(path)}.{target_lang}, "
-                                 "and not be a file itself)")
+        raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}, or in one of "
+                                 f"them and {', '.join(COMPRESSIONS)} (compressed) (or name the prefix of plain-text "
+                                 f"files {str(path)}.{source_lang} + {str(path)}.{target_lang}, and not be a file itself)")
     if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
         raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
     if file_format == "txt":
@@ -668,12 +720,14 @@ def _parse_jsonl_chunk(piece: bytes, lines: pa.Array, source_lang: str,
 def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allow_source_only: bool,
                           sink: _ArrowSink) -> Dataset:
     """`prefix.SOURCE_LANG` and `prefix.TARGET_LANG`, each read into its own column (one error when their line counts
-    differ); with `allow_source_only`, the source file alone when the target file does not exist."""
-    source_path, target_path = plain_text_files(prefix, source_lang, target_lang)
-    missing = [str(candidate) for candidate in (source_path, target_path) if not candidate.is_file()]
-    if missing == [str(target_path)] and allow_source_only:
+    differ); with `allow_source_only`, the source file alone when the target file does not exist. Either file may be
+    there compressed instead (`plain_text_side`)."""
+    source_name, target_name = plain_text_files(prefix, source_lang, target_lang)
+    source_path, target_path = (plain_text_side(prefix, lang) for lang in (source_lang, target_lang))
+    missing = [str(name) for name, path in ((source_name, source_path), (target_name, target_path)) if path is None]
+    if missing == [str(target_name)] and allow_source_only:
         return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))}, with_null_target=True)
-    if missing == [str(target_path)]:   # the source alone: not a language mix-up, a split that needs references
+    if missing == [str(target_name)]:   # the source alone: not a language mix-up, a split that needs references
         found = (f" (only {source_path} is there: only a test file may be source-only, translated and not scored; "
                  f"a training or validation file needs its .{target_lang} side too)")
     elif missing:
@@ -684,8 +738,9 @@ def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allo
     if missing:
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
-            f"({source_path} + {target_path}: {' and '.join(missing)} missing){found}; give a "
-            f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist")
+            f"({source_name} + {target_name}: {' and '.join(missing)} missing){found}; give a "
+            f"{'/'.join(sorted(FILE_FORMATS))} file or a prefix whose .{source_lang} and .{target_lang} files exist "
+            f"(uncompressed, or compressed: {', '.join(COMPRESSIONS)})")
     sources = sink.dataset({"source": (lines for _, lines, _ in _line_chunks(source_path))})
     targets = sink.dataset({"target": (lines for _, lines, _ in _line_chunks(target_path))})
     if len(sources) != len(targets):
@@ -729,19 +784,38 @@ class _ArrowSink:
         return Dataset.from_file(str(path))
 
 
+@contextlib.contextmanager
+def _opened(path: Path) -> Iterator[tuple[BinaryIO, BinaryIO]]:
+    """(the bytes of the text, the file's own bytes) of a data file: a compressed one (`COMPRESSIONS`) decompressed as
+    it is read, the file's own position telling how much of it is read (a progress bar). A compressed file that does
+    not decompress (corrupt, cut short, not of its suffix's kind) is one error naming it."""
+    compression = compression_of(path)
+    with open(path, "rb") as raw:
+        if compression is None:
+            yield raw, raw
+            return
+        try:
+            with COMPRESSIONS[compression](raw) as handle:
+                yield handle, raw
+        except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
+            raise DatasetSchemaError(f"{path}: not a whole {compression} file, it does not decompress "
+                                     f"({type(error).__name__}: {error})") from None
+
+
 def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
-    """(number of the first line, the lines, their bytes) of a UTF-8 text file, `READ_CHUNK_BYTES` at a time: lines
-    without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them (a final "\n" ends the last line, it
-    starts none); a byte order mark at the start is dropped; the first line that is not UTF-8 is an error naming it."""
+    """(number of the first line, the lines, their bytes) of a UTF-8 text file (decompressed when it is compressed),
+    `READ_CHUNK_BYTES` at a time: lines without their "\n" (or "\r\n"), split at "\n" only, as `wc -l` counts them (a
+    final "\n" ends the last line, it starts none); a byte order mark at the start is dropped; the first line that is
+    not UTF-8 is an error naming it."""
     first_line = 1
     carry = b""
     size = path.stat().st_size
-    with open(path, "rb") as handle, tqdm(total=size, unit="B", unit_scale=True, desc=f"Reading {path.name}",
-                                          disable=size < PROGRESS_MIN_BYTES) as progress:
+    with _opened(path) as (handle, raw), tqdm(total=size, unit="B", unit_scale=True, desc=f"Reading {path.name}",
+                                                disable=size < PROGRESS_MIN_BYTES) as progress:
         at_start = True
         while True:
             block = handle.read(READ_CHUNK_BYTES)
-            progress.update(len(block))
+            progress.update(raw.tell() - progress.n)
             data = carry + block
             if at_start:
                 data, at_start = _without_byte_order_mark(data), False
@@ -814,9 +888,9 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
     """(location, record) for each example of a .json/.csv file; location is "file:line" (or "file: record N" for a
     JSON array)."""
     if file_format == "json":
-        with open(path, encoding="utf-8-sig") as handle:
+        with _opened(path) as (handle, _):
             try:
-                content = json.load(handle)
+                content = json.load(io.TextIOWrapper(handle, encoding="utf-8-sig"))
             except json.JSONDecodeError as error:
                 raise DatasetSchemaError(f"{path}:{error.lineno}: invalid JSON ({error.msg})") from None
         records = content.get("data") if isinstance(content, dict) else content
@@ -825,8 +899,8 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
         for index, record in enumerate(records):
             yield f"{path}: record {index}", record
     else:
-        with open(path, encoding="utf-8-sig", newline="") as handle:
-            reader = csv.reader(handle)
+        with _opened(path) as (handle, _):
+            reader = csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", newline=""))
             header = next(reader, [])
             for row in reader:
                 if not row:  # a blank line
@@ -839,8 +913,8 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
 
 def _csv_header(path: Path) -> list[str]:
     """The column names of a .csv file's first row (none for an empty file)."""
-    with open(path, encoding="utf-8-sig", newline="") as handle:
-        return next(csv.reader(handle), [])
+    with _opened(path) as (handle, _):
+        return next(csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")), [])
 
 
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,

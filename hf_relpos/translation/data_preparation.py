@@ -30,6 +30,7 @@ from .data import (
     PROGRESS_MIN_BYTES,
     DataArguments,
     LengthReport,
+    compression_of,
     example_lengths,
     existing_data_files,
     has_references,
@@ -58,6 +59,10 @@ from .tokenizer_setup import obtain_tokenizer
 from .trainer import EvaluationSet, padding_multiple
 
 logger = logging.getLogger(__name__)
+
+# The text a compressed data file holds, per byte of it, for the disk budget: an estimate (gzip shrinks English prose
+# about 3.5 times, bzip2 and xz about 4.3 times; the repetitive demo corpus 5 to 10 times).
+TEXT_PER_COMPRESSED_BYTE = 4
 
 
 def splits_to_read(training_args: TranslationTrainingArguments) -> tuple[str, ...]:
@@ -127,10 +132,12 @@ class RawSplits:
         return identities
 
     def text_bytes(self, splits: tuple[str, ...]) -> int:
-        """The size of what `splits` are read from: their files, or the loaded Hub splits' Arrow tables."""
+        """The size of what `splits` are read from: their files (a compressed one counted `TEXT_PER_COMPRESSED_BYTE`
+        times its size, the text it holds being unknown until it is read), or the loaded Hub splits' Arrow tables."""
         if self.files is None:
             return sum(self.get(split).data.nbytes for split in splits)
-        return sum(path.stat().st_size for split in splits for path in self.data_files(split))
+        return sum(path.stat().st_size * (TEXT_PER_COMPRESSED_BYTE if compression_of(path) else 1)
+                   for split in splits for path in self.data_files(split))
 
     def prepared_text_bytes(self, splits: tuple[str, ...]) -> int:
         """`text_bytes` of `splits`, the training text counted 1 + k x concatenated_pairs times (a joined pair holds
