@@ -8,6 +8,7 @@ import json
 import logging
 import lzma
 import random
+import sys
 
 import datasets.table
 import numpy as np
@@ -22,6 +23,7 @@ from hf_relpos.translation.data import (
     load_parallel_splits,
     read_local_pairs,
     restore_order,
+    select_rows,
     sort_by_source_length,
     text_line_chunks,
     text_lines,
@@ -306,12 +308,53 @@ def test_a_pair_exactly_at_the_length_limits_is_kept_and_one_token_over_is_filte
 def test_example_lengths_of_a_selected_split_are_picked_by_index_not_gathered_row_by_row(monkeypatch):
     """The training split filtered to the length limits (a `select`) has its token budget checked: `datasets` gathers
     a column of a selected dataset row by row (`Table.fast_gather` of every index), which took 21 s and 2.4 GB of
-    memory for a WMT14-sized split of 4.65M pairs, so example_lengths picks the rows itself."""
+    memory for a WMT14-sized split of 4.65M pairs, so example_lengths picks the rows the package selected
+    (`select_rows`) itself."""
     dataset = Dataset.from_dict({"source_length": [3, 1, 4, 1, 5], "target_length": [2, 7, 1, 8, 2]})
     monkeypatch.setattr(datasets.table.Table, "fast_gather", lambda *_: pytest.fail("gathered row by row"))
-    sources, targets = example_lengths(dataset.select([4, 0, 2]))
+    sources, targets = example_lengths(select_rows(dataset, [4, 0, 2]))
     assert (sources.tolist(), targets.tolist()) == ([5, 3, 4], [2, 2, 1])
     assert [lengths.tolist() for lengths in example_lengths(dataset)] == [[3, 1, 4, 1, 5], [2, 7, 1, 8, 2]]
+
+
+def forbid_private_dataset_attributes_in_the_data_module(monkeypatch):
+    """Reading a private attribute of a `Dataset` (`dataset._indices`, ...) from hf_relpos.translation.data fails the
+    test: such an attribute may change in any release of `datasets`."""
+    original = Dataset.__getattribute__
+
+    def guarded(self, name):
+        if (name.startswith("_") and not name.startswith("__")
+                and sys._getframe(1).f_globals.get("__name__") == data_module.__name__):
+            pytest.fail(f"hf_relpos.translation.data read the private attribute Dataset.{name}")
+        return original(self, name)
+    monkeypatch.setattr(Dataset, "__getattribute__", guarded)
+
+
+def test_the_selections_of_filtering_and_sorting_have_their_lengths_picked_without_a_gather_or_a_private_attribute(
+        tmp_path, tokenizer, monkeypatch):
+    """The training pairs filtered to the length limits, then sorted by source length (a selection of a selection):
+    their lengths are those `datasets` gives row by row, picked from the rows this package selected, with no row
+    gathered and no private attribute of `datasets` read (a `select`ed dataset's `_indices` was). A dataset selected
+    by `datasets` alone is read through its public API: the same lengths, gathered."""
+    pairs = [random_sentence_pair(random.Random(i)) for i in range(60)]
+    dataset = Dataset.from_dict({"source": [en for en, _ in pairs], "target": [de for _, de in pairs]})
+    arguments = DataArguments(max_source_length=9, max_target_length=10)
+    filtered, report = tokenize_training_pairs(dataset, tokenizer, arguments, workdir=tmp_path)
+    assert 0 < report.overlong < len(pairs) - 10, "some pairs filtered, most kept"
+    expected = [np.array(filtered[column]) for column in ("source_length", "target_length")]   # gathered
+    by_hand = [np.array([len(ids) for ids in filtered[column]]) for column in ("input_ids", "labels")]
+    assert all((a == b).all() for a, b in zip(expected, by_hand, strict=True))
+    monkeypatch.setattr(datasets.table.Table, "fast_gather", lambda *_: pytest.fail("gathered row by row"))
+    forbid_private_dataset_attributes_in_the_data_module(monkeypatch)
+    lengths = example_lengths(filtered)
+    assert [column.tolist() for column in lengths] == [column.tolist() for column in expected]
+    ordered, order = sort_by_source_length(filtered)
+    sorted_lengths = example_lengths(ordered)
+    assert [column.tolist() for column in sorted_lengths] == [column[order].tolist() for column in expected]
+    assert sorted_lengths[0].tolist() == sorted(expected[0].tolist(), reverse=True)
+    monkeypatch.undo()
+    elsewhere = filtered.select(order)   # selected by datasets, not by this package: read (gathered) by datasets
+    assert [column.tolist() for column in example_lengths(elsewhere)] == [column.tolist() for column in sorted_lengths]
 
 
 @pytest.mark.parametrize("on_disk", [False, True])
