@@ -6,7 +6,9 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import ntpath
 import os
+import posixpath
 import re
 import shlex
 import shutil
@@ -537,6 +539,68 @@ def test_a_local_dataset_folder_by_an_absolute_path_is_no_hub_dataset_and_its_ca
     card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, {"test": RESULTS["test"]}))
     assert card.data.datasets is None and card.data.eval_results[0].dataset_type == "custom"
     assert "/home/alice" not in str(card) and "~/" not in str(card) and "trained on <local>/de-en" in card.text
+
+
+@pytest.mark.parametrize("local_files", [True, False], ids=["data-files", "dataset-folder"])
+@pytest.mark.parametrize(("started_in", "outside", "join"), [
+    ("/home/alice/hf_relpos", "/mnt/offsite", posixpath.join),
+    ("C:\\Users\\alice\\hf_relpos", "D:\\offsite", ntpath.join),
+], ids=["posix", "windows"])
+def test_a_card_shows_no_absolute_path_of_any_path_bearing_field(started_in, outside, join, local_files):
+    """Every path-bearing field of a run record absolute, under the folder the run was started in and outside it: the
+    card (rendered from `shown_record`, with scores) names none of those folders anywhere (text and metadata), and
+    `shown_record` holds no absolute path either; each field still shows, relative to that folder or as
+    <local>/NAME."""
+    files = {"train_file": join(outside, "train.jsonl"), "validation_file": join(started_in, "data", "valid.jsonl"),
+             "test_file": join(outside, "test.jsonl")} if local_files else {}
+    record = RunRecord(
+        program=join(started_in, "train_translation.py"), working_directory=started_in, devices=1, hardware="CPU: x",
+        trained_as=shlex.join([join(started_in, "configs", "demo.yaml"),
+                               *(word for name, path in files.items() for word in (f"--{name}", path)),
+                               f"--model_name_or_path={join(outside, 'base')}",
+                               "--output_dir", join(outside, "run 1")]),
+        dataset_name=join(outside, "corpora", "de-en"), **files, model_name_or_path=join(outside, "base"),
+        tokenizer_name=join(started_in, "tokenizers", "joint"), resumed_from=join(outside, "run 1", "checkpoint-100"),
+        prepared_from={"train": {"folder": join(outside, "prepared", "train"), "key": "k", "reused": False}},
+        training_seconds=60.0)
+    card = hub.render_model_card(tiny_config("shaw"), record, RESULTS)
+    for folder in (started_in, outside, started_in.replace("\\", "/"), outside.replace("\\", "/")):
+        assert folder not in card
+    assert "alice" not in card and "offsite" not in card
+    shown = json.dumps(hub.shown_record(record).to_json())
+    assert "alice" not in shown and "offsite" not in shown
+    assert "Trained as: `python train_translation.py configs/demo.yaml" in card
+    assert "fine-tuned from `<local>/base` on" in card and "Tokenizer: reused from `tokenizers/joint`." in card
+    assert "resumed from `<local>/checkpoint-100`" in card and "| `model_name_or_path` | <local>/base |" in card
+    if local_files:
+        assert "| `train_file` | <local>/train.jsonl |" in card and "| `validation_file` | data/valid.jsonl |" in card
+        assert "| valid.jsonl, first 1000 pairs |" not in card and "| valid.jsonl (1000 pairs) |" in card
+        assert "| test.jsonl (3003 pairs) |" in card
+    else:
+        assert "on <local>/de-en. It was built" in card and "| `dataset_name` | <local>/de-en |" in card
+
+
+@pytest.mark.parametrize(("dataset", "on_hub"), [
+    ("corpora/de-en", False),                       # a folder of the run's, relative to where it was started
+    ("RUN/corpora/de-en", False),                   # the same folder by its absolute path: shown as corpora/de-en
+    ("/mnt/offsite/corpora/de-en", False),          # a folder outside it: shown as <local>/de-en
+    ("bentrevett/multi30k", True),                  # a Hub id, no folder of that name where the run started
+])
+def test_whether_a_cards_dataset_is_on_the_hub_is_decided_from_the_path_the_run_read(tmp_path, monkeypatch, dataset,
+                                                                                     on_hub):
+    """The card is rendered from `shown_record`, but whether its dataset is a Hub id is decided from the record's
+    real path, resolved from the folder the run was started in, not from the folder the card is written in: a local
+    dataset folder named relatively or absolutely is no Hub dataset, even where its shown name (corpora/de-en,
+    <local>/de-en) could be one."""
+    started_in = tmp_path / "run"
+    (started_in / "corpora" / "de-en").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)   # the card is written elsewhere: corpora/de-en is not here
+    record = RunRecord(dataset_name=dataset.replace("RUN", str(started_in)), working_directory=str(started_in),
+                       source_lang="de", target_lang="en", trained_as="configs/x.yaml")
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), record, {"test": RESULTS["test"]}))
+    assert card.data.datasets == ([dataset] if on_hub else None)
+    assert card.data.eval_results[0].dataset_type == (dataset if on_hub else "custom")
+    assert str(tmp_path) not in str(card) and "offsite/" not in str(card)
 
 
 @pytest.mark.parametrize(("world_size", "use_fsdp", "sharded"), [(2, "true", True), (2, "false", False),

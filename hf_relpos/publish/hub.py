@@ -176,6 +176,7 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
     path = Path(path)
     runs_of_record, report = read_experiment_record(path)
     scheme = record.model.get(SCHEME_FIELD)
+    shown = shown_record(record)   # the labels name its files as its card does
     systems: dict[str, list[RunRecord]] = {}
     for run in runs_of_record:
         if run.role == RECIPE and run.recipe == recipe_name and run.model.get(SCHEME_FIELD, scheme) == scheme:
@@ -188,7 +189,7 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
         for weight in weights:
             for split in ("test", "validation"):
                 per_seed = [run.scores[weight][split] for run in runs]
-                label = _split_title(record, split) + _measured_slice(runs, split) + {
+                label = _split_title(shown, split) + _measured_slice(runs, split) + {
                     "averaged": f", average of the last {first.average_checkpoints} checkpoints",
                     "final": ", final weights", TRAINED_WEIGHTS: ""}.get(weight, f", {weight}")
                 scores.append(MeasuredScores(label, tuple(score.bleu for score in per_seed),
@@ -196,7 +197,7 @@ def measurements_from_record(path: str | os.PathLike, recipe_name: str, record: 
         measurements.append(Measurement(
             record=shown_path(path.as_posix(), str(PACKAGE_CHECKOUT)), title=report[0].removeprefix("# ").strip(),
             setup=" ".join(report[1].split()),
-            trained_as=first.trained_as and shown_command(first.trained_as, first.working_directory),
+            trained_as=shown_record(first).trained_as,
             code=", ".join(sorted({run.source_version or "not recorded" for run in runs})),
             seeds=tuple(run.seed for run in runs), steps=tuple(run.steps for run in runs),
             hardware=first.hardware, devices=first.devices, batch=_update_size(first, record),
@@ -273,16 +274,22 @@ def render_model_card(
     settings and says that how the weights were trained is not known, with no training command, and without scores
     it says none were saved with the weights (never that they were not trained); `recipe_command`: the command that
     trains a recipe card's recipe (default: the repository's `python train_translation.py configs/<recipe_name>.yaml`).
+
+    A card goes to the Hub: every section reads `shown_record(record)`, whose local paths are shown without the
+    machine's folders, never the record as typed; the one fact decided from the real paths, whether the run's data is
+    a Hub dataset (`_on_hub`), is decided before and handed to the sections that need it.
     """
     if isinstance(config, Mapping):
         config = RelPosTransformerConfig.from_dict(dict(config))
     recorded = record is not None
     if not isinstance(record, RunRecord):
         record = RunRecord.from_recipe(record or {})
+    on_hub = _on_hub(record)   # the one fact decided from the real paths, before they are shown
+    record = shown_record(record)   # every section reads the record with its paths shown, never the real one
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
-    metadata = _card_metadata(config, record, results, model_name, recorded)
+    metadata = _card_metadata(config, record, results, model_name, recorded, on_hub)
     # saved weights were trained, whether or not a record says how; a recipe is trained where a run of it is recorded
     trained = without_run_record or (recorded and (bool(results) or record.training_seconds is not None))
     if unscored is None and without_run_record:
@@ -291,7 +298,8 @@ def render_model_card(
         _title_section(config, record if recorded else None, model_name, recipe_name),
         _scheme_section(config),
         _architecture_section(config),
-        _training_section(config, record if recorded else None, recipe_name, without_run_record, recipe_command),
+        _training_section(config, record if recorded else None, on_hub, recipe_name, without_run_record,
+                          recipe_command),
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
                          unscored=unscored, shows_command=_training_command(
                              record if recorded else None, recipe_name, without_run_record, recipe_command) is not None),
@@ -303,12 +311,12 @@ def render_model_card(
 
 
 def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str,
-                   recorded: bool) -> ModelCardData:
-    """The card's YAML metadata; its languages only from a recorded run (a model without one names none)."""
+                   recorded: bool, on_hub: bool) -> ModelCardData:
+    """The card's YAML metadata; its languages only from a recorded run (a model without one names none); a Hub
+    dataset named where the run's data is one (`on_hub`, `_on_hub` of the real record)."""
     scheme = config.position_scheme
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     source, target = record.source_lang, record.target_lang
-    on_hub = _on_hub(record)
     eval_results = []
     for prefix, values in results.items():
         split = RESULT_SPLITS[prefix]
@@ -369,11 +377,13 @@ def _uses_local_files(record: RunRecord) -> bool:
 
 def _on_hub(record: RunRecord) -> bool:
     """Whether the run's data is a Hub dataset: a dataset_name that is neither the demo corpus nor an existing local
-    path (as `load_dataset` reads it: `wmt16` is a Hub id too) nor an absolute one (a folder of the machine that
-    trained it, which the one pushing it may lack), and no local files."""
+    path (as `load_dataset` read it, from the folder the run was started in: `wmt16` is a Hub id too) nor an absolute
+    one (a folder of the machine that trained it, which the one pushing it may lack), and no local files. `record` is
+    the real one, not `shown_record`'s: `<local>/NAME` would pass for a Hub id, and a path shown relative to the
+    run's folder would be looked for in the folder the card is written in."""
     name = record.dataset_name
-    return (name not in (None, "demo") and not os.path.exists(name) and shown_path(name) == name   # not absolute
-            and not _uses_local_files(record))
+    return (name not in (None, "demo") and not os.path.exists(os.path.join(record.working_directory or "", name))
+            and shown_path(name) == name and not _uses_local_files(record))   # shown as it is: not absolute
 
 
 def primary_subtag(code: str) -> str:
@@ -391,8 +401,7 @@ def language_name(code: str) -> str:
 def _dataset_title(record: RunRecord) -> str:
     if _uses_local_files(record):
         return "local parallel files"
-    title = KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
-    return shown_path(title, record.working_directory)   # a local dataset folder by a path that leaks no folders
+    return KNOWN_DATASETS.get(record.dataset_name, {}).get("title", record.dataset_name or "unrecorded data")
 
 
 def _split_title(record: RunRecord, split: str) -> str:
@@ -408,8 +417,7 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
     languages = f"{language_name(record.source_lang)}→{language_name(record.target_lang)} " if record else ""
     trained_on = ""
     if record:   # a fine-tuned model says what it started from, not only what this run trained it on
-        start = (f"fine-tuned from `{shown_path(record.model_name_or_path, record.working_directory)}` on"
-                 if record.model_name_or_path else "trained on")
+        start = f"fine-tuned from `{record.model_name_or_path}` on" if record.model_name_or_path else "trained on"
         trained_on = f", {start} {_dataset_title(record)}"
     origin = f" with the `{recipe_name}` recipe" if recipe_name else ""
     return (
@@ -489,15 +497,17 @@ def _architecture_section(config: RelPosTransformerConfig) -> str:
     return "## Architecture\n\n" + _table(("", "value"), rows)
 
 
-def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, recipe_name: str | None,
-                      without_run_record: bool = False, recipe_command: str | None = None) -> str:
+def _training_section(config: RelPosTransformerConfig, record: RunRecord | None, on_hub: bool,
+                      recipe_name: str | None, without_run_record: bool = False,
+                      recipe_command: str | None = None) -> str:
+    """`record` with its paths shown (`shown_record`), `on_hub` as `_on_hub` decided it from the real one."""
     if record is None:
         return "## Training\n\nThe training recipe was not recorded with this model."
     # a run says how it trained (the program it was started by, its recipe file and flags; not the folder it was
-    # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here, and its absolute paths
-    # are shown by `shown_command`, relative to that folder or as <local>/NAME); a recipe card names its
-    # configs/ file; weights without their run's record name the recipe given for them (any file: no command of ours
-    # trains them), and no more
+    # started in, which run_record.json keeps: a card goes to the Hub, local paths stay here, and `shown_record`
+    # shows its absolute paths relative to that folder or as <local>/NAME); a recipe card names its configs/ file;
+    # weights without their run's record name the recipe given for them (any file: no command of ours trains them),
+    # and no more
     given = None
     if without_run_record:
         given = ("These weights were saved without the record of the run that trained them "
@@ -507,7 +517,7 @@ def _training_section(config: RelPosTransformerConfig, record: RunRecord | None,
     command = _training_command(record, recipe_name, without_run_record, recipe_command)
     source, target = record.source_lang, record.target_lang
     data_fields = RunRecord.recipe_fields(DATA)
-    unread = set() if _on_hub(record) else {   # the data table lists what the run read: no dataset it did not load
+    unread = set() if on_hub else {   # the data table lists what the run read: no dataset it did not load
         "dataset_config_name", *(["dataset_name"] if _uses_local_files(record) else [])}
     if _reuses_tokenizer(record):   # no tokenizer trained: the settings a new one would have asked for (in records
         # written before run_record left them out) do not apply
@@ -545,10 +555,8 @@ def _training_command(record: RunRecord | None, recipe_name: str | None, without
     if record is None or without_run_record:
         return None
     if record.trained_as:
-        resumed = (f", resumed from `{shown_path(record.resumed_from, record.working_directory)}`"
-                   if record.resumed_from else "")
-        shown = shown_command(record.trained_as, record.working_directory)
-        return f"Trained as: `{_launch_command(record)} {shown}`{resumed}"
+        resumed = f", resumed from `{record.resumed_from}`" if record.resumed_from else ""
+        return f"Trained as: `{_launch_command(record)} {record.trained_as}`{resumed}"
     if recipe_command:
         return f"Command: `{recipe_command}`"
     return (f"Command (from the hf_relpos repository): `python train_translation.py configs/{recipe_name}.yaml`"
@@ -599,10 +607,14 @@ def _shown_word(word: str, working_directory: str | None) -> str:
 
 
 def shown_record(record: RunRecord) -> RunRecord:
-    """`record` as a folder meant for sharing holds it (a CTranslate2 export's run_record.json; run_record.json in the
-    run's own folder, the local record, keeps its paths as typed): each local path as a card shows it (`shown_path`:
-    the data files, a model or tokenizer reused, a local dataset, the program, each split's prepared-data folder; the
-    command by `shown_command`), relative to the folder the run was started in, which is left out."""
+    """`record` as a card and a folder meant for sharing hold it (`render_model_card` renders every section from it; a
+    CTranslate2 export's run_record.json; run_record.json in the run's own folder, the local record, keeps its paths
+    as typed): each local path as a card shows it (`shown_path`: the data files, a model or tokenizer reused, a local
+    dataset, the program, the checkpoint resumed from, each split's prepared-data folder; the command by
+    `shown_command`), relative to the folder the run was started in, which is left out. Left as they are: `model`
+    (config fields, no paths), `hub_model_id` (a Hub repository id) and `measurements` (`measurements_from_record`
+    shows their paths against their own bases, the record file against this checkout and each command against its
+    run's folder, which this record does not hold)."""
     where = record.working_directory
     recipe = {name: shown_path(value, where) for name in RunRecord.recipe_fields()
               if isinstance(value := getattr(record, name), str)}
@@ -617,16 +629,15 @@ def shown_record(record: RunRecord) -> RunRecord:
 
 
 def _launch_command(record: RunRecord) -> str:
-    """The command a run was started with, as typed: a script or `-m MODULE` after `python`, a console script by its
-    name (runs recorded without their program were started as train_translation.py). A run of N > 1 processes was
-    started by `accelerate launch` as docs/training.md documents data parallelism: `fsdp.yaml` for a sharded run,
-    else the DDP config of its hardware (`cpu_2proc.yaml` on CPUs, `multi_gpu.yaml` else) with `--num_processes N`,
-    then the program (a console script after `--no_python`); its flags (`--use_cpu true` on CPUs) follow in
-    `trained_as`."""
+    """The command a run was started with, as typed (`record`'s paths as `shown_record` shows them): a script or `-m
+    MODULE` after `python`, a console script by its name (runs recorded without their program were started as
+    train_translation.py). A run of N > 1 processes was started by `accelerate launch` as docs/training.md documents
+    data parallelism: `fsdp.yaml` for a sharded run, else the DDP config of its hardware (`cpu_2proc.yaml` on CPUs,
+    `multi_gpu.yaml` else) with `--num_processes N`, then the program (a console script after `--no_python`); its
+    flags (`--use_cpu true` on CPUs) follow in `trained_as`."""
     program = record.program or "train_translation.py"
-    shown = shown_path(program, record.working_directory)
-    if shown != program:   # a script by an absolute path: as `shown_command` shows the flags' paths, quoted
-        shown = shlex.quote(shown)
+    # a script by its path as a shell reads it (`<local>/train_translation.py` quoted, as `trained_as` quotes its own)
+    shown = program if program.startswith("-m ") else shlex.quote(program)
     if (record.devices or 1) == 1:
         return f"python {shown}" if runs_under_python(program) else shown
     if record.sharded:
@@ -646,8 +657,7 @@ def _run_facts(record: RunRecord) -> str:
     if record.hardware:
         facts.append(f"Hardware: {record.hardware}" + (f", {record.devices} process(es)." if record.devices else "."))
     if record.training_seconds is not None:
-        segment = (f" (the segment resumed from `{shown_path(record.resumed_from, record.working_directory)}`; the "
-                   "time before it is not recorded)"
+        segment = (f" (the segment resumed from `{record.resumed_from}`; the time before it is not recorded)"
                    if record.resumed_from else "")
         facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes{segment}.")
     return " ".join(facts)
@@ -661,8 +671,7 @@ def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> s
     """How the run got its tokenizer; the vocabulary size is the model's (a corpus may give fewer pieces than the
     run's `tokenizer_vocab_size` asked for)."""
     if _reuses_tokenizer(record):
-        reused = shown_path(record.tokenizer_name or record.model_name_or_path, record.working_directory)
-        return f"Tokenizer: reused from `{reused}`."
+        return f"Tokenizer: reused from `{record.tokenizer_name or record.model_name_or_path}`."
     asked = record.tokenizer_vocab_size
     fewer = f" ({asked} asked for)" if asked is not None and asked != config.vocab_size else ""
     return (f"Tokenizer: one joint source+target BPE vocabulary of {config.vocab_size} pieces{fewer} trained "
@@ -670,17 +679,17 @@ def _tokenizer_sentence(config: RelPosTransformerConfig, record: RunRecord) -> s
 
 
 def _record_table(title: str, record: RunRecord, names: Sequence[str]) -> str:
-    rows = [(f"`{name}`", _setting_value(name, getattr(record, name), record.working_directory)) for name in names
+    rows = [(f"`{name}`", _setting_value(name, getattr(record, name))) for name in names
             if getattr(record, name) is not None]
     return f"**{title}**\n\n" + (_table(("setting", "value"), rows) if rows else "(defaults)")
 
 
-def _setting_value(name: str, value: Any, working_directory: str | None = None) -> Any:
+def _setting_value(name: str, value: Any) -> Any:
     """A recorded setting as the card shows it: warmup_steps below 1 is transformers' fraction of the training
-    steps, not a number of steps; a local path (a data file, a saved model) as `shown_path` shows it."""
+    steps, not a number of steps."""
     if name == "warmup_steps" and 0 < value < 1:
         return f"{value:g} (of the training steps)"
-    return shown_path(value, working_directory) if isinstance(value, str) else value
+    return value
 
 
 def _spread(values: Sequence[float], digits: int = 2) -> str:
