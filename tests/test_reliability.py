@@ -28,6 +28,7 @@ from transformers.trainer_callback import CallbackHandler
 
 import hf_relpos
 import hf_relpos.publish.files as files_module
+import hf_relpos.translation.final_model as final_model_module
 import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
 import hf_relpos.translation.training as training_module
@@ -780,6 +781,154 @@ def test_resume_last_still_refuses_where_a_run_from_step_0_would_replace_a_model
              "--do_train", "false", "--do_predict", "true", "--model_name_or_path", str(output_dir)])
     assert not (tmp_path / "new").exists() and not (tmp_path / "scores").exists()
     assert FROM_STEP_0 not in capfd.readouterr().out
+
+
+class Terminated(Exception):
+    """What a SIGTERM raises in the tests below (`sigterm_ends_the_process_in`), in place of ending the process."""
+
+
+@contextlib.contextmanager
+def sigterm_ends_the_process_in(monkeypatch: pytest.MonkeyPatch, target: object, name: str) -> Iterator[None]:
+    """Within the block, a SIGTERM arrives in the first call of `target.<name>` and ends the run at once,
+    as it ends the process after training (the Trainer's SIGTERM handler is gone once training ends): the signal's
+    default action, which would end pytest too, is replaced by `Terminated`."""
+    def terminated(signum, frame):
+        raise Terminated
+
+    def sigterm(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.5)
+        raise AssertionError("the SIGTERM did not end the run")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(target, name, sigterm)
+            with pytest.raises(Terminated):
+                yield
+        assert signal.getsignal(signal.SIGTERM) is terminated, "the Trainer's handler was left in place"
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+# What differs between two runs of one command by its nature: when it ran, and how long its training took (the
+# finishing run records the training time of the run it finishes, whose segment trained). `prepared_from` differs in
+# its "reused" flags alone (compared apart): the finishing run reused the data that the stopped run prepared.
+RUN_DEPENDENT_RECORD_FIELDS = {"date", "training_seconds", "prepared_from"}
+# (the finishing run prepares its model for evaluation, which training prepared in the uninterrupted one: timed too)
+RUN_DEPENDENT_METRICS = {"{prefix}_runtime", "{prefix}_samples_per_second", "{prefix}_steps_per_second",
+                         "{prefix}_model_preparation_time"}
+
+
+def metrics_but_timings(path: Path, prefix: str) -> dict:
+    metrics = json.loads(path.read_text())
+    return {name: value for name, value in metrics.items()
+            if name not in {field.format(prefix=prefix) for field in RUN_DEPENDENT_METRICS}}
+
+
+def card_but_training_time(path: Path) -> str:
+    return re.sub(r"Training time: [0-9.]+ minutes", "Training time: T minutes", path.read_text(encoding="utf-8"))
+
+
+@pytest.mark.parametrize("method", ["predict", "evaluate"])
+@pytest.mark.parametrize("segment", ["first", "resumed", "averaged", "faded"])
+def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(tmp_path, corpus, monkeypatch,
+                                                                                method, segment):
+    """A SIGTERM after the last step (here in the final prediction or evaluation, which on WMT outlast a scheduler's
+    wait) ends the process at once, leaving the final model and its training report without scores, card or record.
+    The requeued job's same command (`--resume_from_checkpoint last`) then finishes the run without training: it
+    scores the final model saved there and writes the record and card that the command run uninterrupted writes, field
+    by field (but the date and the training time, here the stopped run's, whose training segment it records) with
+    the same scores, translations and weights; `resumed_from` names the checkpoint the training segment resumed from
+    (a run that trained from step 0, or one resumed from checkpoint-3 after a SIGTERM in step 3). The model scored is
+    the one saved: the average of the last two checkpoints (`average_checkpoints`), or weights trained to a faded
+    absolute position scale (`fade_absolute_positions`), which comes back with them."""
+    common = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "do_eval": True, "do_predict": True,
+              "enable_jit_checkpoint": True}
+    if segment == "averaged":
+        common |= {"average_checkpoints": 2}
+    elif segment == "faded":
+        common |= {"fade_absolute_positions": 8, "model": {**TINY["model"], "keep_absolute_positions": True}}
+    output_dir, reference = tmp_path / "out", tmp_path / "reference"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, **common)), "--resume_from_checkpoint",
+               "last"]
+
+    def first_segment() -> None:
+        if segment == "resumed":   # stopped by a SIGTERM in step 3: resumed from checkpoint-3
+            with sigterm_in_step_3(monkeypatch), pytest.raises(TrainingStoppedError):
+                run(command)
+
+    first_segment()
+    expected = run(command)
+    output_dir.rename(reference)
+    first_segment()
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, method):
+        run(command)
+    assert not (output_dir / "run_record.json").exists() and not (output_dir / "README.md").exists()
+    assert (output_dir / "model.safetensors").is_file()
+    evaluated = []
+    with monkeypatch.context() as patch:
+        training_steps = steps_at_each_call(patch, "training_step")
+        original_evaluate = TranslationTrainer.evaluate
+        patch.setattr(TranslationTrainer, "evaluate",
+                      lambda self, *args, **kwargs: evaluated.append(1) or original_evaluate(self, *args, **kwargs))
+        finished = run(command)
+    assert training_steps == [] and evaluated == [1], "not trained again; evaluated once, as the run asks"
+
+    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
+    saved = json.loads((output_dir / "train_results.json").read_text())
+    assert finished["train"] == {name: value for name, value in saved.items() if name != "train_resumed_from"}
+    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == 4
+    for prefix in ("eval", "test"):
+        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
+            reference / f"{prefix}_results.json", prefix)
+        assert finished[prefix][f"{prefix}_bleu"] == expected[prefix][f"{prefix}_bleu"]
+        assert finished[prefix][f"{prefix}_chrf"] == expected[prefix][f"{prefix}_chrf"]
+        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
+            reference / f"{prefix}_hypotheses.txt").read_text()
+    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
+    assert record.keys() == uninterrupted.keys()
+    differing = {name for name in record if record[name] != uninterrupted[name]}
+    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
+    assert record["resumed_from"] == ("checkpoint-3" if segment == "resumed" else None) and record["steps"] == 4
+    assert record["prepared_from"].keys() == uninterrupted["prepared_from"].keys() == {"train", "validation", "test"}
+    for split, source in record["prepared_from"].items():
+        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
+    assert record["training_seconds"] == json.loads((output_dir / "train_results.json").read_text())["train_runtime"]
+    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
+    assert_same_weights(reference, output_dir)
+    assert (output_dir / "config.json").read_text() == (reference / "config.json").read_text()
+    if segment == "averaged":
+        assert json.loads((output_dir / "averaged_checkpoints.json").read_text())["checkpoints"] == [
+            "checkpoint-2", "checkpoint-4"]
+    if segment == "faded":
+        assert json.loads((output_dir / "config.json").read_text())["absolute_positions_scale"] == 0.5
+
+
+def test_a_run_ended_while_saving_its_final_model_is_not_finished_by_resume_last(tmp_path, corpus, monkeypatch):
+    """A run ended after its last step, while it saved its final model (or before its training report, which says
+    the model is whole, was written) cannot be finished from it: `--resume_from_checkpoint last` stays one error,
+    saying so and what to do, and changes nothing."""
+    output_dir = tmp_path / "out"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
+                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
+               "--resume_from_checkpoint", "last"]
+    with sigterm_ends_the_process_in(monkeypatch, final_model_module, "move_folder_contents"):
+        run(command)
+    assert last_complete_checkpoint(output_dir) == output_dir / "checkpoint-4"
+    assert not (output_dir / "model.safetensors").exists()
+    before = folder_contents(output_dir)
+    with pytest.raises(ConfigError) as error:
+        run(command)
+    checkpoint = output_dir / "checkpoint-4"
+    assert str(error.value) == (
+        f"resume_from_checkpoint: {str(checkpoint)!r} has already trained max_steps=4 (step 4, epoch "
+        f"{json.loads((checkpoint / TRAINER_STATE_FILE).read_text())['epoch']:g}), and the run's final model or its "
+        f"training report in {output_dir} was not written to the end (no train_results.json and trainer_state.json "
+        "of step 4 there: the run was ended while saving them), so the run cannot be finished from them: train it "
+        "again with --overwrite_output_dir true (without --resume_from_checkpoint), raise max_steps to train on, or "
+        f"score {str(checkpoint)!r} with --do_train false --model_name_or_path {checkpoint} into another output_dir")
+    assert folder_contents(output_dir) == before
 
 
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:

@@ -18,7 +18,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE
-from .checkpoints import average_weights, complete_checkpoints, config_differences
+from .checkpoints import average_weights, complete_checkpoints, config_differences, load_weights
 from .preflight import remove_matching
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
@@ -104,3 +104,27 @@ def save_final_model(trainer: TranslationTrainer, averaged: dict[str, Any] | Non
         for name in (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME):
             (output_dir / name).unlink(missing_ok=True)
         move_folder_contents(staging, output_dir, last=weights)
+
+
+def load_final_model(model: torch.nn.Module, output_dir: str | Path) -> None:
+    """The final model a training run saved into `output_dir` (`save_final_model`: one weights file or shards),
+    loaded into `model`, the model the same run builds before training (same config, kernel and generation
+    settings), with the `absolute_positions_scale` it was saved with (`fade_absolute_positions`, or that of the
+    averaged or best checkpoint): a run that finishes a stopped one (`finished_training`) scores and records the
+    model the stopped run saved. Called before the Trainer is built (so, under FSDP, on the whole model)."""
+    weights = load_weights(output_dir)
+    state = model.state_dict()   # shares storage with the parameters; tied weights are saved once
+    unknown = sorted(weights.keys() - state.keys())
+    if unknown:
+        raise RuntimeError(f"{str(output_dir)!r}: the final model holds tensors this run's model lacks: {unknown[:10]}")
+    with torch.no_grad():
+        for name, tensor in weights.items():
+            if tensor.shape != state[name].shape:
+                raise RuntimeError(f"{str(output_dir)!r}: tensor {name!r} has shape {tuple(tensor.shape)} in the final "
+                                   f"model, {tuple(state[name].shape)} in this run's model")
+            state[name].copy_(tensor)
+    loaded = {state[name].data_ptr() for name in weights}
+    missing = sorted(name for name in state.keys() - weights.keys() if state[name].data_ptr() not in loaded)
+    if missing:
+        raise RuntimeError(f"{str(output_dir)!r}: the final model lacks tensors of this run's model: {missing[:10]}")
+    adopt_saved_absolute_positions_scale(model, output_dir)

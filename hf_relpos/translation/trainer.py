@@ -47,7 +47,7 @@ from transformers.trainer_utils import (
 from ..model.attention_functions import length_multiple
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
-from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE
+from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed, yaml_text
 from .batching import TokenBudgetBatchSampler
 from .checkpoints import (
@@ -691,14 +691,91 @@ def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: P
     )
 
 
-def report_training(trainer: TranslationTrainer, train_result: TrainOutput) -> dict[str, Any]:
+# The key of train_results.json (`report_training`) naming the checkpoint the training segment resumed from (null: it
+# trained from step 0), which a run that finishes a stopped one (`finished_training`) records as it would have.
+RESUMED_FROM_KEY = "train_resumed_from"
+
+
+def report_training(trainer: TranslationTrainer, train_result: TrainOutput,
+                    resumed_from: str | None = None) -> dict[str, Any]:
     """Log and save the training metrics (with the number of training pairs and the optimizer steps taken) and the
-    Trainer's state; returns the metrics."""
+    Trainer's state; returns the metrics. train_results.json also names the checkpoint training resumed from
+    (`RESUMED_FROM_KEY`: its folder name, or null), for `finished_training`; the metrics returned do not."""
     metrics = dict(train_result.metrics, train_samples=len(trainer.train_dataset), train_steps=train_result.global_step)
     trainer.log_metrics("train", metrics)
-    trainer.save_metrics("train", metrics)
+    trainer.save_metrics("train", {**metrics, RESUMED_FROM_KEY: Path(resumed_from).name if resumed_from else None})
     trainer.save_state()
     return metrics
+
+
+@dataclass(frozen=True)
+class FinishedTraining:
+    """A training run whose training has ended but whose record and card were never written (the process was ended
+    in its final evaluation, prediction or record writing: a SIGTERM after the last step ends it at once), as
+    `report_training` saved it: the newest complete checkpoint (which trained all the run's steps), the training
+    metrics, the checkpoint the training segment resumed from (a folder name, or None) and the Trainer's best
+    checkpoint (`load_best_model_at_end`), from output_dir/trainer_state.json."""
+    checkpoint: str
+    metrics: dict[str, Any]
+    resumed_from: str | None
+    best_model_checkpoint: str | None
+
+
+def _saved_training_report(output_dir: str, step: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """train_results.json and trainer_state.json of output_dir, where `report_training` wrote both whole for a run
+    that ended at `step` (the state names that step, the results name the checkpoint resumed from): `save_final_model`
+    removes both before it moves the new final model in, weights last, and `report_training` writes them after, so
+    their presence says the final model is whole. None otherwise (a kill while saving the final model or its report,
+    or a report written by an earlier version without `RESUMED_FROM_KEY`)."""
+    try:
+        metrics = json.loads((Path(output_dir) / RESULTS_FILE.format(prefix="train")).read_text(encoding="utf-8"))
+        state = json.loads((Path(output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(metrics, dict) or not isinstance(state, dict) or state.get("global_step") != step
+            or RESUMED_FROM_KEY not in metrics):
+        return None
+    return metrics, state
+
+
+def _trained_all_steps(training_args: TranslationTrainingArguments, state: dict[str, Any]) -> tuple[str, str, bool]:
+    """The setting that ends the run (max_steps or num_train_epochs), its value, and whether a checkpoint of trainer
+    state `state` has reached it."""
+    step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
+    if training_args.max_steps > 0:
+        return "max_steps", f"{training_args.max_steps}", step >= training_args.max_steps
+    return "num_train_epochs", f"{training_args.num_train_epochs:g}", epoch >= training_args.num_train_epochs
+
+
+def finished_training(training_args: TranslationTrainingArguments) -> FinishedTraining | None:
+    """`resume_from_checkpoint: last/true` in a training run whose training has ended (the newest complete checkpoint
+    trained all its steps) and whose final model and training report were written whole (`_saved_training_report`),
+    without a run record (written last: the run was ended after training, before or while it wrote its record): what
+    is needed to finish it without training (evaluate, predict, record, push), as the same command run uninterrupted
+    would have; None for every other run (`resolve_resume_checkpoint` decides those)."""
+    setting = training_args.resume_from_checkpoint
+    output_dir = training_args.output_dir
+    if (not training_args.do_train or setting is None or setting.lower() not in ("true", "last")
+            or not os.path.isdir(output_dir) or (Path(output_dir) / RUN_RECORD_FILE).exists()):
+        return None
+    checkpoint = last_complete_checkpoint(output_dir)
+    if checkpoint is None:
+        return None
+    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    if not _trained_all_steps(training_args, state)[2]:
+        return None
+    report = _saved_training_report(output_dir, state.get("global_step", 0))
+    if report is None:
+        return None
+    metrics, final_state = report
+    resumed_from = metrics.pop(RESUMED_FROM_KEY)
+    best = final_state.get("best_model_checkpoint")
+    if training_args.process_index == 0:
+        logger.warning("resume_from_checkpoint=%s: the run in output_dir %s finished training (%s, step %d) and saved "
+                       "its final model, but was stopped before it wrote its run record: finishing it without "
+                       "training (evaluation, prediction and record of the final model there)", setting, output_dir,
+                       checkpoint.name, state.get("global_step", 0))
+    return FinishedTraining(str(checkpoint), metrics, resumed_from, best)
 
 
 def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
@@ -825,6 +902,14 @@ def _last_or_none(training_args: TranslationTrainingArguments, setting: str) -> 
     return None
 
 
+def _stopped_while_saving_the_final_model(output_dir: str, checkpoint: str, step: int) -> bool:
+    """Whether output_dir's run, whose newest checkpoint `checkpoint` (output_dir's own) trained all its steps, has
+    no run record and no whole training report of that step (`_saved_training_report`): it was ended after training,
+    before or while it saved its final model and report, which `finished_training` cannot finish."""
+    return (Path(checkpoint).resolve().parent == Path(output_dir).resolve()
+            and not (Path(output_dir) / RUN_RECORD_FILE).exists() and _saved_training_report(output_dir, step) is None)
+
+
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
     (a checkpoint whose writing was cut short is skipped; none there: `_last_or_none`). A training run refuses a
@@ -847,15 +932,19 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
     if training_args.do_train:
         state = json.loads((Path(resume_from) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
         step, epoch = state.get("global_step", 0), state.get("epoch") or 0.0
-        if training_args.max_steps > 0:
-            field, goal, reached = "max_steps", f"{training_args.max_steps}", step >= training_args.max_steps
-        else:
-            field, goal, reached = ("num_train_epochs", f"{training_args.num_train_epochs:g}",
-                                    epoch >= training_args.num_train_epochs)
+        field, goal, reached = _trained_all_steps(training_args, state)
         if reached:
-            raise ConfigError(f"resume_from_checkpoint: {resume_from!r} has already trained {field}={goal} (step "
-                              f"{step}, epoch {epoch:g}): raise {field} to train on, or score the run's model with "
-                              "--do_train false")
+            trained = (f"resume_from_checkpoint: {resume_from!r} has already trained {field}={goal} (step {step}, "
+                       f"epoch {epoch:g})")
+            if _stopped_while_saving_the_final_model(training_args.output_dir, resume_from, step):
+                raise ConfigError(
+                    f"{trained}, and the run's final model or its training report in {training_args.output_dir} was "
+                    f"not written to the end (no {RESULTS_FILE.format(prefix='train')} and {TRAINER_STATE_FILE} of "
+                    f"step {step} there: the run was ended while saving them), so the run cannot be finished from "
+                    f"them: train it again with --overwrite_output_dir true (without --resume_from_checkpoint), raise "
+                    f"{field} to train on, or score {resume_from!r} with --do_train false --model_name_or_path "
+                    f"{resume_from} into another output_dir")
+            raise ConfigError(f"{trained}: raise {field} to train on, or score the run's model with --do_train false")
         patience = training_args.early_stopping_patience
         stale = _evaluations_without_improvement(state)
         if patience is not None and stale >= patience:

@@ -10,11 +10,12 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import PartialState
-from transformers import set_seed
+from transformers import TrainerState, set_seed
 
 from ..publish.hub import HubPushError
 from .arguments import (
@@ -25,10 +26,11 @@ from .arguments import (
     local_main_process,
     parse_arguments,
 )
+from .checkpoints import TRAINER_STATE_FILE
 from .coordination import main_process_first_without_timeout
 from .data import DatasetSchemaError
 from .data_preparation import check_evaluation_lengths, prepare_data, splits_to_read
-from .final_model import average_final_weights, save_final_model
+from .final_model import average_final_weights, load_final_model, save_final_model
 from .model_setup import estimated_weight_bytes, log_model, required_disk_bytes
 from .preflight import (
     PreflightError,
@@ -45,7 +47,13 @@ from .prepared import PreparationError, prepared_store
 from .run_outputs import check_scoring_in_place, record_run, record_scores_in_place
 from .safety import NonFiniteLossError, OutputDirError, TrainingStoppedError, check_output_dir
 from .tokenizer_setup import save_tokenizer
-from .trainer import build_trainer, report_split, report_training, resolve_resume_checkpoint
+from .trainer import (
+    build_trainer,
+    finished_training,
+    report_split,
+    report_training,
+    resolve_resume_checkpoint,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +61,10 @@ logger = logging.getLogger(__name__)
 def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     """Parse, check, prepare, train (average, save), evaluate, predict, record; returns the metrics of each stage run
     ("train", "eval", "test"). Every check that can fail (arguments, environment, output_dir, data, tokenizer, model)
-    runs before anything is written to output_dir."""
+    runs before anything is written to output_dir. A run given `resume_from_checkpoint: last` whose training ended
+    and whose final model was saved, but which was stopped before its record (`finished_training`), is finished
+    without training: the saved final model is evaluated, predicted with and recorded, with the stopped run's
+    training report ("train")."""
     _set_up_logging()
     model_args, data_args, training_args = parse_arguments(argv)
     # hf_relpos.publish.hub pushes once, after scoring, with the rendered card; the Trainer's own pushes would upload
@@ -66,7 +77,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     check_output_dir(output_dir, required_disk_bytes(estimated_weight_bytes(model_args) or 0, training_args))
     if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
         check_output_dir(data_args.prepared_data_dir, setting="prepared_data_dir")
-    resume_from = resolve_resume_checkpoint(training_args)
+    # last/true where training has ended but the run was stopped before its record: finished without training
+    finished = finished_training(training_args)
+    resume_from = finished.checkpoint if finished is not None else resolve_resume_checkpoint(training_args)
     if resume_from is not None and training_args.do_train:
         check_resumed_model_config(model_args, resume_from)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
@@ -100,15 +113,24 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         return {}
 
     log_model(prepared.model, model_args, training_args)
+    if finished is not None:   # the final model, as saved; no SIGTERM checkpoint: nothing is trained
+        load_final_model(prepared.model, output_dir)
+        training_args.enable_jit_checkpoint = False
     trainer = build_trainer(prepared.model, prepared.tokenizer, training_args, prepared.train_dataset,
                             prepared.evaluation_sets, data_args.target_lang)
     results: dict[str, dict[str, Any]] = {}
-    if training_args.do_train:
+    best_checkpoint: str | None = None   # load_best_model_at_end's
+    if finished is not None:   # the Trainer's state where training ended: evaluations log its epoch
+        trainer.state = TrainerState.load_from_json(str(Path(output_dir) / TRAINER_STATE_FILE))
+        results["train"], resume_from = finished.metrics, finished.resumed_from
+        best_checkpoint = finished.best_model_checkpoint
+    elif training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
         averaged = (average_final_weights(trainer, training_args.average_checkpoints)
                     if training_args.average_checkpoints is not None else None)
         save_final_model(trainer, averaged)
-        results["train"] = report_training(trainer, train_result)
+        results["train"] = report_training(trainer, train_result, resume_from)
+        best_checkpoint = trainer.state.best_model_checkpoint
     if training_args.do_eval:
         results["eval"] = report_split(trainer, "eval", trainer.evaluate(metric_key_prefix="eval"))
     if training_args.do_predict:
@@ -116,7 +138,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         results["test"] = report_split(trainer, "test", prediction.metrics)
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
         record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
-                   trainer.state.best_model_checkpoint, prepared.prepared_from)
+                   best_checkpoint, prepared.prepared_from)
     elif training_args.should_save and scores_in_place:
         record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
     return results
