@@ -9,8 +9,12 @@ package is held to the rules a built-in one is:
   gradients (1e-12), with and without padding: a `score_mod` / `fused_attention` (FlexAttention's form) that
   disagrees with the `score_bias` / `value_term` the other kernels read fails here;
 - `check_cached_decoding`: decoding one token at a time with the KV cache gives the logits of the whole forward;
+- `check_causal_lm_decoding`: the same in the causal LM, whose `generate` also gives the same tokens and logits with
+  the cache as without (left-padded prompts);
 - `check_save_load`: `save_pretrained` / `from_pretrained` give the same scheme parameters and buffers and logits;
 - `check_padding_invariance`: a padded batch gives each sequence's real tokens the outputs of that sequence alone;
+- `check_causal_lm_left_padding`: a left-padded batch of prompts gives each prompt's real tokens the causal LM's
+  logits, and its generate the tokens, of that prompt alone;
 - `check_oracle` (with `oracle=`): one self-attention layer equals your naive float64 form of the equation, in the
   encoder, the decoder and a cached step, padded or not, at randomized positions, on every kernel;
 - `check_order_aware`: the encoder tells a sequence from its reversal (skip for a symmetric scheme, as ALiBi's).
@@ -29,6 +33,7 @@ import torch
 from .model.configuration_relpos import RelPosTransformerConfig
 from .model.modeling_relpos import (
     RelPosAttention,
+    RelPosTransformerForCausalLM,
     RelPosTransformerForConditionalGeneration,
     attention_mask_for,
     with_scheme_mask,
@@ -39,6 +44,8 @@ __all__ = [
     "KERNELS",
     "TOLERANCE",
     "check_cached_decoding",
+    "check_causal_lm_decoding",
+    "check_causal_lm_left_padding",
     "check_kernels_agree",
     "check_oracle",
     "check_oracle_case",
@@ -102,6 +109,60 @@ def tiny_float64_model(name: str, config_overrides: Mapping[str, Any] | None = N
     model = model.double().eval()
     model.set_attn_implementation(kernel)
     return model
+
+
+def tiny_float64_causal_lm(name: str, config_overrides: Mapping[str, Any] | None = None, kernel: str = "eager",
+                           seed: int = 0) -> RelPosTransformerForCausalLM:
+    """The causal LM of `tiny_config` (its decoder) in float64 (eval mode), its weights from `seed`."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = RelPosTransformerForCausalLM(tiny_config(name, **dict(config_overrides or {})))
+    model = model.double().eval()
+    model.set_attn_implementation(kernel)
+    return model
+
+
+def left_padded_prompts() -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """Three prompts of lengths 7, 4 and 2 (ids 4..39), left-padded with id 0 as a causal LM's batch is, and their
+    mask."""
+    lengths = [7, 4, 2]
+    generator = torch.Generator().manual_seed(2)
+    input_ids = torch.zeros(len(lengths), max(lengths), dtype=torch.long)
+    attention_mask = torch.zeros_like(input_ids)
+    for row, length in enumerate(lengths):
+        input_ids[row, -length:] = torch.randint(4, 40, (length,), generator=generator)
+        attention_mask[row, -length:] = 1
+    return input_ids, attention_mask, lengths
+
+
+def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
+    """generate's `position_ids` for a padded batch: each token numbered among its row's unpadded tokens (0 at
+    padding)."""
+    return (attention_mask.cumsum(-1) - 1).masked_fill(attention_mask == 0, 0)
+
+
+NEW_TOKENS = 5   # what each check's generate produces (greedy, min_new_tokens too: no row stops early)
+
+
+def generate_greedy(model, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    """`model.generate` (greedy, `NEW_TOKENS` new tokens): the sequences [B, length] and every step's logits
+    [NEW_TOKENS, B, V]."""
+    with torch.no_grad():
+        output = model.generate(**inputs, do_sample=False, num_beams=1, max_new_tokens=NEW_TOKENS,
+                                min_new_tokens=NEW_TOKENS, pad_token_id=model.config.pad_token_id, output_logits=True,
+                                return_dict_in_generate=True)
+    return output.sequences, torch.stack(output.logits)
+
+
+def compare_generations(name: str, prop: str, got: tuple[torch.Tensor, torch.Tensor],
+                        want: tuple[torch.Tensor, torch.Tensor], tolerance: float) -> None:
+    """Two generations, each (tokens, every step's logits stacked), give the same tokens and logits within
+    `tolerance`; else `fail` naming `prop`."""
+    if got[0].shape != want[0].shape or not torch.equal(got[0], want[0]):
+        fail(name, f"{prop}: different tokens {got[0].tolist()} and {want[0].tolist()}", None)
+    difference = max_difference(got[1], want[1])
+    if not difference <= tolerance:
+        fail(name, f"{prop}: the same tokens, with different logits", difference, f" > {tolerance:g}")
 
 
 def padded_sources() -> tuple[torch.Tensor, torch.Tensor, list[int]]:
@@ -404,22 +465,128 @@ def check_order_aware(name: str, *, config_overrides: Mapping[str, Any] | None =
              f" <= {threshold:g} (pass order_aware=False for a scheme symmetric in i - j)")
 
 
+# --- (7) the causal LM -----------------------------------------------------------------------------------------------
+
+def left_padded_sequences() -> tuple[torch.Tensor, torch.Tensor, int]:
+    """`left_padded_prompts` continued by 5 tokens each: ids [3, 12], their mask and the prompts' length (7)."""
+    prompts, prompt_mask, _ = left_padded_prompts()
+    continuation = decoder_inputs(len(prompts), 5)
+    input_ids = torch.cat([prompts, continuation], 1)
+    return input_ids, torch.cat([prompt_mask, torch.ones_like(continuation)], 1), prompts.size(1)
+
+
+def causal_lm_in_steps(model: RelPosTransformerForCausalLM, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                       prompt_length: int, cache: Any = None) -> torch.Tensor:
+    """What generate runs: the prompt, then one token at a time on the KV cache it returns (`cache`: a fixed-size one
+    to fill; None: the dynamic cache), each call given the mask of the cached and new tokens and the new tokens'
+    position_ids (`position_ids_of`). Returns the logits of every token [B, length, V]."""
+    position_ids = position_ids_of(attention_mask)
+    steps, first = [], 0
+    with torch.no_grad():
+        for last in range(prompt_length, input_ids.size(1) + 1):
+            out = model(input_ids=input_ids[:, first:last], attention_mask=attention_mask[:, :last],
+                        position_ids=position_ids[:, first:last], use_cache=True, cache=cache)
+            cache, first, _ = out.cache, last, steps.append(out.logits)
+    return torch.cat(steps, 1)
+
+
+CACHE_HINT = " (a step's query sits at position query_offset, its keys at their cached positions)"
+
+
+def compare_steps(name: str, prop: str, stepped: torch.Tensor, whole: torch.Tensor, attention_mask: torch.Tensor | None,
+                  first_step: int, tolerance: float, hint: str = CACHE_HINT) -> None:
+    """The logits of decoding in steps equal those of the whole forward at every token the mask keeps (all when
+    None); the first `first_step` tokens are one call (a prompt), each later token one step. Else `fail` naming
+    `prop` and the first step that differs."""
+    for position in range(stepped.size(1)):
+        rows = slice(None) if attention_mask is None else attention_mask[:, position].bool()
+        difference = max_difference(stepped[rows, position], whole[rows, position])
+        if not difference <= tolerance:
+            step = (f"the prompt's token {position}" if position < first_step
+                    else f"step {position - first_step + 1} after a prompt of {first_step} tokens" if first_step
+                    else f"step {position}")
+            fail(name, prop.format(step=step), difference, hint)
+
+
+def check_causal_lm_decoding(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                             kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """The causal LM (`RelPosTransformerForCausalLM`, float64), on each kernel, over a left-padded batch of prompts:
+    the prompt, then one token at a time with the KV cache (`cache`, transformers' `past_key_values`), each call
+    given the mask and `position_ids` that generate gives it, gives the logits of the whole forward; and `generate`
+    (greedy) gives the same tokens, and every step's logits within `tolerance`, with the cache as without. A
+    scheme's `embed` gets the position_ids as `positions`: one that counts them from `past_length` (adds it to them)
+    fails here."""
+    model = tiny_float64_causal_lm(name, config_overrides)
+    input_ids, attention_mask, prompt_length = left_padded_sequences()
+    prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    for kernel in kernels:
+        model.set_attn_implementation(kernel)
+        with torch.no_grad():
+            whole = model(input_ids=input_ids, attention_mask=attention_mask,
+                          position_ids=position_ids_of(attention_mask), use_cache=False).logits
+        stepped = causal_lm_in_steps(model, input_ids, attention_mask, prompt_length)
+        compare_steps(name, f"causal LM cached decoding equals the full forward: {{step}} ({kernel}, left-padded "
+                            "prompts) differs from the whole forward's logits", stepped, whole, attention_mask,
+                      prompt_length, tolerance)
+        compare_generations(
+            name, f"causal LM generate gives the same with and without the KV cache (left-padded prompts, {kernel})",
+            generate_greedy(model, input_ids=prompts, attention_mask=prompt_mask, use_cache=True),
+            generate_greedy(model, input_ids=prompts, attention_mask=prompt_mask, use_cache=False), tolerance)
+
+
+def check_causal_lm_left_padding(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                                 kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """The causal LM (float64), on each kernel: in a left-padded batch of prompts, given its attention mask and the
+    `position_ids` generate computes (each token's number among its row's unpadded tokens), each row's real tokens
+    get the logits of the prompt alone; and `generate` (greedy, with the KV cache) gives each row the tokens and
+    logits of its prompt alone. A scheme's `embed` gets those ids as `positions` ([B, n]): one that ignores them
+    encodes a padded prompt's tokens after its padding and fails here."""
+    model = tiny_float64_causal_lm(name, config_overrides)
+    input_ids, attention_mask, lengths = left_padded_prompts()
+    position_ids = position_ids_of(attention_mask)
+    for kernel in kernels:
+        model.set_attn_implementation(kernel)
+        with torch.no_grad():
+            batched = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids).logits
+        generated = generate_greedy(model, input_ids=input_ids, attention_mask=attention_mask)
+        for row, length in enumerate(lengths):
+            if length == input_ids.size(1):
+                continue   # not padded
+            prompt = input_ids[row:row + 1, -length:]
+            with torch.no_grad():
+                alone = model(input_ids=prompt).logits
+            difference = max_difference(batched[row, -length:], alone[0])
+            if not difference <= tolerance:
+                fail(name, f"causal LM left padding: the logits of a prompt of {length} tokens left-padded to "
+                           f"{input_ids.size(1)} differ from those of the prompt alone ({kernel})", difference,
+                     " (embed gets the tokens' position_ids as positions, [B, n])")
+            generated_alone = generate_greedy(model, input_ids=prompt)
+            compare_generations(
+                name, f"causal LM left padding: generate from a prompt of {length} tokens left-padded to "
+                      f"{input_ids.size(1)} differs from generate from the prompt alone ({kernel})",
+                (generated[0][row:row + 1, -(length + NEW_TOKENS):], generated[1][:, row:row + 1]), generated_alone,
+                tolerance)
+
+
 # --- all of them ----------------------------------------------------------------------------------------------------
 
 def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | None = None,
                           oracle: Oracle | None = None, order_aware: bool = True,
                           kernels: Iterable[str] = KERNELS) -> None:
     """Every check of this module for the registered scheme `name` (its module imported first), on tiny float64
-    models on the CPU: kernels agree, cached decoding, save/load, padding invariance, the oracle (when given) and
-    order awareness (when `order_aware`). `config_overrides`: config fields of the tiny model (your scheme's own);
-    `kernels`: those the scheme runs on (flex_attention runs unfused on the CPU). Raises AssertionError naming the
-    scheme, the property and the largest difference at the first check that fails."""
+    models on the CPU: kernels agree, cached decoding, the causal LM's cached decoding, save/load, padding invariance,
+    the causal LM's left padding, the oracle (when given) and order awareness (when `order_aware`).
+    `config_overrides`: config fields of the tiny model (your scheme's own); `kernels`: those the scheme runs on
+    (flex_attention runs unfused on the CPU). Raises AssertionError naming the scheme, the property and the largest
+    difference at the first check that fails."""
     get_scheme_class(name)   # an unregistered name: one error saying to import the module that registers it
     kernels = tuple(kernels)
     check_kernels_agree(name, config_overrides=config_overrides, kernels=kernels)
     check_cached_decoding(name, config_overrides=config_overrides, kernels=kernels)
+    check_causal_lm_decoding(name, config_overrides=config_overrides, kernels=kernels)
     check_save_load(name, config_overrides=config_overrides)
     check_padding_invariance(name, config_overrides=config_overrides, kernels=kernels)
+    check_causal_lm_left_padding(name, config_overrides=config_overrides, kernels=kernels)
     if oracle is not None:
         check_oracle(name, oracle, config_overrides=config_overrides, kernels=kernels)
     if order_aware:

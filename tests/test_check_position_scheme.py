@@ -13,8 +13,12 @@ from test_positions import CASES
 from torch import nn
 
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
-from hf_relpos.model.positions import POSITION_SCHEMES
-from hf_relpos.testing import check_position_scheme, softmax_attention_by_loop
+from hf_relpos.model.positions import POSITION_SCHEMES, add_sinusoids
+from hf_relpos.testing import (
+    check_causal_lm_decoding,
+    check_position_scheme,
+    softmax_attention_by_loop,
+)
 
 pytestmark = pytest.mark.numerics
 
@@ -70,6 +74,24 @@ class CacheIgnoresPastPositions(PositionScheme):
         positions = torch.arange(context.key_length, device=context.device)
         return AttentionTerms(score_bias=signed_bias(self, positions[:context.query_length], positions,
                                                      torch.promote_types(context.dtype, torch.float32))[None])
+
+
+class PositionIdsCountedFromThePast(PositionScheme):
+    """Sinusoids added to the embeddings at `positions` + past_length: the causal LM's position_ids (which generate
+    gives every call, the cached tokens counted) taken as counting from the first new token. Right wherever no
+    position_ids are given (the translation model) or nothing is cached; a decoding step of the causal LM counts
+    its cached tokens twice."""
+
+    def embed(self, inputs_embeds, past_length, positions=None):
+        return add_sinusoids(inputs_embeds, past_length, None if positions is None else positions + past_length)
+
+
+class PositionIdsIgnored(PositionScheme):
+    """Sinusoids at past_length + i whatever the causal LM's position_ids say: a left-padded prompt is encoded after
+    its padding (what the `absolute` scheme did before it took them)."""
+
+    def embed(self, inputs_embeds, past_length, positions=None):
+        return add_sinusoids(inputs_embeds, past_length)
 
 
 class InitReplacesLoadedBuffer(PositionScheme):
@@ -154,7 +176,12 @@ def test_a_users_scheme_with_a_score_mod_that_agrees_passes(registered):
                                   "model.encoder.positions.slopes"),
     (BufferOnlyInInit, "save_pretrained / from_pretrained keeps the scheme's buffer model.encoder.positions.slopes"),
     (EncoderBiasByLength, "padding invariance: the encoder states of a source of 6 tokens padded to 9"),
-], ids=["score_mod", "cache", "init-buffer", "init-parameter", "non-persistent-buffer", "padding"])
+    (PositionIdsCountedFromThePast, "causal LM cached decoding equals the full forward: step 1 after a prompt of 7 "
+                                    "tokens (eager, left-padded prompts)"),
+    (PositionIdsIgnored, "causal LM left padding: the logits of a prompt of 4 tokens left-padded to 7 differ from "
+                         "those of the prompt alone (eager)"),
+], ids=["score_mod", "cache", "init-buffer", "init-parameter", "non-persistent-buffer", "padding",
+        "causal-lm-cache", "causal-lm-left-padding"])
 def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_class, prop):
     name = registered(f"check_broken_{scheme_class.__name__.lower()}", scheme_class)
     with pytest.raises(AssertionError) as error:
@@ -162,6 +189,18 @@ def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_
     message = str(error.value)
     assert message.startswith(f"position scheme {name!r}: {prop}"), message
     assert "max difference" in message
+
+
+def test_a_decoding_step_at_position_0_fails_the_causal_lm_check(registered):
+    """A step's query at 0 instead of at query_offset (the seq2seq check's classic) fails the causal LM's decoding
+    check too, called on its own."""
+    name = registered("check_broken_step_at_0", CacheIgnoresPastPositions)
+    with pytest.raises(AssertionError) as error:
+        check_causal_lm_decoding(name)
+    prop = ("causal LM cached decoding equals the full forward: step 1 after a prompt of 7 tokens (eager, "
+            "left-padded prompts)")
+    assert str(error.value).startswith(f"position scheme {name!r}: {prop}"), str(error.value)
+    assert "max difference" in str(error.value)
 
 
 def test_an_oracle_that_disagrees_fails_the_check_naming_the_oracle():

@@ -10,6 +10,7 @@ from conftest import SCHEMES, run_without_hf_relpos, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_relpos
+from hf_relpos.testing import check_causal_lm_decoding, check_causal_lm_left_padding
 
 SEGMENT = 6
 TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails
@@ -317,6 +318,15 @@ def test_a_left_padded_prompt_is_encoded_as_the_prompt_alone(overrides, use_cach
         alone = model.generate(input_ids=short, **kwargs)
     assert torch.equal(together.sequences[0, 3:], alone.sequences[0])
     assert (torch.stack(together.logits)[:, 0] - torch.stack(alone.logits)[:, 0]).abs().max() < TOLERANCE
+
+
+@pytest.mark.numerics
+def test_the_causal_lm_checks_pass_with_sinusoids_beside_a_relative_scheme():
+    """hf_relpos.testing's causal LM checks, which check_position_scheme runs on every scheme (the absolute one's
+    sinusoids included), with keep_absolute_positions: the model's own sinusoids beside Shaw's attention take generate's
+    position_ids too, on a left-padded prompt (eager and sdpa; flex_attention at the scheme's defaults there)."""
+    for check in (check_causal_lm_decoding, check_causal_lm_left_padding):
+        check("shaw", config_overrides={"keep_absolute_positions": True}, kernels=("eager", "sdpa"))
 
 
 @pytest.mark.numerics
