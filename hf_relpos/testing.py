@@ -11,6 +11,9 @@ package is held to the rules a built-in one is:
 - `check_cached_decoding`: decoding one token at a time with the KV cache gives the logits of the whole forward;
 - `check_causal_lm_decoding`: the same in the causal LM, whose `generate` also gives the same tokens and logits with
   the cache as without (left-padded prompts);
+- `check_static_cache` (for a scheme that declares `takes_fixed_size_cache`): decoding on a fixed-size cache
+  (transformers' StaticCache) gives the whole forward's logits, and `generate(..., cache_implementation="static")`
+  the dynamic cache's tokens and logits, in the translation model and the causal LM;
 - `check_save_load`: `save_pretrained` / `from_pretrained` give the same scheme parameters and buffers and logits;
 - `check_padding_invariance`: a padded batch gives each sequence's real tokens the outputs of that sequence alone;
 - `check_causal_lm_left_padding`: a left-padded batch of prompts gives each prompt's real tokens the causal LM's
@@ -29,7 +32,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
+from .model.attention_functions import FIXED_SIZE_CACHE_KERNELS
 from .model.configuration_relpos import RelPosTransformerConfig
 from .model.modeling_relpos import (
     RelPosAttention,
@@ -53,6 +58,7 @@ __all__ = [
     "check_padding_invariance",
     "check_position_scheme",
     "check_save_load",
+    "check_static_cache",
     "softmax_attention_by_loop",
     "tiny_config",
 ]
@@ -491,6 +497,8 @@ def causal_lm_in_steps(model: RelPosTransformerForCausalLM, input_ids: torch.Ten
 
 
 CACHE_HINT = " (a step's query sits at position query_offset, its keys at their cached positions)"
+FIXED_SIZE_HINT = (" (a step's query sits at position query_offset, a 0-dim tensor on a fixed-size cache, whose keys are "
+                   "all its slots, the unused ones masked)")
 
 
 def compare_steps(name: str, prop: str, stepped: torch.Tensor, whole: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -568,22 +576,78 @@ def check_causal_lm_left_padding(name: str, *, config_overrides: Mapping[str, An
                 tolerance)
 
 
+# --- (8) a fixed-size KV cache --------------------------------------------------------------------------------------
+
+def check_static_cache(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                       kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
+    """A fixed-size KV cache (transformers' `StaticCache`, `generate(..., cache_implementation="static")`), for a
+    scheme that declares it takes one (`takes_fixed_size_cache`), on each of `kernels` that runs with one (eager,
+    sdpa): the decoding step's `query_offset` is then a 0-dim tensor and its keys are all the cache's slots, the
+    unused ones masked. In the translation model (padded source) and in the causal LM, decoding one token at a time
+    on a cache of more slots than tokens gives the logits of the whole forward; and `generate` with
+    cache_implementation "static" gives the tokens, and every step's logits within `tolerance`, of the dynamic
+    cache (padded sources; left-padded prompts). A scheme that places a step's queries at the last keys
+    (key_length - n) instead of at `query_offset` passes the dynamic cache and fails here."""
+    if not get_scheme_class(name).takes_fixed_size_cache:
+        raise ValueError(f"position scheme {name!r} does not declare that it takes a fixed-size KV cache "
+                         "(takes_fixed_size_cache = True): generate refuses cache_implementation 'static' for it")
+    translation = tiny_float64_model(name, config_overrides)
+    causal_lm = tiny_float64_causal_lm(name, config_overrides)
+    source, source_mask, _ = padded_sources()
+    targets = decoder_inputs(len(source), 7)
+    input_ids, attention_mask, prompt_length = left_padded_sequences()
+    prompts, prompt_mask = input_ids[:, :prompt_length], attention_mask[:, :prompt_length]
+    slots = 16   # more than any sequence here: the last slots stay unused
+    for kernel in (kernel for kernel in kernels if kernel in FIXED_SIZE_CACHE_KERNELS):
+        translation.set_attn_implementation(kernel)
+        causal_lm.set_attn_implementation(kernel)
+        with torch.no_grad():
+            inputs = dict(encoder_outputs=translation.get_encoder()(input_ids=source, attention_mask=source_mask),
+                          attention_mask=source_mask)
+            whole = translation(decoder_input_ids=targets, use_cache=False, **inputs).logits
+            cache = EncoderDecoderCache(StaticCache(config=translation.config, max_cache_len=slots),
+                                        StaticCache(config=translation.config, max_cache_len=source.size(1)))
+            stepped = torch.cat([translation(decoder_input_ids=targets[:, step:step + 1], use_cache=True, cache=cache,
+                                             **inputs).logits for step in range(targets.size(1))], 1)
+        compare_steps(name, f"static cache decoding equals the full forward: translation model {{step}} ({kernel}, a "
+                            f"fixed-size cache of {slots} slots) differs from the whole forward's logits",
+                      stepped, whole, None, 0, tolerance, FIXED_SIZE_HINT)
+        with torch.no_grad():
+            whole = causal_lm(input_ids=input_ids, attention_mask=attention_mask,
+                              position_ids=position_ids_of(attention_mask), use_cache=False).logits
+        stepped = causal_lm_in_steps(causal_lm, input_ids, attention_mask, prompt_length,
+                                     StaticCache(config=causal_lm.config, max_cache_len=slots))
+        compare_steps(name, f"static cache decoding equals the full forward: causal LM {{step}} ({kernel}, left-padded "
+                            f"prompts, a fixed-size cache of {slots} slots) differs from the whole forward's logits",
+                      stepped, whole, attention_mask, prompt_length, tolerance, FIXED_SIZE_HINT)
+        for model_name, model, batch in (
+                ("translation model", translation, dict(input_ids=source, attention_mask=source_mask)),
+                ("causal LM", causal_lm, dict(input_ids=prompts, attention_mask=prompt_mask))):
+            compare_generations(
+                name, f"static cache generate gives the dynamic cache's: {model_name} ({kernel}), "
+                      "cache_implementation 'static' and the dynamic cache",
+                generate_greedy(model, **batch, cache_implementation="static"), generate_greedy(model, **batch),
+                tolerance)
+
+
 # --- all of them ----------------------------------------------------------------------------------------------------
 
 def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | None = None,
                           oracle: Oracle | None = None, order_aware: bool = True,
                           kernels: Iterable[str] = KERNELS) -> None:
     """Every check of this module for the registered scheme `name` (its module imported first), on tiny float64
-    models on the CPU: kernels agree, cached decoding, the causal LM's cached decoding, save/load, padding invariance,
-    the causal LM's left padding, the oracle (when given) and order awareness (when `order_aware`).
-    `config_overrides`: config fields of the tiny model (your scheme's own); `kernels`: those the scheme runs on
-    (flex_attention runs unfused on the CPU). Raises AssertionError naming the scheme, the property and the largest
-    difference at the first check that fails."""
-    get_scheme_class(name)   # an unregistered name: one error saying to import the module that registers it
+    models on the CPU: kernels agree, cached decoding, the causal LM's cached decoding, a fixed-size cache (when the
+    scheme declares `takes_fixed_size_cache`), save/load, padding invariance, the causal LM's left padding, the
+    oracle (when given) and order awareness (when `order_aware`). `config_overrides`: config fields of the tiny model
+    (your scheme's own); `kernels`: those the scheme runs on (flex_attention runs unfused on the CPU). Raises
+    AssertionError naming the scheme, the property and the largest difference at the first check that fails."""
+    scheme_class = get_scheme_class(name)   # an unregistered name: one error saying to import the module that registers it
     kernels = tuple(kernels)
     check_kernels_agree(name, config_overrides=config_overrides, kernels=kernels)
     check_cached_decoding(name, config_overrides=config_overrides, kernels=kernels)
     check_causal_lm_decoding(name, config_overrides=config_overrides, kernels=kernels)
+    if scheme_class.takes_fixed_size_cache:
+        check_static_cache(name, config_overrides=config_overrides, kernels=kernels)
     check_save_load(name, config_overrides=config_overrides)
     check_padding_invariance(name, config_overrides=config_overrides, kernels=kernels)
     check_causal_lm_left_padding(name, config_overrides=config_overrides, kernels=kernels)

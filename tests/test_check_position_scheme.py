@@ -17,6 +17,7 @@ from hf_relpos.model.positions import POSITION_SCHEMES, add_sinusoids
 from hf_relpos.testing import (
     check_causal_lm_decoding,
     check_position_scheme,
+    check_static_cache,
     softmax_attention_by_loop,
 )
 
@@ -92,6 +93,18 @@ class PositionIdsIgnored(PositionScheme):
 
     def embed(self, inputs_embeds, past_length, positions=None):
         return add_sinusoids(inputs_embeds, past_length)
+
+
+class QueriesAtTheLastKeys(PositionScheme):
+    """b_h clip(j - i) with the n queries at the last n of the m keys, m - n .. m - 1: query_offset on the dynamic
+    cache, where m counts the cached and new tokens; on a fixed-size cache (declared) m is the slots, most unused."""
+
+    takes_fixed_size_cache = True
+
+    def terms(self, layer_idx, query, key, context):
+        positions = torch.arange(context.key_length, device=context.device)
+        return AttentionTerms(score_bias=signed_bias(self, positions[context.key_length - context.query_length:],
+                                                     positions, torch.promote_types(context.dtype, torch.float32))[None])
 
 
 class InitReplacesLoadedBuffer(PositionScheme):
@@ -178,10 +191,12 @@ def test_a_users_scheme_with_a_score_mod_that_agrees_passes(registered):
     (EncoderBiasByLength, "padding invariance: the encoder states of a source of 6 tokens padded to 9"),
     (PositionIdsCountedFromThePast, "causal LM cached decoding equals the full forward: step 1 after a prompt of 7 "
                                     "tokens (eager, left-padded prompts)"),
+    (QueriesAtTheLastKeys, "static cache decoding equals the full forward: translation model step 1 (eager, a "
+                           "fixed-size cache of 16 slots)"),
     (PositionIdsIgnored, "causal LM left padding: the logits of a prompt of 4 tokens left-padded to 7 differ from "
                          "those of the prompt alone (eager)"),
 ], ids=["score_mod", "cache", "init-buffer", "init-parameter", "non-persistent-buffer", "padding",
-        "causal-lm-cache", "causal-lm-left-padding"])
+        "causal-lm-cache", "static-cache", "causal-lm-left-padding"])
 def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_class, prop):
     name = registered(f"check_broken_{scheme_class.__name__.lower()}", scheme_class)
     with pytest.raises(AssertionError) as error:
@@ -191,16 +206,37 @@ def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_
     assert "max difference" in message
 
 
-def test_a_decoding_step_at_position_0_fails_the_causal_lm_check(registered):
-    """A step's query at 0 instead of at query_offset (the seq2seq check's classic) fails the causal LM's decoding
-    check too, called on its own."""
-    name = registered("check_broken_step_at_0", CacheIgnoresPastPositions)
+class CacheIgnoresPastPositionsDeclared(CacheIgnoresPastPositions):
+    """CacheIgnoresPastPositions declaring that it takes a fixed-size cache."""
+
+    takes_fixed_size_cache = True
+
+
+@pytest.mark.parametrize(("check", "prop"), [
+    (check_causal_lm_decoding, "causal LM cached decoding equals the full forward: step 1 after a prompt of 7 tokens "
+                               "(eager, left-padded prompts)"),
+    (check_static_cache, "static cache decoding equals the full forward: translation model step 3 (eager, a "
+                         "fixed-size cache of 16 slots)"),
+], ids=["causal-lm", "static-cache"])
+def test_a_decoding_step_at_position_0_fails_each_decoding_check(registered, check, prop):
+    """A step's query at 0 instead of at query_offset (the seq2seq check's classic) fails the causal LM's and the
+    fixed-size cache's decoding checks too, called on their own."""
+    name = registered("check_broken_step_at_0", CacheIgnoresPastPositionsDeclared)
     with pytest.raises(AssertionError) as error:
-        check_causal_lm_decoding(name)
-    prop = ("causal LM cached decoding equals the full forward: step 1 after a prompt of 7 tokens (eager, "
-            "left-padded prompts)")
+        check(name)
     assert str(error.value).startswith(f"position scheme {name!r}: {prop}"), str(error.value)
     assert "max difference" in str(error.value)
+
+
+def test_the_static_cache_check_runs_for_a_scheme_that_declares_it(registered):
+    """check_position_scheme checks a fixed-size cache only for a scheme that declares it takes one (generate refuses
+    cache_implementation "static" for any other); check_static_cache alone says so for such a scheme."""
+    undeclared = type("QueriesAtTheLastKeysUndeclared", (QueriesAtTheLastKeys,), {"takes_fixed_size_cache": False})
+    name = registered("check_queries_at_the_last_keys_undeclared", undeclared)
+    check_position_scheme(name)
+    with pytest.raises(ValueError, match=rf"^position scheme '{name}' does not declare that it takes a fixed-size KV "
+                                         r"cache \(takes_fixed_size_cache = True\)"):
+        check_static_cache(name)
 
 
 def test_an_oracle_that_disagrees_fails_the_check_naming_the_oracle():

@@ -14,6 +14,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCa
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, register_position_scheme
+from hf_relpos.testing import check_static_cache
 
 KERNELS = ("eager", "sdpa")
 SOURCE = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 2], [12, 13, 14, 2, 0, 0, 0, 0], [15, 16, 17, 18, 19, 2, 0, 0]])
@@ -96,6 +97,19 @@ def test_generate_with_a_static_cache_gives_the_dynamic_caches_tokens(position_s
         assert torch.equal(static.sequences, dynamic.sequences)
         torch.testing.assert_close(torch.stack(static.logits), torch.stack(dynamic.logits), rtol=0, atol=1e-12)
     assert model._previous_max_cache_length > 6   # the second call ran on the first call's longer cache
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("position_scheme", "overrides"), [
+    ("shaw", {"use_relative_values": False}), ("rope", {"rotary_dim": 4}), ("xl", {"clamp_len": 4}),
+    ("t5", {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 10}),
+], ids=["shaw-k", "rope-partial", "xl-clamped", "t5-log-buckets"])
+def test_the_static_cache_check_passes_other_settings_of_the_schemes(position_scheme, overrides):
+    """hf_relpos.testing.check_static_cache, which check_position_scheme runs on every built-in scheme at its
+    defaults (and on a user's scheme that declares takes_fixed_size_cache), at settings that change what a step on
+    a fixed-size cache computes: keys only (no value term), a partial rotation, distances clamped and T5's
+    logarithmic buckets reached within the tiny model's 12 tokens."""
+    check_static_cache(position_scheme, config_overrides=overrides)
 
 
 @pytest.mark.parametrize("position_scheme", ["shaw", "rope", "xl"])
