@@ -3,10 +3,14 @@ against references with sacreBLEU and chrF."""
 
 from __future__ import annotations
 
+import bz2
 import contextlib
+import gzip
 import importlib.util
 import io
+import itertools
 import json
+import lzma
 import os
 import queue
 import re
@@ -934,3 +938,123 @@ def test_an_n_best_hypothesis_with_the_field_separator_is_escaped_as_moses_escap
     assert fields[0][1] == " Ja &#124;&#124;&#124; nein &#124; so &amp; so "
     assert fields[2][1] == " Die Katze &amp;#124; schläft. "
     assert all(float(entry[2].removeprefix(" F0= ")) < 0 and float(entry[3]) < 0 for entry in fields)
+
+
+COMPRESS = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}
+
+
+def write_compressed(path: Path, data: bytes, pieces: int = 1) -> Path:
+    """`data` compressed by `path`'s suffix, in `pieces` streams one after the other (as `cat a.gz b.gz` or pbzip2
+    write them)."""
+    compress = COMPRESS[path.suffix]
+    cuts = [len(data) * index // pieces for index in range(pieces + 1)]
+    path.write_bytes(b"".join(compress(data[start:end]) for start, end in itertools.pairwise(cuts)))
+    return path
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_a_compressed_input_and_reference_translate_and_score_as_the_uncompressed_files(memorised_model_folder,
+                                                                                       tmp_path, capsys, suffix):
+    """--input test.en.gz (.bz2, .xz) and --reference test.de.gz are decompressed while read, by the training app's
+    opener: the same translations and scores as the uncompressed files, read by the same rules (a byte order mark
+    dropped, "\\r\\n" as "\\n", blank lines kept, lines of several sentences split), in chunks, their line counts
+    checked, n-best lists indexed the same; a line that is not UTF-8 is named by file and line."""
+    sources = [SOURCES[4], "", f"{SOURCES[0]} {SOURCES[1]}", *SOURCES[2:4], "   ", SOURCES[5]]
+    references = [TARGETS[4], "", f"{TARGETS[0]} {TARGETS[1]}", TARGETS[2], "Das Haus ist blau.", "", TARGETS[5]]
+    source_bytes = ("\ufeff" + "".join(line + "\r\n" for line in sources)).encode("utf-8")
+    reference_bytes = "".join(line + "\n" for line in references).encode("utf-8")
+    (tmp_path / "test.en").write_bytes(source_bytes)
+    (tmp_path / "test.de").write_bytes(reference_bytes)
+    write_compressed(tmp_path / f"test.en{suffix}", source_bytes, pieces=3)
+    write_compressed(tmp_path / f"test.de{suffix}", reference_bytes, pieces=2)
+    flags = ["--no_progress", "--buffer_lines", "3"]
+    main([str(memorised_model_folder), str(tmp_path / "test.en"), "--reference", str(tmp_path / "test.de"),
+          "--output", str(tmp_path / "plain.de"), *flags])
+    plain_scores = capsys.readouterr().out
+    assert (tmp_path / "plain.de").read_text(encoding="utf-8").splitlines() == [
+        TARGETS[4], "", f"{TARGETS[0]} {TARGETS[1]}", *TARGETS[2:4], "", TARGETS[5]]
+    assert plain_scores.startswith("sacreBLEU ") and not plain_scores.startswith("sacreBLEU 100.00")
+    for source, reference in [(f"test.en{suffix}", f"test.de{suffix}"), (f"test.en{suffix}", "test.de"),
+                              ("test.en", f"test.de{suffix}")]:
+        main([str(memorised_model_folder), "--input", str(tmp_path / source), "--reference",
+              str(tmp_path / reference), "--output", str(tmp_path / "hyp.de"), *flags])
+        assert capsys.readouterr().out == plain_scores, (source, reference)
+        assert (tmp_path / "hyp.de").read_bytes() == (tmp_path / "plain.de").read_bytes(), (source, reference)
+    n_best = ["--n_best", "2", "--num_beams", "2", "--no_split_sentences", *flags]
+    for source in ("test.en", f"test.en{suffix}"):
+        main([str(memorised_model_folder), str(tmp_path / source), "--output", str(tmp_path / f"{source}.nbest"),
+              *n_best])
+    assert (tmp_path / f"test.en{suffix}.nbest").read_text(encoding="utf-8") == (
+        tmp_path / "test.en.nbest").read_text(encoding="utf-8")
+    write_compressed(tmp_path / f"short.de{suffix}", reference_bytes[:reference_bytes.index(b"\n") + 1])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), str(tmp_path / f"test.en{suffix}"), "--reference",
+              str(tmp_path / f"short.de{suffix}"), *flags])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"hf-relpos-translate: error: 7 source lines (--input {str(tmp_path / f'test.en{suffix}')!r}) but 1 reference "
+        f"lines (--reference {str(tmp_path / f'short.de{suffix}')!r}): each source line needs its reference on the "
+        "same line\n")
+    invalid = write_compressed(tmp_path / f"invalid.en{suffix}", source_bytes + b"A cat\xff\n")
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), str(invalid), "--output", str(tmp_path / "invalid.de"), *flags])
+    assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {invalid}:8: not UTF-8 text (")
+    assert not (tmp_path / "invalid.de").exists()
+
+
+@pytest.mark.parametrize("flag", ["--input", "--reference"])
+@pytest.mark.parametrize("name", ["test.en.gz", "test.en.bz2", "test.en.xz", "plain.gz"])
+def test_a_compressed_input_or_reference_that_does_not_decompress_is_one_error_naming_it(memorised_model_folder,
+                                                                                         tmp_path, capsys, flag, name):
+    """A file cut short (an interrupted download), or one that is not of its suffix's kind (plain text named .gz), is
+    one error line naming the flag and the file and the decompressor's error, as the training app says it; --output
+    is not written."""
+    data = "".join(line + "\n" for line in SOURCES * 50).encode("utf-8")
+    broken = tmp_path / name
+    if name == "plain.gz":
+        broken.write_bytes(data)
+    else:
+        broken.write_bytes(COMPRESS[broken.suffix](data)[:-8])
+    plain = write_lines(tmp_path / "plain.txt", SOURCES * 50)
+    given = [str(broken), "--reference", str(plain)] if flag == "--input" else [str(plain), "--reference", str(broken)]
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), *given, "--output", str(tmp_path / "hyp.de"), "--no_progress"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert re.fullmatch(rf"hf-relpos-translate: error: {flag} {re.escape(str(broken))}: not a whole "
+                        rf"{re.escape(broken.suffix)} file, it does not decompress \(\w+: .*\)\n", error), error
+    assert not (tmp_path / "hyp.de").exists()
+    if flag == "--input":   # without --reference: found as the chunks are read, output not written either
+        with pytest.raises(SystemExit):
+            main([str(memorised_model_folder), str(broken), "--output", str(tmp_path / "hyp.de"), "--no_progress"])
+        assert re.fullmatch(rf"hf-relpos-translate: error: --input {re.escape(str(broken))}: not a whole .*\n",
+                            capsys.readouterr().err)
+        assert not (tmp_path / "hyp.de").exists()
+
+
+@pytest.mark.parametrize(("flag", "name", "command"), [("--input", "test.en.zst", "unzstd"),
+                                                       ("--reference", "test.de.zst", "unzstd"),
+                                                       ("--input", "test.en.ZIP", "unzip")])
+def test_a_zstd_or_zip_input_or_reference_is_refused_naming_the_flag_and_the_decompress_command(
+        memorised_model_folder, tmp_path, capsys, monkeypatch, flag, name, command):
+    """zstd and zip files are not read (as by the training app): one error before the model loads, naming the flag,
+    the file and the command that decompresses it; a compressed file of records is refused as the uncompressed one."""
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before refusing the file"))
+    compressed = tmp_path / name
+    compressed.write_bytes(b"\x28\xb5\x2f\xfd" + bytes(16))
+    plain = write_lines(tmp_path / "plain.txt", SOURCES[:1])
+    given = [str(compressed), "--reference", str(plain)] if flag == "--input" else [str(plain), "--reference",
+                                                                                   str(compressed)]
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), *given])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"hf-relpos-translate: error: {flag} {str(compressed)!r} is compressed in a kind that is not read (.zst, "
+        f".zip): decompress first ({command} {compressed}) and give the text file, uncompressed or compressed with "
+        "gzip, bzip2 or xz (.gz, .bz2, .xz)\n")
+    records = write_compressed(tmp_path / "test.jsonl.gz", b'{"translation": {"en": "A", "de": "B"}}\n')
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), str(records)])
+    assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {str(records)!r} is a .jsonl file "
+                                              "of records, not plain text")

@@ -5,6 +5,10 @@
 
 (`python -m hf_relpos.tools.translate` is the same program.)
 
+An --input or --reference file compressed with gzip, bzip2 or xz (`test.en.gz`, `.bz2`, `.xz`) is decompressed while
+read, as the training app reads its data files (hf_relpos.translation.data); stdin is read as it is (`zcat test.en.gz |
+hf-relpos-translate MODEL_DIR`), and zstd or zip files are refused with the command that decompresses them.
+
 One output line per input line, in input order; a blank input line gives a blank output line. The input is read,
 translated and written `--buffer_lines` lines at a time (as fairseq-interactive's --buffer-size), so memory stays
 bounded whatever its length and each chunk's translations appear (stdout is flushed) before the next chunk is read;
@@ -60,11 +64,14 @@ from ..translation.arguments import (
 )
 from ..translation.batching import cut_token_batches
 from ..translation.data import (
-    FILE_FORMATS,
+    COMPRESSIONS,
+    DECOMPRESS_COMMANDS,
     SOURCE_ONLY_FORMATS,
     DatasetSchemaError,
+    data_file_format,
+    text_file_line_chunks,
     text_line_chunks,
-    text_lines,
+    uncompressed_name,
     unwritable_references_message,
     unwritable_texts,
 )
@@ -209,10 +216,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "CTranslate2 folder written by hf-relpos-export ctranslate2")
     parser.add_argument("input_file", nargs="?", type=expand_home, metavar="INPUT",
                         help="source text file (the same as --input)")
-    parser.add_argument("--input", type=expand_home, help="source text, one sentence per line (default: stdin)")
+    parser.add_argument("--input", type=expand_home,
+                        help="source text, one sentence per line; a .gz, .bz2 or .xz file is decompressed while read "
+                             "(default: stdin)")
     parser.add_argument("--output", type=expand_home, help="where the translations go, one per line (default: stdout)")
     parser.add_argument("--reference", type=expand_home,
-                        help="reference translations, one per line: print sacreBLEU and chrF")
+                        help="reference translations, one per line (a .gz, .bz2 or .xz file decompressed while "
+                             "read): print sacreBLEU and chrF")
     parser.add_argument("--tokenize", choices=BLEU_TOKENIZERS,
                         help="sacreBLEU's tokenization of BLEU for --reference (its --tokenize; ja-mecab needs pip "
                              "install 'sacrebleu[ja]', ko-mecab 'sacrebleu[ko]'; default: the bleu_tokenize of the "
@@ -375,8 +385,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     except ValueError as error:
         parser.exit(2, f"{PROGRAM}: error: {error}\n")
     for flag, path in (("--input", args.input), ("--reference", args.reference)):
-        if path is not None and FILE_FORMATS.get(Path(path).suffix.lower()) not in (None, *SOURCE_ONLY_FORMATS):
-            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {Path(path).suffix} file of records, not plain "
+        if path is not None and (command := DECOMPRESS_COMMANDS.get(Path(path).suffix.lower())) is not None:
+            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is compressed in a kind that is not read "
+                           f"({', '.join(DECOMPRESS_COMMANDS)}): decompress first ({command} {path}) and give the text "
+                           f"file, uncompressed or compressed with gzip, bzip2 or xz ({', '.join(COMPRESSIONS)})\n")
+        if path is not None and data_file_format(path) not in (None, *SOURCE_ONLY_FORMATS):
+            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {uncompressed_name(Path(path)).suffix} file of "
+                           f"records, not plain "
                            f"text: {PROGRAM} reads one sentence per line; write each language's side to a text file "
                            "(docs/training.md#data shows how), or give the file to train_translation.py as --test_file "
                            "with --do_predict true\n")
@@ -390,8 +405,8 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
                     error: OSError | DatasetSchemaError) -> NoReturn:
-    """One error naming `flag`: the file `path` cannot be read, or a line of it is not UTF-8 text (the error names
-    the file and line)."""
+    """One error naming `flag`: the file `path` cannot be read, does not decompress, or a line of it is not UTF-8 text
+    (the error names the file and line)."""
     reason = (error if isinstance(error, DatasetSchemaError) else
               f"{path!r}: {' '.join(str(error.strerror or error).split())}")
     parser.exit(2, f"{PROGRAM}: error: {flag} {reason}\n")
@@ -403,12 +418,14 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     references = None
     if args.reference is not None:
         try:
-            references = text_lines(Path(args.reference).read_bytes(), args.reference)
+            with open(args.reference, "rb") as file:
+                references = [line for chunk in text_file_line_chunks(file, args.reference, args.buffer_lines)
+                              for line in chunk]
         except (OSError, DatasetSchemaError) as error:
             exit_unreadable(parser, "--reference", args.reference, error)
         if args.input is not None and source.seekable():  # counted now: a mismatch stops the job before it starts
             try:
-                mismatch = line_count_error(sum(map(len, text_line_chunks(source, args.input, args.buffer_lines))),
+                mismatch = line_count_error(sum(map(len, text_file_line_chunks(source, args.input, args.buffer_lines))),
                                             references, f"--input {args.input!r}", args.reference)
             except DatasetSchemaError as error:
                 exit_unreadable(parser, "--input", args.input, error)
@@ -484,7 +501,8 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     def translate_chunk(lines: list[str]) -> list[str] | list[list[Hypothesis]]:
         return translate_by_sentence(lines, translate) if args.split_sentences else translate(lines)
 
-    chunks = text_line_chunks(source, "stdin" if args.input is None else args.input, args.buffer_lines)
+    chunks = (text_line_chunks(source, "stdin", args.buffer_lines) if args.input is None else
+              text_file_line_chunks(source, args.input, args.buffer_lines))
     try:
         with bar, contextlib.ExitStack() as outputs:
             sink = sys.stdout if output is None else outputs.enter_context(text_output(output))

@@ -790,17 +790,25 @@ def _opened(path: Path) -> Iterator[tuple[BinaryIO, BinaryIO]]:
     """(the bytes of the text, the file's own bytes) of a data file: a compressed one (`COMPRESSIONS`) decompressed as
     it is read, the file's own position telling how much of it is read (a progress bar). A compressed file that does
     not decompress (corrupt, cut short, not of its suffix's kind) is one error naming it."""
+    with open(path, "rb") as raw, _decompressed(raw, path) as handle:
+        yield handle, raw
+
+
+@contextlib.contextmanager
+def _decompressed(raw: BinaryIO, path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """The bytes of the text of `raw`, the file opened from `path`: decompressed as they are read when `path` ends in
+    one of `COMPRESSIONS` (`raw` itself otherwise; it stays open either way). A compressed file that does not
+    decompress (corrupt, cut short, not of its suffix's kind) is one error naming it."""
     compression = compression_of(path)
-    with open(path, "rb") as raw:
-        if compression is None:
-            yield raw, raw
-            return
-        try:
-            with COMPRESSIONS[compression](raw) as handle:
-                yield handle, raw
-        except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
-            raise DatasetSchemaError(f"{path}: not a whole {compression} file, it does not decompress "
-                                     f"({type(error).__name__}: {error})") from None
+    if compression is None:
+        yield raw
+        return
+    try:
+        with COMPRESSIONS[compression](raw) as handle:
+            yield handle
+    except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
+        raise DatasetSchemaError(f"{path}: not a whole {compression} file, it does not decompress "
+                                 f"({type(error).__name__}: {error})") from None
 
 
 def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
@@ -858,6 +866,14 @@ def text_line_chunks(stream: BinaryIO, name: str, chunk_lines: int) -> Iterator[
             pending = []
     if pending:
         yield _split_lines(b"".join(pending), name, first_line).to_pylist()
+
+
+def text_file_line_chunks(file: BinaryIO, path: str | os.PathLike, chunk_lines: int) -> Iterator[list[str]]:
+    """`text_line_chunks` of `file`, opened from `path` (a text file, a pipe): decompressed as it is read when `path`
+    ends in one of `COMPRESSIONS`, as the data files are (`_opened`), a file that does not decompress one error
+    naming it; an invalid line an error naming it as "PATH:LINE". `file` stays open (seek it back to read it again)."""
+    with _decompressed(file, path) as handle:
+        yield from text_line_chunks(handle, str(path), chunk_lines)
 
 
 def _without_byte_order_mark(data: bytes) -> bytes:
