@@ -1058,3 +1058,62 @@ def test_a_zstd_or_zip_input_or_reference_is_refused_naming_the_flag_and_the_dec
         main([str(memorised_model_folder), str(records)])
     assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {str(records)!r} is a .jsonl file "
                                               "of records, not plain text")
+
+
+DECOMPRESS = {".gz": gzip.decompress, ".bz2": bz2.decompress, ".xz": lzma.decompress}
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_an_output_named_gz_bz2_or_xz_is_written_compressed_and_whole_or_not_at_all(memorised_model_folder, tmp_path,
+                                                                                    capsys, monkeypatch, suffix):
+    """--output hyp.de.gz (.bz2, .xz) holds the plain output's bytes compressed so (what sacrebleu and zcat read), the
+    scores printed alike; a gzip file names no file and no time (the same text, the same bytes). It is written beside
+    the file and renamed when the job ends: a job failing on its second chunk leaves the old file and no temporary."""
+    source_file = write_lines(tmp_path / "src.txt", MIXED_SOURCES)
+    reference = write_lines(tmp_path / "ref.txt", MIXED_TARGETS)
+    flags = ["--no_progress", "--buffer_lines", "3", "--reference", str(reference)]
+    main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "plain.de"), *flags])
+    plain_scores = capsys.readouterr().out
+    output = tmp_path / "out" / f"hyp.de{suffix}"
+    output.parent.mkdir()
+    main([str(memorised_model_folder), str(source_file), "--output", str(output), *flags])
+    assert capsys.readouterr().out == plain_scores
+    written = output.read_bytes()
+    assert DECOMPRESS[suffix](written) == (tmp_path / "plain.de").read_bytes()
+    assert DECOMPRESS[suffix](written).decode("utf-8").splitlines() == MIXED_TARGETS
+    if suffix == ".gz":
+        assert written[3] & 0x08 == 0 and written[4:8] == bytes(4)   # no FNAME flag, MTIME 0
+        main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / "again.de.gz"), *flags])
+        assert (tmp_path / "again.de.gz").read_bytes() == written
+    translate_lines = translate_module.translate_lines
+    calls = []
+
+    def failing_on_the_second_chunk(lines, *args, **kwargs):
+        calls.append(lines)
+        if len(calls) > 1:
+            raise RuntimeError("the GPU fell off the bus")
+        return translate_lines(lines, *args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_lines", failing_on_the_second_chunk)
+    with pytest.raises(RuntimeError, match="fell off the bus"):
+        main([str(memorised_model_folder), str(source_file), "--output", str(output), "--no_progress",
+              "--buffer_lines", "3", "--no_split_sentences"])
+    assert len(calls) == 2
+    assert [path.name for path in output.parent.iterdir()] == [output.name]
+    assert output.read_bytes() == written
+
+
+@pytest.mark.parametrize("name", ["hyp.de.zst", "hyp.de.zip"])
+def test_an_output_named_zst_or_zip_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys,
+                                                                      monkeypatch, name):
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("loaded the model before refusing the output"))
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:1])
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), str(source_file), "--output", str(tmp_path / name)])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        f"hf-relpos-translate: error: --output {str(tmp_path / name)!r} names a compression that is not written (.zst, "
+        ".zip): give a name ending in .gz, .bz2, .xz (written compressed with gzip, bzip2 or xz) or a plain-text name, "
+        "and compress it after\n")
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["src.txt"]

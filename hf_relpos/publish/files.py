@@ -11,14 +11,15 @@ does not read (a kill cut it short, or it is corrupt) is one `WeightsFileError` 
 from __future__ import annotations
 
 import glob
+import io
 import os
 import shutil
 import socket
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
-from typing import TextIO
+from typing import BinaryIO, TextIO
 
 from safetensors import SafetensorError
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME
@@ -234,12 +235,22 @@ def atomic_file(path: str | os.PathLike) -> Iterator[Path]:
 
 
 @contextmanager
-def text_output(path: str | os.PathLike) -> Iterator[TextIO]:
+def text_output(path: str | os.PathLike,
+                compressor: Callable[[BinaryIO], BinaryIO] | None = None) -> Iterator[TextIO]:
     """A UTF-8 text file to write `path` through: this process's descriptor that `path` names, as it is open (`>>`
     appends, `>` writes on from where it is: nothing earlier is cut); else an existing file that is not a regular one
     (a pipe), opened; else `atomic_file`'s temporary, which replaces `path` only when the block ends without an
-    error."""
+    error. With `compressor` (a writer over the file's bytes, as `gzip.GzipFile`), the text is compressed by it as
+    it is written, and the compressed stream ended (closed) before the temporary replaces `path`."""
     descriptor = named_descriptor(path)
+    if compressor is not None:
+        with ExitStack() as stack:
+            if descriptor is not None:
+                file = stack.enter_context(os.fdopen(os.dup(descriptor), "wb"))
+            else:
+                file = stack.enter_context(open(stack.enter_context(atomic_file(path)), "wb"))
+            yield stack.enter_context(io.TextIOWrapper(stack.enter_context(compressor(file)), encoding="utf-8"))
+        return
     if descriptor is not None:
         with os.fdopen(os.dup(descriptor), "w", encoding="utf-8") as output:
             yield output

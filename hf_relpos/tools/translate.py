@@ -13,7 +13,7 @@ One output line per input line, in input order; a blank input line gives a blank
 translated and written `--buffer_lines` lines at a time (as fairseq-interactive's --buffer-size), so memory stays
 bounded whatever its length and each chunk's translations appear (stdout is flushed) before the next chunk is read;
 `--output` is written beside its destination and renamed there when the job ends, so a failed job leaves no part
-of it. A line of several
+of it; a name ending in .gz, .bz2 or .xz is written compressed so (.zst and .zip are refused). A line of several
 sentences is translated sentence by sentence and put back together (`--no_split_sentences` translates each line in
 one piece; see hf_relpos.tools.sentences). The lines of a chunk are sorted by length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
 and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
@@ -64,10 +64,12 @@ from ..translation.arguments import (
 )
 from ..translation.batching import cut_token_batches
 from ..translation.data import (
+    COMPRESSION_WRITERS,
     COMPRESSIONS,
     DECOMPRESS_COMMANDS,
     SOURCE_ONLY_FORMATS,
     DatasetSchemaError,
+    compression_of,
     data_file_format,
     text_file_line_chunks,
     text_line_chunks,
@@ -219,7 +221,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input", type=expand_home,
                         help="source text, one sentence per line; a .gz, .bz2 or .xz file is decompressed while read "
                              "(default: stdin)")
-    parser.add_argument("--output", type=expand_home, help="where the translations go, one per line (default: stdout)")
+    parser.add_argument("--output", type=expand_home,
+                        help="where the translations go, one per line; a name ending in .gz, .bz2 or .xz is written "
+                             "compressed so (default: stdout)")
     parser.add_argument("--reference", type=expand_home,
                         help="reference translations, one per line (a .gz, .bz2 or .xz file decompressed while "
                              "read): print sacreBLEU and chrF")
@@ -395,6 +399,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                            f"text: {PROGRAM} reads one sentence per line; write each language's side to a text file "
                            "(docs/training.md#data shows how), or give the file to train_translation.py as --test_file "
                            "with --do_predict true\n")
+    if args.output is not None and Path(args.output).suffix.lower() in DECOMPRESS_COMMANDS:
+        parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} names a compression that is not written "
+                       f"({', '.join(DECOMPRESS_COMMANDS)}): give a name ending in {', '.join(COMPRESSIONS)} (written "
+                       "compressed with gzip, bzip2 or xz) or a plain-text name, and compress it after\n")
     try:
         source = sys.stdin.buffer if args.input is None else open(args.input, "rb")  # noqa: SIM115 (closed below)
     except OSError as error:
@@ -505,7 +513,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
               text_file_line_chunks(source, args.input, args.buffer_lines))
     try:
         with bar, contextlib.ExitStack() as outputs:
-            sink = sys.stdout if output is None else outputs.enter_context(text_output(output))
+            compression = None if output is None else compression_of(output)
+            sink = sys.stdout if output is None else outputs.enter_context(
+                text_output(output, None if compression is None else COMPRESSION_WRITERS[compression]))
             source_lines, translations = translate_stream(chunks, translate_chunk, sink, keep=references is not None)
             mismatch = None if references is None else line_count_error(
                 source_lines, references, "stdin" if args.input is None else f"--input {args.input!r}", args.reference)

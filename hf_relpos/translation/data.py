@@ -85,6 +85,12 @@ COMPRESSIONS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
     ".gz": lambda raw: gzip.GzipFile(fileobj=raw, mode="rb"), ".bz2": lambda raw: bz2.BZ2File(raw, "rb"),
     ".xz": lambda raw: lzma.LZMAFile(raw, "rb"),
 }
+# The same compressions written (hf-relpos-translate --output hyp.de.gz): suffix -> writer over the file's byte
+# stream; a gzip header holds no file name or time, so the same text gives the same bytes (as `gzip -n`).
+COMPRESSION_WRITERS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
+    ".gz": lambda raw: gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0),
+    ".bz2": lambda raw: bz2.BZ2File(raw, "wb"), ".xz": lambda raw: lzma.LZMAFile(raw, "wb"),
+}
 # Compressed files that are not read (decompress them first, with this command): zstd needs a package that is no
 # dependency (the standard library has none before Python 3.14), and a zip is an archive of files, not one text.
 DECOMPRESS_COMMANDS = {".zst": "unzstd", ".zip": "unzip"}
