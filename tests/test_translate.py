@@ -1117,3 +1117,33 @@ def test_an_output_named_zst_or_zip_is_refused_before_the_model_loads(memorised_
         ".zip): give a name ending in .gz, .bz2, .xz (written compressed with gzip, bzip2 or xz) or a plain-text name, "
         "and compress it after\n")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["src.txt"]
+
+
+def test_a_compressed_input_is_decompressed_chunk_by_chunk_as_it_is_translated(memorised_model_folder, tmp_path,
+                                                                               monkeypatch):
+    """A large --input test.en.gz is streamed as a plain one is: each --buffer_lines chunk is translated once its
+    lines are decompressed, before the rest of the file is read (memory holds one chunk, not the file)."""
+    lines_read = []
+
+    class CountingGzipFile(gzip.GzipFile):
+        def readline(self, size=-1):
+            lines_read.append(None)
+            return super().readline(size)
+
+    monkeypatch.setattr(gzip, "GzipFile", CountingGzipFile)
+    source = write_compressed(tmp_path / "test.en.gz", "".join(line + "\n" for line in SOURCES * 1000).encode())
+    read_when_translated = []
+    translate_lines = translate_module.translate_lines
+
+    def stopping_at_the_third_chunk(lines, *args, **kwargs):
+        read_when_translated.append(len(lines_read))
+        if len(read_when_translated) == 3:
+            raise RuntimeError("stopped")
+        return translate_lines(lines, *args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "translate_lines", stopping_at_the_third_chunk)
+    with pytest.raises(RuntimeError, match="stopped"):
+        main([str(memorised_model_folder), str(source), "--output", str(tmp_path / "hyp.de"), "--buffer_lines", "2",
+              "--no_split_sentences", "--no_progress"])
+    assert read_when_translated == [2, 4, 6]   # of 6000 lines
+    assert not (tmp_path / "hyp.de").exists()
