@@ -637,6 +637,80 @@ def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(t
         tmp_path / "reference")
 
 
+@pytest.mark.parametrize("stop_step, limit", [(7, 3), (5, None)])
+def test_a_sigterm_checkpoint_neither_enters_the_average_nor_rotates_a_checkpoint_it_needs_away(
+        tmp_path, corpus, monkeypatch, stop_step, limit):
+    """With average_checkpoints 3 of checkpoints saved every 2 steps, a SIGTERM in step 7 (or 5) adds a checkpoint at
+    that step, off the schedule. The resumed run's final model is bitwise the uninterrupted run's, the mean of
+    checkpoints 4, 6 and 8: the SIGTERM checkpoint is not averaged in place of one of them (it was: 6, 7, 8 or 5, 6,
+    8), and under save_total_limit 3 it takes no slot of the rotation, so checkpoint-4 is not deleted (it was, when
+    checkpoint-8 was saved, leaving 6, 7 and 8), and it is deleted itself once the resumed run has saved checkpoint-8,
+    the output folder then holding the uninterrupted run's checkpoints. Without a limit nothing is deleted."""
+    common = {"max_steps": 8, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2,
+              "save_total_limit": limit, "average_checkpoints": 3}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "training_step", stop_step - 1), pytest.raises(
+            TrainingStoppedError, match=rf"at step {stop_step} .*: checkpoint-{stop_step} is saved"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    averaged = json.loads((tmp_path / "reference" / "averaged_checkpoints.json").read_text())
+    assert averaged["checkpoints"] == ["checkpoint-4", "checkpoint-6", "checkpoint-8"]
+    assert json.loads((tmp_path / "stopped" / "averaged_checkpoints.json").read_text()) == averaged
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    kept = sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*"))
+    if limit is None:   # transformers keeps every checkpoint, and so the SIGTERM's
+        assert kept == sorted(["checkpoint-2", "checkpoint-4", f"checkpoint-{stop_step}", "checkpoint-6",
+                               "checkpoint-8"])
+    else:
+        assert kept == sorted(path.name for path in (tmp_path / "reference").glob("checkpoint-*"))
+
+
+def test_under_save_strategy_epoch_a_sigterm_checkpoint_neither_enters_the_average_nor_takes_a_slot(tmp_path, corpus,
+                                                                                                     monkeypatch):
+    """The same under save_strategy epoch (the Multi30k recipes'; epochs of 7 steps here): checkpoints at the epoch
+    ends 7 and 14 and at max_steps 16 are averaged, the SIGTERM's checkpoint-10 neither averaged nor kept."""
+    common = {"max_steps": 16, "enable_jit_checkpoint": True, "save_strategy": "epoch", "save_total_limit": 3,
+              "average_checkpoints": 3}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "training_step", 9), pytest.raises(TrainingStoppedError, match="checkpoint-10"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    averaged = json.loads((tmp_path / "reference" / "averaged_checkpoints.json").read_text())
+    assert averaged["checkpoints"] == ["checkpoint-7", "checkpoint-14", "checkpoint-16"]
+    assert json.loads((tmp_path / "stopped" / "averaged_checkpoints.json").read_text()) == averaged
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == sorted(
+        path.name for path in (tmp_path / "reference").glob("checkpoint-*"))
+
+
+def test_a_sigterm_checkpoint_takes_no_slot_of_the_best_and_newest_under_load_best_model_at_end(tmp_path, corpus,
+                                                                                                 monkeypatch):
+    """Under load_best_model_at_end and save_total_limit 2 the rotation keeps the best checkpoint and the newest, as
+    transformers does, and a SIGTERM checkpoint (step 7, of checkpoints every 2 steps) takes neither slot: the resumed
+    run keeps the uninterrupted run's checkpoints, records the same best one and ends with its weights. The best is
+    the highest validation loss (greater_is_better), that of the first evaluation: an old checkpoint to keep."""
+    common = {"max_steps": 8, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2,
+              "eval_strategy": "steps", "eval_steps": 2, "save_total_limit": 2, "load_best_model_at_end": True,
+              "metric_for_best_model": "loss", "greater_is_better": True, "per_device_eval_batch_size": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "training_step", 6), pytest.raises(TrainingStoppedError, match="checkpoint-7"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    best = {name: Path(json.loads((tmp_path / name / TRAINER_STATE_FILE).read_text())["best_model_checkpoint"]).name
+            for name in ("reference", "stopped")}
+    kept = {name: sorted(path.name for path in (tmp_path / name).glob("checkpoint-*"))
+            for name in ("reference", "stopped")}
+    assert best == {"reference": "checkpoint-2", "stopped": "checkpoint-2"}
+    assert kept == {"reference": ["checkpoint-2", "checkpoint-8"], "stopped": ["checkpoint-2", "checkpoint-8"]}
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+
+
 def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, monkeypatch):
     """enable_jit_checkpoint saves a checkpoint of training; a run that only scores a model (do_train false) has none
     to save, and a SIGTERM ends it as it would without the setting (the Trainer's handler, installed when it is built

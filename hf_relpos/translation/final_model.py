@@ -18,7 +18,7 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from ..publish.files import move_folder_contents, write_text_atomic
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE
-from .checkpoints import average_weights, complete_checkpoints, config_differences, load_weights
+from .checkpoints import CHECKPOINT_PATTERN, average_weights, complete_checkpoints, config_differences, load_weights
 from .preflight import remove_matching
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING
 from .trainer import TranslationTrainer, adopt_saved_absolute_positions_scale
@@ -27,8 +27,10 @@ logger = logging.getLogger(__name__)
 
 
 def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, Any] | None:
-    """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints (fewer, with a warning, if
-    it saved fewer; none: the trained weights stay) into the trained model, in every process, so that the model
+    """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints on its save schedule
+    (`TranslationTrainer.saves_on_schedule`: a SIGTERM's checkpoint at another step is left out, so that a run
+    stopped and resumed averages the checkpoints of an uninterrupted one; fewer, with a warning, if it saved fewer;
+    none: the trained weights stay) into the trained model, in every process, so that the model
     saved, evaluated and predicted with is the average (Vaswani et al. 2017). Only checkpoints saved with the newest
     one's config are averaged (the others are named in a warning; under `fade_absolute_positions` they were trained
     to another `absolute_positions_scale`), and the model takes that checkpoint's scale.
@@ -36,7 +38,14 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, 
     (None: none were)."""
     trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
     output_dir = Path(trainer.args.output_dir)
-    checkpoints = complete_checkpoints(output_dir)[-count:]
+    complete = complete_checkpoints(output_dir)
+    scheduled = [path for path in complete
+                 if trainer.saves_on_schedule(int(CHECKPOINT_PATTERN.match(path.name).group(1)))]
+    if len(scheduled) < len(complete):
+        logger.info("average_checkpoints=%d: %s left out, saved off the save schedule (by a SIGTERM: "
+                    "enable_jit_checkpoint); the average is of the checkpoints an uninterrupted run saves", count,
+                    ", ".join(path.name for path in complete if path not in scheduled))
+    checkpoints = scheduled[-count:]
     if not checkpoints:
         logger.warning("average_checkpoints=%d: the run saved no checkpoint; the final model is the trained weights",
                        count)

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import partial
@@ -40,8 +41,10 @@ from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
     PredictionOutput,
+    SaveStrategy,
     TrainOutput,
     seed_worker,
+    sort_checkpoints,
 )
 
 from ..model.attention_functions import length_multiple
@@ -338,6 +341,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if self.args.early_stopping_patience is not None:
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
         self.stopped_by_signal = False
+        self._steps_per_epoch: int | None = None   # optimizer steps an epoch takes, once train() has counted them
         self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved or
         # resumed from (in output_dir)
         self._jit_checkpoint: JITCheckpointCallback | None = None
@@ -426,6 +430,28 @@ class TranslationTrainer(Seq2SeqTrainer):
         """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) stopped training before its last step."""
         return self.stopped_by_signal and self.state.global_step < self.state.max_steps
 
+    def set_initial_training_values(self, args: TrainingArguments, dataloader: DataLoader) -> tuple:
+        """The Trainer's counts of the run; keeps its optimizer steps per epoch, where `save_strategy` epoch saves
+        (`saves_on_schedule`)."""
+        values = super().set_initial_training_values(args, dataloader)
+        self._steps_per_epoch = values[1]
+        return values
+
+    def saves_on_schedule(self, step: int) -> bool:
+        """Whether `step` is one at which `save_strategy` saves a checkpoint in a run that no SIGTERM stops: with
+        steps, the multiples of save_steps and max_steps (the Trainer's save at the end); with epoch, the epoch ends
+        and max_steps; with either, the step at which this run ended its training, unless a SIGTERM stopped it (the
+        Trainer saves there too: the epoch end it runs after an early stop). A SIGTERM checkpoint
+        (`_note_signal_checkpoints`) at another step is off the schedule: `average_final_weights` does not average
+        it and `_rotate_checkpoints` gives it no slot of save_total_limit. Other strategies (no, best): False."""
+        strategy = self.args.save_strategy
+        if strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
+            return False
+        if step == self.state.max_steps or (step == self.state.global_step and not self.stopped_by_signal):
+            return True
+        period = self.state.save_steps if strategy == SaveStrategy.STEPS else self._steps_per_epoch
+        return bool(period) and step % period == 0
+
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
         small corpus with a recipe's warm-up): the learning rate then never reaches `learning_rate`. Given by the
@@ -492,12 +518,57 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """A rewritten checkpoint folder (a resumed run reaching the step of an older attempt) loses its state file
-        first, so that it does not count as complete until the Trainer writes the new one, last."""
+        first, so that it does not count as complete until the Trainer writes the new one, last. Under save_strategy
+        steps or epoch the older checkpoints are rotated by `_rotate_checkpoints`, not by the Trainer."""
+        run_dir = self._get_output_dir(trial)
         if self.args.should_save:
-            folder = Path(self._get_output_dir(trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            folder = Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
-        super()._save_checkpoint(model, trial)
+        limit = self.args.save_total_limit
+        on_schedule = self.args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH)
+        if on_schedule:
+            self.args.save_total_limit = None   # the Trainer's rotation (every checkpoint-* folder) left out
+        try:
+            super()._save_checkpoint(model, trial)
+        finally:
+            self.args.save_total_limit = limit
         self._checkpointed_step = self.state.global_step
+        if on_schedule and self.args.should_save and limit is not None and limit > 0:
+            self._rotate_checkpoints(run_dir, limit)
+
+    def _rotate_checkpoints(self, run_dir: str, limit: int) -> None:
+        """save_total_limit over the checkpoints on the save schedule (`saves_on_schedule`) alone, so that a SIGTERM
+        checkpoint at another step takes no slot of it (it took one, and a checkpoint of the last save_total_limit
+        that `average_checkpoints` averages was deleted in its place). The Trainer's rule otherwise: oldest first
+        (by modification time, by step where the file system's times do not tell them apart), the newest checkpoint
+        (the one a resume takes) and the best (`best_model_checkpoint`) never deleted, the best taking a slot. A
+        checkpoint off the schedule is deleted once a later one on it is complete (a resume then takes that one),
+        unless it is the newest or the best."""
+        ordered = [Path(path) for path in sort_checkpoints(run_dir, use_mtime=True)]
+        if not ordered:
+            return
+        best = self.state.best_model_checkpoint
+        protected = {ordered[-1]} | ({Path(best)} if best is not None else set())
+        regular = [path for path in ordered if (match := CHECKPOINT_PATTERN.match(path.name))
+                   and self.saves_on_schedule(int(match.group(1)))]
+        keep = max(limit, len(protected & set(regular)))
+        remaining = len(regular)
+        for path in regular:
+            if remaining <= keep:
+                break
+            if path not in protected:
+                logger.info("save_total_limit=%d: deleting the older checkpoint %s", limit, path)
+                shutil.rmtree(path, ignore_errors=True)
+                remaining -= 1
+        newest_regular = next((path for path in reversed(regular) if path.is_dir() and is_complete_checkpoint(path)),
+                              None)
+        if newest_regular is None:
+            return
+        for path in ordered[:ordered.index(newest_regular)]:
+            if path not in regular and path not in protected:
+                logger.info("save_total_limit=%d: deleting %s, off the save schedule (a SIGTERM's), now that %s "
+                            "is saved", limit, path, newest_regular.name)
+                shutil.rmtree(path, ignore_errors=True)
 
     def _save_rng_state(self, output_dir: str) -> None:
         """Every process saves its random state (`rng_state_RANK.pth`), then waits for the others: the main process
