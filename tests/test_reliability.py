@@ -711,6 +711,32 @@ def test_a_sigterm_checkpoint_takes_no_slot_of_the_best_and_newest_under_load_be
     assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
 
 
+def test_a_sigterm_checkpoint_after_an_evaluation_off_the_save_schedule_never_becomes_the_best(tmp_path, corpus,
+                                                                                               monkeypatch):
+    """Under load_best_model_at_end with an evaluation every step and a checkpoint every 2, the best evaluation is
+    step 1's (greater_is_better on the loss), which has no checkpoint: transformers keeps best_model_checkpoint among
+    the checkpoints saved, none here, and the uninterrupted run ends with its last weights. A SIGTERM noticed after
+    step 1's evaluation saves checkpoint-1, off the save schedule, which transformers made the best checkpoint: the
+    resumed run loaded it as its final model. It is not made the best; the resumed run ends with the uninterrupted
+    run's weights, best checkpoint (none) and checkpoints."""
+    common = {"max_steps": 4, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2,
+              "eval_strategy": "steps", "eval_steps": 1, "save_total_limit": 2, "load_best_model_at_end": True,
+              "metric_for_best_model": "loss", "greater_is_better": True, "per_device_eval_batch_size": 4}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "_determine_best_metric", 1), pytest.raises(
+            TrainingStoppedError, match="at step 1 .*checkpoint-1 is saved"):
+        run([str(config)])
+    state = json.loads((tmp_path / "stopped" / "checkpoint-1" / TRAINER_STATE_FILE).read_text())
+    assert state["best_global_step"] == 1 and state["best_model_checkpoint"] is None
+    run([str(config), "--resume_from_checkpoint", "last"])
+    final = {name: json.loads((tmp_path / name / TRAINER_STATE_FILE).read_text()) for name in ("reference", "stopped")}
+    assert [(state["best_global_step"], state["best_model_checkpoint"]) for state in final.values()] == [(1, None)] * 2
+    assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+
+
 def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, monkeypatch):
     """enable_jit_checkpoint saves a checkpoint of training; a run that only scores a model (do_train false) has none
     to save, and a SIGTERM ends it as it would without the setting (the Trainer's handler, installed when it is built

@@ -519,19 +519,36 @@ class TranslationTrainer(Seq2SeqTrainer):
     def _save_checkpoint(self, model: torch.nn.Module, trial: Any) -> None:
         """A rewritten checkpoint folder (a resumed run reaching the step of an older attempt) loses its state file
         first, so that it does not count as complete until the Trainer writes the new one, last. Under save_strategy
-        steps or epoch the older checkpoints are rotated by `_rotate_checkpoints`, not by the Trainer."""
+        steps or epoch the older checkpoints are rotated by `_rotate_checkpoints`, not by the Trainer, and a
+        checkpoint off the save schedule (`saves_on_schedule`: a SIGTERM's) never becomes `best_model_checkpoint`,
+        which the Trainer made it, at its save or a later one, when its step's evaluation was the best (it then took
+        that checkpoint for its final model under load_best_model_at_end, and kept it): the Trainer saves the
+        checkpoint's trainer state without best_global_step, and that state is then replaced with one that has it
+        (a kill in between leaves it without, which changes no later choice of the best: the Trainer looks for that
+        step's checkpoint, which an uninterrupted run does not save)."""
         run_dir = self._get_output_dir(trial)
         if self.args.should_save:
             folder = Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
-        limit = self.args.save_total_limit
+        limit, best_step = self.args.save_total_limit, self.state.best_global_step
         on_schedule = self.args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH)
+        # The best evaluation's step has a checkpoint off the save schedule (a SIGTERM's, this one or an earlier
+        # one): the Trainer would make it best_model_checkpoint, which an uninterrupted run, without it, never has
+        unmade_best = (on_schedule and best_step is not None and not self.saves_on_schedule(best_step)
+                       and (best_step == self.state.global_step
+                            or (Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}").is_dir()))
         if on_schedule:
             self.args.save_total_limit = None   # the Trainer's rotation (every checkpoint-* folder) left out
+        if unmade_best:
+            self.state.best_global_step = None
         try:
             super()._save_checkpoint(model, trial)
         finally:
-            self.args.save_total_limit = limit
+            self.args.save_total_limit, self.state.best_global_step = limit, best_step
+        if unmade_best and self.args.should_save:   # its trainer state as an uninterrupted run's, best_global_step kept
+            folder = Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+            with atomic_file(folder / TRAINER_STATE_FILE) as temporary:
+                self.state.save_to_json(str(temporary))
         self._checkpointed_step = self.state.global_step
         if on_schedule and self.args.should_save and limit is not None and limit > 0:
             self._rotate_checkpoints(run_dir, limit)
