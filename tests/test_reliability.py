@@ -1031,6 +1031,41 @@ def test_a_run_ended_while_saving_its_final_model_is_not_finished_by_resume_last
     assert folder_contents(output_dir) == before
 
 
+def test_a_stopped_run_whose_training_report_predates_train_resumed_from_is_refused_for_what_it_is(tmp_path, corpus,
+                                                                                                   monkeypatch):
+    """A run stopped after training whose train_results.json was written by an hf_relpos version before
+    `train_resumed_from` (its final model and report whole) cannot be finished by `--resume_from_checkpoint last`:
+    the error says so, not that the run was ended while saving them, and changes nothing; adding the key, as it
+    says, lets the same command finish the run."""
+    output_dir = tmp_path / "out"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
+                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
+               "--resume_from_checkpoint", "last"]
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
+        run(command)
+    results = output_dir / "train_results.json"
+    old_report = json.loads(results.read_text())
+    del old_report["train_resumed_from"]   # as report_training wrote it before 2d12f24
+    results.write_text(json.dumps(old_report, indent=4, sort_keys=True) + "\n")
+    before = folder_contents(output_dir)
+    with pytest.raises(ConfigError) as error:
+        run(command)
+    checkpoint = output_dir / "checkpoint-4"
+    assert str(error.value) == (
+        f"resume_from_checkpoint: {str(checkpoint)!r} has already trained max_steps=4 (step 4, epoch "
+        f"{json.loads((checkpoint / TRAINER_STATE_FILE).read_text())['epoch']:g}), and the run's final model and "
+        f"training report of step 4 in {output_dir} are there, but its train_results.json was written by an earlier "
+        "version of hf_relpos, without \"train_resumed_from\" (the checkpoint its training resumed from, which the "
+        "record of the finished run names), so the run cannot be finished from it: add \"train_resumed_from\": null "
+        "(its training started at step 0) or the checkpoint's name (\"checkpoint-<step>\") to "
+        f"{results} and run the same command again, or score the final model with --do_train false "
+        f"--model_name_or_path {output_dir} (no run record is written)")
+    assert folder_contents(output_dir) == before
+    results.write_text(json.dumps({**old_report, "train_resumed_from": None}, indent=4, sort_keys=True) + "\n")
+    run(command)
+    assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] is None
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

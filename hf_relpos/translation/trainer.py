@@ -814,16 +814,28 @@ def _saved_training_report(output_dir: str, step: int) -> tuple[dict[str, Any], 
     that ended at `step` (the state names that step, the results name the checkpoint resumed from): `save_final_model`
     removes both before it moves the new final model in, weights last, and `report_training` writes them after, so
     their presence says the final model is whole. None otherwise (a kill while saving the final model or its report,
-    or a report written by an earlier version without `RESUMED_FROM_KEY`)."""
+    or a report written by an earlier version without `RESUMED_FROM_KEY`: `_report_of_an_earlier_version`)."""
+    report = _training_report_of_step(output_dir, step)
+    return report if report is not None and RESUMED_FROM_KEY in report[0] else None
+
+
+def _training_report_of_step(output_dir: str, step: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """train_results.json and trainer_state.json of output_dir, both whole, the state of `step`; None otherwise."""
     try:
         metrics = json.loads((Path(output_dir) / RESULTS_FILE.format(prefix="train")).read_text(encoding="utf-8"))
         state = json.loads((Path(output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if (not isinstance(metrics, dict) or not isinstance(state, dict) or state.get("global_step") != step
-            or RESUMED_FROM_KEY not in metrics):
+    if not isinstance(metrics, dict) or not isinstance(state, dict) or state.get("global_step") != step:
         return None
     return metrics, state
+
+
+def _report_of_an_earlier_version(output_dir: str, step: int) -> bool:
+    """Whether output_dir's training report of `step` is whole but was written by an hf_relpos version before
+    `RESUMED_FROM_KEY`: the final model is whole, but `finished_training` cannot say what the training resumed from."""
+    report = _training_report_of_step(output_dir, step)
+    return report is not None and RESUMED_FROM_KEY not in report[0]
 
 
 def _trained_all_steps(training_args: TranslationTrainingArguments, state: dict[str, Any]) -> tuple[str, str, bool]:
@@ -1024,6 +1036,18 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
         if reached:
             trained = (f"resume_from_checkpoint: {resume_from!r} has already trained {field}={goal} (step {step}, "
                        f"epoch {epoch:g})")
+            results = Path(training_args.output_dir) / RESULTS_FILE.format(prefix="train")
+            if (_stopped_while_saving_the_final_model(training_args.output_dir, resume_from, step)
+                    and _report_of_an_earlier_version(training_args.output_dir, step)):
+                raise ConfigError(
+                    f"{trained}, and the run's final model and training report of step {step} in "
+                    f"{training_args.output_dir} are there, but its {results.name} was written by an earlier version "
+                    f"of hf_relpos, without \"{RESUMED_FROM_KEY}\" (the checkpoint its training resumed from, which "
+                    f"the record of the finished run names), so the run cannot be finished from it: add "
+                    f"\"{RESUMED_FROM_KEY}\": null (its training started at step 0) or the checkpoint's name "
+                    f"(\"checkpoint-<step>\") to {results} and run the same command again, or score the final model "
+                    f"with --do_train false --model_name_or_path {training_args.output_dir} (no run record is "
+                    "written)")
             if _stopped_while_saving_the_final_model(training_args.output_dir, resume_from, step):
                 raise ConfigError(
                     f"{trained}, and the run's final model or its training report in {training_args.output_dir} was "
