@@ -1066,6 +1066,27 @@ def test_a_stopped_run_whose_training_report_predates_train_resumed_from_is_refu
     assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] is None
 
 
+def test_a_stopped_run_is_finished_on_a_disk_without_room_for_the_checkpoints_it_no_longer_writes(tmp_path, corpus,
+                                                                                                   monkeypatch):
+    """The run that finishes a stopped one (`finished_training`) trains nothing: it writes scores, translations, the
+    record and card, no model and no checkpoint. Its output_dir check asks for no room for them: on a disk that the
+    stopped run's checkpoints have filled (here 1 KB free, far below the final model and checkpoints a run from
+    step 0 asks for), the same `--resume_from_checkpoint last` command still finishes it."""
+    output_dir = tmp_path / "out"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
+                                save_steps=2, save_total_limit=2, do_predict=True, enable_jit_checkpoint=True)),
+               "--resume_from_checkpoint", "last"]
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
+        run(command)
+    assert not (output_dir / "run_record.json").exists()
+    monkeypatch.setattr(safety_module.shutil, "disk_usage", lambda path: DiskUsage(10**6, 10**6 - 1000, 1000))
+    finished = run(command)
+    assert finished["train"]["train_steps"] == 4 and "test" in finished
+    assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 4
+    with pytest.raises(OutputDirError, match=r"only 1\.0 KB free on its disk, but the run needs about"):
+        run([*command[:1], "--output_dir", str(tmp_path / "other"), *command[1:]])   # a run that trains: refused
+
+
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
     """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
     a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"

@@ -74,11 +74,13 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if not training_args.prepare_only:
         check_kernel_runs_here(model_args.attn_implementation, training_args.device)
     output_dir = training_args.output_dir
-    check_output_dir(output_dir, required_disk_bytes(estimated_weight_bytes(model_args) or 0, training_args))
+    # last/true where training has ended but the run was stopped before its record: finished without training, so
+    # it writes no final model or checkpoint and needs no room for them (the stopped run's checkpoints fill it)
+    finished = finished_training(training_args)
+    check_output_dir(output_dir, 0 if finished is not None else
+                     required_disk_bytes(estimated_weight_bytes(model_args) or 0, training_args))
     if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
         check_output_dir(data_args.prepared_data_dir, setting="prepared_data_dir")
-    # last/true where training has ended but the run was stopped before its record: finished without training
-    finished = finished_training(training_args)
     resume_from = finished.checkpoint if finished is not None else resolve_resume_checkpoint(training_args)
     if resume_from is not None and training_args.do_train:
         check_resumed_model_config(model_args, resume_from)
