@@ -29,6 +29,7 @@ from transformers.trainer_callback import CallbackHandler
 import hf_relpos
 import hf_relpos.publish.files as files_module
 import hf_relpos.translation.final_model as final_model_module
+import hf_relpos.translation.run_outputs as run_outputs_module
 import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_setup_module
 import hf_relpos.translation.training as training_module
@@ -1085,6 +1086,24 @@ def test_a_stopped_run_is_finished_on_a_disk_without_room_for_the_checkpoints_it
     assert json.loads((output_dir / "run_record.json").read_text())["steps"] == 4
     with pytest.raises(OutputDirError, match=r"only 1\.0 KB free on its disk, but the run needs about"):
         run([*command[:1], "--output_dir", str(tmp_path / "other"), *command[1:]])   # a run that trains: refused
+
+
+def test_a_run_ended_in_its_push_has_its_record_and_is_not_finished_again_by_resume_last(tmp_path, corpus,
+                                                                                          monkeypatch):
+    """`push_to_hub` pushes after the run record and card are written (record_run): a SIGTERM in the push leaves a
+    run that has finished, with its record, and `--resume_from_checkpoint last` refuses it as any finished run (it
+    does not push again: the folder is pushed again by hand, docs/hub.md)."""
+    output_dir = tmp_path / "out"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
+                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
+               "--resume_from_checkpoint", "last", "--push_to_hub", "true"]
+    monkeypatch.setattr(training_module, "check_hub_login", lambda token: "someone")
+    with sigterm_ends_the_process_in(monkeypatch, run_outputs_module, "push_training_output"):
+        run(command)
+    assert (output_dir / "run_record.json").is_file() and (output_dir / "README.md").is_file()
+    with pytest.raises(ConfigError, match=r"has already trained max_steps=4 \(step 4, epoch [\d.]+\): raise max_steps "
+                                          "to train on, or score the run's model with --do_train false$"):
+        run(command)
 
 
 def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
