@@ -1006,6 +1006,49 @@ def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(t
         assert json.loads((output_dir / "config.json").read_text())["absolute_positions_scale"] == 0.5
 
 
+@pytest.mark.parametrize("save_steps", [1, 2], ids=["checkpoint-at-the-stop", "checkpoint-before-the-stop"])
+def test_a_requeued_job_that_early_stopping_ended_is_finished_by_the_same_command(tmp_path, corpus, monkeypatch,
+                                                                                  save_steps):
+    """Early stopping ends training at step 3 of 6 (`early_stopping_patience` reached); a SIGTERM in the final
+    prediction ends the process, leaving the final model and training report without record. The requeued job's same
+    command (`--resume_from_checkpoint last`) finishes it without training, as it finishes a run that trained all its
+    steps: record and card of the uninterrupted run, field by field (but date, training time and prepared data
+    reused). The step training ended at is the trainer state's of output_dir (3), not the newest checkpoint's: a
+    save on the stop step (checkpoint-3) or not (checkpoint-2, saved before it)."""
+    output_dir, reference = tmp_path / "out", tmp_path / "reference"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, early_stopping_patience=2,
+                                early_stopping_threshold=100, eval_strategy="steps", eval_steps=1,
+                                save_strategy="steps", save_steps=save_steps, do_eval=True, do_predict=True,
+                                enable_jit_checkpoint=True)), "--resume_from_checkpoint", "last"]
+    expected = run(command)
+    assert TrainerState.load_from_json(str(reference.parent / "out" / "trainer_state.json")).global_step == 3
+    output_dir.rename(reference)
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
+        run(command)
+    assert not (output_dir / "run_record.json").exists() and (output_dir / "model.safetensors").is_file()
+    assert last_complete_checkpoint(str(output_dir)).name == f"checkpoint-{3 // save_steps * save_steps}"
+    with monkeypatch.context() as patch:
+        training_steps = steps_at_each_call(patch, "training_step")
+        finished = run(command)
+    assert training_steps == [], "not trained again"
+    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
+    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == 3
+    for prefix in ("eval", "test"):
+        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
+            reference / f"{prefix}_results.json", prefix)
+        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
+            reference / f"{prefix}_hypotheses.txt").read_text()
+    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
+    assert record.keys() == uninterrupted.keys()
+    differing = {name for name in record if record[name] != uninterrupted[name]}
+    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
+    assert record["steps"] == 3 and record["resumed_from"] is None and record["early_stopping_patience"] == 2
+    for split, source in record["prepared_from"].items():
+        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
+    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
+    assert_same_weights(reference, output_dir)
+
+
 def test_a_run_ended_while_saving_its_final_model_is_not_finished_by_resume_last(tmp_path, corpus, monkeypatch):
     """A run ended after its last step, while it saved its final model (or before its training report, which says
     the model is whole, was written) cannot be finished from it: `--resume_from_checkpoint last` stays one error,

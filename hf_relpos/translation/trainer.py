@@ -800,7 +800,8 @@ def report_training(trainer: TranslationTrainer, train_result: TrainOutput,
 class FinishedTraining:
     """A training run whose training has ended but whose record and card were never written (the process was ended
     in its final evaluation, prediction or record writing: a SIGTERM after the last step ends it at once), as
-    `report_training` saved it: the newest complete checkpoint (which trained all the run's steps), the training
+    `report_training` saved it: the newest complete checkpoint (which trained all the run's steps, or the newest
+    at or before the step early stopping ended training at), the training
     metrics, the checkpoint the training segment resumed from (a folder name, or None) and the Trainer's best
     checkpoint (`load_best_model_at_end`), from output_dir/trainer_state.json."""
     checkpoint: str
@@ -849,7 +850,8 @@ def _trained_all_steps(training_args: TranslationTrainingArguments, state: dict[
 
 def finished_training(training_args: TranslationTrainingArguments) -> FinishedTraining | None:
     """`resume_from_checkpoint: last/true` in a training run whose training has ended (the newest complete checkpoint
-    trained all its steps) and whose final model and training report were written whole (`_saved_training_report`),
+    trained all its steps, or early stopping ended it: `_early_stopping_end`) and whose final model and training
+    report of the step training ended at were written whole (`_saved_training_report`),
     without a run record (written last: the run was ended after training, before or while it wrote its record): what
     is needed to finish it without training (evaluate, predict, record, push), as the same command run uninterrupted
     would have; None for every other run (`resolve_resume_checkpoint` decides those)."""
@@ -862,20 +864,47 @@ def finished_training(training_args: TranslationTrainingArguments) -> FinishedTr
     if checkpoint is None:
         return None
     state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-    if not _trained_all_steps(training_args, state)[2]:
+    if _trained_all_steps(training_args, state)[2]:
+        step, how = state.get("global_step", 0), "all its steps"
+    elif (stopped_at := _early_stopping_end(training_args, state.get("global_step", 0))) is not None:
+        step, how = stopped_at, f"stopped by early_stopping_patience={training_args.early_stopping_patience}"
+    else:
         return None
-    report = _saved_training_report(output_dir, state.get("global_step", 0))
+    report = _saved_training_report(output_dir, step)
     if report is None:
         return None
     metrics, final_state = report
     resumed_from = metrics.pop(RESUMED_FROM_KEY)
     best = final_state.get("best_model_checkpoint")
     if training_args.process_index == 0:
-        logger.warning("resume_from_checkpoint=%s: the run in output_dir %s finished training (%s, step %d) and saved "
-                       "its final model, but was stopped before it wrote its run record: finishing it without "
-                       "training (evaluation, prediction and record of the final model there)", setting, output_dir,
-                       checkpoint.name, state.get("global_step", 0))
+        logger.warning("resume_from_checkpoint=%s: the run in output_dir %s finished training (%s; step %d, newest "
+                       "checkpoint %s) and saved its final model, but was stopped before it wrote its run record: "
+                       "finishing it without training (evaluation, prediction and record of the final model there)",
+                       setting, output_dir, how, step, checkpoint.name)
     return FinishedTraining(str(checkpoint), metrics, resumed_from, best)
+
+
+def _early_stopping_end(training_args: TranslationTrainingArguments, checkpoint_step: int) -> int | None:
+    """The step at which early stopping ended output_dir's training, where output_dir/trainer_state.json (the
+    state `report_training` saved where training ended) says it did: its evaluations without improvement reach this
+    run's early_stopping_patience, under the same early_stopping_threshold, at or after `checkpoint_step` (the newest
+    complete checkpoint's: the stop step's own where a save fell on it, an earlier one otherwise). None otherwise."""
+    patience = training_args.early_stopping_patience
+    if patience is None:
+        return None
+    try:
+        ended = json.loads((Path(training_args.output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(ended, dict):
+        return None
+    saved = ended.get("stateful_callbacks", {}).get(EarlyStopping.__name__)
+    threshold = saved.get("args", {}).get("early_stopping_threshold") if isinstance(saved, dict) else None
+    stopped_at = ended.get("global_step", 0)
+    if (stopped_at >= checkpoint_step and _evaluations_without_improvement(ended) >= patience
+            and threshold == training_args.early_stopping_threshold):
+        return stopped_at
+    return None
 
 
 def _write_hypotheses(path: Path, hypotheses: list[str]) -> None:
