@@ -943,7 +943,8 @@ def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(t
     the same scores, translations and weights; `resumed_from` names the checkpoint the training segment resumed from
     (a run that trained from step 0, or one resumed from checkpoint-3 after a SIGTERM in step 3). The model scored is
     the one saved: the average of the last two checkpoints (`average_checkpoints`), or weights trained to a faded
-    absolute position scale (`fade_absolute_positions`), which comes back with them."""
+    absolute position scale (`fade_absolute_positions`), which comes back with them. all_results.json, of either run,
+    merges the training metrics without `train_resumed_from` (train_results.json's alone)."""
     common = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "do_eval": True, "do_predict": True,
               "enable_jit_checkpoint": True}
     if segment == "averaged":
@@ -979,6 +980,10 @@ def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(t
     assert finished.keys() == expected.keys() == {"train", "eval", "test"}
     saved = json.loads((output_dir / "train_results.json").read_text())
     assert finished["train"] == {name: value for name, value in saved.items() if name != "train_resumed_from"}
+    assert saved["train_resumed_from"] == ("checkpoint-3" if segment == "resumed" else None)
+    for folder in (output_dir, reference):   # the key is train_results.json's, for the finishing run, not a metric
+        combined = json.loads((folder / "all_results.json").read_text())
+        assert "train_resumed_from" not in combined and set(finished["train"]) <= combined.keys()
     assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == 4
     for prefix in ("eval", "test"):
         assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(

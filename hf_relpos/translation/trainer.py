@@ -597,7 +597,9 @@ class TranslationTrainer(Seq2SeqTrainer):
     def save_metrics(self, split: str, metrics: dict[str, Any], combined: bool = True) -> None:
         """The Trainer's `save_metrics` (`{split}_results.json`, merged into all_results.json when `combined`), each
         file replaced atomically (`write_text_atomic`): a process killed while writing leaves the previous file,
-        never one cut short that the card (`load_results`) or the next run's merge would fail to read."""
+        never one cut short that the card (`load_results`) or the next run's merge would fail to read. all_results.json
+        takes the metrics alone: `RESUMED_FROM_KEY`, which train_results.json names for `finished_training`, stays out.
+        """
         if not self.is_world_process_zero():
             return
         output_dir = Path(self.args.output_dir)
@@ -605,6 +607,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if combined:
             path = output_dir / ALL_RESULTS_FILE
             merged = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+            metrics = {name: value for name, value in metrics.items() if name != RESUMED_FROM_KEY}
             write_text_atomic(path, json.dumps({**merged, **metrics}, indent=4, sort_keys=True))
 
     def save_state(self) -> None:
@@ -788,7 +791,8 @@ def report_training(trainer: TranslationTrainer, train_result: TrainOutput,
                     resumed_from: str | None = None) -> dict[str, Any]:
     """Log and save the training metrics (with the number of training pairs and the optimizer steps taken) and the
     Trainer's state; returns the metrics. train_results.json also names the checkpoint training resumed from
-    (`RESUMED_FROM_KEY`: its folder name, or null), for `finished_training`; the metrics returned do not."""
+    (`RESUMED_FROM_KEY`: its folder name, or null), for `finished_training`; the metrics returned and all_results.json
+    (`TranslationTrainer.save_metrics`) do not."""
     metrics = dict(train_result.metrics, train_samples=len(trainer.train_dataset), train_steps=train_result.global_step)
     trainer.log_metrics("train", metrics)
     trainer.save_metrics("train", {**metrics, RESUMED_FROM_KEY: Path(resumed_from).name if resumed_from else None})
