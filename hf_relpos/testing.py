@@ -11,9 +11,10 @@ package is held to the rules a built-in one is:
 - `check_cached_decoding`: decoding one token at a time with the KV cache gives the logits of the whole forward;
 - `check_causal_lm_decoding`: the same in the causal LM, whose `generate` also gives the same tokens and logits with
   the cache as without (left-padded prompts);
-- `check_static_cache` (for a scheme that declares `takes_fixed_size_cache`): decoding on a fixed-size cache
-  (transformers' StaticCache) gives the whole forward's logits, and `generate(..., cache_implementation="static")`
-  the dynamic cache's tokens and logits, in the translation model and the causal LM;
+- `check_static_cache` (for a scheme that declares `takes_fixed_size_cache`, on the kernels that take a fixed-size
+  cache, `FIXED_SIZE_CACHE_KERNELS`: eager, sdpa, relpos_triton; given none of them, one ValueError): decoding on a
+  fixed-size cache (transformers' StaticCache) gives the whole forward's logits, and `generate(...,
+  cache_implementation="static")` the dynamic cache's tokens and logits, in the translation model and the causal LM;
 - `check_save_load`: `save_pretrained` / `from_pretrained` give the same scheme parameters and buffers and logits;
 - `check_padding_invariance`: a padded batch gives each sequence's real tokens the outputs of that sequence alone;
 - `check_causal_lm_left_padding`: a left-padded batch of prompts gives each prompt's real tokens the causal LM's
@@ -587,10 +588,16 @@ def check_static_cache(name: str, *, config_overrides: Mapping[str, Any] | None 
     on a cache of more slots than tokens gives the logits of the whole forward; and `generate` with
     cache_implementation "static" gives the tokens, and every step's logits within `tolerance`, of the dynamic
     cache (padded sources; left-padded prompts). A scheme that places a step's queries at the last keys
-    (key_length - n) instead of at `query_offset` passes the dynamic cache and fails here."""
+    (key_length - n) instead of at `query_offset` passes the dynamic cache and fails here. `kernels` none of which
+    takes a fixed-size cache (flex_attention alone) would check nothing: one ValueError naming them and those that do.
+    """
     if not get_scheme_class(name).takes_fixed_size_cache:
         raise ValueError(f"position scheme {name!r} does not declare that it takes a fixed-size KV cache "
                          "(takes_fixed_size_cache = True): generate refuses cache_implementation 'static' for it")
+    kernels = tuple(kernels)
+    if not any(kernel in FIXED_SIZE_CACHE_KERNELS for kernel in kernels):
+        raise ValueError(f"check_static_cache: none of kernels {list(kernels)} takes a fixed-size KV cache, so it "
+                         f"would check nothing; it checks {list(FIXED_SIZE_CACHE_KERNELS)}")
     translation = tiny_float64_model(name, config_overrides)
     causal_lm = tiny_float64_causal_lm(name, config_overrides)
     source, source_mask, _ = padded_sources()
@@ -637,7 +644,7 @@ def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | No
                           kernels: Iterable[str] = KERNELS) -> None:
     """Every check of this module for the registered scheme `name` (its module imported first), on tiny float64
     models on the CPU: kernels agree, cached decoding, the causal LM's cached decoding, a fixed-size cache (when the
-    scheme declares `takes_fixed_size_cache`), save/load, padding invariance, the causal LM's left padding, the
+    scheme declares `takes_fixed_size_cache` and one of `kernels` takes one: not flex_attention), save/load, padding invariance, the causal LM's left padding, the
     oracle (when given) and order awareness (when `order_aware`). `config_overrides`: config fields of the tiny model
     (your scheme's own); `kernels`: those the scheme runs on (flex_attention runs unfused on the CPU). Raises
     AssertionError naming the scheme, the property and the largest difference at the first check that fails."""
@@ -646,8 +653,8 @@ def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | No
     check_kernels_agree(name, config_overrides=config_overrides, kernels=kernels)
     check_cached_decoding(name, config_overrides=config_overrides, kernels=kernels)
     check_causal_lm_decoding(name, config_overrides=config_overrides, kernels=kernels)
-    if scheme_class.takes_fixed_size_cache:
-        check_static_cache(name, config_overrides=config_overrides, kernels=kernels)
+    if scheme_class.takes_fixed_size_cache and any(kernel in FIXED_SIZE_CACHE_KERNELS for kernel in kernels):
+        check_static_cache(name, config_overrides=config_overrides, kernels=kernels)   # none such: nothing to check
     check_save_load(name, config_overrides=config_overrides)
     check_padding_invariance(name, config_overrides=config_overrides, kernels=kernels)
     check_causal_lm_left_padding(name, config_overrides=config_overrides, kernels=kernels)

@@ -244,6 +244,22 @@ def test_the_static_cache_check_runs_for_a_scheme_that_declares_it(registered):
         check_static_cache(name)
 
 
+def test_the_static_cache_check_given_no_kernel_that_takes_a_fixed_size_cache_is_an_error(registered):
+    """check_static_cache given kernels none of which takes a fixed-size cache (flex_attention alone) would check
+    nothing and pass: one ValueError naming the kernels given and those it checks; given one that does among them,
+    it checks (a broken scheme fails). check_position_scheme on such kernels skips that check (nothing to check) and
+    passes a scheme that declares a fixed-size cache (alibi)."""
+    name = registered("check_broken_step_at_0_declared_flex_only", CacheIgnoresPastPositionsDeclared)
+    with pytest.raises(ValueError, match=r"^check_static_cache: none of kernels \['flex_attention'\] takes a "
+                                         r"fixed-size KV cache, so it would check nothing; it checks \['eager', "
+                                         r"'sdpa', 'relpos_triton'\]$"):
+        check_static_cache(name, kernels=["flex_attention"])
+    with pytest.raises(AssertionError, match=r"static cache decoding equals the full forward: translation model "
+                                             r"step 3 \(eager"):
+        check_static_cache(name, kernels=iter(["flex_attention", "eager"]))   # one that takes it: checked
+    check_position_scheme("alibi", kernels=["flex_attention"], order_aware=False)
+
+
 def test_an_oracle_that_disagrees_fails_the_check_naming_the_oracle():
     """The toy scheme's oracle with the distance's sign flipped: the check names the oracle and the case."""
     from test_scheme_toy import naive_toy
