@@ -25,8 +25,8 @@ from hf_relpos.translation.data import (
     restore_order,
     select_rows,
     sort_by_source_length,
+    text_file_line_chunks,
     text_line_chunks,
-    text_lines,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
     with_concatenated_pairs,
@@ -724,28 +724,39 @@ def test_plain_text_that_is_not_utf8_names_file_and_line(tmp_path):
         read_local_pairs(prefix, "en", "de")
 
 
-def test_text_in_memory_gives_the_lines_of_the_same_bytes_read_as_a_file(tmp_path):
-    """`text_lines` (stdin, `hf-relpos-translate`'s files) and a data file's reader: a byte order mark dropped, split at
-    "\n" only with a "\r" before it dropped (a stray "\r" stays in its line), a final "\n" starting no line."""
-    assert text_lines(b"", "stdin") == [] and text_lines(b"\n", "stdin") == [""] and text_lines(b"a", "x") == ["a"]
+@pytest.mark.parametrize("suffix", ["", ".gz"])
+def test_text_read_in_chunks_gives_the_lines_of_the_same_bytes_read_as_a_data_file(tmp_path, suffix):
+    """`text_line_chunks` (stdin) and `text_file_line_chunks` (`hf-relpos-translate`'s files, decompressed as read)
+    give the lines a data file's reader gives for the same bytes: a byte order mark dropped, split at "\n" only with
+    a "\r" before it dropped (a stray "\r" stays in its line), a final "\n" starting no line."""
+    def lines_of(data: bytes) -> list[str]:
+        return [line for chunk in text_line_chunks(io.BytesIO(data), "stdin", 100) for line in chunk]
+
+    assert lines_of(b"") == [] and lines_of(b"\n") == [""] and lines_of(b"a") == ["a"]
     data = "\ufeffA dog.\r\n\r\nA cat\rsits.\nLast".encode()
-    assert text_lines(data, "stdin") == ["A dog.", "", "A cat\rsits.", "Last"]
+    assert lines_of(data) == ["A dog.", "", "A cat\rsits.", "Last"]
     (tmp_path / "test.en").write_bytes(data)
-    assert read_local_pairs(tmp_path / "test", "en", "de", allow_source_only=True)["source"] == text_lines(data, "x")
+    assert read_local_pairs(tmp_path / "test", "en", "de", allow_source_only=True)["source"] == lines_of(data)
+    path = tmp_path / f"input.en{suffix}"
+    path.write_bytes(gzip.compress(data) if suffix else data)
+    with path.open("rb") as file:
+        assert [line for chunk in text_file_line_chunks(file, path, 3) for line in chunk] == lines_of(data)
     with pytest.raises(DatasetSchemaError, match=r"^stdin:2: not UTF-8 text \(invalid start byte at byte 2 of the "
                                                  r"line\)$"):
-        text_lines(b"A.\nGr\xff\n", "stdin")
+        lines_of(b"A.\nGr\xff\n")
 
 
-@pytest.mark.parametrize("data", [b"", b"\n", b"a", "\ufeff".encode(), "\ufeff\n".encode(),
-                                  "\ufeffA dog.\r\n\r\nA cat\rsits.\n\ufeffLast".encode(), b"x\ny\nz\n"])
+@pytest.mark.parametrize(("data", "lines"), [
+    (b"", []), (b"\n", [""]), (b"a", ["a"]), ("\ufeff".encode(), []), ("\ufeff\n".encode(), [""]),
+    ("\ufeffA dog.\r\n\r\nA cat\rsits.\n\ufeffLast".encode(), ["A dog.", "", "A cat\rsits.", "\ufeffLast"]),
+    (b"x\ny\nz\n", ["x", "y", "z"])])
 @pytest.mark.parametrize("chunk_lines", [1, 2, 3, 100])
-def test_text_read_in_chunks_gives_the_lines_of_the_whole_text(data, chunk_lines):
+def test_text_read_in_chunks_gives_the_lines_of_the_whole_text(data, lines, chunk_lines):
     """`text_line_chunks` (`hf-relpos-translate`'s source as it is read): chunks of `chunk_lines` lines (the last one
-    shorter) that together are `text_lines` of the same bytes: a byte order mark dropped at the start only, "\r\n"
-    as "\n", a last line without "\n" kept, blank lines kept."""
+    shorter) that together are the lines of the whole text: a byte order mark dropped at the start only, "\r\n" as
+    "\n", a last line without "\n" kept, blank lines kept."""
     chunks = list(text_line_chunks(io.BytesIO(data), "stdin", chunk_lines))
-    assert [line for chunk in chunks for line in chunk] == text_lines(data, "stdin")
+    assert [line for chunk in chunks for line in chunk] == lines
     assert all(len(chunk) == chunk_lines for chunk in chunks[:-1]) and all(chunks)
     assert len(chunks[-1] if chunks else []) <= chunk_lines
 

@@ -847,17 +847,11 @@ def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
                 return
 
 
-def text_lines(data: bytes, name: str) -> list[str]:
-    """The lines of UTF-8 text held in memory (stdin, a small file), by `_line_chunks`' rule for data files; an
-    invalid line is an error naming it as "NAME:LINE"."""
-    data = _without_byte_order_mark(data)
-    return _split_lines(data, name, 1).to_pylist() if data else []
-
-
 def text_line_chunks(stream: BinaryIO, name: str, chunk_lines: int) -> Iterator[list[str]]:
     """The lines of UTF-8 text read from `stream` as it comes (stdin, a pipe, a file), `chunk_lines` at a time, each
-    chunk given as soon as its last line is read: together the lines `text_lines` gives for all the bytes at once, an
-    invalid line an error naming it as "NAME:LINE" (counted from the start of the stream)."""
+    chunk given as soon as its last line is read: together the lines of the text by `_line_chunks`' rule for data
+    files (a byte order mark at the start dropped, split at "\n" with a "\r" before it dropped), an invalid line an
+    error naming it as "NAME:LINE" (counted from the start of the stream)."""
     first_line = 1
     pending: list[bytes] = []
     for raw in stream:   # split at b"\n" only, each piece with its "\n"
