@@ -2,12 +2,14 @@
 generated demo corpus."""
 
 import bz2
+import errno
 import gzip
 import io
 import json
 import logging
 import lzma
 import random
+import re
 import sys
 
 import datasets.table
@@ -958,6 +960,52 @@ def test_a_compressed_file_that_does_not_decompress_is_one_error_naming_it(tmp_p
     with pytest.raises(DatasetSchemaError, match=rf"^{tmp_path / name}: not a whole \.\w+ file, it does not "
                                                  r"decompress \(\w+: .*\)$"):
         read_local_pairs(path, "en", "de")
+
+
+class FileFailingAfter(io.RawIOBase):
+    """A file object that gives the first `good` bytes of `data`, then (short of its end) raises `error` on every
+    read (a disk's EIO)."""
+
+    def __init__(self, data: bytes, good: int, error: OSError) -> None:
+        super().__init__()
+        self.data, self.good, self.error, self.position = data, good, error, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.position >= self.good and self.good < len(self.data):
+            raise self.error
+        piece = self.data[self.position:min(self.good, self.position + len(buffer))]
+        buffer[:len(piece)] = piece
+        self.position += len(piece)
+        return len(piece)
+
+
+@pytest.mark.parametrize("suffix", [".gz", ".bz2", ".xz"])
+def test_an_io_error_reading_a_compressed_file_propagates_as_it_is(suffix):
+    """An OSError of the file's own reads (EIO) while a compressed file is decompressed is raised as it is, not
+    reported as a file that does not decompress; a file cut short, corrupt or of another kind still is, by each
+    module's error (EOFError; gzip.BadGzipFile, zlib.error; bzip2's OSError 'Invalid data stream'; lzma.LZMAError)."""
+    data = "".join(f"Line {number}.\n" for number in range(20000)).encode()
+    compressed = {".gz": gzip.compress, ".bz2": bz2.compress, ".xz": lzma.compress}[suffix](data)
+    path = f"input.en{suffix}"
+
+    def lines(file) -> list[str]:
+        return [line for chunk in text_file_line_chunks(file, path, 1000) for line in chunk]
+
+    eio = OSError(errno.EIO, "Input/output error")
+    with pytest.raises(OSError) as raised:
+        lines(FileFailingAfter(compressed, len(compressed) // 2, eio))
+    assert raised.value is eio
+    assert lines(FileFailingAfter(compressed, len(compressed), eio)) == data.decode().splitlines()
+    middle = len(compressed) // 2
+    corrupt = compressed[:middle] + bytes(byte ^ 0xFF for byte in compressed[middle:middle + 64]) + compressed[
+        middle + 64:]
+    for broken in (compressed[:-8], corrupt, data):   # cut short, corrupt, plain text under the compressed name
+        with pytest.raises(DatasetSchemaError, match=rf"^{re.escape(path)}: not a whole \{suffix} file, it does not "
+                                                     r"decompress \(\w+: .*\)$"):
+            lines(io.BytesIO(broken))
 
 
 def test_a_compressed_training_file_of_sources_only_is_refused_as_the_uncompressed_one(tmp_path):

@@ -804,7 +804,8 @@ def _opened(path: Path) -> Iterator[tuple[BinaryIO, BinaryIO]]:
 def _decompressed(raw: BinaryIO, path: str | os.PathLike) -> Iterator[BinaryIO]:
     """The bytes of the text of `raw`, the file opened from `path`: decompressed as they are read when `path` ends in
     one of `COMPRESSIONS` (`raw` itself otherwise; it stays open either way). A compressed file that does not
-    decompress (corrupt, cut short, not of its suffix's kind) is one error naming it."""
+    decompress (corrupt, cut short, not of its suffix's kind: `_is_decompression_error`) is one error naming it; an
+    error of the file itself (an OSError of its reads, EIO) propagates as it is."""
     compression = compression_of(path)
     if compression is None:
         yield raw
@@ -813,8 +814,19 @@ def _decompressed(raw: BinaryIO, path: str | os.PathLike) -> Iterator[BinaryIO]:
         with COMPRESSIONS[compression](raw) as handle:
             yield handle
     except (OSError, EOFError, zlib.error, lzma.LZMAError) as error:
+        if not _is_decompression_error(error, compression):
+            raise
         raise DatasetSchemaError(f"{path}: not a whole {compression} file, it does not decompress "
                                  f"({type(error).__name__}: {error})") from None
+
+
+def _is_decompression_error(error: BaseException, compression: str) -> bool:
+    """Whether `error`, raised while a `compression` file was read, says its bytes do not decompress: cut short
+    (EOFError, every module), corrupt or of another kind (gzip: gzip.BadGzipFile, zlib.error; xz: lzma.LZMAError;
+    bzip2: a bare OSError without errno, "Invalid data stream"). An OSError with an errno (EIO) is the file's own."""
+    if isinstance(error, (EOFError, gzip.BadGzipFile, zlib.error, lzma.LZMAError)):
+        return True
+    return compression == ".bz2" and type(error) is OSError and error.errno is None
 
 
 def _line_chunks(path: Path) -> Iterator[tuple[int, pa.Array, bytes]]:
