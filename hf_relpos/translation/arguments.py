@@ -265,7 +265,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "(output_dir does not exist yet, or holds no finished model: only checkpoints cut short, "
                           "a tokenizer, prepared data), so that a requeued job reruns one command at every start; "
                           "beside a finished model, or in a run that trains nothing, it is an error. Where the run "
-                          "has trained all its steps and saved its final model but was stopped before its run record, "
+                          "has ended its training (all its steps, or early stopping) and saved its final model but was "
+                          "stopped before its run record, "
                           "last finishes it without training (evaluation, prediction, record, push)."},
     )
     push_to_hub: bool = field(
