@@ -745,28 +745,9 @@ def test_a_run_that_trains_nothing_leaves_sigterm_to_end_it(tmp_path, corpus, mo
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, do_predict=True)
     run([str(config)])
-
-    class Terminated(Exception):
-        pass
-
-    def terminated(signum, frame):
-        raise Terminated
-
-    def sigterm_while_predicting(self, *args, **kwargs):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(0.5)
-        raise AssertionError("the SIGTERM did not end the run")
-
-    previous = signal.signal(signal.SIGTERM, terminated)
-    try:
-        with monkeypatch.context() as patch:
-            patch.setattr(TranslationTrainer, "predict", sigterm_while_predicting)
-            with pytest.raises(Terminated):
-                run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir),
-                     "--enable_jit_checkpoint", "true"])
-        assert signal.getsignal(signal.SIGTERM) is terminated
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
+        run([str(config), "--do_train", "false", "--model_name_or_path", str(output_dir),
+             "--enable_jit_checkpoint", "true"])
 
 
 # --- a requeued job: the same command at every start ---------------------------------------------------------------
