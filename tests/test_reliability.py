@@ -37,15 +37,21 @@ from hf_relpos.publish.hub import render_recipe_cards
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.translation.arguments import ConfigError, TranslationTrainingArguments, parse_arguments
-from hf_relpos.translation.checkpoints import TRAINER_STATE_FILE, is_complete_checkpoint, last_complete_checkpoint
+from hf_relpos.translation.checkpoints import (
+    TRAINER_STATE_FILE,
+    complete_checkpoints,
+    is_complete_checkpoint,
+    last_complete_checkpoint,
+)
 from hf_relpos.translation.data import DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
-from hf_relpos.translation.model_setup import required_disk_bytes
+from hf_relpos.translation.model_setup import estimated_weight_bytes, required_disk_bytes
 from hf_relpos.translation.safety import (
     NonFiniteLossError,
     OutputDirError,
     TrainingStoppedError,
     check_output_dir,
+    format_bytes,
 )
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.trainer import TranslationTrainer
@@ -1299,6 +1305,32 @@ def test_full_disk_is_detected_before_training(tmp_path, corpus, monkeypatch):
     assert not (tmp_path / "out").exists()
 
 
+def test_a_resumed_run_needs_room_for_one_more_checkpoint_not_for_all_it_keeps(tmp_path, corpus, monkeypatch):
+    """A requeued job stopped by a SIGTERM with save_total_limit (2) checkpoints in output_dir resumes on a disk with
+    room for one more checkpoint and the final model, though not for the save_total_limit + 1 checkpoints a run from
+    step 0 asks for (they were counted against the used space twice); with one byte less it is refused, naming the
+    free space and the amount it needs."""
+    output_dir = tmp_path / "out"
+    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=5, save_strategy="steps",
+                                save_steps=1, save_total_limit=2, enable_jit_checkpoint=True)),
+               "--resume_from_checkpoint", "last"]
+    with sigterm_in_step_3(monkeypatch), pytest.raises(TrainingStoppedError):
+        run(command)
+    assert [path.name for path in complete_checkpoints(output_dir)] == ["checkpoint-2", "checkpoint-3"]
+    weights = estimated_weight_bytes(parse_arguments(command)[0])
+    one_more = weights * (1 + 3 * 1)
+    assert required_disk_bytes(weights, parse_arguments([*command[:1], "--output_dir", str(tmp_path / "new")])[2]) \
+        == weights * (1 + 3 * 3)   # a run from step 0: the final model and 3 checkpoints, as before
+    monkeypatch.setattr(safety_module.shutil, "disk_usage", lambda path: DiskUsage(10**9, 10**9 - one_more + 1,
+                                                                                   one_more - 1))
+    with pytest.raises(OutputDirError, match=rf"only {re.escape(format_bytes(one_more - 1))} free on its disk, but the "
+                                             rf"run needs about {re.escape(format_bytes(one_more))} "):
+        run(command)
+    monkeypatch.setattr(safety_module.shutil, "disk_usage", lambda path: DiskUsage(10**9, 10**9 - one_more, one_more))
+    assert run(command)["train"]["train_steps"] == 5
+    assert json.loads((output_dir / "run_record.json").read_text())["resumed_from"] == "checkpoint-3"
+
+
 class DiskUsage(NamedTuple):
     total: int
     used: int
@@ -1319,6 +1351,35 @@ def test_disk_estimate_counts_the_final_model_and_the_kept_checkpoints(tmp_path,
     monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
     assert required_disk_bytes(100, arguments(do_train=True, save_strategy="steps", save_total_limit=20)) == \
         100 + 4 * 100 * 21
+
+
+def test_a_resumed_runs_disk_estimate_counts_the_checkpoints_already_in_output_dir(tmp_path, monkeypatch):
+    """A resumed run's checkpoints in output_dir take disk space already: with save_total_limit N and k complete
+    ones there, it needs room for N + 1 - k more (the one written before rotation deletes the oldest), never fewer
+    than one. A run from step 0 asks for N + 1 as before, whatever the folder holds; incomplete checkpoints count
+    for nothing."""
+    def arguments(**values) -> TranslationTrainingArguments:
+        return TranslationTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, do_train=True,
+                                            save_strategy="steps", **values)
+
+    def checkpoint(step: int, complete: bool = True) -> None:
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        if complete:
+            (tmp_path / f"checkpoint-{step}" / TRAINER_STATE_FILE).write_text(json.dumps({"global_step": step}))
+
+    monkeypatch.delenv("ACCELERATE_USE_FSDP", raising=False)
+    checkpoint(2)
+    checkpoint(4, complete=False)
+    assert required_disk_bytes(100, arguments(save_total_limit=3, resume_from_checkpoint="last")) == 100 + 3 * 100 * 3
+    checkpoint(6)
+    assert required_disk_bytes(100, arguments(save_total_limit=3, resume_from_checkpoint="last")) == 100 + 3 * 100 * 2
+    checkpoint(7)   # a SIGTERM's, off the save schedule, beside 3 on it: one more is written before any is deleted
+    checkpoint(8)
+    for limit in (3, 2, None):
+        assert required_disk_bytes(100, arguments(save_total_limit=limit, resume_from_checkpoint="last")) == 400
+    assert required_disk_bytes(100, arguments(save_total_limit=3)) == 100 + 3 * 100 * 4   # from step 0
+    assert required_disk_bytes(100, arguments(save_total_limit=3, resume_from_checkpoint=str(tmp_path / "checkpoint-6"))
+                               ) == 400
 
 
 # --- a failing rank ------------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ under a ceiling), and sized from its config before anything is written (the disk
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedTokenizerBase
@@ -21,6 +22,7 @@ from .arguments import (
     TranslationTrainingArguments,
     saved_config_with_overrides,
 )
+from .checkpoints import complete_checkpoints
 from .data import DataArguments
 from .preflight import fsdp_launch
 from .tokenization import special_token_ids
@@ -171,17 +173,31 @@ def estimated_weight_bytes(model_args: ModelArguments) -> int | None:
 
 
 def required_disk_bytes(weight_bytes: int, training_args: TranslationTrainingArguments) -> int:
-    """Free space a run needs in output_dir, roughly: the final model, plus, when checkpointing, `save_total_limit`
-    + 1 checkpoints (the new one is written before the oldest is deleted; 1 without a limit) of weights and optimizer
-    state (and, in an FSDP launch, a second copy of the weights). Tokenizer, results and data files are small next
-    to it."""
+    """Free space a run needs in output_dir, roughly: the final model, plus, when checkpointing, the checkpoints it
+    writes before its rotation deletes any, each of weights and optimizer state (and, in an FSDP launch, a second
+    copy of the weights). A run holds at most `save_total_limit` + 1 checkpoints (the new one is written before the
+    oldest is deleted; 1 without a limit); a resumed run (`resume_from_checkpoint`) counts the complete checkpoints
+    already in output_dir against them (they take disk space already), though never less than one new checkpoint:
+    with `save_total_limit` N and N or more there (a SIGTERM's checkpoint beside N on the save schedule, which
+    `TranslationTrainer._rotate_checkpoints` deletes only once a later one on it is complete), one more is written
+    before any is deleted. Tokenizer, results and data files are small next to it."""
     if not training_args.do_train:
         return 0
     checkpoints = 0
     if training_args.save_strategy != "no":
-        checkpoints = training_args.save_total_limit + 1 if training_args.save_total_limit else 1
+        held = training_args.save_total_limit + 1 if training_args.save_total_limit else 1
+        checkpoints = max(1, held - _checkpoints_kept(training_args))
     factor = FSDP_CHECKPOINT_SIZE_FACTOR if fsdp_launch() else CHECKPOINT_SIZE_FACTOR
     return weight_bytes * (1 + factor * checkpoints)
+
+
+def _checkpoints_kept(training_args: TranslationTrainingArguments) -> int:
+    """The complete checkpoints in output_dir that a resumed run goes on from (0 for a run from step 0, which does
+    not resume, or an output_dir that is not a folder yet)."""
+    output_dir = Path(training_args.output_dir)
+    if training_args.resume_from_checkpoint is None or not output_dir.is_dir():
+        return 0
+    return len(complete_checkpoints(output_dir))
 
 
 def acts_in_training_only(field: str) -> bool:
