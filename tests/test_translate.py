@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import contextlib
+import errno
 import gzip
 import importlib.util
 import io
@@ -524,6 +525,54 @@ def test_a_missing_source_file_is_refused_before_the_model_loads(memorised_model
         main([str(memorised_model_folder), "--input", str(tmp_path / "missing.txt")])
     assert exited.value.code == 2
     assert "--input" in capsys.readouterr().err
+
+
+class ReadsFailingAfter(io.BytesIO):
+    """A file's bytes whose reads past the first `good` bytes raise an OSError of the disk (EIO)."""
+
+    def __init__(self, data: bytes, good: int) -> None:
+        super().__init__(data)
+        self.good = good
+
+    def _fail_past_good(self) -> None:
+        if self.tell() >= self.good:
+            raise OSError(errno.EIO, "Input/output error")
+
+    def read(self, size: int | None = -1) -> bytes:
+        self._fail_past_good()
+        return super().read(size)
+
+    def __next__(self) -> bytes:
+        self._fail_past_good()
+        return super().__next__()
+
+
+@pytest.mark.parametrize(("flag", "scored"), [("--input", False), ("--input", True), ("--reference", True)])
+def test_an_io_error_reading_the_source_or_references_is_one_error_line(memorised_model_folder, tmp_path, capsys,
+                                                                       monkeypatch, flag, scored):
+    """An OSError of the file's own reads (EIO) after its first line, while --input is translated (its first line
+    is, already), while it is counted against --reference, or while --reference is read: one error line naming the
+    flag, the file and the reason, exit status 2, --output not written. An --input read error was a traceback."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:3])
+    reference_file = write_lines(tmp_path / "ref.txt", TARGETS[:3])
+    failing = source_file if flag == "--input" else reference_file
+    real_open = open
+
+    def open_failing(path, *args, **kwargs):
+        if Path(path) == failing:
+            data = failing.read_bytes()
+            return ReadsFailingAfter(data, data.index(b"\n") + 1)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr(translate_module, "open", open_failing, raising=False)
+    output = tmp_path / "hyp.txt"
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--input", str(source_file), "--output", str(output), "--buffer_lines", "1",
+              "--no_progress", *(["--reference", str(reference_file)] if scored else [])])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.splitlines() == [f"hf-relpos-translate: error: {flag} {str(failing)!r}: Input/output error"], error
+    assert not output.exists()
 
 
 @pytest.mark.parametrize(("flag", "name"), [("--input", "test.jsonl"), ("--input", "test.TSV"),

@@ -420,6 +420,23 @@ def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
     parser.exit(2, f"{PROGRAM}: error: {flag} {reason}\n")
 
 
+class _SourceReadError(Exception):
+    """An OSError of reading the source (--input or stdin) while it is translated, told apart from the errors of
+    writing --output or stdout (a BrokenPipeError is an OSError too)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(error)
+        self.error = error
+
+    @classmethod
+    def raised_by(cls, chunks: Iterator[list[str]]) -> Iterator[list[str]]:
+        """`chunks`, an OSError while reading them raised as this error."""
+        try:
+            yield from chunks
+        except OSError as error:
+            raise cls(error) from error
+
+
 def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, source: BinaryIO) -> None:
     """`main` once its flags are checked: `source` (the opened --input, or stdin) read, translated and written
     `--buffer_lines` lines at a time, then scored against --reference."""
@@ -435,9 +452,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             try:
                 mismatch = line_count_error(sum(map(len, text_file_line_chunks(source, args.input, args.buffer_lines))),
                                             references, f"--input {args.input!r}", args.reference)
-            except DatasetSchemaError as error:
+                source.seek(0)
+            except (OSError, DatasetSchemaError) as error:
                 exit_unreadable(parser, "--input", args.input, error)
-            source.seek(0)
             if mismatch is not None:
                 parser.exit(2, f"{PROGRAM}: error: {mismatch}\n")
     recorded_tokenize, recorded_target = recorded_scoring(args.model)
@@ -509,8 +526,8 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     def translate_chunk(lines: list[str]) -> list[str] | list[list[Hypothesis]]:
         return translate_by_sentence(lines, translate) if args.split_sentences else translate(lines)
 
-    chunks = (text_line_chunks(source, "stdin", args.buffer_lines) if args.input is None else
-              text_file_line_chunks(source, args.input, args.buffer_lines))
+    chunks = _SourceReadError.raised_by(text_line_chunks(source, "stdin", args.buffer_lines) if args.input is None
+                                        else text_file_line_chunks(source, args.input, args.buffer_lines))
     try:
         with bar, contextlib.ExitStack() as outputs:
             compression = None if output is None else compression_of(output)
@@ -524,6 +541,11 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
     except BrokenPipeError:   # what reads stdout stopped (`| head`): stop translating, without a traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())   # nor one from the exit's flush
         parser.exit(1)
+    except _SourceReadError as failure:   # the source's own read (EIO): --output is not written
+        if args.input is None:
+            reason = " ".join(str(failure.error.strerror or failure.error).split())
+            parser.exit(2, f"{PROGRAM}: error: stdin: {reason}\n")
+        exit_unreadable(parser, "--input", args.input, failure.error)
     except DatasetSchemaError as error:   # a line that is not UTF-8: --output is not written
         parser.exit(2, f"{PROGRAM}: error: {'' if args.input is None else '--input '}{error}\n")
     except ValueError as error:   # settings the model refuses for this input: --output is not written
