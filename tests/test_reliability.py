@@ -918,6 +918,15 @@ def card_but_training_time(path: Path) -> str:
     return re.sub(r"Training time: [0-9.]+ minutes", "Training time: T minutes", path.read_text(encoding="utf-8"))
 
 
+def requeued_job_command(tmp_path: Path, corpus: dict[str, Path], output_dir: Path, **overrides) -> list[str]:
+    """The command a requeued job runs at every start, of the finishing tests: 4 steps, a checkpoint every 2,
+    predicting, SIGTERM checkpoints, `--resume_from_checkpoint last` (`overrides` on top)."""
+    settings = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "do_predict": True,
+                "enable_jit_checkpoint": True, **overrides}
+    config = write_config(tmp_path / "job.yaml", corpus, output_dir, **settings)
+    return [str(config), "--resume_from_checkpoint", "last"]
+
+
 @pytest.mark.parametrize("method", ["predict", "evaluate"])
 @pytest.mark.parametrize("segment", ["first", "resumed", "averaged", "faded"])
 def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(tmp_path, corpus, monkeypatch,
@@ -932,15 +941,10 @@ def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(t
     the one saved: the average of the last two checkpoints (`average_checkpoints`), or weights trained to a faded
     absolute position scale (`fade_absolute_positions`), which comes back with them. all_results.json, of either run,
     merges the training metrics without `train_resumed_from` (train_results.json's alone)."""
-    common = {"max_steps": 4, "save_strategy": "steps", "save_steps": 2, "do_eval": True, "do_predict": True,
-              "enable_jit_checkpoint": True}
-    if segment == "averaged":
-        common |= {"average_checkpoints": 2}
-    elif segment == "faded":
-        common |= {"fade_absolute_positions": 8, "model": {**TINY["model"], "keep_absolute_positions": True}}
+    settings = {"averaged": {"average_checkpoints": 2},
+                "faded": {"fade_absolute_positions": 8, "model": {**TINY["model"], "keep_absolute_positions": True}}}
     output_dir, reference = tmp_path / "out", tmp_path / "reference"
-    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, **common)), "--resume_from_checkpoint",
-               "last"]
+    command = requeued_job_command(tmp_path, corpus, output_dir, do_eval=True, **settings.get(segment, {}))
 
     def first_segment() -> None:
         if segment == "resumed":   # stopped by a SIGTERM in step 3: resumed from checkpoint-3
@@ -1046,9 +1050,7 @@ def test_a_run_ended_while_saving_its_final_model_is_not_finished_by_resume_last
     the model is whole, was written) cannot be finished from it: `--resume_from_checkpoint last` stays one error,
     saying so and what to do, and changes nothing."""
     output_dir = tmp_path / "out"
-    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
-                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
-               "--resume_from_checkpoint", "last"]
+    command = requeued_job_command(tmp_path, corpus, output_dir)
     with sigterm_ends_the_process_in(monkeypatch, final_model_module, "move_folder_contents"):
         run(command)
     assert last_complete_checkpoint(output_dir) == output_dir / "checkpoint-4"
@@ -1074,9 +1076,7 @@ def test_a_stopped_run_whose_training_report_predates_train_resumed_from_is_refu
     the error says so, not that the run was ended while saving them, and changes nothing; adding the key, as it
     says, lets the same command finish the run."""
     output_dir = tmp_path / "out"
-    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
-                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
-               "--resume_from_checkpoint", "last"]
+    command = requeued_job_command(tmp_path, corpus, output_dir)
     with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
         run(command)
     results = output_dir / "train_results.json"
@@ -1109,9 +1109,7 @@ def test_a_stopped_run_is_finished_on_a_disk_without_room_for_the_checkpoints_it
     stopped run's checkpoints have filled (here 1 KB free, far below the final model and checkpoints a run from
     step 0 asks for), the same `--resume_from_checkpoint last` command still finishes it."""
     output_dir = tmp_path / "out"
-    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
-                                save_steps=2, save_total_limit=2, do_predict=True, enable_jit_checkpoint=True)),
-               "--resume_from_checkpoint", "last"]
+    command = requeued_job_command(tmp_path, corpus, output_dir, save_total_limit=2)
     with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
         run(command)
     assert not (output_dir / "run_record.json").exists()
@@ -1129,9 +1127,7 @@ def test_a_run_ended_in_its_push_has_its_record_and_is_not_finished_again_by_res
     run that has finished, with its record, and `--resume_from_checkpoint last` refuses it as any finished run (it
     does not push again: the folder is pushed again by hand, docs/hub.md)."""
     output_dir = tmp_path / "out"
-    command = [str(write_config(tmp_path / "job.yaml", corpus, output_dir, max_steps=4, save_strategy="steps",
-                                save_steps=2, do_predict=True, enable_jit_checkpoint=True)),
-               "--resume_from_checkpoint", "last", "--push_to_hub", "true"]
+    command = [*requeued_job_command(tmp_path, corpus, output_dir), "--push_to_hub", "true"]
     monkeypatch.setattr(training_module, "check_hub_login", lambda token: "someone")
     with sigterm_ends_the_process_in(monkeypatch, run_outputs_module, "push_training_output"):
         run(command)
