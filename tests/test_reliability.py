@@ -1877,3 +1877,26 @@ def test_a_write_removes_the_temporaries_a_killed_write_of_the_same_destination_
         for path in kept:
             path.unlink()
     assert sorted(path.name for path in tmp_path.iterdir()) == ["averaged", "card.md"]
+
+
+def test_a_sigterm_checkpoint_before_the_first_step_is_off_the_save_schedule(tmp_path, corpus, monkeypatch):
+    """A SIGTERM before the run's first step saves checkpoint-0 (the initial weights), a step at which save_strategy
+    steps never saves. It is off the save schedule as every SIGTERM checkpoint between two scheduled ones is: the
+    resumed run neither averages the untrained weights into its final model nor gives checkpoint-0 a slot of
+    save_total_limit (it counted as on the schedule, 0 being a multiple of save_steps: checkpoints 0, 2 and 4 were
+    averaged and kept, where the uninterrupted run averages and keeps 2 and 4)."""
+    common = {"max_steps": 4, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2,
+              "save_total_limit": 3, "average_checkpoints": 3}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "set_initial_training_values", 0), pytest.raises(
+            TrainingStoppedError, match="at step 0 .*checkpoint-0 is saved"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    averaged = json.loads((tmp_path / "reference" / "averaged_checkpoints.json").read_text())
+    assert averaged["checkpoints"] == ["checkpoint-2", "checkpoint-4"]
+    assert json.loads((tmp_path / "stopped" / "averaged_checkpoints.json").read_text()) == averaged
+    assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == ["checkpoint-2",
+                                                                                         "checkpoint-4"]
+

@@ -443,14 +443,16 @@ class TranslationTrainer(Seq2SeqTrainer):
         and max_steps; with either, the step at which this run ended its training, unless a SIGTERM stopped it (the
         Trainer saves there too: the epoch end it runs after an early stop). A SIGTERM checkpoint
         (`_note_signal_checkpoints`) at another step is off the schedule: `average_final_weights` does not average
-        it and `_rotate_checkpoints` gives it no slot of save_total_limit. Other strategies (no, best): False."""
+        it and `_rotate_checkpoints` gives it no slot of save_total_limit. Step 0 is off it (the Trainer saves after
+        a step, never before the first: checkpoint-0 is a SIGTERM's, of the initial weights), though a multiple of
+        every period. Other strategies (no, best): False."""
         strategy = self.args.save_strategy
         if strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
             return False
         if step == self.state.max_steps or (step == self.state.global_step and not self.stopped_by_signal):
             return True
         period = self.state.save_steps if strategy == SaveStrategy.STEPS else self._steps_per_epoch
-        return bool(period) and step % period == 0
+        return bool(period) and step > 0 and step % period == 0
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None) -> Any:
         """The Trainer's schedule, with a warning when its warm-up does not end before the run does (a short run on a
