@@ -1900,3 +1900,16 @@ def test_a_sigterm_checkpoint_before_the_first_step_is_off_the_save_schedule(tmp
     assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == ["checkpoint-2",
                                                                                          "checkpoint-4"]
 
+
+
+def test_a_checkpoint_records_the_runs_save_total_limit(tmp_path, corpus):
+    """Every checkpoint's training_args.bin (the Trainer's record of the run's arguments) holds the run's
+    save_total_limit, though TranslationTrainer rotates the checkpoints itself (`_rotate_checkpoints`): it held None,
+    the value set aside while the Trainer saved the checkpoint, so that it would not rotate them too."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=4, save_strategy="steps",
+                          save_steps=2, save_total_limit=3)
+    run([str(config)])
+    for step in (2, 4):
+        saved = torch.load(tmp_path / "out" / f"checkpoint-{step}" / "training_args.bin", weights_only=False)
+        assert saved.save_total_limit == 3, step
+    assert torch.load(tmp_path / "out" / "training_args.bin", weights_only=False).save_total_limit == 3

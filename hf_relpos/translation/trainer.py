@@ -342,6 +342,8 @@ class TranslationTrainer(Seq2SeqTrainer):
             self.add_callback(EarlyStopping(self.args.early_stopping_patience, self.args.early_stopping_threshold))
         self.stopped_by_signal = False
         self._steps_per_epoch: int | None = None   # optimizer steps an epoch takes, once train() has counted them
+        self._limit_set_aside: tuple[int | None] | None = None   # the run's save_total_limit while the Trainer's
+        # _save_checkpoint runs without it (`_save_checkpoint`)
         self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved or
         # resumed from (in output_dir)
         self._jit_checkpoint: JITCheckpointCallback | None = None
@@ -541,12 +543,14 @@ class TranslationTrainer(Seq2SeqTrainer):
                             or (Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}").is_dir()))
         if on_schedule:
             self.args.save_total_limit = None   # the Trainer's rotation (every checkpoint-* folder) left out
+            self._limit_set_aside = (limit,)   # `_save` records the run's own in training_args.bin
         if unmade_best:
             self.state.best_global_step = None
         try:
             super()._save_checkpoint(model, trial)
         finally:
             self.args.save_total_limit, self.state.best_global_step = limit, best_step
+            self._limit_set_aside = None
         if unmade_best and self.args.should_save:   # its trainer state as an uninterrupted run's, best_global_step kept
             folder = Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
             with atomic_file(folder / TRAINER_STATE_FILE) as temporary:
@@ -621,8 +625,17 @@ class TranslationTrainer(Seq2SeqTrainer):
 
     def _save(self, output_dir: str | None = None, state_dict: dict[str, torch.Tensor] | None = None) -> None:
         """The Trainer's save (final model and every checkpoint), with the weights given the modes the umask allows
-        (`apply_umask_mode_to_weights`: safetensors writes them owner-only)."""
-        super()._save(output_dir, state_dict)
+        (`apply_umask_mode_to_weights`: safetensors writes them owner-only). In a checkpoint's save the training
+        arguments it writes (training_args.bin) hold the run's save_total_limit, which `_save_checkpoint` sets aside
+        from the Trainer's rotation (they held None)."""
+        if self._limit_set_aside is None:
+            super()._save(output_dir, state_dict)
+        else:
+            self.args.save_total_limit = self._limit_set_aside[0]
+            try:
+                super()._save(output_dir, state_dict)
+            finally:
+                self.args.save_total_limit = None
         if self.args.should_save:
             apply_umask_mode_to_weights(output_dir if output_dir is not None else self.args.output_dir)
 
