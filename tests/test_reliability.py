@@ -674,6 +674,32 @@ def test_a_sigterm_checkpoint_neither_enters_the_average_nor_rotates_a_checkpoin
         assert kept == sorted(path.name for path in (tmp_path / "reference").glob("checkpoint-*"))
 
 
+def test_rotation_deletes_a_checkpoint_off_the_schedule_only_past_the_limit_and_never_a_folder_named_otherwise(
+        tmp_path):
+    """Under save_total_limit 3 of checkpoints every 2 steps, a checkpoint off the schedule (checkpoint-3: a
+    SIGTERM's, or an earlier run's at another save_steps) stays while the folder holds no more than 3 checkpoints,
+    as transformers' rotation kept it, and goes first, before any on the schedule, once it holds more; a user's copy
+    named otherwise (checkpoint-2-backup) is never deleted by the rotation."""
+    def save(name: str, step: int, at: int) -> Path:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / TRAINER_STATE_FILE).write_text(json.dumps({"global_step": step}))
+        os.utime(folder, (at, at))
+        return folder
+
+    trainer = type("Trainer", (), {"state": TrainerState(), "saves_on_schedule": staticmethod(lambda step: step % 2 == 0)})
+    for at, step in enumerate((2, 3, 4)):
+        save(f"checkpoint-{step}", step, 1000 + 10 * at)
+    save("checkpoint-2-backup", 2, 1005)
+    TranslationTrainer._rotate_checkpoints(trainer, str(tmp_path), 3)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "checkpoint-2", "checkpoint-2-backup", "checkpoint-3", "checkpoint-4"]
+    save("checkpoint-6", 6, 1030)
+    TranslationTrainer._rotate_checkpoints(trainer, str(tmp_path), 3)
+    assert sorted(path.name for path in tmp_path.iterdir()) == [
+        "checkpoint-2", "checkpoint-2-backup", "checkpoint-4", "checkpoint-6"]
+
+
 def test_under_save_strategy_epoch_a_sigterm_checkpoint_neither_enters_the_average_nor_takes_a_slot(tmp_path, corpus,
                                                                                                      monkeypatch):
     """The same under save_strategy epoch (the Multi30k recipes'; epochs of 7 steps here): checkpoints at the epoch
@@ -1884,7 +1910,8 @@ def test_a_sigterm_checkpoint_before_the_first_step_is_off_the_save_schedule(tmp
     steps never saves. It is off the save schedule as every SIGTERM checkpoint between two scheduled ones is: the
     resumed run neither averages the untrained weights into its final model nor gives checkpoint-0 a slot of
     save_total_limit (it counted as on the schedule, 0 being a multiple of save_steps: checkpoints 0, 2 and 4 were
-    averaged and kept, where the uninterrupted run averages and keeps 2 and 4)."""
+    averaged, where the uninterrupted run averages 2 and 4); within the limit it is kept, as every checkpoint off the
+    schedule is until the folder holds more than the limit."""
     common = {"max_steps": 4, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2,
               "save_total_limit": 3, "average_checkpoints": 3}
     reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
@@ -1897,8 +1924,8 @@ def test_a_sigterm_checkpoint_before_the_first_step_is_off_the_save_schedule(tmp
     averaged = json.loads((tmp_path / "reference" / "averaged_checkpoints.json").read_text())
     assert averaged["checkpoints"] == ["checkpoint-2", "checkpoint-4"]
     assert json.loads((tmp_path / "stopped" / "averaged_checkpoints.json").read_text()) == averaged
-    assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == ["checkpoint-2",
-                                                                                         "checkpoint-4"]
+    assert sorted(path.name for path in (tmp_path / "stopped").glob("checkpoint-*")) == [
+        "checkpoint-0", "checkpoint-2", "checkpoint-4"]
 
 
 

@@ -565,8 +565,9 @@ class TranslationTrainer(Seq2SeqTrainer):
         that `average_checkpoints` averages was deleted in its place). The Trainer's rule otherwise: oldest first
         (by modification time, by step where the file system's times do not tell them apart), the newest checkpoint
         (the one a resume takes) and the best (`best_model_checkpoint`) never deleted, the best taking a slot. A
-        checkpoint off the schedule is deleted once a later one on it is complete (a resume then takes that one),
-        unless it is the newest or the best."""
+        `checkpoint-<step>` off the schedule is deleted, oldest first, once a later one on it is complete (a resume then
+        takes that one) and while the folder holds more than `limit` of them, unless it is the newest or the best; a
+        folder of another name (`checkpoint-2-backup`) is never deleted here."""
         ordered = [Path(path) for path in sort_checkpoints(run_dir, use_mtime=True)]
         if not ordered:
             return
@@ -587,11 +588,15 @@ class TranslationTrainer(Seq2SeqTrainer):
                               None)
         if newest_regular is None:
             return
+        held = sum(1 for path in ordered if CHECKPOINT_PATTERN.match(path.name) and path.is_dir())
         for path in ordered[:ordered.index(newest_regular)]:
-            if path not in regular and path not in protected:
+            if held <= limit:
+                break
+            if path not in regular and path not in protected and CHECKPOINT_PATTERN.match(path.name):
                 logger.info("save_total_limit=%d: deleting %s, off the save schedule (a SIGTERM's), now that %s "
                             "is saved", limit, path, newest_regular.name)
                 shutil.rmtree(path, ignore_errors=True)
+                held -= 1
 
     def _save_rng_state(self, output_dir: str) -> None:
         """Every process saves its random state (`rng_state_RANK.pth`), then waits for the others: the main process
