@@ -536,11 +536,11 @@ class TranslationTrainer(Seq2SeqTrainer):
             (folder / TRAINER_STATE_FILE).unlink(missing_ok=True)
         limit, best_step = self.args.save_total_limit, self.state.best_global_step
         on_schedule = self.args.save_strategy in (SaveStrategy.STEPS, SaveStrategy.EPOCH)
-        # The best evaluation's step has a checkpoint off the save schedule (a SIGTERM's, this one or an earlier
-        # one): the Trainer would make it best_model_checkpoint, which an uninterrupted run, without it, never has
-        unmade_best = (on_schedule and best_step is not None and not self.saves_on_schedule(best_step)
-                       and (best_step == self.state.global_step
-                            or (Path(run_dir) / f"{PREFIX_CHECKPOINT_DIR}-{best_step}").is_dir()))
+        # The best evaluation's step is off the save schedule: where a checkpoint of it exists (a SIGTERM's, this one
+        # or an earlier one) the Trainer would make it best_model_checkpoint, which an uninterrupted run, without it,
+        # never has. Decided from the step alone, the same in every process (whether the folder exists is not: on
+        # machines without a shared output_dir, processes would disagree on the Trainer's barrier before its check)
+        unmade_best = on_schedule and best_step is not None and not self.saves_on_schedule(best_step)
         if on_schedule:
             self.args.save_total_limit = None   # the Trainer's rotation (every checkpoint-* folder) left out
             self._limit_set_aside = (limit,)   # `_save` records the run's own in training_args.bin
