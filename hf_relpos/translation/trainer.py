@@ -890,8 +890,9 @@ def finished_training(training_args: TranslationTrainingArguments) -> FinishedTr
     state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     if _trained_all_steps(training_args, state)[2]:
         step, how = state.get("global_step", 0), "all its steps"
-    elif (stopped_at := _early_stopping_end(training_args, state.get("global_step", 0))) is not None:
-        step, how = stopped_at, f"stopped by early_stopping_patience={training_args.early_stopping_patience}"
+    elif ((end := _early_stopping_end(training_args)) is not None
+          and end[0] >= state.get("global_step", 0)):   # the stop step's checkpoint, or an earlier one
+        step, how = end[0], f"stopped by early_stopping_patience={training_args.early_stopping_patience}"
     else:
         return None
     report = _saved_training_report(output_dir, step)
@@ -908,11 +909,10 @@ def finished_training(training_args: TranslationTrainingArguments) -> FinishedTr
     return FinishedTraining(str(checkpoint), metrics, resumed_from, best)
 
 
-def _early_stopping_end(training_args: TranslationTrainingArguments, checkpoint_step: int) -> int | None:
-    """The step at which early stopping ended output_dir's training, where output_dir/trainer_state.json (the
-    state `report_training` saved where training ended) says it did: its evaluations without improvement reach this
-    run's early_stopping_patience, under the same early_stopping_threshold, at or after `checkpoint_step` (the newest
-    complete checkpoint's: the stop step's own where a save fell on it, an earlier one otherwise). None otherwise."""
+def _early_stopping_end(training_args: TranslationTrainingArguments) -> tuple[int, int] | None:
+    """(the step, the evaluations without improvement) at which early stopping ended output_dir's training, where
+    output_dir/trainer_state.json (the state `report_training` saved where training ended) says it did: those
+    evaluations reach this run's early_stopping_patience, under the same early_stopping_threshold. None otherwise."""
     patience = training_args.early_stopping_patience
     if patience is None:
         return None
@@ -924,10 +924,9 @@ def _early_stopping_end(training_args: TranslationTrainingArguments, checkpoint_
         return None
     saved = ended.get("stateful_callbacks", {}).get(EarlyStopping.__name__)
     threshold = saved.get("args", {}).get("early_stopping_threshold") if isinstance(saved, dict) else None
-    stopped_at = ended.get("global_step", 0)
-    if (stopped_at >= checkpoint_step and _evaluations_without_improvement(ended) >= patience
-            and threshold == training_args.early_stopping_threshold):
-        return stopped_at
+    stale = _evaluations_without_improvement(ended)
+    if stale >= patience and threshold == training_args.early_stopping_threshold:
+        return ended.get("global_step", 0), stale
     return None
 
 
@@ -987,21 +986,16 @@ def _evaluations_without_improvement(state: dict[str, Any]) -> int:
 def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume_from: str, step: int) -> None:
     """The run in output_dir did not go on from `resume_from`, one of its checkpoints, to a stop by early stopping
     with the same threshold: resumed, it would train the same steps again and stop at the same evaluation."""
-    patience = training_args.early_stopping_patience
-    final_state = Path(training_args.output_dir) / TRAINER_STATE_FILE
-    if (patience is None or not final_state.is_file()
-            or Path(resume_from).resolve().parent != Path(training_args.output_dir).resolve()):
+    if Path(resume_from).resolve().parent != Path(training_args.output_dir).resolve():
         return
-    ended = json.loads(final_state.read_text(encoding="utf-8"))
-    stopped_at, stale = ended.get("global_step", 0), _evaluations_without_improvement(ended)
-    saved = ended.get("stateful_callbacks", {}).get(EarlyStopping.__name__, {})
-    same_threshold = saved.get("args", {}).get("early_stopping_threshold") == training_args.early_stopping_threshold
-    if stopped_at > step and stale >= patience and same_threshold:
+    end = _early_stopping_end(training_args)
+    if end is not None and end[0] > step:
+        stopped_at, stale = end
         raise ConfigError(f"resume_from_checkpoint: the run in {training_args.output_dir} went on from "
                           f"{resume_from!r} (step {step}) and stopped at step {stopped_at}, where early_stopping_patience="
-                          f"{patience} was reached ({stale} evaluations without improvement); resumed, it would train "
-                          "those steps again and stop there: raise early_stopping_patience to train on, or score the "
-                          "run's model with --do_train false")
+                          f"{training_args.early_stopping_patience} was reached ({stale} evaluations without improvement); "
+                          "resumed, it would train those steps again and stop there: raise early_stopping_patience to "
+                          "train on, or score the run's model with --do_train false")
 
 
 def _warn_of_another_batch_order(training_args: TranslationTrainingArguments, resume_from: str,
