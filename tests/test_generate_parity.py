@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._dynamo
 from conftest import BUILT_IN_SCHEMES, spread_model
 from test_convert import EOS, PAD, float64_marian, padded_batch
+from transformers import CompileConfig
 
 from hf_relpos.tools.convert import marian_to_relpos
 
@@ -313,3 +315,26 @@ def test_decoding_after_a_target_prefix_gives_the_teacher_forced_logits(position
         forced = model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=output.sequences[:, :-1]).logits
     torch.testing.assert_close(torch.stack(output.logits, 1), forced[:, TARGET_PREFIX.size(1) - 1:].float(),
                                **FLOAT32_ROUNDING)
+
+
+@pytest.mark.parametrize("position_scheme", ["absolute", "shaw", "t5"])
+def test_generate_compiles_its_decoding_step_into_one_graph_with_the_uncompiled_output(position_scheme):
+    """generate's own compilation (a static cache and `compile_config`; `_compile_all_devices` lets it compile on the
+    CPU, as it does on CUDA by default): the decoding steps run as one Dynamo graph, never recompiled, and give the
+    tokens and logits of uncompiled decoding. A counting backend stands for Inductor (tests/test_static_cache.py runs
+    Inductor); compile_config is deep-copied by generate, so the graphs are counted in a list it cannot copy."""
+    graphs = []
+
+    def count_graphs(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module.forward
+
+    torch._dynamo.reset()
+    model = spread_model(position_scheme, "sdpa")
+    compile_config = CompileConfig(fullgraph=True, backend=count_graphs, mode=None)
+    compile_config._compile_all_devices = True
+    kwargs = dict(cache_implementation="static", min_new_tokens=NEW_TOKENS)
+    uncompiled = generate_scheme(model, **kwargs)
+    compiled = generate_scheme(model, compile_config=compile_config, **kwargs)
+    assert len(graphs) == 1
+    assert_same_output(compiled, uncompiled)
