@@ -168,27 +168,43 @@ def test_encoder_outputs_passed_to_generate_give_marians_output(marian_and_conve
     assert_same_output(outputs[1], outputs[0])
 
 
-def test_a_left_padded_decoder_prefix_gives_marians_output(marian_and_converted):
-    """Rows of decoder prompts of different lengths, left-padded with decoder_attention_mask: Marian's tokens and
-    scores. The attentions of the padding queries differ by design (a query with no key to see gets a zero row in
-    hf_relpos, uniform weights in Marian) and so does what they carry to the next layer, so attentions are compared
-    on the real queries only."""
+def assert_rows_decode_as_alone(batched, alone_outputs: list, prompt_mask: torch.Tensor) -> None:
+    """Row i of a generate over left-padded decoder prompts (`prompt_mask` [B, n]) is `alone_outputs[i]`, the same row
+    decoded alone without its padding: the tokens after the padding (then only padding), and the logits of every step
+    (float32 rounding)."""
+    for row, alone in enumerate(alone_outputs):
+        padding = int((prompt_mask[row] == 0).sum())
+        length = alone.sequences.size(1)
+        assert torch.equal(batched.sequences[row, padding : padding + length], alone.sequences[0])
+        assert not batched.sequences[row, padding + length :].any()   # PAD (0) after the row ended
+        for step, logits in enumerate(alone.logits):
+            torch.testing.assert_close(batched.logits[step][row], logits[0], **FLOAT32_ROUNDING)
+
+
+LEFT_PADDED_PREFIX = torch.tensor([[PAD, PAD, PAD, 5, 9], [PAD, PAD, 11, 3, 4], [PAD, 7, 7, 8, 2]])
+LEFT_PADDED_PREFIX_MASK = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
+
+
+def test_a_left_padded_decoder_prefix_decodes_each_row_as_marian_decodes_it_alone(marian_and_converted):
+    """Target prefixes of different lengths, left-padded with decoder_attention_mask: each row of the converted
+    model's output is Marian's for that row alone (Marian itself places a padded row after its padding, the converted
+    model counts the positions over the row's tokens: `place_decoder_prompt`). A padding query, which may attend to
+    no key, gets a zero row of attention weights (Marian's are uniform)."""
     marian, converted = marian_and_converted
-    prefix = torch.tensor([[PAD, PAD, PAD, 5, 9], [PAD, PAD, 11, 3, 4], [PAD, 7, 7, 8, 2]])
-    prefix_mask = torch.tensor([[0, 0, 1, 1, 1], [0, 1, 1, 1, 1], [1, 1, 1, 1, 1]])
-    kwargs = {**source(), **SEARCH, **RETURN_ALL, "decoder_input_ids": prefix, "decoder_attention_mask": prefix_mask,
-              "output_attentions": True}
     for model in (marian, converted):
         model.set_attn_implementation("eager")
-    expected, got = generate_with_seed(marian, **kwargs), generate_with_seed(converted, **kwargs)
-    assert_same_output(got, expected, skip=("decoder_attentions", "cross_attentions"))
-    real_queries = prefix_mask.bool()[:, None, :, None]   # [B, 1, n, 1] of the prompt step
-    for key in ("decoder_attentions", "cross_attentions"):
-        for got_layer, expected_layer in zip(got[key][0], expected[key][0], strict=True):
-            torch.testing.assert_close(got_layer * real_queries, expected_layer * real_queries, **FLOAT64)
-        for layer in got.decoder_attentions[0]:
-            assert not (layer * ~real_queries).any()   # a padding query with no key to see: a zero row
-        assert_same_tensors(got[key][1:], expected[key][1:], key)
+    kwargs = {"max_new_tokens": 8, **RETURN_ALL}
+    got = generate_with_seed(converted, **source(), decoder_input_ids=LEFT_PADDED_PREFIX,
+                             decoder_attention_mask=LEFT_PADDED_PREFIX_MASK, output_attentions=True, **kwargs)
+    sources, source_masks = source()["input_ids"], source()["attention_mask"].bool()
+    alone = [generate_with_seed(marian, input_ids=sources[row][source_masks[row]][None],
+                                decoder_input_ids=LEFT_PADDED_PREFIX[row][LEFT_PADDED_PREFIX_MASK[row].bool()][None],
+                                **kwargs)
+             for row in range(sources.size(0))]
+    assert_rows_decode_as_alone(got, alone, LEFT_PADDED_PREFIX_MASK)
+    padding_queries = ~LEFT_PADDED_PREFIX_MASK.bool()[:, None, :, None]   # [B, 1, n, 1] of the prompt step
+    for layer in got.decoder_attentions[0]:
+        assert not (layer * padding_queries).any()
 
 
 def test_inputs_embeds_are_scaled_by_the_model_unlike_marians_encoder(marian_and_converted):
@@ -211,6 +227,18 @@ def test_prompt_lookup_decoding_gives_marians_output(marian_and_converted):
     kwargs = {key: value[:1] for key, value in source().items()}
     kwargs.update(SEARCH, prompt_lookup_num_tokens=3, **RETURN_ALL)
     assert_same_output(generate_with_seed(converted, **kwargs), generate_with_seed(marian, **kwargs))
+
+
+def test_marian_drafts_for_the_converted_model_given_a_decoder_prompt_and_its_mask(marian_and_converted):
+    """Assisted decoding with the source Marian model as the draft, a target prefix and its (unpadded) mask: the
+    converted model's greedy output. The draft is handed the main model's generate arguments, so none that Marian's
+    generate refuses (decoder_position_ids) may be added for a prompt without padding."""
+    marian, converted = marian_and_converted
+    kwargs = {key: value[:1] for key, value in source().items()}
+    kwargs.update(SEARCH, decoder_input_ids=DECODER_PREFIX[:1], decoder_attention_mask=torch.ones(1, 3, dtype=torch.long),
+                  **RETURN_ALL)
+    assert_same_output(generate_with_seed(converted, assistant_model=marian, **kwargs),
+                       generate_with_seed(converted, **kwargs))
 
 
 # Part 2: every built-in scheme, consistent with itself.
@@ -338,3 +366,33 @@ def test_generate_compiles_its_decoding_step_into_one_graph_with_the_uncompiled_
     compiled = generate_scheme(model, compile_config=compile_config, **kwargs)
     assert len(graphs) == 1
     assert_same_output(compiled, uncompiled)
+
+
+@pytest.mark.parametrize(("position_scheme", "overrides"), [
+    *(pytest.param(scheme, {}, id=scheme) for scheme in BUILT_IN_SCHEMES),
+    *(pytest.param(scheme, {"keep_absolute_positions": True}, id=f"{scheme}+absolute")
+      for scheme in BUILT_IN_SCHEMES if scheme != "absolute"),
+])
+def test_a_left_padded_target_prefix_decodes_each_row_as_alone(position_scheme, overrides):
+    """Forced target prefixes of different lengths in one batch, left-padded with decoder_attention_mask: each row's
+    tokens and logits are those of the row decoded alone, with the cache (dynamic and static) and without it. With
+    sinusoids (absolute, keep_absolute_positions) generate placed a padded row after its padding (logits up to 3e-3
+    from the row's alone here) until it counted the prompt's positions over its tokens (`place_decoder_prompt`)."""
+    model = spread_model(position_scheme, "sdpa", **overrides)
+    prefix = torch.tensor([[1, 7, 9, 4], [0, 0, 1, 20], [0, 1, 4, 4]])   # spread_model: pad 0, decoder start 1
+    prefix_mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1], [0, 1, 1, 1]])
+    for cache in (dict(), dict(cache_implementation="static"), dict(use_cache=False)):
+        batched = generate_scheme(model, decoder_input_ids=prefix, decoder_attention_mask=prefix_mask, **cache)
+        alone = [generate_with_seed(model, input_ids=SOURCE[row][SOURCE_MASK[row].bool()][None],
+                                    decoder_input_ids=prefix[row][prefix_mask[row].bool()][None],
+                                    max_new_tokens=NEW_TOKENS, **RETURN_ALL, **cache)
+                 for row in range(SOURCE.size(0))]
+        assert_rows_decode_as_alone(batched, alone, prefix_mask)
+
+
+def test_a_decoder_mask_of_another_shape_than_the_prompt_is_the_models_error_naming_it():
+    """generate counts prompt positions only from a mask of the prompt's shape: another is left to the decoder's
+    mask check, whose error names the mask (not position ids the caller never passed)."""
+    model = spread_model("absolute", "sdpa")
+    with pytest.raises(ValueError, match=r"^the decoder's attention_mask must be a \[batch, length\] mask"):
+        generate_scheme(model, decoder_input_ids=TARGET_PREFIX, decoder_attention_mask=torch.tensor([[0, 1]] * 3))

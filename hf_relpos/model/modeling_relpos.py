@@ -1381,10 +1381,12 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
 
     def generate(self, *args, **kwargs):
         """`GenerationMixin.generate`, refusing a beam narrower than 1 or wider than the vocabulary
-        (`check_num_beams`); with `max_len_b` set (in the generation config, or passed with `max_len_a`) each row's
-        output is capped relative to its source (`generation_limits`); with `position_randomization_at_inference` it
-        then draws the decoder's positions for the whole output unless `decoder_positions` is given, and drafting for
-        another model's assisted decoding it drops that model's (`set_output_positions`)."""
+        (`check_num_beams`); a decoder prompt given with its `decoder_attention_mask` gets positions counted over its
+        tokens (`place_decoder_prompt`: a left-padded row decodes as without its padding); with `max_len_b` set (in
+        the generation config, or passed with `max_len_a`) each row's output is capped relative to its source
+        (`generation_limits`); with `position_randomization_at_inference` it then draws the decoder's positions for
+        the whole output unless `decoder_positions` is given, and drafting for another model's assisted decoding it
+        drops that model's (`set_output_positions`)."""
         if len(args) > len(GENERATE_ARGUMENTS):
             raise TypeError(f"generate takes at most {len(GENERATE_ARGUMENTS)} positional arguments "
                             f"({', '.join(GENERATE_ARGUMENTS)}), got {len(args)}")
@@ -1394,6 +1396,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         check_num_beams((generation_config.num_beams or 1) if num_beams is None else num_beams, self.config.vocab_size)
         decoder_input_ids = kwargs.get("decoder_input_ids")
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
+        place_decoder_prompt(self, kwargs)
         capped = cap_by_source_length(self, prompt_length, kwargs)
         set_output_positions(self, kwargs, "decoder_positions", prompt_length, mem_len=0)
         if not capped:
@@ -1437,6 +1440,25 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         lengths = source_lengths(inputs if inputs is not None else generate_kwargs.get("input_ids"), attention_mask,
                                  pad_token_id, embedded)
         return new_token_limits(lengths, *limit, longest_new_output(config, prompt_length))
+
+
+def place_decoder_prompt(model: RelPosTransformerForConditionalGeneration, generate_kwargs: dict) -> None:
+    """A decoder prompt given with a `decoder_attention_mask` that pads it (target prefixes of different lengths,
+    left-padded) gets `decoder_position_ids` counted over the tokens the mask keeps (cumsum - 1, 0 on padding), as
+    transformers' generate gives a causal LM's prompt its `position_ids`; generate extends them step by step. Only
+    where the decoder has an embedding-level encoding (its scheme's `embed`, or `keep_absolute_positions`), which
+    placed each row after its padding (as Marian does) and now places it as without it; attention that reads positions
+    sees the same distances either way, and an unpadded prompt has the positions it gets (none is passed: a draft
+    model of assisted decoding that takes no `decoder_position_ids` still runs). Ids passed, and a mask of another
+    shape than the prompt's (the decoder's mask check names it), are left alone."""
+    prompt, mask = generate_kwargs.get("decoder_input_ids"), generate_kwargs.get("decoder_attention_mask")
+    if (not torch.is_tensor(prompt) or not torch.is_tensor(mask) or mask.shape != prompt.shape
+            or generate_kwargs.get("decoder_position_ids") is not None):
+        return
+    if not (model.model.decoder.positions.embeds_positions() or model.config.keep_absolute_positions) or bool(mask.all()):
+        return
+    kept = mask.long()
+    generate_kwargs["decoder_position_ids"] = (kept.cumsum(-1) - 1).masked_fill(kept == 0, 0)
 
 
 def set_output_positions(model: PreTrainedModel, generate_kwargs: dict, positions_argument: str, prompt_length: int,
