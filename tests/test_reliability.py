@@ -1071,6 +1071,51 @@ def test_a_requeued_job_that_early_stopping_ended_is_finished_by_the_same_comman
     assert_same_weights(reference, output_dir)
 
 
+@pytest.mark.parametrize("ending", ["all-steps", "early-stopping"])
+def test_a_requeued_job_stopped_after_training_before_its_first_checkpoint_is_finished_by_the_same_command(
+        tmp_path, corpus, monkeypatch, ending):
+    """A run that saved no checkpoint (`save_strategy: no`; or early stopping ended it, at step 3, before its first
+    save) and was ended by a SIGTERM in its final prediction keeps its final model and training report without
+    record. The requeued job's same command (`--resume_from_checkpoint last`) finishes it without training, as it
+    finishes a run with checkpoints: the step training ended at is that of output_dir's trainer state (the report's),
+    and the record and card are the uninterrupted run's (but date, training time and prepared data reused). It was
+    refused as a folder holding a trained model that a run from step 0 would replace."""
+    settings = {"all-steps": {"save_strategy": "no"},
+                "early-stopping": {"save_strategy": "steps", "save_steps": 10, "early_stopping_patience": 2,
+                                   "early_stopping_threshold": 100, "eval_strategy": "steps", "eval_steps": 1}}[ending]
+    output_dir, reference = tmp_path / "out", tmp_path / "reference"
+    command = requeued_job_command(tmp_path, corpus, output_dir, do_eval=True, **settings)
+    expected = run(command)
+    steps = 4 if ending == "all-steps" else 3
+    assert TrainerState.load_from_json(str(output_dir / "trainer_state.json")).global_step == steps
+    assert last_complete_checkpoint(output_dir) is None
+    output_dir.rename(reference)
+    with sigterm_ends_the_process_in(monkeypatch, TranslationTrainer, "predict"):
+        run(command)
+    assert not (output_dir / "run_record.json").exists() and (output_dir / "model.safetensors").is_file()
+    with monkeypatch.context() as patch:
+        training_steps = steps_at_each_call(patch, "training_step")
+        finished = run(command)
+    assert training_steps == [], "not trained again"
+    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
+    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == steps
+    for prefix in ("eval", "test"):
+        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
+            reference / f"{prefix}_results.json", prefix)
+        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
+            reference / f"{prefix}_hypotheses.txt").read_text()
+    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
+    assert record.keys() == uninterrupted.keys()
+    differing = {name for name in record if record[name] != uninterrupted[name]}
+    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
+    assert record["steps"] == steps and record["resumed_from"] is None
+    for split, source in record["prepared_from"].items():
+        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
+    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
+    assert_same_weights(reference, output_dir)
+    assert not list(output_dir.glob("checkpoint-*"))
+
+
 def test_a_run_ended_while_saving_its_final_model_is_not_finished_by_resume_last(tmp_path, corpus, monkeypatch):
     """A run ended after its last step, while it saved its final model (or before its training report, which says
     the model is whole, was written) cannot be finished from it: `--resume_from_checkpoint last` stays one error,

@@ -265,9 +265,8 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
                           "(output_dir does not exist yet, or holds no finished model: only checkpoints cut short, "
                           "a tokenizer, prepared data), so that a requeued job reruns one command at every start; "
                           "beside a finished model, or in a run that trains nothing, it is an error. Where the run "
-                          "has ended its training (all its steps, or early stopping) and saved its final model but was "
-                          "stopped before its run record, "
-                          "last finishes it without training (evaluation, prediction, record, push)."},
+                          "has ended its training (all its steps, or early stopping; with or without checkpoints) and "
+                          "saved its final model but was stopped before its run record, last finishes it without training (evaluation, prediction, record, push)."},
     )
     push_to_hub: bool = field(
         default=False,

@@ -824,43 +824,41 @@ def report_training(trainer: TranslationTrainer, train_result: TrainOutput,
 class FinishedTraining:
     """A training run whose training has ended but whose record and card were never written (the process was ended
     in its final evaluation, prediction or record writing: a SIGTERM after the last step ends it at once), as
-    `report_training` saved it: the newest complete checkpoint (which trained all the run's steps, or the newest
-    at or before the step early stopping ended training at), the training
+    `report_training` saved it: the newest complete checkpoint (at or before the step training ended at; None where
+    the run saved none before it ended: `save_strategy: no`, or early stopping before the first save), the training
     metrics, the checkpoint the training segment resumed from (a folder name, or None) and the Trainer's best
     checkpoint (`load_best_model_at_end`), from output_dir/trainer_state.json."""
-    checkpoint: str
+    checkpoint: str | None
     metrics: dict[str, Any]
     resumed_from: str | None
     best_model_checkpoint: str | None
 
 
-def _saved_training_report(output_dir: str, step: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """train_results.json and trainer_state.json of output_dir, where `report_training` wrote both whole for a run
-    that ended at `step` (the state names that step, the results name the checkpoint resumed from): `save_final_model`
-    removes both before it moves the new final model in, weights last, and `report_training` writes them after, so
-    their presence says the final model is whole. None otherwise (a kill while saving the final model or its report,
-    or a report written by an earlier version without `RESUMED_FROM_KEY`: `_report_of_an_earlier_version`)."""
-    report = _training_report_of_step(output_dir, step)
+def _saved_training_report(output_dir: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """train_results.json and trainer_state.json of output_dir, where `report_training` wrote both whole (the results
+    name the checkpoint resumed from; the state is the one training ended with): `save_final_model` removes both
+    before it moves the new final model in, weights last, and `report_training` writes them after, so their presence
+    says the final model is whole. None otherwise (a kill while saving the final model or its report, or a report
+    written by an earlier version without `RESUMED_FROM_KEY`: `_report_of_an_earlier_version`)."""
+    report = _training_report(output_dir)
     return report if report is not None and RESUMED_FROM_KEY in report[0] else None
 
 
-def _training_report_of_step(output_dir: str, step: int) -> tuple[dict[str, Any], dict[str, Any]] | None:
-    """train_results.json and trainer_state.json of output_dir, both whole, the state of `step`; None otherwise."""
+def _training_report(output_dir: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """train_results.json and trainer_state.json of output_dir, both whole JSON objects; None otherwise."""
     try:
         metrics = json.loads((Path(output_dir) / RESULTS_FILE.format(prefix="train")).read_text(encoding="utf-8"))
         state = json.loads((Path(output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(metrics, dict) or not isinstance(state, dict) or state.get("global_step") != step:
-        return None
-    return metrics, state
+    return (metrics, state) if isinstance(metrics, dict) and isinstance(state, dict) else None
 
 
 def _report_of_an_earlier_version(output_dir: str, step: int) -> bool:
     """Whether output_dir's training report of `step` is whole but was written by an hf_relpos version before
     `RESUMED_FROM_KEY`: the final model is whole, but `finished_training` cannot say what the training resumed from."""
-    report = _training_report_of_step(output_dir, step)
-    return report is not None and RESUMED_FROM_KEY not in report[0]
+    report = _training_report(output_dir)
+    return report is not None and report[1].get("global_step") == step and RESUMED_FROM_KEY not in report[0]
 
 
 def _trained_all_steps(training_args: TranslationTrainingArguments, state: dict[str, Any]) -> tuple[str, str, bool]:
@@ -873,54 +871,57 @@ def _trained_all_steps(training_args: TranslationTrainingArguments, state: dict[
 
 
 def finished_training(training_args: TranslationTrainingArguments) -> FinishedTraining | None:
-    """`resume_from_checkpoint: last/true` in a training run whose training has ended (the newest complete checkpoint
-    trained all its steps, or early stopping ended it: `_early_stopping_end`) and whose final model and training
-    report of the step training ended at were written whole (`_saved_training_report`),
-    without a run record (written last: the run was ended after training, before or while it wrote its record): what
-    is needed to finish it without training (evaluate, predict, record, push), as the same command run uninterrupted
-    would have; None for every other run (`resolve_resume_checkpoint` decides those)."""
+    """`resume_from_checkpoint: last/true` in a training run whose final model and training report were written
+    whole (`_saved_training_report`) where its training ended (the report's trainer state trained all the run's
+    steps, or early stopping ended it there: `_early_stopping_end`; no checkpoint is newer than that step, and there
+    may be none: `save_strategy: no`, or early stopping before the first save), without a run record (written last:
+    the run was ended after training, before or while it wrote its record): what is needed to finish it without
+    training (evaluate, predict, record, push), as the same command run uninterrupted would have; None for every other
+    run (`resolve_resume_checkpoint` decides those)."""
     setting = training_args.resume_from_checkpoint
     output_dir = training_args.output_dir
     if (not training_args.do_train or setting is None or setting.lower() not in ("true", "last")
             or not os.path.isdir(output_dir) or (Path(output_dir) / RUN_RECORD_FILE).exists()):
         return None
-    checkpoint = last_complete_checkpoint(output_dir)
-    if checkpoint is None:
-        return None
-    state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
-    if _trained_all_steps(training_args, state)[2]:
-        step, how = state.get("global_step", 0), "all its steps"
-    elif ((end := _early_stopping_end(training_args)) is not None
-          and end[0] >= state.get("global_step", 0)):   # the stop step's checkpoint, or an earlier one
-        step, how = end[0], f"stopped by early_stopping_patience={training_args.early_stopping_patience}"
-    else:
-        return None
-    report = _saved_training_report(output_dir, step)
+    report = _saved_training_report(output_dir)
     if report is None:
         return None
     metrics, final_state = report
-    resumed_from = metrics.pop(RESUMED_FROM_KEY)
-    best = final_state.get("best_model_checkpoint")
-    if training_args.process_index == 0:
-        logger.warning("resume_from_checkpoint=%s: the run in output_dir %s finished training (%s; step %d, newest "
-                       "checkpoint %s) and saved its final model, but was stopped before it wrote its run record: "
-                       "finishing it without training (evaluation, prediction and record of the final model there)",
-                       setting, output_dir, how, step, checkpoint.name)
-    return FinishedTraining(str(checkpoint), metrics, resumed_from, best)
-
-
-def _early_stopping_end(training_args: TranslationTrainingArguments) -> tuple[int, int] | None:
-    """(the step, the evaluations without improvement) at which early stopping ended output_dir's training, where
-    output_dir/trainer_state.json (the state `report_training` saved where training ended) says it did: those
-    evaluations reach this run's early_stopping_patience, under the same early_stopping_threshold. None otherwise."""
-    patience = training_args.early_stopping_patience
-    if patience is None:
+    step = final_state.get("global_step", 0)
+    if _trained_all_steps(training_args, final_state)[2]:
+        how = "all its steps"
+    elif _early_stopping_end(training_args, final_state) is not None:
+        how = f"stopped by early_stopping_patience={training_args.early_stopping_patience}"
+    else:
         return None
+    checkpoint = last_complete_checkpoint(output_dir)
+    if checkpoint is not None and int(CHECKPOINT_PATTERN.match(checkpoint.name).group(1)) > step:
+        return None   # trained on past the report (resumed with more steps), whose final model is not there yet
+    resumed_from = metrics.pop(RESUMED_FROM_KEY)
+    if training_args.process_index == 0:
+        logger.warning("resume_from_checkpoint=%s: the run in output_dir %s finished training (%s; step %d, %s) and "
+                       "saved its final model, but was stopped before it wrote its run record: finishing it without "
+                       "training (evaluation, prediction and record of the final model there)", setting, output_dir,
+                       how, step, f"newest checkpoint {checkpoint.name}" if checkpoint else "no checkpoint saved")
+    return FinishedTraining(str(checkpoint) if checkpoint else None, metrics, resumed_from,
+                            final_state.get("best_model_checkpoint"))
+
+
+def _ended_training_state(output_dir: str) -> dict[str, Any] | None:
+    """output_dir/trainer_state.json, the state `report_training` saved where training ended, if whole."""
     try:
-        ended = json.loads((Path(training_args.output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
+        ended = json.loads((Path(output_dir) / TRAINER_STATE_FILE).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(ended, dict):
+    return ended if isinstance(ended, dict) else None
+
+
+def _early_stopping_end(training_args: TranslationTrainingArguments, ended: dict[str, Any]) -> tuple[int, int] | None:
+    """(the step, the evaluations without improvement) at which early stopping ended a run's training, where `ended`
+    (the trainer state saved where training ended, `_ended_training_state`) says it did: those evaluations reach this
+    run's early_stopping_patience, under the same early_stopping_threshold. None otherwise."""
+    patience = training_args.early_stopping_patience
+    if patience is None:
         return None
     saved = ended.get("stateful_callbacks", {}).get(EarlyStopping.__name__)
     threshold = saved.get("args", {}).get("early_stopping_threshold") if isinstance(saved, dict) else None
@@ -988,7 +989,8 @@ def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume
     with the same threshold: resumed, it would train the same steps again and stop at the same evaluation."""
     if Path(resume_from).resolve().parent != Path(training_args.output_dir).resolve():
         return
-    end = _early_stopping_end(training_args)
+    ended = _ended_training_state(training_args.output_dir)
+    end = _early_stopping_end(training_args, ended) if ended is not None else None
     if end is not None and end[0] > step:
         stopped_at, stale = end
         raise ConfigError(f"resume_from_checkpoint: the run in {training_args.output_dir} went on from "
@@ -1054,7 +1056,8 @@ def _stopped_while_saving_the_final_model(output_dir: str, checkpoint: str, step
     no run record and no whole training report of that step (`_saved_training_report`): it was ended after training,
     before or while it saved its final model and report, which `finished_training` cannot finish."""
     return (Path(checkpoint).resolve().parent == Path(output_dir).resolve()
-            and not (Path(output_dir) / RUN_RECORD_FILE).exists() and _saved_training_report(output_dir, step) is None)
+            and not (Path(output_dir) / RUN_RECORD_FILE).exists()
+            and ((report := _saved_training_report(output_dir)) is None or report[1].get("global_step") != step))
 
 
 def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> str | None:

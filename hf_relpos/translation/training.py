@@ -82,7 +82,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if data_args.prepared_data_dir is not None:   # its free space is checked by the preparation, for the data's size
         check_output_dir(data_args.prepared_data_dir, setting="prepared_data_dir")
     resume_from = finished.checkpoint if finished is not None else resolve_resume_checkpoint(training_args)
-    if resume_from is not None and training_args.do_train:
+    if finished is not None and resume_from is None:   # no checkpoint saved: the final model is the architecture
+        check_resumed_model_config(model_args, output_dir)
+    elif resume_from is not None and training_args.do_train:
         check_resumed_model_config(model_args, resume_from)
     fresh_run = training_args.do_train and training_args.overwrite_output_dir
     if training_args.do_train:   # resuming "last" from none: resolve_resume_checkpoint found nothing a run would lose
@@ -99,7 +101,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
 
     with main_process_first_without_timeout(training_args, desc="data preparation"):
         prepared = prepare_data(model_args, data_args, training_args, splits_to_read(training_args),
-                                retrain=fresh_run and training_args.should_save, resuming=resume_from is not None)
+                                retrain=fresh_run and training_args.should_save,
+                                resuming=finished is not None or resume_from is not None)
         check_evaluation_lengths(prepared.evaluation_sets, training_args, prepared.model)
         if training_args.should_save:  # the first write of the run besides the prepared data: every check has passed
             if fresh_run:
