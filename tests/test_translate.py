@@ -575,6 +575,24 @@ def test_an_io_error_reading_the_source_or_references_is_one_error_line(memorise
     assert not output.exists()
 
 
+@pytest.mark.parametrize("scored", [False, True])
+def test_an_io_error_reading_stdin_is_one_error_line(memorised_model_folder, tmp_path, capsys, monkeypatch, scored):
+    """An OSError of stdin's own reads (EIO) after its first line, which is translated already (with --reference,
+    stdin is counted as it ends, not before): one error line `stdin: Input/output error`, exit status 2, --output
+    not written, as for --input (`test_an_io_error_reading_the_source_or_references_is_one_error_line`)."""
+    reference_file = write_lines(tmp_path / "ref.txt", TARGETS[:3])
+    data = "".join(line + "\n" for line in SOURCES[:3]).encode()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(ReadsFailingAfter(data, data.index(b"\n") + 1)))
+    output = tmp_path / "hyp.txt"
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), "--output", str(output), "--buffer_lines", "1", "--no_progress",
+              *(["--reference", str(reference_file)] if scored else [])])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.splitlines() == ["hf-relpos-translate: error: stdin: Input/output error"], error
+    assert not output.exists()
+
+
 @pytest.mark.parametrize(("flag", "name"), [("--input", "test.jsonl"), ("--input", "test.TSV"),
                                             ("--reference", "test.csv"), ("--reference", "test.json")])
 def test_a_file_of_records_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys, monkeypatch,
