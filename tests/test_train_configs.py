@@ -3,9 +3,13 @@
 from pathlib import Path
 
 import pytest
+import torch
 from transformers.utils import is_torch_bf16_gpu_available
 
+from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.hub import load_recipe
+from hf_relpos.translation.arguments import run_model_config
+from hf_relpos.translation.trainer import PromotedLabelSmoother
 from hf_relpos.translation.training import parse_arguments
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -148,3 +152,100 @@ def test_every_recipe_parses_with_a_valid_model_config(name):
     """parse_arguments builds the recipe's RelPosTransformerConfig, so each scheme checks its own fields here."""
     model_args, _, _ = parse(name)
     assert model_args.model_config["position_scheme"] in name or name == "demo.yaml"
+
+
+# --- every parameter trains in each step: the WMT recipes' `ddp_find_unused_parameters: false` -----------------------
+
+# A recipe's model shrunk to test size by flags; every position and architecture field stays the recipe's.
+TINY_SIZES = ("--model.d_model", "16", "--model.encoder_layers", "2", "--model.decoder_layers", "2",
+              "--model.encoder_attention_heads", "2", "--model.decoder_attention_heads", "2",
+              "--model.encoder_ffn_dim", "32", "--model.decoder_ffn_dim", "32")
+TINY_VOCABULARY = 40
+
+
+def padded_batch_with_labels(vocab_size: int = TINY_VOCABULARY) -> dict[str, torch.Tensor]:
+    """Three pairs: a source padded after its </s>, a target padded with -100 (as DataCollatorForSeq2Seq pads)."""
+    generator = torch.Generator().manual_seed(0)
+    input_ids = torch.randint(4, vocab_size, (3, 9), generator=generator)
+    input_ids[:, -1] = 1
+    input_ids[1, 5], input_ids[1, 6:] = 1, 0
+    labels = torch.randint(4, vocab_size, (3, 7), generator=generator)
+    labels[:, -1] = 1
+    labels[2, 3], labels[2, 4:] = 1, -100
+    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": labels}
+
+
+def parameters_without_a_gradient(model: torch.nn.Module, label_smoothing_factor: float) -> list[str]:
+    """One training step's backward pass (dropout on, a padded batch, the run's label-smoothed loss,
+    `PromotedLabelSmoother`): the trainable parameters it leaves without a gradient, which DDP under
+    ddp_find_unused_parameters false stops a launch of several processes for at its second step."""
+    model.train()
+    batch = padded_batch_with_labels(model.config.vocab_size)
+    outputs = model(**batch)
+    loss = (PromotedLabelSmoother(epsilon=label_smoothing_factor)(outputs, batch["labels"])
+            if label_smoothing_factor > 0 else outputs.loss)
+    loss.backward()
+    return [name for name, parameter in model.named_parameters() if parameter.requires_grad and parameter.grad is None]
+
+
+def tiny_recipe_model(name: str, *flags: str) -> tuple[RelPosTransformerForConditionalGeneration, float]:
+    """The model the recipe `name` trains (the app's `run_model_config`), shrunk (`TINY_SIZES`), with its label
+    smoothing factor."""
+    model_args, _, training_args = parse(name, *TINY_SIZES, *flags)
+    config = run_model_config(model_args)
+    config.vocab_size = TINY_VOCABULARY
+    torch.manual_seed(0)
+    return RelPosTransformerForConditionalGeneration(config), training_args.label_smoothing_factor
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml") if not path.name.startswith("finetune")))
+def test_one_training_step_of_every_recipe_gives_every_parameter_a_gradient(name):
+    """Each recipe's model (shrunk, every position and architecture field kept) on sdpa and eager: the WMT recipes'
+    ddp_find_unused_parameters false says every parameter takes part in each step."""
+    for kernel in ("sdpa", "eager"):
+        model, label_smoothing = tiny_recipe_model(name, "--attn_implementation", kernel)
+        assert parameters_without_a_gradient(model, label_smoothing) == [], kernel
+
+
+@pytest.mark.parametrize("scheme", ["absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"])
+def test_the_fine_tuning_recipe_gives_every_parameter_of_a_converted_marian_model_a_gradient(tmp_path, scheme):
+    """configs/finetune_marian_en_de_shaw.yaml on a tiny MarianMT model converted to each scheme (its new position
+    parameters start at zero, Marian's weights copied), and to Shaw's with Marian's sinusoids kept."""
+    from test_convert import marian_model
+
+    from hf_relpos.tools.convert import marian_to_relpos
+
+    for kept in (False, True) if scheme in ("shaw", "xl", "t5", "none") else (False,):
+        folder = tmp_path / f"{scheme}-{kept}"
+        marian_to_relpos(marian_model(vocab_size=TINY_VOCABULARY), scheme,
+                         keep_absolute_positions=kept).save_pretrained(folder)
+        model_args, _, training_args = parse("finetune_marian_en_de_shaw.yaml", "--model_name_or_path", str(folder))
+        torch.manual_seed(0)
+        model = RelPosTransformerForConditionalGeneration(run_model_config(model_args))
+        assert parameters_without_a_gradient(model, training_args.label_smoothing_factor) == [], kept
+
+
+# Options a user may add to a recipe (model fields and training arguments that change the model's graph), each on
+# top of the WMT14 base recipe of every scheme that takes it.
+RECIPE_OPTIONS = {
+    "key dropout": ("--model.attention_dropout", "0.2", "--model.attention_dropout_kind", "keys"),
+    "probability dropout": ("--model.attention_dropout", "0.2"),
+    "window": ("--model.self_attention_window", "1"),
+    "length scaling": ("--model.cross_attention_length_scaling", "true"),
+    "randomized positions": ("--model.position_randomization_max", "300"),
+    "randomized at inference": ("--model.position_randomization_max", "300",
+                                "--model.position_randomization_at_inference", "true"),
+    "kept sinusoids faded out": ("--model.keep_absolute_positions", "true", "--model.absolute_positions_scale", "0"),
+    "untied embeddings": ("--model.tie_word_embeddings", "false"),
+    "pre-LN": ("--model.layer_norm_position", "pre"),
+    "no label smoothing": ("--label_smoothing_factor", "0"),
+}
+
+
+@pytest.mark.parametrize("option", list(RECIPE_OPTIONS))
+def test_the_options_a_recipe_may_add_leave_no_parameter_without_a_gradient(option):
+    for scheme in SCHEMES:
+        if scheme == "absolute" and option == "kept sinusoids faded out":   # refused: it has them already
+            continue
+        model, label_smoothing = tiny_recipe_model(f"wmt14_en_de_base_{scheme}.yaml", *RECIPE_OPTIONS[option])
+        assert parameters_without_a_gradient(model, label_smoothing) == [], scheme
