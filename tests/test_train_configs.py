@@ -8,7 +8,7 @@ from transformers.utils import is_torch_bf16_gpu_available
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.hub import load_recipe
-from hf_relpos.translation.arguments import run_model_config
+from hf_relpos.translation.arguments import ConfigError, run_model_config
 from hf_relpos.translation.trainer import PromotedLabelSmoother
 from hf_relpos.translation.training import parse_arguments
 
@@ -249,3 +249,28 @@ def test_the_options_a_recipe_may_add_leave_no_parameter_without_a_gradient(opti
             continue
         model, label_smoothing = tiny_recipe_model(f"wmt14_en_de_base_{scheme}.yaml", *RECIPE_OPTIONS[option])
         assert parameters_without_a_gradient(model, label_smoothing) == [], scheme
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+def test_an_encoder_without_layers_under_ddp_find_unused_parameters_false_is_refused_where_it_leaves_parameters_out(
+        scheme):
+    """`--model.encoder_layers 0` on a WMT recipe: the encoder's position scheme keeps its parameters (Shaw's tables,
+    XL's biases, T5's buckets), which no step reads; under the recipe's ddp_find_unused_parameters false a launch of
+    several processes stopped at its second step. It is one ConfigError naming both fields and those parameters,
+    when the arguments are read; with ddp_find_unused_parameters true, or for a scheme without parameters, the run
+    is accepted."""
+    name = f"wmt14_en_de_base_{scheme}.yaml"
+    model, label_smoothing = tiny_recipe_model(name, "--model.encoder_layers", "0", "--ddp_find_unused_parameters",
+                                               "true")
+    left_out = parameters_without_a_gradient(model, label_smoothing)
+    if not left_out:
+        parse(name, "--model.encoder_layers", "0")
+        return
+    assert all(parameter.startswith("model.encoder.positions.") for parameter in left_out)
+    with pytest.raises(ConfigError) as refused:
+        parse(name, "--model.encoder_layers", "0")
+    assert str(refused.value) == (
+        "ddp_find_unused_parameters false says every parameter takes part in each training step, but model: "
+        f"encoder_layers 0 leaves the encoder's position parameters out of every step ({', '.join(left_out)}): DDP "
+        "would stop a launch of several processes at its second step; set ddp_find_unused_parameters true, or "
+        "encoder_layers 1 or more")

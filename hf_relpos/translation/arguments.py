@@ -794,6 +794,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
     check_training_kernel(model_args, training_args)
+    check_every_parameter_trains(model_args, training_args)
     return model_args, data_args, training_args
 
 
@@ -1130,6 +1131,28 @@ def check_training_kernel(model_args: ModelArguments, training_args: Translation
         check_dropout_kernel(model_args.attn_implementation, config.attention_dropout, config.attention_dropout_kind)
     except ValueError as error:
         raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+
+
+def check_every_parameter_trains(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
+    """`ddp_find_unused_parameters: false` (the WMT recipes) tells DDP that every trainable parameter gets a gradient
+    in each step; one that gets none stops a launch of several processes at its second step ("Expected to have
+    finished reduction in the prior iteration"). The model leaves parameters out in one case (every recipe, and the
+    options a recipe may add, give each a gradient: tests/test_train_configs.py): an encoder without layers
+    (`encoder_layers` 0), whose position scheme's parameters no step reads. That case is one ConfigError, when the
+    arguments are read, in a launch of one process too (the recipe's claim is false for that model)."""
+    if not training_args.do_train or training_args.ddp_find_unused_parameters is not False:
+        return
+    config = run_model_config(model_args)
+    if config.encoder_layers > 0:
+        return
+    left_out = [f"model.encoder.positions.{name}"
+                for name, _ in meta_model(config).model.encoder.positions.named_parameters()]
+    if left_out:
+        raise ConfigError(
+            f"ddp_find_unused_parameters false says every parameter takes part in each training step, but "
+            f"{MODEL_SECTION}: encoder_layers 0 leaves the encoder's position parameters out of every step "
+            f"({', '.join(left_out)}): DDP would stop a launch of several processes at its second step; set "
+            "ddp_find_unused_parameters true, or encoder_layers 1 or more")
 
 
 def _with_overrides(config: RelPosTransformerConfig, overrides: dict[str, Any]) -> RelPosTransformerConfig:
