@@ -826,12 +826,13 @@ class FinishedTraining:
     in its final evaluation, prediction or record writing: a SIGTERM after the last step ends it at once), as
     `report_training` saved it: the newest complete checkpoint (at or before the step training ended at; None where
     the run saved none before it ended: `save_strategy: no`, or early stopping before the first save), the training
-    metrics, the checkpoint the training segment resumed from (a folder name, or None) and the Trainer's best
-    checkpoint (`load_best_model_at_end`), from output_dir/trainer_state.json."""
+    metrics, the checkpoint the training segment resumed from (a folder name, or None) and the Trainer's state where
+    training ended (output_dir/trainer_state.json, as judged: the epoch the evaluations log, the best checkpoint of
+    `load_best_model_at_end`)."""
     checkpoint: str | None
     metrics: dict[str, Any]
     resumed_from: str | None
-    best_model_checkpoint: str | None
+    state: TrainerState
 
 
 def _saved_training_report(output_dir: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
@@ -904,7 +905,7 @@ def finished_training(training_args: TranslationTrainingArguments) -> FinishedTr
                        "training (evaluation, prediction and record of the final model there)", setting, output_dir,
                        how, step, f"newest checkpoint {checkpoint.name}" if checkpoint else "no checkpoint saved")
     return FinishedTraining(str(checkpoint) if checkpoint else None, metrics, resumed_from,
-                            final_state.get("best_model_checkpoint"))
+                            TrainerState(**final_state))   # as TrainerState.load_from_json builds it
 
 
 def _ended_training_state(output_dir: str) -> dict[str, Any] | None:

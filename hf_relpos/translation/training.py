@@ -10,12 +10,11 @@ import logging
 import signal
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 from accelerate import PartialState
-from transformers import TrainerState, set_seed
+from transformers import set_seed
 
 from ..publish.hub import HubPushError
 from .arguments import (
@@ -26,7 +25,6 @@ from .arguments import (
     local_main_process,
     parse_arguments,
 )
-from .checkpoints import TRAINER_STATE_FILE
 from .coordination import main_process_first_without_timeout
 from .data import DatasetSchemaError
 from .data_preparation import check_evaluation_lengths, prepare_data, splits_to_read
@@ -126,9 +124,9 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     results: dict[str, dict[str, Any]] = {}
     best_checkpoint: str | None = None   # load_best_model_at_end's
     if finished is not None:   # the Trainer's state where training ended: evaluations log its epoch
-        trainer.state = TrainerState.load_from_json(str(Path(output_dir) / TRAINER_STATE_FILE))
+        trainer.state = finished.state
         results["train"], resume_from = finished.metrics, finished.resumed_from
-        best_checkpoint = finished.best_model_checkpoint
+        best_checkpoint = finished.state.best_model_checkpoint
     elif training_args.do_train:
         train_result = trainer.train(resume_from_checkpoint=resume_from)
         averaged = (average_final_weights(trainer, training_args.average_checkpoints)
