@@ -472,6 +472,28 @@ def test_a_run_stopped_by_sigterm_resumes_to_bitwise_the_same_weights(tmp_path, 
     assert stopped_at == "checkpoint-3"
 
 
+@pytest.mark.parametrize("stop_step", [0, 7], ids=["before-the-first-step", "at-an-epoch-start"])
+def test_a_sigterm_before_the_first_step_of_an_epoch_resumes_to_bitwise_the_same_weights(tmp_path, corpus,
+                                                                                         monkeypatch, stop_step):
+    """A SIGTERM noticed before the first step of an epoch (of the run: checkpoint-0; of its second epoch, 7 steps in:
+    checkpoint-7, off the save schedule) is checkpointed with the random state of the epoch's start, where the
+    Trainer restores a checkpoint's state when it resumes at an epoch start (before it opens the epoch's batches,
+    which draws a seed from it): resumed, the run ends with the uninterrupted run's weights, learning rate and loss
+    at every step. The checkpoint held the state past that draw, and the resumed run's dropout masks differed from
+    its first step on."""
+    common = {"max_steps": 9, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "get_batch_samples", stop_step), pytest.raises(
+            TrainingStoppedError, match=f"checkpoint-{stop_step} is saved"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+
+
 def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_without_evaluating(tmp_path, corpus,
                                                                                                monkeypatch):
     """An evaluation (translations generated) may outlast the time a scheduler leaves after its SIGTERM: step 3, with

@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import random
 import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -272,6 +273,38 @@ def _leave_to_the_step_end(*args: Any, **kwargs: Any) -> None:
     """A JIT checkpoint requested before the optimizer step waits for the step's end (`_note_signal_checkpoints`)."""
 
 
+def _random_state() -> dict[str, Any]:
+    """This process's random state: Python's, numpy's and torch's CPU and CUDA generators (those of
+    `Trainer._save_rng_state`, which also saves an XLA, NPU, HPU or MLU generator's, left out here)."""
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "cpu": torch.random.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.random.get_rng_state_all()
+    return state
+
+
+def _set_random_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.random.set_rng_state(state["cpu"])
+    if "cuda" in state:
+        torch.cuda.random.set_rng_state_all(state["cuda"])
+
+
+@contextlib.contextmanager
+def _random_state_set_to(state: dict[str, Any] | None) -> Iterator[None]:
+    """Within the block, this process's random state is `state` (`_random_state`; None: left as it is); after it,
+    the state it had before."""
+    if state is None:
+        yield
+        return
+    current = _random_state()
+    _set_random_state(state)
+    try:
+        yield
+    finally:
+        _set_random_state(current)
+
+
 class _StoppedBetweenSteps(Exception):
     """A SIGTERM checkpoint requested between two training steps, noticed before the next one begins: raised out of
     the Trainer's loop, which has no way to stop before a step; `TranslationTrainer.train` checkpoints and stops."""
@@ -347,6 +380,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._checkpointed_step: int | None = None   # the step of the last checkpoint this train() call saved or
         # resumed from (in output_dir)
         self._jit_checkpoint: JITCheckpointCallback | None = None
+        self._epoch_start: tuple[int, dict[str, Any]] | None = None   # the step and random state of the epoch's
+        # start, for a SIGTERM checkpoint before its first step (`_checkpoint_the_stop`)
         self._stop_agreement: _StopAgreement | None = None   # several processes: they agree on a SIGTERM's stop
         self._note_signal_checkpoints()
 
@@ -405,11 +440,16 @@ class TranslationTrainer(Seq2SeqTrainer):
             if self._checkpoint_requested():
                 raise _StoppedBetweenSteps
 
+        def note_the_epoch_start(args: TrainingArguments, state: TrainerState, control: TrainerControl,
+                                 **kwargs: Any) -> None:
+            self._epoch_start = (state.global_step, _random_state())
+
         manager.execute_jit_checkpoint = save_checkpoint_and_stop
         jit.on_step_begin = stop_before_the_step
         jit.on_pre_optimizer_step = _leave_to_the_step_end
         jit.on_step_end = save_after_the_step_and_stop
         jit.on_epoch_end = nothing_more_at_the_epoch_end
+        jit.on_epoch_begin = note_the_epoch_start
 
     def _checkpoint_requested(self) -> bool:
         """Whether a SIGTERM checkpoint (`_note_signal_checkpoints`) is requested: by this process's handler, or under
@@ -476,7 +516,7 @@ class TranslationTrainer(Seq2SeqTrainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
-        self.stopped_by_signal = False
+        self.stopped_by_signal, self._epoch_start = False, None
         self._checkpointed_step = _own_checkpoint_step(resume_from_checkpoint, self.args.output_dir)
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
@@ -487,15 +527,22 @@ class TranslationTrainer(Seq2SeqTrainer):
         return result
 
     def _checkpoint_the_stop(self) -> None:
-        """After `_StoppedBetweenSteps`: the step's checkpoint, unless this train() call has saved it already (a
-        SIGTERM during its regular save) or resumed from it (a SIGTERM before its first step: rewriting the newest
-        complete checkpoint would leave it incomplete until written whole), then every callback's end of training, as
+        """After `_StoppedBetweenSteps`: the step's checkpoint (before an epoch's first step, with the random state
+        of the epoch's start), unless this train() call has saved it already (a SIGTERM during its regular save) or
+        resumed from it (a SIGTERM before its first step: rewriting the newest complete checkpoint would leave it
+        incomplete until written whole), then every callback's end of training, as
         the Trainer's own end runs it after a stop within a step (the SIGTERM handler of before training back,
         TensorBoard's writer closed, the progress bar ended)."""
         self._jit_checkpoint.jit_manager.is_checkpoint_requested = False
         self.stopped_by_signal, self.is_in_train = True, False
         if self._checkpointed_step != self.state.global_step:
-            self._save_checkpoint(self.model, trial=None)
+            # before the epoch's first step, the random state of its start: a run resumed at an epoch start restores
+            # it before the Trainer opens the epoch's batches (which draws a seed from it), as an uninterrupted run
+            # had it there; the state now is past that draw
+            epoch_start = (self._epoch_start[1] if self._epoch_start is not None
+                           and self._epoch_start[0] == self.state.global_step else None)
+            with _random_state_set_to(epoch_start):
+                self._save_checkpoint(self.model, trial=None)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
 
     def training_step(
