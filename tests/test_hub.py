@@ -1560,6 +1560,8 @@ def test_translation_pipeline_translates_a_saved_folder(trained_folder, tmp_path
         pipeline("translation", model=str(folder))
     translator = pipeline("translation", model=str(folder), pipeline_class=hub.TranslationPipeline, device="cpu")
     assert translator(PAIRS[1][0]) == [{"translation_text": PAIRS[1][1]}]
+    by_pair = pipeline("translation_en_to_de", model=str(folder), device="cpu")   # not the declared task's name
+    assert type(by_pair) is hub.TranslationPipeline and by_pair(PAIRS[1][0]) == [{"translation_text": PAIRS[1][1]}]
     assert translator([source for source, _ in PAIRS], batch_size=3) == [
         {"translation_text": target} for _, target in PAIRS]
     assert translator(PAIRS[0][0], num_beams=2, num_return_sequences=2)[0] == {"translation_text": PAIRS[0][1]}

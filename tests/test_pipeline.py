@@ -87,6 +87,19 @@ def test_old_translation_pipeline_arguments(translator):
         translator(SOURCES[3], return_tensors=True)
 
 
+def test_transformers_4_task_names_with_a_language_pair_are_the_translation_task(memorised_model_folder, translator):
+    """`pipeline("translation_en_to_de", ...)`, transformers 4's name of the task (Marian's model cards use it), serves
+    the translation pipeline as "translation" does, sentence splitting and all; other names stay unknown tasks."""
+    by_pair = pipeline("translation_en_to_de", model=str(memorised_model_folder), device="cpu")
+    assert type(by_pair) is type(translator)
+    text = " ".join(SOURCES[:3])
+    assert by_pair([text, SOURCES[3]]) == translator([text, SOURCES[3]]) == [
+        {"translation_text": " ".join(TARGETS[:3])}, {"translation_text": TARGETS[3]}]
+    for name in ("translation_en_de", "translation_en_to_", "translation_en_to_de_at"):
+        with pytest.raises(KeyError, match=f"Unknown task {name},"):
+            pipeline(name, model=str(memorised_model_folder), device="cpu")
+
+
 @pytest.mark.parametrize(
     ("text", "pieces"),
     [

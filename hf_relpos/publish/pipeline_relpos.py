@@ -267,11 +267,32 @@ class TranslationPipeline(ChunkPipeline):
                 "source.")
 
 
+class LanguagePairTaskAliases(dict):
+    """transformers' task aliases, and transformers 4's names of the translation task with a language pair
+    ("translation_en_to_de", `LANGUAGE_PAIR_TASK`), each an alias of "translation" as it was there (the pair is not
+    checked: a bilingual model translates its own pair, as MarianMT did under any such name)."""
+
+    def __contains__(self, task: object) -> bool:
+        return super().__contains__(task) or (isinstance(task, str) and LANGUAGE_PAIR_TASK.fullmatch(task) is not None)
+
+    def __missing__(self, task: str) -> str:
+        if isinstance(task, str) and LANGUAGE_PAIR_TASK.fullmatch(task):
+            return "translation"
+        raise KeyError(task)
+
+
+LANGUAGE_PAIR_TASK = re.compile(r"translation_[^_]+_to_[^_]+")
+
+
 def register_translation_task() -> None:
-    """Restore the "translation" task that transformers 5 removed, served by `TranslationPipeline`."""
+    """Restore the "translation" task that transformers 5 removed, served by `TranslationPipeline`, under its name
+    and transformers 4's names with a language pair (`LanguagePairTaskAliases`)."""
     from transformers import AutoModelForSeq2SeqLM, pipelines
 
     pipelines.REMOVED_TASKS.pop("translation", None)
-    pipelines.PIPELINE_REGISTRY.register_pipeline(
+    registry = pipelines.PIPELINE_REGISTRY
+    registry.register_pipeline(
         "translation", pipeline_class=TranslationPipeline, pt_model=AutoModelForSeq2SeqLM, type="text"
     )
+    if not isinstance(registry.task_aliases, LanguagePairTaskAliases):
+        registry.task_aliases = LanguagePairTaskAliases(registry.task_aliases)
