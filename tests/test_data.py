@@ -154,6 +154,31 @@ def test_a_local_dataset_folder_with_the_default_config_name_says_to_set_it_null
     assert list(zip(loaded["validation"]["source"], loaded["validation"]["target"], strict=True)) == PAIRS
 
 
+QUOTED_PAIRS = [('"Hello," she said.', '"Hallo", sagte sie.'), ("A cat.", "Eine Katze.")]
+
+
+def test_a_local_dataset_folder_of_tab_separated_files_is_refused_as_datasets_would_drop_their_quotes(tmp_path):
+    """`datasets` reads a folder's .tsv files as CSV with quoting ('"Hello," she said.' becomes 'Hello, she said.'),
+    where a .tsv train_file keeps every quote: such a folder is one error naming its files and the fields that read
+    them unquoted, before anything is loaded; with QUOTE_NONE set in its README.md configuration it loads as is."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for split in ("train", "validation"):
+        (folder / f"{split}.tsv").write_text("en\tde\n" + "".join(f"{en}\t{de}\n" for en, de in QUOTED_PAIRS),
+                                             encoding="utf-8")
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+    with pytest.raises(DatasetSchemaError, match=(
+            rf"^dataset_name '{re.escape(str(folder))}': datasets reads its tab-separated files \(train\.tsv, "
+            r"validation\.tsv\) as CSV, with quoting: .* give them as train_file / validation_file / test_file")):
+        load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
+    loaded = read_local_pairs(folder / "train.tsv", "en", "de")
+    assert list(zip(loaded["source"], loaded["target"], strict=True)) == QUOTED_PAIRS
+    (folder / "README.md").write_text("---\nconfigs:\n- config_name: default\n  sep: \"\\t\"\n  quoting: 3\n  data_files:\n"
+                                      "  - split: train\n    path: train.tsv\n---\n", encoding="utf-8")
+    loaded = load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))["train"]
+    assert list(zip(loaded["source"], loaded["target"], strict=True)) == QUOTED_PAIRS
+
+
 def write_hub_layout(folder, splits):
     """A local folder in a Hub dataset's layout: the files of configuration de-en under de-en/, named in README.md."""
     (folder / "de-en").mkdir(parents=True, exist_ok=True)

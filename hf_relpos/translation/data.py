@@ -402,10 +402,32 @@ def local_folder_split_files(folder: Path, config_name: str | None, split_names:
             if name in data_files else every_file for name in split_names}
 
 
+def check_tab_separated_folder(folder: Path, config_name: str | None, cache_dir: str | None) -> None:
+    """Refuse a local dataset folder whose tab-separated files `datasets` would read as CSV with quoting (its csv
+    builder, `sep` a tab, `quoting` not QUOTE_NONE): a field that opens with a quote loses it, and an unclosed one
+    joins the lines up to the next quote, where a .tsv `train_file` is read with no quoting. A folder `datasets` cannot
+    resolve is left to `load_dataset`, which says why."""
+    try:
+        builder = load_dataset_builder(str(folder), config_name, cache_dir=cache_dir)
+    except (ValueError, OSError):
+        return
+    config = builder.config
+    if builder.name != "csv" or (config.delimiter or config.sep) != "\t" or config.quoting == csv.QUOTE_NONE:
+        return
+    files = sorted({os.path.relpath(path, folder) for paths in (config.data_files or {}).values() for path in paths})
+    raise DatasetSchemaError(
+        f"dataset_name {str(folder)!r}: datasets reads its tab-separated files ({', '.join(files)}) as CSV, with "
+        "quoting: a sentence that starts with a quote loses it, and an unclosed quote joins the lines up to the next "
+        "one; give them as train_file / validation_file / test_file instead, which read a .tsv with no quoting "
+        "(docs/training.md, Data)")
+
+
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
     origin = f"dataset {data_args.dataset_name!r}" + (
         f" (config {data_args.dataset_config_name!r})" if data_args.dataset_config_name else ""
     )
+    if data_args.local_dataset_folder is not None:
+        check_tab_separated_folder(data_args.local_dataset_folder, data_args.dataset_config_name, cache_dir)
     offline = huggingface_hub.constants.HF_HUB_OFFLINE or datasets.config.HF_HUB_OFFLINE
     if not offline:
         check_hub_dataset(data_args.dataset_name)
