@@ -179,6 +179,24 @@ def test_a_local_dataset_folder_of_tab_separated_files_is_refused_as_datasets_wo
     assert list(zip(loaded["source"], loaded["target"], strict=True)) == QUOTED_PAIRS
 
 
+@pytest.mark.parametrize("config_name", [None, "de-en"])
+def test_a_local_dataset_folder_of_plain_text_pairs_is_one_error_naming_their_prefixes(tmp_path, config_name):
+    """`dataset_name` naming a folder in the fairseq layout (train.en + train.de, ...), which `datasets` cannot read:
+    the error names the prefixes to give as train_file / validation_file / test_file, whatever dataset_config_name."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    for prefix in ("train", "valid"):
+        for index, lang in enumerate(("en", "de")):
+            (folder / f"{prefix}.{lang}").write_text("".join(pair[index] + "\n" for pair in PAIRS), encoding="utf-8")
+    write_compressed(folder / "test.en.gz", "A line.\n")   # source-only: no pair
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=config_name)
+    with pytest.raises(DatasetSchemaError, match=(
+            rf"could not be loaded: .*; its plain-text pairs are read by prefix, not as dataset_name: give "
+            rf"{re.escape(str(folder / 'train'))}, {re.escape(str(folder / 'valid'))} as train_file / validation_file "
+            r"/ test_file \(each PREFIX\.en \+ PREFIX\.de\)$")):
+        load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
+
+
 def write_hub_layout(folder, splits):
     """A local folder in a Hub dataset's layout: the files of configuration de-en under de-en/, named in README.md."""
     (folder / "de-en").mkdir(parents=True, exist_ok=True)

@@ -422,6 +422,23 @@ def check_tab_separated_folder(folder: Path, config_name: str | None, cache_dir:
         "(docs/training.md, Data)")
 
 
+def plain_text_prefixes(folder: Path, source_lang: str, target_lang: str) -> list[str]:
+    """The prefixes of the plain-text pairs in `folder` itself (PREFIX.SOURCE_LANG and PREFIX.TARGET_LANG, either
+    compressed or not, as `plain_text_side` reads them), in name order."""
+    prefixes = set()
+    for path in folder.iterdir():
+        for suffix in ("", *COMPRESSIONS):
+            side = f".{source_lang}{suffix}"
+            if path.is_file() and path.name.endswith(side) and len(path.name) > len(side):
+                prefixes.add(str(folder / path.name[:-len(side)]))
+    with_both_sides = []
+    for prefix in sorted(prefixes):
+        with contextlib.suppress(DatasetSchemaError):   # a side compressed twice: not a pair to suggest
+            if plain_text_side(prefix, target_lang) is not None:
+                with_both_sides.append(prefix)
+    return with_both_sides
+
+
 def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_dir: str | None) -> dict[str, Dataset]:
     origin = f"dataset {data_args.dataset_name!r}" + (
         f" (config {data_args.dataset_config_name!r})" if data_args.dataset_config_name else ""
@@ -440,9 +457,17 @@ def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_di
                                                  cache_dir=cache_dir, **afresh)
     except (ConnectionError, OSError, ValueError) as error:
         hint = " (HF_HUB_OFFLINE is set: only a dataset in the local cache loads)" if offline else ""
-        remedy = ("; a local folder of data files (JSON, CSV, Parquet, save_to_disk) has no configuration of that "
-                  "name: set dataset_config_name null (its default, de-en, is WMT14's)"
-                  if data_args.local_dataset_folder is not None and data_args.dataset_config_name is not None else "")
+        folder = data_args.local_dataset_folder
+        prefixes = [] if folder is None else plain_text_prefixes(folder, data_args.source_lang, data_args.target_lang)
+        if prefixes:
+            remedy = (f"; its plain-text pairs are read by prefix, not as dataset_name: give {', '.join(prefixes)} "
+                      f"as train_file / validation_file / test_file (each PREFIX.{data_args.source_lang} + "
+                      f"PREFIX.{data_args.target_lang})")
+        elif folder is not None and data_args.dataset_config_name is not None:
+            remedy = ("; a local folder of data files (JSON, CSV, Parquet, save_to_disk) has no configuration of that "
+                      "name: set dataset_config_name null (its default, de-en, is WMT14's)")
+        else:
+            remedy = ""
         raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}{remedy}") from None
     result = {}
     for split in splits:
