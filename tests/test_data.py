@@ -770,6 +770,25 @@ def test_plain_text_that_is_not_utf8_names_file_and_line(tmp_path):
 
 
 @pytest.mark.parametrize("suffix", ["", ".gz"])
+@pytest.mark.parametrize(("name", "text"), [
+    ("train.csv", 'en,de\nA cat.,Eine Katze.\n"A\nbig dog.",Ein gro\xdfer Hund.\n'),
+    ("train.json", '[{"en": "A cat.", "de": "Eine Katze."},\n {"en": "A dog.", "de": "Ein gro\xdfer Hund."}]\n'),
+    ("train.tsv", "en\tde\nA cat.\tEine Katze.\nA dog.\tEin gro\xdfer Hund.\n"),
+    ("train.jsonl", '{"en": "A cat.", "de": "Eine Katze."}\n{"en": "A dog.", "de": "Ein gro\xdfer Hund."}\n'),
+])
+def test_a_data_file_that_is_not_utf8_is_one_error_naming_its_line_in_every_format(tmp_path, name, text, suffix):
+    """A Latin-1 file (a spreadsheet's CSV export) is one error naming the file and the line (counted as `wc -l`
+    counts, a quoted line break included) and the byte, in every format; .csv and .json raised UnicodeDecodeError."""
+    path = tmp_path / f"{name}{suffix}"
+    path.write_bytes(gzip.compress(text.encode("latin-1")) if suffix else text.encode("latin-1"))
+    line = text.count("\n", 0, text.index("\xdf")) + 1
+    byte = len(text[:text.index("\xdf")].rpartition("\n")[2])
+    with pytest.raises(DatasetSchemaError, match=rf"^{re.escape(str(path))}:{line}: not UTF-8 text \(invalid "
+                                                 rf"continuation byte at byte {byte} of the line\)$"):
+        read_local_pairs(path, "en", "de")
+
+
+@pytest.mark.parametrize("suffix", ["", ".gz"])
 def test_text_read_in_chunks_gives_the_lines_of_the_same_bytes_read_as_a_data_file(tmp_path, suffix):
     """`text_line_chunks` (stdin) and `text_file_line_chunks` (`hf-relpos-translate`'s files, decompressed as read)
     give the lines a data file's reader gives for the same bytes: a byte order mark dropped, split at "\n" only with

@@ -969,6 +969,8 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
                 content = json.load(io.TextIOWrapper(handle, encoding="utf-8-sig"))
             except json.JSONDecodeError as error:
                 raise DatasetSchemaError(f"{path}:{error.lineno}: invalid JSON ({error.msg})") from None
+            except UnicodeDecodeError:
+                raise _not_utf8_error(path) from None
         records = content.get("data") if isinstance(content, dict) else content
         if not isinstance(records, list):
             raise DatasetSchemaError(f"{path}: a .json file must hold a list of records or {{\"data\": [records]}}")
@@ -977,20 +979,39 @@ def _records(path: Path, file_format: str) -> Iterator[tuple[str, Any]]:
     else:
         with _opened(path) as (handle, _):
             reader = csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", newline=""))
-            header = next(reader, [])
-            for row in reader:
-                if not row:  # a blank line
-                    continue
-                if len(row) != len(header):
-                    raise DatasetSchemaError(f"{path}:{reader.line_num}: {len(row)} field(s), but the header has "
-                                             f"{len(header)} ({', '.join(header)})")
-                yield f"{path}:{reader.line_num}", dict(zip(header, row, strict=True))
+            try:
+                header = next(reader, [])
+                for row in reader:
+                    if not row:  # a blank line
+                        continue
+                    if len(row) != len(header):
+                        raise DatasetSchemaError(f"{path}:{reader.line_num}: {len(row)} field(s), but the header has "
+                                                 f"{len(header)} ({', '.join(header)})")
+                    yield f"{path}:{reader.line_num}", dict(zip(header, row, strict=True))
+            except UnicodeDecodeError:
+                raise _not_utf8_error(path) from None
 
 
 def _csv_header(path: Path) -> list[str]:
     """The column names of a .csv file's first row (none for an empty file)."""
     with _opened(path) as (handle, _):
-        return next(csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")), [])
+        try:
+            return next(csv.reader(io.TextIOWrapper(handle, encoding="utf-8-sig", newline="")), [])
+        except UnicodeDecodeError:
+            raise _not_utf8_error(path) from None
+
+
+def _not_utf8_error(path: Path) -> DatasetSchemaError:
+    """The error naming the first line of a data file (decompressed as read) that is not UTF-8, as `_split_lines`
+    names one for the formats read line by line: .csv and .json are decoded as one stream, whose error has no line."""
+    with _opened(path) as (handle, _):
+        for number, line in enumerate(handle, start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                return DatasetSchemaError(f"{path}:{number}: not UTF-8 text ({error.reason} at byte {error.start} of "
+                                          "the line)")
+    return DatasetSchemaError(f"{path}: not UTF-8 text")
 
 
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,
