@@ -91,6 +91,25 @@ def test_missing_column_in_csv_names_the_header_line_and_the_columns(tmp_path):
         read_local_pairs(path, "en", "de")
 
 
+@pytest.mark.parametrize(("name", "text", "found", "hint"), [
+    ("train.csv", "en;de\r\nA cat.;Eine Katze.\r\n", "en;de", "semicolons, where a .csv file's are separated by commas: "
+     "save it with commas (a spreadsheet's CSV uses semicolons in some locales)"),
+    ("train.csv", "en\tde\nA cat.\tEine Katze.\n", "en\\tde", "tabs, where a .csv file's are separated by commas: "
+     "save it with commas, or name it .tsv"),
+    ("train.tsv", "en,de\nA cat.,Eine Katze.\n", "en,de", "commas, where a .tsv file's are separated by tabs: save it "
+     "with tabs, or name it .csv"),
+])
+def test_a_header_of_one_field_split_by_another_separator_says_which(tmp_path, name, text, found, hint):
+    """A header that names the languages with another separator than the format's (a spreadsheet's semicolon CSV)
+    is refused saying so, not asking for a header line the file has."""
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8", newline="")
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(path, "en", "de")
+    assert str(error.value) == (f"{path}:1, header: no 'en' or 'de' (found ['{found}']); its first line is one field "
+                                f"whose columns are separated by {hint} (set source_lang/target_lang)")
+
+
 def test_invalid_json_line_is_reported(tmp_path):
     path = tmp_path / "train.jsonl"
     path.write_text('{"en": "a", "de": "b"}\n{"en": "c", \n', encoding="utf-8")

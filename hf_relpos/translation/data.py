@@ -538,10 +538,26 @@ def _require_languages(available: list[str], source_lang: str, target_lang: str,
                                  f"{sorted(available)}); {expected} (set source_lang/target_lang)")
 
 
-def _header_hint(source_lang: str, target_lang: str, separator: str) -> str:
-    """What a .csv/.tsv file without the languages in its first line needs."""
+SEPARATOR_NAMES = {",": "commas", "\t": "tabs", ";": "semicolons", "|": "'|'"}
+FORMAT_OF_SEPARATOR = {",": "csv", "\t": "tsv"}
+# What else a file whose fields another separator splits can do than be saved with its format's separator.
+OTHER_SEPARATOR_REMEDIES = {",": ", or name it .csv", "\t": ", or name it .tsv",
+                            ";": " (a spreadsheet's CSV uses semicolons in some locales)"}
+
+
+def _header_hint(source_lang: str, target_lang: str, separator: str, header: list[str]) -> str:
+    """What a .csv (`separator` ",") or .tsv ("\t") file without the languages in its first line (`header`) needs:
+    the format's separator where that line is one field naming the source language with another (a spreadsheet's
+    semicolon CSV), else a header line."""
+    kind = FORMAT_OF_SEPARATOR[separator]
+    for other, name in SEPARATOR_NAMES.items():
+        if other != separator and len(header) == 1 and source_lang in header[0].split(other):
+            return (f"its first line is one field whose columns are separated by {name}, where a .{kind} file's are "
+                    f"separated by {SEPARATOR_NAMES[separator]}: save it with {SEPARATOR_NAMES[separator]}"
+                    f"{OTHER_SEPARATOR_REMEDIES.get(other, '')}")
+    shown = "<TAB>" if separator == "\t" else separator
     return (f"its first line names the columns: add a header line naming the languages, e.g. "
-            f"{source_lang}{separator}{target_lang}")
+            f"{source_lang}{shown}{target_lang}")
 
 
 def _text(value: Any) -> str | None:
@@ -721,7 +737,7 @@ class _RecordColumns:
         if header:
             source_only = self.allow_source_only and self.target_lang not in header
             _require_languages(header, self.source_lang, self.source_lang if source_only else self.target_lang,
-                               where, _header_hint(self.source_lang, self.target_lang, ","))
+                               where, _header_hint(self.source_lang, self.target_lang, ",", header))
 
     def saw_pair(self, where: str) -> None:
         """A record with both languages at `where`."""
@@ -1026,7 +1042,7 @@ def _tsv_columns(path: Path, source_lang: str, target_lang: str,
             header = lines[0].as_py().split("\t")
             source_only = allow_source_only and target_lang not in header
             _require_languages(list(dict.fromkeys(header)), source_lang, source_lang if source_only else target_lang,
-                               f"{path}:{first_line}, header", _header_hint(source_lang, target_lang, "<TAB>"))
+                               f"{path}:{first_line}, header", _header_hint(source_lang, target_lang, "\t", header))
             lines, first_line = lines[1:], first_line + 1
         fields = pc.split_pattern(lines, "\t")
         counts = pc.list_value_length(fields).to_numpy(zero_copy_only=False)
