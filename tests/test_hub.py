@@ -1600,9 +1600,13 @@ model = AutoModelForSeq2SeqLM.from_pretrained(folder, trust_remote_code=remote o
 print("MODULE", type(model).__module__)
 inputs = tokenizer({sources!r}, padding=True, return_tensors="pt")
 print("GENERATE", tokenizer.batch_decode(model.generate(**inputs), skip_special_tokens=True))
-if remote:
-    translator = pipeline("translation", model=folder, trust_remote_code=True, device="cpu")
-    print("PIPELINE", [output["translation_text"] for output in translator({sources!r})])
+translator = pipeline("translation", model=folder, trust_remote_code=True, device="cpu")
+print("PIPELINE", [output["translation_text"] for output in translator({sources!r})])
+print("PIPELINE_CLASS", type(translator).__module__, type(translator).__name__)
+if not remote:
+    by_pair = pipeline("translation_en_to_de", model=folder, device="cpu")
+    print("PAIR_PIPELINE", [output["translation_text"] for output in by_pair({sources!r})])
+    print("PAIR_PIPELINE_CLASS", type(by_pair).__module__, type(by_pair).__name__)
 """
 
 
@@ -1620,11 +1624,16 @@ def test_fresh_process_loads_and_translates(trained_folder, tmp_path, remote_onl
     lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if line.split(" ")[0].isupper())
     expected = str([target for _, target in PAIRS])
     assert lines["GENERATE"] == expected
+    # transformers 5 has no translation pipeline of its own: a declaring folder with trust_remote_code runs its copy
+    # of hf_relpos' (installed or not), a language pair's task name the installed class
+    assert lines["PIPELINE"] == expected
+    assert re.fullmatch(r"transformers_modules\.\S+\.pipeline_relpos TranslationPipeline", lines["PIPELINE_CLASS"])
     if remote_only:
         assert lines["MODULE"].startswith("transformers_modules")
-        assert lines["PIPELINE"] == expected
     else:
         assert lines["MODULE"] == "hf_relpos.model.modeling_relpos"
+        assert lines["PAIR_PIPELINE"] == expected
+        assert lines["PAIR_PIPELINE_CLASS"] == "hf_relpos.publish.pipeline_relpos TranslationPipeline"
 
 
 def test_each_block_of_a_pushed_cards_usage_runs_as_written_where_hf_relpos_is_not_installed(
