@@ -216,6 +216,23 @@ def test_a_local_dataset_folder_of_plain_text_pairs_is_one_error_naming_their_pr
         load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
 
 
+def test_a_parquet_data_file_is_one_error_saying_to_give_its_folder_as_dataset_name(tmp_path):
+    """A .parquet file (the Hub's format, `Dataset.to_parquet`) is no train_file format: the error says how it is
+    read, from a folder named as dataset_name, and that folder gives the file's pairs."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    Dataset.from_dict({"translation": [{"en": en, "de": de} for en, de in PAIRS]}).to_parquet(folder / "train.parquet")
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(folder / "train.parquet", "en", "de")
+    assert str(error.value) == (
+        f"data file '{folder / 'train.parquet'}': .parquet files are read by datasets, from a folder: put each split's "
+        "file in one folder, named by its split (train.parquet, validation.parquet, test.parquet), and give the folder "
+        "as dataset_name with dataset_config_name null")
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+    train = load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))["train"]
+    assert list(zip(train["source"], train["target"], strict=True)) == PAIRS
+
+
 def write_hub_layout(folder, splits):
     """A local folder in a Hub dataset's layout: the files of configuration de-en under de-en/, named in README.md."""
     (folder / "de-en").mkdir(parents=True, exist_ok=True)
@@ -940,8 +957,8 @@ def test_jsonl_round_trips_every_character(tmp_path):
 
 
 def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
-    path = tmp_path / "train.parquet"
-    path.write_bytes(b"PAR1")
+    path = tmp_path / "train.xlsx"
+    path.write_bytes(b"PK\x03\x04")
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
     compressed = write_compressed(tmp_path / "train.gz", "A line.\n")   # compressed, but what format?

@@ -79,6 +79,7 @@ DEMO_CORPUS_FIELDS = ("demo_train_pairs", "demo_validation_pairs", "demo_test_pa
 # A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
 LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
 FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
+FOLDER_ONLY_FORMATS = (".parquet", ".arrow")   # `datasets`' formats: read from a folder given as dataset_name
 # Compressed data files read as they are, decompressed while read by the standard library (gzip, bzip2, xz; a file of
 # several streams, as `cat a.gz b.gz` or pbzip2 write, is read whole): suffix -> opener of the compressed byte stream.
 COMPRESSIONS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
@@ -641,6 +642,11 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
         compressed = f", or their {compression_of(path)} files" if compression_of(path) else ""
         raise DatasetSchemaError(f"data file {str(path)!r} is one side of a plain-text pair: give its prefix "
                                  f"{str(prefix)!r} (read as {prefix}.{source_lang} + {prefix}.{target_lang}{compressed})")
+    if file_format is None and (suffix := uncompressed_name(path).suffix.lower()) in FOLDER_ONLY_FORMATS:
+        raise DatasetSchemaError(
+            f"data file {str(path)!r}: {suffix} files are read by datasets, from a folder: put each split's file in one "
+            f"folder, named by its split (train{suffix}, validation{suffix}, test{suffix}), and give the folder as "
+            "dataset_name with dataset_config_name null")
     if file_format is None:
         raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}, or in one of "
                                  f"them and {', '.join(COMPRESSIONS)} (compressed) (or name the prefix of plain-text "
