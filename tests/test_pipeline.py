@@ -88,7 +88,7 @@ def test_old_translation_pipeline_arguments(translator):
 
 
 def test_transformers_4_task_names_with_a_language_pair_are_the_translation_task(memorised_model_folder, translator):
-    """`pipeline("translation_en_to_de", ...)`, transformers 4's name of the task (Marian's model cards use it), serves
+    """`pipeline("translation_en_to_de", ...)`, transformers 4's name of the task (its translation guide uses it), serves
     the translation pipeline as "translation" does, sentence splitting and all; other names stay unknown tasks."""
     by_pair = pipeline("translation_en_to_de", model=str(memorised_model_folder), device="cpu")
     assert type(by_pair) is type(translator)
