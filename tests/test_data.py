@@ -233,6 +233,29 @@ def test_a_parquet_data_file_is_one_error_saying_to_give_its_folder_as_dataset_n
     assert list(zip(train["source"], train["target"], strict=True)) == PAIRS
 
 
+def test_a_folder_given_as_a_data_file_is_one_error_saying_what_to_give_instead(tmp_path):
+    """`--train_file data/` (a folder, not a file nor a prefix): the error says it is a folder, not that it does not
+    exist, and names the prefixes of its plain-text pairs, else says to give one of its files or the folder as
+    dataset_name; a prefix whose pair exists beside a folder of the same name is read."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    write_plain(folder / "train", PAIRS)
+    with pytest.raises(DatasetSchemaError) as error:
+        read_local_pairs(folder, "en", "de")
+    assert str(error.value) == (
+        f"data file '{folder}' is a folder, and the plain-text pair it would name as a prefix ({folder}.en + "
+        f"{folder}.de) does not exist; give the prefix of its plain-text pairs ({folder / 'train'})")
+    for side in ("en", "de"):
+        (folder / f"train.{side}").unlink()
+    write_jsonl(folder / "train.jsonl", [{"en": en, "de": de} for en, de in PAIRS])
+    with pytest.raises(DatasetSchemaError, match=r"is a folder, .*; give one of its \.csv/\.json/\.jsonl/\.tsv/\.txt "
+                                                 r"files, or the folder as dataset_name"):
+        read_local_pairs(folder, "en", "de")
+    write_plain(tmp_path / "data", PAIRS)
+    assert list(zip(*(read_local_pairs(folder, "en", "de")[column] for column in ("source", "target")),
+                    strict=True)) == PAIRS
+
+
 def write_hub_layout(folder, splits):
     """A local folder in a Hub dataset's layout: the files of configuration de-en under de-en/, named in README.md."""
     (folder / "de-en").mkdir(parents=True, exist_ok=True)

@@ -811,6 +811,14 @@ def _read_plain_text_pair(prefix: Path, source_lang: str, target_lang: str, allo
                           if sibling.is_file()) if prefix.parent.is_dir() else []
         found = (f" (there are {', '.join(siblings)}: are source_lang {source_lang!r} and target_lang "
                  f"{target_lang!r} right?)" if siblings else "")
+    if missing and prefix.is_dir():
+        pairs = plain_text_prefixes(prefix, source_lang, target_lang)
+        instead = (f"the prefix of its plain-text pairs ({', '.join(pairs)})" if pairs
+                   else f"one of its {'/'.join(sorted(FILE_FORMATS))} files, or the folder as dataset_name (read by "
+                        "datasets, with dataset_config_name null)")
+        raise DatasetSchemaError(
+            f"data file {str(prefix)!r} is a folder, and the plain-text pair it would name as a prefix ({source_name} "
+            f"+ {target_name}) does not exist; give {instead}")
     if missing:
         raise DatasetSchemaError(
             f"data file {str(prefix)!r} does not exist, nor does the plain-text pair it would name as a prefix "
