@@ -828,6 +828,23 @@ def test_plain_text_that_is_not_utf8_names_file_and_line(tmp_path):
         read_local_pairs(prefix, "en", "de")
 
 
+@pytest.mark.parametrize("name", ["train.tsv", "train.csv", "train.jsonl", "train.json", "train"])
+def test_a_utf16_data_file_is_one_error_saying_to_save_it_as_utf8(tmp_path, name):
+    """A UTF-16 file (a spreadsheet's "Unicode text" export, with its byte order mark) is named as such, in every
+    format, line 1 at byte 0."""
+    text = {"train.tsv": "en\tde\nA cat.\tEine Katze.\n", "train.csv": "en,de\nA cat.,Eine Katze.\n",
+            "train.jsonl": '{"en": "A cat.", "de": "Eine Katze."}\n', "train.json": '[{"en": "A cat.", "de": "Katze"}]',
+            "train": "A cat.\n"}[name]
+    path = tmp_path / (f"{name}.en" if name == "train" else name)
+    path.write_bytes(text.encode("utf-16"))
+    if name == "train":
+        (tmp_path / "train.de").write_text("Eine Katze.\n", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=rf"^{re.escape(str(path))}:1: not UTF-8 text \(invalid start byte at "
+                                                 r"byte 0 of the line\): it is UTF-16 \(its byte order mark\); save it "
+                                                 r"as UTF-8$"):
+        read_local_pairs(tmp_path / name, "en", "de")
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 @pytest.mark.parametrize(("name", "text"), [
     ("train.csv", 'en,de\nA cat.,Eine Katze.\n"A\nbig dog.",Ein gro\xdfer Hund.\n'),

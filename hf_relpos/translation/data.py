@@ -97,6 +97,7 @@ COMPRESSION_WRITERS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
 DECOMPRESS_COMMANDS = {".zst": "unzstd", ".zip": "unzip"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
+UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")   # little- and big-endian
 # Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
 READ_CHUNK_BYTES = 32 << 20
 RECORDS_PER_CHUNK = 100_000
@@ -982,8 +983,7 @@ def _split_lines(piece: bytes, path: Path | str, first_line: int) -> pa.Array:
             try:
                 raw.decode("utf-8")
             except UnicodeDecodeError as error:
-                raise DatasetSchemaError(f"{path}:{first_line + offset}: not UTF-8 text ({error.reason} at byte "
-                                         f"{error.start} of the line)") from None
+                raise not_utf8_error(path, first_line + offset, raw, error) from None
         raise
     if pc.any(pc.ends_with(lines, "\r")).as_py():
         lines = pc.replace_substring_regex(lines, pattern="\r$", replacement="")
@@ -1039,9 +1039,17 @@ def _not_utf8_error(path: Path) -> DatasetSchemaError:
             try:
                 line.decode("utf-8")
             except UnicodeDecodeError as error:
-                return DatasetSchemaError(f"{path}:{number}: not UTF-8 text ({error.reason} at byte {error.start} of "
-                                          "the line)")
+                return not_utf8_error(path, number, line, error)
     return DatasetSchemaError(f"{path}: not UTF-8 text")
+
+
+def not_utf8_error(path: Path | str, line_number: int, line: bytes, error: UnicodeDecodeError) -> DatasetSchemaError:
+    """The error naming line `line_number` of `path`, which `error` says is not UTF-8; a first line that opens with a
+    UTF-16 byte order mark (a spreadsheet's "Unicode text" export) is named as UTF-16."""
+    utf16 = (": it is UTF-16 (its byte order mark); save it as UTF-8"
+             if line_number == 1 and line.startswith(UTF16_BYTE_ORDER_MARKS) else "")
+    return DatasetSchemaError(f"{path}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start} of the "
+                              f"line){utf16}")
 
 
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,
