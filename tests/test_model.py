@@ -809,6 +809,39 @@ def test_the_decoder_mask_of_the_new_tokens_or_of_all_tokens_is_taken_with_a_cac
                   decoder_attention_mask=torch.ones(2, 2), cache=copy.deepcopy(prefix.cache))
 
 
+@pytest.mark.numerics
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_a_cached_decoding_step_without_padding_builds_no_self_attention_mask(position_scheme, kernel, monkeypatch):
+    """A cached step of one token without a decoder mask attends to every key: its self-attention gets no mask
+    (beyond a scheme's own, DiSAN's), which a step built and applied in every layer, and its logits are bitwise
+    those of the step under an all-ones decoder mask, which builds the mask (float64)."""
+    model = tiny_model(position_scheme, seed=1, attn_implementation=kernel).double().eval()
+    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = input_ids[:, :4]
+    self_masks = []
+    attend = RelPosAttention.attend
+
+    def recording(self, query, key, value, attention_mask, scheme=None, context=None, *args, **kwargs):
+        if scheme is not None and not context.has_mask():
+            self_masks.append(attention_mask)
+        return attend(self, query, key, value, attention_mask, scheme, context, *args, **kwargs)
+
+    with torch.no_grad():
+        prefix = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
+        steps = {}
+        for masked in (False, True):
+            self_masks.clear()
+            monkeypatch.setattr(RelPosAttention, "attend", recording)
+            steps[masked] = model(encoder_outputs=(prefix.encoder_last_hidden_state,),
+                                  decoder_input_ids=decoder_input_ids[:, 3:], cache=copy.deepcopy(prefix.cache),
+                                  decoder_attention_mask=torch.ones(2, 4) if masked else None).logits
+            monkeypatch.setattr(RelPosAttention, "attend", attend)
+            if not masked and position_scheme != "directional":
+                assert len(self_masks) == model.config.decoder_layers and all(mask is None for mask in self_masks)
+    assert torch.equal(steps[False], steps[True])
+
+
 def test_a_decoder_mask_of_the_new_tokens_puts_the_cached_tokens_before_them():
     """Cached decoding with a mask of the new tokens only, one of them padding: the cached tokens count as tokens
     before the new ones, so the last logits equal the uncached call's under the mask ones (cached) + the new tokens'

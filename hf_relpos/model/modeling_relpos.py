@@ -244,7 +244,8 @@ def attention_mask_for(
 ) -> torch.Tensor | None:
     """The mask of one stack's self- or cross-attention from `transformers.masking_utils`, in the form its kernel
     reads: a `FlexMask` for FlexAttention (from the padding and positions, no dense tensor), a boolean [B, 1, n, m]
-    for hf_relpos' other kernels (True = may attend; None when nothing is masked), else what
+    for hf_relpos' other kernels (True = may attend; None when nothing is masked: no padding and, in a causal call,
+    `sees_every_key`), else what
     the kernel's registered mask function builds (flash: the 2-D padding mask). Query i sits at absolute position
     `query_offset + i` (cached tokens or Transformer-XL memory before it); `padding` is the [B, m] 1/0 key mask;
     `window` (`config.self_attention_window`) keeps only the keys j with |i - j| <= window."""
@@ -262,6 +263,9 @@ def attention_mask_for(
                 f"transformers.AttentionMaskInterface.register({config._attn_implementation!r}, "
                 "transformers.masking_utils.sdpa_mask) (a boolean [B, 1, n, m] mask) or the mask your kernel reads")
         return None
+    if build is sdpa_mask and causal and padding is None and sees_every_key(query_length, key_length, query_offset,
+                                                                            window):
+        return None
     mask_function = causal_mask_function if causal else bidirectional_mask_function
     if window is not None:
         mask_function = and_masks(mask_function, sliding_window_bidirectional_overlay(window))
@@ -276,6 +280,15 @@ def attention_mask_for(
         allow_is_bidirectional_skip=not causal and window is None,
         device=device,
     )
+
+
+def sees_every_key(query_length: int, key_length: int, query_offset: int | torch.Tensor, window: int | None) -> bool:
+    """Whether a causal call without padding masks nothing: one query after all its keys (a cached decoding step,
+    key_length = query_offset + 1; not a fixed-size cache, whose unused slots past the query are masked), within
+    `window` of each of them. `attention_mask_for` then builds no mask, and the layers neither read nor apply one
+    (a mask of every key changes no score), which a decoding step would otherwise pay in every layer."""
+    return (query_length == 1 and not torch.is_tensor(query_offset) and key_length == query_offset + 1
+            and (window is None or key_length - 1 <= window))
 
 
 def with_scheme_mask(
