@@ -12,6 +12,7 @@ from .positions import (
     PositionContext,
     PositionScheme,
     SchemeCard,
+    computed_once,
     integer_field,
     number_field,
     register_position_scheme,
@@ -101,18 +102,20 @@ class RotaryPositions(PositionScheme):
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
     def rotate(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """R_{Theta,p} x for each row x [..., len(cos), d], given the cos and sin of its angles."""
+        """R_{Theta,p} x for each row x [..., len(cos), d], given the per-dimension cos and signed sin of its angles
+        (`pairwise`): x_2t cos - x_2t+1 sin and x_2t+1 cos + x_2t sin as x cos + swapped(x) sin, the pairs swapped
+        (x_2t+1, x_2t), with the same products and sums, in a few operators per call (each layer's query and key)."""
         rotary = self.rotary_dim
-        cos, sin = cos.to(states.dtype), sin.to(states.dtype)
-        pairs = states[..., :rotary].unflatten(-1, (rotary // 2, 2))
-        even, odd = pairs[..., 0], pairs[..., 1]
-        rotated = torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
-        return torch.cat([rotated, states[..., rotary:]], dim=-1)
+        rotated_part = states if rotary == states.size(-1) else states[..., :rotary]
+        swapped = rotated_part.unflatten(-1, (rotary // 2, 2)).flip(-1).flatten(-2)
+        rotated = rotated_part * cos.to(states.dtype) + swapped * sin.to(states.dtype)
+        return rotated if rotary == states.size(-1) else torch.cat([rotated, states[..., rotary:]], dim=-1)
 
     def prepare(self, context: PositionContext) -> RopeContext:
-        """The rotation angles of every key position (the queries' are the last n), shared by the layers."""
+        """The rotation angles of every key position (the queries' are the last n) as `rotate` reads them (`pairwise`),
+        shared by the layers."""
         _, key_positions = context.query_and_key_positions()
-        cos, sin = self.angles(key_positions, context.dtype)
+        cos, sin = pairwise(*self.angles(key_positions, context.dtype))
         return context.extend(RopeContext, cos=cos, sin=sin)
 
     def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
@@ -124,17 +127,32 @@ class RotaryPositions(PositionScheme):
         return AttentionTerms(query=self.rotate(query, *context.angles_up_to_last_query(query.size(-2))))
 
 
+def pairwise(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cos and sin [..., d_rot / 2] of each plane's angle per rotated dimension [..., d_rot]: cos for both
+    dimensions of a plane, -sin for its first and sin for its second (what `RotaryPositions.rotate` multiplies)."""
+    return torch.stack([cos, cos], dim=-1).flatten(-2), torch.stack([-sin, sin], dim=-1).flatten(-2)
+
+
 @dataclass(frozen=True)
 class RopeContext(PositionContext):
-    """`cos`, `sin` [m, d_rot / 2]: the rotation angles of the m key positions."""
+    """`cos`, `sin` [m, d_rot]: the rotation angles of the m key positions, per rotated dimension (`pairwise`)."""
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
 
     def angles_up_to_last_query(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [count, d_rot / 2] of the `count` key slots that end with the last query's: the last `count`
+        """cos and sin [count, d_rot] of the `count` key slots that end with the last query's: the last `count`
         rows, or in a fixed-size cache (whose slots past the queries are unused) the rows before
-        `query_offset` + n, gathered by the offset tensor."""
+        `query_offset` + n, gathered by the offset tensor. Those of the n queries (and of a cached call's new keys,
+        which are theirs) are taken once per stack call (`query_angles`), not by every layer twice."""
+        return self.query_angles if count == self.query_length else self.last_rows(count)
+
+    @computed_once
+    def query_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [n, d_rot] of the n queries."""
+        return self.last_rows(self.query_length)
+
+    def last_rows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fixed_size_cache:
             return self.cos[-count:], self.sin[-count:]
         rows = torch.arange(count, device=self.cos.device) + (self.query_offset + self.query_length - count)

@@ -1,0 +1,59 @@
+"""The host work of a cached decoding step, scheme by scheme: on a GPU a translation model's cached decoding is
+host-bound (Python and one dispatch per operator, not kernels), so what a scheme adds to each layer of a step is
+counted here in aten operators (TorchDispatchMode), against `absolute`, which adds nothing to attention."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from conftest import tiny_model
+from torch.utils._python_dispatch import TorchDispatchMode
+
+
+class CountOperators(TorchDispatchMode):
+    """How many aten operators run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += 1
+        return func(*args, **(kwargs or {}))
+
+
+def step_operators(position_scheme: str, decoder_layers: int, kernel: str = "sdpa") -> int:
+    """The aten operators of one greedy cached decoding step (one token after 3 cached ones, batch 2, no decoder
+    mask) of a tiny model with `decoder_layers` decoder layers."""
+    model = tiny_model(position_scheme, seed=1, decoder_layers=decoder_layers, attn_implementation=kernel)
+    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = input_ids[:, :4]
+    with torch.no_grad():
+        prefix = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
+        inputs = dict(encoder_outputs=(prefix.encoder_last_hidden_state,), decoder_input_ids=decoder_input_ids[:, 3:],
+                      cache=copy.deepcopy(prefix.cache))
+        with CountOperators() as counted:
+            model(**inputs)
+    return counted.count
+
+
+def operators_per_layer_beyond_absolute(position_scheme: str, kernel: str = "sdpa") -> float:
+    """What each decoder layer of a cached step dispatches beyond `absolute`'s: the step's operators at 4 layers less
+    those at 2, halved (the stack's own once-per-step work cancels), minus the same for absolute."""
+    def per_layer(scheme: str) -> float:
+        return (step_operators(scheme, 4, kernel) - step_operators(scheme, 2, kernel)) / 2
+
+    return per_layer(position_scheme) - per_layer("absolute")
+
+
+# The most each layer of a cached step may dispatch beyond absolute's, per scheme: what its equation needs there.
+ROPE_ROTATIONS = 2 * 6   # the query's and the new key's: the swapped pairs (view, flip, view), x cos + swapped sin
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(kernel):
+    """RoPE's cached step rotates each layer's query and new key as x cos + swapped(x) sin with per-dimension angles
+    read once per step, not plane by plane (select, four products, stack, cat) from angles sliced twice per layer."""
+    assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
