@@ -57,3 +57,14 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     """RoPE's cached step rotates each layer's query and new key as x cos + swapped(x) sin with per-dimension angles
     read once per step, not plane by plane (select, four products, stack, cat) from angles sliced twice per layer."""
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
+
+
+# a^K's profile q . w^K_r (10: the layer's table, its scale, alignment pad, product), its bias read by the stack's
+# shared bucket index and added (3), a^V's masses by scatter-add and their product with w^V (11), on eager
+SHAW_TERMS = 24
+
+
+def test_shaws_cached_step_reads_its_bias_by_the_shared_index():
+    """Shaw's a^K bias of a cached step's one query is the profile gathered at every key's bucket, the [1, m] index
+    every layer shares (2 operators), not skewed by `clipped_rel_shift` (9: slices, expanded edge columns, cat)."""
+    assert operators_per_layer_beyond_absolute("shaw", "eager") <= SHAW_TERMS

@@ -147,8 +147,10 @@ class ShawPositions(PositionScheme):
                     return index[i, j]
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
-            if consecutive and not context.fixed_size_cache:   # the skew slices by the offset, an int here
+            if consecutive and not context.fixed_size_cache and query.size(-2) > 1:   # slices by the int offset
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
+            elif consecutive:   # one query (a decoding step) or a fixed-size cache: read by the layers' shared index
+                score_bias.densify = lambda: bias_by_index(score_bias.full_table(), context.index)
         value_term = None
         if self.relative_values is not None:
             value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
@@ -195,6 +197,15 @@ class ShawPositions(PositionScheme):
         if kmax == 0:   # both regions have the one bucket 0
             masses = masses.sum(-1, keepdim=True)
         return output, masses
+
+
+def bias_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """bias[b, h, i, j] = table[b, h, i, index[i, j]] for the profile `table` [B, H, n, 2k+1] and a stack call's bucket
+    `index` [n, m]: two operators where `clipped_rel_shift` runs nine, for a decoding step's one query (whose
+    gather's backward, should it have one, adds one row's m keys into 2k+1 buckets) and a fixed-size cache's
+    steps (whose keys are slots: no skew by an int offset)."""
+    batch, heads, query_length, _ = table.shape
+    return table.gather(-1, index.expand(batch, heads, query_length, index.size(-1)))
 
 
 @dataclass(frozen=True)
