@@ -550,6 +550,23 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
 
 
+def test_decoding_host_work_counts_each_series_cached_step(tmp_path):
+    """decoding_host_work on the CPU: a row per series and search (the first series the baseline), with a step's
+    operators and host syncs: the difference of two generate calls per token between them, so the encoder and
+    generate's setup cancel; rope dispatches more per step than absolute (its rotations), none no more."""
+    from benchmarks import decoding_host_work
+
+    data = decoding_host_work.main(["--series", "absolute", "rope", "none", "--num_beams", "1", "2", "--rounds", "1",
+                                    "--base_tokens", "1", "--new_tokens", "3", "--out", str(tmp_path)])
+    rows = {(row["series"], row["num_beams"]): row for row in data["rows"]}
+    assert list(rows) == [(series, beams) for beams in (1, 2) for series in ("absolute", "rope", "none")]
+    for beams in (1, 2):
+        assert rows[("absolute", beams)]["extra_operators"] == 0 and rows[("absolute", beams)]["ratio"] == 1
+        assert rows[("rope", beams)]["extra_operators"] > 0 >= rows[("none", beams)]["extra_operators"]
+        assert all(float(count).is_integer() for count in rows[("absolute", beams)]["syncs"].values())
+    assert "| rope | beam 2 |" in (tmp_path / "decoding_host_work.md").read_text()
+
+
 def one_line_error(main, argv: list[str], capsys) -> str:
     """The one line a benchmark's `main(argv)` exits with: SystemExit's message, or argparse's error line."""
     with pytest.raises(SystemExit) as raised:
@@ -598,6 +615,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("profile_attention", ["--quick"], "unrecognized arguments: --quick"),
     ("host_overhead", ["--series", "absolute@sdpa", "foo@bar"], "--series foo@bar: must be scheme@kernel, scheme one of"),
     ("host_overhead", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    ("decoding_host_work", ["--series", "absolute", "foo"], "--series foo: must be scheme@kernel, scheme one of"),
+    ("decoding_host_work", ["--new_tokens", "4"], "--new_tokens 4: must be more than --base_tokens (4)"),
     ("host_overhead", ["--series", "absolute@sdpa", "shaw@flex_attention"],
      "--series flex_attention: training needs --device cuda"),
     ("step_timeline", ["--series", "absolute@sdpa", "shaw@nope"], "--series shaw@nope: must be scheme@kernel"),
@@ -636,6 +655,7 @@ def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str],
     module = importlib.import_module(f"benchmarks.{script}")
     tiny = {"bench_training": TINY_TRAINING, "bench_decoding": TINY_DECODING, "profile_attention": TINY_PROFILE,
             "host_overhead": ["--steps", "1", "--rounds", "1", "--series", "absolute@sdpa"],
+            "decoding_host_work": ["--rounds", "1", "--series", "absolute"],
             "step_timeline": ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--tokens",
                               "16", "--steps", "1", "--warmup", "0"],
             "bench_inference": [], "tune_relpos_triton": [], "ablate_relpos_triton": [],
