@@ -478,6 +478,36 @@ def host_overhead_before_after() -> str:
             f"`{codes['after']}`.\n")
 
 
+def decoding_host_work_before_after() -> str:
+    """A cached decoding step's host work per scheme (benchmarks/decoding_host_work.py, CPU) before and after the
+    decoding fixes, from the runs of DECODING_HOST_WORK (alternated, before then after): operators and host syncs
+    per step (the same in both runs of a code), and ms per step against absolute's in each run."""
+    runs = {name: read(f"{DECODING_HOST_WORK}/{name}/decoding_host_work.json") for name in DECODING_HOST_WORK_RUNS}
+    rows = {name: {(row["series"], row["num_beams"]): row for row in record["rows"]} for name, record in runs.items()}
+    codes = {kind: runs[f"{kind}1"]["meta"]["code"] for kind in ("before", "after")}
+
+    def syncs(row: dict) -> str:
+        return ", ".join(f"{count:g}" for count in row["syncs"].values()) or "0"
+
+    def ratios(kind: str, key: tuple[str, int]) -> str:
+        return " / ".join(f"{rows[name][key]['ratio']:.2f}" for name in DECODING_HOST_WORK_RUNS
+                          if name.startswith(kind))
+
+    table = [[f"`{series}`", "greedy" if beams == 1 else f"beam {beams}",
+              f"{row['operators']:g}", f"{rows['after1'][(series, beams)]['operators']:g}",
+              syncs(row), syncs(rows["after1"][(series, beams)]),
+              ratios("before", (series, beams)), ratios("after", (series, beams))]
+             for (series, beams), row in rows["before1"].items()]
+    meta = runs["before1"]["meta"]
+    return (f"Record: [`{DECODING_HOST_WORK}`](results/{DECODING_HOST_WORK}/README.md) (`{meta['command']}`; "
+            f"{meta['device_name']}, {meta['cpu_threads']} thread, shared with other jobs; {meta['layers']} + "
+            f"{meta['layers']} layers of d_model {meta['d_model']}, batch {meta['batch']}). Per cached decoding step "
+            f"at `{codes['before']}` (before) and `{codes['after']}` (after):\n\n"
+            + markdown_table(["scheme", "search", "operators before", "operators after", "host syncs before",
+                              "host syncs after", "ms vs absolute before (2 runs)", "ms vs absolute after (2 runs)"],
+                             table) + "\n")
+
+
 def h200_timeline_table() -> str:
     """The latest check's step timings per series (step_timeline), with the columns that its record supports: the
     profiled step's busy and idle columns counted the step's own annotation as device work (step_timeline before
@@ -559,6 +589,10 @@ H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
 # benchmarks/host_overhead.py before (8ed37f1) and after (eager calls through an autograd.Function), alternated.
 HOST_OVERHEAD = "host_overhead"
 HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
+# benchmarks/decoding_host_work.py before (40ab9e1, the benchmark file copied in) and after the decoding step's
+# host-work fixes (196fac3, 0e8648b, eaa1ed1; run at daf9d03), alternated.
+DECODING_HOST_WORK = "decoding_host_work"
+DECODING_HOST_WORK_RUNS = ("before1", "after1", "before2", "after2")
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -1305,6 +1339,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_time_split": lambda: h200_time_split(H200_TUNING),
     "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
+    "benchmarks_decoding_host_work": decoding_host_work_before_after,
     "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
     "benchmarks_h200_timeline_8ed37f1": h200_timeline_table,
