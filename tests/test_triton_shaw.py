@@ -657,6 +657,25 @@ def test_cached_generation_matches_eager(triton_calls):
     assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
 
 
+def test_a_cached_step_without_padding_reads_no_mask_on_the_host(triton_calls):
+    """A cached decoding step without a decoder mask runs on the kernel without reading a mask on the host: it gets
+    none (one query after all its keys), where its padding check compared an all-True mask with the key ranges
+    (torch.equal, a device sync in every step)."""
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE).eval()
+    model.set_attn_implementation("relpos_triton")
+    batch = seq2seq_batch()
+    with torch.no_grad():
+        prefix = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=batch["labels"][:, :3], use_cache=True)
+        triton_calls.clear()
+        with CountEqual() as counted:
+            model(encoder_outputs=(prefix.encoder_last_hidden_state,), attention_mask=batch["attention_mask"],
+                  decoder_input_ids=batch["labels"][:, 3:4], cache=prefix.cache)
+    assert counted.count == 0
+    assert triton_calls and all(shape[2] == 1 for shape in triton_calls)   # the decoder's layers, on the kernel
+
+
 @pytest.mark.numerics
 def test_generation_on_a_static_cache_matches_eager_on_the_dynamic_one(triton_calls):
     """cache_implementation "static": the kernel reads the cache's fill level (a tensor) as its query offset and
