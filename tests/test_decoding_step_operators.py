@@ -68,3 +68,16 @@ def test_shaws_cached_step_reads_its_bias_by_the_shared_index():
     """Shaw's a^K bias of a cached step's one query is the profile gathered at every key's bucket, the [1, m] index
     every layer shares (2 operators), not skewed by `clipped_rel_shift` (9: slices, expanded edge columns, cat)."""
     assert operators_per_layer_beyond_absolute("shaw", "eager") <= SHAW_TERMS
+
+
+# DiSAN's mask applied (eager: masked_fill, the zeroing of keyless rows; sdpa: its conversion of the boolean mask to
+# an additive one, which dispatches 3, and the zeroing)
+DIRECTIONAL_MASK = {"eager": 2, "sdpa": 4}
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_a_masked_cached_step_reads_what_its_mask_gives_once_per_step(kernel):
+    """DiSAN's cached step applies its direction mask in every layer, but what the mask gives (the masked entries,
+    which queries have a key, the mask with keyless rows opened) is computed once per stack call for all layers
+    (`attention_functions.mask_rows`), not by every layer (any, ~, |)."""
+    assert operators_per_layer_beyond_absolute("directional", kernel) <= DIRECTIONAL_MASK[kernel]

@@ -124,6 +124,21 @@ def with_key_dropout(attention_mask: torch.Tensor | None, key_dropout: KeyDropou
     return keeps if attention_mask is None else attention_mask & keeps
 
 
+def mask_rows(attention_mask: torch.Tensor, kernel_cache: dict[Any, Any] | None,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Of a boolean mask [B|1, H|1, n, m] (True = may attend): the masked entries (~mask), whether each query has a
+    key ([..., n, 1]) and the mask with every key allowed in a row that has none (such a row attends everywhere,
+    then is zeroed: no NaN). Computed once per mask tensor of a stack call (`kernel_cache`, which every layer of the
+    call shares: its self-attention mask is one tensor) rather than in every layer."""
+    if kernel_cache is not None and "mask_rows" in kernel_cache and kernel_cache["mask_rows"][0] is attention_mask:
+        return kernel_cache["mask_rows"][1]
+    has_key = attention_mask.any(dim=-1, keepdim=True)
+    rows = (~attention_mask, has_key, attention_mask | ~has_key)
+    if kernel_cache is not None:   # the latest mask only: a layer's own (key dropout, DiSAN's per head) replaces it
+        kernel_cache["mask_rows"] = (attention_mask, rows)
+    return rows
+
+
 def dense_bias(score_bias: torch.Tensor | RelativeBias | DenseBias, dtype: torch.dtype) -> torch.Tensor:
     """A score bias as a tensor broadcastable to [B, H, n, m]."""
     return (score_bias if torch.is_tensor(score_bias) else score_bias.dense()).to(dtype)
@@ -140,6 +155,7 @@ def eager_attention_forward(
     score_bias: torch.Tensor | RelativeBias | None = None,
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     key_dropout: KeyDropout | None = None,
+    kernel_cache: dict[Any, Any] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """z = P v + value_term(P), P = dropout(softmax(q k^T * scaling + score_bias, masked)), returning P before dropout.
@@ -147,7 +163,8 @@ def eager_attention_forward(
 
     The softmax runs in promote_types(dtype, float32): float32 under bf16/fp16, float64 stays float64. Masked scores
     take the dtype's minimum, never -inf, and a query with no key to attend to outputs zeros, so neither outputs
-    nor gradients become NaN.
+    nor gradients become NaN. What the mask gives (`mask_rows`) is kept in `kernel_cache` for the stack call's
+    other layers.
     """
     attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling
@@ -156,8 +173,8 @@ def eager_attention_forward(
         scores = scores + dense_bias(score_bias, scores.dtype)
     has_key = None
     if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, torch.finfo(scores.dtype).min)
-        has_key = attention_mask.any(dim=-1, keepdim=True)
+        masked, has_key, _ = mask_rows(attention_mask, kernel_cache)
+        scores = scores.masked_fill(masked, torch.finfo(scores.dtype).min)
     probabilities = torch.softmax(scores, dim=-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     probabilities = probabilities.to(query.dtype)
     if has_key is not None:
@@ -196,21 +213,22 @@ def sdpa_attention_forward(
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None,
     output_attentions: bool = False,
     key_dropout: KeyDropout | None = None,
+    kernel_cache: dict[Any, Any] | None = None,
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`torch.nn.functional.scaled_dot_product_attention` with the score bias as an additive mask (a boolean 4-D
     mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. A value term or
     `output_attentions` needs the probabilities, which SDPA never forms: those calls run `eager_attention_forward`
-    (the same equation)."""
+    (the same equation). What the mask gives (`mask_rows`) is kept in `kernel_cache` for the stack call's other
+    layers."""
     attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
     if value_term is not None or output_attentions:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
-                                       value_term)
+                                       value_term, kernel_cache=kernel_cache)
     has_key = None
     attn_mask = attention_mask
     if attention_mask is not None:
-        has_key = attention_mask.any(dim=-1, keepdim=True)
-        attn_mask = attention_mask | ~has_key  # a query with no key attends everywhere, then is zeroed: no NaN
+        _, has_key, attn_mask = mask_rows(attention_mask, kernel_cache)
     if score_bias is not None:
         bias = dense_bias(score_bias, query.dtype)
         attn_mask = bias if attn_mask is None else torch.where(attn_mask, bias, torch.finfo(query.dtype).min)
