@@ -966,6 +966,30 @@ def card_but_training_time(path: Path) -> str:
     return re.sub(r"Training time: [0-9.]+ minutes", "Training time: T minutes", path.read_text(encoding="utf-8"))
 
 
+def assert_finished_as_uninterrupted(output_dir: Path, reference: Path, finished: dict, expected: dict,
+                                     steps: int) -> dict:
+    """A run finished by `--resume_from_checkpoint last` after training (`finished`: its metrics; output_dir) scored,
+    recorded and carded as the uninterrupted run (`expected`; reference) but for the run-dependent record fields,
+    with its weights, trained `steps` steps and resumed from nothing; returns its record."""
+    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
+    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == steps
+    for prefix in ("eval", "test"):
+        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
+            reference / f"{prefix}_results.json", prefix)
+        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
+            reference / f"{prefix}_hypotheses.txt").read_text()
+    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
+    assert record.keys() == uninterrupted.keys()
+    differing = {name for name in record if record[name] != uninterrupted[name]}
+    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
+    assert record["steps"] == steps and record["resumed_from"] is None
+    for split, source in record["prepared_from"].items():
+        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
+    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
+    assert_same_weights(reference, output_dir)
+    return record
+
+
 def requeued_job_command(tmp_path: Path, corpus: dict[str, Path], output_dir: Path, **overrides) -> list[str]:
     """The command a requeued job runs at every start, of the finishing tests: 4 steps, a checkpoint every 2,
     predicting, SIGTERM checkpoints, `--resume_from_checkpoint last` (`overrides` on top)."""
@@ -1075,22 +1099,8 @@ def test_a_requeued_job_that_early_stopping_ended_is_finished_by_the_same_comman
         training_steps = steps_at_each_call(patch, "training_step")
         finished = run(command)
     assert training_steps == [], "not trained again"
-    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
-    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == 3
-    for prefix in ("eval", "test"):
-        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
-            reference / f"{prefix}_results.json", prefix)
-        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
-            reference / f"{prefix}_hypotheses.txt").read_text()
-    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
-    assert record.keys() == uninterrupted.keys()
-    differing = {name for name in record if record[name] != uninterrupted[name]}
-    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
-    assert record["steps"] == 3 and record["resumed_from"] is None and record["early_stopping_patience"] == 2
-    for split, source in record["prepared_from"].items():
-        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
-    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
-    assert_same_weights(reference, output_dir)
+    record = assert_finished_as_uninterrupted(output_dir, reference, finished, expected, steps=3)
+    assert record["early_stopping_patience"] == 2
 
 
 @pytest.mark.parametrize("ending", ["all-steps", "early-stopping"])
@@ -1119,22 +1129,7 @@ def test_a_requeued_job_stopped_after_training_before_its_first_checkpoint_is_fi
         training_steps = steps_at_each_call(patch, "training_step")
         finished = run(command)
     assert training_steps == [], "not trained again"
-    assert finished.keys() == expected.keys() == {"train", "eval", "test"}
-    assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == steps
-    for prefix in ("eval", "test"):
-        assert metrics_but_timings(output_dir / f"{prefix}_results.json", prefix) == metrics_but_timings(
-            reference / f"{prefix}_results.json", prefix)
-        assert (output_dir / f"{prefix}_hypotheses.txt").read_text() == (
-            reference / f"{prefix}_hypotheses.txt").read_text()
-    record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
-    assert record.keys() == uninterrupted.keys()
-    differing = {name for name in record if record[name] != uninterrupted[name]}
-    assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
-    assert record["steps"] == steps and record["resumed_from"] is None
-    for split, source in record["prepared_from"].items():
-        assert source == {**uninterrupted["prepared_from"][split], "reused": True}
-    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
-    assert_same_weights(reference, output_dir)
+    assert_finished_as_uninterrupted(output_dir, reference, finished, expected, steps=steps)
     assert not list(output_dir.glob("checkpoint-*"))
 
 
