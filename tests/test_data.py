@@ -216,21 +216,163 @@ def test_a_local_dataset_folder_of_plain_text_pairs_is_one_error_naming_their_pr
         load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
 
 
-def test_a_parquet_data_file_is_one_error_saying_to_give_its_folder_as_dataset_name(tmp_path):
-    """A .parquet file (the Hub's format, `Dataset.to_parquet`) is no train_file format: the error says how it is
-    read, from a folder named as dataset_name, and that folder gives the file's pairs."""
-    folder = tmp_path / "corpus"
-    folder.mkdir()
-    Dataset.from_dict({"translation": [{"en": en, "de": de} for en, de in PAIRS]}).to_parquet(folder / "train.parquet")
-    with pytest.raises(DatasetSchemaError) as error:
-        read_local_pairs(folder / "train.parquet", "en", "de")
-    assert str(error.value) == (
-        f"data file '{folder / 'train.parquet'}': .parquet files are read by datasets, from a folder: put each split's "
-        "file in one folder, named by its split (train.parquet, validation.parquet, test.parquet), and give the folder "
-        "as dataset_name with dataset_config_name null")
-    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+# Pairs across several record batches (RECORDS_PER_CHUNK 4 below) and Parquet row groups (3 rows), with the texts a
+# reader could trip on (empty, blank, "\r", U+2028, non-ASCII).
+COLUMNAR_PAIRS = [*PAIRS, ("", "Leer."), ("Mid\rline", "Zeile\u2028mit Trenner"), ("Ünïcödé – “quotes”", "Straße 😀"),
+                  ("   ", "Nur Leerzeichen."), ("short", "kurz")] * 2
+
+
+def write_columnar(path, table, row_group_size=3):
+    """`table` written as `path` says: .parquet (row groups of `row_group_size` rows), .arrow (an Arrow IPC stream,
+    as `save_to_disk` writes, in batches of 5 rows), or .feather.arrow (an Arrow IPC file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if path.suffix == ".parquet":
+        pq.write_table(table, path, row_group_size=row_group_size)
+        return path
+    new_writer = pa.ipc.new_file if path.name.endswith(".feather.arrow") else pa.ipc.new_stream
+    with pa.OSFile(str(path), "wb") as sink, new_writer(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=5):
+            writer.write_batch(batch)
+    return path
+
+
+def columnar_table(pairs, schema, source_lang="en", target_lang="de"):
+    """The pairs as an Arrow table in the WMT schema (a 'translation' struct) or flat language columns (large
+    strings, as polars writes them, beside an id column)."""
+    import pyarrow as pa
+
+    if schema == "wmt":
+        return pa.table({"translation": [{source_lang: source, target_lang: target} for source, target in pairs]})
+    return pa.table({"id": list(range(len(pairs))), target_lang: pa.array([t for _, t in pairs], pa.large_string()),
+                     source_lang: pa.array([s for s, _ in pairs], pa.large_string())})
+
+
+@pytest.mark.parametrize("schema", ["wmt", "flat"])
+@pytest.mark.parametrize("name", ["train.parquet", "train.arrow", "train.feather.arrow"])
+@pytest.mark.parametrize("on_disk", [False, True])
+def test_a_parquet_or_arrow_file_reads_the_pairs_of_the_same_jsonl(tmp_path, monkeypatch, schema, name, on_disk):
+    """A .parquet file (the Hub's format) or .arrow file (an IPC stream as save_to_disk writes, or an IPC file) in
+    either schema, read across several record batches, gives exactly the `source`/`target` of the same pairs in a
+    .jsonl file, taking each batch's Arrow columns (no record read one by one); the WMT-schema Parquet file gives
+    the same pairs through its folder as dataset_name too."""
+    monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
+    workdir = tmp_path / "work" if on_disk else None
+    (tmp_path / "corpus").mkdir()
+    path = write_columnar(tmp_path / "corpus" / name, columnar_table(COLUMNAR_PAIRS, schema))
+    jsonl = write_jsonl(tmp_path / "train.jsonl", [{"translation": {"en": en, "de": de}} for en, de in COLUMNAR_PAIRS])
+    expected = read_local_pairs(jsonl, "en", "de")
+    monkeypatch.setattr(data_module._RecordColumns, "add", lambda *args: pytest.fail("read record by record"))
+    read = read_local_pairs(path, "en", "de", workdir=workdir)
+    assert read.features == expected.features
+    assert read.to_dict() == expected.to_dict() == {"source": [en for en, _ in COLUMNAR_PAIRS],
+                                                    "target": [de for _, de in COLUMNAR_PAIRS]}
+    assert read_local_pairs(path, "de", "en", workdir=workdir)["source"] == [de for _, de in COLUMNAR_PAIRS]
+    if name == "train.parquet" and schema == "wmt":
+        arguments = DataArguments(dataset_name=str(tmp_path / "corpus"), dataset_config_name=None)
+        train = load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))
+        assert train["train"].to_dict() == expected.to_dict()
+
+
+@pytest.mark.parametrize("config_name", [None, "de-en"])
+def test_the_parquet_shards_of_a_split_are_read_from_their_folder_as_dataset_name(tmp_path, config_name):
+    """What docs/training.md says for a split in several Parquet files (the Hub's WMT14 train split): their folder as
+    dataset_name (dataset_config_name null), or the folder above it with the configuration its README.md names, reads
+    the shards as one split, in order (train_file names one file)."""
+    import pyarrow.parquet as pq
+
+    shards = tmp_path / "wmt14" / "de-en"
+    shards.mkdir(parents=True)
+    pq.write_table(columnar_table(PAIRS[:2], "wmt"), shards / "train-00000-of-00002.parquet")
+    pq.write_table(columnar_table(PAIRS[2:], "wmt"), shards / "train-00001-of-00002.parquet")
+    (tmp_path / "wmt14" / "README.md").write_text(
+        "---\nconfigs:\n- config_name: de-en\n  data_files:\n  - split: train\n    path: de-en/train-*\n---\n",
+        encoding="utf-8")
+    folder = shards if config_name is None else tmp_path / "wmt14"
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=config_name)
     train = load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache_dir=str(tmp_path / "cache"))["train"]
     assert list(zip(train["source"], train["target"], strict=True)) == PAIRS
+
+
+@pytest.mark.parametrize("name", ["train.parquet", "train.arrow"])
+@pytest.mark.parametrize(("schema", "value", "error"), [
+    ("flat", None, "'de' must be a string, got null"),
+    ("flat", 7, "'de' must be a string, got int"),
+    ("wmt", None, "'de' must be a string, got null"),
+    ("wmt", "no struct", "'translation' must be an object of language -> text"),
+])
+def test_an_error_in_a_parquet_or_arrow_file_names_the_file_and_row(tmp_path, monkeypatch, name, schema, value, error):
+    """A null or non-string text, or a null 'translation', in row 6 (the second record batch) is one error naming the
+    file and that row (counted from 1 across batches), as a .jsonl file's names the line."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
+    sources, targets = (list(side) for side in zip(*COLUMNAR_PAIRS[:8], strict=True))
+    if schema == "flat" and isinstance(value, int):
+        table = pa.table({"en": sources, "de": [value] * 8})
+    elif schema == "flat":
+        table = pa.table({"en": sources, "de": targets[:5] + [value] + targets[6:]})
+    else:
+        records = [{"en": en, "de": de} for en, de in zip(sources, targets, strict=True)]
+        records[5] = None if value == "no struct" else {"en": sources[5], "de": value}
+        table = pa.table({"translation": records})
+    path = write_columnar(tmp_path / name, table)
+    with pytest.raises(DatasetSchemaError) as raised:
+        read_local_pairs(path, "en", "de")
+    row = 1 if isinstance(value, int) else 6
+    assert str(raised.value) == f"{path}: row {row}: {error}"
+
+
+@pytest.mark.parametrize("name", ["train.parquet", "train.arrow"])
+@pytest.mark.parametrize("schema", ["wmt", "flat"])
+def test_a_parquet_or_arrow_file_without_a_language_names_the_file_row_and_languages_found(tmp_path, name, schema):
+    path = write_columnar(tmp_path / name, columnar_table(PAIRS, schema, target_lang="fr"))
+    with pytest.raises(DatasetSchemaError) as raised:
+        read_local_pairs(path, "en", "de")
+    found = "['en', 'fr']" if schema == "wmt" else "['en', 'fr', 'id']"
+    where = "field 'translation'" if schema == "wmt" else "fields"
+    assert str(raised.value) == (f"{path}: row 1, {where}: no 'de' (found {found}); expected 'translation': "
+                                 "{'en': ..., 'de': ...} or flat columns 'en' and 'de' (set source_lang/target_lang)")
+
+
+@pytest.mark.parametrize("name", ["test.parquet", "test.arrow"])
+@pytest.mark.parametrize("schema", ["wmt", "flat"])
+def test_a_source_only_parquet_or_arrow_test_file_is_read_with_null_targets(tmp_path, monkeypatch, name, schema):
+    """A test file whose rows lack the target language (no such column or struct field, or nulls) is source-only, as
+    a .jsonl one is; a row with a target after rows without is the error a .jsonl file gives, naming the rows; a
+    training file without targets is the missing-language error."""
+    import pyarrow as pa
+
+    monkeypatch.setattr(data_module, "RECORDS_PER_CHUNK", 4)
+    sources = [en for en, _ in COLUMNAR_PAIRS]
+    table = (pa.table({"translation": [{"en": en} for en in sources]}) if schema == "wmt"
+             else pa.table({"en": sources, "de": pa.nulls(len(sources), pa.string())}))
+    path = write_columnar(tmp_path / name, table)
+    read = read_local_pairs(path, "en", "de", allow_source_only=True)
+    assert read.to_dict() == {"source": sources, "target": [None] * len(sources)}
+    mixed = write_columnar(tmp_path / f"mixed{path.suffix}", pa.table({"en": sources, "de": [None] * 5 + ["Da."] * (len(sources) - 5)}))
+    with pytest.raises(DatasetSchemaError) as raised:
+        read_local_pairs(mixed, "en", "de", allow_source_only=True)
+    assert str(raised.value) == (f"{mixed}: row 1, fields: no 'de', although {mixed}: row 6, fields has one; a test "
+                                 "file is either parallel on every line or source-only")
+    with pytest.raises(DatasetSchemaError, match=r": row 1, .*no 'de'|: row 1: 'de' must be a string, got null"):
+        read_local_pairs(path, "en", "de")
+
+
+@pytest.mark.parametrize("name", ["train.parquet", "train.arrow"])
+def test_a_parquet_or_arrow_file_compressed_again_or_not_of_its_format_is_one_error_naming_it(tmp_path, name):
+    path = write_columnar(tmp_path / name, columnar_table(PAIRS, "wmt"))
+    packed = tmp_path / f"{name}.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    with pytest.raises(DatasetSchemaError) as raised:
+        read_local_pairs(packed, "en", "de")
+    assert str(raised.value) == (f"data file {str(packed)!r}: a {path.suffix} file is read as it is, not compressed "
+                                 f"again with .gz: decompress it and give {path}")
+    path.write_text('{"translation": {"en": "A", "de": "B"}}\n', encoding="utf-8")
+    kind = "a Parquet file" if name.endswith(".parquet") else "an Arrow IPC stream or file"
+    with pytest.raises(DatasetSchemaError, match=rf"^{re.escape(str(path))}: not {kind} \("):
+        read_local_pairs(path, "en", "de")
 
 
 def test_a_folder_given_as_a_data_file_is_one_error_saying_what_to_give_instead(tmp_path):
@@ -248,8 +390,8 @@ def test_a_folder_given_as_a_data_file_is_one_error_saying_what_to_give_instead(
     for side in ("en", "de"):
         (folder / f"train.{side}").unlink()
     write_jsonl(folder / "train.jsonl", [{"en": en, "de": de} for en, de in PAIRS])
-    with pytest.raises(DatasetSchemaError, match=r"is a folder, .*; give one of its \.csv/\.json/\.jsonl/\.tsv/\.txt "
-                                                 r"files, or the folder as dataset_name"):
+    with pytest.raises(DatasetSchemaError, match=r"is a folder, .*; give one of its \.arrow/\.csv/\.json/\.jsonl/"
+                                                 r"\.parquet/\.tsv/\.txt files, or the folder as dataset_name"):
         read_local_pairs(folder, "en", "de")
     write_plain(tmp_path / "data", PAIRS)
     assert list(zip(*(read_local_pairs(folder, "en", "de")[column] for column in ("source", "target")),
@@ -1002,9 +1144,10 @@ def test_a_file_with_an_unknown_suffix_is_no_prefix(tmp_path):
     with pytest.raises(DatasetSchemaError, match=r"must end in one of .* \(or name the prefix"):
         read_local_pairs(path, "en", "de")
     compressed = write_compressed(tmp_path / "train.gz", "A line.\n")   # compressed, but what format?
-    with pytest.raises(DatasetSchemaError, match=r"train\.gz' must end in one of \['\.csv', '\.json', '\.jsonl', '\.tsv', "
-                                                 r"'\.txt'\], or in one of them and \.gz, \.bz2, \.xz \(compressed\) "
-                                                 r"\(or name the prefix"):
+    with pytest.raises(DatasetSchemaError, match=r"train\.gz' must end in one of \['\.arrow', '\.csv', '\.json', "
+                                                 r"'\.jsonl', '\.parquet', '\.tsv', '\.txt'\], or in one of \['\.csv', "
+                                                 r"'\.json', '\.jsonl', '\.tsv', '\.txt'\] and \.gz, \.bz2, \.xz "
+                                                 r"\(compressed\) \(or name the prefix"):
         read_local_pairs(compressed, "en", "de")
 
 

@@ -401,6 +401,43 @@ def test_a_compressed_corpus_prepares_the_data_of_the_uncompressed_one_and_a_cha
     assert load_from_disk(str(changed / "data"))["source"][:2] == [validation[1]["en"], validation[0]["en"]]
 
 
+def test_a_parquet_and_arrow_corpus_trains_as_its_jsonl_files(tmp_path):
+    """train_file train.parquet (the WMT schema, as the Hub's files and `Dataset.to_parquet` hold it), validation_file
+    validation.arrow (the Arrow IPC stream `save_to_disk` writes) and a source-only test.parquet: the run trains one
+    step, evaluates and translates the test file, with the tokenizer, prepared data (token ids, length counts) and
+    hypotheses of the same run on the .jsonl files."""
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    columnar = tmp_path / "columnar"
+    columnar.mkdir()
+    records = {split: [json.loads(line) for line in corpus[split].read_text("utf-8").splitlines()]
+               for split in ("train", "validation", "test")}
+    Dataset.from_list(records["train"]).to_parquet(columnar / "train.parquet")
+    Dataset.from_list(records["validation"]).save_to_disk(str(tmp_path / "saved"))
+    shutil.copy(tmp_path / "saved" / "data-00000-of-00001.arrow", columnar / "validation.arrow")
+    Dataset.from_dict({"en": [record["translation"]["en"] for record in records["test"]]}).to_parquet(
+        columnar / "test.parquet")
+    sources_only = tmp_path / "corpus" / "test.txt"
+    sources_only.write_text("".join(record["translation"]["en"] + "\n" for record in records["test"]), "utf-8")
+    settings = {"max_steps": 1, "save_strategy": "no"}
+    results = {}
+    for name, files in (("jsonl", {**corpus, "test": sources_only}),
+                        ("columnar", {split: columnar / f"{split}.{'arrow' if split == 'validation' else 'parquet'}"
+                                      for split in corpus})):
+        results[name] = run([str(write_config(tmp_path / f"{name}.yaml", files, tmp_path / name, **settings))])
+    assert results["columnar"]["eval"]["eval_bleu"] == results["jsonl"]["eval"]["eval_bleu"]
+    hypotheses = [(tmp_path / name / "test_hypotheses.txt").read_text("utf-8") for name in ("jsonl", "columnar")]
+    assert hypotheses[0] == hypotheses[1] and len(hypotheses[0].splitlines()) == 10
+    assert ((tmp_path / "columnar" / "tokenizer.json").read_text("utf-8")
+            == (tmp_path / "jsonl" / "tokenizer.json").read_text("utf-8")), "the tokenizer learnt from the same text"
+    for split in ("train", "validation", "test"):
+        (plain,), (read,) = ((tmp_path / run_dir / PREPARED_FOLDER).glob(f"{split}-*") for run_dir in
+                             ("jsonl", "columnar"))
+        manifests = [json.loads((folder / MANIFEST_FILE).read_text())["report"] for folder in (plain, read)]
+        assert manifests[0] == manifests[1], split
+        datasets = [load_from_disk(str(folder / "data")) for folder in (plain, read)]
+        assert datasets[0].to_dict() == datasets[1].to_dict() and len(datasets[0]) > 0, split
+
+
 class SlowPathTokenizer:
     """A tokenizer that is not exactly `PreTrainedTokenizerFast`: tokenization goes through `tokenizer(...)`."""
 

@@ -594,11 +594,12 @@ def test_an_io_error_reading_stdin_is_one_error_line(memorised_model_folder, tmp
 
 
 @pytest.mark.parametrize(("flag", "name"), [("--input", "test.jsonl"), ("--input", "test.TSV"),
-                                            ("--reference", "test.csv"), ("--reference", "test.json")])
+                                            ("--reference", "test.csv"), ("--reference", "test.json"),
+                                            ("--input", "test.parquet"), ("--reference", "test.arrow")])
 def test_a_file_of_records_is_refused_before_the_model_loads(memorised_model_folder, tmp_path, capsys, monkeypatch,
                                                              flag, name):
-    """A .jsonl/.json/.csv/.tsv file (the training app's formats) is one error, not its raw lines translated or
-    scored as sentences."""
+    """A .jsonl/.json/.csv/.tsv/.parquet/.arrow file (the training app's formats) is one error, not its raw lines
+    translated or scored as sentences."""
     monkeypatch.setattr("hf_relpos.tools.translate.AutoModelForSeq2SeqLM.from_pretrained",
                         lambda *args, **kwargs: pytest.fail("loaded the model before refusing the file"))
     records = tmp_path / name

@@ -4,7 +4,8 @@ tokenization with length filtering or truncation, and source-length ordering for
 Every split is reduced to two text columns, `source` and `target`, before tokenization. Accepted schemas are the WMT one,
 `{"translation": {"en": "...", "de": "..."}}`, flat language columns (`en`, `de`), and plain-text files by prefix as
 fairseq and OpenNMT-py read them: `data/train` names `data/train.en` and `data/train.de`, line i of one the translation
-of line i of the other. Any data file may be compressed with gzip, bzip2 or xz (`train.tsv.gz`, `data/train.en.gz`):
+of line i of the other. A .parquet file (the Hub's format, `Dataset.to_parquet`) or .arrow file (an Arrow IPC stream or
+file, as `save_to_disk` writes) is read by pyarrow a record batch at a time. Any other data file may be compressed with gzip, bzip2 or xz (`train.tsv.gz`, `data/train.en.gz`):
 it is decompressed while read, by the standard library. A test file may be source-only (a `.txt` file with one source
 per line, a prefix with only the source-language file, or records without the target language): its `target` column is
 all None, and it is translated but not scored.
@@ -46,6 +47,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
+import pyarrow.parquet as pq
 from datasets import (
     Dataset,
     DatasetDict,
@@ -78,8 +80,11 @@ DEMO_DATA_FOLDER = "demo_data"
 DEMO_CORPUS_FIELDS = ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs", "demo_seed")   # its every split
 # A Hub configuration named by a language pair, as WMT's and OPUS's are ("de-en", "zh-en", "en-hi").
 LANGUAGE_PAIR_CONFIG = re.compile(r"[a-z]{2,3}-[a-z]{2,3}")
-FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt"}
-FOLDER_ONLY_FORMATS = (".parquet", ".arrow")   # `datasets`' formats: read from a folder given as dataset_name
+FILE_FORMATS = {".jsonl": "jsonl", ".json": "json", ".csv": "csv", ".tsv": "tsv", ".txt": "txt", ".parquet": "parquet",
+                ".arrow": "arrow"}
+# Binary formats, read by pyarrow a record batch at a time (`_table_columns`): a file of one is read as it is, never
+# through `COMPRESSIONS` (Parquet compresses its pages itself).
+BINARY_FORMATS = ("parquet", "arrow")
 # Compressed data files read as they are, decompressed while read by the standard library (gzip, bzip2, xz; a file of
 # several streams, as `cat a.gz b.gz` or pbzip2 write, is read whole): suffix -> opener of the compressed byte stream.
 COMPRESSIONS: dict[str, Callable[[BinaryIO], BinaryIO]] = {
@@ -138,7 +143,7 @@ class DataArguments:
     target_lang: str = field(default="de", metadata={"help": "Target language key, e.g. de."})
     train_file: str | None = field(
         default=None,
-        metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv), or the prefix of two plain-text files, one "
+        metadata={"help": "Local training file (.jsonl/.json/.csv/.tsv/.parquet/.arrow), or the prefix of two plain-text files, one "
                           "sentence per line: data/train reads data/train.SOURCE_LANG and data/train.TARGET_LANG. A "
                           "file may be compressed with gzip, bzip2 or xz (train.tsv.gz, data/train.en.gz + "
                           "data/train.de.gz; .zst and .zip are refused)."},
@@ -241,7 +246,7 @@ class DataArguments:
                                  f"uncompressed or compressed with gzip, bzip2 or xz ({', '.join(COMPRESSIONS)})")
             if path is not None and name != "test_file" and data_file_format(path) in SOURCE_ONLY_FORMATS:
                 raise ValueError(f"{name} {path!r}: a .txt file holds sources only; training and validation need "
-                                 "pairs (.jsonl, .json, .csv, .tsv, or a prefix of plain-text files PREFIX."
+                                 "pairs (.jsonl, .json, .csv, .tsv, .parquet, .arrow, or a prefix of plain-text files PREFIX."
                                  f"{self.source_lang} + PREFIX.{self.target_lang})")
 
     @property
@@ -620,12 +625,12 @@ def plain_text_side(prefix: str | os.PathLike, lang: str) -> Path | None:
 
 def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
                      allow_source_only: bool = False, workdir: str | os.PathLike | None = None) -> Dataset:
-    """Read a .jsonl/.json/.csv/.tsv parallel file, or the plain-text pair `path.SOURCE_LANG` + `path.TARGET_LANG`
+    """Read a .jsonl/.json/.csv/.tsv/.parquet/.arrow parallel file, or the plain-text pair `path.SOURCE_LANG` + `path.TARGET_LANG`
     when `path` is no file and does not end in one of those suffixes (`data/train`, `corpus.tok.bpe`), into
     `source`/`target` columns; errors name the file and line.
 
     The file is read in chunks of `READ_CHUNK_BYTES` (plain text and .tsv split and UTF-8-checked by Arrow, records
-    parsed `RECORDS_PER_CHUNK` at a time) into Arrow, so memory holds one chunk of Python objects at most: in
+    parsed `RECORDS_PER_CHUNK` at a time, .parquet and .arrow files a record batch at a time) into Arrow, so memory holds one chunk of Python objects at most: in
     `workdir`, when given, as memory-mapped Arrow files, else in memory.
 
     With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept), a prefix with only the
@@ -643,14 +648,13 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
         compressed = f", or their {compression_of(path)} files" if compression_of(path) else ""
         raise DatasetSchemaError(f"data file {str(path)!r} is one side of a plain-text pair: give its prefix "
                                  f"{str(prefix)!r} (read as {prefix}.{source_lang} + {prefix}.{target_lang}{compressed})")
-    if file_format is None and (suffix := uncompressed_name(path).suffix.lower()) in FOLDER_ONLY_FORMATS:
-        raise DatasetSchemaError(
-            f"data file {str(path)!r}: {suffix} files are read by datasets, from a folder: put each split's file in one "
-            f"folder, named by its split (train{suffix}, validation{suffix}, test{suffix}), and give the folder as "
-            "dataset_name with dataset_config_name null")
+    if file_format in BINARY_FORMATS and compression_of(path):
+        raise DatasetSchemaError(f"data file {str(path)!r}: a .{file_format} file is read as it is, not compressed "
+                                 f"again with {compression_of(path)}: decompress it and give {uncompressed_name(path)}")
     if file_format is None:
+        text_formats = sorted(suffix for suffix, kind in FILE_FORMATS.items() if kind not in BINARY_FORMATS)
         raise DatasetSchemaError(f"data file {str(path)!r} must end in one of {sorted(FILE_FORMATS)}, or in one of "
-                                 f"them and {', '.join(COMPRESSIONS)} (compressed) (or name the prefix of plain-text "
+                                 f"{text_formats} and {', '.join(COMPRESSIONS)} (compressed) (or name the prefix of plain-text "
                                  f"files {str(path)}.{source_lang} + {str(path)}.{target_lang}, and not be a file itself)")
     if file_format in SOURCE_ONLY_FORMATS and not allow_source_only:
         raise DatasetSchemaError(f"data file {str(path)!r} holds sources only; this split needs pairs")
@@ -658,6 +662,9 @@ def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str
         return sink.dataset({"source": (lines for _, lines, _ in _line_chunks(path))}, with_null_target=True)
     if file_format == "tsv":
         return sink.dataset(_tsv_columns(path, source_lang, target_lang, allow_source_only))
+    if file_format in BINARY_FORMATS:
+        batches = _parquet_batches(path) if file_format == "parquet" else _arrow_batches(path)
+        return sink.dataset(_table_columns(path, batches, source_lang, target_lang, allow_source_only))
     return sink.dataset(_record_columns(path, file_format, source_lang, target_lang, allow_source_only))
 
 
@@ -699,6 +706,87 @@ def _record_columns(path: Path, file_format: str, source_lang: str, target_lang:
     yield columns.flush()
 
 
+def _table_columns(path: Path, batches: Iterator[pa.RecordBatch], source_lang: str, target_lang: str,
+                   allow_source_only: bool) -> Iterator[dict[str, pa.Array]]:
+    """`source`/`target` chunks of a .parquet or .arrow file's record batches (each at most `RECORDS_PER_CHUNK`
+    rows): a batch whose two languages are strings without nulls, in one schema, is taken as its Arrow columns
+    (`_batch_pair_texts`); any other (an error to name, nulls, a source-only row) is read row by row, as the records
+    of a .jsonl file, an error naming the file and row ("train.parquet: row 17", counted from 1)."""
+    columns = _RecordColumns("parquet", source_lang, target_lang, allow_source_only)
+    first_row = 1
+    for batch in batches:
+        pair = _batch_pair_texts(batch, source_lang, target_lang) if batch.num_rows else None
+        if pair is not None:
+            nested, chunk = pair
+            columns.saw_pair(f"{path}: row {first_row}, " + (f"field '{TRANSLATION_COLUMN}'" if nested else "fields"))
+            yield chunk
+        else:
+            for offset, record in enumerate(batch.to_pylist()):
+                columns.add(f"{path}: row {first_row + offset}", record)
+            yield columns.flush()
+        first_row += batch.num_rows
+    yield columns.flush()
+
+
+def _batch_pair_texts(batch: pa.RecordBatch, source_lang: str,
+                      target_lang: str) -> tuple[bool, dict[str, pa.Array]] | None:
+    """(whether the texts sit in the 'translation' struct, the `source`/`target` chunk) of a record batch whose two
+    languages are strings (or large strings) without a null, in the WMT schema or flat columns (the one the
+    record-by-record reader would read: 'translation' when there is such a column); None otherwise."""
+    nested = TRANSLATION_COLUMN in batch.schema.names
+    if nested:
+        struct = batch.column(TRANSLATION_COLUMN)
+        if not pa.types.is_struct(struct.type) or struct.null_count:
+            return None
+        fields = dict(zip((field.name for field in struct.type), struct.flatten(), strict=True))   # slice-aware
+    else:
+        fields = dict(zip(batch.schema.names, batch.columns, strict=True))
+    texts = [fields.get(lang) for lang in (source_lang, target_lang)]
+    if any(text is None or not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type))
+           or text.null_count for text in texts):
+        return None
+    return nested, {"source": texts[0].cast(pa.string()), "target": texts[1].cast(pa.string())}
+
+
+def _parquet_file(path: Path) -> pq.ParquetFile:
+    """A .parquet file opened (its footer read); a file that is no Parquet file (cut short, another format) is one
+    error naming it."""
+    try:
+        return pq.ParquetFile(path)
+    except pa.ArrowInvalid as error:
+        raise DatasetSchemaError(f"{path}: not a Parquet file ({error})") from None
+
+
+def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The record batches of a .parquet file, `RECORDS_PER_CHUNK` rows at most, read one at a time (`_parquet_file`
+    names a file that is no Parquet file)."""
+    parquet = _parquet_file(path)
+    with parquet, tqdm(total=parquet.metadata.num_rows, unit=" rows", desc=f"Reading {path.name}",
+                       disable=path.stat().st_size < PROGRESS_MIN_BYTES) as progress:
+        for batch in parquet.iter_batches(batch_size=RECORDS_PER_CHUNK):
+            yield batch
+            progress.update(batch.num_rows)
+
+
+def _arrow_batches(path: Path) -> Iterator[pa.RecordBatch]:
+    """The record batches of an .arrow file, an Arrow IPC stream (what `datasets`' save_to_disk and cache write) or
+    IPC file (`pyarrow.ipc.new_file`, Feather v2), cut to `RECORDS_PER_CHUNK` rows at most, read one at a time; a
+    file that is neither is one error naming it."""
+    with pa.OSFile(str(path)) as source:
+        try:
+            stream = iter(pa.ipc.open_stream(source))
+        except pa.ArrowInvalid:
+            source.seek(0)
+            try:
+                reader = pa.ipc.open_file(source)
+            except pa.ArrowInvalid as error:
+                raise DatasetSchemaError(f"{path}: not an Arrow IPC stream or file ({error})") from None
+            stream = (reader.get_batch(index) for index in range(reader.num_record_batches))
+        for batch in stream:
+            for start in range(0, batch.num_rows, RECORDS_PER_CHUNK):
+                yield batch.slice(start, RECORDS_PER_CHUNK)
+
+
 class _RecordColumns:
     """Records' texts gathered into `source`/`target` chunks, each record checked (an object; the WMT or the flat
     schema; both languages, or with `allow_source_only` the source alone in every record; strings)."""
@@ -718,7 +806,7 @@ class _RecordColumns:
     def add(self, location: str, record: Any) -> None:
         if not isinstance(record, dict):
             raise DatasetSchemaError(f"{location}: expected an object with the texts, got {type(record).__name__}")
-        texts = record.get(TRANSLATION_COLUMN, record) if self.file_format in ("jsonl", "json") else record
+        texts = record.get(TRANSLATION_COLUMN, record) if self.file_format != "csv" else record
         if not isinstance(texts, dict):
             raise DatasetSchemaError(f"{location}: '{TRANSLATION_COLUMN}' must be an object of language -> text")
         where = f"{location}, field '{TRANSLATION_COLUMN}'" if texts is not record else f"{location}, fields"
