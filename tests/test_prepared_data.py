@@ -438,6 +438,30 @@ def test_a_parquet_and_arrow_corpus_trains_as_its_jsonl_files(tmp_path):
         assert datasets[0].to_dict() == datasets[1].to_dict() and len(datasets[0]) > 0, split
 
 
+def test_the_disk_check_counts_a_parquet_file_at_the_uncompressed_size_its_footer_states(tmp_path, monkeypatch):
+    """A .parquet train_file (zstd pages, a third of its text's size) is budgeted at its data's size uncompressed,
+    as its footer states it, near the Arrow table it is read into; not at its file size, nor by a fixed ratio that
+    depends on the codec. The .jsonl validation file counts its size, as before."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    corpus = write_demo_corpus(tmp_path / "corpus", 120, 12, 10, seed=5)
+    records = [json.loads(line)["translation"] for line in corpus["train"].read_text("utf-8").splitlines()]
+    train = tmp_path / "train.parquet"
+    pq.write_table(pa.table({"translation": records}), train, compression="zstd")
+    metadata = pq.read_metadata(train)
+    uncompressed = sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
+    table_bytes = read_local_pairs(train, "en", "de").data.nbytes
+    assert uncompressed > 2 * train.stat().st_size and abs(uncompressed - table_bytes) < 0.2 * table_bytes
+    config = write_config(tmp_path / "c.yaml", {**corpus, "train": train}, tmp_path / "out", max_steps=1,
+                          do_predict=False)
+    real_preparation, budgets = preparation_module.preparation, []
+    monkeypatch.setattr(preparation_module, "preparation",
+                        lambda folder, text_bytes: budgets.append(text_bytes) or real_preparation(folder, text_bytes))
+    prepare_only(config)
+    assert budgets == [uncompressed + corpus["validation"].stat().st_size]
+
+
 class SlowPathTokenizer:
     """A tokenizer that is not exactly `PreTrainedTokenizerFast`: tokenization goes through `tokenizer(...)`."""
 

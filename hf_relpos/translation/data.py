@@ -757,6 +757,14 @@ def _parquet_file(path: Path) -> pq.ParquetFile:
         raise DatasetSchemaError(f"{path}: not a Parquet file ({error})") from None
 
 
+def parquet_uncompressed_bytes(path: str | os.PathLike) -> int:
+    """The size of a .parquet file's data uncompressed, as its footer states it (the sum of its row groups'): near
+    the size of its Arrow table, whatever codec compressed its pages."""
+    with _parquet_file(Path(path)) as parquet:
+        metadata = parquet.metadata
+        return sum(metadata.row_group(index).total_byte_size for index in range(metadata.num_row_groups))
+
+
 def _parquet_batches(path: Path) -> Iterator[pa.RecordBatch]:
     """The record batches of a .parquet file, `RECORDS_PER_CHUNK` rows at most, read one at a time (`_parquet_file`
     names a file that is no Parquet file)."""

@@ -31,6 +31,7 @@ from .data import (
     DataArguments,
     LengthReport,
     compression_of,
+    data_file_format,
     example_lengths,
     existing_data_files,
     has_references,
@@ -38,6 +39,7 @@ from .data import (
     load_parallel_splits,
     local_folder_split_files,
     local_split_files,
+    parquet_uncompressed_bytes,
     sort_by_source_length,
     tokenize_evaluation_pairs,
     tokenize_training_pairs,
@@ -63,6 +65,15 @@ logger = logging.getLogger(__name__)
 # The text a compressed data file holds, per byte of it, for the disk budget: an estimate (gzip shrinks English prose
 # about 3.5 times, bzip2 and xz about 4.3 times; the repetitive demo corpus 5 to 10 times).
 TEXT_PER_COMPRESSED_BYTE = 4
+
+
+def data_file_text_bytes(path: Path) -> int:
+    """The text a data file holds, for the disk budget: a .parquet file's size uncompressed, as its footer states it
+    (`parquet_uncompressed_bytes`); a compressed file `TEXT_PER_COMPRESSED_BYTE` times its size, the text it holds
+    being unknown until it is read; any other file its size."""
+    if data_file_format(path) == "parquet":
+        return parquet_uncompressed_bytes(path)
+    return path.stat().st_size * (TEXT_PER_COMPRESSED_BYTE if compression_of(path) else 1)
 
 
 def splits_to_read(training_args: TranslationTrainingArguments) -> tuple[str, ...]:
@@ -132,12 +143,11 @@ class RawSplits:
         return identities
 
     def text_bytes(self, splits: tuple[str, ...]) -> int:
-        """The size of what `splits` are read from: their files (a compressed one counted `TEXT_PER_COMPRESSED_BYTE`
-        times its size, the text it holds being unknown until it is read), or the loaded Hub splits' Arrow tables."""
+        """The size of what `splits` are read from: their files (`data_file_text_bytes`), or the loaded Hub splits'
+        Arrow tables."""
         if self.files is None:
             return sum(self.get(split).data.nbytes for split in splits)
-        return sum(path.stat().st_size * (TEXT_PER_COMPRESSED_BYTE if compression_of(path) else 1)
-                   for split in splits for path in self.data_files(split))
+        return sum(data_file_text_bytes(path) for split in splits for path in self.data_files(split))
 
     def prepared_text_bytes(self, splits: tuple[str, ...]) -> int:
         """`text_bytes` of `splits`, the training text counted 1 + k x concatenated_pairs times (a joined pair holds
