@@ -5,8 +5,8 @@ Every split is reduced to two text columns, `source` and `target`, before tokeni
 `{"translation": {"en": "...", "de": "..."}}`, flat language columns (`en`, `de`), and plain-text files by prefix as
 fairseq and OpenNMT-py read them: `data/train` names `data/train.en` and `data/train.de`, line i of one the translation
 of line i of the other. A .parquet file (the Hub's format, `Dataset.to_parquet`) or .arrow file (an Arrow IPC stream or
-file, as `save_to_disk` writes) is read by pyarrow a record batch at a time. Any other data file may be compressed with gzip, bzip2 or xz (`train.tsv.gz`, `data/train.en.gz`):
-it is decompressed while read, by the standard library. A test file may be source-only (a `.txt` file with one source
+file, as `save_to_disk` writes) is read by pyarrow a record batch at a time. Any other data file may be compressed with
+gzip, bzip2 or xz (`train.tsv.gz`, `data/train.en.gz`): it is decompressed while read, by the standard library. A test file may be source-only (a `.txt` file with one source
 per line, a prefix with only the source-language file, or records without the target language): its `target` column is
 all None, and it is translated but not scored.
 
@@ -625,13 +625,13 @@ def plain_text_side(prefix: str | os.PathLike, lang: str) -> Path | None:
 
 def read_local_pairs(path: str | os.PathLike, source_lang: str, target_lang: str,
                      allow_source_only: bool = False, workdir: str | os.PathLike | None = None) -> Dataset:
-    """Read a .jsonl/.json/.csv/.tsv/.parquet/.arrow parallel file, or the plain-text pair `path.SOURCE_LANG` + `path.TARGET_LANG`
-    when `path` is no file and does not end in one of those suffixes (`data/train`, `corpus.tok.bpe`), into
-    `source`/`target` columns; errors name the file and line.
+    """Read a .jsonl/.json/.csv/.tsv/.parquet/.arrow parallel file, or the plain-text pair `path.SOURCE_LANG` +
+    `path.TARGET_LANG` when `path` is no file and does not end in one of those suffixes (`data/train`,
+    `corpus.tok.bpe`), into `source`/`target` columns; errors name the file and line (or row).
 
     The file is read in chunks of `READ_CHUNK_BYTES` (plain text and .tsv split and UTF-8-checked by Arrow, records
-    parsed `RECORDS_PER_CHUNK` at a time, .parquet and .arrow files a record batch at a time) into Arrow, so memory holds one chunk of Python objects at most: in
-    `workdir`, when given, as memory-mapped Arrow files, else in memory.
+    parsed `RECORDS_PER_CHUNK` at a time, .parquet and .arrow files a record batch at a time) into Arrow, so memory
+    holds one chunk of Python objects at most: in `workdir`, when given, as memory-mapped Arrow files, else in memory.
 
     With `allow_source_only` (test files), a .txt file (one source per line, blank lines kept), a prefix with only the
     source-language file, or a file whose records all lack the target language is read with a `target` column of
