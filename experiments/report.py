@@ -590,7 +590,7 @@ H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
 HOST_OVERHEAD = "host_overhead"
 HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
 # benchmarks/decoding_host_work.py before (40ab9e1, the benchmark file copied in) and after the decoding step's
-# host-work fixes (196fac3, 0e8648b, eaa1ed1; run at daf9d03), alternated.
+# host-work fixes (9bc5a03, 065eff6, 40808d1, fe51b42; run at f4b4fb6), alternated.
 DECODING_HOST_WORK = "decoding_host_work"
 DECODING_HOST_WORK_RUNS = ("before1", "after1", "before2", "after2")
 
