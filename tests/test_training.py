@@ -244,6 +244,7 @@ def test_training_run_writes_scored_results_and_a_loadable_model(trained, corpus
     model = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
     assert isinstance(model, RelPosTransformerForConditionalGeneration)
     assert model.config.vocab_size == len(tokenizer) and model.config.position_scheme == "shaw"
+    assert model.config.use_cache is True   # as RelPosTransformerConfig's default, not the Trainer's training value
     assert model.generation_config.num_beams == 2 and model.generation_config.length_penalty == pytest.approx(0.6)
     assert not list(output_dir.glob(".tokenizer.*"))
     card = (output_dir / "README.md").read_text(encoding="utf-8")   # named as a push without hub_model_id names it
@@ -334,6 +335,22 @@ def small_trainer(tokenizer, output_dir: Path, **arguments) -> TranslationTraine
     training_arguments = TranslationTrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none",
                                                       **arguments)
     return build_trainer(model, tokenizer, training_arguments, None, {}, "de")
+
+
+@pytest.mark.parametrize("use_cache", [True, False])
+def test_the_trainer_keeps_the_models_use_cache_in_memory_and_in_its_checkpoints(small_tokenizer, tmp_path,
+                                                                                 use_cache):
+    """transformers' Trainer sets `config.use_cache` to its training argument (False), which a saved model had."""
+    from hf_relpos.translation.trainer import build_trainer
+
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **TINY_CONFIG["model"], vocab_size=len(small_tokenizer), use_cache=use_cache))
+    training_arguments = TranslationTrainingArguments(output_dir=str(tmp_path / "out"), use_cpu=True,
+                                                      report_to="none")
+    trainer = build_trainer(model, small_tokenizer, training_arguments, None, {}, "de")
+    assert model.config.use_cache is use_cache
+    trainer.save_model(str(tmp_path / "saved"))
+    assert json.loads((tmp_path / "saved" / "config.json").read_text())["use_cache"] is use_cache
 
 
 def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_empty_line(small_tokenizer):
@@ -1135,6 +1152,17 @@ def test_a_checkpoint_saved_before_a_config_field_existed_averages_with_one_at_i
     averaged_dir = average_checkpoints(run_dir, last_n=2, output_dir=tmp_path / "averaged")
     assert RelPosTransformerConfig.from_pretrained(averaged_dir).absolute_positions_scale == (
         RelPosTransformerConfig().absolute_positions_scale)
+
+
+def test_checkpoints_that_differ_in_use_cache_alone_average_with_the_newests_config(tmp_path):
+    """transformers' Trainer saved `use_cache: false` in checkpoints before `TranslationTrainer` kept the model's
+    value: a run resumed across that change averages all its checkpoints, the result taking the newest's value."""
+    run_dir = tmp_path / "run"
+    for step, seed, use_cache in ((100, 0, False), (200, 1, True)):
+        save_checkpoint(tiny_model(seed, use_cache=use_cache), run_dir / f"checkpoint-{step}")
+    averaged_dir = average_checkpoints(run_dir, last_n=2, output_dir=tmp_path / "averaged")
+    assert len(json.loads((averaged_dir / "averaged_checkpoints.json").read_text())["checkpoints"]) == 2
+    assert RelPosTransformerConfig.from_pretrained(averaged_dir).use_cache is True
 
 
 def test_folders_listed_are_averaged_themselves_even_when_they_hold_checkpoints(tmp_path):

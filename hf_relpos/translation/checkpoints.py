@@ -103,13 +103,14 @@ def saved_config(checkpoint: str | os.PathLike) -> dict | None:
 
 def config_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
     """The config.json fields in which two checkpoints differ, as "name: value vs value" (none where either has no
-    config.json; a field one of them lacks counts at its default). Within one run they differ only where training
-    changes the config (`fade_absolute_positions`)."""
+    config.json; a field one of them lacks counts at its default), but for `use_cache`, which changes nothing the
+    weights compute (checkpoints of a run resumed with another hf_relpos version may differ in it). Within one run
+    they differ only where training changes the config (`fade_absolute_positions`)."""
     config, other = saved_config(checkpoint), saved_config(reference)
     if config is None or other is None:
         return []
     return [f"{name}: {config.get(name)!r} vs {other.get(name)!r}" for name in sorted(config.keys() | other.keys())
-            if config.get(name) != other.get(name)]
+            if name != "use_cache" and config.get(name) != other.get(name)]
 
 
 def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:

@@ -345,8 +345,14 @@ class TranslationTrainer(Seq2SeqTrainer):
     def __init__(self, *args: Any, evaluation_sets: dict[str, EvaluationSet], target_lang: str = "",
                  **kwargs: Any) -> None:
         """`target_lang`: the language of the references, which picks BLEU's tokenization unless `bleu_tokenize`
-        names one ("": sacreBLEU's default, 13a)."""
+        names one ("": sacreBLEU's default, 13a). The model's `config.use_cache` is kept: transformers' Trainer sets
+        it to the training argument `use_cache` (default False), which every saved model and checkpoint then had,
+        so that a forward call of a loaded model returned no cache; a training forward (with labels) builds none
+        whatever it says."""
+        model = kwargs["model"] if "model" in kwargs else args[0]
+        config_use_cache = model.config.use_cache
         super().__init__(*args, **kwargs)
+        model.config.use_cache = config_use_cache
         if self.label_smoother is not None:
             self.label_smoother = PromotedLabelSmoother(epsilon=self.args.label_smoothing_factor)
         self.evaluation_loss = EvaluationLoss(epsilon=self.args.label_smoothing_factor)
