@@ -69,7 +69,7 @@ KERNELS = ("eager", "sdpa", "flex_attention")
 # The oracle's sizes: q, k, v are [BATCH, HEADS, n, HEAD_DIM]
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
 # encoder (n = m = 6), decoder (causal, n = m = 6), a cached step (causal, 2 new queries after 5 cached keys)
-SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7)}
+SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7), "step": (True, 1, 7)}
 # An oracle: (scheme, layer, q, k, v, allowed, query_at, key_at) -> the attention output [B, H, n, d] (see check_oracle)
 Oracle = Callable[..., torch.Tensor]
 
@@ -437,8 +437,9 @@ def check_oracle_case(name: str, oracle: Oracle, config_overrides: Mapping[str, 
 def check_oracle(name: str, oracle: Oracle, *, config_overrides: Mapping[str, Any] | None = None,
                  kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
     """Layer 1's self-attention (the scheme's parameters drawn N(0, 0.5)) equals `oracle`, your naive float64 form
-    of the scheme's equation, in the encoder (6 queries, 6 keys), the decoder (causal) and a cached step (2 queries
-    after 5 cached keys), with and without padding, and (padded) at randomized positions, on each kernel.
+    of the scheme's equation, in the encoder (6 queries, 6 keys), the decoder (causal), a cached step (2 queries
+    after 5 cached keys) and a decoding step (1 query after 6), with and without padding, and (padded) at
+    randomized positions, on each kernel.
 
     `oracle(scheme, layer, q, k, v, allowed, query_at, key_at)` gets the scheme instance (read its parameters), the
     layer index, q [B, H, n, d] and k, v [B, H, m, d] (float64), `allowed` [B, H, n, m] (padding and causality:

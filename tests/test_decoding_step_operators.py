@@ -70,6 +70,17 @@ def test_shaws_cached_step_reads_its_bias_by_the_shared_index():
     assert operators_per_layer_beyond_absolute("shaw", "eager") <= SHAW_TERMS
 
 
+# On sdpa: a^K's profile and bias (the layer's table, its scale, alignment pad, product, slice, gathered at the
+# shared index: 13), a^V (the layer's table, the one query's index row, its rows read there and added to the values: 4)
+SHAW_SDPA_TERMS = 17
+
+
+def test_shaws_cached_step_runs_on_sdpa_with_its_value_term_added_to_the_values():
+    """On sdpa a cached step's a^V_ij depends on the key alone, so it is added to the values (a gather and an add)
+    and the step runs on SDPA, not on eager's probabilities, scatter-add and products (39 operators a layer)."""
+    assert operators_per_layer_beyond_absolute("shaw", "sdpa") <= SHAW_SDPA_TERMS
+
+
 # DiSAN's mask applied (eager: masked_fill, the zeroing of keyless rows; sdpa: its conversion of the boolean mask to
 # an additive one, which dispatches 3, and the zeroing)
 DIRECTIONAL_MASK = {"eager": 2, "sdpa": 4}

@@ -501,6 +501,30 @@ def test_shaws_value_term_sees_the_dropped_probabilities(kernel):
     assert (dropped == 0).any() and (output.transpose(1, 2) - expected).abs().max().item() < TOLERANCE
 
 
+@pytest.mark.parametrize("overrides", [{}, {"relative_embeddings_shared_across_heads": False},
+                                       {"use_relative_keys": False}], ids=["shared", "per-head", "values-only"])
+def test_sdpa_adds_shaws_value_term_of_one_query_to_the_values_as_eager_computes_it(overrides):
+    """A decoding step's query i on sdpa: eq. 3 as z_i = sum_j p_ij (v_j + a^V_ij) through SDPA (a^V_ij depends on j
+    alone), equal to eager's probabilities-then-masses form in float64, gradients of q, k, v and both tables too;
+    a batch row whose keys are all masked outputs zeros on both."""
+    results = {}
+    for kernel in ("eager", "sdpa"):
+        torch.manual_seed(0)
+        attention, scheme = make_attention("shaw", True, kernel, **overrides)
+        q, k, v = (tensor.requires_grad_() for tensor in inputs(1, 7))
+        context = scheme.prepare(PositionContext(1, 7, 6, None, q.device, q.dtype))
+        allowed = torch.ones(BATCH, 1, 1, 7, dtype=torch.bool)
+        allowed[1] = False
+        output, _ = attention.attend(q, k, v, allowed, scheme, context, False)
+        weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        (output * weights).sum().backward()
+        tables = [table for table in (scheme.relative_keys, scheme.relative_values) if table is not None]
+        results[kernel] = [output, q.grad, k.grad, v.grad, *(table.grad for table in tables)]
+    assert results["sdpa"][0][1].abs().max() == 0 and results["sdpa"][0][0].abs().min() > 0
+    for got, want in zip(results["sdpa"], results["eager"], strict=True):
+        assert (got - want).abs().max().item() < TOLERANCE
+
+
 @pytest.mark.parametrize("heads", range(1, 65))
 def test_alibi_slopes_are_the_papers_for_every_head_count(heads):
     """Geometric 2^(-8h/H) for powers of 2; other head counts interleave two sequences, as the paper's code does."""

@@ -217,11 +217,14 @@ def sdpa_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`torch.nn.functional.scaled_dot_product_attention` with the score bias as an additive mask (a boolean 4-D
-    mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. A value term or
-    `output_attentions` needs the probabilities, which SDPA never forms: those calls run `eager_attention_forward`
-    (the same equation). What the mask gives (`mask_rows`) is kept in `kernel_cache` for the stack call's other
-    layers."""
+    mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. Shaw's a^V
+    (`RelativeValues`) of one query (a decoding step) is added to the values (`RelativeValues.with_values`); any other
+    value term, and `output_attentions`, need the probabilities, which SDPA never forms: those calls run
+    `eager_attention_forward` (the same equation). What the mask gives (`mask_rows`) is kept in `kernel_cache` for
+    the stack call's other layers."""
     attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
+    if isinstance(value_term, RelativeValues) and query.size(-2) == 1 and not output_attentions:
+        value, value_term = value_term.with_values(value), None
     if value_term is not None or output_attentions:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
                                        value_term, kernel_cache=kernel_cache)
@@ -594,8 +597,9 @@ def flex_attention_forward(
     calls for a score bias and a value term together), else its `score_mod` (computed from indices and small tables), else a
     `RelativeBias` table read by bucket (recomputed in the backward when `score_bias.recompute`).
 
-    A decoding step (one query), `output_attentions`, or a value term without a fused form (with a warning, once) run
-    `eager_attention_forward` (the same equation; one query's scores are [B, H, 1, m]). FlexAttention cannot drop
+    A decoding step (one query) runs `sdpa_attention_forward` (one query's scores are [B, H, 1, m]: nothing to
+    fuse); `output_attentions`, or a value term without a fused form (with a warning, once), run
+    `eager_attention_forward` (the same equation). FlexAttention cannot drop
     probabilities after the softmax: attention dropout > 0 is an error (checked first); `key_dropout`
     (attention_dropout_kind "keys") runs fused, inside every FlexAttention call's score_mod and a scheme's band."""
     check_dropout_kernel("flex_attention", dropout, "probabilities")
@@ -607,7 +611,10 @@ def flex_attention_forward(
                  "no fused_attention")
         logger.warning_once(f"flex_attention: {cause} has no fused form: it runs on eager, forming the n x m "
                             "attention probabilities")
-    if output_attentions or query_length == 1 or unfused_value_term:
+    if query_length == 1 and not output_attentions:
+        return sdpa_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
+                                      dropout, score_bias, value_term, key_dropout=key_dropout)
+    if output_attentions or unfused_value_term:
         return eager_attention_forward(module, query, key, value, dense_mask(attention_mask, query.device), scaling,
                                        dropout, score_bias, value_term, key_dropout)
     scaling = query.size(-1) ** -0.5 if scaling is None else scaling

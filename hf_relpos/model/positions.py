@@ -685,6 +685,15 @@ class RelativeValues:
         """The term of the probabilities [B, H, n, m], in their dtype (the masses in between in float32 at least)."""
         return self.from_masses(self.mass_by_distance(probabilities)).to(probabilities.dtype)
 
+    def with_values(self, value: torch.Tensor) -> torch.Tensor:
+        """v_j + a^V_ij [B, H, m, d] for a call with one query i (a decoding step), where a^V_ij = w_clip(j - i', k)
+        depends on the key alone: eq. 3 unfactored, z_i = sum_j p_ij (v_j + a^V_ij), which a kernel that never forms
+        p computes as plain attention over these values."""
+        index = self.index() if callable(self.index) else self.index
+        if index.size(0) != 1:
+            raise ValueError(f"with_values needs one query's bucket index, got {index.size(0)} queries")
+        return value + self.table.to(value.dtype)[..., index[0], :]
+
 
 DISTANCE_ALIGNMENT = 8   # the distance dimension of `times_table`'s products, rounded up to a multiple of this
 
