@@ -482,9 +482,12 @@ def decoding_host_work_before_after() -> str:
     """A cached decoding step's host work per scheme (benchmarks/decoding_host_work.py, CPU) before and after the
     decoding fixes, from the runs of DECODING_HOST_WORK (alternated, before then after): operators and host syncs
     per step (the same in both runs of a code), and ms per step against absolute's in each run."""
-    runs = {name: read(f"{DECODING_HOST_WORK}/{name}/decoding_host_work.json") for name in DECODING_HOST_WORK_RUNS}
+    runs = {name: read(f"{DECODING_HOST_WORK}/{name}/decoding_host_work.json")
+            for name in (*DECODING_HOST_WORK_RUNS, DECODING_HOST_WORK_LATEST)}
     rows = {name: {(row["series"], row["num_beams"]): row for row in record["rows"]} for name, record in runs.items()}
     codes = {kind: runs[f"{kind}1"]["meta"]["code"] for kind in ("before", "after")}
+    latest = rows[DECODING_HOST_WORK_LATEST]
+    latest_code = runs[DECODING_HOST_WORK_LATEST]["meta"]["code"]
 
     def syncs(row: dict) -> str:
         return ", ".join(f"{count:g}" for count in row["syncs"].values()) or "0"
@@ -495,17 +498,20 @@ def decoding_host_work_before_after() -> str:
 
     table = [[f"`{series}`", "greedy" if beams == 1 else f"beam {beams}",
               f"{row['operators']:g}", f"{rows['after1'][(series, beams)]['operators']:g}",
-              syncs(row), syncs(rows["after1"][(series, beams)]),
+              f"{latest[(series, beams)]['operators']:g}",
+              syncs(row), syncs(rows["after1"][(series, beams)]), syncs(latest[(series, beams)]),
               ratios("before", (series, beams)), ratios("after", (series, beams))]
              for (series, beams), row in rows["before1"].items()]
     meta = runs["before1"]["meta"]
     return (f"Record: [`{DECODING_HOST_WORK}`](results/{DECODING_HOST_WORK}/README.md) (`{meta['command']}`; "
             f"{meta['device_name']}, {meta['cpu_threads']} thread, shared with other jobs; {meta['layers']} + "
             f"{meta['layers']} layers of d_model {meta['d_model']}, batch {meta['batch']}). Per cached decoding step "
-            f"at `{codes['before']}` (before) and `{codes['after']}` (after):\n\n"
-            + markdown_table(["scheme", "search", "operators before", "operators after", "host syncs before",
-                              "host syncs after", "ms vs absolute before (2 runs)", "ms vs absolute after (2 runs)"],
-                             table) + "\n")
+            f"at `{codes['before']}` (before), `{codes['after']}` (after) and `{latest_code}` (Shaw's a^V of a "
+            "decoding step on SDPA; one run):\n\n"
+            + markdown_table(["scheme", "search", "operators before", "operators after",
+                              f"operators at `{latest_code}`", "host syncs before", "host syncs after",
+                              f"host syncs at `{latest_code}`", "ms vs absolute before (2 runs)",
+                              "ms vs absolute after (2 runs)"], table) + "\n")
 
 
 def h200_timeline_table() -> str:
@@ -593,6 +599,8 @@ HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
 # host-work fixes (9bc5a03, 065eff6, 40808d1, fe51b42; run at f4b4fb6), alternated.
 DECODING_HOST_WORK = "decoding_host_work"
 DECODING_HOST_WORK_RUNS = ("before1", "after1", "before2", "after2")
+# ... and once at fded1c5 (Shaw's a^V of a decoding step on SDPA): its operators and syncs
+DECODING_HOST_WORK_LATEST = "latest"
 
 
 def h100_model_rows(scheme: str) -> list[dict]:
@@ -624,8 +632,10 @@ def readme_cost() -> str:
                f"(records [`{H100_CHECK}`](docs/results/{H100_CHECK}/README.md)); the base "
                f"model ({baseline[0]['layers']} + {baseline[0]['layers']} layers), {meta['model_tokens']} source tokens "
                "a batch; ratios to `absolute` in the same round. Cached decoding: the "
-               f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before two changes to `shaw` and "
-               "`xl`. Recommended kernel: the fastest measured for training on an "
+               f"{decoding_record['meta']['date'][:10]} record (`{H100_DECODING}`), before the changes to every "
+               "scheme's decoding step since (fewer operators a step, `shaw`'s on SDPA: [the host's work per "
+               "step](docs/benchmarks.md#the-hosts-work-per-cached-decoding-step-cpu), unmeasured on a GPU). "
+               "Recommended kernel: the fastest measured for training on an "
                f"{fused_meta['device_name']}, base model, n = 512, ratio to `absolute` on {baseline_kernels} and "
                f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
                f"code `{fused_meta['code'].removesuffix('-dirty')}` "
