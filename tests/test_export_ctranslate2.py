@@ -973,3 +973,40 @@ def test_hf_relpos_translate_writes_an_exported_folders_n_best_lists_as_the_pyto
         assert abs(float(engine_score) - float(score)) <= 1e-4
         assert abs(float(engine_log_probability.removeprefix("F0= ")) - float(log_probability.removeprefix("F0= "))) \
             <= 1e-4 * 60
+
+
+def test_the_cards_plain_ctranslate2_snippet_applies_the_saved_banned_words_and_repeat_limits(
+        exported, tokenizer, tmp_path):
+    """A converted MarianMT model saves `bad_words_ids` (its pad token), and a generation config may save
+    `no_repeat_ngram_size`: the export card's CTranslate2-alone snippet passes them (suppress_sequences by token,
+    no_repeat_ngram_size), so it prints the translation hf-relpos-translate gives with the same folder. It passed the
+    beam, length penalty and cap only, and printed a translation holding the banned token."""
+    from huggingface_hub import ModelCard
+
+    from hf_relpos.publish.records import RUN_RECORD_FILE
+
+    model, _, _ = exported["absolute"]
+    sentence = TEST_SOURCES[3]
+    inputs = tokenizer([sentence], return_tensors="pt")
+    with torch.no_grad():
+        unbanned = model.generate(**inputs)
+    frequent = torch.bincount(unbanned[0, 1:], minlength=len(tokenizer))
+    frequent[[tokenizer.eos_token_id, tokenizer.pad_token_id]] = 0
+    banned = int(frequent.argmax())
+    saved = copy.deepcopy(model.generation_config)
+    model.generation_config.bad_words_ids = [[banned], [tokenizer.pad_token_id]]
+    model.generation_config.no_repeat_ngram_size = 3
+    try:
+        source = save(model, tokenizer, tmp_path / "model")
+    finally:
+        model.generation_config = saved
+    (source / RUN_RECORD_FILE).write_text(json.dumps({"source_lang": "en", "target_lang": "de"}))
+    folder = export_ctranslate2(source, tmp_path / "ct2")
+    snippet = ModelCard.load(folder / "README.md").text.split("```python\n")[1].split("```")[0]
+    assert 'tokenizer("The dog is sleeping.")' in snippet and "no_repeat_ngram_size=3" in snippet
+    assert f"suppress_sequences={[[tokenizer.convert_ids_to_tokens(banned)], [tokenizer.pad_token]]!r}" in snippet
+    snippet = snippet.replace('"FOLDER"', repr(str(folder))).replace("The dog is sleeping.", sentence)
+    printed = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, check=True).stdout
+    engine = tokenizer.decode(CTranslate2Model(folder, threads=1).generate(**inputs)[0], skip_special_tokens=True)
+    assert engine != tokenizer.decode(unbanned[0], skip_special_tokens=True)   # the ban changes this translation
+    assert printed == engine + "\n"

@@ -37,7 +37,7 @@ from ..model.generation_limits import (
     relative_limit,
     source_lengths,
 )
-from .export import EXPORT_RECORD, import_ctranslate2, start_and_end_tokens, translate_options
+from .export import EXPORT_RECORD, banned_sequences, import_ctranslate2, start_and_end_tokens, translate_options
 from .n_best import ScoredSequences, length_normalised
 
 COMPUTE_TYPES = ("default", "auto", "int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16",
@@ -97,9 +97,7 @@ class CTranslate2Model:
         """translate_batch's options for generate()'s `settings` over the folder's generation config."""
         config = self.length_config(**settings)
         options = translate_options(config)
-        banned = [list(ids) for ids in config.bad_words_ids or []]
-        if options["no_repeat_ngram_size"] == 1:   # generate's history holds the start token, which it bans then
-            banned.append([self.start_token_id])
+        banned = banned_sequences(config)
         if banned:
             options["suppress_sequences"] = [[self.tokens[token] for token in ids] for ids in banned]
         return options

@@ -375,7 +375,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     except WeightsFileError as error:
         raise ExportError(f"MODEL_DIR {str(model_dir)!r}: {error}") from None
     rows = max_positions or config.max_position_embeddings
-    spec = build_spec(model, vocabulary(tokenizer, config.vocab_size), tokenizer.unk_token, rows)
+    spec_tokens = vocabulary(tokenizer, config.vocab_size)
+    spec = build_spec(model, spec_tokens, tokenizer.unk_token, rows)
     spec.validate()
     spec.optimize(quantization=quantization)
     run = training_record(model_dir)
@@ -399,7 +400,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if run is not None:   # languages and recipe of the run, for its scoring; its local paths as a card shows them
             (staging / RUN_RECORD_FILE).write_text(json.dumps(shown_record(run).to_json(), indent=1) + "\n",
                                                    encoding="utf-8")
-        (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record, run),
+        (staging / "README.md").write_text(export_card(Path(model_dir), out_dir, config, generation, record, run,
+                                                       spec_tokens),
                                            encoding="utf-8")
     return out_dir
 
@@ -409,6 +411,16 @@ def start_and_end_tokens(config: GenerationConfig) -> tuple[int | None, list[int
     one or a list) of the generation settings `config`."""
     start = config.decoder_start_token_id if config.decoder_start_token_id is not None else config.bos_token_id
     return start, config.eos_token_id if isinstance(config.eos_token_id, list) else [config.eos_token_id]
+
+
+def banned_sequences(config: GenerationConfig) -> list[list[int]]:
+    """The token-id sequences the engine must suppress (translate_batch's `suppress_sequences`) to decode as generate
+    does with `config`: its `bad_words_ids` and, under `no_repeat_ngram_size` 1, the decoder start token, which
+    generate's history holds from the first step (the engine's holds the generated tokens only)."""
+    banned = [list(ids) for ids in config.bad_words_ids or []]
+    if (config.no_repeat_ngram_size or 0) == 1:
+        banned.append([start_and_end_tokens(config)[0]])
+    return banned
 
 
 def translate_options(config: GenerationConfig) -> dict[str, Any]:
@@ -442,10 +454,10 @@ def translate_options(config: GenerationConfig) -> dict[str, Any]:
 
 
 def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig, generation: GenerationConfig | None,
-                record: dict[str, Any], run: RunRecord | None) -> str:
+                record: dict[str, Any], run: RunRecord | None, tokens: list[str]) -> str:
     """README.md of an exported folder: what it is, the decoding it saves (`run`: the source folder's run record, for
     its languages), and how to translate with it, through hf-relpos-translate and with CTranslate2 and transformers
-    alone (`FOLDER` standing for its path)."""
+    alone (`FOLDER` standing for its path; `tokens`: the engine's vocabulary, which names the banned tokens)."""
     languages = [run.source_lang, run.target_lang] if run is not None else []
     metadata = {"language": languages, "library_name": "ctranslate2", "license": LICENSE, "pipeline_tag": "translation",
                 "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
@@ -467,6 +479,19 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     forced_end = generation.forced_eos_token_id is not None
     longest = (f"min(int({limit[0]:g} * len(source) + {limit[1]}), {ceiling}) - 1" if limit is not None
                else str(ceiling - 1 if forced_end else ceiling))
+    # the saved settings beyond beam, length penalty and cap, as CTranslate2Model.decoding_options passes them
+    banned = [[tokens[token] for token in ids] for ids in banned_sequences(generation)]
+    saved_settings = [
+        ("minimum length", options["min_decoding_length"] > 0,
+         f"min_decoding_length=min({options['min_decoding_length']}, {longest})"),
+        ("repetition penalty", options["repetition_penalty"] != 1.0,
+         f"repetition_penalty={options['repetition_penalty']:g}"),
+        ("blocked n-grams", options["no_repeat_ngram_size"] > 0,
+         f"no_repeat_ngram_size={options['no_repeat_ngram_size']}"),
+        ("banned tokens", bool(banned), f"suppress_sequences={banned!r}")]
+    extra = {what: option for what, saved, option in saved_settings if saved}
+    extra_options = "".join(f",\n                                    {option}" for option in extra.values())
+    extra_text = f", and the saved {', '.join(extra)}" if extra else ""
     rows = record["position_table_rows"]
     table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
              "the export)." if rows is not None else "")
@@ -496,7 +521,7 @@ tokenization and decoding (sentence by sentence, each output capped relative to 
 hf-relpos-translate FOLDER --input source.txt --output translations.txt
 ```
 
-With CTranslate2 and transformers alone (the saved beam and length penalty, the cap as the longest decoding):
+With CTranslate2 and transformers alone (the saved beam and length penalty, the cap as the longest decoding{extra_text}):
 
 ```python
 import ctranslate2
@@ -506,7 +531,7 @@ translator = ctranslate2.Translator("FOLDER")
 tokenizer = AutoTokenizer.from_pretrained("FOLDER")
 source = tokenizer.convert_ids_to_tokens(tokenizer("{example_source(languages[0] if languages else None)}").input_ids)
 result = translator.translate_batch([source], beam_size={beams}, length_penalty={length_penalty:g}, max_input_length=0,
-                                    max_decoding_length={longest})
+                                    max_decoding_length={longest}{extra_options})
 print(tokenizer.decode(tokenizer.convert_tokens_to_ids(result[0].hypotheses[0]), skip_special_tokens=True))
 ```
 """
