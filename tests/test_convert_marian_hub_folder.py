@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import shutil
 import subprocess
 import sys
@@ -129,6 +130,20 @@ def test_hub_folder_converts_with_a_working_tokenizer_same_logits_and_same_trans
         generated = loaded.generate(**inputs, num_beams=num_beams, no_repeat_ngram_size=2)
         assert len(set(generated[:, 1:].flatten().tolist())) > 4
         assert torch.equal(generated, marian.generate(**inputs, num_beams=num_beams, no_repeat_ngram_size=2))
+
+
+def test_the_converted_tokenizer_has_no_length_limit_as_the_model_has_none(hub_folder, tmp_path, caplog):
+    """Marian's tokenizer keeps its position table's 512 as `model_max_length`, so encoding a longer source warned of
+    "indexing errors" and `truncation=True` cut it; the converted model computes positions for any length."""
+    output = tmp_path / "converted"
+    assert main(["marian", str(hub_folder / "model"), str(output), "--position_scheme", "shaw"]) == 0
+    assert AutoTokenizer.from_pretrained(hub_folder / "model").model_max_length == 512
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    long_source = " ".join(sentences(hub_folder) * 60)
+    with caplog.at_level(logging.WARNING):
+        encoded = tokenizer(long_source, truncation=True).input_ids
+    assert len(encoded) > 512 and encoded == tokenizer(long_source).input_ids
+    assert "indexing errors" not in caplog.text
 
 
 def test_hub_folder_with_pytorch_model_bin_converts(hub_folder, tmp_path):

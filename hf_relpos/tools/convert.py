@@ -37,6 +37,7 @@ from transformers import (
     MarianMTModel,
     PreTrainedTokenizerBase,
 )
+from transformers.tokenization_utils_base import VERY_LARGE_INTEGER
 from transformers.utils import CONFIG_NAME
 
 from ..model.configuration_relpos import RelPosTransformerConfig, field_named
@@ -247,6 +248,9 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     if model_type != "marian":
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")
     tokenizer = _load_tokenizer(source)
+    # Marian's 512 is the length of its position table; every hf_relpos scheme computes positions for any length, so
+    # the converted tokenizer has no limit, as hf_relpos' own: no false "indexing errors" warning, nothing truncated
+    tokenizer.model_max_length = VERY_LARGE_INTEGER
     model = marian_to_relpos(source, position_scheme, **config_overrides)
     with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         model.save_pretrained(staging)
