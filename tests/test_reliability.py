@@ -497,9 +497,8 @@ def test_a_sigterm_before_the_first_step_of_an_epoch_resumes_to_bitwise_the_same
 def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_without_evaluating(tmp_path, corpus,
                                                                                                monkeypatch):
     """An evaluation (translations generated) may outlast the time a scheduler leaves after its SIGTERM: step 3, with
-    an evaluation due, is checkpointed after its log entry and the evaluation left out; resumed, the run trains on to the end
-    at the uninterrupted run's learning rates (its dropout masks after step 3 differ: the uninterrupted run's
-    evaluation drew from the random state)."""
+    an evaluation due, is checkpointed after its log entry and the evaluation left out; resumed, the run makes that
+    evaluation before step 4 and ends as the uninterrupted run (as in the tests below)."""
     common = {"max_steps": 5, "enable_jit_checkpoint": True, "eval_strategy": "steps", "eval_steps": 3}
     reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
     run([str(reference)])
@@ -510,9 +509,10 @@ def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_with
     state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
     assert checkpoint.name == "checkpoint-3" and not [entry for entry in state["log_history"] if "eval_loss" in entry]
     run([str(config), "--resume_from_checkpoint", "last"])
-    assert [(step, rate) for step, rate, _ in learning_rate_and_loss_per_step(tmp_path / "stopped")] == [
-        (step, rate) for step, rate, _ in learning_rate_and_loss_per_step(tmp_path / "reference")]
-    assert (tmp_path / "stopped" / "model.safetensors").is_file()
+    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
 
 
 def test_a_sigterm_mid_epoch_under_the_epoch_strategies_is_neither_evaluated_nor_saved_again(tmp_path, corpus,
@@ -646,9 +646,9 @@ def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(t
     """An evaluation in training (beam search over the validation set: minutes on a real one) outlasts the time a
     scheduler leaves after its SIGTERM: one noticed during it, at step 2 (eval_steps 2) or at the end of the first
     epoch (7 steps, eval_strategy and save_strategy epoch), stops it at the next batch and checkpoints the step
-    without it. It ran to its end before (the checkpoint request was noticed when the next step began). Resumed, the
-    run goes on from the next step and ends with the uninterrupted run's weights, learning rate and loss at every
-    step (the evaluation draws from the random state when its loader starts, before the SIGTERM's batch)."""
+    without it, with the random state the evaluation began with. It ran to its end before (the checkpoint request
+    was noticed when the next step began). Resumed, the run makes the evaluation again before the next step and ends
+    with the uninterrupted run's evaluations, weights, learning rate and loss at every step."""
     common = {"max_steps": 9, "enable_jit_checkpoint": True, "eval_strategy": strategy, "eval_steps": 2,
               "save_strategy": "no" if strategy == "steps" else "epoch", "per_device_eval_batch_size": 2}
     reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
@@ -664,6 +664,111 @@ def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(t
     assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
     assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
         tmp_path / "reference")
+    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
+
+
+def evaluations_but_timings(output_dir: Path) -> list[dict]:
+    """The evaluations in output_dir's trainer_state.json log, without their run-dependent timing fields."""
+    state = json.loads((output_dir / TRAINER_STATE_FILE).read_text())
+    timings = {field.format(prefix="eval") for field in RUN_DEPENDENT_METRICS}
+    return [{name: value for name, value in entry.items() if name not in timings}
+            for entry in state["log_history"] if "eval_loss" in entry]
+
+
+@pytest.mark.parametrize("method, stop_step, stopped_at", [
+    ("training_step", 1, 2), ("prediction_step", 2, 2), ("prediction_step", 0, 0), ("training_step", 2, 3)],
+    ids=["in-the-step", "in-its-evaluation", "in-eval-on-start", "in-a-step-without-an-evaluation"])
+def test_a_run_resumed_from_a_sigterm_checkpoint_that_left_its_evaluation_out_makes_it_and_ends_as_uninterrupted(
+        tmp_path, corpus, monkeypatch, method, stop_step, stopped_at):
+    """A SIGTERM in step 2, whose evaluation is due (eval_steps 2), or during that evaluation, or during eval_on_start's
+    at step 0, checkpoints the step without it. The resumed run makes that evaluation before its first step, from the
+    checkpoint's random state (the one the evaluation began with), as the uninterrupted run made it: the same
+    evaluations at the same steps with the same scores, the same best checkpoint (step 2's, the best by
+    greater_is_better on the loss, of load_best_model_at_end), early stopping at the same step (6 of 8), the same
+    final model, scores, record and card, the same checkpoints (and the SIGTERM's). It went on from step 3 without it
+    (early stopping and the best checkpoint went by the other evaluations) and with other dropout masks after step 2
+    (the evaluation draws from the random state). The Trainer's eval_on_start evaluated at the start of every resumed
+    run, also from a checkpoint (3) that owes none."""
+    common = {"max_steps": 8, "eval_strategy": "steps", "eval_steps": 2, "eval_on_start": True,
+              "load_best_model_at_end": True, "metric_for_best_model": "loss", "greater_is_better": True,
+              "early_stopping_patience": 2, "per_device_eval_batch_size": 2, "do_eval": True}
+    output_dir, reference = tmp_path / "out", tmp_path / "reference"
+    command = requeued_job_command(tmp_path, corpus, output_dir, **common)
+    expected = run(command)
+    output_dir.rename(reference)
+    with sigterm_in(monkeypatch, method, stop_step), pytest.raises(
+            TrainingStoppedError, match=rf"checkpoint-{stopped_at} is saved"):
+        run(command)
+    state = json.loads((output_dir / f"checkpoint-{stopped_at}" / TRAINER_STATE_FILE).read_text())
+    assert not [entry for entry in state["log_history"] if entry["step"] == stopped_at and "eval_loss" in entry]
+    finished = run(command)
+
+    final = {folder: json.loads((folder / TRAINER_STATE_FILE).read_text()) for folder in (reference, output_dir)}
+    assert [entry["step"] for entry in evaluations_but_timings(reference)] == [0, 2, 4, 6]
+    assert evaluations_but_timings(output_dir) == evaluations_but_timings(reference)
+    assert [(Path(state["best_model_checkpoint"]).name, state["best_metric"], state["global_step"])
+            for state in final.values()] == [("checkpoint-2", final[reference]["best_metric"], 6)] * 2
+    assert learning_rate_and_loss_per_step(output_dir) == learning_rate_and_loss_per_step(reference)
+    assert sorted(path.name for path in output_dir.glob("checkpoint-*")) == sorted(
+        {*(path.name for path in reference.glob("checkpoint-*")), f"checkpoint-{stopped_at}"})
+    assert_finished_as_uninterrupted(output_dir, reference, finished, expected, steps=6,
+                                     resumed_from=f"checkpoint-{stopped_at}")
+    # the resumed run's checkpoints save the run's arguments, eval_on_start included
+    assert torch.load(output_dir / "checkpoint-6" / "training_args.bin", weights_only=False).eval_on_start
+
+
+def test_a_sigterm_during_the_evaluation_a_resumed_run_owes_stops_it_and_the_next_resume_makes_it_again(
+        tmp_path, corpus, monkeypatch):
+    """A resumed run stopped by a SIGTERM during the evaluation its checkpoint owes (step 2's, left out by a SIGTERM in
+    step 2) stops at that evaluation's next batch, trains nothing and leaves the checkpoint as it is (not saved
+    again: rewriting it would leave the run's newest complete checkpoint incomplete meanwhile); the next resume makes
+    the evaluation again and the run ends as the uninterrupted one (evaluations, learning rate and loss per step,
+    weights)."""
+    common = {"max_steps": 5, "enable_jit_checkpoint": True, "eval_strategy": "steps", "eval_steps": 2,
+              "per_device_eval_batch_size": 2}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "training_step", 1), pytest.raises(TrainingStoppedError, match="checkpoint-2"):
+        run([str(config)])
+    state_file = tmp_path / "stopped" / "checkpoint-2" / TRAINER_STATE_FILE
+    written = state_file.read_bytes(), state_file.stat().st_mtime_ns
+    with monkeypatch.context() as patch:
+        saved_at = steps_at_each_call(patch, "_save_checkpoint")
+        trained_from = steps_at_each_call(patch, "training_step")
+        with sigterm_in(patch, "prediction_step", 2) as later_batches, pytest.raises(
+                TrainingStoppedError, match=r"at step 2 \(enable_jit_checkpoint\): checkpoint-2 is saved"):
+            run([str(config), "--resume_from_checkpoint", "last"])
+    assert saved_at == trained_from == later_batches == []
+    assert (state_file.read_bytes(), state_file.stat().st_mtime_ns) == written
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert [entry["step"] for entry in evaluations_but_timings(tmp_path / "reference")] == [2, 4, 5]
+    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+
+
+def test_the_evaluation_a_resumed_run_owes_steps_reduce_lr_on_plateau_as_the_uninterrupted_runs_did(tmp_path, corpus,
+                                                                                                   monkeypatch):
+    """Under lr_scheduler_type reduce_lr_on_plateau the scheduler steps on each evaluation's metric: the evaluation
+    a SIGTERM in step 2 left out, made by the resumed run, steps it, and the scheduler saved in checkpoint-4 is the
+    uninterrupted run's (two steps taken, the same best); the run ends with its learning rates and weights."""
+    common = {"max_steps": 6, "enable_jit_checkpoint": True, "eval_strategy": "steps", "eval_steps": 2,
+              "save_strategy": "steps", "save_steps": 2, "per_device_eval_batch_size": 2,
+              "lr_scheduler_type": "reduce_lr_on_plateau", "metric_for_best_model": "loss"}
+    reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
+    run([str(reference)])
+    config = write_config(tmp_path / "stopped.yaml", corpus, tmp_path / "stopped", **common)
+    with sigterm_in(monkeypatch, "training_step", 1), pytest.raises(TrainingStoppedError, match="checkpoint-2"):
+        run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    schedulers = [torch.load(folder / "checkpoint-4" / "scheduler.pt", weights_only=True)
+                  for folder in (tmp_path / "reference", tmp_path / "stopped")]
+    assert schedulers[0]["last_epoch"] == 2 and schedulers[1] == schedulers[0]
+    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
+        tmp_path / "reference")
+    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
 
 
 @pytest.mark.parametrize("stop_step, limit", [(7, 3), (5, None)])
@@ -967,10 +1072,12 @@ def card_but_training_time(path: Path) -> str:
 
 
 def assert_finished_as_uninterrupted(output_dir: Path, reference: Path, finished: dict, expected: dict,
-                                     steps: int, resumed_from: str | None = None) -> dict:
-    """A run finished by `--resume_from_checkpoint last` after training (`finished`: its metrics; output_dir) scored,
-    recorded and carded as the uninterrupted run (`expected`; reference) but for the run-dependent record fields,
-    with its weights, trained `steps` steps, its training resumed from `resumed_from`; returns its record."""
+                                     steps: int, resumed_from: str | None = None,
+                                     reference_resumed_from: str | None = None) -> dict:
+    """A run finished by `--resume_from_checkpoint last` (`finished`: its metrics; output_dir) scored, recorded and
+    carded as the uninterrupted run (`expected`; reference) but for the run-dependent record fields, with its
+    weights, trained `steps` steps, its training resumed from `resumed_from` (the reference's from
+    `reference_resumed_from`); returns its record."""
     assert finished.keys() == expected.keys() == {"train", "eval", "test"}
     assert finished["train"].keys() == expected["train"].keys() and finished["train"]["train_steps"] == steps
     for prefix in ("eval", "test"):
@@ -980,12 +1087,17 @@ def assert_finished_as_uninterrupted(output_dir: Path, reference: Path, finished
             reference / f"{prefix}_hypotheses.txt").read_text()
     record, uninterrupted = (json.loads((folder / "run_record.json").read_text()) for folder in (output_dir, reference))
     assert record.keys() == uninterrupted.keys()
-    differing = {name for name in record if record[name] != uninterrupted[name]}
+    differing = {name for name in record if name != "resumed_from" and record[name] != uninterrupted[name]}
     assert differing <= RUN_DEPENDENT_RECORD_FIELDS, {name: (record[name], uninterrupted[name]) for name in differing}
-    assert record["steps"] == steps and record["resumed_from"] == resumed_from
+    assert record["steps"] == steps
+    assert (record["resumed_from"], uninterrupted["resumed_from"]) == (resumed_from, reference_resumed_from)
     for split, source in record["prepared_from"].items():
         assert source == {**uninterrupted["prepared_from"][split], "reused": True}
-    assert card_but_training_time(output_dir / "README.md") == card_but_training_time(reference / "README.md")
+    cards = [card_but_training_time(folder / "README.md") for folder in (output_dir, reference)]
+    if resumed_from != reference_resumed_from:   # which the card names, twice
+        cards = [re.sub(r", resumed from `[^`]*`| \(the segment resumed from `[^`]*`; the time before it is not "
+                        r"recorded\)", "", card) for card in cards]
+    assert cards[0] == cards[1]
     assert_same_weights(reference, output_dir)
     return record
 
@@ -1047,8 +1159,9 @@ def test_a_requeued_job_stopped_after_training_is_finished_by_the_same_command(t
     for folder in (output_dir, reference):   # the key is train_results.json's, for the finishing run, not a metric
         combined = json.loads((folder / "all_results.json").read_text())
         assert "train_resumed_from" not in combined and set(finished["train"]) <= combined.keys()
+    resumed_from = "checkpoint-3" if segment == "resumed" else None
     record = assert_finished_as_uninterrupted(output_dir, reference, finished, expected, steps=4,
-                                              resumed_from="checkpoint-3" if segment == "resumed" else None)
+                                              resumed_from=resumed_from, reference_resumed_from=resumed_from)
     for prefix in ("eval", "test"):
         assert finished[prefix][f"{prefix}_bleu"] == expected[prefix][f"{prefix}_bleu"]
         assert finished[prefix][f"{prefix}_chrf"] == expected[prefix][f"{prefix}_chrf"]

@@ -432,8 +432,8 @@ def test_a_checks_error_is_printed_once_on_each_machine(monkeypatch, capsys, ran
 # are taken, its JIT checkpoint requested at once (transformers waits 3 s for a SIGKILL to follow by default; KILL_WAIT
 # sets it). With SIGTERM_TO=launcher it sends the SIGTERM to the `accelerate launch` process instead (its pid in
 # RECORD_DIR/launcher, written by `launch_within`) and waits in that call until its own request is marked. Each rank
-# records the steps it trained from, saved a checkpoint at and stopped at, when SIGTERMs reached it, and its exit
-# status.
+# records the steps it trained from, saved a checkpoint at, evaluated at and stopped at, when SIGTERMs reached it,
+# and its exit status.
 SIGTERM_WORKER = '''
 import json, os, signal, sys, time
 from transformers.trainer_jit_checkpoint import CheckpointManager
@@ -444,8 +444,8 @@ Trainer = trainer.TranslationTrainer
 rank, records = int(os.environ["RANK"]), os.environ["RECORD_DIR"]
 with open(os.path.join(records, f"pid{rank}"), "w") as handle:
     handle.write(str(os.getpid()))
-record = {"rank": rank, "trained_from": [], "saved_at": [], "calls_after_the_signal": 0, "signalled": False,
-          "sigterms_at": []}
+record = {"rank": rank, "trained_from": [], "saved_at": [], "evaluated_at": [], "calls_after_the_signal": 0,
+          "signalled": False, "sigterms_at": []}
 sigterm_handler = CheckpointManager._sigterm_handler
 
 def noted_sigterm(self, *args):
@@ -480,6 +480,7 @@ if os.environ.get("STOP_GROUP_OF_ITS_OWN") and hasattr(trainer, "_StopAgreement"
     trainer._StopAgreement.among_the_processes = classmethod(among_nccl_processes)
 noting("training_step", "trained_from")
 noting("_save_checkpoint", "saved_at")
+noting("evaluate", "evaluated_at")
 method = os.environ.get("SIGTERM_METHOD")
 if method:
     original = getattr(Trainer, method)
@@ -561,7 +562,8 @@ def test_a_sigterm_to_one_rank_stops_both_at_the_same_step_with_its_checkpoint(t
     evaluation batch at step 2 (eval_steps 2: the evaluation stops at that batch on both), save its checkpoint
     together and end with exit status 143, the error said once (by the main process). Each noticed the request by
     itself before: the one that had it entered the checkpoint's collectives while the other ran the next step's or
-    batch's, and both waited there (until ddp_timeout). Resumed, both go on from that step to max_steps. The
+    batch's, and both waited there (until ddp_timeout). Resumed, both go on from that step to max_steps, the
+    evaluation the SIGTERM stopped made again by both before their first step (it was left out). The
     agreement's all-reduce runs on the default group under gloo, and on a gloo group of its own otherwise (nccl,
     whose group takes no CPU tensors: its backend made to read "nccl" in the second case)."""
     config_path, output_dir = write_config(tmp_path)
@@ -592,6 +594,8 @@ def test_a_sigterm_to_one_rank_stops_both_at_the_same_step_with_its_checkpoint(t
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     resumed = [json.loads((records / f"resumed{r}.json").read_text()) for r in range(2)]
     assert [r["trained_from"] for r in resumed] == [list(range(stop_step, 5))] * 2
+    assert [r["evaluated_at"] for r in resumed] == [   # at 5, the last step's and the final model's
+        [*([2] if method == "prediction_step" else []), 4, 5, 5]] * 2
     assert json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 5
 
 

@@ -41,6 +41,7 @@ from transformers.trainer_pt_utils import LabelSmoother
 from transformers.trainer_utils import (
     PREFIX_CHECKPOINT_DIR,
     EvalLoopOutput,
+    IntervalStrategy,
     PredictionOutput,
     SaveStrategy,
     TrainOutput,
@@ -388,6 +389,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._jit_checkpoint: JITCheckpointCallback | None = None
         self._epoch_start: tuple[int, dict[str, Any]] | None = None   # the step and random state of the epoch's
         # start, for a SIGTERM checkpoint before its first step (`_checkpoint_the_stop`)
+        self._evaluation_start: dict[str, Any] | None = None   # the random state where the evaluation in training
+        # under way began (None: none under way), for a SIGTERM checkpoint that stops it (`_checkpoint_the_stop`)
+        self._resumed_from: str | None = None   # the checkpoint this train() call resumed from, until its first
+        # epoch has settled what the checkpoint owes (`_run_epoch`)
+        self._eval_on_start = self.args.eval_on_start   # the run's own, which a resumed train() sets aside
+        self._random_state_after_the_owed_evaluation: dict[str, Any] | None = None   # for `_load_rng_state`
         self._stop_agreement: _StopAgreement | None = None   # several processes: they agree on a SIGTERM's stop
         self._note_signal_checkpoints()
 
@@ -401,12 +408,12 @@ class TranslationTrainer(Seq2SeqTrainer):
         step's end, before its log entry (which the resumed run then lacked). A step with an evaluation due is
         checkpointed without it (an evaluation, generating translations, may outlast the time a scheduler leaves
         after its SIGTERM), and so is the epoch end the Trainer then runs (where eval_strategy or save_strategy epoch
-        would evaluate and save the step again); the resumed run goes on from the next step without it, with the
-        random state from before it (which an evaluation advances: later dropout masks differ from an uninterrupted
-        run's). A SIGTERM noticed between two steps (after an evaluation, a checkpoint save or the epoch end) stops
-        before the next step begins (`_StoppedBetweenSteps`): transformers saved the previous step's checkpoint
-        again, whole, and trained one more step, thrown away. One noticed during an evaluation in training, before
-        the last step, stops it at its next batch (`prediction_step`), for the same reason as above.
+        would evaluate and save the step again); the resumed run makes that evaluation before its first step
+        (`_run_epoch`), as the uninterrupted run did. A SIGTERM noticed between two steps (after an evaluation, a
+        checkpoint save or the epoch end) stops before the next step begins (`_StoppedBetweenSteps`): transformers
+        saved the previous step's checkpoint again, whole, and trained one more step, thrown away. One noticed during
+        an evaluation in training, before the last step, stops it at its next batch (`prediction_step`), for the same
+        reason as above, and checkpoints the step with the random state the evaluation began with.
         Under several processes each notices the request by itself (its own handler and timer, its own SIGTERM, when
         it gets one): at each of these checks they agree on it (`_checkpoint_requested`), so that all of them stop at
         the same step or batch and enter the checkpoint's collectives together."""
@@ -494,11 +501,18 @@ class TranslationTrainer(Seq2SeqTrainer):
         it and `_rotate_checkpoints` gives it no slot of save_total_limit. Step 0 is off it (the Trainer saves after
         a step, never before the first: checkpoint-0 is a SIGTERM's, of the initial weights), though a multiple of
         every period. Other strategies (no, best): False."""
-        strategy = self.args.save_strategy
-        if strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
+        if self.args.save_strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
             return False
         if step == self.state.max_steps or (step == self.state.global_step and not self.stopped_by_signal):
             return True
+        return self._on_the_save_period(step)
+
+    def _on_the_save_period(self, step: int) -> bool:
+        """Whether save_strategy steps or epoch saves at `step` by its period alone (a multiple of save_steps, an
+        epoch's end; never step 0): DefaultFlowCallback's rule, the run's end left out."""
+        strategy = self.args.save_strategy
+        if strategy not in (SaveStrategy.STEPS, SaveStrategy.EPOCH):
+            return False
         period = self.state.save_steps if strategy == SaveStrategy.STEPS else self._steps_per_epoch
         return bool(period) and step > 0 and step % period == 0
 
@@ -522,19 +536,27 @@ class TranslationTrainer(Seq2SeqTrainer):
         if resume_from_checkpoint is True:
             resume_from_checkpoint = str(_last_complete_checkpoint(self.args.output_dir, "True"))
         self.pairs_trained = 0
-        self.stopped_by_signal, self._epoch_start = False, None
+        self.stopped_by_signal, self._epoch_start, self._evaluation_start = False, None, None
         self._checkpointed_step = _own_checkpoint_step(resume_from_checkpoint, self.args.output_dir)
+        self._resumed_from = resume_from_checkpoint or None
+        self._random_state_after_the_owed_evaluation = None
+        # resumed, the Trainer's eval_on_start would evaluate at the checkpoint's step, which the run evaluated only
+        # if it was owed there (`_run_epoch`); at step 0 that is eval_on_start's evaluation
+        self.args.eval_on_start = self._eval_on_start and not self._resumed_from
         try:
             result = super().train(resume_from_checkpoint, *args, **kwargs)
         except _StoppedBetweenSteps:
             self._checkpoint_the_stop()
+        finally:
+            self.args.eval_on_start = self._eval_on_start
         if self.stopped_early_by_signal():
             raise TrainingStoppedError(self.state.global_step, last_complete_checkpoint(self.args.output_dir))
         return result
 
     def _checkpoint_the_stop(self) -> None:
         """After `_StoppedBetweenSteps`: the step's checkpoint (before an epoch's first step, with the random state
-        of the epoch's start), unless this train() call has saved it already (a SIGTERM during its regular save) or
+        of the epoch's start; in an evaluation, with the random state it began with, from which the resumed run
+        makes it: `_run_epoch`), unless this train() call has saved it already (a SIGTERM during its regular save) or
         resumed from it (a SIGTERM before its first step: rewriting the newest complete checkpoint would leave it
         incomplete until written whole), then every callback's end of training, as
         the Trainer's own end runs it after a stop within a step (the SIGTERM handler of before training back,
@@ -547,9 +569,80 @@ class TranslationTrainer(Seq2SeqTrainer):
             # had it there; the state now is past that draw
             epoch_start = (self._epoch_start[1] if self._epoch_start is not None
                            and self._epoch_start[0] == self.state.global_step else None)
-            with _random_state_set_to(epoch_start):
+            # stopped in an evaluation, the random state where it began: the resumed run makes it from there
+            with _random_state_set_to(self._evaluation_start or epoch_start):
                 self._save_checkpoint(self.model, trial=None)
         self.control = self.callback_handler.on_train_end(self.args, self.state, self.control)
+
+    def _run_epoch(self, *, trial: Any, ignore_keys_for_eval: list[str] | None, num_update_steps_per_epoch: int,
+                   **kwargs: Any) -> None:
+        """The Trainer's epoch; in a resumed train() call, first the evaluation its checkpoint owes
+        (`_evaluation_owed`), as the uninterrupted run made it after the checkpoint's step and before the next
+        (`_make_the_owed_evaluation`). Where early stopping ends training there, the epoch trains no step: the
+        uninterrupted run stopped after that evaluation. The run's eval_on_start, which `train` set aside from the
+        Trainer's start of a resumed run, is back (for the training arguments the checkpoints save)."""
+        self.args.eval_on_start = self._eval_on_start
+        checkpoint, self._resumed_from = self._resumed_from, None
+        if checkpoint is not None and self._evaluation_owed(num_update_steps_per_epoch):
+            self._make_the_owed_evaluation(checkpoint, trial, ignore_keys_for_eval)
+            if self.control.should_training_stop:
+                return
+        super()._run_epoch(trial=trial, ignore_keys_for_eval=ignore_keys_for_eval,
+                           num_update_steps_per_epoch=num_update_steps_per_epoch, **kwargs)
+
+    def _evaluation_owed(self, steps_per_epoch: int) -> bool:
+        """Whether the checkpoint a train() call resumed from, at step S before the last, owes an evaluation: one
+        was due at S (eval_on_start at step 0; eval_strategy steps at a multiple of eval_steps, epoch at an epoch's
+        end, from eval_delay on: DefaultFlowCallback's rules) and its log has none at S (a SIGTERM checkpoint
+        (`_note_signal_checkpoints`) leaves it out, or stops it)."""
+        step, args = self.state.global_step, self.args
+        if step >= self.state.max_steps or any(
+                entry.get("step") == step and any(name.startswith("eval_") for name in entry)
+                for entry in self.state.log_history):
+            return False
+        if step == 0:
+            return self._eval_on_start
+        if args.eval_strategy == IntervalStrategy.STEPS:
+            return bool(self.state.eval_steps) and step % self.state.eval_steps == 0 and args.eval_delay <= step
+        if args.eval_strategy == IntervalStrategy.EPOCH:
+            return step % steps_per_epoch == 0 and args.eval_delay <= (self.state.epoch or 0.0)
+        return False
+
+    def _make_the_owed_evaluation(self, checkpoint: str, trial: Any, ignore_keys_for_eval: list[str] | None) -> None:
+        """The evaluation `checkpoint` owes (`_evaluation_owed`), made as the uninterrupted run made it: from the
+        checkpoint's random state (where that run began it), through the Trainer's `_evaluate` (log entry, callbacks'
+        on_evaluate: early stopping counts it; ReduceLROnPlateau steps) and, past step 0, `_determine_best_metric`
+        (eval_on_start's evaluation, at step 0, takes neither the scheduler step nor the best metric). Where that
+        run then saved the step's checkpoint (the save period, or save_strategy best on a new best) and the
+        evaluation is the best, the checkpoint resumed from (output_dir's own) becomes `best_model_checkpoint`, as
+        that save made it. The random state it leaves is the one the Trainer's `_load_rng_state` then restores
+        (the uninterrupted run's after the evaluation); until then, the one of before."""
+        step = self.state.global_step
+        logger.info("resume_from_checkpoint: %s has no log of the evaluation due at step %d (a SIGTERM checkpoint "
+                    "left it out or stopped it): evaluating before step %d, as an uninterrupted run does", checkpoint,
+                    step, step + 1)
+        before = _random_state()
+        super()._load_rng_state(checkpoint)
+        try:
+            if step == 0:
+                self._evaluate(trial, ignore_keys_for_eval, skip_scheduler=True)
+            else:
+                new_best = self._determine_best_metric(self._evaluate(trial, ignore_keys_for_eval), trial)
+                saved = new_best if self.args.save_strategy == SaveStrategy.BEST else self._on_the_save_period(step)
+                if saved and self.state.best_global_step == step and self._checkpointed_step == step:
+                    self.state.best_model_checkpoint = os.path.join(self._get_output_dir(trial),
+                                                                    f"{PREFIX_CHECKPOINT_DIR}-{step}")
+            self._random_state_after_the_owed_evaluation = _random_state()
+        finally:
+            _set_random_state(before)
+
+    def _load_rng_state(self, checkpoint: str | None) -> None:
+        """The checkpoint's random state, or, where it owed an evaluation (`_make_the_owed_evaluation`), the state
+        that evaluation left (Python's, numpy's, torch's CPU and CUDA generators: `_random_state`)."""
+        super()._load_rng_state(checkpoint)
+        if self._random_state_after_the_owed_evaluation is not None:
+            _set_random_state(self._random_state_after_the_owed_evaluation)
+            self._random_state_after_the_owed_evaluation = None
 
     def training_step(
         self, model: torch.nn.Module, inputs: dict[str, Any], num_items_in_batch: torch.Tensor | int | None = None
@@ -751,8 +844,17 @@ class TranslationTrainer(Seq2SeqTrainer):
         self, eval_dataset: Dataset | None = None, ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval", **gen_kwargs: Any,
     ) -> dict[str, float]:
+        """The Trainer's evaluation; one in training under `enable_jit_checkpoint` notes the random state it begins
+        with, which a SIGTERM checkpoint that stops it saves (`_checkpoint_the_stop`)."""
         self._active_prefix = metric_key_prefix
-        return super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix, **gen_kwargs)
+        outermost = self.is_in_train and self._jit_checkpoint is not None and self._evaluation_start is None
+        if outermost:
+            self._evaluation_start = _random_state()
+        metrics = super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                                   **gen_kwargs)
+        if outermost:
+            self._evaluation_start = None
+        return metrics
 
     def predict(
         self, test_dataset: Dataset, ignore_keys: list[str] | None = None, metric_key_prefix: str = "test",
