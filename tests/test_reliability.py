@@ -509,10 +509,7 @@ def test_a_sigterm_in_a_step_with_an_evaluation_due_is_checkpointed_at_once_with
     state = json.loads((checkpoint / TRAINER_STATE_FILE).read_text())
     assert checkpoint.name == "checkpoint-3" and not [entry for entry in state["log_history"] if "eval_loss" in entry]
     run([str(config), "--resume_from_checkpoint", "last"])
-    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
-    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
-        tmp_path / "reference")
-    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert_trained_as_uninterrupted(tmp_path / "reference", tmp_path / "stopped")
 
 
 def test_a_sigterm_mid_epoch_under_the_epoch_strategies_is_neither_evaluated_nor_saved_again(tmp_path, corpus,
@@ -661,10 +658,15 @@ def test_a_sigterm_during_an_evaluation_in_training_stops_it_at_the_next_batch(t
     state = json.loads((tmp_path / "stopped" / f"checkpoint-{stop_step}" / TRAINER_STATE_FILE).read_text())
     assert not [entry for entry in state["log_history"] if "eval_loss" in entry]
     run([str(config), "--resume_from_checkpoint", "last"])
-    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
-    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
-        tmp_path / "reference")
-    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
+    assert_trained_as_uninterrupted(tmp_path / "reference", tmp_path / "stopped")
+
+
+def assert_trained_as_uninterrupted(reference: Path, resumed: Path) -> None:
+    """A run stopped and resumed in `resumed` logged the evaluations (timings aside), learning rates and losses of the
+    uninterrupted run in `reference`, and ended with its weights, bitwise."""
+    assert evaluations_but_timings(resumed) == evaluations_but_timings(reference)
+    assert learning_rate_and_loss_per_step(resumed) == learning_rate_and_loss_per_step(reference)
+    assert_same_weights(reference, resumed)
 
 
 def evaluations_but_timings(output_dir: Path) -> list[dict]:
@@ -743,10 +745,7 @@ def test_a_sigterm_during_the_evaluation_a_resumed_run_owes_stops_it_and_the_nex
     assert (state_file.read_bytes(), state_file.stat().st_mtime_ns) == written
     run([str(config), "--resume_from_checkpoint", "last"])
     assert [entry["step"] for entry in evaluations_but_timings(tmp_path / "reference")] == [2, 4, 5]
-    assert evaluations_but_timings(tmp_path / "stopped") == evaluations_but_timings(tmp_path / "reference")
-    assert learning_rate_and_loss_per_step(tmp_path / "stopped") == learning_rate_and_loss_per_step(
-        tmp_path / "reference")
-    assert_same_weights(tmp_path / "reference", tmp_path / "stopped")
+    assert_trained_as_uninterrupted(tmp_path / "reference", tmp_path / "stopped")
 
 
 def test_the_evaluation_a_resumed_run_owes_steps_reduce_lr_on_plateau_as_the_uninterrupted_runs_did(tmp_path, corpus,
