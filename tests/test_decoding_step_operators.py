@@ -59,25 +59,26 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 
-# a^K's profile q . w^K_r (10: the layer's table, its scale, alignment pad, product), its bias read by the stack's
-# shared bucket index and added (3), a^V's masses by scatter-add and their product with w^V (11), on eager
-SHAW_TERMS = 24
+# a^K added to the keys (the layer's table, the one query's index row, its rows read there, the addition: 4), a^V's
+# masses by scatter-add and their product with w^V (10), on eager
+SHAW_TERMS = 14
 
 
-def test_shaws_cached_step_reads_its_bias_by_the_shared_index():
-    """Shaw's a^K bias of a cached step's one query is the profile gathered at every key's bucket, the [1, m] index
-    every layer shares (2 operators), not skewed by `clipped_rel_shift` (9: slices, expanded edge columns, cat)."""
+def test_shaws_cached_step_adds_its_key_term_to_the_keys():
+    """A cached step's one query has a^K_ij depending on the key alone: the keys k_j + a^K_ij (eq. 4 unfactored, 4
+    operators), not the profile q . w^K_r laid out over the keys as a bias (the table scaled and aligned, the product,
+    the gather by the shared index: 13)."""
     assert operators_per_layer_beyond_absolute("shaw", "eager") <= SHAW_TERMS
 
 
-# On sdpa: a^K's profile and bias (the layer's table, its scale, alignment pad, product, slice, gathered at the
-# shared index: 13), a^V (the layer's table, the one query's index row, its rows read there and added to the values: 4)
-SHAW_SDPA_TERMS = 17
+# On sdpa: a^K added to the keys (4) and a^V added to the values (the same 4)
+SHAW_SDPA_TERMS = 8
 
 
-def test_shaws_cached_step_runs_on_sdpa_with_its_value_term_added_to_the_values():
-    """On sdpa a cached step's a^V_ij depends on the key alone, so it is added to the values (a gather and an add)
-    and the step runs on SDPA, not on eager's probabilities, scatter-add and products (39 operators a layer)."""
+def test_shaws_cached_step_runs_on_sdpa_with_its_terms_added_to_the_keys_and_values():
+    """On sdpa a cached step's a^K_ij and a^V_ij depend on the key alone, so they are added to the keys and values
+    and the step runs on SDPA without a bias, not on eager's probabilities, scatter-add and products (39 operators a
+    layer, a^V) nor with a bias of the profile gathered by bucket (17, a^K on the keys but a^V added to the values)."""
     assert operators_per_layer_beyond_absolute("shaw", "sdpa") <= SHAW_SDPA_TERMS
 
 

@@ -689,10 +689,15 @@ class RelativeValues:
         """v_j + a^V_ij [B, H, m, d] for a call with one query i (a decoding step), where a^V_ij = w_clip(j - i', k)
         depends on the key alone: eq. 3 unfactored, z_i = sum_j p_ij (v_j + a^V_ij), which a kernel that never forms
         p computes as plain attention over these values."""
-        index = self.index() if callable(self.index) else self.index
-        if index.size(0) != 1:
-            raise ValueError(f"with_values needs one query's bucket index, got {index.size(0)} queries")
-        return value + self.table.to(value.dtype)[..., index[0], :]
+        return value + rows_by_index(self.table, self.index() if callable(self.index) else self.index).to(value.dtype)
+
+
+def rows_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """w_clip(j - i', k) for every key j of one query's bucket `index` [1, m]: the rows of a distance table [2k+1, d]
+    or [H, 2k+1, d] at each key, [m, d] or [H, m, d], which broadcast over [B, H, m, d]."""
+    if index.size(0) != 1:
+        raise ValueError(f"rows_by_index needs one query's bucket index, got {index.size(0)} queries")
+    return table[..., index[0], :]
 
 
 DISTANCE_ALIGNMENT = 8   # the distance dimension of `times_table`'s products, rounded up to a multiple of this

@@ -25,6 +25,7 @@ from .positions import (
     number_field,
     region_attention,
     register_position_scheme,
+    rows_by_index,
     times_table,
 )
 
@@ -128,10 +129,20 @@ class ShawPositions(PositionScheme):
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
         """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
-        form (`fused_attention`); each computed only when a kernel asks. Without either (`use_relative_keys` and
+        form (`fused_attention`); each computed only when a kernel asks. For one query (a decoding step) a^K_ij
+        depends on the key alone: the keys k_j + a^K_ij instead of a bias (eq. 4 unfactored), and a^V as
+        `RelativeValues` (which SDPA adds to the values). Without either (`use_relative_keys` and
         `use_relative_values` false) no term: plain attention."""
         key_length = key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
+        value_term = None
+        if self.relative_values is not None:
+            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
+                                        consecutive)
+        if query.size(-2) == 1:   # a decoding step: a^K_ij depends on the key alone, eq. 4 unfactored on the keys
+            keys = None if self.relative_keys is None else key + rows_by_index(self.relative_keys[layer_idx],
+                                                                              context.index).to(key.dtype)
+            return AttentionTerms(key=keys, value_term=value_term)
         score_bias = None
         if self.relative_keys is not None:
             def table() -> torch.Tensor:
@@ -149,12 +160,8 @@ class ShawPositions(PositionScheme):
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive and not context.fixed_size_cache and query.size(-2) > 1:   # slices by the int offset
                 score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
-            elif consecutive:   # one query (a decoding step) or a fixed-size cache: read by the layers' shared index
+            elif consecutive:   # a fixed-size cache's steps: read by the layers' shared index
                 score_bias.densify = lambda: bias_by_index(score_bias.full_table(), context.index)
-        value_term = None
-        if self.relative_values is not None:
-            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
-                                        consecutive)
         fused = None
         if consecutive and (score_bias is not None or value_term is not None):
             def fused(query, key, value, scaling, mask, attend):
@@ -201,9 +208,8 @@ class ShawPositions(PositionScheme):
 
 def bias_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """bias[b, h, i, j] = table[b, h, i, index[i, j]] for the profile `table` [B, H, n, 2k+1] and a stack call's bucket
-    `index` [n, m]: two operators where `clipped_rel_shift` runs nine, for a decoding step's one query (whose
-    gather's backward, should it have one, adds one row's m keys into 2k+1 buckets) and a fixed-size cache's
-    steps (whose keys are slots: no skew by an int offset)."""
+    `index` [n, m], for the calls of several queries on a fixed-size cache (whose keys are slots: no skew by an int
+    offset)."""
     batch, heads, query_length, _ = table.shape
     return table.gather(-1, index.expand(batch, heads, query_length, index.size(-1)))
 
