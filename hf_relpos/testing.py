@@ -68,7 +68,8 @@ TOLERANCE = 1e-12   # float64: a float32 step anywhere, or a term computed diffe
 KERNELS = ("eager", "sdpa", "flex_attention")
 # The oracle's sizes: q, k, v are [BATCH, HEADS, n, HEAD_DIM]
 BATCH, HEADS, HEAD_DIM = 2, 4, 8
-# encoder (n = m = 6), decoder (causal, n = m = 6), a cached step (causal, 2 new queries after 5 cached keys)
+# encoder (n = m = 6), decoder (causal, n = m = 6), a cached step (causal, 2 new queries after 5 cached keys), a
+# decoding step (causal, 1 query after 6 cached keys)
 SHAPES = {"encoder": (False, 6, 6), "decoder": (True, 6, 6), "cached": (True, 2, 7), "step": (True, 1, 7)}
 # An oracle: (scheme, layer, q, k, v, allowed, query_at, key_at) -> the attention output [B, H, n, d] (see check_oracle)
 Oracle = Callable[..., torch.Tensor]
