@@ -59,27 +59,19 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 
-# a^K added to the keys (the layer's table, the one query's index row, its rows read there, the addition: 4), a^V's
-# masses by scatter-add and their product with w^V (10), on eager
-SHAW_TERMS = 14
+# a^K added to the keys (the layer's table, the one query's index row, its rows read there, the addition: 4) and
+# a^V added to the values (the same 4), on every kernel
+SHAW_TERMS = 8
 
 
-def test_shaws_cached_step_adds_its_key_term_to_the_keys():
-    """A cached step's one query has a^K_ij depending on the key alone: the keys k_j + a^K_ij (eq. 4 unfactored, 4
-    operators), not the profile q . w^K_r laid out over the keys as a bias (the table scaled and aligned, the product,
-    the gather by the shared index: 13)."""
-    assert operators_per_layer_beyond_absolute("shaw", "eager") <= SHAW_TERMS
-
-
-# On sdpa: a^K added to the keys (4) and a^V added to the values (the same 4)
-SHAW_SDPA_TERMS = 8
-
-
-def test_shaws_cached_step_runs_on_sdpa_with_its_terms_added_to_the_keys_and_values():
-    """On sdpa a cached step's a^K_ij and a^V_ij depend on the key alone, so they are added to the keys and values
-    and the step runs on SDPA without a bias, not on eager's probabilities, scatter-add and products (39 operators a
-    layer, a^V) nor with a bias of the profile gathered by bucket (17, a^K on the keys but a^V added to the values)."""
-    assert operators_per_layer_beyond_absolute("shaw", "sdpa") <= SHAW_SDPA_TERMS
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_shaws_cached_step_adds_its_terms_to_the_keys_and_values_on_every_kernel(kernel):
+    """A cached step's one query has a^K_ij and a^V_ij depending on the key alone: the scheme gives the keys
+    k_j + a^K_ij and adds a^V_ij to the values (4 operators each), and the kernel runs plain attention. Not the
+    profile q . w^K_r laid out over the keys as a bias (13, eager and sdpa), nor, on eager, a^V's masses by
+    scatter-add and their product with w^V (10: 14 a layer), nor, on sdpa, the probabilities, scatter-add and
+    products of eager (39)."""
+    assert operators_per_layer_beyond_absolute("shaw", kernel) <= SHAW_TERMS
 
 
 # DiSAN's mask applied (eager: masked_fill, the zeroing of keyless rows; sdpa: its conversion of the boolean mask to

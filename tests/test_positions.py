@@ -501,27 +501,34 @@ def test_shaws_value_term_sees_the_dropped_probabilities(kernel):
     assert (dropped == 0).any() and (output.transpose(1, 2) - expected).abs().max().item() < TOLERANCE
 
 
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 @pytest.mark.parametrize("overrides", [{}, {"relative_embeddings_shared_across_heads": False},
                                        {"use_relative_keys": False}], ids=["shared", "per-head", "values-only"])
-def test_sdpa_adds_shaws_value_term_of_one_query_to_the_values_as_eager_computes_it(overrides):
-    """A decoding step's query i on sdpa: eq. 3 as z_i = sum_j p_ij (v_j + a^V_ij) through SDPA (a^V_ij depends on j
-    alone), equal to eager's probabilities-then-masses form in float64, gradients of q, k, v and both tables too;
-    a batch row whose keys are all masked outputs zeros on both."""
+def test_shaws_one_query_terms_on_the_keys_and_values_equal_its_bias_and_masses(overrides, kernel):
+    """A decoding step's query i (one query after 6 keys): the keys k_j + a^K_ij and the values v_j + a^V_ij
+    (eqs. 3-4 unfactored, plain attention) equal in float64 the same query as the last of a call of two (the bias
+    q . w^K_r laid out over the keys, a^V from the probabilities' masses per distance), gradients of q, k, v and both
+    tables too; a batch row whose keys are all masked outputs zeros."""
     results = {}
-    for kernel in ("eager", "sdpa"):
+    for query_length in (1, 2):
         torch.manual_seed(0)
         attention, scheme = make_attention("shaw", True, kernel, **overrides)
-        q, k, v = (tensor.requires_grad_() for tensor in inputs(1, 7))
-        context = scheme.prepare(PositionContext(1, 7, 6, None, q.device, q.dtype))
-        allowed = torch.ones(BATCH, 1, 1, 7, dtype=torch.bool)
+        q, k, v = inputs(2, 7)
+        q = q[..., 2 - query_length:, :].clone().requires_grad_()
+        k, v = k.requires_grad_(), v.requires_grad_()
+        context = scheme.prepare(PositionContext(query_length, 7, 7 - query_length, None, q.device, q.dtype))
+        terms = scheme.terms(1, q, k, context)
+        assert (terms.value_term is None and terms.score_bias is None) == (query_length == 1)
+        allowed = torch.ones(BATCH, 1, query_length, 7, dtype=torch.bool).tril(7 - query_length)
         allowed[1] = False
         output, _ = attention.attend(q, k, v, allowed, scheme, context, False)
-        weights = torch.randn(output.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
-        (output * weights).sum().backward()
+        step = output[:, -1:]
+        weights = torch.randn(step.shape, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+        (step * weights).sum().backward()
         tables = [table for table in (scheme.relative_keys, scheme.relative_values) if table is not None]
-        results[kernel] = [output, q.grad, k.grad, v.grad, *(table.grad for table in tables)]
-    assert results["sdpa"][0][1].abs().max() == 0 and results["sdpa"][0][0].abs().min() > 0
-    for got, want in zip(results["sdpa"], results["eager"], strict=True):
+        results[query_length] = [step, q.grad[..., -1:, :], k.grad, v.grad, *(table.grad for table in tables)]
+    assert results[1][0][1].abs().max() == 0 and results[1][0][0].abs().min() > 0
+    for got, want in zip(results[1], results[2], strict=True):
         assert (got - want).abs().max().item() < TOLERANCE
 
 

@@ -262,6 +262,12 @@ TERMS_MISTAKES = {   # what the decoder's terms() returns -> the error (the firs
     "keys without the cache": (lambda query, key: AttentionTerms(key=key[:, :, -query.size(2):]),
                                r"terms\(\)\.key must be a tensor of the shape it replaces, \[1, 2, 2, 16\], got "
                                r"a torch.float32 tensor of shape \[1, 2, 1, 16\]"),
+    "value bias of one key more": (lambda query, key: AttentionTerms(value_bias=torch.zeros(2, key.size(2) + 1, 16)),
+                                   r"terms\(\)\.value_bias must be a floating-point tensor broadcastable to the "
+                                   r"values \[B, H, m, d\] = \[1, 2, 1, 16\], got a torch.float32 tensor of shape "
+                                   r"\[2, 2, 16\]"),
+    "bool value bias": (lambda query, key: AttentionTerms(value_bias=torch.ones(16, dtype=torch.bool)),
+                        r"terms\(\)\.value_bias must be a floating-point tensor .* got a torch.bool tensor"),
     "None": (lambda query, key: None, r"terms\(\) must return an AttentionTerms, got NoneType"),
     # a DenseBias is checked when a kernel builds it: the transposed bias was torch's broadcasting error, or eager's
     # matmul error further on, naming neither the scheme nor the term

@@ -654,46 +654,57 @@ def test_cached_generation_matches_eager(triton_calls):
     assert torch.equal(outputs["relpos_triton"].sequences, outputs["eager"].sequences)
     for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
-    assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
+    # the encoder ran on the kernel; a decoding step's one query, plain attention over k_j + a^K_ij and
+    # v_j + a^V_ij, on sdpa
+    assert triton_calls and all(shape[2] > 1 for shape in triton_calls)
 
 
-def test_a_cached_step_without_padding_reads_no_mask_on_the_host(triton_calls):
-    """A cached decoding step without a decoder mask runs on the kernel without reading a mask on the host: it gets
-    none (one query after all its keys), where its padding check compared an all-True mask with the key ranges
+@pytest.mark.parametrize("padded", [False, True], ids=["no_decoder_mask", "left_padded_decoder"])
+def test_a_cached_step_reads_no_mask_on_the_host(triton_calls, padded):
+    """A cached decoding step's one query runs as plain attention over the keys k_j + a^K_ij and the values
+    v_j + a^V_ij (on sdpa), so it never reads a mask on the host: neither without a decoder mask (one query after all
+    its keys) nor with a left-padded one, where the kernel's padding check compared the mask with the key ranges
     (torch.equal, a device sync in every step)."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE).eval()
     model.set_attn_implementation("relpos_triton")
     batch = seq2seq_batch()
+    decoder_mask = torch.ones(batch["labels"].size(0), 4, dtype=torch.long, device=DEVICE)
+    decoder_mask[1, 0] = 0
     with torch.no_grad():
         prefix = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       decoder_input_ids=batch["labels"][:, :3], use_cache=True)
+                       decoder_input_ids=batch["labels"][:, :3], use_cache=True,
+                       decoder_attention_mask=decoder_mask[:, :3] if padded else None)
         triton_calls.clear()
         with CountEqual() as counted:
             model(encoder_outputs=(prefix.encoder_last_hidden_state,), attention_mask=batch["attention_mask"],
-                  decoder_input_ids=batch["labels"][:, 3:4], cache=prefix.cache)
-    assert counted.count == 0
-    assert triton_calls and all(shape[2] == 1 for shape in triton_calls)   # the decoder's layers, on the kernel
+                  decoder_input_ids=batch["labels"][:, 3:4], cache=prefix.cache,
+                  decoder_attention_mask=decoder_mask if padded else None)
+    assert counted.count == 0 and not triton_calls
 
 
 @pytest.mark.numerics
 def test_generation_on_a_static_cache_matches_eager_on_the_dynamic_one(triton_calls):
     """cache_implementation "static": the kernel reads the cache's fill level (a tensor) as its query offset and
-    the unused slots as keys past the causal limit; greedy decoding gives eager's tokens and scores on the dynamic
-    cache."""
+    the unused slots as keys past the causal limit (the decoder's first call: the start token and a forced prefix of
+    3 tokens; each later step's one query is plain attention on sdpa); greedy decoding gives eager's tokens and scores on the
+    dynamic cache."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE).eval()
     batch = seq2seq_batch()
+    prefix = batch["labels"][:, :3]
     outputs = {}
     for kernel, cache_implementation in (("eager", None), ("relpos_triton", "static")):
         model.set_attn_implementation(kernel)
         outputs[kernel] = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                         max_new_tokens=6, do_sample=False, num_beams=1, output_scores=True,
-                                         return_dict_in_generate=True, cache_implementation=cache_implementation)
+                                         decoder_input_ids=prefix, max_new_tokens=6, do_sample=False, num_beams=1,
+                                         output_scores=True, return_dict_in_generate=True,
+                                         cache_implementation=cache_implementation)
     assert torch.equal(outputs["relpos_triton"].sequences, outputs["eager"].sequences)
     for got, expected in zip(outputs["relpos_triton"].scores, outputs["eager"].scores, strict=True):
         torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
-    assert any(shape[2] == 1 for shape in triton_calls)   # cached steps ran on the kernel
+    # the decoder's first call (the start token and the prefix) on the kernel
+    assert any(shape[2] == 1 + prefix.size(1) for shape in triton_calls)
 
 
 def test_generate_does_not_compile_a_static_cache_step_on_the_kernel(caplog):

@@ -217,14 +217,11 @@ def sdpa_attention_forward(
     **kwargs,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`torch.nn.functional.scaled_dot_product_attention` with the score bias as an additive mask (a boolean 4-D
-    mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. Shaw's a^V
-    (`RelativeValues`) of one query (a decoding step) is added to the values (`RelativeValues.with_values`); any other
-    value term, and `output_attentions`, need the probabilities, which SDPA never forms: those calls run
-    `eager_attention_forward` (the same equation). What the mask gives (`mask_rows`) is kept in `kernel_cache` for
-    the stack call's other layers."""
+    mask alone keeps SDPA's fused kernels) and `key_dropout`'s dropped keys in the mask. A value term, and
+    `output_attentions`, need the probabilities, which SDPA never forms: those calls run `eager_attention_forward`
+    (the same equation). What the mask gives (`mask_rows`) is kept in `kernel_cache` for the stack call's other
+    layers."""
     attention_mask = with_key_dropout(attention_mask, key_dropout, query, key)
-    if isinstance(value_term, RelativeValues) and query.size(-2) == 1 and not output_attentions:
-        value, value_term = value_term.with_values(value), None
     if value_term is not None or output_attentions:
         return eager_attention_forward(module, query, key, value, attention_mask, scaling, dropout, score_bias,
                                        value_term, kernel_cache=kernel_cache)

@@ -414,6 +414,7 @@ class RelPosAttention(nn.Module):
             terms = scheme_terms_of(scheme, self.layer_idx, query, key, position_context)
         query = query if terms.query is None else terms.query
         key = key if terms.key is None else terms.key
+        value = value if terms.value_bias is None else value + terms.value_bias
         kernel = self.config._attn_implementation
         attention = RELPOS_ATTENTION_FUNCTIONS.get_interface(kernel, eager_attention_forward)
         extra = {}

@@ -685,12 +685,6 @@ class RelativeValues:
         """The term of the probabilities [B, H, n, m], in their dtype (the masses in between in float32 at least)."""
         return self.from_masses(self.mass_by_distance(probabilities)).to(probabilities.dtype)
 
-    def with_values(self, value: torch.Tensor) -> torch.Tensor:
-        """v_j + a^V_ij [B, H, m, d] for a call with one query i (a decoding step), where a^V_ij = w_clip(j - i', k)
-        depends on the key alone: eq. 3 unfactored, z_i = sum_j p_ij (v_j + a^V_ij), which a kernel that never forms
-        p computes as plain attention over these values."""
-        return value + rows_by_index(self.table, self.index() if callable(self.index) else self.index).to(value.dtype)
-
 
 def rows_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """w_clip(j - i', k) for every key j of one query's bucket `index` [1, m]: the rows of a distance table [2k+1, d]
@@ -742,6 +736,9 @@ class AttentionTerms:
     - `query`, `key`: replacements for the projected queries / keys [B, H, n|m, d] (XL's q + u). Keys here include
       the cached ones, at positions 0 .. m-1; queries start at position `query_offset` (or all at the randomized
       `positions`, see `PositionScheme`).
+    - `value_bias`: added to the values [B, H, m, d] (broadcastable to them) before attention, for a value term that
+      depends on the key alone: Shaw's a^V_ij of one query i (a decoding step), eq. 3 unfactored,
+      z_i = sum_j p_ij (v_j + a^V_ij), which every kernel then runs as plain attention over these values.
     - `score_bias`: added to the scaled scores, a tensor broadcastable to [B, H, n, m] or a bucketed `RelativeBias`.
     - `mask`: boolean, broadcastable to [B, H, n, m], True = may attend; combined (and) with padding and causality.
       A query left with no key outputs zeros. (A mask that is the same in every layer belongs in
@@ -761,11 +758,13 @@ class AttentionTerms:
       through `region_attention` (Shaw's a^K and a^V, `positions_shaw`; T5's buckets, `positions_t5`).
 
     Score biases, masks and value terms need hf_relpos' own kernels (`RELPOS_KERNELS`); a record
-    with none of them also runs on every transformers kernel (flash_attention_2/3, Hub kernels).
+    with none of them (replaced queries and keys, a value bias) also runs on every transformers kernel
+    (flash_attention_2/3, Hub kernels).
     """
 
     query: torch.Tensor | None = None
     key: torch.Tensor | None = None
+    value_bias: torch.Tensor | None = None
     score_bias: torch.Tensor | RelativeBias | None = None
     mask: torch.Tensor | None = None
     value_term: Callable[[torch.Tensor], torch.Tensor] | None = None
@@ -799,6 +798,8 @@ def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor,
         _check_term_tensor(f"{where}.score_bias", "score_bias", target, terms.score_bias)
     if terms.mask is not None:
         _check_term_tensor(f"{where}.mask", "mask", target, terms.mask)
+    if terms.value_bias is not None:
+        _check_term_tensor(f"{where}.value_bias", "value_bias", tuple(key.shape), terms.value_bias)
     for name in ("value_term", "score_mod", "fused_attention"):
         if getattr(terms, name) is not None and not callable(getattr(terms, name)):
             raise TypeError(f"{where}.{name} must be callable, got {_described(getattr(terms, name))}")
@@ -816,14 +817,16 @@ def scheme_terms_of(scheme: PositionScheme, layer_idx: int, query: torch.Tensor,
 
 
 def _check_term_tensor(what: str, name: str, target: tuple[int, ...], tensor: Any) -> None:
-    """Raise for a score bias (`name` "score_bias") that is not a floating-point tensor, or a mask that is not a
-    boolean one, broadcastable to `target` = [B, H, n, m]; `what` names the term in the error."""
-    kind = "floating-point" if name == "score_bias" else "boolean"
-    typed = torch.is_tensor(tensor) and (tensor.is_floating_point() if name == "score_bias" else
-                                         tensor.dtype == torch.bool)
+    """Raise for a score bias (`name` "score_bias") that is not a floating-point tensor, or a mask ("mask") that is not
+    a boolean one, broadcastable to `target` = [B, H, n, m], or a value bias ("value_bias") that is not a
+    floating-point tensor broadcastable to the values, `target` = [B, H, m, d]; `what` names the term in the error."""
+    kind = "boolean" if name == "mask" else "floating-point"
+    typed = torch.is_tensor(tensor) and (tensor.dtype == torch.bool if name == "mask" else
+                                         tensor.is_floating_point())
     if not (typed and tensor.dim() <= 4 and all(
             size in (1, full) for size, full in zip(tensor.shape[::-1], target[::-1], strict=False))):
-        raise ValueError(f"{what} must be a {kind} tensor broadcastable to [B, H, n, m] = {list(target)}, "
+        shape = "the values [B, H, m, d]" if name == "value_bias" else "[B, H, n, m]"
+        raise ValueError(f"{what} must be a {kind} tensor broadcastable to {shape} = {list(target)}, "
                          f"got {_described(tensor)}")
 
 

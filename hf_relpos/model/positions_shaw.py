@@ -129,20 +129,24 @@ class ShawPositions(PositionScheme):
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
         """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
-        form (`fused_attention`); each computed only when a kernel asks. For one query (a decoding step) a^K_ij
-        depends on the key alone: the keys k_j + a^K_ij instead of a bias (eq. 4 unfactored), and a^V as
-        `RelativeValues` (which SDPA adds to the values). Without either (`use_relative_keys` and
-        `use_relative_values` false) no term: plain attention."""
+        form (`fused_attention`); each computed only when a kernel asks. For one query i (a decoding step) a^K_ij and
+        a^V_ij depend on the key alone: the keys k_j + a^K_ij (eq. 4 unfactored) and a^V_ij added to the values
+        (`value_bias`: eq. 3 unfactored, z_i = sum_j p_ij (v_j + a^V_ij)), so every kernel runs the step as plain
+        attention, without the probabilities. Without either (`use_relative_keys` and `use_relative_values` false)
+        no term: plain attention."""
         key_length = key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
+        if query.size(-2) == 1:   # a decoding step: both terms by the key alone, read at the stack's shared index
+            def rows(tables: torch.Tensor | None) -> torch.Tensor | None:
+                return None if tables is None else rows_by_index(tables[layer_idx], context.index).to(key.dtype)
+
+            key_rows = rows(self.relative_keys)
+            return AttentionTerms(key=None if key_rows is None else key + key_rows,
+                                  value_bias=rows(self.relative_values))
         value_term = None
         if self.relative_values is not None:
             value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
                                         consecutive)
-        if query.size(-2) == 1:   # a decoding step: a^K_ij depends on the key alone, eq. 4 unfactored on the keys
-            keys = None if self.relative_keys is None else key + rows_by_index(self.relative_keys[layer_idx],
-                                                                              context.index).to(key.dtype)
-            return AttentionTerms(key=keys, value_term=value_term)
         score_bias = None
         if self.relative_keys is not None:
             def table() -> torch.Tensor:
@@ -222,7 +226,9 @@ class ShawContext(PositionContext):
 
     @property
     def clip_distance(self) -> int | None:
-        return self.max_relative_position if self.positions is None else None
+        """k at consecutive positions for a call of several queries; None for one query, whose terms are on the keys
+        and values (plain attention: no kernel reads the mask's padding ranges), and at randomized positions."""
+        return self.max_relative_position if self.positions is None and self.query_length > 1 else None
 
     @computed_once
     def index(self) -> torch.Tensor:
