@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SCHEMES
+from conftest import SCHEMES, tiny_config
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
-from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos import AttentionTerms, PositionScheme, RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.records import PEER, RECIPE, TRAINED_WEIGHTS, RunRecord, Scores, read_run_records
-from hf_relpos.tools.convert import convert_marian, main, marian_state_to_relpos, marian_to_relpos
+from hf_relpos.tools.convert import convert_marian, main, marian_state_to_relpos, marian_to_relpos, neutrality_gaps
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import parse_arguments
@@ -709,6 +709,16 @@ def test_hybrid_conversion_refuses_schemes_without_an_exact_neutral_start(scheme
     with pytest.raises(ValueError, match=rf"position_scheme '{scheme}' cannot be added to the kept absolute positions: "
                                          rf"after start_neutral\(\) {NOT_NEUTRAL[scheme]}"):
         marian_to_relpos(marian_model(), scheme, keep_absolute_positions=True)
+
+
+def test_a_scheme_that_adds_to_the_values_is_not_neutral():
+    """A scheme's `value_bias` (a term of the key alone added to the values) changes attention like a value term: a
+    non-zero one is a gap of the neutral start, not missed by the probe."""
+    class ValueShift(PositionScheme):
+        def terms(self, layer_idx, query, key, context):
+            return AttentionTerms(value_bias=torch.full((key.size(-1),), 0.5, dtype=key.dtype))
+
+    assert neutrality_gaps(ValueShift(tiny_config("none"), 1, 2, 4, is_causal=False)) == ["it adds a non-zero value bias"]
 
 
 def test_hybrid_conversion_of_absolute_is_refused_by_the_config():

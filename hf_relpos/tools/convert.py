@@ -169,7 +169,7 @@ def check_marian_positions(marian: MarianMTModel) -> None:
 def neutrality_gaps(scheme: PositionScheme) -> list[str]:
     """What `scheme`, as it stands, still changes in the attention of its stack, found on a random float64 probe
     (batch 2, 5 tokens, every layer): an embedding-level encoding, replaced queries or keys, a non-zero score bias, a
-    mask, a non-zero value term. Empty when the scheme leaves every layer plain softmax(q k^T / sqrt(d)) v."""
+    mask, a non-zero value term or value bias. Empty when the scheme leaves every layer plain softmax(q k^T / sqrt(d)) v."""
     probe = copy.deepcopy(scheme).to(torch.float64)
     generator = torch.Generator().manual_seed(0)
     length, heads, head_dim = 5, probe.num_heads, probe.head_dim
@@ -198,6 +198,7 @@ def neutrality_gaps(scheme: PositionScheme) -> list[str]:
                 ("it masks query-key pairs", any(not bool(mask.all()) for mask in masks)),
                 ("it adds a non-zero value term",
                  terms.value_term is not None and bool(terms.value_term(probabilities).any())),
+                ("it adds a non-zero value bias", terms.value_bias is not None and bool(terms.value_bias.any())),
             )
             gaps += [gap for gap, present in found if present and gap not in gaps]
     return gaps
