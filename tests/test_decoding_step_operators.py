@@ -59,18 +59,19 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 
-# a^K added to the keys (the layer's table, the one query's index row, its rows read there, the addition: 4) and
-# a^V added to the values (the same 4), on every kernel
-SHAW_TERMS = 8
+# a^K added to the keys and a^V to the values, one addition each: every layer's rows are read once per step
+# (ShawContext.step_rows), on every kernel
+SHAW_TERMS = 2
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_shaws_cached_step_adds_its_terms_to_the_keys_and_values_on_every_kernel(kernel):
     """A cached step's one query has a^K_ij and a^V_ij depending on the key alone: the scheme gives the keys
-    k_j + a^K_ij and adds a^V_ij to the values (4 operators each), and the kernel runs plain attention. Not the
-    profile q . w^K_r laid out over the keys as a bias (13, eager and sdpa), nor, on eager, a^V's masses by
-    scatter-add and their product with w^V (10: 14 a layer), nor, on sdpa, the probabilities, scatter-add and
-    products of eager (39)."""
+    k_j + a^K_ij and adds a^V_ij to the values (one addition each, the rows of every layer read once per step), and
+    the kernel runs plain attention. Not each layer reading its own rows (its table, the index row, the rows: 8 a
+    layer), nor the profile q . w^K_r laid out over the keys as a bias (13, eager and sdpa), nor, on eager, a^V's
+    masses by scatter-add and their product with w^V (10: 14 a layer), nor, on sdpa, the probabilities, scatter-add
+    and products of eager (39)."""
     assert operators_per_layer_beyond_absolute("shaw", kernel) <= SHAW_TERMS
 
 

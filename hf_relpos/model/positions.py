@@ -688,7 +688,8 @@ class RelativeValues:
 
 def rows_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """w_clip(j - i', k) for every key j of one query's bucket `index` [1, m]: the rows of a distance table [2k+1, d]
-    or [H, 2k+1, d] at each key, [m, d] or [H, m, d], which broadcast over [B, H, m, d]."""
+    or [H, 2k+1, d] at each key, [m, d] or [H, m, d], which broadcast over [B, H, m, d] (of a stack's tables
+    [L, ..., 2k+1, d]: [L, ..., m, d])."""
     if index.size(0) != 1:
         raise ValueError(f"rows_by_index needs one query's bucket index, got {index.size(0)} queries")
     return table[..., index[0], :]

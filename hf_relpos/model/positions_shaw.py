@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -125,7 +125,8 @@ class ShawPositions(PositionScheme):
     def prepare(self, context: PositionContext) -> ShawContext:
         """The positions, shared by the layers; the bucket of every query-key pair (`ShawContext.index`) is computed
         only when a kernel reads it."""
-        return context.extend(ShawContext, max_relative_position=self.max_relative_position)
+        return context.extend(ShawContext, max_relative_position=self.max_relative_position,
+                              relative_keys=self.relative_keys, relative_values=self.relative_values)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: ShawContext) -> AttentionTerms:
         """a^K as a `RelativeBias` and a^V as `RelativeValues` (eager, SDPA), and at consecutive positions their fused
@@ -136,13 +137,10 @@ class ShawPositions(PositionScheme):
         no term: plain attention."""
         key_length = key.size(-2)
         kmax, offset, consecutive = self.max_relative_position, context.query_offset, context.positions is None
-        if query.size(-2) == 1:   # a decoding step: both terms by the key alone, read at the stack's shared index
-            def rows(tables: torch.Tensor | None) -> torch.Tensor | None:
-                return None if tables is None else rows_by_index(tables[layer_idx], context.index).to(key.dtype)
-
-            key_rows = rows(self.relative_keys)
-            return AttentionTerms(key=None if key_rows is None else key + key_rows,
-                                  value_bias=rows(self.relative_values))
+        if query.size(-2) == 1:   # a decoding step: both terms by the key alone, read once for the stack's layers
+            key_rows, value_rows = context.step_rows
+            return AttentionTerms(key=None if key_rows is None else key + key_rows[layer_idx].to(key.dtype),
+                                  value_bias=None if value_rows is None else value_rows[layer_idx].to(key.dtype))
         value_term = None
         if self.relative_values is not None:
             value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
@@ -223,6 +221,8 @@ class ShawContext(PositionContext):
     """`index` [n, m]: clip(j - i', k) + k for query i and key j (computed when first read)."""
 
     max_relative_position: int = 0
+    relative_keys: torch.Tensor | None = field(default=None, repr=False, compare=False)
+    relative_values: torch.Tensor | None = field(default=None, repr=False, compare=False)
 
     @property
     def clip_distance(self) -> int | None:
@@ -234,3 +234,13 @@ class ShawContext(PositionContext):
     def index(self) -> torch.Tensor:
         query_positions, key_positions = self.query_and_key_positions()
         return clipped_distance(key_positions[None, :] - query_positions[:, None], self.max_relative_position)
+
+    @computed_once
+    def step_rows(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        """For one query (a decoding step): w^K_clip(j - i', k) and w^V_clip(j - i', k) for every key j, each layer's
+        [m, d] (or [H, m, d]) rows of the `relative_keys` and `relative_values` tables [L, (H,) 2k+1, d] at `index`,
+        read once for the stack's layers (one gather per table, split by layer), None for a table the scheme lacks."""
+        def rows(tables: torch.Tensor | None) -> tuple[torch.Tensor, ...] | None:
+            return None if tables is None else rows_by_index(tables, self.index).unbind(0)
+
+        return rows(self.relative_keys), rows(self.relative_values)
