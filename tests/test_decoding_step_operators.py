@@ -59,6 +59,19 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 
+# u and v added to the query (2); (q + v) by head (transpose, view); W_kR^T (q + v) (the weight by head, bmm); its dot
+# with the step's R^T / sqrt(d) (view, mm); the scores as a [B, H, 1, m] bias (view, transpose); eager adds the bias
+XL_TERMS = {"eager": 11, "sdpa": 10}
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_xls_cached_step_scores_its_one_query_by_distance_with_what_the_step_shares(kernel):
+    """XL's cached step takes each layer's u and v from one split per step, R^T / sqrt(d) from the step's context and
+    the one query's scores per distance as the bias, not u and v selected and unsqueezed by every layer, the weight
+    scaled by every layer, R transposed per layer, a 3-d matmul's reshapes and the rel-shift's slice (18 on sdpa)."""
+    assert operators_per_layer_beyond_absolute("xl", kernel) <= XL_TERMS[kernel]
+
+
 # a^K added to the keys and a^V to the values, one addition each: every layer's rows are read once per step
 # (ShawContext.step_rows), on every kernel
 SHAW_TERMS = 2

@@ -640,6 +640,36 @@ def test_xl_position_scores_in_both_orders_match_the_loop():
             assert (scores[..., p] - expected).abs().max().item() < TOLERANCE
 
 
+@pytest.mark.parametrize("batch", [1, 64])   # W_kR^T (q + v) dotted with each R_d; (q + v) dotted with W_kR R_d
+@pytest.mark.parametrize("projection", ["linear", "module"])
+@pytest.mark.parametrize("tied", [False, True])
+def test_xl_cached_step_bias_is_the_equation_for_one_query(batch, projection, tied):
+    """A decoding step's dense (b)+(d) bias, one query at position m - 1 after m keys, per distance without a
+    rel-shift: (q + v) . W_kR R_(m-1-j) / sqrt(d) from the sinusoids by loop, and so are the gradients of the query,
+    W_kR and v (float64, 1e-12), in both orders of the product (few and many queries), with W_kR behind a module
+    (an adapter's: projected by its forward) and with u and v tied across layers."""
+    attention, scheme = make_attention("xl", True, "eager", clamp_len=None, untie_relative_biases=not tied)
+    key_length, layer = 9, 1
+    weight = scheme.position_projections[layer].weight
+    if projection == "module":
+        scheme.position_projections[layer] = torch.nn.Sequential(scheme.position_projections[layer])
+    query = torch.randn(batch, HEADS, 1, HEAD_DIM, dtype=torch.float64, requires_grad=True)
+    key = torch.randn(batch, HEADS, key_length, HEAD_DIM, dtype=torch.float64)
+    context = scheme.prepare(PositionContext(1, key_length, key_length - 1, None, query.device, query.dtype))
+    dense = scheme.terms(layer, query, key, context).score_bias.dense()
+    v_bias = scheme.position_bias[0 if tied else layer]
+    relative = torch.stack([(weight @ sinusoid_by_loop(key_length - 1 - j, scheme.config.d_model)).view(HEADS, HEAD_DIM)
+                            for j in range(key_length)])
+    expected = torch.einsum("bhid,jhd->bhij", query + v_bias[:, None, :], relative) / math.sqrt(HEAD_DIM)
+    assert dense.shape == (batch, HEADS, 1, key_length)
+    assert (dense - expected).abs().max().item() < TOLERANCE
+    upstream = torch.randn_like(dense)
+    fast = torch.autograd.grad((dense * upstream).sum(), (query, weight, scheme.position_bias))
+    slow = torch.autograd.grad((expected * upstream).sum(), (query, weight, scheme.position_bias))
+    for fast_grad, slow_grad in zip(fast, slow, strict=True):
+        assert (fast_grad - slow_grad).abs().max().item() < TOLERANCE * max(1.0, slow_grad.abs().max().item())
+
+
 @pytest.mark.parametrize("query_length, key_length, offset", [
     (5, 5, 0), (QUERY_BLOCK, QUERY_BLOCK, 0), (QUERY_BLOCK + 1, QUERY_BLOCK + 1, 0), (2 * QUERY_BLOCK + 7, 150, 13),
     (1, 150, 149), (150, 40, 0),

@@ -60,7 +60,8 @@ class XLPositions(PositionScheme):
     u = `content_bias`, v = `position_bias`, per layer (`untie_relative_biases`) or shared by the stack's layers.
     Terms (a)+(c) = (q + u).k are the attention product (the query the terms return); (b)+(d) = (q + v).W_kR R for
     every distance form a `RelativeBias`, aligned by `rel_shift` (in the encoder a block of queries at a time,
-    `blocked_position_bias`). Bidirectional distances in the encoder, causal
+    `blocked_position_bias`; a cached step's one query reads them by distance, `step_position_bias`). Bidirectional
+    distances in the encoder, causal
     (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
     """
 
@@ -132,7 +133,9 @@ class XLPositions(PositionScheme):
         if self.clamp_len is not None:
             distances = distances.clamp(-self.clamp_len, self.clamp_len)
             span = min(span, self.clamp_len)
-        return context.extend(XLContext, bucket=bucket, encodings=self.encodings(distances, span, context.dtype))
+        return context.extend(XLContext, bucket=bucket, encodings=self.encodings(distances, span, context.dtype),
+                              score_scale=self.head_dim**-0.5, content_bias=self.content_bias,
+                              position_bias=self.position_bias)
 
     def scaled_projection(self, layer_idx: int, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
         """W_kR / sqrt(d) [H * d, d_model]: the score scale folded into the (small) weight, not the [B, H, n, count]
@@ -152,8 +155,8 @@ class XLPositions(PositionScheme):
         count = encodings.size(0)
         model_dim = encodings.size(1)
         queries = batch * query_length
-        if (isinstance(self.position_projections[layer_idx], nn.Linear)
-                and queries * (model_dim + heads * count) < count * (model_dim + queries)):
+        if isinstance(self.position_projections[layer_idx], nn.Linear) and projects_queries(queries, heads, count,
+                                                                                          model_dim):
             weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
             by_head = position_query.transpose(0, 1).reshape(heads, queries, head_dim)
             projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
@@ -171,6 +174,31 @@ class XLPositions(PositionScheme):
             projected = projection(encodings) * head_dim**-0.5
         return projected.view(encodings.size(0), heads, -1).permute(1, 2, 0)
 
+    def step_position_bias(self, layer_idx: int, position_query: torch.Tensor, context: XLContext) -> torch.Tensor:
+        """The dense (b)+(d) bias [B, H, 1, m] of one query (a cached decoding step) at consecutive positions:
+        (q_i + v) . W_kR R_(i-j) / sqrt(d) for the m keys j. Key j is the call's j-th distance, so the scores per
+        distance are the bias: no rel-shift, no zero column. Per head, the queries [H, B, d] times W_kR R / sqrt(d)
+        [H, d, m], or, where that takes more products (`projects_queries`), W_kR^T (q + v) [H, B, D] times
+        R / sqrt(d): both from R^T / sqrt(d), transposed and scaled once per stack call (`scaled_encodings_t`), not
+        the weight scaled by every layer."""
+        batch, heads, _, head_dim = position_query.shape
+        dtype = position_query.dtype
+        by_head = position_query.transpose(0, 1).reshape(heads, batch, head_dim)
+        projection = self.position_projections[layer_idx]
+        if not isinstance(projection, nn.Linear):
+            projected = self.projected_encodings(layer_idx, context.encodings.to(dtype), heads, head_dim)
+            scores = torch.bmm(by_head, projected)
+        else:
+            encodings = context.scaled_encodings_t.to(dtype)
+            model_dim, count = encodings.shape
+            weight = projection.weight.to(dtype)
+            if projects_queries(batch, heads, count, model_dim):
+                projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
+                scores = projected_queries.flatten(0, 1).mm(encodings)
+            else:
+                scores = torch.bmm(by_head, weight.mm(encodings).view(heads, head_dim, count))
+        return scores.view(heads, batch, 1, -1).transpose(0, 1)
+
     def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor,
                               key_length: int) -> torch.Tensor:
         """The dense (b)+(d) bias [B, H, n, m] of bidirectional, consecutive positions, a block of queries at a time
@@ -186,10 +214,12 @@ class XLPositions(PositionScheme):
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: XLContext) -> AttentionTerms:
         """(a)+(c) as the query q + u; (b)+(d) as a `RelativeBias` whose table (every distance, for FlexAttention)
         and dense form (consecutive positions: query blocks in the encoder, the rel-shifted table in a decoder, whose
-        table already holds one column per key, and a zero column more) are computed only when a kernel asks."""
+        table already holds one column per key, and a zero column more; one query's table itself) are computed only
+        when a kernel asks."""
         key_length = key.size(-2)
-        bias_idx = layer_idx if self.content_bias.size(0) > 1 else 0
-        position_query = query + self.position_bias[bias_idx][:, None, :].to(query.dtype)
+        content_biases, position_biases = context.layer_biases
+        bias_idx = layer_idx if len(content_biases) > 1 else 0
+        position_query = query + position_biases[bias_idx].to(query.dtype)
         encodings = context.encodings
         score_bias = RelativeBias(
             table=lambda: self.position_scores(layer_idx, position_query, encodings),
@@ -197,25 +227,48 @@ class XLPositions(PositionScheme):
             key_length=key_length,
             recompute=True,
         )
-        if context.positions is None and self.is_causal:
+        if context.positions is None and self.is_causal and query.size(-2) == 1:
+            score_bias.densify = lambda: self.step_position_bias(layer_idx, position_query, context)
+        elif context.positions is None and self.is_causal:
             score_bias.densify = lambda: rel_shift(self.position_scores(
                 layer_idx, position_query, context.encodings_and_a_zero_row), key_length)
         elif context.positions is None:
             score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
-        return AttentionTerms(query=query + self.content_bias[bias_idx][:, None, :].to(query.dtype),
-                              score_bias=score_bias)
+        return AttentionTerms(query=query + content_biases[bias_idx].to(query.dtype), score_bias=score_bias)
 
 
 @dataclass(frozen=True)
 class XLContext(PositionContext):
     """`encodings` [count, d_model]: R_d for the call's distances, largest first; `bucket(i, j)`: the
-    column of query i's position scores that holds its distance to key j."""
+    column of query i's position scores that holds its distance to key j; `score_scale` 1/sqrt(d); `content_bias`
+    and `position_bias`: the scheme's u and v [L, H, d] (L = 1 when tied)."""
 
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
     encodings: torch.Tensor | None = None
+    score_scale: float | None = None
+    content_bias: torch.Tensor | None = None
+    position_bias: torch.Tensor | None = None
+
+    @computed_once
+    def layer_biases(self) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        """u and v of each layer (one when tied) as [H, 1, d], split off the [L, H, d] parameters once per stack call
+        (unsqueeze, unbind), not selected and unsqueezed by every layer."""
+        return self.content_bias.unsqueeze(2).unbind(0), self.position_bias.unsqueeze(2).unbind(0)
+
+    @computed_once
+    def scaled_encodings_t(self) -> torch.Tensor:
+        """R^T / sqrt(d) [d_model, count]: what a cached step's scores multiply (`XLPositions.step_position_bias`)."""
+        return (self.encodings * self.score_scale).t()
 
     @computed_once
     def encodings_and_a_zero_row(self) -> torch.Tensor:
         """`encodings` and one zero row more [count + 1, d_model]: a causal table from them has the m + 1 distance
         columns that `rel_shift` reads as a view (the extra one, a future key's, is masked)."""
         return nn.functional.pad(self.encodings, (0, 0, 0, 1))
+
+
+def projects_queries(queries: int, heads: int, count: int, model_dim: int) -> bool:
+    """Whether the position scores of `queries` queries against `count` distances take fewer products with the queries
+    projected (W_kR^T (q + v), then one dot per R_d: queries (D + H count) per head dimension) than with the distances
+    (W_kR R_d, then one dot per query: count (D + queries)), as when a few queries meet many distances."""
+    return queries * (model_dim + heads * count) < count * (model_dim + queries)
