@@ -49,13 +49,14 @@ def operators_per_layer_beyond_absolute(position_scheme: str, kernel: str = "sdp
 
 
 # The most each layer of a cached step may dispatch beyond absolute's, per scheme: what its equation needs there.
-ROPE_ROTATIONS = 2 * 6   # the query's and the new key's: the swapped pairs (view, flip, view), x cos + swapped sin
+ROPE_ROTATIONS = 2 * 4   # the query's and the new key's: the swapped pairs (index_select), x cos + swapped sin
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(kernel):
     """RoPE's cached step rotates each layer's query and new key as x cos + swapped(x) sin with per-dimension angles
-    read once per step, not plane by plane (select, four products, stack, cat) from angles sliced twice per layer."""
+    read once per step, not plane by plane (select, four products, stack, cat) from angles sliced twice per layer,
+    and swaps each plane's pair by one index_select of an index built once per step, not unflatten, flip, flatten."""
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 

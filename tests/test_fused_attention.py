@@ -560,9 +560,9 @@ def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):
     rotated_lengths = []
     rotate = hf_relpos.model.positions_rope.RotaryPositions.rotate
 
-    def recorded(self, states, cos, sin):
+    def recorded(self, states, *rotation):
         rotated_lengths.append(states.size(-2))
-        return rotate(self, states, cos, sin)
+        return rotate(self, states, *rotation)
 
     monkeypatch.setattr(hf_relpos.model.positions_rope.RotaryPositions, "rotate", recorded)
     input_ids = torch.randint(4, 40, (1, 6))

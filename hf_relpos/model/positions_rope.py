@@ -101,30 +101,33 @@ class RotaryPositions(PositionScheme):
         angles = positions.to(torch.float64)[:, None] * self.theta ** (-exponents)[None, :]
         return angles.cos().to(dtype), angles.sin().to(dtype)
 
-    def rotate(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    def rotate(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pair_swap: torch.Tensor) -> torch.Tensor:
         """R_{Theta,p} x for each row x [..., len(cos), d], given the per-dimension cos and signed sin of its angles
         (`pairwise`): x_2t cos - x_2t+1 sin and x_2t+1 cos + x_2t sin as x cos + swapped(x) sin, the pairs swapped
-        (x_2t+1, x_2t), with the same products and sums, in a few operators per call (each layer's query and key)."""
+        (x_2t+1, x_2t) by one index_select of the stack call's `pair_swap` index, with the same products and sums, in
+        four operators per call (each layer's query and key)."""
         rotary = self.rotary_dim
         rotated_part = states if rotary == states.size(-1) else states[..., :rotary]
-        swapped = rotated_part.unflatten(-1, (rotary // 2, 2)).flip(-1).flatten(-2)
+        swapped = rotated_part.index_select(-1, pair_swap)
         rotated = rotated_part * cos.to(states.dtype) + swapped * sin.to(states.dtype)
         return rotated if rotary == states.size(-1) else torch.cat([rotated, states[..., rotary:]], dim=-1)
 
     def prepare(self, context: PositionContext) -> RopeContext:
         """The rotation angles of every key position (the queries' are the last n) as `rotate` reads them (`pairwise`),
-        shared by the layers."""
+        and the index that swaps each plane's two dimensions (2t <-> 2t + 1: t XOR 1), shared by the layers."""
         _, key_positions = context.query_and_key_positions()
         cos, sin = pairwise(*self.angles(key_positions, context.dtype))
-        return context.extend(RopeContext, cos=cos, sin=sin)
+        pair_swap = torch.arange(self.rotary_dim, device=context.device) ^ 1
+        return context.extend(RopeContext, cos=cos, sin=sin, pair_swap=pair_swap)
 
     def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
         """The c keys of this call sit at the c positions ending with the last query's: rotated once, before they
         are cached."""
-        return self.rotate(key, *context.angles_up_to_last_query(key.size(-2)))
+        return self.rotate(key, *context.angles_up_to_last_query(key.size(-2)), context.pair_swap)
 
     def terms(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, context: RopeContext) -> AttentionTerms:
-        return AttentionTerms(query=self.rotate(query, *context.angles_up_to_last_query(query.size(-2))))
+        return AttentionTerms(query=self.rotate(query, *context.angles_up_to_last_query(query.size(-2)),
+                                                context.pair_swap))
 
 
 def pairwise(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -135,10 +138,12 @@ def pairwise(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @dataclass(frozen=True)
 class RopeContext(PositionContext):
-    """`cos`, `sin` [m, d_rot]: the rotation angles of the m key positions, per rotated dimension (`pairwise`)."""
+    """`cos`, `sin` [m, d_rot]: the rotation angles of the m key positions, per rotated dimension (`pairwise`);
+    `pair_swap` [d_rot]: the index 1, 0, 3, 2, ... that swaps the dimensions of each plane."""
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
+    pair_swap: torch.Tensor | None = None
 
     def angles_up_to_last_query(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [count, d_rot] of the `count` key slots that end with the last query's: the last `count`
