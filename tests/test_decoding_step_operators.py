@@ -60,22 +60,6 @@ def test_rope_rotates_a_cached_steps_query_and_key_in_a_few_operators_per_layer(
     assert operators_per_layer_beyond_absolute("rope", kernel) <= ROPE_ROTATIONS
 
 
-def operators_per_step_beyond_absolute(position_scheme: str, kernel: str = "sdpa") -> float:
-    """What a cached step dispatches once, for all its decoder layers, beyond `absolute`'s: the step's operators at
-    2 layers less twice the per-layer ones (from 2 and 4 layers), minus the same for absolute."""
-    def once(scheme: str) -> float:
-        return 2 * step_operators(scheme, 2, kernel) - step_operators(scheme, 4, kernel)
-
-    return once(position_scheme) - once("absolute")
-
-
-def test_ropes_cached_step_reads_its_angles_from_a_kept_table():
-    """RoPE's cached step reads its angles from a table of cos and signed sin per position kept across calls, and the
-    pair-swap index likewise: no more once-per-step work than absolute's sinusoid, where it computed the angles of
-    every key (arange, powers, products, cos, sin, casts, stacks) and built the index at every step (11 more)."""
-    assert operators_per_step_beyond_absolute("rope") <= 0
-
-
 # u and v added to the query (2); (q + v) by head (transpose, view); W_kR^T (q + v) (the weight by head, bmm); its dot
 # with the step's R^T / sqrt(d) (view, mm); the scores as a [B, H, 1, m] bias (view, transpose); eager adds the bias
 XL_TERMS = {"eager": 11, "sdpa": 10}

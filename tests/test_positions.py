@@ -11,15 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import (
-    SCHEME_ORACLES,
-    SCHEMES,
-    TRANSFORMERS_KERNEL,
-    RecordMatmuls,
-    sinusoid_by_loop,
-    tiny_config,
-    tiny_model,
-)
+from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, RecordMatmuls, sinusoid_by_loop, tiny_config
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
@@ -34,7 +26,6 @@ from hf_relpos.model.positions import (
     computed_once,
     times_table,
 )
-from hf_relpos.model.positions_rope import pairwise
 from hf_relpos.model.positions_t5 import last_bucket_from, relative_position_bucket
 from hf_relpos.testing import (
     BATCH,
@@ -595,31 +586,6 @@ def test_a_transformers_kernel_runs_a_scheme_that_adds_nothing_to_attention(shap
     expected = reference(scheme, 1, q, k, v, naive_allowed(query_length, key_length, offset, is_causal, padded),
                               range(offset, key_length), range(key_length))
     assert (fast - expected).abs().max().item() < TOLERANCE
-
-
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
-def test_ropes_kept_angle_table_holds_each_positions_angles_as_it_grows(dtype):
-    """RoPE's cos and signed sin per position, kept per device and dtype and grown as longer calls need, are bitwise
-    what the angles of those positions give computed for the call, before and after the table grows."""
-    _, scheme = make_attention("rope", True, "eager", rotary_dim=4)
-    for length in (5, 64, 65, 300, 7):
-        cos, sin = scheme.angle_table(length, torch.device("cpu"), dtype)
-        expected_cos, expected_sin = pairwise(*scheme.angles(torch.arange(length), dtype))
-        assert cos.size(0) >= length
-        assert torch.equal(cos[:length], expected_cos) and torch.equal(sin[:length], expected_sin)
-
-
-def test_a_rope_model_trains_after_its_first_forward_ran_under_inference_mode():
-    """RoPE's kept angle table and pair-swap index are built outside inference mode even when the first forward runs
-    inside it (an evaluation, a pipeline): a training step afterwards saves them for its backward, which an inference
-    tensor refuses."""
-    model = tiny_model("rope", seed=1)
-    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        model(input_ids=input_ids, decoder_input_ids=input_ids)
-    model.train()
-    model(input_ids=input_ids, decoder_input_ids=input_ids, labels=input_ids).loss.backward()
-    assert model.model.decoder.layers[0].self_attn.q_proj.weight.grad.abs().sum() > 0
 
 
 @register_position_scheme("test_query_key_transform")

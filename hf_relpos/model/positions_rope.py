@@ -57,7 +57,7 @@ class RotaryPositions(PositionScheme):
     replaces queries and keys and adds nothing else, so every kernel runs it, transformers' flash kernels included.
     Keys are rotated once, as they are computed (`transform_new_keys`), so the KV cache holds rotated keys and a
     cached decoding step rotates only its own key and query, at their true positions. Angles are computed in float64
-    and kept for every position up to the longest call's (`angle_table`; randomized positions: once per stack call).
+    once per stack call.
     """
 
     takes_fixed_size_cache = True
@@ -94,35 +94,12 @@ class RotaryPositions(PositionScheme):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.rotary_dim = rotary_dims(config, head_dim)
         self.theta = float(config.rope_theta)
-        self._angle_tables: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self._pair_swaps: dict[torch.device, torch.Tensor] = {}
 
     def angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin of p theta_t [len(positions), d_rot / 2], computed in float64, returned in `dtype`."""
         exponents = torch.arange(0, self.rotary_dim, 2, device=positions.device, dtype=torch.float64) / self.rotary_dim
         angles = positions.to(torch.float64)[:, None] * self.theta ** (-exponents)[None, :]
         return angles.cos().to(dtype), angles.sin().to(dtype)
-
-    def angle_table(self, length: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and signed sin per rotated dimension (`pairwise`) of the positions 0, 1, ... [at least `length`, d_rot],
-        in `dtype`: computed (`angles`, float64) for every position up to the largest seen, doubled as needed, and kept
-        per device and dtype, so that a stack call at consecutive positions reads rows instead of computing the angles
-        of its m keys. They depend on positions, `rope_theta` and `rotary_dim` only, never on a weight: never stale."""
-        table = self._angle_tables.get((device, dtype))
-        if table is None or table[0].size(0) < length:
-            covered = 0 if table is None else table[0].size(0)
-            with torch.inference_mode(False):   # built under inference mode, it could not be saved for a backward
-                table = pairwise(*self.angles(torch.arange(max(length, 2 * covered, 64), device=device), dtype))
-            self._angle_tables[(device, dtype)] = table
-        return table
-
-    def pair_swap(self, device: torch.device) -> torch.Tensor:
-        """The index 1, 0, 3, 2, ... [d_rot] (t XOR 1) that swaps the two dimensions of each plane, kept per device."""
-        index = self._pair_swaps.get(device)
-        if index is None:
-            with torch.inference_mode(False):
-                index = self._pair_swaps[device] = torch.arange(self.rotary_dim, device=device) ^ 1
-        return index
 
     def rotate(self, states: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pair_swap: torch.Tensor) -> torch.Tensor:
         """R_{Theta,p} x for each row x [..., len(cos), d], given the per-dimension cos and signed sin of its angles
@@ -136,15 +113,12 @@ class RotaryPositions(PositionScheme):
         return rotated if rotary == states.size(-1) else torch.cat([rotated, states[..., rotary:]], dim=-1)
 
     def prepare(self, context: PositionContext) -> RopeContext:
-        """The rotation angles of the key positions (the queries' are the last n) as `rotate` reads them (`pairwise`),
-        and the index that swaps each plane's two dimensions (`pair_swap`), shared by the layers: at consecutive
-        positions (key j at j) the kept table (`angle_table`), else those of the m positions, computed here."""
-        if context.positions is None:
-            cos, sin = self.angle_table(context.key_length, context.device, context.dtype)
-        else:
-            _, key_positions = context.query_and_key_positions()
-            cos, sin = pairwise(*self.angles(key_positions, context.dtype))
-        return context.extend(RopeContext, cos=cos, sin=sin, pair_swap=self.pair_swap(context.device))
+        """The rotation angles of every key position (the queries' are the last n) as `rotate` reads them (`pairwise`),
+        and the index that swaps each plane's two dimensions (2t <-> 2t + 1: t XOR 1), shared by the layers."""
+        _, key_positions = context.query_and_key_positions()
+        cos, sin = pairwise(*self.angles(key_positions, context.dtype))
+        pair_swap = torch.arange(self.rotary_dim, device=context.device) ^ 1
+        return context.extend(RopeContext, cos=cos, sin=sin, pair_swap=pair_swap)
 
     def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
         """The c keys of this call sit at the c positions ending with the last query's: rotated once, before they
@@ -164,9 +138,8 @@ def pairwise(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @dataclass(frozen=True)
 class RopeContext(PositionContext):
-    """`cos`, `sin` [at least m, d_rot]: the rotation angles of the m key positions, per rotated dimension
-    (`pairwise`), key j's in row j (rows past the m-th unused); `pair_swap` [d_rot]: the index 1, 0, 3, 2, ... that
-    swaps the dimensions of each plane."""
+    """`cos`, `sin` [m, d_rot]: the rotation angles of the m key positions, per rotated dimension (`pairwise`);
+    `pair_swap` [d_rot]: the index 1, 0, 3, 2, ... that swaps the dimensions of each plane."""
 
     cos: torch.Tensor | None = None
     sin: torch.Tensor | None = None
@@ -186,6 +159,6 @@ class RopeContext(PositionContext):
 
     def last_rows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.fixed_size_cache:
-            return self.cos[self.key_length - count : self.key_length], self.sin[self.key_length - count : self.key_length]
+            return self.cos[-count:], self.sin[-count:]
         rows = torch.arange(count, device=self.cos.device) + (self.query_offset + self.query_length - count)
         return self.cos.index_select(0, rows), self.sin.index_select(0, rows)
