@@ -507,7 +507,8 @@ def decoding_host_work_before_after() -> str:
             f"{meta['device_name']}, {meta['cpu_threads']} thread, shared with other jobs; {meta['layers']} + "
             f"{meta['layers']} layers of d_model {meta['d_model']}, batch {meta['batch']}). Per cached decoding step "
             f"at `{codes['before']}` (before), `{codes['after']}` (after) and `{latest_code}` (Shaw's a^K on the keys "
-            "and a^V on the values of a decoding step, on SDPA; one run):\n\n"
+            "and a^V on the values of a decoding step on every kernel, each layer's rows read once per step; XL's one "
+            "query scored by distance; RoPE's pairs swapped by one index_select; one run):\n\n"
             + markdown_table(["scheme", "search", "operators before", "operators after",
                               f"operators at `{latest_code}`", "host syncs before", "host syncs after",
                               f"host syncs at `{latest_code}`", "ms vs absolute before (2 runs)",
@@ -599,7 +600,7 @@ HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
 # host-work fixes (9bc5a03, 065eff6, 40808d1, fe51b42; run at f4b4fb6), alternated.
 DECODING_HOST_WORK = "decoding_host_work"
 DECODING_HOST_WORK_RUNS = ("before1", "after1", "before2", "after2")
-# ... and once at af71813 (Shaw's a^K on the keys and a^V on the values of a decoding step): its operators and syncs
+# ... and once at dce029f (the decoding steps of Shaw, XL and RoPE since): its operators and syncs
 DECODING_HOST_WORK_LATEST = "latest"
 
 
