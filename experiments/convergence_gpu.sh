@@ -65,17 +65,29 @@ if ! [[ $parallel =~ ^[1-9][0-9]*$ ]]; then
     echo "convergence_gpu.sh: PARALLEL must be a positive whole number, got '$parallel'" >&2; exit 2
 fi
 # shellcheck disable=SC2086
-"$python" -c 'import sys; sys.path.insert(0, "experiments"); import convergence; convergence.parse_command_line(sys.argv[1:])' \
-    --data "$data" --work "$work" --out "$out" --systems $systems --seeds $seeds "$@" || exit 2
+convergence_arguments=(--data "$data" --work "$work" --out "$out" --systems $systems --seeds $seeds "$@")
+long_inputs_arguments=()
 if [ -n "${LONG_INPUTS:-}" ]; then
     read -r first_system _ <<< "$systems"
     read -r first_seed _ <<< "$seeds"
     # shellcheck disable=SC2086
-    "$python" -c 'import sys; sys.path.insert(0, "experiments"); import long_inputs; long_inputs.parse_command_line(sys.argv[1:])' \
-        --data "$data" --out "$out/long_inputs" --model "$first_system:$first_seed=$work/$first_system/seed$first_seed/averaged" \
-        --baseline "$first_system" $LONG_INPUTS || exit 2
+    long_inputs_arguments=(--data "$data" --out "$out/long_inputs" --baseline "$first_system"
+        --model "$first_system:$first_seed=$work/$first_system/seed$first_seed/averaged" $LONG_INPUTS)
 fi
-device=$("$python" -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+# One process checks both scripts' arguments and names the device (each start imports torch and transformers: seconds
+# of the lease); a --help goes to stderr, and then nothing runs.
+device=$("$python" -c '
+import contextlib, sys
+sys.path.insert(0, "experiments")
+import convergence, long_inputs, torch
+split = 2 + int(sys.argv[1])
+with contextlib.redirect_stdout(sys.stderr):
+    convergence.parse_command_line(sys.argv[2:split])
+    if len(sys.argv) > split:
+        long_inputs.parse_command_line(sys.argv[split:])
+print("cuda" if torch.cuda.is_available() else "cpu")' \
+    "${#convergence_arguments[@]}" "${convergence_arguments[@]}" "${long_inputs_arguments[@]}") || exit 2
+[ -n "$device" ] || exit 0
 deadline=$((SECONDS + limit))
 mkdir -p "$work/logs" "$out"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1

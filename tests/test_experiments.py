@@ -903,25 +903,49 @@ def test_a_convergence_run_cut_after_its_first_checkpoint_continues_to_the_same_
     assert convergence.continuation_flags(tmp_path / "absent") == []
 
 
-def test_convergence_gpu_script_refuses_a_bad_argument_before_anything_trains(tmp_path):
+def test_convergence_gpu_script_refuses_a_bad_argument_before_anything_trains(tmp_path, monkeypatch, capsys):
     """A misspelt system, a seed that is no number, a system or seed named twice (its runs would count twice), a bad
     convergence.py option, a bad LONG_INPUTS option (met otherwise only after every run has trained) or a limit that
     is no number (e.g. options given without LIMIT_SECONDS, so that `--` takes its place) stop
-    experiments/convergence_gpu.sh before any run starts: nothing trained, no status, the error named."""
+    experiments/convergence_gpu.sh before any run starts: nothing trained, no status, the error named. Each error is
+    checked on the arguments the script hands to convergence.py's and long_inputs.py's parse_command_line (in this
+    process); the script itself, end to end, on one error of each source: SYSTEMS, the options after `--`,
+    LONG_INPUTS (after convergence.py's arguments passed, in the same process) and the limit."""
     data, work, out = tmp_path / "data", tmp_path / "work", tmp_path / "out"
     write_demo_corpus(data, 4, 2, 2, seed=3)
-    for arguments, long_inputs, error in (
+    convergence, long_inputs = (load_experiment(script, monkeypatch) for script in (CONVERGENCE, LONG_INPUTS))
+
+    def refusal(parse, argv: list[str]) -> str:
+        with pytest.raises(SystemExit) as stopped:
+            parse(argv)
+        return f"{capsys.readouterr().err}{stopped.value.code}"
+
+    def convergence_arguments(systems: str, seeds: str, *options: str) -> list[str]:   # as the script builds them
+        return ["--data", str(data), "--work", str(work), "--out", str(out), "--systems", *systems.split(),
+                "--seeds", *seeds.split(), *options]
+
+    long_inputs_arguments = ["--data", str(data), "--out", str(out / "long_inputs"), "--baseline", "absolute",
+                             "--model", f"absolute:1={work}/absolute/seed1/averaged"]
+    for parse, argv, error in (
+            (convergence, convergence_arguments("absolute shwa", "1"), "invalid choice: 'shwa'"),
+            (convergence, convergence_arguments("absolute", "1 x"), "invalid int value: 'x'"),
+            (convergence, convergence_arguments("absolute shaw absolute", "1"), "--systems names absolute more than once"),
+            (convergence, convergence_arguments("absolute", "2 1 2"), "--seeds names 2 more than once"),
+            (convergence, convergence_arguments("absolute", "1", "--epochs", "many"), "invalid float value: 'many'"),
+            (long_inputs, [*long_inputs_arguments, "--beams", "four"], "invalid int value: 'four'"),
+            (long_inputs, [*long_inputs_arguments, "--sizes", "1"], "--sizes must be at least 2")):
+        assert error in refusal(parse.parse_command_line, argv), argv
+    convergence.parse_command_line(convergence_arguments("absolute shaw", "2 1"))   # the script's valid arguments
+    long_inputs.parse_command_line([*long_inputs_arguments, "--beams", "4", "--sizes", "2"])
+    for arguments, long_inputs_options, error in (
             (["absolute shwa", "1", "5"], "", "invalid choice: 'shwa'"),
-            (["absolute", "1 x", "5"], "", "invalid int value: 'x'"),
-            (["absolute shaw absolute", "1", "5"], "", "--systems names absolute more than once"),
-            (["absolute", "2 1 2", "5"], "", "--seeds names 2 more than once"),
             (["absolute", "1", "5", "--", "--epochs", "many"], "", "invalid float value: 'many'"),
             (["absolute shaw", "1", "5"], "--beams four", "invalid int value: 'four'"),
-            (["absolute shaw", "1", "5"], "--sizes 1", "--sizes must be at least 2"),
             (["absolute", "1", "--", "--epochs", "1"], "", "LIMIT_SECONDS must be a whole number of seconds, got '--'")):
         called = subprocess.run(["bash", str(EXPERIMENTS / "convergence_gpu.sh"), str(data), str(work), str(out),
                                  *arguments], timeout=300, cwd=EXPERIMENTS.parent, capture_output=True, text=True,
-                                env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1", LONG_INPUTS=long_inputs))
+                                env=dict(os.environ, PYTHON=sys.executable, PARALLEL="1",
+                                         LONG_INPUTS=long_inputs_options))
         assert called.returncode == 2, (arguments, called.stderr)
         assert error in called.stderr, (arguments, called.stderr)
         assert not work.exists() and not out.exists(), arguments
