@@ -152,6 +152,20 @@ def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):
     assert {"eager", "sdpa", "flex_attention", "flash_attention_2"} <= set(attention_implementations())
 
 
+def test_parsing_evaluates_the_argument_classes_annotations_once_per_process(monkeypatch):
+    """The argument classes' field types are evaluated once, not once per field for every parse: typing.get_type_hints
+    evaluates a class's every annotation per call, and a call per field (about 170) was most of a parse (0.36 s of 0.42 s)."""
+    import typing
+
+    recipe = str(REPO / "configs" / "demo.yaml")
+    parse_arguments([recipe, "--max_train_samples", "null"])   # every path that asks a field's type, once
+    evaluated = []
+    real = typing.get_type_hints
+    monkeypatch.setattr(typing, "get_type_hints", lambda *args, **kwargs: evaluated.append(args[0]) or real(*args, **kwargs))
+    parse_arguments([recipe, "--max_train_samples", "null"])
+    assert evaluated == []
+
+
 @pytest.mark.parametrize("kernel", ["eager", "flex_attention"])
 def test_the_model_is_built_with_the_requested_kernel(kernel, tmp_path):
     from hf_relpos.translation.model_setup import build_model

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import enum
+import functools
 import importlib
 import inspect
 import json
@@ -558,8 +559,16 @@ def yaml_text(value: Any) -> str:
     return yaml.safe_dump(value, default_flow_style=True).strip().removesuffix("...").strip()
 
 
+@functools.cache
+def _type_hints(argument_class: type) -> Mapping[str, Any]:
+    """The argument class's field types, its annotations (text under `from __future__ import annotations`) evaluated
+    once per class: typing.get_type_hints evaluates all of them on every call, and a call per field made that most of
+    building the parser."""
+    return types.MappingProxyType(typing.get_type_hints(argument_class))
+
+
 def _is_optional(argument_class: type, name: str) -> bool:
-    return type(None) in typing.get_args(typing.get_type_hints(argument_class)[name])
+    return type(None) in typing.get_args(_type_hints(argument_class)[name])
 
 
 # transformers' fields declared as text that it also takes as a list
@@ -569,7 +578,7 @@ LIST_TAKING_TEXT_FIELDS = {"fsdp"}
 def _is_single_value(argument_class: type, name: str) -> bool:
     """Whether the field holds one value, never a list or a mapping, as its type says: a number, true/false or text
     (but `LIST_TAKING_TEXT_FIELDS`)."""
-    hint = typing.get_type_hints(argument_class)[name]
+    hint = _type_hints(argument_class)[name]
     kinds = set(typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) - {type(None)}
     return kinds <= {int, float, bool} or (kinds == {str} and name not in LIST_TAKING_TEXT_FIELDS)
 
