@@ -36,6 +36,7 @@ from benchmarks.common import (
     check_arguments,
     check_kernels_run,
     dropout_kind,
+    earlier_objects_out_of_collections,
     environment,
     environment_lines,
     make_config,
@@ -498,7 +499,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         markdown = render_markdown(meta, rows, growth)
         return data, markdown, write_report(args.out, "training", markdown, data)
 
-    rows = run_benchmarks(args, save)
+    with earlier_objects_out_of_collections():
+        rows = run_benchmarks(args, save)
     data, markdown, (markdown_path, json_path) = save(rows)
     plot(rows, [label for label, _, _ in series_labels(args)], args.out / "training.png")
     print(markdown)

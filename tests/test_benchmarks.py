@@ -40,10 +40,17 @@ def test_sass_counts_read_every_instruction_of_a_long_kernel() -> None:
     assert compile_triton_kernels.sass_counts(listing) == "SASS 5000 instructions, STL 1000, LDL 2000"
 
 
-def test_training_benchmark_reports_every_scheme(tmp_path: Path) -> None:
+def test_training_benchmark_reports_every_scheme(tmp_path: Path, monkeypatch) -> None:
+    """Every scheme's rows, table lines and memory growth; the collections between measurements leave the process's
+    earlier objects out (frozen; a whole-heap pass was most of this test's time), which are unfrozen at the end."""
+    import gc
+
     argv = ["--device", "cpu", "--threads", "1", "--shapes", "tiny", "--lengths", "8", "16", "--tokens", "32",
             "--layers", "1", "--vocab-size", "64", "--warmup", "0", "--repeats", "2", "--out", str(tmp_path)]
+    collect, frozen_at_collections = gc.collect, []
+    monkeypatch.setattr(gc, "collect", lambda *args: frozen_at_collections.append(gc.get_freeze_count()) or collect(*args))
     data = bench_training.main(argv)
+    assert frozen_at_collections and min(frozen_at_collections) > 0 and gc.get_freeze_count() == 0
     assert data == json.loads((tmp_path / "training.json").read_text())
     assert (tmp_path / "training.png").stat().st_size > 0
     markdown = (tmp_path / "training.md").read_text()
