@@ -65,9 +65,9 @@ step() {  # step SECONDS NAME COMMAND...: run with a time limit (recompile logs 
     echo "commit: $commit"
     date -u +"date: %Y-%m-%dT%H:%M:%SZ"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | sed 's/^/gpu: /'
-    "$python" -c "import torch, transformers; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
-'transformers', transformers.__version__)"
-    "$python" -c "import importlib, importlib.util
+    # one process (each start imports torch: seconds of the lease)
+    "$python" -c "import importlib, importlib.util, torch, transformers
+print('torch', torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)
 for name in ('triton', 'accelerate', 'datasets', 'numpy', 'pyarrow', 'tokenizers', 'huggingface_hub'):
     print(name, importlib.import_module(name).__version__ if importlib.util.find_spec(name) else 'not installed')"
 } > "$out/environment.txt" 2>&1
