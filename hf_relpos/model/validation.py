@@ -61,10 +61,13 @@ def require_probability(name: str, value: Any) -> None:
 def closest_name(name: str, candidates: Iterable[str], cutoff: float = 0.6) -> str | None:
     """The candidate most like `name` by difflib's similarity ratio (get_close_matches' measure and cutoff), taken the
     smaller of its two orders: the ratio is not symmetric (--no-such-flag against source_lang: 0.61 one way, 0.43 the
-    other), and a hint should not depend on which string is which."""
+    other), and a hint should not depend on which string is which. A candidate whose quick ratios (upper bounds of
+    the ratio, as get_close_matches reads them) fall below the cutoff is passed over without computing its ratio."""
     def similarity(candidate: str) -> float:
-        return min(difflib.SequenceMatcher(None, name, candidate).ratio(),
-                   difflib.SequenceMatcher(None, candidate, name).ratio())
+        matcher = difflib.SequenceMatcher(None, name, candidate)
+        if matcher.real_quick_ratio() < cutoff or matcher.quick_ratio() < cutoff:
+            return 0.0
+        return min(matcher.ratio(), difflib.SequenceMatcher(None, candidate, name).ratio())
 
     score, best = max(((similarity(candidate), candidate) for candidate in candidates), default=(0.0, None))
     return best if score >= cutoff else None
