@@ -76,6 +76,7 @@ def pytest_configure(config: pytest.Config) -> None:
         raise pytest.UsageError(f"{REQUIRE_RELPOS_TRITON}=1, but the relpos_triton tests cannot run here: "
                                 f"{RELPOS_TRITON_UNAVAILABLE}")
 
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """What the imports and the collection made (torch, transformers, every test module: most of a worker's heap) is
     kept out of the garbage collector's full passes from here on (gc.freeze, after one collection): the Trainer runs
