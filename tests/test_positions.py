@@ -27,6 +27,7 @@ from hf_relpos.model.positions import (
     times_table,
 )
 from hf_relpos.model.positions_t5 import last_bucket_from, relative_position_bucket
+from hf_relpos.model.positions_xl import XLContext
 from hf_relpos.testing import (
     BATCH,
     HEAD_DIM,
@@ -633,7 +634,9 @@ def test_xl_position_scores_in_both_orders_match_the_loop():
         position_query = torch.randn(batch, HEADS, query_length, HEAD_DIM, dtype=torch.float64)
         distances = torch.arange(largest, largest - count, -1)
         encodings = scheme.encodings(distances, max(abs(largest), abs(largest - count + 1)), torch.float64)
-        scores = scheme.position_scores(0, position_query, encodings)
+        context = PositionContext(query_length, count, 0, None, position_query.device, torch.float64).extend(
+            XLContext, encodings=encodings, score_scale=HEAD_DIM**-0.5)
+        scores = scheme.position_scores(0, position_query, context)
         for p in range(count):
             relative = (projection @ sinusoid_by_loop(largest - p, scheme.config.d_model)).view(HEADS, HEAD_DIM)
             expected = torch.einsum("bhnd,hd->bhn", position_query, relative) / math.sqrt(HEAD_DIM)

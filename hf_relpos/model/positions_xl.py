@@ -60,9 +60,9 @@ class XLPositions(PositionScheme):
     u = `content_bias`, v = `position_bias`, per layer (`untie_relative_biases`) or shared by the stack's layers.
     Terms (a)+(c) = (q + u).k are the attention product (the query the terms return); (b)+(d) = (q + v).W_kR R for
     every distance form a `RelativeBias`, aligned by `rel_shift` (in the encoder a block of queries at a time,
-    `blocked_position_bias`; a cached step's one query reads them by distance, `step_position_bias`). Bidirectional
-    distances in the encoder, causal
-    (i - j >= 0) in a decoder; `query_offset` counts cached or memory positions.
+    `blocked_position_bias`; a cached step's one query meets key j at its j-th distance, so its table is the bias).
+    Bidirectional distances in the encoder, causal (i - j >= 0) in a decoder; `query_offset` counts cached or memory
+    positions.
     """
 
     takes_fixed_size_cache = True
@@ -137,75 +137,50 @@ class XLPositions(PositionScheme):
                               score_scale=self.head_dim**-0.5, content_bias=self.content_bias,
                               position_bias=self.position_bias)
 
-    def scaled_projection(self, layer_idx: int, dtype: torch.dtype, head_dim: int) -> torch.Tensor:
-        """W_kR / sqrt(d) [H * d, d_model]: the score scale folded into the (small) weight, not the [B, H, n, count]
-        scores."""
-        return self.position_projections[layer_idx].weight.to(dtype) * head_dim**-0.5
+    def position_scores(self, layer_idx: int, position_query: torch.Tensor, context: XLContext,
+                        with_zero_row: bool = False) -> torch.Tensor:
+        """(q + v) . W_kR R_d / sqrt(d) [B, H, n, count] for the context's `count` distances d (`with_zero_row`: and a
+        zero score more, for `rel_shift`), from R^T / sqrt(d), formed once per stack call (`scaled_encodings_t`).
 
-    def position_scores(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor) -> torch.Tensor:
-        """(q + v) . W_kR R_d / sqrt(d) [B, H, n, count] for the `count` encodings R_d [count, d_model].
-
-        Two orders of the same product, the cheaper one for the shapes at hand: project the `count` encodings
-        (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
-        (W_kR^T (q + v), then dot each R_d: cached decoding, where one query meets every earlier distance). The
-        second needs the matrix W_kR itself: only a plain nn.Linear's weight is that (`projected_encodings`).
+        Two orders of the same product, the cheaper one for the shapes at hand (`projects_queries`): project the
+        distances (W_kR R_d, then dot each query: training, where B n >> count) or project the B n queries
+        (W_kR^T (q + v), then dot each R_d: a cached decoding step, whose one query meets every earlier distance, its
+        scores per distance then being the bias of its keys). The second needs the matrix W_kR itself: only a plain
+        nn.Linear's weight is that (`projected_encodings`).
         """
         batch, heads, query_length, head_dim = position_query.shape
-        encodings = encodings.to(position_query.dtype)
-        count = encodings.size(0)
-        model_dim = encodings.size(1)
+        dtype = position_query.dtype
+        projection = self.position_projections[layer_idx]
+        encodings_t = (context.scaled_encodings_and_a_zero_column_t if with_zero_row else context.scaled_encodings_t)
+        model_dim, count = encodings_t.shape
         queries = batch * query_length
-        if isinstance(self.position_projections[layer_idx], nn.Linear) and projects_queries(queries, heads, count,
-                                                                                          model_dim):
-            weight = self.scaled_projection(layer_idx, position_query.dtype, head_dim)
+        if isinstance(projection, nn.Linear) and projects_queries(queries, heads, count, model_dim):
             by_head = position_query.transpose(0, 1).reshape(heads, queries, head_dim)
-            projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
-            scores = torch.matmul(projected_queries, encodings.t())
+            projected_queries = torch.bmm(by_head, projection.weight.to(dtype).view(heads, head_dim, model_dim))
+            scores = projected_queries.flatten(0, 1).mm(encodings_t.to(dtype))   # W_kR^T (q + v) . R_d / sqrt(d)
             return scores.view(heads, batch, query_length, count).transpose(0, 1)
-        return torch.matmul(position_query, self.projected_encodings(layer_idx, encodings, heads, head_dim))
+        return torch.matmul(position_query, self.projected_encodings(layer_idx, context, dtype, heads, with_zero_row))
 
-    def projected_encodings(self, layer_idx: int, encodings: torch.Tensor, heads: int, head_dim: int) -> torch.Tensor:
-        """W_kR R_d / sqrt(d) per head: [H, d, count]. A module an adapter put in the nn.Linear's place (PEFT's
-        LoRA: W_kR + B A) projects the encodings by its forward: its weight alone would leave the adapter out."""
+    def projected_encodings(self, layer_idx: int, context: XLContext, dtype: torch.dtype, heads: int,
+                            with_zero_row: bool = False) -> torch.Tensor:
+        """W_kR R_d / sqrt(d) per head: [H, d, count] (`with_zero_row`: and a zero column more). A module an adapter
+        put in the nn.Linear's place (PEFT's LoRA: W_kR + B A) projects the encodings by its forward: its weight alone
+        would leave the adapter out."""
         projection = self.position_projections[layer_idx]
         if isinstance(projection, nn.Linear):
-            projected = encodings @ self.scaled_projection(layer_idx, encodings.dtype, head_dim).t()
-        else:
-            projected = projection(encodings) * head_dim**-0.5
+            encodings_t = context.scaled_encodings_and_a_zero_column_t if with_zero_row else context.scaled_encodings_t
+            return projection.weight.to(dtype).mm(encodings_t.to(dtype)).view(heads, self.head_dim, -1)
+        encodings = (context.encodings_and_a_zero_row if with_zero_row else context.encodings).to(dtype)
+        projected = projection(encodings) * context.score_scale
         return projected.view(encodings.size(0), heads, -1).permute(1, 2, 0)
 
-    def step_position_bias(self, layer_idx: int, position_query: torch.Tensor, context: XLContext) -> torch.Tensor:
-        """The dense (b)+(d) bias [B, H, 1, m] of one query (a cached decoding step) at consecutive positions:
-        (q_i + v) . W_kR R_(i-j) / sqrt(d) for the m keys j. Key j is the call's j-th distance, so the scores per
-        distance are the bias: no rel-shift, no zero column. Per head, the queries [H, B, d] times W_kR R / sqrt(d)
-        [H, d, m], or, where that takes more products (`projects_queries`), W_kR^T (q + v) [H, B, D] times
-        R / sqrt(d): both from R^T / sqrt(d), transposed and scaled once per stack call (`scaled_encodings_t`), not
-        the weight scaled by every layer."""
-        batch, heads, _, head_dim = position_query.shape
-        dtype = position_query.dtype
-        by_head = position_query.transpose(0, 1).reshape(heads, batch, head_dim)
-        projection = self.position_projections[layer_idx]
-        if not isinstance(projection, nn.Linear):
-            projected = self.projected_encodings(layer_idx, context.encodings.to(dtype), heads, head_dim)
-            scores = torch.bmm(by_head, projected)
-        else:
-            encodings = context.scaled_encodings_t.to(dtype)
-            model_dim, count = encodings.shape
-            weight = projection.weight.to(dtype)
-            if projects_queries(batch, heads, count, model_dim):
-                projected_queries = torch.bmm(by_head, weight.view(heads, head_dim, model_dim))  # W_kR^T (q + v)
-                scores = projected_queries.flatten(0, 1).mm(encodings)
-            else:
-                scores = torch.bmm(by_head, weight.mm(encodings).view(heads, head_dim, count))
-        return scores.view(heads, batch, 1, -1).transpose(0, 1)
-
-    def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, encodings: torch.Tensor,
+    def blocked_position_bias(self, layer_idx: int, position_query: torch.Tensor, context: XLContext,
                               key_length: int) -> torch.Tensor:
         """The dense (b)+(d) bias [B, H, n, m] of bidirectional, consecutive positions, a block of queries at a time
-        (`dense_by_query_blocks`): each block is multiplied with only the distances it meets (`encodings` [n + m - 1,
-        d_model], largest first) and aligned by `rel_shift`."""
-        query_length, heads, head_dim = position_query.size(-2), position_query.size(1), position_query.size(-1)
-        projected = self.projected_encodings(layer_idx, encodings.to(position_query.dtype), heads, head_dim)
+        (`dense_by_query_blocks`): each block is multiplied with only the distances it meets (the context's n + m - 1,
+        largest first) and aligned by `rel_shift`."""
+        query_length, heads = position_query.size(-2), position_query.size(1)
+        projected = self.projected_encodings(layer_idx, context, position_query.dtype, heads)
         return dense_by_query_blocks(
             query_length, key_length,
             lambda first, size, columns: torch.matmul(position_query[:, :, first : first + size], projected[..., columns]),
@@ -220,20 +195,19 @@ class XLPositions(PositionScheme):
         content_biases, position_biases = context.layer_biases
         bias_idx = layer_idx if len(content_biases) > 1 else 0
         position_query = query + position_biases[bias_idx].to(query.dtype)
-        encodings = context.encodings
         score_bias = RelativeBias(
-            table=lambda: self.position_scores(layer_idx, position_query, encodings),
+            table=lambda: self.position_scores(layer_idx, position_query, context),
             bucket=context.bucket,
             key_length=key_length,
             recompute=True,
         )
         if context.positions is None and self.is_causal and query.size(-2) == 1:
-            score_bias.densify = lambda: self.step_position_bias(layer_idx, position_query, context)
+            score_bias.densify = score_bias.table   # one query meets key j at the j-th distance: no rel-shift
         elif context.positions is None and self.is_causal:
-            score_bias.densify = lambda: rel_shift(self.position_scores(
-                layer_idx, position_query, context.encodings_and_a_zero_row), key_length)
+            score_bias.densify = lambda: rel_shift(
+                self.position_scores(layer_idx, position_query, context, with_zero_row=True), key_length)
         elif context.positions is None:
-            score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, encodings, key_length)
+            score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, context, key_length)
         return AttentionTerms(query=query + content_biases[bias_idx].to(query.dtype), score_bias=score_bias)
 
 
@@ -257,13 +231,20 @@ class XLContext(PositionContext):
 
     @computed_once
     def scaled_encodings_t(self) -> torch.Tensor:
-        """R^T / sqrt(d) [d_model, count]: what a cached step's scores multiply (`XLPositions.step_position_bias`)."""
+        """R^T / sqrt(d) [d_model, count]: what every layer's position scores multiply (`XLPositions.position_scores`),
+        the score scale folded into the small encodings once per stack call, not into each layer's weight."""
         return (self.encodings * self.score_scale).t()
 
     @computed_once
+    def scaled_encodings_and_a_zero_column_t(self) -> torch.Tensor:
+        """`scaled_encodings_t` and one zero column more [d_model, count + 1]: a causal table from them has the m + 1
+        distance columns that `rel_shift` reads as a view (the extra one, a future key's, is masked)."""
+        return nn.functional.pad(self.scaled_encodings_t, (0, 1))
+
+    @computed_once
     def encodings_and_a_zero_row(self) -> torch.Tensor:
-        """`encodings` and one zero row more [count + 1, d_model]: a causal table from them has the m + 1 distance
-        columns that `rel_shift` reads as a view (the extra one, a future key's, is masked)."""
+        """`encodings` and one zero row more [count + 1, d_model]: what an adapter's module in W_kR's place projects
+        for a causal table (`XLPositions.projected_encodings`)."""
         return nn.functional.pad(self.encodings, (0, 0, 0, 1))
 
 
