@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterable
+import tomllib
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,25 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
     return subprocess.run([sys.executable, "-c", blocked + textwrap.dedent(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
+
+
+def pyproject() -> dict[str, Any]:
+    """The repository's pyproject.toml, parsed."""
+    with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as handle:
+        return tomllib.load(handle)
+
+
+def console_script(name: str) -> str:
+    """`module:function` of a console command the package installs (pyproject.toml's [project.scripts])."""
+    scripts = pyproject()["project"]["scripts"]
+    assert name in scripts, f"{name} is not a console script of pyproject.toml ({sorted(scripts)})"
+    return scripts[name]
+
+
+def console_script_main(name: str) -> Callable[..., Any]:
+    """The function that the console command `name` runs, imported."""
+    module_name, _, function = console_script(name).partition(":")
+    return getattr(importlib.import_module(module_name), function)
 
 # Every tests/test_scheme_*.py registers a scheme when imported, and lists its float64 oracle (`ORACLE_CASES`,
 # test_positions.py's reference signature): imported here, before any test module is collected, its scheme is in

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import console_script_main, pyproject
 
 from hf_relpos.translation.arguments import attention_implementations
 from hf_relpos.translation.training import ConfigError, parse_arguments
@@ -24,19 +25,8 @@ SCRIPTS = {"hf-relpos-train": "hf_relpos.translation.training:main", "hf-relpos-
            "hf-relpos-export": "hf_relpos.tools.export:main"}
 
 
-def script_targets() -> dict[str, str]:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    with open(REPO / "pyproject.toml", "rb") as handle:
-        return tomllib.load(handle)["project"]["scripts"]
-
-
-def resolve(target: str):
-    module_name, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 def test_pyproject_declares_the_five_commands():
-    assert script_targets() == SCRIPTS
+    assert pyproject()["project"]["scripts"] == SCRIPTS
 
 
 @pytest.mark.parametrize(("name", "shown"), [
@@ -47,7 +37,7 @@ def test_pyproject_declares_the_five_commands():
     ("hf-relpos-export", "ctranslate2"),
 ])
 def test_every_command_has_a_working_help(name, shown, capsys):
-    main = resolve(script_targets()[name])
+    main = console_script_main(name)
     assert callable(main)
     with pytest.raises(SystemExit) as exited:
         main(["--help"])
@@ -59,7 +49,7 @@ def test_the_training_help_lists_every_registered_position_scheme(capsys):
     import hf_relpos
 
     with pytest.raises(SystemExit):
-        resolve(script_targets()["hf-relpos-train"])(["--help"])
+        console_script_main("hf-relpos-train")(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert f"One of: {', '.join(sorted(hf_relpos.POSITION_SCHEMES))}." in shown
     assert {"absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"} <= set(hf_relpos.POSITION_SCHEMES)
@@ -69,7 +59,7 @@ def test_the_training_help_says_push_to_hub_pushes_once_and_where(capsys):
     """push_to_hub and hub_model_id are help of hf_relpos' own (docs/hub.md): one push after the run, the Trainer's
     pushes at every save being off, to output_dir's folder name unless hub_model_id names a repository."""
     with pytest.raises(SystemExit):
-        resolve(script_targets()["hf-relpos-train"])(["--help"])
+        console_script_main("hf-relpos-train")(["--help"])
     shown = " ".join(capsys.readouterr().out.split())
     assert "push output_dir once" in shown and "The Trainer's own pushes (hub_strategy) stay off" in shown
     assert "every time the model is saved" not in shown and "keep in sync with the local `output_dir`" not in shown
@@ -135,7 +125,7 @@ def test_train_translation_script_is_the_same_main():
     namespace: dict = {}
     exec((REPO / "train_translation.py").read_text(encoding="utf-8").replace('if __name__ == "__main__"', "if False"),
          namespace)
-    assert namespace["main"] is resolve(SCRIPTS["hf-relpos-train"])
+    assert namespace["main"] is console_script_main("hf-relpos-train")
 
 
 def test_attn_implementation_from_the_recipe_and_the_command_line(tmp_path):

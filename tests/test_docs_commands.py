@@ -14,20 +14,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import load_experiment
+from conftest import console_script, console_script_main, load_experiment, pyproject
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NOT_CHECKED = {"cat", "cd", "git", "ls", "export"}   # shell helpers around the documented commands
-
-
-def pyproject_table(name: str) -> dict[str, str]:
-    """The `key = value` lines of one table of pyproject.toml (keys unquoted; tomllib needs Python 3.11)."""
-    text = (ROOT / "pyproject.toml").read_text(encoding="utf-8")
-    table = re.search(rf"^\[{re.escape(name)}\]\n(.*?)(?=^\[|\Z)", text, re.MULTILINE | re.DOTALL)
-    lines = table.group(1).splitlines() if table else []
-    return {key.strip().strip('"'): value.strip() for key, _, value in (line.partition("=") for line in lines)
-            if value and not key.startswith((" ", "#"))}
 
 
 def documented_commands() -> list[tuple[str, list[str]]]:
@@ -49,13 +40,6 @@ def documented_commands() -> list[tuple[str, list[str]]]:
 
 
 COMMANDS = documented_commands()
-
-
-def console_script(name: str) -> str:
-    """`module:function` of a console command the package installs ([project.scripts])."""
-    scripts = pyproject_table("project.scripts")
-    assert name in scripts, f"{name} is not a console script of pyproject.toml ({sorted(scripts)})"
-    return scripts[name].strip('"')
 
 
 TRAINING = "hf_relpos.translation.training:main"   # what train_translation.py runs
@@ -169,7 +153,7 @@ def check_make(arguments: list[str]) -> None:
 
 def check_pip(arguments: list[str]) -> None:
     """Extras named in `pip install` (`.[train]`, `hf_relpos[train]`) must be extras of pyproject.toml."""
-    extras = pyproject_table("project.optional-dependencies")
+    extras = pyproject()["project"]["optional-dependencies"]
     for argument in arguments:
         for extra in re.findall(r"\[([^\]]+)\]", argument):
             for name in extra.split(","):
@@ -269,9 +253,8 @@ def test_the_readme_quickstart_trains_and_translates_plain_parallel_files(tmp_pa
 
     def run(argv: list[str]) -> str:
         """`argv` run as its console script (a `main(argv)` returns on success); what it printed on stdout."""
-        module, function = console_script(argv[0]).split(":")
         capsys.readouterr()
-        getattr(importlib.import_module(module), function)(argv[1:])
+        console_script_main(argv[0])(argv[1:])
         return capsys.readouterr().out
 
     run([*train, *tiny])

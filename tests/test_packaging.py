@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import pyproject
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
@@ -21,13 +22,8 @@ from packaging.version import Version
 from hf_relpos.translation import TRAIN_EXTRA_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
+PROJECT = pyproject()["project"]
 IMPORT_NAMES = {"pyyaml": "yaml"}   # a distribution whose import name differs from its name
-
-
-def project() -> dict:
-    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    with open(REPO / "pyproject.toml", "rb") as handle:
-        return tomllib.load(handle)["project"]
 
 
 def requirement(requirements: list[str], name: str) -> Requirement:
@@ -40,7 +36,7 @@ def floor(parsed: Requirement) -> Version:
 
 def python_floor() -> Version:
     """The lowest Python `requires-python` admits."""
-    return floor(Requirement(f"python{project()['requires-python']}"))
+    return floor(Requirement(f"python{PROJECT['requires-python']}"))
 
 
 def test_the_python_floor_is_not_below_the_one_transformers_installs_on():
@@ -55,7 +51,7 @@ def test_no_floor_is_below_the_one_transformers_requires():
     fails; its Trainer refuses an older accelerate), raise the floors of the packages we name too: pip must not keep
     an older version that satisfies our floor."""
     ours = {canonicalize_name(parsed.name): parsed
-            for parsed in map(Requirement, project()["dependencies"] + project()["optional-dependencies"]["train"])}
+            for parsed in map(Requirement, PROJECT["dependencies"] + PROJECT["optional-dependencies"]["train"])}
     theirs = [parsed for parsed in map(Requirement, importlib.metadata.requires("transformers") or [])
               if canonicalize_name(parsed.name) in ours and any(spec.operator == ">=" for spec in parsed.specifier)
               and (parsed.marker is None or parsed.marker.evaluate({"extra": "torch"}))]
@@ -68,7 +64,7 @@ def test_no_floor_is_below_the_one_transformers_requires():
 def test_the_readme_states_the_declared_python_torch_and_transformers_floors():
     """The README's install paragraph names the floors pyproject.toml declares."""
     python = python_floor()
-    torch, transformers = (floor(requirement(project()["dependencies"], name)) for name in ("torch", "transformers"))
+    torch, transformers = (floor(requirement(PROJECT["dependencies"], name)) for name in ("torch", "transformers"))
     readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
     assert (f"Python {python} or newer, torch {torch} or newer and transformers {transformers} or newer"
             in readme)
@@ -78,20 +74,20 @@ def test_model_cards_state_the_declared_transformers_range():
     """A card tells a user without hf_relpos which transformers the stored modeling code needs: the declared range."""
     from hf_relpos.publish.hub import transformers_requirement
 
-    declared = next(parsed for parsed in map(Requirement, project()["dependencies"]) if parsed.name == "transformers")
+    declared = next(parsed for parsed in map(Requirement, PROJECT["dependencies"]) if parsed.name == "transformers")
     assert transformers_requirement() == str(declared.specifier)
 
 
 def test_the_train_extra_modules_are_the_train_extra():
     """`TRAIN_EXTRA_MODULES` (the check the commands make) names every package of pyproject.toml's train extra."""
-    names = {Requirement(line).name.lower() for line in project()["optional-dependencies"]["train"]}
+    names = {Requirement(line).name.lower() for line in PROJECT["optional-dependencies"]["train"]}
     assert set(TRAIN_EXTRA_MODULES) == {IMPORT_NAMES.get(name, name) for name in names}
 
 
 @pytest.mark.parametrize("platform_system", ["Darwin", "Windows"])
 def test_the_dev_extra_installs_where_triton_has_no_wheels(platform_system):
     """triton publishes Linux wheels only: `make test` and `make demo` install the dev extra on every system."""
-    triton = requirement(project()["optional-dependencies"]["dev"], "triton")
+    triton = requirement(PROJECT["optional-dependencies"]["dev"], "triton")
     assert triton.marker is not None and not triton.marker.evaluate({"platform_system": platform_system})
     assert triton.marker.evaluate({"platform_system": "Linux"})
 
