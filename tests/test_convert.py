@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import SCHEMES, tiny_config
+from conftest import SCHEMES, run_without_hf_relpos, tiny_config
 from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 from hf_relpos import AttentionTerms, PositionScheme, RelPosTransformerForConditionalGeneration
@@ -306,6 +306,26 @@ def test_cli_writes_model_tokenizer_and_generation_config(marian_folder, tmp_pat
     assert torch.equal(logits(loaded.eval(), batch), logits(expected, batch))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["shaw"]  # no staging folder left
 
+
+
+def test_a_converted_folder_translates_through_the_pipeline_where_hf_relpos_is_not_installed(marian_folder, tmp_path):
+    """The converted folder ships the translation pipeline a trained one does: `pipeline("translation", model=OUT,
+    trust_remote_code=True)` in a Python without hf_relpos gives the converted model's own beam search (without the
+    declaration, transformers 5 has no translation task: KeyError)."""
+    output = convert_marian(marian_folder / "model", tmp_path / "absolute", "absolute")
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    model = RelPosTransformerForConditionalGeneration.from_pretrained(output).eval()
+    sources = ["Der Mann.", "Die Frau sieht den Hund."]
+    expected = tokenizer.batch_decode(model.generate(**tokenizer(sources, padding=True, return_tensors="pt")),
+                                      skip_special_tokens=True)
+    script = f"""
+from transformers import pipeline
+translator = pipeline("translation", model={str(output)!r}, trust_remote_code=True, device="cpu")
+print([output["translation_text"] for output in translator({sources!r})])
+"""
+    result = run_without_hf_relpos(script, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.splitlines()[-1] == str(expected)
 
 def test_cli_errors_are_one_line_and_write_nothing(marian_folder, tmp_path, capsys):
     output = tmp_path / "out"

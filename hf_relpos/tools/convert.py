@@ -51,6 +51,7 @@ from ..model.positions import (
     warn_renamed,
 )
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
+from ..publish.hub import add_translation_pipeline
 from ..publish.records import load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_local_folder
@@ -239,8 +240,9 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, position_
 
 def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, position_scheme: str,
                    **config_overrides: Any) -> Path:
-    """Convert the Marian model in `source` (folder or Hub id) and save it, with its tokenizer and generation config,
-    in `output_dir`, which must not exist yet (or be empty). Everything is checked and written in a sibling temporary
+    """Convert the Marian model in `source` (folder or Hub id) and save it, with its tokenizer, generation config and
+    the translation pipeline a trained folder ships (`add_translation_pipeline`), in `output_dir`, which must not
+    exist yet (or be empty). Everything is checked and written in a sibling temporary
     folder first, then renamed into place: an error leaves nothing behind."""
     output_dir = Path(output_dir)
     check_new_output_dir(output_dir)
@@ -257,6 +259,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
         model.save_pretrained(staging)
         apply_umask_mode_to_weights(staging)
         tokenizer.save_pretrained(staging)
+        add_translation_pipeline(staging)
     return output_dir
 
 
