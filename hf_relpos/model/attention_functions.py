@@ -351,11 +351,14 @@ class FlexMask:
     def from_padding(cls, padding: torch.Tensor | None, query_length: int, query_offset: int = 0,
                      **bounds: Any) -> FlexMask:
         """The mask of a [B, m] 1/0 key padding: per-sequence key ranges when each sequence's keys form one run
-        (right or left padding; one check on the host), else the padding itself."""
+        (right or left padding; one check on the host), else the padding itself; under torch.compile always the
+        padding itself (the check would break the graph)."""
         if padding is None:
             raise ValueError("from_padding needs a [batch, keys] padding mask")
         valid = padding.bool()
         batch, key_length = valid.shape
+        if torch.compiler.is_compiling():
+            return cls(batch, query_length, key_length, query_offset, key_valid=valid, **bounds)
         first = valid.int().argmax(-1)
         end = key_length - valid.flip(-1).int().argmax(-1)
         counts = valid.sum(-1)
@@ -489,8 +492,8 @@ class FlexMask:
         kv_inside = kv < key_length
         kv = kv.clamp(max=key_length - 1)[None, None, None, :]
         partial, full = [], []
-        for first in range(0, query_length, block):
-            q = torch.arange(first, first + block, device=device)
+        for index in range((query_length + block - 1) // block):   # over the count: a new length keeps the graph
+            q = torch.arange(index * block, (index + 1) * block, device=device)
             inside = kv_inside & (q < query_length)[:, None]
             allowed = self.allows(b, h, q.clamp(max=query_length - 1)[None, None, :, None], kv) & inside
             allowed = allowed.expand(self.batch, self.heads, block, -1).reshape(

@@ -539,14 +539,28 @@ def _band_windows(states: torch.Tensor, query_length: int, first_key: int, count
     return padded[:, :, start : start + padded_queries + count - 1].unfold(2, block + count - 1, block).transpose(-1, -2)
 
 
+def band_block(query_length: int) -> int:
+    """Queries per block of `band_scores` / `band_values`: BAND_BLOCK, or all n when fewer; under torch.compile
+    always BAND_BLOCK (a short call's block padded with zero queries), since a block of n would make every new
+    length below BAND_BLOCK a new graph."""
+    return BAND_BLOCK if torch.compiler.is_compiling() else min(BAND_BLOCK, query_length)
+
+
+def with_zero_rows(states: torch.Tensor, rows: int) -> torch.Tensor:
+    """`states` [..., n, d] and zero rows after them up to `rows`, contiguous. Not `nn.functional.pad`: adding no row,
+    it returns a copy with the input's strides, where a graph compiled for lengths that vary expects a contiguous
+    tensor (its views of a transposed query then fail under aot_eager)."""
+    return torch.cat((states, states.new_zeros(*states.shape[:-2], rows - states.size(-2), states.size(-1))), dim=-2)
+
+
 def band_scores(query: torch.Tensor, key: torch.Tensor, first_key: int, count: int) -> torch.Tensor:
     """S[b, h, i, r] = q_i . k_(i + first_key + r) for the `count` diagonals r (0 where the key is outside 0 .. m-1),
     [B, H, n, count]: one batched product of each block of BAND_BLOCK queries with the keys its diagonals meet,
     skewed to diagonals by a reshape (n (BAND_BLOCK + count - 1) scores, no per-diagonal loop)."""
     batch, heads, query_length, head_dim = query.shape
-    block = min(BAND_BLOCK, query_length)
+    block = band_block(query_length)
     blocks = math.ceil(query_length / block)
-    queries = nn.functional.pad(query, (0, 0, 0, blocks * block - query_length)).view(batch, heads, blocks, block, -1)
+    queries = with_zero_rows(query, blocks * block).view(batch, heads, blocks, block, -1)
     scores = torch.matmul(queries, _band_windows(key, query_length, first_key, count, block).transpose(-1, -2))
     width = block + count - 1   # row t of a block holds its diagonals at columns t .. t + count - 1
     skewed = nn.functional.pad(scores.reshape(batch, heads, blocks, block * width), (0, block))
@@ -558,11 +572,10 @@ def band_values(weights: torch.Tensor, value: torch.Tensor, first_key: int) -> t
     """sum_r W[b, h, i, r] v_(i + first_key + r) [B, H, n, d] for diagonal weights W [B, H, n, count] (zero where the
     key is outside 0 .. m-1): the inverse skew of `band_scores`, then one batched product per block of queries."""
     batch, heads, query_length, count = weights.shape
-    block = min(BAND_BLOCK, query_length)
+    block = band_block(query_length)
     blocks = math.ceil(query_length / block)
     width = block + count - 1
-    weights = nn.functional.pad(weights, (0, 0, 0, blocks * block - query_length)).view(batch, heads, blocks, block,
-                                                                                          count)
+    weights = with_zero_rows(weights, blocks * block).view(batch, heads, blocks, block, count)
     skewed = nn.functional.pad(weights, (0, block)).reshape(batch, heads, blocks, block * (width + 1))
     by_key = skewed[..., : block * width].view(batch, heads, blocks, block, width)
     output = torch.matmul(by_key, _band_windows(value, query_length, first_key, count, block))
@@ -584,7 +597,8 @@ def region_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
       Over a region the bias is a per-row constant c_i: it moves the region's log-sum-exp by c_i and leaves its
       output unchanged, so it is added to the log-sum-exp (no table inside the kernel, no atomic gradient);
     - the band, clamped to the distances the call can meet (`mask.distance_bounds()`, so short sequences do not pay
-      for diagonals they lack): its diagonals' scores (`band_scores`, one batched product per block of queries) plus
+      for diagonals they lack; not under torch.compile, where the clamp would make each short length a graph): its
+      diagonals' scores (`band_scores`, one batched product per block of queries) plus
       their bias, O(n band_count d) per head.
 
     `bias(first, count, compute)` gives, in `compute` = promote_types(dtype, float32), the left region's row constant
@@ -601,9 +615,12 @@ def region_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
     for lowest, highest in ((None, band_first - 1), (band_first + band_count, None)):
         region = mask.restricted(lowest, highest)
         regions.append(None if region is None else attend(query, key, value, region, scaling, with_lse=True))
-    reach_low, reach_high = mask.distance_bounds()
-    first = min(max(band_first, reach_low), band_first + band_count)
-    count = max(0, min(band_first + band_count, reach_high + 1) - first)
+    if torch.compiler.is_compiling():   # the whole band: one clamped to the call's reach makes each length a graph
+        first, count = band_first, band_count
+    else:
+        reach_low, reach_high = mask.distance_bounds()
+        first = min(max(band_first, reach_low), band_first + band_count)
+        count = max(0, min(band_first + band_count, reach_high + 1) - first)
     # autocast off: the rest stays in `compute` (autocast would run its products in bf16 again)
     with torch.autocast(query.device.type, enabled=False):
         left_bias, band_bias, right_bias = bias(first, count, compute)
