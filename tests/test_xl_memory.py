@@ -13,7 +13,8 @@ import hf_relpos
 from hf_relpos.testing import check_causal_lm_decoding, check_causal_lm_left_padding
 
 SEGMENT = 6
-TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails
+TOLERANCE = 1e-12  # float64 models: a float32 step anywhere fails (generate's own logits come rounded to float32
+# by transformers: there it checks equality after that rounding; the forward calls' logits stay float64)
 
 
 def causal_lm(position_scheme: str = "xl", seed: int = 0, **overrides) -> hf_relpos.RelPosTransformerForCausalLM:
