@@ -161,7 +161,6 @@ def run_without_hf_relpos(script: str, tmp_path: Path) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
 
 
-
 def pyproject() -> dict[str, Any]:
     """The repository's pyproject.toml, parsed."""
     with open(Path(__file__).resolve().parents[1] / "pyproject.toml", "rb") as handle:
@@ -179,6 +178,7 @@ def console_script_main(name: str) -> Callable[..., Any]:
     """The function that the console command `name` runs, imported."""
     module_name, _, function = console_script(name).partition(":")
     return getattr(importlib.import_module(module_name), function)
+
 
 # Every tests/test_scheme_*.py registers a scheme when imported, and lists its float64 oracle (`ORACLE_CASES`,
 # test_positions.py's reference signature): imported here, before any test module is collected, its scheme is in

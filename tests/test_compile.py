@@ -81,6 +81,6 @@ def test_a_compiled_flex_attention_model_follows_new_lengths_without_recompiling
     the mask reads the padding per key) and new lengths reuse it after the one recompile that makes sizes dynamic:
     the block mask is built over the count of query blocks, Shaw's and T5's band over a fixed block of queries and
     every diagonal of the band, not blocks of n or the diagonals a length meets (each length a graph until dynamo's
-    limit of 8 sent the model back to eager). rope stands for the schemes without a band (one graph break and a
-    recompile per length before)."""
+    limit of 8 sent the model back to eager). rope stands for the schemes without a band (before: a graph break at
+    each stack's padding check, and a recompile per length)."""
     assert flex_compiled_graphs(scheme) == 2
