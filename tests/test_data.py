@@ -239,17 +239,24 @@ def write_columnar(path, table, row_group_size=3):
 
 
 def columnar_table(pairs, schema, source_lang="en", target_lang="de"):
-    """The pairs as an Arrow table in the WMT schema (a 'translation' struct) or flat language columns (large
-    strings, as polars writes them, beside an id column)."""
+    """The pairs as an Arrow table in the WMT schema (a 'translation' struct) or flat language columns beside an id
+    column: large strings ("flat", as polars writes Parquet), string views ("string_view", polars' Arrow IPC) or
+    dictionary-encoded strings ("dictionary", a pandas categorical)."""
     import pyarrow as pa
 
     if schema == "wmt":
         return pa.table({"translation": [{source_lang: source, target_lang: target} for source, target in pairs]})
-    return pa.table({"id": list(range(len(pairs))), target_lang: pa.array([t for _, t in pairs], pa.large_string()),
-                     source_lang: pa.array([s for s, _ in pairs], pa.large_string())})
+
+    def column(texts):
+        if schema == "dictionary":
+            return pa.array(texts).dictionary_encode()
+        return pa.array(texts, {"flat": pa.large_string(), "string_view": pa.string_view()}[schema])
+
+    return pa.table({"id": list(range(len(pairs))), target_lang: column([t for _, t in pairs]),
+                     source_lang: column([s for s, _ in pairs])})
 
 
-@pytest.mark.parametrize("schema", ["wmt", "flat"])
+@pytest.mark.parametrize("schema", ["wmt", "flat", "string_view", "dictionary"])
 @pytest.mark.parametrize("name", ["train.parquet", "train.arrow", "train.feather.arrow"])
 @pytest.mark.parametrize("on_disk", [False, True])
 def test_a_parquet_or_arrow_file_reads_the_pairs_of_the_same_jsonl(tmp_path, monkeypatch, schema, name, on_disk):

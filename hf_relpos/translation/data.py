@@ -731,7 +731,7 @@ def _table_columns(path: Path, batches: Iterator[pa.RecordBatch], source_lang: s
 def _batch_pair_texts(batch: pa.RecordBatch, source_lang: str,
                       target_lang: str) -> tuple[bool, dict[str, pa.Array]] | None:
     """(whether the texts sit in the 'translation' struct, the `source`/`target` chunk) of a record batch whose two
-    languages are strings (or large strings) without a null, in the WMT schema or flat columns (the one the
+    languages are strings (`_is_text_type`) without a null, in the WMT schema or flat columns (the one the
     record-by-record reader would read: 'translation' when there is such a column); None otherwise."""
     nested = TRANSLATION_COLUMN in batch.schema.names
     if nested:
@@ -742,10 +742,17 @@ def _batch_pair_texts(batch: pa.RecordBatch, source_lang: str,
     else:
         fields = dict(zip(batch.schema.names, batch.columns, strict=True))
     texts = [fields.get(lang) for lang in (source_lang, target_lang)]
-    if any(text is None or not (pa.types.is_string(text.type) or pa.types.is_large_string(text.type))
-           or text.null_count for text in texts):
+    if any(text is None or not _is_text_type(text.type) or text.null_count for text in texts):
         return None
     return nested, {"source": texts[0].cast(pa.string()), "target": texts[1].cast(pa.string())}
+
+
+def _is_text_type(data_type: pa.DataType) -> bool:
+    """Whether an Arrow column of `data_type` holds strings: string, large string or string view (polars' `Utf8View`),
+    or such strings dictionary-encoded (a pandas categorical)."""
+    if pa.types.is_dictionary(data_type):
+        data_type = data_type.value_type
+    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type)
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
