@@ -51,6 +51,9 @@ EXPORTABLE = {
     "rope": dict(layer_norm_position="pre", rotary_dim=4, activation_function="gelu_new"),
     "none": dict(layer_norm_position="pre", keep_absolute_positions=True, absolute_positions_scale=0.5,
                  activation_function="silu"),
+    "alibi": dict(layer_norm_position="post", activation_function="gelu_new"),
+    "directional": dict(layer_norm_position="pre", directional_disable_diagonal=False,
+                        directional_heads=["forward", "backward", "both"]),   # backward in the decoder: j = i alone
 }
 
 
@@ -60,10 +63,11 @@ def tokenizer():
     return train_joint_tokenizer(TOKENIZER_TEXTS, vocab_size=1000)
 
 
-def tiny_translation_model(tokenizer, name: str, steps: int):
-    """A tiny model of variant `name`, trained `steps` full-batch Adam steps on the demo training pairs (enough to
-    translate them and give varied, sentence-like guesses for unseen sources), with a random final_logits_bias."""
-    options = dict(EXPORTABLE.get(name, {}))
+def tiny_translation_model(tokenizer, name: str, steps: int, **overrides):
+    """A tiny model of variant `name` (config `overrides` on top), trained `steps` full-batch Adam steps on the demo
+    training pairs (enough to translate them and give varied, sentence-like guesses for unseen sources), with a random
+    final_logits_bias."""
+    options = {**EXPORTABLE.get(name, {}), **overrides}
     options.setdefault("position_scheme", name)
     torch.manual_seed(0)
     config = hf_relpos.RelPosTransformerConfig(
@@ -185,11 +189,13 @@ def test_beam_search_stops_as_generate_does_with_early_stopping(exported, tokeni
         assert engine_score.sum() / len(target_ids[0]) <= normalised[index] + 1e-5
 
 
-def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path):
+@pytest.mark.parametrize(("name", "overrides"), [("shaw", {}), ("alibi", {}), ("directional", {"directional_heads": None})])
+def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path, name, overrides):
     """A model trained until it translates its training pairs, exported as int8: corpus BLEU at most 1 below the
     float32 export's on them (the float32 export's is PyTorch's). Rounding may also land on a better translation, so
-    the bound is one-sided."""
-    model = tiny_translation_model(tokenizer, "shaw", steps=200)
+    the bound is one-sided. alibi's bucket table and directional's -inf biases (its default heads: encoder half
+    forward, half backward) take no part in the quantization."""
+    model = tiny_translation_model(tokenizer, name, steps=200, **overrides)
     folder = save(model, tokenizer, tmp_path / "model")
     sources, references = [source for source, _ in TRAIN_PAIRS], [target for _, target in TRAIN_PAIRS]
     pytorch_bleu = score_translations(translate_lines(sources, model, tokenizer, progress=False), references)["bleu"]
@@ -366,7 +372,7 @@ def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokeni
     truncated or read out of range; under max_len_b each row's own cap counts, not the ceiling above it."""
     engine = CTranslate2Model(exported["absolute"][2], threads=1)
     inputs = tokenizer(TEST_SOURCES[:2], padding=True, return_tensors="pt")
-    with pytest.raises(ValueError, match="position table has 128 rows: .* length cap of 129; export again with "
+    with pytest.raises(ValueError, match="position table covers 128 positions: .* length cap of 129; export again with "
                                          "hf-relpos-export ctranslate2 --max_positions 129 or more"):
         engine.generate(**inputs, max_new_tokens=129)
     assert engine.generate(**inputs, max_new_tokens=128).size(0) == 2
@@ -376,12 +382,12 @@ def test_a_position_table_bounds_the_lengths_with_a_clear_error(exported, tokeni
     assert CTranslate2Model(exported["shaw"][2], threads=1).position_table_rows is None
 
 
-@pytest.mark.parametrize("name", ["absolute", "none"])
+@pytest.mark.parametrize("name", ["absolute", "none", "alibi"])
 def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_max_position_embeddings(
         exported, tokenizer, tmp_path, capsys, name):
-    """The sinusoids (or zeros) are exact at any length, and the PyTorch model has no bound: with --max_positions the
-    export serves a source longer than max_position_embeddings (128) with PyTorch's greedy ids; the default export
-    refuses it in one line of hf-relpos-translate, writing no output."""
+    """The sinusoids (or zeros, or ALiBi's biases, a bucket per offset) are exact at any length, and the PyTorch
+    model has no bound: with --max_positions the export serves a source longer than max_position_embeddings (128)
+    with PyTorch's greedy ids; the default export refuses it in one line of hf-relpos-translate, writing no output."""
     model, source, default_export = exported[name]
     long_source = " ".join(TEST_SOURCES)
     inputs = tokenizer([long_source, TEST_SOURCES[0]], padding=True, return_tensors="pt")
@@ -397,12 +403,12 @@ def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_
         translate_main([str(default_export), "--input", str(tmp_path / "long.txt"), "--output",
                         str(tmp_path / "out.txt"), "--no_progress", "--no_split_sentences"])
     assert raised.value.code == 2 and not (tmp_path / "out.txt").exists()
-    assert re.fullmatch(r"hf-relpos-translate: error: this export's position table has 128 rows: .* --max_positions "
+    assert re.fullmatch(r"hf-relpos-translate: error: this export's position table covers 128 positions: .* --max_positions "
                         r"\d+ or more, or translate with the PyTorch folder", capsys.readouterr().err.splitlines()[-1])
 
 
 def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):
-    with pytest.raises(ExportError, match="max_positions sizes the position table of absolute and none; "
+    with pytest.raises(ExportError, match="max_positions sizes the position table of absolute, alibi, none; "
                                           "position_scheme 'shaw' exports no such table"):
         export_ctranslate2(exported["shaw"][1], tmp_path / "ct2", max_positions=400)
     with pytest.raises(ExportError, match="max_positions must be a positive integer, got 0"):
@@ -503,9 +509,8 @@ def test_a_model_whose_sinusoids_are_faded_out_exports_as_its_relative_scheme(to
 
 @pytest.mark.parametrize(("options", "message"), [
     (dict(position_scheme="xl"), "position_scheme 'xl' cannot be exported to CTranslate2: Transformer-XL's"),
-    (dict(position_scheme="directional"), "position_scheme 'directional' cannot be exported to CTranslate2: DiSAN's"),
-    (dict(position_scheme="alibi"), "position_scheme 'alibi' cannot be exported to CTranslate2: CTranslate2's ALiBi is "
-                                   "causal"),
+    (dict(position_scheme="directional"), "directional_disable_diagonal true cannot be exported to CTranslate2: a "
+                                          "head's query left without a key"),
     (dict(position_scheme="shaw", relative_embeddings_shared_across_heads=False),
      "relative_embeddings_shared_across_heads false cannot be exported"),
     (dict(position_scheme="shaw", keep_absolute_positions=True),
@@ -530,9 +535,8 @@ def test_what_the_engine_cannot_express_is_refused_before_anything_is_written(to
     error = export_error(["ctranslate2", str(folder), str(tmp_path / "out" / "ct2")], capsys)
     assert error.startswith(f"hf-relpos-export: error: {message}")
     if "position_scheme" in options and message.startswith("position_scheme"):   # names what does export
-        assert error.endswith("it exports ['absolute', 'none', 'rope', 'shaw', 't5'], and "
-                                               "hf-relpos-translate or the translation pipeline serve this model as "
-                                               "it is (PyTorch)")
+        assert error.endswith("it exports ['absolute', 'alibi', 'directional', 'none', 'rope', 'shaw', 't5'], and "
+                              "hf-relpos-translate or the translation pipeline serve this model as it is (PyTorch)")
     assert list((tmp_path / "out").iterdir()) == []
 
 

@@ -107,12 +107,12 @@ class CTranslate2Model:
         return self.length_config(**settings).forced_eos_token_id in self.end_token_ids
 
     def check_position_table(self, longest_source: int, longest_output: int) -> None:
-        """One ValueError when a position table (`absolute`, `none`) has fewer rows than the longest source or the
-        most new tokens a row may get (its own cap under max_len_b, else the ceiling)."""
+        """One ValueError when a position table (`absolute`, `none`, `alibi`) covers fewer positions than the longest
+        source or the most new tokens a row may get (its own cap under max_len_b, else the ceiling)."""
         rows = self.position_table_rows
         if rows is not None and max(longest_source, longest_output) > rows:
-            raise ValueError(f"this export's position table has {rows} rows: it serves sources and translations of "
-                             f"at most {rows} tokens, got a source of {longest_source} tokens and a length cap of "
+            raise ValueError(f"this export's position table covers {rows} positions: it serves sources and "
+                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and a length cap of "
                              f"{longest_output}; export again with hf-relpos-export ctranslate2 --max_positions "
                              f"{max(longest_source, longest_output)} or more, or translate with the PyTorch folder")
 

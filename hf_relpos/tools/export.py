@@ -14,16 +14,24 @@ these schemes and options of an hf_relpos translation model, so the same weights
   first layer and reuses it), with `relative_attention_max_distance`; the scores keep their 1/sqrt(d) scaling.
 - `rope`: `rotary_dim` (0: every dimension), `rotary_interleave` (the pairs (2t, 2t+1), as `positions_rope.py`
   rotates), `rotary_base` = `rope_theta`.
+- `alibi`: `relative_attention_bias` as well, a table of -m_h |j - i| over T5's buckets, as many as make every
+  offset of at most `max_position_embeddings` (or `--max_positions`) positions its own bucket (4 x that in the
+  bidirectional encoder, 2 x in the causal decoder), so the bias is the model's exactly up to that length, which
+  bounds the sources and translations the export serves (CTranslate2's own ALiBi is for decoder-only models).
+- `directional` with `directional_disable_diagonal` false: `relative_attention_bias` too, per head 0 at the buckets
+  of the offsets its direction allows and -inf at the others (T5's buckets split offsets below, at and above 0).
+  DiSAN's diag-disabled masks (the default) are refused: there a head's first or last query has no key and outputs
+  zeros, which the engine's softmax cannot give.
 - `none`: a zero position table (without a table CTranslate2 would add its own sinusoids); with
   `keep_absolute_positions` the sinusoids times `absolute_positions_scale`.
 
 Pre- or Post-LN (`pre_norm`; the Pre-LN stacks' final LayerNorm), the activation, the sqrt(d_model) embedding scale,
 the tied embeddings (one matrix, stored once), `final_logits_bias` (the output projection's bias) and the LayerNorm
 epsilon carry over. What the specification cannot express is refused before anything is written, in one line naming
-it: `xl`, `directional`, `alibi`, schemes registered elsewhere, Shaw's per-head tables, `keep_absolute_positions`
-under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it adds nothing),
-`self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference, an encoder without
-layers (`encoder_layers` 0).
+it: `xl`, `directional` with its diagonal disabled (the default), schemes registered elsewhere, Shaw's per-head
+tables, `keep_absolute_positions` under a relative scheme (unless faded out to `absolute_positions_scale` 0, where it
+adds nothing), `self_attention_window`, `cross_attention_length_scaling`, randomized positions at inference, an
+encoder without layers (`encoder_layers` 0).
 
 OUT_DIR holds CTranslate2's model (model.bin, config.json, vocabulary), the tokenizer, the source model's config
 (hf_relpos_config.json), generation_config.json where the source model has one (beams, length penalty, length cap:
@@ -56,6 +64,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.generation_limits import longest_new_output, relative_limit, shortest_new_output
 from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditionalGeneration
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
+from ..model.positions_t5 import relative_position_bucket
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
 from ..publish.hub import LICENSE, example_source, language_name, shown_path, shown_record
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
@@ -77,9 +86,6 @@ ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "gelu_python": "GELU", "gelu_new"
 REFUSED_SCHEMES = {
     "xl": "Transformer-XL's content and position biases u, v over projected sinusoids have no counterpart in "
           "CTranslate2's Transformer specification",
-    "directional": "DiSAN's per-head forward/backward masks have no counterpart in CTranslate2's Transformer "
-                   "specification",
-    "alibi": "CTranslate2's ALiBi is causal (decoder-only models); this model's encoder adds the symmetric -m |i - j|",
 }
 # generate() settings CTranslate2's translate_batch has no option for: exported only at their defaults. (The engine
 # maps `bad_words_ids` to translate_batch's suppress_sequences, and a `forced_eos_token_id` that is an end token (as
@@ -120,6 +126,10 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
     """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
     scheme = config.position_scheme
     check_exportable_scheme(scheme)
+    if scheme == "directional" and config.directional_disable_diagonal:
+        raise ExportError("directional_disable_diagonal true cannot be exported to CTranslate2: a head's query left "
+                          "without a key (the first or last position) outputs zeros, which the engine's softmax cannot "
+                          "give; a directional model trained with directional_disable_diagonal false exports")
     if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
         raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
                           "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
@@ -197,25 +207,60 @@ def _shaw(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: 
         layer.self_attention.relative_position_values = _array(values)
 
 
-def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
+def _set_relative_attention_bias(spec: Any, table: torch.Tensor, max_distance: int) -> None:
+    """Every layer's self-attention adds `table` [buckets, heads] at T5's bucket of each offset j - i."""
     import numpy as np
 
-    table = _array(stack.positions.relative_attention_bias.weight)  # [buckets, heads], as T5's
     for layer in spec.layer:
-        layer.self_attention.relative_attention_bias = table
-        layer.self_attention.relative_attention_max_distance = np.dtype("int32").type(
-            config.relative_attention_max_distance)
+        layer.self_attention.relative_attention_bias = _array(table)
+        layer.self_attention.relative_attention_max_distance = np.dtype("int32").type(max_distance)
+
+
+def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
+    _set_relative_attention_bias(spec, stack.positions.relative_attention_bias.weight,   # [buckets, heads], as T5's
+                                 config.relative_attention_max_distance)
+
+
+def _alibi(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
+    """-m_h |j - i| in T5's buckets, one bucket per offset of at most `rows` positions: T5 gives the offsets below
+    buckets / 4 (bidirectional, the encoder) or buckets / 2 (unidirectional, the decoder) a bucket each. The bias is
+    computed in float32 as the model's (`AlibiPositions.prepare`)."""
+    causal = stack.positions.is_causal
+    buckets = (2 if causal else 4) * rows
+    offsets = torch.arange(-(rows - 1), 1 if causal else rows)
+    bucket = relative_position_bucket(offsets, bidirectional=not causal, num_buckets=buckets, max_distance=buckets)
+    slopes = torch.tensor(stack.positions.slopes, dtype=torch.float32)
+    table = torch.zeros(buckets, slopes.numel())
+    table[bucket] = -slopes * offsets.abs().to(torch.float32)[:, None]
+    _set_relative_attention_bias(spec, table, buckets)
+
+
+def _directional(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
+    """Each head's direction mask (j <= i forward, j >= i backward, every j both; the diagonal allowed) as a bias of 0
+    or -inf over T5's buckets: 4 in the bidirectional encoder (offset 0, below, unused, above), 2 in the causal
+    decoder (offset 0, below)."""
+    causal = stack.positions.is_causal
+    offsets = torch.tensor([-1, 0] if causal else [-1, 0, 1])
+    bucket = relative_position_bucket(offsets, bidirectional=not causal, num_buckets=2 if causal else 4,
+                                      max_distance=2)
+    allowed = {"forward": offsets <= 0, "backward": offsets >= 0, "both": torch.ones_like(offsets, dtype=torch.bool)}
+    table = torch.zeros(2 if causal else 4, len(stack.positions.head_directions))
+    for head, direction in enumerate(stack.positions.head_directions):
+        table[bucket, head] = torch.where(allowed[direction], 0.0, -torch.inf)
+    _set_relative_attention_bias(spec, table, 2)
 
 
 @dataclass(frozen=True)
 class SchemeExport:
     """How one scheme enters CTranslate2's specification: `options` of both stacks' specifications (from the config),
-    `write` of its tables into a stack's specification (given the rows of a position table), and whether it is a
-    position table added to the embeddings (which then bounds the lengths of sources and translations)."""
+    `write` of its tables into a stack's specification (given the positions they cover), whether a table covers a
+    number of positions (`max_positions`), which then bound the lengths of sources and translations, and whether
+    that table is added to the embeddings."""
 
     options: Callable[[RelPosTransformerConfig], dict]
     write: Callable[[Any, RelPosStack, RelPosTransformerConfig, int], None]
     position_table: bool = False
+    added_to_embeddings: bool = False
 
 
 def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
@@ -223,19 +268,22 @@ def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerCo
 
 
 POSITION_EXPORTS: dict[str, SchemeExport] = {
-    "absolute": SchemeExport(lambda config: {}, _absolute, position_table=True),
-    "none": SchemeExport(lambda config: {}, _none, position_table=True),
+    "absolute": SchemeExport(lambda config: {}, _absolute, position_table=True, added_to_embeddings=True),
+    "none": SchemeExport(lambda config: {}, _none, position_table=True, added_to_embeddings=True),
     "shaw": SchemeExport(lambda config: {"relative_position": True}, _shaw),
     "t5": SchemeExport(lambda config: {"relative_attention_bias": True}, _t5),
     "rope": SchemeExport(lambda config: {"rotary_dim": config.rotary_dim or 0, "rotary_interleave": True,
                                          "rotary_base": float(config.rope_theta)}, _nothing_to_write),
+    "alibi": SchemeExport(lambda config: {"relative_attention_bias": True}, _alibi, position_table=True),
+    "directional": SchemeExport(lambda config: {"relative_attention_bias": True}, _directional),
 }
+BOUNDED_SCHEMES = sorted(name for name, export in POSITION_EXPORTS.items() if export.position_table)
 
 
 def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[str], unk_token: str | None,
                position_rows: int | None = None) -> Any:
     """The CTranslate2 `TransformerSpec` of `model` with the vocabulary `tokens` (id order), weights set; a position
-    table (`absolute`, `none`) has `position_rows` rows (None: max_position_embeddings)."""
+    table (`absolute`, `none`, `alibi`) covers `position_rows` positions (None: max_position_embeddings)."""
     from ctranslate2.converters import utils
     from ctranslate2.specs import common_spec, transformer_spec
 
@@ -264,7 +312,7 @@ def build_spec(model: RelPosTransformerForConditionalGeneration, tokens: list[st
             _set_linear(layer_spec.ffn.linear_0, layer.feed_forward.fc1)
             _set_linear(layer_spec.ffn.linear_1, layer.feed_forward.fc2)
             _set_layer_norm(layer_spec.ffn.layer_norm, layer.final_layer_norm)
-        if hasattr(spec, "position_encodings") and not scheme.position_table:
+        if hasattr(spec, "position_encodings") and not scheme.added_to_embeddings:
             del spec.position_encodings  # relative schemes: no table (the engine adds nothing to the embeddings)
         scheme.write(spec, stack, config, position_rows or config.max_position_embeddings)
     _set_linear(decoder_spec.projection, model.lm_head)
@@ -341,8 +389,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
                        max_positions: int | None = None) -> Path:
     """Export the translation model saved in `model_dir` (model, tokenizer, generation config) to a CTranslate2
     folder `out_dir` (which must not exist, or be empty), weights stored as `quantization` (one of QUANTIZATIONS;
-    None: float32). A scheme exported as a position table (`absolute`, `none`) gets `max_positions` rows (None:
-    max_position_embeddings), which bound the sources and translations the export serves. Everything that could
+    None: float32). A scheme exported as a position table (`absolute`, `none`, `alibi`) covers `max_positions`
+    positions (None: max_position_embeddings), which bound the sources and translations the export serves. Everything that could
     refuse is checked before anything is written; returns `out_dir`."""
     if is_ctranslate2_folder(model_dir):
         source = json.loads((Path(model_dir) / EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
@@ -365,8 +413,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
         if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
             raise ExportError(f"max_positions must be a positive integer, got {max_positions!r}")
         if not position_table:
-            raise ExportError(f"max_positions sizes the position table of absolute and none; position_scheme "
-                              f"{config.position_scheme!r} exports no such table and has no length bound")
+            raise ExportError(f"max_positions sizes the position table of {', '.join(BOUNDED_SCHEMES)}; "
+                              f"position_scheme {config.position_scheme!r} exports no such table and has no length "
+                              "bound")
     check_tokenizer_saved(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     try:
