@@ -605,9 +605,9 @@ def build_parser() -> argparse.ArgumentParser:
     engine.add_argument("--quantization", choices=QUANTIZATIONS,
                         help="weight type in the engine (default: float32); int8: about 4x smaller and faster on CPU")
     engine.add_argument("--max_positions", type=int, metavar="N",
-                        help="absolute and none only: rows of the position table, the longest source and translation "
-                             "(in tokens) the export serves (default: the model's max_position_embeddings); the "
-                             "PyTorch model has no such bound")
+                        help=f"{', '.join(BOUNDED_SCHEMES)} only: positions the position table covers, the longest "
+                             "source and translation (in tokens) the export serves (default: the model's "
+                             "max_position_embeddings); the PyTorch model has no such bound")
     return parser
 
 
