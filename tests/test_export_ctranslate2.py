@@ -231,7 +231,8 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
 def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_translates_as_the_engine(
         exported, tokenizer, tmp_path, capsys):
     """README.md of an export: the pair, scheme, quantization and saved decoding; its Python snippet (CTranslate2 and
-    transformers alone, FOLDER and the example sentence filled in) prints the engine's translation of the sentence.
+    transformers alone, FOLDER and the example sentence filled in) prints the engine's translation of the sentence,
+    and the card says that it takes one sentence a source (it translates a paragraph in one piece).
     The run record comes along: hf-relpos-translate scores the export's BLEU as the run did (its bleu_tokenize)."""
     from huggingface_hub import ModelCard
 
@@ -254,6 +255,10 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
                      "beam 4, length penalty 1, at most 0.3 x source tokens + 2 new tokens (and never more than 60)",
                      "sources and translations of at most 300 tokens", "hf-relpos-translate FOLDER --input"):
         assert expected in card.text, expected
+    # the snippet translates its source in one piece: the card says to give it one sentence a source, as
+    # hf-relpos-translate splits a line (a pasted paragraph was translated to about its first sentence)
+    assert ("`translate_batch` translates each source in one piece, as given." in card.text
+            and "give it one sentence a source and join their translations" in " ".join(card.text.split()))
     snippet = card.text.split("```python\n")[1].split("```")[0]
     assert 'tokenizer("The dog is sleeping.")' in snippet
     assert "max_decoding_length=min(int(0.3 * len(source) + 2), 60) - 1" in snippet

@@ -583,6 +583,11 @@ result = translator.translate_batch([source], beam_size={beams}, length_penalty=
                                     max_decoding_length={longest}{extra_options})
 print(tokenizer.decode(tokenizer.convert_tokens_to_ids(result[0].hypotheses[0]), skip_special_tokens=True))
 ```
+
+`translate_batch` translates each source in one piece, as given. A model trained on single sentences (as the recipes
+train) tends to translate a text of several sentences given in one piece only up to about its first sentence: give it
+one sentence a source and join their translations, as `hf-relpos-translate` does with each line (unless
+`--no_split_sentences`).
 """
 
 
