@@ -73,7 +73,8 @@ def test_one_piece_when_asked_and_a_cut_translation_is_reported_once_naming_the_
         "A translation reached the maximum length (max_new_tokens, else max_length) and may be cut: pass a larger "
         "max_new_tokens to the pipeline call, or max_len_a and max_len_b for a cap relative to each source.",
         "A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most max_new_tokens) and "
-        "may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call."]
+        "may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call (a translation that repeats "
+        "itself up to the cap is the model's loop, not a short cap: no_repeat_ngram_size=N ends such loops)."]
 
 
 def test_old_translation_pipeline_arguments(translator):

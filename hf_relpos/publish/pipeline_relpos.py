@@ -259,7 +259,9 @@ class TranslationPipeline(ChunkPipeline):
         if relative:
             logger.warning_once(
                 "A translation reached the maximum length (max_len_a x source tokens + max_len_b, at most "
-                "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call.")
+                "max_new_tokens) and may be cut: pass a larger max_len_b or max_new_tokens to the pipeline call (a "
+                "translation that repeats itself up to the cap is the model's loop, not a short cap: "
+                "no_repeat_ngram_size=N ends such loops).")
         else:
             logger.warning_once(
                 "A translation reached the maximum length (max_new_tokens, else max_length) and may be cut: pass a "
