@@ -337,6 +337,38 @@ def test_new_tokenizer_flags_with_a_reused_tokenizer_are_one_warning(trained, tm
                         "not apply"]
 
 
+def test_a_new_model_trained_without_a_recipe_is_one_warning_naming_the_fine_tuning_defaults(corpus, trained, tmp_path,
+                                                                                          caplog):
+    """Without a recipe YAML, the training settings the flags leave out are transformers' fine-tuning defaults: one
+    warning names those left so and the recipe to start from; none once the flags set them all, with a recipe, or
+    when fine-tuning a saved model."""
+    flags = ["--train_file", str(corpus["train"]), "--source_lang", "en", "--target_lang", "de",
+             "--output_dir", str(tmp_path / "out")]
+    chosen = ["--learning_rate", "1e-3", "--warmup_steps", "100", "--label_smoothing_factor", "0.1"]
+
+    def warnings_of(argv):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="hf_relpos.translation.arguments"):
+            parse_arguments(argv)
+        return [record.getMessage() for record in caplog.records if record.name == "hf_relpos.translation.arguments"]
+
+    assert warnings_of([*flags, "--do_train", "true"]) == [
+        "training a new model without a recipe YAML: learning_rate 5e-05, warmup_steps 0, "
+        "per_device_train_batch_size 8, label_smoothing_factor 0.0 are transformers' defaults for fine-tuning a "
+        "pretrained model, with which a model trained from scratch learns little; start from a recipe and override "
+        f"what differs, e.g. {arguments_module.PROGRAM} configs/multi30k_small_directional.yaml --train_file ... "
+        "(docs/training.md)"]
+    assert warnings_of([*flags, "--do_train", "true", *chosen]) == [
+        "training a new model without a recipe YAML: per_device_train_batch_size 8 is transformers' default for "
+        "fine-tuning a pretrained model, with which a model trained from scratch learns little; start from a recipe "
+        f"and override what differs, e.g. {arguments_module.PROGRAM} configs/multi30k_small_directional.yaml "
+        "--train_file ... (docs/training.md)"]
+    assert warnings_of([*flags, "--do_train", "true", *chosen, "--max_tokens_per_batch", "4096"]) == []
+    assert warnings_of([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")), *flags]) == []
+    saved_model = trained[0]   # fine-tuning: the defaults are made for it
+    assert warnings_of(["--model_name_or_path", str(saved_model), *flags, "--do_train", "true"]) == []
+
+
 def test_evaluation_takes_the_saved_architecture_and_command_line_overrides(trained, tmp_path, capsys):
     output_dir, config, results = trained
     model_args, _, _ = parse_arguments([str(config), "--model_name_or_path", str(output_dir), "--do_train", "false",

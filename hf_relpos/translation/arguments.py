@@ -799,6 +799,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
     model_args.recipe_resumes = yaml_values.get("resume_from_checkpoint") not in (None, *NULL_TOKENS)
     check_arguments(model_args, training_args)
+    warn_training_without_recipe(model_args, training_args, argv)
     warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
     model_args.model_config = check_model_config(model_args, from_command_line, training=training_args.do_train)
@@ -812,6 +813,30 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
 # Settings of a tokenizer the run trains, which a run that uses the tokenizer of tokenizer_name or model_name_or_path
 # does not read.
 NEW_TOKENIZER_FIELDS = ("tokenizer_vocab_size", "tokenizer_character_coverage", "tokenizer_training_pairs")
+
+
+# What a recipe sets for a model trained from scratch (by the fields that set it), left without one at transformers'
+# defaults for fine-tuning.
+RECIPE_TRAINING_FIELDS = (("learning_rate",), ("warmup_steps",), ("max_tokens_per_batch", "per_device_train_batch_size"),
+                          ("label_smoothing_factor",))
+
+
+def warn_training_without_recipe(model_args: ModelArguments, training_args: TranslationTrainingArguments,
+                                 flags: Sequence[str]) -> None:
+    """One warning when a new model trains without a recipe YAML and the flags leave some of `RECIPE_TRAINING_FIELDS`
+    at transformers' defaults (learning rate 5e-5, no warm-up, 8 sentences a batch, no label smoothing: settings for
+    fine-tuning a pretrained model), naming them and the recipe to start from."""
+    if model_args.recipe_file is not None or model_args.model_name_or_path is not None or not training_args.do_train:
+        return
+    given = given_fields(flags)
+    defaults = [f"{names[-1]} {getattr(training_args, names[-1])}" for names in RECIPE_TRAINING_FIELDS
+                if not given.intersection(names)]
+    if defaults:
+        logger.warning("training a new model without a recipe YAML: %s %s transformers' default%s for fine-tuning a "
+                       "pretrained model, with which a model trained from scratch learns little; start from a recipe "
+                       "and override what differs, e.g. %s configs/multi30k_small_directional.yaml --train_file ... "
+                       "(docs/training.md)", ", ".join(defaults), "is" if len(defaults) == 1 else "are",
+                       "" if len(defaults) == 1 else "s", PROGRAM)
 
 
 def warn_unread_tokenizer_flags(model_args: ModelArguments, flags: Sequence[str]) -> None:
