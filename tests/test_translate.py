@@ -56,7 +56,8 @@ def test_file_to_file_keeps_every_line_and_scores_against_references(memorised_m
     assert printed.out.splitlines() == [f"sacreBLEU {scores['bleu']:.2f}  ({scores['bleu_signature']})",
                                         f"chrF {scores['chrf']:.2f}  ({scores['chrf_signature']})"]
     assert scores["bleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:")
-    assert "translating" in printed.err  # the progress bar, on stderr
+    assert "translating" in printed.err  # the progress bar, on stderr, counting sentences (a line of several split)
+    assert " sentences [" in printed.err and " sentences/s]" in printed.err and "0sentence" not in printed.err
 
 
 def test_references_no_translation_can_hold_are_named_in_a_warning_before_translating(memorised_model_folder,

@@ -121,7 +121,7 @@ class LengthCapCount:
 
 def translate_lines(
     lines: Sequence[str], model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096,
-    progress: bool | tqdm = True, unit: str = "line", capped: LengthCapCount | None = None,
+    progress: bool | tqdm = True, unit: str = " lines", capped: LengthCapCount | None = None,
     n_best: int | None = None, **generate_kwargs,
 ) -> list[str] | list[list[Hypothesis]]:
     """One translation per line, in order; blank lines give "" (nothing is generated for them). With `n_best`, each
@@ -515,7 +515,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         whose = "" if args.num_beams else " (the model's generation config)"
         parser.exit(2, f"{PROGRAM}: error: --n_best {args.n_best} is more than --num_beams {num_beams}{whose}: beam "
                        "search keeps --num_beams hypotheses; give --n_best at most --num_beams, or raise --num_beams\n")
-    unit = "sentence" if args.split_sentences else "line"
+    unit = " sentences" if args.split_sentences else " lines"   # tqdm writes "12 sentences [..., 3.4 sentences/s]"
     capped = LengthCapCount()
     bar = tqdm(total=0, desc="translating", unit=unit, file=sys.stderr, disable=args.no_progress)
 
