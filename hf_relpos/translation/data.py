@@ -747,12 +747,16 @@ def _batch_pair_texts(batch: pa.RecordBatch, source_lang: str,
     return nested, {"source": texts[0].cast(pa.string()), "target": texts[1].cast(pa.string())}
 
 
+# Arrow's string types: string, large string and string view (polars' `Utf8View`; pyarrow 16 and later)
+TEXT_TYPES = tuple(make() for make in (pa.string, pa.large_string, getattr(pa, "string_view", None)) if make)
+
+
 def _is_text_type(data_type: pa.DataType) -> bool:
-    """Whether an Arrow column of `data_type` holds strings: string, large string or string view (polars' `Utf8View`),
-    or such strings dictionary-encoded (a pandas categorical)."""
+    """Whether an Arrow column of `data_type` holds strings (`TEXT_TYPES`), dictionary-encoded too (a pandas
+    categorical)."""
     if pa.types.is_dictionary(data_type):
         data_type = data_type.value_type
-    return pa.types.is_string(data_type) or pa.types.is_large_string(data_type) or pa.types.is_string_view(data_type)
+    return data_type in TEXT_TYPES
 
 
 def _parquet_file(path: Path) -> pq.ParquetFile:
