@@ -112,9 +112,10 @@ class CTranslate2Model:
         rows = self.position_table_rows
         if rows is not None and max(longest_source, longest_output) > rows:
             raise ValueError(f"this export's position table covers {rows} positions: it serves sources and "
-                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and a length cap of "
-                             f"{longest_output}; export again with hf-relpos-export ctranslate2 --max_positions "
-                             f"{max(longest_source, longest_output)} or more, or translate with the PyTorch folder")
+                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and a "
+                             f"length cap of {longest_output}; export again with hf-relpos-export ctranslate2 "
+                             f"--max_positions {max(longest_source, longest_output)} or more, or translate with the "
+                             "PyTorch folder")
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **settings: Any) -> torch.Tensor:

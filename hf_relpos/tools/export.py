@@ -390,8 +390,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     """Export the translation model saved in `model_dir` (model, tokenizer, generation config) to a CTranslate2
     folder `out_dir` (which must not exist, or be empty), weights stored as `quantization` (one of QUANTIZATIONS;
     None: float32). A scheme exported as a position table (`absolute`, `none`, `alibi`) covers `max_positions`
-    positions (None: max_position_embeddings), which bound the sources and translations the export serves. Everything that could
-    refuse is checked before anything is written; returns `out_dir`."""
+    positions (None: max_position_embeddings), which bound the sources and translations the export serves.
+    Everything that could refuse is checked before anything is written; returns `out_dir`."""
     if is_ctranslate2_folder(model_dir):
         source = json.loads((Path(model_dir) / EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
         raise ExportError(f"MODEL_DIR {str(model_dir)!r} is already a CTranslate2 export (of {source!r}); MODEL_DIR "
