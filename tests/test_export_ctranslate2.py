@@ -392,7 +392,8 @@ def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_
         exported, tokenizer, tmp_path, capsys, name):
     """The sinusoids (or zeros, or ALiBi's biases, a bucket per offset) are exact at any length, and the PyTorch
     model has no bound: with --max_positions the export serves a source longer than max_position_embeddings (128)
-    with PyTorch's greedy ids; the default export refuses it in one line of hf-relpos-translate, writing no output."""
+    with PyTorch's greedy ids; the default export refuses it in one line of hf-relpos-translate, writing no output.
+    CTranslate2 alone refuses it for a position table, not for alibi's biases: the card says which."""
     model, source, default_export = exported[name]
     long_source = " ".join(TEST_SOURCES)
     inputs = tokenizer([long_source, TEST_SOURCES[0]], padding=True, return_tensors="pt")
@@ -410,6 +411,19 @@ def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_
     assert raised.value.code == 2 and not (tmp_path / "out.txt").exists()
     assert re.fullmatch(r"hf-relpos-translate: error: this export's position table covers 128 positions: .* --max_positions "
                         r"\d+ or more, or translate with the PyTorch folder", capsys.readouterr().err.splitlines()[-1])
+    # CTranslate2 alone (the card's snippet) refuses a position beyond a position table, but takes any offset into
+    # alibi's bucket table: the card says which
+    card = " ".join((tmp_path / "ct2" / "README.md").read_text().split())
+    translator = ctranslate2.Translator(str(default_export), device="cpu", intra_threads=1)
+    long_tokens = [tokenizer.convert_ids_to_tokens(tokenizer(long_source).input_ids)]
+    if name == "alibi":
+        assert ("Its bias table is exact for sources and translations of at most 400 tokens (`--max_positions` of the "
+                "export): `hf-relpos-translate` refuses longer ones, CTranslate2 alone does not") in card
+        assert translator.translate_batch(long_tokens, max_input_length=0, max_decoding_length=2)[0].hypotheses
+    else:
+        assert "Its position table serves sources and translations of at most 400 tokens" in card
+        with pytest.raises(RuntimeError, match="No position encodings are defined for positions >= 128"):
+            translator.translate_batch(long_tokens, max_input_length=0, max_decoding_length=2)
 
 
 def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):

@@ -17,7 +17,9 @@ these schemes and options of an hf_relpos translation model, so the same weights
 - `alibi`: `relative_attention_bias` as well, a table of -m_h |j - i| over T5's buckets, as many as make every
   offset of at most `max_position_embeddings` (or `--max_positions`) positions its own bucket (4 x that in the
   bidirectional encoder, 2 x in the causal decoder), so the bias is the model's exactly up to that length, which
-  bounds the sources and translations the export serves (CTranslate2's own ALiBi is for decoder-only models).
+  bounds the sources and translations the export serves (CTranslate2's own ALiBi is for decoder-only models);
+  hf-relpos-translate refuses longer ones, CTranslate2 alone does not (offsets beyond get a bias of 0): the card says
+  so.
 - `directional` with `directional_disable_diagonal` false: `relative_attention_bias` too, per head 0 at the buckets
   of the offsets its direction allows and -inf at the others (T5's buckets split offsets below, at and above 0).
   DiSAN's diag-disabled masks (the default) are refused: there a head's first or last query has no key and outputs
@@ -542,8 +544,13 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     extra_options = "".join(f",\n                                    {option}" for option in extra.values())
     extra_text = f", and the saved {', '.join(extra)}" if extra else ""
     rows = record["position_table_rows"]
-    table = (f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of "
-             "the export)." if rows is not None else "")
+    table = "" if rows is None else (
+        f" Its position table serves sources and translations of at most {rows} tokens (`--max_positions` of the "
+        "export)." if POSITION_EXPORTS[config.position_scheme].added_to_embeddings else
+        # CTranslate2 refuses a position beyond its position table, but not an offset beyond T5's exact buckets
+        f" Its bias table is exact for sources and translations of at most {rows} tokens (`--max_positions` of the "
+        "export): `hf-relpos-translate` refuses longer ones, CTranslate2 alone does not (it gives tokens farther "
+        "apart a bias of 0), so keep the sources and `max_decoding_length` of the call below within it.")
     # this README.md is the export's own: the source model's card (its training and scores) stays in the source
     # folder, named here by its folder name (the export record's `source_model`: its path as `shown_path` shows it)
     source_card = (f" How it was trained and what it scored: the model card (README.md) in the source model's folder "
