@@ -742,9 +742,13 @@ def _batch_pair_texts(batch: pa.RecordBatch, source_lang: str,
     else:
         fields = dict(zip(batch.schema.names, batch.columns, strict=True))
     texts = [fields.get(lang) for lang in (source_lang, target_lang)]
-    if any(text is None or not _is_text_type(text.type) or text.null_count for text in texts):
+    if any(text is None or not _is_text_type(text.type) for text in texts):
         return None
-    return nested, {"source": texts[0].cast(pa.string()), "target": texts[1].cast(pa.string())}
+    # nulls counted after the cast: a dictionary column's null_count leaves out an index to a null dictionary value
+    source, target = (text.cast(pa.string()) for text in texts)
+    if source.null_count or target.null_count:
+        return None
+    return nested, {"source": source, "target": target}
 
 
 # Arrow's string types: string, large string and string view (polars' `Utf8View`; pyarrow 16 and later)
