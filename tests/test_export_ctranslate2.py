@@ -189,11 +189,34 @@ def test_beam_search_stops_as_generate_does_with_early_stopping(exported, tokeni
         assert engine_score.sum() / len(target_ids[0]) <= normalised[index] + 1e-5
 
 
+def test_directionals_masks_are_finite_in_every_type_the_engine_stores(exported, tokenizer):
+    """Each head's direction as 0 (allowed) or MASKED_BIAS over T5's buckets (encoder: offset 0, below, unused,
+    above; decoder: 0, below), finite in float16: with -inf a backward head's padding query, which has no key at or
+    after it, is NaN, and CTranslate2 keeps padding positions on the GPU in float16 (no Padder there), where the next
+    layer's 0 x NaN spreads it to the whole row. Its exp is still exactly 0 in float32, as the parity tests show."""
+    import numpy as np
+
+    from hf_relpos.tools.export import MASKED_BIAS, build_spec, vocabulary
+
+    model = exported["directional"][0]
+    spec = build_spec(model, vocabulary(tokenizer, model.config.vocab_size), tokenizer.unk_token)
+    allowed = {"forward": [True, True, None, False], "backward": [True, False, None, True]}   # "both": every bucket
+    for stack, stack_spec in ((model.get_encoder(), spec.encoder), (model.get_decoder(), spec.decoder)):
+        for layer in stack_spec.layer:
+            table = layer.self_attention.relative_attention_bias
+            assert np.isfinite(table.astype(np.float16)).all() and set(np.unique(table)) <= {0.0, MASKED_BIAS}
+            for head, direction in enumerate(stack.positions.head_directions):
+                expected = allowed.get(direction, [True] * 4)[:len(table)]
+                assert [table[bucket, head] == 0.0 for bucket in range(len(table)) if expected[bucket] is not None] == [
+                    flag for flag in expected if flag is not None], (direction, table[:, head])
+    assert np.exp(np.float32(MASKED_BIAS + 100.0)) == 0.0
+
+
 @pytest.mark.parametrize(("name", "overrides"), [("shaw", {}), ("alibi", {}), ("directional", {"directional_heads": None})])
 def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path, name, overrides):
     """A model trained until it translates its training pairs, exported as int8: corpus BLEU at most 1 below the
     float32 export's on them (the float32 export's is PyTorch's). Rounding may also land on a better translation, so
-    the bound is one-sided. alibi's bucket table and directional's -inf biases (its default heads: encoder half
+    the bound is one-sided. alibi's bucket table and directional's -10000 biases (its default heads: encoder half
     forward, half backward) take no part in the quantization."""
     model = tiny_translation_model(tokenizer, name, steps=200, **overrides)
     folder = save(model, tokenizer, tmp_path / "model")

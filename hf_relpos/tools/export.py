@@ -21,7 +21,8 @@ these schemes and options of an hf_relpos translation model, so the same weights
   hf-relpos-translate refuses longer ones, CTranslate2 alone does not (offsets beyond get a bias of 0): the card says
   so.
 - `directional` with `directional_disable_diagonal` false: `relative_attention_bias` too, per head 0 at the buckets
-  of the offsets its direction allows and -inf at the others (T5's buckets split offsets below, at and above 0).
+  of the offsets its direction allows and `MASKED_BIAS` (-10000) at the others (T5's buckets split offsets below, at
+  and above 0).
   DiSAN's diag-disabled masks (the default) are refused: there a head's first or last query has no key and outputs
   zeros, which the engine's softmax cannot give.
 - `none`: a zero position table (without a table CTranslate2 would add its own sinusoids); with
@@ -237,9 +238,16 @@ def _alibi(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows:
     _set_relative_attention_bias(spec, table, buckets)
 
 
+# The bias of a key a directional head may not see: its exp underflows to exactly 0 in float32 beside any score within
+# about 9,900 of the row's largest, as -inf's does, and it is finite in float16. With -inf a padding query of a
+# backward head (no key at or after it) is NaN, which the engine keeps where it does not remove padding (CUDA in
+# float16: `Padder::allow_padding_removal`) and which then spreads through the next layer's 0 x NaN to the whole row.
+MASKED_BIAS = -1e4
+
+
 def _directional(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     """Each head's direction mask (j <= i forward, j >= i backward, every j both; the diagonal allowed) as a bias of 0
-    or -inf over T5's buckets: 4 in the bidirectional encoder (offset 0, below, unused, above), 2 in the causal
+    or `MASKED_BIAS` over T5's buckets: 4 in the bidirectional encoder (offset 0, below, unused, above), 2 in the causal
     decoder (offset 0, below)."""
     causal = stack.positions.is_causal
     offsets = torch.tensor([-1, 0] if causal else [-1, 0, 1])
@@ -248,7 +256,7 @@ def _directional(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig,
     allowed = {"forward": offsets <= 0, "backward": offsets >= 0, "both": torch.ones_like(offsets, dtype=torch.bool)}
     table = torch.zeros(2 if causal else 4, len(stack.positions.head_directions))
     for head, direction in enumerate(stack.positions.head_directions):
-        table[bucket, head] = torch.where(allowed[direction], 0.0, -torch.inf)
+        table[bucket, head] = torch.where(allowed[direction], 0.0, MASKED_BIAS)
     _set_relative_attention_bias(spec, table, 2)
 
 
