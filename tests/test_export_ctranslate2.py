@@ -212,6 +212,30 @@ def test_directionals_masks_are_finite_in_every_type_the_engine_stores(exported,
     assert np.exp(np.float32(MASKED_BIAS + 100.0)) == 0.0
 
 
+def test_alibis_bias_table_is_exact_within_its_bound_and_the_nearest_offsets_beyond(exported, tokenizer):
+    """T5's buckets as CTranslate2 reads them (relative_position_bucket): every offset within the bound (128 positions)
+    gets exactly -m_h |j - i|; a farther one, up to the table's max_distance and beyond, the bias of the nearest offset
+    of its logarithmic bucket: a penalty between -m_h |j - i| and the bound's, never the 0 an unfilled bucket adds."""
+    from hf_relpos.model.positions_t5 import relative_position_bucket
+    from hf_relpos.tools.export import build_spec, vocabulary
+
+    model = exported["alibi"][0]
+    spec = build_spec(model, vocabulary(tokenizer, model.config.vocab_size), tokenizer.unk_token)
+    for stack, stack_spec in ((model.get_encoder(), spec.encoder), (model.get_decoder(), spec.decoder)):
+        causal, slopes = stack.positions.is_causal, torch.tensor(stack.positions.slopes)
+        for layer in stack_spec.layer:
+            table = torch.from_numpy(layer.self_attention.relative_attention_bias)
+            distance = int(layer.self_attention.relative_attention_max_distance)
+            assert table.shape == ((2 if causal else 4) * 128, slopes.numel()) and distance == table.size(0)
+            offsets = torch.arange(-3 * distance, 1 if causal else 3 * distance + 1)
+            bias = table[relative_position_bucket(offsets, bidirectional=not causal, num_buckets=table.size(0),
+                                                  max_distance=distance)]
+            exact = -slopes * offsets.abs()[:, None].float()
+            within = offsets.abs() < 128
+            assert torch.equal(bias[within], exact[within])
+            assert (bias[~within] >= exact[~within]).all() and (bias[~within] <= -slopes * 128).all()
+
+
 @pytest.mark.parametrize(("name", "overrides"), [("shaw", {}), ("alibi", {}), ("directional", {"directional_heads": None})])
 def test_int8_loses_at_most_one_bleu_against_float32(tokenizer, tmp_path, name, overrides):
     """A model trained until it translates its training pairs, exported as int8: corpus BLEU at most 1 below the

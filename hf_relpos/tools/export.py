@@ -18,8 +18,8 @@ these schemes and options of an hf_relpos translation model, so the same weights
   offset of at most `max_position_embeddings` (or `--max_positions`) positions its own bucket (4 x that in the
   bidirectional encoder, 2 x in the causal decoder), so the bias is the model's exactly up to that length, which
   bounds the sources and translations the export serves (CTranslate2's own ALiBi is for decoder-only models);
-  hf-relpos-translate refuses longer ones, CTranslate2 alone does not (offsets beyond get a bias of 0): the card says
-  so.
+  hf-relpos-translate refuses longer ones, CTranslate2 alone does not (offsets beyond get the bias of the nearest
+  offset of T5's logarithmic bucket they fall in, an approximation): the card says so.
 - `directional` with `directional_disable_diagonal` false: `relative_attention_bias` too, per head 0 at the buckets
   of the offsets its direction allows and `MASKED_BIAS` (-10000) at the others (T5's buckets split offsets below, at
   and above 0).
@@ -227,15 +227,16 @@ def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: in
 def _alibi(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     """-m_h |j - i| in T5's buckets, one bucket per offset of at most `rows` positions: T5 gives the offsets below
     buckets / 4 (bidirectional, the encoder) or buckets / 2 (unidirectional, the decoder) a bucket each. The bias is
-    computed in float32 as the model's (`AlibiPositions.prepare`)."""
+    computed in float32 as the model's (`AlibiPositions.prepare`). Beyond, T5's logarithmic buckets (offsets up to
+    `buckets`, then the last) get the bias of their nearest offset, an approximation for the longer inputs CTranslate2
+    alone does not refuse."""
     causal = stack.positions.is_causal
     buckets = (2 if causal else 4) * rows
-    offsets = torch.arange(-(rows - 1), 1 if causal else rows)
+    offsets = torch.arange(-buckets, 1 if causal else buckets + 1)
     bucket = relative_position_bucket(offsets, bidirectional=not causal, num_buckets=buckets, max_distance=buckets)
+    nearest = torch.full((buckets,), buckets).scatter_reduce(0, bucket, offsets.abs(), "amin")
     slopes = torch.tensor(stack.positions.slopes, dtype=torch.float32)
-    table = torch.zeros(buckets, slopes.numel())
-    table[bucket] = -slopes * offsets.abs().to(torch.float32)[:, None]
-    _set_relative_attention_bias(spec, table, buckets)
+    _set_relative_attention_bias(spec, -slopes * nearest.to(torch.float32)[:, None], buckets)
 
 
 # The bias of a key a directional head may not see: its exp underflows to exactly 0 in float32 beside any score within
@@ -557,8 +558,9 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
         "export)." if POSITION_EXPORTS[config.position_scheme].added_to_embeddings else
         # CTranslate2 refuses a position beyond its position table, but not an offset beyond T5's exact buckets
         f" Its bias table is exact for sources and translations of at most {rows} tokens (`--max_positions` of the "
-        "export): `hf-relpos-translate` refuses longer ones, CTranslate2 alone does not (it gives tokens farther "
-        "apart a bias of 0), so keep the sources and `max_decoding_length` of the call below within it.")
+        "export): `hf-relpos-translate` refuses longer ones, CTranslate2 alone does not (tokens farther apart get the "
+        "bias of T5's logarithmic bucket they fall in, an approximation), so keep the sources and "
+        "`max_decoding_length` of the call below within it.")
     # this README.md is the export's own: the source model's card (its training and scores) stays in the source
     # folder, named here by its folder name (the export record's `source_model`: its path as `shown_path` shows it)
     source_card = (f" How it was trained and what it scored: the model card (README.md) in the source model's folder "
