@@ -214,9 +214,10 @@ def _set_relative_attention_bias(spec: Any, table: torch.Tensor, max_distance: i
     """Every layer's self-attention adds `table` [buckets, heads] at T5's bucket of each offset j - i."""
     import numpy as np
 
+    table, max_distance = _array(table), np.dtype("int32").type(max_distance)   # one copy, given to every layer
     for layer in spec.layer:
-        layer.self_attention.relative_attention_bias = _array(table)
-        layer.self_attention.relative_attention_max_distance = np.dtype("int32").type(max_distance)
+        layer.self_attention.relative_attention_bias = table
+        layer.self_attention.relative_attention_max_distance = max_distance
 
 
 def _t5(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
