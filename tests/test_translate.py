@@ -1216,3 +1216,26 @@ def test_a_compressed_input_is_decompressed_chunk_by_chunk_as_it_is_translated(m
               "--no_split_sentences", "--no_progress"])
     assert read_when_translated == [2, 4, 6]   # of 6000 lines
     assert not (tmp_path / "hyp.de").exists()
+
+
+def test_a_tokenizer_that_pads_on_the_left_translates_each_line_as_alone():
+    """Sources are padded on the right whatever the tokenizer's side: `absolute` reads a token's sinusoid from its
+    index, so with left padding a short line's tokens sat at shifted positions and its translations and their scores
+    depended on the longer lines batched with it (float64: the n-best lists' scores to 1e-12)."""
+    from hf_relpos.testing import tiny_float64_model
+    from hf_relpos.tools.translate import translate_lines
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer([text for pair in MEMORISED_PAIRS * 4 for text in pair], vocab_size=300)
+    tokenizer.padding_side = "left"
+    model = tiny_float64_model("absolute", dict(vocab_size=len(tokenizer), **special_token_ids(tokenizer)),
+                               kernel="sdpa")
+    model.generation_config.max_length = 8
+    sources = ["The house is red and the small bird sings in the big tree.", *SOURCES]
+    settings = dict(progress=False, n_best=2, num_beams=2)
+    alone = [translate_lines([source], model, tokenizer, **settings)[0] for source in sources]
+    batched = translate_lines(sources, model, tokenizer, max_tokens=10_000, **settings)
+    for line, expected in zip(batched, alone, strict=True):
+        assert [hypothesis.text for hypothesis in line] == [hypothesis.text for hypothesis in expected]
+        for hypothesis, reference in zip(line, expected, strict=True):
+            assert abs(hypothesis.log_probability - reference.log_probability) < 1e-12

@@ -96,6 +96,13 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return cut_token_batches(order, [lengths[position] for position in order], max_tokens)
 
 
+def padded_sources(tokenizer: PreTrainedTokenizerBase, source_ids: list[list[int]]) -> dict[str, torch.Tensor]:
+    """input_ids and attention_mask of the encoded sources padded on the right, whatever the tokenizer's side: a
+    source's tokens then sit at positions 0 .. n-1 as alone, which the embedding-level encodings (`absolute`'s
+    sinusoids, `keep_absolute_positions`) read from the token's index, so no line depends on the lines beside it."""
+    return tokenizer.pad({"input_ids": source_ids}, padding_side="right", return_tensors="pt")
+
+
 @dataclass
 class LengthCapCount:
     """How many translations reached their length cap, over the `translate_lines` calls that share this count,
@@ -144,8 +151,7 @@ def translate_lines(
              tqdm(total=len(wanted), desc="translating", unit=unit, file=sys.stderr, disable=not progress))
     with shown as bar:
         for batch in token_batches([len(ids) for ids in encoded], max_tokens):
-            inputs = tokenizer.pad({"input_ids": [encoded[position] for position in batch]}, return_tensors="pt")
-            inputs = inputs.to(model.device)
+            inputs = padded_sources(tokenizer, [encoded[position] for position in batch]).to(model.device)
             with torch.inference_mode():
                 if n_best is None:   # one row per line, whatever the saved generation config returns
                     output_ids = model.generate(**inputs, **generate_kwargs, num_return_sequences=1)
