@@ -22,10 +22,10 @@ from hf_relpos.translation.training import ConfigError, parse_arguments
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = {"hf-relpos-train": "hf_relpos.translation.training:main", "hf-relpos-translate": "hf_relpos.tools.translate:main",
            "hf-relpos-convert": "hf_relpos.tools.convert:main", "hf-relpos-average": "hf_relpos.tools.average:main",
-           "hf-relpos-export": "hf_relpos.tools.export:main"}
+           "hf-relpos-export": "hf_relpos.tools.export:main", "hf-relpos-score": "hf_relpos.tools.score:main"}
 
 
-def test_pyproject_declares_the_five_commands():
+def test_pyproject_declares_the_six_commands():
     assert pyproject()["project"]["scripts"] == SCRIPTS
 
 
@@ -35,6 +35,7 @@ def test_pyproject_declares_the_five_commands():
     ("hf-relpos-convert", "marian"),
     ("hf-relpos-average", "--last_n"),
     ("hf-relpos-export", "ctranslate2"),
+    ("hf-relpos-score", "--normalize"),
 ])
 def test_every_command_has_a_working_help(name, shown, capsys):
     main = console_script_main(name)

@@ -23,6 +23,7 @@ from hf_relpos.tools.convert import marian_to_relpos
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.tools.export import main as export_main
+from hf_relpos.tools.score import score_pairs
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.tools.translate import translate_lines
 from hf_relpos.translation.demo_corpus import generate_demo_splits
@@ -150,6 +151,27 @@ def test_the_engine_scores_every_target_token_as_pytorch_does(exported, tokenize
     expected = torch_log_probs(model, tokenizer, TEST_SOURCES, targets)
     for reference, scored in zip(expected, engine_log_probs(folder, tokenizer, TEST_SOURCES, targets), strict=True):
         assert torch.allclose(scored, reference, atol=1e-4, rtol=0), name
+
+
+@pytest.mark.parametrize("name", list(EXPORTABLE))
+def test_hf_relpos_score_gives_the_engines_scores_as_the_pytorch_folders(exported, tokenizer, name):
+    """`hf-relpos-score` over the export (score_batch) and over the PyTorch model: each pair's log p(y | x) and its
+    mean per token agree to float32 rounding, in token batches of mixed lengths, a blank source among them."""
+    model, _, folder = exported[name]
+    engine = CTranslate2Model(folder, threads=1)
+    sources = [*TEST_SOURCES, ""]
+    targets = [target for _, target in SPLITS["test"]][:len(TEST_SOURCES)] + ["Ein Hund."]
+    for normalize in (False, True):
+        expected = score_pairs(sources, targets, model, tokenizer, max_tokens=60, normalize=normalize)
+        scored = score_pairs(sources, targets, engine, tokenizer, max_tokens=60, normalize=normalize)
+        assert scored == pytest.approx(expected, rel=1e-5, abs=1e-4), name
+    assert len(set(expected)) == len(expected)
+
+
+def test_scoring_a_target_longer_than_the_position_table_is_refused(exported, tokenizer):
+    engine = CTranslate2Model(exported["absolute"][2], threads=1)
+    with pytest.raises(ValueError, match="position table covers 128 positions: .* a target of 201; export again"):
+        score_pairs(["Ein Hund."], [" ".join(["Hund"] * 200)], engine, tokenizer)
 
 
 @pytest.mark.parametrize("name", list(EXPORTABLE))

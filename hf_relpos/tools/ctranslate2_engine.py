@@ -106,16 +106,30 @@ class CTranslate2Model:
         """Whether generate forces the end token as the last new token it allows (`forced_eos_token_id`)."""
         return self.length_config(**settings).forced_eos_token_id in self.end_token_ids
 
-    def check_position_table(self, longest_source: int, longest_output: int) -> None:
+    def check_position_table(self, longest_source: int, longest_output: int, output: str = "a length cap of") -> None:
         """One ValueError when a position table (`absolute`, `none`, `alibi`) covers fewer positions than the longest
-        source or the most new tokens a row may get (its own cap under max_len_b, else the ceiling)."""
+        source or the most new tokens a row may get (its own cap under max_len_b, else the ceiling; `output` names
+        it: "a target of" where targets are scored)."""
         rows = self.position_table_rows
         if rows is not None and max(longest_source, longest_output) > rows:
             raise ValueError(f"this export's position table covers {rows} positions: it serves sources and "
-                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and a "
-                             f"length cap of {longest_output}; export again with hf-relpos-export ctranslate2 "
+                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and "
+                             f"{output} {longest_output}; export again with hf-relpos-export ctranslate2 "
                              f"--max_positions {max(longest_source, longest_output)} or more, or translate with the "
                              "PyTorch folder")
+
+    def target_log_probabilities(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> list[list[float]]:
+        """log p(y_t | y_<t, x) of each target token as the tokenizer encodes a label (ending in the end token), by
+        the engine's `score_batch` (teacher forcing), sources never truncated: `hf_relpos.tools.score`'s numbers."""
+        self.check_position_table(max(map(len, source_ids)), max(map(len, target_ids)), "a target of")
+        for ids in target_ids:
+            if not ids or ids[-1] not in self.end_token_ids:
+                raise ValueError(f"a target to score must end in the end token (score_batch appends it), got "
+                                 f"{self.tokens[ids[-1]] if ids else 'no token'!r} last")
+        results = self.translator.score_batch(
+            [[self.tokens[token] for token in ids] for ids in source_ids],
+            [[self.tokens[token] for token in ids[:-1]] for ids in target_ids], max_input_length=0)
+        return [list(result.log_probs) for result in results]
 
     def generate(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None,
                  **settings: Any) -> torch.Tensor:

@@ -340,18 +340,86 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
     if is_ctranslate2_folder(args.model):
         for name, advice in PYTORCH_ONLY_OPTIONS.items():
             if getattr(args, name) is not None:
-                parser.exit(2, f"{PROGRAM}: error: --{name} is for PyTorch model folders; {args.model!r} is a "
+                parser.exit(2, f"{parser.prog}: error: --{name} is for PyTorch model folders; {args.model!r} is a "
                                f"CTranslate2 export ({advice})\n")
         return CTranslate2Model(args.model, device=args.device, compute_type=args.compute_type or "default")
     if args.compute_type is not None:
-        parser.exit(2, f"{PROGRAM}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
+        parser.exit(2, f"{parser.prog}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
                        f"{args.model!r} is a PyTorch model folder (use --dtype)\n")
     try:
         check_kernel_device(args.attn_implementation, torch.device(args.device))
     except (RuntimeError, ImportError) as error:
-        parser.exit(2, f"{PROGRAM}: error: --attn_implementation: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: --attn_implementation: {error}\n")
     loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
+
+
+def check_text_files(parser: argparse.ArgumentParser, paths: dict[str, str | None]) -> None:
+    """One error (exit 2) naming the flag where a file of `paths` (flag -> path, None: not given) is compressed in a
+    kind that is not read (.zst, .zip) or is a file of records (.jsonl, .tsv, .parquet), not text of one sentence a
+    line."""
+    for flag, path in paths.items():
+        if path is not None and (command := DECOMPRESS_COMMANDS.get(Path(path).suffix.lower())) is not None:
+            parser.exit(2, f"{parser.prog}: error: {flag} {path!r} is compressed in a kind that is not read "
+                           f"({', '.join(DECOMPRESS_COMMANDS)}): decompress first ({command} {path}) and give the text "
+                           f"file, uncompressed or compressed with gzip, bzip2 or xz ({', '.join(COMPRESSIONS)})\n")
+        if path is not None and data_file_format(path) not in (None, *SOURCE_ONLY_FORMATS):
+            parser.exit(2, f"{parser.prog}: error: {flag} {path!r} is a {uncompressed_name(Path(path)).suffix} file "
+                           f"of records, not plain text: {parser.prog} reads one sentence per line; write each "
+                           "language's side to a text file (docs/training.md#data shows how), or give the file to "
+                           "train_translation.py as --test_file with --do_predict true\n")
+
+
+def check_output_name(parser: argparse.ArgumentParser, output: str | None) -> None:
+    """One error (exit 2) where --output names a compression that is not written (.zst, .zip)."""
+    if output is not None and Path(output).suffix.lower() in DECOMPRESS_COMMANDS:
+        parser.exit(2, f"{parser.prog}: error: --output {output!r} names a compression that is not written "
+                       f"({', '.join(DECOMPRESS_COMMANDS)}): give a name ending in {', '.join(COMPRESSIONS)} (written "
+                       "compressed with gzip, bzip2 or xz) or a plain-text name, and compress it after\n")
+
+
+def checked_output(parser: argparse.ArgumentParser, output_name: str | None, inputs: dict[str, str | None],
+                   what: str) -> Path | None:
+    """--output as a Path (None: stdout) once it can be written: not a folder, in a folder that exists and is
+    writable (a link's file is replaced in its own folder), not one of the `inputs` files (flag -> path), which
+    `what` it receives would replace; else one error (exit 2)."""
+    if output_name is None:
+        return None
+    output = Path(output_name)
+    folder = (output.resolve() if output.is_symlink() else output).parent   # a link: its file's
+    reasons = {"is a folder": output.is_dir(), f"no folder '{folder}' to write it in": not folder.is_dir(),
+               "ends in '/', which names a folder; give a file name": output_name.endswith(("/", os.sep))}
+    reason = next((reason for reason, applies in reasons.items() if applies), None)
+    if reason is not None:
+        parser.exit(2, f"{parser.prog}: error: --output {output_name!r}: {reason}\n")
+    if output.is_file():   # a plain file, through a link or not (a terminal may be both)
+        for flag, path in inputs.items():
+            if path is not None and output.samefile(path):
+                parser.exit(2, f"{parser.prog}: error: --output {output_name!r} is the {flag} file: {what} "
+                               f"would replace it; write them to another file\n")
+    if not writes_in_place(output):   # a pipe, a device or /dev/stdout is written through
+        try:
+            check_output_dir(folder, setting="--output's folder")
+        except OutputDirError as error:
+            parser.exit(2, f"{parser.prog}: error: {error}\n")
+    return output
+
+
+def load_tokenizer_and_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                             ) -> tuple[PreTrainedTokenizerBase, PreTrainedModel | CTranslate2Model]:
+    """The saved folder's tokenizer and model (`load_model`); a folder that cannot be loaded is one error (exit 2)."""
+    try:
+        with hidden_progress_bars() if args.no_progress else contextlib.nullcontext():
+            if Path(args.model).is_dir():
+                check_tokenizer_saved(args.model)
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            with reading_weights():
+                model = load_model(parser, args)
+    except WeightsFileError as error:
+        parser.exit(2, f"{parser.prog}: error: the model folder {args.model!r}: {error}\n")
+    except (OSError, ValueError, ImportError, RuntimeError) as error:
+        parser.exit(2, f"{parser.prog}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
+    return tokenizer, model
 
 
 def recorded_scoring(model: str) -> tuple[str | None, str]:
@@ -394,21 +462,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_local_folder(args.model, "model")
     except ValueError as error:
         parser.exit(2, f"{PROGRAM}: error: {error}\n")
-    for flag, path in (("--input", args.input), ("--reference", args.reference)):
-        if path is not None and (command := DECOMPRESS_COMMANDS.get(Path(path).suffix.lower())) is not None:
-            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is compressed in a kind that is not read "
-                           f"({', '.join(DECOMPRESS_COMMANDS)}): decompress first ({command} {path}) and give the text "
-                           f"file, uncompressed or compressed with gzip, bzip2 or xz ({', '.join(COMPRESSIONS)})\n")
-        if path is not None and data_file_format(path) not in (None, *SOURCE_ONLY_FORMATS):
-            parser.exit(2, f"{PROGRAM}: error: {flag} {path!r} is a {uncompressed_name(Path(path)).suffix} file of "
-                           f"records, not plain "
-                           f"text: {PROGRAM} reads one sentence per line; write each language's side to a text file "
-                           "(docs/training.md#data shows how), or give the file to train_translation.py as --test_file "
-                           "with --do_predict true\n")
-    if args.output is not None and Path(args.output).suffix.lower() in DECOMPRESS_COMMANDS:
-        parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} names a compression that is not written "
-                       f"({', '.join(DECOMPRESS_COMMANDS)}): give a name ending in {', '.join(COMPRESSIONS)} (written "
-                       "compressed with gzip, bzip2 or xz) or a plain-text name, and compress it after\n")
+    check_text_files(parser, {"--input": args.input, "--reference": args.reference})
+    check_output_name(parser, args.output)
     try:
         source = sys.stdin.buffer if args.input is None else open(args.input, "rb")  # noqa: SIM115 (closed below)
     except OSError as error:
@@ -423,7 +478,7 @@ def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
     (the error names the file and line)."""
     reason = (error if isinstance(error, DatasetSchemaError) else
               f"{path!r}: {' '.join(str(error.strerror or error).split())}")
-    parser.exit(2, f"{PROGRAM}: error: {flag} {reason}\n")
+    parser.exit(2, f"{parser.prog}: error: {flag} {reason}\n")
 
 
 class _SourceReadError(Exception):
@@ -472,35 +527,9 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         except ValueError as error:
             parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}; or name another tokenization with --tokenize "
                            "(e.g. char)\n")
-    output = None if args.output is None else Path(args.output)
-    folder = None if output is None else (output.resolve() if output.is_symlink() else output).parent   # a link: its file's
-    if output is not None:
-        reasons = {"is a folder": output.is_dir(), f"no folder '{folder}' to write it in": not folder.is_dir(),
-                   "ends in '/', which names a folder; give a file name": args.output.endswith(("/", os.sep))}
-        reason = next((reason for reason, applies in reasons.items() if applies), None)
-        if reason is not None:
-            parser.exit(2, f"{PROGRAM}: error: --output {args.output!r}: {reason}\n")
-    if output is not None and output.is_file():   # a plain file, through a link or not (a terminal may be both)
-        for flag, path in (("--input", args.input), ("--reference", args.reference)):
-            if path is not None and output.samefile(path):
-                parser.exit(2, f"{PROGRAM}: error: --output {args.output!r} is the {flag} file: the translations "
-                               f"would replace it; write them to another file\n")
-    if output is not None and not writes_in_place(output):   # a pipe, a device or /dev/stdout is written through
-        try:
-            check_output_dir(folder, setting="--output's folder")   # a link's file is replaced in its own folder
-        except OutputDirError as error:
-            parser.exit(2, f"{PROGRAM}: error: {error}\n")
-    try:
-        with hidden_progress_bars() if args.no_progress else contextlib.nullcontext():
-            if Path(args.model).is_dir():
-                check_tokenizer_saved(args.model)
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-            with reading_weights():
-                model = load_model(parser, args)
-    except WeightsFileError as error:
-        parser.exit(2, f"{PROGRAM}: error: the model folder {args.model!r}: {error}\n")
-    except (OSError, ValueError, ImportError, RuntimeError) as error:
-        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
+    output = checked_output(parser, args.output, {"--input": args.input, "--reference": args.reference},
+                            "the translations")
+    tokenizer, model = load_tokenizer_and_model(parser, args)
     if references is not None:   # said before translating: text in them that no translation can hold
         decoded = tokenizer.batch_decode(tokenizer(text_target=references)["input_ids"], skip_special_tokens=True)
         message = unwritable_references_message("--reference", *unwritable_texts(references, decoded),

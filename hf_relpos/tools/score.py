@@ -1,0 +1,270 @@
+"""Score parallel text with a saved model: each target line's log-probability given its source line.
+
+    hf-relpos-score MODEL_DIR --source SRC.txt --target TGT.txt [--output SCORES.txt] [--normalize]
+
+(`python -m hf_relpos.tools.score` is the same program.)
+
+One score per line pair, in order: log p(y | x) = sum_t log p(y_t | y_<t, x), natural log, over the target's tokens
+as the tokenizer encodes a label (its end token included), by teacher forcing (one forward pass over the whole
+target, as in training, with dropout off); with `--normalize`, that sum divided by the target's token count (the mean
+log-probability per token: Marian's scorer's --normalize, CTranslate2's score_batch). What it is for: filtering
+parallel data by the model's cross-entropy (dual conditional cross-entropy filtering, Junczys-Dowmunt 2018: a
+forward and a backward model's normalized scores), a reverse-direction or right-to-left model's feature for n-best
+rescoring, a test set's perplexity. At the end the corpus cross-entropy per target token and its perplexity go to
+stderr. A blank line is scored as the tokenizer encodes it (its end token alone).
+
+The inputs are read and scored `--buffer_lines` pairs at a time (memory holds one chunk), and a chunk's pairs are
+sorted by length and batched by tokens (`--max_tokens`); compressed inputs (.gz, .bz2, .xz) are read as
+`hf-relpos-translate` reads them, and `--output` is written as it writes it (beside its destination, renamed there
+when the job ends, so a failed job leaves no part of it; a .gz, .bz2 or .xz name compressed). A CTranslate2 folder
+(`hf-relpos-export ctranslate2`) scores through the engine's score_batch, the same numbers to float32 rounding.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import math
+import os
+import sys
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from itertools import zip_longest
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+from ..publish.files import expand_home, text_output
+from ..translation.arguments import (
+    ConfigError,
+    add_import_modules_argument,
+    attention_implementations,
+    import_user_modules,
+)
+from ..translation.data import COMPRESSION_WRITERS, DatasetSchemaError, compression_of, text_file_line_chunks
+from ..translation.preflight import check_local_folder
+from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
+from .translate import (
+    DTYPES,
+    DefaultsWhereSetFormatter,
+    attn_implementation,
+    check_output_name,
+    check_text_files,
+    checked_output,
+    device_name,
+    exit_unreadable,
+    load_tokenizer_and_model,
+    padded_sources,
+    token_batches,
+)
+
+PROGRAM = "hf-relpos-score"
+
+
+def target_log_probabilities(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase, source_ids: list[list[int]],
+                             target_ids: list[list[int]]) -> list[torch.Tensor]:
+    """log p(y_t | y_<t, x) of each target token, one tensor per pair, from one padded teacher-forced forward pass:
+    sources and targets padded on the right, whatever the tokenizer's side (`padded_sources`; the causal decoder's
+    padding comes after every real position), the decoder's inputs the labels shifted right as in training;
+    log-softmax in the logits' dtype promoted to at least float32."""
+    inputs = padded_sources(tokenizer, source_ids).to(model.device)
+    longest = max(map(len, target_ids))
+    pad = model.config.pad_token_id
+    labels = torch.tensor([ids + [pad] * (longest - len(ids)) for ids in target_ids], device=model.device)
+    with torch.inference_mode():
+        logits = model(**inputs, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels=labels),
+                       use_cache=False).logits
+    log_probabilities = logits.to(torch.promote_types(logits.dtype, torch.float32)).log_softmax(-1)
+    picked = log_probabilities.gather(-1, labels[..., None])[..., 0]
+    return [row[:len(ids)] for row, ids in zip(picked, target_ids, strict=True)]
+
+
+@dataclass
+class ScoreTotals:
+    """Pairs, target tokens and their summed log-probability over everything scored (the corpus figures)."""
+
+    pairs: int = 0
+    tokens: int = 0
+    log_probability: float = 0.0
+
+    def summary(self) -> str:
+        """The corpus cross-entropy per target token (nats) and its perplexity."""
+        cross_entropy = -self.log_probability / self.tokens
+        return (f"{self.pairs} pairs, {self.tokens} target tokens: cross-entropy {cross_entropy:.4f} nats per token, "
+                f"perplexity {math.exp(cross_entropy):.2f}")
+
+
+def score_pairs(sources: Sequence[str], targets: Sequence[str], model: PreTrainedModel | CTranslate2Model,
+                tokenizer: PreTrainedTokenizerBase, max_tokens: int = 4096, normalize: bool = False,
+                totals: ScoreTotals | None = None, progress: tqdm | None = None) -> list[float]:
+    """log p(target | source) of each pair, in order (the mean per target token with `normalize`), batched by
+    `max_tokens` (the rows times the longer of their longest source and longest target, padding included); the
+    pairs, tokens and summed log-probabilities are added to `totals`."""
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} sources but {len(targets)} targets")
+    source_ids = tokenizer(list(sources))["input_ids"]
+    target_ids = tokenizer(text_target=list(targets))["input_ids"]
+    scores = [0.0] * len(sources)
+    for batch in token_batches([max(len(source_ids[i]), len(target_ids[i])) for i in range(len(sources))],
+                               max_tokens):
+        batch_sources, batch_targets = [source_ids[i] for i in batch], [target_ids[i] for i in batch]
+        if isinstance(model, CTranslate2Model):
+            per_token = model.target_log_probabilities(batch_sources, batch_targets)
+        else:
+            per_token = [row.tolist() for row in target_log_probabilities(model, tokenizer, batch_sources,
+                                                                          batch_targets)]
+        for position, token_scores in zip(batch, per_token, strict=True):
+            total = math.fsum(token_scores)
+            scores[position] = total / len(token_scores) if normalize else total
+            if totals is not None:
+                totals.pairs += 1
+                totals.tokens += len(token_scores)
+                totals.log_probability += total
+        if progress is not None:
+            progress.update(len(batch))
+    return scores
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROGRAM, description=__doc__.split("\n\n")[0],
+                                     formatter_class=DefaultsWhereSetFormatter)
+    parser.add_argument("model", type=expand_home,
+                        help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), or a "
+                             "CTranslate2 folder written by hf-relpos-export ctranslate2")
+    parser.add_argument("--source", type=expand_home, required=True,
+                        help="source text, one sentence per line (a .gz, .bz2 or .xz file is decompressed while read)")
+    parser.add_argument("--target", type=expand_home, required=True,
+                        help="target text to score, one sentence per line, each the translation of the same line of "
+                             "--source (a .gz, .bz2 or .xz file is decompressed while read)")
+    parser.add_argument("--output", type=expand_home,
+                        help="where the scores go, one per line; a name ending in .gz, .bz2 or .xz is written "
+                             "compressed so (default: stdout)")
+    parser.add_argument("--normalize", action="store_true",
+                        help="score each pair by its mean log-probability per target token (default: the sum)")
+    parser.add_argument("--max_tokens", type=int, default=4096,
+                        help="tokens per batch: the pairs times the longer of their longest source and longest "
+                             "target, padding included")
+    parser.add_argument("--buffer_lines", type=int, default=10000, metavar="N",
+                        help="line pairs read, scored and written at a time (memory holds one such chunk)")
+    parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
+                        help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
+    add_import_modules_argument(parser)
+    parser.add_argument("--dtype", choices=DTYPES,
+                        help="dtype of the weights and computation (default: the dtype the weights were saved in, "
+                             "float32 for a trained folder); the log-softmax runs in at least float32")
+    parser.add_argument("--attn_implementation", type=attn_implementation, metavar="KERNEL",
+                        help=f"attention kernel, one of {attention_implementations()} (default: the model's, sdpa)")
+    parser.add_argument("--compute_type", choices=COMPUTE_TYPES,
+                        help="for a CTranslate2 folder (hf-relpos-export ctranslate2): the engine's computation type "
+                             "(default: the type the weights were exported in)")
+    parser.add_argument("--no_progress", action="store_true",
+                        help="no progress bars on stderr (scoring, and transformers' while loading)")
+    return parser
+
+
+class _LineCountError(Exception):
+    """--source and --target have different line counts (both counted to their ends)."""
+
+    def __init__(self, sources: int, targets: int) -> None:
+        super().__init__(sources, targets)
+        self.sources, self.targets = sources, targets
+
+
+class _ReadError(Exception):
+    """An input file that cannot be read, does not decompress or holds a line that is not UTF-8, with its flag."""
+
+    def __init__(self, flag: str, error: OSError | DatasetSchemaError) -> None:
+        super().__init__(flag, error)
+        self.flag, self.error = flag, error
+
+
+def read_as(flag: str, chunks: Iterator[list[str]]) -> Iterator[list[str]]:
+    """`chunks`, an error of reading them raised as a `_ReadError` naming `flag`."""
+    try:
+        yield from chunks
+    except (OSError, DatasetSchemaError) as error:
+        raise _ReadError(flag, error) from error
+
+
+def paired_chunks(sources: Iterator[list[str]], targets: Iterator[list[str]]) -> Iterator[tuple[list[str], list[str]]]:
+    """The chunks of both files side by side; a `_LineCountError` with both files' line counts where they differ
+    (the rest of both read to count them)."""
+    read = [0, 0]
+    for source_chunk, target_chunk in zip_longest(sources, targets, fillvalue=[]):
+        read[0] += len(source_chunk)
+        read[1] += len(target_chunk)
+        if len(source_chunk) != len(target_chunk):
+            raise _LineCountError(read[0] + sum(map(len, sources)), read[1] + sum(map(len, targets)))
+        yield source_chunk, target_chunk
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    for name in ("max_tokens", "buffer_lines"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    try:
+        import_user_modules(args.import_modules)
+    except ConfigError as error:
+        parser.error(str(error))
+    try:
+        check_local_folder(args.model, "model")
+    except ValueError as error:
+        parser.exit(2, f"{PROGRAM}: error: {error}\n")
+    inputs = {"--source": args.source, "--target": args.target}
+    check_text_files(parser, inputs)
+    check_output_name(parser, args.output)
+    output = checked_output(parser, args.output, inputs, "the scores")
+    tokenizer, model = load_tokenizer_and_model(parser, args)
+    files = {}
+    with contextlib.ExitStack() as opened:
+        for flag, path in inputs.items():
+            try:
+                files[flag] = opened.enter_context(open(path, "rb"))
+            except OSError as error:
+                exit_unreadable(parser, flag, path, error)
+        totals = score_files(parser, args, files, output, model, tokenizer)
+    if totals.tokens:
+        print(f"{PROGRAM}: {totals.summary()}", file=sys.stderr)
+
+
+def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files: dict, output: Path | None,
+                model: PreTrainedModel | CTranslate2Model, tokenizer: PreTrainedTokenizerBase) -> ScoreTotals:
+    """The opened --source and --target read, scored and written `--buffer_lines` pairs at a time; one error (exit 2,
+    --output not written) where they cannot be read or are empty, their line counts differ or the model refuses a pair."""
+    chunks = {flag: read_as(flag, text_file_line_chunks(file, getattr(args, flag[2:]), args.buffer_lines))
+              for flag, file in files.items()}
+    totals = ScoreTotals()
+    try:
+        with tqdm(total=0, desc="scoring", unit=" pairs", file=sys.stderr, disable=args.no_progress) as bar, \
+                contextlib.ExitStack() as outputs:
+            compression = None if output is None else compression_of(output)
+            sink = sys.stdout if output is None else outputs.enter_context(
+                text_output(output, None if compression is None else COMPRESSION_WRITERS[compression]))
+            for sources, targets in paired_chunks(chunks["--source"], chunks["--target"]):
+                bar.total += len(sources)
+                bar.refresh()
+                scores = score_pairs(sources, targets, model, tokenizer, args.max_tokens, args.normalize, totals, bar)
+                sink.write("".join(f"{score:.6f}\n" for score in scores))
+                sink.flush()
+            if not totals.pairs:
+                parser.exit(2, f"{PROGRAM}: error: nothing to score: --source and --target have no lines\n")
+    except BrokenPipeError:   # what reads stdout stopped (`| head`)
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        parser.exit(1)
+    except _LineCountError as error:
+        parser.exit(2, f"{PROGRAM}: error: {error.sources} source lines (--source {args.source!r}) but "
+                       f"{error.targets} target lines (--target {args.target!r}): each source line needs its target "
+                       "on the same line\n")
+    except _ReadError as failure:
+        exit_unreadable(parser, failure.flag, getattr(args, failure.flag[2:]), failure.error)
+    except ValueError as error:   # a pair the model refuses (e.g. longer than a position table)
+        parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
+    return totals
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,181 @@
+"""`hf-relpos-score MODEL_DIR --source SRC --target TGT`: log p(target | source) of each line pair by teacher forcing,
+against the chain rule computed prefix by prefix, and the command's files and errors."""
+
+from __future__ import annotations
+
+import gzip
+import math
+import re
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import BUILT_IN_SCHEMES, MEMORISED_PAIRS
+
+from hf_relpos.testing import tiny_float64_model
+from hf_relpos.tools.score import ScoreTotals, main, score_pairs, target_log_probabilities
+from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+SOURCES = [source for source, _ in MEMORISED_PAIRS]
+TARGETS = [target for _, target in MEMORISED_PAIRS]
+# pairs of unlike lengths, a blank side among them, so that batches pad sources and targets alike
+PAIRS = [*MEMORISED_PAIRS, ("The big red house sees the small cat and the tree.", "Das Haus."),
+         ("The cat.", "Die kleine Katze sieht den großen Baum und das rote Haus."), ("", "Der Vogel."),
+         ("The bird.", "")]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_joint_tokenizer([text for pair in PAIRS * 4 for text in pair], vocab_size=300)
+
+
+def chain_rule_log_probability(model, tokenizer, source: str, target: str) -> float:
+    """sum_t log p(y_t | y_<t, x) for one pair alone, each term from its own forward pass over the prefix y_<t (the
+    decoder start token first), the last position's log-softmax: no padding, no batch, no teacher-forced shift."""
+    source_ids = torch.tensor([tokenizer(source)["input_ids"]])
+    target_ids = tokenizer(text_target=target)["input_ids"]
+    total = 0.0
+    with torch.no_grad():
+        for step, token in enumerate(target_ids):
+            prefix = torch.tensor([[model.config.decoder_start_token_id, *target_ids[:step]]])
+            logits = model(input_ids=source_ids, decoder_input_ids=prefix, use_cache=False).logits
+            total += float(logits[0, -1].log_softmax(-1)[token])
+    return total
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("padding_side", ["right", "left"])
+@pytest.mark.parametrize("scheme", BUILT_IN_SCHEMES)
+def test_batched_scores_are_the_chain_rule_of_each_pair_alone(tokenizer, scheme, padding_side):
+    """float64, every scheme: one padded batch of pairs of unlike lengths (blank sides included) scores each pair as
+    the product of its next-token probabilities, each computed alone from its prefix, to 1e-12."""
+    model = tiny_float64_model(scheme, dict(vocab_size=len(tokenizer), **special_token_ids(tokenizer)), kernel="sdpa")
+    tokenizer.padding_side = padding_side
+    sources, targets = [source for source, _ in PAIRS], [target for _, target in PAIRS]
+    scores = score_pairs(sources, targets, model, tokenizer, max_tokens=10_000)
+    expected = [chain_rule_log_probability(model, tokenizer, source, target) for source, target in PAIRS]
+    assert max(abs(score - reference) for score, reference in zip(scores, expected, strict=True)) < 1e-12
+    assert len({round(score, 6) for score in scores}) == len(scores)   # the pairs score differently
+
+
+def test_the_log_softmax_runs_in_float32_for_a_bfloat16_model(tokenizer):
+    """A bfloat16 model's log-probabilities come out of a float32 log-softmax over its logits (promoted, never computed
+    in bfloat16), so they equal the float32 log-softmax of the same bfloat16 logits."""
+    model = tiny_float64_model("shaw", dict(vocab_size=len(tokenizer), **special_token_ids(tokenizer))).bfloat16()
+    source_ids, target_ids = tokenizer(SOURCES[:2])["input_ids"], tokenizer(text_target=TARGETS[:2])["input_ids"]
+    scored = target_log_probabilities(model, tokenizer, source_ids, target_ids)
+    assert all(row.dtype == torch.float32 for row in scored)
+    labels = torch.tensor(target_ids[0])[None]
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor(source_ids[:1]), labels=labels).logits
+    assert logits.dtype == torch.bfloat16
+    assert torch.equal(scored[0], logits.float().log_softmax(-1)[0].gather(-1, labels[0, :, None])[:, 0])
+
+
+def write_lines(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
+
+
+def test_file_to_file_in_order_whatever_the_batches_and_chunks(memorised_model_folder, tmp_path, capsys):
+    """One score a pair, in input order, the same with one batch and one chunk as with batches of a few tokens and
+    chunks of 2 lines; --normalize divides each by its target's token count; the corpus cross-entropy and perplexity
+    on stderr are those of the scores."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    sources, targets = [source for source, _ in PAIRS], [target for _, target in PAIRS]
+    source_file, target_file = write_lines(tmp_path / "src", sources), write_lines(tmp_path / "tgt", targets)
+    runs = {}
+    for name, flags in {"whole": ["--max_tokens", "100000"],
+                        "small": ["--max_tokens", "12", "--buffer_lines", "2"],
+                        "normalized": ["--normalize", "--buffer_lines", "3"]}.items():
+        output = tmp_path / f"{name}.txt.gz"
+        main([str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file),
+              "--output", str(output), "--no_progress", *flags])
+        runs[name] = [float(line) for line in gzip.open(output, "rt", encoding="utf-8").read().splitlines()]
+        runs[name, "stderr"] = capsys.readouterr().err
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    expected = [chain_rule_log_probability(model, tokenizer, source, target) for source, target in PAIRS]
+    assert len(runs["whole"]) == len(PAIRS)
+    for whole, small, reference in zip(runs["whole"], runs["small"], expected, strict=True):
+        assert whole == pytest.approx(reference, rel=1e-6, abs=2e-6) and small == pytest.approx(reference, rel=1e-6, abs=2e-6)
+    assert runs["whole"][:len(MEMORISED_PAIRS)] > [-0.5] * len(MEMORISED_PAIRS)   # its own pairs: likely
+    assert min(runs["whole"][len(MEMORISED_PAIRS):]) < -5                         # the others: not
+    counts = [len(ids) for ids in tokenizer(text_target=targets)["input_ids"]]
+    assert runs["normalized"] == pytest.approx([score / count for score, count in zip(runs["whole"], counts,
+                                                                                        strict=True)], rel=1e-6, abs=2e-6)
+    cross_entropy = -sum(runs["whole"]) / sum(counts)
+    assert runs["whole", "stderr"] == (f"hf-relpos-score: {len(PAIRS)} pairs, {sum(counts)} target tokens: "
+                                       f"cross-entropy {cross_entropy:.4f} nats per token, perplexity "
+                                       f"{math.exp(cross_entropy):.2f}\n")
+
+
+def test_scores_to_stdout(memorised_model_folder, tmp_path, capsys):
+    source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
+    main([str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file), "--no_progress"])
+    assert len([float(line) for line in capsys.readouterr().out.splitlines()]) == len(SOURCES)
+
+
+def error_of(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("hf-relpos-score: error: ")]
+    assert len(errors) == 1, errors
+    return errors[0]
+
+
+def test_files_of_other_line_counts_are_one_error_and_write_nothing(memorised_model_folder, tmp_path, capsys):
+    """The counts differ in a later chunk than the first: both files are counted to their ends, and --output, whose
+    first chunk was written, is not left behind."""
+    source_file = write_lines(tmp_path / "src", SOURCES)
+    target_file = write_lines(tmp_path / "tgt", TARGETS[:-1])
+    output = tmp_path / "scores.txt"
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file),
+                              "--output", str(output), "--buffer_lines", "2", "--no_progress"])
+    assert f"{len(SOURCES)} source lines (--source '{source_file}') but {len(SOURCES) - 1} target lines" in error
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(("content", "message"), [
+    (b"", "nothing to score"),
+    (b"Das Haus.\n\xff\xfe kaputt\n", "--target .*tgt:2"),
+])
+def test_empty_or_undecodable_input_is_one_error_and_writes_nothing(memorised_model_folder, tmp_path, capsys,
+                                                                    content, message):
+    source_file = tmp_path / "src"
+    source_file.write_bytes(b"" if not content else b"The house.\nThe tree.\n")
+    target_file = tmp_path / "tgt"
+    target_file.write_bytes(content)
+    output = tmp_path / "scores.txt"
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file),
+                              "--output", str(output), "--no_progress"])
+    assert re.search(message, error), error
+    assert not output.exists()
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--output", "{src}"], "--output '.*src' is the --source file: the scores would replace it"),
+    (["--max_tokens", "0"], "--max_tokens must be a positive integer"),
+    (["--compute_type", "int8"], "--compute_type is for CTranslate2 folders"),
+])
+def test_bad_flags_are_one_error(memorised_model_folder, tmp_path, capsys, flags, message):
+    source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
+    flags = [flag.format(src=source_file) for flag in flags]
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file),
+                              "--no_progress", *flags])
+    assert re.search(message, error), error
+    assert source_file.read_text(encoding="utf-8").splitlines() == SOURCES
+
+
+def test_a_file_of_records_is_refused_before_the_model_loads(tmp_path, capsys):
+    source_file = write_lines(tmp_path / "src.jsonl", ['{"translation": {"en": "a", "de": "b"}}'])
+    target_file = write_lines(tmp_path / "tgt", ["b"])
+    error = error_of(capsys, [str(tmp_path), "--source", str(source_file), "--target", str(target_file)])
+    assert "--source" in error and "file of records, not plain text" in error
+
+
+def test_totals_count_pairs_tokens_and_log_probability():
+    totals = ScoreTotals(pairs=2, tokens=4, log_probability=-4 * math.log(3))
+    assert totals.summary() == "2 pairs, 4 target tokens: cross-entropy 1.0986 nats per token, perplexity 3.00"
