@@ -179,3 +179,97 @@ def test_a_file_of_records_is_refused_before_the_model_loads(tmp_path, capsys):
 def test_totals_count_pairs_tokens_and_log_probability():
     totals = ScoreTotals(pairs=2, tokens=4, log_probability=-4 * math.log(3))
     assert totals.summary() == "2 pairs, 4 target tokens: cross-entropy 1.0986 nats per token, perplexity 3.00"
+
+
+def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generates(memorised_model_folder, tmp_path,
+                                                                                   capsys):
+    """hf-relpos-translate --n_best, then hf-relpos-score --n_best with the same model: each entry comes back whole
+    with `F1= SCORE` appended to its features, and F1 is generate's own F0 (the model's log-probability of the
+    hypothesis, no logits processor changing it) to float32 rounding; a blank line's entries are scored as the model
+    scores its end token alone (translate gives them 0 without generating). --normalize divides by the tokens and
+    --n_best_feature names the feature."""
+    from hf_relpos.tools.translate import main as translate_main
+
+    source_file = write_lines(tmp_path / "src", [*SOURCES, ""])
+    n_best_file = tmp_path / "nbest.txt"
+    translate_main([str(memorised_model_folder), str(source_file), "--output", str(n_best_file), "--n_best", "3",
+                    "--num_beams", "3", "--no_split_sentences", "--no_progress"])
+    entries = n_best_file.read_text(encoding="utf-8").splitlines()
+    assert len(entries) == 3 * (len(SOURCES) + 1)
+    capsys.readouterr()
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress"])
+    out, err = capsys.readouterr()
+    rescored = out.splitlines()
+    assert len(rescored) == len(entries)
+    for entry, line in zip(entries, rescored, strict=True):
+        index, hypothesis, features, score = entry.split(" ||| ")
+        new_index, new_hypothesis, new_features, new_score = line.split(" ||| ")
+        assert (new_index, new_hypothesis, new_score) == (index, hypothesis, score)
+        assert new_features.startswith(features + " F1= ")
+        f0, f1 = float(features.split()[1]), float(new_features.split()[3])
+        if int(index) < len(SOURCES):
+            assert f1 == pytest.approx(f0, rel=1e-5, abs=1e-5), line
+        else:
+            assert f0 == 0 and f1 < 0
+    assert err.startswith(f"hf-relpos-score: {len(entries)} hypotheses, ")
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress",
+          "--normalize", "--n_best_feature", "R2L"])
+    normalized = capsys.readouterr().out.splitlines()
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    for line, total in zip(normalized, rescored, strict=True):
+        _, hypothesis, features, _ = line.split(" ||| ")
+        assert features.split()[2] == "R2L="
+        tokens = len(tokenizer(text_target=hypothesis)["input_ids"])
+        assert float(features.split()[3]) == pytest.approx(float(total.split(" ||| ")[2].split()[3]) / tokens,
+                                                           rel=1e-12)
+
+
+def test_n_best_hypotheses_are_scored_with_their_escapes_undone(memorised_model_folder, tmp_path, capsys):
+    """Moses' escapes (&amp; &#124; &lt; ...) in an entry are undone before scoring, as hf_relpos.tools.n_best writes
+    them, and the entry is written back as it was read; an entry's extra fields stay after the score."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    source_file = write_lines(tmp_path / "src", SOURCES[:2])
+    n_best_file = write_lines(tmp_path / "nbest", ["0 ||| Die Katze &amp; der Hund &#124; &lt;3 ||| LM= -2.5 ||| -1.0",
+                                                   "1 ||| Der Hund. ||| LM= -1.5 ||| -0.5 ||| 0-0 1-1"])
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress"])
+    lines = capsys.readouterr().out.splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    expected = score_pairs(SOURCES[:2], ["Die Katze & der Hund | <3", "Der Hund."], model, tokenizer)
+    assert lines == [f"0 ||| Die Katze &amp; der Hund &#124; &lt;3 ||| LM= -2.5 F0= {expected[0]!r} ||| -1.0",
+                     f"1 ||| Der Hund. ||| LM= -1.5 F0= {expected[1]!r} ||| -0.5 ||| 0-0 1-1"]
+
+
+@pytest.mark.parametrize(("entries", "flags", "message"), [
+    (["1 ||| a ||| F0= -1 ||| -1", "0 ||| b ||| F0= -1 ||| -1"], [], r"nbest:2: line index 0 after 1: the entries must "
+                                                                      "come in the order of --source's lines"),
+    (["0 ||| a ||| F0= -1 ||| -1", "9 ||| b ||| F0= -1 ||| -1"], [], rf"nbest:2: line index 9, but --source has "
+                                                                      rf"{len(SOURCES)} lines"),
+    (["0 ||| a ||| F0= -1 ||| -1", "Die Katze schläft."], [], r"nbest:2: not an n-best entry"),
+    (["0 ||| a ||| F0= -1 ||| -1"], ["--n_best_feature", "F0"], r"nbest:1: the entry has a feature 'F0' already"),
+    ([], [], "nothing to score: --n_best has no entries"),
+    (["0 ||| a ||| F0= -1 ||| -1"], ["--n_best_feature", "my feature"], "--n_best_feature must be a name without"),
+])
+def test_an_n_best_list_that_cannot_be_scored_is_one_error_and_writes_nothing(memorised_model_folder, tmp_path, capsys,
+                                                                              entries, flags, message):
+    source_file = write_lines(tmp_path / "src", SOURCES)
+    n_best_file = write_lines(tmp_path / "nbest", entries)
+    output = tmp_path / "rescored.txt"
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file),
+                              "--output", str(output), "--no_progress", "--buffer_lines", "1", *flags])
+    assert re.search(message, error), error
+    assert not output.exists()
+
+
+def test_target_and_n_best_are_one_or_the_other(memorised_model_folder, tmp_path, capsys):
+    source_file = write_lines(tmp_path / "src", SOURCES)
+    with pytest.raises(SystemExit):
+        main([str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
+              "--n_best", str(source_file)])
+    assert "not allowed with argument" in capsys.readouterr().err
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
+                              "--n_best_feature", "R2L"])
+    assert "--n_best_feature names the feature --n_best appends: give --n_best" in error

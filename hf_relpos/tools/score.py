@@ -1,6 +1,7 @@
 """Score parallel text with a saved model: each target line's log-probability given its source line.
 
     hf-relpos-score MODEL_DIR --source SRC.txt --target TGT.txt [--output SCORES.txt] [--normalize]
+    hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] > RESCORED.txt
 
 (`python -m hf_relpos.tools.score` is the same program.)
 
@@ -13,6 +14,13 @@ forward and a backward model's normalized scores), a reverse-direction or right-
 rescoring, a test set's perplexity. At the end the corpus cross-entropy per target token and its perplexity go to
 stderr. A blank line is scored as the tokenizer encodes it (its end token alone).
 
+`--n_best` scores the hypotheses of an n-best list instead of --target (`hf-relpos-translate --n_best`'s, Marian's or
+Moses' format, `LINE_INDEX ||| HYPOTHESIS ||| FEATURES ||| ...`, in the order of --source's lines), each given its
+source line, and writes the list back with the score appended to each entry's features as `NAME= SCORE`
+(`--n_best_feature`, by default the first of F0, F1, ... the list does not have yet): a reranker's feature, as
+Marian's scorer's --n-best. The hypothesis is read with its escapes undone (`html.unescape`: Moses' &amp;, &#124;,
+&lt;, ...), as `hf_relpos.tools.n_best` writes them.
+
 The inputs are read and scored `--buffer_lines` pairs at a time (memory holds one chunk), and a chunk's pairs are
 sorted by length and batched by tokens (`--max_tokens`); compressed inputs (.gz, .bz2, .xz) are read as
 `hf-relpos-translate` reads them, and `--output` is written as it writes it (beside its destination, renamed there
@@ -24,10 +32,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import html
 import math
 import os
+import re
 import sys
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from itertools import zip_longest
 from pathlib import Path
@@ -88,12 +98,13 @@ class ScoreTotals:
     pairs: int = 0
     tokens: int = 0
     log_probability: float = 0.0
+    unit: str = "pairs"
 
     def summary(self) -> str:
         """The corpus cross-entropy per target token (nats) and its perplexity."""
         cross_entropy = -self.log_probability / self.tokens
-        return (f"{self.pairs} pairs, {self.tokens} target tokens: cross-entropy {cross_entropy:.4f} nats per token, "
-                f"perplexity {math.exp(cross_entropy):.2f}")
+        return (f"{self.pairs} {self.unit}, {self.tokens} target tokens: cross-entropy {cross_entropy:.4f} nats per "
+                f"token, perplexity {math.exp(cross_entropy):.2f}")
 
 
 def score_pairs(sources: Sequence[str], targets: Sequence[str], model: PreTrainedModel | CTranslate2Model,
@@ -135,9 +146,17 @@ def build_parser() -> argparse.ArgumentParser:
                              "CTranslate2 folder written by hf-relpos-export ctranslate2")
     parser.add_argument("--source", type=expand_home, required=True,
                         help="source text, one sentence per line (a .gz, .bz2 or .xz file is decompressed while read)")
-    parser.add_argument("--target", type=expand_home, required=True,
+    scored = parser.add_mutually_exclusive_group(required=True)
+    scored.add_argument("--target", type=expand_home,
                         help="target text to score, one sentence per line, each the translation of the same line of "
                              "--source (a .gz, .bz2 or .xz file is decompressed while read)")
+    scored.add_argument("--n_best", type=expand_home, metavar="NBEST",
+                        help="an n-best list to score instead of --target (LINE_INDEX ||| HYPOTHESIS ||| FEATURES "
+                             "..., as hf-relpos-translate --n_best writes it): written back with each hypothesis' "
+                             "score appended to its features")
+    parser.add_argument("--n_best_feature", metavar="NAME",
+                        help="--n_best: the feature's name (default: the first of F0, F1, ... the list's first "
+                             "entry does not have)")
     parser.add_argument("--output", type=expand_home,
                         help="where the scores go, one per line; a name ending in .gz, .bz2 or .xz is written "
                              "compressed so (default: stdout)")
@@ -200,12 +219,82 @@ def paired_chunks(sources: Iterator[list[str]], targets: Iterator[list[str]]) ->
         yield source_chunk, target_chunk
 
 
+class _NBestError(Exception):
+    """An n-best line that cannot be scored, with its line number in the list."""
+
+    def __init__(self, line_number: int, reason: str) -> None:
+        super().__init__(line_number, reason)
+        self.line_number, self.reason = line_number, reason
+
+
+N_BEST_SEPARATOR = " ||| "
+FEATURE_NAME = re.compile(r"[^\s=|]+")
+
+
+def feature_names(features: str) -> set[str]:
+    """The names of an n-best entry's features ("F0= -1.5 LM= -3" -> {"F0", "LM"})."""
+    return set(re.findall(r"(\S+)=", features))
+
+
+def first_free_feature(features: str) -> str:
+    """F0, F1, ...: the first such name an n-best entry's `features` do not hold."""
+    names = feature_names(features)
+    return next(f"F{index}" for index in range(len(names) + 1) if f"F{index}" not in names)
+
+
+def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], feature: str | None,
+                  ) -> Iterator[tuple[list[str], list[str], Callable[[list[float]], str]]]:
+    """Per chunk of n-best lines: each entry's source line (by its LINE_INDEX, counted from 0, in the order of the
+    sources), its hypothesis unescaped, and how to write the chunk back with the scores appended to the features as
+    `feature= SCORE` (None: `first_free_feature` of the first entry). A line that is not an n-best entry, an index
+    that goes back or past the sources, or a feature the list has already is a `_NBestError`."""
+    source_lines = (line for chunk in sources for line in chunk)
+    source_index, source = -1, ""
+    number = 0
+    for chunk in entries:
+        sources_of_chunk, hypotheses, entry_fields = [], [], []
+        for line in chunk:
+            number += 1
+            fields = line.split(N_BEST_SEPARATOR)
+            if len(fields) < 3 or not fields[0].strip().isdigit():
+                raise _NBestError(number, f"not an n-best entry (LINE_INDEX ||| HYPOTHESIS ||| FEATURES ...): "
+                                          f"{line[:80]!r}")
+            index = int(fields[0])
+            if index < source_index:
+                raise _NBestError(number, f"line index {index} after {source_index}: the entries must come in the "
+                                          "order of --source's lines")
+            while source_index < index:
+                source = next(source_lines, None)
+                if source is None:
+                    raise _NBestError(number, f"line index {index}, but --source has {source_index + 1} lines")
+                source_index += 1
+            if feature is None:
+                feature = first_free_feature(fields[2])
+            if feature in feature_names(fields[2]):
+                raise _NBestError(number, f"the entry has a feature {feature!r} already: name another with "
+                                          "--n_best_feature")
+            sources_of_chunk.append(source)
+            hypotheses.append(html.unescape(fields[1].strip()))
+            entry_fields.append(fields)
+
+        def written(scores: list[float], entry_fields: list[list[str]] = entry_fields, name: str | None = feature,
+                    ) -> str:
+            return "".join(N_BEST_SEPARATOR.join([*fields[:2], f"{fields[2].rstrip()} {name}= {score!r}", *fields[3:]])
+                           + "\n" for fields, score in zip(entry_fields, scores, strict=True))
+
+        yield sources_of_chunk, hypotheses, written
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
     for name in ("max_tokens", "buffer_lines"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
+    if args.n_best_feature is not None and args.n_best is None:
+        parser.error("--n_best_feature names the feature --n_best appends: give --n_best")
+    if args.n_best_feature is not None and not FEATURE_NAME.fullmatch(args.n_best_feature):
+        parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
     try:
         import_user_modules(args.import_modules)
     except ConfigError as error:
@@ -214,7 +303,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         check_local_folder(args.model, "model")
     except ValueError as error:
         parser.exit(2, f"{PROGRAM}: error: {error}\n")
-    inputs = {"--source": args.source, "--target": args.target}
+    inputs = {"--source": args.source, **({"--target": args.target} if args.n_best is None else
+                                          {"--n_best": args.n_best})}
     check_text_files(parser, inputs)
     check_output_name(parser, args.output)
     output = checked_output(parser, args.output, inputs, "the scores")
@@ -233,25 +323,32 @@ def main(argv: Sequence[str] | None = None) -> None:
 
 def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files: dict, output: Path | None,
                 model: PreTrainedModel | CTranslate2Model, tokenizer: PreTrainedTokenizerBase) -> ScoreTotals:
-    """The opened --source and --target read, scored and written `--buffer_lines` pairs at a time; one error (exit 2,
-    --output not written) where they cannot be read or are empty, their line counts differ or the model refuses a pair."""
+    """The opened --source and --target (or --n_best) read, scored and written `--buffer_lines` lines at a time; one
+    error (exit 2, --output not written) where they cannot be read or are empty, their line counts differ, an n-best
+    line cannot be scored or the model refuses a pair."""
     chunks = {flag: read_as(flag, text_file_line_chunks(file, getattr(args, flag[2:]), args.buffer_lines))
               for flag, file in files.items()}
-    totals = ScoreTotals()
+    if args.n_best is None:
+        scored = ((sources, targets, lambda scores: "".join(f"{score!r}\n" for score in scores))
+                  for sources, targets in paired_chunks(chunks["--source"], chunks["--target"]))
+    else:
+        scored = n_best_chunks(chunks["--n_best"], chunks["--source"], args.n_best_feature)
+    totals = ScoreTotals(unit="pairs" if args.n_best is None else "hypotheses")
     try:
-        with tqdm(total=0, desc="scoring", unit=" pairs", file=sys.stderr, disable=args.no_progress) as bar, \
+        with tqdm(total=0, desc="scoring", unit=f" {totals.unit}", file=sys.stderr, disable=args.no_progress) as bar, \
                 contextlib.ExitStack() as outputs:
             compression = None if output is None else compression_of(output)
             sink = sys.stdout if output is None else outputs.enter_context(
                 text_output(output, None if compression is None else COMPRESSION_WRITERS[compression]))
-            for sources, targets in paired_chunks(chunks["--source"], chunks["--target"]):
+            for sources, targets, written in scored:
                 bar.total += len(sources)
                 bar.refresh()
                 scores = score_pairs(sources, targets, model, tokenizer, args.max_tokens, args.normalize, totals, bar)
-                sink.write("".join(f"{score:.6f}\n" for score in scores))
+                sink.write(written(scores))
                 sink.flush()
             if not totals.pairs:
-                parser.exit(2, f"{PROGRAM}: error: nothing to score: --source and --target have no lines\n")
+                empty = "--source and --target have no lines" if args.n_best is None else "--n_best has no entries"
+                parser.exit(2, f"{PROGRAM}: error: nothing to score: {empty}\n")
     except BrokenPipeError:   # what reads stdout stopped (`| head`)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         parser.exit(1)
@@ -259,6 +356,8 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
         parser.exit(2, f"{PROGRAM}: error: {error.sources} source lines (--source {args.source!r}) but "
                        f"{error.targets} target lines (--target {args.target!r}): each source line needs its target "
                        "on the same line\n")
+    except _NBestError as error:
+        parser.exit(2, f"{PROGRAM}: error: --n_best {args.n_best}:{error.line_number}: {error.reason}\n")
     except _ReadError as failure:
         exit_unreadable(parser, failure.flag, getattr(args, failure.flag[2:]), failure.error)
     except ValueError as error:   # a pair the model refuses (e.g. longer than a position table)
