@@ -200,20 +200,24 @@ def test_the_decoder_called_alone_returns_the_cache_it_fills():
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("every_n_layers", [1, 2])
 @pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
 @pytest.mark.parametrize("position_scheme", SCHEMES)
-def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position_scheme, reentrant):
+def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position_scheme, reentrant, every_n_layers):
     """Under gradient checkpointing every parameter gets the gradient of a run without it, the stack's shared terms
     included (t5's bias table, read by every layer: built in each layer's checkpoint, not kept from the first), and
     `GradientCheckpointingLayer` withholds the cache (`cache=`) from each layer, so recomputing a layer in the backward
-    pass cannot write its keys a second time: the decoder returns no cache, though use_cache is true."""
+    pass cannot write its keys a second time: the decoder returns no cache, though use_cache is true. With
+    `every_n_layers` 2 (transformers' option: the first of each two layers checkpointed) a stack mixes both kinds."""
     input_ids, attention_mask, _ = padded_batch()
     decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
     gradients = []
     for checkpointing in (False, True):
         model = tiny_model(position_scheme, seed=1, dropout=0.0, attention_dropout=0.0).double().train()
         if checkpointing:
-            model.activation_checkpointing_enable({"use_reentrant": reentrant})
+            model.activation_checkpointing_enable({"use_reentrant": reentrant}, every_n_layers=every_n_layers)
+            assert [layer.gradient_checkpointing for layer in model.model.decoder.layers] == [
+                index % every_n_layers == 0 for index in range(len(model.model.decoder.layers))]
         out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids,
                     use_cache=checkpointing)
         out.logits.square().sum().backward()

@@ -114,12 +114,13 @@ def test_generate_on_the_peft_model_equals_the_merged_model(scheme, num_beams):
 @pytest.mark.parametrize("use_reentrant", [True, False])
 def test_gradient_checkpointing_reaches_the_adapters_of_a_frozen_model(scheme, targets, tie_word_embeddings,
                                                                        use_reentrant):
-    """`gradient_checkpointing_enable` (what the Trainer calls) hooks the embeddings so the checkpointed layers' inputs
-    require grad; the adapters' gradients equal those without checkpointing."""
+    """`activation_checkpointing_enable` (what the Trainer calls; `gradient_checkpointing_enable` is its deprecated
+    alias, warned about from transformers 5.25) hooks the embeddings so the checkpointed layers' inputs require grad;
+    the adapters' gradients equal those without checkpointing."""
     def adapter_gradients(checkpointed: bool) -> dict[str, torch.Tensor]:
         model = tiny_model(scheme, tie_word_embeddings=tie_word_embeddings).double()
         if checkpointed:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": use_reentrant})
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": use_reentrant})
         torch.manual_seed(3)
         peft_model = get_peft_model(model, lora(targets, init_lora_weights=False)).train()
         inputs = batch()
