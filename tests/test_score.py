@@ -273,3 +273,33 @@ def test_target_and_n_best_are_one_or_the_other(memorised_model_folder, tmp_path
     error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
                               "--n_best_feature", "R2L"])
     assert "--n_best_feature names the feature --n_best appends: give --n_best" in error
+
+
+@pytest.mark.parametrize("program", ["score", "translate"])
+def test_a_compute_type_the_device_does_not_run_is_one_error_naming_the_types_it_runs(memorised_model_folder, tmp_path,
+                                                                                    capsys, program):
+    """--compute_type float16 (or another type CTranslate2 does not run on the CPU) on a CTranslate2 folder is one
+    error naming --compute_type and --device and listing the types the device runs, in both programs (it was the
+    engine's own message, naming neither flag nor a way out)."""
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    from hf_relpos.tools.ctranslate2_engine import COMPUTE_TYPES
+    from hf_relpos.tools.export import export_ctranslate2
+    from hf_relpos.tools.translate import main as translate_main
+
+    supported = ctranslate2.get_supported_compute_types("cpu")
+    refused = next((kind for kind in COMPUTE_TYPES if kind not in (*supported, "default", "auto")), None)
+    if refused is None:
+        pytest.skip("this CPU runs every compute type")
+    folder = export_ctranslate2(memorised_model_folder, tmp_path / "ct2")
+    source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
+    flags = ["--compute_type", refused, "--device", "cpu", "--no_progress"]
+    with pytest.raises(SystemExit) as exited:
+        if program == "score":
+            main([str(folder), "--source", str(source_file), "--target", str(target_file), *flags])
+        else:
+            translate_main([str(folder), str(source_file), *flags])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error == (f"hf-relpos-{program}: error: --compute_type {refused}: CTranslate2 does not run it on --device "
+                     f"cpu, which runs {', '.join(sorted(supported))}; give one of them, or leave --compute_type out "
+                     "(the type the weights were exported in)")

@@ -81,7 +81,7 @@ from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translatio
 from ..translation.preflight import check_local_folder
 from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
-from .export import check_tokenizer_saved, is_ctranslate2_folder
+from .export import check_tokenizer_saved, import_ctranslate2, is_ctranslate2_folder
 from .n_best import Hypothesis, generate_n_best, n_best_lines
 from .sentences import translate_by_sentence
 
@@ -342,6 +342,7 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
             if getattr(args, name) is not None:
                 parser.exit(2, f"{parser.prog}: error: --{name} is for PyTorch model folders; {args.model!r} is a "
                                f"CTranslate2 export ({advice})\n")
+        check_compute_type(parser, args.compute_type, args.device)
         return CTranslate2Model(args.model, device=args.device, compute_type=args.compute_type or "default")
     if args.compute_type is not None:
         parser.exit(2, f"{parser.prog}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
@@ -352,6 +353,20 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
         parser.exit(2, f"{parser.prog}: error: --attn_implementation: {error}\n")
     loading = {name: value for name in ("dtype", "attn_implementation") if (value := getattr(args, name)) is not None}
     return AutoModelForSeq2SeqLM.from_pretrained(args.model, **loading).to(args.device).eval()
+
+
+def check_compute_type(parser: argparse.ArgumentParser, compute_type: str | None, device: str) -> None:
+    """One error (exit 2) naming --compute_type and --device where CTranslate2 does not run `compute_type` on `device`
+    (`ctranslate2.get_supported_compute_types`: e.g. no float16 on a CPU), with the types it runs there; "default" and
+    "auto" (the engine's own choice) always pass."""
+    if compute_type in (None, "default", "auto"):
+        return
+    kind, _, index = device.partition(":")
+    supported = import_ctranslate2().get_supported_compute_types(kind, int(index or 0))
+    if compute_type not in supported:
+        parser.exit(2, f"{parser.prog}: error: --compute_type {compute_type}: CTranslate2 does not run it on --device "
+                       f"{device}, which runs {', '.join(sorted(supported))}; give one of them, or leave --compute_type "
+                       "out (the type the weights were exported in)\n")
 
 
 def check_text_files(parser: argparse.ArgumentParser, paths: dict[str, str | None]) -> None:
