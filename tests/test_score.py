@@ -249,6 +249,7 @@ def test_n_best_hypotheses_are_scored_with_their_escapes_undone(memorised_model_
     (["0 ||| a ||| F0= -1 ||| -1", "9 ||| b ||| F0= -1 ||| -1"], [], rf"nbest:2: line index 9, but --source has "
                                                                       rf"{len(SOURCES)} lines"),
     (["0 ||| a ||| F0= -1 ||| -1", "Die Katze schläft."], [], r"nbest:2: not an n-best entry"),
+    (["0 ||| a ||| F0= -1 ||| -1", "² ||| b ||| F0= -1 ||| -1"], [], r"nbest:2: not an n-best entry"),
     (["0 ||| a ||| F0= -1 ||| -1"], ["--n_best_feature", "F0"], r"nbest:1: the entry has a feature 'F0' already"),
     ([], [], "nothing to score: --n_best has no entries"),
     (["0 ||| a ||| F0= -1 ||| -1"], ["--n_best_feature", "my feature"], "--n_best_feature must be a name without"),

@@ -229,6 +229,7 @@ class _NBestError(Exception):
 
 N_BEST_SEPARATOR = " ||| "
 FEATURE_NAME = re.compile(r"[^\s=|]+")
+LINE_INDEX = re.compile(r"[0-9]+")   # ASCII digits: str.isdigit also takes "²", which int() refuses
 
 
 def feature_names(features: str) -> set[str]:
@@ -256,7 +257,7 @@ def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], fe
         for line in chunk:
             number += 1
             fields = line.split(N_BEST_SEPARATOR)
-            if len(fields) < 3 or not fields[0].strip().isdigit():
+            if len(fields) < 3 or not LINE_INDEX.fullmatch(fields[0].strip()):
                 raise _NBestError(number, f"not an n-best entry (LINE_INDEX ||| HYPOTHESIS ||| FEATURES ...): "
                                           f"{line[:80]!r}")
             index = int(fields[0])
