@@ -243,6 +243,27 @@ def test_n_best_hypotheses_are_scored_with_their_escapes_undone(memorised_model_
                      f"1 ||| Der Hund. ||| LM= -1.5 F0= {expected[1]!r} ||| -0.5 ||| 0-0 1-1"]
 
 
+def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(memorised_model_folder, tmp_path, capsys):
+    """marian-nmt writes its n-best hypotheses unescaped: with --n_best_raw, "Tom &amp; Jerry" is scored as that text
+    (not as "Tom & Jerry", which html.unescape would make of it) and the entry is written back as it was read; without
+    --n_best, --n_best_raw is one error."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    source_file = write_lines(tmp_path / "src", SOURCES[:1])
+    n_best_file = write_lines(tmp_path / "nbest", ["0 ||| Die Katze &amp; &lt;3 ||| F0= -2.5 ||| -1.0"])
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--n_best_raw",
+          "--no_progress"])
+    line = capsys.readouterr().out.splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    raw, unescaped = score_pairs(SOURCES[:1] * 2, ["Die Katze &amp; &lt;3", "Die Katze & <3"], model, tokenizer)
+    assert raw != unescaped
+    assert line == [f"0 ||| Die Katze &amp; &lt;3 ||| F0= -2.5 F1= {raw!r} ||| -1.0"]
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
+                              "--n_best_raw"])
+    assert "--n_best_raw says how --n_best's hypotheses are read: give --n_best" in error
+
+
 @pytest.mark.parametrize(("entries", "flags", "message"), [
     (["1 ||| a ||| F0= -1 ||| -1", "0 ||| b ||| F0= -1 ||| -1"], [], r"nbest:2: line index 0 after 1: the entries must "
                                                                       "come in the order of --source's lines"),

@@ -1,7 +1,7 @@
 """Score parallel text with a saved model: each target line's log-probability given its source line.
 
     hf-relpos-score MODEL_DIR --source SRC.txt --target TGT.txt [--output SCORES.txt] [--normalize]
-    hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] > RESCORED.txt
+    hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] [--n_best_raw] > RESCORED.txt
 
 (`python -m hf_relpos.tools.score` is the same program.)
 
@@ -19,7 +19,8 @@ Moses' format, `LINE_INDEX ||| HYPOTHESIS ||| FEATURES ||| ...`, in the order of
 source line, and writes the list back with the score appended to each entry's features as `NAME= SCORE`
 (`--n_best_feature`, by default the first of F0, F1, ... the list does not have yet): a reranker's feature, as
 Marian's scorer's --n-best. The hypothesis is read with its escapes undone (`html.unescape`: Moses' &amp;, &#124;,
-&lt;, ...), as `hf_relpos.tools.n_best` writes them.
+&lt;, ...), as `hf_relpos.tools.n_best` writes them; with `--n_best_raw` it is read as it is (marian-nmt's lists escape
+nothing, so a translation holding "&amp;" is that text).
 
 The inputs are read and scored `--buffer_lines` pairs at a time (memory holds one chunk), and a chunk's pairs are
 sorted by length and batched by tokens (`--max_tokens`); compressed inputs (.gz, .bz2, .xz) are read as
@@ -157,6 +158,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--n_best_feature", metavar="NAME",
                         help="--n_best: the feature's name (default: the first of F0, F1, ... the list's first "
                              "entry does not have)")
+    parser.add_argument("--n_best_raw", action="store_true",
+                        help="--n_best: read each hypothesis as it is, no escape undone (marian-nmt's lists, which "
+                             "escape nothing; default: Moses' escapes &amp; &#124; &lt; ... undone, as "
+                             "hf-relpos-translate --n_best and Moses write them)")
     parser.add_argument("--output", type=expand_home,
                         help="where the scores go, one per line; a name ending in .gz, .bz2 or .xz is written "
                              "compressed so (default: stdout)")
@@ -244,10 +249,10 @@ def first_free_feature(features: str) -> str:
 
 
 def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], feature: str | None,
-                  ) -> Iterator[tuple[list[str], list[str], Callable[[list[float]], str]]]:
+                  escaped: bool = True) -> Iterator[tuple[list[str], list[str], Callable[[list[float]], str]]]:
     """Per chunk of n-best lines: each entry's source line (by its LINE_INDEX, counted from 0, in the order of the
-    sources), its hypothesis unescaped, and how to write the chunk back with the scores appended to the features as
-    `feature= SCORE` (None: `first_free_feature` of the first entry). A line that is not an n-best entry, an index
+    sources), its hypothesis (its escapes undone where `escaped`, else as it is), and how to write the chunk back with
+    the scores appended to the features as `feature= SCORE` (None: `first_free_feature` of the first entry). A line that is not an n-best entry, an index
     that goes back or past the sources, or a feature the list has already is a `_NBestError`."""
     source_lines = (line for chunk in sources for line in chunk)
     source_index, source = -1, ""
@@ -275,7 +280,7 @@ def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], fe
                 raise _NBestError(number, f"the entry has a feature {feature!r} already: name another with "
                                           "--n_best_feature")
             sources_of_chunk.append(source)
-            hypotheses.append(html.unescape(fields[1].strip()))
+            hypotheses.append(html.unescape(fields[1].strip()) if escaped else fields[1].strip())
             entry_fields.append(fields)
 
         def written(scores: list[float], entry_fields: list[list[str]] = entry_fields, name: str | None = feature,
@@ -294,6 +299,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.n_best_feature is not None and args.n_best is None:
         parser.error("--n_best_feature names the feature --n_best appends: give --n_best")
+    if args.n_best_raw and args.n_best is None:
+        parser.error("--n_best_raw says how --n_best's hypotheses are read: give --n_best")
     if args.n_best_feature is not None and not FEATURE_NAME.fullmatch(args.n_best_feature):
         parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
     try:
@@ -333,7 +340,7 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
         scored = ((sources, targets, lambda scores: "".join(f"{score!r}\n" for score in scores))
                   for sources, targets in paired_chunks(chunks["--source"], chunks["--target"]))
     else:
-        scored = n_best_chunks(chunks["--n_best"], chunks["--source"], args.n_best_feature)
+        scored = n_best_chunks(chunks["--n_best"], chunks["--source"], args.n_best_feature, not args.n_best_raw)
     totals = ScoreTotals(unit="pairs" if args.n_best is None else "hypotheses")
     try:
         with tqdm(total=0, desc="scoring", unit=f" {totals.unit}", file=sys.stderr, disable=args.no_progress) as bar, \
