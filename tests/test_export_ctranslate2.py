@@ -170,7 +170,9 @@ def test_hf_relpos_score_gives_the_engines_scores_as_the_pytorch_folders(exporte
 
 def test_scoring_a_target_longer_than_the_position_table_is_refused(exported, tokenizer):
     engine = CTranslate2Model(exported["absolute"][2], threads=1)
-    with pytest.raises(ValueError, match="position table covers 128 positions: .* a target of 201; export again"):
+    with pytest.raises(ValueError, match="position table covers 128 positions: it serves sources and targets of at "
+                                         "most 128 tokens, .* a target of 201; export again .* or score with the "
+                                         "PyTorch folder"):
         score_pairs(["Ein Hund."], [" ".join(["Hund"] * 200)], engine, tokenizer)
 
 

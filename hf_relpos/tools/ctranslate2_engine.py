@@ -106,22 +106,23 @@ class CTranslate2Model:
         """Whether generate forces the end token as the last new token it allows (`forced_eos_token_id`)."""
         return self.length_config(**settings).forced_eos_token_id in self.end_token_ids
 
-    def check_position_table(self, longest_source: int, longest_output: int, output: str = "a length cap of") -> None:
+    def check_position_table(self, longest_source: int, longest_output: int, scoring: bool = False) -> None:
         """One ValueError when a position table (`absolute`, `none`, `alibi`) covers fewer positions than the longest
-        source or the most new tokens a row may get (its own cap under max_len_b, else the ceiling; `output` names
-        it: "a target of" where targets are scored)."""
+        source or the most new tokens a row may get (its own cap under max_len_b, else the ceiling), or, `scoring`,
+        than the longest target scored (its tokens, the end token included)."""
         rows = self.position_table_rows
         if rows is not None and max(longest_source, longest_output) > rows:
-            raise ValueError(f"this export's position table covers {rows} positions: it serves sources and "
-                             f"translations of at most {rows} tokens, got a source of {longest_source} tokens and "
-                             f"{output} {longest_output}; export again with hf-relpos-export ctranslate2 "
-                             f"--max_positions {max(longest_source, longest_output)} or more, or translate with the "
-                             "PyTorch folder")
+            outputs, output, work = (("targets", "a target of", "score") if scoring else
+                                     ("translations", "a length cap of", "translate"))
+            raise ValueError(f"this export's position table covers {rows} positions: it serves sources and {outputs} "
+                             f"of at most {rows} tokens, got a source of {longest_source} tokens and {output} "
+                             f"{longest_output}; export again with hf-relpos-export ctranslate2 --max_positions "
+                             f"{max(longest_source, longest_output)} or more, or {work} with the PyTorch folder")
 
     def target_log_probabilities(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> list[list[float]]:
         """log p(y_t | y_<t, x) of each target token as the tokenizer encodes a label (ending in the end token), by
         the engine's `score_batch` (teacher forcing), sources never truncated: `hf_relpos.tools.score`'s numbers."""
-        self.check_position_table(max(map(len, source_ids)), max(map(len, target_ids)), "a target of")
+        self.check_position_table(max(map(len, source_ids)), max(map(len, target_ids)), scoring=True)
         for ids in target_ids:
             if not ids or ids[-1] not in self.end_token_ids:
                 raise ValueError(f"a target to score must end in the end token (score_batch appends it), got "
