@@ -243,6 +243,27 @@ def test_n_best_hypotheses_are_scored_with_their_escapes_undone(memorised_model_
                      f"1 ||| Der Hund. ||| LM= -1.5 F0= {expected[1]!r} ||| -0.5 ||| 0-0 1-1"]
 
 
+def test_the_feature_goes_to_the_features_field_before_the_total_score_wherever_the_list_puts_it(
+        memorised_model_folder, tmp_path, capsys):
+    """marian-nmt's --alignment, --word-scores and --word-counts fields come between the hypothesis and the features,
+    Moses' alignments after the total score: in both the score joins the features field (the one before the total
+    score) and its default name is the first F<k> that field lacks; the other fields are written back as read."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    source_file = write_lines(tmp_path / "src", SOURCES[:2])
+    n_best_file = write_lines(tmp_path / "nbest", [
+        "0 ||| Die Katze schläft. ||| WordCounts=3,4 ||| 0-0 1-1 2-2 ||| WordScores=-0.1 -0.2 -0.3 ||| F0= -1.5 ||| -0.5",
+        "1 ||| Der Hund. ||| F0= -2.5 ||| -1.0 ||| 0-0 1-1"])
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress"])
+    lines = capsys.readouterr().out.splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    expected = score_pairs(SOURCES[:2], ["Die Katze schläft.", "Der Hund."], model, tokenizer)
+    assert lines == [f"0 ||| Die Katze schläft. ||| WordCounts=3,4 ||| 0-0 1-1 2-2 ||| WordScores=-0.1 -0.2 -0.3 ||| "
+                     f"F0= -1.5 F1= {expected[0]!r} ||| -0.5",
+                     f"1 ||| Der Hund. ||| F0= -2.5 F1= {expected[1]!r} ||| -1.0 ||| 0-0 1-1"]
+
+
 def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(memorised_model_folder, tmp_path, capsys):
     """marian-nmt writes its n-best hypotheses unescaped: with --n_best_raw, "Tom &amp; Jerry" is scored as that text
     (not as "Tom & Jerry", which html.unescape would make of it) and the entry is written back as it was read; without

@@ -16,7 +16,8 @@ stderr. A blank line is scored as the tokenizer encodes it (its end token alone)
 
 `--n_best` scores the hypotheses of an n-best list instead of --target (`hf-relpos-translate --n_best`'s, Marian's or
 Moses' format, `LINE_INDEX ||| HYPOTHESIS ||| FEATURES ||| ...`, in the order of --source's lines), each given its
-source line, and writes the list back with the score appended to each entry's features as `NAME= SCORE`
+source line, and writes the list back with the score appended to each entry's features (the field before its total
+score, wherever the list's other fields are) as `NAME= SCORE`
 (`--n_best_feature`, by default the first of F0, F1, ... the list does not have yet): a reranker's feature, as
 Marian's scorer's --n-best. The hypothesis is read with its escapes undone (`html.unescape`: Moses' &amp;, &#124;,
 &lt;, ...), as `hf_relpos.tools.n_best` writes them; with `--n_best_raw` it is read as it is (marian-nmt's lists escape
@@ -248,12 +249,30 @@ def first_free_feature(features: str) -> str:
     return next(f"F{index}" for index in range(len(names) + 1) if f"F{index}" not in names)
 
 
+def features_field(fields: list[str]) -> int:
+    """The index of an n-best entry's features among its `fields`: the field before its total score, which is the
+    first field from the fourth on that is one number (Moses and hf-relpos-translate write the features third and
+    may follow the score with alignments; marian-nmt writes --alignment, --word-scores and --word-counts fields
+    between the hypothesis and the features); the third field where no field is one number."""
+    return next((index - 1 for index in range(3, len(fields)) if is_number(fields[index])), 2)
+
+
+def is_number(text: str) -> bool:
+    """Whether `text` is one number (an n-best entry's total score), not a list of features or alignments."""
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], feature: str | None,
                   escaped: bool = True) -> Iterator[tuple[list[str], list[str], Callable[[list[float]], str]]]:
     """Per chunk of n-best lines: each entry's source line (by its LINE_INDEX, counted from 0, in the order of the
     sources), its hypothesis (its escapes undone where `escaped`, else as it is), and how to write the chunk back with
-    the scores appended to the features as `feature= SCORE` (None: `first_free_feature` of the first entry). A line that is not an n-best entry, an index
-    that goes back or past the sources, or a feature the list has already is a `_NBestError`."""
+    the scores appended to the features (`features_field`) as `feature= SCORE` (None: `first_free_feature` of the
+    first entry). A line that is not an n-best entry, an index that goes back or past the sources, or a feature the
+    list has already is a `_NBestError`."""
     source_lines = (line for chunk in sources for line in chunk)
     source_index, source = -1, ""
     number = 0
@@ -274,19 +293,21 @@ def n_best_chunks(entries: Iterator[list[str]], sources: Iterator[list[str]], fe
                 if source is None:
                     raise _NBestError(number, f"line index {index}, but --source has {source_index + 1} lines")
                 source_index += 1
+            features = features_field(fields)
             if feature is None:
-                feature = first_free_feature(fields[2])
-            if feature in feature_names(fields[2]):
+                feature = first_free_feature(fields[features])
+            if feature in feature_names(fields[features]):
                 raise _NBestError(number, f"the entry has a feature {feature!r} already: name another with "
                                           "--n_best_feature")
             sources_of_chunk.append(source)
             hypotheses.append(html.unescape(fields[1].strip()) if escaped else fields[1].strip())
-            entry_fields.append(fields)
+            entry_fields.append((fields, features))
 
-        def written(scores: list[float], entry_fields: list[list[str]] = entry_fields, name: str | None = feature,
-                    ) -> str:
-            return "".join(N_BEST_SEPARATOR.join([*fields[:2], f"{fields[2].rstrip()} {name}= {score!r}", *fields[3:]])
-                           + "\n" for fields, score in zip(entry_fields, scores, strict=True))
+        def written(scores: list[float], entry_fields: list[tuple[list[str], int]] = entry_fields,
+                    name: str | None = feature) -> str:
+            return "".join(N_BEST_SEPARATOR.join([*fields[:features], f"{fields[features].rstrip()} {name}= {score!r}",
+                                                  *fields[features + 1:]]) + "\n"
+                           for (fields, features), score in zip(entry_fields, scores, strict=True))
 
         yield sources_of_chunk, hypotheses, written
 
