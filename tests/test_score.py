@@ -282,7 +282,31 @@ def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(memo
     assert line == [f"0 ||| Die Katze &amp; &lt;3 ||| F0= -2.5 F1= {raw!r} ||| -1.0"]
     error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
                               "--n_best_raw"])
-    assert "--n_best_raw says how --n_best's hypotheses are read: give --n_best" in error
+    assert "--n_best_raw says how --n_best's hypotheses are scored: give --n_best" in error
+
+
+def test_n_best_backward_scores_each_source_line_given_its_hypothesis(memorised_model_folder, tmp_path, capsys):
+    """A model of the other direction rescoring a list: with --n_best_backward each entry's feature is log p(source
+    line | hypothesis), the hypothesis the model's input (here the memorised model's pairs read backwards), which
+    differs from the forward log p(hypothesis | source line); without --n_best, the flag is one error."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    source_file = write_lines(tmp_path / "src", TARGETS[:2])   # the list translated German into English
+    n_best_file = write_lines(tmp_path / "nbest", [f"{index} ||| {source} ||| F0= -1.0 ||| -0.5"
+                                                   for index, source in enumerate(SOURCES[:2])])
+    main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file),
+          "--n_best_backward", "--no_progress"])
+    lines = capsys.readouterr().out.splitlines()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    backward = score_pairs(SOURCES[:2], TARGETS[:2], model, tokenizer)
+    forward = score_pairs(TARGETS[:2], SOURCES[:2], model, tokenizer)
+    assert min(backward) > -0.5 > max(forward)   # the pairs the model memorised, read as it learnt them
+    assert lines == [f"{index} ||| {source} ||| F0= -1.0 F1= {score!r} ||| -0.5"
+                     for index, (source, score) in enumerate(zip(SOURCES[:2], backward, strict=True))]
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(source_file),
+                              "--n_best_backward"])
+    assert "--n_best_backward says how --n_best's hypotheses are scored: give --n_best" in error
 
 
 @pytest.mark.parametrize(("entries", "flags", "message"), [

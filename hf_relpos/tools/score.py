@@ -1,7 +1,7 @@
 """Score parallel text with a saved model: each target line's log-probability given its source line.
 
     hf-relpos-score MODEL_DIR --source SRC.txt --target TGT.txt [--output SCORES.txt] [--normalize]
-    hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] [--n_best_raw] > RESCORED.txt
+    hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] [--n_best_backward] > OUT.txt
 
 (`python -m hf_relpos.tools.score` is the same program.)
 
@@ -10,9 +10,10 @@ as the tokenizer encodes a label (its end token included), by teacher forcing (o
 target, as in training, with dropout off); with `--normalize`, that sum divided by the target's token count (the mean
 log-probability per token: Marian's scorer's --normalize, CTranslate2's score_batch). What it is for: filtering
 parallel data by the model's cross-entropy (dual conditional cross-entropy filtering, Junczys-Dowmunt 2018: a
-forward and a backward model's normalized scores), a reverse-direction or right-to-left model's feature for n-best
-rescoring, a test set's perplexity. At the end the corpus cross-entropy per target token and its perplexity go to
-stderr. A blank line is scored as the tokenizer encodes it (its end token alone).
+forward and a backward model's normalized scores), another model's feature for n-best rescoring (a larger or
+differently trained model's log p(hypothesis | source), or with `--n_best_backward` a model of the other direction's
+log p(source | hypothesis)), a test set's perplexity. At the end the corpus cross-entropy per target token and its
+perplexity go to stderr. A blank line is scored as the tokenizer encodes it (its end token alone).
 
 `--n_best` scores the hypotheses of an n-best list instead of --target (`hf-relpos-translate --n_best`'s, Marian's or
 Moses' format, `LINE_INDEX ||| HYPOTHESIS ||| FEATURES ||| ...`, in the order of --source's lines), each given its
@@ -21,7 +22,9 @@ score, wherever the list's other fields are) as `NAME= SCORE`
 (`--n_best_feature`, by default the first of F0, F1, ... the list does not have yet): a reranker's feature, as
 Marian's scorer's --n-best. The hypothesis is read with its escapes undone (`html.unescape`: Moses' &amp;, &#124;,
 &lt;, ...), as `hf_relpos.tools.n_best` writes them; with `--n_best_raw` it is read as it is (marian-nmt's lists escape
-nothing, so a translation holding "&amp;" is that text).
+nothing, so a translation holding "&amp;" is that text). With `--n_best_backward` the model translates the other
+way (a de-en model rescoring an en-de list): each entry is scored as log p(source line | hypothesis), the hypothesis
+its input, the backward (channel) model's feature.
 
 The inputs are read and scored `--buffer_lines` pairs at a time (memory holds one chunk), and a chunk's pairs are
 sorted by length and batched by tokens (`--max_tokens`); compressed inputs (.gz, .bz2, .xz) are read as
@@ -163,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--n_best: read each hypothesis as it is, no escape undone (marian-nmt's lists, which "
                              "escape nothing; default: Moses' escapes &amp; &#124; &lt; ... undone, as "
                              "hf-relpos-translate --n_best and Moses write them)")
+    parser.add_argument("--n_best_backward", action="store_true",
+                        help="--n_best: the model translates the other way (the list's target language into its "
+                             "source language): score log p(source line | hypothesis), the hypothesis as the model's "
+                             "input (default: log p(hypothesis | source line))")
     parser.add_argument("--output", type=expand_home,
                         help="where the scores go, one per line; a name ending in .gz, .bz2 or .xz is written "
                              "compressed so (default: stdout)")
@@ -320,8 +327,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--{name} must be a positive integer, got {getattr(args, name)}")
     if args.n_best_feature is not None and args.n_best is None:
         parser.error("--n_best_feature names the feature --n_best appends: give --n_best")
-    if args.n_best_raw and args.n_best is None:
-        parser.error("--n_best_raw says how --n_best's hypotheses are read: give --n_best")
+    for name in ("n_best_raw", "n_best_backward"):
+        if getattr(args, name) and args.n_best is None:
+            parser.error(f"--{name} says how --n_best's hypotheses are scored: give --n_best")
     if args.n_best_feature is not None and not FEATURE_NAME.fullmatch(args.n_best_feature):
         parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
     try:
@@ -372,6 +380,8 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
             for sources, targets, written in scored:
                 bar.total += len(sources)
                 bar.refresh()
+                if args.n_best is not None and args.n_best_backward:   # the hypotheses are the model's inputs
+                    sources, targets = targets, sources
                 scores = score_pairs(sources, targets, model, tokenizer, args.max_tokens, args.normalize, totals, bar)
                 sink.write(written(scores))
                 sink.flush()
