@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import BUILT_IN_SCHEMES, MEMORISED_PAIRS
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_relpos.testing import tiny_float64_model
 from hf_relpos.tools.score import ScoreTotals, main, score_pairs, target_log_probabilities
@@ -27,6 +28,13 @@ PAIRS = [*MEMORISED_PAIRS, ("The big red house sees the small cat and the tree."
 @pytest.fixture(scope="module")
 def tokenizer():
     return train_joint_tokenizer([text for pair in PAIRS * 4 for text in pair], vocab_size=300)
+
+
+@pytest.fixture(scope="module")
+def memorised(memorised_model_folder):
+    """The memorised model folder's tokenizer and model (eval mode), as the command loads them."""
+    return (AutoTokenizer.from_pretrained(memorised_model_folder),
+            AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval())
 
 
 def chain_rule_log_probability(model, tokenizer, source: str, target: str) -> float:
@@ -77,12 +85,11 @@ def write_lines(path: Path, lines: list[str]) -> Path:
     return path
 
 
-def test_file_to_file_in_order_whatever_the_batches_and_chunks(memorised_model_folder, tmp_path, capsys):
+def test_file_to_file_in_order_whatever_the_batches_and_chunks(
+        memorised_model_folder, memorised, tmp_path, capsys):
     """One score a pair, in input order, the same with one batch and one chunk as with batches of a few tokens and
     chunks of 2 lines; --normalize divides each by its target's token count; the corpus cross-entropy and perplexity
     on stderr are those of the scores."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     sources, targets = [source for source, _ in PAIRS], [target for _, target in PAIRS]
     source_file, target_file = write_lines(tmp_path / "src", sources), write_lines(tmp_path / "tgt", targets)
     runs = {}
@@ -94,17 +101,17 @@ def test_file_to_file_in_order_whatever_the_batches_and_chunks(memorised_model_f
               "--output", str(output), "--no_progress", *flags])
         runs[name] = [float(line) for line in gzip.open(output, "rt", encoding="utf-8").read().splitlines()]
         runs[name, "stderr"] = capsys.readouterr().err
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
-    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    tokenizer, model = memorised
     expected = [chain_rule_log_probability(model, tokenizer, source, target) for source, target in PAIRS]
     assert len(runs["whole"]) == len(PAIRS)
     for whole, small, reference in zip(runs["whole"], runs["small"], expected, strict=True):
-        assert whole == pytest.approx(reference, rel=1e-6, abs=2e-6) and small == pytest.approx(reference, rel=1e-6, abs=2e-6)
+        assert whole == pytest.approx(reference, rel=1e-6, abs=2e-6)
+        assert small == pytest.approx(reference, rel=1e-6, abs=2e-6)
     assert runs["whole"][:len(MEMORISED_PAIRS)] > [-0.5] * len(MEMORISED_PAIRS)   # its own pairs: likely
     assert min(runs["whole"][len(MEMORISED_PAIRS):]) < -5                         # the others: not
     counts = [len(ids) for ids in tokenizer(text_target=targets)["input_ids"]]
-    assert runs["normalized"] == pytest.approx([score / count for score, count in zip(runs["whole"], counts,
-                                                                                        strict=True)], rel=1e-6, abs=2e-6)
+    per_token = [score / count for score, count in zip(runs["whole"], counts, strict=True)]
+    assert runs["normalized"] == pytest.approx(per_token, rel=1e-6, abs=2e-6)
     cross_entropy = -sum(runs["whole"]) / sum(counts)
     assert runs["whole", "stderr"] == (f"hf-relpos-score: {len(PAIRS)} pairs, {sum(counts)} target tokens: "
                                        f"cross-entropy {cross_entropy:.4f} nats per token, perplexity "
@@ -181,8 +188,8 @@ def test_totals_count_pairs_tokens_and_log_probability():
     assert totals.summary() == "2 pairs, 4 target tokens: cross-entropy 1.0986 nats per token, perplexity 3.00"
 
 
-def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generates(memorised_model_folder, tmp_path,
-                                                                                   capsys):
+def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generates(
+        memorised_model_folder, memorised, tmp_path, capsys):
     """hf-relpos-translate --n_best, then hf-relpos-score --n_best with the same model: each entry comes back whole
     with `F1= SCORE` appended to its features, and F1 is generate's own F0 (the model's log-probability of the
     hypothesis, no logits processor changing it) to float32 rounding; a blank line's entries are scored as the model
@@ -215,9 +222,7 @@ def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generat
     main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress",
           "--normalize", "--n_best_feature", "R2L"])
     normalized = capsys.readouterr().out.splitlines()
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    tokenizer, _ = memorised
     for line, total in zip(normalized, rescored, strict=True):
         _, hypothesis, features, _ = line.split(" ||| ")
         assert features.split()[2] == "R2L="
@@ -226,57 +231,51 @@ def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generat
                                                            rel=1e-12)
 
 
-def test_n_best_hypotheses_are_scored_with_their_escapes_undone(memorised_model_folder, tmp_path, capsys):
+def test_n_best_hypotheses_are_scored_with_their_escapes_undone(
+        memorised_model_folder, memorised, tmp_path, capsys):
     """Moses' escapes (&amp; &#124; &lt; ...) in an entry are undone before scoring, as hf_relpos.tools.n_best writes
     them, and the entry is written back as it was read; an entry's extra fields stay after the score."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     source_file = write_lines(tmp_path / "src", SOURCES[:2])
     n_best_file = write_lines(tmp_path / "nbest", ["0 ||| Die Katze &amp; der Hund &#124; &lt;3 ||| LM= -2.5 ||| -1.0",
                                                    "1 ||| Der Hund. ||| LM= -1.5 ||| -0.5 ||| 0-0 1-1"])
     main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress"])
     lines = capsys.readouterr().out.splitlines()
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
-    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    tokenizer, model = memorised
     expected = score_pairs(SOURCES[:2], ["Die Katze & der Hund | <3", "Der Hund."], model, tokenizer)
     assert lines == [f"0 ||| Die Katze &amp; der Hund &#124; &lt;3 ||| LM= -2.5 F0= {expected[0]!r} ||| -1.0",
                      f"1 ||| Der Hund. ||| LM= -1.5 F0= {expected[1]!r} ||| -0.5 ||| 0-0 1-1"]
 
 
 def test_the_feature_goes_to_the_features_field_before_the_total_score_wherever_the_list_puts_it(
-        memorised_model_folder, tmp_path, capsys):
+        memorised_model_folder, memorised, tmp_path, capsys):
     """marian-nmt's --alignment, --word-scores and --word-counts fields come between the hypothesis and the features,
     Moses' alignments after the total score: in both the score joins the features field (the one before the total
     score) and its default name is the first F<k> that field lacks; the other fields are written back as read."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     source_file = write_lines(tmp_path / "src", SOURCES[:2])
     n_best_file = write_lines(tmp_path / "nbest", [
-        "0 ||| Die Katze schläft. ||| WordCounts=3,4 ||| 0-0 1-1 2-2 ||| WordScores=-0.1 -0.2 -0.3 ||| F0= -1.5 ||| -0.5",
+        "0 ||| Die Katze schläft. ||| WordCounts=3,4 ||| 0-0 1-1 2-2 ||| WordScores=-0.1 -0.2 -0.3 ||| F0= -1.5 "
+        "||| -0.5",
         "1 ||| Der Hund. ||| F0= -2.5 ||| -1.0 ||| 0-0 1-1"])
     main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--no_progress"])
     lines = capsys.readouterr().out.splitlines()
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
-    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    tokenizer, model = memorised
     expected = score_pairs(SOURCES[:2], ["Die Katze schläft.", "Der Hund."], model, tokenizer)
     assert lines == [f"0 ||| Die Katze schläft. ||| WordCounts=3,4 ||| 0-0 1-1 2-2 ||| WordScores=-0.1 -0.2 -0.3 ||| "
                      f"F0= -1.5 F1= {expected[0]!r} ||| -0.5",
                      f"1 ||| Der Hund. ||| F0= -2.5 F1= {expected[1]!r} ||| -1.0 ||| 0-0 1-1"]
 
 
-def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(memorised_model_folder, tmp_path, capsys):
+def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(
+        memorised_model_folder, memorised, tmp_path, capsys):
     """marian-nmt writes its n-best hypotheses unescaped: with --n_best_raw, "Tom &amp; Jerry" is scored as that text
     (not as "Tom & Jerry", which html.unescape would make of it) and the entry is written back as it was read; without
     --n_best, --n_best_raw is one error."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     source_file = write_lines(tmp_path / "src", SOURCES[:1])
     n_best_file = write_lines(tmp_path / "nbest", ["0 ||| Die Katze &amp; &lt;3 ||| F0= -2.5 ||| -1.0"])
     main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file), "--n_best_raw",
           "--no_progress"])
     line = capsys.readouterr().out.splitlines()
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
-    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    tokenizer, model = memorised
     raw, unescaped = score_pairs(SOURCES[:1] * 2, ["Die Katze &amp; &lt;3", "Die Katze & <3"], model, tokenizer)
     assert raw != unescaped
     assert line == [f"0 ||| Die Katze &amp; &lt;3 ||| F0= -2.5 F1= {raw!r} ||| -1.0"]
@@ -285,20 +284,18 @@ def test_n_best_raw_scores_a_marian_list_whose_text_holds_entities_as_it_is(memo
     assert "--n_best_raw says how --n_best's hypotheses are scored: give --n_best" in error
 
 
-def test_n_best_backward_scores_each_source_line_given_its_hypothesis(memorised_model_folder, tmp_path, capsys):
+def test_n_best_backward_scores_each_source_line_given_its_hypothesis(
+        memorised_model_folder, memorised, tmp_path, capsys):
     """A model of the other direction rescoring a list: with --n_best_backward each entry's feature is log p(source
     line | hypothesis), the hypothesis the model's input (here the memorised model's pairs read backwards), which
     differs from the forward log p(hypothesis | source line); without --n_best, the flag is one error."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
     source_file = write_lines(tmp_path / "src", TARGETS[:2])   # the list translated German into English
     n_best_file = write_lines(tmp_path / "nbest", [f"{index} ||| {source} ||| F0= -1.0 ||| -0.5"
                                                    for index, source in enumerate(SOURCES[:2])])
     main([str(memorised_model_folder), "--source", str(source_file), "--n_best", str(n_best_file),
           "--n_best_backward", "--no_progress"])
     lines = capsys.readouterr().out.splitlines()
-    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
-    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder).eval()
+    tokenizer, model = memorised
     backward = score_pairs(SOURCES[:2], TARGETS[:2], model, tokenizer)
     forward = score_pairs(TARGETS[:2], SOURCES[:2], model, tokenizer)
     assert min(backward) > -0.5 > max(forward)   # the pairs the model memorised, read as it learnt them

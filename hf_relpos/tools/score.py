@@ -52,23 +52,13 @@ from tqdm import tqdm
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from ..publish.files import expand_home, text_output
-from ..translation.arguments import (
-    ConfigError,
-    add_import_modules_argument,
-    attention_implementations,
-    import_user_modules,
-)
 from ..translation.data import COMPRESSION_WRITERS, DatasetSchemaError, compression_of, text_file_line_chunks
-from ..translation.preflight import check_local_folder
-from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
+from .ctranslate2_engine import CTranslate2Model
 from .translate import (
-    DTYPES,
     DefaultsWhereSetFormatter,
-    attn_implementation,
-    check_output_name,
-    check_text_files,
+    add_loading_arguments,
+    check_model_and_files,
     checked_output,
-    device_name,
     exit_unreadable,
     load_tokenizer_and_model,
     padded_sources,
@@ -180,17 +170,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "target, padding included")
     parser.add_argument("--buffer_lines", type=int, default=10000, metavar="N",
                         help="line pairs read, scored and written at a time (memory holds one such chunk)")
-    parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
-                        help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
-    add_import_modules_argument(parser)
-    parser.add_argument("--dtype", choices=DTYPES,
-                        help="dtype of the weights and computation (default: the dtype the weights were saved in, "
-                             "float32 for a trained folder); the log-softmax runs in at least float32")
-    parser.add_argument("--attn_implementation", type=attn_implementation, metavar="KERNEL",
-                        help=f"attention kernel, one of {attention_implementations()} (default: the model's, sdpa)")
-    parser.add_argument("--compute_type", choices=COMPUTE_TYPES,
-                        help="for a CTranslate2 folder (hf-relpos-export ctranslate2): the engine's computation type "
-                             "(default: the type the weights were exported in)")
+    add_loading_arguments(parser)
     parser.add_argument("--no_progress", action="store_true",
                         help="no progress bars on stderr (scoring, and transformers' while loading)")
     return parser
@@ -332,18 +312,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--{name} says how --n_best's hypotheses are scored: give --n_best")
     if args.n_best_feature is not None and not FEATURE_NAME.fullmatch(args.n_best_feature):
         parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
-    try:
-        import_user_modules(args.import_modules)
-    except ConfigError as error:
-        parser.error(str(error))
-    try:
-        check_local_folder(args.model, "model")
-    except ValueError as error:
-        parser.exit(2, f"{PROGRAM}: error: {error}\n")
     inputs = {"--source": args.source, **({"--target": args.target} if args.n_best is None else
                                           {"--n_best": args.n_best})}
-    check_text_files(parser, inputs)
-    check_output_name(parser, args.output)
+    check_model_and_files(parser, args, inputs)
     output = checked_output(parser, args.output, inputs, "the scores")
     tokenizer, model = load_tokenizer_and_model(parser, args)
     files = {}

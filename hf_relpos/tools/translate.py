@@ -277,6 +277,15 @@ def build_parser() -> argparse.ArgumentParser:
                              "default makes many batches of like-length lines at the default --max_tokens, so little "
                              "padding; a smaller chunk shows output sooner and holds less (1: each line as it "
                              "comes)")
+    add_loading_arguments(parser)
+    parser.add_argument("--no_progress", action="store_true",
+                        help="no progress bars on stderr (translation, and transformers' while loading)")
+    return parser
+
+
+def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
+    """--device, --import_modules, --dtype, --attn_implementation and --compute_type: how `load_model` loads a
+    PyTorch or CTranslate2 folder."""
     parser.add_argument("--device", default="auto", type=device_name, metavar="{auto,cpu,cuda,cuda:N}",
                         help="where the model runs; auto: the first CUDA GPU when there is one, else the CPU")
     add_import_modules_argument(parser)
@@ -289,9 +298,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compute_type", choices=COMPUTE_TYPES,
                         help="for a CTranslate2 folder (hf-relpos-export ctranslate2): the engine's computation type "
                              "(default: the type the weights were exported in)")
-    parser.add_argument("--no_progress", action="store_true",
-                        help="no progress bars on stderr (translation, and transformers' while loading)")
-    return parser
 
 
 def device_name(text: str) -> str:
@@ -345,8 +351,8 @@ def load_model(parser: argparse.ArgumentParser, args: argparse.Namespace) -> Pre
         check_compute_type(parser, args.compute_type, args.device)
         return CTranslate2Model(args.model, device=args.device, compute_type=args.compute_type or "default")
     if args.compute_type is not None:
-        parser.exit(2, f"{parser.prog}: error: --compute_type is for CTranslate2 folders (hf-relpos-export ctranslate2); "
-                       f"{args.model!r} is a PyTorch model folder (use --dtype)\n")
+        parser.exit(2, f"{parser.prog}: error: --compute_type is for CTranslate2 folders (hf-relpos-export "
+                       f"ctranslate2); {args.model!r} is a PyTorch model folder (use --dtype)\n")
     try:
         check_kernel_device(args.attn_implementation, torch.device(args.device))
     except (RuntimeError, ImportError) as error:
@@ -365,8 +371,26 @@ def check_compute_type(parser: argparse.ArgumentParser, compute_type: str | None
     supported = import_ctranslate2().get_supported_compute_types(kind, int(index or 0))
     if compute_type not in supported:
         parser.exit(2, f"{parser.prog}: error: --compute_type {compute_type}: CTranslate2 does not run it on --device "
-                       f"{device}, which runs {', '.join(sorted(supported))}; give one of them, or leave --compute_type "
+                       f"{device}, which runs {', '.join(sorted(supported))}; give one of them, or leave "
+                       "--compute_type "
                        "out (the type the weights were exported in)\n")
+
+
+def check_model_and_files(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                          text_files: dict[str, str | None]) -> None:
+    """Before anything loads: --import_modules imported, the model a local folder (no Hub lookup for a mistyped
+    path), `text_files` (flag -> path) text files (`check_text_files`) and --output's name one that is written
+    (`check_output_name`); else one error (exit 2)."""
+    try:
+        import_user_modules(args.import_modules)
+    except ConfigError as error:
+        parser.error(str(error))
+    try:
+        check_local_folder(args.model, "model")
+    except ValueError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
+    check_text_files(parser, text_files)
+    check_output_name(parser, args.output)
 
 
 def check_text_files(parser: argparse.ArgumentParser, paths: dict[str, str | None]) -> None:
@@ -469,16 +493,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     for name in ("tokenize", "target_lang"):
         if getattr(args, name) is not None and args.reference is None:
             parser.error(f"--{name} sets how --reference is scored: give --reference")
-    try:
-        import_user_modules(args.import_modules)
-    except ConfigError as error:
-        parser.error(str(error))
-    try:
-        check_local_folder(args.model, "model")
-    except ValueError as error:
-        parser.exit(2, f"{PROGRAM}: error: {error}\n")
-    check_text_files(parser, {"--input": args.input, "--reference": args.reference})
-    check_output_name(parser, args.output)
+    check_model_and_files(parser, args, {"--input": args.input, "--reference": args.reference})
     try:
         source = sys.stdin.buffer if args.input is None else open(args.input, "rb")  # noqa: SIM115 (closed below)
     except OSError as error:
