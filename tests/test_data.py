@@ -1001,6 +1001,27 @@ def test_a_utf16_data_file_is_one_error_saying_to_save_it_as_utf8(tmp_path, name
         read_local_pairs(tmp_path / name, "en", "de")
 
 
+@pytest.mark.parametrize(("compress", "hint"), [
+    (gzip.compress, "it is .gz compressed data; give the file a name ending in .gz, which is decompressed as it is "
+                    "read, or decompress it first"),
+    (bz2.compress, "it is .bz2 compressed data; give the file a name ending in .bz2, which is decompressed as it is "
+                   "read, or decompress it first"),
+    (lzma.compress, "it is .xz compressed data; give the file a name ending in .xz, which is decompressed as it is "
+                    "read, or decompress it first"),
+    (lambda data: b"\x28\xb5\x2f\xfd\x20\x00\xfe" + data, "it is .zst compressed data; decompress it first"),
+])
+def test_compressed_data_read_as_text_is_named_as_such(tmp_path, compress, hint):
+    """Compressed bytes piped to stdin (`cat test.en.gz | hf-relpos-translate`) or in a file without its suffix are
+    not UTF-8 from their first bytes, whose magic names the compression and what to do: data files and stdin alike."""
+    data = compress("Eine Katze.\n".encode() * 50)
+    with pytest.raises(DatasetSchemaError, match=rf"^stdin:1: not UTF-8 text \(.*\): {re.escape(hint)}$"):
+        list(text_line_chunks(io.BytesIO(data), "stdin", 100))
+    (tmp_path / "train.en").write_bytes(data)
+    (tmp_path / "train.de").write_text("Eine Katze.\n" * 50, encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=rf":1: not UTF-8 text \(.*\): {re.escape(hint)}$"):
+        read_local_pairs(tmp_path / "train", "en", "de")
+
+
 @pytest.mark.parametrize("suffix", ["", ".gz"])
 @pytest.mark.parametrize(("name", "text"), [
     ("train.csv", 'en,de\nA cat.,Eine Katze.\n"A\nbig dog.",Ein gro\xdfer Hund.\n'),

@@ -103,6 +103,10 @@ DECOMPRESS_COMMANDS = {".zst": "unzstd", ".zip": "unzip"}
 SOURCE_ONLY_FORMATS = ("txt",)  # one source sentence per line: a test file to translate, never to train on
 BYTE_ORDER_MARK = "\ufeff"
 UTF16_BYTE_ORDER_MARKS = (b"\xff\xfe", b"\xfe\xff")   # little- and big-endian
+# The magic bytes a compressed file opens with -> its suffix: text that is not UTF-8 from its first line and opens
+# with them is compressed data read as text (a file renamed, or piped without decompressing).
+COMPRESSED_DATA_MAGIC = {b"\x1f\x8b": ".gz", b"BZh": ".bz2", b"\xfd7zXZ\x00": ".xz", b"\x28\xb5\x2f\xfd": ".zst",
+                         b"PK\x03\x04": ".zip"}
 # Files are read this many bytes (plain text, .tsv) or records (.jsonl, .json, .csv) at a time.
 READ_CHUNK_BYTES = 32 << 20
 RECORDS_PER_CHUNK = 100_000
@@ -1156,11 +1160,19 @@ def _not_utf8_error(path: Path) -> DatasetSchemaError:
 
 def not_utf8_error(path: Path | str, line_number: int, line: bytes, error: UnicodeDecodeError) -> DatasetSchemaError:
     """The error naming line `line_number` of `path`, which `error` says is not UTF-8; a first line that opens with a
-    UTF-16 byte order mark (a spreadsheet's "Unicode text" export) is named as UTF-16."""
-    utf16 = (": it is UTF-16 (its byte order mark); save it as UTF-8"
-             if line_number == 1 and line.startswith(UTF16_BYTE_ORDER_MARKS) else "")
+    UTF-16 byte order mark (a spreadsheet's "Unicode text" export) is named as UTF-16, one that opens with a
+    compressed file's magic bytes (`COMPRESSED_DATA_MAGIC`) as that compression."""
+    hint = ""
+    if line_number == 1 and line.startswith(UTF16_BYTE_ORDER_MARKS):
+        hint = ": it is UTF-16 (its byte order mark); save it as UTF-8"
+    elif line_number == 1:
+        suffix = next((suffix for magic, suffix in COMPRESSED_DATA_MAGIC.items() if line.startswith(magic)), None)
+        if suffix is not None:
+            readable = (f"give the file a name ending in {suffix}, which is decompressed as it is read, or "
+                        if suffix in COMPRESSIONS else "")
+            hint = f": it is {suffix} compressed data; {readable}decompress it first"
     return DatasetSchemaError(f"{path}:{line_number}: not UTF-8 text ({error.reason} at byte {error.start} of the "
-                              f"line){utf16}")
+                              f"line){hint}")
 
 
 def _tsv_columns(path: Path, source_lang: str, target_lang: str,
