@@ -1013,7 +1013,7 @@ def test_a_utf16_data_file_is_one_error_saying_to_save_it_as_utf8(tmp_path, name
 def test_compressed_data_read_as_text_is_named_as_such(tmp_path, compress, hint):
     """Compressed bytes piped to stdin (`cat test.en.gz | hf-relpos-translate`) or in a file without its suffix are
     not UTF-8 from their first bytes, whose magic names the compression and what to do: data files and stdin alike."""
-    data = compress("Eine Katze.\n".encode() * 50)
+    data = compress(b"Eine Katze.\n" * 50)
     with pytest.raises(DatasetSchemaError, match=rf"^stdin:1: not UTF-8 text \(.*\): {re.escape(hint)}$"):
         list(text_line_chunks(io.BytesIO(data), "stdin", 100))
     (tmp_path / "train.en").write_bytes(data)

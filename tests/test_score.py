@@ -367,3 +367,35 @@ def test_a_compute_type_the_device_does_not_run_is_one_error_naming_the_types_it
     assert error == (f"hf-relpos-{program}: error: --compute_type {refused}: CTranslate2 does not run it on --device "
                      f"cpu, which runs {', '.join(sorted(supported))}; give one of them, or leave --compute_type out "
                      "(the type the weights were exported in)")
+
+
+def test_a_full_device_is_one_error_naming_output(memorised_model_folder, tmp_path, capsys):
+    """Writing --output fails (/dev/full: no space left): one error naming --output, not a traceback."""
+    source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
+    error = error_of(capsys, [str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file),
+                              "--output", "/dev/full", "--no_progress"])
+    assert error == ("hf-relpos-score: error: writing --output '/dev/full': No space left on device; what reached it "
+                     "before the error stays")
+
+
+def test_a_file_that_cannot_grow_is_one_error_and_is_not_written(memorised_model_folder, tmp_path):
+    """A regular --output whose writes fail (here a file size limit, as a full disk fails them) is one error saying it
+    is not written, and its folder keeps no part of it."""
+    import subprocess
+    import sys
+
+    source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
+    output = tmp_path / "out" / "scores.txt"
+    output.parent.mkdir()
+    script = ("import resource, signal, sys\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"   # a write past the limit fails with EFBIG
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (20, 20))\n"
+              "from hf_relpos.tools.score import main\n"
+              "main(sys.argv[1:])\n")
+    run = subprocess.run([sys.executable, "-c", script, str(memorised_model_folder), "--source", str(source_file),
+                          "--target", str(target_file), "--output", str(output), "--no_progress"],
+                         capture_output=True, text=True, timeout=300, cwd=Path(__file__).resolve().parents[1])
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.splitlines()[-1] == (f"hf-relpos-score: error: writing --output '{output}': File too large; it "
+                                           "is not written")
+    assert list(output.parent.iterdir()) == []

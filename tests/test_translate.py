@@ -1239,3 +1239,14 @@ def test_a_tokenizer_that_pads_on_the_left_translates_each_line_as_alone():
         assert [hypothesis.text for hypothesis in line] == [hypothesis.text for hypothesis in expected]
         for hypothesis, reference in zip(line, expected, strict=True):
             assert abs(hypothesis.log_probability - reference.log_probability) < 1e-12
+
+
+def test_a_full_device_is_one_error_naming_output(memorised_model_folder, tmp_path, capsys):
+    """Writing --output fails (/dev/full: no space left): one error naming --output, exit status 2, no traceback."""
+    source_file = write_lines(tmp_path / "src.txt", SOURCES)
+    with pytest.raises(SystemExit) as exited:
+        main([str(memorised_model_folder), str(source_file), "--output", "/dev/full", "--no_progress"])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "hf-relpos-translate: error: writing --output '/dev/full': No space left on device; what reached it before the "
+        "error stays")

@@ -60,6 +60,7 @@ from .translate import (
     check_model_and_files,
     checked_output,
     exit_unreadable,
+    exit_unwritable,
     load_tokenizer_and_model,
     padded_sources,
     token_batches,
@@ -372,6 +373,8 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
         exit_unreadable(parser, failure.flag, getattr(args, failure.flag[2:]), failure.error)
     except ValueError as error:   # a pair the model refuses (e.g. longer than a position table)
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
+    except OSError as error:   # writing --output or stdout (the inputs' errors are _ReadError)
+        exit_unwritable(parser, output, error)
     return totals
 
 

@@ -511,6 +511,17 @@ def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
     parser.exit(2, f"{parser.prog}: error: {flag} {reason}\n")
 
 
+def exit_unwritable(parser: argparse.ArgumentParser, output: Path | None, error: OSError) -> NoReturn:
+    """One error (exit 2) naming --output (or stdout) where writing it failed (a full disk, a lost mount): a regular
+    --output file is not written (its temporary is removed; the file there before stays), a device or pipe kept what
+    reached it."""
+    reason = " ".join(str(error.strerror or error).split())
+    if output is None:
+        parser.exit(2, f"{parser.prog}: error: writing stdout: {reason}\n")
+    kept = "what reached it before the error stays" if writes_in_place(output) else "it is not written"
+    parser.exit(2, f"{parser.prog}: error: writing --output '{output}': {reason}; {kept}\n")
+
+
 class _SourceReadError(Exception):
     """An OSError of reading the source (--input or stdin) while it is translated, told apart from the errors of
     writing --output or stdout (a BrokenPipeError is an OSError too)."""
@@ -615,6 +626,8 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         parser.exit(2, f"{PROGRAM}: error: {'' if args.input is None else '--input '}{error}\n")
     except ValueError as error:   # settings the model refuses for this input: --output is not written
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
+    except OSError as error:   # writing --output or stdout (the source's errors are _SourceReadError)
+        exit_unwritable(parser, output, error)
     capped.warn()
     if references is not None:
         scores = score_translations(translations, references, tokenize, target_lang)
