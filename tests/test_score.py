@@ -184,8 +184,12 @@ def test_a_file_of_records_is_refused_before_the_model_loads(tmp_path, capsys):
 
 
 def test_totals_count_pairs_tokens_and_log_probability():
+    """The corpus cross-entropy and perplexity; a cross-entropy whose exponential is beyond a float's range (an
+    untrained or mismatched model's) gives perplexity inf, not an OverflowError after the scores are written."""
     totals = ScoreTotals(pairs=2, tokens=4, log_probability=-4 * math.log(3))
     assert totals.summary() == "2 pairs, 4 target tokens: cross-entropy 1.0986 nats per token, perplexity 3.00"
+    huge = ScoreTotals(pairs=1, tokens=2, log_probability=-2000.0)
+    assert huge.summary() == "1 pairs, 2 target tokens: cross-entropy 1000.0000 nats per token, perplexity inf"
 
 
 def test_an_n_best_list_gets_each_hypothesis_score_as_a_feature_equal_to_generates(

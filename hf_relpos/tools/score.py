@@ -97,10 +97,11 @@ class ScoreTotals:
     unit: str = "pairs"
 
     def summary(self) -> str:
-        """The corpus cross-entropy per target token (nats) and its perplexity."""
+        """The corpus cross-entropy per target token (nats) and its perplexity (inf beyond a float's range)."""
         cross_entropy = -self.log_probability / self.tokens
+        perplexity = math.exp(cross_entropy) if cross_entropy < math.log(sys.float_info.max) else math.inf
         return (f"{self.pairs} {self.unit}, {self.tokens} target tokens: cross-entropy {cross_entropy:.4f} nats per "
-                f"token, perplexity {math.exp(cross_entropy):.2f}")
+                f"token, perplexity {perplexity:.2f}")
 
 
 def score_pairs(sources: Sequence[str], targets: Sequence[str], model: PreTrainedModel | CTranslate2Model,
