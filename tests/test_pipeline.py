@@ -247,3 +247,37 @@ def test_a_source_relative_cap_given_when_the_pipeline_is_made_holds_for_every_c
     assert cut != TARGETS[1] and TARGETS[1].startswith(cut)
     assert capped(SOURCES[1], num_beams=1) == capped(SOURCES[1], max_len_a=0.0, max_len_b=2, num_beams=1)
     assert capped(SOURCES[1], max_len_b=None) == [{"translation_text": TARGETS[1]}]
+
+
+def test_batched_sources_reach_generate_right_padded_whatever_the_tokenizers_side(tmp_path):
+    """transformers' pipeline batches pad on the tokenizer's side; a tokenizer set to pad on the left (the habit of
+    batched decoder-only generation) shifted a short source's tokens, so `absolute` (sinusoids read from a token's
+    index) translated it differently beside longer ones. generate now gets each source's tokens first, as alone."""
+    import torch
+
+    from hf_relpos.testing import tiny_float64_model
+    from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
+
+    tokenizer = train_joint_tokenizer([text for pair in MEMORISED_PAIRS * 4 for text in pair], vocab_size=300)
+    tokenizer.padding_side = "left"
+    model = tiny_float64_model("absolute", dict(vocab_size=len(tokenizer), **special_token_ids(tokenizer)),
+                               kernel="sdpa")
+    model.generation_config.max_length = 8
+    translate = pipeline("translation", model=model, tokenizer=tokenizer, device="cpu")
+    sources = ["The house is red and the small bird sings in the big tree", *SOURCES[:3]]
+    seen = []
+    generate = model.generate
+
+    def recording(**inputs):
+        seen.append((inputs["input_ids"], inputs["attention_mask"]))
+        return generate(**inputs)
+
+    model.generate = recording
+    batched = translate(sources, batch_size=4, split_sentences=False)
+    (input_ids, attention_mask), = seen
+    for row, source in zip(range(len(sources)), sources, strict=True):
+        ids = tokenizer(source)["input_ids"]
+        assert attention_mask[row].tolist() == [1] * len(ids) + [0] * (attention_mask.size(1) - len(ids))
+        assert input_ids[row, :len(ids)].tolist() == ids
+    assert batched == [translate(source, split_sentences=False)[0] for source in sources]
+    assert torch.equal(attention_mask.sum(-1), torch.tensor([len(tokenizer(source)["input_ids"]) for source in sources]))

@@ -87,6 +87,18 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
     return first_end is None or (limit is not None and first_end + 1 >= limit)
 
 
+def right_aligned(inputs: dict[str, Any]) -> dict[str, Any]:
+    """`inputs` (input_ids and attention_mask [B, n] of padded sources) with each row's tokens moved to its start and
+    its padding to its end, whatever side the tokenizer padded: a source's tokens then sit at positions 0 .. n-1 as
+    alone, which the embedding-level encodings (`absolute`'s sinusoids, `keep_absolute_positions`) read from a
+    token's index, so no source's translation depends on the sources batched beside it. Other entries stay."""
+    mask = inputs.get("attention_mask")
+    if mask is None:
+        return inputs
+    order = torch.argsort((mask == 0).to(torch.int8), dim=-1, stable=True)   # kept tokens first, in their order
+    return {**inputs, "input_ids": inputs["input_ids"].gather(-1, order), "attention_mask": mask.gather(-1, order)}
+
+
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`; no sentence starts or ends
     with whitespace (whitespace opening the text is the first pair's, ("", whitespace); a blank text is one pair,
@@ -227,7 +239,7 @@ class TranslationPipeline(ChunkPipeline):
         output_ids = torch.zeros((batch_size, sequences, 0), dtype=torch.long)
         limits = torch.full((batch_size,), -1)   # each source's own length cap, -1 where there is none
         if bool(wanted.any()):
-            sources = {name: value[wanted.to(value.device)] for name, value in model_inputs.items()}
+            sources = right_aligned({name: value[wanted.to(value.device)] for name, value in model_inputs.items()})
             generated = self.model.generate(**sources, **generate_kwargs).cpu()
             output_ids = torch.zeros((batch_size, sequences, generated.shape[-1]), dtype=generated.dtype)
             output_ids[wanted] = generated.reshape(-1, sequences, generated.shape[-1])

@@ -47,12 +47,18 @@ from typing import BinaryIO, NoReturn, TextIO
 
 import torch
 from tqdm import tqdm
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    BatchEncoding,
+    PreTrainedModel,
+    PreTrainedTokenizerBase,
+)
 from transformers.utils import logging as hf_logging
 
 from ..model.attention_functions import check_kernel_device
 from ..publish.files import WeightsFileError, expand_home, reading_weights, text_output, writes_in_place
-from ..publish.pipeline_relpos import reached_length_limit
+from ..publish.pipeline_relpos import reached_length_limit, right_aligned
 from ..publish.records import training_record
 from ..translation.arguments import (
     ConfigError,
@@ -96,11 +102,10 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return cut_token_batches(order, [lengths[position] for position in order], max_tokens)
 
 
-def padded_sources(tokenizer: PreTrainedTokenizerBase, source_ids: list[list[int]]) -> dict[str, torch.Tensor]:
-    """input_ids and attention_mask of the encoded sources padded on the right, whatever the tokenizer's side: a
-    source's tokens then sit at positions 0 .. n-1 as alone, which the embedding-level encodings (`absolute`'s
-    sinusoids, `keep_absolute_positions`) read from the token's index, so no line depends on the lines beside it."""
-    return tokenizer.pad({"input_ids": source_ids}, padding_side="right", return_tensors="pt")
+def padded_sources(tokenizer: PreTrainedTokenizerBase, source_ids: list[list[int]]) -> BatchEncoding:
+    """input_ids and attention_mask of the encoded sources padded on the right, whatever the tokenizer's side
+    (`right_aligned`: no line depends on the lines batched beside it)."""
+    return BatchEncoding(right_aligned(tokenizer.pad({"input_ids": source_ids}, return_tensors="pt")))
 
 
 @dataclass
