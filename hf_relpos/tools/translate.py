@@ -377,8 +377,7 @@ def check_compute_type(parser: argparse.ArgumentParser, compute_type: str | None
     if compute_type not in supported:
         parser.exit(2, f"{parser.prog}: error: --compute_type {compute_type}: CTranslate2 does not run it on --device "
                        f"{device}, which runs {', '.join(sorted(supported))}; give one of them, or leave "
-                       "--compute_type "
-                       "out (the type the weights were exported in)\n")
+                       "--compute_type out (the type the weights were exported in)\n")
 
 
 def check_model_and_files(parser: argparse.ArgumentParser, args: argparse.Namespace,
