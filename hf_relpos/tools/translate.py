@@ -58,7 +58,7 @@ from transformers.utils import logging as hf_logging
 
 from ..model.attention_functions import check_kernel_device
 from ..publish.files import WeightsFileError, expand_home, reading_weights, text_output, writes_in_place
-from ..publish.pipeline_relpos import reached_length_limit, right_aligned
+from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
     ConfigError,
@@ -103,9 +103,10 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 def padded_sources(tokenizer: PreTrainedTokenizerBase, source_ids: list[list[int]]) -> BatchEncoding:
-    """input_ids and attention_mask of the encoded sources padded on the right, whatever the tokenizer's side
-    (`right_aligned`: no line depends on the lines batched beside it)."""
-    return BatchEncoding(right_aligned(tokenizer.pad({"input_ids": source_ids}, return_tensors="pt")))
+    """input_ids and attention_mask of the encoded sources padded on the right, whatever the tokenizer's side, as
+    `pipeline_relpos.right_aligned` re-aligns the batches transformers' pipeline padded: no line depends on the lines
+    batched beside it."""
+    return tokenizer.pad({"input_ids": source_ids}, padding_side="right", return_tensors="pt")
 
 
 @dataclass
