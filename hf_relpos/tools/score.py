@@ -353,7 +353,7 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
             for sources, targets, written in scored:
                 bar.total += len(sources)
                 bar.refresh()
-                if args.n_best is not None and args.n_best_backward:   # the hypotheses are the model's inputs
+                if args.n_best_backward:   # the hypotheses are the model's inputs (main: only with --n_best)
                     sources, targets = targets, sources
                 scores = score_pairs(sources, targets, model, tokenizer, args.max_tokens, args.normalize, totals, bar)
                 sink.write(written(scores))
