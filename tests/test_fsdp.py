@@ -80,6 +80,7 @@ if rank == 0:
     with open(os.path.join(out, "record.json"), "w") as handle:
         json.dump(record, handle)
 accelerator.wait_for_everyone()
+accelerator.end_training()
 '''
 
 
@@ -197,6 +198,7 @@ if rank == 0:
                  if not torch.allclose(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)]
     (out / "record.json").write_text(json.dumps({"tensors": len(full), "differing": differing}))
 accelerator.wait_for_everyone()
+accelerator.end_training()
 '''
 
 

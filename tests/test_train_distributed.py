@@ -156,6 +156,13 @@ label_smoothing = float(sys.argv[1])
 tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund"] * 10, vocab_size=270)
 examples = token_budget_examples()
 '''
+# No rank may exit while another still works (the main process writes the record): gloo torn down in one
+# interpreter's shutdown while the other still runs can abort it (SIGABRT, "terminate called without an active
+# exception"), as train_translation.py's main() guards against.
+TOKEN_BUDGET_WORKER_END = '''
+state.wait_for_everyone()
+state.destroy_process_group()
+'''
 
 def test_two_processes_given_resume_last_in_a_new_output_dir_both_train_from_step_0(tmp_path):
     """A requeued job's first start under `accelerate launch`: output_dir does not exist, and with
@@ -222,7 +229,7 @@ if state.is_main_process:
               "labelled": labelled, "count": count, "relative_error": error}
     with open(os.path.join(os.environ["RECORD_DIR"], "gradient.json"), "w") as handle:
         json.dump(record, handle)
-'''
+''' + TOKEN_BUDGET_WORKER_END
 
 
 def test_two_processes_weigh_every_token_of_their_uneven_token_budget_batches_alike(tmp_path):
@@ -262,7 +269,7 @@ if state.is_main_process:
               "eval": evaluated, "test": predicted}
     with open(os.path.join(os.environ["RECORD_DIR"], "evaluation.json"), "w") as handle:
         json.dump(record, handle)
-'''
+''' + TOKEN_BUDGET_WORKER_END
 
 
 def test_two_process_eval_and_test_loss_are_the_token_mean_over_the_set_without_padding_copies(tmp_path):
