@@ -302,14 +302,17 @@ def kernels(scheme: str) -> str:
 def fused_rows(scheme: str) -> list[dict]:
     """The scheme's rows at n = 512 in the latest H200 records of the fused kernels (H200_RECOMMENDED), each with
     the record's attention dropout; `relpos_triton` rows only where that kernel runs the scheme (elsewhere they are
-    sdpa under its name)."""
+    sdpa under its name), and a baseline on `relpos_triton` named sdpa, which ran it."""
     rows, on_triton = [], runs_on_triton(scheme)
+    baseline_kernels = {"relpos_triton": "relpos_triton" if runs_on_triton("absolute") else "sdpa"}
     for path in H200_RECOMMENDED:
         record = read(path)
         for row in record["training"]:
             name, _, kernel = row["scheme"].partition("@")
             if name == scheme and row["length"] == 512 and (kernel != "relpos_triton" or on_triton):
-                rows.append(row | {"attention_dropout": record["meta"]["attention_dropout"]})
+                rows.append(row | {"attention_dropout": record["meta"]["attention_dropout"],
+                                   "baseline_kernel": baseline_kernels.get(row["baseline_kernel"],
+                                                                           row["baseline_kernel"])})
     return rows
 
 
@@ -344,8 +347,11 @@ def benchmarks_h200_summary() -> str:
             f"against sdpa (two processes): absolute {absolute}; {flex}.\n\n"
             + relpos_triton_lengths(H200_LENGTHS_CHECK, "a later lease; the kernel code of `3c5d2ac`, its blocks "
                                     "autotuned per power-of-two length bucket")
-            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; the kernel changes since `1f3e7bf` "
-                                            "listed below") + "\n" + h200_step_timeline())
+            + "\n" + relpos_triton_lengths(H200_8ED37F1_CHECK, "the kernel changes since `1f3e7bf` listed below")
+            + "\n" + h200_step_timeline(H200_8ED37F1_TIMELINE, H200_8ED37F1_KERNELS)
+            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; the host's work per fused call cut "
+                                            "since `8ed37f1`, below")
+            + "\n" + h200_step_timeline(H200_LATEST_TIMELINE, H200_LATEST_TIMELINE))
 
 
 def relpos_triton_lengths(check: str, code_note: str) -> str:
@@ -436,15 +442,14 @@ def h200_time_split(tuning: str) -> str:
                      f"{min(slower):.2f}x to {max(slower):.2f}x its time." if slower else "") + "\n")
 
 
-def h200_step_timeline() -> str:
-    """The full model's step on the H200 at the latest check (step_timeline records): wall time per step against
-    the host's enqueue time (equal: host-bound), and the fused kernels' device time against cuDNN's flash kernels
-    in the profiled step."""
-    record = read(H200_LATEST_TIMELINE)
+def h200_step_timeline(timeline: str, kernel_times: str) -> str:
+    """The full model's step on the H200 (the step_timeline record `timeline`): wall time per step against the host's
+    enqueue time (equal: host-bound), and the fused kernels' device time against cuDNN's flash kernels in the
+    profiled step of `kernel_times` (the same record, or a later call's)."""
+    record = read(timeline)
     meta, results = record["meta"], record["results"]
     shaw, absolute = results["shaw@relpos_triton"]["timing"], results["absolute@sdpa"]["timing"]
-    kernels = {label: result["profile"]["kernel_ms"]
-               for label, result in read(H200_LATEST_KERNELS)["results"].items()}
+    kernels = {label: result["profile"]["kernel_ms"] for label, result in read(kernel_times)["results"].items()}
     fused = {name: ms for name, ms in kernels["shaw@relpos_triton"].items() if kernel_kind(name).startswith("relative_")}
     cudnn = sum(ms for name, ms in kernels["absolute@sdpa"].items() if kernel_kind(name) == "cudnn")
     return (f"The full model's step ({meta['layers']} + {meta['layers']} layers, n = {meta['length']}, batch "
@@ -453,8 +458,9 @@ def h200_step_timeline() -> str:
             f"with `absolute` on sdpa (queue drained around each step; {shaw['consecutive_ms']:.1f} and "
             f"{absolute['consecutive_ms']:.1f} ms for {meta['steps']} consecutive steps), and the host returns from "
             f"`shaw`'s step {shaw['drained_ms'] - shaw['enqueue_ms']:.1f} ms before the device finishes "
-            f"(`absolute`'s: {absolute['drained_ms'] - absolute['enqueue_ms']:.1f} ms). In a profiled step of a later "
-            f"call ([`{H200_LATEST_KERNELS}`](results/{H200_LATEST_KERNELS})) the fused kernels take "
+            f"(`absolute`'s: {absolute['drained_ms'] - absolute['enqueue_ms']:.1f} ms). In a profiled step "
+            + ("" if kernel_times == timeline else "of a later call ")
+            + f"([`{kernel_times}`](results/{kernel_times})) the fused kernels take "
             f"{sum(fused.values()):.1f} ms of device time for the {2 * meta['layers']} self-attentions, cuDNN's flash "
             f"kernels {cudnn:.1f} ms for `absolute`'s {3 * meta['layers']} attentions.\n")
 
@@ -515,20 +521,24 @@ def decoding_host_work_before_after() -> str:
                               "ms vs absolute after (2 runs)"], table) + "\n")
 
 
-def h200_timeline_table() -> str:
-    """The latest check's step timings per series (step_timeline), with the columns that its record supports: the
-    profiled step's busy and idle columns counted the step's own annotation as device work (step_timeline before
-    5b75bf8), and series timed one after another give no ratios (step (a)'s round-robin rounds do)."""
-    record = read(H200_LATEST_TIMELINE)
+def h200_timeline_table(timeline: str) -> str:
+    """A check's step timings per series (the step_timeline record `timeline`), with the columns that every such
+    record supports: the profiled step's busy and idle columns counted the step's own annotation as device work
+    (step_timeline before 5b75bf8), and series timed one after another give no ratios (step (a)'s round-robin rounds
+    do). Where the record has it, the host's enqueue time of the forward pass."""
+    record = read(timeline)
     meta, results = record["meta"], record["results"]
+    forward = all("forward_enqueue_ms" in result["timing"] for result in results.values())
     rows = [[label, f"{result['timing']['drained_ms']:.2f}", f"{result['timing']['consecutive_ms']:.2f}",
              f"{result['timing']['enqueue_ms']:.2f}",
+             *([f"{result['timing']['forward_enqueue_ms']:.2f}"] if forward else []),
              f"{result['timing']['drained_ms'] - result['timing']['enqueue_ms']:.2f}", result["profile"]["kernels"],
              sum(sync["count"] for sync in result.get("syncs", []))] for label, result in results.items()]
-    return (f"Record: [`{H200_LATEST_TIMELINE}`](results/{H200_LATEST_TIMELINE}) (`{meta['command']}`; series timed "
+    return (f"Record: [`{timeline}`](results/{timeline}) (`{meta['command']}`; series timed "
             "one after another, so their ratios are step (a)'s, not this table's).\n\n"
             + markdown_table(["series", "drained ms/step", f"{meta['steps']} consecutive ms/step", "host enqueue ms",
-                              "device after the host ms", "kernels", "syncs"], rows) + "\n")
+                              *(["of which forward ms"] if forward else []), "device after the host ms", "kernels",
+                              "syncs"], rows) + "\n")
 
 
 def recommended_kernel(scheme: str) -> str:
@@ -583,13 +593,19 @@ H200_LENGTHS_RECORD = "training_dropout0.1/training.json"
 H200_LENGTHS_CHECK = "gpu_check/2026-11-28_h200_1f3e7bf"
 H200_LENGTHS = f"{H200_LENGTHS_CHECK}/{H200_LENGTHS_RECORD}"
 H200_TUNING = f"{H200_LENGTHS_CHECK}/tuning_n512/tuning.json"
-# The latest check (8ed37f1: the kernel changes since 1f3e7bf), with the full model's step timeline
+# The check at 8ed37f1 (the kernel changes since 1f3e7bf), with the full model's step timeline
 # (benchmarks/step_timeline.py: the second call's timings, the third call's kernel times).
-H200_LATEST_CHECK = "gpu_check/2026-11-28_h200_8ed37f1"
+H200_8ED37F1_CHECK = "gpu_check/2026-11-28_h200_8ed37f1"
+H200_8ED37F1_LENGTHS = f"{H200_8ED37F1_CHECK}/{H200_LENGTHS_RECORD}"
+H200_8ED37F1_TUNING = f"{H200_8ED37F1_CHECK}/tuning_n512/tuning.json"
+H200_8ED37F1_TIMELINE = f"{H200_8ED37F1_CHECK}/timeline_n512/timeline.json"
+H200_8ED37F1_KERNELS = f"{H200_8ED37F1_CHECK}/timeline_host_n512/timeline.json"
+# The latest check (a0f821f: the host-overhead changes since 8ed37f1), the prepared check alone: its step timeline
+# profiles the kernels in the same record.
+H200_LATEST_CHECK = "gpu_check/2026-12-04_h200_a0f821f"
 H200_LATEST_LENGTHS = f"{H200_LATEST_CHECK}/{H200_LENGTHS_RECORD}"
 H200_LATEST_TUNING = f"{H200_LATEST_CHECK}/tuning_n512/tuning.json"
 H200_LATEST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n512/timeline.json"
-H200_LATEST_KERNELS = f"{H200_LATEST_CHECK}/timeline_host_n512/timeline.json"
 # README's recommended kernels: relpos_triton and sdpa at attention dropout 0.1 from the latest check, flex_attention
 # and sdpa at dropout 0 from 3c5d2ac (the fused path's latest timing at dropout 0).
 H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
@@ -641,7 +657,7 @@ def readme_cost() -> str:
                f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
                f"code `{fused_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_LATEST_CHECK}`](docs/results/{H200_LATEST_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-11-28-later-relpos_triton-at-8ed37f1-a-host-bound-step)), "
+               "[more](docs/benchmarks.md#one-h200-2026-12-04-relpos_triton-at-a0f821f-the-step-still-host-bound)), "
                f"at {flex_meta['attention_dropout']:g} code `{flex_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
                "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)).\n\n")
@@ -1348,12 +1364,16 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_relpos_triton_lengths": benchmark_report(H200_LENGTHS.removesuffix(".json"),
                                                               bench_training.render_markdown),
     "benchmarks_h200_time_split": lambda: h200_time_split(H200_TUNING),
-    "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_LATEST_TUNING),
+    "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_8ED37F1_TUNING),
+    "benchmarks_h200_time_split_a0f821f": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
     "benchmarks_decoding_host_work": decoding_host_work_before_after,
-    "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+    "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_8ED37F1_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
-    "benchmarks_h200_timeline_8ed37f1": h200_timeline_table,
+    "benchmarks_h200_timeline_8ed37f1": lambda: h200_timeline_table(H200_8ED37F1_TIMELINE),
+    "benchmarks_h200_relpos_triton_lengths_a0f821f": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+                                                                      bench_training.render_markdown),
+    "benchmarks_h200_timeline_a0f821f": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
         .replace("\n## ", "\n#### ")) + "\n"),
