@@ -11,8 +11,8 @@ after `--warmup` untimed steps (compiles, autotuning):
    hf_relpos, transformers and benchmarks;
 4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
    intervals) against the step's wall time, the largest idle gaps with the host operators running during each,
-   and the runtime calls that synchronize, copy or allocate with their counts and host time, and the device
-   time per kernel;
+   and the runtime calls that synchronize, copy or allocate with their counts and host time, each by the operators
+   that issued it (with --host_profile also their innermost frames in our code), and the device time per kernel;
 5. with --host_profile, the host's Python functions over the timed steps (cProfile): where the host's time goes.
 
     python -m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \\
@@ -59,6 +59,7 @@ FRAME_SOURCES = ("hf_relpos", "transformers", "benchmarks")
 SYNC_AND_COPY_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
 TOP_GAPS = 12
 TOP_ROWS = 25
+TOP_ISSUERS = 8   # the most frequent issuers of each runtime call
 STEP_MARKER = "timeline_step"
 
 
@@ -128,14 +129,15 @@ def merged(intervals: list[tuple[float, float]]) -> list[tuple[float, float]]:
 
 
 def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str, Any]:
-    """Busy time, idle gaps (the trailing one included) and the runtime calls that synchronize or copy, of one
-    profiled step from the profiler's events (us): the host's events are those the step started, before `step_end`
-    (not the harness's drain after it)."""
+    """Busy time, idle gaps (the trailing one included) and the runtime calls that synchronize or copy with what
+    issued them, of one profiled step from the profiler's events (us): the host's events are the operators and
+    runtime calls the step started, before `step_end` (not the harness's drain after it; Python functions, recorded
+    with stacks, only name the code that issued a call)."""
     # the device's own activity: kernels, copies and fills, not the GPU ranges of record_function annotations
     device = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA
               and not getattr(e, "is_user_annotation", False) and e.name != STEP_MARKER]
     host = [e for e in events if e.device_type == torch.autograd.DeviceType.CPU
-            and step_start <= e.time_range.start < step_end]
+            and step_start <= e.time_range.start < step_end and not getattr(e, "is_python_function", False)]
     busy = merged([(e.time_range.start, e.time_range.end) for e in device])
     end = max([step_end] + [b for _, b in busy])
     wall = end - step_start
@@ -154,9 +156,11 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
         rows.append({"offset_ms": (start - step_start) / 1e3, "gap_ms": (stop - start) / 1e3,
                      "host_ops": [f"{name} x{count}" for name, count in during.most_common(6)]})
     calls: dict[str, list[float]] = {}
+    issuers: dict[str, Counter] = {}
     for e in host:
         if any(name in e.name for name in SYNC_AND_COPY_CALLS):
             calls.setdefault(e.name, []).append(e.time_range.end - e.time_range.start)
+            issuers.setdefault(e.name, Counter())[issuer(e)] += 1
     launches = sum(1 for e in host if "LaunchKernel" in e.name)
     kernel_ms: Counter = Counter()
     for e in device:
@@ -165,8 +169,22 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
     return {"wall_ms": wall / 1e3, "busy_ms": busy_us / 1e3, "idle_ms": (wall - busy_us) / 1e3,
             "kernels": len(device), "launches": launches, "gaps": rows,
             "kernel_ms": dict(kernel_ms.most_common(TOP_ROWS)),
-            "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3}
+            "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3,
+                                "issued_by": dict(issuers[name].most_common(TOP_ISSUERS))}
                          for name, times in sorted(calls.items())}}
+
+
+def issuer(event: Any) -> str:
+    """What issued a runtime call: its enclosing operators (innermost first, up to 3) and, where the profile
+    recorded the Python functions (with_stack), the innermost 3 of them in our code."""
+    names, frames, parent = [], [], getattr(event, "cpu_parent", None)
+    while parent is not None:
+        if not getattr(parent, "is_python_function", False):
+            names.append(parent.name)
+        elif any(source in parent.name for source in FRAME_SOURCES):
+            frames.append(parent.name.split("site-packages/")[-1])
+        parent = getattr(parent, "cpu_parent", None)
+    return (" < ".join(names[:3]) or "no operator") + (f" ({' < '.join(frames[:3])})" if frames else "")
 
 
 def host_functions(step: Any, device: str, steps: int) -> list[dict[str, Any]]:
@@ -185,12 +203,14 @@ def host_functions(step: Any, device: str, steps: int) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda row: -row["own_ms"])[:TOP_ROWS * 2]
 
 
-def profiled_step(step: Any, device: str) -> dict[str, Any]:
+def profiled_step(step: Any, device: str, with_stack: bool = False) -> dict[str, Any]:
+    """One step under torch.profiler (`timeline`); `with_stack` records the operators' Python frames (more host
+    time in the profiled step) to name the code that issues each runtime copy or synchronization."""
     activities = [torch.profiler.ProfilerActivity.CPU]
     if device == "cuda":
         activities.append(torch.profiler.ProfilerActivity.CUDA)
     synchronize(device)
-    with torch.profiler.profile(activities=activities) as profiler:
+    with torch.profiler.profile(activities=activities, with_stack=with_stack) as profiler:
         with torch.profiler.record_function(STEP_MARKER):
             step()
         synchronize(device)
@@ -232,6 +252,11 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
                 "", "Runtime calls that synchronize, copy or allocate: " + (", ".join(
                     f"{name} x{b['count']} ({b['host_ms']:.2f} ms)" for name, b in profile["blocking"].items())
                     or "none") + f"; kernel launches {profile['launches']}.", ""]
+            issued = [[name, f"{count}", by] for name, calls in profile["blocking"].items()
+                      for by, count in calls.get("issued_by", {}).items()]
+            if issued:
+                lines += [f"## {label}: what issued those runtime calls", "", markdown_table(
+                    ["call", "count", "operators (innermost first) and frames in our code"], issued), ""]
             if profile.get("kernel_ms"):
                 lines += [f"## {label}: device time per kernel in the profiled step", "", markdown_table(
                     ["kernel", "ms"], [[name, f"{ms:.3f}"] for name, ms in profile["kernel_ms"].items()]), ""]
@@ -287,7 +312,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         results[label] = result
         if args.device == "cuda":
             result["syncs"] = synchronizations(case.step)
-        result["profile"] = profiled_step(case.step, args.device)
+        result["profile"] = profiled_step(case.step, args.device, with_stack=args.host_profile)
         if args.host_profile:
             result["host_functions"] = host_functions(case.step, args.device, args.steps)
         write_report(args.out, "timeline", render_markdown(meta, results), {"meta": meta, "results": results})

@@ -494,19 +494,25 @@ def test_precision_verdict_and_deviations_on_hand_made_curves() -> None:
 
 def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_events():
     """step_timeline.timeline on stand-in events: busy time is the union of device intervals, the gaps are the
-    rest of the step (largest first) with the host operators inside each, and blocking runtime calls are counted."""
+    rest of the step (largest first) with the host operators inside each, and blocking runtime calls are counted
+    with the operators and our code's Python functions that issued them."""
     from types import SimpleNamespace
 
     from benchmarks import step_timeline
 
     cpu, cuda = torch.autograd.DeviceType.CPU, torch.autograd.DeviceType.CUDA
 
-    def event(name, device, start, end):
-        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end))
+    def event(name, device, start, end, parent=None, python=False):
+        return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
+                               cpu_parent=parent, is_python_function=python)
 
+    # with stacks recorded, Python functions are parents of the operators: they name the code, not host work
+    function = event("hf_relpos/model/triton_relative.py(403): key_ranges", cpu, 405, 960,
+                     event("torch/nn/modules/module.py(1783): _call_impl", cpu, 400, 970, python=True), python=True)
+    item = event("aten::item", cpu, 410, 950, function)
     events = [event("k1", cuda, 100, 300), event("k2", cuda, 250, 400), event("k3", cuda, 1400, 1500),
-              event("cudaStreamSynchronize", cpu, 420, 900), event("aten::item", cpu, 410, 950),
-              event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000),
+              event("cudaStreamSynchronize", cpu, 420, 900, event("aten::_local_scalar_dense", cpu, 415, 940, item)),
+              item, function, event("cudaLaunchKernel", cpu, 1300, 1310), event("step", cpu, 0, 5000),
               event(step_timeline.STEP_MARKER, cuda, 100, 1500),   # the annotation's GPU range is no device work
               event("cudaDeviceSynchronize", cpu, 1460, 1600)]   # the harness's drain after the step
     assert [(gap["offset_ms"], gap["gap_ms"]) for gap in step_timeline.timeline(events, 0, 1700)["gaps"]] == [
@@ -515,7 +521,8 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
     assert result["wall_ms"] == 1.5 and result["busy_ms"] == 0.4 and result["idle_ms"] == 1.1
     assert [(gap["offset_ms"], gap["gap_ms"]) for gap in result["gaps"]] == [(0.4, 1.0), (0.0, 0.1)]
     assert set(result["gaps"][0]["host_ops"]) == {"cudaStreamSynchronize x1", "aten::item x1", "cudaLaunchKernel x1"}
-    assert result["blocking"] == {"cudaStreamSynchronize": {"count": 1, "host_ms": 0.48}}
+    assert result["blocking"] == {"cudaStreamSynchronize": {"count": 1, "host_ms": 0.48, "issued_by": {
+        "aten::_local_scalar_dense < aten::item (hf_relpos/model/triton_relative.py(403): key_ranges)": 1}}}
     assert result["kernels"] == 3 and result["launches"] == 1
     assert result["kernel_ms"] == {"k1": 0.2, "k2": 0.15, "k3": 0.1}
 
