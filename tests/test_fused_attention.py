@@ -322,7 +322,9 @@ def test_shaw_masses_are_never_negative_and_sum_to_one_in_bfloat16(reference_ker
     query, key, value = (torch.randn(BATCH, HEADS, 12, HEAD_DIM, generator=generator).mul(30).bfloat16()
                          for _ in range(3))
     mask = FlexMask(BATCH, 12, 12)
-    _, masses = scheme.region_attention(0, query, key, value, HEAD_DIM**-0.5, mask, attention_functions.flex_region)
+    context = scheme.prepare(PositionContext(12, 12, 0, None, query.device, query.dtype))
+    _, masses = scheme.region_attention(context, 0, query, key, value, HEAD_DIM**-0.5, mask,
+                                        attention_functions.flex_region)
     assert masses.dtype == torch.float32 and (masses >= 0).all()
     assert (masses.sum(-1) - 1).abs().max().item() < 1e-4   # float32 rounding of scores near 1e3
 
@@ -340,12 +342,14 @@ def test_shaw_band_and_masses_stay_in_float32_under_bfloat16_autocast(monkeypatc
     generator = torch.Generator().manual_seed(0)
     query, key, value = (torch.randn(BATCH, HEADS, 20, HEAD_DIM, generator=generator).bfloat16() for _ in range(3))
     mask = FlexMask(BATCH, 20, 20)
+    context = scheme.prepare(PositionContext(20, 20, 0, None, query.device, query.dtype))
     results = []
     for autocast in (False, True):
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-            output, masses = scheme.region_attention(0, query, key, value, HEAD_DIM**-0.5, mask,
+            output, masses = scheme.region_attention(context, 0, query, key, value, HEAD_DIM**-0.5, mask,
                                                      attention_functions.flex_region)
-            fused = scheme.fused_attention(0, query, key, value, HEAD_DIM**-0.5, mask, attention_functions.flex_region)
+            fused = scheme.fused_attention(context, 0, query, key, value, HEAD_DIM**-0.5, mask,
+                                           attention_functions.flex_region)
         assert output.dtype == masses.dtype == torch.float32 and fused.dtype == torch.bfloat16
         results.append((output, masses, fused))
     for expected, actual in zip(*results, strict=True):
@@ -552,6 +556,39 @@ def test_prepare_runs_once_per_stack_call_and_terms_once_per_layer(position_sche
         model(input_ids=input_ids, decoder_input_ids=input_ids[:, :4])
     assert len(prepares) == 2  # encoder + decoder
     assert len(terms) == 3 + 2
+
+
+class RecordPads(TorchDispatchMode):
+    """The input shape of every constant_pad_nd, and the number of select_backward calls, run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.pads, self.select_backwards = [], 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.constant_pad_nd.default:
+            self.pads.append(tuple(args[0].shape))
+        self.select_backwards += func is torch.ops.aten.select_backward.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_shaws_tables_are_padded_once_per_stack_call_in_a_training_step(kernel):
+    """A training step of shaw (forward and backward) pads each distance table [L, 2k+1, d] to its aligned rows once
+    per stack call, whatever the number of layers (`ShawContext.aligned_tables`), and never selects one layer's
+    table from the stacked parameter (a select's backward fills a zero [L, 2k+1, d] per layer): 3 + 2 layers, two
+    tables, two stacks, each pad once forward and once backward."""
+    config = tiny_config("shaw", encoder_layers=3, decoder_layers=2)
+    config._attn_implementation = kernel
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).train()
+    distances, head_dim = 2 * config.max_relative_position + 1, config.d_model // config.encoder_attention_heads
+    input_ids = torch.randint(4, 40, (2, 6))
+    with RecordPads() as recorded:
+        model(input_ids=input_ids, labels=input_ids[:, :4]).loss.backward()
+    tables = [shape for shape in recorded.pads if shape[-1] == head_dim and shape[-2] >= distances]
+    assert sorted(shape[0] for shape in tables) == [2, 2, 2, 2, 3, 3, 3, 3]   # [L, ...]: stacked, never per layer
+    assert recorded.select_backwards == 0
+    assert all(parameter.grad is not None for name, parameter in model.named_parameters() if "relative_" in name)
 
 
 def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):

@@ -663,7 +663,8 @@ def region_attention(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor
 @dataclass
 class RelativeValues:
     """Shaw et al.'s (2018) value term, eq. 3: z_i += sum_j p_ij w_clip(j - i', k), i' = i + `query_offset`, for the
-    attention probabilities p [B, H, n, m] and a table `table` [2k+1, d] (shared by the heads) or [H, 2k+1, d].
+    attention probabilities p [B, H, n, m] and a table `table` [2k+1, d] (shared by the heads) or [H, 2k+1, d], or
+    either followed by zero rows up to `mass_columns` (`padded_table`).
 
     `mass_by_distance(p)` sums each row's probabilities into the 2k+1 clipped distances (a scatter-add over
     `index` [n, m], the bucket of every query-key pair, or a function giving it), in `mass_columns` columns (zero
@@ -721,20 +722,29 @@ def aligned_width(distances: int) -> int:
     return -(-distances // DISTANCE_ALIGNMENT) * DISTANCE_ALIGNMENT
 
 
-def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True) -> torch.Tensor:
+def padded_table(table: torch.Tensor) -> torch.Tensor:
+    """A distance table [..., R, d] followed by zero rows up to aligned_width(R) rows: what `times_table` multiplies,
+    padded once for all the layers of a stack call (one pad, forward and backward) instead of in every product."""
+    extra = aligned_width(table.size(-2)) - table.size(-2)
+    return nn.functional.pad(table, (0, 0, 0, extra)) if extra else table
+
+
+def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, distances: int | None = None
+                ) -> torch.Tensor:
     """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
     product (forward and backward) has an aligned distance dimension. transpose: x . w_r for every r, [B, H, n, R],
     a view of the [B, H, n, aligned_width(R)] product; otherwise x [B, H, n, R'] with R' >= R (masses as wide as
     `RelativeValues.mass_columns`, zero beyond R; narrower ones are padded here, a copy) times the table padded to
-    that width. A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that order: no copy of
-    x, a token-major result."""
-    distances = table.size(-2)
+    that width. `distances`: R for a table whose rows beyond the first R are zeros already (`padded_table`; default:
+    every row is a distance). A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that
+    order: no copy of x, a token-major result."""
+    distances = table.size(-2) if distances is None else distances
     if not transpose and x.size(-1) % DISTANCE_ALIGNMENT:
         x = nn.functional.pad(x, (0, aligned_width(x.size(-1)) - x.size(-1)))
     width = aligned_width(distances) if transpose else x.size(-1)
     table = table.to(x.dtype)
-    if width > distances:
-        table = nn.functional.pad(table, (0, 0, 0, width - distances))
+    if width > table.size(-2):
+        table = nn.functional.pad(table, (0, 0, 0, width - table.size(-2)))
     if table.dim() == 2:
         weights = table.t() if transpose else table
         if not x.is_contiguous() and x.transpose(1, 2).is_contiguous():

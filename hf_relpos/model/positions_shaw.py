@@ -23,6 +23,7 @@ from .positions import (
     computed_once,
     integer_field,
     number_field,
+    padded_table,
     region_attention,
     register_position_scheme,
     rows_by_index,
@@ -143,12 +144,12 @@ class ShawPositions(PositionScheme):
                                   value_bias=None if value_rows is None else value_rows[layer_idx].to(key.dtype))
         value_term = None
         if self.relative_values is not None:
-            value_term = RelativeValues(self.relative_values[layer_idx], kmax, offset, lambda: context.index,
+            value_term = RelativeValues(context.aligned_tables[1][layer_idx], kmax, offset, lambda: context.index,
                                         consecutive)
         score_bias = None
         if self.relative_keys is not None:
             def table() -> torch.Tensor:
-                return self.key_profile(layer_idx, query)
+                return self.key_profile(context, layer_idx, query)
 
             if consecutive:
                 def bucket(i: torch.Tensor, j: torch.Tensor) -> torch.Tensor:
@@ -167,25 +168,26 @@ class ShawPositions(PositionScheme):
         fused = None
         if consecutive and (score_bias is not None or value_term is not None):
             def fused(query, key, value, scaling, mask, attend):
-                return self.fused_attention(layer_idx, query, key, value, scaling, mask, attend)
+                return self.fused_attention(context, layer_idx, query, key, value, scaling, mask, attend)
         return AttentionTerms(score_bias=score_bias, value_term=value_term, fused_attention=fused)
 
-    def key_profile(self, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
+    def key_profile(self, context: ShawContext, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
         out over the keys), the scale applied to the small table rather than to the product."""
-        return times_table(query, self.relative_keys[layer_idx] * query.size(-1) ** -0.5)
+        return times_table(query, context.aligned_tables[0][layer_idx], distances=2 * self.max_relative_position + 1)
 
-    def fused_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                        scaling: float, mask: Any, attend: Any) -> torch.Tensor:
+    def fused_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
+                        value: torch.Tensor, scaling: float, mask: Any, attend: Any) -> torch.Tensor:
         """Eqs. 3-4 without the probability matrix: `region_attention`, plus the a^V masses times w^V."""
-        output, masses = self.region_attention(layer_idx, query, key, value, scaling, mask, attend)
+        output, masses = self.region_attention(context, layer_idx, query, key, value, scaling, mask, attend)
         if self.relative_values is not None:
             with torch.autocast(query.device.type, enabled=False):   # masses stay in promote_types(dtype, float32)
-                output = output + times_table(masses, self.relative_values[layer_idx], transpose=False)
+                output = output + times_table(masses, context.aligned_tables[1][layer_idx], transpose=False)
         return output.to(query.dtype)
 
-    def region_attention(self, layer_idx: int, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                         scaling: float, mask: Any, attend: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    def region_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
+                         value: torch.Tensor, scaling: float, mask: Any, attend: Any
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
         """sum_j p_ij v_j with a^K in the scores, and the masses M [B, H, n, 2k+1] (M_ir: the probability of the keys
         at clipped distance r - k), both in promote_types(dtype, float32), at consecutive positions, by the shared
         `region_attention`: the left (j - i' <= -k) and right (j - i' >= k) regions, where a^K is the per-row
@@ -198,7 +200,7 @@ class ShawPositions(PositionScheme):
             if self.relative_keys is None:
                 return None, None, None
             # q_i . w^K_r / sqrt(d) for the 2k + 1 buckets; the band's diagonal d has bucket d + k
-            profile = self.key_profile(layer_idx, query.to(compute))
+            profile = self.key_profile(context, layer_idx, query.to(compute))
             return profile[..., 0], profile[..., first + kmax : first + kmax + count], profile[..., 2 * kmax]
 
         output, masses = region_attention(query, key, value, scaling, mask, attend, 1 - kmax, max(0, 2 * kmax - 1),
@@ -234,6 +236,16 @@ class ShawContext(PositionContext):
     def index(self) -> torch.Tensor:
         query_positions, key_positions = self.query_and_key_positions()
         return clipped_distance(key_positions[None, :] - query_positions[:, None], self.max_relative_position)
+
+    @computed_once
+    def aligned_tables(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
+        """Each layer's w^K / sqrt(d_z) and w^V with zero rows up to the aligned width (`padded_table`), [(H,) R', d]:
+        one scale, pad and split per table for the stack's layers (backward: one stack per table), where each
+        layer's products selected, scaled and padded their own table (three operators and a copy per table and
+        layer, forward and backward alike). None for a table the scheme lacks."""
+        keys, values = self.relative_keys, self.relative_values
+        return (None if keys is None else padded_table(keys * keys.size(-1) ** -0.5).unbind(0),
+                None if values is None else padded_table(values).unbind(0))
 
     @computed_once
     def step_rows(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
