@@ -1037,6 +1037,37 @@ def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graph
     assert counted.count == 0 and not triton_calls
 
 
+class CountRangeFills(TorchDispatchMode):
+    """The int32 fills (zeros, full) run inside it: the key ranges of a stack call without a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += (func in (torch.ops.aten.zeros.default, torch.ops.aten.full.default)
+                       and (kwargs or {}).get("dtype") == torch.int32)
+        return func(*args, **(kwargs or {}))
+
+
+def test_a_stack_call_without_a_mask_builds_its_key_ranges_once(triton_calls):
+    """An encoder stack call without a padding mask has every key in range: the ranges (two int32 fills) are built
+    once per stack call and shared by its layers, as a mask's are, whatever the depth."""
+    fills = {}
+    for layers in (1, 3):
+        torch.manual_seed(0)
+        config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers)
+        model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(DEVICE).train()
+        model.set_attn_implementation("relpos_triton")
+        batch = seq2seq_batch()
+        with CountRangeFills() as counted:
+            model(input_ids=batch["input_ids"], labels=batch["labels"])   # no padding: no encoder mask
+        assert len(triton_calls) == 2 * layers
+        fills[layers] = counted.count
+        triton_calls.clear()
+    assert fills == {1: 2, 3: 2}, fills
+
+
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])
 def test_a_second_derivative_is_refused_not_wrong(compiled):
     """Double backward through the fused attention (create_graph) raises on both paths: the kernels' gradients have

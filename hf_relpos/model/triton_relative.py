@@ -381,16 +381,19 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
     """Per sequence, the keys [start, end) the boolean mask [B, 1, n, m] allows (int32 [B] each), or None when the
     mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
     covered, holes or windows are not. Reading the mask is a host sync (and under torch.compile a graph break):
-    `cache` (a stack call's `PositionContext.kernel_cache`) keeps the answer for that mask tensor, so every layer of
-    the call shares one check."""
+    `cache` (a stack call's `PositionContext.kernel_cache`) keeps the answer for that mask tensor (or for no mask),
+    so every layer of the call shares one check."""
     if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
         return None
-    if attention_mask is None:
-        return (torch.zeros(batch, dtype=torch.int32, device=device),
-                torch.full((batch,), key_length, dtype=torch.int32, device=device))
-    cache_key = ("key_ranges", query_offset, causal)   # one mask tensor: one batch and shape
+    cache_key = ("key_ranges", query_offset, causal)   # one mask tensor (or none): one batch and shape
     if cache is not None and cache_key in cache and cache[cache_key][0] is attention_mask:
         return cache[cache_key][1]
+    if attention_mask is None:   # every key: built once per stack call too (two fills a layer on the device)
+        ranges = (torch.zeros(batch, dtype=torch.int32, device=device),
+                  torch.full((batch,), key_length, dtype=torch.int32, device=device))
+        if cache is not None:
+            cache[cache_key] = (attention_mask, ranges)
+        return ranges
     mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
     allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
     positions = torch.arange(key_length, device=device)
