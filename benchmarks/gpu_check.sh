@@ -29,7 +29,8 @@
 #       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
 #       absolute / shaw / alibi (two processes, so that one slow compile does not lose the other half; measured at
 #       3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and determinism tests compiled for the GPU (one
-#       passed in 90 s); DECODING=1 adds 25 + 120 s: cached decoding, then on the static cache (absolute and shaw; generate
+#       passed in 90 s); DECODING=1 adds 150 + 120 s: cached decoding (every scheme, cached and uncached, written at
+#       the end: on the H200 at a0f821f it printed nothing within 50 s), then on the static cache (absolute and shaw; generate
 #       compiles the decoding step, not measured yet); PRECISION=1 adds 200 s: shaw's bf16 training on
 #       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
 #       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
@@ -136,7 +137,7 @@ if [ "${PRECISION:-0}" = 1 ] && [ -n "$triton" ]; then
         --device cuda --kernel relpos_triton --scheme shaw --steps 300 --out "$out/precision"
 fi
 if [ "${DECODING:-0}" = 1 ]; then
-    step 25 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
+    step 150 "(e) cached decoding" "$python" -m benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 \
         --out "$out/decoding"
     step 120 "(e) cached decoding on the static cache (generate compiles the step)" "$python" -m \
         benchmarks.bench_decoding --device cuda --dtype bfloat16 --repeats 2 --cache-implementation static \
