@@ -1007,6 +1007,15 @@ class CountEqual(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+def deep_shaw_on_triton(layers: int) -> hf_relpos.RelPosTransformerForConditionalGeneration:
+    """A tiny shaw model of `layers` + `layers` layers on relpos_triton, in training mode (seed 0)."""
+    torch.manual_seed(0)
+    config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(DEVICE).train()
+    model.set_attn_implementation("relpos_triton")
+    return model
+
+
 def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graphs_do_not_grow_with_depth(
         triton_calls):
     """`key_ranges` reads the self-attention mask on the host once per stack call, before the layers
@@ -1015,11 +1024,7 @@ def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graph
     dynamo compile each layer on its own). A scheme the kernel does not take never reads the mask."""
     graph_counts = {}
     for layers in (1, 3):
-        torch.manual_seed(0)
-        config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers)
-        model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(DEVICE).train()
-        model.set_attn_implementation("relpos_triton")
-        batch = seq2seq_batch()
+        model, batch = deep_shaw_on_triton(layers), seq2seq_batch()
         with CountEqual() as counted:
             model(**batch)
         assert counted.count == 2 and len(triton_calls) == 2 * layers
@@ -1055,11 +1060,7 @@ def test_a_stack_call_without_a_mask_builds_its_key_ranges_once(triton_calls):
     once per stack call and shared by its layers, as a mask's are, whatever the depth."""
     fills = {}
     for layers in (1, 3):
-        torch.manual_seed(0)
-        config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers)
-        model = hf_relpos.RelPosTransformerForConditionalGeneration(config).to(DEVICE).train()
-        model.set_attn_implementation("relpos_triton")
-        batch = seq2seq_batch()
+        model, batch = deep_shaw_on_triton(layers), seq2seq_batch()
         with CountRangeFills() as counted:
             model(input_ids=batch["input_ids"], labels=batch["labels"])   # no padding: no encoder mask
         assert len(triton_calls) == 2 * layers
