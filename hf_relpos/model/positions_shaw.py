@@ -144,7 +144,7 @@ class ShawPositions(PositionScheme):
                                   value_bias=None if value_rows is None else value_rows[layer_idx].to(key.dtype))
         value_term = None
         if self.relative_values is not None:
-            value_term = RelativeValues(context.aligned_tables[1][layer_idx], kmax, offset, lambda: context.index,
+            value_term = RelativeValues(context.aligned_table(1, layer_idx), kmax, offset, lambda: context.index,
                                         consecutive)
         score_bias = None
         if self.relative_keys is not None:
@@ -174,7 +174,7 @@ class ShawPositions(PositionScheme):
     def key_profile(self, context: ShawContext, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
         out over the keys), the scale applied to the small table rather than to the product."""
-        return times_table(query, context.aligned_tables[0][layer_idx], distances=2 * self.max_relative_position + 1)
+        return times_table(query, context.aligned_table(0, layer_idx), distances=2 * self.max_relative_position + 1)
 
     def fused_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
                         value: torch.Tensor, scaling: float, mask: Any, attend: Any) -> torch.Tensor:
@@ -182,7 +182,7 @@ class ShawPositions(PositionScheme):
         output, masses = self.region_attention(context, layer_idx, query, key, value, scaling, mask, attend)
         if self.relative_values is not None:
             with torch.autocast(query.device.type, enabled=False):   # masses stay in promote_types(dtype, float32)
-                output = output + times_table(masses, context.aligned_tables[1][layer_idx], transpose=False)
+                output = output + times_table(masses, context.aligned_table(1, layer_idx), transpose=False)
         return output.to(query.dtype)
 
     def region_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
@@ -246,6 +246,16 @@ class ShawContext(PositionContext):
         keys, values = self.relative_keys, self.relative_values
         return (None if keys is None else padded_table(keys * keys.size(-1) ** -0.5).unbind(0),
                 None if values is None else padded_table(values).unbind(0))
+
+    def aligned_table(self, which: int, layer_idx: int) -> torch.Tensor:
+        """Layer `layer_idx`'s w^K / sqrt(d_z) (`which` 0) or w^V (1), padded (`padded_table`): from
+        `aligned_tables` when the layers share what the stack call computes, else (gradient checkpointing, where
+        `computed_once` recomputes at every read) that layer's table alone, so that a read scales and pads one
+        layer's rows rather than every layer's of both tables."""
+        if self.reuse_across_layers:
+            return self.aligned_tables[which][layer_idx]
+        table = (self.relative_keys, self.relative_values)[which][layer_idx]
+        return padded_table(table * table.size(-1) ** -0.5 if which == 0 else table)
 
     @computed_once
     def step_rows(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
