@@ -606,7 +606,7 @@ def test_a_checkpointed_training_step_scales_and_pads_one_layers_tables_per_read
         torch.manual_seed(0)
         model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().train()
         if checkpointed:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.activation_checkpointing_enable({"use_reentrant": False})
         with RecordPads() as recorded:
             model(input_ids=input_ids, labels=input_ids[:, :4]).loss.backward()
         gradients[checkpointed] = {name: parameter.grad for name, parameter in model.named_parameters()
