@@ -243,9 +243,8 @@ class ShawContext(PositionContext):
         one scale, pad and split per table for the stack's layers (backward: one stack per table), where each
         layer's products selected, scaled and padded their own table (three operators and a copy per table and
         layer, forward and backward alike). None for a table the scheme lacks."""
-        keys, values = self.relative_keys, self.relative_values
-        return (None if keys is None else padded_table(keys * keys.size(-1) ** -0.5).unbind(0),
-                None if values is None else padded_table(values).unbind(0))
+        return tuple(None if tables is None else aligned(which, tables).unbind(0)
+                     for which, tables in enumerate((self.relative_keys, self.relative_values)))
 
     def aligned_table(self, which: int, layer_idx: int) -> torch.Tensor:
         """Layer `layer_idx`'s w^K / sqrt(d_z) (`which` 0) or w^V (1), padded (`padded_table`): from
@@ -254,8 +253,7 @@ class ShawContext(PositionContext):
         layer's rows rather than every layer's of both tables."""
         if self.reuse_across_layers:
             return self.aligned_tables[which][layer_idx]
-        table = (self.relative_keys, self.relative_values)[which][layer_idx]
-        return padded_table(table * table.size(-1) ** -0.5 if which == 0 else table)
+        return aligned(which, (self.relative_keys, self.relative_values)[which][layer_idx])
 
     @computed_once
     def step_rows(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
@@ -266,3 +264,9 @@ class ShawContext(PositionContext):
             return None if tables is None else rows_by_index(tables, self.index).unbind(0)
 
         return rows(self.relative_keys), rows(self.relative_values)
+
+
+def aligned(which: int, table: torch.Tensor) -> torch.Tensor:
+    """w^K / sqrt(d_z) (`which` 0: eq. 5's scale on the small table, not on the product) or w^V (1), one layer's
+    [(H,) 2k+1, d] or a stack's [L, ...], with zero rows up to the aligned width (`padded_table`)."""
+    return padded_table(table * table.size(-1) ** -0.5 if which == 0 else table)
