@@ -388,22 +388,21 @@ def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: in
     cache_key = ("key_ranges", query_offset, causal)   # one mask tensor (or none): one batch and shape
     if cache is not None and cache_key in cache and cache[cache_key][0] is attention_mask:
         return cache[cache_key][1]
-    if attention_mask is None:   # every key: built once per stack call too (two fills a layer on the device)
+    if attention_mask is None:   # every key (kept too: two fills a layer on the device)
         ranges = (torch.zeros(batch, dtype=torch.int32, device=device),
                   torch.full((batch,), key_length, dtype=torch.int32, device=device))
-        if cache is not None:
-            cache[cache_key] = (attention_mask, ranges)
-        return ranges
-    mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
-    allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
-    positions = torch.arange(key_length, device=device)
-    start = torch.where(allowed, positions, key_length).amin(-1)
-    end = torch.where(allowed, positions + 1, 0).amax(-1).clamp(min=start)
-    expected = (positions >= start[:, None, None]) & (positions < end[:, None, None])
-    if causal:
-        rows = torch.arange(query_length, device=device)[:, None] + query_offset
-        expected = expected & (positions[None, :] <= rows)
-    ranges = (start.to(torch.int32), end.to(torch.int32)) if torch.equal(expected.expand_as(mask), mask) else None
+    else:
+        mask = attention_mask.expand(batch, 1, query_length, key_length)[:, 0]
+        allowed = mask.any(dim=1)   # [B, m]: keys some query may attend to
+        positions = torch.arange(key_length, device=device)
+        start = torch.where(allowed, positions, key_length).amin(-1)
+        end = torch.where(allowed, positions + 1, 0).amax(-1).clamp(min=start)
+        expected = (positions >= start[:, None, None]) & (positions < end[:, None, None])
+        if causal:
+            rows = torch.arange(query_length, device=device)[:, None] + query_offset
+            expected = expected & (positions[None, :] <= rows)
+        matches = torch.equal(expected.expand_as(mask), mask)
+        ranges = (start.to(torch.int32), end.to(torch.int32)) if matches else None
     if cache is not None:
         cache[cache_key] = (attention_mask, ranges)
     return ranges
