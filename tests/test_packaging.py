@@ -78,6 +78,33 @@ def test_model_cards_state_the_declared_transformers_range():
     assert transformers_requirement() == str(declared.specifier)
 
 
+def test_the_transformers_range_is_known_without_package_metadata(monkeypatch):
+    """Run from a source checkout that pip never installed (`PYTHONPATH=. python train_translation.py`), a training
+    run's card still states the range: read from the checkout's pyproject.toml (the metadata lookup raised
+    PackageNotFoundError after a whole run had trained)."""
+    from hf_relpos.publish.hub import transformers_requirement
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "requires", not_installed)
+    declared = next(parsed for parsed in map(Requirement, PROJECT["dependencies"]) if parsed.name == "transformers")
+    assert transformers_requirement() == str(declared.specifier)
+
+
+def test_an_installed_package_reads_the_transformers_range_from_its_metadata(monkeypatch, tmp_path):
+    """Installed into site-packages, next to no pyproject.toml of hf_relpos (another project's is ignored), the
+    range comes from the package metadata."""
+    from hf_relpos.publish import hub
+
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "other"\ndependencies = ["transformers<3"]\n')
+    monkeypatch.setattr(hub, "PACKAGE_CHECKOUT", tmp_path)
+    monkeypatch.setattr(importlib.metadata, "requires",
+                        lambda name: ["torch>=2", "transformers<9,>=7.1", "triton; extra == 'dev'"]
+                        if name == "hf_relpos" else None)
+    assert hub.transformers_requirement() == "<9,>=7.1"
+
+
 def test_the_train_extra_modules_are_the_train_extra():
     """`TRAIN_EXTRA_MODULES` (the check the commands make) names every package of pyproject.toml's train extra."""
     names = {Requirement(line).name.lower() for line in PROJECT["optional-dependencies"]["train"]}

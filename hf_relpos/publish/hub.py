@@ -26,6 +26,7 @@ import ntpath
 import os
 import posixpath
 import shlex
+import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
@@ -947,10 +948,16 @@ def averaged_checkpoints(folder: Path) -> list[Path] | None:
 # --------------------------------------------------------------------------------------------------- pushing
 
 def transformers_requirement() -> str:
-    """The transformers versions hf_relpos requires (its package metadata, from pyproject.toml), which the modeling
-    code stored with a model needs as well: e.g. "<6,>=5.24"."""
-    requirements = [Requirement(text) for text in importlib.metadata.requires("hf_relpos") or ()]
-    return next(str(requirement.specifier) for requirement in requirements
+    """The transformers versions hf_relpos requires, which the modeling code stored with a model needs as well: e.g.
+    "<6,>=5.24". Read from pyproject.toml: the checkout's where hf_relpos runs from one (installed or only on the
+    path, as `PYTHONPATH=. python train_translation.py`), else the installed package's metadata, built from it."""
+    pyproject = PACKAGE_CHECKOUT / "pyproject.toml"
+    project = tomllib.loads(pyproject.read_text(encoding="utf-8")).get("project", {}) if pyproject.is_file() else {}
+    if project.get("name") == "hf_relpos":
+        texts = project["dependencies"]
+    else:
+        texts = importlib.metadata.requires("hf_relpos") or ()
+    return next(str(requirement.specifier) for requirement in map(Requirement, texts)
                 if requirement.name == "transformers" and requirement.marker is None)
 
 
