@@ -12,7 +12,9 @@ after `--warmup` untimed steps (compiles, autotuning):
 4. one profiled step (torch.profiler, CPU and CUDA): the device's busy time (the union of kernel, memcpy and memset
    intervals) against the step's wall time, the largest idle gaps with the host operators running during each,
    and the runtime calls that synchronize, copy or allocate with their counts and host time, each by the operators
-   that issued it (with --host_profile also their innermost frames in our code), and the device time per kernel;
+   that issued it (with --host_profile also their innermost frames in our code), the device time per kernel, and
+   the host's operators and autograd nodes by self time (every thread: the backward's run on autograd's device
+   thread), shown against the first series' as the operators with the most extra host time;
 5. with --host_profile, the host's Python functions over the timed steps (cProfile): where the host's time goes.
 
     python -m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \\
@@ -60,6 +62,7 @@ SYNC_AND_COPY_CALLS = ("Synchronize", "Memcpy", "cudaFree", "cudaMalloc")
 TOP_GAPS = 12
 TOP_ROWS = 25
 TOP_ISSUERS = 8   # the most frequent issuers of each runtime call
+TOP_OPERATORS = 200   # host operators kept per series, by self time (the extra-time table reads them)
 STEP_MARKER = "timeline_step"
 
 
@@ -166,9 +169,16 @@ def timeline(events: list[Any], step_start: float, step_end: float) -> dict[str,
     for e in device:
         kernel_ms[e.name[:120]] += (e.time_range.end - e.time_range.start) / 1e3
     busy_us = sum(b - a for a, b in busy)
+    operators: dict[str, list[float]] = {}
+    for e in host:
+        counted = operators.setdefault(e.name, [0, 0.0])
+        counted[0] += 1
+        counted[1] += e.self_cpu_time_total / 1e3
     return {"wall_ms": wall / 1e3, "busy_ms": busy_us / 1e3, "idle_ms": (wall - busy_us) / 1e3,
             "kernels": len(device), "launches": launches, "gaps": rows,
             "kernel_ms": dict(kernel_ms.most_common(TOP_ROWS)),
+            "host_operators": {name: {"count": count, "self_ms": ms} for name, (count, ms) in
+                               sorted(operators.items(), key=lambda item: -item[1][1])[:TOP_OPERATORS]},
             "blocking": {name: {"count": len(times), "host_ms": sum(times) / 1e3,
                                 "issued_by": dict(issuers[name].most_common(TOP_ISSUERS))}
                          for name, times in sorted(calls.items())}}
@@ -219,12 +229,24 @@ def profiled_step(step: Any, device: str, with_stack: bool = False) -> dict[str,
     return timeline(events, marker.time_range.start, marker.time_range.end)
 
 
+def extra_host_time(operators: dict[str, dict[str, float]], baseline: dict[str, dict[str, float]]) -> list[list[str]]:
+    """Rows (operator, counts, self ms, difference) of the `TOP_ROWS` operators whose host self time exceeds the
+    baseline's by the most (an operator absent from a top list counts as 0 there)."""
+    absent = {"count": 0, "self_ms": 0.0}
+    extra = sorted(((operators.get(name, absent)["self_ms"] - baseline.get(name, absent)["self_ms"], name)
+                    for name in operators.keys() | baseline.keys()), reverse=True)
+    return [[name, f"{operators.get(name, absent)['count']}", f"{baseline.get(name, absent)['count']}",
+             f"{operators.get(name, absent)['self_ms']:.3f}", f"{baseline.get(name, absent)['self_ms']:.3f}",
+             f"{difference:+.3f}"] for difference, name in extra[:TOP_ROWS]]
+
+
 def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) -> str:
     lines = ["# Where a training step's wall time goes", "", *environment_lines(meta),
              f"- shape {meta['shape']}, {meta['layers']} + {meta['layers']} layers, n = {meta['length']}, batch "
              f"{meta['batch']}, attention dropout {meta['attention_dropout']:g}; {meta['steps']} steps per timing "
              f"after {meta['warmup']} untimed", ""]
     baseline = next(iter(results.values()), None)
+    first_label = next(iter(results), "")
     header = ["series", "drained ms/step", "consecutive ms/step", "ratio (drained)", "ratio (consecutive)",
               "host enqueue ms", "of which forward ms", "profiled wall ms", "device busy ms", "device idle ms", "kernels", "syncs"]
     table = []
@@ -260,6 +282,12 @@ def render_markdown(meta: dict[str, Any], results: dict[str, dict[str, Any]]) ->
             if profile.get("kernel_ms"):
                 lines += [f"## {label}: device time per kernel in the profiled step", "", markdown_table(
                     ["kernel", "ms"], [[name, f"{ms:.3f}"] for name, ms in profile["kernel_ms"].items()]), ""]
+        if profile and profile.get("host_operators") and baseline is not None and result is not baseline:
+            lines += [f"## {label}: the host operators with the most self time beyond {first_label}'s (profiled step)",
+                      "", markdown_table(["operator", "count", f"count ({first_label})", "self ms",
+                                          f"self ms ({first_label})", "extra ms"],
+                                         extra_host_time(profile["host_operators"],
+                                                         baseline["profile"]["host_operators"])), ""]
         if result.get("host_functions"):
             lines += [f"## {label}: the host's Python functions per step (cProfile)", "", markdown_table(
                 ["function", "calls", "own ms", "cumulative ms"],

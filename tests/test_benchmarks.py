@@ -504,7 +504,7 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
 
     def event(name, device, start, end, parent=None, python=False):
         return SimpleNamespace(name=name, device_type=device, time_range=SimpleNamespace(start=start, end=end),
-                               cpu_parent=parent, is_python_function=python)
+                               cpu_parent=parent, is_python_function=python, self_cpu_time_total=(end - start) / 2)
 
     # with stacks recorded, Python functions are parents of the operators: they name the code, not host work
     function = event("hf_relpos/model/triton_relative.py(403): key_ranges", cpu, 405, 960,
@@ -525,6 +525,17 @@ def test_step_timeline_reads_busy_time_gaps_and_blocking_calls_from_profiler_eve
         "aten::_local_scalar_dense < aten::item (hf_relpos/model/triton_relative.py(403): key_ranges)": 1}}}
     assert result["kernels"] == 3 and result["launches"] == 1
     assert result["kernel_ms"] == {"k1": 0.2, "k2": 0.15, "k3": 0.1}
+    # the step's host operators by self time (not Python functions, not the harness's drain), largest first
+    operators = result["host_operators"]
+    assert [(name, row["count"]) for name, row in operators.items()] == [
+        ("step", 1), ("aten::item", 1), ("cudaStreamSynchronize", 1), ("cudaLaunchKernel", 1)]
+    assert [row["self_ms"] for row in operators.values()] == pytest.approx([2.5, 0.27, 0.24, 0.005], rel=1e-12)
+    # against a baseline: the operators with the most extra self time first, an operator absent there counted as 0
+    baseline = {"step": {"count": 1, "self_ms": 2.0}, "aten::item": {"count": 2, "self_ms": 0.5}}
+    assert step_timeline.extra_host_time(result["host_operators"], baseline)[:2] == [
+        ["step", "1", "1", "2.500", "2.000", "+0.500"], ["cudaStreamSynchronize", "1", "0", "0.240", "0.000", "+0.240"]]
+    assert step_timeline.extra_host_time(result["host_operators"], baseline)[-1] == [
+        "aten::item", "1", "2", "0.270", "0.500", "-0.230"]
 
 
 def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
@@ -539,6 +550,10 @@ def test_step_timeline_runs_every_series_on_the_cpu(tmp_path):
     assert all(0 < result["timing"]["forward_enqueue_ms"] < result["timing"]["enqueue_ms"] <= result["timing"]["drained_ms"]
                for result in data["results"].values())
     assert "| absolute@sdpa |" in (tmp_path / "timeline.md").read_text()
+    # every operator the profiled step ran on the host, shaw@eager's against absolute@sdpa's
+    assert data["results"]["shaw@eager"]["profile"]["host_operators"]["aten::mm"]["count"] > 0
+    assert "## shaw@eager: the host operators with the most self time beyond absolute@sdpa's" in (
+        tmp_path / "timeline.md").read_text()
 
 
 def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_path, monkeypatch):
