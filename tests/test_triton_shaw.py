@@ -436,6 +436,43 @@ def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     assert buckets == [128, 128, 128]
 
 
+def test_a_tuned_key_launches_with_the_autotuners_choice_without_its_launch_path(monkeypatch):
+    """On a GPU, the first call of a key goes through triton's autotuner (which benchmarks the configs and caches
+    its choice under its key); later calls of that key launch the kernel with the cached choice directly, with the
+    arguments and grid the autotuner would pass; a new length bucket is tuned again. The kernels' launches are
+    recorded, not run; `autotuner_key` is the key triton's Autotuner.run forms."""
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    tuned = kernels.tuned_forward
+    launched, tuned_runs = [], []
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # the GPU path (the kernels' module is imported already)
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setattr(tuned, "_bench", lambda *args, config, **meta: [float(config.kwargs["BLOCK_M"] + config.num_warps)])
+    monkeypatch.setattr(tuned.fn, "run", lambda *args, grid, warmup, **kwargs: launched.append(
+        (args, grid(kwargs) if callable(grid) else grid, kwargs)))
+    autotuner_run = type(tuned).run
+    monkeypatch.setattr(tuned, "run", lambda *args, **kwargs: tuned_runs.append(1) or autotuner_run(tuned, *args, **kwargs))
+
+    def forward(length):
+        query, key, value, table, key_start, key_end = kernel_inputs((4, length, length, 0, False, False, True, True,
+                                                                      0.0), torch.float32)
+        triton_relative.fused_forward(query, key, value, table, key_start, key_end, torch.tensor([2**40]), 0.5, 0.0,
+                                      0, 4, False, mass_columns(4, True))
+
+    forward(70)
+    assert len(tuned_runs) == 1 and len(launched) == 1
+    (key, choice), = tuned.cache.items()
+    assert (choice.kwargs["BLOCK_M"], choice.num_warps) == (32, 4)   # the smallest of the stubbed timings
+    args, grid, settings = launched[0]
+    assert triton_relative.autotuner_key(tuned, args, {name: value for name, value in settings.items()
+                                                       if name not in choice.all_kwargs()}) == key
+    forward(90)   # the same bucket (128): the cached choice, launched directly with what the autotuner passed
+    assert len(tuned_runs) == 1 and len(launched) == 2
+    assert launched[1][1] == (3, 4, 1) and launched[1][2] == launched[0][2]   # ceil(90 / 32) blocks, B H = 4
+    forward(130)   # bucket 256: tuned again
+    assert len(tuned_runs) == 2 and len(tuned.cache) == 2 and len(launched) == 3
+
+
 def test_dropout_mask_depends_on_seed_and_position():
     """Different seeds draw different masks; the mask is not the same for every row or head."""
     first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)

@@ -65,21 +65,31 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                     dropout: float) -> dict[str, Any]:
     """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
     inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
-    the interpreter, `matmul`): float64 from triton 3.5 on, else one error."""
+    the interpreter, `matmul`): float64 from triton 3.5 on, else one error. Formed once per setting (each layer's
+    call reads them: host time)."""
     # each use imports the kernels' module: triton only when they run
-    from .triton_relative_kernels import FLOAT64_DOT, FLOAT64_DOT_TRITON, tl, triton
-    head_dim = query.size(-1)
-    accumulate_64 = query.dtype == torch.float64
-    if accumulate_64 and not FLOAT64_DOT:
+    from .triton_relative_kernels import FLOAT64_DOT, FLOAT64_DOT_TRITON, triton
+    if query.dtype == torch.float64 and not FLOAT64_DOT:
         raise RuntimeError(f"attn_implementation {KERNEL_NAME!r} runs float64 inputs with triton "
                            f"{'.'.join(map(str, FLOAT64_DOT_TRITON))} or newer "
                            f"(float64 tl.dot); triton {triton.__version__} is installed: upgrade triton, or run "
                            f"the model in float32 or bfloat16, or on 'sdpa'")
+    return dict(settings_for(query.size(-1), query.dtype, max_distance, with_bias, with_masses, causal, dropout > 0,
+                             interpreting()))
+
+
+@functools.lru_cache(maxsize=256)
+def settings_for(head_dim: int, dtype: torch.dtype, max_distance: int, with_bias: bool, with_masses: bool,
+                 causal: bool, dropout: bool, interpreted: bool) -> dict[str, Any]:
+    """`launch_settings` of one setting (not to be changed: shared by every call of that setting)."""
+    from .triton_relative_kernels import tl
+
+    accumulate_64 = dtype == torch.float64
     return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
-                HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout > 0,
+                HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout,
                 ACC=tl.float64 if accumulate_64 else tl.float32,
-                PRECISION=("ieee" if query.dtype in (torch.float32, torch.float64)
-                           else "float32" if interpreting() else "tf32"),
+                PRECISION=("ieee" if dtype in (torch.float32, torch.float64)
+                           else "float32" if interpreted else "tf32"),
                 BLOCK_I=next_power_of_2(max(2 * max_distance - 1, 1)))
 
 
@@ -97,14 +107,30 @@ def program_grid(tiles: int, batch_heads: int) -> tuple[int, int, int]:
 
 def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *args: Any, **settings: Any) -> None:
     """Run `kernel` over the `program_grid` of (row blocks, batch x heads): autotuned on a GPU, with
-    `INTERPRETER_BLOCKS` under the interpreter. `blocks` names the block size that tiles `rows`."""
+    `INTERPRETER_BLOCKS` under the interpreter. `blocks` names the block size that tiles `rows`. Once the autotuner
+    has chosen the blocks for a call's key, later calls with that key launch the kernel with them directly (the
+    autotuner's own launch path re-forms its key from every argument: host time on a host-bound step)."""
+    settings["batch_heads"] = batch_heads
     if interpreting():
         block_m, block_n = INTERPRETER_BLOCKS
         kernel[program_grid(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
-            *args, batch_heads=batch_heads, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
+            *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
+        return
+    config = tuned.cache.get(autotuner_key(tuned, args, settings))
+    if config is None:   # tunes this key (benchmarks every config once), then launches the best
+        tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
     else:
-        tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](
-            *args, batch_heads=batch_heads, **settings)
+        chosen = config.all_kwargs()
+        kernel[program_grid(ceil_div(rows, chosen[blocks]), batch_heads)](*args, **settings, **chosen)
+
+
+def autotuner_key(tuned: Any, args: tuple, settings: dict[str, Any]) -> tuple:
+    """The key under which triton's autotuner `tuned` caches its choice for a call (as `Autotuner.run` forms it: the
+    key parameters' values, then the dtype of every argument that has one, in the call's order)."""
+    names = tuned.arg_names
+    key = [settings[name] if name in settings else args[names.index(name)] for name in tuned.keys]
+    key += [str(value.dtype) for value in (*args, *settings.values()) if hasattr(value, "dtype")]
+    return tuple(key)
 
 
 def length_bucket(query_length: int, key_length: int) -> int:
