@@ -349,9 +349,13 @@ def benchmarks_h200_summary() -> str:
                                     "autotuned per power-of-two length bucket")
             + "\n" + relpos_triton_lengths(H200_8ED37F1_CHECK, "the kernel changes since `1f3e7bf` listed below")
             + "\n" + h200_step_timeline(H200_8ED37F1_TIMELINE, H200_8ED37F1_KERNELS)
-            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; the host's work per fused call cut "
-                                            "since `8ed37f1`, below")
-            + "\n" + h200_step_timeline(H200_LATEST_TIMELINE, H200_LATEST_TIMELINE))
+            + "\n" + relpos_triton_lengths(H200_A0F821F_CHECK, "the host's work per fused call cut since `8ed37f1`, "
+                                            "below")
+            + "\n" + h200_step_timeline(H200_A0F821F_TIMELINE, H200_A0F821F_TIMELINE)
+            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; Shaw's tables padded and split once "
+                                            "per stack call since `a0f821f`, below")
+            + "\n" + h200_step_timeline(H200_LATEST_TIMELINE, H200_LATEST_TIMELINE)
+            + "\n" + h200_host_work(H200_LATEST_HOST_TIMELINE))
 
 
 def relpos_triton_lengths(check: str, code_note: str) -> str:
@@ -463,6 +467,38 @@ def h200_step_timeline(timeline: str, kernel_times: str) -> str:
             + f"([`{kernel_times}`](results/{kernel_times})) the fused kernels take "
             f"{sum(fused.values()):.1f} ms of device time for the {2 * meta['layers']} self-attentions, cuDNN's flash "
             f"kernels {cudnn:.1f} ms for `absolute`'s {3 * meta['layers']} attentions.\n")
+
+
+def relpos_triton_noise(check: str, earlier: str) -> str:
+    """What one run tells, from two checks' records of issue #48's setting: `absolute` on `relpos_triton` (sdpa under
+    that name, computed as `absolute` on sdpa) against `absolute` on sdpa at each length, beside `shaw` on
+    `relpos_triton` in both checks."""
+    def ratios(path: str, scheme: str) -> tuple[str, str]:
+        record = read(f"{path}/{H200_LENGTHS_RECORD}")
+        rows = {row["length"]: row for row in record["training"] if row["scheme"] == scheme}
+        return record["meta"]["code"], ", ".join(f"{rows[n]['ratio']:.2f}x" for n in sorted(rows))
+
+    lengths = sorted({row["length"] for row in read(f"{check}/{H200_LENGTHS_RECORD}")["training"]})
+    (code, same), (earlier_code, earlier_same) = (ratios(path, "absolute@relpos_triton") for path in (check, earlier))
+    (_, shaw), (_, earlier_shaw) = (ratios(path, "shaw@relpos_triton") for path in (check, earlier))
+    return (f"At n = {', '.join(map(str, lengths))}, `absolute` on `relpos_triton`, which hands the call to sdpa, ran "
+            f"at {same} `absolute` on sdpa at `{code}` ({earlier_same} at `{earlier_code}`); `shaw` on "
+            f"`relpos_triton` at {shaw} ({earlier_shaw} at `{earlier_code}`).\n")
+
+
+def h200_host_work(timeline: str) -> str:
+    """The full model's step at a length where the device's share is small (the step_timeline record `timeline`, step
+    (u) of the check): both series' drained milliseconds per step and their difference, the host's extra work."""
+    record = read(timeline)
+    meta, results = record["meta"], record["results"]
+    shaw, absolute = results["shaw@relpos_triton"], results["absolute@sdpa"]
+    return (f"At n = {meta['length']} (batch {meta['batch']}, code `{meta['code']}`; "
+            f"[`{timeline}`](results/{timeline})), where the device is busy {shaw['profile']['busy_ms']:.1f} and "
+            f"{absolute['profile']['busy_ms']:.1f} ms of a profiled step, a step takes "
+            f"{shaw['timing']['drained_ms']:.1f} ms with `shaw` on `relpos_triton` against "
+            f"{absolute['timing']['drained_ms']:.1f} ms with `absolute` on sdpa (queue drained around each step): "
+            f"{shaw['timing']['drained_ms'] - absolute['timing']['drained_ms']:.1f} ms more of the host's work per "
+            "step.\n")
 
 
 def host_overhead_before_after() -> str:
@@ -600,12 +636,20 @@ H200_8ED37F1_LENGTHS = f"{H200_8ED37F1_CHECK}/{H200_LENGTHS_RECORD}"
 H200_8ED37F1_TUNING = f"{H200_8ED37F1_CHECK}/tuning_n512/tuning.json"
 H200_8ED37F1_TIMELINE = f"{H200_8ED37F1_CHECK}/timeline_n512/timeline.json"
 H200_8ED37F1_KERNELS = f"{H200_8ED37F1_CHECK}/timeline_host_n512/timeline.json"
-# The latest check (a0f821f: the host-overhead changes since 8ed37f1), the prepared check alone: its step timeline
+# The check at a0f821f (the host-overhead changes since 8ed37f1), the prepared check alone: its step timeline
 # profiles the kernels in the same record.
-H200_LATEST_CHECK = "gpu_check/2026-12-04_h200_a0f821f"
+H200_A0F821F_CHECK = "gpu_check/2026-12-04_h200_a0f821f"
+H200_A0F821F_LENGTHS = f"{H200_A0F821F_CHECK}/{H200_LENGTHS_RECORD}"
+H200_A0F821F_TUNING = f"{H200_A0F821F_CHECK}/tuning_n512/tuning.json"
+H200_A0F821F_TIMELINE = f"{H200_A0F821F_CHECK}/timeline_n512/timeline.json"
+# The latest check (e8f9f2f: Shaw's tables padded and split once per stack call, key ranges built once per stack
+# call since a0f821f), the prepared check alone, with its step (u): the same two series at n = 16, where a step is
+# mostly the host's work.
+H200_LATEST_CHECK = "gpu_check/2026-12-04_h200_e8f9f2f"
 H200_LATEST_LENGTHS = f"{H200_LATEST_CHECK}/{H200_LENGTHS_RECORD}"
 H200_LATEST_TUNING = f"{H200_LATEST_CHECK}/tuning_n512/tuning.json"
 H200_LATEST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n512/timeline.json"
+H200_LATEST_HOST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n16/timeline.json"
 # README's recommended kernels: relpos_triton and sdpa at attention dropout 0.1 from the latest check, flex_attention
 # and sdpa at dropout 0 from 3c5d2ac (the fused path's latest timing at dropout 0).
 H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
@@ -657,7 +701,8 @@ def readme_cost() -> str:
                f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
                f"code `{fused_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_LATEST_CHECK}`](docs/results/{H200_LATEST_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-12-04-relpos_triton-at-a0f821f-the-step-still-host-bound)), "
+               "[more](docs/benchmarks.md#one-h200-2026-12-04-later-relpos_triton-at-e8f9f2f-the-runtime-copies-gone-the-hosts-"
+               "work-not)), "
                f"at {flex_meta['attention_dropout']:g} code `{flex_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
                "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)).\n\n")
@@ -1365,15 +1410,22 @@ PASSAGES: dict[str, Callable[[], str]] = {
                                                               bench_training.render_markdown),
     "benchmarks_h200_time_split": lambda: h200_time_split(H200_TUNING),
     "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_8ED37F1_TUNING),
-    "benchmarks_h200_time_split_a0f821f": lambda: h200_time_split(H200_LATEST_TUNING),
+    "benchmarks_h200_time_split_a0f821f": lambda: h200_time_split(H200_A0F821F_TUNING),
+    "benchmarks_h200_time_split_e8f9f2f": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
     "benchmarks_decoding_host_work": decoding_host_work_before_after,
     "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_8ED37F1_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
     "benchmarks_h200_timeline_8ed37f1": lambda: h200_timeline_table(H200_8ED37F1_TIMELINE),
-    "benchmarks_h200_relpos_triton_lengths_a0f821f": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+    "benchmarks_h200_relpos_triton_lengths_a0f821f": benchmark_report(H200_A0F821F_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
-    "benchmarks_h200_timeline_a0f821f": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
+    "benchmarks_h200_timeline_a0f821f": lambda: h200_timeline_table(H200_A0F821F_TIMELINE),
+    "benchmarks_h200_relpos_triton_lengths_e8f9f2f": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+                                                                      bench_training.render_markdown),
+    "benchmarks_h200_timeline_e8f9f2f": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
+    "benchmarks_h200_noise_e8f9f2f": lambda: relpos_triton_noise(H200_LATEST_CHECK, H200_A0F821F_CHECK),
+    "benchmarks_h200_timeline_n16_e8f9f2f": lambda: (h200_timeline_table(H200_LATEST_HOST_TIMELINE) + "\n"
+                                                     + h200_host_work(H200_LATEST_HOST_TIMELINE)),
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
         .replace("\n## ", "\n#### ")) + "\n"),
