@@ -1,14 +1,20 @@
 """The host's time per training step of each series, without a GPU: what a host-bound GPU step pays outside kernels.
 
 The full encoder-decoder (`bench_training.model_case`, training mode, dropout on) runs on the CPU at tiny widths, so
-that the host's Python and dispatch work dominates each step, with relpos_triton's kernel launches replaced by no-ops
-(under Triton's interpreter they would run the kernels in numpy; their outputs stay uninitialised, denormals are
-flushed). Every other operator runs as it does on a GPU, so a series' milliseconds are its host work per step, the
-fused path's custom-op or autograd dispatch, launch settings, tables and key ranges included, less Triton's own
-launch path. On an H200 the fused path's step was host-bound (docs/results/gpu_check/2026-11-28_h200_8ed37f1).
-Series are timed round-robin; ms per step is the median over rounds, each the mean of --steps steps.
+that the host's Python and dispatch work dominates each step, with relpos_triton's kernels not run (their outputs stay
+uninitialised, denormals are flushed). Every other operator runs as it does on a GPU, so a series' milliseconds are
+its host work per step: the fused path's autograd dispatch, launch settings, tables and key ranges included. With
+`--launches stubbed` (the default) the launches are no-ops, so Triton's own launch path is left out; with
+`--launches triton` each launch goes through it (the autotuner's key and cache, the JIT function's argument binding,
+specialisation and kernel-cache lookup) with a stand-in CUDA driver (sm_90): the kernels are not compiled, the
+autotuner's benchmark returns equal timings (its first configuration is chosen), and the compiled kernel's launcher,
+whose C call a GPU would make, does nothing. `--launches triton` needs triton's JIT functions: a process where
+TRITON_INTERPRET was unset when triton_relative_kernels was imported. On an H200 the fused path's step was host-bound
+(docs/results/gpu_check/2026-12-04_h200_e8f9f2f). Series are timed round-robin; ms per step is the median over
+rounds, each the mean of --steps steps.
 
     python -m benchmarks.host_overhead --series absolute@sdpa shaw@relpos_triton --out /tmp/host
+    python -m benchmarks.host_overhead --launches triton --series absolute@sdpa shaw@relpos_triton --out /tmp/host
 
 Writes host_overhead.md and host_overhead.json into --out.
 """
@@ -67,15 +73,98 @@ def kernels_stubbed() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = interpret
 
 
+class StandInDriver:
+    """What triton's JIT launch path asks the active driver: a CUDA device 0 of compute capability 9.0 (an H100's or
+    H200's), stream 0."""
+
+    def get_current_device(self) -> int:
+        return 0
+
+    def get_current_stream(self, device: int) -> int:
+        return 0
+
+    def get_current_target(self) -> Any:
+        from triton.backends.compiler import GPUTarget
+
+        return GPUTarget("cuda", 90, 32)
+
+
+class StandInKernel:
+    """A compiled kernel as triton's launch path uses it, whose launch does nothing and is counted."""
+
+    function = packed_metadata = None
+
+    def __init__(self, launches: list[int]) -> None:
+        self.launches = launches
+
+    def launch_metadata(self, grid: Any, stream: int, *args: Any) -> None:
+        return None
+
+    def run(self, *args: Any) -> None:
+        self.launches[0] += 1
+
+
+@contextlib.contextmanager
+def triton_launch_path(launches: list[int]) -> Iterator[None]:
+    """relpos_triton's launches through triton's launch path with `StandInDriver`, each compile returning a
+    `StandInKernel` (counting into `launches[0]`) and the autotuner's benchmark equal timings; the device checks of
+    the fused path pass on the CPU. Everything is undone on exit."""
+    import triton
+    from triton.runtime import driver
+
+    from hf_relpos.model import attention_functions, triton_relative
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    jitted = (kernels.relative_forward_kernel, kernels.relative_backward_keys_kernel,
+              kernels.relative_backward_queries_kernel, kernels.row_delta_kernel)
+    if not all(isinstance(kernel, triton.runtime.JITFunction) for kernel in jitted):
+        raise SystemExit("--launches triton: relpos_triton's kernels were built for Triton's interpreter "
+                         "(TRITON_INTERPRET=1 when they were imported); run it in a process without TRITON_INTERPRET")
+    tuners = (kernels.tuned_forward, kernels.tuned_backward_keys, kernels.tuned_backward_queries)
+
+    def compile_for(kernel: Any) -> Any:
+        def stand_in_compile(key: Any, signature: Any, device: int, *rest: Any) -> StandInKernel:
+            compiled = kernel.device_caches[device][0][key] = StandInKernel(launches)
+            return compiled
+        return stand_in_compile
+
+    saved = (triton_relative.interpreting, triton_relative.check_device, attention_functions.check_device)
+    previous_driver = driver._active
+    driver.set_active(StandInDriver())
+    for kernel in jitted:
+        kernel._do_compile = compile_for(kernel)
+    for tuner in tuners:
+        tuner._bench = lambda *args, config, **meta: [1.0]
+    triton_relative.interpreting = lambda: False
+    triton_relative.check_device = attention_functions.check_device = lambda device: None
+    torch.set_flush_denormal(True)
+    try:
+        yield
+    finally:
+        torch.set_flush_denormal(False)
+        triton_relative.interpreting, triton_relative.check_device, attention_functions.check_device = saved
+        for kernel in (*jitted, *tuners):
+            vars(kernel).pop("_do_compile", None)
+            vars(kernel).pop("_bench", None)
+        for kernel in jitted:
+            kernel.device_caches.clear()
+        for tuner in tuners:
+            tuner.cache.clear()
+        driver._active = previous_driver   # (None: found again on the next use, as before)
+
+
 def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join([
-        "# The host's time per training step (kernel launches stubbed, CPU)", "", *environment_lines(meta),
+        "# The host's time per training step (kernel launches "
+        + ("stubbed" if meta.get("launches", "stubbed") == "stubbed" else "through Triton's launch path, not run")
+        + ", CPU)", "", *environment_lines(meta),
         f"- {meta['layers']} + {meta['layers']} layers of d_model {meta['d_model']}, {meta['heads']} heads, n = "
         f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; "
         f"{meta['rounds']} round-robin rounds of {meta['steps']} steps after one untimed", "",
-        markdown_table(["series", "ms per step", "ms more than the first series", "rounds' spread"],
-                       [[row["series"], f"{row['ms']:.2f}", f"{row['extra_ms']:+.2f}", f"{row['spread']:.0%}"]
-                        for row in rows]), ""])
+        markdown_table(["series", "ms per step", "ms more than the first series", "rounds' spread",
+                        "launches through Triton's path per step"],
+                       [[row["series"], f"{row['ms']:.2f}", f"{row['extra_ms']:+.2f}", f"{row['spread']:.0%}",
+                         f"{row.get('triton_launches', 0)}"] for row in rows]), ""])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -88,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=positive_int, default=10, help="steps per round")
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--launches", choices=("stubbed", "triton"), default="stubbed",
+                        help="relpos_triton's launches: no-ops, or through Triton's launch path with a stand-in driver")
     parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     check_series(args.series)
@@ -100,8 +191,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     meta = environment("cpu", "float32", command=command_line("benchmarks.host_overhead", argv)) | {
         "kernel": series_kernels(args.series),
         "layers": shape.layers, "d_model": shape.d_model, "heads": shape.heads, "length": args.length,
-        "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds}
-    with kernels_stubbed():
+        "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds,
+        "launches": args.launches}
+    launches = [0]
+    with kernels_stubbed() if args.launches == "stubbed" else triton_launch_path(launches):
         cases = {}
         for label in args.series:
             scheme, kernel = scheme_and_kernel(label)
@@ -112,9 +205,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return lambda: [step() for _ in range(args.steps)]
 
         seconds = round_robin({label: steps(case.step) for label, case in cases.items()}, 1, args.rounds, "cpu")
+        triton_launches = dict.fromkeys(cases, 0)
+        for label, case in cases.items() if args.launches == "triton" else ():   # one step's launches
+            before = launches[0]
+            case.step()
+            triton_launches[label] = launches[0] - before
     per_step = {label: 1e3 * statistics.median(times) / args.steps for label, times in seconds.items()}
     baseline = per_step[args.series[0]]
-    rows = [{"series": label, "ms": ms, "extra_ms": ms - baseline,
+    rows = [{"series": label, "ms": ms, "extra_ms": ms - baseline, "triton_launches": triton_launches[label],
              "spread": max(seconds[label]) / min(seconds[label]) - 1} for label, ms in per_step.items()]
     write_report(args.out, "host_overhead", render_markdown(meta, rows), {"meta": meta, "rows": rows})
     print(render_markdown(meta, rows))

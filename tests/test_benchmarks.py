@@ -589,6 +589,39 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
 
 
+def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path):
+    """host_overhead --launches triton, in a process without Triton's interpreter: each of shaw's 12 self-attentions
+    launches its forward, both backward kernels and the backward's Delta through Triton's launch path with the
+    stand-in driver (48 a step), absolute none; the autotuner chose its first configuration (equal timings)."""
+    pytest.importorskip("triton")
+    import subprocess
+
+    environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
+    environment["PYTHONPATH"] = checkout_first_on_path()
+    result = subprocess.run([sys.executable, "-m", "benchmarks.host_overhead", "--launches", "triton", "--series",
+                             "absolute@sdpa", "shaw@relpos_triton", "--steps", "1", "--rounds", "1", "--out",
+                             str(tmp_path)], cwd=Path(__file__).resolve().parents[1], env=environment,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / "host_overhead.json").read_text())
+    assert data["meta"]["launches"] == "triton"
+    assert [(row["series"], row["triton_launches"]) for row in data["rows"]] == [("absolute@sdpa", 0),
+                                                                                 ("shaw@relpos_triton", 48)]
+    assert "through Triton's launch path" in (tmp_path / "host_overhead.md").read_text()
+
+
+def test_host_overhead_through_tritons_launch_path_refuses_interpreted_kernels(tmp_path, capsys):
+    """Where the kernels were built for Triton's interpreter (this test process), --launches triton is one error
+    saying why, before anything is timed."""
+    pytest.importorskip("triton")
+    from benchmarks import host_overhead
+    from hf_relpos.model import triton_relative_kernels  # noqa: F401  (imported under TRITON_INTERPRET=1)
+
+    message = one_line_error(host_overhead.main, ["--launches", "triton", "--rounds", "1", "--out",
+                                                  str(tmp_path / "out")], capsys)
+    assert message.startswith("--launches triton: relpos_triton's kernels were built for Triton's interpreter")
+
+
 def test_decoding_host_work_counts_each_series_cached_step(tmp_path):
     """decoding_host_work on the CPU: a row per series and search (the first series the baseline), with a step's
     operators and host syncs: the difference of two generate calls per token between them, so the encoder and
