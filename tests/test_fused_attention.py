@@ -25,7 +25,14 @@ import hf_relpos
 from hf_relpos.model import attention_functions, positions
 from hf_relpos.model.attention_functions import FlexMask, flex_attention_forward
 from hf_relpos.model.modeling_relpos import RelPosAttention, attention_mask_for, with_scheme_mask
-from hf_relpos.model.positions import DenseBias, PositionContext, RelativeValues, built_in_schemes, get_scheme_class
+from hf_relpos.model.positions import (
+    DenseBias,
+    PositionContext,
+    RelativeValues,
+    aligned_width,
+    built_in_schemes,
+    get_scheme_class,
+)
 
 pytestmark = pytest.mark.numerics
 
@@ -615,6 +622,51 @@ def test_a_checkpointed_training_step_scales_and_pads_one_layers_tables_per_read
     assert tables and all(len(shape) == 2 for shape in tables), set(tables)   # one layer's, not [L, ...]
     for name, gradient in gradients[True].items():
         assert gradient is not None and (gradient - gradients[False][name]).abs().max().item() < 1e-12, name
+
+
+class RecordCasts(TorchDispatchMode):
+    """The input shape and target dtype of every cast (_to_copy) run inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.casts = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._to_copy.default:
+            self.casts.append((tuple(args[0].shape), (kwargs or {}).get("dtype")))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_under_autocast_shaws_key_tables_are_cast_once_per_stack_call(kernel):
+    """Under bfloat16 autocast the a^K tables meet bfloat16 queries: each stack call casts its stacked table
+    [L, R', d] once (its backward one cast back), not every layer its own [R', d]; the step's loss and every
+    gradient equal, bit for bit, those of the checkpointed step, whose layers cast their own tables (a^V off: its
+    tables [R', d] are cast by autocast's matmul in each layer)."""
+    config = tiny_config("shaw", encoder_layers=3, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
+                         use_relative_values=False)
+    config._attn_implementation = kernel
+    distances, head_dim = 2 * config.max_relative_position + 1, config.d_model // config.encoder_attention_heads
+    input_ids = torch.randint(4, 40, (2, 6))
+    results = {}
+    for checkpointed in (False, True):
+        torch.manual_seed(0)
+        model = hf_relpos.RelPosTransformerForConditionalGeneration(config).train()
+        if checkpointed:
+            model.activation_checkpointing_enable({"use_reentrant": False})
+        with RecordCasts() as recorded, torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(input_ids=input_ids, labels=input_ids[:, :4]).loss
+        loss.backward()
+        tables = [shape for shape, dtype in recorded.casts if dtype == torch.bfloat16 and shape[-1] == head_dim
+                  and shape[-2] == aligned_width(distances)]
+        results[checkpointed] = loss, {name: parameter.grad for name, parameter in model.named_parameters()}, tables
+    (loss, gradients, tables), (checkpointed_loss, checkpointed_gradients, per_layer) = results[False], results[True]
+    rows = aligned_width(distances)
+    assert sorted(tables) == [(2, rows, head_dim), (3, rows, head_dim)]   # a stack call's, never one layer's
+    assert per_layer == [(rows, head_dim)] * (3 + 2)
+    assert torch.equal(loss, checkpointed_loss)
+    for name, gradient in gradients.items():
+        assert torch.equal(gradient, checkpointed_gradients[name]), name
 
 
 def test_cached_rope_decoding_rotates_only_the_new_token(monkeypatch):

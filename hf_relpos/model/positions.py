@@ -873,12 +873,7 @@ def computed_once(method: Callable[[Any], Any]) -> property:
     name = method.__name__
 
     def read(self: Any) -> Any:
-        if not self.reuse_across_layers:
-            return method(self)
-        values = self.__dict__
-        if name not in values:
-            values[name] = method(self)
-        return values[name]
+        return self.once(name, lambda: method(self))
 
     return property(read, doc=method.__doc__)
 
@@ -944,6 +939,17 @@ class PositionContext:
         slots, those past each query's position unused and masked (causally), and `positions` is None. A fast path
         that slices by the offset applies only when this is false."""
         return torch.is_tensor(self.query_offset)
+
+    def once(self, name: str, compute: Callable[[], Any]) -> Any:
+        """compute() on the first read of `name` in this stack call, kept for the next layers' reads (in the
+        instance's __dict__: `name` must be an identifier, as torch.compile reads it as an attribute); at every read
+        when `reuse_across_layers` is false."""
+        if not self.reuse_across_layers:
+            return compute()
+        values = self.__dict__
+        if name not in values:
+            values[name] = compute()
+        return values[name]
 
     def extend(self, context_class: type[ContextType], **extra: Any) -> ContextType:
         """This context as an instance of the subclass `context_class`, with its extra fields; a `DenseBias` among

@@ -173,8 +173,10 @@ class ShawPositions(PositionScheme):
 
     def key_profile(self, context: ShawContext, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
-        out over the keys), the scale applied to the small table rather than to the product."""
-        return times_table(query, context.aligned_table(0, layer_idx), distances=2 * self.max_relative_position + 1)
+        out over the keys), the scale applied to the small table rather than to the product, the table in the
+        query's dtype (under autocast, cast once per stack call for every layer)."""
+        return times_table(query, context.aligned_table(0, layer_idx, query.dtype),
+                           distances=2 * self.max_relative_position + 1)
 
     def fused_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
                         value: torch.Tensor, scaling: float, mask: Any, attend: Any) -> torch.Tensor:
@@ -237,23 +239,25 @@ class ShawContext(PositionContext):
         query_positions, key_positions = self.query_and_key_positions()
         return clipped_distance(key_positions[None, :] - query_positions[:, None], self.max_relative_position)
 
-    @computed_once
-    def aligned_tables(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
-        """Each layer's w^K / sqrt(d_z) and w^V with zero rows up to the aligned width (`padded_table`), [(H,) R', d]:
-        one scale, pad and split per table for the stack's layers (backward: one stack per table), where each
-        layer's products selected, scaled and padded their own table (three operators and a copy per table and
-        layer, forward and backward alike). None for a table the scheme lacks."""
-        return tuple(None if tables is None else aligned(which, tables).unbind(0)
-                     for which, tables in enumerate((self.relative_keys, self.relative_values)))
+    def aligned_tables(self, which: int, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, ...]:
+        """Each layer's w^K / sqrt(d_z) (`which` 0) or w^V (1) with zero rows up to the aligned width
+        (`padded_table`), [(H,) R', d], in `dtype` (default: the table's): one scale, pad, cast and split of the
+        stacked table for the stack call's layers (backward: one stack, cast and pad), where each layer's products
+        would select, scale, pad and cast their own (operators and copies per layer, forward and backward alike)."""
+        tables = (self.relative_keys, self.relative_values)[which]
+        dtype = dtype or tables.dtype
+        name = f"aligned_tables_{which}_{str(dtype).removeprefix('torch.')}"   # an attribute's name (torch.compile)
+        return self.once(name, lambda: aligned(which, tables).to(dtype).unbind(0))
 
-    def aligned_table(self, which: int, layer_idx: int) -> torch.Tensor:
-        """Layer `layer_idx`'s w^K / sqrt(d_z) (`which` 0) or w^V (1), padded (`padded_table`): from
-        `aligned_tables` when the layers share what the stack call computes, else (gradient checkpointing, where
-        `computed_once` recomputes at every read) that layer's table alone, so that a read scales and pads one
-        layer's rows rather than every layer's of both tables."""
+    def aligned_table(self, which: int, layer_idx: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """Layer `layer_idx`'s w^K / sqrt(d_z) (`which` 0) or w^V (1), padded (`padded_table`), in `dtype`
+        (default: the table's): from `aligned_tables` when the layers share what the stack call computes, else
+        (gradient checkpointing, where the stack call's values are recomputed at every read) that layer's table
+        alone, so that a read scales and pads one layer's rows rather than every layer's."""
         if self.reuse_across_layers:
-            return self.aligned_tables[which][layer_idx]
-        return aligned(which, (self.relative_keys, self.relative_values)[which][layer_idx])
+            return self.aligned_tables(which, dtype)[layer_idx]
+        table = (self.relative_keys, self.relative_values)[which][layer_idx]
+        return aligned(which, table).to(dtype or table.dtype)
 
     @computed_once
     def step_rows(self) -> tuple[tuple[torch.Tensor, ...] | None, tuple[torch.Tensor, ...] | None]:
