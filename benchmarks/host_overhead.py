@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=positive_int, default=10, help="steps per round")
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--threads", type=positive_int, default=1)
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="bfloat16: under autocast, as the GPU benchmarks train")
     parser.add_argument("--launches", choices=("stubbed", "triton"), default="stubbed",
                         help="relpos_triton's launches: no-ops, or through Triton's launch path with a stand-in driver")
     parser.add_argument("--out", type=output_folder, required=True)
@@ -188,7 +190,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     check_attention_dropout(args.attention_dropout)
     torch.set_num_threads(args.threads)
     shape = HOST_SHAPE
-    meta = environment("cpu", "float32", command=command_line("benchmarks.host_overhead", argv)) | {
+    meta = environment("cpu", args.dtype, command=command_line("benchmarks.host_overhead", argv)) | {
         "kernel": series_kernels(args.series),
         "layers": shape.layers, "d_model": shape.d_model, "heads": shape.heads, "length": args.length,
         "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds,
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         cases = {}
         for label in args.series:
             scheme, kernel = scheme_and_kernel(label)
-            cases[label] = model_case(scheme, shape, args.length, args.batch, "cpu", "float32", shape.layers,
+            cases[label] = model_case(scheme, shape, args.length, args.batch, "cpu", args.dtype, shape.layers,
                                       shape.vocab_size, kernel, args.attention_dropout)
 
         def steps(step: Any) -> Any:

@@ -590,21 +590,21 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
 
 
 def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path):
-    """host_overhead --launches triton, in a process without Triton's interpreter: each of shaw's 12 self-attentions
-    launches its forward, both backward kernels and the backward's Delta through Triton's launch path with the
-    stand-in driver (48 a step), absolute none; the autotuner chose its first configuration (equal timings)."""
+    """host_overhead --launches triton, in a process without Triton's interpreter (bfloat16 autocast, as the GPU
+    trains): each of shaw's 12 self-attentions launches its forward, both backward kernels and the backward's Delta
+    through Triton's launch path with the stand-in driver (48 a step), absolute none."""
     pytest.importorskip("triton")
     import subprocess
 
     environment = {name: value for name, value in os.environ.items() if name != "TRITON_INTERPRET"}
     environment["PYTHONPATH"] = checkout_first_on_path()
-    result = subprocess.run([sys.executable, "-m", "benchmarks.host_overhead", "--launches", "triton", "--series",
-                             "absolute@sdpa", "shaw@relpos_triton", "--steps", "1", "--rounds", "1", "--out",
-                             str(tmp_path)], cwd=Path(__file__).resolve().parents[1], env=environment,
+    result = subprocess.run([sys.executable, "-m", "benchmarks.host_overhead", "--launches", "triton", "--dtype",
+                             "bfloat16", "--series", "absolute@sdpa", "shaw@relpos_triton", "--steps", "1", "--rounds",
+                             "1", "--out", str(tmp_path)], cwd=Path(__file__).resolve().parents[1], env=environment,
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads((tmp_path / "host_overhead.json").read_text())
-    assert data["meta"]["launches"] == "triton"
+    assert (data["meta"]["launches"], data["meta"]["dtype"]) == ("triton", "bfloat16")   # under autocast
     assert [(row["series"], row["triton_launches"]) for row in data["rows"]] == [("absolute@sdpa", 0),
                                                                                  ("shaw@relpos_triton", 48)]
     assert "through Triton's launch path" in (tmp_path / "host_overhead.md").read_text()
