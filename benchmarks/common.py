@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import datetime
 import gc
@@ -16,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_relpos
 from hf_relpos.model.attention_functions import PROBABILITY_DROPOUT_KERNELS, RELPOS_KERNELS
@@ -50,6 +52,27 @@ SHAPES: dict[str, Shape] = {
     "small": Shape(d_model=256, heads=4, ffn_dim=1024, layers=3, vocab_size=8000),
     "tiny": Shape(d_model=32, heads=4, ffn_dim=64, layers=1, vocab_size=64),  # smoke tests only
 }
+
+
+# The aten operators that make the host wait for the device: a tensor's value read on the host.
+HOST_SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "allclose"})
+
+
+class CountOperators(TorchDispatchMode):
+    """How many aten operators (each a launch on a GPU, views aside), and how many of them host syncs, run inside
+    it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operators = 0
+        self.syncs: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.operators += 1
+        name = func.__name__.split(".")[0]
+        if name in HOST_SYNCS:
+            self.syncs[name] += 1
+        return func(*args, **(kwargs or {}))
 
 
 def make_config(

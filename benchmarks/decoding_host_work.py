@@ -16,17 +16,16 @@ Writes decoding_host_work.md and decoding_host_work.json into --out.
 from __future__ import annotations
 
 import argparse
-import collections
 import statistics
 import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from benchmarks import command_line
 from benchmarks.common import (
+    CountOperators,
     check_series,
     environment,
     environment_lines,
@@ -42,26 +41,6 @@ from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.safety import output_folder
 
 BUILT_IN_SERIES = ["absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"]
-# The aten operators that make the host wait for the device: a tensor's value read on the host.
-HOST_SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "equal", "allclose"})
-
-
-class CountOperators(TorchDispatchMode):
-    """How many aten operators, and how many of them host syncs, run inside it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.operators = 0
-        self.syncs: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.operators += 1
-        name = func.__name__.split(".")[0]
-        if name in HOST_SYNCS:
-            self.syncs[name] += 1
-        return func(*args, **(kwargs or {}))
-
-
 def generation(model: RelPosTransformerForConditionalGeneration, source: torch.Tensor,
                num_beams: int) -> Callable[[int], None]:
     """A call that generates exactly `new_tokens` tokens per sequence with the KV cache (greedy or beam search)."""

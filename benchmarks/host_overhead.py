@@ -11,7 +11,8 @@ autotuner's benchmark returns equal timings (its first configuration is chosen),
 whose C call a GPU would make, does nothing. `--launches triton` needs triton's JIT functions: a process where
 TRITON_INTERPRET was unset when triton_relative_kernels was imported. On an H200 the fused path's step was host-bound
 (docs/results/gpu_check/2026-12-04_h200_e8f9f2f). Series are timed round-robin; ms per step is the median over
-rounds, each the mean of --steps steps.
+rounds, each the mean of --steps steps; one more step per series counts the aten operators it dispatches (each a
+kernel launch on a GPU, views aside).
 
     python -m benchmarks.host_overhead --series absolute@sdpa shaw@relpos_triton --out /tmp/host
     python -m benchmarks.host_overhead --launches triton --series absolute@sdpa shaw@relpos_triton --out /tmp/host
@@ -33,6 +34,7 @@ import torch
 from benchmarks import command_line
 from benchmarks.bench_training import model_case
 from benchmarks.common import (
+    CountOperators,
     Shape,
     check_attention_dropout,
     check_series,
@@ -162,9 +164,9 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; "
         f"{meta['rounds']} round-robin rounds of {meta['steps']} steps after one untimed", "",
         markdown_table(["series", "ms per step", "ms more than the first series", "rounds' spread",
-                        "launches through Triton's path per step"],
+                        "aten operators per step", "launches through Triton's path per step"],
                        [[row["series"], f"{row['ms']:.2f}", f"{row['extra_ms']:+.2f}", f"{row['spread']:.0%}",
-                         f"{row.get('triton_launches', 0)}"] for row in rows]), ""])
+                         f"{row.get('operators', '-')}", f"{row.get('triton_launches', 0)}"] for row in rows]), ""])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -207,14 +209,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             return lambda: [step() for _ in range(args.steps)]
 
         seconds = round_robin({label: steps(case.step) for label, case in cases.items()}, 1, args.rounds, "cpu")
-        triton_launches = dict.fromkeys(cases, 0)
-        for label, case in cases.items() if args.launches == "triton" else ():   # one step's launches
+        triton_launches, operators = dict.fromkeys(cases, 0), {}
+        for label, case in cases.items():   # one step's aten operators and launches through Triton's path
             before = launches[0]
-            case.step()
-            triton_launches[label] = launches[0] - before
+            with CountOperators() as counted:
+                case.step()
+            triton_launches[label], operators[label] = launches[0] - before, counted.operators
     per_step = {label: 1e3 * statistics.median(times) / args.steps for label, times in seconds.items()}
     baseline = per_step[args.series[0]]
-    rows = [{"series": label, "ms": ms, "extra_ms": ms - baseline, "triton_launches": triton_launches[label],
+    rows = [{"series": label, "ms": ms, "extra_ms": ms - baseline, "operators": operators[label],
+             "triton_launches": triton_launches[label],
              "spread": max(seconds[label]) / min(seconds[label]) - 1} for label, ms in per_step.items()]
     write_report(args.out, "host_overhead", render_markdown(meta, rows), {"meta": meta, "rows": rows})
     print(render_markdown(meta, rows))

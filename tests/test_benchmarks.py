@@ -607,6 +607,7 @@ def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path)
     assert (data["meta"]["launches"], data["meta"]["dtype"]) == ("triton", "bfloat16")   # under autocast
     assert [(row["series"], row["triton_launches"]) for row in data["rows"]] == [("absolute@sdpa", 0),
                                                                                  ("shaw@relpos_triton", 48)]
+    assert 0 < data["rows"][0]["operators"] < data["rows"][1]["operators"]   # one step's aten operators
     assert "through Triton's launch path" in (tmp_path / "host_overhead.md").read_text()
 
 
@@ -1032,8 +1033,8 @@ def test_host_overhead_ms_per_step_is_the_median_rounds_time_per_step_after_one_
 
     clock = FakeClock()
     monkeypatch.setitem(common.CLOCKS, "wall", clock.now)
-    step_seconds = {"absolute@sdpa": iter([9.0] * 2 + [0.001] * 6),
-                    "shaw@sdpa": iter([9.0] * 2 + [0.002] * 2 + [0.004] * 2 + [0.003] * 2)}
+    step_seconds = {"absolute@sdpa": iter([9.0] * 2 + [0.001] * 6 + [0.0]),   # then one step counted
+                    "shaw@sdpa": iter([9.0] * 2 + [0.002] * 2 + [0.004] * 2 + [0.003] * 2 + [0.0])}
 
     def stand_in_case(scheme, *settings):
         label = f"{scheme}@{settings[7]}"
