@@ -520,6 +520,41 @@ def host_overhead_before_after() -> str:
             f"`{codes['after']}`.\n")
 
 
+def host_overhead_through_triton() -> str:
+    """shaw's extra host time per step through Triton's launch path (benchmarks/host_overhead.py --launches triton,
+    CPU) before and after the changes since e8f9f2f, alternated, and both codes' aten operators per step in float32
+    and under bfloat16 autocast."""
+    def record(name: str) -> dict:
+        return read(f"{HOST_OVERHEAD_TRITON}/{name}/host_overhead.json")
+
+    def rows(name: str) -> dict[str, dict]:
+        return {row["series"]: row for row in record(name)["rows"]}
+
+    def extra(prefix: str) -> str:
+        return ", ".join(f"{rows(name)['shaw@relpos_triton']['extra_ms']:.2f}" for name in HOST_OVERHEAD_TRITON_RUNS
+                         if name.startswith(prefix))
+
+    def operators(name: str) -> str:
+        counted = rows(name)
+        return f"{counted['shaw@relpos_triton']['operators']} against {counted['absolute@sdpa']['operators']}"
+
+    meta = record(HOST_OVERHEAD_TRITON_RUNS[0])["meta"]
+    # (before: the benchmark's files copied into a worktree of that commit, hence its records' "-dirty")
+    codes = {prefix: record(f"{prefix}1")["meta"]["code"].removesuffix("-dirty") for prefix in ("before", "after")}
+    shaw = rows(HOST_OVERHEAD_TRITON_RUNS[0])["shaw@relpos_triton"]
+    return (f"Through Triton's launch path on a CPU ({meta['device_name']}, {meta['cpu_threads']} thread; the full "
+            f"model at d_model {meta['d_model']}, n = {meta['length']}, batch {meta['batch']}, {meta['dtype']}; "
+            f"relpos_triton's {shaw['triton_launches']} launches a step through the autotuner's and the JIT "
+            "function's Python with a stand-in driver, the kernels not run; "
+            f"[`{HOST_OVERHEAD_TRITON}`](results/{HOST_OVERHEAD_TRITON}/README.md)), `shaw` on `relpos_triton` took "
+            f"{extra('before')} ms per step more than `absolute` on sdpa at `{codes['before']}` and {extra('after')} "
+            f"ms at `{codes['after']}` ({len(HOST_OVERHEAD_TRITON_RUNS) // 2} alternated runs each, "
+            f"{meta['rounds']} rounds of {meta['steps']} steps). Aten operators per step (each a kernel launch on a "
+            f"GPU, views aside), `shaw` against `absolute`: {operators('before1')} at `{codes['before']}` and "
+            f"{operators('after1')} at `{codes['after']}` in float32; under bfloat16 autocast "
+            f"{operators(HOST_OVERHEAD_TRITON_BF16[0])} and {operators(HOST_OVERHEAD_TRITON_BF16[1])}.\n")
+
+
 def decoding_host_work_before_after() -> str:
     """A cached decoding step's host work per scheme (benchmarks/decoding_host_work.py, CPU) before and after the
     decoding fixes, from the runs of DECODING_HOST_WORK (alternated, before then after): operators and host syncs
@@ -656,6 +691,12 @@ H200_RECOMMENDED = (H200_LATEST_LENGTHS, *H200_FUSED[1:])
 # benchmarks/host_overhead.py before (8ed37f1) and after (eager calls through an autograd.Function), alternated.
 HOST_OVERHEAD = "host_overhead"
 HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
+# benchmarks/host_overhead.py --launches triton (Triton's launch path with a stand-in driver) before (e8f9f2f, the
+# benchmark files copied in) and after the launch-path and autocast-cast changes since, alternated; one bfloat16
+# (autocast) pair for the operators per step.
+HOST_OVERHEAD_TRITON = "host_overhead_triton"
+HOST_OVERHEAD_TRITON_RUNS = ("before1", "after1", "before2", "after2", "before3", "after3")
+HOST_OVERHEAD_TRITON_BF16 = ("before_bf16", "after_bf16")
 # benchmarks/decoding_host_work.py before (40ab9e1, the benchmark file copied in) and after the decoding step's
 # host-work fixes (9bc5a03, 065eff6, 40808d1, fe51b42; run at f4b4fb6), alternated.
 DECODING_HOST_WORK = "decoding_host_work"
@@ -1413,6 +1454,7 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_time_split_a0f821f": lambda: h200_time_split(H200_A0F821F_TUNING),
     "benchmarks_h200_time_split_e8f9f2f": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
+    "benchmarks_host_overhead_triton": host_overhead_through_triton,
     "benchmarks_decoding_host_work": decoding_host_work_before_after,
     "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_8ED37F1_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
