@@ -23,7 +23,8 @@
 #       triton, the operator profile of one self-attention layer on sdpa
 #   (d) 40 + 75 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
 #       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
-#       bf16 inputs (when triton is installed)
+#       bf16 inputs, and that a key the device's triton has tuned launches directly (its autotuner forms the key the
+#       package forms: else every launch would take the autotuner's path again), when triton is installed
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
 #       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
 #       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
@@ -110,8 +111,9 @@ fi
 if [ "${TESTS:-1}" = 1 ]; then
     step 40 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
         tests/test_positions.py tests/test_kernels.py -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
-    [ -n "$triton" ] && step 75 "(d) relpos_triton compiled for the GPU against the oracle, bf16" "$python" -m pytest \
-        -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within" 2>&1 | tee "$out/triton_cuda_tests.txt"
+    [ -n "$triton" ] && step 75 "(d) relpos_triton compiled for the GPU against the oracle, bf16; the tuned blocks' direct launch" \
+        "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or tuned_key" \
+        2>&1 | tee "$out/triton_cuda_tests.txt"
 fi
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then
     training 420 "(f) attention dropout 0.1, key dropout on flex: base model n=512, absolute and xl" --lengths 512 \
