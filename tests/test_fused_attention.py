@@ -637,16 +637,18 @@ class RecordCasts(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
+@pytest.mark.parametrize("values", [False, True])
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
-def test_under_autocast_shaws_key_tables_are_cast_once_per_stack_call(kernel):
-    """Under bfloat16 autocast the a^K tables meet bfloat16 queries: each stack call casts its stacked table
-    [L, R', d] once (its backward one cast back), not every layer its own [R', d]; the step's loss and every
-    gradient equal, bit for bit, those of the checkpointed step, whose layers cast their own tables (a^V off: its
-    tables [R', d] are cast by autocast's matmul in each layer)."""
+def test_under_autocast_shaws_tables_are_cast_once_per_stack_call(kernel, values):
+    """Under bfloat16 autocast the a^K tables meet bfloat16 queries and the a^V tables the masses that autocast's
+    matmul casts to bfloat16: each stack call casts its stacked table [L, R', d] once (its backward one cast back),
+    not every layer's product its own [R', d]; the step's loss and every gradient equal, bit for bit, those of the
+    checkpointed step, whose layers cast their own tables."""
     config = tiny_config("shaw", encoder_layers=3, decoder_layers=2, dropout=0.0, attention_dropout=0.0,
-                         use_relative_values=False)
+                         use_relative_values=values)
     config._attn_implementation = kernel
-    distances, head_dim = 2 * config.max_relative_position + 1, config.d_model // config.encoder_attention_heads
+    rows = aligned_width(2 * config.max_relative_position + 1)
+    head_dim = config.d_model // config.encoder_attention_heads
     input_ids = torch.randint(4, 40, (2, 6))
     results = {}
     for checkpointed in (False, True):
@@ -657,13 +659,11 @@ def test_under_autocast_shaws_key_tables_are_cast_once_per_stack_call(kernel):
         with RecordCasts() as recorded, torch.autocast("cpu", dtype=torch.bfloat16):
             loss = model(input_ids=input_ids, labels=input_ids[:, :4]).loss
         loss.backward()
-        tables = [shape for shape, dtype in recorded.casts if dtype == torch.bfloat16 and shape[-1] == head_dim
-                  and shape[-2] == aligned_width(distances)]
+        tables = [shape for shape, dtype in recorded.casts if dtype == torch.bfloat16 and shape[-2:] == (rows, head_dim)]
         results[checkpointed] = loss, {name: parameter.grad for name, parameter in model.named_parameters()}, tables
     (loss, gradients, tables), (checkpointed_loss, checkpointed_gradients, per_layer) = results[False], results[True]
-    rows = aligned_width(distances)
-    assert sorted(tables) == [(2, rows, head_dim), (3, rows, head_dim)]   # a stack call's, never one layer's
-    assert per_layer == [(rows, head_dim)] * (3 + 2)
+    assert sorted(tables) == sorted([(2, rows, head_dim), (3, rows, head_dim)] * (1 + values))   # per stack call
+    assert per_layer == [(rows, head_dim)] * (3 + 2) * (1 + values)
     assert torch.equal(loss, checkpointed_loss)
     for name, gradient in gradients.items():
         assert torch.equal(gradient, checkpointed_gradients[name]), name

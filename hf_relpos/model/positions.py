@@ -729,6 +729,14 @@ def padded_table(table: torch.Tensor) -> torch.Tensor:
     return nn.functional.pad(table, (0, 0, 0, extra)) if extra else table
 
 
+def product_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
+    """The dtype a matmul of a `dtype` tensor on `device_type` computes in: autocast's where autocast is on there
+    (for float32 and narrower inputs, which it casts), else `dtype`."""
+    if torch.is_autocast_enabled(device_type) and dtype in (torch.float32, torch.float16, torch.bfloat16):
+        return torch.get_autocast_dtype(device_type)
+    return dtype
+
+
 def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, distances: int | None = None
                 ) -> torch.Tensor:
     """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
@@ -737,12 +745,13 @@ def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, di
     `RelativeValues.mass_columns`, zero beyond R; narrower ones are padded here, a copy) times the table padded to
     that width. `distances`: R for a table whose rows beyond the first R are zeros already (`padded_table`; default:
     every row is a distance). A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that
-    order: no copy of x, a token-major result."""
+    order: no copy of x, a token-major result. The table is cast to the dtype the product computes in
+    (`product_dtype`: under autocast, autocast's, which a caller's table may be in already)."""
     distances = table.size(-2) if distances is None else distances
     if not transpose and x.size(-1) % DISTANCE_ALIGNMENT:
         x = nn.functional.pad(x, (0, aligned_width(x.size(-1)) - x.size(-1)))
     width = aligned_width(distances) if transpose else x.size(-1)
-    table = table.to(x.dtype)
+    table = table.to(product_dtype(x.dtype, x.device.type))
     if width > table.size(-2):
         table = nn.functional.pad(table, (0, 0, 0, width - table.size(-2)))
     if table.dim() == 2:

@@ -24,6 +24,7 @@ from .positions import (
     integer_field,
     number_field,
     padded_table,
+    product_dtype,
     region_attention,
     register_position_scheme,
     rows_by_index,
@@ -144,8 +145,10 @@ class ShawPositions(PositionScheme):
                                   value_bias=None if value_rows is None else value_rows[layer_idx].to(key.dtype))
         value_term = None
         if self.relative_values is not None:
-            value_term = RelativeValues(context.aligned_table(1, layer_idx), kmax, offset, lambda: context.index,
-                                        consecutive)
+            # w^V in the dtype of its product with the masses (promote_types(dtype, float32)): autocast's, under it
+            values_dtype = product_dtype(torch.promote_types(query.dtype, torch.float32), query.device.type)
+            value_term = RelativeValues(context.aligned_table(1, layer_idx, values_dtype), kmax, offset,
+                                        lambda: context.index, consecutive)
         score_bias = None
         if self.relative_keys is not None:
             def table() -> torch.Tensor:
@@ -174,8 +177,8 @@ class ShawPositions(PositionScheme):
     def key_profile(self, context: ShawContext, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
         """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
         out over the keys), the scale applied to the small table rather than to the product, the table in the
-        query's dtype (under autocast, cast once per stack call for every layer)."""
-        return times_table(query, context.aligned_table(0, layer_idx, query.dtype),
+        product's dtype (under autocast cast once per stack call for every layer, not by each layer's product)."""
+        return times_table(query, context.aligned_table(0, layer_idx, product_dtype(query.dtype, query.device.type)),
                            distances=2 * self.max_relative_position + 1)
 
     def fused_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
