@@ -473,6 +473,32 @@ def test_a_tuned_key_launches_with_the_autotuners_choice_without_its_launch_path
     assert len(tuned_runs) == 2 and len(tuned.cache) == 2 and len(launched) == 3
 
 
+def test_pinned_blocks_launch_though_the_autotuner_has_a_choice_cached_for_the_key(monkeypatch):
+    """With one config (ablate_relpos_triton pins the blocks so), triton's autotuner launches that config whatever
+    its cache holds for the key: so does the direct launch of a tuned key. The kernels' launches are recorded, not
+    run."""
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    tuned = kernels.tuned_forward
+    launched = []
+    monkeypatch.setenv("TRITON_INTERPRET", "0")   # the GPU path (the kernels' module is imported already)
+    monkeypatch.setattr(tuned, "cache", {})
+    monkeypatch.setattr(tuned, "_bench", lambda *args, config, **meta: [float(config.kwargs["BLOCK_M"] + config.num_warps)])
+    monkeypatch.setattr(tuned.fn, "run", lambda *args, grid, warmup, **kwargs: launched.append(kwargs))
+
+    def forward():
+        query, key, value, table, key_start, key_end = kernel_inputs((4, 70, 70, 0, False, False, True, True, 0.0),
+                                                                     torch.float32)
+        triton_relative.fused_forward(query, key, value, table, key_start, key_end, torch.tensor([2**40]), 0.5, 0.0,
+                                      0, 4, False, mass_columns(4, True))
+
+    forward()   # tuned: (32, 64, 4, 2) cached for the key
+    assert launched[-1]["BLOCK_M"] == 32 and len(tuned.cache) == 1
+    monkeypatch.setattr(tuned, "configs", kernels.block_configs(((128, 64, 8, 2),)))   # pinned, as the ablation
+    forward()
+    assert (launched[-1]["BLOCK_M"], launched[-1]["num_warps"]) == (128, 8)
+
+
 def test_dropout_mask_depends_on_seed_and_position():
     """Different seeds draw different masks; the mask is not the same for every row or head."""
     first = dropout_keep_mask(2**40 + 1, 0.5, 2, 2, 17, 17, DEVICE)

@@ -116,8 +116,10 @@ def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *a
         kernel[program_grid(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
             *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
         return
-    config = tuned.cache.get(autotuner_key(tuned, args, settings))
-    if config is None:   # tunes this key (benchmarks every config once), then launches the best
+    # as Autotuner.run: one config (blocks pinned, as ablate_relpos_triton does) is launched whatever the cache holds;
+    # a config with a pre_hook is left to the autotuner, which runs it
+    config = tuned.cache.get(autotuner_key(tuned, args, settings)) if len(tuned.configs) > 1 else None
+    if config is None or config.pre_hook is not None:   # tunes a new key (benchmarks every config once), launches
         tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
     else:
         chosen = config.all_kwargs()
