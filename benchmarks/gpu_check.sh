@@ -112,7 +112,7 @@ if [ "${TESTS:-1}" = 1 ]; then
     step 40 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
         tests/test_positions.py tests/test_kernels.py -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
     [ -n "$triton" ] && step 75 "(d) relpos_triton compiled for the GPU against the oracle, bf16; the tuned blocks' direct launch" \
-        "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or tuned_key" \
+        "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or tuned_key or pinned_blocks" \
         2>&1 | tee "$out/triton_cuda_tests.txt"
 fi
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then
