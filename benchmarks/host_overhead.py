@@ -158,7 +158,7 @@ def triton_launch_path(launches: list[int]) -> Iterator[None]:
 def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
     return "\n".join([
         "# The host's time per training step (kernel launches "
-        + ("stubbed" if meta.get("launches", "stubbed") == "stubbed" else "through Triton's launch path, not run")
+        + ("stubbed" if meta["launches"] == "stubbed" else "through Triton's launch path, not run")
         + ", CPU)", "", *environment_lines(meta),
         f"- {meta['layers']} + {meta['layers']} layers of d_model {meta['d_model']}, {meta['heads']} heads, n = "
         f"{meta['length']}, batch {meta['batch']}, attention dropout {meta['attention_dropout']:g}; "
@@ -166,7 +166,7 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         markdown_table(["series", "ms per step", "ms more than the first series", "rounds' spread",
                         "aten operators per step", "launches through Triton's path per step"],
                        [[row["series"], f"{row['ms']:.2f}", f"{row['extra_ms']:+.2f}", f"{row['spread']:.0%}",
-                         f"{row.get('operators', '-')}", f"{row.get('triton_launches', 0)}"] for row in rows]), ""])
+                         f"{row['operators']}", f"{row['triton_launches']}"] for row in rows]), ""])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
