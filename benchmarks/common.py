@@ -59,8 +59,8 @@ HOST_SYNCS = frozenset({"_local_scalar_dense", "is_nonzero", "nonzero", "equal",
 
 
 class CountOperators(TorchDispatchMode):
-    """How many aten operators (each a launch on a GPU, views aside), and how many of them host syncs, run inside
-    it."""
+    """How many aten operators run inside it (views among them, which launch nothing on a GPU; a torch.library custom
+    op counts as one), and how many of them are host syncs."""
 
     def __init__(self) -> None:
         super().__init__()

@@ -2,8 +2,8 @@
 
 On a GPU, cached decoding of a translation model is host-bound: per step, Python and one dispatch per operator, not
 kernels. The full encoder-decoder runs `generate` (greedy, and beam search) on the CPU at tiny widths, so that a
-step's time is its host work, and counts per step the aten operators it dispatches (each a launch on a GPU) and its
-host syncs (`.item()`, `bool(tensor)`, `nonzero`, `torch.equal`, ...: each a GPU stall). A step's figures are the
+step's time is its host work, and counts per step the aten operators it dispatches (views among them, which launch
+nothing on a GPU) and its host syncs (`.item()`, `bool(tensor)`, `nonzero`, `torch.equal`, ...: each a GPU stall). A step's figures are the
 difference between a generate of --new_tokens and one of --base_tokens new tokens, divided by the tokens between
 them, so the encoder, the first step and generate's setup cancel. Series are timed round-robin; ms per step is the
 median over rounds.

@@ -11,8 +11,8 @@ autotuner's benchmark returns equal timings (its first configuration is chosen),
 whose C call a GPU would make, does nothing. `--launches triton` needs triton's JIT functions: a process where
 TRITON_INTERPRET was unset when triton_relative_kernels was imported. On an H200 the fused path's step was host-bound
 (docs/results/gpu_check/2026-12-04_h200_e8f9f2f). Series are timed round-robin; ms per step is the median over
-rounds, each the mean of --steps steps; one more step per series counts the aten operators it dispatches (each a
-kernel launch on a GPU, views aside).
+rounds, each the mean of --steps steps; one more step per series counts the aten operators it dispatches (views
+among them, which launch nothing on a GPU).
 
     python -m benchmarks.host_overhead --series absolute@sdpa shaw@relpos_triton --out /tmp/host
     python -m benchmarks.host_overhead --launches triton --series absolute@sdpa shaw@relpos_triton --out /tmp/host

@@ -549,8 +549,8 @@ def host_overhead_through_triton() -> str:
             f"[`{HOST_OVERHEAD_TRITON}`](results/{HOST_OVERHEAD_TRITON}/README.md)), `shaw` on `relpos_triton` took "
             f"{extra('before')} ms per step more than `absolute` on sdpa at `{codes['before']}` and {extra('after')} "
             f"ms at `{codes['after']}` ({len(HOST_OVERHEAD_TRITON_RUNS) // 2} alternated runs each, "
-            f"{meta['rounds']} rounds of {meta['steps']} steps). Aten operators per step (each a kernel launch on a "
-            f"GPU, views aside), `shaw` against `absolute`: {operators('before1')} at `{codes['before']}` and "
+            f"{meta['rounds']} rounds of {meta['steps']} steps). Aten operators per step (views among them, which "
+            f"launch nothing on a GPU), `shaw` against `absolute`: {operators('before1')} at `{codes['before']}` and "
             f"{operators('after1')} at `{codes['after']}` in float32; under bfloat16 autocast "
             f"{operators(HOST_OVERHEAD_TRITON_BF16[0])} and {operators(HOST_OVERHEAD_TRITON_BF16[1])}.\n")
 
