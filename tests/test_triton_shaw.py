@@ -436,28 +436,38 @@ def test_the_autotuner_keys_on_the_flags_and_the_length_bucket(monkeypatch):
     assert buckets == [128, 128, 128]
 
 
-def test_a_tuned_key_launches_with_the_autotuners_choice_without_its_launch_path(monkeypatch):
-    """On a GPU, the first call of a key goes through triton's autotuner (which benchmarks the configs and caches
-    its choice under its key); later calls of that key launch the kernel with the cached choice directly, with the
-    arguments and grid the autotuner would pass; a new length bucket is tuned again. The kernels' launches are
-    recorded, not run; `autotuner_key` is the key triton's Autotuner.run forms."""
+def forward_launches_recorded(monkeypatch):
+    """The GPU path of `fused_forward` with the forward kernel's launches recorded, not run: (the autotuner, the
+    launches as (args, grid, kwargs), forward(length), which runs one call of that length). The autotuner's
+    benchmark is stubbed to time a config at BLOCK_M + num_warps, so it chooses (32, 64, 4, 2)."""
     from hf_relpos.model import triton_relative_kernels as kernels
 
     tuned = kernels.tuned_forward
-    launched, tuned_runs = [], []
+    launched = []
     monkeypatch.setenv("TRITON_INTERPRET", "0")   # the GPU path (the kernels' module is imported already)
     monkeypatch.setattr(tuned, "cache", {})
     monkeypatch.setattr(tuned, "_bench", lambda *args, config, **meta: [float(config.kwargs["BLOCK_M"] + config.num_warps)])
     monkeypatch.setattr(tuned.fn, "run", lambda *args, grid, warmup, **kwargs: launched.append(
         (args, grid(kwargs) if callable(grid) else grid, kwargs)))
-    autotuner_run = type(tuned).run
-    monkeypatch.setattr(tuned, "run", lambda *args, **kwargs: tuned_runs.append(1) or autotuner_run(tuned, *args, **kwargs))
 
     def forward(length):
         query, key, value, table, key_start, key_end = kernel_inputs((4, length, length, 0, False, False, True, True,
                                                                       0.0), torch.float32)
         triton_relative.fused_forward(query, key, value, table, key_start, key_end, torch.tensor([2**40]), 0.5, 0.0,
                                       0, 4, False, mass_columns(4, True))
+
+    return tuned, launched, forward
+
+
+def test_a_tuned_key_launches_with_the_autotuners_choice_without_its_launch_path(monkeypatch):
+    """On a GPU, the first call of a key goes through triton's autotuner (which benchmarks the configs and caches
+    its choice under its key); later calls of that key launch the kernel with the cached choice directly, with the
+    arguments and grid the autotuner would pass; a new length bucket is tuned again. The kernels' launches are
+    recorded, not run; `autotuner_key` is the key triton's Autotuner.run forms."""
+    tuned, launched, forward = forward_launches_recorded(monkeypatch)
+    tuned_runs = []
+    autotuner_run = type(tuned).run
+    monkeypatch.setattr(tuned, "run", lambda *args, **kwargs: tuned_runs.append(1) or autotuner_run(tuned, *args, **kwargs))
 
     forward(70)
     assert len(tuned_runs) == 1 and len(launched) == 1
@@ -479,24 +489,12 @@ def test_pinned_blocks_launch_though_the_autotuner_has_a_choice_cached_for_the_k
     run."""
     from hf_relpos.model import triton_relative_kernels as kernels
 
-    tuned = kernels.tuned_forward
-    launched = []
-    monkeypatch.setenv("TRITON_INTERPRET", "0")   # the GPU path (the kernels' module is imported already)
-    monkeypatch.setattr(tuned, "cache", {})
-    monkeypatch.setattr(tuned, "_bench", lambda *args, config, **meta: [float(config.kwargs["BLOCK_M"] + config.num_warps)])
-    monkeypatch.setattr(tuned.fn, "run", lambda *args, grid, warmup, **kwargs: launched.append(kwargs))
-
-    def forward():
-        query, key, value, table, key_start, key_end = kernel_inputs((4, 70, 70, 0, False, False, True, True, 0.0),
-                                                                     torch.float32)
-        triton_relative.fused_forward(query, key, value, table, key_start, key_end, torch.tensor([2**40]), 0.5, 0.0,
-                                      0, 4, False, mass_columns(4, True))
-
-    forward()   # tuned: (32, 64, 4, 2) cached for the key
-    assert launched[-1]["BLOCK_M"] == 32 and len(tuned.cache) == 1
+    tuned, launched, forward = forward_launches_recorded(monkeypatch)
+    forward(70)   # tuned: (32, 64, 4, 2) cached for the key
+    assert launched[-1][2]["BLOCK_M"] == 32 and len(tuned.cache) == 1
     monkeypatch.setattr(tuned, "configs", kernels.block_configs(((128, 64, 8, 2),)))   # pinned, as the ablation
-    forward()
-    assert (launched[-1]["BLOCK_M"], launched[-1]["num_warps"]) == (128, 8)
+    forward(70)
+    assert (launched[-1][2]["BLOCK_M"], launched[-1][2]["num_warps"]) == (128, 8)
 
 
 def test_dropout_mask_depends_on_seed_and_position():
