@@ -68,6 +68,9 @@ UNMEASURED = "not measured"
 # Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
 TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
+# Issue #50 item 3: the third seed of every row of TWENTY_EPOCHS_ONE_COMMIT, trained later from another commit on
+# another GPU (an H200), with every recipe as committed then (xl's attention dropout 0.1 among them).
+TWENTY_EPOCHS_SEED_3 = "convergence/seed_3_d34293a/convergence.json"
 # Issue #52: data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
 DATA_PREPARATION = "benchmarks/data_preparation/cpu_2core.json"
 PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
@@ -904,12 +907,14 @@ def bleu_by_scheme(runs: list[tuple[str, RunRecord]], split: str, weights: str =
     return {scheme: by_scheme[scheme] for scheme in SCHEMES if scheme in by_scheme}
 
 
-def default_rule_columns() -> dict[str, dict[str, list[float]]]:
+def default_rule_columns(twenty_epochs: tuple[str, ...] = (TWENTY_EPOCHS_ONE_COMMIT,)
+                         ) -> dict[str, dict[str, list[float]]]:
     """The evaluation columns the rule ranks on, each {scheme: BLEU per seed}, of the recipes as committed now (a run
     trained with another recipe setting is left out, in every record: `committed_recipe_runs`): test2016 and
-    validation of the one-commit records (at the equal budget, and 20 epochs with the last 5 averaged), then every
-    level of every long-input record."""
-    one_commit, twenty = committed_recipe_runs(ONE_COMMIT), committed_recipe_runs(TWENTY_EPOCHS_ONE_COMMIT)
+    validation of the one-commit records (at the equal budget, and 20 epochs with the last 5 averaged: the runs of
+    `twenty_epochs` together), then every level of every long-input record."""
+    one_commit = committed_recipe_runs(ONE_COMMIT)
+    twenty = [run for path in twenty_epochs for run in committed_recipe_runs(path)]
     columns: dict[str, dict[str, list[float]]] = {}
     for split, name in (("test", "test2016"), ("validation", "validation")):
         columns[f"equal budget, {name}"] = bleu_by_scheme(one_commit, split)
@@ -1013,12 +1018,15 @@ def readme_default_rule() -> str:
              str(row["worst"]) if row["worst"] is not None else "-", row["out"] or "candidate"]
             for scheme, row in rows.items()]
     set_aside = [name for name in columns if name not in ranked]
+    for record in records:   # a long-input record with no level counted is named once, not level by level
+        levels = [name for name in columns if name.startswith(f"{record}: ")]
+        if levels and all(name in set_aside for name in levels):
+            set_aside = [name for name in set_aside if name not in levels] + [f"the {len(levels)} levels of `{LONG_INPUTS}/{record}`"]
     if not records:
         missing = (" Not yet among the columns: the long-input levels (`experiments/long_inputs.py`, no record yet), "
                    "so this outcome rests on test2016 and validation only.")
     elif set_aside:
-        missing = (f" Set aside, a scheme there having fewer than {MIN_SEEDS} seeds: {len(set_aside)} column(s) "
-                   f"({', '.join(set_aside)}).")
+        missing = f" Set aside, a scheme there having fewer than {MIN_SEEDS} seeds: {'; '.join(set_aside)}."
     else:
         missing = ""
     long_inputs_link = "".join(f", [`{LONG_INPUTS}/{record}`](docs/results/{LONG_INPUTS}/{record}/long_inputs.md)"
@@ -1062,7 +1070,7 @@ def results_convergence() -> str:
     """convergence.py's table of each record, under a caption that says only what the record holds (the script's own
     caption quotes pairs per step, which only the newer records measured)."""
     passages = []
-    for path in (TWENTY_EPOCHS_ONE_COMMIT, "convergence/recipes_seeds_1_2/convergence.json",
+    for path in (TWENTY_EPOCHS_ONE_COMMIT, TWENTY_EPOCHS_SEED_3, "convergence/recipes_seeds_1_2/convergence.json",
                  "convergence/peer_seed_1/convergence.json"):
         record = read(path)
         settings = record["settings"]
@@ -1073,6 +1081,43 @@ def results_convergence() -> str:
         passages.append(provenance(record, path, convergence_command(record)) + "\n" + caption + "\n\n"
                         + "\n".join(convergence.tables(record)) + "\n")
     return "\n".join(passages)
+
+
+# Issue #50 item 1 after the recipes' 20 epochs: the averaged weights of TWENTY_EPOCHS_SEED_3's runs on long inputs.
+LONG_INPUTS_TWENTY_EPOCHS_SEED_3 = f"{LONG_INPUTS}/converged_seed_3_d34293a/long_inputs.json"
+
+
+def results_long_inputs_twenty_epochs() -> str:
+    return long_inputs_passage(LONG_INPUTS_TWENTY_EPOCHS_SEED_3)
+
+
+def results_convergence_three_seeds() -> str:
+    """Seeds 1 and 2 of the one-commit 20-epoch record with seed 3 (another commit, another GPU) in one table: each
+    recipe's runs that trained it as committed now (`committed_recipe_runs`, so `xl` has seed 3 alone) and the peer
+    trained as the recipes; then the rule for the default with those 20-epoch columns."""
+    paths = (TWENTY_EPOCHS_ONE_COMMIT, TWENTY_EPOCHS_SEED_3)
+    runs: dict[str, list[dict]] = defaultdict(list)
+    for path in paths:
+        committed = {(run.system, run.seed) for _, run in committed_recipe_runs(path)}
+        for system, system_runs in read(path)["runs"].items():
+            runs[system] += [run for run in system_runs
+                             if system == convergence.PEER_AS_RECIPE or (system, run["seed"]) in committed]
+    systems = [system for system in read(TWENTY_EPOCHS_ONE_COMMIT)["systems"] if runs[system]]
+    summary = {"systems": convergence.summarize({system: runs[system] for system in systems})}
+    sources = []
+    for path in paths:
+        record_runs = read_run_records(RESULTS / path)
+        seeds = sorted({run.seed for run in record_runs})
+        sources.append(f"[`{path}`](results/{path}): seed{'s' if len(seeds) > 1 else ''} "
+                       f"{', '.join(map(str, seeds))}, code {code_versions(record_runs)}, "
+                       f"{read(path)['device'].split(',')[0]}")
+    choice, _ = choose_default(default_rule_columns(paths))
+    return (f"Records {'; '.join(sources)}. "
+            "Each recipe's runs that trained it as committed now (so `xl`, whose seeds 1 and 2 ran with attention "
+            "dropout 0, has seed 3 alone), the peer trained as the recipes are. Decoding as above. Mean over seeds "
+            "(min-max).\n\n" + "\n".join(convergence.table(summary)) + "\n\nThe rule for the default "
+            f"([How the default is chosen](../README.md#how-the-default-is-chosen)) with these 20-epoch columns in "
+            f"place of the one-commit record's: **`{choice}`**.\n")
 
 
 LENGTH_SCALED = "length_generalization_issue18/window2_d128_length_scaled_seed{}/length_generalization.json"
@@ -1293,9 +1338,10 @@ def long_inputs_passage(relative: str) -> str:
 
 
 def results_long_inputs() -> str:
-    """experiments/long_inputs.py's records, each with its provenance and the script's own tables."""
-    passages = [long_inputs_passage(path.relative_to(RESULTS).as_posix())
-                for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json"))]
+    """experiments/long_inputs.py's records of models trained at the equal budget, each with its provenance and the
+    script's own tables (the record of the 20-epoch models has its own passage)."""
+    passages = [long_inputs_passage(relative) for path in sorted((RESULTS / LONG_INPUTS).glob("*/long_inputs.json"))
+                if (relative := path.relative_to(RESULTS).as_posix()) != LONG_INPUTS_TWENTY_EPOCHS_SEED_3]
     return "\n".join(passages) if passages else (
         "No record yet: the trained models of the one-commit tables were not kept where this was written, and the "
         "three-seed runs need a machine with the time for them (issue #50).\n")
@@ -1421,6 +1467,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "results_recipes_equal_budget": results_recipes_equal_budget,
     "results_recipes_one_commit": results_recipes_one_commit,
     "results_convergence": results_convergence,
+    "results_convergence_three_seeds": results_convergence_three_seeds,
+    "results_long_inputs_twenty_epochs": results_long_inputs_twenty_epochs,
     "results_attention_dropout": results_attention_dropout,
     "results_length_generalization": results_length_generalization,
     "results_length_generalization_fresh_sets": results_length_generalization_fresh_sets,

@@ -430,12 +430,20 @@ def test_the_rule_on_one_set_reads_that_sets_columns_only(report):
 
 
 def test_the_readme_names_the_columns_the_rule_sets_aside(report, monkeypatch):
-    """A column in which some scheme has fewer than MIN_SEEDS seeds is named as set aside under the rule's outcome."""
-    columns = report.default_rule_columns()
+    """A column in which some scheme has fewer than MIN_SEEDS seeds is named as set aside under the rule's outcome; a
+    long-input record none of whose levels counts is named once, by its number of levels."""
+    columns, records = report.default_rule_columns(), report.long_input_records()
+    one_seed = {"absolute": [30.0], "directional": [31.0, 31.2]}
+    monkeypatch.setattr(report, "long_input_records", lambda: [*records, "probe_record"])
     monkeypatch.setattr(report, "default_rule_columns", lambda: {
-        **columns, "a probe, validation": {"absolute": [30.0], "directional": [31.0, 31.2]}})
-    assert (f"Set aside, a scheme there having fewer than {report.MIN_SEEDS} seeds: 1 column(s) (a probe, validation)."
-            in report.readme_default_rule())
+        **columns, "a probe, validation": one_seed,
+        **{f"probe_record: {level}": one_seed for level in ("test2016: 1 caption", "validation: 1 caption")}})
+    set_aside = re.search(r"Set aside, a scheme there having fewer than (\d+) seeds: (.*?)\. Columns",
+                          report.readme_default_rule())
+    assert set_aside[1] == str(report.MIN_SEEDS)
+    assert "a probe, validation" in set_aside[2].split("; ")
+    assert f"the 2 levels of `{report.LONG_INPUTS}/probe_record`" in set_aside[2].split("; ")
+    assert "probe_record: " not in set_aside[2]
 
 
 def test_the_readme_says_when_the_sets_alone_disagree(report, monkeypatch):
@@ -998,3 +1006,60 @@ def test_the_h200_summary_meets_issue_48s_goals_at_their_bounds(report, monkeypa
     assert "Issue #48's goals at this length: speed met, memory met." in report.benchmarks_h200_summary()
     record["training"][0] |= {"ratio": 0.84, "memory_overhead": 0.11}
     assert "Issue #48's goals at this length: speed not met, memory not met." in report.benchmarks_h200_summary()
+
+
+def test_the_three_seed_reading_holds_in_the_records(report):
+    """docs/results.md 5, three seeds: directional beyond absolute's spread on both sets, rope and shaw within it,
+    the peer behind absolute beyond it on test2016 and within it on validation, the rule choosing as on the
+    one-commit columns; xl with attention dropout 0.1 (seed 3) within directional's seeds and above its dropout-0
+    seeds on validation, below absolute's seeds and its dropout-0 seeds on test2016."""
+    runs = {}
+    for path in (report.TWENTY_EPOCHS_ONE_COMMIT, report.TWENTY_EPOCHS_SEED_3):
+        for system, system_runs in report.read(path)["runs"].items():
+            for run in system_runs:
+                runs.setdefault((path, system), []).append(run["scores"]["averaged"])
+
+    def pooled(system: str, split: str) -> list[float]:
+        return [scores[split]["bleu"] for path in (report.TWENTY_EPOCHS_ONE_COMMIT, report.TWENTY_EPOCHS_SEED_3)
+                for scores in runs[(path, system)]]
+
+    for split in ("test", "validation"):
+        absolute = pooled("absolute", split)
+        assert len(absolute) == 3
+        assert min(pooled("directional", split)) > max(absolute)
+        assert overlaps(pooled("rope", split), absolute) and overlaps(pooled("shaw", split), absolute)
+    assert max(pooled("peer+recipe-training", "test")) < min(pooled("absolute", "test"))
+    assert overlaps(pooled("peer+recipe-training", "validation"), pooled("absolute", "validation"))
+    assert (report.choose_default(report.default_rule_columns((report.TWENTY_EPOCHS_ONE_COMMIT,
+                                                               report.TWENTY_EPOCHS_SEED_3)))[0]
+            == report.choose_default(report.default_rule_columns())[0])
+    xl_dropout_0 = runs[(report.TWENTY_EPOCHS_ONE_COMMIT, "xl")]
+    [xl] = runs[(report.TWENTY_EPOCHS_SEED_3, "xl")]
+    directional = pooled("directional", "validation")
+    assert min(directional) <= xl["validation"]["bleu"] <= max(directional)
+    assert xl["validation"]["bleu"] > max(scores["validation"]["bleu"] for scores in xl_dropout_0)
+    assert xl["test"]["bleu"] < min(pooled("absolute", "test"))
+    assert xl["test"]["bleu"] < min(scores["test"]["bleu"] for scores in xl_dropout_0)
+
+
+def test_the_twenty_epoch_long_input_reading_holds_in_the_record(report):
+    """docs/results.md 5b, the recipes after 20 epochs (seed 3): at 4 captions as one sentence shaw keeps the largest
+    share and rope the smallest, both sets, each the one system significantly ahead of / behind absolute there; shaw
+    never at the cap; on single captions only the peer on test2016 differs significantly; the best share < 50 %."""
+    record = report.read(report.LONG_INPUTS_TWENTY_EPOCHS_SEED_3)
+    tests = record["paired_tests"]["systems"]
+
+    def significant(level: str, sign: int) -> list[str]:
+        return [system for system, levels in tests.items()
+                if any(test["p_value"] < 0.05 and sign * test["difference"] > 0 for test in levels[level].values())]
+
+    for name in ("test2016", "validation"):
+        level = f"{name}: 4 as one sentence"
+        kept = {system: statistics.mean(report.long_inputs.bleu_kept(record, level, system))
+                for system in record["levels"][level]}
+        assert max(kept, key=kept.get) == "shaw" and min(kept, key=kept.get) == "rope"
+        assert max(kept.values()) < 50
+        assert significant(level, +1) == ["shaw"] and significant(level, -1) == ["rope"]
+        assert significant(f"{name}: 1 caption", +1) == []
+        assert significant(f"{name}: 1 caption", -1) == (["peer+recipe-training"] if name == "test2016" else [])
+    assert all(count == 0 for level in record["levels"].values() for count in level["shaw"]["at_cap"])
