@@ -101,7 +101,8 @@ UNTAGGED_AS_RELATIVE = {"absolute", "none"}
 # The committed experiment records whose runs of a recipe go into its card (`render-cards --records`).
 RECIPE_RECORDS = ["docs/results/convergence/one_commit_seeds_1_2/convergence.json",
                   "docs/results/vs_marian/recipes_one_commit/vs_marian.json",
-                  "docs/results/vs_marian/alibi_t5_equal_budget/vs_marian.json"]
+                  "docs/results/vs_marian/alibi_t5_equal_budget/vs_marian.json",
+                  "docs/results/convergence/seed_3_d34293a/convergence.json"]
 
 
 # --------------------------------------------------------------------------------------------------- fixtures
@@ -745,6 +746,11 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
         assert f"{trained_as}` from code `{code}` (the recipe as it was then)" in text
     assert f"(record: `{RECIPE_RECORDS[1]}`, {equal_budget_record['date'][:10]})" in text
     assert "effective batch 1280 tokens" in text and f"hardware: {equal_budget_record['device']}" in text
+    (seed_3,) = record_runs(RECIPE_RECORDS[3], name)[scheme]   # the third 20-epoch seed, later, on an H200
+    assert (f"| Multi30k test2016 (Flickr), average of the last 5 checkpoints, seed 3 | "
+            f"{seed_3.scores['averaged']['test'].bleu:.2f} |") in text
+    assert f"`{name}.yaml` from code `{seed_3.source_version}` (the recipe as it was then)" in text
+    assert f"(record: `{RECIPE_RECORDS[3]}`, " in text and "hardware: NVIDIA H200" in text
     assert "No published checkpoint" in text and "Never trained" not in text
 
 

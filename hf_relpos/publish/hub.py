@@ -3,7 +3,8 @@
     python -m hf_relpos.publish.hub render-cards configs/ --out model_cards/ \\
         --records docs/results/convergence/one_commit_seeds_1_2/convergence.json \\
         docs/results/vs_marian/recipes_one_commit/vs_marian.json \\
-        docs/results/vs_marian/alibi_t5_equal_budget/vs_marian.json     # one card per recipe, with its measurements
+        docs/results/vs_marian/alibi_t5_equal_budget/vs_marian.json \\
+        docs/results/convergence/seed_3_d34293a/convergence.json     # one card per recipe, with its measurements
     python -m hf_relpos.publish.hub push outputs/NAME USER/NAME      # a training run's folder, carded from its record
     python -m hf_relpos.publish.hub push FOLDER USER/NAME --recipe configs/NAME.yaml   # a folder without a record
     python -m hf_relpos.publish.hub push FOLDER USER/NAME --dry_run    # what would be pushed; no Hub call
