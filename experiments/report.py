@@ -38,6 +38,7 @@ from benchmarks import (  # noqa: E402
     bench_decoding,
     bench_inference,
     bench_training,
+    step_timeline,
     tune_relpos_triton,
 )
 from benchmarks.common import markdown_table  # noqa: E402
@@ -355,8 +356,13 @@ def benchmarks_h200_summary() -> str:
             + "\n" + relpos_triton_lengths(H200_A0F821F_CHECK, "the host's work per fused call cut since `8ed37f1`, "
                                             "below")
             + "\n" + h200_step_timeline(H200_A0F821F_TIMELINE, H200_A0F821F_TIMELINE)
-            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; Shaw's tables padded and split once "
-                                            "per stack call since `a0f821f`, below")
+            + "\n" + relpos_triton_lengths(H200_E8F9F2F_CHECK, "Shaw's tables padded and split once per stack call "
+                                            "since `a0f821f`, below")
+            + "\n" + h200_step_timeline(H200_E8F9F2F_TIMELINE, H200_E8F9F2F_TIMELINE)
+            + "\n" + h200_host_work(H200_E8F9F2F_HOST_TIMELINE)
+            + "\n" + relpos_triton_lengths(H200_LATEST_CHECK, "the latest lease; a tuned key launched directly and "
+                                            "Shaw's tables cast once per stack call under autocast since `e8f9f2f`, "
+                                            "below")
             + "\n" + h200_step_timeline(H200_LATEST_TIMELINE, H200_LATEST_TIMELINE)
             + "\n" + h200_host_work(H200_LATEST_HOST_TIMELINE))
 
@@ -502,6 +508,24 @@ def h200_host_work(timeline: str) -> str:
             f"{absolute['timing']['drained_ms']:.1f} ms with `absolute` on sdpa (queue drained around each step): "
             f"{shaw['timing']['drained_ms'] - absolute['timing']['drained_ms']:.1f} ms more of the host's work per "
             "step.\n")
+
+
+def h200_extra_host_operators(timeline: str, rows: int = 8) -> str:
+    """The step_timeline record's host operators with the most self time beyond the first series' in its profiled
+    step (`shaw` on `relpos_triton` against `absolute` on sdpa), the first `rows` of the table that the record's
+    markdown shows (step_timeline.extra_host_time), with whether the profiled step recorded Python stacks."""
+    record = read(timeline)
+    meta, results = record["meta"], record["results"]
+    baseline, shaw = results["absolute@sdpa"]["profile"], results["shaw@relpos_triton"]["profile"]
+    stacks = "--host_profile" in meta["command"]
+    return (f"At n = {meta['length']} (batch {meta['batch']}, code `{meta['code']}`; [`{timeline}`](results/{timeline})), "
+            "the host operators and autograd nodes with the most self time in `shaw`'s profiled step beyond "
+            f"`absolute`'s (all threads; the profiled step {'with' if stacks else 'without'} Python stacks), the "
+            f"first {rows}:\n\n"
+            + markdown_table(["operator", "count", "count (absolute@sdpa)", "self ms", "self ms (absolute@sdpa)",
+                              "extra ms"],
+                             step_timeline.extra_host_time(shaw["host_operators"], baseline["host_operators"])[:rows])
+            + "\n")
 
 
 def host_overhead_before_after() -> str:
@@ -680,10 +704,18 @@ H200_A0F821F_CHECK = "gpu_check/2026-12-04_h200_a0f821f"
 H200_A0F821F_LENGTHS = f"{H200_A0F821F_CHECK}/{H200_LENGTHS_RECORD}"
 H200_A0F821F_TUNING = f"{H200_A0F821F_CHECK}/tuning_n512/tuning.json"
 H200_A0F821F_TIMELINE = f"{H200_A0F821F_CHECK}/timeline_n512/timeline.json"
-# The latest check (e8f9f2f: Shaw's tables padded and split once per stack call, key ranges built once per stack
-# call since a0f821f), the prepared check alone, with its step (u): the same two series at n = 16, where a step is
-# mostly the host's work.
-H200_LATEST_CHECK = "gpu_check/2026-12-04_h200_e8f9f2f"
+# The check at e8f9f2f (Shaw's tables padded and split once per stack call, key ranges built once per stack call
+# since a0f821f), the prepared check alone, with its step (u): the same two series at n = 16, where a step is mostly
+# the host's work.
+H200_E8F9F2F_CHECK = "gpu_check/2026-12-04_h200_e8f9f2f"
+H200_E8F9F2F_LENGTHS = f"{H200_E8F9F2F_CHECK}/{H200_LENGTHS_RECORD}"
+H200_E8F9F2F_TUNING = f"{H200_E8F9F2F_CHECK}/tuning_n512/tuning.json"
+H200_E8F9F2F_TIMELINE = f"{H200_E8F9F2F_CHECK}/timeline_n512/timeline.json"
+H200_E8F9F2F_HOST_TIMELINE = f"{H200_E8F9F2F_CHECK}/timeline_n16/timeline.json"
+# The latest check (d34293a: a tuned key launched directly with the autotuner's cached config, Shaw's a^K and a^V
+# tables cast once per stack call under autocast since e8f9f2f), the prepared check alone; its steps (t) and (u) list
+# the host operators with the most self time beyond absolute's.
+H200_LATEST_CHECK = "gpu_check/2026-12-04_h200_d34293a"
 H200_LATEST_LENGTHS = f"{H200_LATEST_CHECK}/{H200_LENGTHS_RECORD}"
 H200_LATEST_TUNING = f"{H200_LATEST_CHECK}/tuning_n512/tuning.json"
 H200_LATEST_TIMELINE = f"{H200_LATEST_CHECK}/timeline_n512/timeline.json"
@@ -745,8 +777,8 @@ def readme_cost() -> str:
                f"peak memory against it in the same run: at attention dropout {fused_meta['attention_dropout']:g} "
                f"code `{fused_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_LATEST_CHECK}`](docs/results/{H200_LATEST_CHECK}/README.md); "
-               "[more](docs/benchmarks.md#one-h200-2026-12-04-later-relpos_triton-at-e8f9f2f-the-runtime-copies-gone-the-hosts-"
-               "work-not)), "
+               "[more](docs/benchmarks.md#one-h200-2026-12-04-evening-relpos_triton-at-d34293a-a-tuned-key-launched-"
+               "directly)), "
                f"at {flex_meta['attention_dropout']:g} code `{flex_meta['code'].removesuffix('-dirty')}` "
                f"([`{H200_CHECK}`](docs/results/{H200_CHECK}/README.md); "
                "[more](docs/benchmarks.md#one-h200-2026-11-27-second-lease-the-fused-kernels-at-3c5d2ac)).\n\n")
@@ -1500,7 +1532,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_time_split": lambda: h200_time_split(H200_TUNING),
     "benchmarks_h200_time_split_8ed37f1": lambda: h200_time_split(H200_8ED37F1_TUNING),
     "benchmarks_h200_time_split_a0f821f": lambda: h200_time_split(H200_A0F821F_TUNING),
-    "benchmarks_h200_time_split_e8f9f2f": lambda: h200_time_split(H200_LATEST_TUNING),
+    "benchmarks_h200_time_split_e8f9f2f": lambda: h200_time_split(H200_E8F9F2F_TUNING),
+    "benchmarks_h200_time_split_d34293a": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
     "benchmarks_host_overhead_triton": host_overhead_through_triton,
     "benchmarks_decoding_host_work": decoding_host_work_before_after,
@@ -1510,12 +1543,19 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_relpos_triton_lengths_a0f821f": benchmark_report(H200_A0F821F_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
     "benchmarks_h200_timeline_a0f821f": lambda: h200_timeline_table(H200_A0F821F_TIMELINE),
-    "benchmarks_h200_relpos_triton_lengths_e8f9f2f": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+    "benchmarks_h200_relpos_triton_lengths_e8f9f2f": benchmark_report(H200_E8F9F2F_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
-    "benchmarks_h200_timeline_e8f9f2f": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
-    "benchmarks_h200_noise_e8f9f2f": lambda: relpos_triton_noise(H200_LATEST_CHECK, H200_A0F821F_CHECK),
-    "benchmarks_h200_timeline_n16_e8f9f2f": lambda: (h200_timeline_table(H200_LATEST_HOST_TIMELINE) + "\n"
+    "benchmarks_h200_timeline_e8f9f2f": lambda: h200_timeline_table(H200_E8F9F2F_TIMELINE),
+    "benchmarks_h200_noise_e8f9f2f": lambda: relpos_triton_noise(H200_E8F9F2F_CHECK, H200_A0F821F_CHECK),
+    "benchmarks_h200_timeline_n16_e8f9f2f": lambda: (h200_timeline_table(H200_E8F9F2F_HOST_TIMELINE) + "\n"
+                                                     + h200_host_work(H200_E8F9F2F_HOST_TIMELINE)),
+    "benchmarks_h200_relpos_triton_lengths_d34293a": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
+                                                                      bench_training.render_markdown),
+    "benchmarks_h200_timeline_d34293a": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
+    "benchmarks_h200_noise_d34293a": lambda: relpos_triton_noise(H200_LATEST_CHECK, H200_E8F9F2F_CHECK),
+    "benchmarks_h200_timeline_n16_d34293a": lambda: (h200_timeline_table(H200_LATEST_HOST_TIMELINE) + "\n"
                                                      + h200_host_work(H200_LATEST_HOST_TIMELINE)),
+    "benchmarks_h200_host_operators_d34293a": lambda: h200_extra_host_operators(H200_LATEST_HOST_TIMELINE),
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
         .replace("\n## ", "\n#### ")) + "\n"),
