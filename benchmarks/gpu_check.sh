@@ -5,10 +5,11 @@
 # relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95-120 s (a new
 # power-of-two length bucket autotunes again, without compiling),
 # FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
-# At most 8 minutes (480 s of limits; the steps took 276 s at a0f821f, docs/results/gpu_check/2026-12-04_h200_a0f821f):
+# At most 8 minutes (480 s of limits; the steps took 276 s at a0f821f, docs/results/gpu_check/2026-12-04_h200_a0f821f,
+# and 264 s at d34293a, before (v) was added):
 #   (a) 210 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
-#   (t) 70 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
+#   (t) 50 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
 #       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
 #       time per kernel, the host's Python functions; 2026-11-28 at 8ed37f1: shaw's step was host-bound, twice as
 #       long as absolute's where its device time is an estimated 7 ms more: six times the one-layer model's 1.17 ms)
@@ -16,12 +17,16 @@
 #       where the device's work is small beside the host's (benchmarks.host_overhead measures the host's part on a
 #       CPU with Triton's launches stubbed out; 2026-12-04 at a0f821f the n = 512 step's host enqueue was 101 ms for
 #       shaw against 57 ms for absolute, where the CPU measurement gives 3.3-3.7 ms more)
-#   (c) 45 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
+#   (v) 45 s: where that extra host work goes (benchmarks.host_split, n = 16, batch 32): each series' step and forward
+#       with relpos_triton's launches real or no-ops, and the backward on autograd's device thread or the caller's
+#       (2026-12-04 at d34293a: 23.8 ms more a step for shaw at n = 16, the CPU measurement 5-7 ms: the rest is what
+#       only a GPU run does, the launches' driver calls or the device thread's hand-offs among the candidates)
+#   (c) 35 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
 #       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
 #       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
 #       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
 #       triton, the operator profile of one self-attention layer on sdpa
-#   (d) 40 + 75 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
+#   (d) 30 + 70 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
 #       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
 #       bf16 inputs, and that a key the device's triton has tuned launches directly (its autotuner forms the key the
 #       package forms: else every launch would take the autotuner's path again), when triton is installed
@@ -48,7 +53,7 @@
 #   bash benchmarks/gpu_check.sh OUT_DIR [COMMIT]
 #
 # KERNELS (the fused kernels of (b), default "flex_attention") and TESTS=0 (skip (d)) change it. Writes into OUT_DIR:
-# environment.txt (GPU, torch, transformers, triton and the training stack's versions), training_dropout0.1/, timeline_n512/, timeline_n16/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
+# environment.txt (GPU, torch, transformers, triton and the training stack's versions), training_dropout0.1/, timeline_n512/, timeline_n16/, host_split_n16/, tuning_n512/ (profile_dropout0.1/ without triton), cuda_tests.txt,
 # triton_cuda_tests.txt, (flex_cuda_tests.txt, training_n512_key_dropout0.1/, training_n512_flex_xl_t5/, training_n512_flex_shaw_alibi/, ablation_n512/,
 # triton_tests.txt, precision/, decoding/, decoding_static/, training_compiled_n512/,) recompiles.txt and log.txt. Run from the repository root with the
 # package importable (PYTHONPATH=. or an install).
@@ -93,25 +98,28 @@ training() {  # training SECONDS NAME ARGS...
 
 training 210 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
-step 70 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
+step 50 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
     --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 --attention_dropout 0.1 --steps 5 \
     --series absolute@sdpa "shaw@${triton:-sdpa}" --host_profile --out "$out/timeline_n512"
 step 40 "(u) the host's work per step: base model, absolute and shaw, n=16" "$python" -m benchmarks.step_timeline \
     --device cuda --dtype bfloat16 --shape base --length 16 --tokens 512 --attention_dropout 0.1 --steps 10 \
     --series absolute@sdpa "shaw@${triton:-sdpa}" --out "$out/timeline_n16"
+step 45 "(v) where the extra host work goes: launches real or none, backward thread, n=16" "$python" -m \
+    benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 --batch 32 --attention_dropout 0.1 \
+    --rounds 5 --series absolute@sdpa "shaw@${triton:-sdpa}" --out "$out/host_split_n16"
 if [ -n "$triton" ]; then
-    step 45 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
+    step 35 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
         benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \
         --attention_dropout 0.1 --candidates package --out "$out/tuning_n512"
 else
-    step 45 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m \
+    step 35 "(c) profile: one self-attention layer, absolute and shaw, n=512 128" "$python" -m \
         benchmarks.profile_attention --device cuda --dtype bfloat16 --shape base --tokens 16384 --lengths 512 128 \
         --kernel sdpa --schemes absolute shaw --attention_dropout 0.1 --out "$out/profile_dropout0.1"
 fi
 if [ "${TESTS:-1}" = 1 ]; then
-    step 40 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
+    step 30 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
         tests/test_positions.py tests/test_kernels.py -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
-    [ -n "$triton" ] && step 75 "(d) relpos_triton compiled for the GPU against the oracle, bf16; the tuned blocks' direct launch" \
+    [ -n "$triton" ] && step 70 "(d) relpos_triton compiled for the GPU against the oracle, bf16; the tuned blocks' direct launch" \
         "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or tuned_key or pinned_blocks" \
         2>&1 | tee "$out/triton_cuda_tests.txt"
 fi

@@ -53,22 +53,33 @@ HOST_SHAPE = Shape(d_model=64, heads=8, ffn_dim=64, layers=6, vocab_size=64)   #
 
 
 @contextlib.contextmanager
-def kernels_stubbed() -> Iterator[None]:
-    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, and the backward's Delta),
-    denormals flushed; both undone on exit (torch's default keeps denormals)."""
+def launches_as_no_ops() -> Iterator[None]:
+    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, and the backward's Delta,
+    whose outputs stay uninitialised), on any device; undone on exit."""
     from hf_relpos.model import triton_relative
 
-    saved = triton_relative.launch, triton_relative.row_deltas, os.environ.get("TRITON_INTERPRET")
-    os.environ["TRITON_INTERPRET"] = "1"   # the CPU is the kernel's device only under the interpreter
-    torch.set_flush_denormal(True)   # the uninitialised outputs must not slow the operators after them
+    saved = triton_relative.launch, triton_relative.row_deltas
     triton_relative.launch = lambda *args, **settings: None
     triton_relative.row_deltas = lambda grad_output, output, grad_masses, masses, settings: output.new_empty(
         output.shape[:3], dtype=torch.promote_types(output.dtype, torch.float32))
     try:
         yield
     finally:
+        triton_relative.launch, triton_relative.row_deltas = saved
+
+
+@contextlib.contextmanager
+def kernels_stubbed() -> Iterator[None]:
+    """`launches_as_no_ops` on the CPU: under the interpreter's flag (the CPU is the kernel's device only there),
+    denormals flushed; all undone on exit (torch's default keeps denormals)."""
+    interpret = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "1"
+    torch.set_flush_denormal(True)   # the uninitialised outputs must not slow the operators after them
+    try:
+        with launches_as_no_ops():
+            yield
+    finally:
         torch.set_flush_denormal(False)
-        triton_relative.launch, triton_relative.row_deltas, interpret = saved
         if interpret is None:
             os.environ.pop("TRITON_INTERPRET")
         else:

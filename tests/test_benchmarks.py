@@ -265,7 +265,8 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
 def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_minutes(tmp_path: Path) -> None:
     """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) issue
     #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then
-    where the full model's step time goes, at n = 512 and at n = 16 (the host's own work), every CUDA kernel's time
+    where the full model's step time goes, at n = 512 and at n = 16 (the host's own work), where that extra host work
+    goes (the fused launches real or no-ops, the backward's thread), every CUDA kernel's time
     in that setting (with triton; else the operator profile of one layer), then the CUDA tests; every step writes its own record; the limits sum to at
     most 8 minutes. KEY_DROPOUT=1 adds key dropout on the fused path, FLEX=1 the fused path at dropout 0 in two
     processes and TRITON_TESTS=1 the Triton kernel's tests compiled for the GPU (when triton is installed),
@@ -298,7 +299,7 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert (f"triton {importlib.import_module('triton').__version__}" if triton else "triton not installed"
             ) in environment
     assert f"accelerate {importlib.import_module('accelerate').__version__}" in environment
-    assert [end.split(" ")[1] for end in ends] == ["(a)", "(t)", "(u)", "(c)", "(d)"] + (["(d)"] if triton else [])
+    assert [end.split(" ")[1] for end in ends] == ["(a)", "(t)", "(u)", "(v)", "(c)", "(d)"] + (["(d)"] if triton else [])
     assert sum(int(end.rsplit("(limit ", 1)[1].split(" ")[0]) for end in ends) <= 8 * 60
     assert (f"--lengths 512 128 1024 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1"
             in commands[0])
@@ -309,7 +310,11 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
     assert commands[2].startswith("-m benchmarks.step_timeline --device cuda --dtype bfloat16 --shape base --length "
                                   "16 --tokens 512 --attention_dropout 0.1 --steps 10 --series absolute@sdpa "
                                   f"shaw@{triton.strip() or 'sdpa'} --out")
-    commands = commands[:1] + commands[3:]
+    # where that extra host work goes: the fused launches as they are or no-ops, the backward's thread
+    assert commands[3].startswith("-m benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 "
+                                  "--batch 32 --attention_dropout 0.1 --rounds 5 --series absolute@sdpa "
+                                  f"shaw@{triton.strip() or 'sdpa'} --out")
+    commands = commands[:1] + commands[4:]
     if triton:   # every CUDA kernel's time with the package's blocks (the operator profile misses Triton's forward)
         assert commands[1].startswith("-m benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base "
                                       "--length 512 --tokens 16384 --attention_dropout 0.1 --candidates package")
@@ -325,11 +330,11 @@ def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_
                            ABLATE="1", FLEX_TESTS="1", COMPILE="1", TESTS="0")
     assert [command for command in commands if "tests/test_kernels.py" in command] == [
         "-m pytest -q -rs -p no:cacheprovider tests/test_kernels.py -k cuda and flex"]
-    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[4]
-    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[5]
-    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[6]
+    assert "--kernels sdpa flex_attention --schemes absolute xl --attention_dropout 0.1" in commands[5]
+    assert "--kernels sdpa flex_attention --schemes absolute xl t5 --out" in commands[6]
+    assert "--kernels sdpa flex_attention --schemes absolute shaw alibi --out" in commands[7]
     outs = [command.split("--out ")[1].split()[0] for command in commands if "--out " in command]
-    assert len(set(outs)) == len(outs) == (12 if triton else 10)   # bench_precision and the ablation need triton
+    assert len(set(outs)) == len(outs) == (13 if triton else 11)   # bench_precision and the ablation need triton
     assert any(f"--lengths 512 --kernels sdpa{triton} --schemes absolute shaw --attention_dropout 0.1 --compile --warmup 2 --out"
                in command for command in commands)   # a second compiled model recompiles the first's frames once
     assert any(command.startswith("-m benchmarks.ablate_relpos_triton --length 512") for command in commands) == bool(
@@ -589,6 +594,52 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
 
 
+def test_host_split_runs_each_variant_as_it_says(tmp_path, monkeypatch):
+    """host_split: a row per series and variant (`none` launches only for relpos_triton's series), each call of a
+    step or forward made with relpos_triton's launches as they are or as the no-ops, and the backward threads
+    enabled or not, as its row says; forwards timed for the `device` rows only; everything restored afterwards."""
+    from benchmarks import bench_training, host_split
+    from hf_relpos.model import triton_relative
+
+    launch = triton_relative.launch
+    calls = []
+
+    def recorded_case(scheme, *args, **kwargs):
+        case = bench_training.Case(torch.nn.Linear(1, 1), None, 1, None)
+
+        def call(phase):
+            return lambda: calls.append((scheme, phase, triton_relative.launch is launch,
+                                         torch._C._is_multithreading_enabled()))
+        case.step, case.forward = call("step"), call("forward")
+        return case
+
+    monkeypatch.setattr(host_split, "model_case", recorded_case)
+    data = host_split.main(["--device", "cpu", "--shape", "tiny", "--steps", "2", "--rounds", "1",
+                            "--series", "absolute@sdpa", "shaw@relpos_triton", "--out", str(tmp_path)])
+    assert [(row["series"], row["launches"], row["backward_thread"]) for row in data["rows"]] == [
+        ("absolute@sdpa", "real", "device"), ("absolute@sdpa", "real", "caller"),
+        ("shaw@relpos_triton", "real", "device"), ("shaw@relpos_triton", "real", "caller"),
+        ("shaw@relpos_triton", "none", "device"), ("shaw@relpos_triton", "none", "caller")]
+    assert data["rows"][0]["extra_step_ms"] == 0
+    assert [row["forward_ms"] is None for row in data["rows"]] == [False, True] * 3
+    expected = {("absolute", "step", True, True), ("absolute", "step", True, False), ("absolute", "forward", True, True),
+                ("shaw", "step", True, True), ("shaw", "step", True, False), ("shaw", "forward", True, True),
+                ("shaw", "step", False, True), ("shaw", "step", False, False), ("shaw", "forward", False, True)}
+    assert set(calls) == expected and len(calls) == len(expected) * 2 * 2   # 2 calls a round, 1 untimed + 1 timed
+    assert triton_relative.launch is launch and torch._C._is_multithreading_enabled()
+    assert "| shaw@relpos_triton | none | caller |" in (tmp_path / "host_split.md").read_text()
+
+
+def test_host_split_trains_the_model_with_the_fused_launches_as_no_ops(tmp_path):
+    """host_split on the CPU with the real model: relpos_triton's steps under the interpreter and with the launches
+    as no-ops, absolute's on sdpa, every row timed."""
+    from benchmarks import host_split
+
+    data = host_split.main(["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--batch",
+                            "1", "--steps", "1", "--rounds", "1", "--out", str(tmp_path)])
+    assert len(data["rows"]) == 6 and all(row["step_ms"] > 0 for row in data["rows"])
+
+
 def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path):
     """host_overhead --launches triton, in a process without Triton's interpreter (bfloat16 autocast, as the GPU
     trains): each of shaw's 12 self-attentions launches its forward, both backward kernels and the backward's Delta
@@ -688,6 +739,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("profile_attention", ["--quick"], "unrecognized arguments: --quick"),
     ("host_overhead", ["--series", "absolute@sdpa", "foo@bar"], "--series foo@bar: must be scheme@kernel, scheme one of"),
     ("host_overhead", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
+    ("host_split", ["--series", "absolute@sdpa", "foo@bar"], "--series foo@bar: must be scheme@kernel, scheme one of"),
+    ("host_split", ["--attention_dropout", "1"], "--attention_dropout: must be in [0, 1), got 1.0"),
     ("decoding_host_work", ["--series", "absolute", "foo"], "--series foo: must be scheme@kernel, scheme one of"),
     ("decoding_host_work", ["--new_tokens", "4"], "--new_tokens 4: must be more than --base_tokens (4)"),
     ("host_overhead", ["--series", "absolute@sdpa", "shaw@flex_attention"],
@@ -728,6 +781,8 @@ def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str],
     module = importlib.import_module(f"benchmarks.{script}")
     tiny = {"bench_training": TINY_TRAINING, "bench_decoding": TINY_DECODING, "profile_attention": TINY_PROFILE,
             "host_overhead": ["--steps", "1", "--rounds", "1", "--series", "absolute@sdpa"],
+            "host_split": ["--device", "cpu", "--shape", "tiny", "--steps", "1", "--rounds", "1", "--series",
+                           "absolute@sdpa"],
             "decoding_host_work": ["--rounds", "1", "--series", "absolute"],
             "step_timeline": ["--device", "cpu", "--dtype", "float32", "--shape", "tiny", "--length", "8", "--tokens",
                               "16", "--steps", "1", "--warmup", "0"],

@@ -1,0 +1,149 @@
+"""Where a host-bound step's extra time goes on the GPU: each series' training step, and its forward alone, with
+relpos_triton's Triton launches as they are or as no-ops, and the backward on autograd's device thread or the caller's.
+
+On an H200 `shaw`'s step on relpos_triton at n = 16 (the device mostly idle) took 23.8 ms more than `absolute`'s
+(docs/results/gpu_check/2026-12-04_h200_d34293a, step (u)), where `benchmarks.host_overhead` finds 5-7 ms more host
+work on a CPU, Triton's launch path included: the rest is work that only a GPU run does. Variants of each series of
+`bench_training.model_case` (training mode, dropout on):
+
+- launches `real` (as training runs) or `none` (relpos_triton's launches and the backward's Delta as no-ops, their
+  outputs uninitialised: the launches' host cost, plus their device time where the device is the bottleneck); a
+  series on another kernel has no launches to remove, so only `real`;
+- backward thread `device` (autograd's default: the backward of CUDA tensors runs on the device's worker thread,
+  the fused op's Python backward included) or `caller` (torch.autograd.set_multithreading_enabled(False): every
+  node on the thread that called backward); on the CPU both are the caller's.
+
+Timed round-robin with the queue drained around each call: ms per step (and per forward, without a backward, with
+the backward thread `device`) is the median over rounds of each round's mean over --steps calls; every row against
+the first series' `real` / `device` row. Same code, three ways of running it, so no correctness check is needed;
+the `none` rows compute on uninitialised outputs (their loss is meaningless, their timing is the point).
+
+    python -m benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 --batch 32 \\
+        --attention_dropout 0.1 --out /tmp/host_split
+
+Writes host_split.md and host_split.json into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from benchmarks import command_line
+from benchmarks.bench_training import model_case
+from benchmarks.common import (
+    SHAPES,
+    check_attention_dropout,
+    check_kernels_run,
+    check_series,
+    environment,
+    environment_lines,
+    markdown_table,
+    positive_int,
+    round_robin,
+    scheme_and_kernel,
+    series_kernels,
+    write_report,
+)
+from benchmarks.host_overhead import launches_as_no_ops
+from hf_relpos.translation.safety import output_folder
+
+LAUNCHES = ("real", "none")
+BACKWARD_THREADS = ("device", "caller")
+
+
+@contextlib.contextmanager
+def variant(launches: str, backward_thread: str) -> Iterator[None]:
+    """relpos_triton's launches as they are (`real`) or no-ops (`none`), the backward on autograd's device thread
+    (`device`) or the caller's (`caller`)."""
+    with contextlib.ExitStack() as stack:
+        if launches == "none":
+            stack.enter_context(launches_as_no_ops())
+        if backward_thread == "caller":
+            stack.enter_context(torch.autograd.set_multithreading_enabled(False))
+        yield
+
+
+def variants(label: str) -> list[tuple[str, str]]:
+    """(launches, backward thread) of a series: `none` only where it launches relpos_triton's kernels."""
+    launches = LAUNCHES if scheme_and_kernel(label)[1] == "relpos_triton" else LAUNCHES[:1]
+    return [(launch, thread) for launch in launches for thread in BACKWARD_THREADS]
+
+
+def repeated(call: Callable[[], Any], times: int, launches: str, backward_thread: str) -> Callable[[], None]:
+    def run() -> None:
+        with variant(launches, backward_thread):
+            for _ in range(times):
+                call()
+    return run
+
+
+def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
+    return "\n".join([
+        "# Where the step's host time goes: launches real or no-ops, the backward on the device's thread or the "
+        "caller's", "", *environment_lines(meta),
+        f"- shape {meta['shape']} ({meta['layers']} + {meta['layers']} layers), n = {meta['length']}, batch "
+        f"{meta['batch']}, attention dropout {meta['attention_dropout']:g}; {meta['rounds']} round-robin rounds of "
+        f"{meta['steps']} calls after one untimed; queue drained around each call", "",
+        markdown_table(["series", "launches", "backward thread", "ms per step", "ms more than the first row",
+                        "ms per forward", "rounds' spread (step)"],
+                       [[row["series"], row["launches"], row["backward_thread"], f"{row['step_ms']:.2f}",
+                         f"{row['extra_step_ms']:+.2f}",
+                         f"{row['forward_ms']:.2f}" if row["forward_ms"] is not None else "-",
+                         f"{row['spread']:.0%}"] for row in rows]), ""])
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--series", nargs="+", default=["absolute@sdpa", "shaw@relpos_triton"],
+                        help="scheme@kernel; the first is the baseline")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cuda")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="bfloat16")
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="base")
+    parser.add_argument("--length", type=positive_int, default=16)
+    parser.add_argument("--batch", type=positive_int, default=32)
+    parser.add_argument("--attention_dropout", type=float, default=0.1)
+    parser.add_argument("--steps", type=positive_int, default=5, help="calls per round")
+    parser.add_argument("--rounds", type=positive_int, default=7)
+    parser.add_argument("--out", type=output_folder, required=True)
+    args = parser.parse_args(argv)
+    check_series(args.series)
+    kernels = [scheme_and_kernel(label)[1] for label in args.series]
+    check_kernels_run(kernels, args.device, "--series")
+    check_attention_dropout(args.attention_dropout)
+    shape = SHAPES[args.shape]
+    meta = environment(args.device, args.dtype, command=command_line("benchmarks.host_split", argv)) | {
+        "kernel": series_kernels(args.series), "shape": args.shape, "layers": shape.layers, "length": args.length,
+        "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds}
+    cases = {label: model_case(scheme_and_kernel(label)[0], shape, args.length, args.batch, args.device, args.dtype,
+                               shape.layers, shape.vocab_size, scheme_and_kernel(label)[1], args.attention_dropout)
+             for label in args.series}
+    runs: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+    for label, case in cases.items():
+        for launches, thread in variants(label):
+            runs[(label, launches, thread, "step")] = repeated(case.step, args.steps, launches, thread)
+            if thread == BACKWARD_THREADS[0]:
+                runs[(label, launches, thread, "forward")] = repeated(case.forward, args.steps, launches, thread)
+    names = {"/".join(key): key for key in runs}
+    seconds = round_robin({name: runs[key] for name, key in names.items()}, 1, args.rounds, args.device)
+    ms = {key: 1e3 * statistics.median(seconds[name]) / args.steps for name, key in names.items()}
+    spread = {key: max(seconds[name]) / min(seconds[name]) - 1 for name, key in names.items()}
+    baseline = ms[(args.series[0], *variants(args.series[0])[0], "step")]
+    rows = [{"series": label, "launches": launches, "backward_thread": thread,
+             "step_ms": ms[(label, launches, thread, "step")],
+             "extra_step_ms": ms[(label, launches, thread, "step")] - baseline,
+             "forward_ms": ms.get((label, launches, thread, "forward")),
+             "spread": spread[(label, launches, thread, "step")]}
+            for label in args.series for launches, thread in variants(label)]
+    write_report(args.out, "host_split", render_markdown(meta, rows), {"meta": meta, "rows": rows})
+    print(render_markdown(meta, rows))
+    return {"meta": meta, "rows": rows}
+
+
+if __name__ == "__main__":
+    main()
