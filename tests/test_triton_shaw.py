@@ -1080,15 +1080,16 @@ def deep_shaw_on_triton(layers: int) -> hf_relpos.RelPosTransformerForConditiona
 def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graphs_do_not_grow_with_depth(
         triton_calls):
     """`key_ranges` reads the self-attention mask on the host once per stack call, before the layers
-    (`prepare_kernel`), and every layer reuses it: one torch.equal per stack in eager mode, and under torch.compile
-    the graph breaks only there, so a deeper model compiles into as many graphs (a break inside the layer loop makes
-    dynamo compile each layer on its own). A scheme the kernel does not take never reads the mask."""
+    (`prepare_kernel`), and every layer reuses it: one torch.equal per padded stack in eager mode (the decoder's
+    mask, built from causality alone, is not read), and under torch.compile the graph breaks only there, so a deeper
+    model compiles into as many graphs (a break inside the layer loop makes dynamo compile each layer on its own). A
+    scheme the kernel does not take never reads the mask."""
     graph_counts = {}
     for layers in (1, 3):
         model, batch = deep_shaw_on_triton(layers), seq2seq_batch()
         with CountEqual() as counted:
             model(**batch)
-        assert counted.count == 2 and len(triton_calls) == 2 * layers
+        assert counted.count == 1 and len(triton_calls) == 2 * layers
         torch._dynamo.reset()
         explanation = torch._dynamo.explain(lambda model=model, batch=batch: model(**batch).loss)()
         frames = [[frame.name for frame in reason.user_stack] for reason in explanation.break_reasons]
@@ -1101,6 +1102,35 @@ def test_the_padding_check_reads_the_mask_once_per_stack_call_and_compiled_graph
     with CountEqual() as counted:
         absolute(**seq2seq_batch())
     assert counted.count == 0 and not triton_calls
+
+
+def test_a_decoder_mask_of_causality_alone_is_not_read_and_trains_as_a_checked_one(triton_calls):
+    """In training the decoder gets no padding mask: its self-attention mask holds causality alone, which the kernel
+    applies itself, so its key ranges are every key without reading the mask (a host sync on a GPU). The same step
+    with a decoder padding mask of ones, which is read and checked, gives the same loss and gradients bit for bit
+    (float64); a decoder padding mask with padding is read."""
+    def step(decoder_attention_mask):
+        model = deep_shaw_on_triton(2).double()
+        batch = seq2seq_batch()
+        if decoder_attention_mask is not None:
+            batch["decoder_attention_mask"] = decoder_attention_mask(batch["labels"])
+        with CountEqual() as counted:
+            loss = model(**batch).loss
+        loss.backward()
+        return counted.count, loss.detach(), [parameter.grad for parameter in model.parameters()]
+
+    unread, loss, grads = step(None)
+    read, checked_loss, checked_grads = step(torch.ones_like)
+    assert (unread, read) == (1, 2)   # the encoder's padding, then the decoder's mask of ones too
+    assert torch.equal(loss, checked_loss)
+    assert all(torch.equal(got, expected) for got, expected in zip(grads, checked_grads, strict=True))
+
+    def padded(labels):
+        mask = torch.ones_like(labels)
+        mask[1, 8:] = 0
+        return mask
+
+    assert step(padded)[0] == 2
 
 
 class CountRangeFills(TorchDispatchMode):
@@ -1117,8 +1147,9 @@ class CountRangeFills(TorchDispatchMode):
 
 
 def test_a_stack_call_without_a_mask_builds_its_key_ranges_once(triton_calls):
-    """An encoder stack call without a padding mask has every key in range: the ranges (two int32 fills) are built
-    once per stack call and shared by its layers, as a mask's are, whatever the depth."""
+    """A stack call without a padding mask (the encoder's without a mask, the decoder's with causality alone) has
+    every key in range: the ranges (two int32 fills) are built once per stack call and shared by its layers, as a
+    mask's are, whatever the depth."""
     fills = {}
     for layers in (1, 3):
         model, batch = deep_shaw_on_triton(layers), seq2seq_batch()
@@ -1127,7 +1158,7 @@ def test_a_stack_call_without_a_mask_builds_its_key_ranges_once(triton_calls):
         assert len(triton_calls) == 2 * layers
         fills[layers] = counted.count
         triton_calls.clear()
-    assert fills == {1: 2, 3: 2}, fills
+    assert fills == {1: 4, 3: 4}, fills
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "op"])

@@ -730,31 +730,35 @@ def relpos_triton_attention_forward(
     return output.transpose(1, 2).contiguous(), None
 
 
-def relpos_triton_prepare(mask: torch.Tensor | None, context: PositionContext, batch: int, causal: bool) -> None:
+def relpos_triton_prepare(mask: torch.Tensor | None, context: PositionContext, batch: int, causal: bool,
+                          only_causality: bool) -> None:
     """Checks a stack call's self-attention mask for padding ranges once, before its layers (`key_ranges`, a host
-    sync), into `context.kernel_cache`: under torch.compile the graph then breaks there, not in the layer loop, where
-    dynamo would give up on the loop and compile each layer on its own. Only for a clipped-distance scheme at
-    consecutive positions (`context.clip_distance`), the calls the kernel can take: the others never read the mask."""
+    sync unless the mask holds `only_causality`), into `context.kernel_cache`: under torch.compile the graph then
+    breaks there, not in the layer loop, where dynamo would give up on the loop and compile each layer on its own.
+    Only for a clipped-distance scheme at consecutive positions (`context.clip_distance`), the calls the kernel can
+    take: the others never read the mask."""
     if context.clip_distance is None:
         return
     key_ranges(mask, batch, context.query_length, context.key_length, context.query_offset, causal, context.device,
-               context.kernel_cache)
+               context.kernel_cache, only_causality)
 
 
 # --- end of "relpos_triton" ---
 
-# what a kernel reads once per stack call, before the layers: f(self-attention mask, context, batch, causal)
-KERNEL_PREPARATIONS: dict[str, Callable[[torch.Tensor | None, PositionContext, int, bool], None]] = {
+# what a kernel reads once per stack call, before the layers: f(self-attention mask, context, batch, causal, whether
+# the mask holds causality alone)
+KERNEL_PREPARATIONS: dict[str, Callable[[torch.Tensor | None, PositionContext, int, bool, bool], None]] = {
     TRITON_KERNEL: relpos_triton_prepare,
 }
 
 
 def prepare_kernel(kernel: str | None, mask: torch.Tensor | None, context: PositionContext, batch: int,
-                   causal: bool) -> None:
-    """Runs `kernel`'s per-stack-call preparation (`KERNEL_PREPARATIONS`; most kernels have none)."""
+                   causal: bool, only_causality: bool) -> None:
+    """Runs `kernel`'s per-stack-call preparation (`KERNEL_PREPARATIONS`; most kernels have none). `only_causality`:
+    the stack built `mask` from causality alone (no padding, window or scheme mask)."""
     preparation = KERNEL_PREPARATIONS.get(kernel)
     if preparation is not None:
-        preparation(mask, context, batch, causal)
+        preparation(mask, context, batch, causal, only_causality)
 
 
 def registered_kernels() -> list[str]:

@@ -644,11 +644,13 @@ class RelPosStack(nn.Module):
         memory: list[torch.Tensor] | None = None,
         key_positions: torch.Tensor | None = None,
         key_length: int | None = None,
+        padded: bool = True,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
         """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`; what the layers
         build from it is not shared among checkpointed layers) and what the kernel reads once (`prepare_kernel`), then
         runs the layers. `key_length`: the self-attention keys (None: `query_offset` + n; a fixed-size cache's
-        length, with `query_offset` a 0-dim tensor). Returns the output, optional per-layer hidden
+        length, with `query_offset` a 0-dim tensor). `padded`: whether `self_mask` was built with padding or a
+        window (False: causality alone, unless the scheme adds a mask). Returns the output, optional per-layer hidden
         states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
         query_length = hidden_states.size(1)
         if key_length is None:
@@ -664,7 +666,7 @@ class RelPosStack(nn.Module):
         ))
         self_mask = with_scheme_mask(self.config, self.positions, position_context, self_mask)
         prepare_kernel(self.config._attn_implementation, self_mask, position_context, hidden_states.size(0),
-                       self.is_decoder)
+                       self.is_decoder, only_causality=not padded and not position_context.has_mask())
         all_hidden, all_self, all_cross, layer_inputs = [], [], [], []
         for idx, layer in enumerate(self.layers):
             layer_inputs.append(hidden_states)
@@ -983,6 +985,7 @@ class RelPosDecoder(RelPosStack):
             memory=mems,
             key_positions=key_positions,
             key_length=key_length,
+            padded=attention_mask is not None or self.config.self_attention_window is not None,
         )
         new_mems = None
         if mem_len > 0:

@@ -405,18 +405,21 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
 
 def key_ranges(attention_mask: torch.Tensor | None, batch: int, query_length: int, key_length: int,
                query_offset: int, causal: bool, device: torch.device,
-               cache: dict[Any, Any] | None = None) -> tuple[torch.Tensor, torch.Tensor] | None:
+               cache: dict[Any, Any] | None = None, only_causality: bool = False
+               ) -> tuple[torch.Tensor, torch.Tensor] | None:
     """Per sequence, the keys [start, end) the boolean mask [B, 1, n, m] allows (int32 [B] each), or None when the
     mask is anything else than those ranges (and causality, j <= i + query_offset): padding on either side is
-    covered, holes or windows are not. Reading the mask is a host sync (and under torch.compile a graph break):
-    `cache` (a stack call's `PositionContext.kernel_cache`) keeps the answer for that mask tensor (or for no mask),
-    so every layer of the call shares one check."""
+    covered, holes or windows are not. Reading the mask is a host sync (and under torch.compile a graph break), so
+    it is skipped where the caller built the mask from causality alone (`only_causality`: no padding, window or
+    scheme mask), which the kernel applies itself: every key. `cache` (a stack call's
+    `PositionContext.kernel_cache`) keeps the answer for that mask tensor (or for no mask), so every layer of the
+    call shares one check."""
     if attention_mask is not None and attention_mask.size(1) != 1:   # a mask per head is no padding range
         return None
     cache_key = ("key_ranges", query_offset, causal)   # one mask tensor (or none): one batch and shape
     if cache is not None and cache_key in cache and cache[cache_key][0] is attention_mask:
         return cache[cache_key][1]
-    if attention_mask is None:   # every key (kept too: two fills a layer on the device)
+    if attention_mask is None or only_causality:   # every key (kept too: two fills a layer on the device)
         ranges = (torch.zeros(batch, dtype=torch.int32, device=device),
                   torch.full((batch,), key_length, dtype=torch.int32, device=device))
     else:
