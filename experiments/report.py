@@ -1488,6 +1488,20 @@ def results_marian_hybrid_long_inputs() -> str:
                             "longest 10 %: BLEU, hyp/ref", "at the cap: 4 as one sentence / longest 10 %"], rows)
 
 
+
+def h200_check_passages(code: str, check: str, earlier: str) -> dict[str, Callable[[], str]]:
+    """The passages of one prepared check's record (`check`, at `code`) since step (u): its lengths, the n = 512
+    timeline, its ratios beside those of the `earlier` check, and the n = 16 timeline with the host's work."""
+    timeline, host_timeline = f"{check}/timeline_n512/timeline.json", f"{check}/timeline_n16/timeline.json"
+    return {
+        f"benchmarks_h200_relpos_triton_lengths_{code}": benchmark_report(
+            f"{check}/{H200_LENGTHS_RECORD}".removesuffix(".json"), bench_training.render_markdown),
+        f"benchmarks_h200_timeline_{code}": lambda: h200_timeline_table(timeline),
+        f"benchmarks_h200_noise_{code}": lambda: relpos_triton_noise(check, earlier),
+        f"benchmarks_h200_timeline_n16_{code}": lambda: (h200_timeline_table(host_timeline) + "\n"
+                                                         + h200_host_work(host_timeline)),
+    }
+
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
     "readme_cost": readme_cost,
@@ -1543,18 +1557,8 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_relpos_triton_lengths_a0f821f": benchmark_report(H200_A0F821F_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),
     "benchmarks_h200_timeline_a0f821f": lambda: h200_timeline_table(H200_A0F821F_TIMELINE),
-    "benchmarks_h200_relpos_triton_lengths_e8f9f2f": benchmark_report(H200_E8F9F2F_LENGTHS.removesuffix(".json"),
-                                                                      bench_training.render_markdown),
-    "benchmarks_h200_timeline_e8f9f2f": lambda: h200_timeline_table(H200_E8F9F2F_TIMELINE),
-    "benchmarks_h200_noise_e8f9f2f": lambda: relpos_triton_noise(H200_E8F9F2F_CHECK, H200_A0F821F_CHECK),
-    "benchmarks_h200_timeline_n16_e8f9f2f": lambda: (h200_timeline_table(H200_E8F9F2F_HOST_TIMELINE) + "\n"
-                                                     + h200_host_work(H200_E8F9F2F_HOST_TIMELINE)),
-    "benchmarks_h200_relpos_triton_lengths_d34293a": benchmark_report(H200_LATEST_LENGTHS.removesuffix(".json"),
-                                                                      bench_training.render_markdown),
-    "benchmarks_h200_timeline_d34293a": lambda: h200_timeline_table(H200_LATEST_TIMELINE),
-    "benchmarks_h200_noise_d34293a": lambda: relpos_triton_noise(H200_LATEST_CHECK, H200_E8F9F2F_CHECK),
-    "benchmarks_h200_timeline_n16_d34293a": lambda: (h200_timeline_table(H200_LATEST_HOST_TIMELINE) + "\n"
-                                                     + h200_host_work(H200_LATEST_HOST_TIMELINE)),
+    **h200_check_passages("e8f9f2f", H200_E8F9F2F_CHECK, H200_A0F821F_CHECK),
+    **h200_check_passages("d34293a", H200_LATEST_CHECK, H200_E8F9F2F_CHECK),
     "benchmarks_h200_host_operators_d34293a": lambda: h200_extra_host_operators(H200_LATEST_HOST_TIMELINE),
     "benchmarks_h200_tuning": lambda: (f"Record: [`{H200_TUNING}`](results/{H200_TUNING}).\n\n" + without_title(
         tune_relpos_triton.render_markdown(**{key: read(H200_TUNING)[key] for key in ("meta", "timings", "profiles")})
