@@ -1143,13 +1143,39 @@ def results_convergence_three_seeds() -> str:
         sources.append(f"[`{path}`](results/{path}): seed{'s' if len(seeds) > 1 else ''} "
                        f"{', '.join(map(str, seeds))}, code {code_versions(record_runs)}, "
                        f"{read(path)['device'].split(',')[0]}")
-    choice, _ = choose_default(default_rule_columns(paths))
     return (f"Records {'; '.join(sources)}. "
             "Each recipe's runs that trained it as committed now (so `xl`, whose seeds 1 and 2 ran with attention "
             "dropout 0, has seed 3 alone), the peer trained as the recipes are. Decoding as above. Mean over seeds "
             "(min-max).\n\n" + "\n".join(convergence.table(summary)) + "\n\nThe rule for the default "
             f"([How the default is chosen](../README.md#how-the-default-is-chosen)) with these 20-epoch columns in "
-            f"place of the one-commit record's: **`{choice}`**.\n")
+            f"place of the one-commit record's: {three_seed_rule_outcome(default_rule_columns(paths))}\n")
+
+
+def three_seed_rule_outcome(columns: dict[str, dict[str, list[float]]]) -> str:
+    """The rule's outcome on `columns` (the 20-epoch columns of three seeds), saying which 20-epoch columns it set
+    aside (a scheme there with fewer than MIN_SEEDS seeds) and, then, its outcome with those schemes' seeds left out
+    of them: the outcome alone would otherwise read as if those columns had entered it."""
+    choice, _ = choose_default(columns)
+    twenty = [name for name in columns if name.startswith("20 epochs, ")]
+    set_aside = [name for name in twenty if name not in ranked_columns(columns)]
+    if not set_aside:
+        return f"**`{choice}`**."
+    few = {scheme: len(seeds) for name in set_aside for scheme, seeds in columns[name].items()
+           if len(seeds) < MIN_SEEDS}
+    without = {name: ({scheme: seeds for scheme, seeds in column.items() if scheme not in few}
+                      if name in set_aside else column) for name, column in columns.items()}
+    named = " and ".join(f"`{scheme}`" for scheme in few)
+    seeds = f"{named}'s one seed" if len(few) == 1 and set(few.values()) == {1} else f"the seeds of {named}"
+    one_commit = default_rule_columns()
+    absent = [scheme for scheme in few if not any(scheme in one_commit[name] for name in twenty)]
+    as_before = f", as the one-commit columns have no {' and '.join(f'`{scheme}`' for scheme in absent)}" if absent else ""
+    entered = [name for name in set_aside if name in ranked_columns(without)]
+    return (f"its count of seeds set aside {'both 20-epoch columns' if len(set_aside) == 2 else ', '.join(set_aside)} "
+            f"({MIN_SEEDS} seeds a scheme at least; "
+            f"{', '.join(f'`{scheme}` has {count}' for scheme, count in few.items())}), so the outcome, "
+            f"**`{choice}`**, rests on the other columns; with {seeds} left out of them{as_before}, "
+            f"{'both enter' if len(entered) == 2 else (', '.join(entered) or 'none enters')} and the rule chooses "
+            f"**`{choose_default(without)[0]}`**.")
 
 
 LENGTH_SCALED = "length_generalization_issue18/window2_d128_length_scaled_seed{}/length_generalization.json"

@@ -1091,6 +1091,29 @@ def test_the_three_seed_reading_holds_in_the_records(report):
     assert xl["test"]["bleu"] < min(scores["test"]["bleu"] for scores in xl_dropout_0)
 
 
+def test_the_three_seed_rule_outcome_says_which_twenty_epoch_columns_enter(report):
+    """docs/results.md 5, three seeds: the rule's outcome with the three-seed 20-epoch columns is stated over the
+    columns that enter it. `xl` has seed 3 alone there (its seeds 1 and 2 ran another recipe), so by MIN_SEEDS both
+    20-epoch columns are set aside as they are, and the passage says so; with `xl`'s one seed left out of them (the
+    one-commit columns have no `xl`), both enter and the rule chooses as on the one-commit columns, which the
+    passage and the prose say."""
+    columns = report.default_rule_columns((report.TWENTY_EPOCHS_ONE_COMMIT, report.TWENTY_EPOCHS_SEED_3))
+    twenty = [name for name in columns if name.startswith("20 epochs, ")]
+    assert len(twenty) == 2 and not any(name in report.ranked_columns(columns) for name in twenty)
+    without_one_seed = {name: {scheme: seeds for scheme, seeds in column.items() if len(seeds) >= report.MIN_SEEDS}
+                        if name in twenty else column for name, column in columns.items()}
+    assert all(name in report.ranked_columns(without_one_seed) for name in twenty)
+    before = report.choose_default(report.default_rule_columns())[0]
+    assert report.choose_default(without_one_seed)[0] == before
+    passage = report.results_convergence_three_seeds()
+    assert (f"set aside both 20-epoch columns ({report.MIN_SEEDS} seeds a scheme at least; `xl` has 1), so the "
+            f"outcome, **`{report.choose_default(columns)[0]}`**, rests on the other columns; with `xl`'s one seed "
+            f"left out of them, as the one-commit columns have no `xl`, both enter and the rule chooses "
+            f"**`{before}`**.") in passage
+    assert ("the rule for the default chooses as before once `xl`'s one seed is left out of the 20-epoch columns "
+            "(with it, they are set aside)" in page_text("docs/results.md"))
+
+
 def test_the_twenty_epoch_long_input_reading_holds_in_the_record(report):
     """docs/results.md 5b, the recipes after 20 epochs (seed 3): at 4 captions as one sentence shaw keeps the largest
     share and rope the smallest, both sets, each the one system significantly ahead of / behind absolute there; shaw
