@@ -747,7 +747,8 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
     assert f"(record: `{RECIPE_RECORDS[1]}`, {equal_budget_record['date'][:10]})" in text
     assert "effective batch 1280 tokens" in text and f"hardware: {equal_budget_record['device']}" in text
     (seed_3,) = record_runs(RECIPE_RECORDS[3], name)[scheme]   # the third 20-epoch seed, later, on an H200
-    assert (f"| Multi30k test2016 (Flickr), average of the last 5 checkpoints, seed 3 | "
+    assert (f"One seed:\n\n| test set | BLEU | chrF | BLEU signature |\n| --- | --- | --- | --- |\n"
+            f"| Multi30k test2016 (Flickr), average of the last 5 checkpoints, seed 3 | "
             f"{seed_3.scores['averaged']['test'].bleu:.2f} |") in text
     assert f"`{name}.yaml` from code `{seed_3.source_version}` (the recipe as it was then)" in text
     assert f"(record: `{RECIPE_RECORDS[3]}`, " in text and "hardware: NVIDIA H200" in text

@@ -727,7 +727,8 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
                      f"model against the raw, detokenized references.{caveat}\n\n"
                      + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
     for measurement in record.measurements:
-        seeds = f"seed{'s' if len(measurement.seeds) > 1 else ''} {', '.join(map(str, measurement.seeds))}"
+        several = len(measurement.seeds) > 1
+        seeds = f"seed{'s' if several else ''} {', '.join(map(str, measurement.seeds))}"
         rows = [(f"{scores.evaluation_set}, {seeds}", _spread(scores.bleu),
                  _spread(scores.chrf), f"`{scores.signature}`") for scores in measurement.scores]
         parts.append(
@@ -736,7 +737,7 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
             f"{_spread(measurement.steps, 0)} steps; effective batch "
             f"{measurement.batch}; hardware: {measurement.hardware}; training time "
             f"{_spread(measurement.training_minutes, 1)} minutes per run. Setup as the record reports it: "
-            f"{measurement.setup}\n\nMean over seeds (min-max):\n\n"
+            f"{measurement.setup}\n\n{'Mean over seeds (min-max)' if several else 'One seed'}:\n\n"
             + _table(("test set", "BLEU", "chrF", "BLEU signature"), rows))
     if record.measurements and "multi30k" in (record.dataset_name or "").lower():
         parts.append("Neither set above is an untouched test set: scores on both Multi30k test2016 and validation were "
