@@ -7,7 +7,7 @@
 # FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
 # At most 8 minutes (480 s of limits; the steps took 276 s at a0f821f, docs/results/gpu_check/2026-12-04_h200_a0f821f,
 # and 264 s at d34293a, before (v) was added):
-#   (a) 210 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
+#   (a) 205 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
 #   (t) 50 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
 #       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
@@ -17,7 +17,7 @@
 #       where the device's work is small beside the host's (benchmarks.host_overhead measures the host's part on a
 #       CPU with Triton's launches stubbed out; 2026-12-04 at a0f821f the n = 512 step's host enqueue was 101 ms for
 #       shaw against 57 ms for absolute, where the CPU measurement gives 3.3-3.7 ms more)
-#   (v) 45 s: where that extra host work goes (benchmarks.host_split, n = 16, batch 32): each series' step and forward
+#   (v) 50 s: where that extra host work goes (benchmarks.host_split, n = 16, batch 32): each series' step and forward
 #       with relpos_triton's launches real or no-ops, and the backward on autograd's device thread or the caller's
 #       (2026-12-04 at d34293a: 23.8 ms more a step for shaw at n = 16, the CPU measurement 5-7 ms: the rest is what
 #       only a GPU run does, the launches' driver calls or the device thread's hand-offs among the candidates)
@@ -96,7 +96,7 @@ training() {  # training SECONDS NAME ARGS...
         --tokens 16384 --warmup 1 --repeats 3 --benchmarks model "$@"
 }
 
-training 210 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
+training 205 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
 step 50 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
     --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 --attention_dropout 0.1 --steps 5 \
@@ -104,7 +104,7 @@ step 50 "(t) where the step's time goes: base model, absolute and shaw, n=512" "
 step 40 "(u) the host's work per step: base model, absolute and shaw, n=16" "$python" -m benchmarks.step_timeline \
     --device cuda --dtype bfloat16 --shape base --length 16 --tokens 512 --attention_dropout 0.1 --steps 10 \
     --series absolute@sdpa "shaw@${triton:-sdpa}" --out "$out/timeline_n16"
-step 45 "(v) where the extra host work goes: launches real or none, backward thread, n=16" "$python" -m \
+step 50 "(v) where the extra host work goes: launches real or none, backward thread, n=16" "$python" -m \
     benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 --batch 32 --attention_dropout 0.1 \
     --rounds 5 --series absolute@sdpa "shaw@${triton:-sdpa}" --out "$out/host_split_n16"
 if [ -n "$triton" ]; then
