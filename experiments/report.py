@@ -1152,30 +1152,29 @@ def results_convergence_three_seeds() -> str:
 
 
 def three_seed_rule_outcome(columns: dict[str, dict[str, list[float]]]) -> str:
-    """The rule's outcome on `columns` (the 20-epoch columns of three seeds), saying which 20-epoch columns it set
-    aside (a scheme there with fewer than MIN_SEEDS seeds) and, then, its outcome with those schemes' seeds left out
-    of them: the outcome alone would otherwise read as if those columns had entered it."""
-    choice, _ = choose_default(columns)
+    """The rule's outcome on `columns` (its 20-epoch columns of three seeds), said over the columns that enter it: a
+    scheme with fewer than MIN_SEEDS seeds in the 20-epoch columns (`xl`, seed 3 alone) sets both aside, so the
+    outcome is given again with that scheme left out of them, as the one-commit columns leave it out."""
     twenty = [name for name in columns if name.startswith("20 epochs, ")]
-    set_aside = [name for name in twenty if name not in ranked_columns(columns)]
-    if not set_aside:
+    few = {scheme: len(seeds) for name in twenty for scheme, seeds in columns[name].items() if len(seeds) < MIN_SEEDS}
+    choice = choose_default(columns)[0]
+    if not few:
         return f"**`{choice}`**."
-    few = {scheme: len(seeds) for name in set_aside for scheme, seeds in columns[name].items()
-           if len(seeds) < MIN_SEEDS}
-    without = {name: ({scheme: seeds for scheme, seeds in column.items() if scheme not in few}
-                      if name in set_aside else column) for name, column in columns.items()}
-    named = " and ".join(f"`{scheme}`" for scheme in few)
-    seeds = f"{named}'s one seed" if len(few) == 1 and set(few.values()) == {1} else f"the seeds of {named}"
     one_commit = default_rule_columns()
-    absent = [scheme for scheme in few if not any(scheme in one_commit[name] for name in twenty)]
-    as_before = f", as the one-commit columns have no {' and '.join(f'`{scheme}`' for scheme in absent)}" if absent else ""
-    entered = [name for name in set_aside if name in ranked_columns(without)]
-    return (f"its count of seeds set aside {'both 20-epoch columns' if len(set_aside) == 2 else ', '.join(set_aside)} "
-            f"({MIN_SEEDS} seeds a scheme at least; "
-            f"{', '.join(f'`{scheme}` has {count}' for scheme, count in few.items())}), so the outcome, "
-            f"**`{choice}`**, rests on the other columns; with {seeds} left out of them{as_before}, "
-            f"{'both enter' if len(entered) == 2 else (', '.join(entered) or 'none enters')} and the rule chooses "
-            f"**`{choose_default(without)[0]}`**.")
+    if any(name in ranked_columns(columns) for name in twenty) or any(
+            scheme in one_commit[name] for scheme in few for name in twenty):
+        raise ValueError(f"three_seed_rule_outcome: 20-epoch columns {twenty} hold {sorted(few)} with fewer than "
+                         f"{MIN_SEEDS} seeds in other ways than the sentence it writes says")
+    without = {name: {scheme: seeds for scheme, seeds in column.items() if name not in twenty or scheme not in few}
+               for name, column in columns.items()}
+    if not all(name in ranked_columns(without) for name in twenty):
+        raise ValueError(f"three_seed_rule_outcome: the 20-epoch columns {twenty} still do not enter the rule")
+    named = " and ".join(f"`{scheme}`" for scheme in few)
+    counts = ", ".join(f"`{scheme}` has {count}" for scheme, count in few.items())
+    seeds = f"{named}'s one seed" if set(few.values()) == {1} else f"the seeds of {named}"
+    return (f"its count of seeds set aside both 20-epoch columns ({MIN_SEEDS} seeds a scheme at least; {counts}), so "
+            f"the outcome, **`{choice}`**, rests on the other columns; with {seeds} left out of them, as the one-commit "
+            f"columns have no {named}, both enter and the rule chooses **`{choose_default(without)[0]}`**.")
 
 
 LENGTH_SCALED = "length_generalization_issue18/window2_d128_length_scaled_seed{}/length_generalization.json"
@@ -1514,7 +1513,6 @@ def results_marian_hybrid_long_inputs() -> str:
                             "longest 10 %: BLEU, hyp/ref", "at the cap: 4 as one sentence / longest 10 %"], rows)
 
 
-
 def h200_check_passages(code: str, check: str, earlier: str) -> dict[str, Callable[[], str]]:
     """The passages of one prepared check's record (`check`, at `code`) since step (u): its lengths, the n = 512
     timeline, its ratios beside those of the `earlier` check, and the n = 16 timeline with the host's work."""
@@ -1527,6 +1525,7 @@ def h200_check_passages(code: str, check: str, earlier: str) -> dict[str, Callab
         f"benchmarks_h200_timeline_n16_{code}": lambda: (h200_timeline_table(host_timeline) + "\n"
                                                          + h200_host_work(host_timeline)),
     }
+
 
 PASSAGES: dict[str, Callable[[], str]] = {
     "readme_quality": readme_quality,
