@@ -1129,20 +1129,19 @@ def results_convergence_three_seeds() -> str:
     trained as the recipes; then the rule for the default with those 20-epoch columns."""
     paths = (TWENTY_EPOCHS_ONE_COMMIT, TWENTY_EPOCHS_SEED_3)
     runs: dict[str, list[dict]] = defaultdict(list)
-    for path in paths:
-        committed = {(run.system, run.seed) for _, run in committed_recipe_runs(path)}
-        for system, system_runs in read(path)["runs"].items():
-            runs[system] += [run for run in system_runs
-                             if system == convergence.PEER_AS_RECIPE or (system, run["seed"]) in committed]
-    systems = [system for system in read(TWENTY_EPOCHS_ONE_COMMIT)["systems"] if runs[system]]
-    summary = {"systems": convergence.summarize({system: runs[system] for system in systems})}
     sources = []
     for path in paths:
-        record_runs = read_run_records(RESULTS / path)
+        record, record_runs = read(path), read_run_records(RESULTS / path)
+        committed = {(run.system, run.seed) for _, run in committed_recipe_runs(path)}
+        for system, system_runs in record["runs"].items():
+            runs[system] += [run for run in system_runs
+                             if system == convergence.PEER_AS_RECIPE or (system, run["seed"]) in committed]
         seeds = sorted({run.seed for run in record_runs})
         sources.append(f"[`{path}`](results/{path}): seed{'s' if len(seeds) > 1 else ''} "
                        f"{', '.join(map(str, seeds))}, code {code_versions(record_runs)}, "
-                       f"{read(path)['device'].split(',')[0]}")
+                       f"{record['device'].split(',')[0]}")
+    systems = [system for system in runs if runs[system]]   # the first record's order, then any the second adds
+    summary = {"systems": convergence.summarize({system: runs[system] for system in systems})}
     return (f"Records {'; '.join(sources)}. "
             "Each recipe's runs that trained it as committed now (so `xl`, whose seeds 1 and 2 ran with attention "
             "dropout 0, has seed 3 alone), the peer trained as the recipes are. Decoding as above. Mean over seeds "
@@ -1160,14 +1159,14 @@ def three_seed_rule_outcome(columns: dict[str, dict[str, list[float]]]) -> str:
     choice = choose_default(columns)[0]
     if not few:
         return f"**`{choice}`**."
-    one_commit = default_rule_columns()
-    if any(name in ranked_columns(columns) for name in twenty) or any(
-            scheme in one_commit[name] for scheme in few for name in twenty):
+    one_commit, ranked = default_rule_columns(), ranked_columns(columns)
+    if any(name in ranked for name in twenty) or any(scheme in one_commit[name] for scheme in few for name in twenty):
         raise ValueError(f"three_seed_rule_outcome: 20-epoch columns {twenty} hold {sorted(few)} with fewer than "
                          f"{MIN_SEEDS} seeds in other ways than the sentence it writes says")
     without = {name: {scheme: seeds for scheme, seeds in column.items() if name not in twenty or scheme not in few}
                for name, column in columns.items()}
-    if not all(name in ranked_columns(without) for name in twenty):
+    ranked_without = ranked_columns(without)
+    if not all(name in ranked_without for name in twenty):
         raise ValueError(f"three_seed_rule_outcome: the 20-epoch columns {twenty} still do not enter the rule")
     named = " and ".join(f"`{scheme}`" for scheme in few)
     counts = ", ".join(f"`{scheme}` has {count}" for scheme, count in few.items())
