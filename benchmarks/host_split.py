@@ -113,16 +113,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
     check_series(args.series)
-    kernels = [scheme_and_kernel(label)[1] for label in args.series]
-    check_kernels_run(kernels, args.device, "--series")
+    schemes_and_kernels = {label: scheme_and_kernel(label) for label in args.series}
+    check_kernels_run([kernel for _, kernel in schemes_and_kernels.values()], args.device, "--series")
     check_attention_dropout(args.attention_dropout)
     shape = SHAPES[args.shape]
     meta = environment(args.device, args.dtype, command=command_line("benchmarks.host_split", argv)) | {
         "kernel": series_kernels(args.series), "shape": args.shape, "layers": shape.layers, "length": args.length,
         "batch": args.batch, "attention_dropout": args.attention_dropout, "steps": args.steps, "rounds": args.rounds}
-    cases = {label: model_case(scheme_and_kernel(label)[0], shape, args.length, args.batch, args.device, args.dtype,
-                               shape.layers, shape.vocab_size, scheme_and_kernel(label)[1], args.attention_dropout)
-             for label in args.series}
+    cases = {label: model_case(scheme, shape, args.length, args.batch, args.device, args.dtype, shape.layers,
+                               shape.vocab_size, kernel, args.attention_dropout)
+             for label, (scheme, kernel) in schemes_and_kernels.items()}
     runs: dict[tuple[str, str, str, str], Callable[[], None]] = {}
     for label, case in cases.items():
         for launches, thread in variants(label):
