@@ -455,8 +455,9 @@ class RelativeBias:
 
     `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
     distance d; T5: the bucket table, expanded), or a function computing it when a kernel first asks
-    (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify` when the
-    scheme has a cheaper way, such as XL's rel-shift, else by a gather in promote_types(dtype, float32), returned in
+    (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify(bias)` when
+    the scheme has a cheaper way, such as XL's rel-shift: given the bias, so that it needs no reference to it, whose
+    cycle would keep each layer's tensors until Python's cycle collector ran; else by a gather in promote_types(dtype, float32), returned in
     the table's dtype: the gather's backward sums the gradients of every key in a bucket, up to m for a clipped
     distance's edge bucket, and CUDA's scatter-add would round after each addition in half precision), once per
     record: a record shared by every layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
@@ -470,7 +471,7 @@ class RelativeBias:
     table: torch.Tensor | Callable[[], torch.Tensor]
     bucket: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
     key_length: int
-    densify: Callable[[], torch.Tensor] | None = None
+    densify: Callable[[RelativeBias], torch.Tensor] | None = None
     clip_distance: int | None = None
     query_offset: int = 0
     consecutive: bool = True
@@ -485,7 +486,7 @@ class RelativeBias:
     def dense(self) -> torch.Tensor:
         if self._dense is None:
             if self.densify is not None:
-                self._dense = self.densify()
+                self._dense = self.densify(self)
             else:
                 table = self.full_table()
                 batch, heads, query_length, _ = table.shape

@@ -165,9 +165,9 @@ class ShawPositions(PositionScheme):
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive and not context.fixed_size_cache and query.size(-2) > 1:   # slices by the int offset
-                score_bias.densify = lambda: clipped_rel_shift(score_bias.full_table(), key_length, kmax, offset)
+                score_bias.densify = lambda bias: clipped_rel_shift(bias.full_table(), key_length, kmax, offset)
             elif consecutive:   # a fixed-size cache's steps: read by the layers' shared index
-                score_bias.densify = lambda: bias_by_index(score_bias.full_table(), context.index)
+                score_bias.densify = lambda bias: bias_by_index(bias.full_table(), context.index)
         fused = None
         if consecutive and (score_bias is not None or value_term is not None):
             def fused(query, key, value, scaling, mask, attend):

@@ -202,12 +202,12 @@ class XLPositions(PositionScheme):
             recompute=True,
         )
         if context.positions is None and self.is_causal and query.size(-2) == 1:
-            score_bias.densify = score_bias.table   # one query meets key j at the j-th distance: no rel-shift
+            score_bias.densify = RelativeBias.full_table   # one query meets key j at the j-th distance: no rel-shift
         elif context.positions is None and self.is_causal:
-            score_bias.densify = lambda: rel_shift(
+            score_bias.densify = lambda bias: rel_shift(
                 self.position_scores(layer_idx, position_query, context, with_zero_row=True), key_length)
         elif context.positions is None:
-            score_bias.densify = lambda: self.blocked_position_bias(layer_idx, position_query, context, key_length)
+            score_bias.densify = lambda bias: self.blocked_position_bias(layer_idx, position_query, context, key_length)
         return AttentionTerms(query=query + content_biases[bias_idx].to(query.dtype), score_bias=score_bias)
 
 
