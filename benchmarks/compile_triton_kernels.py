@@ -1,6 +1,6 @@
 """Compile the "relpos_triton" kernels ahead of time for a GPU architecture, without a GPU: every autotuning
-configuration of the forward and both backward kernels, for a head size, dtype and set of flags, and the backward's
-Delta pass, with the shared memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A
+configuration of the forward and both backward kernels, for a head size, dtype and set of flags, with the shared
+memory each needs (an H100/H200 has 228 KB per SM, 227 KB usable by one block). A
 configuration that does not compile is printed as FAILED and the exit status is 1.
 
     python -m benchmarks.compile_triton_kernels --arch 90 --dtype bf16
@@ -31,12 +31,12 @@ HOPPER_SHARED_MEMORY = 232448   # bytes one block may use on sm_90 (H100, H200)
 
 
 def argument_types(arg_names: list[str], constexprs: dict, dtype: str) -> dict[str, str]:
-    """Triton signature types of the kernels' arguments: tensors of `dtype` (inputs, outputs and their gradients),
-    float32/float64 statistics, int32 key ranges, an int64 seed."""
+    """Triton signature types of the kernels' arguments: tensors of `dtype` (inputs, outputs and their gradients, the
+    bias table's among them), float32/float64 statistics, int32 key ranges, an int64 seed."""
     statistics = "fp64" if dtype == "fp64" else "fp32"
     pointers = {"Q": dtype, "K": dtype, "V": dtype, "T": dtype, "OUT": dtype, "DO": dtype, "DQ": dtype, "DK": dtype,
-                "DV": dtype, "M": statistics, "LSE": statistics, "DELTA": statistics, "DM": statistics,
-                "DT": statistics, "SCALES": statistics, "KEY_START": "i32", "KEY_END": "i32"}
+                "DV": dtype, "DT": dtype, "M": statistics, "LSE": statistics, "DELTA": statistics,
+                "DM": statistics, "SCALES": statistics, "KEY_START": "i32", "KEY_END": "i32"}
     types = {}
     for name in arg_names:
         if name in constexprs:
@@ -85,20 +85,20 @@ def main(argv: list[str] | None = None) -> int:
                         help="only the first autotuning configuration and the first set of flags (a^V, dropout)")
     args = parser.parse_args(argv)
     os.environ.pop("TRITON_INTERPRET", None)
+    import torch
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
     from hf_relpos.model import triton_relative_kernels as kernels
     from hf_relpos.model.positions import aligned_width
-    from hf_relpos.model.triton_relative import DELTA_BLOCK, next_power_of_2
+    from hf_relpos.model.triton_relative import settings_for
 
     target = GPUTarget("cuda", args.arch, 32)
     configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
     # (a^K, a^V, causal, dropout): Shaw's encoder and decoder with dropout, shaw-k without it, a^V alone
     flag_sets = ((True, True, False, True), (True, True, True, True), (True, False, False, False),
                  (False, True, False, True))[:1 if args.quick else None]
-    interior = next_power_of_2(max(2 * args.max_relative_position - 1, 1))
     failed = 0
 
     def build(kernel, constexprs: dict, warps: int, stages: int, label: str) -> None:
@@ -118,26 +118,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ok {label}: shared memory {shared} B ({fits}), compiled in {time.time() - started:.1f} s{sass}",
               flush=True)
 
-    accumulate = kernels.tl.float64 if args.dtype == "fp64" else kernels.tl.float32
-    block_d = max(16, next_power_of_2(args.head_dim))
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32, "fp64": torch.float64}[args.dtype]
     for (has_bias, has_values, causal, dropout), config in itertools.product(flag_sets, configs):
-        settings = dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, HAS_BIAS=has_bias, HAS_VALUES=has_values,
-                        CAUSAL=causal, DROPOUT=dropout, ACC=accumulate,
-                        PRECISION="ieee" if args.dtype in ("fp32", "fp64") else "tf32", **config.kwargs)
-        for name, kernel, extra in (("forward", kernels.relative_forward_kernel, {"BLOCK_I": interior}),
-                                    ("backward_keys", kernels.relative_backward_keys_kernel, {}),
-                                    ("backward_queries", kernels.relative_backward_queries_kernel,
-                                     {"BLOCK_I": interior})):
-            build(kernel, {**settings, **extra}, config.num_warps, config.num_stages,
+        # the settings a call launches with (the masses as wide as `RelativeValues.mass_columns`)
+        settings, keys_settings = settings_for(
+            args.head_dim, dtype, args.max_relative_position, has_bias,
+            aligned_width(2 * args.max_relative_position + 1) if has_values else 0, causal, dropout, False)
+        for name, kernel, constexprs in (("forward", kernels.relative_forward_kernel, settings),
+                                         ("backward_keys", kernels.relative_backward_keys_kernel, keys_settings),
+                                         ("backward_queries", kernels.relative_backward_queries_kernel, settings)):
+            build(kernel, {**constexprs, **config.kwargs}, config.num_warps, config.num_stages,
                   f"{name} {args.dtype} sm_{args.arch} d={args.head_dim} {'' if has_bias else 'a^K=False '}"
                   f"a^V={has_values} causal={causal} "
                   f"dropout={dropout} {config.kwargs} warps={config.num_warps} stages={config.num_stages}")
-    for has_values in (True, False)[:1 if args.quick else None]:
-        masses = aligned_width(2 * args.max_relative_position + 1) if has_values else 0   # the masses' width
-        build(kernels.row_delta_kernel, dict(HEAD_DIM=args.head_dim, BLOCK_D=block_d, DISTANCES=masses,
-                                             BLOCK_R=max(16, next_power_of_2(masses)), HAS_VALUES=has_values,
-                                             ACC=accumulate, BLOCK_M=DELTA_BLOCK), 4, 2,
-              f"row_delta {args.dtype} sm_{args.arch} d={args.head_dim} a^V={has_values} rows={DELTA_BLOCK}")
     return 1 if failed else 0
 
 

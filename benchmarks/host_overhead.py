@@ -54,18 +54,16 @@ HOST_SHAPE = Shape(d_model=64, heads=8, ffn_dim=64, layers=6, vocab_size=64)   #
 
 @contextlib.contextmanager
 def launches_as_no_ops() -> Iterator[None]:
-    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, and the backward's Delta,
-    whose outputs stay uninitialised), on any device; undone on exit."""
+    """relpos_triton's Triton launches as no-ops (the forward and both backward kernels, whose outputs stay
+    uninitialised), on any device; undone on exit."""
     from hf_relpos.model import triton_relative
 
-    saved = triton_relative.launch, triton_relative.row_deltas
+    saved = triton_relative.launch
     triton_relative.launch = lambda *args, **settings: None
-    triton_relative.row_deltas = lambda grad_output, output, grad_masses, masses, settings: output.new_empty(
-        output.shape[:3], dtype=torch.promote_types(output.dtype, torch.float32))
     try:
         yield
     finally:
-        triton_relative.launch, triton_relative.row_deltas = saved
+        triton_relative.launch = saved
 
 
 @contextlib.contextmanager
@@ -129,7 +127,7 @@ def triton_launch_path(launches: list[int]) -> Iterator[None]:
     from hf_relpos.model import triton_relative_kernels as kernels
 
     jitted = (kernels.relative_forward_kernel, kernels.relative_backward_keys_kernel,
-              kernels.relative_backward_queries_kernel, kernels.row_delta_kernel)
+              kernels.relative_backward_queries_kernel)
     if not all(isinstance(kernel, triton.runtime.JITFunction) for kernel in jitted):
         raise SystemExit("--launches triton: relpos_triton's kernels were built for Triton's interpreter "
                          "(TRITON_INTERPRET=1 when they were imported); run it in a process without TRITON_INTERPRET")

@@ -6,9 +6,9 @@ On an H200 `shaw`'s step on relpos_triton at n = 16 (the device mostly idle) too
 work on a CPU, Triton's launch path included: the rest is work that only a GPU run does. Variants of each series of
 `bench_training.model_case` (training mode, dropout on):
 
-- launches `real` (as training runs) or `none` (relpos_triton's launches and the backward's Delta as no-ops, their
-  outputs uninitialised: the launches' host cost, plus their device time where the device is the bottleneck); a
-  series on another kernel has no launches to remove, so only `real`;
+- launches `real` (as training runs) or `none` (relpos_triton's launches as no-ops, their outputs uninitialised:
+  the launches' host cost, plus their device time where the device is the bottleneck); a series on another kernel
+  has no launches to remove, so only `real`;
 - backward thread `device` (autograd's default: the backward of CUDA tensors runs on the device's worker thread,
   the fused op's Python backward included) or `caller` (torch.autograd.set_multithreading_enabled(False): every
   node on the thread that called backward); on the CPU both are the caller's.

@@ -568,7 +568,7 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     from benchmarks import host_overhead
     from hf_relpos.model import triton_relative
 
-    launch, row_deltas = triton_relative.launch, triton_relative.row_deltas
+    launch = triton_relative.launch
     monkeypatch.delenv("TRITON_INTERPRET")
     calls = []
     original = host_overhead.kernels_stubbed
@@ -577,9 +577,8 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     def counted():
         with original():
             assert os.environ["TRITON_INTERPRET"] == "1"
-            stubs = triton_relative.launch, triton_relative.row_deltas
-            triton_relative.launch = lambda *args, **settings: calls.append(args[0].__name__) or stubs[0]()
-            triton_relative.row_deltas = lambda *args: calls.append("row_deltas") or stubs[1](*args)
+            stub = triton_relative.launch
+            triton_relative.launch = lambda *args, **settings: calls.append(args[0].__name__) or stub()
             yield
 
     monkeypatch.setattr(host_overhead, "kernels_stubbed", counted)
@@ -587,9 +586,8 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
                                "--out", str(tmp_path)])
     assert [row["series"] for row in data["rows"]] == ["absolute@sdpa", "shaw@relpos_triton"]
     assert data["rows"][0]["extra_ms"] == 0 and all(row["ms"] > 0 for row in data["rows"])
-    assert set(calls) == {"relative_forward_kernel", "relative_backward_keys_kernel", "relative_backward_queries_kernel",
-                          "row_deltas"}
-    assert (triton_relative.launch, triton_relative.row_deltas) == (launch, row_deltas)
+    assert set(calls) == {"relative_forward_kernel", "relative_backward_keys_kernel", "relative_backward_queries_kernel"}
+    assert triton_relative.launch is launch
     assert "TRITON_INTERPRET" not in os.environ
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
 
@@ -642,8 +640,9 @@ def test_host_split_trains_the_model_with_the_fused_launches_as_no_ops(tmp_path)
 
 def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path):
     """host_overhead --launches triton, in a process without Triton's interpreter (bfloat16 autocast, as the GPU
-    trains): each of shaw's 12 self-attentions launches its forward, both backward kernels and the backward's Delta
-    through Triton's launch path with the stand-in driver (48 a step), absolute none."""
+    trains): each of shaw's 12 self-attentions launches its forward and both backward kernels (the dq/dT kernel
+    storing Delta: no third backward launch) through Triton's launch path with the stand-in driver (36 a step),
+    absolute none."""
     pytest.importorskip("triton")
     import subprocess
 
@@ -657,7 +656,7 @@ def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path)
     data = json.loads((tmp_path / "host_overhead.json").read_text())
     assert (data["meta"]["launches"], data["meta"]["dtype"]) == ("triton", "bfloat16")   # under autocast
     assert [(row["series"], row["triton_launches"]) for row in data["rows"]] == [("absolute@sdpa", 0),
-                                                                                 ("shaw@relpos_triton", 48)]
+                                                                                 ("shaw@relpos_triton", 36)]
     assert 0 < data["rows"][0]["operators"] < data["rows"][1]["operators"]   # one step's aten operators
     assert "through Triton's launch path" in (tmp_path / "host_overhead.md").read_text()
 

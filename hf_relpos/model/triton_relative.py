@@ -29,7 +29,6 @@ import torch
 KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
 INTERPRETER_BLOCKS = (INTERPRETER_BLOCK, INTERPRETER_BLOCK)   # (BLOCK_M, BLOCK_N) of the kernels there
-DELTA_BLOCK = 64   # rows per program of the backward's Delta (a memory-bound pass)
 SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
 # The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
 # one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
@@ -61,12 +60,13 @@ def next_power_of_2(value: int) -> int:
     return 1 << max(0, value - 1).bit_length()
 
 
-def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, with_masses: bool, causal: bool,
-                    dropout: float) -> dict[str, Any]:
-    """The kernels' compile-time settings: head size, flags, accumulation dtype (float32, float64 for float64
-    inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands multiplied as float32 under
-    the interpreter, `matmul`): float64 from triton 3.5 on, else one error. Formed once per setting (each layer's
-    call reads them: host time)."""
+def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, mass_columns: int, causal: bool,
+                    dropout: float) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The kernels' compile-time settings: head size, flags, the masses' width (0: no a^V), accumulation dtype
+    (float32, float64 for float64 inputs) and matmul precision (IEEE for float32/64: no TF32; half-precision operands
+    multiplied as float32 under the interpreter, `matmul`): float64 from triton 3.5 on, else one error. Those of the
+    forward and dq/dT kernels, then those of the dk/dv kernel (without the distance and mass widths), formed once per
+    setting (each layer's call reads them: host time)."""
     # each use imports the kernels' module: triton only when they run
     from .triton_relative_kernels import FLOAT64_DOT, FLOAT64_DOT_TRITON, triton
     if query.dtype == torch.float64 and not FLOAT64_DOT:
@@ -74,23 +74,23 @@ def launch_settings(query: torch.Tensor, max_distance: int, with_bias: bool, wit
                            f"{'.'.join(map(str, FLOAT64_DOT_TRITON))} or newer "
                            f"(float64 tl.dot); triton {triton.__version__} is installed: upgrade triton, or run "
                            f"the model in float32 or bfloat16, or on 'sdpa'")
-    return dict(settings_for(query.size(-1), query.dtype, max_distance, with_bias, with_masses, causal, dropout > 0,
-                             interpreting()))
+    return settings_for(query.size(-1), query.dtype, max_distance, with_bias, mass_columns, causal, dropout > 0,
+                        interpreting())
 
 
 @functools.lru_cache(maxsize=256)
-def settings_for(head_dim: int, dtype: torch.dtype, max_distance: int, with_bias: bool, with_masses: bool,
-                 causal: bool, dropout: bool, interpreted: bool) -> dict[str, Any]:
+def settings_for(head_dim: int, dtype: torch.dtype, max_distance: int, with_bias: bool, mass_columns: int,
+                 causal: bool, dropout: bool, interpreted: bool) -> tuple[dict[str, Any], dict[str, Any]]:
     """`launch_settings` of one setting (not to be changed: shared by every call of that setting)."""
     from .triton_relative_kernels import tl
 
     accumulate_64 = dtype == torch.float64
-    return dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
-                HAS_VALUES=with_masses, CAUSAL=causal, DROPOUT=dropout,
+    keys = dict(HEAD_DIM=head_dim, BLOCK_D=max(16, next_power_of_2(head_dim)), HAS_BIAS=with_bias,
+                HAS_VALUES=mass_columns > 0, CAUSAL=causal, DROPOUT=dropout,
                 ACC=tl.float64 if accumulate_64 else tl.float32,
                 PRECISION=("ieee" if dtype in (torch.float32, torch.float64)
-                           else "float32" if interpreted else "tf32"),
-                BLOCK_I=next_power_of_2(max(2 * max_distance - 1, 1)))
+                           else "float32" if interpreted else "tf32"))
+    return keys | dict(BLOCK_I=next_power_of_2(max(2 * max_distance - 1, 1)), MASS_COLUMNS=mass_columns), keys
 
 
 GRID_LIMIT = 65535   # CUDA's most programs along a grid's dimension 1 or 2 (dimension 0: 2^31 - 1)
@@ -128,11 +128,18 @@ def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *a
 
 def autotuner_key(tuned: Any, args: tuple, settings: dict[str, Any]) -> tuple:
     """The key under which triton's autotuner `tuned` caches its choice for a call (as `Autotuner.run` forms it: the
-    key parameters' values, then the dtype of every argument that has one, in the call's order)."""
-    names = tuned.arg_names
-    key = [settings[name] if name in settings else args[names.index(name)] for name in tuned.keys]
-    key += [str(value.dtype) for value in (*args, *settings.values()) if hasattr(value, "dtype")]
+    key parameters' values, then the dtype of every argument that has one, in the call's order: the tensors, the
+    other arguments being ints, floats, bools, strings and triton dtypes)."""
+    positions = key_positions(tuned)
+    key = [settings[name] if name in settings else args[positions[name]] for name in tuned.keys]
+    key += [str(value.dtype) for value in (*args, *settings.values()) if isinstance(value, torch.Tensor)]
     return tuple(key)
+
+
+@functools.cache
+def key_positions(tuned: Any) -> dict[str, int]:
+    """Where each of `tuned`'s key parameters comes in its kernel's arguments."""
+    return {name: tuned.arg_names.index(name) for name in tuned.keys}
 
 
 def length_bucket(query_length: int, key_length: int) -> int:
@@ -208,15 +215,12 @@ def empty_in_order_of(reference: torch.Tensor, last: int, dtype: torch.dtype) ->
 
 
 def masses_in_order_of(query: torch.Tensor, max_distance: int, mass_columns: int) -> torch.Tensor:
-    """M [B, H, n, mass_columns] in query's order and the accumulation dtype, for the kernel to fill its first 2k+1
-    columns: the others (padding to an aligned width) zero."""
-    masses = empty_in_order_of(query, mass_columns, torch.promote_types(query.dtype, torch.float32))
-    if mass_columns:
-        if mass_columns < 2 * max_distance + 1:
-            raise ValueError(f"attn_implementation {KERNEL_NAME!r}: mass_columns {mass_columns} is less than "
-                             f"2k + 1 = {2 * max_distance + 1}")
-        masses[..., 2 * max_distance + 1:].zero_()
-    return masses
+    """M [B, H, n, mass_columns] in query's order and the accumulation dtype, for the forward kernel to fill: its
+    first 2k+1 columns, and the others (padding to an aligned width) with zeros."""
+    if 0 < mass_columns < 2 * max_distance + 1:
+        raise ValueError(f"attn_implementation {KERNEL_NAME!r}: mass_columns {mass_columns} is less than "
+                         f"2k + 1 = {2 * max_distance + 1}")
+    return empty_in_order_of(query, mass_columns, torch.promote_types(query.dtype, torch.float32))
 
 
 def fused_forward(
@@ -237,7 +241,7 @@ def fused_forward(
     output = torch.empty_like(query)   # query's layout: token-major [B, n, H, d] memory needs no copy to merge heads
     masses = masses_in_order_of(query, max_distance, mass_columns)
     lse = query.new_empty(batch, heads, query_length, dtype=accumulate)
-    settings = launch_settings(query, max_distance, bias_table is not None, mass_columns > 0, causal, dropout)
+    settings, _ = launch_settings(query, max_distance, bias_table is not None, mass_columns, causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
     check_row_spans(query=query, key=key, value=value, bias_table=table, masses=masses)
     from .triton_relative_kernels import relative_forward_kernel, tuned_forward
@@ -267,25 +271,26 @@ def fused_backward(
     lse: torch.Tensor, key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float,
     dropout: float, query_offset: int, max_distance: int, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dT) of `fused_forward` (dT [B, H, n, 0] without a bias table), after Delta_i = dO_i . o_i +
-    sum_r dM_ir M_ir (one pass, `row_delta_kernel`)."""
+    """(dq, dk, dv, dT) of `fused_forward` (dT in the bias table's dtype, [B, H, n, 0] without one): the dq/dT
+    kernel first, which also stores each row's Delta_i = dO_i . o_i + sum_r dM_ir M_ir, then the dk/dv kernel."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, _ = query.shape
     key_length = key.size(-2)
-    with_masses = masses.size(-1) > 0
     accumulate = torch.promote_types(query.dtype, torch.float32)
     grad_output, grad_masses = with_unit_last_stride(grad_output), with_unit_last_stride(grad_masses)
     # each gradient in its input's layout (token-major projections: no copy to merge heads)
     grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
     with_bias = bias_table is not None
-    grad_table = empty_in_order_of(query, 2 * max_distance + 1 if with_bias else 0, accumulate)
+    # dT in the table's dtype: the kernel rounds its sums once as it stores them (no cast after)
+    grad_table = empty_in_order_of(query, 2 * max_distance + 1 if with_bias else 0,
+                                   bias_table.dtype if with_bias else accumulate)
     check_row_spans(grad_output=grad_output, grad_masses=grad_masses, grad_table=grad_table)
-    settings = launch_settings(query, max_distance, with_bias, with_masses, causal, dropout)
+    settings, keys_settings = launch_settings(query, max_distance, with_bias, masses.size(-1), causal, dropout)
     table = query if bias_table is None else with_unit_last_stride(bias_table)
     common = (key_start, key_end, scales(query, scaling, dropout), int(seed.item()), dropout_threshold(dropout),
               *strides(query, key, value, table, grad_output, grad_masses))
     sizes = (heads, query_length, key_length, query_offset, max_distance, length_bucket(query_length, key_length))
-    delta = row_deltas(grad_output, output, grad_masses, masses, settings)
+    delta = output.new_empty(batch, heads, query_length, dtype=accumulate)   # written by the dq/dT kernel
     from .triton_relative_kernels import (
         relative_backward_keys_kernel,
         relative_backward_queries_kernel,
@@ -293,31 +298,13 @@ def fused_backward(
         tuned_backward_queries,
     )
 
+    launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
+           batch * heads, query, key, value, table, grad_output, grad_masses, output, masses, lse, delta, grad_query,
+           grad_table, *common, *strides(grad_query, grad_table, output, masses), *sizes, **settings)
     launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
            query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
-           *strides(grad_key, grad_value), *sizes,
-           **{name: value for name, value in settings.items() if name != "BLOCK_I"})
-    launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
-           batch * heads, query, key, value, table, grad_output, grad_masses, lse, delta, grad_query, grad_table,
-           *common, *strides(grad_query, grad_table), *sizes, **settings)
-    return grad_query, grad_key, grad_value, grad_table.to(bias_table.dtype) if with_bias else grad_table
-
-
-def row_deltas(grad_output: torch.Tensor, output: torch.Tensor, grad_masses: torch.Tensor, masses: torch.Tensor,
-               settings: dict[str, Any]) -> torch.Tensor:
-    """Delta [B, H, n] (contiguous, in the accumulation dtype) = dO_i . o_i + sum_r dM[i, r] M[i, r], one pass over
-    the four tensors in their layouts (`row_delta_kernel`)."""
-    from .triton_relative_kernels import row_delta_kernel
-
-    batch, heads, query_length, _ = output.shape
-    delta = output.new_empty(batch, heads, query_length, dtype=torch.promote_types(output.dtype, torch.float32))
-    rows = INTERPRETER_BLOCK if interpreting() else DELTA_BLOCK
-    distances = masses.size(-1)
-    row_delta_kernel[program_grid(ceil_div(query_length, rows), batch * heads)](
-        grad_output, output, grad_masses, masses, delta, *strides(grad_output, output, grad_masses, masses), heads,
-        query_length, batch * heads, HEAD_DIM=settings["HEAD_DIM"], BLOCK_D=settings["BLOCK_D"], DISTANCES=distances,
-        BLOCK_R=max(16, next_power_of_2(distances)), HAS_VALUES=distances > 0, ACC=settings["ACC"], BLOCK_M=rows)
-    return delta
+           *strides(grad_key, grad_value), *sizes, **keys_settings)
+    return grad_query, grad_key, grad_value, grad_table
 
 
 relative_attention_backward = torch.library.custom_op(f"{OP_NAMESPACE}::relative_attention_backward",

@@ -16,8 +16,9 @@ s_ij log2(e), so that each exponential is one exp2, and store lse_i log2(e). Bac
     Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r]     dS_ij = P_ij (dP_ij - Delta_i)
     dq_i = c sum_j dS_ij k_j    dk_j = c sum_i dS_ij q_i    dv_j = sum_i D_ij dO_i    dT[i, r] = sum_{r(i,j)=r} dS_ij
 
-The dk/dv kernel loops over query blocks per key block, the dq/dT kernel over key blocks per query block: every
-program writes only its own rows (no atomics; the backward is deterministic). Each loop runs in three parts (the
+The dq/dT kernel runs first, over key blocks per query block, and stores its rows' Delta (dO and o are read there
+once per row anyway); then the dk/dv kernel loops over query blocks per key block, reading Delta: every program
+writes only its own rows (no atomics; the backward is deterministic). Each loop runs in three parts (the
 softmax and the gradient sums do not depend on the order): the tiles whose keys are all at distance <= -k from their
 queries (bucket 0), those at >= k (bucket 2k), and those that meet the band. On the edge tiles T and dM are one column
 per row and the sums by distance (M, dT) one row sum per edge, so the interior buckets' [BLOCK_M, 2k-1] sums are live,
@@ -142,6 +143,17 @@ def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_dis
     interior = tl.arange(0, BLOCK_I)[None, :]
     tl.store(X + row_offsets + 1 + interior, inner.to(dtype), mask=row_ok[:, None] & (interior < 2 * max_distance - 1))
     tl.store(X + row_offsets + 2 * max_distance, right.to(dtype), mask=row_ok[:, None] & two_buckets)
+
+
+@triton.jit
+def store_zero_columns(X, base, stride, rows, row_ok, first, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr):
+    """Columns [first, WIDTH) of the rows `rows` of a [.., WIDTH] tensor (row stride `stride`, unit last stride) set
+    to zero, eight at a time: the masses' padding beyond 2k+1 (`RelativeValues.mass_columns`, fewer than eight
+    columns), written here rather than by a fill."""
+    for start in range(first, WIDTH, 8):
+        columns = start + tl.arange(0, 8)[None, :]
+        tl.store(X + base + rows[:, None] * stride + columns, tl.zeros([BLOCK_M, 8], X.dtype.element_ty),
+                 mask=row_ok[:, None] & (columns < WIDTH))
 
 
 @triton.jit
@@ -299,12 +311,13 @@ def relative_forward_kernel(
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_ob, stride_oh, stride_on, stride_mb, stride_mh, stride_mn,
     heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, MASS_COLUMNS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One query block of one (b, h): the online softmax over its key tiles beyond -k, beyond +k, then those that
-    meet the band, with the masses M by distance kept as two edge row sums until the band tiles."""
+    meet the band, with the masses M by distance kept as two edge row sums until the band tiles; M's columns from
+    2k+1 to its width `MASS_COLUMNS` stored as zeros."""
     first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
     if bh >= batch_heads:
         return
@@ -346,8 +359,10 @@ def relative_forward_kernel(
                BLOCK_D)
     tl.store(LSE + out_base + rows, tl.where(has_key, row_max + tl.log2(normalizer), float("-inf")), mask=row_ok)
     if HAS_VALUES:
-        store_by_distance(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, row_ok,
-                          left * scale, inner * scale, right * scale, max_distance, BLOCK_I)
+        masses_base = head_base(b, h, stride_mb, stride_mh)
+        store_by_distance(M, masses_base, stride_mn, rows, row_ok, left * scale, inner * scale, right * scale,
+                          max_distance, BLOCK_I)
+        store_zero_columns(M, masses_base, stride_mn, rows, row_ok, 2 * max_distance + 1, MASS_COLUMNS, BLOCK_M)
 
 
 @triton.jit
@@ -456,6 +471,22 @@ def relative_backward_keys_kernel(
 
 
 @triton.jit
+def row_delta(do, OUT, o_base, stride_on, DM, dm_base, stride_dmn, M, m_base, stride_mn, rows, query_length,
+              HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, MASS_COLUMNS: tl.constexpr, HAS_VALUES: tl.constexpr,
+              ACC: tl.constexpr):
+    """Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r] of the rows `rows` (dO's rows loaded: `do`; zero beyond the
+    query length), in the accumulation dtype."""
+    output = load_rows(OUT, o_base, stride_on, rows, 0, query_length, HEAD_DIM, BLOCK_D)
+    delta = tl.sum(do.to(ACC) * output.to(ACC), 1)
+    if HAS_VALUES:
+        for first in tl.static_range(0, MASS_COLUMNS, 16):   # 16 columns at a time: fewer live registers
+            grad_masses = load_rows(DM + first, dm_base, stride_dmn, rows, 0, query_length, MASS_COLUMNS - first, 16)
+            masses = load_rows(M + first, m_base, stride_mn, rows, 0, query_length, MASS_COLUMNS - first, 16)
+            delta += tl.sum(grad_masses.to(ACC) * masses.to(ACC), 1)
+    return delta
+
+
+@triton.jit
 def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, K, V, T, DM, k_base, v_base, stride_kn,
                           stride_vn, t_base, t_stride, m_base, rows, key_start, key_end, bh, seed, dropout_threshold,
                           score_scale, log2e, keep_scale, query_length, key_length, query_offset, max_distance,
@@ -486,26 +517,33 @@ def backward_queries_tile(dq, left, inner, right, first_col, q, do, lse, delta, 
 
 @triton.jit(do_not_specialize=RUNTIME_INTS)
 def relative_backward_queries_kernel(
-    Q, K, V, T, DO, DM, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
+    Q, K, V, T, DO, DM, OUT, M, LSE, DELTA, DQ, DT, KEY_START, KEY_END, SCALES, seed, dropout_threshold,
     stride_qb, stride_qh, stride_qn, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
-    stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn,
+    stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn, stride_ob, stride_oh, stride_on,
+    stride_mb, stride_mh, stride_mn,
     heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, HAS_BIAS: tl.constexpr,
-    HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, MASS_COLUMNS: tl.constexpr,
+    HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
-    its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then)."""
+    its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then);
+    first its rows' Delta (`row_delta`, from o and the masses M of width `MASS_COLUMNS`), stored into DELTA
+    (contiguous [B, H, n]) for the dk/dv kernel that runs after it."""
     first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
     if bh >= batch_heads:
         return
     rows = first_row + tl.arange(0, BLOCK_M)
     row_ok = rows < query_length
     row_base = bh.to(tl.int64) * query_length
+    do = load_rows(DO, head_base(b, h, stride_dob, stride_doh), stride_don, rows, 0, query_length, HEAD_DIM, BLOCK_D)
+    delta = row_delta(do, OUT, head_base(b, h, stride_ob, stride_oh), stride_on, DM,
+                      head_base(b, h, stride_dmb, stride_dmh), stride_dmn, M, head_base(b, h, stride_mb, stride_mh),
+                      stride_mn, rows, query_length, HEAD_DIM, BLOCK_D, MASS_COLUMNS, HAS_VALUES, ACC)
+    tl.store(DELTA + row_base + rows, delta, mask=row_ok)
     q = load_rows(Q, head_base(b, h, stride_qb, stride_qh), stride_qn, rows, 0, query_length, HEAD_DIM, BLOCK_D)
-    do, lse, delta = load_row_gradients(DO, head_base(b, h, stride_dob, stride_doh), stride_don,
-                                        LSE, DELTA, row_base, rows, query_length, HEAD_DIM, BLOCK_D)
+    lse = tl.load(LSE + row_base + rows, mask=row_ok, other=0.0)
     key_start, key_end, first, last = key_range(KEY_START, KEY_END, b, first_row, query_offset, CAUSAL, BLOCK_M,
                                                 BLOCK_N)
     band_start, band_end = band_key_tiles(first_row, first, last, query_offset, max_distance, BLOCK_M, BLOCK_N)
@@ -536,35 +574,6 @@ def relative_backward_queries_kernel(
     if HAS_BIAS:
         store_by_distance(DT, head_base(b, h, stride_dtb, stride_dth), stride_dtn, rows, row_ok,
                           left, inner, right, max_distance, BLOCK_I)
-
-
-@triton.jit(do_not_specialize=["query_length", "batch_heads"])
-def row_delta_kernel(
-    DO, OUT, DM, M, DELTA, stride_dob, stride_doh, stride_don, stride_ob, stride_oh, stride_on, stride_dmb, stride_dmh,
-    stride_dmn, stride_mb, stride_mh, stride_mn, heads, query_length, batch_heads,
-    HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, DISTANCES: tl.constexpr, BLOCK_R: tl.constexpr,
-    HAS_VALUES: tl.constexpr, ACC: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    """Delta_i = dO_i . o_i + sum_r dM[i, r] M[i, r] of one row block of one (b, h), in the accumulation dtype, into
-    the contiguous [B, H, n] DELTA: one pass over the four tensors in whatever layout they come."""
-    bh = program_batch_head()
-    if bh >= batch_heads:
-        return
-    b, h = bh // heads, bh % heads
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < query_length
-    grad = load_rows(DO, head_base(b, h, stride_dob, stride_doh), stride_don, rows, 0,
-                     query_length, HEAD_DIM, BLOCK_D)
-    output = load_rows(OUT, head_base(b, h, stride_ob, stride_oh), stride_on, rows, 0,
-                       query_length, HEAD_DIM, BLOCK_D)
-    delta = tl.sum(grad.to(ACC) * output.to(ACC), 1)
-    if HAS_VALUES:
-        grad_masses = load_rows(DM, head_base(b, h, stride_dmb, stride_dmh), stride_dmn, rows, 0,
-                                query_length, DISTANCES, BLOCK_R)
-        masses = load_rows(M, head_base(b, h, stride_mb, stride_mh), stride_mn, rows, 0,
-                           query_length, DISTANCES, BLOCK_R)
-        delta += tl.sum(grad_masses.to(ACC) * masses.to(ACC), 1)
-    tl.store(DELTA + bh.to(tl.int64) * query_length + rows, delta, mask=row_ok)
 
 
 @triton.jit(do_not_specialize=["seed", "dropout_threshold"])   # a threshold of 1 would become a constant
