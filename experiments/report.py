@@ -547,39 +547,45 @@ def host_overhead_before_after() -> str:
             f"`{codes['after']}`.\n")
 
 
-def host_overhead_through_triton() -> str:
+def host_overhead_through_triton(folder: str, runs: tuple[str, ...],
+                                 bf16_runs: tuple[str, str]) -> Callable[[], str]:
     """shaw's extra host time per step through Triton's launch path (benchmarks/host_overhead.py --launches triton,
-    CPU) before and after the changes since e8f9f2f, alternated, and both codes' aten operators per step in float32
-    and under bfloat16 autocast."""
+    CPU) before and after a change, from the alternated `runs` (before1, after1, ...) of the record `folder`, and
+    both codes' aten operators per step in float32 and under bfloat16 autocast (`bf16_runs`: before, after)."""
     def record(name: str) -> dict:
-        return read(f"{HOST_OVERHEAD_TRITON}/{name}/host_overhead.json")
+        return read(f"{folder}/{name}/host_overhead.json")
 
     def rows(name: str) -> dict[str, dict]:
         return {row["series"]: row for row in record(name)["rows"]}
 
     def extra(prefix: str) -> str:
-        return ", ".join(f"{rows(name)['shaw@relpos_triton']['extra_ms']:.2f}" for name in HOST_OVERHEAD_TRITON_RUNS
+        return ", ".join(f"{rows(name)['shaw@relpos_triton']['extra_ms']:.2f}" for name in runs
                          if name.startswith(prefix))
 
     def operators(name: str) -> str:
         counted = rows(name)
         return f"{counted['shaw@relpos_triton']['operators']} against {counted['absolute@sdpa']['operators']}"
 
-    meta = record(HOST_OVERHEAD_TRITON_RUNS[0])["meta"]
-    # (before: the benchmark's files copied into a worktree of that commit, hence its records' "-dirty")
-    codes = {prefix: record(f"{prefix}1")["meta"]["code"].removesuffix("-dirty") for prefix in ("before", "after")}
-    shaw = rows(HOST_OVERHEAD_TRITON_RUNS[0])["shaw@relpos_triton"]
-    return (f"Through Triton's launch path on a CPU ({meta['device_name']}, {meta['cpu_threads']} thread; the full "
-            f"model at d_model {meta['d_model']}, n = {meta['length']}, batch {meta['batch']}, {meta['dtype']}; "
-            f"relpos_triton's {shaw['triton_launches']} launches a step through the autotuner's and the JIT "
-            "function's Python with a stand-in driver, the kernels not run; "
-            f"[`{HOST_OVERHEAD_TRITON}`](results/{HOST_OVERHEAD_TRITON}/README.md)), `shaw` on `relpos_triton` took "
-            f"{extra('before')} ms per step more than `absolute` on sdpa at `{codes['before']}` and {extra('after')} "
-            f"ms at `{codes['after']}` ({len(HOST_OVERHEAD_TRITON_RUNS) // 2} alternated runs each, "
-            f"{meta['rounds']} rounds of {meta['steps']} steps). Aten operators per step (views among them, which "
-            f"launch nothing on a GPU), `shaw` against `absolute`: {operators('before1')} at `{codes['before']}` and "
-            f"{operators('after1')} at `{codes['after']}` in float32; under bfloat16 autocast "
-            f"{operators(HOST_OVERHEAD_TRITON_BF16[0])} and {operators(HOST_OVERHEAD_TRITON_BF16[1])}.\n")
+    def passage() -> str:
+        meta = record(runs[0])["meta"]
+        # (a before run may have the benchmark's files copied into a worktree of that commit, hence "-dirty")
+        codes = {prefix: record(f"{prefix}1")["meta"]["code"].removesuffix("-dirty") for prefix in ("before", "after")}
+        launches = {prefix: rows(f"{prefix}1")["shaw@relpos_triton"]["triton_launches"] for prefix in codes}
+        launched = (f"relpos_triton's {launches['before']} launches a step" if len(set(launches.values())) == 1 else
+                    f"relpos_triton's launches ({launches['before']} a step at `{codes['before']}`, "
+                    f"{launches['after']} at `{codes['after']}`)")
+        return (f"Through Triton's launch path on a CPU ({meta['device_name']}, {meta['cpu_threads']} thread; the "
+                f"full model at d_model {meta['d_model']}, n = {meta['length']}, batch {meta['batch']}, "
+                f"{meta['dtype']}; {launched} through the autotuner's and the JIT function's Python with a stand-in "
+                f"driver, the kernels not run; [`{folder}`](results/{folder}/README.md)), `shaw` on `relpos_triton` "
+                f"took {extra('before')} ms per step more than `absolute` on sdpa at `{codes['before']}` and "
+                f"{extra('after')} ms at `{codes['after']}` ({len(runs) // 2} alternated runs each, "
+                f"{meta['rounds']} rounds of {meta['steps']} steps). Aten operators per step (views among them, which "
+                f"launch nothing on a GPU), `shaw` against `absolute`: {operators('before1')} at `{codes['before']}` "
+                f"and {operators('after1')} at `{codes['after']}` in float32; under bfloat16 autocast "
+                f"{operators(bf16_runs[0])} and {operators(bf16_runs[1])}.\n")
+
+    return passage
 
 
 def decoding_host_work_before_after() -> str:
@@ -732,6 +738,9 @@ HOST_OVERHEAD_RUNS = ("before1", "after1", "before2", "after2")
 HOST_OVERHEAD_TRITON = "host_overhead_triton"
 HOST_OVERHEAD_TRITON_RUNS = ("before1", "after1", "before2", "after2", "before3", "after3")
 HOST_OVERHEAD_TRITON_BF16 = ("before_bf16", "after_bf16")
+# ... before (6606b91) and after (86fb072) the Delta pass folded into the dq/dT kernel and the masses' fill and dT's
+# cast folded into the kernels, the same runs
+HOST_OVERHEAD_TRITON_86FB072 = "host_overhead_triton_86fb072"
 # benchmarks/decoding_host_work.py before (40ab9e1, the benchmark file copied in) and after the decoding step's
 # host-work fixes (9bc5a03, 065eff6, 40808d1, fe51b42; run at f4b4fb6), alternated.
 DECODING_HOST_WORK = "decoding_host_work"
@@ -1573,7 +1582,10 @@ PASSAGES: dict[str, Callable[[], str]] = {
     "benchmarks_h200_time_split_e8f9f2f": lambda: h200_time_split(H200_E8F9F2F_TUNING),
     "benchmarks_h200_time_split_d34293a": lambda: h200_time_split(H200_LATEST_TUNING),
     "benchmarks_host_overhead": host_overhead_before_after,
-    "benchmarks_host_overhead_triton": host_overhead_through_triton,
+    "benchmarks_host_overhead_triton": host_overhead_through_triton(HOST_OVERHEAD_TRITON, HOST_OVERHEAD_TRITON_RUNS,
+                                                                    HOST_OVERHEAD_TRITON_BF16),
+    "benchmarks_host_overhead_triton_86fb072": host_overhead_through_triton(
+        HOST_OVERHEAD_TRITON_86FB072, HOST_OVERHEAD_TRITON_RUNS, HOST_OVERHEAD_TRITON_BF16),
     "benchmarks_decoding_host_work": decoding_host_work_before_after,
     "benchmarks_h200_relpos_triton_lengths_8ed37f1": benchmark_report(H200_8ED37F1_LENGTHS.removesuffix(".json"),
                                                                       bench_training.render_markdown),

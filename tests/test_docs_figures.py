@@ -838,6 +838,25 @@ def test_the_flex_attention_speed_reading_holds_in_its_records(report):
     assert "without dropout it was slower than sdpa for every scheme timed but `shaw`" in page_text("docs/benchmarks.md")
 
 
+def test_the_fused_launch_reduction_reading_holds_in_its_record(report):
+    """docs/benchmarks.md, since d34293a: after 86fb072 every alternated run's extra host time for shaw is below every
+    run's before it, with 12 Triton launches a step fewer (one per self-attention layer) and, under bfloat16 autocast,
+    fewer aten operators."""
+    def shaw(name):
+        rows = report.read(f"{report.HOST_OVERHEAD_TRITON_86FB072}/{name}/host_overhead.json")["rows"]
+        return next(row for row in rows if row["series"] == "shaw@relpos_triton")
+
+    runs = report.HOST_OVERHEAD_TRITON_RUNS
+    before = [shaw(name)["extra_ms"] for name in runs if name.startswith("before")]
+    after = [shaw(name)["extra_ms"] for name in runs if name.startswith("after")]
+    assert len(before) == len(after) == 3 and max(after) < min(before)
+    assert {shaw(name)["triton_launches"] for name in runs} == {48, 36}
+    assert shaw("before1")["triton_launches"] - shaw("after1")["triton_launches"] == 12
+    assert shaw("after_bf16")["operators"] < shaw("before_bf16")["operators"]
+    assert ("In every alternated run `shaw`'s extra host time at `86fb072` is below every run's at `6606b91`"
+            in page_text("docs/benchmarks.md"))
+
+
 def test_the_cpu_speed_reading_holds_in_its_record(report):
     """docs/benchmarks.md, CPU: the whole model (1 + 1 layers, n up to 256) costs little beyond absolute with any
     relative scheme (within 15 %), while one attention layer of shaw, shaw-k or xl costs markedly more as n grows (its
