@@ -9,7 +9,7 @@
 # and 264 s at d34293a, before (v) was added):
 #   (a) 205 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
-#   (t) 50 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
+#   (t) 40 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
 #       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
 #       time per kernel, the host's Python functions; 2026-11-28 at 8ed37f1: shaw's step was host-bound, twice as
 #       long as absolute's where its device time is an estimated 7 ms more: six times the one-layer model's 1.17 ms)
@@ -21,14 +21,15 @@
 #       with relpos_triton's launches real or no-ops, and the backward on autograd's device thread or the caller's
 #       (2026-12-04 at d34293a: 23.8 ms more a step for shaw at n = 16, the CPU measurement 5-7 ms: the rest is what
 #       only a GPU run does, the launches' driver calls or the device thread's hand-offs among the candidates)
-#   (c) 35 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
+#   (c) 25 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
 #       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
 #       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
 #       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
 #       triton, the operator profile of one self-attention layer on sdpa
-#   (d) 30 + 70 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
+#   (d) 30 + 90 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
 #       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
-#       bf16 inputs, and that a key the device's triton has tuned launches directly (its autotuner forms the key the
+#       bf16 inputs, dT stored in bf16 rounded to nearest even (CPU tests run Triton's interpreter, which truncates),
+#       and that a key the device's triton has tuned launches directly (its autotuner forms the key the
 #       package forms: else every launch would take the autotuner's path again), when triton is installed
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
 #       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
@@ -98,7 +99,7 @@ training() {  # training SECONDS NAME ARGS...
 
 training 205 "(a) attention dropout 0.1: base model, absolute and shaw, n=512 128 1024" --lengths 512 128 1024 \
     --kernels sdpa $triton --schemes absolute shaw --attention_dropout 0.1 --out "$out/training_dropout0.1"
-step 50 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
+step 40 "(t) where the step's time goes: base model, absolute and shaw, n=512" "$python" -m benchmarks.step_timeline \
     --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 --attention_dropout 0.1 --steps 5 \
     --series absolute@sdpa "shaw@${triton:-sdpa}" --host_profile --out "$out/timeline_n512"
 step 40 "(u) the host's work per step: base model, absolute and shaw, n=16" "$python" -m benchmarks.step_timeline \
@@ -108,7 +109,7 @@ step 50 "(v) where the extra host work goes: launches real or none, backward thr
     benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 --batch 32 --attention_dropout 0.1 \
     --rounds 5 --series absolute@sdpa "shaw@${triton:-sdpa}" --out "$out/host_split_n16"
 if [ -n "$triton" ]; then
-    step 35 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
+    step 25 "(c) every CUDA kernel's time: one-layer model, absolute and shaw, n=512" "$python" -m \
         benchmarks.tune_relpos_triton --device cuda --dtype bfloat16 --shape base --length 512 --tokens 16384 \
         --attention_dropout 0.1 --candidates package --out "$out/tuning_n512"
 else
@@ -119,8 +120,8 @@ fi
 if [ "${TESTS:-1}" = 1 ]; then
     step 30 "(d) CUDA tests: sdpa against eager, Shaw's masses and gathered a^K gradients in float32" "$python" -m pytest -q -rs -p no:cacheprovider \
         tests/test_positions.py tests/test_kernels.py -k "cuda and not flex" 2>&1 | tee "$out/cuda_tests.txt"
-    [ -n "$triton" ] && step 70 "(d) relpos_triton compiled for the GPU against the oracle, bf16; the tuned blocks' direct launch" \
-        "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or tuned_key or pinned_blocks" \
+    [ -n "$triton" ] && step 90 "(d) relpos_triton compiled for the GPU against the oracle, bf16; dT stored rounded to nearest; the tuned blocks' direct launch" \
+        "$python" -m pytest -q -rs -p no:cacheprovider tests/test_triton_shaw.py -k "bfloat16_within or rounded_once or tuned_key or pinned_blocks" \
         2>&1 | tee "$out/triton_cuda_tests.txt"
 fi
 if [ "${KEY_DROPOUT:-0}" = 1 ]; then
