@@ -394,8 +394,9 @@ def test_the_grid_keeps_batch_times_heads_within_cudas_limit_and_is_unchanged_be
 
 def test_batch_times_heads_beyond_the_grid_limit_matches_the_oracle(monkeypatch):
     """float64 at 1e-12, with the grid's limit lowered to 3 so that B H = 4 x 2 = 8 is split as (tiles, 3, 3), its
-    last program past B H returning: o, M, lse, the dropout mask and every gradient (the forward, the Delta pass and
-    both backward kernels each recover b H + h from the two dimensions), sequences with unlike key ranges."""
+    last program past B H returning: o, M, lse, the dropout mask and every gradient (the forward and both backward
+    kernels, the dq/dT one storing Delta, each recover b H + h from the two dimensions), sequences with unlike key
+    ranges."""
     monkeypatch.setattr(triton_relative, "GRID_LIMIT", 3)
     k, length, dropout = 2, 21, 0.3
     generator = torch.Generator().manual_seed(5)
