@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import requires_relpos_triton, tiny_config
 
-from hf_relpos.model.modeling_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.model.modeling_relpos import RelPosTransformerForCausalLM, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.positions import built_in_schemes
 
 
@@ -79,6 +79,35 @@ def check_no_cycles(model: RelPosTransformerForConditionalGeneration) -> None:
 @pytest.mark.parametrize("scheme", built_in_schemes())
 def test_training_step_and_beam_search_leave_no_cycles(scheme: str, kernel: str) -> None:
     check_no_cycles(model_for(scheme, kernel))
+
+
+@pytest.mark.parametrize("overrides", [{"position_randomization_max": 40}, {"self_attention_window": 2}],
+                         ids=["randomized_positions", "window"])
+def test_shaws_variants_leave_no_cycles(overrides: dict) -> None:
+    torch.manual_seed(0)
+    model = RelPosTransformerForConditionalGeneration(tiny_config("shaw", dropout=0.1, attention_dropout=0.1,
+                                                                  **overrides))
+    check_no_cycles(model)
+
+
+def test_transformer_xl_memory_leaves_no_cycles() -> None:
+    """The causal LM with Transformer-XL segment memory: a training step and greedy decoding."""
+    torch.manual_seed(0)
+    model = RelPosTransformerForCausalLM(tiny_config("xl", dropout=0.1, attention_dropout=0.1,
+                                                     is_encoder_decoder=False, mem_len=4))
+    input_ids = padded_batch()["input_ids"]
+
+    def training_step() -> None:
+        model.train()
+        model(input_ids=input_ids, labels=input_ids).loss.backward()
+
+    def greedy_decoding() -> None:
+        model.eval()
+        with torch.no_grad():
+            model.generate(input_ids=input_ids, max_new_tokens=4)
+
+    for run in (training_step, greedy_decoding):
+        assert list(ours(cyclic_garbage(run))) == [], run.__name__
 
 
 @requires_relpos_triton
