@@ -457,15 +457,15 @@ class RelativeBias:
     distance d; T5: the bucket table, expanded), or a function computing it when a kernel first asks
     (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify(bias)` when
     the scheme has a cheaper way, such as XL's rel-shift: given the bias, so that it needs no reference to it, whose
-    cycle would keep each layer's tensors until Python's cycle collector ran; else by a gather in promote_types(dtype, float32), returned in
-    the table's dtype: the gather's backward sums the gradients of every key in a bucket, up to m for a clipped
-    distance's edge bucket, and CUDA's scatter-add would round after each addition in half precision), once per
-    record: a record shared by every layer (T5) is expanded once per forward. The FlexAttention kernel reads the table through `bucket` inside its
-    score_mod and never builds the n x m float tensor; with `recompute` (a table computed by a function) it computes
-    the table again in the backward instead of keeping it (XL's n x (n + m - 1) per head, one layer's at a time).
-    `clip_distance` = k says that the bucket is the clipped distance clip(j - i', k) + k between the query's and
-    the key's positions (Shaw's); at consecutive positions (`consecutive`, i' = i + `query_offset`) the
-    "relpos_triton" kernel computes it itself.
+    cycle would keep each layer's tensors until Python's cycle collector ran; else by a gather in
+    promote_types(dtype, float32), returned in the table's dtype: the gather's backward sums the gradients of every
+    key in a bucket, up to m for a clipped distance's edge bucket, and CUDA's scatter-add would round after each
+    addition in half precision), once per record: a record shared by every layer (T5) is expanded once per forward.
+    The FlexAttention kernel reads the table through `bucket` inside its score_mod and never builds the n x m float
+    tensor; with `recompute` (a table computed by a function) it computes the table again in the backward instead of
+    keeping it (XL's n x (n + m - 1) per head, one layer's at a time). `clip_distance` = k says that the bucket is
+    the clipped distance clip(j - i', k) + k between the query's and the key's positions (Shaw's); at consecutive
+    positions (`consecutive`, i' = i + `query_offset`) the "relpos_triton" kernel computes it itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
