@@ -657,7 +657,7 @@ def test_host_overhead_through_tritons_launch_path_counts_every_launch(tmp_path)
     assert (data["meta"]["launches"], data["meta"]["dtype"]) == ("triton", "bfloat16")   # under autocast
     assert [(row["series"], row["triton_launches"]) for row in data["rows"]] == [("absolute@sdpa", 0),
                                                                                  ("shaw@relpos_triton", 36)]
-    assert 0 < data["rows"][0]["operators"] < data["rows"][1]["operators"]   # one step's aten operators
+    assert all(row["operators"] > 1000 for row in data["rows"])   # one whole step's aten operators
     assert "through Triton's launch path" in (tmp_path / "host_overhead.md").read_text()
 
 

@@ -273,6 +273,71 @@ def test_the_bias_tables_gradient_comes_in_its_dtype_rounded_once():
     assert in_float32.abs().max() > 0 and torch.equal(in_table_dtype, in_float32.to(torch.bfloat16))
 
 
+def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(monkeypatch):
+    """T [B, H, n, W > 2k+1] (Shaw's aligned product): the kernels read its first 2k+1 columns only, so o, M, lse and
+    dq, dk, dv equal those of T's first 2k+1 columns at 1e-12 whatever the others hold, and dT is as wide as T, equal
+    on those columns and zero beyond them (from NaN-filled memory: the dq/dT kernel writes them)."""
+    case = KERNEL_CASES["encoder_k1_padded"]
+    k, _, _, query_offset, causal, _, _, _, dropout = case
+    query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
+    wide = torch.cat([table.detach(), torch.full_like(table.detach()[..., :1], 1e6).expand(-1, -1, -1, 5)], -1)
+    wide.requires_grad_()
+    empty = triton_relative.empty_in_order_of
+    monkeypatch.setattr(triton_relative, "empty_in_order_of", lambda *args: empty(*args).fill_(float("nan")))
+    grad_output = torch.randn(query.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+
+    def run(bias_table):
+        outputs = relative_attention(query, key, value, bias_table, key_start, key_end, torch.tensor([2**40]),
+                                     8**-0.5, dropout, query_offset, k, causal, mass_columns(k, True))
+        loss = (outputs[0] * grad_output.to(DEVICE)).sum() + outputs[1].sum()
+        return outputs, torch.autograd.grad(loss, (query, key, value, bias_table))
+
+    (narrow_outputs, narrow_grads), (wide_outputs, wide_grads) = run(table), run(wide)
+    for got, expected in zip((*wide_outputs, *wide_grads[:3]), (*narrow_outputs, *narrow_grads[:3]), strict=True):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+    assert wide_grads[3].shape == wide.shape
+    torch.testing.assert_close(wide_grads[3][..., :2 * k + 1], narrow_grads[3], rtol=0, atol=1e-12)
+    assert not wide_grads[3][..., 2 * k + 1:].isnan().any() and not wide_grads[3][..., 2 * k + 1:].any()
+    with pytest.raises(ValueError, match=r"the bias table has 2 columns, fewer than 2k \+ 1 = 3"):
+        relative_attention(query, key, value, table[..., :2], key_start, key_end, torch.tensor([2**40]), 8**-0.5,
+                           dropout, query_offset, k, causal, mass_columns(k, True))
+
+
+def test_shaws_training_step_on_the_kernel_takes_its_table_unsliced(triton_calls):
+    """The model hands the kernel Shaw's aligned product q a^K^T whole (its columns beyond 2k+1 zero): no slice, so
+    no slice's backward (a fill and a copy per layer on a GPU) in the training step; eager and sdpa slice it where
+    their dense bias is formed."""
+    from hf_relpos.model.positions import aligned_width
+
+    class Operators(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.names = collections.Counter()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.names[func.overloadpacket.__name__] += 1
+            return func(*args, **(kwargs or {}))
+
+    tables = []
+    original = triton_relative.FusedAttention.apply
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).double().to(DEVICE)
+    k = model.config.max_relative_position
+
+    def recording(*inputs):
+        tables.append(inputs[3])
+        return original(*inputs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(triton_relative.FusedAttention, "apply", recording)
+        with Operators() as dispatched:
+            run_model(model, "relpos_triton", seq2seq_batch())
+    assert len(triton_calls) == 4 and len(tables) == 4
+    assert all(table.size(-1) == aligned_width(2 * k + 1) > 2 * k + 1 for table in tables)
+    assert all(not table[..., 2 * k + 1:].any() for table in tables)
+    assert dispatched.names["slice_backward"] == 0 and dispatched.names["mm"] > 0, dispatched.names
+
+
 @pytest.mark.parametrize("width", [8, 24])
 def test_the_forward_kernel_writes_the_masses_padding_columns(width, monkeypatch):
     """M's columns beyond 2k+1 (up to its aligned width, or any wider one) come back zero from memory that held NaN:

@@ -742,7 +742,7 @@ def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, di
                 ) -> torch.Tensor:
     """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
     product (forward and backward) has an aligned distance dimension. transpose: x . w_r for every r, [B, H, n, R],
-    a view of the [B, H, n, aligned_width(R)] product; otherwise x [B, H, n, R'] with R' >= R (masses as wide as
+    a view of the [B, H, n, aligned_width(R)] product (the product itself where R is aligned); otherwise x [B, H, n, R'] with R' >= R (masses as wide as
     `RelativeValues.mass_columns`, zero beyond R; narrower ones are padded here, a copy) times the table padded to
     that width. `distances`: R for a table whose rows beyond the first R are zeros already (`padded_table`; default:
     every row is a distance). A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that
@@ -763,7 +763,7 @@ def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, di
             product = torch.matmul(x, weights)
     else:
         product = torch.einsum("bhnd,hrd->bhnr" if transpose else "bhnr,hrd->bhnd", x, table)
-    return product[..., :distances] if transpose else product
+    return product[..., :distances] if transpose and distances < width else product
 
 
 @dataclass

@@ -165,7 +165,8 @@ class ShawPositions(PositionScheme):
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive and not context.fixed_size_cache and query.size(-2) > 1:   # slices by the int offset
-                score_bias.densify = lambda bias: clipped_rel_shift(bias.full_table(), key_length, kmax, offset)
+                score_bias.densify = lambda bias: clipped_rel_shift(bias.full_table()[..., :2 * kmax + 1], key_length,
+                                                                    kmax, offset)
             elif consecutive:   # a fixed-size cache's steps: read by the layers' shared index
                 score_bias.densify = lambda bias: bias_by_index(bias.full_table(), context.index)
         fused = None
@@ -175,11 +176,12 @@ class ShawPositions(PositionScheme):
         return AttentionTerms(score_bias=score_bias, value_term=value_term, fused_attention=fused)
 
     def key_profile(self, context: ShawContext, layer_idx: int, query: torch.Tensor) -> torch.Tensor:
-        """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r [B, H, n, 2k+1] (eq. 5's second term before it is laid
-        out over the keys), the scale applied to the small table rather than to the product, the table in the
+        """q_i . w^K_r / sqrt(d_z) for the 2k+1 distances r (eq. 5's second term before it is laid out over the
+        keys), [B, H, n, aligned_width(2k+1)]: the columns beyond 2k are zeros (the padded table's zero rows), kept so
+        that the product is not sliced (a kernel reading the table by distance takes it whole, and its gradient
+        needs no slice's backward); the scale applied to the small table rather than to the product, the table in the
         product's dtype (under autocast cast once per stack call for every layer, not by each layer's product)."""
-        return times_table(query, context.aligned_table(0, layer_idx, product_dtype(query.dtype, query.device.type)),
-                           distances=2 * self.max_relative_position + 1)
+        return times_table(query, context.aligned_table(0, layer_idx, product_dtype(query.dtype, query.device.type)))
 
     def fused_attention(self, context: ShawContext, layer_idx: int, query: torch.Tensor, key: torch.Tensor,
                         value: torch.Tensor, scaling: float, mask: Any, attend: Any) -> torch.Tensor:

@@ -2,7 +2,8 @@
 score bias and value term depend on the clipped distance clip(j - i', k) (Shaw et al. 2018: a^K and a^V).
 
 The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
-kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, 2k+1] and returns the output sum_j D_ij v_j, each
+kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, W >= 2k+1] (columns beyond 2k unread, their
+gradient zero: Shaw's aligned product, unsliced) and returns the output sum_j D_ij v_j, each
 row's dropped probability mass per clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the
 row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients
 through T and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor
@@ -230,10 +231,14 @@ def fused_forward(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(o [B, H, n, d], M [B, H, n, mass_columns], lse log2(e) [B, H, n]: each row's log-sum-exp in base 2, -inf for
     a row without a key): see the kernels' module docstring. M's columns beyond 2k+1 are zero (the value term's
-    aligned width, `RelativeValues.mass_columns`); 0 columns: no masses, no value term. Keys of sequence b are those
-    in [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout mask; the scale c must be positive."""
+    aligned width, `RelativeValues.mass_columns`); 0 columns: no masses, no value term. `bias_table` [B, H, n, W]:
+    T[i, r] in its first 2k+1 columns (W >= 2k+1; the others are not read). Keys of sequence b are those in
+    [key_start[b], key_end[b]); `seed` [1] int64 keys the dropout mask; the scale c must be positive."""
     if not scaling > 0:
         raise ValueError(f"attn_implementation {KERNEL_NAME!r}: the attention scale must be positive, got {scaling}")
+    if bias_table is not None and bias_table.size(-1) < 2 * max_distance + 1:
+        raise ValueError(f"attn_implementation {KERNEL_NAME!r}: the bias table has {bias_table.size(-1)} columns, "
+                         f"fewer than 2k + 1 = {2 * max_distance + 1}")
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, head_dim = query.shape
     key_length = key.size(-2)
@@ -271,7 +276,8 @@ def fused_backward(
     lse: torch.Tensor, key_start: torch.Tensor, key_end: torch.Tensor, seed: torch.Tensor, scaling: float,
     dropout: float, query_offset: int, max_distance: int, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv, dT) of `fused_forward` (dT in the bias table's dtype, [B, H, n, 0] without one): the dq/dT
+    """(dq, dk, dv, dT) of `fused_forward` (dT in the bias table's shape and dtype, zero beyond its first 2k+1
+    columns; [B, H, n, 0] without one): the dq/dT
     kernel first, which also stores each row's Delta_i = dO_i . o_i + sum_r dM_ir M_ir, then the dk/dv kernel."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, _ = query.shape
@@ -281,8 +287,9 @@ def fused_backward(
     # each gradient in its input's layout (token-major projections: no copy to merge heads)
     grad_query, grad_key, grad_value = (torch.empty_like(tensor) for tensor in (query, key, value))
     with_bias = bias_table is not None
-    # dT in the table's dtype: the kernel rounds its sums once as it stores them (no cast after)
-    grad_table = empty_in_order_of(query, 2 * max_distance + 1 if with_bias else 0,
+    # dT as wide as the table and in its dtype: the kernel rounds its sums once as it stores them (no cast after)
+    # and writes zeros beyond 2k+1
+    grad_table = empty_in_order_of(query, bias_table.size(-1) if with_bias else 0,
                                    bias_table.dtype if with_bias else accumulate)
     check_row_spans(grad_output=grad_output, grad_masses=grad_masses, grad_table=grad_table)
     settings, keys_settings = launch_settings(query, max_distance, with_bias, masses.size(-1), causal, dropout)
@@ -300,7 +307,8 @@ def fused_backward(
 
     launch(relative_backward_queries_kernel, tuned_backward_queries, "BLOCK_M", query_length,
            batch * heads, query, key, value, table, grad_output, grad_masses, output, masses, lse, delta, grad_query,
-           grad_table, *common, *strides(grad_query, grad_table, output, masses), *sizes, **settings)
+           grad_table, *common, *strides(grad_query, grad_table, output, masses), *sizes,
+           table_columns=grad_table.size(-1), **settings)
     launch(relative_backward_keys_kernel, tuned_backward_keys, "BLOCK_N", key_length, batch * heads,
            query, key, value, table, grad_output, grad_masses, lse, delta, grad_key, grad_value, *common,
            *strides(grad_key, grad_value), *sizes, **keys_settings)
@@ -314,7 +322,7 @@ relative_attention_backward = torch.library.custom_op(f"{OP_NAMESPACE}::relative
 @relative_attention_backward.register_fake
 def _(grad_output, grad_masses, query, key, value, bias_table, output, masses, lse, key_start, key_end, seed,
       scaling, dropout, query_offset, max_distance, causal):
-    distances = 2 * max_distance + 1 if bias_table is not None else 0
+    distances = bias_table.size(-1) if bias_table is not None else 0
     dtype = bias_table.dtype if bias_table is not None else torch.promote_types(query.dtype, torch.float32)
     return (*(torch.empty_like(with_unit_last_stride(tensor)) for tensor in (query, key, value)),
             empty_in_order_of(with_unit_last_stride(query), distances, dtype))
@@ -431,7 +439,7 @@ def clipped_relative_attention(
     key_start: torch.Tensor, key_end: torch.Tensor, scaling: float, dropout: float, query_offset: int,
     max_distance: int, causal: bool, value_term: Any = None,
 ) -> torch.Tensor:
-    """softmax-attention [B, H, n, d] with the bias T[i, clip(j - i', k) + k] (`bias_table` [B, H, n, 2k+1] or
+    """softmax-attention [B, H, n, d] with the bias T[i, clip(j - i', k) + k] (`bias_table` [B, H, n, >= 2k+1] or
     None) and, when `value_term` (a `RelativeValues`) is given, its term sum_r M[i, r] a^V_r from the kernel's
     masses; attention dropout `dropout` on the probabilities, seen by both terms. torch.compile traces the custom op,
     eager mode calls `FusedAttention`."""

@@ -49,7 +49,7 @@ BLOCK_CONFIGS = ((64, 64, 4, 2), (128, 64, 8, 2), (64, 32, 4, 3), (128, 32, 4, 2
 # `length_bucket` (the longer side rounded up to a power of two, `triton_relative.length_bucket`) is read only by the
 # autotuner: blocks are tuned per flag set and length bucket.
 RUNTIME_INTS = ["seed", "dropout_threshold", "heads", "query_length", "key_length", "query_offset", "max_distance",
-                "length_bucket", "batch_heads"]
+                "length_bucket", "batch_heads", "table_columns"]
 
 
 @triton.jit
@@ -146,14 +146,14 @@ def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_dis
 
 
 @triton.jit
-def store_zero_columns(X, base, stride, rows, row_ok, first, WIDTH: tl.constexpr, BLOCK_M: tl.constexpr):
-    """Columns [first, WIDTH) of the rows `rows` of a [.., WIDTH] tensor (row stride `stride`, unit last stride) set
-    to zero, eight at a time: the masses' padding beyond 2k+1 (`RelativeValues.mass_columns`, fewer than eight
-    columns), written here rather than by a fill."""
-    for start in range(first, WIDTH, 8):
+def store_zero_columns(X, base, stride, rows, row_ok, first, width, BLOCK_M: tl.constexpr):
+    """Columns [first, width) of the rows `rows` of a [.., width] tensor (row stride `stride`, unit last stride) set
+    to zero, eight at a time: the padding beyond 2k+1 of the masses (`RelativeValues.mass_columns`) and of the bias
+    table's gradient (as wide as Shaw's aligned table), written here rather than by a fill."""
+    for start in range(first, width, 8):
         columns = start + tl.arange(0, 8)[None, :]
         tl.store(X + base + rows[:, None] * stride + columns, tl.zeros([BLOCK_M, 8], X.dtype.element_ty),
-                 mask=row_ok[:, None] & (columns < WIDTH))
+                 mask=row_ok[:, None] & (columns < width))
 
 
 @triton.jit
@@ -522,7 +522,7 @@ def relative_backward_queries_kernel(
     stride_tb, stride_th, stride_tn, stride_dob, stride_doh, stride_don, stride_dmb, stride_dmh, stride_dmn,
     stride_dqb, stride_dqh, stride_dqn, stride_dtb, stride_dth, stride_dtn, stride_ob, stride_oh, stride_on,
     stride_mb, stride_mh, stride_mn,
-    heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads,
+    heads, query_length, key_length, query_offset, max_distance, length_bucket, batch_heads, table_columns,
     HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_I: tl.constexpr, MASS_COLUMNS: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_VALUES: tl.constexpr, CAUSAL: tl.constexpr, DROPOUT: tl.constexpr, ACC: tl.constexpr,
     PRECISION: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
@@ -530,7 +530,8 @@ def relative_backward_queries_kernel(
     """dq and the bias table's gradient dT (per-row, per-distance sums of dS) of one query block of one (b, h), over
     its key tiles beyond -k, beyond +k, then those that meet the band (dT kept as two edge row sums until then);
     first its rows' Delta (`row_delta`, from o and the masses M of width `MASS_COLUMNS`), stored into DELTA
-    (contiguous [B, H, n]) for the dk/dv kernel that runs after it."""
+    (contiguous [B, H, n]) for the dk/dv kernel that runs after it. dT is as wide as T (`table_columns`), zero
+    beyond 2k+1."""
     first_row, bh, b, h, scaling, keep_scale, log2e = program_block(heads, SCALES, BLOCK_M)
     if bh >= batch_heads:
         return
@@ -572,8 +573,9 @@ def relative_backward_queries_kernel(
     store_rows(DQ, head_base(b, h, stride_dqb, stride_dqh), stride_dqn, rows, query_length,
                dq * scaling, HEAD_DIM, BLOCK_D)
     if HAS_BIAS:
-        store_by_distance(DT, head_base(b, h, stride_dtb, stride_dth), stride_dtn, rows, row_ok,
-                          left, inner, right, max_distance, BLOCK_I)
+        table_base = head_base(b, h, stride_dtb, stride_dth)
+        store_by_distance(DT, table_base, stride_dtn, rows, row_ok, left, inner, right, max_distance, BLOCK_I)
+        store_zero_columns(DT, table_base, stride_dtn, rows, row_ok, 2 * max_distance + 1, table_columns, BLOCK_M)
 
 
 @triton.jit(do_not_specialize=["seed", "dropout_threshold"])   # a threshold of 1 would become a constant
