@@ -218,7 +218,7 @@ class ShawPositions(PositionScheme):
 
 
 def bias_by_index(table: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """bias[b, h, i, j] = table[b, h, i, index[i, j]] for the profile `table` [B, H, n, 2k+1] and a stack call's bucket
+    """bias[b, h, i, j] = table[b, h, i, index[i, j]] for the profile `table` [B, H, n, >= 2k+1] and a stack call's bucket
     `index` [n, m], for the calls of several queries on a fixed-size cache (whose keys are slots: no skew by an int
     offset)."""
     batch, heads, query_length, _ = table.shape

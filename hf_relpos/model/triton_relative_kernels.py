@@ -2,8 +2,8 @@
 whose score bias and value term depend on the clipped distance r(i, j) = clip(j - i - query_offset, k) + k.
 
 Per batch entry b and head h, queries i < n, keys j in [key_start_b, key_end_b) (and j <= i + query_offset when
-causal), scale c, per-row bias table T [n, 2k+1] (Shaw's q_i . a^K_r c), Philox keep mask kappa_ij, drop rate p
-(drawn as 16-bit integers: p = round(2^16 p_asked) / 2^16, `triton_relative.dropout_rate`):
+causal), scale c, per-row bias table T [n, >= 2k+1] (Shaw's q_i . a^K_r c; columns beyond 2k not read), Philox keep
+mask kappa_ij, drop rate p (drawn as 16-bit integers: p = round(2^16 p_asked) / 2^16, `triton_relative.dropout_rate`):
 
     s_ij = c q_i . k_j + T[i, r(i, j)]               lse_i = log sum_j exp(s_ij)
     P_ij = exp(s_ij - lse_i)                          D_ij = P_ij kappa_ij / (1 - p)
@@ -134,7 +134,7 @@ def add_band_sums(left, inner, right, x, rows, first_col, query_offset, max_dist
 
 @triton.jit
 def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_distance, BLOCK_I: tl.constexpr):
-    """Rows of a [.., 2k+1] tensor (row stride `stride`, unit last stride) from the sums by distance `left`, `inner`
+    """The first 2k+1 columns of rows of a tensor (row stride `stride`, unit last stride) from the sums by distance `left`, `inner`
     and `right` (as in `add_band_sums`; k = 0: left + right in the one bucket)."""
     row_offsets = base + rows[:, None] * stride
     dtype = X.dtype.element_ty
