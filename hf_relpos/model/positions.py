@@ -453,19 +453,19 @@ def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_positio
 class RelativeBias:
     """A score bias that depends on (query i, key j) only through a bucket: bias[b, h, i, j] = table[b, h, i, bucket(i, j)].
 
-    `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances; XL: (q + v) . W_kR R_d for every
-    distance d; T5: the bucket table, expanded), or a function computing it when a kernel first asks
-    (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by `densify(bias)` when
-    the scheme has a cheaper way, such as XL's rel-shift: given the bias, so that it needs no reference to it, whose
-    cycle would keep each layer's tensors until Python's cycle collector ran; else by a gather in
-    promote_types(dtype, float32), returned in the table's dtype: the gather's backward sums the gradients of every
-    key in a bucket, up to m for a clipped distance's edge bucket, and CUDA's scatter-add would round after each
-    addition in half precision), once per record: a record shared by every layer (T5) is expanded once per forward.
-    The FlexAttention kernel reads the table through `bucket` inside its score_mod and never builds the n x m float
-    tensor; with `recompute` (a table computed by a function) it computes the table again in the backward instead of
-    keeping it (XL's n x (n + m - 1) per head, one layer's at a time). `clip_distance` = k says that the bucket is
-    the clipped distance clip(j - i', k) + k between the query's and the key's positions (Shaw's); at consecutive
-    positions (`consecutive`, i' = i + `query_offset`) the "relpos_triton" kernel computes it itself.
+    `table` is [B, H, n, R] (Shaw: q . w^K_r for the 2k+1 clipped distances, then zero columns up to an aligned R;
+    XL: (q + v) . W_kR R_d for every distance d; T5: the bucket table, expanded), or a function computing it when a
+    kernel first asks (`full_table()`). `dense()` expands it to [B, H, n, m] for the eager and SDPA kernels (by
+    `densify(bias)` when the scheme has a cheaper way, such as XL's rel-shift: given the bias, so that it needs no
+    reference to it, whose cycle would keep each layer's tensors until Python's cycle collector ran; else by a
+    gather in promote_types(dtype, float32), returned in the table's dtype: the gather's backward sums the gradients
+    of every key in a bucket, up to m for a clipped distance's edge bucket, and CUDA's scatter-add would round after
+    each addition in half precision), once per record: a record shared by every layer (T5) is expanded once per
+    forward. The FlexAttention kernel reads the table through `bucket` inside its score_mod and never builds the n x
+    m float tensor; with `recompute` (a table computed by a function) it computes the table again in the backward
+    instead of keeping it (XL's n x (n + m - 1) per head, one layer's at a time). `clip_distance` = k says that the
+    bucket is the clipped distance clip(j - i', k) + k between the query's and the key's positions (Shaw's); at
+    consecutive positions (`consecutive`, i' = i + `query_offset`) the "relpos_triton" kernel computes it itself.
     """
 
     table: torch.Tensor | Callable[[], torch.Tensor]
@@ -742,9 +742,9 @@ def times_table(x: torch.Tensor, table: torch.Tensor, transpose: bool = True, di
                 ) -> torch.Tensor:
     """x [B, H, n, *] times a distance table [R, d] or [H, R, d], the table's rows padded with zeros so that every
     product (forward and backward) has an aligned distance dimension. transpose: x . w_r for every r, [B, H, n, R],
-    a view of the [B, H, n, aligned_width(R)] product (the product itself where R is aligned); otherwise x [B, H, n, R'] with R' >= R (masses as wide as
-    `RelativeValues.mass_columns`, zero beyond R; narrower ones are padded here, a copy) times the table padded to
-    that width. `distances`: R for a table whose rows beyond the first R are zeros already (`padded_table`; default:
+    a view of the [B, H, n, aligned_width(R)] product (the product itself where R is aligned); otherwise
+    x [B, H, n, R'] with R' >= R (masses as wide as `RelativeValues.mass_columns`, zero beyond R; narrower ones are
+    padded here, a copy) times the table padded to that width. `distances`: R for a table whose rows beyond the first R are zeros already (`padded_table`; default:
     every row is a distance). A token-major x (the model's heads split from [B, n, H * d]) is multiplied in that
     order: no copy of x, a token-major result. The table is cast to the dtype the product computes in
     (`product_dtype`: under autocast, autocast's, which a caller's table may be in already)."""
