@@ -273,6 +273,19 @@ def test_the_bias_tables_gradient_comes_in_its_dtype_rounded_once():
     assert in_float32.abs().max() > 0 and torch.equal(in_table_dtype, in_float32.to(torch.bfloat16))
 
 
+class DispatchedOperators(TorchDispatchMode):
+    """Counts the aten operators dispatched under it, by name (the eager path's own: a custom op hides its inner
+    operators)."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names[func.overloadpacket.__name__] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(monkeypatch):
     """T [B, H, n, W > 2k+1] (Shaw's aligned product): the kernels read its first 2k+1 columns only, so o, M, lse and
     dq, dk, dv equal those of T's first 2k+1 columns at 1e-12 whatever the others hold, and dT is as wide as T, equal
@@ -309,15 +322,6 @@ def test_shaws_training_step_on_the_kernel_takes_its_table_unsliced(triton_calls
     their dense bias is formed."""
     from hf_relpos.model.positions import aligned_width
 
-    class Operators(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
     tables = []
     original = triton_relative.FusedAttention.apply
     torch.manual_seed(0)
@@ -330,7 +334,7 @@ def test_shaws_training_step_on_the_kernel_takes_its_table_unsliced(triton_calls
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(triton_relative.FusedAttention, "apply", recording)
-        with Operators() as dispatched:
+        with DispatchedOperators() as dispatched:
             run_model(model, "relpos_triton", seq2seq_batch())
     assert len(triton_calls) == 4 and len(tables) == 4
     assert all(table.size(-1) == aligned_width(2 * k + 1) > 2 * k + 1 for table in tables)
@@ -348,16 +352,7 @@ def test_the_forward_kernel_writes_the_masses_padding_columns(width, monkeypatch
     k, _, _, query_offset, causal, _, _, _, dropout = case
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
 
-    class Operators(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = collections.Counter()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names[func.overloadpacket.__name__] += 1
-            return func(*args, **(kwargs or {}))
-
-    with Operators() as dispatched:   # the eager path's own operators (the custom op would hide them)
+    with DispatchedOperators() as dispatched:   # the eager path's own operators (the custom op would hide them)
         _, masses, _ = triton_relative.FusedAttention.apply(query, key, value, table, key_start, key_end,
                                                             torch.tensor([2**40]), 8**-0.5, dropout, query_offset, k,
                                                             causal, width)
