@@ -2,16 +2,16 @@
 score bias and value term depend on the clipped distance clip(j - i', k) (Shaw et al. 2018: a^K and a^V).
 
 The kernel (`triton_relative_kernels.py`, imported on the first call only, so that triton is needed only when this
-kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, W >= 2k+1] (columns beyond 2k unread, their
-gradient zero: Shaw's aligned product, unsliced) and returns the output sum_j D_ij v_j, each
-row's dropped probability mass per clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the
-row log-sum-exp (in base 2); the a^V term is the small matmul M a^V outside, and autograd takes the tables' gradients
-through T and M (small matmuls too, all with an aligned distance dimension: `positions.times_table`). No n x m tensor
-is formed, forward or backward; attention dropout is applied to the probabilities after the softmax with a Philox
-mask (16-bit draws, `dropout_rate`) regenerated in the backward. Registered as torch.library custom ops with their
-autograd, so that torch.compile sees one opaque op each way; eager calls run the same two functions through an
-autograd.Function (`FusedAttention`), without the custom op's per-call dispatch (host time: the fused path's
-training step is host-bound on an H200, docs/results/gpu_check/2026-11-28_h200_8ed37f1).
+kernel runs) takes the per-row bias table T = c q a^K^T [B, H, n, W >= 2k+1] (columns beyond 2k unread, their gradient
+zero: Shaw's aligned product, unsliced) and returns the output sum_j D_ij v_j, each row's dropped probability mass per
+clipped distance M [B, H, n, 2k+1 padded to a multiple of 8 with zeros] and the row log-sum-exp (in base 2); the a^V
+term is the small matmul M a^V outside, and autograd takes the tables' gradients through T and M (small matmuls too,
+all with an aligned distance dimension: `positions.times_table`). No n x m tensor is formed, forward or backward;
+attention dropout is applied to the probabilities after the softmax with a Philox mask (16-bit draws, `dropout_rate`)
+regenerated in the backward. Registered as torch.library custom ops with their autograd, so that torch.compile sees one
+opaque op each way; eager calls run the same two functions through an autograd.Function (`FusedAttention`), without the
+custom op's per-call dispatch (host time: the fused path's training step is host-bound on an H200,
+docs/results/gpu_check/2026-11-28_h200_8ed37f1).
 
 Runs on CUDA; on the CPU only under Triton's interpreter (TRITON_INTERPRET=1 set before triton is imported), which
 the tests use.
@@ -277,8 +277,8 @@ def fused_backward(
     dropout: float, query_offset: int, max_distance: int, causal: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv, dT) of `fused_forward` (dT in the bias table's shape and dtype, zero beyond its first 2k+1
-    columns; [B, H, n, 0] without one): the dq/dT
-    kernel first, which also stores each row's Delta_i = dO_i . o_i + sum_r dM_ir M_ir, then the dk/dv kernel."""
+    columns; [B, H, n, 0] without one): the dq/dT kernel first, which also stores each row's Delta_i = dO_i . o_i +
+    sum_r dM_ir M_ir, then the dk/dv kernel."""
     query, key, value = (with_unit_last_stride(tensor) for tensor in (query, key, value))
     batch, heads, query_length, _ = query.shape
     key_length = key.size(-2)
