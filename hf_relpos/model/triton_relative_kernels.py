@@ -134,8 +134,8 @@ def add_band_sums(left, inner, right, x, rows, first_col, query_offset, max_dist
 
 @triton.jit
 def store_by_distance(X, base, stride, rows, row_ok, left, inner, right, max_distance, BLOCK_I: tl.constexpr):
-    """The first 2k+1 columns of rows of a tensor (row stride `stride`, unit last stride) from the sums by distance `left`, `inner`
-    and `right` (as in `add_band_sums`; k = 0: left + right in the one bucket)."""
+    """The first 2k+1 columns of rows of a tensor (row stride `stride`, unit last stride) from the sums by distance
+    `left`, `inner` and `right` (as in `add_band_sums`; k = 0: left + right in the one bucket)."""
     row_offsets = base + rows[:, None] * stride
     dtype = X.dtype.element_ty
     two_buckets = (rows[:, None] * 0 + max_distance) > 0   # [BLOCK_M, 1]: k > 0
