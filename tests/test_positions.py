@@ -228,6 +228,23 @@ def test_a_gathered_bias_sums_its_buckets_gradients_in_float32(dtype, device):
     assert error <= torch.finfo(dtype).eps * expected.abs().max().item(), error
 
 
+@pytest.mark.parametrize("k", [0, 2, 16])
+def test_clipped_rel_shift_reads_the_first_2k_plus_1_columns_of_a_wider_table(k):
+    """Shaw's aligned table (2k+1 distances, then padding columns): the bias and its gradient are those of its first
+    2k+1 columns, exactly, and the padding columns get a zero gradient."""
+    generator = torch.Generator().manual_seed(k)
+    table = torch.randn(2, 3, 6, 2 * k + 1, generator=generator, dtype=torch.float64, requires_grad=True)
+    wide = torch.cat([table.detach(), torch.randn(2, 3, 6, 7, generator=generator, dtype=torch.float64)], -1)
+    wide.requires_grad_()
+    upstream = torch.randn(2, 3, 6, 9, generator=generator, dtype=torch.float64)
+    narrow_bias = hf_relpos.model.positions.clipped_rel_shift(table, 9, k, 3)
+    wide_bias = hf_relpos.model.positions.clipped_rel_shift(wide, 9, k, 3)
+    assert torch.equal(wide_bias, narrow_bias)
+    (narrow_grad,), (wide_grad,) = (torch.autograd.grad((bias * upstream).sum(), source)
+                                    for bias, source in ((narrow_bias, table), (wide_bias, wide)))
+    assert torch.equal(wide_grad[..., :2 * k + 1], narrow_grad) and not wide_grad[..., 2 * k + 1:].any()
+
+
 @pytest.mark.parametrize("n, m, k, offset", [(1, 1, 0, 0), (1, 12, 3, 11), (5, 5, 2, 0), (5, 5, 16, 0),
                                               (3, 10, 2, 7), (4, 9, 0, 5), (6, 6, 1, 0), (2, 30, 4, 28)])
 def test_clipped_rel_shift_reads_the_table_at_each_clipped_distance_and_its_gradient_sums_per_bucket(n, m, k, offset):

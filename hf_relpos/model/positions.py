@@ -425,9 +425,10 @@ def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_positio
     """out[..., i, j] = table[..., i, clip(j - i', k) + k], i' = i + query_offset: Shaw et al.'s (2018) a^K term
     (eq. 5) for every key, without a gather. A gather's backward is a scatter-add whose indices repeat across the
     whole row (every key beyond distance k adds into one of the two edge buckets), which serialises on a GPU
-    (pytorch/pytorch#53491). Instead, block by block of queries (`dense_by_query_blocks`), the 2k + 1 columns are widened to
-    one per relative position the block meets, the edge columns repeated by `expand` (their gradient is a sum),
-    skewed by `rel_shift` and copied out (the widened tensors are not kept alive by the result)."""
+    (pytorch/pytorch#53491). Instead, block by block of queries (`dense_by_query_blocks`), the table's first 2k + 1
+    columns (a wider table's others, such as Shaw's aligned padding, are not read) are widened to one per relative
+    position the block meets, the edge columns repeated by `expand` (their gradient is a sum), skewed by `rel_shift`
+    and copied out (the widened tensors are not kept alive by the result)."""
     query_length = table.size(-2)
     k = max_relative_position
     largest = query_offset + query_length - 1   # column p: key position minus query position = p - largest
@@ -443,7 +444,7 @@ def clipped_rel_shift(table: torch.Tensor, key_length: int, max_relative_positio
         return torch.cat([
             rows[..., :1].expand(*edge_shape, lo - columns.start),
             rows[..., lo - largest + k : hi - largest + k],
-            rows[..., -1:].expand(*edge_shape, columns.stop - hi),
+            rows[..., 2 * k : 2 * k + 1].expand(*edge_shape, columns.stop - hi),
         ], dim=-1)
 
     return dense_by_query_blocks(query_length, key_length, widened)

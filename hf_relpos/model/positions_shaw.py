@@ -165,8 +165,7 @@ class ShawPositions(PositionScheme):
             score_bias = RelativeBias(table=table, bucket=bucket, key_length=key_length,
                                       clip_distance=kmax, query_offset=offset, consecutive=consecutive)
             if consecutive and not context.fixed_size_cache and query.size(-2) > 1:   # slices by the int offset
-                score_bias.densify = lambda bias: clipped_rel_shift(bias.full_table()[..., :2 * kmax + 1], key_length,
-                                                                    kmax, offset)
+                score_bias.densify = lambda bias: clipped_rel_shift(bias.full_table(), key_length, kmax, offset)
             elif consecutive:   # a fixed-size cache's steps: read by the layers' shared index
                 score_bias.densify = lambda bias: bias_by_index(bias.full_table(), context.index)
         fused = None
