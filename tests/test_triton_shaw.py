@@ -318,8 +318,7 @@ def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(monkeypa
 
 def test_shaws_training_step_on_the_kernel_takes_its_table_unsliced(triton_calls):
     """The model hands the kernel Shaw's aligned product q a^K^T whole (its columns beyond 2k+1 zero): no slice, so
-    no slice's backward (a fill and a copy per layer on a GPU) in the training step; eager and sdpa slice it where
-    their dense bias is formed."""
+    no slice's backward (a fill and a copy per layer on a GPU) in the training step."""
     from hf_relpos.model.positions import aligned_width
 
     tables = []
