@@ -552,25 +552,21 @@ def host_overhead_through_triton(folder: str, runs: tuple[str, ...],
     """shaw's extra host time per step through Triton's launch path (benchmarks/host_overhead.py --launches triton,
     CPU) before and after a change, from the alternated `runs` (before1, after1, ...) of the record `folder`, and
     both codes' aten operators per step in float32 and under bfloat16 autocast (`bf16_runs`: before, after)."""
-    def record(name: str) -> dict:
-        return read(f"{folder}/{name}/host_overhead.json")
-
-    def rows(name: str) -> dict[str, dict]:
-        return {row["series"]: row for row in record(name)["rows"]}
-
-    def extra(prefix: str) -> str:
-        return ", ".join(f"{rows(name)['shaw@relpos_triton']['extra_ms']:.2f}" for name in runs
-                         if name.startswith(prefix))
-
-    def operators(name: str) -> str:
-        counted = rows(name)
-        return f"{counted['shaw@relpos_triton']['operators']} against {counted['absolute@sdpa']['operators']}"
-
     def passage() -> str:
-        meta = record(runs[0])["meta"]
+        records = {name: read(f"{folder}/{name}/host_overhead.json") for name in (*runs, *bf16_runs)}
+        rows = {name: {row["series"]: row for row in record["rows"]} for name, record in records.items()}
+
+        def extra(prefix: str) -> str:
+            return ", ".join(f"{rows[name]['shaw@relpos_triton']['extra_ms']:.2f}" for name in runs
+                             if name.startswith(prefix))
+
+        def operators(name: str) -> str:
+            return f"{rows[name]['shaw@relpos_triton']['operators']} against {rows[name]['absolute@sdpa']['operators']}"
+
+        meta = records[runs[0]]["meta"]
         # (a before run may have the benchmark's files copied into a worktree of that commit, hence "-dirty")
-        codes = {prefix: record(f"{prefix}1")["meta"]["code"].removesuffix("-dirty") for prefix in ("before", "after")}
-        launches = {prefix: rows(f"{prefix}1")["shaw@relpos_triton"]["triton_launches"] for prefix in codes}
+        codes = {prefix: records[f"{prefix}1"]["meta"]["code"].removesuffix("-dirty") for prefix in ("before", "after")}
+        launches = {prefix: rows[f"{prefix}1"]["shaw@relpos_triton"]["triton_launches"] for prefix in codes}
         launched = (f"relpos_triton's {launches['before']} launches a step" if len(set(launches.values())) == 1 else
                     f"relpos_triton's launches ({launches['before']} a step at `{codes['before']}`, "
                     f"{launches['after']} at `{codes['after']}`)")
