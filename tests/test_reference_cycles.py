@@ -51,11 +51,19 @@ def padded_batch() -> dict[str, torch.Tensor]:
             "labels": torch.randint(4, 40, (2, 6), generator=generator)}
 
 
-def model_for(scheme: str, kernel: str) -> RelPosTransformerForConditionalGeneration:
+def model_for(scheme: str, kernel: str | None = None, **overrides) -> RelPosTransformerForConditionalGeneration:
+    """A tiny model with dropout, on `kernel` (None: the model's default)."""
     torch.manual_seed(0)
-    model = RelPosTransformerForConditionalGeneration(tiny_config(scheme, dropout=0.1, attention_dropout=0.1))
-    model.set_attn_implementation(kernel)
+    model = RelPosTransformerForConditionalGeneration(tiny_config(scheme, dropout=0.1, attention_dropout=0.1,
+                                                                  **overrides))
+    if kernel is not None:
+        model.set_attn_implementation(kernel)
     return model
+
+
+def assert_no_cycles(*runs: Callable[[], None]) -> None:
+    for run in runs:
+        assert list(ours(cyclic_garbage(run))) == [], run.__name__
 
 
 def check_no_cycles(model: RelPosTransformerForConditionalGeneration) -> None:
@@ -71,8 +79,7 @@ def check_no_cycles(model: RelPosTransformerForConditionalGeneration) -> None:
             model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=2,
                            max_new_tokens=4)
 
-    for run in (training_step, beam_search):
-        assert list(ours(cyclic_garbage(run))) == [], run.__name__
+    assert_no_cycles(training_step, beam_search)
 
 
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
@@ -84,10 +91,7 @@ def test_training_step_and_beam_search_leave_no_cycles(scheme: str, kernel: str)
 @pytest.mark.parametrize("overrides", [{"position_randomization_max": 40}, {"self_attention_window": 2}],
                          ids=["randomized_positions", "window"])
 def test_shaws_variants_leave_no_cycles(overrides: dict) -> None:
-    torch.manual_seed(0)
-    model = RelPosTransformerForConditionalGeneration(tiny_config("shaw", dropout=0.1, attention_dropout=0.1,
-                                                                  **overrides))
-    check_no_cycles(model)
+    check_no_cycles(model_for("shaw", **overrides))
 
 
 def test_transformer_xl_memory_leaves_no_cycles() -> None:
@@ -106,8 +110,7 @@ def test_transformer_xl_memory_leaves_no_cycles() -> None:
         with torch.no_grad():
             model.generate(input_ids=input_ids, max_new_tokens=4)
 
-    for run in (training_step, greedy_decoding):
-        assert list(ours(cyclic_garbage(run))) == [], run.__name__
+    assert_no_cycles(training_step, greedy_decoding)
 
 
 @requires_relpos_triton

@@ -273,6 +273,14 @@ def test_the_bias_tables_gradient_comes_in_its_dtype_rounded_once():
     assert in_float32.abs().max() > 0 and torch.equal(in_table_dtype, in_float32.to(torch.bfloat16))
 
 
+@pytest.fixture
+def nan_filled_outputs(monkeypatch):
+    """The fused path's masses and table gradient allocated filled with NaN (`empty_in_order_of`), so that a column
+    the kernels leave unwritten shows."""
+    empty = triton_relative.empty_in_order_of
+    monkeypatch.setattr(triton_relative, "empty_in_order_of", lambda *args: empty(*args).fill_(float("nan")))
+
+
 class DispatchedOperators(TorchDispatchMode):
     """Counts the aten operators dispatched under it, by name (the eager path's own: a custom op hides its inner
     operators)."""
@@ -286,7 +294,7 @@ class DispatchedOperators(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(monkeypatch):
+def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(nan_filled_outputs):
     """T [B, H, n, W > 2k+1] (Shaw's aligned product): the kernels read its first 2k+1 columns only, so o, M, lse and
     dq, dk, dv equal those of T's first 2k+1 columns at 1e-12 whatever the others hold, and dT is as wide as T, equal
     on those columns and zero beyond them (from NaN-filled memory: the dq/dT kernel writes them)."""
@@ -295,8 +303,6 @@ def test_a_bias_table_wider_than_2k_plus_1_is_read_by_its_first_columns(monkeypa
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
     wide = torch.cat([table.detach(), torch.full_like(table.detach()[..., :1], 1e6).expand(-1, -1, -1, 5)], -1)
     wide.requires_grad_()
-    empty = triton_relative.empty_in_order_of
-    monkeypatch.setattr(triton_relative, "empty_in_order_of", lambda *args: empty(*args).fill_(float("nan")))
     grad_output = torch.randn(query.shape, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
 
     def run(bias_table):
@@ -342,11 +348,9 @@ def test_shaws_training_step_on_the_kernel_takes_its_table_unsliced(triton_calls
 
 
 @pytest.mark.parametrize("width", [8, 24])
-def test_the_forward_kernel_writes_the_masses_padding_columns(width, monkeypatch):
+def test_the_forward_kernel_writes_the_masses_padding_columns(width, nan_filled_outputs):
     """M's columns beyond 2k+1 (up to its aligned width, or any wider one) come back zero from memory that held NaN:
     the forward kernel writes them, eight at a time (no fill runs before it)."""
-    empty = triton_relative.empty_in_order_of
-    monkeypatch.setattr(triton_relative, "empty_in_order_of", lambda *args: empty(*args).fill_(float("nan")))
     case = KERNEL_CASES["encoder_k1_padded"]
     k, _, _, query_offset, causal, _, _, _, dropout = case
     query, key, value, table, key_start, key_end = kernel_inputs(case, torch.float64)
