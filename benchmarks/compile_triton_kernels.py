@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_relpos.model import triton_relative_kernels as kernels
     from hf_relpos.model.positions import aligned_width
-    from hf_relpos.model.triton_relative import settings_for
+    from hf_relpos.model.triton_relative import COMPILE_OPTIONS, settings_for
 
     target = GPUTarget("cuda", args.arch, 32)
     configs = kernels.tuned_forward.configs[:1] if args.quick else kernels.tuned_forward.configs
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             compiled = triton.compile(
                 ASTSource(kernel, argument_types(kernel.arg_names, constexprs, args.dtype), constexprs=constexprs),
-                target=target, options={"num_warps": warps, "num_stages": stages})
+                target=target, options={"num_warps": warps, "num_stages": stages, **COMPILE_OPTIONS})
         except Exception as error:  # the compiler's own errors have no common base class
             failed += 1
             print(f"FAILED {label}: {type(error).__name__}: {error}", flush=True)

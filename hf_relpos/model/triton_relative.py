@@ -31,6 +31,9 @@ KERNEL_NAME = "relpos_triton"
 INTERPRETER_BLOCK = 16   # block size under the interpreter: small, so that tests cross several tiles
 INTERPRETER_BLOCKS = (INTERPRETER_BLOCK, INTERPRETER_BLOCK)   # (BLOCK_M, BLOCK_N) of the kernels there
 SEED_RANGE = (2**32, 2**62)  # seeds always int64 in the kernels' signature (no second compile for small seeds)
+# Compile options of every launch, given rather than left to triton's default: multiplies and adds fused into FMAs
+# (one rounding each), as every GPU measurement ran; triton 3.9 warns when it is left unset and 3.10 turns it off.
+COMPILE_OPTIONS = {"enable_fp_fusion": True}
 # The ops' namespace, one per copy of this module (hf_relpos' own, a Hub folder's remote code), so that copies loaded in
 # one process do not register the same op twice: "hf_relpos_model" for hf_relpos.
 OP_NAMESPACE = re.sub(r"\W", "_", __name__.rpartition(".")[0] or __name__)
@@ -115,16 +118,18 @@ def launch(kernel: Any, tuned: Any, blocks: str, rows: int, batch_heads: int, *a
     if interpreting():
         block_m, block_n = INTERPRETER_BLOCKS
         kernel[program_grid(ceil_div(rows, block_m if blocks == "BLOCK_M" else block_n), batch_heads)](
-            *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n)
+            *args, **settings, BLOCK_M=block_m, BLOCK_N=block_n, **COMPILE_OPTIONS)
         return
     # as Autotuner.run: one config (blocks pinned, as ablate_relpos_triton does) is launched whatever the cache holds;
     # a config with a pre_hook is left to the autotuner, which runs it
     config = tuned.cache.get(autotuner_key(tuned, args, settings)) if len(tuned.configs) > 1 else None
     if config is None or config.pre_hook is not None:   # tunes a new key (benchmarks every config once), launches
-        tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings)
+        tuned[lambda meta: program_grid(ceil_div(rows, meta[blocks]), batch_heads)](*args, **settings,
+                                                                                    **COMPILE_OPTIONS)
     else:
         chosen = config.all_kwargs()
-        kernel[program_grid(ceil_div(rows, chosen[blocks]), batch_heads)](*args, **settings, **chosen)
+        kernel[program_grid(ceil_div(rows, chosen[blocks]), batch_heads)](*args, **settings, **chosen,
+                                                                          **COMPILE_OPTIONS)
 
 
 def autotuner_key(tuned: Any, args: tuple, settings: dict[str, Any]) -> tuple:
@@ -394,7 +399,8 @@ def dropout_keep_mask(seed: int, dropout: float, batch: int, heads: int, query_l
 
     # the tiles in dimension 0, row blocks fastest: key blocks beyond 65,535 (m > 2^20) launch too
     dropout_keep_kernel[program_grid(ceil_div(query_length, block) * ceil_div(key_length, block), batch * heads)](
-        keep, seed, dropout_threshold(dropout), query_length, key_length, batch * heads, BLOCK_M=block, BLOCK_N=block)
+        keep, seed, dropout_threshold(dropout), query_length, key_length, batch * heads, BLOCK_M=block, BLOCK_N=block,
+        **COMPILE_OPTIONS)
     return keep.view(batch, heads, query_length, key_length).bool()
 
 
