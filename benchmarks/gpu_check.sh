@@ -18,7 +18,8 @@
 #       CPU with Triton's launches stubbed out; 2026-12-04 at a0f821f the n = 512 step's host enqueue was 101 ms for
 #       shaw against 57 ms for absolute, where the CPU measurement gives 3.3-3.7 ms more)
 #   (v) 50 s: where that extra host work goes (benchmarks.host_split, n = 16, batch 32): each series' step and forward
-#       with relpos_triton's launches real or no-ops, and the backward on autograd's device thread or the caller's
+#       with relpos_triton's launches real or no-ops, and the backward on autograd's device thread or the caller's,
+#       with the garbage collector's time within each row's steps
 #       (2026-12-04 at d34293a: 23.8 ms more a step for shaw at n = 16, the CPU measurement 5-7 ms: the rest is what
 #       only a GPU run does, the launches' driver calls or the device thread's hand-offs among the candidates)
 #   (c) 25 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a

@@ -15,7 +15,9 @@ work on a CPU, Triton's launch path included: the rest is work that only a GPU r
 
 Timed round-robin with the queue drained around each call: ms per step (and per forward, without a backward, with
 the backward thread `device`) is the median over rounds of each round's mean over --steps calls; every row against
-the first series' `real` / `device` row. Same code, three ways of running it, so no correctness check is needed;
+the first series' `real` / `device` row. Each step row also says how long Python's garbage collector ran within its
+timed steps, and how often (`gc.callbacks`; on whichever thread a pass started: the heap is not frozen, as in a
+training run). Same code, three ways of running it, so no correctness check is needed;
 the `none` rows compute on uninitialised outputs (their loss is meaningless, their timing is the point).
 
     python -m benchmarks.host_split --device cuda --dtype bfloat16 --shape base --length 16 --batch 32 \\
@@ -28,7 +30,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import statistics
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -75,9 +79,38 @@ def variants(label: str) -> list[tuple[str, str]]:
     return [(launch, thread) for launch in launches for thread in BACKWARD_THREADS]
 
 
-def repeated(call: Callable[[], Any], times: int, launches: str, backward_thread: str) -> Callable[[], None]:
+class CollectorTime:
+    """The garbage collector's passes while entered (a `gc.callbacks` entry): `passes` and their `seconds`, one
+    entry per `with` block."""
+
+    def __init__(self) -> None:
+        self.passes: list[int] = []
+        self.seconds: list[float] = []
+        self.started: float | None = None
+
+    def __call__(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self.started = time.perf_counter()
+        elif self.started is not None:
+            self.seconds[-1] += time.perf_counter() - self.started
+            self.passes[-1] += 1
+            self.started = None
+
+    def __enter__(self) -> CollectorTime:
+        self.passes.append(0)
+        self.seconds.append(0.0)
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        gc.callbacks.remove(self)
+        self.started = None
+
+
+def repeated(call: Callable[[], Any], times: int, launches: str, backward_thread: str,
+             collector: CollectorTime) -> Callable[[], None]:
     def run() -> None:
-        with variant(launches, backward_thread):
+        with variant(launches, backward_thread), collector:
             for _ in range(times):
                 call()
     return run
@@ -91,11 +124,13 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
         f"{meta['batch']}, attention dropout {meta['attention_dropout']:g}; {meta['rounds']} round-robin rounds of "
         f"{meta['steps']} calls after one untimed; queue drained around each call", "",
         markdown_table(["series", "launches", "backward thread", "ms per step", "ms more than the first row",
-                        "ms per forward", "rounds' spread (step)"],
+                        "ms per forward", "rounds' spread (step)", "garbage collector ms per step",
+                        "collector passes per step"],
                        [[row["series"], row["launches"], row["backward_thread"], f"{row['step_ms']:.2f}",
                          f"{row['extra_step_ms']:+.2f}",
                          f"{row['forward_ms']:.2f}" if row["forward_ms"] is not None else "-",
-                         f"{row['spread']:.0%}"] for row in rows]), ""])
+                         f"{row['spread']:.0%}", f"{row['collector_ms']:.2f}", f"{row['collector_passes']:.2f}"]
+                        for row in rows]), ""])
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -124,22 +159,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                shape.vocab_size, kernel, args.attention_dropout)
              for label, (scheme, kernel) in schemes_and_kernels.items()}
     runs: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+    collectors: dict[tuple[str, str, str, str], CollectorTime] = {}
     for label, case in cases.items():
         for launches, thread in variants(label):
-            runs[(label, launches, thread, "step")] = repeated(case.step, args.steps, launches, thread)
-            if thread == BACKWARD_THREADS[0]:
-                runs[(label, launches, thread, "forward")] = repeated(case.forward, args.steps, launches, thread)
+            for phase, call in (("step", case.step), ("forward", case.forward)):
+                if phase == "step" or thread == BACKWARD_THREADS[0]:
+                    key = (label, launches, thread, phase)
+                    collectors[key] = CollectorTime()
+                    runs[key] = repeated(call, args.steps, launches, thread, collectors[key])
     names = {"/".join(key): key for key in runs}
     seconds = round_robin({name: runs[key] for name, key in names.items()}, 1, args.rounds, args.device)
     ms = {key: 1e3 * statistics.median(seconds[name]) / args.steps for name, key in names.items()}
     spread = {key: max(seconds[name]) / min(seconds[name]) - 1 for name, key in names.items()}
     baseline = ms[(args.series[0], *variants(args.series[0])[0], "step")]
-    rows = [{"series": label, "launches": launches, "backward_thread": thread,
-             "step_ms": ms[(label, launches, thread, "step")],
-             "extra_step_ms": ms[(label, launches, thread, "step")] - baseline,
-             "forward_ms": ms.get((label, launches, thread, "forward")),
-             "spread": spread[(label, launches, thread, "step")]}
-            for label in args.series for launches, thread in variants(label)]
+    timed_steps = args.rounds * args.steps   # each run's first call is the untimed round's
+    rows = []
+    for label in args.series:
+        for launches, thread in variants(label):
+            step = (label, launches, thread, "step")
+            rows.append({"series": label, "launches": launches, "backward_thread": thread, "step_ms": ms[step],
+                         "extra_step_ms": ms[step] - baseline,
+                         "forward_ms": ms.get((label, launches, thread, "forward")), "spread": spread[step],
+                         "collector_ms": 1e3 * sum(collectors[step].seconds[1:]) / timed_steps,
+                         "collector_passes": sum(collectors[step].passes[1:]) / timed_steps})
     write_report(args.out, "host_split", render_markdown(meta, rows), {"meta": meta, "rows": rows})
     print(render_markdown(meta, rows))
     return {"meta": meta, "rows": rows}

@@ -595,7 +595,11 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
 def test_host_split_runs_each_variant_as_it_says(tmp_path, monkeypatch):
     """host_split: a row per series and variant (`none` launches only for relpos_triton's series), each call of a
     step or forward made with relpos_triton's launches as they are or as the no-ops, and the backward threads
-    enabled or not, as its row says; forwards timed for the `device` rows only; everything restored afterwards."""
+    enabled or not, as its row says; forwards timed for the `device` rows only; the garbage collector's passes
+    within each row's timed steps counted (a stand-in step of shaw's runs one, absolute's none, the automatic
+    passes switched off); everything restored afterwards."""
+    import gc
+
     from benchmarks import bench_training, host_split
     from hf_relpos.model import triton_relative
 
@@ -606,20 +610,32 @@ def test_host_split_runs_each_variant_as_it_says(tmp_path, monkeypatch):
         case = bench_training.Case(torch.nn.Linear(1, 1), None, 1, None)
 
         def call(phase):
-            return lambda: calls.append((scheme, phase, triton_relative.launch is launch,
-                                         torch._C._is_multithreading_enabled()))
+            def run():
+                calls.append((scheme, phase, triton_relative.launch is launch, torch._C._is_multithreading_enabled()))
+                if (scheme, phase) == ("shaw", "step"):
+                    gc.collect()
+            return run
         case.step, case.forward = call("step"), call("forward")
         return case
 
     monkeypatch.setattr(host_split, "model_case", recorded_case)
-    data = host_split.main(["--device", "cpu", "--shape", "tiny", "--steps", "2", "--rounds", "1",
-                            "--series", "absolute@sdpa", "shaw@relpos_triton", "--out", str(tmp_path)])
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        data = host_split.main(["--device", "cpu", "--shape", "tiny", "--steps", "2", "--rounds", "1",
+                                "--series", "absolute@sdpa", "shaw@relpos_triton", "--out", str(tmp_path)])
+    finally:
+        if collecting:
+            gc.enable()
     assert [(row["series"], row["launches"], row["backward_thread"]) for row in data["rows"]] == [
         ("absolute@sdpa", "real", "device"), ("absolute@sdpa", "real", "caller"),
         ("shaw@relpos_triton", "real", "device"), ("shaw@relpos_triton", "real", "caller"),
         ("shaw@relpos_triton", "none", "device"), ("shaw@relpos_triton", "none", "caller")]
     assert data["rows"][0]["extra_step_ms"] == 0
     assert [row["forward_ms"] is None for row in data["rows"]] == [False, True] * 3
+    assert [row["collector_passes"] for row in data["rows"]] == [0, 0, 1, 1, 1, 1]
+    assert all((row["collector_ms"] > 0) == (row["series"] == "shaw@relpos_triton") for row in data["rows"])
+    assert not any(entry.__class__.__name__ == "CollectorTime" for entry in gc.callbacks)
     expected = {("absolute", "step", True, True), ("absolute", "step", True, False), ("absolute", "forward", True, True),
                 ("shaw", "step", True, True), ("shaw", "step", True, False), ("shaw", "forward", True, True),
                 ("shaw", "step", False, True), ("shaw", "step", False, False), ("shaw", "forward", False, True)}
