@@ -831,6 +831,8 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"adam_beta2": 1.5}, r"adam_beta2 must be a number in \[0, 1\), got 1.5 \(optim 'adamw_torch'\)"),
     ({"max_steps": -1, "num_train_epochs": 0}, "num_train_epochs must be a positive number when max_steps is not set, "
                                                "got 0.0: the run would train no step"),
+    ({"max_steps": 0}, r"max_steps must be an integer >= 1, or -1 \(not set: train num_train_epochs\), got 0 "
+                       r"\(transformers' Trainer trains one step at 0\)"),
     ({"output_dir": ""}, "output_dir must name a folder, got ''"),
     ({"learning_rate": -0.001}, r"learning_rate must be a finite number >= 0 \(0: no update\), got -0.001"),
     ({"weight_decay": -0.1}, r"weight_decay must be a finite number >= 0 \(0: no decay\), got -0.1"),
@@ -851,7 +853,7 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
     ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
     ({"data_seed": 2**32}, r"data_seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
-        "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon", "save_steps", "eval_steps",
+        "max_steps", "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon", "save_steps", "eval_steps",
         "save_total_limit", "eval_accumulation_steps", "save_best", "save_best_without_evaluations", "seed",
         "data_seed"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
@@ -864,7 +866,8 @@ def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_a
     keeps every checkpoint; a seed outside numpy's range was a ValueError traceback; eval_accumulation_steps 0 was a
     ZeroDivisionError traceback at the first evaluation, after the model was saved; save_strategy best without
     metric_for_best_model was the Trainer's ValueError traceback once the tokenizer and data were saved; with eval_strategy
-    no it saved no checkpoint, silently) or not at all (no epoch: a model saved untrained)."""
+    no it saved no checkpoint, silently; max_steps 0 trained one step, its card naming num_train_epochs) or not at all
+    (no epoch: a model saved untrained)."""
     monkeypatch.chdir(tmp_path)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
     flags = [item for name, value in overrides.items() for item in (f"--{name}", str(value))]

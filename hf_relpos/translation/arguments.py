@@ -933,6 +933,10 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if "adam_epsilon" in fields_read and not is_positive_number(training_args.adam_epsilon):
         raise ConfigError(f"adam_epsilon must be a finite number > 0 (optim {optimizer!r} divides by sqrt(v) + "
                           f"epsilon), got {training_args.adam_epsilon!r}")
+    # transformers trains num_train_epochs only for a negative max_steps: at 0 its loop ends after one step
+    if training_args.do_train and training_args.max_steps == 0:
+        raise ConfigError("max_steps must be an integer >= 1, or -1 (not set: train num_train_epochs), got 0 "
+                          "(transformers' Trainer trains one step at 0)")
     if training_args.do_train and training_args.max_steps <= 0 and not is_positive_number(training_args.num_train_epochs):
         raise ConfigError(f"num_train_epochs must be a positive number when max_steps is not set, got "
                           f"{training_args.num_train_epochs!r}: the run would train no step")
