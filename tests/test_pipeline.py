@@ -88,6 +88,22 @@ def test_old_translation_pipeline_arguments(translator):
         translator(SOURCES[3], return_tensors=True)
 
 
+def test_ranked_translations_of_a_text_of_several_sentences_are_refused_not_joined_rank_by_rank(translator):
+    """num_return_sequences > 1 under beam search ranks one input's translations; a text split into sentences has no
+    such ranking (joining each sentence's n-th translation is not the text's n-th best), so it is one ValueError
+    naming split_sentences=False, as hf-relpos-translate --n_best needs --no_split_sentences. One sentence, one piece
+    and sampled translations (independent samples of each sentence joined are a sample of the text) are served."""
+    text = f"{SOURCES[0]} {SOURCES[1]}"
+    with pytest.raises(ValueError, match=r"^num_return_sequences=2 ranks the beam-search translations of one input; "
+                                         r"this text splits into 2 sentences, .* pass split_sentences=False"):
+        translator(text, num_beams=2, num_return_sequences=2)
+    with pytest.raises(ValueError, match=r"num_return_sequences=2 ranks"):
+        translator([SOURCES[2], text], num_beams=2, num_return_sequences=2)
+    assert len(translator(text, num_beams=2, num_return_sequences=2, split_sentences=False)) == 2
+    assert translator(SOURCES[0], num_beams=2, num_return_sequences=2)[0] == {"translation_text": TARGETS[0]}
+    assert len(translator(text, do_sample=True, num_return_sequences=2)) == 2
+
+
 def test_transformers_4_task_names_with_a_language_pair_are_the_translation_task(memorised_model_folder, translator):
     """`pipeline("translation_en_to_de", ...)`, transformers 4's name of the task (its translation guide uses it), serves
     the translation pipeline as "translation" does, sentence splitting and all; other names stay unknown tasks."""

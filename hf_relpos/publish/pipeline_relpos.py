@@ -217,12 +217,26 @@ class TranslationPipeline(ChunkPipeline):
         # Settings generate takes that are not GenerationConfig fields (max_len_a, max_len_b) reach here, not the
         # pipeline's own generation kwargs: a call's are added to those given when the pipeline was made.
         given_at_init = getattr(self, "_forward_params", {}).get("generate_kwargs", {})
-        return preprocess, {"generate_kwargs": {**given_at_init, **generate_kwargs}}, postprocess
+        merged = {**given_at_init, **generate_kwargs}
+        settings = merged.get("generation_config", self.model.generation_config)
+        sequences = merged.get("num_return_sequences") or settings.num_return_sequences or 1
+        preprocess["ranked_sequences"] = 1 if merged.get("do_sample", settings.do_sample) else sequences
+        return preprocess, {"generate_kwargs": merged}, postprocess
 
-    def preprocess(self, text: str, truncation: bool | str = False, split_sentences: bool = True) -> Iterator[dict]:
+    def preprocess(self, text: str, truncation: bool | str = False, split_sentences: bool = True,
+                   ranked_sequences: int = 1) -> Iterator[dict]:
+        """The text's sentences (or the text in one piece), tokenized. `ranked_sequences` > 1 (num_return_sequences
+        under beam search) refuses a text of several sentences: each sentence's n-th translation joined is not the
+        text's n-th best, which hf-relpos-translate --n_best refuses too."""
         if not isinstance(text, str):
             raise TypeError(f"the translation pipeline takes a text or a list of texts, got {type(text).__name__}")
         pieces = split_into_sentences(text) if split_sentences else [(text, "")]
+        sentences = sum(1 for sentence, _ in pieces if sentence.strip())
+        if ranked_sequences > 1 and sentences > 1:
+            raise ValueError(f"num_return_sequences={ranked_sequences} ranks the beam-search translations of one "
+                             f"input; this text splits into {sentences} sentences, each translated on its own, and "
+                             "their n-th translations joined are not the text's n-th best: pass split_sentences=False "
+                             "to rank translations of the text in one piece, or give its sentences as a list")
         for index, (sentence, separator) in enumerate(pieces):
             encoded = self.tokenizer(sentence, truncation=truncation, return_tensors="pt")
             yield {**encoded, "blank": not sentence.strip(), "separator": separator, "is_last": index == len(pieces) - 1}
