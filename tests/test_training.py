@@ -1210,6 +1210,34 @@ def test_folders_listed_are_averaged_themselves_even_when_they_hold_checkpoints(
         torch.testing.assert_close(tensor, (first[name] + second[name]) / 2, rtol=0, atol=1e-6)
 
 
+def test_models_saved_with_different_tokenizers_are_refused_not_averaged(tmp_path, capsys):
+    """The final models of two runs whose tokenizers were trained on other texts share a config and tensor shapes,
+    but not their token ids: one error naming both folders and the tokenizer file, nothing written. The same
+    tokenizer in both averages (a formatting of tokenizer.json's merges by another release counts as the same)."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+
+    texts = ["a small dog", "ein kleiner Hund", "a small cat", "eine kleine Katze"] * 20
+    tokenizers = [train_joint_tokenizer(texts, vocab_size=300), train_joint_tokenizer([t.upper() for t in texts], 300)]
+    folders = []
+    for seed, tokenizer in enumerate(tokenizers):
+        tiny_model(seed).save_pretrained(tmp_path / f"run{seed}")
+        tokenizer.save_pretrained(tmp_path / f"run{seed}")
+        folders.append(str(tmp_path / f"run{seed}"))
+    with pytest.raises(SystemExit):
+        average_main([*folders, "--output_dir", str(tmp_path / "avg")])
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"hf-relpos-average: error: {folders[0]!r} and {folders[1]!r} hold different tokenizers (tokenizer.json): "
+        "weights trained for other token ids do not average into a model of either; average checkpoints of one "
+        "tokenizer")
+    assert not (tmp_path / "avg").exists()
+    tokenizers[0].save_pretrained(tmp_path / "run1")
+    saved = json.loads((tmp_path / "run1" / "tokenizer.json").read_text(encoding="utf-8"))
+    saved["model"]["merges"] = [" ".join(merge) for merge in saved["model"]["merges"]]   # the older format
+    (tmp_path / "run1" / "tokenizer.json").write_text(json.dumps(saved), encoding="utf-8")
+    average_main([*folders, "--output_dir", str(tmp_path / "avg")])
+    assert (tmp_path / "avg" / "model.safetensors").is_file()
+
+
 def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsys):
     """Folders listed are all averaged unless --last_n picks the newest of them."""
     folders = []

@@ -113,16 +113,46 @@ def config_differences(checkpoint: str | os.PathLike, reference: str | os.PathLi
             if name != "use_cache" and config.get(name) != other.get(name)]
 
 
+# the saved tokenizer files that define its token ids: hf_relpos' tokenizer.json, a converted MarianMT model's joint
+# vocabulary and SentencePiece models
+VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm")
+
+
+def _token_ids(path: Path) -> object:
+    """What in a tokenizer file decides the token ids: tokenizer.json's vocabulary and merges (a merge as a pair,
+    however the tokenizers release wrote it), another file's bytes."""
+    if path.name != "tokenizer.json":
+        return path.read_bytes()
+    model = json.loads(path.read_text(encoding="utf-8")).get("model") or {}
+    merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model.get("merges", [])]
+    return model.get("vocab"), merges
+
+
+def vocabulary_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
+    """The tokenizer files (`VOCABULARY_FILES`) that both checkpoints hold and whose token ids differ (`_token_ids`);
+    none where either saved no tokenizer. Within one run they never differ; the final models of two runs whose
+    tokenizers were trained on other texts do, and their weights do not average into a model of either."""
+    return [name for name in VOCABULARY_FILES
+            if (Path(checkpoint) / name).is_file() and (Path(reference) / name).is_file()
+            and _token_ids(Path(checkpoint) / name) != _token_ids(Path(reference) / name)]
+
+
 def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
     """The mean of the checkpoints' tensors: floating-point tensors summed in float64 and cast back to their dtype,
     other tensors (integer buffers) taken from the newest (last) checkpoint. Every checkpoint must hold the same
-    config and the same tensor names and shapes (ValueError naming the first that does not): weights trained for
-    different configs (e.g. different `absolute_positions_scale`) do not average into a model of either."""
+    config, the same tokenizer where they saved one (`vocabulary_differences`) and the same tensor names and shapes
+    (ValueError naming the first that does not): weights trained for different configs (e.g. different
+    `absolute_positions_scale`) or token ids do not average into a model of either."""
     for checkpoint in checkpoints[:-1]:
         differences = config_differences(checkpoint, checkpoints[-1])
         if differences:
             raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in their config "
                              f"({'; '.join(differences)}): only checkpoints of one model can be averaged")
+        vocabularies = vocabulary_differences(checkpoint, checkpoints[-1])
+        if vocabularies:
+            raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} hold different tokenizers "
+                             f"({', '.join(vocabularies)}): weights trained for other token ids do not average into "
+                             "a model of either; average checkpoints of one tokenizer")
     newest = load_weights(checkpoints[-1])
     sums = {name: tensor.to(torch.float64) for name, tensor in newest.items() if tensor.is_floating_point()}
     for checkpoint in checkpoints[:-1]:
