@@ -482,6 +482,22 @@ def test_a_resumed_runs_card_leaves_the_resume_flag_out_and_labels_the_time_as_i
             "recorded).") in card
 
 
+@pytest.mark.parametrize(("steps", "patience", "sentence"), [
+    (40, 1, "Training ended at step 40 of `max_steps` 80, stopped by early stopping (`early_stopping_patience`)."),
+    (40, None, "Training ended at step 40 of `max_steps` 80."),
+    (80, 1, None), (None, 1, None)])
+def test_a_card_says_at_which_step_a_run_that_ended_before_max_steps_ended(steps, patience, sentence):
+    """Its Optimisation table names the max_steps asked for; a run that early stopping ended at half of them says so
+    (its record's `steps`), so that the card does not read as 80 steps trained. A run that reached max_steps, or a
+    record without steps, adds nothing."""
+    record = RunRecord(max_steps=80, early_stopping_patience=patience, steps=steps, hardware="CPU: x", devices=1)
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    if sentence is None:
+        assert "Training ended at step" not in card
+    else:
+        assert f"Hardware: CPU: x, 1 process(es). {sentence}" in card
+
+
 def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
     """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
     shows a path under that folder relative to it, as the command runs again from there, and any other absolute path
