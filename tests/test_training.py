@@ -394,7 +394,8 @@ def test_a_generated_translation_of_an_empty_source_is_scored_and_written_as_an_
     sources = ["a small dog", "", "  ", "a dog"]
     evaluation = EvaluationSet(dataset=None, order=np.array([3, 0, 1, 2]), references=None, sources=sources)
     trainer = SimpleNamespace(evaluation_sets={"test": evaluation}, _active_prefix="test", processing_class=tokenizer,
-                              args=SimpleNamespace(bleu_tokenize=None), target_lang="de")
+                              args=SimpleNamespace(bleu_tokenize=None), target_lang="de",
+                              _warn_of_capped_translations=lambda *_: None)   # its own test: a trained model's run
     TranslationTrainer._compute_translation_metrics(trainer, EvalPrediction(np.array([invented] * 4), None))
     assert evaluation.hypotheses == ["ein kleiner Hund", "", "", "ein kleiner Hund"]
 
@@ -617,6 +618,31 @@ def test_the_runs_bleu_tokenization_is_recorded_and_translate_scores_with_it(tmp
                     "--reference", str(tmp_path / "test.de")])
     signature = re.search(r"^sacreBLEU \S+  \((.*)\)$", capsys.readouterr().out, re.MULTILINE).group(1)
     assert "|tok:char|" in signature and signature == results["test"]["test_bleu_signature"]
+
+
+def test_translations_that_reach_their_length_cap_are_counted_in_one_warning_per_split(tmp_path, corpus, capsys):
+    """A model trained one step repeats itself up to the source-relative cap: the evaluation and the prediction each
+    say how many of their translations reached it, the count hf-relpos-translate --no_split_sentences gives for the
+    same sources (so that a BLEU near 0 comes with its cause, as it does from the translate tool and the pipeline)."""
+    from hf_relpos.tools.translate import main as translate_main
+
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, max_eval_samples=6,
+                          max_predict_samples=4, generation_num_beams=1)
+    run([str(config)])
+    printed = capsys.readouterr()
+    counts = dict(re.findall(r"\b(eval|test): (\d+) of \d+ translations reached their length cap \(max_len_a x source "
+                             r"tokens \+ max_len_b, at most max_new_tokens: generation_max_length_ratio, "
+                             r"generation_max_length_offset\) and may be cut; a translation that repeats itself up to "
+                             r"the cap is the model's loop", printed.out + printed.err))
+    assert set(counts) == {"eval", "test"} and int(counts["test"]) > 0
+    sources = [json.loads(line)["translation"]["en"] for line in corpus["test"].read_text(encoding="utf-8").splitlines()]
+    (tmp_path / "test.en").write_text("".join(source + "\n" for source in sources[:4]), encoding="utf-8")
+    translate_main([str(output_dir), str(tmp_path / "test.en"), "--output", str(tmp_path / "hyp.de"), "--no_progress",
+                    "--no_split_sentences"])
+    assert f"{counts['test']} translation(s) reached the length cap" in capsys.readouterr().err
+    assert (tmp_path / "hyp.de").read_text(encoding="utf-8") == (output_dir / "test_hypotheses.txt").read_text(
+        encoding="utf-8")
 
 
 def test_evaluations_during_training_are_off_when_nothing_trains(memorised_model_folder, tmp_path, corpus):

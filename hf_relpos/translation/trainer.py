@@ -50,8 +50,10 @@ from transformers.trainer_utils import (
 )
 
 from ..model.attention_functions import length_multiple
+from ..model.generation_limits import new_token_limits, relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
+from ..publish.pipeline_relpos import reached_length_limit
 from ..publish.records import ALL_RESULTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .arguments import ConfigError, TranslationTrainingArguments, data_seed, yaml_text
 from .batching import TokenBudgetBatchSampler
@@ -935,7 +937,31 @@ class TranslationTrainer(Seq2SeqTrainer):
                                         self.target_lang)
         lengths = generated_lengths(generated, self.processing_class.eos_token_id, self.processing_class.pad_token_id)
         scores["gen_len"] = float(lengths.mean()) if len(lengths) else 0.0
+        self._warn_of_capped_translations(generated, evaluation_set)
         return scores
+
+    def _warn_of_capped_translations(self, generated: np.ndarray, evaluation_set: EvaluationSet) -> None:
+        """One warning per evaluation counting the translations (of non-blank sources) that reached their length cap,
+        as hf-relpos-translate and the pipeline count them (`reached_length_limit`: no end token, or the end token at
+        the source-relative cap min(floor(max_len_a x source tokens + max_len_b), max_new_tokens)): a model that
+        repeats itself up to the cap scores near 0 BLEU, and the split's scores alone do not say why."""
+        config = self.model.generation_config
+        eos_token_id = config.eos_token_id if config.eos_token_id is not None else self.processing_class.eos_token_id
+        relative = relative_limit(config)
+        limits: list[int | None] = [None] * len(generated)
+        if relative is not None:
+            sources, _ = example_lengths(evaluation_set.dataset)
+            ceiling = config.max_new_tokens or generated.shape[-1]
+            limits = new_token_limits(torch.as_tensor(sources[: len(generated)]), *relative, ceiling).tolist()
+        capped = sum(reached_length_limit(row, eos_token_id, limit)
+                     for row, limit, position in zip(generated, limits, evaluation_set.order, strict=False)
+                     if evaluation_set.sources[position].strip())
+        if capped and self.args.should_log:
+            logger.warning(
+                "%s: %d of %d translations reached their length cap (max_len_a x source tokens + max_len_b, at most "
+                "max_new_tokens: generation_max_length_ratio, generation_max_length_offset) and may be cut; a "
+                "translation that repeats itself up to the cap is the model's loop (too little training, or a source "
+                "unlike the training data), not a short cap", self._active_prefix, capped, len(generated))
 
 
 def build_trainer(model: RelPosTransformerForConditionalGeneration, tokenizer: PreTrainedTokenizerBase,
