@@ -1379,7 +1379,14 @@ def test_average_checkpoints_of_a_training_folder_takes_the_newest_5_unless_told
                                          r"average"):
         average_checkpoints(tmp_path / "final", None, tmp_path / "copy")
     assert not (tmp_path / "copy").exists()
-    average_checkpoints(tmp_path / "final", 1, tmp_path / "copy")   # asked for: a copy of the one model
+    for last_n in (["--last_n", "1"], []):   # --last_n 1 alike: a copy of the one model is no average
+        with pytest.raises(SystemExit, match="2"):
+            average_main([str(tmp_path / "final"), *last_n, "--output_dir", str(tmp_path / "copy")])
+        assert "final' is one model without checkpoint-<step> folders: nothing to average" in capsys.readouterr().err
+        assert not (tmp_path / "copy").exists()
+    with pytest.raises(ValueError, match=r"'.*final' is one model without checkpoint-<step> folders"):
+        average_checkpoints(tmp_path / "final", 1, tmp_path / "copy")
+    assert not (tmp_path / "copy").exists()
 
 
 def test_averaging_a_training_folder_skips_the_checkpoints_the_trainer_did_not_finish(tmp_path, capsys, caplog):

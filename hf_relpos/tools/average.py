@@ -81,7 +81,7 @@ def select_checkpoints(paths_or_output_dir: str | os.PathLike | Sequence[str | o
     if not checkpoints:
         if len(paths) == 1 and not _has_weights(paths[0]):
             raise ValueError(f"{str(paths[0])!r} holds neither model weights nor checkpoint-<step> folders")
-        if len(paths) == 1 and not told:
+        if len(paths) == 1:   # with or without last_n: a copy of one model is no average
             raise ValueError(f"{str(paths[0])!r} is one model without checkpoint-<step> folders: nothing to average; "
                              "give a training output folder or two or more checkpoint folders")
         checkpoints = paths
@@ -133,7 +133,12 @@ def average_checkpoints(
     taken from the newest checkpoint. All checkpoints must hold the same tensor names and shapes. `output_dir` must
     not exist yet or be empty; it is filled through a temporary folder, so a failure leaves nothing half-written.
     """
-    checkpoints = select_checkpoints(paths_or_output_dir, last_n)
+    return _average_selected(select_checkpoints(paths_or_output_dir, last_n), output_dir)
+
+
+def _average_selected(checkpoints: Sequence[Path], output_dir: str | os.PathLike) -> Path:
+    """`average_checkpoints` of the checkpoints `select_checkpoints` chose (one of them: `--last_n 1` of a training
+    output folder), not selected again: one folder alone is refused there as nothing to average."""
     output_dir = Path(output_dir)
     check_new_output_dir(output_dir)
     check_not_a_checkpoint_name(output_dir)
@@ -182,7 +187,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     try:
         import_user_modules(args.import_modules)
         checkpoints = select_checkpoints(args.inputs if len(args.inputs) > 1 else args.inputs[0], args.last_n)
-        written = average_checkpoints(checkpoints, len(checkpoints), args.output_dir)
+        written = _average_selected(checkpoints, args.output_dir)
     except (ValueError, OSError) as error:   # OutputDirError is a ValueError
         parser.exit(2, f"{parser.prog}: error: {' '.join(str(error).split())}{import_modules_hint(error)}\n")
     print(f"averaged {len(checkpoints)} checkpoint(s) into {written}")
