@@ -9,6 +9,7 @@ import pytest
 from conftest import MEMORISED_PAIRS
 from transformers import pipeline
 
+import hf_relpos
 from hf_relpos.publish.pipeline_relpos import join_translations, split_into_sentences
 
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
@@ -40,6 +41,19 @@ def test_whitespace_at_a_text_s_ends_is_not_translated_and_its_line_breaks_are_k
 def test_empty_text_translates_to_empty_text(translator, text):
     assert translator(text) == [{"translation_text": ""}]
     assert translator([text, SOURCES[1]]) == [{"translation_text": ""}, {"translation_text": TARGETS[1]}]
+
+
+@pytest.mark.parametrize("batch_size", [None, 2])
+def test_an_empty_list_translates_to_an_empty_list_its_settings_checked(translator, memorised_model_folder,
+                                                                        batch_size):
+    """A list in gives a list out, also an empty one (transformers' Pipeline read its first item: IndexError); the
+    call's settings are checked as for any list; so with `pipeline_class` given."""
+    explicit = pipeline("translation", model=str(memorised_model_folder), device="cpu",
+                        pipeline_class=hf_relpos.TranslationPipeline)
+    for pipe in (translator, explicit):
+        assert pipe([], batch_size=batch_size) == []
+        with pytest.raises(ValueError, match="src_lang"):
+            pipe([], src_lang="en")
 
 
 @pytest.mark.parametrize("batch_size", [1, 3])

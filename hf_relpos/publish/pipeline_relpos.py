@@ -194,6 +194,11 @@ class TranslationPipeline(ChunkPipeline):
     _pipeline_calls_generate = True
 
     def __call__(self, inputs: Any, **kwargs: Any) -> Any:
+        """Translate a text (a list of one dict per sequence) or a list of texts (a list of those; [] for [],
+        whose first item transformers' Pipeline reads: an IndexError), its settings checked either way."""
+        if isinstance(inputs, list) and not inputs:
+            self._sanitize_parameters(**kwargs)
+            return []
         outputs = super().__call__(inputs, **kwargs)
         if isinstance(inputs, list) and all(len(output) == 1 for output in outputs):
             return [output[0] for output in outputs]
