@@ -46,6 +46,32 @@ def test_encoder_output_of_real_tokens_does_not_depend_on_padding(position_schem
 
 
 @pytest.mark.parametrize("position_scheme", SCHEMES)
+@pytest.mark.parametrize("overrides", [{}, {"keep_absolute_positions": True}])
+def test_a_left_padded_source_is_encoded_and_translated_as_alone(position_scheme, overrides):
+    """A tokenizer with padding_side "left": each source's encoder states, logits and greedy translation are those of
+    the source alone (float64, 1e-12), also where sinusoids are added to the embeddings (`absolute`,
+    `keep_absolute_positions`: they placed a short source after its padding, so its translation depended on the
+    longest source beside it); right padding is unchanged."""
+    if position_scheme == "absolute" and overrides:
+        pytest.skip("absolute has its sinusoids already")
+    model = tiny_model(position_scheme, **overrides).double().eval()
+    right, right_mask, lengths = padded_batch()
+    left, left_mask = torch.zeros_like(right), torch.zeros_like(right_mask)
+    for row, length in enumerate(lengths):
+        left[row, -length:], left_mask[row, -length:] = right[row, :length], 1
+    targets = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        batched = model(input_ids=left, attention_mask=left_mask, decoder_input_ids=targets)
+        for row, length in enumerate(lengths):
+            alone = model(input_ids=right[row:row + 1, :length], decoder_input_ids=targets[row:row + 1])
+            assert (batched.encoder_last_hidden_state[row, -length:] - alone.encoder_last_hidden_state[0]).abs().max() < 1e-12
+            assert (batched.logits[row] - alone.logits[0]).abs().max() < 1e-12
+        settings = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1)
+        assert torch.equal(model.generate(input_ids=left, attention_mask=left_mask, **settings),
+                           model.generate(input_ids=right, attention_mask=right_mask, **settings))
+
+
+@pytest.mark.parametrize("position_scheme", SCHEMES)
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
 def test_no_nan_for_length_one_and_fully_padded_rows(position_scheme, layer_norm_position):
     model = tiny_model(position_scheme, layer_norm_position=layer_norm_position).train()
@@ -548,7 +574,9 @@ def test_position_randomization_is_off_by_default_and_in_evaluation(position_sch
     state = torch.get_rng_state()
     plain(**inputs).loss.backward()
     assert torch.equal(torch.get_rng_state(), state)
-    assert recorded.calls and all(positions is None for _, _, positions in recorded.calls)
+    counted = torch.arange(attention_mask.size(1)).expand_as(attention_mask)   # right padding: every token's index
+    assert recorded.calls and all(positions is None or (stack == "encoder" and torch.equal(positions, counted))
+                                  for stack, _, positions in recorded.calls)
     with torch.no_grad():
         plain.eval(), randomized.eval()
         assert torch.equal(randomized(**inputs).logits, plain(**inputs).logits)

@@ -702,6 +702,25 @@ class RelPosEncoder(RelPosStack):
     def __init__(self, config: RelPosTransformerConfig):
         super().__init__(config, is_decoder=False, cross=False)
 
+    def source_position_ids(self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                            attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+        """Where the embedding-level encodings (the scheme's `embed`, as `absolute`'s sinusoids, or
+        `keep_absolute_positions`) place a padded batch's source tokens: counted over the tokens the mask keeps
+        (cumsum - 1; padding at its index), so that a row padded on the left (a tokenizer with padding_side "left") is
+        encoded as alone, as `place_decoder_prompt` places a left-padded decoder prompt; a right-padded row keeps
+        every token's index, padding included (no host sync: torch.compile traces it in one graph). None (each token at its index) without a mask,
+        with a mask of another shape (named by `check_padding_mask`), or for a scheme whose attention sees the same
+        distances either way."""
+        if (attention_mask is None or not (self.positions.embeds_positions() or self.config.keep_absolute_positions)
+                or attention_mask.dim() != 2):
+            return None
+        inputs = input_ids if input_ids is not None else inputs_embeds
+        if inputs is None or tuple(attention_mask.shape) != tuple(inputs.shape[:2]):
+            return None
+        kept = attention_mask.ne(0)
+        index = torch.arange(kept.size(-1), device=kept.device).expand_as(kept)
+        return torch.where(kept, kept.long().cumsum(-1) - 1, index)
+
     @can_return_tuple
     def forward(
         self,
@@ -712,7 +731,9 @@ class RelPosEncoder(RelPosStack):
         output_hidden_states: bool | None = None,
         **kwargs,
     ) -> BaseModelOutput | tuple:
-        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0)
+        hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0,
+                                                  position_ids=self.source_position_ids(input_ids, inputs_embeds,
+                                                                                        attention_mask))
         batch_size, length = hidden_states.shape[:2]
         check_padding_mask("attention_mask", attention_mask, batch_size, length)
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
