@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 import re
 
 import pytest
@@ -109,6 +110,21 @@ def test_directional_default_heads_split_the_encoder_and_all_look_back_in_the_de
     assert model.model.decoder.positions.head_directions == ["forward"] * 4
     explicit = tiny_model("directional", directional_heads=["backward", "both"])
     assert explicit.model.decoder.positions.head_directions == ["backward", "both", "backward", "both"]
+
+
+@pytest.mark.parametrize(("pattern", "warned"), [(None, False), (["forward", "both"], False),
+                                                 (["forward", "backward"], True)])
+def test_a_heads_pattern_that_gives_the_decoder_backward_heads_is_warned_of(pattern, warned, caplog):
+    """Under the causal mask a backward decoder head sees no key: building such a model says so once, naming how
+    many heads; the default and patterns without backward heads say nothing."""
+    logging.Logger.warning_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        tiny_model("directional", directional_heads=pattern)
+    messages = [record.getMessage() for record in caplog.records if "decoder" in record.getMessage()]
+    assert bool(messages) == warned
+    if warned:
+        assert len(messages) == 1 and "2 backward head(s) of 4" in messages[0]
 
 
 @pytest.mark.parametrize("layer_norm_position", ["pre", "post"])

@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Any
 
 import torch
+from transformers.utils import logging
 
 from .positions import (
     PositionContext,
@@ -17,6 +18,9 @@ from .positions import (
 )
 
 DIRECTIONS = ("forward", "backward", "both")
+DECODER_BACKWARD_HEADS = "In the decoder the causal mask leaves backward heads without keys, so they output zeros."
+
+logger = logging.get_logger(__name__)
 
 SHEN_BIBTEX = """@inproceedings{shen2018disan,
   title     = {{DiSAN}: Directional Self-Attention Network for {RNN}/{CNN}-Free Language Understanding},
@@ -61,7 +65,7 @@ def describe(config: Any) -> str:
 def limitations(config: Any) -> list[str]:
     """A backward head in the causal decoder can see no key at all."""
     if "backward" in head_directions(config, config.decoder_attention_heads, is_causal=True):
-        return ["In the decoder the causal mask leaves backward heads without keys, so they output zeros."]
+        return [DECODER_BACKWARD_HEADS]
     return []
 
 
@@ -102,6 +106,12 @@ class DirectionalPositions(PositionScheme):
         super().__init__(config, num_layers, num_heads, head_dim, is_causal)
         self.head_directions = head_directions(config, num_heads, is_causal)
         self.disable_diagonal = config.directional_disable_diagonal
+        if is_causal and "backward" in self.head_directions:
+            logger.warning_once(
+                f"directional_heads {config.directional_heads} gives the decoder "
+                f"{self.head_directions.count('backward')} backward head(s) of {num_heads}: {DECODER_BACKWARD_HEADS} "
+                "(the pattern is cycled over both stacks' heads); leave directional_heads null for the default, the "
+                "encoder's heads half forward and half backward and every decoder head forward")
 
     def head_mask(self, device: torch.device):
         """mask_mod(h, i, j): head h's query at position index i may attend to the key at index j (the masks compare
