@@ -128,13 +128,17 @@ def _token_ids(path: Path) -> object:
     return model.get("vocab"), merges
 
 
-def vocabulary_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
-    """The tokenizer files (`VOCABULARY_FILES`) that both checkpoints hold and whose token ids differ (`_token_ids`);
-    none where either saved no tokenizer. Within one run they never differ; the final models of two runs whose
-    tokenizers were trained on other texts do, and their weights do not average into a model of either."""
-    return [name for name in VOCABULARY_FILES
-            if (Path(checkpoint) / name).is_file() and (Path(reference) / name).is_file()
-            and _token_ids(Path(checkpoint) / name) != _token_ids(Path(reference) / name)]
+def saved_token_ids(folder: str | os.PathLike) -> dict[str, object]:
+    """What each tokenizer file (`VOCABULARY_FILES`) that `folder` holds decides of the token ids (`_token_ids`), by
+    file name; empty where it saved no tokenizer."""
+    return {name: _token_ids(Path(folder) / name) for name in VOCABULARY_FILES if (Path(folder) / name).is_file()}
+
+
+def vocabulary_differences(token_ids: dict[str, object], reference: dict[str, object]) -> list[str]:
+    """The tokenizer files that both `saved_token_ids` hold and whose token ids differ. Within one run they never
+    differ; the final models of two runs whose tokenizers were trained on other texts do, and their weights do not
+    average into a model of either."""
+    return [name for name in token_ids if name in reference and token_ids[name] != reference[name]]
 
 
 def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch.Tensor]:
@@ -143,12 +147,13 @@ def average_weights(checkpoints: Sequence[str | os.PathLike]) -> dict[str, torch
     config, the same tokenizer where they saved one (`vocabulary_differences`) and the same tensor names and shapes
     (ValueError naming the first that does not): weights trained for different configs (e.g. different
     `absolute_positions_scale`) or token ids do not average into a model of either."""
+    reference_token_ids = saved_token_ids(checkpoints[-1])   # read once, not once per checkpoint
     for checkpoint in checkpoints[:-1]:
         differences = config_differences(checkpoint, checkpoints[-1])
         if differences:
             raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} differ in their config "
                              f"({'; '.join(differences)}): only checkpoints of one model can be averaged")
-        vocabularies = vocabulary_differences(checkpoint, checkpoints[-1])
+        vocabularies = vocabulary_differences(saved_token_ids(checkpoint), reference_token_ids)
         if vocabularies:
             raise ValueError(f"{str(checkpoint)!r} and {str(checkpoints[-1])!r} hold different tokenizers "
                              f"({', '.join(vocabularies)}): weights trained for other token ids do not average into "

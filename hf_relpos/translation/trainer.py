@@ -50,7 +50,7 @@ from transformers.trainer_utils import (
 )
 
 from ..model.attention_functions import length_multiple
-from ..model.generation_limits import new_token_limits, relative_limit
+from ..model.generation_limits import longest_new_output, new_token_limits, relative_limit
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import apply_umask_mode_to_weights, atomic_file, write_text_atomic
 from ..publish.pipeline_relpos import reached_length_limit
@@ -951,8 +951,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         limits: list[int | None] = [None] * len(generated)
         if relative is not None:
             sources, _ = example_lengths(evaluation_set.dataset)
-            ceiling = config.max_new_tokens or generated.shape[-1]
-            limits = new_token_limits(torch.as_tensor(sources[: len(generated)]), *relative, ceiling).tolist()
+            limits = new_token_limits(torch.as_tensor(sources[: len(generated)]), *relative,
+                                      longest_new_output(config, prompt_length=1)).tolist()
         capped = sum(reached_length_limit(row, eos_token_id, limit)
                      for row, limit, position in zip(generated, limits, evaluation_set.order, strict=False)
                      if evaluation_set.sources[position].strip())
