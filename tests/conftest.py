@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import logging
 import math
 import os
 import subprocess
@@ -114,6 +115,15 @@ def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:
         + [math.cos(position / 10000 ** (t / half)) for t in range(half)],
         dtype=torch.float64,
     )
+
+
+def warnings_logged(caplog, run) -> list[str]:
+    """The warnings `run()` logs, transformers' once-per-process memory cleared first."""
+    logging.Logger.warning_once.cache_clear()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run()
+    return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
 
 
 def tiny_model(position_scheme: str = "shaw", seed: int = 0, **overrides):

@@ -12,12 +12,11 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-import logging
 import types
 
 import pytest
 import torch
-from conftest import SCHEMES, tiny_config
+from conftest import SCHEMES, tiny_config, warnings_logged
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
@@ -500,15 +499,6 @@ def test_flex_attention_refuses_dropout_in_training(reference_kernel):
     values = RelativeValues(torch.randn(3, 2), 1, 0, torch.zeros(4, 4, dtype=torch.long), consecutive=False)
     with pytest.raises(ValueError, match="attention_dropout"):   # also where the value term runs on eager
         flex_attention_forward(None, query, query, query, None, dropout=0.1, value_term=values)
-
-
-def warnings_logged(caplog, run) -> list[str]:
-    """The warnings `run()` logs, transformers' once-per-process memory cleared first."""
-    logging.Logger.warning_once.cache_clear()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        run()
-    return [record.getMessage() for record in caplog.records if record.levelno == logging.WARNING]
 
 
 def test_a_value_term_without_a_fused_form_runs_eager_with_a_warning(reference_kernel, caplog):

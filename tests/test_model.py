@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import re
 
 import pytest
@@ -17,6 +16,7 @@ from conftest import (
     sinusoid_by_loop,
     tiny_config,
     tiny_model,
+    warnings_logged,
 )
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
@@ -117,11 +117,9 @@ def test_directional_default_heads_split_the_encoder_and_all_look_back_in_the_de
 def test_a_heads_pattern_that_gives_the_decoder_backward_heads_is_warned_of(pattern, warned, caplog):
     """Under the causal mask a backward decoder head sees no key: building such a model says so once, naming how
     many heads; the default and patterns without backward heads say nothing."""
-    logging.Logger.warning_once.cache_clear()
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        tiny_model("directional", directional_heads=pattern)
-    messages = [record.getMessage() for record in caplog.records if "decoder" in record.getMessage()]
+    messages = [message for message in warnings_logged(caplog, lambda: tiny_model("directional",
+                                                                                 directional_heads=pattern))
+                if "decoder" in message]
     assert bool(messages) == warned
     if warned:
         assert len(messages) == 1 and "2 backward head(s) of 4" in messages[0]
