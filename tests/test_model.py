@@ -634,6 +634,24 @@ def test_position_randomization_shorter_than_a_training_sequence_is_a_clear_erro
         model(input_ids=torch.randint(4, 40, (1, 6)), labels=torch.randint(4, 40, (1, 2)))
 
 
+def test_randomized_positions_check_given_position_ids_but_not_the_source_positions_the_encoder_counts(monkeypatch):
+    """The decoder's position_ids (given, as generate gives them) must index the randomized positions: one clear error
+    otherwise. The encoder's own ids for a padded source (`source_position_ids`, cumsum - 1 over the mask: 0 .. n-1 by
+    construction) are not range-checked: no `torch.aminmax`, whose host sync would stall every training step."""
+    model = tiny_model("absolute", position_randomization_max=30).train()
+    input_ids, attention_mask, _ = padded_batch()
+    ranges, aminmax = [], torch.aminmax
+    monkeypatch.setattr(torch, "aminmax", lambda tensor, **kwargs: ranges.append(tensor) or aminmax(tensor, **kwargs))
+    model(input_ids=input_ids, attention_mask=attention_mask, labels=input_ids[:, :5]).loss.backward()
+    assert ranges == []
+    decoder_ids = input_ids[:, :5]
+    with pytest.raises(ValueError, match=r"with randomized positions, position_ids must index the sequence's 5 "
+                                         r"positions \(0 \.\. 4\), got 0 \.\. 5"):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_ids,
+              decoder_position_ids=torch.arange(1, 6).expand_as(decoder_ids) * (torch.arange(5) > 0))
+    assert len(ranges) == 1
+
+
 @pytest.mark.parametrize("value", [0, -3, 2.5, True, "64"])
 def test_position_randomization_max_is_validated(value):
     with pytest.raises(ValueError, match="position_randomization_max must be null"):

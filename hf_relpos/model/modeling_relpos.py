@@ -554,10 +554,11 @@ class RelPosStack(nn.Module):
 
     def embed(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int,
-        draw: PositionDraw | None = None, position_ids: torch.Tensor | None = None,
+        draw: PositionDraw | None = None, position_ids: torch.Tensor | None = None, counted_positions: bool = False,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The embedded tokens, and the positions of every key of this stack's self-attention [past_length + n]
-        (`key_positions`); `position_ids` place the tokens for the embedding-level encodings (`token_positions`)."""
+        (`key_positions`); `position_ids` place the tokens for the embedding-level encodings (`token_positions`;
+        `counted_positions`: this model counted them over a mask, so they lie in 0 .. n-1 unchecked)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds")
         stack = "decoder" if self.is_decoder else "encoder"
@@ -570,7 +571,8 @@ class RelPosStack(nn.Module):
             raise ValueError(f"the {stack}'s inputs must hold at least one token per sequence ([batch, length] ids or "
                              f"[batch, length, d_model] embeddings), got shape {list(inputs_embeds.shape)}")
         key_positions = self.key_positions(past_length, inputs_embeds.size(1), draw, inputs_embeds.device)
-        token_positions = self.token_positions(past_length, inputs_embeds, key_positions, position_ids)
+        token_positions = self.token_positions(past_length, inputs_embeds, key_positions, position_ids,
+                                               counted_positions)
         placed = {} if token_positions is None else {"positions": token_positions}
         hidden_states = self.positions.embed(inputs_embeds * self.embed_scale, past_length, **placed)
         if self.config.keep_absolute_positions:
@@ -581,13 +583,14 @@ class RelPosStack(nn.Module):
     @staticmethod
     def token_positions(
         past_length: int, inputs_embeds: torch.Tensor, key_positions: torch.Tensor | None,
-        position_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None, counted_positions: bool = False,
     ) -> torch.Tensor | None:
         """Where the embedding-level encodings place this call's n tokens: None for the ordinary past_length ..
         past_length + n - 1, else [n] or [B, n] positions. Token (b, i) is the sequence's token number
         `position_ids[b, i]` (transformers' causal-LM input, [B or 1, n], counted over the unpadded tokens in
         generate) instead of number past_length + i, and sits at that entry of `key_positions` when they are
-        randomized."""
+        randomized: given ids are checked to index them (a host sync), but those the model counted itself
+        (`counted_positions`, 0 .. n-1 by construction)."""
         if position_ids is None:
             return None if key_positions is None else key_positions[past_length:]
         batch_size, length = inputs_embeds.shape[:2]
@@ -601,10 +604,12 @@ class RelPosStack(nn.Module):
         position_ids = position_ids.to(inputs_embeds.device)
         if key_positions is None:
             return position_ids
-        lowest, highest = (int(bound) for bound in torch.aminmax(position_ids))
-        if lowest < 0 or highest >= key_positions.numel():
-            raise ValueError(f"with randomized positions, position_ids must index the sequence's {key_positions.numel()} "
-                             f"positions (0 .. {key_positions.numel() - 1}), got {lowest} .. {highest}")
+        if not counted_positions:
+            lowest, highest = (int(bound) for bound in torch.aminmax(position_ids))
+            if lowest < 0 or highest >= key_positions.numel():
+                raise ValueError(f"with randomized positions, position_ids must index the sequence's "
+                                 f"{key_positions.numel()} positions (0 .. {key_positions.numel() - 1}), got {lowest} "
+                                 f".. {highest}")
         return key_positions[position_ids]
 
     def key_positions(
@@ -733,7 +738,8 @@ class RelPosEncoder(RelPosStack):
     ) -> BaseModelOutput | tuple:
         hidden_states, key_positions = self.embed(input_ids, inputs_embeds, past_length=0,
                                                   position_ids=self.source_position_ids(input_ids, inputs_embeds,
-                                                                                        attention_mask))
+                                                                                        attention_mask),
+                                                  counted_positions=True)
         batch_size, length = hidden_states.shape[:2]
         check_padding_mask("attention_mask", attention_mask, batch_size, length)
         self_mask = attention_mask_for(self.config, batch_size, length, length, 0, attention_mask, causal=False,
