@@ -559,6 +559,9 @@ def test_convergence_trains_the_recipes_and_the_peer_as_recipe_to_one_stopping_r
         assert [entry["epoch"] for entry in evaluations] == [1, 2], system
         longest = max(len(ids) for ids in AutoTokenizer.from_pretrained(model)(sources)["input_ids"])
         assert all(entry["eval_gen_len"] <= longest + 3 for entry in evaluations), system
+        if system != "peer+recipe-training":   # the recipes' cards say where early stopping ended them
+            assert (f"Training ended at step {state['global_step']}, epoch 2 of `num_train_epochs` 4, stopped by "
+                    "early stopping") in (model / "README.md").read_text(), system
     starts = {system: json.loads((work / system / "seed1" / "model" / "config.json").read_text())["decoder_start_token_id"]
               for system in ("peer+recipe-training", "absolute", "absolute+pad-start")}
     assert starts == {"peer+recipe-training": 0, "absolute": 2, "absolute+pad-start": 0}   # <pad>, <s>, <pad>

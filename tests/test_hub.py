@@ -498,6 +498,24 @@ def test_a_card_says_at_which_step_a_run_that_ended_before_max_steps_ended(steps
         assert f"Hardware: CPU: x, 1 process(es). {sentence}" in card
 
 
+@pytest.mark.parametrize(("epochs", "patience", "sentence"), [
+    (2.5, 1, "Training ended at step 40, epoch 2.5 of `num_train_epochs` 20, stopped by early stopping "
+             "(`early_stopping_patience`)."),
+    (20.0, 1, None), (None, 1, None)])
+def test_a_card_says_at_which_step_and_epoch_a_run_counted_in_epochs_ended_before_its_epochs(epochs, patience,
+                                                                                            sentence):
+    """A recipe counted in epochs (max_steps unset, as the Multi30k recipes) that early stopping ended after 2.5 of its
+    20 epochs says at which step and epoch (its record's `steps` and `epochs`); one that trained all its epochs, or a
+    record without epochs, adds nothing."""
+    record = RunRecord(num_train_epochs=20.0, early_stopping_patience=patience, steps=40, epochs=epochs,
+                       hardware="CPU: x", devices=1)
+    card = hub.render_model_card(tiny_config("shaw"), record)
+    if sentence is None:
+        assert "Training ended at step" not in card
+    else:
+        assert f"Hardware: CPU: x, 1 process(es). {sentence}" in card
+
+
 def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
     """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
     shows a path under that folder relative to it, as the command runs again from there, and any other absolute path

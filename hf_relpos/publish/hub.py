@@ -651,18 +651,22 @@ def _launch_command(record: RunRecord) -> str:
 
 
 def _run_facts(record: RunRecord) -> str:
-    """Effective batch, hardware, the step a run ended at when it ended before `max_steps` (early stopping: the
-    Optimisation table names the max_steps asked for) and training time, where known."""
+    """Effective batch, hardware, the step (and for a run counted in epochs, the epoch) a run ended at when it ended
+    before its `max_steps` or `num_train_epochs` (early stopping: the Optimisation table names what was asked for) and
+    training time, where known."""
     accumulation = record.gradient_accumulation_steps or 1
     batch = _batch_sentence(record.max_tokens_per_batch, record.per_device_train_batch_size, accumulation,
                             record.devices)
     facts = [f"Effective batch: {batch}."] if batch else []
     if record.hardware:
         facts.append(f"Hardware: {record.hardware}" + (f", {record.devices} process(es)." if record.devices else "."))
+    cause = ", stopped by early stopping (`early_stopping_patience`)" if record.early_stopping_patience else ""
     if record.steps is not None and (record.max_steps or 0) > 0 and record.steps < record.max_steps:
-        cause = (", stopped by early stopping (`early_stopping_patience`)" if record.early_stopping_patience
-                 else "")
         facts.append(f"Training ended at step {record.steps} of `max_steps` {record.max_steps}{cause}.")
+    elif (record.steps is not None and record.epochs is not None and record.num_train_epochs is not None
+          and record.epochs < record.num_train_epochs):
+        facts.append(f"Training ended at step {record.steps}, epoch {record.epochs:g} of `num_train_epochs` "
+                     f"{record.num_train_epochs:g}{cause}.")
     if record.training_seconds is not None:
         segment = (f" (the segment resumed from `{record.resumed_from}`; the time before it is not recorded)"
                    if record.resumed_from else "")

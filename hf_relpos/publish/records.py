@@ -208,6 +208,7 @@ class RunRecord:
     program: str | None = None
     hub_model_id: str | None = None       # the Hub repository the run's card names (title, usage), if it named one
     steps: int | None = None
+    epochs: float | None = None           # the epochs those steps made (the Trainer's `epoch`; early stopping: fewer)
     source_version: str | None = None     # `git describe` of the code that trained it
     date: str | None = None               # ISO 8601, when it was recorded
     software: dict[str, str] = dataclasses.field(default_factory=dict)   # releases it ran with (`software_versions`)

@@ -67,6 +67,7 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     record.resumed_from = Path(resumed_from).name if resumed_from is not None else None
     record.prepared_from = prepared_from or {}
     record.steps = results.get("train", {}).get("train_steps")   # where training ended (early stopping: before the end)
+    record.epochs = results.get("train", {}).get("epoch")
     record.scores = scores_from_results(results)
     write_model_card(model, record, training_args)
     write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
