@@ -716,15 +716,14 @@ class RelPosEncoder(RelPosStack):
         every token's index, padding included (no host sync: torch.compile traces it in one graph). None (each token at its index) without a mask,
         with a mask of another shape (named by `check_padding_mask`), or for a scheme whose attention sees the same
         distances either way."""
-        if (attention_mask is None or not (self.positions.embeds_positions() or self.config.keep_absolute_positions)
+        if (attention_mask is None or not adds_positions_to_embeddings(self.config, self.positions)
                 or attention_mask.dim() != 2):
             return None
         inputs = input_ids if input_ids is not None else inputs_embeds
         if inputs is None or tuple(attention_mask.shape) != tuple(inputs.shape[:2]):
             return None
-        kept = attention_mask.ne(0)
-        index = torch.arange(kept.size(-1), device=kept.device).expand_as(kept)
-        return torch.where(kept, kept.long().cumsum(-1) - 1, index)
+        index = torch.arange(attention_mask.size(-1), device=attention_mask.device).expand_as(attention_mask)
+        return positions_over_mask(attention_mask, padding=index)
 
     @can_return_tuple
     def forward(
@@ -771,11 +770,24 @@ def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers
                          f"same batch and M in every layer, got {shapes}")
 
 
+def adds_positions_to_embeddings(config: RelPosTransformerConfig, scheme: PositionScheme) -> bool:
+    """Whether a stack adds an encoding of each token's position to its embeddings (the scheme's own `embed`, as
+    `absolute`'s sinusoids, or `keep_absolute_positions`): then where a token sits, not only its distances, counts."""
+    return scheme.embeds_positions() or config.keep_absolute_positions
+
+
+def positions_over_mask(mask: torch.Tensor, padding: torch.Tensor | int) -> torch.Tensor:
+    """Each kept token's number among its row's kept tokens (cumsum - 1 over the nonzero entries of `mask` [B, n]);
+    padding gets `padding` (a [B, n] tensor or a number). No host sync."""
+    kept = mask.ne(0)
+    return torch.where(kept, kept.long().cumsum(-1) - 1, padding)
+
+
 def check_memory_positions(config: RelPosTransformerConfig, scheme: PositionScheme, mem_len: int) -> None:
     """Segment recurrence (`mem_len` > 0) needs positions relative to each query: an encoding added to the
     embeddings (a scheme's own `embed`, or `keep_absolute_positions`) would give every segment after the memory fills
     the same positions (Dai et al. 2019, sec. 3.3: temporal confusion). One ValueError naming both fields."""
-    if mem_len > 0 and (scheme.embeds_positions() or config.keep_absolute_positions):
+    if mem_len > 0 and adds_positions_to_embeddings(config, scheme):
         added = ("keep_absolute_positions adds sinusoids" if config.keep_absolute_positions
                  else f"position_scheme {config.position_scheme!r} adds its positions")
         raise ValueError(f"mem_len {mem_len} (Transformer-XL segment memory) needs relative positions: {added} "
@@ -1499,10 +1511,9 @@ def place_decoder_prompt(model: RelPosTransformerForConditionalGeneration, gener
     if (not torch.is_tensor(prompt) or not torch.is_tensor(mask) or mask.shape != prompt.shape
             or generate_kwargs.get("decoder_position_ids") is not None):
         return
-    if not (model.model.decoder.positions.embeds_positions() or model.config.keep_absolute_positions) or bool(mask.all()):
+    if not adds_positions_to_embeddings(model.config, model.model.decoder.positions) or bool(mask.all()):
         return
-    kept = mask.long()
-    generate_kwargs["decoder_position_ids"] = (kept.cumsum(-1) - 1).masked_fill(kept == 0, 0)
+    generate_kwargs["decoder_position_ids"] = positions_over_mask(mask, padding=0)
 
 
 def set_output_positions(model: PreTrainedModel, generate_kwargs: dict, positions_argument: str, prompt_length: int,
