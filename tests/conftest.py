@@ -108,11 +108,11 @@ AttentionMaskInterface.register(TRANSFORMERS_KERNEL, sdpa_mask)
 
 
 def sinusoid_by_loop(position: int, dim: int) -> torch.Tensor:
-    """Vaswani et al. (2017) sec. 3.5 for one position, term by term in float64: [sin(p / 10000^(2i/d)) | cos(...)]."""
-    half = dim // 2
+    """Vaswani et al. (2017) sec. 3.5 for one position, term by term in float64: [sin(p / 10000^(2i/d)) | cos(...)],
+    the sines at the paper's even dimensions 2i < d, the cosines at its odd ones 2i + 1 < d."""
     return torch.tensor(
-        [math.sin(position / 10000 ** (t / half)) for t in range(half)]
-        + [math.cos(position / 10000 ** (t / half)) for t in range(half)],
+        [math.sin(position / 10000 ** (2 * t / dim)) for t in range((dim + 1) // 2)]
+        + [math.cos(position / 10000 ** (2 * t / dim)) for t in range(dim // 2)],
         dtype=torch.float64,
     )
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import re
 
 import pytest
@@ -22,7 +23,7 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model.modeling_relpos import RelPosAttention, with_scheme_mask
-from hf_relpos.model.positions import PositionContext
+from hf_relpos.model.positions import PositionContext, sinusoids
 from hf_relpos.testing import check_order_aware, check_padding_invariance
 
 
@@ -320,6 +321,29 @@ def test_absolute_positions_extend_past_max_position_embeddings():
         uncached = model.generate(input_ids=source, use_cache=False, **kwargs)
     assert cached.sequences.shape == (1, limit + 5) and torch.equal(cached.sequences, uncached.sequences)
     assert (torch.stack(cached.logits) - torch.stack(uncached.logits)).abs().max() < 1e-12
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("dim", [8, 7, 33])
+def test_sinusoids_are_the_papers_in_marians_layout_for_every_width(dim):
+    """Vaswani et al. (2017) sec. 3.5: PE(p, 2i) = sin(p / 10000^(2i/d)), PE(p, 2i + 1) = cos(p / 10000^(2i/d)),
+    the even dimensions (sines) first and the odd ones (cosines) after, as Marian lays them out: for an odd d one sine
+    more than cosines, every frequency over d (transformers' MarianSinusoidalPositionalEmbedding, the same table)."""
+    from transformers.models.marian.modeling_marian import MarianSinusoidalPositionalEmbedding
+
+    positions = torch.arange(-3, 40)
+    expected = torch.zeros(len(positions), dim, dtype=torch.float64)
+    for row, position in enumerate(positions.tolist()):
+        paper = [math.sin(position / 10000 ** (j / dim)) if j % 2 == 0 else math.cos(position / 10000 ** ((j - 1) / dim))
+                 for j in range(dim)]
+        expected[row] = torch.tensor(paper[0::2] + paper[1::2], dtype=torch.float64)
+    encoded = sinusoids(positions, dim, torch.float64)
+    assert encoded.shape == (len(positions), dim)
+    assert (encoded - expected).abs().max() < 1e-12
+    for row, position in enumerate(positions.tolist()):
+        assert (sinusoid_by_loop(position, dim) - expected[row]).abs().max() < 1e-12   # the tests' own oracle too
+    marian = MarianSinusoidalPositionalEmbedding(40, dim).create_weight()
+    assert (encoded[3:].float() - marian).abs().max() < 1e-6   # Marian's table is float32
 
 
 def test_tied_embeddings_share_one_matrix_and_untied_do_not():

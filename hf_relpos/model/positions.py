@@ -348,19 +348,18 @@ class PositionDraw:
 
 
 def sinusoids(positions: torch.Tensor, dim: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Vaswani et al. (2017) sinusoids [sin(p / 10000^(2i/d)) | cos(p / 10000^(2i/d))], shape [*positions.shape, dim].
+    """Vaswani et al. (2017) sinusoids [sin(p / 10000^(2i/d)) | cos(p / 10000^(2i/d))], shape [*positions.shape, dim]:
+    the paper's even dimensions 2i (sines) first, then its odd ones 2i + 1 (cosines), as Marian lays them out; for an
+    odd d one sine more than cosines.
 
     Works for any (also negative, as Transformer-XL's R needs) position, so no table limits the length.
     """
-    half = dim // 2
+    sines = (dim + 1) // 2   # the even dimensions 2i < d; the odd ones, cosines, are dim // 2
     inverse_frequency = torch.exp(
-        torch.arange(half, device=positions.device, dtype=torch.float64) * (-math.log(10000.0) / max(half, 1))
+        torch.arange(sines, device=positions.device, dtype=torch.float64) * (-2.0 * math.log(10000.0) / dim)
     )
     angles = positions.to(torch.float64)[..., None] * inverse_frequency
-    encoding = torch.cat([angles.sin(), angles.cos()], dim=-1)
-    if dim % 2:
-        encoding = torch.nn.functional.pad(encoding, (0, 1))
-    return encoding.to(dtype)
+    return torch.cat([angles.sin(), angles[..., : dim // 2].cos()], dim=-1).to(dtype)
 
 
 def add_sinusoids(

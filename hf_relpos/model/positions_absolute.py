@@ -24,7 +24,8 @@ def describe(config: Any) -> str:
 @register_position_scheme("absolute")
 class AbsolutePositions(PositionScheme):
     """PE(pos, i) = sin(pos / 10000^(2i/d)), PE(pos, d/2 + i) = cos(...), i < d/2 (the sines in the first half, the
-    cosines in the second, as Marian and fairseq lay them out), added to the embeddings.
+    cosines in the second, as Marian and fairseq lay them out; for an odd d one sine more, as Marian), added to the
+    embeddings.
 
     Computed on the fly for positions `past_length .. past_length + n - 1` (or the randomized `positions`), so any length works and a cached
     decoding step gets its true position. Attention itself has no position term, so every kernel runs it.

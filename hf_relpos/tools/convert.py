@@ -154,17 +154,15 @@ def marian_state_to_relpos(marian_state: dict[str, torch.Tensor]) -> dict[str, t
 
 
 def check_marian_positions(marian: MarianMTModel) -> None:
-    """Marian's sinusoid table must be the [sin | cos] layout `positions.sinusoids` computes, to the rounding of the
-    table's dtype (a float16 or bfloat16 checkpoint too); true for even d_model, where Marian puts one more sine than
-    cosine when d_model is odd."""
+    """Marian's sinusoid table must be the [sin | cos] layout `positions.sinusoids` computes (for an odd d_model one
+    sine more than cosines, as Marian's), to the rounding of the table's dtype (a float16 or bfloat16 checkpoint
+    too)."""
     for stack in (marian.model.encoder, marian.model.decoder):
         table = stack.embed_positions.weight
         expected = sinusoids(torch.arange(table.size(0)), table.size(1), torch.float64)
         if not torch.allclose(table.double(), expected, atol=max(1e-6, torch.finfo(table.dtype).eps), rtol=0.0):
-            reason = ("Marian puts one more sine than cosine when d_model is odd; only an even d_model converts"
-                      if table.size(1) % 2 else "the table is not the sinusoids Marian computes")
             raise ValueError(f"d_model ({table.size(1)}): this Marian model's sinusoid table differs from "
-                             f"hf_relpos' [sin | cos] halves ({reason})")
+                             "hf_relpos' [sin | cos] halves (the table is not the sinusoids Marian computes)")
 
 
 def neutrality_gaps(scheme: PositionScheme) -> list[str]:
