@@ -746,3 +746,106 @@ def test_attention_weights_are_returned_on_request_and_rows_sum_to_one(kernel):
     attention_without, _ = make_attention("shaw", False, kernel)
     _, expected, _ = fast_attention(attention_without, scheme, 5, 5, False, padded=True)
     assert (output - expected).abs().max().item() < TOLERANCE
+
+
+WHOLE_MODEL_CASES = [
+    ("absolute", naive_absolute, {}),
+    ("absolute", naive_absolute, {"layer_norm_position": "pre", "tie_word_embeddings": False}),
+    ("shaw", naive_shaw, {"max_relative_position": 2, "layer_norm_position": "pre"}),
+    ("xl", naive_xl, {"scale_embedding": False, "clamp_len": 3}),
+    ("t5", naive_t5, {"relative_attention_num_buckets": 8, "relative_attention_max_distance": 5}),
+    ("rope", naive_rope, {"tie_word_embeddings": False, "rotary_dim": 4}),
+    ("alibi", naive_alibi, {"layer_norm_position": "pre"}),
+    ("directional", naive_directional, {"directional_heads": ["forward", "both", "backward"]}),
+]
+
+
+def logits_by_hand(model, reference, source: torch.Tensor, source_mask: torch.Tensor, target: torch.Tensor):
+    """The encoder-decoder written out in float64 around a scheme's oracle (Vaswani et al. 2017): token embeddings
+    times sqrt(d) (`scale_embedding`) plus the sinusoids (`absolute`, at positions 0, 1, ...); each sublayer f Post-LN
+    LN(x + f(x)) or Pre-LN x + f(LN(x)), then a final LayerNorm per stack; self-attention by `reference`, bidirectional
+    over the real source tokens in the encoder and causal in the decoder; cross-attention without positions; a ReLU
+    feed-forward; logits = h W^T + final_logits_bias, W the shared embeddings (tied) or the output layer."""
+    config = model.config
+    pre = config.layer_norm_position == "pre"
+
+    def norm(x, module):
+        return torch.nn.functional.layer_norm(x, (x.size(-1),), module.weight, module.bias, 1e-5)
+
+    def sublayer(x, module, f, *args):
+        return x + f(norm(x, module), *args) if pre else norm(x + f(x, *args), module)
+
+    def embedded(stack, ids):
+        x = stack.embed_tokens.weight[ids] * (math.sqrt(config.d_model) if config.scale_embedding else 1.0)
+        if config.position_scheme == "absolute":
+            x = x + torch.stack([sinusoid_by_loop(t, config.d_model) for t in range(ids.size(1))])
+        return x
+
+    def attention(x, module, oracle, scheme, layer, keys_from, allowed):
+        heads = lambda states, linear: linear(states).view(BATCH, -1, HEADS, HEAD_DIM).transpose(1, 2)  # noqa: E731
+        keys_from = x if keys_from is None else keys_from   # self-attention
+        q, k, v = heads(x, module.q_proj), heads(keys_from, module.k_proj), heads(keys_from, module.v_proj)
+        at = list(range(keys_from.size(1)))
+        out = oracle(scheme, layer, q, k, v, allowed, at[-x.size(1):], at)
+        return module.out_proj(out.transpose(1, 2).reshape(BATCH, -1, HEADS * HEAD_DIM))
+
+    def feed_forward(x, module):
+        return module.fc2(torch.relu(module.fc1(x)))
+
+    def stack_output(stack, x, self_allowed, memory=None, cross_allowed=None):
+        for layer_idx, layer in enumerate(stack.layers):
+            x = sublayer(x, layer.self_attn_layer_norm, attention, layer.self_attn, reference, stack.positions,
+                         layer_idx, None, self_allowed)
+            if memory is not None:
+                x = sublayer(x, layer.encoder_attn_layer_norm, attention, layer.encoder_attn, naive_absolute, None,
+                             layer_idx, memory, cross_allowed)
+            x = sublayer(x, layer.final_layer_norm, feed_forward, layer.feed_forward)
+        return norm(x, stack.layer_norm) if pre else x
+
+    n, m = target.size(1), source.size(1)
+    real = source_mask.bool()[:, None, None, :]
+    encoded = stack_output(model.model.encoder, embedded(model.model.encoder, source),
+                           real.expand(BATCH, HEADS, m, m))
+    causal = torch.ones(n, n, dtype=torch.bool).tril().expand(BATCH, HEADS, n, n)
+    decoded = stack_output(model.model.decoder, embedded(model.model.decoder, target), causal, encoded,
+                           real.expand(BATCH, HEADS, n, m))
+    output_layer = model.model.shared.weight if config.tie_word_embeddings else model.lm_head.weight   # untied: no `shared`
+    return decoded @ output_layer.t() + model.final_logits_bias
+
+
+@pytest.mark.parametrize("position_scheme, reference, overrides", WHOLE_MODEL_CASES,
+                         ids=[f"{case[0]}-{index}" for index, case in enumerate(WHOLE_MODEL_CASES)])
+def test_the_whole_model_is_its_blocks_written_out_around_each_schemes_oracle(position_scheme, reference, overrides):
+    """The model's logits, from one forward and from cached decoding a token at a time, on every kernel, equal
+    `logits_by_hand` at float64 precision: what the attention-level oracles leave out (the embedding scale, the
+    sinusoids, Post-LN or Pre-LN placement and the final LayerNorms, cross-attention, tied or untied output layer,
+    final_logits_bias) is checked with the scheme in place."""
+    config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS,
+                         decoder_attention_heads=HEADS, **overrides)
+    torch.manual_seed(0)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().eval()
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            parameter.normal_(1.0 if "layer_norm" in name and name.endswith("weight") else 0.0, 0.3)
+        model.final_logits_bias.normal_(0.0, 1.0)
+    assert (model.model.shared is not None and model.lm_head.weight is model.model.shared.weight) == config.tie_word_embeddings
+    generator = torch.Generator().manual_seed(1)
+    source = torch.randint(3, config.vocab_size, (BATCH, 6), generator=generator)
+    source_mask = torch.ones(BATCH, 6, dtype=torch.long)
+    source_mask[1, -2:] = 0
+    target = torch.randint(3, config.vocab_size, (BATCH, 5), generator=generator)
+    with torch.no_grad():
+        expected = logits_by_hand(model, reference, source, source_mask, target)
+        for kernel in KERNELS:
+            model.set_attn_implementation(kernel)
+            forward = model(input_ids=source, attention_mask=source_mask, decoder_input_ids=target).logits
+            encoded = model.get_encoder()(input_ids=source, attention_mask=source_mask)
+            steps, cache = [], None
+            for t in range(target.size(1)):
+                step = model(encoder_outputs=encoded, attention_mask=source_mask, decoder_input_ids=target[:, t : t + 1],
+                             cache=cache, use_cache=True)
+                steps.append(step.logits)
+                cache = step.cache
+            for name, logits in (("forward", forward), ("cached steps", torch.cat(steps, dim=1))):
+                difference = (logits - expected).abs().max().item()
+                assert difference < TOLERANCE, f"{kernel} {name}: {difference:.2e}"
