@@ -841,6 +841,15 @@ def test_a_kernel_that_cannot_run_on_the_runs_device_stops_before_anything_is_wr
                 "true"]) == {}
 
 
+def test_fp16_on_a_cpu_run_stops_before_anything_is_written(tmp_path, corpus):
+    """fp16 on the CPU (use_cpu, or no GPU): accelerate leaves float16 autocast off there without a word, so the run
+    trained in float32 while its record and card said fp16: one error naming fp16 before the tokenizer is trained."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(PreflightError, match=r"^fp16 \(float16 autocast\) runs on GPUs, not on 'cpu'"):
+        run([str(config), "--fp16", "true", "--use_cpu", "true"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path, corpus):
     with pytest.raises(ConfigError, match=r"length_pool_factor must be null \(not set\) or an integer >= 1, got 0"):
         run([str(write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", length_pool_factor=0))])

@@ -97,6 +97,15 @@ def check_kernel_runs_here(kernel: str | None, device: torch.device) -> None:
         raise PreflightError(str(error)) from None
 
 
+def check_precision_runs_here(fp16: bool, device: torch.device) -> None:
+    """fp16 (float16 autocast with a gradient scaler) on a device accelerate runs it on: on the CPU accelerate leaves
+    it off without a word, so the run would train in float32 while its record and card say fp16."""
+    if fp16 and device.type == "cpu":
+        raise PreflightError("fp16 (float16 autocast) runs on GPUs, not on 'cpu': accelerate would leave it off and "
+                             "the run train in float32 while its record and card say fp16; set fp16 false (bf16 "
+                             "true with use_cpu true trains in bf16 autocast on a CPU)")
+
+
 def finished_model_files(output_dir: str | os.PathLike) -> list[str]:
     """The files of a finished model (`FINISHED_MODEL_FILES`) that `output_dir` holds."""
     folder = Path(output_dir)

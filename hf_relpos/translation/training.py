@@ -34,6 +34,7 @@ from .preflight import (
     PreflightError,
     check_hub_login,
     check_kernel_runs_here,
+    check_precision_runs_here,
     check_process_group,
     check_rerun,
     check_run_file_names,
@@ -71,6 +72,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     _set_up_process(training_args)
     if not training_args.prepare_only:
         check_kernel_runs_here(model_args.attn_implementation, training_args.device)
+        check_precision_runs_here(training_args.fp16, training_args.device)
     output_dir = training_args.output_dir
     # last/true where training has ended but the run was stopped before its record: finished without training, so
     # it writes no final model or checkpoint and needs no room for them (the stopped run's checkpoints fill it)
