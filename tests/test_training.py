@@ -1896,6 +1896,15 @@ def test_a_run_that_evaluates_only_when_asked_needs_no_validation_split_to_train
           "eval_strategy": "steps", "eval_steps": 2, "early_stopping_patience": 3},
          r"with metric_for_best_model='bleu' \(early_stopping_patience\) transformers keeps the best checkpoint "
          r"besides the save_total_limit newest: save_total_limit must be null or >= 3, got 2"),
+        # the conflict itself first (a save_total_limit raised as the limit error asked only led to it), and the
+        # metric named for what set it: load_best_model_at_end's, not early_stopping_patience's
+        ({"average_checkpoints": 2, "save_strategy": "steps", "save_steps": 2, "save_total_limit": 2,
+          "eval_strategy": "steps", "eval_steps": 2, "load_best_model_at_end": True},
+         r"^average_checkpoints and load_best_model_at_end both choose the final weights: set one$"),
+        ({"average_checkpoints": 2, "save_strategy": "steps", "save_steps": 2, "save_total_limit": 2,
+          "eval_strategy": "steps", "eval_steps": 2, "metric_for_best_model": "chrf"},
+         r"with metric_for_best_model='chrf' transformers keeps the best checkpoint besides the save_total_limit "
+         r"newest: save_total_limit must be null or >= 3, got 2$"),
     ],
 )
 def test_average_checkpoints_needs_the_checkpoints_it_averages(tmp_path, corpus, overrides, message):

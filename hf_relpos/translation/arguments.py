@@ -1070,17 +1070,18 @@ def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> N
     if strategy not in ("steps", "epoch"):
         raise ConfigError(f"average_checkpoints={count} needs checkpoints: save_strategy must be 'steps' or 'epoch', "
                           f"got {strategy!r}")
+    if training_args.load_best_model_at_end:   # before the limits: no save_total_limit resolves it
+        raise ConfigError("average_checkpoints and load_best_model_at_end both choose the final weights: set one")
     limit = training_args.save_total_limit
     if limit is not None and limit < count:
         raise ConfigError(f"average_checkpoints={count} needs the last {count} checkpoints: save_total_limit must be "
                           f"null or >= {count}, got {limit}")
     if limit is not None and limit == count and training_args.metric_for_best_model is not None:
+        set_by = " (early_stopping_patience)" if training_args.early_stopping_patience is not None else ""
         raise ConfigError(f"average_checkpoints={count} needs the last {count} checkpoints, and with "
-                          f"metric_for_best_model={training_args.metric_for_best_model!r} (early_stopping_patience) "
+                          f"metric_for_best_model={training_args.metric_for_best_model!r}{set_by} "
                           "transformers keeps the best checkpoint besides the save_total_limit newest: "
                           f"save_total_limit must be null or >= {count + 1}, got {limit}")
-    if training_args.load_best_model_at_end:
-        raise ConfigError("average_checkpoints and load_best_model_at_end both choose the final weights: set one")
 
 
 def check_model_config(model_args: ModelArguments, from_command_line: set[str] | None = None,
