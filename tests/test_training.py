@@ -172,6 +172,21 @@ def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flag
         parse_arguments([str(config), *flags])
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("eval_strategy", "epohc"), ("lr_scheduler_type", "inverse_squrt"), ("optim", "adam"),
+    ("train_sampling_strategy", "foo"), ("log_level", "verbose"), ("ddp_backend", "ncl"),
+    ("dataloader_multiprocessing_context", "frk"),
+])
+def test_a_recipe_value_outside_a_fields_choices_is_one_error_naming_the_field(tmp_path, corpus, field, value):
+    """A recipe's value is checked against the field's choices as a flag's is: argparse checks only the command line
+    (the recipe fills its defaults), so transformers' enums refused it naming the enum, not the field ('epohc is not
+    a valid IntervalStrategy'), ddp_backend failed as 'Default process group has not been initialized', and a
+    train_sampling_strategy, log_level or dataloader_multiprocessing_context outside its choices was taken."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **{field: value})
+    with pytest.raises(ConfigError, match=rf"^{field} must be one of .*'{value}'"):
+        parse_arguments([str(config)])
+
+
 def test_the_suggested_name_does_not_depend_on_which_string_is_compared_with_which():
     """difflib's ratio is not symmetric: no_such_flag against source_lang is 0.61 one way and 0.43 the other, above
     and below get_close_matches' cutoff; the hint takes the smaller, so a name nothing like any field gets none."""

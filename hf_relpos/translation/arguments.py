@@ -592,6 +592,16 @@ def _check_single_values(values: dict[str, Any]) -> None:
             raise ConfigError(f"{name} must be a single value, got {shape} {value!r}")
 
 
+def _check_choices(parser: argparse.ArgumentParser, values: dict[str, Any]) -> None:
+    """A recipe's value of a field with choices (`eval_strategy`, `optim`, `log_level`, ...) outside them is one
+    ConfigError naming the field, as argparse names a flag's: argparse checks the command line only, not the defaults
+    the recipe fills (transformers' enums then named the enum, not the field, and some fields took any value)."""
+    for action in parser._actions:
+        value = values.get(action.dest)
+        if action.choices is not None and value is not None and value not in action.choices:
+            raise ConfigError(f"{action.dest} must be one of {', '.join(map(str, action.choices))}, got {value!r}")
+
+
 # transformers 4 training fields that transformers 5 removed, where no similar name leads to their replacement (or
 # the similar name does not say how it takes the old value).
 TRANSFORMERS_4_FIELDS = {
@@ -760,6 +770,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
         _raise_unknown(flags, imported)
     values = vars(namespace)
     _check_single_values(values)
+    _check_choices(parser, values)
     if values.get("early_stopping_patience") is not None and values.get("metric_for_best_model") is None:
         values["metric_for_best_model"] = EARLY_STOPPING_METRIC   # greater_is_better follows from the name
     if not values.get("do_train") and values.get("eval_strategy", "no") != "no":
