@@ -401,6 +401,9 @@ def test_predict_on_a_source_only_file_writes_hypotheses_and_skips_bleu(trained,
                      "--test_file", str(test_file), "--output_dir", str(tmp_path / "predict"),
                      "--model.max_relative_position", "2", "--generation_max_length", "30"])
     assert "test_bleu" not in predicted["test"] and "test_loss" not in predicted["test"]
+    # nor its -log p part (a loss against no reference: it was left in, in test_results.json too)
+    saved = json.loads((tmp_path / "predict" / "test_results.json").read_text(encoding="utf-8"))
+    assert not [name for name in {*predicted["test"], *saved} if name.endswith("_loss")]
     hypotheses = (tmp_path / "predict" / "test_hypotheses.txt").read_text(encoding="utf-8").split("\n")
     assert len(hypotheses) == len(sources) + 1 and hypotheses[2] == "" and hypotheses[-1] == ""
     reference_run = (output_dir / "test_hypotheses.txt").read_text(encoding="utf-8").splitlines()

@@ -1123,8 +1123,9 @@ def report_split(trainer: TranslationTrainer, prefix: str, metrics: dict[str, An
     translations, in source order, to `{prefix}_hypotheses.txt` and print its scores. Returns the metrics."""
     evaluation_set = trainer.evaluation_sets[prefix]
     metrics = {**metrics, f"{prefix}_samples": len(evaluation_set.order)}
-    if evaluation_set.references is None:
-        metrics.pop(f"{prefix}_loss", None)  # against no reference: meaningless
+    if evaluation_set.references is None:   # against no reference: meaningless
+        metrics.pop(f"{prefix}_loss", None)
+        metrics.pop(f"{prefix}_nll_loss", None)
     trainer.log_metrics(prefix, metrics)
     trainer.save_metrics(prefix, metrics)
     if not trainer.is_world_process_zero() or not trainer.args.predict_with_generate:
