@@ -27,7 +27,7 @@ import hf_relpos  # noqa: F401 - registers the model with the Auto classes
 import hf_relpos.translation.arguments as arguments_module
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.hub import shown_command
-from hf_relpos.publish.records import RUN_RECORD_FILE
+from hf_relpos.publish.records import RUN_RECORD_FILE, load_recipe
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.tools.average import main as average_main
 from hf_relpos.tools.export import export_ctranslate2, is_ctranslate2_folder
@@ -185,6 +185,21 @@ def test_a_recipe_value_outside_a_fields_choices_is_one_error_naming_the_field(t
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", **{field: value})
     with pytest.raises(ConfigError, match=rf"^{field} must be one of .*'{value}'"):
         parse_arguments([str(config)])
+
+
+def test_a_field_given_twice_in_a_recipe_is_one_error_naming_it_and_both_lines(tmp_path, corpus):
+    """PyYAML keeps the last of two equal keys without a word, so a field set twice in a recipe (a copied line, an
+    edit at the top of a long file) was trained with whichever came last; a YAML merge (<<) still overrides."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", learning_rate=0.001)
+    lines = config.read_text(encoding="utf-8").splitlines()
+    first = next(number for number, line in enumerate(lines, 1) if line.startswith("learning_rate:"))
+    config.write_text("\n".join([*lines, "learning_rate: 0.5"]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"invalid YAML: found the key 'learning_rate' twice in a mapping, on line "
+                                          rf"{first} and line {len(lines) + 1}"):
+        parse_arguments([str(config)])
+    merged = tmp_path / "merged.yaml"
+    merged.write_text("base: &base {dropout: 0.1, d_model: 8}\nmodel:\n  <<: *base\n  dropout: 0.2\n", encoding="utf-8")
+    assert load_recipe(merged)["model"] == {"dropout": 0.2, "d_model": 8}
 
 
 def test_the_suggested_name_does_not_depend_on_which_string_is_compared_with_which():

@@ -27,7 +27,23 @@ DATA, OPTIMISATION, DECODING, SETTING = "data", "optimisation", "decoding", "set
 
 
 class RecipeLoader(yaml.SafeLoader):
-    """PyYAML's safe loader (YAML 1.1) that also reads YAML 1.2's floats: 1e-3, 1e4, 2E+3 are numbers, not strings."""
+    """PyYAML's safe loader (YAML 1.1) that also reads YAML 1.2's floats: 1e-3, 1e4, 2E+3 are numbers, not strings,
+    and refuses a key given twice in one mapping, as YAML 1.2 does (PyYAML keeps the last one without a word)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        """The mapping, after checking its own keys (a merge's, `<<: *base`, may be overridden) for one given twice:
+        a `ConstructorError` naming the key and both lines."""
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                continue
+            key = self.construct_object(key_node)
+            if key in lines:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"found the key {key!r} twice in a mapping, on line {lines[key]} and line "
+                    f"{key_node.start_mark.line + 1}: give each field once", key_node.start_mark)
+            lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep=deep)
 
 
 RecipeLoader.add_implicit_resolver(
