@@ -267,6 +267,22 @@ def test_a_mistyped_local_folder_is_one_error_without_a_hub_lookup(name, kind, t
         parse_arguments([str(REPO / "configs" / "demo.yaml"), f"--{name}", "outputs/my_modle"])
 
 
+def test_the_dataset_name_local_files_replace_is_not_checked_as_a_folder(tmp_path, monkeypatch):
+    """With train_file (or validation_file, test_file) dataset_name is ignored, the default wmt/wmt14 too: a working
+    folder that holds a `wmt/` folder of one's own data stopped every such run with `dataset_name 'wmt/wmt14': no
+    such folder`, a field it had not set and does not read."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "wmt").mkdir()
+    (tmp_path / "wmt" / "train.jsonl").write_text(
+        json.dumps({"translation": {"en": "a house", "de": "ein Haus"}}) + "\n", encoding="utf-8")
+    _, data_args, _ = parse_arguments([str(REPO / "configs" / "wmt14_en_de_base_shaw.yaml"), "--train_file",
+                                       "wmt/train.jsonl", "--validation_file", "wmt/train.jsonl", "--test_file",
+                                       "wmt/train.jsonl"])
+    assert data_args.uses_local_files and data_args.dataset_name == "wmt/wmt14"
+    with pytest.raises(ConfigError, match=r"^dataset_name 'wmt/wmt14': no such folder"):   # read: still checked
+        parse_arguments([str(REPO / "configs" / "wmt14_en_de_base_shaw.yaml")])
+
+
 def test_only_paths_count_as_missing_local_folders(tmp_path, monkeypatch):
     """A bare name (`t5-small`) and namespace/name without such a folder here stay Hub ids; a path-like name that does
     not exist is a missing folder."""

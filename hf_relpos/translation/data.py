@@ -235,7 +235,7 @@ class DataArguments:
         require_int("tokenizer_training_pairs", self.tokenizer_training_pairs, minimum=1, null_means="every pair")
         for name in ("demo_train_pairs", "demo_validation_pairs", "demo_test_pairs"):
             require_int(name, getattr(self, name), minimum=1)
-        if self.dataset_name is not None:
+        if self.dataset_name is not None and not self.uses_local_files:   # else ignored, the default wmt/wmt14 too
             check_local_folder(self.dataset_name, "dataset_name", hub_kind="dataset")
         check_config_languages(self)
         for name in ("train_file", "validation_file", "test_file"):
