@@ -91,6 +91,22 @@ def test_one_piece_when_asked_and_a_cut_translation_is_reported_once_naming_the_
         "itself up to the cap is the model's loop, not a short cap: no_repeat_ngram_size=N ends such loops)."]
 
 
+def test_a_translation_cut_by_a_forced_end_token_at_the_maximum_length_is_reported(translator, caplog):
+    """`forced_eos_token_id` (MarianMT's generation configs set it) ends a translation cut at max_new_tokens with the
+    end token: it is reported as cut all the same (it was taken for a finished one), and one that ends before is not."""
+    end = translator.model.generation_config.eos_token_id
+    logging.Logger.warning_once.cache_clear()  # transformers' once-per-process memory
+    with caplog.at_level(logging.WARNING):
+        assert translator(SOURCES[1], max_new_tokens=20, forced_eos_token_id=end) == [{"translation_text": TARGETS[1]}]
+        assert not [record for record in caplog.records if "reached the maximum length" in record.getMessage()]
+        cut = translator(SOURCES[1], max_new_tokens=2, forced_eos_token_id=end)[0]["translation_text"]
+    assert TARGETS[1].startswith(cut) and cut != TARGETS[1]
+    warnings = [record.getMessage() for record in caplog.records if "reached the maximum length" in record.getMessage()]
+    assert warnings == [
+        "A translation reached the maximum length (max_new_tokens, else max_length) and may be cut: pass a larger "
+        "max_new_tokens to the pipeline call, or max_len_a and max_len_b for a cap relative to each source."]
+
+
 def test_old_translation_pipeline_arguments(translator):
     assert translator(SOURCES[3], truncation=True) == [{"translation_text": TARGETS[3]}]
     assert translator(SOURCES[3], clean_up_tokenization_spaces=True) == [{"translation_text": TARGETS[3]}]

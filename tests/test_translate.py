@@ -282,6 +282,32 @@ def test_generation_settings_default_to_the_model_and_flags_override_them(memori
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
 
 
+@pytest.mark.parametrize("engine", ["pytorch", "ctranslate2"])
+def test_a_translation_cut_by_a_forced_end_token_at_the_maximum_length_is_counted(memorised_model_folder, tmp_path,
+                                                                                  capsys, engine):
+    """A generation config with `forced_eos_token_id` (MarianMT's, which a converted model keeps) ends a translation
+    cut at the maximum length with the end token: it is counted as reaching the maximum length all the same (it was
+    not: a translation holding an end token was taken for a finished one, so a converted model's cut lines went
+    unreported), and one that ends before it is not."""
+    folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    generation = json.loads((folder / "generation_config.json").read_text())
+    (folder / "generation_config.json").write_text(json.dumps({**generation, "max_length": 4,
+                                                               "forced_eos_token_id": generation["eos_token_id"]}))
+    if engine == "ctranslate2":
+        pytest.importorskip("ctranslate2")
+        from hf_relpos.tools.export import export_ctranslate2
+        folder = export_ctranslate2(folder, tmp_path / "ct2")
+    source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
+    cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
+    assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
+    assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
+    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
+          "--max_length", "20"])
+    assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
+    assert "reached" not in capsys.readouterr().err
+
+
 def test_a_model_folder_whose_weights_file_is_cut_short_is_one_error_line(memorised_model_folder, tmp_path, capsys):
     """A weights file cut short (a copy or download broken off) was safetensors' traceback."""
     folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))

@@ -87,6 +87,21 @@ def reached_length_limit(token_ids: Any, eos_token_id: int | list[int] | None, l
     return first_end is None or (limit is not None and first_end + 1 >= limit)
 
 
+def forced_end_limit(config: Any, **settings: Any) -> int | None:
+    """The new token at which generation under `config` (a generation config) with the call's `settings` on top ends a
+    translation with its `forced_eos_token_id` (MarianMT's generation configs, which a converted model keeps, force the
+    end token so): the last one the call allows, max_new_tokens, else max_length less the decoder start token, else
+    transformers' default of 20; None where no token is forced. A translation cut there holds its end token, so only
+    this limit tells `reached_length_limit` that it reached the maximum length."""
+    forced, max_new_tokens, max_length = (settings[name] if name in settings else getattr(config, name, None)
+                                          for name in ("forced_eos_token_id", "max_new_tokens", "max_length"))
+    if forced is None:
+        return None
+    if max_new_tokens is not None:
+        return max_new_tokens
+    return 20 if max_length is None else max_length - 1
+
+
 def right_aligned(inputs: dict[str, Any]) -> dict[str, Any]:
     """`inputs` (input_ids and attention_mask [B, n] of padded sources) with each row's tokens moved to its start and
     its padding to its end, whatever side the tokenizer padded: a source's tokens then sit at positions 0 .. n-1 as
@@ -257,6 +272,10 @@ class TranslationPipeline(ChunkPipeline):
         wanted = ~torch.tensor(extras["blank"]).reshape(batch_size)
         output_ids = torch.zeros((batch_size, sequences, 0), dtype=torch.long)
         limits = torch.full((batch_size,), -1)   # each source's own length cap, -1 where there is none
+        # the fixed cap where it ends a translation with a forced end token, -1 where it does not
+        fixed = forced_end_limit(settings, **{name: value for name, value in generate_kwargs.items()
+                                              if name != "generation_config"})
+        fixed_limits = torch.full((batch_size,), -1 if fixed is None else fixed)
         if bool(wanted.any()):
             sources = right_aligned({name: value[wanted.to(value.device)] for name, value in model_inputs.items()})
             generated = self.model.generate(**sources, **generate_kwargs).cpu()
@@ -266,7 +285,7 @@ class TranslationPipeline(ChunkPipeline):
                              if hasattr(self.model, "new_token_limits") else None)
             if wanted_limits is not None:
                 limits[wanted] = wanted_limits.cpu()
-        return {"output_ids": output_ids, "limits": limits, **extras}
+        return {"output_ids": output_ids, "limits": limits, "fixed_limits": fixed_limits, **extras}
 
     def postprocess(self, outputs: list[dict], clean_up_tokenization_spaces: bool = False) -> list[dict[str, str]]:
         translations: list[list[tuple[str, str]]] = [[] for _ in range(outputs[0]["output_ids"].shape[1])]
@@ -275,17 +294,20 @@ class TranslationPipeline(ChunkPipeline):
                 if output["blank"]:
                     text = ""
                 else:
-                    self._warn_if_cut(ids, int(output["limits"].reshape(-1)[0]))
+                    self._warn_if_cut(ids, int(output["limits"].reshape(-1)[0]),
+                                      int(output["fixed_limits"].reshape(-1)[0]))
                     text = self.tokenizer.decode(ids, skip_special_tokens=True,
                                                  clean_up_tokenization_spaces=clean_up_tokenization_spaces).strip()
                 translations[index].append((text, output["separator"]))
         return [{"translation_text": join_translations(pieces)} for pieces in translations]
 
-    def _warn_if_cut(self, ids: Any, limit: int) -> None:
+    def _warn_if_cut(self, ids: Any, limit: int, fixed_limit: int = -1) -> None:
         """Warn once when a translation reached the cap that applied: the source-relative one (`limit` >= 0), else
-        the fixed max_new_tokens / max_length."""
+        the fixed max_new_tokens / max_length (`fixed_limit` >= 0 where it ends a translation with a forced end
+        token: `forced_end_limit`)."""
         relative = limit >= 0
-        if not reached_length_limit(ids, self.model.generation_config.eos_token_id, limit if relative else None):
+        cap = limit if relative else fixed_limit if fixed_limit >= 0 else None
+        if not reached_length_limit(ids, self.model.generation_config.eos_token_id, cap):
             return
         if relative:
             logger.warning_once(

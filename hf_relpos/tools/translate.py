@@ -58,7 +58,7 @@ from transformers.utils import logging as hf_logging
 
 from ..model.attention_functions import check_kernel_device
 from ..publish.files import WeightsFileError, expand_home, reading_weights, text_output, writes_in_place
-from ..publish.pipeline_relpos import reached_length_limit
+from ..publish.pipeline_relpos import forced_end_limit, reached_length_limit
 from ..publish.records import training_record
 from ..translation.arguments import (
     ConfigError,
@@ -150,6 +150,7 @@ def translate_lines(
     capped = LengthCapCount() if capped is None else capped
     encoded = tokenizer([lines[index] for index in wanted])["input_ids"]
     eos_token_id = model.generation_config.eos_token_id
+    fixed_limit = forced_end_limit(model.generation_config, **generate_kwargs)   # None unless an end token is forced
     if isinstance(progress, tqdm):
         progress.total += len(wanted)
         progress.refresh()
@@ -170,8 +171,8 @@ def translate_lines(
             per_line = n_best or 1   # generate's rows: each source's hypotheses in a row
             texts = []
             for row, ids in enumerate(output_ids):
-                capped.translations += reached_length_limit(ids, eos_token_id,
-                                                            None if limits is None else int(limits[row // per_line]))
+                capped.translations += reached_length_limit(
+                    ids, eos_token_id, fixed_limit if limits is None else int(limits[row // per_line]))
                 texts.append(" ".join(tokenizer.decode(ids, skip_special_tokens=True).strip().splitlines()))
             for row, position in enumerate(batch):
                 translations[wanted[position]] = texts[row] if n_best is None else sorted(
