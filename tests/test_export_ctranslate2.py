@@ -297,6 +297,11 @@ def test_the_folder_holds_the_tokenizer_and_generation_settings(exported):
     assert CTranslate2Model(folder, threads=1).decoding_options(max_length=9, max_new_tokens=None)[
         "max_decoding_length"] == 8  # generate's max_length counts the decoder start token
     assert not [path.name for path in folder.parent.iterdir() if path.name.startswith(".")]  # no staging left
+    # without a source-relative cap hf-relpos-translate caps every output at the ceiling, and the card says so (it said
+    # "each output capped relative to its own source" whatever the folder saved)
+    card = " ".join((folder / "README.md").read_text(encoding="utf-8").split())
+    assert "(sentence by sentence, each output capped at 60 new tokens, however long its source)" in card
+    assert "relative to its own source" not in card
 
 
 def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_translates_as_the_engine(
@@ -324,7 +329,8 @@ def test_the_folders_card_says_what_it_is_and_its_plain_ctranslate2_snippet_tran
     assert "absolute" in card.data.tags
     for expected in ("(English→German, position scheme `absolute`, Post-LN)", "weights stored as `int8`",
                      "beam 4, length penalty 1, at most 0.3 x source tokens + 2 new tokens (and never more than 60)",
-                     "sources and translations of at most 300 tokens", "hf-relpos-translate FOLDER --input"):
+                     "sources and translations of at most 300 tokens", "hf-relpos-translate FOLDER --input",
+                     "(sentence by sentence, each output capped relative to its own source)"):
         assert expected in card.text, expected
     # the snippet translates its source in one piece: the card says to give it one sentence a source, as
     # hf-relpos-translate splits a line (a pasted paragraph was translated to about its first sentence)

@@ -538,6 +538,9 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
     # the engine decodes one token short of a source-relative cap and ends the row there (CTranslate2Model.generate)
     # and, with forced_eos_token_id, one short of the ceiling
     forced_end = generation.forced_eos_token_id is not None
+    # what hf-relpos-translate caps each output by: the source-relative cap where one is saved, else the ceiling alone
+    capped = ("each output capped relative to its own source" if limit is not None else
+              f"each output capped at {ceiling} new tokens, however long its source")
     longest = (f"min(int({limit[0]:g} * len(source) + {limit[1]}), {ceiling}) - 1" if limit is not None
                else str(ceiling - 1 if forced_end else ceiling))
     # the saved settings beyond beam, length penalty and cap, as CTranslate2Model.decoding_options passes them
@@ -582,7 +585,7 @@ weights stored as `{record["quantization"]}`.{source_card}
 ## How to use
 
 `FOLDER` stands for the path of this folder. With hf_relpos installed, `hf-relpos-translate` applies the saved
-tokenization and decoding (sentence by sentence, each output capped relative to its own source):
+tokenization and decoding (sentence by sentence, {capped}):
 
 ```bash
 hf-relpos-translate FOLDER --input source.txt --output translations.txt
