@@ -512,6 +512,19 @@ def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("name", ["absolute", "alibi"])
+def test_max_positions_beyond_its_bound_is_one_error_before_anything_is_written(exported, tmp_path, capsys, name):
+    """A table of 10^8 rows allocates until the process is killed: above MAX_POSITIONS (65536) is refused first."""
+    with pytest.raises(ExportError, match=r"max_positions must be between 1 and 65536 \(the rows of the position "
+                                          r"table, the longest source and translation in tokens\), got 65537"):
+        export_ctranslate2(exported[name][1], tmp_path / "ct2", max_positions=65537)
+    error = export_error(["ctranslate2", str(exported[name][1]), str(tmp_path / "ct2"), "--max_positions",
+                          str(10**8)], capsys)
+    assert error.startswith("hf-relpos-export: error: max_positions must be between 1 and 65536 ")
+    assert error.endswith("got 100000000")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_folder_whose_weights_file_is_cut_short_is_one_error_naming_it(exported, tmp_path):
     """A weights file cut short (a copy broken off) was safetensors' traceback; nothing is written."""
     source = Path(shutil.copytree(exported["shaw"][1], tmp_path / "model"))

@@ -79,6 +79,9 @@ PROGRAM = "hf-relpos-export"
 ENGINE_MISSING = ("CTranslate2 is not installed: install the export extra (pip install 'hf_relpos[export]', or "
                   "pip install ctranslate2)")
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+# the most positions `max_positions` sizes a table for: 2^16 rows of d_model values per stack (alibi: 4 x that many
+# buckets per head), far beyond a line to translate; more only allocates until the machine runs out of memory
+MAX_POSITIONS = 65536
 # transformers' ACT2FN names -> CTranslate2's Activation members computing the same function (gelu_python is gelu's
 # exact erf GELU, written out in Python; gelu_accurate, gelu_fast and gelu_pytorch_tanh are gelu_new's tanh
 # approximation 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), gelu_fast with sqrt(2/pi) as 0.7978845608).
@@ -402,7 +405,8 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     """Export the translation model saved in `model_dir` (model, tokenizer, generation config) to a CTranslate2
     folder `out_dir` (which must not exist, or be empty), weights stored as `quantization` (one of QUANTIZATIONS;
     None: float32). A scheme exported as a position table (`absolute`, `none`, `alibi`) covers `max_positions`
-    positions (None: max_position_embeddings), which bound the sources and translations the export serves.
+    positions (None: max_position_embeddings; at most MAX_POSITIONS), which bound the sources and translations the
+    export serves.
     Everything that could refuse is checked before anything is written; returns `out_dir`."""
     if is_ctranslate2_folder(model_dir):
         source = json.loads((Path(model_dir) / EXPORT_RECORD).read_text(encoding="utf-8")).get("source_model")
@@ -424,6 +428,9 @@ def export_ctranslate2(model_dir: str | Path, out_dir: str | Path, quantization:
     if max_positions is not None:
         if isinstance(max_positions, bool) or not isinstance(max_positions, int) or max_positions < 1:
             raise ExportError(f"max_positions must be a positive integer, got {max_positions!r}")
+        if max_positions > MAX_POSITIONS:
+            raise ExportError(f"max_positions must be between 1 and {MAX_POSITIONS} (the rows of the position table, "
+                              f"the longest source and translation in tokens), got {max_positions}")
         if not position_table:
             raise ExportError(f"max_positions sizes the position table of {', '.join(BOUNDED_SCHEMES)}; "
                               f"position_scheme {config.position_scheme!r} exports no such table and has no length "
@@ -632,8 +639,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="weight type in the engine (default: float32); int8: about 4x smaller and faster on CPU")
     engine.add_argument("--max_positions", type=int, metavar="N",
                         help=f"{', '.join(BOUNDED_SCHEMES)} only: positions the position table covers, the longest "
-                             "source and translation (in tokens) the export serves (default: the model's "
-                             "max_position_embeddings); the PyTorch model has no such bound")
+                             f"source and translation (in tokens) the export serves, 1 to {MAX_POSITIONS} (default: the "
+                             "model's max_position_embeddings); the PyTorch model has no such bound")
     return parser
 
 
