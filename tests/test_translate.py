@@ -115,6 +115,17 @@ def test_a_file_and_stdin_with_windows_line_ends_and_a_bom_translate_as_the_plai
     assert capsys.readouterr().err.startswith(f"hf-relpos-translate: error: --input {invalid}:2: not UTF-8 text (")
 
 
+
+@pytest.mark.parametrize("argv", [["--input", "-"], ["-"], ["--input", "-", "--output", "-"], ["-", "--output", "-"]])
+def test_a_dash_is_stdin_and_stdout_as_in_unix_tools(memorised_model_folder, tmp_path, capsys, monkeypatch, argv):
+    """"-" as --input (or INPUT) reads stdin and as --output writes stdout, as sacrebleu and Unix tools read it; no
+    file named "-" is looked for or written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(f"{line}\n" for line in SOURCES).encode())))
+    main([str(memorised_model_folder), "--no_progress", *argv])
+    assert capsys.readouterr().out.splitlines() == TARGETS
+    assert not (tmp_path / "-").exists()
+    assert "-: stdin" in " ".join(translate_module.build_parser().format_help().split())
 # lines of one, two and no sentences, blank ones among them: what each chunk size must translate as the whole input
 MIXED_SOURCES = [SOURCES[4], "", f"{SOURCES[0]} {SOURCES[1]}", SOURCES[2], "   ", SOURCES[3],
                  f"{SOURCES[5]}  {SOURCES[0]}", SOURCES[1]]

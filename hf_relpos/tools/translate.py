@@ -6,7 +6,8 @@
 (`python -m hf_relpos.tools.translate` is the same program.)
 
 An --input or --reference file compressed with gzip, bzip2 or xz (`test.en.gz`, `.bz2`, `.xz`) is decompressed while
-read, as the training app reads its data files (hf_relpos.translation.data); stdin is read as it is (`zcat test.en.gz |
+read, as the training app reads its data files (hf_relpos.translation.data); stdin (no --input, or `--input -`; and
+`--output -` is stdout, as Unix tools and sacrebleu read "-") is read as it is (`zcat test.en.gz |
 hf-relpos-translate MODEL_DIR`), and zstd or zip files are refused with the command that decompresses them.
 
 One output line per input line, in input order; a blank input line gives a blank output line. The input is read,
@@ -230,13 +231,13 @@ def build_parser() -> argparse.ArgumentParser:
                         help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), or a "
                              "CTranslate2 folder written by hf-relpos-export ctranslate2")
     parser.add_argument("input_file", nargs="?", type=expand_home, metavar="INPUT",
-                        help="source text file (the same as --input)")
+                        help="source text file (the same as --input; -: stdin)")
     parser.add_argument("--input", type=expand_home,
-                        help="source text, one sentence per line; a .gz, .bz2 or .xz file is decompressed while read "
-                             "(default: stdin)")
+                        help="source text, one sentence per line; a .gz, .bz2 or .xz file is decompressed while read; "
+                             "- is stdin (default: stdin)")
     parser.add_argument("--output", type=expand_home,
                         help="where the translations go, one per line; a name ending in .gz, .bz2 or .xz is written "
-                             "compressed so (default: stdout)")
+                             "compressed so; - is stdout (default: stdout)")
     parser.add_argument("--reference", type=expand_home,
                         help="reference translations, one per line (a .gz, .bz2 or .xz file decompressed while "
                              "read): print sacreBLEU and chrF")
@@ -481,6 +482,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.input is not None and args.input != args.input_file:
             parser.error(f"two source files: INPUT {args.input_file!r} and --input {args.input!r}; give one")
         args.input = args.input_file
+    args.input, args.output = stdio_name(args.input), stdio_name(args.output)
     for name in ("num_beams", "max_length", "max_tokens", "no_repeat_ngram_size", "buffer_lines", "n_best"):
         value = getattr(args, name)
         if value is not None and value < 1:
@@ -506,6 +508,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         exit_unreadable(parser, "--input", args.input, error)
     with contextlib.nullcontext(source) if args.input is None else source:
         translate_source(parser, args, source)
+
+
+def stdio_name(path: str | None) -> str | None:
+    """None (stdin or stdout) for "-", as Unix tools and sacrebleu read it; else `path`."""
+    return None if path == "-" else path
 
 
 def exit_unreadable(parser: argparse.ArgumentParser, flag: str, path: str,
