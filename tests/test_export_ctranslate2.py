@@ -5,6 +5,7 @@ BLEU, and everything else is refused before anything is written."""
 from __future__ import annotations
 
 import copy
+import io
 import json
 import os
 import re
@@ -23,6 +24,7 @@ from hf_relpos.tools.convert import marian_to_relpos
 from hf_relpos.tools.ctranslate2_engine import CTranslate2Model
 from hf_relpos.tools.export import ENGINE_MISSING, ExportError, export_ctranslate2, is_ctranslate2_folder
 from hf_relpos.tools.export import main as export_main
+from hf_relpos.tools.score import main as score_main
 from hf_relpos.tools.score import score_pairs
 from hf_relpos.tools.translate import main as translate_main
 from hf_relpos.tools.translate import translate_lines
@@ -486,8 +488,9 @@ def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_
         translate_main([str(default_export), "--input", str(tmp_path / "long.txt"), "--output",
                         str(tmp_path / "out.txt"), "--no_progress", "--no_split_sentences"])
     assert raised.value.code == 2 and not (tmp_path / "out.txt").exists()
-    assert re.fullmatch(r"hf-relpos-translate: error: this export's position table covers 128 positions: .* --max_positions "
-                        r"\d+ or more, or translate with the PyTorch folder", capsys.readouterr().err.splitlines()[-1])
+    assert re.fullmatch(r"hf-relpos-translate: error: --input '.*long.txt' line 2 \(\d+ tokens\): longer than the 128 "
+                        r"positions .* --max_positions \d+ or more, or translate with the PyTorch folder",
+                        capsys.readouterr().err.splitlines()[-1])
     # CTranslate2 alone (the card's snippet) refuses a position beyond a position table, but takes any offset into
     # alibi's bucket table: the card says which
     card = " ".join((tmp_path / "ct2" / "README.md").read_text().split())
@@ -501,6 +504,82 @@ def test_max_positions_exports_a_longer_table_that_translates_beyond_the_models_
         assert "Its position table serves sources and translations of at most 400 tokens" in card
         with pytest.raises(RuntimeError, match="No position encodings are defined for positions >= 128"):
             translator.translate_batch(long_tokens, max_input_length=0, max_decoding_length=2)
+
+
+def test_lines_longer_than_the_position_table_are_named_before_any_is_translated(exported, tokenizer, tmp_path,
+                                                                             capsys, monkeypatch):
+    """A file's lines beyond the table (their tokens, or their source-relative cap) are one error naming each line,
+    its tokens and what to do before the engine decodes a line or anything is written, whatever --buffer_lines;
+    stdin, read as it comes, is refused at the chunk that holds such a line (--output not written); a line whose
+    sentences each fit is translated sentence by sentence."""
+    folder = exported["absolute"][2]
+    decoded = []
+    decode = CTranslate2Model.generate_n_best
+    monkeypatch.setattr(CTranslate2Model, "generate_n_best", lambda self, *args, **kwargs: decoded.append(1) or
+                        decode(self, *args, **kwargs))
+    long_source, longer_source = " ".join(TEST_SOURCES), " ".join([*TEST_SOURCES, *TEST_SOURCES[:3]])
+    long_tokens, longer_tokens = (len(tokenizer(text).input_ids) for text in (long_source, longer_source))
+    assert 128 < long_tokens < longer_tokens
+    source = write_text(tmp_path / "src.txt", [TEST_SOURCES[0], long_source, TEST_SOURCES[1], longer_source])
+    advice = (f": longer than the 128 positions this export's position table covers (its hf-relpos-export "
+              f"--max_positions); export again with hf-relpos-export ctranslate2 --max_positions {longer_tokens} or "
+              "more, or translate with the PyTorch folder")
+
+    def refused(argv: list[str]) -> tuple[str, str]:
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as raised:
+            translate_main([str(folder), *argv, "--no_progress", "--buffer_lines", "1"])
+        assert raised.value.code == 2
+        printed = capsys.readouterr()
+        assert printed.err.count("\n") == 1, printed.err
+        return printed.out, printed.err[:-1]
+
+    for output in (["--output", str(tmp_path / "out.txt")], []):
+        out, error = refused(["--input", str(source), "--no_split_sentences", *output])
+        assert error == (f"hf-relpos-translate: error: --input {str(source)!r} lines 2 ({long_tokens} tokens), "
+                         f"4 ({longer_tokens} tokens){advice}")
+        assert out == "" and not decoded and not (tmp_path / "out.txt").exists()
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(source.read_bytes())))
+    out, error = refused(["--output", str(tmp_path / "out.txt"), "--no_split_sentences"])
+    assert error == (f"hf-relpos-translate: error: stdin line 2 ({long_tokens} tokens){advice}".replace(
+        f"--max_positions {longer_tokens}", f"--max_positions {long_tokens}"))
+    assert len(decoded) == 1 and not (tmp_path / "out.txt").exists()   # line 1's chunk, not written
+    capped = " ".join(TEST_SOURCES[:12])   # within the table, but not its cap of 2 x its tokens
+    capped_tokens = len(tokenizer(capped).input_ids)
+    assert 64 < capped_tokens <= 128
+    write_text(tmp_path / "capped.txt", [TEST_SOURCES[0], capped])
+    decoded.clear()
+    out, error = refused(["--input", str(tmp_path / "capped.txt"), "--no_split_sentences", "--max_length", "400",
+                          "--max_len_a", "2", "--max_len_b", "0"])
+    assert error.startswith(f"hf-relpos-translate: error: --input {str(tmp_path / 'capped.txt')!r} line 2 "
+                            f"({capped_tokens} tokens, a length cap of {2 * capped_tokens}): longer than the 128 ")
+    assert not decoded
+    translate_main([str(folder), "--input", str(source), "--output", str(tmp_path / "out.txt"), "--no_progress"])
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 4   # sentence by sentence, each within the table
+
+
+def test_hf_relpos_score_names_the_pairs_longer_than_the_position_table_and_writes_nothing(exported, tokenizer,
+                                                                                         tmp_path, capsys):
+    long_source = " ".join(TEST_SOURCES)
+    long_tokens = len(tokenizer(long_source).input_ids)
+    write_text(tmp_path / "src.txt", [TEST_SOURCES[0], long_source])
+    write_text(tmp_path / "tgt.txt", ["Ein Hund.", "Ein Hund."])
+    target_tokens = len(tokenizer(text_target="Ein Hund.").input_ids)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as raised:
+        score_main([str(exported["alibi"][2]), "--source", str(tmp_path / "src.txt"), "--target",
+                    str(tmp_path / "tgt.txt"), "--output", str(tmp_path / "scores.txt"), "--no_progress"])
+    assert raised.value.code == 2 and not (tmp_path / "scores.txt").exists()
+    assert capsys.readouterr().err == (
+        f"hf-relpos-score: error: --source and --target line 2 (a source of {long_tokens} and a target of "
+        f"{target_tokens} tokens): longer than the 128 positions this export's position table covers (its "
+        f"hf-relpos-export --max_positions); export again with hf-relpos-export ctranslate2 --max_positions "
+        f"{long_tokens} or more, or score with the PyTorch folder\n")
+
+
+def write_text(path: Path, lines: list[str]) -> Path:
+    path.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return path
 
 
 def test_max_positions_is_refused_where_it_sizes_nothing(exported, tmp_path):

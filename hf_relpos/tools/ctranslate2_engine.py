@@ -119,6 +119,16 @@ class CTranslate2Model:
                              f"{longest_output}; export again with hf-relpos-export ctranslate2 --max_positions "
                              f"{max(longest_source, longest_output)} or more, or {work} with the PyTorch folder")
 
+    def positions_needed(self, lengths: list[int], **settings: Any) -> list[int]:
+        """Per source of `lengths` tokens, the positions its translation takes of a position table: its length, or
+        under a source-relative cap (max_len_b) its own cap where longer (`new_token_limits`); the ceiling, which
+        every row shares, is `check_position_table`'s."""
+        limit = relative_limit(self.length_config(**settings))
+        if limit is None or not lengths:
+            return list(lengths)
+        caps = new_token_limits(torch.tensor(lengths), *limit, self.decoding_options(**settings)["max_decoding_length"])
+        return [max(length, cap) for length, cap in zip(lengths, caps.tolist(), strict=True)]
+
     def target_log_probabilities(self, source_ids: list[list[int]], target_ids: list[list[int]]) -> list[list[float]]:
         """log p(y_t | y_<t, x) of each target token as the tokenizer encodes a label (ending in the end token), by
         the engine's `score_batch` (teacher forcing), sources never truncated: `hf_relpos.tools.score`'s numbers."""

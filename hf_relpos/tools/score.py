@@ -62,6 +62,7 @@ from .translate import (
     exit_unreadable,
     exit_unwritable,
     load_tokenizer_and_model,
+    overlong_lines_message,
     padded_sources,
     token_batches,
 )
@@ -133,6 +134,22 @@ def score_pairs(sources: Sequence[str], targets: Sequence[str], model: PreTraine
         if progress is not None:
             progress.update(len(batch))
     return scores
+
+
+def overlong_pairs(sources: Sequence[str], targets: Sequence[str], first_number: int,
+                   model: PreTrainedModel | CTranslate2Model,
+                   tokenizer: PreTrainedTokenizerBase) -> list[tuple[int, int, str]]:
+    """(line number, positions needed, how the error names it) of each pair (numbered from `first_number`) whose
+    source or target, as `score_pairs` encodes them, is longer than a CTranslate2 export's position table
+    (`position_table_rows`); [] for a model without such a table."""
+    rows = getattr(model, "position_table_rows", None)
+    if rows is None or not sources:
+        return []
+    source_lengths = [len(ids) for ids in tokenizer(list(sources))["input_ids"]]
+    target_lengths = [len(ids) for ids in tokenizer(text_target=list(targets))["input_ids"]]
+    return [(number, max(source, target), f"{number} (a source of {source} and a target of {target} tokens)")
+            for number, (source, target) in enumerate(zip(source_lengths, target_lengths, strict=True), first_number)
+            if max(source, target) > rows]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -344,6 +361,8 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
     else:
         scored = n_best_chunks(chunks["--n_best"], chunks["--source"], args.n_best_feature, not args.n_best_raw)
     totals = ScoreTotals(unit="pairs" if args.n_best is None else "hypotheses")
+    where = "--source and --target" if args.n_best is None else f"--n_best {args.n_best!r}"
+    first = 1
     try:
         with tqdm(total=0, desc="scoring", unit=f" {totals.unit}", file=sys.stderr, disable=args.no_progress) as bar, \
                 contextlib.ExitStack() as outputs:
@@ -355,6 +374,10 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
                 bar.refresh()
                 if args.n_best_backward:   # the hypotheses are the model's inputs (main: only with --n_best)
                     sources, targets = targets, sources
+                overlong = overlong_pairs(sources, targets, first, model, tokenizer)
+                if overlong:   # named before the chunk is scored: --output is not written
+                    raise ValueError(overlong_lines_message(overlong, model.position_table_rows, where, "score"))
+                first += len(sources)
                 scores = score_pairs(sources, targets, model, tokenizer, args.max_tokens, args.normalize, totals, bar)
                 sink.write(written(scores))
                 sink.flush()

@@ -14,7 +14,10 @@ One output line per input line, in input order; a blank input line gives a blank
 translated and written `--buffer_lines` lines at a time (as fairseq-interactive's --buffer-size), so memory stays
 bounded whatever its length and each chunk's translations appear (stdout is flushed) before the next chunk is read;
 `--output` is written beside its destination and renamed there when the job ends, so a failed job leaves no part
-of it; a name ending in .gz, .bz2 or .xz is written compressed so (.zst and .zip are refused). A line of several
+of it; a name ending in .gz, .bz2 or .xz is written compressed so (.zst and .zip are refused). A CTranslate2 export's
+position table (`absolute`, `alibi`, `none`) bounds the lines it translates: lines beyond it are one error naming
+them, their tokens and the table's rows, for an --input file before any line is translated, for stdin before the
+chunk that holds them is. A line of several
 sentences is translated sentence by sentence and put back together (`--no_split_sentences` translates each line in
 one piece; see hf_relpos.tools.sentences). The lines of a chunk are sorted by length and batched by tokens (`--max_tokens`, source tokens per batch, padding included, as fairseq's --max-tokens),
 and beam size, length penalty and the length cap (max_len_a x source length + max_len_b, at most max_new_tokens)
@@ -88,9 +91,9 @@ from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translatio
 from ..translation.preflight import check_local_folder
 from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
-from .export import check_tokenizer_saved, import_ctranslate2, is_ctranslate2_folder
+from .export import MAX_POSITIONS, check_tokenizer_saved, import_ctranslate2, is_ctranslate2_folder
 from .n_best import Hypothesis, generate_n_best, n_best_lines
-from .sentences import translate_by_sentence
+from .sentences import split_into_sentences, translate_by_sentence
 
 PROGRAM = "hf-relpos-translate"
 DTYPES = ("float32", "bfloat16", "float16", "float64")
@@ -201,6 +204,49 @@ def translate_stream(chunks: Iterable[list[str]],
         if keep:
             kept.extend(line if isinstance(line, str) else line[0].text for line in translations)
     return count, kept
+
+
+SHOWN_LINES = 5   # the overlong lines an error names; the rest are counted
+
+
+def overlong_lines(lines: Sequence[str], first_number: int, tokenizer: PreTrainedTokenizerBase,
+                   model: PreTrainedModel | CTranslate2Model, split_sentences: bool,
+                   **generate_kwargs) -> list[tuple[int, int, str]]:
+    """(line number, positions needed, how the error names it) of each of `lines` (numbered from `first_number`)
+    that a CTranslate2 export's position table (`position_table_rows`) cannot serve: its tokens as `translate_lines`
+    encodes them (its longest sentence's where translated `split_sentences`), or its source-relative cap
+    (`CTranslate2Model.positions_needed`); [] for a model without such a table."""
+    rows = getattr(model, "position_table_rows", None)
+    if rows is None:
+        return []
+    pieces = [[sentence for sentence, _ in split_into_sentences(line)] if split_sentences else [line] for line in lines]
+    units = [(number, piece) for number, line_pieces in enumerate(pieces, first_number) for piece in line_pieces
+             if piece.strip()]   # blank ones are not translated
+    if not units:
+        return []
+    lengths = [len(ids) for ids in tokenizer([piece for _, piece in units])["input_ids"]]
+    worst: dict[int, tuple[int, int]] = {}
+    for (number, _), length, needed in zip(units, lengths, model.positions_needed(lengths, **generate_kwargs),
+                                           strict=True):
+        if needed > rows and needed > worst.get(number, (0, 0))[0]:
+            worst[number] = (needed, length)
+    return [(number, needed, f"{number} ({'a sentence of ' if split_sentences else ''}{length} tokens"
+                             f"{'' if needed == length else f', a length cap of {needed}'})")
+            for number, (needed, length) in sorted(worst.items())]
+
+
+def overlong_lines_message(overlong: Sequence[tuple[int, int, str]], rows: int, where: str,
+                           work: str = "translate") -> str:
+    """One error naming the first SHOWN_LINES `overlong` lines of `where` (as `overlong_lines` gives them), the
+    position table's rows and what to do (a table of more than MAX_POSITIONS rows is not exported)."""
+    more = f" and {len(overlong) - SHOWN_LINES} more" if len(overlong) > SHOWN_LINES else ""
+    needed = max(needed for _, needed, _ in overlong)
+    export = (f"export again with hf-relpos-export ctranslate2 --max_positions {needed} or more, or "
+              if needed <= MAX_POSITIONS else "")
+    return (f"{where} line{'s' if len(overlong) > 1 else ''} "
+            f"{', '.join(named for _, _, named in overlong[:SHOWN_LINES])}{more}: longer than the {rows} positions "
+            f"this export's position table covers (its hf-relpos-export --max_positions); {export}{work} with the "
+            "PyTorch folder")
 
 
 def line_count_error(source_lines: int, references: Sequence[str], source_name: str, reference_name: str) -> str | None:
@@ -604,6 +650,35 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         whose = "" if args.num_beams else " (the model's generation config)"
         parser.exit(2, f"{PROGRAM}: error: --n_best {args.n_best} is more than --num_beams {num_beams}{whose}: beam "
                        "search keeps --num_beams hypotheses; give --n_best at most --num_beams, or raise --num_beams\n")
+    rows = getattr(model, "position_table_rows", None)   # a CTranslate2 export's position table
+    where = "stdin" if args.input is None else f"--input {args.input!r}"
+
+    def overlong_chunks(chunks: Iterable[list[str]]) -> Iterator[tuple[list[str], list[tuple[int, int, str]]]]:
+        """Each chunk with its lines the position table cannot serve (`overlong_lines`)."""
+        first = 1
+        for chunk in chunks:
+            yield chunk, overlong_lines(chunk, first, tokenizer, model, args.split_sentences, **generate_kwargs)
+            first += len(chunk)
+
+    def checked_chunks(chunks: Iterable[list[str]]) -> Iterator[list[str]]:
+        """`chunks`, a ValueError naming the lines of a chunk the position table cannot serve before it is
+        translated (stdin: --output is not written)."""
+        for chunk, overlong in overlong_chunks(chunks):
+            if overlong:
+                raise ValueError(overlong_lines_message(overlong, rows, where))
+            yield chunk
+
+    checked_ahead = rows is not None and args.input is not None and source.seekable()
+    if checked_ahead:   # a file: every line checked before any is translated or written
+        try:
+            overlong = [line for _, lines in overlong_chunks(text_file_line_chunks(source, args.input,
+                                                                                   args.buffer_lines))
+                        for line in lines]
+            source.seek(0)
+        except (OSError, DatasetSchemaError) as error:
+            exit_unreadable(parser, "--input", args.input, error)
+        if overlong:
+            parser.exit(2, f"{PROGRAM}: error: {overlong_lines_message(overlong, rows, where)}\n")
     unit = " sentences" if args.split_sentences else " lines"   # tqdm writes "12 sentences [..., 3.4 sentences/s]"
     capped = LengthCapCount()
     bar = tqdm(total=0, desc="translating", unit=unit, file=sys.stderr, disable=args.no_progress)
@@ -617,6 +692,8 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
 
     chunks = _SourceReadError.raised_by(text_line_chunks(source, "stdin", args.buffer_lines) if args.input is None
                                         else text_file_line_chunks(source, args.input, args.buffer_lines))
+    if rows is not None and not checked_ahead:
+        chunks = checked_chunks(chunks)
     try:
         with bar, contextlib.ExitStack() as outputs:
             compression = None if output is None else compression_of(output)
