@@ -980,14 +980,16 @@ def test_resume_last_after_a_kill_in_the_first_checkpoint_save_trains_from_step_
 
 def test_resume_last_takes_up_what_a_run_stopped_before_training_left(tmp_path, corpus, capfd):
     """A run stopped before its Trainer was built leaves the tokenizer and the prepared data (`prepare_only` stops
-    there), which is also all that the main process of a launch writes before the other processes decide what
-    `last` means: `--resume_from_checkpoint last` trains from step 0 on them (one warning), reusing the tokenizer as a
-    run without the flag does, and records a run from the start."""
+    there, given `last` or not: it trains nothing, so it warns of no start from step 0), which is also all that the
+    main process of a launch writes before the other processes decide what `last` means: `--resume_from_checkpoint
+    last` trains from step 0 on them (one warning), reusing the tokenizer as a run without the flag does, and records
+    a run from the start."""
     output_dir = tmp_path / "out"
     config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=2)
-    run([str(config), "--prepare_only", "true"])
-    assert (output_dir / "tokenizer.json").is_file() and (output_dir / "prepared_data").is_dir()
     capfd.readouterr()
+    run([str(config), "--prepare_only", "true", "--resume_from_checkpoint", "last"])   # it trains nothing: no warning
+    assert warnings_of_a_start_from_step_0(capfd) == []
+    assert (output_dir / "tokenizer.json").is_file() and (output_dir / "prepared_data").is_dir()
     run([str(config), "--resume_from_checkpoint", "last"])
     printed = capfd.readouterr()
     assert "Reusing the tokenizer saved in" in printed.out and "Training a joint BPE tokenizer" not in printed.out

@@ -1208,8 +1208,8 @@ def _last_or_none(training_args: TranslationTrainingArguments, setting: str) -> 
     nothing that a run from step 0 would lose (no finished model: `finished_model_files`; it may not exist yet, or
     hold only checkpoints whose writing was cut short, or what a run stopped before training leaves, its tokenizer
     and prepared data, which a fresh run takes up), None, with one warning: the run trains from step 0, so that a
-    requeued job reruns the same command on its first start as on later ones. Where a finished model is there, or
-    the run trains nothing, one error. Under several processes each decides by itself, alike: what the main process
+    requeued job reruns the same command on its first start as on later ones (a `prepare_only` run, which stops
+    before training, says nothing of it). Where a finished model is there, or the run trains nothing, one error. Under several processes each decides by itself, alike: what the main process
     may write meanwhile (output_dir, tokenizer, prepared data) changes none of it."""
     output_dir = training_args.output_dir
     if (last := last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else None) is not None:
@@ -1222,7 +1222,7 @@ def _last_or_none(training_args: TranslationTrainingArguments, setting: str) -> 
                           f"replace: score it with --do_train false, train on from it with --model_name_or_path "
                           f"{output_dir} (into another output_dir), or train from scratch with --overwrite_output_dir "
                           "true (without --resume_from_checkpoint)")
-    if training_args.process_index == 0:
+    if training_args.process_index == 0 and not training_args.prepare_only:
         if not os.path.isdir(output_dir):
             found_there = "it does not exist yet"
         elif incomplete := [path.name for path in find_checkpoints(output_dir)]:
