@@ -516,6 +516,21 @@ def test_a_card_says_at_which_step_and_epoch_a_run_counted_in_epochs_ended_befor
         assert f"Hardware: CPU: x, 1 process(es). {sentence}" in card
 
 
+def test_a_run_evaluated_without_generating_shows_its_losses_and_why_it_has_no_bleu():
+    """`predict_with_generate: false` saves eval and test losses and no BLEU: the card shows the losses and says why
+    BLEU and chrF are missing, not that the run wrote no scores; the model-index (BLEU and chrF only) stays out."""
+    record = RunRecord(max_steps=80, training_seconds=60.0, hardware="CPU: x", devices=1)
+    results = {"eval": {"eval_loss": 3.21, "eval_nll_loss": 2.9876, "eval_samples": 6},
+               "test": {"test_loss": 3.5, "test_nll_loss": 3.1, "test_samples": 4}}
+    card = ModelCard(hub.render_model_card(tiny_config("shaw"), record, results))
+    assert "this run wrote no scores" not in card.text
+    assert ("Not measured: BLEU and chrF. This run evaluated with `predict_with_generate: false`, so it generated no "
+            "translations to score") in card.text
+    assert "| unrecorded data validation (6 pairs) | 3.2100 | 2.9876 |" in card.text
+    assert "| unrecorded data test (4 pairs) | 3.5000 | 3.1000 |" in card.text
+    assert card.data.eval_results is None
+
+
 def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
     """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
     shows a path under that folder relative to it, as the command runs again from there, and any other absolute path

@@ -288,6 +288,9 @@ def render_model_card(
         record = RunRecord.from_recipe(record or {})
     on_hub = _on_hub(record)   # the one fact decided from the real paths, before they are shown
     record = shown_record(record)   # every section reads the record with its paths shown, never the real one
+    # evaluated without generating (predict_with_generate false): losses, no BLEU
+    losses = {prefix: dict(values) for prefix, values in (results or {}).items()
+              if f"{prefix}_bleu" not in values and f"{prefix}_loss" in values}
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
@@ -303,7 +306,7 @@ def render_model_card(
         _training_section(config, record if recorded else None, on_hub, recipe_name, without_run_record,
                           recipe_command),
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
-                         unscored=unscored, shows_command=_training_command(
+                         unscored=unscored, losses=losses, shows_command=_training_command(
                              record if recorded else None, recipe_name, without_run_record, recipe_command) is not None),
         _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
         _limitations_section(config, record),
@@ -712,10 +715,11 @@ def _spread(values: Sequence[float], digits: int = 2) -> str:
 
 
 def _results_section(record: RunRecord, results: dict, trained: bool, published_as: str | None,
-                     unscored: str | None = None, shows_command: bool = False) -> str:
+                     unscored: str | None = None, shows_command: bool = False, losses: dict | None = None) -> str:
     """The scores (`results`, and a recipe's committed measurements) or why there are none, and whether the weights
     are published; an untrained recipe's card points to its training command where `_training_section` shows one
-    (`shows_command`)."""
+    (`shows_command`). A run without scores that evaluated without generating (`losses`: the splits whose results
+    hold `{prefix}_loss` and no BLEU, as `predict_with_generate: false` saves them) shows those losses."""
     parts = ["## Results"]
     if results:
         rows = []
@@ -757,6 +761,17 @@ def _results_section(record: RunRecord, results: dict, trained: bool, published_
     if not results and not record.measurements:
         if unscored is not None:
             parts.append(unscored)
+        elif trained and losses:
+            rows = [(_scored_set_title(record, prefix, values)
+                     + (f" ({count} pairs)" if (count := values.get(f"{prefix}_samples")) else ""),
+                     f"{values[f'{prefix}_loss']:.4f}",
+                     f"{values[f'{prefix}_nll_loss']:.4f}" if f"{prefix}_nll_loss" in values else "")
+                    for prefix, values in losses.items()]
+            parts.append("Not measured: BLEU and chrF. This run evaluated with `predict_with_generate: false`, so it "
+                         "generated no translations to score; it measured the loss of the references instead: the "
+                         "token mean of the training objective (label-smoothed where the run trained so) and of the "
+                         "negative log-likelihood (nats per target token).\n\n"
+                         + _table(("evaluation set", "loss", "NLL"), rows))
         elif trained:
             parts.append("Not measured: this run wrote no scores.")
         elif record.dataset_name == "demo":
