@@ -112,8 +112,22 @@ def test_example_over_budget_is_one_clear_error():
 
 
 def test_too_few_examples_for_the_processes_is_an_error():
-    with pytest.raises(ValueError, match="one per process"):
+    with pytest.raises(ValueError) as error:
         TokenBudgetBatchSampler([5, 6], [5, 6], max_tokens=100, num_processes=3)
+    assert str(error.value) == (
+        "max_tokens_per_batch=100 cuts the 2 training pairs into 1 batches, and 3 processes need a multiple of 3 "
+        "non-empty batches (each process takes one per step), which splitting batches cannot reach with 2 pairs: use "
+        "at least 3 training pairs, or launch at most 2 processes")
+
+
+def test_pairs_each_alone_in_a_batch_that_the_processes_cannot_share_name_the_settings_to_change():
+    """3 pairs near the budget, one batch each, make 3 batches, and 2 processes need 4 (a pair is not split)."""
+    with pytest.raises(ValueError) as error:
+        TokenBudgetBatchSampler([400, 500, 450], [400, 480, 500], max_tokens=512, num_processes=2)
+    assert str(error.value) == (
+        "max_tokens_per_batch=512 cuts the 3 training pairs into 3 batches, and 2 processes need a multiple of 2 "
+        "non-empty batches (each process takes one per step), which splitting batches cannot reach with 3 pairs: "
+        "raise max_tokens_per_batch (fewer, fuller batches), use more training pairs, or launch fewer processes")
 
 
 # --- pooled batches (length_pool_factor) ---------------------------------------------------------------------------

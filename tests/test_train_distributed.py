@@ -353,6 +353,33 @@ def test_processes_the_trainer_does_not_use_stop_before_anything_is_written(tmp_
     assert not output_dir.exists()
 
 
+def test_too_few_training_pairs_for_the_processes_stop_before_anything_is_written(tmp_path):
+    """3 training pairs of 41 tokens (40 words the tokenizer keeps whole, and </s>), each alone in a batch at
+    max_tokens_per_batch 64, make 3 batches, which 2 processes cannot take one each per step (a batch of one pair
+    does not split): one error line naming the settings (exit status 2, no traceback), found when the training pairs
+    are tokenized, before the tokenizer or any prepared data is saved."""
+    config_path, output_dir = write_config(tmp_path)
+    english = ["house", "cat", "dog", "tree", "water", "light", "stone", "bird"]
+    german = ["haus", "katze", "hund", "baum", "wasser", "licht", "stein", "vogel"]
+    lines = [json.dumps({"translation": {"en": " ".join(english[(i * start) % 8] for i in range(40)),
+                                         "de": " ".join(german[(i * start) % 8] for i in range(40))}})
+             for start in (1, 3, 5)]
+    train_file = tmp_path / "three.jsonl"
+    train_file.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    completed = launch(tmp_path, REPO / "train_translation.py", str(config_path), "--use_cpu", "true",
+                       "--train_file", str(train_file), "--max_tokens_per_batch", "64")
+    assert completed.returncode != 0
+    assert "exitcode  : 2 " in completed.stderr, completed.stderr[-3000:]   # rank 0, as torchrun reports it
+    assert "ValueError" not in completed.stderr and "hf_relpos" not in completed.stderr, completed.stderr[-3000:]
+    assert completed.stderr.count("train_translation.py: error:") == 1, completed.stderr[-3000:]
+    assert (
+        "train_translation.py: error: max_tokens_per_batch=64 cuts the 3 training pairs into 3 batches, and 2 "
+        "processes need a multiple of 2 non-empty batches (each process takes one per step), which splitting batches "
+        "cannot reach with 3 pairs: raise max_tokens_per_batch (fewer, fuller batches), use more training pairs, or "
+        "launch fewer processes") in completed.stderr
+    assert not output_dir.exists()
+
+
 def launch_machines(tmp_path: Path, script: Path, *arguments: str) -> list[subprocess.CompletedProcess]:
     """Two machines of one process each, simulated on this one: two `accelerate launch --num_machines 2` commands
     (machine ranks 0 and 1, one rendezvous), each with its own temporary folder as separate machines have; the

@@ -150,7 +150,7 @@ class TokenBudgetBatchSampler:
             pools = np.split(order[by_length], np.flatnonzero(np.diff(pool[by_length])) + 1)
             batches = [batch for members in pools for batch in self._cut_batches(members)]
             if len(batches) < self.num_processes:
-                batches = _split_to_multiple(batches, self.num_processes)
+                batches = _split_to_multiple(batches, self.num_processes, self.max_tokens)
             if pass_index == len(self._pass_sizes):
                 self._pass_sizes.append(len(batches))
             self._last_pass = (pass_index, [batches[i] for i in generator.permutation(len(batches))])
@@ -163,7 +163,7 @@ class TokenBudgetBatchSampler:
         else:
             tie_break = np.arange(len(self.source_lengths))
         by_length = tie_break[np.lexsort((self.target_lengths[tie_break], self.source_lengths[tie_break]))]
-        batches = _split_to_multiple(self._cut_batches(by_length), self.num_processes)
+        batches = _split_to_multiple(self._cut_batches(by_length), self.num_processes, self.max_tokens)
         if self.shuffle:
             return [batches[i] for i in generator.permutation(len(batches))]
         return batches
@@ -195,16 +195,23 @@ def cut_token_batches(order: Sequence[int], lengths: Sequence[int], max_tokens: 
     return batches
 
 
-def _split_to_multiple(batches: list[list[int]], multiple: int) -> list[list[int]]:
-    """Halve the largest batches until the batch count is a multiple of `multiple` (halves still fit the budget)."""
-    batches = list(batches)
+def _split_to_multiple(batches: list[list[int]], multiple: int, max_tokens: int) -> list[list[int]]:
+    """Halve the largest batches until the batch count is a multiple of `multiple` (halves still fit the budget); a
+    ValueError naming max_tokens_per_batch, the process count and the pair count where too few pairs are left to
+    split."""
+    batches, cut = list(batches), len(batches)
     while len(batches) % multiple:
         largest = max(range(len(batches)), key=lambda position: len(batches[position]))
         batch = batches[largest]
         if len(batch) < 2:
+            pairs = sum(map(len, batches))
+            change = ("raise max_tokens_per_batch (fewer, fuller batches), use more training pairs, or launch fewer "
+                      "processes" if pairs >= multiple else
+                      f"use at least {multiple} training pairs, or launch at most {pairs} processes")
             raise ValueError(
-                f"cannot split {sum(map(len, batches))} training examples into a multiple of {multiple} non-empty "
-                "batches (one per process); use more data or fewer processes"
+                f"max_tokens_per_batch={max_tokens} cuts the {pairs} training pairs into {cut} batches, and {multiple} "
+                f"processes need a multiple of {multiple} non-empty batches (each process takes one per step), which "
+                f"splitting batches cannot reach with {pairs} pairs: {change}"
             )
         middle = len(batch) // 2
         batches[largest : largest + 1] = [batch[:middle], batch[middle:]]

@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.records import SAMPLE_CAPS
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments, data_seed
-from .batching import check_examples_fit
+from .batching import TokenBudgetBatchSampler, check_examples_fit
 from .data import (
     CONCATENATION_JOIN_RULE,
     DEMO_DATA_FOLDER,
@@ -315,12 +315,19 @@ def prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
 
 def check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments,
                        model: RelPosTransformerForConditionalGeneration) -> None:
-    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own; checked on the
-    tokenized pairs before any prepared split or the tokenizer is saved into output_dir."""
+    """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own, and under several
+    processes the pairs must make a multiple of their number of batches (the trainer's `TokenBudgetBatchSampler`,
+    built here as the trainer builds it); checked on the tokenized pairs before any prepared split or the tokenizer
+    is saved into output_dir."""
     if training_args.max_tokens_per_batch is None:
         return
+    lengths = example_lengths(train_dataset)
     try:
-        check_examples_fit(*example_lengths(train_dataset), training_args.max_tokens_per_batch,
-                           padding_multiple(model))
+        check_examples_fit(*lengths, training_args.max_tokens_per_batch, padding_multiple(model))
+        if training_args.world_size > 1:
+            TokenBudgetBatchSampler(*lengths, training_args.max_tokens_per_batch,
+                                    num_processes=training_args.world_size, seed=data_seed(training_args),
+                                    pool_factor=training_args.length_pool_factor,
+                                    length_multiple=padding_multiple(model))
     except ValueError as error:
         raise ConfigError(str(error)) from None
