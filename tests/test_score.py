@@ -4,8 +4,10 @@ against the chain rule computed prefix by prefix, and the command's files and er
 from __future__ import annotations
 
 import gzip
+import io
 import math
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,7 @@ from conftest import BUILT_IN_SCHEMES, MEMORISED_PAIRS
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from hf_relpos.testing import tiny_float64_model
-from hf_relpos.tools.score import ScoreTotals, main, score_pairs, target_log_probabilities
+from hf_relpos.tools.score import ScoreTotals, build_parser, main, score_pairs, target_log_probabilities
 from hf_relpos.translation.tokenization import special_token_ids, train_joint_tokenizer
 
 SOURCES = [source for source, _ in MEMORISED_PAIRS]
@@ -122,6 +124,56 @@ def test_scores_to_stdout(memorised_model_folder, tmp_path, capsys):
     source_file, target_file = write_lines(tmp_path / "src", SOURCES), write_lines(tmp_path / "tgt", TARGETS)
     main([str(memorised_model_folder), "--source", str(source_file), "--target", str(target_file), "--no_progress"])
     assert len([float(line) for line in capsys.readouterr().out.splitlines()]) == len(SOURCES)
+
+
+@pytest.mark.parametrize("dash", ["--source", "--target", "--n_best", "--output"])
+def test_a_dash_is_stdin_and_stdout_as_in_unix_tools(memorised_model_folder, tmp_path, capsys, monkeypatch, dash):
+    """"-" as one of --source, --target and --n_best reads stdin (as bytes, through the files' chunked reader) and
+    as --output writes stdout, as in hf-relpos-translate: the same lines as from the files to stdout, and no file
+    named "-" looked for or written."""
+    monkeypatch.chdir(tmp_path)
+    source_file = write_lines(tmp_path / "src", SOURCES[:2])
+    other = {"--target": write_lines(tmp_path / "tgt", TARGETS[:2]),
+             "--n_best": write_lines(tmp_path / "nbest", [f"0 ||| {TARGETS[0]} ||| LM= -2.5 ||| -1.0",
+                                                          f"1 ||| {TARGETS[1]} ||| LM= -1.5 ||| -0.5"])}
+    flag = "--n_best" if dash == "--n_best" else "--target"
+    files = {"--source": source_file, flag: other[flag]}
+    argv = [str(memorised_model_folder), "--no_progress", "--buffer_lines", "1"]
+    main([*argv, *(str(part) for name, path in files.items() for part in (name, path))])
+    expected = capsys.readouterr().out
+    if dash in files:
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(files[dash].read_bytes())))
+    main([*argv, *(str(part) for name, path in files.items() for part in (name, "-" if name == dash else path)),
+          "--output", "-"])
+    assert capsys.readouterr().out == expected
+    assert len(expected.splitlines()) == 2
+    assert not (tmp_path / "-").exists()
+    assert "- is stdin" in " ".join(build_parser().format_help().split())
+
+
+@pytest.mark.parametrize("scored", ["--target", "--n_best"])
+def test_a_dash_for_two_inputs_is_one_error_naming_both(memorised_model_folder, tmp_path, capsys, monkeypatch,
+                                                        scored):
+    """Stdin is read once: "-" as --source and as --target (or --n_best) is one error naming both flags, before the
+    model loads."""
+    monkeypatch.chdir(tmp_path)
+    error = error_of(capsys, [str(memorised_model_folder), "--source", "-", scored, "-", "--no_progress"])
+    assert error == (f"hf-relpos-score: error: --source and {scored} are both - (stdin), which is read once: give "
+                     "one of them as a file")
+
+
+def test_stdin_errors_name_stdin(memorised_model_folder, tmp_path, capsys, monkeypatch):
+    """A line of stdin that is not UTF-8 is named as stdin's line, and line counts that differ name stdin."""
+    monkeypatch.chdir(tmp_path)
+    target_file = write_lines(tmp_path / "tgt", TARGETS[:2])
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"The house.\n\xff\xfe kaputt\n")))
+    error = error_of(capsys, [str(memorised_model_folder), "--source", "-", "--target", str(target_file),
+                              "--no_progress"])
+    assert error.startswith("hf-relpos-score: error: --source stdin:2: not UTF-8 text"), error
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO("".join(f"{line}\n" for line in SOURCES).encode())))
+    error = error_of(capsys, [str(memorised_model_folder), "--source", "-", "--target", str(target_file),
+                              "--no_progress"])
+    assert f"{len(SOURCES)} source lines (--source stdin) but 2 target lines (--target '{target_file}')" in error
 
 
 def error_of(capsys, argv: list[str]) -> str:

@@ -2,6 +2,7 @@
 
     hf-relpos-score MODEL_DIR --source SRC.txt --target TGT.txt [--output SCORES.txt] [--normalize]
     hf-relpos-score MODEL_DIR --source SRC.txt --n_best NBEST.txt [--n_best_feature NAME] [--n_best_backward] > OUT.txt
+    zcat nbest.txt.gz | hf-relpos-score MODEL_DIR --source SRC.txt --n_best - > OUT.txt
 
 (`python -m hf_relpos.tools.score` is the same program.)
 
@@ -29,7 +30,9 @@ its input, the backward (channel) model's feature.
 The inputs are read and scored `--buffer_lines` pairs at a time (memory holds one chunk), and a chunk's pairs are
 sorted by length and batched by tokens (`--max_tokens`); compressed inputs (.gz, .bz2, .xz) are read as
 `hf-relpos-translate` reads them, and `--output` is written as it writes it (beside its destination, renamed there
-when the job ends, so a failed job leaves no part of it; a .gz, .bz2 or .xz name compressed). A CTranslate2 folder
+when the job ends, so a failed job leaves no part of it; a .gz, .bz2 or .xz name compressed). "-" is stdin as one of
+--source, --target and --n_best (read as it is, as a file is, its errors naming "stdin"; stdin is read once, so two of
+them "-" is an error) and stdout as --output, as Unix tools and sacrebleu read "-". A CTranslate2 folder
 (`hf-relpos-export ctranslate2`) scores through the engine's score_batch, the same numbers to float32 rounding.
 """
 
@@ -64,6 +67,7 @@ from .translate import (
     load_tokenizer_and_model,
     overlong_lines_message,
     padded_sources,
+    stdio_name,
     token_batches,
 )
 
@@ -159,15 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
                         help="saved model folder (model and tokenizer, e.g. a train_translation.py output_dir), or a "
                              "CTranslate2 folder written by hf-relpos-export ctranslate2")
     parser.add_argument("--source", type=expand_home, required=True,
-                        help="source text, one sentence per line (a .gz, .bz2 or .xz file is decompressed while read)")
+                        help="source text, one sentence per line (a .gz, .bz2 or .xz file is decompressed while read; "
+                             "- is stdin)")
     scored = parser.add_mutually_exclusive_group(required=True)
     scored.add_argument("--target", type=expand_home,
                         help="target text to score, one sentence per line, each the translation of the same line of "
-                             "--source (a .gz, .bz2 or .xz file is decompressed while read)")
+                             "--source (a .gz, .bz2 or .xz file is decompressed while read; - is stdin)")
     scored.add_argument("--n_best", type=expand_home, metavar="NBEST",
                         help="an n-best list to score instead of --target (LINE_INDEX ||| HYPOTHESIS ||| FEATURES "
                              "..., as hf-relpos-translate --n_best writes it): written back with each hypothesis' "
-                             "score appended to its features")
+                             "score appended to its features (- is stdin)")
     parser.add_argument("--n_best_feature", metavar="NAME",
                         help="--n_best: the feature's name (default: the first of F0, F1, ... the list's first "
                              "entry does not have)")
@@ -181,7 +186,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "input (default: log p(hypothesis | source line))")
     parser.add_argument("--output", type=expand_home,
                         help="where the scores go, one per line; a name ending in .gz, .bz2 or .xz is written "
-                             "compressed so (default: stdout)")
+                             "compressed so; - is stdout (default: stdout)")
     parser.add_argument("--normalize", action="store_true",
                         help="score each pair by its mean log-probability per target token (default: the sum)")
     parser.add_argument("--max_tokens", type=int, default=4096,
@@ -331,8 +336,13 @@ def main(argv: Sequence[str] | None = None) -> None:
             parser.error(f"--{name} says how --n_best's hypotheses are scored: give --n_best")
     if args.n_best_feature is not None and not FEATURE_NAME.fullmatch(args.n_best_feature):
         parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
-    inputs = {"--source": args.source, **({"--target": args.target} if args.n_best is None else
-                                          {"--n_best": args.n_best})}
+    given = {"--source": args.source, **({"--target": args.target} if args.n_best is None else
+                                         {"--n_best": args.n_best})}
+    from_stdin = [flag for flag, path in given.items() if stdio_name(path) is None]
+    if len(from_stdin) > 1:
+        parser.error(f"{' and '.join(from_stdin)} are both - (stdin), which is read once: give one of them as a file")
+    inputs = {flag: stdio_name(path) for flag, path in given.items()}   # None: stdin
+    args.output = stdio_name(args.output)
     check_model_and_files(parser, args, inputs)
     output = checked_output(parser, args.output, inputs, "the scores")
     tokenizer, model = load_tokenizer_and_model(parser, args)
@@ -340,7 +350,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     with contextlib.ExitStack() as opened:
         for flag, path in inputs.items():
             try:
-                files[flag] = opened.enter_context(open(path, "rb"))
+                files[flag] = sys.stdin.buffer if path is None else opened.enter_context(open(path, "rb"))
             except OSError as error:
                 exit_unreadable(parser, flag, path, error)
         totals = score_files(parser, args, files, output, model, tokenizer)
@@ -352,8 +362,11 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
                 model: PreTrainedModel | CTranslate2Model, tokenizer: PreTrainedTokenizerBase) -> ScoreTotals:
     """The opened --source and --target (or --n_best) read, scored and written `--buffer_lines` lines at a time; one
     error (exit 2, --output not written) where they cannot be read or are empty, their line counts differ, an n-best
-    line cannot be scored or the model refuses a pair."""
-    chunks = {flag: read_as(flag, text_file_line_chunks(file, getattr(args, flag[2:]), args.buffer_lines))
+    line cannot be scored or the model refuses a pair. An input given as "-" (stdin) is named "stdin" there."""
+    stdin = {flag for flag in files if stdio_name(getattr(args, flag[2:])) is None}
+    names = {flag: "stdin" if flag in stdin else getattr(args, flag[2:]) for flag in files}   # as in "NAME:LINE"
+    shown = {flag: "stdin" if flag in stdin else repr(name) for flag, name in names.items()}   # as in "--flag NAME"
+    chunks = {flag: read_as(flag, text_file_line_chunks(file, names[flag], args.buffer_lines))
               for flag, file in files.items()}
     if args.n_best is None:
         scored = ((sources, targets, lambda scores: "".join(f"{score!r}\n" for score in scores))
@@ -361,7 +374,7 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
     else:
         scored = n_best_chunks(chunks["--n_best"], chunks["--source"], args.n_best_feature, not args.n_best_raw)
     totals = ScoreTotals(unit="pairs" if args.n_best is None else "hypotheses")
-    where = "--source and --target" if args.n_best is None else f"--n_best {args.n_best!r}"
+    where = "--source and --target" if args.n_best is None else f"--n_best {shown['--n_best']}"
     first = 1
     try:
         with tqdm(total=0, desc="scoring", unit=f" {totals.unit}", file=sys.stderr, disable=args.no_progress) as bar, \
@@ -388,13 +401,13 @@ def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         parser.exit(1)
     except _LineCountError as error:
-        parser.exit(2, f"{PROGRAM}: error: {error.sources} source lines (--source {args.source!r}) but "
-                       f"{error.targets} target lines (--target {args.target!r}): each source line needs its target "
-                       "on the same line\n")
+        parser.exit(2, f"{PROGRAM}: error: {error.sources} source lines (--source {shown['--source']}) but "
+                       f"{error.targets} target lines (--target {shown['--target']}): each source line needs its "
+                       "target on the same line\n")
     except _NBestError as error:
-        parser.exit(2, f"{PROGRAM}: error: --n_best {args.n_best}:{error.line_number}: {error.reason}\n")
+        parser.exit(2, f"{PROGRAM}: error: --n_best {names['--n_best']}:{error.line_number}: {error.reason}\n")
     except _ReadError as failure:
-        exit_unreadable(parser, failure.flag, getattr(args, failure.flag[2:]), failure.error)
+        exit_unreadable(parser, failure.flag, names[failure.flag], failure.error)
     except ValueError as error:   # a pair the model refuses (e.g. longer than a position table)
         parser.exit(2, f"{PROGRAM}: error: {' '.join(str(error).split())}\n")
     except OSError as error:   # writing --output or stdout (the inputs' errors are _ReadError)
