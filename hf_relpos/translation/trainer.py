@@ -1209,8 +1209,9 @@ def _last_or_none(training_args: TranslationTrainingArguments, setting: str) -> 
     hold only checkpoints whose writing was cut short, or what a run stopped before training leaves, its tokenizer
     and prepared data, which a fresh run takes up), None, with one warning: the run trains from step 0, so that a
     requeued job reruns the same command on its first start as on later ones (a `prepare_only` run, which stops
-    before training, says nothing of it). Where a finished model is there, or the run trains nothing, one error. Under several processes each decides by itself, alike: what the main process
-    may write meanwhile (output_dir, tokenizer, prepared data) changes none of it."""
+    before training, says nothing of it). Where a finished model is there, or the run trains nothing, one error.
+    Under several processes each decides by itself, alike: what the main process may write meanwhile (output_dir,
+    tokenizer, prepared data) changes none of it."""
     output_dir = training_args.output_dir
     if (last := last_complete_checkpoint(output_dir) if os.path.isdir(output_dir) else None) is not None:
         return last
