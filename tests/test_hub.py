@@ -498,6 +498,18 @@ def test_a_card_says_at_which_step_a_run_that_ended_before_max_steps_ended(steps
         assert f"Hardware: CPU: x, 1 process(es). {sentence}" in card
 
 
+def test_the_absolute_cards_equation_has_one_sine_more_than_cosines_at_an_odd_width():
+    """At an odd d_model the sines take the (d+1)/2 even dimensions of the paper and the cosines the (d-1)/2 odd ones
+    (`positions.sinusoids`, Marian's layout): the card's ranges say so, and an even width keeps the d/2 halves."""
+    odd_width = dict(tiny_config("absolute").to_dict(), d_model=15, encoder_attention_heads=3,
+                     decoder_attention_heads=3)
+    odd = hub.render_model_card(hf_relpos.RelPosTransformerConfig(**odd_width), RunRecord())
+    assert "0 \\le i < (d+1)/2" in odd and "PE_{(p,\\,(d+1)/2+i)} = \\cos" in odd and "0 \\le i < (d-1)/2" in odd
+    assert "d/2+i" not in odd.replace("(d+1)/2+i", "")
+    even = hub.render_model_card(tiny_config("absolute"), RunRecord())
+    assert "PE_{(p,\\,d/2+i)} = \\cos" in even and "(d+1)/2" not in even
+
+
 @pytest.mark.parametrize(("epochs", "patience", "sentence"), [
     (2.5, 1, "Training ended at step 40, epoch 2.5 of `num_train_epochs` 20, stopped by early stopping "
              "(`early_stopping_patience`)."),

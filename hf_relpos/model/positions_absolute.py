@@ -12,11 +12,15 @@ from .positions import PositionScheme, SchemeCard, add_sinusoids, register_posit
 def describe(config: Any) -> str:
     """The model-card text: the sinusoid equations."""
     scale = "the token embeddings scaled by √d_model" if config.scale_embedding else "the token embeddings"
+    if config.d_model % 2:   # one sine more than cosines (`sinusoids`)
+        equations = ("$$PE_{(p,\\,i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\quad 0 \\le i < (d+1)/2; \\qquad "
+                     "PE_{(p,\\,(d+1)/2+i)} = \\cos\\left(p / 10000^{2i/d}\\right), \\quad 0 \\le i < (d-1)/2$$")
+    else:
+        equations = ("$$PE_{(p,\\,i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
+                     "PE_{(p,\\,d/2+i)} = \\cos\\left(p / 10000^{2i/d}\\right), \\qquad 0 \\le i < d/2$$")
     return (
         f"Sinusoidal absolute position encodings (Vaswani et al. 2017, sec. 3.5) are added to {scale}; attention "
-        "itself has no position term:\n\n"
-        "$$PE_{(p,\\,i)} = \\sin\\left(p / 10000^{2i/d}\\right), \\qquad "
-        "PE_{(p,\\,d/2+i)} = \\cos\\left(p / 10000^{2i/d}\\right), \\qquad 0 \\le i < d/2$$\n\n"
+        f"itself has no position term:\n\n{equations}\n\n"
         "They are computed on the fly, so any length has encodings; a cached decoding step gets its true position."
     )
 
