@@ -8,7 +8,8 @@ package is held to the rules a built-in one is:
 - `check_kernels_agree`: eager, sdpa and flex_attention give the same loss and logits, and eager and sdpa the same
   gradients (1e-12), with and without padding: a `score_mod` / `fused_attention` (FlexAttention's form) that
   disagrees with the `score_bias` / `value_term` the other kernels read fails here;
-- `check_cached_decoding`: decoding one token at a time with the KV cache gives the logits of the whole forward;
+- `check_cached_decoding`: decoding one token at a time, and two a call, with the KV cache gives the logits of
+  the whole forward (a two-query call reads a `score_mod` at `query_offset` > 0 on flex_attention);
 - `check_causal_lm_decoding`: the same in the causal LM, whose `generate` also gives the same tokens and logits with
   the cache as without (left-padded prompts);
 - `check_static_cache` (for a scheme that declares `takes_fixed_size_cache`, on the kernels that take a fixed-size
@@ -240,7 +241,9 @@ def check_cached_decoding(name: str, *, config_overrides: Mapping[str, Any] | No
                           kernels: Sequence[str] = KERNELS, tolerance: float = TOLERANCE) -> None:
     """Decoding one token at a time, handing back the KV cache, gives the logits of the whole teacher-forced forward
     (float64, padded source) on each kernel: a scheme that places a decoding step's query at 0 instead of at
-    `query_offset`, or forgets the cached keys' positions, fails here."""
+    `query_offset`, or forgets the cached keys' positions, fails here. So does decoding two tokens a call (a call of
+    several queries on the cache, as assisted decoding's): a one-query step runs on sdpa, so only such a call reads
+    a `score_mod` at `query_offset` > 0 on flex_attention, and one that forgets the offset fails here."""
     model = tiny_float64_model(name, config_overrides)
     input_ids, attention_mask, _ = padded_sources()
     targets = decoder_inputs(len(input_ids))
@@ -261,6 +264,16 @@ def check_cached_decoding(name: str, *, config_overrides: Mapping[str, Any] | No
                 fail(name, f"cached decoding equals the full forward: step {step} ({kernel}) with the KV cache of "
                            f"{step} tokens differs from the whole forward's logits", difference,
                      " (a step's query sits at position query_offset, its keys at their cached positions)")
+        with torch.no_grad():
+            cache = None
+            for first in range(0, targets.size(1), 2):
+                out = model(decoder_input_ids=targets[:, first:first + 2], use_cache=True, cache=cache, **inputs)
+                cache, last = out.cache, first + out.logits.size(1) - 1
+                difference = max_difference(out.logits, whole[:, first:last + 1])
+                if not difference <= tolerance:
+                    fail(name, f"cached decoding equals the full forward: tokens {first}..{last} ({kernel}) in one "
+                               f"call on the KV cache of {first} tokens differ from the whole forward's logits",
+                         difference, " (a call's query q sits at position query_offset + q, in the score_mod too)")
 
 
 # --- (3) save_pretrained / from_pretrained --------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
 from hf_relpos.model.positions import POSITION_SCHEMES, add_sinusoids
 from hf_relpos.testing import (
     KERNELS,
+    check_cached_decoding,
     check_causal_lm_decoding,
     check_position_scheme,
     check_static_cache,
@@ -71,6 +72,21 @@ class SignFlippedScoreMod(SignedSlopes):
     """Its score_mod is b_h clip(i - j), its score_bias b_h clip(j - i): FlexAttention gives another model."""
 
     score_mod_sign = -1
+
+
+class ScoreModAtTheCallsIndex(SignedSlopes):
+    """Its score_mod places query q at q, not at q + query_offset: right in a whole forward (offset 0) and in a
+    decoding step of one query (which runs on sdpa), wrong in a FlexAttention call of several queries on the KV cache
+    (assisted decoding's candidates, a prompt continued on its cache)."""
+
+    def terms(self, layer_idx, query, key, context):
+        terms = super().terms(layer_idx, query, key, context)
+        slopes = terms.score_bias.new_tensor(range(1, self.num_heads + 1)) / self.num_heads
+
+        def score_mod(score, b, h, q, kv):
+            return score + slopes[h] * (kv - q).clamp(-2, 2)
+
+        return AttentionTerms(score_bias=terms.score_bias, score_mod=score_mod)
 
 
 class CacheIgnoresPastPositions(PositionScheme):
@@ -231,6 +247,19 @@ def test_a_decoding_step_at_position_0_fails_each_decoding_check(registered, che
         check(name)
     assert str(error.value).startswith(f"position scheme {name!r}: {prop}"), str(error.value)
     assert "max difference" in str(error.value)
+
+
+def test_a_score_mod_that_ignores_query_offset_fails_the_cached_decoding_check(registered):
+    """A FlexAttention call of several queries on the KV cache reads the score_mod at query_offset > 0, which neither
+    a whole forward nor a one-query decoding step (on sdpa) does: the cached decoding check decodes two tokens a call
+    too, so a score_mod that forgets query_offset fails there, on flex_attention."""
+    name = registered("check_broken_score_mod_offset", ScoreModAtTheCallsIndex)
+    with pytest.raises(AssertionError) as error:
+        check_cached_decoding(name)
+    message = str(error.value)
+    assert message.startswith(f"position scheme {name!r}: cached decoding equals the full forward: tokens 2..3 "
+                              "(flex_attention) in one call on the KV cache of 2 tokens"), message
+    assert "max difference" in message
 
 
 def test_the_static_cache_check_runs_for_a_scheme_that_declares_it(registered):
