@@ -17,6 +17,8 @@ package is held to the rules a built-in one is:
   fixed-size cache (transformers' StaticCache) gives the whole forward's logits, and `generate(...,
   cache_implementation="static")` the dynamic cache's tokens and logits, in the translation model and the causal LM;
 - `check_save_load`: `save_pretrained` / `from_pretrained` give the same scheme parameters and buffers and logits;
+- `check_gradient_checkpointing`: under gradient checkpointing, reentrant or not, every parameter gets the gradient
+  of a run without it (a term computed from a parameter as a tensor in `prepare` fails);
 - `check_padding_invariance`: a padded batch gives each sequence's real tokens the outputs of that sequence alone;
 - `check_causal_lm_left_padding`: a left-padded batch of prompts gives each prompt's real tokens the causal LM's
   logits, and its generate the tokens, of that prompt alone;
@@ -53,6 +55,7 @@ __all__ = [
     "check_cached_decoding",
     "check_causal_lm_decoding",
     "check_causal_lm_left_padding",
+    "check_gradient_checkpointing",
     "check_kernels_agree",
     "check_oracle",
     "check_oracle_case",
@@ -655,6 +658,41 @@ def check_static_cache(name: str, *, config_overrides: Mapping[str, Any] | None 
                 tolerance)
 
 
+# --- gradient checkpointing ---------------------------------------------------------------------------------------
+
+def check_gradient_checkpointing(name: str, *, config_overrides: Mapping[str, Any] | None = None,
+                                 tolerance: float = TOLERANCE) -> None:
+    """Under gradient checkpointing (`activation_checkpointing_enable`), non-reentrant and reentrant, every parameter
+    gets the gradient of a run without it (float64, padded source, eager, training mode): a term computed from a
+    parameter as a tensor in `prepare`, shared by the layers, fails here (its reentrant backward runs through the
+    shared graph a second time)."""
+    input_ids, attention_mask, _ = padded_sources()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, labels=decoder_inputs(len(input_ids)))
+    reference = None
+    for reentrant in (None, False, True):
+        model = tiny_float64_model(name, config_overrides).train()
+        how = "without" if reentrant is None else "reentrant" if reentrant else "non-reentrant"
+        if reentrant is not None:
+            model.activation_checkpointing_enable({"use_reentrant": reentrant})
+        try:
+            model(**inputs).loss.backward()
+        except RuntimeError as error:
+            fail(name, f"gradient checkpointing ({how}) gives the gradients of a run without it: the backward fails "
+                       f"({str(error).splitlines()[0]})", None,
+                 " (a term computed from a parameter is built in `terms`, or when a kernel reads it, not as a tensor "
+                 "in `prepare`)")
+        grads = {n: p.grad.detach() for n, p in model.named_parameters() if p.grad is not None}
+        if reference is None:
+            reference = grads
+            continue
+        for parameter, want in reference.items():
+            got = grads.get(parameter)
+            difference = math.inf if got is None else max_difference(got, want)
+            if not difference <= tolerance * max(1.0, want.abs().max().item()):
+                fail(name, f"gradient checkpointing ({how}) gives the gradients of a run without it: {parameter} "
+                           "differs", difference)
+
+
 # --- all of them ----------------------------------------------------------------------------------------------------
 
 def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | None = None,
@@ -662,7 +700,8 @@ def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | No
                           kernels: Iterable[str] = KERNELS) -> None:
     """Every check of this module for the registered scheme `name` (its module imported first), on tiny float64
     models on the CPU: kernels agree, cached decoding, the causal LM's cached decoding, a fixed-size cache (when the
-    scheme declares `takes_fixed_size_cache` and one of `kernels` takes one: not flex_attention), save/load, padding invariance, the causal LM's left padding, the
+    scheme declares `takes_fixed_size_cache` and one of `kernels` takes one: not flex_attention), save/load, gradient
+    checkpointing (eager), padding invariance, the causal LM's left padding, the
     oracle (when given) and order awareness (when `order_aware`). `config_overrides`: config fields of the tiny model
     (your scheme's own); `kernels`: those the scheme runs on (flex_attention runs unfused on the CPU). Raises
     AssertionError naming the scheme, the property and the largest difference at the first check that fails."""
@@ -674,6 +713,7 @@ def check_position_scheme(name: str, *, config_overrides: Mapping[str, Any] | No
     if scheme_class.takes_fixed_size_cache and any(kernel in FIXED_SIZE_CACHE_KERNELS for kernel in kernels):
         check_static_cache(name, config_overrides=config_overrides, kernels=kernels)   # none such: nothing to check
     check_save_load(name, config_overrides=config_overrides)
+    check_gradient_checkpointing(name, config_overrides=config_overrides)
     check_padding_invariance(name, config_overrides=config_overrides, kernels=kernels)
     check_causal_lm_left_padding(name, config_overrides=config_overrides, kernels=kernels)
     if oracle is not None:

@@ -5,6 +5,7 @@ one way fails it with one AssertionError naming the scheme, the property and the
 from __future__ import annotations
 
 import sys
+from dataclasses import dataclass
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ from conftest import ORDER_AWARE_SCHEMES, SCHEMES
 from test_positions import CASES
 from torch import nn
 
-from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
+from hf_relpos import AttentionTerms, PositionContext, PositionScheme, register_position_scheme
 from hf_relpos.model.positions import POSITION_SCHEMES, add_sinusoids
 from hf_relpos.testing import (
     KERNELS,
@@ -87,6 +88,28 @@ class ScoreModAtTheCallsIndex(SignedSlopes):
             return score + slopes[h] * (kv - q).clamp(-2, 2)
 
         return AttentionTerms(score_bias=terms.score_bias, score_mod=score_mod)
+
+
+class LearnedSlopesInPrepare(PositionScheme):
+    """Learned slopes b_h times clip(j - i) built as one tensor in `prepare` from the parameter, shared by the layers
+    (what extending.md says not to do): right without gradient checkpointing, and its backward fails under reentrant
+    checkpointing (each layer's backward runs through the shared graph again)."""
+
+    def __init__(self, config, num_layers, num_heads, head_dim, is_causal):
+        super().__init__(config, num_layers, num_heads, head_dim, is_causal)
+        self.slopes = nn.Parameter(torch.ones(num_heads))
+
+    def prepare(self, context):
+        bias = signed_bias(self, *context.query_and_key_positions(), torch.float64)
+        return context.extend(SlopesContext, bias=(self.slopes.double()[:, None, None] * bias)[None])
+
+    def terms(self, layer_idx, query, key, context):
+        return AttentionTerms(score_bias=context.bias.to(query.dtype))
+
+
+@dataclass(frozen=True)
+class SlopesContext(PositionContext):
+    bias: torch.Tensor | None = None
 
 
 class CacheIgnoresPastPositions(PositionScheme):
@@ -216,15 +239,17 @@ def test_a_users_scheme_with_a_score_mod_that_agrees_passes(registered):
                            "fixed-size cache of 16 slots)"),
     (PositionIdsIgnored, "causal LM left padding: the logits of a prompt of 4 tokens left-padded to 7 differ from "
                          "those of the prompt alone (eager)"),
+    (LearnedSlopesInPrepare, "gradient checkpointing (reentrant) gives the gradients of a run without it: the "
+                             "backward fails"),
 ], ids=["score_mod", "cache", "init-buffer", "init-parameter", "non-persistent-buffer", "padding",
-        "causal-lm-cache", "static-cache", "causal-lm-left-padding"])
+        "causal-lm-cache", "static-cache", "causal-lm-left-padding", "term-from-a-parameter-in-prepare"])
 def test_a_broken_scheme_fails_the_check_naming_the_property(registered, scheme_class, prop):
     name = registered(f"check_broken_{scheme_class.__name__.lower()}", scheme_class)
     with pytest.raises(AssertionError) as error:
         check_position_scheme(name, kernels=KERNELS if scheme_class is SignFlippedScoreMod else NO_FLEX)
     message = str(error.value)
     assert message.startswith(f"position scheme {name!r}: {prop}"), message
-    assert "max difference" in message
+    assert "max difference" in message or "the backward fails" in message
 
 
 class CacheIgnoresPastPositionsDeclared(CacheIgnoresPastPositions):
