@@ -106,6 +106,11 @@ def main() -> None:
     parser.add_argument("--eval-tokens", type=int, default=60000)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
+    if args.segment < 1:
+        parser.error(f"--segment must be at least 1, got {args.segment}")
+    if short := [context for context in args.contexts if context < args.segment]:
+        # xl+memory reads contexts as a segment plus memory: one shorter than a segment is not a context it can take
+        parser.error(f"--contexts must each be at least --segment ({args.segment}), got {', '.join(map(str, short))}")
     require_matplotlib()  # fail before training, not after, when the `viz` extra is missing
 
     tokens = encode(read_text(args))

@@ -145,3 +145,21 @@ def test_xl_perplexity_experiment_runs_end_to_end(tmp_path):
         assert record.metrics == {f"context {context}": {"perplexity": value}
                                   for context, value in results[variant]["perplexity"].items()}
         assert RunRecord.from_json(json.loads(json.dumps(record.to_json()))) == record
+
+
+@pytest.mark.parametrize(("segment", "contexts", "message"), [
+    ("8", ["4", "16"], "--contexts must each be at least --segment (8), got 4"),
+    ("8", ["0"], "--contexts must each be at least --segment (8), got 0"),
+    ("0", ["8"], "--segment must be at least 1, got 0"),
+])
+def test_xl_perplexity_refuses_contexts_shorter_than_a_segment_before_training(tmp_path, segment, contexts, message):
+    """A context below --segment is one usage error before any model trains: xl+memory would score a whole segment
+    under that context's label, and a context of 0 stopped with ZeroDivisionError after the first model trained."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "xl_perplexity.py"
+    command = [sys.executable, str(script), "--steps", "3", "--d-model", "16", "--layers", "1", "--heads", "2",
+               "--segment", segment, "--contexts", *contexts, "--eval-tokens", "400", "--batch-size", "2",
+               "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out" / "results.json").exists()
