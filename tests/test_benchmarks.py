@@ -592,6 +592,17 @@ def test_host_overhead_times_every_series_with_the_fused_launches_stubbed(tmp_pa
     assert "| shaw@relpos_triton |" in (tmp_path / "host_overhead.md").read_text()
 
 
+def test_host_split_refuses_cuda_without_a_gpu_before_anything_runs(tmp_path, monkeypatch):
+    """host_split's default --device cuda on a machine without a GPU is one error naming the flag, as
+    step_timeline's and bench_training's are; it was torch's AssertionError traceback from the environment record."""
+    from benchmarks import host_split
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"--device cuda: torch.cuda.is_available\(\) is False"):
+        host_split.main(["--shape", "tiny", "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out").exists()
+
+
 def test_host_split_runs_each_variant_as_it_says(tmp_path, monkeypatch):
     """host_split: a row per series and variant (`none` launches only for relpos_triton's series), each call of a
     step or forward made with relpos_triton's launches as they are or as the no-ops, and the backward threads
