@@ -115,6 +115,7 @@ def main() -> None:
 
     tokens = encode(read_text(args))
     evaluation, training = tokens[: args.eval_tokens], tokens[args.eval_tokens :]
+    check_text_lengths(training.numel(), evaluation.numel(), args)
     variants = {"xl+memory": ("xl", args.segment), "xl": ("xl", 0), "absolute": ("absolute", 0)}
     results: dict = {"args": {**vars(args), "out": str(args.out)}, "train_tokens": training.numel(), "eval_tokens": evaluation.numel(),
                      RECORDS: []}
@@ -133,6 +134,19 @@ def main() -> None:
             results[RECORDS].append(typed_record(name, position_scheme, mem_len, seconds, rows, args))
             print(name, rows, flush=True)
     write_outputs(results, args)
+
+
+def check_text_lengths(training: int, evaluation: int, args: argparse.Namespace) -> None:
+    """One usage error, before any model trains, when the text after the first --eval-tokens bytes cannot fill a
+    training segment in every one of --batch-size rows, or those bytes cannot hold the longest --contexts (the
+    model predicts each byte from the ones before it: a segment of L bytes reads L + 1)."""
+    if training < args.batch_size * args.segment + 1:
+        raise SystemExit(f"--eval-tokens {args.eval_tokens}: leaves {training} bytes of the {training + evaluation}-byte "
+                         f"text to train on, fewer than --batch-size x --segment + 1 = "
+                         f"{args.batch_size * args.segment + 1}; lower --eval-tokens or give a longer text")
+    if evaluation < max(args.contexts) + 1:
+        raise SystemExit(f"--eval-tokens {args.eval_tokens}: {evaluation} bytes to evaluate on, fewer than the longest "
+                         f"--contexts + 1 = {max(args.contexts) + 1}")
 
 
 def typed_record(name: str, position_scheme: str, mem_len: int, seconds: float, perplexity: dict[int, float],

@@ -163,3 +163,20 @@ def test_xl_perplexity_refuses_contexts_shorter_than_a_segment_before_training(t
     assert result.returncode == 2, result.stderr[-3000:]
     assert message in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (["--eval-tokens", "100000000"], "--eval-tokens 100000000: leaves 0 bytes of the"),
+    (["--eval-tokens", "16"], "--eval-tokens 16: 16 bytes to evaluate on, fewer than the longest --contexts + 1 = 17"),
+])
+def test_xl_perplexity_refuses_a_text_too_short_for_its_split_before_training(tmp_path, options, message):
+    """An --eval-tokens that leaves no training segment per row, or too few bytes for the longest context, is one
+    error before any model trains (it was the Trainer's `ValueError: __len__() should return >= 0`, or
+    SegmentedStream's ValueError after the first model had trained)."""
+    script = Path(__file__).resolve().parents[1] / "experiments" / "xl_perplexity.py"
+    command = [sys.executable, str(script), "--steps", "3", "--d-model", "16", "--layers", "1", "--heads", "2",
+               "--segment", "8", "--contexts", "8", "16", "--batch-size", "2", *options, "--out", str(tmp_path / "out")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600, stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "out" / "results.json").exists()
