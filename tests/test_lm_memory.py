@@ -180,3 +180,11 @@ def test_xl_perplexity_refuses_a_text_too_short_for_its_split_before_training(tm
     assert result.returncode == 1, result.stderr[-3000:]
     assert message in result.stderr
     assert "Traceback" not in result.stderr and not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize("length", [0, 1, 2])
+def test_a_stream_too_short_for_one_segment_per_row_is_refused_even_when_empty(length):
+    """An empty stream is refused with the same message as any stream too short (it had a negative length, which
+    the Trainer reported as `__len__() should return >= 0`)."""
+    with pytest.raises(ValueError, match=f"a stream of {length} tokens is too short for batch_size=2"):
+        SegmentedStream(torch.arange(length), 2, 4)

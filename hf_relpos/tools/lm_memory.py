@@ -32,7 +32,7 @@ class SegmentedStream(Dataset):
             raise ValueError(f"tokens must be a 1-D stream, got shape {tuple(tokens.shape)}")
         row_length = (tokens.numel() - 1) // batch_size
         self.segments_per_row = row_length // segment_length
-        if self.segments_per_row == 0:
+        if self.segments_per_row <= 0:   # an empty stream gives -1 (floor division of -1)
             raise ValueError(
                 f"a stream of {tokens.numel()} tokens is too short for batch_size={batch_size} x "
                 f"segment_length={segment_length}"
