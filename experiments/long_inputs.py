@@ -536,6 +536,10 @@ def main(argv: Sequence[str] | None = None) -> dict:
     if unknown:
         raise SystemExit(f"long_inputs.py: --paired-levels: unknown {', '.join(map(repr, unknown))}; the levels are "
                          f"{', '.join(map(repr, names))}")
+    # checked here, not in parse_command_line: convergence_gpu.sh parses these arguments before the models exist
+    unsaved = [f"{system}:{seed}={folder}" for system, seed, folder in args.model if not (folder / "config.json").is_file()]
+    if unsaved:
+        raise SystemExit(f"long_inputs.py: --model: no saved model (config.json) in {', '.join(unsaved)}")
     decoding = Decoding(args.beams, args.length_penalty, args.max_new_tokens, args.max_len_b, args.max_len_a,
                         args.min_len_a, args.no_repeat_ngram_size)
     key = scoring_key(args, levels)

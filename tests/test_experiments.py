@@ -766,6 +766,24 @@ def test_report_prints_a_command_that_gives_back_every_setting_of_a_record(scrip
     assert parsed == settings
 
 
+def test_long_inputs_refuses_a_model_folder_without_a_saved_model_before_decoding_any(tmp_path, monkeypatch):
+    """Every --model folder is checked for its config.json before the first model decodes: one line naming each
+    SYSTEM:SEED=FOLDER that lacks one (it was a FileNotFoundError traceback when that model's turn came)."""
+    long_inputs = load_experiment(EXPERIMENTS / "long_inputs.py", monkeypatch)
+    data = tmp_path / "data"
+    data.mkdir()
+    for name in ("validation.jsonl", "test.jsonl"):
+        (data / name).write_text("".join(json.dumps({"translation": {"en": f"A dog {i}.", "de": f"Ein Hund {i}."}}) + "\n"
+                                         for i in range(4)), encoding="utf-8")
+    (tmp_path / "model").mkdir()
+    monkeypatch.setattr(long_inputs, "evaluate_model", lambda *args: pytest.fail("a model was decoded"))
+    with pytest.raises(SystemExit, match=r"--model: no saved model \(config.json\) in shaw:1=\S*model, "
+                                         r"shaw:2=\S*missing$"):
+        long_inputs.main(["--data", str(data), "--out", str(tmp_path / "out"), "--model",
+                          f"shaw:1={tmp_path / 'model'}", "--model", f"shaw:2={tmp_path / 'missing'}"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_report_writes_placeholders_for_the_folders_a_long_inputs_record_lacks(monkeypatch):
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
     assert report.long_inputs_command({"model": ["shaw:1=/tmp/m"], "beams": 4}) == (
