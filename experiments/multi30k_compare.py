@@ -203,7 +203,11 @@ def main(argv: list[str] | None = None) -> dict:
     args.extra = extra
 
     jobs = [(scheme, seed) for seed in args.seeds for scheme in args.schemes]
-    if not args.collect_only:
+    if args.collect_only:   # every run checked before any is read, as vs_marian.py and convergence.py do
+        for scheme, seed in jobs:
+            if not (finished := args.work / f"{scheme}_seed{seed}" / "test_results.json").is_file():
+                raise SystemExit(f"multi30k_compare.py: --collect-only: {scheme} seed {seed} has no {finished}")
+    else:
         args.work.mkdir(parents=True, exist_ok=True)
         tokenizer = prepare_tokenizer(args)
         with ThreadPoolExecutor(max_workers=args.jobs) as pool:

@@ -124,6 +124,16 @@ def test_quick_run_writes_json_markdown_and_plots(tmp_path):
 
 
 @pytest.mark.slow
+def test_multi30k_comparison_collect_only_names_a_run_that_has_not_finished(tmp_path, monkeypatch):
+    """--collect-only over a --work without a scheme's finished run: one line naming the scheme, seed and missing
+    test_results.json, as vs_marian.py and convergence.py say it (it was a FileNotFoundError traceback)."""
+    compare = load_experiment(EXPERIMENTS / "multi30k_compare.py", monkeypatch)
+    with pytest.raises(SystemExit, match=r"--collect-only: absolute seed 1 has no \S*absolute_seed1/test_results.json"):
+        compare.main(["--data", str(tmp_path), "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"),
+                      "--schemes", "absolute", "--seeds", "1", "--collect-only"])
+    assert not (tmp_path / "out").exists()
+
+
 def test_multi30k_comparison_runs_every_scheme_on_one_tokenizer_and_writes_its_report(tmp_path):
     data = tmp_path / "data"
     write_demo_corpus(data, 60, 8, 8, seed=3)
