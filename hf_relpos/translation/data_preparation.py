@@ -22,7 +22,7 @@ from transformers import PreTrainedTokenizerBase
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.records import SAMPLE_CAPS
 from .arguments import ConfigError, ModelArguments, TranslationTrainingArguments, data_seed
-from .batching import TokenBudgetBatchSampler, check_examples_fit
+from .batching import check_examples_fit
 from .data import (
     CONCATENATION_JOIN_RULE,
     DEMO_DATA_FOLDER,
@@ -58,7 +58,7 @@ from .prepared import (
     tokenizer_sha256,
 )
 from .tokenizer_setup import obtain_tokenizer
-from .trainer import EvaluationSet, padding_multiple
+from .trainer import EvaluationSet, padding_multiple, token_budget_sampler
 
 logger = logging.getLogger(__name__)
 
@@ -316,18 +316,14 @@ def prepare_evaluation_set(tokenized: Dataset) -> EvaluationSet:
 def check_token_budget(train_dataset: Dataset, training_args: TranslationTrainingArguments,
                        model: RelPosTransformerForConditionalGeneration) -> None:
     """Every training pair, padded as `model`'s kernel pads it, must fit the token budget on its own, and under several
-    processes the pairs must make a multiple of their number of batches (the trainer's `TokenBudgetBatchSampler`,
-    built here as the trainer builds it); checked on the tokenized pairs before any prepared split or the tokenizer
-    is saved into output_dir."""
+    processes their batches must be shareable among the processes (the trainer's `token_budget_sampler`); checked on
+    the tokenized pairs before any prepared split or the tokenizer is saved into output_dir."""
     if training_args.max_tokens_per_batch is None:
         return
     lengths = example_lengths(train_dataset)
     try:
         check_examples_fit(*lengths, training_args.max_tokens_per_batch, padding_multiple(model))
         if training_args.world_size > 1:
-            TokenBudgetBatchSampler(*lengths, training_args.max_tokens_per_batch,
-                                    num_processes=training_args.world_size, seed=data_seed(training_args),
-                                    pool_factor=training_args.length_pool_factor,
-                                    length_multiple=padding_multiple(model))
+            token_budget_sampler(lengths, training_args, model, training_args.world_size)
     except ValueError as error:
         raise ConfigError(str(error)) from None

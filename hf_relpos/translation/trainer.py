@@ -79,6 +79,16 @@ def padding_multiple(model: RelPosTransformerForConditionalGeneration) -> int:
     return length_multiple(model.config._attn_implementation) or 1
 
 
+def token_budget_sampler(lengths: tuple[np.ndarray, np.ndarray], training_args: TranslationTrainingArguments,
+                         model: RelPosTransformerForConditionalGeneration,
+                         num_processes: int) -> TokenBudgetBatchSampler:
+    """The batches of `max_tokens_per_batch` the trainer draws from training pairs of these (source, target)
+    `lengths` under `num_processes` processes (a ValueError where they cannot be shared among them)."""
+    return TokenBudgetBatchSampler(*lengths, training_args.max_tokens_per_batch, num_processes=num_processes,
+                                   seed=data_seed(training_args), pool_factor=training_args.length_pool_factor,
+                                   length_multiple=padding_multiple(model))
+
+
 @dataclass
 class EvaluationSet:
     """A split to translate and score: tokenized examples sorted by source length (`order[i]` is the file position of
@@ -369,14 +379,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         self.token_budget_sampler = None
         self.add_callback(BatchOrderRecord())
         if self.args.max_tokens_per_batch is not None and self.train_dataset is not None:
-            source_lengths, target_lengths = example_lengths(self.train_dataset)
-            self.token_budget_sampler = TokenBudgetBatchSampler(
-                source_lengths, target_lengths, self.args.max_tokens_per_batch,
-                num_processes=self.accelerator.num_processes,
-                seed=data_seed(self.args),
-                pool_factor=self.args.length_pool_factor,
-                length_multiple=padding_multiple(self.model),
-            )
+            self.token_budget_sampler = token_budget_sampler(example_lengths(self.train_dataset), self.args,
+                                                             self.model, self.accelerator.num_processes)
             self.add_callback(SamplerEpochCallback(self.token_budget_sampler))
         if self.args.fade_absolute_positions is not None:
             self.add_callback(AbsolutePositionFadeCallback(self.args.fade_absolute_positions))
