@@ -30,6 +30,7 @@ from benchmarks.common import (
     SHAPES,
     Shape,
     autocast,
+    check_device_available,
     check_kernels_run,
     check_whole_sequence,
     environment,
@@ -178,8 +179,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="CPU-sized defaults: the tiny shape, 6 steps of 4 x 16 tokens, 2 warm-up steps")
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_device_available(args.device)
     check_kernels_run([args.kernel], args.device, "--kernel")
     for name, value in (QUICK_SIZE if args.quick else FULL_SIZE).items():
         if getattr(args, name) is None:

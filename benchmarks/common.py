@@ -163,12 +163,17 @@ def add_common_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def check_device_available(device: str) -> None:
+    """One clear error where `device` is cuda and this torch sees no GPU (before anything runs or is written)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+
+
 def check_arguments(args: argparse.Namespace) -> None:
     """One clear error for a device, dropout or clock this run cannot use; adds absolute to the schemes and sets
     --threads. Whether the kernels run on the device is `check_kernels_run`'s, in `main` (a documented --device cuda
     command parses on a CPU-only machine)."""
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_device_available(args.device)
     check_attention_dropout(args.attention_dropout)
     if BASELINE not in args.schemes:
         args.schemes.insert(0, BASELINE)

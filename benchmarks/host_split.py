@@ -43,6 +43,7 @@ from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
     check_attention_dropout,
+    check_device_available,
     check_kernels_run,
     check_series,
     environment,
@@ -147,8 +148,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--rounds", type=positive_int, default=7)
     parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_device_available(args.device)
     check_series(args.series)
     schemes_and_kernels = {label: scheme_and_kernel(label) for label in args.series}
     check_kernels_run([kernel for _, kernel in schemes_and_kernels.values()], args.device, "--series")

@@ -42,6 +42,7 @@ from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
     check_attention_dropout,
+    check_device_available,
     check_kernels_run,
     check_series,
     environment,
@@ -314,8 +315,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="also the host's Python functions over --steps steps (cProfile)")
     parser.add_argument("--out", type=output_folder, required=True)
     args = parser.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_device_available(args.device)
     check_series(args.series)
     check_kernels_run([scheme_and_kernel(label)[1] for label in args.series], args.device, "--series")
     check_attention_dropout(args.attention_dropout)

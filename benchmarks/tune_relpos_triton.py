@@ -26,6 +26,7 @@ from benchmarks.bench_training import model_case
 from benchmarks.common import (
     SHAPES,
     check_attention_dropout,
+    check_device_available,
     check_whole_sequence,
     environment,
     environment_lines,
@@ -152,8 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
     check_attention_dropout(args.attention_dropout)
     check_whole_sequence(args.tokens, args.length)
-    if not torch.cuda.is_available():
-        raise SystemExit("--device cuda: torch.cuda.is_available() is False (a CPU build of torch?)")
+    check_device_available("cuda")
     from hf_relpos.model import triton_relative_kernels
 
     package = triton_relative_kernels.BLOCK_CONFIGS
