@@ -275,15 +275,22 @@ def test_stdin_with_another_line_count_than_the_references_is_refused_as_it_ends
     assert not (tmp_path / "hyp.txt").exists()
 
 
+def translations_cut_with_a_warning(folder: Path, source_file: Path, output: Path, capsys) -> list[str]:
+    """`folder`'s translations of the first two SOURCES into `output`, each a strict prefix of its target, and the
+    one warning that both reached the maximum length."""
+    main([str(folder), "--input", str(source_file), "--output", str(output), "--no_progress"])
+    cut = output.read_text(encoding="utf-8").splitlines()
+    assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
+    assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
+    return cut
+
+
 def test_generation_settings_default_to_the_model_and_flags_override_them(memorised_model_folder, tmp_path, capsys):
     folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
     generation = json.loads((folder / "generation_config.json").read_text())
     (folder / "generation_config.json").write_text(json.dumps({**generation, "max_length": 3}))
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
-    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
-    cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
-    assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
-    assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
+    cut = translations_cut_with_a_warning(folder, source_file, tmp_path / "cut.txt", capsys)
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress",
           "--buffer_lines", "1"])   # counted over the chunks, in one warning
     assert capsys.readouterr().err.count("translation(s) reached") == 1
@@ -309,10 +316,7 @@ def test_a_translation_cut_by_a_forced_end_token_at_the_maximum_length_is_counte
         from hf_relpos.tools.export import export_ctranslate2
         folder = export_ctranslate2(folder, tmp_path / "ct2")
     source_file = write_lines(tmp_path / "src.txt", SOURCES[:2])
-    main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "cut.txt"), "--no_progress"])
-    cut = (tmp_path / "cut.txt").read_text(encoding="utf-8").splitlines()
-    assert all(TARGETS[index].startswith(line) and line != TARGETS[index] for index, line in enumerate(cut))
-    assert "2 translation(s) reached the maximum length (max_new_tokens, else max_length)" in capsys.readouterr().err
+    translations_cut_with_a_warning(folder, source_file, tmp_path / "cut.txt", capsys)
     main([str(folder), "--input", str(source_file), "--output", str(tmp_path / "full.txt"), "--no_progress",
           "--max_length", "20"])
     assert (tmp_path / "full.txt").read_text(encoding="utf-8").splitlines() == TARGETS[:2]
