@@ -713,9 +713,9 @@ class RelPosEncoder(RelPosStack):
         `keep_absolute_positions`) place a padded batch's source tokens: counted over the tokens the mask keeps
         (cumsum - 1; padding at its index), so that a row padded on the left (a tokenizer with padding_side "left") is
         encoded as alone, as `place_decoder_prompt` places a left-padded decoder prompt; a right-padded row keeps
-        every token's index, padding included (no host sync: torch.compile traces it in one graph). None (each token at its index) without a mask,
-        with a mask of another shape (named by `check_padding_mask`), or for a scheme whose attention sees the same
-        distances either way."""
+        every token's index, padding included (no host sync: torch.compile traces it in one graph). None (each token
+        at its index) without a mask, with a mask of another shape (named by `check_padding_mask`), or for a scheme
+        whose attention sees the same distances either way."""
         if (attention_mask is None or not adds_positions_to_embeddings(self.config, self.positions)
                 or attention_mask.dim() != 2):
             return None
