@@ -338,10 +338,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"--n_best_feature must be a name without spaces, '=' or '|', got {args.n_best_feature!r}")
     given = {"--source": args.source, **({"--target": args.target} if args.n_best is None else
                                          {"--n_best": args.n_best})}
-    from_stdin = [flag for flag, path in given.items() if stdio_name(path) is None]
+    inputs = {flag: stdio_name(path) for flag, path in given.items()}   # None: stdin
+    from_stdin = [flag for flag, path in inputs.items() if path is None]
     if len(from_stdin) > 1:
         parser.error(f"{' and '.join(from_stdin)} are both - (stdin), which is read once: give one of them as a file")
-    inputs = {flag: stdio_name(path) for flag, path in given.items()}   # None: stdin
     args.output = stdio_name(args.output)
     check_model_and_files(parser, args, inputs)
     output = checked_output(parser, args.output, inputs, "the scores")
@@ -353,19 +353,20 @@ def main(argv: Sequence[str] | None = None) -> None:
                 files[flag] = sys.stdin.buffer if path is None else opened.enter_context(open(path, "rb"))
             except OSError as error:
                 exit_unreadable(parser, flag, path, error)
-        totals = score_files(parser, args, files, output, model, tokenizer)
+        totals = score_files(parser, args, files, inputs, output, model, tokenizer)
     if totals.tokens:
         print(f"{PROGRAM}: {totals.summary()}", file=sys.stderr)
 
 
-def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files: dict, output: Path | None,
-                model: PreTrainedModel | CTranslate2Model, tokenizer: PreTrainedTokenizerBase) -> ScoreTotals:
+def score_files(parser: argparse.ArgumentParser, args: argparse.Namespace, files: dict, inputs: dict[str, str | None],
+                output: Path | None, model: PreTrainedModel | CTranslate2Model,
+                tokenizer: PreTrainedTokenizerBase) -> ScoreTotals:
     """The opened --source and --target (or --n_best) read, scored and written `--buffer_lines` lines at a time; one
     error (exit 2, --output not written) where they cannot be read or are empty, their line counts differ, an n-best
-    line cannot be scored or the model refuses a pair. An input given as "-" (stdin) is named "stdin" there."""
-    stdin = {flag for flag in files if stdio_name(getattr(args, flag[2:])) is None}
-    names = {flag: "stdin" if flag in stdin else getattr(args, flag[2:]) for flag in files}   # as in "NAME:LINE"
-    shown = {flag: "stdin" if flag in stdin else repr(name) for flag, name in names.items()}   # as in "--flag NAME"
+    line cannot be scored or the model refuses a pair. `inputs` maps each flag to its path, None for stdin ("-"),
+    which errors name "stdin"."""
+    names = {flag: "stdin" if path is None else path for flag, path in inputs.items()}   # as in "NAME:LINE"
+    shown = {flag: "stdin" if path is None else repr(path) for flag, path in inputs.items()}   # as in "--flag NAME"
     chunks = {flag: read_as(flag, text_file_line_chunks(file, names[flag], args.buffer_lines))
               for flag, file in files.items()}
     if args.n_best is None:
