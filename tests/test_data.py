@@ -124,6 +124,22 @@ def test_non_string_text_is_reported(tmp_path):
 
 
 @pytest.mark.parametrize("layout", ["jsonl", "json"])
+def test_a_lone_surrogate_escape_is_one_error_naming_the_record(tmp_path, layout):
+    """A JSON escape of half a surrogate pair (a text cut inside an emoji by a tool counting UTF-16 units) is no
+    character: one error naming the record and language, not Arrow's UnicodeEncodeError."""
+    records = '{"en": "a", "de": "b"}', '{"translation": {"en": "Hi \\ud83d", "de": "Hallo \\ud83d\\ude42"}}'
+    if layout == "jsonl":
+        path, location = tmp_path / "train.jsonl", r"train\.jsonl:2"
+        path.write_text("\n".join(records) + "\n", encoding="utf-8")
+    else:
+        path, location = tmp_path / "train.json", r"train\.json: record 1"
+        path.write_text(f"[{', '.join(records)}]", encoding="utf-8")
+    with pytest.raises(DatasetSchemaError, match=rf"{location}: 'en' holds the escape \\ud83d at character 3, half of a "
+                                                 "UTF-16 surrogate pair"):
+        read_local_pairs(path, "en", "de")
+
+
+@pytest.mark.parametrize("layout", ["jsonl", "json"])
 @pytest.mark.parametrize("side", ["en", "de"])
 def test_a_null_text_is_one_error_naming_the_record(tmp_path, layout, side):
     records = [{"translation": {"en": "a", "de": "b"}}, {"translation": {"en": "c", "de": "d", side: None}}]

@@ -117,6 +117,9 @@ HEAVY_LOSS_SHARE = 0.1
 HUB_TIMEOUT_SECONDS = 10
 OVERLONG_PAIR_POLICIES = ("filter", "truncate")
 TRANSLATION_COLUMN = "translation"
+# Half of a UTF-16 surrogate pair: a JSON escape such as "\ud83d" without its other half (a text cut inside an emoji
+# by a tool that counts UTF-16 units) decodes to one, which is no character and cannot be written as UTF-8.
+LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 SPLITS = ("train", "validation", "test")
 
 
@@ -849,6 +852,7 @@ class _RecordColumns:
             if source_only and lang == self.target_lang:
                 column.append(None)
             elif isinstance(value, str):
+                _require_characters(value, location, lang)
                 column.append(value)
             else:
                 found = "null" if value is None else type(value).__name__
@@ -877,6 +881,17 @@ class _RecordColumns:
         chunk = {"source": pa.array(self.sources, pa.string()), "target": pa.array(self.targets, pa.string())}
         self.sources, self.targets = [], []
         return chunk
+
+
+def _require_characters(text: str, location: str, lang: str) -> None:
+    """One error at `location` naming `lang` where `text` holds a `LONE_SURROGATE` (it was a UnicodeEncodeError
+    traceback from Arrow once the chunk was gathered)."""
+    surrogate = LONE_SURROGATE.search(text)
+    if surrogate is not None:
+        raise DatasetSchemaError(
+            f"{location}: {lang!r} holds the escape \\u{ord(surrogate.group()):04x} at character {surrogate.start()}, "
+            "half of a UTF-16 surrogate pair without its other half, which is no character (a text cut inside an "
+            "emoji or another character beyond U+FFFF): repair or remove it")
 
 
 def _parse_jsonl_chunk(piece: bytes, lines: pa.Array, source_lang: str,
