@@ -453,6 +453,34 @@ def test_a_local_folder_in_the_hub_layout_is_read_afresh_after_its_files_change(
     assert load_parallel_splits(arguments, ("train",), tmp_path / "demo", cache)["train"]["source"] == ["Two dogs."]
 
 
+@pytest.mark.parametrize("line, error", [
+    (b'{"translation": {"en": "Two dogs.", "de": "Zwei Hunde."}', r"could not be read: ArrowInvalid: JSON parse error: "
+                                                                 r".*; give its files as train_file / validation_file / "
+                                                                 r"test_file, whose errors name the file and line$"),
+    (b'{"translation": {"en": "Two dogs \\ud83d", "de": "Zwei Hunde."}}', r"could not be read: ArrowInvalid: .*"
+                                                                         r"surrogate"),
+    (b'{"translation": {"en": "Two dogs.", "de": "Zwei H\xfcnde."}}', r"corpus', split 'train', row 3: the 'de' "
+                                                                     r"text is not UTF-8 text; save the data files "
+                                                                     r"as UTF-8$"),
+    (b'{"en": "Two dogs.", "de": "Zwei H\xfcnde."}', r"corpus', split 'train', row 3: the 'de' text is not UTF-8 "
+                                                     r"text"),
+])
+def test_a_local_dataset_folder_whose_file_does_not_parse_or_is_not_utf8_is_one_error(tmp_path, line, error):
+    """A local folder given as dataset_name, whose JSON lines datasets cannot parse (invalid JSON, half a surrogate
+    pair) or whose texts are not UTF-8 (a Latin-1 file, which datasets' JSON reader keeps in a string column), is one
+    DatasetSchemaError naming the dataset (and the row), not datasets' DatasetGenerationError or a UnicodeDecodeError
+    traceback once the texts are read."""
+    folder = tmp_path / "corpus"
+    folder.mkdir()
+    flat = line.startswith(b'{"en"')
+    records = [{"en": en, "de": de} if flat else {"translation": {"en": en, "de": de}} for en, de in PAIRS]
+    (folder / "train.jsonl").write_bytes(b"".join(json.dumps(record).encode() + b"\n" for record in records)
+                                         + line + b"\n")
+    arguments = DataArguments(dataset_name=str(folder), dataset_config_name=None)
+    with pytest.raises(DatasetSchemaError, match=error):
+        load_parallel_splits(arguments, ("train",), tmp_path / "demo", str(tmp_path / "cache"))
+
+
 def test_missing_file_and_missing_split_are_reported(tmp_path):
     with pytest.raises(DatasetSchemaError, match="does not exist"):
         read_local_pairs(tmp_path / "nope.jsonl", "en", "de")

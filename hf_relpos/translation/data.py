@@ -60,6 +60,7 @@ from datasets import (
     load_dataset,
     load_dataset_builder,
 )
+from datasets.exceptions import DatasetGenerationError
 from datasets.table import InMemoryTable
 from huggingface_hub import HfApi
 from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
@@ -483,6 +484,12 @@ def _load_hub_splits(data_args: DataArguments, splits: tuple[str, ...], cache_di
         else:
             remedy = ""
         raise DatasetSchemaError(f"{origin} could not be loaded{hint}: {' '.join(str(error).split())}{remedy}") from None
+    except DatasetGenerationError as error:   # a data file that datasets' reader cannot parse (invalid JSON, ...)
+        cause = error.__cause__ or error
+        remedy = ("; give its files as train_file / validation_file / test_file, whose errors name the file and line"
+                  if data_args.local_dataset_folder is not None else "")
+        raise DatasetSchemaError(f"{origin} could not be read: {type(cause).__name__}: "
+                                 f"{' '.join(str(cause).split())}{remedy}") from None
     result = {}
     for split in splits:
         name = hub_split_names(data_args)[split]
@@ -525,6 +532,7 @@ def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origi
         feature = dataset.features[TRANSLATION_COLUMN]
         languages = list(getattr(feature, "languages", None) or (dataset[0][TRANSLATION_COLUMN] if len(dataset) else {}))
         _require_languages(languages, source_lang, target_lang, f"{origin}, field '{TRANSLATION_COLUMN}'")
+        _require_utf8(dataset, TRANSLATION_COLUMN, (source_lang, target_lang), origin)
 
         def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
             pairs = batch[TRANSLATION_COLUMN]
@@ -532,12 +540,43 @@ def to_source_target(dataset: Dataset, source_lang: str, target_lang: str, origi
                     "target": [_text(pair.get(target_lang)) for pair in pairs]}
     else:
         _require_languages(columns, source_lang, target_lang, f"{origin}, columns")
+        for lang in dict.fromkeys((source_lang, target_lang)):
+            _require_utf8(dataset, lang, (None,), origin)
 
         def extract(batch: dict[str, list[Any]]) -> dict[str, list[str]]:
             return {"source": [_text(text) for text in batch[source_lang]],
                     "target": [_text(text) for text in batch[target_lang]]}
     return dataset.map(extract, batched=True, remove_columns=columns, desc="Selecting language pair",
                        features=Features({"source": Value("string"), "target": Value("string")}))
+
+
+def _require_utf8(dataset: Dataset, column: str, fields: Sequence[str | None], origin: str) -> None:
+    """One error naming the row (counted from 0, as `dataset[row]`) where a string `column` (its struct `fields`, or
+    the column itself for None) holds bytes that are not UTF-8: datasets' JSON reader keeps them in a string column,
+    which was a UnicodeDecodeError traceback when the texts were read."""
+    first_row = 0
+    for chunk in dataset.with_format("arrow")[column].chunks:
+        for name in fields:
+            texts = chunk if name is None else pc.struct_field(chunk, name)
+            if texts.type not in (pa.string(), pa.large_string()):
+                continue
+            try:
+                texts.validate(full=True)
+            except pa.ArrowInvalid:
+                raw = texts.view(pa.large_binary() if pa.types.is_large_string(texts.type) else pa.binary())
+                row = next(index for index, value in enumerate(raw.to_pylist())
+                           if value is not None and not _is_utf8(value))
+                raise DatasetSchemaError(f"{origin}, row {first_row + row}: the {name or column!r} text is not UTF-8 "
+                                         "text; save the data files as UTF-8") from None
+        first_row += len(chunk)
+
+
+def _is_utf8(data: bytes) -> bool:
+    try:
+        data.decode("utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _require_languages(available: list[str], source_lang: str, target_lang: str, where: str,
