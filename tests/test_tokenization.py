@@ -146,6 +146,19 @@ def test_byte_tokens_follow_the_special_tokens(tokenizer):
     assert tokenizer.convert_ids_to_tokens(dash)[-3:] == ["<0xE2>", "<0x80>", "<0x94>"]
 
 
+def test_text_that_spells_a_byte_token_is_text():
+    """A training text that spells a byte token ("<0x41>" after a word, as hex dumps and software strings write it)
+    yields no learned piece of that spelling: it took the byte token's id, and the decoder turned it into the byte, so
+    "zz<0x41>" came back as "zzA". The learned ids stay contiguous after the byte tokens."""
+    words = ["a", "bb", "cc", "dd", "ee", "ff", "gg", "hh"]
+    tokenizer = train_joint_tokenizer([f"{word}<0x41>" for word in words] * 60 + ["Guten Tag"] * 20, vocab_size=400)
+    for text in ("bb<0x41>", "zz<0x41>", "<0x41>", "x <0xE2> y"):
+        ids = tokenizer(text)["input_ids"]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert sorted(tokenizer.get_vocab().values()) == list(range(len(tokenizer)))
+    assert tokenizer.convert_ids_to_tokens(69) == "<0x41>"
+
+
 def test_rare_characters_of_the_training_text_are_left_to_byte_fallback():
     """The learned alphabet is limited to the pieces the vocabulary has room for: a tiny vocabulary still encodes
     every character, the rarest ones as bytes."""
