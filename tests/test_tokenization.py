@@ -159,6 +159,21 @@ def test_text_that_spells_a_byte_token_is_text():
     assert tokenizer.convert_ids_to_tokens(69) == "<0x41>"
 
 
+def test_text_that_spells_a_special_token_after_a_word_is_text():
+    """A training text with "</s>" or "<unk>" after a word (markup, a corpus's placeholders) yields no learned piece
+    of that spelling: it took the control token's id, so "zz</s>" was encoded with an end token inside (what a
+    training target must never hold) and decoded as "zz"."""
+    words = ["a", "bb", "cc", "dd", "ee", "ff", "gg", "hh"]
+    texts = [f"{word}</s>" for word in words] * 60 + [f"{word}<unk>" for word in words[:3]] * 60 + ["Guten Tag"] * 20
+    tokenizer = train_joint_tokenizer(texts, vocab_size=400)
+    specials = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
+    for text in ("bb</s>", "zz</s>", "qq<unk>", "a<unk>", "<s>x"):
+        ids = tokenizer(text)["input_ids"]
+        assert [index for index in ids if index in specials] == [tokenizer.eos_token_id]
+        assert tokenizer.decode(ids, skip_special_tokens=True) == text
+    assert sorted(tokenizer.get_vocab().values()) == list(range(len(tokenizer)))
+
+
 def test_rare_characters_of_the_training_text_are_left_to_byte_fallback():
     """The learned alphabet is limited to the pieces the vocabulary has room for: a tiny vocabulary still encodes
     every character, the rarest ones as bytes."""

@@ -6,8 +6,8 @@ So `decode(encode(text)) == normalised text` for every text that does not start 
 a character outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`,
 never dropped or turned into `<unk>`; a special token written in the text ("<s>", "</s>", "<unk>", "<pad>": an HTML
 strikethrough, a corpus's placeholder) is text too, encoded as its characters as SentencePiece encodes it
-(`split_special_tokens`), never the control token; so is text that spells a byte token ("x<0x41>"), which no
-learned piece spells (`_with_byte_tokens`). Which characters get a piece of their own is SentencePiece's
+(`split_special_tokens`), never the control token, also where it follows a word ("x</s>"); so is text that spells
+a byte token ("x<0x41>"): no learned piece spells either (`_with_byte_tokens`). Which characters get a piece of their own is SentencePiece's
 `character_coverage` (`covered_characters`): every character of the training texts by default, or the most frequent
 ones that make up that share of all character occurrences. Every encoding ends with "</s>". Special token ids are
 fixed: "<pad>"=0, "</s>"=1, "<s>"=2 (decoder start), "<unk>"=3; the 256 byte tokens follow (4-259), then the learned
@@ -200,19 +200,23 @@ def _covered_alphabet(texts: Iterable[str] | Iterable[list[str]], coverage: floa
 
 def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
     """The trained BPE model with the 256 byte tokens placed after the special tokens (the learned pieces move up by
-    256), as byte fallback needs them in the vocabulary. A learned piece spelled as a byte token (text such as
-    "x<0x41>" in the training data) is dropped, with the merge that makes it and those that build on it: it took the
-    byte token's id and its decoding, so the text came back as "xA"; such text is encoded as its characters instead."""
+    256), as byte fallback needs them in the vocabulary. No merge makes a piece spelled as a byte or special token
+    (text such as "x<0x41>" or "x</s>" in the training data): such a merge, and those that build on its piece, are
+    dropped, and the piece with them. A byte token's spelling took its id and its decoding, so the text came back as
+    "xA"; a special token's made the control token out of text ("x</s>" encoded with an end token inside, dropped
+    when decoded). Such text is encoded as its characters instead."""
     spec = json.loads(tokenizer.to_str())
     model = spec["model"]
-    dropped = set(BYTE_TOKENS).intersection(model["vocab"])
+    spelled = set(BYTE_TOKENS).union(SPECIAL_TOKENS)
+    dropped: set[str] = set()
     merges = []
     for left, right in model["merges"]:
-        if {left, right, left + right} & dropped:
+        if left + right in spelled or {left, right} & dropped:
             dropped.add(left + right)
         else:
             merges.append([left, right])
-    kept = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1]) if token not in dropped]
+    kept = [token for token, _ in sorted(model["vocab"].items(), key=lambda item: item[1])
+            if token not in dropped or token in SPECIAL_TOKENS]
     special = len(SPECIAL_TOKENS)
     vocab = {token: index if index < special else index + len(BYTE_TOKENS) for index, token in enumerate(kept)}
     vocab.update({token: special + offset for offset, token in enumerate(BYTE_TOKENS)})
