@@ -210,6 +210,9 @@ def test_transformers_4_task_names_with_a_language_pair_are_the_translation_task
         ("هل أنت بخير؟ نعم.", [("هل أنت بخير؟", " "), ("نعم.", "")]),
         ("وہ گھر گیا۔ وہ سو گئی۔", [("وہ گھر گیا۔", " "), ("وہ سو گئی۔", "")]),
         ("Բարեւ։ Ինչպես ես։", [("Բարեւ։", " "), ("Ինչպես ես։", "")]),
+        # a bidirectional mark after the end (RLM, as Arabic, Persian and Hebrew text often has it) still ends it
+        ("مرحبا.\u200f كيف حالك؟\u200f أنا بخير.", [("مرحبا.\u200f", " "), ("كيف حالك؟\u200f", " "), ("أنا بخير.", "")]),
+        ("שלום.\u200e\u2069 מה שלומך?", [("שלום.\u200e\u2069", " "), ("מה שלומך?", "")]),
         # a reference holds its period before a Roman numeral or a capital letter too, not before "A" or a lone "I"
         ("Vol. II is out. See Art. IV, Ch. V and Fig. B now. No. I won't. The answer is no. A man came.",
          [("Vol. II is out.", " "), ("See Art. IV, Ch. V and Fig. B now.", " "), ("No.", " "), ("I won't.", " "),

@@ -40,6 +40,9 @@ OPENING = "\"'“‘«„‚»([「『（【〔〈《〖〘〚＂＇［｛"
 # After a sentence's end, German quotes „…“, ‚…‘ and »…« close with “ ‘ « (which open quotes elsewhere, so they are
 # not in CLOSING, whose 。！？ rule must not read “ as closing).
 QUOTE_CLOSING = CLOSING + "“‘«"
+# Invisible marks of bidirectional text (LRM, RLM, the Arabic letter mark, embeddings, overrides and isolates) that
+# Arabic, Persian and Hebrew text often puts right after a sentence's end ("بخير؟\u200f"): it still ends there.
+BIDI_MARKS = "\u200e\u200f\u061c\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
 # Words whose period does not end a sentence when a capital or a number follows (English and German titles,
 # Latin shorthands, German "z. B.", "d. h.", "u. a."); lowercase, without the period.
 ABBREVIATIONS = frozenset(
@@ -118,7 +121,8 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`; no sentence starts or ends
     with whitespace (whitespace opening the text is the first pair's, ("", whitespace); a blank text is one pair,
     (text, "")). A sentence ends at a line break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing
-    quotes or brackets allowed, followed by whitespace and no lowercase letter ("e.g. the" is not split), except after
+    quotes or brackets and `BIDI_MARKS` allowed, followed by whitespace and no lowercase letter ("e.g. the" is not
+    split), except after
     a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
     before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
     or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober") or
@@ -149,7 +153,7 @@ def ends_sentence(sentence: str, next_word: str) -> bool:
     """Whether `sentence` (the text since the last split, up to a space) ends where `next_word` follows."""
     next_character = next_word[:1]
     words = sentence.rsplit(None, 2)   # the last word, and the one before it (a German date's opener)
-    word = words[-1].rstrip(QUOTE_CLOSING)
+    word = words[-1].rstrip(QUOTE_CLOSING + BIDI_MARKS)
     if not word.endswith(tuple(SENTENCE_END)) or next_character.islower():
         return False
     if not word.endswith(".") or word.endswith(ELLIPSIS):
