@@ -144,6 +144,54 @@ def test_the_scheme_rule_refuses_another_scheme_the_model_and_the_config(source,
     assert len(scheme_violations(path)) == 1
 
 
+# What a scheme's name may be compared with outside the registry (positions.py) and the scheme files: (file, scheme)
+# -> why that file names the scheme. Everything else asks the scheme (its class) or a table keyed by name.
+SCHEME_NAME_TESTS_ALLOWED = {
+    ("hf_relpos/tools/convert.py", "absolute"): "the scheme that computes Marian's sinusoids: the identity conversion",
+}
+
+
+def scheme_name_tests(path: Path, schemes: set[str]) -> list[tuple[int, str]]:
+    """(line, scheme) of each comparison in `path` of an expression naming a scheme (`scheme`, `position_scheme`)
+    with a scheme's name as a literal (`scheme == "shaw"`, `position_scheme in ("xl", "t5")`)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if not isinstance(node, ast.Compare):
+            continue
+        operands = [node.left, *node.comparators]
+        literals = [element for operand in operands
+                    for element in (operand.elts if isinstance(operand, (ast.Tuple, ast.List, ast.Set)) else [operand])
+                    if isinstance(element, ast.Constant) and element.value in schemes]
+        if literals and any("scheme" in ast.unparse(operand) for operand in operands
+                            if not isinstance(operand, ast.Constant)):
+            found += [(node.lineno, literal.value) for literal in literals]
+    return found
+
+
+def test_only_the_registry_and_the_scheme_files_test_a_schemes_name():
+    """The model, the card, the trainer, the tools and the benchmarks never switch on a scheme's name (DESIGN.md):
+    what depends on the scheme is an attribute of its class, or an entry of a table keyed by its name."""
+    from hf_relpos.model.positions import built_in_schemes
+
+    schemes = set(built_in_schemes())
+    files = [path for path in sorted([*PACKAGE.rglob("*.py"), *(REPO / "benchmarks").glob("*.py")])
+             if path.parent != MODEL_FOLDER or not path.stem.startswith("positions")]
+    switches = [f"{path.relative_to(REPO)}:{line} tests position_scheme == {scheme!r}" for path in files
+                for line, scheme in scheme_name_tests(path, schemes)
+                if (str(path.relative_to(REPO)), scheme) not in SCHEME_NAME_TESTS_ALLOWED]
+    assert not switches, "\n".join(switches)
+
+
+@pytest.mark.parametrize(("source", "named"), [('scheme == "shaw"', ["shaw"]),
+                                              ('config.position_scheme != "xl"', ["xl"]),
+                                              ('position_scheme in ("t5", "rope")', ["t5", "rope"]),
+                                              ('"alibi" == scheme_name', ["alibi"])])
+def test_the_scheme_name_rule_finds_a_switch_and_not_a_kernel_or_another_none(source, named, tmp_path):
+    path = tmp_path / "module.py"
+    path.write_text(f"if {source}:\n    pass\nif kernel == \"sdpa\" or launches == \"none\":\n    pass\n")
+    assert scheme_name_tests(path, {"shaw", "xl", "t5", "rope", "alibi", "none"}) == [(1, name) for name in named]
+
+
 def test_the_package_has_no_import_cycle():
     graph = {module: package_dependencies(module) for module in package_modules()}
     assert graph["translation.run_outputs"] >= {"translation.arguments", "publish.hub", "model.modeling_relpos"}

@@ -132,14 +132,11 @@ def check_exportable(config: RelPosTransformerConfig, generation: GenerationConf
     """Raises ExportError naming the first scheme, config field or generation setting CTranslate2 cannot express."""
     scheme = config.position_scheme
     check_exportable_scheme(scheme)
-    if scheme == "directional" and config.directional_disable_diagonal:
-        raise ExportError("directional_disable_diagonal true cannot be exported to CTranslate2: a head's query left "
-                          "without a key (the first or last position) outputs zeros, which the engine's softmax cannot "
-                          "give; a directional model trained with directional_disable_diagonal false exports")
-    if scheme == "shaw" and not config.relative_embeddings_shared_across_heads:
-        raise ExportError("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
-                          "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
-    if config.keep_absolute_positions and scheme != "none" and config.absolute_positions_scale != 0:
+    export = POSITION_EXPORTS[scheme]
+    refusal = export.refusal(config)
+    if refusal is not None:
+        raise ExportError(refusal)
+    if config.keep_absolute_positions and not export.added_to_embeddings and config.absolute_positions_scale != 0:
         raise ExportError(f"keep_absolute_positions with position_scheme {scheme!r} cannot be exported to "
                           "CTranslate2: it adds no position table to the embeddings of a model with relative attention "
                           "(a model whose sinusoids are faded out, absolute_positions_scale 0, exports)")
@@ -269,28 +266,48 @@ def _directional(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig,
 class SchemeExport:
     """How one scheme enters CTranslate2's specification: `options` of both stacks' specifications (from the config),
     `write` of its tables into a stack's specification (given the positions they cover), whether a table covers a
-    number of positions (`max_positions`), which then bound the lengths of sources and translations, and whether
-    that table is added to the embeddings."""
+    number of positions (`max_positions`), which then bound the lengths of sources and translations, whether
+    that table is added to the embeddings, and `refusal`: why the engine cannot express a config of this scheme (one
+    line naming the field; None where it can)."""
 
     options: Callable[[RelPosTransformerConfig], dict]
     write: Callable[[Any, RelPosStack, RelPosTransformerConfig, int], None]
     position_table: bool = False
     added_to_embeddings: bool = False
+    refusal: Callable[[RelPosTransformerConfig], str | None] = lambda config: None
 
 
 def _nothing_to_write(spec: Any, stack: RelPosStack, config: RelPosTransformerConfig, rows: int) -> None:
     """rope: the rotation is all in the specification's options."""
 
 
+def _shaw_refusal(config: RelPosTransformerConfig) -> str | None:
+    """Why CTranslate2 cannot express this Shaw model (None: it can): one table per head."""
+    if not config.relative_embeddings_shared_across_heads:
+        return ("relative_embeddings_shared_across_heads false cannot be exported to CTranslate2: its "
+                "relative_position tables are shared by the heads of a layer (OpenNMT-py's)")
+    return None
+
+
+def _directional_refusal(config: RelPosTransformerConfig) -> str | None:
+    """Why CTranslate2 cannot express this directional model (None: it can): queries without a key."""
+    if config.directional_disable_diagonal:
+        return ("directional_disable_diagonal true cannot be exported to CTranslate2: a head's query left without a "
+                "key (the first or last position) outputs zeros, which the engine's softmax cannot give; a "
+                "directional model trained with directional_disable_diagonal false exports")
+    return None
+
+
 POSITION_EXPORTS: dict[str, SchemeExport] = {
     "absolute": SchemeExport(lambda config: {}, _absolute, position_table=True, added_to_embeddings=True),
     "none": SchemeExport(lambda config: {}, _none, position_table=True, added_to_embeddings=True),
-    "shaw": SchemeExport(lambda config: {"relative_position": True}, _shaw),
+    "shaw": SchemeExport(lambda config: {"relative_position": True}, _shaw, refusal=_shaw_refusal),
     "t5": SchemeExport(lambda config: {"relative_attention_bias": True}, _t5),
     "rope": SchemeExport(lambda config: {"rotary_dim": config.rotary_dim or 0, "rotary_interleave": True,
                                          "rotary_base": float(config.rope_theta)}, _nothing_to_write),
     "alibi": SchemeExport(lambda config: {"relative_attention_bias": True}, _alibi, position_table=True),
-    "directional": SchemeExport(lambda config: {"relative_attention_bias": True}, _directional),
+    "directional": SchemeExport(lambda config: {"relative_attention_bias": True}, _directional,
+                                refusal=_directional_refusal),
 }
 BOUNDED_SCHEMES = sorted(name for name, export in POSITION_EXPORTS.items() if export.position_table)
 
