@@ -25,6 +25,7 @@ import torch
 
 from benchmarks import command_line
 from benchmarks.common import (
+    BASELINE,
     CountOperators,
     check_series,
     environment,
@@ -38,9 +39,10 @@ from benchmarks.common import (
 )
 from benchmarks.host_overhead import HOST_SHAPE
 from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos.model.positions import built_in_schemes
 from hf_relpos.translation.safety import output_folder
 
-BUILT_IN_SERIES = ["absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"]
+
 def generation(model: RelPosTransformerForConditionalGeneration, source: torch.Tensor,
                num_beams: int) -> Callable[[int], None]:
     """A call that generates exactly `new_tokens` tokens per sequence with the KV cache (greedy or beam search)."""
@@ -86,8 +88,10 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]]) -> str:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--series", nargs="+", default=BUILT_IN_SERIES,
-                        help="scheme or scheme@kernel (sdpa when not given); the first is the baseline")
+    parser.add_argument("--series", nargs="+",
+                        default=[BASELINE, *(scheme for scheme in built_in_schemes() if scheme != BASELINE)],
+                        help="scheme or scheme@kernel (sdpa when not given); the first is the baseline (default: "
+                             "every scheme hf_relpos ships)")
     parser.add_argument("--num_beams", type=positive_int, nargs="+", default=[1, 4])
     parser.add_argument("--batch", type=positive_int, default=4)
     parser.add_argument("--source_length", type=positive_int, default=16)

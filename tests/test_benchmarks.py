@@ -718,6 +718,28 @@ def test_decoding_host_work_counts_each_series_cached_step(tmp_path):
     assert "| rope | beam 2 |" in (tmp_path / "decoding_host_work.md").read_text()
 
 
+def test_decoding_host_work_series_default_to_every_scheme_hf_relpos_ships(monkeypatch, tmp_path):
+    """Without --series, the baseline and then every scheme of the model unit, read from the registry: a scheme
+    added there (one file, one registration) is measured without an edit here."""
+    from benchmarks import decoding_host_work
+    from benchmarks.common import BASELINE
+    from hf_relpos.model import positions
+
+    toy = type("ToyPositions", (positions.PositionScheme,), {"__module__": "hf_relpos.model.positions_toy"})
+    monkeypatch.setitem(positions.POSITION_SCHEMES, "toy", toy)
+    series = []
+
+    def stop_after_parsing(labels: list[str]) -> None:
+        series.extend(labels)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(decoding_host_work, "check_series", stop_after_parsing)
+    with pytest.raises(SystemExit):
+        decoding_host_work.main(["--out", str(tmp_path / "out")])
+    assert series == [BASELINE, *(name for name in positions.built_in_schemes() if name != BASELINE)]
+    assert "toy" in series
+
+
 def one_line_error(main, argv: list[str], capsys) -> str:
     """The one line a benchmark's `main(argv)` exits with: SystemExit's message, or argparse's error line."""
     with pytest.raises(SystemExit) as raised:
