@@ -143,7 +143,7 @@ def train_recipe(scheme: str, folder: Path, seed: int, args: argparse.Namespace,
 def train_peer_as_recipe_epochs(folder: Path, seed: int, args: argparse.Namespace) -> tuple[dict, Path]:
     """HF MarianMTModel trained as the recipes train (vs_marian.py's train_peer_as_recipe with the arguments of
     PEER_TRAINING_RECIPE's run here): their tokenizer, batches, schedule, epochs and checkpoints."""
-    training = train_peer_as_recipe(folder, recipe_argv(PEER_TRAINING_RECIPE, folder, seed, args), args)
+    training = train_peer_as_recipe(recipe_argv(PEER_TRAINING_RECIPE, folder, seed, args), args)
     return training, folder / "model"
 
 

@@ -357,7 +357,7 @@ class PeerTranslationTrainer(TranslationTrainer):
         return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys, **gen_kwargs)
 
 
-def train_peer_as_recipe(folder: Path, argv: Sequence[str], args: argparse.Namespace) -> dict:
+def train_peer_as_recipe(argv: Sequence[str], args: argparse.Namespace) -> dict:
     """MarianMTModel (the peer's config and init) trained by hf_relpos' `TranslationTrainer` with the training
     arguments of a recipe run, `argv` (train_translation.py's): its tokenizer, token-budget batches, schedule, steps
     or epochs and checkpoints in its output_dir, where the model and tokenizer are saved. With an eval_strategy it is
@@ -710,7 +710,7 @@ def run_one(row: Row, seed: int, args: argparse.Namespace) -> dict:
     print(f"{row.name} seed {seed}: training ({row.describe()})", flush=True)
     version, started = checkout_version(ROOT), time.perf_counter()   # the code that trains, not the code at the end
     if row.recipe == PEER_WITH_RECIPE_TRAINING:
-        training = train_peer_as_recipe(folder, recipe_argv(row, folder, seed, args), args)
+        training = train_peer_as_recipe(recipe_argv(row, folder, seed, args), args)
     elif row.is_peer:
         training = train_peer(folder, seed, args, row.recipe)
     else:
