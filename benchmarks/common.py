@@ -20,8 +20,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import hf_relpos
-from hf_relpos.model.attention_functions import PROBABILITY_DROPOUT_KERNELS, RELPOS_KERNELS
-from hf_relpos.model.triton_relative import interpreting
+from hf_relpos.model.attention_functions import (
+    PROBABILITY_DROPOUT_KERNELS,
+    RELPOS_KERNELS,
+    check_kernel_device,
+)
 from hf_relpos.publish.files import write_text_atomic
 from hf_relpos.publish.records import checkout_version, cpu_model_name
 from hf_relpos.translation.safety import output_folder
@@ -196,14 +199,16 @@ def check_whole_sequence(tokens: int, length: int) -> None:
 
 
 def check_kernels_run(kernels: list[str], device: str, flag: str, backward: bool = True) -> None:
-    """One clear error, naming `flag`, for a kernel that cannot run on `device`: relpos_triton on the CPU outside
-    Triton's interpreter (TRITON_INTERPRET=1), flex_attention's backward (`backward`: the run trains) on the CPU."""
-    if device != "cpu":
-        return
-    if "relpos_triton" in kernels and not interpreting():
-        raise SystemExit(f"{flag} relpos_triton: needs --device cuda (on the CPU only under Triton's interpreter, "
-                         "TRITON_INTERPRET=1)")
-    if "flex_attention" in kernels and backward:
+    """One clear error, naming `flag`, for a kernel that cannot run on `device`: the model's rule
+    (`check_kernel_device`, as train_translation.py and hf-relpos-translate apply it: relpos_triton needs CUDA, or
+    Triton's interpreter on the CPU, and triton installed), and flex_attention's backward (`backward`: the run
+    trains) on the CPU."""
+    for kernel in dict.fromkeys(kernels):
+        try:
+            check_kernel_device(kernel, torch.device(device))
+        except (RuntimeError, ImportError) as error:
+            raise SystemExit(f"{flag} {kernel}: {error}") from None
+    if device == "cpu" and "flex_attention" in kernels and backward:
         raise SystemExit(f"{flag} flex_attention: training needs --device cuda (FlexAttention has no backward on the "
                          "CPU)")
 

@@ -740,6 +740,22 @@ def test_decoding_host_work_series_default_to_every_scheme_hf_relpos_ships(monke
     assert "toy" in series
 
 
+def test_a_benchmark_refuses_a_kernel_as_the_model_does_before_any_work(monkeypatch):
+    """check_kernels_run applies the model's rule (`check_kernel_device`), as the apps do: relpos_triton on
+    --device cuda where triton is not installed is one line naming the flag, not the kernels' ImportError at the
+    first forward after the models were built."""
+    import hf_relpos.model
+    from benchmarks.common import check_kernels_run
+
+    monkeypatch.delitem(sys.modules, "hf_relpos.model.triton_relative_kernels", raising=False)
+    monkeypatch.delattr(hf_relpos.model, "triton_relative_kernels", raising=False)
+    monkeypatch.setattr("transformers.utils.import_utils.is_triton_available", lambda: False)
+    with pytest.raises(SystemExit, match=r"^--kernels relpos_triton: attn_implementation 'relpos_triton' needs "
+                                         r"triton: pip install triton"):
+        check_kernels_run(["sdpa", "relpos_triton"], "cuda", "--kernels")
+    check_kernels_run(["sdpa", "eager", "flex_attention"], "cuda", "--kernels")
+
+
 def one_line_error(main, argv: list[str], capsys) -> str:
     """The one line a benchmark's `main(argv)` exits with: SystemExit's message, or argparse's error line."""
     with pytest.raises(SystemExit) as raised:
@@ -773,13 +789,15 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_training", ["--lengths", "8", "--benchmarks", "model", "--model-tokens", "4"],
      "--model-tokens 4: fewer than the longest of --model-lengths (8)"),
     ("bench_training", ["--lengths", "8", "--kernel", "relpos_triton"],
-     "--kernel relpos_triton: needs --device cuda (on the CPU only under Triton's interpreter, TRITON_INTERPRET=1)"),
+     "--kernel relpos_triton: attn_implementation 'relpos_triton' runs on CUDA GPUs (on the CPU only under Triton's "
+     "interpreter, TRITON_INTERPRET=1, for tests), not on 'cpu': use 'sdpa' or 'eager' on this device"),
     ("bench_training", ["--lengths", "8", "--kernels", "sdpa", "flex_attention"],
      "--kernels flex_attention: training needs --device cuda (FlexAttention has no backward on the CPU)"),
     ("bench_decoding", ["--new-tokens", "0"], "argument --new-tokens: must be a positive integer, got 0"),
     ("bench_decoding", ["--batch", "0"], "argument --batch: must be a positive integer, got 0"),
     ("bench_decoding", ["--layers", "0"], "argument --layers: must be a positive integer, got 0"),
-    ("bench_decoding", ["--kernel", "relpos_triton"], "--kernel relpos_triton: needs --device cuda"),
+    ("bench_decoding", ["--kernel", "relpos_triton"], "--kernel relpos_triton: attn_implementation 'relpos_triton' "
+                                                      "runs on CUDA GPUs"),
     ("bench_decoding", ["--attention_dropout", "0.1"],
      "--attention_dropout 0.1: generate() runs the model in eval mode, where attention dropout is off"),
     ("profile_attention", ["--repeats", "0"], "argument --repeats: must be a positive integer, got 0"),
@@ -795,7 +813,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("host_overhead", ["--series", "absolute@sdpa", "shaw@flex_attention"],
      "--series flex_attention: training needs --device cuda"),
     ("step_timeline", ["--series", "absolute@sdpa", "shaw@nope"], "--series shaw@nope: must be scheme@kernel"),
-    ("step_timeline", ["--series", "absolute@sdpa", "shaw@relpos_triton"], "--series relpos_triton: needs --device cuda"),
+    ("step_timeline", ["--series", "absolute@sdpa", "shaw@relpos_triton"],
+     "--series relpos_triton: attn_implementation 'relpos_triton' runs on CUDA GPUs"),
     ("bench_inference", ["/nonexistent/model", "--test_file", "test.jsonl"], "model: no model folder at /nonexistent/model"),
     ("tune_relpos_triton", ["--steps", "0"], "argument --steps: must be a positive integer, got 0"),
     ("tune_relpos_triton", ["--length", "0"], "argument --length: must be a positive integer, got 0"),
@@ -818,7 +837,8 @@ TINY_PRECISION = ["--device", "cpu", "--shape", "tiny", "--steps", "2", "--lengt
     ("bench_precision", ["--learning_rate", "-1"], "--learning_rate: must be a positive number, got -1.0"),
     ("bench_precision", ["--tokens", "3"], "--tokens 3: fewer than --length (4); a batch holds at least one whole sequence"),
     ("bench_precision", ["--kernel", "flex_attention"], "--kernel flex_attention: training needs --device cuda"),
-    ("bench_precision", ["--kernel", "relpos_triton"], "--kernel relpos_triton: needs --device cuda"),
+    ("bench_precision", ["--kernel", "relpos_triton"], "--kernel relpos_triton: attn_implementation 'relpos_triton' "
+                                                       "runs on CUDA GPUs"),
 ])
 def test_bad_flags_end_in_one_line_naming_the_flag(script: str, argv: list[str], message: str, tmp_path: Path,
                                                    monkeypatch, capsys) -> None:
