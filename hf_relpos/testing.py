@@ -36,6 +36,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
 from .model.attention_functions import FIXED_SIZE_CACHE_KERNELS
@@ -47,7 +48,7 @@ from .model.modeling_relpos import (
     attention_mask_for,
     with_scheme_mask,
 )
-from .model.positions import PositionContext, get_scheme_class
+from .model.positions import PositionContext, PositionScheme, get_scheme_class
 
 __all__ = [
     "KERNELS",
@@ -156,7 +157,7 @@ def position_ids_of(attention_mask: torch.Tensor) -> torch.Tensor:
 NEW_TOKENS = 5   # what each check's generate produces (greedy, min_new_tokens too: no row stops early)
 
 
-def generate_greedy(model, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+def generate_greedy(model: PreTrainedModel, **inputs: Any) -> tuple[torch.Tensor, torch.Tensor]:
     """`model.generate` (greedy, `NEW_TOKENS` new tokens): the sequences [B, length] and every step's logits
     [NEW_TOKENS, B, V]."""
     with torch.no_grad():
@@ -374,7 +375,8 @@ def softmax_attention_by_loop(scores: torch.Tensor, allowed: torch.Tensor,
     return out if out is not None else torch.zeros(*scores.shape[:3], HEAD_DIM, dtype=torch.float64)
 
 
-def make_attention(position_scheme: str, is_causal: bool, kernel: str, **overrides: Any):
+def make_attention(position_scheme: str, is_causal: bool, kernel: str,
+                   **overrides: Any) -> tuple[RelPosAttention, PositionScheme]:
     """Layer 1's float64 self-attention module and its stack's scheme (two layers, parameters drawn N(0, 0.5))."""
     config = tiny_config(position_scheme, d_model=HEADS * HEAD_DIM, encoder_attention_heads=HEADS, **overrides)
     config._attn_implementation = kernel
@@ -384,7 +386,7 @@ def make_attention(position_scheme: str, is_causal: bool, kernel: str, **overrid
     return RelPosAttention(config, HEADS, 1, is_cross_attention=False, is_causal=is_causal).double(), scheme
 
 
-def inputs(query_length: int, key_length: int, seed: int = 1):
+def inputs(query_length: int, key_length: int, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [B, H, n, d], k and v [B, H, m, d], float64 N(0, 1)."""
     generator = torch.Generator().manual_seed(seed)
     make = lambda n: torch.randn(BATCH, HEADS, n, HEAD_DIM, generator=generator, dtype=torch.float64)  # noqa: E731
@@ -411,8 +413,10 @@ def naive_allowed(query_length: int, key_length: int, offset: int, is_causal: bo
     return allowed
 
 
-def fast_attention(attention, scheme, query_length, key_length, is_causal, padded, output_attentions=False,
-                   key_positions=None):
+def fast_attention(attention: RelPosAttention, scheme: PositionScheme, query_length: int, key_length: int,
+                   is_causal: bool, padded: bool, output_attentions: bool = False,
+                   key_positions: torch.Tensor | None = None,
+                   ) -> tuple[tuple[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor, torch.Tensor | None]:
     """What the model computes for layer 1: the stack's mask (masking_utils) and `RelPosAttention.attend`; returns
     (q, k, v), the output [B, H, n, d] and the attention weights."""
     q, k, v = inputs(query_length, key_length)

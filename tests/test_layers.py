@@ -192,6 +192,36 @@ def test_the_scheme_name_rule_finds_a_switch_and_not_a_kernel_or_another_none(so
     assert scheme_name_tests(path, {"shaw", "xl", "t5", "rope", "alibi", "none"}) == [(1, name) for name in named]
 
 
+def unannotated(path: Path) -> list[str]:
+    """The public functions and methods of `path` (no leading underscore, at module or class level) with a
+    parameter or return type left out; Triton kernels (`@triton.jit`, whose parameters Triton types) aside."""
+    found = []
+
+    def visit(body: list[ast.stmt], owner: str) -> None:
+        for node in body:
+            if isinstance(node, ast.ClassDef):
+                visit(node.body, f"{owner}{node.name}.")
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and (
+                    not node.name.startswith("_") or node.name == "__init__"):
+                if any("triton" in ast.unparse(decorator) for decorator in node.decorator_list):
+                    continue
+                arguments = node.args.posonlyargs + node.args.args + node.args.kwonlyargs
+                missing = [argument.arg for argument in arguments
+                           if argument.annotation is None and argument.arg not in ("self", "cls")]
+                if node.returns is None and node.name != "__init__":
+                    missing.append("return")
+                if missing:
+                    found.append(f"{path.name}:{node.lineno} {owner}{node.name} ({', '.join(missing)})")
+
+    visit(ast.parse(path.read_text(encoding="utf-8")).body, "")
+    return found
+
+
+def test_the_public_functions_of_the_package_have_type_hints():
+    missing = [problem for path in sorted(PACKAGE.rglob("*.py")) for problem in unannotated(path)]
+    assert not missing, "\n".join(missing)
+
+
 def test_the_package_has_no_import_cycle():
     graph = {module: package_dependencies(module) for module in package_modules()}
     assert graph["translation.run_outputs"] >= {"translation.arguments", "publish.hub", "model.modeling_relpos"}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import os
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedConfig
@@ -218,7 +219,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return super().__new__(cls)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, **kwargs) -> RelPosTransformerConfig:
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> RelPosTransformerConfig:
         """Like `PreTrainedConfig.from_pretrained`, but a folder without config.json is an error (transformers
         silently returns the default config, which could pair a checkpoint with the wrong architecture)."""
         config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **dict(kwargs))

@@ -23,6 +23,7 @@ from transformers import GenerationConfig, GenerationMixin, LogitsProcessorList,
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.generation.utils import GenerateOutput
 from transformers.loss.loss_utils import fixed_cross_entropy
 from transformers.masking_utils import (
     ALL_MASK_ATTENTION_FUNCTIONS,
@@ -1069,7 +1070,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         super().__init__(config, *inputs, **kwargs)
 
     @classmethod
-    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, allow_missing_weights: bool = False, **kwargs):
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args,
+                        allow_missing_weights: bool = False, **kwargs) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
         """`PreTrainedModel.from_pretrained`, reading safetensors only, that raises instead of filling weights missing
         from the folder with random values (transformers only warns). `allow_missing_weights=True` restores the
         default, e.g. to start a new head from an encoder-decoder checkpoint."""
@@ -1088,7 +1090,7 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
             )
         return (model, info) if return_info else model
 
-    def save_pretrained(self, save_directory, *args, **kwargs):
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """Records every Auto class this checkpoint loads into (HF records only the saved class) in `auto_map`, so
         `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone. A pipeline the config
         declares (`custom_pipelines`) stays declared only where its code file is in `save_directory`: the model
@@ -1435,7 +1437,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
             cache=outputs.cache,
         )
 
-    def generate(self, *args, **kwargs):
+    def generate(self, *args, **kwargs) -> GenerateOutput | torch.LongTensor:
         """`GenerationMixin.generate`, refusing a beam narrower than 1 or wider than the vocabulary
         (`check_num_beams`); a decoder prompt given with its `decoder_attention_mask` gets positions counted over its
         tokens (`place_decoder_prompt`: a left-padded row decodes as without its padding); with `max_len_b` set (in
@@ -1707,7 +1709,7 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
             cache=outputs.mems if memory_mode else outputs.cache,
         )
 
-    def generate(self, *args, **kwargs):
+    def generate(self, *args, **kwargs) -> GenerateOutput | torch.LongTensor:
         """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
         whole sequence unless `positions` is given, and drafting for another model's assisted decoding it drops that
         model's (`set_output_positions`)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -113,7 +114,7 @@ class DirectionalPositions(PositionScheme):
                 "(the pattern is cycled over both stacks' heads); leave directional_heads null for the default, the "
                 "encoder's heads half forward and half backward and every decoder head forward")
 
-    def head_mask(self, device: torch.device):
+    def head_mask(self, device: torch.device) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
         """mask_mod(h, i, j): head h's query at position index i may attend to the key at index j (the masks compare
         positions only by order, so indices stand for randomized, sorted, positions too)."""
         codes = torch.tensor([DIRECTIONS.index(direction) for direction in self.head_directions], device=device)

@@ -28,6 +28,8 @@ need no copy). Imported only when attn_implementation "relpos_triton" runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from transformers.utils.import_utils import is_triton_available
 
 if is_triton_available():  # (transformers' remote-code import check skips imports under this test)
@@ -595,13 +597,13 @@ def dropout_keep_kernel(KEEP, seed, dropout_threshold, query_length, key_length,
              mask=(rows < query_length)[:, None] & (cols < key_length)[None, :])
 
 
-def block_configs(candidates=BLOCK_CONFIGS) -> list:
+def block_configs(candidates: Sequence[tuple[int, int, int, int]] = BLOCK_CONFIGS) -> list[triton.Config]:
     """triton.Config of each (BLOCK_M, BLOCK_N, num_warps, num_stages)."""
     return [triton.Config({"BLOCK_M": block_m, "BLOCK_N": block_n}, num_warps=warps, num_stages=stages)
             for block_m, block_n, warps, stages in candidates]
 
 
-def autotuned(kernel, key: list[str]):
+def autotuned(kernel: triton.JITFunction, key: list[str]) -> triton.runtime.Autotuner:
     """`kernel` autotuned over `BLOCK_CONFIGS`, keyed on the compile-time flags and the length bucket: lengths are
     runtime ints, so a new shape never recompiles, and retunes (benchmarks the compiled blocks again) only in a new
     power-of-two length bucket."""

@@ -13,7 +13,7 @@ import argparse
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import atomic_file, expand_home, reading_weights
 from ..translation.preflight import check_local_folder
 from ..translation.safety import output_folder
+
+if TYPE_CHECKING:   # matplotlib is the optional viz extra, imported where a plot is drawn
+    from matplotlib.figure import Figure
 
 
 def require_matplotlib() -> None:
@@ -95,7 +98,7 @@ def plot_attention_maps(
     sentence: str | None = None,
     out_path: str | Path | None = None,
     title: str | None = None,
-):
+) -> Figure:
     """Encoder self-attention of one sentence: one row of head maps per layer (query on y, key on x).
 
     `tokenizer_or_tokens` is a tokenizer (then `sentence` is the text) or a sequence of token ids. Returns the
@@ -152,7 +155,8 @@ def _has_relative_tables(model: nn.Module, stack: str = "encoder") -> bool:
     return any(getattr(scheme, name, None) is not None for name in ("relative_keys", "relative_values"))
 
 
-def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = None, stack: str = "encoder"):
+def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = None, stack: str = "encoder"
+                             ) -> Figure:
     """Shaw's w^K / w^V as distance-by-distance cosine-similarity heatmaps: one row per table, one column per layer.
 
     Returns the matplotlib Figure; saves it as PNG when `out_path` is given.
