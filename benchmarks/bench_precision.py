@@ -40,7 +40,7 @@ from benchmarks.common import (
     positive_int,
     write_report,
 )
-from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.safety import output_folder
 
 # The flags --quick sizes for the CPU, and their values with and without it (a value given on the command line stays).
@@ -48,7 +48,8 @@ FULL_SIZE = {"shape": "base", "steps": 300, "length": 128, "tokens": 8192, "warm
 QUICK_SIZE = {"shape": "tiny", "steps": 6, "length": 16, "tokens": 64, "warmup_steps": 2}
 
 
-def precision_config(scheme: str, shape: Shape, layers: int | None, vocab_size: int | None, kernel: str):
+def precision_config(scheme: str, shape: Shape, layers: int | None, vocab_size: int | None,
+                     kernel: str) -> RelPosTransformerConfig:
     """`make_config` with every dropout 0 (the runs must differ only by kernel and dtype)."""
     config = make_config(scheme, shape, layers, vocab_size, kernel)
     config.dropout = config.activation_dropout = config.attention_dropout = 0.0

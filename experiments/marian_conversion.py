@@ -61,6 +61,7 @@ import time
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -77,6 +78,9 @@ from hf_relpos.publish.records import (
 )
 from hf_relpos.translation.safety import output_folder
 
+if TYPE_CHECKING:   # transformers is imported where a model is trained or loaded
+    from transformers import PreTrainedTokenizerBase
+
 ROOT = Path(__file__).resolve().parents[1]
 FINETUNE_CONFIG = ROOT / "configs" / "finetune_marian_en_de_shaw.yaml"
 
@@ -92,7 +96,8 @@ def read_pairs(path: Path, source: str, target: str, limit: int | None = None) -
     return pairs
 
 
-def train_marian(args: argparse.Namespace, tokenizer, train_pairs: list[tuple[str, str]]) -> Path:
+def train_marian(args: argparse.Namespace, tokenizer: PreTrainedTokenizerBase, train_pairs: list[tuple[str, str]]
+                 ) -> Path:
     """A MarianMTModel trained with Seq2SeqTrainer, saved with its tokenizer in <work>/marian (reused if there)."""
     from datasets import Dataset
     from transformers import (
@@ -153,8 +158,8 @@ def long_pairs(train_pairs: list[tuple[str, str]], test_pairs: list[tuple[str, s
     return bucket
 
 
-def describe_long_bucket(bucket: list[tuple[str, str]], tokenizer, max_new_tokens: int, max_len_a: float,
-                         max_len_b: int) -> dict:
+def describe_long_bucket(bucket: list[tuple[str, str]], tokenizer: PreTrainedTokenizerBase, max_new_tokens: int,
+                         max_len_a: float, max_len_b: int) -> dict:
     """Token lengths (`</s>` included) of the bucket's sources and references under `tokenizer`, and, per source,
     the source-relative cap floor(max_len_a x source tokens + max_len_b) (the decoding paths' `new_token_limits`,
     uncapped) against the fixed `max_new_tokens`."""

@@ -268,10 +268,8 @@ def readme_quality() -> str:
                             "20 epochs, last 5 averaged, one commit: test2016", "recipe"], rows)
 
 
-def tiny_config(scheme: str):
+def tiny_config(scheme: str) -> RelPosTransformerConfig:
     """A one-layer config of `scheme`, to read which terms its stacks add to attention."""
-    from hf_relpos import RelPosTransformerConfig
-
     return RelPosTransformerConfig(position_scheme=scheme, vocab_size=16, d_model=16, encoder_layers=1,
                                    decoder_layers=1, encoder_attention_heads=2, decoder_attention_heads=2,
                                    encoder_ffn_dim=16, decoder_ffn_dim=16)

@@ -217,8 +217,9 @@ def unannotated(path: Path) -> list[str]:
     return found
 
 
-def test_the_public_functions_of_the_package_have_type_hints():
-    missing = [problem for path in sorted(PACKAGE.rglob("*.py")) for problem in unannotated(path)]
+def test_the_public_functions_of_the_package_the_benchmarks_and_the_experiments_have_type_hints():
+    files = sorted([*PACKAGE.rglob("*.py"), *(REPO / "benchmarks").glob("*.py"), *(REPO / "experiments").glob("*.py")])
+    missing = [problem for path in files for problem in unannotated(path)]
     assert not missing, "\n".join(missing)
 
 
