@@ -1505,10 +1505,10 @@ def place_decoder_prompt(model: RelPosTransformerForConditionalGeneration, gener
     left-padded) gets `decoder_position_ids` counted over the tokens the mask keeps (cumsum - 1, 0 on padding), as
     transformers' generate gives a causal LM's prompt its `position_ids`; generate extends them step by step. Only
     where the decoder has an embedding-level encoding (its scheme's `embed`, or `keep_absolute_positions`), which
-    placed each row after its padding (as Marian does) and now places it as without it; attention that reads positions
-    sees the same distances either way, and an unpadded prompt has the positions it gets (none is passed: a draft
-    model of assisted decoding that takes no `decoder_position_ids` still runs). Ids passed, and a mask of another
-    shape than the prompt's (the decoder's mask check names it), are left alone."""
+    without these ids places each row after its padding (as Marian does) and with them as without it; attention that
+    reads positions sees the same distances either way, and an unpadded prompt has the positions it gets (none is
+    passed: a draft model of assisted decoding that takes no `decoder_position_ids` still runs). Ids passed, and a
+    mask of another shape than the prompt's (the decoder's mask check names it), are left alone."""
     prompt, mask = generate_kwargs.get("decoder_input_ids"), generate_kwargs.get("decoder_attention_mask")
     if (not torch.is_tensor(prompt) or not torch.is_tensor(mask) or mask.shape != prompt.shape
             or generate_kwargs.get("decoder_position_ids") is not None):
