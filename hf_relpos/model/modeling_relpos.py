@@ -1071,7 +1071,8 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *model_args,
-                        allow_missing_weights: bool = False, **kwargs) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
+                        allow_missing_weights: bool = False,
+                        **kwargs) -> PreTrainedModel | tuple[PreTrainedModel, dict]:
         """`PreTrainedModel.from_pretrained`, reading safetensors only, that raises instead of filling weights missing
         from the folder with random values (transformers only warns). `allow_missing_weights=True` restores the
         default, e.g. to start a new head from an encoder-decoder checkpoint."""
