@@ -74,7 +74,6 @@ TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
 TWENTY_EPOCHS_SEED_3 = "convergence/seed_3_d34293a/convergence.json"
 # Issue #52: data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
 DATA_PREPARATION = "benchmarks/data_preparation/cpu_2core.json"
-PEER_WITH_RECIPE_TOKENIZER = "peer+recipe-tokenizer"
 # Model settings runs trained with that their record, written before runs recorded their model, does not hold: the
 # `xl` rows of the one-commit records ran with attention dropout 0, the recipe then.
 UNRECORDED_MODEL_SETTINGS = {(ONE_COMMIT, "xl"): {"attention_dropout": 0.0},
@@ -258,7 +257,7 @@ def readme_quality() -> str:
         ])
     rows.append(["HF `MarianMTModel` (peer)", seeds_and_spread(peer["test"]) + " (its own tokenizer)",
                  seeds_and_spread(peer["validation"]),
-                 f"{seeds_and_spread(one_commit[PEER_WITH_RECIPE_TOKENIZER])} (the recipes' tokenizer)",
+                 f"{seeds_and_spread(one_commit[vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW])} (the recipes' tokenizer)",
                  f"{seeds_and_spread(converged[convergence.PEER_AS_RECIPE])} (trained as the recipes)",
                  "`experiments/vs_marian.py`"])
     caption = (f"Overridden in every recipe run of the one-commit equal-budget column ([`{ONE_COMMIT}`]"

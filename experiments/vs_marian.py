@@ -101,6 +101,7 @@ PEER = "peer"
 # The peer trained with the recipes' tokenizer (hf_relpos' BPE: NFC, 256 byte tokens, trained as train_translation.py
 # trains it) instead of its own, so that a comparison with the recipes differs in the model and trainer only.
 PEER_WITH_RECIPE_TOKENIZER = "peer-with-recipe-tokenizer"
+PEER_WITH_RECIPE_TOKENIZER_ROW = "peer+recipe-tokenizer"   # its predefined row, as records name it
 # The peer trained by hf_relpos' own trainer as a recipe run trains: the recipes' tokenizer, token-budget batches,
 # schedule and number of updates (the training arguments of PEER_TRAINING_RECIPE's run with the row's flags; every
 # multi30k recipe trains alike), so that against a recipe row only the model class differs.
@@ -192,7 +193,7 @@ def _matched_row(scheme: str) -> Row:
 # The predefined rows: the recipes as they are, and the one-difference-at-a-time ablations of docs/results.md.
 ROWS = {row.name: row for row in [
     Row(PEER),
-    Row("peer+recipe-tokenizer", PEER_WITH_RECIPE_TOKENIZER),
+    Row(PEER_WITH_RECIPE_TOKENIZER_ROW, PEER_WITH_RECIPE_TOKENIZER),
     _row("peer+recipe-training", PEER_WITH_RECIPE_TRAINING, RECIPE_EQUAL_BUDGET),
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
     # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs

@@ -86,7 +86,7 @@ def test_the_readme_recommendation_holds_in_the_records(report):
     one_commit = report.read(report.ONE_COMMIT)["rows"]
     recipe = {scheme: one_commit[report.ONE_COMMIT_RECIPE_ROWS.get(scheme, scheme)]["test_bleu"]
               for scheme in ("absolute", "shaw", "xl", "directional", "rope")}
-    peer_recipe = one_commit[report.PEER_WITH_RECIPE_TOKENIZER]["test_bleu"]
+    peer_recipe = one_commit[report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]["test_bleu"]
     converged_record = report.read(report.TWENTY_EPOCHS_ONE_COMMIT)["systems"]
     converged = {system: row["averaged_test_bleu"] for system, row in converged_record.items()}
     speed = {scheme: [row["ratio"] for row in report.h100_model_rows(scheme)] for scheme in report.SCHEMES}
@@ -205,11 +205,11 @@ def test_the_one_commit_text_holds_in_the_record(report):
     for row in leaders:
         assert min(test[row]) > max(test["absolute"]), row
         assert all(overlaps(test[row], test[other]) for other in leaders), row
-    for row in ("shaw", report.PEER_WITH_RECIPE_TOKENIZER):
+    for row in ("shaw", report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW):
         assert overlaps(test[row], test["absolute"]), row
-    assert all(max(test[report.PEER_WITH_RECIPE_TOKENIZER]) < min(test[row]) for row in leaders[:2])
-    assert min(rows[report.PEER_WITH_RECIPE_TOKENIZER]["padding"]) > 0.45
-    assert all(max(rows[row]["padding"]) < 0.2 for row in rows if row != report.PEER_WITH_RECIPE_TOKENIZER)
+    assert all(max(test[report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]) < min(test[row]) for row in leaders[:2])
+    assert min(rows[report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]["padding"]) > 0.45
+    assert all(max(rows[row]["padding"]) < 0.2 for row in rows if row != report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW)
     dropout = report.read("vs_marian/attention_dropout_xl/vs_marian.json")["rows"]
     for row, same in (("xl", "xl+attention-dropout-0"), ("xl+attention-dropout-0.1", "xl")):
         for split in ("test_bleu", "validation_bleu"):

@@ -710,6 +710,16 @@ def test_every_recipe_option_of_convergence_is_its_recipe_with_valid_flags(monke
             (flag.removeprefix("--") for flag in flags[::2]), flags[1::2], strict=True)), system
 
 
+def test_report_reads_the_peer_with_the_recipes_tokenizer_by_vs_marians_row_name(monkeypatch):
+    """The row vs_marian.py records the peer with the recipes' tokenizer under is named once, in vs_marian.py; the
+    report has no constant of the recipe's name holding the row's."""
+    report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
+    vs_marian = sys.modules["vs_marian"]
+    row = vs_marian.ROWS[vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]
+    assert row.recipe == vs_marian.PEER_WITH_RECIPE_TOKENIZER
+    assert getattr(report, "PEER_WITH_RECIPE_TOKENIZER", row.recipe) == row.recipe
+
+
 def test_report_gives_a_convergence_record_the_device_its_runs_trained_on_and_its_baseline(monkeypatch):
     """The command report.py shows for a convergence record: the runs' device (the record's own settings are the
     collecting invocation's, on a CPU for the GPU records) and --baseline where it is not absolute."""
