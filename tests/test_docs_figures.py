@@ -205,11 +205,12 @@ def test_the_one_commit_text_holds_in_the_record(report):
     for row in leaders:
         assert min(test[row]) > max(test["absolute"]), row
         assert all(overlaps(test[row], test[other]) for other in leaders), row
-    for row in ("shaw", report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW):
+    peer_with_recipe_tokenizer = report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW
+    for row in ("shaw", peer_with_recipe_tokenizer):
         assert overlaps(test[row], test["absolute"]), row
-    assert all(max(test[report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]) < min(test[row]) for row in leaders[:2])
-    assert min(rows[report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW]["padding"]) > 0.45
-    assert all(max(rows[row]["padding"]) < 0.2 for row in rows if row != report.vs_marian.PEER_WITH_RECIPE_TOKENIZER_ROW)
+    assert all(max(test[peer_with_recipe_tokenizer]) < min(test[row]) for row in leaders[:2])
+    assert min(rows[peer_with_recipe_tokenizer]["padding"]) > 0.45
+    assert all(max(rows[row]["padding"]) < 0.2 for row in rows if row != peer_with_recipe_tokenizer)
     dropout = report.read("vs_marian/attention_dropout_xl/vs_marian.json")["rows"]
     for row, same in (("xl", "xl+attention-dropout-0"), ("xl+attention-dropout-0.1", "xl")):
         for split in ("test_bleu", "validation_bleu"):
