@@ -282,6 +282,10 @@ def format_row(row: dict[str, Any]) -> str:
     )
 
 
+# relpos_triton's autotuned kernels, named as hf_relpos.model.triton_relative_kernels defines them
+TUNED_KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
+
+
 def relpos_triton_tuning() -> dict[str, dict[str, str]]:
     """The block sizes relpos_triton's autotuner chose, per kernel and compile-time key (empty until its kernels ran
     compiled: the interpreter does not autotune)."""
@@ -289,7 +293,7 @@ def relpos_triton_tuning() -> dict[str, dict[str, str]]:
     if kernels is None:
         return {}
     return {name: {str(key): str(config) for key, config in getattr(kernels, name).cache.items()}
-            for name in ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")}
+            for name in TUNED_KERNELS}
 
 
 def compile_lines(meta: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from benchmarks import command_line
-from benchmarks.bench_training import model_case
+from benchmarks.bench_training import TUNED_KERNELS, model_case
 from benchmarks.common import (
     CountOperators,
     Shape,
@@ -131,7 +131,7 @@ def triton_launch_path(launches: list[int]) -> Iterator[None]:
     if not all(isinstance(kernel, triton.runtime.JITFunction) for kernel in jitted):
         raise SystemExit("--launches triton: relpos_triton's kernels were built for Triton's interpreter "
                          "(TRITON_INTERPRET=1 when they were imported); run it in a process without TRITON_INTERPRET")
-    tuners = (kernels.tuned_forward, kernels.tuned_backward_keys, kernels.tuned_backward_queries)
+    tuners = tuple(getattr(kernels, name) for name in TUNED_KERNELS)
 
     def compile_for(kernel: Any) -> Any:
         def stand_in_compile(key: Any, signature: Any, device: int, *rest: Any) -> StandInKernel:

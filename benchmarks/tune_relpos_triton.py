@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from benchmarks import command_line
-from benchmarks.bench_training import model_case
+from benchmarks.bench_training import TUNED_KERNELS, model_case
 from benchmarks.common import (
     SHAPES,
     check_attention_dropout,
@@ -41,7 +41,6 @@ from hf_relpos.translation.safety import output_folder
 # (larger tiles, deeper pipelines, the backward's 32 x 128).
 HOPPER_CONFIGS = ((64, 64, 4, 3), (128, 64, 4, 2), (128, 64, 8, 3), (32, 128, 4, 2), (64, 128, 8, 2), (128, 128, 8, 2))
 CANDIDATES = ("package", "all")   # the package's configs alone, or those and HOPPER_CONFIGS
-KERNELS = ("tuned_forward", "tuned_backward_keys", "tuned_backward_queries")
 TOP_KERNELS = 25
 
 
@@ -171,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         write_report(args.out, "tuning", render_markdown(meta, timings, profiles),
                      {"meta": meta, "timings": timings, "profiles": profiles})
 
-    for name in KERNELS:
+    for name in TUNED_KERNELS:
         tuner = getattr(triton_relative_kernels, name)
         tuner.configs = triton_relative_kernels.block_configs(candidates)
         tuner.cache.clear()

@@ -360,6 +360,17 @@ def test_the_benchmark_docs_name_every_switch_of_the_gpu_check() -> None:
     assert [name for name, default in switches if f"`{name}={1 - int(default)}`" not in docs] == []
 
 
+def test_the_tuned_kernel_names_are_relpos_tritons_autotuned_kernels() -> None:
+    """bench_training, host_overhead and tune_relpos_triton read relpos_triton's autotuners by the names in
+    TUNED_KERNELS: each names one of the kernel module's autotuners, and every autotuner there is named."""
+    triton = pytest.importorskip("triton")
+    from benchmarks.bench_training import TUNED_KERNELS
+    from hf_relpos.model import triton_relative_kernels as kernels
+
+    autotuners = {name for name, value in vars(kernels).items() if isinstance(value, triton.runtime.Autotuner)}
+    assert set(TUNED_KERNELS) == autotuners
+
+
 def test_block_tuning_records_every_timing_as_it_comes_and_marks_the_packages_configs() -> None:
     """tune_relpos_triton without a GPU: the wrapped autotuner benchmark records each config's time with the kernel's
     causal flag and saves after each; the report ranks configs per kernel and flag set against the package's best
