@@ -987,3 +987,26 @@ def test_decoder_position_ids_place_a_left_padded_decoder_prompt_as_without_its_
         if position_scheme == "shaw":
             with pytest.raises(ValueError, match=r"^position_scheme 'shaw' reads each token's place in the sequence"):
                 model(input_ids=source, decoder_input_ids=prompt, decoder_position_ids=torch.tensor([[0, 2, 4, 6]]))
+
+
+@pytest.mark.parametrize("inputs", [
+    lambda ids: dict(input_ids=ids),
+    lambda ids: dict(inputs=ids),
+    lambda ids: dict(input_ids=ids, attention_mask=None),
+    lambda ids: dict(inputs=ids, input_ids=None),
+], ids=["input_ids", "inputs", "attention_mask None", "input_ids None"])
+def test_generate_on_padded_sources_without_their_mask_warns_that_the_encoder_attends_to_the_padding(inputs, caplog):
+    """transformers 5 infers no attention mask for an encoder-decoder's generate (4 did, from pad_token_id): the
+    encoder attends to a padded row's padding and its translation depends on the batch, as Marian's does, so a batch holding the pad token without its mask is warned of,
+    once, naming attention_mask; with the mask, or without padding, nothing is said."""
+    model = tiny_model("shaw")
+    ids = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, 0, 0]])
+    settings = dict(max_new_tokens=3, do_sample=False, num_beams=1)
+    warned = warnings_logged(caplog, lambda: model.generate(**inputs(ids), **settings))
+    assert [message for message in warned if "attention_mask" in message] == [
+        "generate: input_ids hold the pad token (pad_token_id 0) and no attention_mask was passed, so the encoder "
+        "attends to the padding and each row's translation depends on the rest of the batch (transformers 5 infers no "
+        "mask for an encoder-decoder model); pass the tokenizer's attention_mask"]
+    assert not warnings_logged(caplog, lambda: model.generate(input_ids=ids, attention_mask=(ids != 0).long(),
+                                                              **settings))
+    assert not warnings_logged(caplog, lambda: model.generate(input_ids=ids[:1], **settings))

@@ -50,7 +50,8 @@ def keep_relative_limit(config: GenerationConfig) -> None:
 def source_lengths(input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, pad_token_id: int | None,
                    embedded: torch.Tensor | None = None) -> torch.Tensor:
     """Tokens per source row: the attention mask's sum; without a mask, the tokens of `input_ids` that are not
-    padding (as generate infers its mask); with neither, the full width of `embedded` (inputs_embeds or the encoder's
+    padding (the mask transformers 4's generate inferred; 5 infers none for an encoder-decoder, and the model warns of
+    such a batch: `warn_of_unmasked_padding`); with neither, the full width of `embedded` (inputs_embeds or the encoder's
     output)."""
     if attention_mask is not None:
         return attention_mask.sum(dim=-1).long()

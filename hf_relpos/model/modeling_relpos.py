@@ -1456,6 +1456,7 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         decoder_input_ids = kwargs.get("decoder_input_ids")
         prompt_length = 1 if decoder_input_ids is None else decoder_input_ids.size(-1)
         place_decoder_prompt(self, kwargs)
+        warn_of_unmasked_padding(self, kwargs)
         capped = cap_by_source_length(self, prompt_length, kwargs)
         set_output_positions(self, kwargs, "decoder_positions", prompt_length, mem_len=0)
         if not capped:
@@ -1499,6 +1500,27 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         lengths = source_lengths(inputs if inputs is not None else generate_kwargs.get("input_ids"), attention_mask,
                                  pad_token_id, embedded)
         return new_token_limits(lengths, *limit, longest_new_output(config, prompt_length))
+
+
+def warn_of_unmasked_padding(model: RelPosTransformerForConditionalGeneration, generate_kwargs: dict) -> None:
+    """Warn (once) when `generate` gets source ids that hold the pad token without an `attention_mask`: transformers 5
+    infers no mask for an encoder-decoder model (4 did, from pad_token_id), so the encoder attends to the padding and a
+    row's translation depends on the rest of the batch, while the source-relative cap counts the row's tokens without
+    it (`source_lengths`). Not where pad_token_id is unset or is the end token (no padding to tell apart)."""
+    ids = generate_kwargs.get("input_ids")
+    ids = generate_kwargs.get("inputs") if ids is None else ids
+    if generate_kwargs.get("attention_mask") is not None or not torch.is_tensor(ids) or not is_token_id_matrix(ids):
+        return
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    pad, end = (generate_kwargs.get(name, getattr(config, name, None)) for name in ("pad_token_id", "eos_token_id"))
+    pad = model.config.pad_token_id if pad is None else pad
+    end = model.config.eos_token_id if end is None else end
+    if pad is None or pad in (end if isinstance(end, list) else [end]) or not bool((ids == pad).any()):
+        return
+    logger.warning_once(f"generate: input_ids hold the pad token (pad_token_id {pad}) and no attention_mask was "
+                        "passed, so the encoder attends to the padding and each row's translation depends on the rest "
+                        "of the batch (transformers 5 infers no mask for an encoder-decoder model); pass the "
+                        "tokenizer's attention_mask")
 
 
 def place_decoder_prompt(model: RelPosTransformerForConditionalGeneration, generate_kwargs: dict) -> None:

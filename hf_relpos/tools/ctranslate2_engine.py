@@ -160,7 +160,8 @@ class CTranslate2Model:
         length and adds 0 to F0, as generate's greedy search and `forced_eos_token_id` score it (the engine does not
         score it; generate's beam search keeps the model's log-probability of the end token at the source-relative
         cap, so a capped row's F0 differs there, as its translation can). Without an attention mask, the tokens that
-        are not pad_token_id are the sources (as the model infers it)."""
+        are not pad_token_id are the sources (transformers 4's generate inferred that mask; the PyTorch model under
+        transformers 5 attends to the padding without it, and warns)."""
         if attention_mask is None:
             pad = self.generation_config.pad_token_id
             attention_mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
