@@ -124,3 +124,21 @@ def test_length_scaling_is_saved_and_named_in_the_model_card(tmp_path):
     assert loaded.config.cross_attention_length_scaling is True
     assert "| cross-attention logits | times log(source length) |" in render_model_card(loaded.config)
     assert "| cross-attention logits | unscaled |" in render_model_card(tiny_config("shaw"))
+
+
+@pytest.mark.parametrize("given_padding", [True, False], ids=["padding", "no_padding"])
+def test_float16_counts_of_keys_beyond_its_largest_integer_stay_finite(given_padding):
+    """log m is taken in float32 and rounded once into the queries' dtype: float16 holds no count above 65504 (the
+    count cast first was inf, and so were the scaled queries and the output)."""
+    config = tiny_config(cross_attention_length_scaling=True)
+    config._attn_implementation = "sdpa"
+    attention = RelPosAttention(config, 4, 0, is_cross_attention=True).half()
+    key_length = 70_000
+    padding = torch.ones(1, key_length, dtype=torch.long) if given_padding else None
+    mask = attention_mask_for(config, 1, 2, key_length, 0, padding, causal=False, device=torch.device("cpu"))
+    factor = attention.log_key_counts(mask, key_length, torch.float16)
+    assert factor.dtype == torch.float16 and (factor == torch.tensor(math.log(key_length), dtype=torch.float16)).all()
+    with torch.no_grad():
+        output, _ = attention(torch.randn(1, 2, config.d_model, dtype=torch.float16), mask,
+                              key_value_states=torch.randn(1, key_length, config.d_model, dtype=torch.float16))
+    assert torch.isfinite(output).all()

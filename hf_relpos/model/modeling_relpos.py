@@ -390,11 +390,15 @@ class RelPosAttention(nn.Module):
 
     def log_key_counts(self, attention_mask: torch.Tensor | None, key_length: int, dtype: torch.dtype) -> torch.Tensor:
         """log m per query, m = the keys it may attend to ([B, 1, n, 1] from the boolean mask; every key when there
-        is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype."""
+        is no mask): the factor of `cross_attention_length_scaling` (Chiang & Cholak 2022), in the queries' dtype. The
+        count and its log are in promote_types(dtype, float32), rounded once into `dtype` (float16 has no count above
+        65504, bfloat16 rounds those above 256)."""
+        compute = torch.promote_types(dtype, torch.float32)
         attention_mask = dense_mask(attention_mask, self.q_proj.weight.device)
         if attention_mask is None:
-            return torch.tensor(key_length, dtype=dtype).log()
-        return attention_mask.sum(-1, keepdim=True).clamp(min=1).to(dtype).log()  # a fully padded source: 0, not NaN
+            return torch.tensor(key_length, dtype=compute).log().to(dtype)
+        counts = attention_mask.sum(-1, keepdim=True).clamp(min=1)  # a fully padded source: log 1 = 0, not NaN
+        return counts.to(compute).log().to(dtype)
 
     def attend(
         self,
