@@ -364,6 +364,25 @@ def test_the_output_length_limits_are_recorded_decoding_settings(tmp_path):
     assert "| `generation_max_length_ratio` | 1.5 |" in card and "| `generation_max_length` | 40 |" in card
 
 
+def test_a_half_precision_evaluation_is_a_recorded_decoding_setting(tmp_path):
+    """fp16_full_eval / bf16_full_eval cast the model for the final evaluation and prediction, so they decide the
+    scores: the record and its card's decoding table state them where on (a run without them records neither, as
+    records written before they were fields), and scoring in place with them is told it differs."""
+    from conftest import tiny_config
+
+    from hf_relpos.publish.hub import render_model_card
+    from hf_relpos.translation.run_outputs import run_record, scoring_differences
+
+    demo = str(REPO / "configs" / "demo.yaml")
+    recorded = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path)]))
+    assert (recorded.bf16_full_eval, recorded.fp16_full_eval) == (None, None)
+    assert "_full_eval" not in render_model_card(tiny_config(), recorded)
+    current = run_record(*parse_arguments([demo, "--output_dir", str(tmp_path), "--fp16_full_eval", "true"]))
+    assert (current.bf16_full_eval, current.fp16_full_eval) == (None, True)
+    assert "| `fp16_full_eval` | True |" in render_model_card(tiny_config(), current)
+    assert scoring_differences(recorded, current, ()) == ["fp16_full_eval True (recorded None)"]
+
+
 def test_the_demo_corpus_settings_are_recorded_and_decide_scores_in_place(tmp_path):
     """The demo corpus's sizes and seed decide its every split: a demo run's record and card state them, a run on
     local files records none, and scoring a demo folder in place with another demo test set is told they differ

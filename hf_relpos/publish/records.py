@@ -208,6 +208,9 @@ class RunRecord:
     generation_max_length_ratio: float | None = _recipe_field(DECODING)   # None: 1, the argument's default
     generation_max_length_offset: int | None = _recipe_field(DECODING)
     generation_max_length: int | None = _recipe_field(DECODING)
+    # the final evaluation and prediction in half precision (the Trainer casts the model; the weights stay as trained)
+    bf16_full_eval: bool | None = _recipe_field(DECODING)
+    fp16_full_eval: bool | None = _recipe_field(DECODING)
     devices: int | None = None            # processes that trained it together (data parallel)
     sharded: bool | None = None           # those processes sharded the parameters (FSDP) instead of each holding all
     hardware: str | None = None           # e.g. the GPU's name

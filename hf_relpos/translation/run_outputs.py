@@ -154,7 +154,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
     argument that bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs
     per batch only without a token budget, its pools only with one; the adam_* its optimizer takes; the join size
     only with joined pairs; a new tokenizer's settings only when the run trains one; the demo corpus's only when the
-    run reads it) and the length ratio where it is 1, the processes (and whether `accelerate launch` sharded
+    run reads it) and the length ratio where it is 1 and the half-precision evaluations where off, the processes (and whether `accelerate launch` sharded
     them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
     (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
@@ -172,6 +172,7 @@ def run_record(model_args: ModelArguments, data_args: DataArguments, training_ar
         omitted.update(NEW_TOKENIZER_FIELDS)
     if training_args.generation_max_length_ratio == 1:   # the card reads it as 1 unless set
         omitted.add("generation_max_length_ratio")
+    omitted.update(name for name in ("bf16_full_eval", "fp16_full_eval") if not getattr(training_args, name))
     optimizer_reads = adam_fields_read(optimizer_name(training_args))
     omitted.update(name for name in ("adam_beta1", "adam_beta2", "adam_epsilon") if name not in optimizer_reads)
     recipe = {name: _plain(getattr(next(arguments for arguments in (data_args, model_args, training_args)
