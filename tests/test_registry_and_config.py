@@ -653,6 +653,26 @@ def test_t5_buckets_start_at_init_std_not_at_the_token_embeddings_std(tmp_path):
         assert torch.equal(stack.positions.relative_attention_bias.weight, table)
 
 
+@pytest.mark.parametrize("model_class", [hf_relpos.RelPosTransformerForConditionalGeneration,
+                                         hf_relpos.RelPosTransformerForCausalLM])
+def test_reinitialising_with_apply_keeps_the_tied_embeddings_rule(model_class):
+    """`model.apply(model._init_weights)` (re-initialising a built model) draws the tied token embeddings as a built
+    model has them, N(0, d_model^-0.5) with the padding row zero: the output layer, whose weight they are, is not
+    drawn again as a linear at N(0, init_std) over them. Untied, the output layer is a linear of its own and is."""
+    config = tiny_config("shaw", d_model=64, vocab_size=400, init_std=0.002)
+    torch.manual_seed(0)
+    tied = model_class(config)
+    tied.apply(tied._init_weights)
+    embeddings = tied.get_input_embeddings().weight
+    assert tied.get_output_embeddings().weight is embeddings
+    assert embeddings.std().item() == pytest.approx(64**-0.5, rel=0.05)   # 25,600 draws: the std within 1%
+    assert not embeddings[config.pad_token_id].any()
+    untied = model_class(tiny_config("shaw", d_model=64, vocab_size=400, init_std=0.002, tie_word_embeddings=False))
+    untied.apply(untied._init_weights)
+    assert untied.get_output_embeddings().weight.std().item() == pytest.approx(0.002, rel=0.05)
+    assert untied.get_input_embeddings().weight.std().item() == pytest.approx(64**-0.5, rel=0.05)
+
+
 def test_unknown_scheme_error_lists_the_registered_ones():
     with pytest.raises(ValueError) as error:
         tiny_config("sandwich")

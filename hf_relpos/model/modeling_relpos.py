@@ -1180,7 +1180,13 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module) -> None:
         """HF defaults (N(0, init_std) linears, unit LayerNorms), token embeddings N(0, embedding_init_std) or, when
         that is null, N(0, d_model^-0.5) as in Vaswani et al./fairseq (scaled embeddings and tied logits start at
-        unit scale), and each position scheme's own parameters."""
+        unit scale), and each position scheme's own parameters. An output layer whose weight is the tied token
+        embeddings (`model.apply(model._init_weights)` on a built model) is left to the embeddings' rule, not drawn
+        again over them as a linear."""
+        input_embeddings = self.get_input_embeddings()
+        if (module is self.get_output_embeddings() and input_embeddings is not None
+                and module.weight is input_embeddings.weight):
+            return
         if isinstance(module, nn.Embedding):
             embedding_std = self.config.embedding_init_std
             init.normal_(module.weight, mean=0.0, std=self.config.d_model**-0.5 if embedding_std is None else embedding_std)
