@@ -119,3 +119,23 @@ def test_folder_without_config_is_an_error_not_a_default_model(saved):
         hf_relpos.RelPosTransformerConfig.from_pretrained(saved)
     with pytest.raises(OSError, match="config.json"):
         Model.from_pretrained(saved)
+
+
+@pytest.mark.parametrize("position_scheme", ["shaw", "xl", "t5"])
+def test_a_device_map_that_offloads_a_schemes_parameters_is_refused_naming_them(position_scheme, tmp_path):
+    """A device_map that offloads a position scheme with parameters (to "disk") is one
+    error at load naming the module: the attention layers read its parameters outside its forward, where accelerate's
+    hooks never load them (the first forward was `Cannot copy out of meta tensor`). With the scheme on a device and
+    the layers offloaded, the model loads and gives the logits of a plain load."""
+    pytest.importorskip("accelerate")
+    folder = tmp_path / "model"
+    tiny_model(position_scheme).save_pretrained(folder)
+    device_map = {"model.shared": "cpu", "lm_head": "cpu", "final_logits_bias": "cpu", "model.encoder": "cpu",
+                  "model.decoder.embed_tokens": "cpu", "model.decoder.positions": "disk", "model.decoder.layers": "disk"}
+    with pytest.raises(ValueError, match=r"model\.decoder\.positions .*'disk'"):
+        Model.from_pretrained(folder, device_map=device_map, offload_folder=str(tmp_path / "offload"))
+    device_map["model.decoder.positions"] = "cpu"
+    offloaded = Model.from_pretrained(folder, device_map=device_map, offload_folder=str(tmp_path / "offload")).eval()
+    inputs = dict(input_ids=torch.tensor([[5, 6, 7, 1]]), decoder_input_ids=torch.tensor([[2, 8, 9]]))
+    with torch.no_grad():
+        assert torch.equal(offloaded(**inputs).logits, Model.from_pretrained(folder).eval()(**inputs).logits)

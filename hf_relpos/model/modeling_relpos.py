@@ -1048,6 +1048,24 @@ class RelPosDecoder(RelPosStack):
         )
 
 
+def check_scheme_not_offloaded(model: nn.Module) -> None:
+    """One ValueError naming the first position scheme with parameters that a `device_map` offloaded (accelerate
+    leaves them on the meta device and loads them only for the module's own forward): the attention layers read a
+    scheme's parameters outside its forward, so they would stay unloaded (`Cannot copy out of meta tensor`)."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return
+    for name, module in model.named_modules():
+        if isinstance(module, PositionScheme) and any(parameter.is_meta for parameter in module.parameters()):
+            placed = max(((key, device) for key, device in device_map.items()
+                          if not key or name == key or name.startswith(f"{key}.")), key=lambda entry: len(entry[0]))[1]
+            raise ValueError(
+                f"device_map puts {name} (position_scheme {model.config.position_scheme!r}) on {placed!r}: the "
+                "attention layers read a scheme's parameters outside its forward, where accelerate never loads an "
+                f"offloaded module's weights; give {name} a device in device_map (the layers may stay offloaded) or "
+                "raise max_memory")
+
+
 class RelPosTransformerPreTrainedModel(PreTrainedModel):
     config: RelPosTransformerConfig
     config_class = RelPosTransformerConfig
@@ -1093,6 +1111,7 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
                 "incomplete or foreign checkpoint would load with random weights. Pass allow_missing_weights=True "
                 "to initialise them on purpose."
             )
+        check_scheme_not_offloaded(model)
         return (model, info) if return_info else model
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
