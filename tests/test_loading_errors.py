@@ -121,6 +121,31 @@ def test_folder_without_config_is_an_error_not_a_default_model(saved):
         Model.from_pretrained(saved)
 
 
+@pytest.mark.parametrize("position_scheme", ["absolute", "shaw", "rope"])
+def test_a_device_map_that_splits_a_stacks_layers_from_its_scheme_over_devices_is_refused(position_scheme):
+    """Every layer reads the position context its stack's scheme builds on the scheme's device, which accelerate's
+    hooks do not move: a device_map that runs a stack's layers (or its scheme) on two GPUs, as device_map="auto"
+    does for a model larger than one GPU, is one error naming the stack; a map of whole stacks, and one offloading
+    layers to the CPU or disk where the scheme runs on the first GPU (accelerate runs them there), is not."""
+    from hf_relpos.model.modeling_relpos import check_stacks_on_one_device
+
+    model = tiny_model(position_scheme)
+    whole = {"model.shared": 0, "model.encoder": 0, "model.decoder": 1, "lm_head": 1, "final_logits_bias": 1}
+    split = {**whole, "model.decoder.embed_tokens": 1, "model.decoder.positions": 1, "model.decoder.layers.0": 1,
+             "model.decoder.layers.1": 2, "model.decoder.layer_norm": 2}
+    del split["model.decoder"]
+    offloaded = {**whole, "model.encoder": "cpu", "model.decoder": 0, "model.decoder.layers.1": "disk"}
+    for device_map, refused in ((whole, False), (split, True), (offloaded, False),
+                                ({**offloaded, "model.encoder.positions": 1}, True)):
+        model.hf_device_map = device_map
+        if refused:
+            with pytest.raises(ValueError, match=r"device_map runs the layers of model\.(de|en)coder and its position "
+                                                 r"scheme \(model\.(de|en)coder\.positions\) on more than one device"):
+                check_stacks_on_one_device(model)
+        else:
+            check_stacks_on_one_device(model)
+
+
 @pytest.mark.parametrize("position_scheme", ["shaw", "xl", "t5"])
 def test_a_device_map_that_offloads_a_schemes_parameters_is_refused_naming_them(position_scheme, tmp_path):
     """A device_map that offloads a position scheme with parameters (to "disk") is one

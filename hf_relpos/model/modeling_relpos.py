@@ -1066,6 +1066,37 @@ def check_scheme_not_offloaded(model: nn.Module) -> None:
                 "raise max_memory")
 
 
+def check_stacks_on_one_device(model: nn.Module) -> None:
+    """One ValueError where a `device_map` runs a stack's layers, or its position scheme, on more than one device:
+    every layer reads the position context its stack's scheme builds once per call on the scheme's device (index
+    tables, masks, angles, and the scheme's parameters), which accelerate's hooks do not move. A module's device is
+    where accelerate runs it: its map entry, or for one offloaded ("cpu", "disk") beside accelerators the first of
+    those, as `accelerate.dispatch_model` has it."""
+    device_map = getattr(model, "hf_device_map", None)
+    if not device_map:
+        return
+    accelerators = [device for device in device_map.values() if device not in ("cpu", "disk")]
+    main_device = accelerators[0] if accelerators else "cpu"
+
+    def runs_on(device: int | str) -> int | str:
+        return main_device if device in ("cpu", "disk") else device
+
+    for name, module in model.named_modules():
+        if not isinstance(module, PositionScheme):
+            continue
+        stack = name.rpartition(".")[0]
+        parts = (name, f"{stack}.layers")   # the scheme and every layer of its stack, or a module holding them
+        devices = {runs_on(device) for key, device in device_map.items()
+                   if any(not key or part == key or part.startswith(f"{key}.") or key.startswith(f"{part}.")
+                          for part in parts)}
+        if len(devices) > 1:
+            raise ValueError(
+                f"device_map runs the layers of {stack} and its position scheme ({name}) on more than one device "
+                f"({', '.join(map(repr, sorted(devices, key=str)))}): every layer reads the positions the scheme "
+                f"builds on its device, which accelerate does not move; give {stack} one device (e.g. a device_map "
+                "of whole stacks: model.encoder on one GPU, model.decoder on another)")
+
+
 class RelPosTransformerPreTrainedModel(PreTrainedModel):
     config: RelPosTransformerConfig
     config_class = RelPosTransformerConfig
@@ -1112,6 +1143,7 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
                 "to initialise them on purpose."
             )
         check_scheme_not_offloaded(model)
+        check_stacks_on_one_device(model)
         return (model, info) if return_info else model
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
