@@ -1597,6 +1597,24 @@ def test_push_to_hub_without_training_is_one_error_line_before_anything_runs(out
     assert error.count("\n") == 1 and fake_hub.repos == [] and not output_dir.exists()
 
 
+@pytest.mark.parametrize(("flags", "named"), [
+    (["--hub_model_id", "me/my model"], "hub_model_id 'me/my model'"),
+    ([], "hub_model_id (null: output_dir's folder name 'run--2')"),
+])
+def test_push_to_hub_to_an_invalid_repository_id_is_one_error_line_before_training(fake_hub, tmp_path, capsys,
+                                                                                    flags, named):
+    """A repository id the Hub refuses (hub_model_id, or output_dir's folder name when it is null) is one error line
+    naming it before anything runs, not a failed push after the whole training."""
+    output_dir = tmp_path / "run--2"
+    with pytest.raises(SystemExit) as exited:
+        training_main([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_dir), "--push_to_hub",
+                       "true", *flags])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"train_translation.py: error: push_to_hub: {named} is not a Hub repository id")
+    assert error.count("\n") == 1 and fake_hub.repos == [] and not output_dir.exists()
+
+
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("xl"))
     model.push_to_hub("me/plain-push")

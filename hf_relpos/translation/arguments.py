@@ -29,6 +29,7 @@ from typing import Any
 
 import torch
 import yaml
+from huggingface_hub.utils import HFValidationError, validate_repo_id
 from transformers import HfArgumentParser, PreTrainedConfig, Seq2SeqTrainingArguments
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK, get_available_reporting_integrations
 from transformers.utils import is_torch_bf16_gpu_available
@@ -874,6 +875,24 @@ def warn_overridden_do_eval(values: Mapping[str, Any], flags: Sequence[str]) -> 
                        "--eval_strategy no to skip every evaluation", values["eval_strategy"])
 
 
+def hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> str:
+    """The Hub repository a run's push goes to: `hub_model_id`, else the output folder's name (as the Trainer's)."""
+    return hub_model_id or Path(output_dir).resolve().name
+
+
+def check_hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> None:
+    """ConfigError naming `hub_model_id` (or output_dir's folder name that stands in for it) where `hub_repository`
+    is not a repository id the Hub accepts (huggingface_hub's `validate_repo_id`)."""
+    repository = hub_repository(hub_model_id, output_dir)
+    try:
+        validate_repo_id(repository)
+    except HFValidationError as error:
+        named = (f"hub_model_id {repository!r}" if hub_model_id
+                 else f"hub_model_id (null: output_dir's folder name {repository!r})")
+        raise ConfigError(f"push_to_hub: {named} is not a Hub repository id ({error}): set hub_model_id to USER/NAME "
+                          "or NAME") from None
+
+
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
     """What can be wrong with the arguments alone (no files, no network), as one ConfigError."""
     if not (training_args.do_train or training_args.do_eval or training_args.do_predict):
@@ -956,6 +975,8 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
     if training_args.push_to_hub and not training_args.do_train:
         raise ConfigError("push_to_hub publishes the model this run trains, with its card: it needs do_train (push an "
                           "existing model folder with `python -m hf_relpos.publish.hub push FOLDER REPO`)")
+    if training_args.push_to_hub:   # the push comes after the whole training: its repository id is checked now
+        check_hub_repository(training_args.hub_model_id, training_args.output_dir)
     if training_args.generation_max_length == 1:
         raise ConfigError("generation_max_length must be at least 2 (it counts the decoder start token), got 1")
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:

@@ -38,6 +38,7 @@ from .arguments import (
     TranslationTrainingArguments,
     adam_fields_read,
     flag_field_name,
+    hub_repository,
     optimizer_name,
     started_program,
 )
@@ -234,11 +235,6 @@ def write_model_card(model: RelPosTransformerForConditionalGeneration, record: R
                              name=hub_repository(record.hub_model_id, path.parent))
     write_text_atomic(path, card)
     return path
-
-
-def hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> str:
-    """The Hub repository a run's push goes to: `hub_model_id`, else the output folder's name (as the Trainer's)."""
-    return hub_model_id or Path(output_dir).resolve().name
 
 
 def push_training_output(training_args: TranslationTrainingArguments) -> str:
