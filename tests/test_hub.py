@@ -291,10 +291,14 @@ def test_card_without_results_has_no_model_index():
 
 
 def test_a_card_without_a_run_names_no_languages():
-    """A model card from a config alone (a converted or a hand-built model) claims no language pair; a recipe's does."""
+    """A model card from a config alone (a converted or a hand-built model) claims no language pair (not in its
+    intended use, nor an English example to translate); a recipe's does."""
     card = ModelCard(hub.render_model_card(hf_relpos.RelPosTransformerConfig(position_scheme="shaw")))
     assert card.data.language is None
     assert "An encoder-decoder Transformer for translation whose self-attention" in card.text
+    assert "English" not in card.text and "German" not in card.text and "The dog is sleeping." not in card.text
+    assert "Intended for research on position representations and for sentence translation in the training domain" in (
+        card.text) and 'translator("...")' in card.text
     recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_shaw.yaml")
     recipe_card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe))
     assert recipe_card.data.language == ["en", "de"] and "English→German translation" in recipe_card.text

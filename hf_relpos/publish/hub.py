@@ -308,8 +308,9 @@ def render_model_card(
         _results_section(record, results, trained=trained, published_as=repo_id if published else None,
                          unscored=unscored, losses=losses, shows_command=_training_command(
                              record if recorded else None, recipe_name, without_run_record, recipe_command) is not None),
-        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang, get_scheme_class(config.position_scheme)),
-        _limitations_section(config, record),
+        _usage_section(repo_id or RECIPE_TEMPLATE_NAME, record.source_lang if recorded else None,
+                       get_scheme_class(config.position_scheme)),
+        _limitations_section(config, record, recorded),
         _citation_section(config),
     ]
     return f"---\n{metadata.to_yaml()}\n---\n\n" + "\n\n".join(sections) + "\n"
@@ -797,7 +798,7 @@ def example_source(language: str | None) -> str:
     return {"de": "Der Hund schläft.", "en": "The dog is sleeping."}.get(language or "", "...")
 
 
-def _usage_section(repo_id: str, source: str, scheme_class: type[PositionScheme]) -> str:
+def _usage_section(repo_id: str, source: str | None, scheme_class: type[PositionScheme]) -> str:
     """Loading and translating with `hf_relpos` imported, and through the remote code stored with the model; for a
     scheme registered outside hf_relpos, which that code lacks, its module is imported too and there is no
     remote-code way."""
@@ -856,11 +857,13 @@ translator("{example}")  # [{{"translation_text": "..."}}]
 ```"""
 
 
-def _limitations_section(config: RelPosTransformerConfig, record: RunRecord) -> str:
-    source, target = record.source_lang, record.target_lang
+def _limitations_section(config: RelPosTransformerConfig, record: RunRecord, recorded: bool) -> str:
+    """The intended use and limitations; the language pair only from a recorded run or recipe (`recorded`: a model
+    without one, such as a converted MarianMT model, has `RunRecord`'s default languages, not its own)."""
+    pair = f"{language_name(record.source_lang)}→{language_name(record.target_lang)} " if recorded else ""
     items = [
-        f"Intended for research on position representations and for {language_name(source)}→{language_name(target)} "
-        "sentence translation in the training domain; it is not a general-purpose or production translation system.",
+        f"Intended for research on position representations and for {pair}sentence translation in the training "
+        "domain; it is not a general-purpose or production translation system.",
         "Sentence-level: it translates one sentence at a time and never sees document context.",
         "Outputs can be fluent and wrong (omissions, hallucinated content, wrong names and numbers); BLEU and chrF "
         "measure n-gram overlap with one reference, not adequacy. Do not use it where mistranslation causes harm.",
