@@ -537,6 +537,18 @@ def test_a_run_evaluated_without_generating_shows_its_losses_and_why_it_has_no_b
     assert card.data.eval_results is None
 
 
+def test_a_card_fine_tuned_from_a_hub_model_names_it_as_base_model(output_folder, tmp_path):
+    """A run fine-tuned from a Hub model id has it as `base_model` in the card's metadata (the Hub's model tree); a
+    run from a local folder (existing, or absolute) or from scratch has none."""
+    arguments = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_folder)])
+    record = dataclasses.replace(run_record(*arguments), working_directory=str(tmp_path))
+    (tmp_path / "outputs" / "converted").mkdir(parents=True)
+    for start, base_model in [("me/relpos-shaw-en-de", "me/relpos-shaw-en-de"), ("outputs/converted", None),
+                              ("/scratch/alice/base", None), (None, None)]:
+        card = ModelCard(hub.render_model_card(tiny_config("shaw"), dataclasses.replace(record, model_name_or_path=start)))
+        assert card.data.base_model == base_model, start
+
+
 def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
     """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
     shows a path under that folder relative to it, as the command runs again from there, and any other absolute path

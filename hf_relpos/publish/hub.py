@@ -286,7 +286,8 @@ def render_model_card(
     recorded = record is not None
     if not isinstance(record, RunRecord):
         record = RunRecord.from_recipe(record or {})
-    on_hub = _on_hub(record)   # the one fact decided from the real paths, before they are shown
+    on_hub = _on_hub(record)   # the facts decided from the real paths, before they are shown
+    base_model = _hub_base_model(record)
     record = shown_record(record)   # every section reads the record with its paths shown, never the real one
     # evaluated without generating (predict_with_generate false): losses, no BLEU
     losses = {prefix: dict(values) for prefix, values in (results or {}).items()
@@ -294,7 +295,7 @@ def render_model_card(
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
-    metadata = _card_metadata(config, record, results, model_name, recorded, on_hub)
+    metadata = _card_metadata(config, record, results, model_name, recorded, on_hub, base_model)
     # saved weights were trained, whether or not a record says how; a recipe is trained where a run of it is recorded
     trained = without_run_record or (recorded and (bool(results) or record.training_seconds is not None))
     if unscored is None and without_run_record:
@@ -317,9 +318,10 @@ def render_model_card(
 
 
 def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str,
-                   recorded: bool, on_hub: bool) -> ModelCardData:
+                   recorded: bool, on_hub: bool, base_model: str | None = None) -> ModelCardData:
     """The card's YAML metadata; its languages only from a recorded run (a model without one names none); a Hub
-    dataset named where the run's data is one (`on_hub`, `_on_hub` of the real record)."""
+    dataset named where the run's data is one (`on_hub`, `_on_hub` of the real record); `base_model`, the Hub model
+    the run was fine-tuned from (`_hub_base_model` of the real record), which the Hub links in the model tree."""
     scheme = config.position_scheme
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     source, target = record.source_lang, record.target_lang
@@ -349,6 +351,7 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
         license=LICENSE,
         library_name="transformers",
         pipeline_tag="translation",
+        base_model=base_model,
         tags=tags,
         datasets=[record.dataset_name] if on_hub else None,
         metrics=["sacrebleu", "chrf"],
@@ -390,6 +393,21 @@ def _on_hub(record: RunRecord) -> bool:
     name = record.dataset_name
     return (name not in (None, "demo") and not os.path.exists(os.path.join(record.working_directory or "", name))
             and shown_path(name) == name and not _uses_local_files(record))   # shown as it is: not absolute
+
+
+def _hub_base_model(record: RunRecord) -> str | None:
+    """The Hub model id the run was fine-tuned from: its `model_name_or_path` where that is a repository id
+    (`validate_repo_id`) and, as `_on_hub` decides for data, neither an existing local path (from the folder the run
+    was started in) nor an absolute one; else None (trained from scratch, or from a local folder, which the Hub
+    cannot link). `record` is the real one, not `shown_record`'s."""
+    name = record.model_name_or_path
+    if name is None or os.path.exists(os.path.join(record.working_directory or "", name)) or shown_path(name) != name:
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
 
 
 def primary_subtag(code: str) -> str:
