@@ -549,6 +549,20 @@ def test_a_card_fine_tuned_from_a_hub_model_names_it_as_base_model(output_folder
         assert card.data.base_model == base_model, start
 
 
+def test_a_tiny_runs_card_states_no_figure_rounded_to_zero():
+    """A model under 50,000 parameters trained in under 3 seconds (a smoke run, a test model): the card gives its
+    parameter count exactly and its training time in seconds, not "0.0M" and "0.0 minutes"."""
+    model_args, data_args, training_args = parse_arguments([str(REPO_ROOT / "configs" / "demo.yaml")])
+    record = run_record(model_args, data_args, training_args, training_seconds=0.54)
+    config = hf_relpos.RelPosTransformerConfig(vocab_size=100, d_model=16, encoder_layers=1, decoder_layers=1,
+                                               encoder_attention_heads=2, decoder_attention_heads=2,
+                                               encoder_ffn_dim=32, decoder_ffn_dim=32)
+    text = hub.render_model_card(config, record)
+    parameters = hub.meta_model(config).num_parameters()
+    assert parameters < 50_000 and f"| parameters | {parameters:,} |" in text and "0.0M" not in text
+    assert "Training time: 0.5 seconds." in text and "0.0 minutes" not in text
+
+
 def test_a_pushed_card_shows_no_absolute_local_path_and_the_run_record_keeps_them(output_folder, fake_hub):
     """A run started in /home/alice/hf_relpos with absolute paths on its command line: its card (pushed to the Hub)
     shows a path under that folder relative to it, as the command runs again from there, and any other absolute path

@@ -1547,7 +1547,8 @@ def test_the_card_of_a_resumed_run_reproduces_it_from_the_start_and_says_where_i
     card = (output_dir / "README.md").read_text()
     shown = shown_command(f"{config} --max_steps 4", record["working_directory"])   # no absolute path in a card
     assert f"{shown}`, resumed from `checkpoint-2`" in card and "--resume_from_checkpoint" not in card
-    assert "minutes (the segment resumed from `checkpoint-2`; the time before it is not recorded)." in card
+    assert re.search(r"Training time: \d+\.\d (minutes|seconds) \(the segment resumed from `checkpoint-2`; the time "
+                     r"before it is not recorded\)\.", card)
 
 
 def test_the_card_of_a_run_whose_recipe_resumes_trains_it_from_the_start(tmp_path, corpus):

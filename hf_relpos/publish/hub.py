@@ -494,7 +494,7 @@ def _scheme_section(config: RelPosTransformerConfig) -> str:
 def _architecture_section(config: RelPosTransformerConfig) -> str:
     parameters = meta_model(config).num_parameters()
     rows = [
-        ("parameters", f"{parameters / 1e6:.1f}M"),
+        ("parameters", f"{parameters / 1e6:.1f}M" if round(parameters / 1e6, 1) else f"{parameters:,}"),   # no 0.0M
         ("`d_model`", config.d_model),
         ("layers (encoder / decoder)", f"{config.encoder_layers} / {config.decoder_layers}"),
         ("attention heads (encoder / decoder)", f"{config.encoder_attention_heads} / {config.decoder_attention_heads}"),
@@ -692,7 +692,9 @@ def _run_facts(record: RunRecord) -> str:
     if record.training_seconds is not None:
         segment = (f" (the segment resumed from `{record.resumed_from}`; the time before it is not recorded)"
                    if record.resumed_from else "")
-        facts.append(f"Training time: {record.training_seconds / 60:.1f} minutes{segment}.")
+        minutes = record.training_seconds / 60
+        duration = f"{minutes:.1f} minutes" if round(minutes, 1) else f"{record.training_seconds:.1f} seconds"   # no 0.0
+        facts.append(f"Training time: {duration}{segment}.")
     return " ".join(facts)
 
 
