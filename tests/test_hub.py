@@ -22,7 +22,7 @@ from types import SimpleNamespace
 import pytest
 import transformers
 from conftest import BUILT_IN_SCHEMES, run_without_hf_relpos, train_memorising_model
-from huggingface_hub import HfApi, ModelCard
+from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForSeq2SeqLM, TrainerState, pipeline
@@ -143,18 +143,29 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
         return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else f'me/{repo_id}'}")
 
     def create_commit(self, repo_id, operations, *, commit_message=None, **kwargs):
-        files = {}
+        files, deleted = {}, []
         for operation in operations:
+            if isinstance(operation, CommitOperationDelete):
+                deleted.append(operation.path_in_repo)
+                continue
             with operation.as_file() as handle:
                 files[operation.path_in_repo] = handle.read()
-        recorded.commits.append({"repo_id": repo_id, "files": files, "message": commit_message})
+        recorded.commits.append({"repo_id": repo_id, "files": files, "deleted": deleted, "message": commit_message})
         return SimpleNamespace(commit_url=f"https://huggingface.co/{repo_id}/commit/0123")
+
+    def list_repo_files(self, repo_id, **kwargs):
+        """The files the commits recorded left in `repo_id` (added, not deleted since)."""
+        present = set()
+        for commit in (commit for commit in recorded.commits if commit["repo_id"] == repo_id):
+            present = (present | commit["files"].keys()) - set(commit["deleted"])
+        return sorted(present)
 
     def no_remote_card(cls, repo_id_or_path, *args, **kwargs):
         raise EntryNotFoundError(f"{repo_id_or_path} has no README.md")
 
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
+    monkeypatch.setattr(HfApi, "list_repo_files", list_repo_files)
     monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "me"})
     monkeypatch.setattr(preflight, "get_token", lambda: "hf_fake_token")
     monkeypatch.setattr(ModelCard, "load", classmethod(no_remote_card))
@@ -1482,6 +1493,26 @@ def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder)
     shards = {path.name for path in output_folder.glob("model-*-of-*.safetensors")}
     assert len(shards) > 1
     assert {"model.safetensors.index.json", *shards} <= hub.files_to_push(output_folder).keys()
+
+
+def test_a_push_to_a_repository_with_other_weights_deletes_those_that_would_shadow_its_own(output_folder, fake_hub):
+    """The repository of an earlier push keeps its model.safetensors, which transformers loads before an index: a
+    sharded model pushed there deletes it in the same commit (and an unsharded one the old shards and index), so the
+    repository serves the weights pushed last. Other files of the repository are left as they are."""
+    hub.push_model_folder(output_folder, "me/tiny-shaw")
+    fake_hub.commits[0]["files"]["notes.txt"] = b"the user's own file"
+    model = AutoModelForSeq2SeqLM.from_pretrained(output_folder)
+    (output_folder / "model.safetensors").unlink()
+    model.save_pretrained(output_folder, max_shard_size="50KB")
+    shards = sorted(path.name for path in output_folder.glob("model-*-of-*.safetensors"))
+    hub.push_model_folder(output_folder, "me/tiny-shaw")
+    assert fake_hub.commits[1]["deleted"] == ["model.safetensors"] and set(shards) <= fake_hub.commits[1]["files"].keys()
+    for name in ["model.safetensors.index.json", *shards]:
+        (output_folder / name).unlink()
+    model.save_pretrained(output_folder)
+    hub.push_model_folder(output_folder, "me/tiny-shaw")
+    assert fake_hub.commits[2]["deleted"] == sorted(["model.safetensors.index.json", *shards])
+    assert "notes.txt" in HfApi().list_repo_files("me/tiny-shaw")
 
 
 def test_a_weights_file_cut_short_is_refused_before_anything_is_pushed(output_folder):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import fnmatch
 import importlib.metadata
 import inspect
 import json
@@ -32,7 +33,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
-from huggingface_hub import CommitOperationAdd, EvalResult, HfApi, ModelCardData
+from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCardData
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from packaging.requirements import Requirement
 from safetensors import safe_open
@@ -1172,7 +1173,8 @@ def push_model_folder(
     pipeline, and README.md (`card`, or `folder_model_card` of the folder's run record (`recipe`, a `RunRecord` or a
     recipe YAML dict, only for a folder without one) and `results`, which default to the folder's
     `{eval,test}_results.json`; the card names the repository as the Hub created it, a `repo_id` without a namespace
-    in the account's). The folder is only read until the commit succeeds; then README.md, pipeline_relpos.py and
+    in the account's); the commit deletes the repository's weights files that it does not replace (`stale_weights`).
+    The folder is only read until the commit succeeds; then README.md, pipeline_relpos.py and
     config.json are written into it, so it matches the repository. A failed upload raises `HubPushError` naming the
     repository and leaves the folder byte-for-byte as it was.
 
@@ -1189,13 +1191,24 @@ def push_model_folder(
     api = HfApi(token=token)
     with _hub_errors(plan.folder, repo_id):
         repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id   # with the namespace it went to
+        present = api.list_repo_files(repo_id)
     uploads = plan.uploads(repo_id)
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
                                      else content.encode("utf-8")) for name, content in uploads.items()]
+    operations += [CommitOperationDelete(path_in_repo=name) for name in stale_weights(present, uploads)]
     with _hub_errors(plan.folder, repo_id):
         commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
     _write_files(plan.folder, {name: text for name, text in uploads.items() if isinstance(text, str)})
     return commit.commit_url
+
+
+def stale_weights(present: Sequence[str], uploads: Mapping[str, Any]) -> list[str]:
+    """The weights files of the repository (`present`, its files) at its top level that the commit of `uploads` does
+    not replace: an earlier push's model.safetensors, which transformers loads before an index of shards, or its
+    shards, index or pytorch_model*.bin. The push deletes them, so the repository serves the weights pushed last."""
+    weights = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model*.bin.index.json")
+    return sorted(name for name in present if "/" not in name and name not in uploads
+                  and any(fnmatch.fnmatch(name, pattern) for pattern in weights))
 
 
 def dry_run_report(plan: PushPlan, repo_id: str, *, private: bool | None = None,
