@@ -23,6 +23,7 @@ import torch
 import yaml
 from conftest import checkout_first_on_path
 from safetensors.torch import load_file
+from test_train_distributed import launch_within
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
 from transformers.trainer_callback import CallbackHandler
 
@@ -1571,10 +1572,14 @@ def test_a_resumed_runs_disk_estimate_counts_the_checkpoints_already_in_output_d
 
 # --- a failing rank ------------------------------------------------------------------------------------------------
 
-# Rank 1 raises in its second training step; rank 0 is then waiting for it in the gradient all-reduce.
+# Rank 1 raises in its second training step; rank 0 is then waiting for it in the gradient all-reduce. Each rank writes
+# its pid to RECORD_DIR/pid<rank> (launch_within kills them if the launch does not end).
 FAILING_RANK = '''
 import os, runpy, sys
 from hf_relpos.translation import trainer
+
+with open(os.path.join(os.environ["RECORD_DIR"], f"pid{os.environ['RANK']}"), "w") as handle:
+    handle.write(str(os.getpid()))
 
 original_training_step = trainer.TranslationTrainer.training_step
 
@@ -1589,27 +1594,20 @@ runpy.run_path(sys.argv[0], run_name="__main__")
 '''
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_one_failing_rank_stops_the_whole_job_with_its_error(tmp_path, corpus):
+    """Rank 1 raises in step 2 while rank 0 waits for it in the gradient all-reduce: the launch ends within the
+    test's 180 s, non-zero, with that error, and saves no model. ddp_timeout stays at its default (1800 s), so a
+    rank left waiting in the collective fails here instead of ending by the timeout; on failure launch_within kills
+    the ranks too (a timeout of subprocess.run killed the launcher alone and left both ranks running)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=6,
-                          ddp_find_unused_parameters=False, ddp_timeout=120)
+                          ddp_find_unused_parameters=False)
     (tmp_path / "fail.py").write_text(FAILING_RANK, encoding="utf-8")
-    started = time.monotonic()
-    completed = subprocess.run(
-        [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2", "--num_machines",
-         "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(free_port()),
-         str(tmp_path / "fail.py"), str(SCRIPT), str(config)],
-        capture_output=True, text=True, env=SUBPROCESS_ENV, cwd=tmp_path, timeout=180,
-    )
+    (tmp_path / "records").mkdir()
+    completed = launch_within(180, tmp_path, tmp_path / "fail.py", str(SCRIPT), str(config),
+                              environment={"TRANSFORMERS_VERBOSITY": "error"})
     output = completed.stdout + completed.stderr
     assert completed.returncode != 0
     assert "injected failure on rank 1 at step 2" in output, output[-4000:]
-    assert time.monotonic() - started < 180
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 
