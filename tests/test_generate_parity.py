@@ -65,9 +65,20 @@ def generate_with_seed(model, **kwargs):
 
 
 @pytest.fixture(scope="module")
-def marian_and_converted():
+def marian_and_converted_models():
     marian = float64_marian()
     return marian, marian_to_relpos(marian, position_scheme="absolute")
+
+
+@pytest.fixture
+def marian_and_converted(marian_and_converted_models):
+    """The module's two models on the kernels they were built with at each test's start: a kernel a test sets is
+    restored after it, so that no later test runs on it (the kernels of a test that sets none were those of whichever
+    test ran before it in the worker)."""
+    kernels = [model.config._attn_implementation for model in marian_and_converted_models]
+    yield marian_and_converted_models
+    for model, kernel in zip(marian_and_converted_models, kernels, strict=True):
+        model.set_attn_implementation(kernel)
 
 
 def source() -> dict[str, torch.Tensor]:
