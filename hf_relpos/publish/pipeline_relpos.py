@@ -119,19 +119,18 @@ def right_aligned(inputs: dict[str, Any]) -> dict[str, Any]:
 
 def split_into_sentences(text: str) -> list[tuple[str, str]]:
     """`text` as (sentence, the whitespace after it) pairs, whose concatenation is `text`; no sentence starts or ends
-    with whitespace (whitespace opening the text is the first pair's, ("", whitespace); a blank text is one pair,
-    (text, "")). A sentence ends at a line break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END` (Hindi ।, Urdu ۔), closing
-    quotes or brackets and `BIDI_MARKS` allowed, followed by whitespace and no lowercase letter ("e.g. the" is not
-    split), except after
-    a period that belongs to its word: an abbreviation of `ABBREVIATIONS` ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS`
-    before a number ("No. 5", "Vol. II"), a capital initial or a dotted shorthand ("J. Smith", "U.S. Army"), a list
-    or section number opening the sentence ("1. Take", "2.1. Overview"), a German date's day ("am 3. Oktober") or
-    ordinal number ("im 19. Jahrhundert"), quotes allowed around the word (German „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after
-    them (closing quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the
-    sentence is followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals
-    ("3.5") hold no whitespace and are never split; a number's period ends a sentence as a word's does ("It rose to
-    3.5. Then it fell."), as does the period after an e-mail or web address or a host name ("Write to
-    info@example.com. We", "See example.com. We")."""
+    with whitespace (whitespace opening the text is the first pair's, ("", whitespace); a blank text is one pair, (text,
+    "")). A sentence ends at a line break; at . ! ? … or ... (three periods), or another script's end of `SENTENCE_END`
+    (Hindi ।, Urdu ۔), closing quotes or brackets and `BIDI_MARKS` allowed, followed by whitespace and no lowercase
+    letter ("e.g. the" is not split), except after a period that belongs to its word: an abbreviation of `ABBREVIATIONS`
+    ("Dr. Smith"), one of `NUMBER_ABBREVIATIONS` before a number ("No. 5", "Vol. II"), a capital initial or a dotted
+    shorthand ("J. Smith", "U.S. Army"), a list or section number opening the sentence ("1. Take", "2.1. Overview"), a
+    German date's day ("am 3. Oktober") or ordinal number ("im 19. Jahrhundert"), quotes allowed around the word (German
+    „Ja.“ ends a sentence, „Dr. Müller does not); and at Chinese and Japanese 。！？, with whitespace after them (closing
+    quotes or brackets such as 」』） allowed) or right before the next sentence's first character (the sentence is
+    followed by ""; a closing quote there continues the sentence: 「はい。」と彼は言った。). Decimals ("3.5") hold no whitespace and
+    are never split; a number's period ends a sentence as a word's does ("It rose to 3.5. Then it fell."), as does the
+    period after an e-mail or web address or a host name ("Write to info@example.com. We", "See example.com. We")."""
     pieces = []
     start = 0
     for match in SENTENCE_BOUNDARY.finditer(text):
