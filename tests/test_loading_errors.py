@@ -127,7 +127,7 @@ def test_a_device_map_that_splits_a_stacks_layers_from_its_scheme_over_devices_i
     hooks do not move: a device_map that runs a stack's layers (or its scheme) on two GPUs, as device_map="auto"
     does for a model larger than one GPU, is one error naming the stack; a map of whole stacks, and one offloading
     layers to the CPU or disk where the scheme runs on the first GPU (accelerate runs them there), is not."""
-    from hf_relpos.model.modeling_relpos import check_stacks_on_one_device
+    from hf_relpos.model.modeling_relpos import check_schemes_placed
 
     model = tiny_model(position_scheme)
     whole = {"model.shared": 0, "model.encoder": 0, "model.decoder": 1, "lm_head": 1, "final_logits_bias": 1}
@@ -141,9 +141,9 @@ def test_a_device_map_that_splits_a_stacks_layers_from_its_scheme_over_devices_i
         if refused:
             with pytest.raises(ValueError, match=r"device_map runs the layers of model\.(de|en)coder and its position "
                                                  r"scheme \(model\.(de|en)coder\.positions\) on more than one device"):
-                check_stacks_on_one_device(model)
+                check_schemes_placed(model)
         else:
-            check_stacks_on_one_device(model)
+            check_schemes_placed(model)
 
 
 @pytest.mark.parametrize("position_scheme", ["shaw", "xl", "t5"])

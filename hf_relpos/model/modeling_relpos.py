@@ -1048,47 +1048,47 @@ class RelPosDecoder(RelPosStack):
         )
 
 
-def check_scheme_not_offloaded(model: nn.Module) -> None:
-    """One ValueError naming the first position scheme with parameters that a `device_map` offloaded (accelerate
-    leaves them on the meta device and loads them only for the module's own forward): the attention layers read a
-    scheme's parameters outside its forward, so they would stay unloaded (`Cannot copy out of meta tensor`)."""
+def places_module(key: str, name: str) -> bool:
+    """Whether the `device_map` entry `key` places the module `name`: the entry is the module or one holding it."""
+    return not key or name == key or name.startswith(f"{key}.")
+
+
+def check_schemes_placed(model: nn.Module) -> None:
+    """One ValueError for a `device_map` the position schemes cannot run under:
+
+    - a scheme with parameters offloaded (accelerate leaves them on the meta device and loads them only for the
+      module's own forward): the attention layers read a scheme's parameters outside its forward, so they would stay
+      unloaded (`Cannot copy out of meta tensor`);
+    - a stack's layers, or its scheme, run on more than one device: every layer reads the position context its
+      stack's scheme builds once per call on the scheme's device (index tables, masks, angles, and the scheme's
+      parameters), which accelerate's hooks do not move. A module runs on its map entry's device, or for one
+      offloaded ("cpu", "disk") beside accelerators the first of those, as `accelerate.dispatch_model` has it.
+
+    Every scheme is checked for the first before any for the second."""
     device_map = getattr(model, "hf_device_map", None)
     if not device_map:
         return
-    for name, module in model.named_modules():
-        if isinstance(module, PositionScheme) and any(parameter.is_meta for parameter in module.parameters()):
-            placed = max(((key, device) for key, device in device_map.items()
-                          if not key or name == key or name.startswith(f"{key}.")), key=lambda entry: len(entry[0]))[1]
+    schemes = [(name, module) for name, module in model.named_modules() if isinstance(module, PositionScheme)]
+    for name, module in schemes:
+        if any(parameter.is_meta for parameter in module.parameters()):
+            placed = max(((key, device) for key, device in device_map.items() if places_module(key, name)),
+                         key=lambda entry: len(entry[0]))[1]
             raise ValueError(
                 f"device_map puts {name} (position_scheme {model.config.position_scheme!r}) on {placed!r}: the "
                 "attention layers read a scheme's parameters outside its forward, where accelerate never loads an "
                 f"offloaded module's weights; give {name} a device in device_map (the layers may stay offloaded) or "
                 "raise max_memory")
-
-
-def check_stacks_on_one_device(model: nn.Module) -> None:
-    """One ValueError where a `device_map` runs a stack's layers, or its position scheme, on more than one device:
-    every layer reads the position context its stack's scheme builds once per call on the scheme's device (index
-    tables, masks, angles, and the scheme's parameters), which accelerate's hooks do not move. A module's device is
-    where accelerate runs it: its map entry, or for one offloaded ("cpu", "disk") beside accelerators the first of
-    those, as `accelerate.dispatch_model` has it."""
-    device_map = getattr(model, "hf_device_map", None)
-    if not device_map:
-        return
     accelerators = [device for device in device_map.values() if device not in ("cpu", "disk")]
     main_device = accelerators[0] if accelerators else "cpu"
 
     def runs_on(device: int | str) -> int | str:
         return main_device if device in ("cpu", "disk") else device
 
-    for name, module in model.named_modules():
-        if not isinstance(module, PositionScheme):
-            continue
+    for name, _ in schemes:
         stack = name.rpartition(".")[0]
         parts = (name, f"{stack}.layers")   # the scheme and every layer of its stack, or a module holding them
         devices = {runs_on(device) for key, device in device_map.items()
-                   if any(not key or part == key or part.startswith(f"{key}.") or key.startswith(f"{part}.")
-                          for part in parts)}
+                   if any(places_module(key, part) or key.startswith(f"{part}.") for part in parts)}
         if len(devices) > 1:
             raise ValueError(
                 f"device_map runs the layers of {stack} and its position scheme ({name}) on more than one device "
@@ -1142,8 +1142,7 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
                 "incomplete or foreign checkpoint would load with random weights. Pass allow_missing_weights=True "
                 "to initialise them on purpose."
             )
-        check_scheme_not_offloaded(model)
-        check_stacks_on_one_device(model)
+        check_schemes_placed(model)
         return (model, info) if return_info else model
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
