@@ -150,14 +150,14 @@ def record_scores_in_place(model: RelPosTransformerForConditionalGeneration, mod
 
 def run_record(model_args: ModelArguments, data_args: DataArguments, training_args: TranslationTrainingArguments,
                training_seconds: float | None = None) -> RunRecord:
-    """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it
-    added (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the
-    argument that bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs
-    per batch only without a token budget, its pools only with one; the adam_* its optimizer takes; the join size
-    only with joined pairs; a new tokenizer's settings only when the run trains one; the demo corpus's only when the
-    run reads it) and the length ratio where it is 1 and the half-precision evaluations where off, the processes (and whether `accelerate launch` sharded
-    them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date, the code
-    (`package_version`) and the releases it ran with."""
+    """This run as its model card describes it: the recipe it trained from (the YAML file's stem) and the flags it added
+    (and the program and the folder it was started by and in), each recipe field of `RunRecord` from the argument that
+    bears its name, but those the run did not read (steps or epochs, whichever the run counts; the pairs per batch only
+    without a token budget, its pools only with one; the adam_* its optimizer takes; the join size only with joined
+    pairs; a new tokenizer's settings only when the run trains one; the demo corpus's only when the run reads it) and
+    the length ratio where it is 1 and the half-precision evaluations where off, the processes (and whether `accelerate
+    launch` sharded them, FSDP: its ACCELERATE_USE_FSDP), the hardware and (after training) the training time, the date,
+    the code (`package_version`) and the releases it ran with."""
     omitted = {"num_train_epochs" if training_args.max_steps > 0 else "max_steps"}
     # pairs per batch with a token budget, the budget's pools without one
     omitted.add("per_device_train_batch_size" if training_args.max_tokens_per_batch is not None else "length_pool_factor")
