@@ -147,6 +147,23 @@ def test_the_app_and_the_model_take_the_same_kernel_names():
             check("bogus")
 
 
+@pytest.mark.parametrize("name, runs", [("paged|sdpa", "sdpa"), ("paged|eager", None)])
+def test_a_paged_kernel_name_is_taken_alike_at_load_and_when_set(tmp_path, name, runs):
+    """transformers runs sdpa for "paged|sdpa" (it drops the prefix of every kernel but "paged|eager"): shaw, which
+    runs on sdpa, takes that name when it is set as when it is loaded; "paged|eager", transformers' own kernel, is
+    refused both ways, naming the scheme."""
+    model_with("sdpa", "shaw").save_pretrained(tmp_path)
+    load = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained
+    if runs is None:
+        for attempt in (lambda: load(tmp_path, attn_implementation=name), lambda: model_with(name, "shaw")):
+            with pytest.raises(ValueError, match=r"position_scheme 'shaw' adds .* 'paged\|eager' cannot take"):
+                attempt()
+        return
+    with pytest.warns(FutureWarning, match="paged"):
+        loaded, built = load(tmp_path, attn_implementation=name), model_with(name, "shaw")
+    assert loaded.config._attn_implementation == built.config._attn_implementation == runs
+
+
 def test_flex_attention_selected_at_load_time(tmp_path):
     model_with("sdpa", "xl").save_pretrained(tmp_path)
     loaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(

@@ -34,6 +34,8 @@ from .triton_relative import check_device, check_runs_on, clipped_relative_atten
 RELPOS_KERNELS = ("eager", "sdpa", "flex_attention", TRITON_KERNEL)
 # transformers' prefix for a kernel run on its paged KV cache ("paged|sdpa").
 PAGED_PREFIX = "paged|"
+# the one paged kernel transformers keeps under its prefixed name; for any other it drops the prefix
+PAGED_EAGER = "paged|eager"
 # the kernels that take `KeyDropout` (attention_dropout_kind "keys"); relpos_triton drops probabilities instead
 KEY_DROPOUT_KERNELS = ("eager", "sdpa", "flex_attention")
 # the kernels that drop attention probabilities after the softmax (attention_dropout_kind "probabilities");
@@ -798,6 +800,14 @@ def check_kernel_device(kernel: str | None, device: torch.device) -> None:
     check = KERNEL_DEVICE_CHECKS.get(kernel or "")
     if check is not None:
         check(device)
+
+
+def kernel_run_for(name: str | None) -> str | None:
+    """The kernel transformers runs for `attn_implementation` `name`: the name without the "paged|" prefix, which
+    transformers drops from every kernel but its paged eager kernel (`_check_and_adjust_attn_implementation`)."""
+    if name is None or name == PAGED_EAGER:
+        return name
+    return name.removeprefix(PAGED_PREFIX)
 
 
 def check_kernel_name(name: str) -> str:

@@ -57,6 +57,7 @@ from .attention_functions import (
     check_kernel_name,
     dense_mask,
     eager_attention_forward,
+    kernel_run_for,
     prepare_kernel,
 )
 from .configuration_relpos import RelPosTransformerConfig
@@ -225,7 +226,9 @@ def scheme_additions(config: RelPosTransformerConfig, is_decoder: bool) -> list[
 
 def check_kernel(config: RelPosTransformerConfig, kernel: str | None) -> None:
     """`require_relpos_kernel` when a model is built or its kernel is set, for what `config` adds to attention in
-    either stack (`scheme_additions`); the attention module applies the same rule to each call's terms."""
+    either stack (`scheme_additions`), on the kernel transformers runs for the name (`kernel_run_for`: "paged|sdpa"
+    runs sdpa); the attention module applies the same rule to each call's terms."""
+    kernel = kernel_run_for(kernel)
     if is_relpos_kernel(kernel):
         return
     additions = scheme_additions(config, False) + scheme_additions(config, True)
