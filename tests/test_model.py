@@ -1010,3 +1010,16 @@ def test_generate_on_padded_sources_without_their_mask_warns_that_the_encoder_at
     assert not warnings_logged(caplog, lambda: model.generate(input_ids=ids, attention_mask=(ids != 0).long(),
                                                               **settings))
     assert not warnings_logged(caplog, lambda: model.generate(input_ids=ids[:1], **settings))
+
+
+def test_the_source_relative_cap_and_the_padding_warning_read_the_pad_token_generate_is_given(caplog):
+    """A pad_token_id passed to generate is the padding both the cap's source lengths and the unmasked-padding warning
+    look for, before the generation config's and the model's (as generate resolves it); then the model's."""
+    model = tiny_model("shaw")
+    ids = torch.tensor([[5, 6, 7, 8, 1], [9, 10, 1, 3, 3]])
+    caps = dict(max_len_a=1.0, max_len_b=0, max_new_tokens=50)
+    assert model.new_token_limits(ids, pad_token_id=3, **caps).tolist() == [5, 3]
+    assert model.new_token_limits(ids, **caps).tolist() == [5, 5]
+    settings = dict(max_new_tokens=3, do_sample=False, num_beams=1)
+    warned = warnings_logged(caplog, lambda: model.generate(input_ids=ids, pad_token_id=3, **settings))
+    assert any("(pad_token_id 3)" in message for message in warned)

@@ -1553,16 +1553,28 @@ class RelPosTransformerForConditionalGeneration(RelPosTransformerPreTrainedModel
         limit = relative_limit(config)
         if limit is None:
             return None
-        if config.eos_token_id is None and self.config.eos_token_id is None:
+        pad_token_id, eos_token_id = generate_special_ids(self, generate_kwargs)
+        if eos_token_id is None:
             raise ValueError("max_len_b caps each output by ending it with the end token: set eos_token_id")
         encoder_outputs = generate_kwargs.get("encoder_outputs")
         embedded = generate_kwargs.get("inputs_embeds")
         if embedded is None and encoder_outputs is not None:
             embedded = encoder_outputs[0]
-        pad_token_id = config.pad_token_id if config.pad_token_id is not None else self.config.pad_token_id
         lengths = source_lengths(inputs if inputs is not None else generate_kwargs.get("input_ids"), attention_mask,
                                  pad_token_id, embedded)
         return new_token_limits(lengths, *limit, longest_new_output(config, prompt_length))
+
+
+def generate_special_ids(model: PreTrainedModel, generate_kwargs: dict) -> tuple[int | None, int | list[int] | None]:
+    """pad_token_id and eos_token_id as `generate(**generate_kwargs)` resolves them: the keyword argument, else the
+    generation config's (the one passed, else the model's), else the model config's."""
+    config = generate_kwargs.get("generation_config") or model.generation_config
+    resolved = []
+    for name in ("pad_token_id", "eos_token_id"):
+        value = generate_kwargs.get(name)
+        value = getattr(config, name, None) if value is None else value
+        resolved.append(getattr(model.config, name, None) if value is None else value)
+    return resolved[0], resolved[1]
 
 
 def warn_of_unmasked_padding(model: RelPosTransformerForConditionalGeneration, generate_kwargs: dict) -> None:
@@ -1574,10 +1586,7 @@ def warn_of_unmasked_padding(model: RelPosTransformerForConditionalGeneration, g
     ids = generate_kwargs.get("inputs") if ids is None else ids
     if generate_kwargs.get("attention_mask") is not None or not torch.is_tensor(ids) or not is_token_id_matrix(ids):
         return
-    config = generate_kwargs.get("generation_config") or model.generation_config
-    pad, end = (generate_kwargs.get(name, getattr(config, name, None)) for name in ("pad_token_id", "eos_token_id"))
-    pad = model.config.pad_token_id if pad is None else pad
-    end = model.config.eos_token_id if end is None else end
+    pad, end = generate_special_ids(model, generate_kwargs)
     if pad is None or pad in (end if isinstance(end, list) else [end]) or not bool((ids == pad).any()):
         return
     logger.warning_once(f"generate: input_ids hold the pad token (pad_token_id {pad}) and no attention_mask was "
