@@ -917,10 +917,12 @@ def test_zero_length_pool_factor_is_refused_before_anything_is_written(tmp_path,
      "evaluation during training improves metric_for_best_model, and eval_strategy no evaluates only after training"),
     ({"seed": -1}, r"seed must be an integer in \[0, 2\*\*32 - 1\], got -1"),
     ({"data_seed": 2**32}, r"data_seed must be an integer in \[0, 2\*\*32 - 1\], got 4294967296"),
+    ({"generation_max_length": 1}, r"generation_max_length must be at least 2 \(it counts the decoder start token\), "
+                                   "got 1"),
 ], ids=["batch_size", "eval_batch_size", "accumulation", "workers", "smoothing>1", "smoothing<0", "beta", "epochs",
         "max_steps", "output_dir", "learning_rate", "weight_decay", "grad_norm", "epsilon", "save_steps", "eval_steps",
         "save_total_limit", "eval_accumulation_steps", "save_best", "save_best_without_evaluations", "seed",
-        "data_seed"])
+        "data_seed", "generation_max_length"])
 def test_a_training_argument_transformers_leaves_unchecked_is_one_error_before_anything_is_written(
         tmp_path, corpus, monkeypatch, overrides, message):
     """Left to transformers these fail once training starts (a traceback, with output_dir already written: batch size

@@ -71,6 +71,7 @@ from ..translation.arguments import (
     check_attn_implementation,
     import_modules_hint,
     import_user_modules,
+    short_max_length_error,
 )
 from ..translation.batching import cut_token_batches
 from ..translation.data import (
@@ -533,8 +534,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be a positive integer, got {value}")
-    if args.max_length == 1:   # the train_translation.py rule for generation_max_length: 1 leaves no new token
-        parser.error("--max_length must be at least 2 (it counts the decoder start token), got 1")
+    error = short_max_length_error("--max_length", args.max_length)
+    if error is not None:
+        parser.error(error)
     for name in ("max_len_a", "max_len_b"):
         value = getattr(args, name)
         if value is not None and not 0 <= value < float("inf"):

@@ -880,6 +880,14 @@ def hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> s
     return hub_model_id or Path(output_dir).resolve().name
 
 
+def short_max_length_error(name: str, max_length: int | None) -> str | None:
+    """The error for a total-length cap `name` of 1: generate's max_length counts the decoder start token, so 1 leaves
+    no new token; None for any other value."""
+    if max_length == 1:
+        return f"{name} must be at least 2 (it counts the decoder start token), got 1"
+    return None
+
+
 def check_hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike) -> None:
     """ConfigError naming `hub_model_id` (or output_dir's folder name that stands in for it) where `hub_repository`
     is not a repository id the Hub accepts (huggingface_hub's `validate_repo_id`)."""
@@ -977,8 +985,9 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                           "existing model folder with `python -m hf_relpos.publish.hub push FOLDER REPO`)")
     if training_args.push_to_hub:   # the push comes after the whole training: its repository id is checked now
         check_hub_repository(training_args.hub_model_id, training_args.output_dir)
-    if training_args.generation_max_length == 1:
-        raise ConfigError("generation_max_length must be at least 2 (it counts the decoder start token), got 1")
+    error = short_max_length_error("generation_max_length", training_args.generation_max_length)
+    if error is not None:
+        raise ConfigError(error)
     if training_args.length_pool_factor is not None and training_args.max_tokens_per_batch is None:
         logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
