@@ -39,6 +39,7 @@ def padded_batch():
     return input_ids, attention_mask, lengths
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_encoder_output_of_real_tokens_does_not_depend_on_padding(position_scheme):
     """The encoder states and decoder logits of a padded source's real tokens are those of the source alone, in
@@ -47,6 +48,7 @@ def test_encoder_output_of_real_tokens_does_not_depend_on_padding(position_schem
     check_padding_invariance(position_scheme)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 @pytest.mark.parametrize("overrides", [{}, {"keep_absolute_positions": True}])
 def test_a_left_padded_source_is_encoded_and_translated_as_alone(position_scheme, overrides):
@@ -930,6 +932,7 @@ def test_a_cached_decoding_step_without_padding_builds_no_self_attention_mask(po
     assert torch.equal(steps[False], steps[True])
 
 
+@pytest.mark.numerics
 def test_a_decoder_mask_of_the_new_tokens_puts_the_cached_tokens_before_them():
     """Cached decoding with a mask of the new tokens only, one of them padding: the cached tokens count as tokens
     before the new ones, so the last logits equal the uncached call's under the mask ones (cached) + the new tokens'

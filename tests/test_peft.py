@@ -74,6 +74,7 @@ ADAPTED = [(scheme, ATTENTION_TARGETS) for scheme in BUILT_IN_SCHEMES] + [
 ]
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize(("scheme", "targets"), ADAPTED)
 def test_saved_adapter_reloads_and_merges_to_the_same_logits(scheme, targets, tmp_path):
     """Adapters initialised at random (`init_lora_weights=False`), so each one changes the logits it reaches."""
@@ -93,6 +94,7 @@ def test_saved_adapter_reloads_and_merges_to_the_same_logits(scheme, targets, tm
     torch.testing.assert_close(logits(plain), expected, rtol=0, atol=1e-12)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("scheme", ["t5", "xl"])
 @pytest.mark.parametrize("num_beams", [1, 3])
 def test_generate_on_the_peft_model_equals_the_merged_model(scheme, num_beams):
