@@ -1,5 +1,5 @@
-"""Benchmark suite of issue #5; run each script as a module from the repository root, e.g.
-`python -m benchmarks.bench_training --quick`."""
+"""Benchmark suite: the cost of each position scheme against `absolute`; run each script as a module from the
+repository root, e.g. `python -m benchmarks.bench_training --quick`."""
 
 import shlex
 import sys

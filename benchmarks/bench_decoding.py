@@ -1,4 +1,4 @@
-"""Greedy `generate()` of exactly 128 new tokens with and without the KV cache, for every position scheme (issue #5).
+"""Greedy `generate()` of exactly 128 new tokens with and without the KV cache, for every position scheme.
 
 Tokens/s counts generated tokens (batch x new tokens). The cached path must be >= 5x faster than the uncached one,
 which re-runs the decoder over the whole prefix at every step. Scheme x cache runs round-robin, as in

@@ -1,4 +1,4 @@
-"""Serving cost: sentences/s and BLEU of PyTorch `generate` against CTranslate2 float32 and int8 (issue #49).
+"""Serving cost: sentences/s and BLEU of PyTorch `generate` against CTranslate2 float32 and int8.
 
 One trained model, exported to CTranslate2 (`hf_relpos.tools.export`) as float32 and int8, translates the same test
 set in the same run: beam 4 and the model's length penalty and length cap, fixed batches of 32 sentences in
@@ -9,7 +9,7 @@ from batch to batch, so load drift on a shared machine hits all engines alike.
 
 PyTorch runs with early_stopping=True, the beam search CTranslate2 implements (it stops once num_beams hypotheses
 have finished), so float32 can give the same lines; `pytorch (early_stopping=False)` is transformers' default search,
-as the model's generation config has it, for its BLEU and speed. Goals (issue #49): on the CPU, int8 >= 4x PyTorch's
+as the model's generation config has it, for its BLEU and speed. Goals: on the CPU, int8 >= 4x PyTorch's
 sentences/s at <= 0.3 BLEU loss, float32 >= 2x with identical lines; on a GPU, float16 >= 3x PyTorch bf16.
 
     python -m benchmarks.bench_inference MODEL_DIR --test_file multi30k/test.jsonl --threads 1 2 \

@@ -1,4 +1,4 @@
-"""bf16 training against float32 eager (issue #48, item 5): one model, one initialisation and one stream of batches,
+"""bf16 training against float32 eager: one model, one initialisation and one stream of batches,
 trained --steps steps three ways: float32 on `eager` (the reference), bf16 autocast on --kernel, and bf16 autocast on
 `eager` (what bf16 alone changes), in that order, the record rewritten after each. Records every step's loss of each
 run and each bf16 run's deviation from the reference, largest and over the last tenth of the steps. The kernel is

@@ -1,4 +1,4 @@
-"""Training throughput and peak memory of every position scheme, relative to `absolute` in the same run (issue #5).
+"""Training throughput and peak memory of every position scheme, relative to `absolute` in the same run.
 
 Two benchmarks, each forward + backward at a fixed token count per batch (batch = tokens // length):
   attention  one encoder self-attention layer alone (`RelPosAttention` + the stack's `PositionScheme`)

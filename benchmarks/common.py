@@ -116,7 +116,7 @@ def series_kernels(series: list[str]) -> str:
 
 def dropout_kind(kernel: str) -> str:
     """The recipes' attention dropout as `kernel` runs it: on the probabilities where it can, else (flex_attention)
-    as key dropout, the form the fused path runs (issue #47 item 8: level with it on validation for xl, 3 seeds)."""
+    as key dropout, the form the fused path runs (for xl, level with probability dropout on validation over 3 seeds)."""
     return "probabilities" if kernel in PROBABILITY_DROPOUT_KERNELS else "keys"
 
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The prepared GPU check (issues #47, #48), ordered so that the main figure comes first and survives a time limit.
+# The prepared GPU check of the fused kernels (flex_attention, relpos_triton), ordered so that the main figure comes
+# first and survives a time limit.
 # Every step is its own process that writes its record when it ends (bench_training: after each length), sized from
 # the calls measured on an H200 (docs/results/gpu_check/2026-11-27_h200_cae802d): a process starts in ~15 s,
 # relpos_triton's first call (compiles + autotuning of its encoder and decoder flag sets) takes ~95-120 s (a new
@@ -7,7 +8,8 @@
 # FlexAttention's ~5-17 s per scheme in the base model without dropout and ~190 s with key dropout, sdpa's < 5 s.
 # At most 8 minutes (480 s of limits; the steps took 276 s at a0f821f, docs/results/gpu_check/2026-12-04_h200_a0f821f,
 # and 264 s at d34293a, before (v) was added):
-#   (a) 205 s: issue #48's goal: base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
+#   (a) 205 s: the setting of relpos_triton's goals (at n = 512, shaw at least 0.85 x absolute's tokens/s and at most
+#       a tenth more peak memory): base model, attention dropout 0.1 (dropped probabilities), absolute and shaw on sdpa
 #       and relpos_triton (when triton is installed, else sdpa alone), n = 512, then 128, then 1024 (132-161 s in all)
 #   (t) 40 s: where the full model's step time goes at n = 512, absolute on sdpa and shaw on relpos_triton
 #       (benchmarks.step_timeline: drained and consecutive ms per step, host enqueue time, synchronizations, device
@@ -23,24 +25,24 @@
 #       (2026-12-04 at d34293a: 23.8 ms more a step for shaw at n = 16, the CPU measurement 5-7 ms: the rest is what
 #       only a GPU run does, the launches' driver calls or the device thread's hand-offs among the candidates)
 #   (c) 25 s: where shaw's extra time goes on relpos_triton: every CUDA kernel's device time in one training step of a
-#       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, issue #48's setting, n = 512, with the
-#       package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton --candidates package; the
-#       kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed the Triton forward); without
-#       triton, the operator profile of one self-attention layer on sdpa
+#       one-layer encoder-decoder, absolute on sdpa and shaw on relpos_triton, attention dropout 0.1 as in (a),
+#       n = 512, with the package's blocks timed per kernel by the autotuner (benchmarks.tune_relpos_triton
+#       --candidates package; the kernels compiled by (a) are cached; 2026-11-28: the operator-level profile missed
+#       the Triton forward); without triton, the operator profile of one self-attention layer on sdpa
 #   (d) 30 + 90 s: the CUDA tests of sdpa against eager (the flex_attention ones, 9 of which passed in 140 s on
 #       the H200, are FLEX_TESTS=1), then relpos_triton's kernels compiled for the GPU against the float64 oracle on
 #       bf16 inputs, dT stored in bf16 rounded to nearest even (CPU tests run Triton's interpreter, which truncates),
 #       and that a key the device's triton has tuned launches directly (its autotuner forms the key the
 #       package forms: else every launch would take the autotuner's path again), when triton is installed
 #   beyond the 8 minutes: KEY_DROPOUT=1 adds (f) 420 s: attention dropout 0.1 on the fused path, absolute and xl on sdpa
-#       (probabilities) and flex_attention (key dropout, its fused form: #47 item 8); FLEX=1 adds (b) 2 x 90 s: the
+#       (probabilities) and flex_attention (key dropout, its fused form); FLEX=1 adds (b) 2 x 90 s: the
 #       fused path at attention dropout 0, base model, n = 512, on sdpa and flex_attention: absolute / xl / t5, then
 #       absolute / shaw / alibi (two processes, so that one slow compile does not lose the other half; measured at
 #       3c5d2ac); TRITON_TESTS=1 adds 300 s: relpos_triton's bf16 and determinism tests compiled for the GPU (one
 #       passed in 90 s); DECODING=1 adds 150 + 120 s: cached decoding (every scheme, cached and uncached, written at
 #       the end: on the H200 at a0f821f it printed nothing within 50 s), then on the static cache (absolute and shaw; generate
 #       compiles the decoding step, not measured yet); PRECISION=1 adds 200 s: shaw's bf16 training on
-#       relpos_triton for 300 steps against float32 eager (issue #48 item 5; new flag sets, so relpos_triton compiles
+#       relpos_triton for 300 steps against float32 eager (new flag sets, so relpos_triton compiles
 #       again; the record rewritten after each of its three runs); ABLATE=1 adds 150 s: relpos_triton's op with its
 #       a^K bias, a^V masses and dropout switched off one at a time beside sdpa on the same inputs, n = 512, at the
 #       blocks the H200 chose (18 compiles); FLEX_TESTS=1 adds 300 s: flex_attention's CUDA tests; COMPILE=1 adds

@@ -262,9 +262,10 @@ def test_attention_dropout_reaches_every_model_and_the_record(tmp_path: Path, mo
         " (on the probabilities: sdpa, relpos_triton; key dropout: flex_attention)")
 
 
-def test_gpu_check_times_issue_48s_goal_first_one_process_per_step_within_eight_minutes(tmp_path: Path) -> None:
-    """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) issue
-    #48's goal setting (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then
+def test_gpu_check_times_relpos_tritons_goal_setting_first_one_process_per_step_within_eight_minutes(
+        tmp_path: Path) -> None:
+    """benchmarks/gpu_check.sh with a stand-in for `python -m` (every step's command recorded, none run): (a) the
+    setting of relpos_triton's goals (attention dropout 0.1, absolute and shaw on sdpa and relpos_triton, n = 512 first), then
     where the full model's step time goes, at n = 512 and at n = 16 (the host's own work), where that extra host work
     goes (the fused launches real or no-ops, the backward's thread), every CUDA kernel's time
     in that setting (with triton; else the operator profile of one layer), then the CUDA tests; every step writes its own record; the limits sum to at
