@@ -1,8 +1,8 @@
-r"""Issue #17 item 4: the multi30k_small_* recipes for their 20 epochs, the last 5 averaged, against the peer trained the
-same way (issue #50 item 3: still improving at the end, so not "converged").
+r"""The multi30k_small_* recipes for their 20 epochs, the last 5 averaged, against the peer trained the same way (not
+"converged", whatever the name says: the runs still improve at the end).
 
 Each recipe trains as it is (its epochs, about 230 pairs a step, inverse-sqrt schedule) with a checkpoint at the end of
-every epoch; the peer (HF MarianMTModel and the plain Seq2SeqTrainer with the issue's hyperparameters: batches of 64
+every epoch; the peer (HF MarianMTModel and the plain Seq2SeqTrainer with vs_marian.py's hyperparameters: batches of 64
 pairs, learning rate 1e-3, 400 warm-up steps) trains for the same number of epochs, also with a checkpoint per epoch;
 `peer+recipe-training` is the same MarianMTModel trained by hf_relpos' own trainer exactly as the recipes train (their
 tokenizer, token-budget batches, schedule, epochs and checkpoints), so that against a recipe only the model differs.
@@ -18,7 +18,7 @@ continues from its newest complete checkpoint when called again, and its record 
   python experiments/convergence.py --data ../shared/data/multi30k --work /tmp/convergence \
       --out docs/results/convergence --systems peer absolute shaw xl directional --seeds 1
   python experiments/convergence.py ... --systems peer+recipe-training absolute shaw xl directional rope \
-      --seeds 1 2 3     # issue #37 item 2: every system trained alike, three seeds
+      --seeds 1 2 3     # every system trained alike, three seeds
 """
 
 from __future__ import annotations
@@ -74,21 +74,21 @@ from hf_relpos.translation.safety import output_folder
 from hf_relpos.translation.training import run
 
 # The peer trained by hf_relpos' trainer exactly as the recipes train (their tokenizer, token-budget batches,
-# schedule, epochs): against a recipe, only the model class differs (issue #37 item 2).
+# schedule, epochs): against a recipe, only the model class differs.
 PEER_AS_RECIPE = "peer+recipe-training"
 PEERS = (PEER, PEER_AS_RECIPE)
-# A recipe with one setting changed, for the single-factor swaps between the peer and `absolute` (issue #50 item 4):
+# A recipe with one setting changed, for the single-factor swaps that test where the peer and `absolute` differ:
 # system -> (recipe, train_translation.py flags). The one structural difference left between the two networks is the
 # decoder start token (tests/test_convert.py, tests/test_experiments.py): the peer starts from <pad>, the recipe from
 # <s>.
-# `shaw+concat-0.5`: sentence concatenation trained into shaw for the recipes' epochs (issue #50 item 1: whether its
+# `shaw+concat-0.5`: sentence concatenation trained into shaw for the recipes' epochs (whether its
 # single-caption cost at the equal budget remains after 20 epochs; docs/results.md 5b); `shaw+concat-0.5-up-to-4`:
 # as many joined pairs, each of 2 to 4 captions, so training covers the longest level's lengths (a data remedy).
 RECIPE_OPTIONS = {"absolute+pad-start": ("absolute", ("--decoder_start_token", "pad")),
                   "shaw+concat-0.5": ("shaw", ("--concatenated_pairs", "0.5")),
                   "shaw+concat-0.5-up-to-4": ("shaw", ("--concatenated_pairs", "0.5", "--max_pairs_per_join", "4"))}
 SYSTEMS = (*PEERS, *RECIPE_SCHEMES, *RECIPE_OPTIONS)
-PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (the issue's hyperparameters)
+PEER_BATCH_SIZE = 64   # pairs per update of the plain peer (vs_marian.py's hyperparameters)
 RECIPE_DECODING = Decoding(beams=4, length_penalty=1.0, source_offset=50)
 
 
@@ -229,7 +229,7 @@ def markdown(results: dict) -> str:
         "HF MarianMT trained the same way",
         "",
         f"{settings['epochs']} epochs each, a checkpoint per epoch, the last {settings['last_n']} averaged. {recipes}; "
-        "`peer` with the issue's hyperparameters (64 pairs a step, learning rate "
+        "`peer` with vs_marian.py's hyperparameters (64 pairs a step, learning rate "
         f"1e-3, {settings['peer_warmup_steps']} warm-up steps), `peer+recipe-training` trained as the recipes are. "
         f"Decoding: beam {RECIPE_DECODING.beams}, length "
         f"penalty {RECIPE_DECODING.length_penalty}, at most the longest source + {RECIPE_DECODING.source_offset} new "

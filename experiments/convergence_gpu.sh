@@ -6,30 +6,30 @@
 #
 #   bash experiments/convergence_gpu.sh DATA WORK OUT "SYSTEMS" "SEEDS" [LIMIT_SECONDS] [-- convergence.py options]
 #
-# e.g. (issue #37 item 2: the peer trained as the recipes are, three seeds of every row)
+# e.g. (the peer trained as the recipes are, three seeds of every row)
 #   bash experiments/convergence_gpu.sh .data/multi30k /tmp/convergence "$OUT" \
 #       "peer+recipe-training absolute shaw xl directional rope" "1 2 3" 480
-# or (issue #50 item 3: every recipe and the peer trained as they are, to one stopping rule on validation BLEU: an
-# evaluation per epoch, stopped after 3 without a gain of more than 0.1, the last 5 averaged; report test2016 only,
-# since validation chose the stopping point)
+# or (every recipe and the peer trained as they are, to one stopping rule on validation BLEU: an evaluation per
+# epoch, stopped after 3 without a gain of more than 0.1, the last 5 averaged; report test2016 only, since
+# validation chose the stopping point)
 #   bash experiments/convergence_gpu.sh .data/multi30k /tmp/stopping "$OUT" \
 #       "peer+recipe-training absolute shaw xl directional rope" "1 2 3" 480 -- --epochs 100 --recipe-flags \
 #       --validation_file .data/multi30k/validation.jsonl --eval_strategy epoch --early_stopping_patience 3 \
 #       --early_stopping_threshold 0.1
 #
-# or (issue #50 item 4 with item 3's carried runs: the decoder start token swapped into absolute, the one structural
-# difference left between it and the peer, beside a third seed of every other row), sized to the one call a lease
-# has left after the check: a 20-epoch run took about 8.5 minutes with twelve at once on an H100, so eleven runs at
-# once, two invocations side by side (every whole run counts; a second call would finish the rest):
+# or (the decoder start token swapped into absolute, the one structural difference left between it and the peer, beside
+# a third seed of every other row), sized to the one call a lease has left after the check: a 20-epoch run took about
+# 8.5 minutes with twelve at once on an H100, so eleven runs at once, two invocations side by side (every whole run
+# counts; a second call would finish the rest):
 #   PARALLEL=5 bash experiments/convergence_gpu.sh .data/multi30k /tmp/seed3 "$OUT/seed3" \
 #       "peer+recipe-training shaw xl directional rope" "3" 540 &
 #   PARALLEL=6 bash experiments/convergence_gpu.sh .data/multi30k /tmp/swap "$OUT/swap" \
 #       "absolute absolute+pad-start" "1 2 3" 540; wait
 #
-# or (issue #50 item 1: joined-pair training for the recipes' 20 epochs, the criterion in docs/results.md 5b; each
-# finished run's averaged weights then scored by experiments/long_inputs.py as the recipes decode, against shaw of the
-# same seed; a joined-pair run has about twice as many steps as shaw's, up to 4 pairs per join 2.5 times, so a second
-# call in the same lease finishes what the first one's limit cut off):
+# or (joined-pair training for the recipes' 20 epochs, the criterion in docs/results.md 5b; each finished run's averaged
+# weights then scored by experiments/long_inputs.py as the recipes decode, against shaw of the same seed; a joined-pair
+# run has about twice as many steps as shaw's, up to 4 pairs per join 2.5 times, so a second call in the same lease
+# finishes what the first one's limit cut off):
 #   LONG_INPUTS="--length-penalty 1.0" PARALLEL=9 bash experiments/convergence_gpu.sh \
 #       .data/multi30k /tmp/joined "$OUT/joined" "shaw shaw+concat-0.5 shaw+concat-0.5-up-to-4" "1 2 3" 540
 #

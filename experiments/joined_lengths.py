@@ -1,7 +1,6 @@
 r"""How long the training sources are with joined pairs (`--concatenated_pairs R`, and `--max_pairs_per_join N`
-pairs in each at most; issue #50), against the longest
-level of experiments/long_inputs.py (K test captions joined into one sentence): whether that level stays longer
-than what the model trained on. Lengths in words (white-space separated), as long_inputs.py counts them.
+pairs in each at most), against the longest level of experiments/long_inputs.py (K test captions joined into one
+sentence): whether that level stays longer than what the model trained on. Lengths in words (white-space separated), as long_inputs.py counts them.
 
   python experiments/joined_lengths.py --data ../shared/data/multi30k --ratio 0.5 --seeds 1 2 [--max-pairs-per-join 4]
 """

@@ -1,4 +1,4 @@
-r"""Issue #50 item 1: do relative positions translate inputs longer than any in training better than absolute ones?
+r"""Do relative positions translate inputs longer than any in training better than absolute ones?
 
 Trained models (recipes and the peer, given as `--model SYSTEM:SEED=FOLDER`, e.g. the one-commit runs of
 vs_marian.py or convergence.py) translate levels built from Multi30k's test2016 and validation sets:
@@ -14,8 +14,8 @@ Each level is scored with cased sacreBLEU and chrF (the sacrebleu library, signa
 hypothesis/reference length ratio; per system, the mean and min-max over seeds. Per seed and level, the record also
 counts the outputs that used every new token their cap allowed (those the cap may have cut). Every model is decoded
 by the same function (vs_marian.translate_marking_caps: beam 4, length penalty 0.6 by default, batches sorted by
-source length) under the source-relative cap of issue #50 (at most `--max-len-a` x source tokens + `--max-len-b` new
-tokens, per source, for the peer too), without sentence splitting: the level measures the model, not the tools'
+source length) under a source-relative cap (at most `--max-len-a` x source tokens + `--max-len-b` new tokens, per
+source, for the peer too), without sentence splitting: the level measures the model, not the tools'
 splitter. Models are only read; nothing is trained here. The records go to `<out>/long_inputs.{json,md}`; experiments/report.py renders them
 into docs/results.md and feeds each level to the rule that chooses the default position_scheme.
 
@@ -349,8 +349,8 @@ def cap_table(results: dict) -> list[str]:
     return lines
 
 
-# Issue #50 item 1's options (a recipe trained with a length-generalization option, system "<recipe>+<option>") and
-# the criterion for adopting one, stated in docs/results.md 5b before their first number: with at least OPTION_SEEDS
+# The length-generalization options (a recipe trained with one, system "<recipe>+<option>") and the criterion
+# for adopting one, stated in docs/results.md 5b before their first number: with at least OPTION_SEEDS
 # seeds each, (a) at OPTION_LEVEL its mean share of single-caption BLEU kept leads the recipe's by more than the
 # recipe's seed spread on validation and is not below it on test2016, (b) its mean single-caption BLEU is at most
 # OPTION_COST below the recipe's on both sets.
@@ -428,7 +428,7 @@ def options_table(results: dict) -> list[str]:
     return lines
 
 
-# The decoding study of issue #50 item 1 (docs/results.md 5b, each criterion stated before its first number on a
+# The decoding study for long inputs (docs/results.md 5b, each criterion stated before its first number on a
 # recipe model): a decoding option, a source-relative minimum length (--min-len-a) or blocked repeated n-grams
 # (--no-repeat-ngram-size), against the same models decoded without it. It becomes the recipes' saved default only if
 # on validation it raises BLEU at OPTION_LEVEL for every model and lowers none's single-caption BLEU by more than

@@ -27,7 +27,7 @@ Writes <out>/marian_conversion.json and .md. The figures in docs/results.md (2 C
   nice -n 15 python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_600 \
       --out docs/results/marian_conversion/train600 --d-model 128 --learning-rate 1e-3 --train-steps 600 \
       --finetune-steps 150 --test-sentences 500
-Issue #38, the hybrid against absolute kept and shaw, three seeds (section 5's peer on the recipes' tokenizer,
+The hybrid against absolute kept and shaw, three seeds (section 5's peer on the recipes' tokenizer,
 vs_marian.py's peer+recipe-tokenizer row):
   python experiments/marian_conversion.py --data ../shared/data/multi30k --work /tmp/marian_hybrid \
       --out docs/results/marian_conversion/peer_hybrid --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model \
@@ -43,8 +43,8 @@ Seeds can be fine-tuned by separate invocations (one per core, each with its own
 joined without training or decoding:
   python experiments/marian_conversion.py --out docs/results/marian_conversion/peer_hybrid \
       --merge /tmp/marian_hybrid_s1/marian_conversion.json /tmp/marian_hybrid_s2/marian_conversion.json
-The long bucket's token lengths and its source-relative caps (issue #50: 1.0 x source tokens + 50) against the fixed
---long-max-new-tokens the records above decoded with (no training, no decoding):
+The long bucket's token lengths and its source-relative caps (1.0 x source tokens + 50, the long-input records' cap)
+against the fixed --long-max-new-tokens the records above decoded with (no training, no decoding):
   python experiments/marian_conversion.py --data ../shared/data/multi30k --out docs/results/marian_conversion/peer_hybrid \
       --marian-model /tmp/vs_marian/peer+recipe-tokenizer/seed1/model --long-pairs 200 --describe-long-bucket
 Smoke run on the generated demo corpus (a minute): add `--quick` (and no --data).

@@ -66,13 +66,13 @@ EQUAL_BUDGET_ROWS = {"absolute": "marian-matched", "shaw": "shaw-matched+t2t-tab
 RECIPES = {scheme: path for scheme in SCHEMES if (ROOT / (path := f"configs/multi30k_small_{scheme}.yaml")).is_file()}
 RECIPE_SCHEMES = {Path(path).stem: scheme for scheme, path in RECIPES.items()}   # recipe name -> its scheme
 UNMEASURED = "not measured"
-# Issue #37: the recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
+# The recipes and the peer (on the recipes' tokenizer) at the equal budget, every run from one commit.
 ONE_COMMIT = "vs_marian/recipes_one_commit/vs_marian.json"
 TWENTY_EPOCHS_ONE_COMMIT = "convergence/one_commit_seeds_1_2/convergence.json"
-# Issue #50 item 3: the third seed of every row of TWENTY_EPOCHS_ONE_COMMIT, trained later from another commit on
+# The third seed of every row of TWENTY_EPOCHS_ONE_COMMIT, trained later from another commit on
 # another GPU (an H200), with every recipe as committed then (xl's attention dropout 0.1 among them).
 TWENTY_EPOCHS_SEED_3 = "convergence/seed_3_d34293a/convergence.json"
-# Issue #52: data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
+# Data preparation at WMT scale on the 2-core CPU machine (benchmarks/bench_data.py).
 DATA_PREPARATION = "benchmarks/data_preparation/cpu_2core.json"
 # Model settings runs trained with that their record, written before runs recorded their model, does not hold: the
 # `xl` rows of the one-commit records ran with attention dropout 0, the recipe then.
@@ -317,10 +317,16 @@ def fused_rows(scheme: str) -> list[dict]:
     return rows
 
 
+# relpos_triton's goals for shaw against absolute in the base model at attention dropout 0.1: at least this share of
+# absolute's tokens/s, at most this share more peak memory.
+RELPOS_TRITON_SPEED_GOAL = 0.85
+RELPOS_TRITON_MEMORY_GOAL = 0.10
+
+
 def benchmarks_h200_summary() -> str:
-    """The fused kernels at the code as it is, in words, from the H200 records, with issue #48's two goals at n = 512
-    (shaw on relpos_triton at attention dropout 0.1: at least 0.85 x absolute's tokens/s, at most a tenth more peak
-    memory) and relpos_triton's first timing before the changes since."""
+    """The fused kernels at the code as it is, in words, from the H200 records, with relpos_triton's two goals at
+    n = 512 (RELPOS_TRITON_SPEED_GOAL, RELPOS_TRITON_MEMORY_GOAL) and relpos_triton's first timing before the changes
+    since."""
     triton_record, *flex_records = (read(path) for path in H200_FUSED)
     triton_rows = {row["scheme"]: row for row in triton_record["training"]}
     fused, unfused = triton_rows["shaw@relpos_triton"], triton_rows["shaw@sdpa"]
@@ -328,8 +334,8 @@ def benchmarks_h200_summary() -> str:
     first = {row["scheme"]: row for row in first_record["training"]}["shaw@relpos_triton"]
     first_code = first_record["meta"]["code"].removesuffix("-dirty")
     meta = triton_record["meta"]
-    speed_met = "met" if fused["ratio"] >= 0.85 else "not met"
-    memory_met = "met" if fused["memory_overhead"] <= 0.10 else "not met"
+    speed_met = "met" if fused["ratio"] >= RELPOS_TRITON_SPEED_GOAL else "not met"
+    memory_met = "met" if fused["memory_overhead"] <= RELPOS_TRITON_MEMORY_GOAL else "not met"
     flex_rows = [{row["scheme"]: row for row in record["training"]} for record in flex_records]
     absolute = " and ".join(f"{rows['absolute@flex_attention']['ratio']:.2f}x" for rows in flex_rows)
     flex = "; ".join(f"{scheme} {rows[f'{scheme}@flex_attention']['ratio']:.2f}x against "
@@ -343,8 +349,10 @@ def benchmarks_h200_summary() -> str:
             f"dropout {meta['attention_dropout']:g}: `shaw` with a^V on `relpos_triton` {fused['ratio']:.2f}x, peak "
             f"memory {fused['memory_overhead']:+.1%} ({first['ratio']:.2f}x and {first['memory_overhead']:+.1%} at "
             f"`{first_code}`, before the three changes below); on sdpa {unfused['ratio']:.2f}x, "
-            f"{unfused['memory_overhead']:+.1%}. Issue #48's goals at this length: speed {speed_met}, memory "
-            f"{memory_met}. At attention dropout {flex_records[0]['meta']['attention_dropout']:g}, `flex_attention` "
+            f"{unfused['memory_overhead']:+.1%}. `relpos_triton`'s goals at this length (at least "
+            f"{RELPOS_TRITON_SPEED_GOAL:g} x absolute's tokens/s, at most {RELPOS_TRITON_MEMORY_GOAL:.0%} more peak "
+            f"memory): speed {speed_met}, memory {memory_met}. At attention dropout "
+            f"{flex_records[0]['meta']['attention_dropout']:g}, `flex_attention` "
             f"against sdpa (two processes): absolute {absolute}; {flex}.\n\n"
             + relpos_triton_lengths(H200_LENGTHS_CHECK, "a later lease; the kernel code of `3c5d2ac`, its blocks "
                                     "autotuned per power-of-two length bucket")
@@ -365,7 +373,8 @@ def benchmarks_h200_summary() -> str:
 
 
 def relpos_triton_lengths(check: str, code_note: str) -> str:
-    """shaw on relpos_triton against absolute at every length of the check's H200 record (issue #48's setting):
+    """shaw on relpos_triton against absolute at every length of the check's H200 record (the setting of
+    relpos_triton's goals: the base model at attention dropout 0.1):
     the ratios, the peak memory, and the extra milliseconds per step (medians over the timed rounds, against the
     faster of absolute's two series), which show how the gap grows with n, and the largest spread of one series'
     timed rounds (slowest / fastest - 1). `code_note` says what the code is."""
@@ -383,14 +392,15 @@ def relpos_triton_lengths(check: str, code_note: str) -> str:
         return ", ".join(f"{(statistics.median(rows[(n, scheme)]['seconds']) - absolute[n]) * 1000:.1f}"
                          for n in lengths)
 
-    met = [n for n in lengths if rows[(n, "shaw@relpos_triton")]["ratio"] >= 0.85]
+    met = [n for n in lengths if rows[(n, "shaw@relpos_triton")]["ratio"] >= RELPOS_TRITON_SPEED_GOAL]
     spread = max(max(row["seconds"]) / min(row["seconds"]) - 1 for row in rows.values())
     return (f"At n = {', '.join(map(str, lengths))} (code `{meta['code']}`: {code_note}; "
             f"[`{check}`](results/{check}/README.md)), attention dropout "
             f"{meta['attention_dropout']:g}: `shaw` on `relpos_triton` {listed('shaw@relpos_triton', 'ratio', '.2f')} "
             f"x absolute, peak memory {listed('shaw@relpos_triton', 'memory_overhead', '+.1%')}; on sdpa "
-            f"{listed('shaw@sdpa', 'ratio', '.2f')} x, {listed('shaw@sdpa', 'memory_overhead', '+.1%')}. Issue #48's "
-            f"speed goal met at {', '.join(f'n = {n}' for n in met) or 'none of them'}. Per step, `shaw` on "
+            f"{listed('shaw@sdpa', 'ratio', '.2f')} x, {listed('shaw@sdpa', 'memory_overhead', '+.1%')}. The speed "
+            f"goal ({RELPOS_TRITON_SPEED_GOAL:g} x absolute) met at "
+            f"{', '.join(f'n = {n}' for n in met) or 'none of them'}. Per step, `shaw` on "
             f"`relpos_triton` takes {extra_ms('shaw@relpos_triton')} ms more than `absolute` "
             f"({', '.join(f'{absolute[n] * 1000:.1f}' for n in lengths)} ms; medians of {meta['repeats']} rounds), "
             f"on sdpa {extra_ms('shaw@sdpa')} ms more. The timed rounds of one series differ by up to {spread:.0%}.\n")
@@ -476,9 +486,9 @@ def h200_step_timeline(timeline: str, kernel_times: str) -> str:
 
 
 def relpos_triton_noise(check: str, earlier: str) -> str:
-    """What one run tells, from two checks' records of issue #48's setting: `absolute` on `relpos_triton` (sdpa under
-    that name, computed as `absolute` on sdpa) against `absolute` on sdpa at each length, beside `shaw` on
-    `relpos_triton` in both checks."""
+    """What one run tells, from two checks' records of the base model at attention dropout 0.1: `absolute` on
+    `relpos_triton` (sdpa under that name, computed as `absolute` on sdpa) against `absolute` on sdpa at each length,
+    beside `shaw` on `relpos_triton` in both checks."""
     def ratios(path: str, scheme: str) -> tuple[str, str]:
         record = read(f"{path}/{H200_LENGTHS_RECORD}")
         rows = {row["length"]: row for row in record["training"] if row["scheme"] == scheme}
@@ -789,7 +799,7 @@ def readme_cost() -> str:
                             "kernels"], rows)
 
 
-# Issue #49: PyTorch generate against CTranslate2 on the CPU, one model, every engine in the same run.
+# PyTorch generate against CTranslate2 on the CPU, one model, every engine in the same run.
 INFERENCE_CPU = "inference/cpu_multi30k_small_absolute/inference.json"
 
 
@@ -804,7 +814,8 @@ def inference_provenance(record: dict, path: str, prefix: str) -> str:
 
 
 def inference_goals(record: dict) -> str:
-    """Issue #49's CPU goals, each against the record's runs: met or not, with the measured figures."""
+    """bench_inference's CPU goals (the record's `goals`), each against the record's runs: met or not, with the
+    measured figures."""
     sentences = record["sentences"]
     lines = []
     for run in record["runs"]:
@@ -1117,7 +1128,7 @@ def results_convergence() -> str:
     return "\n".join(passages)
 
 
-# Issue #50 item 1 after the recipes' 20 epochs: the averaged weights of TWENTY_EPOCHS_SEED_3's runs on long inputs.
+# After the recipes' 20 epochs: the averaged weights of TWENTY_EPOCHS_SEED_3's runs on long inputs.
 LONG_INPUTS_TWENTY_EPOCHS_SEED_3 = f"{LONG_INPUTS}/converged_seed_3_d34293a/long_inputs.json"
 
 
@@ -1285,7 +1296,7 @@ def results_length_generalization_fresh_sets() -> str:
 
 
 def marian_conversion_passage(path: str) -> Callable[[], str]:
-    """Issue #38's conversion experiments: the record and its command, then marian_conversion.py's own tables."""
+    """The Marian conversion experiments: the record and its command, then marian_conversion.py's own tables."""
 
     def passage() -> str:
         record = read(path)
@@ -1309,7 +1320,7 @@ def long_inputs_command(settings: dict) -> str:
     return command_line("experiments/long_inputs.py", long_inputs.build_parser(), settings)
 
 
-# Issue #50 item 1's decoding study: the same models decoded by several settings, one long_inputs.py record each,
+# The decoding study for long inputs: the same models decoded by several settings, one long_inputs.py record each,
 # docs/results/long_input_decoding/<name>/ (not among the rule's long-input records: one decoding per column there).
 LONG_INPUT_DECODING = "long_input_decoding"
 DECODING_STUDY_LEVELS = ("1 caption", "4 as one sentence", "4 as sentences", "longest 10 %")
@@ -1402,35 +1413,35 @@ def results_long_inputs() -> str:
                 if (relative := path.relative_to(RESULTS).as_posix()) != LONG_INPUTS_TWENTY_EPOCHS_SEED_3]
     return "\n".join(passages) if passages else (
         "No record yet: the trained models of the one-commit tables were not kept where this was written, and the "
-        "three-seed runs need a machine with the time for them (issue #50).\n")
+        "three-seed runs need a machine with the time for them.\n")
 
 
 # The joined-pair study at the recipes' 20 epochs (docs/results.md 5b): convergence.py's record of the runs and
-# long_inputs.py's record of their averaged weights, with `--baseline shaw`. Issue #50's goal: the option keeps at least
-# this % of its single-caption BLEU at long_inputs.OPTION_LEVEL on both sets, besides meeting the criterion.
+# long_inputs.py's record of their averaged weights, with `--baseline shaw`. The long-input goal: the option keeps at
+# least this % of its single-caption BLEU at long_inputs.OPTION_LEVEL on both sets, besides meeting the criterion.
 JOINED_PAIRS_20_EPOCHS = "joined_pairs_20_epochs"
-ISSUE_50_KEPT_GOAL = 70.0
+LONG_INPUT_KEPT_GOAL = 70.0
 
 
 def joined_pairs_goal(record: dict) -> str:
-    """Each option of a long_inputs.py record against its recipe: the criterion's verdict and issue #50's goal."""
+    """Each option of a long_inputs.py record against its recipe: the criterion's verdict and the long-input goal."""
     lines = []
     for option, recipe in long_inputs.option_rows(record):
         verdict, figures = long_inputs.option_verdict(record, option, recipe)
         kept = {set_name: figures[f"{set_name} kept"] for set_name in long_inputs.SETS if f"{set_name} kept" in figures}
-        reached = len(kept) == len(long_inputs.SETS) and min(kept.values()) >= ISSUE_50_KEPT_GOAL
+        reached = len(kept) == len(long_inputs.SETS) and min(kept.values()) >= LONG_INPUT_KEPT_GOAL
         outcome = ("not decided" if verdict.startswith("not decided") else
                    "met" if verdict == "adopted" and reached else "not met")
         shares = " and ".join(f"{value:.1f} % on {set_name}" for set_name, value in kept.items())
         lines.append(f"`{option}` against `{recipe}`: {verdict}. At `{long_inputs.OPTION_LEVEL}` it keeps {shares} "
-                     f"of its single-caption BLEU (issue #50's goal: at least {ISSUE_50_KEPT_GOAL:g} % on both sets, "
-                     f"with the criterion met): goal {outcome}.")
+                     f"of its single-caption BLEU (the long-input goal: at least {LONG_INPUT_KEPT_GOAL:g} % on both "
+                     f"sets, with the criterion met): goal {outcome}.")
     return "\n".join(lines) + "\n"
 
 
 def results_joined_pairs_20_epochs() -> str:
     """The joined-pair study at the recipes' 20 epochs: the training record (convergence.py's tables), the long-input
-    record of the same averaged weights (long_inputs.py's tables, the criterion's verdict), and issue #50's goal."""
+    record of the same averaged weights (long_inputs.py's tables, the criterion's verdict), and the long-input goal."""
     training_path = f"{JOINED_PAIRS_20_EPOCHS}/convergence.json"
     long_path = f"{JOINED_PAIRS_20_EPOCHS}/long_inputs.json"
     record = read(training_path)
@@ -1467,8 +1478,8 @@ def results_marian_long_lengths() -> str:
     lengths = (f"\n\nRecord [`{MARIAN_LONG_BUCKET}`](results/{MARIAN_LONG_BUCKET}) (`{bucket['command']}`): the bucket's "
                f"{bucket['pairs']} sources have {bucket['source_tokens']['mean']:.1f} tokens on average (at most "
                f"{bucket['source_tokens']['max']}) and its references {bucket['reference_tokens']['mean']:.1f} (at most "
-               f"{bucket['reference_tokens']['max']}), under the recipes' tokenizer (that of the folder in the command), `</s>` included. The source-relative "
-               f"cap of issue #50 ({bucket['max_len_a']:g} x source tokens + {bucket['max_len_b']}) is "
+               f"{bucket['reference_tokens']['max']}), under the recipes' tokenizer (that of the folder in the command), `</s>` included. The long-input records' "
+               f"source-relative cap ({bucket['max_len_a']:g} x source tokens + {bucket['max_len_b']}) is "
                f"{bucket['source_relative_caps']['min']} to {bucket['source_relative_caps']['max']} new tokens per "
                f"source (the smallest, {bucket['source_relative_caps']['min'] / bucket['reference_tokens']['mean']:.1f} "
                f"times the references' mean length); it exceeds the fixed {bucket['max_new_tokens']} these runs decoded with for "
@@ -1478,7 +1489,7 @@ def results_marian_long_lengths() -> str:
                             ratios.items()]) + lengths
 
 
-# Issue #50, the hybrids of section 6 on the long inputs: long_inputs.py's record of Marian (the peer the conversions
+# The hybrids of section 6 on the long inputs: long_inputs.py's record of Marian (the peer the conversions
 # start from) and of its fine-tuned conversions, one fine-tuning seed per run.
 MARIAN_HYBRID_LONG_INPUTS = "marian_conversion/peer_hybrid_long_inputs/long_inputs.json"
 HYBRID_LEVELS = ("1 caption", "4 as one sentence", "longest 10 %")

@@ -1,7 +1,6 @@
-r"""Translation quality at an equal budget: HF MarianMT (the peer) against hf_relpos recipes on Multi30k En->De
-(issue #17).
+r"""Translation quality at an equal budget: HF MarianMT (the peer) against hf_relpos recipes on Multi30k En->De.
 
-Rows are named. `peer` is a `MarianMTModel` trained with the plain `Seq2SeqTrainer`, as the issue specifies:
+Rows are named. `peer` is a `MarianMTModel` trained with the plain `Seq2SeqTrainer`:
 MarianConfig d_model 256, 3+3 layers, FFN 1024, 4 heads, dropout 0.1, attention dropout 0.1, activation dropout 0,
 gelu, Post-LN, scaled and shared+tied embeddings; its own BPE tokenizer (NFKC, Metaspace, 8000 pieces on both sides
 of train, `</s>` appended); `Seq2SeqTrainingArguments(max_steps=1500, per_device_train_batch_size=64,
@@ -113,11 +112,11 @@ EMBEDDING_INIT_FLAGS = {"recipe": (), "hf": ("--model.embedding_init_std", "0.02
                         "vaswani": ("--model.embedding_init_std", "null")}
 MARIAN_ARCHITECTURE = "--model.layer_norm_position post --model.activation_function gelu --model.attention_dropout 0.1"
 SENTENCE_BATCHES = "--max_tokens_per_batch null --per_device_train_batch_size 64"   # the peer's batching
-# The recipes' token batches before issue #17 pooled them: sorted by length over the whole corpus (no pools).
+# The recipes' token batches before length pools: sorted by length over the whole corpus (no pools).
 CORPUS_SORTED_TOKEN_BATCHES = "--length_pool_factor null"
-# The ablation rows start from the recipes as they were before issue #17 changed them (their Adam epsilon and
-# batches; their token-embedding init is `--init vaswani`).
-RECIPE_BEFORE_ISSUE_17 = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
+# The ablation rows start from the recipes' first settings, before matching the peer changed them: Adam epsilon
+# 1e-9 and corpus-sorted batches (their token-embedding init is `--init vaswani`).
+FIRST_RECIPE_SETTINGS = f"--adam_epsilon 1e-9 {CORPUS_SORTED_TOKEN_BATCHES}"
 # Flags a `<scheme>-matched` row adds so that it still trains what its stored runs trained after a default changed:
 # shaw-matched ran when the a^K/a^V tables started at init_std (0.02), before Tensor2Tensor's scale became the default.
 MATCHED_ROW_PINS = {"shaw": "--model.relative_embedding_init_std 0.02"}
@@ -131,7 +130,7 @@ RECIPE_SCHEMES = tuple(scheme for scheme in POSITION_SCHEMES
 MATCHED_FROM_OWN_RECIPE = ("absolute", "shaw", "xl", "directional")
 # A row flag value replaced by the folder of the peer's own tokenizer (trained once under --work): the tokenizer row.
 PEER_TOKENIZER = "@peer-tokenizer"
-# marian-matched with one difference to the peer put back at a time (issue #17's list): each row changes one thing.
+# marian-matched with one difference to the peer put back at a time: each row changes one thing.
 MATCHED_SINGLE_FACTORS = {
     "pre-ln": "--model.layer_norm_position pre",
     "relu": "--model.activation_function relu",
@@ -196,15 +195,15 @@ ROWS = {row.name: row for row in [
     Row(PEER_WITH_RECIPE_TOKENIZER_ROW, PEER_WITH_RECIPE_TOKENIZER),
     _row("peer+recipe-training", PEER_WITH_RECIPE_TRAINING, RECIPE_EQUAL_BUDGET),
     *(_row(scheme, scheme, RECIPE_EQUAL_BUDGET) for scheme in RECIPE_SCHEMES),
-    # issue #36: the recipe without attention dropout, the setting in which its fused GPU path runs
+    # the recipe without attention dropout, the setting in which its fused GPU path runs
     *(_row(f"{scheme}+attention-dropout-0", scheme, f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.0")
       for scheme in RECIPE_SCHEMES),
-    # issue #47 item 8: the recipe's attention dropout 0.1 as key dropout (scores dropped before the softmax), the
+    # the recipe's attention dropout 0.1 as key dropout (scores dropped before the softmax), the
     # dropout FlexAttention can run fused, against the recipe row (probability dropout 0.1) and the row above
     *(_row(f"{scheme}+key-dropout-0.1", scheme,
            f"{RECIPE_EQUAL_BUDGET} --model.attention_dropout 0.1 --model.attention_dropout_kind keys")
       for scheme in RECIPE_SCHEMES),
-    # issue #50 item 1: a length-generalization option trained into the recipe, for inputs longer than any in
+    # a length-generalization option trained into the recipe, for inputs longer than any in
     # training: cross-attention logits scaled by log m (docs/results.md 5b states the criterion for adopting one)
     *(_row(f"{scheme}+length-scaling", scheme, f"{RECIPE_EQUAL_BUDGET} --model.cross_attention_length_scaling true")
       for scheme in RECIPE_SCHEMES),
@@ -226,12 +225,12 @@ ROWS = {row.name: row for row in [
     # captions joined into one sentence: an equal-budget probe beside the 20-epoch study of docs/results.md 5b
     *(_row(f"{scheme}+concat-0.5-up-to-4", scheme,
            f"{RECIPE_EQUAL_BUDGET} --concatenated_pairs 0.5 --max_pairs_per_join 4") for scheme in RECIPE_SCHEMES),
-    _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="vaswani"),
+    _row("absolute-marian", "absolute", f"{MARIAN_ARCHITECTURE} {FIRST_RECIPE_SETTINGS}", init="vaswani"),
     _row("marian-matched", "absolute", MARIAN_MATCHED, init="hf"),
-    _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17}", init="hf"),
-    _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} {SENTENCE_BATCHES}",
+    _row("marian+hf-init", "absolute", f"{MARIAN_ARCHITECTURE} {FIRST_RECIPE_SETTINGS}", init="hf"),
+    _row("marian+sentence-batches", "absolute", f"{MARIAN_ARCHITECTURE} {FIRST_RECIPE_SETTINGS} {SENTENCE_BATCHES}",
          init="vaswani"),
-    _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} {RECIPE_BEFORE_ISSUE_17} --adam_epsilon 1e-8",
+    _row("marian+adam-eps-1e-8", "absolute", f"{MARIAN_ARCHITECTURE} {FIRST_RECIPE_SETTINGS} --adam_epsilon 1e-8",
          init="vaswani"),
     *(_row(f"matched+{change}", "absolute", f"{MARIAN_MATCHED} {flags}", init="hf")
       for change, flags in {**MATCHED_SINGLE_FACTORS, **POOLED_TOKEN_BATCHES}.items()),
@@ -287,7 +286,7 @@ def train_peer_tokenizer(texts: Sequence[str], vocab_size: int) -> PreTrainedTok
 
 
 def peer_config(tokenizer: PreTrainedTokenizerBase, args: argparse.Namespace) -> MarianConfig:
-    """The issue's MarianConfig; the decoder starts from the pad token (Marian's convention), and no `</s>` is forced
+    """The peer's MarianConfig (the module docstring's); the decoder starts from the pad token (Marian's convention), and no `</s>` is forced
     at the length limit (MarianConfig's default forces one; hf_relpos does not, and decoding must be the same)."""
     return MarianConfig(
         vocab_size=len(tokenizer), d_model=args.d_model, encoder_layers=args.layers, decoder_layers=args.layers,

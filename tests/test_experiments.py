@@ -335,8 +335,8 @@ def load_vs_marian(monkeypatch):
 
 
 def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):
-    """Issue #50 item 4: the peer (vs_marian.peer_config, MarianMTModel's init) and the `absolute` recipe's model at
-    the shape both train at draw every weight from the same distribution: each linear weight and the token
+    """The peer (vs_marian.peer_config, MarianMTModel's init) and the `absolute` recipe's model at the shape both
+    train at draw every weight from the same distribution: each linear weight and the token
     embeddings N(0, 0.02) (the standard deviations within 3 % of each other, means near 0), biases and the final
     logits bias zero, layer norms at one and zero. Only the draws differ, and the decoder start token (the peer
     starts from <pad>, zero at initialisation, the recipe from <s>)."""
@@ -1156,7 +1156,7 @@ def test_vs_marian_has_a_recipe_row_for_every_multi30k_recipe(monkeypatch):
     ("rope", 1280, 4), ("marian-matched", None, 4),
 ])
 def test_vs_marian_rows_keep_the_batching_they_were_measured_with(row_name, tokens, pool_factor, monkeypatch, tmp_path):
-    """The ablation rows batch as the recipes did before issue #17 (corpus-wide length sort), whatever pools the
+    """The ablation rows batch as the recipes first did (corpus-wide length sort), whatever pools the
     recipes use now; the recipe rows use the recipes' pools at 1280 tokens (the peer's 64 pairs per batch)."""
     vs_marian = load_vs_marian(monkeypatch)
     _, _, training_args = parsed_row_arguments(vs_marian, vs_marian.ROWS[row_name], tmp_path)
@@ -1286,7 +1286,8 @@ def test_the_bounds_of_the_levels_and_of_the_option_criterion(monkeypatch):
     assert verdict == ("not adopted: validation kept +4.0 points against the recipe's, not beyond its seed spread 4.0")
 
 
-def test_the_joined_pair_study_meets_issue_50s_goal_only_with_the_criterion_met_and_70_percent_kept(monkeypatch):
+def test_the_joined_pair_study_meets_the_long_input_goal_only_with_the_criterion_met_and_70_percent_kept(
+        monkeypatch):
     """report.py's verdict line on the 20-epoch joined-pair study: goal met only when the option is adopted and keeps
     at least 70 % of its single-caption BLEU at 4 as one sentence on both sets; one seed decides nothing."""
     report = load_experiment(EXPERIMENTS / "report.py", monkeypatch)
