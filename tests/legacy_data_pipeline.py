@@ -1,5 +1,5 @@
-"""The reading and tokenization of hf_relpos/translation/data.py before issue #52, kept verbatim as the oracle of
-tests/test_prepared_data.py: Python lists of every line and record, `Dataset.from_dict`, row-by-row filters."""
+"""The reading and tokenization of hf_relpos/translation/data.py before the prepared-data path, kept verbatim as the
+oracle of tests/test_prepared_data.py: Python lists of every line and record, `Dataset.from_dict`, row-by-row filters."""
 
 from __future__ import annotations
 

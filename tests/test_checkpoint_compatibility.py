@@ -1,4 +1,5 @@
-"""Checkpoints saved before the attention redesign (issue #16) load into the same function.
+"""Checkpoints saved before the attention redesign (schemes returning `AttentionTerms`, kernels called through a
+model-local `AttentionInterface`) load into the same function.
 
 tests/fixtures/legacy_checkpoints/ holds tiny models saved by hf_relpos at commit c74c95a, with the logits that code
 computed (see tests/fixtures/make_legacy_checkpoints.py, which wrote them).
@@ -54,8 +55,8 @@ def test_xl_causal_lm_checkpoint_of_the_old_layout_continues_its_memory():
     assert (logits - load_file(FIXTURES / "expected_logits.safetensors")["xl_causal_lm"]).abs().max() < 1e-5
 
 
-# Config fields added after the fixtures were written (issue #18: randomized positions, the t5 and rope schemes, the
-# self-attention window; log-length scaled cross-attention; issue #38: keep_absolute_positions and its scale), with the
+# Config fields added after the fixtures were written (randomized positions, the t5 and rope schemes, the
+# self-attention window; log-length scaled cross-attention; keep_absolute_positions and its scale), with the
 # defaults an old checkpoint loads with: the common ones, and those of the fixtures' schemes.
 COMMON_FIELDS_ADDED_SINCE_THE_FIXTURES = {
     "position_randomization_max": None,

@@ -133,7 +133,7 @@ def exact_sinusoids(marian: MarianMTModel) -> MarianMTModel:
 @pytest.mark.numerics
 @pytest.mark.parametrize("kernel", ["eager", "sdpa"])
 def test_a_training_step_is_marians_with_the_same_weights_and_seed(kernel):
-    """Issue #50 item 4: the peer and `absolute` in training mode, the peer's dropout settings (0.1 on embeddings and
+    """The peer and `absolute` in training mode, the peer's dropout settings (0.1 on embeddings and
     residuals, 0.1 on attention probabilities, none after the activation), float64: from the same weights and the same
     seed one step gives Marian's loss and gradients, dropout masks included, so the two place and draw every dropout
     alike and differ only where they start (their initial draws, and the decoder start token)."""

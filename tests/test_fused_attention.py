@@ -1,4 +1,4 @@
-"""The fused path (FlexAttention, issue #47): every scheme's fused form against eager in float64 with every gradient,
+"""The fused path (FlexAttention): every scheme's fused form against eager in float64 with every gradient,
 masks as `FlexMask` block masks, no n x n tensor at n = 1024, Shaw's regions merged by log-sum-exps, decoding steps
 off the compiled kernel, bounded compiles, and the once-per-forward `prepare` stage.
 

@@ -832,7 +832,7 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
         test_bleu = [run.scores[TRAINED_WEIGHTS]["test"].bleu for run in equal_budget]
         seeds = ("seeds " if len(equal_budget) > 1 else "seed ") + ", ".join(str(run.seed) for run in equal_budget)
         assert f"| Multi30k test2016 (Flickr), {seeds} | {statistics.mean(test_bleu):.2f}" in text
-        (code,) = {run.source_version for run in equal_budget}  # one commit (issue #37)
+        (code,) = {run.source_version for run in equal_budget}  # every run from one commit
         (trained_as,) = {run.trained_as for run in equal_budget}
         assert trained_as.startswith(f"{name}.yaml --max_tokens_per_batch 1280")
         assert f"{trained_as}` from code `{code}` (the recipe as it was then)" in text

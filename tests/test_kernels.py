@@ -337,7 +337,7 @@ def test_xl_follows_data_writes_to_its_weights():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="compiled FlexAttention with backward needs CUDA")
 def test_compiled_flex_attention_cuda_graphs_stay_bounded_in_training():
     """Training steps (forward and backward) on batches of many sizes and padded lengths compile a bounded number of
-    FlexAttention graphs, and lengths after the first few compile none (issue #47)."""
+    FlexAttention graphs, and lengths after the first few compile none."""
     from hf_relpos.model import attention_functions
 
     model = model_with("flex_attention", "t5", device="cuda", d_model=64).train()

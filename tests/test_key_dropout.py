@@ -1,4 +1,4 @@
-"""Key dropout (`attention_dropout_kind` "keys", issue #47 item 8): scores dropped before the softmax by a
+"""Key dropout (`attention_dropout_kind` "keys"): scores dropped before the softmax by a
 counter-based hash of (seed, batch, head, query, key), the same on every kernel given the seed: the fused path's
 dropout. Eager against FlexAttention (and sdpa) in float64 with every gradient; FlexAttention's backward does not run
 on the CPU, so its kernel is `reference_flex` (test_fused_attention.py), reading the same score_mod and mask_mod;

@@ -1,4 +1,4 @@
-"""The prepared-data path against the code it replaced: the same batches for a fixed seed (the pre-#52 sampler, kept
+"""The prepared-data path against the code it replaced: the same batches for a fixed seed (the sampler it replaced, kept
 below verbatim as the oracle), the same pairs from every file layout and the same token ids; and the prepared data
 reused by a rerun and by a second process, rebuilt when a file or a setting changes, never loaded half-written."""
 
@@ -60,7 +60,7 @@ from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import ConfigError, run
 
 
-# ---- Oracle: the sampler before #52 (its `_cut_batches` read the whole length list per pool: quadratic) ----------
+# ---- Oracle: the sampler it replaced (its `_cut_batches` read the whole length list per pool: quadratic) -----------
 class LegacySampler:
     def __init__(self, source_lengths, target_lengths, max_tokens, num_processes=1, shuffle=True, seed=0,
                  pool_factor=None):
@@ -173,7 +173,7 @@ def test_the_sampler_yields_the_batches_of_the_code_it_replaced(pool_factor, num
         assert list(new) == list(old)
 
 
-# ---- Reading and tokenization against the pre-#52 code (tests/legacy_data_pipeline.py) ---------------------------
+# ---- Reading and tokenization against the code it replaced (tests/legacy_data_pipeline.py) -------------------------
 TRICKY_LINES = [
     ("A small cat.", "Eine kleine Katze."), ("", "Leer."), ("   ", "Nur Leerzeichen."), ("Tab\u3000space", "\x1c\u2028"),
     ("Ends in CR\r", "Windows\r"), ("Mid\rline", "Zeile\u2028mit Trenner"), ("Ünïcödé – “quotes”", "Straße 😀"),
@@ -574,7 +574,7 @@ def test_a_changed_file_or_setting_prepares_again(prepared_run, capsys):
     lines = corpus["train"].read_text(encoding="utf-8").splitlines()
     corpus["train"].write_text("\n".join(lines[:-1]) + "\n", encoding="utf-8")
     with pytest.raises(ConfigError, match=r"holds a tokenizer trained with other settings than this run's \(training text differs \(the files of train_file .* changed since\)"):
-        prepare_only(config, "--max_target_length", "40")  # as before #52: the saved tokenizer no longer fits
+        prepare_only(config, "--max_target_length", "40")  # as before the prepared-data path: the saved tokenizer no longer fits
     capsys.readouterr()
     prepare_only(config, "--max_target_length", "40", "--tokenizer_name", str(output_dir))
     log = capsys.readouterr().out

@@ -1,4 +1,4 @@
-"""Fault injection for train_translation.py (issue #8): killed and resumed runs, kills while writing, unusable output
+"""Fault injection for train_translation.py: killed and resumed runs, kills while writing, unusable output
 folders, a failing rank, bad input, non-finite losses, and safetensors-only weights. See docs/reliability.md."""
 
 from __future__ import annotations

@@ -802,7 +802,7 @@ def test_without_dropout_the_kernel_leaves_torchs_random_stream_as_sdpa_does(tri
 @pytest.mark.numerics
 def test_bfloat16_autocast_as_close_to_float32_eager_as_eager_is(triton_calls):
     """Under bf16 autocast, the kernel's logits and every gradient are as close to float32 eager as bf16 eager's
-    (at most twice its error, plus 1e-3 of the gradient's scale): the bf16 goal of issue #48, on the CPU."""
+    (at most twice its error, plus 1e-3 of the gradient's scale): the kernel's bf16 goal, on the CPU."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("shaw")).to(DEVICE)
     logits, grads = run_model(model, "eager", seq2seq_batch())

@@ -1,4 +1,4 @@
-"""The everyday loop around train_translation.py (issue #19): --help, safe reruns, evaluating a saved model with the
+"""The everyday loop around train_translation.py: --help, safe reruns, evaluating a saved model with the
 recipe YAML, source-only test files, checks that fire before anything is written, the model card and the saved
 generation settings."""
 
