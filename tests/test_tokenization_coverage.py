@@ -146,6 +146,26 @@ def test_the_word_start_is_always_kept():
     assert learned_alphabet(train_joint_tokenizer(texts, vocab_size=300, character_coverage=0.5)) == {"a", WORD_START}
 
 
+@pytest.mark.parametrize("one_shot", [True, False], ids=["one-shot iterator", "list"])
+def test_the_word_start_is_kept_at_full_coverage_whatever_fills_the_alphabet(one_shot):
+    """Texts in a script without spaces, with more characters than the vocabulary has room for, each more frequent
+    than the word start (one a text): the word start is still a piece. As bytes, it joined the byte tokens after it
+    into one decoded token, and the decoder drops every "▁" of the first token, so a text that starts with
+    characters left to the bytes lost its spaces ("Hello world" -> "Helloworld")."""
+    rng = random.Random(0)
+    texts = ["".join(rng.choice(RARE[:60]) for _ in range(200)) for _ in range(50)]
+    tokenizer = train_joint_tokenizer(iter(texts) if one_shot else texts, vocab_size=RESERVED + 40)
+    assert WORD_START in learned_alphabet(tokenizer)
+    for text in ("Hello world, this is English.", f"ab {RARE[0]} c"):
+        assert tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True) == text
+
+
+def test_an_empty_corpus_gives_a_tokenizer_that_keeps_spaces():
+    tokenizer = train_joint_tokenizer([], vocab_size=300)
+    assert learned_alphabet(tokenizer) == {WORD_START}
+    assert tokenizer.decode(tokenizer("ab c")["input_ids"], skip_special_tokens=True) == "ab c"
+
+
 def test_the_alphabet_is_capped_at_the_room_of_the_vocabulary():
     texts = synthetic_corpus()
     counts = reference_counts(texts)

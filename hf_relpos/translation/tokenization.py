@@ -59,12 +59,12 @@ def train_joint_tokenizer(
 
     `vocab_size` counts everything, as SentencePiece does: the 4 special tokens, the 256 byte tokens and the learned
     pieces (characters first, then merges; a small corpus may yield fewer pieces than asked for). The characters are
-    SentencePiece's `character_coverage` of the texts (`covered_characters`), at most `vocab_size` - 260 of them;
-    coverage 1 keeps every character the vocabulary has room for, the rarest left to the byte tokens. A coverage
-    below 1 reads `texts` twice (to count the characters, then to train): they must be re-iterable (a list, or an
-    object whose every `iter()` reads them afresh), not a one-shot iterator. Characters that take every learned piece
-    leave none to merges, which a warning says; at coverage 1 re-iterable texts are then read again, so that ties
-    at the cut are broken by code point (the trainer's own order changes from process to process).
+    SentencePiece's `character_coverage` of the texts (`covered_characters`), at most `vocab_size` - 260 of them, the
+    word start "▁" always; coverage 1 keeps every character the vocabulary has room for, the rarest left to the byte
+    tokens. A coverage below 1 reads `texts` twice (to count the characters, then to train): they must be re-iterable
+    (a list, or an object whose every `iter()` reads them afresh), not a one-shot iterator. Characters that take
+    every learned piece leave none to merges, which a warning says; at coverage 1 re-iterable texts are then read
+    again, so that ties at the cut are broken by code point (the trainer's own order changes from process to process).
     """
     reserved = len(SPECIAL_TOKENS) + len(BYTE_TOKENS)
     if vocab_size <= reserved:
@@ -103,8 +103,8 @@ def train_joint_tokenizer(
 def _trained(texts: Iterable[str] | Iterable[list[str]], alphabet: list[str], pieces: int, room: int,
              min_frequency: int) -> Tokenizer:
     """A BPE tokenizer (byte fallback, `NORMALIZER`, the decoder) trained on `texts`: `pieces` special tokens and
-    learned pieces, the characters `alphabet` (given) or the `room` most frequent ones (none given); its
-    pre-tokenizer is the training one."""
+    learned pieces, the characters `alphabet` (given) or the word start and the `room` - 1 most frequent other ones
+    (none given); its pre-tokenizer is the training one."""
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
     tokenizer.normalizer = NORMALIZER
     tokenizer.decoder = decoders.Sequence([
@@ -112,13 +112,16 @@ def _trained(texts: Iterable[str] | Iterable[list[str]], alphabet: list[str], pi
     ])
     # The trainer counts character occurrences as `character_counts` does and keeps the `limit_alphabet` most
     # frequent, ties broken in hash order; giving it `alphabet` as its initial alphabet, which it ranks above every
-    # counted character, makes the kept characters exactly `alphabet`.
+    # counted character, makes the kept characters exactly `alphabet`. With none given, the word start is given: left
+    # to the bytes (texts whose other characters are each more frequent, a one-shot iterator not chosen again by
+    # `_covered_alphabet`), it joins the byte tokens around it into one decoded token, and the Metaspace decoder drops
+    # every "▁" of the first token, so "Hello world" in bytes came back as "Helloworld".
     trainer = trainers.BpeTrainer(
         vocab_size=pieces,
         min_frequency=min_frequency,
         special_tokens=list(SPECIAL_TOKENS),
         limit_alphabet=len(alphabet) if alphabet else room,
-        initial_alphabet=alphabet,
+        initial_alphabet=alphabet or [WORD_START],
         show_progress=False,
     )
     tokenizer.pre_tokenizer = _training_pre_tokenizer(alphabet)
