@@ -6,6 +6,7 @@ import unicodedata
 
 import pytest
 from conftest import run_without_hf_relpos
+from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
 from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
@@ -223,3 +224,31 @@ def test_saved_tokenizer_loads_without_hf_relpos_and_without_custom_code(tokeniz
     assert "ROUND TRIP OK" in completed.stdout and str(len(tokenizer)) in completed.stdout
     assert "custom code" not in completed.stdout + completed.stderr
     assert not (tmp_path / "modules").exists(), "no remote code was copied into the module cache"
+
+
+@pytest.mark.parametrize("text", ["Die<neu>Straße", "<neu>Straße ist lang", "Die <neu> Straße", "<neu> x<neu>y",
+                                  "ein <2de>Satz"])
+def test_an_added_token_next_to_a_word_leaves_the_word_as_it_is_written(tokenizer, tmp_path, text):
+    """Tokens added with `add_tokens` (a placeholder, a tag): the text after one is not a new word unless a space
+    starts it, so decoding gives the text back. With a word start in front of every piece of text between added
+    tokens, "Die<neu>Straße" was encoded as "▁Die", "<neu>", "▁Straße" and decoded as "Die<neu> Straße"."""
+    tokenizer.save_pretrained(tmp_path)
+    added = AutoTokenizer.from_pretrained(tmp_path)
+    added.add_tokens(["<neu>", "<2de>"])
+    added.save_pretrained(tmp_path / "added")
+    for encoder in (added, AutoTokenizer.from_pretrained(tmp_path / "added")):
+        assert encoder.decode(encoder(text)["input_ids"], skip_special_tokens=True) == text
+    assert not any(piece.startswith("\u2581") for piece in added.tokenize("Die<neu>Straße")[2:])
+
+
+def test_a_text_without_added_tokens_is_encoded_as_with_a_word_start_before_every_piece(tokenizer):
+    """The word start is put in front of the text only, not in front of each piece between added tokens: a text
+    without added tokens is one piece, so its ids are those of a word start in front of every piece (the
+    pre-tokenizer of the tokenizers saved before)."""
+    spec = json.loads(tokenizer.backend_tokenizer.to_str())
+    assert spec["pre_tokenizer"]["prepend_scheme"] == "first"
+    spec["pre_tokenizer"]["prepend_scheme"] = "always"
+    before = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), split_special_tokens=True)
+    texts = GERMAN + ENGLISH + RARE_TEXTS + [SPECIAL_TOKENS_AS_TEXT, "  two spaces first", "", " "]
+    assert tokenizer(texts)["input_ids"] == before(texts)["input_ids"]
+    assert tokenizer(GERMAN, ENGLISH)["input_ids"] == before(GERMAN, ENGLISH)["input_ids"]

@@ -40,6 +40,10 @@ PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN = "<pad>", "</s>", "<s>", "<unk>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, BOS_TOKEN, UNK_TOKEN)
 BYTE_TOKENS = tuple(f"<0x{value:02X}>" for value in range(256))
 WORD_START = "▁"
+# Where Metaspace puts a word start that no space gave: in front of the text only ("first"), not in front of each piece
+# of text between tokens added with `add_tokens` ("always"), which would make "Die<neu>Straße" "Die<neu> Straße". A
+# text without added tokens is one piece, encoded alike either way.
+WORD_START_PREPENDED = "first"
 TOKENIZER_FILE = "tokenizer.json"
 # A folder holds a tokenizer saved by `save_pretrained` when it has one of these (a slow one, Marian's, has no
 # tokenizer.json).
@@ -108,7 +112,7 @@ def _trained(texts: Iterable[str] | Iterable[list[str]], alphabet: list[str], pi
     tokenizer = Tokenizer(models.BPE(unk_token=UNK_TOKEN, byte_fallback=True))
     tokenizer.normalizer = NORMALIZER
     tokenizer.decoder = decoders.Sequence([
-        decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme="always"),
+        decoders.ByteFallback(), decoders.Metaspace(replacement=WORD_START, prepend_scheme=WORD_START_PREPENDED),
     ])
     # The trainer counts character occurrences as `character_counts` does and keeps the `limit_alphabet` most
     # frequent, ties broken in hash order; giving it `alphabet` as its initial alphabet, which it ranks above every
@@ -169,8 +173,9 @@ def covered_characters(counts: Counter[str], coverage: float) -> list[str]:
 
 
 def _word_starts() -> pre_tokenizers.PreTokenizer:
-    """The tokenizer's pre-tokenizer: Metaspace, a "▁" for every space and one in front of the text."""
-    return pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme="always")
+    """The tokenizer's pre-tokenizer: Metaspace, a "▁" for every space and one in front of the text
+    (`WORD_START_PREPENDED`)."""
+    return pre_tokenizers.Metaspace(replacement=WORD_START, prepend_scheme=WORD_START_PREPENDED)
 
 
 def _training_pre_tokenizer(alphabet: list[str]) -> pre_tokenizers.PreTokenizer:
