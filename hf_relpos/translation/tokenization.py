@@ -2,9 +2,10 @@
 
 SentencePiece-like: a Unicode normaliser (`NORMALIZER`), a Metaspace pre-tokenizer that marks word starts with "▁",
 BPE merges with byte fallback, and a decoder that joins the bytes back into characters and the pieces into words.
-So `decode(encode(text)) == normalised text` for every text that does not start with a space (what sacreBLEU needs): a
-character outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`,
-never dropped or turned into `<unk>`; a special token written in the text ("<s>", "</s>", "<unk>", "<pad>": an HTML
+So `decode(encode(text)) == normalised text` for every text that does not start with a space and holds no "▁" (U+2581,
+the word-start mark itself, which comes back as a space, as in SentencePiece; what sacreBLEU needs): a character
+outside the learned alphabet (a rare dash, an emoji) is encoded as its UTF-8 bytes, `<0xE2><0x80><0x94>`, never
+dropped or turned into `<unk>`; a special token written in the text ("<s>", "</s>", "<unk>", "<pad>": an HTML
 strikethrough, a corpus's placeholder) is text too, encoded as its characters as SentencePiece encodes it
 (`split_special_tokens`), never the control token, also where it follows a word ("x</s>"); so is text that spells a byte
 token ("x<0x41>"): no learned piece spells either (`_with_byte_tokens`). Which characters get a piece of their own is
