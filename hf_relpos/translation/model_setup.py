@@ -89,7 +89,9 @@ def build_model(
             raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}") from None
         if model.config.vocab_size < len(tokenizer):
             raise ConfigError(f"the tokenizer has {len(tokenizer)} tokens but the model only "
-                              f"{model.config.vocab_size} embeddings")
+                              f"{model.config.vocab_size} embeddings: train with the tokenizer saved with "
+                              f"model_name_or_path (leave tokenizer_name null), or give the model an embedding for "
+                              "every token first (model.resize_token_embeddings(len(tokenizer)), then save_pretrained)")
         asked = model_args.decoder_start_token
         if asked is not None and token_ids["decoder_start_token_id"] != model.config.decoder_start_token_id:
             raise ConfigError(f"decoder_start_token {asked!r}: {model_args.model_name_or_path!r} was trained to start "
