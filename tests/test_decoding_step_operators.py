@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import tiny_model
 from torch.utils._python_dispatch import TorchDispatchMode
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 
 
 class CountOperators(TorchDispatchMode):
@@ -100,3 +101,54 @@ def test_a_masked_cached_step_reads_what_its_mask_gives_once_per_step(kernel):
     which queries have a key, the mask with keyless rows opened) is computed once per stack call for all layers
     (`attention_functions.mask_rows`), not by every layer (any, ~, |)."""
     assert operators_per_layer_beyond_absolute("directional", kernel) <= DIRECTIONAL_MASK[kernel]
+
+
+class CountElements(TorchDispatchMode):
+    """How many elements the aten operators that run inside it return, all together."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        self.count += sum(tensor.numel() for tensor in (output if isinstance(output, (tuple, list)) else [output])
+                          if torch.is_tensor(tensor))
+        return output
+
+
+def step_elements(position_scheme: str, cached: int, kernel: str, slots: int | None = None) -> int:
+    """The elements the operators of one cached decoding step return (one token after `cached` ones, batch 2, no
+    decoder mask) in a tiny model, on a dynamic cache or on a fixed-size one of `slots` slots."""
+    model = tiny_model(position_scheme, seed=1, attn_implementation=kernel)
+    input_ids = torch.randint(4, 40, (2, 6), generator=torch.Generator().manual_seed(0))
+    decoder_input_ids = torch.randint(4, 40, (2, cached + 1), generator=torch.Generator().manual_seed(1))
+    self_attention = DynamicCache(config=model.config) if slots is None else StaticCache(config=model.config,
+                                                                                       max_cache_len=slots)
+    cache = EncoderDecoderCache(self_attention, DynamicCache(config=model.config))
+    with torch.no_grad():
+        encoded = model.model.encoder(input_ids=input_ids)
+        model(encoder_outputs=encoded, decoder_input_ids=decoder_input_ids[:, :cached], cache=cache, use_cache=True)
+        with CountElements() as counted:
+            model(encoder_outputs=encoded, decoder_input_ids=decoder_input_ids[:, cached:], cache=cache, use_cache=True)
+    return counted.count
+
+
+def elements_per_key_beyond_absolute(position_scheme: str, kernel: str, fixed_size: bool) -> float:
+    """What one more key of the self-attention cache (a cached token, or a fixed-size cache's slot) adds to the
+    elements of a cached step beyond what it adds in `absolute` (the cache's own work: its keys, values, scores)."""
+    def per_key(scheme: str) -> float:
+        if fixed_size:
+            return (step_elements(scheme, 8, kernel, slots=40) - step_elements(scheme, 8, kernel, slots=16)) / 24
+        return (step_elements(scheme, 40, kernel) - step_elements(scheme, 8, kernel)) / 32
+
+    return per_key(position_scheme) - per_key("absolute")
+
+
+@pytest.mark.parametrize("fixed_size", [False, True], ids=["dynamic_cache", "fixed_size_cache"])
+@pytest.mark.parametrize("kernel", ["eager", "sdpa"])
+def test_a_cached_rope_step_computes_the_angles_of_its_own_position_only(kernel, fixed_size):
+    """RoPE's cached step rotates its one query and new key: it computes their angles alone, so its work grows with
+    the cache exactly as absolute's does, not the angles of every cached position (or every slot of a fixed-size
+    cache) rebuilt at each step to read one row of them."""
+    assert elements_per_key_beyond_absolute("rope", kernel, fixed_size) == 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +58,8 @@ class RotaryPositions(PositionScheme):
     Only the first `rotary_dim` dimensions of a head are rotated (all when null; GPT-NeoX's partial rotary). It
     replaces queries and keys and adds nothing else, so every kernel runs it, transformers' flash kernels included.
     Keys are rotated once, as they are computed (`transform_new_keys`), so the KV cache holds rotated keys and a
-    cached decoding step rotates only its own key and query, at their true positions. Angles are computed in float64
-    once per stack call.
+    cached decoding step rotates only its own key and query, at their true positions. Angles are computed in float64,
+    once per stack call, only for the positions the call rotates: a cached step's own, not every cached position's.
     """
 
     takes_fixed_size_cache = True
@@ -113,12 +115,16 @@ class RotaryPositions(PositionScheme):
         return rotated if rotary == states.size(-1) else torch.cat([rotated, states[..., rotary:]], dim=-1)
 
     def prepare(self, context: PositionContext) -> RopeContext:
-        """The rotation angles of every key position (the queries' are the last n) as `rotate` reads them (`pairwise`),
-        and the index that swaps each plane's two dimensions (2t <-> 2t + 1: t XOR 1), shared by the layers."""
-        _, key_positions = context.query_and_key_positions()
-        cos, sin = pairwise(*self.angles(key_positions, context.dtype))
+        """How the layers read the rotation angles of the call's positions (`RopeContext.angles_up_to_last_query`,
+        computed when first read), and the index that swaps each plane's two dimensions (2t <-> 2t + 1: t XOR 1),
+        shared by the layers."""
         pair_swap = torch.arange(self.rotary_dim, device=context.device) ^ 1
-        return context.extend(RopeContext, cos=cos, sin=sin, pair_swap=pair_swap)
+        return context.extend(RopeContext, angles_of=functools.partial(self.pairwise_angles, dtype=context.dtype),
+                              pair_swap=pair_swap)
+
+    def pairwise_angles(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The angles of `positions` as `rotate` reads them (`pairwise`), [len(positions), d_rot] each."""
+        return pairwise(*self.angles(positions, dtype))
 
     def transform_new_keys(self, layer_idx: int, key: torch.Tensor, context: RopeContext) -> torch.Tensor:
         """The c keys of this call sit at the c positions ending with the last query's: rotated once, before they
@@ -138,27 +144,36 @@ def pairwise(cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.
 
 @dataclass(frozen=True)
 class RopeContext(PositionContext):
-    """`cos`, `sin` [m, d_rot]: the rotation angles of the m key positions, per rotated dimension (`pairwise`);
-    `pair_swap` [d_rot]: the index 1, 0, 3, 2, ... that swaps the dimensions of each plane."""
+    """`angles_of(positions)`: cos and sin [len(positions), d_rot] of those positions, per rotated dimension
+    (`pairwise`); `pair_swap` [d_rot]: the index 1, 0, 3, 2, ... that swaps the dimensions of each plane."""
 
-    cos: torch.Tensor | None = None
-    sin: torch.Tensor | None = None
+    angles_of: Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]] | None = None
     pair_swap: torch.Tensor | None = None
 
     def angles_up_to_last_query(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos and sin [count, d_rot] of the `count` key slots that end with the last query's: the last `count`
-        rows, or in a fixed-size cache (whose slots past the queries are unused) the rows before
-        `query_offset` + n, gathered by the offset tensor. Those of the n queries (and of a cached call's new keys,
-        which are theirs) are taken once per stack call (`query_angles`), not by every layer twice."""
-        return self.query_angles if count == self.query_length else self.last_rows(count)
+        """cos and sin [count, d_rot] of the `count` key slots that end with the last query's, computed for those
+        positions alone: the n queries' (and a cached call's new keys', which are theirs) and, with a Transformer-XL
+        memory, those of the memory and the queries, each once per stack call, not by every layer."""
+        if count == self.query_length:
+            return self.query_angles
+        if count == self.key_length:
+            return self.key_angles
+        return self.angles_of(self.last_positions(count))
 
     @computed_once
     def query_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
         """cos and sin [n, d_rot] of the n queries."""
-        return self.last_rows(self.query_length)
+        return self.angles_of(self.last_positions(self.query_length))
 
-    def last_rows(self, count: int) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.fixed_size_cache:
-            return self.cos[-count:], self.sin[-count:]
-        rows = torch.arange(count, device=self.cos.device) + (self.query_offset + self.query_length - count)
-        return self.cos.index_select(0, rows), self.sin.index_select(0, rows)
+    @computed_once
+    def key_angles(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin [m, d_rot] of the m keys."""
+        return self.angles_of(self.last_positions(self.key_length))
+
+    def last_positions(self, count: int) -> torch.Tensor:
+        """The positions [count] of the `count` key slots that end with the last query's: the last `count` of the
+        randomized `positions`, else query_offset + n - count .. query_offset + n - 1 (in a fixed-size cache, whose
+        slots past the queries are unused, from the offset tensor)."""
+        if self.positions is not None:
+            return self.positions[self.key_length - count :]
+        return torch.arange(count, device=self.device) + (self.query_offset + self.query_length - count)
