@@ -556,15 +556,18 @@ def test_prepare_runs_once_per_stack_call_and_terms_once_per_layer(position_sche
 
 
 class RecordPads(TorchDispatchMode):
-    """The input shape of every constant_pad_nd, and the number of select_backward calls, run inside it."""
+    """The input shape of every constant_pad_nd, the shape of every copy_'s destination, and the number of
+    select_backward calls, run inside it."""
 
     def __init__(self):
         super().__init__()
-        self.pads, self.select_backwards = [], 0
+        self.pads, self.copies, self.select_backwards = [], [], 0
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.constant_pad_nd.default:
             self.pads.append(tuple(args[0].shape))
+        if func is torch.ops.aten.copy_.default:
+            self.copies.append(tuple(args[0].shape))
         self.select_backwards += func is torch.ops.aten.select_backward.default
         return func(*args, **(kwargs or {}))
 
@@ -574,7 +577,8 @@ def test_shaws_tables_are_padded_once_per_stack_call_in_a_training_step(kernel):
     """A training step of shaw (forward and backward) pads each distance table [L, 2k+1, d] to its aligned rows once
     per stack call, whatever the number of layers (`ShawContext.aligned_tables`), and never selects one layer's
     table from the stacked parameter (a select's backward fills a zero [L, 2k+1, d] per layer): 3 + 2 layers, two
-    tables, two stacks, each pad once forward and once backward."""
+    tables, two stacks, each padded once forward, and its gradient's rows copied out of the padded gradient once
+    backward (`ZeroRowsAfter`)."""
     config = tiny_config("shaw", encoder_layers=3, decoder_layers=2)
     config._attn_implementation = kernel
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).train()
@@ -583,7 +587,9 @@ def test_shaws_tables_are_padded_once_per_stack_call_in_a_training_step(kernel):
     with RecordPads() as recorded:
         model(input_ids=input_ids, labels=input_ids[:, :4]).loss.backward()
     tables = [shape for shape in recorded.pads if shape[-1] == head_dim and shape[-2] >= distances]
-    assert sorted(shape[0] for shape in tables) == [2, 2, 2, 2, 3, 3, 3, 3]   # [L, ...]: stacked, never per layer
+    assert sorted(shape[0] for shape in tables) == [2, 2, 3, 3]   # [L, ...]: stacked, never per layer
+    gradients = [shape for shape in recorded.copies if shape[-2:] == (distances, head_dim)]
+    assert sorted(shape[0] for shape in gradients) == [2, 2, 3, 3]
     assert recorded.select_backwards == 0
     assert all(parameter.grad is not None for name, parameter in model.named_parameters() if "relative_" in name)
 

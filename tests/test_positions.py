@@ -11,7 +11,15 @@ import math
 
 import pytest
 import torch
-from conftest import SCHEME_ORACLES, SCHEMES, TRANSFORMERS_KERNEL, RecordMatmuls, sinusoid_by_loop, tiny_config
+from conftest import (
+    SCHEME_ORACLES,
+    SCHEMES,
+    TRANSFORMERS_KERNEL,
+    RecordMatmuls,
+    requires_relpos_triton,
+    sinusoid_by_loop,
+    tiny_config,
+)
 
 import hf_relpos
 from hf_relpos import AttentionTerms, PositionScheme, register_position_scheme
@@ -548,6 +556,27 @@ def test_shaws_one_query_terms_on_the_keys_and_values_equal_its_bias_and_masses(
     assert results[1][0][1].abs().max() == 0 and results[1][0][0].abs().min() > 0
     for got, want in zip(results[1], results[2], strict=True):
         assert (got - want).abs().max().item() < TOLERANCE
+
+
+@pytest.mark.parametrize("kernel", ["eager", "sdpa", pytest.param("relpos_triton", marks=requires_relpos_triton)])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("shared", [True, False], ids=["shared", "per-head"])
+def test_shaws_table_gradients_have_their_tables_strides(kernel, layers, shared):
+    """The a^K and a^V tables' gradients are laid out as the tables are (AccumulateGrad's layout contract, and the
+    strides DDP compares with its bucket views), for a stack of one layer (a size-1 leading dimension, whose stride
+    AccumulateGrad does not compare) and of two, from the padded tables the products use (`padded_table`)."""
+    torch.manual_seed(0)
+    config = tiny_config("shaw", encoder_layers=layers, decoder_layers=layers, max_relative_position=3,
+                         relative_embeddings_shared_across_heads=shared)
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().train()
+    model.set_attn_implementation(kernel)
+    sources, targets = torch.randint(3, 40, (2, 7)), torch.randint(3, 40, (2, 5))
+    model(input_ids=sources, labels=targets).loss.backward()
+    tables = {name: table for name, table in model.named_parameters() if name.endswith(("relative_keys",
+                                                                                          "relative_values"))}
+    assert len(tables) == 4
+    strides = {name: (table.grad.stride(), table.stride()) for name, table in tables.items()}
+    assert all(got == want for got, want in strides.values()), strides
 
 
 @pytest.mark.parametrize("heads", range(1, 65))

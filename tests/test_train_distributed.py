@@ -333,6 +333,33 @@ def test_two_process_training_with_pooled_batches_splits_each_epoch(tmp_path):
     assert len(examples) == len(set(examples)), "no example twice in one epoch, across both ranks"
 
 
+# One backward of a one-layer shaw model under DistributedDataParallel (gloo), each rank printing that it ended.
+SHAW_DDP_WORKER = '''
+import torch, torch.distributed
+import hf_relpos
+from hf_relpos.testing import tiny_config
+torch.distributed.init_process_group("gloo")
+torch.manual_seed(0)
+config = tiny_config("shaw", encoder_layers=1, decoder_layers=1)
+model = torch.nn.parallel.DistributedDataParallel(hf_relpos.RelPosTransformerForConditionalGeneration(config).train())
+model(input_ids=torch.randint(3, 40, (2, 7)), labels=torch.randint(3, 40, (2, 5))).loss.backward()
+print(f"rank {torch.distributed.get_rank()} backward done", flush=True)
+torch.distributed.destroy_process_group()
+'''
+
+
+@pytest.mark.slow
+def test_a_one_layer_shaw_model_under_ddp_has_gradients_in_its_buckets_layout(tmp_path):
+    """DDP copies each gradient into its bucket and warns where the strides differ: a one-layer stack's a^K / a^V
+    tables [1, 2k+1, d] get gradients laid out as they are (`padded_table`), not as the padded tables."""
+    worker = tmp_path / "shaw_ddp.py"
+    worker.write_text(SHAW_DDP_WORKER, encoding="utf-8")
+    completed = launch(tmp_path, worker)
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert "rank 0 backward done" in completed.stdout and "rank 1 backward done" in completed.stdout
+    assert "Grad strides do not match bucket view strides" not in completed.stderr, completed.stderr[-3000:]
+
+
 @pytest.mark.slow
 def test_processes_the_trainer_does_not_use_stop_before_anything_is_written(tmp_path):
     """Without --use_cpu true on a machine without GPUs, accelerate starts two processes in one gloo group but the

@@ -725,9 +725,30 @@ def aligned_width(distances: int) -> int:
 
 def padded_table(table: torch.Tensor) -> torch.Tensor:
     """A distance table [..., R, d] followed by zero rows up to aligned_width(R) rows: what `times_table` multiplies,
-    padded once for all the layers of a stack call (one pad, forward and backward) instead of in every product."""
-    extra = aligned_width(table.size(-2)) - table.size(-2)
-    return nn.functional.pad(table, (0, 0, 0, extra)) if extra else table
+    padded once for all the layers of a stack call (one pad, forward and backward) instead of in every product; the
+    table's gradient in its own layout (`ZeroRowsAfter`)."""
+    rows = aligned_width(table.size(-2))
+    return ZeroRowsAfter.apply(table, rows) if rows > table.size(-2) else table
+
+
+class ZeroRowsAfter(torch.autograd.Function):
+    """table [..., R, d] followed by zero rows up to `rows` (`nn.functional.pad`); backward: the first R rows of the
+    padded gradient, copied into the table's own strides. `nn.functional.pad`'s backward gives a view of them, with the
+    padded table's strides: AccumulateGrad keeps such a view as the parameter's gradient where the only other
+    dimension has size 1 (a stack of one layer: the strides of size-1 dimensions are not compared), and DDP then copies
+    it into its bucket with a warning ("Grad strides do not match bucket view strides"); where it copies the view
+    (several layers) this copy replaces that one."""
+
+    @staticmethod
+    def forward(ctx: Any, table: torch.Tensor, rows: int) -> torch.Tensor:
+        ctx.table_layout = (table.size(), table.stride())
+        return nn.functional.pad(table, (0, 0, 0, rows - table.size(-2)))
+
+    @staticmethod
+    def backward(ctx: Any, padded_gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
+        size, stride = ctx.table_layout
+        gradient = padded_gradient.new_empty_strided(size, stride)
+        return gradient.copy_(padded_gradient.narrow(-2, 0, size[-2])), None
 
 
 def product_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
