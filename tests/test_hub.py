@@ -23,7 +23,7 @@ import pytest
 import transformers
 from conftest import BUILT_IN_SCHEMES, run_without_hf_relpos, train_memorising_model
 from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
-from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForSeq2SeqLM, TrainerState, pipeline
 
@@ -134,13 +134,23 @@ def output_folder(trained_folder, tmp_path) -> Path:
 
 @pytest.fixture
 def fake_hub(monkeypatch) -> SimpleNamespace:
-    """Replaces the Hub client's network calls: records created repos and each commit's files (name -> bytes); the
-    login check of train_translation.py sees the user "me", whose namespace a repository id without one goes to."""
-    recorded = SimpleNamespace(repos=[], commits=[])
+    """Replaces the Hub client's network calls: records each create_repo call and each commit's files (name ->
+    bytes); `existing` holds the repositories there are (id -> private), and create_repo of one without exist_ok is
+    the Hub's 409; the login check of train_translation.py sees the user "me", whose namespace a repository id without
+    one goes to."""
+    recorded = SimpleNamespace(repos=[], commits=[], existing={})
 
     def create_repo(self, repo_id, *, private=None, exist_ok=False, **kwargs):
         recorded.repos.append({"repo_id": repo_id, "private": private, "exist_ok": exist_ok})
-        return RepoUrl(f"https://huggingface.co/{repo_id if '/' in repo_id else f'me/{repo_id}'}")
+        full_id = repo_id if "/" in repo_id else f"me/{repo_id}"
+        if full_id in recorded.existing and not exist_ok:
+            conflict = SimpleNamespace(status_code=409, headers={}, request=None)   # what HfHubHTTPError reads
+            raise HfHubHTTPError("409 Conflict: You already created this model repo", response=conflict)
+        recorded.existing.setdefault(full_id, bool(private))
+        return RepoUrl(f"https://huggingface.co/{full_id}")
+
+    def repo_info(self, repo_id, **kwargs):
+        return SimpleNamespace(id=repo_id, private=recorded.existing[repo_id])
 
     def create_commit(self, repo_id, operations, *, commit_message=None, **kwargs):
         files, deleted = {}, []
@@ -166,6 +176,7 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(HfApi, "create_repo", create_repo)
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
     monkeypatch.setattr(HfApi, "list_repo_files", list_repo_files)
+    monkeypatch.setattr(HfApi, "repo_info", repo_info)
     monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "me"})
     monkeypatch.setattr(preflight, "get_token", lambda: "hf_fake_token")
     monkeypatch.setattr(ModelCard, "load", classmethod(no_remote_card))
@@ -1189,7 +1200,7 @@ def test_push_model_folder_uploads_model_code_tokenizer_and_card(output_folder, 
     url = hub.push_model_folder(output_folder, "me/tiny-shaw", private=True)
 
     assert url == "https://huggingface.co/me/tiny-shaw/commit/0123"
-    assert fake_hub.repos == [{"repo_id": "me/tiny-shaw", "private": True, "exist_ok": True}]
+    assert fake_hub.repos == [{"repo_id": "me/tiny-shaw", "private": True, "exist_ok": False}]
     (commit,) = fake_hub.commits
     files = commit["files"]
     assert set(files) == MODEL_FILES | {"README.md", "pipeline_relpos.py"}
@@ -1483,6 +1494,38 @@ def test_failed_upload_leaves_folder_intact_and_names_the_repo(output_folder, fa
     assert folder_snapshot(output_folder) == before
     assert not (output_folder / "README.md").exists()
     assert not list(output_folder.glob(".*"))  # no temporary files either
+
+
+@pytest.mark.parametrize("visibility", ["public", "private"])
+def test_a_private_push_into_an_existing_repository_needs_it_private(output_folder, fake_hub, capsys, visibility):
+    """--private into a repository that exists: the Hub keeps its visibility (create_repo with exist_ok ignores
+    private), so a public one is refused before anything is uploaded, naming it and the remedy; a private one takes
+    the push. Without --private the public repository takes it."""
+    fake_hub.existing["me/tiny-shaw"] = visibility == "private"
+    before = folder_snapshot(output_folder)
+    if visibility == "public":
+        with pytest.raises(SystemExit) as exited:
+            hub.main(["push", str(output_folder), "me/tiny-shaw", "--private"])
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and error.count("\n") == 1, error
+        assert ("the Hub repository 'me/tiny-shaw' exists and is public, and private (--private) was asked for" in error
+                and "`hf repos settings me/tiny-shaw --private`" in error and "push without --private" in error)
+        assert fake_hub.commits == [] and fake_hub.existing == {"me/tiny-shaw": False}
+        assert folder_snapshot(output_folder) == before
+        hub.main(["push", str(output_folder), "me/tiny-shaw"])
+    else:
+        hub.main(["push", str(output_folder), "me/tiny-shaw", "--private"])
+    assert [commit["repo_id"] for commit in fake_hub.commits] == ["me/tiny-shaw"]
+    assert fake_hub.existing == {"me/tiny-shaw": visibility == "private"}
+
+
+def test_the_push_commands_help_says_what_private_does(capsys):
+    """--private's help names the rule push_model_folder applies (create private, refuse an existing public one)."""
+    with pytest.raises(SystemExit):
+        hub.main(["push", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert ("--private push into a private repository only: create it as private if it does not exist; an existing "
+            "public repository is refused, not made private") in help_text
 
 
 def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder):

@@ -34,6 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCardData
+from huggingface_hub.errors import HfHubHTTPError
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from packaging.requirements import Requirement
 from safetensors import safe_open
@@ -1178,6 +1179,12 @@ def push_model_folder(
     config.json are written into it, so it matches the repository. A failed upload raises `HubPushError` naming the
     repository and leaves the folder byte-for-byte as it was.
 
+    `private`: True pushes into a private repository only: one the push creates is created private, an existing one
+    must be private already (`HubPushError` for a public one, before anything is uploaded: the Hub keeps an existing
+    repository's visibility, and changing it is left to its owner). None or False: a new repository is created with
+    the Hub's default visibility (public, unless the organisation's default is private); an existing one keeps its
+    own.
+
     `dry_run`: no Hub call and nothing written into the folder; returns what the push would do (`dry_run_report`):
     the repository id as given and each file with its size. `card_out` (a dry run only, outside the folder): where
     to write the card that the push would upload.
@@ -1190,8 +1197,16 @@ def push_model_folder(
         return dry_run_report(plan, repo_id, private=private, card_out=card_out)
     api = HfApi(token=token)
     with _hub_errors(plan.folder, repo_id):
-        repo_id = api.create_repo(repo_id, private=private, exist_ok=True).repo_id   # with the namespace it went to
+        repo_id, created = created_or_existing_repository(api, repo_id, private)   # with the namespace it went to
+        public = bool(private) and not created and api.repo_info(repo_id).private is not True
         present = api.list_repo_files(repo_id)
+    if public:
+        raise HubPushError(
+            f"the Hub repository {repo_id!r} exists and is public, and private (--private) was asked for: a push "
+            "does not change an existing repository's visibility, so these weights would be public; make it private "
+            f"first (its settings page on the Hub, or `hf repos settings {repo_id} --private`) and push again, or "
+            f"push without --private to publish them publicly; nothing was pushed and nothing in {plan.folder} was "
+            "changed")
     uploads = plan.uploads(repo_id)
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
                                      else content.encode("utf-8")) for name, content in uploads.items()]
@@ -1200,6 +1215,19 @@ def push_model_folder(
         commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
     _write_files(plan.folder, {name: text for name, text in uploads.items() if isinstance(text, str)})
     return commit.commit_url
+
+
+def created_or_existing_repository(api: HfApi, repo_id: str, private: bool | None) -> tuple[str, bool]:
+    """(the repository's id with its namespace, whether this call created it): `create_repo` of `repo_id` (`private`
+    sets the visibility of a repository it creates only), and where the Hub refuses because the repository exists
+    (409) or the token may not create one (401, 402, 403: the repository may exist), `create_repo` with `exist_ok`,
+    which returns an existing repository and raises the Hub's error for any other."""
+    try:
+        return api.create_repo(repo_id, private=private).repo_id, True
+    except HfHubHTTPError as error:
+        if error.response.status_code not in (401, 402, 403, 409):
+            raise
+    return api.create_repo(repo_id, private=private, exist_ok=True).repo_id, False
 
 
 def stale_weights(present: Sequence[str], uploads: Mapping[str, Any]) -> list[str]:
@@ -1239,7 +1267,8 @@ def dry_run_report(plan: PushPlan, repo_id: str, *, private: bool | None = None,
     width = max(map(len, uploads))
     lines = [f"Dry run: nothing was sent to the Hub (login not checked) and nothing in {plan.folder} was changed.",
              f"Repository: {where}; a push creates it if it does not exist"
-             + (", as private." if private else "."),
+             + (", as private (an existing one must be private already: a public one is refused, not made private)."
+                if private else "."),
              f"Files that would be uploaded ({len(uploads)}, {_size(sum(sizes.values()))} in all):"]
     lines += [f"  {name:<{width}}  {_size(sizes[name]):>9}"
               + (f"  (written by the push: {GENERATED_FILES[name]})" if name in GENERATED_FILES else "")
@@ -1301,7 +1330,10 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the recipe YAML the model was trained with (for the card of a folder without "
                            "run_record.json: it shows the file's name and settings, and says how the weights were "
                            "trained is not known)")
-    push.add_argument("--private", action="store_true", help="create the repository as private")
+    push.add_argument("--private", action="store_true",
+                      help="push into a private repository only: create it as private if it does not exist; an "
+                           "existing public repository is refused, not made private (the push never changes a "
+                           "repository's visibility)")
     push.add_argument("--dry_run", action="store_true",
                       help="push nothing and change nothing in the folder: print the repository id as given and each "
                            "file the push would upload, with its size (the card, config.json and pipeline_relpos.py "
