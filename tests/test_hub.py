@@ -152,6 +152,9 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
     def repo_info(self, repo_id, **kwargs):
         return SimpleNamespace(id=repo_id, private=recorded.existing[repo_id])
 
+    def delete_repo(self, repo_id, **kwargs):
+        del recorded.existing[repo_id]
+
     def create_commit(self, repo_id, operations, *, commit_message=None, **kwargs):
         files, deleted = {}, []
         for operation in operations:
@@ -177,6 +180,7 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
     monkeypatch.setattr(HfApi, "create_commit", create_commit)
     monkeypatch.setattr(HfApi, "list_repo_files", list_repo_files)
     monkeypatch.setattr(HfApi, "repo_info", repo_info)
+    monkeypatch.setattr(HfApi, "delete_repo", delete_repo)
     monkeypatch.setattr(HfApi, "whoami", lambda self, *args, **kwargs: {"name": "me"})
     monkeypatch.setattr(preflight, "get_token", lambda: "hf_fake_token")
     monkeypatch.setattr(ModelCard, "load", classmethod(no_remote_card))
@@ -1526,6 +1530,34 @@ def test_the_push_commands_help_says_what_private_does(capsys):
     help_text = " ".join(capsys.readouterr().out.split())
     assert ("--private push into a private repository only: create it as private if it does not exist; an existing "
             "public repository is refused, not made private") in help_text
+
+
+@pytest.mark.parametrize("repository", ["new", "existing", "new, not deletable"])
+@pytest.mark.parametrize("failing_call", ["list_repo_files", "create_commit"])
+def test_a_failed_push_deletes_the_repository_it_created_and_only_that(output_folder, fake_hub, monkeypatch,
+                                                                       repository, failing_call):
+    """A push whose call after create_repo fails leaves no repository it created behind (the Hub made it, nothing of
+    the model went in), and says so; a repository that existed before is left as it was. Where deleting fails too,
+    the error says the repository is left and how to delete it."""
+    def unreachable(self, *args, **kwargs):
+        raise ConnectionError("huggingface.co is unreachable")
+
+    monkeypatch.setattr(HfApi, failing_call, unreachable)
+    if repository == "existing":
+        fake_hub.existing["me/tiny-shaw"] = False
+    if repository == "new, not deletable":
+        monkeypatch.setattr(HfApi, "delete_repo", unreachable)
+    with pytest.raises(hub.HubPushError) as raised:
+        hub.push_model_folder(output_folder, "tiny-shaw")
+    message = str(raised.value)
+    assert message.startswith(f"pushing {output_folder} to the Hub repository 'me/tiny-shaw' failed (ConnectionError")
+    assert message.endswith(f"; nothing in {output_folder} was changed")
+    deleted = "; the repository, which this push had created, was deleted again"
+    left = ("; the repository this push created is left without the model (deleting it failed: ConnectionError: "
+            "huggingface.co is unreachable): push again, or delete it (`hf repos delete me/tiny-shaw`)")
+    assert (deleted in message, left in message) == {"new": (True, False), "existing": (False, False),
+                                                     "new, not deletable": (False, True)}[repository]
+    assert fake_hub.existing == ({} if repository == "new" else {"me/tiny-shaw": False})
 
 
 def test_a_sharded_model_is_pushed_with_its_index_and_every_shard(output_folder):

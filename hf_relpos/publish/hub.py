@@ -1177,7 +1177,8 @@ def push_model_folder(
     in the account's); the commit deletes the repository's weights files that it does not replace (`stale_weights`).
     The folder is only read until the commit succeeds; then README.md, pipeline_relpos.py and
     config.json are written into it, so it matches the repository. A failed upload raises `HubPushError` naming the
-    repository and leaves the folder byte-for-byte as it was.
+    repository and leaves the folder byte-for-byte as it was; a repository that this call created is deleted again
+    (`_hub_errors`), one that existed before is left as it was.
 
     `private`: True pushes into a private repository only: one the push creates is created private, an existing one
     must be private already (`HubPushError` for a public one, before anything is uploaded: the Hub keeps an existing
@@ -1198,6 +1199,8 @@ def push_model_folder(
     api = HfApi(token=token)
     with _hub_errors(plan.folder, repo_id):
         repo_id, created = created_or_existing_repository(api, repo_id, private)   # with the namespace it went to
+    created_by = api if created else None
+    with _hub_errors(plan.folder, repo_id, created_by):
         public = bool(private) and not created and api.repo_info(repo_id).private is not True
         present = api.list_repo_files(repo_id)
     if public:
@@ -1211,7 +1214,7 @@ def push_model_folder(
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
                                      else content.encode("utf-8")) for name, content in uploads.items()]
     operations += [CommitOperationDelete(path_in_repo=name) for name in stale_weights(present, uploads)]
-    with _hub_errors(plan.folder, repo_id):
+    with _hub_errors(plan.folder, repo_id, created_by):
         commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
     _write_files(plan.folder, {name: text for name, text in uploads.items() if isinstance(text, str)})
     return commit.commit_url
@@ -1294,13 +1297,24 @@ def _size(size: int) -> str:
 
 
 @contextlib.contextmanager
-def _hub_errors(folder: Path, repo_id: str) -> Iterator[None]:
-    """A failed Hub call as `HubPushError`, naming the repository and the cause."""
+def _hub_errors(folder: Path, repo_id: str, created_by: HfApi | None = None) -> Iterator[None]:
+    """A failed Hub call as `HubPushError`, naming the repository and the cause. `created_by`: the client whose push
+    created the repository, which then holds nothing of the model: it deletes it, so that a failed push leaves no
+    repository behind (or the error says that the repository is left, and how to delete it)."""
     try:
         yield
     except Exception as error:
+        left = ""
+        if created_by is not None:
+            try:
+                created_by.delete_repo(repo_id)
+                left = "; the repository, which this push had created, was deleted again"
+            except Exception as deleting:
+                left = (f"; the repository this push created is left without the model (deleting it failed: "
+                        f"{type(deleting).__name__}: {deleting}): push again, or delete it (`hf repos delete "
+                        f"{repo_id}`)")
         raise HubPushError(f"pushing {folder} to the Hub repository {repo_id!r} failed "
-                           f"({type(error).__name__}: {error}); nothing in {folder} was changed") from error
+                           f"({type(error).__name__}: {error}){left}; nothing in {folder} was changed") from error
 
 
 def _config_json(config: Mapping[str, Any]) -> str:
