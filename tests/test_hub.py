@@ -1341,7 +1341,25 @@ def test_a_folder_saved_by_hand_is_carded_with_the_recipe_file_given_and_no_trai
     assert (output_folder / "README.md").read_text() == card
 
 
-@pytest.mark.parametrize("recipe", [None, "demo.yaml", "multi30k_small_xl.yaml"])
+@pytest.mark.parametrize("recipe", ["multi30k_small_xl.yaml", "wmt14_en_de_base_directional.yaml"])
+def test_a_recipe_of_another_position_scheme_than_the_folders_is_refused(output_folder, fake_hub, capsys, recipe):
+    """--recipe for a folder without a run record, naming another scheme than the folder's (a Shaw model): its card
+    read "uses relation-aware self-attention ... with the `multi30k_small_xl.yaml` recipe". One error line naming
+    both schemes, before any Hub call (a dry run too)."""
+    scheme = recipe.removesuffix(".yaml").rsplit("_", 1)[1]
+    for dry_run in ([], ["--dry_run"]):
+        with pytest.raises(SystemExit) as exited:
+            hub.main(["push", str(output_folder), "me/tiny-shaw", "--recipe", str(REPO_ROOT / "configs" / recipe),
+                      *dry_run])
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and error.count("\n") == 1, error
+        assert (f"the recipe (--recipe) given for {output_folder} trains position_scheme '{scheme}', and the folder's "
+                "model (config.json) has position_scheme 'shaw': give the recipe its weights were trained with, or "
+                "push it without a recipe") in error
+    assert fake_hub.repos == [] and not (output_folder / "README.md").exists()
+
+
+@pytest.mark.parametrize("recipe", [None, "demo.yaml", "multi30k_small_shaw.yaml"])
 def test_a_folder_saved_by_hand_without_scores_is_carded_as_trained_weights_not_measured(output_folder, fake_hub,
                                                                                           recipe):
     """A folder without a run record or scores, pushed with or without --recipe: its card said "Never trained in the

@@ -71,6 +71,7 @@ from .records import (
     Measurement,
     RunRecord,
     accelerate_program,
+    current_model_fields,
     load_recipe,
     read_run_records,
     runs_under_python,
@@ -955,11 +956,21 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
 def folder_record(folder: str | os.PathLike,
                   recipe: RunRecord | Mapping[str, Any] | None = None) -> RunRecord | Mapping[str, Any] | None:
     """What a model folder's card is built from: its run record (`RUN_RECORD_FILE`), else `recipe` (a `RunRecord` or
-    a recipe YAML dict). ValueError for a `recipe` given with a folder that has a record."""
+    a recipe YAML dict). ValueError for a `recipe` given with a folder that has a record, or one whose model section
+    names another position scheme than the folder's config.json (the recipe of another model: its card would call the
+    weights of one scheme trained by a recipe of another)."""
     record = training_record(folder)
     if record is not None and recipe is not None:
         raise ValueError(f"{folder} has the record of the run that trained it ({RUN_RECORD_FILE}), which its card is "
                          "built from: a recipe is only for a folder without one")
+    if recipe is not None:
+        recipe_model = recipe.model if isinstance(recipe, RunRecord) else RunRecord.from_recipe(recipe).model
+        config = current_model_fields(json.loads((Path(folder) / CONFIG_NAME).read_text(encoding="utf-8")))
+        named, held = recipe_model.get(SCHEME_FIELD), config.get(SCHEME_FIELD)
+        if named is not None and held is not None and named != held:
+            raise ValueError(f"the recipe (--recipe) given for {folder} trains {SCHEME_FIELD} {named!r}, and the folder's model "
+                             f"({CONFIG_NAME}) has {SCHEME_FIELD} {held!r}: give the recipe its weights were trained "
+                             "with, or push it without a recipe")
     return record if record is not None else recipe
 
 
