@@ -23,7 +23,7 @@ import pytest
 import transformers
 from conftest import BUILT_IN_SCHEMES, run_without_hf_relpos, train_memorising_model
 from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
-from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError
+from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
 from transformers import AutoModelForSeq2SeqLM, TrainerState, pipeline
 
@@ -43,6 +43,7 @@ from hf_relpos.publish.records import (
 )
 from hf_relpos.tools.average import average_checkpoints
 from hf_relpos.translation import preflight
+from hf_relpos.translation import training as training_module
 from hf_relpos.translation.arguments import ConfigError, parse_arguments
 from hf_relpos.translation.metrics import score_translations
 from hf_relpos.translation.run_outputs import push_training_output, run_record
@@ -150,6 +151,9 @@ def fake_hub(monkeypatch) -> SimpleNamespace:
         return RepoUrl(f"https://huggingface.co/{full_id}")
 
     def repo_info(self, repo_id, **kwargs):
+        if repo_id not in recorded.existing:
+            missing = SimpleNamespace(status_code=404, headers={}, request=None)
+            raise RepositoryNotFoundError(f"404 Client Error: Repository Not Found for {repo_id}", response=missing)
         return SimpleNamespace(id=repo_id, private=recorded.existing[repo_id])
 
     def delete_repo(self, repo_id, **kwargs):
@@ -1530,8 +1534,10 @@ def test_a_private_push_into_an_existing_repository_needs_it_private(output_fold
             hub.main(["push", str(output_folder), "me/tiny-shaw", "--private"])
         error = capsys.readouterr().err
         assert exited.value.code == 2 and error.count("\n") == 1, error
-        assert ("the Hub repository 'me/tiny-shaw' exists and is public, and private (--private) was asked for" in error
-                and "`hf repos settings me/tiny-shaw --private`" in error and "push without --private" in error)
+        assert ("the Hub repository 'me/tiny-shaw' exists and is public, and a private repository was asked for: a "
+                "push does not change an existing repository's visibility, so these weights would be public; make it "
+                "private first (its settings page on the Hub, or `hf repos settings me/tiny-shaw --private`) and push "
+                "again, or push without --private (hub_private_repo: false) to publish them publicly") in error
         assert fake_hub.commits == [] and fake_hub.existing == {"me/tiny-shaw": False}
         assert folder_snapshot(output_folder) == before
         hub.main(["push", str(output_folder), "me/tiny-shaw"])
@@ -1767,6 +1773,32 @@ def test_push_to_hub_to_an_invalid_repository_id_is_one_error_line_before_traini
     error = capsys.readouterr().err
     assert error.startswith(f"train_translation.py: error: push_to_hub: {named} is not a Hub repository id")
     assert error.count("\n") == 1 and fake_hub.repos == [] and not output_dir.exists()
+
+
+@pytest.mark.parametrize("visibility", ["public", "private", "none"])
+def test_push_to_hub_into_an_existing_public_repository_with_hub_private_repo_stops_before_training(
+        fake_hub, tmp_path, capsys, monkeypatch, visibility):
+    """hub_private_repo: true with a hub_model_id (here without a namespace: the login's) that exists and is public
+    is one error line before anything runs (the push after training would be refused, `public_repository_refusal`);
+    a private or missing repository passes the check (the run then fails on purpose at its first step)."""
+    if visibility != "none":
+        fake_hub.existing["me/relpos-run"] = visibility == "private"
+    monkeypatch.setattr(training_module, "prepare_data", lambda *args, **kwargs: pytest.fail("got past the checks"))
+    output_dir = tmp_path / "out"
+    arguments = [str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_dir), "--push_to_hub", "true",
+                 "--hub_model_id", "relpos-run", "--hub_private_repo", "true"]
+    if visibility == "public":
+        with pytest.raises(SystemExit) as exited:
+            training_main(arguments)
+        assert exited.value.code == 2
+        error = capsys.readouterr().err
+        assert error.startswith("train_translation.py: error: push_to_hub: the Hub repository 'me/relpos-run' exists "
+                                "and is public, and a private repository was asked for") and error.count("\n") == 1
+        assert error.endswith("before training, or set hub_private_repo: false to publish the model publicly\n")
+    else:
+        with pytest.raises(pytest.fail.Exception, match="got past the checks"):
+            training_main(arguments)
+    assert fake_hub.repos == [] and not output_dir.exists()
 
 
 def test_model_push_to_hub_carries_code_files_and_auto_map(fake_hub):

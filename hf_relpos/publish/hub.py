@@ -34,7 +34,7 @@ from pathlib import Path, PurePosixPath, PureWindowsPath
 from typing import Any
 
 from huggingface_hub import CommitOperationAdd, CommitOperationDelete, EvalResult, HfApi, ModelCardData
-from huggingface_hub.errors import HfHubHTTPError
+from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.utils import HFValidationError, validate_repo_id
 from packaging.requirements import Requirement
 from safetensors import safe_open
@@ -1212,15 +1212,11 @@ def push_model_folder(
         repo_id, created = created_or_existing_repository(api, repo_id, private)   # with the namespace it went to
     created_by = api if created else None
     with _hub_errors(plan.folder, repo_id, created_by):
-        public = bool(private) and not created and api.repo_info(repo_id).private is not True
+        refusal = public_repository_refusal(api, repo_id) if private and not created else None
         present = api.list_repo_files(repo_id)
-    if public:
-        raise HubPushError(
-            f"the Hub repository {repo_id!r} exists and is public, and private (--private) was asked for: a push "
-            "does not change an existing repository's visibility, so these weights would be public; make it private "
-            f"first (its settings page on the Hub, or `hf repos settings {repo_id} --private`) and push again, or "
-            f"push without --private to publish them publicly; nothing was pushed and nothing in {plan.folder} was "
-            "changed")
+    if refusal is not None:
+        raise HubPushError(f"{refusal} and push again, or push without --private (hub_private_repo: false) to publish "
+                           f"them publicly; nothing was pushed and nothing in {plan.folder} was changed")
     uploads = plan.uploads(repo_id)
     operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
                                      else content.encode("utf-8")) for name, content in uploads.items()]
@@ -1242,6 +1238,21 @@ def created_or_existing_repository(api: HfApi, repo_id: str, private: bool | Non
         if error.response.status_code not in (401, 402, 403, 409):
             raise
     return api.create_repo(repo_id, private=private, exist_ok=True).repo_id, False
+
+
+def public_repository_refusal(api: HfApi, repo_id: str) -> str | None:
+    """Why a push that asks for a private repository (--private, hub_private_repo: true) must not go to `repo_id`
+    (with its namespace), or None: it exists and is not private, and the Hub keeps an existing repository's
+    visibility (`create_repo` ignores `private` for it), so the weights would be public. Making it private is left to
+    its owner: that cuts off everyone who downloads it."""
+    try:
+        if api.repo_info(repo_id).private is True:
+            return None
+    except RepositoryNotFoundError:
+        return None
+    return (f"the Hub repository {repo_id!r} exists and is public, and a private repository was asked for: a push "
+            "does not change an existing repository's visibility, so these weights would be public; make it private "
+            f"first (its settings page on the Hub, or `hf repos settings {repo_id} --private`)")
 
 
 def stale_weights(present: Sequence[str], uploads: Mapping[str, Any]) -> list[str]:

@@ -15,6 +15,7 @@ from huggingface_hub import HfApi, get_token
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..model.attention_functions import check_kernel_device
+from ..publish.hub import public_repository_refusal
 from .checkpoints import find_checkpoints, last_complete_checkpoint
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
@@ -156,6 +157,22 @@ def check_hub_login(token: str | None) -> str:
         raise PreflightError(f"push_to_hub: the Hugging Face login could not be checked ({type(error).__name__}: "
                              f"{' '.join(str(error).split())}); fix it before training, or set push_to_hub: "
                              f"false") from None
+
+
+def check_private_hub_repository(token: str | None, repository: str, user: str) -> None:
+    """PreflightError, before training, where a push_to_hub run asks for a private repository (hub_private_repo:
+    true) and its `repository` (`hub_repository`; one without a namespace is `user`'s) exists and is public: the push
+    after training would be refused (`public_repository_refusal`)."""
+    repo_id = repository if "/" in repository else f"{user}/{repository}"
+    try:
+        refusal = public_repository_refusal(HfApi(token=token or get_token()), repo_id)
+    except Exception as error:  # noqa: BLE001 - any failure here means the push after training would fail too
+        raise PreflightError(f"push_to_hub: the Hub repository {repo_id!r} could not be looked up "
+                             f"({type(error).__name__}: {' '.join(str(error).split())}); fix it before training, or "
+                             "set push_to_hub: false") from None
+    if refusal is not None:
+        raise PreflightError(f"push_to_hub: {refusal} before training, or set hub_private_repo: false to publish the "
+                             "model publicly")
 
 
 # What a run of train_translation.py writes into output_dir and a fresh run (overwrite_output_dir) removes first (its

@@ -22,6 +22,7 @@ from .arguments import (
     ConfigError,
     TranslationTrainingArguments,
     check_resumed_model_config,
+    hub_repository,
     local_main_process,
     parse_arguments,
 )
@@ -35,6 +36,7 @@ from .preflight import (
     check_hub_login,
     check_kernel_runs_here,
     check_precision_runs_here,
+    check_private_hub_repository,
     check_process_group,
     check_rerun,
     check_run_file_names,
@@ -97,7 +99,11 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if scores_in_place:
         check_scoring_in_place(model_args, data_args, training_args)
     if push_to_hub and training_args.should_save:
-        logger.info("push_to_hub: logged in to the Hugging Face Hub as %s", check_hub_login(training_args.hub_token))
+        user = check_hub_login(training_args.hub_token)
+        logger.info("push_to_hub: logged in to the Hugging Face Hub as %s", user)
+        if training_args.hub_private_repo:
+            check_private_hub_repository(training_args.hub_token,
+                                         hub_repository(training_args.hub_model_id, output_dir), user)
 
     with main_process_first_without_timeout(training_args, desc="data preparation"):
         prepared = prepare_data(model_args, data_args, training_args, splits_to_read(training_args),
