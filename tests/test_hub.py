@@ -1467,6 +1467,26 @@ def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fa
     assert "published as [`me/tiny-averaged`]" in card.text
 
 
+def test_an_average_ending_with_a_final_model_takes_none_of_its_scores_translations_or_card(trained_folder, fake_hub,
+                                                                                            tmp_path):
+    """hf-relpos-average of folders listed, the newest a training run's final model (with its card, record, scores
+    and translations): the average copied that folder's `*_results.json`, `*_hypotheses.txt` and README.md, and its
+    push card gave the final weights' scores as the average's own. What describes another model's weights stays
+    out; the run record is kept without scores."""
+    final = with_run_record(Path(shutil.copytree(trained_folder, tmp_path / "final")))
+    (final / "README.md").write_text("the final model's card\n")
+    (final / "all_results.json").write_text(json.dumps({"test_bleu": 99.0}))
+    shutil.copytree(trained_folder, tmp_path / "checkpoint-1", ignore=shutil.ignore_patterns("*_results.json"))
+    averaged = average_checkpoints([tmp_path / "checkpoint-1", final], None, tmp_path / "averaged")
+    left_in = sorted(path.name for path in averaged.iterdir()
+                     if path.name.endswith(("_results.json", "_hypotheses.txt")))
+    assert left_in == [] and training_record(averaged).scores == {}
+    assert "Not measured: these averaged weights were not evaluated" in (averaged / "README.md").read_text()
+    hub.push_model_folder(averaged, "me/tiny-averaged")
+    card = ModelCard(fake_hub.commits[0]["files"]["README.md"].decode())
+    assert card.data.eval_results is None and "Not measured: these averaged weights were not evaluated" in card.text
+
+
 def test_an_averaged_folder_keeps_the_run_record_without_the_scores_of_the_runs_final_weights(trained_folder, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained_folder, run_dir)

@@ -14,6 +14,7 @@ the training run's record without the scores of its final weights.
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import json
 import logging
 import os
@@ -36,7 +37,7 @@ from ..translation.checkpoints import (
     find_checkpoints,
     is_complete_checkpoint,
 )
-from ..translation.safety import OutputDirError, check_new_output_dir
+from ..translation.safety import FINAL_MODEL_DESCRIPTIONS, OutputDirError, check_new_output_dir
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +45,14 @@ TRAINER_STATE_FILES = re.compile(
     r"^(optimizer.*|scheduler.*|scaler.*|rng_state.*|trainer_state\.json|training_args\.bin|model.*\.safetensors.*"
     r"|pytorch_model.*)$"
 )
+
+
+def copied_from_newest(name: str) -> bool:
+    """Whether the newest checkpoint's file `name` goes into the averaged folder as it is: not its weights or trainer
+    state, nor, where the newest is a run's final model, what describes those weights (`FINAL_MODEL_DESCRIPTIONS`:
+    card, record, scores, translations), which the averaged weights do not have."""
+    return not TRAINER_STATE_FILES.match(name) and not any(fnmatch.fnmatchcase(name, pattern)
+                                                           for pattern in FINAL_MODEL_DESCRIPTIONS)
 
 
 DEFAULT_LAST_N = 5   # checkpoints of a training output folder averaged unless told otherwise (Vaswani et al.'s base)
@@ -146,11 +155,11 @@ def _average_selected(checkpoints: Sequence[Path], output_dir: str | os.PathLike
 
     with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         for item in checkpoints[-1].iterdir():
-            if item.is_file() and not TRAINER_STATE_FILES.match(item.name):
+            if item.is_file() and copied_from_newest(item.name):
                 shutil.copyfile(item, staging / item.name)
         # the record of the run (languages and recipe, for scoring these weights), without the scores and metrics
         # of its final weights: this average is not measured
-        record = training_record(staging) or training_record(checkpoints[-1].parent)
+        record = training_record(checkpoints[-1]) or training_record(checkpoints[-1].parent)
         if record is not None:
             record.scores, record.metrics = {}, {}
             (staging / RUN_RECORD_FILE).write_text(json.dumps(record.to_json(), indent=1) + "\n")
