@@ -53,7 +53,7 @@ from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.model.attention_functions import compiled_graph_count
 from hf_relpos.model.modeling_relpos import RelPosEncoder, attention_mask_for, with_scheme_mask
 from hf_relpos.model.positions import PositionContext
-from hf_relpos.tools.viz import require_matplotlib
+from hf_relpos.tools.viz import require_matplotlib, save_figure
 
 BENCHMARKS = ("attention", "model")
 MIB = 2**20
@@ -361,8 +361,9 @@ def render_markdown(meta: dict[str, Any], rows: list[dict[str, Any]], growth: li
 
 
 def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
-    """`schemes`: the series labels (scheme, or scheme@kernel)."""
-    """Ratio to absolute (left) and peak memory (right) against the length, one line per scheme and series."""
+    """Ratio to absolute (left) and peak memory (right) against the length, one line per scheme and series
+    (`schemes`: the series labels, scheme or scheme@kernel), written to `path` through `save_figure` (whole or not
+    at all)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -394,8 +395,10 @@ def plot(rows: list[dict[str, Any]], schemes: list[str], path: Path) -> None:
         axis.grid(alpha=0.3)
     memory_axis.legend(fontsize=7, ncol=2)
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    try:
+        save_figure(figure, path, dpi=120)
+    finally:
+        plt.close(figure)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:

@@ -190,6 +190,28 @@ def test_training_benchmark_writes_each_length_as_it_goes(tmp_path: Path, monkey
     assert all(r["compiled_graphs"] == rows[0]["compiled_graphs"] for r in rows)
 
 
+def test_the_training_plot_cut_short_keeps_the_previous_one_whole(tmp_path: Path, monkeypatch) -> None:
+    """training.png is replaced whole or not at all: a run stopped while matplotlib wrote it (a time limit's
+    KeyboardInterrupt) left the image cut short in place of the previous run's."""
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    rows = [{"benchmark": "attention", "shape": "tiny", "scheme": scheme, "length": length, "ratio": 1.0,
+             "peak_mib": 1.0} for scheme in ("absolute", "shaw") for length in (8, 16)]
+    path = tmp_path / "training.png"
+    path.write_bytes(b"the previous plot")
+
+    def cut_short(figure, target, **kwargs):
+        with open(target, "wb") as file:
+            file.write(b"\x89PNG")
+        raise KeyboardInterrupt("time limit")
+
+    monkeypatch.setattr(Figure, "savefig", cut_short)
+    with pytest.raises(KeyboardInterrupt):
+        bench_training.plot(rows, ["absolute", "shaw"], path)
+    assert path.read_bytes() == b"the previous plot" and [entry.name for entry in tmp_path.iterdir()] == [path.name]
+
+
 def test_a_benchmark_called_from_code_records_the_command_that_reproduces_its_run(tmp_path: Path, monkeypatch) -> None:
     """The record's command is `python -m benchmarks.<module>` with the arguments main parsed (quoted for a shell),
     not the calling process's command line; sys.argv's arguments only where main was given none."""
