@@ -736,6 +736,35 @@ def test_an_output_that_is_the_source_or_reference_file_is_refused_and_the_file_
     assert reference_file.read_text(encoding="utf-8") == "a reference\n"
 
 
+@pytest.mark.parametrize("tool", ["translate", "score"])
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json", "tokenizer.json"])
+def test_an_output_that_is_a_file_of_the_model_folder_is_refused_and_the_model_kept(memorised_model_folder, tmp_path,
+                                                                                   capsys, monkeypatch, tool, name):
+    """--output naming a file the model folder is loaded from (a slip of the shell's completion: MODEL/model.sa<TAB>)
+    replaced the model's weights, config or tokenizer with the text written: one error line before the model loads,
+    and the folder kept. A new file in the model folder is written as anywhere else."""
+    from hf_relpos.tools import score
+
+    model_folder = Path(shutil.copytree(memorised_model_folder, tmp_path / "model"))
+    kept = (model_folder / name).read_bytes()
+    source_file = write_lines(tmp_path / "src.txt", [source for source, _ in MEMORISED_PAIRS[:1]])
+    target_file = write_lines(tmp_path / "tgt.txt", [target for _, target in MEMORISED_PAIRS[:1]])
+    arguments = (["--input", str(source_file)] if tool == "translate" else
+                 ["--source", str(source_file), "--target", str(target_file)])
+    tool_main, program = (main, "hf-relpos-translate") if tool == "translate" else (score.main, "hf-relpos-score")
+    with pytest.raises(SystemExit) as exited:
+        tool_main([str(model_folder), *arguments, "--output", str(model_folder / name)])
+    assert exited.value.code == 2
+    what = "the translations" if tool == "translate" else "the scores"
+    assert capsys.readouterr().err.splitlines() == [
+        f"{program}: error: --output {str(model_folder / name)!r} is {name} of the model folder {str(model_folder)!r}: "
+        f"{what} would replace a file of the saved model (weights, config, tokenizer, code or record); write them to "
+        "another file"]
+    assert (model_folder / name).read_bytes() == kept
+    tool_main([str(model_folder), *arguments, "--output", str(model_folder / "written.txt")])
+    assert (model_folder / "written.txt").read_text(encoding="utf-8").count("\n") == 1
+
+
 def test_an_output_that_is_a_pipe_or_a_link_is_kept(memorised_model_folder, tmp_path):
     """--output is replaced atomically when it is a plain file; a named pipe is written through and a link stays a
     link, the file it leads to replaced: a rename would have put a plain file in the pipe's or the link's place."""

@@ -344,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.error(f"{' and '.join(from_stdin)} are both - (stdin), which is read once: give one of them as a file")
     args.output = stdio_name(args.output)
     check_model_and_files(parser, args, inputs)
-    output = checked_output(parser, args.output, inputs, "the scores")
+    output = checked_output(parser, args.output, inputs, "the scores", args.model)
     tokenizer, model = load_tokenizer_and_model(parser, args)
     files = {}
     with contextlib.ExitStack() as opened:

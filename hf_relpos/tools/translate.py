@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fnmatch
 import math
 import os
 import re
@@ -207,6 +208,9 @@ def translate_stream(chunks: Iterable[list[str]],
     return count, kept
 
 
+# The files a saved model folder is made of (weights, config, tokenizer, remote code, records; a CTranslate2 export's
+# model.bin): --output never replaces one of those in the folder of the model it runs.
+MODEL_FOLDER_FILES = ("*.json", "*.safetensors", "*.bin", "*.py", "*.spm", "*.model", "*.pt", "*.pth")
 SHOWN_LINES = 5   # the overlong lines an error names; the rest are counted
 
 
@@ -472,10 +476,11 @@ def check_output_name(parser: argparse.ArgumentParser, output: str | None) -> No
 
 
 def checked_output(parser: argparse.ArgumentParser, output_name: str | None, inputs: dict[str, str | None],
-                   what: str) -> Path | None:
+                   what: str, model: str) -> Path | None:
     """--output as a Path (None: stdout) once it can be written: not a folder, in a folder that exists and is
-    writable (a link's file is replaced in its own folder), not one of the `inputs` files (flag -> path), which
-    `what` it receives would replace; else one error (exit 2)."""
+    writable (a link's file is replaced in its own folder), not one of the `inputs` files (flag -> path) nor a file
+    of the folder of `model` that the saved model is made of (`MODEL_FOLDER_FILES`), which `what` it receives would
+    replace; else one error (exit 2)."""
     if output_name is None:
         return None
     output = Path(output_name)
@@ -490,6 +495,12 @@ def checked_output(parser: argparse.ArgumentParser, output_name: str | None, inp
             if path is not None and output.samefile(path):
                 parser.exit(2, f"{parser.prog}: error: --output {output_name!r} is the {flag} file: {what} "
                                f"would replace it; write them to another file\n")
+        replaced = output.resolve()
+        if replaced.parent == Path(model).resolve() and any(fnmatch.fnmatchcase(replaced.name, pattern)
+                                                            for pattern in MODEL_FOLDER_FILES):
+            parser.exit(2, f"{parser.prog}: error: --output {output_name!r} is {replaced.name} of the model folder "
+                           f"{model!r}: {what} would replace a file of the saved model (weights, config, tokenizer, "
+                           "code or record); write them to another file\n")
     if not writes_in_place(output):   # a pipe, a device or /dev/stdout is written through
         try:
             check_output_dir(folder, setting="--output's folder")
@@ -630,7 +641,7 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
             parser.exit(2, f"{PROGRAM}: error: --tokenize: {error}; or name another tokenization with --tokenize "
                            "(e.g. char)\n")
     output = checked_output(parser, args.output, {"--input": args.input, "--reference": args.reference},
-                            "the translations")
+                            "the translations", args.model)
     tokenizer, model = load_tokenizer_and_model(parser, args)
     if references is not None:   # said before translating: text in them that no translation can hold
         decoded = tokenizer.batch_decode(tokenizer(text_target=references)["input_ids"], skip_special_tokens=True)
