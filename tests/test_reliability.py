@@ -1448,6 +1448,26 @@ def test_a_folder_where_the_run_writes_a_file_is_one_error_before_training(tmp_p
     assert (output_dir / "train_results.json").is_file()
 
 
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_readme_in_an_output_dir_without_a_run_is_one_error_before_training(tmp_path, corpus, resume):
+    """output_dir holding a README.md of its own (output_dir '.' in a project, a folder of notes) but no trained model
+    or checkpoints: the run trained and then deleted it for its model card. Now the run names it before anything is
+    written (also with resume_from_checkpoint last, which finds nothing to resume and trains from step 0); a fresh run
+    (overwrite_output_dir) removes it with the rest of the folder's previous run, as before."""
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    (output_dir / "README.md").write_text("my notes on this experiment\n")
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1)
+    flags = ["--resume_from_checkpoint", "last"] if resume else []
+    with pytest.raises(OutputDirError, match=re.escape(f"output_dir {str(output_dir)!r} holds a README.md but no "
+                                                       "trained model or checkpoints")):
+        run([str(config), *flags])
+    assert sorted(path.name for path in output_dir.iterdir()) == ["README.md"]
+    assert (output_dir / "README.md").read_text() == "my notes on this experiment\n"
+    run([str(config), "--overwrite_output_dir", "true"])
+    assert (output_dir / "README.md").read_text().startswith("---\n")   # the run's card
+
+
 def test_read_only_output_dir_is_detected(tmp_path, monkeypatch):
     """A folder without write permission (when not root), else one on which file creation fails as on a read-only
     mount: the probe's OSError is reported before training."""

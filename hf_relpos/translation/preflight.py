@@ -15,7 +15,7 @@ from huggingface_hub import HfApi, get_token
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..model.attention_functions import check_kernel_device
-from ..publish.hub import public_repository_refusal
+from ..publish.hub import CARD_FILE, public_repository_refusal
 from .checkpoints import find_checkpoints, last_complete_checkpoint
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
@@ -205,6 +205,18 @@ def check_run_file_names(output_dir: str | os.PathLike) -> None:
                 f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
                 "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
                 "removes it with the previous run)")
+
+
+def check_no_foreign_card(output_dir: str | os.PathLike) -> None:
+    """OutputDirError when output_dir holds a README.md (`CARD_FILE`) but no trained model or checkpoints
+    (`previous_run`): no run's model card but the folder's own (output_dir '.' in a project, a folder of notes), which
+    a run training from step 0 deletes for its model card when it saves its final model. A fresh run
+    (overwrite_output_dir) removes it with the rest of the previous run instead."""
+    if (Path(output_dir) / CARD_FILE).is_file() and not previous_run(output_dir):
+        raise OutputDirError(
+            f"output_dir {str(output_dir)!r} holds a {CARD_FILE} but no trained model or checkpoints: it is no model "
+            "card of a run there, and the run would replace it with its own when it saves its final model; move it "
+            "elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which removes it)")
 
 
 def check_fresh_run_keeps(output_dir: str | os.PathLike, starts_from: dict[str, str | None]) -> None:

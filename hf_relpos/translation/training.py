@@ -35,6 +35,7 @@ from .preflight import (
     PreflightError,
     check_hub_login,
     check_kernel_runs_here,
+    check_no_foreign_card,
     check_precision_runs_here,
     check_private_hub_repository,
     check_process_group,
@@ -95,6 +96,8 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                                  "tokenizer_name": model_args.tokenizer_name})
     if not fresh_run:
         check_run_file_names(output_dir)
+    if training_args.do_train and not fresh_run and resume_from is None and finished is None:   # from step 0
+        check_no_foreign_card(output_dir)
     scores_in_place = not training_args.do_train and bool(previous_run(output_dir))   # output_dir's own model
     if scores_in_place:
         check_scoring_in_place(model_args, data_args, training_args)
