@@ -1261,6 +1261,22 @@ def test_checkpoints_that_differ_in_use_cache_alone_average_with_the_newests_con
     assert RelPosTransformerConfig.from_pretrained(averaged_dir).use_cache is True
 
 
+def test_a_runs_final_model_averages_with_its_checkpoints_though_only_it_declares_the_pipeline(tmp_path):
+    """A run's final model is saved with the translation pipeline declared in its config.json (`custom_pipelines`),
+    its checkpoints without: listing checkpoints and the final model was refused as checkpoints of different
+    configs, though the declaration changes nothing the weights compute. They average, in either order, and the
+    result declares the pipeline."""
+    from hf_relpos.publish.hub import add_translation_pipeline
+
+    run_dir = tmp_path / "run"
+    save_checkpoint(tiny_model(0), run_dir / "checkpoint-100")
+    tiny_model(1).save_pretrained(run_dir)
+    add_translation_pipeline(run_dir)
+    for order, folders in enumerate(([run_dir / "checkpoint-100", run_dir], [run_dir, run_dir / "checkpoint-100"])):
+        averaged_dir = average_checkpoints(folders, None, tmp_path / f"averaged{order}")
+        assert "custom_pipelines" in json.loads((averaged_dir / "config.json").read_text())
+
+
 def test_folders_listed_are_averaged_themselves_even_when_they_hold_checkpoints(tmp_path):
     """Two training output folders listed (the final models of two runs) average their own weights, not the
     checkpoint-<step> folders inside the first."""

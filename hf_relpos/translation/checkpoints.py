@@ -101,16 +101,21 @@ def saved_config(checkpoint: str | os.PathLike) -> dict | None:
     return config
 
 
+# config.json fields that change nothing the weights compute: `use_cache` (checkpoints of a run resumed with another
+# hf_relpos version may differ in it) and `custom_pipelines` (a run's final model declares the translation pipeline,
+# its checkpoints do not)
+WEIGHT_NEUTRAL_CONFIG_FIELDS = ("use_cache", "custom_pipelines")
+
+
 def config_differences(checkpoint: str | os.PathLike, reference: str | os.PathLike) -> list[str]:
     """The config.json fields in which two checkpoints differ, as "name: value vs value" (none where either has no
-    config.json; a field one of them lacks counts at its default), but for `use_cache`, which changes nothing the
-    weights compute (checkpoints of a run resumed with another hf_relpos version may differ in it). Within one run
-    they differ only where training changes the config (`fade_absolute_positions`)."""
+    config.json; a field one of them lacks counts at its default), but for `WEIGHT_NEUTRAL_CONFIG_FIELDS`. Within one
+    run they differ only where training changes the config (`fade_absolute_positions`)."""
     config, other = saved_config(checkpoint), saved_config(reference)
     if config is None or other is None:
         return []
     return [f"{name}: {config.get(name)!r} vs {other.get(name)!r}" for name in sorted(config.keys() | other.keys())
-            if name != "use_cache" and config.get(name) != other.get(name)]
+            if name not in WEIGHT_NEUTRAL_CONFIG_FIELDS and config.get(name) != other.get(name)]
 
 
 # the saved tokenizer files that define its token ids: hf_relpos' tokenizer.json, a converted MarianMT model's joint
