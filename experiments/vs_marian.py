@@ -69,7 +69,7 @@ from transformers import (
 from hf_relpos import POSITION_SCHEMES, RelPosTransformerForConditionalGeneration
 from hf_relpos.model.generation_limits import SourceLengthCapLogitsProcessor, new_token_limits, per_scores_row
 from hf_relpos.publish import records as run_records
-from hf_relpos.publish.files import write_text_atomic
+from hf_relpos.publish.files import atomic_file, write_text_atomic
 from hf_relpos.publish.records import (
     RunRecord,
     checkout_version,
@@ -609,7 +609,7 @@ def write_results(out: Path, stem: str, results: dict, table: str,
     """Print the Markdown table and write it and the results to `<out>/<stem>.md` and `<out>/<stem>.json`, and the
     `hypotheses` the results score to `<out>/<stem>_hypotheses.json.gz` (gzip without a name or timestamp: the same
     translations give the same bytes), so that its BLEU, chrF and paired tests can be recomputed from the references;
-    an archive of an earlier collection of `stem` without them is removed."""
+    an archive of an earlier collection of `stem` without them is removed. Each file is replaced whole or not at all."""
     print(table)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / f"{stem}.json", json.dumps(results, indent=1) + "\n")
@@ -619,7 +619,8 @@ def write_results(out: Path, stem: str, results: dict, table: str,
         compressed = io.BytesIO()
         with gzip.GzipFile(filename="", mode="wb", fileobj=compressed, mtime=0) as writer:
             writer.write(json.dumps(hypotheses, ensure_ascii=False, indent=0, sort_keys=True).encode("utf-8"))
-        archive.write_bytes(compressed.getvalue())
+        with atomic_file(archive) as temporary:   # whole or not at all, as the record's .json and .md
+            temporary.write_bytes(compressed.getvalue())
     else:
         archive.unlink(missing_ok=True)
 

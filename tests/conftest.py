@@ -318,3 +318,38 @@ def load_experiment(script: Path, monkeypatch):
     monkeypatch.setitem(sys.modules, spec.name, module)
     spec.loader.exec_module(module)
     return module
+
+
+def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
+    """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
+    a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"
+    (KeyboardInterrupt): what a kill while writing leaves on disk."""
+    real_open = open
+
+    class DyingFile:
+        def __init__(self, handle):
+            self.handle = handle
+
+        def write(self, text):
+            self.handle.write(text[: max(1, len(text) // 2)])
+            self.handle.flush()
+            raise KeyboardInterrupt(f"simulated kill while writing {path}")
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exception):
+            self.handle.close()
+
+        def __getattr__(self, name):
+            return getattr(self.handle, name)
+
+    def dying_open(file, mode="r", *args, **kwargs):
+        handle = real_open(file, mode, *args, **kwargs)
+        written = not isinstance(file, int) and any(flag in mode for flag in "wax")
+        if written and Path(file).parent == path.parent and path.name in Path(file).name:
+            return DyingFile(handle)
+        return handle
+
+    monkeypatch.setattr("builtins.open", dying_open)
+    monkeypatch.setattr("io.open", dying_open)

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 import torch
 import transformers
-from conftest import BUILT_IN_SCHEMES, load_experiment
+from conftest import BUILT_IN_SCHEMES, die_while_writing, load_experiment
 
 from hf_relpos.publish.hub import load_recipe
 from hf_relpos.publish.records import RunRecord, read_run_records, source_version
@@ -332,6 +332,22 @@ TINY_VS_MARIAN = [
 
 def load_vs_marian(monkeypatch):
     return load_experiment(VS_MARIAN, monkeypatch)
+
+
+def test_a_kill_while_vs_marian_writes_its_hypotheses_archive_keeps_the_previous_one(tmp_path, monkeypatch):
+    """`write_results` replaces `<stem>_hypotheses.json.gz` whole or not at all, as it does the record's .json and
+    .md: written in place, a kill left a gzip file cut short where the previous collection's translations were."""
+    vs_marian = load_vs_marian(monkeypatch)
+    vs_marian.write_results(tmp_path, "vs_marian", {"rows": []}, "| table |\n", {"absolute seed 1": ["Ein Hund."]})
+    archive = vs_marian.hypotheses_archive(tmp_path, "vs_marian")
+    before = archive.read_bytes()
+    with monkeypatch.context() as patch:
+        die_while_writing(patch, archive)
+        with pytest.raises(KeyboardInterrupt, match="simulated kill"):
+            vs_marian.write_results(tmp_path, "vs_marian", {"rows": []}, "| table |\n",
+                                    {"absolute seed 1": ["Zwei Hunde."]})
+    assert archive.read_bytes() == before
+    assert json.loads(gzip.decompress(before)) == {"absolute seed 1": ["Ein Hund."]}
 
 
 def test_the_peer_and_absolute_start_from_the_same_distributions(monkeypatch):

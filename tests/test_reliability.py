@@ -21,7 +21,7 @@ from typing import NamedTuple
 import pytest
 import torch
 import yaml
-from conftest import checkout_first_on_path
+from conftest import checkout_first_on_path, die_while_writing
 from safetensors.torch import load_file
 from test_train_distributed import launch_within
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, TrainerState
@@ -1327,41 +1327,6 @@ def test_a_run_ended_in_its_push_has_its_record_and_is_not_finished_again_by_res
     with pytest.raises(ConfigError, match=r"has already trained max_steps=4 \(step 4, epoch [\d.]+\): raise max_steps "
                                           "to train on, or score the run's model with --do_train false$"):
         run(command)
-
-
-def die_while_writing(monkeypatch: pytest.MonkeyPatch, path: Path) -> None:
-    """From now on, a file opened for writing in `path`'s folder whose name contains `path`'s name (`path` itself or
-    a temporary file for it) gets half of its first write, flushed to disk, then the process "dies"
-    (KeyboardInterrupt): what a kill while writing leaves on disk."""
-    real_open = open
-
-    class DyingFile:
-        def __init__(self, handle):
-            self.handle = handle
-
-        def write(self, text):
-            self.handle.write(text[: max(1, len(text) // 2)])
-            self.handle.flush()
-            raise KeyboardInterrupt(f"simulated kill while writing {path}")
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exception):
-            self.handle.close()
-
-        def __getattr__(self, name):
-            return getattr(self.handle, name)
-
-    def dying_open(file, mode="r", *args, **kwargs):
-        handle = real_open(file, mode, *args, **kwargs)
-        written = not isinstance(file, int) and any(flag in mode for flag in "wax")
-        if written and Path(file).parent == path.parent and path.name in Path(file).name:
-            return DyingFile(handle)
-        return handle
-
-    monkeypatch.setattr("builtins.open", dying_open)
-    monkeypatch.setattr("io.open", dying_open)
 
 
 @pytest.mark.parametrize("name", ["test_hypotheses.txt", "test_results.json", "all_results.json"])
