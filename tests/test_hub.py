@@ -1289,6 +1289,24 @@ def test_a_dry_runs_card_goes_only_where_it_is_asked_and_never_into_the_folder(o
     assert not (output_folder.parent / "card.md").exists()
 
 
+def test_a_dry_runs_card_out_that_is_a_folder_or_under_a_file_is_one_error_naming_card_out(output_folder, tmp_path,
+                                                                                           capsys):
+    """--card_out naming an existing folder was a bare `[Errno 21] Is a directory`; one under a file named the file as
+    card_out itself. Each is one error line naming card_out and what to give, and nothing is written."""
+    (tmp_path / "cards").mkdir()
+    (tmp_path / "notes.txt").write_text("mine\n")
+    for card_out, message in (
+            (tmp_path / "cards", f"card_out {str(tmp_path / 'cards')!r} is a folder: give the card's file name (e.g. "
+                                 f"{str(tmp_path / 'cards' / 'README.md')!r})"),
+            (tmp_path / "notes.txt" / "card.md", f"card_out's folder {str(tmp_path / 'notes.txt')!r}: "
+                                                 f"{str(tmp_path / 'notes.txt')!r} is a file, not a folder")):
+        with pytest.raises(SystemExit) as exited:
+            hub.main(["push", str(output_folder), "me/tiny-shaw", "--dry_run", "--card_out", str(card_out)])
+        error = capsys.readouterr().err
+        assert exited.value.code == 2 and message in error and error.count("\n") == 1, error
+    assert list((tmp_path / "cards").iterdir()) == [] and (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
 def test_a_repository_id_without_a_namespace_is_carded_with_the_namespace_it_was_pushed_to(output_folder, fake_hub):
     hub.push_model_folder(output_folder, "tiny-shaw")
     (commit,) = fake_hub.commits

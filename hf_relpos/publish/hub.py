@@ -1285,7 +1285,10 @@ def dry_run_report(plan: PushPlan, repo_id: str, *, private: bool | None = None,
         if card_out.resolve().is_relative_to(plan.folder.resolve()):
             raise ValueError(f"card_out {str(card_out)!r} is in {plan.folder}, which a dry run leaves as it is: write "
                              "the card elsewhere")
-        nearest_existing_folder(card_out.parent, "card_out")
+        if card_out.is_dir():
+            raise ValueError(f"card_out {str(card_out)!r} is a folder: give the card's file name (e.g. "
+                             f"{str(card_out / CARD_FILE)!r})")
+        nearest_existing_folder(card_out.parent, "card_out's folder")
     uploads = plan.uploads(carded)
     sizes = {name: content.stat().st_size if isinstance(content, Path) else len(content.encode("utf-8"))
              for name, content in uploads.items()}
