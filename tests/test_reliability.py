@@ -47,6 +47,7 @@ from hf_relpos.translation.checkpoints import (
 from hf_relpos.translation.data import DatasetSchemaError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.model_setup import estimated_weight_bytes, required_disk_bytes
+from hf_relpos.translation.preflight import check_run_file_names
 from hf_relpos.translation.safety import (
     NonFiniteLossError,
     OutputDirError,
@@ -1411,6 +1412,34 @@ def test_a_folder_where_the_run_writes_a_file_is_one_error_before_training(tmp_p
     run([str(config), "--overwrite_output_dir", "true"])
     assert not (output_dir / name).is_dir() and not (output_dir / name).is_symlink()
     assert (output_dir / "train_results.json").is_file()
+
+
+@pytest.mark.parametrize("kind", ["file", "link_to_nothing"])
+@pytest.mark.parametrize("name", ["checkpoint-1", ".final-model-staging"])
+def test_a_file_where_the_run_writes_a_folder_is_one_error_before_training(tmp_path, corpus, name, kind):
+    """A file, or a link to nothing (a checkpoint moved to another disk), in output_dir named as a folder the run
+    writes (checkpoint-<step>, the final model's staging): the run trained, then failed with a NotADirectoryError or
+    FileExistsError traceback at its first save. Now the run names it before anything is written; a fresh run
+    (overwrite_output_dir) removes it with the rest of the previous run. A file of another name
+    (checkpoint-1-notes.txt) is not refused."""
+    output_dir = tmp_path / "out"
+    output_dir.mkdir()
+    if kind == "file":
+        (output_dir / name).write_text("mine\n")
+    else:
+        (output_dir / name).symlink_to(tmp_path / "moved" / name)
+    (output_dir / "checkpoint-1-notes.txt").write_text("mine\n")
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, max_steps=1, save_strategy="steps", save_steps=1)
+    described = "a file" if kind == "file" else "an entry that is not a folder"
+    with pytest.raises(OutputDirError, match=re.escape(f"output_dir {str(output_dir)!r} holds {described} {name!r} "
+                                                       "where the run writes a folder")):
+        run([str(config)])
+    assert sorted(path.name for path in output_dir.iterdir()) == sorted([name, "checkpoint-1-notes.txt"])
+    (output_dir / name).unlink()
+    check_run_file_names(output_dir, training=True)   # checkpoint-1-notes.txt alone passes
+    (output_dir / name).write_text("mine\n")
+    run([str(config), "--overwrite_output_dir", "true"])
+    assert (output_dir / "checkpoint-1").is_dir()
 
 
 @pytest.mark.parametrize("resume", [False, True])

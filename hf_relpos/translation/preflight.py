@@ -16,7 +16,7 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 
 from ..model.attention_functions import check_kernel_device
 from ..publish.hub import CARD_FILE, public_repository_refusal
-from .checkpoints import find_checkpoints, last_complete_checkpoint
+from .checkpoints import CHECKPOINT_PATTERN, find_checkpoints, last_complete_checkpoint
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
 CHECKPOINT_GLOB = "checkpoint-*"
@@ -190,11 +190,13 @@ RUN_FILE_PATTERNS = tuple(pattern for pattern in PREVIOUS_RUN_PATTERNS
                           if pattern not in (CHECKPOINT_GLOB, FINAL_MODEL_STAGING))
 
 
-def check_run_file_names(output_dir: str | os.PathLike) -> None:
+def check_run_file_names(output_dir: str | os.PathLike, training: bool) -> None:
     """OutputDirError when output_dir holds a folder (or a pipe, a link to nothing, ...) under a name the run writes
     a file to (`RUN_FILE_PATTERNS`: config.json, test_results.json, README.md, ...): writing it would fail after the
-    whole training, or the final model's replacement of its old record and scores would delete the folder. A fresh
-    run (overwrite_output_dir) removes such entries with the rest of the previous run instead."""
+    whole training, or the final model's replacement of its old record and scores would delete the folder; or, for a
+    `training` run, a file (or a link to nothing) under a name it writes a folder to (`checkpoint-<step>`,
+    `FINAL_MODEL_STAGING`), where its first save would fail after training. A fresh run (overwrite_output_dir) removes
+    such entries with the rest of the previous run instead."""
     folder = Path(output_dir)
     if not folder.is_dir():
         return
@@ -204,6 +206,13 @@ def check_run_file_names(output_dir: str | os.PathLike) -> None:
             raise OutputDirError(
                 f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
                 "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
+                "removes it with the previous run)")
+    for path in sorted(folder.iterdir()) if training else []:
+        if (CHECKPOINT_PATTERN.match(path.name) or path.name == FINAL_MODEL_STAGING) and not path.is_dir():
+            kind = "a file" if path.is_file() else "an entry that is not a folder"
+            raise OutputDirError(
+                f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a folder: move it "
+                "elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
                 "removes it with the previous run)")
 
 

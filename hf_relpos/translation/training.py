@@ -95,7 +95,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
                     starts_from={"model_name_or_path": model_args.model_name_or_path,
                                  "tokenizer_name": model_args.tokenizer_name})
     if not fresh_run:
-        check_run_file_names(output_dir)
+        check_run_file_names(output_dir, training=training_args.do_train and finished is None)
     if training_args.do_train and not fresh_run and resume_from is None and finished is None:   # from step 0
         check_no_foreign_card(output_dir)
     scores_in_place = not training_args.do_train and bool(previous_run(output_dir))   # output_dir's own model
