@@ -21,7 +21,7 @@ from types import SimpleNamespace
 
 import pytest
 import transformers
-from conftest import BUILT_IN_SCHEMES, run_without_hf_relpos, train_memorising_model
+from conftest import BUILT_IN_SCHEMES, make_unwritable, run_without_hf_relpos, train_memorising_model
 from huggingface_hub import CommitOperationDelete, HfApi, ModelCard
 from huggingface_hub.errors import EntryNotFoundError, HfHubHTTPError, RepositoryNotFoundError
 from huggingface_hub.hf_api import RepoUrl
@@ -1305,6 +1305,24 @@ def test_a_dry_runs_card_out_that_is_a_folder_or_under_a_file_is_one_error_namin
         error = capsys.readouterr().err
         assert exited.value.code == 2 and message in error and error.count("\n") == 1, error
     assert list((tmp_path / "cards").iterdir()) == [] and (tmp_path / "notes.txt").read_text() == "mine\n"
+
+
+def test_a_push_of_a_folder_it_cannot_write_is_one_error_before_the_hub_is_called(output_folder, fake_hub, capsys,
+                                                                                 monkeypatch):
+    """A push writes its card, config.json and pipeline_relpos.py into the folder once the commit succeeds: from a
+    folder it cannot write (a read-only mount) the commit was made, then the command failed with a bare
+    `[Errno 13] Permission denied` and no commit URL, as if nothing had been pushed. Now it is one error naming the
+    folder before the Hub is called; a dry run, which writes nothing there, goes through."""
+    make_unwritable(monkeypatch, output_folder)
+    before = folder_snapshot(output_folder)
+    with pytest.raises(SystemExit) as exited:
+        hub.main(["push", str(output_folder), "me/tiny-shaw"])
+    error = capsys.readouterr().err
+    assert exited.value.code == 2 and error.count("\n") == 1
+    assert f"error: {output_folder} is not writable (Permission denied): a push writes" in error
+    assert fake_hub.repos == [] and fake_hub.commits == [] and folder_snapshot(output_folder) == before
+    hub.main(["push", str(output_folder), "me/tiny-shaw", "--dry_run"])
+    assert "Dry run: nothing was sent" in capsys.readouterr().out
 
 
 def test_a_repository_id_without_a_namespace_is_carded_with_the_namespace_it_was_pushed_to(output_folder, fake_hub):

@@ -33,7 +33,6 @@ from transformers import AutoTokenizer
 
 import hf_relpos.translation.data as data_module
 import hf_relpos.translation.data_preparation as preparation_module
-import hf_relpos.translation.safety as safety_module
 import hf_relpos.translation.tokenizer_setup as tokenizer_module
 import hf_relpos.translation.trainer as trainer_module
 import hf_relpos.translation.training as training_module
@@ -1071,7 +1070,7 @@ def test_a_prepared_data_dir_that_cannot_hold_the_data_is_one_error_before_any_w
                     "the link")
     else:
         folder.mkdir()
-        monkeypatch.setattr(safety_module.tempfile, "mkdtemp", read_only_mkdtemp)
+        monkeypatch.setattr("tempfile.mkdtemp", read_only_mkdtemp)
         expected = rf"prepared_data_dir '{re.escape(str(folder))}' is not writable: cannot create files in"
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_predict=False,
                           prepared_data_dir=str(folder))

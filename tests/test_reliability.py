@@ -1473,7 +1473,7 @@ def test_read_only_output_dir_is_detected(tmp_path, monkeypatch):
             def read_only_mkdtemp(*args, **kwargs):
                 raise OSError(errno.EROFS, os.strerror(errno.EROFS))
 
-            monkeypatch.setattr(safety_module.tempfile, "mkdtemp", read_only_mkdtemp)
+            monkeypatch.setattr("tempfile.mkdtemp", read_only_mkdtemp)
         with pytest.raises(OutputDirError, match="is not writable: cannot create files in"):
             check_output_dir(folder / "out")
     finally:

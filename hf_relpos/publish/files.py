@@ -143,6 +143,20 @@ def nearest_existing_folder(path: str | os.PathLike, setting: str) -> Path:
     return existing
 
 
+def creation_error(folder: str | os.PathLike) -> OSError | None:
+    """The OSError that creating a file in the existing folder `folder` gives (no permission, a read-only mount), or
+    None where one can be created and deleted. Nothing is left behind: the probe is a temporary folder removed again."""
+    try:
+        probe = Path(tempfile.mkdtemp(prefix=".write-test-", dir=folder))
+        try:
+            (probe / "probe").write_bytes(b"0")
+        finally:
+            shutil.rmtree(probe, ignore_errors=True)
+    except OSError as error:
+        return error
+    return None
+
+
 def staging_tag(output_dir: str | os.PathLike) -> str:
     """How the names of `staged_folder`'s temporaries for `output_dir` begin (before `owned_prefix`'s HOST-PID-)."""
     return f".{Path(output_dir).resolve().name}."

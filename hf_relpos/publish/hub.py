@@ -51,7 +51,14 @@ from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..model.modeling_relpos import meta_model
 from ..model.positions import PositionScheme, SchemeCard, get_scheme_class
-from .files import WeightsFileError, expand_home, nearest_existing_folder, reading_weights, write_text_atomic
+from .files import (
+    WeightsFileError,
+    creation_error,
+    expand_home,
+    nearest_existing_folder,
+    reading_weights,
+    write_text_atomic,
+)
 from .pipeline_relpos import TranslationPipeline
 from .records import (
     AVERAGED_CHECKPOINTS_FILE,
@@ -1187,9 +1194,10 @@ def push_model_folder(
     `{eval,test}_results.json`; the card names the repository as the Hub created it, a `repo_id` without a namespace
     in the account's); the commit deletes the repository's weights files that it does not replace (`stale_weights`).
     The folder is only read until the commit succeeds; then README.md, pipeline_relpos.py and
-    config.json are written into it, so it matches the repository. A failed upload raises `HubPushError` naming the
-    repository and leaves the folder byte-for-byte as it was; a repository that this call created is deleted again
-    (`_hub_errors`), one that existed before is left as it was.
+    config.json are written into it, so it matches the repository (a folder that cannot be written is a ValueError
+    before the Hub is called). A failed upload raises `HubPushError` naming the repository and leaves the folder
+    byte-for-byte as it was; a repository that this call created is deleted again (`_hub_errors`), one that existed
+    before is left as it was.
 
     `private`: True pushes into a private repository only: one the push creates is created private, an existing one
     must be private already (`HubPushError` for a public one, before anything is uploaded: the Hub keeps an existing
@@ -1207,6 +1215,10 @@ def push_model_folder(
     plan = PushPlan.of(folder, recipe=recipe, results=results, recipe_name=recipe_name, card=card)
     if dry_run:
         return dry_run_report(plan, repo_id, private=private, card_out=card_out)
+    if (error := creation_error(plan.folder)) is not None:   # checked before the commit, which cannot be undone
+        raise ValueError(f"{plan.folder} is not writable ({error.strerror}): a push writes its card, config.json and "
+                         f"{PIPELINE_FILE} into the folder once the upload succeeds, so that the folder matches the "
+                         "repository; push a writable copy of it (a dry run, --dry_run, writes nothing there)")
     api = HfApi(token=token)
     with _hub_errors(plan.folder, repo_id):
         repo_id, created = created_or_existing_repository(api, repo_id, private)   # with the namespace it went to

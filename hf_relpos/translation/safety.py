@@ -7,10 +7,9 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
-from ..publish.files import expand_home, nearest_existing_folder, staging_tag, unfilled_entries
+from ..publish.files import creation_error, expand_home, nearest_existing_folder, staging_tag, unfilled_entries
 from ..publish.hub import CARD_FILE
 from ..publish.records import AVERAGED_CHECKPOINTS_FILE, HYPOTHESES_FILE, RESULTS_FILE, RUN_RECORD_FILE
 from .checkpoints import TRAINER_STATE_FILE
@@ -98,16 +97,9 @@ def check_output_dir(output_dir: str | os.PathLike, required_bytes: int = 0, set
         existing = nearest_existing_folder(path, setting)
     except ValueError as error:
         raise OutputDirError(str(error)) from None
-    try:
-        probe = Path(tempfile.mkdtemp(prefix=".write-test-", dir=existing))
-        try:
-            (probe / "probe").write_bytes(b"0")
-        finally:
-            shutil.rmtree(probe, ignore_errors=True)
-    except OSError as error:
+    if (error := creation_error(existing)) is not None:
         raise OutputDirError(
-            f"{setting} {str(path)!r} is not writable: cannot create files in {str(existing)!r} ({error.strerror})"
-        ) from None
+            f"{setting} {str(path)!r} is not writable: cannot create files in {str(existing)!r} ({error.strerror})")
     free = shutil.disk_usage(existing).free
     if required_bytes > free:
         raise OutputDirError(
