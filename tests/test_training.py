@@ -118,9 +118,24 @@ def test_numbers_in_exponent_form_are_numbers_in_model_flags_and_recipe_files(tm
 
 
 def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
-    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", position_scheme="directional")
+    section = {name: value for name, value in TINY_CONFIG["model"].items() if name != "position_scheme"}
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", model=section, position_scheme="directional")
     model_args, _, _ = parse_arguments([str(config)])
     assert model_args.model_config["position_scheme"] == "directional"
+
+
+@pytest.mark.parametrize(("name", "in_section", "flat"), [("dropout", 0.2, 0.3), ("position_scheme", "shaw", "xl"),
+                                                          ("max_relative_position", 4, 4)])
+def test_a_model_field_both_in_the_model_section_and_flat_is_one_error_naming_it(tmp_path, corpus, name, in_section,
+                                                                                  flat):
+    """A recipe that sets a config field in its model: section and again as a top-level key gives it twice, as a key
+    repeated in one mapping does: the flat key silently replaced the section's value (dropout 0.3, position_scheme
+    xl) instead of one error."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out",
+                          model={**TINY_CONFIG["model"], name: in_section}, **{name: flat})
+    with pytest.raises(ConfigError, match=rf"^{name} is given twice: in the 'model:' section \({name}: {in_section}\) "
+                                          rf"and as a top-level key \({name}: {flat}\); give each field once$"):
+        parse_arguments([str(config)])
 
 
 @pytest.mark.parametrize(

@@ -654,8 +654,10 @@ def _as_default(value: Any) -> Any:
 
 
 def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(argument field defaults, model config) from a YAML mapping; unknown keys and nulls of required fields are
-    one ConfigError (`imported`: the modules `import_modules` named, `_raise_unknown`)."""
+    """(argument field defaults, model config) from a YAML mapping; unknown keys, nulls of required fields and a
+    config field given both in the `model:` section and as a flat key (the file gives it twice, as a key repeated in
+    one mapping, which `load_recipe` refuses) are one ConfigError (`imported`: the modules `import_modules` named,
+    `_raise_unknown`)."""
     model_config = yaml_values.pop(MODEL_SECTION, None) or {}
     if not isinstance(model_config, dict):
         raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
@@ -670,6 +672,10 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = ()) -> tu
                 raise ConfigError(f"{name} cannot be null")
             defaults[name] = _as_default(value)
         elif name in config_fields:
+            if name in model_config:
+                raise ConfigError(f"{name} is given twice: in the '{MODEL_SECTION}:' section ({name}: "
+                                  f"{yaml_text(model_config[name])}) and as a top-level key ({name}: "
+                                  f"{yaml_text(value)}); give each field once")
             model_config[name] = value
         else:
             unknown.append(name)
