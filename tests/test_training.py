@@ -168,6 +168,14 @@ def test_a_model_field_both_in_the_model_section_and_flat_is_one_error_naming_it
          r"^model: attention_dropout_kind 'keys' runs with attn_implementation \['eager', 'sdpa', 'flex_attention'\], "
          r"got 'relpos_triton'"),
         ({}, ["--overlong_pairs", "drop"], r"overlong_pairs must be one of \['filter', 'truncate'\]"),
+        # a NaN penalty ranked the beams by NaN scores after the whole training (other translations, no error)
+        ({}, ["--generation_length_penalty", "nan"], r"^generation_length_penalty must be a finite number \(beam "
+                                                     r"search ranks a hypothesis by its score / length\^penalty\), "
+                                                     r"got nan$"),
+        ({"generation_length_penalty": float("-inf")}, [], r"^generation_length_penalty must be a finite number"),
+        # transformers' scheduler failed on it with "cannot convert float NaN to integer", once training started
+        ({}, ["--warmup_steps", "nan"], r"^warmup_steps must be a finite number >= 0 \(0: no warm-up\), got nan$"),
+        ({"warmup_steps": float("inf")}, [], r"^warmup_steps must be a finite number >= 0 \(0: no warm-up\), got inf$"),
         ({"source_lang": None}, [], r"source_lang cannot be null"),
         ({"do_train": False}, [], r"need model_name_or_path"),
         ({}, ["--bleu_tokenize", "zh-cn"], r"^bleu_tokenize must be one of none, zh, 13a, .*ja-mecab, ko-mecab.*; "

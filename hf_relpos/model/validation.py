@@ -11,6 +11,11 @@ from collections.abc import Iterable
 from typing import Any
 
 
+def is_finite_number(value: Any) -> bool:
+    """Whether `value` is a finite real number (an int or a float, not a bool)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def is_positive_number(value: Any) -> bool:
     """Whether `value` is a finite real number (an int or a float, not a bool) > 0."""
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0

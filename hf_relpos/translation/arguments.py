@@ -40,6 +40,7 @@ from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
 from ..model.positions import POSITION_SCHEMES, UnregisteredSchemeError, scheme_config_fields
 from ..model.validation import (
     closest_name,
+    is_finite_number,
     is_int_at_least,
     is_non_negative_number,
     is_positive_number,
@@ -970,7 +971,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
             except ValueError as error:
                 raise ConfigError(f"{error} (optim {optimizer!r})") from None
     for name, meaning_of_zero in (("learning_rate", "no update"), ("weight_decay", "no decay"),
-                                  ("max_grad_norm", "no clipping")):
+                                  ("max_grad_norm", "no clipping"), ("warmup_steps", "no warm-up")):
         if not is_non_negative_number(getattr(training_args, name)):
             raise ConfigError(f"{name} must be a finite number >= 0 (0: {meaning_of_zero}), got "
                               f"{getattr(training_args, name)!r}")
@@ -1022,6 +1023,9 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
                        1 - training_args.max_steps / fade)
     if training_args.generation_max_length_offset < 0:
         raise ConfigError(f"generation_max_length_offset must be >= 0, got {training_args.generation_max_length_offset}")
+    if not is_finite_number(training_args.generation_length_penalty):   # nan, inf: beam scores / length^p
+        raise ConfigError(f"generation_length_penalty must be a finite number (beam search ranks a hypothesis by its "
+                          f"score / length^penalty), got {training_args.generation_length_penalty!r}")
     ratio = training_args.generation_max_length_ratio
     if not is_non_negative_number(ratio):
         raise ConfigError(f"generation_max_length_ratio must be a finite number >= 0, got {ratio!r}")
