@@ -210,6 +210,33 @@ def test_a_recipe_value_outside_a_fields_choices_is_one_error_naming_the_field(t
         parse_arguments([str(config)])
 
 
+@pytest.mark.parametrize(("line", "name", "value"), [
+    ("target_lang: no", "target_lang", "no"),   # Norwegian, which YAML 1.1 reads as false
+    ("hub_model_id: 1.10", "hub_model_id", "1.10"), ("run_name: 010", "run_name", "010"),
+    ("run_name: 1:30", "run_name", "1:30"), ("run_name: 2024-01-01", "run_name", "2024-01-01"),
+    ("eval_strategy: no", "eval_strategy", "no"), ("<<: {run_name: 010}", "run_name", "010"),
+])
+def test_a_plain_yaml_scalar_of_a_text_field_is_its_text_as_written(tmp_path, corpus, line, name, value):
+    """A text field takes a recipe's unquoted value as written, as it takes the same text as a flag: YAML 1.1 read
+    `target_lang: no` as false (the run looked for a language 'false'), `hub_model_id: 1.10` as 1.1 (another
+    repository), `run_name: 010` as 8 and `1:30` as 90 (base 60), and a date as a date object, which reached the
+    arguments unconverted; `eval_strategy: no` was refused as 'false'."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    lines = [text for text in config.read_text(encoding="utf-8").splitlines() if not text.startswith(f"{name}:")]
+    config.write_text("\n".join([*lines, line]) + "\n", encoding="utf-8")
+    taken = [getattr(group, name) for group in parse_arguments([str(config)]) if hasattr(group, name)]
+    assert [getattr(setting, "value", setting) for setting in taken] == [value]   # eval_strategy: an enum of text
+
+
+def test_a_date_for_a_field_that_takes_no_text_is_one_error_naming_the_field(tmp_path, corpus):
+    """YAML reads 2024-01-01 as a date, which reached a true/false field unconverted (do_predict a date: true)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_predict=False)
+    config.write_text(config.read_text(encoding="utf-8").replace("do_predict: false", "do_predict: 2024-01-01"),
+                      encoding="utf-8")
+    with pytest.raises(ConfigError, match=r"^argument --do_predict/--do-predict: Truthy value expected: got 2024-01-01"):
+        parse_arguments([str(config)])
+
+
 def test_a_field_given_twice_in_a_recipe_is_one_error_naming_it_and_both_lines(tmp_path, corpus):
     """PyYAML keeps the last of two equal keys without a word, so a field set twice in a recipe (a copied line, an
     edit at the top of a long file) was trained with whichever came last; a YAML merge (<<) still overrides."""

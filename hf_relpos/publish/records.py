@@ -71,6 +71,25 @@ def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     return recipe
 
 
+def recipe_scalar_texts(path: str | os.PathLike) -> dict[str, str]:
+    """Each top-level field of a recipe file (`load_recipe`, which checks the file first) whose value is a plain
+    (unquoted) scalar -> that value as written: `no`, `010`, `1.10`, `2024-01-01`, which YAML 1.1 reads as false, 8,
+    1.1 and a date. Fields merged in (`<<: *base`) count, and one set beside the merge replaces the merged value, as in
+    the mapping `load_recipe` returns."""
+    with open(path, encoding="utf-8") as handle:
+        loader = RecipeLoader(handle)
+        try:
+            node = loader.get_single_node()
+            if isinstance(node, yaml.MappingNode):
+                loader.flatten_mapping(node)
+        finally:
+            loader.dispose()
+    if not isinstance(node, yaml.MappingNode):
+        return {}
+    return {key.value: value.value for key, value in node.value
+            if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode) and value.style is None}
+
+
 def _recipe_field(section: str, default: Any = None) -> Any:
     """A field that is also a train_translation.py argument of that name; `section` is the card table it is listed
     in (`SETTING`: used in the text, in no table)."""

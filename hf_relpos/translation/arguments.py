@@ -48,7 +48,7 @@ from ..model.validation import (
     require_probability,
 )
 from ..publish.files import expand_home
-from ..publish.records import accelerate_program, load_recipe, load_yaml
+from ..publish.records import accelerate_program, load_recipe, load_yaml, recipe_scalar_texts
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import check_local_folder
@@ -577,12 +577,26 @@ def _is_optional(argument_class: type, name: str) -> bool:
 LIST_TAKING_TEXT_FIELDS = {"fsdp"}
 
 
+def _field_kinds(argument_class: type, name: str) -> set[Any]:
+    """The types a field's type admits besides None: each member of a union (`int | None` -> {int})."""
+    hint = _type_hints(argument_class)[name]
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return set(typing.get_args(hint) if union else (hint,)) - {type(None)}
+
+
 def _is_single_value(argument_class: type, name: str) -> bool:
     """Whether the field holds one value, never a list or a mapping, as its type says: a number, true/false or text
     (but `LIST_TAKING_TEXT_FIELDS`)."""
-    hint = _type_hints(argument_class)[name]
-    kinds = set(typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)) - {type(None)}
+    kinds = _field_kinds(argument_class, name)
     return kinds <= {int, float, bool} or (kinds == {str} and name not in LIST_TAKING_TEXT_FIELDS)
+
+
+def _takes_text(argument_class: type, name: str) -> bool:
+    """Whether the field takes text and, as its type says, neither true/false, a number nor a literal value (e.g.
+    `trackio_static_space_id`'s false): such a field's flag is its text, whatever it looks like."""
+    kinds = _field_kinds(argument_class, name)
+    return str in kinds and not any(kind in (bool, int, float) or typing.get_origin(kind) is typing.Literal
+                                    for kind in kinds)
 
 
 def _check_single_values(values: dict[str, Any]) -> None:
@@ -633,20 +647,29 @@ def _suggest(key: str, candidates: set[str]) -> str:
     return f"{key} (did you mean {close}?)" if close else key
 
 
-def _read_yaml(path: str) -> dict[str, Any]:
+def _read_yaml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """The recipe file's mapping (`load_recipe`) and its plain scalars as written (`recipe_scalar_texts`)."""
     if not path.endswith((".yaml", ".yml")):
         raise ConfigError(f"the first argument must be a .yaml config file, got {path!r} (see --help)")
     if not os.path.isfile(path):
         raise ConfigError(f"config file {path!r} does not exist")
     try:
-        return load_recipe(path)
+        return load_recipe(path), recipe_scalar_texts(path)
     except ValueError as error:
         raise ConfigError(str(error)) from None
 
 
-def _as_default(value: Any) -> Any:
+def _as_default(value: Any, written: str | None = None, takes_text: bool = False) -> Any:
     """A YAML scalar as argparse would read it from the command line (so it is converted and checked by the field's
-    type, as a flag is); lists and mappings stay as they are."""
+    type, as a flag is): for a field that takes text (`_takes_text`), a plain scalar as `written` in the file, as
+    the same text given as a flag is (`source_lang: no` is Norwegian, `hub_model_id: 1.10` and `run_name: 010` keep
+    their digits, where YAML 1.1 reads false, 1.1 and 8); for another field, YAML's true/false or number as text
+    (`do_train: yes`, `learning_rate: 1e-4`), and any other scalar YAML reads (a date) as written, for the field's
+    type to convert or refuse. Nulls, lists and mappings stay as they are."""
+    if value is None or isinstance(value, (list, dict)):
+        return value
+    if written is not None and (takes_text or not isinstance(value, (bool, int, float, str))):
+        return written
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (int, float)):
@@ -654,11 +677,13 @@ def _as_default(value: Any) -> Any:
     return value
 
 
-def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = ()) -> tuple[dict[str, Any], dict[str, Any]]:
+def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
+                written: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(argument field defaults, model config) from a YAML mapping; unknown keys, nulls of required fields and a
     config field given both in the `model:` section and as a flat key (the file gives it twice, as a key repeated in
     one mapping, which `load_recipe` refuses) are one ConfigError (`imported`: the modules `import_modules` named,
-    `_raise_unknown`)."""
+    `_raise_unknown`; `written`: the file's plain scalars as written, `_as_default`)."""
+    written = written or {}
     model_config = yaml_values.pop(MODEL_SECTION, None) or {}
     if not isinstance(model_config, dict):
         raise ConfigError(f"'{MODEL_SECTION}:' must be a mapping of RelPosTransformerConfig fields")
@@ -671,7 +696,7 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = ()) -> tu
         if name in argument_fields:
             if value is None and not _is_optional(argument_fields[name], name):
                 raise ConfigError(f"{name} cannot be null")
-            defaults[name] = _as_default(value)
+            defaults[name] = _as_default(value, written.get(name), _takes_text(argument_fields[name], name))
         elif name in config_fields:
             if name in model_config:
                 raise ConfigError(f"{name} is given twice: in the '{MODEL_SECTION}:' section ({name}: "
@@ -762,11 +787,11 @@ def parse_arguments(argv: Sequence[str]) -> Arguments:
 def _parse_arguments(argv: Sequence[str]) -> Arguments:
     argv = list(argv) or ["--help"]
     recipe_file = argv.pop(0) if not argv[0].startswith("-") else None
-    yaml_values = _read_yaml(recipe_file) if recipe_file is not None else {}
+    yaml_values, written = _read_yaml(recipe_file) if recipe_file is not None else ({}, {})
     # their schemes' names and fields are arguments
     imported = import_modules_of(argv, yaml_values.get(IMPORT_MODULES, []))
     recipe_flags = without_secrets(argv)
-    defaults, model_config = _split_yaml(yaml_values, imported)
+    defaults, model_config = _split_yaml(yaml_values, imported, written)
     parser = TranslationArgumentParser(model_config)
     parser.set_defaults(**defaults)
     namespace, remaining = parser.parse_known_args(argv)
