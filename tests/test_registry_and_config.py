@@ -509,6 +509,21 @@ def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built(
         hf_relpos.RelPosTransformerForConditionalGeneration(config)
 
 
+@pytest.mark.parametrize("saved", ["config", "model"])
+def test_a_config_changed_to_a_bad_value_after_it_was_built_is_refused_before_saving_writes_anything(tmp_path, saved):
+    """A config set to a bad value after construction was saved, a config.json (and the model's remote code beside
+    it) that from_pretrained refuses; transformers' own save-time `validate` knew none of this config's checks."""
+    model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config())
+    model.config.dropout = 5
+    folder = tmp_path / "saved"
+    with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got 5$"):
+        (model.config if saved == "config" else model).save_pretrained(folder)
+    assert not folder.exists()
+    model.config.update({"dropout": 0.3})
+    (model.config if saved == "config" else model).save_pretrained(folder)
+    assert hf_relpos.RelPosTransformerConfig.from_pretrained(folder).dropout == 0.3
+
+
 def test_the_common_names_set_the_fields_they_stand_for():
     config = tiny_config(num_attention_heads=4, hidden_size=64, num_hidden_layers=3)
     assert (config.encoder_attention_heads, config.d_model, config.encoder_layers) == (4, 64, 3)

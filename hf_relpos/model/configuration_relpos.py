@@ -284,6 +284,18 @@ class RelPosTransformerConfig(PreTrainedConfig):
         """transformers' dict (what config.json holds), with the fields of the chosen scheme only."""
         return self.held_fields(self.position_scheme, super().to_dict())
 
+    def validate(self) -> None:
+        """transformers' checks (its `@strict` validators), then this config's (`_validate_relpos`): a field set to a
+        bad value after construction (`config.dropout = 5`, `config.update(...)`) is the ValueError here. transformers
+        runs it when saving, after it has made the folder and copied the remote code into it."""
+        super().validate()
+        self._validate_relpos()
+
+    def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
+        """`validate` first, so that a config that `from_pretrained` would refuse writes nothing."""
+        self.validate()
+        super().save_pretrained(save_directory, *args, **kwargs)
+
     def _validate_relpos(self) -> None:
         """One clear ValueError per bad value, naming the field and what is allowed. The chosen scheme's fields that
         are not set (at construction, or after `position_scheme` changed) take their defaults first."""

@@ -1152,7 +1152,10 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         """Records every Auto class this checkpoint loads into (HF records only the saved class) in `auto_map`, so
         `AutoModel` and the head's Auto class both work with `trust_remote_code=True` alone. A pipeline the config
         declares (`custom_pipelines`) stays declared only where its code file is in `save_directory`: the model
-        does not write that file, and a declaration without it breaks `pipeline(..., trust_remote_code=True)`."""
+        does not write that file, and a declaration without it breaks `pipeline(..., trust_remote_code=True)`. A
+        config that its own checks refuse (`RelPosTransformerConfig.validate`: a field set to a bad value after the
+        model was built) writes nothing."""
+        self.config.validate()
         auto_map = dict(getattr(self.config, "auto_map", None) or {})
         for auto_class, model_class in self.remote_auto_classes.items():
             auto_map.setdefault(auto_class, f"modeling_relpos.{model_class}")
