@@ -195,6 +195,25 @@ def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flag
         parse_arguments([str(config), *flags])
 
 
+@pytest.mark.parametrize(("name", "names"), [
+    ("train_file", "a data file or the prefix of plain-text files"),
+    ("validation_file", "a data file or the prefix of plain-text files"),
+    ("test_file", "a data file or the prefix of plain-text files"),
+    ("dataset_name", "a Hub dataset, a local folder or 'demo'"),
+    ("model_name_or_path", "a saved model folder or a Hub model id"),
+    ("tokenizer_name", "a saved tokenizer folder or a Hub model id"), ("cache_dir", "a folder"),
+    ("hub_model_id", "a Hub repository, USER/NAME or NAME"),
+])
+@pytest.mark.parametrize("blank", ["", " "])
+def test_a_blank_name_is_one_error_naming_the_field(tmp_path, corpus, name, names, blank):
+    """A setting that names a file, folder or Hub id given blank (`--train_file "$TRAIN"` with TRAIN unset) is not
+    the setting left unset: train_file, validation_file and test_file "" read no local file, so the run went to the
+    Hub for dataset_name's default, wmt/wmt14, without a word; hub_model_id "" pushed to output_dir's folder name."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(ConfigError, match=rf"^{name} must name {re.escape(names)}, or be null; got '{blank}'$"):
+        parse_arguments([str(config), f"--{name}", blank])
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("eval_strategy", "epohc"), ("lr_scheduler_type", "inverse_squrt"), ("optim", "adam"),
     ("train_sampling_strategy", "foo"), ("log_level", "verbose"), ("ddp_backend", "ncl"),

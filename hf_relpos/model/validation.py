@@ -41,6 +41,14 @@ def require_int(name: str, value: Any, minimum: int, null_means: str | None = No
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
+def require_name_or_null(name: str, value: Any, names: str) -> None:
+    """Raise ValueError naming `name` unless `value` is None or text that is not blank: a setting whose text `names`
+    something (a file, a folder, a Hub id) given empty (`--train_file "$TRAIN"` with TRAIN unset) is an error, not the
+    setting left unset."""
+    if value is not None and not (isinstance(value, str) and value.strip()):
+        raise ValueError(f"{name} must name {names}, or be null; got {value!r}")
+
+
 def require_positive_number(name: str, value: Any, null_means: str | None = None) -> None:
     """Raise ValueError naming `name` unless `value` is a number > 0, or None when the field has a `null_means`."""
     if value is None and null_means is not None:

@@ -45,6 +45,7 @@ from ..model.validation import (
     is_non_negative_number,
     is_positive_number,
     require_int,
+    require_name_or_null,
     require_probability,
 )
 from ..publish.files import expand_home
@@ -228,7 +229,9 @@ class ModelArguments:
     recipe_resumes: bool = field(default=False, init=False)
 
     def __post_init__(self) -> None:
-        for name in ("model_name_or_path", "tokenizer_name", "cache_dir"):
+        for name, names in (("model_name_or_path", "a saved model folder or a Hub model id"),
+                            ("tokenizer_name", "a saved tokenizer folder or a Hub model id"), ("cache_dir", "a folder")):
+            require_name_or_null(name, getattr(self, name), names)
             setattr(self, name, expand_home(getattr(self, name)))
         if self.attn_implementation is not None:
             check_attn_implementation(self.attn_implementation)
@@ -384,6 +387,7 @@ class TranslationTrainingArguments(Seq2SeqTrainingArguments):
 
     def __post_init__(self) -> None:
         check_bleu_tokenize(self.bleu_tokenize, "bleu_tokenize")
+        require_name_or_null("hub_model_id", self.hub_model_id, "a Hub repository, USER/NAME or NAME")
         for name in self._VALID_DICT_FIELDS:   # transformers json.loads these, and its error names no field
             value = getattr(self, name)
             if isinstance(value, str) and value.startswith("{"):

@@ -67,7 +67,7 @@ from huggingface_hub.errors import GatedRepoError, HFValidationError, Repository
 from tqdm.auto import tqdm
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
-from ..model.validation import require_int
+from ..model.validation import require_int, require_name_or_null
 from ..publish.files import expand_home
 from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
@@ -209,6 +209,9 @@ class DataArguments:
     demo_seed: int = field(default=1234, metadata={"help": "Demo corpus: generator seed."})
 
     def __post_init__(self) -> None:
+        for name in ("train_file", "validation_file", "test_file"):
+            require_name_or_null(name, getattr(self, name), "a data file or the prefix of plain-text files")
+        require_name_or_null("dataset_name", self.dataset_name, f"a Hub dataset, a local folder or {DEMO_DATASET_NAME!r}")
         for name in ("train_file", "validation_file", "test_file", "prepared_data_dir"):
             setattr(self, name, expand_home(getattr(self, name)))
         if self.overlong_pairs not in OVERLONG_PAIR_POLICIES:
