@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import warnings
 
 import pytest
@@ -500,6 +501,17 @@ def test_a_bad_value_given_when_a_config_is_loaded_is_one_error_naming_it(tmp_pa
     tiny_config().save_pretrained(tmp_path)
     with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got 1.5$"):
         hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path, dropout=1.5)
+
+
+@pytest.mark.parametrize(("text", "kind"), [("[1, 2]", "list"), ('"shaw"', "str")])
+def test_a_config_json_that_is_not_an_object_is_one_error_naming_the_folder(tmp_path, text, kind):
+    """A config.json holding another JSON value than an object failed as "'list' object has no attribute 'get'"."""
+    (tmp_path / "config.json").write_text(text, encoding="utf-8")
+    message = rf"^{re.escape(str(tmp_path))}: its config.json must hold a JSON object of field: value, got {kind}$"
+    for load in (hf_relpos.RelPosTransformerConfig.from_pretrained,
+                 hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained):
+        with pytest.raises(OSError, match=message):
+            load(tmp_path)
 
 
 def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built():

@@ -221,10 +221,14 @@ class RelPosTransformerConfig(PreTrainedConfig):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, **kwargs) -> RelPosTransformerConfig:
         """Like `PreTrainedConfig.from_pretrained`, but a folder without config.json is an error (transformers
-        silently returns the default config, which could pair a checkpoint with the wrong architecture)."""
+        silently returns the default config, which could pair a checkpoint with the wrong architecture), and so is a
+        config.json that holds another JSON value than an object of field: value."""
         config_dict, _ = cls.get_config_dict(pretrained_model_name_or_path, **dict(kwargs))
         if not config_dict:
             raise OSError(f"{pretrained_model_name_or_path} has no config.json: it is not a saved hf_relpos model")
+        if not isinstance(config_dict, dict):
+            raise OSError(f"{pretrained_model_name_or_path}: its config.json must hold a JSON object of field: value, "
+                          f"got {type(config_dict).__name__}")
         return super().from_pretrained(pretrained_model_name_or_path, **kwargs)
 
     @classmethod
