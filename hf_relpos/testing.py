@@ -40,7 +40,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
 from .model.attention_functions import FIXED_SIZE_CACHE_KERNELS
-from .model.configuration_relpos import RelPosTransformerConfig
+from .model.configuration_relpos import RelPosTransformerConfig, field_named
 from .model.modeling_relpos import (
     RelPosAttention,
     RelPosTransformerForCausalLM,
@@ -94,8 +94,9 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransformerConfig:
     """The tiny config every check builds its model from (2 + 2 layers, d_model 32, 4 heads, vocabulary 40, no
-    dropout); `overrides` are config fields (your scheme's among them)."""
-    values = dict(
+    dropout); `overrides` are config fields (your scheme's among them), also under a name that stands for one
+    (`field_named`: hidden_size for d_model), which then replaces that field's value here."""
+    defaults = dict(
         vocab_size=40,
         d_model=32,
         encoder_layers=2,
@@ -109,8 +110,9 @@ def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransf
         clamp_len=50,
         position_scheme=position_scheme,
     )
-    values.update(overrides)
-    return RelPosTransformerConfig(**values)
+    replaced = {field_named(name, bool(overrides.get("is_encoder_decoder", True))) for name in overrides}
+    return RelPosTransformerConfig(**{name: value for name, value in defaults.items() if name not in replaced},
+                                   **overrides)
 
 
 def tiny_float64_model(name: str, config_overrides: Mapping[str, Any] | None = None, kernel: str = "eager",

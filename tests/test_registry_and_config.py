@@ -550,6 +550,29 @@ def test_the_common_layer_and_head_names_stand_for_the_decoders_fields_in_a_caus
     assert (config.num_hidden_layers, config.decoder_layers, config.encoder_layers) == (5, 5, 2)
 
 
+@pytest.mark.parametrize(("values", "alias", "field"), [
+    ({"d_model": 32, "hidden_size": 64}, "hidden_size", "d_model"),
+    ({"encoder_layers": 2, "num_hidden_layers": 3}, "num_hidden_layers", "encoder_layers"),
+    ({"encoder_attention_heads": 4, "num_attention_heads": 2}, "num_attention_heads", "encoder_attention_heads"),
+    ({"decoder_layers": 2, "num_hidden_layers": 3, "is_encoder_decoder": False}, "num_hidden_layers", "decoder_layers"),
+])
+def test_a_common_name_and_its_field_with_different_values_are_one_error(tmp_path, values, alias, field):
+    """Given both (keywords, a config.json, from_pretrained's overrides), one of them silently won: hidden_size 64
+    with d_model 32 built d_model 64; the same value twice passes."""
+    message = (rf"^{alias} stands for {field}, and they differ \({alias}={values[alias]}, {field}={values[field]}\): "
+               rf"give {field} only$")
+    base = {name: value for name, value in tiny_config().to_dict().items() if name not in values}
+    with pytest.raises(ValueError, match=message):
+        hf_relpos.RelPosTransformerConfig(**base, **values)
+    hf_relpos.RelPosTransformerConfig(**base, **{**values, alias: values[field]})
+    (tmp_path / "config.json").write_text(json.dumps({**base, **values}), encoding="utf-8")
+    with pytest.raises(ValueError, match=message):
+        hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path)
+    tiny_config().save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=message):
+        hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path, **values)
+
+
 @pytest.mark.parametrize(
     "overrides, field",
     [({"layer_norm_position": "sandwich"}, "layer_norm_position"), ({"dropout": 1.5}, "dropout"),

@@ -213,9 +213,11 @@ class RelPosTransformerConfig(PreTrainedConfig):
     num_attention_heads = stack_field_alias(*STACK_FIELD_ALIASES["num_attention_heads"])
 
     def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
-        """Checks the deprecated field names among the keywords (`rename_deprecated_fields`) while it can still tell
-        a field given from a field left at its default; `__post_init__` then moves their values."""
+        """Checks the deprecated field names (`rename_deprecated_fields`) and the common names (`refuse_conflicting_aliases`)
+        among the keywords while it can still tell a field given from a field left at its default; `__post_init__`
+        then moves their values."""
         rename_deprecated_fields(kwargs)
+        refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", True))
         return super().__new__(cls)
 
     @classmethod
@@ -241,6 +243,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
         return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
+        refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", config_dict.get("is_encoder_decoder", True)))
         # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the
         # constructor keeps the fields of the scheme the config ends with (transformers sets overrides afterwards)
         scheme_overrides = rename_deprecated_fields(
@@ -401,6 +404,17 @@ def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
         warn_renamed(old, new)
         renamed[new] = value
     return renamed
+
+
+def refuse_conflicting_aliases(values: dict[str, Any], is_encoder_decoder: Any) -> None:
+    """One ValueError where `values` (config keywords, a config.json's dict, from_pretrained's overrides) give a
+    common name of transformers (`attribute_map`, `STACK_FIELD_ALIASES`) and the field it stands for (`field_named`,
+    by `is_encoder_decoder`) different values: one of them would silently win."""
+    for alias in (*RelPosTransformerConfig.attribute_map, *STACK_FIELD_ALIASES):
+        field = field_named(alias, bool(is_encoder_decoder))
+        if alias in values and field in values and values[alias] != values[field]:
+            raise ValueError(f"{alias} stands for {field}, and they differ ({alias}={values[alias]!r}, "
+                             f"{field}={values[field]!r}): give {field} only")
 
 
 # Marian/BART config fields this model does not have -> (the value that says what it computes, given the config's
