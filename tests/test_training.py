@@ -195,6 +195,21 @@ def test_bad_configuration_is_one_clear_error(tmp_path, corpus, extra_yaml, flag
         parse_arguments([str(config), *flags])
 
 
+@pytest.mark.parametrize(("lines", "named"), [
+    ("on: 1", "true"), ("~: 1\n1: 2", "null, 1"), ("model:\n  off: 1", "model.false"),
+])
+def test_a_recipe_key_that_yaml_reads_as_no_text_is_one_error_naming_it(tmp_path, corpus, lines, named):
+    """A key YAML 1.1 reads as another value than text (on: as true, ~: as null, 1: as a number) failed as "'bool'
+    object has no attribute 'removeprefix'" at the top level, and was named model.False in the model: section."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    text = config.read_text(encoding="utf-8")
+    if lines.startswith("model:"):
+        text = text.replace("model:\n", lines + "\n", 1)
+    config.write_text(text + ("" if lines.startswith("model:") else lines + "\n"), encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^unknown key\(s\): {re.escape(named)}; "):
+        parse_arguments([str(config)])
+
+
 @pytest.mark.parametrize(("name", "names"), [
     ("train_file", "a data file or the prefix of plain-text files"),
     ("validation_file", "a data file or the prefix of plain-text files"),

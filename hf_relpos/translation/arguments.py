@@ -681,6 +681,12 @@ def _as_default(value: Any, written: str | None = None, takes_text: bool = False
     return value
 
 
+def _key_text(key: Any) -> str:
+    """A recipe's key as errors name it: a key YAML 1.1 reads as another value than text (`on:` as true, `~:` as
+    null, `1:` as a number) as YAML writes that value."""
+    return key if isinstance(key, str) else yaml_text(key)
+
+
 def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
                 written: Mapping[str, str] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(argument field defaults, model config) from a YAML mapping; unknown keys, nulls of required fields and a
@@ -695,7 +701,7 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
     argument_fields = _argument_fields()
     config_fields = model_config_fields()
     defaults: dict[str, Any] = {}
-    unknown = [f"{MODEL_SECTION}.{key}" for key in model_config if key not in config_fields]
+    unknown = [f"{MODEL_SECTION}.{_key_text(key)}" for key in model_config if key not in config_fields]
     for name, value in yaml_values.items():
         if name in argument_fields:
             if value is None and not _is_optional(argument_fields[name], name):
@@ -708,7 +714,7 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
                                   f"{yaml_text(value)}); give each field once")
             model_config[name] = value
         else:
-            unknown.append(name)
+            unknown.append(_key_text(name))
     if unknown:
         _raise_unknown(unknown, imported)
     return defaults, dict(model_config)
