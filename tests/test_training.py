@@ -271,6 +271,19 @@ def test_a_date_for_a_field_that_takes_no_text_is_one_error_naming_the_field(tmp
         parse_arguments([str(config)])
 
 
+def test_a_recipe_that_is_not_utf8_or_is_a_folder_is_one_error_naming_it(tmp_path):
+    """A recipe saved in Latin-1 failed as "'utf-8' codec can't decode byte 0xe9 ...", naming no file; a folder was
+    said not to exist."""
+    recipe = tmp_path / "latin1.yaml"
+    recipe.write_bytes("run_name: café\n".encode("latin-1"))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(recipe))}: not UTF-8 text \('utf-8' codec can't decode "
+                                          r"byte 0xe9 .*\): save the recipe as UTF-8$"):
+        parse_arguments([str(recipe)])
+    (tmp_path / "folder.yaml").mkdir()
+    with pytest.raises(ConfigError, match=r"^config file '.*folder\.yaml' is a folder$"):
+        parse_arguments([str(tmp_path / "folder.yaml")])
+
+
 def test_a_field_given_twice_in_a_recipe_is_one_error_naming_it_and_both_lines(tmp_path, corpus):
     """PyYAML keeps the last of two equal keys without a word, so a field set twice in a recipe (a copied line, an
     edit at the top of a long file) was trained with whichever came last; a YAML merge (<<) still overrides."""

@@ -58,12 +58,15 @@ def load_yaml(stream: Any) -> Any:
 
 def load_recipe(path: str | os.PathLike) -> dict[str, Any]:
     """A recipe YAML file (configs/*.yaml) as its mapping of field: value, an empty file as an empty one; one
-    ValueError naming the file for invalid YAML or any other top level (a list, a bare value)."""
+    ValueError naming the file for text that is not UTF-8, invalid YAML or any other top level (a list, a bare
+    value)."""
     with open(path, encoding="utf-8") as handle:
         try:
             recipe = load_yaml(handle)
         except yaml.YAMLError as error:
             raise ValueError(f"{path}: invalid YAML: {error}") from None
+        except UnicodeDecodeError as error:
+            raise ValueError(f"{path}: not UTF-8 text ({error}): save the recipe as UTF-8") from None
     if recipe is None:
         return {}
     if not isinstance(recipe, dict):

@@ -656,7 +656,7 @@ def _read_yaml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
     if not path.endswith((".yaml", ".yml")):
         raise ConfigError(f"the first argument must be a .yaml config file, got {path!r} (see --help)")
     if not os.path.isfile(path):
-        raise ConfigError(f"config file {path!r} does not exist")
+        raise ConfigError(f"config file {path!r} " + ("is a folder" if os.path.isdir(path) else "does not exist"))
     try:
         return load_recipe(path), recipe_scalar_texts(path)
     except ValueError as error:
