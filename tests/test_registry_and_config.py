@@ -550,6 +550,23 @@ def test_the_common_layer_and_head_names_stand_for_the_decoders_fields_in_a_caus
     assert (config.num_hidden_layers, config.decoder_layers, config.encoder_layers) == (5, 5, 2)
 
 
+def test_a_generation_setting_given_to_the_config_is_one_error_and_a_saved_one_still_loads(tmp_path):
+    """transformers' config drops generation settings without a word, so RelPosTransformerConfig(num_beams=4) built
+    a model that searched with one beam; a config.json that holds them (saved before GenerationConfig) loads, and its
+    settings reach the model's generation config, as transformers reads them."""
+    with pytest.raises(ValueError, match=r"^max_length, num_beams: generation setting\(s\), not config fields \(the "
+                                         r"config would drop them\): set them on model.generation_config, or pass "
+                                         r"them to generate$"):
+        tiny_config(num_beams=4, max_length=7)
+    assert tiny_config(use_cache=False).use_cache is False   # a field of the config's own that generate also reads
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config()).save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    saved = json.loads((tmp_path / "config.json").read_text(encoding="utf-8"))
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "num_beams": 4, "max_length": 7}), encoding="utf-8")
+    model = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert (model.generation_config.num_beams, model.generation_config.max_length) == (4, 7)
+
+
 @pytest.mark.parametrize(("values", "alias", "field"), [
     ({"d_model": 32, "hidden_size": 64}, "hidden_size", "d_model"),
     ({"encoder_layers": 2, "num_hidden_layers": 3}, "num_hidden_layers", "encoder_layers"),

@@ -218,6 +218,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         then moves their values."""
         rename_deprecated_fields(kwargs)
         refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", True))
+        refuse_generation_settings(kwargs)
         return super().__new__(cls)
 
     @classmethod
@@ -249,7 +250,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
         scheme_overrides = rename_deprecated_fields(
             {key: kwargs.pop(key) for key in [*kwargs] if key in {"position_scheme", *DEPRECATED_FIELDS,
                                                                   *scheme_config_fields()}})
-        config_dict = {**config_dict, **scheme_overrides}
+        # a saved config's generation settings (a config.json of before GenerationConfig) are read by transformers
+        # from the file for the model's generation config, never kept by the config
+        config_dict = {key: value for key, value in {**config_dict, **scheme_overrides}.items()
+                       if key not in generation_settings()}
         config, unused = super().from_dict(config_dict, **kwargs, return_unused_kwargs=True)
         _refuse_misspelled_fields(unused, config.tie_word_embeddings)
         unused = {key: value for key, value in unused.items() if key not in scheme_config_fields()}   # checked above
@@ -404,6 +408,22 @@ def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
         warn_renamed(old, new)
         renamed[new] = value
     return renamed
+
+
+def generation_settings() -> frozenset[str]:
+    """The keywords that transformers' PreTrainedConfig takes away as generation settings (GenerationConfig's)
+    without keeping them, but for this config's own fields (use_cache)."""
+    own = {field.name for field in dataclasses.fields(RelPosTransformerConfig)}
+    return frozenset(GenerationConfig._get_default_generation_params()) - own
+
+
+def refuse_generation_settings(keywords: dict[str, Any]) -> None:
+    """One ValueError naming the generation settings among a config's keywords: transformers drops them without a
+    word, so RelPosTransformerConfig(num_beams=4) generated with one beam."""
+    given = sorted(set(keywords) & generation_settings())
+    if given:
+        raise ValueError(f"{', '.join(given)}: generation setting(s), not config fields (the config would drop them): "
+                         "set them on model.generation_config, or pass them to generate")
 
 
 def refuse_conflicting_aliases(values: dict[str, Any], is_encoder_decoder: Any) -> None:
