@@ -521,16 +521,25 @@ def test_a_config_changed_after_it_was_built_is_validated_when_a_model_is_built(
         hf_relpos.RelPosTransformerForConditionalGeneration(config)
 
 
+@pytest.mark.parametrize(("name", "value", "message"), [
+    ("dropout", 5, r"^dropout must be a number in \[0, 1\), got 5$"),
+    ("dropuot", 0.3, r"^unknown config field 'dropuot'; did you mean 'dropout'\?$"),
+    ("layer_norm_eps", 1e-6, r"^config field layer_norm_eps=1e-06 is not implemented by RelPosTransformerConfig"),
+])
 @pytest.mark.parametrize("saved", ["config", "model"])
-def test_a_config_changed_to_a_bad_value_after_it_was_built_is_refused_before_saving_writes_anything(tmp_path, saved):
-    """A config set to a bad value after construction was saved, a config.json (and the model's remote code beside
-    it) that from_pretrained refuses; transformers' own save-time `validate` knew none of this config's checks."""
+def test_a_config_changed_to_a_bad_value_after_it_was_built_is_refused_before_saving_writes_anything(
+        tmp_path, saved, name, value, message):
+    """A config set to a bad value, or given a misspelled or unimplemented field, after construction was saved, a
+    config.json (and the model's remote code beside it) that from_pretrained refuses; transformers' own save-time
+    `validate` knew none of this config's checks."""
     model = hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config())
-    model.config.dropout = 5
+    model.config.update({name: value})
     folder = tmp_path / "saved"
-    with pytest.raises(ValueError, match=r"^dropout must be a number in \[0, 1\), got 5$"):
+    with pytest.raises(ValueError, match=message):
         (model.config if saved == "config" else model).save_pretrained(folder)
     assert not folder.exists()
+    if name != "dropout":
+        delattr(model.config, name)
     model.config.update({"dropout": 0.3})
     (model.config if saved == "config" else model).save_pretrained(folder)
     assert hf_relpos.RelPosTransformerConfig.from_pretrained(folder).dropout == 0.3

@@ -296,11 +296,16 @@ class RelPosTransformerConfig(PreTrainedConfig):
         return self.held_fields(self.position_scheme, super().to_dict())
 
     def validate(self) -> None:
-        """transformers' checks (its `@strict` validators), then this config's (`_validate_relpos`): a field set to a
-        bad value after construction (`config.dropout = 5`, `config.update(...)`) is the ValueError here. transformers
-        runs it when saving, after it has made the folder and copied the remote code into it."""
+        """transformers' checks (its `@strict` validators), then this config's (`_validate_relpos`, and
+        `_refuse_misspelled_fields` on the keys config.json would hold beside the fields, as loading it checks them): a
+        field set to a bad value after construction (`config.dropout = 5`, `config.update({"dropuot": 0.3})`) is the
+        ValueError here. transformers runs it when saving, after it has made the folder and copied the remote code
+        into it."""
         super().validate()
         self._validate_relpos()
+        fields = {field.name for field in dataclasses.fields(self)}
+        _refuse_misspelled_fields({key: value for key, value in self.to_dict().items() if key not in fields},
+                                  self.tie_word_embeddings)
 
     def save_pretrained(self, save_directory: str | os.PathLike, *args, **kwargs) -> None:
         """`validate` first, so that a config that `from_pretrained` would refuse writes nothing."""
