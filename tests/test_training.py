@@ -267,7 +267,8 @@ def test_a_date_for_a_field_that_takes_no_text_is_one_error_naming_the_field(tmp
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_predict=False)
     config.write_text(config.read_text(encoding="utf-8").replace("do_predict: false", "do_predict: 2024-01-01"),
                       encoding="utf-8")
-    with pytest.raises(ConfigError, match=r"^argument --do_predict/--do-predict: Truthy value expected: got 2024-01-01"):
+    with pytest.raises(ConfigError,
+                       match=r"^argument --do_predict/--do-predict: Truthy value expected: got 2024-01-01"):
         parse_arguments([str(config)])
 
 

@@ -213,9 +213,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
     num_attention_heads = stack_field_alias(*STACK_FIELD_ALIASES["num_attention_heads"])
 
     def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
-        """Checks the deprecated field names (`rename_deprecated_fields`) and the common names (`refuse_conflicting_aliases`)
-        among the keywords while it can still tell a field given from a field left at its default; `__post_init__`
-        then moves their values."""
+        """Checks the deprecated field names (`rename_deprecated_fields`), the common names
+        (`refuse_conflicting_aliases`) and the generation settings (`refuse_generation_settings`) among the keywords
+        while it can still tell a field given from a field left at its default; `__post_init__` then moves the values
+        of the first two."""
         rename_deprecated_fields(kwargs)
         refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", True))
         refuse_generation_settings(kwargs)
@@ -244,7 +245,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
         return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
-        refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", config_dict.get("is_encoder_decoder", True)))
+        is_encoder_decoder = kwargs.get("is_encoder_decoder", config_dict.get("is_encoder_decoder", True))
+        refuse_conflicting_aliases(kwargs, is_encoder_decoder)
         # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the
         # constructor keeps the fields of the scheme the config ends with (transformers sets overrides afterwards)
         scheme_overrides = rename_deprecated_fields(

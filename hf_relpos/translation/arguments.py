@@ -230,7 +230,8 @@ class ModelArguments:
 
     def __post_init__(self) -> None:
         for name, names in (("model_name_or_path", "a saved model folder or a Hub model id"),
-                            ("tokenizer_name", "a saved tokenizer folder or a Hub model id"), ("cache_dir", "a folder")):
+                            ("tokenizer_name", "a saved tokenizer folder or a Hub model id"),
+                            ("cache_dir", "a folder")):
             require_name_or_null(name, getattr(self, name), names)
             setattr(self, name, expand_home(getattr(self, name)))
         if self.attn_implementation is not None:

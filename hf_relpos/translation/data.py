@@ -211,7 +211,8 @@ class DataArguments:
     def __post_init__(self) -> None:
         for name in ("train_file", "validation_file", "test_file"):
             require_name_or_null(name, getattr(self, name), "a data file or the prefix of plain-text files")
-        require_name_or_null("dataset_name", self.dataset_name, f"a Hub dataset, a local folder or {DEMO_DATASET_NAME!r}")
+        require_name_or_null("dataset_name", self.dataset_name,
+                             f"a Hub dataset, a local folder or {DEMO_DATASET_NAME!r}")
         for name in ("train_file", "validation_file", "test_file", "prepared_data_dir"):
             setattr(self, name, expand_home(getattr(self, name)))
         if self.overlong_pairs not in OVERLONG_PAIR_POLICIES:
