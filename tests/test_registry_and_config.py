@@ -574,6 +574,11 @@ def test_a_generation_setting_given_to_the_config_is_one_error_and_a_saved_one_s
     (tmp_path / "config.json").write_text(json.dumps({**saved, "num_beams": 4, "max_length": 7}), encoding="utf-8")
     model = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(tmp_path)
     assert (model.generation_config.num_beams, model.generation_config.max_length) == (4, 7)
+    assert hf_relpos.RelPosTransformerConfig.from_json_file(tmp_path / "config.json").to_diff_dict() == (
+        model.config.to_diff_dict())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "model_type": "marian"}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"^config model_type is 'marian'; RelPosTransformerConfig needs"):
+        hf_relpos.RelPosTransformerConfig.from_json_file(tmp_path / "config.json")   # was built as this model's
 
 
 @pytest.mark.parametrize(("values", "alias", "field"), [

@@ -262,6 +262,12 @@ class RelPosTransformerConfig(PreTrainedConfig):
         config._validate_relpos()
         return (config, unused) if return_unused_kwargs else config
 
+    @classmethod
+    def from_json_file(cls, json_file: str | os.PathLike) -> RelPosTransformerConfig:
+        """The config of a config.json file, read as `from_dict` reads one (transformers' builds it directly from the
+        file's keys, past `from_dict`'s checks: another model's config, a saved generation setting)."""
+        return cls.from_dict(cls._dict_from_json_file(json_file))
+
     def __post_init__(self, **kwargs) -> None:
         for alias, name in {**self.attribute_map, **DEPRECATED_FIELDS}.items():  # validated as the field they stand for
             if alias in kwargs:
