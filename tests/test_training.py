@@ -262,6 +262,19 @@ def test_a_plain_yaml_scalar_of_a_text_field_is_its_text_as_written(tmp_path, co
     assert [getattr(setting, "value", setting) for setting in taken] == [value]   # eval_strategy: an enum of text
 
 
+@pytest.mark.parametrize("value", ["no", "false", "yes"])
+def test_a_resume_from_checkpoint_that_is_no_setting_is_one_error_naming_what_it_takes(tmp_path, corpus, value):
+    """`resume_from_checkpoint: false` (or no, yes: the recipe's text, as a flag's) was "'false' is not a folder",
+    naming neither last nor null; it is refused before anything is read or written."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    config.write_text(config.read_text(encoding="utf-8") + f"resume_from_checkpoint: {value}\n", encoding="utf-8")
+    with pytest.raises(ConfigError, match=rf"^resume_from_checkpoint: '{value}' is not a folder; it takes a checkpoint "
+                                          r"folder, last \(or true\) for output_dir's newest complete checkpoint, or "
+                                          r"null to train from step 0$"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_date_for_a_field_that_takes_no_text_is_one_error_naming_the_field(tmp_path, corpus):
     """YAML reads 2024-01-01 as a date, which reached a true/false field unconverted (do_predict a date: true)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_predict=False)

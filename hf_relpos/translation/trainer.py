@@ -1263,7 +1263,8 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
             return None
         resume_from = str(last)
     elif not os.path.isdir(resume_from):
-        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder")
+        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a folder; it takes a checkpoint folder, "
+                          "last (or true) for output_dir's newest complete checkpoint, or null to train from step 0")
     elif not is_complete_checkpoint(resume_from):
         raise ConfigError(f"resume_from_checkpoint: {resume_from!r} is not a complete checkpoint (its "
                           f"{TRAINER_STATE_FILE}, written last, is missing or cut short); use an older checkpoint")
