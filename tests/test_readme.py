@@ -1,6 +1,7 @@
 """The Python examples of the README and of the pages split from it (docs/internals.md, docs/extending.md) run as
 written (each in a fresh process, in an empty folder); those that open a training run's folder with
-pipeline("translation") (docs/hub.md's too) run in this process on such a folder."""
+pipeline("translation") (docs/hub.md's too) run in this process on such a folder, as does docs/training.md's LoRA
+example on a saved model."""
 
 import re
 import shutil
@@ -9,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import MEMORISED_PAIRS
+from conftest import MEMORISED_PAIRS, tiny_model
 from huggingface_hub import ModelCard
 
 from hf_relpos.publish import hub
@@ -102,3 +103,19 @@ def test_the_pipeline_examples_translate_a_trained_folder(memorised_model_folder
         translate = namespace.get("translate")
         if translate is not None:
             assert translate(MEMORISED_PAIRS[0][0]) == [{"translation_text": MEMORISED_PAIRS[0][1]}]
+
+
+def test_the_training_guides_lora_example_runs_as_written_on_a_saved_model(tmp_path, monkeypatch):
+    """docs/training.md's LoRA example, given nothing but its own imports, wraps the model folder it names (a saved
+    Shaw model there) in adapters, the scheme's own parameters trained beside them."""
+    from peft import PeftModel
+
+    (block,) = [block for block in python_blocks(ROOT / "docs" / "training.md") if "get_peft_model(" in block]
+    tiny_model("shaw").save_pretrained(tmp_path / "outputs" / "demo")
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    exec(compile(block, "docs/training.md LoRA example", "exec"), namespace)
+    model = namespace["model"]
+    assert isinstance(model, PeftModel)
+    trainable = [name for name, parameter in model.named_parameters() if parameter.requires_grad]
+    assert any("lora_A" in name for name in trainable) and any("positions" in name for name in trainable)
