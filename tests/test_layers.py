@@ -2,11 +2,12 @@
 transformers, the standard library and itself (same-folder relative imports); a scheme file no other scheme nor the
 model (pyproject.toml's import-linter contracts hold the layer rules import-linter can state); the package has no import cycle; `import hf_relpos` changes no table
 of transformers' and, with the training stack (datasets, sacrebleu, accelerate) not installed, still loads, saves
-and generates."""
+and generates; docs/internals.md's layout names every module."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 import textwrap
@@ -221,6 +222,24 @@ def test_the_public_functions_of_the_package_the_benchmarks_and_the_experiments_
     files = sorted([*PACKAGE.rglob("*.py"), *(REPO / "benchmarks").glob("*.py"), *(REPO / "experiments").glob("*.py")])
     missing = [problem for path in files for problem in unannotated(path)]
     assert not missing, "\n".join(missing)
+
+
+def layout_file_names(layout: str) -> set[str]:
+    """The .py file names a layout block names: `a.py b.py` each, `positions_{shaw,xl}.py` as positions_shaw.py and
+    positions_xl.py."""
+    names = set()
+    for stem, alternatives in re.findall(r"(\w+)(?:\{([\w,]+)\})?\.py\b", layout):
+        names |= {f"{stem}{alternative}.py" for alternative in alternatives.split(",")} if alternatives else {f"{stem}.py"}
+    return names
+
+
+def test_the_internals_layout_names_every_module_of_the_package():
+    """docs/internals.md's Layout block names each module of hf_relpos, so that a reader finds every command and
+    layer in it."""
+    page = (REPO / "docs" / "internals.md").read_text(encoding="utf-8")
+    layout = re.search(r"## Layout\n\n```\n(.*?)```", page, flags=re.DOTALL).group(1)
+    modules = {path.name for path in PACKAGE.rglob("*.py") if path.name != "__init__.py"}
+    assert modules - layout_file_names(layout) == set()
 
 
 def test_the_package_has_no_import_cycle():
