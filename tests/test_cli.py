@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -14,9 +15,11 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import console_script_main, pyproject
+from conftest import BUILT_IN_SCHEMES, console_script_main, pyproject
 
-from hf_relpos.translation.arguments import attention_implementations
+from hf_relpos import POSITION_SCHEMES
+from hf_relpos.translation.arguments import ModelArguments, attention_implementations, model_config_fields
+from hf_relpos.translation.data import DataArguments
 from hf_relpos.translation.training import ConfigError, parse_arguments
 
 REPO = Path(__file__).resolve().parents[1]
@@ -71,6 +74,20 @@ def test_the_training_guide_names_every_command():
     guide = (REPO / "docs" / "training.md").read_text(encoding="utf-8")
     introduction = guide.split("```", 1)[0]
     assert all(f"`{name}`" in introduction for name in SCRIPTS), [name for name in SCRIPTS if f"`{name}`" not in introduction]
+
+
+def test_the_training_guides_field_reference_names_every_model_and_data_field():
+    """docs/training.md's Field reference names each field of its model sections (the arguments, the config's own
+    and the built-in schemes') and of its data section; the training section is transformers' own, named by
+    example."""
+    reference = (REPO / "docs" / "training.md").read_text(encoding="utf-8").split("## Field reference", 1)[1]
+    argument_fields = {item.name for argument_class in (ModelArguments, DataArguments)
+                       for item in dataclasses.fields(argument_class) if item.init}
+    user_scheme_fields = {field.name for name, scheme in POSITION_SCHEMES.items() if name not in BUILT_IN_SCHEMES
+                          for field in scheme.config_fields}
+    built_in_scheme_fields = {field.name for name in BUILT_IN_SCHEMES for field in POSITION_SCHEMES[name].config_fields}
+    fields = argument_fields | model_config_fields() - (user_scheme_fields - built_in_scheme_fields)
+    assert sorted(name for name in fields if f"`{name}`" not in reference) == []
 
 
 @pytest.mark.parametrize("name", ["hf-relpos-train", "hf-relpos-convert"])
