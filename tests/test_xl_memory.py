@@ -285,11 +285,29 @@ def memories(*shapes: tuple[int, ...]) -> tuple[torch.Tensor, ...]:
                                                  r"\[2, 5, 32\]\]"),
     ({"mems": memories((4, 32), (4, 32))}, r"mems must hold one \[batch, M, d_model=32\] tensor per layer"),
     ({"mems": memories((2, 4, 32))}, r"tensor per layer \(2\), .* got \[\[2, 4, 32\]\]"),
-], ids=["fractional mem_len", "negative mem_len", "batch", "width", "lengths", "rank", "layers"])
+    ({"mems": tuple(torch.zeros(2, 4, 32, dtype=torch.long) for _ in range(2))},
+     r"mems must be floating-point tensors \(the layers' inputs\), got dtype \[torch.int64, torch.int64\]"),
+], ids=["fractional mem_len", "negative mem_len", "batch", "width", "lengths", "rank", "layers", "integer dtype"])
 def test_bad_memory_inputs_are_one_error_naming_them(inputs, message):
     """Each was a raw TypeError or torch.cat error, or (a negative mem_len) silently no memory."""
     with pytest.raises(ValueError, match=message):
         causal_lm()(input_ids=stream(SEGMENT), **inputs)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+def test_a_memory_of_another_float_dtype_is_taken_in_the_models_dtype(layer_norm_position):
+    """A float32 memory given to a float64 model is taken in float64, as the Post-LN layers took it; the Pre-LN layers
+    normalised it with their float64 LayerNorm as it came, a raw "mixed dtype" RuntimeError."""
+    model = causal_lm(layer_norm_position=layer_norm_position).double()
+    tokens = stream(2 * SEGMENT)
+    with torch.no_grad():
+        first = model(input_ids=tokens[:, :SEGMENT])
+        single = tuple(memory.float() for memory in first.mems)
+        expected = model(input_ids=tokens[:, SEGMENT:], mems=tuple(memory.double() for memory in single))
+        second = model(input_ids=tokens[:, SEGMENT:], mems=single)
+    assert torch.equal(second.logits, expected.logits)
+    assert all(memory.dtype == torch.float64 for memory in second.mems)
 
 
 def positions_of(mask: torch.Tensor) -> torch.Tensor:

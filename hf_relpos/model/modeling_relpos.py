@@ -376,7 +376,7 @@ class RelPosAttention(nn.Module):
         else:
             source = key_value_states if self.is_cross_attention else hidden_states
             if memory is not None:
-                source = torch.cat([memory.to(source.dtype), source], dim=1)
+                source = torch.cat([memory, source], dim=1)
             key, value = self._heads(self.k_proj(source)), self._heads(self.v_proj(source))
             if scheme is not None:
                 key = scheme.transform_new_keys(self.layer_idx, key, position_context)
@@ -500,9 +500,12 @@ class RelPosLayer(GradientCheckpointingLayer):
         position_context: PositionContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The cache comes as the keyword `cache`: `GradientCheckpointingLayer` drops it while checkpointing, so the
-        backward replay never writes it twice."""
-        if memory is not None and self.pre_norm:
-            memory = self.self_attn_layer_norm(memory)
+        backward replay never writes it twice. A Transformer-XL `memory` is taken in the dtype of `hidden_states`, the
+        layer's input it continues."""
+        if memory is not None:
+            memory = memory.to(hidden_states.dtype)
+            if self.pre_norm:
+                memory = self.self_attn_layer_norm(memory)
         hidden_states, self_weights = self._residual(
             hidden_states,
             self.self_attn_layer_norm,
@@ -767,8 +770,9 @@ def memory_length(config: RelPosTransformerConfig, mem_len: object) -> int:
 
 
 def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers: int, width: int) -> None:
-    """Transformer-XL memory is one [batch, M, d_model] tensor per layer, with the same batch and M in every layer;
-    anything else is one ValueError naming mems and the shapes it got."""
+    """Transformer-XL memory is one floating-point [batch, M, d_model] tensor per layer, with the same batch and M in
+    every layer (each layer takes its memory in the dtype of its input, `RelPosLayer.forward`); anything else is one
+    ValueError naming mems and the shapes or dtypes it got."""
     shapes = [list(memory.shape) if torch.is_tensor(memory) else type(memory).__name__ for memory in mems]
     first = shapes[0] if shapes else None
     if len(mems) != num_layers or not all(
@@ -776,6 +780,9 @@ def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers
             for shape in shapes):
         raise ValueError(f"mems must hold one [batch, M, d_model={width}] tensor per layer ({num_layers}), with the "
                          f"same batch and M in every layer, got {shapes}")
+    if not all(memory.is_floating_point() for memory in mems):
+        raise ValueError(f"mems must be floating-point tensors (the layers' inputs), got dtype "
+                         f"[{', '.join(str(memory.dtype) for memory in mems)}]")
 
 
 def adds_positions_to_embeddings(config: RelPosTransformerConfig, scheme: PositionScheme) -> bool:
