@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from conftest import tiny_config
+from test_xl_memory import recurrence_by_loop
 from transformers import TrainingArguments
 
 import hf_relpos
@@ -121,6 +122,29 @@ def test_stream_perplexity_with_full_memory_equals_one_long_pass():
     whole = math.exp(token_cross_entropy(logits, stream[None, 1:31]).item())
     assert math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=30), whole, rel_tol=1e-12)
     assert not math.isclose(stream_perplexity(model, stream, segment_length=6, mem_len=0), whole, rel_tol=1e-6)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("batch_size", "segment_length", "mem_len"), [(2, 5, 3), (3, 4, 6)])
+def test_stream_perplexity_with_a_memory_shorter_than_the_stream_is_the_recurrence_by_hand(batch_size, segment_length,
+                                                                                          mem_len):
+    """exp of the mean NLL of every target of the batchified stream, with logits of the float64 recurrence over each
+    row alone (memory shorter than the row, another mem_len than the config's)."""
+    model = xl_lm(mem_len=SEGMENT).double()
+    stream = tokens(34)
+    row_length = (stream.numel() - 1) // batch_size
+    usable = row_length // segment_length * segment_length
+    negative_log_likelihood = 0.0
+    with torch.no_grad():
+        for row in range(batch_size):
+            start = row * row_length
+            log_probabilities = recurrence_by_loop(model, stream[start : start + usable], segment_length,
+                                                   mem_len).log_softmax(-1)
+            for position, target in enumerate(stream[start + 1 : start + usable + 1].tolist()):
+                negative_log_likelihood -= float(log_probabilities[position, target])
+    expected = math.exp(negative_log_likelihood / (batch_size * usable))
+    got = stream_perplexity(model, stream, segment_length=segment_length, mem_len=mem_len, batch_size=batch_size)
+    assert math.isclose(got, expected, rel_tol=1e-12)
 
 
 def test_xl_perplexity_experiment_runs_end_to_end(tmp_path):

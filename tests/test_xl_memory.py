@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
-from conftest import SCHEMES, run_without_hf_relpos, tiny_config
+from conftest import SCHEMES, run_without_hf_relpos, sinusoid_by_loop, tiny_config
 from transformers import AutoModelForCausalLM
 
 import hf_relpos
@@ -42,6 +43,81 @@ def test_segments_with_memory_equal_one_long_segment(segments, mem_len, layer_no
             assert (out.logits - whole[:, index * SEGMENT : (index + 1) * SEGMENT]).abs().max() < TOLERANCE
             mems = out.mems
             assert all(m.size(1) == min(mem_len, (index + 1) * SEGMENT) for m in mems)
+
+
+def recurrence_by_loop(model: hf_relpos.RelPosTransformerForCausalLM, tokens: torch.Tensor, segment: int,
+                       mem_len: int) -> torch.Tensor:
+    """Dai et al. 2019, sec. 3.2-3.3, one sequence [L] at a time, in float64: layer l of segment tau attends from the
+    segment's hidden states h^{l-1} over [SG(m^{l-1}); h^{l-1}], m^{l-1} the last `mem_len` layer-(l-1) inputs of the
+    sequence so far, with A_ij = (q_i + u).k_j + (q_i + v).W_kR R_(i-j) (distance clamped to clamp_len), / sqrt(d)."""
+    config, decoder = model.config, model.decoder
+    scheme, width = decoder.positions, config.d_model
+    heads = config.decoder_attention_heads
+    head_dim = width // heads
+    pre_norm = config.layer_norm_position == "pre"
+    memories = [torch.zeros(0, width, dtype=torch.float64) for _ in decoder.layers]
+    logits = []
+    for start in range(0, tokens.numel(), segment):
+        hidden = decoder.embed_tokens.weight[tokens[start : start + segment]] * decoder.embed_scale
+        length = hidden.size(0)
+        layer_inputs = []
+        for index, layer in enumerate(decoder.layers):
+            layer_inputs.append(hidden)
+            attention, norm = layer.self_attn, layer.self_attn_layer_norm
+            queries_in = norm(hidden) if pre_norm else hidden
+            keys_in = torch.cat([norm(memories[index]) if pre_norm else memories[index], queries_in])
+            memory_length = memories[index].size(0)
+            query = attention.q_proj(queries_in).view(length, heads, head_dim)
+            key = attention.k_proj(keys_in).view(-1, heads, head_dim)
+            value = attention.v_proj(keys_in).view(-1, heads, head_dim)
+            tied = 0 if scheme.content_bias.size(0) == 1 else index
+            u, v = scheme.content_bias[tied], scheme.position_bias[tied]
+            attended = torch.zeros(length, heads, head_dim, dtype=torch.float64)
+            for i in range(length):
+                scores = torch.full((heads, memory_length + length), -math.inf, dtype=torch.float64)
+                for j in range(memory_length + i + 1):   # causal: the memory and the segment up to query i
+                    distance = memory_length + i - j
+                    if scheme.clamp_len is not None:
+                        distance = min(distance, scheme.clamp_len)
+                    relative = (scheme.position_projections[index].weight @ sinusoid_by_loop(distance, width))
+                    relative = relative.view(heads, head_dim)
+                    for head in range(heads):
+                        scores[head, j] = ((query[i, head] + u[head]) @ key[j, head]
+                                           + (query[i, head] + v[head]) @ relative[head]) / math.sqrt(head_dim)
+                attended[i] = torch.einsum("hj,jhd->hd", scores.softmax(-1), value)
+            output = attention.out_proj(attended.reshape(length, width))
+            hidden = hidden + output if pre_norm else norm(hidden + output)
+            output = layer.feed_forward(layer.final_layer_norm(hidden) if pre_norm else hidden)
+            hidden = hidden + output if pre_norm else layer.final_layer_norm(hidden + output)
+        if decoder.layer_norm is not None:
+            hidden = decoder.layer_norm(hidden)
+        logits.append(model.lm_head(hidden))
+        memories = [torch.cat([memory, layer_input])[-mem_len:] if mem_len else memory
+                    for memory, layer_input in zip(memories, layer_inputs, strict=True)]
+    return torch.cat(logits)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize(("mem_len", "clamp_len", "layer_norm_position", "untie_relative_biases"), [
+    (2, 50, "post", True), (SEGMENT + 3, None, "pre", False), (SEGMENT - 1, 2, "pre", True), (0, 50, "post", True),
+], ids=["shorter than a segment", "longer than a segment", "clamped", "no memory"])
+def test_segments_with_memory_follow_the_recurrence_equations(mem_len, clamp_len, layer_norm_position,
+                                                              untie_relative_biases):
+    """Segment by segment with a memory shorter than the context (where one long segment is no reference), each row
+    of a batch gives the float64 recurrence of that sequence alone: rows never share memory."""
+    model = causal_lm(mem_len=mem_len, clamp_len=clamp_len, layer_norm_position=layer_norm_position,
+                      untie_relative_biases=untie_relative_biases).double()
+    with torch.no_grad():
+        for parameter in model.decoder.positions.parameters():   # u, v, W_kR of a size that shows in the scores
+            parameter.normal_(0.0, 0.5)
+        tokens = stream(3 * SEGMENT)
+        mems, logits = None, []
+        for index in range(3):
+            out = model(input_ids=tokens[:, index * SEGMENT : (index + 1) * SEGMENT], mems=mems)
+            mems = out.mems
+            logits.append(out.logits)
+        expected = torch.stack([recurrence_by_loop(model, row, SEGMENT, mem_len) for row in tokens])
+    assert (torch.cat(logits, 1) - expected).abs().max() < TOLERANCE
 
 
 @pytest.mark.numerics
