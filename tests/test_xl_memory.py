@@ -233,6 +233,32 @@ def test_mems_and_a_filled_kv_cache_together_are_refused():
             model.decoder(input_ids=tokens, cache=cache, mems=mems)
 
 
+@pytest.mark.numerics
+def test_a_filled_kv_cache_is_refused_in_memory_mode():
+    """A KV cache holds keys, not the layer inputs a memory is built from: continued with mem_len > 0 (a prompt cached
+    with mem_len 0, then given to generate as past_key_values), the memory returned held the new tokens only, so from
+    the second new token on the cached prompt was forgotten (logits off by 0.3). One error now; mem_len 0 continues
+    the cache exactly."""
+    model = causal_lm(mem_len=4 * SEGMENT).double()
+    tokens = stream(SEGMENT + 2)
+    message = (rf"a KV cache holding {SEGMENT} tokens cannot be continued with a Transformer-XL memory \(mem_len="
+               rf"{4 * SEGMENT}\): .* Pass mem_len=0 to continue the KV cache")
+    kwargs = dict(max_new_tokens=4, min_new_tokens=4, do_sample=False, output_logits=True,
+                  return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        expected = model.generate(input_ids=tokens, **kwargs)
+        with pytest.raises(ValueError, match=message):
+            model(input_ids=tokens[:, SEGMENT:], cache=model(input_ids=tokens[:, :SEGMENT], mem_len=0,
+                                                             use_cache=True).cache)
+        with pytest.raises(ValueError, match=message):
+            model.generate(input_ids=tokens, cache=model(input_ids=tokens[:, :SEGMENT], mem_len=0,
+                                                         use_cache=True).cache, **kwargs)
+        continued = model.generate(input_ids=tokens, cache=model(input_ids=tokens[:, :SEGMENT], mem_len=0,
+                                                                 use_cache=True).cache, mem_len=0, **kwargs)
+    assert torch.equal(continued.sequences, expected.sequences)
+    assert (torch.stack(continued.logits) - torch.stack(expected.logits)).abs().max() < TOLERANCE
+
+
 def test_causal_lm_with_memory_loads_as_remote_code_without_hf_relpos(tmp_path):
     model = causal_lm()
     folder = tmp_path / "model"

@@ -785,6 +785,22 @@ def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers
                          f"[{', '.join(str(memory.dtype) for memory in mems)}]")
 
 
+def check_memory_without_kv_cache(cache: Cache | None, mems_given: bool, mem_len: int) -> None:
+    """Memory and a KV cache are exclusive: the memory is the cache. A KV cache holding tokens holds their keys and
+    values, not the layer inputs a memory is built from, so it continues neither with `mems` nor with `mem_len` > 0
+    (whose memory would hold this call's tokens only, the cached ones forgotten from the next call on). One
+    ValueError naming both and what continues each; the cache's fill level is read only where a memory is asked for
+    (a fixed-size cache's, in a compiled step, is a tensor)."""
+    if cache is None or not (mems_given or mem_len > 0):
+        return
+    cached_tokens = cache.get_seq_length()
+    if cached_tokens:
+        memory = "mems" if mems_given else f"mem_len={mem_len}"
+        raise ValueError(f"a KV cache holding {cached_tokens} tokens cannot be continued with a Transformer-XL memory "
+                         f"({memory}): the memory is the cache, and a KV cache holds no layer inputs to build one "
+                         "from. Pass mem_len=0 to continue the KV cache, or mems without a cache to continue a memory")
+
+
 def adds_positions_to_embeddings(config: RelPosTransformerConfig, scheme: PositionScheme) -> bool:
     """Whether a stack adds an encoding of each token's position to its embeddings (the scheme's own `embed`, as
     `absolute`'s sinusoids, or `keep_absolute_positions`): then where a token sits, not only its distances, counts."""
@@ -980,8 +996,7 @@ class RelPosDecoder(RelPosStack):
         if fixed_size:
             check_fixed_size_cache(self.config, self.positions, mem_len > 0 or mems is not None,
                                    self.randomizes_positions(draw))
-        if mems is not None and cache is not None and cache.get_seq_length() > 0:
-            raise ValueError("Pass either mems (Transformer-XL memory) or cache (KV cache), not both")
+        check_memory_without_kv_cache(cache, mems is not None, mem_len)
         if mems is not None:
             check_memory(mems, len(self.layers), self.config.d_model)
             cache = None
