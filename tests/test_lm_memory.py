@@ -212,3 +212,18 @@ def test_a_stream_too_short_for_one_segment_per_row_is_refused_even_when_empty(l
     the Trainer reported as `__len__() should return >= 0`)."""
     with pytest.raises(ValueError, match=f"a stream of {length} tokens is too short for batch_size=2"):
         SegmentedStream(torch.arange(length), 2, 4)
+
+
+@pytest.mark.parametrize(("batch_size", "segment_length", "message"), [
+    (0, 4, r"batch_size must be an integer >= 1, got 0"),
+    (-1, 4, r"batch_size must be an integer >= 1, got -1"),
+    (2, 0, r"segment_length must be an integer >= 1, got 0"),
+    (2, 2.5, r"segment_length must be an integer >= 1, got 2.5"),
+])
+def test_a_stream_batch_size_or_segment_length_below_1_is_one_error_naming_it(batch_size, segment_length, message):
+    """0 was a raw ZeroDivisionError, a negative one called the stream too short; stream_perplexity cuts through
+    SegmentedStream and says the same."""
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        SegmentedStream(tokens(), batch_size, segment_length)
+    with pytest.raises(ValueError, match=f"^{message}$"):
+        stream_perplexity(xl_lm(), tokens(), segment_length=segment_length, mem_len=SEGMENT, batch_size=batch_size)

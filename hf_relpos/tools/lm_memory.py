@@ -18,6 +18,7 @@ from torch.utils.data import Dataset, SequentialSampler
 from transformers import Trainer
 
 from ..model.modeling_relpos import token_cross_entropy
+from ..model.validation import require_int
 
 
 class SegmentedStream(Dataset):
@@ -30,6 +31,8 @@ class SegmentedStream(Dataset):
     def __init__(self, tokens: torch.Tensor, batch_size: int, segment_length: int) -> None:
         if tokens.dim() != 1:
             raise ValueError(f"tokens must be a 1-D stream, got shape {tuple(tokens.shape)}")
+        require_int("batch_size", batch_size, minimum=1)
+        require_int("segment_length", segment_length, minimum=1)
         row_length = (tokens.numel() - 1) // batch_size
         self.segments_per_row = row_length // segment_length
         if self.segments_per_row <= 0:   # an empty stream gives -1 (floor division of -1)
