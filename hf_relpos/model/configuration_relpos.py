@@ -255,7 +255,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         # a saved config's generation settings (a config.json of before GenerationConfig) are read by transformers
         # from the file for the model's generation config, never kept by the config
         config_dict = {key: value for key, value in {**config_dict, **scheme_overrides}.items()
-                       if key not in generation_settings()}
+                       if key not in GENERATION_SETTINGS}
         config, unused = super().from_dict(config_dict, **kwargs, return_unused_kwargs=True)
         _refuse_misspelled_fields(unused, config.tie_word_embeddings)
         unused = {key: value for key, value in unused.items() if key not in scheme_config_fields()}   # checked above
@@ -423,17 +423,17 @@ def rename_deprecated_fields(values: dict[str, Any]) -> dict[str, Any]:
     return renamed
 
 
-def generation_settings() -> frozenset[str]:
-    """The keywords that transformers' PreTrainedConfig takes away as generation settings (GenerationConfig's)
-    without keeping them, but for this config's own fields (use_cache)."""
-    own = {field.name for field in dataclasses.fields(RelPosTransformerConfig)}
-    return frozenset(GenerationConfig._get_default_generation_params()) - own
+# The keywords that transformers' PreTrainedConfig takes away as generation settings (GenerationConfig's) without
+# keeping them, but for this config's own fields (use_cache); a constant, as configs are also built inside a compiled
+# forward (a cache's get_text_config), where computing it would break the graph
+GENERATION_SETTINGS = frozenset(GenerationConfig._get_default_generation_params()) - {
+    field.name for field in dataclasses.fields(RelPosTransformerConfig)}
 
 
 def refuse_generation_settings(keywords: dict[str, Any]) -> None:
     """One ValueError naming the generation settings among a config's keywords: transformers drops them without a
     word, so RelPosTransformerConfig(num_beams=4) generated with one beam."""
-    given = sorted(set(keywords) & generation_settings())
+    given = sorted(key for key in keywords if key in GENERATION_SETTINGS)
     if given:
         raise ValueError(f"{', '.join(given)}: generation setting(s), not config fields (the config would drop them): "
                          "set them on model.generation_config, or pass them to generate")
