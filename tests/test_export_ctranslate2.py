@@ -984,6 +984,10 @@ def test_the_source_relative_cap_is_the_pytorch_models(exported, tokenizer):
     limits = model.new_token_limits(**inputs, **caps)
     assert torch.equal(engine.new_token_limits(**inputs, **caps), limits) and len(set(limits.tolist())) > 3
     assert torch.equal(engine.new_token_limits(inputs.input_ids, **caps), limits)
+    other_pad = torch.where(inputs.attention_mask.bool(), inputs.input_ids, 3)   # a pad_token_id passed to generate
+    assert torch.equal(engine.new_token_limits(other_pad, pad_token_id=3, **caps),
+                       model.new_token_limits(other_pad, pad_token_id=3, **caps))
+    assert torch.equal(model.new_token_limits(other_pad, pad_token_id=3, **caps), limits)
     with torch.no_grad():
         expected = model.generate(**inputs, **caps)
     capped = sum(tokenizer.eos_token_id not in row[1:limit].tolist() for row, limit in zip(expected, limits.tolist(),

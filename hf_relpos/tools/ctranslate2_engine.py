@@ -90,7 +90,7 @@ class CTranslate2Model:
         limit = relative_limit(config)
         if limit is None:
             return None
-        lengths = source_lengths(input_ids, attention_mask, self.generation_config.pad_token_id)
+        lengths = source_lengths(input_ids, attention_mask, config.pad_token_id)
         return new_token_limits(lengths, *limit, self.decoding_options(**settings)["max_decoding_length"])
 
     def decoding_options(self, **settings: Any) -> dict[str, Any]:
@@ -162,8 +162,8 @@ class CTranslate2Model:
         cap, so a capped row's F0 differs there, as its translation can). Without an attention mask, the tokens that
         are not pad_token_id are the sources (transformers 4's generate inferred that mask; the PyTorch model under
         transformers 5 attends to the padding without it, and warns)."""
+        pad = self.length_config(**settings).pad_token_id
         if attention_mask is None:
-            pad = self.generation_config.pad_token_id
             attention_mask = torch.ones_like(input_ids) if pad is None else (input_ids != pad).long()
         options = self.decoding_options(**settings)
         limits = self.new_token_limits(input_ids, attention_mask, **settings)
@@ -195,9 +195,9 @@ class CTranslate2Model:
                     if forced_end and (not new_ids or new_ids[-1] not in self.end_token_ids):
                         new_ids.append(self.end_token_ids[0])   # the model forces the end token as new token `cap`
                     outputs[index * n_best + rank] = [self.start_token_id, *new_ids]
-        pad = self.generation_config.pad_token_id or 0
         longest = max((len(ids) for ids in outputs), default=0)
         lengths = torch.tensor([len(ids) - 1 for ids in outputs])
         log_probabilities = torch.tensor(log_probabilities, dtype=torch.float64)
-        return ScoredSequences(torch.tensor([ids + [pad] * (longest - len(ids)) for ids in outputs], dtype=torch.long),
+        return ScoredSequences(torch.tensor([ids + [pad or 0] * (longest - len(ids)) for ids in outputs],
+                                            dtype=torch.long),
                                log_probabilities, length_normalised(log_probabilities, lengths, length_penalty), lengths)
