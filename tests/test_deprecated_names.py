@@ -14,8 +14,8 @@ from transformers import AutoModelForSeq2SeqLM
 
 import hf_relpos
 from hf_relpos.model.positions import POSITION_SCHEMES, PositionScheme, SchemeCard
-from hf_relpos.publish.hub import load_recipe, measurements_from_record
-from hf_relpos.publish.records import RunRecord, legacy_model_runs, read_run_records
+from hf_relpos.publish.hub import measurements_from_record
+from hf_relpos.publish.records import RunRecord, legacy_model_runs, load_recipe, read_run_records
 from hf_relpos.tools.convert import build_parser
 from hf_relpos.translation.arguments import ConfigError, parse_arguments
 

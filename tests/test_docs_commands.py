@@ -73,7 +73,7 @@ def recipe_outputs() -> dict[str, Path]:
 
 
 def recipe_values(recipe: str | Path | None) -> dict:
-    from hf_relpos.publish.hub import load_recipe
+    from hf_relpos.publish.records import load_recipe
 
     return load_recipe(recipe) if recipe else {}
 

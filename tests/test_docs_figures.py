@@ -399,7 +399,7 @@ def test_a_readme_cell_states_its_mean_spread_and_seed_count(report):
 def test_the_rules_recipes_are_the_committed_files_that_train_each_scheme(report):
     """A scheme counts as having a recipe (a candidate of the rule) only where configs/ holds its file, and that file
     trains the scheme: `none`, the control, has none."""
-    from hf_relpos.publish.hub import load_recipe
+    from hf_relpos.publish.records import load_recipe
 
     assert "none" in report.SCHEMES and "none" not in report.RECIPES
     assert set(report.RECIPES) == set(report.SCHEMES) - {"none"}

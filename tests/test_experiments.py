@@ -19,8 +19,7 @@ import torch
 import transformers
 from conftest import BUILT_IN_SCHEMES, die_while_writing, load_experiment
 
-from hf_relpos.publish.hub import load_recipe
-from hf_relpos.publish.records import RunRecord, read_run_records, source_version
+from hf_relpos.publish.records import RunRecord, load_recipe, read_run_records, source_version
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 EXPERIMENTS = Path(__file__).resolve().parents[1] / "experiments"

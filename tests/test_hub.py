@@ -205,7 +205,7 @@ def tiny_config(position_scheme: str) -> hf_relpos.RelPosTransformerConfig:
 
 @pytest.mark.parametrize("position_scheme", BUILT_IN_SCHEMES)
 def test_card_metadata_and_body_for_each_scheme(position_scheme):
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
     text = hub.render_model_card(tiny_config(position_scheme), recipe, RESULTS, repo_id="me/relpos-model")
     card = ModelCard(text)
     data = card.data
@@ -255,7 +255,7 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
 def test_a_capped_test_split_is_labelled_as_its_first_pairs(cap, scored, label, split):
     """max_predict_samples as max_eval_samples: the card's table and model-index name the slice that was scored,
     never the whole set, and a cap that cut nothing is not mentioned."""
-    recipe = {**hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml"), "max_predict_samples": cap}
+    recipe = {**hub.load_card_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml"), "max_predict_samples": cap}
     results = {"test": {**RESULTS["test"], "test_samples": scored}}
     card = ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, results))
     assert {(result.dataset_name, result.dataset_split) for result in card.data.eval_results} == {(label, split)}
@@ -311,7 +311,7 @@ def test_directional_card_warns_of_silent_decoder_heads_only_when_there_are_some
 
 
 def test_card_without_results_has_no_model_index():
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml")
     card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe, recipe_name="multi30k_small_xl"))
     assert "model-index" not in card.content and card.data.eval_results is None
     assert card.data.datasets == ["bentrevett/multi30k"]
@@ -329,7 +329,7 @@ def test_a_card_without_a_run_names_no_languages():
     assert "English" not in card.text and "German" not in card.text and "The dog is sleeping." not in card.text
     assert "Intended for research on position representations and for sentence translation in the training domain" in (
         card.text) and 'translator("...")' in card.text
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_shaw.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_shaw.yaml")
     recipe_card = ModelCard(hub.render_model_card(hub.config_from_recipe(recipe), recipe))
     assert recipe_card.data.language == ["en", "de"] and "English→German translation" in recipe_card.text
 
@@ -370,7 +370,7 @@ def test_a_dataset_name_that_is_no_local_path_is_a_hub_dataset_with_or_without_a
 def test_a_card_lists_the_data_the_run_read_and_its_limitation_only_for_that_data():
     """A Multi30k recipe trained on local files: neither the Hub dataset it did not load nor Multi30k's limitation
     appears; trained on Multi30k itself, both do. The Trainer's float warmup_steps shows as an integer."""
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml") | {"warmup_steps": 50.0}
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_xl.yaml") | {"warmup_steps": 50.0}
     local = recipe | {"train_file": "data/train.jsonl", "validation_file": "data/valid.jsonl"}
     hub_card, local_card = (hub.render_model_card(hub.config_from_recipe(recipe), values) for values in (recipe, local))
     limitation = "Multi30k holds short image captions"
@@ -742,7 +742,7 @@ def test_a_run_card_gives_the_vocabulary_the_tokenizer_has(output_folder):
     reused = hub.render_model_card(config, dataclasses.replace(record, tokenizer_name="outputs/earlier"))
     assert "Tokenizer: reused from `outputs/earlier`." in reused and "`tokenizer_vocab_size`" not in reused
     assert "`tokenizer_character_coverage`" not in reused
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "demo.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "demo.yaml")
     recipe_card = hub.render_model_card(hub.config_from_recipe(recipe), recipe)
     assert f"BPE vocabulary of {recipe['tokenizer_vocab_size']} pieces trained on the training split" in recipe_card
 
@@ -826,7 +826,7 @@ def test_measured_recipe_cards_give_the_records_scores_batch_hardware_and_time(s
     and the training minutes per run; and it says that no checkpoint is published."""
     monkeypatch.chdir(REPO_ROOT)
     name = f"multi30k_small_{scheme}"
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
     record = hub.RunRecord.from_recipe(recipe)
     record.measurements = [measurement for path in RECIPE_RECORDS
                            for measurement in hub.measurements_from_record(path, name, record)]
@@ -884,7 +884,7 @@ def test_a_recipe_card_says_no_run_is_committed_only_where_no_committed_record_h
         text = card.read_text(encoding="utf-8")
         if "no record there (docs/results) holds a run of this recipe" in text or "no run of it is committed" in text:
             unmeasured.append(card.stem)
-            scheme = hub.config_from_recipe(hub.load_recipe(REPO_ROOT / "configs" / f"{card.stem}.yaml")).position_scheme
+            scheme = hub.config_from_recipe(hub.load_card_recipe(REPO_ROOT / "configs" / f"{card.stem}.yaml")).position_scheme
             held = sorted({path for path, run in runs if run.role == RECIPE and run.recipe == card.stem
                            and run.model.get("position_scheme", scheme) == scheme})
             assert not held, f"{card.name} says no run of its recipe is committed; {held} hold runs of it"
@@ -902,7 +902,7 @@ def test_the_effective_batch_multiplies_the_devices_and_the_accumulation_steps()
 def test_a_measurement_shows_every_seeds_test_and_validation_scores_and_the_runs_own_batch(tmp_path):
     """A recipe's runs in a record: one row per evaluation set (test, then validation) with each seed's scores, and
     the update size of the runs as they recorded it (pairs per device here), the recipe's only where a run has none."""
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
     record = dataclasses.replace(RunRecord.from_recipe(recipe), per_device_train_batch_size=32)
     common = dict(role=RECIPE, recipe="multi30k_small_absolute", system="absolute", trained_as="absolute recipe",
                   steps=100, hardware="CPU", devices=2, training_seconds=60.0, date="2026-11-20T10:00:00+00:00",
@@ -928,7 +928,7 @@ def test_a_measurement_shows_every_seeds_test_and_validation_scores_and_the_runs
 def test_a_measurement_of_runs_that_scored_a_slice_names_the_slice(tmp_path):
     """Runs with the WMT14 recipes' max_eval_samples: 1000 scored the first 1000 pairs of newstest2013: a recipe
     card's measurement row says so, never 'WMT14 newstest2013' alone; an uncapped split keeps its plain name."""
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
     record = RunRecord.from_recipe(recipe)
     common = dict(role=RECIPE, recipe="wmt14_en_de_base_shaw", system="shaw", trained_as="shaw recipe", steps=100,
                   hardware="GPU", devices=8, training_seconds=60.0, date="2026-11-20T10:00:00+00:00",
@@ -950,7 +950,7 @@ def test_a_peer_trained_from_a_recipes_settings_is_not_in_that_recipes_card(monk
     runs = read_run_records(REPO_ROOT / RECIPE_RECORDS[0])
     (peer_as_recipe,) = {run.system for run in runs if run.role == PEER and run.recipe is None
                          and "recipe" in run.system}
-    record = hub.RunRecord.from_recipe(hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml"))
+    record = hub.RunRecord.from_recipe(hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml"))
     (measurement,) = hub.measurements_from_record(RECIPE_RECORDS[0], "multi30k_small_absolute", record)
     absolute = [run for run in runs if run.system == "absolute"]
     assert measurement.trained_as == "multi30k_small_absolute.yaml"
@@ -964,7 +964,7 @@ def test_a_recipe_card_shows_the_recipe_runs_of_a_record_and_never_a_peer_traine
     """One result holding the absolute recipe's run and HF MarianMT peers, one of them trained from absolute's recipe
     file and settings (its `recipe` names it): the absolute card's results are the recipe run's, because the role
     is the record's field (`RunRecord.role`), whatever else the runs share."""
-    recipe = hub.load_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "multi30k_small_absolute.yaml")
     common = dict(steps=1500, hardware="CPU", devices=1, training_seconds=600.0, date="2026-11-20T10:00:00+00:00",
                   max_tokens_per_batch=1280, seed=1)
     runs = [
@@ -1070,7 +1070,7 @@ def test_a_runs_scores_keep_their_length_ratio():
 def test_unmeasured_recipe_cards_say_they_were_never_trained(monkeypatch):
     monkeypatch.chdir(REPO_ROOT)
     for name in ("wmt14_en_de_base_shaw", "wmt14_en_de_big_shaw"):
-        recipe = hub.load_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
+        recipe = hub.load_card_recipe(REPO_ROOT / "configs" / f"{name}.yaml")
         record = hub.RunRecord.from_recipe(recipe)
         record.measurements = [measurement for path in RECIPE_RECORDS
                                for measurement in hub.measurements_from_record(path, name, record)]
@@ -1381,6 +1381,17 @@ def test_a_folder_saved_by_hand_is_carded_with_the_recipe_file_given_and_no_trai
     assert (output_folder / "README.md").read_text() == card
 
 
+def test_a_recipe_cards_text_fields_read_as_written_as_the_training_app_reads_them(output_folder, fake_hub, tmp_path):
+    """`target_lang: no` is Norwegian to the training app (a text field reads a plain scalar as written); render-cards
+    and push --recipe read it as YAML 1.1's false, and the card then failed on a language code that was not text."""
+    recipe = tmp_path / "norwegian.yaml"
+    recipe.write_text((REPO_ROOT / "configs" / "demo.yaml").read_text().replace("target_lang: de", "target_lang: no"))
+    hub.main(["render-cards", str(recipe), "--out", str(tmp_path / "cards")])
+    hub.main(["push", str(output_folder), "me/tiny-shaw", "--recipe", str(recipe)])
+    for card in ((tmp_path / "cards" / "norwegian.md").read_text(), fake_hub.commits[0]["files"]["README.md"].decode()):
+        assert "English→Norwegian" in card and "English (`en`) → Norwegian (`no`)" in card
+
+
 @pytest.mark.parametrize("recipe", ["multi30k_small_xl.yaml", "wmt14_en_de_base_directional.yaml"])
 def test_a_recipe_of_another_position_scheme_than_the_folders_is_refused(output_folder, fake_hub, capsys, recipe):
     """--recipe for a folder without a run record, naming another scheme than the folder's (a Shaw model): its card
@@ -1466,7 +1477,7 @@ def test_the_hub_guides_push_examples_push_the_folders_they_name(trained_folder,
     commands = [shlex.split(line)[4:] for block in re.findall(r"```bash\n(.*?)```", guide, flags=re.DOTALL)
                 for line in block.replace("\\\n", " ").splitlines()
                 if line.startswith("python -m hf_relpos.publish.hub push ")]
-    recipe_outputs = {hub.load_recipe(path).get("output_dir") for path in (REPO_ROOT / "configs").glob("*.yaml")}
+    recipe_outputs = {hub.load_card_recipe(path).get("output_dir") for path in (REPO_ROOT / "configs").glob("*.yaml")}
     folders = {*re.findall(r'push_model_folder\(\s*"([^"]+)"', code), *(argv[0] for argv in commands)}
     assert commands and folders
     monkeypatch.chdir(tmp_path)

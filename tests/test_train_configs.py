@@ -7,7 +7,7 @@ import torch
 from transformers.utils import is_torch_bf16_gpu_available
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
-from hf_relpos.publish.hub import load_recipe
+from hf_relpos.publish.records import load_recipe
 from hf_relpos.translation.arguments import ConfigError, run_model_config
 from hf_relpos.translation.trainer import PromotedLabelSmoother
 from hf_relpos.translation.training import parse_arguments

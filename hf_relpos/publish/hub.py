@@ -79,7 +79,7 @@ from .records import (
     RunRecord,
     accelerate_program,
     current_model_fields,
-    load_recipe,
+    load_card_recipe,
     read_run_records,
     runs_under_python,
     training_record,
@@ -933,7 +933,7 @@ def render_recipe_cards(paths: Sequence[str | os.PathLike], out: str | os.PathLi
     for path in map(Path, paths):
         recipes += sorted(path.glob("*.yaml")) if path.is_dir() else [path]
     # a recipe or record that cannot be read, or an --out that cannot be a folder, leaves no --out folder
-    loaded = {path: load_recipe(path) for path in recipes}
+    loaded = {path: load_card_recipe(path) for path in recipes}
     for record_path in records:
         read_experiment_record(record_path)
     out = Path(out)
@@ -1402,7 +1402,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             for path in render_recipe_cards(args.paths, args.out, args.records):
                 print(path)
         else:
-            recipe = load_recipe(args.recipe) if args.recipe else None
+            recipe = load_card_recipe(args.recipe) if args.recipe else None
             recipe_name = Path(args.recipe).name if args.recipe else None   # the file given, not a local path
             print(push_model_folder(args.folder, args.repo_id, recipe=recipe, recipe_name=recipe_name,
                                     private=args.private or None, dry_run=args.dry_run, card_out=args.card_out))

@@ -15,6 +15,7 @@ import os
 import platform
 import re
 import subprocess
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -91,6 +92,38 @@ def recipe_scalar_texts(path: str | os.PathLike) -> dict[str, str]:
         return {}
     return {key.value: value.value for key, value in node.value
             if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode) and value.style is None}
+
+
+def type_kinds(hint: Any) -> set[Any]:
+    """The types a type hint admits besides None: each member of a union (`int | None` -> {int})."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return set(typing.get_args(hint) if union else (hint,)) - {type(None)}
+
+
+def takes_text(hint: Any) -> bool:
+    """Whether a field of this type takes text and, as its type says, neither true/false, a number nor a literal value
+    (e.g. `trackio_static_space_id`'s false): such a field reads its flag's text, and a recipe's plain scalar as
+    written (`recipe_scalar_texts`), whatever it looks like."""
+    kinds = type_kinds(hint)
+    return str in kinds and not any(kind in (bool, int, float) or typing.get_origin(kind) is typing.Literal
+                                    for kind in kinds)
+
+
+def value_as_written(value: Any, written: str | None) -> Any:
+    """A recipe's value of a field that takes it as text (`takes_text`), as the same text given as a flag is: a plain
+    scalar as `written` in the file (`recipe_scalar_texts`; `target_lang: no` is Norwegian, `run_name: 010` keeps its
+    digits, where YAML 1.1 reads false and 8); a null, a list, a mapping or a quoted scalar as YAML reads it."""
+    return value if value is None or isinstance(value, (list, dict)) or written is None else written
+
+
+def load_card_recipe(path: str | os.PathLike) -> dict[str, Any]:
+    """A recipe file as its card reads it, as the training app does: `load_recipe`'s mapping, with the value of each
+    `RunRecord` field that takes text (`takes_text`) `value_as_written`."""
+    recipe = load_recipe(path)
+    hints = typing.get_type_hints(RunRecord)
+    written = recipe_scalar_texts(path)
+    return recipe | {name: value_as_written(recipe[name], written.get(name)) for name in RunRecord.recipe_fields()
+                     if name in recipe and takes_text(hints[name])}
 
 
 def _recipe_field(section: str, default: Any = None) -> Any:

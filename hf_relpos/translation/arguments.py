@@ -49,7 +49,15 @@ from ..model.validation import (
     require_probability,
 )
 from ..publish.files import expand_home
-from ..publish.records import accelerate_program, load_recipe, load_yaml, recipe_scalar_texts
+from ..publish.records import (
+    accelerate_program,
+    load_recipe,
+    load_yaml,
+    recipe_scalar_texts,
+    takes_text,
+    type_kinds,
+    value_as_written,
+)
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
 from .preflight import check_local_folder
@@ -583,10 +591,8 @@ LIST_TAKING_TEXT_FIELDS = {"fsdp"}
 
 
 def _field_kinds(argument_class: type, name: str) -> set[Any]:
-    """The types a field's type admits besides None: each member of a union (`int | None` -> {int})."""
-    hint = _type_hints(argument_class)[name]
-    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
-    return set(typing.get_args(hint) if union else (hint,)) - {type(None)}
+    """The types a field's type admits besides None (`type_kinds`)."""
+    return type_kinds(_type_hints(argument_class)[name])
 
 
 def _is_single_value(argument_class: type, name: str) -> bool:
@@ -597,11 +603,8 @@ def _is_single_value(argument_class: type, name: str) -> bool:
 
 
 def _takes_text(argument_class: type, name: str) -> bool:
-    """Whether the field takes text and, as its type says, neither true/false, a number nor a literal value (e.g.
-    `trackio_static_space_id`'s false): such a field's flag is its text, whatever it looks like."""
-    kinds = _field_kinds(argument_class, name)
-    return str in kinds and not any(kind in (bool, int, float) or typing.get_origin(kind) is typing.Literal
-                                    for kind in kinds)
+    """Whether the field takes text, as its type says (`takes_text`): its flag is its text, whatever it looks like."""
+    return takes_text(_type_hints(argument_class)[name])
 
 
 def _check_single_values(values: dict[str, Any]) -> None:
@@ -666,15 +669,15 @@ def _read_yaml(path: str) -> tuple[dict[str, Any], dict[str, str]]:
 
 def _as_default(value: Any, written: str | None = None, takes_text: bool = False) -> Any:
     """A YAML scalar as argparse would read it from the command line (so it is converted and checked by the field's
-    type, as a flag is): for a field that takes text (`_takes_text`), a plain scalar as `written` in the file, as
-    the same text given as a flag is (`source_lang: no` is Norwegian, `hub_model_id: 1.10` and `run_name: 010` keep
-    their digits, where YAML 1.1 reads false, 1.1 and 8); for another field, YAML's true/false or number as text
-    (`do_train: yes`, `learning_rate: 1e-4`), and any other scalar YAML reads (a date) as written, for the field's
-    type to convert or refuse. Nulls, lists and mappings stay as they are."""
+    type, as a flag is): for a field that takes text (`_takes_text`), its `value_as_written` (`source_lang: no` is
+    Norwegian, `hub_model_id: 1.10` and `run_name: 010` keep their digits, where YAML 1.1 reads false, 1.1 and 8); for
+    another field, YAML's true/false or number as text (`do_train: yes`, `learning_rate: 1e-4`), and any other scalar
+    YAML reads (a date) as written, for the field's type to convert or refuse. Nulls, lists and mappings stay as they
+    are."""
     if value is None or isinstance(value, (list, dict)):
         return value
-    if written is not None and (takes_text or not isinstance(value, (bool, int, float, str))):
-        return written
+    if takes_text or not isinstance(value, (bool, int, float, str)):
+        value = value_as_written(value, written)
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, (int, float)):
