@@ -214,6 +214,18 @@ def test_a_stream_too_short_for_one_segment_per_row_is_refused_even_when_empty(l
         SegmentedStream(torch.arange(length), 2, 4)
 
 
+@pytest.mark.parametrize("training", [True, False])
+def test_stream_perplexity_leaves_the_model_in_the_mode_it_was_given_in(training):
+    """It switched the model to eval mode and left it there, so a training loop that measured perplexity between
+    steps went on training without dropout; the mode is restored on return and on an error."""
+    model = xl_lm().train(training)
+    stream_perplexity(model, tokens(), segment_length=SEGMENT, mem_len=SEGMENT)
+    assert model.training is training and all(module.training is training for module in model.modules())
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        stream_perplexity(model, tokens(), segment_length=SEGMENT, mem_len=SEGMENT, batch_size=0)
+    assert model.training is training and all(module.training is training for module in model.modules())
+
+
 @pytest.mark.parametrize(("batch_size", "segment_length", "message"), [
     (0, 4, r"batch_size must be an integer >= 1, got 0"),
     (-1, 4, r"batch_size must be an integer >= 1, got -1"),

@@ -111,16 +111,21 @@ def stream_perplexity(
     model: nn.Module, tokens: torch.Tensor, segment_length: int, mem_len: int, batch_size: int = 1
 ) -> float:
     """Perplexity of `tokens` read in consecutive segments of `segment_length`, each seeing the previous `mem_len`
-    positions through the memory (mem_len=0: segments are independent). Every predicted token counts once."""
+    positions through the memory (mem_len=0: segments are independent). Every predicted token counts once. The model
+    reads in eval mode (no dropout) and is left in the mode it was given in, also when the call fails."""
+    was_training = model.training
     model.eval()
-    stream = SegmentedStream(tokens, batch_size, segment_length)
-    device = next(model.parameters()).device
-    total_loss, total_tokens, mems = 0.0, 0, None
-    for segment in range(stream.segments_per_row):
-        window = slice(segment * segment_length, (segment + 1) * segment_length)
-        inputs, targets = stream.inputs[:, window].to(device), stream.targets[:, window].to(device)
-        outputs = model(input_ids=inputs, mems=mems, mem_len=mem_len)
-        mems = outputs.mems if mem_len > 0 else None
-        total_loss += token_cross_entropy(outputs.logits, targets).item() * targets.numel()
-        total_tokens += targets.numel()
+    try:
+        stream = SegmentedStream(tokens, batch_size, segment_length)
+        device = next(model.parameters()).device
+        total_loss, total_tokens, mems = 0.0, 0, None
+        for segment in range(stream.segments_per_row):
+            window = slice(segment * segment_length, (segment + 1) * segment_length)
+            inputs, targets = stream.inputs[:, window].to(device), stream.targets[:, window].to(device)
+            outputs = model(input_ids=inputs, mems=mems, mem_len=mem_len)
+            mems = outputs.mems if mem_len > 0 else None
+            total_loss += token_cross_entropy(outputs.logits, targets).item() * targets.numel()
+            total_tokens += targets.numel()
+    finally:
+        model.train(was_training)
     return math.exp(total_loss / total_tokens)
