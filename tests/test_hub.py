@@ -1514,6 +1514,16 @@ def test_an_averaged_folder_is_pushed_with_its_averaging_card(trained_folder, fa
     assert "published as [`me/tiny-averaged`]" in card.text
 
 
+def test_the_averaging_card_names_the_run_folder_when_the_newest_averaged_is_its_final_model(trained_folder, tmp_path):
+    """A run's final model is saved in the run folder itself, beside its checkpoint-<step> folders: averaged with
+    its last checkpoint, the run is that folder, not its parent."""
+    run_dir = with_run_record(Path(shutil.copytree(trained_folder, tmp_path / "runs" / "run")))
+    shutil.copytree(trained_folder, run_dir / "checkpoint-4", ignore=shutil.ignore_patterns("*_results.json"))
+    TrainerState(global_step=4).save_to_json(str(run_dir / "checkpoint-4" / "trainer_state.json"))
+    averaged = average_checkpoints([run_dir / "checkpoint-4", run_dir], None, tmp_path / "averaged")
+    assert "(`checkpoint-4`, `run`) of `run`," in (averaged / "README.md").read_text()
+
+
 def test_an_average_ending_with_a_final_model_takes_none_of_its_scores_translations_or_card(trained_folder, fake_hub,
                                                                                             tmp_path):
     """hf-relpos-average of folders listed, the newest a training run's final model (with its card, record, scores

@@ -998,11 +998,19 @@ def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str
     if checkpoints is None:
         return card
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
+    run_name = averaged_run_folder(checkpoints).name
     return (card.rstrip("\n") + "\n\n## Checkpoint averaging\n\n"
             f"These weights are the parameter average of {len(checkpoints)} checkpoint(s) ({names}) of "
-            f"`{checkpoints[-1].parent.name}`, written by hf-relpos-average and not evaluated since: the scores the "
+            f"`{run_name}`, written by hf-relpos-average and not evaluated since: the scores the "
             "training run wrote are those of its own final weights. Score these with "
             "`hf-relpos-translate FOLDER --input SOURCES --reference REFERENCES`.\n")
+
+
+def averaged_run_folder(checkpoints: Sequence[Path]) -> Path:
+    """The training output folder the `checkpoints` averaged come from: the nearest folder holding them all, where a
+    run's final model is its output folder itself (saved there beside its `checkpoint-<step>` folders); one
+    checkpoint's parent folder."""
+    return checkpoints[0].parent if len(checkpoints) == 1 else Path(os.path.commonpath(checkpoints))
 
 
 def averaged_checkpoints(folder: Path) -> list[Path] | None:
