@@ -1524,6 +1524,23 @@ def test_the_averaging_card_names_the_run_folder_when_the_newest_averaged_is_its
     assert "(`checkpoint-4`, `run`) of `run`," in (averaged / "README.md").read_text()
 
 
+def test_an_average_that_fails_mid_way_leaves_none_of_the_folders_it_made(trained_folder, tmp_path, monkeypatch):
+    """An average into a new folder under missing parents (p1/p2/averaged) that fails while writing its weights
+    leaves nothing: neither the staging folder nor the parents it made; parents that were there stay."""
+    from hf_relpos.tools import average as average_module
+
+    checkpoints = [shutil.copytree(trained_folder, tmp_path / "run" / f"checkpoint-{step}") for step in (1, 2)]
+    (tmp_path / "out").mkdir()
+
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(average_module, "save_file", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        average_checkpoints(checkpoints, None, tmp_path / "out" / "p1" / "p2" / "averaged")
+    assert list((tmp_path / "out").iterdir()) == []
+
+
 def test_an_average_ending_with_a_final_model_takes_none_of_its_scores_translations_or_card(trained_folder, fake_hub,
                                                                                             tmp_path):
     """hf-relpos-average of folders listed, the newest a training run's final model (with its card, record, scores

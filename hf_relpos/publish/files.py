@@ -172,27 +172,70 @@ def unfilled_entries(output_dir: str | os.PathLike) -> list[Path]:
 @contextmanager
 def staged_folder(output_dir: str | os.PathLike, last: str) -> Iterator[Path]:
     """A new temporary folder to fill for `output_dir` (which must not exist, or be an empty folder); removed if the
-    block raises. A new `output_dir` is staged beside it and renamed to it: never half-written. An existing empty
-    folder is kept, as a mount point or a working folder must be: staged inside it and filled file by file with `last`
-    moved in last (`move_folder_contents`), so a fill cut short lacks `last` (for a model folder, a file it cannot load
-    without). `output_dir` is the folder it names (`Path.resolve`): a link to it stays a link, and `.` or `a/b/..` is
-    the folder meant."""
+    block raises, with the missing parents it made (`make_missing_folders`) that are still empty. A new `output_dir`
+    is staged beside it and renamed to it: never half-written. An existing empty folder is kept, as a mount point or a
+    working folder must be: staged inside it and filled file by file with `last` moved in last
+    (`move_folder_contents`), so a fill cut short lacks `last` (for a model folder, a file it cannot load without).
+    `output_dir` is the folder it names (`Path.resolve`): a link to it stays a link, and `.` or `a/b/..` is the folder
+    meant."""
     output_dir = Path(output_dir).resolve()
     fill_in_place = output_dir.is_dir()
     beside = output_dir if fill_in_place else output_dir.parent
-    beside.mkdir(parents=True, exist_ok=True)
-    tag = staging_tag(output_dir)
-    remove_abandoned(beside, tag)
-    staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=beside))
+    made = make_missing_folders(beside)
     try:
-        apply_umask_mode(staging)
-        yield staging
-        if fill_in_place:
-            move_folder_contents(staging, output_dir, last)
-        else:
-            os.replace(staging, output_dir)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        tag = staging_tag(output_dir)
+        remove_abandoned(beside, tag)
+        staging = Path(tempfile.mkdtemp(prefix=owned_prefix(tag), dir=beside))
+        try:
+            apply_umask_mode(staging)
+            yield staging
+            if fill_in_place:
+                move_folder_contents(staging, output_dir, last)
+            else:
+                os.replace(staging, output_dir)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    except BaseException:
+        remove_empty_folders(made)
+        raise
+
+
+def make_missing_folders(folder: Path) -> list[Path]:
+    """Create `folder` and its missing parents, as `mkdir(parents=True, exist_ok=True)` does; returns the folders this
+    call created, outermost first (one that another process created meanwhile is not among them). If a creation
+    fails, those this call made are removed again (`remove_empty_folders`)."""
+    missing = []
+    for path in (folder, *folder.parents):
+        if path.exists():
+            break
+        missing.append(path)
+    if not missing:
+        folder.mkdir(exist_ok=True)   # a file there: mkdir's FileExistsError
+        return []
+    made: list[Path] = []
+    try:
+        for path in reversed(missing):
+            try:
+                path.mkdir()
+            except FileExistsError:
+                if not path.is_dir():
+                    raise
+                continue
+            made.append(path)
+    except BaseException:
+        remove_empty_folders(made)
+        raise
+    return made
+
+
+def remove_empty_folders(made: list[Path]) -> None:
+    """Remove the folders `make_missing_folders` made, innermost first, each only while it is empty: one that holds
+    something (another process wrote there meanwhile) is kept, and so are the folders above it."""
+    for path in reversed(made):
+        try:
+            path.rmdir()
+        except OSError:
+            return
 
 
 def expand_home(path: str | None) -> str | None:
