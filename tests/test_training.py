@@ -249,6 +249,7 @@ def test_a_recipe_value_outside_a_fields_choices_is_one_error_naming_the_field(t
     ("hub_model_id: 1.10", "hub_model_id", "1.10"), ("run_name: 010", "run_name", "010"),
     ("run_name: 1:30", "run_name", "1:30"), ("run_name: 2024-01-01", "run_name", "2024-01-01"),
     ("eval_strategy: no", "eval_strategy", "no"), ("<<: {run_name: 010}", "run_name", "010"),
+    ('<<: {run_name: 010}\nrun_name: "new-run"', "run_name", "new-run"),   # a quoted value set beside the merge wins
 ])
 def test_a_plain_yaml_scalar_of_a_text_field_is_its_text_as_written(tmp_path, corpus, line, name, value):
     """A text field takes a recipe's unquoted value as written, as it takes the same text as a flag: YAML 1.1 read

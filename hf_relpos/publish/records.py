@@ -90,8 +90,9 @@ def recipe_scalar_texts(path: str | os.PathLike) -> dict[str, str]:
             loader.dispose()
     if not isinstance(node, yaml.MappingNode):
         return {}
-    return {key.value: value.value for key, value in node.value
-            if isinstance(key, yaml.ScalarNode) and isinstance(value, yaml.ScalarNode) and value.style is None}
+    values = {key.value: value for key, value in node.value if isinstance(key, yaml.ScalarNode)}   # the last wins
+    return {key: value.value for key, value in values.items()
+            if isinstance(value, yaml.ScalarNode) and value.style is None}
 
 
 def type_kinds(hint: Any) -> set[Any]:
