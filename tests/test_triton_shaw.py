@@ -1011,9 +1011,11 @@ def test_the_device_check_a_run_makes_first_finds_a_missing_triton(monkeypatch):
     monkeypatch.delitem(sys.modules, "hf_relpos.model.triton_relative_kernels", raising=False)
     monkeypatch.delattr(hf_relpos.model, "triton_relative_kernels", raising=False)
     monkeypatch.setattr("transformers.utils.import_utils.is_triton_available", lambda: False)
-    with pytest.raises(ImportError, match=r"^attn_implementation 'relpos_triton' needs triton: pip install triton"):
-        attention_functions.check_kernel_device("relpos_triton", DEVICE)
-    for kernel in (None, "eager", "sdpa", "flex_attention"):
+    for name in ("relpos_triton", "paged|relpos_triton"):   # transformers runs relpos_triton for both names
+        with pytest.raises(ImportError, match=r"^attn_implementation 'relpos_triton' needs triton: pip install "
+                                              "triton"):
+            attention_functions.check_kernel_device(name, DEVICE)
+    for kernel in (None, "eager", "sdpa", "flex_attention", "paged|sdpa", "paged|eager"):
         attention_functions.check_kernel_device(kernel, torch.device("cpu"))
 
 

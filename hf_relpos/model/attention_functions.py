@@ -796,8 +796,8 @@ KERNEL_DEVICE_CHECKS: dict[str, Callable[[torch.device], None]] = {TRITON_KERNEL
 
 def check_kernel_device(kernel: str | None, device: torch.device) -> None:
     """One RuntimeError or ImportError when `kernel` (None: the model's default) cannot run on `device` here
-    (`KERNEL_DEVICE_CHECKS`)."""
-    check = KERNEL_DEVICE_CHECKS.get(kernel or "")
+    (`KERNEL_DEVICE_CHECKS` of the kernel transformers runs for the name, `kernel_run_for`)."""
+    check = KERNEL_DEVICE_CHECKS.get(kernel_run_for(kernel) or "")
     if check is not None:
         check(device)
 
@@ -813,7 +813,7 @@ def kernel_run_for(name: str | None) -> str | None:
 def check_kernel_name(name: str) -> str:
     """`name` when it names a registered kernel (with or without transformers' "paged|" prefix) or a Hub kernel
     "owner/repo"; else one ValueError listing the registered ones."""
-    if "/" in name or name.removeprefix(PAGED_PREFIX) in registered_kernels():
+    if "/" in name or kernel_run_for(name) in registered_kernels():
         return name
     raise ValueError(f"attn_implementation {name!r} is not a registered attention kernel: one of "
                      f"{registered_kernels()}, a Hub kernel 'owner/repo', or one registered with "
