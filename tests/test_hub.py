@@ -1651,16 +1651,16 @@ def test_the_push_commands_help_says_what_private_does(capsys):
 
 
 @pytest.mark.parametrize("repository", ["new", "existing", "new, not deletable"])
-@pytest.mark.parametrize("failing_call", ["list_repo_files", "create_commit"])
+@pytest.mark.parametrize("failing_call", ["list_repo_files", "stale_weights", "create_commit"])
 def test_a_failed_push_deletes_the_repository_it_created_and_only_that(output_folder, fake_hub, monkeypatch,
                                                                        repository, failing_call):
-    """A push whose call after create_repo fails leaves no repository it created behind (the Hub made it, nothing of
-    the model went in), and says so; a repository that existed before is left as it was. Where deleting fails too,
-    the error says the repository is left and how to delete it."""
+    """A push whose call after create_repo fails (a Hub call, or building the commit) leaves no repository it created
+    behind (the Hub made it, nothing of the model went in), and says so; a repository that existed before is left as
+    it was. Where deleting fails too, the error says the repository is left and how to delete it."""
     def unreachable(self, *args, **kwargs):
         raise ConnectionError("huggingface.co is unreachable")
 
-    monkeypatch.setattr(HfApi, failing_call, unreachable)
+    monkeypatch.setattr(hub if failing_call == "stale_weights" else HfApi, failing_call, unreachable)
     if repository == "existing":
         fake_hub.existing["me/tiny-shaw"] = False
     if repository == "new, not deletable":

@@ -1237,11 +1237,11 @@ def push_model_folder(
     if refusal is not None:
         raise HubPushError(f"{refusal} and push again, or push without --private (hub_private_repo: false) to publish "
                            f"them publicly; nothing was pushed and nothing in {plan.folder} was changed")
-    uploads = plan.uploads(repo_id)
-    operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
-                                     else content.encode("utf-8")) for name, content in uploads.items()]
-    operations += [CommitOperationDelete(path_in_repo=name) for name in stale_weights(present, uploads)]
-    with _hub_errors(plan.folder, repo_id, created_by):
+    with _hub_errors(plan.folder, repo_id, created_by):   # a repository created above is deleted if any of it fails
+        uploads = plan.uploads(repo_id)
+        operations = [CommitOperationAdd(path_in_repo=name, path_or_fileobj=str(content) if isinstance(content, Path)
+                                         else content.encode("utf-8")) for name, content in uploads.items()]
+        operations += [CommitOperationDelete(path_in_repo=name) for name in stale_weights(present, uploads)]
         commit = api.create_commit(repo_id, operations=operations, commit_message=commit_message)
     _write_files(plan.folder, {name: text for name, text in uploads.items() if isinstance(text, str)})
     return commit.commit_url
