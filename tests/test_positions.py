@@ -579,6 +579,19 @@ def test_shaws_table_gradients_have_their_tables_strides(kernel, layers, shared)
     assert all(got == want for got, want in strides.values()), strides
 
 
+def test_a_padded_table_of_overlapping_strides_gets_its_gradient():
+    """`padded_table` of a table whose strides overlap (one expanded over heads) backpropagates: its gradient is laid
+    out densely, as AccumulateGrad lays out such a gradient (its strides cannot be copied), and is the pad's (float64
+    gradcheck and second derivatives on a plain table)."""
+    table = torch.randn(1, 7, 8, dtype=torch.float64, requires_grad=True)
+    weights = torch.randn(3, 8, 8, dtype=torch.float64)
+    (hf_relpos.model.positions.padded_table(table.expand(3, 7, 8)) * weights).sum().backward()
+    assert torch.equal(table.grad, weights[:, :7].sum(0, keepdim=True))
+    plain = torch.randn(2, 7, 3, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(hf_relpos.model.positions.padded_table, (plain,))
+    assert torch.autograd.gradgradcheck(hf_relpos.model.positions.padded_table, (plain,))
+
+
 @pytest.mark.parametrize("heads", range(1, 65))
 def test_alibi_slopes_are_the_papers_for_every_head_count(heads):
     """Geometric 2^(-8h/H) for powers of 2; other head counts interleave two sequences, as the paper's code does."""

@@ -733,7 +733,8 @@ def padded_table(table: torch.Tensor) -> torch.Tensor:
 
 class ZeroRowsAfter(torch.autograd.Function):
     """table [..., R, d] followed by zero rows up to `rows` (`nn.functional.pad`); backward: the first R rows of the
-    padded gradient, copied into the table's own strides. `nn.functional.pad`'s backward gives a view of them, with the
+    padded gradient, copied into the table's own strides (`empty_like`: contiguous for a table whose strides overlap,
+    an expanded one). `nn.functional.pad`'s backward gives a view of them, with the
     padded table's strides: AccumulateGrad keeps such a view as the parameter's gradient where the only other
     dimension has size 1 (a stack of one layer: the strides of size-1 dimensions are not compared), and DDP then copies
     it into its bucket with a warning ("Grad strides do not match bucket view strides"); where it copies the view
@@ -741,14 +742,14 @@ class ZeroRowsAfter(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx: Any, table: torch.Tensor, rows: int) -> torch.Tensor:
-        ctx.table_layout = (table.size(), table.stride())
+        ctx.save_for_backward(table)
         return nn.functional.pad(table, (0, 0, 0, rows - table.size(-2)))
 
     @staticmethod
     def backward(ctx: Any, padded_gradient: torch.Tensor) -> tuple[torch.Tensor, None]:
-        size, stride = ctx.table_layout
-        gradient = padded_gradient.new_empty_strided(size, stride)
-        return gradient.copy_(padded_gradient.narrow(-2, 0, size[-2])), None
+        (table,) = ctx.saved_tensors
+        gradient = torch.empty_like(table)   # its strides where dense and non-overlapping, as AccumulateGrad lays out
+        return gradient.copy_(padded_gradient.narrow(-2, 0, table.size(-2))), None
 
 
 def product_dtype(dtype: torch.dtype, device_type: str) -> torch.dtype:
