@@ -17,13 +17,13 @@ def is_finite_number(value: Any) -> bool:
 
 
 def is_positive_number(value: Any) -> bool:
-    """Whether `value` is a finite real number (an int or a float, not a bool) > 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+    """Whether `value` is a finite number (`is_finite_number`) > 0."""
+    return is_finite_number(value) and value > 0
 
 
 def is_non_negative_number(value: Any) -> bool:
-    """Whether `value` is a finite real number (an int or a float, not a bool) >= 0."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
+    """Whether `value` is a finite number (`is_finite_number`) >= 0."""
+    return is_finite_number(value) and value >= 0
 
 
 def is_int_at_least(value: Any, minimum: int) -> bool:
