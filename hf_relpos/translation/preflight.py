@@ -190,6 +190,11 @@ RUN_FILE_PATTERNS = tuple(pattern for pattern in PREVIOUS_RUN_PATTERNS
                           if pattern not in (CHECKPOINT_GLOB, FINAL_MODEL_STAGING))
 
 
+# what to do with an entry of output_dir under a name the run writes to, which is not what the run writes there
+MISPLACED_ENTRY_REMEDY = ("move it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir "
+                          "true (which removes it with the previous run)")
+
+
 def check_run_file_names(output_dir: str | os.PathLike, training: bool) -> None:
     """OutputDirError when output_dir holds a folder (or a pipe, a link to nothing, ...) under a name the run writes
     a file to (`RUN_FILE_PATTERNS`: config.json, test_results.json, README.md, ...): writing it would fail after the
@@ -203,17 +208,13 @@ def check_run_file_names(output_dir: str | os.PathLike, training: bool) -> None:
     for path in matching_entries(folder, RUN_FILE_PATTERNS):
         if not path.is_file():   # through links: a link to a file is written through as before
             kind = "a folder" if path.is_dir() else "an entry that is not a file"
-            raise OutputDirError(
-                f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a file: move "
-                "it elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
-                "removes it with the previous run)")
+            raise OutputDirError(f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a "
+                                 f"file: {MISPLACED_ENTRY_REMEDY}")
     for path in sorted(folder.iterdir()) if training else []:
         if (CHECKPOINT_PATTERN.match(path.name) or path.name == FINAL_MODEL_STAGING) and not path.is_dir():
             kind = "a file" if path.is_file() else "an entry that is not a folder"
-            raise OutputDirError(
-                f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a folder: move it "
-                "elsewhere, choose another output_dir, or start afresh with --overwrite_output_dir true (which "
-                "removes it with the previous run)")
+            raise OutputDirError(f"output_dir {str(output_dir)!r} holds {kind} {path.name!r} where the run writes a "
+                                 f"folder: {MISPLACED_ENTRY_REMEDY}")
 
 
 def check_no_foreign_card(output_dir: str | os.PathLike) -> None:
