@@ -19,7 +19,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from packaging.version import Version
 
-from hf_relpos.translation import TRAIN_EXTRA_MODULES
+from hf_relpos.translation import TRAIN_EXTRA_COMMANDS, TRAIN_EXTRA_MODULES
 
 REPO = Path(__file__).resolve().parents[1]
 PROJECT = pyproject()["project"]
@@ -152,6 +152,14 @@ def test_a_pytest_run_that_requires_triton_stops_before_any_test_where_it_cannot
     assert "test_packaging.py::" not in result.stdout
 
 
+def checkout_environment() -> dict[str, str]:
+    """The environment for a Python process a test starts in another folder: this checkout's hf_relpos first on its
+    path (a relative PYTHONPATH such as `.` would name that other folder)."""
+    import conftest
+
+    return dict(os.environ, PYTHONPATH=conftest.checkout_first_on_path())
+
+
 def test_a_command_without_the_train_extra_names_the_extra(tmp_path):
     """A plain `pip install hf_relpos` installs every console command; one that needs the train extra says so, naming
     what is missing, instead of failing on its first third-party import."""
@@ -159,11 +167,29 @@ def test_a_command_without_the_train_extra_names_the_extra(tmp_path):
             "import hf_relpos\n"
             "import hf_relpos.tools.translate\n")
     completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
-                               timeout=300)
+                               timeout=300, env=checkout_environment())
     assert completed.returncode == 1
     last_line = completed.stderr.strip().splitlines()[-1]
     assert last_line.startswith("ModuleNotFoundError: ") and "pip install 'hf_relpos[train]'" in last_line
     assert last_line.endswith("missing: sacrebleu, accelerate")
+
+
+def test_the_train_extra_commands_are_every_console_command():
+    """`TRAIN_EXTRA_COMMANDS`, which the missing-extra error lists, are pyproject.toml's console commands: each
+    imports the translation application, so each needs the extra."""
+    assert set(TRAIN_EXTRA_COMMANDS) == set(PROJECT["scripts"])
+
+
+def test_a_command_without_the_train_extra_is_named_in_the_error(tmp_path):
+    """hf-relpos-export (like every command) stops with the missing-extra error, which names the command run."""
+    code = ("import sys; sys.modules['accelerate'] = sys.modules['sacrebleu'] = None\n"
+            "import hf_relpos.tools.export\n")
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=300, env=checkout_environment())
+    assert completed.returncode == 1
+    last_line = completed.stderr.strip().splitlines()[-1]
+    assert "pip install 'hf_relpos[train]'" in last_line
+    assert not [name for name in PROJECT["scripts"] if name not in last_line], last_line
 
 
 def built_files(tmp_path: Path, kind: str) -> set[str]:

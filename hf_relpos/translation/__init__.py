@@ -7,6 +7,9 @@ import importlib.util
 
 # The import names of the `train` extra's packages (pyproject.toml; pyyaml is `yaml`).
 TRAIN_EXTRA_MODULES = ("datasets", "sacrebleu", "accelerate", "tokenizers", "numpy", "tqdm", "yaml")
+# pyproject.toml's [project.scripts]: every one of them runs on this application.
+TRAIN_EXTRA_COMMANDS = ("hf-relpos-train", "hf-relpos-translate", "hf-relpos-score", "hf-relpos-convert",
+                        "hf-relpos-average", "hf-relpos-export")
 
 
 def missing_train_modules() -> list[str]:
@@ -15,7 +18,6 @@ def missing_train_modules() -> list[str]:
 
 
 if missing := missing_train_modules():  # a plain `pip install hf_relpos` installs the commands, not what they need
-    raise ModuleNotFoundError(f"hf_relpos' translation application and the commands hf-relpos-train, "
-                              f"hf-relpos-translate, hf-relpos-convert and hf-relpos-average need the train extra: "
-                              f"pip install 'hf_relpos[train]' (from a checkout: pip install '.[train]'); missing: "
-                              f"{', '.join(missing)}", name=missing[0])
+    raise ModuleNotFoundError(f"hf_relpos' translation application and the commands {', '.join(TRAIN_EXTRA_COMMANDS)} "
+                              f"need the train extra: pip install 'hf_relpos[train]' (from a checkout: pip install "
+                              f"'.[train]'); missing: {', '.join(missing)}", name=missing[0])
