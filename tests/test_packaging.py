@@ -192,6 +192,18 @@ def test_a_command_without_the_train_extra_is_named_in_the_error(tmp_path):
     assert not [name for name in PROJECT["scripts"] if name not in last_line], last_line
 
 
+def test_the_memory_trainer_without_accelerate_names_the_train_extra(tmp_path):
+    """hf_relpos.tools.lm_memory trains with transformers' Trainer, which needs accelerate: without it the import
+    stops with one error naming accelerate and the extra, not transformers' "Could not import module 'Trainer'"."""
+    code = "import sys; sys.modules['accelerate'] = None\nimport hf_relpos.tools.lm_memory\n"
+    completed = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                               timeout=300, env=checkout_environment())
+    assert completed.returncode == 1
+    last_line = completed.stderr.strip().splitlines()[-1]
+    assert last_line.startswith("ModuleNotFoundError: hf_relpos.tools.lm_memory trains with transformers' Trainer, "
+                                "which needs accelerate") and "pip install '.[train]'" in last_line, last_line
+
+
 def built_files(tmp_path: Path, kind: str) -> set[str]:
     """The files of the wheel or the sdist that setuptools builds from a copy of the checkout's package sources."""
     try:

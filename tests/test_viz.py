@@ -152,9 +152,9 @@ def test_a_folder_the_command_cannot_plot_or_ids_outside_the_vocabulary_are_one_
 
 def test_missing_matplotlib_is_one_error_naming_the_viz_extra(monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # importing matplotlib now raises ImportError
-    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):
+    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[train,viz\]'"):
         require_matplotlib()
-    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[viz\]'"):
+    with pytest.raises(ImportError, match=r"the optional `viz` extra: pip install '\.\[train,viz\]'"):
         plot_relative_embeddings(tiny_model("shaw"))
 
 

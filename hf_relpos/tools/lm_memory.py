@@ -8,6 +8,7 @@ predicted exactly once per epoch.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 from collections.abc import Callable
 from typing import Any
@@ -15,7 +16,12 @@ from typing import Any
 import torch
 from torch import nn
 from torch.utils.data import Dataset, SequentialSampler
-from transformers import Trainer
+
+if importlib.util.find_spec("accelerate") is None:  # transformers' own error would say only "Could not import 'Trainer'"
+    raise ModuleNotFoundError("hf_relpos.tools.lm_memory trains with transformers' Trainer, which needs accelerate (in "
+                              "the train extra): pip install '.[train]' in the hf_relpos checkout", name="accelerate")
+
+from transformers import Trainer  # noqa: E402
 
 from ..model.modeling_relpos import token_cross_entropy
 from ..model.validation import require_int

@@ -1,6 +1,7 @@
 """Looking inside a model: encoder self-attention maps of one sentence, and Shaw's learned w^K / w^V tables.
 
-matplotlib is the optional `viz` extra (`pip install ".[viz]"` in the checkout); it is imported inside the plotting
+matplotlib is the optional `viz` extra, beside the `train` extra whose folder checks the command uses
+(`pip install ".[train,viz]"` in the checkout); matplotlib is imported inside the plotting
 functions, which draw on `matplotlib.figure.Figure` objects (no pyplot, no global backend change) and return them.
 
 Command line, for a saved model folder (tokenizer from the folder, or `--token-ids`):
@@ -32,8 +33,8 @@ def require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install '.[viz]' in the hf_relpos "
-                          "checkout") from error
+        raise ImportError("plotting needs matplotlib, the optional `viz` extra: pip install '.[train,viz]' in the "
+                          "hf_relpos checkout (the command runs on the train extra too)") from error
 
 
 def save_figure(figure: Any, path: str | os.PathLike, dpi: int) -> None:
