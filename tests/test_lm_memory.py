@@ -226,6 +226,19 @@ def test_stream_perplexity_leaves_the_model_in_the_mode_it_was_given_in(training
     assert model.training is training and all(module.training is training for module in model.modules())
 
 
+def test_stream_perplexity_gives_each_module_its_own_mode_back():
+    """It restored one flag for the whole model: a training model whose decoder's dropout had been frozen
+    (`decoder.eval()`) came back with every module training; each module's own mode is restored, also on an error."""
+    model = xl_lm().train()
+    model.decoder.layers[0].eval()
+    modes = {name: module.training for name, module in model.named_modules()}
+    stream_perplexity(model, tokens(), segment_length=SEGMENT, mem_len=SEGMENT)
+    assert {name: module.training for name, module in model.named_modules()} == modes
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1"):
+        stream_perplexity(model, tokens(), segment_length=SEGMENT, mem_len=SEGMENT, batch_size=0)
+    assert {name: module.training for name, module in model.named_modules()} == modes
+
+
 @pytest.mark.parametrize(("batch_size", "segment_length", "message"), [
     (0, 4, r"batch_size must be an integer >= 1, got 0"),
     (-1, 4, r"batch_size must be an integer >= 1, got -1"),

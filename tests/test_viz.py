@@ -80,6 +80,19 @@ def test_an_encoder_without_layers_is_one_error_naming_encoder_layers(plot):
         plot(tiny_model("shaw", encoder_layers=0), *args)
 
 
+def test_encoder_attentions_gives_each_module_its_own_mode_back():
+    """It restored one flag for the whole model: a training model whose encoder's dropout had been frozen
+    (`encoder.eval()`) came back with every module training; each module's own mode is restored, also on an error."""
+    model = tiny_model("shaw").train()
+    model.model.encoder.eval()
+    modes = {name: module.training for name, module in model.named_modules()}
+    encoder_attentions(model, [5, 6, 7, 1])
+    assert {name: module.training for name, module in model.named_modules()} == modes
+    with pytest.raises(IndexError):
+        encoder_attentions(model, [model.config.vocab_size])
+    assert {name: module.training for name, module in model.named_modules()} == modes
+
+
 def test_command_renders_a_saved_model_with_its_tokenizer_or_token_ids(tmp_path):
     tokenizer = train_joint_tokenizer(["the dog sees the cat", "der Hund sieht die Katze"] * 5, vocab_size=296)
     model = tiny_model("shaw", vocab_size=len(tokenizer))

@@ -25,6 +25,7 @@ from transformers import Trainer  # noqa: E402
 
 from ..model.modeling_relpos import token_cross_entropy
 from ..model.validation import require_int
+from .modes import evaluation_mode
 
 
 class SegmentedStream(Dataset):
@@ -118,10 +119,9 @@ def stream_perplexity(
 ) -> float:
     """Perplexity of `tokens` read in consecutive segments of `segment_length`, each seeing the previous `mem_len`
     positions through the memory (mem_len=0: segments are independent). Every predicted token counts once. The model
-    reads in eval mode (no dropout) and is left in the mode it was given in, also when the call fails."""
-    was_training = model.training
-    model.eval()
-    try:
+    reads in eval mode (no dropout); each of its modules is left in the mode it was given in, also when the call
+    fails (`evaluation_mode`)."""
+    with evaluation_mode(model):
         stream = SegmentedStream(tokens, batch_size, segment_length)
         device = next(model.parameters()).device
         total_loss, total_tokens, mems = 0.0, 0, None
@@ -132,6 +132,4 @@ def stream_perplexity(
             mems = outputs.mems if mem_len > 0 else None
             total_loss += token_cross_entropy(outputs.logits, targets).item() * targets.numel()
             total_tokens += targets.numel()
-    finally:
-        model.train(was_training)
     return math.exp(total_loss / total_tokens)

@@ -23,6 +23,7 @@ from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import atomic_file, expand_home, reading_weights
 from ..translation.preflight import check_local_folder
 from ..translation.safety import output_folder
+from .modes import evaluation_mode
 
 if TYPE_CHECKING:   # matplotlib is the optional viz extra, imported where a plot is drawn
     from matplotlib.figure import Figure
@@ -77,19 +78,18 @@ def encode_sentence(tokenizer_or_tokens: Any, sentence: str | None) -> tuple[lis
 def encoder_attentions(model: nn.Module, input_ids: Sequence[int]) -> torch.Tensor:
     """Encoder self-attention weights of one sentence, [layers, heads, n, n], from the eager kernel.
 
-    The model's attention implementation is set to "eager" for the call and restored afterwards.
+    The model's attention implementation is set to "eager" and the model to eval mode for the call, both restored
+    afterwards (each module's own mode, `evaluation_mode`).
     """
     encoder = _stack(model, "encoder")
     previous = model.config._attn_implementation
-    was_training = model.training
     model.set_attn_implementation("eager")
-    model.eval()
     try:
-        ids = torch.tensor([list(input_ids)], device=next(model.parameters()).device)
-        output = encoder(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
+        with evaluation_mode(model):
+            ids = torch.tensor([list(input_ids)], device=next(model.parameters()).device)
+            output = encoder(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True)
     finally:
         model.set_attn_implementation(previous)
-        model.train(was_training)
     return torch.stack([weights[0] for weights in output.attentions]).float().cpu()
 
 
