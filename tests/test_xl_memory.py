@@ -412,6 +412,22 @@ def test_a_memory_of_another_float_dtype_is_taken_in_the_models_dtype(layer_norm
     assert all(memory.dtype == torch.float64 for memory in second.mems)
 
 
+@pytest.mark.parametrize("layer_norm_position", ["pre", "post"])
+def test_a_memory_on_another_device_is_taken_on_the_models(layer_norm_position):
+    """A memory on another device than the model (a stored one, as on a GPU model a memory kept on the CPU) was a
+    raw torch.cat device error: it is taken on the device of each layer's input, as its dtype is. Here the model is
+    on the meta device and the memory on the CPU."""
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = hf_relpos.RelPosTransformerForCausalLM(
+            tiny_config("xl", mem_len=SEGMENT, layer_norm_position=layer_norm_position)).double().eval()
+    mems = tuple(torch.zeros(2, SEGMENT, model.config.d_model, dtype=torch.float64) for _ in model.decoder.layers)
+    with torch.no_grad():
+        output = model(input_ids=torch.randint(4, 40, (2, SEGMENT), device="meta"), mems=mems)
+    assert output.logits.device.type == "meta"
+    assert [memory.device.type for memory in output.mems] == ["meta"] * len(model.decoder.layers)
+
+
 def positions_of(mask: torch.Tensor) -> torch.Tensor:
     """transformers' position_ids of a padded batch: each token numbered among its sequence's unpadded tokens."""
     return (mask.cumsum(-1) - 1).masked_fill(mask == 0, 0)

@@ -461,6 +461,13 @@ class RelPosFeedForward(nn.Module):
         return self.fc2(hidden_states)
 
 
+def memory_as_input(memory: torch.Tensor, layer_input: torch.Tensor) -> torch.Tensor:
+    """A layer's Transformer-XL memory in the dtype and on the device of the layer input it continues (memory given
+    on another device, as a stored one, or each layer's on its own device under a `device_map`, is moved there, as
+    accelerate's hooks move a layer's other inputs)."""
+    return memory.to(device=layer_input.device, dtype=layer_input.dtype)
+
+
 class RelPosLayer(GradientCheckpointingLayer):
     """One encoder or decoder layer: self-attention, optional cross-attention, feed-forward, each wrapped as
     Post-LN `LN(x + Dropout(f(x)))` (Vaswani et al. 2017) or Pre-LN `x + Dropout(f(LN(x)))` (Xiong et al. 2020)."""
@@ -500,10 +507,10 @@ class RelPosLayer(GradientCheckpointingLayer):
         position_context: PositionContext | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
         """The cache comes as the keyword `cache`: `GradientCheckpointingLayer` drops it while checkpointing, so the
-        backward replay never writes it twice. A Transformer-XL `memory` is taken in the dtype of `hidden_states`, the
-        layer's input it continues."""
+        backward replay never writes it twice. A Transformer-XL `memory` is taken as `hidden_states`, the layer's input
+        it continues (`memory_as_input`)."""
         if memory is not None:
-            memory = memory.to(hidden_states.dtype)
+            memory = memory_as_input(memory, hidden_states)
             if self.pre_norm:
                 memory = self.self_attn_layer_norm(memory)
         hidden_states, self_weights = self._residual(
@@ -771,8 +778,8 @@ def memory_length(config: RelPosTransformerConfig, mem_len: object) -> int:
 
 def check_memory(mems: list[torch.Tensor] | tuple[torch.Tensor, ...], num_layers: int, width: int) -> None:
     """Transformer-XL memory is one floating-point [batch, M, d_model] tensor per layer, with the same batch and M in
-    every layer (each layer takes its memory in the dtype of its input, `RelPosLayer.forward`); anything else is one
-    ValueError naming mems and the shapes or dtypes it got."""
+    every layer (each layer takes its memory in the dtype and on the device of its input, `memory_as_input`); anything
+    else is one ValueError naming mems and the shapes or dtypes it got."""
     shapes = [list(memory.shape) if torch.is_tensor(memory) else type(memory).__name__ for memory in mems]
     first = shapes[0] if shapes else None
     if len(mems) != num_layers or not all(
@@ -1060,7 +1067,8 @@ class RelPosDecoder(RelPosStack):
         if mem_len > 0:
             previous = mems if mems is not None else [None] * len(layer_inputs)
             new_mems = tuple(
-                (layer_input if old is None else torch.cat([old.to(layer_input.dtype), layer_input], 1))[:, -mem_len:].detach()
+                (layer_input if old is None else torch.cat([memory_as_input(old, layer_input), layer_input], 1))
+                [:, -mem_len:].detach()
                 for old, layer_input in zip(previous, layer_inputs, strict=True)
             )
         return RelPosDecoderOutput(
