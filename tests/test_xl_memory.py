@@ -184,6 +184,37 @@ def test_generation_with_mems_as_the_cache_equals_uncached(num_beams):
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("num_beams", [1, 3], ids=["greedy", "beam3"])
+@pytest.mark.parametrize("argument", ["mems", "cache"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left_padded"])
+def test_generate_continues_a_returned_memory_as_from_the_whole_text(num_beams, argument, padded):
+    """A forward's `mems` continue in generate (docs/internals.md): given as `cache`, transformers refused the tuple
+    ("Passing a tuple for `cache` is not supported anymore"), and with beams the memory was not expanded to them (a
+    batch mismatch). While the text fits in mem_len, continuing equals generating from the whole text; a padded
+    batch's mask covers memory and prompt."""
+    model = causal_lm(mem_len=64).double()
+    text = stream(2 * SEGMENT)
+    mask = torch.ones_like(text)
+    if padded:
+        text[1, :3], mask[1, :3] = 0, 0
+    kwargs = dict(max_new_tokens=8, min_new_tokens=8, do_sample=False, num_beams=num_beams,
+                  output_logits=True, return_dict_in_generate=True, pad_token_id=0)
+    with torch.no_grad():
+        mems = model(input_ids=text[:, :SEGMENT], attention_mask=mask[:, :SEGMENT]).mems
+        continued = model.generate(input_ids=text[:, SEGMENT:], attention_mask=mask, **{argument: mems}, **kwargs)
+        whole = model.generate(input_ids=text, attention_mask=mask, **kwargs)
+    assert torch.equal(continued.sequences[:, SEGMENT:], whole.sequences[:, 2 * SEGMENT:])
+    assert (torch.stack(continued.logits) - torch.stack(whole.logits)).abs().max() < TOLERANCE
+
+
+def test_generate_takes_the_memory_once():
+    model = causal_lm()
+    mems = model(input_ids=stream(SEGMENT)).mems
+    with pytest.raises(ValueError, match="pass the Transformer-XL memory once, as mems or as cache, not both"):
+        model.generate(input_ids=stream(SEGMENT), mems=mems, cache=mems, max_new_tokens=2)
+
+
+@pytest.mark.numerics
 @pytest.mark.parametrize("position_scheme", SCHEMES)
 def test_causal_lm_kv_cache_equals_uncached_for_every_scheme(position_scheme):
     model = causal_lm(position_scheme, mem_len=0).double()

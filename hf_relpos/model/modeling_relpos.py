@@ -1840,12 +1840,27 @@ class RelPosTransformerForCausalLM(RelPosTransformerPreTrainedModel, GenerationM
     def generate(self, *args, **kwargs) -> GenerateOutput | torch.LongTensor:
         """`GenerationMixin.generate`; with `position_randomization_at_inference` it first draws the positions of the
         whole sequence unless `positions` is given, and drafting for another model's assisted decoding it drops that
-        model's (`set_output_positions`)."""
+        model's (`set_output_positions`). It continues a Transformer-XL memory given as `mems` (the `mems` a forward
+        returned), or as `cache` (a tuple, as `forward` takes it; transformers refuses tuple caches): the prompt is
+        then the tokens after the memory, and every beam or sample of a sequence starts from its memory."""
+        for name in ("cache", "past_key_values"):
+            if isinstance(kwargs.get(name), (list, tuple)):
+                if kwargs.get("mems") is not None:
+                    raise ValueError(f"pass the Transformer-XL memory once, as mems or as {name}, not both")
+                kwargs["mems"] = kwargs.pop(name)
         prompts = (kwargs.get("input_ids"), kwargs.get("inputs", args[0] if args else None), kwargs.get("inputs_embeds"))
         prompt = next((value for value in prompts if value is not None), None)   # generate's first parameter: inputs
         set_output_positions(self, kwargs, "positions", 0 if prompt is None else prompt.size(1),
                              memory_length(self.config, kwargs.get("mem_len")))
         return super().generate(*args, **kwargs)
+
+    def _expand_inputs_for_generation(self, expand_size: int = 1, is_encoder_decoder: bool = False,
+                                      input_ids: torch.LongTensor | None = None, **model_kwargs) -> tuple:
+        """transformers' expansion of each sequence's inputs to its `expand_size` beams or samples, `mems` included
+        (a tuple of tensors, which transformers leaves as it is)."""
+        if model_kwargs.get("mems") is not None and expand_size > 1:
+            model_kwargs["mems"] = tuple(memory.repeat_interleave(expand_size, dim=0) for memory in model_kwargs["mems"])
+        return super()._expand_inputs_for_generation(expand_size, is_encoder_decoder, input_ids, **model_kwargs)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, inputs_embeds: torch.Tensor | None = None,
                                       **kwargs) -> dict:
