@@ -966,6 +966,27 @@ def test_n_best_scores_are_the_summed_log_probabilities_generate_ranks_by(memori
         assert torch.allclose(scored.scores, reference.sequences_scores.double(), rtol=1e-6, atol=0)
 
 
+def test_n_best_scores_take_the_settings_generate_ran_with(memorised_model_folder):
+    """SCORE read length_penalty from the keyword arguments or the model's generation config, and the end token from
+    the model's: a `generation_config` passed to generate was ignored there. Both come from the settings generate
+    derives, so SCORE is its sequences_scores (to float32 rounding)."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, GenerationConfig
+
+    from hf_relpos.tools.n_best import generate_n_best
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(memorised_model_folder, dtype=torch.float64).eval()
+    tokenizer = AutoTokenizer.from_pretrained(memorised_model_folder)
+    inputs = tokenizer([*SOURCES, "The dog"], padding=True, return_tensors="pt")
+    assert model.generation_config.length_penalty != 0.3
+    settings = dict(generation_config=GenerationConfig(num_beams=4, length_penalty=0.3))
+    with torch.inference_mode():
+        scored = generate_n_best(model, dict(inputs), 3, **settings)
+        reference = model.generate(**inputs, **settings, num_return_sequences=3, output_scores=True,
+                                   return_dict_in_generate=True)
+    assert torch.equal(scored.sequences, reference.sequences)
+    assert torch.allclose(scored.scores, reference.sequences_scores.double(), rtol=1e-6, atol=0)
+
+
 def test_n_best_lists_keep_the_input_s_line_indices_across_chunks_and_parse_back(memorised_model_folder, tmp_path,
                                                                                   capsys):
     """--n_best 3 over chunks of 2 lines: every input line (a blank one too) has 3 entries under its own index,

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, PreTrainedModel
 
 
 @dataclass(frozen=True)
@@ -78,15 +78,22 @@ def generate_n_best(model: PreTrainedModel, inputs: dict[str, torch.Tensor], n_b
     if beam_indices is None:   # greedy search keeps processed logits, beam search processed log-probabilities
         steps = [step.log_softmax(-1) for step in steps]
     token_log_probabilities = model.compute_transition_scores(output.sequences, tuple(steps), beam_indices)
-    end = model.generation_config.eos_token_id
+    settings = generation_settings(model, generate_kwargs)
+    end = settings.eos_token_id
     lengths = new_token_lengths(output.sequences, end if isinstance(end, list) else [end])
     counted = torch.arange(token_log_probabilities.shape[-1]) < lengths[:, None]   # greedy rows go on past their end
     log_probabilities = torch.where(counted.to(token_log_probabilities.device), token_log_probabilities,
                                     0.0).sum(-1).cpu()
-    length_penalty = generate_kwargs.get("length_penalty", model.generation_config.length_penalty)
-    length_penalty = 1.0 if length_penalty is None else length_penalty   # generate's default
     return ScoredSequences(output.sequences, log_probabilities,
-                           length_normalised(log_probabilities, lengths, length_penalty), lengths)
+                           length_normalised(log_probabilities, lengths, settings.length_penalty), lengths)
+
+
+def generation_settings(model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> GenerationConfig:
+    """The generation settings `model.generate(**generate_kwargs)` runs with, derived by generate's own rule
+    (transformers' `_prepare_generation_config`): a passed `generation_config`, its unset fields from the model's
+    and then transformers' defaults, updated with the keyword arguments."""
+    kwargs = dict(generate_kwargs)
+    return model._prepare_generation_config(kwargs.pop("generation_config", None), **kwargs)[0]
 
 
 def escaped(text: str) -> str:
