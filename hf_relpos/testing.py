@@ -40,7 +40,7 @@ from transformers import PreTrainedModel
 from transformers.cache_utils import EncoderDecoderCache, StaticCache
 
 from .model.attention_functions import FIXED_SIZE_CACHE_KERNELS
-from .model.configuration_relpos import RelPosTransformerConfig, field_named
+from .model.configuration_relpos import RelPosTransformerConfig, builds_encoder_decoder, field_named
 from .model.modeling_relpos import (
     RelPosAttention,
     RelPosTransformerForCausalLM,
@@ -110,7 +110,7 @@ def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransf
         clamp_len=50,
         position_scheme=position_scheme,
     )
-    replaced = {field_named(name, bool(overrides.get("is_encoder_decoder", True))) for name in overrides}
+    replaced = {field_named(name, builds_encoder_decoder(overrides)) for name in overrides}
     return RelPosTransformerConfig(**{name: value for name, value in defaults.items() if name not in replaced},
                                    **overrides)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import GenerationConfig, PreTrainedConfig
@@ -218,7 +219,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         while it can still tell a field given from a field left at its default; `__post_init__` then moves the values
         of the first two."""
         rename_deprecated_fields(kwargs)
-        refuse_conflicting_aliases(kwargs, kwargs.get("is_encoder_decoder", True))
+        refuse_conflicting_aliases(kwargs, builds_encoder_decoder(kwargs))
         refuse_generation_settings(kwargs)
         return super().__new__(cls)
 
@@ -245,8 +246,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         if model_type != cls.model_type:
             raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
         return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
-        is_encoder_decoder = kwargs.get("is_encoder_decoder", config_dict.get("is_encoder_decoder", True))
-        refuse_conflicting_aliases(kwargs, is_encoder_decoder)
+        refuse_conflicting_aliases(kwargs, builds_encoder_decoder(kwargs, config_dict))
         # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the
         # constructor keeps the fields of the scheme the config ends with (transformers sets overrides afterwards)
         scheme_overrides = rename_deprecated_fields(
@@ -398,7 +398,16 @@ def _fields_of_scheme(position_scheme: Any) -> tuple[SchemeField, ...]:
     return scheme_class.config_fields if scheme_class is not None else ()
 
 
-def field_named(name: str, is_encoder_decoder: bool = True) -> str:
+def builds_encoder_decoder(*sources: Mapping[str, Any]) -> bool:
+    """Whether config keywords or a saved config's dict build an encoder-decoder config: `is_encoder_decoder` of the
+    first of `sources` that gives it, else the field's default."""
+    for values in sources:
+        if "is_encoder_decoder" in values:
+            return bool(values["is_encoder_decoder"])
+    return RelPosTransformerConfig.is_encoder_decoder
+
+
+def field_named(name: str, is_encoder_decoder: bool = RelPosTransformerConfig.is_encoder_decoder) -> str:
     """The config field that the keyword `name` sets: `name`, or the field its alias stands for (`attribute_map`,
     `STACK_FIELD_ALIASES`: the encoder's field in an encoder-decoder config, `DEPRECATED_FIELDS`)."""
     if name in STACK_FIELD_ALIASES:
@@ -439,12 +448,12 @@ def refuse_generation_settings(keywords: dict[str, Any]) -> None:
                          "set them on model.generation_config, or pass them to generate")
 
 
-def refuse_conflicting_aliases(values: dict[str, Any], is_encoder_decoder: Any) -> None:
+def refuse_conflicting_aliases(values: dict[str, Any], is_encoder_decoder: bool) -> None:
     """One ValueError where `values` (config keywords, a config.json's dict, from_pretrained's overrides) give a
     common name of transformers (`attribute_map`, `STACK_FIELD_ALIASES`) and the field it stands for (`field_named`,
     by `is_encoder_decoder`) different values: one of them would silently win."""
     for alias in (*RelPosTransformerConfig.attribute_map, *STACK_FIELD_ALIASES):
-        field = field_named(alias, bool(is_encoder_decoder))
+        field = field_named(alias, is_encoder_decoder)
         if alias in values and field in values and values[alias] != values[field]:
             raise ValueError(f"{alias} stands for {field}, and they differ ({alias}={values[alias]!r}, "
                              f"{field}={values[field]!r}): give {field} only")
