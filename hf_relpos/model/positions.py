@@ -293,20 +293,27 @@ def clipped_distance(distance: torch.Tensor, max_relative_position: int) -> torc
     return distance.clamp(-max_relative_position, max_relative_position) + max_relative_position
 
 
+def query_positions(
+    query_length: int, key_length: int, positions: torch.Tensor | None, device: Any = None,
+    query_offset: int | torch.Tensor | None = None,
+) -> torch.LongTensor:
+    """The absolute positions [n] of the queries of one attention call over m keys: the last n of `positions` (the
+    keys' positions), or, when None, `query_offset` .. `query_offset` + n - 1 (None: m - n, the last n keys; a 0-dim
+    tensor for a fixed-size cache, whose slots past the queries are unused)."""
+    if positions is not None:
+        return positions[key_length - query_length :]
+    offset = key_length - query_length if query_offset is None else query_offset
+    return torch.arange(query_length, device=device) + offset
+
+
 def query_and_key_positions(
     query_length: int, key_length: int, positions: torch.Tensor | None, device: Any = None,
     query_offset: int | torch.Tensor | None = None,
 ) -> tuple[torch.LongTensor, torch.LongTensor]:
-    """The absolute positions of the queries [n] and keys [m] of one attention call: `positions` (the keys'
-    positions, queries being the last n keys) or, when None, the ordinary 0 .. m-1 with the queries at
-    `query_offset` .. `query_offset` + n - 1 (None: the last n keys; a 0-dim tensor for a fixed-size cache, whose
-    slots past the queries are unused)."""
-    if positions is not None:
-        return positions[key_length - query_length :], positions
-    keys = torch.arange(key_length, device=device)
-    if query_offset is None:
-        return keys[key_length - query_length :], keys
-    return torch.arange(query_length, device=device) + query_offset, keys
+    """The absolute positions of the queries [n] (`query_positions`) and keys [m] of one attention call: `positions`
+    (the keys' positions) or, when None, the ordinary 0 .. m-1."""
+    keys = positions if positions is not None else torch.arange(key_length, device=device)
+    return query_positions(query_length, key_length, positions, device, query_offset), keys
 
 
 def random_positions(length: int, position_range: int, device: Any = None) -> torch.LongTensor:

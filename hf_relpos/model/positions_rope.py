@@ -17,6 +17,7 @@ from .positions import (
     computed_once,
     integer_field,
     number_field,
+    query_positions,
     register_position_scheme,
 )
 
@@ -171,9 +172,9 @@ class RopeContext(PositionContext):
         return self.angles_of(self.last_positions(self.key_length))
 
     def last_positions(self, count: int) -> torch.Tensor:
-        """The positions [count] of the `count` key slots that end with the last query's: the last `count` of the
-        randomized `positions`, else query_offset + n - count .. query_offset + n - 1 (in a fixed-size cache, whose
-        slots past the queries are unused, from the offset tensor)."""
-        if self.positions is not None:
-            return self.positions[self.key_length - count :]
-        return torch.arange(count, device=self.device) + (self.query_offset + self.query_length - count)
+        """The positions [count] of the `count` key slots that end with the last query's: those of `count` queries
+        ending there (`query_positions`), the last `count` of the randomized `positions`, else query_offset + n -
+        count .. query_offset + n - 1 (in a fixed-size cache, whose slots past the queries are unused, from the
+        offset tensor)."""
+        return query_positions(count, self.key_length, self.positions, self.device,
+                               self.query_offset + self.query_length - count)
