@@ -271,6 +271,36 @@ def test_gradient_checkpointing_gives_the_gradients_of_a_run_without_it(position
 
 
 @pytest.mark.numerics
+@pytest.mark.parametrize("reentrant", [False, True], ids=["non-reentrant", "reentrant"])
+@pytest.mark.parametrize("position_scheme", SCHEMES)
+def test_layers_not_checkpointed_share_what_the_positions_build(position_scheme, reentrant, monkeypatch):
+    """With some layers checkpointed (every_n_layers 2 of 4 layers), those that are not still share what a stack's
+    positions build once per call (t5's and alibi's dense bias, built once for them), while each checkpointed layer
+    builds its own inside its checkpoint: it was built by every layer of a stack as soon as one was checkpointed.
+    Every parameter gets the gradient of a run without checkpointing."""
+    from hf_relpos.model.positions import DenseBias
+
+    builds = []
+    build = DenseBias._checked
+    monkeypatch.setattr(DenseBias, "_checked", lambda bias: builds.append(1) or build(bias))
+    input_ids, attention_mask, _ = padded_batch()
+    decoder_input_ids = torch.randint(4, 40, (3, 5), generator=torch.Generator().manual_seed(4))
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model(position_scheme, seed=1, dropout=0.0, attention_dropout=0.0, encoder_layers=4,
+                           decoder_layers=4).double().train()
+        if checkpointing:
+            model.activation_checkpointing_enable({"use_reentrant": reentrant}, every_n_layers=2)
+        builds.clear()
+        out = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids)
+        if checkpointing and position_scheme in ("t5", "alibi"):   # per stack: 2 checkpointed layers + 1 shared build
+            assert len(builds) == 2 * (2 + 1)
+        out.logits.square().sum().backward()
+        gradients.append(torch.cat([parameter.grad.flatten() for parameter in model.parameters()]))
+    assert (gradients[0] - gradients[1]).abs().max() < 1e-12
+
+
+@pytest.mark.numerics
 def test_layers_checkpointed_by_torchs_wrapper_give_the_gradients_of_a_run_without_it():
     """Layers wrapped by torch's checkpoint_wrapper (FSDP's activation checkpointing) instead of transformers' flag:
     t5's shared bias table still gets the gradient of a run without checkpointing."""

@@ -670,8 +670,9 @@ class RelPosStack(nn.Module):
         padded: bool = True,
     ) -> tuple[torch.Tensor, tuple | None, tuple | None, tuple | None, list[torch.Tensor]]:
         """Prepares the positions once (`PositionScheme.prepare`, its mask combined with `self_mask`; what the layers
-        build from it is not shared among checkpointed layers) and what the kernel reads once (`prepare_kernel`), then
-        runs the layers. `key_length`: the self-attention keys (None: `query_offset` + n; a fixed-size cache's
+        build from it is shared by the layers that are not checkpointed, and a second preparation, whose builds are
+        kept by none, serves the checkpointed ones) and what the kernel reads once (`prepare_kernel`), then runs the
+        layers. `key_length`: the self-attention keys (None: `query_offset` + n; a fixed-size cache's
         length, with `query_offset` a 0-dim tensor). `padded`: whether `self_mask` was built with padding or a
         window (False: causality alone, unless the scheme adds a mask). Returns the output, optional per-layer hidden
         states / attentions / cross-attentions, and the inputs of every layer (what Transformer-XL keeps as memory)."""
@@ -679,14 +680,17 @@ class RelPosStack(nn.Module):
         if key_length is None:
             key_length = query_offset + query_length
         # a layer checkpointed by transformers (gradient_checkpointing) or wrapped by another module (torch's
-        # checkpoint_wrapper, as FSDP's activation checkpointing applies it) may be recomputed in the backward pass
-        checkpointed = torch.is_grad_enabled() and any(
-            not isinstance(layer, RelPosLayer) or (layer.gradient_checkpointing and layer.training)
-            for layer in self.layers)
-        position_context = self.positions.prepare(PositionContext(
+        # checkpoint_wrapper, as FSDP's activation checkpointing applies it) may be recomputed in the backward pass:
+        # it gets a context that keeps nothing it builds, the other layers one that they share
+        shared = [not (torch.is_grad_enabled() and (
+            not isinstance(layer, RelPosLayer) or (layer.gradient_checkpointing and layer.training)))
+            for layer in self.layers]
+        kernel_cache: dict = {}   # what the kernel reads once: from positions and masks only, for both
+        contexts = {reuse: self.positions.prepare(PositionContext(
             query_length, key_length, query_offset, key_positions, hidden_states.device, hidden_states.dtype,
-            reuse_across_layers=not checkpointed,
-        ))
+            reuse_across_layers=reuse, kernel_cache=kernel_cache,
+        )) for reuse in dict.fromkeys(shared or [True])}
+        position_context = next(iter(contexts.values()))
         self_mask = with_scheme_mask(self.config, self.positions, position_context, self_mask)
         prepare_kernel(self.config._attn_implementation, self_mask, position_context, hidden_states.size(0),
                        self.is_decoder, only_causality=not padded and not position_context.has_mask())
@@ -703,7 +707,7 @@ class RelPosStack(nn.Module):
                 cross_mask,
                 output_attentions=output_attentions,
                 memory=None if memory is None else memory[idx],
-                position_context=position_context,
+                position_context=contexts[shared[idx]],
                 cache=cache,
             )
             all_self.append(self_weights)

@@ -930,10 +930,11 @@ class PositionContext:
     index j (its fused form; `dense_mask` expands it for the other kernels); the stack combines it with padding and
     causality once. `kernel_cache` is where an attention kernel keeps what it reads once per stack call and every
     layer shares (the fused kernel's padding ranges: a host sync). Schemes keep what else they precompute in a
-    subclass (`extend`). `reuse_across_layers` is false while the layers are checkpointed (gradient checkpointing):
-    what a layer builds on its first read (`computed_once`, `DenseBias`), possibly from a parameter, is then built
-    at every read, inside each layer's checkpoint, since a copy kept for the next layers would escape the layer's
-    recomputation (and under reentrant checkpointing be built without gradients).
+    subclass (`extend`). `reuse_across_layers` is false in the context of the layers that are checkpointed
+    (gradient checkpointing; the stack prepares another one for its other layers): what a layer builds on its first
+    read (`computed_once`, `DenseBias`), possibly from a parameter, is then built at every read, inside each layer's
+    checkpoint, since a copy kept for the next layers would escape the layer's recomputation (and under reentrant
+    checkpointing be built without gradients).
     """
 
     query_length: int
