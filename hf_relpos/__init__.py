@@ -1,11 +1,11 @@
 """hf_relpos: relative position self-attention (Shaw et al. 2018, Transformer-XL, DiSAN, T5, ALiBi, RoPE) for
 Hugging Face encoder-decoder Transformers, with a pluggable registry of position schemes.
 
-Importing it registers the models with the Auto classes (their public `register`) and the "translation" pipeline
-task; it needs torch and transformers only. The translation application (`hf_relpos.translation`, train_translation.py,
+Importing it registers the models and the tokenizer class of its trained tokenizers (`RelPosTokenizer`) with the Auto
+classes (their public `register`) and the "translation" pipeline task; it needs torch and transformers only. The translation application (`hf_relpos.translation`, train_translation.py,
 scoring, model cards) needs the `hf_relpos[train]` extra."""
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
 
 from .model import positions as _positions
 from .model.configuration_relpos import RelPosTransformerConfig
@@ -38,11 +38,13 @@ from .model.positions import (
     sinusoids,
 )
 from .publish.pipeline_relpos import TranslationPipeline, register_translation_task
+from .tokenization_relpos import RelPosTokenizer
 
 AutoConfig.register(RelPosTransformerConfig.model_type, RelPosTransformerConfig, exist_ok=True)
 AutoModel.register(RelPosTransformerConfig, RelPosTransformerModel, exist_ok=True)
 AutoModelForSeq2SeqLM.register(RelPosTransformerConfig, RelPosTransformerForConditionalGeneration, exist_ok=True)
 AutoModelForCausalLM.register(RelPosTransformerConfig, RelPosTransformerForCausalLM, exist_ok=True)
+AutoTokenizer.register(RelPosTransformerConfig, tokenizer_class=RelPosTokenizer, exist_ok=True)
 RelPosTransformerConfig.register_for_auto_class()
 RelPosTransformerModel.register_for_auto_class("AutoModel")
 RelPosTransformerForConditionalGeneration.register_for_auto_class("AutoModelForSeq2SeqLM")
@@ -55,6 +57,7 @@ __all__ = [
     "PositionContext",
     "PositionDraw",
     "PositionScheme",
+    "RelPosTokenizer",
     "RelPosTransformerConfig",
     "RelPosTransformerForCausalLM",
     "RelPosTransformerForConditionalGeneration",

@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import pickle
 import unicodedata
 
 import pytest
@@ -9,8 +10,8 @@ from conftest import run_without_hf_relpos
 from tokenizers import Tokenizer
 from transformers import AutoTokenizer, PreTrainedTokenizerFast
 
-from hf_relpos import RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
-from hf_relpos.translation.data import unwritable_texts
+from hf_relpos import RelPosTokenizer, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
+from hf_relpos.translation.data import batch_encoder, unwritable_texts
 from hf_relpos.translation.prepared import tokenizer_sha256
 from hf_relpos.translation.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
 
@@ -240,6 +241,96 @@ def test_an_added_token_next_to_a_word_leaves_the_word_as_it_is_written(tokenize
     for encoder in (added, AutoTokenizer.from_pretrained(tmp_path / "added")):
         assert encoder.decode(encoder(text)["input_ids"], skip_special_tokens=True) == text
     assert not any(piece.startswith("\u2581") for piece in added.tokenize("Die<neu>Straße")[2:])
+
+
+LANGUAGE_TAGS = [">>deu<<", ">>fra<<"]
+TAGGED_TEXT = ">>deu<< Er schrieb </s> und <pad>, >>fra<<x."
+
+
+def _tagged(tokenizer, folder, how):
+    """The tokenizer saved to and loaded from `folder`, with `LANGUAGE_TAGS` added as special tokens `how`."""
+    tokenizer.save_pretrained(folder)
+    tagged = AutoTokenizer.from_pretrained(folder)
+    if how == "add_special_tokens":
+        tagged.add_special_tokens({"additional_special_tokens": LANGUAGE_TAGS})
+    else:
+        tagged.add_tokens(LANGUAGE_TAGS, special_tokens=True)
+    return tagged
+
+
+@pytest.mark.parametrize("how", ["add_special_tokens", "add_tokens"])
+def test_a_language_tag_added_as_a_special_token_is_one_id_and_skipped_when_decoding(tokenizer, tmp_path, how):
+    """Language tags added as special tokens (`add_special_tokens({"additional_special_tokens": [...]})`, or
+    `add_tokens(..., special_tokens=True)`) are one id each wherever the text spells them, and
+    `decode(..., skip_special_tokens=True)` drops them, as in any Hugging Face tokenizer; a "</s>" or "<pad>" written
+    in the same text is still its characters. With `split_special_tokens`, the tags were encoded as their characters
+    too. The saved tokenizer, loaded with AutoTokenizer, does the same."""
+    tagged = _tagged(tokenizer, tmp_path, how)
+    tag_ids = tagged.convert_tokens_to_ids(LANGUAGE_TAGS)
+    assert tag_ids == [len(tokenizer), len(tokenizer) + 1]
+    controls = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id, tokenizer.unk_token_id}
+    tagged.save_pretrained(tmp_path / "tagged")
+    for encoder in (tagged, AutoTokenizer.from_pretrained(tmp_path / "tagged")):
+        ids = encoder(TAGGED_TEXT)["input_ids"]
+        assert [index for index in ids if index in tag_ids] == tag_ids and ids[0] == tag_ids[0]
+        assert [index for index in ids if index in controls] == [tokenizer.eos_token_id]
+        assert encoder(text_target=TAGGED_TEXT)["input_ids"] == ids
+        assert encoder.decode(ids) == TAGGED_TEXT + "</s>"
+        assert encoder.decode(ids, skip_special_tokens=True) == "Er schrieb </s> und <pad>, x."
+        assert encoder.decode([ids], skip_special_tokens=True) == ["Er schrieb </s> und <pad>, x."]
+        assert encoder(SPECIAL_TOKENS_AS_TEXT)["input_ids"] == tokenizer(SPECIAL_TOKENS_AS_TEXT)["input_ids"]
+        assert set(LANGUAGE_TAGS) <= set(encoder.all_special_tokens)
+
+
+def test_a_tokenizer_saved_by_another_class_reads_its_language_tags_from_text_once_loaded_as_relpos(tokenizer, tmp_path):
+    """A tokenizer saved as a plain `TokenizersBackend` with tags added as special tokens (special in its
+    tokenizer.json, so never read from text under `split_special_tokens`): `RelPosTokenizer.from_pretrained` reads them
+    from text, and saved again it names its class."""
+    plain = PreTrainedTokenizerFast(tokenizer_object=tokenizer.backend_tokenizer, pad_token="<pad>", eos_token="</s>",
+                                    bos_token="<s>", unk_token="<unk>", split_special_tokens=True)
+    plain.add_special_tokens({"additional_special_tokens": LANGUAGE_TAGS})
+    plain.save_pretrained(tmp_path)
+    assert plain(TAGGED_TEXT)["input_ids"][0] != plain.convert_tokens_to_ids(LANGUAGE_TAGS[0])
+    loaded = RelPosTokenizer.from_pretrained(tmp_path)
+    ids = loaded(TAGGED_TEXT)["input_ids"]
+    assert ids[0] == loaded.convert_tokens_to_ids(LANGUAGE_TAGS[0])
+    assert loaded.decode(ids, skip_special_tokens=True) == "Er schrieb </s> und <pad>, x."
+    assert loaded.extra_special_tokens == LANGUAGE_TAGS
+    loaded.save_pretrained(tmp_path / "again")
+    assert type(AutoTokenizer.from_pretrained(tmp_path / "again")) is RelPosTokenizer
+
+
+def test_the_training_data_path_encodes_a_language_tag_as_its_id(tokenizer, tmp_path):
+    """The app's encoder of training pairs (`batch_encoder`, straight from the Rust backend for this package's
+    tokenizer), also in a copy pickled into a preprocessing worker, gives a tag prefixed to a source its one id, and
+    "</s>" in the text its characters, as `tokenizer(texts)` does."""
+    tagged = _tagged(tokenizer, tmp_path, "add_special_tokens")
+    texts = [TAGGED_TEXT, ">>fra<< " + GERMAN[0]]
+    for encoder in (tagged, pickle.loads(pickle.dumps(tagged))):
+        ids = batch_encoder(encoder)(texts, False)
+        assert ids == tagged(texts)["input_ids"] == batch_encoder(encoder)(texts, True)
+        assert [row[0] for row in ids] == tagged.convert_tokens_to_ids([">>deu<<", ">>fra<<"])
+
+
+TAGGED_TOKENIZER_WITHOUT_HF_RELPOS = """
+from transformers import AutoTokenizer
+tokenizer = AutoTokenizer.from_pretrained({folder!r}, trust_remote_code=False)
+print("IDS", tokenizer({text!r})["input_ids"])
+print("DECODED", repr(tokenizer.decode(tokenizer({text!r})["input_ids"], skip_special_tokens=True)))
+"""
+
+
+def test_a_language_tag_is_one_id_in_the_saved_tokenizer_loaded_without_hf_relpos(tokenizer, tmp_path):
+    """Where hf_relpos is not installed, AutoTokenizer loads the saved tokenizer as a plain `TokenizersBackend`: the
+    tags are still one id each and "</s>" in the text is still text; only skip_special_tokens keeps the tags."""
+    tagged = _tagged(tokenizer, tmp_path, "add_special_tokens")
+    tagged.save_pretrained(tmp_path / "tagged")
+    script = TAGGED_TOKENIZER_WITHOUT_HF_RELPOS.format(folder=str(tmp_path / "tagged"), text=TAGGED_TEXT)
+    completed = run_without_hf_relpos(script, tmp_path)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    ids = tagged(TAGGED_TEXT)["input_ids"]
+    assert ids[0] == tagged.convert_tokens_to_ids(LANGUAGE_TAGS[0]) and f"IDS {ids}" in completed.stdout
+    assert f"DECODED {TAGGED_TEXT!r}" in completed.stdout
 
 
 def test_a_text_without_added_tokens_is_encoded_as_with_a_word_start_before_every_piece(tokenizer):

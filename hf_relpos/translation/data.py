@@ -71,6 +71,7 @@ from ..model.validation import require_int, require_name_or_null
 from ..publish.files import expand_home
 from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
+from ..tokenization_relpos import RelPosTokenizer
 from .demo_corpus import write_demo_corpus
 from .preflight import check_local_folder
 
@@ -1489,12 +1490,14 @@ def _tokenize(dataset: Dataset, tokenizer: PreTrainedTokenizerBase, num_proc: in
 
 def batch_encoder(tokenizer: PreTrainedTokenizerBase) -> Callable[[list[str], bool], list[list[int]]]:
     """`encode(texts, as_target)`: the token ids of each text, as `tokenizer(texts)` (or `text_target=texts`) gives
-    them; for a plain fast tokenizer without truncation or padding (this package's own) straight from its Rust
-    backend's `encode_batch_fast`, which skips the offsets and masks nothing here reads. The backend is told the
-    tokenizer's `split_special_tokens` at each call, as `tokenizer(texts)` tells it: the flag is not part of the
-    backend's serialisation, so a copy pickled into a preprocessing worker would otherwise lose it."""
+    them; for a plain fast tokenizer without truncation or padding (this package's own `RelPosTokenizer`, which
+    encodes as its base class does) straight from its Rust backend's `encode_batch_fast`, which skips the offsets and
+    masks nothing here reads. The backend is told the tokenizer's `split_special_tokens` at each call, as
+    `tokenizer(texts)` tells it: the flag is not part of the backend's serialisation, so a copy pickled into a
+    preprocessing worker would otherwise lose it."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if type(tokenizer) is PreTrainedTokenizerFast and backend.truncation is None and backend.padding is None:
+    plain = type(tokenizer) in (PreTrainedTokenizerFast, RelPosTokenizer)
+    if plain and backend.truncation is None and backend.padding is None:
         split_special_tokens = bool(getattr(tokenizer, "split_special_tokens", False))
 
         def encode(texts: list[str], as_target: bool) -> list[list[int]]:

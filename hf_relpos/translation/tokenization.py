@@ -33,7 +33,9 @@ from pathlib import Path
 from typing import Any
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-from transformers import AutoTokenizer, PreTrainedTokenizerBase, PreTrainedTokenizerFast
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from ..tokenization_relpos import RelPosTokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +60,7 @@ NORMALIZER = normalizers.NFC()
 def train_joint_tokenizer(
     texts: Iterable[str] | Iterable[list[str]], vocab_size: int, min_frequency: int = MIN_FREQUENCY,
     character_coverage: float = 1.0,
-) -> PreTrainedTokenizerFast:
+) -> RelPosTokenizer:
     """Train a BPE tokenizer with byte fallback on `texts` (source and target sentences together: strings, or
     batches of strings, which cross into the Rust trainer a batch at a time) and wrap it for transformers.
 
@@ -233,12 +235,12 @@ def _with_byte_tokens(tokenizer: Tokenizer) -> Tokenizer:
     return Tokenizer.from_str(json.dumps(spec))
 
 
-def wrap_tokenizer(tokenizer: Tokenizer) -> PreTrainedTokenizerFast:
+def wrap_tokenizer(tokenizer: Tokenizer) -> RelPosTokenizer:
     """A `PreTrainedTokenizerFast` around a raw `tokenizers.Tokenizer` with this package's special tokens, which a
     text that spells them ("</s>" in a sentence) does not produce: `split_special_tokens` encodes such text as its
     characters (saved in tokenizer_config.json, so the saved tokenizer does the same), and the only special tokens of
     an encoding are the ones the tokenizer adds (the final "</s>")."""
-    return PreTrainedTokenizerFast(
+    return RelPosTokenizer(
         tokenizer_object=tokenizer,
         pad_token=PAD_TOKEN,
         eos_token=EOS_TOKEN,
