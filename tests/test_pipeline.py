@@ -330,3 +330,14 @@ def test_batched_sources_reach_generate_right_padded_whatever_the_tokenizers_sid
         assert input_ids[row, :len(ids)].tolist() == ids
     assert batched == [translate(source, split_sentences=False)[0] for source in sources]
     assert torch.equal(attention_mask.sum(-1), torch.tensor([len(tokenizer(source)["input_ids"]) for source in sources]))
+
+
+def test_a_text_opening_with_a_language_tag_has_it_in_front_of_each_sentence(memorised_model_folder):
+    """The pipeline translates a text sentence by sentence: every sentence of ">>deu<< A. B." starts with the tag's
+    id, as the first does."""
+    translator = pipeline("translation", model=str(memorised_model_folder), device="cpu")
+    translator.tokenizer.add_special_tokens({"additional_special_tokens": [">>deu<<"]})
+    tag = translator.tokenizer.convert_tokens_to_ids(">>deu<<")
+    text = f">>deu<< {MEMORISED_PAIRS[0][0]} {MEMORISED_PAIRS[1][0]}"
+    inputs = list(translator.preprocess(text))
+    assert len(inputs) == 2 and [int(encoded["input_ids"][0, 0]) for encoded in inputs] == [tag, tag]

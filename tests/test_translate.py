@@ -434,6 +434,24 @@ def test_whitespace_at_a_line_s_ends_is_no_part_of_its_sentences(memorised_model
     assert (tmp_path / "hyp.txt").read_text(encoding="utf-8").splitlines() == [TARGETS[3], f"{TARGETS[4]} {TARGETS[0]}"]
 
 
+def test_a_line_opening_with_a_language_tag_has_it_in_front_of_each_of_its_sentences():
+    """A multilingual model's line ">>deu<< A b. C d." is translated sentence by sentence: each sentence gets the
+    tags that opened the line (or the last sentence that opened with tags of its own), which the later ones lacked
+    (translated into no chosen language); a line without a tag, and a tag inside a sentence, are left as they are."""
+    given = []
+
+    def translate(sentences: list[str]) -> list[str]:
+        given.extend(sentences)
+        return [sentence.upper() for sentence in sentences]
+
+    tags = {">>deu<<", ">>fra<<"}
+    lines = [">>deu<< A b. C d.", " >>fra<<  >>deu<< E f.\n\nG h.", "I j. K >>deu<< l.", ">>fra<<",
+             ">>deu<< The man. >>fra<< The dog. The cat."]
+    translate_by_sentence(lines, translate, tags)
+    assert given == [">>deu<< A b.", ">>deu<< C d.", "", ">>fra<<  >>deu<< E f.", ">>fra<<  >>deu<< G h.", "I j.",
+                     "K >>deu<< l.", ">>fra<<", ">>deu<< The man.", ">>fra<< The dog.", ">>fra<< The cat."]
+
+
 def test_lines_of_chinese_sentences_are_translated_sentence_by_sentence_and_joined_per_line():
     """Sentences ended by 。！？ with no space after them are translated one by one; each line's translations are
     joined (with a space in a language written with spaces, without one in Chinese or Japanese) into one line."""

@@ -148,6 +148,35 @@ def split_into_sentences(text: str) -> list[tuple[str, str]]:
     return pieces
 
 
+def language_tags(tokenizer: Any) -> set[str]:
+    """The tokens that open a source to name its target language: the tokenizer's special tokens besides the named
+    ones (those added with `add_special_tokens({"additional_special_tokens": [">>deu<<"]})`) and a MarianTokenizer's
+    language codes (`supported_language_codes`)."""
+    named = set(tokenizer.special_tokens_map.values())
+    codes = getattr(tokenizer, "supported_language_codes", None) or ()
+    return {token for token in tokenizer.all_special_tokens if token not in named} | set(codes)
+
+
+def with_opening_tags(pieces: list[tuple[str, str]], tags: set[str]) -> list[tuple[str, str]]:
+    """`pieces` (`split_into_sentences`) with each sentence that is neither blank nor opened by tags of its own given
+    the tags that opened the last earlier sentence that had them (one or more of `tags`, each followed by optional
+    whitespace: ">>deu<< "): each sentence is translated alone, and one without its text's target-language tag would
+    be translated into another language."""
+    if not tags:
+        return pieces
+    opening_tags = re.compile(rf"(?:(?:{'|'.join(map(re.escape, sorted(tags, key=len, reverse=True)))})\s*)+")
+    tagged = []
+    prefix = ""
+    for sentence, separator in pieces:
+        opening = opening_tags.match(sentence)
+        if opening is not None:
+            prefix = opening.group().rstrip() + " "
+        elif sentence.strip():
+            sentence = prefix + sentence
+        tagged.append((sentence, separator))
+    return tagged
+
+
 def ends_sentence(sentence: str, next_word: str) -> bool:
     """Whether `sentence` (the text since the last split, up to a space) ends where `next_word` follows."""
     next_character = next_word[:1]
@@ -253,7 +282,8 @@ class TranslationPipeline(ChunkPipeline):
         text's n-th best, which hf-relpos-translate --n_best refuses too."""
         if not isinstance(text, str):
             raise TypeError(f"the translation pipeline takes a text or a list of texts, got {type(text).__name__}")
-        pieces = split_into_sentences(text) if split_sentences else [(text, "")]
+        pieces = (with_opening_tags(split_into_sentences(text), language_tags(self.tokenizer)) if split_sentences
+                  else [(text, "")])
         sentences = sum(1 for sentence, _ in pieces if sentence.strip())
         if ranked_sequences > 1 and sentences > 1:
             raise ValueError(f"num_return_sequences={ranked_sequences} ranks the beam-search translations of one "

@@ -7,13 +7,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..publish.pipeline_relpos import join_translations, split_into_sentences
+from ..publish.pipeline_relpos import join_translations, split_into_sentences, with_opening_tags
 
 
-def translate_by_sentence(lines: Sequence[str], translate: Callable[[list[str]], list[str]]) -> list[str]:
+def translate_by_sentence(lines: Sequence[str], translate: Callable[[list[str]], list[str]],
+                          tags: set[str] | None = None) -> list[str]:
     """One translation per line: `translate` gets every sentence of every line in one list (a blank line gives one
-    blank sentence) and returns one translation per sentence; a line's translation joins its sentences' with one
-    space, or none where two translations meet in Chinese or Japanese script (`join_translations`)."""
-    layout = [split_into_sentences(line) for line in lines]
+    blank sentence; a line's opening language `tags` in front of each of its sentences, `with_opening_tags`) and
+    returns one translation per sentence; a line's translation joins its sentences' with one space, or none where two
+    translations meet in Chinese or Japanese script (`join_translations`)."""
+    layout = [with_opening_tags(split_into_sentences(line), tags or set()) for line in lines]
     translations = iter(translate([sentence for pieces in layout for sentence, _ in pieces]))
     return [join_translations([(next(translations), separator) for _, separator in pieces]) for pieces in layout]

@@ -63,7 +63,12 @@ from transformers.utils import logging as hf_logging
 
 from ..model.attention_functions import check_kernel_device
 from ..publish.files import WeightsFileError, expand_home, reading_weights, text_output, writes_in_place
-from ..publish.pipeline_relpos import forced_end_limit, reached_length_limit
+from ..publish.pipeline_relpos import (
+    forced_end_limit,
+    language_tags,
+    reached_length_limit,
+    with_opening_tags,
+)
 from ..publish.records import training_record
 from ..translation.arguments import (
     ConfigError,
@@ -224,7 +229,9 @@ def overlong_lines(lines: Sequence[str], first_number: int, tokenizer: PreTraine
     rows = getattr(model, "position_table_rows", None)
     if rows is None:
         return []
-    pieces = [[sentence for sentence, _ in split_into_sentences(line)] if split_sentences else [line] for line in lines]
+    tags = language_tags(tokenizer)
+    pieces = [[sentence for sentence, _ in with_opening_tags(split_into_sentences(line), tags)] if split_sentences
+              else [line] for line in lines]
     units = [(number, piece) for number, line_pieces in enumerate(pieces, first_number) for piece in line_pieces
              if piece.strip()]   # blank ones are not translated
     if not units:
@@ -700,8 +707,10 @@ def translate_source(parser: argparse.ArgumentParser, args: argparse.Namespace, 
         return translate_lines(lines, model, tokenizer, args.max_tokens, bar, unit, capped, args.n_best,
                                **generate_kwargs)
 
+    tags = language_tags(tokenizer)
+
     def translate_chunk(lines: list[str]) -> list[str] | list[list[Hypothesis]]:
-        return translate_by_sentence(lines, translate) if args.split_sentences else translate(lines)
+        return translate_by_sentence(lines, translate, tags) if args.split_sentences else translate(lines)
 
     chunks = _SourceReadError.raised_by(text_line_chunks(source, "stdin", args.buffer_lines) if args.input is None
                                         else text_file_line_chunks(source, args.input, args.buffer_lines))
