@@ -341,3 +341,12 @@ def test_a_text_opening_with_a_language_tag_has_it_in_front_of_each_sentence(mem
     text = f">>deu<< {MEMORISED_PAIRS[0][0]} {MEMORISED_PAIRS[1][0]}"
     inputs = list(translator.preprocess(text))
     assert len(inputs) == 2 and [int(encoded["input_ids"][0, 0]) for encoded in inputs] == [tag, tag]
+
+
+def test_tgt_lang_given_to_a_model_with_language_tags_says_to_write_the_tag(memorised_model_folder):
+    """src_lang / tgt_lang cannot be honoured; for a model whose tokenizer has language tags, the error says to write
+    the tag in front of the text instead of calling the model one of a fixed language pair."""
+    translator = pipeline("translation", model=str(memorised_model_folder), device="cpu")
+    translator.tokenizer.add_special_tokens({"additional_special_tokens": [">>deu<<", ">>fra<<"]})
+    with pytest.raises(ValueError, match=r"language tags \(>>deu<<, >>fra<<\): write the target language's tag"):
+        translator(MEMORISED_PAIRS[0][0], tgt_lang="de")

@@ -257,8 +257,11 @@ class TranslationPipeline(ChunkPipeline):
     ) -> tuple[dict, dict, dict]:
         given = [name for name in MULTILINGUAL_ARGUMENTS if generate_kwargs.pop(name, None) is not None]
         if given:
-            raise ValueError(f"{'/'.join(given)} choose the languages of a multilingual model (mBART, M2M100); this "
-                             "model translates one fixed language pair, so they cannot be honoured: leave them out")
+            tags = sorted(language_tags(self.tokenizer))
+            how = (f"this model's tokenizer has language tags ({', '.join(tags)}): write the target language's tag "
+                   "in front of the text (\">>deu<< A text.\") and leave them out" if tags else
+                   "this model translates one fixed language pair, so they cannot be honoured: leave them out")
+            raise ValueError(f"{'/'.join(given)} choose the languages of a multilingual model (mBART, M2M100); {how}")
         if generate_kwargs.pop("return_tensors", None) or generate_kwargs.pop("return_text", True) is False:
             raise ValueError("return_tensors / return_text=False: this pipeline returns text only (a text is "
                              "translated sentence by sentence); call model.generate for token ids")
