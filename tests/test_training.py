@@ -1433,6 +1433,30 @@ def test_models_saved_with_different_tokenizers_are_refused_not_averaged(tmp_pat
     assert (tmp_path / "avg" / "model.safetensors").is_file()
 
 
+def test_models_whose_tokenizers_differ_in_an_added_tag_are_refused_not_averaged(tmp_path, capsys):
+    """Two runs of one trained tokenizer to which other language tags were added (">>deu<<" is id 300 in one and
+    ">>fra<<" in the other) share vocabulary and merges but not the tags' ids: refused as different tokenizers.
+    The same tags added alike average."""
+    from hf_relpos.translation.tokenization import train_joint_tokenizer
+
+    texts = ["a small dog", "ein kleiner Hund", "a small cat", "eine kleine Katze"] * 20
+    folders = []
+    for seed, tags in enumerate(([">>deu<<", ">>fra<<"], [">>fra<<", ">>deu<<"])):
+        tokenizer = train_joint_tokenizer(texts, vocab_size=300)
+        tokenizer.add_special_tokens({"additional_special_tokens": tags})
+        tiny_model(seed).save_pretrained(tmp_path / f"run{seed}")
+        tokenizer.save_pretrained(tmp_path / f"run{seed}")
+        folders.append(str(tmp_path / f"run{seed}"))
+    with pytest.raises(SystemExit):
+        average_main([*folders, "--output_dir", str(tmp_path / "avg")])
+    assert "hold different tokenizers (tokenizer.json)" in capsys.readouterr().err.splitlines()[-1]
+    assert not (tmp_path / "avg").exists()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy2(Path(folders[0]) / name, Path(folders[1]) / name)
+    average_main([*folders, "--output_dir", str(tmp_path / "avg")])
+    assert (tmp_path / "avg" / "model.safetensors").is_file()
+
+
 def test_average_checkpoints_command_line_takes_explicit_folders(tmp_path, capsys):
     """Folders listed are all averaged unless --last_n picks the newest of them."""
     folders = []

@@ -124,13 +124,16 @@ VOCABULARY_FILES = ("tokenizer.json", "vocab.json", "source.spm", "target.spm")
 
 
 def _token_ids(path: Path) -> object:
-    """What in a tokenizer file decides the token ids: tokenizer.json's vocabulary and merges (a merge as a pair,
-    however the tokenizers release wrote it), another file's bytes."""
+    """What in a tokenizer file decides the token ids: tokenizer.json's vocabulary, merges (a merge as a pair,
+    however the tokenizers release wrote it) and added tokens (each one's id and text: language tags added after
+    training; not their flags), another file's bytes."""
     if path.name != "tokenizer.json":
         return path.read_bytes()
-    model = json.loads(path.read_text(encoding="utf-8")).get("model") or {}
+    saved = json.loads(path.read_text(encoding="utf-8"))
+    model = saved.get("model") or {}
     merges = [tuple(merge.split(" ", 1)) if isinstance(merge, str) else tuple(merge) for merge in model.get("merges", [])]
-    return model.get("vocab"), merges
+    added = sorted((token.get("id"), token.get("content")) for token in saved.get("added_tokens") or [])
+    return model.get("vocab"), merges, added
 
 
 def saved_token_ids(folder: str | os.PathLike) -> dict[str, object]:
