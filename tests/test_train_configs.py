@@ -154,7 +154,7 @@ def test_every_recipe_parses_with_a_valid_model_config(name):
     assert model_args.model_config["position_scheme"] in name or name == "demo.yaml"
 
 
-# --- every parameter trains in each step: the WMT recipes' `ddp_find_unused_parameters: false` -----------------------
+# --- every parameter trains in each step: every recipe's `ddp_find_unused_parameters: false` ---------------------
 
 # A recipe's model shrunk to test size by flags; every position and architecture field stays the recipe's.
 TINY_SIZES = ("--model.d_model", "16", "--model.encoder_layers", "2", "--model.decoder_layers", "2",
@@ -200,11 +200,19 @@ def tiny_recipe_model(name: str, *flags: str) -> tuple[RelPosTransformerForCondi
 
 @pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml") if not path.name.startswith("finetune")))
 def test_one_training_step_of_every_recipe_gives_every_parameter_a_gradient(name):
-    """Each recipe's model (shrunk, every position and architecture field kept) on sdpa and eager: the WMT recipes'
+    """Each recipe's model (shrunk, every position and architecture field kept) on sdpa and eager: the recipes'
     ddp_find_unused_parameters false says every parameter takes part in each step."""
     for kernel in ("sdpa", "eager"):
         model, label_smoothing = tiny_recipe_model(name, "--attn_implementation", kernel)
         assert parameters_without_a_gradient(model, label_smoothing) == [], kernel
+
+
+@pytest.mark.parametrize("name", sorted(path.name for path in CONFIGS.glob("*.yaml")))
+def test_every_recipe_tells_ddp_that_every_parameter_trains(name):
+    """Every recipe sets ddp_find_unused_parameters false (the tests below show each parameter gets a gradient): left
+    unset, the Trainer passes find_unused_parameters=True for a PreTrainedModel, and under `accelerate launch` DDP
+    then walks the autograd graph after every step and every rank warns that it found no unused parameter."""
+    assert load_recipe(CONFIGS / name).get("ddp_find_unused_parameters") is False
 
 
 @pytest.mark.parametrize("scheme", ["absolute", "shaw", "xl", "directional", "rope", "alibi", "t5", "none"])

@@ -1263,7 +1263,7 @@ def check_training_kernel(model_args: ModelArguments, training_args: Translation
 
 
 def check_every_parameter_trains(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:
-    """`ddp_find_unused_parameters: false` (the WMT recipes) tells DDP that every trainable parameter gets a gradient
+    """`ddp_find_unused_parameters: false` (every recipe) tells DDP that every trainable parameter gets a gradient
     in each step; one that gets none stops a launch of several processes at its second step ("Expected to have
     finished reduction in the prior iteration"). The model leaves parameters out in one case (every recipe, and the
     options a recipe may add, give each a gradient: tests/test_train_configs.py): an encoder without layers
