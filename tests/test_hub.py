@@ -1807,9 +1807,10 @@ def test_training_hook_pushes_output_dir_with_the_run_recipe(output_folder, fake
     assert "The trained weights are published as [`me/demo-shaw`](https://huggingface.co/me/demo-shaw)." in card.text
 
 
-def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake_hub):
+def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake_hub, capsys):
     """`push_to_hub: true` in a real (tiny) run: one commit after scoring, with the model, its code, the tokenizer
-    and a card whose model-index carries the BLEU that this run's evaluation wrote."""
+    and a card whose model-index carries the BLEU that this run's evaluation wrote; the log's last line names the
+    commit."""
     output_dir = tmp_path / "run"
     run([str(REPO_ROOT / "configs" / "demo.yaml"), "--output_dir", str(output_dir), "--push_to_hub", "true",
          "--hub_model_id", "me/tiny-demo", "--demo_train_pairs", "60", "--demo_validation_pairs", "6",
@@ -1819,6 +1820,8 @@ def test_train_translation_with_push_to_hub_pushes_the_scored_run(tmp_path, fake
          "--disable_tqdm", "true"])
     (commit,) = fake_hub.commits
     assert commit["repo_id"] == "me/tiny-demo"
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        "test_hypotheses.txt; pushed to the Hub: https://huggingface.co/me/tiny-demo/commit/0123")
     assert set(commit["files"]) == MODEL_FILES | {"README.md", "pipeline_relpos.py"}
     assert commit["files"]["model.safetensors"] == (output_dir / "model.safetensors").read_bytes()
     written = json.loads((output_dir / "test_results.json").read_text())

@@ -531,6 +531,23 @@ def test_the_output_dir_has_the_model_card_with_this_runs_results(trained):
     assert "| `max_relative_position` (k) | 2 |" in card.text
 
 
+def test_a_run_ends_saying_where_its_model_card_metrics_and_translations_are(trained, tmp_path, corpus, capsys):
+    """The last line of a run's log names what output_dir holds, as the Trainer's own log of a plain Seq2SeqTrainer
+    run names where it saved the model: after training, the model, its card, the metrics and the translations; after
+    scoring a model elsewhere, the metrics and translations alone."""
+    output_dir = tmp_path / "out"
+    run([str(write_config(tmp_path / "c.yaml", corpus, output_dir, do_eval=True))])
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f" INFO hf_relpos.translation.training: {output_dir} holds the model and its tokenizer, the model card "
+        "README.md, the metrics all_results.json and the translations eval_hypotheses.txt, test_hypotheses.txt")
+    trained_dir, config, _ = trained
+    run([str(config), "--model_name_or_path", str(trained_dir), "--do_train", "false", "--output_dir",
+         str(tmp_path / "scored"), "--model.max_relative_position", "2", "--generation_max_length", "30"])
+    assert capsys.readouterr().out.splitlines()[-1].endswith(
+        f" INFO hf_relpos.translation.training: {tmp_path / 'scored'} holds the metrics all_results.json and the "
+        "translations test_hypotheses.txt")
+
+
 # --- 8. the saved generation settings ------------------------------------------------------------------------------
 
 

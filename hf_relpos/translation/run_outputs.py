@@ -10,18 +10,21 @@ import json
 import logging
 import os
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.utils import CONFIG_NAME
 
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import write_text_atomic
 from ..publish.hub import CARD_FILE, averaged_checkpoints, load_results, push_model_folder, render_model_card
 from ..publish.records import (
+    ALL_RESULTS_FILE,
     DECODING,
+    HYPOTHESES_FILE,
     RESULT_SPLITS,
     RUN_RECORD_FILE,
     TRAINED_WEIGHTS,
@@ -44,7 +47,7 @@ from .arguments import (
 )
 from .data import DEMO_CORPUS_FIELDS, DataArguments
 from .data_preparation import splits_to_read
-from .preflight import fsdp_launch
+from .preflight import finished_model_files, fsdp_launch
 from .safety import OutputDirError
 
 logger = logging.getLogger(__name__)
@@ -53,12 +56,12 @@ logger = logging.getLogger(__name__)
 def record_run(model: RelPosTransformerForConditionalGeneration, model_args: ModelArguments, data_args: DataArguments,
                training_args: TranslationTrainingArguments, results: dict[str, dict[str, Any]],
                push_to_hub: bool, resumed_from: str | None = None, best_checkpoint: str | None = None,
-               prepared_from: dict[str, dict[str, Any]] | None = None) -> None:
+               prepared_from: dict[str, dict[str, Any]] | None = None) -> str | None:
     """After training: the run's record with the scores of `results` (and `resumed_from`, the checkpoint a resumed
     run continued from; `prepared_from`, where each split's prepared data came from), written with the model card into output_dir; with `push_to_hub`, output_dir pushed to the
     Hub with that card. `best_checkpoint`: the checkpoint whose weights `load_best_model_at_end` loaded (None: no
     evaluation ran during training, so the weights are the last step's and the record says
-    load_best_model_at_end false)."""
+    load_best_model_at_end false). Returns the push's commit URL (None without a push)."""
     record = run_record(model_args, data_args, training_args, results.get("train", {}).get("train_runtime"))
     if record.load_best_model_at_end and best_checkpoint is None:
         logger.warning("load_best_model_at_end: no evaluation ran during the %s steps trained, so there is no best "
@@ -72,8 +75,29 @@ def record_run(model: RelPosTransformerForConditionalGeneration, model_args: Mod
     record.scores = scores_from_results(results)
     write_model_card(model, record, training_args)
     write_text_atomic(Path(training_args.output_dir) / RUN_RECORD_FILE, json.dumps(record.to_json(), indent=1) + "\n")
-    if push_to_hub:
-        push_training_output(training_args)
+    return push_training_output(training_args) if push_to_hub else None
+
+
+def outputs_summary(output_dir: str | os.PathLike, results: Mapping[str, Any], translations: bool,
+                    pushed_to: str | None = None) -> str:
+    """The run's closing line: what output_dir holds after the run, each by its file name: the model with its
+    tokenizer (where its weights are there), the model card, the metrics of the stages this run ran (`results`:
+    "train", "eval", "test"; the Trainer's merge of them) and, with `translations` (predict_with_generate), the
+    translations of each evaluation set it scored; and the commit URL of the push that uploaded them (`pushed_to`).
+    A run has run at least one stage, so the metrics are always there."""
+    folder = Path(output_dir)
+    held = []
+    if set(finished_model_files(folder)) - {CONFIG_NAME}:
+        held.append("the model and its tokenizer")
+    if (folder / CARD_FILE).is_file():
+        held.append(f"the model card {CARD_FILE}")
+    if results:
+        held.append(f"the metrics {ALL_RESULTS_FILE}")
+    scored = [prefix for prefix in RESULT_SPLITS if prefix in results]
+    if translations and scored:
+        held.append("the translations " + ", ".join(HYPOTHESES_FILE.format(prefix=prefix) for prefix in scored))
+    listed = held[0] if len(held) == 1 else ", ".join(held[:-1]) + " and " + held[-1]
+    return f"{folder} holds {listed}" + (f"; pushed to the Hub: {pushed_to}" if pushed_to else "")
 
 
 # The settings besides the decoding ones that decide a split's scores: for every split, and for each split its own data.

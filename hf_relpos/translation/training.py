@@ -46,7 +46,7 @@ from .preflight import (
     remove_previous_run,
 )
 from .prepared import PreparationError, prepared_store
-from .run_outputs import check_scoring_in_place, record_run, record_scores_in_place
+from .run_outputs import check_scoring_in_place, outputs_summary, record_run, record_scores_in_place
 from .safety import NonFiniteLossError, OutputDirError, TrainingStoppedError, check_output_dir
 from .tokenizer_setup import save_tokenizer
 from .trainer import (
@@ -150,11 +150,14 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     if training_args.do_predict:
         prediction = trainer.predict(prepared.evaluation_sets["test"].dataset, metric_key_prefix="test")
         results["test"] = report_split(trainer, "test", prediction.metrics)
+    pushed_to = None
     if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
-        record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub, resume_from,
-                   best_checkpoint, prepared.prepared_from)
+        pushed_to = record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub,
+                               resume_from, best_checkpoint, prepared.prepared_from)
     elif training_args.should_save and scores_in_place:
         record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
+    if training_args.should_save:
+        logger.info(outputs_summary(output_dir, results, training_args.predict_with_generate, pushed_to))
     return results
 
 
