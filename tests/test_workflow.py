@@ -531,6 +531,24 @@ def test_the_output_dir_has_the_model_card_with_this_runs_results(trained):
     assert "| `max_relative_position` (k) | 2 |" in card.text
 
 
+def test_a_run_gives_no_warning_but_its_own(tmp_path, corpus):
+    """A run of every stage (evaluations and checkpoints during training, label smoothing, the last checkpoints
+    averaged, evaluation, prediction) shows no Python warning (DeprecationWarning included: what calls into
+    transformers, torch, datasets or accelerate that they deprecate), no warning of transformers' own log and nothing
+    else on stderr (progress bars off); its log's warnings are the app's, here the untrained model's translations
+    reaching their length cap."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_eval=True, eval_strategy="steps",
+                          eval_steps=2, save_strategy="steps", save_steps=1, average_checkpoints=2,
+                          label_smoothing_factor=0.1, max_steps=4)
+    completed = run_script(str(config), cwd=tmp_path, env=dict(ENV, PYTHONWARNINGS="default", TQDM_DISABLE="1",
+                                                                TRANSFORMERS_VERBOSITY="warning"))
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert completed.stderr == ""
+    warned = [line for line in completed.stdout.splitlines() if " WARNING " in line]
+    assert warned and all(re.search(r" WARNING hf_relpos\.translation\.trainer: (eval|test): \d+ of \d+ translations "
+                                    "reached their length cap", line) for line in warned), warned
+
+
 def test_a_run_ends_saying_where_its_model_card_metrics_and_translations_are(trained, tmp_path, corpus, capsys):
     """The last line of a run's log names what output_dir holds, as the Trainer's own log of a plain Seq2SeqTrainer
     run names where it saved the model: after training, the model, its card, the metrics and the translations; after
