@@ -115,9 +115,13 @@ def test_two_process_training_uses_both_ranks_and_saves_once(tmp_path):
     worker.write_text(WORKER, encoding="utf-8")
     records = tmp_path / "records"
     records.mkdir()
-    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true")
+    completed = launch(tmp_path, worker, str(config_path), "--use_cpu", "true",
+                       environment={"PYTHONWARNINGS": "default", "TQDM_DISABLE": "1"})
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     assert "world size 2, process 0" in completed.stdout
+    assert completed.stderr == "", "no warning from either rank (Python's, DDP's, transformers'); no progress bar"
+    assert [completed.stdout.count(line) for line in ("eval: sacreBLEU", "***** train metrics *****",
+                                                      f"{output_dir} holds the model")] == [1, 1, 1], "said once"
 
     ranks = [json.loads((records / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert [(r["rank"], r["world_size"], r["backend"]) for r in ranks] == [(0, 2, "gloo"), (1, 2, "gloo")]
