@@ -983,6 +983,21 @@ def test_a_kernel_that_cannot_run_on_the_runs_device_stops_before_anything_is_wr
                 "true"]) == {}
 
 
+def test_training_on_flex_attention_on_a_cpu_stops_before_anything_is_written(tmp_path, corpus):
+    """torch's FlexAttention has no backward on the CPU: training there on flex_attention is one error before the
+    tokenizer is trained, not a NotImplementedError traceback from the first step after the data was prepared;
+    evaluating on it there runs (forward only)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    with pytest.raises(PreflightError, match=r"^attn_implementation 'flex_attention' has no backward on 'cpu' .*: "
+                                             r"train with 'sdpa' or 'eager' on this device"):
+        run([str(config), "--attn_implementation", "flex_attention", "--use_cpu", "true"])
+    assert not (tmp_path / "out").exists()
+    run([str(config), "--use_cpu", "true", "--do_predict", "false", "--save_strategy", "no"])
+    scored = run([str(config), "--attn_implementation", "flex_attention", "--use_cpu", "true", "--do_train", "false",
+                  "--model_name_or_path", str(tmp_path / "out"), "--output_dir", str(tmp_path / "scored")])
+    assert "test_bleu" in scored["test"]
+
+
 def test_fp16_on_a_cpu_run_stops_before_anything_is_written(tmp_path, corpus):
     """fp16 on the CPU (use_cpu, or no GPU): accelerate leaves float16 autocast off there without a word, so the run
     trained in float32 while its record and card said fp16: one error naming fp16 before the tokenizer is trained."""

@@ -794,12 +794,18 @@ def check_dropout_kernel(kernel: str | None, dropout: float, dropout_kind: str) 
 KERNEL_DEVICE_CHECKS: dict[str, Callable[[torch.device], None]] = {TRITON_KERNEL: check_runs_on}
 
 
-def check_kernel_device(kernel: str | None, device: torch.device) -> None:
+def check_kernel_device(kernel: str | None, device: torch.device, backward: bool = False) -> None:
     """One RuntimeError or ImportError when `kernel` (None: the model's default) cannot run on `device` here
-    (`KERNEL_DEVICE_CHECKS` of the kernel transformers runs for the name, `kernel_run_for`)."""
-    check = KERNEL_DEVICE_CHECKS.get(kernel_run_for(kernel) or "")
+    (`KERNEL_DEVICE_CHECKS` of the kernel transformers runs for the name, `kernel_run_for`); with `backward` (the
+    caller trains), also when it has no backward there: FlexAttention on the CPU, where torch runs it forward only."""
+    name = kernel_run_for(kernel)
+    check = KERNEL_DEVICE_CHECKS.get(name or "")
     if check is not None:
         check(device)
+    if backward and name == "flex_attention" and device.type == "cpu":
+        raise RuntimeError("attn_implementation 'flex_attention' has no backward on 'cpu' (torch's FlexAttention runs "
+                           "there forward only, to evaluate): train with 'sdpa' or 'eager' on this device, or "
+                           "flex_attention on a CUDA GPU")
 
 
 def kernel_run_for(name: str | None) -> str | None:

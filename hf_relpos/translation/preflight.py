@@ -88,12 +88,13 @@ def check_sharding(trainer_world_size: int, device: torch.device) -> None:
             "FSDP, launch on GPUs without --use_cpu")
 
 
-def check_kernel_runs_here(kernel: str | None, device: torch.device) -> None:
+def check_kernel_runs_here(kernel: str | None, device: torch.device, training: bool) -> None:
     """The attention kernel the run asks for runs on the device it trains and evaluates on (`check_kernel_device`:
-    relpos_triton needs CUDA and triton): checked before the tokenizer is trained and the data prepared, not by the
-    model's first forward."""
+    relpos_triton needs CUDA and triton; a run that trains needs the kernel's backward, which flex_attention lacks
+    on the CPU): checked before the tokenizer is trained and the data prepared, not by the model's first forward or
+    backward."""
     try:
-        check_kernel_device(kernel, device)
+        check_kernel_device(kernel, device, backward=training)
     except (RuntimeError, ImportError) as error:
         raise PreflightError(str(error)) from None
 

@@ -74,7 +74,7 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
     push_to_hub, training_args.push_to_hub = training_args.push_to_hub, False
     _set_up_process(training_args)
     if not training_args.prepare_only:
-        check_kernel_runs_here(model_args.attn_implementation, training_args.device)
+        check_kernel_runs_here(model_args.attn_implementation, training_args.device, training_args.do_train)
         check_precision_runs_here(training_args.fp16, training_args.device)
     output_dir = training_args.output_dir
     # last/true where training has ended but the run was stopped before its record: finished without training, so
