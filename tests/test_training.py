@@ -12,6 +12,7 @@ import subprocess
 import sys
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -889,6 +890,16 @@ def test_fine_tuning_starts_from_the_saved_weights_with_model_overrides(trained,
     assert tuned.keys() == start.keys()
     assert max((tuned[name] - start[name]).abs().max().item() for name in start) < 1e-4
     assert RelPosTransformerConfig.from_pretrained(tmp_path / "tuned").dropout == pytest.approx(0.2)
+
+
+def test_the_model_is_logged_with_its_parameter_count_in_full(caplog):
+    """The count in full, as the Trainer logs it (7,264), not rounded to millions, which read 0.0M for a small model."""
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        position_scheme="shaw", vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32))
+    with caplog.at_level(logging.INFO, logger="hf_relpos.translation.model_setup"):
+        log_model(model, SimpleNamespace(model_name_or_path=None, model_config={}), SimpleNamespace(do_train=True))
+    assert caplog.messages == ["RelPosTransformerForConditionalGeneration: shaw positions, 7,264 parameters"]
 
 
 @pytest.mark.parametrize(("model_overrides", "logged_at_info", "warned"), [

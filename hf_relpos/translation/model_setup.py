@@ -228,8 +228,8 @@ def log_model(model: RelPosTransformerForConditionalGeneration, model_args: Mode
             logger.warning("model: overrides of the saved config of %s: %s (these change what its trained weights "
                            "compute, from the first step on)", model_args.model_name_or_path,
                            _named_values(computing))
-    logger.info("%s: %s positions, %.1fM parameters", type(model).__name__, model.config.position_scheme,
-                model.num_parameters() / 1e6)
+    logger.info("%s: %s positions, %s parameters", type(model).__name__, model.config.position_scheme,
+                f"{model.num_parameters():,}")
 
 
 def _named_values(fields: dict[str, object]) -> str:
