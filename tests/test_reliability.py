@@ -171,6 +171,43 @@ def test_killed_run_resumes_to_bitwise_the_same_weights(tmp_path, corpus):
         assert_safetensors_only(checkpoint)
 
 
+@pytest.mark.slow   # a run's persistent workers end when the next run frees them, after torch's 5 s join timeout
+@pytest.mark.parametrize("batching", [{}, {"max_tokens_per_batch": None, "per_device_train_batch_size": 8}],
+                         ids=["token-budget-batches", "batches-of-pairs"])
+def test_a_run_with_persistent_loader_workers_resumes_to_bitwise_the_same_weights(tmp_path, corpus, monkeypatch,
+                                                                                  batching):
+    """A run whose loaders keep their worker process across epochs and evaluations
+    (`dataloader_persistent_workers`), killed after checkpoint-3 and resumed, ends with the uninterrupted run's
+    evaluations, learning rate and loss at every step, and weights, bitwise (dropout on, an evaluation every 3 steps,
+    a second epoch from step 8 or 9). Opening a loader's iterator drew its workers' base seed from the global
+    generator that dropout draws from: the uninterrupted run opened each loader once, the resumed run its evaluation
+    loader and its training loader once more (after the one that skips the trained batches), and its dropout masks
+    differed from then on."""
+    from transformers import Seq2SeqTrainer
+
+    common = {"max_steps": 9, "save_strategy": "steps", "save_steps": 3, "do_eval": True, "eval_strategy": "steps",
+              "eval_steps": 3, "dataloader_num_workers": 1, "dataloader_persistent_workers": True, **batching}
+    run([str(write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common))])
+    config = write_config(tmp_path / "resumed.yaml", corpus, tmp_path / "resumed", **common)
+
+    class Killed(Exception):
+        pass
+
+    save_checkpoint = Seq2SeqTrainer._save_checkpoint
+
+    def killed_after_checkpoint_3(self, model, trial):
+        save_checkpoint(self, model, trial)
+        if self.state.global_step == 3:
+            raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_after_checkpoint_3)
+        with pytest.raises(Killed):
+            run([str(config)])
+    run([str(config), "--resume_from_checkpoint", "last"])
+    assert_trained_as_uninterrupted(tmp_path / "reference", tmp_path / "resumed")
+
+
 # --- kill while writing --------------------------------------------------------------------------------------------
 
 # Dies (os._exit, like a SIGKILL: no cleanup runs) while writing checkpoint-4's weights, leaving half a file.
@@ -479,10 +516,10 @@ def test_a_sigterm_before_the_first_step_of_an_epoch_resumes_to_bitwise_the_same
                                                                                          monkeypatch, stop_step):
     """A SIGTERM noticed before the first step of an epoch (of the run: checkpoint-0; of its second epoch, 7 steps in:
     checkpoint-7, off the save schedule) is checkpointed with the random state of the epoch's start, where the
-    Trainer restores a checkpoint's state when it resumes at an epoch start (before it opens the epoch's batches,
-    which draws a seed from it): resumed, the run ends with the uninterrupted run's weights, learning rate and loss
-    at every step. The checkpoint held the state past that draw, and the resumed run's dropout masks differed from
-    its first step on."""
+    Trainer restores a checkpoint's state when it resumes at an epoch start (before it opens the epoch's batches):
+    resumed, the run ends with the uninterrupted run's weights, learning rate and loss at every step. The checkpoint
+    held the state past the seed that opening the batches drew from it (when the training loader had no generator of
+    its own), and the resumed run's dropout masks differed from its first step on."""
     common = {"max_steps": 9, "enable_jit_checkpoint": True, "save_strategy": "steps", "save_steps": 2}
     reference = write_config(tmp_path / "reference.yaml", corpus, tmp_path / "reference", **common)
     run([str(reference)])

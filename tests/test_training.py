@@ -1899,6 +1899,39 @@ def test_a_trainer_resuming_from_a_checkpoint_ties_what_it_left_out_and_names_an
     assert "missing keys in the checkpoint model loaded" in logged and lacking in logged
 
 
+@pytest.mark.parametrize("batching", [{"max_tokens_per_batch": 20}, {"per_device_train_batch_size": 2}],
+                         ids=["token-budget-batches", "batches-of-pairs"])
+def test_opening_the_training_loader_or_evaluating_leaves_the_random_state_dropout_draws_from(
+        tmp_path, small_tokenizer, batching):
+    """Opening a loader's iterator draws its workers' base seed, from the global generator that dropout draws from
+    unless the loader has its own: the training loader has its own (seeded with data_seed), and an evaluation
+    leaves the random state as it found it. A loader with persistent workers opens its iterator once, and a resumed
+    run opened its loaders once more than the uninterrupted run, so its dropout masks differed from then on (end to
+    end: tests/test_reliability.py::test_a_run_with_persistent_loader_workers_resumes_to_bitwise_the_same_weights)."""
+    from hf_relpos.translation.data import sort_by_source_length
+    from hf_relpos.translation.trainer import EvaluationSet, build_trainer
+
+    sources = ["a small dog", "a cat", "a small small cat", "dog", "a dog"]
+    references = ["ein kleiner Hund", "eine Katze", "eine kleine kleine Katze", "Hund", "ein Hund"]
+    source_ids = [small_tokenizer(text)["input_ids"] for text in sources]
+    target_ids = [small_tokenizer(text_target=text)["input_ids"] for text in references]
+    dataset, order = sort_by_source_length(Dataset.from_dict({
+        "input_ids": source_ids, "labels": target_ids, "source_length": [len(ids) for ids in source_ids],
+        "target_length": [len(ids) for ids in target_ids]}))
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
+        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(small_tokenizer)))
+    model.generation_config.max_new_tokens = 2
+    arguments = TranslationTrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to="none",
+                                             generation_num_beams=1, **batching)
+    trainer = build_trainer(model, small_tokenizer, arguments, dataset,
+                            {"eval": EvaluationSet(dataset, order, references, sources)}, "de")
+    state = torch.random.get_rng_state()
+    next(iter(trainer.get_train_dataloader()))
+    assert torch.equal(torch.random.get_rng_state(), state), "opening the training loader drew from it"
+    trainer.evaluate(dataset)
+    assert torch.equal(torch.random.get_rng_state(), state), "the evaluation drew from it"
+
+
 def test_token_budget_loader_keeps_the_trainers_loader_settings(tmp_path):
     dataset = Dataset.from_dict({"input_ids": [[5, 6, 1]] * 8, "labels": [[7, 1]] * 8, "source_length": [3] * 8,
                                  "target_length": [2] * 8})

@@ -89,6 +89,16 @@ def token_budget_sampler(lengths: tuple[np.ndarray, np.ndarray], training_args: 
                                    length_multiple=padding_multiple(model))
 
 
+def worker_seed_generator(training_args: TranslationTrainingArguments) -> torch.Generator:
+    """The generator, seeded with data_seed, that a training loader draws its workers' base seed from each time it
+    opens an iterator (torch's `_BaseDataLoaderIter`; without one, from the global generator that dropout draws from).
+    With `dataloader_persistent_workers` an uninterrupted run opens the iterator once and reuses it every epoch, a
+    resumed run opens one more (its first epoch's batches are those left after the skipped ones): drawn from the
+    global generator, that shifted every dropout mask of the resumed run's next epochs against the uninterrupted
+    run's."""
+    return torch.Generator().manual_seed(data_seed(training_args))
+
+
 @dataclass
 class EvaluationSet:
     """A split to translate and score: tokenized examples sorted by source length (`order[i]` is the file position of
@@ -316,6 +326,12 @@ def _random_state_set_to(state: dict[str, Any] | None) -> Iterator[None]:
         yield
     finally:
         _set_random_state(current)
+
+
+def _random_state_kept() -> contextlib.AbstractContextManager[None]:
+    """Within the block, this process's random state (`_random_state`) is drawn from as usual; after it, it is the
+    one it had before."""
+    return _random_state_set_to(_random_state())
 
 
 class _StoppedBetweenSteps(Exception):
@@ -570,9 +586,8 @@ class TranslationTrainer(Seq2SeqTrainer):
         self._jit_checkpoint.jit_manager.is_checkpoint_requested = False
         self.stopped_by_signal, self.is_in_train = True, False
         if self._checkpointed_step != self.state.global_step:
-            # before the epoch's first step, the random state of its start: a run resumed at an epoch start restores
-            # it before the Trainer opens the epoch's batches (which draws a seed from it), as an uninterrupted run
-            # had it there; the state now is past that draw
+            # before the epoch's first step, the random state of its start, which a run resumed at an epoch start
+            # restores before the Trainer opens the epoch's batches, as an uninterrupted run had it there
             epoch_start = (self._epoch_start[1] if self._epoch_start is not None
                            and self._epoch_start[0] == self.state.global_step else None)
             # stopped in an evaluation, the random state where it began: the resumed run makes it from there
@@ -799,9 +814,13 @@ class TranslationTrainer(Seq2SeqTrainer):
     def get_train_dataloader(self) -> DataLoader:
         """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own
         loader settings (workers, pinning, persistence, prefetching, start method); accelerate deals the batches
-        round-robin to the processes (the sampler itself never shards)."""
+        round-robin to the processes (the sampler itself never shards). Without it, the Trainer's loader of batches
+        of pairs. Either draws its workers' seeds from its own generator (`worker_seed_generator`)."""
         if self.token_budget_sampler is None:
-            return super().get_train_dataloader()
+            loader = super().get_train_dataloader()
+            # accelerate's prepared loader iterates the DataLoader it wraps, which is where the generator is read
+            getattr(loader, "base_dataloader", loader).generator = worker_seed_generator(self.args)
+            return loader
         dataset = self._remove_unused_columns(self.train_dataset, description="training")
         loader = DataLoader(
             dataset,
@@ -815,6 +834,7 @@ class TranslationTrainer(Seq2SeqTrainer):
             in_order=self.args.dataloader_in_order,
             worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers,
                                    rank=self.args.process_index),
+            generator=worker_seed_generator(self.args),
         )
         return self.accelerator.prepare(loader)
 
@@ -850,14 +870,19 @@ class TranslationTrainer(Seq2SeqTrainer):
         self, eval_dataset: Dataset | None = None, ignore_keys: list[str] | None = None,
         metric_key_prefix: str = "eval", **gen_kwargs: Any,
     ) -> dict[str, float]:
-        """The Trainer's evaluation; one in training under `enable_jit_checkpoint` notes the random state it begins
-        with, which a SIGTERM checkpoint that stops it saves (`_checkpoint_the_stop`)."""
+        """The Trainer's evaluation, leaving the random state as it found it (`_random_state`): opening its loader's
+        iterator draws the workers' base seed from the global generator, once per evaluation without
+        `dataloader_persistent_workers` and only at the first one with it (the Trainer keeps that loader), which in
+        a resumed run is another evaluation than in the uninterrupted one, so training's dropout masks after it
+        differed. One in training under `enable_jit_checkpoint` notes the random state it begins with, which a
+        SIGTERM checkpoint that stops it saves (`_checkpoint_the_stop`)."""
         self._active_prefix = metric_key_prefix
         outermost = self.is_in_train and self._jit_checkpoint is not None and self._evaluation_start is None
         if outermost:
             self._evaluation_start = _random_state()
-        metrics = super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
-                                   **gen_kwargs)
+        with _random_state_kept():
+            metrics = super().evaluate(eval_dataset, ignore_keys=ignore_keys, metric_key_prefix=metric_key_prefix,
+                                       **gen_kwargs)
         if outermost:
             self._evaluation_start = None
         return metrics
