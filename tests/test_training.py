@@ -2185,6 +2185,38 @@ def test_average_checkpoints_makes_the_final_model_the_mean_of_the_last_checkpoi
     assert again["test"]["test_bleu"] == results["test"]["test_bleu"]
 
 
+def test_average_checkpoints_leaves_out_an_earlier_runs_checkpoints_past_the_step_the_run_ended_at(
+        tmp_path, corpus, monkeypatch, capsys):
+    """A run killed after checkpoint-6, resumed from its checkpoint-2 with max_steps 4, ends at step 4: its final
+    model averages checkpoints 2 and 4, and checkpoint-6 (the killed run's, 2 steps further) is named in a warning.
+    The newest checkpoints in output_dir were averaged, checkpoint-6 among them: a 4-step model held 6 steps'
+    weights."""
+    output_dir = tmp_path / "out"
+    config = write_config(tmp_path / "c.yaml", corpus, output_dir, save_strategy="steps", save_steps=2,
+                          average_checkpoints=2, do_eval=False, do_predict=False, max_train_samples=40)
+
+    class Killed(Exception):
+        pass
+
+    save_checkpoint = Seq2SeqTrainer._save_checkpoint
+
+    def killed_after_checkpoint_6(self, model, trial):
+        save_checkpoint(self, model, trial)
+        if self.state.global_step == 6:
+            raise Killed
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Seq2SeqTrainer, "_save_checkpoint", killed_after_checkpoint_6)
+        with pytest.raises(Killed):
+            run([str(config)])
+    capsys.readouterr()
+    run([str(config), "--resume_from_checkpoint", str(output_dir / "checkpoint-2"), "--max_steps", "4"])
+    assert json.loads((output_dir / "averaged_checkpoints.json").read_text()) == {
+        "average_checkpoints": 2, "checkpoints": ["checkpoint-2", "checkpoint-4"]}
+    assert "WARNING hf_relpos.translation.final_model: average_checkpoints=2: checkpoint-6 left out, saved past step " \
+           "4, where this run ended" in capsys.readouterr().out
+
+
 def test_a_recipes_average_checkpoints_does_not_apply_to_a_run_that_trains_nothing(tmp_path, corpus, trained, caplog):
     """The WMT14 recipes set average_checkpoints: scoring or translating a saved model with such a recipe
     (`--do_train false`) was refused ('average_checkpoints ... it needs do_train'); the recipe's value is now left

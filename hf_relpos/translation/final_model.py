@@ -30,15 +30,23 @@ def average_final_weights(trainer: TranslationTrainer, count: int) -> dict[str, 
     """`average_checkpoints`: load the mean of the run's last `count` complete checkpoints on its save schedule
     (`TranslationTrainer.saves_on_schedule`: a SIGTERM's checkpoint at another step is left out, so that a run
     stopped and resumed averages the checkpoints of an uninterrupted one; fewer, with a warning, if it saved fewer;
-    none: the trained weights stay) into the trained model, in every process, so that the model
-    saved, evaluated and predicted with is the average (Vaswani et al. 2017). Only checkpoints saved with the newest
+    none: the trained weights stay) up to the step it ended at (one past it is an earlier run's, which trained on
+    from the checkpoint this one resumed from, with a higher max_steps), into the trained model, in every process, so
+    that the model saved, evaluated and predicted with is the average (Vaswani et al. 2017). Only checkpoints saved with the newest
     one's config are averaged (the others are named in a warning; under `fade_absolute_positions` they were trained
     to another `absolute_positions_scale`), and the model takes that checkpoint's scale.
     Returns what averaged_checkpoints.json, saved with the model (`save_final_model`), says: the checkpoints averaged
     (None: none were)."""
     trainer.accelerator.wait_for_everyone()   # the main process wrote the checkpoints
     output_dir = Path(trainer.args.output_dir)
+    ended_at = trainer.state.global_step
     complete = complete_checkpoints(output_dir)
+    later = [path for path in complete if int(CHECKPOINT_PATTERN.match(path.name).group(1)) > ended_at]
+    if later:
+        logger.warning("average_checkpoints=%d: %s left out, saved past step %d, where this run ended, by an earlier "
+                       "run in output_dir that trained on from the checkpoint this one resumed from", count,
+                       ", ".join(path.name for path in later), ended_at)
+    complete = [path for path in complete if path not in later]
     scheduled = [path for path in complete
                  if trainer.saves_on_schedule(int(CHECKPOINT_PATTERN.match(path.name).group(1)))]
     if len(scheduled) < len(complete):
