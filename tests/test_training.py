@@ -1815,6 +1815,35 @@ def test_resuming_with_settings_that_change_the_batch_order_warns_once_for_each(
         "stateful_callbacks"]
 
 
+def test_resuming_with_another_learning_rate_warns_that_the_checkpoints_own_applies(tmp_path, corpus, capfd):
+    """A resumed run takes the checkpoint's optimizer and learning-rate schedule, and with them the learning_rate
+    they were saved with: resumed with --learning_rate 1e-4 from a checkpoint of 1e-3, it trains on 1e-3's schedule,
+    and one warning names both values and the new run that would train at 1e-4. It said nothing (docs/training.md
+    proposed resuming with a lower learning_rate after a NaN loss). Resumed again with 1e-3 from the checkpoint that
+    run saved (its optimizer still 1e-3's), it says nothing."""
+    output_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, max_train_samples=40)
+    run([str(config)])
+
+    def resume(max_steps: int, *flags: str) -> list[str]:
+        capfd.readouterr()
+        run([str(config), "--resume_from_checkpoint", "last", "--max_steps", str(max_steps), *flags])
+        printed = capfd.readouterr()
+        return [line for line in (printed.out + printed.err).splitlines() if "learning_rate is" in line]
+
+    warned = resume(4, "--learning_rate", "1e-4")
+    assert len(warned) == 1 and " WARNING " in warned[0]
+    assert (f"learning_rate is 0.0001 in this run, 0.001 in the optimizer and learning-rate schedule of "
+            f"{output_dir / 'checkpoint-2'}, which the resumed run trains on with: this run's learning_rate does not "
+            f"apply. To train on from its weights at another learning rate, start a new run with --model_name_or_path "
+            f"{output_dir / 'checkpoint-2'}") in warned[0]
+    state = json.loads((output_dir / "trainer_state.json").read_text())
+    assert [entry["learning_rate"] for entry in state["log_history"] if "loss" in entry][-1] == pytest.approx(
+        1.0e-3 * (2 / 3) ** 0.5)   # inverse_sqrt, warmup_steps 2: the learning rate of step 4 at 1e-3
+    assert resume(6) == []
+
+
 @pytest.mark.parametrize(("trained_with", "resumed_with", "refusal"), [
     ({"position_scheme": "alibi"}, ["--model.position_scheme", "rope"],
      r"checkpoint-2': its weights were trained with position_scheme alibi, but model: position_scheme=rope would run "

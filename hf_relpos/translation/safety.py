@@ -32,8 +32,9 @@ class NonFiniteLossError(RuntimeError):
     def __init__(self, value: float, step: int, epoch: float) -> None:
         super().__init__(
             f"training loss is {value} at step {step} (epoch {epoch:.2f}); training stopped and no final model was "
-            f"saved (checkpoints written before this step are intact). Lower learning_rate, raise warmup_steps or "
-            f"check the data, then resume from the last checkpoint or start again."
+            f"saved (checkpoints written before this step are intact). Raise warmup_steps or check the data, then "
+            f"resume from the last checkpoint or start again; or lower learning_rate in a new run from a checkpoint's "
+            f"weights (--model_name_or_path CHECKPOINT: a resumed run keeps the checkpoint's learning rate)."
         )
         self.value = value
         self.step = step

@@ -550,6 +550,22 @@ class TranslationTrainer(Seq2SeqTrainer):
                 warmup_steps, num_training_steps, self.args.learning_rate)
         return super().create_scheduler(num_training_steps, optimizer)
 
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """The Trainer's: a resumed run takes the checkpoint's optimizer and learning-rate schedule, with the
+        learning_rate it was saved with (each parameter group's `initial_lr`, the base of the schedule), whatever the
+        run's learning_rate says. Where they differ, one warning (from the processes that log) names both and how to
+        train on at another learning rate; it changed nothing, silently."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if checkpoint is None or not self.args.should_log:
+            return
+        saved = sorted({group["initial_lr"] for group in self.optimizer.param_groups if "initial_lr" in group})
+        if saved and saved != [self.args.learning_rate]:
+            logger.warning(
+                "learning_rate is %g in this run, %s in the optimizer and learning-rate schedule of %s, which the "
+                "resumed run trains on with: this run's learning_rate does not apply. To train on from its weights at "
+                "another learning rate, start a new run with --model_name_or_path %s (a new optimizer and schedule)",
+                self.args.learning_rate, ", ".join(f"{value:g}" for value in saved), checkpoint, checkpoint)
+
     def train(self, resume_from_checkpoint: str | bool | None = None, *args: Any, **kwargs: Any) -> TrainOutput:
         """`resume_from_checkpoint=True` resumes from the newest *complete* checkpoint of output_dir. Training that a
         SIGTERM stopped (`enable_jit_checkpoint`) before its last step raises `TrainingStoppedError` after its
