@@ -1815,6 +1815,29 @@ def test_resuming_with_settings_that_change_the_batch_order_warns_once_for_each(
         "stateful_callbacks"]
 
 
+def test_resuming_from_a_checkpoint_saved_with_save_only_model_is_refused_before_anything_is_written(tmp_path,
+                                                                                                     corpus):
+    """A checkpoint of save_only_model holds the weights alone: the Trainer resumed from it with a new optimizer
+    state and learning-rate schedule, whose warm-up began again at the checkpoint's step (a learning rate of 0 at
+    step 3, after 1e-3 at step 2), without a word. Resuming from it, by its path or as `last`, is one error naming it
+    and the new run that trains on from its weights; that run trains."""
+    output_dir = tmp_path / "run"
+    config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
+                          do_eval=False, do_predict=False, max_train_samples=40, save_only_model=True)
+    run([str(config)])
+    before = {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")}
+    for resume in ("last", str(output_dir / "checkpoint-2")):
+        with pytest.raises(ConfigError, match=re.escape(
+                f"resume_from_checkpoint: '{output_dir / 'checkpoint-2'}' holds the weights without the optimizer and "
+                "learning-rate schedule (no scheduler.pt: saved with save_only_model); resumed, the run would start a "
+                "new optimizer state and the schedule's warm-up again at step 2. Train on from its weights in a new "
+                f"run (--model_name_or_path {output_dir / 'checkpoint-2'})")):
+            run([str(config), "--resume_from_checkpoint", resume, "--max_steps", "4"])
+    assert {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")} == before
+    assert run([str(config), "--model_name_or_path", str(output_dir / "checkpoint-2"), "--output_dir",
+                str(tmp_path / "new")])["train"]["train_steps"] == 2
+
+
 def test_resuming_with_another_learning_rate_warns_that_the_checkpoints_own_applies(tmp_path, corpus, capfd):
     """A resumed run takes the checkpoint's optimizer and learning-rate schedule, and with them the learning_rate
     they were saved with: resumed with --learning_rate 1e-4 from a checkpoint of 1e-3, it trains on 1e-3's schedule,

@@ -35,6 +35,7 @@ from transformers import (
     TrainerState,
     TrainingArguments,
 )
+from transformers.trainer import SCHEDULER_NAME
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_pt_utils import LabelSmoother
@@ -1228,6 +1229,20 @@ def _check_not_stopped_later(training_args: TranslationTrainingArguments, resume
                           "train on, or score the run's model with --do_train false")
 
 
+def _check_optimizer_and_schedule_saved(training_args: TranslationTrainingArguments, resume_from: str,
+                                        step: int) -> None:
+    """The checkpoint holds the optimizer and learning-rate schedule (scheduler.pt, which the Trainer saves with them
+    but for DeepSpeed, inside its own checkpoint): one saved with save_only_model holds the weights alone, and the
+    Trainer resumed from it with a new optimizer state and schedule (the warm-up again from a learning rate of 0 at
+    the checkpoint's step) and without its random state, silently."""
+    if training_args.deepspeed is None and not (Path(resume_from) / SCHEDULER_NAME).is_file():
+        raise ConfigError(f"resume_from_checkpoint: {resume_from!r} holds the weights without the optimizer and "
+                          f"learning-rate schedule (no {SCHEDULER_NAME}: saved with save_only_model); resumed, the run "
+                          f"would start a new optimizer state and the schedule's warm-up again at step {step}. Train "
+                          f"on from its weights in a new run (--model_name_or_path {resume_from}), or save whole "
+                          "checkpoints (save_only_model: false) to resume from")
+
+
 def _warn_of_another_batch_order(training_args: TranslationTrainingArguments, resume_from: str,
                                  state: dict[str, Any]) -> None:
     """One warning (main process) per `batch_order_settings` field whose value differs from the one recorded in the
@@ -1293,7 +1308,8 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
     """`resume_from_checkpoint`: a checkpoint folder, or "last"/"true" for the newest complete one in output_dir
     (a checkpoint whose writing was cut short is skipped; none there: `_last_or_none`). A training run refuses a
     checkpoint that has already trained all the run's steps, or whose evaluations without improvement already reach
-    the run's early_stopping_patience (the Trainer would train on and replace the final model), and warns of each
+    the run's early_stopping_patience (the Trainer would train on and replace the final model), or that holds no
+    optimizer and schedule (`_check_optimizer_and_schedule_saved`), and warns of each
     setting that changes the checkpoint run's batch order (`_warn_of_another_batch_order`)."""
     resume_from = training_args.resume_from_checkpoint
     if resume_from is None:
@@ -1345,6 +1361,7 @@ def resolve_resume_checkpoint(training_args: TranslationTrainingArguments) -> st
                               "raise early_stopping_patience to train on, or score the run's model with --do_train "
                               "false")
         _check_not_stopped_later(training_args, resume_from, step)
+        _check_optimizer_and_schedule_saved(training_args, resume_from, step)
         _warn_of_another_batch_order(training_args, resume_from, state)
         logger.info("resume_from_checkpoint: training on from %s (step %d, epoch %g)", resume_from, step, epoch)
     return resume_from
