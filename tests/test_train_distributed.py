@@ -317,6 +317,64 @@ def test_two_process_evaluation_translates_and_scores_every_sentence_once(tmp_pa
         assert results[f"{prefix}_bleu"] == pytest.approx(100) and results[f"{prefix}_samples"] == 6
 
 
+# Runs train_translation.py's main(); once checkpoint-<KILL_AT_STEP> is saved, every process ends at once (os._exit,
+# as after a SIGKILL: no cleanup), after the others have saved it too.
+KILLED_AFTER_A_CHECKPOINT_WORKER = '''
+import os, sys
+from hf_relpos.translation import trainer, training
+
+kill_at_step = int(os.environ.get("KILL_AT_STEP", "0"))
+save_checkpoint = trainer.TranslationTrainer._save_checkpoint
+
+def save_checkpoint_then_die(self, model, trial):
+    save_checkpoint(self, model, trial)
+    if self.state.global_step == kill_at_step:
+        self.accelerator.wait_for_everyone()
+        os._exit(137)
+
+trainer.TranslationTrainer._save_checkpoint = save_checkpoint_then_die
+training.main(sys.argv[1:])
+'''
+
+
+def logged_steps_and_evaluations(output_dir: Path) -> tuple[list[tuple], list[tuple]]:
+    """(step, loss, learning rate) of each logged training step and (step, loss, BLEU) of each evaluation in
+    output_dir's trainer_state.json."""
+    log = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    return ([(entry["step"], entry["loss"], entry["learning_rate"]) for entry in log if "loss" in entry],
+            [(entry["step"], entry["eval_loss"], entry["eval_bleu"]) for entry in log if "eval_loss" in entry])
+
+
+@pytest.mark.slow
+def test_two_processes_killed_after_a_checkpoint_resume_to_bitwise_the_weights_of_an_uninterrupted_run(tmp_path):
+    """Both processes killed once checkpoint-3 is saved (the first step of the second epoch: gradient accumulation 3
+    over each process's batches, the last step of an epoch taking the remainder), resumed with `last`, end with the
+    losses, learning rates and evaluations (every 3 steps) of an uninterrupted two-process run, and bitwise its
+    weights: each process's random state, its share of the token-budget batches and the batches skipped in the
+    resumed epoch, with loader workers kept across epochs (`dataloader_persistent_workers`)."""
+    from safetensors.torch import load_file
+
+    config_path, _ = write_config(tmp_path)
+    worker = tmp_path / "worker.py"
+    worker.write_text(KILLED_AFTER_A_CHECKPOINT_WORKER, encoding="utf-8")
+    settings = ["--use_cpu", "true", "--max_steps", "6", "--gradient_accumulation_steps", "3", "--save_strategy",
+                "steps", "--save_steps", "3", "--eval_strategy", "steps", "--eval_steps", "3",
+                "--dataloader_num_workers", "1", "--dataloader_persistent_workers", "true"]
+    reference, resumed = tmp_path / "reference", tmp_path / "resumed"
+    completed = launch(tmp_path, worker, str(config_path), *settings, "--output_dir", str(reference))
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    completed = launch(tmp_path, worker, str(config_path), *settings, "--output_dir", str(resumed),
+                       environment={"KILL_AT_STEP": "3"})
+    assert completed.returncode != 0 and last_complete_checkpoint(resumed).name == "checkpoint-3"
+    assert not (resumed / "model.safetensors").exists()
+    completed = launch(tmp_path, worker, str(config_path), *settings, "--output_dir", str(resumed),
+                       "--resume_from_checkpoint", "last")
+    assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
+    assert logged_steps_and_evaluations(resumed) == logged_steps_and_evaluations(reference)
+    expected, actual = (load_file(folder / "model.safetensors") for folder in (reference, resumed))
+    assert [name for name, tensor in expected.items() if not torch.equal(actual[name], tensor)] == []
+
+
 @pytest.mark.slow
 def test_two_process_training_with_pooled_batches_splits_each_epoch(tmp_path):
     """length_pool_factor: an epoch is a fixed-length slice of the stream of pooled passes; the ranks still train
