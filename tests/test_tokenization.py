@@ -13,7 +13,12 @@ from transformers import AutoTokenizer, PreTrainedTokenizerFast
 from hf_relpos import RelPosTokenizer, RelPosTransformerConfig, RelPosTransformerForConditionalGeneration
 from hf_relpos.translation.data import batch_encoder, unwritable_texts
 from hf_relpos.translation.prepared import tokenizer_sha256
-from hf_relpos.translation.tokenization import has_saved_tokenizer, special_token_ids, train_joint_tokenizer
+from hf_relpos.translation.tokenization import (
+    has_saved_tokenizer,
+    load_tokenizer,
+    special_token_ids,
+    train_joint_tokenizer,
+)
 
 GERMAN = [
     "Die Straße ist 3,5 km lang – sagte Jürgen: „Größer!“",
@@ -353,3 +358,14 @@ def test_the_word_start_mark_written_in_a_text_comes_back_as_a_space_and_is_name
     decoded = tokenizer.decode(tokenizer(text)["input_ids"], skip_special_tokens=True)
     assert decoded == "x y"
     assert unwritable_texts([text], [decoded]) == ([0], ["\u2581"])
+
+
+def test_a_loaded_tokenizer_saves_the_files_it_was_loaded_from(tmp_path):
+    """A tokenizer the app loads (a resumed run's, a fine-tuning run's) and saves again writes the same
+    tokenizer_config.json: nothing of how it was loaded (transformers keeps `is_local` and `local_files_only`)."""
+    tokenizer = train_joint_tokenizer(["a small dog", "ein kleiner Hund", "a big cat", "eine große Katze"] * 20, 300)
+    tokenizer.save_pretrained(tmp_path / "trained")
+    load_tokenizer(tmp_path / "trained").save_pretrained(tmp_path / "saved_again")
+    for name in ("tokenizer_config.json", "tokenizer.json"):
+        assert (json.loads((tmp_path / "saved_again" / name).read_text(encoding="utf-8"))
+                == json.loads((tmp_path / "trained" / name).read_text(encoding="utf-8"))), name

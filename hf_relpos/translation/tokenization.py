@@ -327,12 +327,19 @@ def has_tokenizer_files(folder: str | os.PathLike) -> bool:
     return any((Path(folder) / name).is_file() for name in SAVED_TOKENIZER_FILES)
 
 
+# The arguments transformers' from_pretrained keeps among a tokenizer's init_kwargs (and so writes into a saved
+# tokenizer_config.json) that say how it was loaded: a resumed run's saved tokenizer would differ from an uninterrupted one's
+LOADING_ARGUMENTS = ("is_local", "local_files_only")
+
+
 def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
     """Load a saved tokenizer (a folder or a Hub id) and check it has the special tokens translation needs."""
     if Path(name_or_path).is_dir() and not has_tokenizer_files(name_or_path):
         raise ValueError(f"the folder holds no saved tokenizer ({' or '.join(SAVED_TOKENIZER_FILES)}): save one there "
                          "with tokenizer.save_pretrained")
     tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+    for name in LOADING_ARGUMENTS:   # how it was loaded, not what it is: a save would write them into its config
+        tokenizer.init_kwargs.pop(name, None)
     missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]
     if missing:
         raise ValueError(f"tokenizer {name_or_path!s} has no {' or '.join(missing)}; a translation tokenizer needs both")
