@@ -5,6 +5,7 @@ converted folder's tokenizer works, and the model scores and generates as Marian
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import logging
@@ -21,7 +22,8 @@ from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
 from hf_relpos.model.positions import sinusoids
-from hf_relpos.publish.hub import files_to_push
+from hf_relpos.publish.hub import files_to_push, folder_model_card, model_conversion, render_model_card
+from hf_relpos.publish.records import CONVERSION_RECORD_FILE, ConversionRecord, RunRecord, conversion_record
 from hf_relpos.tools.convert import main
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
@@ -175,3 +177,32 @@ def test_a_converted_folder_pushes_its_marian_tokenizer(hub_folder, tmp_path):
     (output / "target.spm").unlink()
     with pytest.raises(ValueError, match=r"lacks target\.spm"):
         files_to_push(output)
+
+
+def test_the_cards_of_a_converted_folder_and_of_its_fine_tuning_name_the_marian_model(hub_folder, tmp_path):
+    """The converted folder records what it was converted from (conversion.json, not uploaded: it may hold a local
+    path); its card, and the card of a run that fine-tunes it, name the MarianMT model and the conversion, and link a
+    Hub source as `base_model`."""
+    source, output = hub_folder / "model", tmp_path / "converted"
+    assert main(["marian", str(source), str(output), "--position_scheme", "shaw", "--keep_absolute_positions",
+                 "--set", "max_relative_position=4"]) == 0
+    assert conversion_record(output) == ConversionRecord(
+        source=str(source), source_on_hub=False, source_type="marian", position_scheme="shaw",
+        reproduces_source=True, keep_absolute_positions=True, settings={"max_relative_position": 4})
+    assert CONVERSION_RECORD_FILE not in files_to_push(output)
+    card = folder_model_card(output, None)
+    assert (f"## Conversion\n\nThese weights are the MarianMT model `<local>/{source.name}`, converted to hf_relpos by "
+            "`hf-relpos-convert marian` (`position_scheme: shaw`, `keep_absolute_positions: true`, "
+            "`max_relative_position: 4`): it keeps the source's sinusoidal positions") in card
+
+    run = RunRecord(model_name_or_path=output.name, working_directory=str(tmp_path))
+    fine_tuned = tmp_path / "finetuned"
+    fine_tuned.mkdir()
+    assert model_conversion(fine_tuned, run) == conversion_record(output)
+    config = json.loads((output / "config.json").read_text())
+    card = render_model_card(config, run, conversion=model_conversion(fine_tuned, run))
+    assert f"The fine-tuning started from the MarianMT model `<local>/{source.name}`" in card
+
+    on_hub = dataclasses.replace(conversion_record(output), source="Helsinki-NLP/opus-mt-en-de", source_on_hub=True)
+    card = render_model_card(config, None, conversion=on_hub)
+    assert "base_model: Helsinki-NLP/opus-mt-en-de" in card and "`Helsinki-NLP/opus-mt-en-de`, converted" in card

@@ -74,10 +74,12 @@ from .records import (
     SAMPLE_CAPS,
     SCHEME_FIELD,
     TRAINED_WEIGHTS,
+    ConversionRecord,
     MeasuredScores,
     Measurement,
     RunRecord,
     accelerate_program,
+    conversion_record,
     current_model_fields,
     load_card_recipe,
     read_run_records,
@@ -273,6 +275,7 @@ def render_model_card(
     name: str | None = None,
     without_run_record: bool = False,
     recipe_command: str | None = None,
+    conversion: ConversionRecord | None = None,
 ) -> str:
     """The README.md of a model: YAML metadata (with a model-index when `results` hold BLEU scores) and the body.
 
@@ -285,7 +288,9 @@ def render_model_card(
     run_record.json), so `record`, if given, is the recipe named `recipe_name` given for them: the card shows its
     settings and says that how the weights were trained is not known, with no training command, and without scores
     it says none were saved with the weights (never that they were not trained); `recipe_command`: the command that
-    trains a recipe card's recipe (default: the repository's `python train_translation.py configs/<recipe_name>.yaml`).
+    trains a recipe card's recipe (default: the repository's `python train_translation.py configs/<recipe_name>.yaml`);
+    `conversion`: the pretrained model the weights were converted from, or the run started from a conversion of
+    (`model_conversion`): a Conversion section names it, and the metadata's `base_model` where it is on the Hub.
 
     A card goes to the Hub: every section reads `shown_record(record)`, whose local paths are shown without the
     machine's folders, never the record as typed; the one fact decided from the real paths, whether the run's data is
@@ -297,7 +302,7 @@ def render_model_card(
     if not isinstance(record, RunRecord):
         record = RunRecord.from_recipe(record or {})
     on_hub = _on_hub(record)   # the facts decided from the real paths, before they are shown
-    base_model = _hub_base_model(record)
+    base_model = _hub_base_model(record) or (conversion.source if conversion and conversion.source_on_hub else None)
     record = shown_record(record)   # every section reads the record with its paths shown, never the real one
     # evaluated without generating (predict_with_generate false): losses, no BLEU
     losses = {prefix: dict(values) for prefix, values in (results or {}).items()
@@ -312,6 +317,7 @@ def render_model_card(
         unscored = "Not measured: no scores were saved with these weights."
     sections = [
         _title_section(config, record if recorded else None, model_name, recipe_name),
+        *([_conversion_section(conversion, fine_tuned=recorded and not without_run_record)] if conversion else []),
         _scheme_section(config),
         _architecture_section(config),
         _training_section(config, record if recorded else None, on_hub, recipe_name, without_run_record,
@@ -461,6 +467,27 @@ def _title_section(config: RelPosTransformerConfig, record: RunRecord | None, mo
         f"{origin}: a Hugging Face `PreTrainedModel` + `GenerationMixin` that loads with "
         "`from_pretrained`, generates with a KV cache and is stored as safetensors."
     )
+
+
+def _conversion_section(conversion: ConversionRecord, fine_tuned: bool) -> str:
+    """Which pretrained model the weights come from and what the conversion changed (docs/conversion.md's three
+    ways: the same model, the hybrid, a switch of positions); `fine_tuned`: the run fine-tuned a conversion."""
+    source, scheme = shown_path(conversion.source), conversion.position_scheme
+    settings = [f"`position_scheme: {scheme}`", *(["`keep_absolute_positions: true`"]
+                                                  if conversion.keep_absolute_positions else []),
+                *(f"`{name}: {value}`" for name, value in conversion.settings.items())]
+    if conversion.reproduces_source and not conversion.keep_absolute_positions:
+        change = "the converted model is the source model, with its logits and translations"
+    elif conversion.reproduces_source:
+        change = (f"it keeps the source's sinusoidal positions and adds the `{scheme}` scheme's terms, which started "
+                  "neutral: at conversion it gave the source's logits and translations")
+    else:
+        change = (f"the `{scheme}` scheme replaced the source's sinusoidal positions, its terms starting neutral: at "
+                  "conversion it was the source model without its absolute positions")
+    start = "The fine-tuning started from" if fine_tuned else "These weights are"
+    return (f"## Conversion\n\n{start} the {conversion.architecture} model `{source}`, converted to hf_relpos by "
+            f"`hf-relpos-convert {conversion.source_type}` ({', '.join(settings)}): {change}. The weights derive from "
+            f"`{source}`: its license and terms of use apply to them.")
 
 
 def _scheme_card(config: RelPosTransformerConfig) -> SchemeCard:
@@ -994,7 +1021,8 @@ def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str
     unscored = (None if checkpoints is None
                 else "Not measured: these averaged weights were not evaluated (Checkpoint averaging, below).")
     card = render_model_card(config, record, results, repo_id=repo_id, recipe_name=recipe_name, published=published,
-                             unscored=unscored, name=name, without_run_record=training_record(folder) is None)
+                             unscored=unscored, name=name, without_run_record=training_record(folder) is None,
+                             conversion=model_conversion(folder, record if isinstance(record, RunRecord) else None))
     if checkpoints is None:
         return card
     names = ", ".join(f"`{checkpoint.name}`" for checkpoint in checkpoints)
@@ -1004,6 +1032,17 @@ def folder_model_card(folder: str | os.PathLike, record: RunRecord | Mapping[str
             f"`{run_name}`, written by hf-relpos-average and not evaluated since: the scores the "
             "training run wrote are those of its own final weights. Score these with "
             "`hf-relpos-translate FOLDER --input SOURCES --reference REFERENCES`.\n")
+
+
+def model_conversion(folder: str | os.PathLike, run: RunRecord | None) -> ConversionRecord | None:
+    """The conversion (`ConversionRecord`) the weights in `folder` come from: the one hf-relpos-convert wrote there,
+    else that of the folder the `run` fine-tuned (its `model_name_or_path`, from the folder the run was started in);
+    None for weights of no conversion, or of a folder no longer there."""
+    own = conversion_record(folder)
+    if own is not None or run is None or run.model_name_or_path is None:
+        return own
+    started_from = Path(run.working_directory or "", run.model_name_or_path)
+    return conversion_record(started_from) if started_from.is_dir() else None
 
 
 def averaged_run_folder(checkpoints: Sequence[Path]) -> Path:

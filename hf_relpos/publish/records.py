@@ -141,6 +141,7 @@ TRAINED_WEIGHTS = ""
 RUN_RECORD_FILE = "run_record.json"   # what train_translation.py writes into its output_dir
 AVERAGED_CHECKPOINTS_FILE = "averaged_checkpoints.json"   # which checkpoints an averaged model folder holds
 CTRANSLATE2_EXPORT_RECORD = "ctranslate2_export.json"   # marks a folder of hf-relpos-export ctranslate2
+CONVERSION_RECORD_FILE = "conversion.json"   # what hf-relpos-convert writes into the folder of a converted model
 RECORDS = "records"   # an experiment result's key for the `RunRecord.to_json()` of each of its runs
 RESULT_SPLITS = {"eval": "validation", "test": "test"}   # train_translation.py's metric prefix -> split
 # split -> the setting that keeps its first N pairs only (a run's preparation, a card naming a scored slice)
@@ -434,6 +435,40 @@ def training_record(output_dir: str | os.PathLike) -> RunRecord | None:
     there (a model trained otherwise, e.g. a peer)."""
     path = Path(output_dir) / RUN_RECORD_FILE
     return RunRecord.from_json(json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
+
+
+# the architecture of each model type hf-relpos-convert reads, as its users know it
+CONVERTED_ARCHITECTURES = {"marian": "MarianMT"}
+
+
+@dataclass(frozen=True)
+class ConversionRecord:
+    """What `hf-relpos-convert` converted into a model folder: the pretrained model (`source`, as given: a Hub id or a
+    folder; `source_on_hub`: whether it was read from the Hub), its architecture (`source_type`, e.g. marian), the
+    converted model's positions (`position_scheme`, `keep_absolute_positions`) and `--set` fields (`settings`), and
+    whether the converted model computes the source's logits (`reproduces_source`: the same positions, or the hybrid)."""
+
+    source: str
+    source_on_hub: bool
+    source_type: str
+    position_scheme: str
+    reproduces_source: bool
+    keep_absolute_positions: bool = False
+    settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def architecture(self) -> str:
+        return CONVERTED_ARCHITECTURES.get(self.source_type, self.source_type)
+
+    def save(self, folder: str | os.PathLike) -> None:
+        Path(folder, CONVERSION_RECORD_FILE).write_text(json.dumps(dataclasses.asdict(self), indent=2) + "\n",
+                                                        encoding="utf-8")
+
+
+def conversion_record(folder: str | os.PathLike) -> ConversionRecord | None:
+    """The `ConversionRecord` hf-relpos-convert wrote into `folder`; None for a folder it did not write."""
+    path = Path(folder) / CONVERSION_RECORD_FILE
+    return ConversionRecord(**json.loads(path.read_text(encoding="utf-8"))) if path.is_file() else None
 
 
 def run_records(result: Mapping[str, Any]) -> list[RunRecord]:

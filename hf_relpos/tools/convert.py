@@ -52,7 +52,7 @@ from ..model.positions import (
 )
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
 from ..publish.hub import add_translation_pipeline
-from ..publish.records import load_yaml
+from ..publish.records import ConversionRecord, load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_local_folder
 from ..translation.safety import check_new_output_dir
@@ -88,6 +88,12 @@ MARIAN_TOKENIZER_FILES = ("source.spm", "target.spm", "vocab.json")
 RENAMED_MODULES = ((".fc1.", ".feed_forward.fc1."), (".fc2.", ".feed_forward.fc2."))
 
 
+def reproduces_marian(position_scheme: str, keep_absolute_positions: bool) -> bool:
+    """Whether the conversion computes the Marian model's logits: Marian's own positions (`absolute`), or the hybrid
+    (a scheme added to the kept sinusoids, starting neutral)."""
+    return position_scheme == "absolute" or keep_absolute_positions
+
+
 def check_overridable(config_overrides: dict[str, Any], position_scheme: str) -> None:
     """Each override is one a conversion may set (`OVERRIDABLE_FIELDS`, the scheme's fields, and `SWITCH_ONLY_FIELDS`
     where the model does not keep Marian's computation: a relative scheme without keep_absolute_positions); a
@@ -101,8 +107,7 @@ def check_overridable(config_overrides: dict[str, Any], position_scheme: str) ->
     generation_settings = GenerationConfig().to_dict()
     scheme_class = POSITION_SCHEMES.get(position_scheme)
     allowed = {*OVERRIDABLE_FIELDS, *(field.name for field in getattr(scheme_class, "config_fields", ()))}
-    keeps_marian = position_scheme == "absolute" or config_overrides.get("keep_absolute_positions")
-    if not keeps_marian:
+    if not reproduces_marian(position_scheme, bool(config_overrides.get("keep_absolute_positions"))):
         allowed.update(SWITCH_ONLY_FIELDS)
     for name in config_overrides:
         if name == "attn_implementation":
@@ -239,7 +244,8 @@ def marian_to_relpos(model_or_path: MarianMTModel | str | os.PathLike, position_
 def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, position_scheme: str,
                    **config_overrides: Any) -> Path:
     """Convert the Marian model in `source` (folder or Hub id) and save it, with its tokenizer, generation config and
-    the translation pipeline a trained folder ships (`add_translation_pipeline`), in `output_dir`, which must not
+    the translation pipeline a trained folder ships (`add_translation_pipeline`) and the `ConversionRecord` that the
+    model cards of it and of what is fine-tuned from it name, in `output_dir`, which must not
     exist yet (or be empty). Everything is checked and written in a sibling temporary
     folder first, then renamed into place: an error leaves nothing behind."""
     output_dir = Path(output_dir)
@@ -253,11 +259,18 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     # the converted tokenizer has no limit, as hf_relpos' own: no false "indexing errors" warning, nothing truncated
     tokenizer.model_max_length = VERY_LARGE_INTEGER
     model = marian_to_relpos(source, position_scheme, **config_overrides)
+    keep_absolute = bool(config_overrides.get("keep_absolute_positions", False))
     with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         model.save_pretrained(staging)
         apply_umask_mode_to_weights(staging)
         tokenizer.save_pretrained(staging)
         add_translation_pipeline(staging)
+        ConversionRecord(
+            source=str(source), source_on_hub=not Path(source).is_dir(), source_type=model_type,
+            position_scheme=position_scheme, reproduces_source=reproduces_marian(position_scheme, keep_absolute),
+            keep_absolute_positions=keep_absolute,
+            settings={name: value for name, value in config_overrides.items() if name != "keep_absolute_positions"},
+        ).save(staging)
     return output_dir
 
 

@@ -20,7 +20,14 @@ from transformers.utils import CONFIG_NAME
 
 from ..model.modeling_relpos import RelPosTransformerForConditionalGeneration
 from ..publish.files import write_text_atomic
-from ..publish.hub import CARD_FILE, averaged_checkpoints, load_results, push_model_folder, render_model_card
+from ..publish.hub import (
+    CARD_FILE,
+    averaged_checkpoints,
+    load_results,
+    model_conversion,
+    push_model_folder,
+    render_model_card,
+)
 from ..publish.records import (
     ALL_RESULTS_FILE,
     DECODING,
@@ -256,7 +263,8 @@ def write_model_card(model: RelPosTransformerForConditionalGeneration, record: R
     writes one, so a folder uploaded by hand is documented."""
     path = Path(training_args.output_dir) / CARD_FILE
     card = render_model_card(model.config, record, load_results(training_args.output_dir), repo_id=record.hub_model_id,
-                             name=hub_repository(record.hub_model_id, path.parent))
+                             name=hub_repository(record.hub_model_id, path.parent),
+                             conversion=model_conversion(path.parent, record))
     write_text_atomic(path, card)
     return path
 
