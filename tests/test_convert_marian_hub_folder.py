@@ -18,13 +18,15 @@ import pytest
 import sentencepiece
 import torch
 from test_convert import marian_model
-from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer
+from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer, pipeline
 
-from hf_relpos import RelPosTransformerForConditionalGeneration
+from hf_relpos import RelPosTransformerForConditionalGeneration, TranslationPipeline
 from hf_relpos.model.positions import sinusoids
 from hf_relpos.publish.hub import files_to_push, folder_model_card, model_conversion, render_model_card
+from hf_relpos.publish.pipeline_relpos import language_tags
 from hf_relpos.publish.records import CONVERSION_RECORD_FILE, ConversionRecord, RunRecord, conversion_record
 from hf_relpos.tools.convert import main
+from hf_relpos.tools.sentences import translate_by_sentence
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,7 +48,8 @@ def train_sentencepiece(texts: list[str], path: Path) -> None:
 @pytest.fixture(scope="module")
 def hub_folder(tmp_path_factory) -> Path:
     """The opus-mt layout: one joint vocab.json over the pieces of both SentencePiece models, </s> = 0, <unk> = 1,
-    <pad> last, decoding started with <pad>, generation_config with beam 4 and <pad> banned."""
+    target-language tokens (>>fra<<, >>deu<<, as in opus-mt-en-ROMANCE), <pad> last, decoding started with <pad>,
+    generation_config with beam 4 and <pad> banned."""
     folder = tmp_path_factory.mktemp("opus-mt-en-de-tiny")
     write_demo_corpus(folder / "data", 60, 6, 6, seed=2)
     pairs = [json.loads(line)["translation"] for line in (folder / "data" / "train.jsonl").read_text().splitlines()]
@@ -54,7 +57,7 @@ def hub_folder(tmp_path_factory) -> Path:
     model_folder.mkdir()
     train_sentencepiece([pair["en"] for pair in pairs], model_folder / "source.spm")
     train_sentencepiece([pair["de"] for pair in pairs], model_folder / "target.spm")
-    vocab = {"</s>": 0, "<unk>": 1}
+    vocab = {"</s>": 0, "<unk>": 1, ">>fra<<": 2, ">>deu<<": 3}   # target-language tokens, as a multilingual model's
     for name in ("source.spm", "target.spm"):
         processor = sentencepiece.SentencePieceProcessor(model_file=str(model_folder / name))
         for index in range(processor.get_piece_size()):
@@ -206,3 +209,22 @@ def test_the_cards_of_a_converted_folder_and_of_its_fine_tuning_name_the_marian_
     on_hub = dataclasses.replace(conversion_record(output), source="Helsinki-NLP/opus-mt-en-de", source_on_hub=True)
     card = render_model_card(config, None, conversion=on_hub)
     assert "base_model: Helsinki-NLP/opus-mt-en-de" in card and "`Helsinki-NLP/opus-mt-en-de`, converted" in card
+
+
+def test_a_target_language_token_opening_a_text_reaches_each_of_its_sentences(hub_folder, tmp_path):
+    """A multilingual MarianMT model (opus-mt-en-ROMANCE) reads the target language from a >>fra<< token opening its
+    source; the pipeline and hf-relpos-translate translate a text sentence by sentence, so each sentence of a text
+    that opens with one opens with it too, up to a sentence with a token of its own, which sets the language of the
+    sentences after it."""
+    output = tmp_path / "converted"
+    assert main(["marian", str(hub_folder / "model"), str(output), "--position_scheme", "absolute"]) == 0
+    tokenizer = AutoTokenizer.from_pretrained(output)
+    french, german = tokenizer.convert_tokens_to_ids([">>fra<<", ">>deu<<"])
+    assert tokenizer(">>fra<< The dog.").input_ids[0] == french
+    text = ">>fra<< The old woman likes the king. The dog sees a cat!\n>>deu<< The man. A cat."
+    translator = pipeline("translation", model=output, pipeline_class=TranslationPipeline, device="cpu")
+    assert [chunk["input_ids"][0, 0].item() for chunk in translator.preprocess(text)] == [french, french, german, german]
+    seen = []
+    translate_by_sentence([text], lambda sentences: seen.extend(sentences) or sentences, language_tags(tokenizer))
+    assert seen == [">>fra<< The old woman likes the king.", ">>fra<< The dog sees a cat!", ">>deu<< The man.",
+                    ">>deu<< A cat."]
