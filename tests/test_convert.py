@@ -21,6 +21,7 @@ from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 from hf_relpos import AttentionTerms, PositionScheme, RelPosTransformerForConditionalGeneration
 from hf_relpos.publish.records import PEER, RECIPE, TRAINED_WEIGHTS, RunRecord, Scores, read_run_records
 from hf_relpos.tools.convert import convert_marian, main, marian_state_to_relpos, marian_to_relpos, neutrality_gaps
+from hf_relpos.translation.arguments import ConfigError
 from hf_relpos.translation.demo_corpus import write_demo_corpus
 from hf_relpos.translation.tokenization import train_joint_tokenizer
 from hf_relpos.translation.training import parse_arguments
@@ -799,3 +800,14 @@ def test_conversion_experiment_refuses_a_fade_it_cannot_run(tmp_path, monkeypatc
         module.main(["--quick", "--work", str(tmp_path / "work"), "--out", str(tmp_path / "out"), *options])
     assert re.search(message, capsys.readouterr().err)
     assert not (tmp_path / "work").exists()
+
+
+def test_a_marian_folder_given_to_a_run_is_one_error_naming_the_conversion(marian_folder, tmp_path):
+    """A MarianMT folder given as model_name_or_path: the error names that setting (not the model: section) and the
+    command that converts the folder."""
+    recipe = REPO / "configs" / "finetune_marian_en_de_shaw.yaml"
+    source = str(marian_folder / "model")
+    with pytest.raises(ConfigError, match=(
+            rf"^model_name_or_path '{re.escape(source)}': config model_type is 'marian'; .* a MarianMT model is "
+            rf"fine-tuned here once converted: hf-relpos-convert marian {re.escape(source)} OUT --position_scheme")):
+        parse_arguments([str(recipe), "--model_name_or_path", source, "--output_dir", str(tmp_path / "out")])

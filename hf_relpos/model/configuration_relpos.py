@@ -86,6 +86,14 @@ def deprecated_field_alias(old: str, new: str) -> property:
     return property(get, set_, doc=f"Deprecated alias of `{new}`.")
 
 
+class OtherModelTypeError(ValueError):
+    """A config of another model (its `model_type`, e.g. marian) given where a RelPosTransformerConfig is read."""
+
+    def __init__(self, model_type: str, expected: str) -> None:
+        super().__init__(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {expected!r}")
+        self.model_type = model_type
+
+
 class RelPosTransformerConfig(PreTrainedConfig):
     r"""Configuration of `RelPosTransformerModel` / `RelPosTransformerForConditionalGeneration`.
 
@@ -244,7 +252,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         (`_refuse_misspelled_fields`; transformers drops it), or, another scheme's field, checked and dropped."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
-            raise ValueError(f"config model_type is {model_type!r}; RelPosTransformerConfig needs {cls.model_type!r}")
+            raise OtherModelTypeError(model_type, cls.model_type)
         return_unused_kwargs = kwargs.pop("return_unused_kwargs", False)
         refuse_conflicting_aliases(kwargs, builds_encoder_decoder(kwargs, config_dict))
         # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the

@@ -35,7 +35,12 @@ from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK,
 from transformers.utils import is_torch_bf16_gpu_available
 
 from ..model.attention_functions import check_dropout_kernel, check_kernel_name, registered_kernels
-from ..model.configuration_relpos import DEPRECATED_FIELDS, RelPosTransformerConfig, rename_deprecated_fields
+from ..model.configuration_relpos import (
+    DEPRECATED_FIELDS,
+    OtherModelTypeError,
+    RelPosTransformerConfig,
+    rename_deprecated_fields,
+)
 from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
 from ..model.positions import POSITION_SCHEMES, UnregisteredSchemeError, scheme_config_fields
 from ..model.validation import (
@@ -50,6 +55,7 @@ from ..model.validation import (
 )
 from ..publish.files import expand_home
 from ..publish.records import (
+    CONVERTED_ARCHITECTURES,
     accelerate_program,
     load_recipe,
     load_yaml,
@@ -1174,6 +1180,15 @@ def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> N
                           f"save_total_limit must be null or >= {count + 1}, got {limit}")
 
 
+def conversion_hint(model_type: str, model_name_or_path: str) -> str:
+    """How a model of `model_type` becomes one a run can load, where hf-relpos-convert reads that type (docs/conversion.md)."""
+    if model_type not in CONVERTED_ARCHITECTURES:
+        return ""
+    return (f"; a {CONVERTED_ARCHITECTURES[model_type]} model is fine-tuned here once converted: hf-relpos-convert "
+            f"{model_type} {model_name_or_path} OUT --position_scheme SCHEME, then model_name_or_path OUT "
+            "(docs/conversion.md)")
+
+
 def check_model_config(model_args: ModelArguments, from_command_line: set[str] | None = None,
                        training: bool = True) -> dict[str, Any]:
     """The `model:` section as it applies to this run, checked: the fields of a new config, or, with
@@ -1188,6 +1203,9 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
                 RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size))
             return model_args.model_config
         saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
+    except OtherModelTypeError as error:
+        raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}"
+                          f"{conversion_hint(error.model_type, model_args.model_name_or_path)}") from None
     except (ValueError, TypeError) as error:
         raise ConfigError(f"{MODEL_SECTION}: {error}{import_modules_hint(error)}") from None
     except OSError as error:
