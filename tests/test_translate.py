@@ -687,6 +687,43 @@ def test_a_mistyped_model_folder_is_one_error_without_a_hub_lookup(tmp_path, cap
     assert f"hf-relpos-translate: error: model {model!r}: no such folder (the nearest existing folder is " in error
 
 
+def test_an_unreachable_hub_model_is_one_error_without_retries(tmp_path, capsys, monkeypatch):
+    """A Hub id with no network: transformers' loaders retried twice five times (about a minute, 22 lines of
+    retries) before their error; it is one request (`check_model_source`) and one line naming --model's field."""
+    def unreachable(self, repo_id, **kwargs):
+        raise ConnectionError("[Errno -2] Name or service not known")
+
+    monkeypatch.setattr("huggingface_hub.HfApi.model_info", unreachable)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr("hf_relpos.tools.translate.AutoTokenizer.from_pretrained",
+                        lambda *args, **kwargs: pytest.fail("the loader asked the Hub (with its retries)"))
+    with pytest.raises(SystemExit) as exited:
+        main(["nope/model", "--input", str(write_lines(tmp_path / "src.txt", SOURCES[:1]))])
+    assert exited.value.code == 2
+    assert capsys.readouterr().err == (
+        "hf-relpos-translate: error: model 'nope/model' is neither a local folder nor a Hub model in the local cache, "
+        "and the Hugging Face Hub cannot be reached (ConnectionError: [Errno -2] Name or service not known): connect "
+        "to the network, or give a saved model folder (HF_HUB_OFFLINE=1 loads a Hub model from the local cache "
+        "without asking the Hub)\n")
+
+
+def test_a_hub_model_in_the_local_cache_translates_offline(memorised_model_folder, tmp_path):
+    """HF_HUB_OFFLINE=1 with the model in the Hub cache (HF_HUB_CACHE laid out as huggingface_hub's): it loads from
+    there, the Hub check passing it without a request."""
+    commit = "0" * 40
+    snapshot = tmp_path / "cache" / "models--me--tiny" / "snapshots" / commit
+    shutil.copytree(memorised_model_folder, snapshot)
+    (tmp_path / "cache" / "models--me--tiny" / "refs").mkdir()
+    (tmp_path / "cache" / "models--me--tiny" / "refs" / "main").write_text(commit)
+    completed = subprocess.run(
+        [sys.executable, "-m", "hf_relpos.tools.translate", "me/tiny", "--input",
+         str(write_lines(tmp_path / "src.txt", SOURCES[:1]))], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": checkout_first_on_path(), "HF_HUB_CACHE": str(tmp_path / "cache"),
+             "HF_HUB_OFFLINE": "1"})
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    assert completed.stdout == TARGETS[0] + "\n"
+
+
 @pytest.mark.parametrize("sources", [[], ["", "   "]], ids=["no lines", "blank lines"])
 def test_a_source_with_nothing_to_translate_gives_as_many_blank_lines(memorised_model_folder, tmp_path, sources):
     source_file = write_lines(tmp_path / "src.txt", sources)

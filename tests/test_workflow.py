@@ -620,3 +620,73 @@ def test_remove_matching_removes_each_entry_once_links_to_nothing_and_folder_lin
     removed = remove_matching(tmp_path, ["tokenizer*.json", "*_config.json", "README.md", "checkpoint-*"])
     assert removed == ["tokenizer_config.json", "README.md", "checkpoint-1"]
     assert sorted(path.name for path in tmp_path.iterdir()) == ["kept"]
+
+
+def fake_hub_cache(cache: Path, repo_id: str, model_folder: Path) -> Path:
+    """`cache` laid out as huggingface_hub's cache holding `model_folder`'s files as `repo_id` at main
+    (models--OWNER--NAME/refs/main -> a commit, snapshots/COMMIT/<files>)."""
+    commit = "0" * 40
+    repository = cache / f"models--{repo_id.replace('/', '--')}"
+    (repository / "refs").mkdir(parents=True)
+    (repository / "refs" / "main").write_text(commit)
+    shutil.copytree(model_folder, repository / "snapshots" / commit)
+    return cache
+
+
+def unreachable_hub(self, repo_id, **kwargs):
+    assert kwargs.get("timeout") == preflight_module.HUB_TIMEOUT_SECONDS
+    raise ConnectionError("[Errno -2] Name or service not known")
+
+
+def test_a_hub_model_is_checked_with_one_request_naming_the_field(tmp_path, monkeypatch):
+    """A Hub model id (owner/name) that is no folder is asked of the Hub once, without retries: unreachable, or
+    unknown there, it is one line naming the field; with HF_HUB_OFFLINE set only the local cache is looked in."""
+    monkeypatch.setattr(preflight_module.HfApi, "model_info", unreachable_hub)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError) as unreachable:
+        preflight_module.check_model_source("nope/model", "model")
+    assert str(unreachable.value) == (
+        "model 'nope/model' is neither a local folder nor a Hub model in the local cache, and the Hugging Face Hub "
+        "cannot be reached (ConnectionError: [Errno -2] Name or service not known): connect to the network, or give "
+        "a saved model folder (HF_HUB_OFFLINE=1 loads a Hub model from the local cache without asking the Hub)")
+
+    def missing(self, repo_id, **kwargs):
+        error = RepositoryNotFoundError.__new__(RepositoryNotFoundError)  # as huggingface_hub raises it for a 404
+        Exception.__init__(error, f"404 Client Error: {repo_id}")
+        raise error
+
+    monkeypatch.setattr(preflight_module.HfApi, "model_info", missing)
+    with pytest.raises(ValueError, match=r"^tokenizer_name 'me/no-such-model' is neither a local folder nor a model "
+                                         r"on the Hugging Face Hub \(or it is private: log in with `hf auth login`\)"):
+        preflight_module.check_model_source("me/no-such-model", "tokenizer_name")
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    with pytest.raises(ValueError, match=r"^model 'nope/model' is neither a local folder nor a Hub model in the local "
+                                         r"cache, and HF_HUB_OFFLINE is set \(the Hub is not asked\)"):
+        preflight_module.check_model_source("nope/model", "model")
+
+
+def test_a_cached_hub_model_passes_and_folders_and_other_names_are_not_asked_of_the_hub(tmp_path, monkeypatch,
+                                                                                        caplog):
+    """A Hub model in the local cache (the default one, or cache_dir) loads as before: with HF_HUB_OFFLINE without a
+    request; with an unreachable Hub after the loaders' retries, which one warning announces with the HF_HUB_OFFLINE
+    hint. A folder and a name that is no Hub id are never asked of the Hub."""
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    cache = fake_hub_cache(tmp_path / "cache", "me/tiny", tmp_path / "model")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(preflight_module.HfApi, "model_info", unreachable_hub)
+    for cached_in in (None, str(cache)):   # the default cache, or cache_dir
+        monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache if cached_in is None else tmp_path))
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger=preflight_module.__name__):
+            preflight_module.check_model_source("me/tiny", "model_name_or_path", cache_dir=cached_in)
+        assert [record.getMessage() for record in caplog.records] == [
+            "model_name_or_path 'me/tiny': the Hugging Face Hub cannot be reached (ConnectionError: [Errno -2] Name or "
+            "service not known); it loads from the local cache once the loaders' retries of the Hub give up (minutes); "
+            "set HF_HUB_OFFLINE=1 to load it from there at once"]
+    monkeypatch.setattr(preflight_module.HfApi, "model_info", lambda *args, **kwargs: pytest.fail("asked the Hub"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    preflight_module.check_model_source("me/tiny", "model_name_or_path", cache_dir=str(cache))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
+    for name in ("model", str(tmp_path / "model"), "not a hub id"):
+        preflight_module.check_model_source(name, "model")

@@ -54,7 +54,7 @@ from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_fol
 from ..publish.hub import add_translation_pipeline
 from ..publish.records import ConversionRecord, load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
-from ..translation.preflight import check_local_folder
+from ..translation.preflight import check_model_source
 from ..translation.safety import check_new_output_dir
 
 logger = logging.getLogger(__name__)
@@ -250,7 +250,7 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     folder first, then renamed into place: an error leaves nothing behind."""
     output_dir = Path(output_dir)
     check_new_output_dir(output_dir)
-    check_local_folder(str(source), "source")
+    check_model_source(str(source), "source")
     model_type = AutoConfig.from_pretrained(str(source)).model_type
     if model_type != "marian":
         raise ValueError(f"{source}: model_type is {model_type!r}; hf_relpos.tools.convert marian needs 'marian'")

@@ -95,7 +95,7 @@ from ..translation.data import (
     unwritable_texts,
 )
 from ..translation.metrics import BLEU_TOKENIZERS, bleu_metric, score_translations
-from ..translation.preflight import check_local_folder
+from ..translation.preflight import check_model_source
 from ..translation.safety import OutputDirError, check_output_dir
 from .ctranslate2_engine import COMPUTE_TYPES, CTranslate2Model
 from .export import MAX_POSITIONS, check_tokenizer_saved, import_ctranslate2, is_ctranslate2_folder
@@ -443,15 +443,16 @@ def check_compute_type(parser: argparse.ArgumentParser, compute_type: str | None
 
 def check_model_and_files(parser: argparse.ArgumentParser, args: argparse.Namespace,
                           text_files: dict[str, str | None]) -> None:
-    """Before anything loads: --import_modules imported, the model a local folder (no Hub lookup for a mistyped
-    path), `text_files` (flag -> path) text files (`check_text_files`) and --output's name one that is written
+    """Before anything loads: --import_modules imported, the model a local folder or a Hub model in the local cache or
+    on the Hub (`check_model_source`: one request, no retries), `text_files` (flag -> path) text files
+    (`check_text_files`) and --output's name one that is written
     (`check_output_name`); else one error (exit 2)."""
     try:
         import_user_modules(args.import_modules)
     except ConfigError as error:
         parser.error(str(error))
     try:
-        check_local_folder(args.model, "model")
+        check_model_source(args.model, "model")
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     check_text_files(parser, text_files)

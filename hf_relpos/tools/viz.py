@@ -21,7 +21,7 @@ from torch import nn
 
 from ..model.configuration_relpos import RelPosTransformerConfig
 from ..publish.files import atomic_file, expand_home, reading_weights
-from ..translation.preflight import check_local_folder
+from ..translation.preflight import check_model_source
 from ..translation.safety import output_folder
 from .modes import evaluation_mode
 
@@ -188,12 +188,13 @@ def plot_relative_embeddings(model: nn.Module, out_path: str | Path | None = Non
 
 
 def load_model(parser: argparse.ArgumentParser, model_dir: Path) -> nn.Module:
-    """The hf_relpos translation model saved in `model_dir`; a missing folder (without a Hub lookup), one that does not
-    load (its weights file corrupt included), or another architecture's (Marian, BART) is one usage error naming it."""
+    """The hf_relpos translation model saved in `model_dir`; a missing folder or an unknown or unreachable Hub id
+    (`check_model_source`, one request without retries), one that does not load (its weights file corrupt included),
+    or another architecture's (Marian, BART) is one usage error naming it."""
     from transformers import AutoModelForSeq2SeqLM
 
     try:
-        check_local_folder(str(model_dir), "model_dir")
+        check_model_source(str(model_dir), "model_dir")
     except ValueError as error:
         parser.error(str(error))
     try:

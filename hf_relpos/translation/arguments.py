@@ -66,7 +66,7 @@ from ..publish.records import (
 )
 from .data import DataArguments
 from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
-from .preflight import check_local_folder
+from .preflight import check_local_folder, check_model_source
 from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS, require_character_coverage
 
 logger = logging.getLogger(__name__)
@@ -863,6 +863,7 @@ def _parse_arguments(argv: Sequence[str]) -> Arguments:
     model_args.recipe_file, model_args.recipe_flags = recipe_file, recipe_flags
     model_args.recipe_resumes = yaml_values.get("resume_from_checkpoint") not in (None, *NULL_TOKENS)
     check_arguments(model_args, training_args)
+    check_model_sources(model_args)
     warn_training_without_recipe(model_args, training_args, argv)
     warn_unread_tokenizer_flags(model_args, argv)
     check_bleu_tokenizer(data_args, training_args)
@@ -951,6 +952,19 @@ def check_hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike
                  else f"hub_model_id (null: output_dir's folder name {repository!r})")
         raise ConfigError(f"push_to_hub: {named} is not a Hub repository id ({error}): set hub_model_id to USER/NAME "
                           "or NAME") from None
+
+
+def check_model_sources(model_args: ModelArguments) -> None:
+    """model_name_or_path and tokenizer_name, where set, each a folder or a Hub model in the local cache or on the Hub
+    (`check_model_source`: one request, no retries), before any of them loads; else one ConfigError naming the
+    field. The tokenizer loads from the default Hub cache, the model's config from cache_dir."""
+    for name, cache_dir in (("model_name_or_path", model_args.cache_dir), ("tokenizer_name", None)):
+        value = getattr(model_args, name)
+        try:
+            if value is not None:
+                check_model_source(value, name, cache_dir)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
 
 
 def check_arguments(model_args: ModelArguments, training_args: TranslationTrainingArguments) -> None:

@@ -73,7 +73,7 @@ from ..publish.hub import primary_subtag
 from ..publish.pipeline_relpos import NO_SPACE_SCRIPT, join_translations
 from ..tokenization_relpos import RelPosTokenizer
 from .demo_corpus import write_demo_corpus
-from .preflight import check_local_folder
+from .preflight import HUB_TIMEOUT_SECONDS, check_local_folder
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,6 @@ RECORDS_PER_CHUNK = 100_000
 PROGRESS_MIN_BYTES = 64 << 20
 # Dropping this share of the training pairs or more (empty, or over the length limits) is logged as a warning.
 HEAVY_LOSS_SHARE = 0.1
-HUB_TIMEOUT_SECONDS = 10
 OVERLONG_PAIR_POLICIES = ("filter", "truncate")
 TRANSLATION_COLUMN = "translation"
 # Half of a UTF-16 surrogate pair: a JSON escape such as "\ud83d" without its other half (a text cut inside an emoji

@@ -5,13 +5,17 @@ the Hub login a `push_to_hub` run needs exists. Each failure is one `PreflightEr
 from __future__ import annotations
 
 import fnmatch
+import logging
 import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
 import torch
-from huggingface_hub import HfApi, get_token
+from huggingface_hub import HfApi, get_token, is_offline_mode, try_to_load_from_cache
+from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+from huggingface_hub.utils import validate_repo_id
+from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
 from ..model.attention_functions import check_kernel_device
@@ -19,9 +23,15 @@ from ..publish.hub import CARD_FILE, public_repository_refusal
 from .checkpoints import CHECKPOINT_PATTERN, find_checkpoints, last_complete_checkpoint
 from .safety import FINAL_MODEL_DESCRIPTIONS, FINAL_MODEL_STAGING, OutputDirError
 
+logger = logging.getLogger(__name__)
+
 CHECKPOINT_GLOB = "checkpoint-*"
 # Files of a finished model: a folder holding one of them loads (or half-loads) as a trained model.
 FINISHED_MODEL_FILES = (SAFE_WEIGHTS_NAME, SAFE_WEIGHTS_INDEX_NAME, CONFIG_NAME)
+# Seconds the one request of a Hub check (`check_model_source`, `data.check_hub_dataset`) waits for an answer.
+HUB_TIMEOUT_SECONDS = 10
+# Files of a Hub model of which one in the local Hub cache makes it load without the Hub (a model's, a tokenizer's).
+CACHED_MODEL_FILES = (CONFIG_NAME, TOKENIZER_CONFIG_FILE)
 
 
 class PreflightError(RuntimeError):
@@ -51,6 +61,46 @@ def check_local_folder(value: str, setting: str, hub_kind: str = "model") -> Non
     if (nearest := missing_local_folder(value)) is not None:
         raise ValueError(f"{setting} {value!r}: no such folder (the nearest existing folder is '{nearest}'); a Hub "
                          f"{hub_kind} id has the form owner/name")
+
+
+def check_model_source(value: str, setting: str, cache_dir: str | None = None) -> None:
+    """A ValueError naming `setting` (one line) unless `value` is an existing folder, a name that is no Hub id (left to
+    the loader), a Hub model in the local Hub cache (`cache_dir`, else the default one), or a Hub model that the Hub
+    confirms in one request without retries (`HUB_TIMEOUT_SECONDS`): transformers' loaders retry an unreachable Hub
+    for half a minute to a minute before their own error. With HF_HUB_OFFLINE the Hub is not asked. A cached model
+    loads as before where the Hub cannot be reached (after the loaders' retries, for minutes), with one warning that
+    says so. A mistyped folder is `check_local_folder`'s error."""
+    check_local_folder(value, setting)
+    if Path(value).expanduser().exists():
+        return
+    try:
+        validate_repo_id(value)
+    except HFValidationError:
+        return
+    cached = any(isinstance(try_to_load_from_cache(value, name, cache_dir=cache_dir), str) for name in CACHED_MODEL_FILES)
+    if is_offline_mode():
+        if cached:
+            return
+        raise ValueError(f"{setting} {value!r} is neither a local folder nor a Hub model in the local cache, and "
+                         "HF_HUB_OFFLINE is set (the Hub is not asked): give a saved model folder, or unset "
+                         "HF_HUB_OFFLINE to download it")
+    try:
+        HfApi().model_info(value, timeout=HUB_TIMEOUT_SECONDS)
+    except RepositoryNotFoundError:
+        if cached:   # the loader decides on a cached copy of a repository the Hub no longer shows this user
+            return
+        raise ValueError(f"{setting} {value!r} is neither a local folder nor a model on the Hugging Face Hub (or it "
+                         "is private: log in with `hf auth login`): give a saved model folder or a Hub model id "
+                         "(owner/name)") from None
+    except Exception as error:  # noqa: BLE001 - connection, DNS, proxy, timeout: the Hub cannot be used now
+        reason = f"the Hugging Face Hub cannot be reached ({type(error).__name__}: {' '.join(str(error).split())})"
+        if cached:
+            logger.warning("%s %r: %s; it loads from the local cache once the loaders' retries of the Hub give up "
+                           "(minutes); set HF_HUB_OFFLINE=1 to load it from there at once", setting, value, reason)
+            return
+        raise ValueError(f"{setting} {value!r} is neither a local folder nor a Hub model in the local cache, and "
+                         f"{reason}: connect to the network, or give a saved model folder (HF_HUB_OFFLINE=1 loads a "
+                         "Hub model from the local cache without asking the Hub)") from None
 
 
 def check_process_group(trainer_world_size: int) -> None:
