@@ -690,3 +690,18 @@ def test_a_cached_hub_model_passes_and_folders_and_other_names_are_not_asked_of_
     monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", False)
     for name in ("model", str(tmp_path / "model"), "not a hub id"):
         preflight_module.check_model_source(name, "model")
+
+
+def test_a_hub_model_in_cache_dir_evaluates_offline_with_its_tokenizer(trained, corpus, tmp_path, monkeypatch):
+    """cache_dir is the Hub cache of the run's models: with HF_HUB_OFFLINE, model_name_or_path as a Hub id held only
+    there loads its config, weights and tokenizer from it (the tokenizer was looked for in the default cache alone:
+    `cannot load its tokenizer`)."""
+    output_dir, _, _ = trained
+    model_folder = tmp_path / "model"
+    shutil.copytree(output_dir, model_folder, ignore=shutil.ignore_patterns("checkpoint-*", "prepared_data"))
+    cache = fake_hub_cache(tmp_path / "cache", "me/tiny", model_folder)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-default-cache"))
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_OFFLINE", True)
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_train=False, do_eval=True,
+                          do_predict=False, model_name_or_path="me/tiny", cache_dir=str(cache))
+    assert "eval_loss" in run([str(config)])["eval"]

@@ -957,12 +957,12 @@ def check_hub_repository(hub_model_id: str | None, output_dir: str | os.PathLike
 def check_model_sources(model_args: ModelArguments) -> None:
     """model_name_or_path and tokenizer_name, where set, each a folder or a Hub model in the local cache or on the Hub
     (`check_model_source`: one request, no retries), before any of them loads; else one ConfigError naming the
-    field. The tokenizer loads from the default Hub cache, the model's config from cache_dir."""
-    for name, cache_dir in (("model_name_or_path", model_args.cache_dir), ("tokenizer_name", None)):
+    field."""
+    for name in ("model_name_or_path", "tokenizer_name"):
         value = getattr(model_args, name)
         try:
             if value is not None:
-                check_model_source(value, name, cache_dir)
+                check_model_source(value, name, model_args.cache_dir)
         except ValueError as error:
             raise ConfigError(str(error)) from None
 

@@ -332,12 +332,13 @@ def has_tokenizer_files(folder: str | os.PathLike) -> bool:
 LOADING_ARGUMENTS = ("is_local", "local_files_only")
 
 
-def load_tokenizer(name_or_path: str | os.PathLike) -> PreTrainedTokenizerBase:
-    """Load a saved tokenizer (a folder or a Hub id) and check it has the special tokens translation needs."""
+def load_tokenizer(name_or_path: str | os.PathLike, cache_dir: str | None = None) -> PreTrainedTokenizerBase:
+    """Load a saved tokenizer (a folder, or a Hub id cached in `cache_dir`, else the default Hub cache) and check it
+    has the special tokens translation needs."""
     if Path(name_or_path).is_dir() and not has_tokenizer_files(name_or_path):
         raise ValueError(f"the folder holds no saved tokenizer ({' or '.join(SAVED_TOKENIZER_FILES)}): save one there "
                          "with tokenizer.save_pretrained")
-    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path))
+    tokenizer = AutoTokenizer.from_pretrained(str(name_or_path), cache_dir=cache_dir)
     for name in LOADING_ARGUMENTS:   # how it was loaded, not what it is: a save would write them into its config
         tokenizer.init_kwargs.pop(name, None)
     missing = [name for name in ("pad_token", "eos_token") if getattr(tokenizer, name) is None]

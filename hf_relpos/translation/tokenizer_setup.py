@@ -100,7 +100,7 @@ def obtain_tokenizer(
         name_or_path = getattr(model_args, field_name)
         if name_or_path is not None:
             try:
-                tokenizer = load_tokenizer(name_or_path)
+                tokenizer = load_tokenizer(name_or_path, model_args.cache_dir)
             except (OSError, ValueError) as error:
                 raise ConfigError(f"{field_name} {name_or_path!r}: cannot load its tokenizer: {error}") from None
             if field_name == "tokenizer_name" and model_args.model_name_or_path is not None:
