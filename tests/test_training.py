@@ -1133,6 +1133,21 @@ def test_length_pool_factor_without_a_token_budget_is_ignored_with_a_warning(tmp
     assert "length_pool_factor=4 has no effect without max_tokens_per_batch" in caplog.text
 
 
+def test_token_budget_batches_are_logged_with_what_the_trainers_batch_size_means(tmp_path, corpus, capsys):
+    """Under max_tokens_per_batch the Trainer's 'Instantaneous batch size per device' and trainer_state.json's
+    train_batch_size are per_device_train_batch_size, which the batches do not use: the run's log (stdout) says how
+    many batches an epoch has and how many pairs each holds on average, and what that figure is."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", max_steps=1, do_eval=False,
+                          do_predict=False)
+    run([str(config)])
+    state = json.loads((tmp_path / "out" / "trainer_state.json").read_text())
+    noted = re.findall(r"INFO hf_relpos\.translation\.trainer: (max_tokens_per_batch=.*)", capsys.readouterr().out)
+    assert len(noted) == 1 and re.fullmatch(
+        r"max_tokens_per_batch=400: \d+ batches an epoch, \d+\.\d training pairs each on average; the Trainer's batch "
+        r"sizes \(its log's 'Instantaneous batch size per device', trainer_state.json's train_batch_size\) show "
+        rf"per_device_train_batch_size={state['train_batch_size']}, which these batches do not use", noted[0]), noted
+
+
 @pytest.mark.parametrize("strategy", ["group_by_length", "sequential"])
 def test_a_train_sampling_strategy_with_a_token_budget_is_refused(tmp_path, corpus, strategy):
     """The token-budget sampler makes the batches: a sampling strategy of the Trainer's would have no effect."""

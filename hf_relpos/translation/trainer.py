@@ -831,17 +831,26 @@ class TranslationTrainer(Seq2SeqTrainer):
     def get_train_dataloader(self) -> DataLoader:
         """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own
         loader settings (workers, pinning, persistence, prefetching, start method); accelerate deals the batches
-        round-robin to the processes (the sampler itself never shards). Without it, the Trainer's loader of batches
-        of pairs. Either draws its workers' seeds from its own generator (`worker_seed_generator`)."""
+        round-robin to the processes (the sampler itself never shards); its batches are logged once: the Trainer's
+        own batch sizes (its log's 'Instantaneous batch size per device' and 'Total train batch size',
+        trainer_state.json's train_batch_size) are per_device_train_batch_size, which these batches do not use.
+        Without it, the Trainer's loader of batches of pairs. Either draws its workers' seeds from its own generator
+        (`worker_seed_generator`)."""
         if self.token_budget_sampler is None:
             loader = super().get_train_dataloader()
             # accelerate's prepared loader iterates the DataLoader it wraps, which is where the generator is read
             getattr(loader, "base_dataloader", loader).generator = worker_seed_generator(self.args)
             return loader
+        sampler = self.token_budget_sampler
+        logger.info("max_tokens_per_batch=%d: %s batches an epoch, %.1f training pairs each on average; the Trainer's "
+                    "batch sizes (its log's 'Instantaneous batch size per device', trainer_state.json's "
+                    "train_batch_size) show per_device_train_batch_size=%d, which these batches do not use",
+                    sampler.max_tokens, f"{len(sampler):,}", len(sampler.source_lengths) / len(sampler),
+                    self.args.per_device_train_batch_size)
         dataset = self._remove_unused_columns(self.train_dataset, description="training")
         loader = DataLoader(
             dataset,
-            batch_sampler=self.token_budget_sampler,
+            batch_sampler=sampler,
             collate_fn=self.data_collator,
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
