@@ -69,7 +69,8 @@ def build_model(position_scheme: str, mem_len: int, args: argparse.Namespace) ->
         vocab_size=256 + BYTE_OFFSET, d_model=args.d_model, decoder_layers=args.layers, encoder_layers=0,
         decoder_attention_heads=args.heads, encoder_attention_heads=args.heads, decoder_ffn_dim=4 * args.d_model,
         encoder_ffn_dim=4 * args.d_model, dropout=0.1, position_scheme=position_scheme, mem_len=mem_len,
-        layer_norm_position="pre", clamp_len=1000,
+        layer_norm_position="pre",
+        **RelPosTransformerConfig.held_fields(position_scheme, {"clamp_len": 1000}),   # xl's: absolute has none
     )
     return RelPosTransformerForCausalLM(config)
 

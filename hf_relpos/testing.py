@@ -94,8 +94,9 @@ def max_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransformerConfig:
     """The tiny config every check builds its model from (2 + 2 layers, d_model 32, 4 heads, vocabulary 40, no
-    dropout); `overrides` are config fields (your scheme's among them), also under a name that stands for one
-    (`field_named`: hidden_size for d_model), which then replaces that field's value here."""
+    dropout; Shaw's k 3 and XL's clamp_len 50 for those schemes); `overrides` are config fields (your scheme's among
+    them), also under a name that stands for one (`field_named`: hidden_size for d_model), which then replaces that
+    field's value here."""
     defaults = dict(
         vocab_size=40,
         d_model=32,
@@ -111,6 +112,7 @@ def tiny_config(position_scheme: str = "shaw", **overrides: Any) -> RelPosTransf
         position_scheme=position_scheme,
     )
     replaced = {field_named(name, builds_encoder_decoder(overrides)) for name in overrides}
+    defaults = RelPosTransformerConfig.held_fields(position_scheme, defaults)   # another scheme's k would be refused
     return RelPosTransformerConfig(**{name: value for name, value in defaults.items() if name not in replaced},
                                    **overrides)
 

@@ -138,8 +138,9 @@ def spread_model(position_scheme: str, kernel: str, layer_norm_position: str = "
     config = tiny_config(position_scheme, d_model=16, encoder_layers=1, decoder_layers=2, encoder_attention_heads=2,
                          decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0,
                          eos_token_id=2, bos_token_id=1, decoder_start_token_id=1, attn_implementation=kernel,
-                         layer_norm_position=layer_norm_position, relative_attention_num_buckets=8,
-                         relative_attention_max_distance=10, tie_word_embeddings=False, **overrides)
+                         layer_norm_position=layer_norm_position, tie_word_embeddings=False,
+                         **hf_relpos.RelPosTransformerConfig.held_fields(position_scheme, {
+                             "relative_attention_num_buckets": 8, "relative_attention_max_distance": 10}), **overrides)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config).double().eval()
     with torch.no_grad():
         for parameter in model.parameters():

@@ -75,8 +75,9 @@ def tiny_translation_model(tokenizer, name: str, steps: int, **overrides):
     torch.manual_seed(0)
     config = hf_relpos.RelPosTransformerConfig(
         vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, dropout=0.0, max_relative_position=3,
-        max_position_embeddings=128, **special_token_ids(tokenizer), **options)
+        decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, dropout=0.0, max_position_embeddings=128,
+        **special_token_ids(tokenizer), **hf_relpos.RelPosTransformerConfig.held_fields(
+            options["position_scheme"], {"max_relative_position": 3}), **options)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(config)
     sources = tokenizer([source for source, _ in TRAIN_PAIRS], padding=True, return_tensors="pt")
     labels = tokenizer([target for _, target in TRAIN_PAIRS], padding=True, return_tensors="pt").input_ids

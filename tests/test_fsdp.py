@@ -51,7 +51,8 @@ def build(scheme):
     torch.manual_seed(0)
     config = RelPosTransformerConfig(vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2,
                                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                                     decoder_ffn_dim=64, dropout=0.0, max_relative_position=3, position_scheme=scheme)
+                                     decoder_ffn_dim=64, dropout=0.0, position_scheme=scheme,
+                                     **RelPosTransformerConfig.held_fields(scheme, {"max_relative_position": 3}))
     return RelPosTransformerForConditionalGeneration(config).double().train()
 
 def train(model, rows):

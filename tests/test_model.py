@@ -507,7 +507,8 @@ def train_and_reverse(position_scheme: str) -> tuple[list[bool], torch.Tensor]:
     whether each row's output is exactly its target, and the outputs."""
     torch.manual_seed(0)
     model = hf_relpos.RelPosTransformerForConditionalGeneration(
-        tiny_config(position_scheme, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128, max_relative_position=8)
+        tiny_config(position_scheme, d_model=64, encoder_ffn_dim=128, decoder_ffn_dim=128,
+                    **hf_relpos.RelPosTransformerConfig.held_fields(position_scheme, {"max_relative_position": 8}))
     ).train()
     input_ids, attention_mask, labels = reversal_task()
     optimizer = torch.optim.Adam(model.parameters(), lr=2e-3)

@@ -149,9 +149,9 @@ def test_a_registered_schemes_config_field_has_its_default_validation_and_a_plac
 
 
 def test_a_config_holds_the_fields_of_its_own_scheme_only(tmp_path):
-    """Another scheme's field is accepted (configs saved before 0.1 hold every scheme's) and dropped, in the config
-    and in config.json; switching `position_scheme` gives the new scheme's defaults, validated."""
-    config = tiny_config("shaw", test_alibi_exponent=5, clamp_len=7)
+    """Another scheme's field at its default is accepted and dropped, in the config and in config.json; switching
+    `position_scheme` gives the new scheme's defaults, validated."""
+    config = tiny_config("shaw", test_alibi_exponent=1, clamp_len=None)
     assert config.max_relative_position == 3
     assert not hasattr(config, "test_alibi_exponent") and not hasattr(config, "clamp_len")
     config.save_pretrained(tmp_path)
@@ -631,10 +631,43 @@ def test_a_misspelled_override_given_to_from_pretrained_is_refused(tmp_path, loa
         tiny_config(**{override: 3})
     with pytest.raises(ValueError, match=message):
         load(tmp_path, **{override: 3})
-    with pytest.raises(ValueError, match="clamp_len"):   # another scheme's field: checked, then dropped
+    with pytest.raises(ValueError, match="clamp_len must be"):   # another scheme's field: checked
         load(tmp_path, clamp_len=-1)
-    config = getattr(loaded := load(tmp_path, clamp_len=7, dropout=0.3), "config", loaded)
+    config = getattr(loaded := load(tmp_path, clamp_len=None, dropout=0.3), "config", loaded)   # at its default
     assert config.dropout == 0.3 and not hasattr(config, "clamp_len")
+
+
+def test_another_schemes_field_given_another_value_than_its_default_is_refused(tmp_path):
+    """A field only other schemes read, given with another value than its default (as a keyword, also beside the
+    deprecated attention_type or the default scheme, or as a from_pretrained override), would do nothing: one
+    ValueError naming it, the scheme that reads it and the config's. A saved config.json holding other schemes'
+    fields with any value (as earlier versions saved every scheme's) still loads, and setting position_scheme on a
+    built config still switches it."""
+    shaw_k = "max_relative_position=8 is a field of position_scheme 'shaw', which position_scheme"
+    with pytest.raises(ValueError, match=f"{shaw_k} 'rope' does not read: remove max_relative_position \\(or set "
+                                         "position_scheme 'shaw'\\)"):
+        tiny_config("rope", max_relative_position=8)
+    with pytest.raises(ValueError, match=f"{shaw_k} 'directional' does not read"):   # the default scheme
+        hf_relpos.RelPosTransformerConfig(max_relative_position=8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        with pytest.raises(ValueError, match=f"{shaw_k} 'alibi' does not read"):
+            hf_relpos.RelPosTransformerConfig(attention_type="alibi", max_relative_position=8)
+    for scheme, field, value in (("shaw", "clamp_len", 6), ("alibi", "relative_attention_num_buckets", 64),
+                                 ("t5", "use_relative_values", False), ("xl", "rope_theta", 500.0)):
+        with pytest.raises(ValueError, match=f"{field}={value!r} is a field of .*position_scheme '{scheme}' does not"):
+            tiny_config(scheme, **{field: value})
+    hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config("rope")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"{shaw_k} 'rope' does not read"):
+        hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path, max_relative_position=8)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "max_relative_position": 8, "clamp_len": 6}))
+    loaded = hf_relpos.RelPosTransformerConfig.from_pretrained(tmp_path)
+    assert loaded.position_scheme == "rope" and not hasattr(loaded, "max_relative_position")
+    switched = tiny_config("shaw", max_relative_position=5)
+    switched.position_scheme = "rope"
+    switched.validate()
+    assert "max_relative_position" not in switched.to_dict()
 
 
 @pytest.mark.parametrize("load", [hf_relpos.RelPosTransformerConfig.from_pretrained, AutoConfig.from_pretrained,

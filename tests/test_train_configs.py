@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import tiny_config
 from transformers.utils import is_torch_bf16_gpu_available
 
 from hf_relpos import RelPosTransformerForConditionalGeneration
@@ -77,6 +78,37 @@ def test_multi30k_recipes_differ_only_in_the_scheme():
     assert model_args.tokenizer_character_coverage == 1.0   # every character: the recorded tokenizers stay valid
     _, local, _ = parse("multi30k_small_shaw.yaml", "--train_file", "t.jsonl", "--validation_file", "v.jsonl")
     assert local.uses_local_files
+
+
+def test_a_field_of_another_scheme_than_the_runs_is_one_config_error_where_its_source_chose_the_scheme(tmp_path,
+                                                                                                       caplog):
+    """A field only another scheme reads, set to another value than its default, would do nothing: one ConfigError
+    naming the field, the scheme that reads it and the run's, where the recipe file sets it beside the scheme (or
+    under the default one), or a flag sets it (also for a saved model's run, one that only evaluates included). A
+    recipe written for one scheme and run with another by a flag keeps working, the field ignored with a warning;
+    at its default (the multi30k recipes' shared max_relative_position: 16) it passes without a word."""
+    message = ("^model: max_relative_position=8 is a field of position_scheme 'shaw', which position_scheme 'rope' "
+               "does not read: remove max_relative_position")
+    recipe = tmp_path / "rope_k8.yaml"
+    recipe.write_text((CONFIGS / "multi30k_small_rope.yaml").read_text().replace("max_relative_position: 16",
+                                                                               "max_relative_position: 8"))
+    with pytest.raises(ConfigError, match=message):
+        parse_arguments([str(recipe)])
+    with pytest.raises(ConfigError, match=message.replace("'rope'", "'directional'")):   # the default scheme
+        parse_arguments([str(recipe), "--model.position_scheme", "directional", "--model.max_relative_position", "8"])
+    with caplog.at_level("WARNING"):
+        model_args, _, _ = parse("wmt14_en_de_big_shaw.yaml", "--model.position_scheme", "rope")
+    assert "max_relative_position" not in model_args.model_config
+    assert ("model: max_relative_position=8, set by the recipe file, only other schemes than this run's "
+            "position_scheme 'rope' read: ignored") in caplog.text
+    caplog.clear()
+    assert "max_relative_position" not in parse("multi30k_small_rope.yaml")[0].model_config
+    assert "max_relative_position" not in caplog.text
+    RelPosTransformerForConditionalGeneration(tiny_config("rope")).save_pretrained(tmp_path / "rope")
+    for flags in ((), ("--do_train", "false", "--do_eval", "true")):
+        with pytest.raises(ConfigError, match=message):
+            parse("multi30k_small_rope.yaml", "--model_name_or_path", str(tmp_path / "rope"),
+                  "--model.max_relative_position", "8", *flags)
 
 
 def test_demo_recipe_uses_the_generated_corpus():

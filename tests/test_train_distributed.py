@@ -83,8 +83,7 @@ def write_config(tmp_path: Path) -> tuple[Path, Path]:
     output_dir = tmp_path / "out"
     config = {
         "model": {"d_model": 32, "encoder_layers": 1, "decoder_layers": 1, "encoder_attention_heads": 2,
-                  "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64,
-                  "max_relative_position": 4},
+                  "decoder_attention_heads": 2, "encoder_ffn_dim": 64, "decoder_ffn_dim": 64},
         "train_file": str(corpus["train"]), "validation_file": str(corpus["validation"]),
         "tokenizer_vocab_size": 456, "output_dir": str(output_dir),
         "do_train": True, "do_eval": True, "num_train_epochs": 1, "max_tokens_per_batch": 300,

@@ -119,7 +119,8 @@ def test_numbers_in_exponent_form_are_numbers_in_model_flags_and_recipe_files(tm
 
 
 def test_flat_model_fields_in_yaml_go_to_the_model_config(tmp_path, corpus):
-    section = {name: value for name, value in TINY_CONFIG["model"].items() if name != "position_scheme"}
+    section = {name: value for name, value in TINY_CONFIG["model"].items()
+               if name not in ("position_scheme", "max_relative_position")}   # Shaw's k: not directional's
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", model=section, position_scheme="directional")
     model_args, _, _ = parse_arguments([str(config)])
     assert model_args.model_config["position_scheme"] == "directional"
@@ -499,8 +500,8 @@ def small_trainer(tokenizer, output_dir: Path, **arguments) -> TranslationTraine
     """The app's trainer (build_trainer) of a tiny absolute model, on CPU."""
     from hf_relpos.translation.trainer import build_trainer
 
-    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(
-        **{**TINY_CONFIG["model"], "position_scheme": "absolute"}, vocab_size=len(tokenizer)))
+    model = RelPosTransformerForConditionalGeneration(RelPosTransformerConfig(**RelPosTransformerConfig.held_fields(
+        "absolute", {**TINY_CONFIG["model"], "position_scheme": "absolute"}), vocab_size=len(tokenizer)))
     training_arguments = TranslationTrainingArguments(output_dir=str(output_dir), use_cpu=True, report_to="none",
                                                       **arguments)
     return build_trainer(model, tokenizer, training_arguments, None, {}, "de")
@@ -935,10 +936,10 @@ def test_fine_tuning_overrides_that_change_what_the_weights_compute_are_a_warnin
 
 
 def test_fine_tuning_with_a_recipe_that_sets_another_schemes_field(corpus, tmp_path, caplog):
-    """The Multi30k recipes set Shaw's max_relative_position whatever their scheme; a model of another scheme saves
-    no such field. Fine-tuning it with its recipe trains (the field is not passed on as an override), and evaluating
-    it warns of nothing."""
-    recipe_model = {**TINY_CONFIG["model"], "position_scheme": "directional"}
+    """The Multi30k recipes set Shaw's max_relative_position (at its default) whatever their scheme; a model of
+    another scheme saves no such field. Fine-tuning it with its recipe trains (the field is not passed on as an
+    override), and evaluating it warns of nothing."""
+    recipe_model = {**TINY_CONFIG["model"], "position_scheme": "directional", "max_relative_position": 16}
     base = write_config(tmp_path / "base.yaml", corpus, tmp_path / "base", model=recipe_model, max_steps=1,
                         do_eval=False, do_predict=False)
     run([str(base)])
@@ -1345,7 +1346,7 @@ def tiny_model(seed: int, **config_fields: Any) -> RelPosTransformerForCondition
     torch.manual_seed(seed)
     config = RelPosTransformerConfig(vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1,
                                      encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                                     decoder_ffn_dim=32, max_relative_position=4, **config_fields)
+                                     decoder_ffn_dim=32, **config_fields)
     return RelPosTransformerForConditionalGeneration(config)
 
 
@@ -1896,8 +1897,10 @@ def test_resuming_with_a_model_section_of_another_architecture_is_refused_before
     silently) or other shapes (the Trainer's traceback after the data was prepared) is one error, as for
     model_name_or_path; a dropout rate still changes."""
     output_dir = tmp_path / "run"
+    model = {**TINY_CONFIG["model"], **trained_with}
+    model = RelPosTransformerConfig.held_fields(model["position_scheme"], model)   # alibi reads no Shaw k
     config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
-                          do_eval=False, do_predict=False, model={**TINY_CONFIG["model"], **trained_with})
+                          do_eval=False, do_predict=False, model=model)
     run([str(config)])
     resume = [str(config), "--resume_from_checkpoint", "last", "--max_steps", "4"]
     before = {path: path.stat().st_mtime_ns for path in output_dir.rglob("*")}
@@ -1919,6 +1922,8 @@ def test_resuming_without_the_model_flag_the_run_was_trained_with_is_refused(tmp
     silently, or failed to load a d_model 32 checkpoint into the default d_model 512 after the data was prepared."""
     output_dir = tmp_path / "run"
     model = {name: setting for name, setting in TINY_CONFIG["model"].items() if name != field}
+    if field == "position_scheme":
+        del model["max_relative_position"]   # Shaw's k, which neither rope nor the default scheme reads
     config = write_config(tmp_path / "run.yaml", corpus, output_dir, max_steps=2, save_strategy="steps", save_steps=2,
                           do_eval=False, do_predict=False, model=model)
     run([str(config), f"--model.{field}", str(value)])

@@ -310,7 +310,8 @@ def test_another_position_scheme_of_the_same_shapes_is_refused(corpus, tmp_path,
     """alibi and rope have no parameters, so an alibi model's weights have rope's shapes: asking for rope is still one
     error naming the field, not an alibi-trained model fine-tuned (or scored) as a rope model."""
     saved = tmp_path / "alibi"
-    RelPosTransformerConfig(**{**TINY["model"], "position_scheme": "alibi"}, vocab_size=456).save_pretrained(saved)
+    RelPosTransformerConfig(**RelPosTransformerConfig.held_fields("alibi", {**TINY["model"], "position_scheme": "alibi"}),
+                            vocab_size=456).save_pretrained(saved)
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
     with pytest.raises(ConfigError) as refused:
         parse_arguments([str(config), "--model_name_or_path", str(saved), "--do_train", training,

@@ -104,8 +104,10 @@ class RelPosTransformerConfig(PreTrainedConfig):
       Its deprecated alias `attention_type` (keyword, attribute, config.json key) still works, with a FutureWarning.
     - `layer_norm_position`: `"post"` (Vaswani et al. 2017) or `"pre"` (Xiong et al. 2020).
     - The fields the chosen scheme declares (`PositionScheme.config_fields`, with their defaults, help and
-      validation; e.g. Shaw's `max_relative_position`): top-level attributes, saved in config.json. Fields of the
-      other registered schemes are checked and dropped (configs saved by earlier versions hold every scheme's).
+      validation; e.g. Shaw's `max_relative_position`): top-level attributes, saved in config.json. A field only
+      other registered schemes declare is refused as a keyword unless it has its default
+      (`refuse_unread_scheme_fields`), then dropped; in a saved config.json (earlier versions saved every scheme's) it
+      is checked and dropped.
     - `embedding_init_std`: std of the token embeddings at initialisation; null (the default) draws them
       N(0, d_model^-0.5) (Vaswani et al. 2017, fairseq: scaled by sqrt(d_model) they start at the sinusoids' unit
       size), a number N(0, embedding_init_std) (transformers' Marian/BART draw them at init_std, 0.02).
@@ -223,12 +225,13 @@ class RelPosTransformerConfig(PreTrainedConfig):
 
     def __new__(cls, *args, **kwargs) -> RelPosTransformerConfig:
         """Checks the deprecated field names (`rename_deprecated_fields`), the common names
-        (`refuse_conflicting_aliases`) and the generation settings (`refuse_generation_settings`) among the keywords
-        while it can still tell a field given from a field left at its default; `__post_init__` then moves the values
-        of the first two."""
-        rename_deprecated_fields(kwargs)
+        (`refuse_conflicting_aliases`), the generation settings (`refuse_generation_settings`) and the fields of other
+        schemes (`refuse_unread_scheme_fields`) among the keywords while it can still tell a field given from a field
+        left at its default; `__post_init__` then moves the values of the first two."""
+        keywords = rename_deprecated_fields(kwargs)
         refuse_conflicting_aliases(kwargs, builds_encoder_decoder(kwargs))
         refuse_generation_settings(kwargs)
+        refuse_unread_scheme_fields(keywords.get("position_scheme", cls.position_scheme), keywords)
         return super().__new__(cls)
 
     @classmethod
@@ -249,7 +252,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
         """Refuses another model's config (transformers only warns), so no folder loads as the wrong model, and
         validates again after the keyword overrides (transformers sets those after `__post_init__` has run); an
         override transformers leaves unused is refused as a misspelled field as in the constructor
-        (`_refuse_misspelled_fields`; transformers drops it), or, another scheme's field, checked and dropped."""
+        (`_refuse_misspelled_fields`; transformers drops it). The saved fields of other schemes are checked and
+        dropped; an override of one is refused as a keyword is (`refuse_unread_scheme_fields`)."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
             raise OtherModelTypeError(model_type, cls.model_type)
@@ -257,13 +261,21 @@ class RelPosTransformerConfig(PreTrainedConfig):
         refuse_conflicting_aliases(kwargs, builds_encoder_decoder(kwargs, config_dict))
         # an override of the scheme or of a scheme's field joins the saved fields before the config is built, so the
         # constructor keeps the fields of the scheme the config ends with (transformers sets overrides afterwards)
+        # and refuses an override of another scheme's (`refuse_unread_scheme_fields`)
         scheme_overrides = rename_deprecated_fields(
             {key: kwargs.pop(key) for key in [*kwargs] if key in {"position_scheme", *DEPRECATED_FIELDS,
                                                                   *scheme_config_fields()}})
         # a saved config's generation settings (a config.json of before GenerationConfig) are read by transformers
-        # from the file for the model's generation config, never kept by the config
-        config_dict = {key: value for key, value in {**config_dict, **scheme_overrides}.items()
-                       if key not in GENERATION_SETTINGS}
+        # from the file for the model's generation config, never kept by the config; its fields of other schemes
+        # (configs saved by earlier versions hold every scheme's, with any value) are checked and dropped
+        saved = rename_deprecated_fields(config_dict)
+        position_scheme = scheme_overrides.get("position_scheme", saved.get("position_scheme", cls.position_scheme))
+        scheme_fields = scheme_config_fields()
+        for key, value in saved.items():
+            if key in scheme_fields:
+                scheme_fields[key].check(value)
+        config_dict = {key: value for key, value in {**cls.held_fields(position_scheme, saved),
+                                                     **scheme_overrides}.items() if key not in GENERATION_SETTINGS}
         config, unused = super().from_dict(config_dict, **kwargs, return_unused_kwargs=True)
         _refuse_misspelled_fields(unused, config.tie_word_embeddings)
         unused = {key: value for key, value in unused.items() if key not in scheme_config_fields()}   # checked above
@@ -290,7 +302,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
                 value = kwargs.pop(name)
                 if name in own:
                     setattr(self, name, value)
-                else:   # another scheme's field: checked, then dropped
+                else:   # another scheme's field at its default (`__new__` refuses any other value): checked, dropped
                     field.check(value)
         _refuse_misspelled_fields(kwargs, self.tie_word_embeddings)
         self._validate_relpos()
@@ -303,7 +315,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
     @staticmethod
     def held_fields(position_scheme: Any, values: dict[str, Any]) -> dict[str, Any]:
         """`values` without the fields that a config of `position_scheme` drops: those other registered schemes
-        declare (a recipe may set Shaw's `max_relative_position` whatever its scheme)."""
+        declare (a recipe may set Shaw's `max_relative_position` whatever its scheme, at its default:
+        `refuse_unread_scheme_fields`)."""
         own = {field.name for field in _fields_of_scheme(position_scheme)}
         return {key: value for key, value in values.items() if key in own or key not in scheme_config_fields()}
 
@@ -415,6 +428,27 @@ def builds_encoder_decoder(*sources: Mapping[str, Any]) -> bool:
     return RelPosTransformerConfig.is_encoder_decoder
 
 
+def refuse_unread_scheme_fields(position_scheme: Any, values: dict[str, Any]) -> None:
+    """One ValueError naming a field of `values` (config keywords, a recipe's `model:` section) that only other
+    schemes than `position_scheme` declare, given another value than its default: a config of `position_scheme`
+    drops it, so it would do nothing. At its default it is dropped without a word (it then says what the config
+    computes anyway, as the recipes written for every scheme say `max_relative_position: 16`)."""
+    if not (isinstance(position_scheme, str) and position_scheme in POSITION_SCHEMES):
+        return   # an unregistered name is the error (`get_scheme_class`), not its fields
+    own = {field.name for field in _fields_of_scheme(position_scheme)}
+    for name, value in values.items():
+        field = scheme_config_fields().get(name)
+        if field is None or name in own:
+            continue
+        field.check(value)
+        if value != field.default:
+            owners = sorted(scheme for scheme, scheme_class in POSITION_SCHEMES.items()
+                            if any(declared.name == name for declared in scheme_class.config_fields))
+            raise ValueError(f"{name}={value!r} is a field of position_scheme {' / '.join(map(repr, owners))}, which "
+                             f"position_scheme {position_scheme!r} does not read: remove {name} (or set "
+                             f"position_scheme {owners[0]!r})")
+
+
 def field_named(name: str, is_encoder_decoder: bool = RelPosTransformerConfig.is_encoder_decoder) -> str:
     """The config field that the keyword `name` sets: `name`, or the field its alias stands for (`attribute_map`,
     `STACK_FIELD_ALIASES`: the encoder's field in an encoder-decoder config, `DEPRECATED_FIELDS`)."""
@@ -496,7 +530,7 @@ def _refuse_misspelled_fields(extra: dict, tie_word_embeddings: bool) -> None:
     scheme_fields = scheme_config_fields()
     own_fields = [field.name for field in dataclasses.fields(RelPosTransformerConfig)] + list(scheme_fields)
     for key in extra:
-        if key in scheme_fields:   # another scheme's field as a from_pretrained override: checked, then dropped
+        if key in scheme_fields:   # a scheme's field (the chosen scheme's, beside the dataclass fields): checked
             scheme_fields[key].check(extra[key])
             continue
         match = closest_name(key, own_fields, cutoff=0.85)

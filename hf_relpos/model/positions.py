@@ -196,7 +196,8 @@ def built_in_schemes() -> tuple[str, ...]:
 
 def scheme_config_fields() -> dict[str, SchemeField]:
     """The config fields declared by the registered schemes, by name. A config accepts each of them; those of its
-    `position_scheme` become top-level attributes (saved in config.json), another scheme's are checked and dropped."""
+    `position_scheme` become top-level attributes (saved in config.json), another scheme's are dropped (refused as
+    keywords unless at their defaults)."""
     return {field.name: field for scheme in POSITION_SCHEMES.values() for field in scheme.config_fields}
 
 

@@ -39,6 +39,7 @@ from ..model.configuration_relpos import (
     DEPRECATED_FIELDS,
     OtherModelTypeError,
     RelPosTransformerConfig,
+    refuse_unread_scheme_fields,
     rename_deprecated_fields,
 )
 from ..model.modeling_relpos import check_encoder_decoder_config, meta_model
@@ -1203,19 +1204,51 @@ def conversion_hint(model_type: str, model_name_or_path: str) -> str:
             "(docs/conversion.md)")
 
 
+def without_unread_scheme_fields(model_config: dict[str, Any], position_scheme: Any,
+                                 refused: set[str]) -> dict[str, Any]:
+    """`model_config` without the fields that only other schemes than the run's `position_scheme` read. One of
+    `refused` given another value than its default (`refuse_unread_scheme_fields`) is one ConfigError: the callers
+    refuse a `--model.NAME` flag's, and the recipe file's where the file also chose the scheme (or left it at the
+    default). The others (a recipe written for one scheme, run with another chosen by a flag or by the saved model of
+    `model_name_or_path`) are dropped with one warning naming them."""
+    try:
+        refuse_unread_scheme_fields(position_scheme, {name: value for name, value in model_config.items()
+                                                      if name in refused})
+    except ValueError as error:
+        raise ConfigError(f"{MODEL_SECTION}: {error}") from None
+    held = RelPosTransformerConfig.held_fields(position_scheme, model_config)
+    fields = scheme_config_fields()
+    unread = {name: value for name, value in model_config.items()
+              if name not in held and value != fields[name].default}
+    if unread:
+        logger.warning("%s: %s, set by the recipe file, only other schemes than this run's position_scheme %r read: "
+                       "ignored", MODEL_SECTION, ", ".join(f"{name}={yaml_text(value)}" for name, value in
+                                                           unread.items()), position_scheme)
+    return held
+
+
 def check_model_config(model_args: ModelArguments, from_command_line: set[str] | None = None,
                        training: bool = True) -> dict[str, Any]:
     """The `model:` section as it applies to this run, checked: the fields of a new config, or, with
-    `model_name_or_path`, the overrides of its saved config. The saved config is the architecture: fields equal to
-    the saved value are dropped; fields that would change the shapes of its weights are refused, and so is another
-    `position_scheme` (rope, alibi, absolute, ... have no parameters: the shapes alone do not tell them apart).
-    Without training (`training=False`) only the `--model.*` flags of `from_command_line` override the saved config:
-    the recipe file's differing fields are ignored, with one warning that names them."""
+    `model_name_or_path`, the overrides of its saved config; either without the fields of other schemes
+    (`without_unread_scheme_fields`). The saved config is the architecture: fields equal to the saved value are
+    dropped; fields that would change the shapes of its weights are refused, and so is another `position_scheme`
+    (rope, alibi, absolute, ... have no parameters: the shapes alone do not tell them apart). Without training
+    (`training=False`) only the `--model.*` flags of `from_command_line` override the saved config: the recipe file's
+    differing fields are ignored, with one warning that names them."""
+    from_command_line = from_command_line or set()
+    model_config = model_args.model_config
+    # the fields whose source also chose the scheme: the flags, and the recipe file unless a flag chose it
+    chosen_with_scheme = from_command_line if "position_scheme" in from_command_line else set(model_config)
+    if model_args.model_name_or_path is None:
+        model_config = without_unread_scheme_fields(
+            model_config, model_config.get("position_scheme", RelPosTransformerConfig.position_scheme),
+            chosen_with_scheme)
     try:
         if model_args.model_name_or_path is None:
             check_encoder_decoder_config(
-                RelPosTransformerConfig(**model_args.model_config, vocab_size=model_args.tokenizer_vocab_size))
-            return model_args.model_config
+                RelPosTransformerConfig(**model_config, vocab_size=model_args.tokenizer_vocab_size))
+            return model_config
         saved = RelPosTransformerConfig.from_pretrained(model_args.model_name_or_path, cache_dir=model_args.cache_dir)
     except OtherModelTypeError as error:
         raise ConfigError(f"model_name_or_path {model_args.model_name_or_path!r}: {error}"
@@ -1224,10 +1257,17 @@ def check_model_config(model_args: ModelArguments, from_command_line: set[str] |
         raise ConfigError(f"{MODEL_SECTION}: {error}{import_modules_hint(error)}") from None
     except OSError as error:
         raise ConfigError(f"model_name_or_path: {error}") from None
-    requested = RelPosTransformerConfig.held_fields(
-        model_args.model_config.get("position_scheme", saved.position_scheme), model_args.model_config)
+    if training:   # a recipe file without position_scheme runs under the saved model's
+        position_scheme = model_config.get("position_scheme", saved.position_scheme)
+        requested = without_unread_scheme_fields(
+            model_config, position_scheme, chosen_with_scheme if "position_scheme" in model_config else
+            from_command_line)
+    else:   # the flags alone apply
+        flags = {name: value for name, value in model_config.items() if name in from_command_line}
+        position_scheme = flags.get("position_scheme", saved.position_scheme)
+        without_unread_scheme_fields(flags, position_scheme, from_command_line)
+        requested = RelPosTransformerConfig.held_fields(position_scheme, model_config)
     if not training:
-        from_command_line = from_command_line or set()
         ignored = {name: value for name, value in requested.items()
                    if name not in from_command_line and getattr(saved, name, None) != value}
         if ignored:
