@@ -278,6 +278,31 @@ def test_a_resume_from_checkpoint_that_is_no_setting_is_one_error_naming_what_it
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(("written", "flags", "message"), [
+    ("seed: 010", [], r"^seed: 010 is ambiguous: YAML 1\.1 .* takes it as the octal number 8, YAML 1\.2 as 10; write 8 "
+                      r"or 10 without a leading zero$"),
+    ("max_steps: 1:30", [], r"^max_steps: 1:30 is ambiguous: YAML 1\.1 .* takes it as the base-60 number 90, YAML 1\.2 as "
+                            r"text; write the number as a decimal \(90 or what you meant\)$"),
+    ("learning_rate: 1:30.5", [], r"^learning_rate: 1:30\.5 is ambiguous: .* base-60 number 90\.5"),
+    ("  d_model: 032", [], r"^model\.d_model: 032 is ambiguous: .* octal number 26, YAML 1\.2 as 32"),
+    ("", ["--model.d_model", "032"], r"^argument --model\.d_model/--d_model: 032 is ambiguous: .* octal number 26"),
+])
+def test_a_number_yaml_1_1_reads_otherwise_than_yaml_1_2_is_one_error_naming_the_field(tmp_path, corpus, written,
+                                                                                       flags, message):
+    """YAML 1.1 reads an integer with a leading zero as octal (`seed: 010` was 8, where `--seed 010` is 10) and
+    numbers joined by ':' in base 60 (`max_steps: 1:30` was 90): in a number field of a recipe (its `model:` section
+    included) or a --model flag, either is one error naming the field, not a silent reading. A text field takes them
+    as written (`test_a_plain_yaml_scalar_of_a_text_field_is_its_text_as_written`)."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out")
+    name = written.partition(":")[0]
+    lines = [text if not (name and text.startswith(f"{name}:")) else written
+             for text in config.read_text(encoding="utf-8").splitlines()]
+    config.write_text("\n".join(lines if written in lines or not written else [*lines, written]) + "\n",
+                      encoding="utf-8")
+    with pytest.raises(ConfigError, match=message):
+        parse_arguments([str(config), *flags])
+
+
 def test_a_date_for_a_field_that_takes_no_text_is_one_error_naming_the_field(tmp_path, corpus):
     """YAML reads 2024-01-01 as a date, which reached a true/false field unconverted (do_predict a date: true)."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", do_predict=False)

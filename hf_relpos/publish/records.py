@@ -51,6 +51,53 @@ RecipeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+$"),
     list("-+0123456789."))
 
+# The numbers YAML 1.1 reads otherwise than YAML 1.2, Python and a command-line flag: an integer with a leading zero,
+# octal in YAML 1.1 (010 is 8, elsewhere 10), and numbers joined by ':', base 60 in YAML 1.1 (1:30 is 90, elsewhere
+# text)
+YAML_1_1_NUMBER = re.compile(r"[-+]?(?:0[0-7_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)")
+
+
+class AmbiguousNumber(str):
+    """A plain scalar that `RecipeLoader` keeps as its text, as written, where YAML 1.1 would read a number that YAML
+    1.2 reads otherwise (`YAML_1_1_NUMBER`): a field that takes text takes it as it is, a number field refuses it
+    (`ambiguous_number_error`)."""
+
+    def yaml_1_1_value(self) -> int | float:
+        """What YAML 1.1 (PyYAML's safe loader) reads."""
+        return yaml.safe_load(str(self))
+
+
+def _construct_number(kind: str) -> Any:
+    def construct(loader: RecipeLoader, node: yaml.ScalarNode) -> Any:
+        if YAML_1_1_NUMBER.fullmatch(node.value):
+            return AmbiguousNumber(node.value)
+        return getattr(yaml.SafeLoader, f"construct_yaml_{kind}")(loader, node)
+
+    return construct
+
+
+for _kind in ("int", "float"):
+    RecipeLoader.add_constructor(f"tag:yaml.org,2002:{_kind}", _construct_number(_kind))
+
+
+def ambiguous_number_error(name: str, value: Any) -> str | None:
+    """The error for a value of the number field `name` (unnamed: "") that is, or holds, an `AmbiguousNumber`; None
+    for any other value."""
+    if isinstance(value, (list, tuple)):
+        return next(filter(None, (ambiguous_number_error(name, item) for item in value)), None)
+    if isinstance(value, dict):
+        return next(filter(None, (ambiguous_number_error(name, item) for item in value.values())), None)
+    if not isinstance(value, AmbiguousNumber):
+        return None
+    yaml_1_1 = value.yaml_1_1_value()
+    if ":" in value:
+        elsewhere, reading, remedy = "text", "base-60", f"write the number as a decimal ({yaml_1_1} or what you meant)"
+    else:
+        decimal = int(value.replace("_", ""))
+        elsewhere, reading, remedy = f"{decimal}", "octal", f"write {yaml_1_1} or {decimal} without a leading zero"
+    return (f"{name + ': ' if name else ''}{value} is ambiguous: YAML 1.1 (how recipes and --model.NAME values are "
+            f"read) takes it as the {reading} number {yaml_1_1}, YAML 1.2 as {elsewhere}; {remedy}")
+
 
 def load_yaml(stream: Any) -> Any:
     """A recipe file (or a value of one: a --model.FIELD flag's) read as YAML with `RecipeLoader`."""

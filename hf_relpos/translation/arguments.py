@@ -58,6 +58,7 @@ from ..publish.files import expand_home
 from ..publish.records import (
     CONVERTED_ARCHITECTURES,
     accelerate_program,
+    ambiguous_number_error,
     load_recipe,
     load_yaml,
     recipe_scalar_texts,
@@ -571,9 +572,12 @@ def _or_null(convert: Callable[[str], Any]) -> Callable[[str], Any]:
 
 def _yaml_value(text: str) -> Any:
     try:
-        return load_yaml(text)
+        value = load_yaml(text)
     except yaml.YAMLError as error:
         raise argparse.ArgumentTypeError(f"{text!r} is not a YAML value ({error.problem})") from None
+    if ambiguous := ambiguous_number_error("", value):   # argparse names the flag
+        raise argparse.ArgumentTypeError(ambiguous)
+    return value
 
 
 def yaml_text(value: Any) -> str:
@@ -713,10 +717,15 @@ def _split_yaml(yaml_values: dict[str, Any], imported: Sequence[str] = (),
     config_fields = model_config_fields()
     defaults: dict[str, Any] = {}
     unknown = [f"{MODEL_SECTION}.{_key_text(key)}" for key in model_config if key not in config_fields]
+    for name, value in model_config.items():
+        if ambiguous := ambiguous_number_error(f"{MODEL_SECTION}.{_key_text(name)}", value):
+            raise ConfigError(ambiguous)
     for name, value in yaml_values.items():
         if name in argument_fields:
             if value is None and not _is_optional(argument_fields[name], name):
                 raise ConfigError(f"{name} cannot be null")
+            if not _takes_text(argument_fields[name], name) and (ambiguous := ambiguous_number_error(name, value)):
+                raise ConfigError(ambiguous)
             defaults[name] = _as_default(value, written.get(name), _takes_text(argument_fields[name], name))
         elif name in config_fields:
             if name in model_config:
