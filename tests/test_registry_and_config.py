@@ -617,6 +617,26 @@ def test_overrides_given_to_from_pretrained_are_validated(tmp_path, overrides, f
     assert field in str(error.value)
 
 
+@pytest.mark.parametrize(("scheme", "field", "largest", "message"), [
+    ("shaw", "max_relative_position", 65535, r"an integer from 0 to 65535 \(a table of 2k \+ 1 rows, sized for at most "
+                                             r"65536 tokens; k >= n - 1 already gives every distance among n tokens "
+                                             r"its own row\)"),
+    ("t5", "relative_attention_max_distance", 65535, r"an integer from 1 to 65535 \(the band of offsets below it"),
+    ("t5", "relative_attention_num_buckets", 131072, r"an integer from 4 to 131072 \(one bucket per offset"),
+    ("shaw", "position_randomization_max", 65536, r"null \(off\) or an integer from 1 to 65536"),
+])
+def test_a_position_size_past_the_bound_is_one_error_naming_the_field(scheme, field, largest, message):
+    """A Shaw k, a T5 bucket count or max_distance, or a randomized-position range of 10^9 allocated a table, band
+    or permutation of that size at model build (or at the first training step): an allocator error that named no
+    field. Past MAX_POSITIONS (65536 tokens) it is one ValueError naming the field and its range; at the bound the
+    model builds."""
+    for value in (largest + 1, 10**9):
+        with pytest.raises(ValueError, match=rf"^{field} must be {message}.*, got {value}$"):
+            tiny_config(scheme, **{field: value})
+    if field != "relative_attention_num_buckets":   # its count of buckets is bounded by max_distance as well
+        hf_relpos.RelPosTransformerForConditionalGeneration(tiny_config(scheme, **{field: largest}))
+
+
 @pytest.mark.parametrize("load", [hf_relpos.RelPosTransformerConfig.from_pretrained, AutoConfig.from_pretrained,
                                   hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained],
                          ids=["config", "AutoConfig", "model"])

@@ -985,7 +985,8 @@ def test_fine_tuning_with_a_recipe_that_sets_another_schemes_field(corpus, tmp_p
     ("model_overrides", "message"),
     [
         ({"layer_norm_position": "sandwich"}, r"model: layer_norm_position must be one of \['pre', 'post'\]"),
-        ({"max_relative_position": -1}, r"model: max_relative_position must be an integer >= 0, got -1"),
+        ({"max_relative_position": -1}, r"model: max_relative_position must be an integer from 0 to 65535 \(.*\), "
+                                         r"got -1"),
         ({"dropout": 1.5}, r"model: dropout must be a number in \[0, 1\), got 1\.5"),
     ],
 )

@@ -13,6 +13,7 @@ from transformers import GenerationConfig, PreTrainedConfig
 from transformers.activations import ACT2FN
 
 from .positions import (
+    MAX_POSITIONS,
     POSITION_SCHEMES,
     SchemeField,
     get_scheme_class,
@@ -115,7 +116,8 @@ class RelPosTransformerConfig(PreTrainedConfig):
       refuses more).
     - `position_randomization_max`: randomized positions in training for every scheme (Ruoss et al. 2023): each
       stack in training mode places its tokens at a sorted random subset of 0 .. position_randomization_max - 1
-      instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default).
+      instead of 0 .. n-1; evaluation and generation use the ordinary positions (null = off, the default; at most
+      `MAX_POSITIONS`, 65536: a draw permutes that many positions).
     - `self_attention_window`: local self-attention for every scheme: query i attends only to the keys j with
       |i - j| <= self_attention_window (in the decoder also j <= i), in the encoder and the decoder; cross-attention
       still sees the whole source (null = the whole sequence, the default). With a relative scheme a token's
@@ -363,7 +365,7 @@ class RelPosTransformerConfig(PreTrainedConfig):
         for name in ("encoder_layers", "decoder_layers", "mem_len"):
             require_int(name, getattr(self, name), minimum=0)
         randomization = self.position_randomization_max
-        require_int("position_randomization_max", randomization, minimum=1, null_means="off")
+        require_int("position_randomization_max", randomization, minimum=1, null_means="off", maximum=MAX_POSITIONS)
         require_int("self_attention_window", self.self_attention_window, minimum=1, null_means="the whole sequence")
         for heads_field in ("encoder_attention_heads", "decoder_attention_heads"):
             heads = getattr(self, heads_field)

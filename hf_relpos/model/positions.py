@@ -33,6 +33,11 @@ from transformers.utils import TRANSFORMERS_DYNAMIC_MODULE_NAME
 from .validation import is_int_at_least, is_positive_number
 
 POSITION_SCHEMES: dict[str, type[PositionScheme]] = {}
+# The most positions a config sizes anything for, 2^16 tokens, far beyond a sentence to translate: Shaw's table of
+# 2k + 1 distances (k at most MAX_POSITIONS - 1, the largest distance among as many tokens), T5's band of the offsets
+# below its max_distance, the permutation a randomized-position draw takes of position_randomization_max positions.
+# A larger value only allocated until the machine ran out of memory, at model build or at the first training step.
+MAX_POSITIONS = 65536
 SCHEME_NAME = re.compile(r"[A-Za-z0-9_]+")   # what a scheme may be registered as (a YAML value, a flag, a Hub tag)
 # The names no scheme may declare as a config field, each with the reason: those RelPosTransformerConfig has itself
 # (its fields, their aliases, its attributes) and those transformers reads from it (generation settings, auto_map, ...),
@@ -238,16 +243,20 @@ def number_field(
 
 
 def integer_field(
-    name: str, default: int | None, help: str, minimum: int = 0, optional: bool = False, symbol: str = ""
+    name: str, default: int | None, help: str, minimum: int = 0, optional: bool = False, symbol: str = "",
+    maximum: int | None = None, maximum_reason: str = "",
 ) -> SchemeField:
-    """An integer scheme setting >= `minimum` (or None when `optional`)."""
+    """An integer scheme setting >= `minimum` and, with a `maximum`, <= it (`maximum_reason` says why; or None when
+    `optional`)."""
 
     def valid(value: Any) -> bool:
         if value is None:
             return optional
-        return is_int_at_least(value, minimum)
+        return is_int_at_least(value, minimum) and (maximum is None or value <= maximum)
 
-    allowed = f"an integer >= {minimum}" + (" or null" if optional else "")
+    allowed = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+    allowed += (f" ({maximum_reason})" if maximum is not None and maximum_reason else "") + (" or null" if optional
+                                                                                             else "")
     return SchemeField(name, default, help, allowed, valid, symbol)
 
 

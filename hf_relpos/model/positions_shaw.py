@@ -11,6 +11,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .positions import (
+    MAX_POSITIONS,
     AttentionTerms,
     PositionContext,
     PositionScheme,
@@ -86,7 +87,9 @@ class ShawPositions(PositionScheme):
 
     config_fields = (
         integer_field("max_relative_position", 16, "clipping distance: relative distances beyond ±k share one vector",
-                      symbol="k"),
+                      symbol="k", maximum=MAX_POSITIONS - 1,
+                      maximum_reason=f"a table of 2k + 1 rows, sized for at most {MAX_POSITIONS} tokens; k >= n - 1 "
+                                     "already gives every distance among n tokens its own row"),
         boolean_field("use_relative_keys", True, "add a^K_ij to the keys (eq. 4)", symbol="a^K"),
         boolean_field("use_relative_values", True, "add a^V_ij to the values (eq. 3)", symbol="a^V"),
         boolean_field("relative_embeddings_shared_across_heads", True,

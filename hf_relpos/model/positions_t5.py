@@ -13,6 +13,7 @@ from torch import nn
 from transformers import initialization as init
 
 from .positions import (
+    MAX_POSITIONS,
     AttentionTerms,
     DenseBias,
     PositionContext,
@@ -96,9 +97,13 @@ class T5Positions(PositionScheme):
     takes_fixed_size_cache = True
 
     config_fields = (
-        integer_field("relative_attention_num_buckets", 32, "buckets of relative positions (T5)", minimum=4),
+        integer_field("relative_attention_num_buckets", 32, "buckets of relative positions (T5)", minimum=4,
+                      maximum=2 * MAX_POSITIONS,
+                      maximum_reason=f"one bucket per offset either way among {MAX_POSITIONS} tokens at most"),
         integer_field("relative_attention_max_distance", 128,
-                      "offsets at and beyond this share the last bucket (T5)", minimum=1),
+                      "offsets at and beyond this share the last bucket (T5)", minimum=1, maximum=MAX_POSITIONS - 1,
+                      maximum_reason=f"the band of offsets below it is sized for at most {MAX_POSITIONS} tokens, "
+                                     f"whose largest offset is {MAX_POSITIONS - 1}"),
     )
     card = SchemeCard(
         title="T5 bucketed relative position biases (Raffel et al. 2020)",

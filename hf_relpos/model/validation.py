@@ -31,13 +31,14 @@ def is_int_at_least(value: Any, minimum: int) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
-def require_int(name: str, value: Any, minimum: int, null_means: str | None = None) -> None:
-    """Raise ValueError naming `name` unless `value` is an integer >= `minimum`, or None when the field has a
-    `null_means` (what null stands for)."""
+def require_int(name: str, value: Any, minimum: int, null_means: str | None = None, maximum: int | None = None) -> None:
+    """Raise ValueError naming `name` unless `value` is an integer >= `minimum` (and <= `maximum`, if given), or None
+    when the field has a `null_means` (what null stands for)."""
     if value is None and null_means is not None:
         return
-    if not is_int_at_least(value, minimum):
-        allowed = f"an integer >= {minimum}" if null_means is None else f"null ({null_means}) or an integer >= {minimum}"
+    if not is_int_at_least(value, minimum) or (maximum is not None and value > maximum):
+        integer = f"an integer >= {minimum}" if maximum is None else f"an integer from {minimum} to {maximum}"
+        allowed = integer if null_means is None else f"null ({null_means}) or {integer}"
         raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
