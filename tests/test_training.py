@@ -2405,6 +2405,25 @@ def test_early_stopping_watches_validation_bleu_unless_told_otherwise(tmp_path, 
     assert (training_args.metric_for_best_model, training_args.greater_is_better) == ("bleu", True)
 
 
+@pytest.mark.parametrize(("metric", "greater_is_better", "warned"), [
+    ("loss", "true", "greater_is_better true with metric_for_best_model 'loss', whose lower values are better"),
+    ("bleu", "false", "greater_is_better false with metric_for_best_model 'bleu', whose higher values are better"),
+    ("loss", "false", None), ("bleu", "true", None), ("length_ratio", "false", None), ("length_ratio", "true", None),
+])
+def test_greater_is_better_against_the_metrics_direction_warns_that_the_worst_evaluation_counts_as_the_best(
+        tmp_path, corpus, caplog, metric, greater_is_better, warned):
+    """`greater_is_better: true` with the loss (or false with BLEU) made the worst evaluation the best without a
+    word: one warning names both; it stays allowed, as in transformers (the tests keep an early checkpoint that way).
+    A metric without a direction (length_ratio) says nothing either way."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", eval_strategy="steps", eval_steps=2,
+                          load_best_model_at_end=True, save_strategy="steps", save_steps=2)
+    with caplog.at_level("WARNING"):
+        training_args = parse_arguments([str(config), "--metric_for_best_model", metric, "--greater_is_better",
+                                         greater_is_better])[2]
+    assert training_args.greater_is_better == (greater_is_better == "true")
+    assert (warned in caplog.text) if warned else ("greater_is_better" not in caplog.text)
+
+
 def test_early_stopping_ends_the_run_after_patience_evaluations_without_improvement(tmp_path, corpus, capsys):
     """Evaluated every step with a threshold no BLEU change can pass: the first evaluation sets the best, the next
     two do not improve on it, so the run stops at step 3 of 6 and says why, once; the final model is saved and

@@ -67,7 +67,7 @@ from ..publish.records import (
     value_as_written,
 )
 from .data import DataArguments
-from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, bleu_metric, check_bleu_tokenize
+from .metrics import BLEU_TOKENIZERS, GENERATED_METRICS, HIGHER_IS_BETTER, bleu_metric, check_bleu_tokenize
 from .preflight import check_local_folder, check_model_source
 from .tokenization import BYTE_TOKENS, DECODER_START_TOKENS, SPECIAL_TOKENS, require_character_coverage
 
@@ -1170,7 +1170,10 @@ def best_model_metrics(training_args: TranslationTrainingArguments) -> list[str]
 
 
 def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> None:
-    """metric_for_best_model must be one that this app's evaluations compute (`best_model_metrics`)."""
+    """metric_for_best_model must be one that this app's evaluations compute (`best_model_metrics`). A
+    greater_is_better against the metric's direction (`HIGHER_IS_BETTER`; transformers defaults it to that
+    direction, so only a recipe or flag sets it so) makes the worst evaluation the best: one warning saying so. It
+    stays allowed, as transformers allows it (the tests use it to make an early checkpoint the best)."""
     metric = training_args.metric_for_best_model.removeprefix("eval_")
     allowed = best_model_metrics(training_args)
     if metric in GENERATED_METRICS and not training_args.predict_with_generate:
@@ -1178,6 +1181,12 @@ def check_metric_for_best_model(training_args: TranslationTrainingArguments) -> 
                           "predict_with_generate true (or metric_for_best_model: loss)")
     if metric not in allowed:
         raise ConfigError(f"metric_for_best_model must be one of {', '.join(allowed)}, got {metric!r}")
+    higher_is_better = HIGHER_IS_BETTER.get(metric)
+    if higher_is_better is not None and training_args.greater_is_better != higher_is_better:
+        logger.warning("greater_is_better %s with metric_for_best_model %r, whose %s values are better: the worst "
+                       "evaluation counts as the best (load_best_model_at_end, early stopping, the checkpoint kept "
+                       "as best); leave greater_is_better unset to follow the metric",
+                       yaml_text(training_args.greater_is_better), metric, "higher" if higher_is_better else "lower")
 
 
 def check_checkpoint_averaging(training_args: TranslationTrainingArguments) -> None:

@@ -15,6 +15,9 @@ IGNORED_LABEL_ID = -100
 # The metrics an evaluation computes from generated translations (predict_with_generate): `score_translations`' and
 # the mean generated length.
 GENERATED_METRICS = frozenset({"bleu", "chrf", "brevity_penalty", "length_ratio", "gen_len"})
+# Whether a higher value is better, for the metrics of an evaluation that have a direction (length_ratio and gen_len
+# have none: 1 and the reference length are best).
+HIGHER_IS_BETTER = {"bleu": True, "chrf": True, "brevity_penalty": True, "loss": False, "nll_loss": False}
 # sacreBLEU's BLEU tokenizations (13a, intl, zh, ja-mecab, ko-mecab, char, none, flores101, ...), in its order.
 BLEU_TOKENIZERS = tuple(sacrebleu.metrics.BLEU.TOKENIZERS)
 
