@@ -13,18 +13,21 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import sentencepiece
 import torch
+from huggingface_hub.errors import EntryNotFoundError
 from test_convert import marian_model
-from transformers import AutoTokenizer, MarianMTModel, MarianTokenizer, pipeline
+from transformers import AutoConfig, AutoTokenizer, MarianMTModel, MarianTokenizer, pipeline
 
 from hf_relpos import RelPosTransformerForConditionalGeneration, TranslationPipeline
 from hf_relpos.model.positions import sinusoids
 from hf_relpos.publish.hub import files_to_push, folder_model_card, model_conversion, render_model_card
 from hf_relpos.publish.pipeline_relpos import language_tags
 from hf_relpos.publish.records import CONVERSION_RECORD_FILE, ConversionRecord, RunRecord, conversion_record
+from hf_relpos.tools import convert as convert_module
 from hf_relpos.tools.convert import main
 from hf_relpos.tools.sentences import translate_by_sentence
 from hf_relpos.translation.demo_corpus import write_demo_corpus
@@ -228,3 +231,73 @@ def test_a_target_language_token_opening_a_text_reaches_each_of_its_sentences(hu
     translate_by_sentence([text], lambda sentences: seen.extend(sentences) or sentences, language_tags(tokenizer))
     assert seen == [">>fra<< The old woman likes the king.", ">>fra<< The dog sees a cat!", ">>deu<< The man.",
                     ">>deu<< A cat."]
+
+
+# The front matter of Helsinki-NLP's opus-mt cards (opus-mt-en-de's README.md): their weights are CC-BY-4.0.
+OPUS_MT_CARD = "---\ntags:\n- translation\nlicense: cc-by-4.0\n---\n\n### opus-mt-en-de\n\n* source languages: en\n"
+
+
+def test_the_cards_of_a_conversion_and_of_its_fine_tuning_carry_the_license_of_the_marian_models_card(
+        hub_folder, tmp_path):
+    """hf-relpos-convert reads the source's license from its model card's metadata (a folder's README.md) into
+    conversion.json; the card of the converted folder and of a run fine-tuning it carry it (never hf_relpos' own
+    apache-2.0); a source without a card converts with its license named as not known."""
+    source = tmp_path / "opus-mt-en-de"
+    shutil.copytree(hub_folder / "model", source)
+    (source / "README.md").write_text(OPUS_MT_CARD)
+    output = tmp_path / "converted"
+    assert main(["marian", str(source), str(output), "--position_scheme", "shaw"]) == 0
+    assert conversion_record(output).source_license == "cc-by-4.0"
+    assert "\nlicense: cc-by-4.0\n" in folder_model_card(output, None)
+    run = RunRecord(model_name_or_path=output.name, working_directory=str(tmp_path), source_lang="en",
+                    target_lang="de")
+    fine_tuned = tmp_path / "finetuned"
+    fine_tuned.mkdir()
+    card = render_model_card(json.loads((output / "config.json").read_text()), run,
+                             conversion=model_conversion(fine_tuned, run))
+    assert "\nlicense: cc-by-4.0\n" in card and "apache-2.0" not in card
+
+    (source / "README.md").unlink()
+    unknown = tmp_path / "converted-without-card"
+    assert main(["marian", str(source), str(unknown), "--position_scheme", "shaw"]) == 0
+    assert conversion_record(unknown).source_license is None
+    card = folder_model_card(unknown, None)
+    assert "\nlicense: other\n" in card and "whose license is not known" in card and "apache-2.0" not in card
+
+
+def test_a_hub_sources_license_is_read_from_its_model_card_on_the_hub(hub_folder, tmp_path, monkeypatch):
+    """For a Hub id the converter downloads the repository's README.md (one `hf_hub_download`; mocked here, as the
+    model download is) and records the license its metadata gives."""
+    monkeypatch.chdir(tmp_path)
+    local = hub_folder / "model"
+    card = tmp_path / "downloaded" / "README.md"
+    card.parent.mkdir()
+    card.write_text(OPUS_MT_CARD)
+    downloads = []
+    monkeypatch.setattr(convert_module, "hf_hub_download",
+                        lambda repo_id, filename: downloads.append((repo_id, filename)) or str(card))
+    monkeypatch.setattr(convert_module, "AutoConfig",
+                        SimpleNamespace(from_pretrained=lambda source: AutoConfig.from_pretrained(local)))
+    monkeypatch.setattr(convert_module, "_load_marian", lambda source: MarianMTModel.from_pretrained(local).eval())
+    monkeypatch.setattr(convert_module, "_load_tokenizer", lambda source: AutoTokenizer.from_pretrained(local))
+    assert main(["marian", "Helsinki-NLP/opus-mt-en-de", "converted", "--position_scheme", "absolute"]) == 0
+    assert downloads == [("Helsinki-NLP/opus-mt-en-de", "README.md")]
+    record = conversion_record(tmp_path / "converted")
+    assert record.source_on_hub and record.source_license == "cc-by-4.0"
+    text = folder_model_card(tmp_path / "converted", None)
+    assert "\nlicense: cc-by-4.0\n" in text and "base_model: Helsinki-NLP/opus-mt-en-de" in text
+
+    def no_card(repo_id, filename):
+        raise EntryNotFoundError(f"{repo_id} has no {filename}")
+
+    monkeypatch.setattr(convert_module, "hf_hub_download", no_card)
+    assert convert_module.source_license("someone/marian-without-card", on_hub=True) is None
+
+
+def test_a_sources_card_whose_license_is_not_one_id_is_one_error_naming_it(hub_folder, tmp_path, capsys):
+    source = tmp_path / "opus-mt-en-de"
+    shutil.copytree(hub_folder / "model", source)
+    (source / "README.md").write_text("---\nlicense:\n- cc-by-4.0\n- mit\n---\n")
+    assert main(["marian", str(source), str(tmp_path / "out"), "--position_scheme", "shaw"]) == 2
+    assert "the license in its model card's metadata must be one license id" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

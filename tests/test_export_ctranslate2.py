@@ -871,6 +871,39 @@ def test_a_converted_marian_model_without_a_bos_token_exports_and_translates_as_
     assert torch.equal(CTranslate2Model(folder, threads=1).generate(**inputs, num_beams=1), expected)
 
 
+def test_the_export_of_a_converted_marian_model_names_the_marian_model_and_carries_its_license(tokenizer, tmp_path):
+    """A converted MarianMT model (opus-mt: CC-BY-4.0, as its card's metadata says) is under the Marian model's
+    license: the export's README.md names the Marian model and its license, in the text and the metadata, as does
+    the export of a run fine-tuned from it (never hf_relpos' own apache-2.0)."""
+    from hf_relpos.publish.records import RUN_RECORD_FILE, RunRecord
+    from hf_relpos.tools.convert import convert_marian
+
+    ids = special_token_ids(tokenizer)
+    torch.manual_seed(0)
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=len(tokenizer), d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+        pad_token_id=ids["pad_token_id"], eos_token_id=ids["eos_token_id"], decoder_start_token_id=ids["pad_token_id"],
+        forced_eos_token_id=ids["eos_token_id"], bos_token_id=None)).eval()
+    marian.generation_config.max_new_tokens = 20
+    source = save(marian, tokenizer, tmp_path / "opus-mt-en-de")
+    (source / "README.md").write_text("---\ntags:\n- translation\nlicense: cc-by-4.0\n---\n\n### opus-mt-en-de\n")
+    converted = convert_marian(source, tmp_path / "converted", "absolute")
+    card = (export_ctranslate2(converted, tmp_path / "ct2") / "README.md").read_text()
+    assert "\nlicense: cc-by-4.0\n" in card and "apache-2.0" not in card
+    assert ("Its weights are the MarianMT model `<local>/opus-mt-en-de`, converted by `hf-relpos-convert marian`. "
+            "The weights derive from `<local>/opus-mt-en-de`, whose model card gives its license as `cc-by-4.0`") in card
+
+    fine_tuned = tmp_path / "fine-tuned"
+    shutil.copytree(converted, fine_tuned, ignore=shutil.ignore_patterns("conversion.json"))
+    run = RunRecord(model_name_or_path="converted", working_directory=str(tmp_path), source_lang="en",
+                    target_lang="de")
+    (fine_tuned / RUN_RECORD_FILE).write_text(json.dumps(run.to_json()), encoding="utf-8")
+    card = (export_ctranslate2(fine_tuned, tmp_path / "ct2-fine-tuned") / "README.md").read_text()
+    assert "\nlicense: cc-by-4.0\n" in card and "apache-2.0" not in card
+    assert "It was fine-tuned from a conversion of the MarianMT model `<local>/opus-mt-en-de` by" in card
+
+
 def test_a_model_without_a_decoder_start_token_exports_and_translates_as_generate(tokenizer, tmp_path):
     """decoder_start_token_id None: generate starts from bos_token_id, and so does the export (it once failed with
     `TypeError: list indices must be integers or slices, not NoneType`)."""

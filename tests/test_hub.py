@@ -34,6 +34,7 @@ from hf_relpos.publish.records import (
     RECIPE,
     RUN_RECORD_FILE,
     TRAINED_WEIGHTS,
+    ConversionRecord,
     RunRecord,
     Scores,
     read_run_records,
@@ -246,6 +247,28 @@ def test_card_metadata_and_body_for_each_scheme(position_scheme):
     cited = {line.split("{")[1].rstrip(",") for line in body.splitlines() if line.startswith("@")}
     own = {entry.split("{")[1].split(",")[0] for entry in hf_relpos.POSITION_SCHEMES[position_scheme].card.bibtex}
     assert cited == {"vaswani2017attention"} | BIBTEX_KEYS.get(position_scheme, own)
+
+
+@pytest.mark.parametrize(("source_license", "license", "stated"), [
+    ("cc-by-4.0", "cc-by-4.0", "whose model card gives its license as `cc-by-4.0`: that license and the source's "
+                               "terms of use apply to them"),
+    (None, "other", "whose license is not known (the conversion found none in its model card's metadata; the "
+                    "metadata here says `license: other`)"),
+])
+def test_the_card_of_converted_or_fine_tuned_weights_carries_the_sources_license(source_license, license, stated):
+    """Weights converted from a pretrained model (Helsinki-NLP's opus-mt: CC-BY-4.0), or fine-tuned from such a
+    conversion, are under the source's license, not hf_relpos' apache-2.0: the metadata carries the license the
+    source's card gave (`other` where none is known, the text saying so); a model trained from scratch keeps
+    apache-2.0."""
+    conversion = ConversionRecord(source="Helsinki-NLP/opus-mt-en-de", source_on_hub=True, source_type="marian",
+                                  position_scheme="shaw", reproduces_source=False, source_license=source_license)
+    recipe = hub.load_card_recipe(REPO_ROOT / "configs" / "wmt14_en_de_base_shaw.yaml")
+    fine_tuned = RunRecord(model_name_or_path="converted", source_lang="en", target_lang="de")
+    for record in (None, fine_tuned):
+        card = ModelCard(hub.render_model_card(tiny_config("shaw"), record, None, conversion=conversion))
+        assert card.data.license == license and "apache-2.0" not in card.content
+        assert stated in card.text
+    assert ModelCard(hub.render_model_card(tiny_config("shaw"), recipe, RESULTS)).data.license == "apache-2.0"
 
 
 @pytest.mark.parametrize(("cap", "scored", "label", "split"), [

@@ -87,7 +87,10 @@ from .records import (
     training_record,
 )
 
-LICENSE = "apache-2.0"
+LICENSE = "apache-2.0"   # hf_relpos' own: the license of a model trained from scratch with it
+# The Hub's license id for a license given in the card's text, not by an id: a card names so weights whose license is
+# not known (`weights_license`), and says so in its text (`source_license_sentence`).
+OTHER_LICENSE = "other"
 CARD_FILE = "README.md"
 PIPELINE_FILE = "pipeline_relpos.py"
 PIPELINE_TASK = "translation"
@@ -310,7 +313,8 @@ def render_model_card(
     results = {prefix: dict(values) for prefix, values in (results or {}).items() if f"{prefix}_bleu" in values}
     recipe_name = recipe_name or record.recipe
     model_name = (name or repo_id or recipe_name or f"relpos-{config.position_scheme}").split("/")[-1]
-    metadata = _card_metadata(config, record, results, model_name, recorded, on_hub, base_model)
+    metadata = _card_metadata(config, record, results, model_name, recorded, on_hub, base_model,
+                              weights_license(conversion))
     # saved weights were trained, whether or not a record says how; a recipe is trained where a run of it is recorded
     trained = without_run_record or (recorded and (bool(results) or record.training_seconds is not None))
     if unscored is None and without_run_record:
@@ -334,10 +338,12 @@ def render_model_card(
 
 
 def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: dict, model_name: str,
-                   recorded: bool, on_hub: bool, base_model: str | None = None) -> ModelCardData:
+                   recorded: bool, on_hub: bool, base_model: str | None = None,
+                   license: str = LICENSE) -> ModelCardData:
     """The card's YAML metadata; its languages only from a recorded run (a model without one names none); a Hub
     dataset named where the run's data is one (`on_hub`, `_on_hub` of the real record); `base_model`, the Hub model
-    the run was fine-tuned from (`_hub_base_model` of the real record), which the Hub links in the model tree."""
+    the run was fine-tuned from (`_hub_base_model` of the real record), which the Hub links in the model tree;
+    `license`, the weights' (`weights_license`)."""
     scheme = config.position_scheme
     tags = ["translation", *_scheme_card(config).tags, scheme, "hf_relpos"]
     source, target = record.source_lang, record.target_lang
@@ -364,7 +370,7 @@ def _card_metadata(config: RelPosTransformerConfig, record: RunRecord, results: 
                                            metric_args={"signature": values.get(f"{prefix}_chrf_signature")}))
     return ModelCardData(
         language=[source, target] if recorded else None,
-        license=LICENSE,
+        license=license,
         library_name="transformers",
         pipeline_tag="translation",
         base_model=base_model,
@@ -486,8 +492,30 @@ def _conversion_section(conversion: ConversionRecord, fine_tuned: bool) -> str:
                   "conversion it was the source model without its absolute positions")
     start = "The fine-tuning started from" if fine_tuned else "These weights are"
     return (f"## Conversion\n\n{start} the {conversion.architecture} model `{source}`, converted to hf_relpos by "
-            f"`hf-relpos-convert {conversion.source_type}` ({', '.join(settings)}): {change}. The weights derive from "
-            f"`{source}`: its license and terms of use apply to them.")
+            f"`hf-relpos-convert {conversion.source_type}` ({', '.join(settings)}): {change}. "
+            f"{source_license_sentence(conversion)}")
+
+
+def weights_license(conversion: ConversionRecord | None) -> str:
+    """The license id a card's metadata gives weights: hf_relpos' own (`LICENSE`) for a model trained from scratch;
+    for weights converted from a pretrained model, or fine-tuned from such a conversion, the source's license
+    (`ConversionRecord.source_license`), `OTHER_LICENSE` where it is not known (never hf_relpos' own: the weights
+    are not hf_relpos')."""
+    if conversion is None:
+        return LICENSE
+    return conversion.source_license or OTHER_LICENSE
+
+
+def source_license_sentence(conversion: ConversionRecord) -> str:
+    """What a card's text says of the license of weights derived from the conversion's source: the license its model
+    card gave, which the metadata carries (`weights_license`), or that none is known."""
+    source = shown_path(conversion.source)
+    if conversion.source_license:
+        return (f"The weights derive from `{source}`, whose model card gives its license as "
+                f"`{conversion.source_license}`: that license and the source's terms of use apply to them.")
+    return (f"The weights derive from `{source}`, whose license is not known (the conversion found none in its model "
+            f"card's metadata; the metadata here says `license: {OTHER_LICENSE}`): the source's license and terms of "
+            "use apply to them, so check them before using or sharing these weights.")
 
 
 def _scheme_card(config: RelPosTransformerConfig) -> SchemeCard:

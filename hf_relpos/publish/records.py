@@ -492,8 +492,10 @@ CONVERTED_ARCHITECTURES = {"marian": "MarianMT"}
 class ConversionRecord:
     """What `hf-relpos-convert` converted into a model folder: the pretrained model (`source`, as given: a Hub id or a
     folder; `source_on_hub`: whether it was read from the Hub), its architecture (`source_type`, e.g. marian), the
-    converted model's positions (`position_scheme`, `keep_absolute_positions`) and `--set` fields (`settings`), and
-    whether the converted model computes the source's logits (`reproduces_source`: the same positions, or the hybrid)."""
+    converted model's positions (`position_scheme`, `keep_absolute_positions`) and `--set` fields (`settings`),
+    whether the converted model computes the source's logits (`reproduces_source`: the same positions, or the hybrid)
+    and the source's license as its model card's metadata gives it (`source_license`, a Hub license id such as
+    cc-by-4.0; None: not known, as for a source whose card names none or a record written before it was kept)."""
 
     source: str
     source_on_hub: bool
@@ -502,6 +504,7 @@ class ConversionRecord:
     reproduces_source: bool
     keep_absolute_positions: bool = False
     settings: dict[str, Any] = dataclasses.field(default_factory=dict)
+    source_license: str | None = None
 
     @property
     def architecture(self) -> str:

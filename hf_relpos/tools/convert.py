@@ -29,6 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
+from huggingface_hub import hf_hub_download
+from huggingface_hub.errors import EntryNotFoundError
+from huggingface_hub.repocard import metadata_load
 from transformers import (
     AutoConfig,
     AutoTokenizer,
@@ -51,7 +55,7 @@ from ..model.positions import (
     warn_renamed,
 )
 from ..publish.files import apply_umask_mode_to_weights, expand_home, staged_folder
-from ..publish.hub import add_translation_pipeline
+from ..publish.hub import CARD_FILE, add_translation_pipeline
 from ..publish.records import ConversionRecord, load_yaml
 from ..translation.arguments import ConfigError, add_import_modules_argument, import_modules_hint, import_modules_of
 from ..translation.preflight import check_model_source
@@ -260,18 +264,50 @@ def convert_marian(source: str | os.PathLike, output_dir: str | os.PathLike, pos
     tokenizer.model_max_length = VERY_LARGE_INTEGER
     model = marian_to_relpos(source, position_scheme, **config_overrides)
     keep_absolute = bool(config_overrides.get("keep_absolute_positions", False))
+    on_hub = not Path(source).is_dir()
+    license = source_license(str(source), on_hub)
     with staged_folder(output_dir, last=CONFIG_NAME) as staging:
         model.save_pretrained(staging)
         apply_umask_mode_to_weights(staging)
         tokenizer.save_pretrained(staging)
         add_translation_pipeline(staging)
         ConversionRecord(
-            source=str(source), source_on_hub=not Path(source).is_dir(), source_type=model_type,
+            source=str(source), source_on_hub=on_hub, source_type=model_type, source_license=license,
             position_scheme=position_scheme, reproduces_source=reproduces_marian(position_scheme, keep_absolute),
             keep_absolute_positions=keep_absolute,
             settings={name: value for name, value in config_overrides.items() if name != "keep_absolute_positions"},
         ).save(staging)
     return output_dir
+
+
+def source_license(source: str, on_hub: bool) -> str | None:
+    """The license of the pretrained model `source` as its model card (README.md) gives it in its YAML metadata
+    (`license:`, a Hub license id such as cc-by-4.0, as Helsinki-NLP's opus-mt cards give theirs): the card in the
+    folder, or the Hub repository's (`on_hub`: one download). None where there is no card or it names no license
+    (warned: the converted model's card then says its license is not known); a card whose metadata cannot be read,
+    or whose `license` is not one id, is a ValueError naming it."""
+    if on_hub:
+        try:
+            card = Path(hf_hub_download(source, CARD_FILE))
+        except EntryNotFoundError:   # the repository has no card (or, offline, the cache lacks it)
+            card = None
+    else:
+        card = Path(source, CARD_FILE) if Path(source, CARD_FILE).is_file() else None
+    try:
+        metadata = (metadata_load(card) if card is not None else None) or {}
+    except (yaml.YAMLError, ValueError) as error:
+        raise ValueError(f"{source}: the YAML metadata of its model card ({CARD_FILE}) cannot be read, so neither can "
+                         f"its license: {error}") from None
+    license = metadata.get("license")
+    if license is not None and not (isinstance(license, str) and license.strip()):
+        raise ValueError(f"{source}: the license in its model card's metadata must be one license id (e.g. "
+                         f"cc-by-4.0), got {license!r}")
+    if license is None:
+        missing = (f"its {CARD_FILE} names no license" if card is not None else
+                   f"no {CARD_FILE} in its Hub repository (or, offline, in the cache)" if on_hub else
+                   f"its folder has no {CARD_FILE}")
+        logger.warning("%s: %s; the converted model's card will say that its license is not known", source, missing)
+    return license.strip() if license is not None else None
 
 
 def _load_marian(model_or_path: MarianMTModel | str | os.PathLike) -> MarianMTModel:

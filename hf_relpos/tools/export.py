@@ -69,7 +69,15 @@ from ..model.modeling_relpos import RelPosStack, RelPosTransformerForConditional
 from ..model.positions import UnregisteredSchemeError, built_in_schemes, sinusoids
 from ..model.positions_t5 import relative_position_bucket
 from ..publish.files import WeightsFileError, expand_home, reading_weights, staged_folder
-from ..publish.hub import LICENSE, example_source, language_name, shown_path, shown_record
+from ..publish.hub import (
+    example_source,
+    language_name,
+    model_conversion,
+    shown_path,
+    shown_record,
+    source_license_sentence,
+    weights_license,
+)
 from ..publish.records import CTRANSLATE2_EXPORT_RECORD as EXPORT_RECORD
 from ..publish.records import RUN_RECORD_FILE, RunRecord, training_record
 from ..translation.safety import check_new_output_dir
@@ -542,9 +550,13 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
                 record: dict[str, Any], run: RunRecord | None, tokens: list[str]) -> str:
     """README.md of an exported folder: what it is, the decoding it saves (`run`: the source folder's run record, for
     its languages), and how to translate with it, through hf-relpos-translate and with CTranslate2 and transformers
-    alone (`FOLDER` standing for its path; `tokens`: the engine's vocabulary, which names the banned tokens)."""
+    alone (`FOLDER` standing for its path; `tokens`: the engine's vocabulary, which names the banned tokens). Its
+    license is the model's (`weights_license`): hf_relpos' own, or for weights converted from a pretrained model or
+    fine-tuned from such a conversion (`model_conversion`) the pretrained model's, which the text names with it."""
     languages = [run.source_lang, run.target_lang] if run is not None else []
-    metadata = {"language": languages, "library_name": "ctranslate2", "license": LICENSE, "pipeline_tag": "translation",
+    conversion = model_conversion(model_dir, run)
+    metadata = {"language": languages, "library_name": "ctranslate2", "license": weights_license(conversion),
+                "pipeline_tag": "translation",
                 "tags": ["translation", "ctranslate2", "hf_relpos", config.position_scheme]}
     if not languages:
         del metadata["language"]
@@ -595,6 +607,12 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
                    f"`{model_dir.resolve().name}` (`source_model` in `{EXPORT_RECORD}`); this folder does not hold "
                    "that card." if (model_dir / "README.md").is_file() else "")
     norm = "Pre-LN" if config.layer_norm_position == "pre" else "Post-LN"
+    fine_tuned = run is not None and run.model_name_or_path is not None
+    converted = "" if conversion is None else (
+        f" {'It was fine-tuned from a conversion of' if fine_tuned else 'Its weights are'} the "
+        f"{conversion.architecture} model `{shown_path(conversion.source)}`"
+        f"{'' if fine_tuned else ', converted'} by `hf-relpos-convert {conversion.source_type}`. "
+        f"{source_license_sentence(conversion)}")
     return f"""---
 {yaml.safe_dump(metadata, sort_keys=False, allow_unicode=True)}---
 
@@ -602,7 +620,7 @@ def export_card(model_dir: Path, out_dir: Path, config: RelPosTransformerConfig,
 
 The hf_relpos translation model `{model_dir.resolve().name}` ({pair}position scheme `{config.position_scheme}`, {norm}) exported to
 [CTranslate2](https://github.com/OpenNMT/CTranslate2) {record["ctranslate2_version"]} by `hf-relpos-export ctranslate2`,
-weights stored as `{record["quantization"]}`.{source_card}
+weights stored as `{record["quantization"]}`.{converted}{source_card}
 
 {saved}: beam {beams}, length penalty {length_penalty:g}, {cap}.{table}
 
