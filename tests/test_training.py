@@ -1185,6 +1185,18 @@ def test_a_train_sampling_strategy_with_a_token_budget_is_refused(tmp_path, corp
     assert not (tmp_path / "out").exists()
 
 
+def test_auto_find_batch_size_with_a_token_budget_is_one_error_before_training(tmp_path, corpus):
+    """auto_find_batch_size retries with a smaller per_device_train_batch_size, which token-budget batches never
+    read: refused before anything is written; with batches of pairs it is the Trainer's."""
+    config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", auto_find_batch_size=True)
+    with pytest.raises(ConfigError, match=r"auto_find_batch_size lowers per_device_train_batch_size after an "
+                                          r"out-of-memory error, but max_tokens_per_batch=400 batches by tokens"):
+        run([str(config)])
+    assert not (tmp_path / "out").exists()
+    _, _, training_args = parse_arguments([str(config), "--max_tokens_per_batch", "null"])
+    assert training_args.auto_find_batch_size
+
+
 def test_a_train_sampling_strategy_applies_to_batches_of_pairs(tmp_path, corpus):
     """Without a token budget the strategy is the Trainer's, as in transformers."""
     config = write_config(tmp_path / "c.yaml", corpus, tmp_path / "out", train_sampling_strategy="group_by_length")

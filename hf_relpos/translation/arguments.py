@@ -1068,6 +1068,7 @@ def check_arguments(model_args: ModelArguments, training_args: TranslationTraini
         logger.warning("length_pool_factor=%d has no effect without max_tokens_per_batch: batches of "
                        "per_device_train_batch_size pairs drawn at random", training_args.length_pool_factor)
     check_train_sampling_strategy(training_args)
+    check_auto_find_batch_size(training_args)
     if training_args.average_checkpoints is not None:
         check_checkpoint_averaging(training_args)
     if training_args.early_stopping_patience is not None:
@@ -1143,6 +1144,17 @@ def check_train_sampling_strategy(training_args: TranslationTrainingArguments) -
                           f"but max_tokens_per_batch={training_args.max_tokens_per_batch} batches by tokens (sorted "
                           "by length, batch order shuffled from data_seed; length_pool_factor mixes lengths): set "
                           "max_tokens_per_batch null to batch by pairs, or leave train_sampling_strategy random")
+
+
+def check_auto_find_batch_size(training_args: TranslationTrainingArguments) -> None:
+    """The Trainer's `auto_find_batch_size` retries a step that ran out of memory with a smaller
+    per_device_train_batch_size; a training run with max_tokens_per_batch never reads that size, so every retry
+    would run the same batches out of memory again: one ConfigError."""
+    if training_args.do_train and training_args.auto_find_batch_size and training_args.max_tokens_per_batch is not None:
+        raise ConfigError(f"auto_find_batch_size lowers per_device_train_batch_size after an out-of-memory error, but "
+                          f"max_tokens_per_batch={training_args.max_tokens_per_batch} batches by tokens and never "
+                          "reads it: lower max_tokens_per_batch to fit memory, or set max_tokens_per_batch null to "
+                          "batch by pairs")
 
 
 def check_early_stopping(training_args: TranslationTrainingArguments) -> None:
