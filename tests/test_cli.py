@@ -207,14 +207,14 @@ def test_a_kernel_whose_package_is_missing_is_one_config_error(tmp_path):
 
 
 def test_a_kernel_that_cannot_run_the_recipes_scheme_is_one_config_error_before_anything_is_written(tmp_path):
-    """The demo recipe's `shaw` adds a bias and a value term, which transformers' paged eager kernel cannot take: the
-    run stops while the model is built, before a tokenizer, a model or a checkpoint is written (the output folder
-    holds only the generated demo corpus)."""
+    """transformers' paged eager kernel (continuous batching) runs no scheme of this model: the run stops while the
+    model is built, before a tokenizer, a model or a checkpoint is written (the output folder holds only the
+    generated demo corpus)."""
     from hf_relpos.translation.training import run
 
     output_dir = tmp_path / "out"
-    with pytest.raises(ConfigError, match=r"attn_implementation 'paged\|eager': position_scheme 'shaw' adds a score "
-                                          r"bias and a value term to attention"):
+    with pytest.raises(ConfigError, match=r"attn_implementation 'paged\|eager'.* is transformers' kernel for "
+                                          r"continuous batching"):
         run([str(REPO / "configs" / "demo.yaml"), "--attn_implementation", "paged|eager", "--output_dir",
              str(output_dir), "--demo_train_pairs", "200"])
     assert [path.name for path in output_dir.iterdir()] == ["demo_data"]

@@ -151,17 +151,37 @@ def test_the_app_and_the_model_take_the_same_kernel_names():
 def test_a_paged_kernel_name_is_taken_alike_at_load_and_when_set(tmp_path, name, runs):
     """transformers runs sdpa for "paged|sdpa" (it drops the prefix of every kernel but "paged|eager"): shaw, which
     runs on sdpa, takes that name when it is set as when it is loaded; "paged|eager", transformers' own kernel, is
-    refused both ways, naming the scheme."""
+    refused both ways, naming the kernel."""
     model_with("sdpa", "shaw").save_pretrained(tmp_path)
     load = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained
     if runs is None:
         for attempt in (lambda: load(tmp_path, attn_implementation=name), lambda: model_with(name, "shaw")):
-            with pytest.raises(ValueError, match=r"position_scheme 'shaw' adds .* 'paged\|eager' cannot take"):
+            with pytest.raises(ValueError, match=r"attn_implementation 'paged\|eager' is transformers' kernel for "):
                 attempt()
         return
     with pytest.warns(FutureWarning, match="paged"):
         loaded, built = load(tmp_path, attn_implementation=name), model_with(name, "shaw")
     assert loaded.config._attn_implementation == built.config._attn_implementation == runs
+
+
+@pytest.mark.parametrize("position_scheme", ["absolute", "rope", "none"])
+def test_paged_eager_is_refused_even_for_a_scheme_that_adds_nothing_to_attention(tmp_path, position_scheme):
+    """transformers' "paged|eager" is its continuous-batching kernel: outside a PagedAttentionCache it gets no mask
+    (no mask function is registered for it) and ignores `is_causal`, so the decoder would attend to later tokens and
+    a padded batch to its padding. Refused when the model is built, loaded or switched, naming the kernels that run."""
+    model_with("sdpa", position_scheme).save_pretrained(tmp_path)
+    message = (r"^attn_implementation 'paged\|eager' is transformers' kernel for continuous batching, which this "
+               r"model does not run: .*; use one of \['eager', 'sdpa', 'flex_attention', 'relpos_triton'\]$")
+    for attempt in (
+            lambda: model_with("paged|eager", position_scheme),
+            lambda: hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(
+                tmp_path, attn_implementation="paged|eager"),
+            lambda: model_with("sdpa", position_scheme).set_attn_implementation("paged|eager"),
+            lambda: hf_relpos.RelPosTransformerForCausalLM(hf_relpos.RelPosTransformerConfig(
+                d_model=16, decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=16, vocab_size=30,
+                is_encoder_decoder=False, position_scheme=position_scheme, attn_implementation="paged|eager"))):
+        with pytest.raises(ValueError, match=message):
+            attempt()
 
 
 def test_flex_attention_selected_at_load_time(tmp_path):

@@ -49,6 +49,7 @@ from transformers.utils.generic import can_return_tuple
 from .attention_functions import (
     FIXED_SIZE_CACHE_KERNELS,
     HOST_OFFSET_KERNELS,
+    PAGED_EAGER,
     RELPOS_ATTENTION_FUNCTIONS,
     RELPOS_KERNELS,
     FlexMask,
@@ -153,10 +154,16 @@ def require_relpos_kernel(config: RelPosTransformerConfig, kernel: str | None, p
     """The kernel-support rule, in one place: hf_relpos' kernels (`RELPOS_KERNELS`) take everything; any other
     kernel (flash_attention_2/3, Hub kernels) takes neither a config field of `KERNEL_ONLY_FIELDS` that is set in
     `config` nor what a scheme adds to attention (`additions`, e.g. "a score bias"; `AttentionTerms.additions`).
-    One ValueError naming the field or the scheme, and the kernels that take it."""
+    "paged|eager" takes nothing: outside continuous batching transformers gives it no mask at all (it has no mask
+    function) and it ignores `is_causal`, so the decoder would attend to later tokens. One ValueError naming the
+    field, the scheme or the kernel, and the kernels that take it."""
     if is_relpos_kernel(kernel):
         return
     check_kernel_name(kernel)
+    if kernel == PAGED_EAGER:
+        raise ValueError(f"attn_implementation {kernel!r} is transformers' kernel for continuous batching, which this "
+                         "model does not run: elsewhere it gets no mask, neither padding nor causality (the decoder "
+                         f"would attend to later tokens); use one of {list(RELPOS_KERNELS)}")
     for field, off_value in KERNEL_ONLY_FIELDS:
         if getattr(config, field):
             raise ValueError(f"{field} runs with attn_implementation {list(RELPOS_KERNELS)}, got {kernel!r}; set "
