@@ -184,6 +184,22 @@ def test_paged_eager_is_refused_even_for_a_scheme_that_adds_nothing_to_attention
             attempt()
 
 
+@pytest.mark.parametrize("model_class", ["RelPosTransformerForConditionalGeneration", "RelPosTransformerForCausalLM"])
+@pytest.mark.parametrize("entry", ["generate_batch", "init_continuous_batching", "continuous_batching_context_manager"])
+def test_continuous_batching_is_refused_before_any_request_is_queued(model_class, entry):
+    """transformers' continuous batching packs the requests on a PagedAttentionCache, which this model's attention
+    does not read: each entry point raises one NotImplementedError naming them and `generate` (generate_batch used
+    to return every request failed with an AttributeError from inside the decoder)."""
+    config = tiny_config("absolute", is_encoder_decoder=model_class.endswith("ConditionalGeneration"))
+    model = getattr(hf_relpos, model_class)(config).eval()
+    calls = {"generate_batch": lambda: model.generate_batch(inputs=[[5, 6, 7], [8, 9]]),
+             "init_continuous_batching": model.init_continuous_batching,
+             "continuous_batching_context_manager": lambda: model.continuous_batching_context_manager().__enter__()}
+    with pytest.raises(NotImplementedError, match=rf"^continuous batching \(generate_batch, .*\) is not supported by "
+                                                  rf"{model_class}: .*; use generate on a padded batch$"):
+        calls[entry]()
+
+
 def test_flex_attention_selected_at_load_time(tmp_path):
     model_with("sdpa", "xl").save_pretrained(tmp_path)
     loaded = hf_relpos.RelPosTransformerForConditionalGeneration.from_pretrained(

@@ -16,6 +16,7 @@ import math
 import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 
 import torch
 from torch import nn
@@ -1253,6 +1254,16 @@ class RelPosTransformerPreTrainedModel(PreTrainedModel):
         super().post_init()
         self._keys_to_ignore_on_save.update(self.all_tied_weights_keys)
         check_kernel(self.config, self.config._attn_implementation)
+
+    def init_continuous_batching(self, *args, **kwargs) -> NoReturn:
+        """Refuses transformers' continuous batching, which `generate_batch` and `continuous_batching_context_manager`
+        start here too: it packs the requests into one sequence on a `PagedAttentionCache`, whose slots this model's
+        attention (its scheme's positions, its masks, its cache reads) does not take. One NotImplementedError, before
+        any request is queued (else every request failed with an AttributeError from inside the decoder)."""
+        raise NotImplementedError(
+            f"continuous batching (generate_batch, init_continuous_batching, continuous_batching_context_manager) is "
+            f"not supported by {type(self).__name__}: its attention does not read transformers' PagedAttentionCache; "
+            "use generate on a padded batch")
 
     def set_attn_implementation(self, attn_implementation: str | dict, allow_all_kernels: bool = False) -> None:
         """transformers' `set_attn_implementation`, refusing (before any change) a kernel that cannot run this
