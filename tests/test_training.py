@@ -21,6 +21,7 @@ import yaml
 from conftest import MEMORISED_PAIRS, make_unwritable, run_without_hf_relpos
 from datasets import Dataset
 from safetensors.torch import load_file, save_file
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerState
 from transformers.utils import logging as transformers_logging
 
@@ -2053,6 +2054,24 @@ def test_token_budget_loader_keeps_the_trainers_loader_settings(tmp_path):
     assert (loader.num_workers, loader.persistent_workers, loader.prefetch_factor) == (1, True, 3)
     assert loader.multiprocessing_context.get_start_method() == "spawn"
     assert sorted(len(batch) for batch in loader.batch_sampler) == [2, 3, 3]
+
+
+def test_a_run_stops_its_persistent_loader_workers_before_it_returns(tmp_path, corpus, monkeypatch):
+    """The workers the loaders keep (`dataloader_persistent_workers`) have exited of themselves (exit code 0) when
+    run() returns: left to the garbage collector, they would be alive, then terminated after torch's join timeout."""
+    iterators = []
+    opened = _MultiProcessingDataLoaderIter.__init__
+
+    def record(self, loader):
+        iterators.append(self)
+        opened(self, loader)
+
+    monkeypatch.setattr(_MultiProcessingDataLoaderIter, "__init__", record)
+    config = write_config(tmp_path / "workers.yaml", corpus, tmp_path / "out", max_steps=2, dataloader_num_workers=2,
+                          dataloader_persistent_workers=True)
+    run([str(config)])
+    assert len(iterators) == 3   # training, evaluation (reused by the final evaluation), prediction
+    assert [[worker.exitcode for worker in iterator._workers] for iterator in iterators] == [[0, 0]] * 3
 
 
 def test_the_token_budget_counts_the_padding_of_the_flex_kernel(tmp_path):

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from datasets import Dataset
 from torch.utils.data import DataLoader, SequentialSampler
+from torch.utils.data.dataloader import _MultiProcessingDataLoaderIter
 from transformers import (
     DataCollatorForSeq2Seq,
     EarlyStoppingCallback,
@@ -827,6 +828,20 @@ class TranslationTrainer(Seq2SeqTrainer):
                 self.args.save_total_limit = None
         if self.args.should_save:
             apply_umask_mode_to_weights(output_dir if output_dir is not None else self.args.output_dir)
+
+    def end_loader_workers(self) -> None:
+        """Stops the worker processes that the loaders this trainer built keep between epochs and evaluations
+        (`dataloader_persistent_workers`): the training loader (accelerate's list of prepared loaders) and the
+        evaluation loaders the Trainer reuses. Left to the garbage collector (a trainer lives in reference cycles),
+        each multiprocessing queue's finalizer stops its feeder thread before the iterator's `__del__` sends its
+        workers the stop through it, so each worker waits out torch's join timeout (`MP_STATUS_CHECK_INTERVAL`)
+        and is terminated. A loader iterated again starts new workers."""
+        loaders = [*self.accelerator._dataloaders, *getattr(self, "_eval_dataloaders", {}).values()]
+        for loader in {id(loader): loader for loader in loaders}.values():
+            base = getattr(loader, "base_dataloader", loader)   # accelerate's loaders iterate the one they wrap
+            iterator, base._iterator = base._iterator, None
+            if isinstance(iterator, _MultiProcessingDataLoaderIter):
+                iterator._shutdown_workers()
 
     def get_train_dataloader(self) -> DataLoader:
         """With `max_tokens_per_batch`, a DataLoader over the global token-budget batch list, with the Trainer's own

@@ -132,33 +132,36 @@ def run(argv: Sequence[str]) -> dict[str, dict[str, Any]]:
         training_args.enable_jit_checkpoint = False
     trainer = build_trainer(prepared.model, prepared.tokenizer, training_args, prepared.train_dataset,
                             prepared.evaluation_sets, data_args.target_lang)
-    results: dict[str, dict[str, Any]] = {}
-    best_checkpoint: str | None = None   # load_best_model_at_end's
-    if finished is not None:   # the Trainer's state where training ended: evaluations log its epoch
-        trainer.state = finished.state
-        results["train"], resume_from = finished.metrics, finished.resumed_from
-        best_checkpoint = finished.state.best_model_checkpoint
-    elif training_args.do_train:
-        train_result = trainer.train(resume_from_checkpoint=resume_from)
-        averaged = (average_final_weights(trainer, training_args.average_checkpoints)
-                    if training_args.average_checkpoints is not None else None)
-        save_final_model(trainer, averaged)
-        results["train"] = report_training(trainer, train_result, resume_from)
-        best_checkpoint = trainer.state.best_model_checkpoint
-    if training_args.do_eval:
-        results["eval"] = report_split(trainer, "eval", trainer.evaluate(metric_key_prefix="eval"))
-    if training_args.do_predict:
-        prediction = trainer.predict(prepared.evaluation_sets["test"].dataset, metric_key_prefix="test")
-        results["test"] = report_split(trainer, "test", prediction.metrics)
-    pushed_to = None
-    if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
-        pushed_to = record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub,
-                               resume_from, best_checkpoint, prepared.prepared_from)
-    elif training_args.should_save and scores_in_place:
-        record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
-    if training_args.should_save:
-        logger.info(outputs_summary(output_dir, results, training_args.predict_with_generate, pushed_to))
-    return results
+    try:
+        results: dict[str, dict[str, Any]] = {}
+        best_checkpoint: str | None = None   # load_best_model_at_end's
+        if finished is not None:   # the Trainer's state where training ended: evaluations log its epoch
+            trainer.state = finished.state
+            results["train"], resume_from = finished.metrics, finished.resumed_from
+            best_checkpoint = finished.state.best_model_checkpoint
+        elif training_args.do_train:
+            train_result = trainer.train(resume_from_checkpoint=resume_from)
+            averaged = (average_final_weights(trainer, training_args.average_checkpoints)
+                        if training_args.average_checkpoints is not None else None)
+            save_final_model(trainer, averaged)
+            results["train"] = report_training(trainer, train_result, resume_from)
+            best_checkpoint = trainer.state.best_model_checkpoint
+        if training_args.do_eval:
+            results["eval"] = report_split(trainer, "eval", trainer.evaluate(metric_key_prefix="eval"))
+        if training_args.do_predict:
+            prediction = trainer.predict(prepared.evaluation_sets["test"].dataset, metric_key_prefix="test")
+            results["test"] = report_split(trainer, "test", prediction.metrics)
+        pushed_to = None
+        if training_args.should_save and training_args.do_train:   # check_arguments: no push_to_hub without it
+            pushed_to = record_run(prepared.model, model_args, data_args, training_args, results, push_to_hub,
+                                   resume_from, best_checkpoint, prepared.prepared_from)
+        elif training_args.should_save and scores_in_place:
+            record_scores_in_place(prepared.model, model_args, data_args, training_args, results)
+        if training_args.should_save:
+            logger.info(outputs_summary(output_dir, results, training_args.predict_with_generate, pushed_to))
+        return results
+    finally:
+        trainer.end_loader_workers()
 
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
