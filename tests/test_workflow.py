@@ -17,7 +17,7 @@ import pytest
 import yaml
 from conftest import checkout_first_on_path
 from huggingface_hub import ModelCard
-from huggingface_hub.errors import RepositoryNotFoundError
+from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 from transformers import AutoTokenizer, GenerationConfig
 
 import hf_relpos.translation.arguments as arguments_module
@@ -477,6 +477,26 @@ def test_the_hub_probe_names_a_missing_dataset_and_leaves_local_ones_alone(tmp_p
                                                  r"is private: log in with `hf auth login`\)"):
         data_module.check_hub_dataset("me/no-such-data")
     data_module.check_hub_dataset(str(tmp_path))
+
+
+def test_a_gated_hub_dataset_or_model_is_named_gated_not_missing(tmp_path, monkeypatch):
+    """huggingface_hub's GatedRepoError is a RepositoryNotFoundError: the probes name it gated, not absent."""
+    def gated(self, repo_id, **kwargs):
+        error = GatedRepoError.__new__(GatedRepoError)  # as hf_raise_for_status raises it for X-Error-Code GatedRepo
+        Exception.__init__(error, f"403 Client Error: Cannot access gated repo {repo_id}")
+        raise error
+
+    monkeypatch.setattr(data_module.HfApi, "dataset_info", gated)
+    with pytest.raises(DatasetSchemaError) as dataset_error:
+        data_module.check_hub_dataset("me/gated-data")
+    assert str(dataset_error.value) == ("dataset 'me/gated-data' is gated: accept its conditions on its Hub page and "
+                                        "log in with `hf auth login`")
+    monkeypatch.setattr(preflight_module.HfApi, "model_info", gated)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ValueError) as model_error:
+        preflight_module.check_model_source("me/gated-model", "model_name_or_path")
+    assert str(model_error.value) == ("model_name_or_path 'me/gated-model' is a gated model on the Hugging Face Hub: "
+                                      "accept its conditions on its Hub page and log in with `hf auth login`")
 
 
 def test_an_uncached_hub_dataset_offline_is_one_error_line(tmp_path):

@@ -515,12 +515,12 @@ def check_hub_dataset(name: str) -> None:
         HfApi().dataset_info(name, timeout=HUB_TIMEOUT_SECONDS)
     except HFValidationError:
         return
+    except GatedRepoError:   # a RepositoryNotFoundError too: asked first
+        raise DatasetSchemaError(f"dataset {name!r} is gated: accept its conditions on its Hub page and log in with "
+                                 "`hf auth login`") from None
     except RepositoryNotFoundError:
         raise DatasetSchemaError(f"dataset {name!r} is not on the Hugging Face Hub (or it is private: log in with "
                                  "`hf auth login`); check dataset_name, or give local files") from None
-    except GatedRepoError:
-        raise DatasetSchemaError(f"dataset {name!r} is gated: accept its conditions on its Hub page and log in with "
-                                 "`hf auth login`") from None
     except Exception as error:  # noqa: BLE001 - connection, DNS, proxy, timeout: the Hub cannot be used now
         raise DatasetSchemaError(
             f"dataset {name!r}: the Hugging Face Hub cannot be reached ({type(error).__name__}: "

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 from huggingface_hub import HfApi, get_token, is_offline_mode, try_to_load_from_cache
-from huggingface_hub.errors import HFValidationError, RepositoryNotFoundError
+from huggingface_hub.errors import GatedRepoError, HFValidationError, RepositoryNotFoundError
 from huggingface_hub.utils import validate_repo_id
 from transformers.tokenization_utils_base import TOKENIZER_CONFIG_FILE
 from transformers.utils import CONFIG_NAME, GENERATION_CONFIG_NAME, SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
@@ -86,6 +86,11 @@ def check_model_source(value: str, setting: str, cache_dir: str | None = None) -
                          "HF_HUB_OFFLINE to download it")
     try:
         HfApi().model_info(value, timeout=HUB_TIMEOUT_SECONDS)
+    except GatedRepoError:   # a RepositoryNotFoundError too: asked first
+        if cached:
+            return
+        raise ValueError(f"{setting} {value!r} is a gated model on the Hugging Face Hub: accept its conditions on its "
+                         "Hub page and log in with `hf auth login`") from None
     except RepositoryNotFoundError:
         if cached:   # the loader decides on a cached copy of a repository the Hub no longer shows this user
             return
